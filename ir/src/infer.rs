@@ -1,0 +1,347 @@
+//! Result-type rules of every operation. The builder uses them to type new operations and
+//! the verifier to re-check a kernel after a pass; one function serves both.
+
+use crate::kernel::{BinaryOp, Const, OpKind, Param, UnaryOp};
+use crate::types::{DType, Shape, Type};
+
+/// The result types of an operation of `kind` applied to operands of types `operands`, or a
+/// sentence saying why the operands do not fit. `params` are the kernel's parameters and
+/// `result_hint` the declared type of a `Const`/`ScalarParam` result.
+pub fn result_types(
+    kind: &OpKind,
+    operands: &[Type],
+    params: &[Param],
+    const_ty: Option<&Type>,
+) -> Result<Vec<Type>, String> {
+    let n = operands.len();
+    let want = |k: usize| -> Result<(), String> {
+        if n == k {
+            Ok(())
+        } else {
+            Err(format!("expects {k} operand(s), found {n}"))
+        }
+    };
+    match kind {
+        OpKind::Const(c) => {
+            want(0)?;
+            let ty = const_ty
+                .cloned()
+                .ok_or("a constant needs a declared type")?;
+            let ok = match (c, ty.dtype()) {
+                (Const::Int(_), DType::I32) => true,
+                (Const::Float(_), d) => d.is_float(),
+                (Const::Bool(_), DType::Bool) => true,
+                _ => false,
+            };
+            if !ok || ty.shape().is_some() {
+                return Err(format!("constant {c} cannot have type {ty}"));
+            }
+            Ok(vec![ty])
+        }
+        OpKind::ScalarParam(i) => {
+            want(0)?;
+            match params.get(*i) {
+                Some(Param::Scalar { dtype, .. }) => Ok(vec![Type::Scalar(*dtype)]),
+                _ => Err(format!("parameter {i} is not a scalar parameter")),
+            }
+        }
+        OpKind::BlockId(_) | OpKind::GridDim(_) => {
+            want(0)?;
+            Ok(vec![Type::Scalar(DType::I32)])
+        }
+        OpKind::TensorDim { tensor, dim } => {
+            want(0)?;
+            let rank = tensor_param(params, *tensor)?.1;
+            if *dim >= rank {
+                return Err(format!(
+                    "dimension {dim} is out of range for a rank-{rank} tensor"
+                ));
+            }
+            Ok(vec![Type::Scalar(DType::I32)])
+        }
+        OpKind::Unary(op) => {
+            want(1)?;
+            let d = operands[0].dtype();
+            let ok = match op {
+                UnaryOp::Not => d == DType::Bool,
+                UnaryOp::Neg | UnaryOp::Abs => d != DType::Bool,
+                _ => d.is_float(),
+            };
+            if !ok {
+                return Err(format!("`{}` is not defined on {d}", op.name()));
+            }
+            Ok(vec![operands[0].clone()])
+        }
+        OpKind::Binary(op) => {
+            want(2)?;
+            let (a, b) = (&operands[0], &operands[1]);
+            if a.dtype() != b.dtype() {
+                return Err(format!(
+                    "operands of `{}` have different element types: {} and {}; cast one with `.cast::<T>()`",
+                    op.name(),
+                    a.dtype(),
+                    b.dtype()
+                ));
+            }
+            let d = a.dtype();
+            let ok = match op {
+                BinaryOp::And | BinaryOp::Or => d == DType::Bool,
+                BinaryOp::Eq | BinaryOp::Ne => true,
+                BinaryOp::Rem => d == DType::I32,
+                _ => d != DType::Bool,
+            };
+            if !ok {
+                return Err(format!("`{}` is not defined on {d}", op.name()));
+            }
+            let shape = broadcast(a, b)?;
+            let out = if op.is_comparison() { DType::Bool } else { d };
+            Ok(vec![with_shape(out, shape)])
+        }
+        OpKind::Select => {
+            want(3)?;
+            if operands[0].dtype() != DType::Bool {
+                return Err(format!(
+                    "the condition of `select` is {}, expected bool",
+                    operands[0].dtype()
+                ));
+            }
+            if operands[1].dtype() != operands[2].dtype() {
+                return Err(format!(
+                    "the branches of `select` have different element types: {} and {}",
+                    operands[1].dtype(),
+                    operands[2].dtype()
+                ));
+            }
+            let s = broadcast(&operands[1], &operands[2])?;
+            let cond_shape = operands[0].shape().cloned();
+            let s = match (s, cond_shape) {
+                (Some(s), Some(c)) => Some(s.broadcast(&c).ok_or_else(|| {
+                    format!("condition shape {c} does not broadcast against {s}")
+                })?),
+                (s, c) => s.or(c),
+            };
+            Ok(vec![with_shape(operands[1].dtype(), s)])
+        }
+        OpKind::Cast { to } => {
+            want(1)?;
+            if operands[0].dtype() == DType::Bool || *to == DType::Bool {
+                return Err(
+                    "casts to and from bool are not supported; compare or select instead".into(),
+                );
+            }
+            Ok(vec![operands[0].with_dtype(*to)])
+        }
+        OpKind::Splat { shape } => {
+            want(1)?;
+            check_shape(shape)?;
+            match &operands[0] {
+                Type::Scalar(d) => Ok(vec![Type::Tile {
+                    dtype: *d,
+                    shape: shape.clone(),
+                }]),
+                t => Err(format!("`splat` takes a scalar, found {t}")),
+            }
+        }
+        OpKind::Iota { shape, dim } => {
+            want(0)?;
+            check_shape(shape)?;
+            if *dim >= shape.rank() {
+                return Err(format!(
+                    "iota dimension {dim} is out of range for shape {shape}"
+                ));
+            }
+            Ok(vec![Type::Tile {
+                dtype: DType::I32,
+                shape: shape.clone(),
+            }])
+        }
+        OpKind::Reshape { shape } => {
+            want(1)?;
+            let from = tile_shape(&operands[0], "reshape")?;
+            let squeeze = |s: &Shape| s.0.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+            if squeeze(from) != squeeze(shape) {
+                return Err(format!(
+                    "cannot view a {from} tile as {shape}: only extents of 1 may be added or removed"
+                ));
+            }
+            check_shape(shape)?;
+            Ok(vec![Type::Tile {
+                dtype: operands[0].dtype(),
+                shape: shape.clone(),
+            }])
+        }
+        OpKind::Transpose => {
+            want(1)?;
+            let s = tile_shape(&operands[0], "transpose")?;
+            if s.rank() != 2 {
+                return Err(format!("`t()` needs a 2-D tile, found shape {s}"));
+            }
+            Ok(vec![Type::tile(operands[0].dtype(), &[s.0[1], s.0[0]])])
+        }
+        OpKind::Reduce { op: _, dim } => {
+            want(1)?;
+            let s = tile_shape(&operands[0], "reduce")?;
+            if s.rank() != 2 || *dim > 1 {
+                return Err(format!(
+                    "row/column reductions need a 2-D tile, found shape {s}"
+                ));
+            }
+            if operands[0].dtype() == DType::Bool {
+                return Err("cannot reduce a bool tile".into());
+            }
+            Ok(vec![Type::tile(operands[0].dtype(), &[s.0[1 - dim]])])
+        }
+        OpKind::Mma => {
+            if n != 2 && n != 3 {
+                return Err(format!("`mma` takes 2 or 3 operands, found {n}"));
+            }
+            let a = tile_shape(&operands[0], "mma")?;
+            let b = tile_shape(&operands[1], "mma")?;
+            let (da, db) = (operands[0].dtype(), operands[1].dtype());
+            if !matches!(da, DType::Bf16 | DType::F16) || da != db {
+                return Err(format!(
+                    "`mma` operands must both be bf16 or both f16, found {da} and {db}; cast with `.cast::<bf16>()`"
+                ));
+            }
+            if a.rank() != 2 || b.rank() != 2 || a.0[1] != b.0[0] {
+                return Err(format!(
+                    "`mma` shapes do not agree: a is {a}, b is {b}; a's columns must equal b's rows"
+                ));
+            }
+            let out = Type::tile(DType::F32, &[a.0[0], b.0[1]]);
+            if n == 3 && operands[2] != out {
+                return Err(format!(
+                    "`mma` accumulator is {}, expected {out}",
+                    operands[2]
+                ));
+            }
+            Ok(vec![out])
+        }
+        OpKind::Load { tensor, shape } => {
+            let (dtype, rank, _) = tensor_param(params, *tensor)?;
+            want(rank)?;
+            check_coords(operands)?;
+            check_shape(shape)?;
+            if shape.rank() > rank {
+                return Err(format!(
+                    "a {}-D tile cannot be taken from a rank-{rank} tensor",
+                    shape.rank()
+                ));
+            }
+            Ok(vec![Type::Tile {
+                dtype,
+                shape: shape.clone(),
+            }])
+        }
+        OpKind::Store { tensor } => {
+            let (dtype, rank, mutable) = tensor_param(params, *tensor)?;
+            want(rank + 1)?;
+            check_coords(&operands[..rank])?;
+            if !mutable {
+                return Err(format!(
+                    "tensor `{}` is read-only; declare it `TensorMut` to store into it",
+                    params[*tensor].name()
+                ));
+            }
+            let v = &operands[rank];
+            let s = tile_shape(v, "store")?;
+            if s.rank() > rank {
+                return Err(format!(
+                    "a {}-D tile cannot be stored into a rank-{rank} tensor",
+                    s.rank()
+                ));
+            }
+            if v.dtype() != dtype {
+                return Err(format!(
+                    "storing a {} tile into a {dtype} tensor; cast it with `.cast::<{dtype}>()` first",
+                    v.dtype()
+                ));
+            }
+            Ok(vec![])
+        }
+        OpKind::For { stages } => {
+            if n < 3 {
+                return Err("`for` takes lo, hi and step".into());
+            }
+            check_coords(&operands[..3])?;
+            if let Some(s) = stages
+                && !(1..=8).contains(s)
+            {
+                return Err(format!("pipelining depth must be in 1..=8, found {s}"));
+            }
+            Ok(operands[3..].to_vec())
+        }
+        OpKind::If => {
+            want(1)?;
+            if operands[0] != Type::Scalar(DType::Bool) {
+                return Err(format!(
+                    "the condition of `if` is {}, expected a scalar bool",
+                    operands[0]
+                ));
+            }
+            // The results are the yielded values' types; the builder declares them and the
+            // verifier checks both branches against them.
+            Ok(vec![])
+        }
+        OpKind::Yield => Ok(vec![]),
+    }
+}
+
+fn tensor_param(params: &[Param], i: usize) -> Result<(DType, usize, bool), String> {
+    match params.get(i) {
+        Some(Param::Tensor {
+            dtype,
+            rank,
+            mutable,
+            ..
+        }) => Ok((*dtype, *rank, *mutable)),
+        _ => Err(format!("parameter {i} is not a tensor")),
+    }
+}
+
+fn check_coords(ops: &[Type]) -> Result<(), String> {
+    for (i, t) in ops.iter().enumerate() {
+        if *t != Type::Scalar(DType::I32) {
+            return Err(format!("index {i} is {t}, expected a scalar i32"));
+        }
+    }
+    Ok(())
+}
+
+fn tile_shape<'a>(t: &'a Type, what: &str) -> Result<&'a Shape, String> {
+    t.shape()
+        .ok_or_else(|| format!("`{what}` needs a tile, found scalar {t}"))
+}
+
+/// Tile extents must be powers of two so they map onto warps, lanes and MMA shapes.
+fn check_shape(s: &Shape) -> Result<(), String> {
+    if s.rank() == 0 || s.rank() > 2 {
+        return Err(format!("tiles have 1 or 2 dimensions, found {}", s.rank()));
+    }
+    for &d in s.dims() {
+        if d == 0 || !d.is_power_of_two() || d > 4096 {
+            return Err(format!(
+                "tile extent {d} must be a power of two between 1 and 4096"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn broadcast(a: &Type, b: &Type) -> Result<Option<Shape>, String> {
+    match (a.shape(), b.shape()) {
+        (None, None) => Ok(None),
+        (Some(s), None) | (None, Some(s)) => Ok(Some(s.clone())),
+        (Some(x), Some(y)) => x
+            .broadcast(y)
+            .map(Some)
+            .ok_or_else(|| format!("tile shapes {x} and {y} do not broadcast; use `.col()`/`.row()` to broadcast a vector")),
+    }
+}
+
+fn with_shape(d: DType, s: Option<Shape>) -> Type {
+    match s {
+        None => Type::Scalar(d),
+        Some(shape) => Type::Tile { dtype: d, shape },
+    }
+}

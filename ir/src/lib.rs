@@ -1,0 +1,61 @@
+//! # kiln-ir: the tile IR
+//!
+//! A kiln kernel is a program run by every thread block of a grid. Its values are SSA values
+//! of two kinds (see [`types::Type`]):
+//!
+//! - **scalars**: one element, uniform across the block (block ids, loop counters, offsets,
+//!   scalar parameters);
+//! - **register tiles** (`rt<dtype,RxC>`): arrays of compile-time shape, rank 1 or 2,
+//!   distributed over the block's threads. How a tile is distributed (its *layout*) is not part
+//!   of the semantic IR: the `layout` pass chooses it.
+//!
+//! Global memory is reached only through tensor parameters ([`kernel::Param::Tensor`]), whose
+//! shape and strides are runtime values and whose innermost dimension is contiguous. `load`
+//! reads a tile whose first element sits at given coordinates, with elements outside the
+//! tensor reading as zero; `store` writes a tile, skipping elements outside. So a kernel never
+//! touches memory outside its tensors, whatever the launch's shapes.
+//!
+//! ## Operations and evaluation
+//!
+//! An [`kernel::Op`] reads operands, defines results and may own regions. Operations run in
+//! block order; a value is defined before every use (the verifier checks dominance). Control
+//! flow is structured: [`kernel::OpKind::For`] and [`kernel::OpKind::If`] own single-block
+//! regions that end in `yield`, and values flow out of them only through their results
+//! (carried loop values, branch results). Conditions and loop bounds are scalars, hence
+//! uniform across the block: no operation ever diverges within a block.
+//!
+//! Element semantics: integer arithmetic is 32-bit two's complement; float arithmetic on bf16
+//! and f16 tiles is performed in f32 and rounded to the element type after each operation
+//! (round to nearest even); `mma` multiplies bf16/f16 operands exactly and accumulates in f32.
+//! `exp2` may use the hardware approximation (relative error below 2^-22).
+//!
+//! ## Stages
+//!
+//! 1. The `#[kernel]` macro's generated code drives [`builder::Builder`] through the
+//!    frontend in [`dsl`]; every op records the user's source [`kernel::Loc`].
+//! 2. [`verify`] checks types, shapes and dominance.
+//! 3. The pass list in [`passes`] rewrites and annotates the kernel for a [`target::Target`].
+//! 4. A backend (crate `kiln-ptx`) writes the annotated kernel as PTX.
+//!
+//! The [`interp`] module runs the semantic IR (before passes) on the CPU with the GPU's
+//! numeric types; it is the reference every GPU result is checked against.
+//!
+//! **Architecture invariant:** kiln-ir knows nothing of PTX text, of syn, or of the CUDA
+//! driver.
+
+pub mod arena;
+pub mod builder;
+pub mod diag;
+pub mod infer;
+pub mod kernel;
+pub mod print;
+pub mod types;
+
+pub use arena::{Arena, Handle};
+pub use builder::Builder;
+pub use diag::Diagnostic;
+pub use kernel::{
+    Axis, BinaryOp, Block, Const, Kernel, KernelOptions, Loc, Op, OpId, OpKind, Param, ReduceOp,
+    UnaryOp, ValueDef, ValueId,
+};
+pub use types::{DType, Shape, Type};

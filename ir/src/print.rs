@@ -1,0 +1,212 @@
+//! The IR's text form, used in dumps, snapshots and diagnostics.
+//!
+//! ```text
+//! kernel softmax(x: tensor<f32,2>, y: tensor_mut<f32,2,a16>) num_warps=4 {
+//!   %0 = block_id.x : i32                                   // examples/src/softmax.rs:14:13
+//!   %1 = load x[%0, %2] : rt<f32,4x1024>
+//!   %5 = for %3 = %a to %b step %c iter(%4 = %1) stages=2 -> (rt<f32,4x1024>) { ... }
+//! }
+//! ```
+//! Every op is one line ending with a comment naming the user's source location. Values
+//! print by handle (`%12`), so verifier errors and PTX comments refer to the same names.
+
+use std::fmt::Write;
+
+use crate::kernel::{Block, Kernel, OpId, OpKind, Param, ValueId};
+
+/// Column at which the source-location comment starts.
+const LOC_COLUMN: usize = 64;
+
+/// Prints a whole kernel.
+pub fn print_kernel(kernel: &Kernel) -> String {
+    let mut out = String::new();
+    let params: Vec<String> = kernel.params.iter().map(param_str).collect();
+    let _ = writeln!(
+        out,
+        "kernel {}({}) num_warps={} {{",
+        kernel.name,
+        params.join(", "),
+        kernel.options.num_warps
+    );
+    print_block(kernel, &kernel.body, 1, &mut out);
+    out.push_str("}\n");
+    out
+}
+
+/// Prints one parameter as in the kernel header.
+pub fn param_str(p: &Param) -> String {
+    match p {
+        Param::Tensor {
+            name,
+            dtype,
+            rank,
+            mutable,
+            aligned16,
+        } => format!(
+            "{name}: {}<{dtype},{rank}{}>",
+            if *mutable { "tensor_mut" } else { "tensor" },
+            if *aligned16 { ",a16" } else { "" }
+        ),
+        Param::Scalar { name, dtype } => format!("{name}: {dtype}"),
+    }
+}
+
+/// Prints one operation (without nested regions' contents) as it appears in a dump.
+pub fn op_str(kernel: &Kernel, op: OpId) -> String {
+    let mut out = String::new();
+    print_op(kernel, op, 0, &mut out, false);
+    out.trim_end().to_string()
+}
+
+fn print_block(kernel: &Kernel, block: &Block, level: usize, out: &mut String) {
+    for &op in &block.ops {
+        print_op(kernel, op, level, out, true);
+    }
+}
+
+fn values(vs: &[ValueId]) -> String {
+    vs.iter()
+        .map(|v| v.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn print_op(kernel: &Kernel, id: OpId, level: usize, out: &mut String, regions: bool) {
+    let op = &kernel.ops[id];
+    let indent = "  ".repeat(level);
+    let mut line = indent.clone();
+    if !op.results.is_empty() && !matches!(op.kind, OpKind::For { .. } | OpKind::If) {
+        let _ = write!(line, "{} = ", values(&op.results));
+    }
+    let ops = &op.operands;
+    let tensor_name = |i: usize| kernel.params.get(i).map_or("?", |p| p.name()).to_string();
+    match &op.kind {
+        OpKind::Const(c) => {
+            let _ = write!(line, "const {c}");
+        }
+        OpKind::ScalarParam(i) => {
+            let _ = write!(line, "param {}", tensor_name(*i));
+        }
+        OpKind::BlockId(a) => {
+            let _ = write!(line, "block_id.{}", a.name());
+        }
+        OpKind::GridDim(a) => {
+            let _ = write!(line, "grid_dim.{}", a.name());
+        }
+        OpKind::TensorDim { tensor, dim } => {
+            let _ = write!(line, "dim {}.{dim}", tensor_name(*tensor));
+        }
+        OpKind::Unary(u) => {
+            let _ = write!(line, "{} {}", u.name(), values(ops));
+        }
+        OpKind::Binary(b) => {
+            let _ = write!(line, "{} {}", b.name(), values(ops));
+        }
+        OpKind::Select => {
+            let _ = write!(line, "select {}", values(ops));
+        }
+        OpKind::Cast { to } => {
+            let _ = write!(line, "cast {} to {to}", values(ops));
+        }
+        OpKind::Splat { shape } => {
+            let _ = write!(line, "splat {} [{shape}]", values(ops));
+        }
+        OpKind::Iota { shape, dim } => {
+            let _ = write!(line, "iota [{shape}] dim {dim}");
+        }
+        OpKind::Reshape { shape } => {
+            let _ = write!(line, "reshape {} [{shape}]", values(ops));
+        }
+        OpKind::Transpose => {
+            let _ = write!(line, "transpose {}", values(ops));
+        }
+        OpKind::Reduce { op: r, dim } => {
+            let _ = write!(line, "reduce.{} {} dim {dim}", r.name(), values(ops));
+        }
+        OpKind::Mma => {
+            let _ = write!(line, "mma {}", values(ops));
+        }
+        OpKind::Load { tensor, shape } => {
+            let _ = write!(
+                line,
+                "load {}[{}] [{shape}]",
+                tensor_name(*tensor),
+                values(ops)
+            );
+        }
+        OpKind::Store { tensor } => {
+            let rank = ops.len().saturating_sub(1);
+            let _ = write!(
+                line,
+                "store {}[{}], {}",
+                tensor_name(*tensor),
+                values(&ops[..rank]),
+                values(&ops[rank..])
+            );
+        }
+        OpKind::For { stages } => {
+            if !op.results.is_empty() {
+                let _ = write!(line, "{} = ", values(&op.results));
+            }
+            let args = op
+                .regions
+                .first()
+                .map(|b| b.args.clone())
+                .unwrap_or_default();
+            let iv = args.first().map_or("?".to_string(), |v| v.to_string());
+            let _ = write!(line, "for {iv} = {} to {} step {}", ops[0], ops[1], ops[2]);
+            if ops.len() > 3 {
+                let iters: Vec<String> = args
+                    .iter()
+                    .skip(1)
+                    .zip(&ops[3..])
+                    .map(|(a, i)| format!("{a} = {i}"))
+                    .collect();
+                let _ = write!(line, " iter({})", iters.join(", "));
+            }
+            if let Some(s) = stages {
+                let _ = write!(line, " stages={s}");
+            }
+        }
+        OpKind::If => {
+            if !op.results.is_empty() {
+                let _ = write!(line, "{} = ", values(&op.results));
+            }
+            let _ = write!(line, "if {}", values(ops));
+        }
+        OpKind::Yield => {
+            let _ = write!(line, "yield {}", values(ops));
+        }
+    }
+    let tys: Vec<String> = op
+        .results
+        .iter()
+        .map(|&r| kernel.ty(r).to_string())
+        .collect();
+    if !tys.is_empty() {
+        if matches!(op.kind, OpKind::For { .. } | OpKind::If) {
+            let _ = write!(line, " -> ({})", tys.join(", "));
+        } else {
+            let _ = write!(line, " : {}", tys.join(", "));
+        }
+    }
+    let has_regions = regions && !op.regions.is_empty();
+    if has_regions {
+        line.push_str(" {");
+    }
+    if op.loc.is_known() && !matches!(op.kind, OpKind::Yield) {
+        let pad = LOC_COLUMN.saturating_sub(line.len()).max(1);
+        let _ = write!(line, "{:pad$}// {}:{}", "", op.loc.file, op.loc.line);
+    }
+    out.push_str(line.trim_end());
+    out.push('\n');
+    if has_regions {
+        for (i, block) in op.regions.iter().enumerate() {
+            if i > 0 {
+                let _ = writeln!(out, "{indent}}} else {{");
+            }
+            print_block(kernel, block, level + 1, out);
+        }
+        let _ = writeln!(out, "{indent}}}");
+    }
+}

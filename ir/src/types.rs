@@ -1,0 +1,178 @@
+//! Element types, tile shapes and value types of the tile IR.
+
+use std::fmt;
+
+/// An element type. Tiles and scalars are made of these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    /// bfloat16: 8-bit exponent, 7-bit mantissa. Arithmetic on it rounds to nearest even.
+    Bf16,
+    /// IEEE binary16.
+    F16,
+    /// IEEE binary32.
+    F32,
+    /// 32-bit signed integer: indices, offsets, loop counters.
+    I32,
+    /// A predicate.
+    Bool,
+}
+
+impl DType {
+    /// Size of one element in bytes (`Bool` counts as 1 in memory).
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::Bf16 | DType::F16 => 2,
+            DType::F32 | DType::I32 => 4,
+            DType::Bool => 1,
+        }
+    }
+
+    /// Whether this is a floating-point type.
+    pub fn is_float(self) -> bool {
+        match self {
+            DType::Bf16 | DType::F16 | DType::F32 => true,
+            DType::I32 | DType::Bool => false,
+        }
+    }
+
+    /// The short name used in IR dumps and DSL type parameters.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Bf16 => "bf16",
+            DType::F16 => "f16",
+            DType::F32 => "f32",
+            DType::I32 => "i32",
+            DType::Bool => "bool",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A compile-time tile shape of rank 1 or 2, outermost dimension first.
+///
+/// A dimension of extent 1 broadcasts in elementwise operations (`[R, 1]` against `[R, C]`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Shape(pub Vec<usize>);
+
+impl Shape {
+    /// The number of dimensions (1 or 2).
+    pub fn rank(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The total number of elements.
+    pub fn numel(&self) -> usize {
+        self.0.iter().product()
+    }
+
+    /// Extents as a slice.
+    pub fn dims(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// Rows of a 2-D shape, or the extent of a 1-D one.
+    pub fn rows(&self) -> usize {
+        self.0[0]
+    }
+
+    /// Columns of a 2-D shape; 1 for a 1-D shape.
+    pub fn cols(&self) -> usize {
+        if self.0.len() == 2 { self.0[1] } else { 1 }
+    }
+
+    /// The numpy-style broadcast of two shapes of equal rank, or `None` if they disagree.
+    pub fn broadcast(&self, other: &Shape) -> Option<Shape> {
+        if self.rank() != other.rank() {
+            return None;
+        }
+        let dims = self
+            .0
+            .iter()
+            .zip(&other.0)
+            .map(|(&a, &b)| match (a, b) {
+                _ if a == b => Some(a),
+                (1, b) => Some(b),
+                (a, 1) => Some(a),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Shape(dims))
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("x")?;
+            }
+            write!(f, "{d}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The type of an SSA value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Type {
+    /// One element, uniform across the thread block.
+    Scalar(DType),
+    /// A register tile: a compile-time-shaped array distributed over the block's threads.
+    Tile {
+        /// Element type.
+        dtype: DType,
+        /// Extents.
+        shape: Shape,
+    },
+}
+
+impl Type {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Type::Scalar(d) => *d,
+            Type::Tile { dtype, .. } => *dtype,
+        }
+    }
+
+    /// The tile shape, or `None` for a scalar.
+    pub fn shape(&self) -> Option<&Shape> {
+        match self {
+            Type::Scalar(_) => None,
+            Type::Tile { shape, .. } => Some(shape),
+        }
+    }
+
+    /// A tile type.
+    pub fn tile(dtype: DType, dims: &[usize]) -> Type {
+        Type::Tile {
+            dtype,
+            shape: Shape(dims.to_vec()),
+        }
+    }
+
+    /// The same kind of value (scalar or tile of the same shape) with another element type.
+    pub fn with_dtype(&self, dtype: DType) -> Type {
+        match self {
+            Type::Scalar(_) => Type::Scalar(dtype),
+            Type::Tile { shape, .. } => Type::Tile {
+                dtype,
+                shape: shape.clone(),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Type {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Type::Scalar(d) => write!(f, "{d}"),
+            Type::Tile { dtype, shape } => write!(f, "rt<{dtype},{shape}>"),
+        }
+    }
+}
