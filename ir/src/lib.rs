@@ -46,16 +46,21 @@
 pub mod arena;
 pub mod builder;
 pub mod diag;
+pub mod dsl;
+pub mod host;
 pub mod infer;
 pub mod kernel;
 pub mod print;
+pub mod target;
 pub mod types;
 
 pub use arena::{Arena, Handle};
 pub use builder::Builder;
 pub use diag::Diagnostic;
+pub use host::{HostTensor, TensorData};
 pub use kernel::{
     Axis, BinaryOp, Block, Const, Kernel, KernelOptions, Loc, Op, OpId, OpKind, Param, ReduceOp,
     UnaryOp, ValueDef, ValueId,
 };
+pub use target::Target;
 pub use types::{DType, Shape, Type};

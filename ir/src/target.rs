@@ -1,0 +1,61 @@
+//! Compilation targets.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A GPU architecture kiln generates code for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Target {
+    /// Ampere/Ada and later (portable): `mma.sync`, `ldmatrix`, `cp.async`. Runs on Hopper.
+    Sm80,
+    /// Hopper: wgmma, TMA, mbarrier, warp specialisation. Arch-specific PTX.
+    Sm90a,
+    /// Blackwell: tcgen05, tensor memory, TMA. Arch-specific PTX.
+    Sm100a,
+}
+
+impl Target {
+    /// Every target, in order.
+    pub const ALL: [Target; 3] = [Target::Sm80, Target::Sm90a, Target::Sm100a];
+
+    /// The name used on the command line, in `.target` and by `ptxas -arch`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Sm80 => "sm_80",
+            Target::Sm90a => "sm_90a",
+            Target::Sm100a => "sm_100a",
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The error for an unknown target name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownTarget(pub String);
+
+impl fmt::Display for UnknownTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown target `{}`; expected one of sm_80, sm_90a, sm_100a",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownTarget {}
+
+impl FromStr for Target {
+    type Err = UnknownTarget;
+    fn from_str(s: &str) -> Result<Target, UnknownTarget> {
+        Target::ALL
+            .into_iter()
+            .find(|t| t.name() == s || t.name().replace('_', "") == s)
+            .ok_or_else(|| UnknownTarget(s.to_string()))
+    }
+}
