@@ -6,6 +6,13 @@
 //! IR and writes text.
 
 pub mod abi;
+mod arith;
+mod control;
+mod memory;
+mod mma;
+mod sync;
+pub mod types;
+pub mod writer;
 
 use kiln_ir::{Diagnostic, Kernel, Target};
 
@@ -42,8 +49,7 @@ pub enum CodegenError {
 
 /// Runs the pass pipeline for `target` on a copy of `kernel` and writes PTX.
 pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxModule, CodegenError> {
-    Err(CodegenError::Unsupported {
-        op: format!("kernel {}", kernel.name),
-        target,
-    })
+    let mut k = kernel.clone();
+    kiln_ir::passes::run_pipeline(&mut k, target, &mut |_, _| {})?;
+    writer::Writer::new(&k).write(target)
 }

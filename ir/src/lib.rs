@@ -50,7 +50,9 @@ pub mod dsl;
 pub mod host;
 pub mod infer;
 pub mod kernel;
+pub mod passes;
 pub mod print;
+pub mod schedule;
 pub mod target;
 pub mod types;
 
