@@ -31,6 +31,19 @@ impl Writer<'_> {
             self.vals.insert(r, Val::Scalar(reg));
             return Ok(());
         };
+        if let OpKind::Cast {
+            to: to @ (DType::Bf16 | DType::F16),
+        } = op.kind
+            && in_dtype == DType::F32
+            && self.uses.get(&r).is_some_and(|us| {
+                us.iter()
+                    .all(|&u| self.k.ops[u].kind == OpKind::Mma && self.k.ops[u].operands[0] == r)
+            })
+        {
+            let src = self.tile(op.operands[0], id)?;
+            self.vals.insert(r, Val::Narrowed { src, to });
+            return Ok(());
+        }
         let d = self.dist(r, id)?;
         let n = d.regs.len();
         let mut per_operand: Vec<Vec<Reg>> = Vec::new();
@@ -74,7 +87,7 @@ impl Writer<'_> {
                         per_operand.push(gathered);
                     }
                 }
-                Val::Smem { .. } => {
+                Val::Smem { .. } | Val::Narrowed { .. } => {
                     return Err(self.unsupported(id, "elementwise math on a shared-memory tile"));
                 }
             }

@@ -16,7 +16,9 @@ impl Writer<'_> {
             Val::Tile(rs) => Ok(Val::Tile(
                 rs.iter().map(|r| self.new_reg(r.class)).collect(),
             )),
-            Val::Smem { .. } => Err(self.unsupported(at, "a shared-memory tile carried or merged")),
+            Val::Smem { .. } | Val::Narrowed { .. } => {
+                Err(self.unsupported(at, "a shared-memory or packed tile carried or merged"))
+            }
         }
     }
 
@@ -158,6 +160,6 @@ fn regs_of(v: &Val) -> Vec<Reg> {
     match v {
         Val::Scalar(r) => vec![*r],
         Val::Tile(rs) => rs.clone(),
-        Val::Smem { .. } => Vec::new(),
+        Val::Smem { .. } | Val::Narrowed { .. } => Vec::new(),
     }
 }

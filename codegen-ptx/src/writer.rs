@@ -19,6 +19,14 @@ pub(crate) enum Val {
     Scalar(Reg),
     /// A register tile: one register per entry of its layout's distribution.
     Tile(Vec<Reg>),
+    /// An f32 register tile rounded to `to` (bf16/f16) only where it is read: the A operand
+    /// of `mma`, packed two elements per register by one `cvt.rn.bf16x2.f32`.
+    Narrowed {
+        /// The f32 registers.
+        src: Vec<Reg>,
+        /// The element type it is rounded to.
+        to: DType,
+    },
     /// A tile staged in shared memory.
     Smem {
         /// Shared address (`.b32`) of the stage holding it.
@@ -57,6 +65,8 @@ pub struct Writer<'k> {
     pub(crate) smem: Reg,
     /// Shared stage of each prefetched load in the iteration being written.
     pub(crate) stage_bases: BTreeMap<OpId, Reg>,
+    /// For every value, the reachable ops reading it.
+    pub(crate) uses: BTreeMap<ValueId, Vec<OpId>>,
     labels: u32,
 }
 
@@ -75,6 +85,7 @@ impl<'k> Writer<'k> {
             tid,
             smem,
             stage_bases: BTreeMap::new(),
+            uses: uses(k, &k.body),
             labels: 0,
         }
     }
@@ -292,7 +303,7 @@ impl<'k> Writer<'k> {
                             },
                         );
                     }
-                    Val::Scalar(_) | Val::Tile(_) => {
+                    Val::Scalar(_) | Val::Tile(_) | Val::Narrowed { .. } => {
                         return Err(self.unsupported(id, "a transpose not feeding mma"));
                     }
                 }
@@ -341,7 +352,7 @@ impl<'k> Writer<'k> {
     pub(crate) fn scalar(&self, v: ValueId, at: OpId) -> Result<Reg, CodegenError> {
         match self.val(v, at)? {
             Val::Scalar(r) => Ok(r),
-            Val::Tile(_) | Val::Smem { .. } => {
+            Val::Tile(_) | Val::Narrowed { .. } | Val::Smem { .. } => {
                 Err(self.internal(at, format!("{v} is not a scalar")))
             }
         }
@@ -351,7 +362,7 @@ impl<'k> Writer<'k> {
     pub(crate) fn tile(&self, v: ValueId, at: OpId) -> Result<Vec<Reg>, CodegenError> {
         match self.val(v, at)? {
             Val::Tile(r) => Ok(r),
-            Val::Scalar(_) | Val::Smem { .. } => {
+            Val::Scalar(_) | Val::Narrowed { .. } | Val::Smem { .. } => {
                 Err(self.internal(at, format!("{v} is not a register tile")))
             }
         }
@@ -446,4 +457,20 @@ impl<'k> Writer<'k> {
             target: Target::Sm80,
         }
     }
+}
+
+/// The reachable ops reading each value.
+fn uses(k: &Kernel, block: &Block) -> BTreeMap<ValueId, Vec<OpId>> {
+    let mut out: BTreeMap<ValueId, Vec<OpId>> = BTreeMap::new();
+    for &op in &block.ops {
+        for &v in &k.ops[op].operands {
+            out.entry(v).or_default().push(op);
+        }
+        for region in &k.ops[op].regions {
+            for (v, us) in uses(k, region) {
+                out.entry(v).or_default().extend(us);
+            }
+        }
+    }
+    out
 }

@@ -264,8 +264,26 @@ pub struct SmemBuffer {
     pub stages: u32,
     /// Bytes of one tile row.
     pub row_bytes: u32,
-    /// Whether 16-byte chunks are XOR-swizzled by `row % 8` (rows of at least 128 bytes).
+    /// Whether 16-byte chunks are XOR-swizzled (see [`SmemBuffer::swizzle`]).
     pub swizzled: bool,
+}
+
+impl SmemBuffer {
+    /// The XOR swizzle of a swizzled buffer as `(shift, mask)`: 16-byte chunk `c` of row `r`
+    /// is stored at chunk `c ^ ((r >> shift) & mask)`. Any 8 consecutive rows (what one
+    /// `ldmatrix` 8x8 matrix reads) then hit 8 distinct 16-byte bank groups. Rows of 128
+    /// bytes or more use `(0, 7)`, 64-byte rows `(1, 3)`, 32-byte rows `(2, 1)`.
+    pub fn swizzle(&self) -> Option<(u32, u32)> {
+        if !self.swizzled {
+            return None;
+        }
+        match self.row_bytes {
+            32 => Some((2, 1)),
+            64 => Some((1, 3)),
+            b if b % 128 == 0 => Some((0, 7)),
+            _ => None,
+        }
+    }
 }
 
 /// How a pipelined `for` is software-pipelined.

@@ -11,43 +11,48 @@ use kiln_ir::{
 /// A thin layer over [`Builder`] that panics on builder errors (test code only).
 pub struct B(pub Builder);
 
+#[track_caller]
 fn loc() -> Loc {
-    Loc {
-        file: "tests/ptx_common.rs",
-        line: 1,
-        column: 1,
-    }
+    Loc::caller()
 }
 
 impl B {
     pub fn new(name: &str, params: Vec<Param>, num_warps: u32) -> B {
         B(Builder::new(name, params, KernelOptions { num_warps }))
     }
+    #[track_caller]
     pub fn op(&mut self, kind: OpKind, ops: &[ValueId]) -> ValueId {
         self.0.op1(kind, ops, loc()).expect("builder op")
     }
+    #[track_caller]
     pub fn i(&mut self, x: i64) -> ValueId {
         self.0
             .constant(Const::Int(x), DType::I32, loc())
             .expect("const")
     }
+    #[track_caller]
     pub fn f(&mut self, x: f64) -> ValueId {
         self.0
             .constant(Const::Float(x), DType::F32, loc())
             .expect("const")
     }
+    #[track_caller]
     pub fn bin(&mut self, op: BinaryOp, a: ValueId, b: ValueId) -> ValueId {
         self.op(OpKind::Binary(op), &[a, b])
     }
+    #[track_caller]
     pub fn un(&mut self, op: UnaryOp, a: ValueId) -> ValueId {
         self.op(OpKind::Unary(op), &[a])
     }
+    #[track_caller]
     pub fn block(&mut self, a: Axis) -> ValueId {
         self.op(OpKind::BlockId(a), &[])
     }
+    #[track_caller]
     pub fn dim(&mut self, tensor: usize, dim: usize) -> ValueId {
         self.op(OpKind::TensorDim { tensor, dim }, &[])
     }
+    #[track_caller]
     pub fn splat(&mut self, x: ValueId, dims: &[usize]) -> ValueId {
         self.op(
             OpKind::Splat {
@@ -56,6 +61,7 @@ impl B {
             &[x],
         )
     }
+    #[track_caller]
     pub fn iota(&mut self, dims: &[usize], dim: usize) -> ValueId {
         self.op(
             OpKind::Iota {
@@ -65,6 +71,7 @@ impl B {
             &[],
         )
     }
+    #[track_caller]
     pub fn reshape(&mut self, x: ValueId, dims: &[usize]) -> ValueId {
         self.op(
             OpKind::Reshape {
@@ -73,9 +80,11 @@ impl B {
             &[x],
         )
     }
+    #[track_caller]
     pub fn reduce(&mut self, op: ReduceOp, x: ValueId, dim: usize) -> ValueId {
         self.op(OpKind::Reduce { op, dim }, &[x])
     }
+    #[track_caller]
     pub fn load(&mut self, tensor: usize, dims: &[usize], coords: &[ValueId]) -> ValueId {
         self.op(
             OpKind::Load {
@@ -85,6 +94,7 @@ impl B {
             coords,
         )
     }
+    #[track_caller]
     pub fn store(&mut self, tensor: usize, coords: &[ValueId], v: ValueId) {
         let mut ops = coords.to_vec();
         ops.push(v);
@@ -92,6 +102,7 @@ impl B {
             .op(OpKind::Store { tensor }, &ops, loc())
             .expect("store");
     }
+    #[track_caller]
     pub fn cdiv(&mut self, a: ValueId, b: i64) -> ValueId {
         let bm1 = self.i(b - 1);
         let bb = self.i(b);
