@@ -7,7 +7,13 @@ fn dump_ptx() {
     let Ok(dir) = std::env::var("KILN_PTX_DIR") else {
         return;
     };
-    for (name, k) in ptx_common::all() {
+    let variants = [
+        ("gemm_bk64", ptx_common::gemm(128, 128, 64, 3, 8)),
+        ("gemm_w4", ptx_common::gemm(128, 128, 32, 4, 4)),
+        ("gemm_256", ptx_common::gemm(128, 256, 32, 3, 8)),
+        ("gemm_bk64_w4", ptx_common::gemm(128, 128, 64, 3, 4)),
+    ];
+    for (name, k) in ptx_common::all().into_iter().chain(variants) {
         let m = kiln_ptx::compile(&k, kiln_ir::Target::Sm80).expect("compile");
         std::fs::write(format!("{dir}/{name}.ptx"), &m.ptx).expect("write");
         std::fs::write(
