@@ -109,7 +109,9 @@ fn carried(vars: &[Ident]) -> (TokenStream, TokenStream, TokenStream) {
     let write_back = if vars.is_empty() {
         quote!()
     } else {
-        quote!(#tuple = #v;)
+        // The read after the write-back stands for the reads the loop's next iteration makes
+        // in the user's code, so rustc does not call the last assignment unused.
+        quote!(#tuple = #v; let _ = (#(&#vars,)*);)
     };
     (tuple, pat, write_back)
 }

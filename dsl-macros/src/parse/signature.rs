@@ -164,7 +164,9 @@ pub fn parse_signature(sig: &syn::Signature, errors: &mut Errors) -> Signature {
                 Some(kind) => out.comptime.push(ComptimeParam {
                     name: c.ident.clone(),
                     kind,
-                    default: None,
+                    // Rust allows no defaults on a fn's const generics, but the macro consumes
+                    // them, so `<const D: usize = 64>` declares the CLI default.
+                    default: c.default.clone(),
                 }),
                 None => errors.at(&c.ty, "const generic kernel parameters must be usize, i32 or bool"),
             },

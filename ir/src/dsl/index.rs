@@ -104,3 +104,16 @@ pub(crate) fn shape_of(entries: &[Index], loc: Loc) -> Option<Shape> {
     }
     Some(Shape(dims))
 }
+
+/// A tile shape argument: an array of [`Index`] entries of any length (`[BM, D]`). A trait
+/// rather than a const generic so that `zeros::<f32>([BM, D])` names only the dtype.
+pub trait Entries {
+    /// The entries.
+    fn entries(&self) -> &[Index];
+}
+
+impl<const N: usize> Entries for [Index; N] {
+    fn entries(&self) -> &[Index] {
+        self
+    }
+}

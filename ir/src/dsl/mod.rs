@@ -21,7 +21,7 @@ pub use compare::{Compare, Logic};
 pub use context::trace;
 pub use control::{Carry, Condition, LoopRange, for_loop, pipelined, range, unroll};
 pub use def::{ComptimeKind, ComptimeParam, ComptimeValue, KernelDef, ParamSig, Spec};
-pub use index::{Index, IntoIndex};
+pub use index::{Entries, Index, IntoIndex};
 pub use ops::{
     Dim3, abs, block_id, cdiv, col_max, col_sum, exp, exp2, full, grid_dim, iota, log2, max, min,
     mma, mma_acc, recip, row_max, row_min, row_sum, rsqrt, select, sqrt, zeros,

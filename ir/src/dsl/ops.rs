@@ -5,20 +5,20 @@ use crate::diag::Diagnostic;
 use crate::kernel::{Axis, BinaryOp, Loc, OpKind, ReduceOp, UnaryOp};
 
 use super::context;
-use super::index::{Index, shape_of};
+use super::index::{Entries, Index, shape_of};
 use super::tensor::AsValue;
 use super::value::{Element, IntoOperand, Operand, Value, binary, unary};
 
 /// A tile of `shape` filled with zeros of type `T`.
 #[track_caller]
-pub fn zeros<T: Element, const N: usize>(shape: [Index; N]) -> Value {
-    splat::<T>(&shape, Operand::Int(0), Loc::caller())
+pub fn zeros<T: Element>(shape: impl Entries) -> Value {
+    splat::<T>(shape.entries(), Operand::Int(0), Loc::caller())
 }
 
 /// A tile of `shape` filled with `x` (a Rust number, or a scalar value of type `T`).
 #[track_caller]
-pub fn full<T: Element, const N: usize>(shape: [Index; N], x: impl IntoOperand) -> Value {
-    splat::<T>(&shape, x.into_operand(), Loc::caller())
+pub fn full<T: Element>(shape: impl Entries, x: impl IntoOperand) -> Value {
+    splat::<T>(shape.entries(), x.into_operand(), Loc::caller())
 }
 
 fn splat<T: Element>(shape: &[Index], x: Operand, loc: Loc) -> Value {
@@ -39,9 +39,9 @@ fn splat<T: Element>(shape: &[Index], x: Operand, loc: Loc) -> Value {
 
 /// An i32 tile of `shape` whose elements hold their index along dimension `dim`.
 #[track_caller]
-pub fn iota<const N: usize>(shape: [Index; N], dim: usize) -> Value {
+pub fn iota(shape: impl Entries, dim: usize) -> Value {
     let loc = Loc::caller();
-    match shape_of(&shape, loc) {
+    match shape_of(shape.entries(), loc) {
         Some(shape) => context::emit(OpKind::Iota { shape, dim }, &[], loc),
         None => Value::POISON,
     }
