@@ -57,6 +57,19 @@ impl<'ast> Visit<'ast> for Checker<'_> {
             Expr::Let(l) => e_.at(l.let_token, "`if let` is not supported in a kernel; use a plain `if`"),
             Expr::Reference(r) if r.mutability.is_some() => e_.at(r.mutability, "`&mut` is not supported in a kernel: values are `Copy`, reassign them instead"),
             Expr::Macro(ExprMacro { mac, .. }) => self.check_macro(mac),
+            Expr::MethodCall(m) if m.method == "tile" => {
+                if let Some(t) = &m.turbofish {
+                    e_.at(t, "tile shapes are written as an array: `.tile([BM, BN], coords)`");
+                }
+                if let Some(shape) = m.args.first() {
+                    check_shape_literal(shape, e_);
+                }
+            }
+            Expr::Call(c) if shape_fn(&c.func) => {
+                if let Some(shape) = c.args.first() {
+                    check_shape_literal(shape, e_);
+                }
+            }
             Expr::ForLoop(f) => {
                 if let Some(l) = &f.label {
                     e_.at(l, "loop labels are not supported in a kernel");
@@ -67,6 +80,7 @@ impl<'ast> Visit<'ast> for Checker<'_> {
                     e_.at(&f.pat, "a kernel `for` binds one name (`for i in a..b`)");
                 }
             }
+            Expr::Range(r) if r.end.is_none() => e_.at(r, "ranges in a kernel need an end: `a..b`"),
             Expr::Range(r) if matches!(r.limits, syn::RangeLimits::Closed(_)) => {
                 e_.at(r, "inclusive ranges are not supported in a kernel; write `a..b + 1`")
             }
@@ -87,6 +101,26 @@ impl<'ast> Visit<'ast> for Checker<'_> {
                 "only `const` and `use` items may appear in a kernel; define helpers outside with `#[kernel_fn]`",
             ),
         }
+    }
+}
+
+/// Whether `func` names a DSL function whose first argument is a tile shape.
+fn shape_fn(func: &Expr) -> bool {
+    matches!(func, Expr::Path(p) if p.path.segments.last().is_some_and(|s| {
+        s.ident == "zeros" || s.ident == "full" || s.ident == "iota"
+    }))
+}
+
+/// A tile shape must be an array literal whose extents are known while tracing; `[n; 2]`
+/// and shapes computed elsewhere cannot be checked.
+fn check_shape_literal(shape: &Expr, errors: &mut Errors) {
+    match shape {
+        Expr::Array(_) => {}
+        Expr::Repeat(r) => errors.at(r, "write each tile extent: `[BM, BM]`, not `[BM; 2]`"),
+        other => errors.at(
+            other,
+            "tile shapes are written as an array literal of compile-time extents, like `[BM, D]`",
+        ),
     }
 }
 

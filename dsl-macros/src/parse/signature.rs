@@ -233,8 +233,11 @@ fn comptime_attr(attrs: &[Attribute], errors: &mut Errors) -> Option<Option<Expr
             errors.at(a, "only `#[comptime]` is allowed on kernel parameters");
             continue;
         }
+        // Once the attribute is there the parameter is comptime, even if its options are
+        // wrong: reporting it as an unsupported launch parameter too would mislead.
+        found = found.or(Some(None));
         match &a.meta {
-            Meta::Path(_) => found = Some(None),
+            Meta::Path(_) => {}
             Meta::List(list) => match list.parse_args::<syn::MetaNameValue>() {
                 Ok(nv) if nv.path.is_ident("default") => found = Some(Some(nv.value)),
                 Ok(nv) => errors.at(
