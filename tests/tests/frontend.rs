@@ -15,7 +15,9 @@ fn position(marker: &str, code: &str) -> (u32, u32) {
         .enumerate()
         .find(|(_, l)| l.contains(marker) && !l.contains("position("))
         .unwrap_or_else(|| panic!("marker {marker} not found"));
-    let col = line.find(code).unwrap_or_else(|| panic!("{code} not on line {}", i + 1));
+    let col = line
+        .find(code)
+        .unwrap_or_else(|| panic!("{code} not on line {}", i + 1));
     (i as u32 + 1, col as u32 + 1)
 }
 
@@ -46,7 +48,11 @@ fn mma_shape_mismatch(a: Tensor<bf16, 2>, c: TensorMut<f32, 2>) {
 fn mma_shape_mismatch_points_at_the_users_call() {
     let d = build_err(&mma_shape_mismatch, &Spec::default());
     let (line, col) = position("MARK-mma", "mma(");
-    assert_eq!((d.loc.file, d.loc.line, d.loc.column), (file!(), line, col), "{d}");
+    assert_eq!(
+        (d.loc.file, d.loc.line, d.loc.column),
+        (file!(), line, col),
+        "{d}"
+    );
     assert!(d.message.contains("64x32"), "{d}");
 }
 
@@ -63,7 +69,10 @@ fn dtype_mismatch_points_at_the_users_operator() {
     let d = build_err(&dtype_mismatch, &Spec::default());
     let (line, col) = position("MARK-add", "x + y");
     assert_eq!((d.loc.line, d.loc.column), (line, col), "{d}");
-    assert!(d.message.contains("bf16") && d.message.contains("f32"), "{d}");
+    assert!(
+        d.message.contains("bf16") && d.message.contains("f32"),
+        "{d}"
+    );
 }
 
 #[kernel]
@@ -103,7 +112,7 @@ fn control(a: Tensor<f32, 1>, c: TensorMut<f32, 1>, #[comptime(default = 3)] rep
     let n = a.dim(0);
     let mut x = a.tile([128], [0]).load();
     let mut y = zeros::<f32>([128]);
-    for i in 0..n { // MARK-for
+    for i in 0..n {
         if i < 2 && n > 5 {
             x = x * 2.0;
         } else {
@@ -125,13 +134,17 @@ fn runtime_if_and_for_carry_assigned_variables() {
     println!("{}", print_kernel(&k));
     let mut ops = Vec::new();
     all_ops(&k, &k.body, &mut ops);
-    let (line, col) = position("MARK-for", "for i");
+    let (line, col) = position("for i in 0..n {", "for i");
     let for_op = ops
         .iter()
         .find(|(kind, _)| matches!(kind, OpKind::For { stages: None }))
         .expect("a runtime for");
     assert_eq!((for_op.1.line, for_op.1.column), (line, col));
-    let for_id = k.body.ops.iter().find(|&&o| matches!(k.ops[o].kind, OpKind::For { .. }));
+    let for_id = k
+        .body
+        .ops
+        .iter()
+        .find(|&&o| matches!(k.ops[o].kind, OpKind::For { .. }));
     let for_id = *for_id.expect("for at top level");
     assert_eq!(k.ops[for_id].results.len(), 2, "x and y are carried");
     assert_eq!(
@@ -157,9 +170,13 @@ fn missing_and_ill_typed_comptime_values_name_the_parameter() {
     let d = build_err(&control, &Spec::default());
     assert!(d.message.contains("`reps: usize`"), "{d}");
     let mut spec = Spec::default();
-    spec.comptime.insert("reps".into(), ComptimeValue::Bool(true));
+    spec.comptime
+        .insert("reps".into(), ComptimeValue::Bool(true));
     let d = build_err(&control, &spec);
-    assert!(d.message.contains("`reps`") && d.message.contains("bool"), "{d}");
+    assert!(
+        d.message.contains("`reps`") && d.message.contains("bool"),
+        "{d}"
+    );
     assert_eq!(d.loc.file, file!());
 }
 
@@ -173,8 +190,18 @@ fn signature_and_options_come_from_the_declaration() {
     assert!(matches!(
         control.signature(),
         [
-            ParamSig::Tensor { name: "a", rank: 1, mutable: false, .. },
-            ParamSig::Tensor { name: "c", rank: 1, mutable: true, .. }
+            ParamSig::Tensor {
+                name: "a",
+                rank: 1,
+                mutable: false,
+                ..
+            },
+            ParamSig::Tensor {
+                name: "c",
+                rank: 1,
+                mutable: true,
+                ..
+            }
         ]
     ));
 }

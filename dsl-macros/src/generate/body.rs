@@ -27,6 +27,10 @@ pub fn rewrite_body(block: &mut Block) {
 struct Rewriter;
 
 impl VisitMut for Rewriter {
+    /// Items (`const X: usize = ..;`) are plain Rust evaluated at compile time: the tracing
+    /// rewrites (calls of non-`const` trait methods) would not compile there.
+    fn visit_item_mut(&mut self, _: &mut syn::Item) {}
+
     fn visit_expr_mut(&mut self, e: &mut Expr) {
         // Variables are found on the code as written, before inner constructs are rewritten.
         let vars = match e {

@@ -60,11 +60,25 @@ pub struct KernelFn {
     pub body: Block,
 }
 
+/// Attributes that still mean something on the generated struct (docs, lints, `cfg`).
+const KEPT_ATTRS: &[&str] = &["doc", "cfg", "allow", "expect", "warn", "deny"];
+
 /// Checks `item` as a kernel: the signature's parameter kinds and the body's constructs.
 pub fn parse_kernel(item: ItemFn) -> syn::Result<KernelFn> {
     let mut errors = Errors::default();
     let signature = parse_signature(&item.sig, &mut errors);
     check_body(&item.block, &mut errors);
+    for a in &item.attrs {
+        if !KEPT_ATTRS.iter().any(|k| a.path().is_ident(k)) {
+            errors.at(
+                a,
+                format_args!(
+                    "this attribute cannot go on a kernel; kept attributes: {}",
+                    KEPT_ATTRS.join(", ")
+                ),
+            );
+        }
+    }
     errors.finish(KernelFn {
         attrs: item.attrs,
         vis: item.vis,

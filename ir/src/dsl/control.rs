@@ -167,8 +167,9 @@ pub fn pipelined(range: LoopRange, stages: u32) -> LoopRange {
     }
 }
 
-/// A loop unrolled while tracing: `for i in unroll(0..4)` is a Rust loop and `i` a `usize`.
-pub fn unroll(range: std::ops::Range<usize>) -> std::ops::Range<usize> {
+/// A loop unrolled while tracing: `for i in unroll(0..4)` (or `unroll((0..8).step_by(2))`)
+/// is a Rust loop and `i` a `usize`.
+pub fn unroll<I: Iterator<Item = usize>>(range: I) -> I {
     range
 }
 

@@ -27,5 +27,5 @@ pub use ops::{
     mma, mma_acc, recip, row_max, row_min, row_sum, rsqrt, select, sqrt, zeros,
 };
 pub use params::{ComptimeArg, comptime, params_for, scalar_param};
-pub use tensor::{AsValue, Tensor, TileView};
-pub use value::{Element, IntoOperand, Operand, Value};
+pub use tensor::{Tensor, TileView};
+pub use value::{AsValue, Element, IntoOperand, Operand, Value};

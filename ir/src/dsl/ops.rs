@@ -6,8 +6,7 @@ use crate::kernel::{Axis, BinaryOp, Loc, OpKind, ReduceOp, UnaryOp};
 
 use super::context;
 use super::index::{Entries, Index, shape_of};
-use super::tensor::AsValue;
-use super::value::{Element, IntoOperand, Operand, Value, binary, unary};
+use super::value::{AsValue, Element, IntoOperand, Operand, Value, binary, unary};
 
 /// A tile of `shape` filled with zeros of type `T`.
 #[track_caller]

@@ -7,7 +7,7 @@ use crate::types::Shape;
 
 use super::context;
 use super::index::{Index, shape_of};
-use super::value::Value;
+use super::value::{AsValue, Value};
 
 /// A tensor parameter (`Tensor<T, R>` or `TensorMut<T, R>` in the signature).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,23 +117,5 @@ impl TileView {
             &operands,
             loc,
         );
-    }
-}
-
-/// A [`Value`] or a reference to one (free functions take either).
-pub trait AsValue {
-    /// The value.
-    fn as_value(&self) -> Value;
-}
-
-impl AsValue for Value {
-    fn as_value(&self) -> Value {
-        *self
-    }
-}
-
-impl AsValue for &Value {
-    fn as_value(&self) -> Value {
-        **self
     }
 }

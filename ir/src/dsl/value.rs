@@ -86,6 +86,24 @@ impl Value {
     }
 }
 
+/// A [`Value`] or a reference to one (free functions take either).
+pub trait AsValue {
+    /// The value.
+    fn as_value(&self) -> Value;
+}
+
+impl AsValue for Value {
+    fn as_value(&self) -> Value {
+        *self
+    }
+}
+
+impl AsValue for &Value {
+    fn as_value(&self) -> Value {
+        **self
+    }
+}
+
 /// A Rust element type usable as a kiln dtype: `half::bf16`, `half::f16`, `f32`, `i32`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a kiln element type",
