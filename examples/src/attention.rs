@@ -23,20 +23,20 @@ fn mask(s: Value, q0: Value, k0: Value, sq: Value, sk: Value, bn: usize, causal:
     select(keep, s, f32::NEG_INFINITY)
 }
 
-/// Attention over `q: [batch, heads, sq, D]` and `k, v: [batch, heads, sk, D]` (bf16, `sq`
-/// and `sk` may differ) into `o: [batch, heads, sq, D]`, with scores scaled by `scale`.
+/// Attention over `q: [batch, heads, sq, d]` and `k, v: [batch, heads, sk, d]` (bf16, `sq`
+/// and `sk` may differ) into `o: [batch, heads, sq, d]`, with scores scaled by `scale`.
 ///
 /// Online softmax (FlashAttention-2): a block owns `BM = 128` query rows and walks key blocks
-/// of `BN` (128 for `D <= 64`, else 64) in a 2-stage pipelined loop, keeping the running
+/// of `BN` (128 for `d <= 64`, else 64) in a 2-stage pipelined loop, keeping the running
 /// row maximum `m`, row sum `l` and unnormalised output `acc`. When `causal`, the loop stops
 /// after the last key block any of its rows may see (it never skips a block the maths needs);
 /// rows that see no key at all (`sq > sk`) get `m = -inf` (0 is used in the exponent) and
 /// `l = 0`, and their output is 0.
 ///
-/// Grid: `(cdiv(sq, 128), heads, batch)`. Comptime: `D` (head dim, default 64), `causal`
+/// Grid: `(cdiv(sq, 128), heads, batch)`. Comptime: `d` (head dim, default 128), `causal`
 /// (default false).
 #[kernel(num_warps = 4)]
-pub fn attention<const D: usize = 64>(
+pub fn attention<const d: usize = 128>(
     q: Tensor<bf16, 4>,
     k: Tensor<bf16, 4>,
     v: Tensor<bf16, 4>,
@@ -44,13 +44,13 @@ pub fn attention<const D: usize = 64>(
     scale: f32,
     #[comptime(default = false)] causal: bool,
 ) {
-    let bn: usize = if D <= 64 { 128 } else { 64 };
+    let bn: usize = if d <= 64 { 128 } else { 64 };
     let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
     let (sq, sk) = (q.dim(2), k.dim(2));
     let q0 = mb * BM;
-    let qs = q.tile([BM, D], [b, h, q0, 0]).load();
+    let qs = q.tile([BM, d], [b, h, q0, 0]).load();
     let qk_scale = scale * LOG2E;
-    let mut acc = zeros::<f32>([BM, D]);
+    let mut acc = zeros::<f32>([BM, d]);
     let mut m = full::<f32>([BM], f32::NEG_INFINITY);
     let mut l = zeros::<f32>([BM]);
     let all_blocks = cdiv(sk, bn);
@@ -62,8 +62,8 @@ pub fn attention<const D: usize = 64>(
     };
     for j in pipelined(0..n_blocks, stages = 2) {
         let k0 = j * bn;
-        let ks = k.tile([bn, D], [b, h, k0, 0]).load();
-        let vs = v.tile([bn, D], [b, h, k0, 0]).load();
+        let ks = k.tile([bn, d], [b, h, k0, 0]).load();
+        let vs = v.tile([bn, d], [b, h, k0, 0]).load();
         let s = mask(mma(&qs, &ks.t()) * qk_scale, q0, k0, sq, sk, bn, causal);
         let m_new = max(&m, &row_max(&s));
         // A row with no visible key so far has m_new = -inf; exponentiate against 0 so its
@@ -77,7 +77,7 @@ pub fn attention<const D: usize = 64>(
     }
     // Fully masked rows have l = 0 and acc = 0: divide by 1 so they output 0.
     let l_safe = select(l == 0.0, 1.0, l);
-    o.tile([BM, D], [b, h, q0, 0])
+    o.tile([BM, d], [b, h, q0, 0])
         .store((acc / l_safe.col()).cast::<bf16>());
 }
 
@@ -93,7 +93,7 @@ mod tests {
         for d in ["64", "128"] {
             for causal in ["false", "true"] {
                 let o = [
-                    ("D".to_string(), d.to_string()),
+                    ("d".to_string(), d.to_string()),
                     ("causal".to_string(), causal.to_string()),
                 ];
                 let spec = Spec::from_defaults(&attention, &o).unwrap_or_else(|e| panic!("{e}"));
