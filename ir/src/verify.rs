@@ -70,14 +70,14 @@ pub fn verify(kernel: &Kernel) -> Result<(), VerifyErrors> {
         kernel,
         defined: vec![false; kernel.values.len()],
         seen: vec![false; kernel.ops.len()],
-        handles_ok: true,
+        printable: true,
         errors: Vec::new(),
     };
     v.block(&kernel.body, None);
     if v.errors.is_empty() {
         return Ok(());
     }
-    let listing = if v.handles_ok {
+    let listing = if v.printable {
         annotate(kernel, &v.errors)
     } else {
         v.errors.iter().map(|e| format!("error: {e}\n")).collect()
@@ -94,14 +94,15 @@ struct Verifier<'k> {
     defined: Vec<bool>,
     /// Whether each op has been met in some block.
     seen: Vec<bool>,
-    /// False once a dangling handle was found: the printer cannot print such a kernel.
-    handles_ok: bool,
+    /// False once an op the printer cannot print was found (dangling handle, `for` without
+    /// bounds); errors then list without the kernel.
+    printable: bool,
     errors: Vec<VerifyError>,
 }
 
 impl Verifier<'_> {
     fn error(&mut self, op: OpId, message: impl Into<String>) {
-        let text = if op.index() < self.kernel.ops.len() && self.handles_ok {
+        let text = if op.index() < self.kernel.ops.len() && self.printable {
             op_str(self.kernel, op)
         } else {
             String::new()
@@ -127,7 +128,7 @@ impl Verifier<'_> {
         let n = block.ops.len();
         for (i, &id) in block.ops.iter().enumerate() {
             if id.index() >= self.kernel.ops.len() {
-                self.handles_ok = false;
+                self.printable = false;
                 let at = owner.unwrap_or(id);
                 self.error(at, format!("block refers to {id}, which does not exist"));
                 continue;
@@ -168,16 +169,30 @@ impl Verifier<'_> {
         }
     }
 
+    /// Why the printer cannot print op `id`, if it cannot: a handle it refers to does not
+    /// exist, or a `for` lacks its bounds.
+    fn unprintable(&self, id: OpId) -> Option<String> {
+        let op = &self.kernel.ops[id];
+        let args = op.regions.iter().flat_map(|r| &r.args);
+        let values = op.operands.iter().chain(&op.results).chain(args);
+        if let Some(v) = values.copied().find(|&v| !self.value_ok(v)) {
+            return Some(format!("refers to value {v}, which does not exist"));
+        }
+        if matches!(op.kind, OpKind::For { .. }) && op.operands.len() < 3 {
+            return Some("`for` takes lo, hi and step".into());
+        }
+        None
+    }
+
     fn op(&mut self, id: OpId) {
+        if let Some(problem) = self.unprintable(id) {
+            self.printable = false;
+            return self.error(id, problem);
+        }
         let kernel = self.kernel;
         let op = &kernel.ops[id];
         let mut operand_tys = Vec::with_capacity(op.operands.len());
         for &v in &op.operands {
-            if !self.value_ok(v) {
-                self.handles_ok = false;
-                self.error(id, format!("operand {v} does not exist"));
-                return;
-            }
             if !self.defined[v.index()] {
                 let msg = match kernel.values[v].def {
                     ValueDef::BlockArg { op: o, .. } if o == id => {
@@ -195,11 +210,6 @@ impl Verifier<'_> {
             operand_tys.push(kernel.ty(v).clone());
         }
         for (i, &r) in op.results.iter().enumerate() {
-            if !self.value_ok(r) {
-                self.handles_ok = false;
-                self.error(id, format!("result {r} does not exist"));
-                return;
-            }
             if kernel.values[r].def != ValueDef::Op(id, i) {
                 self.error(id, format!("result {r} records another definition"));
             }
@@ -295,10 +305,6 @@ impl Verifier<'_> {
         };
         let mut got = Vec::with_capacity(region.args.len());
         for (i, &a) in region.args.iter().enumerate() {
-            if !self.value_ok(a) {
-                self.handles_ok = false;
-                return self.error(id, format!("block argument {a} does not exist"));
-            }
             let want = ValueDef::BlockArg {
                 op: id,
                 region: index,

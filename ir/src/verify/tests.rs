@@ -227,3 +227,13 @@ fn display_prints_each_error_under_its_line() {
     assert!(lines[0].starts_with("kernel sample("), "{text}");
     assert!(text.trim_end().ends_with("verifier error(s)"), "{text}");
 }
+
+#[test]
+fn for_without_bounds_is_reported_without_printing_it() {
+    let s = sample();
+    let mut k = s.kernel;
+    k.ops[s.for_op].operands.truncate(1);
+    let e = errors(&k);
+    assert_has(&e, s.for_op, "`for` takes lo, hi and step");
+    assert!(!e.to_string().contains("kernel sample("), "{e}");
+}
