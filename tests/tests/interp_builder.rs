@@ -113,7 +113,7 @@ fn vector_add(dtype: DType) -> Kernel {
 #[test]
 fn vector_add_matches_reference() {
     let mut rng = Rng::from_env();
-    for dtype in [DType::F32, DType::Bf16] {
+    for dtype in [DType::F32, DType::Bf16, DType::F16] {
         let kernel = vector_add(dtype);
         for n in [1, 63, 64, 1000, 4099] {
             for dist in Dist::ALL {
@@ -239,7 +239,7 @@ fn softmax(dtype: DType) -> Kernel {
 #[test]
 fn softmax_matches_reference() {
     let mut rng = Rng::from_env();
-    for dtype in [DType::F32, DType::Bf16] {
+    for dtype in [DType::F32, DType::Bf16, DType::F16] {
         let kernel = softmax(dtype);
         for (r, c) in [(1, 1), (5, 33), (17, 100), (64, 257)] {
             for dist in Dist::ALL {
