@@ -1,0 +1,1 @@
+//! Shared parts of kiln's benchmark binaries.
