@@ -142,23 +142,55 @@ impl DeviceTensor {
         })
     }
 
-    /// The bytes between the first and one past the last element of the view, and that
-    /// range's start in bytes.
-    fn span(&self) -> (usize, usize) {
+    /// A view with any `shape`, `strides` (elements) and element `offset` over the same
+    /// allocation (no copy). Only the ranks are checked here: a view past the allocation's
+    /// end is refused by [`Device::launch`](crate::Device::launch), `download` and fills, so
+    /// tests can pass one to check exactly that.
+    pub fn as_strided(
+        &self,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Result<DeviceTensor, RuntimeError> {
+        if shape.len() != strides.len() {
+            return Err(RuntimeError::Shape {
+                what: "as_strided strides",
+                expected: format!("{} strides (one per dimension of {shape:?})", shape.len()),
+                got: format!("{strides:?}"),
+            });
+        }
+        Ok(DeviceTensor {
+            buf: self.buf.clone(),
+            layout: Layout {
+                dtype: self.layout.dtype,
+                shape: shape.to_vec(),
+                strides: strides.to_vec(),
+                offset,
+            },
+        })
+    }
+
+    /// The byte range `(start, len)` from the view's first element to one past its last, or
+    /// an error if it does not lie inside the allocation.
+    fn span(&self) -> Result<(usize, usize), RuntimeError> {
         let elem = self.layout.dtype.size_bytes();
-        let start = self.layout.offset * elem;
-        // Views are only made by `Layout` operations from a layout that fit the allocation.
-        let end = self
-            .layout
-            .end_byte()
-            .unwrap_or(self.buf.bytes)
-            .min(self.buf.bytes);
-        (start, end.max(start) - start)
+        let start = self.layout.offset.saturating_mul(elem);
+        match self.layout.end_byte() {
+            Some(end) if end <= self.buf.bytes => Ok((start, end.max(start) - start)),
+            end => Err(RuntimeError::Shape {
+                what: "tensor view",
+                expected: format!("a view inside the {}-byte allocation", self.buf.bytes),
+                got: match end {
+                    Some(end) => format!("a view ending at byte {end}"),
+                    None => "a view whose extent overflows".to_string(),
+                },
+            }),
+        }
     }
 
     /// Copies the view to the host as a contiguous tensor (synchronous).
     pub fn download(&self) -> Result<HostTensor, RuntimeError> {
-        let (start, len) = self.span();
+        let (start, len) = self.span()?;
         let bytes = self.buf.read(start, len)?;
         let offsets: Vec<usize> = self
             .layout
@@ -173,7 +205,7 @@ impl DeviceTensor {
     /// Sets every element of the view to `pattern` (one element's bytes), leaving the rest
     /// of the allocation alone.
     pub(crate) fn fill_pattern(&self, pattern: &[u8]) -> Result<(), RuntimeError> {
-        let (start, len) = self.span();
+        let (start, len) = self.span()?;
         let mut bytes = if self.layout.is_contiguous() {
             vec![0u8; len]
         } else {
@@ -201,10 +233,10 @@ impl DeviceTensor {
         }
         let src = encode(host)?;
         if self.layout.is_contiguous() {
-            let (start, _) = self.span();
+            let (start, _) = self.span()?;
             return self.buf.write(start, &src);
         }
-        let (start, len) = self.span();
+        let (start, len) = self.span()?;
         let mut bytes = self.buf.read(start, len)?;
         let elem = self.layout.dtype.size_bytes();
         for (i, o) in self.layout.elem_offsets().into_iter().enumerate() {
