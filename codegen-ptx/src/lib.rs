@@ -5,6 +5,8 @@
 //! **Architecture invariant:** kiln-ptx knows nothing of syn or the CUDA driver; it reads the
 //! IR and writes text.
 
+pub mod ptxas;
+
 use kiln_ir::{Diagnostic, Kernel, Target};
 
 /// A compiled kernel: PTX text plus what the runtime needs to launch it.

@@ -2,4 +2,4 @@
 
 pub mod def;
 
-pub use def::{ComptimeKind, ComptimeParam, ComptimeValue, KernelDef, ParamSig, Spec};
+pub use def::{ComptimeKind, ComptimeParam, ComptimeValue, KernelDef, ParamSig, Spec, SpecError};
