@@ -1,3 +1,23 @@
 //! kiln: write GPU kernels as Rust functions under `#[kernel]`; kiln compiles them to PTX
-//! and launches them. This facade re-exports what users need.
+//! and launches them. This facade re-exports what users need; `use kiln::prelude::*;` brings
+//! the kernel vocabulary into scope.
+
+/// The tile IR (crate `kiln-ir`): builder, printer, verifier, interpreter and passes.
 pub use kiln_ir as ir;
+
+/// The PTX backend (crate `kiln-ptx`): `compile`, the parameter ABI, the ptxas driver.
+pub use kiln_ptx as ptx;
+
+/// The runtime (crate `kiln-runtime`): devices, device tensors, compile cache, JIT load, launch.
+pub use kiln_runtime as runtime;
+
+/// Everything a kernel file needs: `use kiln::prelude::*;`.
+pub mod prelude {
+    pub use half::{bf16, f16};
+    pub use kiln_ir::dsl::{
+        Dim3, KernelDef, Value, abs, block_id, cdiv, col_max, col_sum, exp, exp2, full, grid_dim,
+        iota, log2, max, min, mma, mma_acc, pipelined, recip, row_max, row_min, row_sum, rsqrt,
+        select, sqrt, unroll, zeros,
+    };
+    pub use kiln_macros::{kernel, kernel_fn};
+}

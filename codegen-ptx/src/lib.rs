@@ -10,6 +10,7 @@ mod arith;
 mod control;
 mod memory;
 mod mma;
+pub mod ptxas;
 mod sync;
 pub mod types;
 pub mod writer;

@@ -163,3 +163,111 @@ pub trait KernelDef: Sync {
     /// shape or type error in the body, come back as diagnostics at the user's source.
     fn build(&self, spec: &Spec) -> Result<Kernel, Diagnostic>;
 }
+
+/// Why a [`Spec`] could not be made from defaults and overrides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpecError {
+    /// `-D name=..` names no comptime parameter of the kernel.
+    UnknownParam {
+        /// The kernel.
+        kernel: &'static str,
+        /// The unknown name.
+        name: String,
+        /// The kernel's comptime parameter names.
+        known: Vec<&'static str>,
+    },
+    /// The text of an override does not parse as the parameter's type.
+    BadValue {
+        /// The parameter.
+        name: &'static str,
+        /// Its type.
+        kind: ComptimeKind,
+        /// The text given.
+        text: String,
+    },
+    /// A comptime parameter has no default and no override.
+    Missing {
+        /// The parameter.
+        name: &'static str,
+        /// Its type.
+        kind: ComptimeKind,
+    },
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SpecError::UnknownParam {
+                kernel,
+                name,
+                known,
+            } => write!(
+                f,
+                "kernel `{kernel}` has no comptime parameter `{name}`; it has: {}",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            ),
+            SpecError::BadValue { name, kind, text } => {
+                write!(
+                    f,
+                    "comptime parameter `{name}` is a {}, and `{text}` is not one",
+                    kind.name()
+                )
+            }
+            SpecError::Missing { name, kind } => write!(
+                f,
+                "comptime parameter `{name}: {}` has no default; give it with -D {name}=VALUE",
+                kind.name()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SpecError {}
+
+impl Spec {
+    /// The spec the CLI and snapshot tests use: each comptime parameter's default, replaced by
+    /// `overrides` (`(name, text)` pairs, as in `-D name=text`), with every tensor parameter
+    /// marked 16-byte aligned (the common case the runtime specialises on).
+    pub fn from_defaults(
+        def: &dyn KernelDef,
+        overrides: &[(String, String)],
+    ) -> Result<Spec, SpecError> {
+        let params = def.comptime_params();
+        for (name, _) in overrides {
+            if !params.iter().any(|p| p.name == name) {
+                return Err(SpecError::UnknownParam {
+                    kernel: def.name(),
+                    name: name.clone(),
+                    known: params.iter().map(|p| p.name).collect(),
+                });
+            }
+        }
+        let mut spec = Spec::default();
+        for p in params {
+            let value = match overrides.iter().rev().find(|(n, _)| n == p.name) {
+                Some((_, text)) => {
+                    ComptimeValue::parse(p.kind, text).ok_or_else(|| SpecError::BadValue {
+                        name: p.name,
+                        kind: p.kind,
+                        text: text.clone(),
+                    })?
+                }
+                None => p.default.ok_or(SpecError::Missing {
+                    name: p.name,
+                    kind: p.kind,
+                })?,
+            };
+            spec.comptime.insert(p.name.to_string(), value);
+        }
+        for s in def.signature() {
+            if let ParamSig::Tensor { name, .. } = s {
+                spec.aligned16.insert(name.to_string(), true);
+            }
+        }
+        Ok(spec)
+    }
+}

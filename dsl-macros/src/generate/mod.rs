@@ -1,0 +1,5 @@
+//! Turns the parsed model back into tokens; file names mirror `parse/`.
+
+pub mod body;
+pub mod kernel;
+pub mod signature;

@@ -1,0 +1,329 @@
+//! The kernel's signature: const generics and `#[comptime]` parameters (Rust values while
+//! tracing) and launch parameters (tensors and scalars).
+
+use syn::spanned::Spanned;
+use syn::{
+    Attribute, Expr, FnArg, GenericArgument, GenericParam, Ident, Meta, Pat, PathArguments,
+    ReturnType, Type,
+};
+
+use super::Errors;
+use super::kernel::int_literal;
+
+/// The Rust type of a comptime parameter.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ComptimeKind {
+    /// `usize`.
+    Usize,
+    /// `i32`.
+    I32,
+    /// `bool`.
+    Bool,
+    /// `f32`.
+    F32,
+}
+
+impl ComptimeKind {
+    fn from_type(ty: &Type) -> Option<ComptimeKind> {
+        match last_ident(ty)?.to_string().as_str() {
+            "usize" => Some(ComptimeKind::Usize),
+            "i32" => Some(ComptimeKind::I32),
+            "bool" => Some(ComptimeKind::Bool),
+            "f32" => Some(ComptimeKind::F32),
+            _ => None,
+        }
+    }
+
+    /// The Rust type and the `ComptimeKind`/`ComptimeValue` variant name.
+    pub fn names(self) -> (&'static str, &'static str) {
+        match self {
+            ComptimeKind::Usize => ("usize", "Usize"),
+            ComptimeKind::I32 => ("i32", "I32"),
+            ComptimeKind::Bool => ("bool", "Bool"),
+            ComptimeKind::F32 => ("f32", "F32"),
+        }
+    }
+}
+
+/// A comptime parameter (const generic or `#[comptime]` argument).
+pub struct ComptimeParam {
+    /// Its name.
+    pub name: Ident,
+    /// Its type.
+    pub kind: ComptimeKind,
+    /// `#[comptime(default = ..)]`.
+    pub default: Option<Expr>,
+}
+
+/// An element type of a tensor or scalar parameter.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    /// `bf16`.
+    Bf16,
+    /// `f16`.
+    F16,
+    /// `f32`.
+    F32,
+    /// `i32`.
+    I32,
+}
+
+impl Dtype {
+    fn from_type(ty: &Type) -> Option<Dtype> {
+        match last_ident(ty)?.to_string().as_str() {
+            "bf16" => Some(Dtype::Bf16),
+            "f16" => Some(Dtype::F16),
+            "f32" => Some(Dtype::F32),
+            "i32" => Some(Dtype::I32),
+            _ => None,
+        }
+    }
+
+    /// The `DType` variant name.
+    pub fn variant(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "Bf16",
+            Dtype::F16 => "F16",
+            Dtype::F32 => "F32",
+            Dtype::I32 => "I32",
+        }
+    }
+}
+
+/// What a launch parameter is.
+pub enum LaunchKind {
+    /// `Tensor<T, R>` / `TensorMut<T, R>`.
+    Tensor {
+        /// Element type.
+        dtype: Dtype,
+        /// Rank, 1..=5.
+        rank: usize,
+        /// `TensorMut`.
+        mutable: bool,
+    },
+    /// `f32` or `i32` by value.
+    Scalar(Dtype),
+}
+
+/// A launch parameter.
+pub struct LaunchParam {
+    /// Its name.
+    pub name: Ident,
+    /// Its kind.
+    pub kind: LaunchKind,
+}
+
+/// A parsed kernel signature.
+#[derive(Default)]
+pub struct Signature {
+    /// Const generics first, then `#[comptime]` arguments, each in declaration order.
+    pub comptime: Vec<ComptimeParam>,
+    /// Launch parameters in order.
+    pub launch: Vec<LaunchParam>,
+}
+
+/// Names the generated `launch`/`interpret` methods use for their own arguments.
+const RESERVED: &[&str] = &["dev", "grid"];
+
+/// Parses a kernel signature, recording every problem in `errors`.
+pub fn parse_signature(sig: &syn::Signature, errors: &mut Errors) -> Signature {
+    if let Some(t) = &sig.asyncness {
+        errors.at(
+            t,
+            "a kernel cannot be `async`; kernels run on the GPU, remove `async`",
+        );
+    }
+    if let Some(t) = &sig.unsafety {
+        errors.at(
+            t,
+            "a kernel cannot be `unsafe`; kiln checks every access, remove `unsafe`",
+        );
+    }
+    if let Some(t) = &sig.constness {
+        errors.at(t, "a kernel cannot be a `const fn`");
+    }
+    if let Some(t) = &sig.abi {
+        errors.at(t, "a kernel cannot declare an ABI");
+    }
+    if let Some(v) = &sig.variadic {
+        errors.at(v, "a kernel cannot be variadic");
+    }
+    if let ReturnType::Type(_, ty) = &sig.output {
+        errors.at(
+            ty,
+            "a kernel returns nothing; write its results with `.store(..)` into a `TensorMut`",
+        );
+    }
+    if let Some(w) = &sig.generics.where_clause {
+        errors.at(w, "a kernel cannot have a `where` clause");
+    }
+    let mut out = Signature::default();
+    for g in &sig.generics.params {
+        match g {
+            GenericParam::Const(c) => match ComptimeKind::from_type(&c.ty) {
+                Some(kind) => out.comptime.push(ComptimeParam {
+                    name: c.ident.clone(),
+                    kind,
+                    // Rust allows no defaults on a fn's const generics, but the macro consumes
+                    // them, so `<const D: usize = 64>` declares the CLI default.
+                    default: c.default.clone(),
+                }),
+                None => errors.at(&c.ty, "const generic kernel parameters must be usize, i32 or bool"),
+            },
+            GenericParam::Type(t) => errors.at(
+                t,
+                "a kernel cannot have generic type parameters; use `const N: usize` or a `#[comptime]` parameter",
+            ),
+            GenericParam::Lifetime(l) => errors.at(l, "a kernel cannot have lifetime parameters"),
+        }
+    }
+    let mut comptime_args = Vec::new();
+    for arg in &sig.inputs {
+        let FnArg::Typed(pt) = arg else {
+            errors.at(arg, "a kernel is a free function; it cannot take `self`");
+            continue;
+        };
+        let Pat::Ident(pi) = &*pt.pat else {
+            errors.at(&pt.pat, "kernel parameters must be plain names");
+            continue;
+        };
+        if let Some(m) = &pi.mutability {
+            errors.at(
+                m,
+                "kernel parameters cannot be `mut`; shadow them with `let` instead",
+            );
+        }
+        let name = pi.ident.clone();
+        if RESERVED.contains(&name.to_string().as_str()) {
+            errors.at(
+                &name,
+                format_args!(
+                    "`{name}` is reserved: the generated `launch` takes an argument of that name"
+                ),
+            );
+        }
+        match comptime_attr(&pt.attrs, errors) {
+            Some(default) => match ComptimeKind::from_type(&pt.ty) {
+                Some(kind) => comptime_args.push(ComptimeParam {
+                    name,
+                    kind,
+                    default,
+                }),
+                None => errors.at(
+                    &pt.ty,
+                    "`#[comptime]` parameters must be usize, i32, bool or f32",
+                ),
+            },
+            None => {
+                if let Some(kind) = launch_kind(&pt.ty, errors) {
+                    out.launch.push(LaunchParam { name, kind });
+                }
+            }
+        }
+    }
+    out.comptime.extend(comptime_args);
+    out
+}
+
+/// `Some(default)` if `attrs` hold `#[comptime]` or `#[comptime(default = ..)]`.
+fn comptime_attr(attrs: &[Attribute], errors: &mut Errors) -> Option<Option<Expr>> {
+    let mut found = None;
+    for a in attrs {
+        if !a.path().is_ident("comptime") {
+            errors.at(a, "only `#[comptime]` is allowed on kernel parameters");
+            continue;
+        }
+        // Once the attribute is there the parameter is comptime, even if its options are
+        // wrong: reporting it as an unsupported launch parameter too would mislead.
+        found = found.or(Some(None));
+        match &a.meta {
+            Meta::Path(_) => {}
+            Meta::List(list) => match list.parse_args::<syn::MetaNameValue>() {
+                Ok(nv) if nv.path.is_ident("default") => found = Some(Some(nv.value)),
+                Ok(nv) => errors.at(
+                    &nv.path,
+                    "unknown `#[comptime]` option; the only option is `default = VALUE`",
+                ),
+                Err(e) => errors.push(e),
+            },
+            Meta::NameValue(nv) => errors.at(nv, "write `#[comptime(default = VALUE)]`"),
+        }
+    }
+    found
+}
+
+/// The kind of a launch parameter of type `ty`.
+fn launch_kind(ty: &Type, errors: &mut Errors) -> Option<LaunchKind> {
+    let hint = "kernel parameters are `Tensor<T, R>`, `TensorMut<T, R>`, `f32`, `i32`, or `#[comptime]` values";
+    let Type::Path(p) = ty else {
+        errors.at(
+            ty,
+            format_args!("unsupported kernel parameter type; {hint}"),
+        );
+        return None;
+    };
+    let Some(seg) = p.path.segments.last() else {
+        errors.at(ty, hint);
+        return None;
+    };
+    let mutable = match seg.ident.to_string().as_str() {
+        "Tensor" => false,
+        "TensorMut" => true,
+        "f32" => return Some(LaunchKind::Scalar(Dtype::F32)),
+        "i32" => return Some(LaunchKind::Scalar(Dtype::I32)),
+        _ => {
+            errors.at(
+                ty,
+                format_args!("unsupported kernel parameter type; {hint}"),
+            );
+            return None;
+        }
+    };
+    let args: Vec<&GenericArgument> = match &seg.arguments {
+        PathArguments::AngleBracketed(a) => a.args.iter().collect(),
+        _ => Vec::new(),
+    };
+    let [GenericArgument::Type(elem), rank] = args.as_slice() else {
+        errors.at(
+            ty,
+            "write `Tensor<T, R>` with an element type T and a rank R in 1..=5",
+        );
+        return None;
+    };
+    let dtype = Dtype::from_type(elem);
+    if dtype.is_none() {
+        errors.at(elem, "tensor element types are bf16, f16, f32 and i32");
+    }
+    let rank_expr = match rank {
+        GenericArgument::Const(e) => Some(e.clone()),
+        GenericArgument::Type(Type::Path(tp)) => Some(Expr::Path(syn::ExprPath {
+            attrs: Vec::new(),
+            qself: None,
+            path: tp.path.clone(),
+        })),
+        _ => None,
+    };
+    let rank_span = rank.span();
+    let rank = match rank_expr.as_ref().and_then(int_literal) {
+        Some(r @ 1..=5) => Some(r as usize),
+        _ => {
+            errors.push(syn::Error::new(
+                rank_span,
+                "a tensor's rank must be an integer literal in 1..=5",
+            ));
+            None
+        }
+    };
+    Some(LaunchKind::Tensor {
+        dtype: dtype?,
+        rank: rank?,
+        mutable,
+    })
+}
+
+fn last_ident(ty: &Type) -> Option<&Ident> {
+    match ty {
+        Type::Path(p) if p.qself.is_none() => p.path.segments.last().map(|s| &s.ident),
+        _ => None,
+    }
+}

@@ -1,0 +1,121 @@
+//! FlashAttention-2 forward: `o = softmax(q k^T * scale) v`, optionally causal.
+
+use kiln::prelude::*;
+
+/// Query rows per block.
+const BM: usize = 128;
+/// `log2(e)`: the softmax runs in base 2.
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+
+/// Masks the score tile `s` (rows `q0..`, keys `k0..`) to `-inf` where a key lies past `sk`
+/// or, if `causal`, after the last key the row may see: query `i` sees key `j` iff
+/// `j <= i + sk - sq` (causal aligned bottom-right, as FlashAttention-2).
+#[kernel_fn]
+fn mask(s: Value, q0: Value, k0: Value, sq: Value, sk: Value, bn: usize, causal: bool) -> Value {
+    let cols = iota([BM, bn], 1) + k0;
+    let keep = cols < sk;
+    let keep = if causal {
+        let rows = iota([BM, bn], 0) + q0;
+        keep && cols <= rows + (sk - sq)
+    } else {
+        keep
+    };
+    select(keep, s, f32::NEG_INFINITY)
+}
+
+/// Attention over `q: [batch, heads, sq, d]` and `k, v: [batch, heads, sk, d]` (bf16, `sq`
+/// and `sk` may differ) into `o: [batch, heads, sq, d]`, with scores scaled by `scale`.
+///
+/// Online softmax (FlashAttention-2): a block owns `BM = 128` query rows and walks key blocks
+/// of `BN` (128 for `d <= 64`, else 64) in a 2-stage pipelined loop, keeping the running
+/// row maximum `m`, row sum `l` and unnormalised output `acc`. When `causal`, the loop stops
+/// after the last key block any of its rows may see (it never skips a block the maths needs);
+/// rows that see no key at all (`sq > sk`) get `m = -inf` (0 is used in the exponent) and
+/// `l = 0`, and their output is 0.
+///
+/// Grid: `(cdiv(sq, 128), heads, batch)`. Comptime: `d` (head dim, default 128), `causal`
+/// (default false).
+#[kernel(num_warps = 4)]
+pub fn attention<const d: usize = 128>(
+    q: Tensor<bf16, 4>,
+    k: Tensor<bf16, 4>,
+    v: Tensor<bf16, 4>,
+    o: TensorMut<bf16, 4>,
+    scale: f32,
+    #[comptime(default = false)] causal: bool,
+) {
+    let bn: usize = if d <= 64 { 128 } else { 64 };
+    let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
+    let (sq, sk) = (q.dim(2), k.dim(2));
+    let q0 = mb * BM;
+    let qs = q.tile([BM, d], [b, h, q0, 0]).load();
+    let qk_scale = scale * LOG2E;
+    let mut acc = zeros::<f32>([BM, d]);
+    let mut m = full::<f32>([BM], f32::NEG_INFINITY);
+    let mut l = zeros::<f32>([BM]);
+    let all_blocks = cdiv(sk, bn);
+    let n_blocks = if causal {
+        // The last row of this block sees keys up to (q0 + BM - 1) + sk - sq.
+        min(all_blocks, max(cdiv(q0 + BM + sk - sq, bn), 0))
+    } else {
+        all_blocks
+    };
+    for j in pipelined(0..n_blocks, stages = 2) {
+        let k0 = j * bn;
+        let ks = k.tile([bn, d], [b, h, k0, 0]).load();
+        let vs = v.tile([bn, d], [b, h, k0, 0]).load();
+        let s = mask(mma(&qs, &ks.t()) * qk_scale, q0, k0, sq, sk, bn, causal);
+        let m_new = max(&m, &row_max(&s));
+        // A row with no visible key so far has m_new = -inf; exponentiate against 0 so its
+        // terms are exp2(-inf) = 0 rather than NaN.
+        let m_use = select(m_new == f32::NEG_INFINITY, 0.0, m_new);
+        let p = exp2(&(s - m_use.col()));
+        let alpha = exp2(&(m - m_use));
+        l = l * alpha + row_sum(&p);
+        acc = acc * alpha.col() + mma(&p.cast::<bf16>(), &vs);
+        m = m_new;
+    }
+    // Fully masked rows have l = 0 and acc = 0: divide by 1 so they output 0.
+    let l_safe = select(l == 0.0, 1.0, l);
+    o.tile([BM, d], [b, h, q0, 0])
+        .store((acc / l_safe.col()).cast::<bf16>());
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln::ir::dsl::{KernelDef, Spec};
+    use kiln::ir::{OpKind, print::print_kernel};
+
+    use super::attention;
+
+    #[test]
+    fn builds_for_documented_variants() {
+        for d in ["64", "128"] {
+            for causal in ["false", "true"] {
+                let o = [
+                    ("d".to_string(), d.to_string()),
+                    ("causal".to_string(), causal.to_string()),
+                ];
+                let spec = Spec::from_defaults(&attention, &o).unwrap_or_else(|e| panic!("{e}"));
+                let k = attention.build(&spec).unwrap_or_else(|e| panic!("{e}"));
+                let text = print_kernel(&k);
+                println!("{text}");
+                let bn = if d == "64" { 128 } else { 64 };
+                assert!(
+                    text.contains(&format!("rt<f32,128x{bn}>")),
+                    "score tile 128x{bn}"
+                );
+                let stages: Vec<_> = k
+                    .body
+                    .ops
+                    .iter()
+                    .filter_map(|&o| match k.ops[o].kind {
+                        OpKind::For { stages } => Some(stages),
+                        _ => None,
+                    })
+                    .collect();
+                assert_eq!(stages, [Some(2)]);
+            }
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! Row-wise softmax of an `[M, N]` f32 tensor, any `N`, with an online max/sum pass.
+
+use kiln::prelude::*;
+
+/// `log2(e)`: softmax is computed with `exp2`, so exponents are scaled by it.
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+
+/// `y[r, :] = softmax(x[r, :])` for `x, y: [M, N]` f32, any `M` and `N`.
+///
+/// Each block owns `BM` rows. A first runtime loop walks the row in `BN`-wide column tiles
+/// keeping the running maximum `m` and the running sum `l` of `exp(x - m)` (rescaled when
+/// `m` grows); columns past `N` are masked to `-inf` so they add nothing. A second loop writes
+/// `exp2((x - m) * log2e) / l`.
+///
+/// Grid: `(cdiv(M, BM), 1, 1)`. Comptime: `BM` (rows per block, default 4), `BN` (columns
+/// per tile, default 512); both powers of two.
+#[kernel]
+pub fn softmax(
+    x: Tensor<f32, 2>,
+    y: TensorMut<f32, 2>,
+    #[comptime(default = 4)] BM: usize,
+    #[comptime(default = 512)] BN: usize,
+) {
+    let row0 = block_id().x * BM;
+    let n = x.dim(1);
+    let mut m = full::<f32>([BM], f32::NEG_INFINITY);
+    let mut l = zeros::<f32>([BM]);
+    for j in (0..n).step_by(BN) {
+        let cols = iota([BM, BN], 1) + j;
+        let t = select(
+            cols < n,
+            x.tile([BM, BN], [row0, j]).load(),
+            f32::NEG_INFINITY,
+        );
+        let m_new = max(&m, &row_max(&t));
+        let p = exp2(&((t - m_new.col()) * LOG2E));
+        l = l * exp2(&((m - m_new) * LOG2E)) + row_sum(&p);
+        m = m_new;
+    }
+    for j in (0..n).step_by(BN) {
+        let t = x.tile([BM, BN], [row0, j]).load();
+        y.tile([BM, BN], [row0, j])
+            .store(exp2(&((t - m.col()) * LOG2E)) / l.col());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln::ir::dsl::{ComptimeValue, KernelDef, Spec};
+    use kiln::ir::{OpKind, print::print_kernel};
+
+    use super::softmax;
+
+    #[test]
+    fn builds_for_defaults_and_variants() {
+        for (bm, bn) in [(4, 512), (1, 1024), (8, 128)] {
+            let mut spec = Spec::default();
+            spec.comptime.insert("BM".into(), ComptimeValue::Usize(bm));
+            spec.comptime.insert("BN".into(), ComptimeValue::Usize(bn));
+            let k = softmax.build(&spec).unwrap_or_else(|d| panic!("{d}"));
+            let text = print_kernel(&k);
+            println!("{text}");
+            let loops = k
+                .body
+                .ops
+                .iter()
+                .filter(|&&o| matches!(k.ops[o].kind, OpKind::For { .. }));
+            assert_eq!(loops.count(), 2, "two passes over the row");
+            assert!(text.contains(&format!("rt<f32,{bm}x{bn}>")));
+        }
+    }
+}

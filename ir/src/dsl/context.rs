@@ -1,0 +1,100 @@
+//! The tracing context: the [`Builder`] that the `#[kernel]` macro's generated code drives,
+//! kept in a thread-local stack while [`trace`] runs the kernel body.
+//!
+//! Operator impls cannot return errors, so the first [`Diagnostic`] raised while tracing is
+//! recorded here and every later operation that reads a poison [`Value`] is skipped; `trace`
+//! returns that first diagnostic.
+
+use std::cell::RefCell;
+
+use crate::builder::Builder;
+use crate::diag::Diagnostic;
+use crate::kernel::{Kernel, KernelOptions, Loc, OpKind, Param, ValueId};
+use crate::types::Type;
+
+use super::value::Value;
+
+/// One kernel being traced.
+struct Context {
+    builder: Builder,
+    error: Option<Diagnostic>,
+}
+
+thread_local! {
+    /// A stack, so that a kernel body may itself build another kernel (tests do).
+    static CONTEXTS: RefCell<Vec<Context>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `body` with a fresh builder for a kernel `name(params)` and returns the kernel, or
+/// the first diagnostic raised while tracing (or returned by `body`).
+pub fn trace(
+    name: &str,
+    params: Vec<Param>,
+    options: KernelOptions,
+    body: impl FnOnce() -> Result<(), Diagnostic>,
+) -> Result<Kernel, Diagnostic> {
+    CONTEXTS.with(|c| {
+        c.borrow_mut().push(Context {
+            builder: Builder::new(name, params, options),
+            error: None,
+        })
+    });
+    let result = body();
+    let cx = CONTEXTS.with(|c| c.borrow_mut().pop());
+    let cx = cx.ok_or_else(|| Diagnostic::internal(Loc::default(), "tracing context lost"))?;
+    if let Some(e) = cx.error {
+        return Err(e);
+    }
+    result?;
+    let mut kernel = cx.builder.finish()?;
+    super::cleanup::remove_unused_grid_queries(&mut kernel);
+    Ok(kernel)
+}
+
+/// Runs `f` on the current builder. A diagnostic from `f` is recorded (if it is the first)
+/// and gives `None`; so does calling outside [`trace`], where there is nothing to build.
+pub(crate) fn with<R>(f: impl FnOnce(&mut Builder) -> Result<R, Diagnostic>) -> Option<R> {
+    CONTEXTS.with(|c| {
+        let mut stack = c.borrow_mut();
+        let cx = stack.last_mut()?;
+        match f(&mut cx.builder) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                cx.error.get_or_insert(e);
+                None
+            }
+        }
+    })
+}
+
+/// Records `diag` unless an earlier diagnostic was recorded; always gives a poison value.
+pub(crate) fn fail(diag: Diagnostic) -> Value {
+    with::<()>(|_| Err(diag));
+    Value::POISON
+}
+
+/// The type of a traced value (`None` for poison).
+pub(crate) fn ty(v: Value) -> Option<Type> {
+    let id = v.id()?;
+    with(|b| Ok(b.ty(id).clone()))
+}
+
+/// Adds an op with one result whose operands are `operands`; poison in, poison out.
+pub(crate) fn emit(kind: OpKind, operands: &[Value], loc: Loc) -> Value {
+    let Some(ids) = ids(operands) else {
+        return Value::POISON;
+    };
+    with(|b| b.op1(kind, &ids, loc)).map_or(Value::POISON, Value::from_id)
+}
+
+/// Adds an op with no results (a store); skipped if an operand is poison.
+pub(crate) fn emit_effect(kind: OpKind, operands: &[Value], loc: Loc) {
+    if let Some(ids) = ids(operands) {
+        with(|b| b.op(kind, &ids, loc));
+    }
+}
+
+/// The handles of `values`, or `None` if one is poison.
+pub(crate) fn ids(values: &[Value]) -> Option<Vec<ValueId>> {
+    values.iter().map(|v| v.id()).collect()
+}

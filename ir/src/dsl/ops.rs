@@ -1,0 +1,189 @@
+//! Free functions of the DSL: tile constructors, math, reductions, `mma`, `select` and grid
+//! queries. Each records its caller's location on the ops it emits.
+
+use crate::diag::Diagnostic;
+use crate::kernel::{Axis, BinaryOp, Loc, OpKind, ReduceOp, UnaryOp};
+
+use super::context;
+use super::index::{Entries, Index, shape_of};
+use super::value::{AsValue, Element, IntoOperand, Operand, Value, binary, unary};
+
+/// A tile of `shape` filled with zeros of type `T`.
+#[track_caller]
+pub fn zeros<T: Element>(shape: impl Entries) -> Value {
+    splat::<T>(shape.entries(), Operand::Int(0), Loc::caller())
+}
+
+/// A tile of `shape` filled with `x` (a Rust number, or a scalar value of type `T`).
+#[track_caller]
+pub fn full<T: Element>(shape: impl Entries, x: impl IntoOperand) -> Value {
+    splat::<T>(shape.entries(), x.into_operand(), Loc::caller())
+}
+
+fn splat<T: Element>(shape: &[Index], x: Operand, loc: Loc) -> Value {
+    let Some(shape) = shape_of(shape, loc) else {
+        return Value::POISON;
+    };
+    let x = x.place(Some(T::DTYPE), loc);
+    if let Some(ty) = x.ty()
+        && ty.dtype() != T::DTYPE
+    {
+        return context::fail(Diagnostic::new(
+            loc,
+            format!("filling a {} tile with a {ty} value", T::DTYPE),
+        ));
+    }
+    context::emit(OpKind::Splat { shape }, &[x], loc)
+}
+
+/// An i32 tile of `shape` whose elements hold their index along dimension `dim`.
+#[track_caller]
+pub fn iota(shape: impl Entries, dim: usize) -> Value {
+    let loc = Loc::caller();
+    match shape_of(shape.entries(), loc) {
+        Some(shape) => context::emit(OpKind::Iota { shape, dim }, &[], loc),
+        None => Value::POISON,
+    }
+}
+
+/// Defines elementwise unary functions.
+macro_rules! unary_fns {
+    ($($(#[$doc:meta])* $name:ident => $op:expr;)*) => {$(
+        $(#[$doc])*
+        #[track_caller]
+        pub fn $name(x: impl AsValue) -> Value {
+            unary($op, x.as_value(), Loc::caller())
+        }
+    )*};
+}
+
+unary_fns! {
+    /// `2^x`, elementwise.
+    exp2 => UnaryOp::Exp2;
+    /// `e^x`, elementwise.
+    exp => UnaryOp::Exp;
+    /// `log2(x)`, elementwise.
+    log2 => UnaryOp::Log2;
+    /// `sqrt(x)`, elementwise.
+    sqrt => UnaryOp::Sqrt;
+    /// `1/sqrt(x)`, elementwise.
+    rsqrt => UnaryOp::Rsqrt;
+    /// `|x|`, elementwise.
+    abs => UnaryOp::Abs;
+    /// `1/x`, elementwise.
+    recip => UnaryOp::Recip;
+}
+
+/// Elementwise maximum (scalars or tiles, with broadcasting; NaN yields the other operand).
+#[track_caller]
+pub fn max(a: impl IntoOperand, b: impl IntoOperand) -> Value {
+    binary(
+        BinaryOp::Max,
+        a.into_operand(),
+        b.into_operand(),
+        Loc::caller(),
+    )
+}
+
+/// Elementwise minimum.
+#[track_caller]
+pub fn min(a: impl IntoOperand, b: impl IntoOperand) -> Value {
+    binary(
+        BinaryOp::Min,
+        a.into_operand(),
+        b.into_operand(),
+        Loc::caller(),
+    )
+}
+
+/// Defines reductions of a 2-D tile.
+macro_rules! reduce_fns {
+    ($($(#[$doc:meta])* $name:ident => $op:expr, $dim:expr;)*) => {$(
+        $(#[$doc])*
+        #[track_caller]
+        pub fn $name(x: impl AsValue) -> Value {
+            context::emit(OpKind::Reduce { op: $op, dim: $dim }, &[x.as_value()], Loc::caller())
+        }
+    )*};
+}
+
+reduce_fns! {
+    /// Maximum of each row: `[R, C] -> [R]`.
+    row_max => ReduceOp::Max, 1;
+    /// Sum of each row: `[R, C] -> [R]`.
+    row_sum => ReduceOp::Sum, 1;
+    /// Minimum of each row: `[R, C] -> [R]`.
+    row_min => ReduceOp::Min, 1;
+    /// Maximum of each column: `[R, C] -> [C]`.
+    col_max => ReduceOp::Max, 0;
+    /// Sum of each column: `[R, C] -> [C]`.
+    col_sum => ReduceOp::Sum, 0;
+}
+
+/// `a @ b` for bf16/f16 tiles `a[M, K]`, `b[K, N]`, accumulated in f32: an f32 `[M, N]` tile.
+#[track_caller]
+pub fn mma(a: impl AsValue, b: impl AsValue) -> Value {
+    context::emit(OpKind::Mma, &[a.as_value(), b.as_value()], Loc::caller())
+}
+
+/// `a @ b + c` with `c` an f32 `[M, N]` accumulator.
+#[track_caller]
+pub fn mma_acc(a: impl AsValue, b: impl AsValue, c: impl AsValue) -> Value {
+    let operands = [a.as_value(), b.as_value(), c.as_value()];
+    context::emit(OpKind::Mma, &operands, Loc::caller())
+}
+
+/// Elementwise `cond ? a : b`; constants adopt the other branch's dtype.
+#[track_caller]
+pub fn select(cond: impl AsValue, a: impl IntoOperand, b: impl IntoOperand) -> Value {
+    let loc = Loc::caller();
+    let (a, b) = (a.into_operand(), b.into_operand());
+    let like = [a, b].iter().find_map(|o| match o {
+        Operand::Value(v) => v.ty().map(|t| t.dtype()),
+        _ => None,
+    });
+    let (a, b) = (a.place(like, loc), b.place(like, loc));
+    context::emit(OpKind::Select, &[cond.as_value(), a, b], loc)
+}
+
+/// `ceil(a / b)` for positive integers: the number of `b`-sized blocks covering `a`.
+#[track_caller]
+pub fn cdiv(a: impl IntoOperand, b: impl IntoOperand) -> Value {
+    let loc = Loc::caller();
+    let (a, b) = (a.into_operand(), b.into_operand());
+    let sum = binary(BinaryOp::Add, a, b, loc);
+    let num = binary(BinaryOp::Sub, Operand::Value(sum), Operand::Int(1), loc);
+    binary(BinaryOp::Div, Operand::Value(num), b, loc)
+}
+
+/// The three components of a grid query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dim3 {
+    /// Along `x`.
+    pub x: Value,
+    /// Along `y`.
+    pub y: Value,
+    /// Along `z`.
+    pub z: Value,
+}
+
+/// This block's index in the grid (i32 scalars).
+#[track_caller]
+pub fn block_id() -> Dim3 {
+    dim3(OpKind::BlockId, Loc::caller())
+}
+
+/// The grid's extent in blocks (i32 scalars).
+#[track_caller]
+pub fn grid_dim() -> Dim3 {
+    dim3(OpKind::GridDim, Loc::caller())
+}
+
+/// Emits one query per axis; the unused ones are removed after tracing.
+fn dim3(kind: fn(Axis) -> OpKind, loc: Loc) -> Dim3 {
+    Dim3 {
+        x: context::emit(kind(Axis::X), &[], loc),
+        y: context::emit(kind(Axis::Y), &[], loc),
+        z: context::emit(kind(Axis::Z), &[], loc),
+    }
+}

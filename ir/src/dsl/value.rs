@@ -1,0 +1,341 @@
+//! [`Value`], the handle of a traced IR value, and the Rust operators on it.
+//!
+//! Operators accept Rust numbers on either side (`i * B`, `2.0 * x`): an integer adopts the
+//! other operand's dtype (float too), a float next to an integer value is a diagnostic.
+
+use std::ops::{Add, AddAssign, Div, DivAssign, Mul, MulAssign, Neg, Not, Rem, Sub, SubAssign};
+
+use crate::diag::Diagnostic;
+use crate::kernel::{BinaryOp, Const, Loc, OpKind, UnaryOp, ValueId};
+use crate::types::{DType, Shape, Type};
+
+use super::context;
+
+/// A traced IR value: a scalar or a register tile. `Copy`, so kernels use it like a number.
+///
+/// A value whose op failed to build is *poison*: the failure was recorded as the kernel's
+/// diagnostic, and every op reading poison is skipped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Value(Option<ValueId>);
+
+impl Value {
+    /// The value standing for a failed op.
+    pub const POISON: Value = Value(None);
+
+    /// Wraps a builder handle.
+    pub fn from_id(id: ValueId) -> Value {
+        Value(Some(id))
+    }
+
+    /// The builder handle; `None` for poison.
+    pub fn id(self) -> Option<ValueId> {
+        self.0
+    }
+
+    /// Whether this value stands for a failed op.
+    pub fn is_poison(self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The value's IR type (`None` for poison or outside a trace).
+    pub fn ty(self) -> Option<Type> {
+        context::ty(self)
+    }
+
+    /// Converts every element to `T` (`x.cast::<bf16>()`).
+    #[track_caller]
+    pub fn cast<T: Element>(self) -> Value {
+        context::emit(OpKind::Cast { to: T::DTYPE }, &[self], Loc::caller())
+    }
+
+    /// Transposes a 2-D tile.
+    #[track_caller]
+    pub fn t(self) -> Value {
+        context::emit(OpKind::Transpose, &[self], Loc::caller())
+    }
+
+    /// Views a vector `[R]` as a column `[R, 1]`, to broadcast it across columns.
+    #[track_caller]
+    pub fn col(self) -> Value {
+        self.vector_view("col", |n| vec![n, 1], Loc::caller())
+    }
+
+    /// Views a vector `[C]` as a row `[1, C]`, to broadcast it across rows.
+    #[track_caller]
+    pub fn row(self) -> Value {
+        self.vector_view("row", |n| vec![1, n], Loc::caller())
+    }
+
+    fn vector_view(self, what: &str, dims: impl FnOnce(usize) -> Vec<usize>, loc: Loc) -> Value {
+        let Some(ty) = self.ty() else {
+            return Value::POISON;
+        };
+        match ty.shape().map(Shape::dims) {
+            Some(&[n]) => context::emit(
+                OpKind::Reshape {
+                    shape: Shape(dims(n)),
+                },
+                &[self],
+                loc,
+            ),
+            _ => context::fail(Diagnostic::new(
+                loc,
+                format!("`.{what}()` needs a 1-D tile, found {ty}"),
+            )),
+        }
+    }
+}
+
+/// A [`Value`] or a reference to one (free functions take either).
+pub trait AsValue {
+    /// The value.
+    fn as_value(&self) -> Value;
+}
+
+impl AsValue for Value {
+    fn as_value(&self) -> Value {
+        *self
+    }
+}
+
+impl AsValue for &Value {
+    fn as_value(&self) -> Value {
+        **self
+    }
+}
+
+/// A Rust element type usable as a kiln dtype: `half::bf16`, `half::f16`, `f32`, `i32`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a kiln element type",
+    note = "kiln element types are bf16, f16, f32 and i32"
+)]
+pub trait Element {
+    /// The IR element type.
+    const DTYPE: DType;
+}
+
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::Bf16;
+}
+impl Element for half::f16 {
+    const DTYPE: DType = DType::F16;
+}
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+}
+
+/// An operand before it is placed in the IR: a traced value or a Rust constant.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Operand {
+    /// A traced value.
+    Value(Value),
+    /// A Rust integer; takes the dtype of the value it meets (i32 alone).
+    Int(i64),
+    /// A Rust float; takes the float dtype of the value it meets (f32 alone).
+    Float(f64),
+    /// A Rust bool.
+    Bool(bool),
+}
+
+/// Anything that can be an operand of a kiln op: [`Value`], `&Value`, and Rust numbers.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used as an operand of a kiln op",
+    note = "operands are `Value`s, `&Value`s, Rust integers, floats and bools"
+)]
+pub trait IntoOperand {
+    /// Converts to an [`Operand`].
+    fn into_operand(self) -> Operand;
+}
+
+impl IntoOperand for Value {
+    fn into_operand(self) -> Operand {
+        Operand::Value(self)
+    }
+}
+impl IntoOperand for &Value {
+    fn into_operand(self) -> Operand {
+        Operand::Value(*self)
+    }
+}
+impl IntoOperand for bool {
+    fn into_operand(self) -> Operand {
+        Operand::Bool(self)
+    }
+}
+
+/// Implements [`IntoOperand`] for Rust integer types. Values beyond `i64` saturate and are
+/// then rejected as out of `i32` range when placed.
+macro_rules! int_operand {
+    ($($t:ty),*) => {$(
+        impl IntoOperand for $t {
+            fn into_operand(self) -> Operand {
+                Operand::Int(i64::try_from(self).unwrap_or(i64::MAX))
+            }
+        }
+    )*};
+}
+int_operand!(usize, u32, i32, i64);
+
+impl IntoOperand for f32 {
+    fn into_operand(self) -> Operand {
+        Operand::Float(f64::from(self))
+    }
+}
+impl IntoOperand for f64 {
+    fn into_operand(self) -> Operand {
+        Operand::Float(self)
+    }
+}
+
+impl Operand {
+    /// The dtype this operand has if it is a traced value.
+    fn value_dtype(self) -> Option<DType> {
+        match self {
+            Operand::Value(v) => v.ty().map(|t| t.dtype()),
+            _ => None,
+        }
+    }
+
+    /// Places the operand in the IR; a constant takes `like` as its dtype when given.
+    pub(crate) fn place(self, like: Option<DType>, loc: Loc) -> Value {
+        let (c, dtype) = match self {
+            Operand::Value(v) => return v,
+            Operand::Int(i) => match like.unwrap_or(DType::I32) {
+                d if d.is_float() => (Const::Float(i as f64), d),
+                DType::I32 if i32::try_from(i).is_ok() => (Const::Int(i), DType::I32),
+                DType::I32 => {
+                    return context::fail(Diagnostic::new(
+                        loc,
+                        format!("integer constant {i} does not fit in i32"),
+                    ));
+                }
+                d => return mismatch(loc, "an integer", d),
+            },
+            Operand::Float(f) => match like.unwrap_or(DType::F32) {
+                d if d.is_float() => (Const::Float(f), d),
+                d => return mismatch(loc, "a float", d),
+            },
+            Operand::Bool(b) => match like.unwrap_or(DType::Bool) {
+                DType::Bool => (Const::Bool(b), DType::Bool),
+                d => return mismatch(loc, "a bool", d),
+            },
+        };
+        context::with(|b| b.constant(c, dtype, loc)).map_or(Value::POISON, Value::from_id)
+    }
+}
+
+fn mismatch(loc: Loc, what: &str, d: DType) -> Value {
+    context::fail(
+        Diagnostic::new(
+            loc,
+            format!("{what} constant cannot be combined with a {d} value"),
+        )
+        .note("write a constant of the value's type, or `.cast::<T>()` the value"),
+    )
+}
+
+/// Places both operands (constants adopting the other side's dtype) and emits `op`.
+pub(crate) fn binary(op: BinaryOp, a: Operand, b: Operand, loc: Loc) -> Value {
+    let like = a.value_dtype().or_else(|| b.value_dtype());
+    if matches!(a, Operand::Value(v) if v.is_poison())
+        || matches!(b, Operand::Value(v) if v.is_poison())
+    {
+        return Value::POISON;
+    }
+    let (a, b) = (a.place(like, loc), b.place(like, loc));
+    context::emit(OpKind::Binary(op), &[a, b], loc)
+}
+
+/// Emits a unary op.
+pub(crate) fn unary(op: UnaryOp, x: Value, loc: Loc) -> Value {
+    context::emit(OpKind::Unary(op), &[x], loc)
+}
+
+/// Implements one arithmetic operator for `Value op Value`, `Value op Rust` and `Rust op
+/// Value`, plus its compound assignment.
+macro_rules! arith {
+    ($tr:ident, $m:ident, $atr:ident, $am:ident, $op:expr) => {
+        impl<R: IntoOperand> $tr<R> for Value {
+            type Output = Value;
+            #[track_caller]
+            fn $m(self, rhs: R) -> Value {
+                binary($op, Operand::Value(self), rhs.into_operand(), Loc::caller())
+            }
+        }
+        impl<R: IntoOperand> $tr<R> for &Value {
+            type Output = Value;
+            #[track_caller]
+            fn $m(self, rhs: R) -> Value {
+                binary($op, Operand::Value(*self), rhs.into_operand(), Loc::caller())
+            }
+        }
+        impl<R: IntoOperand> $atr<R> for Value {
+            #[track_caller]
+            fn $am(&mut self, rhs: R) {
+                *self = binary($op, Operand::Value(*self), rhs.into_operand(), Loc::caller());
+            }
+        }
+        arith!(@lhs $tr, $m, $op, usize, u32, i32, i64, f32, f64);
+    };
+    (@lhs $tr:ident, $m:ident, $op:expr, $($t:ty),*) => {$(
+        impl $tr<Value> for $t {
+            type Output = Value;
+            #[track_caller]
+            fn $m(self, rhs: Value) -> Value {
+                binary($op, self.into_operand(), Operand::Value(rhs), Loc::caller())
+            }
+        }
+        impl $tr<&Value> for $t {
+            type Output = Value;
+            #[track_caller]
+            fn $m(self, rhs: &Value) -> Value {
+                binary($op, self.into_operand(), Operand::Value(*rhs), Loc::caller())
+            }
+        }
+    )*};
+}
+
+arith!(Add, add, AddAssign, add_assign, BinaryOp::Add);
+arith!(Sub, sub, SubAssign, sub_assign, BinaryOp::Sub);
+arith!(Mul, mul, MulAssign, mul_assign, BinaryOp::Mul);
+arith!(Div, div, DivAssign, div_assign, BinaryOp::Div);
+
+impl<R: IntoOperand> Rem<R> for Value {
+    type Output = Value;
+    #[track_caller]
+    fn rem(self, rhs: R) -> Value {
+        binary(
+            BinaryOp::Rem,
+            Operand::Value(self),
+            rhs.into_operand(),
+            Loc::caller(),
+        )
+    }
+}
+
+impl Neg for Value {
+    type Output = Value;
+    #[track_caller]
+    fn neg(self) -> Value {
+        unary(UnaryOp::Neg, self, Loc::caller())
+    }
+}
+
+impl Neg for &Value {
+    type Output = Value;
+    #[track_caller]
+    fn neg(self) -> Value {
+        unary(UnaryOp::Neg, *self, Loc::caller())
+    }
+}
+
+impl Not for Value {
+    type Output = Value;
+    #[track_caller]
+    fn not(self) -> Value {
+        unary(UnaryOp::Not, self, Loc::caller())
+    }
+}

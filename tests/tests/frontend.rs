@@ -1,0 +1,207 @@
+//! The DSL frontend end to end: what `#[kernel]` bodies trace to, the source locations the
+//! ops record, and the diagnostics `build` returns for shape, dtype and spec errors.
+
+use kiln::ir::dsl::{ComptimeValue, KernelDef, Spec};
+use kiln::ir::print::print_kernel;
+use kiln::ir::{Block, Diagnostic, Kernel, Loc, OpKind};
+use kiln::prelude::*;
+
+/// The 1-based line of this file holding `marker` (a comment placed at the checked line),
+/// and the 1-based column where `code` starts on it.
+fn position(marker: &str, code: &str) -> (u32, u32) {
+    let src = include_str!("frontend.rs");
+    let (i, line) = src
+        .lines()
+        .enumerate()
+        .find(|(_, l)| l.contains(marker) && !l.contains("position("))
+        .unwrap_or_else(|| panic!("marker {marker} not found"));
+    let col = line
+        .find(code)
+        .unwrap_or_else(|| panic!("{code} not on line {}", i + 1));
+    (i as u32 + 1, col as u32 + 1)
+}
+
+fn build_err(def: &dyn KernelDef, spec: &Spec) -> Diagnostic {
+    match def.build(spec) {
+        Ok(k) => panic!("expected a diagnostic, built:\n{}", print_kernel(&k)),
+        Err(d) => d,
+    }
+}
+
+fn all_ops(k: &Kernel, b: &Block, out: &mut Vec<(OpKind, Loc)>) {
+    for &op in &b.ops {
+        out.push((k.ops[op].kind.clone(), k.ops[op].loc));
+        for r in &k.ops[op].regions {
+            all_ops(k, r, out);
+        }
+    }
+}
+
+#[kernel]
+fn mma_shape_mismatch(a: Tensor<bf16, 2>, c: TensorMut<f32, 2>) {
+    let x = a.tile([64, 32], [0, 0]).load();
+    let y = mma(&x, &x); // MARK-mma
+    c.tile([64, 32], [0, 0]).store(y);
+}
+
+#[test]
+fn mma_shape_mismatch_points_at_the_users_call() {
+    let d = build_err(&mma_shape_mismatch, &Spec::default());
+    let (line, col) = position("MARK-mma", "mma(");
+    assert_eq!(
+        (d.loc.file, d.loc.line, d.loc.column),
+        (file!(), line, col),
+        "{d}"
+    );
+    assert!(d.message.contains("64x32"), "{d}");
+}
+
+#[kernel]
+fn dtype_mismatch(a: Tensor<bf16, 1>, b: Tensor<f32, 1>, c: TensorMut<f32, 1>) {
+    let x = a.tile([128], [0]).load();
+    let y = b.tile([128], [0]).load();
+    let z = x + y; // MARK-add
+    c.tile([128], [0]).store(z);
+}
+
+#[test]
+fn dtype_mismatch_points_at_the_users_operator() {
+    let d = build_err(&dtype_mismatch, &Spec::default());
+    let (line, col) = position("MARK-add", "x + y");
+    assert_eq!((d.loc.line, d.loc.column), (line, col), "{d}");
+    assert!(
+        d.message.contains("bf16") && d.message.contains("f32"),
+        "{d}"
+    );
+}
+
+#[kernel]
+fn runtime_shape(a: Tensor<f32, 1>, c: TensorMut<f32, 1>) {
+    let n = a.dim(0);
+    let x = a.tile([n], [0]).load(); // MARK-shape
+    c.tile([128], [0]).store(x);
+}
+
+#[test]
+fn runtime_tile_shape_is_a_diagnostic() {
+    let d = build_err(&runtime_shape, &Spec::default());
+    assert_eq!(d.loc.line, position("MARK-shape", "").0, "{d}");
+    assert!(
+        d.notes.iter().any(|n| n.contains("known at compile time")),
+        "{d}"
+    );
+}
+
+#[kernel]
+fn float_into_int(a: Tensor<f32, 1>, c: TensorMut<f32, 1>) {
+    let i = block_id().x * 1.5; // MARK-float
+    c.tile([128], [i]).store(a.tile([128], [0]).load());
+}
+
+#[test]
+fn float_constant_with_integer_value_is_a_diagnostic() {
+    let d = build_err(&float_into_int, &Spec::default());
+    assert_eq!(d.loc.line, position("MARK-float", "").0, "{d}");
+    assert!(d.message.contains("float constant"), "{d}");
+}
+
+/// Branches and loops on runtime values, with carried variables, a comptime `if` and an
+/// unrolled loop.
+#[kernel]
+fn control(a: Tensor<f32, 1>, c: TensorMut<f32, 1>, #[comptime(default = 3)] reps: usize) {
+    let n = a.dim(0);
+    let mut x = a.tile([128], [0]).load();
+    let mut y = zeros::<f32>([128]);
+    for i in 0..n {
+        if i < 2 && n > 5 {
+            x = x * 2.0;
+        } else {
+            y = y + x;
+        }
+    }
+    for _ in unroll(0..reps) {
+        x = x + 1.0;
+    }
+    let z = if reps > 2 { x } else { y };
+    c.tile([128], [0]).store(z + y);
+}
+
+#[test]
+fn runtime_if_and_for_carry_assigned_variables() {
+    let mut spec = Spec::default();
+    spec.comptime.insert("reps".into(), ComptimeValue::Usize(3));
+    let k = control.build(&spec).unwrap_or_else(|d| panic!("{d}"));
+    println!("{}", print_kernel(&k));
+    let mut ops = Vec::new();
+    all_ops(&k, &k.body, &mut ops);
+    let (line, col) = position("for i in 0..n {", "for i");
+    let for_op = ops
+        .iter()
+        .find(|(kind, _)| matches!(kind, OpKind::For { stages: None }))
+        .expect("a runtime for");
+    assert_eq!((for_op.1.line, for_op.1.column), (line, col));
+    let for_id = k
+        .body
+        .ops
+        .iter()
+        .find(|&&o| matches!(k.ops[o].kind, OpKind::For { .. }));
+    let for_id = *for_id.expect("for at top level");
+    assert_eq!(k.ops[for_id].results.len(), 2, "x and y are carried");
+    assert_eq!(
+        ops.iter().filter(|(kind, _)| *kind == OpKind::If).count(),
+        1,
+        "one runtime if"
+    );
+    // The unrolled loop adds 1.0 three times at top level.
+    let adds_after_loop = k
+        .body
+        .ops
+        .iter()
+        .skip_while(|&&o| o != for_id)
+        .filter(|&&o| matches!(k.ops[o].kind, OpKind::Binary(kiln::ir::BinaryOp::Add)))
+        .count();
+    assert_eq!(adds_after_loop, 3 + 1);
+    // Every op was recorded in this file.
+    assert!(ops.iter().all(|(_, loc)| loc.file == file!()), "{ops:?}");
+}
+
+#[test]
+fn missing_and_ill_typed_comptime_values_name_the_parameter() {
+    let d = build_err(&control, &Spec::default());
+    assert!(d.message.contains("`reps: usize`"), "{d}");
+    let mut spec = Spec::default();
+    spec.comptime
+        .insert("reps".into(), ComptimeValue::Bool(true));
+    let d = build_err(&control, &spec);
+    assert!(
+        d.message.contains("`reps`") && d.message.contains("bool"),
+        "{d}"
+    );
+    assert_eq!(d.loc.file, file!());
+}
+
+#[test]
+fn signature_and_options_come_from_the_declaration() {
+    use kiln::ir::dsl::{ComptimeKind, ParamSig};
+    let p = control.comptime_params();
+    assert_eq!(p.len(), 1);
+    assert_eq!((p[0].name, p[0].kind), ("reps", ComptimeKind::Usize));
+    assert_eq!(p[0].default, Some(ComptimeValue::Usize(3)));
+    assert!(matches!(
+        control.signature(),
+        [
+            ParamSig::Tensor {
+                name: "a",
+                rank: 1,
+                mutable: false,
+                ..
+            },
+            ParamSig::Tensor {
+                name: "c",
+                rank: 1,
+                mutable: true,
+                ..
+            }
+        ]
+    ));
+}

@@ -1,0 +1,8 @@
+use kiln::prelude::*;
+
+#[kernel]
+pub fn k<T: Copy>(a: Tensor<f32, 1>, c: TensorMut<f32, 1>) {
+    c.tile([128], [0]).store(a.tile([128], [0]).load());
+}
+
+fn main() {}

@@ -1,0 +1,10 @@
+use kiln::prelude::*;
+
+/// Docs are kept on the generated struct.
+#[inline]
+#[kernel]
+pub fn k(a: Tensor<f32, 1>, c: TensorMut<f32, 1>) {
+    c.tile([128], [0]).store(a.tile([128], [0]).load());
+}
+
+fn main() {}
