@@ -16,7 +16,10 @@ impl Writer<'_> {
             Val::Tile(rs) => Ok(Val::Tile(
                 rs.iter().map(|r| self.new_reg(r.class)).collect(),
             )),
-            Val::Smem { .. } | Val::Narrowed { .. } => {
+            Val::Affine { offs, .. } => Ok(Val::Tile(
+                offs.iter().map(|_| self.new_reg(Class::B32)).collect(),
+            )),
+            Val::Smem { .. } | Val::Narrowed { .. } | Val::Lazy(_) => {
                 Err(self.unsupported(at, "a shared-memory or packed tile carried or merged"))
             }
         }
@@ -44,10 +47,13 @@ impl Writer<'_> {
         values: &[ValueId],
         at: OpId,
     ) -> Result<(), CodegenError> {
-        let srcs = values
-            .iter()
-            .map(|&v| self.val(v, at))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut srcs = Vec::new();
+        for &v in values {
+            srcs.push(match self.val(v, at)? {
+                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.tile(v, at)?),
+                other => other,
+            });
+        }
         let dst_regs: Vec<Reg> = dsts.iter().flat_map(regs_of).collect();
         let overlap = srcs.iter().flat_map(regs_of).any(|r| dst_regs.contains(&r));
         let srcs = if overlap {
@@ -81,7 +87,10 @@ impl Writer<'_> {
         self.vals.insert(body.args[0], Val::Scalar(iv));
         let mut carried = Vec::new();
         for (i, &init) in op.operands[3..].iter().enumerate() {
-            let v = self.val(init, id)?;
+            let v = match self.val(init, id)? {
+                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.tile(init, id)?),
+                other => other,
+            };
             let c = self.fresh_like(&v, id)?;
             self.assign(&c, &v, id)?;
             self.vals.insert(body.args[1 + i], c.clone());
@@ -160,6 +169,7 @@ fn regs_of(v: &Val) -> Vec<Reg> {
     match v {
         Val::Scalar(r) => vec![*r],
         Val::Tile(rs) => rs.clone(),
-        Val::Smem { .. } | Val::Narrowed { .. } => Vec::new(),
+        Val::Affine { base, .. } => vec![*base],
+        Val::Smem { .. } | Val::Narrowed { .. } | Val::Lazy(_) => Vec::new(),
     }
 }

@@ -325,12 +325,13 @@ impl Writer<'_> {
         let (grow, gcol) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
         self.ins(format!("add.s32 {grow}, {}, {row}", o.coords[0]));
         self.ins(format!("mad.lo.s32 {gcol}, {cc}, {epc}, {}", o.coords[1]));
-        let gaddr = self.element_addr(&o, Some(grow), gcol);
-        let gstep = self.new_reg(Class::B64);
+        // Only the column part of the address is shared by a thread's chunks: a per-chunk
+        // `q * row step` (or a hoisted step) would be loop-invariant, and ptxas would keep
+        // it in registers across the main loop.
+        let colbase = self.element_addr(&o, None, gcol);
         let stride = o
             .row_stride
             .ok_or_else(|| self.internal(id, "2-D tile without a row stride"))?;
-        self.ins(format!("mul.lo.s64 {gstep}, {stride}, {}", rstep * o.esize));
         let col_bytes = if fast {
             let left = self.new_reg(Class::B32);
             self.ins(format!("sub.s32 {left}, {}, {gcol}", o.dims[1]));
@@ -342,10 +343,13 @@ impl Writer<'_> {
             None
         };
         for q in 0..total / threads {
-            let (r, g) = (self.new_reg(Class::B32), self.new_reg(Class::B64));
+            let r = self.new_reg(Class::B32);
             self.ins(format!("add.s32 {r}, {grow}, {}", q * rstep));
             let row_ok = self.in_bounds(r, o.dims[0], o.outer_ok);
-            self.ins(format!("mad.lo.s64 {g}, {gstep}, {q}, {gaddr}"));
+            let (r64, g) = (self.new_reg(Class::B64), self.new_reg(Class::B64));
+            self.ins(format!("cvt.s64.s32 {r64}, {r}"));
+            self.ins(format!("mul.lo.s64 {r64}, {r64}, {stride}"));
+            self.ins(format!("mad.lo.s64 {g}, {r64}, {}, {colbase}", o.esize));
             let soff = q * rstep * buf.row_bytes;
             match col_bytes {
                 Some(cb) => {

@@ -114,7 +114,11 @@ impl Writer<'_> {
                 };
                 self.operand_lanes(*base, buf, which, &g, [lane, wr, wc])
             }
-            Val::Scalar(_) | Val::Tile(_) | Val::Narrowed { .. } => {
+            Val::Scalar(_)
+            | Val::Tile(_)
+            | Val::Affine { .. }
+            | Val::Lazy(_)
+            | Val::Narrowed { .. } => {
                 return Err(self.unsupported(id, "a register-resident mma B operand"));
             }
         };
@@ -215,7 +219,7 @@ impl Writer<'_> {
         let (regs, narrow) = match a_val {
             Val::Tile(regs) => (regs, None),
             Val::Narrowed { src, to } => (src, Some(*to)),
-            Val::Scalar(_) | Val::Smem { .. } => {
+            Val::Scalar(_) | Val::Smem { .. } | Val::Affine { .. } | Val::Lazy(_) => {
                 return Err(self.unsupported(id, "this form of mma A operand"));
             }
         };
@@ -251,18 +255,43 @@ impl Writer<'_> {
     /// `ldmatrix.x4` of the fragment at `(row_imm, chunk_imm)`: a per-lane address computed
     /// once per swizzle class of `chunk_imm`, plus an immediate offset.
     fn ldmatrix(&mut self, src: &mut Lanes, row_imm: u32, chunk_imm: u32) -> [Reg; 4] {
-        let mask = src.buf.swizzle().map_or(0, |(_, m)| m);
+        let swizzle = src.buf.swizzle();
+        let mask = swizzle.map_or(0, |(_, m)| m);
         let key = chunk_imm & mask;
-        let addr = match src.keyed.iter().find(|(k, _)| *k == key) {
-            Some((_, a)) => *a,
-            None => {
-                let c = self.new_reg(Class::B32);
-                self.ins(format!("add.s32 {c}, {}, {key}", src.chunk));
-                let off = self.smem_offset(src.row, c, &src.buf);
+        let addr = if swizzle == Some((0, 7)) {
+            // Stage bases and row offsets are multiples of 128 here, so bits 4-6 of the lane's
+            // address are exactly its swizzled chunk: another chunk class is one `xor` away.
+            // One lane address per operand, not one per class that ptxas would keep live
+            // across the loop.
+            let lane = match src.keyed.first() {
+                Some((_, a)) => *a,
+                None => {
+                    let off = self.smem_offset(src.row, src.chunk, &src.buf);
+                    let a = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {a}, {}, {off}", src.base));
+                    src.keyed.push((0, a));
+                    a
+                }
+            };
+            if key == 0 {
+                lane
+            } else {
                 let a = self.new_reg(Class::B32);
-                self.ins(format!("add.s32 {a}, {}, {off}", src.base));
-                src.keyed.push((key, a));
+                self.ins(format!("xor.b32 {a}, {lane}, {}", key * 16));
                 a
+            }
+        } else {
+            match src.keyed.iter().find(|(k, _)| *k == key) {
+                Some((_, a)) => *a,
+                None => {
+                    let c = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {c}, {}, {key}", src.chunk));
+                    let off = self.smem_offset(src.row, c, &src.buf);
+                    let a = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {a}, {}, {off}", src.base));
+                    src.keyed.push((key, a));
+                    a
+                }
             }
         };
         let imm = row_imm * src.buf.row_bytes + (chunk_imm - key) * 16;

@@ -1,6 +1,7 @@
-//! Writes the PTX of every test kernel to `$KILN_PTX_DIR` (when set), for GPU checks.
+//! Writes the PTX of every example kernel variant to `$KILN_PTX_DIR` (when set), for GPU
+//! checks and benchmarks outside the test suite.
 
-mod ptx_common;
+mod ptx_examples;
 
 #[test]
 fn dump_ptx() {
@@ -8,12 +9,10 @@ fn dump_ptx() {
         return;
     };
     let variants = [
-        ("gemm_bk64", ptx_common::gemm(128, 128, 64, 3, 8)),
-        ("gemm_w4", ptx_common::gemm(128, 128, 32, 4, 4)),
-        ("gemm_256", ptx_common::gemm(128, 256, 32, 3, 8)),
-        ("gemm_bk64_w4", ptx_common::gemm(128, 128, 64, 3, 4)),
+        ("gemm_bk64", ptx_examples::build("gemm", &[("BK", "64")])),
+        ("gemm_256", ptx_examples::build("gemm", &[("BN", "256")])),
     ];
-    for (name, k) in ptx_common::all().into_iter().chain(variants) {
+    for (name, k) in ptx_examples::all().into_iter().chain(variants) {
         let m = kiln_ptx::compile(&k, kiln_ir::Target::Sm80).expect("compile");
         std::fs::write(format!("{dir}/{name}.ptx"), &m.ptx).expect("write");
         std::fs::write(

@@ -4,10 +4,7 @@
 //! ptxas comes from `$KILN_PTXAS`, else `.tools/cuda/bin/ptxas` under the repository root
 //! (`scripts/ensure-ptxas` installs it). Without it the test fails and says how to install it.
 
-mod ptx_common;
-
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod ptx_examples;
 
 use kiln_ir::Target;
 use kiln_ir::passes::run_pipeline;
@@ -15,57 +12,16 @@ use kiln_ir::print::print_kernel;
 
 /// Spilled bytes (stores) ptxas reports today for each kernel; every kernel not listed must
 /// have none.
-// FIXME: attention at BM=128 with 4 warps (32 rows per warp, 128 + 64 accumulator
-// registers) still spills a few registers; the goal is zero.
-const KNOWN_SPILLS: &[(&str, u32)] = &[
-    ("attention", 64),
-    ("attention_causal", 72),
-    ("attention_d64", 80),
-];
-
-fn ptxas() -> PathBuf {
-    if let Ok(p) = std::env::var("KILN_PTXAS") {
-        return PathBuf::from(p);
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/cuda/bin/ptxas")
-}
-
-/// `(spill store bytes, registers)` from `ptxas -v` output.
-fn parse_ptxas(out: &str) -> (u32, u32) {
-    let number_before = |line: &str, key: &str| -> Option<u32> {
-        let at = line.find(key)?;
-        line[..at].split_whitespace().last()?.parse().ok()
-    };
-    let mut spills = None;
-    let mut regs = None;
-    for line in out.lines() {
-        if let Some(n) = number_before(line, "bytes spill stores") {
-            spills = Some(n);
-        }
-        if let Some(at) = line.find("Used ") {
-            regs = line[at + 5..]
-                .split_whitespace()
-                .next()
-                .and_then(|n| n.parse().ok());
-        }
-    }
-    (
-        spills.expect("ptxas -v printed no spill line"),
-        regs.expect("ptxas -v printed no register count"),
-    )
-}
+// FIXME: attention at BM=128 with 4 warps keeps 192 accumulator registers per thread; with
+// the causal mask or d = 64 (BN = 128) the loop-invariant prefetch addressing that ptxas
+// hoists tips it over 255 registers. The goal is zero everywhere.
+const KNOWN_SPILLS: &[(&str, u32)] = &[("attention_causal", 76), ("attention_d64", 52)];
 
 #[test]
 fn ir_and_ptx_snapshots_assemble() {
-    let ptxas = ptxas();
-    assert!(
-        ptxas.exists(),
-        "ptxas not found at {}: run scripts/ensure-ptxas, or `pip install --target DIR \
-         nvidia-cuda-nvcc==13.5.37` and set KILN_PTXAS=DIR/nvidia/cu13/bin/ptxas",
-        ptxas.display()
-    );
-    let dir = std::env::temp_dir().join(format!("kiln-ptx-snapshots-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    if let Err(e) = kiln_ptx::ptxas::find_ptxas() {
+        panic!("{e}");
+    }
     let under = |sub: &str| {
         let mut s = insta::Settings::clone_current();
         s.set_snapshot_path(format!("../snapshots/{sub}"));
@@ -73,7 +29,7 @@ fn ir_and_ptx_snapshots_assemble() {
         s
     };
     {
-        for (name, kernel) in ptx_common::all() {
+        for (name, kernel) in ptx_examples::all() {
             let mut k = kernel.clone();
             let mut dumps = Vec::new();
             run_pipeline(&mut k, Target::Sm80, &mut |pass, k| {
@@ -86,21 +42,9 @@ fn ir_and_ptx_snapshots_assemble() {
             let m = kiln_ptx::compile(&kernel, Target::Sm80).expect("compile");
             under("ptx").bind(|| insta::assert_snapshot!(format!("{name}@sm_80"), m.ptx));
 
-            let file = dir.join(format!("{name}.ptx"));
-            std::fs::write(&file, &m.ptx).expect("write ptx");
-            let out = Command::new(&ptxas)
-                .args(["-arch=sm_80", "-v", "-o"])
-                .arg(dir.join(format!("{name}.cubin")))
-                .arg(&file)
-                .output()
-                .expect("run ptxas");
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            assert!(out.status.success(), "ptxas rejected {name}:\n{text}");
-            let (spills, regs) = parse_ptxas(&text);
+            let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm80)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let (spills, regs) = (report.spill_store_bytes, report.registers);
             let expected = KNOWN_SPILLS
                 .iter()
                 .find(|(k, _)| *k == name)
