@@ -28,10 +28,13 @@ impl Writer<'_> {
     /// Copies `src` into the registers of `dst`.
     fn assign(&mut self, dst: &Val, src: &Val, at: OpId) -> Result<(), CodegenError> {
         match (dst, src) {
-            (Val::Scalar(d), Val::Scalar(s)) => self.mov(*d, *s),
+            (Val::Scalar(d), Val::Scalar(s)) if d != s => self.mov(*d, *s),
+            (Val::Scalar(_), Val::Scalar(_)) => {}
             (Val::Tile(d), Val::Tile(s)) if d.len() == s.len() => {
                 for (d, s) in d.iter().zip(s) {
-                    self.mov(*d, *s);
+                    if d != s {
+                        self.mov(*d, *s);
+                    }
                 }
             }
             _ => return Err(self.internal(at, "carried value changes shape")),
@@ -54,8 +57,13 @@ impl Writer<'_> {
                 other => other,
             });
         }
+        // Moving in order is only wrong when a source is the destination of another move.
         let dst_regs: Vec<Reg> = dsts.iter().flat_map(regs_of).collect();
-        let overlap = srcs.iter().flat_map(regs_of).any(|r| dst_regs.contains(&r));
+        let src_regs: Vec<Reg> = srcs.iter().flat_map(regs_of).collect();
+        let overlap = src_regs
+            .iter()
+            .enumerate()
+            .any(|(i, r)| dst_regs.iter().enumerate().any(|(j, d)| i != j && d == r));
         let srcs = if overlap {
             let mut tmps = Vec::new();
             for s in &srcs {

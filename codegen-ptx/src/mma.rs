@@ -10,6 +10,12 @@ use crate::CodegenError;
 use crate::types::{Class, Reg};
 use crate::writer::{Val, Writer};
 
+/// Whether all registers are different (a splat shares one register among all elements).
+fn distinct(regs: &[Reg]) -> bool {
+    let set: std::collections::BTreeSet<Reg> = regs.iter().copied().collect();
+    set.len() == regs.len()
+}
+
 /// Which mma operand a shared tile feeds, and how it is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Operand {
@@ -75,8 +81,13 @@ impl Writer<'_> {
             _ => return Err(self.internal(id, "mma operands must be bf16 or f16")),
         };
         let (mf, nf) = (g.wm / 16, g.wn / 8);
+        let mut in_place = false;
         let mut acc: Vec<Reg> = match op.operands.get(2) {
-            Some(&c) => self.tile(c, id)?,
+            Some(&c) => {
+                let regs = self.tile(c, id)?;
+                in_place = self.dies_here(c, id) && distinct(&regs);
+                regs
+            }
             None => {
                 let z = self.new_reg(Class::F32);
                 self.ins(format!("mov.f32 {z}, 0f00000000"));
@@ -141,7 +152,13 @@ impl Writer<'_> {
                     let b2 = [bq[2 * half as usize], bq[2 * half as usize + 1]];
                     for (mi, a4) in a_frags.iter().enumerate() {
                         let base = (mi * nf as usize + ni as usize) * 4;
-                        let d: Vec<Reg> = (0..4).map(|_| self.new_reg(Class::F32)).collect();
+                        // Accumulate in place when `c` dies here (one use, defined in this
+                        // block): no copies, and the loop's carried registers stay put.
+                        let d: Vec<Reg> = if in_place || s > 0 {
+                            acc[base..base + 4].to_vec()
+                        } else {
+                            (0..4).map(|_| self.new_reg(Class::F32)).collect()
+                        };
                         let c = &acc[base..base + 4];
                         self.ins(format!(
                             "mma.sync.aligned.m16n8k16.row.col.f32.{elem}.{elem}.f32 {{{}, {}, {}, {}}}, {{{}, {}, {}, {}}}, {{{}, {}}}, {{{}, {}, {}, {}}}",

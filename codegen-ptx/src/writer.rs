@@ -404,6 +404,21 @@ impl<'k> Writer<'k> {
             .collect()
     }
 
+    /// Whether `v` is read only by `op` and is defined in `op`'s block (a result of an op of
+    /// that block, or one of its arguments), so `op` may overwrite its registers: they hold
+    /// a fresh value on every execution of the block.
+    pub(crate) fn dies_here(&self, v: ValueId, op: OpId) -> bool {
+        let single = self.uses.get(&v).is_some_and(|u| u.as_slice() == [op]);
+        let home = self.parents.get(&op).copied();
+        let local = match self.k.values[v].def {
+            kiln_ir::ValueDef::Op(def, _) => self.parents.get(&def).copied() == home,
+            kiln_ir::ValueDef::BlockArg {
+                op: owner, region, ..
+            } => home == Some((Some(owner), region)),
+        };
+        single && local
+    }
+
     /// The index of the register of tile `v` at offsets `offs`.
     pub(crate) fn reg_index(
         &mut self,
