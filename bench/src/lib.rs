@@ -9,6 +9,7 @@ pub mod error;
 pub mod harness;
 pub mod inputs;
 pub mod json;
+pub mod kernels;
 pub mod report;
 
 pub use error::BenchError;
