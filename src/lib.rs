@@ -5,6 +5,9 @@
 /// The tile IR (crate `kiln-ir`): builder, printer, verifier, interpreter and passes.
 pub use kiln_ir as ir;
 
+/// The PTX backend (crate `kiln-ptx`): `compile`, the parameter ABI, the ptxas driver.
+pub use kiln_ptx as ptx;
+
 /// The runtime (crate `kiln-runtime`): devices, device tensors, compile cache, JIT load, launch.
 pub use kiln_runtime as runtime;
 
