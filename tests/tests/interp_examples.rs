@@ -111,6 +111,12 @@ fn gemm_matches_reference() {
         for (m, n, k) in [(130, 70, 50), (1, 1, 1), (128, 128, 64), (65, 200, 97)] {
             for dist in Dist::ALL {
                 let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
+                // Normal inputs read `a` through padded rows (strides not 16-byte aligned).
+                let a = if dist == Dist::Normal {
+                    with_row_padding(&a, 3)
+                } else {
+                    a
+                };
                 let b = tensor(&mut rng, &[k, n], DType::Bf16, dist);
                 let mut c = poisoned(&[m, n], DType::Bf16);
                 let mut args = [
@@ -147,6 +153,12 @@ fn run_attention(rng: &mut Rng, p: &Attn, dist: Dist) {
     let q = tensor(rng, &[p.b, p.h, p.sq, p.d], DType::Bf16, dist);
     let k = tensor(rng, &[p.b, p.h, p.sk, p.d], DType::Bf16, dist);
     let v = tensor(rng, &[p.b, p.h, p.sk, p.d], DType::Bf16, dist);
+    // Normal inputs read `k` through padded rows (strides not 16-byte aligned).
+    let k = if dist == Dist::Normal {
+        with_row_padding(&k, 1)
+    } else {
+        k
+    };
     // The usual 1/sqrt(d), perturbed so that no test depends on one exact scale.
     let scale = (rng.uniform(0.5, 1.5) / (p.d as f64).sqrt()) as f32;
     let mut o = poisoned(&[p.b, p.h, p.sq, p.d], DType::Bf16);
