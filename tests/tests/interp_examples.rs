@@ -259,3 +259,46 @@ fn fully_masked_rows_output_zero() {
         rng.seed()
     );
 }
+
+#[test]
+fn typed_interpret_methods_agree_with_references() {
+    // The `interpret` methods the macro generates: comptime values first, then the launch
+    // arguments in order.
+    let mut rng = Rng::from_env();
+    let (m, n) = (9, 700);
+    let x = tensor(&mut rng, &[m, n], DType::F32, Dist::Normal);
+    let mut y = poisoned(&[m, n], DType::F32);
+    kiln_examples::softmax::softmax
+        .interpret([cdiv(m, 4), 1, 1], 4, 256, &x, &mut y)
+        .unwrap();
+    let case = Case {
+        kernel: "softmax.interpret<BM=4,BN=256>".into(),
+        shape: format!("m={m} n={n}"),
+        dist: Dist::Normal,
+        seed: rng.seed(),
+    };
+    assert_close(
+        &case,
+        &y,
+        &reference::softmax_rows(&x),
+        tolerance(DType::F32),
+    );
+
+    let (sq, sk, d) = (70, 130, 128);
+    let q = tensor(&mut rng, &[1, 1, sq, d], DType::Bf16, Dist::Uniform);
+    let k = tensor(&mut rng, &[1, 1, sk, d], DType::Bf16, Dist::Uniform);
+    let v = tensor(&mut rng, &[1, 1, sk, d], DType::Bf16, Dist::Uniform);
+    let mut o = poisoned(&[1, 1, sq, d], DType::Bf16);
+    let scale = 1.0 / (d as f32).sqrt();
+    kiln_examples::attention::attention
+        .interpret([cdiv(sq, 128), 1, 1], d, true, &q, &k, &v, &mut o, scale)
+        .unwrap();
+    let case = Case {
+        kernel: "attention.interpret<d=128,causal=true>".into(),
+        shape: format!("b=1 h=1 sq={sq} sk={sk}"),
+        dist: Dist::Uniform,
+        seed: rng.seed(),
+    };
+    let want = reference::attention(&q, &k, &v, f64::from(scale), true);
+    assert_close(&case, &o, &want, tolerance(DType::Bf16));
+}
