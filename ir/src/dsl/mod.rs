@@ -50,6 +50,6 @@ pub use ops::{
     Dim3, abs, block_id, cdiv, col_max, col_sum, exp, exp2, full, grid_dim, iota, log2, max, min,
     mma, mma_acc, recip, row_max, row_min, row_sum, rsqrt, select, sqrt, zeros,
 };
-pub use params::{ComptimeArg, comptime, params_for, scalar_param};
+pub use params::{ComptimeArg, comptime, comptime_map, params_for, scalar_param};
 pub use tensor::{Tensor, TileView};
 pub use value::{AsValue, Element, IntoOperand, Operand, Value};
