@@ -5,7 +5,15 @@
 //! **Architecture invariant:** kiln-ptx knows nothing of syn or the CUDA driver; it reads the
 //! IR and writes text.
 
+pub mod abi;
+mod arith;
+mod control;
+mod memory;
+mod mma;
 pub mod ptxas;
+mod sync;
+pub mod types;
+pub mod writer;
 
 use kiln_ir::{Diagnostic, Kernel, Target};
 
@@ -42,8 +50,7 @@ pub enum CodegenError {
 
 /// Runs the pass pipeline for `target` on a copy of `kernel` and writes PTX.
 pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxModule, CodegenError> {
-    Err(CodegenError::Unsupported {
-        op: format!("kernel {}", kernel.name),
-        target,
-    })
+    let mut k = kernel.clone();
+    kiln_ir::passes::run_pipeline(&mut k, target, &mut |_, _| {})?;
+    writer::Writer::new(&k).write(target)
 }

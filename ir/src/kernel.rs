@@ -3,6 +3,7 @@
 use std::fmt;
 
 use crate::arena::{Arena, EntityName, Handle};
+use crate::schedule::Schedule;
 use crate::types::{DType, Shape, Type};
 
 /// A location in the user's Rust source, captured when the IR is built.
@@ -436,6 +437,8 @@ pub struct Kernel {
     pub body: Block,
     /// Launch options.
     pub options: KernelOptions,
+    /// Scheduling annotations added by the passes (empty on a freshly built kernel).
+    pub schedule: Schedule,
 }
 
 impl Kernel {
@@ -448,6 +451,7 @@ impl Kernel {
             ops: Arena::new(),
             body: Block::default(),
             options,
+            schedule: Schedule::default(),
         }
     }
 

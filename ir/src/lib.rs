@@ -49,10 +49,14 @@ pub mod diag;
 pub mod dsl;
 pub mod host;
 pub mod infer;
+pub mod interp;
 pub mod kernel;
+pub mod passes;
 pub mod print;
+pub mod schedule;
 pub mod target;
 pub mod types;
+pub mod verify;
 
 pub use arena::{Arena, Handle};
 pub use builder::Builder;

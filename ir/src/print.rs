@@ -28,6 +28,27 @@ pub fn print_kernel(kernel: &Kernel) -> String {
         params.join(", "),
         kernel.options.num_warps
     );
+    for b in &kernel.schedule.buffers {
+        let _ = writeln!(
+            out,
+            "  smem @{} : {} x {} B (row {} B{}) for {}",
+            b.offset,
+            b.stages,
+            b.stage_bytes,
+            b.row_bytes,
+            if b.swizzled { ", swizzled" } else { "" },
+            b.load
+        );
+    }
+    for (op, plan) in &kernel.schedule.loops {
+        let loads: Vec<String> = plan.prefetched.iter().map(|l| l.to_string()).collect();
+        let _ = writeln!(
+            out,
+            "  pipeline {op}: stages={} prefetch [{}]",
+            plan.stages,
+            loads.join(", ")
+        );
+    }
     print_block(kernel, &kernel.body, 1, &mut out);
     out.push_str("}\n");
     out
@@ -181,7 +202,13 @@ fn print_op(kernel: &Kernel, id: OpId, level: usize, out: &mut String, regions: 
     let tys: Vec<String> = op
         .results
         .iter()
-        .map(|&r| kernel.ty(r).to_string())
+        .map(|&r| match kernel.schedule.layouts.get(&r) {
+            Some(layout) => {
+                let ty = kernel.ty(r).to_string();
+                format!("{},{layout}>", ty.trim_end_matches('>'))
+            }
+            None => kernel.ty(r).to_string(),
+        })
         .collect();
     if !tys.is_empty() {
         if matches!(op.kind, OpKind::For { .. } | OpKind::If) {

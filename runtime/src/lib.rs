@@ -1,1 +1,38 @@
-//! kiln-runtime
+//! # kiln-runtime: the CUDA side of kiln
+//!
+//! Opens a GPU ([`Device`]), moves tensors to and from it ([`DeviceTensor`], with strided
+//! views), and launches kernels: [`Device::launch`] validates every argument against the
+//! kernel's signature, specialises the kernel (comptime values plus each tensor's 16-byte
+//! alignment), compiles it through `kiln_ptx::compile` unless the in-memory cache holds it,
+//! JIT-loads the PTX with the driver's error log, and launches it.
+//!
+//! The CUDA driver is loaded at run time (cudarc's dynamic loading), so the crate builds on a
+//! machine without CUDA; there, [`Device::new`] returns [`RuntimeError::NoDriver`] and
+//! [`Device::is_available`] is false. Nothing panics for want of a GPU.
+//!
+//! **Architecture invariant:** only kiln-runtime touches the driver. The IR, the backend and
+//! the macro never see a CUDA handle; everything device-side goes through this crate.
+//!
+//! **Architecture invariant:** no launch reads or writes outside its tensors' allocations
+//! because of a wrong argument: shapes, strides, ranks and dtypes are checked on the host
+//! before every launch (module `validate`), and the kernels mask against the extents passed.
+//!
+//! `KILN_DUMP=ir,ptx` writes each specialisation's IR and PTX to `KILN_DUMP_DIR` (see
+//! [`dump`]).
+
+mod device;
+pub mod dump;
+mod error;
+mod layout;
+mod module;
+mod params;
+mod tensor;
+mod timing;
+mod validate;
+
+pub use device::{Device, KernelArg};
+pub use error::{LaunchError, RuntimeError};
+pub use layout::Layout;
+pub use module::{CompileTimes, LoadedKernel};
+pub use tensor::DeviceTensor;
+pub use timing::{L2Flush, Rotation, rotation_sets};

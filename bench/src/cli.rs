@@ -1,0 +1,105 @@
+//! The benchmarks' command line: `--out PATH` (JSON results), `--iters N`, `--warmup N`,
+//! `--quick` (a reduced sweep for a smoke run).
+
+use std::path::PathBuf;
+
+/// Parsed options.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Args {
+    /// Where to write the JSON results; none means print only.
+    pub out: Option<PathBuf>,
+    /// Timed runs per configuration (the median is reported).
+    pub iters: usize,
+    /// Untimed runs before timing (JIT, clocks, caches).
+    pub warmup: usize,
+    /// Run a reduced sweep.
+    pub quick: bool,
+}
+
+/// A command-line error, with the usage line.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}\nusage: {program} [--out PATH] [--iters N] [--warmup N] [--quick]")]
+pub struct ArgsError {
+    program: String,
+    message: String,
+}
+
+impl Args {
+    /// Parses `std::env::args()`.
+    pub fn from_env() -> Result<Args, ArgsError> {
+        let mut it = std::env::args();
+        let program = it.next().unwrap_or_else(|| "bench".into());
+        Args::parse(&program, it)
+    }
+
+    /// Parses `args` (without the program name).
+    pub fn parse(program: &str, args: impl IntoIterator<Item = String>) -> Result<Args, ArgsError> {
+        let err = |message: String| ArgsError {
+            program: program.to_string(),
+            message,
+        };
+        let mut out = Args {
+            out: None,
+            iters: 30,
+            warmup: 5,
+            quick: false,
+        };
+        let mut it = args.into_iter();
+        while let Some(flag) = it.next() {
+            let mut value = |name: &str| {
+                it.next()
+                    .ok_or_else(|| err(format!("{name} needs a value")))
+            };
+            match flag.as_str() {
+                "--out" => out.out = Some(PathBuf::from(value("--out")?)),
+                "--iters" | "--warmup" => {
+                    let v = value(&flag)?;
+                    let n: usize = v.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+                        err(format!("{flag} expects a positive integer, got `{v}`"))
+                    })?;
+                    if flag == "--iters" {
+                        out.iters = n;
+                    } else {
+                        out.warmup = n;
+                    }
+                }
+                "--quick" => out.quick = true,
+                other => return Err(err(format!("unknown option `{other}`"))),
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, ArgsError> {
+        Args::parse("b", args.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn parses_every_option() {
+        let a = parse(&[
+            "--out", "r.json", "--iters", "7", "--warmup", "2", "--quick",
+        ])
+        .expect("valid");
+        assert_eq!(a.out, Some(PathBuf::from("r.json")));
+        assert_eq!((a.iters, a.warmup, a.quick), (7, 2, true));
+    }
+
+    #[test]
+    fn rejects_bad_values_by_name() {
+        let e = parse(&["--iters", "0"]).expect_err("zero");
+        assert!(
+            e.to_string()
+                .starts_with("--iters expects a positive integer, got `0`"),
+            "{e}"
+        );
+        let e = parse(&["--out"]).expect_err("missing");
+        assert!(e.to_string().starts_with("--out needs a value"), "{e}");
+        let e = parse(&["--fast"]).expect_err("unknown");
+        assert!(e.to_string().contains("usage: b"), "{e}");
+    }
+}

@@ -1,0 +1,121 @@
+//! Timing loops: warm-up runs, then each timed run between CUDA events on the device's stream
+//! with the caller rotating its inputs, summarised by the median; and a text progress line.
+
+use std::io::Write;
+
+use kiln_runtime::{Device, RuntimeError};
+
+/// Per-run GPU times of one configuration, in milliseconds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Samples {
+    ms: Vec<f64>,
+}
+
+impl Samples {
+    /// Samples from raw times; `None` if empty.
+    pub fn new(ms: Vec<f64>) -> Option<Samples> {
+        (!ms.is_empty()).then_some(Samples { ms })
+    }
+
+    /// The median (mean of the middle two for an even count).
+    pub fn median(&self) -> f64 {
+        let mut v = self.ms.clone();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    }
+
+    /// The fastest run.
+    pub fn min(&self) -> f64 {
+        self.ms.iter().copied().fold(f64::INFINITY, f64::min)
+    }
+
+    /// Every run, in order.
+    pub fn all(&self) -> &[f64] {
+        &self.ms
+    }
+}
+
+/// Runs `run(i)` `warmup` times untimed, then `iters` times, each timed alone with CUDA
+/// events. `i` counts every call, so `run` can pick input set `i % sets` (rotation).
+pub fn measure<E: From<RuntimeError>>(
+    device: &Device,
+    warmup: usize,
+    iters: usize,
+    mut run: impl FnMut(usize) -> Result<(), E>,
+) -> Result<Samples, E> {
+    for i in 0..warmup {
+        run(i)?;
+    }
+    device.synchronize()?;
+    let mut ms = Vec::with_capacity(iters);
+    for i in warmup..warmup + iters {
+        let ((), t) = device.time(|| run(i))?;
+        ms.push(t as f64);
+    }
+    // `iters` is at least 1 (the command line refuses 0), so this is never empty.
+    Ok(Samples::new(ms).unwrap_or(Samples { ms: vec![f64::NAN] }))
+}
+
+/// TFLOP/s for `flops` floating-point operations in `ms` milliseconds.
+pub fn tflops(flops: f64, ms: f64) -> f64 {
+    flops / (ms * 1e-3) / 1e12
+}
+
+/// A one-line progress indicator on stderr (`[3/20] gemm 4096x4096x4096`).
+#[derive(Debug)]
+pub struct Progress {
+    done: usize,
+    total: usize,
+}
+
+impl Progress {
+    /// A progress line over `total` steps.
+    pub fn new(total: usize) -> Progress {
+        Progress { done: 0, total }
+    }
+
+    /// Announces the next step.
+    pub fn step(&mut self, what: &str) {
+        self.done += 1;
+        let mut err = std::io::stderr();
+        // Progress is best effort: a closed stderr must not stop a benchmark.
+        let _ = write!(err, "\r\x1b[2K[{}/{}] {what}", self.done, self.total);
+        let _ = err.flush();
+    }
+
+    /// Ends the line.
+    pub fn finish(&self) {
+        let _ = writeln!(
+            std::io::stderr(),
+            "\r\x1b[2K[{}/{}] done",
+            self.done,
+            self.total
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        let s = Samples::new(vec![5.0, 1.0, 3.0]).expect("non-empty");
+        assert_eq!((s.median(), s.min()), (3.0, 1.0));
+        let s = Samples::new(vec![4.0, 1.0, 3.0, 2.0]).expect("non-empty");
+        assert_eq!(s.median(), 2.5);
+        assert!(Samples::new(vec![]).is_none());
+    }
+
+    #[test]
+    fn tflops_of_a_gemm() {
+        // 2*4096^3 flops in 1 ms = 137.4 TFLOP/s.
+        let t = tflops(2.0 * 4096f64.powi(3), 1.0);
+        assert!((t - 137.438_953_472).abs() < 1e-6, "{t}");
+    }
+}

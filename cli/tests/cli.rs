@@ -1,0 +1,88 @@
+//! The `kiln` command end to end: every subcommand on every example, and its errors.
+
+use std::process::Command;
+
+fn kiln(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .output()
+        .expect("the kiln binary runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn list_names_every_kernel_with_its_comptime_parameters() {
+    let (ok, out, _) = kiln(&["list"]);
+    assert!(ok);
+    for name in ["vector_add", "softmax", "gemm", "attention"] {
+        assert!(
+            out.contains(&format!("{name}\n")),
+            "{name} missing from:\n{out}"
+        );
+    }
+    assert!(
+        out.contains("d: usize = 128, causal: bool = false"),
+        "{out}"
+    );
+}
+
+#[test]
+fn ir_after_each_pass_and_after_build() {
+    let (ok, built, _) = kiln(&["ir", "attention", "--after", "build"]);
+    assert!(ok);
+    assert!(built.starts_with("kernel attention("), "{built}");
+    assert!(
+        !built.contains("#mma"),
+        "no layouts before the layout pass:\n{built}"
+    );
+    let (ok, laid, _) = kiln(&["ir", "attention", "--after", "layout"]);
+    assert!(ok);
+    assert!(
+        laid.contains("#mma"),
+        "layouts after the layout pass:\n{laid}"
+    );
+    let (ok, _, err) = kiln(&["ir", "attention", "--after", "nonsense"]);
+    assert!(!ok);
+    assert!(
+        err.contains("no pass named `nonsense`") && err.contains("layout"),
+        "{err}"
+    );
+}
+
+#[test]
+fn ptx_honours_defines_and_rejects_bad_ones() {
+    let (ok, d128, _) = kiln(&["ptx", "attention", "--target", "sm_80"]);
+    assert!(ok);
+    assert!(
+        d128.contains(".target sm_80") && d128.contains(".entry attention"),
+        "{d128}"
+    );
+    let (ok, d64, _) = kiln(&["ptx", "attention", "-D", "d=64", "-D", "causal=true"]);
+    assert!(ok);
+    assert_ne!(d64, d128, "d=64 causal must specialise differently");
+    let (ok, _, err) = kiln(&["ptx", "attention", "-D", "heads=3"]);
+    assert!(
+        !ok && err.contains("no comptime parameter `heads`"),
+        "{err}"
+    );
+    let (ok, _, err) = kiln(&["ptx", "attention", "-D", "d=x"]);
+    assert!(!ok && err.contains("`d` is a usize"), "{err}");
+    let (ok, _, err) = kiln(&["ptx", "gemm", "--target", "sm_75"]);
+    assert!(!ok && err.contains("unknown target `sm_75`"), "{err}");
+    let (ok, _, err) = kiln(&["ptx", "nope"]);
+    assert!(!ok && err.contains("no kernel named `nope`"), "{err}");
+}
+
+#[test]
+fn check_reports_ptxas_resources() {
+    let (ok, out, err) = kiln(&["check", "vector_add", "--target", "sm_80"]);
+    assert!(
+        ok,
+        "kiln check failed (is ptxas installed? scripts/ensure-ptxas):\n{err}"
+    );
+    assert!(out.contains("registers") && out.contains("spills"), "{out}");
+}

@@ -1,0 +1,235 @@
+//! The kernel parameter ABI: how a kernel's [`Param`]s become `.entry` parameters.
+//!
+//! Every kiln entry takes its parameters in [`Kernel::params`](kiln_ir::Kernel) order, each
+//! one expanded into one or more PTX parameter *slots*:
+//!
+//! | kiln parameter                 | slots, in order                                           |
+//! | ------------------------------ | --------------------------------------------------------- |
+//! | `Tensor { rank: r, .. }`       | `.u64` base address (device pointer, bytes),              |
+//! |                                | then `r` x `.s32` extents, outermost dimension first,     |
+//! |                                | then `r` x `.s64` strides **in elements**, outermost first |
+//! | `Scalar { dtype: F32 }`        | one `.f32`                                                |
+//! | `Scalar { dtype: I32 }`        | one `.s32`                                                |
+//!
+//! Every tensor passes all `r` strides, including the innermost one, which must be 1 (the IR
+//! assumes it; the runtime checks it and the kernel never reads it). Extents must fit in an
+//! `i32` and be non-negative. For a tensor marked `aligned16` the base address and every stride
+//! but the innermost, times the element size, must be multiples of 16 bytes: the kernel then
+//! uses 16-byte vector accesses and cp.async, and a misaligned argument would fault.
+//!
+//! With the driver's `cuLaunchKernel(.., kernelParams, ..)` the runtime passes one pointer per
+//! slot, in slot order, to a value of the slot's width (`u64`, `i32`, `i64`, `f32`); the driver
+//! lays them out. [`slots`] lists the slots so the runtime need not re-derive this table.
+//!
+//! Launch geometry is not part of the parameter list: the grid is chosen by the caller, the
+//! block is `PtxModule::threads_per_block` threads in x, and the launch must request
+//! `PtxModule::dynamic_smem_bytes` of dynamic shared memory (setting
+//! `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` first when it exceeds 48 KiB).
+
+use std::fmt;
+
+use kiln_ir::{DType, Param};
+
+/// The PTX type of one parameter slot; also the width of the value the runtime passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SlotType {
+    /// `.u64`: a device address.
+    U64,
+    /// `.s32`: an extent or an `i32` scalar.
+    S32,
+    /// `.s64`: a stride in elements.
+    S64,
+    /// `.f32`: an `f32` scalar.
+    F32,
+}
+
+impl SlotType {
+    /// PTX spelling (`.u64`, ...).
+    pub fn ptx(self) -> &'static str {
+        match self {
+            SlotType::U64 => ".u64",
+            SlotType::S32 => ".s32",
+            SlotType::S64 => ".s64",
+            SlotType::F32 => ".f32",
+        }
+    }
+
+    /// Size of the value in bytes.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            SlotType::U64 | SlotType::S64 => 8,
+            SlotType::S32 | SlotType::F32 => 4,
+        }
+    }
+}
+
+/// What a slot carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SlotRole {
+    /// Base address of tensor parameter `param`.
+    Ptr {
+        /// Index into the kernel's parameters.
+        param: usize,
+    },
+    /// Extent of dimension `dim` of tensor parameter `param`.
+    Extent {
+        /// Index into the kernel's parameters.
+        param: usize,
+        /// Dimension, outermost first.
+        dim: usize,
+    },
+    /// Stride, in elements, of dimension `dim` of tensor parameter `param`.
+    Stride {
+        /// Index into the kernel's parameters.
+        param: usize,
+        /// Dimension, outermost first.
+        dim: usize,
+    },
+    /// The value of scalar parameter `param`.
+    Scalar {
+        /// Index into the kernel's parameters.
+        param: usize,
+    },
+}
+
+/// One `.param` of the entry.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Slot {
+    /// What it carries.
+    pub role: SlotRole,
+    /// Its PTX type.
+    pub ty: SlotType,
+    /// Its PTX name (`<param>_ptr`, `<param>_dim<d>`, `<param>_stride<d>`, `<param>`; a
+    /// parameter whose name is not a plain ASCII identifier is called `arg<index>`).
+    pub name: String,
+}
+
+/// Why a parameter has no ABI.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AbiError {
+    /// A scalar parameter of a type the ABI does not pass.
+    #[error("scalar parameter `{name}` has type {dtype}; kernels take f32 or i32 scalars")]
+    ScalarType {
+        /// The parameter's name.
+        name: String,
+        /// Its element type.
+        dtype: DType,
+    },
+}
+
+/// The entry's parameter slots for `params`, in launch order. See the module doc.
+pub fn slots(params: &[Param]) -> Result<Vec<Slot>, AbiError> {
+    let mut out = Vec::new();
+    for (index, p) in params.iter().enumerate() {
+        let base = ptx_name(p.name(), index);
+        match p {
+            Param::Tensor { rank, .. } => {
+                out.push(Slot {
+                    role: SlotRole::Ptr { param: index },
+                    ty: SlotType::U64,
+                    name: format!("{base}_ptr"),
+                });
+                for dim in 0..*rank {
+                    out.push(Slot {
+                        role: SlotRole::Extent { param: index, dim },
+                        ty: SlotType::S32,
+                        name: format!("{base}_dim{dim}"),
+                    });
+                }
+                for dim in 0..*rank {
+                    out.push(Slot {
+                        role: SlotRole::Stride { param: index, dim },
+                        ty: SlotType::S64,
+                        name: format!("{base}_stride{dim}"),
+                    });
+                }
+            }
+            Param::Scalar { name, dtype } => {
+                let ty = match dtype {
+                    DType::F32 => SlotType::F32,
+                    DType::I32 => SlotType::S32,
+                    DType::Bf16 | DType::F16 | DType::Bool => {
+                        return Err(AbiError::ScalarType {
+                            name: name.clone(),
+                            dtype: *dtype,
+                        });
+                    }
+                };
+                out.push(Slot {
+                    role: SlotRole::Scalar { param: index },
+                    ty,
+                    name: base,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The parameter's name if PTX accepts it as an identifier stem, else `arg<index>`.
+fn ptx_name(name: &str, index: usize) -> String {
+    let mut chars = name.chars();
+    let plain = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if plain {
+        name.to_string()
+    } else {
+        format!("arg{index}")
+    }
+}
+
+impl fmt::Display for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, ".param {} {}", self.ty.ptx(), self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensor_expands_to_ptr_extents_strides() {
+        let params = vec![
+            Param::Tensor {
+                name: "x".into(),
+                dtype: DType::Bf16,
+                rank: 2,
+                mutable: false,
+                aligned16: true,
+            },
+            Param::Scalar {
+                name: "scale".into(),
+                dtype: DType::F32,
+            },
+        ];
+        let got: Vec<String> = slots(&params)
+            .expect("valid params")
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ".param .u64 x_ptr",
+                ".param .s32 x_dim0",
+                ".param .s32 x_dim1",
+                ".param .s64 x_stride0",
+                ".param .s64 x_stride1",
+                ".param .f32 scale",
+            ]
+        );
+    }
+
+    #[test]
+    fn bf16_scalar_is_rejected_by_name() {
+        let params = vec![Param::Scalar {
+            name: "s".into(),
+            dtype: DType::Bf16,
+        }];
+        let err = slots(&params).expect_err("bf16 scalar has no ABI");
+        assert!(err.to_string().contains("`s`"));
+    }
+}

@@ -1,0 +1,301 @@
+//! Elementwise operations (`unary`, `binary`, `select`, `cast`) on scalars and register tiles,
+//! with broadcasting of slice-layout operands. bf16 and f16 are computed in f32 and rounded
+//! after each operation, as the IR specifies.
+
+use kiln_ir::{BinaryOp, DType, OpId, OpKind, UnaryOp};
+
+use crate::CodegenError;
+use crate::types::{Class, Reg, f32_imm};
+use crate::writer::{Val, Writer};
+
+/// log2(e), to compute `e^x` as `2^(x * log2 e)`.
+const LOG2_E: f64 = std::f64::consts::LOG2_E;
+
+impl Writer<'_> {
+    /// Writes an elementwise op, per register of its result's layout.
+    pub(crate) fn write_elementwise(&mut self, id: OpId) -> Result<(), CodegenError> {
+        let op = self.k.ops[id].clone();
+        let r = op.results[0];
+        let in_dtype = match op.kind {
+            OpKind::Select => self.k.ty(op.operands[1]).dtype(),
+            _ => self.k.ty(op.operands[0]).dtype(),
+        };
+        let out_dtype = self.k.ty(r).dtype();
+        let Some(shape) = self.k.ty(r).shape().cloned() else {
+            let srcs = op
+                .operands
+                .iter()
+                .map(|&v| self.scalar(v, id))
+                .collect::<Result<Vec<_>, _>>()?;
+            let reg = self.element(id, &op.kind, in_dtype, out_dtype, &srcs)?;
+            self.vals.insert(r, Val::Scalar(reg));
+            return Ok(());
+        };
+        let d = self.dist(r, id)?;
+        let n = d.regs.len();
+        let mut per_operand: Vec<Vec<Reg>> = Vec::new();
+        for &v in &op.operands {
+            match self.val(v, id)? {
+                Val::Scalar(s) => per_operand.push(vec![s; n]),
+                Val::Tile(regs) => {
+                    let e = self.dist(v, id)?;
+                    let vshape = self.k.ty(v).shape().cloned().unwrap_or(shape.clone());
+                    if vshape == shape {
+                        if e != d {
+                            return Err(self.unsupported(id, "operands in different layouts"));
+                        }
+                        per_operand.push(regs);
+                    } else {
+                        let bdims: Vec<usize> = (0..shape.rank())
+                            .filter(|&k| vshape.dims()[k] == 1 && shape.dims()[k] != 1)
+                            .collect();
+                        let fits = (0..shape.rank()).all(|k| {
+                            if bdims.contains(&k) {
+                                e.terms[k].is_empty()
+                            } else {
+                                e.terms[k] == d.terms[k]
+                            }
+                        });
+                        if !fits {
+                            return Err(self.unsupported(id, "a broadcast needing a layout change"));
+                        }
+                        let mut gathered = Vec::with_capacity(n);
+                        for offs in &d.regs {
+                            let want: Vec<u32> = offs
+                                .iter()
+                                .enumerate()
+                                .map(|(k, &o)| if bdims.contains(&k) { 0 } else { o })
+                                .collect();
+                            let j = e.regs.iter().position(|x| *x == want).ok_or_else(|| {
+                                self.internal(id, "broadcast operand lacks an element")
+                            })?;
+                            gathered.push(regs[j]);
+                        }
+                        per_operand.push(gathered);
+                    }
+                }
+                Val::Smem { .. } => {
+                    return Err(self.unsupported(id, "elementwise math on a shared-memory tile"));
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(n);
+        for k in 0..n {
+            let srcs: Vec<Reg> = per_operand.iter().map(|p| p[k]).collect();
+            out.push(self.element(id, &op.kind, in_dtype, out_dtype, &srcs)?);
+        }
+        self.vals.insert(r, Val::Tile(out));
+        Ok(())
+    }
+
+    /// The f32 value of a float element register.
+    pub(crate) fn widen(&mut self, x: Reg, dtype: DType) -> Reg {
+        match dtype {
+            DType::Bf16 | DType::F16 => {
+                let f = self.new_reg(Class::F32);
+                let ty = if dtype == DType::Bf16 { "bf16" } else { "f16" };
+                self.ins(format!("cvt.f32.{ty} {f}, {x}"));
+                f
+            }
+            DType::F32 | DType::I32 | DType::Bool => x,
+        }
+    }
+
+    /// Rounds an f32 register to a `dtype` element register.
+    pub(crate) fn narrow(&mut self, x: Reg, dtype: DType) -> Reg {
+        match dtype {
+            DType::Bf16 | DType::F16 => {
+                let h = self.new_reg(Class::B16);
+                let ty = if dtype == DType::Bf16 { "bf16" } else { "f16" };
+                self.ins(format!("cvt.rn.{ty}.f32 {h}, {x}"));
+                h
+            }
+            DType::F32 | DType::I32 | DType::Bool => x,
+        }
+    }
+
+    pub(crate) fn element(
+        &mut self,
+        id: OpId,
+        kind: &OpKind,
+        in_dtype: DType,
+        out_dtype: DType,
+        srcs: &[Reg],
+    ) -> Result<Reg, CodegenError> {
+        match kind {
+            OpKind::Unary(u) => self.unary(id, *u, in_dtype, srcs[0]),
+            OpKind::Binary(b) => self.binary(id, *b, in_dtype, srcs[0], srcs[1]),
+            OpKind::Select => {
+                let d = self.new_reg(Class::of(out_dtype));
+                let ty = match out_dtype {
+                    DType::F32 => "f32",
+                    DType::I32 => "b32",
+                    DType::Bf16 | DType::F16 => "b16",
+                    DType::Bool => {
+                        let t = self.new_reg(Class::Pred);
+                        self.ins(format!("and.pred {t}, {}, {}", srcs[0], srcs[1]));
+                        self.ins(format!("not.pred {d}, {}", srcs[0]));
+                        self.ins(format!("and.pred {d}, {d}, {}", srcs[2]));
+                        self.ins(format!("or.pred {d}, {d}, {t}"));
+                        return Ok(d);
+                    }
+                };
+                if ty == "b16" {
+                    // selp has no 16-bit form; widen through a 32-bit register.
+                    let (a, b, w) = (
+                        self.new_reg(Class::B32),
+                        self.new_reg(Class::B32),
+                        self.new_reg(Class::B32),
+                    );
+                    self.ins(format!("cvt.u32.u16 {a}, {}", srcs[1]));
+                    self.ins(format!("cvt.u32.u16 {b}, {}", srcs[2]));
+                    self.ins(format!("selp.b32 {w}, {a}, {b}, {}", srcs[0]));
+                    self.ins(format!("cvt.u16.u32 {d}, {w}"));
+                } else {
+                    self.ins(format!(
+                        "selp.{ty} {d}, {}, {}, {}",
+                        srcs[1], srcs[2], srcs[0]
+                    ));
+                }
+                Ok(d)
+            }
+            OpKind::Cast { to } => self.cast(srcs[0], in_dtype, *to),
+            _ => Err(self.internal(id, "not an elementwise op")),
+        }
+    }
+
+    fn unary(&mut self, id: OpId, u: UnaryOp, dtype: DType, x: Reg) -> Result<Reg, CodegenError> {
+        if dtype == DType::Bool {
+            let d = self.new_reg(Class::Pred);
+            return match u {
+                UnaryOp::Not => {
+                    self.ins(format!("not.pred {d}, {x}"));
+                    Ok(d)
+                }
+                _ => Err(self.unsupported(id, "this operator on bool")),
+            };
+        }
+        if dtype == DType::I32 {
+            let d = self.new_reg(Class::B32);
+            let opname = match u {
+                UnaryOp::Neg => "neg.s32",
+                UnaryOp::Abs => "abs.s32",
+                _ => return Err(self.unsupported(id, "this operator on i32")),
+            };
+            self.ins(format!("{opname} {d}, {x}"));
+            return Ok(d);
+        }
+        let xf = self.widen(x, dtype);
+        let d = self.new_reg(Class::F32);
+        match u {
+            UnaryOp::Neg => self.ins(format!("neg.f32 {d}, {xf}")),
+            UnaryOp::Exp2 => self.ins(format!("ex2.approx.ftz.f32 {d}, {xf}")),
+            UnaryOp::Exp => {
+                let t = self.new_reg(Class::F32);
+                self.ins(format!("mul.f32 {t}, {xf}, {}", f32_imm(LOG2_E)));
+                self.ins(format!("ex2.approx.ftz.f32 {d}, {t}"));
+            }
+            UnaryOp::Log2 => self.ins(format!("lg2.approx.f32 {d}, {xf}")),
+            UnaryOp::Abs => self.ins(format!("abs.f32 {d}, {xf}")),
+            UnaryOp::Sqrt => self.ins(format!("sqrt.rn.f32 {d}, {xf}")),
+            UnaryOp::Rsqrt => self.ins(format!("rsqrt.approx.f32 {d}, {xf}")),
+            UnaryOp::Recip => self.ins(format!("rcp.rn.f32 {d}, {xf}")),
+            UnaryOp::Not => return Err(self.unsupported(id, "`not` on a float")),
+        }
+        Ok(self.narrow(d, dtype))
+    }
+
+    fn binary(
+        &mut self,
+        id: OpId,
+        b: BinaryOp,
+        dtype: DType,
+        x: Reg,
+        y: Reg,
+    ) -> Result<Reg, CodegenError> {
+        if dtype == DType::Bool {
+            let d = self.new_reg(Class::Pred);
+            match b {
+                BinaryOp::And => self.ins(format!("and.pred {d}, {x}, {y}")),
+                BinaryOp::Or => self.ins(format!("or.pred {d}, {x}, {y}")),
+                BinaryOp::Ne => self.ins(format!("xor.pred {d}, {x}, {y}")),
+                BinaryOp::Eq => {
+                    self.ins(format!("xor.pred {d}, {x}, {y}"));
+                    self.ins(format!("not.pred {d}, {d}"));
+                }
+                _ => return Err(self.unsupported(id, "this operator on bool")),
+            }
+            return Ok(d);
+        }
+        let int = dtype == DType::I32;
+        let (xs, ys) = if int {
+            (x, y)
+        } else {
+            (self.widen(x, dtype), self.widen(y, dtype))
+        };
+        let ty = if int { "s32" } else { "f32" };
+        if b.is_comparison() {
+            let d = self.new_reg(Class::Pred);
+            let cmp = match b {
+                BinaryOp::Lt => "lt",
+                BinaryOp::Le => "le",
+                BinaryOp::Gt => "gt",
+                BinaryOp::Ge => "ge",
+                BinaryOp::Eq => "eq",
+                _ => "ne",
+            };
+            self.ins(format!("setp.{cmp}.{ty} {d}, {xs}, {ys}"));
+            return Ok(d);
+        }
+        let d = self.new_reg(if int { Class::B32 } else { Class::F32 });
+        let opname = match (b, int) {
+            (BinaryOp::Add, _) => format!("add.{ty}"),
+            (BinaryOp::Sub, _) => format!("sub.{ty}"),
+            (BinaryOp::Mul, true) => "mul.lo.s32".into(),
+            (BinaryOp::Mul, false) => "mul.f32".into(),
+            (BinaryOp::Div, true) => "div.s32".into(),
+            (BinaryOp::Div, false) => "div.rn.f32".into(),
+            (BinaryOp::Rem, true) => "rem.s32".into(),
+            (BinaryOp::Min, _) => format!("min.{ty}"),
+            (BinaryOp::Max, _) => format!("max.{ty}"),
+            _ => return Err(self.unsupported(id, "this operator on this type")),
+        };
+        self.ins(format!("{opname} {d}, {xs}, {ys}"));
+        Ok(if int { d } else { self.narrow(d, dtype) })
+    }
+
+    /// Converts element register `x` from `from` to `to`.
+    pub(crate) fn cast(&mut self, x: Reg, from: DType, to: DType) -> Result<Reg, CodegenError> {
+        if from == to {
+            return Ok(x);
+        }
+        let d = self.new_reg(Class::of(to));
+        match (from, to) {
+            (DType::Bool, DType::I32) => self.ins(format!("selp.s32 {d}, 1, 0, {x}")),
+            (DType::Bool, _) => {
+                let f = self.new_reg(Class::F32);
+                self.ins(format!("selp.f32 {f}, 0f3F800000, 0f00000000, {x}"));
+                return Ok(self.narrow(f, to));
+            }
+            (DType::I32, DType::Bool) => self.ins(format!("setp.ne.s32 {d}, {x}, 0")),
+            (_, DType::Bool) => {
+                let f = self.widen(x, from);
+                self.ins(format!("setp.neu.f32 {d}, {f}, 0f00000000"));
+            }
+            (DType::I32, _) => {
+                let f = self.new_reg(Class::F32);
+                self.ins(format!("cvt.rn.f32.s32 {f}, {x}"));
+                return Ok(self.narrow(f, to));
+            }
+            (_, DType::I32) => {
+                let f = self.widen(x, from);
+                self.ins(format!("cvt.rzi.s32.f32 {d}, {f}"));
+            }
+            (_, _) => {
+                let f = self.widen(x, from);
+                return Ok(self.narrow(f, to));
+            }
+        }
+        Ok(d)
+    }
+}

@@ -1,0 +1,163 @@
+//! Structured control flow: `for` loops (with their cp.async software pipeline) and `if`.
+//! Carried values and branch results live in registers allocated here and assigned by
+//! `mov` at each `yield`.
+
+use kiln_ir::{OpId, OpKind, ValueId};
+
+use crate::CodegenError;
+use crate::types::{Class, Reg};
+use crate::writer::{Val, Writer};
+
+impl Writer<'_> {
+    /// Fresh registers shaped like `v`.
+    fn fresh_like(&mut self, v: &Val, at: OpId) -> Result<Val, CodegenError> {
+        match v {
+            Val::Scalar(r) => Ok(Val::Scalar(self.new_reg(r.class))),
+            Val::Tile(rs) => Ok(Val::Tile(
+                rs.iter().map(|r| self.new_reg(r.class)).collect(),
+            )),
+            Val::Smem { .. } => Err(self.unsupported(at, "a shared-memory tile carried or merged")),
+        }
+    }
+
+    /// Copies `src` into the registers of `dst`.
+    fn assign(&mut self, dst: &Val, src: &Val, at: OpId) -> Result<(), CodegenError> {
+        match (dst, src) {
+            (Val::Scalar(d), Val::Scalar(s)) => self.mov(*d, *s),
+            (Val::Tile(d), Val::Tile(s)) if d.len() == s.len() => {
+                for (d, s) in d.iter().zip(s) {
+                    self.mov(*d, *s);
+                }
+            }
+            _ => return Err(self.internal(at, "carried value changes shape")),
+        }
+        Ok(())
+    }
+
+    /// Copies `values` into `dsts`; through temporaries when a source is one of the
+    /// destinations (a loop yielding its arguments in another order).
+    fn assign_all(
+        &mut self,
+        dsts: &[Val],
+        values: &[ValueId],
+        at: OpId,
+    ) -> Result<(), CodegenError> {
+        let srcs = values
+            .iter()
+            .map(|&v| self.val(v, at))
+            .collect::<Result<Vec<_>, _>>()?;
+        let dst_regs: Vec<Reg> = dsts.iter().flat_map(regs_of).collect();
+        let overlap = srcs.iter().flat_map(regs_of).any(|r| dst_regs.contains(&r));
+        let srcs = if overlap {
+            let mut tmps = Vec::new();
+            for s in &srcs {
+                let t = self.fresh_like(s, at)?;
+                self.assign(&t, s, at)?;
+                tmps.push(t);
+            }
+            tmps
+        } else {
+            srcs
+        };
+        for (d, s) in dsts.iter().zip(&srcs) {
+            self.assign(d, s, at)?;
+        }
+        Ok(())
+    }
+
+    /// Writes a counted loop: `iv = lo; while iv < hi { body; iv += step }`.
+    pub(crate) fn write_for(&mut self, id: OpId) -> Result<(), CodegenError> {
+        let op = self.k.ops[id].clone();
+        let body = op.regions[0].clone();
+        let (lo, hi, step) = (
+            self.scalar(op.operands[0], id)?,
+            self.scalar(op.operands[1], id)?,
+            self.scalar(op.operands[2], id)?,
+        );
+        let iv = self.new_reg(Class::B32);
+        self.mov(iv, lo);
+        self.vals.insert(body.args[0], Val::Scalar(iv));
+        let mut carried = Vec::new();
+        for (i, &init) in op.operands[3..].iter().enumerate() {
+            let v = self.val(init, id)?;
+            let c = self.fresh_like(&v, id)?;
+            self.assign(&c, &v, id)?;
+            self.vals.insert(body.args[1 + i], c.clone());
+            carried.push(c);
+        }
+        let pipeline = self.pipeline_prologue(id, iv, hi, step)?;
+        let (top, end) = (self.new_label(), self.new_label());
+        let p = self.new_reg(Class::Pred);
+        self.ins(format!("setp.ge.s32 {p}, {iv}, {hi}"));
+        self.ins(format!("@{p} bra {end}"));
+        self.label(&top);
+        self.pipeline_iteration(&pipeline, iv, step)?;
+        self.write_block(&body)?;
+        let yields = body
+            .ops
+            .last()
+            .filter(|&&y| self.k.ops[y].kind == OpKind::Yield)
+            .map(|&y| self.k.ops[y].operands.clone())
+            .unwrap_or_default();
+        self.assign_all(&carried, &yields, id)?;
+        self.pipeline_advance(&pipeline);
+        self.ins(format!("add.s32 {iv}, {iv}, {step}"));
+        self.ins(format!("setp.lt.s32 {p}, {iv}, {hi}"));
+        self.ins(format!("@{p} bra {top}"));
+        self.label(&end);
+        self.pipeline_epilogue(&pipeline);
+        for (r, c) in op.results.iter().zip(carried) {
+            self.vals.insert(*r, c);
+        }
+        Ok(())
+    }
+
+    /// Writes `if cond { then } else { else }`, both branches assigning the results.
+    pub(crate) fn write_if(&mut self, id: OpId) -> Result<(), CodegenError> {
+        let op = self.k.ops[id].clone();
+        let cond = self.scalar(op.operands[0], id)?;
+        let (else_l, end) = (self.new_label(), self.new_label());
+        let mut results: Option<Vec<Val>> = None;
+        self.ins(format!("@!{cond} bra {else_l}"));
+        for (i, region) in op.regions.iter().enumerate() {
+            if i == 1 {
+                self.label(&else_l);
+            }
+            self.write_block(region)?;
+            let yields = region
+                .ops
+                .last()
+                .map(|&y| self.k.ops[y].operands.clone())
+                .unwrap_or_default();
+            if results.is_none() {
+                let mut rs = Vec::new();
+                for &y in &yields {
+                    let v = self.val(y, id)?;
+                    rs.push(self.fresh_like(&v, id)?);
+                }
+                results = Some(rs);
+            }
+            let rs = results.clone().unwrap_or_default();
+            self.assign_all(&rs, &yields, id)?;
+            if i == 0 {
+                self.ins(format!("bra.uni {end}"));
+            }
+        }
+        if op.regions.len() < 2 {
+            self.label(&else_l);
+        }
+        self.label(&end);
+        for (r, v) in op.results.iter().zip(results.unwrap_or_default()) {
+            self.vals.insert(*r, v);
+        }
+        Ok(())
+    }
+}
+
+fn regs_of(v: &Val) -> Vec<Reg> {
+    match v {
+        Val::Scalar(r) => vec![*r],
+        Val::Tile(rs) => rs.clone(),
+        Val::Smem { .. } => Vec::new(),
+    }
+}

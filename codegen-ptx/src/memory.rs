@@ -1,0 +1,424 @@
+//! Global and shared memory: register-tile loads and stores with per-element bounds checks,
+//! and tiles staged in shared memory by `cp.async` (16-byte chunks, zero-filled past the
+//! tensor's edge through the src-size operand; an element-wise fallback when the tensor or
+//! the coordinate is not known to be 16-byte aligned).
+
+use std::collections::BTreeMap;
+
+use kiln_ir::schedule::SmemBuffer;
+use kiln_ir::{BinaryOp, Const, DType, OpId, OpKind, Param, ValueDef, ValueId};
+
+use crate::CodegenError;
+use crate::types::{Class, Reg};
+use crate::writer::{ParamRegs, Val, Writer};
+
+/// The PTX type used to move one element of `dtype`.
+fn mem_ty(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::Bf16 | DType::F16 => "b16",
+        DType::I32 => "b32",
+        DType::Bool => "u8",
+    }
+}
+
+/// Where a tile sits in its tensor: the address of the tile's origin row/column base and
+/// the registers needed for bounds checks.
+struct TileOrigin {
+    /// Global address of element `(outer coords..., 0, 0)` (`.b64`).
+    base: Reg,
+    /// Whether every outer coordinate is inside the tensor (`None`: there is none).
+    outer_ok: Option<Reg>,
+    /// Per tile dimension: the tensor coordinate of the tile's first element.
+    coords: Vec<Reg>,
+    /// Per tile dimension: the tensor's extent.
+    dims: Vec<Reg>,
+    /// The row stride in elements (`.b64`), for 2-D tiles.
+    row_stride: Option<Reg>,
+    /// Element size in bytes.
+    esize: u32,
+    /// The tensor's base address.
+    ptr: Reg,
+}
+
+impl Writer<'_> {
+    fn tensor_regs(
+        &self,
+        tensor: usize,
+        at: OpId,
+    ) -> Result<(Reg, Vec<Reg>, Vec<Reg>), CodegenError> {
+        match self.params.get(tensor) {
+            Some(ParamRegs::Tensor { ptr, dims, strides }) => {
+                Ok((*ptr, dims.clone(), strides.clone()))
+            }
+            _ => Err(self.internal(at, "not a tensor parameter")),
+        }
+    }
+
+    fn origin(
+        &mut self,
+        tensor: usize,
+        coords: &[Reg],
+        tile_rank: usize,
+        at: OpId,
+    ) -> Result<TileOrigin, CodegenError> {
+        let (ptr, dims, strides) = self.tensor_regs(tensor, at)?;
+        let dtype = match &self.k.params[tensor] {
+            Param::Tensor { dtype, .. } => *dtype,
+            Param::Scalar { dtype, .. } => *dtype,
+        };
+        let esize = dtype.size_bytes() as u32;
+        let rank = dims.len();
+        let outer = rank - tile_rank;
+        let mut base = ptr;
+        let mut outer_ok = None;
+        for d in 0..outer {
+            let c64 = self.new_reg(Class::B64);
+            self.ins(format!("cvt.s64.s32 {c64}, {}", coords[d]));
+            let nb = self.new_reg(Class::B64);
+            let off = self.new_reg(Class::B64);
+            self.ins(format!("mul.lo.s64 {off}, {c64}, {}", strides[d]));
+            self.ins(format!("mad.lo.s64 {nb}, {off}, {esize}, {base}"));
+            base = nb;
+            let ok = self.new_reg(Class::Pred);
+            self.ins(format!("setp.lt.u32 {ok}, {}, {}", coords[d], dims[d]));
+            if let Some(prev) = outer_ok {
+                self.ins(format!("and.pred {ok}, {ok}, {prev}"));
+            }
+            outer_ok = Some(ok);
+        }
+        Ok(TileOrigin {
+            base,
+            outer_ok,
+            coords: coords[outer..].to_vec(),
+            dims: dims[outer..].to_vec(),
+            row_stride: (tile_rank == 2).then(|| strides[rank - 2]),
+            esize,
+            ptr,
+        })
+    }
+
+    /// Global address of tile element `(row, col)` given as `.b32` tensor coordinates.
+    fn element_addr(&mut self, o: &TileOrigin, row: Option<Reg>, col: Reg) -> Reg {
+        let idx = self.new_reg(Class::B64);
+        self.ins(format!("cvt.s64.s32 {idx}, {col}"));
+        if let (Some(row), Some(stride)) = (row, o.row_stride) {
+            let r64 = self.new_reg(Class::B64);
+            self.ins(format!("cvt.s64.s32 {r64}, {row}"));
+            self.ins(format!("mad.lo.s64 {idx}, {r64}, {stride}, {idx}"));
+        }
+        let addr = self.new_reg(Class::B64);
+        self.ins(format!("mad.lo.s64 {addr}, {idx}, {}, {}", o.esize, o.base));
+        addr
+    }
+
+    /// `ok = x <u extent` (and `outer_ok`).
+    fn in_bounds(&mut self, x: Reg, extent: Reg, outer_ok: Option<Reg>) -> Reg {
+        let p = self.new_reg(Class::Pred);
+        self.ins(format!("setp.lt.u32 {p}, {x}, {extent}"));
+        if let Some(q) = outer_ok {
+            self.ins(format!("and.pred {p}, {p}, {q}"));
+        }
+        p
+    }
+
+    /// For a register tile `v` moved to or from memory: per register, its element address
+    /// (`.b64` register plus byte offset) and in-bounds predicate.
+    fn element_accesses(
+        &mut self,
+        tensor: usize,
+        coords: &[Reg],
+        v: ValueId,
+        at: OpId,
+    ) -> Result<Vec<(Reg, u32, Reg)>, CodegenError> {
+        let d = self.dist(v, at)?;
+        let tile_rank = d.terms.len();
+        let o = self.origin(tensor, coords, tile_rank, at)?;
+        let col_dim = tile_rank - 1;
+        let col_base = self.thread_coord(&d.terms[col_dim]);
+        let col0 = self.new_reg(Class::B32);
+        self.ins(format!("add.s32 {col0}, {}, {col_base}", o.coords[col_dim]));
+        // One row pointer and predicate per distinct row offset, one predicate per distinct
+        // column offset.
+        let mut rows: BTreeMap<u32, (Reg, Reg)> = BTreeMap::new();
+        let row_base = if tile_rank == 2 {
+            let rb = self.thread_coord(&d.terms[0]);
+            let r0 = self.new_reg(Class::B32);
+            self.ins(format!("add.s32 {r0}, {}, {rb}", o.coords[0]));
+            Some(r0)
+        } else {
+            None
+        };
+        let mut cols: BTreeMap<u32, Reg> = BTreeMap::new();
+        let mut out = Vec::with_capacity(d.regs.len());
+        for offs in &d.regs {
+            let (ro, co) = if tile_rank == 2 {
+                (offs[0], offs[1])
+            } else {
+                (0, offs[0])
+            };
+            if let std::collections::btree_map::Entry::Vacant(e) = rows.entry(ro) {
+                let entry = match row_base {
+                    Some(r0) => {
+                        let r = self.new_reg(Class::B32);
+                        self.ins(format!("add.s32 {r}, {r0}, {ro}"));
+                        let ok = self.in_bounds(r, o.dims[0], o.outer_ok);
+                        let addr = self.element_addr(&o, Some(r), col0);
+                        (addr, ok)
+                    }
+                    None => {
+                        let addr = self.element_addr(&o, None, col0);
+                        let ok = self.new_reg(Class::Pred);
+                        match o.outer_ok {
+                            Some(q) => self.mov(ok, q),
+                            None => self.ins(format!("setp.eq.u32 {ok}, 0, 0")),
+                        }
+                        (addr, ok)
+                    }
+                };
+                e.insert(entry);
+            }
+            if let std::collections::btree_map::Entry::Vacant(e) = cols.entry(co) {
+                let c = self.new_reg(Class::B32);
+                self.ins(format!("add.s32 {c}, {col0}, {co}"));
+                let ok = self.in_bounds(c, o.dims[col_dim], None);
+                e.insert(ok);
+            }
+            let (addr, rok) = rows[&ro];
+            let p = self.new_reg(Class::Pred);
+            self.ins(format!("and.pred {p}, {rok}, {}", cols[&co]));
+            out.push((addr, co * o.esize, p));
+        }
+        Ok(out)
+    }
+
+    fn coord_regs(&self, id: OpId, n: usize) -> Result<Vec<Reg>, CodegenError> {
+        self.k.ops[id].operands[..n]
+            .iter()
+            .map(|&c| self.scalar(c, id))
+            .collect()
+    }
+
+    /// Writes a `load`: into registers, or staged in shared memory for `mma`.
+    pub(crate) fn write_load(&mut self, id: OpId) -> Result<(), CodegenError> {
+        let op = self.k.ops[id].clone();
+        let OpKind::Load { tensor, .. } = op.kind else {
+            return Err(self.internal(id, "not a load"));
+        };
+        let r = op.results[0];
+        if let Some(buf) = self.k.schedule.buffer(id).cloned() {
+            let base = match self.pipelined_stage(id) {
+                Some(base) => base,
+                None => {
+                    let base = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {base}, {}, {}", self.smem, buf.offset));
+                    let coords = self.coord_regs(id, op.operands.len())?;
+                    // Every thread is done reading the previous contents.
+                    self.ins("bar.sync 0");
+                    self.issue_copy(id, &coords, base, &buf)?;
+                    self.ins("cp.async.commit_group");
+                    self.ins("cp.async.wait_group 0");
+                    self.ins("bar.sync 0");
+                    base
+                }
+            };
+            self.vals.insert(
+                r,
+                Val::Smem {
+                    base,
+                    buf,
+                    transposed: false,
+                },
+            );
+            return Ok(());
+        }
+        let coords = self.coord_regs(id, op.operands.len())?;
+        let dtype = self.k.ty(r).dtype();
+        let accesses = self.element_accesses(tensor, &coords, r, id)?;
+        let mut regs = Vec::with_capacity(accesses.len());
+        for (addr, off, p) in accesses {
+            let x = self.new_reg(Class::of(dtype));
+            match dtype {
+                DType::F32 => self.ins(format!("mov.f32 {x}, 0f00000000")),
+                _ => self.ins(format!("mov.{} {x}, 0", mem_ty(dtype))),
+            }
+            self.ins(format!(
+                "@{p} ld.global.{} {x}, [{addr}+{off}]",
+                mem_ty(dtype)
+            ));
+            regs.push(x);
+        }
+        self.vals.insert(r, Val::Tile(regs));
+        Ok(())
+    }
+
+    /// Writes a `store` of a register tile, skipping elements outside the tensor.
+    pub(crate) fn write_store(&mut self, id: OpId) -> Result<(), CodegenError> {
+        let op = self.k.ops[id].clone();
+        let OpKind::Store { tensor } = op.kind else {
+            return Err(self.internal(id, "not a store"));
+        };
+        let n = op.operands.len() - 1;
+        let v = op.operands[n];
+        let coords = self.coord_regs(id, n)?;
+        let regs = self.tile(v, id)?;
+        let dtype = self.k.ty(v).dtype();
+        let accesses = self.element_accesses(tensor, &coords, v, id)?;
+        for ((addr, off, p), x) in accesses.into_iter().zip(regs) {
+            self.ins(format!(
+                "@{p} st.global.{} [{addr}+{off}], {x}",
+                mem_ty(dtype)
+            ));
+        }
+        Ok(())
+    }
+
+    /// Issues the cp.async copies (or element copies) of load `id`'s tile at `coords` into
+    /// shared memory at `dst`. Does not commit.
+    pub(crate) fn issue_copy(
+        &mut self,
+        id: OpId,
+        coords: &[Reg],
+        dst: Reg,
+        buf: &SmemBuffer,
+    ) -> Result<(), CodegenError> {
+        let op = self.k.ops[id].clone();
+        let OpKind::Load { tensor, shape } = op.kind else {
+            return Err(self.internal(id, "not a load"));
+        };
+        if shape.rank() != 2 {
+            return Err(self.unsupported(id, "a 1-D tile staged in shared memory"));
+        }
+        let o = self.origin(tensor, coords, 2, id)?;
+        let aligned = matches!(
+            self.k.params[tensor],
+            Param::Tensor {
+                aligned16: true,
+                ..
+            }
+        );
+        let epc = 16 / o.esize;
+        let col_coord = op.operands[op.operands.len() - 1];
+        let fast = aligned && self.known_multiple(col_coord).is_multiple_of(epc);
+        if !buf.row_bytes.is_multiple_of(16) {
+            return Err(self.unsupported(
+                id,
+                "a shared tile whose rows are not a multiple of 16 bytes",
+            ));
+        }
+        let cpr = buf.row_bytes / 16;
+        let total = shape.rows() as u32 * cpr;
+        let threads = 32 * self.k.options.num_warps;
+        for q in 0..total.div_ceil(threads) {
+            let idx = self.new_reg(Class::B32);
+            self.ins(format!("add.s32 {idx}, {}, {}", self.tid, q * threads));
+            let skip = if (q + 1) * threads > total {
+                let l = self.new_label();
+                let p = self.new_reg(Class::Pred);
+                self.ins(format!("setp.ge.u32 {p}, {idx}, {total}"));
+                self.ins(format!("@{p} bra {l}"));
+                Some(l)
+            } else {
+                None
+            };
+            let (row, cc) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+            self.ins(format!("div.u32 {row}, {idx}, {cpr}"));
+            self.ins(format!("rem.u32 {cc}, {idx}, {cpr}"));
+            let saddr = self.smem_addr(dst, row, cc, buf);
+            let (grow, gcol) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+            self.ins(format!("add.s32 {grow}, {}, {row}", o.coords[0]));
+            self.ins(format!("mad.lo.s32 {gcol}, {cc}, {epc}, {}", o.coords[1]));
+            let row_ok = self.in_bounds(grow, o.dims[0], o.outer_ok);
+            let gaddr = self.element_addr(&o, Some(grow), gcol);
+            if fast {
+                let (left, bytes) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+                self.ins(format!("sub.s32 {left}, {}, {gcol}", o.dims[1]));
+                self.ins(format!("max.s32 {left}, {left}, 0"));
+                self.ins(format!("min.s32 {left}, {left}, {epc}"));
+                self.ins(format!("selp.b32 {left}, {left}, 0, {row_ok}"));
+                self.ins(format!("mul.lo.s32 {bytes}, {left}, {}", o.esize));
+                let p = self.new_reg(Class::Pred);
+                let src = self.new_reg(Class::B64);
+                self.ins(format!("setp.ne.s32 {p}, {bytes}, 0"));
+                self.ins(format!("selp.b64 {src}, {gaddr}, {}, {p}", o.ptr));
+                self.ins(format!(
+                    "cp.async.cg.shared.global [{saddr}], [{src}], 16, {bytes}"
+                ));
+            } else {
+                let ty = mem_ty(self.k.ty(op.results[0]).dtype());
+                for e in 0..epc {
+                    let (c, x) = (
+                        self.new_reg(Class::B32),
+                        self.new_reg(Class::of(self.k.ty(op.results[0]).dtype())),
+                    );
+                    self.ins(format!("add.s32 {c}, {gcol}, {e}"));
+                    let p = self.in_bounds(c, o.dims[1], Some(row_ok));
+                    self.ins(format!("mov.{ty} {x}, 0"));
+                    self.ins(format!(
+                        "@{p} ld.global.{ty} {x}, [{gaddr}+{}]",
+                        e * o.esize
+                    ));
+                    self.ins(format!("st.shared.{ty} [{saddr}+{}], {x}", e * o.esize));
+                }
+            }
+            if let Some(l) = skip {
+                self.label(&l);
+            }
+        }
+        Ok(())
+    }
+
+    /// Shared address of 16-byte chunk `chunk` of row `row` of a buffer stage at `base`,
+    /// applying the buffer's XOR swizzle.
+    pub(crate) fn smem_addr(&mut self, base: Reg, row: Reg, chunk: Reg, buf: &SmemBuffer) -> Reg {
+        let c = if buf.swizzled {
+            let (r7, c) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+            self.ins(format!("and.b32 {r7}, {row}, 7"));
+            self.ins(format!("xor.b32 {c}, {chunk}, {r7}"));
+            c
+        } else {
+            chunk
+        };
+        let (a, addr) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+        self.ins(format!("mad.lo.u32 {a}, {row}, {}, {base}", buf.row_bytes));
+        self.ins(format!("mad.lo.u32 {addr}, {c}, 16, {a}"));
+        addr
+    }
+
+    /// A number that statically divides scalar `v` (1 when nothing is known).
+    fn known_multiple(&self, v: ValueId) -> u32 {
+        const ANY: u32 = 1 << 16;
+        match self.k.values[v].def {
+            ValueDef::Op(op, _) => {
+                let o = &self.k.ops[op];
+                match &o.kind {
+                    OpKind::Const(Const::Int(0)) => ANY,
+                    OpKind::Const(Const::Int(c)) => (c.unsigned_abs().min(ANY as u64)) as u32,
+                    OpKind::Binary(BinaryOp::Mul) => self
+                        .known_multiple(o.operands[0])
+                        .saturating_mul(self.known_multiple(o.operands[1]))
+                        .min(ANY),
+                    OpKind::Binary(BinaryOp::Add | BinaryOp::Sub) => gcd(
+                        self.known_multiple(o.operands[0]),
+                        self.known_multiple(o.operands[1]),
+                    ),
+                    _ => 1,
+                }
+            }
+            ValueDef::BlockArg { op, index: 0, .. }
+                if matches!(self.k.ops[op].kind, OpKind::For { .. }) =>
+            {
+                let o = &self.k.ops[op];
+                gcd(
+                    self.known_multiple(o.operands[0]),
+                    self.known_multiple(o.operands[2]),
+                )
+            }
+            ValueDef::BlockArg { .. } => 1,
+        }
+    }
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}

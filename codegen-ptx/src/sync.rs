@@ -1,0 +1,271 @@
+//! Cross-thread communication: reductions (in-thread, then `shfl.sync.bfly` across the
+//! lanes that share a row or column) and the cp.async software pipeline of `for` loops
+//! (stage rings in shared memory, `cp.async.wait_group` + `bar.sync` per iteration).
+
+use std::collections::BTreeMap;
+
+use kiln_ir::schedule::SmemBuffer;
+use kiln_ir::{DType, OpId, OpKind, ReduceOp, ValueDef, ValueId};
+
+use crate::CodegenError;
+use crate::types::{Class, Reg};
+use crate::writer::{Val, Writer};
+
+/// The software pipeline of one `for` loop being written.
+#[derive(Clone, Debug)]
+pub(crate) struct Pipeline {
+    /// The loop's induction variable.
+    iv: ValueId,
+    /// The prefetched loads and their buffers.
+    loads: Vec<(OpId, SmemBuffer)>,
+    /// Stages in the ring.
+    stages: u32,
+    /// Stage read by the current iteration.
+    read: Reg,
+    /// Stage written by the current iteration's prefetch.
+    write: Reg,
+}
+
+impl Writer<'_> {
+    /// Writes `reduce.op x dim`: combine the registers of each output element, then
+    /// butterfly-shuffle across the lanes holding the same output element.
+    pub(crate) fn write_reduce(
+        &mut self,
+        id: OpId,
+        rop: ReduceOp,
+        dim: usize,
+    ) -> Result<(), CodegenError> {
+        let op = self.k.ops[id].clone();
+        let (x, r) = (op.operands[0], op.results[0]);
+        let dtype = self.k.ty(x).dtype();
+        let ty = match dtype {
+            DType::F32 => "f32",
+            DType::I32 => "s32",
+            DType::Bf16 | DType::F16 | DType::Bool => {
+                return Err(self.unsupported(id, "a reduction of a non-f32/i32 tile"));
+            }
+        };
+        let src = self.dist(x, id)?;
+        let dst = self.dist(r, id)?;
+        let regs = self.tile(x, id)?;
+        let combine = |w: &mut Self, a: Reg, b: Reg| {
+            let d = w.new_reg(a.class);
+            let name = match rop {
+                ReduceOp::Max => "max",
+                ReduceOp::Min => "min",
+                ReduceOp::Sum => "add",
+            };
+            w.ins(format!("{name}.{ty} {d}, {a}, {b}"));
+            d
+        };
+        let mut acc: BTreeMap<Vec<u32>, Reg> = BTreeMap::new();
+        for (k, offs) in src.regs.iter().enumerate() {
+            let mut key = offs.clone();
+            key.remove(dim);
+            let v = match acc.get(&key) {
+                Some(&a) => combine(self, a, regs[k]),
+                None => regs[k],
+            };
+            acc.insert(key, v);
+        }
+        let mut masks = Vec::new();
+        for t in &src.terms[dim] {
+            if t.div * t.modulo > 32 {
+                return Err(self.unsupported(id, "a reduction across warps"));
+            }
+            let mut m = t.div;
+            while m < t.div * t.modulo {
+                masks.push(m);
+                m *= 2;
+            }
+        }
+        let mut out = Vec::with_capacity(dst.regs.len());
+        for offs in &dst.regs {
+            let mut key = offs.clone();
+            if key.len() == src.regs.first().map_or(0, Vec::len) {
+                key.remove(dim);
+            }
+            let mut v = *acc
+                .get(&key)
+                .ok_or_else(|| self.internal(id, "reduction output without input"))?;
+            for &m in &masks {
+                let o = self.new_reg(v.class);
+                self.ins(format!("shfl.sync.bfly.b32 {o}, {v}, {m}, 31, -1"));
+                v = combine(self, v, o);
+            }
+            out.push(v);
+        }
+        self.vals.insert(r, Val::Tile(out));
+        Ok(())
+    }
+
+    /// The shared stage holding prefetched load `id` in the current iteration, if any.
+    pub(crate) fn pipelined_stage(&self, id: OpId) -> Option<Reg> {
+        self.stage_bases.get(&id).copied()
+    }
+
+    /// Before a pipelined loop: fills the first `stages - 1` stages.
+    pub(crate) fn pipeline_prologue(
+        &mut self,
+        for_id: OpId,
+        iv: Reg,
+        hi: Reg,
+        step: Reg,
+    ) -> Result<Option<Pipeline>, CodegenError> {
+        let _ = hi;
+        let Some(plan) = self.k.schedule.loops.get(&for_id).cloned() else {
+            return Ok(None);
+        };
+        let mut loads = Vec::new();
+        for &l in &plan.prefetched {
+            let buf = self
+                .k
+                .schedule
+                .buffer(l)
+                .cloned()
+                .ok_or_else(|| self.internal(l, "prefetched load without a buffer"))?;
+            loads.push((l, buf));
+        }
+        let p = Pipeline {
+            iv: self.k.ops[for_id].regions[0].args[0],
+            loads,
+            stages: plan.stages,
+            read: self.new_reg(Class::B32),
+            write: self.new_reg(Class::B32),
+        };
+        self.ins(format!("mov.u32 {}, 0", p.read));
+        self.ins(format!("mov.u32 {}, {}", p.write, p.stages - 1));
+        // The loop may be re-entered (nested in another loop): its buffers may still be read.
+        self.ins("bar.sync 0");
+        for s in 0..p.stages - 1 {
+            let at = self.new_reg(Class::B32);
+            self.ins(format!("mad.lo.s32 {at}, {step}, {s}, {iv}"));
+            let stage = self.new_reg(Class::B32);
+            self.ins(format!("mov.u32 {stage}, {s}"));
+            self.prefetch(&p, at, stage)?;
+        }
+        Ok(Some(p))
+    }
+
+    /// At the top of an iteration: waits for its stage, prefetches `stages - 1` ahead and
+    /// binds the loads to the stage being read.
+    pub(crate) fn pipeline_iteration(
+        &mut self,
+        p: &Option<Pipeline>,
+        iv: Reg,
+        step: Reg,
+    ) -> Result<(), CodegenError> {
+        let Some(p) = p else { return Ok(()) };
+        self.ins(format!("cp.async.wait_group {}", p.stages - 2));
+        self.ins("bar.sync 0");
+        let ahead = self.new_reg(Class::B32);
+        self.ins(format!(
+            "mad.lo.s32 {ahead}, {step}, {}, {iv}",
+            p.stages - 1
+        ));
+        self.prefetch(p, ahead, p.write)?;
+        for (l, buf) in &p.loads {
+            let base = self.stage_base(buf, p.read);
+            self.stage_bases.insert(*l, base);
+        }
+        Ok(())
+    }
+
+    /// At the bottom of an iteration: rotates the ring.
+    pub(crate) fn pipeline_advance(&mut self, p: &Option<Pipeline>) {
+        let Some(p) = p else { return };
+        for r in [p.read, p.write] {
+            let wrap = self.new_reg(Class::Pred);
+            self.ins(format!("add.s32 {r}, {r}, 1"));
+            self.ins(format!("setp.eq.s32 {wrap}, {r}, {}", p.stages));
+            self.ins(format!("selp.b32 {r}, 0, {r}, {wrap}"));
+        }
+    }
+
+    /// After the loop: drains the copies still in flight.
+    pub(crate) fn pipeline_epilogue(&mut self, p: &Option<Pipeline>) {
+        let Some(p) = p else { return };
+        self.ins("cp.async.wait_group 0");
+        for (l, _) in &p.loads {
+            self.stage_bases.remove(l);
+        }
+    }
+
+    fn stage_base(&mut self, buf: &SmemBuffer, stage: Reg) -> Reg {
+        let base = self.new_reg(Class::B32);
+        self.ins(format!("add.s32 {base}, {}, {}", self.smem, buf.offset));
+        self.ins(format!(
+            "mad.lo.u32 {base}, {stage}, {}, {base}",
+            buf.stage_bytes
+        ));
+        base
+    }
+
+    /// Issues and commits the copies of every prefetched load for the iteration whose
+    /// induction variable is `at`, into `stage`.
+    fn prefetch(&mut self, p: &Pipeline, at: Reg, stage: Reg) -> Result<(), CodegenError> {
+        for (l, buf) in &p.loads {
+            let mut memo = BTreeMap::new();
+            let coords = self.k.ops[*l]
+                .operands
+                .clone()
+                .into_iter()
+                .map(|c| self.remat(c, p.iv, at, &mut memo, *l))
+                .collect::<Result<Vec<_>, _>>()?;
+            let base = self.stage_base(buf, stage);
+            self.issue_copy(*l, &coords, base, buf)?;
+        }
+        self.ins("cp.async.commit_group");
+        Ok(())
+    }
+
+    /// Recomputes scalar `v` of the loop body with the induction variable `iv` set to `at`.
+    fn remat(
+        &mut self,
+        v: ValueId,
+        iv: ValueId,
+        at: Reg,
+        memo: &mut BTreeMap<ValueId, Reg>,
+        load: OpId,
+    ) -> Result<Reg, CodegenError> {
+        if v == iv {
+            return Ok(at);
+        }
+        if let Some(&r) = memo.get(&v) {
+            return Ok(r);
+        }
+        if let Some(Val::Scalar(r)) = self.vals.get(&v) {
+            return Ok(*r);
+        }
+        let ValueDef::Op(def, _) = self.k.values[v].def else {
+            return Err(self.internal(load, "a prefetch coordinate depends on a carried value"));
+        };
+        let op = self.k.ops[def].clone();
+        let reg = match &op.kind {
+            OpKind::Unary(_) | OpKind::Binary(_) | OpKind::Select | OpKind::Cast { .. } => {
+                let srcs = op
+                    .operands
+                    .iter()
+                    .map(|&o| self.remat(o, iv, at, memo, load))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let in_dtype = match op.kind {
+                    OpKind::Select => self.k.ty(op.operands[1]).dtype(),
+                    _ => self.k.ty(op.operands[0]).dtype(),
+                };
+                self.element(def, &op.kind, in_dtype, self.k.ty(v).dtype(), &srcs)?
+            }
+            _ => {
+                // A leaf (constant, block id, parameter): write it, then forget it so the body
+                // writes its own copy where it dominates every use.
+                self.write_op_pub(def)?;
+
+                match self.vals.remove(&v) {
+                    Some(Val::Scalar(r)) => r,
+                    _ => return Err(self.internal(load, "a prefetch coordinate is not a scalar")),
+                }
+            }
+        };
+        memo.insert(v, reg);
+        Ok(reg)
+    }
+}

@@ -1,0 +1,336 @@
+//! Pure operations on interpreter values: elementwise maths, casts, shape ops, reductions
+//! and `mma`. Each function takes operands the verifier has already type-checked and returns
+//! the result, or [`Fault`] for a runtime fault that depends on data (division by zero).
+
+use crate::kernel::{BinaryOp, ReduceOp, UnaryOp};
+use crate::types::DType;
+
+use super::value::{Elems, Value, broadcast_dims, broadcast_strides, round, round_elems, zip_with};
+
+/// A fault found while evaluating an op, reported by the caller at the op's location.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// Integer division or remainder by zero.
+    DivisionByZero,
+    /// Operands do not have the types the verifier guarantees (an interpreter bug).
+    Mistyped,
+}
+
+/// `op x`, rounded to `x`'s dtype.
+pub(crate) fn unary(op: UnaryOp, x: &Value) -> Result<Value, Fault> {
+    let elems = match &x.elems {
+        Elems::F(v) => {
+            let f: fn(f32) -> f32 = match op {
+                UnaryOp::Neg => |a| -a,
+                UnaryOp::Exp2 => f32::exp2,
+                UnaryOp::Exp => f32::exp,
+                UnaryOp::Log2 => f32::log2,
+                UnaryOp::Abs => f32::abs,
+                UnaryOp::Sqrt => f32::sqrt,
+                UnaryOp::Rsqrt => |a| 1.0 / a.sqrt(),
+                UnaryOp::Recip => |a| 1.0 / a,
+                UnaryOp::Not => return Err(Fault::Mistyped),
+            };
+            let mut out: Vec<f32> = v.iter().map(|&a| f(a)).collect();
+            round_elems(x.dtype, &mut out);
+            Elems::F(out)
+        }
+        Elems::I(v) => {
+            let f: fn(i32) -> i32 = match op {
+                UnaryOp::Neg => i32::wrapping_neg,
+                UnaryOp::Abs => i32::wrapping_abs,
+                _ => return Err(Fault::Mistyped),
+            };
+            Elems::I(v.iter().map(|&a| f(a)).collect())
+        }
+        Elems::B(v) => match op {
+            UnaryOp::Not => Elems::B(v.iter().map(|&a| !a).collect()),
+            _ => return Err(Fault::Mistyped),
+        },
+    };
+    Ok(Value {
+        dtype: x.dtype,
+        dims: x.dims.clone(),
+        elems,
+    })
+}
+
+/// `a op b` with broadcasting; float results are rounded to the operands' dtype.
+pub(crate) fn binary(op: BinaryOp, a: &Value, b: &Value) -> Result<Value, Fault> {
+    let dims = broadcast_dims(&[a, b]).ok_or(Fault::Mistyped)?;
+    let out = Value {
+        dtype: a.dtype,
+        dims,
+        elems: Elems::B(Vec::new()),
+    };
+    let rc = out.rows_cols();
+    let (sa, sb) = (
+        broadcast_strides(a, rc.0, rc.1),
+        broadcast_strides(b, rc.0, rc.1),
+    );
+    let elems = match (&a.elems, &b.elems) {
+        (Elems::F(x), Elems::F(y)) => {
+            let (x, y) = ((x.as_slice(), sa), (y.as_slice(), sb));
+            if op.is_comparison() {
+                Elems::B(zip_with(x, y, rc, compare_fn::<f32>(op)?))
+            } else {
+                let f: fn(f32, f32) -> f32 = match op {
+                    BinaryOp::Add => |p, q| p + q,
+                    BinaryOp::Sub => |p, q| p - q,
+                    BinaryOp::Mul => |p, q| p * q,
+                    BinaryOp::Div => |p, q| p / q,
+                    // f32::max/min return the non-NaN operand, as the IR requires.
+                    BinaryOp::Max => f32::max,
+                    BinaryOp::Min => f32::min,
+                    _ => return Err(Fault::Mistyped),
+                };
+                let mut v = zip_with(x, y, rc, f);
+                round_elems(a.dtype, &mut v);
+                Elems::F(v)
+            }
+        }
+        (Elems::I(x), Elems::I(y)) => {
+            let (x, y) = ((x.as_slice(), sa), (y.as_slice(), sb));
+            if op.is_comparison() {
+                Elems::B(zip_with(x, y, rc, compare_fn::<i32>(op)?))
+            } else {
+                let f: fn(i32, i32) -> Option<i32> = match op {
+                    BinaryOp::Add => |p, q| Some(p.wrapping_add(q)),
+                    BinaryOp::Sub => |p, q| Some(p.wrapping_sub(q)),
+                    BinaryOp::Mul => |p, q| Some(p.wrapping_mul(q)),
+                    // checked_div only fails for q == 0 once i32::MIN / -1 is wrapped first.
+                    BinaryOp::Div => |p, q| (q != 0).then(|| p.wrapping_div(q)),
+                    BinaryOp::Rem => |p, q| (q != 0).then(|| p.wrapping_rem(q)),
+                    BinaryOp::Max => |p, q| Some(p.max(q)),
+                    BinaryOp::Min => |p, q| Some(p.min(q)),
+                    _ => return Err(Fault::Mistyped),
+                };
+                let v: Option<Vec<i32>> = zip_with(x, y, rc, f).into_iter().collect();
+                Elems::I(v.ok_or(Fault::DivisionByZero)?)
+            }
+        }
+        (Elems::B(x), Elems::B(y)) => {
+            let f: fn(bool, bool) -> bool = match op {
+                BinaryOp::And => |p, q| p && q,
+                BinaryOp::Or => |p, q| p || q,
+                BinaryOp::Eq => |p, q| p == q,
+                BinaryOp::Ne => |p, q| p != q,
+                _ => return Err(Fault::Mistyped),
+            };
+            Elems::B(zip_with((x, sa), (y, sb), rc, f))
+        }
+        _ => return Err(Fault::Mistyped),
+    };
+    let dtype = if op.is_comparison() {
+        DType::Bool
+    } else {
+        a.dtype
+    };
+    Ok(Value {
+        dtype,
+        elems,
+        ..out
+    })
+}
+
+fn compare_fn<T: PartialOrd>(op: BinaryOp) -> Result<fn(T, T) -> bool, Fault> {
+    Ok(match op {
+        BinaryOp::Lt => |p, q| p < q,
+        BinaryOp::Le => |p, q| p <= q,
+        BinaryOp::Gt => |p, q| p > q,
+        BinaryOp::Ge => |p, q| p >= q,
+        BinaryOp::Eq => |p, q| p == q,
+        BinaryOp::Ne => |p, q| p != q,
+        _ => return Err(Fault::Mistyped),
+    })
+}
+
+/// `cond ? a : b` elementwise, with all three broadcast together.
+pub(crate) fn select(cond: &Value, a: &Value, b: &Value) -> Result<Value, Fault> {
+    let dims = broadcast_dims(&[cond, a, b]).ok_or(Fault::Mistyped)?;
+    let mut out = Value {
+        dtype: a.dtype,
+        dims,
+        elems: Elems::B(Vec::new()),
+    };
+    let rc = out.rows_cols();
+    let sc = broadcast_strides(cond, rc.0, rc.1);
+    let (sa, sb) = (
+        broadcast_strides(a, rc.0, rc.1),
+        broadcast_strides(b, rc.0, rc.1),
+    );
+    let Elems::B(c) = &cond.elems else {
+        return Err(Fault::Mistyped);
+    };
+    // Pair each condition with its flat index into `a`, then pick.
+    let pick = |i: usize, j: usize| {
+        (
+            c[i * sc.0 + j * sc.1],
+            i * sa.0 + j * sa.1,
+            i * sb.0 + j * sb.1,
+        )
+    };
+    let picks: Vec<(bool, usize, usize)> = (0..rc.0)
+        .flat_map(|i| (0..rc.1).map(move |j| (i, j)))
+        .map(|(i, j)| pick(i, j))
+        .collect();
+    out.elems = match (&a.elems, &b.elems) {
+        (Elems::F(x), Elems::F(y)) => Elems::F(choose(&picks, x, y)),
+        (Elems::I(x), Elems::I(y)) => Elems::I(choose(&picks, x, y)),
+        (Elems::B(x), Elems::B(y)) => Elems::B(choose(&picks, x, y)),
+        _ => return Err(Fault::Mistyped),
+    };
+    Ok(out)
+}
+
+fn choose<T: Copy>(picks: &[(bool, usize, usize)], a: &[T], b: &[T]) -> Vec<T> {
+    picks
+        .iter()
+        .map(|&(c, i, j)| if c { a[i] } else { b[j] })
+        .collect()
+}
+
+/// Converts to `to`: float to float and int to float round to nearest even; float to int
+/// truncates toward zero, saturates, and maps NaN to 0 (PTX `cvt.rzi.sat`, Rust `as`).
+pub(crate) fn cast(x: &Value, to: DType) -> Result<Value, Fault> {
+    let elems = match (&x.elems, to.is_float(), to) {
+        (Elems::F(v), true, _) => {
+            let mut out = v.clone();
+            round_elems(to, &mut out);
+            Elems::F(out)
+        }
+        (Elems::F(v), false, DType::I32) => Elems::I(v.iter().map(|&a| a as i32).collect()),
+        (Elems::I(v), true, _) => Elems::F(v.iter().map(|&a| round(to, a as f32)).collect()),
+        (Elems::I(v), false, DType::I32) => Elems::I(v.clone()),
+        _ => return Err(Fault::Mistyped),
+    };
+    Ok(Value {
+        dtype: to,
+        dims: x.dims.clone(),
+        elems,
+    })
+}
+
+/// A tile of `dims` filled with the scalar `x`.
+pub(crate) fn splat(x: &Value, dims: &[usize]) -> Value {
+    let n: usize = dims.iter().product();
+    let elems = match &x.elems {
+        Elems::F(v) => Elems::F(vec![v[0]; n]),
+        Elems::I(v) => Elems::I(vec![v[0]; n]),
+        Elems::B(v) => Elems::B(vec![v[0]; n]),
+    };
+    Value {
+        dtype: x.dtype,
+        dims: dims.to_vec(),
+        elems,
+    }
+}
+
+/// An i32 tile of `dims` whose elements hold their index along `dim`.
+pub(crate) fn iota(dims: &[usize], dim: usize) -> Value {
+    let n: usize = dims.iter().product();
+    // Row-major: the index along `dim` is (flat / inner) % extent, inner = product of later dims.
+    let inner: usize = dims[dim + 1..].iter().product();
+    let extent = dims[dim];
+    let elems = (0..n).map(|f| ((f / inner) % extent) as i32).collect();
+    Value {
+        dtype: DType::I32,
+        dims: dims.to_vec(),
+        elems: Elems::I(elems),
+    }
+}
+
+/// `x[R, C]` transposed to `[C, R]`.
+pub(crate) fn transpose(x: &Value) -> Value {
+    let (r, c) = x.rows_cols();
+    fn t<T: Copy>(v: &[T], r: usize, c: usize) -> Vec<T> {
+        (0..c)
+            .flat_map(|j| (0..r).map(move |i| v[i * c + j]))
+            .collect()
+    }
+    let elems = match &x.elems {
+        Elems::F(v) => Elems::F(t(v, r, c)),
+        Elems::I(v) => Elems::I(t(v, r, c)),
+        Elems::B(v) => Elems::B(t(v, r, c)),
+    };
+    Value {
+        dtype: x.dtype,
+        dims: vec![c, r],
+        elems,
+    }
+}
+
+/// Reduces dimension `dim` of a 2-D tile. Elements combine in index order; a float sum
+/// accumulates in f32 and is rounded to the dtype once at the end; integer sums wrap.
+pub(crate) fn reduce(op: ReduceOp, x: &Value, dim: usize) -> Result<Value, Fault> {
+    let (r, c) = x.rows_cols();
+    // `outer` results, each combining `len` elements spaced `step` apart from `start(o)`.
+    let (outer, len, start_step, step) = if dim == 1 { (r, c, c, 1) } else { (c, r, 1, c) };
+    fn fold<T: Copy>(
+        v: &[T],
+        (outer, len, start_step, step): (usize, usize, usize, usize),
+        init: T,
+        f: impl Fn(T, T) -> T,
+    ) -> Vec<T> {
+        (0..outer)
+            .map(|o| (0..len).fold(init, |acc, k| f(acc, v[o * start_step + k * step])))
+            .collect()
+    }
+    let geom = (outer, len, start_step, step);
+    let elems = match &x.elems {
+        Elems::F(v) => {
+            let mut out = match op {
+                ReduceOp::Max => fold(v, geom, f32::NEG_INFINITY, f32::max),
+                ReduceOp::Min => fold(v, geom, f32::INFINITY, f32::min),
+                ReduceOp::Sum => fold(v, geom, 0.0, |p, q| p + q),
+            };
+            round_elems(x.dtype, &mut out);
+            Elems::F(out)
+        }
+        Elems::I(v) => Elems::I(match op {
+            ReduceOp::Max => fold(v, geom, i32::MIN, i32::max),
+            ReduceOp::Min => fold(v, geom, i32::MAX, i32::min),
+            ReduceOp::Sum => fold(v, geom, 0, i32::wrapping_add),
+        }),
+        Elems::B(_) => return Err(Fault::Mistyped),
+    };
+    Ok(Value {
+        dtype: x.dtype,
+        dims: vec![outer],
+        elems,
+    })
+}
+
+/// `a[M, K] @ b[K, N] (+ c[M, N])` in f32. Each product of two bf16/f16 elements is exact in
+/// f32; each output element starts from `c` (or 0) and adds the products for k = 0..K in
+/// order, rounding to f32 after every addition.
+pub(crate) fn mma(a: &Value, b: &Value, c: Option<&Value>) -> Result<Value, Fault> {
+    let ((m, k), (k2, n)) = (a.rows_cols(), b.rows_cols());
+    let (Elems::F(av), Elems::F(bv)) = (&a.elems, &b.elems) else {
+        return Err(Fault::Mistyped);
+    };
+    if k != k2 {
+        return Err(Fault::Mistyped);
+    }
+    let mut acc = match c.map(|c| &c.elems) {
+        Some(Elems::F(cv)) if cv.len() == m * n => cv.clone(),
+        Some(_) => return Err(Fault::Mistyped),
+        None => vec![0.0; m * n],
+    };
+    // i-k-j order keeps the inner loop contiguous; each acc[i, j] still sees k ascending.
+    for i in 0..m {
+        let row = &mut acc[i * n..(i + 1) * n];
+        for kk in 0..k {
+            let x = av[i * k + kk];
+            let brow = &bv[kk * n..(kk + 1) * n];
+            for (o, &y) in row.iter_mut().zip(brow) {
+                *o += x * y;
+            }
+        }
+    }
+    Ok(Value {
+        dtype: DType::F32,
+        dims: vec![m, n],
+        elems: Elems::F(acc),
+    })
+}

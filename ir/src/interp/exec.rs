@@ -1,0 +1,288 @@
+//! The walker: runs a verified kernel's blocks op by op for one grid block after another.
+
+use half::{bf16, f16};
+
+use crate::kernel::{Axis, Block, Const, Kernel, OpId, OpKind, ValueId};
+use crate::print::op_str;
+use crate::types::DType;
+
+use super::HostArg;
+use super::error::InterpError;
+use super::eval::{self, Fault};
+use super::memory;
+use super::value::Value;
+
+/// The state of one run: the kernel, its arguments, the block being run and every SSA
+/// value's current contents (indexed by value handle).
+pub(crate) struct Machine<'k, 'a, 'b> {
+    kernel: &'k Kernel,
+    args: &'b mut [HostArg<'a>],
+    grid: [i32; 3],
+    block: [i32; 3],
+    env: Vec<Option<Value>>,
+}
+
+impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
+    /// A machine for `kernel` whose arguments were checked against its parameters.
+    pub(crate) fn new(kernel: &'k Kernel, args: &'b mut [HostArg<'a>], grid: [i32; 3]) -> Self {
+        Machine {
+            kernel,
+            args,
+            grid,
+            block: [0; 3],
+            env: vec![None; kernel.values.len()],
+        }
+    }
+
+    /// Runs every block of the grid, z outermost and x innermost.
+    pub(crate) fn run_grid(&mut self) -> Result<(), InterpError> {
+        let [gx, gy, gz] = self.grid;
+        for z in 0..gz {
+            for y in 0..gy {
+                for x in 0..gx {
+                    self.block = [x, y, z];
+                    self.run_block(&self.kernel.body)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a block's ops in order; returns the values its `yield` passes (none for the
+    /// kernel's top-level block).
+    fn run_block(&mut self, block: &'k Block) -> Result<Vec<Value>, InterpError> {
+        for &id in &block.ops {
+            if let Some(yielded) = self.exec(id)? {
+                return Ok(yielded);
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    fn internal(&self, id: OpId) -> InterpError {
+        InterpError::Internal {
+            loc: self.kernel.ops[id].loc,
+            op: op_str(self.kernel, id),
+        }
+    }
+
+    fn fault(&self, id: OpId, f: Fault) -> InterpError {
+        match f {
+            Fault::DivisionByZero => InterpError::DivisionByZero {
+                loc: self.kernel.ops[id].loc,
+                op: op_str(self.kernel, id),
+            },
+            Fault::Mistyped => self.internal(id),
+        }
+    }
+
+    fn get(&self, id: OpId, v: ValueId) -> Result<&Value, InterpError> {
+        self.env
+            .get(v.index())
+            .and_then(Option::as_ref)
+            .ok_or_else(|| self.internal(id))
+    }
+
+    fn set(&mut self, id: OpId, v: ValueId, value: Value) -> Result<(), InterpError> {
+        match self.env.get_mut(v.index()) {
+            Some(slot) => {
+                *slot = Some(value);
+                Ok(())
+            }
+            None => Err(self.internal(id)),
+        }
+    }
+
+    fn scalar_i32(&self, id: OpId, v: ValueId) -> Result<i32, InterpError> {
+        self.get(id, v)?.as_i32().ok_or_else(|| self.internal(id))
+    }
+
+    fn tensor(&self, id: OpId, index: usize) -> Result<&crate::host::HostTensor, InterpError> {
+        self.args
+            .get(index)
+            .and_then(HostArg::tensor)
+            .ok_or_else(|| self.internal(id))
+    }
+
+    /// Runs one op and stores its results. Returns `Some(values)` for a `yield`.
+    fn exec(&mut self, id: OpId) -> Result<Option<Vec<Value>>, InterpError> {
+        let kernel = self.kernel;
+        let op = &kernel.ops[id];
+        let operand = |i: usize| op.operands.get(i).copied().ok_or_else(|| self.internal(id));
+        let results: Vec<Value> = match &op.kind {
+            OpKind::Yield => {
+                let vals = op
+                    .operands
+                    .iter()
+                    .map(|&v| self.get(id, v).cloned())
+                    .collect::<Result<_, _>>()?;
+                return Ok(Some(vals));
+            }
+            OpKind::Const(c) => {
+                let r = op.results.first().ok_or_else(|| self.internal(id))?;
+                vec![constant(*c, kernel.ty(*r).dtype()).ok_or_else(|| self.internal(id))?]
+            }
+            OpKind::ScalarParam(i) => vec![match self.args.get(*i) {
+                Some(HostArg::F32(x)) => Value::float(DType::F32, *x),
+                Some(HostArg::I32(x)) => Value::i32(*x),
+                _ => return Err(self.internal(id)),
+            }],
+            OpKind::BlockId(a) => vec![Value::i32(self.block[axis_index(*a)])],
+            OpKind::GridDim(a) => vec![Value::i32(self.grid[axis_index(*a)])],
+            OpKind::TensorDim { tensor, dim } => {
+                let t = self.tensor(id, *tensor)?;
+                let e = t.shape.get(*dim).ok_or_else(|| self.internal(id))?;
+                // check_args proved every extent fits in i32.
+                vec![Value::i32(
+                    i32::try_from(*e).map_err(|_| self.internal(id))?,
+                )]
+            }
+            OpKind::Unary(u) => {
+                vec![eval::unary(*u, self.get(id, operand(0)?)?).map_err(|f| self.fault(id, f))?]
+            }
+            OpKind::Binary(b) => {
+                let (x, y) = (self.get(id, operand(0)?)?, self.get(id, operand(1)?)?);
+                vec![eval::binary(*b, x, y).map_err(|f| self.fault(id, f))?]
+            }
+            OpKind::Select => {
+                let c = self.get(id, operand(0)?)?;
+                let (x, y) = (self.get(id, operand(1)?)?, self.get(id, operand(2)?)?);
+                vec![eval::select(c, x, y).map_err(|f| self.fault(id, f))?]
+            }
+            OpKind::Cast { to } => {
+                vec![eval::cast(self.get(id, operand(0)?)?, *to).map_err(|f| self.fault(id, f))?]
+            }
+            OpKind::Splat { shape } => vec![eval::splat(self.get(id, operand(0)?)?, shape.dims())],
+            OpKind::Iota { shape, dim } => vec![eval::iota(shape.dims(), *dim)],
+            OpKind::Reshape { shape } => {
+                let mut v = self.get(id, operand(0)?)?.clone();
+                v.dims = shape.dims().to_vec();
+                vec![v]
+            }
+            OpKind::Transpose => vec![eval::transpose(self.get(id, operand(0)?)?)],
+            OpKind::Reduce { op: r, dim } => {
+                let x = self.get(id, operand(0)?)?;
+                vec![eval::reduce(*r, x, *dim).map_err(|f| self.fault(id, f))?]
+            }
+            OpKind::Mma => {
+                let (a, b) = (self.get(id, operand(0)?)?, self.get(id, operand(1)?)?);
+                let c = match op.operands.get(2) {
+                    Some(&c) => Some(self.get(id, c)?),
+                    None => None,
+                };
+                vec![eval::mma(a, b, c).map_err(|f| self.fault(id, f))?]
+            }
+            OpKind::Load { tensor, shape } => {
+                let coords = self.coords(id, &op.operands)?;
+                vec![memory::load(
+                    self.tensor(id, *tensor)?,
+                    &coords,
+                    shape.dims(),
+                )]
+            }
+            OpKind::Store { tensor } => {
+                let (value, coord_ids) =
+                    op.operands.split_last().ok_or_else(|| self.internal(id))?;
+                let coords = self.coords(id, coord_ids)?;
+                let value = self
+                    .env
+                    .get(value.index())
+                    .and_then(Option::as_ref)
+                    .ok_or_else(|| self.internal(id))?;
+                let fault = match self.args.get_mut(*tensor) {
+                    Some(HostArg::TensorMut(t)) => memory::store(t, &coords, value).err(),
+                    _ => Some(Fault::Mistyped),
+                };
+                if let Some(f) = fault {
+                    return Err(self.fault(id, f));
+                }
+                Vec::new()
+            }
+            OpKind::For { .. } => self.run_for(id)?,
+            OpKind::If => {
+                let cond = self.get(id, operand(0)?)?;
+                let branch = if cond.as_bool().ok_or_else(|| self.internal(id))? {
+                    0
+                } else {
+                    1
+                };
+                let region = op.regions.get(branch).ok_or_else(|| self.internal(id))?;
+                self.run_block(region)?
+            }
+        };
+        if results.len() != op.results.len() {
+            return Err(self.internal(id));
+        }
+        for (&r, v) in op.results.iter().zip(results) {
+            // Every later op indexes elements by the declared shape; a mismatch would be an
+            // interpreter bug, so it is reported instead of risking an out-of-range index.
+            let numel: usize = v.dims.iter().product();
+            if v.ty() != *kernel.ty(r) || v.elems.len() != numel {
+                return Err(self.internal(id));
+            }
+            self.set(id, r, v)?;
+        }
+        Ok(None)
+    }
+
+    fn coords(&self, id: OpId, vs: &[ValueId]) -> Result<Vec<i32>, InterpError> {
+        vs.iter().map(|&v| self.scalar_i32(id, v)).collect()
+    }
+
+    /// Runs a `for` and returns its carried values after the last iteration.
+    fn run_for(&mut self, id: OpId) -> Result<Vec<Value>, InterpError> {
+        let op = &self.kernel.ops[id];
+        let [lo, hi, step] = match op.operands.get(..3) {
+            Some(&[lo, hi, step]) => [lo, hi, step].map(|v| self.scalar_i32(id, v)),
+            _ => return Err(self.internal(id)),
+        };
+        let (lo, hi, step) = (lo?, hi?, step?);
+        if step <= 0 {
+            return Err(InterpError::NonPositiveStep { loc: op.loc, step });
+        }
+        let body = op.regions.first().ok_or_else(|| self.internal(id))?;
+        let (iv, carried_args) = body.args.split_first().ok_or_else(|| self.internal(id))?;
+        let mut carried: Vec<Value> = op.operands[3..]
+            .iter()
+            .map(|&v| self.get(id, v).cloned())
+            .collect::<Result<_, _>>()?;
+        if carried.len() != carried_args.len() {
+            return Err(self.internal(id));
+        }
+        // Counting in i64 so that `i + step` cannot wrap past `hi`.
+        let mut i = i64::from(lo);
+        while i < i64::from(hi) {
+            self.set(id, *iv, Value::i32(i as i32))?;
+            for (&a, v) in carried_args.iter().zip(carried) {
+                self.set(id, a, v)?;
+            }
+            carried = self.run_block(body)?;
+            if carried.len() != carried_args.len() {
+                return Err(self.internal(id));
+            }
+            i += i64::from(step);
+        }
+        Ok(carried)
+    }
+}
+
+fn axis_index(a: Axis) -> usize {
+    match a {
+        Axis::X => 0,
+        Axis::Y => 1,
+        Axis::Z => 2,
+    }
+}
+
+/// A constant of `dtype`; floats round from f64 straight to the dtype (no double rounding).
+fn constant(c: Const, dtype: DType) -> Option<Value> {
+    Some(match (c, dtype) {
+        // Integers are stored wide; the IR type is i32, so they wrap as i32 arithmetic does.
+        (Const::Int(v), DType::I32) => Value::i32(v as i32),
+        (Const::Float(v), DType::Bf16) => Value::float(dtype, bf16::from_f64(v).to_f32()),
+        (Const::Float(v), DType::F16) => Value::float(dtype, f16::from_f64(v).to_f32()),
+        (Const::Float(v), DType::F32) => Value::float(dtype, v as f32),
+        (Const::Bool(v), DType::Bool) => Value::bool(v),
+        _ => return None,
+    })
+}

@@ -1,0 +1,60 @@
+//! The `canonicalize` pass: folds `add(c, mma(a, b))`, where the mma result has no other use
+//! and `c` has the result's type, into `mma(a, b, c)`, so the accumulator is updated in
+//! place by the tensor cores.
+//!
+//! The `add` op becomes the `mma` (its result, and so every use, is kept); the old `mma` op
+//! is unlinked from its block. Nothing else changes. In: verified IR. Out: verified IR with
+//! no such `add`.
+
+use crate::diag::Diagnostic;
+use crate::kernel::{BinaryOp, Block, Kernel, OpId, OpKind};
+use crate::target::Target;
+
+use super::walk::{defining_op, ops_in_order, uses};
+
+/// Applies the fold everywhere.
+pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {
+    let uses = uses(kernel);
+    let mut dead: Vec<OpId> = Vec::new();
+    for id in ops_in_order(kernel) {
+        if kernel.ops[id].kind != OpKind::Binary(BinaryOp::Add) {
+            continue;
+        }
+        let operands = kernel.ops[id].operands.clone();
+        for (i, &m) in operands.iter().enumerate() {
+            let (mop, is_result) = defining_op(kernel, m);
+            let other = operands[1 - i];
+            let fusable = is_result
+                && kernel.ops[mop].kind == OpKind::Mma
+                && kernel.ops[mop].operands.len() == 2
+                && uses.get(&m).is_some_and(|u| u.len() == 1)
+                && kernel.ty(other) == kernel.ty(m)
+                && !dead.contains(&mop);
+            if fusable {
+                let mut ops = kernel.ops[mop].operands.clone();
+                ops.push(other);
+                kernel.ops[id].kind = OpKind::Mma;
+                kernel.ops[id].operands = ops;
+                dead.push(mop);
+                break;
+            }
+        }
+    }
+    if !dead.is_empty() {
+        let mut body = std::mem::take(&mut kernel.body);
+        unlink(kernel, &mut body, &dead);
+        kernel.body = body;
+    }
+    Ok(())
+}
+
+fn unlink(kernel: &mut Kernel, block: &mut Block, dead: &[OpId]) {
+    block.ops.retain(|op| !dead.contains(op));
+    for &op in &block.ops {
+        let mut regions = std::mem::take(&mut kernel.ops[op].regions);
+        for r in &mut regions {
+            unlink(kernel, r, dead);
+        }
+        kernel.ops[op].regions = regions;
+    }
+}

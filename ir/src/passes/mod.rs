@@ -1,0 +1,64 @@
+//! The pass pipeline: the ordered list of rewrites and annotations that turn a semantic
+//! kernel into one a backend can write out for a [`Target`].
+//!
+//! Every pass is one module exposing `run(&mut Kernel, Target) -> Result<(), Diagnostic>`.
+//! [`run_pipeline`] runs them in [`PASSES`] order and lets a caller observe the kernel after
+//! each one (`kiln ir --after PASS`, `KILN_DUMP=ir`).
+
+pub mod canonicalize;
+pub mod layout;
+pub mod lower;
+pub mod memory_plan;
+pub mod verify;
+
+mod walk;
+
+use crate::diag::Diagnostic;
+use crate::kernel::Kernel;
+use crate::target::Target;
+
+/// A pass entry point.
+pub type PassFn = fn(&mut Kernel, Target) -> Result<(), Diagnostic>;
+
+/// The pipeline, in order: `(name, purpose, entry point)`.
+pub const PASSES: &[(&str, &str, PassFn)] = &[
+    // First, so every later pass may assume well-typed, dominance-respecting IR.
+    ("verify", "check types, shapes and dominance", verify::run),
+    // Before layout: fusing `add(c, mma(a, b))` decides which values are mma accumulators.
+    (
+        "canonicalize",
+        "fold accumulating adds into mma and drop dead ops",
+        canonicalize::run,
+    ),
+    // Needs the final op set; everything after it reads the layouts.
+    (
+        "layout",
+        "choose a register or shared layout for every tile",
+        layout::run,
+    ),
+    // Needs the shared layouts to know which loads are staged in shared memory.
+    (
+        "memory_plan",
+        "place shared-memory buffers, multi-buffered in pipelined loops",
+        memory_plan::run,
+    ),
+    // Last: target checks and pipelining plans rely on the buffers' stage counts.
+    (
+        "lower",
+        "target lowering plans (sm_80: cp.async pipelining)",
+        lower::run,
+    ),
+];
+
+/// Runs every pass in order, calling `observe(pass_name, kernel)` after each.
+pub fn run_pipeline(
+    kernel: &mut Kernel,
+    target: Target,
+    observe: &mut dyn FnMut(&str, &Kernel),
+) -> Result<(), Diagnostic> {
+    for (name, _, pass) in PASSES {
+        pass(kernel, target)?;
+        observe(name, kernel);
+    }
+    Ok(())
+}

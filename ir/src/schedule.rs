@@ -1,0 +1,298 @@
+//! Scheduling annotations the passes attach to a kernel: register-tile layouts, shared-memory
+//! buffers and per-loop pipeline plans.
+//!
+//! They live in side tables ([`Schedule`]) so the semantic ops stay untouched and the
+//! interpreter keeps working on a scheduled kernel. A layout says which thread holds which
+//! element of a register tile; [`Layout::distribution`] turns it into the one form every
+//! consumer (reductions, broadcasts, the PTX writer) works with: per dimension, a coordinate
+//! `sum_t ((tid / div_t) % modulo_t) * mul_t` that depends on the thread, plus a compile-time
+//! offset per register.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::kernel::{OpId, ValueId};
+use crate::types::Shape;
+
+/// How a register tile is spread over the threads of a block.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// Triton-style blocked layout, row-major order: each thread holds `size_per_thread`
+    /// contiguous elements, a warp covers `threads_per_warp`, the block `warps`, and the
+    /// pattern repeats over the tile. Rank-1 tiles use only the column entries.
+    Blocked {
+        /// Elements per thread per repetition, `[rows, cols]`.
+        size_per_thread: [u32; 2],
+        /// Lanes along `[rows, cols]`; the product is 32.
+        threads_per_warp: [u32; 2],
+        /// Warps along `[rows, cols]`; the product is the block's warp count.
+        warps: [u32; 2],
+    },
+    /// The accumulator of `mma.sync.m16n8k16` with a `warps[0] x warps[1]` warp grid: each
+    /// warp owns a `(M / warps[0]) x (N / warps[1])` sub-tile made of 16x8 fragments.
+    Mma {
+        /// Warps along `[rows, cols]`.
+        warps: [u32; 2],
+    },
+    /// The parent layout with dimension `dim` reduced away (`keep_dim`: kept with extent 1,
+    /// as after `.col()`/`.row()`).
+    Slice {
+        /// The reduced dimension of the parent.
+        dim: usize,
+        /// Whether the result keeps the dimension with extent 1.
+        keep_dim: bool,
+        /// The layout of the tile before the reduction.
+        parent: Box<Layout>,
+        /// The parent tile's shape.
+        parent_shape: Shape,
+    },
+    /// Not in registers: a loaded tile staged in shared memory, read by `mma` with `ldmatrix`.
+    Shared {
+        /// Whether the view is transposed (`k.t()`): element `(r, c)` is stored at `(c, r)`.
+        transposed: bool,
+    },
+}
+
+/// One thread-dependent term of a coordinate: `((tid / div) % modulo) * mul`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Term {
+    /// Divisor applied to the thread index.
+    pub div: u32,
+    /// Modulus after the division.
+    pub modulo: u32,
+    /// Multiplier of the result.
+    pub mul: u32,
+}
+
+/// A layout made concrete for one shape: see the module doc.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Distribution {
+    /// Per dimension, the thread-dependent terms of the coordinate.
+    pub terms: Vec<Vec<Term>>,
+    /// Per register, the compile-time offset along each dimension.
+    pub regs: Vec<Vec<u32>>,
+}
+
+impl Distribution {
+    /// The thread-independent part of coordinates in dimension `dim`, one per register.
+    pub fn offsets(&self, dim: usize) -> impl Iterator<Item = u32> + '_ {
+        self.regs.iter().map(move |r| r[dim])
+    }
+}
+
+/// Why a layout cannot be made concrete for a shape.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    /// The shape is not a multiple of the layout's footprint.
+    #[error("a {shape} tile does not fit layout {layout}: {why}")]
+    Misfit {
+        /// The shape.
+        shape: Shape,
+        /// The layout.
+        layout: String,
+        /// What does not divide.
+        why: String,
+    },
+}
+
+impl Layout {
+    /// The concrete thread/register map of this layout over `shape`.
+    pub fn distribution(&self, shape: &Shape) -> Result<Distribution, LayoutError> {
+        let misfit = |why: String| LayoutError::Misfit {
+            shape: shape.clone(),
+            layout: self.to_string(),
+            why,
+        };
+        match self {
+            Layout::Blocked {
+                size_per_thread: spt,
+                threads_per_warp: tpw,
+                warps,
+            } => {
+                let (rows, cols) = if shape.rank() == 1 {
+                    (1, shape.rows() as u32)
+                } else {
+                    (shape.rows() as u32, shape.cols() as u32)
+                };
+                let cover = [spt[0] * tpw[0] * warps[0], spt[1] * tpw[1] * warps[1]];
+                if rows % cover[0] != 0 || cols % cover[1] != 0 {
+                    return Err(misfit(format!(
+                        "the layout covers {}x{} elements",
+                        cover[0], cover[1]
+                    )));
+                }
+                let row_terms = vec![
+                    term(tpw[1], tpw[0], spt[0]),
+                    term(32 * warps[1], warps[0], spt[0] * tpw[0]),
+                ];
+                let col_terms = vec![term(1, tpw[1], spt[1]), term(32, warps[1], spt[1] * tpw[1])];
+                let mut regs = Vec::new();
+                for rr in 0..rows / cover[0] {
+                    for i in 0..spt[0] {
+                        for rc in 0..cols / cover[1] {
+                            for j in 0..spt[1] {
+                                regs.push(vec![rr * cover[0] + i, rc * cover[1] + j]);
+                            }
+                        }
+                    }
+                }
+                if shape.rank() == 1 {
+                    Ok(Distribution {
+                        terms: vec![clean(col_terms)],
+                        regs: regs.into_iter().map(|r| vec![r[1]]).collect(),
+                    })
+                } else {
+                    Ok(Distribution {
+                        terms: vec![clean(row_terms), clean(col_terms)],
+                        regs,
+                    })
+                }
+            }
+            Layout::Mma { warps } => {
+                if shape.rank() != 2 {
+                    return Err(misfit("an mma accumulator is 2-D".into()));
+                }
+                let (m, n) = (shape.rows() as u32, shape.cols() as u32);
+                let (wm, wn) = (m / warps[0].max(1), n / warps[1].max(1));
+                if wm % 16 != 0 || wn % 8 != 0 || wm * warps[0] != m || wn * warps[1] != n {
+                    return Err(misfit(format!(
+                        "each of the {}x{} warps needs a multiple of 16x8 elements",
+                        warps[0], warps[1]
+                    )));
+                }
+                let row_terms = vec![term(4, 8, 1), term(32 * warps[1], warps[0], wm)];
+                let col_terms = vec![term(1, 4, 2), term(32, warps[1], wn)];
+                let mut regs = Vec::new();
+                for mi in 0..wm / 16 {
+                    for ni in 0..wn / 8 {
+                        for v in 0..4 {
+                            regs.push(vec![mi * 16 + (v / 2) * 8, ni * 8 + v % 2]);
+                        }
+                    }
+                }
+                Ok(Distribution {
+                    terms: vec![clean(row_terms), clean(col_terms)],
+                    regs,
+                })
+            }
+            Layout::Slice {
+                dim,
+                keep_dim,
+                parent,
+                parent_shape,
+            } => {
+                let p = parent.distribution(parent_shape)?;
+                let mut regs: Vec<Vec<u32>> = Vec::new();
+                for r in &p.regs {
+                    let mut r = r.clone();
+                    if *keep_dim {
+                        r[*dim] = 0;
+                    } else {
+                        r.remove(*dim);
+                    }
+                    if !regs.contains(&r) {
+                        regs.push(r);
+                    }
+                }
+                let mut terms = p.terms;
+                if *keep_dim {
+                    terms[*dim].clear();
+                } else {
+                    terms.remove(*dim);
+                }
+                Ok(Distribution { terms, regs })
+            }
+            Layout::Shared { .. } => Err(misfit("a shared-memory tile has no registers".into())),
+        }
+    }
+
+    /// Whether the tile lives in shared memory rather than registers.
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Layout::Shared { .. })
+    }
+}
+
+fn term(div: u32, modulo: u32, mul: u32) -> Term {
+    Term { div, modulo, mul }
+}
+
+/// Drops terms that are always zero (`modulo == 1`).
+fn clean(terms: Vec<Term>) -> Vec<Term> {
+    terms.into_iter().filter(|t| t.modulo > 1).collect()
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Layout::Blocked {
+                size_per_thread: s,
+                threads_per_warp: t,
+                warps: w,
+            } => write!(
+                f,
+                "#blocked(spt={}x{},tpw={}x{},wpb={}x{})",
+                s[0], s[1], t[0], t[1], w[0], w[1]
+            ),
+            Layout::Mma { warps } => write!(f, "#mma({}x{})", warps[0], warps[1]),
+            Layout::Slice {
+                dim,
+                keep_dim,
+                parent,
+                ..
+            } => write!(
+                f,
+                "#slice(dim={dim}{},{parent})",
+                if *keep_dim { ",keep" } else { "" }
+            ),
+            Layout::Shared { transposed } => {
+                f.write_str(if *transposed { "#smem.t" } else { "#smem" })
+            }
+        }
+    }
+}
+
+/// A shared-memory buffer: one per tile staged in shared memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SmemBuffer {
+    /// The `load` whose tile it holds.
+    pub load: OpId,
+    /// Byte offset in the block's dynamic shared memory (a multiple of 128).
+    pub offset: u32,
+    /// Bytes of one stage.
+    pub stage_bytes: u32,
+    /// Number of stages (copies) for a load inside a pipelined loop; 1 otherwise.
+    pub stages: u32,
+    /// Bytes of one tile row.
+    pub row_bytes: u32,
+    /// Whether 16-byte chunks are XOR-swizzled by `row % 8` (rows of at least 128 bytes).
+    pub swizzled: bool,
+}
+
+/// How a pipelined `for` is software-pipelined.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoopPlan {
+    /// Stages in flight (the loop's `stages`).
+    pub stages: u32,
+    /// The loads in the body issued `stages - 1` iterations ahead with cp.async.
+    pub prefetched: Vec<OpId>,
+}
+
+/// All scheduling annotations of a kernel. Empty until the passes run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Schedule {
+    /// Layout of every register or shared tile value (scalars have none).
+    pub layouts: BTreeMap<ValueId, Layout>,
+    /// Shared-memory buffers, in offset order.
+    pub buffers: Vec<SmemBuffer>,
+    /// Total dynamic shared memory in bytes.
+    pub smem_bytes: u32,
+    /// Plans of pipelined loops, keyed by their `for`.
+    pub loops: BTreeMap<OpId, LoopPlan>,
+}
+
+impl Schedule {
+    /// The buffer holding the tile loaded by `load`.
+    pub fn buffer(&self, load: OpId) -> Option<&SmemBuffer> {
+        self.buffers.iter().find(|b| b.load == load)
+    }
+}

@@ -1,0 +1,340 @@
+//! [`Device`]: one GPU's context, its tensors, the compile cache and kernel launches.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use cudarc::driver::{CudaContext, DriverError, result, sys};
+use kiln_ir::dsl::{ComptimeValue, KernelDef, ParamSig, Spec};
+use kiln_ir::{DType, HostTensor, Target};
+use kiln_ptx::PtxModule;
+
+use crate::dump::DumpConfig;
+use crate::error::{DriverContext, LaunchError, RuntimeError};
+use crate::layout::Layout;
+use crate::module::{self, LoadedKernel, ModuleLimits};
+use crate::params::ParamBuffer;
+use crate::tensor::{Buffer, DeviceTensor, nan_pattern};
+use crate::validate::{ArgView, check_args, check_grid};
+
+/// A launch argument, in signature order.
+#[derive(Clone, Copy, Debug)]
+pub enum KernelArg<'a> {
+    /// A tensor (read-only or written: the signature says which).
+    Tensor(&'a DeviceTensor),
+    /// An `f32` scalar.
+    F32(f32),
+    /// An `i32` scalar.
+    I32(i32),
+}
+
+impl KernelArg<'_> {
+    fn view(&self) -> ArgView<'_> {
+        match self {
+            KernelArg::Tensor(t) => ArgView::Tensor {
+                layout: t.layout(),
+                base: t.alloc_ptr(),
+                alloc_bytes: t.alloc_bytes(),
+                context: t.context_id(),
+            },
+            KernelArg::F32(v) => ArgView::F32(*v),
+            KernelArg::I32(v) => ArgView::I32(*v),
+        }
+    }
+}
+
+/// What identifies a compiled specialisation: kernel name, [`Spec::key`], target.
+type CacheKey = (String, String, Target);
+
+/// One GPU: a CUDA context (the device's primary context), the target kernels are compiled
+/// for, and an in-memory cache of loaded kernels. All work goes to the context's null stream,
+/// so copies, fills and launches run in the order they are issued.
+#[derive(Debug)]
+pub struct Device {
+    ctx: Arc<CudaContext>,
+    target: Target,
+    name: String,
+    driver_version: i32,
+    compute_capability: (u32, u32),
+    grid_max: [u32; 3],
+    limits: ModuleLimits,
+    l2_bytes: usize,
+    dump: DumpConfig,
+    cache: Mutex<HashMap<CacheKey, Arc<LoadedKernel>>>,
+}
+
+impl Device {
+    /// Whether a CUDA driver can be loaded and reports at least one GPU. GPU tests call this
+    /// to skip themselves; it never panics.
+    pub fn is_available() -> bool {
+        device_count().is_ok_and(|n| n > 0)
+    }
+
+    /// Opens GPU `ordinal`. Returns [`RuntimeError::NoDriver`] when `libcuda` cannot be
+    /// loaded, the driver does not initialise, or there is no GPU; never panics for those.
+    /// Kernels are compiled for [`Target::Sm80`] unless [`Device::with_target`] says otherwise.
+    pub fn new(ordinal: usize) -> Result<Device, RuntimeError> {
+        let count = device_count()?;
+        if count == 0 {
+            return Err(RuntimeError::NoDriver {
+                reason: "the CUDA driver loaded but reports no GPU".into(),
+            });
+        }
+        if ordinal >= count {
+            return Err(RuntimeError::NoDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).call("cuDevicePrimaryCtxRetain")?;
+        let attr = |a| -> Result<u32, RuntimeError> {
+            Ok(ctx.attribute(a).call("cuDeviceGetAttribute")?.max(0) as u32)
+        };
+        use sys::CUdevice_attribute as A;
+        let grid_max = [
+            attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+            attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+            attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+        ];
+        let limits = ModuleLimits {
+            threads_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            smem_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        };
+        let compute_capability = (
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let l2_bytes = attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
+        let mut driver_version = 0;
+        // SAFETY: writes one int.
+        unsafe { sys::cuDriverGetVersion(&mut driver_version) }
+            .result()
+            .call("cuDriverGetVersion")?;
+        let name = ctx.name().call("cuDeviceGetName")?;
+        Ok(Device {
+            ctx,
+            target: Target::Sm80,
+            name,
+            driver_version,
+            compute_capability,
+            grid_max,
+            limits,
+            l2_bytes,
+            dump: DumpConfig::from_env(),
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The same device compiling kernels for `target` (the cache keys on the target, so
+    /// nothing compiled for another target is reused).
+    pub fn with_target(mut self, target: Target) -> Device {
+        self.target = target;
+        self
+    }
+
+    /// The target kernels are compiled for.
+    pub fn target(&self) -> Target {
+        self.target
+    }
+
+    /// The GPU's name (`NVIDIA H200`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The driver's CUDA version as `cuDriverGetVersion` reports it (13000 for 13.0).
+    pub fn driver_version(&self) -> i32 {
+        self.driver_version
+    }
+
+    /// Compute capability `(major, minor)`: `(9, 0)` on Hopper.
+    pub fn compute_capability(&self) -> (u32, u32) {
+        self.compute_capability
+    }
+
+    /// L2 cache size in bytes (for benchmarks that must defeat it).
+    pub fn l2_bytes(&self) -> usize {
+        self.l2_bytes
+    }
+
+    /// The underlying cudarc context, for libraries such as cuBLAS in benchmarks.
+    pub fn cuda_context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    fn context_id(&self) -> usize {
+        self.ctx.cu_ctx() as usize
+    }
+
+    /// A contiguous tensor of `dtype` and `shape`. Its contents are unspecified until written.
+    pub fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<DeviceTensor, RuntimeError> {
+        let layout = Layout::contiguous(dtype, shape);
+        let bytes = layout.end_byte().ok_or_else(|| RuntimeError::Shape {
+            what: "alloc shape",
+            expected: "a size that fits in usize bytes".into(),
+            got: format!("{shape:?} of {dtype}"),
+        })?;
+        Ok(DeviceTensor::new(Buffer::alloc(&self.ctx, bytes)?, layout))
+    }
+
+    /// A contiguous device copy of `host` (which may be strided).
+    pub fn upload(&self, host: &HostTensor) -> Result<DeviceTensor, RuntimeError> {
+        let t = self.alloc(host.dtype(), &host.shape)?;
+        t.copy_from_host(host)?;
+        Ok(t)
+    }
+
+    /// Poisons every element of the view with NaN (integers get `0x7FC00000`), so a test
+    /// sees any output element a kernel failed to write.
+    pub fn fill_nan(&self, tensor: &DeviceTensor) -> Result<(), RuntimeError> {
+        tensor.fill_pattern(&nan_pattern(tensor.dtype()))
+    }
+
+    /// Waits for all work issued so far; reports a kernel's asynchronous failure.
+    pub fn synchronize(&self) -> Result<(), RuntimeError> {
+        self.ctx.synchronize().call("cuCtxSynchronize")
+    }
+
+    /// Validates `args` against `def`'s signature and `grid` against the device's limits,
+    /// specialises `def` (comptime values plus each tensor's 16-byte alignment), compiles and
+    /// loads it unless the cache holds it, and launches it. Asynchronous: call
+    /// [`Device::synchronize`] (or download a result) to see the kernel's own failures.
+    pub fn launch(
+        &self,
+        def: &dyn KernelDef,
+        comptime: &BTreeMap<String, ComptimeValue>,
+        grid: [u32; 3],
+        args: &[KernelArg<'_>],
+    ) -> Result<(), LaunchError> {
+        let views: Vec<ArgView<'_>> = args.iter().map(KernelArg::view).collect();
+        check_grid(grid, self.grid_max)?;
+        let aligned16 = check_args(def.name(), def.signature(), &views, self.context_id())?;
+        let spec = Spec {
+            comptime: comptime.clone(),
+            aligned16,
+        };
+        let kernel = self.compile(def, &spec)?;
+        launch_views(&kernel, grid, &views)
+    }
+
+    /// Launches an already loaded kernel whose entry takes `signature`'s parameters, with
+    /// the same validation as [`Device::launch`] (for hand-written PTX and benchmarks).
+    pub fn launch_loaded(
+        &self,
+        kernel: &LoadedKernel,
+        signature: &[ParamSig],
+        grid: [u32; 3],
+        args: &[KernelArg<'_>],
+    ) -> Result<(), LaunchError> {
+        let views: Vec<ArgView<'_>> = args.iter().map(KernelArg::view).collect();
+        check_grid(grid, self.grid_max)?;
+        check_args(&kernel.ptx().entry, signature, &views, self.context_id())?;
+        launch_views(kernel, grid, &views)
+    }
+
+    /// The loaded kernel for `def` specialised by `spec`, from the cache or compiled now.
+    pub fn compile(
+        &self,
+        def: &dyn KernelDef,
+        spec: &Spec,
+    ) -> Result<Arc<LoadedKernel>, LaunchError> {
+        let key = (def.name().to_string(), spec.key(), self.target);
+        // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = cache.get(&key) {
+            return Ok(k.clone());
+        }
+        let kernel = Arc::new(self.compile_uncached(def, spec)?);
+        cache.insert(key, kernel.clone());
+        Ok(kernel)
+    }
+
+    /// Builds, compiles and loads `def` for `spec`, bypassing the cache (benchmarks time this).
+    pub fn compile_uncached(
+        &self,
+        def: &dyn KernelDef,
+        spec: &Spec,
+    ) -> Result<LoadedKernel, LaunchError> {
+        let start = Instant::now();
+        let kernel = def.build(spec)?;
+        let build = start.elapsed();
+        self.dump.ir(&kernel, spec, self.target, "build")?;
+        let start = Instant::now();
+        let ptx = kiln_ptx::compile(&kernel, self.target)?;
+        let codegen = start.elapsed();
+        self.dump.ptx(def.name(), spec, self.target, &ptx.ptx)?;
+        let mut loaded = self.load_ptx(ptx)?;
+        loaded.set_front_times(build, codegen);
+        Ok(loaded)
+    }
+
+    /// JIT-loads a PTX module (its error log comes back in [`RuntimeError::Jit`]).
+    pub fn load_ptx(&self, ptx: PtxModule) -> Result<LoadedKernel, LaunchError> {
+        module::load(&self.ctx, ptx, self.limits)
+    }
+}
+
+/// Packs validated `views` and launches `kernel`.
+fn launch_views(
+    kernel: &LoadedKernel,
+    grid: [u32; 3],
+    views: &[ArgView<'_>],
+) -> Result<(), LaunchError> {
+    let mut params = ParamBuffer::pack(views);
+    let mut ptrs = params.pointers();
+    // SAFETY: the views were validated against the signature the entry was compiled from
+    // (count, kinds, dtypes, ranks, bounds), and are packed per the ABI.
+    unsafe { kernel.launch(grid, &mut ptrs) }?;
+    Ok(())
+}
+
+/// Loads the driver library, initialises it, and counts GPUs; the one place that decides
+/// whether a driver exists.
+fn device_count() -> Result<usize, RuntimeError> {
+    // SAFETY: only tries to dlopen the driver library by its usual names.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(RuntimeError::NoDriver {
+            reason: "libcuda (libcuda.so / libcuda.so.1) could not be loaded".into(),
+        });
+    }
+    let no_driver = |call: &str, e: DriverError| RuntimeError::NoDriver {
+        reason: format!("{call} failed: {e}"),
+    };
+    result::init().map_err(|e| no_driver("cuInit", e))?;
+    let n = result::device::get_count().map_err(|e| no_driver("cuDeviceGetCount", e))?;
+    Ok(n.max(0) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a machine without a driver (CI), opening a device is an error, not a panic; on a
+    /// GPU machine it succeeds. Either way the two answers agree.
+    #[test]
+    fn new_agrees_with_is_available_and_never_panics() {
+        match Device::new(0) {
+            Ok(d) => {
+                assert!(Device::is_available());
+                assert!(!d.name().is_empty());
+            }
+            Err(e) => {
+                assert!(!Device::is_available());
+                assert!(matches!(e, RuntimeError::NoDriver { .. }), "{e}");
+                assert!(e.to_string().starts_with("no CUDA driver: "), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn ordinal_past_the_device_count_is_no_device_or_no_driver() {
+        let err = Device::new(1 << 20).expect_err("no machine has 2^20 GPUs");
+        assert!(
+            matches!(
+                err,
+                RuntimeError::NoDevice {
+                    ordinal: 1048576,
+                    ..
+                } | RuntimeError::NoDriver { .. }
+            ),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,99 @@
+//! Numerical checks: relative norm error against a reference, poisoned outputs, and an
+//! assertion whose message names the kernel, the shape, the distribution and the seed.
+
+use std::fmt;
+
+use kiln_ir::{DType, HostTensor};
+
+use crate::inputs::Dist;
+
+/// `||out - reference|| / ||reference||` in the 2-norm, or the absolute `||out - reference||`
+/// when the reference is all zeros. Any NaN in `out` (a poisoned element left unwritten)
+/// gives NaN, which fails every comparison.
+pub fn rel_error(out: &[f64], reference: &[f64]) -> f64 {
+    if out.len() != reference.len() || out.iter().any(|x| x.is_nan()) {
+        return f64::NAN;
+    }
+    let diff: f64 = out
+        .iter()
+        .zip(reference)
+        .map(|(o, r)| (o - r) * (o - r))
+        .sum::<f64>()
+        .sqrt();
+    let norm: f64 = reference.iter().map(|r| r * r).sum::<f64>().sqrt();
+    if norm == 0.0 { diff } else { diff / norm }
+}
+
+/// The tolerance on the relative norm error of an output of `dtype`.
+pub fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::Bf16 => 1e-2,
+        DType::F16 => 2e-3,
+        DType::F32 => 1e-5,
+        DType::I32 | DType::Bool => 0.0,
+    }
+}
+
+/// Fills every element of `t` with NaN (i32 tensors with `i32::MIN`), so that an element the
+/// kernel fails to write cannot pass as a correct result.
+pub fn poison(t: &mut HostTensor) {
+    let n = t.data.len();
+    for i in 0..n {
+        t.data.set_f64(i, f64::NAN);
+    }
+    if let kiln_ir::TensorData::I32(v) = &mut t.data {
+        v.fill(i32::MIN);
+    }
+}
+
+/// A contiguous poisoned output tensor of `shape` and `dtype`.
+pub fn poisoned(shape: &[usize], dtype: DType) -> HostTensor {
+    let mut t = HostTensor::full(shape, dtype, 0.0);
+    poison(&mut t);
+    t
+}
+
+/// What a numerical check ran: printed in every failure message.
+#[derive(Clone, Debug)]
+pub struct Case {
+    /// The kernel's name (and variant).
+    pub kernel: String,
+    /// The problem shape, e.g. `m=130 n=70 k=50`.
+    pub shape: String,
+    /// The input distribution.
+    pub dist: Dist,
+    /// The RNG seed that drew the inputs.
+    pub seed: u64,
+}
+
+impl fmt::Display for Case {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "kernel {} shape [{}] inputs {} (replay with KILN_SEED={})",
+            self.kernel, self.shape, self.dist, self.seed
+        )
+    }
+}
+
+/// Asserts that `out` matches `reference` within `tol` relative norm error; the panic
+/// message names the case, the error, and the first unwritten (NaN) element if any.
+pub fn assert_close(case: &Case, out: &HostTensor, reference: &[f64], tol: f64) {
+    let got = out.to_f64_vec();
+    assert_eq!(
+        got.len(),
+        reference.len(),
+        "{case}: output has {} elements, reference {}",
+        got.len(),
+        reference.len()
+    );
+    if let Some(i) = got.iter().position(|x| x.is_nan()) {
+        let count = got.iter().filter(|x| x.is_nan()).count();
+        panic!("{case}: {count} output element(s) are NaN, the first at flat index {i}");
+    }
+    let err = rel_error(&got, reference);
+    assert!(
+        err <= tol,
+        "{case}: relative norm error {err:.3e} exceeds tolerance {tol:.0e}"
+    );
+}

@@ -1,0 +1,153 @@
+//! Seeded random inputs. Every test draws fresh inputs: the seed comes from the clock unless
+//! `KILN_SEED` is set, and every assertion message prints it so a failure can be replayed
+//! with `KILN_SEED=<seed> cargo test ...`.
+
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use kiln_ir::{DType, HostTensor};
+
+/// A SplitMix64 generator: tiny, fast, and good enough for test data.
+#[derive(Clone, Debug)]
+pub struct Rng {
+    seed: u64,
+    state: u64,
+}
+
+impl Rng {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng { seed, state: seed }
+    }
+
+    /// A generator seeded from `KILN_SEED` if it is set to an integer, else from the clock.
+    pub fn from_env() -> Rng {
+        let seed = std::env::var("KILN_SEED")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| {
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0x5eed, |d| d.as_nanos() as u64)
+            });
+        Rng::new(seed)
+    }
+
+    /// The seed this generator started from (print it in every assertion).
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in `[lo, hi)`.
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.unit()
+    }
+
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = 1.0 - self.unit(); // in (0, 1], so ln is finite
+        let u2 = self.unit();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+
+    /// A uniform integer in `lo..hi` (`hi > lo`).
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next_u64() % (hi - lo) as u64) as usize
+    }
+}
+
+/// A distribution of tensor elements.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Dist {
+    /// Uniform in (-1, 1).
+    Uniform,
+    /// Normal(0, 1).
+    Normal,
+    /// Large magnitudes: normal * 100 for f32 and i32 tensors; normal * 10 for bf16 and f16
+    /// tensors, so that q.k attention scores with d = 64..128 reach about 1e4.
+    Large,
+    /// Every element equal to one value drawn from normal(0, 1) (ties in max, flat softmax).
+    AllEqual,
+}
+
+impl Dist {
+    /// Every distribution, for tests that sweep them.
+    pub const ALL: [Dist; 4] = [Dist::Uniform, Dist::Normal, Dist::Large, Dist::AllEqual];
+}
+
+impl fmt::Display for Dist {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Dist::Uniform => "uniform(-1,1)",
+            Dist::Normal => "normal(0,1)",
+            Dist::Large => "large",
+            Dist::AllEqual => "all-equal",
+        })
+    }
+}
+
+/// A contiguous tensor of `shape` and `dtype` drawn from `dist`, rounded to the dtype (i32
+/// tensors round to the nearest integer).
+pub fn tensor(rng: &mut Rng, shape: &[usize], dtype: DType, dist: Dist) -> HostTensor {
+    let large = match dtype {
+        DType::Bf16 | DType::F16 => 10.0,
+        DType::F32 | DType::I32 | DType::Bool => 100.0,
+    };
+    let constant = rng.normal();
+    HostTensor::from_fn(shape, dtype, |_| {
+        let x = match dist {
+            Dist::Uniform => rng.uniform(-1.0, 1.0),
+            Dist::Normal => rng.normal(),
+            Dist::Large => rng.normal() * large,
+            Dist::AllEqual => constant,
+        };
+        if dtype == DType::I32 { x.round() } else { x }
+    })
+}
+
+/// A copy of `t` whose rows (second-to-last dimension) are `pad` elements further apart
+/// than in a contiguous layout, with the padding filled with NaN: a non-contiguous tensor
+/// that exercises strided addressing. Tensors of rank < 2 are returned unchanged.
+pub fn with_row_padding(t: &HostTensor, pad: usize) -> HostTensor {
+    let rank = t.shape.len();
+    if rank < 2 {
+        return t.clone();
+    }
+    let mut strides = vec![1; rank];
+    strides[rank - 2] = t.shape[rank - 1] + pad;
+    for d in (0..rank - 2).rev() {
+        strides[d] = strides[d + 1] * t.shape[d + 1];
+    }
+    let len = strides[0] * t.shape[0];
+    let mut out = HostTensor::full(&[len], t.dtype(), f64::NAN);
+    out.shape = t.shape.clone();
+    out.strides = strides;
+    let values = t.to_f64_vec();
+    let mut idx = vec![0usize; rank];
+    for v in values {
+        let o = out.offset(&idx);
+        out.data.set_f64(o, v);
+        for d in (0..rank).rev() {
+            idx[d] += 1;
+            if idx[d] < t.shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    out
+}
