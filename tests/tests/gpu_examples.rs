@@ -2,16 +2,21 @@
 //! against the CPU interpreter (typed `interpret`): several shapes including non-multiples of
 //! the tiles, every input distribution (large magnitudes included), causal attention with
 //! fully masked rows (sq > sk), outputs poisoned with NaN before each run, and inputs with
-//! non-contiguous outer strides. Also the launch-validation errors of the typed GPU path.
+//! non-contiguous outer strides; views whose base or outer stride is not 16-byte aligned
+//! (their own specialisation); the compile cache; and the typed GPU path's validation errors.
 //! Skips itself ("skipped: no CUDA driver") without a GPU.
 
 mod gpu_common;
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use gpu_common::{device, upload_padded};
 use kiln_examples::attention::attention;
 use kiln_examples::gemm::gemm;
 use kiln_examples::softmax::softmax;
 use kiln_examples::vector_add::vector_add;
+use kiln_ir::dsl::Spec;
 use kiln_ir::{DType, HostTensor};
 use kiln_runtime::{Device, DeviceTensor, LaunchError};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
@@ -276,4 +281,91 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
         "{err}"
     );
     dev.synchronize().expect("no launch reached the GPU");
+}
+
+#[test]
+fn gpu_misaligned_views_get_their_own_specialisation() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::from_env();
+    for dist in [Dist::Uniform, Dist::Large] {
+        // vector_add on views starting one element into their allocations: base not 16-byte aligned.
+        let n = 3001;
+        let a = tensor(&mut rng, &[n], DType::F32, dist);
+        let b = tensor(&mut rng, &[n], DType::F32, dist);
+        let shifted = |t: &HostTensor| {
+            let whole = output(&dev, DType::F32, &[n + 1]);
+            let view = whole.narrow(0, 1, n).expect("view");
+            view.copy_from_host(t).expect("copy");
+            view
+        };
+        let (da, db) = (shifted(&a), shifted(&b));
+        let c = output(&dev, DType::F32, &[n + 1])
+            .narrow(0, 1, n)
+            .expect("view");
+        let grid = [n.div_ceil(1024) as u32, 1, 1];
+        vector_add.launch(&dev, grid, &da, &db, &c).expect("launch");
+        let case = Case {
+            kernel: "vector_add (offset-1 views)".into(),
+            shape: format!("n={n}"),
+            dist,
+            seed: rng.seed(),
+        };
+        let got = c.download().expect("download");
+        assert_close(
+            &case,
+            &got,
+            &reference::vector_add(&a, &b),
+            tolerance(DType::F32),
+        );
+
+        // gemm with `b` rows 1 element apart from contiguous: outer stride not 16-byte aligned.
+        let (m, nn, k) = (70, 90, 40);
+        let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
+        let b = tensor(&mut rng, &[k, nn], DType::Bf16, dist);
+        let (da, db) = (dev.upload(&a).expect("upload"), upload_padded(&dev, &b, 1));
+        let c = output(&dev, DType::Bf16, &[m, nn]);
+        gemm.launch(&dev, [1, 1, 1], 128, 128, 32, &da, &db, &c)
+            .expect("launch");
+        let case = Case {
+            kernel: "gemm (b row stride 91)".into(),
+            shape: format!("m={m} n={nn} k={k}"),
+            dist,
+            seed: rng.seed(),
+        };
+        let got = c.download().expect("download");
+        assert_close(
+            &case,
+            &got,
+            &reference::gemm(&a, &b),
+            tolerance(DType::Bf16),
+        );
+    }
+}
+
+#[test]
+fn gpu_compile_cache_reuses_a_specialisation() {
+    let Some(dev) = device() else { return };
+    let mut aligned = Spec::from_defaults(&vector_add, &[]).expect("defaults");
+    for p in ["a", "b", "c"] {
+        aligned.aligned16.insert(p.to_string(), true);
+    }
+    let first = dev.compile(&vector_add, &aligned).expect("compile");
+    let again = dev.compile(&vector_add, &aligned).expect("cached");
+    assert!(
+        Arc::ptr_eq(&first, &again),
+        "the same spec must not be compiled twice"
+    );
+    let unaligned = Spec {
+        aligned16: Default::default(),
+        ..aligned.clone()
+    };
+    let other = dev.compile(&vector_add, &unaligned).expect("compile");
+    assert!(!Arc::ptr_eq(&first, &other), "alignment is part of the key");
+    let t = first.times();
+    println!(
+        "vector_add: build {:?}, codegen {:?}, JIT {:?}",
+        t.build, t.codegen, t.load
+    );
+    assert!(t.load > Duration::ZERO && t.codegen > Duration::ZERO);
+    assert_eq!(first.local_bytes().expect("attr"), 0, "vector_add spills");
 }
