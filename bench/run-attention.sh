@@ -24,4 +24,5 @@ while [ $# -gt 0 ]; do
 done
 python3 bench/peers.py run --out "$tmp/peers.json" "${peer_args[@]}"
 python3 bench/peers.py merge "$tmp/kiln.json" "$tmp/peers.json" --out "$out"
+python3 bench/chart.py "$out"
 exit $kiln_status

@@ -7,4 +7,7 @@ cd "$(dirname "$0")/.."
 . bench/env.sh
 out=bench/results/gemm-$(date -u +%Y%m%dT%H%M%SZ).json
 if [ $# -gt 0 ] && [[ $1 != --* ]]; then out=$1; shift; fi
-exec "$(bench_bin bench_gemm)" --out "$out" "$@"
+status=0
+"$(bench_bin bench_gemm)" --out "$out" "$@" || status=$?
+[ -f "$out" ] && python3 bench/chart.py "$out"
+exit $status
