@@ -1,6 +1,6 @@
 //! The benchmarks' command line: `--out PATH` (JSON results), `--iters N`, `--warmup N`,
 //! `--quick` (a reduced sweep for a smoke run), `--target sm_80|sm_90a|sm_100a` (default: the
-//! GPU's own architecture-specific target).
+//! runtime's default, sm_80).
 
 use std::path::PathBuf;
 
@@ -17,7 +17,7 @@ pub struct Args {
     pub warmup: usize,
     /// Run a reduced sweep.
     pub quick: bool,
-    /// The target to compile kiln kernels for; `None` picks the GPU's own.
+    /// The target to compile kiln kernels for; `None` keeps the runtime's default.
     pub target: Option<Target>,
 }
 

@@ -3,23 +3,20 @@
 
 use std::collections::BTreeMap;
 
-use kiln_ir::Target;
 use kiln_ir::dsl::{ComptimeValue, KernelDef, Spec};
 use kiln_runtime::Device;
 
 use crate::cli::Args;
 use crate::error::BenchError;
 
-/// GPU 0, compiling for `--target` or, by default, the GPU's own architecture-specific target
-/// (sm_90a on Hopper, sm_100a on Blackwell, sm_80 otherwise).
+/// GPU 0, compiling for `--target` or, by default, the runtime's default target (sm_80, which
+/// runs on Hopper and Blackwell; pass `--target sm_90a` once the backend implements it).
 pub fn device(args: &Args) -> Result<Device, BenchError> {
     let device = Device::new(0)?;
-    let target = args.target.unwrap_or(match device.compute_capability() {
-        (9, _) => Target::Sm90a,
-        (10, _) => Target::Sm100a,
-        _ => Target::Sm80,
-    });
-    Ok(device.with_target(target))
+    Ok(match args.target {
+        Some(target) => device.with_target(target),
+        None => device,
+    })
 }
 
 /// The example kernel called `name`.
