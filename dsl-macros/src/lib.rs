@@ -54,11 +54,9 @@ pub fn kernel_fn(args: TokenStream, item: TokenStream) -> TokenStream {
         Err(e) => return e.to_compile_error().into(),
     };
     let mut errors = parse::Errors::default();
+    let args = proc_macro2::TokenStream::from(args);
     if !args.is_empty() {
-        errors.push(syn::Error::new(
-            proc_macro2::Span::call_site(),
-            "`#[kernel_fn]` takes no options",
-        ));
+        errors.at(args, "`#[kernel_fn]` takes no options");
     }
     parse::body::check_body(&item.block, &mut errors);
     if let Err(e) = errors.finish(()) {

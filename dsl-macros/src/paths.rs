@@ -29,7 +29,7 @@ pub fn result(span: Span) -> TokenStream {
     quote_spanned!(span=> ::core::result::Result)
 }
 
-/// `::std::collections::BTreeMap`.
-pub fn btree_map(span: Span) -> TokenStream {
-    quote_spanned!(span=> ::std::collections::BTreeMap)
+/// `::core::option::Option`.
+pub fn option(span: Span) -> TokenStream {
+    quote_spanned!(span=> ::core::option::Option)
 }

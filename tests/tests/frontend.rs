@@ -205,3 +205,58 @@ fn signature_and_options_come_from_the_declaration() {
         ]
     ));
 }
+
+/// A `#[kernel_fn]` helper with a runtime `if` used as an expression.
+#[kernel_fn]
+fn clamp_low(x: Value, limit: Value) -> Value {
+    if limit > 0 { max(x, 0.0) } else { x }
+}
+
+#[kernel]
+fn helper_and_if_expression(a: Tensor<f32, 1>, c: TensorMut<f32, 1>, flag: i32) {
+    let x = a.tile([128], [0]).load();
+    let y = clamp_low(x, flag);
+    c.tile([128], [0]).store(y);
+}
+
+#[test]
+fn runtime_if_expression_yields_its_value() {
+    let k = helper_and_if_expression
+        .build(&Spec::default())
+        .unwrap_or_else(|d| panic!("{d}"));
+    println!("{}", print_kernel(&k));
+    let if_op = k
+        .body
+        .ops
+        .iter()
+        .find(|&&o| k.ops[o].kind == OpKind::If)
+        .expect("the helper's if is inlined at top level");
+    let results = &k.ops[*if_op].results;
+    assert_eq!(results.len(), 1);
+    assert_eq!(k.ty(results[0]).to_string(), "rt<f32,128>");
+    let store = k.body.ops.last().expect("a store");
+    assert_eq!(k.ops[*store].operands.last(), Some(&results[0]));
+}
+
+#[kernel]
+fn two_errors(a: Tensor<bf16, 2>, c: TensorMut<f32, 2>) {
+    let x = a.tile([64, 32], [0, 0]).load();
+    let y = x.t().col(); // MARK-first
+    let z = mma(&x, &x);
+    c.tile([64, 32], [0, 0]).store(y + z);
+}
+
+#[test]
+fn the_first_diagnostic_is_reported_and_later_ops_are_skipped() {
+    let d = build_err(&two_errors, &Spec::default());
+    assert_eq!(d.loc.line, position("MARK-first", "").0, "{d}");
+    assert!(d.message.contains("`.col()` needs a 1-D tile"), "{d}");
+}
+
+#[test]
+fn dsl_calls_outside_a_trace_give_poison_without_panicking() {
+    let v = zeros::<f32>([4]);
+    assert!(v.is_poison());
+    assert!((v + 1.0).is_poison());
+    assert!(block_id().x.is_poison());
+}

@@ -678,3 +678,31 @@ fn non_positive_loop_step_is_a_runtime_error() {
     }
     run(&kernel, [2, 3, 4], &mut [HostArg::I32(3)]).unwrap();
 }
+
+#[test]
+fn an_ill_formed_kernel_is_rejected_before_it_runs() {
+    let mut kernel = vector_add(DType::F32);
+    // Move the final store to the front, before the values it reads are defined.
+    let store = kernel.body.ops.pop().unwrap();
+    kernel.body.ops.insert(0, store);
+    let x = HostTensor::full(&[4], DType::F32, 1.0);
+    let mut out = poisoned(&[4], DType::F32);
+    let mut args = [
+        HostArg::Tensor(&x),
+        HostArg::Tensor(&x),
+        HostArg::TensorMut(&mut out),
+    ];
+    let err = run(&kernel, [1, 1, 1], &mut args).unwrap_err();
+    let InterpError::Verify(errors) = &err else {
+        panic!("expected a verifier error, got {err}");
+    };
+    assert!(errors.errors.iter().all(|e| e.op == store), "{err}");
+    assert!(
+        err.to_string().contains("does not dominate this use"),
+        "{err}"
+    );
+    assert!(
+        out.to_f64_vec().iter().all(|v| v.is_nan()),
+        "nothing may run"
+    );
+}

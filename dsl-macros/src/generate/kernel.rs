@@ -22,7 +22,6 @@ pub fn generate_kernel(args: &KernelArgs, mut k: KernelFn) -> TokenStream {
         paths::interp(span),
     );
     let result = paths::result(span);
-    let btree = paths::btree_map(span);
     let KernelFn {
         attrs,
         vis,
@@ -39,7 +38,7 @@ pub fn generate_kernel(args: &KernelArgs, mut k: KernelFn) -> TokenStream {
     let binds = bind_params(sig, &spec);
     let launch_params = entry_params(sig, Entry::Launch);
     let interp_params = entry_params(sig, Entry::Interpret);
-    let fill_map = comptime_map(sig, &map);
+    let fill_map = comptime_map(sig);
     let launch_args = entry_args(sig, Entry::Launch);
     let interp_args = entry_args(sig, Entry::Interpret);
     quote! {
@@ -88,9 +87,7 @@ pub fn generate_kernel(args: &KernelArgs, mut k: KernelFn) -> TokenStream {
                 grid: [u32; 3],
                 #launch_params
             ) -> #result<(), #rt::LaunchError> {
-                #[allow(unused_mut)]
-                let mut #map: #btree<::std::string::String, #dsl::ComptimeValue> = #btree::new();
-                #fill_map
+                let #map = #fill_map;
                 dev.launch(self, &#map, grid, &[#launch_args])
             }
 
@@ -102,9 +99,7 @@ pub fn generate_kernel(args: &KernelArgs, mut k: KernelFn) -> TokenStream {
                 grid: [u32; 3],
                 #interp_params
             ) -> #result<(), #interp::InterpError> {
-                #[allow(unused_mut)]
-                let mut #map: #btree<::std::string::String, #dsl::ComptimeValue> = #btree::new();
-                #fill_map
+                let #map = #fill_map;
                 #interp::run_def(self, &#map, grid, &mut [#interp_args])
             }
         }

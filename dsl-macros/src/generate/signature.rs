@@ -1,7 +1,7 @@
 //! The signature's generated parts: the `comptime_params`/`signature` tables, the locals that
 //! `build` binds for each parameter, and the argument lists of `launch` and `interpret`.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 
 use crate::parse::signature::{ComptimeParam, Dtype, LaunchKind, LaunchParam, Signature};
@@ -13,11 +13,12 @@ pub fn comptime_table(sig: &Signature) -> TokenStream {
         let span = c.name.span();
         let dsl = paths::dsl(span);
         let name = c.name.to_string();
+        let option = paths::option(span);
         let (ty, variant) = c.kind.names();
         let (ty, variant) = (format_ident!("{ty}"), format_ident!("{variant}"));
         let default = match &c.default {
-            Some(d) => quote_spanned!(span=> ::core::option::Option::Some(#dsl::ComptimeValue::#variant({ let d: #ty = #d; d }))),
-            None => quote!(::core::option::Option::None),
+            Some(d) => quote_spanned!(span=> #option::Some(#dsl::ComptimeValue::#variant({ let d: #ty = #d; d }))),
+            None => quote!(#option::None),
         };
         quote_spanned! {span=>
             #dsl::ComptimeParam { name: #name, kind: #dsl::ComptimeKind::#variant, default: #default }
@@ -112,15 +113,15 @@ pub fn entry_params(sig: &Signature, entry: Entry) -> TokenStream {
     quote!(#(#comptime,)* #(#launch,)*)
 }
 
-/// Statements filling `map` (a `BTreeMap<String, ComptimeValue>`) from the comptime arguments.
-pub fn comptime_map(sig: &Signature, map: &syn::Ident) -> TokenStream {
-    let inserts = sig.comptime.iter().map(|c| {
+/// The comptime map (`BTreeMap<String, ComptimeValue>`) built from the comptime arguments.
+pub fn comptime_map(sig: &Signature) -> TokenStream {
+    let dsl = paths::dsl(Span::call_site());
+    let entries = sig.comptime.iter().map(|c| {
         let name = &c.name;
-        let dsl = paths::dsl(name.span());
         let text = name.to_string();
-        quote!(#map.insert(::std::string::String::from(#text), #dsl::ComptimeArg::to_value(#name));)
+        quote!((#text, #dsl::ComptimeArg::to_value(#name)))
     });
-    quote!(#(#inserts)*)
+    quote!(#dsl::comptime_map(&[#(#entries),*]))
 }
 
 /// The runtime/interpreter argument array entries.

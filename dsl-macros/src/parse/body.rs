@@ -79,6 +79,12 @@ impl<'ast> Visit<'ast> for Checker<'_> {
                 {
                     e_.at(&f.pat, "a kernel `for` binds one name (`for i in a..b`)");
                 }
+                if let Expr::Call(c) = &*f.expr
+                    && matches!(&*c.func, Expr::Path(p) if p.path.is_ident("pipelined"))
+                    && c.args.len() != 2
+                {
+                    e_.at(c, "write `pipelined(a..b, stages = N)`");
+                }
             }
             Expr::Range(r) if r.end.is_none() => e_.at(r, "ranges in a kernel need an end: `a..b`"),
             Expr::Range(r) if matches!(r.limits, syn::RangeLimits::Closed(_)) => {

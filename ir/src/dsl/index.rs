@@ -105,15 +105,16 @@ pub(crate) fn shape_of(entries: &[Index], loc: Loc) -> Option<Shape> {
     Some(Shape(dims))
 }
 
-/// A tile shape argument: an array of [`Index`] entries of any length (`[BM, D]`). A trait
-/// rather than a const generic so that `zeros::<f32>([BM, D])` names only the dtype.
+/// A tile shape argument: an array of entries of any length (`[BM, D]`). A trait rather
+/// than a const generic so that `zeros::<f32>([BM, D])` names only the dtype; implemented for
+/// arrays of anything [`IntoIndex`], so it also works outside `#[kernel]` bodies.
 pub trait Entries {
     /// The entries.
-    fn entries(&self) -> &[Index];
+    fn entries(self) -> Vec<Index>;
 }
 
-impl<const N: usize> Entries for [Index; N] {
-    fn entries(&self) -> &[Index] {
-        self
+impl<T: IntoIndex, const N: usize> Entries for [T; N] {
+    fn entries(self) -> Vec<Index> {
+        self.into_iter().map(IntoIndex::into_index).collect()
     }
 }

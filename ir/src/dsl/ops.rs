@@ -11,13 +11,13 @@ use super::value::{AsValue, Element, IntoOperand, Operand, Value, binary, unary}
 /// A tile of `shape` filled with zeros of type `T`.
 #[track_caller]
 pub fn zeros<T: Element>(shape: impl Entries) -> Value {
-    splat::<T>(shape.entries(), Operand::Int(0), Loc::caller())
+    splat::<T>(&shape.entries(), Operand::Int(0), Loc::caller())
 }
 
 /// A tile of `shape` filled with `x` (a Rust number, or a scalar value of type `T`).
 #[track_caller]
 pub fn full<T: Element>(shape: impl Entries, x: impl IntoOperand) -> Value {
-    splat::<T>(shape.entries(), x.into_operand(), Loc::caller())
+    splat::<T>(&shape.entries(), x.into_operand(), Loc::caller())
 }
 
 fn splat<T: Element>(shape: &[Index], x: Operand, loc: Loc) -> Value {
@@ -40,7 +40,7 @@ fn splat<T: Element>(shape: &[Index], x: Operand, loc: Loc) -> Value {
 #[track_caller]
 pub fn iota(shape: impl Entries, dim: usize) -> Value {
     let loc = Loc::caller();
-    match shape_of(shape.entries(), loc) {
+    match shape_of(&shape.entries(), loc) {
         Some(shape) => context::emit(OpKind::Iota { shape, dim }, &[], loc),
         None => Value::POISON,
     }

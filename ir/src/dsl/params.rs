@@ -1,6 +1,8 @@
 //! Kernel parameters as the macro's generated `build` sees them: the IR [`Param`] list from a
 //! signature and a [`Spec`], comptime arguments read from the spec, scalar parameters.
 
+use std::collections::BTreeMap;
+
 use crate::diag::Diagnostic;
 use crate::kernel::{Loc, OpKind, Param};
 
@@ -96,4 +98,12 @@ pub fn comptime<T: ComptimeArg>(spec: &Spec, name: &str) -> Result<T, Diagnostic
 #[track_caller]
 pub fn scalar_param(index: usize) -> Value {
     context::emit(OpKind::ScalarParam(index), &[], Loc::caller())
+}
+
+/// The comptime map the generated `launch`/`interpret` pass on, from `(name, value)` pairs.
+pub fn comptime_map(entries: &[(&str, ComptimeValue)]) -> BTreeMap<String, ComptimeValue> {
+    entries
+        .iter()
+        .map(|(name, v)| ((*name).to_string(), *v))
+        .collect()
 }

@@ -1,0 +1,304 @@
+//! Every example kernel of `kiln-examples` under the interpreter against its f64 reference:
+//! several shapes including ones that are not tile multiples, every input distribution,
+//! comptime variants, and outputs poisoned with NaN before each run.
+
+use std::collections::BTreeMap;
+
+use kiln_ir::dsl::{ComptimeValue, KernelDef};
+use kiln_ir::interp::{HostArg, run_def};
+use kiln_ir::{DType, HostTensor};
+use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::inputs::{Dist, Rng, tensor, with_row_padding};
+use kiln_tests::reference;
+
+fn example(name: &str) -> &'static dyn KernelDef {
+    kiln_examples::registry()
+        .iter()
+        .copied()
+        .find(|d| d.name() == name)
+        .unwrap_or_else(|| panic!("no example kernel named {name}"))
+}
+
+fn comptime(values: &[(&str, ComptimeValue)]) -> BTreeMap<String, ComptimeValue> {
+    values.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+fn cdiv(a: usize, b: usize) -> u32 {
+    a.div_ceil(b) as u32
+}
+
+#[test]
+fn vector_add_matches_reference() {
+    let def = example("vector_add");
+    let mut rng = Rng::from_env();
+    for n in [1, 1023, 1024, 5000] {
+        for dist in Dist::ALL {
+            let a = tensor(&mut rng, &[n], DType::F32, dist);
+            let b = tensor(&mut rng, &[n], DType::F32, dist);
+            let mut c = poisoned(&[n], DType::F32);
+            let mut args = [
+                HostArg::Tensor(&a),
+                HostArg::Tensor(&b),
+                HostArg::TensorMut(&mut c),
+            ];
+            // Grid: (cdiv(n, 1024), 1, 1).
+            run_def(def, &BTreeMap::new(), [cdiv(n, 1024), 1, 1], &mut args).unwrap();
+            let case = Case {
+                kernel: "vector_add".into(),
+                shape: format!("n={n}"),
+                dist,
+                seed: rng.seed(),
+            };
+            assert_close(
+                &case,
+                &c,
+                &reference::vector_add(&a, &b),
+                tolerance(DType::F32),
+            );
+        }
+    }
+}
+
+#[test]
+fn softmax_matches_reference() {
+    let def = example("softmax");
+    let mut rng = Rng::from_env();
+    for (bm, bn) in [(4, 512), (8, 128)] {
+        let ct = comptime(&[
+            ("BM", ComptimeValue::Usize(bm)),
+            ("BN", ComptimeValue::Usize(bn)),
+        ]);
+        for (m, n) in [(1, 1), (7, 1000), (33, 513), (16, 1024)] {
+            for dist in Dist::ALL {
+                let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+                // Normal inputs go through padded rows: a non-contiguous outer stride.
+                let x = if dist == Dist::Normal {
+                    with_row_padding(&x, 5)
+                } else {
+                    x
+                };
+                let mut y = poisoned(&[m, n], DType::F32);
+                let mut args = [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)];
+                // Grid: (cdiv(M, BM), 1, 1).
+                run_def(def, &ct, [cdiv(m, bm), 1, 1], &mut args).unwrap();
+                let case = Case {
+                    kernel: format!("softmax<BM={bm},BN={bn}>"),
+                    shape: format!("m={m} n={n}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                assert_close(
+                    &case,
+                    &y,
+                    &reference::softmax_rows(&x),
+                    tolerance(DType::F32),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_matches_reference() {
+    let def = example("gemm");
+    let mut rng = Rng::from_env();
+    for (bm, bn, bk) in [(128, 128, 32), (64, 64, 64)] {
+        let ct = comptime(&[
+            ("BM", ComptimeValue::Usize(bm)),
+            ("BN", ComptimeValue::Usize(bn)),
+            ("BK", ComptimeValue::Usize(bk)),
+        ]);
+        for (m, n, k) in [(130, 70, 50), (1, 1, 1), (128, 128, 64), (65, 200, 97)] {
+            for dist in Dist::ALL {
+                let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
+                // Normal inputs read `a` through padded rows (strides not 16-byte aligned).
+                let a = if dist == Dist::Normal {
+                    with_row_padding(&a, 3)
+                } else {
+                    a
+                };
+                let b = tensor(&mut rng, &[k, n], DType::Bf16, dist);
+                let mut c = poisoned(&[m, n], DType::Bf16);
+                let mut args = [
+                    HostArg::Tensor(&a),
+                    HostArg::Tensor(&b),
+                    HostArg::TensorMut(&mut c),
+                ];
+                // Grid: (cdiv(M, BM), cdiv(N, BN), 1).
+                run_def(def, &ct, [cdiv(m, bm), cdiv(n, bn), 1], &mut args).unwrap();
+                let case = Case {
+                    kernel: format!("gemm<BM={bm},BN={bn},BK={bk}>"),
+                    shape: format!("m={m} n={n} k={k}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                assert_close(&case, &c, &reference::gemm(&a, &b), tolerance(DType::Bf16));
+            }
+        }
+    }
+}
+
+/// One attention problem: batch, heads, query and key lengths, head dim, causal.
+struct Attn {
+    b: usize,
+    h: usize,
+    sq: usize,
+    sk: usize,
+    d: usize,
+    causal: bool,
+}
+
+fn run_attention(rng: &mut Rng, p: &Attn, dist: Dist) {
+    let def = example("attention");
+    let q = tensor(rng, &[p.b, p.h, p.sq, p.d], DType::Bf16, dist);
+    let k = tensor(rng, &[p.b, p.h, p.sk, p.d], DType::Bf16, dist);
+    let v = tensor(rng, &[p.b, p.h, p.sk, p.d], DType::Bf16, dist);
+    // Normal inputs read `k` through padded rows (strides not 16-byte aligned).
+    let k = if dist == Dist::Normal {
+        with_row_padding(&k, 1)
+    } else {
+        k
+    };
+    // The usual 1/sqrt(d), perturbed so that no test depends on one exact scale.
+    let scale = (rng.uniform(0.5, 1.5) / (p.d as f64).sqrt()) as f32;
+    let mut o = poisoned(&[p.b, p.h, p.sq, p.d], DType::Bf16);
+    let ct = comptime(&[
+        ("d", ComptimeValue::Usize(p.d)),
+        ("causal", ComptimeValue::Bool(p.causal)),
+    ]);
+    let mut args = [
+        HostArg::Tensor(&q),
+        HostArg::Tensor(&k),
+        HostArg::Tensor(&v),
+        HostArg::TensorMut(&mut o),
+        HostArg::F32(scale),
+    ];
+    // Grid: (cdiv(sq, 128), heads, batch).
+    let grid = [cdiv(p.sq, 128), p.h as u32, p.b as u32];
+    run_def(def, &ct, grid, &mut args).unwrap();
+    let case = Case {
+        kernel: format!("attention<d={},causal={}>", p.d, p.causal),
+        shape: format!("b={} h={} sq={} sk={} scale={scale}", p.b, p.h, p.sq, p.sk),
+        dist,
+        seed: rng.seed(),
+    };
+    let want = reference::attention(&q, &k, &v, f64::from(scale), p.causal);
+    assert_close(&case, &o, &want, tolerance(DType::Bf16));
+}
+
+#[test]
+fn attention_matches_reference() {
+    let mut rng = Rng::from_env();
+    for d in [64, 128] {
+        for (sq, sk, causal) in [(100, 100, false), (100, 100, true), (150, 90, true)] {
+            for dist in Dist::ALL {
+                let p = Attn {
+                    b: 1,
+                    h: 2,
+                    sq,
+                    sk,
+                    d,
+                    causal,
+                };
+                run_attention(&mut rng, &p, dist);
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_batches_and_long_keys() {
+    // Several key blocks per query block, batch > 1, sq < sk with causal masking, and a
+    // whole query block (sq = 300, sk = 40) that sees no key.
+    let mut rng = Rng::from_env();
+    for (sq, sk, causal) in [(130, 300, false), (60, 200, true), (300, 40, true)] {
+        let p = Attn {
+            b: 2,
+            h: 1,
+            sq,
+            sk,
+            d: 64,
+            causal,
+        };
+        run_attention(&mut rng, &p, Dist::Normal);
+    }
+}
+
+#[test]
+fn fully_masked_rows_output_zero() {
+    // sq = 150 > sk = 90 causal: queries 0..60 see no key; their output must be exactly 0.
+    let mut rng = Rng::from_env();
+    let def = example("attention");
+    let (sq, sk, d) = (150, 90, 64);
+    let q = tensor(&mut rng, &[1, 1, sq, d], DType::Bf16, Dist::Normal);
+    let k = tensor(&mut rng, &[1, 1, sk, d], DType::Bf16, Dist::Normal);
+    let v = tensor(&mut rng, &[1, 1, sk, d], DType::Bf16, Dist::Normal);
+    let mut o: HostTensor = poisoned(&[1, 1, sq, d], DType::Bf16);
+    let ct = comptime(&[
+        ("d", ComptimeValue::Usize(d)),
+        ("causal", ComptimeValue::Bool(true)),
+    ]);
+    let mut args = [
+        HostArg::Tensor(&q),
+        HostArg::Tensor(&k),
+        HostArg::Tensor(&v),
+        HostArg::TensorMut(&mut o),
+        HostArg::F32(0.125),
+    ];
+    run_def(def, &ct, [cdiv(sq, 128), 1, 1], &mut args).unwrap();
+    let out = o.to_f64_vec();
+    let masked = (sq - sk) * d;
+    assert!(
+        out[..masked].iter().all(|&x| x == 0.0),
+        "rows that see no key must be 0, KILN_SEED={}",
+        rng.seed()
+    );
+    assert!(
+        out[masked..].iter().all(|x| x.is_finite()),
+        "KILN_SEED={}",
+        rng.seed()
+    );
+}
+
+#[test]
+fn typed_interpret_methods_agree_with_references() {
+    // The `interpret` methods the macro generates: comptime values first, then the launch
+    // arguments in order.
+    let mut rng = Rng::from_env();
+    let (m, n) = (9, 700);
+    let x = tensor(&mut rng, &[m, n], DType::F32, Dist::Normal);
+    let mut y = poisoned(&[m, n], DType::F32);
+    kiln_examples::softmax::softmax
+        .interpret([cdiv(m, 4), 1, 1], 4, 256, &x, &mut y)
+        .unwrap();
+    let case = Case {
+        kernel: "softmax.interpret<BM=4,BN=256>".into(),
+        shape: format!("m={m} n={n}"),
+        dist: Dist::Normal,
+        seed: rng.seed(),
+    };
+    assert_close(
+        &case,
+        &y,
+        &reference::softmax_rows(&x),
+        tolerance(DType::F32),
+    );
+
+    let (sq, sk, d) = (70, 130, 128);
+    let q = tensor(&mut rng, &[1, 1, sq, d], DType::Bf16, Dist::Uniform);
+    let k = tensor(&mut rng, &[1, 1, sk, d], DType::Bf16, Dist::Uniform);
+    let v = tensor(&mut rng, &[1, 1, sk, d], DType::Bf16, Dist::Uniform);
+    let mut o = poisoned(&[1, 1, sq, d], DType::Bf16);
+    let scale = 1.0 / (d as f32).sqrt();
+    kiln_examples::attention::attention
+        .interpret([cdiv(sq, 128), 1, 1], d, true, &q, &k, &v, &mut o, scale)
+        .unwrap();
+    let case = Case {
+        kernel: "attention.interpret<d=128,causal=true>".into(),
+        shape: format!("b=1 h=1 sq={sq} sk={sk}"),
+        dist: Dist::Uniform,
+        seed: rng.seed(),
+    };
+    let want = reference::attention(&q, &k, &v, f64::from(scale), true);
+    assert_close(&case, &o, &want, tolerance(DType::Bf16));
+}
