@@ -72,7 +72,8 @@ pub fn param_str(p: &Param) -> String {
     }
 }
 
-/// Prints one operation (without nested regions' contents) as it appears in a dump.
+/// Prints one operation as it appears in a dump, without nested regions and without the
+/// trailing source-location comment.
 pub fn op_str(kernel: &Kernel, op: OpId) -> String {
     let mut out = String::new();
     print_op(kernel, op, 0, &mut out, false);
@@ -221,7 +222,8 @@ fn print_op(kernel: &Kernel, id: OpId, level: usize, out: &mut String, regions: 
     if has_regions {
         line.push_str(" {");
     }
-    if op.loc.is_known() && !matches!(op.kind, OpKind::Yield) {
+    // A single op (`op_str`, used in PTX comments and verifier errors) names its location elsewhere.
+    if regions && op.loc.is_known() && !matches!(op.kind, OpKind::Yield) {
         let pad = LOC_COLUMN.saturating_sub(line.len()).max(1);
         let _ = write!(line, "{:pad$}// {}:{}", "", op.loc.file, op.loc.line);
     }
