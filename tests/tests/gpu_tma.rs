@@ -5,13 +5,13 @@
 //!
 //! GPU tests (names contain `gpu`) print "skipped: no CUDA driver" and return without a GPU,
 //! and "skipped: needs an sm_90 GPU" on other GPUs. `ptxas_assembles_the_sm90a_kernels` needs
-//! no GPU: it assembles both kernels with ptxas (`$KILN_PTXAS`, else the pinned copy at
+//! no GPU: it assembles the three kernels with ptxas (`$KILN_PTXAS`, else the pinned copy at
 //! `/work/.tools-ptxas/nvidia/cu13/bin/ptxas`), so CI checks the PTX.
 
 use std::fmt::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kiln_ir::{DType, HostTensor, Target};
+use kiln_ir::{DType, HostTensor, Target, TensorData};
 use kiln_ptx::PtxModule;
 use kiln_runtime::{
     ClusterError, ClusterLaunch, Device, KernelParams, L2Promotion, LaunchError, LoadedKernel,
@@ -210,6 +210,75 @@ DONE:
     ret;
 }
 "#;
+
+/// One CTA of 128 threads loads one 2-D box at coordinates `(c0, c1)` (innermost first) through
+/// a tensor map into shared memory (completed on an mbarrier armed with `box_bytes`), then
+/// copies the raw shared-memory image word by word to `out`, so the host can check the TMA
+/// itself: addressing, out-of-bounds fill and the swizzle pattern.
+const TMA_BOX_PTX: &str = r#"
+.version 8.0
+.target sm_90a
+.address_size 64
+
+.extern .shared .align 1024 .b8 smem[];
+
+.visible .entry tma_box(
+    .param .align 64 .b8 tma_box_map[128],
+    .param .u64 out_ptr,
+    .param .s32 c0,
+    .param .s32 c1,
+    .param .u32 box_bytes)
+.reqntid 128, 1, 1
+{
+    .reg .pred %p<4>;
+    .reg .b32 %r<12>;
+    .reg .b64 %rd<6>;
+
+    mov.b64 %rd1, tma_box_map;
+    cvta.param.u64 %rd1, %rd1;
+    ld.param.u64 %rd2, [out_ptr];
+    cvta.to.global.u64 %rd2, %rd2;
+    ld.param.s32 %r1, [c0];
+    ld.param.s32 %r2, [c1];
+    ld.param.u32 %r3, [box_bytes];
+    // The box at offset 0 (1024-B aligned, a whole number of swizzle atoms), the mbarrier
+    // after the largest box (TMA_BOX_MAX_BYTES).
+    mov.u32 %r4, smem;
+    add.u32 %r5, %r4, 32768;
+    mov.u32 %r6, %tid.x;
+    setp.eq.u32 %p1, %r6, 0;
+    @!%p1 bra INITED;
+    mbarrier.init.shared::cta.b64 [%r5], 1;
+    fence.mbarrier_init.release.cluster;
+    fence.proxy.async.shared::cta;
+INITED:
+    bar.sync 0;
+    @!%p1 bra ISSUED;
+    mbarrier.arrive.expect_tx.shared::cta.b64 _, [%r5], %r3;
+    cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%r4], [%rd1, {%r1, %r2}], [%r5];
+ISSUED:
+    mov.u32 %r7, 0;
+WAIT:
+    mbarrier.try_wait.parity.shared::cta.b64 %p2, [%r5], %r7;
+    @!%p2 bra WAIT;
+    shl.b32 %r8, %r6, 2;
+COPY:
+    setp.ge.u32 %p3, %r8, %r3;
+    @%p3 bra DONE;
+    add.u32 %r9, %r4, %r8;
+    ld.shared.u32 %r10, [%r9];
+    cvt.u64.u32 %rd3, %r8;
+    add.s64 %rd4, %rd2, %rd3;
+    st.global.u32 [%rd4], %r10;
+    add.u32 %r8, %r8, 512;
+    bra COPY;
+DONE:
+    ret;
+}
+"#;
+
+/// The largest box `tma_box` has room for (its mbarrier sits right after).
+const TMA_BOX_MAX_BYTES: u32 = 32768;
 
 /// An sm_90 device, or `None` after printing why the test is skipped.
 fn hopper() -> Option<Device> {
@@ -438,6 +507,174 @@ fn gpu_tensor_map_rule_violations_are_typed_before_the_driver() {
     );
 }
 
+/// The byte offset TMA gives byte `addr` of a box image under `swizzle`: the 16-byte chunk
+/// index (address bits 4..) XORed with the row-of-128-bytes index (bits 7..), over 1, 2 or 3
+/// bits for 32-, 64- and 128-byte swizzles (CUTLASS `Swizzle<B, 4, 3>`; ptx-notes §3).
+fn swizzled(addr: usize, swizzle: Swizzle) -> usize {
+    let bits = match swizzle {
+        Swizzle::None => 0,
+        Swizzle::B32 => 1,
+        Swizzle::B64 => 3,
+        Swizzle::B128 => 7,
+    };
+    addr ^ (((addr >> 7) & bits) << 4)
+}
+
+/// Element `i`'s little-endian bytes.
+fn elem_bytes(data: &TensorData, i: usize) -> Vec<u8> {
+    match data {
+        TensorData::Bf16(v) => v[i].to_bits().to_le_bytes().to_vec(),
+        TensorData::F16(v) => v[i].to_bits().to_le_bytes().to_vec(),
+        TensorData::F32(v) => v[i].to_le_bytes().to_vec(),
+        TensorData::I32(v) => v[i].to_le_bytes().to_vec(),
+    }
+}
+
+/// Whether little-endian `bytes` of `dtype` hold a NaN.
+fn is_nan(dtype: DType, bytes: &[u8]) -> bool {
+    match dtype {
+        DType::Bf16 => half::bf16::from_bits(u16::from_le_bytes([bytes[0], bytes[1]])).is_nan(),
+        DType::F16 => half::f16::from_bits(u16::from_le_bytes([bytes[0], bytes[1]])).is_nan(),
+        _ => f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]).is_nan(),
+    }
+}
+
+/// One TMA box case: a `[rows, cols]` column window at `col_off` of a `[rows, cols + col_off]`
+/// tensor, a `box_dims` box (outermost first) at coordinates `(c0, c1)` (innermost first).
+struct BoxCase {
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    col_off: usize,
+    box_dims: [u32; 2],
+    swizzle: Swizzle,
+    fill: OobFill,
+    c0: i32,
+    c1: i32,
+}
+
+/// Loads the case's box with `tma_box` and checks every element of the shared-memory image:
+/// in-range elements bit for bit at their swizzled place, out-of-range ones zero or NaN.
+fn check_box(dev: &Device, kernel: &LoadedKernel, case: &BoxCase) {
+    let mut rng = Rng::from_clock();
+    let seed = rng.0;
+    let width = case.cols + case.col_off;
+    let host = HostTensor::from_fn(&[case.rows, width], case.dtype, |_| {
+        rng.int(-1000, 1000) / 8.0
+    });
+    let view = dev
+        .upload(&host)
+        .expect("upload")
+        .narrow(1, case.col_off, case.cols)
+        .expect("window");
+    let map = TensorMap::tiled(
+        dev,
+        &view,
+        &case.box_dims,
+        case.swizzle,
+        L2Promotion::None,
+        case.fill,
+    )
+    .expect("valid map");
+    let bytes = map.box_bytes();
+    assert!(bytes <= TMA_BOX_MAX_BYTES as usize);
+    let out = dev.alloc(DType::I32, &[bytes / 4]).expect("alloc");
+    dev.fill_nan(&out).expect("poison");
+    let mut params = KernelParams::new();
+    params
+        .tensor_map(&map)
+        .pointer(&out)
+        .i32(case.c0)
+        .i32(case.c1)
+        .u32(bytes as u32);
+    // SAFETY: parameters as declared; map and `out` outlive the launch (download syncs).
+    unsafe {
+        launch_ex(
+            kernel,
+            ClusterLaunch::new([1, 1, 1], [1, 1, 1]),
+            &mut params,
+        )
+    }
+    .expect("launch");
+    let TensorData::I32(words) = out.download().expect("download (synchronises)").data else {
+        unreachable!("an i32 tensor downloads as i32")
+    };
+    let image: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let elem = case.dtype.size_bytes();
+    let [box_rows, box_cols] = case.box_dims.map(|b| b as usize);
+    let what = format!(
+        "{} [{}, {}] box {:?} {:?} {:?} at ({}, {}) (seed {seed})",
+        case.dtype, case.rows, case.cols, case.box_dims, case.swizzle, case.fill, case.c0, case.c1
+    );
+    for r in 0..box_rows {
+        for c in 0..box_cols {
+            let at = swizzled((r * box_cols + c) * elem, case.swizzle);
+            let got = &image[at..at + elem];
+            let (gr, gc) = (case.c1 as i64 + r as i64, case.c0 as i64 + c as i64);
+            if (0..case.rows as i64).contains(&gr) && (0..case.cols as i64).contains(&gc) {
+                let want = elem_bytes(&host.data, gr as usize * width + case.col_off + gc as usize);
+                assert_eq!(
+                    got, want,
+                    "{what}: box element [{r}, {c}] = tensor [{gr}, {gc}]"
+                );
+            } else if case.fill == OobFill::Zero {
+                assert!(
+                    got.iter().all(|&b| b == 0),
+                    "{what}: box element [{r}, {c}] should be 0"
+                );
+            } else {
+                assert!(
+                    is_nan(case.dtype, got),
+                    "{what}: box element [{r}, {c}] should be NaN"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_tma_box_loads_fill_and_swizzle_as_modelled() {
+    let Some(dev) = hopper() else { return };
+    let kernel = dev
+        .load_ptx(PtxModule {
+            ptx: TMA_BOX_PTX.to_string(),
+            entry: "tma_box".into(),
+            threads_per_block: 128,
+            dynamic_smem_bytes: TMA_BOX_MAX_BYTES + 8,
+            target: Target::Sm90a,
+        })
+        .expect("JIT load of the TMA box kernel");
+    let case = |dtype, rows, cols, col_off, box_dims, swizzle, fill, c0, c1| BoxCase {
+        dtype,
+        rows,
+        cols,
+        col_off,
+        box_dims,
+        swizzle,
+        fill,
+        c0,
+        c1,
+    };
+    use DType::{Bf16, F16, F32};
+    use OobFill::{NanRequestZeroFma as Nan, Zero};
+    let cases = [
+        // The wgmma operand box, in range, then hanging over both ends (negative coordinates too).
+        case(Bf16, 128, 64, 0, [64, 64], Swizzle::B128, Zero, 0, 64),
+        case(Bf16, 100, 72, 0, [64, 64], Swizzle::B128, Zero, 64, 64),
+        case(Bf16, 100, 72, 0, [64, 64], Swizzle::B128, Zero, -8, -3),
+        // An f32 window at a 32-byte offset, NaN fill.
+        case(F32, 20, 36, 8, [16, 32], Swizzle::B128, Nan, 16, 10),
+        case(F32, 64, 64, 0, [64, 32], Swizzle::B128, Zero, 32, 0),
+        // No swizzle with a 512-byte row; the narrower swizzles.
+        case(F16, 5, 296, 0, [8, 256], Swizzle::None, Zero, 100, 0),
+        case(Bf16, 40, 24, 0, [32, 32], Swizzle::B64, Zero, 0, 20),
+        case(Bf16, 40, 24, 0, [16, 16], Swizzle::B32, Nan, 16, 30),
+    ];
+    for c in &cases {
+        check_box(&dev, &kernel, c);
+    }
+}
+
 /// Launches `cluster_ranks` over `grid` CTAs in clusters of `cluster` and checks each CTA's
 /// rank, the cluster size, and the peer value read through distributed shared memory.
 fn check_cluster(dev: &Device, kernel: &LoadedKernel, grid: u32, cluster: u32) {
@@ -519,6 +756,7 @@ fn ptxas_assembles_the_sm90a_kernels() {
     }
     for (name, ptx) in [
         ("tma_wgmma", tma_wgmma_ptx()),
+        ("tma_box", TMA_BOX_PTX.into()),
         ("cluster_ranks", CLUSTER_PTX.into()),
     ] {
         let report =
