@@ -1,7 +1,10 @@
 //! The benchmarks' command line: `--out PATH` (JSON results), `--iters N`, `--warmup N`,
-//! `--quick` (a reduced sweep for a smoke run).
+//! `--quick` (a reduced sweep for a smoke run), `--target sm_80|sm_90a|sm_100a` (default: the
+//! runtime's default, sm_80).
 
 use std::path::PathBuf;
+
+use kiln_ir::Target;
 
 /// Parsed options.
 #[derive(Clone, Debug, PartialEq)]
@@ -14,11 +17,15 @@ pub struct Args {
     pub warmup: usize,
     /// Run a reduced sweep.
     pub quick: bool,
+    /// The target to compile kiln kernels for; `None` keeps the runtime's default.
+    pub target: Option<Target>,
 }
 
 /// A command-line error, with the usage line.
 #[derive(Debug, thiserror::Error)]
-#[error("{message}\nusage: {program} [--out PATH] [--iters N] [--warmup N] [--quick]")]
+#[error(
+    "{message}\nusage: {program} [--out PATH] [--iters N] [--warmup N] [--quick] [--target NAME]"
+)]
 pub struct ArgsError {
     program: String,
     message: String,
@@ -43,6 +50,7 @@ impl Args {
             iters: 30,
             warmup: 5,
             quick: false,
+            target: None,
         };
         let mut it = args.into_iter();
         while let Some(flag) = it.next() {
@@ -64,6 +72,10 @@ impl Args {
                     }
                 }
                 "--quick" => out.quick = true,
+                "--target" => {
+                    let v = value("--target")?;
+                    out.target = Some(v.parse().map_err(|e| err(format!("{e}")))?);
+                }
                 other => return Err(err(format!("unknown option `{other}`"))),
             }
         }

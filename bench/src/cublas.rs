@@ -37,17 +37,18 @@ impl Cublas {
         b: &DeviceTensor,
         c: &DeviceTensor,
     ) -> Result<(), BenchError> {
-        let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
-        let ok = b.shape()[0] == k
-            && c.shape() == [m, n]
-            && [a, b, c].iter().all(|t| t.layout().is_contiguous());
-        if !ok {
+        let shapes_ok = match (a.shape(), b.shape(), c.shape()) {
+            (&[m, k], &[k2, n], &[m2, n2]) => k == k2 && m == m2 && n == n2,
+            _ => false,
+        };
+        if !shapes_ok || ![a, b, c].iter().all(|t| t.layout().is_contiguous()) {
             return Err(BenchError::Runtime(kiln_runtime::RuntimeError::Shape {
                 what: "cuBLAS gemm operands",
                 expected: "contiguous a[M,K], b[K,N], c[M,N]".into(),
                 got: format!("a{:?} b{:?} c{:?}", a.shape(), b.shape(), c.shape()),
             }));
         }
+        let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
         let dim = |v: usize| v as i32;
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: the three buffers are live device allocations of the shapes checked above;

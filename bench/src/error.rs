@@ -28,6 +28,9 @@ pub enum BenchError {
     /// A kernel the benchmark needs is not in `kiln_examples::registry()`.
     #[error("no example kernel named `{0}`")]
     NoKernel(&'static str),
+    /// The kernel's comptime values could not be set.
+    #[error("{0}")]
+    Spec(#[from] kiln_ir::dsl::def::SpecError),
     /// A kiln result disagrees with the peer's.
     #[error("{what}: relative error {error:.3e} against {peer} exceeds {tolerance:.0e}")]
     Wrong {

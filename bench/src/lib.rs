@@ -1,7 +1,12 @@
 //! Shared parts of kiln's benchmark binaries: timing loops with CUDA events and rotated
 //! inputs, random device inputs, cuBLAS, a minimal JSON writer, the run's metadata and a text
-//! table. Benchmarks run by hand on a GPU (`bench/README` in the binaries' docs); they are
-//! never tests.
+//! table. Benchmarks are never tests; they run by hand on a GPU host:
+//!
+//! - build here: `../shared/tools/gpu-bundle -p kiln-bench` (binaries land in `.gpu/bin/`);
+//! - on the GPU: `bench/run-gemm.sh [OUT.json] [--quick]` (kiln gemm vs cuBLAS) and
+//!   `bench/run-attention.sh [OUT.json] [--quick]` (kiln attention, then PyTorch SDPA with the
+//!   FlashAttention-2 and cuDNN backends via `bench/peers.py`, merged into one table);
+//! - results default to `bench/results/<bench>-<UTC date>.json`.
 
 pub mod cli;
 pub mod cublas;
@@ -9,6 +14,7 @@ pub mod error;
 pub mod harness;
 pub mod inputs;
 pub mod json;
+pub mod kernels;
 pub mod report;
 
 pub use error::BenchError;

@@ -2,7 +2,8 @@
 //! with broadcasting of slice-layout operands. bf16 and f16 are computed in f32 and rounded
 //! after each operation, as the IR specifies.
 
-use kiln_ir::{BinaryOp, DType, OpId, OpKind, UnaryOp};
+use kiln_ir::schedule::Term;
+use kiln_ir::{BinaryOp, DType, OpId, OpKind, Shape, UnaryOp, ValueId};
 
 use crate::CodegenError;
 use crate::types::{Class, Reg, f32_imm};
@@ -31,61 +32,146 @@ impl Writer<'_> {
             self.vals.insert(r, Val::Scalar(reg));
             return Ok(());
         };
-        let d = self.dist(r, id)?;
-        let n = d.regs.len();
-        let mut per_operand: Vec<Vec<Reg>> = Vec::new();
-        for &v in &op.operands {
-            match self.val(v, id)? {
-                Val::Scalar(s) => per_operand.push(vec![s; n]),
-                Val::Tile(regs) => {
-                    let e = self.dist(v, id)?;
-                    let vshape = self.k.ty(v).shape().cloned().unwrap_or(shape.clone());
-                    if vshape == shape {
-                        if e != d {
-                            return Err(self.unsupported(id, "operands in different layouts"));
-                        }
-                        per_operand.push(regs);
-                    } else {
-                        let bdims: Vec<usize> = (0..shape.rank())
-                            .filter(|&k| vshape.dims()[k] == 1 && shape.dims()[k] != 1)
-                            .collect();
-                        let fits = (0..shape.rank()).all(|k| {
-                            if bdims.contains(&k) {
-                                e.terms[k].is_empty()
-                            } else {
-                                e.terms[k] == d.terms[k]
-                            }
-                        });
-                        if !fits {
-                            return Err(self.unsupported(id, "a broadcast needing a layout change"));
-                        }
-                        let mut gathered = Vec::with_capacity(n);
-                        for offs in &d.regs {
-                            let want: Vec<u32> = offs
-                                .iter()
-                                .enumerate()
-                                .map(|(k, &o)| if bdims.contains(&k) { 0 } else { o })
-                                .collect();
-                            let j = e.regs.iter().position(|x| *x == want).ok_or_else(|| {
-                                self.internal(id, "broadcast operand lacks an element")
-                            })?;
-                            gathered.push(regs[j]);
-                        }
-                        per_operand.push(gathered);
-                    }
+        if let OpKind::Cast {
+            to: to @ (DType::Bf16 | DType::F16),
+        } = op.kind
+            && in_dtype == DType::F32
+            && self.uses.get(&r).is_some_and(|us| {
+                us.iter()
+                    .all(|&u| self.k.ops[u].kind == OpKind::Mma && self.k.ops[u].operands[0] == r)
+            })
+        {
+            let src = self.tile(op.operands[0], id)?;
+            self.vals.insert(r, Val::Narrowed { src, to });
+            return Ok(());
+        }
+        if let (OpKind::Binary(b @ (BinaryOp::Add | BinaryOp::Sub)), [x, y]) =
+            (&op.kind, op.operands.as_slice())
+        {
+            let (vx, vy) = (self.val(*x, id)?, self.val(*y, id)?);
+            let folded = match (vx, vy) {
+                (Val::Affine { base, offs }, Val::Scalar(s)) => Some((base, offs, s)),
+                (Val::Scalar(s), Val::Affine { base, offs }) if *b == BinaryOp::Add => {
+                    Some((base, offs, s))
                 }
-                Val::Smem { .. } => {
-                    return Err(self.unsupported(id, "elementwise math on a shared-memory tile"));
-                }
+                _ => None,
+            };
+            if let Some((base, offs, s)) = folded {
+                let nb = self.new_reg(Class::B32);
+                self.ins(format!("{}.s32 {nb}, {base}, {s}", b.name()));
+                self.vals.insert(r, Val::Affine { base: nb, offs });
+                return Ok(());
             }
         }
-        let mut out = Vec::with_capacity(n);
-        for k in 0..n {
-            let srcs: Vec<Reg> = per_operand.iter().map(|p| p[k]).collect();
-            out.push(self.element(id, &op.kind, in_dtype, out_dtype, &srcs)?);
+        let d = self.dist(r, id)?;
+        for &v in &op.operands {
+            self.check_broadcast(v, &shape, &d.terms, id)?;
+        }
+        if self.fusable(id, r) {
+            self.vals.insert(r, Val::Lazy(id));
+            return Ok(());
+        }
+        let mut out = Vec::with_capacity(d.regs.len());
+        for offs in &d.regs {
+            out.push(self.lazy_element(id, offs)?);
         }
         self.vals.insert(r, Val::Tile(out));
         Ok(())
+    }
+
+    /// Checks that tile operand `v` of an op with result `shape` and thread terms `terms`
+    /// either has the same terms or is a slice of them along its broadcast dimensions, so
+    /// that elements can be matched by register offsets.
+    fn check_broadcast(
+        &mut self,
+        v: ValueId,
+        shape: &Shape,
+        terms: &[Vec<Term>],
+        id: OpId,
+    ) -> Result<(), CodegenError> {
+        let Some(vshape) = self.k.ty(v).shape().cloned() else {
+            return Ok(());
+        };
+        let e = self.dist(v, id)?;
+        let fits = (0..shape.rank()).all(|k| {
+            if vshape.dims()[k] == 1 && shape.dims()[k] != 1 {
+                e.terms[k].is_empty()
+            } else {
+                e.terms[k] == terms[k]
+            }
+        });
+        if fits {
+            Ok(())
+        } else {
+            Err(self.unsupported(id, "operands in layouts that need a conversion"))
+        }
+    }
+
+    /// Whether elementwise op `id` (result `r`) can be left unwritten and computed element by
+    /// element inside its only user, an elementwise op or reduction of the same block. This
+    /// fuses chains such as masks, so their intermediate tiles never occupy registers at once.
+    fn fusable(&self, id: OpId, r: ValueId) -> bool {
+        let Some([u]) = self.uses.get(&r).map(Vec::as_slice) else {
+            return false;
+        };
+        let elementwise = matches!(
+            self.k.ops[*u].kind,
+            OpKind::Unary(_)
+                | OpKind::Binary(_)
+                | OpKind::Select
+                | OpKind::Cast { .. }
+                | OpKind::Reduce { .. }
+        );
+        elementwise && self.parents.get(u) == self.parents.get(&id)
+    }
+
+    /// Writes the element at register offsets `offs` of elementwise op `id`'s result.
+    pub(crate) fn lazy_element(&mut self, id: OpId, offs: &[u32]) -> Result<Reg, CodegenError> {
+        let op = self.k.ops[id].clone();
+        let r = op.results[0];
+        let in_dtype = match op.kind {
+            OpKind::Select => self.k.ty(op.operands[1]).dtype(),
+            _ => self.k.ty(op.operands[0]).dtype(),
+        };
+        let mut srcs = Vec::with_capacity(op.operands.len());
+        for &v in &op.operands {
+            srcs.push(self.elem(v, offs, id)?);
+        }
+        self.element(id, &op.kind, in_dtype, self.k.ty(r).dtype(), &srcs)
+    }
+
+    /// The register holding the element of `v` at register offsets `offs` of a consumer of
+    /// the same rank (offsets along `v`'s broadcast dimensions are ignored), writing it if
+    /// `v` is lazy or affine.
+    pub(crate) fn elem(&mut self, v: ValueId, offs: &[u32], at: OpId) -> Result<Reg, CodegenError> {
+        let val = self.val(v, at)?;
+        if let Val::Scalar(s) = val {
+            return Ok(s);
+        }
+        let vshape = self
+            .k
+            .ty(v)
+            .shape()
+            .cloned()
+            .ok_or_else(|| self.internal(at, "tile value with a scalar type"))?;
+        let want: Vec<u32> = offs
+            .iter()
+            .zip(vshape.dims())
+            .map(|(&o, &n)| if n == 1 { 0 } else { o })
+            .collect();
+        let j = self.reg_index(v, &want, at)?;
+        match val {
+            Val::Tile(regs) => Ok(regs[j]),
+            Val::Affine { base, offs } => {
+                let x = self.new_reg(Class::B32);
+                self.ins(format!("add.s32 {x}, {base}, {}", offs[j]));
+                Ok(x)
+            }
+            Val::Lazy(op) => self.lazy_element(op, &want),
+            Val::Scalar(_) | Val::Narrowed { .. } | Val::Smem { .. } => {
+                Err(self.internal(at, format!("{v} has no register elements")))
+            }
+        }
     }
 
     /// The f32 value of a float element register.

@@ -16,17 +16,25 @@ impl Writer<'_> {
             Val::Tile(rs) => Ok(Val::Tile(
                 rs.iter().map(|r| self.new_reg(r.class)).collect(),
             )),
-            Val::Smem { .. } => Err(self.unsupported(at, "a shared-memory tile carried or merged")),
+            Val::Affine { offs, .. } => Ok(Val::Tile(
+                offs.iter().map(|_| self.new_reg(Class::B32)).collect(),
+            )),
+            Val::Smem { .. } | Val::Narrowed { .. } | Val::Lazy(_) => {
+                Err(self.unsupported(at, "a shared-memory or packed tile carried or merged"))
+            }
         }
     }
 
     /// Copies `src` into the registers of `dst`.
     fn assign(&mut self, dst: &Val, src: &Val, at: OpId) -> Result<(), CodegenError> {
         match (dst, src) {
-            (Val::Scalar(d), Val::Scalar(s)) => self.mov(*d, *s),
+            (Val::Scalar(d), Val::Scalar(s)) if d != s => self.mov(*d, *s),
+            (Val::Scalar(_), Val::Scalar(_)) => {}
             (Val::Tile(d), Val::Tile(s)) if d.len() == s.len() => {
                 for (d, s) in d.iter().zip(s) {
-                    self.mov(*d, *s);
+                    if d != s {
+                        self.mov(*d, *s);
+                    }
                 }
             }
             _ => return Err(self.internal(at, "carried value changes shape")),
@@ -42,12 +50,20 @@ impl Writer<'_> {
         values: &[ValueId],
         at: OpId,
     ) -> Result<(), CodegenError> {
-        let srcs = values
-            .iter()
-            .map(|&v| self.val(v, at))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut srcs = Vec::new();
+        for &v in values {
+            srcs.push(match self.val(v, at)? {
+                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.tile(v, at)?),
+                other => other,
+            });
+        }
+        // Moving in order is only wrong when a source is the destination of another move.
         let dst_regs: Vec<Reg> = dsts.iter().flat_map(regs_of).collect();
-        let overlap = srcs.iter().flat_map(regs_of).any(|r| dst_regs.contains(&r));
+        let src_regs: Vec<Reg> = srcs.iter().flat_map(regs_of).collect();
+        let overlap = src_regs
+            .iter()
+            .enumerate()
+            .any(|(i, r)| dst_regs.iter().enumerate().any(|(j, d)| i != j && d == r));
         let srcs = if overlap {
             let mut tmps = Vec::new();
             for s in &srcs {
@@ -79,7 +95,10 @@ impl Writer<'_> {
         self.vals.insert(body.args[0], Val::Scalar(iv));
         let mut carried = Vec::new();
         for (i, &init) in op.operands[3..].iter().enumerate() {
-            let v = self.val(init, id)?;
+            let v = match self.val(init, id)? {
+                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.tile(init, id)?),
+                other => other,
+            };
             let c = self.fresh_like(&v, id)?;
             self.assign(&c, &v, id)?;
             self.vals.insert(body.args[1 + i], c.clone());
@@ -158,6 +177,7 @@ fn regs_of(v: &Val) -> Vec<Reg> {
     match v {
         Val::Scalar(r) => vec![*r],
         Val::Tile(rs) => rs.clone(),
-        Val::Smem { .. } => Vec::new(),
+        Val::Affine { base, .. } => vec![*base],
+        Val::Smem { .. } | Val::Narrowed { .. } | Val::Lazy(_) => Vec::new(),
     }
 }

@@ -10,6 +10,36 @@ use crate::CodegenError;
 use crate::types::{Class, Reg};
 use crate::writer::{Val, Writer};
 
+/// Whether all registers are different (a splat shares one register among all elements).
+fn distinct(regs: &[Reg]) -> bool {
+    let set: std::collections::BTreeSet<Reg> = regs.iter().copied().collect();
+    set.len() == regs.len()
+}
+
+/// Which mma operand a shared tile feeds, and how it is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Operand {
+    /// A, stored `[M, K]`.
+    A,
+    /// B stored `[N, K]` (the transpose of a loaded tile, `k.t()`): plain ldmatrix.
+    BRows,
+    /// B stored `[K, N]`: ldmatrix.trans.
+    BCols,
+}
+
+/// The per-lane addressing of one shared operand in one mma.
+struct Lanes {
+    which: Operand,
+    /// Shared address of the stage.
+    base: Reg,
+    buf: SmemBuffer,
+    /// Lane- and warp-dependent row and chunk of the stored tile.
+    row: Reg,
+    chunk: Reg,
+    /// Per swizzle class of the chunk immediate, the lane's address.
+    keyed: Vec<(u32, Reg)>,
+}
+
 /// Per-warp geometry of one mma.
 struct Geometry {
     /// Warp grid.
@@ -51,15 +81,19 @@ impl Writer<'_> {
             _ => return Err(self.internal(id, "mma operands must be bf16 or f16")),
         };
         let (mf, nf) = (g.wm / 16, g.wn / 8);
-        let acc_in: Vec<Reg> = match op.operands.get(2) {
-            Some(&c) => self.tile(c, id)?,
+        let mut in_place = false;
+        let mut acc: Vec<Reg> = match op.operands.get(2) {
+            Some(&c) => {
+                let regs = self.tile(c, id)?;
+                in_place = self.dies_here(c, id) && distinct(&regs);
+                regs
+            }
             None => {
                 let z = self.new_reg(Class::F32);
                 self.ins(format!("mov.f32 {z}, 0f00000000"));
                 vec![z; (mf * nf * 4) as usize]
             }
         };
-        let mut acc: Vec<Reg> = acc_in;
         let lane = self.new_reg(Class::B32);
         let warp = self.new_reg(Class::B32);
         let (wr, wc) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
@@ -70,38 +104,127 @@ impl Writer<'_> {
         self.ins(format!("rem.u32 {wc}, {warp}, {}", g.warps[1]));
         let a_val = self.val(a, id)?;
         let b_val = self.val(b, id)?;
+        let mut a_src = match &a_val {
+            Val::Smem {
+                base,
+                buf,
+                transposed: false,
+            } => Some(self.operand_lanes(*base, buf, Operand::A, &g, [lane, wr, wc])),
+            _ => None,
+        };
+        let mut b_src = match &b_val {
+            Val::Smem {
+                base,
+                buf,
+                transposed,
+            } => {
+                let which = if *transposed {
+                    Operand::BRows
+                } else {
+                    Operand::BCols
+                };
+                self.operand_lanes(*base, buf, which, &g, [lane, wr, wc])
+            }
+            Val::Scalar(_)
+            | Val::Tile(_)
+            | Val::Affine { .. }
+            | Val::Lazy(_)
+            | Val::Narrowed { .. } => {
+                return Err(self.unsupported(id, "a register-resident mma B operand"));
+            }
+        };
         for s in 0..g.k / 16 {
             let mut a_frags = Vec::new();
             for mi in 0..mf {
-                a_frags.push(self.a_fragment(id, &a_val, a, &g, mi, s, lane, wr)?);
+                let frag = match &mut a_src {
+                    Some(src) => self.ldmatrix(src, mi * 16, 2 * s),
+                    None => self.a_from_registers(id, &a_val, a, &g, mi, s)?,
+                };
+                a_frags.push(frag);
             }
-            let mut b_frags = Vec::new();
             for np in 0..nf.div_ceil(2) {
-                let regs = self.b_fragments(id, &b_val, &g, np, s, lane, wc, nf)?;
-                b_frags.extend(regs);
-            }
-            let mut next = Vec::with_capacity(acc.len());
-            for (mi, a4) in a_frags.iter().enumerate() {
-                for (ni, b2) in b_frags.iter().enumerate() {
-                    let base = (mi * nf as usize + ni) * 4;
-                    let d: Vec<Reg> = (0..4).map(|_| self.new_reg(Class::F32)).collect();
-                    let c = &acc[base..base + 4];
-                    self.ins(format!(
-                        "mma.sync.aligned.m16n8k16.row.col.f32.{elem}.{elem}.f32 {{{}, {}, {}, {}}}, {{{}, {}, {}, {}}}, {{{}, {}}}, {{{}, {}, {}, {}}}",
-                        d[0], d[1], d[2], d[3], a4[0], a4[1], a4[2], a4[3], b2[0], b2[1], c[0], c[1], c[2], c[3]
-                    ));
-                    next.extend(d);
+                let bq = match b_src.which {
+                    Operand::BRows => self.ldmatrix(&mut b_src, np * 16, 2 * s),
+                    Operand::A | Operand::BCols => self.ldmatrix(&mut b_src, 16 * s, 2 * np),
+                };
+                for half in 0..2u32.min(nf - 2 * np) {
+                    let ni = 2 * np + half;
+                    let b2 = [bq[2 * half as usize], bq[2 * half as usize + 1]];
+                    for (mi, a4) in a_frags.iter().enumerate() {
+                        let base = (mi * nf as usize + ni as usize) * 4;
+                        // Accumulate in place when `c` dies here (one use, defined in this
+                        // block): no copies, and the loop's carried registers stay put.
+                        let d: Vec<Reg> = if in_place || s > 0 {
+                            acc[base..base + 4].to_vec()
+                        } else {
+                            (0..4).map(|_| self.new_reg(Class::F32)).collect()
+                        };
+                        let c = &acc[base..base + 4];
+                        self.ins(format!(
+                            "mma.sync.aligned.m16n8k16.row.col.f32.{elem}.{elem}.f32 {{{}, {}, {}, {}}}, {{{}, {}, {}, {}}}, {{{}, {}}}, {{{}, {}, {}, {}}}",
+                            d[0], d[1], d[2], d[3], a4[0], a4[1], a4[2], a4[3], b2[0], b2[1], c[0], c[1], c[2], c[3]
+                        ));
+                        acc.splice(base..base + 4, d);
+                    }
                 }
             }
-            acc = next;
         }
         self.vals.insert(r, Val::Tile(acc));
         Ok(())
     }
 
-    /// The four A registers of m-fragment `mi`, k-step `s`.
-    #[allow(clippy::too_many_arguments)]
-    fn a_fragment(
+    /// The per-lane part of an operand's ldmatrix addresses. Row `row + row_imm` and chunk
+    /// `chunk + chunk_imm` of the stored tile are read, where `row`/`chunk` depend on the
+    /// lane and warp and the immediates on the fragment.
+    fn operand_lanes(
+        &mut self,
+        base: Reg,
+        buf: &SmemBuffer,
+        which: Operand,
+        g: &Geometry,
+        [lane, wr, wc]: [Reg; 3],
+    ) -> Lanes {
+        let (row, chunk, t) = (
+            self.new_reg(Class::B32),
+            self.new_reg(Class::B32),
+            self.new_reg(Class::B32),
+        );
+        match which {
+            Operand::A => {
+                // Matrices: rows 0-7 / 8-15 (lanes 0-15) at k 0-7, then at k 8-15.
+                self.ins(format!("and.b32 {t}, {lane}, 15"));
+                self.ins(format!("mad.lo.u32 {row}, {wr}, {}, {t}", g.wm));
+                self.ins(format!("shr.u32 {chunk}, {lane}, 4"));
+            }
+            Operand::BRows => {
+                // Stored [N, K]: matrix i = lane / 8 covers n 8*(i/2).., k 8*(i%2)..
+                self.ins(format!("and.b32 {t}, {lane}, 7"));
+                self.ins(format!("mad.lo.u32 {row}, {wc}, {}, {t}", g.wn));
+                self.ins(format!("shr.u32 {t}, {lane}, 4"));
+                self.ins(format!("mad.lo.u32 {row}, {t}, 8, {row}"));
+                self.ins(format!("shr.u32 {chunk}, {lane}, 3"));
+                self.ins(format!("and.b32 {chunk}, {chunk}, 1"));
+            }
+            Operand::BCols => {
+                // Stored [K, N], read transposed: matrix i covers k 8*(i%2).., n 8*(i/2)..
+                self.ins(format!("and.b32 {row}, {lane}, 15"));
+                self.ins(format!("shr.u32 {t}, {lane}, 4"));
+                self.ins(format!("mad.lo.u32 {chunk}, {wc}, {}, {t}", g.wn / 8));
+            }
+        }
+        Lanes {
+            which,
+            base,
+            buf: buf.clone(),
+            row,
+            chunk,
+            keyed: Vec::new(),
+        }
+    }
+
+    /// The four A registers of m-fragment `mi`, k-step `s`, repacked from an accumulator
+    /// layout tile (bf16 pairs of adjacent columns).
+    fn a_from_registers(
         &mut self,
         id: OpId,
         a_val: &Val,
@@ -109,134 +232,101 @@ impl Writer<'_> {
         g: &Geometry,
         mi: u32,
         s: u32,
-        lane: Reg,
-        wr: Reg,
     ) -> Result<[Reg; 4], CodegenError> {
-        match a_val {
-            Val::Smem {
-                base,
-                buf,
-                transposed: false,
-            } => {
-                // Lanes 0-15 address rows 0-15 at k 0-7, lanes 16-31 the same rows at k 8-15.
-                let (row, chunk) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-                let t = self.new_reg(Class::B32);
-                self.ins(format!("and.b32 {t}, {lane}, 15"));
-                self.ins(format!("mad.lo.u32 {row}, {wr}, {}, {t}", g.wm));
-                self.ins(format!("add.s32 {row}, {row}, {}", mi * 16));
-                self.ins(format!("shr.u32 {chunk}, {lane}, 4"));
-                self.ins(format!("add.s32 {chunk}, {chunk}, {}", 2 * s));
-                self.ldmatrix(*base, row, chunk, buf, false)
+        let (regs, narrow) = match a_val {
+            Val::Tile(regs) => (regs, None),
+            Val::Narrowed { src, to } => (src, Some(*to)),
+            Val::Scalar(_) | Val::Smem { .. } | Val::Affine { .. } | Val::Lazy(_) => {
+                return Err(self.unsupported(id, "this form of mma A operand"));
             }
-            Val::Tile(regs) => {
-                let layout = self.k.schedule.layouts.get(&a).cloned();
-                if layout
-                    != Some(Layout::Mma {
-                        warps: [g.warps[0], 1],
-                    })
-                    || g.warps[1] != 1
-                {
-                    return Err(
-                        self.unsupported(id, "a register A operand not in the accumulator layout")
-                    );
-                }
-                let kn = g.k / 8;
-                let at = |ni: u32, v: u32| regs[((mi * kn + ni) * 4 + v) as usize];
-                let mut out = [self.tid; 4];
-                for (i, (ni, v)) in [(2 * s, 0), (2 * s, 2), (2 * s + 1, 0), (2 * s + 1, 2)]
-                    .into_iter()
-                    .enumerate()
-                {
-                    let p = self.new_reg(Class::B32);
-                    self.ins(format!("mov.b32 {p}, {{{}, {}}}", at(ni, v), at(ni, v + 1)));
-                    out[i] = p;
-                }
-                Ok(out)
-            }
-            Val::Smem { .. } | Val::Scalar(_) => {
-                Err(self.unsupported(id, "this form of mma A operand"))
-            }
-        }
-    }
-
-    /// The B registers of n-fragments `2np` and `2np + 1` at k-step `s`.
-    #[allow(clippy::too_many_arguments)]
-    fn b_fragments(
-        &mut self,
-        id: OpId,
-        b_val: &Val,
-        g: &Geometry,
-        np: u32,
-        s: u32,
-        lane: Reg,
-        wc: Reg,
-        nf: u32,
-    ) -> Result<Vec<[Reg; 2]>, CodegenError> {
-        let Val::Smem {
-            base,
-            buf,
-            transposed,
-        } = b_val
-        else {
-            return Err(self.unsupported(id, "a register-resident mma B operand"));
         };
-        let (row, chunk, t) = (
-            self.new_reg(Class::B32),
-            self.new_reg(Class::B32),
-            self.new_reg(Class::B32),
-        );
-        if *transposed {
-            // Stored [N, K] (K contiguous): matrix i = lane / 8 covers n 8*(i/2).., k 8*(i%2)..
-            self.ins(format!("and.b32 {t}, {lane}, 7"));
-            self.ins(format!("mad.lo.u32 {row}, {wc}, {}, {t}", g.wn));
-            self.ins(format!("shr.u32 {t}, {lane}, 4"));
-            self.ins(format!("mad.lo.u32 {row}, {t}, 8, {row}"));
-            self.ins(format!("add.s32 {row}, {row}, {}", np * 16));
-            self.ins(format!("shr.u32 {chunk}, {lane}, 3"));
-            self.ins(format!("and.b32 {chunk}, {chunk}, 1"));
-            self.ins(format!("add.s32 {chunk}, {chunk}, {}", 2 * s));
-        } else {
-            // Stored [K, N] (N contiguous), read transposed: matrix i covers k 8*(i%2)..,
-            // n 8*(i/2)..
-            self.ins(format!("and.b32 {t}, {lane}, 15"));
-            self.ins(format!("add.s32 {row}, {t}, {}", 16 * s));
-            self.ins(format!("shr.u32 {t}, {lane}, 4"));
-            self.ins(format!("mul.lo.u32 {chunk}, {wc}, {}", g.wn / 8));
-            self.ins(format!("add.s32 {chunk}, {chunk}, {t}"));
-            self.ins(format!("add.s32 {chunk}, {chunk}, {}", 2 * np));
+        let layout = self.k.schedule.layouts.get(&a).cloned();
+        if layout
+            != Some(Layout::Mma {
+                warps: [g.warps[0], 1],
+            })
+            || g.warps[1] != 1
+        {
+            return Err(self.unsupported(id, "a register A operand not in the accumulator layout"));
         }
-        let r = self.ldmatrix(*base, row, chunk, buf, !*transposed)?;
-        let mut out = vec![[r[0], r[1]]];
-        if 2 * np + 1 < nf {
-            out.push([r[2], r[3]]);
+        let kn = g.k / 8;
+        let at = |ni: u32, v: u32| regs[((mi * kn + ni) * 4 + v) as usize];
+        let mut out = [self.tid; 4];
+        for (i, (ni, v)) in [(2 * s, 0), (2 * s, 2), (2 * s + 1, 0), (2 * s + 1, 2)]
+            .into_iter()
+            .enumerate()
+        {
+            let p = self.new_reg(Class::B32);
+            let (lo, hi) = (at(ni, v), at(ni, v + 1));
+            match narrow {
+                // The first source lands in the upper half (ptx-notes section 6).
+                Some(DType::F16) => self.ins(format!("cvt.rn.f16x2.f32 {p}, {hi}, {lo}")),
+                Some(_) => self.ins(format!("cvt.rn.bf16x2.f32 {p}, {hi}, {lo}")),
+                None => self.ins(format!("mov.b32 {p}, {{{lo}, {hi}}}")),
+            }
+            out[i] = p;
         }
         Ok(out)
     }
 
-    /// `ldmatrix.x4` at the lane's row and 16-byte chunk of a shared tile.
-    fn ldmatrix(
-        &mut self,
-        base: Reg,
-        row: Reg,
-        chunk: Reg,
-        buf: &SmemBuffer,
-        trans: bool,
-    ) -> Result<[Reg; 4], CodegenError> {
-        let addr = self.smem_addr(base, row, chunk, buf);
+    /// `ldmatrix.x4` of the fragment at `(row_imm, chunk_imm)`: a per-lane address computed
+    /// once per swizzle class of `chunk_imm`, plus an immediate offset.
+    fn ldmatrix(&mut self, src: &mut Lanes, row_imm: u32, chunk_imm: u32) -> [Reg; 4] {
+        let swizzle = src.buf.swizzle();
+        let mask = swizzle.map_or(0, |(_, m)| m);
+        let key = chunk_imm & mask;
+        let addr = if swizzle == Some((0, 7)) {
+            // Stage bases and row offsets are multiples of 128 here, so bits 4-6 of the lane's
+            // address are exactly its swizzled chunk: another chunk class is one `xor` away.
+            // One lane address per operand, not one per class that ptxas would keep live
+            // across the loop.
+            let lane = match src.keyed.first() {
+                Some((_, a)) => *a,
+                None => {
+                    let off = self.smem_offset(src.row, src.chunk, &src.buf);
+                    let a = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {a}, {}, {off}", src.base));
+                    src.keyed.push((0, a));
+                    a
+                }
+            };
+            if key == 0 {
+                lane
+            } else {
+                let a = self.new_reg(Class::B32);
+                self.ins(format!("xor.b32 {a}, {lane}, {}", key * 16));
+                a
+            }
+        } else {
+            match src.keyed.iter().find(|(k, _)| *k == key) {
+                Some((_, a)) => *a,
+                None => {
+                    let c = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {c}, {}, {key}", src.chunk));
+                    let off = self.smem_offset(src.row, c, &src.buf);
+                    let a = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {a}, {}, {off}", src.base));
+                    src.keyed.push((key, a));
+                    a
+                }
+            }
+        };
+        let imm = row_imm * src.buf.row_bytes + (chunk_imm - key) * 16;
         let r = [
             self.new_reg(Class::B32),
             self.new_reg(Class::B32),
             self.new_reg(Class::B32),
             self.new_reg(Class::B32),
         ];
+        let trans = if src.which == Operand::BCols {
+            ".trans"
+        } else {
+            ""
+        };
         self.ins(format!(
-            "ldmatrix.sync.aligned.m8n8.x4{}.shared.b16 {{{}, {}, {}, {}}}, [{addr}]",
-            if trans { ".trans" } else { "" },
-            r[0],
-            r[1],
-            r[2],
-            r[3]
+            "ldmatrix.sync.aligned.m8n8.x4{trans}.shared.b16 {{{}, {}, {}, {}}}, [{addr}+{imm}]",
+            r[0], r[1], r[2], r[3]
         ));
-        Ok(r)
+        r
     }
 }

@@ -47,7 +47,7 @@ impl Writer<'_> {
         };
         let src = self.dist(x, id)?;
         let dst = self.dist(r, id)?;
-        let regs = self.tile(x, id)?;
+
         let combine = |w: &mut Self, a: Reg, b: Reg| {
             let d = w.new_reg(a.class);
             let name = match rop {
@@ -59,12 +59,15 @@ impl Writer<'_> {
             d
         };
         let mut acc: BTreeMap<Vec<u32>, Reg> = BTreeMap::new();
-        for (k, offs) in src.regs.iter().enumerate() {
+        for offs in &src.regs {
             let mut key = offs.clone();
             key.remove(dim);
+            // Elements are fetched one at a time, so a fused (lazy) input is computed in
+            // place and never held whole.
+            let x_k = self.elem(x, offs, id)?;
             let v = match acc.get(&key) {
-                Some(&a) => combine(self, a, regs[k]),
-                None => regs[k],
+                Some(&a) => combine(self, a, x_k),
+                None => x_k,
             };
             acc.insert(key, v);
         }

@@ -19,6 +19,25 @@ pub(crate) enum Val {
     Scalar(Reg),
     /// A register tile: one register per entry of its layout's distribution.
     Tile(Vec<Reg>),
+    /// An i32 register tile whose element `k` is `base + offs[k]` (an `iota` plus scalars):
+    /// kept symbolic so the per-element adds happen where the elements are used, after any
+    /// loop-variant scalar was folded into `base`, instead of living across a loop.
+    Affine {
+        /// The thread's base value.
+        base: Reg,
+        /// Per register, the compile-time offset.
+        offs: Vec<u32>,
+    },
+    /// An f32 register tile rounded to `to` (bf16/f16) only where it is read: the A operand
+    /// of `mma`, packed two elements per register by one `cvt.rn.bf16x2.f32`.
+    Narrowed {
+        /// The f32 registers.
+        src: Vec<Reg>,
+        /// The element type it is rounded to.
+        to: DType,
+    },
+    /// An elementwise op not written yet: its single user computes each element in place.
+    Lazy(OpId),
     /// A tile staged in shared memory.
     Smem {
         /// Shared address (`.b32`) of the stage holding it.
@@ -57,6 +76,13 @@ pub struct Writer<'k> {
     pub(crate) smem: Reg,
     /// Shared stage of each prefetched load in the iteration being written.
     pub(crate) stage_bases: BTreeMap<OpId, Reg>,
+    /// For every value, the reachable ops reading it.
+    pub(crate) uses: BTreeMap<ValueId, Vec<OpId>>,
+    /// For every reachable op, the op owning its block and the region index (`None` at the
+    /// top level).
+    pub(crate) parents: BTreeMap<OpId, (Option<OpId>, usize)>,
+    /// Per tile value, its distribution's register index by offsets.
+    reg_index: BTreeMap<ValueId, BTreeMap<Vec<u32>, usize>>,
     labels: u32,
 }
 
@@ -75,6 +101,9 @@ impl<'k> Writer<'k> {
             tid,
             smem,
             stage_bases: BTreeMap::new(),
+            uses: uses(k, &k.body),
+            parents: parents(k, &k.body, (None, 0)),
+            reg_index: BTreeMap::new(),
             labels: 0,
         }
     }
@@ -206,7 +235,12 @@ impl<'k> Writer<'k> {
             "\t// {}:{}  {}",
             op.loc.file,
             op.loc.line,
-            printed.lines().next().unwrap_or("")
+            printed
+                .lines()
+                .next()
+                .and_then(|l| l.split("//").next())
+                .unwrap_or("")
+                .trim_end()
         );
         let result = op.results.first().copied();
         match &op.kind {
@@ -258,17 +292,8 @@ impl<'k> Writer<'k> {
                 let r = result.ok_or_else(|| self.internal(id, "no result"))?;
                 let d = self.dist(r, id)?;
                 let base = self.thread_coord(&d.terms[*dim]);
-                let regs = d
-                    .offsets(*dim)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .map(|o| {
-                        let x = self.new_reg(Class::B32);
-                        self.ins(format!("add.s32 {x}, {base}, {o}"));
-                        x
-                    })
-                    .collect();
-                self.vals.insert(r, Val::Tile(regs));
+                let offs = d.offsets(*dim).collect();
+                self.vals.insert(r, Val::Affine { base, offs });
             }
             OpKind::Reshape { .. } => {
                 let r = result.ok_or_else(|| self.internal(id, "no result"))?;
@@ -292,7 +317,11 @@ impl<'k> Writer<'k> {
                             },
                         );
                     }
-                    Val::Scalar(_) | Val::Tile(_) => {
+                    Val::Scalar(_)
+                    | Val::Tile(_)
+                    | Val::Affine { .. }
+                    | Val::Lazy(_)
+                    | Val::Narrowed { .. } => {
                         return Err(self.unsupported(id, "a transpose not feeding mma"));
                     }
                 }
@@ -341,20 +370,77 @@ impl<'k> Writer<'k> {
     pub(crate) fn scalar(&self, v: ValueId, at: OpId) -> Result<Reg, CodegenError> {
         match self.val(v, at)? {
             Val::Scalar(r) => Ok(r),
-            Val::Tile(_) | Val::Smem { .. } => {
-                Err(self.internal(at, format!("{v} is not a scalar")))
-            }
+            Val::Tile(_)
+            | Val::Affine { .. }
+            | Val::Lazy(_)
+            | Val::Narrowed { .. }
+            | Val::Smem { .. } => Err(self.internal(at, format!("{v} is not a scalar"))),
         }
     }
 
     /// The registers of register tile `v`.
-    pub(crate) fn tile(&self, v: ValueId, at: OpId) -> Result<Vec<Reg>, CodegenError> {
+    pub(crate) fn tile(&mut self, v: ValueId, at: OpId) -> Result<Vec<Reg>, CodegenError> {
         match self.val(v, at)? {
             Val::Tile(r) => Ok(r),
-            Val::Scalar(_) | Val::Smem { .. } => {
+            Val::Affine { base, offs } => Ok(self.materialize(base, &offs)),
+            Val::Lazy(op) => {
+                let d = self.dist(v, at)?;
+                d.regs.iter().map(|o| self.lazy_element(op, o)).collect()
+            }
+            Val::Scalar(_) | Val::Narrowed { .. } | Val::Smem { .. } => {
                 Err(self.internal(at, format!("{v} is not a register tile")))
             }
         }
+    }
+
+    /// The registers of an affine tile: `base + off` for each offset.
+    pub(crate) fn materialize(&mut self, base: Reg, offs: &[u32]) -> Vec<Reg> {
+        offs.iter()
+            .map(|o| {
+                let x = self.new_reg(Class::B32);
+                self.ins(format!("add.s32 {x}, {base}, {o}"));
+                x
+            })
+            .collect()
+    }
+
+    /// Whether `v` is read only by `op` and is defined in `op`'s block (a result of an op of
+    /// that block, or one of its arguments), so `op` may overwrite its registers: they hold
+    /// a fresh value on every execution of the block.
+    pub(crate) fn dies_here(&self, v: ValueId, op: OpId) -> bool {
+        let single = self.uses.get(&v).is_some_and(|u| u.as_slice() == [op]);
+        let home = self.parents.get(&op).copied();
+        let local = match self.k.values[v].def {
+            kiln_ir::ValueDef::Op(def, _) => self.parents.get(&def).copied() == home,
+            kiln_ir::ValueDef::BlockArg {
+                op: owner, region, ..
+            } => home == Some((Some(owner), region)),
+        };
+        single && local
+    }
+
+    /// The index of the register of tile `v` at offsets `offs`.
+    pub(crate) fn reg_index(
+        &mut self,
+        v: ValueId,
+        offs: &[u32],
+        at: OpId,
+    ) -> Result<usize, CodegenError> {
+        if !self.reg_index.contains_key(&v) {
+            let d = self.dist(v, at)?;
+            let map = d
+                .regs
+                .into_iter()
+                .enumerate()
+                .map(|(i, o)| (o, i))
+                .collect();
+            self.reg_index.insert(v, map);
+        }
+        self.reg_index
+            .get(&v)
+            .and_then(|m| m.get(offs))
+            .copied()
+            .ok_or_else(|| self.internal(at, format!("{v} has no element at {offs:?}")))
     }
 
     /// The distribution of tile `v`'s layout over its shape.
@@ -446,4 +532,36 @@ impl<'k> Writer<'k> {
             target: Target::Sm80,
         }
     }
+}
+
+/// The reachable ops reading each value.
+fn uses(k: &Kernel, block: &Block) -> BTreeMap<ValueId, Vec<OpId>> {
+    let mut out: BTreeMap<ValueId, Vec<OpId>> = BTreeMap::new();
+    for &op in &block.ops {
+        for &v in &k.ops[op].operands {
+            out.entry(v).or_default().push(op);
+        }
+        for region in &k.ops[op].regions {
+            for (v, us) in uses(k, region) {
+                out.entry(v).or_default().extend(us);
+            }
+        }
+    }
+    out
+}
+
+/// The owning op and region of every reachable op.
+fn parents(
+    k: &Kernel,
+    block: &Block,
+    at: (Option<OpId>, usize),
+) -> BTreeMap<OpId, (Option<OpId>, usize)> {
+    let mut out = BTreeMap::new();
+    for &op in &block.ops {
+        out.insert(op, at);
+        for (i, region) in k.ops[op].regions.iter().enumerate() {
+            out.extend(parents(k, region, (Some(op), i)));
+        }
+    }
+    out
 }

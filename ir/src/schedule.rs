@@ -264,8 +264,26 @@ pub struct SmemBuffer {
     pub stages: u32,
     /// Bytes of one tile row.
     pub row_bytes: u32,
-    /// Whether 16-byte chunks are XOR-swizzled by `row % 8` (rows of at least 128 bytes).
+    /// Whether 16-byte chunks are XOR-swizzled (see [`SmemBuffer::swizzle`]).
     pub swizzled: bool,
+}
+
+impl SmemBuffer {
+    /// The XOR swizzle of a swizzled buffer as `(shift, mask)`: 16-byte chunk `c` of row `r`
+    /// is stored at chunk `c ^ ((r >> shift) & mask)`. Any 8 consecutive rows (what one
+    /// `ldmatrix` 8x8 matrix reads) then hit 8 distinct 16-byte bank groups. Rows of 128
+    /// bytes or more use `(0, 7)`, 64-byte rows `(1, 3)`, 32-byte rows `(2, 1)`.
+    pub fn swizzle(&self) -> Option<(u32, u32)> {
+        if !self.swizzled {
+            return None;
+        }
+        match self.row_bytes {
+            32 => Some((2, 1)),
+            64 => Some((1, 3)),
+            b if b % 128 == 0 => Some((0, 7)),
+            _ => None,
+        }
+    }
 }
 
 /// How a pipelined `for` is software-pipelined.
@@ -294,5 +312,79 @@ impl Schedule {
     /// The buffer holding the tile loaded by `load`.
     pub fn buffer(&self, load: OpId) -> Option<&SmemBuffer> {
         self.buffers.iter().find(|b| b.load == load)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Thread `tid`'s coordinates of every register, from the terms and offsets.
+    fn coords(d: &Distribution, tid: u32) -> Vec<Vec<u32>> {
+        d.regs
+            .iter()
+            .map(|offs| {
+                offs.iter()
+                    .enumerate()
+                    .map(|(k, o)| {
+                        o + d.terms[k]
+                            .iter()
+                            .map(|t| ((tid / t.div) % t.modulo) * t.mul)
+                            .sum::<u32>()
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn mma_layout_covers_every_element_once() {
+        let shape = Shape(vec![64, 32]);
+        let d = Layout::Mma { warps: [2, 2] }
+            .distribution(&shape)
+            .expect("fits");
+        let mut seen = vec![0u32; 64 * 32];
+        for tid in 0..128 {
+            for c in coords(&d, tid) {
+                seen[(c[0] * 32 + c[1]) as usize] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1));
+        // Lane 5 of warp 0 holds row 1, columns 2 and 3 of the first fragment (PTX ISA
+        // m16n8 accumulator layout: row = lane / 4, col = 2 * (lane % 4)).
+        assert_eq!(coords(&d, 5)[..2], [vec![1, 2], vec![1, 3]]);
+    }
+
+    #[test]
+    fn row_slice_keeps_the_rows_of_each_thread() {
+        let parent = Layout::Mma { warps: [4, 1] };
+        let shape = Shape(vec![128, 64]);
+        let slice = Layout::Slice {
+            dim: 1,
+            keep_dim: false,
+            parent: Box::new(parent.clone()),
+            parent_shape: shape.clone(),
+        };
+        let d = slice.distribution(&Shape(vec![128])).expect("fits");
+        let p = parent.distribution(&shape).expect("fits");
+        for tid in [0, 37, 127] {
+            let mut rows: Vec<u32> = coords(&p, tid).into_iter().map(|c| c[0]).collect();
+            rows.sort();
+            rows.dedup();
+            let mut got: Vec<u32> = coords(&d, tid).into_iter().map(|c| c[0]).collect();
+            got.sort();
+            assert_eq!(got, rows);
+        }
+    }
+
+    #[test]
+    fn blocked_layout_that_does_not_divide_is_an_error() {
+        let l = Layout::Blocked {
+            size_per_thread: [1, 4],
+            threads_per_warp: [1, 32],
+            warps: [4, 1],
+        };
+        assert!(l.distribution(&Shape(vec![4, 96])).is_err());
+        assert!(l.distribution(&Shape(vec![4, 128])).is_ok());
     }
 }

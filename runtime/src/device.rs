@@ -211,7 +211,7 @@ impl Device {
             aligned16,
         };
         let kernel = self.compile(def, &spec)?;
-        launch_views(&kernel, grid, &views)
+        launch_views(&kernel, def.signature(), grid, &views)
     }
 
     /// Launches an already loaded kernel whose entry takes `signature`'s parameters, with
@@ -226,7 +226,7 @@ impl Device {
         let views: Vec<ArgView<'_>> = args.iter().map(KernelArg::view).collect();
         check_grid(grid, self.grid_max)?;
         check_args(&kernel.ptx().entry, signature, &views, self.context_id())?;
-        launch_views(kernel, grid, &views)
+        launch_views(kernel, signature, grid, &views)
     }
 
     /// The loaded kernel for `def` specialised by `spec`, from the cache or compiled now.
@@ -255,7 +255,7 @@ impl Device {
         let start = Instant::now();
         let kernel = def.build(spec)?;
         let build = start.elapsed();
-        self.dump.ir(&kernel, spec, self.target, "build")?;
+        self.dump.passes(&kernel, spec, self.target)?;
         let start = Instant::now();
         let ptx = kiln_ptx::compile(&kernel, self.target)?;
         let codegen = start.elapsed();
@@ -271,13 +271,14 @@ impl Device {
     }
 }
 
-/// Packs validated `views` and launches `kernel`.
+/// Packs `views`, validated against `signature`, and launches `kernel`.
 fn launch_views(
     kernel: &LoadedKernel,
+    signature: &[ParamSig],
     grid: [u32; 3],
     views: &[ArgView<'_>],
 ) -> Result<(), LaunchError> {
-    let mut params = ParamBuffer::pack(views);
+    let mut params = ParamBuffer::pack(signature, views)?;
     let mut ptrs = params.pointers();
     // SAFETY: the views were validated against the signature the entry was compiled from
     // (count, kinds, dtypes, ranks, bounds), and are packed per the ABI.

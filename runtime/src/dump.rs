@@ -44,7 +44,7 @@ impl DumpConfig {
     }
 
     /// Writes the IR of `kernel` as it is after `pass` (`build` for the kernel as built).
-    pub fn ir(
+    fn ir(
         &self,
         kernel: &Kernel,
         spec: &Spec,
@@ -59,6 +59,26 @@ impl DumpConfig {
             &format!("{}.{pass}.ir", stem(&kernel.name, spec, target)),
             &text,
         )
+    }
+
+    /// Writes the IR of `kernel` as built (`build`) and after every pass of the pipeline for
+    /// `target` (`<pass>`), by running the pipeline on a copy with an observer. A pass that
+    /// fails stops the dump; `kiln_ptx::compile` then reports the same diagnostic.
+    pub fn passes(&self, kernel: &Kernel, spec: &Spec, target: Target) -> Result<(), RuntimeError> {
+        if !self.ir {
+            return Ok(());
+        }
+        self.ir(kernel, spec, target, "build")?;
+        let mut copy = kernel.clone();
+        let mut written = Ok(());
+        let observe = &mut |pass: &str, k: &Kernel| {
+            if written.is_ok() {
+                written = self.ir(k, spec, target, pass);
+            }
+        };
+        // A failing pass is reported by the compile that follows, at the user's source.
+        let _ = kiln_ir::passes::run_pipeline(&mut copy, target, observe);
+        written
     }
 
     /// Writes the PTX text of `kernel`.
@@ -137,6 +157,23 @@ mod tests {
         c.ptx("k", &spec, Target::Sm90a, "// ptx").expect("writes");
         let file = dir.join(format!("{}.ptx", stem("k", &spec, Target::Sm90a)));
         assert_eq!(std::fs::read_to_string(&file).expect("exists"), "// ptx");
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    #[test]
+    fn ir_dump_writes_the_built_kernel_and_every_pass() {
+        let dir = std::env::temp_dir().join(format!("kiln-dump-ir-{}", std::process::id()));
+        let c = DumpConfig::parse(Some("ir"), dir.to_str());
+        let kernel = Kernel::new("empty", vec![], Default::default());
+        let spec = Spec::default();
+        c.passes(&kernel, &spec, Target::Sm80).expect("writes");
+        let stem = stem("empty", &spec, Target::Sm80);
+        let passes = kiln_ir::passes::PASSES.iter().map(|(name, _, _)| *name);
+        for pass in std::iter::once("build").chain(passes) {
+            let file = dir.join(format!("{stem}.{pass}.ir"));
+            let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{file:?}: {e}"));
+            assert!(text.contains("empty"), "{file:?}: {text}");
+        }
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

@@ -203,6 +203,17 @@ pub enum LaunchError {
     /// A cluster shape that does not fit the grid or needs the non-portable opt-in.
     #[error("{0}")]
     Cluster(#[from] ClusterError),
+    /// The signature has no parameter ABI (a scalar of a type kernels cannot take).
+    #[error("{0}")]
+    Abi(#[from] kiln_ptx::abi::AbiError),
+    /// An argument does not fit its ABI slot although validation accepted it.
+    #[error(
+        "internal kiln error: a launch argument does not match the ABI slot `{slot}`; validation should have rejected it"
+    )]
+    AbiMismatch {
+        /// The slot, as the entry declares it.
+        slot: String,
+    },
     /// Building the kernel's IR for this specialisation failed (at the user's source).
     #[error("{0}")]
     Build(#[from] Diagnostic),

@@ -8,7 +8,7 @@ use kiln_ir::host::contiguous_strides;
 use crate::error::RuntimeError;
 
 /// Where the elements of a tensor sit inside its allocation. Strides and offset are in
-/// elements; dimensions are outermost first.
+/// elements; dimensions are outermost first; `strides` has one entry per `shape` entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
     /// Element type.

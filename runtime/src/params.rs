@@ -1,13 +1,15 @@
-//! The runtime's side of the kernel parameter ABI (`kiln_ptx::abi`): each validated argument
-//! becomes the slot values the entry declares, and `cuLaunchKernel` gets one pointer per slot.
-//!
-//! | argument            | slots, in order                                                     |
-//! | ------------------- | ------------------------------------------------------------------- |
-//! | tensor of rank `r`  | `u64` address of element `[0, .., 0]`, `r` x `s32` extents, `r` x `s64` strides in elements |
-//! | `f32` / `i32`       | one `f32` / `s32`                                                   |
+//! The runtime's side of the kernel parameter ABI: [`kiln_ptx::abi::slots`] says which
+//! `.param` slots the entry declares for the signature; each validated argument fills its
+//! slots, and `cuLaunchKernel` gets one pointer per slot. The table lives in `kiln_ptx::abi`
+//! only, so the backend and the runtime cannot disagree on it.
 
 use std::ffi::c_void;
 
+use kiln_ir::Param;
+use kiln_ir::dsl::ParamSig;
+use kiln_ptx::abi::{self, SlotRole, SlotType};
+
+use crate::error::LaunchError;
 use crate::validate::ArgView;
 
 /// One parameter slot's value, at the width the entry declares.
@@ -30,22 +32,51 @@ pub(crate) struct ParamBuffer {
 }
 
 impl ParamBuffer {
-    /// Packs validated arguments (validation guarantees extents fit `i32` and strides `i64`).
-    pub(crate) fn pack(args: &[ArgView<'_>]) -> ParamBuffer {
-        let mut slots = Vec::new();
-        for arg in args {
-            match arg {
-                ArgView::Tensor { layout, base, .. } => {
-                    let elem = layout.dtype.size_bytes() as u64;
-                    slots.push(SlotValue::U64(base + layout.offset as u64 * elem));
-                    slots.extend(layout.shape.iter().map(|&n| SlotValue::S32(n as i32)));
-                    slots.extend(layout.strides.iter().map(|&s| SlotValue::S64(s as i64)));
-                }
-                ArgView::F32(v) => slots.push(SlotValue::F32(*v)),
-                ArgView::I32(v) => slots.push(SlotValue::S32(*v)),
-            }
-        }
-        ParamBuffer { slots }
+    /// Packs arguments already validated against `signature` (so extents fit `i32`, strides
+    /// `i64`, and each argument has the kind its parameter declares).
+    pub(crate) fn pack(
+        signature: &[ParamSig],
+        args: &[ArgView<'_>],
+    ) -> Result<ParamBuffer, LaunchError> {
+        let params: Vec<Param> = signature.iter().map(param_of).collect();
+        let slots = abi::slots(&params)?;
+        let values = slots
+            .iter()
+            .map(|slot| {
+                let arg = args.get(slot_param(slot.role));
+                let value = match (slot.role, slot.ty, arg) {
+                    (
+                        SlotRole::Ptr { .. },
+                        SlotType::U64,
+                        Some(ArgView::Tensor { layout, base, .. }),
+                    ) => {
+                        let elem = layout.dtype.size_bytes() as u64;
+                        Some(SlotValue::U64(base + layout.offset as u64 * elem))
+                    }
+                    (
+                        SlotRole::Extent { dim, .. },
+                        SlotType::S32,
+                        Some(ArgView::Tensor { layout, .. }),
+                    ) => layout.shape.get(dim).map(|&n| SlotValue::S32(n as i32)),
+                    (
+                        SlotRole::Stride { dim, .. },
+                        SlotType::S64,
+                        Some(ArgView::Tensor { layout, .. }),
+                    ) => layout.strides.get(dim).map(|&s| SlotValue::S64(s as i64)),
+                    (SlotRole::Scalar { .. }, SlotType::F32, Some(ArgView::F32(v))) => {
+                        Some(SlotValue::F32(*v))
+                    }
+                    (SlotRole::Scalar { .. }, SlotType::S32, Some(ArgView::I32(v))) => {
+                        Some(SlotValue::S32(*v))
+                    }
+                    _ => None,
+                };
+                value.ok_or_else(|| LaunchError::AbiMismatch {
+                    slot: slot.to_string(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ParamBuffer { slots: values })
     }
 
     /// The slot values, in order.
@@ -69,11 +100,60 @@ impl ParamBuffer {
     }
 }
 
+/// The IR parameter a signature entry becomes (alignment does not affect the slots).
+fn param_of(sig: &ParamSig) -> Param {
+    match *sig {
+        ParamSig::Tensor {
+            name,
+            dtype,
+            rank,
+            mutable,
+        } => Param::Tensor {
+            name: name.to_string(),
+            dtype,
+            rank,
+            mutable,
+            aligned16: false,
+        },
+        ParamSig::Scalar { name, dtype } => Param::Scalar {
+            name: name.to_string(),
+            dtype,
+        },
+    }
+}
+
+/// The index of the parameter a slot belongs to.
+fn slot_param(role: SlotRole) -> usize {
+    match role {
+        SlotRole::Ptr { param }
+        | SlotRole::Extent { param, .. }
+        | SlotRole::Stride { param, .. }
+        | SlotRole::Scalar { param } => param,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::layout::Layout;
     use kiln_ir::DType;
+
+    const SIG: &[ParamSig] = &[
+        ParamSig::Tensor {
+            name: "x",
+            dtype: DType::Bf16,
+            rank: 2,
+            mutable: false,
+        },
+        ParamSig::Scalar {
+            name: "scale",
+            dtype: DType::F32,
+        },
+        ParamSig::Scalar {
+            name: "n",
+            dtype: DType::I32,
+        },
+    ];
 
     #[test]
     fn tensor_packs_address_of_first_element_extents_and_strides() {
@@ -89,7 +169,7 @@ mod tests {
             ArgView::F32(0.25),
             ArgView::I32(-3),
         ];
-        let mut p = ParamBuffer::pack(&args);
+        let mut p = ParamBuffer::pack(SIG, &args).expect("valid");
         assert_eq!(
             p.slots(),
             [
@@ -107,5 +187,12 @@ mod tests {
         // SAFETY: the pointers point into `p`, which is alive and not moved.
         let (addr, stride) = unsafe { (*ptrs[0].cast::<u64>(), *ptrs[3].cast::<i64>()) };
         assert_eq!((addr, stride), (0x1006, 10));
+    }
+
+    #[test]
+    fn unvalidated_mismatch_is_an_error_not_a_panic() {
+        let err = ParamBuffer::pack(SIG, &[ArgView::F32(1.0)]).expect_err("scalar for tensor");
+        assert!(matches!(err, LaunchError::AbiMismatch { .. }), "{err}");
+        assert!(err.to_string().starts_with("internal kiln error"), "{err}");
     }
 }

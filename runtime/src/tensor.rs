@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, result};
+use cudarc::driver::{CudaContext, result, sys};
 use half::{bf16, f16};
 use kiln_ir::{DType, HostTensor, TensorData};
 
@@ -53,6 +53,38 @@ impl Buffer {
         // SAFETY: the source range lies inside this allocation.
         unsafe { result::memcpy_dtoh_sync(&mut out, self.ptr + at as u64) }.call("cuMemcpyDtoH")?;
         Ok(out)
+    }
+
+    /// Fills `len` bytes from byte offset `at` with copies of `pattern` (1, 2 or 4 bytes, as
+    /// the element size; `len` a multiple of it), on the null stream.
+    fn memset(&self, at: usize, len: usize, pattern: &[u8]) -> Result<(), RuntimeError> {
+        debug_assert!(at + len <= self.bytes && len.is_multiple_of(pattern.len()));
+        self.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        let dst = self.ptr + at as u64;
+        let stream = std::ptr::null_mut();
+        // SAFETY: the range lies inside this allocation; counts are in units of the width.
+        let rc = unsafe {
+            match *pattern {
+                [b] => sys::cuMemsetD8Async(dst, b, len, stream),
+                [b0, b1] => {
+                    sys::cuMemsetD16Async(dst, u16::from_le_bytes([b0, b1]), len / 2, stream)
+                }
+                [b0, b1, b2, b3] => sys::cuMemsetD32Async(
+                    dst,
+                    u32::from_le_bytes([b0, b1, b2, b3]),
+                    len / 4,
+                    stream,
+                ),
+                _ => {
+                    return Err(RuntimeError::Shape {
+                        what: "fill pattern",
+                        expected: "1, 2 or 4 bytes".into(),
+                        got: format!("{} bytes", pattern.len()),
+                    });
+                }
+            }
+        };
+        rc.result().call("cuMemsetAsync")
     }
 }
 
@@ -206,11 +238,12 @@ impl DeviceTensor {
     /// of the allocation alone.
     pub(crate) fn fill_pattern(&self, pattern: &[u8]) -> Result<(), RuntimeError> {
         let (start, len) = self.span()?;
-        let mut bytes = if self.layout.is_contiguous() {
-            vec![0u8; len]
-        } else {
-            self.buf.read(start, len)?
-        };
+        if self.layout.is_contiguous() {
+            return self.buf.memset(start, len, pattern);
+        }
+        // Strided: read the span, overwrite the view's elements, write it back, so elements
+        // between them (other views' data) keep their values.
+        let mut bytes = self.buf.read(start, len)?;
         let elem = pattern.len();
         for o in self.layout.elem_offsets() {
             let at = (o - self.layout.offset) * elem;

@@ -3,13 +3,18 @@
 //! over 48 KB, the parameter ABI, launch validation on the GPU path, and event timing.
 //! Every test prints "skipped: no CUDA driver" and returns when no GPU is present.
 
+mod gpu_common;
+
 use std::collections::BTreeMap;
-use std::time::{SystemTime, UNIX_EPOCH};
+
+use gpu_common::{device, upload_padded};
 
 use kiln_ir::dsl::{ComptimeParam, KernelDef, ParamSig, Spec};
 use kiln_ir::{DType, Diagnostic, HostTensor, Kernel, Loc, Target};
 use kiln_ptx::PtxModule;
 use kiln_runtime::{Device, KernelArg, L2Flush, LaunchError, LoadedKernel, RuntimeError};
+use kiln_tests::check::rel_error;
+use kiln_tests::inputs::Rng;
 
 /// `o[r, c] = a[r, c] * scale + bias` for 2-D f32 tensors, one block per row, threads
 /// striding over columns; parameters follow the kiln ABI (ptr, s32 extents, s64 strides).
@@ -90,15 +95,6 @@ const AXPB_SIG: &[ParamSig] = &[
     },
 ];
 
-/// The device, or `None` after printing the skip line.
-fn device() -> Option<Device> {
-    if !Device::is_available() {
-        println!("skipped: no CUDA driver");
-        return None;
-    }
-    Some(Device::new(0).expect("a driver and a GPU are present"))
-}
-
 fn axpb_module(dynamic_smem_bytes: u32) -> PtxModule {
     PtxModule {
         ptx: AXPB_PTX.to_string(),
@@ -109,53 +105,16 @@ fn axpb_module(dynamic_smem_bytes: u32) -> PtxModule {
     }
 }
 
-/// A clock-seeded SplitMix64 stream; the seed is printed in every failure message.
-struct Rng(u64);
-
-impl Rng {
-    fn from_clock() -> Rng {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_nanos();
-        Rng(nanos as u64)
-    }
-
-    fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-    }
-}
-
-/// Relative L2 error of `out` against `reference`; NaN if `out` has a NaN.
-fn rel_error(out: &[f64], reference: &[f64]) -> f64 {
-    let num: f64 = out
-        .iter()
-        .zip(reference)
-        .map(|(o, r)| (o - r) * (o - r))
-        .sum();
-    let den: f64 = reference.iter().map(|r| r * r).sum();
-    (num / den.max(f64::MIN_POSITIVE)).sqrt()
-}
-
-/// Runs axpb over `rows x cols` with `a` a column window of a wider tensor (outer stride
-/// `cols + pad`), output poisoned first, and checks every element against f64.
+/// Runs axpb over `rows x cols` with `a` a view of a wider, NaN-padded allocation (outer
+/// stride `cols + pad`), output poisoned first, and checks every element against f64.
 fn check_axpb(dev: &Device, k: &LoadedKernel, rows: usize, cols: usize, pad: usize, mag: f64) {
-    let mut rng = Rng::from_clock();
-    let seed = rng.0;
-    let wide = HostTensor::from_fn(&[rows, cols + pad], DType::F32, |_| rng.next() * mag);
-    let a = dev
-        .upload(&wide)
-        .expect("upload")
-        .narrow(1, pad, cols)
-        .expect("view");
+    let mut rng = Rng::from_env();
+    let seed = rng.seed();
+    let host = HostTensor::from_fn(&[rows, cols], DType::F32, |_| rng.uniform(-1.0, 1.0) * mag);
+    let a = upload_padded(dev, &host, pad);
     let o = dev.alloc(DType::F32, &[rows, cols]).expect("alloc");
     dev.fill_nan(&o).expect("poison");
-    let (scale, bias) = (rng.next() as f32 * 3.0, 7);
+    let (scale, bias) = (rng.uniform(-3.0, 3.0) as f32, 7);
     let args = [
         KernelArg::Tensor(&a),
         KernelArg::Tensor(&o),
@@ -165,12 +124,15 @@ fn check_axpb(dev: &Device, k: &LoadedKernel, rows: usize, cols: usize, pad: usi
     dev.launch_loaded(k, AXPB_SIG, [rows as u32, 1, 1], &args)
         .expect("valid launch");
     let out = o.download().expect("download").to_f64_vec();
-    let src = a.download().expect("download").to_f64_vec();
-    let reference: Vec<f64> = src.iter().map(|x| x * scale as f64 + bias as f64).collect();
+    let reference: Vec<f64> = host
+        .to_f64_vec()
+        .iter()
+        .map(|x| x * scale as f64 + bias as f64)
+        .collect();
     let err = rel_error(&out, &reference);
     assert!(
         err < 1e-6,
-        "axpb {rows}x{cols} pad {pad} mag {mag}: rel error {err} (seed {seed})"
+        "axpb {rows}x{cols} pad {pad} mag {mag}: rel error {err} (KILN_SEED={seed})"
     );
 }
 
@@ -200,9 +162,9 @@ fn gpu_device_reports_itself() {
 #[test]
 fn gpu_upload_download_round_trips_strided_views() {
     let Some(dev) = device() else { return };
-    let mut rng = Rng::from_clock();
+    let mut rng = Rng::from_env();
     for dtype in [DType::Bf16, DType::F16, DType::F32, DType::I32] {
-        let host = HostTensor::from_fn(&[3, 5, 7], dtype, |_| (rng.next() * 1000.0).round());
+        let host = HostTensor::from_fn(&[3, 5, 7], dtype, |_| rng.uniform(-1000.0, 1000.0).round());
         let t = dev.upload(&host).expect("upload");
         assert_eq!(t.download().expect("download"), host, "{dtype}");
         // A transposed, narrowed view downloads as the same elements as on the host.

@@ -3,8 +3,9 @@
 //! place by the tensor cores.
 //!
 //! The `add` op becomes the `mma` (its result, and so every use, is kept); the old `mma` op
-//! is unlinked from its block. Nothing else changes. In: verified IR. Out: verified IR with
-//! no such `add`.
+//! is unlinked from its block. Then ops without side effects whose results are never read
+//! are unlinked (repeatedly), so no later pass or writer sees dead tiles. In: verified IR.
+//! Out: verified IR with no such `add` and no dead pure op.
 
 use crate::diag::Diagnostic;
 use crate::kernel::{BinaryOp, Block, Kernel, OpId, OpKind};
@@ -40,12 +41,28 @@ pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {
             }
         }
     }
-    if !dead.is_empty() {
-        let mut body = std::mem::take(&mut kernel.body);
-        unlink(kernel, &mut body, &dead);
-        kernel.body = body;
+    loop {
+        if !dead.is_empty() {
+            let mut body = std::mem::take(&mut kernel.body);
+            unlink(kernel, &mut body, &dead);
+            kernel.body = body;
+        }
+        let uses = super::walk::uses(kernel);
+        dead = ops_in_order(kernel)
+            .into_iter()
+            .filter(|&op| {
+                let o = &kernel.ops[op];
+                let pure = !matches!(
+                    o.kind,
+                    OpKind::Store { .. } | OpKind::For { .. } | OpKind::If | OpKind::Yield
+                );
+                pure && o.results.iter().all(|r| !uses.contains_key(r))
+            })
+            .collect();
+        if dead.is_empty() {
+            return Ok(());
+        }
     }
-    Ok(())
 }
 
 fn unlink(kernel: &mut Kernel, block: &mut Block, dead: &[OpId]) {

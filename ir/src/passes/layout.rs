@@ -91,7 +91,8 @@ pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {
         }
     }
 
-    // Fixed point over forward and backward rules.
+    // Fixed point over forward and backward rules; then the first tile without a layout
+    // gets a blocked one and the rules run again.
     loop {
         let before = layouts.len();
         for &id in &order {
@@ -226,7 +227,22 @@ pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {
             }
         }
         if layouts.len() == before {
-            break;
+            let missing = order.iter().find_map(|&id| {
+                let op = &kernel.ops[id];
+                let args = op.regions.iter().flat_map(|b| b.args.iter());
+                op.results
+                    .iter()
+                    .chain(args)
+                    .copied()
+                    .find(|v| kernel.ty(*v).shape().is_some() && !layouts.contains_key(v))
+            });
+            match missing {
+                Some(v) => {
+                    let ty = kernel.ty(v).clone();
+                    layouts.insert(v, blocked(&ty, warps, reduce_dims));
+                }
+                None => break,
+            }
         }
     }
 

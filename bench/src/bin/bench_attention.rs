@@ -1,0 +1,329 @@
+//! kiln's `attention` example over the standard sweep (design.md §8): bf16, b*s = 16384
+//! tokens, h = 2048/d heads, s in {1k, 2k, 4k, 8k, 16k}, d in {64, 128}, causal and not
+//! (`--quick`: s in {1k, 4k}). FLOPs are 4*b*h*s*s*d, halved when causal.
+//!
+//! For each configuration: one run whose output (poisoned first) is checked on sampled query
+//! rows against an f64 reference, warm-up, then `--iters` runs each timed alone with CUDA
+//! events over rotated input sets; the median is reported. For each (d, causal) it also
+//! reports the time from specialisation to PTX text (build + codegen) and to a loaded module
+//! (+ driver JIT), uncached. The PyTorch peers run from `bench/peers.py`;
+//! `bench/run-attention.sh` runs both on the same GPU and merges them into one table.
+
+use std::process::ExitCode;
+
+use kiln_bench::cli::Args;
+use kiln_bench::harness::{Progress, measure, tflops};
+use kiln_bench::inputs::{copies, uniform};
+use kiln_bench::json::Json;
+use kiln_bench::report::{Table, meta, write_json};
+use kiln_bench::{BenchError, kernels};
+use kiln_ir::dsl::Spec;
+use kiln_ir::{DType, HostTensor};
+use kiln_runtime::{Device, DeviceTensor, KernelArg, rotation_sets};
+
+/// Tokens per configuration (b * s).
+const TOKENS: usize = 16384;
+/// Model width (h * d).
+const WIDTH: usize = 2048;
+/// Query rows per block of the kernel (its grid is `(cdiv(s, BM), h, b)`).
+const BM: usize = 128;
+/// Query rows checked against the f64 reference per configuration.
+const CHECK_ROWS: usize = 16;
+/// bf16 output tolerance (relative L2 over the checked rows).
+const TOLERANCE: f64 = 2e-2;
+/// Most input sets kept on the device for rotation.
+const MAX_SETS: usize = 8;
+
+/// One configuration of the sweep.
+#[derive(Clone, Copy, Debug)]
+struct Config {
+    s: usize,
+    d: usize,
+    causal: bool,
+}
+
+impl Config {
+    fn b(&self) -> usize {
+        TOKENS / self.s
+    }
+    fn h(&self) -> usize {
+        WIDTH / self.d
+    }
+    fn flops(&self) -> f64 {
+        let full = 4.0 * (self.b() * self.h()) as f64 * (self.s * self.s * self.d) as f64;
+        if self.causal { full / 2.0 } else { full }
+    }
+    fn shape(&self) -> [usize; 4] {
+        [self.b(), self.h(), self.s, self.d]
+    }
+}
+
+fn sweep(quick: bool) -> Vec<Config> {
+    let seqs: &[usize] = if quick {
+        &[1024, 4096]
+    } else {
+        &[1024, 2048, 4096, 8192, 16384]
+    };
+    let mut v = Vec::new();
+    for d in [64, 128] {
+        for causal in [false, true] {
+            for &s in seqs {
+                v.push(Config { s, d, causal });
+            }
+        }
+    }
+    v
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("error: at least one kiln result disagreed with the f64 reference");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<bool, BenchError> {
+    let args = Args::from_env()?;
+    let device = kernels::device(&args)?;
+    let attention = kernels::find("attention")?;
+    eprintln!("{}, kiln target {}", device.name(), device.target());
+
+    let configs = sweep(args.quick);
+    let mut progress = Progress::new(configs.len() + 4);
+    let compile_rows = compile_times(&device, attention, &mut progress)?;
+
+    let mut table = Table::new(&[
+        "s",
+        "d",
+        "causal",
+        "b",
+        "h",
+        "kiln ms",
+        "kiln TFLOP/s",
+        "rel err",
+    ]);
+    let mut rows = Vec::new();
+    let mut all_ok = true;
+    for (i, c) in configs.iter().enumerate() {
+        progress.step(&format!(
+            "attention s={} d={} causal={}",
+            c.s, c.d, c.causal
+        ));
+        let comptime = comptime(attention, c)?;
+        let shape = c.shape();
+        let host: Vec<HostTensor> = (0..3)
+            .map(|t| uniform(&shape, DType::Bf16, 3 * i as u64 + t))
+            .collect();
+        let bytes = 4 * shape.iter().product::<usize>() * 2;
+        let sets = rotation_sets(bytes, device.l2_bytes(), MAX_SETS);
+        let q = copies(&device, &host[0], sets)?;
+        let k = copies(&device, &host[1], sets)?;
+        let v = copies(&device, &host[2], sets)?;
+        let o = (0..sets)
+            .map(|_| device.alloc(DType::Bf16, &shape))
+            .collect::<Result<Vec<_>, _>>()?;
+        let scale = 1.0 / (c.d as f32).sqrt();
+        let grid = [c.s.div_ceil(BM) as u32, c.h() as u32, c.b() as u32];
+        let launch = |s: usize| -> Result<(), BenchError> {
+            let a = [
+                KernelArg::Tensor(&q[s]),
+                KernelArg::Tensor(&k[s]),
+                KernelArg::Tensor(&v[s]),
+                KernelArg::Tensor(&o[s]),
+                KernelArg::F32(scale),
+            ];
+            Ok(device.launch(attention, &comptime, grid, &a)?)
+        };
+        device.fill_nan(&o[0])?;
+        launch(0)?;
+        let err = sampled_error(&o[0], &host, scale, c, i as u64)?;
+        let ok = err < TOLERANCE;
+        all_ok &= ok;
+
+        let t = measure(&device, args.warmup, args.iters, |r| launch(r % sets))?;
+        let tf = tflops(c.flops(), t.median());
+        table.row(vec![
+            c.s.to_string(),
+            c.d.to_string(),
+            c.causal.to_string(),
+            c.b().to_string(),
+            c.h().to_string(),
+            format!("{:.3}", t.median()),
+            format!("{tf:.1}"),
+            format!("{err:.1e}{}", if ok { "" } else { " WRONG" }),
+        ]);
+        rows.push(Json::obj([
+            ("s", Json::from(c.s)),
+            ("d", Json::from(c.d)),
+            ("causal", Json::from(c.causal)),
+            ("b", Json::from(c.b())),
+            ("h", Json::from(c.h())),
+            ("flops", Json::from(c.flops())),
+            ("input_sets", Json::from(sets)),
+            ("kiln_ms_median", Json::from(t.median())),
+            ("kiln_ms_min", Json::from(t.min())),
+            ("kiln_tflops", Json::from(tf)),
+            ("rel_error_sampled_rows", Json::from(err)),
+            ("correct", Json::from(ok)),
+            (
+                "kiln_ms_all",
+                Json::Arr(t.all().iter().map(|&v| Json::from(v)).collect()),
+            ),
+        ]));
+    }
+    progress.finish();
+    println!("{}", table.render());
+
+    if let Some(path) = &args.out {
+        let json = Json::obj([
+            ("meta", meta(&device, "attention")),
+            ("iters", Json::from(args.iters)),
+            ("warmup", Json::from(args.warmup)),
+            ("tolerance", Json::from(TOLERANCE)),
+            ("compile", Json::Arr(compile_rows)),
+            ("rows", Json::Arr(rows)),
+        ]);
+        write_json(path, &json).map_err(|source| BenchError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(all_ok)
+}
+
+/// `attention`'s comptime values for `c`.
+fn comptime(
+    def: &dyn kiln_ir::dsl::KernelDef,
+    c: &Config,
+) -> Result<std::collections::BTreeMap<String, kiln_ir::dsl::ComptimeValue>, BenchError> {
+    kernels::comptime(
+        def,
+        &[("d", c.d.to_string()), ("causal", c.causal.to_string())],
+    )
+}
+
+/// Uncached time from specialisation to PTX text and to a loaded module, per (d, causal),
+/// printed and returned as JSON rows.
+fn compile_times(
+    device: &Device,
+    def: &'static dyn kiln_ir::dsl::KernelDef,
+    progress: &mut Progress,
+) -> Result<Vec<Json>, BenchError> {
+    let mut table = Table::new(&[
+        "d",
+        "causal",
+        "build ms",
+        "codegen ms",
+        "to PTX ms",
+        "JIT ms",
+        "to module ms",
+    ]);
+    let mut rows = Vec::new();
+    for d in [64, 128] {
+        for causal in [false, true] {
+            progress.step(&format!("compile attention d={d} causal={causal}"));
+            let spec = Spec {
+                comptime: comptime(def, &Config { s: 0, d, causal })?,
+                // What the sweep's contiguous bf16 tensors specialise on.
+                aligned16: ["q", "k", "v", "o"]
+                    .iter()
+                    .map(|n| (n.to_string(), true))
+                    .collect(),
+            };
+            let kernel = device.compile_uncached(def, &spec)?;
+            let t = kernel.times();
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+            let to_ptx = ms(t.build) + ms(t.codegen);
+            let to_module = to_ptx + ms(t.load);
+            table.row(vec![
+                d.to_string(),
+                causal.to_string(),
+                format!("{:.2}", ms(t.build)),
+                format!("{:.2}", ms(t.codegen)),
+                format!("{to_ptx:.2}"),
+                format!("{:.2}", ms(t.load)),
+                format!("{to_module:.2}"),
+            ]);
+            rows.push(Json::obj([
+                ("d", Json::from(d)),
+                ("causal", Json::from(causal)),
+                ("build_ms", Json::from(ms(t.build))),
+                ("codegen_ms", Json::from(ms(t.codegen))),
+                ("to_ptx_ms", Json::from(to_ptx)),
+                ("jit_load_ms", Json::from(ms(t.load))),
+                ("to_module_ms", Json::from(to_module)),
+                ("num_regs", Json::from(kernel.num_regs()? as f64)),
+                ("local_bytes", Json::from(kernel.local_bytes()? as f64)),
+            ]));
+        }
+    }
+    eprintln!();
+    println!("{}", table.render());
+    Ok(rows)
+}
+
+/// Relative error of `out` against an f64 reference on [`CHECK_ROWS`] query rows spread over
+/// batches, heads and positions (the first and last rows included).
+fn sampled_error(
+    out: &DeviceTensor,
+    host: &[HostTensor],
+    scale: f32,
+    c: &Config,
+    salt: u64,
+) -> Result<f64, BenchError> {
+    let [b, h, s, d] = c.shape();
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for r in 0..CHECK_ROWS as u64 {
+        let mix = (r + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt;
+        let (bi, hi) = ((mix % b as u64) as usize, ((mix >> 20) % h as u64) as usize);
+        let row = match r {
+            0 => 0,
+            1 => s - 1,
+            _ => ((mix >> 40) % s as u64) as usize,
+        };
+        let got = out
+            .narrow(0, bi, 1)?
+            .narrow(1, hi, 1)?
+            .narrow(2, row, 1)?
+            .download()?
+            .to_f64_vec();
+        let want = reference_row(host, scale, c, [bi, hi, row]);
+        for (g, w) in got.iter().zip(&want) {
+            num += (g - w) * (g - w);
+            den += w * w;
+        }
+        debug_assert_eq!(got.len(), d);
+    }
+    Ok((num / den.max(f64::MIN_POSITIVE)).sqrt())
+}
+
+/// Output row `[b, h, i]` of attention in f64: keys `j <= i` when causal (sq = sk here, so
+/// bottom-right alignment is the usual diagonal).
+fn reference_row(host: &[HostTensor], scale: f32, c: &Config, [b, h, i]: [usize; 3]) -> Vec<f64> {
+    let (q, k, v) = (&host[0], &host[1], &host[2]);
+    let last = if c.causal { i } else { c.s - 1 };
+    let at = |t: &HostTensor, j: usize, x: usize| t.data.get_f64(t.offset(&[b, h, j, x]));
+    let scores: Vec<f64> = (0..=last)
+        .map(|j| (0..c.d).map(|x| at(q, i, x) * at(k, j, x)).sum::<f64>() * scale as f64)
+        .collect();
+    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+    let l: f64 = p.iter().sum();
+    (0..c.d)
+        .map(|x| {
+            p.iter()
+                .enumerate()
+                .map(|(j, pj)| pj * at(v, j, x))
+                .sum::<f64>()
+                / l
+        })
+        .collect()
+}

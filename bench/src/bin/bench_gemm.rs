@@ -1,0 +1,205 @@
+//! kiln's `gemm` example against cuBLAS (`cublasGemmEx`, bf16 in, f32 compute, bf16 out) in
+//! the same process on the same GPU and stream.
+//!
+//! Shapes: square 1024..8192, and M = 16384 with N, K in {4096, 8192, 14336} (`--quick`:
+//! 1024 and 4096 square). Each configuration: one run of each checked against the other on
+//! sampled rows, warm-up, then `--iters` runs each timed alone with CUDA events, rotating over
+//! enough input sets to exceed twice the L2; the median is reported as TFLOP/s (2MNK) with
+//! `ratio` = kiln / cuBLAS throughput. `--out PATH` writes every figure as JSON.
+//!
+//! Run on a GPU host: `bench_gemm --out bench/results/gemm.json [--target sm_90a]`.
+
+use std::process::ExitCode;
+
+use kiln_bench::cli::Args;
+use kiln_bench::cublas::Cublas;
+use kiln_bench::harness::{Progress, measure, tflops};
+use kiln_bench::inputs::{copies, rel_error, uniform};
+use kiln_bench::json::Json;
+use kiln_bench::report::{Table, meta, write_json};
+use kiln_bench::{BenchError, kernels};
+use kiln_ir::DType;
+use kiln_ir::dsl::ComptimeValue;
+use kiln_runtime::{DeviceTensor, KernelArg, rotation_sets};
+
+/// bf16 output of two f32-accumulated GEMMs that sum in different orders.
+const TOLERANCE: f64 = 1e-2;
+/// Rows of `c` compared at each end of the matrix.
+const CHECK_ROWS: usize = 128;
+/// Most input sets kept on the device for rotation.
+const MAX_SETS: usize = 32;
+
+fn shapes(quick: bool) -> Vec<[usize; 3]> {
+    if quick {
+        return vec![[1024; 3], [4096; 3]];
+    }
+    let mut v: Vec<[usize; 3]> = [1024, 2048, 4096, 8192].iter().map(|&s| [s; 3]).collect();
+    for n in [4096, 8192, 14336] {
+        for k in [4096, 8192, 14336] {
+            v.push([16384, n, k]);
+        }
+    }
+    v
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("error: at least one kiln result disagreed with cuBLAS (see the table)");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the sweep; `Ok(false)` if any configuration's results disagreed.
+fn run() -> Result<bool, BenchError> {
+    let args = Args::from_env()?;
+    let device = kernels::device(&args)?;
+    let gemm = kernels::find("gemm")?;
+    let cublas = Cublas::new(&device)?;
+    let comptime = kernels::comptime(gemm, &[])?;
+    let tile = |name: &str| match comptime.get(name) {
+        Some(ComptimeValue::Usize(v)) => *v,
+        _ => 128,
+    };
+    let (bm, bn) = (tile("BM"), tile("BN"));
+    eprintln!(
+        "{} ({}), kiln target {}, tiles {bm}x{bn}",
+        device.name(),
+        kiln_bench::report::COMMIT,
+        device.target()
+    );
+
+    let shapes = shapes(args.quick);
+    let mut progress = Progress::new(shapes.len());
+    let mut table = Table::new(&[
+        "M",
+        "N",
+        "K",
+        "kiln ms",
+        "kiln TFLOP/s",
+        "cuBLAS ms",
+        "cuBLAS TFLOP/s",
+        "ratio",
+        "rel err",
+    ]);
+    let mut rows = Vec::new();
+    let mut all_ok = true;
+    for (i, &[m, n, k]) in shapes.iter().enumerate() {
+        progress.step(&format!("gemm {m}x{n}x{k}"));
+        let a_host = uniform(&[m, k], DType::Bf16, 2 * i as u64 + 1);
+        let b_host = uniform(&[k, n], DType::Bf16, 2 * i as u64 + 2);
+        let set_bytes = 2 * (m * k + k * n + 2 * m * n);
+        let sets = rotation_sets(set_bytes, device.l2_bytes(), MAX_SETS);
+        let a = copies(&device, &a_host, sets)?;
+        let b = copies(&device, &b_host, sets)?;
+        let c_kiln = (0..sets)
+            .map(|_| device.alloc(DType::Bf16, &[m, n]))
+            .collect::<Result<Vec<_>, _>>()?;
+        let c_ref = (0..sets)
+            .map(|_| device.alloc(DType::Bf16, &[m, n]))
+            .collect::<Result<Vec<_>, _>>()?;
+        let grid = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
+        let kiln = |s: usize| -> Result<(), BenchError> {
+            let args = [
+                KernelArg::Tensor(&a[s]),
+                KernelArg::Tensor(&b[s]),
+                KernelArg::Tensor(&c_kiln[s]),
+            ];
+            Ok(device.launch(gemm, &comptime, grid, &args)?)
+        };
+        let peer = |s: usize| cublas.gemm_bf16(&a[s], &b[s], &c_ref[s]);
+
+        device.fill_nan(&c_kiln[0])?;
+        kiln(0)?;
+        peer(0)?;
+        let err = sampled_error(&c_kiln[0], &c_ref[0])?;
+        let ok = err < TOLERANCE;
+        all_ok &= ok;
+
+        let kt = measure(&device, args.warmup, args.iters, |r| kiln(r % sets))?;
+        let ct = measure(&device, args.warmup, args.iters, |r| peer(r % sets))?;
+        let flops = 2.0 * (m * n * k) as f64;
+        let (kt_tf, ct_tf) = (tflops(flops, kt.median()), tflops(flops, ct.median()));
+        table.row(vec![
+            m.to_string(),
+            n.to_string(),
+            k.to_string(),
+            format!("{:.3}", kt.median()),
+            format!("{kt_tf:.1}"),
+            format!("{:.3}", ct.median()),
+            format!("{ct_tf:.1}"),
+            format!("{:.3}", kt_tf / ct_tf),
+            format!("{err:.1e}{}", if ok { "" } else { " WRONG" }),
+        ]);
+        rows.push(Json::obj([
+            ("m", Json::from(m)),
+            ("n", Json::from(n)),
+            ("k", Json::from(k)),
+            ("flops", Json::from(flops)),
+            ("input_sets", Json::from(sets)),
+            ("kiln_ms_median", Json::from(kt.median())),
+            ("kiln_ms_min", Json::from(kt.min())),
+            ("kiln_tflops", Json::from(kt_tf)),
+            ("cublas_ms_median", Json::from(ct.median())),
+            ("cublas_ms_min", Json::from(ct.min())),
+            ("cublas_tflops", Json::from(ct_tf)),
+            ("ratio", Json::from(kt_tf / ct_tf)),
+            ("rel_error_vs_cublas", Json::from(err)),
+            ("correct", Json::from(ok)),
+            (
+                "kiln_ms_all",
+                Json::Arr(kt.all().iter().map(|&v| Json::from(v)).collect()),
+            ),
+            (
+                "cublas_ms_all",
+                Json::Arr(ct.all().iter().map(|&v| Json::from(v)).collect()),
+            ),
+        ]));
+    }
+    progress.finish();
+    println!("{}", table.render());
+
+    if let Some(path) = &args.out {
+        let json = Json::obj([
+            ("meta", meta(&device, "gemm")),
+            (
+                "peer",
+                Json::str("cuBLAS cublasGemmEx bf16/bf16/bf16, COMPUTE_32F"),
+            ),
+            ("iters", Json::from(args.iters)),
+            ("warmup", Json::from(args.warmup)),
+            ("tolerance", Json::from(TOLERANCE)),
+            ("rows", Json::Arr(rows)),
+        ]);
+        write_json(path, &json).map_err(|source| BenchError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(all_ok)
+}
+
+/// Relative error of kiln's `c` against cuBLAS's on the first and last [`CHECK_ROWS`] rows.
+fn sampled_error(kiln: &DeviceTensor, peer: &DeviceTensor) -> Result<f64, BenchError> {
+    let m = kiln.shape()[0];
+    let rows = CHECK_ROWS.min(m);
+    let mut worst: f64 = 0.0;
+    for start in [0, m - rows] {
+        let x = kiln.narrow(0, start, rows)?.download()?;
+        let y = peer.narrow(0, start, rows)?.download()?;
+        let e = rel_error(&x, &y);
+        // NaN must win: `max` would drop it.
+        worst = if e.is_nan() { e } else { worst.max(e) };
+        if worst.is_nan() {
+            break;
+        }
+    }
+    Ok(worst)
+}

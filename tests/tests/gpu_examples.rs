@@ -1,0 +1,371 @@
+//! Every example kernel on the GPU through its typed `launch`, against the f64 reference and
+//! against the CPU interpreter (typed `interpret`): several shapes including non-multiples of
+//! the tiles, every input distribution (large magnitudes included), causal attention with
+//! fully masked rows (sq > sk), outputs poisoned with NaN before each run, and inputs with
+//! non-contiguous outer strides; views whose base or outer stride is not 16-byte aligned
+//! (their own specialisation); the compile cache; and the typed GPU path's validation errors.
+//! Skips itself ("skipped: no CUDA driver") without a GPU.
+
+mod gpu_common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_common::{device, upload_padded};
+use kiln_examples::attention::attention;
+use kiln_examples::gemm::gemm;
+use kiln_examples::softmax::softmax;
+use kiln_examples::vector_add::vector_add;
+use kiln_ir::dsl::Spec;
+use kiln_ir::{DType, HostTensor};
+use kiln_runtime::{Device, DeviceTensor, LaunchError};
+use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::reference;
+
+/// A poisoned output tensor on the device.
+fn output(dev: &Device, dtype: DType, shape: &[usize]) -> DeviceTensor {
+    let t = dev.alloc(dtype, shape).expect("alloc");
+    dev.fill_nan(&t).expect("poison");
+    t
+}
+
+/// Checks the GPU result against the f64 reference and against the interpreter's result.
+fn check(case: Case, dtype: DType, gpu: &DeviceTensor, reference: &[f64], interp: &HostTensor) {
+    let got = gpu.download().expect("download");
+    assert_close(&case, &got, reference, tolerance(dtype));
+    let vs_interp = Case {
+        kernel: format!("{} (GPU vs interpreter)", case.kernel),
+        ..case
+    };
+    assert_close(&vs_interp, &got, &interp.to_f64_vec(), tolerance(dtype));
+}
+
+#[test]
+fn gpu_vector_add_matches_reference_and_interpreter() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::from_env();
+    for n in [1, 1000, 1024, 4097] {
+        for dist in Dist::ALL {
+            let a = tensor(&mut rng, &[n], DType::F32, dist);
+            let b = tensor(&mut rng, &[n], DType::F32, dist);
+            let grid = [n.div_ceil(1024) as u32, 1, 1];
+            let c = output(&dev, DType::F32, &[n]);
+            let (da, db) = (
+                dev.upload(&a).expect("upload"),
+                dev.upload(&b).expect("upload"),
+            );
+            vector_add.launch(&dev, grid, &da, &db, &c).expect("launch");
+            let mut ci = poisoned(&[n], DType::F32);
+            vector_add
+                .interpret(grid, &a, &b, &mut ci)
+                .expect("interpret");
+            let case = Case {
+                kernel: "vector_add".into(),
+                shape: format!("n={n}"),
+                dist,
+                seed: rng.seed(),
+            };
+            check(case, DType::F32, &c, &reference::vector_add(&a, &b), &ci);
+        }
+    }
+}
+
+#[test]
+fn gpu_softmax_matches_reference_and_interpreter() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::from_env();
+    // (BM, BN): the defaults and a variant with a narrower column tile.
+    for (bm, bn) in [(4usize, 512usize), (2, 128)] {
+        for (m, n) in [(1, 1), (7, 100), (33, 513), (64, 1024)] {
+            for dist in Dist::ALL {
+                let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+                let grid = [m.div_ceil(bm) as u32, 1, 1];
+                let dx = upload_padded(&dev, &x, 3);
+                let y = output(&dev, DType::F32, &[m, n]);
+                softmax.launch(&dev, grid, bm, bn, &dx, &y).expect("launch");
+                let mut yi = poisoned(&[m, n], DType::F32);
+                softmax
+                    .interpret(grid, bm, bn, &x, &mut yi)
+                    .expect("interpret");
+                let case = Case {
+                    kernel: format!("softmax BM={bm} BN={bn}"),
+                    shape: format!("m={m} n={n}, x row stride {}", n + 3),
+                    dist,
+                    seed: rng.seed(),
+                };
+                check(case, DType::F32, &y, &reference::softmax_rows(&x), &yi);
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_gemm_matches_reference_and_interpreter() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::from_env();
+    for (bm, bn, bk) in [(128usize, 128usize, 32usize), (64, 64, 64)] {
+        for (m, n, k) in [(128, 128, 32), (130, 70, 50), (257, 129, 100)] {
+            for dist in Dist::ALL {
+                let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
+                let b = tensor(&mut rng, &[k, n], DType::Bf16, dist);
+                let grid = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
+                // `a` contiguous, `b` with padded rows: both addressing paths.
+                let (da, db) = (dev.upload(&a).expect("upload"), upload_padded(&dev, &b, 8));
+                let c = output(&dev, DType::Bf16, &[m, n]);
+                gemm.launch(&dev, grid, bm, bn, bk, &da, &db, &c)
+                    .expect("launch");
+                let mut ci = poisoned(&[m, n], DType::Bf16);
+                gemm.interpret(grid, bm, bn, bk, &a, &b, &mut ci)
+                    .expect("interpret");
+                let case = Case {
+                    kernel: format!("gemm BM={bm} BN={bn} BK={bk}"),
+                    shape: format!("m={m} n={n} k={k}, b row stride {}", n + 8),
+                    dist,
+                    seed: rng.seed(),
+                };
+                check(case, DType::Bf16, &c, &reference::gemm(&a, &b), &ci);
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_attention_matches_reference_and_interpreter() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::from_env();
+    // (batch, heads, sq, sk, d, causal); sq > sk with causal gives fully masked rows.
+    let cases = [
+        (1, 2, 128, 128, 64, false),
+        (2, 1, 100, 100, 64, true),
+        (1, 2, 150, 90, 64, true),
+        (1, 2, 150, 90, 128, true),
+        (1, 1, 200, 333, 128, false),
+        (1, 1, 64, 300, 128, true),
+    ];
+    for (b, h, sq, sk, d, causal) in cases {
+        for dist in Dist::ALL {
+            let q = tensor(&mut rng, &[b, h, sq, d], DType::Bf16, dist);
+            let k = tensor(&mut rng, &[b, h, sk, d], DType::Bf16, dist);
+            let v = tensor(&mut rng, &[b, h, sk, d], DType::Bf16, dist);
+            let scale = 1.0 / (d as f32).sqrt();
+            let grid = [sq.div_ceil(128) as u32, h as u32, b as u32];
+            let dq = dev.upload(&q).expect("upload");
+            let dk = upload_padded(&dev, &k, 8);
+            let dv = dev.upload(&v).expect("upload");
+            let o = output(&dev, DType::Bf16, &[b, h, sq, d]);
+            attention
+                .launch(&dev, grid, d, causal, &dq, &dk, &dv, &o, scale)
+                .expect("launch");
+            let mut oi = poisoned(&[b, h, sq, d], DType::Bf16);
+            attention
+                .interpret(grid, d, causal, &q, &k, &v, &mut oi, scale)
+                .expect("interpret");
+            let case = Case {
+                kernel: format!("attention d={d} causal={causal}"),
+                shape: format!("b={b} h={h} sq={sq} sk={sk}, k row stride {}", d + 8),
+                dist,
+                seed: rng.seed(),
+            };
+            let want = reference::attention(&q, &k, &v, scale as f64, causal);
+            check(case, DType::Bf16, &o, &want, &oi);
+        }
+    }
+}
+
+#[test]
+fn gpu_typed_launch_rejects_bad_arguments_by_name() {
+    let Some(dev) = device() else { return };
+    let (m, n, k) = (64, 32, 16);
+    let a = dev.alloc(DType::Bf16, &[m, k]).expect("alloc");
+    let b = dev.alloc(DType::Bf16, &[k, n]).expect("alloc");
+    let c = dev.alloc(DType::Bf16, &[m, n]).expect("alloc");
+    let grid = [1, 1, 1];
+
+    let f32_a = dev.alloc(DType::F32, &[m, k]).expect("alloc");
+    let err = gemm
+        .launch(&dev, grid, 128, 128, 32, &f32_a, &b, &c)
+        .expect_err("dtype");
+    assert!(
+        matches!(
+            err,
+            LaunchError::DType {
+                param: "a",
+                expected: DType::Bf16,
+                got: DType::F32
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "argument `a`: expected a bf16 tensor, got f32"
+    );
+
+    let rank3 = dev.alloc(DType::Bf16, &[1, k, n]).expect("alloc");
+    let err = gemm
+        .launch(&dev, grid, 128, 128, 32, &a, &rank3, &c)
+        .expect_err("rank");
+    assert!(
+        matches!(
+            err,
+            LaunchError::Rank {
+                param: "b",
+                expected: 2,
+                got: 3
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "argument `b`: expected a tensor of rank 2, got rank 3"
+    );
+
+    let square = dev.alloc(DType::Bf16, &[n, m]).expect("alloc");
+    let transposed = square.transpose(0, 1).expect("view");
+    let err = gemm
+        .launch(&dev, grid, 128, 128, 32, &a, &b, &transposed)
+        .expect_err("inner stride");
+    assert!(
+        matches!(
+            err,
+            LaunchError::InnerStride {
+                param: "c",
+                stride: 64
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with("argument `c`: the innermost stride must be 1"),
+        "{err}"
+    );
+
+    let short = dev.alloc(DType::Bf16, &[m - 1, n]).expect("alloc");
+    let too_big = short.as_strided(&[m, n], &[n, 1], 0).expect("ranks agree");
+    let err = gemm
+        .launch(&dev, grid, 128, 128, 32, &a, &b, &too_big)
+        .expect_err("bounds");
+    assert!(
+        matches!(
+            err,
+            LaunchError::OutOfBounds {
+                param: "c",
+                needed: 4096,
+                available: 4032,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("needs 4096 bytes, but the allocation holds 4032"),
+        "{err}"
+    );
+
+    let err = gemm
+        .launch(&dev, [1, 0, 1], 128, 128, 32, &a, &b, &c)
+        .expect_err("grid");
+    assert!(
+        matches!(
+            err,
+            LaunchError::Grid {
+                axis: 'y',
+                got: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    dev.synchronize().expect("no launch reached the GPU");
+}
+
+#[test]
+fn gpu_misaligned_views_get_their_own_specialisation() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::from_env();
+    for dist in [Dist::Uniform, Dist::Large] {
+        // vector_add on views starting one element into their allocations: base not 16-byte aligned.
+        let n = 3001;
+        let a = tensor(&mut rng, &[n], DType::F32, dist);
+        let b = tensor(&mut rng, &[n], DType::F32, dist);
+        let shifted = |t: &HostTensor| {
+            let whole = output(&dev, DType::F32, &[n + 1]);
+            let view = whole.narrow(0, 1, n).expect("view");
+            view.copy_from_host(t).expect("copy");
+            view
+        };
+        let (da, db) = (shifted(&a), shifted(&b));
+        let c = output(&dev, DType::F32, &[n + 1])
+            .narrow(0, 1, n)
+            .expect("view");
+        let grid = [n.div_ceil(1024) as u32, 1, 1];
+        vector_add.launch(&dev, grid, &da, &db, &c).expect("launch");
+        let case = Case {
+            kernel: "vector_add (offset-1 views)".into(),
+            shape: format!("n={n}"),
+            dist,
+            seed: rng.seed(),
+        };
+        let got = c.download().expect("download");
+        assert_close(
+            &case,
+            &got,
+            &reference::vector_add(&a, &b),
+            tolerance(DType::F32),
+        );
+
+        // gemm with `b` rows 1 element apart from contiguous: outer stride not 16-byte aligned.
+        let (m, nn, k) = (70, 90, 40);
+        let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
+        let b = tensor(&mut rng, &[k, nn], DType::Bf16, dist);
+        let (da, db) = (dev.upload(&a).expect("upload"), upload_padded(&dev, &b, 1));
+        let c = output(&dev, DType::Bf16, &[m, nn]);
+        gemm.launch(&dev, [1, 1, 1], 128, 128, 32, &da, &db, &c)
+            .expect("launch");
+        let case = Case {
+            kernel: "gemm (b row stride 91)".into(),
+            shape: format!("m={m} n={nn} k={k}"),
+            dist,
+            seed: rng.seed(),
+        };
+        let got = c.download().expect("download");
+        assert_close(
+            &case,
+            &got,
+            &reference::gemm(&a, &b),
+            tolerance(DType::Bf16),
+        );
+    }
+}
+
+#[test]
+fn gpu_compile_cache_reuses_a_specialisation() {
+    let Some(dev) = device() else { return };
+    let mut aligned = Spec::from_defaults(&vector_add, &[]).expect("defaults");
+    for p in ["a", "b", "c"] {
+        aligned.aligned16.insert(p.to_string(), true);
+    }
+    let first = dev.compile(&vector_add, &aligned).expect("compile");
+    let again = dev.compile(&vector_add, &aligned).expect("cached");
+    assert!(
+        Arc::ptr_eq(&first, &again),
+        "the same spec must not be compiled twice"
+    );
+    let unaligned = Spec {
+        aligned16: Default::default(),
+        ..aligned.clone()
+    };
+    let other = dev.compile(&vector_add, &unaligned).expect("compile");
+    assert!(!Arc::ptr_eq(&first, &other), "alignment is part of the key");
+    let t = first.times();
+    println!(
+        "vector_add: build {:?}, codegen {:?}, JIT {:?}",
+        t.build, t.codegen, t.load
+    );
+    assert!(t.load > Duration::ZERO && t.codegen > Duration::ZERO);
+    assert_eq!(first.local_bytes().expect("attr"), 0, "vector_add spills");
+}

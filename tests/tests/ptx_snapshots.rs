@@ -1,0 +1,59 @@
+//! Snapshots of the IR after every pass and of the sm_80 PTX of every test kernel, and each
+//! PTX assembled by `ptxas -arch=sm_80` with its spills checked.
+//!
+//! ptxas comes from `$KILN_PTXAS`, else `.tools/cuda/bin/ptxas` under the repository root
+//! (`scripts/ensure-ptxas` installs it). Without it the test fails and says how to install it.
+
+mod ptx_examples;
+
+use kiln_ir::Target;
+use kiln_ir::passes::run_pipeline;
+use kiln_ir::print::print_kernel;
+
+/// Spilled bytes (stores) ptxas reports today for each kernel; every kernel not listed must
+/// have none.
+// FIXME: attention at BM=128 with 4 warps keeps 192 accumulator registers per thread; with
+// the causal mask or d = 64 (BN = 128) the loop-invariant prefetch addressing that ptxas
+// hoists tips it over 255 registers. The goal is zero everywhere.
+const KNOWN_SPILLS: &[(&str, u32)] = &[("attention_causal", 76), ("attention_d64", 52)];
+
+#[test]
+fn ir_and_ptx_snapshots_assemble() {
+    if let Err(e) = kiln_ptx::ptxas::find_ptxas() {
+        panic!("{e}");
+    }
+    let under = |sub: &str| {
+        let mut s = insta::Settings::clone_current();
+        s.set_snapshot_path(format!("../snapshots/{sub}"));
+        s.set_prepend_module_to_snapshot(false);
+        s
+    };
+    {
+        for (name, kernel) in ptx_examples::all() {
+            let mut k = kernel.clone();
+            let mut dumps = Vec::new();
+            run_pipeline(&mut k, Target::Sm80, &mut |pass, k| {
+                dumps.push((pass.to_string(), print_kernel(k)))
+            })
+            .expect("pipeline");
+            for (pass, text) in dumps {
+                under("ir").bind(|| insta::assert_snapshot!(format!("{name}@{pass}"), text));
+            }
+            let m = kiln_ptx::compile(&kernel, Target::Sm80).expect("compile");
+            under("ptx").bind(|| insta::assert_snapshot!(format!("{name}@sm_80"), m.ptx));
+
+            let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm80)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let (spills, regs) = (report.spill_store_bytes, report.registers);
+            let expected = KNOWN_SPILLS
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map_or(0, |(_, n)| *n);
+            assert_eq!(
+                spills, expected,
+                "{name}: ptxas reports {spills} bytes of spill stores ({regs} registers), \
+                 expected {expected}"
+            );
+        }
+    }
+}
