@@ -53,6 +53,7 @@ pub mod interp;
 pub mod kernel;
 pub mod passes;
 pub mod print;
+pub mod ring;
 pub mod schedule;
 pub mod target;
 pub mod types;

@@ -49,6 +49,12 @@ pub fn print_kernel(kernel: &Kernel) -> String {
             loads.join(", ")
         );
     }
+    for ring in kernel.schedule.rings.values() {
+        let _ = writeln!(out, "{ring}");
+    }
+    if let Some(roles) = &kernel.schedule.roles {
+        let _ = writeln!(out, "{roles}");
+    }
     print_block(kernel, &kernel.body, 1, &mut out);
     out.push_str("}\n");
     out

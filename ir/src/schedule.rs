@@ -306,6 +306,10 @@ pub struct Schedule {
     pub smem_bytes: u32,
     /// Plans of pipelined loops, keyed by their `for`.
     pub loops: BTreeMap<OpId, LoopPlan>,
+    /// sm_90a: TMA stage rings of pipelined loops, keyed by their `for` (`pipeline` pass).
+    pub rings: BTreeMap<OpId, crate::ring::Ring>,
+    /// sm_90a: the warp roles of a warp-specialised kernel (`warp_specialise` pass).
+    pub roles: Option<crate::ring::Roles>,
 }
 
 impl Schedule {

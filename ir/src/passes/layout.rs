@@ -26,7 +26,7 @@ use crate::types::{Shape, Type};
 use super::walk::{defining_op, ops_in_order, uses};
 
 /// Assigns layouts; fails only on a combination the backends cannot realise.
-pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {
+pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     let order = ops_in_order(kernel);
     let uses = uses(kernel);
     let warps = kernel.options.num_warps;
@@ -48,7 +48,8 @@ pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {
             _ => {}
         }
     }
-    let rows_per_warp = register_a || reduce_dims[1];
+    // sm_90a: a warpgroup's wgmma accumulator is the `#mma(4x1)` layout of its 64 rows.
+    let rows_per_warp = register_a || reduce_dims[1] || target == Target::Sm90a;
     let mut layouts: BTreeMap<ValueId, Layout> = BTreeMap::new();
 
     // Shared-memory operands.

@@ -3,7 +3,10 @@
 //! sm_80: for every `for` with `stages = Some(n)`, records in `kernel.schedule.loops` which
 //! loads of its body (those staged in shared memory, with coordinates computed from the
 //! induction variable and values defined before the loop) the writer issues `n - 1`
-//! iterations ahead as cp.async groups. sm_90a and sm_100a are reported as not implemented.
+//! iterations ahead as cp.async groups. sm_90a: the same, except for loops the `pipeline`
+//! pass scheduled as TMA rings; a kernel whose `mma`s are not all in rings is reported as not
+//! implemented unless a tensor is not 16-byte aligned (then the sm_80 lowering is the
+//! documented fallback). sm_100a is reported as not implemented.
 //! Rewrites no op.
 
 use std::collections::BTreeSet;
@@ -19,7 +22,8 @@ use super::walk::{defining_op, ops_in_order};
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     match target {
         Target::Sm80 => {}
-        Target::Sm90a | Target::Sm100a => {
+        Target::Sm90a => super::pipeline::check_covered(kernel)?,
+        Target::Sm100a => {
             let loc = kernel
                 .body
                 .ops
@@ -36,6 +40,9 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         let OpKind::For { stages: Some(n) } = kernel.ops[id].kind else {
             continue;
         };
+        if kernel.schedule.rings.contains_key(&id) {
+            continue;
+        }
         if n < 2 {
             continue;
         }
@@ -70,7 +77,12 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
 
 /// Whether scalar `v` can be recomputed for a later iteration: it is the loop's induction
 /// variable, defined outside the loop, or a pure scalar op of such values.
-fn hoistable(kernel: &Kernel, v: ValueId, for_op: OpId, inside: &BTreeSet<OpId>) -> bool {
+pub(super) fn hoistable(
+    kernel: &Kernel,
+    v: ValueId,
+    for_op: OpId,
+    inside: &BTreeSet<OpId>,
+) -> bool {
     let (def, is_result) = defining_op(kernel, v);
     if !is_result {
         return def != for_op || kernel.ops[for_op].regions[0].args.first() == Some(&v);

@@ -9,7 +9,10 @@ pub mod canonicalize;
 pub mod layout;
 pub mod lower;
 pub mod memory_plan;
+pub mod pipeline;
+pub mod protocol_check;
 pub mod verify;
+pub mod warp_specialise;
 
 mod walk;
 
@@ -42,13 +45,37 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
         "place shared-memory buffers, multi-buffered in pipelined loops",
         memory_plan::run,
     ),
-    // Last: target checks and pipelining plans rely on the buffers' stage counts.
+    // sm_90a: needs the buffers; re-places them for TMA and adds the barrier rings.
+    (
+        "pipeline",
+        "sm_90a: TMA stage rings with full/empty mbarriers and phase bits",
+        pipeline::run,
+    ),
+    // sm_90a: needs to know whether any ring exists.
+    (
+        "warp_specialise",
+        "sm_90a: producer warpgroup + consumer warpgroups, setmaxnreg split",
+        warp_specialise::run,
+    ),
+    // Target checks and pipelining plans rely on the buffers' stage counts and the rings.
     (
         "lower",
         "target lowering plans (sm_80: cp.async pipelining)",
         lower::run,
     ),
+    // Last: proves the final schedule's barrier protocol.
+    (
+        "protocol_check",
+        "sm_90a: prove the rings' barrier protocol (arrives, tx bytes, phases, fences)",
+        protocol_check::run,
+    ),
 ];
+
+/// Whether pass `name` does anything on `target`: the sm_90a scheduling passes are skipped
+/// (and not observed) elsewhere, so other targets' dumps do not repeat unchanged kernels.
+pub fn applies(name: &str, target: Target) -> bool {
+    target == Target::Sm90a || !matches!(name, "pipeline" | "warp_specialise" | "protocol_check")
+}
 
 /// Runs every pass in order, calling `observe(pass_name, kernel)` after each.
 pub fn run_pipeline(
@@ -57,6 +84,9 @@ pub fn run_pipeline(
     observe: &mut dyn FnMut(&str, &Kernel),
 ) -> Result<(), Diagnostic> {
     for (name, _, pass) in PASSES {
+        if !applies(name, target) {
+            continue;
+        }
         pass(kernel, target)?;
         observe(name, kernel);
     }

@@ -1,0 +1,282 @@
+//! The `pipeline` pass (sm_90a): turns each GEMM-shaped pipelined loop into a TMA stage
+//! [`Ring`] with `full`/`empty` mbarrier arrays and the producer and consumer programs
+//! (see [`crate::ring`]).
+//!
+//! A top-level `for` with `stages >= 2` becomes a ring when its body holds exactly one
+//! accumulating `mma(x, y, acc)` whose operands are tiles loaded in the body, staged in shared
+//! memory, from rank-2 `aligned16` tensors with coordinates computable for any iteration, and
+//! whose shapes wgmma takes: `x` is `[64 * warpgroups, BK]` (K-major, one TMA box per 64
+//! columns, swizzled by the box row's bytes), `y` is `[BK, BN]` (MN-major, one 128-B-swizzled
+//! box per 64 columns), `BK % 16 == 0`, `BN % 64 == 0`, `BN <= 256`. Any other loop keeps the
+//! sm_80 cp.async lowering (the `lower` pass plans it), so tensors that are not 16-byte aligned
+//! still compile. Every shared buffer is then re-placed at 1024-byte alignment (the SW128 atom),
+//! and the barriers follow the buffers.
+//!
+//! Per iteration the producer waits on `empty` (parity from 1), announces the stage's bytes on
+//! `full` and issues the boxes; the consumers wait on `full` (parity from 0), run the body's
+//! wgmmas, commit, keep one group in flight and release the previous iteration's stage.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::diag::Diagnostic;
+use crate::kernel::{Kernel, OpId, OpKind, Param};
+use crate::ring::{Bar, InitStep, Operand, Ring, Step, TmaBox, TmaLoad};
+use crate::target::Target;
+use crate::types::DType;
+
+use super::lower::hoistable;
+
+/// Alignment of every buffer: the 128-byte swizzle atom (8 rows of 128 B).
+const ATOM: u32 = 1024;
+
+/// Plans rings on sm_90a; does nothing on other targets.
+pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
+    if target != Target::Sm90a {
+        return Ok(());
+    }
+    let warps = kernel.options.num_warps;
+    let mut rings = BTreeMap::new();
+    for &id in &kernel.body.ops {
+        if let Some(ring) = plan_loop(kernel, id, warps) {
+            rings.insert(id, ring);
+        }
+    }
+    if rings.is_empty() {
+        return Ok(());
+    }
+    // Re-place every buffer on the swizzle atom, ring loads at their stride.
+    let stride = |l: &TmaLoad| (l.load, l.stage_stride);
+    let strides: BTreeMap<OpId, u32> = rings
+        .values()
+        .flat_map(|r: &Ring| r.loads.iter().map(stride))
+        .collect();
+    let mut offset = 0u32;
+    let mut offsets = BTreeMap::new();
+    for b in &mut kernel.schedule.buffers {
+        b.offset = offset;
+        let per_stage = strides
+            .get(&b.load)
+            .copied()
+            .unwrap_or(b.stage_bytes.next_multiple_of(ATOM));
+        offsets.insert(b.load, offset);
+        offset += per_stage * b.stages;
+        offset = offset.next_multiple_of(ATOM);
+    }
+    for ring in rings.values_mut() {
+        for l in &mut ring.loads {
+            l.offset = offsets.get(&l.load).copied().unwrap_or_default();
+        }
+        ring.full_offset = offset;
+        ring.empty_offset = offset + 8 * ring.stages;
+        offset += 16 * ring.stages;
+    }
+    if offset > super::memory_plan::SMEM_LIMIT {
+        let loc = rings
+            .keys()
+            .next()
+            .map(|&f| kernel.ops[f].loc)
+            .unwrap_or_default();
+        return Err(Diagnostic::new(
+            loc,
+            format!(
+                "the TMA stage rings need {offset} bytes of shared memory; at most {} are available",
+                super::memory_plan::SMEM_LIMIT
+            ),
+        )
+        .note("use smaller tiles or fewer pipeline stages"));
+    }
+    kernel.schedule.smem_bytes = offset;
+    kernel.schedule.rings = rings;
+    Ok(())
+}
+
+/// The ring of loop `id`, when it has the shape described in the module doc.
+fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
+    let OpKind::For {
+        stages: Some(stages),
+    } = kernel.ops[id].kind
+    else {
+        return None;
+    };
+    if stages < 2 || !warps.is_multiple_of(4) {
+        return None;
+    }
+    let body = &kernel.ops[id].regions[0];
+    let inside: BTreeSet<OpId> = body.ops.iter().copied().collect();
+    let staged: Vec<OpId> = body
+        .ops
+        .iter()
+        .copied()
+        .filter(|&o| kernel.schedule.buffer(o).is_some())
+        .collect();
+    let mmas: Vec<OpId> = body
+        .ops
+        .iter()
+        .copied()
+        .filter(|&o| kernel.ops[o].kind == OpKind::Mma)
+        .collect();
+    let [mma] = mmas[..] else { return None };
+    let mma_op = &kernel.ops[mma];
+    if mma_op.operands.len() != 3 {
+        return None;
+    }
+    let def = |v| match kernel.values[v].def {
+        crate::kernel::ValueDef::Op(o, 0) if staged.contains(&o) => Some(o),
+        _ => None,
+    };
+    let (a, b) = (def(mma_op.operands[0])?, def(mma_op.operands[1])?);
+    if staged.len() != 2 {
+        return None;
+    }
+    let a_shape = kernel.ty(mma_op.operands[0]).shape()?.clone();
+    let b_shape = kernel.ty(mma_op.operands[1]).shape()?.clone();
+    let (bm, bk, bn) = (
+        a_shape.rows() as u32,
+        a_shape.cols() as u32,
+        b_shape.cols() as u32,
+    );
+    let dtype = kernel.ty(mma_op.operands[0]).dtype();
+    let wgmma_shape = bm == 16 * warps
+        && bk.is_multiple_of(16)
+        && (bk * 2 == 32 || bk * 2 == 64 || bk.is_multiple_of(64))
+        && bn.is_multiple_of(64)
+        && bn <= 256;
+    if !wgmma_shape || !matches!(dtype, DType::Bf16 | DType::F16) {
+        return None;
+    }
+    let tma_ok = |l: OpId| {
+        let OpKind::Load { tensor, ref shape } = kernel.ops[l].kind else {
+            return false;
+        };
+        let aligned = matches!(
+            kernel.params.get(tensor),
+            Some(Param::Tensor {
+                rank: 2,
+                aligned16: true,
+                ..
+            })
+        );
+        aligned
+            && shape.rank() == 2
+            && kernel.ops[l]
+                .operands
+                .iter()
+                .all(|&c| hoistable(kernel, c, id, &inside))
+    };
+    if !tma_ok(a) || !tma_ok(b) {
+        return None;
+    }
+    let param = |l: OpId| match kernel.ops[l].kind {
+        OpKind::Load { tensor, .. } => tensor,
+        _ => 0,
+    };
+    // A: one K-major box per 64 columns (or the whole row when it is 16 or 32 elements).
+    let chunk = bk.min(64);
+    let a_load = TmaLoad {
+        load: a,
+        param: param(a),
+        operand: Operand::KMajorA,
+        box_dims: [bm, chunk],
+        swizzle: chunk * 2,
+        boxes: (0..bk / chunk)
+            .map(|c| TmaBox {
+                origin: [0, c * chunk],
+                smem_offset: c * bm * chunk * 2,
+            })
+            .collect(),
+        offset: 0,
+        stage_stride: (bm * bk * 2).next_multiple_of(ATOM),
+    };
+    // B: one MN-major box of 64 columns x BK rows each, 128-B swizzled.
+    let b_load = TmaLoad {
+        load: b,
+        param: param(b),
+        operand: Operand::MnMajorB,
+        box_dims: [bk, 64],
+        swizzle: 128,
+        boxes: (0..bn / 64)
+            .map(|j| TmaBox {
+                origin: [0, 64 * j],
+                smem_offset: j * bk * 128,
+            })
+            .collect(),
+        offset: 0,
+        stage_stride: (bk * bn * 2).next_multiple_of(ATOM),
+    };
+    let bytes = a_load.tile_bytes() + b_load.tile_bytes();
+    Some(Ring {
+        for_op: id,
+        stages,
+        loads: vec![a_load, b_load],
+        full_offset: 0,
+        empty_offset: 0,
+        full_count: 1,
+        empty_count: warps,
+        init: vec![
+            InitStep::InitBarriers,
+            InitStep::FenceMbarrierInit,
+            InitStep::BarSync,
+        ],
+        producer: vec![
+            Step::Wait {
+                bar: Bar::Empty,
+                start: 1,
+            },
+            Step::ArriveExpectTx {
+                bar: Bar::Full,
+                bytes,
+            },
+            Step::Tma { load: 0 },
+            Step::Tma { load: 1 },
+        ],
+        consumer: vec![
+            Step::Wait {
+                bar: Bar::Full,
+                start: 0,
+            },
+            Step::Mma,
+            Step::Commit,
+            Step::WaitGroup(1),
+            Step::Arrive {
+                bar: Bar::Empty,
+                lag: 1,
+            },
+        ],
+        consumer_drain: vec![Step::WaitGroup(0)],
+    })
+}
+
+/// On sm_90a, every `mma` must sit in a ring unless some tensor is not 16-byte aligned (TMA
+/// needs 16-byte strides; such kernels keep the sm_80 cp.async + mma.sync lowering).
+pub fn check_covered(kernel: &Kernel) -> Result<(), Diagnostic> {
+    let all_aligned = kernel.params.iter().all(|p| match p {
+        Param::Tensor { aligned16, .. } => *aligned16,
+        Param::Scalar { .. } => true,
+    });
+    if !all_aligned {
+        return Ok(());
+    }
+    let in_ring: BTreeSet<OpId> = kernel
+        .schedule
+        .rings
+        .keys()
+        .flat_map(|&f| kernel.ops[f].regions[0].ops.iter().copied())
+        .collect();
+    let stray = super::walk::ops_in_order(kernel)
+        .into_iter()
+        .find(|&o| kernel.ops[o].kind == OpKind::Mma && !in_ring.contains(&o));
+    match stray {
+        None => Ok(()),
+        Some(o) => Err(Diagnostic::new(
+            kernel.ops[o].loc,
+            "target sm_90a is not implemented yet for this kernel: only an accumulating mma \
+             of two TMA-loaded tiles in a top-level pipelined loop is scheduled",
+        )
+        .note(format!(
+            "sm_90a needs `x: [{}, BK]` (16 rows per warp), BK a multiple of 16 (16, 32 or a \
+             multiple of 64), `y: [BK, BN]` with BN a multiple of 64 up to 256",
+            16 * kernel.options.num_warps
+        ))
+        .note("compile for sm_80, which runs on Hopper")),
+    }
+}

@@ -1,0 +1,48 @@
+//! The `warp_specialise` pass (sm_90a): when the kernel has stage rings, splits the block into
+//! the kernel's warps as consumers (whole warpgroups, threads `0..32 * num_warps`, so every
+//! register layout keeps its thread mapping) and one producer warpgroup after them, whose
+//! elected thread issues the TMA loads. Registers move from the producer to the consumers with
+//! `setmaxnreg` (40 / 232, CUTLASS's split); the split is checked against the 64K-register file.
+
+use crate::diag::Diagnostic;
+use crate::kernel::Kernel;
+use crate::ring::Roles;
+use crate::target::Target;
+
+/// Registers per block on sm_90a.
+const REGISTER_FILE: u32 = 65536;
+
+/// Records the warp roles; does nothing without rings.
+pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
+    if target != Target::Sm90a || kernel.schedule.rings.is_empty() {
+        return Ok(());
+    }
+    let roles = Roles {
+        consumer_warps: kernel.options.num_warps,
+        producer_warps: 4,
+        producer_regs: 40,
+        consumer_regs: 232,
+    };
+    let need = 32
+        * (roles.consumer_warps * roles.consumer_regs + roles.producer_warps * roles.producer_regs);
+    if need > REGISTER_FILE {
+        let loc = kernel
+            .schedule
+            .rings
+            .keys()
+            .next()
+            .map(|&f| kernel.ops[f].loc)
+            .unwrap_or_default();
+        return Err(Diagnostic::new(
+            loc,
+            format!(
+                "{} consumer warps at {} registers and a producer warpgroup at {} need {need} \
+                 registers; a block has {REGISTER_FILE}",
+                roles.consumer_warps, roles.consumer_regs, roles.producer_regs
+            ),
+        )
+        .note("use num_warps = 4 or 8 on sm_90a"));
+    }
+    kernel.schedule.roles = Some(roles);
+    Ok(())
+}

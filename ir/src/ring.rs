@@ -1,0 +1,261 @@
+//! The expert layer that Hopper scheduling lowers into: warp roles, shared-memory stage rings
+//! guarded by `full`/`empty` mbarrier arrays, TMA loads, and the per-iteration *programs* each
+//! role runs over a ring.
+//!
+//! A [`Ring`] belongs to one pipelined `for` loop. Iteration `i` uses stage `i % stages` of every
+//! buffer and barrier; a role's wait on a barrier uses the parity `start ^ ((i / stages) & 1)`,
+//! so the bit flips each time the stage index wraps (ptx-notes §2). The programs are plain
+//! data: the `pipeline` pass writes them, the `protocol_check` pass proves them safe, and the
+//! PTX writer emits exactly these steps, so what is checked is what runs.
+
+use std::fmt;
+
+use crate::kernel::OpId;
+
+/// Which barrier array of a ring a step names; stage `i % stages` of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Bar {
+    /// Completes when a stage's data has landed (producer arrive + TMA transaction bytes).
+    Full,
+    /// Completes when every consumer has finished reading a stage.
+    Empty,
+}
+
+/// One step of a role's program, executed once per loop iteration `i`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// `mbarrier.try_wait.parity` loop on `bar[i % stages]` with parity
+    /// `start ^ ((i / stages) & 1)`.
+    Wait {
+        /// The barrier array.
+        bar: Bar,
+        /// The parity of the first round (producer on `empty`: 1; consumer on `full`: 0).
+        start: u32,
+    },
+    /// `mbarrier.arrive.expect_tx` on `bar[i % stages]`: one arrival plus `bytes` of expected
+    /// transactions.
+    ArriveExpectTx {
+        /// The barrier array.
+        bar: Bar,
+        /// Announced transaction bytes.
+        bytes: u32,
+    },
+    /// Every TMA box of [`Ring::loads`]`[load]` into stage `i % stages`, completing its bytes
+    /// on `full[i % stages]`.
+    Tma {
+        /// Index into the ring's loads.
+        load: usize,
+    },
+    /// Generic-proxy stores into stage `i % stages` of load `load`'s buffer (`st.shared`).
+    GenericWrite {
+        /// Index into the ring's loads.
+        load: usize,
+    },
+    /// `fence.proxy.async.shared::cta`: earlier generic writes become visible to the async
+    /// proxy (TMA, wgmma).
+    FenceProxyAsync,
+    /// The loop body: its `mma`s become wgmmas reading stage `i % stages` of every load.
+    Mma,
+    /// `wgmma.commit_group`: the wgmmas since the last commit form one group.
+    Commit,
+    /// `wgmma.wait_group n`: at most `n` committed groups stay in flight.
+    WaitGroup(u32),
+    /// One arrival per arriving thread group of the role on `bar[(i - lag) % stages]`;
+    /// skipped while `i < lag`.
+    Arrive {
+        /// The barrier array.
+        bar: Bar,
+        /// How many iterations back the released stage was used.
+        lag: u32,
+    },
+}
+
+/// One-time set-up before the roles split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InitStep {
+    /// One thread runs `mbarrier.init` on every barrier with its count.
+    InitBarriers,
+    /// `fence.mbarrier_init.release.cluster`: the inits become visible to the async proxy.
+    FenceMbarrierInit,
+    /// `bar.sync 0`: every thread sees initialised barriers before using them.
+    BarSync,
+}
+
+/// One TMA box of a load: a sub-rectangle of the tile written at its own shared offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TmaBox {
+    /// Offset of the box inside the tile, `[row, col]` in elements.
+    pub origin: [u32; 2],
+    /// Byte offset of the box inside a stage.
+    pub smem_offset: u32,
+}
+
+/// How the tile of a ring load is read by wgmma.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Operand {
+    /// The A operand, stored `[M, K]` (K contiguous): K-major.
+    KMajorA,
+    /// The B operand stored `[K, N]` (N contiguous): MN-major, `imm-trans-b = 1`.
+    MnMajorB,
+}
+
+/// A tile loaded by TMA into a ring of stages.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TmaLoad {
+    /// The `load` op.
+    pub load: OpId,
+    /// The tensor parameter it reads (the one whose tensor map the runtime builds).
+    pub param: usize,
+    /// What the tile feeds.
+    pub operand: Operand,
+    /// Box extents, outermost first (`[rows, cols]`), as the runtime encodes the map.
+    pub box_dims: [u32; 2],
+    /// Swizzle span in bytes (32, 64 or 128): the box row's bytes.
+    pub swizzle: u32,
+    /// The boxes that make up the tile.
+    pub boxes: Vec<TmaBox>,
+    /// Byte offset of stage 0 in dynamic shared memory (1024-aligned).
+    pub offset: u32,
+    /// Bytes between consecutive stages (a multiple of 1024).
+    pub stage_stride: u32,
+}
+
+impl TmaLoad {
+    /// Bytes of one box.
+    pub fn box_bytes(&self) -> u32 {
+        self.box_dims[0] * self.box_dims[1] * 2
+    }
+
+    /// Transaction bytes of the whole tile (every box counts in full, even out of bounds).
+    pub fn tile_bytes(&self) -> u32 {
+        self.box_bytes() * self.boxes.len() as u32
+    }
+}
+
+/// A pipelined loop scheduled as a ring of `stages` shared-memory stages.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Ring {
+    /// The `for` op.
+    pub for_op: OpId,
+    /// Stages in the ring.
+    pub stages: u32,
+    /// The TMA loads filling each stage.
+    pub loads: Vec<TmaLoad>,
+    /// Byte offset of `full[0]`; `full[s]` is at `+ 8 s`.
+    pub full_offset: u32,
+    /// Byte offset of `empty[0]`.
+    pub empty_offset: u32,
+    /// Arrivals that complete a phase of `full` (`mbarrier.init` count).
+    pub full_count: u32,
+    /// Arrivals that complete a phase of `empty`.
+    pub empty_count: u32,
+    /// Set-up before the roles split.
+    pub init: Vec<InitStep>,
+    /// The producer's program per iteration.
+    pub producer: Vec<Step>,
+    /// The consumers' program per iteration.
+    pub consumer: Vec<Step>,
+    /// The consumers' steps once after the loop (as iteration `trip count`).
+    pub consumer_drain: Vec<Step>,
+}
+
+/// How the block's warps are split into roles for warp-specialised rings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Roles {
+    /// Consumer warps (whole warpgroups, threads `0..32 * consumer_warps`): they run the
+    /// kernel's code and the wgmmas.
+    pub consumer_warps: u32,
+    /// Producer warps (one warpgroup after the consumers); one elected thread issues TMA.
+    pub producer_warps: u32,
+    /// `setmaxnreg.dec` target of the producer warpgroup.
+    pub producer_regs: u32,
+    /// `setmaxnreg.inc` target of each consumer warpgroup.
+    pub consumer_regs: u32,
+}
+
+impl Roles {
+    /// Threads per block.
+    pub fn threads(&self) -> u32 {
+        32 * (self.consumer_warps + self.producer_warps)
+    }
+
+    /// Arrivals one consumer `Arrive` step makes (one elected lane per consumer warp).
+    pub fn consumer_arrivals(&self) -> u32 {
+        self.consumer_warps
+    }
+}
+
+impl fmt::Display for Bar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Bar::Full => "full",
+            Bar::Empty => "empty",
+        })
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::Wait { bar, start } => write!(f, "wait {bar}(phase from {start})"),
+            Step::ArriveExpectTx { bar, bytes } => write!(f, "arrive.expect_tx {bar} {bytes}B"),
+            Step::Tma { load } => write!(f, "tma load{load}"),
+            Step::GenericWrite { load } => write!(f, "st.shared load{load}"),
+            Step::FenceProxyAsync => f.write_str("fence.proxy.async"),
+            Step::Mma => f.write_str("wgmma"),
+            Step::Commit => f.write_str("commit"),
+            Step::WaitGroup(n) => write!(f, "wait_group {n}"),
+            Step::Arrive { bar, lag } => write!(f, "arrive {bar}[i-{lag}]"),
+        }
+    }
+}
+
+impl fmt::Display for Ring {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let join = |steps: &[Step]| {
+            steps
+                .iter()
+                .map(Step::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        writeln!(
+            f,
+            "  ring {}: stages={} full@{} x{} empty@{} x{}",
+            self.for_op,
+            self.stages,
+            self.full_offset,
+            self.full_count,
+            self.empty_offset,
+            self.empty_count
+        )?;
+        for (i, l) in self.loads.iter().enumerate() {
+            writeln!(
+                f,
+                "    load{i} = {} param{} {:?} @{} stride {} B: {} box(es) {}x{} sw{}",
+                l.load,
+                l.param,
+                l.operand,
+                l.offset,
+                l.stage_stride,
+                l.boxes.len(),
+                l.box_dims[0],
+                l.box_dims[1],
+                l.swizzle
+            )?;
+        }
+        writeln!(f, "    producer: {}", join(&self.producer))?;
+        writeln!(f, "    consumer: {}", join(&self.consumer))?;
+        write!(f, "    drain: {}", join(&self.consumer_drain))
+    }
+}
+
+impl fmt::Display for Roles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "  roles: consumers {} warps (setmaxnreg {}), producer {} warps (setmaxnreg {})",
+            self.consumer_warps, self.consumer_regs, self.producer_warps, self.producer_regs
+        )
+    }
+}
