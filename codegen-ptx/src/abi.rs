@@ -17,6 +17,11 @@
 //! but the innermost, times the element size, must be multiples of 16 bytes: the kernel then
 //! uses 16-byte vector accesses and cp.async, and a misaligned argument would fault.
 //!
+//! On sm_90a a tensor loaded through TMA also takes a `.param .align 64 .b8 <name>_tmap[128]`
+//! slot right after its strides ([`SlotRole::TensorMap`]): a `CUtensorMap` the runtime encodes
+//! from the module's [`TensorMapSpec`](crate::TensorMapSpec) over the same tensor and passes by
+//! value (`kernelParams[i]` points at the 128 bytes).
+//!
 //! With the driver's `cuLaunchKernel(.., kernelParams, ..)` the runtime passes one pointer per
 //! slot, in slot order, to a value of the slot's width (`u64`, `i32`, `i64`, `f32`); the driver
 //! lays them out. [`slots`] lists the slots so the runtime need not re-derive this table.
@@ -41,6 +46,8 @@ pub enum SlotType {
     S64,
     /// `.f32`: an `f32` scalar.
     F32,
+    /// `.align 64 .b8 name[128]`: a `CUtensorMap` passed by value (sm_90a TMA).
+    TensorMap,
 }
 
 impl SlotType {
@@ -51,6 +58,7 @@ impl SlotType {
             SlotType::S32 => ".s32",
             SlotType::S64 => ".s64",
             SlotType::F32 => ".f32",
+            SlotType::TensorMap => ".align 64 .b8",
         }
     }
 
@@ -59,6 +67,7 @@ impl SlotType {
         match self {
             SlotType::U64 | SlotType::S64 => 8,
             SlotType::S32 | SlotType::F32 => 4,
+            SlotType::TensorMap => 128,
         }
     }
 }
@@ -84,6 +93,12 @@ pub enum SlotRole {
         param: usize,
         /// Dimension, outermost first.
         dim: usize,
+    },
+    /// The TMA descriptor (`CUtensorMap`, 128 bytes by value) of tensor parameter `param`,
+    /// described by the module's [`TensorMapSpec`](crate::TensorMapSpec) for `param`.
+    TensorMap {
+        /// Index into the kernel's parameters.
+        param: usize,
     },
     /// The value of scalar parameter `param`.
     Scalar {
@@ -119,6 +134,12 @@ pub enum AbiError {
 
 /// The entry's parameter slots for `params`, in launch order. See the module doc.
 pub fn slots(params: &[Param]) -> Result<Vec<Slot>, AbiError> {
+    slots_with_maps(params, &[])
+}
+
+/// The slots of an entry whose tensor parameters `tma` (indices) are read through TMA: each
+/// of them gets a `<name>_tmap` slot after its strides.
+pub fn slots_with_maps(params: &[Param], tma: &[usize]) -> Result<Vec<Slot>, AbiError> {
     let mut out = Vec::new();
     for (index, p) in params.iter().enumerate() {
         let base = ptx_name(p.name(), index);
@@ -141,6 +162,13 @@ pub fn slots(params: &[Param]) -> Result<Vec<Slot>, AbiError> {
                         role: SlotRole::Stride { param: index, dim },
                         ty: SlotType::S64,
                         name: format!("{base}_stride{dim}"),
+                    });
+                }
+                if tma.contains(&index) {
+                    out.push(Slot {
+                        role: SlotRole::TensorMap { param: index },
+                        ty: SlotType::TensorMap,
+                        name: format!("{base}_tmap"),
                     });
                 }
             }
@@ -182,7 +210,10 @@ fn ptx_name(name: &str, index: usize) -> String {
 
 impl fmt::Display for Slot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, ".param {} {}", self.ty.ptx(), self.name)
+        match self.ty {
+            SlotType::TensorMap => write!(f, ".param {} {}[128]", self.ty.ptx(), self.name),
+            _ => write!(f, ".param {} {}", self.ty.ptx(), self.name),
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use crate::writer::{Val, Writer};
 
 impl Writer<'_> {
     /// Fresh registers shaped like `v`.
-    fn fresh_like(&mut self, v: &Val, at: OpId) -> Result<Val, CodegenError> {
+    pub(crate) fn fresh_like(&mut self, v: &Val, at: OpId) -> Result<Val, CodegenError> {
         match v {
             Val::Scalar(r) => Ok(Val::Scalar(self.new_reg(r.class))),
             Val::Tile(rs) => Ok(Val::Tile(
@@ -26,7 +26,7 @@ impl Writer<'_> {
     }
 
     /// Copies `src` into the registers of `dst`.
-    fn assign(&mut self, dst: &Val, src: &Val, at: OpId) -> Result<(), CodegenError> {
+    pub(crate) fn assign(&mut self, dst: &Val, src: &Val, at: OpId) -> Result<(), CodegenError> {
         match (dst, src) {
             (Val::Scalar(d), Val::Scalar(s)) if d != s => self.mov(*d, *s),
             (Val::Scalar(_), Val::Scalar(_)) => {}
@@ -44,7 +44,7 @@ impl Writer<'_> {
 
     /// Copies `values` into `dsts`; through temporaries when a source is one of the
     /// destinations (a loop yielding its arguments in another order).
-    fn assign_all(
+    pub(crate) fn assign_all(
         &mut self,
         dsts: &[Val],
         values: &[ValueId],

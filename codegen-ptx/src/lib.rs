@@ -19,6 +19,7 @@ mod control;
 mod memory;
 mod mma;
 pub mod ptxas;
+mod sm90a;
 mod sync;
 pub mod types;
 pub mod writer;
@@ -38,6 +39,22 @@ pub struct PtxModule {
     pub dynamic_smem_bytes: u32,
     /// The target it was compiled for.
     pub target: Target,
+    /// The TMA descriptors the runtime must encode and pass (sm_90a), one per
+    /// [`abi::SlotRole::TensorMap`] slot, in slot order. Empty for other targets.
+    pub tensor_maps: Vec<TensorMapSpec>,
+}
+
+/// How the runtime encodes one tensor map (`cuTensorMapEncodeTiled`) for a launch: over the
+/// whole tensor argument `param` (its extents and strides), bf16/f16 elements, interleave none,
+/// element strides 1, out-of-bounds elements filled with zeros.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorMapSpec {
+    /// The tensor parameter (index into the kernel's parameters).
+    pub param: usize,
+    /// Box extents, outermost dimension first (like the tensor's shape).
+    pub box_dims: Vec<u32>,
+    /// Swizzle span in bytes: 32, 64 or 128 (the inner box row's bytes).
+    pub swizzle_bytes: u32,
 }
 
 /// Why a kernel could not be compiled.

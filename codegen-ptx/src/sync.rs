@@ -223,7 +223,7 @@ impl Writer<'_> {
     }
 
     /// Recomputes scalar `v` of the loop body with the induction variable `iv` set to `at`.
-    fn remat(
+    pub(crate) fn remat(
         &mut self,
         v: ValueId,
         iv: ValueId,

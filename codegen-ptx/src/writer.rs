@@ -81,6 +81,10 @@ pub struct Writer<'k> {
     /// For every reachable op, the op owning its block and the region index (`None` at the
     /// top level).
     pub(crate) parents: BTreeMap<OpId, (Option<OpId>, usize)>,
+    /// sm_90a: the generic address of each TMA tensor parameter's map, by parameter.
+    pub(crate) tmaps: BTreeMap<usize, Reg>,
+    /// sm_90a: the stage ring whose consumer body is being written.
+    pub(crate) ring: Option<kiln_ir::ring::Ring>,
     /// Per tile value, its distribution's register index by offsets.
     reg_index: BTreeMap<ValueId, BTreeMap<Vec<u32>, usize>>,
     labels: u32,
@@ -103,6 +107,8 @@ impl<'k> Writer<'k> {
             stage_bases: BTreeMap::new(),
             uses: uses(k, &k.body),
             parents: parents(k, &k.body, (None, 0)),
+            tmaps: BTreeMap::new(),
+            ring: None,
             reg_index: BTreeMap::new(),
             labels: 0,
         }
@@ -110,8 +116,12 @@ impl<'k> Writer<'k> {
 
     /// Writes the module.
     pub fn write(mut self, target: Target) -> Result<PtxModule, CodegenError> {
-        let slots = abi::slots(&self.k.params).map_err(|e| self.unsupported_msg(e.to_string()))?;
-        let threads = 32 * self.k.options.num_warps;
+        let maps = crate::sm90a::tensor_maps(self.k);
+        let tma: Vec<usize> = maps.iter().map(|m| m.param).collect();
+        let slots = abi::slots_with_maps(&self.k.params, &tma)
+            .map_err(|e| self.unsupported_msg(e.to_string()))?;
+        let roles = self.k.schedule.roles;
+        let threads = roles.map_or(32 * self.k.options.num_warps, |r| r.threads());
         self.write_prologue(&slots)?;
         let body = self.k.body.clone();
         self.write_block(&body)?;
@@ -128,12 +138,24 @@ impl<'k> Writer<'k> {
         );
         let smem_bytes = self.k.schedule.smem_bytes;
         if smem_bytes > 0 {
-            let _ = writeln!(ptx, ".extern .shared .align 128 .b8 kiln_smem[];\n");
+            // TMA's 128-byte swizzle repeats every 1024 bytes; stages sit on that atom.
+            let align = if self.k.schedule.rings.is_empty() {
+                128
+            } else {
+                1024
+            };
+            let _ = writeln!(ptx, ".extern .shared .align {align} .b8 kiln_smem[];\n");
         }
         let _ = writeln!(ptx, ".visible .entry {}(", self.k.name);
         let decls: Vec<String> = slots.iter().map(|s| format!("\t{s}")).collect();
         let _ = writeln!(ptx, "{}\n)", decls.join(",\n"));
-        let _ = writeln!(ptx, ".maxntid {threads}, 1, 1\n{{");
+        let _ = writeln!(ptx, ".maxntid {threads}, 1, 1");
+        if roles.is_some() {
+            // With `.maxntid`, lets ptxas know the register count at entry, which
+            // `setmaxnreg` needs (ptx-notes §5, C7508).
+            let _ = writeln!(ptx, ".minnctapersm 1");
+        }
+        ptx.push_str("{\n");
         ptx.push_str(&self.regs.declarations());
         ptx.push('\n');
         ptx.push_str(&self.out);
@@ -144,6 +166,7 @@ impl<'k> Writer<'k> {
             threads_per_block: threads,
             dynamic_smem_bytes: smem_bytes,
             target,
+            tensor_maps: maps,
         })
     }
 
@@ -196,6 +219,14 @@ impl<'k> Writer<'k> {
                         strides.push(r);
                     }
                 }
+                SlotRole::TensorMap { param } => {
+                    let raw = self.new_reg(Class::B64);
+                    let map = self.new_reg(Class::B64);
+                    // Without cvta.param the TMA faults at run time (ptx-notes §1).
+                    self.ins(format!("mov.b64 {raw}, {}", s.name));
+                    self.ins(format!("cvta.param.u64 {map}, {raw}"));
+                    self.tmaps.insert(param, map);
+                }
                 SlotRole::Scalar { param } => {
                     let dtype = match &self.k.params[param] {
                         Param::Scalar { dtype, .. } => *dtype,
@@ -208,6 +239,7 @@ impl<'k> Writer<'k> {
                 }
             }
         }
+        self.write_ring_init();
         Ok(())
     }
 
@@ -327,9 +359,13 @@ impl<'k> Writer<'k> {
                 }
             }
             OpKind::Reduce { op: rop, dim } => self.write_reduce(id, *rop, *dim)?,
+            OpKind::Mma if self.ring.is_some() => self.write_wgmma(id)?,
             OpKind::Mma => self.write_mma(id)?,
             OpKind::Load { .. } => self.write_load(id)?,
             OpKind::Store { .. } => self.write_store(id)?,
+            OpKind::For { .. } if self.k.schedule.rings.contains_key(&id) => {
+                self.write_ring_loop(id)?
+            }
             OpKind::For { .. } => self.write_for(id)?,
             OpKind::If => self.write_if(id)?,
             OpKind::Yield => {}

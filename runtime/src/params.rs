@@ -128,6 +128,7 @@ fn slot_param(role: SlotRole) -> usize {
         SlotRole::Ptr { param }
         | SlotRole::Extent { param, .. }
         | SlotRole::Stride { param, .. }
+        | SlotRole::TensorMap { param }
         | SlotRole::Scalar { param } => param,
     }
 }

@@ -102,6 +102,7 @@ fn axpb_module(dynamic_smem_bytes: u32) -> PtxModule {
         threads_per_block: 128,
         dynamic_smem_bytes,
         target: Target::Sm80,
+        tensor_maps: Vec::new(),
     }
 }
 

@@ -342,6 +342,7 @@ fn tma_wgmma_kernel(dev: &Device) -> LoadedKernel {
             threads_per_block: 128,
             dynamic_smem_bytes: 2 * BOX_BYTES + 8,
             target: Target::Sm90a,
+            tensor_maps: Vec::new(),
         })
         .expect("JIT load of the TMA + wgmma kernel");
     assert_eq!(k.local_bytes().expect("attr"), 0, "{}", k.info_log());
@@ -642,6 +643,7 @@ fn gpu_tma_box_loads_fill_and_swizzle_as_modelled() {
             threads_per_block: 128,
             dynamic_smem_bytes: TMA_BOX_MAX_BYTES + 8,
             target: Target::Sm90a,
+            tensor_maps: Vec::new(),
         })
         .expect("JIT load of the TMA box kernel");
     let case = |dtype, rows, cols, col_off, box_dims, swizzle, fill, c0, c1| BoxCase {
@@ -716,6 +718,7 @@ fn gpu_cluster_launch_ranks_and_distributed_shared_memory() {
             threads_per_block: 32,
             dynamic_smem_bytes: 0,
             target: Target::Sm90a,
+            tensor_maps: Vec::new(),
         })
         .expect("JIT load of the cluster kernel");
     for (grid, cluster) in [(2, 2), (264, 2), (64, 4), (64, 8), (32, 16)] {

@@ -1,0 +1,394 @@
+//! sm_90a: the stage rings of the `pipeline` pass as a warp-specialised loop.
+//!
+//! The block is the kernel's consumer warps (threads `0..32 * consumer_warps`, which run the
+//! kernel's code unchanged) plus one producer warpgroup after them. At a ring's `for`, the
+//! producer warpgroup gives registers back (`setmaxnreg.dec`), one elected thread runs the
+//! ring's producer program (wait `empty`, `arrive.expect_tx` on `full`, `cp.async.bulk.tensor`
+//! boxes) over the loop's iteration space and exits; the consumers take the registers
+//! (`setmaxnreg.inc`) and run the consumer program around the loop body, whose `mma`s become
+//! wgmmas ([`wgmma`]) reading the stage. Every step comes from [`kiln_ir::ring::Ring`], the
+//! data the `protocol_check` pass proved.
+
+mod wgmma;
+
+use kiln_ir::ring::{Bar, InitStep, Ring, Step};
+use kiln_ir::{Kernel, OpId};
+
+use crate::CodegenError;
+use crate::TensorMapSpec;
+use crate::types::{Class, Reg};
+use crate::writer::{Val, Writer};
+
+/// The tensor maps the runtime builds for `k`, one per TMA-loaded tensor parameter, in
+/// parameter order.
+pub(crate) fn tensor_maps(k: &Kernel) -> Vec<TensorMapSpec> {
+    let mut maps: Vec<TensorMapSpec> = k
+        .schedule
+        .rings
+        .values()
+        .flat_map(|r| r.loads.iter())
+        .map(|l| TensorMapSpec {
+            param: l.param,
+            box_dims: l.box_dims.to_vec(),
+            swizzle_bytes: l.swizzle,
+        })
+        .collect();
+    maps.sort_by_key(|m| m.param);
+    maps.dedup();
+    maps
+}
+
+/// Per-role loop state: stage index, one phase bit per waited barrier array, and the stage of
+/// the previous iteration (for releases with lag 1).
+struct Cursor {
+    stage: Reg,
+    prev: Reg,
+    count: Reg,
+    phases: Vec<(Bar, Reg)>,
+}
+
+impl Writer<'_> {
+    /// Shared address of `bar[stage]` of `ring`.
+    fn bar_addr(&mut self, ring: &Ring, bar: Bar, stage: Reg) -> Reg {
+        let off = match bar {
+            Bar::Full => ring.full_offset,
+            Bar::Empty => ring.empty_offset,
+        };
+        let a = self.new_reg(Class::B32);
+        self.ins(format!("mad.lo.u32 {a}, {stage}, 8, {}", self.smem));
+        self.ins(format!("add.u32 {a}, {a}, {off}"));
+        a
+    }
+
+    /// The set-up of every ring, before the roles split (the ring's `init` steps).
+    pub(crate) fn write_ring_init(&mut self) {
+        let rings: Vec<Ring> = self.k.schedule.rings.values().cloned().collect();
+        let Some(first) = rings.first() else { return };
+        for step in first.init.clone() {
+            match step {
+                InitStep::InitBarriers => {
+                    let (p, skip) = (self.new_reg(Class::Pred), self.new_label());
+                    self.ins(format!("setp.ne.u32 {p}, {}, 0", self.tid));
+                    self.ins(format!("@{p} bra {skip}"));
+                    for ring in &rings {
+                        for s in 0..ring.stages {
+                            for (off, count) in [
+                                (ring.full_offset, ring.full_count),
+                                (ring.empty_offset, ring.empty_count),
+                            ] {
+                                let a = self.new_reg(Class::B32);
+                                self.ins(format!("add.u32 {a}, {}, {}", self.smem, off + 8 * s));
+                                self.ins(format!("mbarrier.init.shared::cta.b64 [{a}], {count}"));
+                            }
+                        }
+                    }
+                    self.label(&skip);
+                }
+                InitStep::FenceMbarrierInit => self.ins("fence.mbarrier_init.release.cluster"),
+                InitStep::BarSync => self.ins("bar.sync 0"),
+            }
+        }
+    }
+
+    /// A fresh cursor at stage 0 with each waited barrier's phase bit at its start.
+    fn cursor(&mut self, steps: &[Step]) -> Cursor {
+        let c = Cursor {
+            stage: self.new_reg(Class::B32),
+            prev: self.new_reg(Class::B32),
+            count: self.new_reg(Class::B32),
+            phases: Vec::new(),
+        };
+        self.ins(format!("mov.u32 {}, 0", c.stage));
+        self.ins(format!("mov.u32 {}, 0", c.prev));
+        self.ins(format!("mov.u32 {}, 0", c.count));
+        let mut c = c;
+        for s in steps {
+            if let Step::Wait { bar, start } = *s {
+                let r = self.new_reg(Class::B32);
+                self.ins(format!("mov.u32 {r}, {start}"));
+                c.phases.push((bar, r));
+            }
+        }
+        c
+    }
+
+    /// Moves a cursor to the next iteration: the stage wraps and flips every phase bit.
+    fn advance(&mut self, c: &Cursor, stages: u32) {
+        let wrap = self.new_reg(Class::Pred);
+        self.mov(c.prev, c.stage);
+        self.ins(format!("add.u32 {}, {}, 1", c.count, c.count));
+        self.ins(format!("add.u32 {}, {}, 1", c.stage, c.stage));
+        self.ins(format!("setp.eq.u32 {wrap}, {}, {stages}", c.stage));
+        self.ins(format!("selp.u32 {}, 0, {}, {wrap}", c.stage, c.stage));
+        for &(_, r) in &c.phases {
+            let flipped = self.new_reg(Class::B32);
+            self.ins(format!("xor.b32 {flipped}, {r}, 1"));
+            self.ins(format!("selp.u32 {r}, {flipped}, {r}, {wrap}"));
+        }
+    }
+
+    /// A parity wait loop on `bar[stage]`.
+    fn wait(&mut self, ring: &Ring, c: &Cursor, bar: Bar) -> Result<(), CodegenError> {
+        let phase = c
+            .phases
+            .iter()
+            .find(|(b, _)| *b == bar)
+            .map(|&(_, r)| r)
+            .ok_or_else(|| self.internal(ring.for_op, "a wait without a phase bit"))?;
+        let addr = self.bar_addr(ring, bar, c.stage);
+        let (p, top) = (self.new_reg(Class::Pred), self.new_label());
+        self.label(&top);
+        self.ins(format!(
+            "mbarrier.try_wait.parity.shared::cta.b64 {p}, [{addr}], {phase}"
+        ));
+        self.ins(format!("@!{p} bra {top}"));
+        Ok(())
+    }
+
+    /// Writes a ring's `for`: the role split, the producer loop, then the consumer loop with
+    /// the body. See the module doc.
+    pub(crate) fn write_ring_loop(&mut self, id: OpId) -> Result<(), CodegenError> {
+        let op = self.k.ops[id].clone();
+        let ring = self.k.schedule.rings[&id].clone();
+        let roles = self
+            .k
+            .schedule
+            .roles
+            .ok_or_else(|| self.internal(id, "a stage ring without warp roles"))?;
+        let (lo, hi, step) = (
+            self.scalar(op.operands[0], id)?,
+            self.scalar(op.operands[1], id)?,
+            self.scalar(op.operands[2], id)?,
+        );
+        let consumers = 32 * roles.consumer_warps;
+        let (is_consumer, consumer_label) = (self.new_reg(Class::Pred), self.new_label());
+        self.ins(format!(
+            "setp.lt.u32 {is_consumer}, {}, {consumers}",
+            self.tid
+        ));
+        self.ins(format!("@{is_consumer} bra {consumer_label}"));
+
+        // Producer warpgroup: give registers back; one thread issues every stage's TMA.
+        self.ins(format!(
+            "setmaxnreg.dec.sync.aligned.u32 {}",
+            roles.producer_regs
+        ));
+        let idle = self.new_reg(Class::Pred);
+        self.ins(format!("setp.ne.u32 {idle}, {}, {consumers}", self.tid));
+        self.ins(format!("@{idle} exit"));
+        let iv = self.new_reg(Class::B32);
+        self.mov(iv, lo);
+        let c = self.cursor(&ring.producer);
+        let (top, done, more) = (
+            self.new_label(),
+            self.new_label(),
+            self.new_reg(Class::Pred),
+        );
+        self.ins(format!("setp.ge.s32 {more}, {iv}, {hi}"));
+        self.ins(format!("@{more} bra {done}"));
+        self.label(&top);
+        for s in ring.producer.clone() {
+            match s {
+                Step::Wait { bar, .. } => self.wait(&ring, &c, bar)?,
+                Step::ArriveExpectTx { bar, bytes } => {
+                    let a = self.bar_addr(&ring, bar, c.stage);
+                    self.ins(format!(
+                        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [{a}], {bytes}"
+                    ));
+                }
+                Step::Tma { load } => self.issue_tma(&ring, load, &c, iv, id)?,
+                Step::Arrive { bar, lag } => self.release(&ring, &c, bar, lag, None),
+                Step::FenceProxyAsync => self.ins("fence.proxy.async.shared::cta"),
+                Step::GenericWrite { .. } | Step::Mma | Step::Commit | Step::WaitGroup(_) => {
+                    return Err(self.internal(id, format!("producer step `{s}`")));
+                }
+            }
+        }
+        self.advance(&c, ring.stages);
+        self.ins(format!("add.s32 {iv}, {iv}, {step}"));
+        self.ins(format!("setp.lt.s32 {more}, {iv}, {hi}"));
+        self.ins(format!("@{more} bra {top}"));
+        self.label(&done);
+        self.ins("exit");
+
+        // Consumers.
+        self.label(&consumer_label);
+        self.ins(format!(
+            "setmaxnreg.inc.sync.aligned.u32 {}",
+            roles.consumer_regs
+        ));
+        self.write_consumer_loop(id, &ring, [lo, hi, step])
+    }
+
+    /// The consumers' loop: the consumer program around the body, then the drain.
+    fn write_consumer_loop(
+        &mut self,
+        id: OpId,
+        ring: &Ring,
+        [lo, hi, step]: [Reg; 3],
+    ) -> Result<(), CodegenError> {
+        let op = self.k.ops[id].clone();
+        let body = op.regions[0].clone();
+        let iv = self.new_reg(Class::B32);
+        self.mov(iv, lo);
+        self.vals.insert(body.args[0], Val::Scalar(iv));
+        let mut carried = Vec::new();
+        for (i, &init) in op.operands[3..].iter().enumerate() {
+            let v = match self.val(init, id)? {
+                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.tile(init, id)?),
+                other => other,
+            };
+            // Fresh registers: a wgmma accumulates into distinct registers in place.
+            let c = self.fresh_like(&v, id)?;
+            self.assign(&c, &v, id)?;
+            self.vals.insert(body.args[1 + i], c.clone());
+            carried.push(c);
+        }
+        let lane0 = self.new_reg(Class::Pred);
+        let lane = self.new_reg(Class::B32);
+        self.ins(format!("and.b32 {lane}, {}, 31", self.tid));
+        self.ins(format!("setp.eq.u32 {lane0}, {lane}, 0"));
+        let c = self.cursor(&ring.consumer);
+        let (top, end, more) = (
+            self.new_label(),
+            self.new_label(),
+            self.new_reg(Class::Pred),
+        );
+        self.ins(format!("setp.ge.s32 {more}, {iv}, {hi}"));
+        self.ins(format!("@{more} bra {end}"));
+        self.label(&top);
+        for s in ring.consumer.clone() {
+            match s {
+                Step::Wait { bar, .. } => self.wait(ring, &c, bar)?,
+                Step::Mma => {
+                    for l in &ring.loads {
+                        let base = self.new_reg(Class::B32);
+                        self.ins(format!(
+                            "mad.lo.u32 {base}, {}, {}, {}",
+                            c.stage, l.stage_stride, self.smem
+                        ));
+                        self.ins(format!("add.u32 {base}, {base}, {}", l.offset));
+                        self.stage_bases.insert(l.load, base);
+                    }
+                    self.ring = Some(ring.clone());
+                    self.write_block(&body)?;
+                    self.ring = None;
+                    let yields = body
+                        .ops
+                        .last()
+                        .map(|&y| self.k.ops[y].operands.clone())
+                        .unwrap_or_default();
+                    self.assign_all(&carried, &yields, id)?;
+                }
+                other => self.consumer_step(ring, &c, other, lane0, id)?,
+            }
+        }
+        self.advance(&c, ring.stages);
+        self.ins(format!("add.s32 {iv}, {iv}, {step}"));
+        self.ins(format!("setp.lt.s32 {more}, {iv}, {hi}"));
+        self.ins(format!("@{more} bra {top}"));
+        self.label(&end);
+        for s in ring.consumer_drain.clone() {
+            self.consumer_step(ring, &c, s, lane0, id)?;
+        }
+        for l in &ring.loads {
+            self.stage_bases.remove(&l.load);
+        }
+        for (r, v) in op.results.iter().zip(carried) {
+            self.vals.insert(*r, v);
+        }
+        Ok(())
+    }
+
+    fn consumer_step(
+        &mut self,
+        ring: &Ring,
+        c: &Cursor,
+        s: Step,
+        lane0: Reg,
+        id: OpId,
+    ) -> Result<(), CodegenError> {
+        match s {
+            Step::Commit => self.ins("wgmma.commit_group.sync.aligned"),
+            Step::WaitGroup(n) => self.ins(format!("wgmma.wait_group.sync.aligned {n}")),
+            Step::Arrive { bar, lag } => self.release(ring, c, bar, lag, Some(lane0)),
+            Step::FenceProxyAsync => self.ins("fence.proxy.async.shared::cta"),
+            Step::Wait { bar, .. } => self.wait(ring, c, bar)?,
+            Step::ArriveExpectTx { .. }
+            | Step::Tma { .. }
+            | Step::GenericWrite { .. }
+            | Step::Mma => {
+                return Err(self.internal(id, format!("consumer step `{s}` outside the body")));
+            }
+        }
+        Ok(())
+    }
+
+    /// One arrival on `bar` of the stage used `lag` iterations ago (lag 0 or 1), by the
+    /// thread(s) `elected` selects, skipped while fewer than `lag` iterations ran.
+    fn release(&mut self, ring: &Ring, c: &Cursor, bar: Bar, lag: u32, elected: Option<Reg>) {
+        let stage = if lag == 0 { c.stage } else { c.prev };
+        let a = self.bar_addr(ring, bar, stage);
+        let p = self.new_reg(Class::Pred);
+        self.ins(format!("setp.ge.u32 {p}, {}, {lag}", c.count));
+        if let Some(e) = elected {
+            self.ins(format!("and.pred {p}, {p}, {e}"));
+        }
+        self.ins(format!("@{p} mbarrier.arrive.shared::cta.b64 _, [{a}]"));
+    }
+
+    /// The TMA boxes of ring load `load` for the iteration whose induction variable is `iv`.
+    fn issue_tma(
+        &mut self,
+        ring: &Ring,
+        load: usize,
+        c: &Cursor,
+        iv: Reg,
+        id: OpId,
+    ) -> Result<(), CodegenError> {
+        let l = ring
+            .loads
+            .get(load)
+            .cloned()
+            .ok_or_else(|| self.internal(id, "a TMA step without its load"))?;
+        let map = *self
+            .tmaps
+            .get(&l.param)
+            .ok_or_else(|| self.internal(l.load, "a TMA load without a tensor map"))?;
+        let body_iv = self.k.ops[id].regions[0].args[0];
+        let mut memo = std::collections::BTreeMap::new();
+        let coords = self.k.ops[l.load]
+            .operands
+            .clone()
+            .into_iter()
+            .map(|v| self.remat(v, body_iv, iv, &mut memo, l.load))
+            .collect::<Result<Vec<_>, _>>()?;
+        let [row, col] = coords[..] else {
+            return Err(self.internal(l.load, "a TMA load that is not 2-D"));
+        };
+        let full = self.bar_addr(ring, Bar::Full, c.stage);
+        let stage = self.new_reg(Class::B32);
+        self.ins(format!(
+            "mad.lo.u32 {stage}, {}, {}, {}",
+            c.stage, l.stage_stride, self.smem
+        ));
+        for b in &l.boxes {
+            let (dst, x, y) = (
+                self.new_reg(Class::B32),
+                self.new_reg(Class::B32),
+                self.new_reg(Class::B32),
+            );
+            self.ins(format!(
+                "add.u32 {dst}, {stage}, {}",
+                l.offset + b.smem_offset
+            ));
+            self.ins(format!("add.s32 {x}, {col}, {}", b.origin[1]));
+            self.ins(format!("add.s32 {y}, {row}, {}", b.origin[0]));
+            self.ins(format!(
+                "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes \
+                 [{dst}], [{map}, {{{x}, {y}}}], [{full}]"
+            ));
+        }
+        Ok(())
+    }
+}
