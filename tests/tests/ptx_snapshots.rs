@@ -1,5 +1,7 @@
 //! Snapshots of the IR after every pass and of the sm_80 PTX of every test kernel, and each
-//! PTX assembled by `ptxas -arch=sm_80` with its spills checked.
+//! PTX assembled by `ptxas -arch=sm_80` with its spills checked; likewise for the kernels
+//! scheduled on sm_90a ([`SM90A`]), which must also assemble without spills and without any
+//! ptxas advisory (no C75xx wgmma serialisation).
 //!
 //! ptxas comes from `$KILN_PTXAS`, else `.tools/cuda/bin/ptxas` under the repository root
 //! (`scripts/ensure-ptxas` installs it). Without it the test fails and says how to install it.
@@ -21,6 +23,44 @@ const KNOWN_SPILLS: &[(&str, u32)] = &[
     ("attention_causal", 40),
     ("attention_d64", 56),
 ];
+
+/// Kernels snapshotted and assembled for sm_90a (IR snapshots `<name>@sm_90a@<pass>`).
+const SM90A: &[&str] = &["gemm"];
+
+#[test]
+fn sm90a_snapshots_assemble_clean() {
+    if let Err(e) = kiln_ptx::ptxas::find_ptxas() {
+        panic!("{e}");
+    }
+    let mut s = insta::Settings::clone_current();
+    s.set_prepend_module_to_snapshot(false);
+    for (name, kernel) in ptx_examples::all()
+        .into_iter()
+        .filter(|(n, _)| SM90A.contains(n))
+    {
+        let mut k = kernel.clone();
+        let mut dumps = Vec::new();
+        run_pipeline(&mut k, Target::Sm90a, &mut |pass, k| {
+            dumps.push((pass.to_string(), print_kernel(k)))
+        })
+        .expect("pipeline");
+        for (pass, text) in dumps {
+            s.set_snapshot_path("../snapshots/ir");
+            s.bind(|| insta::assert_snapshot!(format!("{name}@sm_90a@{pass}"), text));
+        }
+        let m = kiln_ptx::compile(&kernel, Target::Sm90a).expect("compile");
+        assert!(!m.tensor_maps.is_empty(), "{name}: no TMA on sm_90a");
+        s.set_snapshot_path("../snapshots/ptx");
+        s.bind(|| insta::assert_snapshot!(format!("{name}@sm_90a"), m.ptx));
+        let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm90a)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(!report.spills(), "{name} on sm_90a spills: {report}");
+        assert!(
+            report.warnings.is_empty(),
+            "{name} on sm_90a: ptxas advisories (wgmma serialisation?): {report}"
+        );
+    }
+}
 
 #[test]
 fn ir_and_ptx_snapshots_assemble() {
