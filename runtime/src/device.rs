@@ -15,6 +15,7 @@ use crate::layout::Layout;
 use crate::module::{self, LoadedKernel, ModuleLimits};
 use crate::params::ParamBuffer;
 use crate::tensor::{Buffer, DeviceTensor, nan_pattern};
+use crate::tma::{L2Promotion, OobFill, Swizzle, TensorMap};
 use crate::validate::{ArgView, check_args, check_grid};
 
 /// A launch argument, in signature order.
@@ -211,7 +212,41 @@ impl Device {
             aligned16,
         };
         let kernel = self.compile(def, &spec)?;
-        launch_views(&kernel, def.signature(), grid, &views)
+        let maps = self.tensor_maps(&kernel, args)?;
+        launch_views(&kernel, def.signature(), grid, &views, &maps)
+    }
+
+    /// Encodes the tensor maps an sm_90a entry takes ([`kiln_ptx::PtxModule::tensor_maps`]),
+    /// each over its whole tensor argument, out-of-bounds elements read as zeros.
+    fn tensor_maps(
+        &self,
+        kernel: &LoadedKernel,
+        args: &[KernelArg<'_>],
+    ) -> Result<BTreeMap<usize, sys::CUtensorMap>, LaunchError> {
+        let mut maps = BTreeMap::new();
+        for spec in &kernel.ptx().tensor_maps {
+            let Some(KernelArg::Tensor(t)) = args.get(spec.param) else {
+                return Err(LaunchError::AbiMismatch {
+                    slot: format!("tensor map of parameter {}", spec.param),
+                });
+            };
+            let swizzle = match spec.swizzle_bytes {
+                32 => Swizzle::B32,
+                64 => Swizzle::B64,
+                128 => Swizzle::B128,
+                _ => Swizzle::None,
+            };
+            let map = TensorMap::tiled(
+                self,
+                t,
+                &spec.box_dims,
+                swizzle,
+                L2Promotion::B256,
+                OobFill::Zero,
+            )?;
+            maps.insert(spec.param, *map.as_raw());
+        }
+        Ok(maps)
     }
 
     /// Launches an already loaded kernel whose entry takes `signature`'s parameters, with
@@ -226,7 +261,8 @@ impl Device {
         let views: Vec<ArgView<'_>> = args.iter().map(KernelArg::view).collect();
         check_grid(grid, self.grid_max)?;
         check_args(&kernel.ptx().entry, signature, &views, self.context_id())?;
-        launch_views(kernel, signature, grid, &views)
+        let maps = self.tensor_maps(kernel, args)?;
+        launch_views(kernel, signature, grid, &views, &maps)
     }
 
     /// The loaded kernel for `def` specialised by `spec`, from the cache or compiled now.
@@ -277,8 +313,9 @@ fn launch_views(
     signature: &[ParamSig],
     grid: [u32; 3],
     views: &[ArgView<'_>],
+    maps: &BTreeMap<usize, sys::CUtensorMap>,
 ) -> Result<(), LaunchError> {
-    let mut params = ParamBuffer::pack(signature, views)?;
+    let mut params = ParamBuffer::pack(signature, views, maps)?;
     let mut ptrs = params.pointers();
     // SAFETY: the views were validated against the signature the entry was compiled from
     // (count, kinds, dtypes, ranks, bounds), and are packed per the ABI.

@@ -1,9 +1,13 @@
 //! The runtime's side of the kernel parameter ABI: [`kiln_ptx::abi::slots`] says which
 //! `.param` slots the entry declares for the signature; each validated argument fills its
 //! slots, and `cuLaunchKernel` gets one pointer per slot. The table lives in `kiln_ptx::abi`
-//! only, so the backend and the runtime cannot disagree on it.
+//! only, so the backend and the runtime cannot disagree on it. On sm_90a a TMA-loaded tensor
+//! also fills a tensor-map slot with the map the launch encoded for it (by value).
 
+use std::collections::BTreeMap;
 use std::ffi::c_void;
+
+use cudarc::driver::sys;
 
 use kiln_ir::Param;
 use kiln_ir::dsl::ParamSig;
@@ -23,6 +27,8 @@ pub(crate) enum SlotValue {
     S64(i64),
     /// `.f32` scalar.
     F32(f32),
+    /// `.align 64 .b8 [128]` tensor map, passed by value.
+    Map(sys::CUtensorMap),
 }
 
 /// The packed parameters of one launch.
@@ -33,13 +39,16 @@ pub(crate) struct ParamBuffer {
 
 impl ParamBuffer {
     /// Packs arguments already validated against `signature` (so extents fit `i32`, strides
-    /// `i64`, and each argument has the kind its parameter declares).
+    /// `i64`, and each argument has the kind its parameter declares), with `maps`, by
+    /// parameter index, the encoded tensor maps of the entry's TMA-loaded tensors.
     pub(crate) fn pack(
         signature: &[ParamSig],
         args: &[ArgView<'_>],
+        maps: &BTreeMap<usize, sys::CUtensorMap>,
     ) -> Result<ParamBuffer, LaunchError> {
         let params: Vec<Param> = signature.iter().map(param_of).collect();
-        let slots = abi::slots(&params)?;
+        let tma: Vec<usize> = maps.keys().copied().collect();
+        let slots = abi::slots_with_maps(&params, &tma)?;
         let values = slots
             .iter()
             .map(|slot| {
@@ -63,6 +72,9 @@ impl ParamBuffer {
                         SlotType::S64,
                         Some(ArgView::Tensor { layout, .. }),
                     ) => layout.strides.get(dim).map(|&s| SlotValue::S64(s as i64)),
+                    (SlotRole::TensorMap { param }, SlotType::TensorMap, Some(_)) => {
+                        maps.get(&param).map(|m| SlotValue::Map(*m))
+                    }
                     (SlotRole::Scalar { .. }, SlotType::F32, Some(ArgView::F32(v))) => {
                         Some(SlotValue::F32(*v))
                     }
@@ -95,6 +107,7 @@ impl ParamBuffer {
                 SlotValue::S32(v) => (v as *mut i32).cast(),
                 SlotValue::S64(v) => (v as *mut i64).cast(),
                 SlotValue::F32(v) => (v as *mut f32).cast(),
+                SlotValue::Map(m) => (m as *mut sys::CUtensorMap).cast(),
             })
             .collect()
     }
@@ -170,7 +183,7 @@ mod tests {
             ArgView::F32(0.25),
             ArgView::I32(-3),
         ];
-        let mut p = ParamBuffer::pack(SIG, &args).expect("valid");
+        let mut p = ParamBuffer::pack(SIG, &args, &BTreeMap::new()).expect("valid");
         assert_eq!(
             p.slots(),
             [
@@ -192,7 +205,8 @@ mod tests {
 
     #[test]
     fn unvalidated_mismatch_is_an_error_not_a_panic() {
-        let err = ParamBuffer::pack(SIG, &[ArgView::F32(1.0)]).expect_err("scalar for tensor");
+        let err = ParamBuffer::pack(SIG, &[ArgView::F32(1.0)], &BTreeMap::new())
+            .expect_err("scalar for tensor");
         assert!(matches!(err, LaunchError::AbiMismatch { .. }), "{err}");
         assert!(err.to_string().starts_with("internal kiln error"), "{err}");
     }

@@ -1,0 +1,156 @@
+//! The DSL gemm compiled for sm_90a (TMA stage rings, warp specialisation, wgmma) on the GPU
+//! against the f64 reference: several shapes including non-multiples of the tile (TMA fills
+//! the out-of-bounds parts of boxes with zeros, the epilogue masks its stores), K shorter than
+//! one stage ring and longer than several wraps, every input distribution, outputs poisoned
+//! with NaN before each run, 16-byte-aligned inputs with padded rows (the TMA path; the test
+//! checks the compiled module really takes tensor maps), and a view that is not 16-byte
+//! aligned (the documented cp.async + mma.sync fallback under `.target sm_90a`).
+//! Skips itself without a driver ("skipped: no CUDA driver") or on a GPU that is not sm_90.
+
+mod gpu_common;
+
+use std::collections::BTreeMap;
+
+use gpu_common::{device, upload_padded};
+use kiln_examples::gemm::gemm;
+use kiln_ir::dsl::{ComptimeValue, Spec};
+use kiln_ir::{DType, Target};
+use kiln_runtime::{Device, DeviceTensor, KernelArg};
+use kiln_tests::check::{Case, assert_close, tolerance};
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::reference;
+
+/// The GPU as an sm_90a device, or `None` (printed) when there is none or it is not Hopper.
+fn hopper() -> Option<Device> {
+    let dev = device()?;
+    if dev.compute_capability() != (9, 0) {
+        println!(
+            "skipped: sm_90a needs a Hopper GPU, found {} (sm_{}{})",
+            dev.name(),
+            dev.compute_capability().0,
+            dev.compute_capability().1
+        );
+        return None;
+    }
+    Some(dev.with_target(Target::Sm90a))
+}
+
+/// A poisoned output tensor on the device.
+fn output(dev: &Device, shape: &[usize]) -> DeviceTensor {
+    let t = dev.alloc(DType::Bf16, shape).expect("alloc");
+    dev.fill_nan(&t).expect("poison");
+    t
+}
+
+/// The comptime values of the gemm's tile shape.
+fn tiles(bm: usize, bn: usize, bk: usize) -> BTreeMap<String, ComptimeValue> {
+    let spec = Spec::from_defaults(
+        &gemm,
+        &[
+            ("BM".to_string(), bm.to_string()),
+            ("BN".to_string(), bn.to_string()),
+            ("BK".to_string(), bk.to_string()),
+        ],
+    )
+    .expect("tile values");
+    spec.comptime
+}
+
+/// Runs `c = a @ b` on the GPU with `b`'s rows padded by `pad` elements and checks it.
+#[allow(clippy::too_many_arguments)]
+fn run_case(
+    dev: &Device,
+    rng: &mut Rng,
+    (bm, bn, bk): (usize, usize, usize),
+    (m, n, k): (usize, usize, usize),
+    pad: usize,
+    dist: Dist,
+    expect_tma: bool,
+) {
+    let a = tensor(rng, &[m, k], DType::Bf16, dist);
+    let b = tensor(rng, &[k, n], DType::Bf16, dist);
+    let (da, db) = (dev.upload(&a).expect("upload"), upload_padded(dev, &b, pad));
+    let c = output(dev, &[m, n]);
+    let comptime = tiles(bm, bn, bk);
+    // The specialisation `launch` picks: bf16 rows are 16-byte aligned when their length
+    // is a multiple of 8 (allocations are).
+    let spec = Spec {
+        comptime: comptime.clone(),
+        aligned16: [("a", k), ("b", n + pad), ("c", n)]
+            .into_iter()
+            .map(|(t, row)| (t.to_string(), row % 8 == 0))
+            .collect(),
+    };
+    let loaded = dev.compile(&gemm, &spec).expect("compile for sm_90a");
+    assert_eq!(
+        !loaded.ptx().tensor_maps.is_empty(),
+        expect_tma,
+        "m={m} n={n} k={k} pad={pad}: TMA path expected {expect_tma}"
+    );
+    let grid = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
+    dev.launch(
+        &gemm,
+        &comptime,
+        grid,
+        &[
+            KernelArg::Tensor(&da),
+            KernelArg::Tensor(&db),
+            KernelArg::Tensor(&c),
+        ],
+    )
+    .expect("launch");
+    dev.synchronize().expect("kernel ran");
+    let got = c.download().expect("download");
+    let case = Case {
+        kernel: format!("gemm@sm_90a BM={bm} BN={bn} BK={bk}"),
+        shape: format!("m={m} n={n} k={k}, b row stride {}", n + pad),
+        dist,
+        seed: rng.seed(),
+    };
+    assert_close(
+        &case,
+        &got,
+        &reference::gemm(&a, &b),
+        tolerance(DType::Bf16),
+    );
+}
+
+#[test]
+fn gpu_sm90a_gemm_matches_reference() {
+    let Some(dev) = hopper() else { return };
+    let mut rng = Rng::from_env();
+    // (m, n, k): a tile, edge tiles in M and N, a K tail (k % BK != 0), K shorter than the
+    // 3-stage ring, and enough K for several wraps of the ring (phase bits flip).
+    let shapes = [
+        (128, 128, 32),
+        (136, 200, 56),
+        (257, 136, 104),
+        (64, 64, 16),
+        (384, 256, 1000),
+        (1024, 1024, 1024),
+    ];
+    for tile in [(128, 128, 32), (128, 128, 64), (128, 256, 64)] {
+        for shape in shapes {
+            for dist in Dist::ALL {
+                run_case(&dev, &mut rng, tile, shape, 8, dist, true);
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_sm90a_unaligned_gemm_falls_back_to_cp_async() {
+    let Some(dev) = hopper() else { return };
+    let mut rng = Rng::from_env();
+    for shape in [(130, 70, 50), (128, 128, 64)] {
+        run_case(
+            &dev,
+            &mut rng,
+            (128, 128, 32),
+            shape,
+            1,
+            Dist::Normal,
+            false,
+        );
+    }
+}
