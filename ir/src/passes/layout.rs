@@ -48,8 +48,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             _ => {}
         }
     }
-    // sm_90a: a warpgroup's wgmma accumulator is the `#mma(4x1)` layout of its 64 rows.
-    let rows_per_warp = register_a || reduce_dims[1] || target == Target::Sm90a;
+    let rows_per_warp = register_a || reduce_dims[1];
     let mut layouts: BTreeMap<ValueId, Layout> = BTreeMap::new();
 
     // Shared-memory operands.
@@ -106,8 +105,11 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                         .shape()
                         .cloned()
                         .unwrap_or(Shape(Vec::new()));
+                    // sm_90a: a warpgroup's wgmma accumulator is the `#mma(4x1)` layout of
+                    // its 64 rows, so a tile of 16 rows per warp gets whole rows per warp.
+                    let wgmma_rows = target == Target::Sm90a && shape.rows() as u32 == 16 * warps;
                     let l = Layout::Mma {
-                        warps: warp_grid(&shape, warps, rows_per_warp),
+                        warps: warp_grid(&shape, warps, rows_per_warp || wgmma_rows),
                     };
                     if let Some(&c) = op.operands.get(2) {
                         set(&mut layouts, c, l.clone());
