@@ -347,6 +347,12 @@ fn encode_args(
 /// the launch's `kernelParams` slot points at [`TensorMap::as_raw`] (see
 /// [`KernelParams::tensor_map`](crate::KernelParams::tensor_map)). In the kernel, take the
 /// parameter's address with `mov.b64` then `cvta.param.u64` before `cp.async.bulk.tensor`.
+///
+/// The kernel's innermost coordinate (elements, innermost first) must be a whole number of
+/// 16-byte chunks (a multiple of 8 for bf16/f16, of 4 for f32; negative is fine): otherwise
+/// the load dies with `CUDA_ERROR_ILLEGAL_INSTRUCTION`, sticky for the context (seen on an
+/// H200, with and without swizzle). Outer coordinates are free. Coordinates are run-time
+/// values in the kernel, so no check here can catch this.
 #[derive(Clone, Debug)]
 pub struct TensorMap {
     raw: sys::CUtensorMap,
