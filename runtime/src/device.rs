@@ -217,7 +217,8 @@ impl Device {
     }
 
     /// Encodes the tensor maps an sm_90a entry takes ([`kiln_ptx::PtxModule::tensor_maps`]),
-    /// each over its whole tensor argument, out-of-bounds elements read as zeros.
+    /// each over its whole tensor argument, out-of-bounds elements read as zeros. Encoded per
+    /// launch (host work only, no driver round trip to the GPU).
     fn tensor_maps(
         &self,
         kernel: &LoadedKernel,
@@ -230,6 +231,12 @@ impl Device {
                     slot: format!("tensor map of parameter {}", spec.param),
                 });
             };
+            if t.layout().shape.contains(&0) {
+                // The driver refuses empty maps; an empty tensor is never loaded (the loop
+                // over it has no iterations, or the grid has no blocks).
+                maps.insert(spec.param, sys::CUtensorMap { opaque: [0; 16] });
+                continue;
+            }
             let swizzle = match spec.swizzle_bytes {
                 32 => Swizzle::B32,
                 64 => Swizzle::B64,

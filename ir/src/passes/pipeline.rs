@@ -7,7 +7,10 @@
 //! memory, from rank-2 `aligned16` tensors with coordinates computable for any iteration, and
 //! whose shapes wgmma takes: `x` is `[64 * warpgroups, BK]` (K-major, one TMA box per 64
 //! columns, swizzled by the box row's bytes), `y` is `[BK, BN]` (MN-major, one 128-B-swizzled
-//! box per 64 columns), `BK % 16 == 0`, `BN % 64 == 0`, `BN <= 256`. Any other loop keeps the
+//! box per 64 columns), `BK % 16 == 0`, `BN % 64 == 0`, `BN <= 256`, and each load's column
+//! coordinate a provable multiple of 8 elements (TMA's innermost coordinate must be a whole
+//! number of 16-byte chunks, or the load dies with an illegal-instruction error on the H200;
+//! see `kiln_runtime::TensorMap`). Any other loop keeps the
 //! sm_80 cp.async lowering (the `lower` pass plans it), so tensors that are not 16-byte aligned
 //! still compile. Every shared buffer is then re-placed at 1024-byte alignment (the SW128 atom),
 //! and the barriers follow the buffers.
@@ -19,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::diag::Diagnostic;
-use crate::kernel::{Kernel, OpId, OpKind, Param};
+use crate::kernel::{BinaryOp, Const, Kernel, OpId, OpKind, Param, ValueDef, ValueId};
 use crate::ring::{Bar, InitStep, Operand, Ring, Step, TmaBox, TmaLoad};
 use crate::target::Target;
 use crate::types::DType;
@@ -121,7 +124,7 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
         return None;
     }
     let def = |v| match kernel.values[v].def {
-        crate::kernel::ValueDef::Op(o, 0) if staged.contains(&o) => Some(o),
+        ValueDef::Op(o, 0) if staged.contains(&o) => Some(o),
         _ => None,
     };
     let (a, b) = (def(mma_op.operands[0])?, def(mma_op.operands[1])?);
@@ -158,6 +161,10 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
         );
         aligned
             && shape.rank() == 2
+            && kernel.ops[l]
+                .operands
+                .get(1)
+                .is_some_and(|&c| known_multiple(kernel, c).is_multiple_of(8))
             && kernel.ops[l]
                 .operands
                 .iter()
@@ -274,9 +281,47 @@ pub fn check_covered(kernel: &Kernel) -> Result<(), Diagnostic> {
         )
         .note(format!(
             "sm_90a needs `x: [{}, BK]` (16 rows per warp), BK a multiple of 16 (16, 32 or a \
-             multiple of 64), `y: [BK, BN]` with BN a multiple of 64 up to 256",
+             multiple of 64), `y: [BK, BN]` with BN a multiple of 64 up to 256, \
+             tile column coordinates multiples of 8 elements",
             16 * kernel.options.num_warps
         ))
         .note("compile for sm_80, which runs on Hopper")),
     }
+}
+
+/// A number that statically divides scalar `v` (1 when nothing is known; zero divides by
+/// anything, capped at 2^16).
+fn known_multiple(kernel: &Kernel, v: ValueId) -> u32 {
+    const ANY: u32 = 1 << 16;
+    match kernel.values[v].def {
+        ValueDef::Op(op, _) => {
+            let o = &kernel.ops[op];
+            match &o.kind {
+                OpKind::Const(Const::Int(0)) => ANY,
+                OpKind::Const(Const::Int(c)) => c.unsigned_abs().min(u64::from(ANY)) as u32,
+                OpKind::Binary(BinaryOp::Mul) => known_multiple(kernel, o.operands[0])
+                    .saturating_mul(known_multiple(kernel, o.operands[1]))
+                    .min(ANY),
+                OpKind::Binary(BinaryOp::Add | BinaryOp::Sub) => gcd(
+                    known_multiple(kernel, o.operands[0]),
+                    known_multiple(kernel, o.operands[1]),
+                ),
+                _ => 1,
+            }
+        }
+        ValueDef::BlockArg { op, index: 0, .. }
+            if matches!(kernel.ops[op].kind, OpKind::For { .. }) =>
+        {
+            let o = &kernel.ops[op];
+            gcd(
+                known_multiple(kernel, o.operands[0]),
+                known_multiple(kernel, o.operands[2]),
+            )
+        }
+        ValueDef::BlockArg { .. } => 1,
+    }
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
