@@ -123,3 +123,19 @@ impl Writer<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::template;
+
+    /// The descriptor constants ptx-notes §4 verified on the H200.
+    #[test]
+    fn templates_match_the_verified_descriptors() {
+        // K-major SW128 bf16: LBO field 1, SBO 1024, swizzle 1.
+        assert_eq!(template(16, 1024, 128), 0x4000_0040_0001_0000);
+        // MN-major SW128, N = 128 as two boxes of Ktile = 64 rows: LBO 8192, SBO 1024.
+        assert_eq!(template(64 * 128, 1024, 128), 0x4000_0040_0200_0000);
+        // K-major SW64 (BK = 32): SBO = 8 rows of 64 B, swizzle 2.
+        assert_eq!(template(16, 512, 64), 0x8000_0020_0001_0000);
+    }
+}
