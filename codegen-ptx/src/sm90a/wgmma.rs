@@ -31,6 +31,48 @@ fn template(lbo: u32, sbo: u32, span: u32) -> u64 {
     (swizzle_bits(span) << 62) | (u64::from(sbo >> 4) << 32) | (u64::from(lbo >> 4) << 16)
 }
 
+/// The wgmma view of one ring stage: descriptor constants and start offsets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Geometry {
+    /// A: box width in elements (the swizzle row), rows per stage, K per stage.
+    chunk: u32,
+    bm: u32,
+    bk: u32,
+    /// B: N per stage.
+    bn: u32,
+    /// A's and B's `(LBO, SBO, swizzle span)`.
+    a_fields: (u32, u32, u32),
+    b_fields: (u32, u32, u32),
+}
+
+impl Geometry {
+    fn new(a: &TmaLoad, b: &TmaLoad) -> Geometry {
+        let [bm, chunk] = a.box_dims;
+        let bk = chunk * a.boxes.len() as u32;
+        Geometry {
+            chunk,
+            bm,
+            bk,
+            bn: 64 * b.boxes.len() as u32,
+            // K-major swizzled: LBO unused (1 = 16 B), SBO = 8 rows of the swizzle row.
+            a_fields: (16, 8 * chunk * 2, a.swizzle),
+            // MN-major SW128: LBO = distance of the 64-column boxes, SBO = 8 K-rows.
+            b_fields: (bk * 128, 1024, 128),
+        }
+    }
+
+    /// Byte offset, from A's stage base, of warpgroup `wg`'s k16 step `s`.
+    fn a_start(&self, wg: u32, s: u32) -> u32 {
+        let (box_index, within) = ((16 * s) / self.chunk, (16 * s) % self.chunk);
+        box_index * self.bm * self.chunk * 2 + wg * 64 * self.chunk * 2 + within * 2
+    }
+
+    /// Byte offset, from B's stage base, of k16 step `s` (16 rows of 128 B).
+    fn b_start(&self, s: u32) -> u32 {
+        s * 16 * 128
+    }
+}
+
 impl Writer<'_> {
     /// A descriptor of the matrix starting at shared address `addr` with constant fields `t`.
     fn descriptor(&mut self, addr: Reg, t: u64) -> Reg {
@@ -74,9 +116,8 @@ impl Writer<'_> {
         if a_load.operand != Operand::KMajorA || b_load.operand != Operand::MnMajorB {
             return Err(self.internal(id, "wgmma operands in unexpected majorness"));
         }
-        let [bm, chunk] = a_load.box_dims;
-        let bk = chunk * a_load.boxes.len() as u32;
-        let bn = 64 * b_load.boxes.len() as u32;
+        let g = Geometry::new(&a_load, &b_load);
+        let bn = g.bn;
         let elem = match self.k.ty(a).dtype() {
             DType::Bf16 => "bf16",
             DType::F16 => "f16",
@@ -100,17 +141,19 @@ impl Writer<'_> {
         let a_addr = self.new_reg(Class::B32);
         self.ins(format!(
             "mad.lo.u32 {a_addr}, {wg}, {}, {a_base}",
-            64 * chunk * 2
+            g.a_start(1, 0)
         ));
-        let da = self.descriptor(a_addr, template(16, 8 * chunk * 2, a_load.swizzle));
-        let db = self.descriptor(b_base, template(bk * 128, 1024, 128));
+        let (al, asb, asw) = g.a_fields;
+        let (bl, bsb, bsw) = g.b_fields;
+        let da = self.descriptor(a_addr, template(al, asb, asw));
+        let db = self.descriptor(b_base, template(bl, bsb, bsw));
         self.ins("wgmma.fence.sync.aligned");
         let regs: Vec<String> = acc.iter().map(Reg::to_string).collect();
         let regs = regs.join(", ");
-        for s in 0..bk / 16 {
-            let (box_index, within) = ((16 * s) / chunk, (16 * s) % chunk);
-            let a_off = (box_index * bm * chunk * 2 + within * 2) >> 4;
-            let b_off = (s * 16 * 128) >> 4;
+        for s in 0..g.bk / 16 {
+            // Only the start address moves (base offset stays 0, ptx-notes §4).
+            let a_off = g.a_start(0, s) >> 4;
+            let b_off = g.b_start(s) >> 4;
             let (das, dbs) = (self.new_reg(Class::B64), self.new_reg(Class::B64));
             self.ins(format!("add.s64 {das}, {da}, {a_off}"));
             self.ins(format!("add.s64 {dbs}, {db}, {b_off}"));
@@ -126,7 +169,114 @@ impl Writer<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::template;
+    use super::{Geometry, template};
+    use kiln_ir::OpId;
+    use kiln_ir::ring::{Operand, TmaBox, TmaLoad};
+
+    /// The loads the `pipeline` pass plans for a `bm x bk` A and `bk x bn` B tile.
+    fn loads(bm: u32, bn: u32, bk: u32) -> (TmaLoad, TmaLoad) {
+        let chunk = bk.min(64);
+        let a = TmaLoad {
+            load: OpId::from_index(0),
+            param: 0,
+            operand: Operand::KMajorA,
+            box_dims: [bm, chunk],
+            swizzle: chunk * 2,
+            boxes: (0..bk / chunk)
+                .map(|c| TmaBox {
+                    origin: [0, c * chunk],
+                    smem_offset: c * bm * chunk * 2,
+                })
+                .collect(),
+            offset: 0,
+            stage_stride: 0,
+        };
+        let b = TmaLoad {
+            load: OpId::from_index(1),
+            param: 1,
+            operand: Operand::MnMajorB,
+            box_dims: [bk, 64],
+            swizzle: 128,
+            boxes: (0..bn / 64)
+                .map(|j| TmaBox {
+                    origin: [0, 64 * j],
+                    smem_offset: j * bk * 128,
+                })
+                .collect(),
+            offset: 0,
+            stage_stride: 0,
+        };
+        (a, b)
+    }
+
+    /// Where TMA puts tile element `(r, c)` before swizzling: its box's offset plus the
+    /// row-major position inside the box (rows of the box's inner extent).
+    fn tma_offset(l: &TmaLoad, r: u32, c: u32) -> u32 {
+        let b = l
+            .boxes
+            .iter()
+            .find(|b| {
+                (b.origin[0]..b.origin[0] + l.box_dims[0]).contains(&r)
+                    && (b.origin[1]..b.origin[1] + l.box_dims[1]).contains(&c)
+            })
+            .expect("every element is in a box");
+        b.smem_offset + (r - b.origin[0]) * l.box_dims[1] * 2 + (c - b.origin[1]) * 2
+    }
+
+    /// The swizzle pattern both TMA and wgmma apply to absolute shared addresses (16-byte
+    /// chunk bits `[4, 4 + b)` XOR row bits `[7, 7 + b)`, `b = log2(span / 16)`); stages are
+    /// 1024-aligned, so offsets from the stage base swizzle alike.
+    fn swizzle(addr: u32, span: u32) -> u32 {
+        let bits = (span / 16).trailing_zeros();
+        let mask = ((1 << bits) - 1) << 4;
+        addr ^ ((addr >> 3) & mask)
+    }
+
+    /// The PTX ISA's canonical layouts, as descriptors address them (before swizzling): A
+    /// K-major (8-row groups SBO apart, rows of the swizzle span), B MN-major (64-column
+    /// chunks LBO apart, 8-K-row groups SBO apart, 128-B rows).
+    fn wgmma_a(start: u32, (_, sbo, span): (u32, u32, u32), m: u32, k: u32) -> u32 {
+        start + (m / 8) * sbo + (m % 8) * span + k * 2
+    }
+    fn wgmma_b(start: u32, (lbo, sbo, _): (u32, u32, u32), k: u32, n: u32) -> u32 {
+        start + (n / 64) * lbo + (k / 8) * sbo + (k % 8) * 128 + (n % 64) * 2
+    }
+
+    /// Every element every wgmma of every warpgroup reads is the one TMA wrote there, for
+    /// every tile shape the pipeline pass accepts.
+    #[test]
+    fn wgmma_reads_what_tma_wrote() {
+        for (bm, bn, bk) in [
+            (128, 128, 16),
+            (128, 128, 32),
+            (128, 128, 64),
+            (128, 256, 64),
+            (128, 64, 128),
+            (128, 192, 32),
+        ] {
+            let (a, b) = loads(bm, bn, bk);
+            let g = Geometry::new(&a, &b);
+            for s in 0..bk / 16 {
+                for wg in 0..bm / 64 {
+                    let start = g.a_start(wg, s);
+                    for m in 0..64 {
+                        for k in 0..16 {
+                            let read = swizzle(wgmma_a(start, g.a_fields, m, k), a.swizzle);
+                            let wrote = swizzle(tma_offset(&a, 64 * wg + m, 16 * s + k), a.swizzle);
+                            assert_eq!(read, wrote, "A {bm}x{bk}: wg {wg} k-step {s} ({m},{k})");
+                        }
+                    }
+                }
+                for k in 0..16 {
+                    for n in 0..bn {
+                        let read = swizzle(wgmma_b(g.b_start(s), g.b_fields, k, n), 128);
+                        let wrote = swizzle(tma_offset(&b, 16 * s + k, n), 128);
+                        assert_eq!(read, wrote, "B {bk}x{bn}: k-step {s} ({k},{n})");
+                    }
+                }
+            }
+        }
+    }
 
     /// The descriptor constants ptx-notes §4 verified on the H200.
     #[test]
