@@ -9,6 +9,9 @@ use kiln_ir::passes::{PASSES, protocol_check};
 use kiln_ir::ring::{Bar, Step};
 use kiln_ir::{Kernel, Target};
 
+/// A deliberate break of a ring's protocol.
+type Edit = fn(&mut kiln_ir::ring::Ring);
+
 /// `kernel` after every pass but `protocol_check`, for sm_90a.
 fn scheduled(kernel: &Kernel) -> Kernel {
     let mut k = kernel.clone();
@@ -34,7 +37,7 @@ fn gemm_ring_is_planned_and_proved() {
 #[test]
 fn broken_real_schedules_are_compiler_errors() {
     let base = scheduled(&ptx_examples::build("gemm", &[]));
-    let edits: [(&str, fn(&mut kiln_ir::ring::Ring)); 3] = [
+    let edits: [(&str, Edit); 3] = [
         ("deadlock", |r| {
             r.consumer.retain(|s| !matches!(s, Step::Arrive { .. }))
         }),
