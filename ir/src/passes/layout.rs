@@ -49,6 +49,10 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         }
     }
     let rows_per_warp = register_a || reduce_dims[1];
+    let all_aligned = kernel.params.iter().all(|p| match p {
+        crate::kernel::Param::Tensor { aligned16, .. } => *aligned16,
+        crate::kernel::Param::Scalar { .. } => true,
+    });
     let mut layouts: BTreeMap<ValueId, Layout> = BTreeMap::new();
 
     // Shared-memory operands.
@@ -106,8 +110,10 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                         .cloned()
                         .unwrap_or(Shape(Vec::new()));
                     // sm_90a: a warpgroup's wgmma accumulator is the `#mma(4x1)` layout of
-                    // its 64 rows, so a tile of 16 rows per warp gets whole rows per warp.
-                    let wgmma_rows = target == Target::Sm90a && shape.rows() as u32 == 16 * warps;
+                    // its 64 rows, so a tile of 16 rows per warp gets whole rows per warp,
+                    // unless a tensor is not 16-byte aligned (no TMA: the sm_80 lowering).
+                    let wgmma_rows =
+                        target == Target::Sm90a && all_aligned && shape.rows() as u32 == 16 * warps;
                     let l = Layout::Mma {
                         warps: warp_grid(&shape, warps, rows_per_warp || wgmma_rows),
                     };

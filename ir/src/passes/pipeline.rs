@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::diag::Diagnostic;
 use crate::kernel::{BinaryOp, Const, Kernel, OpId, OpKind, Param, ValueDef, ValueId};
 use crate::ring::{Bar, InitStep, Operand, Ring, Step, TmaBox, TmaLoad};
+use crate::schedule::Layout;
 use crate::target::Target;
 use crate::types::DType;
 
@@ -147,7 +148,11 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
         && (bk * 2 == 32 || bk * 2 == 64 || bk.is_multiple_of(64))
         && bn.is_multiple_of(64)
         && bn <= 256;
-    if !wgmma_shape || !matches!(dtype, DType::Bf16 | DType::F16) {
+    let wgmma_layout = matches!(
+        kernel.schedule.layouts.get(&mma_op.results[0]),
+        Some(Layout::Mma { warps: [8, 1] })
+    );
+    if !wgmma_shape || !wgmma_layout || !matches!(dtype, DType::Bf16 | DType::F16) {
         return None;
     }
     let tma_ok = |l: OpId| {
