@@ -204,6 +204,33 @@ mod tests {
     }
 
     #[test]
+    fn tma_tensor_gets_its_map_after_its_strides_by_value() {
+        let layout = Layout::contiguous(DType::Bf16, &[4, 16]);
+        let args = [
+            ArgView::Tensor {
+                layout: &layout,
+                base: 0x2000,
+                alloc_bytes: 128,
+                context: 0,
+            },
+            ArgView::F32(0.5),
+            ArgView::I32(7),
+        ];
+        let mut map = sys::CUtensorMap { opaque: [0; 16] };
+        map.opaque[0] = 0xABCD;
+        map.opaque[15] = 0x1234;
+        let maps = BTreeMap::from([(0, map)]);
+        let mut p = ParamBuffer::pack(SIG, &args, &maps).expect("valid");
+        assert_eq!(p.slots().len(), 8);
+        assert_eq!(p.slots()[5], SlotValue::Map(map));
+        assert_eq!(p.slots()[6], SlotValue::F32(0.5));
+        let ptrs = p.pointers();
+        // SAFETY: slot 5 holds a map inside `p`, which is alive and not moved.
+        let words = unsafe { (*ptrs[5].cast::<sys::CUtensorMap>()).opaque };
+        assert_eq!((words[0], words[15]), (0xABCD, 0x1234));
+    }
+
+    #[test]
     fn unvalidated_mismatch_is_an_error_not_a_panic() {
         let err = ParamBuffer::pack(SIG, &[ArgView::F32(1.0)], &BTreeMap::new())
             .expect_err("scalar for tensor");
