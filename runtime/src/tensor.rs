@@ -231,7 +231,8 @@ impl DeviceTensor {
             .map(|o| o - self.layout.offset)
             .collect();
         let data = decode(self.layout.dtype, &bytes, &offsets)?;
-        Ok(HostTensor::new(&self.layout.shape, data))
+        Ok(HostTensor::new(&self.layout.shape, data)
+            .expect("decode returns one element per index of the layout's shape"))
     }
 
     /// Sets every element of the view to `pattern` (one element's bytes), leaving the rest
