@@ -12,7 +12,7 @@
 
 use std::process::ExitCode;
 
-use kiln::ir::dsl::{KernelDef, ParamSig, Spec};
+use kiln::ir::dsl::{KernelDef, Spec};
 use kiln::ir::{Kernel, Target};
 
 const USAGE: &str = "usage:
@@ -91,24 +91,7 @@ fn list() -> String {
                 None => format!("{}: {}", p.name, p.kind.name()),
             })
             .collect();
-        let params: Vec<String> = def
-            .signature()
-            .iter()
-            .map(|s| match s {
-                ParamSig::Tensor {
-                    name,
-                    dtype,
-                    rank,
-                    mutable,
-                } => {
-                    format!(
-                        "{name}: {}<{dtype}, {rank}>",
-                        if *mutable { "TensorMut" } else { "Tensor" }
-                    )
-                }
-                ParamSig::Scalar { name, dtype } => format!("{name}: {dtype}"),
-            })
-            .collect();
+        let params: Vec<String> = def.signature().iter().map(ToString::to_string).collect();
         out.push_str(&format!(
             "{}\n  comptime: {}\n  params:   {}\n",
             def.name(),

@@ -38,7 +38,8 @@ impl ParamBuffer {
         signature: &[ParamSig],
         args: &[ArgView<'_>],
     ) -> Result<ParamBuffer, LaunchError> {
-        let params: Vec<Param> = signature.iter().map(param_of).collect();
+        // Alignment does not change the slots.
+        let params: Vec<Param> = signature.iter().map(|s| s.to_param(false)).collect();
         let slots = abi::slots(&params)?;
         let values = slots
             .iter()
@@ -97,28 +98,6 @@ impl ParamBuffer {
                 SlotValue::F32(v) => (v as *mut f32).cast(),
             })
             .collect()
-    }
-}
-
-/// The IR parameter a signature entry becomes (alignment does not affect the slots).
-fn param_of(sig: &ParamSig) -> Param {
-    match *sig {
-        ParamSig::Tensor {
-            name,
-            dtype,
-            rank,
-            mutable,
-        } => Param::Tensor {
-            name: name.to_string(),
-            dtype,
-            rank,
-            mutable,
-            aligned16: false,
-        },
-        ParamSig::Scalar { name, dtype } => Param::Scalar {
-            name: name.to_string(),
-            dtype,
-        },
     }
 }
 
