@@ -14,13 +14,14 @@ use std::process::ExitCode;
 use kiln_bench::cli::Args;
 use kiln_bench::cublas::Cublas;
 use kiln_bench::harness::{Progress, measure, tflops};
-use kiln_bench::inputs::{copies, rel_error, uniform};
+use kiln_bench::inputs::{copies, uniform};
 use kiln_bench::json::Json;
 use kiln_bench::report::{Table, meta, write_json};
 use kiln_bench::{BenchError, kernels};
 use kiln_ir::DType;
 use kiln_ir::dsl::ComptimeValue;
 use kiln_runtime::{DeviceTensor, KernelArg, rotation_sets};
+use kiln_tests::check::rel_error;
 
 /// bf16 output of two f32-accumulated GEMMs that sum in different orders.
 const TOLERANCE: f64 = 1e-2;
@@ -194,7 +195,7 @@ fn sampled_error(kiln: &DeviceTensor, peer: &DeviceTensor) -> Result<f64, BenchE
     for start in [0, m - rows] {
         let x = kiln.narrow(0, start, rows)?.download()?;
         let y = peer.narrow(0, start, rows)?.download()?;
-        let e = rel_error(&x, &y);
+        let e = rel_error(&x.to_f64_vec(), &y.to_f64_vec());
         // NaN must win: `max` would drop it.
         worst = if e.is_nan() { e } else { worst.max(e) };
         if worst.is_nan() {
