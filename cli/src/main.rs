@@ -10,6 +10,7 @@
 //! With no `-D`, each comptime parameter takes its declared default (attention: d=128,
 //! causal=false) and every tensor is taken as 16-byte aligned.
 
+use std::io::{ErrorKind, Write};
 use std::process::ExitCode;
 
 use kiln::ir::dsl::{KernelDef, Spec};
@@ -164,8 +165,15 @@ fn run(args: Args) -> Result<String, String> {
 fn main() -> ExitCode {
     match parse_args(std::env::args().skip(1)).and_then(run) {
         Ok(text) => {
-            print!("{text}");
-            ExitCode::SUCCESS
+            // Not `print!`, which panics when the reader has gone (`kiln ir attention | head`);
+            // a closed pipe is the reader's choice, not a failure.
+            match std::io::stdout().lock().write_all(text.as_bytes()) {
+                Err(e) if e.kind() != ErrorKind::BrokenPipe => {
+                    eprintln!("cannot write to stdout: {e}");
+                    ExitCode::FAILURE
+                }
+                _ => ExitCode::SUCCESS,
+            }
         }
         Err(e) => {
             eprintln!("{e}");
