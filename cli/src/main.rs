@@ -66,13 +66,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
 }
 
 fn find_kernel(name: Option<&str>) -> Result<&'static dyn KernelDef, String> {
-    let registry = kiln_examples::registry();
-    let names: Vec<&str> = registry.iter().map(|k| k.name()).collect();
+    let names: Vec<&str> = kiln_examples::registry().iter().map(|k| k.name()).collect();
     let name = name.ok_or_else(|| format!("missing kernel name; one of: {}", names.join(", ")))?;
-    registry
-        .iter()
-        .copied()
-        .find(|k| k.name() == name)
+    kiln_examples::find(name)
         .ok_or_else(|| format!("no kernel named `{name}`; one of: {}", names.join(", ")))
 }
 

@@ -17,6 +17,11 @@ pub fn registry() -> &'static [&'static dyn KernelDef] {
     ]
 }
 
+/// The example kernel called `name`, if there is one.
+pub fn find(name: &str) -> Option<&'static dyn KernelDef> {
+    registry().iter().copied().find(|k| k.name() == name)
+}
+
 #[cfg(test)]
 mod tests {
     use kiln::ir::dsl::Spec;
@@ -27,6 +32,8 @@ mod tests {
     fn every_kernel_builds_with_its_defaults() {
         let names: Vec<&str> = registry().iter().map(|k| k.name()).collect();
         assert_eq!(names, ["vector_add", "softmax", "gemm", "attention"]);
+        assert!(super::find("gemm").is_some_and(|k| k.name() == "gemm"));
+        assert!(super::find("nope").is_none());
         for k in registry() {
             let spec = Spec::from_defaults(*k, &[]).unwrap_or_else(|e| panic!("{e}"));
             k.build(&spec)
