@@ -9,6 +9,9 @@
 //! ```
 //! With no `-D`, each comptime parameter takes its declared default (attention: d=128,
 //! causal=false) and every tensor is taken as 16-byte aligned.
+//!
+//! **Architecture invariant:** the CLI never needs a GPU: it builds, schedules and writes
+//! PTX on the host, and `check` runs ptxas, not the driver.
 
 use std::io::{ErrorKind, Write};
 use std::process::ExitCode;

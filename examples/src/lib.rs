@@ -1,4 +1,7 @@
 //! Kernels written in the kiln DSL. [`registry`] lists them for the CLI and the tests.
+//!
+//! **Architecture invariant:** an example uses only the public `kiln` facade, as a user's
+//! crate would; nothing here reaches into a member crate's internals.
 
 use kiln::ir::dsl::KernelDef;
 
