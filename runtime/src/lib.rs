@@ -35,4 +35,4 @@ pub use error::{LaunchError, RuntimeError};
 pub use layout::Layout;
 pub use module::{CompileTimes, LoadedKernel};
 pub use tensor::DeviceTensor;
-pub use timing::{L2Flush, Rotation, rotation_sets};
+pub use timing::{L2Flush, rotation_sets};
