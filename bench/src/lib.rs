@@ -22,3 +22,22 @@ pub mod kernels;
 pub mod report;
 
 pub use error::BenchError;
+
+use std::process::ExitCode;
+
+/// A benchmark binary's exit: success when `run` finished and every result agreed with its
+/// check; otherwise the error, or `disagreed` (what disagreed with what), on stderr and a
+/// failure code.
+pub fn exit(run: Result<bool, BenchError>, disagreed: &str) -> ExitCode {
+    match run {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("error: {disagreed}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

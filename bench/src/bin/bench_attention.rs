@@ -78,17 +78,10 @@ fn sweep(quick: bool) -> Vec<Config> {
 }
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => {
-            eprintln!("error: at least one kiln result disagreed with the f64 reference");
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    kiln_bench::exit(
+        run(),
+        "at least one kiln result disagreed with the f64 reference",
+    )
 }
 
 fn run() -> Result<bool, BenchError> {
@@ -192,11 +185,7 @@ fn run() -> Result<bool, BenchError> {
             ("compile", Json::Arr(compile_rows)),
             ("rows", Json::Arr(rows)),
         ]);
-        write_json(path, &json).map_err(|source| BenchError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        eprintln!("wrote {}", path.display());
+        write_json(path, &json)?;
     }
     Ok(all_ok)
 }

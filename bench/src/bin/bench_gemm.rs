@@ -44,17 +44,10 @@ fn shapes(quick: bool) -> Vec<[usize; 3]> {
 }
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => {
-            eprintln!("error: at least one kiln result disagreed with cuBLAS (see the table)");
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    kiln_bench::exit(
+        run(),
+        "at least one kiln result disagreed with cuBLAS (see the table)",
+    )
 }
 
 /// Runs the sweep; `Ok(false)` if any configuration's results disagreed.
@@ -178,11 +171,7 @@ fn run() -> Result<bool, BenchError> {
             ("tolerance", Json::from(TOLERANCE)),
             ("rows", Json::Arr(rows)),
         ]);
-        write_json(path, &json).map_err(|source| BenchError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        eprintln!("wrote {}", path.display());
+        write_json(path, &json)?;
     }
     Ok(all_ok)
 }
