@@ -1,6 +1,14 @@
 //! # kiln-ptx: the PTX backend
 //!
-//! Turns a verified kernel into PTX text for a [`Target`].
+//! Turns a verified kernel into PTX text for a [`Target`]: [`compile`] runs the pass pipeline
+//! (`kiln_ir::passes`) on a copy of the kernel, then [`writer::Writer`] writes the scheduled
+//! kernel (sm_80 only: `mma.sync`, `ldmatrix`, `cp.async`, warp shuffles).
+//!
+//! **The launch ABI** (parameter order and types, launch geometry, dynamic shared memory) is
+//! specified in [`abi`]; [`abi::slots`] lists an entry's parameters for the runtime.
+//!
+//! Output is deterministic: registers are numbered in writing order, and every IR op is
+//! preceded by a comment with its source location and printed form.
 //!
 //! **Architecture invariant:** kiln-ptx knows nothing of syn or the CUDA driver; it reads the
 //! IR and writes text.

@@ -23,12 +23,29 @@ fn mask(s: Value, q0: Value, k0: Value, sq: Value, sk: Value, bn: usize, causal:
     select(keep, s, f32::NEG_INFINITY)
 }
 
+/// Folds one block of scaled scores `s` (and its values `vs`) into the running row maximum
+/// `m`, row sum `l` and unnormalised output `acc`; returns the updated three.
+#[kernel_fn]
+fn online_update(s: Value, vs: Value, acc: Value, m: Value, l: Value) -> (Value, Value, Value) {
+    let m_new = max(&m, &row_max(&s));
+    // A row with no visible key so far has m_new = -inf; exponentiate against 0 so its terms
+    // are exp2(-inf) = 0 rather than NaN.
+    let m_use = select(m_new == f32::NEG_INFINITY, 0.0, m_new);
+    let p = exp2(&(s - m_use.col()));
+    let alpha = exp2(&(m - m_use));
+    let l = l * alpha + row_sum(&p);
+    let acc = acc * alpha.col() + mma(&p.cast::<bf16>(), &vs);
+    (acc, m_new, l)
+}
+
 /// Attention over `q: [batch, heads, sq, d]` and `k, v: [batch, heads, sk, d]` (bf16, `sq`
 /// and `sk` may differ) into `o: [batch, heads, sq, d]`, with scores scaled by `scale`.
 ///
 /// Online softmax (FlashAttention-2): a block owns `BM = 128` query rows and walks key blocks
-/// of `BN` (128 for `d <= 64`, else 64) in a 2-stage pipelined loop, keeping the running
-/// row maximum `m`, row sum `l` and unnormalised output `acc`. When `causal`, the loop stops
+/// of `BN` (128 for `d <= 64`, else 64) in a 2-stage pipelined loop, keeping the running row
+/// maximum `m`, row sum `l` and unnormalised output `acc`. Key blocks in which no key is
+/// masked for any of the block's rows skip the mask (a block-uniform branch); the rest (the
+/// causal diagonal and the block holding key `sk - 1`) apply it. When `causal`, the walk stops
 /// after the last key block any of its rows may see (it never skips a block the maths needs);
 /// rows that see no key at all (`sq > sk`) get `m = -inf` (0 is used in the exponent) and
 /// `l = 0`, and their output is 0.
@@ -53,27 +70,28 @@ pub fn attention<const d: usize = 128>(
     let mut acc = zeros::<f32>([BM, d]);
     let mut m = full::<f32>([BM], f32::NEG_INFINITY);
     let mut l = zeros::<f32>([BM]);
+    // Blocks wholly below `sk` need no bound mask; when causal, blocks whose last key every row
+    // of this block may see need no causal mask either: key k0 + bn - 1 <= q0 + sk - sq.
     let all_blocks = cdiv(sk, bn);
-    let n_blocks = if causal {
+    let (n_blocks, n_unmasked) = if causal {
         // The last row of this block sees keys up to (q0 + BM - 1) + sk - sq.
-        min(all_blocks, max(cdiv(q0 + BM + sk - sq, bn), 0))
+        let n_blocks = min(all_blocks, max(cdiv(q0 + BM + sk - sq, bn), 0));
+        (n_blocks, min(sk / bn, max((q0 + 1 + sk - sq) / bn, 0)))
     } else {
-        all_blocks
+        (all_blocks, sk / bn)
     };
     for j in pipelined(0..n_blocks, stages = 2) {
         let k0 = j * bn;
         let ks = k.tile([bn, d], [b, h, k0, 0]).load();
         let vs = v.tile([bn, d], [b, h, k0, 0]).load();
-        let s = mask(mma(&qs, &ks.t()) * qk_scale, q0, k0, sq, sk, bn, causal);
-        let m_new = max(&m, &row_max(&s));
-        // A row with no visible key so far has m_new = -inf; exponentiate against 0 so its
-        // terms are exp2(-inf) = 0 rather than NaN.
-        let m_use = select(m_new == f32::NEG_INFINITY, 0.0, m_new);
-        let p = exp2(&(s - m_use.col()));
-        let alpha = exp2(&(m - m_use));
-        l = l * alpha + row_sum(&p);
-        acc = acc * alpha.col() + mma(&p.cast::<bf16>(), &vs);
-        m = m_new;
+        let s = mma(&qs, &ks.t()) * qk_scale;
+        // Uniform across the block: only the causal diagonal and the last key block pay for it.
+        let s = if j >= n_unmasked {
+            mask(s, q0, k0, sq, sk, bn, causal)
+        } else {
+            s
+        };
+        (acc, m, l) = online_update(s, vs, acc, m, l);
     }
     // Fully masked rows have l = 0 and acc = 0: divide by 1 so they output 0.
     let l_safe = select(l == 0.0, 1.0, l);

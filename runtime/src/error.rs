@@ -5,6 +5,9 @@ use cudarc::driver::DriverError;
 use kiln_ir::{DType, Diagnostic};
 use kiln_ptx::CodegenError;
 
+use crate::launch_ex::ClusterError;
+use crate::tma::TensorMapError;
+
 /// A failure of a device, memory or module operation.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -50,6 +53,9 @@ pub enum RuntimeError {
         /// What was given.
         got: String,
     },
+    /// A TMA tensor map argument breaks one of the driver's rules (checked before the driver).
+    #[error("{0}")]
+    TensorMap(#[from] TensorMapError),
     /// Writing a `KILN_DUMP` file failed.
     #[error("cannot write dump file {path}: {source}")]
     Dump {
@@ -194,6 +200,9 @@ pub enum LaunchError {
         /// The device's limit.
         max: u32,
     },
+    /// A cluster shape that does not fit the grid or needs the non-portable opt-in.
+    #[error("{0}")]
+    Cluster(#[from] ClusterError),
     /// The signature has no parameter ABI (a scalar of a type kernels cannot take).
     #[error("{0}")]
     Abi(#[from] kiln_ptx::abi::AbiError),

@@ -23,16 +23,20 @@
 mod device;
 pub mod dump;
 mod error;
+mod launch_ex;
 mod layout;
 mod module;
 mod params;
 mod tensor;
 mod timing;
+mod tma;
 mod validate;
 
 pub use device::{Device, KernelArg};
 pub use error::{LaunchError, RuntimeError};
+pub use launch_ex::{ClusterError, ClusterLaunch, KernelParams, PORTABLE_CLUSTER_SIZE, launch_ex};
 pub use layout::Layout;
 pub use module::{CompileTimes, LoadedKernel};
 pub use tensor::DeviceTensor;
 pub use timing::{L2Flush, rotation_sets};
+pub use tma::{L2Promotion, OobFill, Swizzle, TensorMap, TensorMapError};

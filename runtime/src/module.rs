@@ -87,6 +87,12 @@ impl LoadedKernel {
         Ok(v)
     }
 
+    /// The owning context and the entry's driver handle, for launch paths outside this module
+    /// (`launch_ex`).
+    pub(crate) fn raw_handle(&self) -> (&Arc<CudaContext>, sys::CUfunction) {
+        (&self.ctx, self.function)
+    }
+
     /// Launches on the context's null stream with `params` (one pointer per ABI slot).
     ///
     /// # Safety

@@ -12,10 +12,15 @@ use kiln_ir::print::print_kernel;
 
 /// Spilled bytes (stores) ptxas reports today for each kernel; every kernel not listed must
 /// have none.
-// FIXME: attention at BM=128 with 4 warps keeps 192 accumulator registers per thread; with
-// the causal mask or d = 64 (BN = 128) the loop-invariant prefetch addressing that ptxas
-// hoists tips it over 255 registers. The goal is zero everywhere.
-const KNOWN_SPILLS: &[(&str, u32)] = &[("attention_causal", 76), ("attention_d64", 52)];
+// FIXME: attention at BM=128 with 4 warps keeps 192 accumulator registers per thread (d = 128)
+// and the block-uniform mask branch adds the mask's registers on top, so ptxas spills a few
+// loop-invariant addresses. Measured on the H200 this version is still faster than the
+// spill-free ones (8 warps; two loops, masked and unmasked). The goal is zero everywhere.
+const KNOWN_SPILLS: &[(&str, u32)] = &[
+    ("attention", 48),
+    ("attention_causal", 40),
+    ("attention_d64", 56),
+];
 
 #[test]
 fn ir_and_ptx_snapshots_assemble() {

@@ -19,8 +19,15 @@ pub const VARIANTS: &[(&str, &str, Overrides)] = &[
     ("attention_d64", "attention", &[("d", "64")]),
 ];
 
-/// Builds registry kernel `kernel` with `overrides` on its defaults.
+/// Builds registry kernel `kernel` with `overrides` on its defaults, every tensor 16-byte
+/// aligned.
 pub fn build(kernel: &str, overrides: &[(&str, &str)]) -> Kernel {
+    build_aligned(kernel, overrides, true)
+}
+
+/// Builds registry kernel `kernel` with `overrides` on its defaults and every tensor's
+/// `aligned16` set to `aligned`.
+pub fn build_aligned(kernel: &str, overrides: &[(&str, &str)], aligned: bool) -> Kernel {
     let def: &dyn KernelDef = *kiln_examples::registry()
         .iter()
         .find(|d| d.name() == kernel)
@@ -29,15 +36,21 @@ pub fn build(kernel: &str, overrides: &[(&str, &str)]) -> Kernel {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    let spec = Spec::from_defaults(def, &o).unwrap_or_else(|e| panic!("{kernel}: {e}"));
+    let mut spec = Spec::from_defaults(def, &o).unwrap_or_else(|e| panic!("{kernel}: {e}"));
+    for a in spec.aligned16.values_mut() {
+        *a = aligned;
+    }
     def.build(&spec)
         .unwrap_or_else(|d| panic!("{kernel} does not build: {d}"))
 }
 
-/// Every variant, built.
+/// Every variant, built; then the gemm with no tensor known to be 16-byte aligned (the
+/// element-wise copy fallback).
 pub fn all() -> Vec<(&'static str, Kernel)> {
-    VARIANTS
+    let mut out: Vec<(&'static str, Kernel)> = VARIANTS
         .iter()
         .map(|(name, kernel, o)| (*name, build(kernel, o)))
-        .collect()
+        .collect();
+    out.push(("gemm_unaligned", build_aligned("gemm", &[], false)));
+    out
 }
