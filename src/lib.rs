@@ -1,6 +1,9 @@
 //! kiln: write GPU kernels as Rust functions under `#[kernel]`; kiln compiles them to PTX
 //! and launches them. This facade re-exports what users need; `use kiln::prelude::*;` brings
 //! the kernel vocabulary into scope.
+//!
+//! **Architecture invariant:** the facade holds no logic: it only re-exports the member
+//! crates, so a user's `kiln::…` path and the crate that implements it cannot disagree.
 
 /// The tile IR (crate `kiln-ir`): builder, printer, verifier, interpreter and passes.
 pub use kiln_ir as ir;

@@ -21,11 +21,7 @@ pub fn device(args: &Args) -> Result<Device, BenchError> {
 
 /// The example kernel called `name`.
 pub fn find(name: &'static str) -> Result<&'static dyn KernelDef, BenchError> {
-    kiln_examples::registry()
-        .iter()
-        .copied()
-        .find(|k| k.name() == name)
-        .ok_or(BenchError::NoKernel(name))
+    kiln_examples::find(name).ok_or(BenchError::NoKernel(name))
 }
 
 /// `def`'s comptime values: its defaults with `overrides` (name, value as text) applied.

@@ -7,6 +7,10 @@
 //!   `bench/run-attention.sh [OUT.json] [--quick]` (kiln attention, then PyTorch SDPA with the
 //!   FlashAttention-2 and cuDNN backends via `bench/peers.py`, merged into one table);
 //! - results default to `bench/results/<bench>-<UTC date>.json`.
+//!
+//! **Architecture invariant:** no benchmark is a test and no test runs a benchmark; a
+//! benchmark checks its own output (against the peer or an f64 reference from `kiln-tests`)
+//! and exits non-zero when it disagrees, but never on timing.
 
 pub mod cli;
 pub mod cublas;
@@ -18,3 +22,22 @@ pub mod kernels;
 pub mod report;
 
 pub use error::BenchError;
+
+use std::process::ExitCode;
+
+/// A benchmark binary's exit: success when `run` finished and every result agreed with its
+/// check; otherwise the error, or `disagreed` (what disagreed with what), on stderr and a
+/// failure code.
+pub fn exit(run: Result<bool, BenchError>, disagreed: &str) -> ExitCode {
+    match run {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("error: {disagreed}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

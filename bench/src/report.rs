@@ -6,6 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use kiln_runtime::Device;
 
+use crate::error::BenchError;
 use crate::json::Json;
 
 /// The commit the benchmark binary was built from (`-dirty` if the tree had changes).
@@ -59,12 +60,20 @@ pub fn utc_from_unix(secs: u64) -> String {
     )
 }
 
-/// Writes `json` to `path`, creating its directory.
-pub fn write_json(path: &Path, json: &Json) -> std::io::Result<()> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(path, format!("{json}\n"))
+/// Writes `json` to `path`, creating its directory, and says so on stderr.
+pub fn write_json(path: &Path, json: &Json) -> Result<(), BenchError> {
+    let write = || {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(path, format!("{json}\n"))
+    };
+    write().map_err(|source| BenchError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
 }
 
 /// A text table with right-aligned columns.

@@ -9,10 +9,14 @@
 //! ```
 //! With no `-D`, each comptime parameter takes its declared default (attention: d=128,
 //! causal=false) and every tensor is taken as 16-byte aligned.
+//!
+//! **Architecture invariant:** the CLI never needs a GPU: it builds, schedules and writes
+//! PTX on the host, and `check` runs ptxas, not the driver.
 
+use std::io::{ErrorKind, Write};
 use std::process::ExitCode;
 
-use kiln::ir::dsl::{KernelDef, ParamSig, Spec};
+use kiln::ir::dsl::{KernelDef, Spec};
 use kiln::ir::{Kernel, Target};
 
 const USAGE: &str = "usage:
@@ -65,13 +69,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
 }
 
 fn find_kernel(name: Option<&str>) -> Result<&'static dyn KernelDef, String> {
-    let registry = kiln_examples::registry();
-    let names: Vec<&str> = registry.iter().map(|k| k.name()).collect();
+    let names: Vec<&str> = kiln_examples::registry().iter().map(|k| k.name()).collect();
     let name = name.ok_or_else(|| format!("missing kernel name; one of: {}", names.join(", ")))?;
-    registry
-        .iter()
-        .copied()
-        .find(|k| k.name() == name)
+    kiln_examples::find(name)
         .ok_or_else(|| format!("no kernel named `{name}`; one of: {}", names.join(", ")))
 }
 
@@ -91,24 +91,7 @@ fn list() -> String {
                 None => format!("{}: {}", p.name, p.kind.name()),
             })
             .collect();
-        let params: Vec<String> = def
-            .signature()
-            .iter()
-            .map(|s| match s {
-                ParamSig::Tensor {
-                    name,
-                    dtype,
-                    rank,
-                    mutable,
-                } => {
-                    format!(
-                        "{name}: {}<{dtype}, {rank}>",
-                        if *mutable { "TensorMut" } else { "Tensor" }
-                    )
-                }
-                ParamSig::Scalar { name, dtype } => format!("{name}: {dtype}"),
-            })
-            .collect();
+        let params: Vec<String> = def.signature().iter().map(ToString::to_string).collect();
         out.push_str(&format!(
             "{}\n  comptime: {}\n  params:   {}\n",
             def.name(),
@@ -181,8 +164,15 @@ fn run(args: Args) -> Result<String, String> {
 fn main() -> ExitCode {
     match parse_args(std::env::args().skip(1)).and_then(run) {
         Ok(text) => {
-            print!("{text}");
-            ExitCode::SUCCESS
+            // Not `print!`, which panics when the reader has gone (`kiln ir attention | head`);
+            // a closed pipe is the reader's choice, not a failure.
+            match std::io::stdout().lock().write_all(text.as_bytes()) {
+                Err(e) if e.kind() != ErrorKind::BrokenPipe => {
+                    eprintln!("cannot write to stdout: {e}");
+                    ExitCode::FAILURE
+                }
+                _ => ExitCode::SUCCESS,
+            }
         }
         Err(e) => {
             eprintln!("{e}");

@@ -43,7 +43,11 @@ impl fmt::Display for PtxasReport {
         write!(
             f,
             "registers {}, static smem {} B, stack {} B, spills {} B stored / {} B loaded",
-            self.registers, self.shared_bytes, self.stack_bytes, self.spill_store_bytes, self.spill_load_bytes
+            self.registers,
+            self.shared_bytes,
+            self.stack_bytes,
+            self.spill_store_bytes,
+            self.spill_load_bytes
         )?;
         for w in &self.warnings {
             write!(f, "\n  {w}")?;
@@ -149,7 +153,10 @@ pub fn parse_report(log: &str) -> PtxasReport {
 /// The integer just before `marker` in `line` (`"Used 40 registers"`, `"registers"` -> 40).
 fn number_before(line: &str, marker: &str) -> Option<u32> {
     let head = &line[..line.find(marker)?];
-    head.split(|c: char| !c.is_ascii_digit()).rfind(|s| !s.is_empty())?.parse().ok()
+    head.split(|c: char| !c.is_ascii_digit())
+        .rfind(|s| !s.is_empty())?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
@@ -165,7 +172,10 @@ mod tests {
         let r = parse_report(log);
         assert_eq!(r.registers, 168);
         assert_eq!(r.shared_bytes, 16384);
-        assert_eq!((r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes), (8, 4, 12));
+        assert_eq!(
+            (r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes),
+            (8, 4, 12)
+        );
         assert!(r.spills());
     }
 }

@@ -39,6 +39,7 @@ fn parse() -> Result<Options, String> {
         let mut num = |flag: &str| -> Result<usize, String> {
             it.next()
                 .and_then(|v| v.parse().ok())
+                .filter(|&n| n > 0)
                 .ok_or_else(|| format!("`{flag}` needs a positive integer"))
         };
         match a.as_str() {

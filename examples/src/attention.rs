@@ -101,38 +101,22 @@ pub fn attention<const d: usize = 128>(
 
 #[cfg(test)]
 mod tests {
-    use kiln::ir::dsl::{KernelDef, Spec};
-    use kiln::ir::{OpKind, print::print_kernel};
+    use kiln::ir::print::print_kernel;
 
     use super::attention;
+    use crate::testing::{build, loop_stages};
 
     #[test]
     fn builds_for_documented_variants() {
         for d in ["64", "128"] {
             for causal in ["false", "true"] {
-                let o = [
-                    ("d".to_string(), d.to_string()),
-                    ("causal".to_string(), causal.to_string()),
-                ];
-                let spec = Spec::from_defaults(&attention, &o).unwrap_or_else(|e| panic!("{e}"));
-                let k = attention.build(&spec).unwrap_or_else(|e| panic!("{e}"));
-                let text = print_kernel(&k);
-                println!("{text}");
+                let k = build(&attention, &[("d", d), ("causal", causal)]);
                 let bn = if d == "64" { 128 } else { 64 };
                 assert!(
-                    text.contains(&format!("rt<f32,128x{bn}>")),
+                    print_kernel(&k).contains(&format!("rt<f32,128x{bn}>")),
                     "score tile 128x{bn}"
                 );
-                let stages: Vec<_> = k
-                    .body
-                    .ops
-                    .iter()
-                    .filter_map(|&o| match k.ops[o].kind {
-                        OpKind::For { stages } => Some(stages),
-                        _ => None,
-                    })
-                    .collect();
-                assert_eq!(stages, [Some(2)]);
+                assert_eq!(loop_stages(&k), [Some(2)]);
             }
         }
     }

@@ -30,32 +30,15 @@ pub fn gemm(
 
 #[cfg(test)]
 mod tests {
-    use kiln::ir::dsl::{KernelDef, Spec};
-    use kiln::ir::{OpKind, print::print_kernel};
-
     use super::gemm;
+    use crate::testing::{build, loop_stages};
 
     #[test]
     fn builds_for_defaults_and_variants() {
-        for overrides in [vec![], vec![("BM", "64"), ("BN", "64"), ("BK", "64")]] {
-            let o: Vec<(String, String)> = overrides
-                .iter()
-                .map(|(n, v)| (n.to_string(), v.to_string()))
-                .collect();
-            let spec = Spec::from_defaults(&gemm, &o).unwrap_or_else(|e| panic!("{e}"));
-            let k = gemm.build(&spec).unwrap_or_else(|d| panic!("{d}"));
-            println!("{}", print_kernel(&k));
+        for overrides in [&[][..], &[("BM", "64"), ("BN", "64"), ("BK", "64")]] {
+            let k = build(&gemm, overrides);
             assert_eq!(k.options.num_warps, 8);
-            let stages: Vec<_> = k
-                .body
-                .ops
-                .iter()
-                .filter_map(|&o| match k.ops[o].kind {
-                    OpKind::For { stages } => Some(stages),
-                    _ => None,
-                })
-                .collect();
-            assert_eq!(stages, [Some(3)]);
+            assert_eq!(loop_stages(&k), [Some(3)]);
         }
     }
 }

@@ -46,27 +46,18 @@ pub fn softmax(
 
 #[cfg(test)]
 mod tests {
-    use kiln::ir::dsl::{ComptimeValue, KernelDef, Spec};
-    use kiln::ir::{OpKind, print::print_kernel};
+    use kiln::ir::print::print_kernel;
 
     use super::softmax;
+    use crate::testing::{build, loop_stages};
 
     #[test]
     fn builds_for_defaults_and_variants() {
         for (bm, bn) in [(4, 512), (1, 1024), (8, 128)] {
-            let mut spec = Spec::default();
-            spec.comptime.insert("BM".into(), ComptimeValue::Usize(bm));
-            spec.comptime.insert("BN".into(), ComptimeValue::Usize(bn));
-            let k = softmax.build(&spec).unwrap_or_else(|d| panic!("{d}"));
-            let text = print_kernel(&k);
-            println!("{text}");
-            let loops = k
-                .body
-                .ops
-                .iter()
-                .filter(|&&o| matches!(k.ops[o].kind, OpKind::For { .. }));
-            assert_eq!(loops.count(), 2, "two passes over the row");
-            assert!(text.contains(&format!("rt<f32,{bm}x{bn}>")));
+            let (bm_text, bn_text) = (bm.to_string(), bn.to_string());
+            let k = build(&softmax, &[("BM", &bm_text), ("BN", &bn_text)]);
+            assert_eq!(loop_stages(&k).len(), 2, "two passes over the row");
+            assert!(print_kernel(&k).contains(&format!("rt<f32,{bm}x{bn}>")));
         }
     }
 }

@@ -182,7 +182,15 @@ fn print_op(kernel: &Kernel, id: OpId, level: usize, out: &mut String, regions: 
                 .map(|b| b.args.clone())
                 .unwrap_or_default();
             let iv = args.first().map_or("?".to_string(), |v| v.to_string());
-            let _ = write!(line, "for {iv} = {} to {} step {}", ops[0], ops[1], ops[2]);
+            // `get`, not indexing: the verifier prints malformed ops in its errors too.
+            let bound = |i: usize| ops.get(i).map_or("?".to_string(), |v| v.to_string());
+            let _ = write!(
+                line,
+                "for {iv} = {} to {} step {}",
+                bound(0),
+                bound(1),
+                bound(2)
+            );
             if ops.len() > 3 {
                 let iters: Vec<String> = args
                     .iter()

@@ -35,20 +35,9 @@ impl fmt::Display for Target {
 }
 
 /// The error for an unknown target name.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown target `{0}`; expected one of {names}", names = Target::ALL.map(Target::name).join(", "))]
 pub struct UnknownTarget(pub String);
-
-impl fmt::Display for UnknownTarget {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "unknown target `{}`; expected one of sm_80, sm_90a, sm_100a",
-            self.0
-        )
-    }
-}
-
-impl std::error::Error for UnknownTarget {}
 
 impl FromStr for Target {
     type Err = UnknownTarget;

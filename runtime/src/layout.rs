@@ -3,7 +3,7 @@
 //! so every rule here is unit-tested without a GPU.
 
 use kiln_ir::DType;
-use kiln_ir::host::contiguous_strides;
+use kiln_ir::host::{contiguous_strides, row_major_offsets};
 
 use crate::error::RuntimeError;
 
@@ -49,7 +49,8 @@ impl Layout {
     /// One past the largest element index addressed, counted from the allocation's start;
     /// `None` if that overflows `usize`. An empty tensor addresses nothing and ends at its offset.
     pub fn end_elem(&self) -> Option<usize> {
-        if self.numel() == 0 {
+        // Not `numel() == 0`: that product may overflow where the checked sum below reports it.
+        if self.shape.contains(&0) {
             return Some(self.offset);
         }
         self.shape
@@ -130,19 +131,8 @@ impl Layout {
 
     /// For each element in row-major order of `shape`, its offset in elements.
     pub fn elem_offsets(&self) -> Vec<usize> {
-        let n = self.numel();
-        let mut out = Vec::with_capacity(n);
-        let mut idx = vec![0usize; self.shape.len()];
-        for _ in 0..n {
-            out.push(self.elem_offset(&idx));
-            for d in (0..idx.len()).rev() {
-                idx[d] += 1;
-                if idx[d] < self.shape[d] {
-                    break;
-                }
-                idx[d] = 0;
-            }
-        }
+        let mut out = row_major_offsets(&self.shape, &self.strides);
+        out.iter_mut().for_each(|o| *o += self.offset);
         out
     }
 }

@@ -38,5 +38,5 @@ pub use launch_ex::{ClusterError, ClusterLaunch, KernelParams, PORTABLE_CLUSTER_
 pub use layout::Layout;
 pub use module::{CompileTimes, LoadedKernel};
 pub use tensor::DeviceTensor;
-pub use timing::{L2Flush, Rotation, rotation_sets};
+pub use timing::{L2Flush, rotation_sets};
 pub use tma::{L2Promotion, OobFill, Swizzle, TensorMap, TensorMapError};

@@ -46,7 +46,8 @@ impl ParamBuffer {
         args: &[ArgView<'_>],
         maps: &BTreeMap<usize, sys::CUtensorMap>,
     ) -> Result<ParamBuffer, LaunchError> {
-        let params: Vec<Param> = signature.iter().map(param_of).collect();
+        // Alignment does not change the slots.
+        let params: Vec<Param> = signature.iter().map(|s| s.to_param(false)).collect();
         let tma: Vec<usize> = maps.keys().copied().collect();
         let slots = abi::slots_with_maps(&params, &tma)?;
         let values = slots
@@ -110,28 +111,6 @@ impl ParamBuffer {
                 SlotValue::Map(m) => (m as *mut sys::CUtensorMap).cast(),
             })
             .collect()
-    }
-}
-
-/// The IR parameter a signature entry becomes (alignment does not affect the slots).
-fn param_of(sig: &ParamSig) -> Param {
-    match *sig {
-        ParamSig::Tensor {
-            name,
-            dtype,
-            rank,
-            mutable,
-        } => Param::Tensor {
-            name: name.to_string(),
-            dtype,
-            rank,
-            mutable,
-            aligned16: false,
-        },
-        ParamSig::Scalar { name, dtype } => Param::Scalar {
-            name: name.to_string(),
-            dtype,
-        },
     }
 }
 

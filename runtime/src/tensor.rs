@@ -175,9 +175,10 @@ impl DeviceTensor {
     }
 
     /// A view with any `shape`, `strides` (elements) and element `offset` over the same
-    /// allocation (no copy). Only the ranks are checked here: a view past the allocation's
-    /// end is refused by [`Device::launch`](crate::Device::launch), `download` and fills, so
-    /// tests can pass one to check exactly that.
+    /// allocation (no copy). Only the ranks, and that the view's byte extent fits in `usize`
+    /// (so address arithmetic on it cannot overflow), are checked here: a view past the
+    /// allocation's end is refused by [`Device::launch`](crate::Device::launch), `download`
+    /// and fills, so tests can pass one to check exactly that.
     pub fn as_strided(
         &self,
         shape: &[usize],
@@ -191,14 +192,22 @@ impl DeviceTensor {
                 got: format!("{strides:?}"),
             });
         }
+        let layout = Layout {
+            dtype: self.layout.dtype,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            offset,
+        };
+        if layout.end_byte().is_none() {
+            return Err(RuntimeError::Shape {
+                what: "as_strided view",
+                expected: "a view whose last byte is addressable (below usize::MAX)".into(),
+                got: format!("shape {shape:?}, strides {strides:?}, offset {offset}"),
+            });
+        }
         Ok(DeviceTensor {
             buf: self.buf.clone(),
-            layout: Layout {
-                dtype: self.layout.dtype,
-                shape: shape.to_vec(),
-                strides: strides.to_vec(),
-                offset,
-            },
+            layout,
         })
     }
 
@@ -231,7 +240,8 @@ impl DeviceTensor {
             .map(|o| o - self.layout.offset)
             .collect();
         let data = decode(self.layout.dtype, &bytes, &offsets)?;
-        Ok(HostTensor::new(&self.layout.shape, data))
+        Ok(HostTensor::new(&self.layout.shape, data)
+            .expect("decode returns one element per index of the layout's shape"))
     }
 
     /// Sets every element of the view to `pattern` (one element's bytes), leaving the rest

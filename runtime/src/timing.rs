@@ -1,5 +1,5 @@
 //! Timing helpers for benchmarks: CUDA-event timing of work issued on the device's stream,
-//! an L2 flush, and rotation over several input sets so that timed runs do not hit in L2.
+//! an L2 flush, and how many input sets to rotate over so that timed runs do not hit in L2.
 
 use cudarc::driver::sys;
 
@@ -44,23 +44,8 @@ impl L2Flush {
     }
 
     /// Overwrites the scratch buffer on the device's stream (asynchronous).
-    pub fn flush(&self, device: &Device) -> Result<(), RuntimeError> {
-        device
-            .cuda_context()
-            .bind_to_thread()
-            .call("cuCtxSetCurrent")?;
-        let words = self.scratch.shape()[0];
-        // SAFETY: the range is exactly the scratch allocation.
-        unsafe {
-            sys::cuMemsetD32Async(
-                self.scratch.device_ptr(),
-                0x5A5A_5A5A,
-                words,
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .call("cuMemsetD32Async")
+    pub fn flush(&self) -> Result<(), RuntimeError> {
+        self.scratch.fill_pattern(&0x5A5A_5A5Au32.to_le_bytes())
     }
 }
 
@@ -70,37 +55,6 @@ pub fn rotation_sets(bytes_per_set: usize, l2_bytes: usize, max_sets: usize) -> 
     (2 * l2_bytes)
         .div_ceil(bytes_per_set.max(1))
         .clamp(2, max_sets.max(2))
-}
-
-/// Cycles through a fixed list of items (input sets), one per timed run.
-#[derive(Debug)]
-pub struct Rotation<T> {
-    items: Vec<T>,
-    next: usize,
-}
-
-impl<T> Rotation<T> {
-    /// Rotation over `items`; `None` if there are none.
-    pub fn new(items: Vec<T>) -> Option<Rotation<T>> {
-        (!items.is_empty()).then_some(Rotation { items, next: 0 })
-    }
-
-    /// The next item, wrapping around.
-    pub fn next_item(&mut self) -> &T {
-        let i = self.next;
-        self.next = (i + 1) % self.items.len();
-        &self.items[i]
-    }
-
-    /// Number of items.
-    pub fn len(&self) -> usize {
-        self.items.len()
-    }
-
-    /// Always false: a rotation holds at least one item.
-    pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -114,13 +68,5 @@ mod tests {
         assert_eq!(rotation_sets(1 << 30, l2, 1000), 2);
         assert_eq!(rotation_sets(30 << 20, l2, 1000), 4);
         assert_eq!(rotation_sets(1, l2, 8), 8);
-    }
-
-    #[test]
-    fn rotation_wraps() {
-        let mut r = Rotation::new(vec![1, 2, 3]).expect("non-empty");
-        let got: Vec<i32> = (0..7).map(|_| *r.next_item()).collect();
-        assert_eq!(got, [1, 2, 3, 1, 2, 3, 1]);
-        assert!(Rotation::<i32>::new(vec![]).is_none());
     }
 }

@@ -5,6 +5,7 @@
 use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use kiln_ir::host::{contiguous_strides, row_major_offsets};
 use kiln_ir::{DType, HostTensor};
 
 /// A SplitMix64 generator: tiny, fast, and good enough for test data.
@@ -127,27 +128,17 @@ pub fn with_row_padding(t: &HostTensor, pad: usize) -> HostTensor {
     if rank < 2 {
         return t.clone();
     }
-    let mut strides = vec![1; rank];
-    strides[rank - 2] = t.shape[rank - 1] + pad;
-    for d in (0..rank - 2).rev() {
-        strides[d] = strides[d + 1] * t.shape[d + 1];
-    }
-    let len = strides[0] * t.shape[0];
-    let mut out = HostTensor::full(&[len], t.dtype(), f64::NAN);
+    let mut padded = t.shape.clone();
+    padded[rank - 1] += pad;
+    let strides = contiguous_strides(&padded);
+    let mut out = HostTensor::full(&[strides[0] * t.shape[0]], t.dtype(), f64::NAN);
     out.shape = t.shape.clone();
     out.strides = strides;
-    let values = t.to_f64_vec();
-    let mut idx = vec![0usize; rank];
-    for v in values {
-        let o = out.offset(&idx);
+    for (o, v) in row_major_offsets(&out.shape, &out.strides)
+        .into_iter()
+        .zip(t.to_f64_vec())
+    {
         out.data.set_f64(o, v);
-        for d in (0..rank).rev() {
-            idx[d] += 1;
-            if idx[d] < t.shape[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
     }
     out
 }

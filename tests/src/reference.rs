@@ -57,42 +57,81 @@ pub fn attention(
     let [b, h, sq, d] = [q.shape[0], q.shape[1], q.shape[2], q.shape[3]];
     let sk = k.shape[2];
     let (qv, kv, vv) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
-    let mut out = vec![0.0; b * h * sq * d];
-    let mut s = vec![0.0; sk];
+    let mut out = Vec::with_capacity(b * h * sq * d);
     for bh in 0..b * h {
-        let (qb, kb) = (&qv[bh * sq * d..], &kv[bh * sk * d..]);
-        let vb = &vv[bh * sk * d..];
+        let (qb, kb, vb) = (&qv[bh * sq * d..], &kv[bh * sk * d..], &vv[bh * sk * d..]);
         for i in 0..sq {
-            // Keys visible to query i: all, or j <= i + sk - sq when causal.
-            let last = i as i64 + sk as i64 - sq as i64;
-            let visible = if causal {
-                usize::try_from(last + 1).unwrap_or(0).min(sk)
-            } else {
-                sk
-            };
-            if visible == 0 {
-                continue;
-            }
-            for (j, sj) in s.iter_mut().enumerate().take(visible) {
-                *sj = scale * (0..d).map(|c| qb[i * d + c] * kb[j * d + c]).sum::<f64>();
-            }
-            let m = s[..visible]
-                .iter()
-                .copied()
-                .fold(f64::NEG_INFINITY, f64::max);
-            let mut l = 0.0;
-            let o = &mut out[(bh * sq + i) * d..(bh * sq + i + 1) * d];
-            for j in 0..visible {
-                let p = (s[j] - m).exp();
-                l += p;
-                for c in 0..d {
-                    o[c] += p * vb[j * d + c];
-                }
-            }
-            for x in o.iter_mut() {
-                *x /= l;
-            }
+            out.extend(attention_row_by(
+                |j, x| qb[j * d + x],
+                |j, x| kb[j * d + x],
+                |j, x| vb[j * d + x],
+                [sq, sk, d],
+                scale,
+                causal,
+                i,
+            ));
         }
     }
     out
+}
+
+/// Row `[b, h, i]` of [`attention`]'s output (`d` values), reading the inputs in place through
+/// their strides: benchmarks check sampled rows of outputs too large for the whole reference.
+pub fn attention_row(
+    q: &HostTensor,
+    k: &HostTensor,
+    v: &HostTensor,
+    scale: f64,
+    causal: bool,
+    [b, h, i]: [usize; 3],
+) -> Vec<f64> {
+    let at = |t: &HostTensor, j: usize, x: usize| t.data.get_f64(t.offset(&[b, h, j, x]));
+    attention_row_by(
+        |j, x| at(q, j, x),
+        |j, x| at(k, j, x),
+        |j, x| at(v, j, x),
+        [q.shape[2], k.shape[2], q.shape[3]],
+        scale,
+        causal,
+        i,
+    )
+}
+
+/// Output row `i` of one (batch, head) of attention, with element `x` of row `j` of q, k and
+/// v read by the given functions; the one implementation behind [`attention`] and
+/// [`attention_row`].
+fn attention_row_by(
+    q: impl Fn(usize, usize) -> f64,
+    k: impl Fn(usize, usize) -> f64,
+    v: impl Fn(usize, usize) -> f64,
+    [sq, sk, d]: [usize; 3],
+    scale: f64,
+    causal: bool,
+    i: usize,
+) -> Vec<f64> {
+    // Keys visible to query i: all, or j <= i + sk - sq when causal.
+    let visible = if causal {
+        usize::try_from(i as i64 + sk as i64 - sq as i64 + 1)
+            .unwrap_or(0)
+            .min(sk)
+    } else {
+        sk
+    };
+    if visible == 0 {
+        return vec![0.0; d];
+    }
+    let scores: Vec<f64> = (0..visible)
+        .map(|j| scale * (0..d).map(|x| q(i, x) * k(j, x)).sum::<f64>())
+        .collect();
+    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+    let l: f64 = p.iter().sum();
+    let mut o = vec![0.0; d];
+    for (j, pj) in p.iter().enumerate() {
+        for (x, ox) in o.iter_mut().enumerate() {
+            *ox += pj * v(j, x);
+        }
+    }
+    o.iter_mut().for_each(|x| *x /= l);
+    o
 }

@@ -438,7 +438,7 @@ fn gpu_event_timing_and_l2_flush() {
     let a = dev.alloc(DType::F32, &[4096, 4096]).expect("alloc");
     let o = dev.alloc(DType::F32, &[4096, 4096]).expect("alloc");
     let flush = L2Flush::new(&dev).expect("scratch");
-    flush.flush(&dev).expect("flush");
+    flush.flush().expect("flush");
     let args = [
         KernelArg::Tensor(&a),
         KernelArg::Tensor(&o),

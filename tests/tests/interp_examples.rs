@@ -4,24 +4,12 @@
 
 use std::collections::BTreeMap;
 
-use kiln_ir::dsl::{ComptimeValue, KernelDef};
+use kiln_ir::dsl::{ComptimeValue, comptime_map};
 use kiln_ir::interp::{HostArg, run_def};
 use kiln_ir::{DType, HostTensor};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor, with_row_padding};
 use kiln_tests::reference;
-
-fn example(name: &str) -> &'static dyn KernelDef {
-    kiln_examples::registry()
-        .iter()
-        .copied()
-        .find(|d| d.name() == name)
-        .unwrap_or_else(|| panic!("no example kernel named {name}"))
-}
-
-fn comptime(values: &[(&str, ComptimeValue)]) -> BTreeMap<String, ComptimeValue> {
-    values.iter().map(|(k, v)| (k.to_string(), *v)).collect()
-}
 
 fn cdiv(a: usize, b: usize) -> u32 {
     a.div_ceil(b) as u32
@@ -29,7 +17,7 @@ fn cdiv(a: usize, b: usize) -> u32 {
 
 #[test]
 fn vector_add_matches_reference() {
-    let def = example("vector_add");
+    let def = &kiln_examples::vector_add::vector_add;
     let mut rng = Rng::from_env();
     for n in [1, 1023, 1024, 5000] {
         for dist in Dist::ALL {
@@ -61,10 +49,10 @@ fn vector_add_matches_reference() {
 
 #[test]
 fn softmax_matches_reference() {
-    let def = example("softmax");
+    let def = &kiln_examples::softmax::softmax;
     let mut rng = Rng::from_env();
     for (bm, bn) in [(4, 512), (8, 128)] {
-        let ct = comptime(&[
+        let ct = comptime_map(&[
             ("BM", ComptimeValue::Usize(bm)),
             ("BN", ComptimeValue::Usize(bn)),
         ]);
@@ -100,10 +88,10 @@ fn softmax_matches_reference() {
 
 #[test]
 fn gemm_matches_reference() {
-    let def = example("gemm");
+    let def = &kiln_examples::gemm::gemm;
     let mut rng = Rng::from_env();
     for (bm, bn, bk) in [(128, 128, 32), (64, 64, 64)] {
-        let ct = comptime(&[
+        let ct = comptime_map(&[
             ("BM", ComptimeValue::Usize(bm)),
             ("BN", ComptimeValue::Usize(bn)),
             ("BK", ComptimeValue::Usize(bk)),
@@ -149,7 +137,7 @@ struct Attn {
 }
 
 fn run_attention(rng: &mut Rng, p: &Attn, dist: Dist) {
-    let def = example("attention");
+    let def = &kiln_examples::attention::attention;
     let q = tensor(rng, &[p.b, p.h, p.sq, p.d], DType::Bf16, dist);
     let k = tensor(rng, &[p.b, p.h, p.sk, p.d], DType::Bf16, dist);
     let v = tensor(rng, &[p.b, p.h, p.sk, p.d], DType::Bf16, dist);
@@ -162,7 +150,7 @@ fn run_attention(rng: &mut Rng, p: &Attn, dist: Dist) {
     // The usual 1/sqrt(d), perturbed so that no test depends on one exact scale.
     let scale = (rng.uniform(0.5, 1.5) / (p.d as f64).sqrt()) as f32;
     let mut o = poisoned(&[p.b, p.h, p.sq, p.d], DType::Bf16);
-    let ct = comptime(&[
+    let ct = comptime_map(&[
         ("d", ComptimeValue::Usize(p.d)),
         ("causal", ComptimeValue::Bool(p.causal)),
     ]);
@@ -228,13 +216,13 @@ fn attention_batches_and_long_keys() {
 fn fully_masked_rows_output_zero() {
     // sq = 150 > sk = 90 causal: queries 0..60 see no key; their output must be exactly 0.
     let mut rng = Rng::from_env();
-    let def = example("attention");
+    let def = &kiln_examples::attention::attention;
     let (sq, sk, d) = (150, 90, 64);
     let q = tensor(&mut rng, &[1, 1, sq, d], DType::Bf16, Dist::Normal);
     let k = tensor(&mut rng, &[1, 1, sk, d], DType::Bf16, Dist::Normal);
     let v = tensor(&mut rng, &[1, 1, sk, d], DType::Bf16, Dist::Normal);
     let mut o: HostTensor = poisoned(&[1, 1, sq, d], DType::Bf16);
-    let ct = comptime(&[
+    let ct = comptime_map(&[
         ("d", ComptimeValue::Usize(d)),
         ("causal", ComptimeValue::Bool(true)),
     ]);

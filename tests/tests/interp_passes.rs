@@ -12,14 +12,6 @@ use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 
-fn example(name: &str) -> &'static dyn KernelDef {
-    kiln_examples::registry()
-        .iter()
-        .copied()
-        .find(|d| d.name() == name)
-        .unwrap_or_else(|| panic!("no example kernel named {name}"))
-}
-
 /// `def` built for `comptime` (others at their defaults) and run through the whole pipeline
 /// for `target`, verifying after every pass; the pipeline's own result is returned with
 /// the kernel as it stands when the pipeline stopped.
@@ -61,7 +53,11 @@ fn scheduled_gemm_and_attention_still_match_references() {
     let mut rng = Rng::from_env();
     let dist = Dist::Normal;
 
-    let (gemm, r) = scheduled(example("gemm"), &[("BM", "64"), ("BN", "64")], Target::Sm80);
+    let (gemm, r) = scheduled(
+        &kiln_examples::gemm::gemm,
+        &[("BM", "64"), ("BN", "64")],
+        Target::Sm80,
+    );
     r.unwrap_or_else(|d| panic!("{d}"));
     let (m, n, k) = (130, 70, 50);
     let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
@@ -87,7 +83,7 @@ fn scheduled_gemm_and_attention_still_match_references() {
     assert_close(&case, &c, &reference::gemm(&a, &b), tolerance(DType::Bf16));
 
     let (attn, r) = scheduled(
-        example("attention"),
+        &kiln_examples::attention::attention,
         &[("d", "64"), ("causal", "true")],
         Target::Sm80,
     );

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use kiln_ir::dsl::{ComptimeKind, ComptimeParam, ComptimeValue, KernelDef, ParamSig, Spec};
 use kiln_ir::interp::{HostArg, InterpError, run_def};
 use kiln_ir::{
-    BinaryOp, Builder, Const, DType, Diagnostic, Kernel, KernelOptions, Loc, OpKind, Param, Shape,
+    BinaryOp, Builder, Const, DType, Diagnostic, Kernel, KernelOptions, Loc, OpKind, Shape,
 };
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor, with_row_padding};
@@ -61,27 +61,7 @@ impl KernelDef for Double {
                 "missing comptime argument `block: usize`",
             ));
         };
-        let params = SIG
-            .iter()
-            .map(|s| match s {
-                ParamSig::Tensor {
-                    name,
-                    dtype,
-                    rank,
-                    mutable,
-                } => Param::Tensor {
-                    name: name.to_string(),
-                    dtype: *dtype,
-                    rank: *rank,
-                    mutable: *mutable,
-                    aligned16: spec.aligned16.get(*name).copied().unwrap_or(false),
-                },
-                ParamSig::Scalar { name, dtype } => Param::Scalar {
-                    name: name.to_string(),
-                    dtype: *dtype,
-                },
-            })
-            .collect();
+        let params = kiln_ir::dsl::params_for(SIG, spec);
         let mut b = Builder::new("double", params, KernelOptions::default());
         let bx = b.op1(OpKind::BlockId(kiln_ir::Axis::X), &[], loc)?;
         let row = b.op1(OpKind::BlockId(kiln_ir::Axis::Y), &[], loc)?;

@@ -20,6 +20,8 @@ use kiln_bench::{BenchError, kernels};
 use kiln_ir::dsl::Spec;
 use kiln_ir::{DType, HostTensor};
 use kiln_runtime::{Device, DeviceTensor, KernelArg, rotation_sets};
+use kiln_tests::check::rel_error;
+use kiln_tests::reference::attention_row;
 
 /// Tokens per configuration (b * s).
 const TOKENS: usize = 16384;
@@ -76,17 +78,10 @@ fn sweep(quick: bool) -> Vec<Config> {
 }
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => {
-            eprintln!("error: at least one kiln result disagreed with the f64 reference");
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    kiln_bench::exit(
+        run(),
+        "at least one kiln result disagreed with the f64 reference",
+    )
 }
 
 fn run() -> Result<bool, BenchError> {
@@ -190,11 +185,7 @@ fn run() -> Result<bool, BenchError> {
             ("compile", Json::Arr(compile_rows)),
             ("rows", Json::Arr(rows)),
         ]);
-        write_json(path, &json).map_err(|source| BenchError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        eprintln!("wrote {}", path.display());
+        write_json(path, &json)?;
     }
     Ok(all_ok)
 }
@@ -270,7 +261,7 @@ fn compile_times(
     Ok(rows)
 }
 
-/// Relative error of `out` against an f64 reference on [`CHECK_ROWS`] query rows spread over
+/// Relative error of `out` against the f64 reference on [`CHECK_ROWS`] query rows spread over
 /// batches, heads and positions (the first and last rows included).
 fn sampled_error(
     out: &DeviceTensor,
@@ -279,8 +270,8 @@ fn sampled_error(
     c: &Config,
     salt: u64,
 ) -> Result<f64, BenchError> {
-    let [b, h, s, d] = c.shape();
-    let (mut num, mut den) = (0.0f64, 0.0f64);
+    let [b, h, s, _] = c.shape();
+    let (mut got, mut want) = (Vec::new(), Vec::new());
     for r in 0..CHECK_ROWS as u64 {
         let mix = (r + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt;
         let (bi, hi) = ((mix % b as u64) as usize, ((mix >> 20) % h as u64) as usize);
@@ -289,41 +280,17 @@ fn sampled_error(
             1 => s - 1,
             _ => ((mix >> 40) % s as u64) as usize,
         };
-        let got = out
-            .narrow(0, bi, 1)?
-            .narrow(1, hi, 1)?
-            .narrow(2, row, 1)?
-            .download()?
-            .to_f64_vec();
-        let want = reference_row(host, scale, c, [bi, hi, row]);
-        for (g, w) in got.iter().zip(&want) {
-            num += (g - w) * (g - w);
-            den += w * w;
-        }
-        debug_assert_eq!(got.len(), d);
+        let o = out.narrow(0, bi, 1)?.narrow(1, hi, 1)?.narrow(2, row, 1)?;
+        got.extend(o.download()?.to_f64_vec());
+        let (q, k, v) = (&host[0], &host[1], &host[2]);
+        want.extend(attention_row(
+            q,
+            k,
+            v,
+            scale as f64,
+            c.causal,
+            [bi, hi, row],
+        ));
     }
-    Ok((num / den.max(f64::MIN_POSITIVE)).sqrt())
-}
-
-/// Output row `[b, h, i]` of attention in f64: keys `j <= i` when causal (sq = sk here, so
-/// bottom-right alignment is the usual diagonal).
-fn reference_row(host: &[HostTensor], scale: f32, c: &Config, [b, h, i]: [usize; 3]) -> Vec<f64> {
-    let (q, k, v) = (&host[0], &host[1], &host[2]);
-    let last = if c.causal { i } else { c.s - 1 };
-    let at = |t: &HostTensor, j: usize, x: usize| t.data.get_f64(t.offset(&[b, h, j, x]));
-    let scores: Vec<f64> = (0..=last)
-        .map(|j| (0..c.d).map(|x| at(q, i, x) * at(k, j, x)).sum::<f64>() * scale as f64)
-        .collect();
-    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-    let l: f64 = p.iter().sum();
-    (0..c.d)
-        .map(|x| {
-            p.iter()
-                .enumerate()
-                .map(|(j, pj)| pj * at(v, j, x))
-                .sum::<f64>()
-                / l
-        })
-        .collect()
+    Ok(rel_error(&got, &want))
 }

@@ -14,13 +14,14 @@ use std::process::ExitCode;
 use kiln_bench::cli::Args;
 use kiln_bench::cublas::Cublas;
 use kiln_bench::harness::{Progress, measure, tflops};
-use kiln_bench::inputs::{copies, rel_error, uniform};
+use kiln_bench::inputs::{copies, uniform};
 use kiln_bench::json::Json;
 use kiln_bench::report::{Table, meta, write_json};
 use kiln_bench::{BenchError, kernels};
 use kiln_ir::DType;
 use kiln_ir::dsl::ComptimeValue;
 use kiln_runtime::{DeviceTensor, KernelArg, rotation_sets};
+use kiln_tests::check::rel_error;
 
 /// bf16 output of two f32-accumulated GEMMs that sum in different orders.
 const TOLERANCE: f64 = 1e-2;
@@ -43,17 +44,10 @@ fn shapes(quick: bool) -> Vec<[usize; 3]> {
 }
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => {
-            eprintln!("error: at least one kiln result disagreed with cuBLAS (see the table)");
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    kiln_bench::exit(
+        run(),
+        "at least one kiln result disagreed with cuBLAS (see the table)",
+    )
 }
 
 /// Runs the sweep; `Ok(false)` if any configuration's results disagreed.
@@ -177,11 +171,7 @@ fn run() -> Result<bool, BenchError> {
             ("tolerance", Json::from(TOLERANCE)),
             ("rows", Json::Arr(rows)),
         ]);
-        write_json(path, &json).map_err(|source| BenchError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        eprintln!("wrote {}", path.display());
+        write_json(path, &json)?;
     }
     Ok(all_ok)
 }
@@ -194,7 +184,7 @@ fn sampled_error(kiln: &DeviceTensor, peer: &DeviceTensor) -> Result<f64, BenchE
     for start in [0, m - rows] {
         let x = kiln.narrow(0, start, rows)?.download()?;
         let y = peer.narrow(0, start, rows)?.download()?;
-        let e = rel_error(&x, &y);
+        let e = rel_error(&x.to_f64_vec(), &y.to_f64_vec());
         // NaN must win: `max` would drop it.
         worst = if e.is_nan() { e } else { worst.max(e) };
         if worst.is_nan() {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::diag::Diagnostic;
-use crate::kernel::Kernel;
+use crate::kernel::{Kernel, Param};
 use crate::types::DType;
 
 /// The type of a comptime argument (`const N: usize` generics and `#[comptime]` parameters).
@@ -121,6 +121,48 @@ impl ParamSig {
             ParamSig::Tensor { name, .. } | ParamSig::Scalar { name, .. } => name,
         }
     }
+
+    /// The IR parameter this declaration becomes; `aligned16` is the specialisation's
+    /// alignment fact for a tensor (ignored for a scalar).
+    pub fn to_param(&self, aligned16: bool) -> Param {
+        match *self {
+            ParamSig::Tensor {
+                name,
+                dtype,
+                rank,
+                mutable,
+            } => Param::Tensor {
+                name: name.to_string(),
+                dtype,
+                rank,
+                mutable,
+                aligned16,
+            },
+            ParamSig::Scalar { name, dtype } => Param::Scalar {
+                name: name.to_string(),
+                dtype,
+            },
+        }
+    }
+}
+
+/// Prints the declaration as written in the kernel's signature: `q: Tensor<bf16, 4>`,
+/// `o: TensorMut<bf16, 4>`, `scale: f32`.
+impl fmt::Display for ParamSig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ParamSig::Tensor {
+                name,
+                dtype,
+                rank,
+                mutable,
+            } => {
+                let ty = if *mutable { "TensorMut" } else { "Tensor" };
+                write!(f, "{name}: {ty}<{dtype}, {rank}>")
+            }
+            ParamSig::Scalar { name, dtype } => write!(f, "{name}: {dtype}"),
+        }
+    }
 }
 
 /// Everything a kernel is specialised on: comptime arguments by name, and for each tensor
@@ -165,9 +207,13 @@ pub trait KernelDef: Sync {
 }
 
 /// Why a [`Spec`] could not be made from defaults and overrides.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
     /// `-D name=..` names no comptime parameter of the kernel.
+    #[error(
+        "kernel `{kernel}` has no comptime parameter `{name}`; it has: {}",
+        list_or_none(known)
+    )]
     UnknownParam {
         /// The kernel.
         kernel: &'static str,
@@ -177,6 +223,7 @@ pub enum SpecError {
         known: Vec<&'static str>,
     },
     /// The text of an override does not parse as the parameter's type.
+    #[error("comptime parameter `{name}` is a {}, and `{text}` is not one", kind.name())]
     BadValue {
         /// The parameter.
         name: &'static str,
@@ -186,6 +233,7 @@ pub enum SpecError {
         text: String,
     },
     /// A comptime parameter has no default and no override.
+    #[error("comptime parameter `{name}: {}` has no default; give it with -D {name}=VALUE", kind.name())]
     Missing {
         /// The parameter.
         name: &'static str,
@@ -194,39 +242,14 @@ pub enum SpecError {
     },
 }
 
-impl fmt::Display for SpecError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SpecError::UnknownParam {
-                kernel,
-                name,
-                known,
-            } => write!(
-                f,
-                "kernel `{kernel}` has no comptime parameter `{name}`; it has: {}",
-                if known.is_empty() {
-                    "none".to_string()
-                } else {
-                    known.join(", ")
-                }
-            ),
-            SpecError::BadValue { name, kind, text } => {
-                write!(
-                    f,
-                    "comptime parameter `{name}` is a {}, and `{text}` is not one",
-                    kind.name()
-                )
-            }
-            SpecError::Missing { name, kind } => write!(
-                f,
-                "comptime parameter `{name}: {}` has no default; give it with -D {name}=VALUE",
-                kind.name()
-            ),
-        }
+/// `a, b, c`, or `none` for an empty list.
+fn list_or_none(names: &[&str]) -> String {
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(", ")
     }
 }
-
-impl std::error::Error for SpecError {}
 
 impl Spec {
     /// The spec the CLI and snapshot tests use: each comptime parameter's default, replaced by

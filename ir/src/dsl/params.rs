@@ -14,24 +14,7 @@ use super::value::Value;
 pub fn params_for(signature: &[ParamSig], spec: &Spec) -> Vec<Param> {
     signature
         .iter()
-        .map(|p| match p {
-            ParamSig::Tensor {
-                name,
-                dtype,
-                rank,
-                mutable,
-            } => Param::Tensor {
-                name: (*name).to_string(),
-                dtype: *dtype,
-                rank: *rank,
-                mutable: *mutable,
-                aligned16: spec.aligned16.get(*name).copied().unwrap_or(false),
-            },
-            ParamSig::Scalar { name, dtype } => Param::Scalar {
-                name: (*name).to_string(),
-                dtype: *dtype,
-            },
-        })
+        .map(|p| p.to_param(spec.aligned16.get(p.name()).copied().unwrap_or(false)))
         .collect()
 }
 

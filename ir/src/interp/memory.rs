@@ -138,7 +138,9 @@ fn check_tensor(t: &HostTensor, dtype: DType, rank: usize) -> Result<(), ArgProb
 pub(crate) fn is_aligned16(t: &HostTensor) -> bool {
     let size = t.dtype().size_bytes();
     let n = t.strides.len().saturating_sub(1);
-    t.strides[..n].iter().all(|s| (s * size).is_multiple_of(16))
+    t.strides[..n]
+        .iter()
+        .all(|s| s.checked_mul(size).is_some_and(|b| b.is_multiple_of(16)))
 }
 
 /// Where a tile's elements live in a tensor's storage.
