@@ -4,7 +4,9 @@
 //! one stage ring and longer than several wraps, every input distribution, outputs poisoned
 //! with NaN before each run, 16-byte-aligned inputs with padded rows (the TMA path; the test
 //! checks the compiled module really takes tensor maps), and a view that is not 16-byte
-//! aligned (the documented cp.async + mma.sync fallback under `.target sm_90a`).
+//! aligned (the documented cp.async + mma.sync fallback under `.target sm_90a`). A first test
+//! uses small random integers, for which the result is exact, and names the first wrong
+//! elements: a wrong descriptor, swizzle or box shows up as a pattern of coordinates.
 //! Skips itself without a driver ("skipped: no CUDA driver") or on a GPU that is not sm_90.
 
 mod gpu_common;
@@ -14,7 +16,7 @@ use std::collections::BTreeMap;
 use gpu_common::{device, upload_padded};
 use kiln_examples::gemm::gemm;
 use kiln_ir::dsl::{ComptimeValue, Spec};
-use kiln_ir::{DType, Target};
+use kiln_ir::{DType, HostTensor, Target};
 use kiln_runtime::{Device, DeviceTensor, KernelArg};
 use kiln_tests::check::{Case, assert_close, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
@@ -71,11 +73,10 @@ fn run_case(
     let b = tensor(rng, &[k, n], DType::Bf16, dist);
     let (da, db) = (dev.upload(&a).expect("upload"), upload_padded(dev, &b, pad));
     let c = output(dev, &[m, n]);
-    let comptime = tiles(bm, bn, bk);
     // The specialisation `launch` picks: bf16 rows are 16-byte aligned when their length
     // is a multiple of 8 (allocations are).
     let spec = Spec {
-        comptime: comptime.clone(),
+        comptime: tiles(bm, bn, bk),
         aligned16: [("a", k), ("b", n + pad), ("c", n)]
             .into_iter()
             .map(|(t, row)| (t.to_string(), row % 8 == 0))
@@ -87,19 +88,7 @@ fn run_case(
         expect_tma,
         "m={m} n={n} k={k} pad={pad}: TMA path expected {expect_tma}"
     );
-    let grid = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
-    dev.launch(
-        &gemm,
-        &comptime,
-        grid,
-        &[
-            KernelArg::Tensor(&da),
-            KernelArg::Tensor(&db),
-            KernelArg::Tensor(&c),
-        ],
-    )
-    .expect("launch");
-    dev.synchronize().expect("kernel ran");
+    launch(dev, (bm, bn, bk), m, n, [&da, &db, &c]);
     let got = c.download().expect("download");
     let case = Case {
         kernel: format!("gemm@sm_90a BM={bm} BN={bn} BK={bk}"),
@@ -113,6 +102,51 @@ fn run_case(
         &reference::gemm(&a, &b),
         tolerance(DType::Bf16),
     );
+}
+
+/// Launches the gemm on sm_90a through the typed-argument path.
+fn launch(dev: &Device, tile: (usize, usize, usize), m: usize, n: usize, ts: [&DeviceTensor; 3]) {
+    let grid = [m.div_ceil(tile.0) as u32, n.div_ceil(tile.1) as u32, 1];
+    let args = ts.map(KernelArg::Tensor);
+    dev.launch(&gemm, &tiles(tile.0, tile.1, tile.2), grid, &args)
+        .expect("launch");
+    dev.synchronize().expect("kernel ran");
+}
+
+#[test]
+fn gpu_sm90a_gemm_is_exact_on_small_integers() {
+    let Some(dev) = hopper() else { return };
+    let mut rng = Rng::from_env();
+    // Entries in {-2, .., 2}: every partial sum is an integer of magnitude at most
+    // 4 k <= 256, exact in f32 and in bf16.
+    let (m, n, k) = (256, 256, 64);
+    for tile in [
+        (128, 128, 32),
+        (128, 128, 64),
+        (128, 256, 64),
+        (128, 128, 16),
+    ] {
+        let a = HostTensor::from_fn(&[m, k], DType::Bf16, |_| rng.range(0, 5) as f64 - 2.0);
+        let b = HostTensor::from_fn(&[k, n], DType::Bf16, |_| rng.range(0, 5) as f64 - 2.0);
+        let (da, db) = (
+            dev.upload(&a).expect("upload"),
+            dev.upload(&b).expect("upload"),
+        );
+        let c = output(&dev, &[m, n]);
+        launch(&dev, tile, m, n, [&da, &db, &c]);
+        let got = c.download().expect("download").to_f64_vec();
+        let want = reference::gemm(&a, &b);
+        let wrong: Vec<String> = (0..m * n)
+            .filter(|&i| got[i] != want[i])
+            .take(8)
+            .map(|i| format!("({}, {}): got {} want {}", i / n, i % n, got[i], want[i]))
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "gemm@sm_90a tile {tile:?}, m={m} n={n} k={k}, seed {}: first wrong elements {wrong:?}",
+            rng.seed()
+        );
+    }
 }
 
 #[test]
