@@ -16,6 +16,10 @@
 //! still compile. Every shared buffer is then re-placed at 1024-byte alignment (the SW128 atom),
 //! and the barriers follow the buffers.
 //!
+//! The kernel gets a ring only when exactly one loop qualifies and every shared buffer is
+//! one of its stages: the producer warpgroup exits after the ring, so no later code may
+//! synchronise the whole block.
+//!
 //! Per iteration the producer waits on `empty` (parity from 1), announces the stage's bytes on
 //! `full` and issues the boxes; the consumers wait on `full` (parity from 0), run the body's
 //! wgmmas, commit, keep one group in flight and release the previous iteration's stage.
@@ -46,7 +50,10 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             rings.insert(id, ring);
         }
     }
-    if rings.is_empty() {
+    // The producer warpgroup exits after its ring, so the kernel may have one ring and no
+    // other shared-memory tile (whose cp.async path synchronises all threads with bar.sync).
+    let ring_loads = rings.values().map(|r| r.loads.len()).sum::<usize>();
+    if rings.len() != 1 || ring_loads != kernel.schedule.buffers.len() {
         return Ok(());
     }
     // Re-place every buffer on the swizzle atom, ring loads at their stride.
