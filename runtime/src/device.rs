@@ -212,7 +212,7 @@ impl Device {
             aligned16,
         };
         let kernel = self.compile(def, &spec)?;
-        let maps = self.tensor_maps(&kernel, args)?;
+        let maps = self.tensor_maps(&kernel, def.signature(), args)?;
         launch_views(&kernel, def.signature(), grid, &views, &maps)
     }
 
@@ -222,6 +222,7 @@ impl Device {
     fn tensor_maps(
         &self,
         kernel: &LoadedKernel,
+        signature: &[ParamSig],
         args: &[KernelArg<'_>],
     ) -> Result<BTreeMap<usize, sys::CUtensorMap>, LaunchError> {
         let mut maps = BTreeMap::new();
@@ -250,7 +251,13 @@ impl Device {
                 swizzle,
                 L2Promotion::B256,
                 OobFill::Zero,
-            )?;
+            )
+            .map_err(|source| LaunchError::TensorMapArg {
+                param: signature
+                    .get(spec.param)
+                    .map_or_else(|| format!("#{}", spec.param), |p| p.name().to_string()),
+                source,
+            })?;
             maps.insert(spec.param, *map.as_raw());
         }
         Ok(maps)
@@ -268,7 +275,7 @@ impl Device {
         let views: Vec<ArgView<'_>> = args.iter().map(KernelArg::view).collect();
         check_grid(grid, self.grid_max)?;
         check_args(&kernel.ptx().entry, signature, &views, self.context_id())?;
-        let maps = self.tensor_maps(kernel, args)?;
+        let maps = self.tensor_maps(kernel, signature, args)?;
         launch_views(kernel, signature, grid, &views, &maps)
     }
 

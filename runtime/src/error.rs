@@ -214,6 +214,15 @@ pub enum LaunchError {
         /// The slot, as the entry declares it.
         slot: String,
     },
+    /// The TMA descriptor of a tensor argument of an sm_90a kernel could not be encoded.
+    #[error("argument `{param}`: {source}")]
+    TensorMapArg {
+        /// The parameter's name.
+        param: String,
+        /// Why (a rule of `cuTensorMapEncodeTiled`, or the driver's refusal).
+        #[source]
+        source: RuntimeError,
+    },
     /// Building the kernel's IR for this specialisation failed (at the user's source).
     #[error("{0}")]
     Build(#[from] Diagnostic),
