@@ -134,6 +134,10 @@ impl Writer<'_> {
             }
         };
         for s in 0..g.k / 16 {
+            // Halfway through K: the loop's deferred copies (`Writer::pipeline_iteration`).
+            if s == (g.k / 16).div_ceil(2) {
+                self.flush_prefetch()?;
+            }
             let mut a_frags = Vec::new();
             for mi in 0..mf {
                 let frag = match &mut a_src {
