@@ -168,10 +168,10 @@ impl Writer<'_> {
         ));
         // ptxas keeps every `ldmatrix` after a `cp.async` written before it (both touch shared
         // memory), so copies issued here put their address arithmetic between the barrier
-        // and the first mma of every warp at once. When one `mma` is the body's only
-        // compute (GEMM), it issues them between its k-steps instead, where the arithmetic
-        // overlaps tensor-core work; the stage written is still one every warp finished
-        // reading before the barrier above.
+        // and the first mma of every warp at once. When one `mma` is the body's only compute
+        // (GEMM), the copies are issued at the end of the body instead, after every ldmatrix
+        // of the tile; the stage written is still one every warp finished reading before
+        // the barrier above.
         if self.single_mma(p.iv) {
             self.pending_prefetch = Some((p.clone(), ahead));
         } else {
@@ -242,6 +242,7 @@ impl Writer<'_> {
     /// Issues and commits the copies of every prefetched load for the iteration whose
     /// induction variable is `at`, into `stage`.
     fn prefetch(&mut self, p: &Pipeline, at: Reg, stage: Reg) -> Result<(), CodegenError> {
+        let gemm = self.single_mma(p.iv);
         for (l, buf) in &p.loads {
             let mut memo = BTreeMap::new();
             let coords = self.k.ops[*l]
@@ -251,7 +252,7 @@ impl Writer<'_> {
                 .map(|c| self.remat(c, p.iv, at, &mut memo, *l))
                 .collect::<Result<Vec<_>, _>>()?;
             let base = self.stage_base(buf, stage);
-            self.issue_copy(*l, &coords, base, buf)?;
+            self.issue_copy(*l, &coords, base, buf, gemm)?;
         }
         self.ins("cp.async.commit_group");
         Ok(())

@@ -76,8 +76,8 @@ pub struct Writer<'k> {
     pub(crate) smem: Reg,
     /// Shared stage of each prefetched load in the iteration being written.
     pub(crate) stage_bases: BTreeMap<OpId, Reg>,
-    /// A pipelined loop's prefetch for this iteration not issued yet: the loop's only `mma`
-    /// issues it between its k-steps (see `Writer::pipeline_iteration`).
+    /// A pipelined loop's prefetch for this iteration not issued yet: it is issued at the end
+    /// of the body (see `Writer::pipeline_iteration`).
     pub(crate) pending_prefetch: Option<(crate::sync::Pipeline, Reg)>,
     /// For every value, the reachable ops reading it.
     pub(crate) uses: BTreeMap<ValueId, Vec<OpId>>,
