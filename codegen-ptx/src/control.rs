@@ -119,7 +119,7 @@ impl Writer<'_> {
             .map(|&y| self.k.ops[y].operands.clone())
             .unwrap_or_default();
         self.assign_all(&carried, &yields, id)?;
-        self.pipeline_advance(&pipeline);
+        self.pipeline_advance(&pipeline)?;
         self.ins(format!("add.s32 {iv}, {iv}, {step}"));
         self.ins(format!("setp.lt.s32 {p}, {iv}, {hi}"));
         self.ins(format!("@{p} bra {top}"));

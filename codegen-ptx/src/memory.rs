@@ -212,7 +212,7 @@ impl Writer<'_> {
                     let coords = self.coord_regs(id, op.operands.len())?;
                     // Every thread is done reading the previous contents.
                     self.ins("bar.sync 0");
-                    self.issue_copy(id, &coords, base, &buf)?;
+                    self.issue_copy(id, &coords, base, &buf, false)?;
                     self.ins("cp.async.commit_group");
                     self.ins("cp.async.wait_group 0");
                     self.ins("bar.sync 0");
@@ -271,7 +271,9 @@ impl Writer<'_> {
     }
 
     /// Issues the cp.async copies (or element copies) of load `id`'s tile at `coords` into
-    /// shared memory at `dst`. Does not commit.
+    /// shared memory at `dst`. Does not commit. `whole_chunks`: test at run time whether
+    /// the warp's chunks all lie inside the tensor's columns and, if so, copy without a
+    /// register src-size (GEMM mainloops: fewer instructions, a few more live registers).
     ///
     /// Thread `t` copies 16-byte chunk `t % cpr` of rows `t / cpr + q * (threads / cpr)`,
     /// so when `threads / cpr` is a multiple of 8 every copy of a thread shares one swizzled
@@ -282,6 +284,7 @@ impl Writer<'_> {
         coords: &[Reg],
         dst: Reg,
         buf: &SmemBuffer,
+        whole_chunks: bool,
     ) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
         let OpKind::Load { tensor, shape } = op.kind else {
@@ -325,9 +328,9 @@ impl Writer<'_> {
         let (grow, gcol) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
         self.ins(format!("add.s32 {grow}, {}, {row}", o.coords[0]));
         self.ins(format!("mad.lo.s32 {gcol}, {cc}, {epc}, {}", o.coords[1]));
-        // Only the column part of the address is shared by a thread's chunks: a per-chunk
-        // `q * row step` (or a hoisted step) would be loop-invariant, and ptxas would keep
-        // it in registers across the main loop.
+        // Elsewhere only the column part of the address is shared by a thread's chunks: a
+        // per-chunk `q * row step` (or a hoisted step) would be loop-invariant, and ptxas
+        // would keep it in registers across the main loop.
         let colbase = self.element_addr(&o, None, gcol);
         let stride = o
             .row_stride
@@ -342,28 +345,78 @@ impl Writer<'_> {
         } else {
             None
         };
+        // In a GEMM mainloop the chunks' addresses are one 64-bit add apart (the step is
+        // loop-invariant: two more registers, which attention cannot spare).
+        let row_step = whole_chunks.then(|| {
+            let step = self.new_reg(Class::B64);
+            self.ins(format!("mul.lo.s64 {step}, {stride}, {}", rstep * o.esize));
+            step
+        });
+        let mut prev: Option<Reg> = None;
+        let mut chunks = Vec::new();
         for q in 0..total / threads {
             let r = self.new_reg(Class::B32);
             self.ins(format!("add.s32 {r}, {grow}, {}", q * rstep));
             let row_ok = self.in_bounds(r, o.dims[0], o.outer_ok);
-            let (r64, g) = (self.new_reg(Class::B64), self.new_reg(Class::B64));
-            self.ins(format!("cvt.s64.s32 {r64}, {r}"));
-            self.ins(format!("mul.lo.s64 {r64}, {r64}, {stride}"));
-            self.ins(format!("mad.lo.s64 {g}, {r64}, {}, {colbase}", o.esize));
+            let g = match (prev, row_step) {
+                (Some(p), Some(step)) => {
+                    let g = self.new_reg(Class::B64);
+                    self.ins(format!("add.s64 {g}, {p}, {step}"));
+                    g
+                }
+                _ => {
+                    let (r64, g) = (self.new_reg(Class::B64), self.new_reg(Class::B64));
+                    self.ins(format!("cvt.s64.s32 {r64}, {r}"));
+                    self.ins(format!("mul.lo.s64 {r64}, {r64}, {stride}"));
+                    self.ins(format!("mad.lo.s64 {g}, {r64}, {}, {colbase}", o.esize));
+                    g
+                }
+            };
+            prev = Some(g);
             let soff = q * rstep * buf.row_bytes;
             match col_bytes {
-                Some(cb) => {
-                    let bytes = self.new_reg(Class::B32);
-                    self.ins(format!("selp.b32 {bytes}, {cb}, 0, {row_ok}"));
-                    // With src-size 0 nothing is read, so the address may be past the end.
-                    self.ins(format!(
-                        "cp.async.cg.shared.global [{saddr}+{soff}], [{g}], 16, {bytes}"
-                    ));
-                }
+                Some(_) if whole_chunks => chunks.push((g, row_ok, soff)),
+                Some(cb) => self.copy_sized(cb, row_ok, saddr, soff, g),
                 None => self.copy_elements(&o, dtype, row_ok, gcol, g, saddr, soff),
             }
         }
+        let (Some(cb), true) = (col_bytes, whole_chunks) else {
+            return Ok(());
+        };
+        // A register src-size costs ptxas about five instructions per copy. When every lane
+        // of the warp copies whole chunks (all but the K-tail tile), a row outside the tensor
+        // only needs the `ignore-src` predicate (zero fill, nothing read).
+        let (whole, all_whole) = (self.new_reg(Class::Pred), self.new_reg(Class::Pred));
+        let (partial, done) = (self.new_label(), self.new_label());
+        self.ins(format!("setp.eq.s32 {whole}, {cb}, 16"));
+        self.ins(format!(
+            "vote.sync.all.pred {all_whole}, {whole}, 0xffffffff"
+        ));
+        self.ins(format!("@!{all_whole} bra {partial}"));
+        for &(g, row_ok, soff) in &chunks {
+            let skip = self.new_reg(Class::Pred);
+            self.ins(format!("not.pred {skip}, {row_ok}"));
+            self.ins(format!(
+                "cp.async.cg.shared.global [{saddr}+{soff}], [{g}], 16, {skip}"
+            ));
+        }
+        self.ins(format!("bra.uni {done}"));
+        self.label(&partial);
+        for (g, row_ok, soff) in chunks {
+            self.copy_sized(cb, row_ok, saddr, soff, g);
+        }
+        self.label(&done);
         Ok(())
+    }
+
+    /// One 16-byte cp.async of `bytes` bytes (zero-filled), none when `row_ok` is false.
+    fn copy_sized(&mut self, bytes: Reg, row_ok: Reg, saddr: Reg, soff: u32, g: Reg) {
+        let n = self.new_reg(Class::B32);
+        self.ins(format!("selp.b32 {n}, {bytes}, 0, {row_ok}"));
+        // With src-size 0 nothing is read, so the address may be past the end.
+        self.ins(format!(
+            "cp.async.cg.shared.global [{saddr}+{soff}], [{g}], 16, {n}"
+        ));
     }
 
     /// The copy of a tile whose chunks do not divide evenly among the threads.

@@ -40,6 +40,9 @@ struct Lanes {
     keyed: Vec<(u32, Reg)>,
 }
 
+/// One k-step's fragments: A per m-fragment, B per pair of n-fragments.
+type StepFragments = (Vec<[Reg; 4]>, Vec<[Reg; 4]>);
+
 /// Per-warp geometry of one mma.
 struct Geometry {
     /// Warp grid.
@@ -133,19 +136,47 @@ impl Writer<'_> {
                 return Err(self.unsupported(id, "a register-resident mma B operand"));
             }
         };
+        // A GEMM mainloop (its loop's prefetch is deferred to the end of the body) reads every
+        // fragment of the tile before its first mma: ptxas then keeps them in distinct
+        // registers and overlaps the ldmatrix latency, instead of reusing one register per
+        // B quad and waiting on each ldmatrix.
+        let upfront = self.pending_prefetch.is_some() && a_src.is_some();
+        let mut pre: Vec<StepFragments> = Vec::new();
         for s in 0..g.k / 16 {
-            let mut a_frags = Vec::new();
-            for mi in 0..mf {
-                let frag = match &mut a_src {
-                    Some(src) => self.ldmatrix(src, mi * 16, 2 * s),
-                    None => self.a_from_registers(id, &a_val, a, &g, mi, s)?,
-                };
-                a_frags.push(frag);
+            if upfront && s == 0 {
+                for t in 0..g.k / 16 {
+                    let mut a_frags = Vec::new();
+                    for mi in 0..mf {
+                        let frag = match &mut a_src {
+                            Some(src) => self.ldmatrix(src, mi * 16, 2 * t),
+                            None => self.a_from_registers(id, &a_val, a, &g, mi, t)?,
+                        };
+                        a_frags.push(frag);
+                    }
+                    let b_quads = (0..nf.div_ceil(2))
+                        .map(|np| self.b_quad(&mut b_src, np, t))
+                        .collect();
+                    pre.push((a_frags, b_quads));
+                }
             }
+            let a_frags = match pre.get(s as usize) {
+                Some((a_frags, _)) => a_frags.clone(),
+                None => {
+                    let mut a_frags = Vec::new();
+                    for mi in 0..mf {
+                        let frag = match &mut a_src {
+                            Some(src) => self.ldmatrix(src, mi * 16, 2 * s),
+                            None => self.a_from_registers(id, &a_val, a, &g, mi, s)?,
+                        };
+                        a_frags.push(frag);
+                    }
+                    a_frags
+                }
+            };
             for np in 0..nf.div_ceil(2) {
-                let bq = match b_src.which {
-                    Operand::BRows => self.ldmatrix(&mut b_src, np * 16, 2 * s),
-                    Operand::A | Operand::BCols => self.ldmatrix(&mut b_src, 16 * s, 2 * np),
+                let bq = match pre.get(s as usize) {
+                    Some((_, b_quads)) => b_quads[np as usize],
+                    None => self.b_quad(&mut b_src, np, s),
                 };
                 for half in 0..2u32.min(nf - 2 * np) {
                     let ni = 2 * np + half;
@@ -267,6 +298,14 @@ impl Writer<'_> {
             out[i] = p;
         }
         Ok(out)
+    }
+
+    /// The B quad `np` (n-fragments `2 np` and `2 np + 1`) of k-step `s`.
+    fn b_quad(&mut self, b_src: &mut Lanes, np: u32, s: u32) -> [Reg; 4] {
+        match b_src.which {
+            Operand::BRows => self.ldmatrix(b_src, np * 16, 2 * s),
+            Operand::A | Operand::BCols => self.ldmatrix(b_src, 16 * s, 2 * np),
+        }
     }
 
     /// `ldmatrix.x4` of the fragment at `(row_imm, chunk_imm)`: a per-lane address computed

@@ -166,7 +166,17 @@ impl Writer<'_> {
             "mad.lo.s32 {ahead}, {step}, {}, {iv}",
             p.stages - 1
         ));
-        self.prefetch(p, ahead, p.write)?;
+        // ptxas keeps every `ldmatrix` after a `cp.async` written before it (both touch shared
+        // memory), so copies issued here put their address arithmetic between the barrier
+        // and the first mma of every warp at once. When one `mma` is the body's only compute
+        // (GEMM), the copies are issued at the end of the body instead, after every ldmatrix
+        // of the tile; the stage written is still one every warp finished reading before
+        // the barrier above.
+        if self.single_mma(p.iv) {
+            self.pending_prefetch = Some((p.clone(), ahead));
+        } else {
+            self.prefetch(p, ahead, p.write)?;
+        }
         for (l, buf) in &p.loads {
             let base = self.stage_base(buf, p.read);
             self.stage_bases.insert(*l, base);
@@ -174,15 +184,40 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// At the bottom of an iteration: rotates the ring.
-    pub(crate) fn pipeline_advance(&mut self, p: &Option<Pipeline>) {
-        let Some(p) = p else { return };
+    /// Issues the iteration's deferred prefetch, if one is pending.
+    pub(crate) fn flush_prefetch(&mut self) -> Result<(), CodegenError> {
+        match self.pending_prefetch.take() {
+            Some((p, ahead)) => self.prefetch(&p, ahead, p.write),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the body of the loop with induction variable `iv` holds exactly one `mma`,
+    /// at its top level.
+    fn single_mma(&self, iv: ValueId) -> bool {
+        let ValueDef::BlockArg { op: for_id, .. } = self.k.values[iv].def else {
+            return false;
+        };
+        let body = &self.k.ops[for_id].regions[0];
+        let mmas = |ops: &[OpId]| {
+            ops.iter()
+                .filter(|&&o| self.k.ops[o].kind == OpKind::Mma)
+                .count()
+        };
+        mmas(&body.ops) == 1 && body.ops.iter().all(|&o| self.k.ops[o].regions.is_empty())
+    }
+
+    /// At the bottom of an iteration: issues a prefetch still pending, then rotates the ring.
+    pub(crate) fn pipeline_advance(&mut self, p: &Option<Pipeline>) -> Result<(), CodegenError> {
+        self.flush_prefetch()?;
+        let Some(p) = p else { return Ok(()) };
         for r in [p.read, p.write] {
             let wrap = self.new_reg(Class::Pred);
             self.ins(format!("add.s32 {r}, {r}, 1"));
             self.ins(format!("setp.eq.s32 {wrap}, {r}, {}", p.stages));
             self.ins(format!("selp.b32 {r}, 0, {r}, {wrap}"));
         }
+        Ok(())
     }
 
     /// After the loop: drains the copies still in flight.
@@ -207,6 +242,7 @@ impl Writer<'_> {
     /// Issues and commits the copies of every prefetched load for the iteration whose
     /// induction variable is `at`, into `stage`.
     fn prefetch(&mut self, p: &Pipeline, at: Reg, stage: Reg) -> Result<(), CodegenError> {
+        let gemm = self.single_mma(p.iv);
         for (l, buf) in &p.loads {
             let mut memo = BTreeMap::new();
             let coords = self.k.ops[*l]
@@ -216,10 +252,31 @@ impl Writer<'_> {
                 .map(|c| self.remat(c, p.iv, at, &mut memo, *l))
                 .collect::<Result<Vec<_>, _>>()?;
             let base = self.stage_base(buf, stage);
-            self.issue_copy(*l, &coords, base, buf)?;
+            self.issue_copy(*l, &coords, base, buf, gemm)?;
         }
         self.ins("cp.async.commit_group");
         Ok(())
+    }
+
+    /// Whether `v` is an elementwise result inside the loop whose induction variable is `iv`.
+    fn computed_in_loop(&self, v: ValueId, iv: ValueId) -> bool {
+        let (ValueDef::Op(def, _), ValueDef::BlockArg { op: for_id, .. }) =
+            (self.k.values[v].def, self.k.values[iv].def)
+        else {
+            return false;
+        };
+        let elementwise = matches!(
+            self.k.ops[def].kind,
+            OpKind::Unary(_) | OpKind::Binary(_) | OpKind::Select | OpKind::Cast { .. }
+        );
+        let mut at = def;
+        while let Some(&(Some(owner), _)) = self.parents.get(&at) {
+            if owner == for_id {
+                return elementwise;
+            }
+            at = owner;
+        }
+        false
     }
 
     /// Recomputes scalar `v` of the loop body with the induction variable `iv` set to `at`.
@@ -237,7 +294,12 @@ impl Writer<'_> {
         if let Some(&r) = memo.get(&v) {
             return Ok(r);
         }
-        if let Some(Val::Scalar(r)) = self.vals.get(&v) {
+        // The body's own value of `v` is for the current iteration, not `at`: reuse a written
+        // value only when it cannot depend on the induction variable (a prefetch deferred into
+        // the body runs after the body wrote its coordinates).
+        if let Some(Val::Scalar(r)) = self.vals.get(&v)
+            && !self.computed_in_loop(v, iv)
+        {
             return Ok(*r);
         }
         let ValueDef::Op(def, _) = self.k.values[v].def else {
@@ -260,12 +322,16 @@ impl Writer<'_> {
             _ => {
                 // A leaf (constant, block id, parameter): write it, then forget it so the body
                 // writes its own copy where it dominates every use.
+                let body_copy = self.vals.remove(&v);
                 self.write_op_pub(def)?;
-
-                match self.vals.remove(&v) {
+                let r = match self.vals.remove(&v) {
                     Some(Val::Scalar(r)) => r,
                     _ => return Err(self.internal(load, "a prefetch coordinate is not a scalar")),
+                };
+                if let Some(b) = body_copy {
+                    self.vals.insert(v, b);
                 }
+                r
             }
         };
         memo.insert(v, reg);

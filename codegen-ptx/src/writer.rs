@@ -76,6 +76,9 @@ pub struct Writer<'k> {
     pub(crate) smem: Reg,
     /// Shared stage of each prefetched load in the iteration being written.
     pub(crate) stage_bases: BTreeMap<OpId, Reg>,
+    /// A pipelined loop's prefetch for this iteration not issued yet: it is issued at the end
+    /// of the body (see `Writer::pipeline_iteration`).
+    pub(crate) pending_prefetch: Option<(crate::sync::Pipeline, Reg)>,
     /// For every value, the reachable ops reading it.
     pub(crate) uses: BTreeMap<ValueId, Vec<OpId>>,
     /// For every reachable op, the op owning its block and the region index (`None` at the
@@ -105,6 +108,7 @@ impl<'k> Writer<'k> {
             tid,
             smem,
             stage_bases: BTreeMap::new(),
+            pending_prefetch: None,
             uses: uses(k, &k.body),
             parents: parents(k, &k.body, (None, 0)),
             tmaps: BTreeMap::new(),

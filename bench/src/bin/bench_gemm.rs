@@ -56,14 +56,21 @@ fn run() -> Result<bool, BenchError> {
     let device = kernels::device(&args)?;
     let gemm = kernels::find("gemm")?;
     let cublas = Cublas::new(&device)?;
-    let comptime = kernels::comptime(gemm, &[])?;
+    // `KILN_GEMM_D="BN=256,BK=64"` times a tile variant without rebuilding.
+    let variant = std::env::var("KILN_GEMM_D").unwrap_or_default();
+    let overrides: Vec<(&str, String)> = variant
+        .split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.trim(), v.trim().to_string()))
+        .collect();
+    let comptime = kernels::comptime(gemm, &overrides)?;
     let tile = |name: &str| match comptime.get(name) {
         Some(ComptimeValue::Usize(v)) => *v,
         _ => 128,
     };
     let (bm, bn) = (tile("BM"), tile("BN"));
     eprintln!(
-        "{} ({}), kiln target {}, tiles {bm}x{bn}",
+        "{} ({}), kiln target {}, comptime {comptime:?}",
         device.name(),
         kiln_bench::report::COMMIT,
         device.target()

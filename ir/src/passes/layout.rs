@@ -29,6 +29,28 @@ use super::walk::{defining_op, ops_in_order, uses};
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     let order = ops_in_order(kernel);
     let uses = uses(kernel);
+    let all_aligned = kernel.params.iter().all(|p| match p {
+        crate::kernel::Param::Tensor { aligned16, .. } => *aligned16,
+        crate::kernel::Param::Scalar { .. } => true,
+    });
+    // The warp count a kernel declares is its sm_80 schedule (mma.sync warp grid). On sm_90a
+    // with every tensor TMA-able, wgmma fixes it instead: 16 accumulator rows per warp, 64 per
+    // warpgroup, so the mma's rows decide how many consumer warps there are.
+    if target == Target::Sm90a && all_aligned {
+        let mma_rows = order
+            .iter()
+            .filter(|&&id| kernel.ops[id].kind == OpKind::Mma)
+            .filter_map(|&id| {
+                kernel
+                    .ty(kernel.ops[id].results[0])
+                    .shape()
+                    .map(Shape::rows)
+            })
+            .max();
+        if let Some(rows) = mma_rows.filter(|r| r % 64 == 0) {
+            kernel.options.num_warps = (rows / 16) as u32;
+        }
+    }
     let warps = kernel.options.num_warps;
     let mut reduce_dims = [false; 2];
     let mut register_a = false;
@@ -49,10 +71,6 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         }
     }
     let rows_per_warp = register_a || reduce_dims[1];
-    let all_aligned = kernel.params.iter().all(|p| match p {
-        crate::kernel::Param::Tensor { aligned16, .. } => *aligned16,
-        crate::kernel::Param::Scalar { .. } => true,
-    });
     let mut layouts: BTreeMap<ValueId, Layout> = BTreeMap::new();
 
     // Shared-memory operands.

@@ -2,9 +2,9 @@
 //! [`Ring`] with `full`/`empty` mbarrier arrays and the producer and consumer programs
 //! (see [`crate::ring`]).
 //!
-//! In a kernel of 8 warps (two consumer warpgroups), a top-level `for` with `stages >= 2`
-//! becomes a ring when its body holds exactly one
-//! accumulating `mma(x, y, acc)` whose operands are tiles loaded in the body, staged in shared
+//! In a kernel whose mma tile has 128 rows (two consumer warpgroups of 4 warps, the count the
+//! layout pass sets on sm_90a), a top-level `for` with `stages >= 2` becomes a ring when its
+//! body holds exactly one accumulating `mma(x, y, acc)` whose operands are tiles loaded in the body, staged in shared
 //! memory, from rank-2 `aligned16` tensors with coordinates computable for any iteration, and
 //! whose shapes wgmma takes: `x` is `[64 * warpgroups, BK]` (K-major, one TMA box per 64
 //! columns, swizzled by the box row's bytes), `y` is `[BK, BN]` (MN-major, one 128-B-swizzled
@@ -295,9 +295,9 @@ pub fn check_covered(kernel: &Kernel) -> Result<(), Diagnostic> {
              of two TMA-loaded tiles in a top-level pipelined loop is scheduled",
         )
         .note(
-            "sm_90a needs num_warps = 8, `x: [128, BK]`, BK a multiple of 16 (16, 32 or a \
-             multiple of 64), `y: [BK, BN]` with BN a multiple of 64 up to 256, and tile \
-             column coordinates that are multiples of 8 elements",
+            "sm_90a needs `x: [128, BK]` (two consumer warpgroups), BK a multiple of 16 (16, \
+             32 or a multiple of 64), `y: [BK, BN]` with BN a multiple of 64 up to 256, and \
+             tile column coordinates that are multiples of 8 elements",
         )
         .note("compile for sm_80, which runs on Hopper")),
     }

@@ -41,7 +41,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 roles.consumer_warps, roles.consumer_regs, roles.producer_regs
             ),
         )
-        .note("use num_warps = 8 on sm_90a"));
+        .note("use a 128-row mma tile (two consumer warpgroups) on sm_90a"));
     }
     kernel.schedule.roles = Some(roles);
     Ok(())
