@@ -1,6 +1,6 @@
 //! The benchmarks' command line: `--out PATH` (JSON results), `--iters N`, `--warmup N`,
 //! `--quick` (a reduced sweep for a smoke run), `--target sm_80|sm_90a|sm_100a` (default: the
-//! runtime's default, sm_80).
+//! runtime's default, sm_80), `--b-col-major` (gemm only: B stored column-major).
 
 use std::path::PathBuf;
 
@@ -19,12 +19,15 @@ pub struct Args {
     pub quick: bool,
     /// The target to compile kiln kernels for; `None` keeps the runtime's default.
     pub target: Option<Target>,
+    /// gemm: B stored column-major (`b: [N, K]`, the kernel's `b_col_major`).
+    pub b_col_major: bool,
 }
 
 /// A command-line error, with the usage line.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "{message}\nusage: {program} [--out PATH] [--iters N] [--warmup N] [--quick] [--target NAME]"
+    "{message}\nusage: {program} [--out PATH] [--iters N] [--warmup N] [--quick] [--target NAME] \
+     [--b-col-major]"
 )]
 pub struct ArgsError {
     program: String,
@@ -51,6 +54,7 @@ impl Args {
             warmup: 5,
             quick: false,
             target: None,
+            b_col_major: false,
         };
         let mut it = args.into_iter();
         while let Some(flag) = it.next() {
@@ -72,6 +76,7 @@ impl Args {
                     }
                 }
                 "--quick" => out.quick = true,
+                "--b-col-major" => out.b_col_major = true,
                 "--target" => {
                     let v = value("--target")?;
                     out.target = Some(v.parse().map_err(|e| err(format!("{e}")))?);
@@ -94,11 +99,22 @@ mod tests {
     #[test]
     fn parses_every_option() {
         let a = parse(&[
-            "--out", "r.json", "--iters", "7", "--warmup", "2", "--quick",
+            "--out",
+            "r.json",
+            "--iters",
+            "7",
+            "--warmup",
+            "2",
+            "--quick",
+            "--b-col-major",
         ])
         .expect("valid");
         assert_eq!(a.out, Some(PathBuf::from("r.json")));
-        assert_eq!((a.iters, a.warmup, a.quick), (7, 2, true));
+        assert_eq!(
+            (a.iters, a.warmup, a.quick, a.b_col_major),
+            (7, 2, true, true)
+        );
+        assert!(!parse(&[]).expect("defaults").b_col_major);
     }
 
     #[test]

@@ -27,28 +27,41 @@ impl Cublas {
         Ok(Cublas { blas })
     }
 
-    /// `c[M, N] = a[M, K] @ b[K, N]`, all contiguous row-major bf16 (asynchronous).
+    /// `c[M, N] = a[M, K] @ B`, all contiguous row-major bf16 (asynchronous), where `B` is
+    /// `b[K, N]`, or when `b_col_major` `b[N, K]` holding `B` column-major.
     ///
     /// cuBLAS is column-major: a row-major `[R, C]` matrix is its column-major transpose, so
-    /// this computes `c^T = b^T a^T` with no transposes and leading dimensions `N`, `K`, `N`.
+    /// this computes `c^T = B^T a^T` with leading dimensions `N` (or `K`), `K`, `N`: no
+    /// transposes for a row-major `b`; a column-major `b` is column-major `B` itself (`K x N`,
+    /// leading dimension `K`) and enters transposed.
     pub fn gemm_bf16(
         &self,
         a: &DeviceTensor,
         b: &DeviceTensor,
         c: &DeviceTensor,
+        b_col_major: bool,
     ) -> Result<(), BenchError> {
-        let shapes_ok = match (a.shape(), b.shape(), c.shape()) {
-            (&[m, k], &[k2, n], &[m2, n2]) => k == k2 && m == m2 && n == n2,
-            _ => false,
+        let (m, k, n) = match (a.shape(), c.shape()) {
+            (&[m, k], &[_, n]) => (m, k, n),
+            _ => (0, 0, 0),
         };
+        let b_want = if b_col_major { [n, k] } else { [k, n] };
+        let shapes_ok = a.shape().len() == 2 && c.shape() == [m, n] && b.shape() == b_want;
         if !shapes_ok || ![a, b, c].iter().all(|t| t.layout().is_contiguous()) {
             return Err(BenchError::Runtime(kiln_runtime::RuntimeError::Shape {
                 what: "cuBLAS gemm operands",
-                expected: "contiguous a[M,K], b[K,N], c[M,N]".into(),
+                expected: format!(
+                    "contiguous a[M,K], b{}, c[M,N]",
+                    if b_col_major { "[N,K]" } else { "[K,N]" }
+                ),
                 got: format!("a{:?} b{:?} c{:?}", a.shape(), b.shape(), c.shape()),
             }));
         }
-        let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+        let (b_op, ldb) = if b_col_major {
+            (sys::cublasOperation_t::CUBLAS_OP_T, k)
+        } else {
+            (sys::cublasOperation_t::CUBLAS_OP_N, n)
+        };
         let dim = |v: usize| v as i32;
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: the three buffers are live device allocations of the shapes checked above;
@@ -56,7 +69,7 @@ impl Cublas {
         unsafe {
             result::gemm_ex(
                 *self.blas.handle(),
-                sys::cublasOperation_t::CUBLAS_OP_N,
+                b_op,
                 sys::cublasOperation_t::CUBLAS_OP_N,
                 dim(n),
                 dim(m),
@@ -64,7 +77,7 @@ impl Cublas {
                 (&alpha as *const f32).cast(),
                 b.device_ptr() as *const _,
                 sys::cudaDataType::CUDA_R_16BF,
-                dim(n),
+                dim(ldb),
                 a.device_ptr() as *const _,
                 sys::cudaDataType::CUDA_R_16BF,
                 dim(k),

@@ -2,11 +2,14 @@
 
 use kiln::prelude::*;
 
-/// `c[M, N] = a[M, K] @ b[K, N]` for any `M`, `N`, `K`. Each block computes one `BM x BN`
+/// `c[M, N] = a[M, K] @ B` for any `M`, `N`, `K`, where `B` is `b[K, N]` (row-major), or,
+/// when `b_col_major`, `b[N, K]` holding `B` column-major (`B^T` row-major: each block loads
+/// `[BN, BK]` tiles and multiplies by their transpose). Each block computes one `BM x BN`
 /// tile of `c`, walking `K` in `BK` steps in a 3-stage pipelined loop; edge tiles load as
 /// zeros, so a `K` tail adds exact zeros.
 ///
-/// Grid: `(cdiv(M, BM), cdiv(N, BN), 1)`. Comptime: `BM = 128`, `BN = 128`, `BK = 64`.
+/// Grid: `(cdiv(M, BM), cdiv(N, BN), 1)`. Comptime: `BM = 128`, `BN = 128`, `BK = 64`,
+/// `b_col_major = false`.
 ///
 /// 4 warps, each a 64x64 sub-tile (fewer ldmatrix per mma than 8 warps of 64x32), at about
 /// 230 registers and 96 KiB of shared memory: two blocks per SM. H200, 4096^3: 352 TFLOP/s
@@ -19,14 +22,20 @@ pub fn gemm(
     #[comptime(default = 128)] BM: usize,
     #[comptime(default = 128)] BN: usize,
     #[comptime(default = 64)] BK: usize,
+    #[comptime(default = false)] b_col_major: bool,
 ) {
     let (mb, nb) = (block_id().x, block_id().y);
     let k = a.dim(1);
     let mut acc = zeros::<f32>([BM, BN]);
     for kb in pipelined(0..cdiv(k, BK), stages = 3) {
         let x = a.tile([BM, BK], [mb * BM, kb * BK]).load();
-        let y = b.tile([BK, BN], [kb * BK, nb * BN]).load();
-        acc = mma_acc(&x, &y, &acc);
+        acc = if b_col_major {
+            let y = b.tile([BN, BK], [nb * BN, kb * BK]).load();
+            mma_acc(&x, &y.t(), &acc)
+        } else {
+            let y = b.tile([BK, BN], [kb * BK, nb * BN]).load();
+            mma_acc(&x, &y, &acc)
+        };
     }
     c.tile([BM, BN], [mb * BM, nb * BN])
         .store(acc.cast::<bf16>());
@@ -39,7 +48,11 @@ mod tests {
 
     #[test]
     fn builds_for_defaults_and_variants() {
-        for overrides in [&[][..], &[("BM", "64"), ("BN", "64"), ("BK", "64")]] {
+        for overrides in [
+            &[][..],
+            &[("BM", "64"), ("BN", "64"), ("BK", "64")],
+            &[("b_col_major", "true")],
+        ] {
             let k = build(&gemm, overrides);
             assert_eq!(k.options.num_warps, 4);
             assert_eq!(loop_stages(&k), [Some(3)]);

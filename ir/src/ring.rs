@@ -81,6 +81,9 @@ pub enum InitStep {
     BarSync,
 }
 
+/// Bytes of the 128-byte swizzle atom (8 rows of 128 B): the alignment of every stage.
+pub const SWIZZLE_ATOM: u32 = 1024;
+
 /// One TMA box of a load: a sub-rectangle of the tile written at its own shared offset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TmaBox {
@@ -97,6 +100,9 @@ pub enum Operand {
     KMajorA,
     /// The B operand stored `[K, N]` (N contiguous): MN-major, `imm-trans-b = 1`.
     MnMajorB,
+    /// The B operand stored `[N, K]` (K contiguous; the body multiplies by the transposed
+    /// view `y.t()` of the loaded tile): K-major like A, `imm-trans-b = 0`.
+    KMajorB,
 }
 
 /// A tile loaded by TMA into a ring of stages.
@@ -121,6 +127,50 @@ pub struct TmaLoad {
 }
 
 impl TmaLoad {
+    /// A K-major tile of `rows x bk` elements (A, or B stored `[N, K]`): one box of
+    /// `chunk = min(bk, 64)` columns by `rows` rows per `chunk` columns of K, the boxes `rows *
+    /// chunk * 2` bytes apart, each swizzled by its row's bytes (`chunk * 2`: 128 for `bk >=
+    /// 64`, else 64 or 32, which `bk` of 32 or 16 give). `offset` is left 0 for the pass to
+    /// place.
+    pub fn k_major(load: OpId, param: usize, operand: Operand, rows: u32, bk: u32) -> TmaLoad {
+        let chunk = bk.min(64);
+        TmaLoad {
+            load,
+            param,
+            operand,
+            box_dims: [rows, chunk],
+            swizzle: chunk * 2,
+            boxes: (0..bk / chunk)
+                .map(|c| TmaBox {
+                    origin: [0, c * chunk],
+                    smem_offset: c * rows * chunk * 2,
+                })
+                .collect(),
+            offset: 0,
+            stage_stride: (rows * bk * 2).next_multiple_of(SWIZZLE_ATOM),
+        }
+    }
+
+    /// An MN-major B tile of `bk x bn` elements (stored `[K, N]`): one 128-B-swizzled box of
+    /// `bk` rows by 64 columns per 64 columns of N, `bk * 128` bytes apart.
+    pub fn mn_major_b(load: OpId, param: usize, bk: u32, bn: u32) -> TmaLoad {
+        TmaLoad {
+            load,
+            param,
+            operand: Operand::MnMajorB,
+            box_dims: [bk, 64],
+            swizzle: 128,
+            boxes: (0..bn / 64)
+                .map(|j| TmaBox {
+                    origin: [0, 64 * j],
+                    smem_offset: j * bk * 128,
+                })
+                .collect(),
+            offset: 0,
+            stage_stride: (bk * bn * 2).next_multiple_of(SWIZZLE_ATOM),
+        }
+    }
+
     /// Bytes of one box.
     pub fn box_bytes(&self) -> u32 {
         self.box_dims[0] * self.box_dims[1] * 2

@@ -43,6 +43,19 @@ pub fn gemm(a: &HostTensor, b: &HostTensor) -> Vec<f64> {
     out
 }
 
+/// `a @ bt^T` for `a: [m, k]`, `bt: [n, k]` (B stored column-major), giving `[m, n]`.
+pub fn gemm_bt(a: &HostTensor, bt: &HostTensor) -> Vec<f64> {
+    let (m, k, n) = (a.shape[0], a.shape[1], bt.shape[0]);
+    let (av, bv) = (a.to_f64_vec(), bt.to_f64_vec());
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[i * n + j] = (0..k).map(|kk| av[i * k + kk] * bv[j * k + kk]).sum();
+        }
+    }
+    out
+}
+
 /// Attention forward: `softmax(scale * q k^T) v` per batch and head, for `q: [b, h, sq, d]`,
 /// `k, v: [b, h, sk, d]`, giving `[b, h, sq, d]`. With `causal`, query `i` sees keys
 /// `j <= i + sk - sq` (bottom-right aligned, as FlashAttention-2); a row that sees no key

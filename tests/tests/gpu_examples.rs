@@ -104,27 +104,36 @@ fn gpu_softmax_matches_reference_and_interpreter() {
 fn gpu_gemm_matches_reference_and_interpreter() {
     let Some(dev) = device() else { return };
     let mut rng = Rng::from_env();
-    for (bm, bn, bk) in [(128usize, 128usize, 32usize), (64, 64, 64)] {
-        for (m, n, k) in [(128, 128, 32), (130, 70, 50), (257, 129, 100)] {
-            for dist in Dist::ALL {
-                let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
-                let b = tensor(&mut rng, &[k, n], DType::Bf16, dist);
-                let grid = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
-                // `a` contiguous, `b` with padded rows: both addressing paths.
-                let (da, db) = (dev.upload(&a).expect("upload"), upload_padded(&dev, &b, 8));
-                let c = output(&dev, DType::Bf16, &[m, n]);
-                gemm.launch(&dev, grid, bm, bn, bk, &da, &db, &c)
-                    .expect("launch");
-                let mut ci = poisoned(&[m, n], DType::Bf16);
-                gemm.interpret(grid, bm, bn, bk, &a, &b, &mut ci)
-                    .expect("interpret");
-                let case = Case {
-                    kernel: format!("gemm BM={bm} BN={bn} BK={bk}"),
-                    shape: format!("m={m} n={n} k={k}, b row stride {}", n + 8),
-                    dist,
-                    seed: rng.seed(),
-                };
-                check(case, DType::Bf16, &c, &reference::gemm(&a, &b), &ci);
+    for b_col_major in [false, true] {
+        for (bm, bn, bk) in [(128usize, 128usize, 32usize), (64, 64, 64)] {
+            for (m, n, k) in [(128, 128, 32), (130, 70, 50), (257, 129, 100)] {
+                for dist in Dist::ALL {
+                    let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
+                    // Column-major B is passed as `b^T: [n, k]`.
+                    let b_shape = if b_col_major { [n, k] } else { [k, n] };
+                    let b = tensor(&mut rng, &b_shape, DType::Bf16, dist);
+                    let grid = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
+                    // `a` contiguous, `b` with padded rows: both addressing paths.
+                    let (da, db) = (dev.upload(&a).expect("upload"), upload_padded(&dev, &b, 8));
+                    let c = output(&dev, DType::Bf16, &[m, n]);
+                    gemm.launch(&dev, grid, bm, bn, bk, b_col_major, &da, &db, &c)
+                        .expect("launch");
+                    let mut ci = poisoned(&[m, n], DType::Bf16);
+                    gemm.interpret(grid, bm, bn, bk, b_col_major, &a, &b, &mut ci)
+                        .expect("interpret");
+                    let case = Case {
+                        kernel: format!("gemm BM={bm} BN={bn} BK={bk} b_col_major={b_col_major}"),
+                        shape: format!("m={m} n={n} k={k}, b row stride {}", b_shape[1] + 8),
+                        dist,
+                        seed: rng.seed(),
+                    };
+                    let want = if b_col_major {
+                        reference::gemm_bt(&a, &b)
+                    } else {
+                        reference::gemm(&a, &b)
+                    };
+                    check(case, DType::Bf16, &c, &want, &ci);
+                }
             }
         }
     }
@@ -184,7 +193,7 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
 
     let f32_a = dev.alloc(DType::F32, &[m, k]).expect("alloc");
     let err = gemm
-        .launch(&dev, grid, 128, 128, 32, &f32_a, &b, &c)
+        .launch(&dev, grid, 128, 128, 32, false, &f32_a, &b, &c)
         .expect_err("dtype");
     assert!(
         matches!(
@@ -204,7 +213,7 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
 
     let rank3 = dev.alloc(DType::Bf16, &[1, k, n]).expect("alloc");
     let err = gemm
-        .launch(&dev, grid, 128, 128, 32, &a, &rank3, &c)
+        .launch(&dev, grid, 128, 128, 32, false, &a, &rank3, &c)
         .expect_err("rank");
     assert!(
         matches!(
@@ -225,7 +234,7 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
     let square = dev.alloc(DType::Bf16, &[n, m]).expect("alloc");
     let transposed = square.transpose(0, 1).expect("view");
     let err = gemm
-        .launch(&dev, grid, 128, 128, 32, &a, &b, &transposed)
+        .launch(&dev, grid, 128, 128, 32, false, &a, &b, &transposed)
         .expect_err("inner stride");
     assert!(
         matches!(
@@ -246,7 +255,7 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
     let short = dev.alloc(DType::Bf16, &[m - 1, n]).expect("alloc");
     let too_big = short.as_strided(&[m, n], &[n, 1], 0).expect("ranks agree");
     let err = gemm
-        .launch(&dev, grid, 128, 128, 32, &a, &b, &too_big)
+        .launch(&dev, grid, 128, 128, 32, false, &a, &b, &too_big)
         .expect_err("bounds");
     assert!(
         matches!(
@@ -267,7 +276,7 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
     );
 
     let err = gemm
-        .launch(&dev, [1, 0, 1], 128, 128, 32, &a, &b, &c)
+        .launch(&dev, [1, 0, 1], 128, 128, 32, false, &a, &b, &c)
         .expect_err("grid");
     assert!(
         matches!(
@@ -324,7 +333,7 @@ fn gpu_misaligned_views_get_their_own_specialisation() {
         let b = tensor(&mut rng, &[k, nn], DType::Bf16, dist);
         let (da, db) = (dev.upload(&a).expect("upload"), upload_padded(&dev, &b, 1));
         let c = output(&dev, DType::Bf16, &[m, nn]);
-        gemm.launch(&dev, [1, 1, 1], 128, 128, 32, &da, &db, &c)
+        gemm.launch(&dev, [1, 1, 1], 128, 128, 32, false, &da, &db, &c)
             .expect("launch");
         let case = Case {
             kernel: "gemm (b row stride 91)".into(),

@@ -1,5 +1,6 @@
 //! The DSL gemm compiled for sm_90a (TMA stage rings, warp specialisation, wgmma) on the GPU
-//! against the f64 reference: several shapes including non-multiples of the tile (TMA fills
+//! against the f64 reference, with B row-major (MN-major wgmma operand) and column-major
+//! (`b_col_major`: K-major, `imm-trans-b = 0`): several shapes including non-multiples of the tile (TMA fills
 //! the out-of-bounds parts of boxes with zeros, the epilogue masks its stores), K shorter than
 //! one stage ring and longer than several wraps, every input distribution, outputs poisoned
 //! with NaN before each run, 16-byte-aligned inputs with padded rows (the TMA path; the test
@@ -44,40 +45,61 @@ fn output(dev: &Device, shape: &[usize]) -> DeviceTensor {
     t
 }
 
-/// The comptime values of the gemm's tile shape.
-fn tiles(bm: usize, bn: usize, bk: usize) -> BTreeMap<String, ComptimeValue> {
+/// The comptime values of the gemm's tile shape and B layout.
+fn tiles(
+    (bm, bn, bk): (usize, usize, usize),
+    b_col_major: bool,
+) -> BTreeMap<String, ComptimeValue> {
     let spec = Spec::from_defaults(
         &gemm,
         &[
             ("BM".to_string(), bm.to_string()),
             ("BN".to_string(), bn.to_string()),
             ("BK".to_string(), bk.to_string()),
+            ("b_col_major".to_string(), b_col_major.to_string()),
         ],
     )
     .expect("tile values");
     spec.comptime
 }
 
-/// Runs `c = a @ b` on the GPU with `b`'s rows padded by `pad` elements and checks it.
+/// The stored shape of `b`: `[k, n]`, or `[n, k]` holding B column-major.
+fn b_shape(b_col_major: bool, k: usize, n: usize) -> [usize; 2] {
+    if b_col_major { [n, k] } else { [k, n] }
+}
+
+/// The f64 reference of `a @ B` for `b` stored as [`b_shape`] says.
+fn want(a: &HostTensor, b: &HostTensor, b_col_major: bool) -> Vec<f64> {
+    if b_col_major {
+        reference::gemm_bt(a, b)
+    } else {
+        reference::gemm(a, b)
+    }
+}
+
+/// Runs `c = a @ B` on the GPU with `b`'s rows padded by `pad` elements and checks it.
 #[allow(clippy::too_many_arguments)]
 fn run_case(
     dev: &Device,
     rng: &mut Rng,
-    (bm, bn, bk): (usize, usize, usize),
+    tile: (usize, usize, usize),
+    b_col_major: bool,
     (m, n, k): (usize, usize, usize),
     pad: usize,
     dist: Dist,
     expect_tma: bool,
 ) {
+    let (bm, bn, bk) = tile;
     let a = tensor(rng, &[m, k], DType::Bf16, dist);
-    let b = tensor(rng, &[k, n], DType::Bf16, dist);
+    let b_dims = b_shape(b_col_major, k, n);
+    let b = tensor(rng, &b_dims, DType::Bf16, dist);
     let (da, db) = (dev.upload(&a).expect("upload"), upload_padded(dev, &b, pad));
     let c = output(dev, &[m, n]);
     // The specialisation `launch` picks: bf16 rows are 16-byte aligned when their length
     // is a multiple of 8 (allocations are).
     let spec = Spec {
-        comptime: tiles(bm, bn, bk),
-        aligned16: [("a", k), ("b", n + pad), ("c", n)]
+        comptime: tiles(tile, b_col_major),
+        aligned16: [("a", k), ("b", b_dims[1] + pad), ("c", n)]
             .into_iter()
             .map(|(t, row)| (t.to_string(), row % 8 == 0))
             .collect(),
@@ -88,27 +110,34 @@ fn run_case(
         expect_tma,
         "m={m} n={n} k={k} pad={pad}: TMA path expected {expect_tma}"
     );
-    launch(dev, (bm, bn, bk), m, n, [&da, &db, &c]);
+    launch(dev, tile, b_col_major, m, n, [&da, &db, &c]);
     let got = c.download().expect("download");
     let case = Case {
-        kernel: format!("gemm@sm_90a BM={bm} BN={bn} BK={bk}"),
-        shape: format!("m={m} n={n} k={k}, b row stride {}", n + pad),
+        kernel: format!("gemm@sm_90a BM={bm} BN={bn} BK={bk} b_col_major={b_col_major}"),
+        shape: format!("m={m} n={n} k={k}, b row stride {}", b_dims[1] + pad),
         dist,
         seed: rng.seed(),
     };
     assert_close(
         &case,
         &got,
-        &reference::gemm(&a, &b),
+        &want(&a, &b, b_col_major),
         tolerance(DType::Bf16),
     );
 }
 
 /// Launches the gemm on sm_90a through the typed-argument path.
-fn launch(dev: &Device, tile: (usize, usize, usize), m: usize, n: usize, ts: [&DeviceTensor; 3]) {
+fn launch(
+    dev: &Device,
+    tile: (usize, usize, usize),
+    b_col_major: bool,
+    m: usize,
+    n: usize,
+    ts: [&DeviceTensor; 3],
+) {
     let grid = [m.div_ceil(tile.0) as u32, n.div_ceil(tile.1) as u32, 1];
     let args = ts.map(KernelArg::Tensor);
-    dev.launch(&gemm, &tiles(tile.0, tile.1, tile.2), grid, &args)
+    dev.launch(&gemm, &tiles(tile, b_col_major), grid, &args)
         .expect("launch");
     dev.synchronize().expect("kernel ran");
 }
@@ -120,22 +149,28 @@ fn gpu_sm90a_gemm_is_exact_on_small_integers() {
     // Entries in {-2, .., 2}: every partial sum is an integer of magnitude at most
     // 4 k <= 256, exact in f32 and in bf16.
     let (m, n, k) = (256, 256, 64);
-    for tile in [
-        (128, 128, 32),
-        (128, 128, 64),
-        (128, 256, 64),
-        (128, 128, 16),
+    for (tile, b_col_major) in [
+        ((128, 128, 32), false),
+        ((128, 128, 64), false),
+        ((128, 256, 64), false),
+        ((128, 128, 16), false),
+        ((128, 128, 64), true),
+        ((128, 256, 64), true),
+        ((128, 128, 32), true),
+        ((128, 128, 16), true),
     ] {
         let a = HostTensor::from_fn(&[m, k], DType::Bf16, |_| rng.range(0, 5) as f64 - 2.0);
-        let b = HostTensor::from_fn(&[k, n], DType::Bf16, |_| rng.range(0, 5) as f64 - 2.0);
+        let b = HostTensor::from_fn(&b_shape(b_col_major, k, n), DType::Bf16, |_| {
+            rng.range(0, 5) as f64 - 2.0
+        });
         let (da, db) = (
             dev.upload(&a).expect("upload"),
             dev.upload(&b).expect("upload"),
         );
         let c = output(&dev, &[m, n]);
-        launch(&dev, tile, m, n, [&da, &db, &c]);
+        launch(&dev, tile, b_col_major, m, n, [&da, &db, &c]);
         let got = c.download().expect("download").to_f64_vec();
-        let want = reference::gemm(&a, &b);
+        let want = want(&a, &b, b_col_major);
         let wrong: Vec<String> = (0..m * n)
             .filter(|&i| got[i] != want[i])
             .take(8)
@@ -143,7 +178,8 @@ fn gpu_sm90a_gemm_is_exact_on_small_integers() {
             .collect();
         assert!(
             wrong.is_empty(),
-            "gemm@sm_90a tile {tile:?}, m={m} n={n} k={k}, seed {}: first wrong elements {wrong:?}",
+            "gemm@sm_90a tile {tile:?} b_col_major={b_col_major}, m={m} n={n} k={k}, seed {}: \
+             first wrong elements {wrong:?}",
             rng.seed()
         );
     }
@@ -163,10 +199,12 @@ fn gpu_sm90a_gemm_matches_reference() {
         (384, 256, 1000),
         (512, 384, 1024),
     ];
-    for tile in [(128, 128, 32), (128, 128, 64), (128, 256, 64)] {
-        for shape in shapes {
-            for dist in Dist::ALL {
-                run_case(&dev, &mut rng, tile, shape, 8, dist, true);
+    for b_col_major in [false, true] {
+        for tile in [(128, 128, 32), (128, 128, 64), (128, 256, 64)] {
+            for shape in shapes {
+                for dist in Dist::ALL {
+                    run_case(&dev, &mut rng, tile, b_col_major, shape, 8, dist, true);
+                }
             }
         }
     }
@@ -176,15 +214,18 @@ fn gpu_sm90a_gemm_matches_reference() {
 fn gpu_sm90a_unaligned_gemm_falls_back_to_cp_async() {
     let Some(dev) = hopper() else { return };
     let mut rng = Rng::from_env();
-    for shape in [(130, 70, 50), (128, 128, 64)] {
-        run_case(
-            &dev,
-            &mut rng,
-            (128, 128, 32),
-            shape,
-            1,
-            Dist::Normal,
-            false,
-        );
+    for b_col_major in [false, true] {
+        for shape in [(130, 70, 50), (128, 128, 64)] {
+            run_case(
+                &dev,
+                &mut rng,
+                (128, 128, 32),
+                b_col_major,
+                shape,
+                1,
+                Dist::Normal,
+                false,
+            );
+        }
     }
 }

@@ -90,43 +90,62 @@ fn softmax_matches_reference() {
 fn gemm_matches_reference() {
     let def = &kiln_examples::gemm::gemm;
     let mut rng = Rng::from_env();
-    for (bm, bn, bk) in [(128, 128, 32), (64, 64, 64)] {
-        let ct = comptime_map(&[
-            ("BM", ComptimeValue::Usize(bm)),
-            ("BN", ComptimeValue::Usize(bn)),
-            ("BK", ComptimeValue::Usize(bk)),
-        ]);
-        for (m, n, k) in [(130, 70, 50), (1, 1, 1), (128, 128, 64), (65, 200, 97)] {
-            for dist in Dist::ALL {
-                let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
-                // Normal inputs read `a` through padded rows (strides not 16-byte aligned).
-                let a = if dist == Dist::Normal {
-                    with_row_padding(&a, 3)
-                } else {
-                    a
-                };
-                let b = tensor(&mut rng, &[k, n], DType::Bf16, dist);
-                let mut c = poisoned(&[m, n], DType::Bf16);
-                let mut args = [
-                    HostArg::Tensor(&a),
-                    HostArg::Tensor(&b),
-                    HostArg::TensorMut(&mut c),
-                ];
-                // Grid: (cdiv(M, BM), cdiv(N, BN), 1).
-                run_def(def, &ct, [cdiv(m, bm), cdiv(n, bn), 1], &mut args).unwrap();
-                let case = Case {
-                    kernel: format!("gemm<BM={bm},BN={bn},BK={bk}>"),
-                    shape: format!("m={m} n={n} k={k}"),
-                    dist,
-                    seed: rng.seed(),
-                };
-                assert_close(&case, &c, &reference::gemm(&a, &b), tolerance(DType::Bf16));
+    for b_col_major in [false, true] {
+        for (bm, bn, bk) in [(128, 128, 32), (64, 64, 64)] {
+            let ct = comptime_map(&[
+                ("BM", ComptimeValue::Usize(bm)),
+                ("BN", ComptimeValue::Usize(bn)),
+                ("BK", ComptimeValue::Usize(bk)),
+                ("b_col_major", ComptimeValue::Bool(b_col_major)),
+            ]);
+            for (m, n, k) in [(130, 70, 50), (1, 1, 1), (128, 128, 64), (65, 200, 97)] {
+                for dist in Dist::ALL {
+                    let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
+                    // Normal inputs read `a` through padded rows (strides not 16-byte aligned).
+                    let a = if dist == Dist::Normal {
+                        with_row_padding(&a, 3)
+                    } else {
+                        a
+                    };
+                    // Column-major B is passed as `b^T: [n, k]`.
+                    let (b_shape, b_pad) = if b_col_major {
+                        ([n, k], 5)
+                    } else {
+                        ([k, n], 0)
+                    };
+                    let b = tensor(&mut rng, &b_shape, DType::Bf16, dist);
+                    // Normal inputs read column-major `b` through padded rows too.
+                    let b = if dist == Dist::Normal && b_pad > 0 {
+                        with_row_padding(&b, b_pad)
+                    } else {
+                        b
+                    };
+                    let mut c = poisoned(&[m, n], DType::Bf16);
+                    let mut args = [
+                        HostArg::Tensor(&a),
+                        HostArg::Tensor(&b),
+                        HostArg::TensorMut(&mut c),
+                    ];
+                    // Grid: (cdiv(M, BM), cdiv(N, BN), 1).
+                    run_def(def, &ct, [cdiv(m, bm), cdiv(n, bn), 1], &mut args).unwrap();
+                    let case = Case {
+                        kernel: format!("gemm<BM={bm},BN={bn},BK={bk},b_col_major={b_col_major}>"),
+                        shape: format!("m={m} n={n} k={k}"),
+                        dist,
+                        seed: rng.seed(),
+                    };
+                    let want = if b_col_major {
+                        reference::gemm_bt(&a, &b)
+                    } else {
+                        reference::gemm(&a, &b)
+                    };
+                    assert_close(&case, &c, &want, tolerance(DType::Bf16));
+                }
             }
         }
     }
 }
 
-/// One attention problem: batch, heads, query and key lengths, head dim, causal.
 struct Attn {
     b: usize,
     h: usize,

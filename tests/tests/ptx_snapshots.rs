@@ -26,7 +26,11 @@ const KNOWN_SPILLS: &[(&str, u32)] = &[
 
 /// Kernels snapshotted and assembled for sm_90a (IR snapshots `<name>@sm_90a@<pass>`), and
 /// whether they load through TMA (the unaligned gemm keeps the cp.async + mma.sync lowering).
-const SM90A: &[(&str, bool)] = &[("gemm", true), ("gemm_unaligned", false)];
+const SM90A: &[(&str, bool)] = &[
+    ("gemm", true),
+    ("gemm_bcol", true),
+    ("gemm_unaligned", false),
+];
 
 #[test]
 fn sm90a_snapshots_assemble_clean() {

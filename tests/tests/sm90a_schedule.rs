@@ -1,4 +1,4 @@
-//! The sm_90a schedule of the example gemm: the `pipeline` pass plans one TMA ring that the
+//! The sm_90a schedule of the example gemm (B row- and column-major): the `pipeline` pass plans one TMA ring that the
 //! `protocol_check` pass accepts, and a deliberately broken copy of that real schedule is
 //! rejected with a diagnostic at the user's loop; kernels sm_90a does not schedule yet get a
 //! diagnostic, not a panic.
@@ -6,7 +6,7 @@
 mod ptx_examples;
 
 use kiln_ir::passes::{PASSES, protocol_check};
-use kiln_ir::ring::{Bar, Step};
+use kiln_ir::ring::{Bar, Operand, Step};
 use kiln_ir::{Kernel, Target};
 
 /// A deliberate break of a ring's protocol.
@@ -25,18 +25,35 @@ fn scheduled(kernel: &Kernel) -> Kernel {
 
 #[test]
 fn gemm_ring_is_planned_and_proved() {
-    let mut k = scheduled(&ptx_examples::build("gemm", &[]));
-    assert_eq!(k.schedule.rings.len(), 1);
-    let ring = k.schedule.rings.values().next().expect("one ring");
-    assert_eq!((ring.stages, ring.full_count, ring.empty_count), (3, 1, 8));
-    let roles = k.schedule.roles.expect("warp roles");
-    assert_eq!(roles.threads(), 384);
-    protocol_check::run(&mut k, Target::Sm90a).expect("the planned protocol is sound");
+    // B row-major is an MN-major operand (boxes of 64 N-columns x BK rows); column-major B
+    // (`b: [N, K]`, read as `y.t()`) is K-major like A: one box of 64 K-columns x BN rows.
+    for (b_col_major, operand, b_box) in [
+        ("false", Operand::MnMajorB, [64, 64]),
+        ("true", Operand::KMajorB, [128, 64]),
+    ] {
+        let mut k = scheduled(&ptx_examples::build(
+            "gemm",
+            &[("b_col_major", b_col_major)],
+        ));
+        assert_eq!(k.schedule.rings.len(), 1);
+        let ring = k.schedule.rings.values().next().expect("one ring");
+        assert_eq!((ring.stages, ring.full_count, ring.empty_count), (3, 1, 8));
+        let a = &ring.loads[0];
+        assert_eq!(
+            (a.operand, a.box_dims, a.swizzle),
+            (Operand::KMajorA, [128, 64], 128)
+        );
+        let b = &ring.loads[1];
+        assert_eq!((b.operand, b.box_dims, b.swizzle), (operand, b_box, 128));
+        assert_eq!(b.tile_bytes(), 128 * 64 * 2);
+        let roles = k.schedule.roles.expect("warp roles");
+        assert_eq!(roles.threads(), 384);
+        protocol_check::run(&mut k, Target::Sm90a).expect("the planned protocol is sound");
+    }
 }
 
 #[test]
 fn broken_real_schedules_are_compiler_errors() {
-    let base = scheduled(&ptx_examples::build("gemm", &[]));
     let edits: [(&str, Edit); 3] = [
         ("deadlock", |r| {
             r.consumer.retain(|s| !matches!(s, Step::Arrive { .. }))
@@ -56,14 +73,19 @@ fn broken_real_schedules_are_compiler_errors() {
         }),
     ];
     for (expect, edit) in edits {
-        let mut k = base.clone();
-        for r in k.schedule.rings.values_mut() {
-            edit(r);
+        for b_col_major in ["false", "true"] {
+            let mut k = scheduled(&ptx_examples::build(
+                "gemm",
+                &[("b_col_major", b_col_major)],
+            ));
+            for r in k.schedule.rings.values_mut() {
+                edit(r);
+            }
+            let d = protocol_check::run(&mut k, Target::Sm90a).expect_err(expect);
+            let text = d.to_string();
+            assert!(text.contains(expect), "{expect}: {text}");
+            assert!(text.contains("examples/src/gemm.rs"), "{text}");
         }
-        let d = protocol_check::run(&mut k, Target::Sm90a).expect_err(expect);
-        let text = d.to_string();
-        assert!(text.contains(expect), "{expect}: {text}");
-        assert!(text.contains("examples/src/gemm.rs"), "{text}");
     }
 }
 

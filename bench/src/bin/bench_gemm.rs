@@ -7,7 +7,11 @@
 //! enough input sets to exceed twice the L2; the median is reported as TFLOP/s (2MNK) with
 //! `ratio` = kiln / cuBLAS throughput. `--out PATH` writes every figure as JSON.
 //!
-//! Run on a GPU host: `bench_gemm --out bench/results/gemm.json [--target sm_90a]`.
+//! `--b-col-major` stores B column-major (`b: [N, K]`; the kernel's `b_col_major`, cuBLAS
+//! with `transb`).
+//!
+//! Run on a GPU host: `bench_gemm --out bench/results/gemm.json [--target sm_90a]
+//! [--b-col-major]`.
 
 use std::process::ExitCode;
 
@@ -58,11 +62,14 @@ fn run() -> Result<bool, BenchError> {
     let cublas = Cublas::new(&device)?;
     // `KILN_GEMM_D="BN=256,BK=64"` times a tile variant without rebuilding.
     let variant = std::env::var("KILN_GEMM_D").unwrap_or_default();
-    let overrides: Vec<(&str, String)> = variant
+    let mut overrides: Vec<(&str, String)> = variant
         .split(',')
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.trim(), v.trim().to_string()))
         .collect();
+    if args.b_col_major {
+        overrides.push(("b_col_major", "true".to_string()));
+    }
     let comptime = kernels::comptime(gemm, &overrides)?;
     let tile = |name: &str| match comptime.get(name) {
         Some(ComptimeValue::Usize(v)) => *v,
@@ -94,7 +101,8 @@ fn run() -> Result<bool, BenchError> {
     for (i, &[m, n, k]) in shapes.iter().enumerate() {
         progress.step(&format!("gemm {m}x{n}x{k}"));
         let a_host = uniform(&[m, k], DType::Bf16, 2 * i as u64 + 1);
-        let b_host = uniform(&[k, n], DType::Bf16, 2 * i as u64 + 2);
+        let b_shape = if args.b_col_major { [n, k] } else { [k, n] };
+        let b_host = uniform(&b_shape, DType::Bf16, 2 * i as u64 + 2);
         let set_bytes = 2 * (m * k + k * n + 2 * m * n);
         let sets = rotation_sets(set_bytes, device.l2_bytes(), MAX_SETS);
         let a = copies(&device, &a_host, sets)?;
@@ -114,7 +122,7 @@ fn run() -> Result<bool, BenchError> {
             ];
             Ok(device.launch(gemm, &comptime, grid, &args)?)
         };
-        let peer = |s: usize| cublas.gemm_bf16(&a[s], &b[s], &c_ref[s]);
+        let peer = |s: usize| cublas.gemm_bf16(&a[s], &b[s], &c_ref[s], args.b_col_major);
 
         device.fill_nan(&c_kiln[0])?;
         kiln(0)?;
@@ -173,6 +181,7 @@ fn run() -> Result<bool, BenchError> {
                 "peer",
                 Json::str("cuBLAS cublasGemmEx bf16/bf16/bf16, COMPUTE_32F"),
             ),
+            ("b_col_major", Json::from(args.b_col_major)),
             ("iters", Json::from(args.iters)),
             ("warmup", Json::from(args.warmup)),
             ("tolerance", Json::from(TOLERANCE)),

@@ -6,9 +6,11 @@
 //!
 //! A is K-major: box `c` of the stage holds columns `64 c ..` of every row, rows of
 //! `swizzle` bytes; warpgroup `g` starts `64 g` rows in, SBO = 8 rows, and each k16 step moves
-//! the start address by 32 bytes inside a box. B is MN-major: one 128-B-swizzled box of
-//! `BK` rows x 64 columns per 64 columns of N, LBO = the box stride, SBO = 1024 (8 K-rows),
-//! each k16 step is 16 rows (2048 bytes), and `imm-trans-b = 1`.
+//! the start address by 32 bytes inside a box. B stored `[K, N]` is MN-major: one
+//! 128-B-swizzled box of `BK` rows x 64 columns per 64 columns of N, LBO = the box stride,
+//! SBO = 1024 (8 K-rows), each k16 step is 16 rows (2048 bytes), and `imm-trans-b = 1`. B
+//! stored `[N, K]` (the body's `y.t()`) is K-major exactly like A, all `BN` rows in one
+//! descriptor, and `imm-trans-b = 0`.
 
 use kiln_ir::ring::{Operand, TmaLoad};
 use kiln_ir::{DType, OpId};
@@ -34,42 +36,69 @@ fn template(lbo: u32, sbo: u32, span: u32) -> u64 {
 /// The wgmma view of one ring stage: descriptor constants and start offsets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Geometry {
-    /// A: box width in elements (the swizzle row), rows per stage, K per stage.
-    chunk: u32,
+    /// A: rows per stage; K per stage.
     bm: u32,
     bk: u32,
     /// B: N per stage.
     bn: u32,
+    /// Whether B is stored `[N, K]` (K-major, `imm-trans-b = 0`).
+    b_k_major: bool,
+    /// A's and B's box widths in elements (the swizzle row).
+    a_chunk: u32,
+    b_chunk: u32,
     /// A's and B's `(LBO, SBO, swizzle span)`.
     a_fields: (u32, u32, u32),
     b_fields: (u32, u32, u32),
 }
 
+/// K-major swizzled descriptor fields of a load with boxes `chunk` elements wide: LBO unused
+/// (1 = 16 B), SBO = 8 rows of the swizzle row.
+fn k_major_fields(l: &TmaLoad) -> (u32, u32, u32) {
+    (16, 8 * l.box_dims[1] * 2, l.swizzle)
+}
+
+/// Byte offset, from a K-major stage base (boxes of `chunk` K columns by `rows` rows), of row
+/// `row0` at k16 step `s`.
+fn k_major_start(rows: u32, chunk: u32, row0: u32, s: u32) -> u32 {
+    let (box_index, within) = ((16 * s) / chunk, (16 * s) % chunk);
+    box_index * rows * chunk * 2 + row0 * chunk * 2 + within * 2
+}
+
 impl Geometry {
     fn new(a: &TmaLoad, b: &TmaLoad) -> Geometry {
-        let [bm, chunk] = a.box_dims;
-        let bk = chunk * a.boxes.len() as u32;
+        let [bm, a_chunk] = a.box_dims;
+        let bk = a_chunk * a.boxes.len() as u32;
+        let b_k_major = b.operand == Operand::KMajorB;
+        let (bn, b_fields) = if b_k_major {
+            (b.box_dims[0], k_major_fields(b))
+        } else {
+            // MN-major SW128: LBO = distance of the 64-column boxes, SBO = 8 K-rows.
+            (64 * b.boxes.len() as u32, (bk * 128, 1024, 128))
+        };
         Geometry {
-            chunk,
             bm,
             bk,
-            bn: 64 * b.boxes.len() as u32,
-            // K-major swizzled: LBO unused (1 = 16 B), SBO = 8 rows of the swizzle row.
-            a_fields: (16, 8 * chunk * 2, a.swizzle),
-            // MN-major SW128: LBO = distance of the 64-column boxes, SBO = 8 K-rows.
-            b_fields: (bk * 128, 1024, 128),
+            bn,
+            b_k_major,
+            a_chunk,
+            b_chunk: b.box_dims[1],
+            a_fields: k_major_fields(a),
+            b_fields,
         }
     }
 
     /// Byte offset, from A's stage base, of warpgroup `wg`'s k16 step `s`.
     fn a_start(&self, wg: u32, s: u32) -> u32 {
-        let (box_index, within) = ((16 * s) / self.chunk, (16 * s) % self.chunk);
-        box_index * self.bm * self.chunk * 2 + wg * 64 * self.chunk * 2 + within * 2
+        k_major_start(self.bm, self.a_chunk, 64 * wg, s)
     }
 
-    /// Byte offset, from B's stage base, of k16 step `s` (16 rows of 128 B).
+    /// Byte offset, from B's stage base, of k16 step `s`: K-major like A, or 16 rows of 128 B.
     fn b_start(&self, s: u32) -> u32 {
-        s * 16 * 128
+        if self.b_k_major {
+            k_major_start(self.bn, self.b_chunk, 0, s)
+        } else {
+            s * 16 * 128
+        }
     }
 }
 
@@ -84,12 +113,13 @@ impl Writer<'_> {
         d
     }
 
-    /// The ring load whose stage `v` is, with its stage base.
+    /// The ring load whose stage `v` is, with its stage base; only a K-major B is read
+    /// through a transposed view.
     fn ring_operand(&self, v: kiln_ir::ValueId, id: OpId) -> Result<(Reg, TmaLoad), CodegenError> {
         let Val::Smem {
             base,
             buf,
-            transposed: false,
+            transposed,
         } = self.val(v, id)?
         else {
             return Err(self.internal(id, "a wgmma operand that is not a ring stage"));
@@ -100,6 +130,9 @@ impl Writer<'_> {
             .and_then(|r| r.loads.iter().find(|l| l.load == buf.load))
             .cloned()
             .ok_or_else(|| self.internal(id, "a wgmma operand outside the ring"))?;
+        if transposed != (load.operand == Operand::KMajorB) {
+            return Err(self.internal(id, "a wgmma operand read in the wrong orientation"));
+        }
         Ok((base, load))
     }
 
@@ -113,7 +146,7 @@ impl Writer<'_> {
             .ok_or_else(|| self.internal(id, "a ring mma without an accumulator"))?;
         let (a_base, a_load) = self.ring_operand(a, id)?;
         let (b_base, b_load) = self.ring_operand(b, id)?;
-        if a_load.operand != Operand::KMajorA || b_load.operand != Operand::MnMajorB {
+        if a_load.operand != Operand::KMajorA || b_load.operand == Operand::KMajorA {
             return Err(self.internal(id, "wgmma operands in unexpected majorness"));
         }
         let g = Geometry::new(&a_load, &b_load);
@@ -150,6 +183,7 @@ impl Writer<'_> {
         self.ins("wgmma.fence.sync.aligned");
         let regs: Vec<String> = acc.iter().map(Reg::to_string).collect();
         let regs = regs.join(", ");
+        let trans_b = u32::from(!g.b_k_major);
         for s in 0..g.bk / 16 {
             // Only the start address moves (base offset stays 0, ptx-notes §4).
             let a_off = g.a_start(0, s) >> 4;
@@ -159,7 +193,7 @@ impl Writer<'_> {
             self.ins(format!("add.s64 {dbs}, {db}, {b_off}"));
             self.ins(format!(
                 "wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{elem}.{elem} \
-                 {{{regs}}}, {das}, {dbs}, 1, 1, 1, 0, 1"
+                 {{{regs}}}, {das}, {dbs}, 1, 1, 1, 0, {trans_b}"
             ));
         }
         self.vals.insert(r, Val::Tile(acc));
@@ -171,42 +205,18 @@ impl Writer<'_> {
 mod tests {
     use super::{Geometry, template};
     use kiln_ir::OpId;
-    use kiln_ir::ring::{Operand, TmaBox, TmaLoad};
+    use kiln_ir::ring::{Operand, TmaLoad};
 
-    /// The loads the `pipeline` pass plans for a `bm x bk` A and `bk x bn` B tile.
-    fn loads(bm: u32, bn: u32, bk: u32) -> (TmaLoad, TmaLoad) {
-        let chunk = bk.min(64);
-        let a = TmaLoad {
-            load: OpId::from_index(0),
-            param: 0,
-            operand: Operand::KMajorA,
-            box_dims: [bm, chunk],
-            swizzle: chunk * 2,
-            boxes: (0..bk / chunk)
-                .map(|c| TmaBox {
-                    origin: [0, c * chunk],
-                    smem_offset: c * bm * chunk * 2,
-                })
-                .collect(),
-            offset: 0,
-            stage_stride: 0,
+    /// The loads the `pipeline` pass plans for a `bm x bk` A and a `bk x bn` B tile, B
+    /// stored `[N, K]` when `b_k_major`.
+    fn loads(bm: u32, bn: u32, bk: u32, b_k_major: bool) -> (TmaLoad, TmaLoad) {
+        let (a, b) = (OpId::from_index(0), OpId::from_index(1));
+        let b = if b_k_major {
+            TmaLoad::k_major(b, 1, Operand::KMajorB, bn, bk)
+        } else {
+            TmaLoad::mn_major_b(b, 1, bk, bn)
         };
-        let b = TmaLoad {
-            load: OpId::from_index(1),
-            param: 1,
-            operand: Operand::MnMajorB,
-            box_dims: [bk, 64],
-            swizzle: 128,
-            boxes: (0..bn / 64)
-                .map(|j| TmaBox {
-                    origin: [0, 64 * j],
-                    smem_offset: j * bk * 128,
-                })
-                .collect(),
-            offset: 0,
-            stage_stride: 0,
-        };
-        (a, b)
+        (TmaLoad::k_major(a, 0, Operand::KMajorA, bm, bk), b)
     }
 
     /// Where TMA puts tile element `(r, c)` before swizzling: its box's offset plus the
@@ -232,46 +242,63 @@ mod tests {
         addr ^ ((addr >> 3) & mask)
     }
 
-    /// The PTX ISA's canonical layouts, as descriptors address them (before swizzling): A
-    /// K-major (8-row groups SBO apart, rows of the swizzle span), B MN-major (64-column
-    /// chunks LBO apart, 8-K-row groups SBO apart, 128-B rows).
-    fn wgmma_a(start: u32, (_, sbo, span): (u32, u32, u32), m: u32, k: u32) -> u32 {
+    /// The PTX ISA's canonical layouts, as descriptors address them (before swizzling):
+    /// K-major (8-row groups SBO apart, rows of the swizzle span; A, or B by its rows `n`),
+    /// B MN-major (64-column chunks LBO apart, 8-K-row groups SBO apart, 128-B rows).
+    fn wgmma_k_major(start: u32, (_, sbo, span): (u32, u32, u32), m: u32, k: u32) -> u32 {
         start + (m / 8) * sbo + (m % 8) * span + k * 2
     }
-    fn wgmma_b(start: u32, (lbo, sbo, _): (u32, u32, u32), k: u32, n: u32) -> u32 {
+    fn wgmma_mn_major(start: u32, (lbo, sbo, _): (u32, u32, u32), k: u32, n: u32) -> u32 {
         start + (n / 64) * lbo + (k / 8) * sbo + (k % 8) * 128 + (n % 64) * 2
     }
 
     /// Every element every wgmma of every warpgroup reads is the one TMA wrote there, for
-    /// every tile shape the pipeline pass accepts.
+    /// every tile shape the pipeline pass accepts and both B layouts.
     #[test]
     fn wgmma_reads_what_tma_wrote() {
-        for (bm, bn, bk) in [
-            (128, 128, 16),
-            (128, 128, 32),
-            (128, 128, 64),
-            (128, 256, 64),
-            (128, 64, 128),
-            (128, 192, 32),
-        ] {
-            let (a, b) = loads(bm, bn, bk);
-            let g = Geometry::new(&a, &b);
-            for s in 0..bk / 16 {
-                for wg in 0..bm / 64 {
-                    let start = g.a_start(wg, s);
-                    for m in 0..64 {
-                        for k in 0..16 {
-                            let read = swizzle(wgmma_a(start, g.a_fields, m, k), a.swizzle);
-                            let wrote = swizzle(tma_offset(&a, 64 * wg + m, 16 * s + k), a.swizzle);
-                            assert_eq!(read, wrote, "A {bm}x{bk}: wg {wg} k-step {s} ({m},{k})");
+        for b_k_major in [false, true] {
+            for (bm, bn, bk) in [
+                (128, 128, 16),
+                (128, 128, 32),
+                (128, 128, 64),
+                (128, 256, 64),
+                (128, 64, 128),
+                (128, 192, 32),
+            ] {
+                let (a, b) = loads(bm, bn, bk, b_k_major);
+                let g = Geometry::new(&a, &b);
+                assert_eq!((g.bm, g.bk, g.bn), (bm, bk, bn));
+                let shape = format!("{bm}x{bn}x{bk} B K-major {b_k_major}");
+                for s in 0..bk / 16 {
+                    for wg in 0..bm / 64 {
+                        let start = g.a_start(wg, s);
+                        for m in 0..64 {
+                            for k in 0..16 {
+                                let read =
+                                    swizzle(wgmma_k_major(start, g.a_fields, m, k), a.swizzle);
+                                let wrote =
+                                    swizzle(tma_offset(&a, 64 * wg + m, 16 * s + k), a.swizzle);
+                                assert_eq!(read, wrote, "A {shape}: wg {wg} k-step {s} ({m},{k})");
+                            }
                         }
                     }
-                }
-                for k in 0..16 {
-                    for n in 0..bn {
-                        let read = swizzle(wgmma_b(g.b_start(s), g.b_fields, k, n), 128);
-                        let wrote = swizzle(tma_offset(&b, 16 * s + k, n), 128);
-                        assert_eq!(read, wrote, "B {bk}x{bn}: k-step {s} ({k},{n})");
+                    for k in 0..16 {
+                        for n in 0..bn {
+                            let (read, wrote) = if b_k_major {
+                                (
+                                    wgmma_k_major(g.b_start(s), g.b_fields, n, k),
+                                    tma_offset(&b, n, 16 * s + k),
+                                )
+                            } else {
+                                (
+                                    wgmma_mn_major(g.b_start(s), g.b_fields, k, n),
+                                    tma_offset(&b, 16 * s + k, n),
+                                )
+                            };
+                            let (read, wrote) =
+                                (swizzle(read, b.swizzle), swizzle(wrote, b.swizzle));
+                            assert_eq!(read, wrote, "B {shape}: k-step {s} ({k},{n})");
+                        }
                     }
                 }
             }

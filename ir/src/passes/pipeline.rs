@@ -8,7 +8,8 @@
 //! memory, from rank-2 `aligned16` tensors with coordinates computable for any iteration, and
 //! whose shapes wgmma takes: `x` is `[64 * warpgroups, BK]` (K-major, one TMA box per 64
 //! columns, swizzled by the box row's bytes), `y` is `[BK, BN]` (MN-major, one 128-B-swizzled
-//! box per 64 columns), `BK % 16 == 0`, `BN % 64 == 0`, `BN <= 256`, and each load's column
+//! box per 64 columns) or the transpose `t.t()` of a `[BN, BK]` tile `t` (B stored
+//! column-major: K-major, boxed like `x`), `BK % 16 == 0`, `BN % 64 == 0`, `BN <= 256`, and each load's column
 //! coordinate a provable multiple of 8 elements (TMA's innermost coordinate must be a whole
 //! number of 16-byte chunks, or the load dies with an illegal-instruction error on the H200;
 //! see `kiln_runtime::TensorMap`). Any other loop keeps the
@@ -28,15 +29,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::diag::Diagnostic;
 use crate::kernel::{BinaryOp, Const, Kernel, OpId, OpKind, Param, ValueDef, ValueId};
-use crate::ring::{Bar, InitStep, Operand, Ring, Step, TmaBox, TmaLoad};
+use crate::ring::{Bar, InitStep, Operand, Ring, SWIZZLE_ATOM, Step, TmaLoad};
 use crate::schedule::Layout;
 use crate::target::Target;
 use crate::types::DType;
 
 use super::lower::hoistable;
-
-/// Alignment of every buffer: the 128-byte swizzle atom (8 rows of 128 B).
-const ATOM: u32 = 1024;
 
 /// Plans rings on sm_90a; does nothing on other targets.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
@@ -69,10 +67,10 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         let per_stage = strides
             .get(&b.load)
             .copied()
-            .unwrap_or(b.stage_bytes.next_multiple_of(ATOM));
+            .unwrap_or(b.stage_bytes.next_multiple_of(SWIZZLE_ATOM));
         offsets.insert(b.load, offset);
         offset += per_stage * b.stages;
-        offset = offset.next_multiple_of(ATOM);
+        offset = offset.next_multiple_of(SWIZZLE_ATOM);
     }
     for ring in rings.values_mut() {
         for l in &mut ring.loads {
@@ -138,7 +136,16 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
         ValueDef::Op(o, 0) if staged.contains(&o) => Some(o),
         _ => None,
     };
-    let (a, b) = (def(mma_op.operands[0])?, def(mma_op.operands[1])?);
+    // B is a staged tile (`[BK, BN]`, MN-major) or the transposed view of one (`[BN, BK]`
+    // stored, K-major).
+    let b_view = mma_op.operands[1];
+    let (b, b_k_major) = match kernel.values[b_view].def {
+        ValueDef::Op(t, 0) if kernel.ops[t].kind == OpKind::Transpose && inside.contains(&t) => {
+            (def(kernel.ops[t].operands[0])?, true)
+        }
+        _ => (def(b_view)?, false),
+    };
+    let a = def(mma_op.operands[0])?;
     if staged.len() != 2 {
         return None;
     }
@@ -192,38 +199,11 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
         OpKind::Load { tensor, .. } => tensor,
         _ => 0,
     };
-    // A: one K-major box per 64 columns (or the whole row when it is 16 or 32 elements).
-    let chunk = bk.min(64);
-    let a_load = TmaLoad {
-        load: a,
-        param: param(a),
-        operand: Operand::KMajorA,
-        box_dims: [bm, chunk],
-        swizzle: chunk * 2,
-        boxes: (0..bk / chunk)
-            .map(|c| TmaBox {
-                origin: [0, c * chunk],
-                smem_offset: c * bm * chunk * 2,
-            })
-            .collect(),
-        offset: 0,
-        stage_stride: (bm * bk * 2).next_multiple_of(ATOM),
-    };
-    // B: one MN-major box of 64 columns x BK rows each, 128-B swizzled.
-    let b_load = TmaLoad {
-        load: b,
-        param: param(b),
-        operand: Operand::MnMajorB,
-        box_dims: [bk, 64],
-        swizzle: 128,
-        boxes: (0..bn / 64)
-            .map(|j| TmaBox {
-                origin: [0, 64 * j],
-                smem_offset: j * bk * 128,
-            })
-            .collect(),
-        offset: 0,
-        stage_stride: (bk * bn * 2).next_multiple_of(ATOM),
+    let a_load = TmaLoad::k_major(a, param(a), Operand::KMajorA, bm, bk);
+    let b_load = if b_k_major {
+        TmaLoad::k_major(b, param(b), Operand::KMajorB, bn, bk)
+    } else {
+        TmaLoad::mn_major_b(b, param(b), bk, bn)
     };
     let bytes = a_load.tile_bytes() + b_load.tile_bytes();
     Some(Ring {

@@ -1,5 +1,5 @@
 //! The example kernels the PTX tests compile: each registry kernel at its default comptime
-//! values, plus the documented attention variants (causal, d = 64).
+//! values, plus the gemm with column-major B and the documented attention variants (causal, d = 64).
 
 #![allow(dead_code)]
 
@@ -14,6 +14,7 @@ pub const VARIANTS: &[(&str, &str, Overrides)] = &[
     ("vector_add", "vector_add", &[]),
     ("softmax", "softmax", &[]),
     ("gemm", "gemm", &[]),
+    ("gemm_bcol", "gemm", &[("b_col_major", "true")]),
     ("attention", "attention", &[]),
     ("attention_causal", "attention", &[("causal", "true")]),
     ("attention_d64", "attention", &[("d", "64")]),
