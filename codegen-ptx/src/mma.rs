@@ -264,13 +264,6 @@ impl Writer<'_> {
         mi: u32,
         s: u32,
     ) -> Result<[Reg; 4], CodegenError> {
-        let (regs, narrow) = match a_val {
-            Val::Tile(regs) => (regs, None),
-            Val::Narrowed { src, to } => (src, Some(*to)),
-            Val::Scalar(_) | Val::Smem { .. } | Val::Affine { .. } | Val::Lazy(_) => {
-                return Err(self.unsupported(id, "this form of mma A operand"));
-            }
-        };
         let layout = self.k.schedule.layouts.get(&a).cloned();
         if layout
             != Some(Layout::Mma {
@@ -280,7 +273,30 @@ impl Writer<'_> {
         {
             return Err(self.unsupported(id, "a register A operand not in the accumulator layout"));
         }
-        let kn = g.k / 8;
+        self.pack_a_fragment(id, a_val, g.k / 8, mi, s)
+    }
+
+    /// The four A registers (bf16 pairs) of k16 step `s` of m-fragment `mi`, from a tile in
+    /// the accumulator layout with `kn` fragments of 8 columns per m-fragment: the same for
+    /// `mma.sync` and the wgmma RS form (ptx-notes §4 "RS A-fragment").
+    pub(crate) fn pack_a_fragment(
+        &mut self,
+        id: OpId,
+        a_val: &Val,
+        kn: u32,
+        mi: u32,
+        s: u32,
+    ) -> Result<[Reg; 4], CodegenError> {
+        let (regs, narrow) = match a_val {
+            Val::Tile(regs) => (regs, None),
+            Val::Narrowed { src, to } => (src, Some(*to)),
+            Val::Scalar(_) | Val::Smem { .. } | Val::Affine { .. } | Val::Lazy(_) => {
+                return Err(self.unsupported(id, "this form of mma A operand"));
+            }
+        };
+        if regs.len() < ((mi * kn + 2 * s + 2) * 4) as usize {
+            return Err(self.internal(id, "an A operand with too few registers"));
+        }
         let at = |ni: u32, v: u32| regs[((mi * kn + ni) * 4 + v) as usize];
         let mut out = [self.tid; 4];
         for (i, (ni, v)) in [(2 * s, 0), (2 * s, 2), (2 * s + 1, 0), (2 * s + 1, 2)]

@@ -7,6 +7,10 @@
 //! so the bit flips each time the stage index wraps (ptx-notes §2). The programs are plain
 //! data: the `pipeline` pass writes them, the `protocol_check` pass proves them safe, and the
 //! PTX writer emits exactly these steps, so what is checked is what runs.
+//!
+//! A ring may also carry *once* loads: tiles loaded before the loop and read by its wgmmas in
+//! every iteration (attention's `Q`). The producer issues them once before its loop,
+//! completing on the single-phase `once` barrier; the consumers wait on it before theirs.
 
 use std::fmt;
 
@@ -19,6 +23,8 @@ pub enum Bar {
     Full,
     /// Completes when every consumer has finished reading a stage.
     Empty,
+    /// The single barrier of the ring's once loads (one phase; no stages).
+    Once,
 }
 
 /// One step of a role's program, executed once per loop iteration `i`.
@@ -46,6 +52,12 @@ pub enum Step {
         /// Index into the ring's loads.
         load: usize,
     },
+    /// Every TMA box of [`Ring::once`]`[load]`, completing its bytes on `once` (a once
+    /// program's step).
+    TmaOnce {
+        /// Index into the ring's once loads.
+        load: usize,
+    },
     /// Generic-proxy stores into stage `i % stages` of load `load`'s buffer (`st.shared`).
     GenericWrite {
         /// Index into the ring's loads.
@@ -54,7 +66,10 @@ pub enum Step {
     /// `fence.proxy.async.shared::cta`: earlier generic writes become visible to the async
     /// proxy (TMA, wgmma).
     FenceProxyAsync,
-    /// The loop body: its `mma`s become wgmmas reading stage `i % stages` of every load.
+    /// The loop body: its `mma`s become wgmmas reading stage `i % stages` of every load (and
+    /// the once loads). In a body with several `mma`s, whose results the body reads, each
+    /// wgmma is committed and waited for (`wait_group 0`) before its result is used; the
+    /// program's own `Commit`/`WaitGroup` steps then find nothing more in flight.
     Mma,
     /// `wgmma.commit_group`: the wgmmas since the last commit form one group.
     Commit,
@@ -112,6 +127,9 @@ pub struct TmaLoad {
     pub load: OpId,
     /// The tensor parameter it reads (the one whose tensor map the runtime builds).
     pub param: usize,
+    /// Tensor dimensions outside the tile's two (a rank-4 tensor's batch and head): box
+    /// extent 1, coordinates the load's leading operands.
+    pub lead_dims: u32,
     /// What the tile feeds.
     pub operand: Operand,
     /// Box extents, outermost first (`[rows, cols]`), as the runtime encodes the map.
@@ -137,6 +155,7 @@ impl TmaLoad {
         TmaLoad {
             load,
             param,
+            lead_dims: 0,
             operand,
             box_dims: [rows, chunk],
             swizzle: chunk * 2,
@@ -157,6 +176,7 @@ impl TmaLoad {
         TmaLoad {
             load,
             param,
+            lead_dims: 0,
             operand: Operand::MnMajorB,
             box_dims: [bk, 64],
             swizzle: 128,
@@ -169,6 +189,14 @@ impl TmaLoad {
             offset: 0,
             stage_stride: (bk * bn * 2).next_multiple_of(SWIZZLE_ATOM),
         }
+    }
+
+    /// The tensor map's box extents, outermost first: 1 for every lead dimension, then
+    /// [`TmaLoad::box_dims`].
+    pub fn map_box(&self) -> Vec<u32> {
+        let mut dims = vec![1; self.lead_dims as usize];
+        dims.extend(self.box_dims);
+        dims
     }
 
     /// Bytes of one box.
@@ -191,6 +219,10 @@ pub struct Ring {
     pub stages: u32,
     /// The TMA loads filling each stage.
     pub loads: Vec<TmaLoad>,
+    /// Tiles loaded once before the loop (one stage each, `stage_stride` 0).
+    pub once: Vec<TmaLoad>,
+    /// Byte offset of the `once` barrier (unused without once loads).
+    pub once_offset: u32,
     /// Byte offset of `full[0]`; `full[s]` is at `+ 8 s`.
     pub full_offset: u32,
     /// Byte offset of `empty[0]`.
@@ -201,6 +233,10 @@ pub struct Ring {
     pub empty_count: u32,
     /// Set-up before the roles split.
     pub init: Vec<InitStep>,
+    /// The producer's program before its loop (the once loads).
+    pub producer_once: Vec<Step>,
+    /// The consumers' program before their loop (waiting for the once loads).
+    pub consumer_once: Vec<Step>,
     /// The producer's program per iteration.
     pub producer: Vec<Step>,
     /// The consumers' program per iteration.
@@ -240,6 +276,7 @@ impl fmt::Display for Bar {
         f.write_str(match self {
             Bar::Full => "full",
             Bar::Empty => "empty",
+            Bar::Once => "once",
         })
     }
 }
@@ -250,6 +287,7 @@ impl fmt::Display for Step {
             Step::Wait { bar, start } => write!(f, "wait {bar}(phase from {start})"),
             Step::ArriveExpectTx { bar, bytes } => write!(f, "arrive.expect_tx {bar} {bytes}B"),
             Step::Tma { load } => write!(f, "tma load{load}"),
+            Step::TmaOnce { load } => write!(f, "tma once{load}"),
             Step::GenericWrite { load } => write!(f, "st.shared load{load}"),
             Step::FenceProxyAsync => f.write_str("fence.proxy.async"),
             Step::Mma => f.write_str("wgmma"),
@@ -279,20 +317,27 @@ impl fmt::Display for Ring {
             self.empty_offset,
             self.empty_count
         )?;
-        for (i, l) in self.loads.iter().enumerate() {
+        let loads = self.loads.iter().enumerate().map(|(i, l)| ("load", i, l));
+        let once = self.once.iter().enumerate().map(|(i, l)| ("once", i, l));
+        for (kind, i, l) in loads.chain(once) {
+            let dims: Vec<String> = l.map_box().iter().map(u32::to_string).collect();
             writeln!(
                 f,
-                "    load{i} = {} param{} {:?} @{} stride {} B: {} box(es) {}x{} sw{}",
+                "    {kind}{i} = {} param{} {:?} @{} stride {} B: {} box(es) {} sw{}",
                 l.load,
                 l.param,
                 l.operand,
                 l.offset,
                 l.stage_stride,
                 l.boxes.len(),
-                l.box_dims[0],
-                l.box_dims[1],
+                dims.join("x"),
                 l.swizzle
             )?;
+        }
+        if !self.once.is_empty() {
+            writeln!(f, "    once@{}", self.once_offset)?;
+            writeln!(f, "    producer once: {}", join(&self.producer_once))?;
+            writeln!(f, "    consumer once: {}", join(&self.consumer_once))?;
         }
         writeln!(f, "    producer: {}", join(&self.producer))?;
         writeln!(f, "    consumer: {}", join(&self.consumer))?;

@@ -30,6 +30,9 @@ const SM90A: &[(&str, bool)] = &[
     ("gemm", true),
     ("gemm_bcol", true),
     ("gemm_unaligned", false),
+    ("attention", true),
+    ("attention_causal", true),
+    ("attention_d64", true),
 ];
 
 #[test]

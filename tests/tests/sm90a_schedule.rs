@@ -1,4 +1,5 @@
-//! The sm_90a schedule of the example gemm (B row- and column-major): the `pipeline` pass plans one TMA ring that the
+//! The sm_90a schedules of the example gemm (B row- and column-major) and attention (Q once,
+//! K and V per stage): the `pipeline` pass plans one TMA ring that the
 //! `protocol_check` pass accepts, and a deliberately broken copy of that real schedule is
 //! rejected with a diagnostic at the user's loop; kernels sm_90a does not schedule yet get a
 //! diagnostic, not a panic.
@@ -89,11 +90,81 @@ fn broken_real_schedules_are_compiler_errors() {
     }
 }
 
+/// The attention variants the snapshots cover.
+const ATTENTION: [&[(&str, &str)]; 3] = [&[], &[("causal", "true")], &[("d", "64")]];
+
+#[test]
+fn attention_ring_is_planned_and_proved() {
+    for overrides in ATTENTION {
+        let mut k = scheduled(&ptx_examples::build("attention", overrides));
+        assert_eq!(k.schedule.rings.len(), 1, "{overrides:?}");
+        let ring = k.schedule.rings.values().next().expect("one ring");
+        assert_eq!((ring.stages, ring.full_count, ring.empty_count), (2, 1, 8));
+        // K (`[bn, d]`, read as `ks.t()`: K-major B) and V (`[bn, d]`: MN-major B) per stage;
+        // Q (`[128, d]`, K-major A) once, all rank-4 tensors (batch and head as lead dims).
+        let operands: Vec<Operand> = ring.loads.iter().map(|l| l.operand).collect();
+        assert_eq!(
+            operands,
+            [Operand::KMajorB, Operand::MnMajorB],
+            "{overrides:?}"
+        );
+        assert_eq!(ring.once.len(), 1);
+        assert_eq!(ring.once[0].operand, Operand::KMajorA);
+        assert!(
+            ring.loads
+                .iter()
+                .chain(&ring.once)
+                .all(|l| l.lead_dims == 2),
+            "{overrides:?}"
+        );
+        // Both products are read in the body: each stage is released as soon as the wgmmas
+        // reading it completed.
+        assert!(ring.consumer.contains(&Step::WaitGroup(0)));
+        assert!(ring.consumer.contains(&Step::Arrive {
+            bar: Bar::Empty,
+            lag: 0
+        }));
+        assert_eq!(k.schedule.roles.expect("warp roles").threads(), 384);
+        protocol_check::run(&mut k, Target::Sm90a).expect("the planned protocol is sound");
+    }
+}
+
+#[test]
+fn broken_attention_schedules_are_compiler_errors() {
+    let edits: [(&str, Edit); 3] = [
+        ("without waiting on `once`", |r| r.consumer_once.clear()),
+        ("on `once`", |r| {
+            for s in &mut r.producer_once {
+                if let Step::ArriveExpectTx { bytes, .. } = s {
+                    *bytes -= 1024;
+                }
+            }
+        }),
+        ("before the wgmma reading it has completed", |r| {
+            for s in &mut r.consumer {
+                if *s == Step::WaitGroup(0) {
+                    *s = Step::WaitGroup(1);
+                }
+            }
+        }),
+    ];
+    for (expect, edit) in edits {
+        let mut k = scheduled(&ptx_examples::build("attention", &[("causal", "true")]));
+        for r in k.schedule.rings.values_mut() {
+            edit(r);
+        }
+        let d = protocol_check::run(&mut k, Target::Sm90a).expect_err(expect);
+        let text = d.to_string();
+        assert!(text.contains(expect), "{expect}: {text}");
+        assert!(text.contains("examples/src/attention.rs"), "{text}");
+    }
+}
+
 #[test]
 fn unscheduled_kernels_get_a_diagnostic() {
     for (kernel, overrides) in [
-        ("attention", &[][..]),
         ("gemm", &[("BM", "64"), ("BN", "64"), ("BK", "64")][..]),
+        ("gemm", &[("BM", "64"), ("b_col_major", "true")][..]),
     ] {
         let k = ptx_examples::build(kernel, overrides);
         let e = kiln_ptx::compile(&k, Target::Sm90a).expect_err("not scheduled on sm_90a yet");

@@ -6,12 +6,14 @@
 //! ring's producer program (wait `empty`, `arrive.expect_tx` on `full`, `cp.async.bulk.tensor`
 //! boxes) over the loop's iteration space and exits; the consumers take the registers
 //! (`setmaxnreg.inc`) and run the consumer program around the loop body, whose `mma`s become
-//! wgmmas ([`wgmma`]) reading the stage. Every step comes from [`kiln_ir::ring::Ring`], the
-//! data the `protocol_check` pass proved.
+//! wgmmas ([`wgmma`]) reading the stage. Tiles the ring loads once (attention's `Q`) are
+//! issued by the producer before its loop and waited for by the consumers before theirs; the
+//! load op itself, earlier in the kernel, only names the tile's shared address. Every step
+//! comes from [`kiln_ir::ring::Ring`], the data the `protocol_check` pass proved.
 
 mod wgmma;
 
-use kiln_ir::ring::{Bar, InitStep, Ring, Step};
+use kiln_ir::ring::{Bar, InitStep, Ring, Step, TmaLoad};
 use kiln_ir::{Kernel, OpId};
 
 use crate::CodegenError;
@@ -26,10 +28,10 @@ pub(crate) fn tensor_maps(k: &Kernel) -> Vec<TensorMapSpec> {
         .schedule
         .rings
         .values()
-        .flat_map(|r| r.loads.iter())
+        .flat_map(|r| r.loads.iter().chain(&r.once))
         .map(|l| TensorMapSpec {
             param: l.param,
-            box_dims: l.box_dims.to_vec(),
+            box_dims: l.map_box(),
             swizzle_bytes: l.swizzle,
         })
         .collect();
@@ -48,13 +50,17 @@ struct Cursor {
 }
 
 impl Writer<'_> {
-    /// Shared address of `bar[stage]` of `ring`.
+    /// Shared address of `bar[stage]` of `ring` (the `once` barrier has no stages).
     fn bar_addr(&mut self, ring: &Ring, bar: Bar, stage: Reg) -> Reg {
+        let a = self.new_reg(Class::B32);
         let off = match bar {
             Bar::Full => ring.full_offset,
             Bar::Empty => ring.empty_offset,
+            Bar::Once => {
+                self.ins(format!("add.u32 {a}, {}, {}", self.smem, ring.once_offset));
+                return a;
+            }
         };
-        let a = self.new_reg(Class::B32);
         self.ins(format!("mad.lo.u32 {a}, {stage}, 8, {}", self.smem));
         self.ins(format!("add.u32 {a}, {a}, {off}"));
         a
@@ -71,15 +77,21 @@ impl Writer<'_> {
                     self.ins(format!("setp.ne.u32 {p}, {}, 0", self.tid));
                     self.ins(format!("@{p} bra {skip}"));
                     for ring in &rings {
-                        for s in 0..ring.stages {
-                            for (off, count) in [
-                                (ring.full_offset, ring.full_count),
-                                (ring.empty_offset, ring.empty_count),
-                            ] {
-                                let a = self.new_reg(Class::B32);
-                                self.ins(format!("add.u32 {a}, {}, {}", self.smem, off + 8 * s));
-                                self.ins(format!("mbarrier.init.shared::cta.b64 [{a}], {count}"));
-                            }
+                        let mut bars: Vec<(u32, u32)> = (0..ring.stages)
+                            .flat_map(|s| {
+                                [
+                                    (ring.full_offset + 8 * s, ring.full_count),
+                                    (ring.empty_offset + 8 * s, ring.empty_count),
+                                ]
+                            })
+                            .collect();
+                        if !ring.once.is_empty() {
+                            bars.push((ring.once_offset, 1));
+                        }
+                        for (off, count) in bars {
+                            let a = self.new_reg(Class::B32);
+                            self.ins(format!("add.u32 {a}, {}, {off}", self.smem));
+                            self.ins(format!("mbarrier.init.shared::cta.b64 [{a}], {count}"));
                         }
                     }
                     self.label(&skip);
@@ -87,6 +99,12 @@ impl Writer<'_> {
                 InitStep::FenceMbarrierInit => self.ins("fence.mbarrier_init.release.cluster"),
                 InitStep::BarSync => self.ins("bar.sync 0"),
             }
+        }
+        // A once load's op only names its tile; the producer issues it at the ring.
+        for l in rings.iter().flat_map(|r| r.once.iter()) {
+            let base = self.new_reg(Class::B32);
+            self.ins(format!("add.u32 {base}, {}, {}", self.smem, l.offset));
+            self.stage_bases.insert(l.load, base);
         }
     }
 
@@ -103,7 +121,9 @@ impl Writer<'_> {
         self.ins(format!("mov.u32 {}, 0", c.count));
         let mut c = c;
         for s in steps {
-            if let Step::Wait { bar, start } = *s {
+            if let Step::Wait { bar, start } = *s
+                && bar != Bar::Once
+            {
                 let r = self.new_reg(Class::B32);
                 self.ins(format!("mov.u32 {r}, {start}"));
                 c.phases.push((bar, r));
@@ -127,14 +147,18 @@ impl Writer<'_> {
         }
     }
 
-    /// A parity wait loop on `bar[stage]`.
-    fn wait(&mut self, ring: &Ring, c: &Cursor, bar: Bar) -> Result<(), CodegenError> {
-        let phase = c
-            .phases
-            .iter()
-            .find(|(b, _)| *b == bar)
-            .map(|&(_, r)| r)
-            .ok_or_else(|| self.internal(ring.for_op, "a wait without a phase bit"))?;
+    /// A parity wait loop on `bar[stage]`; the single-phase `once` barrier is waited on at
+    /// parity `start`.
+    fn wait(&mut self, ring: &Ring, c: &Cursor, bar: Bar, start: u32) -> Result<(), CodegenError> {
+        let phase = match bar {
+            Bar::Once => start.to_string(),
+            Bar::Full | Bar::Empty => c
+                .phases
+                .iter()
+                .find(|(b, _)| *b == bar)
+                .map(|&(_, r)| r.to_string())
+                .ok_or_else(|| self.internal(ring.for_op, "a wait without a phase bit"))?,
+        };
         let addr = self.bar_addr(ring, bar, c.stage);
         let (p, top) = (self.new_reg(Class::Pred), self.new_label());
         self.label(&top);
@@ -179,6 +203,9 @@ impl Writer<'_> {
         let iv = self.new_reg(Class::B32);
         self.mov(iv, lo);
         let c = self.cursor(&ring.producer);
+        for s in ring.producer_once.clone() {
+            self.producer_step(&ring, &c, s, iv, id)?;
+        }
         let (top, done, more) = (
             self.new_label(),
             self.new_label(),
@@ -188,21 +215,7 @@ impl Writer<'_> {
         self.ins(format!("@{more} bra {done}"));
         self.label(&top);
         for s in ring.producer.clone() {
-            match s {
-                Step::Wait { bar, .. } => self.wait(&ring, &c, bar)?,
-                Step::ArriveExpectTx { bar, bytes } => {
-                    let a = self.bar_addr(&ring, bar, c.stage);
-                    self.ins(format!(
-                        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [{a}], {bytes}"
-                    ));
-                }
-                Step::Tma { load } => self.issue_tma(&ring, load, &c, iv, id)?,
-                Step::Arrive { bar, lag } => self.release(&ring, &c, bar, lag, None),
-                Step::FenceProxyAsync => self.ins("fence.proxy.async.shared::cta"),
-                Step::GenericWrite { .. } | Step::Mma | Step::Commit | Step::WaitGroup(_) => {
-                    return Err(self.internal(id, format!("producer step `{s}`")));
-                }
-            }
+            self.producer_step(&ring, &c, s, iv, id)?;
         }
         self.advance(&c, ring.stages);
         self.ins(format!("add.s32 {iv}, {iv}, {step}"));
@@ -218,6 +231,34 @@ impl Writer<'_> {
             roles.consumer_regs
         ));
         self.write_consumer_loop(id, &ring, [lo, hi, step])
+    }
+
+    /// One step of the producer's programs (`iv`: the iteration's induction variable).
+    fn producer_step(
+        &mut self,
+        ring: &Ring,
+        c: &Cursor,
+        s: Step,
+        iv: Reg,
+        id: OpId,
+    ) -> Result<(), CodegenError> {
+        match s {
+            Step::Wait { bar, start } => self.wait(ring, c, bar, start)?,
+            Step::ArriveExpectTx { bar, bytes } => {
+                let a = self.bar_addr(ring, bar, c.stage);
+                self.ins(format!(
+                    "mbarrier.arrive.expect_tx.shared::cta.b64 _, [{a}], {bytes}"
+                ));
+            }
+            Step::Tma { load } => self.issue_tma(ring, load, c, iv, id)?,
+            Step::TmaOnce { load } => self.issue_tma_once(ring, load, c, id)?,
+            Step::Arrive { bar, lag } => self.release(ring, c, bar, lag, None),
+            Step::FenceProxyAsync => self.ins("fence.proxy.async.shared::cta"),
+            Step::GenericWrite { .. } | Step::Mma | Step::Commit | Step::WaitGroup(_) => {
+                return Err(self.internal(id, format!("producer step `{s}`")));
+            }
+        }
+        Ok(())
     }
 
     /// The consumers' loop: the consumer program around the body, then the drain.
@@ -249,6 +290,9 @@ impl Writer<'_> {
         self.ins(format!("and.b32 {lane}, {}, 31", self.tid));
         self.ins(format!("setp.eq.u32 {lane0}, {lane}, 0"));
         let c = self.cursor(&ring.consumer);
+        for s in ring.consumer_once.clone() {
+            self.consumer_step(ring, &c, s, lane0, id)?;
+        }
         let (top, end, more) = (
             self.new_label(),
             self.new_label(),
@@ -259,7 +303,7 @@ impl Writer<'_> {
         self.label(&top);
         for s in ring.consumer.clone() {
             match s {
-                Step::Wait { bar, .. } => self.wait(ring, &c, bar)?,
+                Step::Wait { bar, start } => self.wait(ring, &c, bar, start)?,
                 Step::Mma => {
                     for l in &ring.loads {
                         let base = self.new_reg(Class::B32);
@@ -313,9 +357,10 @@ impl Writer<'_> {
             Step::WaitGroup(n) => self.ins(format!("wgmma.wait_group.sync.aligned {n}")),
             Step::Arrive { bar, lag } => self.release(ring, c, bar, lag, Some(lane0)),
             Step::FenceProxyAsync => self.ins("fence.proxy.async.shared::cta"),
-            Step::Wait { bar, .. } => self.wait(ring, c, bar)?,
+            Step::Wait { bar, start } => self.wait(ring, c, bar, start)?,
             Step::ArriveExpectTx { .. }
             | Step::Tma { .. }
+            | Step::TmaOnce { .. }
             | Step::GenericWrite { .. }
             | Step::Mma => {
                 return Err(self.internal(id, format!("consumer step `{s}` outside the body")));
@@ -351,10 +396,6 @@ impl Writer<'_> {
             .get(load)
             .cloned()
             .ok_or_else(|| self.internal(id, "a TMA step without its load"))?;
-        let map = *self
-            .tmaps
-            .get(&l.param)
-            .ok_or_else(|| self.internal(l.load, "a TMA load without a tensor map"))?;
         let body_iv = self.k.ops[id].regions[0].args[0];
         let mut memo = std::collections::BTreeMap::new();
         let coords = self.k.ops[l.load]
@@ -363,15 +404,59 @@ impl Writer<'_> {
             .into_iter()
             .map(|v| self.remat(v, body_iv, iv, &mut memo, l.load))
             .collect::<Result<Vec<_>, _>>()?;
-        let [row, col] = coords[..] else {
-            return Err(self.internal(l.load, "a TMA load that is not 2-D"));
-        };
         let full = self.bar_addr(ring, Bar::Full, c.stage);
         let stage = self.new_reg(Class::B32);
         self.ins(format!(
             "mad.lo.u32 {stage}, {}, {}, {}",
             c.stage, l.stage_stride, self.smem
         ));
+        self.tma_boxes(&l, &coords, stage, full)
+    }
+
+    /// The TMA boxes of once load `load` (its coordinates are computed before the loop).
+    fn issue_tma_once(
+        &mut self,
+        ring: &Ring,
+        load: usize,
+        c: &Cursor,
+        id: OpId,
+    ) -> Result<(), CodegenError> {
+        let l = ring
+            .once
+            .get(load)
+            .cloned()
+            .ok_or_else(|| self.internal(id, "a TMA step without its once load"))?;
+        let coords = self.k.ops[l.load]
+            .operands
+            .clone()
+            .into_iter()
+            .map(|v| self.scalar(v, l.load))
+            .collect::<Result<Vec<_>, _>>()?;
+        let once = self.bar_addr(ring, Bar::Once, c.stage);
+        self.tma_boxes(&l, &coords, self.smem, once)
+    }
+
+    /// `cp.async.bulk.tensor` of every box of `l` into the stage at `stage` (`l.offset` is
+    /// added), the tile at `coords` (one per tensor dimension, outermost first), completing
+    /// on the barrier at `bar`.
+    fn tma_boxes(
+        &mut self,
+        l: &TmaLoad,
+        coords: &[Reg],
+        stage: Reg,
+        bar: Reg,
+    ) -> Result<(), CodegenError> {
+        let map = *self
+            .tmaps
+            .get(&l.param)
+            .ok_or_else(|| self.internal(l.load, "a TMA load without a tensor map"))?;
+        let rank = l.lead_dims as usize + 2;
+        let (lead, &[row, col]) = coords.split_at(coords.len().saturating_sub(2)) else {
+            return Err(self.internal(l.load, "a TMA load with fewer than 2 coordinates"));
+        };
+        if coords.len() != rank {
+            return Err(self.internal(l.load, "TMA coordinates that do not match the tensor map"));
+        }
         for b in &l.boxes {
             let (dst, x, y) = (
                 self.new_reg(Class::B32),
@@ -384,9 +469,13 @@ impl Writer<'_> {
             ));
             self.ins(format!("add.s32 {x}, {col}, {}", b.origin[1]));
             self.ins(format!("add.s32 {y}, {row}, {}", b.origin[0]));
+            // Innermost dimension first.
+            let mut at = vec![x.to_string(), y.to_string()];
+            at.extend(lead.iter().rev().map(Reg::to_string));
             self.ins(format!(
-                "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes \
-                 [{dst}], [{map}, {{{x}, {y}}}], [{full}]"
+                "cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes \
+                 [{dst}], [{map}, {{{}}}], [{bar}]",
+                at.join(", ")
             ));
         }
         Ok(())

@@ -10,9 +10,13 @@
 //! 128-B-swizzled box of `BK` rows x 64 columns per 64 columns of N, LBO = the box stride,
 //! SBO = 1024 (8 K-rows), each k16 step is 16 rows (2048 bytes), and `imm-trans-b = 1`. B
 //! stored `[N, K]` (the body's `y.t()`) is K-major exactly like A, all `BN` rows in one
-//! descriptor, and `imm-trans-b = 0`.
+//! descriptor, and `imm-trans-b = 0`. A register A (attention's `P`, in the accumulator
+//! layout) is packed into the RS form's four bf16-pair registers per k16 step, the same
+//! fragment `mma.sync` takes.
 
+use kiln_ir::passes::pipeline::overlaps;
 use kiln_ir::ring::{Operand, TmaLoad};
+use kiln_ir::schedule::Layout;
 use kiln_ir::{DType, OpId};
 
 use crate::CodegenError;
@@ -36,19 +40,26 @@ fn template(lbo: u32, sbo: u32, span: u32) -> u64 {
 /// The wgmma view of one ring stage: descriptor constants and start offsets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Geometry {
-    /// A: rows per stage; K per stage.
-    bm: u32,
+    /// K and N per stage.
     bk: u32,
-    /// B: N per stage.
     bn: u32,
     /// Whether B is stored `[N, K]` (K-major, `imm-trans-b = 0`).
     b_k_major: bool,
-    /// A's and B's box widths in elements (the swizzle row).
-    a_chunk: u32,
+    /// B's box width in elements (K-major: the swizzle row).
     b_chunk: u32,
-    /// A's and B's `(LBO, SBO, swizzle span)`.
-    a_fields: (u32, u32, u32),
+    /// B's `(LBO, SBO, swizzle span)`.
     b_fields: (u32, u32, u32),
+    /// A in shared memory (`None`: A from registers, wgmma RS).
+    a: Option<KMajorA>,
+}
+
+/// A K-major A stage: `bm` rows in boxes of `chunk` K columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct KMajorA {
+    bm: u32,
+    chunk: u32,
+    /// `(LBO, SBO, swizzle span)`.
+    fields: (u32, u32, u32),
 }
 
 /// K-major swizzled descriptor fields of a load with boxes `chunk` elements wide: LBO unused
@@ -64,32 +75,47 @@ fn k_major_start(rows: u32, chunk: u32, row0: u32, s: u32) -> u32 {
     box_index * rows * chunk * 2 + row0 * chunk * 2 + within * 2
 }
 
-impl Geometry {
-    fn new(a: &TmaLoad, b: &TmaLoad) -> Geometry {
-        let [bm, a_chunk] = a.box_dims;
-        let bk = a_chunk * a.boxes.len() as u32;
-        let b_k_major = b.operand == Operand::KMajorB;
-        let (bn, b_fields) = if b_k_major {
-            (b.box_dims[0], k_major_fields(b))
-        } else {
-            // MN-major SW128: LBO = distance of the 64-column boxes, SBO = 8 K-rows.
-            (64 * b.boxes.len() as u32, (bk * 128, 1024, 128))
-        };
-        Geometry {
-            bm,
-            bk,
-            bn,
-            b_k_major,
-            a_chunk,
-            b_chunk: b.box_dims[1],
-            a_fields: k_major_fields(a),
-            b_fields,
+impl KMajorA {
+    fn new(a: &TmaLoad) -> KMajorA {
+        KMajorA {
+            bm: a.box_dims[0],
+            chunk: a.box_dims[1],
+            fields: k_major_fields(a),
         }
     }
 
+    /// K per stage.
+    fn bk(&self, a: &TmaLoad) -> u32 {
+        self.chunk * a.boxes.len() as u32
+    }
+
     /// Byte offset, from A's stage base, of warpgroup `wg`'s k16 step `s`.
-    fn a_start(&self, wg: u32, s: u32) -> u32 {
-        k_major_start(self.bm, self.a_chunk, 64 * wg, s)
+    fn start(&self, wg: u32, s: u32) -> u32 {
+        k_major_start(self.bm, self.chunk, 64 * wg, s)
+    }
+}
+
+impl Geometry {
+    /// The view of B's stage `b`, and of A's `a` when A is in shared memory.
+    fn new(a: Option<&TmaLoad>, b: &TmaLoad) -> Geometry {
+        let b_k_major = b.operand == Operand::KMajorB;
+        let (bk, bn, b_fields) = if b_k_major {
+            let bk = b.box_dims[1] * b.boxes.len() as u32;
+            (bk, b.box_dims[0], k_major_fields(b))
+        } else {
+            // MN-major SW128: one box of all K rows per 64 columns; LBO = the boxes'
+            // distance, SBO = 8 K-rows.
+            let bk = b.box_dims[0];
+            (bk, 64 * b.boxes.len() as u32, (bk * 128, 1024, 128))
+        };
+        Geometry {
+            bk,
+            bn,
+            b_k_major,
+            b_chunk: b.box_dims[1],
+            b_fields,
+            a: a.map(KMajorA::new),
+        }
     }
 
     /// Byte offset, from B's stage base, of k16 step `s`: K-major like A, or 16 rows of 128 B.
@@ -113,8 +139,8 @@ impl Writer<'_> {
         d
     }
 
-    /// The ring load whose stage `v` is, with its stage base; only a K-major B is read
-    /// through a transposed view.
+    /// The ring or once load whose stage `v` is, with its stage base; only a K-major B is
+    /// read through a transposed view.
     fn ring_operand(&self, v: kiln_ir::ValueId, id: OpId) -> Result<(Reg, TmaLoad), CodegenError> {
         let Val::Smem {
             base,
@@ -127,7 +153,7 @@ impl Writer<'_> {
         let load = self
             .ring
             .as_ref()
-            .and_then(|r| r.loads.iter().find(|l| l.load == buf.load))
+            .and_then(|r| r.loads.iter().chain(&r.once).find(|l| l.load == buf.load))
             .cloned()
             .ok_or_else(|| self.internal(id, "a wgmma operand outside the ring"))?;
         if transposed != (load.operand == Operand::KMajorB) {
@@ -136,68 +162,135 @@ impl Writer<'_> {
         Ok((base, load))
     }
 
-    /// Writes `d = a @ b + c` as one wgmma per k16 step and warpgroup, accumulating in place.
+    /// Writes `d = a @ b (+ c)` as one wgmma per k16 step and warpgroup, accumulating in
+    /// place (from zeros without `c`); A is a shared stage (SS) or the registers of an
+    /// accumulator-layout tile (RS, ptx-notes §4 "RS A-fragment"). Outside the GEMM mainloop
+    /// ([`overlaps`]) the wgmmas are committed and waited for here, before any other
+    /// instruction reads their registers.
     pub(crate) fn write_wgmma(&mut self, id: OpId) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
         let (a, b, r) = (op.operands[0], op.operands[1], op.results[0]);
-        let &c = op
-            .operands
-            .get(2)
-            .ok_or_else(|| self.internal(id, "a ring mma without an accumulator"))?;
-        let (a_base, a_load) = self.ring_operand(a, id)?;
         let (b_base, b_load) = self.ring_operand(b, id)?;
-        if a_load.operand != Operand::KMajorA || b_load.operand == Operand::KMajorA {
+        let a_val = self.val(a, id)?;
+        let a_smem = match a_val {
+            Val::Smem { .. } => Some(self.ring_operand(a, id)?),
+            _ => None,
+        };
+        if b_load.operand == Operand::KMajorA
+            || a_smem
+                .as_ref()
+                .is_some_and(|(_, l)| l.operand != Operand::KMajorA)
+        {
             return Err(self.internal(id, "wgmma operands in unexpected majorness"));
         }
-        let g = Geometry::new(&a_load, &b_load);
+        let g = Geometry::new(a_smem.as_ref().map(|(_, l)| l), &b_load);
+        if let Some((_, l)) = &a_smem
+            && g.a.is_some_and(|av| av.bk(l) != g.bk)
+        {
+            return Err(self.internal(id, "wgmma A and B stages of different K"));
+        }
         let bn = g.bn;
         let elem = match self.k.ty(a).dtype() {
             DType::Bf16 => "bf16",
             DType::F16 => "f16",
             _ => return Err(self.internal(id, "wgmma operands must be bf16 or f16")),
         };
-        let mut acc = self.tile(c, id)?;
-        let distinct = acc.iter().collect::<std::collections::BTreeSet<_>>().len() == acc.len();
-        if !(self.dies_here(c, id) && distinct) {
-            let fresh: Vec<Reg> = acc.iter().map(|_| self.new_reg(Class::F32)).collect();
-            for (d, s) in fresh.iter().zip(&acc) {
-                self.mov(*d, *s);
+        let acc = match op.operands.get(2) {
+            Some(&c) => {
+                let mut acc = self.tile(c, id)?;
+                let distinct =
+                    acc.iter().collect::<std::collections::BTreeSet<_>>().len() == acc.len();
+                if !(self.dies_here(c, id) && distinct) {
+                    let fresh: Vec<Reg> = acc.iter().map(|_| self.new_reg(Class::F32)).collect();
+                    for (d, s) in fresh.iter().zip(&acc) {
+                        self.mov(*d, *s);
+                    }
+                    acc = fresh;
+                }
+                acc
             }
-            acc = fresh;
-        }
+            None => (0..bn / 2)
+                .map(|_| {
+                    let d = self.new_reg(Class::F32);
+                    self.ins(format!("mov.f32 {d}, 0f00000000"));
+                    d
+                })
+                .collect(),
+        };
         if acc.len() as u32 != bn / 2 {
             return Err(self.internal(id, "accumulator registers do not match m64nNk16"));
         }
-        // Warp-uniform: the warpgroup's first row in the A stage.
-        let wg = self.new_reg(Class::B32);
-        self.ins(format!("shr.u32 {wg}, {}, 7", self.tid));
-        let a_addr = self.new_reg(Class::B32);
-        self.ins(format!(
-            "mad.lo.u32 {a_addr}, {wg}, {}, {a_base}",
-            g.a_start(1, 0)
-        ));
-        let (al, asb, asw) = g.a_fields;
+        let da = match (&a_smem, g.a) {
+            (Some((a_base, _)), Some(av)) => {
+                // Warp-uniform: the warpgroup's first row in the A stage.
+                let wg = self.new_reg(Class::B32);
+                self.ins(format!("shr.u32 {wg}, {}, 7", self.tid));
+                let a_addr = self.new_reg(Class::B32);
+                self.ins(format!(
+                    "mad.lo.u32 {a_addr}, {wg}, {}, {a_base}",
+                    av.start(1, 0)
+                ));
+                let (al, asb, asw) = av.fields;
+                Some((self.descriptor(a_addr, template(al, asb, asw)), av))
+            }
+            _ => {
+                self.check_register_a(a, id)?;
+                None
+            }
+        };
         let (bl, bsb, bsw) = g.b_fields;
-        let da = self.descriptor(a_addr, template(al, asb, asw));
         let db = self.descriptor(b_base, template(bl, bsb, bsw));
+        // RS: the A fragments of every k16 step, packed before the fence.
+        let a_frags = match da {
+            Some(_) => Vec::new(),
+            None => (0..g.bk / 16)
+                .map(|s| self.pack_a_fragment(id, &a_val, g.bk / 8, 0, s))
+                .collect::<Result<Vec<_>, _>>()?,
+        };
         self.ins("wgmma.fence.sync.aligned");
         let regs: Vec<String> = acc.iter().map(Reg::to_string).collect();
         let regs = regs.join(", ");
         let trans_b = u32::from(!g.b_k_major);
+        let shape = format!("m64n{bn}k16.f32.{elem}.{elem}");
         for s in 0..g.bk / 16 {
             // Only the start address moves (base offset stays 0, ptx-notes §4).
-            let a_off = g.a_start(0, s) >> 4;
-            let b_off = g.b_start(s) >> 4;
-            let (das, dbs) = (self.new_reg(Class::B64), self.new_reg(Class::B64));
-            self.ins(format!("add.s64 {das}, {da}, {a_off}"));
-            self.ins(format!("add.s64 {dbs}, {db}, {b_off}"));
-            self.ins(format!(
-                "wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{elem}.{elem} \
-                 {{{regs}}}, {das}, {dbs}, 1, 1, 1, 0, {trans_b}"
-            ));
+            let dbs = self.new_reg(Class::B64);
+            self.ins(format!("add.s64 {dbs}, {db}, {}", g.b_start(s) >> 4));
+            match (da, a_frags.get(s as usize)) {
+                (Some((da, av)), _) => {
+                    let das = self.new_reg(Class::B64);
+                    self.ins(format!("add.s64 {das}, {da}, {}", av.start(0, s) >> 4));
+                    self.ins(format!(
+                        "wgmma.mma_async.sync.aligned.{shape} {{{regs}}}, {das}, {dbs}, 1, 1, 1, \
+                         0, {trans_b}"
+                    ));
+                }
+                (None, Some([a0, a1, a2, a3])) => self.ins(format!(
+                    "wgmma.mma_async.sync.aligned.{shape} {{{regs}}}, {{{a0}, {a1}, {a2}, {a3}}}, \
+                     {dbs}, 1, 1, 1, {trans_b}"
+                )),
+                (None, None) => return Err(self.internal(id, "a k16 step without A fragments")),
+            }
+        }
+        let for_op = self.ring.as_ref().map(|ring| ring.for_op);
+        if for_op.is_some_and(|f| !overlaps(self.k, f)) {
+            self.ins("wgmma.commit_group.sync.aligned");
+            self.ins("wgmma.wait_group.sync.aligned 0");
         }
         self.vals.insert(r, Val::Tile(acc));
         Ok(())
+    }
+
+    /// A register A operand must be in the wgmma accumulator layout: 16 rows per warp.
+    fn check_register_a(&self, a: kiln_ir::ValueId, id: OpId) -> Result<(), CodegenError> {
+        let warps = self.k.options.num_warps;
+        match self.k.schedule.layouts.get(&a) {
+            Some(Layout::Mma { warps: w }) if *w == [warps, 1] => Ok(()),
+            _ => Err(self.internal(
+                id,
+                "a register wgmma A operand not in the accumulator layout",
+            )),
+        }
     }
 }
 
@@ -266,16 +359,17 @@ mod tests {
                 (128, 192, 32),
             ] {
                 let (a, b) = loads(bm, bn, bk, b_k_major);
-                let g = Geometry::new(&a, &b);
-                assert_eq!((g.bm, g.bk, g.bn), (bm, bk, bn));
+                let g = Geometry::new(Some(&a), &b);
+                let av = g.a.expect("A in shared memory");
+                assert_eq!((av.bm, av.bk(&a), g.bk, g.bn), (bm, bk, bk, bn));
                 let shape = format!("{bm}x{bn}x{bk} B K-major {b_k_major}");
                 for s in 0..bk / 16 {
                     for wg in 0..bm / 64 {
-                        let start = g.a_start(wg, s);
+                        let start = av.start(wg, s);
                         for m in 0..64 {
                             for k in 0..16 {
                                 let read =
-                                    swizzle(wgmma_k_major(start, g.a_fields, m, k), a.swizzle);
+                                    swizzle(wgmma_k_major(start, av.fields, m, k), a.swizzle);
                                 let wrote =
                                     swizzle(tma_offset(&a, 64 * wg + m, 16 * s + k), a.swizzle);
                                 assert_eq!(read, wrote, "A {shape}: wg {wg} k-step {s} ({m},{k})");

@@ -1,29 +1,39 @@
-//! The `pipeline` pass (sm_90a): turns each GEMM-shaped pipelined loop into a TMA stage
-//! [`Ring`] with `full`/`empty` mbarrier arrays and the producer and consumer programs
-//! (see [`crate::ring`]).
+//! The `pipeline` pass (sm_90a): turns each GEMM- or attention-shaped pipelined loop into a
+//! TMA stage [`Ring`] with `full`/`empty` mbarrier arrays and the producer and consumer
+//! programs (see [`crate::ring`]).
 //!
-//! In a kernel whose mma tile has 128 rows (two consumer warpgroups of 4 warps, the count the
-//! layout pass sets on sm_90a), a top-level `for` with `stages >= 2` becomes a ring when its
-//! body holds exactly one accumulating `mma(x, y, acc)` whose operands are tiles loaded in the body, staged in shared
-//! memory, from rank-2 `aligned16` tensors with coordinates computable for any iteration, and
-//! whose shapes wgmma takes: `x` is `[64 * warpgroups, BK]` (K-major, one TMA box per 64
-//! columns, swizzled by the box row's bytes), `y` is `[BK, BN]` (MN-major, one 128-B-swizzled
-//! box per 64 columns) or the transpose `t.t()` of a `[BN, BK]` tile `t` (B stored
-//! column-major: K-major, boxed like `x`), `BK % 16 == 0`, `BN % 64 == 0`, `BN <= 256`, and each load's column
-//! coordinate a provable multiple of 8 elements (TMA's innermost coordinate must be a whole
-//! number of 16-byte chunks, or the load dies with an illegal-instruction error on the H200;
-//! see `kiln_runtime::TensorMap`). Any other loop keeps the
-//! sm_80 cp.async lowering (the `lower` pass plans it), so tensors that are not 16-byte aligned
-//! still compile. Every shared buffer is then re-placed at 1024-byte alignment (the SW128 atom),
-//! and the barriers follow the buffers.
+//! In a kernel whose mma tiles have 128 rows (two consumer warpgroups of 4 warps, the count
+//! the layout pass sets on sm_90a), a top-level `for` with `stages >= 2` becomes a ring when
+//! every `mma(x, y[, acc])` at the top of its body has a shape and operands wgmma takes:
+//! - `x` is `[64 * warpgroups, K]` in the accumulator layout: either a tile staged in shared
+//!   memory (K-major, one TMA box per 64 columns, swizzled by the box row's bytes; K of 16, 32
+//!   or a multiple of 64), loaded in the body or once before the loop (a *once* load:
+//!   attention's `Q`), or registers (wgmma RS: attention's `P`);
+//! - `y` is a tile staged in the body, `[K, N]` (MN-major, one 128-B-swizzled box of all K
+//!   rows per 64 columns, K <= 256) or the transpose `t.t()` of a `[N, K]` tile `t` (B stored
+//!   column-major, attention's `K`: K-major, boxed like `x`);
+//! - `K % 16 == 0`, `N % 64 == 0`, `N <= 256`;
+//! - each load is a 2-D tile of a rank 2..=5 `aligned16` tensor (outer dimensions become box
+//!   extents of 1), with coordinates computable for any iteration and a column coordinate
+//!   that is a provable multiple of 8 elements (TMA's innermost coordinate must be a whole
+//!   number of 16-byte chunks, or the load dies with an illegal-instruction error on the
+//!   H200; see `kiln_runtime::TensorMap`).
+//!
+//! Any other loop keeps the sm_80 cp.async lowering (the `lower` pass plans it), so tensors
+//! that are not 16-byte aligned still compile. Every shared buffer is then re-placed at
+//! 1024-byte alignment (the SW128 atom), and the barriers follow the buffers.
 //!
 //! The kernel gets a ring only when exactly one loop qualifies and every shared buffer is
-//! one of its stages: the producer warpgroup exits after the ring, so no later code may
-//! synchronise the whole block.
+//! one of its stages or once loads: the producer warpgroup exits after the ring, so no later
+//! code may synchronise the whole block.
 //!
-//! Per iteration the producer waits on `empty` (parity from 1), announces the stage's bytes on
-//! `full` and issues the boxes; the consumers wait on `full` (parity from 0), run the body's
-//! wgmmas, commit, keep one group in flight and release the previous iteration's stage.
+//! The producer first announces the once loads' bytes on `once` and issues them; per
+//! iteration it waits on `empty` (parity from 1), announces the stage's bytes on `full` and
+//! issues the boxes. The consumers wait on `once` (parity 0), then per iteration on `full`
+//! (parity from 0) and run the body's wgmmas. A GEMM mainloop (one mma, its result only
+//! carried; [`overlaps`]) commits, keeps one group in flight and releases the previous
+//! iteration's stage; any other body waits for each wgmma where it is issued (its products
+//! are read) and releases the stage it just used.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -50,7 +60,10 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     }
     // The producer warpgroup exits after its ring, so the kernel may have one ring and no
     // other shared-memory tile (whose cp.async path synchronises all threads with bar.sync).
-    let ring_loads = rings.values().map(|r| r.loads.len()).sum::<usize>();
+    let ring_loads = rings
+        .values()
+        .map(|r| r.loads.len() + r.once.len())
+        .sum::<usize>();
     if rings.len() != 1 || ring_loads != kernel.schedule.buffers.len() {
         return Ok(());
     }
@@ -73,12 +86,16 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         offset = offset.next_multiple_of(SWIZZLE_ATOM);
     }
     for ring in rings.values_mut() {
-        for l in &mut ring.loads {
+        for l in ring.loads.iter_mut().chain(&mut ring.once) {
             l.offset = offsets.get(&l.load).copied().unwrap_or_default();
         }
         ring.full_offset = offset;
         ring.empty_offset = offset + 8 * ring.stages;
         offset += 16 * ring.stages;
+        if !ring.once.is_empty() {
+            ring.once_offset = offset;
+            offset += 8;
+        }
     }
     if offset > super::memory_plan::SMEM_LIMIT {
         let loc = rings
@@ -100,6 +117,18 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     Ok(())
 }
 
+/// How one `mma` of a ring body reads its operands.
+struct MmaPlan {
+    /// A from shared memory (a staged load, in the body or a once load before the loop), or
+    /// `None` for a register A (wgmma RS).
+    a: Option<OpId>,
+    /// B's staged load, and whether it is read transposed (`[N, K]` stored: K-major).
+    b: (OpId, bool),
+    /// `K` and `N` of the product.
+    k: u32,
+    n: u32,
+}
+
 /// The ring of loop `id`, when it has the shape described in the module doc.
 fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
     let OpKind::For {
@@ -114,12 +143,8 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
         return None;
     }
     let body = &kernel.ops[id].regions[0];
-    let inside: BTreeSet<OpId> = body.ops.iter().copied().collect();
-    let staged: Vec<OpId> = body
-        .ops
-        .iter()
-        .copied()
-        .filter(|&o| kernel.schedule.buffer(o).is_some())
+    let inside: BTreeSet<OpId> = super::walk::ops_in_block(kernel, body)
+        .into_iter()
         .collect();
     let mmas: Vec<OpId> = body
         .ops
@@ -127,89 +152,141 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
         .copied()
         .filter(|&o| kernel.ops[o].kind == OpKind::Mma)
         .collect();
-    let [mma] = mmas[..] else { return None };
-    let mma_op = &kernel.ops[mma];
-    if mma_op.operands.len() != 3 {
+    if mmas.is_empty() {
         return None;
     }
-    let def = |v| match kernel.values[v].def {
-        ValueDef::Op(o, 0) if staged.contains(&o) => Some(o),
-        _ => None,
-    };
-    // B is a staged tile (`[BK, BN]`, MN-major) or the transposed view of one (`[BN, BK]`
-    // stored, K-major).
-    let b_view = mma_op.operands[1];
-    let (b, b_k_major) = match kernel.values[b_view].def {
-        ValueDef::Op(t, 0) if kernel.ops[t].kind == OpKind::Transpose && inside.contains(&t) => {
-            (def(kernel.ops[t].operands[0])?, true)
+    let plans = mmas
+        .iter()
+        .map(|&m| plan_mma(kernel, m, warps, &inside))
+        .collect::<Option<Vec<MmaPlan>>>()?;
+    // Ring loads in order of use (A before B); once loads are A tiles loaded before the loop.
+    let mut ring_loads: Vec<(OpId, Operand, u32, u32)> = Vec::new();
+    let mut once_loads: Vec<(OpId, u32, u32)> = Vec::new();
+    for p in &plans {
+        if let Some(a) = p.a {
+            let rows = 16 * warps;
+            if inside.contains(&a) {
+                ring_loads.push((a, Operand::KMajorA, rows, p.k));
+            } else {
+                once_loads.push((a, rows, p.k));
+            }
         }
-        _ => (def(b_view)?, false),
-    };
-    let a = def(mma_op.operands[0])?;
-    if staged.len() != 2 {
-        return None;
-    }
-    let a_shape = kernel.ty(mma_op.operands[0]).shape()?.clone();
-    let b_shape = kernel.ty(mma_op.operands[1]).shape()?.clone();
-    let (bm, bk, bn) = (
-        a_shape.rows() as u32,
-        a_shape.cols() as u32,
-        b_shape.cols() as u32,
-    );
-    let dtype = kernel.ty(mma_op.operands[0]).dtype();
-    let wgmma_shape = bm == 16 * warps
-        && bk.is_multiple_of(16)
-        && (bk * 2 == 32 || bk * 2 == 64 || bk.is_multiple_of(64))
-        && bn.is_multiple_of(64)
-        && bn <= 256;
-    let wgmma_layout = matches!(
-        kernel.schedule.layouts.get(&mma_op.results[0]),
-        Some(Layout::Mma { warps: [8, 1] })
-    );
-    if !wgmma_shape || !wgmma_layout || !matches!(dtype, DType::Bf16 | DType::F16) {
-        return None;
-    }
-    let tma_ok = |l: OpId| {
-        let OpKind::Load { tensor, ref shape } = kernel.ops[l].kind else {
-            return false;
+        let (b, k_major) = p.b;
+        let operand = if k_major {
+            Operand::KMajorB
+        } else {
+            Operand::MnMajorB
         };
-        let aligned = matches!(
-            kernel.params.get(tensor),
-            Some(Param::Tensor {
-                rank: 2,
-                aligned16: true,
-                ..
-            })
-        );
-        aligned
-            && shape.rank() == 2
-            && kernel.ops[l]
-                .operands
-                .get(1)
-                .is_some_and(|&c| known_multiple(kernel, c).is_multiple_of(8))
-            && kernel.ops[l]
-                .operands
-                .iter()
-                .all(|&c| hoistable(kernel, c, id, &inside))
-    };
-    if !tma_ok(a) || !tma_ok(b) {
+        ring_loads.push((b, operand, p.n, p.k));
+    }
+    // Every tile staged in the body is a ring load, read by exactly one operand.
+    let staged = body
+        .ops
+        .iter()
+        .filter(|&&o| kernel.schedule.buffer(o).is_some())
+        .count();
+    let distinct: BTreeSet<OpId> = ring_loads.iter().map(|l| l.0).collect();
+    let once_distinct: BTreeSet<OpId> = once_loads.iter().map(|l| l.0).collect();
+    if distinct.len() != ring_loads.len()
+        || staged != ring_loads.len()
+        || once_distinct.len() != once_loads.len()
+    {
         return None;
     }
-    let param = |l: OpId| match kernel.ops[l].kind {
-        OpKind::Load { tensor, .. } => tensor,
-        _ => 0,
+    let tma = |l: OpId, rows: u32, cols: u32, operand: Operand| {
+        let (param, rank) = tma_source(kernel, l, id, &inside)?;
+        let mut t = match operand {
+            Operand::MnMajorB => TmaLoad::mn_major_b(l, param, cols, rows),
+            Operand::KMajorA | Operand::KMajorB => TmaLoad::k_major(l, param, operand, rows, cols),
+        };
+        t.lead_dims = rank - 2;
+        Some(t)
     };
-    let a_load = TmaLoad::k_major(a, param(a), Operand::KMajorA, bm, bk);
-    let b_load = if b_k_major {
-        TmaLoad::k_major(b, param(b), Operand::KMajorB, bn, bk)
+    let loads = ring_loads
+        .iter()
+        .map(|&(l, operand, rows, cols)| tma(l, rows, cols, operand))
+        .collect::<Option<Vec<_>>>()?;
+    let once = once_loads
+        .iter()
+        .map(|&(l, rows, cols)| {
+            let mut t = tma(l, rows, cols, Operand::KMajorA)?;
+            t.stage_stride = 0;
+            Some(t)
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let bytes = loads.iter().map(TmaLoad::tile_bytes).sum();
+    let once_bytes = once.iter().map(TmaLoad::tile_bytes).sum();
+    // A lone accumulating mma whose result only feeds the next iteration keeps one wgmma
+    // group in flight and releases the previous stage; a body that reads its products
+    // waits for each and releases the stage it just used.
+    let (consumer, consumer_drain) = if overlaps(kernel, id) {
+        (
+            vec![
+                Step::Wait {
+                    bar: Bar::Full,
+                    start: 0,
+                },
+                Step::Mma,
+                Step::Commit,
+                Step::WaitGroup(1),
+                Step::Arrive {
+                    bar: Bar::Empty,
+                    lag: 1,
+                },
+            ],
+            vec![Step::WaitGroup(0)],
+        )
     } else {
-        TmaLoad::mn_major_b(b, param(b), bk, bn)
+        (
+            vec![
+                Step::Wait {
+                    bar: Bar::Full,
+                    start: 0,
+                },
+                Step::Mma,
+                Step::Commit,
+                Step::WaitGroup(0),
+                Step::Arrive {
+                    bar: Bar::Empty,
+                    lag: 0,
+                },
+            ],
+            Vec::new(),
+        )
     };
-    let bytes = a_load.tile_bytes() + b_load.tile_bytes();
+    let (producer_once, consumer_once) = if once.is_empty() {
+        (Vec::new(), Vec::new())
+    } else {
+        let mut p = vec![Step::ArriveExpectTx {
+            bar: Bar::Once,
+            bytes: once_bytes,
+        }];
+        p.extend((0..once.len()).map(|load| Step::TmaOnce { load }));
+        (
+            p,
+            vec![Step::Wait {
+                bar: Bar::Once,
+                start: 0,
+            }],
+        )
+    };
+    let mut producer = vec![
+        Step::Wait {
+            bar: Bar::Empty,
+            start: 1,
+        },
+        Step::ArriveExpectTx {
+            bar: Bar::Full,
+            bytes,
+        },
+    ];
+    producer.extend((0..loads.len()).map(|load| Step::Tma { load }));
     Some(Ring {
         for_op: id,
         stages,
-        loads: vec![a_load, b_load],
+        loads,
+        once,
+        once_offset: 0,
         full_offset: 0,
         empty_offset: 0,
         full_count: 1,
@@ -219,33 +296,116 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
             InitStep::FenceMbarrierInit,
             InitStep::BarSync,
         ],
-        producer: vec![
-            Step::Wait {
-                bar: Bar::Empty,
-                start: 1,
-            },
-            Step::ArriveExpectTx {
-                bar: Bar::Full,
-                bytes,
-            },
-            Step::Tma { load: 0 },
-            Step::Tma { load: 1 },
-        ],
-        consumer: vec![
-            Step::Wait {
-                bar: Bar::Full,
-                start: 0,
-            },
-            Step::Mma,
-            Step::Commit,
-            Step::WaitGroup(1),
-            Step::Arrive {
-                bar: Bar::Empty,
-                lag: 1,
-            },
-        ],
-        consumer_drain: vec![Step::WaitGroup(0)],
+        producer_once,
+        consumer_once,
+        producer,
+        consumer,
+        consumer_drain,
     })
+}
+
+/// How `mma` reads its operands, when wgmma can run it (see the module doc).
+fn plan_mma(kernel: &Kernel, mma: OpId, warps: u32, inside: &BTreeSet<OpId>) -> Option<MmaPlan> {
+    let op = &kernel.ops[mma];
+    let (a_v, b_v) = (*op.operands.first()?, *op.operands.get(1)?);
+    let staged = |v: ValueId| match kernel.values[v].def {
+        ValueDef::Op(o, 0) if kernel.schedule.buffer(o).is_some() => Some(o),
+        _ => None,
+    };
+    let a = match kernel.values[a_v].def {
+        ValueDef::Op(o, 0) if matches!(kernel.ops[o].kind, OpKind::Load { .. }) => {
+            Some(staged(a_v)?)
+        }
+        _ => None,
+    };
+    // B is a staged tile of the body (`[K, N]`, MN-major) or the transposed view of one
+    // (`[N, K]` stored, K-major).
+    let b = match kernel.values[b_v].def {
+        ValueDef::Op(t, 0) if kernel.ops[t].kind == OpKind::Transpose && inside.contains(&t) => {
+            (staged(kernel.ops[t].operands[0])?, true)
+        }
+        _ => (staged(b_v)?, false),
+    };
+    if !inside.contains(&b.0) {
+        return None;
+    }
+    let a_shape = kernel.ty(a_v).shape()?;
+    let b_shape = kernel.ty(b_v).shape()?;
+    let (m, k, n) = (
+        a_shape.rows() as u32,
+        a_shape.cols() as u32,
+        b_shape.cols() as u32,
+    );
+    // A K-major shared tile is boxed by 64 columns (or one box of 16 or 32): so is a K-major
+    // B. An MN-major B box holds all K rows (at most 256).
+    let k_major_k = k * 2 == 32 || k * 2 == 64 || k.is_multiple_of(64);
+    let k_ok = k.is_multiple_of(16)
+        && (a.is_none() || k_major_k)
+        && if b.1 { k_major_k } else { k <= 256 };
+    let shape_ok = m == 16 * warps && k_ok && n.is_multiple_of(64) && n <= 256;
+    let layout_ok = matches!(
+        kernel.schedule.layouts.get(&op.results[0]),
+        Some(Layout::Mma { warps: [8, 1] })
+    );
+    let dtype_ok = matches!(kernel.ty(a_v).dtype(), DType::Bf16 | DType::F16)
+        && kernel.ty(a_v).dtype() == kernel.ty(b_v).dtype();
+    (shape_ok && layout_ok && dtype_ok).then_some(MmaPlan { a, b, k, n })
+}
+
+/// The tensor parameter and its rank, when load `l` can be a TMA box load: a 2-D tile of a
+/// rank 2..=5 `aligned16` tensor, its column coordinate a provable multiple of 8 elements,
+/// and (for a load in loop `for_op`) coordinates computable for any iteration.
+fn tma_source(
+    kernel: &Kernel,
+    l: OpId,
+    for_op: OpId,
+    inside: &BTreeSet<OpId>,
+) -> Option<(usize, u32)> {
+    let OpKind::Load { tensor, ref shape } = kernel.ops[l].kind else {
+        return None;
+    };
+    let Some(Param::Tensor {
+        rank,
+        aligned16: true,
+        ..
+    }) = kernel.params.get(tensor)
+    else {
+        return None;
+    };
+    let rank = u32::try_from(*rank).ok()?;
+    let coords = &kernel.ops[l].operands;
+    let ok = (2..=5).contains(&rank)
+        && shape.rank() == 2
+        && coords.len() == rank as usize
+        && coords
+            .last()
+            .is_some_and(|&c| known_multiple(kernel, c).is_multiple_of(8))
+        && coords.iter().all(|&c| hoistable(kernel, c, for_op, inside));
+    ok.then_some((tensor, rank))
+}
+
+/// Whether ring loop `for_op` keeps a wgmma group in flight into the next iteration: its body
+/// has a single `mma`, whose result only the loop's `yield` reads (the GEMM mainloop). In
+/// any other ring body the PTX writer waits for every wgmma right after issuing it.
+pub fn overlaps(kernel: &Kernel, for_op: OpId) -> bool {
+    let mmas: Vec<OpId> = kernel.ops[for_op].regions[0]
+        .ops
+        .iter()
+        .copied()
+        .filter(|&o| kernel.ops[o].kind == OpKind::Mma)
+        .collect();
+    matches!(mmas[..], [m] if !completes_in_body(kernel, for_op, m))
+}
+
+/// Whether the result of `mma`, in loop `for_op`, is read by an op of the body other than
+/// the loop's `yield` (which only carries it to the next iteration).
+fn completes_in_body(kernel: &Kernel, for_op: OpId, mma: OpId) -> bool {
+    let r = kernel.ops[mma].results[0];
+    let body = &kernel.ops[for_op].regions[0];
+    let carry = body.ops.last().copied();
+    super::walk::ops_in_block(kernel, body)
+        .into_iter()
+        .any(|o| Some(o) != carry && kernel.ops[o].operands.contains(&r))
 }
 
 /// On sm_90a, every `mma` must sit in a ring unless some tensor is not 16-byte aligned (TMA

@@ -7,6 +7,10 @@
 //! - every load of the ring is issued once per iteration, after the producer's `empty` wait,
 //!   and the bytes announced on `full` equal the bytes of every box signalling it;
 //! - the wgmmas run after the consumers' `full` wait;
+//! - once loads (tiles loaded before the loop) are issued once each by the producer's once
+//!   program, which announces exactly their bytes on the single-phase `once` barrier, and the
+//!   consumers' once program waits on it (parity 0) before their loop; no per-iteration step
+//!   touches `once`;
 //! - every generic-proxy write to a stage is followed by `fence.proxy.async` before the async
 //!   proxy can read it (the wgmma, or a release to another role).
 //!
@@ -137,6 +141,9 @@ pub enum ProtocolError {
         /// The iteration that used the stage before.
         previous: u32,
     },
+    /// The once loads or the `once` barrier are misused.
+    #[error("once loads: {0}")]
+    Once(String),
     /// Neither role can move.
     #[error("deadlock with {trips} iteration(s): producer {producer}, consumers {consumer}")]
     Deadlock {
@@ -247,6 +254,84 @@ fn check_static(ring: &Ring) -> Result<(), ProtocolError> {
     if announced != boxes {
         return Err(ProtocolError::TxBytes { announced, boxes });
     }
+    check_once(ring)
+}
+
+/// The once loads' rules (see the module doc).
+fn check_once(ring: &Ring) -> Result<(), ProtocolError> {
+    if ring.once.is_empty() && !(ring.producer_once.is_empty() && ring.consumer_once.is_empty()) {
+        return Err(ProtocolError::Once(
+            "once programs without once loads".into(),
+        ));
+    }
+    let touches_once = |s: &Step| match *s {
+        Step::Wait { bar, .. } | Step::ArriveExpectTx { bar, .. } | Step::Arrive { bar, .. } => {
+            bar == Bar::Once
+        }
+        Step::TmaOnce { .. } => true,
+        _ => false,
+    };
+    let per_iteration = ring.producer.iter().chain(&ring.consumer);
+    if let Some(s) = per_iteration
+        .chain(&ring.consumer_drain)
+        .find(|s| touches_once(s))
+    {
+        return Err(ProtocolError::Once(format!(
+            "`{s}` runs every iteration; the once barrier has a single phase"
+        )));
+    }
+    let mut announced = 0;
+    for s in &ring.producer_once {
+        match *s {
+            Step::ArriveExpectTx {
+                bar: Bar::Once,
+                bytes,
+            } => announced += bytes,
+            Step::TmaOnce { .. } => {}
+            other => {
+                return Err(ProtocolError::Once(format!(
+                    "the producer's once program may only announce and issue once loads, not `{other}`"
+                )));
+            }
+        }
+    }
+    let mut boxes = 0;
+    for (l, load) in ring.once.iter().enumerate() {
+        let times = ring
+            .producer_once
+            .iter()
+            .filter(|s| **s == Step::TmaOnce { load: l })
+            .count();
+        if times != 1 {
+            return Err(ProtocolError::Once(format!(
+                "once load {l} is issued {times} times; it must be issued once"
+            )));
+        }
+        boxes += load.tile_bytes();
+    }
+    if announced != boxes {
+        return Err(ProtocolError::Once(format!(
+            "the producer announces {announced} transaction bytes on `once` but its boxes carry {boxes}"
+        )));
+    }
+    let waits = ring
+        .consumer_once
+        .iter()
+        .map(|s| match *s {
+            Step::Wait {
+                bar: Bar::Once,
+                start: 0,
+            } => Ok(()),
+            other => Err(ProtocolError::Once(format!(
+                "the consumers' once program may only wait on `once` from parity 0, not `{other}`"
+            ))),
+        })
+        .collect::<Result<Vec<()>, _>>()?;
+    if !ring.once.is_empty() && waits.is_empty() {
+        return Err(ProtocolError::Once(
+            "the consumers read once loads without waiting on `once`".into(),
+        ));
+    }
     Ok(())
 }
 
@@ -257,7 +342,11 @@ fn check_fences(role: &'static str, steps: &[Step]) -> Result<(), ProtocolError>
         match s {
             Step::GenericWrite { load } => unfenced = Some(*load),
             Step::FenceProxyAsync => unfenced = None,
-            Step::Mma | Step::Arrive { .. } | Step::ArriveExpectTx { .. } | Step::Tma { .. } => {
+            Step::Mma
+            | Step::Arrive { .. }
+            | Step::ArriveExpectTx { .. }
+            | Step::Tma { .. }
+            | Step::TmaOnce { .. } => {
                 if let Some(load) = unfenced {
                     return Err(ProtocolError::Unfenced {
                         role,
@@ -317,7 +406,12 @@ const CONSUMER: usize = 1;
 const ROLE: [&str; 2] = ["producer", "consumer"];
 
 fn key(bar: Bar, stage: u32) -> (u8, u32) {
-    (u8::from(bar == Bar::Empty), stage)
+    let b = match bar {
+        Bar::Full => 0,
+        Bar::Empty => 1,
+        Bar::Once => 2,
+    };
+    (b, stage)
 }
 
 impl<'r> Machine<'r> {
@@ -335,6 +429,17 @@ impl<'r> Machine<'r> {
                     },
                 );
             }
+        }
+        if !ring.once.is_empty() {
+            bars.insert(
+                key(Bar::Once, 0),
+                Barrier {
+                    count: 1,
+                    pending: 1,
+                    tx: 0,
+                    completed: 0,
+                },
+            );
         }
         Machine {
             ring,
@@ -355,8 +460,12 @@ impl<'r> Machine<'r> {
                 .flat_map(|i| steps.iter().map(move |&s| (i, s)))
                 .collect()
         };
-        self.programs[PRODUCER] = flat(&self.ring.producer);
-        let mut consumer = flat(&self.ring.consumer);
+        // The once programs run as iteration 0, whose stage is 0 and parity the start.
+        let once = |steps: &[Step]| steps.iter().map(|&s| (0, s)).collect::<Vec<_>>();
+        self.programs[PRODUCER] = once(&self.ring.producer_once);
+        self.programs[PRODUCER].extend(flat(&self.ring.producer));
+        let mut consumer = once(&self.ring.consumer_once);
+        consumer.extend(flat(&self.ring.consumer));
         consumer.extend(self.ring.consumer_drain.iter().map(|&s| (trips, s)));
         self.programs[CONSUMER] = consumer;
         self.released = vec![false; trips as usize];
@@ -427,6 +536,13 @@ impl<'r> Machine<'r> {
                 }
                 let bytes = self.ring.loads.get(load).map_or(0, |l| l.tile_bytes());
                 let b = self.bar(Bar::Full, stage);
+                b.tx -= i64::from(bytes);
+                b.settle();
+                Ok(true)
+            }
+            Step::TmaOnce { load } => {
+                let bytes = self.ring.once.get(load).map_or(0, |l| l.tile_bytes());
+                let b = self.bar(Bar::Once, 0);
                 b.tx -= i64::from(bytes);
                 b.settle();
                 Ok(true)
@@ -508,6 +624,7 @@ mod tests {
         TmaLoad {
             load: OpId::from_index(index as usize),
             param: index as usize,
+            lead_dims: 0,
             operand: if index == 0 {
                 Operand::KMajorA
             } else {
@@ -534,6 +651,8 @@ mod tests {
             for_op: OpId::from_index(0),
             stages: 3,
             loads,
+            once: Vec::new(),
+            once_offset: 0,
             full_offset: 0,
             empty_offset: 24,
             full_count: 1,
@@ -543,6 +662,8 @@ mod tests {
                 InitStep::FenceMbarrierInit,
                 InitStep::BarSync,
             ],
+            producer_once: Vec::new(),
+            consumer_once: Vec::new(),
             producer: vec![
                 Step::Wait {
                     bar: Bar::Empty,
@@ -577,6 +698,74 @@ mod tests {
             consumer_regs: 232,
         };
         (ring, roles)
+    }
+
+    /// The ring the `pipeline` pass plans for attention: `Q` once, `K` and `V` per stage, two
+    /// stages, each product waited for in the body and its stage released at once.
+    fn attention_like() -> (Ring, Roles) {
+        let (mut ring, roles) = good();
+        ring.stages = 2;
+        ring.once = vec![load(0, [128, 64], 1)];
+        let once_bytes = ring.once[0].tile_bytes();
+        ring.producer_once = vec![
+            Step::ArriveExpectTx {
+                bar: Bar::Once,
+                bytes: once_bytes,
+            },
+            Step::TmaOnce { load: 0 },
+        ];
+        ring.consumer_once = vec![Step::Wait {
+            bar: Bar::Once,
+            start: 0,
+        }];
+        ring.consumer = vec![
+            Step::Wait {
+                bar: Bar::Full,
+                start: 0,
+            },
+            Step::Mma,
+            Step::Commit,
+            Step::WaitGroup(0),
+            Step::Arrive {
+                bar: Bar::Empty,
+                lag: 0,
+            },
+        ];
+        ring.consumer_drain = Vec::new();
+        (ring, roles)
+    }
+
+    fn broken_attention(edit: impl FnOnce(&mut Ring)) -> ProtocolError {
+        let (mut ring, roles) = attention_like();
+        edit(&mut ring);
+        check(&ring, &roles).expect_err("a broken protocol must be rejected")
+    }
+
+    #[test]
+    fn once_loads_and_immediate_release_pass() {
+        let (ring, roles) = attention_like();
+        check(&ring, &roles).expect("the attention protocol is sound");
+    }
+
+    #[test]
+    fn broken_once_protocols_are_rejected() {
+        let e = broken_attention(|r| r.consumer_once.clear());
+        assert!(e.to_string().contains("without waiting on `once`"), "{e}");
+        let e = broken_attention(|r| {
+            r.producer_once.pop();
+        });
+        assert!(e.to_string().contains("issued 0 times"), "{e}");
+        let e = broken_attention(|r| {
+            if let Step::ArriveExpectTx { bytes, .. } = &mut r.producer_once[0] {
+                *bytes += 16;
+            }
+        });
+        assert!(e.to_string().contains("on `once`"), "{e}");
+        let e = broken_attention(|r| r.consumer.push(r.consumer_once[0]));
+        assert!(e.to_string().contains("single phase"), "{e}");
+        // Releasing the stage just used while its wgmma may still run.
+        let e = broken_attention(|r| r.consumer[3] = Step::WaitGroup(1));
+        assert!(matches!(e, ProtocolError::EarlyRelease { .. }), "{e}");
     }
 
     fn broken(edit: impl FnOnce(&mut Ring)) -> ProtocolError {

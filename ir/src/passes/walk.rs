@@ -11,6 +11,13 @@ pub fn ops_in_order(kernel: &Kernel) -> Vec<OpId> {
     out
 }
 
+/// Every op of `block` and its regions, in program order.
+pub fn ops_in_block(kernel: &Kernel, block: &Block) -> Vec<OpId> {
+    let mut out = Vec::new();
+    push_block(kernel, block, &mut out);
+    out
+}
+
 fn push_block(kernel: &Kernel, block: &Block, out: &mut Vec<OpId>) {
     for &op in &block.ops {
         out.push(op);
