@@ -217,42 +217,26 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
     let bytes = loads.iter().map(TmaLoad::tile_bytes).sum();
     let once_bytes = once.iter().map(TmaLoad::tile_bytes).sum();
     // A lone accumulating mma whose result only feeds the next iteration keeps one wgmma
-    // group in flight and releases the previous stage; a body that reads its products
-    // waits for each and releases the stage it just used.
-    let (consumer, consumer_drain) = if overlaps(kernel, id) {
-        (
-            vec![
-                Step::Wait {
-                    bar: Bar::Full,
-                    start: 0,
-                },
-                Step::Mma,
-                Step::Commit,
-                Step::WaitGroup(1),
-                Step::Arrive {
-                    bar: Bar::Empty,
-                    lag: 1,
-                },
-            ],
-            vec![Step::WaitGroup(0)],
-        )
+    // group in flight and releases the previous stage (lag 1, drained after the loop); a
+    // body that reads its products waits for each and releases the stage it just used.
+    let lag = u32::from(overlaps(kernel, id));
+    let consumer = vec![
+        Step::Wait {
+            bar: Bar::Full,
+            start: 0,
+        },
+        Step::Mma,
+        Step::Commit,
+        Step::WaitGroup(lag),
+        Step::Arrive {
+            bar: Bar::Empty,
+            lag,
+        },
+    ];
+    let consumer_drain = if lag > 0 {
+        vec![Step::WaitGroup(0)]
     } else {
-        (
-            vec![
-                Step::Wait {
-                    bar: Bar::Full,
-                    start: 0,
-                },
-                Step::Mma,
-                Step::Commit,
-                Step::WaitGroup(0),
-                Step::Arrive {
-                    bar: Bar::Empty,
-                    lag: 0,
-                },
-            ],
-            Vec::new(),
-        )
+        Vec::new()
     };
     let (producer_once, consumer_once) = if once.is_empty() {
         (Vec::new(), Vec::new())
