@@ -130,6 +130,31 @@ fn attention_ring_is_planned_and_proved() {
 }
 
 #[test]
+fn attention_tensor_maps_are_rank_4_boxes() {
+    // (overrides, key block): d = 128 walks 64 keys per block, d = 64 128.
+    for (overrides, bn) in [(ATTENTION[0], 64), (ATTENTION[2], 128)] {
+        let m = kiln_ptx::compile(&ptx_examples::build("attention", overrides), Target::Sm90a)
+            .expect("compile");
+        let maps: Vec<(usize, Vec<u32>, u32)> = m
+            .tensor_maps
+            .iter()
+            .map(|t| (t.param, t.box_dims.clone(), t.swizzle_bytes))
+            .collect();
+        // q, k, v: batch and head boxes of 1, 64 head-dim columns per box, 128-B swizzle.
+        assert_eq!(
+            maps,
+            [
+                (0, vec![1, 1, 128, 64], 128),
+                (1, vec![1, 1, bn, 64], 128),
+                (2, vec![1, 1, bn, 64], 128),
+            ],
+            "{overrides:?}"
+        );
+        assert!(m.ptx.contains("cp.async.bulk.tensor.4d"), "{overrides:?}");
+    }
+}
+
+#[test]
 fn broken_attention_schedules_are_compiler_errors() {
     let edits: [(&str, Edit); 3] = [
         ("without waiting on `once`", |r| r.consumer_once.clear()),
