@@ -2,7 +2,7 @@
 //! Carried values and branch results live in registers allocated here and assigned by
 //! `mov` at each `yield`.
 
-use kiln_ir::{OpId, OpKind, ValueId};
+use kiln_ir::{Block, Op, OpId, OpKind, ValueId};
 
 use crate::CodegenError;
 use crate::types::{Class, Reg};
@@ -81,15 +81,18 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// Writes a counted loop: `iv = lo; while iv < hi { body; iv += step }`.
-    pub(crate) fn write_for(&mut self, id: OpId) -> Result<(), CodegenError> {
-        let op = self.k.ops[id].clone();
-        let body = op.regions[0].clone();
-        let (lo, hi, step) = (
-            self.scalar(op.operands[0], id)?,
-            self.scalar(op.operands[1], id)?,
-            self.scalar(op.operands[2], id)?,
-        );
+    /// Binds a counted loop's body arguments before its first iteration: a new induction
+    /// variable set to `lo`, and fresh registers for every carried value set to its initial
+    /// value (fresh even when the initial value is already in registers, because the body
+    /// updates them in place: a wgmma accumulates into its own registers). Returns the
+    /// induction variable and the carried registers, in operand order.
+    pub(crate) fn enter_loop(
+        &mut self,
+        id: OpId,
+        op: &Op,
+        body: &Block,
+        lo: Reg,
+    ) -> Result<(Reg, Vec<Val>), CodegenError> {
         let iv = self.new_reg(Class::B32);
         self.mov(iv, lo);
         self.vals.insert(body.args[0], Val::Scalar(iv));
@@ -104,6 +107,19 @@ impl Writer<'_> {
             self.vals.insert(body.args[1 + i], c.clone());
             carried.push(c);
         }
+        Ok((iv, carried))
+    }
+
+    /// Writes a counted loop: `iv = lo; while iv < hi { body; iv += step }`.
+    pub(crate) fn write_for(&mut self, id: OpId) -> Result<(), CodegenError> {
+        let op = self.k.ops[id].clone();
+        let body = op.regions[0].clone();
+        let (lo, hi, step) = (
+            self.scalar(op.operands[0], id)?,
+            self.scalar(op.operands[1], id)?,
+            self.scalar(op.operands[2], id)?,
+        );
+        let (iv, carried) = self.enter_loop(id, &op, &body, lo)?;
         let pipeline = self.pipeline_prologue(id, iv, hi, step)?;
         let (top, end) = (self.new_label(), self.new_label());
         let p = self.new_reg(Class::Pred);

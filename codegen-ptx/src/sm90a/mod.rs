@@ -19,7 +19,7 @@ use kiln_ir::{Kernel, OpId};
 use crate::CodegenError;
 use crate::TensorMapSpec;
 use crate::types::{Class, Reg};
-use crate::writer::{Val, Writer};
+use crate::writer::Writer;
 
 /// The tensor maps the runtime builds for `k`, one per TMA-loaded tensor parameter, in
 /// parameter order.
@@ -270,21 +270,7 @@ impl Writer<'_> {
     ) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
         let body = op.regions[0].clone();
-        let iv = self.new_reg(Class::B32);
-        self.mov(iv, lo);
-        self.vals.insert(body.args[0], Val::Scalar(iv));
-        let mut carried = Vec::new();
-        for (i, &init) in op.operands[3..].iter().enumerate() {
-            let v = match self.val(init, id)? {
-                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.tile(init, id)?),
-                other => other,
-            };
-            // Fresh registers: a wgmma accumulates into distinct registers in place.
-            let c = self.fresh_like(&v, id)?;
-            self.assign(&c, &v, id)?;
-            self.vals.insert(body.args[1 + i], c.clone());
-            carried.push(c);
-        }
+        let (iv, carried) = self.enter_loop(id, &op, &body, lo)?;
         let lane0 = self.new_reg(Class::Pred);
         let lane = self.new_reg(Class::B32);
         self.ins(format!("and.b32 {lane}, {}, 31", self.tid));
