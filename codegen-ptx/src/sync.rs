@@ -323,7 +323,7 @@ impl Writer<'_> {
                 // A leaf (constant, block id, parameter): write it, then forget it so the body
                 // writes its own copy where it dominates every use.
                 let body_copy = self.vals.remove(&v);
-                self.write_op_pub(def)?;
+                self.write_op(def)?;
                 let r = match self.vals.remove(&v) {
                     Some(Val::Scalar(r)) => r,
                     _ => return Err(self.internal(load, "a prefetch coordinate is not a scalar")),

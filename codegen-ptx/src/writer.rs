@@ -258,12 +258,8 @@ impl<'k> Writer<'k> {
         Ok(())
     }
 
-    /// Writes one op (used to re-emit leaf scalars for prefetches).
-    pub(crate) fn write_op_pub(&mut self, id: OpId) -> Result<(), CodegenError> {
-        self.write_op(id)
-    }
-
-    fn write_op(&mut self, id: OpId) -> Result<(), CodegenError> {
+    /// Writes one op (also used by `sync` to re-emit leaf scalars for prefetches).
+    pub(crate) fn write_op(&mut self, id: OpId) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
         let printed = kiln_ir::print::op_str(self.k, id);
         let _ = writeln!(
