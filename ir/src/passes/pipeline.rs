@@ -45,6 +45,7 @@ use crate::target::Target;
 use crate::types::DType;
 
 use super::lower::hoistable;
+use super::walk::first_ring_loc;
 
 /// Plans rings on sm_90a; does nothing on other targets.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
@@ -98,13 +99,8 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         }
     }
     if offset > super::memory_plan::SMEM_LIMIT {
-        let loc = rings
-            .keys()
-            .next()
-            .map(|&f| kernel.ops[f].loc)
-            .unwrap_or_default();
         return Err(Diagnostic::new(
-            loc,
+            first_ring_loc(kernel, &rings),
             format!(
                 "the TMA stage rings need {offset} bytes of shared memory; at most {} are available",
                 super::memory_plan::SMEM_LIMIT

@@ -1,8 +1,10 @@
-//! Traversals shared by the passes: ops in program order and use lists.
+//! Traversals and lookups shared by the passes: ops in program order, use lists, definitions
+//! and the source location a ring-wide error is reported at.
 
 use std::collections::BTreeMap;
 
-use crate::kernel::{Block, Kernel, OpId, ValueId};
+use crate::kernel::{Block, Kernel, Loc, OpId, ValueDef, ValueId};
+use crate::ring::Ring;
 
 /// Every op reachable from the body, in program order (an op before its regions' ops).
 pub fn ops_in_order(kernel: &Kernel) -> Vec<OpId> {
@@ -41,7 +43,17 @@ pub fn uses(kernel: &Kernel) -> BTreeMap<ValueId, Vec<OpId>> {
 /// The op defining `v` (the owning op for a block argument) and whether it is its result.
 pub fn defining_op(kernel: &Kernel, v: ValueId) -> (OpId, bool) {
     match kernel.values[v].def {
-        crate::kernel::ValueDef::Op(op, _) => (op, true),
-        crate::kernel::ValueDef::BlockArg { op, .. } => (op, false),
+        ValueDef::Op(op, _) => (op, true),
+        ValueDef::BlockArg { op, .. } => (op, false),
     }
+}
+
+/// Where an error about the stage rings as a whole is reported: the first ring's `for`, or
+/// the default location when there is no ring.
+pub fn first_ring_loc(kernel: &Kernel, rings: &BTreeMap<OpId, Ring>) -> Loc {
+    rings
+        .keys()
+        .next()
+        .map(|&f| kernel.ops[f].loc)
+        .unwrap_or_default()
 }

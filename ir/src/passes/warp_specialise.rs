@@ -9,6 +9,8 @@ use crate::kernel::Kernel;
 use crate::ring::Roles;
 use crate::target::Target;
 
+use super::walk::first_ring_loc;
+
 /// Registers per block on sm_90a.
 const REGISTER_FILE: u32 = 65536;
 
@@ -26,15 +28,8 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     let need = 32
         * (roles.consumer_warps * roles.consumer_regs + roles.producer_warps * roles.producer_regs);
     if need > REGISTER_FILE {
-        let loc = kernel
-            .schedule
-            .rings
-            .keys()
-            .next()
-            .map(|&f| kernel.ops[f].loc)
-            .unwrap_or_default();
         return Err(Diagnostic::new(
-            loc,
+            first_ring_loc(kernel, &kernel.schedule.rings),
             format!(
                 "{} consumer warps at {} registers and a producer warpgroup at {} need {need} \
                  registers; a block has {REGISTER_FILE}",
