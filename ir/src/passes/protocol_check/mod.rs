@@ -1,0 +1,193 @@
+//! The `protocol_check` pass (sm_90a): proves the stage rings' barrier protocol before any
+//! PTX is written. A violation is a compiler error, not a hang on the GPU.
+//!
+//! Static rules, per [`Ring`]:
+//! - set-up is `mbarrier.init`, then `fence.mbarrier_init`, then `bar.sync`;
+//! - the producer's wait on `empty` starts at parity 1, the consumers' wait on `full` at 0;
+//! - every load of the ring is issued once per iteration, after the producer's `empty` wait,
+//!   and the bytes announced on `full` equal the bytes of every box signalling it;
+//! - the wgmmas run after the consumers' `full` wait;
+//! - once loads (tiles loaded before the loop) are issued once each by the producer's once
+//!   program, which announces exactly their bytes on the single-phase `once` barrier, and the
+//!   consumers' once program waits on it (parity 0) before their loop; no per-iteration step
+//!   touches `once`;
+//! - every generic-proxy write to a stage is followed by `fence.proxy.async` before the async
+//!   proxy can read it (the wgmma, or a release to another role).
+//!
+//! Dynamic rules: both roles are executed on an abstract machine with mbarrier semantics
+//! (pending arrivals, transaction bytes, completed phases, parity waits) for every trip count
+//! from 0 to `2 * stages + 1`, which covers a cold ring, the first wrap of every stage and a
+//! second wrap. It fails when the roles deadlock (a wait without its arrive, too few bytes),
+//! a barrier gets more arrivals than its count, a parity wait would pass on a different phase
+//! than the one it means (phases disagree), a stage is released before the wgmma reading it
+//! has completed (`wgmma.wait_group`), or TMA refills a stage before the consumers released it.
+
+use crate::diag::Diagnostic;
+use crate::kernel::Kernel;
+use crate::ring::{Bar, Ring, Roles, Step};
+use crate::target::Target;
+
+mod machine;
+mod rules;
+#[cfg(test)]
+mod tests;
+
+use machine::Machine;
+use rules::{check_init, check_static};
+
+/// A broken ring protocol.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    /// The set-up does not init, fence and synchronise in that order.
+    #[error(
+        "barrier set-up must be mbarrier.init, fence.mbarrier_init, bar.sync in that order; got {0}"
+    )]
+    Init(String),
+    /// A wait starts at the wrong parity.
+    #[error(
+        "the {role}'s wait on `{bar}` starts at phase parity {start}; it must start at {expected}"
+    )]
+    StartPhase {
+        /// `producer` or `consumer`.
+        role: &'static str,
+        /// The barrier array.
+        bar: Bar,
+        /// The parity in the program.
+        start: u32,
+        /// The parity the protocol needs.
+        expected: u32,
+    },
+    /// The announced transaction bytes differ from the boxes' bytes.
+    #[error(
+        "the producer announces {announced} transaction bytes on `full` but its TMA boxes carry {boxes}"
+    )]
+    TxBytes {
+        /// Bytes in `arrive.expect_tx`.
+        announced: u32,
+        /// Bytes of every box signalling `full`.
+        boxes: u32,
+    },
+    /// A load of the ring is not issued exactly once per iteration.
+    #[error("ring load {load} is issued {times} times per iteration; it must be issued once")]
+    LoadCount {
+        /// Index into the ring's loads.
+        load: usize,
+        /// How often the producer issues it.
+        times: usize,
+    },
+    /// A step touches a stage before the wait that makes it safe.
+    #[error("the {role} runs `{step}` before waiting on `{bar}`")]
+    BeforeWait {
+        /// `producer` or `consumer`.
+        role: &'static str,
+        /// The step.
+        step: Step,
+        /// The barrier it must wait on first.
+        bar: Bar,
+    },
+    /// A generic-proxy write reaches the async proxy without a fence.
+    #[error(
+        "the {role} writes stage buffer {load} through the generic proxy and `{step}` follows without fence.proxy.async"
+    )]
+    Unfenced {
+        /// `producer` or `consumer`.
+        role: &'static str,
+        /// Index into the ring's loads.
+        load: usize,
+        /// The step that would expose the write.
+        step: String,
+    },
+    /// More arrivals than the barrier's count in one phase.
+    #[error("`{bar}[{stage}]` receives more arrivals than its count {count} in one phase")]
+    TooManyArrivals {
+        /// The barrier array.
+        bar: Bar,
+        /// The stage.
+        stage: u32,
+        /// Its init count.
+        count: u32,
+    },
+    /// A parity wait would pass or block on another phase than the one it means.
+    #[error(
+        "phases disagree: the {role}'s wait on `{bar}[{stage}]` in iteration {iteration} tests parity {parity} after {completed} completed phase(s) but needs {needed}"
+    )]
+    Phase {
+        /// `producer` or `consumer`.
+        role: &'static str,
+        /// The barrier array.
+        bar: Bar,
+        /// The stage.
+        stage: u32,
+        /// The loop iteration.
+        iteration: u32,
+        /// The parity tested.
+        parity: u32,
+        /// Phases completed so far.
+        completed: u32,
+        /// Phases the wait needs completed.
+        needed: u32,
+    },
+    /// A stage is released while a wgmma group reading it may still run.
+    #[error(
+        "iteration {iteration} releases the stage of iteration {released} on `empty` before the wgmma reading it has completed (wgmma.wait_group too weak)"
+    )]
+    EarlyRelease {
+        /// The releasing iteration.
+        iteration: u32,
+        /// The iteration whose stage is released.
+        released: u32,
+    },
+    /// TMA overwrites a stage the consumers have not released.
+    #[error(
+        "TMA refills the stage of iteration {previous} in iteration {iteration} before the consumers released it"
+    )]
+    Overwrite {
+        /// The refilling iteration.
+        iteration: u32,
+        /// The iteration that used the stage before.
+        previous: u32,
+    },
+    /// The once loads or the `once` barrier are misused.
+    #[error("once loads: {0}")]
+    Once(String),
+    /// Neither role can move.
+    #[error("deadlock with {trips} iteration(s): producer {producer}, consumers {consumer}")]
+    Deadlock {
+        /// The trip count simulated.
+        trips: u32,
+        /// Where the producer stands.
+        producer: String,
+        /// Where the consumers stand.
+        consumer: String,
+    },
+}
+
+/// Checks every ring of the kernel.
+pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
+    if target != Target::Sm90a {
+        return Ok(());
+    }
+    for ring in kernel.schedule.rings.values() {
+        let loc = kernel.ops[ring.for_op].loc;
+        let Some(roles) = kernel.schedule.roles else {
+            return Err(Diagnostic::internal(loc, "a stage ring without warp roles"));
+        };
+        check(ring, &roles).map_err(|e| {
+            Diagnostic::new(
+                loc,
+                format!("internal kiln error: the pipelined loop's barrier protocol is wrong: {e}"),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Checks one ring: the static rules, then the abstract execution (see the module doc).
+pub fn check(ring: &Ring, roles: &Roles) -> Result<(), ProtocolError> {
+    check_init(&ring.init)?;
+    check_static(ring)?;
+    for trips in 0..=2 * ring.stages + 1 {
+        Machine::new(ring, roles).run(trips)?;
+    }
+    Ok(())
+}

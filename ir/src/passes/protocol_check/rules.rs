@@ -1,0 +1,190 @@
+//! The static rules of the ring protocol (see the parent module's doc): set-up order, start
+//! parities, steps after their waits, announced bytes, once loads and proxy fences.
+
+use super::ProtocolError;
+use crate::ring::{Bar, InitStep, Ring, Step};
+
+/// Set-up is `mbarrier.init`, then `fence.mbarrier_init`, then `bar.sync`.
+pub(super) fn check_init(init: &[InitStep]) -> Result<(), ProtocolError> {
+    let pos = |s: InitStep| init.iter().position(|&x| x == s);
+    match (
+        pos(InitStep::InitBarriers),
+        pos(InitStep::FenceMbarrierInit),
+        pos(InitStep::BarSync),
+    ) {
+        (Some(a), Some(b), Some(c)) if a < b && b < c => Ok(()),
+        _ => Err(ProtocolError::Init(format!("{init:?}"))),
+    }
+}
+
+/// The per-iteration rules: start parities, steps after their waits, loads issued once and
+/// announced bytes; then the once loads' rules.
+pub(super) fn check_static(ring: &Ring) -> Result<(), ProtocolError> {
+    for (role, steps, bar, expected) in [
+        ("producer", &ring.producer, Bar::Empty, 1),
+        ("consumer", &ring.consumer, Bar::Full, 0),
+    ] {
+        let first_wait = steps
+            .iter()
+            .position(|s| matches!(s, Step::Wait { bar: b, .. } if *b == bar));
+        for (i, s) in steps.iter().enumerate() {
+            match *s {
+                Step::Wait { bar: b, start } if b == bar && start != expected => {
+                    return Err(ProtocolError::StartPhase {
+                        role,
+                        bar,
+                        start,
+                        expected,
+                    });
+                }
+                Step::Tma { .. } | Step::Mma if first_wait.is_none_or(|w| w > i) => {
+                    return Err(ProtocolError::BeforeWait {
+                        role,
+                        step: *s,
+                        bar,
+                    });
+                }
+                _ => {}
+            }
+        }
+        check_fences(role, steps)?;
+    }
+    let announced: u32 = ring
+        .producer
+        .iter()
+        .map(|s| match s {
+            Step::ArriveExpectTx {
+                bar: Bar::Full,
+                bytes,
+            } => *bytes,
+            _ => 0,
+        })
+        .sum();
+    let mut boxes = 0;
+    for (l, load) in ring.loads.iter().enumerate() {
+        let times = ring
+            .producer
+            .iter()
+            .filter(|s| **s == Step::Tma { load: l })
+            .count();
+        if times != 1 {
+            return Err(ProtocolError::LoadCount { load: l, times });
+        }
+        boxes += load.tile_bytes();
+    }
+    if announced != boxes {
+        return Err(ProtocolError::TxBytes { announced, boxes });
+    }
+    check_once(ring)
+}
+
+/// The once loads' rules (see the module doc).
+fn check_once(ring: &Ring) -> Result<(), ProtocolError> {
+    if ring.once.is_empty() && !(ring.producer_once.is_empty() && ring.consumer_once.is_empty()) {
+        return Err(ProtocolError::Once(
+            "once programs without once loads".into(),
+        ));
+    }
+    let touches_once = |s: &Step| match *s {
+        Step::Wait { bar, .. } | Step::ArriveExpectTx { bar, .. } | Step::Arrive { bar, .. } => {
+            bar == Bar::Once
+        }
+        Step::TmaOnce { .. } => true,
+        _ => false,
+    };
+    let per_iteration = ring.producer.iter().chain(&ring.consumer);
+    if let Some(s) = per_iteration
+        .chain(&ring.consumer_drain)
+        .find(|s| touches_once(s))
+    {
+        return Err(ProtocolError::Once(format!(
+            "`{s}` runs every iteration; the once barrier has a single phase"
+        )));
+    }
+    let mut announced = 0;
+    for s in &ring.producer_once {
+        match *s {
+            Step::ArriveExpectTx {
+                bar: Bar::Once,
+                bytes,
+            } => announced += bytes,
+            Step::TmaOnce { .. } => {}
+            other => {
+                return Err(ProtocolError::Once(format!(
+                    "the producer's once program may only announce and issue once loads, not `{other}`"
+                )));
+            }
+        }
+    }
+    let mut boxes = 0;
+    for (l, load) in ring.once.iter().enumerate() {
+        let times = ring
+            .producer_once
+            .iter()
+            .filter(|s| **s == Step::TmaOnce { load: l })
+            .count();
+        if times != 1 {
+            return Err(ProtocolError::Once(format!(
+                "once load {l} is issued {times} times; it must be issued once"
+            )));
+        }
+        boxes += load.tile_bytes();
+    }
+    if announced != boxes {
+        return Err(ProtocolError::Once(format!(
+            "the producer announces {announced} transaction bytes on `once` but its boxes carry {boxes}"
+        )));
+    }
+    let waits = ring
+        .consumer_once
+        .iter()
+        .map(|s| match *s {
+            Step::Wait {
+                bar: Bar::Once,
+                start: 0,
+            } => Ok(()),
+            other => Err(ProtocolError::Once(format!(
+                "the consumers' once program may only wait on `once` from parity 0, not `{other}`"
+            ))),
+        })
+        .collect::<Result<Vec<()>, _>>()?;
+    if !ring.once.is_empty() && waits.is_empty() {
+        return Err(ProtocolError::Once(
+            "the consumers read once loads without waiting on `once`".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Every generic write must be fenced before a step that lets the async proxy read it.
+fn check_fences(role: &'static str, steps: &[Step]) -> Result<(), ProtocolError> {
+    let mut unfenced: Option<usize> = None;
+    for s in steps {
+        match s {
+            Step::GenericWrite { load } => unfenced = Some(*load),
+            Step::FenceProxyAsync => unfenced = None,
+            Step::Mma
+            | Step::Arrive { .. }
+            | Step::ArriveExpectTx { .. }
+            | Step::Tma { .. }
+            | Step::TmaOnce { .. } => {
+                if let Some(load) = unfenced {
+                    return Err(ProtocolError::Unfenced {
+                        role,
+                        load,
+                        step: s.to_string(),
+                    });
+                }
+            }
+            Step::Wait { .. } | Step::Commit | Step::WaitGroup(_) => {}
+        }
+    }
+    match unfenced {
+        Some(load) => Err(ProtocolError::Unfenced {
+            role,
+            load,
+            step: "the end of the iteration".into(),
+        }),
+        None => Ok(()),
+    }
+}

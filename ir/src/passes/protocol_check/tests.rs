@@ -1,0 +1,321 @@
+//! The protocol checker on the rings the `pipeline` pass plans, and on broken variants of them.
+
+use super::*;
+use crate::kernel::OpId;
+use crate::ring::{InitStep, Operand, TmaBox, TmaLoad};
+
+fn load(index: u32, box_dims: [u32; 2], boxes: u32) -> TmaLoad {
+    TmaLoad {
+        load: OpId::from_index(index as usize),
+        param: index as usize,
+        lead_dims: 0,
+        operand: if index == 0 {
+            Operand::KMajorA
+        } else {
+            Operand::MnMajorB
+        },
+        box_dims,
+        swizzle: 128,
+        boxes: (0..boxes)
+            .map(|j| TmaBox {
+                origin: [0, 64 * j],
+                smem_offset: j * box_dims[0] * box_dims[1] * 2,
+            })
+            .collect(),
+        offset: 0,
+        stage_stride: 16384,
+    }
+}
+
+/// The ring the `pipeline` pass plans for a 128x128x64 GEMM with 3 stages.
+fn good() -> (Ring, Roles) {
+    let loads = vec![load(0, [128, 64], 1), load(1, [64, 64], 2)];
+    let bytes = loads.iter().map(TmaLoad::tile_bytes).sum();
+    let ring = Ring {
+        for_op: OpId::from_index(0),
+        stages: 3,
+        loads,
+        once: Vec::new(),
+        once_offset: 0,
+        full_offset: 0,
+        empty_offset: 24,
+        full_count: 1,
+        empty_count: 8,
+        init: vec![
+            InitStep::InitBarriers,
+            InitStep::FenceMbarrierInit,
+            InitStep::BarSync,
+        ],
+        producer_once: Vec::new(),
+        consumer_once: Vec::new(),
+        producer: vec![
+            Step::Wait {
+                bar: Bar::Empty,
+                start: 1,
+            },
+            Step::ArriveExpectTx {
+                bar: Bar::Full,
+                bytes,
+            },
+            Step::Tma { load: 0 },
+            Step::Tma { load: 1 },
+        ],
+        consumer: vec![
+            Step::Wait {
+                bar: Bar::Full,
+                start: 0,
+            },
+            Step::Mma,
+            Step::Commit,
+            Step::WaitGroup(1),
+            Step::Arrive {
+                bar: Bar::Empty,
+                lag: 1,
+            },
+        ],
+        consumer_drain: vec![Step::WaitGroup(0)],
+    };
+    let roles = Roles {
+        consumer_warps: 8,
+        producer_warps: 4,
+        producer_regs: 40,
+        consumer_regs: 232,
+    };
+    (ring, roles)
+}
+
+/// The ring the `pipeline` pass plans for attention: `Q` once, `K` and `V` per stage, two
+/// stages, each product waited for in the body and its stage released at once.
+fn attention_like() -> (Ring, Roles) {
+    let (mut ring, roles) = good();
+    ring.stages = 2;
+    ring.once = vec![load(0, [128, 64], 1)];
+    let once_bytes = ring.once[0].tile_bytes();
+    ring.producer_once = vec![
+        Step::ArriveExpectTx {
+            bar: Bar::Once,
+            bytes: once_bytes,
+        },
+        Step::TmaOnce { load: 0 },
+    ];
+    ring.consumer_once = vec![Step::Wait {
+        bar: Bar::Once,
+        start: 0,
+    }];
+    ring.consumer = vec![
+        Step::Wait {
+            bar: Bar::Full,
+            start: 0,
+        },
+        Step::Mma,
+        Step::Commit,
+        Step::WaitGroup(0),
+        Step::Arrive {
+            bar: Bar::Empty,
+            lag: 0,
+        },
+    ];
+    ring.consumer_drain = Vec::new();
+    (ring, roles)
+}
+
+/// The error for `base`'s ring after `edit`; panics if the edited ring is accepted.
+fn rejected(base: fn() -> (Ring, Roles), edit: impl FnOnce(&mut Ring)) -> ProtocolError {
+    let (mut ring, roles) = base();
+    edit(&mut ring);
+    check(&ring, &roles).expect_err("a broken protocol must be rejected")
+}
+
+fn broken_attention(edit: impl FnOnce(&mut Ring)) -> ProtocolError {
+    rejected(attention_like, edit)
+}
+
+#[test]
+fn once_loads_and_immediate_release_pass() {
+    let (ring, roles) = attention_like();
+    check(&ring, &roles).expect("the attention protocol is sound");
+}
+
+#[test]
+fn broken_once_protocols_are_rejected() {
+    let e = broken_attention(|r| r.consumer_once.clear());
+    assert!(e.to_string().contains("without waiting on `once`"), "{e}");
+    let e = broken_attention(|r| {
+        r.producer_once.pop();
+    });
+    assert!(e.to_string().contains("issued 0 times"), "{e}");
+    let e = broken_attention(|r| {
+        if let Step::ArriveExpectTx { bytes, .. } = &mut r.producer_once[0] {
+            *bytes += 16;
+        }
+    });
+    assert!(e.to_string().contains("on `once`"), "{e}");
+    let e = broken_attention(|r| r.consumer.push(r.consumer_once[0]));
+    assert!(e.to_string().contains("single phase"), "{e}");
+    // Releasing the stage just used while its wgmma may still run.
+    let e = broken_attention(|r| r.consumer[3] = Step::WaitGroup(1));
+    assert!(matches!(e, ProtocolError::EarlyRelease { .. }), "{e}");
+}
+
+fn broken(edit: impl FnOnce(&mut Ring)) -> ProtocolError {
+    rejected(good, edit)
+}
+
+#[test]
+fn planned_ring_passes() {
+    let (ring, roles) = good();
+    check(&ring, &roles).expect("the planned protocol is sound");
+}
+
+#[test]
+fn missing_consumer_release_deadlocks() {
+    let e = broken(|r| r.consumer.retain(|s| !matches!(s, Step::Arrive { .. })));
+    assert!(matches!(e, ProtocolError::Deadlock { .. }), "{e}");
+    assert!(e.to_string().contains("wait empty"), "{e}");
+}
+
+#[test]
+fn wrong_tx_bytes_are_rejected() {
+    let e = broken(|r| {
+        if let Step::ArriveExpectTx { bytes, .. } = &mut r.producer[1] {
+            *bytes -= 2048;
+        }
+    });
+    assert_eq!(
+        e,
+        ProtocolError::TxBytes {
+            announced: 30720,
+            boxes: 32768
+        }
+    );
+}
+
+#[test]
+fn producer_empty_phase_must_start_at_one() {
+    let e = broken(|r| {
+        r.producer[0] = Step::Wait {
+            bar: Bar::Empty,
+            start: 0,
+        }
+    });
+    assert!(
+        matches!(
+            e,
+            ProtocolError::StartPhase {
+                role: "producer",
+                bar: Bar::Empty,
+                start: 0,
+                expected: 1
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn release_before_wgmma_completes_is_rejected() {
+    let e = broken(|r| {
+        r.consumer[4] = Step::Arrive {
+            bar: Bar::Empty,
+            lag: 0,
+        }
+    });
+    assert_eq!(
+        e,
+        ProtocolError::EarlyRelease {
+            iteration: 0,
+            released: 0
+        }
+    );
+}
+
+#[test]
+fn wrong_empty_count_is_rejected() {
+    let e = broken(|r| r.empty_count = 4);
+    assert!(
+        matches!(
+            e,
+            ProtocolError::TooManyArrivals {
+                bar: Bar::Empty,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = broken(|r| r.empty_count = 16);
+    assert!(matches!(e, ProtocolError::Deadlock { .. }), "{e}");
+}
+
+#[test]
+fn unfenced_generic_write_is_rejected() {
+    let e = broken(|r| r.consumer.insert(1, Step::GenericWrite { load: 0 }));
+    assert!(
+        matches!(
+            e,
+            ProtocolError::Unfenced {
+                role: "consumer",
+                load: 0,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let (mut ring, roles) = good();
+    ring.consumer.insert(1, Step::GenericWrite { load: 0 });
+    ring.consumer.insert(2, Step::FenceProxyAsync);
+    check(&ring, &roles).expect("a fenced generic write is fine");
+}
+
+#[test]
+fn set_up_without_fence_is_rejected() {
+    let e = broken(|r| r.init.retain(|s| *s != InitStep::FenceMbarrierInit));
+    assert!(matches!(e, ProtocolError::Init(_)), "{e}");
+}
+
+#[test]
+fn tma_before_empty_wait_is_rejected() {
+    let e = broken(|r| r.producer.swap(0, 2));
+    assert!(
+        matches!(
+            e,
+            ProtocolError::BeforeWait {
+                role: "producer",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn missing_producer_arrive_is_rejected() {
+    let e = broken(|r| {
+        r.producer.remove(1);
+        r.full_count = 1;
+    });
+    // The static byte check sees it first: nothing announces the boxes' bytes.
+    assert!(
+        matches!(e, ProtocolError::TxBytes { announced: 0, .. }),
+        "{e}"
+    );
+}
+
+#[test]
+fn double_release_is_rejected() {
+    // Releasing a stage twice per iteration completes `empty` a phase early: the
+    // producer's parity wait then tests a phase that is not the one it means.
+    let e = broken(|r| {
+        r.consumer.push(Step::Arrive {
+            bar: Bar::Empty,
+            lag: 1,
+        });
+        r.empty_count = 8;
+    });
+    assert!(
+        matches!(
+            e,
+            ProtocolError::Phase { .. } | ProtocolError::TooManyArrivals { .. }
+        ),
+        "{e}"
+    );
+}
