@@ -4,7 +4,7 @@
 //! accumulator-layout tile (P in attention's P @ V).
 
 use kiln_ir::schedule::{Layout, SmemBuffer};
-use kiln_ir::{DType, OpId};
+use kiln_ir::{DType, OpId, ValueId};
 
 use crate::CodegenError;
 use crate::types::{Class, Reg};
@@ -145,14 +145,7 @@ impl Writer<'_> {
         for s in 0..g.k / 16 {
             if upfront && s == 0 {
                 for t in 0..g.k / 16 {
-                    let mut a_frags = Vec::new();
-                    for mi in 0..mf {
-                        let frag = match &mut a_src {
-                            Some(src) => self.ldmatrix(src, mi * 16, 2 * t),
-                            None => self.a_from_registers(id, &a_val, a, &g, mi, t)?,
-                        };
-                        a_frags.push(frag);
-                    }
+                    let a_frags = self.a_fragments(id, &mut a_src, &a_val, a, &g, t)?;
                     let b_quads = (0..nf.div_ceil(2))
                         .map(|np| self.b_quad(&mut b_src, np, t))
                         .collect();
@@ -161,17 +154,7 @@ impl Writer<'_> {
             }
             let a_frags = match pre.get(s as usize) {
                 Some((a_frags, _)) => a_frags.clone(),
-                None => {
-                    let mut a_frags = Vec::new();
-                    for mi in 0..mf {
-                        let frag = match &mut a_src {
-                            Some(src) => self.ldmatrix(src, mi * 16, 2 * s),
-                            None => self.a_from_registers(id, &a_val, a, &g, mi, s)?,
-                        };
-                        a_frags.push(frag);
-                    }
-                    a_frags
-                }
+                None => self.a_fragments(id, &mut a_src, &a_val, a, &g, s)?,
             };
             for np in 0..nf.div_ceil(2) {
                 let bq = match pre.get(s as usize) {
@@ -253,13 +236,35 @@ impl Writer<'_> {
         }
     }
 
+    /// The A fragments of k-step `s`, one per 16-row m-fragment of the warp tile: read by
+    /// ldmatrix when A is in shared memory (`a_src`), else repacked from its registers.
+    fn a_fragments(
+        &mut self,
+        id: OpId,
+        a_src: &mut Option<Lanes>,
+        a_val: &Val,
+        a: ValueId,
+        g: &Geometry,
+        s: u32,
+    ) -> Result<Vec<[Reg; 4]>, CodegenError> {
+        let mut frags = Vec::new();
+        for mi in 0..g.wm / 16 {
+            let frag = match a_src {
+                Some(src) => self.ldmatrix(src, mi * 16, 2 * s),
+                None => self.a_from_registers(id, a_val, a, g, mi, s)?,
+            };
+            frags.push(frag);
+        }
+        Ok(frags)
+    }
+
     /// The four A registers of m-fragment `mi`, k-step `s`, repacked from an accumulator
     /// layout tile (bf16 pairs of adjacent columns).
     fn a_from_registers(
         &mut self,
         id: OpId,
         a_val: &Val,
-        a: kiln_ir::ValueId,
+        a: ValueId,
         g: &Geometry,
         mi: u32,
         s: u32,
