@@ -8,6 +8,23 @@ use crate::CodegenError;
 use crate::types::{Class, Reg};
 use crate::writer::{Val, Writer};
 
+/// The registers and labels of a counted loop between [`Writer::open_counted_loop`] and
+/// [`Writer::close_counted_loop`].
+pub(crate) struct CountedLoop {
+    /// The induction variable.
+    iv: Reg,
+    /// The exclusive upper bound.
+    hi: Reg,
+    /// The increment.
+    step: Reg,
+    /// The label at the top of the body.
+    top: String,
+    /// The label after the loop.
+    end: String,
+    /// The predicate the entry and back-edge tests write.
+    more: Reg,
+}
+
 impl Writer<'_> {
     /// Fresh registers shaped like `v`.
     pub(crate) fn fresh_like(&mut self, v: &Val, at: OpId) -> Result<Val, CodegenError> {
@@ -110,6 +127,45 @@ impl Writer<'_> {
         Ok((iv, carried))
     }
 
+    /// Opens a counted loop over `iv` (already set to its start): skips the loop when
+    /// `iv >= hi`, then places the label at the top of the body. The body is bottom-tested,
+    /// closed by [`Writer::close_counted_loop`].
+    pub(crate) fn open_counted_loop(&mut self, iv: Reg, hi: Reg, step: Reg) -> CountedLoop {
+        let (top, end, more) = (
+            self.new_label(),
+            self.new_label(),
+            self.new_reg(Class::Pred),
+        );
+        self.ins(format!("setp.ge.s32 {more}, {iv}, {hi}"));
+        self.ins(format!("@{more} bra {end}"));
+        self.label(&top);
+        CountedLoop {
+            iv,
+            hi,
+            step,
+            top,
+            end,
+            more,
+        }
+    }
+
+    /// Closes a counted loop: `iv += step`, back to the top while `iv < hi`, then the label
+    /// after the loop.
+    pub(crate) fn close_counted_loop(&mut self, l: &CountedLoop) {
+        let CountedLoop {
+            iv,
+            hi,
+            step,
+            top,
+            end,
+            more,
+        } = l;
+        self.ins(format!("add.s32 {iv}, {iv}, {step}"));
+        self.ins(format!("setp.lt.s32 {more}, {iv}, {hi}"));
+        self.ins(format!("@{more} bra {top}"));
+        self.label(end);
+    }
+
     /// Writes a counted loop: `iv = lo; while iv < hi { body; iv += step }`.
     pub(crate) fn write_for(&mut self, id: OpId) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
@@ -121,11 +177,7 @@ impl Writer<'_> {
         );
         let (iv, carried) = self.enter_loop(id, &op, &body, lo)?;
         let pipeline = self.pipeline_prologue(id, iv, hi, step)?;
-        let (top, end) = (self.new_label(), self.new_label());
-        let p = self.new_reg(Class::Pred);
-        self.ins(format!("setp.ge.s32 {p}, {iv}, {hi}"));
-        self.ins(format!("@{p} bra {end}"));
-        self.label(&top);
+        let counted = self.open_counted_loop(iv, hi, step);
         self.pipeline_iteration(&pipeline, iv, step)?;
         self.write_block(&body)?;
         let yields = body
@@ -136,10 +188,7 @@ impl Writer<'_> {
             .unwrap_or_default();
         self.assign_all(&carried, &yields, id)?;
         self.pipeline_advance(&pipeline)?;
-        self.ins(format!("add.s32 {iv}, {iv}, {step}"));
-        self.ins(format!("setp.lt.s32 {p}, {iv}, {hi}"));
-        self.ins(format!("@{p} bra {top}"));
-        self.label(&end);
+        self.close_counted_loop(&counted);
         self.pipeline_epilogue(&pipeline);
         for (r, c) in op.results.iter().zip(carried) {
             self.vals.insert(*r, c);

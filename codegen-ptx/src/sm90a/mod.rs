@@ -206,22 +206,12 @@ impl Writer<'_> {
         for s in ring.producer_once.clone() {
             self.producer_step(&ring, &c, s, iv, id)?;
         }
-        let (top, done, more) = (
-            self.new_label(),
-            self.new_label(),
-            self.new_reg(Class::Pred),
-        );
-        self.ins(format!("setp.ge.s32 {more}, {iv}, {hi}"));
-        self.ins(format!("@{more} bra {done}"));
-        self.label(&top);
+        let counted = self.open_counted_loop(iv, hi, step);
         for s in ring.producer.clone() {
             self.producer_step(&ring, &c, s, iv, id)?;
         }
         self.advance(&c, ring.stages);
-        self.ins(format!("add.s32 {iv}, {iv}, {step}"));
-        self.ins(format!("setp.lt.s32 {more}, {iv}, {hi}"));
-        self.ins(format!("@{more} bra {top}"));
-        self.label(&done);
+        self.close_counted_loop(&counted);
         self.ins("exit");
 
         // Consumers.
@@ -279,14 +269,7 @@ impl Writer<'_> {
         for s in ring.consumer_once.clone() {
             self.consumer_step(ring, &c, s, lane0, id)?;
         }
-        let (top, end, more) = (
-            self.new_label(),
-            self.new_label(),
-            self.new_reg(Class::Pred),
-        );
-        self.ins(format!("setp.ge.s32 {more}, {iv}, {hi}"));
-        self.ins(format!("@{more} bra {end}"));
-        self.label(&top);
+        let counted = self.open_counted_loop(iv, hi, step);
         for s in ring.consumer.clone() {
             match s {
                 Step::Wait { bar, start } => self.wait(ring, &c, bar, start)?,
@@ -314,10 +297,7 @@ impl Writer<'_> {
             }
         }
         self.advance(&c, ring.stages);
-        self.ins(format!("add.s32 {iv}, {iv}, {step}"));
-        self.ins(format!("setp.lt.s32 {more}, {iv}, {hi}"));
-        self.ins(format!("@{more} bra {top}"));
-        self.label(&end);
+        self.close_counted_loop(&counted);
         for s in ring.consumer_drain.clone() {
             self.consumer_step(ring, &c, s, lane0, id)?;
         }
