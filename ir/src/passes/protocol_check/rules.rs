@@ -2,7 +2,7 @@
 //! parities, steps after their waits, announced bytes, once loads and proxy fences.
 
 use super::ProtocolError;
-use crate::ring::{Bar, InitStep, Ring, Step};
+use crate::ring::{Bar, InitStep, Ring, Step, TmaLoad};
 
 /// Set-up is `mbarrier.init`, then `fence.mbarrier_init`, then `bar.sync`.
 pub(super) fn check_init(init: &[InitStep]) -> Result<(), ProtocolError> {
@@ -60,18 +60,8 @@ pub(super) fn check_static(ring: &Ring) -> Result<(), ProtocolError> {
             _ => 0,
         })
         .sum();
-    let mut boxes = 0;
-    for (l, load) in ring.loads.iter().enumerate() {
-        let times = ring
-            .producer
-            .iter()
-            .filter(|s| **s == Step::Tma { load: l })
-            .count();
-        if times != 1 {
-            return Err(ProtocolError::LoadCount { load: l, times });
-        }
-        boxes += load.tile_bytes();
-    }
+    let boxes = issued_once(&ring.loads, &ring.producer, |load| Step::Tma { load })
+        .map_err(|(load, times)| ProtocolError::LoadCount { load, times })?;
     if announced != boxes {
         return Err(ProtocolError::TxBytes { announced, boxes });
     }
@@ -116,20 +106,14 @@ fn check_once(ring: &Ring) -> Result<(), ProtocolError> {
             }
         }
     }
-    let mut boxes = 0;
-    for (l, load) in ring.once.iter().enumerate() {
-        let times = ring
-            .producer_once
-            .iter()
-            .filter(|s| **s == Step::TmaOnce { load: l })
-            .count();
-        if times != 1 {
-            return Err(ProtocolError::Once(format!(
-                "once load {l} is issued {times} times; it must be issued once"
-            )));
-        }
-        boxes += load.tile_bytes();
-    }
+    let boxes = issued_once(&ring.once, &ring.producer_once, |load| Step::TmaOnce {
+        load,
+    })
+    .map_err(|(l, times)| {
+        ProtocolError::Once(format!(
+            "once load {l} is issued {times} times; it must be issued once"
+        ))
+    })?;
     if announced != boxes {
         return Err(ProtocolError::Once(format!(
             "the producer announces {announced} transaction bytes on `once` but its boxes carry {boxes}"
@@ -154,6 +138,24 @@ fn check_once(ring: &Ring) -> Result<(), ProtocolError> {
         ));
     }
     Ok(())
+}
+
+/// The bytes of every box of `loads`, when `program` issues each load exactly once (as the
+/// step `issue(index)`); otherwise the first load that is not, with its issue count.
+fn issued_once(
+    loads: &[TmaLoad],
+    program: &[Step],
+    issue: impl Fn(usize) -> Step,
+) -> Result<u32, (usize, usize)> {
+    let mut boxes = 0;
+    for (l, load) in loads.iter().enumerate() {
+        let times = program.iter().filter(|s| **s == issue(l)).count();
+        if times != 1 {
+            return Err((l, times));
+        }
+        boxes += load.tile_bytes();
+    }
+    Ok(boxes)
 }
 
 /// Every generic write must be fenced before a step that lets the async proxy read it.
