@@ -16,8 +16,9 @@ use std::fmt;
 
 use crate::kernel::OpId;
 
-/// Which barrier array of a ring a step names; stage `i % stages` of it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Which barrier array of a ring a step names; stage `i % stages` of it. Ordered so a
+/// `(Bar, stage)` pair can key a map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Bar {
     /// Completes when a stage's data has landed (producer arrive + TMA transaction bytes).
     Full,

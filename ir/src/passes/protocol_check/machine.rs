@@ -33,7 +33,7 @@ impl Barrier {
 pub(super) struct Machine<'r> {
     ring: &'r Ring,
     roles: &'r Roles,
-    bars: BTreeMap<(u8, u32), Barrier>,
+    bars: BTreeMap<(Bar, u32), Barrier>,
     /// Per role, `(iteration, step)` in execution order, and the next index.
     programs: [Vec<(u32, Step)>; 2],
     pc: [usize; 2],
@@ -48,22 +48,13 @@ const PRODUCER: usize = 0;
 const CONSUMER: usize = 1;
 const ROLE: [&str; 2] = ["producer", "consumer"];
 
-fn key(bar: Bar, stage: u32) -> (u8, u32) {
-    let b = match bar {
-        Bar::Full => 0,
-        Bar::Empty => 1,
-        Bar::Once => 2,
-    };
-    (b, stage)
-}
-
 impl<'r> Machine<'r> {
     pub(super) fn new(ring: &'r Ring, roles: &'r Roles) -> Machine<'r> {
         let mut bars = BTreeMap::new();
         for s in 0..ring.stages {
             for (bar, count) in [(Bar::Full, ring.full_count), (Bar::Empty, ring.empty_count)] {
                 bars.insert(
-                    key(bar, s),
+                    (bar, s),
                     Barrier {
                         count,
                         pending: i64::from(count),
@@ -75,7 +66,7 @@ impl<'r> Machine<'r> {
         }
         if !ring.once.is_empty() {
             bars.insert(
-                key(Bar::Once, 0),
+                (Bar::Once, 0),
                 Barrier {
                     count: 1,
                     pending: 1,
@@ -147,7 +138,7 @@ impl<'r> Machine<'r> {
         let stage = i % stages;
         match step {
             Step::Wait { bar, start } => {
-                let b = self.bars[&key(bar, stage)];
+                let b = self.bars[&(bar, stage)];
                 let parity = start ^ ((i / stages) & 1);
                 let passes = parity != b.completed % 2;
                 let needed = (i / stages + 1).saturating_sub(start);
@@ -234,7 +225,7 @@ impl<'r> Machine<'r> {
     }
 
     fn bar(&mut self, bar: Bar, stage: u32) -> &mut Barrier {
-        self.bars.entry(key(bar, stage)).or_insert(Barrier {
+        self.bars.entry((bar, stage)).or_insert(Barrier {
             count: 0,
             pending: 0,
             tx: 0,
