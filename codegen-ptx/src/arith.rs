@@ -6,7 +6,7 @@ use kiln_ir::schedule::Term;
 use kiln_ir::{BinaryOp, DType, OpId, OpKind, Shape, UnaryOp, ValueId};
 
 use crate::CodegenError;
-use crate::types::{Class, Reg, f32_imm};
+use crate::types::{Class, Reg, f32_imm, half_ty};
 use crate::writer::{Val, Writer};
 
 /// log2(e), to compute `e^x` as `2^(x * log2 e)`.
@@ -176,27 +176,25 @@ impl Writer<'_> {
 
     /// The f32 value of a float element register.
     pub(crate) fn widen(&mut self, x: Reg, dtype: DType) -> Reg {
-        match dtype {
-            DType::Bf16 | DType::F16 => {
+        match half_ty(dtype) {
+            Some(ty) => {
                 let f = self.new_reg(Class::F32);
-                let ty = if dtype == DType::Bf16 { "bf16" } else { "f16" };
                 self.ins(format!("cvt.f32.{ty} {f}, {x}"));
                 f
             }
-            DType::F32 | DType::I32 | DType::Bool => x,
+            None => x,
         }
     }
 
     /// Rounds an f32 register to a `dtype` element register.
     pub(crate) fn narrow(&mut self, x: Reg, dtype: DType) -> Reg {
-        match dtype {
-            DType::Bf16 | DType::F16 => {
+        match half_ty(dtype) {
+            Some(ty) => {
                 let h = self.new_reg(Class::B16);
-                let ty = if dtype == DType::Bf16 { "bf16" } else { "f16" };
                 self.ins(format!("cvt.rn.{ty}.f32 {h}, {x}"));
                 h
             }
-            DType::F32 | DType::I32 | DType::Bool => x,
+            None => x,
         }
     }
 

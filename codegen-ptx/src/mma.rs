@@ -7,7 +7,7 @@ use kiln_ir::schedule::{Layout, SmemBuffer};
 use kiln_ir::{DType, OpId, ValueId};
 
 use crate::CodegenError;
-use crate::types::{Class, Reg};
+use crate::types::{Class, Reg, half_ty};
 use crate::writer::{Val, Writer};
 
 /// Whether all registers are different (a splat shares one register among all elements).
@@ -78,10 +78,8 @@ impl Writer<'_> {
         if !k.is_multiple_of(16) {
             return Err(self.unsupported(id, "an mma whose K is not a multiple of 16"));
         }
-        let elem = match self.k.ty(a).dtype() {
-            DType::Bf16 => "bf16",
-            DType::F16 => "f16",
-            _ => return Err(self.internal(id, "mma operands must be bf16 or f16")),
+        let Some(elem) = half_ty(self.k.ty(a).dtype()) else {
+            return Err(self.internal(id, "mma operands must be bf16 or f16"));
         };
         let (mf, nf) = (g.wm / 16, g.wn / 8);
         let mut in_place = false;

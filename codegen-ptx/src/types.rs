@@ -115,3 +115,13 @@ pub fn arith_ty(dtype: DType) -> &'static str {
         DType::Bool => "pred",
     }
 }
+
+/// The PTX name of a 16-bit float element type (the mma and wgmma operand types, and the
+/// types converted to f32 for arithmetic); `None` for the others.
+pub fn half_ty(dtype: DType) -> Option<&'static str> {
+    match dtype {
+        DType::Bf16 => Some("bf16"),
+        DType::F16 => Some("f16"),
+        DType::F32 | DType::I32 | DType::Bool => None,
+    }
+}

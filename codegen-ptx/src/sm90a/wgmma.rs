@@ -17,10 +17,10 @@
 use kiln_ir::passes::pipeline::overlaps;
 use kiln_ir::ring::{Operand, TmaLoad};
 use kiln_ir::schedule::Layout;
-use kiln_ir::{DType, OpId};
+use kiln_ir::OpId;
 
 use crate::CodegenError;
-use crate::types::{Class, Reg};
+use crate::types::{Class, Reg, half_ty};
 use crate::writer::{Val, Writer};
 
 /// The descriptor's swizzle field (bits 62-63) for a swizzle span in bytes.
@@ -190,10 +190,8 @@ impl Writer<'_> {
             return Err(self.internal(id, "wgmma A and B stages of different K"));
         }
         let bn = g.bn;
-        let elem = match self.k.ty(a).dtype() {
-            DType::Bf16 => "bf16",
-            DType::F16 => "f16",
-            _ => return Err(self.internal(id, "wgmma operands must be bf16 or f16")),
+        let Some(elem) = half_ty(self.k.ty(a).dtype()) else {
+            return Err(self.internal(id, "wgmma operands must be bf16 or f16"));
         };
         let acc = match op.operands.get(2) {
             Some(&c) => {
