@@ -23,6 +23,7 @@ pub mod ptxas;
 mod sm90a;
 mod sync;
 pub mod types;
+mod values;
 pub mod writer;
 
 use kiln_ir::{Diagnostic, Kernel, Target};

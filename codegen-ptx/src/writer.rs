@@ -1,15 +1,16 @@
 //! The PTX writer: one pass over the scheduled kernel, in program order, one `write_*` per
 //! kind of op. Instructions for other concerns live in sibling modules (`arith`, `memory`,
-//! `mma`, `sync`, `control`) as further `impl Writer` blocks.
+//! `mma`, `sync`, `control`) as further `impl Writer` blocks; `values` reads and
+//! materialises the registers of IR values.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use kiln_ir::schedule::{Distribution, SmemBuffer, Term};
-use kiln_ir::{Block, Const, DType, Kernel, OpId, OpKind, Param, Target, ValueId};
+use kiln_ir::schedule::SmemBuffer;
+use kiln_ir::{Block, DType, Kernel, OpId, OpKind, Param, Target, ValueId};
 
 use crate::abi::{self, SlotRole};
-use crate::types::{Class, Reg, Regs, f32_imm};
+use crate::types::{Class, Reg, Regs};
 use crate::{CodegenError, PtxModule};
 
 /// How the writer holds an IR value.
@@ -89,7 +90,8 @@ pub struct Writer<'k> {
     /// sm_90a: the stage ring whose consumer body is being written.
     pub(crate) ring: Option<kiln_ir::ring::Ring>,
     /// Per tile value, its distribution's register index by offsets.
-    reg_index: BTreeMap<ValueId, BTreeMap<Vec<u32>, usize>>,
+    pub(crate) reg_index: BTreeMap<ValueId, BTreeMap<Vec<u32>, usize>>,
+    /// Labels handed out so far (`$Lk1`, `$Lk2`, ...).
     labels: u32,
 }
 
@@ -392,146 +394,6 @@ impl<'k> Writer<'k> {
     /// Emits `label:`.
     pub(crate) fn label(&mut self, l: &str) {
         let _ = writeln!(self.out, "{l}:");
-    }
-
-    /// The writer's form of `v`.
-    pub(crate) fn val(&self, v: ValueId, at: OpId) -> Result<Val, CodegenError> {
-        self.vals
-            .get(&v)
-            .cloned()
-            .ok_or_else(|| self.internal(at, format!("{v} used before it is written")))
-    }
-
-    /// The register of scalar `v`.
-    pub(crate) fn scalar(&self, v: ValueId, at: OpId) -> Result<Reg, CodegenError> {
-        match self.val(v, at)? {
-            Val::Scalar(r) => Ok(r),
-            Val::Tile(_)
-            | Val::Affine { .. }
-            | Val::Lazy(_)
-            | Val::Narrowed { .. }
-            | Val::Smem { .. } => Err(self.internal(at, format!("{v} is not a scalar"))),
-        }
-    }
-
-    /// The registers of register tile `v`.
-    pub(crate) fn tile(&mut self, v: ValueId, at: OpId) -> Result<Vec<Reg>, CodegenError> {
-        match self.val(v, at)? {
-            Val::Tile(r) => Ok(r),
-            Val::Affine { base, offs } => Ok(self.materialize(base, &offs)),
-            Val::Lazy(op) => {
-                let d = self.dist(v, at)?;
-                d.regs.iter().map(|o| self.lazy_element(op, o)).collect()
-            }
-            Val::Scalar(_) | Val::Narrowed { .. } | Val::Smem { .. } => {
-                Err(self.internal(at, format!("{v} is not a register tile")))
-            }
-        }
-    }
-
-    /// The registers of an affine tile: `base + off` for each offset.
-    pub(crate) fn materialize(&mut self, base: Reg, offs: &[u32]) -> Vec<Reg> {
-        offs.iter()
-            .map(|o| {
-                let x = self.new_reg(Class::B32);
-                self.ins(format!("add.s32 {x}, {base}, {o}"));
-                x
-            })
-            .collect()
-    }
-
-    /// Whether `v` is read only by `op` and is defined in `op`'s block (a result of an op of
-    /// that block, or one of its arguments), so `op` may overwrite its registers: they hold
-    /// a fresh value on every execution of the block.
-    pub(crate) fn dies_here(&self, v: ValueId, op: OpId) -> bool {
-        let single = self.uses.get(&v).is_some_and(|u| u.as_slice() == [op]);
-        let home = self.parents.get(&op).copied();
-        let local = match self.k.values[v].def {
-            kiln_ir::ValueDef::Op(def, _) => self.parents.get(&def).copied() == home,
-            kiln_ir::ValueDef::BlockArg {
-                op: owner, region, ..
-            } => home == Some((Some(owner), region)),
-        };
-        single && local
-    }
-
-    /// The index of the register of tile `v` at offsets `offs`.
-    pub(crate) fn reg_index(
-        &mut self,
-        v: ValueId,
-        offs: &[u32],
-        at: OpId,
-    ) -> Result<usize, CodegenError> {
-        if !self.reg_index.contains_key(&v) {
-            let d = self.dist(v, at)?;
-            let map = d
-                .regs
-                .into_iter()
-                .enumerate()
-                .map(|(i, o)| (o, i))
-                .collect();
-            self.reg_index.insert(v, map);
-        }
-        self.reg_index
-            .get(&v)
-            .and_then(|m| m.get(offs))
-            .copied()
-            .ok_or_else(|| self.internal(at, format!("{v} has no element at {offs:?}")))
-    }
-
-    /// The distribution of tile `v`'s layout over its shape.
-    pub(crate) fn dist(&self, v: ValueId, at: OpId) -> Result<Distribution, CodegenError> {
-        let layout = self
-            .k
-            .schedule
-            .layouts
-            .get(&v)
-            .ok_or_else(|| self.internal(at, format!("{v} has no layout")))?;
-        let shape = self
-            .k
-            .ty(v)
-            .shape()
-            .ok_or_else(|| self.internal(at, format!("{v} is not a tile")))?;
-        layout
-            .distribution(shape)
-            .map_err(|e| self.internal(at, e.to_string()))
-    }
-
-    /// A register holding `sum_t ((tid / div) % modulo) * mul` (`.b32`).
-    pub(crate) fn thread_coord(&mut self, terms: &[Term]) -> Reg {
-        let acc = self.new_reg(Class::B32);
-        self.ins(format!("mov.u32 {acc}, 0"));
-        for t in terms {
-            let x = self.new_reg(Class::B32);
-            self.ins(format!("div.u32 {x}, {}, {}", self.tid, t.div));
-            self.ins(format!("rem.u32 {x}, {x}, {}", t.modulo));
-            self.ins(format!("mad.lo.u32 {acc}, {x}, {}, {acc}", t.mul));
-        }
-        acc
-    }
-
-    /// A register holding constant `c` as a `dtype` scalar.
-    pub(crate) fn constant(&mut self, c: Const, dtype: DType) -> Reg {
-        let r = self.new_reg(Class::of(dtype));
-        let x = match c {
-            Const::Int(i) => i as f64,
-            Const::Float(f) => f,
-            Const::Bool(b) => f64::from(u8::from(b)),
-        };
-        match dtype {
-            DType::F32 => self.ins(format!("mov.f32 {r}, {}", f32_imm(x))),
-            DType::I32 => self.ins(format!("mov.b32 {r}, {}", x as i32)),
-            DType::Bool => self.ins(format!("setp.ne.u32 {r}, {}, 0", x as u32)),
-            DType::Bf16 => {
-                let bits = half::bf16::from_f64(x).to_bits();
-                self.ins(format!("mov.b16 {r}, 0x{bits:04X}"));
-            }
-            DType::F16 => {
-                let bits = half::f16::from_f64(x).to_bits();
-                self.ins(format!("mov.b16 {r}, 0x{bits:04X}"));
-            }
-        }
-        r
     }
 
     /// `mov` of a register of any class.
