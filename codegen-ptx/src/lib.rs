@@ -79,5 +79,5 @@ pub enum CodegenError {
 pub fn compile(kernel: &Kernel, target: Target) -> Result<PtxModule, CodegenError> {
     let mut k = kernel.clone();
     kiln_ir::passes::run_pipeline(&mut k, target, &mut |_, _| {})?;
-    writer::Writer::new(&k).write(target)
+    writer::Writer::new(&k, target).write()
 }

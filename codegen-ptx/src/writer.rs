@@ -93,11 +93,13 @@ pub struct Writer<'k> {
     pub(crate) reg_index: BTreeMap<ValueId, BTreeMap<Vec<u32>, usize>>,
     /// Labels handed out so far (`$Lk1`, `$Lk2`, ...).
     labels: u32,
+    /// The target being written, named by `Unsupported` errors.
+    target: Target,
 }
 
 impl<'k> Writer<'k> {
-    /// A writer for a kernel that went through the pass pipeline.
-    pub fn new(k: &'k Kernel) -> Writer<'k> {
+    /// A writer for a kernel that went through the pass pipeline for `target`.
+    pub fn new(k: &'k Kernel, target: Target) -> Writer<'k> {
         let mut regs = Regs::default();
         let tid = regs.new_reg(Class::B32);
         let smem = regs.new_reg(Class::B32);
@@ -117,11 +119,13 @@ impl<'k> Writer<'k> {
             ring: None,
             reg_index: BTreeMap::new(),
             labels: 0,
+            target,
         }
     }
 
     /// Writes the module.
-    pub fn write(mut self, target: Target) -> Result<PtxModule, CodegenError> {
+    pub fn write(mut self) -> Result<PtxModule, CodegenError> {
+        let target = self.target;
         let maps = crate::sm90a::tensor_maps(self.k);
         let tma: Vec<usize> = maps.iter().map(|m| m.param).collect();
         let slots = abi::slots_with_maps(&self.k.params, &tma)
@@ -420,14 +424,14 @@ impl<'k> Writer<'k> {
     pub(crate) fn unsupported(&self, at: OpId, what: &str) -> CodegenError {
         CodegenError::Unsupported {
             op: format!("{} ({what})", kiln_ir::print::op_str(self.k, at)),
-            target: Target::Sm80,
+            target: self.target,
         }
     }
 
     fn unsupported_msg(&self, what: String) -> CodegenError {
         CodegenError::Unsupported {
             op: what,
-            target: Target::Sm80,
+            target: self.target,
         }
     }
 }
