@@ -24,7 +24,7 @@
 
 use crate::diag::Diagnostic;
 use crate::kernel::Kernel;
-use crate::ring::{Bar, Ring, Roles, Step};
+use crate::ring::{Bar, InitStep, Ring, Roles, Step};
 use crate::target::Target;
 
 mod machine;
@@ -40,9 +40,9 @@ use rules::{check_init, check_static};
 pub enum ProtocolError {
     /// The set-up does not init, fence and synchronise in that order.
     #[error(
-        "barrier set-up must be mbarrier.init, fence.mbarrier_init, bar.sync in that order; got {0}"
+        "barrier set-up must be mbarrier.init, fence.mbarrier_init, bar.sync in that order; got {0:?}"
     )]
-    Init(String),
+    Init(Vec<InitStep>),
     /// A wait starts at the wrong parity.
     #[error(
         "the {role}'s wait on `{bar}` starts at phase parity {start}; it must start at {expected}"
@@ -149,7 +149,7 @@ pub enum ProtocolError {
     },
     /// The once loads or the `once` barrier are misused.
     #[error("once loads: {0}")]
-    Once(String),
+    Once(#[from] OnceError),
     /// Neither role can move.
     #[error("deadlock with {trips} iteration(s): producer {producer}, consumers {consumer}")]
     Deadlock {
@@ -160,6 +160,53 @@ pub enum ProtocolError {
         /// Where the consumers stand.
         consumer: String,
     },
+}
+
+/// A misuse of a ring's once loads or its single-phase `once` barrier.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OnceError {
+    /// Once programs exist but the ring has no once load.
+    #[error("once programs without once loads")]
+    ProgramsWithoutLoads,
+    /// A per-iteration step touches the `once` barrier or issues a once load.
+    #[error("`{step}` runs every iteration; the once barrier has a single phase")]
+    EveryIteration {
+        /// The step.
+        step: Step,
+    },
+    /// The producer's once program does something besides announcing and issuing.
+    #[error("the producer's once program may only announce and issue once loads, not `{step}`")]
+    ProducerStep {
+        /// The step.
+        step: Step,
+    },
+    /// A once load is not issued exactly once.
+    #[error("once load {load} is issued {times} times; it must be issued once")]
+    LoadCount {
+        /// Index into the ring's once loads.
+        load: usize,
+        /// How often the producer's once program issues it.
+        times: usize,
+    },
+    /// The bytes announced on `once` differ from the once boxes' bytes.
+    #[error(
+        "the producer announces {announced} transaction bytes on `once` but its boxes carry {boxes}"
+    )]
+    TxBytes {
+        /// Bytes in `arrive.expect_tx` on `once`.
+        announced: u32,
+        /// Bytes of every once box.
+        boxes: u32,
+    },
+    /// The consumers' once program does something besides waiting on `once` from parity 0.
+    #[error("the consumers' once program may only wait on `once` from parity 0, not `{step}`")]
+    ConsumerStep {
+        /// The step.
+        step: Step,
+    },
+    /// The consumers never wait for the once loads.
+    #[error("the consumers read once loads without waiting on `once`")]
+    NoWait,
 }
 
 /// Checks every ring of the kernel.

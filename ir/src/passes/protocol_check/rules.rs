@@ -1,7 +1,7 @@
 //! The static rules of the ring protocol (see the parent module's doc): set-up order, start
 //! parities, steps after their waits, announced bytes, once loads and proxy fences.
 
-use super::ProtocolError;
+use super::{OnceError, ProtocolError};
 use crate::ring::{Bar, InitStep, Ring, Step, TmaLoad};
 
 /// Set-up is `mbarrier.init`, then `fence.mbarrier_init`, then `bar.sync`.
@@ -13,7 +13,7 @@ pub(super) fn check_init(init: &[InitStep]) -> Result<(), ProtocolError> {
         pos(InitStep::BarSync),
     ) {
         (Some(a), Some(b), Some(c)) if a < b && b < c => Ok(()),
-        _ => Err(ProtocolError::Init(format!("{init:?}"))),
+        _ => Err(ProtocolError::Init(init.to_vec())),
     }
 }
 
@@ -71,9 +71,7 @@ pub(super) fn check_static(ring: &Ring) -> Result<(), ProtocolError> {
 /// The once loads' rules (see the module doc).
 fn check_once(ring: &Ring) -> Result<(), ProtocolError> {
     if ring.once.is_empty() && !(ring.producer_once.is_empty() && ring.consumer_once.is_empty()) {
-        return Err(ProtocolError::Once(
-            "once programs without once loads".into(),
-        ));
+        return Err(OnceError::ProgramsWithoutLoads.into());
     }
     let touches_once = |s: &Step| match *s {
         Step::Wait { bar, .. } | Step::ArriveExpectTx { bar, .. } | Step::Arrive { bar, .. } => {
@@ -87,9 +85,7 @@ fn check_once(ring: &Ring) -> Result<(), ProtocolError> {
         .chain(&ring.consumer_drain)
         .find(|s| touches_once(s))
     {
-        return Err(ProtocolError::Once(format!(
-            "`{s}` runs every iteration; the once barrier has a single phase"
-        )));
+        return Err(OnceError::EveryIteration { step: *s }.into());
     }
     let mut announced = 0;
     for s in &ring.producer_once {
@@ -100,24 +96,16 @@ fn check_once(ring: &Ring) -> Result<(), ProtocolError> {
             } => announced += bytes,
             Step::TmaOnce { .. } => {}
             other => {
-                return Err(ProtocolError::Once(format!(
-                    "the producer's once program may only announce and issue once loads, not `{other}`"
-                )));
+                return Err(OnceError::ProducerStep { step: other }.into());
             }
         }
     }
     let boxes = issued_once(&ring.once, &ring.producer_once, |load| Step::TmaOnce {
         load,
     })
-    .map_err(|(l, times)| {
-        ProtocolError::Once(format!(
-            "once load {l} is issued {times} times; it must be issued once"
-        ))
-    })?;
+    .map_err(|(load, times)| OnceError::LoadCount { load, times })?;
     if announced != boxes {
-        return Err(ProtocolError::Once(format!(
-            "the producer announces {announced} transaction bytes on `once` but its boxes carry {boxes}"
-        )));
+        return Err(OnceError::TxBytes { announced, boxes }.into());
     }
     let waits = ring
         .consumer_once
@@ -127,15 +115,11 @@ fn check_once(ring: &Ring) -> Result<(), ProtocolError> {
                 bar: Bar::Once,
                 start: 0,
             } => Ok(()),
-            other => Err(ProtocolError::Once(format!(
-                "the consumers' once program may only wait on `once` from parity 0, not `{other}`"
-            ))),
+            other => Err(OnceError::ConsumerStep { step: other }),
         })
         .collect::<Result<Vec<()>, _>>()?;
     if !ring.once.is_empty() && waits.is_empty() {
-        return Err(ProtocolError::Once(
-            "the consumers read once loads without waiting on `once`".into(),
-        ));
+        return Err(OnceError::NoWait.into());
     }
     Ok(())
 }
