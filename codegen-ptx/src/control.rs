@@ -180,12 +180,7 @@ impl Writer<'_> {
         let counted = self.open_counted_loop(iv, hi, step);
         self.pipeline_iteration(&pipeline, iv, step)?;
         self.write_block(&body)?;
-        let yields = body
-            .ops
-            .last()
-            .filter(|&&y| self.k.ops[y].kind == OpKind::Yield)
-            .map(|&y| self.k.ops[y].operands.clone())
-            .unwrap_or_default();
+        let yields = self.yielded(&body);
         self.assign_all(&carried, &yields, id)?;
         self.pipeline_advance(&pipeline)?;
         self.close_counted_loop(&counted);
@@ -194,6 +189,17 @@ impl Writer<'_> {
             self.vals.insert(*r, c);
         }
         Ok(())
+    }
+
+    /// The values `block`'s terminating `yield` passes on (none when it has no `yield`,
+    /// which the verifier rejects for regions).
+    pub(crate) fn yielded(&self, block: &Block) -> Vec<ValueId> {
+        block
+            .ops
+            .last()
+            .filter(|&&y| self.k.ops[y].kind == OpKind::Yield)
+            .map(|&y| self.k.ops[y].operands.clone())
+            .unwrap_or_default()
     }
 
     /// Writes `if cond { then } else { else }`, both branches assigning the results.
@@ -208,11 +214,7 @@ impl Writer<'_> {
                 self.label(&else_l);
             }
             self.write_block(region)?;
-            let yields = region
-                .ops
-                .last()
-                .map(|&y| self.k.ops[y].operands.clone())
-                .unwrap_or_default();
+            let yields = self.yielded(region);
             if results.is_none() {
                 let mut rs = Vec::new();
                 for &y in &yields {

@@ -286,11 +286,7 @@ impl Writer<'_> {
                     self.ring = Some(ring.clone());
                     self.write_block(&body)?;
                     self.ring = None;
-                    let yields = body
-                        .ops
-                        .last()
-                        .map(|&y| self.k.ops[y].operands.clone())
-                        .unwrap_or_default();
+                    let yields = self.yielded(&body);
                     self.assign_all(&carried, &yields, id)?;
                 }
                 other => self.consumer_step(ring, &c, other, lane0, id)?,
