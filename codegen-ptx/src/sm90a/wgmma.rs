@@ -14,10 +14,10 @@
 //! layout) is packed into the RS form's four bf16-pair registers per k16 step, the same
 //! fragment `mma.sync` takes.
 
+use kiln_ir::OpId;
 use kiln_ir::passes::pipeline::overlaps;
 use kiln_ir::ring::{Operand, TmaLoad};
 use kiln_ir::schedule::Layout;
-use kiln_ir::OpId;
 
 use crate::CodegenError;
 use crate::types::{Class, Reg, half_ty};
