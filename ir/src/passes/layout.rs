@@ -23,16 +23,13 @@ use crate::schedule::Layout;
 use crate::target::Target;
 use crate::types::{Shape, Type};
 
-use super::walk::{defining_op, ops_in_order, uses};
+use super::walk::{all_aligned16, defining_op, ops_in_order, uses};
 
 /// Assigns layouts; fails only on a combination the backends cannot realise.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     let order = ops_in_order(kernel);
     let uses = uses(kernel);
-    let all_aligned = kernel.params.iter().all(|p| match p {
-        crate::kernel::Param::Tensor { aligned16, .. } => *aligned16,
-        crate::kernel::Param::Scalar { .. } => true,
-    });
+    let all_aligned = all_aligned16(kernel);
     // The warp count a kernel declares is its sm_80 schedule (mma.sync warp grid). On sm_90a
     // with every tensor TMA-able, wgmma fixes it instead: 16 accumulator rows per warp, 64 per
     // warpgroup, so the mma's rows decide how many consumer warps there are.

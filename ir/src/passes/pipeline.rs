@@ -45,7 +45,7 @@ use crate::target::Target;
 use crate::types::DType;
 
 use super::lower::hoistable;
-use super::walk::first_ring_loc;
+use super::walk::{all_aligned16, first_ring_loc};
 
 /// Plans rings on sm_90a; does nothing on other targets.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
@@ -391,11 +391,7 @@ fn completes_in_body(kernel: &Kernel, for_op: OpId, mma: OpId) -> bool {
 /// On sm_90a, every `mma` must sit in a ring unless some tensor is not 16-byte aligned (TMA
 /// needs 16-byte strides; such kernels keep the sm_80 cp.async + mma.sync lowering).
 pub fn check_covered(kernel: &Kernel) -> Result<(), Diagnostic> {
-    let all_aligned = kernel.params.iter().all(|p| match p {
-        Param::Tensor { aligned16, .. } => *aligned16,
-        Param::Scalar { .. } => true,
-    });
-    if !all_aligned {
+    if !all_aligned16(kernel) {
         return Ok(());
     }
     let in_ring: BTreeSet<OpId> = kernel

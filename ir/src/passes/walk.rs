@@ -1,9 +1,9 @@
-//! Traversals and lookups shared by the passes: ops in program order, use lists, definitions
-//! and the source location a ring-wide error is reported at.
+//! Traversals and lookups shared by the passes: ops in program order, use lists, definitions,
+//! whether every tensor is 16-byte aligned, and where a ring-wide error is reported.
 
 use std::collections::BTreeMap;
 
-use crate::kernel::{Block, Kernel, Loc, OpId, ValueDef, ValueId};
+use crate::kernel::{Block, Kernel, Loc, OpId, Param, ValueDef, ValueId};
 use crate::ring::Ring;
 
 /// Every op reachable from the body, in program order (an op before its regions' ops).
@@ -56,4 +56,12 @@ pub fn first_ring_loc(kernel: &Kernel, rings: &BTreeMap<OpId, Ring>) -> Loc {
         .next()
         .map(|&f| kernel.ops[f].loc)
         .unwrap_or_default()
+}
+
+/// Whether every tensor parameter is `aligned16` (so TMA may load it on sm_90a).
+pub fn all_aligned16(kernel: &Kernel) -> bool {
+    kernel.params.iter().all(|p| match p {
+        Param::Tensor { aligned16, .. } => *aligned16,
+        Param::Scalar { .. } => true,
+    })
 }
