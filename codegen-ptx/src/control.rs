@@ -152,18 +152,10 @@ impl Writer<'_> {
     /// Closes a counted loop: `iv += step`, back to the top while `iv < hi`, then the label
     /// after the loop.
     pub(crate) fn close_counted_loop(&mut self, l: &CountedLoop) {
-        let CountedLoop {
-            iv,
-            hi,
-            step,
-            top,
-            end,
-            more,
-        } = l;
-        self.ins(format!("add.s32 {iv}, {iv}, {step}"));
-        self.ins(format!("setp.lt.s32 {more}, {iv}, {hi}"));
-        self.ins(format!("@{more} bra {top}"));
-        self.label(end);
+        self.ins(format!("add.s32 {0}, {0}, {1}", l.iv, l.step));
+        self.ins(format!("setp.lt.s32 {}, {}, {}", l.more, l.iv, l.hi));
+        self.ins(format!("@{} bra {}", l.more, l.top));
+        self.label(&l.end);
     }
 
     /// Writes a counted loop: `iv = lo; while iv < hi { body; iv += step }`.
