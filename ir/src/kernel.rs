@@ -73,6 +73,18 @@ pub enum Param {
 }
 
 impl Param {
+    /// A tensor parameter that is not known to be 16-byte aligned (the conservative
+    /// specialisation: no 16-byte vector accesses are emitted for it).
+    pub fn tensor(name: impl Into<String>, dtype: DType, rank: usize, mutable: bool) -> Param {
+        Param::Tensor {
+            name: name.into(),
+            dtype,
+            rank,
+            mutable,
+            aligned16: false,
+        }
+    }
+
     /// The parameter's name.
     pub fn name(&self) -> &str {
         match self {

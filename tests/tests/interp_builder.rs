@@ -74,16 +74,6 @@ impl K {
     }
 }
 
-fn tensor_param(name: &str, dtype: DType, rank: usize, mutable: bool) -> Param {
-    Param::Tensor {
-        name: name.into(),
-        dtype,
-        rank,
-        mutable,
-        aligned16: false,
-    }
-}
-
 fn blocks(n: usize, tile: usize) -> u32 {
     n.div_ceil(tile) as u32
 }
@@ -95,9 +85,9 @@ fn vector_add(dtype: DType) -> Kernel {
     let mut k = K::new(
         "vector_add",
         vec![
-            tensor_param("x", dtype, 1, false),
-            tensor_param("y", dtype, 1, false),
-            tensor_param("out", dtype, 1, true),
+            Param::tensor("x", dtype, 1, false),
+            Param::tensor("y", dtype, 1, false),
+            Param::tensor("out", dtype, 1, true),
         ],
     );
     let pid = k.block_id(kiln_ir::Axis::X);
@@ -153,8 +143,8 @@ fn softmax(dtype: DType) -> Kernel {
     let mut k = K::new(
         "softmax",
         vec![
-            tensor_param("x", dtype, 2, false),
-            tensor_param("y", dtype, 2, true),
+            Param::tensor("x", dtype, 2, false),
+            Param::tensor("y", dtype, 2, true),
         ],
     );
     let pid = k.block_id(kiln_ir::Axis::X);
@@ -275,9 +265,9 @@ fn gemm(b_transposed: bool) -> Kernel {
     let mut k = K::new(
         "gemm",
         vec![
-            tensor_param("a", DType::Bf16, 2, false),
-            tensor_param("b", DType::Bf16, 2, false),
-            tensor_param("c", DType::F32, 2, true),
+            Param::tensor("a", DType::Bf16, 2, false),
+            Param::tensor("b", DType::Bf16, 2, false),
+            Param::tensor("c", DType::F32, 2, true),
         ],
     );
     let bn = k.i32(BN as i64);
@@ -358,8 +348,8 @@ fn scale_if() -> Kernel {
     let mut k = K::new(
         "scale_if",
         vec![
-            tensor_param("x", DType::F32, 1, false),
-            tensor_param("out", DType::F32, 1, true),
+            Param::tensor("x", DType::F32, 1, false),
+            Param::tensor("out", DType::F32, 1, true),
             Param::Scalar {
                 name: "alpha".into(),
                 dtype: DType::F32,
@@ -421,10 +411,10 @@ fn int_divide() -> Kernel {
     let mut k = K::new(
         "int_divide",
         vec![
-            tensor_param("x", DType::I32, 1, false),
-            tensor_param("y", DType::I32, 1, false),
-            tensor_param("q", DType::I32, 1, true),
-            tensor_param("r", DType::I32, 1, true),
+            Param::tensor("x", DType::I32, 1, false),
+            Param::tensor("y", DType::I32, 1, false),
+            Param::tensor("q", DType::I32, 1, true),
+            Param::tensor("r", DType::I32, 1, true),
         ],
     );
     let pid = k.block_id(kiln_ir::Axis::X);
@@ -502,8 +492,8 @@ fn loads_and_stores_outside_the_tensor_are_masked() {
     let mut k = K::new(
         "shift",
         vec![
-            tensor_param("x", DType::F32, 2, false),
-            tensor_param("y", DType::F32, 2, true),
+            Param::tensor("x", DType::F32, 2, false),
+            Param::tensor("y", DType::F32, 2, true),
             Param::Scalar {
                 name: "dr".into(),
                 dtype: DType::I32,

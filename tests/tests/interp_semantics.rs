@@ -14,16 +14,6 @@ use kiln_tests::inputs::{Dist, Rng, tensor};
 
 const N: usize = 64;
 
-fn tensor_param(name: &str, dtype: DType, rank: usize, mutable: bool) -> Param {
-    Param::Tensor {
-        name: name.into(),
-        dtype,
-        rank,
-        mutable,
-        aligned16: false,
-    }
-}
-
 /// A kernel over 1-D tensors `x`, `y` (dtype `inp`) and `out` (dtype `outp`) of one `N`-tile
 /// whose body `f` maps the two loaded tiles to the stored one.
 fn elementwise(
@@ -35,9 +25,9 @@ fn elementwise(
     let mut b = Builder::new(
         "elementwise",
         vec![
-            tensor_param("x", inp, 1, false),
-            tensor_param("y", inp, 1, false),
-            tensor_param("out", outp, 1, true),
+            Param::tensor("x", inp, 1, false),
+            Param::tensor("y", inp, 1, false),
+            Param::tensor("out", outp, 1, true),
         ],
         KernelOptions::default(),
     );
@@ -187,8 +177,8 @@ fn reduce_kernel(op: ReduceOp, dim: usize) -> Kernel {
     let mut b = Builder::new(
         "reduce",
         vec![
-            tensor_param("x", DType::F32, 2, false),
-            tensor_param("out", DType::F32, 1, true),
+            Param::tensor("x", DType::F32, 2, false),
+            Param::tensor("out", DType::F32, 1, true),
         ],
         KernelOptions::default(),
     );
