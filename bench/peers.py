@@ -31,6 +31,15 @@ def sweep(quick):
     return [(s, d, causal) for d in (64, 128) for causal in (False, True) for s in seqs]
 
 
+def parse_only(text):
+    """`8192:128:false,...` as (s, d, causal) points."""
+    points = []
+    for p in text.split(","):
+        s, d, c = p.split(":")
+        points.append((int(s), int(d), c == "true"))
+    return points
+
+
 def flops(b, h, s, d, causal):
     f = 4.0 * b * h * s * s * d
     return f / 2 if causal else f
@@ -45,7 +54,7 @@ def run(args):
     props = torch.cuda.get_device_properties(dev)
     l2 = getattr(props, "L2_cache_size", 60 << 20)
     backends = [("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]
-    configs = sweep(args.quick)
+    configs = [c for c in sweep(args.quick) if not args.only or c in parse_only(args.only)]
     rows = []
     total = len(configs) * len(backends)
     step = 0
@@ -160,6 +169,7 @@ def main():
     r.add_argument("--quick", action="store_true")
     r.add_argument("--iters", type=int, default=30)
     r.add_argument("--warmup", type=int, default=5)
+    r.add_argument("--only", help="run only these S:D:CAUSAL points, comma-separated")
     m = sub.add_parser("merge")
     m.add_argument("kiln")
     m.add_argument("peers")

@@ -21,13 +21,15 @@ pub struct Args {
     pub target: Option<Target>,
     /// gemm: B stored column-major (`b: [N, K]`, the kernel's `b_col_major`).
     pub b_col_major: bool,
+    /// attention: run only these `(s, d, causal)` points of the sweep (`--only 8192:128:false,...`).
+    pub only: Vec<(usize, usize, bool)>,
 }
 
 /// A command-line error, with the usage line.
 #[derive(Debug, thiserror::Error)]
 #[error(
     "{message}\nusage: {program} [--out PATH] [--iters N] [--warmup N] [--quick] [--target NAME] \
-     [--b-col-major]"
+     [--b-col-major] [--only S:D:CAUSAL,...]"
 )]
 pub struct ArgsError {
     program: String,
@@ -55,6 +57,7 @@ impl Args {
             quick: false,
             target: None,
             b_col_major: false,
+            only: Vec::new(),
         };
         let mut it = args.into_iter();
         while let Some(flag) = it.next() {
@@ -77,6 +80,19 @@ impl Args {
                 }
                 "--quick" => out.quick = true,
                 "--b-col-major" => out.b_col_major = true,
+                "--only" => {
+                    let v = value("--only")?;
+                    for point in v.split(',') {
+                        let parsed = match point.split(':').collect::<Vec<_>>()[..] {
+                            [s, d, c] => s.parse().ok().zip(d.parse().ok()).zip(c.parse().ok()),
+                            _ => None,
+                        };
+                        let ((s, d), c) = parsed.ok_or_else(|| {
+                            err(format!("--only expects S:D:CAUSAL points, got `{point}`"))
+                        })?;
+                        out.only.push((s, d, c));
+                    }
+                }
                 "--target" => {
                     let v = value("--target")?;
                     out.target = Some(v.parse().map_err(|e| err(format!("{e}")))?);

@@ -168,7 +168,7 @@ impl Writer<'_> {
                 Ok(x)
             }
             Val::Lazy(op) => self.lazy_element(op, &want),
-            Val::Scalar(_) | Val::Narrowed { .. } | Val::Smem { .. } => {
+            Val::Scalar(_) | Val::Narrowed { .. } | Val::Packed(_) | Val::Smem { .. } => {
                 Err(self.internal(at, format!("{v} has no register elements")))
             }
         }

@@ -36,7 +36,7 @@ impl Writer<'_> {
             Val::Affine { offs, .. } => Ok(Val::Tile(
                 offs.iter().map(|_| self.new_reg(Class::B32)).collect(),
             )),
-            Val::Smem { .. } | Val::Narrowed { .. } | Val::Lazy(_) => {
+            Val::Smem { .. } | Val::Narrowed { .. } | Val::Packed(_) | Val::Lazy(_) => {
                 Err(self.unsupported(at, "a shared-memory or packed tile carried or merged"))
             }
         }
@@ -237,6 +237,6 @@ fn regs_of(v: &Val) -> Vec<Reg> {
         Val::Scalar(r) => vec![*r],
         Val::Tile(rs) => rs.clone(),
         Val::Affine { base, .. } => vec![*base],
-        Val::Smem { .. } | Val::Narrowed { .. } | Val::Lazy(_) => Vec::new(),
+        Val::Smem { .. } | Val::Narrowed { .. } | Val::Packed(_) | Val::Lazy(_) => Vec::new(),
     }
 }

@@ -130,7 +130,8 @@ impl Writer<'_> {
             | Val::Tile(_)
             | Val::Affine { .. }
             | Val::Lazy(_)
-            | Val::Narrowed { .. } => {
+            | Val::Narrowed { .. }
+            | Val::Packed(_) => {
                 return Err(self.unsupported(id, "a register-resident mma B operand"));
             }
         };
@@ -293,6 +294,15 @@ impl Writer<'_> {
         let (regs, narrow) = match a_val {
             Val::Tile(regs) => (regs, None),
             Val::Narrowed { src, to } => (src, Some(*to)),
+            Val::Packed(pairs) => {
+                let at = |ni: u32, v: u32| pairs.get(((mi * kn + ni) * 4 + v) as usize / 2);
+                let quad = [(2 * s, 0), (2 * s, 2), (2 * s + 1, 0), (2 * s + 1, 2)]
+                    .map(|(ni, v)| at(ni, v).copied());
+                return match quad {
+                    [Some(a), Some(b), Some(c), Some(d)] => Ok([a, b, c, d]),
+                    _ => Err(self.internal(id, "an A operand with too few registers")),
+                };
+            }
             Val::Scalar(_) | Val::Smem { .. } | Val::Affine { .. } | Val::Lazy(_) => {
                 return Err(self.unsupported(id, "this form of mma A operand"));
             }

@@ -26,6 +26,7 @@ impl Writer<'_> {
             | Val::Affine { .. }
             | Val::Lazy(_)
             | Val::Narrowed { .. }
+            | Val::Packed(_)
             | Val::Smem { .. } => Err(self.internal(at, format!("{v} is not a scalar"))),
         }
     }
@@ -39,7 +40,7 @@ impl Writer<'_> {
                 let d = self.dist(v, at)?;
                 d.regs.iter().map(|o| self.lazy_element(op, o)).collect()
             }
-            Val::Scalar(_) | Val::Narrowed { .. } | Val::Smem { .. } => {
+            Val::Scalar(_) | Val::Narrowed { .. } | Val::Packed(_) | Val::Smem { .. } => {
                 Err(self.internal(at, format!("{v} is not a register tile")))
             }
         }

@@ -37,6 +37,10 @@ pub(crate) enum Val {
         /// The element type it is rounded to.
         to: DType,
     },
+    /// A narrowed tile packed two elements per `.b32` register (register `k` holds elements
+    /// `2k` and `2k + 1` of the distribution, the lower in the low half): the A fragments of
+    /// a wgmma handed from one iteration of a rotated loop to the next.
+    Packed(Vec<Reg>),
     /// An elementwise op not written yet: its single user computes each element in place.
     Lazy(OpId),
     /// A tile staged in shared memory.
@@ -359,7 +363,8 @@ impl<'k> Writer<'k> {
                     | Val::Tile(_)
                     | Val::Affine { .. }
                     | Val::Lazy(_)
-                    | Val::Narrowed { .. } => {
+                    | Val::Narrowed { .. }
+                    | Val::Packed(_) => {
                         return Err(self.unsupported(id, "a transpose not feeding mma"));
                     }
                 }
@@ -382,6 +387,11 @@ impl<'k> Writer<'k> {
     /// Emits one instruction line.
     pub(crate) fn ins(&mut self, s: impl AsRef<str>) {
         let _ = writeln!(self.out, "\t{};", s.as_ref());
+    }
+
+    /// Emits a comment line.
+    pub(crate) fn comment(&mut self, s: &str) {
+        let _ = writeln!(self.out, "\t// {s}");
     }
 
     /// A fresh register.

@@ -11,6 +11,13 @@
 //! A ring may also carry *once* loads: tiles loaded before the loop and read by its wgmmas in
 //! every iteration (attention's `Q`). The producer issues them once before its loop,
 //! completing on the single-phase `once` barrier; the consumers wait on it before theirs.
+//!
+//! A ring the `overlap` pass rotates ([`Ring::overlap`]) runs its consumer program over the
+//! iterations `t = 0 ..= trips`: steps that serve iteration `t` ([`Step::lag`] 0) skip the
+//! last one, steps that serve `t - 1` (lag 1) skip the first, and the rest (commits, group
+//! waits, turn barriers) run in every one. So the loop is written as a prologue (`t = 0`), a
+//! steady state (`t` in `1..trips`) and an epilogue (`t = trips`), and iteration `t` issues the
+//! head mma of block `t` before the tail mma of block `t - 1` and the code between them.
 
 use std::fmt;
 
@@ -84,6 +91,117 @@ pub enum Step {
         /// How many iterations back the released stage was used.
         lag: u32,
     },
+    /// Rotated loops: the wgmmas of the body's head mma ([`Overlap::head`]) for iteration
+    /// `t`, reading stage `t % stages`; not waited for here.
+    IssueHead,
+    /// Rotated loops: the tail section ([`Overlap::tail_ops`]) for iteration `t - 1`: the
+    /// carried accumulator is rescaled in registers, then the tail mma's wgmmas accumulate into
+    /// it, reading stage `(t - 1) % stages`; not waited for here.
+    IssueTail,
+    /// Rotated loops: the code between the two mmas ([`Overlap::between`], the softmax) for
+    /// iteration `t`: it reads the head mma's products.
+    Between,
+    /// Rotated loops: the values of iteration `t` that the tail reads (`P`, packed to its
+    /// element type, and the rescale factors) move into the registers the next
+    /// [`Step::IssueTail`] reads, overwriting those the previous one read.
+    Handoff,
+    /// Ping-pong: `bar.sync` on the executing warpgroup's turn barrier (its turn to issue
+    /// wgmmas), by the warpgroups `who` names.
+    TurnWait {
+        /// Which warpgroups run the step.
+        who: Who,
+    },
+    /// Ping-pong: `bar.arrive` on the next warpgroup's turn barrier (hands the turn on).
+    TurnPass {
+        /// Which warpgroups run the step.
+        who: Who,
+    },
+}
+
+/// Which consumer warpgroups run a ping-pong step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Who {
+    /// Every consumer warpgroup.
+    All,
+    /// Warpgroup 0, which takes the first turn.
+    Leader,
+    /// Every warpgroup but the leader.
+    Followers,
+}
+
+impl Who {
+    /// Whether consumer warpgroup `wg` runs a step for `self`.
+    pub fn includes(self, wg: u32) -> bool {
+        match self {
+            Who::All => true,
+            Who::Leader => wg == 0,
+            Who::Followers => wg != 0,
+        }
+    }
+}
+
+impl Step {
+    /// In a rotated program, how many iterations behind the loop's the iteration is that the
+    /// step serves: `Some(0)` for the head's steps, `Some(1)` for the tail's (and a release of
+    /// the previous stage), `None` for steps every iteration runs (commits, group waits, turn
+    /// barriers, fences).
+    pub fn lag(self) -> Option<u32> {
+        match self {
+            Step::Wait { .. }
+            | Step::IssueHead
+            | Step::Between
+            | Step::Handoff
+            | Step::Mma
+            | Step::Tma { .. }
+            | Step::TmaOnce { .. }
+            | Step::ArriveExpectTx { .. }
+            | Step::GenericWrite { .. } => Some(0),
+            Step::IssueTail => Some(1),
+            Step::Arrive { lag, .. } => Some(lag),
+            Step::Commit
+            | Step::WaitGroup(_)
+            | Step::FenceProxyAsync
+            | Step::TurnWait { .. }
+            | Step::TurnPass { .. } => None,
+        }
+    }
+
+    /// Whether the step runs in iteration `t` (of `0 ..= trips`) of a rotated program.
+    pub fn runs_rotated(self, t: u32, trips: u32) -> bool {
+        self.lag().is_none_or(|lag| lag <= t && t < trips + lag)
+    }
+}
+
+/// The `overlap` pass's schedule of a ring body shaped `head mma -> code -> tail mma into a
+/// carried accumulator` (attention's `S = Q K^T`, softmax, `O += P V`): the loop is rotated
+/// so the head mma of the next block runs on the tensor cores under the code between, and
+/// the tail mma of the block before it runs under the next code between.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Overlap {
+    /// The head mma (its products are read by the code between).
+    pub head: OpId,
+    /// The tail mma, accumulating into the carried value [`Overlap::carried`].
+    pub tail: OpId,
+    /// Index of the tail's accumulator among the loop's carried values.
+    pub carried: usize,
+    /// The code between, in block order: the head's forward slice without the tail section.
+    pub between: Vec<OpId>,
+    /// The tail section, in block order: the ops reading the carried accumulator (its
+    /// rescale) and the tail mma.
+    pub tail_ops: Vec<OpId>,
+    /// The consumer warpgroups issue their wgmmas in turns, ordered by named barriers.
+    pub turns: Option<Turns>,
+}
+
+/// Ping-pong between the consumer warpgroups: warpgroup `g` waits on named barrier
+/// `first_barrier + g` before issuing its wgmmas and arrives on the next warpgroup's after, so
+/// one warpgroup's code between runs under the other's wgmmas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Turns {
+    /// The named barrier id of warpgroup 0's turn.
+    pub first_barrier: u32,
+    /// Consumer warpgroups taking turns.
+    pub warpgroups: u32,
 }
 
 /// One-time set-up before the roles split.
@@ -244,6 +362,8 @@ pub struct Ring {
     pub consumer: Vec<Step>,
     /// The consumers' steps once after the loop (as iteration `trip count`).
     pub consumer_drain: Vec<Step>,
+    /// The rotated schedule of the body, when the `overlap` pass found one.
+    pub overlap: Option<Overlap>,
 }
 
 /// How the block's warps are split into roles for warp-specialised rings.
@@ -295,6 +415,48 @@ impl fmt::Display for Step {
             Step::Commit => f.write_str("commit"),
             Step::WaitGroup(n) => write!(f, "wait_group {n}"),
             Step::Arrive { bar, lag } => write!(f, "arrive {bar}[i-{lag}]"),
+            Step::IssueHead => f.write_str("wgmma head[i]"),
+            Step::IssueTail => f.write_str("wgmma tail[i-1]"),
+            Step::Between => f.write_str("between[i]"),
+            Step::Handoff => f.write_str("handoff[i]"),
+            Step::TurnWait { who } => write!(f, "turn.wait{who}"),
+            Step::TurnPass { who } => write!(f, "turn.pass{who}"),
+        }
+    }
+}
+
+impl fmt::Display for Who {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Who::All => "",
+            Who::Leader => "(leader)",
+            Who::Followers => "(followers)",
+        })
+    }
+}
+
+impl fmt::Display for Overlap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ops = |v: &[OpId]| v.iter().map(OpId::to_string).collect::<Vec<_>>().join(" ");
+        write!(
+            f,
+            "    overlap: rotated, head {} under between[i-1] and tail {} (carried {}) under \
+             between[i]; between: {}; tail: {}; ",
+            self.head,
+            self.tail,
+            self.carried,
+            ops(&self.between),
+            ops(&self.tail_ops)
+        )?;
+        match self.turns {
+            Some(t) => write!(
+                f,
+                "ping-pong: {} warpgroups, turn barriers {}..{}",
+                t.warpgroups,
+                t.first_barrier,
+                t.first_barrier + t.warpgroups
+            ),
+            None => f.write_str("no ping-pong"),
         }
     }
 }
@@ -342,7 +504,11 @@ impl fmt::Display for Ring {
         }
         writeln!(f, "    producer: {}", join(&self.producer))?;
         writeln!(f, "    consumer: {}", join(&self.consumer))?;
-        write!(f, "    drain: {}", join(&self.consumer_drain))
+        write!(f, "    drain: {}", join(&self.consumer_drain))?;
+        match &self.overlap {
+            Some(o) => write!(f, "\n{o}"),
+            None => Ok(()),
+        }
     }
 }
 

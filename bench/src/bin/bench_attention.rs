@@ -90,7 +90,10 @@ fn run() -> Result<bool, BenchError> {
     let attention = kernels::find("attention")?;
     eprintln!("{}, kiln target {}", device.name(), device.target());
 
-    let configs = sweep(args.quick);
+    let configs: Vec<Config> = sweep(args.quick)
+        .into_iter()
+        .filter(|c| args.only.is_empty() || args.only.contains(&(c.s, c.d, c.causal)))
+        .collect();
     let mut progress = Progress::new(configs.len() + 4);
     let compile_rows = compile_times(&device, attention, &mut progress)?;
 

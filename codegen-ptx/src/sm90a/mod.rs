@@ -11,6 +11,7 @@
 //! load op itself, earlier in the kernel, only names the tile's shared address. Every step
 //! comes from [`kiln_ir::ring::Ring`], the data the `protocol_check` pass proved.
 
+mod rotated;
 mod wgmma;
 
 use kiln_ir::ring::{Bar, InitStep, Ring, Step, TmaLoad};
@@ -42,7 +43,7 @@ pub(crate) fn tensor_maps(k: &Kernel) -> Vec<TensorMapSpec> {
 
 /// Per-role loop state: stage index, one phase bit per waited barrier array, and the stage of
 /// the previous iteration (for releases with lag 1).
-struct Cursor {
+pub(crate) struct Cursor {
     stage: Reg,
     prev: Reg,
     count: Reg,
@@ -109,7 +110,7 @@ impl Writer<'_> {
     }
 
     /// A fresh cursor at stage 0 with each waited barrier's phase bit at its start.
-    fn cursor(&mut self, steps: &[Step]) -> Cursor {
+    pub(crate) fn cursor(&mut self, steps: &[Step]) -> Cursor {
         let c = Cursor {
             stage: self.new_reg(Class::B32),
             prev: self.new_reg(Class::B32),
@@ -133,7 +134,7 @@ impl Writer<'_> {
     }
 
     /// Moves a cursor to the next iteration: the stage wraps and flips every phase bit.
-    fn advance(&mut self, c: &Cursor, stages: u32) {
+    pub(crate) fn advance(&mut self, c: &Cursor, stages: u32) {
         let wrap = self.new_reg(Class::Pred);
         self.mov(c.prev, c.stage);
         self.ins(format!("add.u32 {}, {}, 1", c.count, c.count));
@@ -149,7 +150,13 @@ impl Writer<'_> {
 
     /// A parity wait loop on `bar[stage]`; the single-phase `once` barrier is waited on at
     /// parity `start`.
-    fn wait(&mut self, ring: &Ring, c: &Cursor, bar: Bar, start: u32) -> Result<(), CodegenError> {
+    pub(crate) fn wait(
+        &mut self,
+        ring: &Ring,
+        c: &Cursor,
+        bar: Bar,
+        start: u32,
+    ) -> Result<(), CodegenError> {
         let phase = match bar {
             Bar::Once => start.to_string(),
             Bar::Full | Bar::Empty => c
@@ -220,6 +227,9 @@ impl Writer<'_> {
             "setmaxnreg.inc.sync.aligned.u32 {}",
             roles.consumer_regs
         ));
+        if ring.overlap.is_some() {
+            return self.write_rotated_loop(id, &ring, [lo, hi, step]);
+        }
         self.write_consumer_loop(id, &ring, [lo, hi, step])
     }
 
@@ -244,7 +254,16 @@ impl Writer<'_> {
             Step::TmaOnce { load } => self.issue_tma_once(ring, load, c, id)?,
             Step::Arrive { bar, lag } => self.release(ring, c, bar, lag, None),
             Step::FenceProxyAsync => self.ins("fence.proxy.async.shared::cta"),
-            Step::GenericWrite { .. } | Step::Mma | Step::Commit | Step::WaitGroup(_) => {
+            Step::GenericWrite { .. }
+            | Step::Mma
+            | Step::Commit
+            | Step::WaitGroup(_)
+            | Step::IssueHead
+            | Step::IssueTail
+            | Step::Between
+            | Step::Handoff
+            | Step::TurnWait { .. }
+            | Step::TurnPass { .. } => {
                 return Err(self.internal(id, format!("producer step `{s}`")));
             }
         }
@@ -306,7 +325,7 @@ impl Writer<'_> {
         Ok(())
     }
 
-    fn consumer_step(
+    pub(crate) fn consumer_step(
         &mut self,
         ring: &Ring,
         c: &Cursor,
@@ -324,7 +343,13 @@ impl Writer<'_> {
             | Step::Tma { .. }
             | Step::TmaOnce { .. }
             | Step::GenericWrite { .. }
-            | Step::Mma => {
+            | Step::Mma
+            | Step::IssueHead
+            | Step::IssueTail
+            | Step::Between
+            | Step::Handoff
+            | Step::TurnWait { .. }
+            | Step::TurnPass { .. } => {
                 return Err(self.internal(id, format!("consumer step `{s}` outside the body")));
             }
         }
@@ -333,7 +358,14 @@ impl Writer<'_> {
 
     /// One arrival on `bar` of the stage used `lag` iterations ago (lag 0 or 1), by the
     /// thread(s) `elected` selects, skipped while fewer than `lag` iterations ran.
-    fn release(&mut self, ring: &Ring, c: &Cursor, bar: Bar, lag: u32, elected: Option<Reg>) {
+    pub(crate) fn release(
+        &mut self,
+        ring: &Ring,
+        c: &Cursor,
+        bar: Bar,
+        lag: u32,
+        elected: Option<Reg>,
+    ) {
         let stage = if lag == 0 { c.stage } else { c.prev };
         let a = self.bar_addr(ring, bar, stage);
         let p = self.new_reg(Class::Pred);

@@ -270,7 +270,12 @@ impl Writer<'_> {
                 (None, None) => return Err(self.internal(id, "a k16 step without A fragments")),
             }
         }
-        let for_op = self.ring.as_ref().map(|ring| ring.for_op);
+        // A rotated loop's program commits and waits (the `overlap` pass's steps).
+        let for_op = self
+            .ring
+            .as_ref()
+            .filter(|r| r.overlap.is_none())
+            .map(|r| r.for_op);
         if for_op.is_some_and(|f| !overlaps(self.k, f)) {
             self.ins("wgmma.commit_group.sync.aligned");
             self.ins("wgmma.wait_group.sync.aligned 0");

@@ -9,6 +9,7 @@ pub mod canonicalize;
 pub mod layout;
 pub mod lower;
 pub mod memory_plan;
+pub mod overlap;
 pub mod pipeline;
 pub mod protocol_check;
 pub mod verify;
@@ -57,6 +58,13 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
         "sm_90a: producer warpgroup + consumer warpgroups, setmaxnreg split",
         warp_specialise::run,
     ),
+    // sm_90a: needs the rings' programs and the roles (it rewrites the consumer program
+    // and the register split); before protocol_check, which proves what it wrote.
+    (
+        "overlap",
+        "sm_90a: rotate mma -> softmax -> mma loops; warpgroup ping-pong",
+        overlap::run,
+    ),
     // Target checks and pipelining plans rely on the buffers' stage counts and the rings.
     (
         "lower",
@@ -74,7 +82,11 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
 /// Whether pass `name` does anything on `target`: the sm_90a scheduling passes are skipped
 /// (and not observed) elsewhere, so other targets' dumps do not repeat unchanged kernels.
 pub fn applies(name: &str, target: Target) -> bool {
-    target == Target::Sm90a || !matches!(name, "pipeline" | "warp_specialise" | "protocol_check")
+    target == Target::Sm90a
+        || !matches!(
+            name,
+            "pipeline" | "warp_specialise" | "overlap" | "protocol_check"
+        )
 }
 
 /// Runs every pass in order, calling `observe(pass_name, kernel)` after each.

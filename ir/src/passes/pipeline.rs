@@ -281,6 +281,7 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
         producer,
         consumer,
         consumer_drain,
+        overlap: None,
     })
 }
 

@@ -20,6 +20,15 @@ pub fn ops_in_block(kernel: &Kernel, block: &Block) -> Vec<OpId> {
     out
 }
 
+/// Every op inside the regions of `op` (not `op` itself), in program order.
+pub fn ops_in_block_regions(kernel: &Kernel, op: OpId) -> Vec<OpId> {
+    let mut out = Vec::new();
+    for region in &kernel.ops[op].regions {
+        push_block(kernel, region, &mut out);
+    }
+    out
+}
+
 fn push_block(kernel: &Kernel, block: &Block, out: &mut Vec<OpId>) {
     for &op in &block.ops {
         out.push(op);

@@ -25,6 +25,13 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         producer_regs: 40,
         consumer_regs: 232,
     };
+    check_register_file(kernel, &roles)?;
+    kernel.schedule.roles = Some(roles);
+    Ok(())
+}
+
+/// Checks that `roles`' register split fits the block's register file.
+pub fn check_register_file(kernel: &Kernel, roles: &Roles) -> Result<(), Diagnostic> {
     let need = 32
         * (roles.consumer_warps * roles.consumer_regs + roles.producer_warps * roles.producer_regs);
     if need > REGISTER_FILE {
@@ -38,6 +45,5 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         )
         .note("use a 128-row mma tile (two consumer warpgroups) on sm_90a"));
     }
-    kernel.schedule.roles = Some(roles);
     Ok(())
 }

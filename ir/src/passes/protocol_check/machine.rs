@@ -1,5 +1,6 @@
-//! The dynamic rules of the ring protocol (see the parent module's doc): both roles run on an
-//! abstract machine with mbarrier semantics for one trip count.
+//! The dynamic rules of the ring protocol (see the parent module's doc): the producer and each
+//! consumer warpgroup run on an abstract machine with mbarrier, named-barrier and wgmma-group
+//! semantics for one trip count.
 
 use std::collections::BTreeMap;
 
@@ -29,27 +30,83 @@ impl Barrier {
     }
 }
 
-/// The abstract machine: both roles' flattened programs and the barriers.
+/// A named barrier between the consumer warpgroups (`bar.sync` / `bar.arrive` with the
+/// thread count of every consumer warpgroup): a generation completes when each warpgroup
+/// arrived once.
+#[derive(Clone, Copy, Debug, Default)]
+struct TurnBarrier {
+    /// Warpgroups arrived in the current generation, and how many of them wait.
+    arrived: u32,
+    waiting: u32,
+    /// Generations completed.
+    generation: u32,
+}
+
+/// What a wgmma of a group reads and writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    /// A whole body's mmas (an unrotated program).
+    Body,
+    /// The head mma (its products are read by the code between).
+    Head,
+    /// The tail mma (accumulates into the carried registers, reads the handed-off `P`).
+    Tail,
+}
+
+/// One role's program and state.
+struct Role {
+    /// `(iteration, step)` in execution order, and the next index.
+    program: Vec<(u32, Step)>,
+    pc: usize,
+    /// wgmma groups: what each wgmma reads (iteration, part); groups below `done` completed.
+    groups: Vec<Vec<(u32, Part)>>,
+    uncommitted: Vec<(u32, Part)>,
+    done: usize,
+    /// The turn-barrier generation a blocked `TurnWait` arrived in.
+    turn_arrival: Option<u32>,
+}
+
+impl Role {
+    fn new(program: Vec<(u32, Step)>) -> Role {
+        Role {
+            program,
+            pc: 0,
+            groups: Vec::new(),
+            uncommitted: Vec::new(),
+            done: 0,
+            turn_arrival: None,
+        }
+    }
+
+    /// Whether a wgmma matching `f` may still be running.
+    fn in_flight(&self, f: impl Fn(&(u32, Part)) -> bool) -> bool {
+        self.uncommitted.iter().any(&f) || self.groups[self.done..].iter().flatten().any(&f)
+    }
+
+    fn at(&self) -> String {
+        match self.program.get(self.pc) {
+            Some((i, s)) => format!("blocked at `{s}` in iteration {i}"),
+            None => "finished".to_string(),
+        }
+    }
+}
+
+/// The abstract machine: the producer (role 0), each consumer warpgroup, and the barriers.
 pub(super) struct Machine<'r> {
     ring: &'r Ring,
-    roles: &'r Roles,
     bars: BTreeMap<(Bar, u32), Barrier>,
-    /// Per role, `(iteration, step)` in execution order, and the next index.
-    programs: [Vec<(u32, Step)>; 2],
-    pc: [usize; 2],
-    /// Consumer wgmma groups: the iterations each reads; groups below `done` have completed.
-    groups: Vec<Vec<u32>>,
-    uncommitted: Vec<u32>,
-    done: usize,
-    released: Vec<bool>,
+    turns: Vec<TurnBarrier>,
+    roles: Vec<Role>,
+    /// Arrivals each consumer warpgroup's `Arrive` makes.
+    arrivals: u32,
+    /// Per iteration, how many consumer warpgroups released its stage.
+    released: Vec<u32>,
 }
 
 const PRODUCER: usize = 0;
-const CONSUMER: usize = 1;
-const ROLE: [&str; 2] = ["producer", "consumer"];
 
 impl<'r> Machine<'r> {
-    pub(super) fn new(ring: &'r Ring, roles: &'r Roles) -> Machine<'r> {
+    pub(super) fn new(ring: &'r Ring, roles: &Roles) -> Machine<'r> {
         let mut bars = BTreeMap::new();
         for s in 0..ring.stages {
             for (bar, count) in [(Bar::Full, ring.full_count), (Bar::Empty, ring.empty_count)] {
@@ -75,60 +132,97 @@ impl<'r> Machine<'r> {
                 },
             );
         }
+        let warpgroups = consumer_warpgroups(ring, roles);
         Machine {
             ring,
-            roles,
             bars,
-            programs: [Vec::new(), Vec::new()],
-            pc: [0, 0],
-            groups: Vec::new(),
-            uncommitted: Vec::new(),
-            done: 0,
+            turns: vec![TurnBarrier::default(); warpgroups as usize],
+            roles: Vec::new(),
+            arrivals: roles.consumer_arrivals() / warpgroups,
             released: Vec::new(),
         }
     }
 
+    fn warpgroups(&self) -> u32 {
+        self.turns.len() as u32
+    }
+
     pub(super) fn run(mut self, trips: u32) -> Result<(), ProtocolError> {
-        let flat = |steps: &[Step]| -> Vec<(u32, Step)> {
-            (0..trips)
-                .flat_map(|i| steps.iter().map(move |&s| (i, s)))
-                .collect()
-        };
+        let ring = self.ring;
         // The once programs run as iteration 0, whose stage is 0 and parity the start.
-        let once = |steps: &[Step]| steps.iter().map(|&s| (0, s)).collect::<Vec<_>>();
-        self.programs[PRODUCER] = once(&self.ring.producer_once);
-        self.programs[PRODUCER].extend(flat(&self.ring.producer));
-        let mut consumer = once(&self.ring.consumer_once);
-        consumer.extend(flat(&self.ring.consumer));
-        consumer.extend(self.ring.consumer_drain.iter().map(|&s| (trips, s)));
-        self.programs[CONSUMER] = consumer;
-        self.released = vec![false; trips as usize];
+        let once = |steps: &[Step], wg: Option<u32>| {
+            steps
+                .iter()
+                .filter(move |s| wg.is_none_or(|g| runs_in(**s, g)))
+                .map(|&s| (0, s))
+                .collect::<Vec<_>>()
+        };
+        let mut producer = once(&ring.producer_once, None);
+        producer.extend((0..trips).flat_map(|i| ring.producer.iter().map(move |&s| (i, s))));
+        self.roles.push(Role::new(producer));
+        for wg in 0..self.warpgroups() {
+            let mut consumer = once(&ring.consumer_once, Some(wg));
+            let steps = ring.consumer.iter().filter(|s| runs_in(**s, wg));
+            if ring.overlap.is_some() {
+                // Rotated: iterations 0 ..= trips, each step in the iterations it serves.
+                let rounds = if trips == 0 { 0 } else { trips + 1 };
+                for t in 0..rounds {
+                    consumer.extend(
+                        steps
+                            .clone()
+                            .filter(|s| s.runs_rotated(t, trips))
+                            .map(|&s| (t, s)),
+                    );
+                }
+            } else {
+                for t in 0..trips {
+                    consumer.extend(steps.clone().map(|&s| (t, s)));
+                }
+            }
+            consumer.extend(
+                ring.consumer_drain
+                    .iter()
+                    .filter(|s| runs_in(**s, wg))
+                    .map(|&s| (trips, s)),
+            );
+            self.roles.push(Role::new(consumer));
+        }
+        self.released = vec![0; trips as usize];
         loop {
             let mut moved = false;
-            for role in [PRODUCER, CONSUMER] {
-                while let Some(&(i, step)) = self.programs[role].get(self.pc[role]) {
+            for role in 0..self.roles.len() {
+                while let Some(&(i, step)) = self.roles[role].program.get(self.roles[role].pc) {
                     if !self.step(role, i, step)? {
                         break;
                     }
-                    self.pc[role] += 1;
+                    self.roles[role].pc += 1;
                     moved = true;
                 }
             }
-            let finished = (0..2).all(|r| self.pc[r] == self.programs[r].len());
-            if finished {
-                return Ok(());
+            if self.roles.iter().all(|r| r.pc == r.program.len()) {
+                return self.balanced();
             }
             if !moved {
-                let at = |r: usize| match self.programs[r].get(self.pc[r]) {
-                    Some((i, s)) => format!("blocked at `{s}` in iteration {i}"),
-                    None => "finished".to_string(),
-                };
+                let consumer = self.roles[1..]
+                    .iter()
+                    .enumerate()
+                    .map(|(g, r)| format!("warpgroup {g} {}", r.at()))
+                    .collect::<Vec<_>>()
+                    .join(", ");
                 return Err(ProtocolError::Deadlock {
                     trips,
-                    producer: at(PRODUCER),
-                    consumer: at(CONSUMER),
+                    producer: self.roles[PRODUCER].at(),
+                    consumer,
                 });
             }
+        }
+    }
+
+    /// Every turn barrier ends between generations: no arrival is left over at exit.
+    fn balanced(&self) -> Result<(), ProtocolError> {
+        match self.turns.iter().position(|t| t.arrived != 0) {
+            Some(b) => Err(ProtocolError::TurnUnbalanced { barrier: b as u32 }),
+            None => Ok(()),
         }
     }
 
@@ -136,23 +230,27 @@ impl<'r> Machine<'r> {
     fn step(&mut self, role: usize, i: u32, step: Step) -> Result<bool, ProtocolError> {
         let stages = self.ring.stages;
         let stage = i % stages;
+        let role_name = if role == PRODUCER {
+            "producer"
+        } else {
+            "consumer"
+        };
         match step {
             Step::Wait { bar, start } => {
                 let b = self.bars[&(bar, stage)];
                 let parity = start ^ ((i / stages) & 1);
                 let passes = parity != b.completed % 2;
                 let needed = (i / stages + 1).saturating_sub(start);
-                let phase_error = || ProtocolError::Phase {
-                    role: ROLE[role],
-                    bar,
-                    stage,
-                    iteration: i,
-                    parity,
-                    completed: b.completed,
-                    needed,
-                };
                 if passes != (b.completed >= needed) || b.completed > needed + 1 {
-                    return Err(phase_error());
+                    return Err(ProtocolError::Phase {
+                        role: role_name,
+                        bar,
+                        stage,
+                        iteration: i,
+                        parity,
+                        completed: b.completed,
+                        needed,
+                    });
                 }
                 Ok(passes)
             }
@@ -162,7 +260,8 @@ impl<'r> Machine<'r> {
                 Ok(true)
             }
             Step::Tma { load } => {
-                if i >= stages && !self.released[(i - stages) as usize] {
+                let wgs = self.warpgroups();
+                if i >= stages && self.released[(i - stages) as usize] < wgs {
                     return Err(ProtocolError::Overwrite {
                         iteration: i,
                         previous: i - stages,
@@ -182,16 +281,42 @@ impl<'r> Machine<'r> {
                 Ok(true)
             }
             Step::Mma => {
-                self.uncommitted.push(i);
+                self.roles[role].uncommitted.push((i, Part::Body));
+                Ok(true)
+            }
+            Step::IssueHead => {
+                self.roles[role].uncommitted.push((i, Part::Head));
+                Ok(true)
+            }
+            Step::IssueTail => {
+                // The accumulator is rescaled in registers before the tail's wgmmas.
+                if self.roles[role].in_flight(|&(_, p)| p == Part::Tail) {
+                    return Err(ProtocolError::AccumulatorInFlight { iteration: i });
+                }
+                self.roles[role].uncommitted.push((i - 1, Part::Tail));
+                Ok(true)
+            }
+            Step::Between => {
+                if self.roles[role].in_flight(|&x| x == (i, Part::Head)) {
+                    return Err(ProtocolError::ReadsInFlight { iteration: i });
+                }
+                Ok(true)
+            }
+            Step::Handoff => {
+                if self.roles[role].in_flight(|&(_, p)| p == Part::Tail) {
+                    return Err(ProtocolError::HandoffInFlight { iteration: i });
+                }
                 Ok(true)
             }
             Step::Commit => {
-                let g = std::mem::take(&mut self.uncommitted);
-                self.groups.push(g);
+                let r = &mut self.roles[role];
+                let g = std::mem::take(&mut r.uncommitted);
+                r.groups.push(g);
                 Ok(true)
             }
             Step::WaitGroup(n) => {
-                self.done = self.done.max(self.groups.len().saturating_sub(n as usize));
+                let r = &mut self.roles[role];
+                r.done = r.done.max(r.groups.len().saturating_sub(n as usize));
                 Ok(true)
             }
             Step::Arrive { bar, lag } => {
@@ -199,29 +324,65 @@ impl<'r> Machine<'r> {
                     return Ok(true);
                 }
                 let j = i - lag;
-                if bar == Bar::Empty && role == CONSUMER {
-                    let pending = self.uncommitted.contains(&j)
-                        || self.groups[self.done..].iter().any(|g| g.contains(&j));
-                    if pending {
+                if bar == Bar::Empty && role != PRODUCER {
+                    if self.roles[role].in_flight(|&(x, _)| x == j) {
                         return Err(ProtocolError::EarlyRelease {
                             iteration: i,
                             released: j,
                         });
                     }
                     if let Some(r) = self.released.get_mut(j as usize) {
-                        *r = true;
+                        *r += 1;
                     }
                 }
-                let arrivals = if role == CONSUMER {
-                    self.roles.consumer_arrivals()
-                } else {
-                    1
-                };
+                let arrivals = if role == PRODUCER { 1 } else { self.arrivals };
                 self.arrive(bar, j % stages, arrivals)?;
+                Ok(true)
+            }
+            Step::TurnWait { .. } => {
+                let wg = (role - 1) as u32;
+                let arrived = match self.roles[role].turn_arrival {
+                    Some(g) => g,
+                    None => {
+                        let g = self.turn_arrive(wg, true)?;
+                        self.roles[role].turn_arrival = Some(g);
+                        g
+                    }
+                };
+                let passes = self.turns[wg as usize].generation > arrived;
+                if passes {
+                    self.roles[role].turn_arrival = None;
+                }
+                Ok(passes)
+            }
+            Step::TurnPass { .. } => {
+                let next = (role as u32) % self.warpgroups();
+                self.turn_arrive(next, false)?;
                 Ok(true)
             }
             Step::GenericWrite { .. } | Step::FenceProxyAsync => Ok(true),
         }
+    }
+
+    /// One warpgroup's arrival on turn barrier `b` (`waits`: a `bar.sync`); returns the
+    /// generation it arrived in. A generation that completes with nobody waiting lost a turn.
+    fn turn_arrive(&mut self, b: u32, waits: bool) -> Result<u32, ProtocolError> {
+        let warpgroups = self.warpgroups();
+        let t = &mut self.turns[b as usize];
+        let generation = t.generation;
+        t.arrived += 1;
+        t.waiting += u32::from(waits);
+        if t.arrived == warpgroups {
+            if t.waiting == 0 {
+                return Err(ProtocolError::TurnLost { barrier: b });
+            }
+            *t = TurnBarrier {
+                arrived: 0,
+                waiting: 0,
+                generation: generation + 1,
+            };
+        }
+        Ok(generation)
     }
 
     fn bar(&mut self, bar: Bar, stage: u32) -> &mut Barrier {
@@ -246,4 +407,21 @@ impl<'r> Machine<'r> {
         b.settle();
         Ok(())
     }
+}
+
+/// Whether consumer warpgroup `wg` runs `step` (turn steps name their warpgroups).
+fn runs_in(step: Step, wg: u32) -> bool {
+    match step {
+        Step::TurnWait { who } | Step::TurnPass { who } => who.includes(wg),
+        _ => true,
+    }
+}
+
+/// Consumer warpgroups the machine runs separately: those taking turns when the loop
+/// ping-pongs, else one standing for all (they run the same program on the same barriers).
+fn consumer_warpgroups(ring: &Ring, roles: &Roles) -> u32 {
+    ring.overlap
+        .as_ref()
+        .and_then(|o| o.turns)
+        .map_or(1, |t| t.warpgroups.min(roles.consumer_warps.max(1)))
 }

@@ -14,13 +14,22 @@
 //! - every generic-proxy write to a stage is followed by `fence.proxy.async` before the async
 //!   proxy can read it (the wgmma, or a release to another role).
 //!
-//! Dynamic rules: both roles are executed on an abstract machine with mbarrier semantics
-//! (pending arrivals, transaction bytes, completed phases, parity waits) for every trip count
-//! from 0 to `2 * stages + 1`, which covers a cold ring, the first wrap of every stage and a
-//! second wrap. It fails when the roles deadlock (a wait without its arrive, too few bytes),
-//! a barrier gets more arrivals than its count, a parity wait would pass on a different phase
-//! than the one it means (phases disagree), a stage is released before the wgmma reading it
-//! has completed (`wgmma.wait_group`), or TMA refills a stage before the consumers released it.
+//! - a loop the `overlap` pass rotated issues its head and tail mmas, its code between and its
+//!   handoff once per iteration, and turn barriers appear only when its warpgroups ping-pong.
+//!
+//! Dynamic rules: the producer and the consumers (each consumer warpgroup on its own when they
+//! ping-pong) are executed on an abstract machine with mbarrier semantics (pending arrivals,
+//! transaction bytes, completed phases, parity waits), named turn barriers (a generation
+//! completes when every warpgroup arrived) and wgmma groups, for every trip count from 0 to
+//! `2 * stages + 1`, which covers a cold ring, the first wrap of every stage and a second
+//! wrap; a rotated program runs its prologue, steady and epilogue iterations. It fails when
+//! the roles deadlock (a wait without its arrive, too few bytes, warpgroups waiting for each
+//! other's turn), a barrier gets more arrivals than its count, a parity wait would pass on a
+//! different phase than the one it means (phases disagree), a stage is released before the
+//! wgmma reading it has completed (`wgmma.wait_group`), TMA refills a stage before the
+//! consumers released it, a turn is passed to nobody or left pending at the end, or a wgmma's
+//! registers are read or overwritten before their group is waited for (the code between
+//! reading the head's products, the rescale of the accumulator, the handoff of `P`).
 
 use crate::diag::Diagnostic;
 use crate::kernel::Kernel;
@@ -147,6 +156,50 @@ pub enum ProtocolError {
         /// The iteration that used the stage before.
         previous: u32,
     },
+    /// The code between a rotated loop's mmas reads the head's products before they are
+    /// waited for.
+    #[error(
+        "the code between the mmas of iteration {iteration} reads the head mma's products before wgmma.wait_group shows them complete"
+    )]
+    ReadsInFlight {
+        /// The iteration.
+        iteration: u32,
+    },
+    /// The carried accumulator is rescaled while the previous tail wgmma may still write it.
+    #[error(
+        "iteration {iteration} rescales the carried accumulator while the previous tail wgmma may still write it (wgmma.wait_group missing)"
+    )]
+    AccumulatorInFlight {
+        /// The iteration.
+        iteration: u32,
+    },
+    /// The handoff overwrites the registers a tail wgmma still reads.
+    #[error(
+        "iteration {iteration} hands P to the next tail while the tail wgmma reading the previous P may still run"
+    )]
+    HandoffInFlight {
+        /// The iteration.
+        iteration: u32,
+    },
+    /// A turn barrier generation completed with no warpgroup waiting on it.
+    #[error(
+        "broken ping-pong order: turn barrier {barrier} completed with no warpgroup waiting for its turn"
+    )]
+    TurnLost {
+        /// The turn barrier (warpgroup index).
+        barrier: u32,
+    },
+    /// A turn barrier is left mid-generation when the loop ends.
+    #[error(
+        "broken ping-pong order: turn barrier {barrier} is left with arrivals no warpgroup waits for"
+    )]
+    TurnUnbalanced {
+        /// The turn barrier (warpgroup index).
+        barrier: u32,
+    },
+    /// A rotated program's steps are not the rotation's.
+    #[error("rotated loop: {0}")]
+    Rotation(String),
     /// The once loads or the `once` barrier are misused.
     #[error("once loads: {0}")]
     Once(#[from] OnceError),

@@ -37,7 +37,13 @@ pub(super) fn check_static(ring: &Ring) -> Result<(), ProtocolError> {
                         expected,
                     });
                 }
-                Step::Tma { .. } | Step::Mma if first_wait.is_none_or(|w| w > i) => {
+                Step::Tma { .. }
+                | Step::Mma
+                | Step::IssueHead
+                | Step::IssueTail
+                | Step::Between
+                    if first_wait.is_none_or(|w| w > i) =>
+                {
                     return Err(ProtocolError::BeforeWait {
                         role,
                         step: *s,
@@ -49,6 +55,7 @@ pub(super) fn check_static(ring: &Ring) -> Result<(), ProtocolError> {
         }
         check_fences(role, steps)?;
     }
+    check_rotation(ring)?;
     let announced: u32 = ring
         .producer
         .iter()
@@ -66,6 +73,63 @@ pub(super) fn check_static(ring: &Ring) -> Result<(), ProtocolError> {
         return Err(ProtocolError::TxBytes { announced, boxes });
     }
     check_once(ring)
+}
+
+/// A rotated loop's consumer program has each rotated step once, and only a rotated loop has
+/// any; turn barriers appear only where the warpgroups ping-pong, never in the producer's.
+fn check_rotation(ring: &Ring) -> Result<(), ProtocolError> {
+    let err = |m: String| Err(ProtocolError::Rotation(m));
+    let rotated_steps = [
+        Step::IssueHead,
+        Step::IssueTail,
+        Step::Between,
+        Step::Handoff,
+    ];
+    let turn = |s: &Step| matches!(s, Step::TurnWait { .. } | Step::TurnPass { .. });
+    let consumer = ring
+        .consumer_once
+        .iter()
+        .chain(&ring.consumer)
+        .chain(&ring.consumer_drain);
+    if let Some(s) = ring
+        .producer
+        .iter()
+        .chain(&ring.producer_once)
+        .find(|s| turn(s) || rotated_steps.contains(s) || **s == Step::Mma)
+    {
+        return err(format!("the producer cannot run `{s}`"));
+    }
+    match &ring.overlap {
+        None => {
+            if let Some(s) = consumer
+                .clone()
+                .find(|s| turn(s) || rotated_steps.contains(s))
+            {
+                return err(format!("`{s}` in a loop the overlap pass did not rotate"));
+            }
+        }
+        Some(o) => {
+            for step in rotated_steps {
+                let n = ring.consumer.iter().filter(|s| **s == step).count();
+                if n != 1 {
+                    return err(format!(
+                        "`{step}` runs {n} times per iteration; it must run once"
+                    ));
+                }
+            }
+            if let Some(s) = consumer.clone().find(|s| **s == Step::Mma) {
+                return err(format!(
+                    "`{s}` in a rotated loop (its mmas are head and tail)"
+                ));
+            }
+            if o.turns.is_none()
+                && let Some(s) = consumer.clone().find(|s| turn(s))
+            {
+                return err(format!("`{s}` without ping-pong turn barriers"));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The once loads' rules (see the module doc).
@@ -107,9 +171,12 @@ fn check_once(ring: &Ring) -> Result<(), ProtocolError> {
     if announced != boxes {
         return Err(OnceError::TxBytes { announced, boxes }.into());
     }
+    // Turn steps (the followers handing the leader its first turn) are checked by the
+    // machine; everything else the consumers run once is the wait on `once`.
     let waits = ring
         .consumer_once
         .iter()
+        .filter(|s| !matches!(s, Step::TurnPass { .. } | Step::TurnWait { .. }))
         .map(|s| match *s {
             Step::Wait {
                 bar: Bar::Once,
@@ -150,6 +217,8 @@ fn check_fences(role: &'static str, steps: &[Step]) -> Result<(), ProtocolError>
             Step::GenericWrite { load } => unfenced = Some(*load),
             Step::FenceProxyAsync => unfenced = None,
             Step::Mma
+            | Step::IssueHead
+            | Step::IssueTail
             | Step::Arrive { .. }
             | Step::ArriveExpectTx { .. }
             | Step::Tma { .. }
@@ -162,7 +231,13 @@ fn check_fences(role: &'static str, steps: &[Step]) -> Result<(), ProtocolError>
                     });
                 }
             }
-            Step::Wait { .. } | Step::Commit | Step::WaitGroup(_) => {}
+            Step::Wait { .. }
+            | Step::Commit
+            | Step::WaitGroup(_)
+            | Step::Between
+            | Step::Handoff
+            | Step::TurnWait { .. }
+            | Step::TurnPass { .. } => {}
         }
     }
     match unfenced {

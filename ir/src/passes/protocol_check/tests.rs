@@ -74,6 +74,7 @@ fn good() -> (Ring, Roles) {
             },
         ],
         consumer_drain: vec![Step::WaitGroup(0)],
+        overlap: None,
     };
     let roles = Roles {
         consumer_warps: 8,

@@ -1,0 +1,388 @@
+//! sm_90a: the consumers' side of a ring loop the `overlap` pass rotated (`kiln_ir::ring`).
+//!
+//! The loop is written as a prologue (iteration `t = 0`: block 0's head mma and code between),
+//! a steady loop (`t` in `1..trips`: block `t`'s head mma, block `t - 1`'s tail mma, block
+//! `t`'s code between under the tail) and an epilogue (`t = trips`: the last block's tail).
+//! Each section writes the steps of the ring's consumer program that run in it
+//! ([`Step::runs_rotated`]), so the PTX is the program the `protocol_check` pass proved.
+//!
+//! The body's other ops (constants, index arithmetic on the induction variable, the stage
+//! loads) are written again in each part that reads them, bound to that part's iteration and
+//! stage. The values of the code between that the tail reads (`P`, packed two elements per
+//! register, and the rescale factors) are handed to the next section's tail in registers of
+//! their own, after the tail that read the previous ones has completed.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kiln_ir::ring::{Overlap, Ring, Step, Turns, Who};
+use kiln_ir::{Block, Kernel, OpId, ValueDef, ValueId};
+
+use super::Cursor;
+use crate::CodegenError;
+use crate::types::{Class, Reg};
+use crate::writer::{Val, Writer};
+
+/// Where in the rotated loop a step is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Section {
+    Prologue,
+    Steady,
+    Epilogue,
+}
+
+impl Section {
+    /// Whether `step` runs here: the section as an iteration of a two-trip loop.
+    fn runs(self, step: Step) -> bool {
+        let t = match self {
+            Section::Prologue => 0,
+            Section::Steady => 1,
+            Section::Epilogue => 2,
+        };
+        step.runs_rotated(t, 2)
+    }
+}
+
+/// The ops each part of the body writes, in block order: its own ops and the other body ops
+/// they read.
+struct Parts {
+    head: Vec<OpId>,
+    between: Vec<OpId>,
+    tail: Vec<OpId>,
+    /// Values of the code between that the tail reads.
+    handed: Vec<ValueId>,
+}
+
+/// The registers of the warpgroups' turn barriers.
+struct TurnRegs {
+    /// This warpgroup's barrier id, and the next warpgroup's.
+    own: Reg,
+    next: Reg,
+    /// Whether this is warpgroup 0.
+    leader: Reg,
+    /// Threads of every consumer warpgroup together.
+    threads: u32,
+}
+
+/// The state of one rotated loop being written.
+struct Rotation {
+    id: OpId,
+    ring: Ring,
+    overlap: Overlap,
+    body: Block,
+    parts: Parts,
+    cursor: Cursor,
+    lane0: Reg,
+    turns: Option<TurnRegs>,
+    /// Induction variables of the head's and the tail's iteration, and the step.
+    head_iv: Reg,
+    tail_iv: Reg,
+    step: Reg,
+    carried: Vec<Val>,
+    /// Registers handing each value of [`Parts::handed`] to the next tail.
+    handoff: BTreeMap<ValueId, Val>,
+}
+
+impl Writer<'_> {
+    /// Writes the consumers' rotated loop (see the module doc).
+    pub(super) fn write_rotated_loop(
+        &mut self,
+        id: OpId,
+        ring: &Ring,
+        [lo, hi, step]: [Reg; 3],
+    ) -> Result<(), CodegenError> {
+        let op = self.k.ops[id].clone();
+        let body = op.regions[0].clone();
+        let overlap = ring
+            .overlap
+            .clone()
+            .ok_or_else(|| self.internal(id, "a rotated loop without its overlap schedule"))?;
+        let parts = parts(self.k, &body, &overlap);
+        let (head_iv, carried) = self.enter_loop(id, &op, &body, lo)?;
+        let lane0 = self.new_reg(Class::Pred);
+        let lane = self.new_reg(Class::B32);
+        self.ins(format!("and.b32 {lane}, {}, 31", self.tid));
+        self.ins(format!("setp.eq.u32 {lane0}, {lane}, 0"));
+        let turns = overlap.turns.map(|t| self.turn_regs(t));
+        let cursor = self.cursor(&ring.consumer);
+        let tail_iv = self.new_reg(Class::B32);
+        let mut r = Rotation {
+            id,
+            ring: ring.clone(),
+            overlap,
+            body,
+            parts,
+            cursor,
+            lane0,
+            turns,
+            head_iv,
+            tail_iv,
+            step,
+            carried,
+            handoff: BTreeMap::new(),
+        };
+        self.ring = Some(ring.clone());
+        for s in ring.consumer_once.clone() {
+            self.rotated_step(&mut r, s)?;
+        }
+        let (empty, skip) = (self.new_reg(Class::Pred), self.new_label());
+        self.ins(format!("setp.ge.s32 {empty}, {head_iv}, {hi}"));
+        self.ins(format!("@{empty} bra {skip}"));
+        self.comment("rotated loop: prologue (block 0's head and code between)");
+        self.rotated_section(&mut r, Section::Prologue)?;
+        self.advance(&r.cursor, ring.stages);
+        self.ins(format!("add.s32 {head_iv}, {head_iv}, {step}"));
+        let counted = self.open_counted_loop(head_iv, hi, step);
+        self.comment("rotated loop: steady state (block t's head, block t-1's tail)");
+        self.rotated_section(&mut r, Section::Steady)?;
+        self.advance(&r.cursor, ring.stages);
+        self.close_counted_loop(&counted);
+        self.comment("rotated loop: epilogue (the last block's tail)");
+        self.rotated_section(&mut r, Section::Epilogue)?;
+        self.label(&skip);
+        for s in ring.consumer_drain.clone() {
+            self.rotated_step(&mut r, s)?;
+        }
+        self.ring = None;
+        for l in &ring.loads {
+            self.stage_bases.remove(&l.load);
+        }
+        for (res, v) in op.results.iter().zip(r.carried) {
+            self.vals.insert(*res, v);
+        }
+        Ok(())
+    }
+
+    /// One section: the steps of the consumer program that run in it, then (after the tail)
+    /// the carried accumulator.
+    fn rotated_section(&mut self, r: &mut Rotation, section: Section) -> Result<(), CodegenError> {
+        for s in r.ring.consumer.clone() {
+            if section.runs(s) {
+                self.rotated_step(r, s)?;
+            }
+        }
+        if section != Section::Prologue {
+            let i = r.overlap.carried;
+            let y = self.yielded(&r.body)[i];
+            self.assign_all(&r.carried[i..=i], &[y], r.id)?;
+        }
+        Ok(())
+    }
+
+    fn rotated_step(&mut self, r: &mut Rotation, s: Step) -> Result<(), CodegenError> {
+        let iv = r.body.args[0];
+        match s {
+            Step::IssueHead => {
+                self.bind_stages(r, r.cursor.stage);
+                self.vals.insert(iv, Val::Scalar(r.head_iv));
+                for o in r.parts.head.clone() {
+                    self.write_op(o)?;
+                }
+            }
+            Step::IssueTail => {
+                self.ins(format!("sub.s32 {}, {}, {}", r.tail_iv, r.head_iv, r.step));
+                self.bind_stages(r, r.cursor.prev);
+                self.vals.insert(iv, Val::Scalar(r.tail_iv));
+                for (v, h) in &r.handoff {
+                    self.vals.insert(*v, h.clone());
+                }
+                for o in r.parts.tail.clone() {
+                    self.write_op(o)?;
+                }
+            }
+            Step::Between => {
+                self.vals.insert(iv, Val::Scalar(r.head_iv));
+                for o in r.parts.between.clone() {
+                    self.write_op(o)?;
+                }
+            }
+            Step::Handoff => self.hand_off(r)?,
+            Step::TurnWait { who } => self.turn(r, who, true)?,
+            Step::TurnPass { who } => self.turn(r, who, false)?,
+            Step::Wait { bar, start } => self.wait(&r.ring, &r.cursor, bar, start)?,
+            Step::Commit | Step::WaitGroup(_) | Step::Arrive { .. } | Step::FenceProxyAsync => {
+                self.consumer_step(&r.ring, &r.cursor, s, r.lane0, r.id)?
+            }
+            Step::ArriveExpectTx { .. }
+            | Step::Tma { .. }
+            | Step::TmaOnce { .. }
+            | Step::GenericWrite { .. }
+            | Step::Mma => {
+                return Err(self.internal(r.id, format!("`{s}` in a rotated consumer program")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Points every ring load at stage `stage`.
+    fn bind_stages(&mut self, r: &Rotation, stage: Reg) {
+        for l in &r.ring.loads {
+            let base = self.new_reg(Class::B32);
+            self.ins(format!(
+                "mad.lo.u32 {base}, {stage}, {}, {}",
+                l.stage_stride, self.smem
+            ));
+            self.ins(format!("add.u32 {base}, {base}, {}", l.offset));
+            self.stage_bases.insert(l.load, base);
+        }
+    }
+
+    /// Moves this iteration's handed values into the handoff registers (narrowed tiles packed
+    /// two elements per register, as the tail's wgmma reads them) and its carried values but
+    /// the accumulator into the carried registers.
+    fn hand_off(&mut self, r: &mut Rotation) -> Result<(), CodegenError> {
+        for v in r.parts.handed.clone() {
+            let src = match self.val(v, r.id)? {
+                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.tile(v, r.id)?),
+                other => other,
+            };
+            let dst = match (r.handoff.get(&v), &src) {
+                (Some(d), _) => d.clone(),
+                (None, Val::Narrowed { src, .. }) => Val::Packed(
+                    (0..src.len() / 2)
+                        .map(|_| self.new_reg(Class::B32))
+                        .collect(),
+                ),
+                (None, other) => self.fresh_like(other, r.id)?,
+            };
+            match (&dst, &src) {
+                (Val::Packed(pairs), Val::Narrowed { src, to }) => {
+                    let cvt = match to {
+                        kiln_ir::DType::F16 => "cvt.rn.f16x2.f32",
+                        _ => "cvt.rn.bf16x2.f32",
+                    };
+                    for (k, p) in pairs.iter().enumerate() {
+                        // The first source lands in the upper half (ptx-notes section 6).
+                        self.ins(format!("{cvt} {p}, {}, {}", src[2 * k + 1], src[2 * k]));
+                    }
+                }
+                _ => self.assign(&dst, &src, r.id)?,
+            }
+            r.handoff.insert(v, dst);
+        }
+        let yields = self.yielded(&r.body);
+        let keep = r.overlap.carried;
+        let (dsts, values): (Vec<Val>, Vec<ValueId>) = r
+            .carried
+            .iter()
+            .cloned()
+            .zip(yields)
+            .enumerate()
+            .filter(|(i, _)| *i != keep)
+            .map(|(_, p)| p)
+            .unzip();
+        self.assign_all(&dsts, &values, r.id)
+    }
+
+    /// The turn barrier registers of this consumer warpgroup.
+    fn turn_regs(&mut self, t: Turns) -> TurnRegs {
+        let (wg, own, next, leader) = (
+            self.new_reg(Class::B32),
+            self.new_reg(Class::B32),
+            self.new_reg(Class::B32),
+            self.new_reg(Class::Pred),
+        );
+        self.ins(format!("shr.u32 {wg}, {}, 7", self.tid));
+        self.ins(format!("add.u32 {own}, {wg}, {}", t.first_barrier));
+        self.ins(format!("add.u32 {next}, {wg}, 1"));
+        self.ins(format!("rem.u32 {next}, {next}, {}", t.warpgroups));
+        self.ins(format!("add.u32 {next}, {next}, {}", t.first_barrier));
+        self.ins(format!("setp.eq.u32 {leader}, {wg}, 0"));
+        TurnRegs {
+            own,
+            next,
+            leader,
+            threads: 128 * t.warpgroups,
+        }
+    }
+
+    /// `bar.sync` on this warpgroup's turn barrier (`wait`) or `bar.arrive` on the next
+    /// one's, by the warpgroups `who` names.
+    fn turn(&mut self, r: &Rotation, who: Who, wait: bool) -> Result<(), CodegenError> {
+        let t = r
+            .turns
+            .as_ref()
+            .ok_or_else(|| self.internal(r.id, "a turn step without turn barriers"))?;
+        let (own, next, leader, threads) = (t.own, t.next, t.leader, t.threads);
+        let skip = match who {
+            Who::All => None,
+            Who::Leader => Some(format!("@!{leader}")),
+            Who::Followers => Some(format!("@{leader}")),
+        };
+        let end = self.new_label();
+        if let Some(guard) = &skip {
+            self.ins(format!("{guard} bra {end}"));
+        }
+        if wait {
+            self.ins(format!("bar.sync {own}, {threads}"));
+        } else {
+            self.ins(format!("bar.arrive {next}, {threads}"));
+        }
+        if skip.is_some() {
+            self.label(&end);
+        }
+        Ok(())
+    }
+}
+
+/// Every value `op` reads, its regions' ops included.
+fn reads(k: &Kernel, op: OpId) -> Vec<ValueId> {
+    let mut out = k.ops[op].operands.clone();
+    for region in &k.ops[op].regions {
+        for &o in &region.ops {
+            out.extend(reads(k, o));
+        }
+    }
+    out
+}
+
+/// The parts of `body` (see [`Parts`]).
+fn parts(k: &Kernel, body: &Block, o: &Overlap) -> Parts {
+    let own: BTreeSet<OpId> = o
+        .between
+        .iter()
+        .chain(&o.tail_ops)
+        .copied()
+        .chain([o.head])
+        .collect();
+    let top: BTreeSet<OpId> = body.ops.iter().copied().collect();
+    // The other body ops `ops` read, transitively, with `ops` themselves, in block order.
+    let closure = |ops: &[OpId]| {
+        let mut need: BTreeSet<OpId> = ops.iter().copied().collect();
+        let mut work: Vec<OpId> = ops.to_vec();
+        while let Some(x) = work.pop() {
+            for v in reads(k, x) {
+                if let ValueDef::Op(d, _) = k.values[v].def
+                    && top.contains(&d)
+                    && !own.contains(&d)
+                    && need.insert(d)
+                {
+                    work.push(d);
+                }
+            }
+        }
+        body.ops
+            .iter()
+            .copied()
+            .filter(|x| need.contains(x))
+            .collect::<Vec<_>>()
+    };
+    let between: BTreeSet<ValueId> = o
+        .between
+        .iter()
+        .flat_map(|&x| k.ops[x].results.iter().copied())
+        .collect();
+    let mut handed: Vec<ValueId> = Vec::new();
+    for &x in &o.tail_ops {
+        for v in reads(k, x) {
+            if between.contains(&v) && !handed.contains(&v) {
+                handed.push(v);
+            }
+        }
+    }
+    Parts {
+        head: closure(&[o.head]),
+        between: closure(&o.between),
+        tail: closure(&o.tail_ops),
+        handed,
+    }
+}

@@ -1,0 +1,270 @@
+//! The `overlap` pass (sm_90a): overlaps a ring body's register code with its tensor-core work.
+//!
+//! It looks for a ring loop whose body has, by structure (never by kernel name), the shape of
+//! an attention step: a *head* `mma` whose products feed register code (the online softmax),
+//! which feeds a *tail* `mma` accumulating into a loop-carried value (`O += P V`), rescaled in
+//! registers before it. Such a loop is rotated ([`crate::ring`]): iteration `t` waits for stage
+//! `t`, issues the head mma of block `t`, rescales the accumulator and issues the tail mma of
+//! block `t - 1`, then waits for the head only (`wgmma.wait_group 1`) and runs the code
+//! between for block `t` while the tail still runs on the tensor cores; it then waits for the
+//! tail, releases stage `t - 1` and hands block `t`'s `P` and rescale factors to the next
+//! tail. With two consumer warpgroups they also take turns to issue their wgmmas (ping-pong,
+//! ordered by two named barriers), so one warpgroup's softmax runs under the other's mmas.
+//! The deeper schedule needs registers: the split becomes 24 for the producer warpgroup and
+//! 240 for each consumer warpgroup.
+//!
+//! The body qualifies when (with `T` the ops reading the carried accumulator, the tail mma and
+//! the ops reading those; `H` the head mma and the ops reading its products or any other
+//! carried value, outside `T`; and `F` everything else):
+//! - it has exactly two top-level mmas, the head before the tail, and the tail's result is
+//!   yielded as a carried value that nothing else in the body reads except `T`;
+//! - `F` is pure and iteration-local (constants, scalar arithmetic on the induction variable,
+//!   the ring's stage loads and their transposes), so it may be written once per section;
+//! - `T` is elementwise apart from the tail mma, reads no carried value but its accumulator
+//!   and no head product directly, and takes its register `A` operand from `H`;
+//! - `H` holds no other mma, no store and no loop; every other yielded value comes from `H`.
+
+use std::collections::BTreeSet;
+
+use crate::diag::Diagnostic;
+use crate::kernel::{Kernel, OpId, OpKind, ValueDef, ValueId};
+use crate::ring::{Bar, Overlap, Step, Turns, Who};
+use crate::target::Target;
+
+/// Warps per warpgroup.
+const WARPGROUP: u32 = 4;
+/// Named barrier id of warpgroup 0's turn; `bar.sync 0` is the block-wide set-up barrier.
+const FIRST_TURN_BARRIER: u32 = 1;
+/// `setmaxnreg` split of the rotated schedule: producer, each consumer warpgroup.
+const ROTATED_SPLIT: (u32, u32) = (24, 240);
+
+/// Rotates every ring loop of the right shape; does nothing on other targets.
+pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
+    if target != Target::Sm90a {
+        return Ok(());
+    }
+    let Some(mut roles) = kernel.schedule.roles else {
+        return Ok(());
+    };
+    let warpgroups = roles.consumer_warps / WARPGROUP;
+    let loops: Vec<OpId> = kernel.schedule.rings.keys().copied().collect();
+    for id in loops {
+        let Some(mut overlap) = plan(kernel, id) else {
+            continue;
+        };
+        // Ping-pong needs a partner; two warpgroups alternate through two barriers.
+        overlap.turns = (warpgroups == 2).then_some(Turns {
+            first_barrier: FIRST_TURN_BARRIER,
+            warpgroups,
+        });
+        let turns = overlap.turns.is_some();
+        let ring = kernel
+            .schedule
+            .rings
+            .get_mut(&id)
+            .ok_or_else(|| Diagnostic::internal(kernel.ops[id].loc, "a ring vanished"))?;
+        ring.consumer = rotated_program(turns);
+        if turns {
+            // The followers hand the leader its first turn; the leader takes the last pass.
+            ring.consumer_once.push(Step::TurnPass {
+                who: Who::Followers,
+            });
+            ring.consumer_drain = vec![Step::TurnWait { who: Who::Leader }];
+        } else {
+            ring.consumer_drain = Vec::new();
+        }
+        ring.overlap = Some(overlap);
+        (roles.producer_regs, roles.consumer_regs) = ROTATED_SPLIT;
+    }
+    kernel.schedule.roles = Some(roles);
+    super::warp_specialise::check_register_file(kernel, &roles)
+}
+
+/// The consumers' rotated program (see the module doc), with turn barriers around the wgmma
+/// issue when the warpgroups ping-pong.
+fn rotated_program(turns: bool) -> Vec<Step> {
+    let mut p = vec![Step::Wait {
+        bar: Bar::Full,
+        start: 0,
+    }];
+    if turns {
+        p.push(Step::TurnWait { who: Who::All });
+    }
+    p.extend([Step::IssueHead, Step::Commit, Step::IssueTail, Step::Commit]);
+    if turns {
+        p.push(Step::TurnPass { who: Who::All });
+    }
+    p.extend([
+        // The tail group (newest) may still run; the head group is complete.
+        Step::WaitGroup(1),
+        Step::Between,
+        Step::WaitGroup(0),
+        Step::Arrive {
+            bar: Bar::Empty,
+            lag: 1,
+        },
+        Step::Handoff,
+    ]);
+    p
+}
+
+/// Every value an op reads, its regions' ops included (minus values defined inside them).
+fn reads(kernel: &Kernel, op: OpId) -> BTreeSet<ValueId> {
+    let mut out: BTreeSet<ValueId> = kernel.ops[op].operands.iter().copied().collect();
+    for o in super::walk::ops_in_block_regions(kernel, op) {
+        out.extend(kernel.ops[o].operands.iter().copied());
+    }
+    out
+}
+
+/// The overlap of ring loop `id`, when its body has the shape of the module doc.
+fn plan(kernel: &Kernel, id: OpId) -> Option<Overlap> {
+    let body = &kernel.ops[id].regions[0];
+    let (&yield_op, ops) = body.ops.split_last()?;
+    if kernel.ops[yield_op].kind != OpKind::Yield {
+        return None;
+    }
+    let mmas: Vec<OpId> = ops
+        .iter()
+        .copied()
+        .filter(|&o| kernel.ops[o].kind == OpKind::Mma)
+        .collect();
+    let [head, tail] = mmas[..] else {
+        return None;
+    };
+    let yields = &kernel.ops[yield_op].operands;
+    let tail_result = kernel.ops[tail].results[0];
+    let carried = yields.iter().position(|&v| v == tail_result)?;
+    if yields.iter().filter(|&&v| v == tail_result).count() != 1 {
+        return None;
+    }
+    let acc_arg = body.args[1 + carried];
+    let other_args: BTreeSet<ValueId> = body.args[1..]
+        .iter()
+        .copied()
+        .filter(|&a| a != acc_arg)
+        .collect();
+
+    // T: the forward slice of the accumulator and of the tail mma.
+    let mut t_vals: BTreeSet<ValueId> = BTreeSet::from([acc_arg]);
+    let mut t_ops = Vec::new();
+    for &o in ops {
+        if o == tail || !reads(kernel, o).is_disjoint(&t_vals) {
+            t_ops.push(o);
+            t_vals.extend(kernel.ops[o].results.iter().copied());
+        }
+    }
+    // H: the forward slice of the head mma and of every other carried value, outside T.
+    let mut h_vals: BTreeSet<ValueId> = other_args.clone();
+    let mut h_ops = Vec::new();
+    for &o in ops {
+        if t_ops.contains(&o) {
+            continue;
+        }
+        if o == head || !reads(kernel, o).is_disjoint(&h_vals) {
+            h_ops.push(o);
+            h_vals.extend(kernel.ops[o].results.iter().copied());
+        }
+    }
+    let position = |o: OpId| ops.iter().position(|&x| x == o);
+    let head_result = kernel.ops[head].results[0];
+    let ok = h_ops.contains(&head)
+        // The tail's products are waited for at the end of the iteration: nothing after it.
+        && t_ops.last() == Some(&tail)
+        && position(head) < position(tail)
+        && ops
+            .iter()
+            .filter(|o| !t_ops.contains(o) && !h_ops.contains(o))
+            .all(|&o| pure_local(kernel, o))
+        && h_ops.iter().all(|&o| o == head || between_op(kernel, o))
+        && t_ops.iter().all(|&o| {
+            let operands = &kernel.ops[o].operands;
+            (o == tail || elementwise(kernel, o))
+                && operands
+                    .iter()
+                    .all(|v| !other_args.contains(v) && *v != head_result)
+        })
+        // The tail's A is register code of the between part (P), never a staged tile.
+        && kernel.ops[tail]
+            .operands
+            .first()
+            .is_some_and(|&a| defined_by(kernel, a, &h_ops))
+        && yields
+            .iter()
+            .enumerate()
+            .all(|(i, &v)| i == carried || defined_by(kernel, v, &h_ops))
+        // Nothing but T and the yield reads what T computes.
+        && ops
+            .iter()
+            .filter(|o| !t_ops.contains(o))
+            .all(|&o| reads(kernel, o).is_disjoint(&t_vals));
+    if !ok {
+        return None;
+    }
+    Some(Overlap {
+        head,
+        tail,
+        carried,
+        between: h_ops.into_iter().filter(|&o| o != head).collect(),
+        tail_ops: t_ops,
+        turns: None,
+    })
+}
+
+/// Whether `v` is a result of one of `ops`.
+fn defined_by(kernel: &Kernel, v: ValueId, ops: &[OpId]) -> bool {
+    matches!(kernel.values[v].def, ValueDef::Op(o, _) if ops.contains(&o))
+}
+
+/// Ops that may be written once per section of the rotated loop: no side effect, no region.
+fn pure_local(kernel: &Kernel, o: OpId) -> bool {
+    match kernel.ops[o].kind {
+        OpKind::Load { .. } => kernel.schedule.buffer(o).is_some(),
+        OpKind::Const(_)
+        | OpKind::ScalarParam(_)
+        | OpKind::BlockId(_)
+        | OpKind::GridDim(_)
+        | OpKind::TensorDim { .. }
+        | OpKind::Transpose => true,
+        _ => elementwise(kernel, o),
+    }
+}
+
+/// Elementwise and shape ops on registers or scalars.
+fn elementwise(kernel: &Kernel, o: OpId) -> bool {
+    matches!(
+        kernel.ops[o].kind,
+        OpKind::Unary(_)
+            | OpKind::Binary(_)
+            | OpKind::Select
+            | OpKind::Cast { .. }
+            | OpKind::Splat { .. }
+            | OpKind::Iota { .. }
+            | OpKind::Reshape { .. }
+    )
+}
+
+/// Ops the code between may hold: register code, reductions and branches of it; no mma,
+/// store, load or loop.
+fn between_op(kernel: &Kernel, o: OpId) -> bool {
+    let allowed = |k: &OpKind| {
+        matches!(
+            k,
+            OpKind::Unary(_)
+                | OpKind::Binary(_)
+                | OpKind::Select
+                | OpKind::Cast { .. }
+                | OpKind::Splat { .. }
+                | OpKind::Iota { .. }
+                | OpKind::Reshape { .. }
+                | OpKind::Reduce { .. }
+                | OpKind::Const(_)
+                | OpKind::If
+                | OpKind::Yield
+        )
+    };
+    allowed(&kernel.ops[o].kind)
+        && super::walk::ops_in_block_regions(kernel, o)
+            .into_iter()
+            .all(|x| allowed(&kernel.ops[x].kind))
+}
