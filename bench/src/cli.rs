@@ -23,13 +23,15 @@ pub struct Args {
     pub b_col_major: bool,
     /// attention: run only these `(s, d, causal)` points of the sweep (`--only 8192:128:false,...`).
     pub only: Vec<(usize, usize, bool)>,
+    /// Extra comptime values for the kiln kernel (`--set block_n=128`), over the sweep's.
+    pub set: Vec<(String, String)>,
 }
 
 /// A command-line error, with the usage line.
 #[derive(Debug, thiserror::Error)]
 #[error(
     "{message}\nusage: {program} [--out PATH] [--iters N] [--warmup N] [--quick] [--target NAME] \
-     [--b-col-major] [--only S:D:CAUSAL,...]"
+     [--b-col-major] [--only S:D:CAUSAL,...] [--set NAME=VALUE]"
 )]
 pub struct ArgsError {
     program: String,
@@ -58,6 +60,7 @@ impl Args {
             target: None,
             b_col_major: false,
             only: Vec::new(),
+            set: Vec::new(),
         };
         let mut it = args.into_iter();
         while let Some(flag) = it.next() {
@@ -80,6 +83,13 @@ impl Args {
                 }
                 "--quick" => out.quick = true,
                 "--b-col-major" => out.b_col_major = true,
+                "--set" => {
+                    let v = value("--set")?;
+                    let (k, x) = v
+                        .split_once('=')
+                        .ok_or_else(|| err(format!("--set expects NAME=VALUE, got `{v}`")))?;
+                    out.set.push((k.to_string(), x.to_string()));
+                }
                 "--only" => {
                     let v = value("--only")?;
                     for point in v.split(',') {

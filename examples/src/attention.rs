@@ -51,7 +51,8 @@ fn online_update(s: Value, vs: Value, acc: Value, m: Value, l: Value) -> (Value,
 /// `l = 0`, and their output is 0.
 ///
 /// Grid: `(cdiv(sq, 128), heads, batch)`. Comptime: `d` (head dim, default 128), `causal`
-/// (default false).
+/// (default false), `block_n` (keys per block, a multiple of 16; default 0: 128 for
+/// `d <= 64`, else 64).
 #[kernel(num_warps = 4)]
 pub fn attention<const d: usize = 128>(
     q: Tensor<bf16, 4>,
@@ -60,8 +61,16 @@ pub fn attention<const d: usize = 128>(
     o: TensorMut<bf16, 4>,
     scale: f32,
     #[comptime(default = false)] causal: bool,
+    #[comptime(default = 0)] block_n: usize,
 ) {
-    let bn: usize = if d <= 64 { 128 } else { 64 };
+    // 0: the key block that fits sm_80's registers best.
+    let bn: usize = if block_n > 0 {
+        block_n
+    } else if d <= 64 {
+        128
+    } else {
+        64
+    };
     let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
     let (sq, sk) = (q.dim(2), k.dim(2));
     let q0 = mb * BM;

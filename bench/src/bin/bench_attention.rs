@@ -95,7 +95,7 @@ fn run() -> Result<bool, BenchError> {
         .filter(|c| args.only.is_empty() || args.only.contains(&(c.s, c.d, c.causal)))
         .collect();
     let mut progress = Progress::new(configs.len() + 4);
-    let compile_rows = compile_times(&device, attention, &mut progress)?;
+    let compile_rows = compile_times(&device, attention, &args.set, &mut progress)?;
 
     let mut table = Table::new(&[
         "s",
@@ -114,7 +114,7 @@ fn run() -> Result<bool, BenchError> {
             "attention s={} d={} causal={}",
             c.s, c.d, c.causal
         ));
-        let comptime = comptime(attention, c)?;
+        let comptime = comptime(attention, c, &args.set)?;
         let shape = c.shape();
         let host: Vec<HostTensor> = (0..3)
             .map(|t| uniform(&shape, DType::Bf16, 3 * i as u64 + t))
@@ -193,15 +193,15 @@ fn run() -> Result<bool, BenchError> {
     Ok(all_ok)
 }
 
-/// `attention`'s comptime values for `c`.
+/// `attention`'s comptime values for `c`, with the command line's `--set` values.
 fn comptime(
     def: &dyn kiln_ir::dsl::KernelDef,
     c: &Config,
+    set: &[(String, String)],
 ) -> Result<std::collections::BTreeMap<String, kiln_ir::dsl::ComptimeValue>, BenchError> {
-    kernels::comptime(
-        def,
-        &[("d", c.d.to_string()), ("causal", c.causal.to_string())],
-    )
+    let mut values = vec![("d", c.d.to_string()), ("causal", c.causal.to_string())];
+    values.extend(set.iter().map(|(k, v)| (k.as_str(), v.clone())));
+    kernels::comptime(def, &values)
 }
 
 /// Uncached time from specialisation to PTX text and to a loaded module, per (d, causal),
@@ -209,6 +209,7 @@ fn comptime(
 fn compile_times(
     device: &Device,
     def: &'static dyn kiln_ir::dsl::KernelDef,
+    set: &[(String, String)],
     progress: &mut Progress,
 ) -> Result<Vec<Json>, BenchError> {
     let mut table = Table::new(&[
@@ -225,7 +226,7 @@ fn compile_times(
         for causal in [false, true] {
             progress.step(&format!("compile attention d={d} causal={causal}"));
             let spec = Spec {
-                comptime: comptime(def, &Config { s: 0, d, causal })?,
+                comptime: comptime(def, &Config { s: 0, d, causal }, set)?,
                 // What the sweep's contiguous bf16 tensors specialise on.
                 aligned16: ["q", "k", "v", "o"]
                     .iter()
