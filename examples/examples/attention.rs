@@ -147,7 +147,7 @@ fn run_interpreter(o: &Options, rng: &mut Rng) -> Result<(), String> {
     let grid = [sq.div_ceil(128) as u32, o.heads as u32, o.batch as u32];
     let t = Instant::now();
     attention
-        .interpret(grid, o.d, o.causal, &q, &k, &v, &mut out, scale)
+        .interpret(grid, o.d, o.causal, 0, &q, &k, &v, &mut out, scale)
         .map_err(|e| e.to_string())?;
     println!(
         "  interpreter: b={} h={} s={sq} in {:.2} s",
@@ -179,7 +179,7 @@ fn run_gpu(dev: &Device, o: &Options, rng: &mut Rng) -> Result<(), String> {
     let grid = [s.div_ceil(128) as u32, o.heads as u32, o.batch as u32];
     let t = Instant::now();
     attention
-        .launch(dev, grid, o.d, o.causal, &dq, &dk, &dv, &dout, scale)
+        .launch(dev, grid, o.d, o.causal, 0, &dq, &dk, &dv, &dout, scale)
         .map_err(|e| e.to_string())?;
     dev.synchronize().map_err(|e| e.to_string())?;
     println!(

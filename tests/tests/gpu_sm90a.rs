@@ -240,26 +240,32 @@ fn gpu_sm90a_unaligned_gemm_falls_back_to_cp_async() {
 fn gpu_sm90a_attention_matches_reference() {
     let Some(dev) = hopper() else { return };
     let mut rng = Rng::from_env();
-    // (batch, heads, sq, sk, d, causal); sq > sk with causal gives fully masked rows.
+    // (batch, heads, sq, sk, d, causal, block_n); sq > sk with causal gives fully masked rows;
+    // block_n 0 is the kernel's default key block.
     let cases = [
-        (1, 2, 128, 128, 64, false),
-        (1, 2, 128, 128, 128, true),
-        (2, 1, 100, 100, 64, true),
-        (1, 2, 150, 90, 64, true),
-        (1, 2, 150, 90, 128, true),
-        (2, 3, 200, 333, 128, false),
-        (1, 1, 64, 300, 128, true),
-        (1, 2, 300, 40, 64, true),
-        (1, 1, 1000, 1000, 64, true),
-        (1, 1, 700, 1100, 128, false),
+        (1, 2, 128, 128, 64, false, 0),
+        (1, 2, 128, 128, 128, true, 0),
+        (2, 1, 100, 100, 64, true, 0),
+        (1, 2, 150, 90, 64, true, 0),
+        (1, 2, 150, 90, 128, true, 0),
+        (2, 3, 200, 333, 128, false, 0),
+        (1, 1, 64, 300, 128, true, 0),
+        (1, 2, 300, 40, 64, true, 0),
+        (1, 1, 1000, 1000, 64, true, 0),
+        (1, 1, 700, 1100, 128, false, 0),
+        (1, 2, 150, 90, 128, true, 128),
+        (2, 1, 1000, 1000, 128, true, 128),
+        (1, 2, 700, 1100, 128, false, 128),
+        (1, 1, 4097, 4097, 128, false, 128),
     ];
-    for (b, h, sq, sk, d, causal) in cases {
+    for (b, h, sq, sk, d, causal, block_n) in cases {
         let spec = Spec {
             comptime: Spec::from_defaults(
                 &attention,
                 &[
                     ("d".to_string(), d.to_string()),
                     ("causal".to_string(), causal.to_string()),
+                    ("block_n".to_string(), block_n.to_string()),
                 ],
             )
             .expect("comptime values")
@@ -287,11 +293,11 @@ fn gpu_sm90a_attention_matches_reference() {
             let dv = dev.upload(&v).expect("upload");
             let o = output(&dev, &[b, h, sq, d]);
             attention
-                .launch(&dev, grid, d, causal, &dq, &dk, &dv, &o, scale)
+                .launch(&dev, grid, d, causal, block_n, &dq, &dk, &dv, &o, scale)
                 .expect("launch");
             dev.synchronize().expect("kernel ran");
             let case = Case {
-                kernel: format!("attention@sm_90a d={d} causal={causal}"),
+                kernel: format!("attention@sm_90a d={d} causal={causal} block_n={block_n}"),
                 shape: format!(
                     "b={b} h={h} sq={sq} sk={sk} scale={scale}, k row stride {}",
                     d + 8

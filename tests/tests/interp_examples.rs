@@ -298,7 +298,7 @@ fn typed_interpret_methods_agree_with_references() {
     let mut o = poisoned(&[1, 1, sq, d], DType::Bf16);
     let scale = 1.0 / (d as f32).sqrt();
     kiln_examples::attention::attention
-        .interpret([cdiv(sq, 128), 1, 1], d, true, &q, &k, &v, &mut o, scale)
+        .interpret([cdiv(sq, 128), 1, 1], d, true, 0, &q, &k, &v, &mut o, scale)
         .unwrap();
     let case = Case {
         kernel: "attention.interpret<d=128,causal=true>".into(),

@@ -11,7 +11,8 @@
 //! tail. With two consumer warpgroups they also take turns to issue their wgmmas (ping-pong,
 //! ordered by two named barriers), so one warpgroup's softmax runs under the other's mmas.
 //! The deeper schedule needs registers: the split becomes 24 for the producer warpgroup and
-//! 240 for each consumer warpgroup.
+//! 240 for each consumer warpgroup. It also holds one stage more (the tail's) while waiting
+//! for the next, so the ring gets one more stage where shared memory allows.
 //!
 //! The body qualifies when (with `T` the ops reading the carried accumulator, the tail mma and
 //! the ops reading those; `H` the head mma and the ops reading its products or any other
@@ -75,9 +76,25 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         }
         ring.overlap = Some(overlap);
         (roles.producer_regs, roles.consumer_regs) = ROTATED_SPLIT;
+        deepen(kernel, id)?;
     }
     kernel.schedule.roles = Some(roles);
     super::warp_specialise::check_register_file(kernel, &roles)
+}
+
+/// A rotated iteration holds stage `t - 1` (its tail) while it waits for stage `t`, one stage
+/// more than the loop it replaces: add that stage when shared memory allows, so TMA still
+/// loads a block ahead; otherwise keep the ring as it is.
+fn deepen(kernel: &mut Kernel, id: OpId) -> Result<(), Diagnostic> {
+    let before = kernel.schedule.clone();
+    if let Some(ring) = kernel.schedule.rings.get_mut(&id) {
+        ring.stages += 1;
+    }
+    if super::pipeline::place(kernel).is_err() {
+        kernel.schedule = before;
+        super::pipeline::place(kernel)?;
+    }
+    Ok(())
 }
 
 /// The consumers' rotated program (see the module doc), with turn barriers around the wgmma

@@ -68,20 +68,33 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     if rings.len() != 1 || ring_loads != kernel.schedule.buffers.len() {
         return Ok(());
     }
+    kernel.schedule.rings = rings;
+    place(kernel)
+}
+
+/// Places every shared buffer on the swizzle atom (ring loads at their stage stride, each
+/// buffer with its ring's stage count) and the rings' barriers after them; fails when the
+/// total exceeds the shared-memory limit.
+pub fn place(kernel: &mut Kernel) -> Result<(), Diagnostic> {
+    let loc = first_ring_loc(kernel, &kernel.schedule.rings);
+    let schedule = &mut kernel.schedule;
+    let rings = &mut schedule.rings;
     // Re-place every buffer on the swizzle atom, ring loads at their stride.
-    let stride = |l: &TmaLoad| (l.load, l.stage_stride);
-    let strides: BTreeMap<OpId, u32> = rings
+    let strides: BTreeMap<OpId, (u32, u32)> = rings
         .values()
-        .flat_map(|r: &Ring| r.loads.iter().map(stride))
+        .flat_map(|r: &Ring| r.loads.iter().map(|l| (l.load, (l.stage_stride, r.stages))))
         .collect();
     let mut offset = 0u32;
     let mut offsets = BTreeMap::new();
-    for b in &mut kernel.schedule.buffers {
+    for b in &mut schedule.buffers {
         b.offset = offset;
-        let per_stage = strides
-            .get(&b.load)
-            .copied()
-            .unwrap_or(b.stage_bytes.next_multiple_of(SWIZZLE_ATOM));
+        let per_stage = match strides.get(&b.load) {
+            Some(&(stride, stages)) => {
+                b.stages = stages;
+                stride
+            }
+            None => b.stage_bytes.next_multiple_of(SWIZZLE_ATOM),
+        };
         offsets.insert(b.load, offset);
         offset += per_stage * b.stages;
         offset = offset.next_multiple_of(SWIZZLE_ATOM);
@@ -100,7 +113,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     }
     if offset > super::memory_plan::SMEM_LIMIT {
         return Err(Diagnostic::new(
-            first_ring_loc(kernel, &rings),
+            loc,
             format!(
                 "the TMA stage rings need {offset} bytes of shared memory; at most {} are available",
                 super::memory_plan::SMEM_LIMIT
@@ -108,8 +121,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         )
         .note("use smaller tiles or fewer pipeline stages"));
     }
-    kernel.schedule.smem_bytes = offset;
-    kernel.schedule.rings = rings;
+    schedule.smem_bytes = offset;
     Ok(())
 }
 
