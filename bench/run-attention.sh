@@ -14,11 +14,11 @@ bin=$(bench_bin bench_attention)
 kiln_status=0
 "$bin" --out "$tmp/kiln.json" "$@" || kiln_status=$?
 [ -f "$tmp/kiln.json" ] || { echo "kiln benchmark failed before writing results" >&2; exit 1; }
-# The peers take the same sweep options, not kiln's --target.
+# The peers take the same sweep options, not kiln's --target or --set.
 peer_args=()
 while [ $# -gt 0 ]; do
   case $1 in
-    --target) shift 2 ;;
+    --target|--set) shift 2 ;;
     *) peer_args+=("$1"); shift ;;
   esac
 done

@@ -189,6 +189,10 @@ pub struct Overlap {
     /// The tail section, in block order: the ops reading the carried accumulator (its
     /// rescale) and the tail mma.
     pub tail_ops: Vec<OpId>,
+    /// The tail's rescale of the carried accumulator, `acc * factor` (an op of
+    /// [`Overlap::tail_ops`], and its factor from the code between): a warp whose factors are
+    /// all 1 (its rows' maximum did not grow) skips it, which is exact.
+    pub rescale: Option<(OpId, crate::kernel::ValueId)>,
     /// The consumer warpgroups issue their wgmmas in turns, ordered by named barriers.
     pub turns: Option<Turns>,
 }
@@ -448,6 +452,12 @@ impl fmt::Display for Overlap {
             ops(&self.between),
             ops(&self.tail_ops)
         )?;
+        if let Some((op, factor)) = self.rescale {
+            write!(
+                f,
+                "rescale {op} skipped while every factor {factor} of a warp is 1; "
+            )?;
+        }
         match self.turns {
             Some(t) => write!(
                 f,

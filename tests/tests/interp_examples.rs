@@ -172,6 +172,7 @@ fn run_attention(rng: &mut Rng, p: &Attn, dist: Dist) {
     let ct = comptime_map(&[
         ("d", ComptimeValue::Usize(p.d)),
         ("causal", ComptimeValue::Bool(p.causal)),
+        ("block_n", ComptimeValue::Usize(0)),
     ]);
     let mut args = [
         HostArg::Tensor(&q),
@@ -244,6 +245,7 @@ fn fully_masked_rows_output_zero() {
     let ct = comptime_map(&[
         ("d", ComptimeValue::Usize(d)),
         ("causal", ComptimeValue::Bool(true)),
+        ("block_n", ComptimeValue::Usize(0)),
     ]);
     let mut args = [
         HostArg::Tensor(&q),

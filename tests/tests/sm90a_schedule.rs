@@ -7,7 +7,7 @@
 mod ptx_examples;
 
 use kiln_ir::passes::{PASSES, protocol_check};
-use kiln_ir::ring::{Bar, Operand, Step};
+use kiln_ir::ring::{Bar, Operand, Step, Who};
 use kiln_ir::{Kernel, Target};
 
 /// A deliberate break of a ring's protocol.
@@ -99,7 +99,8 @@ fn attention_ring_is_planned_and_proved() {
         let mut k = scheduled(&ptx_examples::build("attention", overrides));
         assert_eq!(k.schedule.rings.len(), 1, "{overrides:?}");
         let ring = k.schedule.rings.values().next().expect("one ring");
-        assert_eq!((ring.stages, ring.full_count, ring.empty_count), (2, 1, 8));
+        // The kernel asks for 2 stages; the rotated loop holds one more (the tail's).
+        assert_eq!((ring.stages, ring.full_count, ring.empty_count), (3, 1, 8));
         // K (`[bn, d]`, read as `ks.t()`: K-major B) and V (`[bn, d]`: MN-major B) per stage;
         // Q (`[128, d]`, K-major A) once, all rank-4 tensors (batch and head as lead dims).
         let operands: Vec<Operand> = ring.loads.iter().map(|l| l.operand).collect();
@@ -117,14 +118,26 @@ fn attention_ring_is_planned_and_proved() {
                 .all(|l| l.lead_dims == 2),
             "{overrides:?}"
         );
-        // Both products are read in the body: each stage is released as soon as the wgmmas
-        // reading it completed.
-        assert!(ring.consumer.contains(&Step::WaitGroup(0)));
+        // The overlap pass found S = Q K^T -> softmax -> O += P V by structure: the loop is
+        // rotated (head of block t, tail of block t - 1, the head waited for with one group
+        // in flight, the previous stage released after the tail), and the two consumer
+        // warpgroups take turns.
+        let o = ring.overlap.as_ref().expect("the loop is rotated");
+        let turns = o.turns.expect("two warpgroups ping-pong");
+        assert_eq!((turns.warpgroups, turns.first_barrier), (2, 1));
+        assert_eq!(o.carried, 0, "the accumulator is the first carried value");
+        let at = |s: Step| ring.consumer.iter().position(|&x| x == s);
+        assert!(at(Step::IssueHead) < at(Step::IssueTail));
+        assert!(at(Step::IssueTail) < at(Step::WaitGroup(1)));
+        assert!(at(Step::WaitGroup(1)) < at(Step::Between));
+        assert!(at(Step::Between) < at(Step::WaitGroup(0)));
         assert!(ring.consumer.contains(&Step::Arrive {
             bar: Bar::Empty,
-            lag: 0
+            lag: 1
         }));
-        assert_eq!(k.schedule.roles.expect("warp roles").threads(), 384);
+        let roles = k.schedule.roles.expect("warp roles");
+        assert_eq!(roles.threads(), 384);
+        assert_eq!((roles.producer_regs, roles.consumer_regs), (24, 240));
         protocol_check::run(&mut k, Target::Sm90a).expect("the planned protocol is sound");
     }
 }
@@ -156,8 +169,10 @@ fn attention_tensor_maps_are_rank_4_boxes() {
 
 #[test]
 fn broken_attention_schedules_are_compiler_errors() {
-    let edits: [(&str, Edit); 3] = [
-        ("without waiting on `once`", |r| r.consumer_once.clear()),
+    let edits: [(&str, Edit); 8] = [
+        ("without waiting on `once`", |r| {
+            r.consumer_once.retain(|s| !matches!(s, Step::Wait { .. }))
+        }),
         ("on `once`", |r| {
             for s in &mut r.producer_once {
                 if let Step::ArriveExpectTx { bytes, .. } = s {
@@ -172,6 +187,27 @@ fn broken_attention_schedules_are_compiler_errors() {
                 }
             }
         }),
+        // A missing wait: the softmax reads S while its wgmma may still run.
+        ("reads the head mma's products", |r| {
+            r.consumer.retain(|s| *s != Step::WaitGroup(1))
+        }),
+        // The softmax moved before the wait for S.
+        ("reads the head mma's products", |r| {
+            let between = r.consumer.iter().position(|s| *s == Step::Between);
+            let wait = r.consumer.iter().position(|s| *s == Step::WaitGroup(1));
+            if let (Some(b), Some(w)) = (between, wait) {
+                r.consumer.swap(b, w);
+            }
+        }),
+        // Broken ping-pong orders: no first turn for the leader; a turn passed twice.
+        ("deadlock", |r| {
+            r.consumer_once
+                .retain(|s| !matches!(s, Step::TurnPass { .. }))
+        }),
+        ("broken ping-pong order", |r| {
+            r.consumer.push(Step::TurnPass { who: Who::All })
+        }),
+        ("broken ping-pong order", |r| r.consumer_drain.clear()),
     ];
     for (expect, edit) in edits {
         let mut k = scheduled(&ptx_examples::build("attention", &[("causal", "true")]));

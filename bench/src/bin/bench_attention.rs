@@ -185,6 +185,15 @@ fn run() -> Result<bool, BenchError> {
             ("iters", Json::from(args.iters)),
             ("warmup", Json::from(args.warmup)),
             ("tolerance", Json::from(TOLERANCE)),
+            (
+                "comptime_set",
+                Json::obj(
+                    args.set
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), Json::Str(v.clone())))
+                        .collect::<Vec<_>>(),
+                ),
+            ),
             ("compile", Json::Arr(compile_rows)),
             ("rows", Json::Arr(rows)),
         ]);

@@ -8,14 +8,15 @@
 //!
 //! The body's other ops (constants, index arithmetic on the induction variable, the stage
 //! loads) are written again in each part that reads them, bound to that part's iteration and
-//! stage. The values of the code between that the tail reads (`P`, packed two elements per
+//! stage. A warp skips the tail's rescale of the accumulator when all its factors are 1. The
+//! values of the code between that the tail reads (`P`, packed two elements per
 //! register, and the rescale factors) are handed to the next section's tail in registers of
 //! their own, after the tail that read the previous ones has completed.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use kiln_ir::ring::{Overlap, Ring, Step, Turns, Who};
-use kiln_ir::{Block, Kernel, OpId, ValueDef, ValueId};
+use kiln_ir::{Block, DType, Kernel, OpId, ValueDef, ValueId};
 
 use super::Cursor;
 use crate::CodegenError;
@@ -186,7 +187,10 @@ impl Writer<'_> {
                     self.vals.insert(*v, h.clone());
                 }
                 for o in r.parts.tail.clone() {
-                    self.write_op(o)?;
+                    match r.overlap.rescale {
+                        Some((op, factor)) if op == o => self.write_rescale(op, factor)?,
+                        _ => self.write_op(o)?,
+                    }
                 }
             }
             Step::Between => {
@@ -210,6 +214,49 @@ impl Writer<'_> {
                 return Err(self.internal(r.id, format!("`{s}` in a rotated consumer program")));
             }
         }
+        Ok(())
+    }
+
+    /// The tail's rescale `acc * factor`, skipped by a warp whose factors are all 1.
+    fn write_rescale(&mut self, op: OpId, factor: ValueId) -> Result<(), CodegenError> {
+        let acc_v = self.k.ops[op]
+            .operands
+            .iter()
+            .copied()
+            .find(|&v| v != factor)
+            .ok_or_else(|| self.internal(op, "a rescale without its accumulator"))?;
+        let acc = self.tile(acc_v, op)?;
+        let factors = self.tile(factor, op)?;
+        let (all, one) = (self.new_reg(Class::Pred), self.new_reg(Class::Pred));
+        self.ins(format!("setp.eq.f32 {all}, {}, 0f3F800000", factors[0]));
+        for f in &factors[1..] {
+            self.ins(format!("setp.eq.and.f32 {all}, {f}, 0f3F800000, {all}"));
+        }
+        self.ins(format!("vote.sync.all.pred {one}, {all}, 0xffffffff"));
+        let (skip, end) = (self.new_label(), self.new_label());
+        self.ins(format!("@{one} bra.uni {skip}"));
+        let result = self.k.ops[op].results[0];
+        let distinct = acc.iter().collect::<BTreeSet<_>>().len() == acc.len();
+        if self.dies_here(acc_v, op) && distinct && self.k.ty(acc_v).dtype() == DType::F32 {
+            // In place: the accumulator keeps one set of registers through the loop, the
+            // tail's wgmma accumulates into them and nothing is copied.
+            let d = self.dist(result, op)?;
+            for (a, offs) in acc.iter().zip(&d.regs) {
+                let f = self.elem(factor, offs, op)?;
+                self.ins(format!("mul.f32 {a}, {a}, {f}"));
+            }
+            self.label(&skip);
+            self.vals.insert(result, Val::Tile(acc));
+            return Ok(());
+        }
+        self.write_op(op)?;
+        let out = self.tile(result, op)?;
+        self.ins(format!("bra.uni {end}"));
+        self.label(&skip);
+        for (o, a) in out.iter().zip(&acc) {
+            self.mov(*o, *a);
+        }
+        self.label(&end);
         Ok(())
     }
 

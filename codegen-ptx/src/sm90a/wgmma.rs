@@ -139,6 +139,24 @@ impl Writer<'_> {
         d
     }
 
+    /// `desc` with `units` (16-byte units) added to its start address: a 32-bit add on the low
+    /// word, which holds the 14-bit address field; shared addresses stay below 256 KiB, so the
+    /// sum never carries into the next field.
+    fn advance_descriptor(&mut self, desc: Reg, units: u32) -> Reg {
+        if units == 0 {
+            return desc;
+        }
+        let (lo, hi, out) = (
+            self.new_reg(Class::B32),
+            self.new_reg(Class::B32),
+            self.new_reg(Class::B64),
+        );
+        self.ins(format!("mov.b64 {{{lo}, {hi}}}, {desc}"));
+        self.ins(format!("add.u32 {lo}, {lo}, {units}"));
+        self.ins(format!("mov.b64 {out}, {{{lo}, {hi}}}"));
+        out
+    }
+
     /// The ring or once load whose stage `v` is, with its stage base; only a K-major B is
     /// read through a transposed view.
     fn ring_operand(&self, v: kiln_ir::ValueId, id: OpId) -> Result<(Reg, TmaLoad), CodegenError> {
@@ -193,6 +211,9 @@ impl Writer<'_> {
         let Some(elem) = half_ty(self.k.ty(a).dtype()) else {
             return Err(self.internal(id, "wgmma operands must be bf16 or f16"));
         };
+        // Without `c` the first k16 step ignores the accumulator (scale-d = 0), so its
+        // registers need no zeroing.
+        let zero_init = op.operands.get(2).is_none();
         let acc = match op.operands.get(2) {
             Some(&c) => {
                 let mut acc = self.tile(c, id)?;
@@ -207,13 +228,7 @@ impl Writer<'_> {
                 }
                 acc
             }
-            None => (0..bn / 2)
-                .map(|_| {
-                    let d = self.new_reg(Class::F32);
-                    self.ins(format!("mov.f32 {d}, 0f00000000"));
-                    d
-                })
-                .collect(),
+            None => (0..bn / 2).map(|_| self.new_reg(Class::F32)).collect(),
         };
         if acc.len() as u32 != bn / 2 {
             return Err(self.internal(id, "accumulator registers do not match m64nNk16"));
@@ -251,21 +266,20 @@ impl Writer<'_> {
         let trans_b = u32::from(!g.b_k_major);
         let shape = format!("m64n{bn}k16.f32.{elem}.{elem}");
         for s in 0..g.bk / 16 {
+            let scale_d = u32::from(!(zero_init && s == 0));
             // Only the start address moves (base offset stays 0, ptx-notes §4).
-            let dbs = self.new_reg(Class::B64);
-            self.ins(format!("add.s64 {dbs}, {db}, {}", g.b_start(s) >> 4));
+            let dbs = self.advance_descriptor(db, g.b_start(s) >> 4);
             match (da, a_frags.get(s as usize)) {
                 (Some((da, av)), _) => {
-                    let das = self.new_reg(Class::B64);
-                    self.ins(format!("add.s64 {das}, {da}, {}", av.start(0, s) >> 4));
+                    let das = self.advance_descriptor(da, av.start(0, s) >> 4);
                     self.ins(format!(
-                        "wgmma.mma_async.sync.aligned.{shape} {{{regs}}}, {das}, {dbs}, 1, 1, 1, \
-                         0, {trans_b}"
+                        "wgmma.mma_async.sync.aligned.{shape} {{{regs}}}, {das}, {dbs}, {scale_d}, \
+                         1, 1, 0, {trans_b}"
                     ));
                 }
                 (None, Some([a0, a1, a2, a3])) => self.ins(format!(
                     "wgmma.mma_async.sync.aligned.{shape} {{{regs}}}, {{{a0}, {a1}, {a2}, {a3}}}, \
-                     {dbs}, 1, 1, 1, {trans_b}"
+                     {dbs}, {scale_d}, 1, 1, {trans_b}"
                 )),
                 (None, None) => return Err(self.internal(id, "a k16 step without A fragments")),
             }

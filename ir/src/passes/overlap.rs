@@ -10,7 +10,9 @@
 //! tail, releases stage `t - 1` and hands block `t`'s `P` and rescale factors to the next
 //! tail. With two consumer warpgroups they also take turns to issue their wgmmas (ping-pong,
 //! ordered by two named barriers), so one warpgroup's softmax runs under the other's mmas.
-//! The deeper schedule needs registers: the split becomes 24 for the producer warpgroup and
+//! When the tail rescales the accumulator by a factor of the code between (`acc * alpha`), a
+//! warp whose factors are all 1 skips the multiplications (exact: its rows' maximum did not
+//! grow). The deeper schedule needs registers: the split becomes 24 for the producer warpgroup and
 //! 240 for each consumer warpgroup. It also holds one stage more (the tail's) while waiting
 //! for the next, so the ring gets one more stage where shared memory allows.
 //!
@@ -28,7 +30,7 @@
 use std::collections::BTreeSet;
 
 use crate::diag::Diagnostic;
-use crate::kernel::{Kernel, OpId, OpKind, ValueDef, ValueId};
+use crate::kernel::{BinaryOp, Kernel, OpId, OpKind, ValueDef, ValueId};
 use crate::ring::{Bar, Overlap, Step, Turns, Who};
 use crate::target::Target;
 
@@ -218,10 +220,28 @@ fn plan(kernel: &Kernel, id: OpId) -> Option<Overlap> {
     if !ok {
         return None;
     }
+    // The rescale: the accumulator times a factor the code between computed.
+    let rescale = t_ops.iter().find_map(|&o| {
+        let op = &kernel.ops[o];
+        match (&op.kind, op.operands.as_slice()) {
+            (OpKind::Binary(BinaryOp::Mul), &[a, b])
+                if a == acc_arg && defined_by(kernel, b, &h_ops) =>
+            {
+                Some((o, b))
+            }
+            (OpKind::Binary(BinaryOp::Mul), &[a, b])
+                if b == acc_arg && defined_by(kernel, a, &h_ops) =>
+            {
+                Some((o, a))
+            }
+            _ => None,
+        }
+    });
     Some(Overlap {
         head,
         tail,
         carried,
+        rescale,
         between: h_ops.into_iter().filter(|&o| o != head).collect(),
         tail_ops: t_ops,
         turns: None,
