@@ -4,7 +4,7 @@
   peers.py run --out peers.json [--quick] [--iters N] [--warmup N]
       PyTorch SDPA with the FLASH_ATTENTION backend (FlashAttention-2) and the cuDNN backend
       over the standard sweep (design.md section 8): bf16, b*s = 16384, h = 2048/d,
-      s in {1k..16k}, d in {64, 128}, causal and not. Each run is timed alone with CUDA events
+      s in {1k..16k}, d in {64, 128} (and 256), causal and not. Each run is timed alone with CUDA events
       after warm-up, rotating over input sets that together exceed twice the L2; the median is
       reported. A backend that refuses a configuration is recorded with its error.
 
@@ -28,7 +28,7 @@ WIDTH = 2048
 
 def sweep(quick):
     seqs = [1024, 4096] if quick else [1024, 2048, 4096, 8192, 16384]
-    return [(s, d, causal) for d in (64, 128) for causal in (False, True) for s in seqs]
+    return [(s, d, causal) for d in (64, 128, 256) for causal in (False, True) for s in seqs]
 
 
 def parse_only(text):

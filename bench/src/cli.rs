@@ -1,6 +1,6 @@
 //! The benchmarks' command line: `--out PATH` (JSON results), `--iters N`, `--warmup N`,
 //! `--quick` (a reduced sweep for a smoke run), `--target sm_80|sm_90a|sm_100a` (default: the
-//! runtime's default, sm_80), `--b-col-major` (gemm only: B stored column-major).
+//! runtime's default, the GPU's own target), `--b-col-major` (gemm only: B stored column-major).
 
 use std::path::PathBuf;
 

@@ -9,7 +9,7 @@ use kiln_runtime::Device;
 use crate::cli::Args;
 use crate::error::BenchError;
 
-/// GPU 0, compiling for `--target` or, by default, the runtime's default target (sm_80, which
+/// GPU 0, compiling for `--target` or, by default, the runtime's default target (the GPU's own: sm_90a on Hopper, which
 /// runs on Hopper and Blackwell; pass `--target sm_90a` once the backend implements it).
 pub fn device(args: &Args) -> Result<Device, BenchError> {
     let device = Device::new(0)?;

@@ -12,7 +12,7 @@ use std::time::Instant;
 use kiln::ir::dsl::{KernelDef, Spec};
 use kiln::ir::{DType, HostTensor, Target};
 use kiln::runtime::Device;
-use kiln_examples::attention::attention;
+use kiln_examples::attention::{attention, tuned_block_n};
 use kiln_tests::check::{poisoned, rel_error, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
@@ -70,11 +70,17 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), String> {
     let o = parse()?;
+    // The GPU's own target when there is one (sm_90a on Hopper), else the portable sm_80
+    // whose kernel the interpreter runs.
+    let device = Device::new(0);
+    let target = device.as_ref().map_or(Target::Sm80, Device::target);
+    let block_n = tuned_block_n(target, o.d);
     let spec = Spec::from_defaults(
         &attention,
         &[
             ("d".into(), o.d.to_string()),
             ("causal".into(), o.causal.to_string()),
+            ("block_n".into(), block_n.to_string()),
         ],
     )
     .map_err(|e| e.to_string())?;
@@ -84,7 +90,7 @@ fn run() -> Result<(), String> {
     let kernel = attention.build(&spec).map_err(|e| e.to_string())?;
     let t_build = t0.elapsed();
     let t1 = Instant::now();
-    let module = kiln::ptx::compile(&kernel, Target::Sm80).map_err(|e| e.to_string())?;
+    let module = kiln::ptx::compile(&kernel, target).map_err(|e| e.to_string())?;
     let t_ptx = t1.elapsed();
     println!(
         "attention d={} causal={}: built IR ({} ops) in {:.2} ms, PTX ({} lines, {} KiB) in {:.2} ms",
@@ -97,17 +103,24 @@ fn run() -> Result<(), String> {
         t_ptx.as_secs_f64() * 1e3
     );
     println!(
-        "  target {}, {} threads/block, {} B dynamic shared memory",
-        module.target, module.threads_per_block, module.dynamic_smem_bytes
+        "  target {} ({}), {} threads/block, {} B dynamic shared memory",
+        module.target,
+        if device.is_ok() {
+            "the GPU's own"
+        } else {
+            "no GPU: the portable one"
+        },
+        module.threads_per_block,
+        module.dynamic_smem_bytes
     );
-    match kiln::ptx::ptxas::check(&module.ptx, Target::Sm80) {
-        Ok(r) => println!("  ptxas -arch=sm_80: {r}"),
+    match kiln::ptx::ptxas::check(&module.ptx, target) {
+        Ok(r) => println!("  ptxas -arch={target}: {r}"),
         Err(e) => println!("  ptxas not run: {e}"),
     }
 
     let mut rng = Rng::from_env();
-    match Device::new(0) {
-        Ok(dev) => run_gpu(&dev, &o, &mut rng),
+    match device {
+        Ok(dev) => run_gpu(&dev, &o, block_n, &mut rng),
         Err(e) => {
             println!("no GPU ({e}); running on the CPU interpreter");
             run_interpreter(&o, &mut rng)
@@ -159,14 +172,15 @@ fn run_interpreter(o: &Options, rng: &mut Rng) -> Result<(), String> {
     report("interpreter", &out, &reference, rng.seed())
 }
 
-fn run_gpu(dev: &Device, o: &Options, rng: &mut Rng) -> Result<(), String> {
+fn run_gpu(dev: &Device, o: &Options, block_n: usize, rng: &mut Rng) -> Result<(), String> {
     let s = o.seq.unwrap_or(1000);
     println!(
-        "GPU: {} (sm_{}{}), driver {}",
+        "GPU: {} (sm_{}{}), driver {}, kiln target {}",
         dev.name(),
         dev.compute_capability().0,
         dev.compute_capability().1,
-        dev.driver_version()
+        dev.driver_version(),
+        dev.target()
     );
     let [q, k, v] = inputs(rng, o, s, s);
     let up = |t: &HostTensor| dev.upload(t).map_err(|e| e.to_string());
@@ -179,7 +193,7 @@ fn run_gpu(dev: &Device, o: &Options, rng: &mut Rng) -> Result<(), String> {
     let grid = [s.div_ceil(128) as u32, o.heads as u32, o.batch as u32];
     let t = Instant::now();
     attention
-        .launch(dev, grid, o.d, o.causal, 0, &dq, &dk, &dv, &dout, scale)
+        .launch(dev, grid, o.d, o.causal, block_n, &dq, &dk, &dv, &dout, scale)
         .map_err(|e| e.to_string())?;
     dev.synchronize().map_err(|e| e.to_string())?;
     println!(

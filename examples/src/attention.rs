@@ -108,6 +108,17 @@ pub fn attention<const d: usize = 128>(
         .store((acc / l_safe.col()).cast::<bf16>());
 }
 
+/// The key block (`block_n`) to launch `attention` with for head dim `d` on `target`: 128 at
+/// d = 128 on sm_90a, whose rotated wgmma schedule has the registers and shared memory for
+/// it; otherwise 0, the kernel's own choice.
+pub fn tuned_block_n(target: kiln::ir::Target, d: usize) -> usize {
+    if target == kiln::ir::Target::Sm90a && d == 128 {
+        128
+    } else {
+        0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use kiln::ir::print::print_kernel;

@@ -18,12 +18,34 @@ impl Target {
     /// Every target, in order.
     pub const ALL: [Target; 3] = [Target::Sm80, Target::Sm90a, Target::Sm100a];
 
+    /// The best target kiln has for a GPU of compute capability `(major, minor)`: sm_90a on
+    /// Hopper (9.0); sm_80 on every other GPU, Blackwell included until its backend exists.
+    pub fn best_for(compute_capability: (u32, u32)) -> Target {
+        match compute_capability {
+            (9, 0) => Target::Sm90a,
+            _ => Target::Sm80,
+        }
+    }
+
     /// The name used on the command line, in `.target` and by `ptxas -arch`.
     pub fn name(self) -> &'static str {
         match self {
             Target::Sm80 => "sm_80",
             Target::Sm90a => "sm_90a",
             Target::Sm100a => "sm_100a",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Target;
+
+    #[test]
+    fn hopper_gets_its_own_target() {
+        assert_eq!(Target::best_for((9, 0)), Target::Sm90a);
+        for cc in [(8, 0), (8, 6), (8, 9), (10, 0), (12, 0)] {
+            assert_eq!(Target::best_for(cc), Target::Sm80, "{cc:?}");
         }
     }
 }

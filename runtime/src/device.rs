@@ -73,7 +73,8 @@ impl Device {
 
     /// Opens GPU `ordinal`. Returns [`RuntimeError::NoDriver`] when `libcuda` cannot be
     /// loaded, the driver does not initialise, or there is no GPU; never panics for those.
-    /// Kernels are compiled for [`Target::Sm80`] unless [`Device::with_target`] says otherwise.
+    /// Kernels are compiled for the GPU's own target ([`Target::best_for`] its compute
+    /// capability: sm_90a on Hopper) unless [`Device::with_target`] says otherwise.
     pub fn new(ordinal: usize) -> Result<Device, RuntimeError> {
         let count = device_count()?;
         if count == 0 {
@@ -111,7 +112,7 @@ impl Device {
         let name = ctx.name().call("cuDeviceGetName")?;
         Ok(Device {
             ctx,
-            target: Target::Sm80,
+            target: Target::best_for(compute_capability),
             name,
             driver_version,
             compute_capability,

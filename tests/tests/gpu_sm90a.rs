@@ -9,7 +9,8 @@
 //! uses small random integers, for which the result is exact, and names the first wrong
 //! elements: a wrong descriptor, swizzle or box shows up as a pattern of coordinates.
 //! The attention example on sm_90a (Q once and K, V through a TMA ring, S = Q K^T with wgmma
-//! SS, P V with wgmma RS) against the f64 reference: d = 64 and 128, causal or not, shapes
+//! SS, P V with wgmma RS, the loop rotated and the warpgroups in ping-pong) against the f64
+//! reference: d = 64, 128 and 256, key blocks of 64 and 128, causal or not, shapes
 //! that are not multiples of the 128-query block or of the key block, several batches and
 //! heads, K with padded rows, fully masked rows (causal with sq > sk, including a query block
 //! that sees no key) and enough key blocks for several wraps of the 2-stage ring.
@@ -257,6 +258,8 @@ fn gpu_sm90a_attention_matches_reference() {
         (2, 1, 1000, 1000, 128, true, 128),
         (1, 2, 700, 1100, 128, false, 128),
         (1, 1, 4097, 4097, 128, false, 128),
+        (1, 2, 300, 333, 256, false, 0),
+        (1, 1, 1000, 1000, 256, true, 0),
     ];
     for (b, h, sq, sk, d, causal, block_n) in cases {
         let spec = Spec {

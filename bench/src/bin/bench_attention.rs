@@ -1,5 +1,5 @@
 //! kiln's `attention` example over the standard sweep (design.md §8): bf16, b*s = 16384
-//! tokens, h = 2048/d heads, s in {1k, 2k, 4k, 8k, 16k}, d in {64, 128}, causal and not
+//! tokens, h = 2048/d heads, s in {1k, 2k, 4k, 8k, 16k}, d in {64, 128} (and 256), causal and not
 //! (`--quick`: s in {1k, 4k}). FLOPs are 4*b*h*s*s*d, halved when causal.
 //!
 //! For each configuration: one run whose output (poisoned first) is checked on sampled query
@@ -67,7 +67,7 @@ fn sweep(quick: bool) -> Vec<Config> {
         &[1024, 2048, 4096, 8192, 16384]
     };
     let mut v = Vec::new();
-    for d in [64, 128] {
+    for d in [64, 128, 256] {
         for causal in [false, true] {
             for &s in seqs {
                 v.push(Config { s, d, causal });
@@ -114,7 +114,7 @@ fn run() -> Result<bool, BenchError> {
             "attention s={} d={} causal={}",
             c.s, c.d, c.causal
         ));
-        let comptime = comptime(attention, c, &args.set)?;
+        let comptime = comptime(attention, c, device.target(), &args.set)?;
         let shape = c.shape();
         let host: Vec<HostTensor> = (0..3)
             .map(|t| uniform(&shape, DType::Bf16, 3 * i as u64 + t))
@@ -164,6 +164,16 @@ fn run() -> Result<bool, BenchError> {
             ("b", Json::from(c.b())),
             ("h", Json::from(c.h())),
             ("flops", Json::from(c.flops())),
+            (
+                "comptime",
+                Json::Str(
+                    comptime
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect::<Vec<_>>()
+                        .join(","),
+                ),
+            ),
             ("input_sets", Json::from(sets)),
             ("kiln_ms_median", Json::from(t.median())),
             ("kiln_ms_min", Json::from(t.min())),
@@ -202,13 +212,22 @@ fn run() -> Result<bool, BenchError> {
     Ok(all_ok)
 }
 
-/// `attention`'s comptime values for `c`, with the command line's `--set` values.
+/// `attention`'s comptime values for `c` on `target` (the key block it is tuned for), with
+/// the command line's `--set` values over them.
 fn comptime(
     def: &dyn kiln_ir::dsl::KernelDef,
     c: &Config,
+    target: kiln_ir::Target,
     set: &[(String, String)],
 ) -> Result<std::collections::BTreeMap<String, kiln_ir::dsl::ComptimeValue>, BenchError> {
-    let mut values = vec![("d", c.d.to_string()), ("causal", c.causal.to_string())];
+    let mut values = vec![
+        ("d", c.d.to_string()),
+        ("causal", c.causal.to_string()),
+        (
+            "block_n",
+            kiln_examples::attention::tuned_block_n(target, c.d).to_string(),
+        ),
+    ];
     values.extend(set.iter().map(|(k, v)| (k.as_str(), v.clone())));
     kernels::comptime(def, &values)
 }
@@ -231,11 +250,11 @@ fn compile_times(
         "to module ms",
     ]);
     let mut rows = Vec::new();
-    for d in [64, 128] {
+    for d in [64, 128, 256] {
         for causal in [false, true] {
             progress.step(&format!("compile attention d={d} causal={causal}"));
             let spec = Spec {
-                comptime: comptime(def, &Config { s: 0, d, causal }, set)?,
+                comptime: comptime(def, &Config { s: 0, d, causal }, device.target(), set)?,
                 // What the sweep's contiguous bf16 tensors specialise on.
                 aligned16: ["q", "k", "v", "o"]
                     .iter()

@@ -4,13 +4,19 @@
 use kiln_ir::HostTensor;
 use kiln_runtime::{Device, DeviceTensor};
 
-/// GPU 0, or `None` after printing "skipped: no CUDA driver" (no driver or no GPU).
+/// GPU 0 compiling for sm_80, or `None` after printing "skipped: no CUDA driver" (no driver
+/// or no GPU).
 pub fn device() -> Option<Device> {
     if !Device::is_available() {
         println!("skipped: no CUDA driver");
         return None;
     }
-    Some(Device::new(0).expect("a driver and a GPU are present"))
+    // The portable target, on any GPU: sm_90a has its own tests (gpu_sm90a, gpu_tma).
+    Some(
+        Device::new(0)
+            .expect("a driver and a GPU are present")
+            .with_target(kiln_ir::Target::Sm80),
+    )
 }
 
 /// `host` on the device as a view into a wider allocation: the innermost dimension is padded
