@@ -193,7 +193,9 @@ fn run_gpu(dev: &Device, o: &Options, block_n: usize, rng: &mut Rng) -> Result<(
     let grid = [s.div_ceil(128) as u32, o.heads as u32, o.batch as u32];
     let t = Instant::now();
     attention
-        .launch(dev, grid, o.d, o.causal, block_n, &dq, &dk, &dv, &dout, scale)
+        .launch(
+            dev, grid, o.d, o.causal, block_n, &dq, &dk, &dv, &dout, scale,
+        )
         .map_err(|e| e.to_string())?;
     dev.synchronize().map_err(|e| e.to_string())?;
     println!(

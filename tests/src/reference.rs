@@ -67,6 +67,30 @@ pub fn attention(
     scale: f64,
     causal: bool,
 ) -> Vec<f64> {
+    attention_all(q, k, v, scale, causal, None)
+}
+
+/// Attention with the logit soft-cap of Gemma 2: scores `cap * tanh(scale * q.k / cap)`,
+/// then [`attention`] (not causal).
+pub fn attention_softcap(
+    q: &HostTensor,
+    k: &HostTensor,
+    v: &HostTensor,
+    scale: f64,
+    cap: f64,
+) -> Vec<f64> {
+    attention_all(q, k, v, scale, false, Some(cap))
+}
+
+/// Every output row of [`attention`], scores soft-capped by `cap` when given.
+fn attention_all(
+    q: &HostTensor,
+    k: &HostTensor,
+    v: &HostTensor,
+    scale: f64,
+    causal: bool,
+    cap: Option<f64>,
+) -> Vec<f64> {
     let [b, h, sq, d] = [q.shape[0], q.shape[1], q.shape[2], q.shape[3]];
     let sk = k.shape[2];
     let (qv, kv, vv) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
@@ -79,7 +103,7 @@ pub fn attention(
                 |j, x| kb[j * d + x],
                 |j, x| vb[j * d + x],
                 [sq, sk, d],
-                scale,
+                (scale, cap),
                 causal,
                 i,
             ));
@@ -104,21 +128,21 @@ pub fn attention_row(
         |j, x| at(k, j, x),
         |j, x| at(v, j, x),
         [q.shape[2], k.shape[2], q.shape[3]],
-        scale,
+        (scale, None),
         causal,
         i,
     )
 }
 
 /// Output row `i` of one (batch, head) of attention, with element `x` of row `j` of q, k and
-/// v read by the given functions; the one implementation behind [`attention`] and
-/// [`attention_row`].
+/// v read by the given functions, scores scaled and (when a cap is given) soft-capped; the
+/// one implementation behind [`attention`], [`attention_softcap`] and [`attention_row`].
 fn attention_row_by(
     q: impl Fn(usize, usize) -> f64,
     k: impl Fn(usize, usize) -> f64,
     v: impl Fn(usize, usize) -> f64,
     [sq, sk, d]: [usize; 3],
-    scale: f64,
+    (scale, cap): (f64, Option<f64>),
     causal: bool,
     i: usize,
 ) -> Vec<f64> {
@@ -135,6 +159,7 @@ fn attention_row_by(
     }
     let scores: Vec<f64> = (0..visible)
         .map(|j| scale * (0..d).map(|x| q(i, x) * k(j, x)).sum::<f64>())
+        .map(|s| cap.map_or(s, |c| c * (s / c).tanh()))
         .collect();
     let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();

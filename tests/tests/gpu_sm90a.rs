@@ -17,6 +17,7 @@
 //! Skips itself without a driver ("skipped: no CUDA driver") or on a GPU that is not sm_90.
 
 mod gpu_common;
+mod softcap;
 
 use std::collections::BTreeMap;
 
@@ -309,6 +310,58 @@ fn gpu_sm90a_attention_matches_reference() {
                 seed: rng.seed(),
             };
             let want = reference::attention(&q, &k, &v, f64::from(scale), causal);
+            assert_close(
+                &case,
+                &o.download().expect("download"),
+                &want,
+                tolerance(DType::Bf16),
+            );
+        }
+    }
+}
+
+#[test]
+fn gpu_sm90a_softcap_attention_matches_reference() {
+    let Some(dev) = hopper() else { return };
+    let mut rng = Rng::from_env();
+    // (batch, heads, sq, sk, d): lengths that are not multiples of either block, several
+    // wraps of the ring.
+    for (b, h, sq, sk, d) in [
+        (1, 2, 200, 333, 128),
+        (1, 1, 1000, 777, 64),
+        (2, 1, 128, 4097, 128),
+    ] {
+        let loaded = dev
+            .compile(&softcap::softcap_attention, &softcap::spec(d))
+            .expect("compile");
+        assert!(
+            loaded.ptx().ptx.contains("rotated loop: steady state"),
+            "soft-capped attention d={d}: the overlap schedule is expected"
+        );
+        for dist in Dist::ALL {
+            let q = tensor(&mut rng, &[b, h, sq, d], DType::Bf16, dist);
+            let k = tensor(&mut rng, &[b, h, sk, d], DType::Bf16, dist);
+            let v = tensor(&mut rng, &[b, h, sk, d], DType::Bf16, dist);
+            let scale = (rng.uniform(0.5, 1.5) / (d as f64).sqrt()) as f32;
+            let cap = rng.uniform(10.0, 50.0) as f32;
+            let (dq, dk, dv) = (
+                dev.upload(&q).expect("upload"),
+                dev.upload(&k).expect("upload"),
+                dev.upload(&v).expect("upload"),
+            );
+            let o = output(&dev, &[b, h, sq, d]);
+            let grid = [sq.div_ceil(128) as u32, h as u32, b as u32];
+            softcap::softcap_attention
+                .launch(&dev, grid, d, &dq, &dk, &dv, &o, scale, cap)
+                .expect("launch");
+            dev.synchronize().expect("kernel ran");
+            let case = Case {
+                kernel: format!("softcap_attention@sm_90a d={d}"),
+                shape: format!("b={b} h={h} sq={sq} sk={sk} scale={scale} cap={cap}"),
+                dist,
+                seed: rng.seed(),
+            };
+            let want = reference::attention_softcap(&q, &k, &v, f64::from(scale), f64::from(cap));
             assert_close(
                 &case,
                 &o.download().expect("download"),

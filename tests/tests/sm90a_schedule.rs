@@ -5,7 +5,9 @@
 //! diagnostic, not a panic.
 
 mod ptx_examples;
+mod softcap;
 
+use kiln_ir::dsl::KernelDef;
 use kiln_ir::passes::{PASSES, protocol_check};
 use kiln_ir::ring::{Bar, Operand, Step, Who};
 use kiln_ir::{Kernel, Target};
@@ -218,6 +220,25 @@ fn broken_attention_schedules_are_compiler_errors() {
         let text = d.to_string();
         assert!(text.contains(expect), "{expect}: {text}");
         assert!(text.contains("examples/src/attention.rs"), "{text}");
+    }
+}
+
+#[test]
+fn another_kernel_of_attention_shape_gets_the_same_schedule() {
+    // Soft-capped attention: other code between the mmas, a mask in every block; the
+    // overlap pass sees only the structure.
+    for d in [64, 128] {
+        let built = softcap::softcap_attention
+            .build(&softcap::spec(d))
+            .expect("builds");
+        let mut k = scheduled(&built);
+        let ring = k.schedule.rings.values().next().expect("one ring");
+        let o = ring.overlap.as_ref().expect("rotated");
+        assert!(o.turns.is_some() && o.rescale.is_some(), "d={d}");
+        assert_eq!(ring.stages, 3, "d={d}: one stage more than the 2 asked for");
+        protocol_check::run(&mut k, Target::Sm90a).expect("the rotated protocol is sound");
+        let m = kiln_ptx::compile(&built, Target::Sm90a).expect("compile");
+        assert!(m.ptx.contains("rotated loop: steady state"), "d={d}");
     }
 }
 
