@@ -120,8 +120,21 @@ impl Writer<'_> {
         self.ins(format!("mov.u32 {acc}, 0"));
         for t in terms {
             let x = self.new_reg(Class::B32);
-            self.ins(format!("div.u32 {x}, {}, {}", self.tid, t.div));
-            self.ins(format!("rem.u32 {x}, {x}, {}", t.modulo));
+            // Layouts divide by powers of two: shifts and masks, not the division sequence.
+            if t.div.is_power_of_two() {
+                self.ins(format!(
+                    "shr.u32 {x}, {}, {}",
+                    self.tid,
+                    t.div.trailing_zeros()
+                ));
+            } else {
+                self.ins(format!("div.u32 {x}, {}, {}", self.tid, t.div));
+            }
+            if t.modulo.is_power_of_two() {
+                self.ins(format!("and.b32 {x}, {x}, {}", t.modulo - 1));
+            } else {
+                self.ins(format!("rem.u32 {x}, {x}, {}", t.modulo));
+            }
             self.ins(format!("mad.lo.u32 {acc}, {x}, {}, {acc}", t.mul));
         }
         acc

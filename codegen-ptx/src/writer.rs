@@ -95,6 +95,8 @@ pub struct Writer<'k> {
     pub(crate) ring: Option<kiln_ir::ring::Ring>,
     /// Per tile value, its distribution's register index by offsets.
     pub(crate) reg_index: BTreeMap<ValueId, BTreeMap<Vec<u32>, usize>>,
+    /// sm_90a: the consumer's warpgroup index, computed where the consumers start.
+    pub(crate) warpgroup: Option<Reg>,
     /// Labels handed out so far (`$Lk1`, `$Lk2`, ...).
     labels: u32,
     /// The target being written, named by `Unsupported` errors.
@@ -122,6 +124,7 @@ impl<'k> Writer<'k> {
             tmaps: BTreeMap::new(),
             ring: None,
             reg_index: BTreeMap::new(),
+            warpgroup: None,
             labels: 0,
             target,
         }

@@ -195,6 +195,8 @@ pub struct Overlap {
     pub rescale: Option<(OpId, crate::kernel::ValueId)>,
     /// The consumer warpgroups issue their wgmmas in turns, ordered by named barriers.
     pub turns: Option<Turns>,
+    /// Whether the pass gave the ring one stage more than the loop asked for.
+    pub deepened: bool,
 }
 
 /// Ping-pong between the consumer warpgroups: warpgroup `g` waits on named barrier
@@ -452,6 +454,9 @@ impl fmt::Display for Overlap {
             ops(&self.between),
             ops(&self.tail_ops)
         )?;
+        if self.deepened {
+            f.write_str("one stage added for the tail's; ")?;
+        }
         if let Some((op, factor)) = self.rescale {
             write!(
                 f,

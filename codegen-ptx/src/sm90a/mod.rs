@@ -227,6 +227,12 @@ impl Writer<'_> {
             "setmaxnreg.inc.sync.aligned.u32 {}",
             roles.consumer_regs
         ));
+        // The warpgroup index through a lane-0 shuffle: ptxas then knows it is uniform and
+        // keeps what derives from it (wgmma descriptors, barrier ids) in uniform registers.
+        let (raw, wg) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+        self.ins(format!("shr.u32 {raw}, {}, 7", self.tid));
+        self.ins(format!("shfl.sync.idx.b32 {wg}, {raw}, 0, 31, -1"));
+        self.warpgroup = Some(wg);
         if ring.overlap.is_some() {
             return self.write_rotated_loop(id, &ring, [lo, hi, step]);
         }

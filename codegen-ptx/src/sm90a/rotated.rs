@@ -103,7 +103,7 @@ impl Writer<'_> {
         let lane = self.new_reg(Class::B32);
         self.ins(format!("and.b32 {lane}, {}, 31", self.tid));
         self.ins(format!("setp.eq.u32 {lane0}, {lane}, 0"));
-        let turns = overlap.turns.map(|t| self.turn_regs(t));
+        let turns = overlap.turns.map(|t| self.turn_regs(t, id)).transpose()?;
         let cursor = self.cursor(&ring.consumer);
         let tail_iv = self.new_reg(Class::B32);
         let mut r = Rotation {
@@ -321,25 +321,26 @@ impl Writer<'_> {
     }
 
     /// The turn barrier registers of this consumer warpgroup.
-    fn turn_regs(&mut self, t: Turns) -> TurnRegs {
-        let (wg, own, next, leader) = (
-            self.new_reg(Class::B32),
+    fn turn_regs(&mut self, t: Turns, id: OpId) -> Result<TurnRegs, CodegenError> {
+        let wg = self
+            .warpgroup
+            .ok_or_else(|| self.internal(id, "turn barriers outside the consumers"))?;
+        let (own, next, leader) = (
             self.new_reg(Class::B32),
             self.new_reg(Class::B32),
             self.new_reg(Class::Pred),
         );
-        self.ins(format!("shr.u32 {wg}, {}, 7", self.tid));
         self.ins(format!("add.u32 {own}, {wg}, {}", t.first_barrier));
         self.ins(format!("add.u32 {next}, {wg}, 1"));
         self.ins(format!("rem.u32 {next}, {next}, {}", t.warpgroups));
         self.ins(format!("add.u32 {next}, {next}, {}", t.first_barrier));
         self.ins(format!("setp.eq.u32 {leader}, {wg}, 0"));
-        TurnRegs {
+        Ok(TurnRegs {
             own,
             next,
             leader,
             threads: 128 * t.warpgroups,
-        }
+        })
     }
 
     /// `bar.sync` on this warpgroup's turn barrier (`wait`) or `bar.arrive` on the next

@@ -236,8 +236,9 @@ impl Writer<'_> {
         let da = match (&a_smem, g.a) {
             (Some((a_base, _)), Some(av)) => {
                 // Warp-uniform: the warpgroup's first row in the A stage.
-                let wg = self.new_reg(Class::B32);
-                self.ins(format!("shr.u32 {wg}, {}, 7", self.tid));
+                let wg = self
+                    .warpgroup
+                    .ok_or_else(|| self.internal(id, "a wgmma outside the consumers"))?;
                 let a_addr = self.new_reg(Class::B32);
                 self.ins(format!(
                     "mad.lo.u32 {a_addr}, {wg}, {}, {a_base}",

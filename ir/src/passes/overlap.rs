@@ -91,6 +91,9 @@ fn deepen(kernel: &mut Kernel, id: OpId) -> Result<(), Diagnostic> {
     let before = kernel.schedule.clone();
     if let Some(ring) = kernel.schedule.rings.get_mut(&id) {
         ring.stages += 1;
+        if let Some(o) = &mut ring.overlap {
+            o.deepened = true;
+        }
     }
     if super::pipeline::place(kernel).is_err() {
         kernel.schedule = before;
@@ -242,6 +245,7 @@ fn plan(kernel: &Kernel, id: OpId) -> Option<Overlap> {
         tail,
         carried,
         rescale,
+        deepened: false,
         between: h_ops.into_iter().filter(|&o| o != head).collect(),
         tail_ops: t_ops,
         turns: None,

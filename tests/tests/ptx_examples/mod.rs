@@ -1,5 +1,6 @@
 //! The example kernels the PTX tests compile: each registry kernel at its default comptime
-//! values, plus the gemm with column-major B and the documented attention variants (causal, d = 64).
+//! values, plus the gemm with column-major B and the documented attention variants (causal,
+//! d = 64), and for sm_90a the attention schedules its benchmarks run.
 
 #![allow(dead_code)]
 
@@ -18,6 +19,29 @@ pub const VARIANTS: &[(&str, &str, Overrides)] = &[
     ("attention", "attention", &[]),
     ("attention_causal", "attention", &[("causal", "true")]),
     ("attention_d64", "attention", &[("d", "64")]),
+];
+
+/// Variants compiled for sm_90a only: the attention schedules the sm_90a benchmarks run
+/// (d = 128 with 128-key blocks, d = 64 causal, d = 256), which sm_80's four warps could not
+/// hold in registers.
+pub const SM90A_VARIANTS: &[(&str, &str, Overrides)] = &[
+    ("attention_bn128", "attention", &[("block_n", "128")]),
+    (
+        "attention_bn128_causal",
+        "attention",
+        &[("block_n", "128"), ("causal", "true")],
+    ),
+    (
+        "attention_d64_causal",
+        "attention",
+        &[("d", "64"), ("causal", "true")],
+    ),
+    ("attention_d256", "attention", &[("d", "256")]),
+    (
+        "attention_d256_causal",
+        "attention",
+        &[("d", "256"), ("causal", "true")],
+    ),
 ];
 
 /// Builds registry kernel `kernel` with `overrides` on its defaults, every tensor 16-byte
@@ -53,5 +77,16 @@ pub fn all() -> Vec<(&'static str, Kernel)> {
         .map(|(name, kernel, o)| (*name, build(kernel, o)))
         .collect();
     out.push(("gemm_unaligned", build_aligned("gemm", &[], false)));
+    out
+}
+
+/// [`all`], then every [`SM90A_VARIANTS`] variant, built.
+pub fn all_sm90a() -> Vec<(&'static str, Kernel)> {
+    let mut out = all();
+    out.extend(
+        SM90A_VARIANTS
+            .iter()
+            .map(|(name, kernel, o)| (*name, build(kernel, o))),
+    );
     out
 }

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::kernel::OpId;
-use crate::ring::{InitStep, Operand, TmaBox, TmaLoad};
+use crate::ring::{InitStep, Operand, Overlap, TmaBox, TmaLoad, Turns, Who};
 
 fn load(index: u32, box_dims: [u32; 2], boxes: u32) -> TmaLoad {
     TmaLoad {
@@ -319,4 +319,153 @@ fn double_release_is_rejected() {
         ),
         "{e}"
     );
+}
+
+/// The ring the `overlap` pass makes of [`attention_like`]: three stages, the rotated
+/// program, and two consumer warpgroups taking turns.
+fn rotated() -> (Ring, Roles) {
+    let (mut ring, roles) = attention_like();
+    ring.stages = 3;
+    ring.consumer = vec![
+        Step::Wait {
+            bar: Bar::Full,
+            start: 0,
+        },
+        Step::TurnWait { who: Who::All },
+        Step::IssueHead,
+        Step::Commit,
+        Step::IssueTail,
+        Step::Commit,
+        Step::TurnPass { who: Who::All },
+        Step::WaitGroup(1),
+        Step::Between,
+        Step::WaitGroup(0),
+        Step::Arrive {
+            bar: Bar::Empty,
+            lag: 1,
+        },
+        Step::Handoff,
+    ];
+    ring.consumer_once.push(Step::TurnPass {
+        who: Who::Followers,
+    });
+    ring.consumer_drain = vec![Step::TurnWait { who: Who::Leader }];
+    ring.overlap = Some(Overlap {
+        head: OpId::from_index(1),
+        tail: OpId::from_index(2),
+        carried: 0,
+        between: Vec::new(),
+        tail_ops: vec![OpId::from_index(2)],
+        rescale: None,
+        deepened: true,
+        turns: Some(Turns {
+            first_barrier: 1,
+            warpgroups: 2,
+        }),
+    });
+    (ring, roles)
+}
+
+fn broken_rotated(edit: impl FnOnce(&mut Ring)) -> ProtocolError {
+    rejected(rotated, edit)
+}
+
+/// Index of `step` in the rotated consumer program.
+fn at(r: &Ring, step: Step) -> usize {
+    r.consumer
+        .iter()
+        .position(|s| *s == step)
+        .expect("step in the program")
+}
+
+#[test]
+fn rotated_ping_pong_passes() {
+    let (ring, roles) = rotated();
+    check(&ring, &roles).expect("the rotated protocol is sound");
+    // Without ping-pong, one consumer program stands for both warpgroups.
+    let (mut ring, roles) = rotated();
+    ring.consumer
+        .retain(|s| !matches!(s, Step::TurnWait { .. } | Step::TurnPass { .. }));
+    ring.consumer_once
+        .retain(|s| !matches!(s, Step::TurnPass { .. }));
+    ring.consumer_drain.clear();
+    if let Some(o) = &mut ring.overlap {
+        o.turns = None;
+    }
+    check(&ring, &roles).expect("the rotated protocol without turns is sound");
+}
+
+#[test]
+fn rotated_register_hazards_are_rejected() {
+    // The code between before the wait that completes the head.
+    let e = broken_rotated(|r| {
+        let (b, w) = (at(r, Step::Between), at(r, Step::WaitGroup(1)));
+        r.consumer.swap(b, w);
+    });
+    assert_eq!(e, ProtocolError::ReadsInFlight { iteration: 0 });
+    // The handoff (and the release) while the tail reading the previous P may run: with one
+    // trip the release is caught first, with more the handoff.
+    let e = broken_rotated(|r| {
+        let (h, w) = (at(r, Step::Handoff), at(r, Step::WaitGroup(0)));
+        r.consumer.swap(h, w);
+    });
+    assert!(matches!(e, ProtocolError::EarlyRelease { .. }), "{e}");
+    let e = broken_rotated(|r| {
+        let h = at(r, Step::Handoff);
+        let handoff = r.consumer.remove(h);
+        r.consumer.insert(at(r, Step::WaitGroup(0)), handoff);
+    });
+    assert!(matches!(e, ProtocolError::HandoffInFlight { .. }), "{e}");
+    // The next rescale while the tail still accumulates: no wait for the tail at all.
+    let e = broken_rotated(|r| {
+        let w = at(r, Step::WaitGroup(0));
+        r.consumer.remove(w);
+        let a = r
+            .consumer
+            .iter()
+            .position(|s| matches!(s, Step::Arrive { .. }))
+            .expect("release");
+        r.consumer.remove(a);
+        r.consumer.retain(|s| *s != Step::Handoff);
+        r.consumer.push(Step::Handoff);
+    });
+    assert!(
+        matches!(
+            e,
+            ProtocolError::HandoffInFlight { .. } | ProtocolError::AccumulatorInFlight { .. }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn broken_turn_orders_are_rejected() {
+    // Nobody gives the leader its first turn: both warpgroups wait for each other.
+    let e = broken_rotated(|r| {
+        r.consumer_once
+            .retain(|s| !matches!(s, Step::TurnPass { .. }))
+    });
+    assert!(matches!(e, ProtocolError::Deadlock { .. }), "{e}");
+    // A turn passed twice completes a generation with nobody waiting for it.
+    let e = broken_rotated(|r| r.consumer.push(Step::TurnPass { who: Who::All }));
+    assert!(matches!(e, ProtocolError::TurnLost { .. }), "{e}");
+    // The leader never takes the followers' last pass.
+    let e = broken_rotated(|r| r.consumer_drain.clear());
+    assert_eq!(e, ProtocolError::TurnUnbalanced { barrier: 0 });
+}
+
+#[test]
+fn rotation_steps_are_checked_statically() {
+    let e = broken_rotated(|r| r.consumer.push(Step::Between));
+    assert!(matches!(e, ProtocolError::Rotation(_)), "{e}");
+    let e = broken_rotated(|r| r.overlap = None);
+    assert!(e.to_string().contains("did not rotate"), "{e}");
+    let e = broken_rotated(|r| r.producer.push(Step::TurnPass { who: Who::All }));
+    assert!(e.to_string().contains("the producer cannot run"), "{e}");
+    let e = broken_rotated(|r| {
+        if let Some(o) = &mut r.overlap {
+            o.turns = None;
+        }
+    });
+    assert!(e.to_string().contains("without ping-pong"), "{e}");
 }
