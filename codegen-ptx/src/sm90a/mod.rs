@@ -286,10 +286,7 @@ impl Writer<'_> {
         let op = self.k.ops[id].clone();
         let body = op.regions[0].clone();
         let (iv, carried) = self.enter_loop(id, &op, &body, lo)?;
-        let lane0 = self.new_reg(Class::Pred);
-        let lane = self.new_reg(Class::B32);
-        self.ins(format!("and.b32 {lane}, {}, 31", self.tid));
-        self.ins(format!("setp.eq.u32 {lane0}, {lane}, 0"));
+        let lane0 = self.lane0();
         let c = self.cursor(&ring.consumer);
         for s in ring.consumer_once.clone() {
             self.consumer_step(ring, &c, s, lane0, id)?;
@@ -329,6 +326,14 @@ impl Writer<'_> {
             self.vals.insert(*r, v);
         }
         Ok(())
+    }
+
+    /// A predicate true on lane 0 of each warp (the lane that arrives for its warp).
+    pub(crate) fn lane0(&mut self) -> Reg {
+        let (lane0, lane) = (self.new_reg(Class::Pred), self.new_reg(Class::B32));
+        self.ins(format!("and.b32 {lane}, {}, 31", self.tid));
+        self.ins(format!("setp.eq.u32 {lane0}, {lane}, 0"));
+        lane0
     }
 
     pub(crate) fn consumer_step(

@@ -99,10 +99,7 @@ impl Writer<'_> {
             .ok_or_else(|| self.internal(id, "a rotated loop without its overlap schedule"))?;
         let parts = parts(self.k, &body, &overlap);
         let (head_iv, carried) = self.enter_loop(id, &op, &body, lo)?;
-        let lane0 = self.new_reg(Class::Pred);
-        let lane = self.new_reg(Class::B32);
-        self.ins(format!("and.b32 {lane}, {}, 31", self.tid));
-        self.ins(format!("setp.eq.u32 {lane0}, {lane}, 0"));
+        let lane0 = self.lane0();
         let turns = overlap.turns.map(|t| self.turn_regs(t, id)).transpose()?;
         let cursor = self.cursor(&ring.consumer);
         let tail_iv = self.new_reg(Class::B32);

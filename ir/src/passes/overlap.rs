@@ -201,7 +201,7 @@ fn plan(kernel: &Kernel, id: OpId) -> Option<Overlap> {
         && h_ops.iter().all(|&o| o == head || between_op(kernel, o))
         && t_ops.iter().all(|&o| {
             let operands = &kernel.ops[o].operands;
-            (o == tail || elementwise(kernel, o))
+            (o == tail || elementwise(&kernel.ops[o].kind))
                 && operands
                     .iter()
                     .all(|v| !other_args.contains(v) && *v != head_result)
@@ -267,14 +267,14 @@ fn pure_local(kernel: &Kernel, o: OpId) -> bool {
         | OpKind::GridDim(_)
         | OpKind::TensorDim { .. }
         | OpKind::Transpose => true,
-        _ => elementwise(kernel, o),
+        _ => elementwise(&kernel.ops[o].kind),
     }
 }
 
 /// Elementwise and shape ops on registers or scalars.
-fn elementwise(kernel: &Kernel, o: OpId) -> bool {
+fn elementwise(kind: &OpKind) -> bool {
     matches!(
-        kernel.ops[o].kind,
+        kind,
         OpKind::Unary(_)
             | OpKind::Binary(_)
             | OpKind::Select
@@ -289,20 +289,11 @@ fn elementwise(kernel: &Kernel, o: OpId) -> bool {
 /// store, load or loop.
 fn between_op(kernel: &Kernel, o: OpId) -> bool {
     let allowed = |k: &OpKind| {
-        matches!(
-            k,
-            OpKind::Unary(_)
-                | OpKind::Binary(_)
-                | OpKind::Select
-                | OpKind::Cast { .. }
-                | OpKind::Splat { .. }
-                | OpKind::Iota { .. }
-                | OpKind::Reshape { .. }
-                | OpKind::Reduce { .. }
-                | OpKind::Const(_)
-                | OpKind::If
-                | OpKind::Yield
-        )
+        elementwise(k)
+            || matches!(
+                k,
+                OpKind::Reduce { .. } | OpKind::Const(_) | OpKind::If | OpKind::Yield
+            )
     };
     allowed(&kernel.ops[o].kind)
         && super::walk::ops_in_block_regions(kernel, o)
