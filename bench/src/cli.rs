@@ -1,125 +1,75 @@
-//! The benchmarks' command line: `--out PATH` (JSON results), `--iters N`, `--warmup N`,
-//! `--quick` (a reduced sweep for a smoke run), `--target sm_80|sm_90a|sm_100a` (default: the
-//! runtime's default, the GPU's own target), `--b-col-major` (gemm only: B stored column-major).
+//! The benchmarks' command line (clap): `--out PATH` (JSON results), `--iters N`,
+//! `--warmup N`, `--quick` (a reduced sweep for a smoke run), `--target sm_80|sm_90a|sm_100a`
+//! (default: the runtime's default, the GPU's own target), `--b-col-major` (gemm only: B
+//! stored column-major), `--only S:D:CAUSAL,...` and `--set NAME=VALUE` (attention only).
 
 use std::path::PathBuf;
 
+use clap::Parser;
 use kiln_ir::Target;
 
-/// Parsed options.
-#[derive(Clone, Debug, PartialEq)]
+/// Options every benchmark binary takes.
+#[derive(Clone, Debug, PartialEq, Parser)]
+#[command(version)]
 pub struct Args {
     /// Where to write the JSON results; none means print only.
+    #[arg(long)]
     pub out: Option<PathBuf>,
     /// Timed runs per configuration (the median is reported).
+    #[arg(long, default_value_t = 30, value_parser = positive)]
     pub iters: usize,
     /// Untimed runs before timing (JIT, clocks, caches).
+    #[arg(long, default_value_t = 5, value_parser = positive)]
     pub warmup: usize,
     /// Run a reduced sweep.
+    #[arg(long)]
     pub quick: bool,
-    /// The target to compile kiln kernels for; `None` keeps the runtime's default.
+    /// The target to compile kiln kernels for; none keeps the runtime's default.
+    #[arg(long)]
     pub target: Option<Target>,
     /// gemm: B stored column-major (`b: [N, K]`, the kernel's `b_col_major`).
+    #[arg(long)]
     pub b_col_major: bool,
-    /// attention: run only these `(s, d, causal)` points of the sweep (`--only 8192:128:false,...`).
+    /// attention: run only these `(s, d, causal)` points of the sweep, `S:D:CAUSAL,...`.
+    #[arg(long, value_delimiter = ',', value_parser = point)]
     pub only: Vec<(usize, usize, bool)>,
-    /// Extra comptime values for the kiln kernel (`--set block_n=128`), over the sweep's.
+    /// Extra comptime values for the kiln kernel, `NAME=VALUE` (repeatable), over the sweep's.
+    #[arg(long, value_parser = setting)]
     pub set: Vec<(String, String)>,
 }
 
-/// A command-line error, with the usage line.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "{message}\nusage: {program} [--out PATH] [--iters N] [--warmup N] [--quick] [--target NAME] \
-     [--b-col-major] [--only S:D:CAUSAL,...] [--set NAME=VALUE]"
-)]
-pub struct ArgsError {
-    program: String,
-    message: String,
+/// A positive integer.
+fn positive(s: &str) -> Result<usize, String> {
+    s.parse()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("expected a positive integer, got `{s}`"))
 }
 
-impl Args {
-    /// Parses `std::env::args()`.
-    pub fn from_env() -> Result<Args, ArgsError> {
-        let mut it = std::env::args();
-        let program = it.next().unwrap_or_else(|| "bench".into());
-        Args::parse(&program, it)
-    }
+/// `S:D:CAUSAL`, for example `8192:128:false`.
+fn point(s: &str) -> Result<(usize, usize, bool), String> {
+    let parsed = match s.split(':').collect::<Vec<_>>()[..] {
+        [n, d, c] => n.parse().ok().zip(d.parse().ok()).zip(c.parse().ok()),
+        _ => None,
+    };
+    parsed
+        .map(|((n, d), c)| (n, d, c))
+        .ok_or_else(|| format!("expected S:D:CAUSAL (8192:128:false), got `{s}`"))
+}
 
-    /// Parses `args` (without the program name).
-    pub fn parse(program: &str, args: impl IntoIterator<Item = String>) -> Result<Args, ArgsError> {
-        let err = |message: String| ArgsError {
-            program: program.to_string(),
-            message,
-        };
-        let mut out = Args {
-            out: None,
-            iters: 30,
-            warmup: 5,
-            quick: false,
-            target: None,
-            b_col_major: false,
-            only: Vec::new(),
-            set: Vec::new(),
-        };
-        let mut it = args.into_iter();
-        while let Some(flag) = it.next() {
-            let mut value = |name: &str| {
-                it.next()
-                    .ok_or_else(|| err(format!("{name} needs a value")))
-            };
-            match flag.as_str() {
-                "--out" => out.out = Some(PathBuf::from(value("--out")?)),
-                "--iters" | "--warmup" => {
-                    let v = value(&flag)?;
-                    let n: usize = v.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
-                        err(format!("{flag} expects a positive integer, got `{v}`"))
-                    })?;
-                    if flag == "--iters" {
-                        out.iters = n;
-                    } else {
-                        out.warmup = n;
-                    }
-                }
-                "--quick" => out.quick = true,
-                "--b-col-major" => out.b_col_major = true,
-                "--set" => {
-                    let v = value("--set")?;
-                    let (k, x) = v
-                        .split_once('=')
-                        .ok_or_else(|| err(format!("--set expects NAME=VALUE, got `{v}`")))?;
-                    out.set.push((k.to_string(), x.to_string()));
-                }
-                "--only" => {
-                    let v = value("--only")?;
-                    for point in v.split(',') {
-                        let parsed = match point.split(':').collect::<Vec<_>>()[..] {
-                            [s, d, c] => s.parse().ok().zip(d.parse().ok()).zip(c.parse().ok()),
-                            _ => None,
-                        };
-                        let ((s, d), c) = parsed.ok_or_else(|| {
-                            err(format!("--only expects S:D:CAUSAL points, got `{point}`"))
-                        })?;
-                        out.only.push((s, d, c));
-                    }
-                }
-                "--target" => {
-                    let v = value("--target")?;
-                    out.target = Some(v.parse().map_err(|e| err(format!("{e}")))?);
-                }
-                other => return Err(err(format!("unknown option `{other}`"))),
-            }
-        }
-        Ok(out)
-    }
+/// `NAME=VALUE`.
+fn setting(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected NAME=VALUE, got `{s}`"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Args, ArgsError> {
-        Args::parse("b", args.iter().map(|s| s.to_string()))
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("b").chain(args.iter().copied()))
     }
 
     #[test]
@@ -133,27 +83,43 @@ mod tests {
             "2",
             "--quick",
             "--b-col-major",
+            "--target",
+            "sm_90a",
+            "--only",
+            "8192:128:false,1024:64:true",
+            "--set",
+            "block_n=128",
         ])
         .expect("valid");
         assert_eq!(a.out, Some(PathBuf::from("r.json")));
         assert_eq!(
-            (a.iters, a.warmup, a.quick, a.b_col_major),
-            (7, 2, true, true)
+            (a.iters, a.warmup, a.quick, a.b_col_major, a.target),
+            (7, 2, true, true, Some(Target::Sm90a))
         );
-        assert!(!parse(&[]).expect("defaults").b_col_major);
+        assert_eq!(a.only, [(8192, 128, false), (1024, 64, true)]);
+        assert_eq!(a.set, [("block_n".to_string(), "128".to_string())]);
+        let d = parse(&[]).expect("defaults");
+        assert_eq!((d.iters, d.warmup, d.b_col_major), (30, 5, false));
     }
 
     #[test]
     fn rejects_bad_values_by_name() {
-        let e = parse(&["--iters", "0"]).expect_err("zero");
+        let e = parse(&["--iters", "0"]).expect_err("zero").to_string();
         assert!(
-            e.to_string()
-                .starts_with("--iters expects a positive integer, got `0`"),
+            e.contains("--iters") && e.contains("expected a positive integer, got `0`"),
             "{e}"
         );
-        let e = parse(&["--out"]).expect_err("missing");
-        assert!(e.to_string().starts_with("--out needs a value"), "{e}");
-        let e = parse(&["--fast"]).expect_err("unknown");
-        assert!(e.to_string().contains("usage: b"), "{e}");
+        let e = parse(&["--out"]).expect_err("missing").to_string();
+        assert!(e.contains("--out"), "{e}");
+        let e = parse(&["--only", "8192:128"])
+            .expect_err("short")
+            .to_string();
+        assert!(e.contains("expected S:D:CAUSAL"), "{e}");
+        let e = parse(&["--target", "sm_75"])
+            .expect_err("target")
+            .to_string();
+        assert!(e.contains("unknown target `sm_75`"), "{e}");
+        let e = parse(&["--fast"]).expect_err("unknown").to_string();
+        assert!(e.contains("--fast"), "{e}");
     }
 }

@@ -5,9 +5,6 @@ use kiln_runtime::{LaunchError, RuntimeError};
 /// Why a benchmark run stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    /// The command line was wrong.
-    #[error("{0}")]
-    Args(#[from] crate::cli::ArgsError),
     /// A device operation failed (including "no CUDA driver").
     #[error("{0}")]
     Runtime(#[from] RuntimeError),

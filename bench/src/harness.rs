@@ -1,8 +1,7 @@
 //! Timing loops: warm-up runs, then each timed run between CUDA events on the device's stream
-//! with the caller rotating its inputs, summarised by the median; and a text progress line.
+//! with the caller rotating its inputs, summarised by the median; and a progress bar.
 
-use std::io::Write;
-
+use indicatif::{ProgressBar, ProgressStyle};
 use kiln_runtime::{Device, RuntimeError};
 
 /// Per-run GPU times of one configuration, in milliseconds.
@@ -66,36 +65,33 @@ pub fn tflops(flops: f64, ms: f64) -> f64 {
     flops / (ms * 1e-3) / 1e12
 }
 
-/// A one-line progress indicator on stderr (`[3/20] gemm 4096x4096x4096`).
+/// A progress bar on stderr (`[3/20] gemm 4096x4096x4096`), hidden when stderr is not a
+/// terminal so logs stay clean.
 #[derive(Debug)]
 pub struct Progress {
-    done: usize,
-    total: usize,
+    bar: ProgressBar,
 }
 
 impl Progress {
-    /// A progress line over `total` steps.
+    /// A progress bar over `total` steps.
     pub fn new(total: usize) -> Progress {
-        Progress { done: 0, total }
+        let bar = ProgressBar::new(total as u64);
+        bar.set_style(
+            ProgressStyle::with_template("[{pos}/{len}] {bar:30} {elapsed} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        Progress { bar }
     }
 
     /// Announces the next step.
     pub fn step(&mut self, what: &str) {
-        self.done += 1;
-        let mut err = std::io::stderr();
-        // Progress is best effort: a closed stderr must not stop a benchmark.
-        let _ = write!(err, "\r\x1b[2K[{}/{}] {what}", self.done, self.total);
-        let _ = err.flush();
+        self.bar.inc(1);
+        self.bar.set_message(what.to_string());
     }
 
-    /// Ends the line.
+    /// Ends the bar.
     pub fn finish(&self) {
-        let _ = writeln!(
-            std::io::stderr(),
-            "\r\x1b[2K[{}/{}] done",
-            self.done,
-            self.total
-        );
+        self.bar.finish_with_message("done");
     }
 }
 

@@ -1,6 +1,5 @@
 //! Shared parts of kiln's benchmark binaries: timing loops with CUDA events and rotated
-//! inputs, random device inputs, cuBLAS, a minimal JSON writer, the run's metadata and a text
-//! table. Benchmarks are never tests; they run by hand on a GPU host:
+//! inputs, random device inputs, cuBLAS, the run's metadata as JSON (serde_json) and a text table. Benchmarks are never tests; they run by hand on a GPU host:
 //!
 //! - build here: `../shared/tools/gpu-bundle -p kiln-bench` (binaries land in `.gpu/bin/`);
 //! - on the GPU: `bench/run-gemm.sh [OUT.json] [--quick]` (kiln gemm vs cuBLAS) and
@@ -17,7 +16,6 @@ pub mod cublas;
 pub mod error;
 pub mod harness;
 pub mod inputs;
-pub mod json;
 pub mod kernels;
 pub mod report;
 

@@ -1,14 +1,8 @@
 //! `kiln`: list the example kernels, print their IR after any pass, their PTX for a target,
-//! and check the PTX with ptxas.
+//! and check the PTX with ptxas. `kiln --help` (and `kiln COMMAND --help`) says how.
 //!
-//! ```text
-//! kiln list
-//! kiln ir NAME [--after PASS] [--target T] [-D key=value ...]
-//! kiln ptx NAME [--target T] [-D key=value ...]
-//! kiln check NAME [--target T] [-D key=value ...]
-//! ```
 //! With no `-D`, each comptime parameter takes its declared default (attention: d=128,
-//! causal=false) and every tensor is taken as 16-byte aligned.
+//! causal=false, block_n=0) and every tensor is taken as 16-byte aligned.
 //!
 //! **Architecture invariant:** the CLI never needs a GPU: it builds, schedules and writes
 //! PTX on the host, and `check` runs ptxas, not the driver.
@@ -16,68 +10,78 @@
 use std::io::{ErrorKind, Write};
 use std::process::ExitCode;
 
+use clap::{Args, Parser, Subcommand};
 use kiln::ir::dsl::{KernelDef, Spec};
 use kiln::ir::{Kernel, Target};
 
-const USAGE: &str = "usage:
-  kiln list
-  kiln ir NAME [--after PASS] [--target T] [-D key=value ...]
-  kiln ptx NAME [--target T] [-D key=value ...]
-  kiln check NAME [--target T] [-D key=value ...]
-targets: sm_80 (default), sm_90a, sm_100a";
+/// kiln: the example kernels' IR, PTX and ptxas reports, without a GPU.
+#[derive(Parser)]
+#[command(name = "kiln", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-/// A parsed command line.
-struct Args {
-    command: String,
-    kernel: Option<String>,
+#[derive(Subcommand)]
+enum Command {
+    /// List the example kernels with their comptime parameters and signatures.
+    List,
+    /// Print a kernel's IR as built, or after a pass of the pipeline.
+    Ir {
+        #[command(flatten)]
+        kernel: KernelArgs,
+        /// `build`, or the pass after which to print (default: after every pass).
+        #[arg(long)]
+        after: Option<String>,
+    },
+    /// Print a kernel's PTX.
+    Ptx {
+        #[command(flatten)]
+        kernel: KernelArgs,
+    },
+    /// Assemble a kernel's PTX with ptxas and report registers, shared memory and spills.
+    Check {
+        #[command(flatten)]
+        kernel: KernelArgs,
+    },
+}
+
+/// Which kernel, specialised how, for which target.
+#[derive(Args)]
+struct KernelArgs {
+    /// The example kernel (`kiln list` names them).
+    name: String,
+    /// The target: sm_80, sm_90a or sm_100a.
+    #[arg(long, default_value = "sm_80")]
     target: Target,
-    after: Option<String>,
+    /// A comptime value, `-D key=value` (repeatable).
+    #[arg(short = 'D', value_name = "KEY=VALUE", value_parser = define)]
     defines: Vec<(String, String)>,
 }
 
-fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
-    let command = it.next().ok_or_else(|| USAGE.to_string())?;
-    let mut args = Args {
-        command,
-        kernel: None,
-        target: Target::Sm80,
-        after: None,
-        defines: Vec::new(),
-    };
-    while let Some(a) = it.next() {
-        let mut value = |flag: &str| {
-            it.next()
-                .ok_or_else(|| format!("`{flag}` needs a value\n{USAGE}"))
-        };
-        match a.as_str() {
-            "--target" => args.target = value("--target")?.parse().map_err(|e| format!("{e}"))?,
-            "--after" => args.after = Some(value("--after")?),
-            "-D" => {
-                let d = value("-D")?;
-                let (k, v) = d
-                    .split_once('=')
-                    .ok_or_else(|| format!("`-D {d}`: expected -D key=value"))?;
-                args.defines.push((k.to_string(), v.to_string()));
-            }
-            "-h" | "--help" => return Err(USAGE.to_string()),
-            s if s.starts_with('-') => return Err(format!("unknown option `{s}`\n{USAGE}")),
-            s if args.kernel.is_none() => args.kernel = Some(s.to_string()),
-            s => return Err(format!("unexpected argument `{s}`\n{USAGE}")),
-        }
-    }
-    Ok(args)
+/// Parses `key=value`.
+fn define(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("`{s}`: expected key=value"))
 }
 
-fn find_kernel(name: Option<&str>) -> Result<&'static dyn KernelDef, String> {
+fn find_kernel(name: &str) -> Result<&'static dyn KernelDef, String> {
     let names: Vec<&str> = kiln_examples::registry().iter().map(|k| k.name()).collect();
-    let name = name.ok_or_else(|| format!("missing kernel name; one of: {}", names.join(", ")))?;
     kiln_examples::find(name)
         .ok_or_else(|| format!("no kernel named `{name}`; one of: {}", names.join(", ")))
 }
 
-fn build(def: &dyn KernelDef, defines: &[(String, String)]) -> Result<Kernel, String> {
-    let spec = Spec::from_defaults(def, defines).map_err(|e| e.to_string())?;
-    def.build(&spec).map_err(|d| d.to_string())
+impl KernelArgs {
+    fn build(&self) -> Result<Kernel, String> {
+        let def = find_kernel(&self.name)?;
+        let spec = Spec::from_defaults(def, &self.defines).map_err(|e| e.to_string())?;
+        def.build(&spec).map_err(|d| d.to_string())
+    }
+
+    fn ptx(&self) -> Result<kiln::ptx::PtxModule, String> {
+        kiln::ptx::compile(&self.build()?, self.target).map_err(|e| e.to_string())
+    }
 }
 
 fn list() -> String {
@@ -106,11 +110,10 @@ fn list() -> String {
     out
 }
 
-fn ir(args: &Args) -> Result<String, String> {
-    let def = find_kernel(args.kernel.as_deref())?;
-    let mut kernel = build(def, &args.defines)?;
+fn ir(k: &KernelArgs, after: Option<&str>) -> Result<String, String> {
+    let mut kernel = k.build()?;
     let names: Vec<&str> = kiln::ir::passes::PASSES.iter().map(|p| p.0).collect();
-    let after = match args.after.as_deref() {
+    let after = match after {
         None => None,
         Some("build") => return Ok(kiln::ir::print::print_kernel(&kernel)),
         Some(p) if names.contains(&p) => Some(p.to_string()),
@@ -122,7 +125,7 @@ fn ir(args: &Args) -> Result<String, String> {
         }
     };
     let mut dump = None;
-    kiln::ir::passes::run_pipeline(&mut kernel, args.target, &mut |name, k| {
+    kiln::ir::passes::run_pipeline(&mut kernel, k.target, &mut |name, k| {
         if after.as_deref() == Some(name) {
             dump = Some(kiln::ir::print::print_kernel(k));
         }
@@ -131,38 +134,30 @@ fn ir(args: &Args) -> Result<String, String> {
     Ok(dump.unwrap_or_else(|| kiln::ir::print::print_kernel(&kernel)))
 }
 
-fn ptx(args: &Args) -> Result<kiln::ptx::PtxModule, String> {
-    let def = find_kernel(args.kernel.as_deref())?;
-    let kernel = build(def, &args.defines)?;
-    kiln::ptx::compile(&kernel, args.target).map_err(|e| e.to_string())
-}
-
-fn check(args: &Args) -> Result<String, String> {
-    let module = ptx(args)?;
-    let report = kiln::ptx::ptxas::check(&module.ptx, args.target).map_err(|e| e.to_string())?;
+fn check(k: &KernelArgs) -> Result<String, String> {
+    let module = k.ptx()?;
+    let report = kiln::ptx::ptxas::check(&module.ptx, k.target).map_err(|e| e.to_string())?;
     Ok(format!(
         "{} ({}): {} threads/block, {} B dynamic smem, {} PTX lines\nptxas: {report}\n",
         module.entry,
-        args.target,
+        k.target,
         module.threads_per_block,
         module.dynamic_smem_bytes,
         module.ptx.lines().count()
     ))
 }
 
-fn run(args: Args) -> Result<String, String> {
-    match args.command.as_str() {
-        "list" => Ok(list()),
-        "ir" => ir(&args),
-        "ptx" => ptx(&args).map(|m| m.ptx),
-        "check" => check(&args),
-        "-h" | "--help" | "help" => Ok(format!("{USAGE}\n")),
-        c => Err(format!("unknown command `{c}`\n{USAGE}")),
+fn run(cli: Cli) -> Result<String, String> {
+    match &cli.command {
+        Command::List => Ok(list()),
+        Command::Ir { kernel, after } => ir(kernel, after.as_deref()),
+        Command::Ptx { kernel } => kernel.ptx().map(|m| m.ptx),
+        Command::Check { kernel } => check(kernel),
     }
 }
 
 fn main() -> ExitCode {
-    match parse_args(std::env::args().skip(1)).and_then(run) {
+    match run(Cli::parse()) {
         Ok(text) => {
             // Not `print!`, which panics when the reader has gone (`kiln ir attention | head`);
             // a closed pipe is the reader's choice, not a failure.

@@ -11,10 +11,10 @@
 
 use std::process::ExitCode;
 
+use clap::Parser;
 use kiln_bench::cli::Args;
 use kiln_bench::harness::{Progress, measure, tflops};
 use kiln_bench::inputs::{copies, uniform};
-use kiln_bench::json::Json;
 use kiln_bench::report::{Table, meta, write_json};
 use kiln_bench::{BenchError, kernels};
 use kiln_ir::dsl::Spec;
@@ -22,6 +22,7 @@ use kiln_ir::{DType, HostTensor};
 use kiln_runtime::{Device, DeviceTensor, KernelArg, rotation_sets};
 use kiln_tests::check::rel_error;
 use kiln_tests::reference::attention_row;
+use serde_json::{Value, json};
 
 /// Tokens per configuration (b * s).
 const TOKENS: usize = 16384;
@@ -85,7 +86,7 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<bool, BenchError> {
-    let args = Args::from_env()?;
+    let args = Args::parse();
     let device = kernels::device(&args)?;
     let attention = kernels::find("attention")?;
     eprintln!("{}, kiln target {}", device.name(), device.target());
@@ -157,56 +158,40 @@ fn run() -> Result<bool, BenchError> {
             format!("{tf:.1}"),
             format!("{err:.1e}{}", if ok { "" } else { " WRONG" }),
         ]);
-        rows.push(Json::obj([
-            ("s", Json::from(c.s)),
-            ("d", Json::from(c.d)),
-            ("causal", Json::from(c.causal)),
-            ("b", Json::from(c.b())),
-            ("h", Json::from(c.h())),
-            ("flops", Json::from(c.flops())),
-            (
-                "comptime",
-                Json::Str(
-                    comptime
-                        .iter()
-                        .map(|(k, v)| format!("{k}={v}"))
-                        .collect::<Vec<_>>()
-                        .join(","),
-                ),
-            ),
-            ("input_sets", Json::from(sets)),
-            ("kiln_ms_median", Json::from(t.median())),
-            ("kiln_ms_min", Json::from(t.min())),
-            ("kiln_tflops", Json::from(tf)),
-            ("rel_error_sampled_rows", Json::from(err)),
-            ("correct", Json::from(ok)),
-            (
-                "kiln_ms_all",
-                Json::Arr(t.all().iter().map(|&v| Json::from(v)).collect()),
-            ),
-        ]));
+        rows.push(json!({
+            "s": c.s,
+            "d": c.d,
+            "causal": c.causal,
+            "b": c.b(),
+            "h": c.h(),
+            "flops": c.flops(),
+            "comptime": comptime
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(","),
+            "input_sets": sets,
+            "kiln_ms_median": t.median(),
+            "kiln_ms_min": t.min(),
+            "kiln_tflops": tf,
+            "rel_error_sampled_rows": err,
+            "correct": ok,
+            "kiln_ms_all": t.all(),
+        }));
     }
     progress.finish();
     println!("{}", table.render());
 
     if let Some(path) = &args.out {
-        let json = Json::obj([
-            ("meta", meta(&device, "attention")),
-            ("iters", Json::from(args.iters)),
-            ("warmup", Json::from(args.warmup)),
-            ("tolerance", Json::from(TOLERANCE)),
-            (
-                "comptime_set",
-                Json::obj(
-                    args.set
-                        .iter()
-                        .map(|(k, v)| (k.as_str(), Json::Str(v.clone())))
-                        .collect::<Vec<_>>(),
-                ),
-            ),
-            ("compile", Json::Arr(compile_rows)),
-            ("rows", Json::Arr(rows)),
-        ]);
+        let json = json!({
+            "meta": meta(&device, "attention"),
+            "iters": args.iters,
+            "warmup": args.warmup,
+            "tolerance": TOLERANCE,
+            "comptime_set": args.set.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+            "compile": compile_rows,
+            "rows": rows,
+        });
         write_json(path, &json)?;
     }
     Ok(all_ok)
@@ -239,7 +224,7 @@ fn compile_times(
     def: &'static dyn kiln_ir::dsl::KernelDef,
     set: &[(String, String)],
     progress: &mut Progress,
-) -> Result<Vec<Json>, BenchError> {
+) -> Result<Vec<Value>, BenchError> {
     let mut table = Table::new(&[
         "d",
         "causal",
@@ -275,17 +260,17 @@ fn compile_times(
                 format!("{:.2}", ms(t.load)),
                 format!("{to_module:.2}"),
             ]);
-            rows.push(Json::obj([
-                ("d", Json::from(d)),
-                ("causal", Json::from(causal)),
-                ("build_ms", Json::from(ms(t.build))),
-                ("codegen_ms", Json::from(ms(t.codegen))),
-                ("to_ptx_ms", Json::from(to_ptx)),
-                ("jit_load_ms", Json::from(ms(t.load))),
-                ("to_module_ms", Json::from(to_module)),
-                ("num_regs", Json::from(kernel.num_regs()? as f64)),
-                ("local_bytes", Json::from(kernel.local_bytes()? as f64)),
-            ]));
+            rows.push(json!({
+                "d": d,
+                "causal": causal,
+                "build_ms": ms(t.build),
+                "codegen_ms": ms(t.codegen),
+                "to_ptx_ms": to_ptx,
+                "jit_load_ms": ms(t.load),
+                "to_module_ms": to_module,
+                "num_regs": kernel.num_regs()?,
+                "local_bytes": kernel.local_bytes()?,
+            }));
         }
     }
     eprintln!();

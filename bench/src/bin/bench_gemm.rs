@@ -15,17 +15,18 @@
 
 use std::process::ExitCode;
 
+use clap::Parser;
 use kiln_bench::cli::Args;
 use kiln_bench::cublas::Cublas;
 use kiln_bench::harness::{Progress, measure, tflops};
 use kiln_bench::inputs::{copies, uniform};
-use kiln_bench::json::Json;
 use kiln_bench::report::{Table, meta, write_json};
 use kiln_bench::{BenchError, kernels};
 use kiln_ir::DType;
 use kiln_ir::dsl::ComptimeValue;
 use kiln_runtime::{DeviceTensor, KernelArg, rotation_sets};
 use kiln_tests::check::rel_error;
+use serde_json::json;
 
 /// bf16 output of two f32-accumulated GEMMs that sum in different orders.
 const TOLERANCE: f64 = 1e-2;
@@ -56,7 +57,7 @@ fn main() -> ExitCode {
 
 /// Runs the sweep; `Ok(false)` if any configuration's results disagreed.
 fn run() -> Result<bool, BenchError> {
-    let args = Args::from_env()?;
+    let args = Args::parse();
     let device = kernels::device(&args)?;
     let gemm = kernels::find("gemm")?;
     let cublas = Cublas::new(&device)?;
@@ -146,47 +147,38 @@ fn run() -> Result<bool, BenchError> {
             format!("{:.3}", kt_tf / ct_tf),
             format!("{err:.1e}{}", if ok { "" } else { " WRONG" }),
         ]);
-        rows.push(Json::obj([
-            ("m", Json::from(m)),
-            ("n", Json::from(n)),
-            ("k", Json::from(k)),
-            ("flops", Json::from(flops)),
-            ("input_sets", Json::from(sets)),
-            ("kiln_ms_median", Json::from(kt.median())),
-            ("kiln_ms_min", Json::from(kt.min())),
-            ("kiln_tflops", Json::from(kt_tf)),
-            ("cublas_ms_median", Json::from(ct.median())),
-            ("cublas_ms_min", Json::from(ct.min())),
-            ("cublas_tflops", Json::from(ct_tf)),
-            ("ratio", Json::from(kt_tf / ct_tf)),
-            ("rel_error_vs_cublas", Json::from(err)),
-            ("correct", Json::from(ok)),
-            (
-                "kiln_ms_all",
-                Json::Arr(kt.all().iter().map(|&v| Json::from(v)).collect()),
-            ),
-            (
-                "cublas_ms_all",
-                Json::Arr(ct.all().iter().map(|&v| Json::from(v)).collect()),
-            ),
-        ]));
+        rows.push(json!({
+            "m": m,
+            "n": n,
+            "k": k,
+            "flops": flops,
+            "input_sets": sets,
+            "kiln_ms_median": kt.median(),
+            "kiln_ms_min": kt.min(),
+            "kiln_tflops": kt_tf,
+            "cublas_ms_median": ct.median(),
+            "cublas_ms_min": ct.min(),
+            "cublas_tflops": ct_tf,
+            "ratio": kt_tf / ct_tf,
+            "rel_error_vs_cublas": err,
+            "correct": ok,
+            "kiln_ms_all": kt.all(),
+            "cublas_ms_all": ct.all(),
+        }));
     }
     progress.finish();
     println!("{}", table.render());
 
     if let Some(path) = &args.out {
-        let json = Json::obj([
-            ("meta", meta(&device, "gemm")),
-            (
-                "peer",
-                Json::str("cuBLAS cublasGemmEx bf16/bf16/bf16, COMPUTE_32F"),
-            ),
-            ("b_col_major", Json::from(args.b_col_major)),
-            ("iters", Json::from(args.iters)),
-            ("warmup", Json::from(args.warmup)),
-            ("tolerance", Json::from(TOLERANCE)),
-            ("rows", Json::Arr(rows)),
-        ]);
+        let json = json!({
+            "meta": meta(&device, "gemm"),
+            "peer": "cuBLAS cublasGemmEx bf16/bf16/bf16, COMPUTE_32F",
+            "b_col_major": args.b_col_major,
+            "iters": args.iters,
+            "warmup": args.warmup,
+            "tolerance": TOLERANCE,
+            "rows": rows,
+        });
         write_json(path, &json)?;
     }
     Ok(all_ok)
