@@ -39,7 +39,8 @@ enum Command {
         #[command(flatten)]
         kernel: KernelArgs,
     },
-    /// Assemble a kernel's PTX with ptxas and report registers, shared memory and spills.
+    /// Assemble a kernel's PTX with ptxas: registers, shared memory, spills and blocks per SM,
+    /// for every target in one table unless `--target` names one.
     Check {
         #[command(flatten)]
         kernel: KernelArgs,
@@ -51,9 +52,9 @@ enum Command {
 struct KernelArgs {
     /// The example kernel (`kiln list` names them).
     name: String,
-    /// The target: sm_80, sm_90a or sm_100a.
-    #[arg(long, default_value = "sm_80")]
-    target: Target,
+    /// The target: sm_80 (default), sm_90a or sm_100a.
+    #[arg(long)]
+    target: Option<Target>,
     /// A comptime value, `-D key=value` (repeatable).
     #[arg(short = 'D', value_name = "KEY=VALUE", value_parser = define)]
     defines: Vec<(String, String)>,
@@ -79,8 +80,13 @@ impl KernelArgs {
         def.build(&spec).map_err(|d| d.to_string())
     }
 
-    fn ptx(&self) -> Result<kiln::ptx::PtxModule, String> {
-        kiln::ptx::compile(&self.build()?, self.target).map_err(|e| e.to_string())
+    /// The target named, else sm_80.
+    fn target(&self) -> Target {
+        self.target.unwrap_or(Target::Sm80)
+    }
+
+    fn ptx(&self, target: Target) -> Result<kiln::ptx::PtxModule, String> {
+        kiln::ptx::compile(&self.build()?, target).map_err(|e| e.to_string())
     }
 }
 
@@ -125,7 +131,7 @@ fn ir(k: &KernelArgs, after: Option<&str>) -> Result<String, String> {
         }
     };
     let mut dump = None;
-    kiln::ir::passes::run_pipeline(&mut kernel, k.target, &mut |name, k| {
+    kiln::ir::passes::run_pipeline(&mut kernel, k.target(), &mut |name, k| {
         if after.as_deref() == Some(name) {
             dump = Some(kiln::ir::print::print_kernel(k));
         }
@@ -135,23 +141,61 @@ fn ir(k: &KernelArgs, after: Option<&str>) -> Result<String, String> {
 }
 
 fn check(k: &KernelArgs) -> Result<String, String> {
-    let module = k.ptx()?;
-    let report = kiln::ptx::ptxas::check(&module.ptx, k.target).map_err(|e| e.to_string())?;
+    let Some(target) = k.target else {
+        return Ok(check_every_target(k));
+    };
+    let module = k.ptx(target)?;
+    let report = kiln::ptx::ptxas::check(&module.ptx, target).map_err(|e| e.to_string())?;
     Ok(format!(
-        "{} ({}): {} threads/block, {} B dynamic smem, {} PTX lines\nptxas: {report}\n",
+        "{} ({}): {} threads/block, {} B dynamic smem, {} PTX lines, {} block(s)/SM\nptxas: {report}\n",
         module.entry,
-        k.target,
+        target,
         module.threads_per_block,
         module.dynamic_smem_bytes,
-        module.ptx.lines().count()
+        module.ptx.lines().count(),
+        blocks_per_sm(&module, &report)
     ))
+}
+
+/// Blocks of `module` one SM of its target holds.
+fn blocks_per_sm(module: &kiln::ptx::PtxModule, report: &kiln::ptx::ptxas::PtxasReport) -> u32 {
+    module.target.sm_limits().blocks_per_sm(
+        module.threads_per_block,
+        report.registers,
+        module.dynamic_smem_bytes + report.shared_bytes,
+    )
+}
+
+/// One row per target: resources and blocks per SM, or why the target has none.
+fn check_every_target(k: &KernelArgs) -> String {
+    let mut out = format!(
+        "{:<8} {:>7} {:>10} {:>5} {:>6} {:>13} {:>9}\n",
+        "target", "threads", "smem B", "regs", "stack", "spills st/ld", "blocks/SM"
+    );
+    for target in Target::ALL {
+        let row = k.ptx(target).and_then(|m| {
+            let r = kiln::ptx::ptxas::check(&m.ptx, target).map_err(|e| e.to_string())?;
+            Ok(format!(
+                "{:>7} {:>10} {:>5} {:>6} {:>13} {:>9}",
+                m.threads_per_block,
+                m.dynamic_smem_bytes + r.shared_bytes,
+                r.registers,
+                r.stack_bytes,
+                format!("{}/{}", r.spill_store_bytes, r.spill_load_bytes),
+                blocks_per_sm(&m, &r)
+            ))
+        });
+        let row = row.unwrap_or_else(|e| e.lines().next().unwrap_or_default().to_string());
+        out.push_str(&format!("{:<8} {row}\n", target.name()));
+    }
+    out
 }
 
 fn run(cli: Cli) -> Result<String, String> {
     match &cli.command {
         Command::List => Ok(list()),
         Command::Ir { kernel, after } => ir(kernel, after.as_deref()),
-        Command::Ptx { kernel } => kernel.ptx().map(|m| m.ptx),
+        Command::Ptx { kernel } => kernel.ptx(kernel.target()).map(|m| m.ptx),
         Command::Check { kernel } => check(kernel),
     }
 }

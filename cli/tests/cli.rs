@@ -86,3 +86,25 @@ fn check_reports_ptxas_resources() {
     );
     assert!(out.contains("registers") && out.contains("spills"), "{out}");
 }
+
+#[test]
+fn check_without_a_target_tabulates_every_target() {
+    let (ok, out, err) = kiln(&["check", "gemm"]);
+    assert!(
+        ok,
+        "kiln check failed (is ptxas installed? scripts/ensure-ptxas):\n{err}"
+    );
+    assert!(
+        out.starts_with("target") && out.contains("blocks/SM"),
+        "{out}"
+    );
+    for target in ["sm_80", "sm_90a", "sm_100a"] {
+        assert!(
+            out.lines().any(|l| l.starts_with(target)),
+            "{target} row missing:\n{out}"
+        );
+    }
+    // The warp-specialised sm_90a gemm: 384 threads, one block per SM.
+    let sm90a = out.lines().find(|l| l.starts_with("sm_90a")).unwrap_or("");
+    assert!(sm90a.contains(" 384 "), "{sm90a}");
+}
