@@ -102,10 +102,11 @@ pub fn attention<const d: usize = 128>(
         };
         (acc, m, l) = online_update(s, vs, acc, m, l);
     }
-    // Fully masked rows have l = 0 and acc = 0: divide by 1 so they output 0.
-    let l_safe = select(l == 0.0, 1.0, l);
+    // Fully masked rows have l = 0 and acc = 0: scale by 1 so they output 0. One reciprocal
+    // per row, then a product per element (not a division per element).
+    let inv_l = recip(&select(l == 0.0, 1.0, l));
     o.tile([BM, d], [b, h, q0, 0])
-        .store((acc / l_safe.col()).cast::<bf16>());
+        .store((acc * inv_l.col()).cast::<bf16>());
 }
 
 /// The key block (`block_n`) to launch `attention` with for head dim `d` on `target`: 128 at
