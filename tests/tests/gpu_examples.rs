@@ -11,7 +11,9 @@ mod gpu_common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpu_common::{device, upload_padded};
+use std::process::ExitCode;
+
+use gpu_common::{Needs, device, upload_padded};
 use kiln_examples::attention::attention;
 use kiln_examples::gemm::gemm;
 use kiln_examples::softmax::softmax;
@@ -41,7 +43,6 @@ fn check(case: Case, dtype: DType, gpu: &DeviceTensor, reference: &[f64], interp
     assert_close(&vs_interp, &got, &interp.to_f64_vec(), tolerance(dtype));
 }
 
-#[test]
 fn gpu_vector_add_matches_reference_and_interpreter() {
     let Some(dev) = device() else { return };
     let mut rng = Rng::from_env();
@@ -71,7 +72,6 @@ fn gpu_vector_add_matches_reference_and_interpreter() {
     }
 }
 
-#[test]
 fn gpu_softmax_matches_reference_and_interpreter() {
     let Some(dev) = device() else { return };
     let mut rng = Rng::from_env();
@@ -100,7 +100,6 @@ fn gpu_softmax_matches_reference_and_interpreter() {
     }
 }
 
-#[test]
 fn gpu_gemm_matches_reference_and_interpreter() {
     let Some(dev) = device() else { return };
     let mut rng = Rng::from_env();
@@ -139,7 +138,6 @@ fn gpu_gemm_matches_reference_and_interpreter() {
     }
 }
 
-#[test]
 fn gpu_attention_matches_reference_and_interpreter() {
     let Some(dev) = device() else { return };
     let mut rng = Rng::from_env();
@@ -182,7 +180,6 @@ fn gpu_attention_matches_reference_and_interpreter() {
     }
 }
 
-#[test]
 fn gpu_typed_launch_rejects_bad_arguments_by_name() {
     let Some(dev) = device() else { return };
     let (m, n, k) = (64, 32, 16);
@@ -292,7 +289,6 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
     dev.synchronize().expect("no launch reached the GPU");
 }
 
-#[test]
 fn gpu_misaligned_views_get_their_own_specialisation() {
     let Some(dev) = device() else { return };
     let mut rng = Rng::from_env();
@@ -351,7 +347,6 @@ fn gpu_misaligned_views_get_their_own_specialisation() {
     }
 }
 
-#[test]
 fn gpu_compile_cache_reuses_a_specialisation() {
     let Some(dev) = device() else { return };
     let mut aligned = Spec::from_defaults(&vector_add, &[]).expect("defaults");
@@ -377,4 +372,44 @@ fn gpu_compile_cache_reuses_a_specialisation() {
     );
     assert!(t.load > Duration::ZERO && t.codegen > Duration::ZERO);
     assert_eq!(first.local_bytes().expect("attr"), 0, "vector_add spills");
+}
+
+fn main() -> ExitCode {
+    gpu_common::run(&[
+        (
+            "gpu_vector_add_matches_reference_and_interpreter",
+            Needs::Gpu,
+            gpu_vector_add_matches_reference_and_interpreter,
+        ),
+        (
+            "gpu_softmax_matches_reference_and_interpreter",
+            Needs::Gpu,
+            gpu_softmax_matches_reference_and_interpreter,
+        ),
+        (
+            "gpu_gemm_matches_reference_and_interpreter",
+            Needs::Gpu,
+            gpu_gemm_matches_reference_and_interpreter,
+        ),
+        (
+            "gpu_attention_matches_reference_and_interpreter",
+            Needs::Gpu,
+            gpu_attention_matches_reference_and_interpreter,
+        ),
+        (
+            "gpu_typed_launch_rejects_bad_arguments_by_name",
+            Needs::Gpu,
+            gpu_typed_launch_rejects_bad_arguments_by_name,
+        ),
+        (
+            "gpu_misaligned_views_get_their_own_specialisation",
+            Needs::Gpu,
+            gpu_misaligned_views_get_their_own_specialisation,
+        ),
+        (
+            "gpu_compile_cache_reuses_a_specialisation",
+            Needs::Gpu,
+            gpu_compile_cache_reuses_a_specialisation,
+        ),
+    ])
 }

@@ -7,7 +7,9 @@ mod gpu_common;
 
 use std::collections::BTreeMap;
 
-use gpu_common::{device, upload_padded};
+use std::process::ExitCode;
+
+use gpu_common::{Needs, device, upload_padded};
 
 use kiln_ir::dsl::{ComptimeParam, KernelDef, ParamSig, Spec};
 use kiln_ir::{DType, Diagnostic, HostTensor, Kernel, Loc, Target};
@@ -137,7 +139,6 @@ fn check_axpb(dev: &Device, k: &LoadedKernel, rows: usize, cols: usize, pad: usi
     );
 }
 
-#[test]
 fn gpu_device_reports_itself() {
     let Some(dev) = device() else { return };
     println!(
@@ -156,7 +157,6 @@ fn gpu_device_reports_itself() {
     assert_eq!(fresh.with_target(Target::Sm90a).target(), Target::Sm90a);
 }
 
-#[test]
 fn gpu_upload_download_round_trips_strided_views() {
     let Some(dev) = device() else { return };
     let mut rng = Rng::from_env();
@@ -175,7 +175,6 @@ fn gpu_upload_download_round_trips_strided_views() {
     }
 }
 
-#[test]
 fn gpu_fill_nan_poisons_only_the_view() {
     let Some(dev) = device() else { return };
     let host = HostTensor::from_fn(&[4, 6], DType::F32, |i| i as f64);
@@ -204,7 +203,6 @@ fn gpu_fill_nan_poisons_only_the_view() {
     );
 }
 
-#[test]
 fn gpu_hand_written_ptx_launches_with_the_abi() {
     let Some(dev) = device() else { return };
     let k = dev.load_ptx(axpb_module(0)).expect("JIT load");
@@ -221,7 +219,6 @@ fn gpu_hand_written_ptx_launches_with_the_abi() {
     }
 }
 
-#[test]
 fn gpu_dynamic_shared_memory_over_48k_is_opted_into() {
     let Some(dev) = device() else { return };
     let k = dev.load_ptx(axpb_module(100 * 1024)).expect("JIT load");
@@ -241,7 +238,6 @@ fn gpu_dynamic_shared_memory_over_48k_is_opted_into() {
     );
 }
 
-#[test]
 fn gpu_bad_ptx_reports_the_driver_log() {
     let Some(dev) = device() else { return };
     let bad = PtxModule {
@@ -260,7 +256,6 @@ fn gpu_bad_ptx_reports_the_driver_log() {
     println!("{err}");
 }
 
-#[test]
 fn gpu_launch_validation_names_the_argument() {
     let Some(dev) = device() else { return };
     let k = dev.load_ptx(axpb_module(0)).expect("JIT load");
@@ -376,7 +371,6 @@ impl KernelDef for NeverBuilt {
     }
 }
 
-#[test]
 fn gpu_device_launch_validates_before_building() {
     let Some(dev) = device() else { return };
     let a = dev.alloc(DType::F32, &[8, 16]).expect("alloc");
@@ -427,7 +421,6 @@ fn gpu_device_launch_validates_before_building() {
     );
 }
 
-#[test]
 fn gpu_event_timing_and_l2_flush() {
     let Some(dev) = device() else { return };
     let k = dev.load_ptx(axpb_module(0)).expect("JIT load");
@@ -446,4 +439,54 @@ fn gpu_event_timing_and_l2_flush() {
         .expect("timed launch");
     println!("axpb 4096x4096 f32: {ms:.3} ms");
     assert!(ms > 0.0 && ms < 1000.0, "{ms} ms");
+}
+
+fn main() -> ExitCode {
+    gpu_common::run(&[
+        (
+            "gpu_device_reports_itself",
+            Needs::Gpu,
+            gpu_device_reports_itself,
+        ),
+        (
+            "gpu_upload_download_round_trips_strided_views",
+            Needs::Gpu,
+            gpu_upload_download_round_trips_strided_views,
+        ),
+        (
+            "gpu_fill_nan_poisons_only_the_view",
+            Needs::Gpu,
+            gpu_fill_nan_poisons_only_the_view,
+        ),
+        (
+            "gpu_hand_written_ptx_launches_with_the_abi",
+            Needs::Gpu,
+            gpu_hand_written_ptx_launches_with_the_abi,
+        ),
+        (
+            "gpu_dynamic_shared_memory_over_48k_is_opted_into",
+            Needs::Gpu,
+            gpu_dynamic_shared_memory_over_48k_is_opted_into,
+        ),
+        (
+            "gpu_bad_ptx_reports_the_driver_log",
+            Needs::Gpu,
+            gpu_bad_ptx_reports_the_driver_log,
+        ),
+        (
+            "gpu_launch_validation_names_the_argument",
+            Needs::Gpu,
+            gpu_launch_validation_names_the_argument,
+        ),
+        (
+            "gpu_device_launch_validates_before_building",
+            Needs::Gpu,
+            gpu_device_launch_validates_before_building,
+        ),
+        (
+            "gpu_event_timing_and_l2_flush",
+            Needs::Gpu,
+            gpu_event_timing_and_l2_flush,
+        ),
+    ])
 }

@@ -21,7 +21,9 @@ mod softcap;
 
 use std::collections::BTreeMap;
 
-use gpu_common::{device, upload_padded};
+use std::process::ExitCode;
+
+use gpu_common::{Needs, device, upload_padded};
 use kiln_examples::attention::attention;
 use kiln_examples::gemm::gemm;
 use kiln_ir::dsl::{ComptimeValue, Spec};
@@ -150,7 +152,6 @@ fn launch(
     dev.synchronize().expect("kernel ran");
 }
 
-#[test]
 fn gpu_sm90a_gemm_is_exact_on_small_integers() {
     let Some(dev) = hopper() else { return };
     let mut rng = Rng::from_env();
@@ -193,7 +194,6 @@ fn gpu_sm90a_gemm_is_exact_on_small_integers() {
     }
 }
 
-#[test]
 fn gpu_sm90a_gemm_matches_reference() {
     let Some(dev) = hopper() else { return };
     let mut rng = Rng::from_env();
@@ -218,7 +218,6 @@ fn gpu_sm90a_gemm_matches_reference() {
     }
 }
 
-#[test]
 fn gpu_sm90a_unaligned_gemm_falls_back_to_cp_async() {
     let Some(dev) = hopper() else { return };
     let mut rng = Rng::from_env();
@@ -238,7 +237,6 @@ fn gpu_sm90a_unaligned_gemm_falls_back_to_cp_async() {
     }
 }
 
-#[test]
 fn gpu_sm90a_attention_matches_reference() {
     let Some(dev) = hopper() else { return };
     let mut rng = Rng::from_env();
@@ -320,7 +318,6 @@ fn gpu_sm90a_attention_matches_reference() {
     }
 }
 
-#[test]
 fn gpu_sm90a_softcap_attention_matches_reference() {
     let Some(dev) = hopper() else { return };
     let mut rng = Rng::from_env();
@@ -370,4 +367,34 @@ fn gpu_sm90a_softcap_attention_matches_reference() {
             );
         }
     }
+}
+
+fn main() -> ExitCode {
+    gpu_common::run(&[
+        (
+            "gpu_sm90a_gemm_is_exact_on_small_integers",
+            Needs::Hopper,
+            gpu_sm90a_gemm_is_exact_on_small_integers,
+        ),
+        (
+            "gpu_sm90a_gemm_matches_reference",
+            Needs::Hopper,
+            gpu_sm90a_gemm_matches_reference,
+        ),
+        (
+            "gpu_sm90a_unaligned_gemm_falls_back_to_cp_async",
+            Needs::Hopper,
+            gpu_sm90a_unaligned_gemm_falls_back_to_cp_async,
+        ),
+        (
+            "gpu_sm90a_attention_matches_reference",
+            Needs::Hopper,
+            gpu_sm90a_attention_matches_reference,
+        ),
+        (
+            "gpu_sm90a_softcap_attention_matches_reference",
+            Needs::Hopper,
+            gpu_sm90a_softcap_attention_matches_reference,
+        ),
+    ])
 }

@@ -11,6 +11,11 @@
 //! no GPU: it assembles the three kernels with ptxas (`$KILN_PTXAS`, else the pinned copy at
 //! `/work/.tools-ptxas/nvidia/cu13/bin/ptxas`), so CI checks the PTX.
 
+mod gpu_common;
+
+use std::process::ExitCode;
+
+use gpu_common::Needs;
 use std::fmt::Write;
 use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -499,7 +504,6 @@ fn check_tma_wgmma_shapes(test: &str, shapes: &[(usize, usize, usize)]) {
     }
 }
 
-#[test]
 fn gpu_tma_wgmma_whole_tiles_match_the_exact_product() {
     check_tma_wgmma_shapes(
         "gpu_tma_wgmma_whole_tiles_match_the_exact_product",
@@ -507,7 +511,6 @@ fn gpu_tma_wgmma_whole_tiles_match_the_exact_product() {
     );
 }
 
-#[test]
 fn gpu_tma_wgmma_ragged_shapes_are_zero_filled_and_masked() {
     // Boxes hanging over M, N or K (K < 64 leaves box columns out of range, filled with zeros).
     check_tma_wgmma_shapes(
@@ -516,7 +519,6 @@ fn gpu_tma_wgmma_ragged_shapes_are_zero_filled_and_masked() {
     );
 }
 
-#[test]
 fn gpu_tensor_maps_encode_for_every_dtype_and_swizzle() {
     let Some(dev) = hopper() else { return };
     for dtype in [DType::Bf16, DType::F16, DType::F32] {
@@ -539,7 +541,6 @@ fn gpu_tensor_maps_encode_for_every_dtype_and_swizzle() {
     }
 }
 
-#[test]
 fn gpu_tensor_map_rule_violations_are_typed_before_the_driver() {
     let Some(dev) = hopper() else { return };
     // 60 bf16 columns: a 120-byte row stride, which the driver would refuse with error 1.
@@ -765,7 +766,6 @@ fn box_case(
     }
 }
 
-#[test]
 fn gpu_tma_box_loads_fill_and_swizzle_as_modelled() {
     use DType::{Bf16, F16, F32};
     use OobFill::{NanRequestZeroFma as Nan, Zero};
@@ -802,7 +802,6 @@ fn gpu_tma_box_loads_fill_and_swizzle_as_modelled() {
 /// dies with `CUDA_ERROR_ILLEGAL_INSTRUCTION` (sticky, hence a process of its own). The map
 /// cannot check this, since coordinates are run-time values in the kernel, so the rule is
 /// pinned here; this was the H200 failure of the original 100-element no-swizzle box case.
-#[test]
 fn gpu_tma_box_at_a_misaligned_inner_coordinate_faults() {
     use DType::{Bf16, F16};
     let cases = [
@@ -886,7 +885,6 @@ fn check_cluster(dev: &Device, kernel: &LoadedKernel, grid: u32, cluster: u32) {
     }
 }
 
-#[test]
 fn gpu_cluster_launch_ranks_and_distributed_shared_memory() {
     // In its own process too, so a faulting TMA case cannot take it down (nor the reverse).
     isolated(
@@ -935,7 +933,6 @@ fn gpu_cluster_launch_ranks_and_distributed_shared_memory() {
     );
 }
 
-#[test]
 fn ptxas_assembles_the_sm90a_kernels() {
     if std::env::var_os("KILN_PTXAS").is_none() && std::path::Path::new(FALLBACK_PTXAS).is_file() {
         // SAFETY: set before this test spawns anything; other tests read the environment only
@@ -953,4 +950,49 @@ fn ptxas_assembles_the_sm90a_kernels() {
         assert!(report.warnings.is_empty(), "{name}: {report}");
         assert!(!report.spills(), "{name}: {report}");
     }
+}
+
+fn main() -> ExitCode {
+    gpu_common::run(&[
+        (
+            "gpu_tma_wgmma_whole_tiles_match_the_exact_product",
+            Needs::Hopper,
+            gpu_tma_wgmma_whole_tiles_match_the_exact_product,
+        ),
+        (
+            "gpu_tma_wgmma_ragged_shapes_are_zero_filled_and_masked",
+            Needs::Hopper,
+            gpu_tma_wgmma_ragged_shapes_are_zero_filled_and_masked,
+        ),
+        (
+            "gpu_tensor_maps_encode_for_every_dtype_and_swizzle",
+            Needs::Hopper,
+            gpu_tensor_maps_encode_for_every_dtype_and_swizzle,
+        ),
+        (
+            "gpu_tensor_map_rule_violations_are_typed_before_the_driver",
+            Needs::Hopper,
+            gpu_tensor_map_rule_violations_are_typed_before_the_driver,
+        ),
+        (
+            "gpu_tma_box_loads_fill_and_swizzle_as_modelled",
+            Needs::Hopper,
+            gpu_tma_box_loads_fill_and_swizzle_as_modelled,
+        ),
+        (
+            "gpu_tma_box_at_a_misaligned_inner_coordinate_faults",
+            Needs::Hopper,
+            gpu_tma_box_at_a_misaligned_inner_coordinate_faults,
+        ),
+        (
+            "gpu_cluster_launch_ranks_and_distributed_shared_memory",
+            Needs::Hopper,
+            gpu_cluster_launch_ranks_and_distributed_shared_memory,
+        ),
+        (
+            "ptxas_assembles_the_sm90a_kernels",
+            Needs::Nothing,
+            ptxas_assembles_the_sm90a_kernels,
+        ),
+    ])
 }

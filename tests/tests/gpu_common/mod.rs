@@ -1,8 +1,72 @@
-//! Helpers shared by the GPU test files (`gpu_*.rs`): the device or a printed skip, and
-//! device tensors with non-contiguous outer strides.
+//! Helpers shared by the GPU test files (`gpu_*.rs`): their harness (a test needing a GPU
+//! the machine lacks is reported ignored, and why), the device, and device tensors with
+//! non-contiguous outer strides. Each GPU test crate compiles it and uses a part.
+
+#![allow(dead_code)]
+
+use std::process::ExitCode;
 
 use kiln_ir::HostTensor;
 use kiln_runtime::{Device, DeviceTensor};
+use libtest_mimic::{Arguments, Trial};
+
+/// What a test needs from the machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Needs {
+    /// Nothing (a host-side check that lives with the GPU tests).
+    Nothing,
+    /// A CUDA driver and a GPU.
+    Gpu,
+    /// A Hopper GPU (compute capability 9.0), for sm_90a code.
+    Hopper,
+}
+
+/// Why this machine cannot run a test that needs `needs`, if it cannot.
+fn missing(needs: Needs) -> Option<String> {
+    if needs == Needs::Nothing {
+        return None;
+    }
+    let dev = match Device::new(0) {
+        Ok(dev) => dev,
+        Err(e) => return Some(e.to_string()),
+    };
+    let (major, minor) = dev.compute_capability();
+    (needs == Needs::Hopper && (major, minor) != (9, 0)).then(|| {
+        format!(
+            "needs a Hopper GPU (sm_90), found {} (sm_{major}{minor})",
+            dev.name()
+        )
+    })
+}
+
+/// Runs `tests` as libtest does (same arguments, output and summary line); a test whose
+/// needs this machine lacks is reported ignored, and the reason printed once.
+pub fn run(tests: &[(&'static str, Needs, fn())]) -> ExitCode {
+    let args = Arguments::from_args();
+    let mut reasons: Vec<(Needs, Option<String>)> = Vec::new();
+    let trials = tests
+        .iter()
+        .map(|&(name, needs, test)| {
+            let why = match reasons.iter().find(|(n, _)| *n == needs) {
+                Some((_, why)) => why.clone(),
+                None => {
+                    let why = missing(needs);
+                    reasons.push((needs, why.clone()));
+                    why
+                }
+            };
+            Trial::test(name, move || {
+                test();
+                Ok(())
+            })
+            .with_ignored_flag(why.is_some())
+        })
+        .collect();
+    for why in reasons.iter().filter_map(|(_, why)| why.as_deref()) {
+        println!("GPU tests ignored: {why}");
+    }
+    libtest_mimic::run(&args, trials).exit_code()
+}
 
 /// GPU 0 compiling for sm_80, or `None` after printing "skipped: no CUDA driver" (no driver
 /// or no GPU).
