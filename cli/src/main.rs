@@ -34,10 +34,13 @@ enum Command {
         #[arg(long)]
         after: Option<String>,
     },
-    /// Print a kernel's PTX.
+    /// Print a kernel's PTX, or with `--sass` its machine code (ptxas, then nvdisasm).
     Ptx {
         #[command(flatten)]
         kernel: KernelArgs,
+        /// Print the SASS ptxas assembles the PTX into, not the PTX.
+        #[arg(long)]
+        sass: bool,
     },
     /// Assemble a kernel's PTX with ptxas: registers, shared memory, spills and blocks per SM,
     /// for every target in one table unless `--target` names one.
@@ -195,7 +198,15 @@ fn run(cli: Cli) -> Result<String, String> {
     match &cli.command {
         Command::List => Ok(list()),
         Command::Ir { kernel, after } => ir(kernel, after.as_deref()),
-        Command::Ptx { kernel } => kernel.ptx(kernel.target()).map(|m| m.ptx),
+        Command::Ptx { kernel, sass } => {
+            let target = kernel.target();
+            let module = kernel.ptx(target)?;
+            if *sass {
+                kiln::ptx::ptxas::sass(&module.ptx, target).map_err(|e| e.to_string())
+            } else {
+                Ok(module.ptx)
+            }
+        }
         Command::Check { kernel } => check(kernel),
     }
 }

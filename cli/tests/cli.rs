@@ -82,7 +82,7 @@ fn check_reports_ptxas_resources() {
     let (ok, out, err) = kiln(&["check", "vector_add", "--target", "sm_80"]);
     assert!(
         ok,
-        "kiln check failed (is ptxas installed? scripts/ensure-ptxas):\n{err}"
+        "kiln check failed (is ptxas installed? scripts/ensure-cuda-tool ptxas):\n{err}"
     );
     assert!(out.contains("registers") && out.contains("spills"), "{out}");
 }
@@ -92,7 +92,7 @@ fn check_without_a_target_tabulates_every_target() {
     let (ok, out, err) = kiln(&["check", "gemm"]);
     assert!(
         ok,
-        "kiln check failed (is ptxas installed? scripts/ensure-ptxas):\n{err}"
+        "kiln check failed (is ptxas installed? scripts/ensure-cuda-tool ptxas):\n{err}"
     );
     assert!(
         out.starts_with("target") && out.contains("blocks/SM"),
@@ -107,4 +107,19 @@ fn check_without_a_target_tabulates_every_target() {
     // The warp-specialised sm_90a gemm: 384 threads, one block per SM.
     let sm90a = out.lines().find(|l| l.starts_with("sm_90a")).unwrap_or("");
     assert!(sm90a.contains(" 384 "), "{sm90a}");
+}
+
+#[test]
+fn ptx_sass_disassembles_the_assembled_kernel() {
+    let (ok, out, err) = kiln(&["ptx", "attention", "--target", "sm_90a", "--sass"]);
+    assert!(
+        ok,
+        "kiln ptx --sass failed (are ptxas and nvdisasm installed? scripts/ensure-cuda-tool):\n{err}"
+    );
+    // Hopper machine code: the wgmma of the rotated loop and the TMA loads.
+    assert!(
+        out.contains(".target\tsm_90a") || out.contains("sm_90a"),
+        "{out}"
+    );
+    assert!(out.contains("HGMMA") && out.contains("UTMALDG"), "{out}");
 }

@@ -1,8 +1,10 @@
-//! Runs NVIDIA's offline assembler `ptxas` on generated PTX and reads its resource report.
+//! Runs NVIDIA's offline assembler `ptxas` on generated PTX and reads its resource report, and
+//! `nvdisasm` on the assembled cubin to show its SASS.
 //!
-//! ptxas is not needed to compile or launch (the driver JIT-compiles PTX); it is the offline
-//! check used by `kiln check`, the snapshot tests and CI. It comes from the pip package
-//! `nvidia-cuda-nvcc` (version [`PTXAS_VERSION`]), installed by `scripts/ensure-ptxas`.
+//! Neither is needed to compile or launch (the driver JIT-compiles PTX); they are the offline
+//! checks used by `kiln check`, `kiln ptx --sass`, the snapshot tests and CI. They come from
+//! the pip packages `nvidia-cuda-nvcc` and `nvidia-cuda-nvdisasm` (version [`PTXAS_VERSION`]),
+//! installed by `scripts/ensure-cuda-tool ptxas|nvdisasm`.
 
 use std::fmt;
 use std::io::Write;
@@ -56,15 +58,55 @@ impl fmt::Display for PtxasReport {
     }
 }
 
-/// Why ptxas could not check a module.
+/// An offline CUDA tool kiln runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tool {
+    /// The assembler.
+    Ptxas,
+    /// The cubin disassembler.
+    Nvdisasm,
+}
+
+impl Tool {
+    /// The binary's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tool::Ptxas => "ptxas",
+            Tool::Nvdisasm => "nvdisasm",
+        }
+    }
+
+    /// The environment variable that overrides where it is.
+    pub fn env(self) -> &'static str {
+        match self {
+            Tool::Ptxas => "KILN_PTXAS",
+            Tool::Nvdisasm => "KILN_NVDISASM",
+        }
+    }
+
+    /// The pip package that ships it.
+    pub fn package(self) -> &'static str {
+        match self {
+            Tool::Ptxas => "nvidia-cuda-nvcc",
+            Tool::Nvdisasm => "nvidia-cuda-nvdisasm",
+        }
+    }
+}
+
+/// Why ptxas or nvdisasm could not check or show a module.
 #[derive(Debug, thiserror::Error)]
 pub enum PtxasError {
-    /// No ptxas binary was found.
+    /// The tool's binary was not found.
     #[error(
-        "ptxas not found (looked at $KILN_PTXAS and {looked}); install it with scripts/ensure-ptxas \
-         (pip package nvidia-cuda-nvcc=={PTXAS_VERSION})"
+        "{tool} not found (looked at ${env} and {looked}); install it with \
+         scripts/ensure-cuda-tool {tool} (pip package {package}=={PTXAS_VERSION})",
+        tool = tool.name(),
+        env = tool.env(),
+        package = tool.package()
     )]
     NotFound {
+        /// The tool.
+        tool: Tool,
         /// The default path that was tried.
         looked: String,
     },
@@ -76,9 +118,11 @@ pub enum PtxasError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// ptxas rejected the PTX.
-    #[error("ptxas -arch={arch} rejected the PTX:\n{log}")]
+    /// ptxas rejected the PTX, or nvdisasm the cubin.
+    #[error("{} for {arch} failed:\n{log}", tool.name())]
     Rejected {
+        /// The tool.
+        tool: Tool,
         /// The architecture.
         arch: &'static str,
         /// ptxas's output.
@@ -88,15 +132,22 @@ pub enum PtxasError {
 
 /// The ptxas to use: `$KILN_PTXAS`, else `.tools/cuda/bin/ptxas` under the workspace root.
 pub fn find_ptxas() -> Result<PathBuf, PtxasError> {
-    if let Some(p) = std::env::var_os("KILN_PTXAS") {
+    find(Tool::Ptxas)
+}
+
+/// Where `tool` is: its environment variable, else `.tools/cuda/bin/<name>` under the
+/// workspace root.
+pub fn find(tool: Tool) -> Result<PathBuf, PtxasError> {
+    if let Some(p) = std::env::var_os(tool.env()) {
         return Ok(PathBuf::from(p));
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let default = root.join(".tools/cuda/bin/ptxas");
+    let default = root.join(".tools/cuda/bin").join(tool.name());
     if default.is_file() {
         Ok(default)
     } else {
         Err(PtxasError::NotFound {
+            tool,
             looked: default.display().to_string(),
         })
     }
@@ -104,6 +155,39 @@ pub fn find_ptxas() -> Result<PathBuf, PtxasError> {
 
 /// Assembles `ptx` for `target` with `ptxas -v` and returns the report for its (single) entry.
 pub fn check(ptx: &str, target: Target) -> Result<PtxasReport, PtxasError> {
+    assemble(ptx, target, Path::new("/dev/null")).map(|log| parse_report(&log))
+}
+
+/// The SASS of `ptx` assembled for `target`: ptxas writes the cubin, nvdisasm prints its code.
+pub fn sass(ptx: &str, target: Target) -> Result<String, PtxasError> {
+    let nvdisasm = find(Tool::Nvdisasm)?;
+    let dir = tempfile::tempdir().map_err(|source| PtxasError::Spawn {
+        path: "a temporary directory".into(),
+        source,
+    })?;
+    let cubin = dir.path().join("kernel.cubin");
+    assemble(ptx, target, &cubin)?;
+    let shown = nvdisasm.display().to_string();
+    let out = Command::new(&nvdisasm)
+        .arg("-c")
+        .arg(&cubin)
+        .output()
+        .map_err(|source| PtxasError::Spawn {
+            path: shown,
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(PtxasError::Rejected {
+            tool: Tool::Nvdisasm,
+            arch: target.name(),
+            log: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `ptxas -v -arch <target> -o <out>` on `ptx`; returns its log.
+fn assemble(ptx: &str, target: Target, out_path: &Path) -> Result<String, PtxasError> {
     let path = find_ptxas()?;
     let shown = path.display().to_string();
     let spawn = |source| PtxasError::Spawn {
@@ -111,7 +195,9 @@ pub fn check(ptx: &str, target: Target) -> Result<PtxasReport, PtxasError> {
         source,
     };
     let mut child = Command::new(&path)
-        .args(["-v", "-arch", target.name(), "-o", "/dev/null", "-"])
+        .args(["-v", "-arch", target.name(), "-o"])
+        .arg(out_path)
+        .arg("-")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -125,11 +211,12 @@ pub fn check(ptx: &str, target: Target) -> Result<PtxasReport, PtxasError> {
     log.push_str(&String::from_utf8_lossy(&out.stderr));
     if !out.status.success() {
         return Err(PtxasError::Rejected {
+            tool: Tool::Ptxas,
             arch: target.name(),
             log,
         });
     }
-    Ok(parse_report(&log))
+    Ok(log)
 }
 
 /// Reads registers, shared memory, stack and spills from `ptxas -v` output.

@@ -4,7 +4,7 @@
 //! ptxas advisory (no C75xx wgmma serialisation).
 //!
 //! ptxas comes from `$KILN_PTXAS`, else `.tools/cuda/bin/ptxas` under the repository root
-//! (`scripts/ensure-ptxas` installs it). Without it the test fails and says how to install it.
+//! (`scripts/ensure-cuda-tool ptxas` installs it). Without it the test fails and says how to install it.
 
 mod ptx_examples;
 
