@@ -42,12 +42,25 @@ enum Command {
         #[arg(long)]
         sass: bool,
     },
+    /// The disk compile cache (`KILN_CACHE_DIR`, else the platform cache directory).
+    Cache {
+        #[command(subcommand)]
+        action: CacheAction,
+    },
     /// Assemble a kernel's PTX with ptxas: registers, shared memory, spills and blocks per SM,
     /// for every target in one table unless `--target` names one.
     Check {
         #[command(flatten)]
         kernel: KernelArgs,
     },
+}
+
+#[derive(Subcommand)]
+enum CacheAction {
+    /// List the cached cubins: key, size, age.
+    Ls,
+    /// Remove every cached cubin.
+    Clear,
 }
 
 /// Which kernel, specialised how, for which target.
@@ -194,6 +207,30 @@ fn check_every_target(k: &KernelArgs) -> String {
     out
 }
 
+fn cache(action: &CacheAction) -> Result<String, String> {
+    let cache = kiln::runtime::DiskCache::from_env()
+        .ok_or("the disk cache is off (KILN_CACHE_DIR=off, or no platform cache directory)")?;
+    let dir = cache.dir().display().to_string();
+    match action {
+        CacheAction::Ls => {
+            let entries = cache.entries().map_err(|e| format!("{dir}: {e}"))?;
+            let mut out = format!("{dir}: {} entries\n", entries.len());
+            for e in entries {
+                let age = e
+                    .modified
+                    .and_then(|m| m.elapsed().ok())
+                    .map_or("?".to_string(), |d| format!("{}s ago", d.as_secs()));
+                out.push_str(&format!("{}  {:>9} B  {age}\n", e.name, e.bytes));
+            }
+            Ok(out)
+        }
+        CacheAction::Clear => {
+            let n = cache.clear().map_err(|e| format!("{dir}: {e}"))?;
+            Ok(format!("{dir}: removed {n} entries\n"))
+        }
+    }
+}
+
 fn run(cli: Cli) -> Result<String, String> {
     match &cli.command {
         Command::List => Ok(list()),
@@ -208,6 +245,7 @@ fn run(cli: Cli) -> Result<String, String> {
             }
         }
         Command::Check { kernel } => check(kernel),
+        Command::Cache { action } => cache(action),
     }
 }
 

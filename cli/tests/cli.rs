@@ -123,3 +123,39 @@ fn ptx_sass_disassembles_the_assembled_kernel() {
     );
     assert!(out.contains("HGMMA") && out.contains("UTMALDG"), "{out}");
 }
+
+#[test]
+fn cache_ls_and_clear_work_on_the_cache_directory() {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-cache-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let entry = dir.join(format!("{}.cubin", "ab".repeat(32)));
+    std::fs::write(&entry, b"KILNCUB1 not a real entry").expect("write");
+    std::fs::write(dir.join("unrelated.txt"), b"kept").expect("write");
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(args)
+            .env("KILN_CACHE_DIR", &dir)
+            .output()
+            .expect("runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (ok, ls) = run(&["cache", "ls"]);
+    assert!(
+        ok && ls.contains("1 entries") && ls.contains(".cubin"),
+        "{ls}"
+    );
+    let (ok, cleared) = run(&["cache", "clear"]);
+    assert!(ok && cleared.contains("removed 1 entries"), "{cleared}");
+    assert!(!entry.exists() && dir.join("unrelated.txt").exists());
+    let off = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["cache", "ls"])
+        .env("KILN_CACHE_DIR", "off")
+        .output()
+        .expect("runs");
+    assert!(!off.status.success());
+    assert!(String::from_utf8_lossy(&off.stderr).contains("the disk cache is off"));
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

@@ -9,6 +9,7 @@ use kiln_ir::dsl::{ComptimeValue, KernelDef, ParamSig, Spec};
 use kiln_ir::{DType, HostTensor, Target};
 use kiln_ptx::PtxModule;
 
+use crate::disk_cache::DiskCache;
 use crate::dump::DumpConfig;
 use crate::error::{DriverContext, LaunchError, RuntimeError};
 use crate::layout::Layout;
@@ -61,6 +62,7 @@ pub struct Device {
     limits: ModuleLimits,
     l2_bytes: usize,
     dump: DumpConfig,
+    disk_cache: Option<DiskCache>,
     cache: Mutex<HashMap<CacheKey, Arc<LoadedKernel>>>,
 }
 
@@ -120,6 +122,7 @@ impl Device {
             limits,
             l2_bytes,
             dump: DumpConfig::from_env(),
+            disk_cache: DiskCache::from_env(),
             cache: Mutex::new(HashMap::new()),
         })
     }
@@ -128,6 +131,13 @@ impl Device {
     /// nothing compiled for another target is reused).
     pub fn with_target(mut self, target: Target) -> Device {
         self.target = target;
+        self
+    }
+
+    /// The same device with disk compile cache `cache` (`None`: no disk cache) instead of
+    /// the one `KILN_CACHE_DIR` chose.
+    pub fn with_disk_cache(mut self, cache: Option<DiskCache>) -> Device {
+        self.disk_cache = cache;
         self
     }
 
@@ -297,11 +307,32 @@ impl Device {
         Ok(kernel)
     }
 
-    /// Builds, compiles and loads `def` for `spec`, bypassing the cache (benchmarks time this).
+    /// Builds, compiles and loads `def` for `spec`, bypassing the in-memory and the disk
+    /// cache (benchmarks time the driver JIT with this).
     pub fn compile_uncached(
         &self,
         def: &dyn KernelDef,
         spec: &Spec,
+    ) -> Result<LoadedKernel, LaunchError> {
+        self.compile_from(def, spec, None)
+    }
+
+    /// Builds, compiles and loads `def` for `spec` as a new process would: bypassing the
+    /// in-memory cache, loading the cubin from the disk cache when it is there (benchmarks
+    /// time warm starts with this).
+    pub fn compile_from_disk(
+        &self,
+        def: &dyn KernelDef,
+        spec: &Spec,
+    ) -> Result<LoadedKernel, LaunchError> {
+        self.compile_from(def, spec, self.disk_cache.as_ref())
+    }
+
+    fn compile_from(
+        &self,
+        def: &dyn KernelDef,
+        spec: &Spec,
+        disk: Option<&DiskCache>,
     ) -> Result<LoadedKernel, LaunchError> {
         let start = Instant::now();
         let kernel = def.build(spec)?;
@@ -311,14 +342,28 @@ impl Device {
         let ptx = kiln_ptx::compile(&kernel, self.target)?;
         let codegen = start.elapsed();
         self.dump.ptx(def.name(), spec, self.target, &ptx.ptx)?;
-        let mut loaded = self.load_ptx(ptx)?;
+        let mut loaded = self.load_with(ptx, disk)?;
         loaded.set_front_times(build, codegen);
         Ok(loaded)
     }
 
-    /// JIT-loads a PTX module (its error log comes back in [`RuntimeError::Jit`]).
+    /// Loads a PTX module: from the disk cache when it holds its cubin, else through the
+    /// driver JIT (whose error log comes back in [`RuntimeError::Jit`]), caching the result.
     pub fn load_ptx(&self, ptx: PtxModule) -> Result<LoadedKernel, LaunchError> {
-        module::load(&self.ctx, ptx, self.limits)
+        self.load_with(ptx, self.disk_cache.as_ref())
+    }
+
+    fn load_with(
+        &self,
+        ptx: PtxModule,
+        disk: Option<&DiskCache>,
+    ) -> Result<LoadedKernel, LaunchError> {
+        module::load(&self.ctx, ptx, self.limits, disk, self.driver_version)
+    }
+
+    /// The disk compile cache this device uses (`KILN_CACHE_DIR`, see [`DiskCache`]), if any.
+    pub fn disk_cache(&self) -> Option<&DiskCache> {
+        self.disk_cache.as_ref()
     }
 }
 

@@ -21,6 +21,7 @@
 //! [`dump`]).
 
 mod device;
+pub mod disk_cache;
 pub mod dump;
 mod error;
 mod launch_ex;
@@ -33,6 +34,7 @@ mod tma;
 mod validate;
 
 pub use device::{Device, KernelArg};
+pub use disk_cache::DiskCache;
 pub use error::{LaunchError, RuntimeError};
 pub use launch_ex::{ClusterError, ClusterLaunch, KernelParams, PORTABLE_CLUSTER_SIZE, launch_ex};
 pub use layout::Layout;

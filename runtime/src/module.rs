@@ -1,6 +1,7 @@
-//! JIT loading: PTX text to a loaded module and its entry function, through
-//! `cuModuleLoadDataEx` with the driver's error and info logs, so a rejected module reports
-//! ptxas's own message.
+//! JIT loading: PTX text to a loaded module and its entry function. The driver's JIT runs
+//! through the `cuLink*` API, which hands back the cubin (kept in the disk cache, see
+//! [`crate::disk_cache`]), with its error and info logs, so a rejected module reports
+//! ptxas's own message; the cubin is loaded with `cuModuleLoadData`.
 
 use std::ffi::{CString, c_void};
 use std::sync::Arc;
@@ -9,7 +10,11 @@ use std::time::Duration;
 use cudarc::driver::{CudaContext, sys};
 use kiln_ptx::PtxModule;
 
+use crate::disk_cache::{CacheKey, CachedCubin, DiskCache};
 use crate::error::{DriverContext, LaunchError, RuntimeError};
+
+/// The JIT options [`jit`] passes, as the disk cache keys them.
+const JIT_OPTIONS: &str = "error-log,info-log,log-verbose";
 
 /// Bytes reserved for each JIT log; ptxas `-v` output for one entry fits easily.
 const LOG_BYTES: usize = 16 * 1024;
@@ -24,7 +29,7 @@ pub struct CompileTimes {
     pub build: Duration,
     /// `kiln_ptx::compile`: passes and PTX emission.
     pub codegen: Duration,
-    /// The driver JIT (`cuModuleLoadDataEx`) and function setup.
+    /// The driver JIT (or the disk cache lookup), the module load and function setup.
     pub load: Duration,
 }
 
@@ -37,6 +42,7 @@ pub struct LoadedKernel {
     ptx: PtxModule,
     info_log: String,
     times: CompileTimes,
+    from_disk_cache: bool,
 }
 
 // SAFETY: CUmodule and CUfunction are driver handles usable from any thread once their context
@@ -59,6 +65,11 @@ impl LoadedKernel {
     /// How long each compilation stage took.
     pub fn times(&self) -> CompileTimes {
         self.times
+    }
+
+    /// Whether the cubin came from the disk cache (no JIT ran).
+    pub fn from_disk_cache(&self) -> bool {
+        self.from_disk_cache
     }
 
     /// Records the build and codegen times (the load time is measured by [`load`]).
@@ -144,11 +155,16 @@ pub(crate) struct ModuleLimits {
     pub smem_optin: u32,
 }
 
-/// JIT-loads `ptx` into `ctx`, fetches its entry, and opts into its dynamic shared memory.
+/// Loads `ptx` into `ctx`: its cubin from `disk` when cached there (`driver_version` is part
+/// of the key), else from the driver JIT, stored into `disk` for the next process (best effort:
+/// an unwritable cache only costs that process the JIT). Then fetches the entry and opts into
+/// its dynamic shared memory.
 pub(crate) fn load(
     ctx: &Arc<CudaContext>,
     ptx: PtxModule,
     limits: ModuleLimits,
+    disk: Option<&DiskCache>,
+    driver_version: i32,
 ) -> Result<LoadedKernel, LaunchError> {
     let resource = |resource, needed, max| LaunchError::Resource {
         kernel: ptx.entry.clone(),
@@ -171,54 +187,34 @@ pub(crate) fn load(
         ));
     }
     let start = std::time::Instant::now();
-    let text = nul_terminated(&ptx.ptx, "PTX text")?;
     let entry = nul_terminated(&ptx.entry, "entry name")?;
     ctx.bind_to_thread().call("cuCtxSetCurrent")?;
-
-    let mut error_log = vec![0u8; LOG_BYTES];
-    let mut info_log = vec![0u8; LOG_BYTES];
-    let mut options = [
-        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
-        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-        sys::CUjit_option::CU_JIT_INFO_LOG_BUFFER,
-        sys::CUjit_option::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
-        sys::CUjit_option::CU_JIT_LOG_VERBOSE,
-    ];
-    // Size and flag options carry their value in the pointer itself (cuda.h).
-    let mut values: [*mut c_void; 5] = [
-        error_log.as_mut_ptr().cast(),
-        std::ptr::without_provenance_mut(LOG_BYTES),
-        info_log.as_mut_ptr().cast(),
-        std::ptr::without_provenance_mut(LOG_BYTES),
-        std::ptr::without_provenance_mut(1),
-    ];
-    let mut module: sys::CUmodule = std::ptr::null_mut();
-    // SAFETY: the image is NUL-terminated; the log buffers outlive the call and their sizes
-    // are given; options and values have equal length.
-    let rc = unsafe {
-        sys::cuModuleLoadDataEx(
-            &mut module,
-            text.as_ptr().cast(),
-            options.len() as u32,
-            options.as_mut_ptr(),
-            values.as_mut_ptr(),
-        )
-    };
-    if let Err(source) = rc.result() {
-        return Err(RuntimeError::Jit {
-            entry: ptx.entry.clone(),
-            source,
-            log: log_text(&error_log),
+    let key = disk.map(|_| CacheKey::new(&ptx.ptx, ptx.target, driver_version, JIT_OPTIONS));
+    let cached = disk.zip(key.as_ref()).and_then(|(d, k)| d.get(k));
+    let from_disk_cache = cached.is_some();
+    let compiled = match cached {
+        Some(c) => c,
+        None => {
+            let c = jit(&ptx)?;
+            if let (Some(d), Some(k)) = (disk, &key) {
+                let _ = d.put(k, &c);
+            }
+            c
         }
-        .into());
-    }
+    };
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: the image is a whole cubin (the JIT's output, or a cache entry verified by hash).
+    unsafe { sys::cuModuleLoadData(&mut module, compiled.cubin.as_ptr().cast()) }
+        .result()
+        .call("cuModuleLoadData")?;
     let mut kernel = LoadedKernel {
         ctx: ctx.clone(),
         module,
         function: std::ptr::null_mut(),
-        info_log: log_text(&info_log),
+        info_log: compiled.log,
         ptx,
         times: CompileTimes::default(),
+        from_disk_cache,
     };
     // SAFETY: `module` is live; `entry` is NUL-terminated.
     unsafe { sys::cuModuleGetFunction(&mut kernel.function, module, entry.as_ptr()) }
@@ -238,6 +234,93 @@ pub(crate) fn load(
     }
     kernel.times.load = start.elapsed();
     Ok(kernel)
+}
+
+/// A `cuLink*` state, destroyed on drop (after which its cubin is gone).
+struct LinkState(sys::CUlinkState);
+
+impl Drop for LinkState {
+    fn drop(&mut self) {
+        // SAFETY: created by cuLinkCreate, destroyed only here.
+        let _ = unsafe { sys::cuLinkDestroy(self.0) };
+    }
+}
+
+/// The driver JIT of `ptx` (the context is current): the cubin and the info log, or the
+/// error log in [`RuntimeError::Jit`].
+fn jit(ptx: &PtxModule) -> Result<CachedCubin, LaunchError> {
+    let text = nul_terminated(&ptx.ptx, "PTX text")?;
+    // The logs outlive the link state, which the driver writes them through.
+    let mut error_log = vec![0u8; LOG_BYTES];
+    let mut info_log = vec![0u8; LOG_BYTES];
+    let mut options = [
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        sys::CUjit_option::CU_JIT_INFO_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+        sys::CUjit_option::CU_JIT_LOG_VERBOSE,
+    ];
+    // Size and flag options carry their value in the pointer itself (cuda.h).
+    let mut values: [*mut c_void; 5] = [
+        error_log.as_mut_ptr().cast(),
+        std::ptr::without_provenance_mut(LOG_BYTES),
+        info_log.as_mut_ptr().cast(),
+        std::ptr::without_provenance_mut(LOG_BYTES),
+        std::ptr::without_provenance_mut(1),
+    ];
+    let mut state: sys::CUlinkState = std::ptr::null_mut();
+    // SAFETY: options and values have equal length; the log buffers and their sizes stay
+    // valid until the state is destroyed (they are declared before it).
+    unsafe {
+        sys::cuLinkCreate_v2(
+            options.len() as u32,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+            &mut state,
+        )
+    }
+    .result()
+    .call("cuLinkCreate")?;
+    let state = LinkState(state);
+    let jit_error = |source, error_log: &[u8]| -> LaunchError {
+        RuntimeError::Jit {
+            entry: ptx.entry.clone(),
+            source,
+            log: log_text(error_log),
+        }
+        .into()
+    };
+    let bytes = text.as_bytes_with_nul();
+    // SAFETY: the PTX is NUL-terminated and `bytes.len()` long; the name is a C string.
+    let rc = unsafe {
+        sys::cuLinkAddData_v2(
+            state.0,
+            sys::CUjitInputType::CU_JIT_INPUT_PTX,
+            bytes.as_ptr().cast_mut().cast(),
+            bytes.len(),
+            c"kiln.ptx".as_ptr(),
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+    if let Err(source) = rc.result() {
+        return Err(jit_error(source, &error_log));
+    }
+    let (mut cubin, mut size): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
+    // SAFETY: `state` is live; the outputs are written once.
+    let rc = unsafe { sys::cuLinkComplete(state.0, &mut cubin, &mut size) };
+    if let Err(source) = rc.result() {
+        return Err(jit_error(source, &error_log));
+    }
+    // SAFETY: the driver owns `size` bytes at `cubin` until the state is destroyed; they are
+    // copied before that.
+    let image = unsafe { std::slice::from_raw_parts(cubin.cast::<u8>(), size) }.to_vec();
+    drop(state);
+    Ok(CachedCubin {
+        cubin: image,
+        log: log_text(&info_log),
+    })
 }
 
 /// `text` as a C string, or a typed error if it holds a NUL byte.

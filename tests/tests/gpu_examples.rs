@@ -20,7 +20,7 @@ use kiln_examples::softmax::softmax;
 use kiln_examples::vector_add::vector_add;
 use kiln_ir::dsl::Spec;
 use kiln_ir::{DType, HostTensor};
-use kiln_runtime::{Device, DeviceTensor, LaunchError};
+use kiln_runtime::{Device, DeviceTensor, DiskCache, LaunchError};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
@@ -374,8 +374,81 @@ fn gpu_compile_cache_reuses_a_specialisation() {
     assert_eq!(first.local_bytes().expect("attr"), 0, "vector_add spills");
 }
 
+fn gpu_disk_cache_loads_without_the_jit_and_rebuilds_bad_entries() {
+    let Some(dev) = device() else { return };
+    let dir = std::env::temp_dir().join(format!("kiln-disk-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = DiskCache::at(&dir);
+    let dev = dev.with_disk_cache(Some(cache.clone()));
+    // The JIT's cost shows on attention; the cached module's result on vector_add.
+    let spec = Spec::from_defaults(&attention, &[]).expect("defaults");
+    let cold = dev.compile_from_disk(&attention, &spec).expect("cold");
+    let warm = dev.compile_from_disk(&attention, &spec).expect("warm");
+    assert!(!cold.from_disk_cache() && warm.from_disk_cache());
+    assert_eq!(
+        warm.info_log(),
+        cold.info_log(),
+        "the JIT log is cached too"
+    );
+    let (c, w) = (cold.times(), warm.times());
+    println!(
+        "attention sm_80: cold {:?} + {:?} + JIT {:?}; warm {:?} + {:?} + load {:?}",
+        c.build, c.codegen, c.load, w.build, w.codegen, w.load
+    );
+    assert!(
+        w.load < c.load,
+        "a cached cubin loads faster than the JIT runs"
+    );
+    // A corrupt entry is detected, rebuilt and replaced, never loaded.
+    let entries = cache.entries().expect("ls");
+    assert_eq!(entries.len(), 1);
+    let path = cache.dir().join(&entries[0].name);
+    let mut bytes = std::fs::read(&path).expect("read");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x5a;
+    std::fs::write(&path, &bytes).expect("corrupt");
+    let rebuilt = dev.compile_from_disk(&attention, &spec).expect("rebuilt");
+    assert!(!rebuilt.from_disk_cache());
+    let again = dev
+        .compile_from_disk(&attention, &spec)
+        .expect("cached again");
+    assert!(again.from_disk_cache());
+    // A kernel loaded from the cache computes what the JIT's does.
+    let mut rng = Rng::from_env();
+    let n = 3000;
+    let (a, b) = (
+        tensor(&mut rng, &[n], DType::F32, Dist::Normal),
+        tensor(&mut rng, &[n], DType::F32, Dist::Normal),
+    );
+    let (da, db) = (dev.upload(&a).expect("up"), dev.upload(&b).expect("up"));
+    let vspec = Spec::from_defaults(&vector_add, &[]).expect("defaults");
+    dev.compile_from_disk(&vector_add, &vspec)
+        .expect("populate");
+    let loaded = dev.compile(&vector_add, &vspec).expect("from the cache");
+    assert!(loaded.from_disk_cache());
+    let c = output(&dev, DType::F32, &[n]);
+    vector_add
+        .launch(&dev, [n.div_ceil(1024) as u32, 1, 1], &da, &db, &c)
+        .expect("launch");
+    let want = reference::vector_add(&a, &b);
+    let got = c.download().expect("download");
+    let case = Case {
+        kernel: "vector_add from the disk cache".into(),
+        shape: format!("n={n}"),
+        dist: Dist::Normal,
+        seed: rng.seed(),
+    };
+    assert_close(&case, &got, &want, tolerance(DType::F32));
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
+        (
+            "gpu_disk_cache_loads_without_the_jit_and_rebuilds_bad_entries",
+            Needs::Gpu,
+            gpu_disk_cache_loads_without_the_jit_and_rebuilds_bad_entries,
+        ),
         (
             "gpu_vector_add_matches_reference_and_interpreter",
             Needs::Gpu,

@@ -6,7 +6,8 @@
 //! rows against an f64 reference, warm-up, then `--iters` runs each timed alone with CUDA
 //! events over rotated input sets; the median is reported. For each (d, causal) it also
 //! reports the time from specialisation to PTX text (build + codegen) and to a loaded module
-//! (+ driver JIT), uncached. The PyTorch peers run from `bench/peers.py`;
+//! (+ driver JIT), uncached, and the warm start: the same through a disk cache that holds the
+//! cubin (no JIT). The PyTorch peers run from `bench/peers.py`;
 //! `bench/run-attention.sh` runs both on the same GPU and merges them into one table.
 
 use std::process::ExitCode;
@@ -19,7 +20,7 @@ use kiln_bench::report::{Table, meta, write_json};
 use kiln_bench::{BenchError, kernels};
 use kiln_ir::dsl::Spec;
 use kiln_ir::{DType, HostTensor};
-use kiln_runtime::{Device, DeviceTensor, KernelArg, rotation_sets};
+use kiln_runtime::{Device, DeviceTensor, DiskCache, KernelArg, rotation_sets};
 use kiln_tests::check::rel_error;
 use kiln_tests::reference::attention_row;
 use serde_json::{Value, json};
@@ -233,8 +234,18 @@ fn compile_times(
         "to PTX ms",
         "JIT ms",
         "to module ms",
+        "warm start ms",
     ]);
     let mut rows = Vec::new();
+    // Warm starts read a disk cache of their own, filled by the first compilation of each
+    // specialisation (as a new process would find it).
+    let cache_dir = tempfile::tempdir().map_err(|source| BenchError::Io {
+        path: "a temporary disk cache".into(),
+        source,
+    })?;
+    let warm_device = Device::new(0)?
+        .with_target(device.target())
+        .with_disk_cache(Some(DiskCache::at(cache_dir.path())));
     for d in [64, 128, 256] {
         for causal in [false, true] {
             progress.step(&format!("compile attention d={d} causal={causal}"));
@@ -251,6 +262,15 @@ fn compile_times(
             let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
             let to_ptx = ms(t.build) + ms(t.codegen);
             let to_module = to_ptx + ms(t.load);
+            warm_device.compile_from_disk(def, &spec)?;
+            let warm = warm_device.compile_from_disk(def, &spec)?;
+            let w = warm.times();
+            let warm_ms = ms(w.build) + ms(w.codegen) + ms(w.load);
+            let warm_cell = if warm.from_disk_cache() {
+                format!("{warm_ms:.2}")
+            } else {
+                format!("{warm_ms:.2} (JIT ran)")
+            };
             table.row(vec![
                 d.to_string(),
                 causal.to_string(),
@@ -259,6 +279,7 @@ fn compile_times(
                 format!("{to_ptx:.2}"),
                 format!("{:.2}", ms(t.load)),
                 format!("{to_module:.2}"),
+                warm_cell,
             ]);
             rows.push(json!({
                 "d": d,
@@ -268,6 +289,8 @@ fn compile_times(
                 "to_ptx_ms": to_ptx,
                 "jit_load_ms": ms(t.load),
                 "to_module_ms": to_module,
+                "warm_start_ms": warm_ms,
+                "warm_start_from_disk_cache": warm.from_disk_cache(),
                 "num_regs": kernel.num_regs()?,
                 "local_bytes": kernel.local_bytes()?,
             }));

@@ -1,0 +1,326 @@
+//! The disk compile cache: the driver JIT's output (a cubin) and its log for each compiled
+//! specialisation, so a new process loads a kernel without running the JIT again.
+//!
+//! An entry is keyed by a BLAKE3 hash of everything that decides the cubin ([`CacheKey`]): the
+//! PTX text (which the IR, the target and kiln's code generation determine), the target, kiln's
+//! version, the driver's version and the JIT options. The directory is `$KILN_CACHE_DIR`, else
+//! `kiln/` under the platform cache directory; `KILN_CACHE_DIR=off` turns the cache off.
+//!
+//! An entry file is `KILNCUB1`, the BLAKE3 hash of the payload, the cubin's and the log's
+//! lengths (little-endian `u64`), then the cubin and the log. It is verified before use: a
+//! truncated, corrupt or foreign file is removed and reported as a miss, never loaded. Writes go
+//! to a temporary file in the same directory that is renamed into place, so concurrent
+//! processes never see half an entry; the last writer of a key wins with a whole entry.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use kiln_ir::Target;
+
+/// The first bytes of every entry file.
+const MAGIC: &[u8; 8] = b"KILNCUB1";
+/// Magic, payload hash, two lengths.
+const HEADER: usize = 8 + 32 + 8 + 8;
+/// Entry files end in this.
+const SUFFIX: &str = ".cubin";
+
+/// What identifies a cached cubin: a hex BLAKE3 hash (see the module doc).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CacheKey(String);
+
+impl CacheKey {
+    /// The key of `ptx` JIT-compiled for `target` by driver `driver_version` with the JIT
+    /// options spelled `jit_options`.
+    pub fn new(ptx: &str, target: Target, driver_version: i32, jit_options: &str) -> CacheKey {
+        let mut h = blake3::Hasher::new();
+        for part in [
+            env!("CARGO_PKG_VERSION"),
+            target.name(),
+            &driver_version.to_string(),
+            jit_options,
+            ptx,
+        ] {
+            // Length-prefixed, so no two different inputs hash the same bytes.
+            h.update(&(part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+        CacheKey(h.finalize().to_hex().to_string())
+    }
+
+    /// The key as hex text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A cached compilation: the cubin and the JIT's info log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CachedCubin {
+    /// The driver JIT's output, loadable with `cuModuleLoadData`.
+    pub cubin: Vec<u8>,
+    /// The JIT's info log (ptxas `-v`).
+    pub log: String,
+}
+
+/// One entry file, as `kiln cache ls` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryInfo {
+    /// The file name (the key and [`SUFFIX`]).
+    pub name: String,
+    /// Bytes on disk.
+    pub bytes: u64,
+    /// When it was written.
+    pub modified: Option<SystemTime>,
+}
+
+/// A cache directory (see the module doc).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskCache {
+    dir: PathBuf,
+}
+
+impl DiskCache {
+    /// The cache `$KILN_CACHE_DIR` names, else `kiln/` under the platform cache directory;
+    /// `None` when the variable is `off` or the platform has no cache directory.
+    pub fn from_env() -> Option<DiskCache> {
+        DiskCache::from_setting(std::env::var_os("KILN_CACHE_DIR"))
+    }
+
+    /// The cache a `KILN_CACHE_DIR` value (or its absence) selects.
+    fn from_setting(value: Option<std::ffi::OsString>) -> Option<DiskCache> {
+        match value {
+            Some(v) if v == "off" => None,
+            Some(v) => Some(DiskCache::at(PathBuf::from(v))),
+            None => dirs::cache_dir().map(|d| DiskCache::at(d.join("kiln"))),
+        }
+    }
+
+    /// The cache in directory `dir` (created on the first write).
+    pub fn at(dir: impl Into<PathBuf>) -> DiskCache {
+        DiskCache { dir: dir.into() }
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, key: &CacheKey) -> PathBuf {
+        self.dir.join(format!("{}{SUFFIX}", key.as_str()))
+    }
+
+    /// The verified entry for `key`; `None` when there is none or it does not verify (then
+    /// the bad file is removed).
+    pub fn get(&self, key: &CacheKey) -> Option<CachedCubin> {
+        let path = self.path(key);
+        let bytes = std::fs::read(&path).ok()?;
+        let entry = decode(&bytes);
+        if entry.is_none() {
+            // Best effort: another process may have replaced or removed it meanwhile.
+            let _ = std::fs::remove_file(&path);
+        }
+        entry
+    }
+
+    /// Stores `entry` under `key` atomically (see the module doc).
+    pub fn put(&self, key: &CacheKey, entry: &CachedCubin) -> io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
+        tmp.write_all(&encode(entry))?;
+        tmp.as_file().sync_all()?;
+        tmp.persist(self.path(key)).map_err(|e| e.error)?;
+        Ok(())
+    }
+
+    /// Every entry file, by name.
+    pub fn entries(&self) -> io::Result<Vec<EntryInfo>> {
+        let mut out = Vec::new();
+        let dir = match std::fs::read_dir(&self.dir) {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(e),
+        };
+        for e in dir {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.ends_with(SUFFIX) {
+                continue;
+            }
+            let meta = e.metadata()?;
+            out.push(EntryInfo {
+                name,
+                bytes: meta.len(),
+                modified: meta.modified().ok(),
+            });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Removes every entry file; returns how many.
+    pub fn clear(&self) -> io::Result<usize> {
+        let entries = self.entries()?;
+        for e in &entries {
+            match std::fs::remove_file(self.dir.join(&e.name)) {
+                Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
+                _ => {}
+            }
+        }
+        Ok(entries.len())
+    }
+}
+
+/// The entry file's bytes.
+fn encode(entry: &CachedCubin) -> Vec<u8> {
+    let mut payload = entry.cubin.clone();
+    payload.extend_from_slice(entry.log.as_bytes());
+    let mut out = Vec::with_capacity(HEADER + payload.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(blake3::hash(&payload).as_bytes());
+    out.extend_from_slice(&(entry.cubin.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(entry.log.len() as u64).to_le_bytes());
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// The entry in `bytes`, when its magic, lengths and hash all agree.
+fn decode(bytes: &[u8]) -> Option<CachedCubin> {
+    let header = bytes.get(..HEADER)?;
+    if &header[..8] != MAGIC {
+        return None;
+    }
+    let length = |at: usize| -> Option<usize> {
+        let b: [u8; 8] = header[at..at + 8].try_into().ok()?;
+        usize::try_from(u64::from_le_bytes(b)).ok()
+    };
+    let (cubin_len, log_len) = (length(40)?, length(48)?);
+    let payload = &bytes[HEADER..];
+    if payload.len() != cubin_len.checked_add(log_len)?
+        || blake3::hash(payload).as_bytes() != &header[8..40]
+    {
+        return None;
+    }
+    Some(CachedCubin {
+        cubin: payload[..cubin_len].to_vec(),
+        log: String::from_utf8(payload[cubin_len..].to_vec()).ok()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(n: u8) -> CachedCubin {
+        CachedCubin {
+            cubin: (0..200u16).map(|i| (i as u8) ^ n).collect(),
+            log: format!("ptxas info : Used {n} registers"),
+        }
+    }
+
+    #[test]
+    fn entries_round_trip_and_list() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let cache = DiskCache::at(dir.path().join("kiln"));
+        let k = CacheKey::new("ptx", Target::Sm90a, 13000, "verbose");
+        assert_eq!(cache.get(&k), None, "nothing cached yet");
+        assert_eq!(cache.entries().expect("ls"), []);
+        cache.put(&k, &entry(7)).expect("put");
+        assert_eq!(cache.get(&k), Some(entry(7)));
+        let ls = cache.entries().expect("ls");
+        assert_eq!(ls.len(), 1);
+        assert_eq!(ls[0].name, format!("{}.cubin", k.as_str()));
+        assert_eq!(ls[0].bytes, (HEADER + 200 + entry(7).log.len()) as u64);
+        // A second put replaces the entry whole.
+        cache.put(&k, &entry(9)).expect("put again");
+        assert_eq!(cache.get(&k), Some(entry(9)));
+        assert_eq!(cache.clear().expect("clear"), 1);
+        assert_eq!(cache.get(&k), None);
+    }
+
+    #[test]
+    fn keys_differ_in_every_input() {
+        let base = CacheKey::new("ptx", Target::Sm90a, 13000, "o");
+        for other in [
+            CacheKey::new("ptx ", Target::Sm90a, 13000, "o"),
+            CacheKey::new("ptx", Target::Sm80, 13000, "o"),
+            CacheKey::new("ptx", Target::Sm90a, 12080, "o"),
+            CacheKey::new("ptx", Target::Sm90a, 13000, "o2"),
+            // The same bytes split differently between two inputs.
+            CacheKey::new("xptx", Target::Sm90a, 13000, ""),
+        ] {
+            assert_ne!(base, other);
+        }
+        assert_eq!(base, CacheKey::new("ptx", Target::Sm90a, 13000, "o"));
+        assert_eq!(base.as_str().len(), 64);
+    }
+
+    #[test]
+    fn corrupt_and_truncated_entries_are_misses_and_removed() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let cache = DiskCache::at(dir.path());
+        let k = CacheKey::new("ptx", Target::Sm80, 13000, "");
+        let path = cache.path(&k);
+        let good = encode(&entry(3));
+        let mut flipped = good.clone();
+        flipped[HEADER + 17] ^= 1;
+        let mut foreign = good.clone();
+        foreign[0] = b'X';
+        let mut long_len = good.clone();
+        long_len[40] = long_len[40].wrapping_add(1);
+        for bad in [
+            good[..good.len() - 1].to_vec(),
+            good[..HEADER - 1].to_vec(),
+            flipped,
+            foreign,
+            long_len,
+            Vec::new(),
+        ] {
+            std::fs::write(&path, &bad).expect("write");
+            assert_eq!(
+                cache.get(&k),
+                None,
+                "a bad entry of {} bytes was used",
+                bad.len()
+            );
+            assert!(!path.exists(), "the bad entry is removed");
+        }
+        std::fs::write(&path, &good).expect("write");
+        assert_eq!(cache.get(&k), Some(entry(3)));
+    }
+
+    #[test]
+    fn concurrent_writers_leave_a_whole_entry() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let cache = DiskCache::at(dir.path());
+        let k = CacheKey::new("shared", Target::Sm90a, 13000, "");
+        std::thread::scope(|s| {
+            for n in 0..8u8 {
+                let (cache, k) = (cache.clone(), k.clone());
+                s.spawn(move || {
+                    for _ in 0..20 {
+                        cache.put(&k, &entry(n)).expect("put");
+                        let got = cache.get(&k).expect("a whole entry is always there");
+                        assert!((0..8).any(|m| got == entry(m)));
+                    }
+                });
+            }
+        });
+        // No temporary file is left behind.
+        let files = std::fs::read_dir(dir.path()).expect("ls").count();
+        assert_eq!(files, 1);
+    }
+
+    #[test]
+    fn the_setting_turns_it_off_or_names_the_directory() {
+        assert_eq!(DiskCache::from_setting(Some("off".into())), None);
+        assert_eq!(
+            DiskCache::from_setting(Some("/tmp/kiln-cache-test".into())),
+            Some(DiskCache::at("/tmp/kiln-cache-test"))
+        );
+        // Unset: the platform cache directory's kiln/, where the platform has one.
+        if let Some(c) = DiskCache::from_setting(None) {
+            assert!(c.dir().ends_with("kiln"), "{}", c.dir().display());
+        }
+    }
+}
