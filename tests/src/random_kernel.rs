@@ -355,19 +355,10 @@ impl Gen<'_> {
         }
         self.depth -= 1;
         // Yield a body value of the carried type, else the carried value itself.
-        let next: Vec<ValueId> = scope
-            .carried
-            .iter()
-            .map(|&c| {
-                let same: Vec<ValueId> = self
-                    .values
-                    .iter()
-                    .copied()
-                    .filter(|&v| self.b.ty(v) == self.b.ty(c))
-                    .collect();
-                self.bytes.pick(&same).unwrap_or(c)
-            })
-            .collect();
+        let mut next = Vec::new();
+        for &c in &scope.carried {
+            next.push(self.yield_like(c));
+        }
         self.values = outer;
         if let Ok(results) = self.b.end_for(&scope, &next, Self::loc()) {
             self.values.extend(results);
