@@ -104,7 +104,7 @@ fn deepen(kernel: &mut Kernel, id: OpId) -> Result<(), Diagnostic> {
 
 /// The consumers' rotated program (see the module doc), with turn barriers around the wgmma
 /// issue when the warpgroups ping-pong.
-fn rotated_program(turns: bool) -> Vec<Step> {
+pub(crate) fn rotated_program(turns: bool) -> Vec<Step> {
     let mut p = vec![Step::Wait {
         bar: Bar::Full,
         start: 0,

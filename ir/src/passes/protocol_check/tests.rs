@@ -326,26 +326,8 @@ fn double_release_is_rejected() {
 fn rotated() -> (Ring, Roles) {
     let (mut ring, roles) = attention_like();
     ring.stages = 3;
-    ring.consumer = vec![
-        Step::Wait {
-            bar: Bar::Full,
-            start: 0,
-        },
-        Step::TurnWait { who: Who::All },
-        Step::IssueHead,
-        Step::Commit,
-        Step::IssueTail,
-        Step::Commit,
-        Step::TurnPass { who: Who::All },
-        Step::WaitGroup(1),
-        Step::Between,
-        Step::WaitGroup(0),
-        Step::Arrive {
-            bar: Bar::Empty,
-            lag: 1,
-        },
-        Step::Handoff,
-    ];
+    // Exactly the program the pass writes.
+    ring.consumer = crate::passes::overlap::rotated_program(true);
     ring.consumer_once.push(Step::TurnPass {
         who: Who::Followers,
     });
@@ -384,8 +366,7 @@ fn rotated_ping_pong_passes() {
     check(&ring, &roles).expect("the rotated protocol is sound");
     // Without ping-pong, one consumer program stands for both warpgroups.
     let (mut ring, roles) = rotated();
-    ring.consumer
-        .retain(|s| !matches!(s, Step::TurnWait { .. } | Step::TurnPass { .. }));
+    ring.consumer = crate::passes::overlap::rotated_program(false);
     ring.consumer_once
         .retain(|s| !matches!(s, Step::TurnPass { .. }));
     ring.consumer_drain.clear();
