@@ -2,7 +2,8 @@
 //! `nvdisasm` on the assembled cubin to show its SASS.
 //!
 //! Neither is needed to compile or launch (the driver JIT-compiles PTX); they are the offline
-//! checks used by `kiln check`, `kiln ptx --sass`, the snapshot tests and CI. They come from
+//! checks used by `kiln check`, `kiln ptx --sass`, the snapshot tests and CI, and ptxas makes
+//! the cubins the runtime's disk cache keeps when it is installed. They come from
 //! the pip packages `nvidia-cuda-nvcc` and `nvidia-cuda-nvdisasm` (version [`PTXAS_VERSION`]),
 //! installed by `scripts/ensure-cuda-tool ptxas|nvdisasm`.
 
@@ -98,7 +99,7 @@ impl Tool {
 pub enum PtxasError {
     /// The tool's binary was not found.
     #[error(
-        "{tool} not found (looked at ${env} and {looked}); install it with \
+        "{tool} not found (looked at ${env}, {looked}); install it with \
          scripts/ensure-cuda-tool {tool} (pip package {package}=={PTXAS_VERSION})",
         tool = tool.name(),
         env = tool.env(),
@@ -107,7 +108,7 @@ pub enum PtxasError {
     NotFound {
         /// The tool.
         tool: Tool,
-        /// The default path that was tried.
+        /// The places that were tried.
         looked: String,
     },
     /// Running it failed.
@@ -124,38 +125,74 @@ pub enum PtxasError {
         /// The tool.
         tool: Tool,
         /// The architecture.
-        arch: &'static str,
+        arch: String,
         /// ptxas's output.
         log: String,
     },
 }
 
-/// The ptxas to use: `$KILN_PTXAS`, else `.tools/cuda/bin/ptxas` under the workspace root.
+/// The ptxas to use (see [`find`]).
 pub fn find_ptxas() -> Result<PathBuf, PtxasError> {
     find(Tool::Ptxas)
 }
 
 /// Where `tool` is: its environment variable, else `.tools/cuda/bin/<name>` under the
-/// workspace root.
+/// workspace root (what `scripts/ensure-cuda-tool` installs), else `bin/<name>` under
+/// `$CUDA_HOME` or `$CUDA_PATH`, else the first `<name>` on `$PATH`.
 pub fn find(tool: Tool) -> Result<PathBuf, PtxasError> {
     if let Some(p) = std::env::var_os(tool.env()) {
         return Ok(PathBuf::from(p));
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let default = root.join(".tools/cuda/bin").join(tool.name());
-    if default.is_file() {
-        Ok(default)
-    } else {
-        Err(PtxasError::NotFound {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/cuda/bin");
+    let toolkits = ["CUDA_HOME", "CUDA_PATH"]
+        .into_iter()
+        .filter_map(std::env::var_os)
+        .map(|root| PathBuf::from(root).join("bin"));
+    let path = std::env::var_os("PATH");
+    let on_path = path.iter().flat_map(std::env::split_paths);
+    std::iter::once(workspace.clone())
+        .chain(toolkits)
+        .chain(on_path)
+        .map(|dir| dir.join(tool.name()))
+        .find(|p| p.is_file())
+        .ok_or_else(|| PtxasError::NotFound {
             tool,
-            looked: default.display().to_string(),
+            looked: format!(
+                "{}, $CUDA_HOME/bin, $CUDA_PATH/bin and $PATH",
+                workspace.join(tool.name()).display()
+            ),
         })
-    }
 }
 
 /// Assembles `ptx` for `target` with `ptxas -v` and returns the report for its (single) entry.
 pub fn check(ptx: &str, target: Target) -> Result<PtxasReport, PtxasError> {
-    assemble(ptx, target, Path::new("/dev/null")).map(|log| parse_report(&log))
+    assemble(ptx, target.name(), Path::new("/dev/null")).map(|log| parse_report(&log))
+}
+
+/// What ptxas made of one module: the cubin and its `-v` log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assembled {
+    /// The cubin, loadable with `cuModuleLoadData`.
+    pub cubin: Vec<u8>,
+    /// ptxas's verbose report (registers, spills, shared memory).
+    pub log: String,
+}
+
+/// Assembles `ptx` into a cubin for GPU architecture `arch` (`sm_90a`; `sm_90` for portable
+/// PTX on Hopper), whole-program as the driver JIT compiles a module: the runtime's disk cache
+/// stores these.
+pub fn cubin(ptx: &str, arch: &str) -> Result<Assembled, PtxasError> {
+    let dir = tempfile::tempdir().map_err(|source| PtxasError::Spawn {
+        path: "a temporary directory".into(),
+        source,
+    })?;
+    let path = dir.path().join("kernel.cubin");
+    let log = assemble(ptx, arch, &path)?;
+    let cubin = std::fs::read(&path).map_err(|source| PtxasError::Spawn {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(Assembled { cubin, log })
 }
 
 /// The SASS of `ptx` assembled for `target`: ptxas writes the cubin, nvdisasm prints its code.
@@ -165,12 +202,17 @@ pub fn sass(ptx: &str, target: Target) -> Result<String, PtxasError> {
         path: "a temporary directory".into(),
         source,
     })?;
-    let cubin = dir.path().join("kernel.cubin");
-    assemble(ptx, target, &cubin)?;
+    let path = dir.path().join("kernel.cubin");
+    std::fs::write(&path, cubin(ptx, target.name())?.cubin).map_err(|source| {
+        PtxasError::Spawn {
+            path: path.display().to_string(),
+            source,
+        }
+    })?;
     let shown = nvdisasm.display().to_string();
     let out = Command::new(&nvdisasm)
         .arg("-c")
-        .arg(&cubin)
+        .arg(&path)
         .output()
         .map_err(|source| PtxasError::Spawn {
             path: shown,
@@ -179,15 +221,15 @@ pub fn sass(ptx: &str, target: Target) -> Result<String, PtxasError> {
     if !out.status.success() {
         return Err(PtxasError::Rejected {
             tool: Tool::Nvdisasm,
-            arch: target.name(),
+            arch: target.name().to_string(),
             log: String::from_utf8_lossy(&out.stderr).into_owned(),
         });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Runs `ptxas -v -arch <target> -o <out>` on `ptx`; returns its log.
-fn assemble(ptx: &str, target: Target, out_path: &Path) -> Result<String, PtxasError> {
+/// Runs `ptxas -v -arch <arch> -o <out>` on `ptx`; returns its log.
+fn assemble(ptx: &str, arch: &str, out_path: &Path) -> Result<String, PtxasError> {
     let path = find_ptxas()?;
     let shown = path.display().to_string();
     let spawn = |source| PtxasError::Spawn {
@@ -195,7 +237,7 @@ fn assemble(ptx: &str, target: Target, out_path: &Path) -> Result<String, PtxasE
         source,
     };
     let mut child = Command::new(&path)
-        .args(["-v", "-arch", target.name(), "-o"])
+        .args(["-v", "-arch", arch, "-o"])
         .arg(out_path)
         .arg("-")
         .stdin(Stdio::piped())
@@ -212,7 +254,7 @@ fn assemble(ptx: &str, target: Target, out_path: &Path) -> Result<String, PtxasE
     if !out.status.success() {
         return Err(PtxasError::Rejected {
             tool: Tool::Ptxas,
-            arch: target.name(),
+            arch: arch.to_string(),
             log,
         });
     }

@@ -97,14 +97,15 @@ impl Device {
             attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
             attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
         ];
-        let limits = ModuleLimits {
-            threads_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
-            smem_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
-        };
         let compute_capability = (
             attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         );
+        let limits = ModuleLimits {
+            threads_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            smem_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+            compute_capability,
+        };
         let l2_bytes = attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
         let mut driver_version = 0;
         // SAFETY: writes one int.
@@ -290,7 +291,8 @@ impl Device {
         launch_views(kernel, signature, grid, &views, &maps)
     }
 
-    /// The loaded kernel for `def` specialised by `spec`, from the cache or compiled now.
+    /// The loaded kernel for `def` specialised by `spec`: from the in-memory cache, else from
+    /// the disk cache, else compiled now.
     pub fn compile(
         &self,
         def: &dyn KernelDef,
@@ -302,7 +304,7 @@ impl Device {
         if let Some(k) = cache.get(&key) {
             return Ok(k.clone());
         }
-        let kernel = Arc::new(self.compile_uncached(def, spec)?);
+        let kernel = Arc::new(self.compile_from_disk(def, spec)?);
         cache.insert(key, kernel.clone());
         Ok(kernel)
     }

@@ -1,10 +1,11 @@
-//! The disk compile cache: the driver JIT's output (a cubin) and its log for each compiled
-//! specialisation, so a new process loads a kernel without running the JIT again.
+//! The disk compile cache: ptxas's output (a cubin) and its log for each compiled
+//! specialisation, so a new process loads a kernel without compiling it again.
 //!
 //! An entry is keyed by a BLAKE3 hash of everything that decides the cubin ([`CacheKey`]): the
 //! PTX text (which the IR, the target and kiln's code generation determine), the target, kiln's
-//! version, the driver's version and the JIT options. The directory is `$KILN_CACHE_DIR`, else
-//! `kiln/` under the platform cache directory; `KILN_CACHE_DIR=off` turns the cache off.
+//! version, the driver's version and how the cubin was assembled. The directory is
+//! `$KILN_CACHE_DIR`, else `kiln/` under the platform cache directory; `KILN_CACHE_DIR=off`
+//! turns the cache off.
 //!
 //! An entry file is `KILNCUB1`, the BLAKE3 hash of the payload, the cubin's and the log's
 //! lengths (little-endian `u64`), then the cubin and the log. It is verified before use: a
@@ -30,15 +31,15 @@ const SUFFIX: &str = ".cubin";
 pub struct CacheKey(String);
 
 impl CacheKey {
-    /// The key of `ptx` JIT-compiled for `target` by driver `driver_version` with the JIT
-    /// options spelled `jit_options`.
-    pub fn new(ptx: &str, target: Target, driver_version: i32, jit_options: &str) -> CacheKey {
+    /// The key of `ptx` assembled for `target`, for driver `driver_version`, with the
+    /// assembler and options spelled `assembler`.
+    pub fn new(ptx: &str, target: Target, driver_version: i32, assembler: &str) -> CacheKey {
         let mut h = blake3::Hasher::new();
         for part in [
             env!("CARGO_PKG_VERSION"),
             target.name(),
             &driver_version.to_string(),
-            jit_options,
+            assembler,
             ptx,
         ] {
             // Length-prefixed, so no two different inputs hash the same bytes.
@@ -54,12 +55,12 @@ impl CacheKey {
     }
 }
 
-/// A cached compilation: the cubin and the JIT's info log.
+/// A cached compilation: the cubin and the assembler's log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CachedCubin {
-    /// The driver JIT's output, loadable with `cuModuleLoadData`.
+    /// ptxas's output, loadable with `cuModuleLoadData`.
     pub cubin: Vec<u8>,
-    /// The JIT's info log (ptxas `-v`).
+    /// ptxas's `-v` log.
     pub log: String,
 }
 

@@ -38,7 +38,7 @@ pub use disk_cache::DiskCache;
 pub use error::{LaunchError, RuntimeError};
 pub use launch_ex::{ClusterError, ClusterLaunch, KernelParams, PORTABLE_CLUSTER_SIZE, launch_ex};
 pub use layout::Layout;
-pub use module::{CompileTimes, LoadedKernel};
+pub use module::{CompileTimes, LoadedKernel, Origin};
 pub use tensor::DeviceTensor;
 pub use timing::{L2Flush, rotation_sets};
 pub use tma::{L2Promotion, OobFill, Swizzle, TensorMap, TensorMapError};

@@ -1,20 +1,23 @@
-//! JIT loading: PTX text to a loaded module and its entry function. The driver's JIT runs
-//! through the `cuLink*` API, which hands back the cubin (kept in the disk cache, see
-//! [`crate::disk_cache`]), with its error and info logs, so a rejected module reports
-//! ptxas's own message; the cubin is loaded with `cuModuleLoadData`.
+//! Loading: PTX text to a loaded module and its entry function. A module comes from the disk
+//! cache's cubin when it holds one; else from ptxas's cubin, which the disk cache then keeps
+//! (see [`crate::disk_cache`]); else from the driver JIT (`cuModuleLoadDataEx`), whose error
+//! log a rejected module reports.
+//!
+//! The cubin is not taken from the driver's `cuLink*` JIT: that compiles PTX as relocatable
+//! code, where ptxas ignores the register budget `setmaxnreg` raises and spills (268 bytes in
+//! the sm_90a attention at d=128, measured at half the speed). ptxas and the JIT both compile
+//! whole-program, to the same code.
 
 use std::ffi::{CString, c_void};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::{CudaContext, sys};
+use cudarc::driver::{CudaContext, DriverError, sys};
+use kiln_ir::Target;
 use kiln_ptx::PtxModule;
 
 use crate::disk_cache::{CacheKey, CachedCubin, DiskCache};
 use crate::error::{DriverContext, LaunchError, RuntimeError};
-
-/// The JIT options [`jit`] passes, as the disk cache keys them.
-const JIT_OPTIONS: &str = "error-log,info-log,log-verbose";
 
 /// Bytes reserved for each JIT log; ptxas `-v` output for one entry fits easily.
 const LOG_BYTES: usize = 16 * 1024;
@@ -33,6 +36,21 @@ pub struct CompileTimes {
     pub load: Duration,
 }
 
+/// Where a loaded module's code came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A cubin from the disk cache: nothing was compiled.
+    DiskCache,
+    /// ptxas's cubin, now also in the disk cache.
+    Ptxas,
+    /// The driver JIT.
+    DriverJit {
+        /// Why ptxas did not make the cubin, when a disk cache was in use (ptxas not found,
+        /// it rejected the PTX, or the driver refused its cubin).
+        ptxas_skipped: Option<String>,
+    },
+}
+
 /// A PTX module loaded into a context, with its entry function ready to launch. Unloaded on drop.
 #[derive(Debug)]
 pub struct LoadedKernel {
@@ -42,7 +60,7 @@ pub struct LoadedKernel {
     ptx: PtxModule,
     info_log: String,
     times: CompileTimes,
-    from_disk_cache: bool,
+    origin: Origin,
 }
 
 // SAFETY: CUmodule and CUfunction are driver handles usable from any thread once their context
@@ -67,9 +85,14 @@ impl LoadedKernel {
         self.times
     }
 
-    /// Whether the cubin came from the disk cache (no JIT ran).
+    /// Where its code came from.
+    pub fn origin(&self) -> &Origin {
+        &self.origin
+    }
+
+    /// Whether the cubin came from the disk cache (nothing was compiled).
     pub fn from_disk_cache(&self) -> bool {
-        self.from_disk_cache
+        self.origin == Origin::DiskCache
     }
 
     /// Records the build and codegen times (the load time is measured by [`load`]).
@@ -153,12 +176,24 @@ pub(crate) struct ModuleLimits {
     pub threads_per_block: u32,
     /// Most dynamic shared memory per block after opting in (attribute 97).
     pub smem_optin: u32,
+    /// The GPU's compute capability, which its cubins are assembled for.
+    pub compute_capability: (u32, u32),
+}
+
+/// The architecture ptxas assembles `target`'s PTX for on a GPU of `compute_capability`:
+/// arch-specific PTX runs only on its own GPU; portable PTX is compiled for the GPU's own
+/// SASS, since an sm_80 cubin does not run on sm_90.
+fn device_arch(target: Target, compute_capability: (u32, u32)) -> String {
+    match target {
+        Target::Sm80 => format!("sm_{}{}", compute_capability.0, compute_capability.1),
+        Target::Sm90a | Target::Sm100a => target.name().to_string(),
+    }
 }
 
 /// Loads `ptx` into `ctx`: its cubin from `disk` when cached there (`driver_version` is part
-/// of the key), else from the driver JIT, stored into `disk` for the next process (best effort:
-/// an unwritable cache only costs that process the JIT). Then fetches the entry and opts into
-/// its dynamic shared memory.
+/// of the key); else, with a disk cache, ptxas's cubin, stored into `disk` for the next process
+/// (best effort: an unwritable cache only costs that process the assembly); else the driver
+/// JIT. Then fetches the entry and opts into its dynamic shared memory.
 pub(crate) fn load(
     ctx: &Arc<CudaContext>,
     ptx: PtxModule,
@@ -189,32 +224,46 @@ pub(crate) fn load(
     let start = std::time::Instant::now();
     let entry = nul_terminated(&ptx.entry, "entry name")?;
     ctx.bind_to_thread().call("cuCtxSetCurrent")?;
-    let key = disk.map(|_| CacheKey::new(&ptx.ptx, ptx.target, driver_version, JIT_OPTIONS));
-    let cached = disk.zip(key.as_ref()).and_then(|(d, k)| d.get(k));
-    let from_disk_cache = cached.is_some();
-    let compiled = match cached {
-        Some(c) => c,
-        None => {
-            let c = jit(&ptx)?;
-            if let (Some(d), Some(k)) = (disk, &key) {
-                let _ = d.put(k, &c);
+    let arch = device_arch(ptx.target, limits.compute_capability);
+    let cache = disk.map(|d| {
+        let assembler = format!("ptxas -v -arch {arch}");
+        let key = CacheKey::new(&ptx.ptx, ptx.target, driver_version, &assembler);
+        (d, key)
+    });
+    let cached = cache.as_ref().and_then(|(d, k)| d.get(k));
+    let (module, info_log, origin) = match (cached, cache) {
+        (Some(c), _) => (
+            load_cubin(&c.cubin).call("cuModuleLoadData")?,
+            c.log,
+            Origin::DiskCache,
+        ),
+        (None, Some((d, k))) => match assemble_into(d, &k, &ptx, &arch) {
+            Ok((module, log)) => (module, log, Origin::Ptxas),
+            Err(why) => {
+                let (module, log) = jit(&ptx)?;
+                let ptxas_skipped = Some(why);
+                (module, log, Origin::DriverJit { ptxas_skipped })
             }
-            c
+        },
+        (None, None) => {
+            let (module, log) = jit(&ptx)?;
+            (
+                module,
+                log,
+                Origin::DriverJit {
+                    ptxas_skipped: None,
+                },
+            )
         }
     };
-    let mut module: sys::CUmodule = std::ptr::null_mut();
-    // SAFETY: the image is a whole cubin (the JIT's output, or a cache entry verified by hash).
-    unsafe { sys::cuModuleLoadData(&mut module, compiled.cubin.as_ptr().cast()) }
-        .result()
-        .call("cuModuleLoadData")?;
     let mut kernel = LoadedKernel {
         ctx: ctx.clone(),
         module,
         function: std::ptr::null_mut(),
-        info_log: compiled.log,
+        info_log,
         ptx,
         times: CompileTimes::default(),
-        from_disk_cache,
+        origin,
     };
     // SAFETY: `module` is live; `entry` is NUL-terminated.
     unsafe { sys::cuModuleGetFunction(&mut kernel.function, module, entry.as_ptr()) }
@@ -236,21 +285,39 @@ pub(crate) fn load(
     Ok(kernel)
 }
 
-/// A `cuLink*` state, destroyed on drop (after which its cubin is gone).
-struct LinkState(sys::CUlinkState);
-
-impl Drop for LinkState {
-    fn drop(&mut self) {
-        // SAFETY: created by cuLinkCreate, destroyed only here.
-        let _ = unsafe { sys::cuLinkDestroy(self.0) };
-    }
+/// A module from a cubin (the context is current).
+fn load_cubin(cubin: &[u8]) -> Result<sys::CUmodule, DriverError> {
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: the image is a whole cubin (ptxas's output, or a cache entry verified by hash);
+    // the driver reads its length from the ELF header.
+    unsafe { sys::cuModuleLoadData(&mut module, cubin.as_ptr().cast()) }.result()?;
+    Ok(module)
 }
 
-/// The driver JIT of `ptx` (the context is current): the cubin and the info log, or the
-/// error log in [`RuntimeError::Jit`].
-fn jit(ptx: &PtxModule) -> Result<CachedCubin, LaunchError> {
+/// The module and log from ptxas's cubin of `ptx` for `arch`, kept in `disk` under `key`; why not when
+/// ptxas is not installed, rejects the PTX (the JIT then reports the error), or makes a cubin
+/// this driver does not load (a newer CUDA major version).
+fn assemble_into(
+    disk: &DiskCache,
+    key: &CacheKey,
+    ptx: &PtxModule,
+    arch: &str,
+) -> Result<(sys::CUmodule, String), String> {
+    let assembled = kiln_ptx::ptxas::cubin(&ptx.ptx, arch).map_err(|e| e.to_string())?;
+    let module = load_cubin(&assembled.cubin)
+        .map_err(|e| format!("the driver did not load ptxas's cubin: {e:?}"))?;
+    let entry = CachedCubin {
+        cubin: assembled.cubin,
+        log: assembled.log.trim().to_string(),
+    };
+    let _ = disk.put(key, &entry);
+    Ok((module, entry.log))
+}
+
+/// The driver JIT of `ptx` (the context is current): the module and the JIT's info log, or
+/// the error log in [`RuntimeError::Jit`].
+fn jit(ptx: &PtxModule) -> Result<(sys::CUmodule, String), LaunchError> {
     let text = nul_terminated(&ptx.ptx, "PTX text")?;
-    // The logs outlive the link state, which the driver writes them through.
     let mut error_log = vec![0u8; LOG_BYTES];
     let mut info_log = vec![0u8; LOG_BYTES];
     let mut options = [
@@ -268,59 +335,27 @@ fn jit(ptx: &PtxModule) -> Result<CachedCubin, LaunchError> {
         std::ptr::without_provenance_mut(LOG_BYTES),
         std::ptr::without_provenance_mut(1),
     ];
-    let mut state: sys::CUlinkState = std::ptr::null_mut();
-    // SAFETY: options and values have equal length; the log buffers and their sizes stay
-    // valid until the state is destroyed (they are declared before it).
-    unsafe {
-        sys::cuLinkCreate_v2(
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: the image is NUL-terminated; the log buffers outlive the call and their sizes
+    // are given; options and values have equal length.
+    let rc = unsafe {
+        sys::cuModuleLoadDataEx(
+            &mut module,
+            text.as_ptr().cast(),
             options.len() as u32,
             options.as_mut_ptr(),
             values.as_mut_ptr(),
-            &mut state,
         )
-    }
-    .result()
-    .call("cuLinkCreate")?;
-    let state = LinkState(state);
-    let jit_error = |source, error_log: &[u8]| -> LaunchError {
-        RuntimeError::Jit {
+    };
+    match rc.result() {
+        Ok(()) => Ok((module, log_text(&info_log))),
+        Err(source) => Err(RuntimeError::Jit {
             entry: ptx.entry.clone(),
             source,
-            log: log_text(error_log),
+            log: log_text(&error_log),
         }
-        .into()
-    };
-    let bytes = text.as_bytes_with_nul();
-    // SAFETY: the PTX is NUL-terminated and `bytes.len()` long; the name is a C string.
-    let rc = unsafe {
-        sys::cuLinkAddData_v2(
-            state.0,
-            sys::CUjitInputType::CU_JIT_INPUT_PTX,
-            bytes.as_ptr().cast_mut().cast(),
-            bytes.len(),
-            c"kiln.ptx".as_ptr(),
-            0,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
-    };
-    if let Err(source) = rc.result() {
-        return Err(jit_error(source, &error_log));
+        .into()),
     }
-    let (mut cubin, mut size): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
-    // SAFETY: `state` is live; the outputs are written once.
-    let rc = unsafe { sys::cuLinkComplete(state.0, &mut cubin, &mut size) };
-    if let Err(source) = rc.result() {
-        return Err(jit_error(source, &error_log));
-    }
-    // SAFETY: the driver owns `size` bytes at `cubin` until the state is destroyed; they are
-    // copied before that.
-    let image = unsafe { std::slice::from_raw_parts(cubin.cast::<u8>(), size) }.to_vec();
-    drop(state);
-    Ok(CachedCubin {
-        cubin: image,
-        log: log_text(&info_log),
-    })
 }
 
 /// `text` as a C string, or a typed error if it holds a NUL byte.
@@ -347,6 +382,13 @@ mod tests {
         let mut buf = b"ptxas error : bad\n\0garbage".to_vec();
         buf.resize(40, 0);
         assert_eq!(log_text(&buf), "ptxas error : bad");
+    }
+
+    #[test]
+    fn portable_ptx_is_assembled_for_the_gpu_it_runs_on() {
+        assert_eq!(device_arch(Target::Sm80, (9, 0)), "sm_90");
+        assert_eq!(device_arch(Target::Sm80, (8, 6)), "sm_86");
+        assert_eq!(device_arch(Target::Sm90a, (9, 0)), "sm_90a");
     }
 
     #[test]

@@ -20,7 +20,7 @@ use kiln_examples::softmax::softmax;
 use kiln_examples::vector_add::vector_add;
 use kiln_ir::dsl::Spec;
 use kiln_ir::{DType, HostTensor};
-use kiln_runtime::{Device, DeviceTensor, DiskCache, LaunchError};
+use kiln_runtime::{Device, DeviceTensor, DiskCache, LaunchError, Origin};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
@@ -380,24 +380,40 @@ fn gpu_disk_cache_loads_without_the_jit_and_rebuilds_bad_entries() {
     let _ = std::fs::remove_dir_all(&dir);
     let cache = DiskCache::at(&dir);
     let dev = dev.with_disk_cache(Some(cache.clone()));
-    // The JIT's cost shows on attention; the cached module's result on vector_add.
+    kiln_ptx::ptxas::find_ptxas().expect("the disk cache keeps ptxas's cubins");
+    // The compile's cost shows on attention; the cached module's result on vector_add.
     let spec = Spec::from_defaults(&attention, &[]).expect("defaults");
     let cold = dev.compile_from_disk(&attention, &spec).expect("cold");
     let warm = dev.compile_from_disk(&attention, &spec).expect("warm");
-    assert!(!cold.from_disk_cache() && warm.from_disk_cache());
+    assert_eq!(cold.origin(), &Origin::Ptxas);
+    assert_eq!(warm.origin(), &Origin::DiskCache);
     assert_eq!(
         warm.info_log(),
         cold.info_log(),
-        "the JIT log is cached too"
+        "the ptxas log is cached too"
     );
     let (c, w) = (cold.times(), warm.times());
     println!(
-        "attention sm_80: cold {:?} + {:?} + JIT {:?}; warm {:?} + {:?} + load {:?}",
-        c.build, c.codegen, c.load, w.build, w.codegen, w.load
+        "attention {}: cold {:?} + {:?} + ptxas {:?}; warm {:?} + {:?} + load {:?}",
+        dev.target().name(),
+        c.build,
+        c.codegen,
+        c.load,
+        w.build,
+        w.codegen,
+        w.load
     );
     assert!(
         w.load < c.load,
-        "a cached cubin loads faster than the JIT runs"
+        "a cached cubin loads faster than ptxas runs"
+    );
+    // The cached cubin is the code the driver JIT makes: no spills it would not have.
+    let jit = dev.compile_uncached(&attention, &spec).expect("jit");
+    assert!(!jit.from_disk_cache());
+    assert_eq!(
+        warm.local_bytes().expect("attr"),
+        jit.local_bytes().expect("attr"),
+        "cached and JIT-compiled attention use the same local memory"
     );
     // A corrupt entry is detected, rebuilt and replaced, never loaded.
     let entries = cache.entries().expect("ls");

@@ -20,7 +20,7 @@ use kiln_bench::report::{Table, meta, write_json};
 use kiln_bench::{BenchError, kernels};
 use kiln_ir::dsl::Spec;
 use kiln_ir::{DType, HostTensor};
-use kiln_runtime::{Device, DeviceTensor, DiskCache, KernelArg, rotation_sets};
+use kiln_runtime::{Device, DeviceTensor, DiskCache, KernelArg, Origin, rotation_sets};
 use kiln_tests::check::rel_error;
 use kiln_tests::reference::attention_row;
 use serde_json::{Value, json};
@@ -266,10 +266,13 @@ fn compile_times(
             let warm = warm_device.compile_from_disk(def, &spec)?;
             let w = warm.times();
             let warm_ms = ms(w.build) + ms(w.codegen) + ms(w.load);
-            let warm_cell = if warm.from_disk_cache() {
-                format!("{warm_ms:.2}")
-            } else {
-                format!("{warm_ms:.2} (JIT ran)")
+            let warm_cell = match warm.origin() {
+                Origin::DiskCache => format!("{warm_ms:.2}"),
+                Origin::Ptxas => format!("{warm_ms:.2} (ptxas ran)"),
+                Origin::DriverJit { ptxas_skipped } => format!(
+                    "{warm_ms:.2} (JIT ran: {})",
+                    ptxas_skipped.as_deref().unwrap_or("no disk cache")
+                ),
             };
             table.row(vec![
                 d.to_string(),
@@ -290,6 +293,7 @@ fn compile_times(
                 "jit_load_ms": ms(t.load),
                 "to_module_ms": to_module,
                 "warm_start_ms": warm_ms,
+                "warm_load_ms": ms(w.load),
                 "warm_start_from_disk_cache": warm.from_disk_cache(),
                 "num_regs": kernel.num_regs()?,
                 "local_bytes": kernel.local_bytes()?,
