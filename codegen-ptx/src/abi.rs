@@ -22,12 +22,18 @@
 //! from the module's [`TensorMapSpec`](crate::TensorMapSpec) over the same tensor and passes by
 //! value (`kernelParams[i]` points at the 128 bytes).
 //!
+//! A persistent kernel (sm_90a, `kiln_ir::tile_scheduler`) takes three more `.s32` slots at the
+//! end, `kiln_grid_x`, `kiln_grid_y` and `kiln_grid_z` ([`SlotRole::Grid`]): the logical grid
+//! the caller asked for, whose blocks its CTAs walk as work tiles.
+//!
 //! With the driver's `cuLaunchKernel(.., kernelParams, ..)` the runtime passes one pointer per
 //! slot, in slot order, to a value of the slot's width (`u64`, `i32`, `i64`, `f32`); the driver
 //! lays them out. [`slots`] lists the slots so the runtime need not re-derive this table.
 //!
-//! Launch geometry is not part of the parameter list: the grid is chosen by the caller, the
-//! block is `PtxModule::threads_per_block` threads in x, and the launch must request
+//! Launch geometry is not part of the parameter list (but for a persistent kernel's logical
+//! grid): the grid is chosen by the caller (for a persistent kernel, by the runtime: at most
+//! as many CTAs as fit on the GPU at once, in x), the block is
+//! `PtxModule::threads_per_block` threads in x, and the launch must request
 //! `PtxModule::dynamic_smem_bytes` of dynamic shared memory (setting
 //! `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` first when it exceeds 48 KiB).
 
@@ -105,6 +111,11 @@ pub enum SlotRole {
         /// Index into the kernel's parameters.
         param: usize,
     },
+    /// A persistent kernel's logical grid extent along `axis` (0: x, 1: y, 2: z).
+    Grid {
+        /// The axis.
+        axis: usize,
+    },
 }
 
 /// One `.param` of the entry.
@@ -134,12 +145,17 @@ pub enum AbiError {
 
 /// The entry's parameter slots for `params`, in launch order. See the module doc.
 pub fn slots(params: &[Param]) -> Result<Vec<Slot>, AbiError> {
-    slots_with_maps(params, &[])
+    slots_with_maps(params, &[], false)
 }
 
-/// The slots of an entry whose tensor parameters `tma` (indices) are read through TMA: each
-/// of them gets a `<name>_tmap` slot after its strides.
-pub fn slots_with_maps(params: &[Param], tma: &[usize]) -> Result<Vec<Slot>, AbiError> {
+/// The slots of an entry whose tensor parameters `tma` (indices) are read through TMA (each
+/// of them gets a `<name>_tmap` slot after its strides), with the logical grid's slots at the
+/// end when the kernel is `persistent`.
+pub fn slots_with_maps(
+    params: &[Param],
+    tma: &[usize],
+    persistent: bool,
+) -> Result<Vec<Slot>, AbiError> {
     let mut out = Vec::new();
     for (index, p) in params.iter().enumerate() {
         let base = ptx_name(p.name(), index);
@@ -190,6 +206,13 @@ pub fn slots_with_maps(params: &[Param], tma: &[usize]) -> Result<Vec<Slot>, Abi
                 });
             }
         }
+    }
+    if persistent {
+        out.extend(["x", "y", "z"].iter().enumerate().map(|(axis, a)| Slot {
+            role: SlotRole::Grid { axis },
+            ty: SlotType::S32,
+            name: format!("kiln_grid_{a}"),
+        }));
     }
     Ok(out)
 }

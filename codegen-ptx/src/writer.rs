@@ -97,6 +97,10 @@ pub struct Writer<'k> {
     pub(crate) reg_index: BTreeMap<ValueId, BTreeMap<Vec<u32>, usize>>,
     /// sm_90a: the consumer's warpgroup index, computed where the consumers start.
     pub(crate) warpgroup: Option<Reg>,
+    /// A persistent kernel's logical grid (its parameters).
+    pub(crate) grid: Option<[Reg; 3]>,
+    /// A persistent kernel's block index: that of the work tile being run.
+    pub(crate) block: Option<[Reg; 3]>,
     /// Labels handed out so far (`$Lk1`, `$Lk2`, ...).
     labels: u32,
     /// The target being written, named by `Unsupported` errors.
@@ -125,6 +129,8 @@ impl<'k> Writer<'k> {
             ring: None,
             reg_index: BTreeMap::new(),
             warpgroup: None,
+            grid: None,
+            block: None,
             labels: 0,
             target,
         }
@@ -135,13 +141,19 @@ impl<'k> Writer<'k> {
         let target = self.target;
         let maps = crate::sm90a::tensor_maps(self.k);
         let tma: Vec<usize> = maps.iter().map(|m| m.param).collect();
-        let slots = abi::slots_with_maps(&self.k.params, &tma)
+        let tiles = self.k.schedule.tiles;
+        let slots = abi::slots_with_maps(&self.k.params, &tma, tiles.is_some())
             .map_err(|e| self.unsupported_msg(e.to_string()))?;
         let roles = self.k.schedule.roles;
         let threads = roles.map_or(32 * self.k.options.num_warps, |r| r.threads());
         self.write_prologue(&slots)?;
-        let body = self.k.body.clone();
-        self.write_block(&body)?;
+        match tiles {
+            Some(tiles) => self.write_persistent(tiles)?,
+            None => {
+                let body = self.k.body.clone();
+                self.write_block(&body)?;
+            }
+        }
         let mut ptx = String::new();
         let _ = writeln!(
             ptx,
@@ -184,6 +196,7 @@ impl<'k> Writer<'k> {
             dynamic_smem_bytes: smem_bytes,
             target,
             tensor_maps: maps,
+            persistent: tiles.is_some(),
         })
     }
 
@@ -243,6 +256,11 @@ impl<'k> Writer<'k> {
                     self.ins(format!("mov.b64 {raw}, {}", s.name));
                     self.ins(format!("cvta.param.u64 {map}, {raw}"));
                     self.tmaps.insert(param, map);
+                }
+                SlotRole::Grid { axis } => {
+                    let r = self.new_reg(Class::B32);
+                    self.ins(format!("ld.param.s32 {r}, [{}]", s.name));
+                    self.grid.get_or_insert([r; 3])[axis] = r;
                 }
                 SlotRole::Scalar { param } => {
                     let dtype = match &self.k.params[param] {
@@ -306,13 +324,17 @@ impl<'k> Writer<'k> {
             }
             OpKind::BlockId(a) | OpKind::GridDim(a) => {
                 let r = result.ok_or_else(|| self.internal(id, "no result"))?;
-                let sreg = if matches!(op.kind, OpKind::BlockId(_)) {
-                    "ctaid"
-                } else {
-                    "nctaid"
-                };
+                let is_block = matches!(op.kind, OpKind::BlockId(_));
+                // A persistent kernel's blocks are its work tiles, its grid the logical one.
+                let logical = if is_block { self.block } else { self.grid };
                 let reg = self.new_reg(Class::B32);
-                self.ins(format!("mov.u32 {reg}, %{sreg}.{}", a.name()));
+                match logical {
+                    Some(regs) => self.mov(reg, regs[*a as usize]),
+                    None => {
+                        let sreg = if is_block { "ctaid" } else { "nctaid" };
+                        self.ins(format!("mov.u32 {reg}, %{sreg}.{}", a.name()));
+                    }
+                }
                 self.vals.insert(r, Val::Scalar(reg));
             }
             OpKind::TensorDim { tensor, dim } => {

@@ -58,6 +58,7 @@ pub mod print;
 pub mod ring;
 pub mod schedule;
 pub mod target;
+pub mod tile_scheduler;
 pub mod types;
 pub mod verify;
 

@@ -55,6 +55,9 @@ pub fn print_kernel(kernel: &Kernel) -> String {
     if let Some(roles) = &kernel.schedule.roles {
         let _ = writeln!(out, "{roles}");
     }
+    if let Some(tiles) = &kernel.schedule.tiles {
+        let _ = writeln!(out, "{tiles}");
+    }
     print_block(kernel, &kernel.body, 1, &mut out);
     out.push_str("}\n");
     out

@@ -12,6 +12,12 @@
 //! every iteration (attention's `Q`). The producer issues them once before its loop,
 //! completing on the single-phase `once` barrier; the consumers wait on it before theirs.
 //!
+//! In a persistent kernel ([`Ring::persistent`]) the ring runs once per work tile: its stages
+//! and phase bits go on from tile to tile as if the tiles' loops were one, the release lags
+//! start again in each tile, and the once barriers flip phase per tile (tile `k` waits with
+//! parity `start ^ (k & 1)`). The consumers release the once tiles on `once_free` after their
+//! drain ([`Ring::consumer_release`]); the producer waits on it before reloading them.
+//!
 //! A ring the `overlap` pass rotates ([`Ring::overlap`]) runs its consumer program over the
 //! iterations `t = 0 ..= trips`: steps that serve iteration `t` ([`Step::lag`] 0) skip the
 //! last one, steps that serve `t - 1` (lag 1) skip the first, and the rest (commits, group
@@ -31,8 +37,11 @@ pub enum Bar {
     Full,
     /// Completes when every consumer has finished reading a stage.
     Empty,
-    /// The single barrier of the ring's once loads (one phase; no stages).
+    /// The single barrier of the ring's once loads (one phase per tile; no stages).
     Once,
+    /// Persistent kernels: completes when every consumer has finished reading the once
+    /// tiles of a work tile (one phase per tile; no stages).
+    OnceFree,
 }
 
 /// One step of a role's program, executed once per loop iteration `i`.
@@ -368,6 +377,12 @@ pub struct Ring {
     pub consumer: Vec<Step>,
     /// The consumers' steps once after the loop (as iteration `trip count`).
     pub consumer_drain: Vec<Step>,
+    /// Persistent kernels: the consumers' steps after the drain, releasing the once tiles.
+    pub consumer_release: Vec<Step>,
+    /// Whether the ring runs once per work tile of a persistent CTA (see the module doc).
+    pub persistent: bool,
+    /// Byte offset of the `once_free` barrier (persistent rings with once loads).
+    pub once_free_offset: u32,
     /// The rotated schedule of the body, when the `overlap` pass found one.
     pub overlap: Option<Overlap>,
 }
@@ -404,6 +419,7 @@ impl fmt::Display for Bar {
             Bar::Full => "full",
             Bar::Empty => "empty",
             Bar::Once => "once",
+            Bar::OnceFree => "once_free",
         })
     }
 }
@@ -512,14 +528,26 @@ impl fmt::Display for Ring {
                 l.swizzle
             )?;
         }
+        if self.persistent {
+            writeln!(
+                f,
+                "    persistent: stages and phases continue across work tiles"
+            )?;
+        }
         if !self.once.is_empty() {
             writeln!(f, "    once@{}", self.once_offset)?;
+            if self.persistent {
+                writeln!(f, "    once_free@{}", self.once_free_offset)?;
+            }
             writeln!(f, "    producer once: {}", join(&self.producer_once))?;
             writeln!(f, "    consumer once: {}", join(&self.consumer_once))?;
         }
         writeln!(f, "    producer: {}", join(&self.producer))?;
         writeln!(f, "    consumer: {}", join(&self.consumer))?;
         write!(f, "    drain: {}", join(&self.consumer_drain))?;
+        if !self.consumer_release.is_empty() {
+            write!(f, "\n    release: {}", join(&self.consumer_release))?;
+        }
         match &self.overlap {
             Some(o) => write!(f, "\n{o}"),
             None => Ok(()),

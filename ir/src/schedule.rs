@@ -310,6 +310,8 @@ pub struct Schedule {
     pub rings: BTreeMap<OpId, crate::ring::Ring>,
     /// sm_90a: the warp roles of a warp-specialised kernel (`warp_specialise` pass).
     pub roles: Option<crate::ring::Roles>,
+    /// sm_90a: how the CTAs of a persistent kernel walk its work tiles (`persistent` pass).
+    pub tiles: Option<crate::tile_scheduler::TileScheduler>,
 }
 
 impl Schedule {

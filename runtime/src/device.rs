@@ -63,6 +63,7 @@ pub struct Device {
     l2_bytes: usize,
     dump: DumpConfig,
     disk_cache: Option<DiskCache>,
+    persistent_ctas: Option<u32>,
     cache: Mutex<HashMap<CacheKey, Arc<LoadedKernel>>>,
 }
 
@@ -105,6 +106,7 @@ impl Device {
             threads_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
             smem_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
             compute_capability,
+            multiprocessors: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
         };
         let l2_bytes = attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
         let mut driver_version = 0;
@@ -124,6 +126,7 @@ impl Device {
             l2_bytes,
             dump: DumpConfig::from_env(),
             disk_cache: DiskCache::from_env(),
+            persistent_ctas: None,
             cache: Mutex::new(HashMap::new()),
         })
     }
@@ -139,6 +142,13 @@ impl Device {
     /// the one `KILN_CACHE_DIR` chose.
     pub fn with_disk_cache(mut self, cache: Option<DiskCache>) -> Device {
         self.disk_cache = cache;
+        self
+    }
+
+    /// The same device launching persistent kernels with at most `ctas` CTAs (`None`: as
+    /// many as the GPU runs at once), so each walks more work tiles (tests use this).
+    pub fn with_persistent_ctas(mut self, ctas: Option<u32>) -> Device {
+        self.persistent_ctas = ctas.map(|n| n.max(1));
         self
     }
 
@@ -225,7 +235,7 @@ impl Device {
         };
         let kernel = self.compile(def, &spec)?;
         let maps = self.tensor_maps(&kernel, def.signature(), args)?;
-        launch_views(&kernel, def.signature(), grid, &views, &maps)
+        self.launch_views(&kernel, def.signature(), grid, &views, &maps)
     }
 
     /// Encodes the tensor maps an sm_90a entry takes ([`kiln_ptx::PtxModule::tensor_maps`]),
@@ -288,7 +298,7 @@ impl Device {
         check_grid(grid, self.grid_max)?;
         check_args(&kernel.ptx().entry, signature, &views, self.context_id())?;
         let maps = self.tensor_maps(kernel, signature, args)?;
-        launch_views(kernel, signature, grid, &views, &maps)
+        self.launch_views(kernel, signature, grid, &views, &maps)
     }
 
     /// The loaded kernel for `def` specialised by `spec`: from the in-memory cache, else from
@@ -363,26 +373,46 @@ impl Device {
         module::load(&self.ctx, ptx, self.limits, disk, self.driver_version)
     }
 
+    /// Packs `views`, validated against `signature`, and launches `kernel` on `grid`; a
+    /// persistent kernel gets `grid` as its logical grid and runs at most as many CTAs as
+    /// the GPU holds at once (or [`Device::with_persistent_ctas`]).
+    fn launch_views(
+        &self,
+        kernel: &LoadedKernel,
+        signature: &[ParamSig],
+        grid: [u32; 3],
+        views: &[ArgView<'_>],
+        maps: &BTreeMap<usize, sys::CUtensorMap>,
+    ) -> Result<(), LaunchError> {
+        let (physical, logical) = if kernel.ptx().persistent {
+            let tiles = kiln_ir::tile_scheduler::TileScheduler::tiles(grid);
+            // The kernel counts tiles in a u32 and steps by the CTA count past the last.
+            let max = u64::from(i32::MAX as u32);
+            if tiles > max {
+                return Err(LaunchError::Tiles {
+                    kernel: kernel.ptx().entry.clone(),
+                    tiles,
+                    max,
+                });
+            }
+            let cap = self.persistent_ctas.unwrap_or(u32::MAX);
+            let ctas = (tiles as u32).min(kernel.resident_ctas()).min(cap);
+            ([ctas, 1, 1], Some(grid))
+        } else {
+            (grid, None)
+        };
+        let mut params = ParamBuffer::pack(signature, views, maps, logical)?;
+        let mut ptrs = params.pointers();
+        // SAFETY: the views were validated against the signature the entry was compiled from
+        // (count, kinds, dtypes, ranks, bounds), and are packed per the ABI.
+        unsafe { kernel.launch(physical, &mut ptrs) }?;
+        Ok(())
+    }
+
     /// The disk compile cache this device uses (`KILN_CACHE_DIR`, see [`DiskCache`]), if any.
     pub fn disk_cache(&self) -> Option<&DiskCache> {
         self.disk_cache.as_ref()
     }
-}
-
-/// Packs `views`, validated against `signature`, and launches `kernel`.
-fn launch_views(
-    kernel: &LoadedKernel,
-    signature: &[ParamSig],
-    grid: [u32; 3],
-    views: &[ArgView<'_>],
-    maps: &BTreeMap<usize, sys::CUtensorMap>,
-) -> Result<(), LaunchError> {
-    let mut params = ParamBuffer::pack(signature, views, maps)?;
-    let mut ptrs = params.pointers();
-    // SAFETY: the views were validated against the signature the entry was compiled from
-    // (count, kinds, dtypes, ranks, bounds), and are packed per the ABI.
-    unsafe { kernel.launch(grid, &mut ptrs) }?;
-    Ok(())
 }
 
 /// Loads the driver library, initialises it, and counts GPUs; the one place that decides

@@ -200,6 +200,18 @@ pub enum LaunchError {
         /// The device's limit.
         max: u32,
     },
+    /// A persistent kernel's logical grid has more blocks than it can count.
+    #[error(
+        "kernel `{kernel}` is launched on a grid of {tiles} blocks; a persistent kernel takes at most {max}"
+    )]
+    Tiles {
+        /// The kernel's entry name.
+        kernel: String,
+        /// Blocks in the grid asked for.
+        tiles: u64,
+        /// The most it takes.
+        max: u64,
+    },
     /// A cluster shape that does not fit the grid or needs the non-portable opt-in.
     #[error("{0}")]
     Cluster(#[from] ClusterError),

@@ -61,6 +61,8 @@ pub struct LoadedKernel {
     info_log: String,
     times: CompileTimes,
     origin: Origin,
+    /// CTAs of it the GPU runs at once (its occupancy on every multiprocessor).
+    resident_ctas: u32,
 }
 
 // SAFETY: CUmodule and CUfunction are driver handles usable from any thread once their context
@@ -88,6 +90,11 @@ impl LoadedKernel {
     /// Where its code came from.
     pub fn origin(&self) -> &Origin {
         &self.origin
+    }
+
+    /// CTAs of this kernel the GPU runs at once: a persistent kernel launches at most these.
+    pub fn resident_ctas(&self) -> u32 {
+        self.resident_ctas
     }
 
     /// Whether the cubin came from the disk cache (nothing was compiled).
@@ -178,6 +185,8 @@ pub(crate) struct ModuleLimits {
     pub smem_optin: u32,
     /// The GPU's compute capability, which its cubins are assembled for.
     pub compute_capability: (u32, u32),
+    /// Streaming multiprocessors.
+    pub multiprocessors: u32,
 }
 
 /// The architecture ptxas assembles `target`'s PTX for on a GPU of `compute_capability`:
@@ -264,6 +273,7 @@ pub(crate) fn load(
         ptx,
         times: CompileTimes::default(),
         origin,
+        resident_ctas: 0,
     };
     // SAFETY: `module` is live; `entry` is NUL-terminated.
     unsafe { sys::cuModuleGetFunction(&mut kernel.function, module, entry.as_ptr()) }
@@ -281,6 +291,19 @@ pub(crate) fn load(
         .result()
         .call("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")?;
     }
+    let mut per_sm = 0;
+    // SAFETY: `function` is live; the block size and shared memory are the launch's own.
+    unsafe {
+        sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            &mut per_sm,
+            kernel.function,
+            kernel.ptx.threads_per_block as i32,
+            kernel.ptx.dynamic_smem_bytes as usize,
+        )
+    }
+    .result()
+    .call("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
+    kernel.resident_ctas = (per_sm.max(1) as u32) * limits.multiprocessors.max(1);
     kernel.times.load = start.elapsed();
     Ok(kernel)
 }

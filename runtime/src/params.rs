@@ -40,19 +40,24 @@ pub(crate) struct ParamBuffer {
 impl ParamBuffer {
     /// Packs arguments already validated against `signature` (so extents fit `i32`, strides
     /// `i64`, and each argument has the kind its parameter declares), with `maps`, by
-    /// parameter index, the encoded tensor maps of the entry's TMA-loaded tensors.
+    /// parameter index, the encoded tensor maps of the entry's TMA-loaded tensors, and a
+    /// persistent kernel's logical `grid` (extents at most `i32::MAX`, as `check_grid` allows).
     pub(crate) fn pack(
         signature: &[ParamSig],
         args: &[ArgView<'_>],
         maps: &BTreeMap<usize, sys::CUtensorMap>,
+        grid: Option<[u32; 3]>,
     ) -> Result<ParamBuffer, LaunchError> {
         // Alignment does not change the slots.
         let params: Vec<Param> = signature.iter().map(|s| s.to_param(false)).collect();
         let tma: Vec<usize> = maps.keys().copied().collect();
-        let slots = abi::slots_with_maps(&params, &tma)?;
+        let slots = abi::slots_with_maps(&params, &tma, grid.is_some())?;
         let values = slots
             .iter()
             .map(|slot| {
+                if let (SlotRole::Grid { axis }, Some(g)) = (slot.role, grid) {
+                    return Ok(SlotValue::S32(g[axis] as i32));
+                }
                 let arg = args.get(slot_param(slot.role));
                 let value = match (slot.role, slot.ty, arg) {
                     (
@@ -122,6 +127,7 @@ fn slot_param(role: SlotRole) -> usize {
         | SlotRole::Stride { param, .. }
         | SlotRole::TensorMap { param }
         | SlotRole::Scalar { param } => param,
+        SlotRole::Grid { .. } => usize::MAX,
     }
 }
 
@@ -162,7 +168,7 @@ mod tests {
             ArgView::F32(0.25),
             ArgView::I32(-3),
         ];
-        let mut p = ParamBuffer::pack(SIG, &args, &BTreeMap::new()).expect("valid");
+        let mut p = ParamBuffer::pack(SIG, &args, &BTreeMap::new(), None).expect("valid");
         assert_eq!(
             p.slots(),
             [
@@ -199,7 +205,7 @@ mod tests {
         map.opaque[0] = 0xABCD;
         map.opaque[15] = 0x1234;
         let maps = BTreeMap::from([(0, map)]);
-        let mut p = ParamBuffer::pack(SIG, &args, &maps).expect("valid");
+        let mut p = ParamBuffer::pack(SIG, &args, &maps, None).expect("valid");
         assert_eq!(p.slots().len(), 8);
         assert_eq!(p.slots()[5], SlotValue::Map(map));
         assert_eq!(p.slots()[6], SlotValue::F32(0.5));
@@ -211,7 +217,7 @@ mod tests {
 
     #[test]
     fn unvalidated_mismatch_is_an_error_not_a_panic() {
-        let err = ParamBuffer::pack(SIG, &[ArgView::F32(1.0)], &BTreeMap::new())
+        let err = ParamBuffer::pack(SIG, &[ArgView::F32(1.0)], &BTreeMap::new(), None)
             .expect_err("scalar for tensor");
         assert!(matches!(err, LaunchError::AbiMismatch { .. }), "{err}");
         assert!(err.to_string().starts_with("internal kiln error"), "{err}");

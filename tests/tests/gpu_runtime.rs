@@ -105,6 +105,7 @@ fn axpb_module(dynamic_smem_bytes: u32) -> PtxModule {
         dynamic_smem_bytes,
         target: Target::Sm80,
         tensor_maps: Vec::new(),
+        persistent: false,
     }
 }
 

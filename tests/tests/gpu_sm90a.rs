@@ -260,60 +260,88 @@ fn gpu_sm90a_attention_matches_reference() {
         (1, 2, 300, 333, 256, false, 0),
         (1, 1, 1000, 1000, 256, true, 0),
     ];
-    for (b, h, sq, sk, d, causal, block_n) in cases {
-        let spec = Spec {
-            comptime: Spec::from_defaults(
-                &attention,
-                &[
-                    ("d".to_string(), d.to_string()),
-                    ("causal".to_string(), causal.to_string()),
-                    ("block_n".to_string(), block_n.to_string()),
-                ],
-            )
-            .expect("comptime values")
-            .comptime,
-            aligned16: ["q", "k", "v", "o"]
-                .into_iter()
-                .map(|t| (t.to_string(), true))
-                .collect(),
+    for case in cases {
+        attention_case(&dev, &mut rng, case);
+    }
+}
+
+/// One attention shape `(batch, heads, sq, sk, d, causal, block_n)` on `dev` for every input
+/// distribution, against the f64 reference.
+fn attention_case(
+    dev: &Device,
+    rng: &mut Rng,
+    (b, h, sq, sk, d, causal, block_n): (usize, usize, usize, usize, usize, bool, usize),
+) {
+    let spec = Spec {
+        comptime: Spec::from_defaults(
+            &attention,
+            &[
+                ("d".to_string(), d.to_string()),
+                ("causal".to_string(), causal.to_string()),
+                ("block_n".to_string(), block_n.to_string()),
+            ],
+        )
+        .expect("comptime values")
+        .comptime,
+        aligned16: ["q", "k", "v", "o"]
+            .into_iter()
+            .map(|t| (t.to_string(), true))
+            .collect(),
+    };
+    let loaded = dev.compile(&attention, &spec).expect("compile for sm_90a");
+    assert!(
+        !loaded.ptx().tensor_maps.is_empty() && loaded.ptx().persistent,
+        "attention d={d} causal={causal}: the persistent TMA ring is expected"
+    );
+    for dist in Dist::ALL {
+        let q = tensor(rng, &[b, h, sq, d], DType::Bf16, dist);
+        let k = tensor(rng, &[b, h, sk, d], DType::Bf16, dist);
+        let v = tensor(rng, &[b, h, sk, d], DType::Bf16, dist);
+        // The usual 1/sqrt(d), perturbed so that no test depends on one exact scale.
+        let scale = (rng.uniform(0.5, 1.5) / (d as f64).sqrt()) as f32;
+        let grid = [sq.div_ceil(128) as u32, h as u32, b as u32];
+        let dq = dev.upload(&q).expect("upload");
+        // K through padded rows: a tensor map over a non-contiguous (aligned) stride.
+        let dk = upload_padded(dev, &k, 8);
+        let dv = dev.upload(&v).expect("upload");
+        let o = output(dev, &[b, h, sq, d]);
+        attention
+            .launch(dev, grid, d, causal, block_n, &dq, &dk, &dv, &o, scale)
+            .expect("launch");
+        dev.synchronize().expect("kernel ran");
+        let case = Case {
+            kernel: format!("attention@sm_90a d={d} causal={causal} block_n={block_n}"),
+            shape: format!(
+                "b={b} h={h} sq={sq} sk={sk} scale={scale}, k row stride {}",
+                d + 8
+            ),
+            dist,
+            seed: rng.seed(),
         };
-        let loaded = dev.compile(&attention, &spec).expect("compile for sm_90a");
-        assert!(
-            !loaded.ptx().tensor_maps.is_empty(),
-            "attention d={d} causal={causal}: the TMA ring is expected"
+        let want = reference::attention(&q, &k, &v, f64::from(scale), causal);
+        assert_close(
+            &case,
+            &o.download().expect("download"),
+            &want,
+            tolerance(DType::Bf16),
         );
-        for dist in Dist::ALL {
-            let q = tensor(&mut rng, &[b, h, sq, d], DType::Bf16, dist);
-            let k = tensor(&mut rng, &[b, h, sk, d], DType::Bf16, dist);
-            let v = tensor(&mut rng, &[b, h, sk, d], DType::Bf16, dist);
-            // The usual 1/sqrt(d), perturbed so that no test depends on one exact scale.
-            let scale = (rng.uniform(0.5, 1.5) / (d as f64).sqrt()) as f32;
-            let grid = [sq.div_ceil(128) as u32, h as u32, b as u32];
-            let dq = dev.upload(&q).expect("upload");
-            // K through padded rows: a tensor map over a non-contiguous (aligned) stride.
-            let dk = upload_padded(&dev, &k, 8);
-            let dv = dev.upload(&v).expect("upload");
-            let o = output(&dev, &[b, h, sq, d]);
-            attention
-                .launch(&dev, grid, d, causal, block_n, &dq, &dk, &dv, &o, scale)
-                .expect("launch");
-            dev.synchronize().expect("kernel ran");
-            let case = Case {
-                kernel: format!("attention@sm_90a d={d} causal={causal} block_n={block_n}"),
-                shape: format!(
-                    "b={b} h={h} sq={sq} sk={sk} scale={scale}, k row stride {}",
-                    d + 8
-                ),
-                dist,
-                seed: rng.seed(),
-            };
-            let want = reference::attention(&q, &k, &v, f64::from(scale), causal);
-            assert_close(
-                &case,
-                &o.download().expect("download"),
-                &want,
-                tolerance(DType::Bf16),
-            );
+    }
+}
+
+/// A persistent kernel's CTAs walk every work tile of the logical grid, the ring and its
+/// once barriers carried from tile to tile: with 1, 3 and 7 CTAs, each runs many tiles of
+/// different trip counts (causal query blocks of one, many and no key blocks).
+fn gpu_sm90a_persistent_ctas_walk_every_tile() {
+    for ctas in [1, 3, 7] {
+        let Some(dev) = hopper() else { return };
+        let dev = dev.with_persistent_ctas(Some(ctas));
+        let mut rng = Rng::from_env();
+        for case in [
+            (2, 3, 1000, 1000, 128, true, 128),
+            (1, 2, 700, 300, 64, true, 0),
+            (2, 1, 300, 4097, 64, false, 0),
+        ] {
+            attention_case(&dev, &mut rng, case);
         }
     }
 }
@@ -390,6 +418,11 @@ fn main() -> ExitCode {
             "gpu_sm90a_attention_matches_reference",
             Needs::Hopper,
             gpu_sm90a_attention_matches_reference,
+        ),
+        (
+            "gpu_sm90a_persistent_ctas_walk_every_tile",
+            Needs::Hopper,
+            gpu_sm90a_persistent_ctas_walk_every_tile,
         ),
         (
             "gpu_sm90a_softcap_attention_matches_reference",

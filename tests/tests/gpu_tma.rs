@@ -405,6 +405,7 @@ fn tma_wgmma_kernel(dev: &Device) -> LoadedKernel {
             dynamic_smem_bytes: 2 * BOX_BYTES + 8,
             target: Target::Sm90a,
             tensor_maps: Vec::new(),
+            persistent: false,
         })
         .expect("JIT load of the TMA + wgmma kernel");
     assert_eq!(k.local_bytes().expect("attr"), 0, "{}", k.info_log());
@@ -698,6 +699,7 @@ fn tma_box_kernel(dev: &Device) -> LoadedKernel {
         dynamic_smem_bytes: TMA_BOX_MAX_BYTES + 8,
         target: Target::Sm90a,
         tensor_maps: Vec::new(),
+        persistent: false,
     })
     .expect("JIT load of the TMA box kernel")
 }
@@ -900,6 +902,7 @@ fn gpu_cluster_launch_ranks_and_distributed_shared_memory() {
                     dynamic_smem_bytes: 0,
                     target: Target::Sm90a,
                     tensor_maps: Vec::new(),
+                    persistent: false,
                 })
                 .expect("JIT load of the cluster kernel");
             for (grid, cluster) in [(2, 2), (264, 2), (64, 4), (64, 8), (32, 16)] {

@@ -11,6 +11,7 @@
 //! load op itself, earlier in the kernel, only names the tile's shared address. Every step
 //! comes from [`kiln_ir::ring::Ring`], the data the `protocol_check` pass proved.
 
+mod persistent;
 mod rotated;
 mod wgmma;
 
@@ -41,13 +42,15 @@ pub(crate) fn tensor_maps(k: &Kernel) -> Vec<TensorMapSpec> {
     maps
 }
 
-/// Per-role loop state: stage index, one phase bit per waited barrier array, and the stage of
-/// the previous iteration (for releases with lag 1).
+/// Per-role loop state: stage index, one phase bit per waited barrier array, the stage of
+/// the previous iteration (for releases with lag 1) and the iterations run in this tile; in a
+/// persistent kernel also the parity of the work tile (the once barriers' phase).
 pub(crate) struct Cursor {
     stage: Reg,
     prev: Reg,
     count: Reg,
     phases: Vec<(Bar, Reg)>,
+    tile_parity: Option<Reg>,
 }
 
 impl Writer<'_> {
@@ -57,8 +60,13 @@ impl Writer<'_> {
         let off = match bar {
             Bar::Full => ring.full_offset,
             Bar::Empty => ring.empty_offset,
-            Bar::Once => {
-                self.ins(format!("add.u32 {a}, {}, {}", self.smem, ring.once_offset));
+            Bar::Once | Bar::OnceFree => {
+                let off = if bar == Bar::Once {
+                    ring.once_offset
+                } else {
+                    ring.once_free_offset
+                };
+                self.ins(format!("add.u32 {a}, {}, {off}", self.smem));
                 return a;
             }
         };
@@ -88,6 +96,9 @@ impl Writer<'_> {
                             .collect();
                         if !ring.once.is_empty() {
                             bars.push((ring.once_offset, 1));
+                            if ring.persistent {
+                                bars.push((ring.once_free_offset, ring.empty_count));
+                            }
                         }
                         for (off, count) in bars {
                             let a = self.new_reg(Class::B32);
@@ -116,6 +127,7 @@ impl Writer<'_> {
             prev: self.new_reg(Class::B32),
             count: self.new_reg(Class::B32),
             phases: Vec::new(),
+            tile_parity: None,
         };
         self.ins(format!("mov.u32 {}, 0", c.stage));
         self.ins(format!("mov.u32 {}, 0", c.prev));
@@ -123,7 +135,7 @@ impl Writer<'_> {
         let mut c = c;
         for s in steps {
             if let Step::Wait { bar, start } = *s
-                && bar != Bar::Once
+                && matches!(bar, Bar::Full | Bar::Empty)
             {
                 let r = self.new_reg(Class::B32);
                 self.ins(format!("mov.u32 {r}, {start}"));
@@ -148,8 +160,8 @@ impl Writer<'_> {
         }
     }
 
-    /// A parity wait loop on `bar[stage]`; the single-phase `once` barrier is waited on at
-    /// parity `start`.
+    /// A parity wait loop on `bar[stage]`; the once barriers are waited on at parity `start`,
+    /// flipped per work tile in a persistent kernel.
     pub(crate) fn wait(
         &mut self,
         ring: &Ring,
@@ -157,9 +169,14 @@ impl Writer<'_> {
         bar: Bar,
         start: u32,
     ) -> Result<(), CodegenError> {
-        let phase = match bar {
-            Bar::Once => start.to_string(),
-            Bar::Full | Bar::Empty => c
+        let phase = match (bar, c.tile_parity) {
+            (Bar::Once | Bar::OnceFree, None) => start.to_string(),
+            (Bar::Once | Bar::OnceFree, Some(parity)) => {
+                let r = self.new_reg(Class::B32);
+                self.ins(format!("xor.b32 {r}, {parity}, {start}"));
+                r.to_string()
+            }
+            (Bar::Full | Bar::Empty, _) => c
                 .phases
                 .iter()
                 .find(|(b, _)| *b == bar)
@@ -179,18 +196,36 @@ impl Writer<'_> {
     /// Writes a ring's `for`: the role split, the producer loop, then the consumer loop with
     /// the body. See the module doc.
     pub(crate) fn write_ring_loop(&mut self, id: OpId) -> Result<(), CodegenError> {
-        let op = self.k.ops[id].clone();
         let ring = self.k.schedule.rings[&id].clone();
+        let bounds = self.loop_bounds(id)?;
+        let consumer_label = self.split_roles(id)?;
+        let c = self.cursor(&ring.producer);
+        self.write_producer(id, &ring, &c, bounds)?;
+        self.ins("exit");
+        self.label(&consumer_label);
+        self.enter_consumers(id)?;
+        let c = self.cursor(&ring.consumer);
+        self.write_consumers(id, &ring, c, bounds).map(drop)
+    }
+
+    /// The `for`'s lower bound, upper bound and step.
+    fn loop_bounds(&mut self, id: OpId) -> Result<[Reg; 3], CodegenError> {
+        let op = self.k.ops[id].clone();
+        Ok([
+            self.scalar(op.operands[0], id)?,
+            self.scalar(op.operands[1], id)?,
+            self.scalar(op.operands[2], id)?,
+        ])
+    }
+
+    /// Branches the consumer warps to the returned label; the producer warpgroup falls
+    /// through, gives registers back, and all its threads but the elected one exit.
+    fn split_roles(&mut self, id: OpId) -> Result<String, CodegenError> {
         let roles = self
             .k
             .schedule
             .roles
             .ok_or_else(|| self.internal(id, "a stage ring without warp roles"))?;
-        let (lo, hi, step) = (
-            self.scalar(op.operands[0], id)?,
-            self.scalar(op.operands[1], id)?,
-            self.scalar(op.operands[2], id)?,
-        );
         let consumers = 32 * roles.consumer_warps;
         let (is_consumer, consumer_label) = (self.new_reg(Class::Pred), self.new_label());
         self.ins(format!(
@@ -198,7 +233,6 @@ impl Writer<'_> {
             self.tid
         ));
         self.ins(format!("@{is_consumer} bra {consumer_label}"));
-
         // Producer warpgroup: give registers back; one thread issues every stage's TMA.
         self.ins(format!(
             "setmaxnreg.dec.sync.aligned.u32 {}",
@@ -207,22 +241,38 @@ impl Writer<'_> {
         let idle = self.new_reg(Class::Pred);
         self.ins(format!("setp.ne.u32 {idle}, {}, {consumers}", self.tid));
         self.ins(format!("@{idle} exit"));
+        Ok(consumer_label)
+    }
+
+    /// The producer's side of the ring: its once program, then its loop over the iterations.
+    fn write_producer(
+        &mut self,
+        id: OpId,
+        ring: &Ring,
+        c: &Cursor,
+        [lo, hi, step]: [Reg; 3],
+    ) -> Result<(), CodegenError> {
         let iv = self.new_reg(Class::B32);
         self.mov(iv, lo);
-        let c = self.cursor(&ring.producer);
         for s in ring.producer_once.clone() {
-            self.producer_step(&ring, &c, s, iv, id)?;
+            self.producer_step(ring, c, s, iv, id)?;
         }
         let counted = self.open_counted_loop(iv, hi, step);
         for s in ring.producer.clone() {
-            self.producer_step(&ring, &c, s, iv, id)?;
+            self.producer_step(ring, c, s, iv, id)?;
         }
-        self.advance(&c, ring.stages);
+        self.advance(c, ring.stages);
         self.close_counted_loop(&counted);
-        self.ins("exit");
+        Ok(())
+    }
 
-        // Consumers.
-        self.label(&consumer_label);
+    /// Where the consumers start: they take the registers and learn their warpgroup.
+    fn enter_consumers(&mut self, id: OpId) -> Result<(), CodegenError> {
+        let roles = self
+            .k
+            .schedule
+            .roles
+            .ok_or_else(|| self.internal(id, "a stage ring without warp roles"))?;
         self.ins(format!(
             "setmaxnreg.inc.sync.aligned.u32 {}",
             roles.consumer_regs
@@ -233,10 +283,28 @@ impl Writer<'_> {
         self.ins(format!("shr.u32 {raw}, {}, 7", self.tid));
         self.ins(format!("shfl.sync.idx.b32 {wg}, {raw}, 0, 31, -1"));
         self.warpgroup = Some(wg);
-        if ring.overlap.is_some() {
-            return self.write_rotated_loop(id, &ring, [lo, hi, step]);
+        Ok(())
+    }
+
+    /// The consumers' side of the ring with cursor `c`: rotated or not, then the release;
+    /// hands the cursor back.
+    fn write_consumers(
+        &mut self,
+        id: OpId,
+        ring: &Ring,
+        c: Cursor,
+        bounds: [Reg; 3],
+    ) -> Result<Cursor, CodegenError> {
+        let c = if ring.overlap.is_some() {
+            self.write_rotated_loop(id, ring, c, bounds)?
+        } else {
+            self.write_consumer_loop(id, ring, c, bounds)?
+        };
+        let lane0 = self.lane0();
+        for s in ring.consumer_release.clone() {
+            self.consumer_step(ring, &c, s, lane0, id)?;
         }
-        self.write_consumer_loop(id, &ring, [lo, hi, step])
+        Ok(c)
     }
 
     /// One step of the producer's programs (`iv`: the iteration's induction variable).
@@ -276,18 +344,19 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// The consumers' loop: the consumer program around the body, then the drain.
+    /// The consumers' loop: the consumer program around the body, then the drain; hands the
+    /// cursor back.
     fn write_consumer_loop(
         &mut self,
         id: OpId,
         ring: &Ring,
+        c: Cursor,
         [lo, hi, step]: [Reg; 3],
-    ) -> Result<(), CodegenError> {
+    ) -> Result<Cursor, CodegenError> {
         let op = self.k.ops[id].clone();
         let body = op.regions[0].clone();
         let (iv, carried) = self.enter_loop(id, &op, &body, lo)?;
         let lane0 = self.lane0();
-        let c = self.cursor(&ring.consumer);
         for s in ring.consumer_once.clone() {
             self.consumer_step(ring, &c, s, lane0, id)?;
         }
@@ -325,7 +394,7 @@ impl Writer<'_> {
         for (r, v) in op.results.iter().zip(carried) {
             self.vals.insert(*r, v);
         }
-        Ok(())
+        Ok(c)
     }
 
     /// A predicate true on lane 0 of each warp (the lane that arrives for its warp).

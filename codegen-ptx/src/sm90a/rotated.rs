@@ -84,13 +84,15 @@ struct Rotation {
 }
 
 impl Writer<'_> {
-    /// Writes the consumers' rotated loop (see the module doc).
+    /// Writes the consumers' rotated loop (see the module doc) with cursor `cursor`; hands
+    /// the cursor back.
     pub(super) fn write_rotated_loop(
         &mut self,
         id: OpId,
         ring: &Ring,
+        cursor: Cursor,
         [lo, hi, step]: [Reg; 3],
-    ) -> Result<(), CodegenError> {
+    ) -> Result<Cursor, CodegenError> {
         let op = self.k.ops[id].clone();
         let body = op.regions[0].clone();
         let overlap = ring
@@ -101,7 +103,6 @@ impl Writer<'_> {
         let (head_iv, carried) = self.enter_loop(id, &op, &body, lo)?;
         let lane0 = self.lane0();
         let turns = overlap.turns.map(|t| self.turn_regs(t, id)).transpose()?;
-        let cursor = self.cursor(&ring.consumer);
         let tail_iv = self.new_reg(Class::B32);
         let mut r = Rotation {
             id,
@@ -147,7 +148,7 @@ impl Writer<'_> {
         for (res, v) in op.results.iter().zip(r.carried) {
             self.vals.insert(*res, v);
         }
-        Ok(())
+        Ok(r.cursor)
     }
 
     /// One section: the steps of the consumer program that run in it, then (after the tail)

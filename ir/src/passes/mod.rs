@@ -10,6 +10,7 @@ pub mod layout;
 pub mod lower;
 pub mod memory_plan;
 pub mod overlap;
+pub mod persistent;
 pub mod pipeline;
 pub mod protocol_check;
 pub mod verify;
@@ -65,6 +66,12 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
         "sm_90a: rotate mma -> softmax -> mma loops; warpgroup ping-pong",
         overlap::run,
     ),
+    // sm_90a: needs the final ring (overlap may deepen it) to add its per-tile barrier.
+    (
+        "persistent",
+        "sm_90a: persistent CTAs walking work tiles; the ring continues across tiles",
+        persistent::run,
+    ),
     // Target checks and pipelining plans rely on the buffers' stage counts and the rings.
     (
         "lower",
@@ -85,7 +92,7 @@ pub fn applies(name: &str, target: Target) -> bool {
     target == Target::Sm90a
         || !matches!(
             name,
-            "pipeline" | "warp_specialise" | "overlap" | "protocol_check"
+            "pipeline" | "warp_specialise" | "overlap" | "persistent" | "protocol_check"
         )
 }
 

@@ -109,6 +109,10 @@ pub fn place(kernel: &mut Kernel) -> Result<(), Diagnostic> {
         if !ring.once.is_empty() {
             ring.once_offset = offset;
             offset += 8;
+            if ring.persistent {
+                ring.once_free_offset = offset;
+                offset += 8;
+            }
         }
     }
     if offset > super::memory_plan::SMEM_LIMIT {
@@ -293,6 +297,9 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
         producer,
         consumer,
         consumer_drain,
+        consumer_release: Vec::new(),
+        persistent: false,
+        once_free_offset: 0,
         overlap: None,
     })
 }

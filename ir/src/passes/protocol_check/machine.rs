@@ -1,6 +1,7 @@
 //! The dynamic rules of the ring protocol (see the parent module's doc): the producer and each
 //! consumer warpgroup run on an abstract machine with mbarrier, named-barrier and wgmma-group
-//! semantics for one trip count.
+//! semantics for a sequence of work tiles (one for a kernel that is not persistent), each with
+//! its trip count.
 
 use std::collections::BTreeMap;
 
@@ -53,10 +54,19 @@ enum Part {
     Tail,
 }
 
+/// One step of a role's program: the ring iteration it serves (counted across tiles), the
+/// work tile, and the step.
+#[derive(Clone, Copy, Debug)]
+struct At {
+    i: u32,
+    tile: u32,
+    step: Step,
+}
+
 /// One role's program and state.
 struct Role {
-    /// `(iteration, step)` in execution order, and the next index.
-    program: Vec<(u32, Step)>,
+    /// The steps in execution order, and the next index.
+    program: Vec<At>,
     pc: usize,
     /// wgmma groups: what each wgmma reads (iteration, part); groups below `done` completed.
     groups: Vec<Vec<(u32, Part)>>,
@@ -67,7 +77,7 @@ struct Role {
 }
 
 impl Role {
-    fn new(program: Vec<(u32, Step)>) -> Role {
+    fn new(program: Vec<At>) -> Role {
         Role {
             program,
             pc: 0,
@@ -85,7 +95,10 @@ impl Role {
 
     fn at(&self) -> String {
         match self.program.get(self.pc) {
-            Some((i, s)) => format!("blocked at `{s}` in iteration {i}"),
+            Some(a) => format!(
+                "blocked at `{}` in iteration {} of tile {}",
+                a.step, a.i, a.tile
+            ),
             None => "finished".to_string(),
         }
     }
@@ -101,6 +114,8 @@ pub(super) struct Machine<'r> {
     arrivals: u32,
     /// Per iteration, how many consumer warpgroups released its stage.
     released: Vec<u32>,
+    /// Per tile, how many consumer warpgroups released its once tiles.
+    once_released: Vec<u32>,
 }
 
 const PRODUCER: usize = 0;
@@ -122,15 +137,18 @@ impl<'r> Machine<'r> {
             }
         }
         if !ring.once.is_empty() {
-            bars.insert(
-                (Bar::Once, 0),
-                Barrier {
-                    count: 1,
-                    pending: 1,
-                    tx: 0,
-                    completed: 0,
-                },
-            );
+            let once_free = ring.persistent.then_some((Bar::OnceFree, ring.empty_count));
+            for (bar, count) in std::iter::once((Bar::Once, 1)).chain(once_free) {
+                bars.insert(
+                    (bar, 0),
+                    Barrier {
+                        count,
+                        pending: i64::from(count),
+                        tx: 0,
+                        completed: 0,
+                    },
+                );
+            }
         }
         let warpgroups = consumer_warpgroups(ring, roles);
         Machine {
@@ -140,6 +158,7 @@ impl<'r> Machine<'r> {
             roles: Vec::new(),
             arrivals: roles.consumer_arrivals() / warpgroups,
             released: Vec::new(),
+            once_released: Vec::new(),
         }
     }
 
@@ -147,52 +166,60 @@ impl<'r> Machine<'r> {
         self.turns.len() as u32
     }
 
-    pub(super) fn run(mut self, trips: u32) -> Result<(), ProtocolError> {
+    /// Runs the roles over work tiles with trip counts `tiles` (one tile for a kernel that
+    /// is not persistent).
+    pub(super) fn run(mut self, tiles: &[u32]) -> Result<(), ProtocolError> {
         let ring = self.ring;
-        // The once programs run as iteration 0, whose stage is 0 and parity the start.
-        let once = |steps: &[Step], wg: Option<u32>| {
-            steps
-                .iter()
-                .filter(move |s| wg.is_none_or(|g| runs_in(**s, g)))
-                .map(|&s| (0, s))
-                .collect::<Vec<_>>()
-        };
-        let mut producer = once(&ring.producer_once, None);
-        producer.extend((0..trips).flat_map(|i| ring.producer.iter().map(move |&s| (i, s))));
-        self.roles.push(Role::new(producer));
-        for wg in 0..self.warpgroups() {
-            let mut consumer = once(&ring.consumer_once, Some(wg));
-            let steps = ring.consumer.iter().filter(|s| runs_in(**s, wg));
-            if ring.overlap.is_some() {
-                // Rotated: iterations 0 ..= trips, each step in the iterations it serves.
-                let rounds = if trips == 0 { 0 } else { trips + 1 };
-                for t in 0..rounds {
-                    consumer.extend(
-                        steps
-                            .clone()
-                            .filter(|s| s.runs_rotated(t, trips))
-                            .map(|&s| (t, s)),
-                    );
+        let mut producer = Vec::new();
+        let mut consumers = vec![Vec::new(); self.warpgroups() as usize];
+        let mut base = 0;
+        for (tile, &trips) in tiles.iter().enumerate() {
+            let tile = tile as u32;
+            // Steps of local iteration `t` (the release lags count from the tile's start).
+            let at = |t: u32, step: Step| {
+                let released_earlier = matches!(step, Step::Arrive { lag, .. } if t < lag);
+                (!released_earlier).then_some(At {
+                    i: base + t,
+                    tile,
+                    step,
+                })
+            };
+            producer.extend(ring.producer_once.iter().filter_map(|&s| at(0, s)));
+            producer.extend((0..trips).flat_map(|t| ring.producer.iter().filter_map(move |&s| at(t, s))));
+            for (wg, consumer) in consumers.iter_mut().enumerate() {
+                let steps = |list: &'r [Step]| list.iter().filter(move |s| runs_in(**s, wg as u32));
+                consumer.extend(steps(&ring.consumer_once).filter_map(|&s| at(0, s)));
+                if ring.overlap.is_some() {
+                    // Rotated: iterations 0 ..= trips, each step in the iterations it serves.
+                    let rounds = if trips == 0 { 0 } else { trips + 1 };
+                    for t in 0..rounds {
+                        consumer.extend(
+                            steps(&ring.consumer)
+                                .filter(|s| s.runs_rotated(t, trips))
+                                .filter_map(|&s| at(t, s)),
+                        );
+                    }
+                } else {
+                    for t in 0..trips {
+                        consumer.extend(steps(&ring.consumer).filter_map(|&s| at(t, s)));
+                    }
                 }
-            } else {
-                for t in 0..trips {
-                    consumer.extend(steps.clone().map(|&s| (t, s)));
-                }
+                consumer.extend(steps(&ring.consumer_drain).filter_map(|&s| at(trips, s)));
+                consumer.extend(steps(&ring.consumer_release).filter_map(|&s| at(trips, s)));
             }
-            consumer.extend(
-                ring.consumer_drain
-                    .iter()
-                    .filter(|s| runs_in(**s, wg))
-                    .map(|&s| (trips, s)),
-            );
+            base += trips;
+        }
+        self.roles.push(Role::new(producer));
+        for consumer in consumers {
             self.roles.push(Role::new(consumer));
         }
-        self.released = vec![0; trips as usize];
+        self.released = vec![0; base as usize];
+        self.once_released = vec![0; tiles.len()];
         loop {
             let mut moved = false;
             for role in 0..self.roles.len() {
-                while let Some(&(i, step)) = self.roles[role].program.get(self.roles[role].pc) {
-                    if !self.step(role, i, step)? {
+                while let Some(&at) = self.roles[role].program.get(self.roles[role].pc) {
+                    if !self.step(role, at)? {
                         break;
                     }
                     self.roles[role].pc += 1;
@@ -210,7 +237,7 @@ impl<'r> Machine<'r> {
                     .collect::<Vec<_>>()
                     .join(", ");
                 return Err(ProtocolError::Deadlock {
-                    trips,
+                    tiles: tiles.to_vec(),
                     producer: self.roles[PRODUCER].at(),
                     consumer,
                 });
@@ -227,8 +254,19 @@ impl<'r> Machine<'r> {
     }
 
     /// Executes one step; `Ok(false)` when it blocks.
-    fn step(&mut self, role: usize, i: u32, step: Step) -> Result<bool, ProtocolError> {
-        let stages = self.ring.stages;
+    fn step(&mut self, role: usize, at: At) -> Result<bool, ProtocolError> {
+        let At { i, tile, step } = at;
+        // The once barriers have one phase per tile and no stages.
+        let (stages, i) = match step {
+            Step::Wait { bar, .. }
+            | Step::Arrive { bar, .. }
+            | Step::ArriveExpectTx { bar, .. }
+                if matches!(bar, Bar::Once | Bar::OnceFree) =>
+            {
+                (1, tile)
+            }
+            _ => (self.ring.stages, i),
+        };
         let stage = i % stages;
         let role_name = if role == PRODUCER {
             "producer"
@@ -274,6 +312,10 @@ impl<'r> Machine<'r> {
                 Ok(true)
             }
             Step::TmaOnce { load } => {
+                let wgs = self.warpgroups();
+                if tile > 0 && self.once_released[tile as usize - 1] < wgs {
+                    return Err(ProtocolError::OnceOverwrite { tile });
+                }
                 let bytes = self.ring.once.get(load).map_or(0, |l| l.tile_bytes());
                 let b = self.bar(Bar::Once, 0);
                 b.tx -= i64::from(bytes);
@@ -324,6 +366,14 @@ impl<'r> Machine<'r> {
                     return Ok(true);
                 }
                 let j = i - lag;
+                if bar == Bar::OnceFree {
+                    if self.roles[role].in_flight(|_| true) {
+                        return Err(ProtocolError::OnceReleasedEarly { tile });
+                    }
+                    if let Some(r) = self.once_released.get_mut(tile as usize) {
+                        *r += 1;
+                    }
+                }
                 if bar == Bar::Empty && role != PRODUCER {
                     if self.roles[role].in_flight(|&(x, _)| x == j) {
                         return Err(ProtocolError::EarlyRelease {

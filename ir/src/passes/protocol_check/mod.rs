@@ -17,19 +17,25 @@
 //! - a loop the `overlap` pass rotated issues its head and tail mmas, its code between and its
 //!   handoff once per iteration, and turn barriers appear only when its warpgroups ping-pong.
 //!
+//! - a persistent ring's producer waits on `once_free` (from parity 1) before its once loads
+//!   and the consumers' release program only arrives on it; other rings never touch it.
+//!
 //! Dynamic rules: the producer and the consumers (each consumer warpgroup on its own when they
 //! ping-pong) are executed on an abstract machine with mbarrier semantics (pending arrivals,
 //! transaction bytes, completed phases, parity waits), named turn barriers (a generation
 //! completes when every warpgroup arrived) and wgmma groups, for every trip count from 0 to
 //! `2 * stages + 1`, which covers a cold ring, the first wrap of every stage and a second
-//! wrap; a rotated program runs its prologue, steady and epilogue iterations. It fails when
+//! wrap; a rotated program runs its prologue, steady and epilogue iterations. A persistent
+//! ring also runs sequences of three work tiles of those trip counts, its stages, phases and
+//! once barriers carried from tile to tile. It fails when
 //! the roles deadlock (a wait without its arrive, too few bytes, warpgroups waiting for each
 //! other's turn), a barrier gets more arrivals than its count, a parity wait would pass on a
 //! different phase than the one it means (phases disagree), a stage is released before the
 //! wgmma reading it has completed (`wgmma.wait_group`), TMA refills a stage before the
 //! consumers released it, a turn is passed to nobody or left pending at the end, or a wgmma's
 //! registers are read or overwritten before their group is waited for (the code between
-//! reading the head's products, the rescale of the accumulator, the handoff of `P`).
+//! reading the head's products, the rescale of the accumulator, the handoff of `P`), or the
+//! once tiles are released while a wgmma reads them or reloaded before they were released.
 
 use crate::diag::Diagnostic;
 use crate::kernel::Kernel;
@@ -203,11 +209,29 @@ pub enum ProtocolError {
     /// The once loads or the `once` barrier are misused.
     #[error("once loads: {0}")]
     Once(#[from] OnceError),
+    /// The consumers release a tile's once loads while a wgmma reading them may still run.
+    #[error(
+        "tile {tile}'s consumers release the once tiles on `once_free` before the wgmmas reading them completed"
+    )]
+    OnceReleasedEarly {
+        /// The work tile.
+        tile: u32,
+    },
+    /// TMA reloads the once tiles before the consumers released the previous tile's.
+    #[error(
+        "TMA reloads the once tiles for tile {tile} before the consumers released the previous tile's"
+    )]
+    OnceOverwrite {
+        /// The work tile being loaded.
+        tile: u32,
+    },
     /// Neither role can move.
-    #[error("deadlock with {trips} iteration(s): producer {producer}, consumers {consumer}")]
+    #[error(
+        "deadlock with trip counts {tiles:?} (one per work tile): producer {producer}, consumers {consumer}"
+    )]
     Deadlock {
-        /// The trip count simulated.
-        trips: u32,
+        /// The trip count of each work tile simulated.
+        tiles: Vec<u32>,
         /// Where the producer stands.
         producer: String,
         /// Where the consumers stand.
@@ -260,6 +284,26 @@ pub enum OnceError {
     /// The consumers never wait for the once loads.
     #[error("the consumers read once loads without waiting on `once`")]
     NoWait,
+    /// The consumers' release program is not the one the ring needs.
+    #[error("the consumers' release program is {got:?}; this ring needs {expected:?}")]
+    Release {
+        /// The program.
+        got: Vec<Step>,
+        /// What the ring needs: one arrival on `once_free` in a persistent ring with once
+        /// loads, nothing otherwise.
+        expected: Vec<Step>,
+    },
+    /// The producer's wait on `once_free` is missing from a persistent ring or present in
+    /// another.
+    #[error(
+        "the producer {} on `once_free` before its once loads; {}",
+        if *waits { "waits" } else { "does not wait" },
+        if *waits { "only a persistent ring reloads them" } else { "a persistent ring must" }
+    )]
+    ReloadWait {
+        /// Whether it waits.
+        waits: bool,
+    },
 }
 
 /// Checks every ring of the kernel.
@@ -286,8 +330,18 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
 pub fn check(ring: &Ring, roles: &Roles) -> Result<(), ProtocolError> {
     check_init(&ring.init)?;
     check_static(ring)?;
-    for trips in 0..=2 * ring.stages + 1 {
-        Machine::new(ring, roles).run(trips)?;
+    let counts: Vec<u32> = (0..=2 * ring.stages + 1).collect();
+    for &trips in &counts {
+        Machine::new(ring, roles).run(&[trips])?;
+    }
+    if ring.persistent {
+        // Tiles of every pair of trip counts (an empty tile, a short one, one that wraps the
+        // ring, ...) in both orders, then a third: the ring's state carries over from each.
+        for &a in &counts {
+            for &b in &counts {
+                Machine::new(ring, roles).run(&[a, b, (a + b) % 3 + 1])?;
+            }
+        }
     }
     Ok(())
 }

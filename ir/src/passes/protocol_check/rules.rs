@@ -139,7 +139,7 @@ fn check_once(ring: &Ring) -> Result<(), ProtocolError> {
     }
     let touches_once = |s: &Step| match *s {
         Step::Wait { bar, .. } | Step::ArriveExpectTx { bar, .. } | Step::Arrive { bar, .. } => {
-            bar == Bar::Once
+            matches!(bar, Bar::Once | Bar::OnceFree)
         }
         Step::TmaOnce { .. } => true,
         _ => false,
@@ -152,8 +152,22 @@ fn check_once(ring: &Ring) -> Result<(), ProtocolError> {
         return Err(OnceError::EveryIteration { step: *s }.into());
     }
     let mut announced = 0;
-    for s in &ring.producer_once {
+    for (k, s) in ring.producer_once.iter().enumerate() {
         match *s {
+            // A persistent ring reloads the once tiles after the consumers released them.
+            Step::Wait {
+                bar: Bar::OnceFree,
+                start,
+            } if ring.persistent && k == 0 => {
+                if start != 1 {
+                    return Err(ProtocolError::StartPhase {
+                        role: "producer",
+                        bar: Bar::OnceFree,
+                        start,
+                        expected: 1,
+                    });
+                }
+            }
             Step::ArriveExpectTx {
                 bar: Bar::Once,
                 bytes,
@@ -187,6 +201,35 @@ fn check_once(ring: &Ring) -> Result<(), ProtocolError> {
         .collect::<Result<Vec<()>, _>>()?;
     if !ring.once.is_empty() && waits.is_empty() {
         return Err(OnceError::NoWait.into());
+    }
+    check_release(ring)
+}
+
+/// A persistent ring with once loads releases them once per tile, after the drain, on
+/// `once_free` and waits for that release before reloading; no other ring has a release.
+fn check_release(ring: &Ring) -> Result<(), ProtocolError> {
+    let release = Step::Arrive {
+        bar: Bar::OnceFree,
+        lag: 0,
+    };
+    let expected: &[Step] = if ring.persistent && !ring.once.is_empty() {
+        &[release]
+    } else {
+        &[]
+    };
+    if ring.consumer_release != expected {
+        return Err(OnceError::Release {
+            got: ring.consumer_release.clone(),
+            expected: expected.to_vec(),
+        }
+        .into());
+    }
+    let waits = ring
+        .producer_once
+        .iter()
+        .any(|s| matches!(s, Step::Wait { bar: Bar::OnceFree, .. }));
+    if waits != !expected.is_empty() {
+        return Err(OnceError::ReloadWait { waits }.into());
     }
     Ok(())
 }

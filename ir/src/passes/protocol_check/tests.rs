@@ -74,6 +74,9 @@ fn good() -> (Ring, Roles) {
             },
         ],
         consumer_drain: vec![Step::WaitGroup(0)],
+        consumer_release: Vec::new(),
+        persistent: false,
+        once_free_offset: 0,
         overlap: None,
     };
     let roles = Roles {
@@ -449,4 +452,60 @@ fn rotation_steps_are_checked_statically() {
         }
     });
     assert!(e.to_string().contains("without ping-pong"), "{e}");
+}
+
+/// `base`'s ring made persistent as the `persistent` pass does.
+fn persistent(base: fn() -> (Ring, Roles)) -> (Ring, Roles) {
+    let (mut ring, roles) = base();
+    crate::passes::persistent::persist(&mut ring);
+    (ring, roles)
+}
+
+/// [`attention_like`] with the lag-1 release of [`good`]: one wgmma group stays in flight
+/// across iterations and the drain waits for it.
+fn attention_lagged() -> (Ring, Roles) {
+    let (mut ring, roles) = attention_like();
+    let (good, _) = good();
+    ring.consumer = good.consumer;
+    ring.consumer_drain = good.consumer_drain;
+    (ring, roles)
+}
+
+#[test]
+fn persistent_rings_pass_over_tile_sequences() {
+    for base in [good, attention_like, attention_lagged, rotated] {
+        let (ring, roles) = persistent(base);
+        check(&ring, &roles).expect("the persistent protocol is sound");
+    }
+}
+
+#[test]
+fn broken_persistent_protocols_are_rejected() {
+    let rejected_persistent = |base: fn() -> (Ring, Roles), edit: &dyn Fn(&mut Ring)| {
+        let (mut ring, roles) = persistent(base);
+        edit(&mut ring);
+        check(&ring, &roles).expect_err("a broken protocol must be rejected")
+    };
+    // The last stage of a tile never released: the next tile's producer waits forever.
+    let e = rejected_persistent(good, &|r| {
+        r.consumer_drain.pop();
+    });
+    assert!(matches!(e, ProtocolError::Deadlock { ref tiles, .. } if tiles.len() == 3), "{e}");
+    // The once tiles released while the last group may still read them.
+    let e = rejected_persistent(attention_lagged, &|r| r.consumer_drain.clear());
+    assert!(matches!(e, ProtocolError::OnceReleasedEarly { tile: 0 }), "{e}");
+    // No release, or a reload without waiting for it.
+    let e = rejected_persistent(attention_like, &|r| r.consumer_release.clear());
+    assert!(e.to_string().contains("release program"), "{e}");
+    let e = rejected_persistent(attention_like, &|r| {
+        r.producer_once.remove(0);
+    });
+    assert!(e.to_string().contains("does not wait on `once_free`"), "{e}");
+    let e = rejected_persistent(rotated, &|r| {
+        r.producer_once[0] = Step::Wait {
+            bar: Bar::OnceFree,
+            start: 0,
+        };
+    });
+    assert!(matches!(e, ProtocolError::StartPhase { .. }), "{e}");
 }

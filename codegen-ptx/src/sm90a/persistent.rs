@@ -1,0 +1,149 @@
+//! sm_90a: the body of a persistent kernel (`kiln_ir::tile_scheduler`).
+//!
+//! The roles split at the start. Each walks the work tiles `t = ctaid.x + k * nctaid.x` of
+//! the logical grid (its `kiln_grid_*` parameters) and, per tile, decodes the block index the
+//! kernel's `block_id()` reads, runs the ops before the ring loop (the producer only those
+//! computing scalars: its TMA coordinates and trip count need nothing else), and its side of
+//! the ring; the consumers then run the ops after the loop (the epilogue) while the producer
+//! already loads the next tile. The ring's cursors are made once, before the tile loop, so
+//! stages and phases carry over; each tile restarts their iteration count (the release lags)
+//! and flips the once barriers' parity.
+
+use kiln_ir::tile_scheduler::TileScheduler;
+use kiln_ir::{Kernel, OpId, Type};
+
+use super::Cursor;
+use crate::CodegenError;
+use crate::types::{Class, Reg};
+use crate::writer::Writer;
+
+/// The registers of a role's walk over the work tiles.
+struct TileLoop {
+    tile: Reg,
+    top: String,
+    done: String,
+}
+
+impl Writer<'_> {
+    /// Writes the body of a persistent kernel (see the module doc).
+    pub(crate) fn write_persistent(&mut self, tiles: TileScheduler) -> Result<(), CodegenError> {
+        let body = self.k.body.clone();
+        let id = *self.k.schedule.rings.keys().next().ok_or_else(|| {
+            CodegenError::Diagnostic(kiln_ir::Diagnostic::internal(
+                Default::default(),
+                "a persistent kernel without its stage ring",
+            ))
+        })?;
+        let at = body
+            .ops
+            .iter()
+            .position(|&op| op == id)
+            .ok_or_else(|| self.internal(id, "a persistent kernel's ring loop is nested"))?;
+        let ring = self.k.schedule.rings[&id].clone();
+        let (before, after) = (&body.ops[..at], &body.ops[at + 1..]);
+
+        let consumer_label = self.split_roles(id)?;
+        let mut c = self.cursor(&ring.producer);
+        let tl = self.open_tile_loop(id, tiles, &mut c)?;
+        for &op in before {
+            if scalar_only(self.k, op) {
+                self.write_op(op)?;
+            }
+        }
+        let bounds = self.loop_bounds(id)?;
+        self.write_producer(id, &ring, &c, bounds)?;
+        self.close_tile_loop(&tl, &c);
+        self.ins("exit");
+
+        self.label(&consumer_label);
+        self.enter_consumers(id)?;
+        let mut c = self.cursor(&ring.consumer);
+        let tl = self.open_tile_loop(id, tiles, &mut c)?;
+        for &op in before {
+            self.write_op(op)?;
+        }
+        let bounds = self.loop_bounds(id)?;
+        let c = self.write_consumers(id, &ring, c, bounds)?;
+        for &op in after {
+            if self.k.ops[op].kind != kiln_ir::OpKind::Yield {
+                self.write_op(op)?;
+            }
+        }
+        self.close_tile_loop(&tl, &c);
+        Ok(())
+    }
+
+    /// Opens a role's walk over the work tiles: the first tile is the CTA's own, the loop
+    /// ends past the last; the block index of the tile is decoded into [`Writer::block`]. The
+    /// cursor gets the tile's parity and restarts its iteration count.
+    fn open_tile_loop(
+        &mut self,
+        id: OpId,
+        tiles: TileScheduler,
+        c: &mut Cursor,
+    ) -> Result<TileLoop, CodegenError> {
+        let [nx, ny, nz] = self
+            .grid
+            .ok_or_else(|| self.internal(id, "a persistent kernel without its grid"))?;
+        let (tile, total) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+        let parity = self.new_reg(Class::B32);
+        self.ins(format!("mov.u32 {tile}, %ctaid.x"));
+        self.ins(format!("mul.lo.u32 {total}, {nx}, {ny}"));
+        self.ins(format!("mul.lo.u32 {total}, {total}, {nz}"));
+        self.ins(format!("mov.u32 {parity}, 0"));
+        c.tile_parity = Some(parity);
+        let (top, done) = (self.new_label(), self.new_label());
+        let finished = self.new_reg(Class::Pred);
+        self.label(&top);
+        self.ins(format!("setp.ge.u32 {finished}, {tile}, {total}"));
+        self.ins(format!("@{finished} bra {done}"));
+        self.comment("work tile: its block index (x fastest)");
+        let [x, yz, y, z] = [(); 4].map(|_| self.new_reg(Class::B32));
+        self.ins(format!("rem.u32 {x}, {tile}, {nx}"));
+        self.ins(format!("div.u32 {yz}, {tile}, {nx}"));
+        self.ins(format!("rem.u32 {y}, {yz}, {ny}"));
+        self.ins(format!("div.u32 {z}, {yz}, {ny}"));
+        if tiles.x_descending {
+            self.ins(format!("sub.u32 {x}, {nx}, {x}"));
+            self.ins(format!("sub.u32 {x}, {x}, 1"));
+        }
+        self.block = Some([x, y, z]);
+        self.ins(format!("mov.u32 {}, 0", c.count));
+        Ok(TileLoop {
+            tile,
+            top,
+            done,
+        })
+    }
+
+    /// Moves to the role's next work tile and closes the walk.
+    fn close_tile_loop(&mut self, tl: &TileLoop, c: &Cursor) {
+        let ctas = self.new_reg(Class::B32);
+        self.ins(format!("mov.u32 {ctas}, %nctaid.x"));
+        self.ins(format!("add.u32 {0}, {0}, {ctas}", tl.tile));
+        if let Some(parity) = c.tile_parity {
+            self.ins(format!("xor.b32 {parity}, {parity}, 1"));
+        }
+        self.ins(format!("bra.uni {}", tl.top));
+        self.label(&tl.done);
+        self.block = None;
+    }
+}
+
+/// Whether `op` and everything in its regions only compute scalars (no tile, no memory).
+fn scalar_only(k: &Kernel, op: OpId) -> bool {
+    let o = &k.ops[op];
+    let scalar_results = o
+        .results
+        .iter()
+        .all(|&r| matches!(k.ty(r), Type::Scalar(_)));
+    let no_memory = !matches!(
+        o.kind,
+        kiln_ir::OpKind::Load { .. } | kiln_ir::OpKind::Store { .. } | kiln_ir::OpKind::Mma
+    );
+    scalar_results
+        && no_memory
+        && o.regions
+            .iter()
+            .all(|r| r.ops.iter().all(|&inner| scalar_only(k, inner)))
+}

@@ -1,0 +1,119 @@
+//! sm_90a: persistent CTAs. A warp-specialised kernel whose stage ring is a rotated loop (the
+//! `overlap` pass's) of its top level becomes persistent: the launch runs as many CTAs as fit on the GPU, and each walks
+//! work tiles (blocks of the kernel's logical grid) in the order of [`TileScheduler`]. The
+//! producer issues the next tile's loads while the consumers finish the current one (its
+//! epilogue), instead of a new CTA starting cold.
+//!
+//! Per tile the producer recomputes the scalars it needs from the ops before the loop, so
+//! those may not write memory. The ring's stages and phases continue across tiles; once loads
+//! get the `once_free` barrier, which the consumers arrive on after their drain and the
+//! producer waits on before reloading (see `kiln_ir::ring`).
+
+use crate::diag::Diagnostic;
+use crate::kernel::{Axis, Kernel, OpId, OpKind, ValueId};
+use crate::ring::{Bar, Ring, Step};
+use crate::target::Target;
+use crate::tile_scheduler::TileScheduler;
+
+use super::walk;
+
+/// Makes the kernel persistent when it has the shape above; leaves it as it is otherwise.
+pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
+    if target != Target::Sm90a || kernel.schedule.roles.is_none() {
+        return Ok(());
+    }
+    let ring_loops: Vec<OpId> = kernel.schedule.rings.keys().copied().collect();
+    let [id] = ring_loops[..] else {
+        return Ok(());
+    };
+    let Some(at) = kernel.body.ops.iter().position(|&o| o == id) else {
+        return Ok(());
+    };
+    // Only rotated rings so far: an unrotated consumer loop zeroes its accumulator with
+    // `mov`s at each tile's start, and ptxas then serialises its wgmmas (C7514), since the
+    // group left in flight across iterations and the tile loop's back edge meet there.
+    if kernel.schedule.rings[&id].overlap.is_none() {
+        return Ok(());
+    }
+    let before = &kernel.body.ops[..at];
+    if before
+        .iter()
+        .flat_map(|&o| std::iter::once(o).chain(walk::ops_in_block_regions(kernel, o)))
+        .any(|o| matches!(kernel.ops[o].kind, OpKind::Store { .. }))
+    {
+        return Ok(());
+    }
+    let trips = &kernel.ops[id].operands[..2];
+    let x_descending = trips.iter().any(|&v| depends_on_x(kernel, v));
+    let saved = kernel.schedule.clone();
+    let ring = kernel
+        .schedule
+        .rings
+        .get_mut(&id)
+        .ok_or_else(|| Diagnostic::internal(kernel.ops[id].loc, "a ring vanished"))?;
+    persist(ring);
+    kernel.schedule.tiles = Some(TileScheduler { x_descending });
+    // Without room for the `once_free` barrier the kernel stays as it was.
+    if super::pipeline::place(kernel).is_err() {
+        kernel.schedule = saved;
+    }
+    Ok(())
+}
+
+/// Makes `ring` run once per work tile: in an unrotated loop, a stage released one iteration
+/// late is also released after the loop (the next tile's producer waits for it; a rotated
+/// loop's last iteration releases it already); with once loads, the producer waits on
+/// `once_free` before reloading them and the consumers release them after their drain.
+pub(crate) fn persist(ring: &mut Ring) {
+    ring.persistent = true;
+    let late = Step::Arrive {
+        bar: Bar::Empty,
+        lag: 1,
+    };
+    if ring.overlap.is_none()
+        && ring.consumer.contains(&late)
+        && !ring.consumer_drain.contains(&late)
+    {
+        ring.consumer_drain.push(late);
+    }
+    if !ring.once.is_empty() {
+        ring.producer_once.insert(
+            0,
+            Step::Wait {
+                bar: Bar::OnceFree,
+                start: 1,
+            },
+        );
+        ring.consumer_release = vec![Step::Arrive {
+            bar: Bar::OnceFree,
+            lag: 0,
+        }];
+    }
+}
+
+/// Whether `v` is computed from the x block index.
+fn depends_on_x(kernel: &Kernel, v: ValueId) -> bool {
+    let mut stack = vec![v];
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v) {
+            continue;
+        }
+        let (op, is_result) = walk::defining_op(kernel, v);
+        if !is_result {
+            continue;
+        }
+        let op = &kernel.ops[op];
+        if op.kind == OpKind::BlockId(Axis::X) {
+            return true;
+        }
+        stack.extend(op.operands.iter().copied());
+        // A value yielded by an `if` depends on what its branches yield.
+        for region in &op.regions {
+            if let Some(&last) = region.ops.last() {
+                stack.extend(kernel.ops[last].operands.iter().copied());
+            }
+        }
+    }
+    false
+}
