@@ -15,8 +15,10 @@
 //! In a persistent kernel ([`Ring::persistent`]) the ring runs once per work tile: its stages
 //! and phase bits go on from tile to tile as if the tiles' loops were one, the release lags
 //! start again in each tile, and the once barriers flip phase per tile (tile `k` waits with
-//! parity `start ^ (k & 1)`). The consumers release the once tiles on `once_free` after their
-//! drain ([`Ring::consumer_release`]); the producer waits on it before reloading them.
+//! parity `start ^ (k & 1)`). The consumers release the once tiles on `once_free`
+//! ([`Ring::consumer_release`]) once no wgmma reads them: after the drain, or in a rotated loop
+//! before its last iteration (which runs only the last block's tail); the producer issues a
+//! tile's first iteration, then waits on `once_free` before reloading them.
 //!
 //! A ring the `overlap` pass rotates ([`Ring::overlap`]) runs its consumer program over the
 //! iterations `t = 0 ..= trips`: steps that serve iteration `t` ([`Step::lag`] 0) skip the
@@ -377,7 +379,8 @@ pub struct Ring {
     pub consumer: Vec<Step>,
     /// The consumers' steps once after the loop (as iteration `trip count`).
     pub consumer_drain: Vec<Step>,
-    /// Persistent kernels: the consumers' steps after the drain, releasing the once tiles.
+    /// Persistent kernels: the consumers' steps releasing the once tiles (see the module doc
+    /// for where they run).
     pub consumer_release: Vec<Step>,
     /// Whether the ring runs once per work tile of a persistent CTA (see the module doc).
     pub persistent: bool,

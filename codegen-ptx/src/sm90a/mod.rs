@@ -244,7 +244,9 @@ impl Writer<'_> {
         Ok(consumer_label)
     }
 
-    /// The producer's side of the ring: its once program, then its loop over the iterations.
+    /// The producer's side of the ring: its once program, then its loop over the iterations;
+    /// a persistent ring issues the first iteration before the once program (its stage is
+    /// free before the consumers release the previous tile's once tiles).
     fn write_producer(
         &mut self,
         id: OpId,
@@ -254,15 +256,35 @@ impl Writer<'_> {
     ) -> Result<(), CodegenError> {
         let iv = self.new_reg(Class::B32);
         self.mov(iv, lo);
+        if ring.persistent {
+            let (none, skip) = (self.new_reg(Class::Pred), self.new_label());
+            self.ins(format!("setp.ge.s32 {none}, {iv}, {hi}"));
+            self.ins(format!("@{none} bra {skip}"));
+            self.producer_iteration(id, ring, c, iv)?;
+            self.ins(format!("add.s32 {iv}, {iv}, {step}"));
+            self.label(&skip);
+        }
         for s in ring.producer_once.clone() {
             self.producer_step(ring, c, s, iv, id)?;
         }
         let counted = self.open_counted_loop(iv, hi, step);
+        self.producer_iteration(id, ring, c, iv)?;
+        self.close_counted_loop(&counted);
+        Ok(())
+    }
+
+    /// One iteration of the producer's program, then the cursor moves on.
+    fn producer_iteration(
+        &mut self,
+        id: OpId,
+        ring: &Ring,
+        c: &Cursor,
+        iv: Reg,
+    ) -> Result<(), CodegenError> {
         for s in ring.producer.clone() {
             self.producer_step(ring, c, s, iv, id)?;
         }
         self.advance(c, ring.stages);
-        self.close_counted_loop(&counted);
         Ok(())
     }
 
@@ -286,8 +308,8 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// The consumers' side of the ring with cursor `c`: rotated or not, then the release;
-    /// hands the cursor back.
+    /// The consumers' side of the ring with cursor `c`, rotated or not, with the release of
+    /// the once tiles; hands the cursor back.
     fn write_consumers(
         &mut self,
         id: OpId,
@@ -295,16 +317,27 @@ impl Writer<'_> {
         c: Cursor,
         bounds: [Reg; 3],
     ) -> Result<Cursor, CodegenError> {
-        let c = if ring.overlap.is_some() {
-            self.write_rotated_loop(id, ring, c, bounds)?
-        } else {
-            self.write_consumer_loop(id, ring, c, bounds)?
-        };
+        if ring.overlap.is_some() {
+            // The rotated loop releases the once tiles itself, after its last head mma.
+            return self.write_rotated_loop(id, ring, c, bounds);
+        }
+        let c = self.write_consumer_loop(id, ring, c, bounds)?;
+        self.write_release(id, ring, &c)?;
+        Ok(c)
+    }
+
+    /// The consumers' release of the once tiles ([`Ring::consumer_release`]).
+    pub(crate) fn write_release(
+        &mut self,
+        id: OpId,
+        ring: &Ring,
+        c: &Cursor,
+    ) -> Result<(), CodegenError> {
         let lane0 = self.lane0();
         for s in ring.consumer_release.clone() {
-            self.consumer_step(ring, &c, s, lane0, id)?;
+            self.consumer_step(ring, c, s, lane0, id)?;
         }
-        Ok(c)
+        Ok(())
     }
 
     /// One step of the producer's programs (`iv`: the iteration's induction variable).

@@ -109,11 +109,7 @@ impl Writer<'_> {
         }
         self.block = Some([x, y, z]);
         self.ins(format!("mov.u32 {}, 0", c.count));
-        Ok(TileLoop {
-            tile,
-            top,
-            done,
-        })
+        Ok(TileLoop { tile, top, done })
     }
 
     /// Moves to the role's next work tile and closes the walk.

@@ -135,9 +135,15 @@ impl Writer<'_> {
         self.rotated_section(&mut r, Section::Steady)?;
         self.advance(&r.cursor, ring.stages);
         self.close_counted_loop(&counted);
+        // The last head mma is done: the once tiles are free for the next work tile.
+        self.write_release(id, ring, &r.cursor)?;
         self.comment("rotated loop: epilogue (the last block's tail)");
         self.rotated_section(&mut r, Section::Epilogue)?;
+        let done = self.new_label();
+        self.ins(format!("bra.uni {done}"));
         self.label(&skip);
+        self.write_release(id, ring, &r.cursor)?;
+        self.label(&done);
         for s in ring.consumer_drain.clone() {
             self.rotated_step(&mut r, s)?;
         }

@@ -6,8 +6,8 @@
 //!
 //! Per tile the producer recomputes the scalars it needs from the ops before the loop, so
 //! those may not write memory. The ring's stages and phases continue across tiles; once loads
-//! get the `once_free` barrier, which the consumers arrive on after their drain and the
-//! producer waits on before reloading (see `kiln_ir::ring`).
+//! get the `once_free` barrier, which the consumers arrive on when no wgmma reads them any
+//! more and the producer waits on before reloading (see `kiln_ir::ring`).
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Axis, Kernel, OpId, OpKind, ValueId};
@@ -63,7 +63,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
 /// Makes `ring` run once per work tile: in an unrotated loop, a stage released one iteration
 /// late is also released after the loop (the next tile's producer waits for it; a rotated
 /// loop's last iteration releases it already); with once loads, the producer waits on
-/// `once_free` before reloading them and the consumers release them after their drain.
+/// `once_free` before reloading them and the consumers release them.
 pub(crate) fn persist(ring: &mut Ring) {
     ring.persistent = true;
     let late = Step::Arrive {

@@ -184,28 +184,42 @@ impl<'r> Machine<'r> {
                     step,
                 })
             };
+            let iteration = |t: u32| ring.producer.iter().filter_map(move |&s| at(t, s));
+            // A persistent ring issues its first iteration before reloading the once tiles.
+            let first = u32::from(ring.persistent).min(trips);
+            producer.extend((0..first).flat_map(iteration));
             producer.extend(ring.producer_once.iter().filter_map(|&s| at(0, s)));
-            producer.extend((0..trips).flat_map(|t| ring.producer.iter().filter_map(move |&s| at(t, s))));
+            producer.extend((first..trips).flat_map(iteration));
             for (wg, consumer) in consumers.iter_mut().enumerate() {
                 let steps = |list: &'r [Step]| list.iter().filter(move |s| runs_in(**s, wg as u32));
                 consumer.extend(steps(&ring.consumer_once).filter_map(|&s| at(0, s)));
+                let release = steps(&ring.consumer_release).filter_map(|&s| at(trips, s));
                 if ring.overlap.is_some() {
-                    // Rotated: iterations 0 ..= trips, each step in the iterations it serves.
+                    // Rotated: iterations 0 ..= trips, each step in the iterations it serves;
+                    // the once tiles are released when the last head mma is done, before the
+                    // last iteration (the last block's tail).
                     let rounds = if trips == 0 { 0 } else { trips + 1 };
                     for t in 0..rounds {
+                        if t == trips {
+                            consumer.extend(release.clone());
+                        }
                         consumer.extend(
                             steps(&ring.consumer)
                                 .filter(|s| s.runs_rotated(t, trips))
                                 .filter_map(|&s| at(t, s)),
                         );
                     }
+                    if trips == 0 {
+                        consumer.extend(release);
+                    }
+                    consumer.extend(steps(&ring.consumer_drain).filter_map(|&s| at(trips, s)));
                 } else {
                     for t in 0..trips {
                         consumer.extend(steps(&ring.consumer).filter_map(|&s| at(t, s)));
                     }
+                    consumer.extend(steps(&ring.consumer_drain).filter_map(|&s| at(trips, s)));
+                    consumer.extend(release);
                 }
-                consumer.extend(steps(&ring.consumer_drain).filter_map(|&s| at(trips, s)));
-                consumer.extend(steps(&ring.consumer_release).filter_map(|&s| at(trips, s)));
             }
             base += trips;
         }
@@ -367,7 +381,8 @@ impl<'r> Machine<'r> {
                 }
                 let j = i - lag;
                 if bar == Bar::OnceFree {
-                    if self.roles[role].in_flight(|_| true) {
+                    // Head (and unrotated body) wgmmas read the once tiles; tails do not.
+                    if self.roles[role].in_flight(|&(_, p)| p != Part::Tail) {
                         return Err(ProtocolError::OnceReleasedEarly { tile });
                     }
                     if let Some(r) = self.once_released.get_mut(tile as usize) {

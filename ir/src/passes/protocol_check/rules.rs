@@ -224,10 +224,15 @@ fn check_release(ring: &Ring) -> Result<(), ProtocolError> {
         }
         .into());
     }
-    let waits = ring
-        .producer_once
-        .iter()
-        .any(|s| matches!(s, Step::Wait { bar: Bar::OnceFree, .. }));
+    let waits = ring.producer_once.iter().any(|s| {
+        matches!(
+            s,
+            Step::Wait {
+                bar: Bar::OnceFree,
+                ..
+            }
+        )
+    });
     if waits != !expected.is_empty() {
         return Err(OnceError::ReloadWait { waits }.into());
     }

@@ -490,17 +490,26 @@ fn broken_persistent_protocols_are_rejected() {
     let e = rejected_persistent(good, &|r| {
         r.consumer_drain.pop();
     });
-    assert!(matches!(e, ProtocolError::Deadlock { ref tiles, .. } if tiles.len() == 3), "{e}");
+    assert!(
+        matches!(e, ProtocolError::Deadlock { ref tiles, .. } if tiles.len() == 3),
+        "{e}"
+    );
     // The once tiles released while the last group may still read them.
     let e = rejected_persistent(attention_lagged, &|r| r.consumer_drain.clear());
-    assert!(matches!(e, ProtocolError::OnceReleasedEarly { tile: 0 }), "{e}");
+    assert!(
+        matches!(e, ProtocolError::OnceReleasedEarly { tile: 0 }),
+        "{e}"
+    );
     // No release, or a reload without waiting for it.
     let e = rejected_persistent(attention_like, &|r| r.consumer_release.clear());
     assert!(e.to_string().contains("release program"), "{e}");
     let e = rejected_persistent(attention_like, &|r| {
         r.producer_once.remove(0);
     });
-    assert!(e.to_string().contains("does not wait on `once_free`"), "{e}");
+    assert!(
+        e.to_string().contains("does not wait on `once_free`"),
+        "{e}"
+    );
     let e = rejected_persistent(rotated, &|r| {
         r.producer_once[0] = Step::Wait {
             bar: Bar::OnceFree,
