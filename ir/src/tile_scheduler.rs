@@ -3,20 +3,29 @@
 //! left, so the next tile's loads overlap the current tile's epilogue and no CTA pays a launch
 //! per tile.
 //!
-//! Tiles are numbered `t = x + nx * (y + ny * z)` over the logical grid `(nx, ny, nz)`: x, the
-//! kernel's first block index, varies fastest, so consecutive tiles share the y and z indices
-//! (attention's head and batch: the same keys and values, warm in L2). CTA `c` of `C` runs tiles
-//! `c, c + C, c + 2C, ...`. Where the work of a tile grows with its x index (a causal
-//! attention's query blocks), x runs from the last block down, so the longest tiles start
-//! first and the short ones fill in behind them.
+//! CTA `c` of `C` runs its `k`-th tile in wave `k` (tiles `k C .. (k + 1) C` of the order).
+//! The order depends on whether the work of a tile varies with its x block index (the
+//! kernel's loop trip count depends on it, as a causal attention's query blocks):
+//! - [`TileScheduler::Strided`]: every tile has the same work. Tiles are numbered
+//!   `t = x + nx (y + ny z)`, x fastest, so the tiles running at once share y and z
+//!   (attention's head and batch: the same keys and values, warm in L2); CTA `c` runs tiles
+//!   `c, c + C, c + 2C, ...`.
+//! - [`TileScheduler::LongestFirst`]: tiles in order of decreasing x (`t = (nx - 1 - x) ny nz
+//!   + y + ny z`), the longest first, dealt out wave by wave in a snake: in even waves CTA `c`
+//!   takes position `c`, in odd waves position `C - 1 - c`, so a CTA that took a longer tile in
+//!   one wave takes a shorter one in the next and the CTAs finish together. (A fixed stride
+//!   would not: with 132 CTAs and 128 query blocks, the stride walks x by 4, and the CTAs
+//!   that start on the longest blocks keep the longest ones.)
 
 use std::fmt;
 
 /// How a persistent kernel's CTAs walk its logical grid (see the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct TileScheduler {
-    /// Whether x runs from the last block down (the loop's trip count depends on it).
-    pub x_descending: bool,
+pub enum TileScheduler {
+    /// Equal tiles, x fastest, CTA `c` takes every `C`-th from `c`.
+    Strided,
+    /// Tiles whose work grows with x: decreasing x, dealt in a snake.
+    LongestFirst,
 }
 
 impl TileScheduler {
@@ -25,30 +34,43 @@ impl TileScheduler {
         grid.iter().map(|&n| u64::from(n)).product()
     }
 
-    /// The logical block index of tile `t` of `grid` (every extent at least 1).
-    pub fn block(&self, t: u32, grid: [u32; 3]) -> [u32; 3] {
-        let (x, yz) = (t % grid[0], t / grid[0]);
-        let x = if self.x_descending {
-            grid[0] - 1 - x
-        } else {
-            x
+    /// The position in the order of the `k`-th tile of CTA `cta` of `ctas`.
+    pub fn tile(&self, cta: u32, ctas: u32, k: u32) -> u64 {
+        let wave = u64::from(k) * u64::from(ctas);
+        let pos = match self {
+            TileScheduler::LongestFirst if k % 2 == 1 => ctas - 1 - cta,
+            TileScheduler::Strided | TileScheduler::LongestFirst => cta,
         };
-        [x, yz % grid[1], yz / grid[1]]
+        wave + u64::from(pos)
+    }
+
+    /// The logical block index of tile `t` of the order over `grid` (every extent at least 1).
+    pub fn block(&self, t: u32, grid: [u32; 3]) -> [u32; 3] {
+        let [nx, ny, nz] = grid;
+        match self {
+            TileScheduler::Strided => {
+                let yz = t / nx;
+                [t % nx, yz % ny, yz / ny]
+            }
+            TileScheduler::LongestFirst => {
+                let yz = t % (ny * nz);
+                [nx - 1 - t / (ny * nz), yz % ny, yz / ny]
+            }
+        }
     }
 }
 
 impl fmt::Display for TileScheduler {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "  tiles: persistent CTAs, CTA c runs tiles c, c + ctas, ...; t = x + nx (y + ny z), \
-             x {}",
-            if self.x_descending {
-                "descending (the loop's trip count depends on it: longest first)"
-            } else {
-                "ascending"
+        f.write_str(match self {
+            TileScheduler::Strided => {
+                "  tiles: persistent CTAs; x fastest, CTA c runs tiles c, c + ctas, ..."
             }
-        )
+            TileScheduler::LongestFirst => {
+                "  tiles: persistent CTAs; the loop's trip count depends on x: decreasing x \
+                 (longest first), dealt wave by wave in a snake"
+            }
+        })
     }
 }
 
@@ -56,21 +78,51 @@ impl fmt::Display for TileScheduler {
 mod tests {
     use super::*;
 
+    /// Every CTA's tiles, in order, until the grid is exhausted.
+    fn walk(s: TileScheduler, grid: [u32; 3], ctas: u32) -> Vec<Vec<[u32; 3]>> {
+        let total = TileScheduler::tiles(grid);
+        (0..ctas)
+            .map(|c| {
+                (0..)
+                    .map(|k| s.tile(c, ctas, k))
+                    .take_while(|&t| t < total)
+                    .map(|t| s.block(t as u32, grid))
+                    .collect()
+            })
+            .collect()
+    }
+
     #[test]
     fn every_block_is_one_tile() {
-        for x_descending in [false, true] {
-            let s = TileScheduler { x_descending };
-            let grid = [5, 3, 2];
-            let mut seen: Vec<[u32; 3]> = (0..TileScheduler::tiles(grid) as u32)
-                .map(|t| s.block(t, grid))
-                .collect();
-            seen.sort();
-            seen.dedup();
-            assert_eq!(seen.len(), 30);
-            assert!(seen.iter().all(|b| b[0] < 5 && b[1] < 3 && b[2] < 2));
+        for s in [TileScheduler::Strided, TileScheduler::LongestFirst] {
+            for ctas in [1, 4, 7, 30, 40] {
+                let grid = [5, 3, 2];
+                let mut seen: Vec<[u32; 3]> = walk(s, grid, ctas).concat();
+                seen.sort();
+                seen.dedup();
+                assert_eq!(seen.len(), 30, "{s:?} with {ctas} CTAs");
+                assert!(seen.iter().all(|b| b[0] < 5 && b[1] < 3 && b[2] < 2));
+            }
         }
-        let s = TileScheduler { x_descending: true };
-        assert_eq!(s.block(0, [5, 3, 2]), [4, 0, 0]);
-        assert_eq!(s.block(5, [5, 3, 2]), [4, 1, 0]);
+        assert_eq!(TileScheduler::LongestFirst.block(0, [5, 3, 2]), [4, 0, 0]);
+        assert_eq!(TileScheduler::LongestFirst.block(6, [5, 3, 2]), [3, 0, 0]);
+        assert_eq!(TileScheduler::Strided.block(5, [5, 3, 2]), [0, 1, 0]);
+    }
+
+    #[test]
+    fn longest_first_evens_out_causal_work() {
+        // A causal attention at s = 16k: 128 query blocks of 16 heads, block x sees x + 1 key
+        // blocks, on 132 CTAs.
+        let (grid, ctas) = ([128, 16, 1], 132);
+        let imbalance = |s| {
+            let work: Vec<u32> = walk(s, grid, ctas)
+                .iter()
+                .map(|tiles| tiles.iter().map(|b| b[0] + 1).sum())
+                .collect();
+            let mean = work.iter().sum::<u32>() as f64 / f64::from(ctas);
+            f64::from(*work.iter().max().expect("CTAs")) / mean
+        };
+        assert!(imbalance(TileScheduler::LongestFirst) < 1.05);
+        assert!(imbalance(TileScheduler::Strided) > 1.4);
     }
 }

@@ -1,7 +1,7 @@
 //! sm_90a: the body of a persistent kernel (`kiln_ir::tile_scheduler`).
 //!
-//! The roles split at the start. Each walks the work tiles `t = ctaid.x + k * nctaid.x` of
-//! the logical grid (its `kiln_grid_*` parameters) and, per tile, decodes the block index the
+//! The roles split at the start. Each walks the work tiles of the logical grid (its
+//! `kiln_grid_*` parameters) in the scheduler's order and, per tile, decodes the block index the
 //! kernel's `block_id()` reads, runs the ops before the ring loop (the producer only those
 //! computing scalars: its TMA coordinates and trip count need nothing else), and its side of
 //! the ring; the consumers then run the ops after the loop (the epilogue) while the producer
@@ -19,7 +19,9 @@ use crate::writer::Writer;
 
 /// The registers of a role's walk over the work tiles.
 struct TileLoop {
-    tile: Reg,
+    /// `k * nctaid.x`: where the role's `k`-th wave starts in the tile order.
+    wave: Reg,
+    ctas: Reg,
     top: String,
     done: String,
 }
@@ -73,9 +75,10 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// Opens a role's walk over the work tiles: the first tile is the CTA's own, the loop
-    /// ends past the last; the block index of the tile is decoded into [`Writer::block`]. The
-    /// cursor gets the tile's parity and restarts its iteration count.
+    /// Opens a role's walk over the work tiles (its `k`-th tile is in wave `k`, see
+    /// `kiln_ir::tile_scheduler`); the loop ends past the last tile, and the block index of
+    /// the tile is decoded into [`Writer::block`]. The cursor gets the wave's parity (which
+    /// also flips the once barriers' phase) and restarts its iteration count.
     fn open_tile_loop(
         &mut self,
         id: OpId,
@@ -85,38 +88,63 @@ impl Writer<'_> {
         let [nx, ny, nz] = self
             .grid
             .ok_or_else(|| self.internal(id, "a persistent kernel without its grid"))?;
-        let (tile, total) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-        let parity = self.new_reg(Class::B32);
-        self.ins(format!("mov.u32 {tile}, %ctaid.x"));
+        let [cta, ctas, wave, total, parity] = [(); 5].map(|_| self.new_reg(Class::B32));
+        self.ins(format!("mov.u32 {cta}, %ctaid.x"));
+        self.ins(format!("mov.u32 {ctas}, %nctaid.x"));
+        self.ins(format!("mov.u32 {wave}, 0"));
         self.ins(format!("mul.lo.u32 {total}, {nx}, {ny}"));
         self.ins(format!("mul.lo.u32 {total}, {total}, {nz}"));
         self.ins(format!("mov.u32 {parity}, 0"));
         c.tile_parity = Some(parity);
         let (top, done) = (self.new_label(), self.new_label());
-        let finished = self.new_reg(Class::Pred);
         self.label(&top);
+        let (tile, finished) = (self.new_reg(Class::B32), self.new_reg(Class::Pred));
+        match tiles {
+            TileScheduler::Strided => self.ins(format!("add.u32 {tile}, {wave}, {cta}")),
+            TileScheduler::LongestFirst => {
+                // Odd waves deal the tiles from the last CTA down.
+                let (mirrored, odd) = (self.new_reg(Class::B32), self.new_reg(Class::Pred));
+                self.ins(format!("sub.u32 {mirrored}, {ctas}, {cta}"));
+                self.ins(format!("sub.u32 {mirrored}, {mirrored}, 1"));
+                self.ins(format!("setp.ne.u32 {odd}, {parity}, 0"));
+                self.ins(format!("selp.u32 {tile}, {mirrored}, {cta}, {odd}"));
+                self.ins(format!("add.u32 {tile}, {tile}, {wave}"));
+            }
+        }
         self.ins(format!("setp.ge.u32 {finished}, {tile}, {total}"));
         self.ins(format!("@{finished} bra {done}"));
-        self.comment("work tile: its block index (x fastest)");
-        let [x, yz, y, z] = [(); 4].map(|_| self.new_reg(Class::B32));
-        self.ins(format!("rem.u32 {x}, {tile}, {nx}"));
-        self.ins(format!("div.u32 {yz}, {tile}, {nx}"));
+        let [x, y, z, yz] = [(); 4].map(|_| self.new_reg(Class::B32));
+        match tiles {
+            TileScheduler::Strided => {
+                self.comment("work tile: its block index (x fastest)");
+                self.ins(format!("rem.u32 {x}, {tile}, {nx}"));
+                self.ins(format!("div.u32 {yz}, {tile}, {nx}"));
+            }
+            TileScheduler::LongestFirst => {
+                self.comment("work tile: its block index (x slowest, from the last block down)");
+                let planes = self.new_reg(Class::B32);
+                self.ins(format!("mul.lo.u32 {planes}, {ny}, {nz}"));
+                self.ins(format!("div.u32 {x}, {tile}, {planes}"));
+                self.ins(format!("sub.u32 {x}, {nx}, {x}"));
+                self.ins(format!("sub.u32 {x}, {x}, 1"));
+                self.ins(format!("rem.u32 {yz}, {tile}, {planes}"));
+            }
+        }
         self.ins(format!("rem.u32 {y}, {yz}, {ny}"));
         self.ins(format!("div.u32 {z}, {yz}, {ny}"));
-        if tiles.x_descending {
-            self.ins(format!("sub.u32 {x}, {nx}, {x}"));
-            self.ins(format!("sub.u32 {x}, {x}, 1"));
-        }
         self.block = Some([x, y, z]);
         self.ins(format!("mov.u32 {}, 0", c.count));
-        Ok(TileLoop { tile, top, done })
+        Ok(TileLoop {
+            wave,
+            ctas,
+            top,
+            done,
+        })
     }
 
-    /// Moves to the role's next work tile and closes the walk.
+    /// Moves to the role's next wave and closes the walk.
     fn close_tile_loop(&mut self, tl: &TileLoop, c: &Cursor) {
-        let ctas = self.new_reg(Class::B32);
-        self.ins(format!("mov.u32 {ctas}, %nctaid.x"));
-        self.ins(format!("add.u32 {0}, {0}, {ctas}", tl.tile));
+        self.ins(format!("add.u32 {0}, {0}, {1}", tl.wave, tl.ctas));
         if let Some(parity) = c.tile_parity {
             self.ins(format!("xor.b32 {parity}, {parity}, 1"));
         }

@@ -44,7 +44,11 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         return Ok(());
     }
     let trips = &kernel.ops[id].operands[..2];
-    let x_descending = trips.iter().any(|&v| depends_on_x(kernel, v));
+    let order = if trips.iter().any(|&v| depends_on_x(kernel, v)) {
+        TileScheduler::LongestFirst
+    } else {
+        TileScheduler::Strided
+    };
     let saved = kernel.schedule.clone();
     let ring = kernel
         .schedule
@@ -52,7 +56,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         .get_mut(&id)
         .ok_or_else(|| Diagnostic::internal(kernel.ops[id].loc, "a ring vanished"))?;
     persist(ring);
-    kernel.schedule.tiles = Some(TileScheduler { x_descending });
+    kernel.schedule.tiles = Some(order);
     // Without room for the `once_free` barrier the kernel stays as it was.
     if super::pipeline::place(kernel).is_err() {
         kernel.schedule = saved;
