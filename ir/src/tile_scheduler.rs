@@ -10,12 +10,12 @@
 //!   `t = x + nx (y + ny z)`, x fastest, so the tiles running at once share y and z
 //!   (attention's head and batch: the same keys and values, warm in L2); CTA `c` runs tiles
 //!   `c, c + C, c + 2C, ...`.
-//! - [`TileScheduler::LongestFirst`]: tiles in order of decreasing x (`t = (nx - 1 - x) ny nz
-//!   + y + ny z`), the longest first, dealt out wave by wave in a snake: in even waves CTA `c`
-//!   takes position `c`, in odd waves position `C - 1 - c`, so a CTA that took a longer tile in
-//!   one wave takes a shorter one in the next and the CTAs finish together. (A fixed stride
-//!   would not: with 132 CTAs and 128 query blocks, the stride walks x by 4, and the CTAs
-//!   that start on the longest blocks keep the longest ones.)
+//! - [`TileScheduler::LongestFirst`]: tiles in order of decreasing x, the longest first
+//!   (`t = (nx - 1 - x) ny nz + y + ny z`), dealt out wave by wave in a snake: in even waves
+//!   CTA `c` takes position `c`, in odd waves position `C - 1 - c`, so a CTA that took a longer
+//!   tile in one wave takes a shorter one in the next and the CTAs finish together. A fixed
+//!   stride would not: with 132 CTAs and 128 query blocks it walks x by 4, and the CTAs that
+//!   start on the longest blocks keep the longest ones.
 
 use std::fmt;
 

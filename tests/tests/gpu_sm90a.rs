@@ -272,22 +272,16 @@ fn attention_case(
     rng: &mut Rng,
     (b, h, sq, sk, d, causal, block_n): (usize, usize, usize, usize, usize, bool, usize),
 ) {
-    let spec = Spec {
-        comptime: Spec::from_defaults(
-            &attention,
-            &[
-                ("d".to_string(), d.to_string()),
-                ("causal".to_string(), causal.to_string()),
-                ("block_n".to_string(), block_n.to_string()),
-            ],
-        )
-        .expect("comptime values")
-        .comptime,
-        aligned16: ["q", "k", "v", "o"]
-            .into_iter()
-            .map(|t| (t.to_string(), true))
-            .collect(),
-    };
+    // Every tensor 16-byte aligned: the TMA path.
+    let spec = Spec::from_defaults(
+        &attention,
+        &[
+            ("d".to_string(), d.to_string()),
+            ("causal".to_string(), causal.to_string()),
+            ("block_n".to_string(), block_n.to_string()),
+        ],
+    )
+    .expect("comptime values");
     let loaded = dev.compile(&attention, &spec).expect("compile for sm_90a");
     assert!(
         !loaded.ptx().tensor_maps.is_empty() && loaded.ptx().persistent,

@@ -249,14 +249,12 @@ fn compile_times(
     for d in [64, 128, 256] {
         for causal in [false, true] {
             progress.step(&format!("compile attention d={d} causal={causal}"));
+            // What the sweep's contiguous bf16 tensors specialise on.
             let spec = Spec {
                 comptime: comptime(def, &Config { s: 0, d, causal }, device.target(), set)?,
-                // What the sweep's contiguous bf16 tensors specialise on.
-                aligned16: ["q", "k", "v", "o"]
-                    .iter()
-                    .map(|n| (n.to_string(), true))
-                    .collect(),
-            };
+                aligned16: Default::default(),
+            }
+            .with_aligned16(&["q", "k", "v", "o"]);
             let kernel = device.compile_uncached(def, &spec)?;
             let t = kernel.times();
             let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;

@@ -177,6 +177,14 @@ pub struct Spec {
 }
 
 impl Spec {
+    /// The same spec with the tensors `names` marked 16-byte aligned (what a launch with
+    /// contiguous, aligned allocations of them specialises on).
+    pub fn with_aligned16(mut self, names: &[&str]) -> Spec {
+        self.aligned16
+            .extend(names.iter().map(|n| (n.to_string(), true)));
+        self
+    }
+
     /// A stable text key for caches and file names (`d=128,causal=false|q:a16,...`).
     pub fn key(&self) -> String {
         let c: Vec<String> = self

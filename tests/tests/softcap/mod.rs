@@ -52,13 +52,6 @@ pub fn softcap_attention<const d: usize = 128>(
 
 /// The specialisation for head dim `d` with every tensor 16-byte aligned (the TMA path).
 pub fn spec(d: usize) -> Spec {
-    Spec {
-        comptime: Spec::from_defaults(&softcap_attention, &[("d".into(), d.to_string())])
-            .expect("comptime values")
-            .comptime,
-        aligned16: ["q", "k", "v", "o"]
-            .into_iter()
-            .map(|t| (t.to_string(), true))
-            .collect(),
-    }
+    Spec::from_defaults(&softcap_attention, &[("d".into(), d.to_string())])
+        .expect("comptime values")
 }

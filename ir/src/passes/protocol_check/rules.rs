@@ -233,7 +233,8 @@ fn check_release(ring: &Ring) -> Result<(), ProtocolError> {
             }
         )
     });
-    if waits != !expected.is_empty() {
+    let must_wait = !expected.is_empty();
+    if waits != must_wait {
         return Err(OnceError::ReloadWait { waits }.into());
     }
     Ok(())
