@@ -44,6 +44,10 @@ pub enum Bar {
     /// Persistent kernels: completes when every consumer has finished reading the once
     /// tiles of a work tile (one phase per tile; no stages).
     OnceFree,
+    /// A split ring ([`Ring::tail_loads`]): `full` of the loads only the tail mma reads.
+    TailFull,
+    /// A split ring: `empty` of the loads only the tail mma reads, released after the tail.
+    TailEmpty,
 }
 
 /// One step of a role's program, executed once per loop iteration `i`.
@@ -386,8 +390,37 @@ pub struct Ring {
     pub persistent: bool,
     /// Byte offset of the `once_free` barrier (persistent rings with once loads).
     pub once_free_offset: u32,
+    /// A rotated ring's loads only the tail mma reads (attention's `V`), when they have
+    /// barrier arrays of their own (`tail_full`, `tail_empty`): the other loads' stages are
+    /// released as soon as the head mma completes, a block before the tail's, so TMA refills
+    /// them a block earlier. Empty: one pair of arrays for every load.
+    pub tail_loads: Vec<usize>,
+    /// Byte offset of `tail_full[0]` (split rings).
+    pub tail_full_offset: u32,
+    /// Byte offset of `tail_empty[0]` (split rings).
+    pub tail_empty_offset: u32,
     /// The rotated schedule of the body, when the `overlap` pass found one.
     pub overlap: Option<Overlap>,
+}
+
+impl Ring {
+    /// The `full` array load `load` completes on.
+    pub fn full_of(&self, load: usize) -> Bar {
+        if self.tail_loads.contains(&load) {
+            Bar::TailFull
+        } else {
+            Bar::Full
+        }
+    }
+
+    /// The `empty` array guarding `bar`'s stages (`full` -> `empty`, `tail_full` ->
+    /// `tail_empty`).
+    pub fn empty_of(bar: Bar) -> Bar {
+        match bar {
+            Bar::TailFull | Bar::TailEmpty => Bar::TailEmpty,
+            _ => Bar::Empty,
+        }
+    }
 }
 
 /// How the block's warps are split into roles for warp-specialised rings.
@@ -423,6 +456,8 @@ impl fmt::Display for Bar {
             Bar::Empty => "empty",
             Bar::Once => "once",
             Bar::OnceFree => "once_free",
+            Bar::TailFull => "tail_full",
+            Bar::TailEmpty => "tail_empty",
         })
     }
 }
@@ -529,6 +564,16 @@ impl fmt::Display for Ring {
                 l.boxes.len(),
                 dims.join("x"),
                 l.swizzle
+            )?;
+        }
+        if !self.tail_loads.is_empty() {
+            let loads: Vec<String> = self.tail_loads.iter().map(|l| format!("load{l}")).collect();
+            writeln!(
+                f,
+                "    split: {} on tail_full@{} tail_empty@{} (released after the tail)",
+                loads.join(" "),
+                self.tail_full_offset,
+                self.tail_empty_offset
             )?;
         }
         if self.persistent {

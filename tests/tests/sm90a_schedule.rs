@@ -145,6 +145,44 @@ fn attention_ring_is_planned_and_proved() {
 }
 
 #[test]
+fn attention_ring_without_room_for_a_stage_is_split() {
+    // d = 256: Q (64 KiB) and two stages of K and V (64 KiB each) leave no room for a third;
+    // V, which only the tail reads, gets its own barriers and K is released after the head.
+    for causal in ["false", "true"] {
+        let mut k = scheduled(&ptx_examples::build(
+            "attention",
+            &[("d", "256"), ("causal", causal)],
+        ));
+        let ring = k.schedule.rings.values().next().expect("one ring");
+        let o = ring.overlap.as_ref().expect("the loop is rotated");
+        assert_eq!((ring.stages, o.deepened), (2, false));
+        assert_eq!(ring.tail_loads, [1], "V is the tail's load");
+        let at = |s: Step| ring.consumer.iter().position(|&x| x == s);
+        let k_release = at(Step::Arrive {
+            bar: Bar::Empty,
+            lag: 0,
+        });
+        let v_release = at(Step::Arrive {
+            bar: Bar::TailEmpty,
+            lag: 1,
+        });
+        assert!(at(Step::WaitGroup(1)) < k_release && k_release < at(Step::Between));
+        assert!(at(Step::WaitGroup(0)) < v_release);
+        assert!(
+            at(Step::Wait {
+                bar: Bar::TailFull,
+                start: 0
+            }) < at(Step::Handoff)
+        );
+        protocol_check::run(&mut k, Target::Sm90a).expect("the split protocol is sound");
+    }
+    // Where the third stage fits (d = 128), the ring is not split.
+    let k = scheduled(&ptx_examples::build("attention", &[]));
+    let ring = k.schedule.rings.values().next().expect("one ring");
+    assert!(ring.tail_loads.is_empty() && ring.stages == 3);
+}
+
+#[test]
 fn attention_tensor_maps_are_rank_4_boxes() {
     // (overrides, key block): d = 128 walks 64 keys per block, d = 64 128.
     for (overrides, bn) in [(ATTENTION[0], 64), (ATTENTION[2], 128)] {

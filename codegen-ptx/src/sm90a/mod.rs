@@ -60,6 +60,8 @@ impl Writer<'_> {
         let off = match bar {
             Bar::Full => ring.full_offset,
             Bar::Empty => ring.empty_offset,
+            Bar::TailFull => ring.tail_full_offset,
+            Bar::TailEmpty => ring.tail_empty_offset,
             Bar::Once | Bar::OnceFree => {
                 let off = if bar == Bar::Once {
                     ring.once_offset
@@ -86,13 +88,16 @@ impl Writer<'_> {
                     self.ins(format!("setp.ne.u32 {p}, {}, 0", self.tid));
                     self.ins(format!("@{p} bra {skip}"));
                     for ring in &rings {
+                        let mut arrays = vec![
+                            (ring.full_offset, ring.full_count),
+                            (ring.empty_offset, ring.empty_count),
+                        ];
+                        if !ring.tail_loads.is_empty() {
+                            arrays.push((ring.tail_full_offset, ring.full_count));
+                            arrays.push((ring.tail_empty_offset, ring.empty_count));
+                        }
                         let mut bars: Vec<(u32, u32)> = (0..ring.stages)
-                            .flat_map(|s| {
-                                [
-                                    (ring.full_offset + 8 * s, ring.full_count),
-                                    (ring.empty_offset + 8 * s, ring.empty_count),
-                                ]
-                            })
+                            .flat_map(|s| arrays.iter().map(move |&(at, n)| (at + 8 * s, n)))
                             .collect();
                         if !ring.once.is_empty() {
                             bars.push((ring.once_offset, 1));
@@ -135,7 +140,7 @@ impl Writer<'_> {
         let mut c = c;
         for s in steps {
             if let Step::Wait { bar, start } = *s
-                && matches!(bar, Bar::Full | Bar::Empty)
+                && matches!(bar, Bar::Full | Bar::Empty | Bar::TailFull | Bar::TailEmpty)
             {
                 let r = self.new_reg(Class::B32);
                 self.ins(format!("mov.u32 {r}, {start}"));
@@ -176,7 +181,7 @@ impl Writer<'_> {
                 self.ins(format!("xor.b32 {r}, {parity}, {start}"));
                 r.to_string()
             }
-            (Bar::Full | Bar::Empty, _) => c
+            (Bar::Full | Bar::Empty | Bar::TailFull | Bar::TailEmpty, _) => c
                 .phases
                 .iter()
                 .find(|(b, _)| *b == bar)
@@ -511,7 +516,7 @@ impl Writer<'_> {
             .into_iter()
             .map(|v| self.remat(v, body_iv, iv, &mut memo, l.load))
             .collect::<Result<Vec<_>, _>>()?;
-        let full = self.bar_addr(ring, Bar::Full, c.stage);
+        let full = self.bar_addr(ring, ring.full_of(load), c.stage);
         let stage = self.new_reg(Class::B32);
         self.ins(format!(
             "mad.lo.u32 {stage}, {}, {}, {}",

@@ -14,7 +14,12 @@
 //! warp whose factors are all 1 skips the multiplications (exact: its rows' maximum did not
 //! grow). The deeper schedule needs registers: the split becomes 24 for the producer warpgroup and
 //! 240 for each consumer warpgroup. It also holds one stage more (the tail's) while waiting
-//! for the next, so the ring gets one more stage where shared memory allows.
+//! for the next, so the ring gets one more stage where shared memory allows. Where it does
+//! not (attention at d = 256), the loads only the tail reads (`V`) get barrier arrays of their
+//! own instead ([`crate::ring::Ring::tail_loads`]): the other loads' stage (`K`) is released
+//! when the head completes, a block before the tail's, and the consumers wait for the tail's
+//! loads at the end of the iteration before the one that reads them, so TMA runs a block ahead
+//! with two stages.
 //!
 //! The body qualifies when (with `T` the ops reading the carried accumulator, the tail mma and
 //! the ops reading those; `H` the head mma and the ops reading its products or any other
@@ -66,7 +71,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             .rings
             .get_mut(&id)
             .ok_or_else(|| Diagnostic::internal(kernel.ops[id].loc, "a ring vanished"))?;
-        ring.consumer = rotated_program(turns);
+        ring.consumer = rotated_program(turns, false);
         if turns {
             // The followers hand the leader its first turn; the leader takes the last pass.
             ring.consumer_once.push(Step::TurnPass {
@@ -79,6 +84,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         ring.overlap = Some(overlap);
         (roles.producer_regs, roles.consumer_regs) = ROTATED_SPLIT;
         deepen(kernel, id)?;
+        split(kernel, id, turns)?;
     }
     kernel.schedule.roles = Some(roles);
     super::warp_specialise::check_register_file(kernel, &roles)
@@ -102,9 +108,90 @@ fn deepen(kernel: &mut Kernel, id: OpId) -> Result<(), Diagnostic> {
     Ok(())
 }
 
+/// Gives the loads of ring `id` that only its tail mma reads their own barrier arrays (see the
+/// module doc) when the ring has no extra stage; leaves the ring as it is when no load or
+/// every load is the tail's, or the arrays do not fit.
+fn split(kernel: &mut Kernel, id: OpId, turns: bool) -> Result<(), Diagnostic> {
+    let ring = &kernel.schedule.rings[&id];
+    let Some(o) = &ring.overlap else {
+        return Ok(());
+    };
+    if o.deepened {
+        return Ok(());
+    }
+    let uses = super::walk::uses(kernel);
+    let tail_loads: Vec<usize> = (0..ring.loads.len())
+        .filter(|&l| only_read_by(kernel, &uses, ring.loads[l].load, o.tail))
+        .collect();
+    if tail_loads.is_empty() || tail_loads.len() == ring.loads.len() {
+        return Ok(());
+    }
+    let before = kernel.schedule.clone();
+    let ring = kernel
+        .schedule
+        .rings
+        .get_mut(&id)
+        .ok_or_else(|| Diagnostic::internal(kernel.ops[id].loc, "a ring vanished"))?;
+    let bytes = |tail: bool| -> u32 {
+        (0..ring.loads.len())
+            .filter(|l| tail_loads.contains(l) == tail)
+            .map(|l| ring.loads[l].tile_bytes())
+            .sum()
+    };
+    let mut producer = Vec::new();
+    for (tail, empty, full) in [
+        (false, Bar::Empty, Bar::Full),
+        (true, Bar::TailEmpty, Bar::TailFull),
+    ] {
+        producer.push(Step::Wait {
+            bar: empty,
+            start: 1,
+        });
+        producer.push(Step::ArriveExpectTx {
+            bar: full,
+            bytes: bytes(tail),
+        });
+        producer.extend(
+            (0..ring.loads.len())
+                .filter(|l| tail_loads.contains(l) == tail)
+                .map(|load| Step::Tma { load }),
+        );
+    }
+    ring.producer = producer;
+    ring.consumer = rotated_program(turns, true);
+    ring.tail_loads = tail_loads;
+    if super::pipeline::place(kernel).is_err() {
+        kernel.schedule = before;
+    }
+    Ok(())
+}
+
+/// Whether every read of `load`'s tile (through transposes) is by `mma`.
+fn only_read_by(
+    kernel: &Kernel,
+    uses: &std::collections::BTreeMap<ValueId, Vec<OpId>>,
+    load: OpId,
+    mma: OpId,
+) -> bool {
+    let mut values = vec![kernel.ops[load].results[0]];
+    let mut read = false;
+    while let Some(v) = values.pop() {
+        for &u in uses.get(&v).into_iter().flatten() {
+            match kernel.ops[u].kind {
+                OpKind::Transpose => values.push(kernel.ops[u].results[0]),
+                _ if u == mma => read = true,
+                _ => return false,
+            }
+        }
+    }
+    read
+}
+
 /// The consumers' rotated program (see the module doc), with turn barriers around the wgmma
-/// issue when the warpgroups ping-pong.
-pub(crate) fn rotated_program(turns: bool) -> Vec<Step> {
+/// issue when the warpgroups ping-pong. `split`: the tail's loads have their own barriers
+/// (the head's stage is released after the head, the tail's after the tail, and the tail's
+/// loads of block `t` are waited for at the end of iteration `t`).
+pub(crate) fn rotated_program(turns: bool, split: bool) -> Vec<Step> {
     let mut p = vec![Step::Wait {
         bar: Bar::Full,
         start: 0,
@@ -116,17 +203,33 @@ pub(crate) fn rotated_program(turns: bool) -> Vec<Step> {
     if turns {
         p.push(Step::TurnPass { who: Who::All });
     }
-    p.extend([
-        // The tail group (newest) may still run; the head group is complete.
-        Step::WaitGroup(1),
-        Step::Between,
-        Step::WaitGroup(0),
-        Step::Arrive {
+    // The tail group (newest) may still run; the head group is complete.
+    p.push(Step::WaitGroup(1));
+    if split {
+        p.push(Step::Arrive {
+            bar: Bar::Empty,
+            lag: 0,
+        });
+    }
+    p.extend([Step::Between, Step::WaitGroup(0)]);
+    if split {
+        p.extend([
+            Step::Arrive {
+                bar: Bar::TailEmpty,
+                lag: 1,
+            },
+            Step::Wait {
+                bar: Bar::TailFull,
+                start: 0,
+            },
+        ]);
+    } else {
+        p.push(Step::Arrive {
             bar: Bar::Empty,
             lag: 1,
-        },
-        Step::Handoff,
-    ]);
+        });
+    }
+    p.push(Step::Handoff);
     p
 }
 

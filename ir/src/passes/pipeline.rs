@@ -106,6 +106,11 @@ pub fn place(kernel: &mut Kernel) -> Result<(), Diagnostic> {
         ring.full_offset = offset;
         ring.empty_offset = offset + 8 * ring.stages;
         offset += 16 * ring.stages;
+        if !ring.tail_loads.is_empty() {
+            ring.tail_full_offset = offset;
+            ring.tail_empty_offset = offset + 8 * ring.stages;
+            offset += 16 * ring.stages;
+        }
         if !ring.once.is_empty() {
             ring.once_offset = offset;
             offset += 8;
@@ -300,6 +305,9 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
         consumer_release: Vec::new(),
         persistent: false,
         once_free_offset: 0,
+        tail_loads: Vec::new(),
+        tail_full_offset: 0,
+        tail_empty_offset: 0,
         overlap: None,
     })
 }

@@ -74,6 +74,8 @@ struct Role {
     done: usize,
     /// The turn-barrier generation a blocked `TurnWait` arrived in.
     turn_arrival: Option<u32>,
+    /// The `(full array, iteration)` waits that passed: what the role may read.
+    landed: std::collections::BTreeSet<(Bar, u32)>,
 }
 
 impl Role {
@@ -85,6 +87,7 @@ impl Role {
             uncommitted: Vec::new(),
             done: 0,
             turn_arrival: None,
+            landed: std::collections::BTreeSet::new(),
         }
     }
 
@@ -112,8 +115,10 @@ pub(super) struct Machine<'r> {
     roles: Vec<Role>,
     /// Arrivals each consumer warpgroup's `Arrive` makes.
     arrivals: u32,
-    /// Per iteration, how many consumer warpgroups released its stage.
+    /// Per iteration, how many consumer warpgroups released its stage (of `empty`, and of
+    /// `tail_empty` in a split ring).
     released: Vec<u32>,
+    released_tail: Vec<u32>,
     /// Per tile, how many consumer warpgroups released its once tiles.
     once_released: Vec<u32>,
 }
@@ -123,8 +128,15 @@ const PRODUCER: usize = 0;
 impl<'r> Machine<'r> {
     pub(super) fn new(ring: &'r Ring, roles: &Roles) -> Machine<'r> {
         let mut bars = BTreeMap::new();
+        let mut arrays = vec![(Bar::Full, ring.full_count), (Bar::Empty, ring.empty_count)];
+        if !ring.tail_loads.is_empty() {
+            arrays.extend([
+                (Bar::TailFull, ring.full_count),
+                (Bar::TailEmpty, ring.empty_count),
+            ]);
+        }
         for s in 0..ring.stages {
-            for (bar, count) in [(Bar::Full, ring.full_count), (Bar::Empty, ring.empty_count)] {
+            for &(bar, count) in &arrays {
                 bars.insert(
                     (bar, s),
                     Barrier {
@@ -158,6 +170,7 @@ impl<'r> Machine<'r> {
             roles: Vec::new(),
             arrivals: roles.consumer_arrivals() / warpgroups,
             released: Vec::new(),
+            released_tail: Vec::new(),
             once_released: Vec::new(),
         }
     }
@@ -228,6 +241,7 @@ impl<'r> Machine<'r> {
             self.roles.push(Role::new(consumer));
         }
         self.released = vec![0; base as usize];
+        self.released_tail = vec![0; base as usize];
         self.once_released = vec![0; tiles.len()];
         loop {
             let mut moved = false;
@@ -304,6 +318,9 @@ impl<'r> Machine<'r> {
                         needed,
                     });
                 }
+                if passes {
+                    self.roles[role].landed.insert((bar, i));
+                }
                 Ok(passes)
             }
             Step::ArriveExpectTx { bar, bytes } => {
@@ -313,14 +330,20 @@ impl<'r> Machine<'r> {
             }
             Step::Tma { load } => {
                 let wgs = self.warpgroups();
-                if i >= stages && self.released[(i - stages) as usize] < wgs {
+                let full = self.ring.full_of(load);
+                let released = if full == Bar::TailFull {
+                    &self.released_tail
+                } else {
+                    &self.released
+                };
+                if i >= stages && released[(i - stages) as usize] < wgs {
                     return Err(ProtocolError::Overwrite {
                         iteration: i,
                         previous: i - stages,
                     });
                 }
                 let bytes = self.ring.loads.get(load).map_or(0, |l| l.tile_bytes());
-                let b = self.bar(Bar::Full, stage);
+                let b = self.bar(full, stage);
                 b.tx -= i64::from(bytes);
                 b.settle();
                 Ok(true)
@@ -336,15 +359,23 @@ impl<'r> Machine<'r> {
                 b.settle();
                 Ok(true)
             }
-            Step::Mma => {
-                self.roles[role].uncommitted.push((i, Part::Body));
-                Ok(true)
-            }
-            Step::IssueHead => {
-                self.roles[role].uncommitted.push((i, Part::Head));
+            Step::Mma | Step::IssueHead => {
+                self.read_landed(role, Bar::Full, i)?;
+                let part = if step == Step::Mma {
+                    Part::Body
+                } else {
+                    Part::Head
+                };
+                self.roles[role].uncommitted.push((i, part));
                 Ok(true)
             }
             Step::IssueTail => {
+                let full = if self.ring.tail_loads.is_empty() {
+                    Bar::Full
+                } else {
+                    Bar::TailFull
+                };
+                self.read_landed(role, full, i - 1)?;
                 // The accumulator is rescaled in registers before the tail's wgmmas.
                 if self.roles[role].in_flight(|&(_, p)| p == Part::Tail) {
                     return Err(ProtocolError::AccumulatorInFlight { iteration: i });
@@ -389,14 +420,25 @@ impl<'r> Machine<'r> {
                         *r += 1;
                     }
                 }
-                if bar == Bar::Empty && role != PRODUCER {
-                    if self.roles[role].in_flight(|&(x, _)| x == j) {
+                if matches!(bar, Bar::Empty | Bar::TailEmpty) && role != PRODUCER {
+                    // A stage of `empty` is read by the head (and an unrotated body), one of
+                    // `tail_empty` by the tail; a release waits for the wgmmas reading it.
+                    let reads = |&(x, p): &(u32, Part)| {
+                        x == j && (bar == Bar::TailEmpty) == (p == Part::Tail)
+                            || x == j && self.ring.tail_loads.is_empty()
+                    };
+                    if self.roles[role].in_flight(reads) {
                         return Err(ProtocolError::EarlyRelease {
                             iteration: i,
                             released: j,
                         });
                     }
-                    if let Some(r) = self.released.get_mut(j as usize) {
+                    let released = if bar == Bar::TailEmpty {
+                        &mut self.released_tail
+                    } else {
+                        &mut self.released
+                    };
+                    if let Some(r) = released.get_mut(j as usize) {
                         *r += 1;
                     }
                 }
@@ -426,6 +468,18 @@ impl<'r> Machine<'r> {
                 Ok(true)
             }
             Step::GenericWrite { .. } | Step::FenceProxyAsync => Ok(true),
+        }
+    }
+
+    /// A wgmma of `role` reads the stage of iteration `i` on `full`: its wait must have passed.
+    fn read_landed(&self, role: usize, full: Bar, i: u32) -> Result<(), ProtocolError> {
+        if self.roles[role].landed.contains(&(full, i)) {
+            Ok(())
+        } else {
+            Err(ProtocolError::ReadBeforeWait {
+                iteration: i,
+                bar: full,
+            })
         }
     }
 

@@ -17,6 +17,10 @@
 //! - a loop the `overlap` pass rotated issues its head and tail mmas, its code between and its
 //!   handoff once per iteration, and turn barriers appear only when its warpgroups ping-pong.
 //!
+//! - in a split ring (the tail's loads on `tail_full` / `tail_empty`), each `full` array is
+//!   announced exactly its loads' bytes, each load is issued after the producer's wait on its
+//!   `empty` array, and the arrays' waits start at the usual parities; other rings never name
+//!   them;
 //! - a persistent ring's producer waits on `once_free` (from parity 1) before its once loads
 //!   and the consumers' release program only arrives on it; other rings never touch it.
 //!
@@ -32,10 +36,11 @@
 //! other's turn), a barrier gets more arrivals than its count, a parity wait would pass on a
 //! different phase than the one it means (phases disagree), a stage is released before the
 //! wgmma reading it has completed (`wgmma.wait_group`), TMA refills a stage before the
-//! consumers released it, a turn is passed to nobody or left pending at the end, or a wgmma's
+//! consumers released it, a turn is passed to nobody or left pending at the end, a wgmma's
 //! registers are read or overwritten before their group is waited for (the code between
-//! reading the head's products, the rescale of the accumulator, the handoff of `P`), or the
-//! once tiles are released while a wgmma reads them or reloaded before they were released.
+//! reading the head's products, the rescale of the accumulator, the handoff of `P`), a wgmma
+//! reads a stage whose `full` wait has not passed for that iteration, or the once tiles are
+//! released while a wgmma reads them or reloaded before they were released.
 
 use crate::diag::Diagnostic;
 use crate::kernel::Kernel;
@@ -152,6 +157,16 @@ pub enum ProtocolError {
         /// The iteration whose stage is released.
         released: u32,
     },
+    /// A wgmma reads a stage before the wait that shows its data landed.
+    #[error(
+        "a wgmma reads the stage of iteration {iteration} before the consumers' wait on `{bar}` for it passed"
+    )]
+    ReadBeforeWait {
+        /// The iteration whose stage is read.
+        iteration: u32,
+        /// The `full` array it lands on.
+        bar: Bar,
+    },
     /// TMA overwrites a stage the consumers have not released.
     #[error(
         "TMA refills the stage of iteration {previous} in iteration {iteration} before the consumers released it"
@@ -203,6 +218,9 @@ pub enum ProtocolError {
         /// The turn barrier (warpgroup index).
         barrier: u32,
     },
+    /// The split barrier arrays of a ring's tail loads are misused.
+    #[error("split ring: {0}")]
+    Split(String),
     /// A rotated program's steps are not the rotation's.
     #[error("rotated loop: {0}")]
     Rotation(String),

@@ -56,23 +56,92 @@ pub(super) fn check_static(ring: &Ring) -> Result<(), ProtocolError> {
         check_fences(role, steps)?;
     }
     check_rotation(ring)?;
-    let announced: u32 = ring
-        .producer
-        .iter()
-        .map(|s| match s {
-            Step::ArriveExpectTx {
-                bar: Bar::Full,
-                bytes,
-            } => *bytes,
-            _ => 0,
-        })
-        .sum();
-    let boxes = issued_once(&ring.loads, &ring.producer, |load| Step::Tma { load })
+    issued_once(&ring.loads, &ring.producer, |load| Step::Tma { load })
         .map_err(|(load, times)| ProtocolError::LoadCount { load, times })?;
-    if announced != boxes {
-        return Err(ProtocolError::TxBytes { announced, boxes });
-    }
+    check_split(ring)?;
     check_once(ring)
+}
+
+/// Per `full` array (one, or two in a split ring): the bytes announced on it are those of the
+/// loads completing on it, each issued after the producer's wait on the matching `empty`;
+/// the split arrays' waits start at the parities of the others.
+fn check_split(ring: &Ring) -> Result<(), ProtocolError> {
+    let split = !ring.tail_loads.is_empty();
+    if ring.tail_loads.iter().any(|&l| l >= ring.loads.len()) {
+        return Err(ProtocolError::Split(format!(
+            "tail loads {:?} of a ring with {} loads",
+            ring.tail_loads,
+            ring.loads.len()
+        )));
+    }
+    let uses_tail = |s: &Step| match *s {
+        Step::Wait { bar, .. } | Step::ArriveExpectTx { bar, .. } | Step::Arrive { bar, .. } => {
+            matches!(bar, Bar::TailFull | Bar::TailEmpty)
+        }
+        _ => false,
+    };
+    let programs = [&ring.producer, &ring.consumer, &ring.consumer_drain];
+    if !split
+        && let Some(s) = programs
+            .iter()
+            .flat_map(|p| p.iter())
+            .find(|s| uses_tail(s))
+    {
+        return Err(ProtocolError::Split(format!(
+            "`{s}` in a ring without tail loads"
+        )));
+    }
+    for (role, steps, bar, expected) in [
+        ("producer", &ring.producer, Bar::TailEmpty, 1),
+        ("consumer", &ring.consumer, Bar::TailFull, 0),
+    ] {
+        for s in steps {
+            if let Step::Wait { bar: b, start } = *s
+                && b == bar
+                && start != expected
+            {
+                return Err(ProtocolError::StartPhase {
+                    role,
+                    bar,
+                    start,
+                    expected,
+                });
+            }
+        }
+    }
+    for full in [Bar::Full, Bar::TailFull] {
+        let announced: u32 = ring
+            .producer
+            .iter()
+            .map(|s| match *s {
+                Step::ArriveExpectTx { bar, bytes } if bar == full => bytes,
+                _ => 0,
+            })
+            .sum();
+        let loads: Vec<usize> = (0..ring.loads.len())
+            .filter(|&l| ring.full_of(l) == full)
+            .collect();
+        let boxes = loads.iter().map(|&l| ring.loads[l].tile_bytes()).sum();
+        if announced != boxes {
+            return Err(ProtocolError::TxBytes { announced, boxes });
+        }
+        let empty = Ring::empty_of(full);
+        for &load in &loads {
+            let issued = ring.producer.iter().position(|s| *s == Step::Tma { load });
+            let waited = ring
+                .producer
+                .iter()
+                .position(|s| matches!(s, Step::Wait { bar, .. } if *bar == empty));
+            if waited.is_none_or(|w| issued.is_some_and(|t| t < w)) {
+                return Err(ProtocolError::BeforeWait {
+                    role: "producer",
+                    step: Step::Tma { load },
+                    bar: empty,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A rotated loop's consumer program has each rotated step once, and only a rotated loop has

@@ -77,6 +77,9 @@ fn good() -> (Ring, Roles) {
         consumer_release: Vec::new(),
         persistent: false,
         once_free_offset: 0,
+        tail_loads: Vec::new(),
+        tail_full_offset: 0,
+        tail_empty_offset: 0,
         overlap: None,
     };
     let roles = Roles {
@@ -330,7 +333,7 @@ fn rotated() -> (Ring, Roles) {
     let (mut ring, roles) = attention_like();
     ring.stages = 3;
     // Exactly the program the pass writes.
-    ring.consumer = crate::passes::overlap::rotated_program(true);
+    ring.consumer = crate::passes::overlap::rotated_program(true, false);
     ring.consumer_once.push(Step::TurnPass {
         who: Who::Followers,
     });
@@ -369,7 +372,7 @@ fn rotated_ping_pong_passes() {
     check(&ring, &roles).expect("the rotated protocol is sound");
     // Without ping-pong, one consumer program stands for both warpgroups.
     let (mut ring, roles) = rotated();
-    ring.consumer = crate::passes::overlap::rotated_program(false);
+    ring.consumer = crate::passes::overlap::rotated_program(false, false);
     ring.consumer_once
         .retain(|s| !matches!(s, Step::TurnPass { .. }));
     ring.consumer_drain.clear();
@@ -517,4 +520,123 @@ fn broken_persistent_protocols_are_rejected() {
         };
     });
     assert!(matches!(e, ProtocolError::StartPhase { .. }), "{e}");
+}
+
+/// [`rotated`] split as the `overlap` pass splits a ring it could not deepen: two stages,
+/// load 1 (`V`) on `tail_full` / `tail_empty`.
+fn split() -> (Ring, Roles) {
+    let (mut ring, roles) = rotated();
+    ring.stages = 2;
+    if let Some(o) = &mut ring.overlap {
+        o.deepened = false;
+    }
+    ring.tail_loads = vec![1];
+    let bytes = |l: usize| ring.loads[l].tile_bytes();
+    ring.producer = vec![
+        Step::Wait {
+            bar: Bar::Empty,
+            start: 1,
+        },
+        Step::ArriveExpectTx {
+            bar: Bar::Full,
+            bytes: bytes(0),
+        },
+        Step::Tma { load: 0 },
+        Step::Wait {
+            bar: Bar::TailEmpty,
+            start: 1,
+        },
+        Step::ArriveExpectTx {
+            bar: Bar::TailFull,
+            bytes: bytes(1),
+        },
+        Step::Tma { load: 1 },
+    ];
+    ring.consumer = crate::passes::overlap::rotated_program(true, true);
+    (ring, roles)
+}
+
+#[test]
+fn split_rings_pass() {
+    let (ring, roles) = split();
+    check(&ring, &roles).expect("the split protocol is sound");
+    let (ring, roles) = persistent(split);
+    check(&ring, &roles).expect("the persistent split protocol is sound");
+}
+
+#[test]
+fn broken_split_protocols_are_rejected() {
+    // V released while the tail reading it may still run.
+    let e = rejected(split, |r| {
+        let from = at(
+            r,
+            Step::Arrive {
+                bar: Bar::TailEmpty,
+                lag: 1,
+            },
+        );
+        let release = r.consumer.remove(from);
+        let wait = at(r, Step::WaitGroup(0));
+        r.consumer.insert(wait, release);
+    });
+    assert!(matches!(e, ProtocolError::EarlyRelease { .. }), "{e}");
+    // K released before the head's group is waited for.
+    let e = rejected(split, |r| {
+        let from = at(
+            r,
+            Step::Arrive {
+                bar: Bar::Empty,
+                lag: 0,
+            },
+        );
+        let release = r.consumer.remove(from);
+        let wait = at(r, Step::WaitGroup(1));
+        r.consumer.insert(wait, release);
+    });
+    assert!(matches!(e, ProtocolError::EarlyRelease { .. }), "{e}");
+    // The tail reads V without waiting on `tail_full`.
+    let e = rejected(split, |r| {
+        r.consumer.retain(|s| {
+            !matches!(
+                s,
+                Step::Wait {
+                    bar: Bar::TailFull,
+                    ..
+                }
+            )
+        });
+    });
+    assert!(
+        matches!(
+            e,
+            ProtocolError::ReadBeforeWait {
+                bar: Bar::TailFull,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // V's bytes announced on `full`.
+    let e = rejected(split, |r| {
+        r.producer[4] = Step::ArriveExpectTx {
+            bar: Bar::Full,
+            bytes: r.loads[1].tile_bytes(),
+        };
+    });
+    assert!(matches!(e, ProtocolError::TxBytes { .. }), "{e}");
+    // V loaded before the producer waits on `tail_empty`.
+    let e = rejected(split, |r| r.producer.swap(3, 5));
+    assert!(
+        matches!(
+            e,
+            ProtocolError::BeforeWait {
+                bar: Bar::TailEmpty,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Tail arrays named by a ring without tail loads.
+    let e = rejected(split, |r| r.tail_loads.clear());
+    assert!(matches!(e, ProtocolError::Split(_)), "{e}");
 }
