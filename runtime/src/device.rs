@@ -385,18 +385,10 @@ impl Device {
         maps: &BTreeMap<usize, sys::CUtensorMap>,
     ) -> Result<(), LaunchError> {
         let (physical, logical) = if kernel.ptx().persistent {
-            let tiles = kiln_ir::tile_scheduler::TileScheduler::tiles(grid);
-            // The kernel counts tiles in a u32 and steps by the CTA count past the last.
-            let max = u64::from(i32::MAX as u32);
-            if tiles > max {
-                return Err(LaunchError::Tiles {
-                    kernel: kernel.ptx().entry.clone(),
-                    tiles,
-                    max,
-                });
-            }
-            let cap = self.persistent_ctas.unwrap_or(u32::MAX);
-            let ctas = (tiles as u32).min(kernel.resident_ctas()).min(cap);
+            let cap = kernel
+                .resident_ctas()
+                .min(self.persistent_ctas.unwrap_or(u32::MAX));
+            let ctas = persistent_ctas(&kernel.ptx().entry, grid, cap)?;
             ([ctas, 1, 1], Some(grid))
         } else {
             (grid, None)
@@ -413,6 +405,22 @@ impl Device {
     pub fn disk_cache(&self) -> Option<&DiskCache> {
         self.disk_cache.as_ref()
     }
+}
+
+/// The CTAs a persistent kernel `kernel` runs on logical grid `grid`: one per work tile, at
+/// most `cap` (at least 1); an error when the grid has more tiles than the kernel counts (it
+/// steps a u32 tile index by the CTA count past the last).
+fn persistent_ctas(kernel: &str, grid: [u32; 3], cap: u32) -> Result<u32, LaunchError> {
+    let tiles = kiln_ir::tile_scheduler::TileScheduler::tiles(grid);
+    let max = u64::from(i32::MAX as u32);
+    if tiles > max {
+        return Err(LaunchError::Tiles {
+            kernel: kernel.to_string(),
+            tiles,
+            max,
+        });
+    }
+    Ok((tiles as u32).min(cap).max(1))
 }
 
 /// Loads the driver library, initialises it, and counts GPUs; the one place that decides
@@ -435,6 +443,15 @@ fn device_count() -> Result<usize, RuntimeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn persistent_kernels_run_at_most_the_resident_ctas() {
+        assert_eq!(persistent_ctas("k", [64, 16, 2], 132).expect("fits"), 132);
+        assert_eq!(persistent_ctas("k", [3, 1, 1], 132).expect("fits"), 3);
+        assert_eq!(persistent_ctas("k", [3, 1, 1], 0).expect("fits"), 1);
+        let err = persistent_ctas("k", [1 << 20, 1 << 12, 1], 132).expect_err("too many tiles");
+        assert!(err.to_string().contains("at most 2147483647"), "{err}");
+    }
 
     /// On a machine without a driver (CI), opening a device is an error, not a panic; on a
     /// GPU machine it succeeds. Either way the two answers agree.

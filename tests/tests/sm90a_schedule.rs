@@ -10,6 +10,7 @@ mod softcap;
 use kiln_ir::dsl::KernelDef;
 use kiln_ir::passes::{PASSES, protocol_check};
 use kiln_ir::ring::{Bar, Operand, Step, Who};
+use kiln_ir::tile_scheduler::TileScheduler;
 use kiln_ir::{Kernel, Target};
 
 /// A deliberate break of a ring's protocol.
@@ -180,6 +181,47 @@ fn attention_ring_without_room_for_a_stage_is_split() {
     let k = scheduled(&ptx_examples::build("attention", &[]));
     let ring = k.schedule.rings.values().next().expect("one ring");
     assert!(ring.tail_loads.is_empty() && ring.stages == 3);
+}
+
+#[test]
+fn attention_is_persistent_with_the_tile_order_its_trip_count_needs() {
+    for (causal, order) in [
+        ("false", TileScheduler::Strided),
+        ("true", TileScheduler::LongestFirst),
+    ] {
+        let kernel = ptx_examples::build("attention", &[("causal", causal)]);
+        let k = scheduled(&kernel);
+        assert_eq!(k.schedule.tiles, Some(order), "causal={causal}");
+        let ring = k.schedule.rings.values().next().expect("one ring");
+        assert!(ring.persistent);
+        assert_eq!(
+            ring.producer_once[0],
+            Step::Wait {
+                bar: Bar::OnceFree,
+                start: 1
+            }
+        );
+        assert_eq!(
+            ring.consumer_release,
+            [Step::Arrive {
+                bar: Bar::OnceFree,
+                lag: 0
+            }]
+        );
+        let m = kiln_ptx::compile(&kernel, Target::Sm90a).expect("compile");
+        assert!(m.persistent && m.ptx.contains(".param .s32 kiln_grid_z"));
+        // The roles split once, at the start; each walks the tiles.
+        assert_eq!(m.ptx.matches("setmaxnreg.dec").count(), 1);
+        assert_eq!(m.ptx.matches("setmaxnreg.inc").count(), 1);
+        assert_eq!(
+            m.ptx.matches("%ctaid.x").count(),
+            2,
+            "one tile walk per role"
+        );
+    }
+    // An unrotated ring (the gemm's) stays one CTA per block.
+    let k = scheduled(&ptx_examples::build("gemm", &[]));
+    assert!(k.schedule.tiles.is_none());
 }
 
 #[test]
