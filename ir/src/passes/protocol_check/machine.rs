@@ -423,9 +423,10 @@ impl<'r> Machine<'r> {
                 if matches!(bar, Bar::Empty | Bar::TailEmpty) && role != PRODUCER {
                     // A stage of `empty` is read by the head (and an unrotated body), one of
                     // `tail_empty` by the tail; a release waits for the wgmmas reading it.
+                    let split = !self.ring.tail_loads.is_empty();
+                    let tail_stage = bar == Bar::TailEmpty;
                     let reads = |&(x, p): &(u32, Part)| {
-                        x == j && (bar == Bar::TailEmpty) == (p == Part::Tail)
-                            || x == j && self.ring.tail_loads.is_empty()
+                        x == j && (!split || tail_stage == (p == Part::Tail))
                     };
                     if self.roles[role].in_flight(reads) {
                         return Err(ProtocolError::EarlyRelease {
