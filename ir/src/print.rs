@@ -51,6 +51,14 @@ pub fn print_kernel(kernel: &Kernel) -> String {
     }
     for ring in kernel.schedule.rings.values() {
         let _ = writeln!(out, "{ring}");
+        if let Some(o) = &ring.overlap {
+            let _ = writeln!(
+                out,
+                "    mma tiles: head {}, tail {}",
+                mma_shape(kernel, o.head),
+                mma_shape(kernel, o.tail)
+            );
+        }
     }
     if let Some(roles) = &kernel.schedule.roles {
         let _ = writeln!(out, "{roles}");
@@ -61,6 +69,21 @@ pub fn print_kernel(kernel: &Kernel) -> String {
     print_block(kernel, &kernel.body, 1, &mut out);
     out.push_str("}\n");
     out
+}
+
+/// `MxNxK` of an `mma` op (its result is `M x N`; its A operand `M x K`).
+fn mma_shape(kernel: &Kernel, op: OpId) -> String {
+    let o = &kernel.ops[op];
+    let dims = |v: ValueId| kernel.ty(v).shape().map(|s| s.dims().to_vec());
+    match (
+        o.results.first().and_then(|&r| dims(r)),
+        o.operands.first().and_then(|&a| dims(a)),
+    ) {
+        (Some(mn), Some(mk)) if mn.len() == 2 && mk.len() == 2 => {
+            format!("{}x{}x{}", mn[0], mn[1], mk[1])
+        }
+        _ => "?".to_string(),
+    }
 }
 
 /// Prints one parameter as in the kernel header.
