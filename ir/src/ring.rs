@@ -13,9 +13,11 @@
 //! completing on the single-phase `once` barrier; the consumers wait on it before theirs.
 //!
 //! In a persistent kernel ([`Ring::persistent`]) the ring runs once per work tile: its stages
-//! and phase bits go on from tile to tile as if the tiles' loops were one, the release lags
-//! start again in each tile, and the once barriers flip phase per tile (tile `k` waits with
-//! parity `start ^ (k & 1)`). The consumers release the once tiles on `once_free`
+//! and phase bits go on from tile to tile as if the tiles' loops were one, and the once
+//! barriers flip phase per tile (tile `k` waits with parity `start ^ (k & 1)`). A rotated
+//! loop's release lags start again in each tile (its last iteration releases every stage it
+//! used); an unrotated loop's run on, so a tile's first release frees the previous tile's last
+//! stage, whose wgmma the drain waited for. The consumers release the once tiles on `once_free`
 //! ([`Ring::consumer_release`]) once no wgmma reads them: after the drain, or in a rotated loop
 //! before its last iteration (which runs only the last block's tail); the producer issues a
 //! tile's first iteration, then waits on `once_free` before reloading them.

@@ -324,7 +324,7 @@ fn attention_case(
 
 /// A persistent kernel's CTAs walk every work tile of the logical grid, the ring and its
 /// once barriers carried from tile to tile: with 1, 3 and 7 CTAs, each runs many tiles of
-/// different trip counts (causal query blocks of one, many and no key blocks).
+/// different trip counts (causal query blocks of one, many and no key blocks; gemm tiles).
 fn gpu_sm90a_persistent_ctas_walk_every_tile() {
     for ctas in [1, 3, 7] {
         let Some(dev) = hopper() else { return };
@@ -337,6 +337,16 @@ fn gpu_sm90a_persistent_ctas_walk_every_tile() {
         ] {
             attention_case(&dev, &mut rng, case);
         }
+        run_case(
+            &dev,
+            &mut rng,
+            (128, 128, 64),
+            false,
+            (384, 256, 1000),
+            8,
+            Dist::Normal,
+            true,
+        );
     }
 }
 

@@ -6,8 +6,8 @@
 //! computing scalars: its TMA coordinates and trip count need nothing else), and its side of
 //! the ring; the consumers then run the ops after the loop (the epilogue) while the producer
 //! already loads the next tile. The ring's cursors are made once, before the tile loop, so
-//! stages and phases carry over; each tile restarts their iteration count (the release lags)
-//! and flips the once barriers' parity.
+//! stages and phases carry over; each tile flips the once barriers' parity and, in a rotated
+//! loop, restarts the iteration count its release lags test.
 
 use kiln_ir::tile_scheduler::TileScheduler;
 use kiln_ir::{Kernel, OpId, Type};
@@ -78,7 +78,7 @@ impl Writer<'_> {
     /// Opens a role's walk over the work tiles (its `k`-th tile is in wave `k`, see
     /// `kiln_ir::tile_scheduler`); the loop ends past the last tile, and the block index of
     /// the tile is decoded into [`Writer::block`]. The cursor gets the wave's parity (which
-    /// also flips the once barriers' phase) and restarts its iteration count.
+    /// also flips the once barriers' phase).
     fn open_tile_loop(
         &mut self,
         id: OpId,
@@ -133,7 +133,11 @@ impl Writer<'_> {
         self.ins(format!("rem.u32 {y}, {yz}, {ny}"));
         self.ins(format!("div.u32 {z}, {yz}, {ny}"));
         self.block = Some([x, y, z]);
-        self.ins(format!("mov.u32 {}, 0", c.count));
+        // A rotated loop's release lags count from the tile's start; an unrotated one's run on
+        // (its first release frees the previous tile's last stage).
+        if self.k.schedule.rings[&id].overlap.is_some() {
+            self.ins(format!("mov.u32 {}, 0", c.count));
+        }
         Ok(TileLoop {
             wave,
             ctas,

@@ -1,5 +1,5 @@
-//! sm_90a: persistent CTAs. A warp-specialised kernel whose stage ring is a rotated loop (the
-//! `overlap` pass's) of its top level becomes persistent: the launch runs as many CTAs as fit on the GPU, and each walks
+//! sm_90a: persistent CTAs. A warp-specialised kernel whose stage ring is a loop of its top
+//! level becomes persistent: the launch runs as many CTAs as fit on the GPU, and each walks
 //! work tiles (blocks of the kernel's logical grid) in the order of [`TileScheduler`]. The
 //! producer issues the next tile's loads while the consumers finish the current one (its
 //! epilogue), instead of a new CTA starting cold.
@@ -32,9 +32,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     // Only rotated rings so far: an unrotated consumer loop zeroes its accumulator with
     // `mov`s at each tile's start, and ptxas then serialises its wgmmas (C7514), since the
     // group left in flight across iterations and the tile loop's back edge meet there.
-    if kernel.schedule.rings[&id].overlap.is_none() {
-        return Ok(());
-    }
+
     let before = &kernel.body.ops[..at];
     if before
         .iter()
@@ -64,22 +62,10 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     Ok(())
 }
 
-/// Makes `ring` run once per work tile: in an unrotated loop, a stage released one iteration
-/// late is also released after the loop (the next tile's producer waits for it; a rotated
-/// loop's last iteration releases it already); with once loads, the producer waits on
-/// `once_free` before reloading them and the consumers release them.
+/// Makes `ring` run once per work tile: with once loads, the producer waits on `once_free`
+/// before reloading them and the consumers release them.
 pub(crate) fn persist(ring: &mut Ring) {
     ring.persistent = true;
-    let late = Step::Arrive {
-        bar: Bar::Empty,
-        lag: 1,
-    };
-    if ring.overlap.is_none()
-        && ring.consumer.contains(&late)
-        && !ring.consumer_drain.contains(&late)
-    {
-        ring.consumer_drain.push(late);
-    }
     if !ring.once.is_empty() {
         ring.producer_once.insert(
             0,

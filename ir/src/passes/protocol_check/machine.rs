@@ -189,8 +189,11 @@ impl<'r> Machine<'r> {
         for (tile, &trips) in tiles.iter().enumerate() {
             let tile = tile as u32;
             // Steps of local iteration `t` (the release lags count from the tile's start).
+            // A rotated loop's lags count from the tile's start; an unrotated one's run on
+            // across tiles (its first release frees the previous tile's last stage).
+            let from = if ring.overlap.is_some() { 0 } else { base };
             let at = |t: u32, step: Step| {
-                let released_earlier = matches!(step, Step::Arrive { lag, .. } if t < lag);
+                let released_earlier = matches!(step, Step::Arrive { lag, .. } if from + t < lag);
                 (!released_earlier).then_some(At {
                     i: base + t,
                     tile,

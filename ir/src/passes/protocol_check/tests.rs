@@ -489,14 +489,11 @@ fn broken_persistent_protocols_are_rejected() {
         edit(&mut ring);
         check(&ring, &roles).expect_err("a broken protocol must be rejected")
     };
-    // The last stage of a tile never released: the next tile's producer waits forever.
+    // A stage never released: a later tile's producer waits forever for it.
     let e = rejected_persistent(good, &|r| {
-        r.consumer_drain.pop();
+        r.consumer.pop();
     });
-    assert!(
-        matches!(e, ProtocolError::Deadlock { ref tiles, .. } if tiles.len() == 3),
-        "{e}"
-    );
+    assert!(matches!(e, ProtocolError::Deadlock { .. }), "{e}");
     // The once tiles released while the last group may still read them.
     let e = rejected_persistent(attention_lagged, &|r| r.consumer_drain.clear());
     assert!(
