@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs kiln's attention benchmark and the PyTorch peers (FlashAttention-2 and cuDNN through
 # SDPA) on the same GPU, then merges them into one table and one JSON.
-#   bench/run-attention.sh [OUT.json] [--quick] [--iters N] [--warmup N]
+#   bench/run-attention.sh [OUT.json] [--quick] [--iters N] [--warmup N] [--autotune]
 # OUT defaults to bench/results/attention-<UTC date>.json. Run from anywhere on the GPU host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +19,7 @@ peer_args=()
 while [ $# -gt 0 ]; do
   case $1 in
     --target|--set) shift 2 ;;
+    --autotune) shift ;;
     *) peer_args+=("$1"); shift ;;
   esac
 done

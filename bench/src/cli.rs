@@ -36,6 +36,10 @@ pub struct Args {
     /// Extra comptime values for the kiln kernel, `NAME=VALUE` (repeatable), over the sweep's.
     #[arg(long, value_parser = setting)]
     pub set: Vec<(String, String)>,
+    /// attention: the autotuner picks the kernel's tuned comptime values (`block_n`) per
+    /// configuration, instead of the sweep's choice.
+    #[arg(long)]
+    pub autotune: bool,
 }
 
 /// A positive integer.

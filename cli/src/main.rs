@@ -106,6 +106,15 @@ impl KernelArgs {
     }
 }
 
+/// ` (tuned over a, b)` for a parameter the autotuner searches, else nothing.
+fn tuned(candidates: &[kiln::ir::dsl::ComptimeValue]) -> String {
+    if candidates.is_empty() {
+        return String::new();
+    }
+    let c: Vec<String> = candidates.iter().map(ToString::to_string).collect();
+    format!(" (tuned over {})", c.join(", "))
+}
+
 fn list() -> String {
     let mut out = String::new();
     for def in kiln_examples::registry() {
@@ -113,8 +122,8 @@ fn list() -> String {
             .comptime_params()
             .iter()
             .map(|p| match p.default {
-                Some(d) => format!("{}: {} = {d}", p.name, p.kind.name()),
-                None => format!("{}: {}", p.name, p.kind.name()),
+                Some(d) => format!("{}: {} = {d}{}", p.name, p.kind.name(), tuned(p.tune)),
+                None => format!("{}: {}{}", p.name, p.kind.name(), tuned(p.tune)),
             })
             .collect();
         let params: Vec<String> = def.signature().iter().map(ToString::to_string).collect();

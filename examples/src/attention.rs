@@ -52,7 +52,7 @@ fn online_update(s: Value, vs: Value, acc: Value, m: Value, l: Value) -> (Value,
 ///
 /// Grid: `(cdiv(sq, 128), heads, batch)`. Comptime: `d` (head dim, default 128), `causal`
 /// (default false), `block_n` (keys per block, a multiple of 16; default 0: 128 for
-/// `d <= 64`, else 64).
+/// `d <= 64`, else 64; the autotuner tries 64 and 128).
 #[kernel(num_warps = 4)]
 pub fn attention<const d: usize = 128>(
     q: Tensor<bf16, 4>,
@@ -61,7 +61,7 @@ pub fn attention<const d: usize = 128>(
     o: TensorMut<bf16, 4>,
     scale: f32,
     #[comptime(default = false)] causal: bool,
-    #[comptime(default = 0)] block_n: usize,
+    #[comptime(default = 0, tune = [64, 128])] block_n: usize,
 ) {
     // 0: the key block that fits sm_80's registers best.
     let bn: usize = if block_n > 0 {

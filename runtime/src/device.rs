@@ -65,6 +65,8 @@ pub struct Device {
     disk_cache: Option<DiskCache>,
     persistent_ctas: Option<u32>,
     cache: Mutex<HashMap<CacheKey, Arc<LoadedKernel>>>,
+    /// The autotuner's choices, by key (`crate::autotune`).
+    tuned: Mutex<HashMap<String, Spec>>,
 }
 
 impl Device {
@@ -128,6 +130,7 @@ impl Device {
             disk_cache: DiskCache::from_env(),
             persistent_ctas: None,
             cache: Mutex::new(HashMap::new()),
+            tuned: Mutex::new(HashMap::new()),
         })
     }
 
@@ -399,6 +402,18 @@ impl Device {
         // (count, kinds, dtypes, ranks, bounds), and are packed per the ABI.
         unsafe { kernel.launch(physical, &mut ptrs) }?;
         Ok(())
+    }
+
+    /// The autotuner's choice for `key` made in this process, if any.
+    pub(crate) fn tuned_choice(&self, key: &str) -> Option<Spec> {
+        let tuned = self.tuned.lock().unwrap_or_else(|e| e.into_inner());
+        tuned.get(key).cloned()
+    }
+
+    /// Keeps the autotuner's choice for `key` for this process.
+    pub(crate) fn remember_choice(&self, key: String, spec: &Spec) {
+        let mut tuned = self.tuned.lock().unwrap_or_else(|e| e.into_inner());
+        tuned.insert(key, spec.clone());
     }
 
     /// The disk compile cache this device uses (`KILN_CACHE_DIR`, see [`DiskCache`]), if any.

@@ -126,12 +126,12 @@ impl DiskCache {
 
     /// Stores `entry` under `key` atomically (see the module doc).
     pub fn put(&self, key: &CacheKey, entry: &CachedCubin) -> io::Result<()> {
-        std::fs::create_dir_all(&self.dir)?;
-        let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
-        tmp.write_all(&encode(entry))?;
-        tmp.as_file().sync_all()?;
-        tmp.persist(self.path(key)).map_err(|e| e.error)?;
-        Ok(())
+        write_atomic(&self.path(key), &encode(entry))
+    }
+
+    /// Where the autotuner keeps its choice for `key` (JSON, see `crate::autotune`).
+    pub fn autotune_path(&self, key: &str) -> PathBuf {
+        self.dir.join("autotune").join(format!("{key}.json"))
     }
 
     /// Every entry file, by name.
@@ -170,6 +170,18 @@ impl DiskCache {
         }
         Ok(entries.len())
     }
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory renamed into place,
+/// so a concurrent reader sees the old file or the whole new one.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 /// The entry file's bytes.

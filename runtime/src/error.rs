@@ -25,6 +25,16 @@ pub enum RuntimeError {
         /// How many devices the driver reports.
         count: usize,
     },
+    /// No candidate of an autotuning search compiled and ran.
+    #[error("autotuning `{kernel}` for {bucket}: no candidate ran ({})", timings.join("; "))]
+    Autotune {
+        /// The kernel.
+        kernel: String,
+        /// The shape bucket.
+        bucket: String,
+        /// Each candidate and why it failed.
+        timings: Vec<String>,
+    },
     /// A driver call failed.
     #[error("CUDA driver call `{call}` failed: {source}")]
     Driver {

@@ -20,6 +20,7 @@
 //! `KILN_DUMP=ir,ptx` writes each specialisation's IR and PTX to `KILN_DUMP_DIR` (see
 //! [`dump`]).
 
+pub mod autotune;
 mod device;
 pub mod disk_cache;
 pub mod dump;

@@ -28,7 +28,7 @@ use kiln_examples::attention::attention;
 use kiln_examples::gemm::gemm;
 use kiln_ir::dsl::{ComptimeValue, Spec};
 use kiln_ir::{DType, HostTensor, Target};
-use kiln_runtime::{Device, DeviceTensor, KernelArg};
+use kiln_runtime::{Device, DeviceTensor, DiskCache, KernelArg};
 use kiln_tests::check::{Case, assert_close, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
@@ -350,6 +350,73 @@ fn gpu_sm90a_persistent_ctas_walk_every_tile() {
     }
 }
 
+/// The autotuner times attention's `block_n` candidates once per shape bucket, keeps the
+/// winner in memory and in the disk cache, where a new device (as a new process would) finds
+/// it without timing anything; the chosen kernel computes the reference's result.
+fn gpu_sm90a_autotune_picks_and_keeps_a_key_block() {
+    let Some(dev) = hopper() else { return };
+    let dir = std::env::temp_dir().join(format!("kiln-autotune-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = Some(DiskCache::at(&dir));
+    let dev = dev.with_disk_cache(cache.clone());
+    let mut rng = Rng::from_env();
+    let (b, h, s, d) = (1, 4, 1000, 128);
+    let q = tensor(&mut rng, &[b, h, s, d], DType::Bf16, Dist::Normal);
+    let k = tensor(&mut rng, &[b, h, s, d], DType::Bf16, Dist::Normal);
+    let v = tensor(&mut rng, &[b, h, s, d], DType::Bf16, Dist::Normal);
+    let (dq, dk, dv) = (
+        dev.upload(&q).expect("upload"),
+        dev.upload(&k).expect("upload"),
+        dev.upload(&v).expect("upload"),
+    );
+    let o = output(&dev, &[b, h, s, d]);
+    let scale = 1.0 / (d as f32).sqrt();
+    let grid = [s.div_ceil(128) as u32, h as u32, b as u32];
+    let args = [
+        KernelArg::Tensor(&dq),
+        KernelArg::Tensor(&dk),
+        KernelArg::Tensor(&dv),
+        KernelArg::Tensor(&o),
+        KernelArg::F32(scale),
+    ];
+    let spec = Spec::from_defaults(&attention, &[("d".into(), d.to_string())]).expect("spec");
+    let tune = |dev: &Device| {
+        let mut runs = 0;
+        let chosen = dev
+            .autotune(&attention, &spec, "s=1000", &mut |c| {
+                runs += 1;
+                dev.launch(&attention, &c.comptime, grid, &args)
+            })
+            .expect("autotune");
+        (chosen, runs)
+    };
+    let (chosen, runs) = tune(&dev);
+    let block_n = chosen.comptime["block_n"];
+    println!("chose {block_n} after {runs} runs");
+    assert!(runs >= 2, "both candidates were timed");
+    assert!([ComptimeValue::Usize(64), ComptimeValue::Usize(128)].contains(&block_n));
+    assert_eq!(tune(&dev), (chosen.clone(), 0), "kept in memory");
+    let fresh = hopper().expect("the same GPU").with_disk_cache(cache);
+    assert_eq!(tune(&fresh), (chosen.clone(), 0), "kept on disk");
+    dev.fill_nan(&o).expect("poison");
+    dev.launch(&attention, &chosen.comptime, grid, &args)
+        .expect("launch");
+    let case = Case {
+        kernel: format!("autotuned attention@sm_90a block_n={block_n}"),
+        shape: format!("b={b} h={h} s={s} d={d}"),
+        dist: Dist::Normal,
+        seed: rng.seed(),
+    };
+    let want = reference::attention(&q, &k, &v, f64::from(scale), false);
+    assert_close(
+        &case,
+        &o.download().expect("download"),
+        &want,
+        tolerance(DType::Bf16),
+    );
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
 fn gpu_sm90a_softcap_attention_matches_reference() {
     let Some(dev) = hopper() else { return };
     let mut rng = Rng::from_env();
@@ -427,6 +494,11 @@ fn main() -> ExitCode {
             "gpu_sm90a_persistent_ctas_walk_every_tile",
             Needs::Hopper,
             gpu_sm90a_persistent_ctas_walk_every_tile,
+        ),
+        (
+            "gpu_sm90a_autotune_picks_and_keeps_a_key_block",
+            Needs::Hopper,
+            gpu_sm90a_autotune_picks_and_keeps_a_key_block,
         ),
         (
             "gpu_sm90a_softcap_attention_matches_reference",

@@ -38,6 +38,7 @@ const COMPTIME: &[ComptimeParam] = &[ComptimeParam {
     name: "block",
     kind: ComptimeKind::Usize,
     default: None,
+    tune: &[],
 }];
 
 impl KernelDef for Double {

@@ -116,7 +116,7 @@ fn run() -> Result<bool, BenchError> {
             "attention s={} d={} causal={}",
             c.s, c.d, c.causal
         ));
-        let comptime = comptime(attention, c, device.target(), &args.set)?;
+        let mut comptime = comptime(attention, c, device.target(), &args.set)?;
         let shape = c.shape();
         let host: Vec<HostTensor> = (0..3)
             .map(|t| uniform(&shape, DType::Bf16, 3 * i as u64 + t))
@@ -131,6 +131,26 @@ fn run() -> Result<bool, BenchError> {
             .collect::<Result<Vec<_>, _>>()?;
         let scale = 1.0 / (c.d as f32).sqrt();
         let grid = [c.s.div_ceil(BM) as u32, c.h() as u32, c.b() as u32];
+        if args.autotune {
+            let a = [
+                KernelArg::Tensor(&q[0]),
+                KernelArg::Tensor(&k[0]),
+                KernelArg::Tensor(&v[0]),
+                KernelArg::Tensor(&o[0]),
+                KernelArg::F32(scale),
+            ];
+            let spec = Spec {
+                comptime: comptime.clone(),
+                aligned16: Default::default(),
+            }
+            .with_aligned16(&["q", "k", "v", "o"]);
+            let bucket = format!("s={} d={} causal={}", c.s, c.d, c.causal);
+            comptime = device
+                .autotune(attention, &spec, &bucket, &mut |t| {
+                    device.launch(attention, &t.comptime, grid, &a)
+                })?
+                .comptime;
+        }
         let launch = |s: usize| -> Result<(), BenchError> {
             let a = [
                 KernelArg::Tensor(&q[s]),
@@ -171,6 +191,7 @@ fn run() -> Result<bool, BenchError> {
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
                 .join(","),
+            "autotuned": args.autotune,
             "input_sets": sets,
             "kiln_ms_median": t.median(),
             "kiln_ms_min": t.min(),

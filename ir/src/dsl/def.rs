@@ -89,6 +89,9 @@ pub struct ComptimeParam {
     /// The value `kiln ptx`/`kiln ir` use when no `-D` is given, from
     /// `#[comptime(default = ..)]`; `None` if the kernel declares none.
     pub default: Option<ComptimeValue>,
+    /// The candidates the autotuner times, from `#[comptime(tune = [..])]`; empty if the
+    /// parameter is not tuned.
+    pub tune: &'static [ComptimeValue],
 }
 
 /// A launch parameter as declared in the kernel's signature.

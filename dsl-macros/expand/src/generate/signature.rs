@@ -20,8 +20,16 @@ pub fn comptime_table(sig: &Signature) -> TokenStream {
             Some(d) => quote_spanned!(span=> #option::Some(#dsl::ComptimeValue::#variant({ let d: #ty = #d; d }))),
             None => quote!(#option::None),
         };
+        let tune = c.tune.iter().map(|t| {
+            quote_spanned!(span=> #dsl::ComptimeValue::#variant({ let v: #ty = #t; v }))
+        });
         quote_spanned! {span=>
-            #dsl::ComptimeParam { name: #name, kind: #dsl::ComptimeKind::#variant, default: #default }
+            #dsl::ComptimeParam {
+                name: #name,
+                kind: #dsl::ComptimeKind::#variant,
+                default: #default,
+                tune: &[#(#tune),*],
+            }
         }
     });
     quote!(#(#entries),*)

@@ -53,6 +53,8 @@ pub struct ComptimeParam {
     pub kind: ComptimeKind,
     /// `#[comptime(default = ..)]`.
     pub default: Option<Expr>,
+    /// `#[comptime(tune = [..])]`: the autotuner's candidates.
+    pub tune: Vec<Expr>,
 }
 
 /// An element type of a tensor or scalar parameter.
@@ -167,6 +169,7 @@ pub fn parse_signature(sig: &syn::Signature, errors: &mut Errors) -> Signature {
                     // Rust allows no defaults on a fn's const generics, but the macro consumes
                     // them, so `<const D: usize = 64>` declares the CLI default.
                     default: c.default.clone(),
+                    tune: Vec::new(),
                 }),
                 None => errors.at(&c.ty, "const generic kernel parameters must be usize, i32 or bool"),
             },
@@ -203,11 +206,12 @@ pub fn parse_signature(sig: &syn::Signature, errors: &mut Errors) -> Signature {
             );
         }
         match comptime_attr(&pt.attrs, errors) {
-            Some(default) => match ComptimeKind::from_type(&pt.ty) {
+            Some(ComptimeOptions { default, tune }) => match ComptimeKind::from_type(&pt.ty) {
                 Some(kind) => comptime_args.push(ComptimeParam {
                     name,
                     kind,
                     default,
+                    tune,
                 }),
                 None => errors.at(
                     &pt.ty,
@@ -225,9 +229,16 @@ pub fn parse_signature(sig: &syn::Signature, errors: &mut Errors) -> Signature {
     out
 }
 
-/// `Some(default)` if `attrs` hold `#[comptime]` or `#[comptime(default = ..)]`.
-fn comptime_attr(attrs: &[Attribute], errors: &mut Errors) -> Option<Option<Expr>> {
-    let mut found = None;
+/// The options of a `#[comptime(..)]` attribute.
+#[derive(Default)]
+struct ComptimeOptions {
+    default: Option<Expr>,
+    tune: Vec<Expr>,
+}
+
+/// `Some(options)` if `attrs` hold `#[comptime]` or `#[comptime(default = .., tune = [..])]`.
+fn comptime_attr(attrs: &[Attribute], errors: &mut Errors) -> Option<ComptimeOptions> {
+    let mut found: Option<ComptimeOptions> = None;
     for a in attrs {
         if !a.path().is_ident("comptime") {
             errors.at(a, "only `#[comptime]` is allowed on kernel parameters");
@@ -235,17 +246,39 @@ fn comptime_attr(attrs: &[Attribute], errors: &mut Errors) -> Option<Option<Expr
         }
         // Once the attribute is there the parameter is comptime, even if its options are
         // wrong: reporting it as an unsupported launch parameter too would mislead.
-        found = found.or(Some(None));
+        let options = found.get_or_insert_with(ComptimeOptions::default);
         match &a.meta {
             Meta::Path(_) => {}
-            Meta::List(list) => match list.parse_args::<syn::MetaNameValue>() {
-                Ok(nv) if nv.path.is_ident("default") => found = Some(Some(nv.value)),
-                Ok(nv) => errors.at(
-                    &nv.path,
-                    "unknown `#[comptime]` option; the only option is `default = VALUE`",
-                ),
-                Err(e) => errors.push(e),
-            },
+            Meta::List(list) => {
+                let parsed = list.parse_args_with(
+                    syn::punctuated::Punctuated::<syn::MetaNameValue, syn::Token![,]>::parse_terminated,
+                );
+                match parsed {
+                    Ok(items) => {
+                        for nv in items {
+                            if nv.path.is_ident("default") {
+                                options.default = Some(nv.value);
+                            } else if nv.path.is_ident("tune") {
+                                match nv.value {
+                                    Expr::Array(arr) if !arr.elems.is_empty() => {
+                                        options.tune = arr.elems.into_iter().collect();
+                                    }
+                                    other => errors.at(
+                                        &other,
+                                        "write the candidates as a non-empty array: `tune = [64, 128]`",
+                                    ),
+                                }
+                            } else {
+                                errors.at(
+                                    &nv.path,
+                                    "unknown `#[comptime]` option; the options are `default = VALUE` and `tune = [VALUES]`",
+                                );
+                            }
+                        }
+                    }
+                    Err(e) => errors.push(e),
+                }
+            }
             Meta::NameValue(nv) => errors.at(nv, "write `#[comptime(default = VALUE)]`"),
         }
     }
