@@ -210,10 +210,39 @@ pub struct Overlap {
     /// [`Overlap::tail_ops`], and its factor from the code between): a warp whose factors are
     /// all 1 (its rows' maximum did not grow) skips it, which is exact.
     pub rescale: Option<(OpId, crate::kernel::ValueId)>,
+    /// The online-softmax maximum whose growth the rescale may defer, when the body and the
+    /// final normalisation have its shape (see [`Deferral`]).
+    pub defer: Option<Deferral>,
     /// The consumer warpgroups issue their wgmmas in turns, ordered by named barriers.
     pub turns: Option<Turns>,
     /// Whether the pass gave the ring one stage more than the loop asked for.
     pub deepened: bool,
+}
+
+/// The rescale's deferral (FlashAttention-4's): the body keeps a running row maximum
+/// `m_new = max(m, row_max(s))`, exponentiates `p = exp2(s - m_use)` and
+/// `alpha = exp2(m - m_use)` against it (`m_use` is `m_new`, or 0 where it is `-inf`), and
+/// updates `l = l * alpha + row_sum(p)` and `acc = acc * alpha + p v`, and after the loop only
+/// `acc / l` is read. Then any reference `m_ref <= m_new` in place of `m_new` in `m_use` scales
+/// `p`, `alpha`, `l` and `acc` alike and leaves `acc / l` as it was: a warp keeps its previous
+/// reference while every one of its rows' maximum grew by at most [`Deferral::THRESHOLD`]
+/// (so `p <= 2^THRESHOLD`), its factors are then exactly 1 and the rescale is skipped. The
+/// carried maximum becomes that reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Deferral {
+    /// The op computing `m_new`.
+    pub max: OpId,
+    /// The carried maximum `m` (a block argument of the loop body).
+    pub carried: crate::kernel::ValueId,
+    /// The op computing `m_use` from `m_new` (the `select`), or `max` itself.
+    pub m_use: OpId,
+    /// The op computing `m - m_use` (the exponent of `alpha`).
+    pub alpha_exponent: OpId,
+}
+
+impl Deferral {
+    /// How far (in the base-2 exponent) a row's maximum may grow before the reference moves.
+    pub const THRESHOLD: f32 = 8.0;
 }
 
 /// Ping-pong between the consumer warpgroups: warpgroup `g` waits on named barrier
@@ -517,6 +546,14 @@ impl fmt::Display for Overlap {
             write!(
                 f,
                 "rescale {op} skipped while every factor {factor} of a warp is 1; "
+            )?;
+        }
+        if let Some(d) = self.defer {
+            write!(
+                f,
+                "max {} deferred while every row of a warp grew by at most {}; ",
+                d.max,
+                Deferral::THRESHOLD
             )?;
         }
         match self.turns {

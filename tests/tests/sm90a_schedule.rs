@@ -126,6 +126,10 @@ fn attention_ring_is_planned_and_proved() {
         // in flight, the previous stage released after the tail), and the two consumer
         // warpgroups take turns.
         let o = ring.overlap.as_ref().expect("the loop is rotated");
+        // The online softmax and its normalisation by l: the maximum's growth is deferred.
+        let d = o.defer.expect("a deferrable maximum");
+        assert!(o.rescale.is_some());
+        assert!(k.ops[d.max].kind == kiln_ir::OpKind::Binary(kiln_ir::BinaryOp::Max));
         let turns = o.turns.expect("two warpgroups ping-pong");
         assert_eq!((turns.warpgroups, turns.first_barrier), (2, 1));
         assert_eq!(o.carried, 0, "the accumulator is the first carried value");
@@ -315,6 +319,8 @@ fn another_kernel_of_attention_shape_gets_the_same_schedule() {
         let ring = k.schedule.rings.values().next().expect("one ring");
         let o = ring.overlap.as_ref().expect("rotated");
         assert!(o.turns.is_some() && o.rescale.is_some(), "d={d}");
+        // Its epilogue divides by l (`acc / l`), not the shape the deferral proves exact for.
+        assert!(o.defer.is_none(), "d={d}");
         assert_eq!(ring.stages, 3, "d={d}: one stage more than the 2 asked for");
         protocol_check::run(&mut k, Target::Sm90a).expect("the rotated protocol is sound");
         let m = kiln_ptx::compile(&built, Target::Sm90a).expect("compile");

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kiln_ir::ring::{Overlap, Ring, Step, Turns, Who};
+use kiln_ir::ring::{Deferral, Overlap, Ring, Step, Turns, Who};
 use kiln_ir::{Block, DType, Kernel, OpId, ValueDef, ValueId};
 
 use super::Cursor;
@@ -201,6 +201,11 @@ impl Writer<'_> {
                 self.vals.insert(iv, Val::Scalar(r.head_iv));
                 for o in r.parts.between.clone() {
                     self.write_op(o)?;
+                    if let Some(d) = r.overlap.defer
+                        && d.max == o
+                    {
+                        self.write_deferral(d)?;
+                    }
                 }
             }
             Step::Handoff => self.hand_off(r)?,
@@ -218,6 +223,45 @@ impl Writer<'_> {
                 return Err(self.internal(r.id, format!("`{s}` in a rotated consumer program")));
             }
         }
+        Ok(())
+    }
+
+    /// The deferred running maximum ([`Deferral`]): a warp keeps its reference, the carried
+    /// maximum, while every one of its rows' new maximum exceeds it by at most the threshold
+    /// (a `-inf` reference never stays: `x - -inf` is not below it); what the body computes
+    /// from the new maximum, the carried one included, then reads the reference.
+    fn write_deferral(&mut self, d: Deferral) -> Result<(), CodegenError> {
+        let m_new = self.k.ops[d.max].results[0];
+        let layouts = &self.k.schedule.layouts;
+        if layouts.get(&m_new) != layouts.get(&d.carried) {
+            return Err(self.internal(d.max, "a deferred maximum laid out unlike its carried one"));
+        }
+        let new = self.tile(m_new, d.max)?;
+        let old = self.tile(d.carried, d.max)?;
+        let threshold = format!("0f{:08X}", Deferral::THRESHOLD.to_bits());
+        let (near, keep) = (self.new_reg(Class::Pred), self.new_reg(Class::Pred));
+        for (k, (n, o)) in new.iter().zip(&old).enumerate() {
+            let growth = self.new_reg(Class::F32);
+            self.ins(format!("sub.f32 {growth}, {n}, {o}"));
+            if k == 0 {
+                self.ins(format!("setp.le.f32 {near}, {growth}, {threshold}"));
+            } else {
+                self.ins(format!(
+                    "setp.le.and.f32 {near}, {growth}, {threshold}, {near}"
+                ));
+            }
+        }
+        self.ins(format!("vote.sync.all.pred {keep}, {near}, 0xffffffff"));
+        let chosen: Vec<Reg> = new
+            .iter()
+            .zip(&old)
+            .map(|(n, o)| {
+                let r = self.new_reg(Class::F32);
+                self.ins(format!("selp.f32 {r}, {o}, {n}, {keep}"));
+                r
+            })
+            .collect();
+        self.vals.insert(m_new, Val::Tile(chosen));
         Ok(())
     }
 

@@ -12,7 +12,9 @@
 //! ordered by two named barriers), so one warpgroup's softmax runs under the other's mmas.
 //! When the tail rescales the accumulator by a factor of the code between (`acc * alpha`), a
 //! warp whose factors are all 1 skips the multiplications (exact: its rows' maximum did not
-//! grow). The deeper schedule needs registers: the split becomes 24 for the producer warpgroup and
+//! grow). When the code between is an online softmax and the kernel reads its results only as
+//! `acc / l`, the growth of the maximum is also deferred while it stays under a threshold
+//! ([`crate::ring::Deferral`]: the reference maximum stays, so the factors are exactly 1). The deeper schedule needs registers: the split becomes 24 for the producer warpgroup and
 //! 240 for each consumer warpgroup. It also holds one stage more (the tail's) while waiting
 //! for the next, so the ring gets one more stage where shared memory allows. Where it does
 //! not (attention at d = 256), the loads only the tail reads (`V`) get barrier arrays of their
@@ -35,8 +37,8 @@
 use std::collections::BTreeSet;
 
 use crate::diag::Diagnostic;
-use crate::kernel::{BinaryOp, Kernel, OpId, OpKind, ValueDef, ValueId};
-use crate::ring::{Bar, Overlap, Step, Turns, Who};
+use crate::kernel::{BinaryOp, Const, Kernel, OpId, OpKind, ReduceOp, UnaryOp, ValueDef, ValueId};
+use crate::ring::{Bar, Deferral, Overlap, Step, Turns, Who};
 use crate::target::Target;
 
 /// Warps per warpgroup.
@@ -343,15 +345,192 @@ fn plan(kernel: &Kernel, id: OpId) -> Option<Overlap> {
             _ => None,
         }
     });
+    let defer = rescale.and_then(|(op, factor)| deferral(kernel, id, op, factor));
     Some(Overlap {
         head,
         tail,
         carried,
         rescale,
+        defer,
         deepened: false,
         between: h_ops.into_iter().filter(|&o| o != head).collect(),
         tail_ops: t_ops,
         turns: None,
+    })
+}
+
+/// The deferrable maximum of ring loop `id` (see [`Deferral`]), found from its rescale `op`
+/// (`acc * factor`): every value on the way is checked to have exactly the uses the shape
+/// allows, so scaling `p`, `alpha`, `l` and `acc` by one factor per row cannot change what
+/// the kernel computes.
+fn deferral(kernel: &Kernel, id: OpId, rescale: OpId, factor: ValueId) -> Option<Deferral> {
+    let uses = super::walk::uses(kernel);
+    let body = &kernel.ops[id].regions[0];
+    let yield_op = *body.ops.last()?;
+    let yields = &kernel.ops[yield_op].operands;
+    let def = |v: ValueId| match kernel.values[v].def {
+        ValueDef::Op(o, 0) => Some(o),
+        _ => None,
+    };
+    let kind = |o: OpId| &kernel.ops[o].kind;
+    let ops = |o: OpId| kernel.ops[o].operands.as_slice();
+    let result = |o: OpId| kernel.ops[o].results[0];
+    let users =
+        |v: ValueId| -> BTreeSet<OpId> { uses.get(&v).into_iter().flatten().copied().collect() };
+    let only = |v: ValueId, allowed: &[OpId]| users(v) == allowed.iter().copied().collect();
+    let is_float = |v: ValueId, x: f64| {
+        def(v).is_some_and(|o| matches!(kind(o), OpKind::Const(Const::Float(c)) if *c == x))
+    };
+    let arg_slot = |v: ValueId| body.args.iter().position(|&a| a == v).filter(|&i| i > 0);
+
+    // factor = reshape(alpha); alpha = exp2(m - m_use).
+    let reshape_alpha = def(factor).filter(|&o| matches!(kind(o), OpKind::Reshape { .. }))?;
+    let alpha_op =
+        def(ops(reshape_alpha)[0]).filter(|&o| *kind(o) == OpKind::Unary(UnaryOp::Exp2))?;
+    let alpha = result(alpha_op);
+    let alpha_exponent =
+        def(ops(alpha_op)[0]).filter(|&o| *kind(o) == OpKind::Binary(BinaryOp::Sub))?;
+    let (m, m_use_v) = (ops(alpha_exponent)[0], ops(alpha_exponent)[1]);
+    let m_slot = arg_slot(m)?;
+    // m_use = select(m_new == -inf, 0, m_new), or m_new itself.
+    let m_use = def(m_use_v)?;
+    let (max, guard) = match kind(m_use) {
+        OpKind::Select => {
+            let &[cond, zero, m_new] = ops(m_use) else {
+                return None;
+            };
+            let eq = def(cond).filter(|&o| *kind(o) == OpKind::Binary(BinaryOp::Eq))?;
+            let &[a, b] = ops(eq) else { return None };
+            (a == m_new
+                && is_float(b, f64::NEG_INFINITY)
+                && is_float(zero, 0.0)
+                && only(cond, &[m_use]))
+            .then_some(())?;
+            (def(m_new)?, Some(eq))
+        }
+        _ => (m_use, None),
+    };
+    // m_new = max(m, row_max(s)), carried as the next m.
+    (*kind(max) == OpKind::Binary(BinaryOp::Max)).then_some(())?;
+    let row_max = ops(max).iter().copied().find(|&v| v != m)?;
+    (ops(max).contains(&m)
+        && def(row_max).is_some_and(|o| {
+            matches!(
+                kind(o),
+                OpKind::Reduce {
+                    op: ReduceOp::Max,
+                    ..
+                }
+            )
+        })
+        && yields.get(m_slot - 1) == Some(&result(max)))
+    .then_some(())?;
+    let m_new_users: Vec<OpId> = [Some(m_use), guard, Some(yield_op)]
+        .into_iter()
+        .flatten()
+        .filter(|&o| o != max)
+        .collect();
+    only(result(max), &m_new_users).then_some(())?;
+    only(m, &[max, alpha_exponent]).then_some(())?;
+    // m_use feeds alpha's exponent and p = exp2(s - reshape(m_use)) only.
+    let reshape_m = users(m_use_v).into_iter().find(|&o| o != alpha_exponent)?;
+    (matches!(kind(reshape_m), OpKind::Reshape { .. })
+        && only(m_use_v, &[alpha_exponent, reshape_m]))
+    .then_some(())?;
+    let [p_exponent] = users(result(reshape_m)).into_iter().collect::<Vec<_>>()[..] else {
+        return None;
+    };
+    (*kind(p_exponent) == OpKind::Binary(BinaryOp::Sub) && ops(p_exponent)[1] == result(reshape_m))
+        .then_some(())?;
+    let [p_op] = users(result(p_exponent)).into_iter().collect::<Vec<_>>()[..] else {
+        return None;
+    };
+    (*kind(p_op) == OpKind::Unary(UnaryOp::Exp2)).then_some(())?;
+    // p: summed into l and, cast, the tail's A; alpha: into l and the rescale's factor.
+    let p_users: Vec<OpId> = users(result(p_op)).into_iter().collect();
+    let [first, second] = p_users[..] else {
+        return None;
+    };
+    let (row_sum, cast) = if matches!(
+        kind(first),
+        OpKind::Reduce {
+            op: ReduceOp::Sum,
+            ..
+        }
+    ) {
+        (first, second)
+    } else {
+        (second, first)
+    };
+    let tail = kernel.ops[rescale].results[0];
+    let tail_mma = users(tail).into_iter().next()?;
+    (matches!(
+        kind(row_sum),
+        OpKind::Reduce {
+            op: ReduceOp::Sum,
+            ..
+        }
+    ) && matches!(kind(cast), OpKind::Cast { .. })
+        && only(result(cast), &[tail_mma])
+        && ops(tail_mma).first() == Some(&result(cast)))
+    .then_some(())?;
+    let l_scale = users(alpha).into_iter().find(|&o| o != reshape_alpha)?;
+    only(alpha, &[reshape_alpha, l_scale]).then_some(())?;
+    let &[l, a] = ops(l_scale) else { return None };
+    let l = if a == alpha { l } else { a };
+    let l_slot = arg_slot(l)?;
+    let [l_new] = users(result(l_scale)).into_iter().collect::<Vec<_>>()[..] else {
+        return None;
+    };
+    (*kind(l_scale) == OpKind::Binary(BinaryOp::Mul)
+        && *kind(l_new) == OpKind::Binary(BinaryOp::Add)
+        && ops(l_new).contains(&result(row_sum))
+        && only(result(row_sum), &[l_new])
+        && only(l, &[l_scale])
+        && yields.get(l_slot - 1) == Some(&result(l_new))
+        && only(result(l_new), &[yield_op]))
+    .then_some(())?;
+    // After the loop: m unread; l only as the divisor of acc: acc * reshape(recip(select(l == 0, 1, l))).
+    let loop_results = &kernel.ops[id].results;
+    let acc_out =
+        loop_results.get(body.args.iter().position(|&a| ops(rescale).contains(&a))? - 1)?;
+    let (m_out, l_out) = (loop_results[m_slot - 1], loop_results[l_slot - 1]);
+    users(m_out).is_empty().then_some(())?;
+    let l_users: Vec<OpId> = users(l_out).into_iter().collect();
+    let [x, y] = l_users[..] else { return None };
+    let (zero_test, safe) = if *kind(x) == OpKind::Select {
+        (y, x)
+    } else {
+        (x, y)
+    };
+    let &[cond, one, l_again] = ops(safe) else {
+        return None;
+    };
+    (*kind(zero_test) == OpKind::Binary(BinaryOp::Eq)
+        && result(zero_test) == cond
+        && l_again == l_out
+        && is_float(one, 1.0)
+        && ops(zero_test).iter().any(|&v| is_float(v, 0.0)))
+    .then_some(())?;
+    let [recip] = users(result(safe)).into_iter().collect::<Vec<_>>()[..] else {
+        return None;
+    };
+    let [reshape_inv] = users(result(recip)).into_iter().collect::<Vec<_>>()[..] else {
+        return None;
+    };
+    let [normalise] = users(result(reshape_inv)).into_iter().collect::<Vec<_>>()[..] else {
+        return None;
+    };
+    (*kind(recip) == OpKind::Unary(UnaryOp::Recip)
+        && matches!(kind(reshape_inv), OpKind::Reshape { .. })
+        && *kind(normalise) == OpKind::Binary(BinaryOp::Mul)
+        && only(*acc_out, &[normalise]))
+    .then_some(())?;
+    Some(Deferral {
+        max,
+        carried: m,
+        m_use,
+        alpha_exponent,
     })
 }
 

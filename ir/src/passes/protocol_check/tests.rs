@@ -345,6 +345,7 @@ fn rotated() -> (Ring, Roles) {
         between: Vec::new(),
         tail_ops: vec![OpId::from_index(2)],
         rescale: None,
+        defer: None,
         deepened: true,
         turns: Some(Turns {
             first_barrier: 1,
