@@ -15,7 +15,7 @@ use kiln_ir::dsl::{ComptimeValue, KernelDef, Spec};
 use serde::{Deserialize, Serialize};
 
 use crate::device::Device;
-use crate::disk_cache::write_atomic;
+use crate::disk_cache::{hash_parts, write_atomic};
 use crate::error::{LaunchError, RuntimeError};
 
 /// Untimed runs of each candidate before it is timed.
@@ -93,18 +93,13 @@ pub fn key(def: &dyn KernelDef, spec: &Spec, bucket: &str, device: &str) -> Stri
     for p in def.comptime_params().iter().filter(|p| !p.tune.is_empty()) {
         untuned.comptime.remove(p.name);
     }
-    let mut h = blake3::Hasher::new();
-    for part in [
+    hash_parts(&[
         env!("CARGO_PKG_VERSION"),
         def.name(),
         &untuned.key(),
         bucket,
         device,
-    ] {
-        h.update(&(part.len() as u64).to_le_bytes());
-        h.update(part.as_bytes());
-    }
-    h.finalize().to_hex().to_string()
+    ])
 }
 
 /// `spec` with the winner of `choice`, or `None` when the choice does not fit `def` (a value

@@ -34,25 +34,30 @@ impl CacheKey {
     /// The key of `ptx` assembled for `target`, for driver `driver_version`, with the
     /// assembler and options spelled `assembler`.
     pub fn new(ptx: &str, target: Target, driver_version: i32, assembler: &str) -> CacheKey {
-        let mut h = blake3::Hasher::new();
-        for part in [
+        CacheKey(hash_parts(&[
             env!("CARGO_PKG_VERSION"),
             target.name(),
             &driver_version.to_string(),
             assembler,
             ptx,
-        ] {
-            // Length-prefixed, so no two different inputs hash the same bytes.
-            h.update(&(part.len() as u64).to_le_bytes());
-            h.update(part.as_bytes());
-        }
-        CacheKey(h.finalize().to_hex().to_string())
+        ]))
     }
 
     /// The key as hex text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// The hex BLAKE3 hash of `parts`, each length-prefixed so no two different lists hash the
+/// same bytes.
+pub(crate) fn hash_parts(parts: &[&str]) -> String {
+    let mut h = blake3::Hasher::new();
+    for part in parts {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    h.finalize().to_hex().to_string()
 }
 
 /// A cached compilation: the cubin and the assembler's log.

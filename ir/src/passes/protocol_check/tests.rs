@@ -564,34 +564,16 @@ fn split_rings_pass() {
 
 #[test]
 fn broken_split_protocols_are_rejected() {
-    // V released while the tail reading it may still run.
-    let e = rejected(split, |r| {
-        let from = at(
-            r,
-            Step::Arrive {
-                bar: Bar::TailEmpty,
-                lag: 1,
-            },
-        );
-        let release = r.consumer.remove(from);
-        let wait = at(r, Step::WaitGroup(0));
-        r.consumer.insert(wait, release);
-    });
-    assert!(matches!(e, ProtocolError::EarlyRelease { .. }), "{e}");
-    // K released before the head's group is waited for.
-    let e = rejected(split, |r| {
-        let from = at(
-            r,
-            Step::Arrive {
-                bar: Bar::Empty,
-                lag: 0,
-            },
-        );
-        let release = r.consumer.remove(from);
-        let wait = at(r, Step::WaitGroup(1));
-        r.consumer.insert(wait, release);
-    });
-    assert!(matches!(e, ProtocolError::EarlyRelease { .. }), "{e}");
+    // V released while the tail reading it may still run; K before the head's group is
+    // waited for.
+    for (bar, lag, wait) in [(Bar::TailEmpty, 1, 0), (Bar::Empty, 0, 1)] {
+        let e = rejected(split, |r| {
+            let release = r.consumer.remove(at(r, Step::Arrive { bar, lag }));
+            let before = at(r, Step::WaitGroup(wait));
+            r.consumer.insert(before, release);
+        });
+        assert!(matches!(e, ProtocolError::EarlyRelease { .. }), "{e}");
+    }
     // The tail reads V without waiting on `tail_full`.
     let e = rejected(split, |r| {
         r.consumer.retain(|s| {
