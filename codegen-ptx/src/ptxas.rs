@@ -138,7 +138,8 @@ pub fn find_ptxas() -> Result<PathBuf, PtxasError> {
 
 /// Where `tool` is: its environment variable, else `.tools/cuda/bin/<name>` under the
 /// workspace root (what `scripts/ensure-cuda-tool` installs), else `bin/<name>` under
-/// `$CUDA_HOME` or `$CUDA_PATH`, else the first `<name>` on `$PATH`.
+/// `$CUDA_HOME` or `$CUDA_PATH`, else the first `<name>` on `$PATH`, else the toolkit's
+/// default place, `/usr/local/cuda/bin`.
 pub fn find(tool: Tool) -> Result<PathBuf, PtxasError> {
     if let Some(p) = std::env::var_os(tool.env()) {
         return Ok(PathBuf::from(p));
@@ -153,12 +154,13 @@ pub fn find(tool: Tool) -> Result<PathBuf, PtxasError> {
     std::iter::once(workspace.clone())
         .chain(toolkits)
         .chain(on_path)
+        .chain(std::iter::once(PathBuf::from("/usr/local/cuda/bin")))
         .map(|dir| dir.join(tool.name()))
         .find(|p| p.is_file())
         .ok_or_else(|| PtxasError::NotFound {
             tool,
             looked: format!(
-                "{}, $CUDA_HOME/bin, $CUDA_PATH/bin and $PATH",
+                "{}, $CUDA_HOME/bin, $CUDA_PATH/bin, $PATH and /usr/local/cuda/bin",
                 workspace.join(tool.name()).display()
             ),
         })
