@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs kiln's gemm against cuBLAS in one process.
-#   bench/run-gemm.sh [OUT.json] [--quick] [--iters N] [--warmup N] [--target NAME]
+#   bench/run-gemm.sh [OUT.json] [--quick] [--iters N] [--warmup N] [--target NAME] [--autotune]
 # OUT defaults to bench/results/gemm-<UTC date>.json. Run from anywhere on the GPU host.
 set -euo pipefail
 cd "$(dirname "$0")/.."

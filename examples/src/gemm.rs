@@ -9,7 +9,7 @@ use kiln::prelude::*;
 /// zeros, so a `K` tail adds exact zeros.
 ///
 /// Grid: `(cdiv(M, BM), cdiv(N, BN), 1)`. Comptime: `BM = 128`, `BN = 128`, `BK = 64`,
-/// `b_col_major = false`.
+/// `b_col_major = false`; the autotuner tries `BN` in {128, 256} and `BK` in {32, 64}.
 ///
 /// 4 warps, each a 64x64 sub-tile (fewer ldmatrix per mma than 8 warps of 64x32), at about
 /// 230 registers and 96 KiB of shared memory: two blocks per SM. H200, 4096^3: 352 TFLOP/s
@@ -20,8 +20,8 @@ pub fn gemm(
     b: Tensor<bf16, 2>,
     c: TensorMut<bf16, 2>,
     #[comptime(default = 128)] BM: usize,
-    #[comptime(default = 128)] BN: usize,
-    #[comptime(default = 64)] BK: usize,
+    #[comptime(default = 128, tune = [128, 256])] BN: usize,
+    #[comptime(default = 64, tune = [32, 64])] BK: usize,
     #[comptime(default = false)] b_col_major: bool,
 ) {
     let (mb, nb) = (block_id().x, block_id().y);

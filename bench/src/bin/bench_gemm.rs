@@ -13,6 +13,7 @@
 //! Run on a GPU host: `bench_gemm --out bench/results/gemm.json [--target sm_90a]
 //! [--b-col-major]`.
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -23,7 +24,7 @@ use kiln_bench::inputs::{copies, uniform};
 use kiln_bench::report::{Table, meta, write_json};
 use kiln_bench::{BenchError, kernels};
 use kiln_ir::DType;
-use kiln_ir::dsl::ComptimeValue;
+use kiln_ir::dsl::{ComptimeValue, Spec};
 use kiln_runtime::{DeviceTensor, KernelArg, rotation_sets};
 use kiln_tests::check::rel_error;
 use serde_json::json;
@@ -72,11 +73,18 @@ fn run() -> Result<bool, BenchError> {
         overrides.push(("b_col_major", "true".to_string()));
     }
     let comptime = kernels::comptime(gemm, &overrides)?;
-    let tile = |name: &str| match comptime.get(name) {
-        Some(ComptimeValue::Usize(v)) => *v,
-        _ => 128,
+    // The grid of a specialisation: one block per `BM x BN` tile of `c`.
+    let grid = |comptime: &BTreeMap<String, ComptimeValue>, m: usize, n: usize| {
+        let tile = |name: &str| match comptime.get(name) {
+            Some(&ComptimeValue::Usize(v)) => v,
+            _ => 128,
+        };
+        [
+            m.div_ceil(tile("BM")) as u32,
+            n.div_ceil(tile("BN")) as u32,
+            1,
+        ]
     };
-    let (bm, bn) = (tile("BM"), tile("BN"));
     eprintln!(
         "{} ({}), kiln target {}, comptime {comptime:?}",
         device.name(),
@@ -114,14 +122,30 @@ fn run() -> Result<bool, BenchError> {
         let c_ref = (0..sets)
             .map(|_| device.alloc(DType::Bf16, &[m, n]))
             .collect::<Result<Vec<_>, _>>()?;
-        let grid = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
-        let kiln = |s: usize| -> Result<(), BenchError> {
-            let args = [
+        let launch_args = |s: usize| {
+            [
                 KernelArg::Tensor(&a[s]),
                 KernelArg::Tensor(&b[s]),
                 KernelArg::Tensor(&c_kiln[s]),
-            ];
-            Ok(device.launch(gemm, &comptime, grid, &args)?)
+            ]
+        };
+        let mut chosen = comptime.clone();
+        if args.autotune {
+            let spec = Spec {
+                comptime: comptime.clone(),
+                aligned16: Default::default(),
+            }
+            .with_aligned16(&["a", "b", "c"]);
+            let bucket = format!("{m}x{n}x{k}");
+            chosen = device
+                .autotune(gemm, &spec, &bucket, &mut |t| {
+                    device.launch(gemm, &t.comptime, grid(&t.comptime, m, n), &launch_args(0))
+                })?
+                .comptime;
+        }
+        let kiln = |s: usize| -> Result<(), BenchError> {
+            let g = grid(&chosen, m, n);
+            Ok(device.launch(gemm, &chosen, g, &launch_args(s))?)
         };
         let peer = |s: usize| cublas.gemm_bf16(&a[s], &b[s], &c_ref[s], args.b_col_major);
 
@@ -152,6 +176,12 @@ fn run() -> Result<bool, BenchError> {
             "n": n,
             "k": k,
             "flops": flops,
+            "comptime": chosen
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(","),
+            "autotuned": args.autotune,
             "input_sets": sets,
             "kiln_ms_median": kt.median(),
             "kiln_ms_min": kt.min(),
