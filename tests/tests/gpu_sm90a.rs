@@ -324,7 +324,8 @@ fn attention_case(
 
 /// A persistent kernel's CTAs walk every work tile of the logical grid, the ring and its
 /// once barriers carried from tile to tile: with 1, 3 and 7 CTAs, each runs many tiles of
-/// different trip counts (causal query blocks of one, many and no key blocks; gemm tiles).
+/// different trip counts (causal query blocks of one, many and no key blocks; the split ring
+/// of d = 256; gemm tiles).
 fn gpu_sm90a_persistent_ctas_walk_every_tile() {
     for ctas in [1, 3, 7] {
         let Some(dev) = hopper() else { return };
@@ -334,6 +335,8 @@ fn gpu_sm90a_persistent_ctas_walk_every_tile() {
             (2, 3, 1000, 1000, 128, true, 128),
             (1, 2, 700, 300, 64, true, 0),
             (2, 1, 300, 4097, 64, false, 0),
+            // d = 256: the split ring (V on its own barriers) carried across tiles.
+            (1, 2, 500, 700, 256, true, 0),
         ] {
             attention_case(&dev, &mut rng, case);
         }
