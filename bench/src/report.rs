@@ -1,9 +1,11 @@
 //! What every result file carries (commit, GPU, driver, date), a text table, and writing the
 //! JSON file.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::SystemTime;
 
+use kiln_ir::dsl::ComptimeValue;
 use kiln_runtime::Device;
 use serde_json::{Value, json};
 
@@ -24,6 +26,15 @@ pub fn meta(device: &Device, benchmark: &str) -> Value {
         "kiln_target": device.target().name(),
         "date_utc": humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
     })
+}
+
+/// A specialisation's comptime values as a row records them, `name=value,...`.
+pub fn comptime_text(comptime: &BTreeMap<String, ComptimeValue>) -> String {
+    comptime
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Writes `json` (pretty-printed) to `path`, creating its directory, and says so on stderr.

@@ -55,11 +55,11 @@ impl ParamBuffer {
         let values = slots
             .iter()
             .map(|slot| {
-                if let (SlotRole::Grid { axis }, Some(g)) = (slot.role, grid) {
-                    return Ok(SlotValue::S32(g[axis] as i32));
-                }
-                let arg = args.get(slot_param(slot.role));
+                let arg = slot_param(slot.role).and_then(|p| args.get(p));
                 let value = match (slot.role, slot.ty, arg) {
+                    (SlotRole::Grid { axis }, SlotType::S32, None) => {
+                        grid.map(|g| SlotValue::S32(g[axis] as i32))
+                    }
                     (
                         SlotRole::Ptr { .. },
                         SlotType::U64,
@@ -119,15 +119,15 @@ impl ParamBuffer {
     }
 }
 
-/// The index of the parameter a slot belongs to.
-fn slot_param(role: SlotRole) -> usize {
+/// The index of the parameter a slot belongs to; `None` for the logical grid's slots.
+fn slot_param(role: SlotRole) -> Option<usize> {
     match role {
         SlotRole::Ptr { param }
         | SlotRole::Extent { param, .. }
         | SlotRole::Stride { param, .. }
         | SlotRole::TensorMap { param }
-        | SlotRole::Scalar { param } => param,
-        SlotRole::Grid { .. } => usize::MAX,
+        | SlotRole::Scalar { param } => Some(param),
+        SlotRole::Grid { .. } => None,
     }
 }
 

@@ -16,7 +16,7 @@ use clap::Parser;
 use kiln_bench::cli::Args;
 use kiln_bench::harness::{Progress, measure, tflops};
 use kiln_bench::inputs::{copies, uniform};
-use kiln_bench::report::{Table, meta, write_json};
+use kiln_bench::report::{Table, comptime_text, meta, write_json};
 use kiln_bench::{BenchError, kernels};
 use kiln_ir::dsl::Spec;
 use kiln_ir::{DType, HostTensor};
@@ -186,11 +186,7 @@ fn run() -> Result<bool, BenchError> {
             "b": c.b(),
             "h": c.h(),
             "flops": c.flops(),
-            "comptime": comptime
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(","),
+            "comptime": comptime_text(&comptime),
             "autotuned": args.autotune,
             "input_sets": sets,
             "kiln_ms_median": t.median(),

@@ -21,7 +21,7 @@ use kiln_bench::cli::Args;
 use kiln_bench::cublas::Cublas;
 use kiln_bench::harness::{Progress, measure, tflops};
 use kiln_bench::inputs::{copies, uniform};
-use kiln_bench::report::{Table, meta, write_json};
+use kiln_bench::report::{Table, comptime_text, meta, write_json};
 use kiln_bench::{BenchError, kernels};
 use kiln_ir::DType;
 use kiln_ir::dsl::{ComptimeValue, Spec};
@@ -176,11 +176,7 @@ fn run() -> Result<bool, BenchError> {
             "n": n,
             "k": k,
             "flops": flops,
-            "comptime": chosen
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(","),
+            "comptime": comptime_text(&chosen),
             "autotuned": args.autotune,
             "input_sets": sets,
             "kiln_ms_median": kt.median(),
