@@ -1,7 +1,7 @@
 //! The benchmarks' command line (clap): `--out PATH` (JSON results), `--iters N`,
 //! `--warmup N`, `--quick` (a reduced sweep for a smoke run), `--target sm_80|sm_90a|sm_100a`
 //! (default: the runtime's default, the GPU's own target), `--b-col-major` (gemm only: B
-//! stored column-major), `--only S:D:CAUSAL,...` and `--set NAME=VALUE` (attention only).
+//! stored column-major), `--only S:D:CAUSAL,...` (attention only) and `--set NAME=VALUE`.
 
 use std::path::PathBuf;
 

@@ -5,11 +5,12 @@ use kiln::prelude::*;
 /// `c[M, N] = a[M, K] @ B` for any `M`, `N`, `K`, where `B` is `b[K, N]` (row-major), or,
 /// when `b_col_major`, `b[N, K]` holding `B` column-major (`B^T` row-major: each block loads
 /// `[BN, BK]` tiles and multiplies by their transpose). Each block computes one `BM x BN`
-/// tile of `c`, walking `K` in `BK` steps in a 3-stage pipelined loop; edge tiles load as
-/// zeros, so a `K` tail adds exact zeros.
+/// tile of `c`, walking `K` in `BK` steps in a `STAGES`-deep pipelined loop; edge tiles load
+/// as zeros, so a `K` tail adds exact zeros.
 ///
 /// Grid: `(cdiv(M, BM), cdiv(N, BN), 1)`. Comptime: `BM = 128`, `BN = 128`, `BK = 64`,
-/// `b_col_major = false`; the autotuner tries `BN` in {128, 256} and `BK` in {32, 64}.
+/// `STAGES = 3`, `b_col_major = false`; the autotuner tries `BN` in {128, 256}, `BK` in
+/// {32, 64} and `STAGES` in {3, 4, 5} (those that do not fit shared memory are skipped).
 ///
 /// 4 warps, each a 64x64 sub-tile (fewer ldmatrix per mma than 8 warps of 64x32), at about
 /// 230 registers and 96 KiB of shared memory: two blocks per SM. H200, 4096^3: 352 TFLOP/s
@@ -22,12 +23,13 @@ pub fn gemm(
     #[comptime(default = 128)] BM: usize,
     #[comptime(default = 128, tune = [128, 256])] BN: usize,
     #[comptime(default = 64, tune = [32, 64])] BK: usize,
+    #[comptime(default = 3, tune = [3, 4, 5])] STAGES: usize,
     #[comptime(default = false)] b_col_major: bool,
 ) {
     let (mb, nb) = (block_id().x, block_id().y);
     let k = a.dim(1);
     let mut acc = zeros::<f32>([BM, BN]);
-    for kb in pipelined(0..cdiv(k, BK), stages = 3) {
+    for kb in pipelined(0..cdiv(k, BK), stages = STAGES as u32) {
         let x = a.tile([BM, BK], [mb * BM, kb * BK]).load();
         acc = if b_col_major {
             let y = b.tile([BN, BK], [nb * BN, kb * BK]).load();

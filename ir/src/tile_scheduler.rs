@@ -16,6 +16,12 @@
 //!   tile in one wave takes a shorter one in the next and the CTAs finish together. A fixed
 //!   stride would not: with 132 CTAs and 128 query blocks it walks x by 4, and the CTAs that
 //!   start on the longest blocks keep the longest ones.
+//! - [`TileScheduler::Grouped`]: equal tiles whose loads reuse data along both x and y (a
+//!   GEMM: a row of tiles reads one panel of `A`, a column one panel of `B`). Tiles run in
+//!   groups of `rows` x blocks: within a group x is fastest, then y; then the next group (z
+//!   slowest). A wave then reads `rows` panels of one operand and about `C / rows` of the
+//!   other, fewer than x fastest over all of x, so more of them stay in L2 (Triton's grouped
+//!   order). CTA `c` runs tiles `c, c + C, ...` as in `Strided`.
 
 use std::fmt;
 
@@ -26,6 +32,12 @@ pub enum TileScheduler {
     Strided,
     /// Tiles whose work grows with x: decreasing x, dealt in a snake.
     LongestFirst,
+    /// Equal tiles that share data along x and along y: groups of `rows` x blocks, x fastest
+    /// within a group, then y.
+    Grouped {
+        /// x blocks per group.
+        rows: u32,
+    },
 }
 
 impl TileScheduler {
@@ -39,7 +51,9 @@ impl TileScheduler {
         let wave = u64::from(k) * u64::from(ctas);
         let pos = match self {
             TileScheduler::LongestFirst if k % 2 == 1 => ctas - 1 - cta,
-            TileScheduler::Strided | TileScheduler::LongestFirst => cta,
+            TileScheduler::Strided
+            | TileScheduler::LongestFirst
+            | TileScheduler::Grouped { .. } => cta,
         };
         wave + u64::from(pos)
     }
@@ -56,21 +70,33 @@ impl TileScheduler {
                 let yz = t % (ny * nz);
                 [nx - 1 - t / (ny * nz), yz % ny, yz / ny]
             }
+            &TileScheduler::Grouped { rows } => {
+                let (z, r) = (t / (nx * ny), t % (nx * ny));
+                let first = r / (rows * ny) * rows;
+                let width = rows.min(nx - first);
+                let within = r - first * ny;
+                [first + within % width, within / width, z]
+            }
         }
     }
 }
 
 impl fmt::Display for TileScheduler {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            TileScheduler::Strided => {
-                "  tiles: persistent CTAs; x fastest, CTA c runs tiles c, c + ctas, ..."
-            }
-            TileScheduler::LongestFirst => {
+        match self {
+            TileScheduler::Strided => f.write_str(
+                "  tiles: persistent CTAs; x fastest, CTA c runs tiles c, c + ctas, ...",
+            ),
+            TileScheduler::LongestFirst => f.write_str(
                 "  tiles: persistent CTAs; the loop's trip count depends on x: decreasing x \
-                 (longest first), dealt wave by wave in a snake"
-            }
-        })
+                 (longest first), dealt wave by wave in a snake",
+            ),
+            TileScheduler::Grouped { rows } => write!(
+                f,
+                "  tiles: persistent CTAs; loads reuse data along x and y: groups of {rows} x \
+                 blocks, x fastest within a group, then y; CTA c runs tiles c, c + ctas, ..."
+            ),
+        }
     }
 }
 
@@ -94,7 +120,12 @@ mod tests {
 
     #[test]
     fn every_block_is_one_tile() {
-        for s in [TileScheduler::Strided, TileScheduler::LongestFirst] {
+        for s in [
+            TileScheduler::Strided,
+            TileScheduler::LongestFirst,
+            TileScheduler::Grouped { rows: 2 },
+            TileScheduler::Grouped { rows: 8 },
+        ] {
             for ctas in [1, 4, 7, 30, 40] {
                 let grid = [5, 3, 2];
                 let mut seen: Vec<[u32; 3]> = walk(s, grid, ctas).concat();
@@ -107,6 +138,31 @@ mod tests {
         assert_eq!(TileScheduler::LongestFirst.block(0, [5, 3, 2]), [4, 0, 0]);
         assert_eq!(TileScheduler::LongestFirst.block(6, [5, 3, 2]), [3, 0, 0]);
         assert_eq!(TileScheduler::Strided.block(5, [5, 3, 2]), [0, 1, 0]);
+        // Groups of two x blocks (the last one narrower): 0 1 | 0 1 | 0 1 over y, then x = 4.
+        let grouped = TileScheduler::Grouped { rows: 2 };
+        let order: Vec<[u32; 3]> = (0..15).map(|t| grouped.block(t, [5, 3, 2])).collect();
+        assert_eq!(order[..4], [[0, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0]]);
+        assert_eq!(order[12..], [[4, 0, 0], [4, 1, 0], [4, 2, 0]]);
+        assert_eq!(grouped.block(15, [5, 3, 2]), [0, 0, 1]);
+    }
+
+    #[test]
+    fn grouped_waves_read_fewer_panels() {
+        // A 4096^3 GEMM in 128x256 tiles on 132 CTAs: the panels of A (x) and B (y) that the
+        // first wave reads.
+        let (grid, ctas) = ([32, 16, 1], 132);
+        let panels = |s: TileScheduler| {
+            let wave: Vec<[u32; 3]> = (0..ctas).map(|t| s.block(t, grid)).collect();
+            let distinct = |axis: usize| {
+                let mut v: Vec<u32> = wave.iter().map(|b| b[axis]).collect();
+                v.sort();
+                v.dedup();
+                v.len()
+            };
+            distinct(0) + distinct(1)
+        };
+        assert!(panels(TileScheduler::Grouped { rows: 8 }) < 30);
+        assert!(panels(TileScheduler::Strided) > 35);
     }
 
     #[test]

@@ -325,7 +325,7 @@ fn attention_case(
 /// A persistent kernel's CTAs walk every work tile of the logical grid, the ring and its
 /// once barriers carried from tile to tile: with 1, 3 and 7 CTAs, each runs many tiles of
 /// different trip counts (causal query blocks of one, many and no key blocks; the split ring
-/// of d = 256; gemm tiles).
+/// of d = 256; gemm tiles in grouped order).
 fn gpu_sm90a_persistent_ctas_walk_every_tile() {
     for ctas in [1, 3, 7] {
         let Some(dev) = hopper() else { return };
@@ -340,16 +340,19 @@ fn gpu_sm90a_persistent_ctas_walk_every_tile() {
         ] {
             attention_case(&dev, &mut rng, case);
         }
-        run_case(
-            &dev,
-            &mut rng,
-            (128, 128, 64),
-            false,
-            (384, 256, 1000),
-            8,
-            Dist::Normal,
-            true,
-        );
+        // Gemm tiles in groups of 8 x blocks: 11 x blocks make a full group and a narrow one.
+        for shape in [(384, 256, 1000), (1300, 384, 520)] {
+            run_case(
+                &dev,
+                &mut rng,
+                (128, 128, 64),
+                false,
+                shape,
+                8,
+                Dist::Normal,
+                true,
+            );
+        }
     }
 }
 

@@ -223,9 +223,10 @@ fn attention_is_persistent_with_the_tile_order_its_trip_count_needs() {
             "one tile walk per role"
         );
     }
-    // An unrotated ring (the gemm's) too, its tiles all alike.
+    // An unrotated ring (the gemm's) too, its tiles all alike; `a` is reused along y and `b`
+    // along x, so they run in groups.
     let k = scheduled(&ptx_examples::build("gemm", &[]));
-    assert_eq!(k.schedule.tiles, Some(TileScheduler::Strided));
+    assert_eq!(k.schedule.tiles, Some(TileScheduler::Grouped { rows: 8 }));
 }
 
 #[test]

@@ -62,12 +62,10 @@ fn run() -> Result<bool, BenchError> {
     let device = kernels::device(&args)?;
     let gemm = kernels::find("gemm")?;
     let cublas = Cublas::new(&device)?;
-    // `KILN_GEMM_D="BN=256,BK=64"` times a tile variant without rebuilding.
-    let variant = std::env::var("KILN_GEMM_D").unwrap_or_default();
-    let mut overrides: Vec<(&str, String)> = variant
-        .split(',')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.trim(), v.trim().to_string()))
+    let mut overrides: Vec<(&str, String)> = args
+        .set
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
         .collect();
     if args.b_col_major {
         overrides.push(("b_col_major", "true".to_string()));

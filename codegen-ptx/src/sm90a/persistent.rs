@@ -100,7 +100,9 @@ impl Writer<'_> {
         self.label(&top);
         let (tile, finished) = (self.new_reg(Class::B32), self.new_reg(Class::Pred));
         match tiles {
-            TileScheduler::Strided => self.ins(format!("add.u32 {tile}, {wave}, {cta}")),
+            TileScheduler::Strided | TileScheduler::Grouped { .. } => {
+                self.ins(format!("add.u32 {tile}, {wave}, {cta}"))
+            }
             TileScheduler::LongestFirst => {
                 // Odd waves deal the tiles from the last CTA down.
                 let (mirrored, odd) = (self.new_reg(Class::B32), self.new_reg(Class::Pred));
@@ -113,25 +115,47 @@ impl Writer<'_> {
         }
         self.ins(format!("setp.ge.u32 {finished}, {tile}, {total}"));
         self.ins(format!("@{finished} bra {done}"));
-        let [x, y, z, yz] = [(); 4].map(|_| self.new_reg(Class::B32));
+        let [x, y, z] = [(); 3].map(|_| self.new_reg(Class::B32));
         match tiles {
             TileScheduler::Strided => {
                 self.comment("work tile: its block index (x fastest)");
+                let yz = self.new_reg(Class::B32);
                 self.ins(format!("rem.u32 {x}, {tile}, {nx}"));
                 self.ins(format!("div.u32 {yz}, {tile}, {nx}"));
+                self.ins(format!("rem.u32 {y}, {yz}, {ny}"));
+                self.ins(format!("div.u32 {z}, {yz}, {ny}"));
             }
             TileScheduler::LongestFirst => {
                 self.comment("work tile: its block index (x slowest, from the last block down)");
-                let planes = self.new_reg(Class::B32);
+                let [planes, yz] = [(); 2].map(|_| self.new_reg(Class::B32));
                 self.ins(format!("mul.lo.u32 {planes}, {ny}, {nz}"));
                 self.ins(format!("div.u32 {x}, {tile}, {planes}"));
                 self.ins(format!("sub.u32 {x}, {nx}, {x}"));
                 self.ins(format!("sub.u32 {x}, {x}, 1"));
                 self.ins(format!("rem.u32 {yz}, {tile}, {planes}"));
+                self.ins(format!("rem.u32 {y}, {yz}, {ny}"));
+                self.ins(format!("div.u32 {z}, {yz}, {ny}"));
+            }
+            TileScheduler::Grouped { rows } => {
+                self.comment(&format!(
+                    "work tile: its block index (groups of {rows} x blocks, x fastest within)"
+                ));
+                let [plane, r, first, width, within] = [(); 5].map(|_| self.new_reg(Class::B32));
+                self.ins(format!("mul.lo.u32 {plane}, {nx}, {ny}"));
+                self.ins(format!("div.u32 {z}, {tile}, {plane}"));
+                self.ins(format!("rem.u32 {r}, {tile}, {plane}"));
+                self.ins(format!("mul.lo.u32 {first}, {ny}, {rows}"));
+                self.ins(format!("div.u32 {first}, {r}, {first}"));
+                self.ins(format!("mul.lo.u32 {first}, {first}, {rows}"));
+                self.ins(format!("sub.u32 {width}, {nx}, {first}"));
+                self.ins(format!("min.u32 {width}, {width}, {rows}"));
+                self.ins(format!("mul.lo.u32 {within}, {first}, {ny}"));
+                self.ins(format!("sub.u32 {within}, {r}, {within}"));
+                self.ins(format!("rem.u32 {x}, {within}, {width}"));
+                self.ins(format!("add.u32 {x}, {x}, {first}"));
+                self.ins(format!("div.u32 {y}, {within}, {width}"));
             }
         }
-        self.ins(format!("rem.u32 {y}, {yz}, {ny}"));
-        self.ins(format!("div.u32 {z}, {yz}, {ny}"));
         self.block = Some([x, y, z]);
         // A rotated loop's release lags count from the tile's start; an unrotated one's run on
         // (its first release frees the previous tile's last stage).

@@ -29,10 +29,6 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     let Some(at) = kernel.body.ops.iter().position(|&o| o == id) else {
         return Ok(());
     };
-    // Only rotated rings so far: an unrotated consumer loop zeroes its accumulator with
-    // `mov`s at each tile's start, and ptxas then serialises its wgmmas (C7514), since the
-    // group left in flight across iterations and the tile loop's back edge meet there.
-
     let before = &kernel.body.ops[..at];
     if before
         .iter()
@@ -41,12 +37,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     {
         return Ok(());
     }
-    let trips = &kernel.ops[id].operands[..2];
-    let order = if trips.iter().any(|&v| depends_on_x(kernel, v)) {
-        TileScheduler::LongestFirst
-    } else {
-        TileScheduler::Strided
-    };
+    let order = order(kernel, id);
     let saved = kernel.schedule.clone();
     let ring = kernel
         .schedule
@@ -81,8 +72,35 @@ pub(crate) fn persist(ring: &mut Ring) {
     }
 }
 
-/// Whether `v` is computed from the x block index.
-fn depends_on_x(kernel: &Kernel, v: ValueId) -> bool {
+/// x blocks per group of [`TileScheduler::Grouped`] (Triton's default).
+const GROUP_ROWS: u32 = 8;
+
+/// The tile order of ring loop `id`'s kernel: longest first when the loop's trip count grows
+/// with x; grouped when some ring load does not read x and another does not read y (each
+/// operand is reused along one axis, as a GEMM's); otherwise x fastest, so the CTAs running
+/// at once share y and z.
+fn order(kernel: &Kernel, id: OpId) -> TileScheduler {
+    let trips = &kernel.ops[id].operands[..2];
+    if trips.iter().any(|&v| depends_on(kernel, v, Axis::X)) {
+        return TileScheduler::LongestFirst;
+    }
+    let loads = &kernel.schedule.rings[&id].loads;
+    let reads = |load: OpId, axis| {
+        kernel.ops[load]
+            .operands
+            .iter()
+            .any(|&v| depends_on(kernel, v, axis))
+    };
+    let misses = |axis| loads.iter().any(|l| !reads(l.load, axis));
+    if misses(Axis::X) && misses(Axis::Y) {
+        TileScheduler::Grouped { rows: GROUP_ROWS }
+    } else {
+        TileScheduler::Strided
+    }
+}
+
+/// Whether `v` is computed from the block index along `axis`.
+fn depends_on(kernel: &Kernel, v: ValueId, axis: Axis) -> bool {
     let mut stack = vec![v];
     let mut seen = std::collections::BTreeSet::new();
     while let Some(v) = stack.pop() {
@@ -94,7 +112,7 @@ fn depends_on_x(kernel: &Kernel, v: ValueId) -> bool {
             continue;
         }
         let op = &kernel.ops[op];
-        if op.kind == OpKind::BlockId(Axis::X) {
+        if op.kind == OpKind::BlockId(axis) {
             return true;
         }
         stack.extend(op.operands.iter().copied());
