@@ -229,6 +229,23 @@ impl Device {
         grid: [u32; 3],
         args: &[KernelArg<'_>],
     ) -> Result<(), LaunchError> {
+        // SAFETY: the null stream belongs to every context.
+        unsafe { self.launch_on(std::ptr::null_mut(), def, comptime, grid, args) }
+    }
+
+    /// [`Device::launch`] on `stream` (null: the null stream); `crate::foreign` launches on a
+    /// caller's stream through it.
+    ///
+    /// # Safety
+    /// `stream` must be null or a live stream of this device's context.
+    pub(crate) unsafe fn launch_on(
+        &self,
+        stream: sys::CUstream,
+        def: &dyn KernelDef,
+        comptime: &BTreeMap<String, ComptimeValue>,
+        grid: [u32; 3],
+        args: &[KernelArg<'_>],
+    ) -> Result<(), LaunchError> {
         let views: Vec<ArgView<'_>> = args.iter().map(KernelArg::view).collect();
         check_grid(grid, self.grid_max)?;
         let aligned16 = check_args(def.name(), def.signature(), &views, self.context_id())?;
@@ -238,7 +255,8 @@ impl Device {
         };
         let kernel = self.compile(def, &spec)?;
         let maps = self.tensor_maps(&kernel, def.signature(), args)?;
-        self.launch_views(&kernel, def.signature(), grid, &views, &maps)
+        // SAFETY: the caller guarantees `stream`.
+        unsafe { self.launch_views(&kernel, def.signature(), grid, &views, &maps, stream) }
     }
 
     /// Encodes the tensor maps an sm_90a entry takes ([`kiln_ptx::PtxModule::tensor_maps`]),
@@ -301,7 +319,8 @@ impl Device {
         check_grid(grid, self.grid_max)?;
         check_args(&kernel.ptx().entry, signature, &views, self.context_id())?;
         let maps = self.tensor_maps(kernel, signature, args)?;
-        self.launch_views(kernel, signature, grid, &views, &maps)
+        // SAFETY: the null stream belongs to every context.
+        unsafe { self.launch_views(kernel, signature, grid, &views, &maps, std::ptr::null_mut()) }
     }
 
     /// The loaded kernel for `def` specialised by `spec`: from the in-memory cache, else from
@@ -378,14 +397,18 @@ impl Device {
 
     /// Packs `views`, validated against `signature`, and launches `kernel` on `grid`; a
     /// persistent kernel gets `grid` as its logical grid and runs at most as many CTAs as
-    /// the GPU holds at once (or [`Device::with_persistent_ctas`]).
-    fn launch_views(
+    /// the GPU holds at once (or [`Device::with_persistent_ctas`]); on `stream`.
+    ///
+    /// # Safety
+    /// `stream` must be null or a live stream of this device's context.
+    unsafe fn launch_views(
         &self,
         kernel: &LoadedKernel,
         signature: &[ParamSig],
         grid: [u32; 3],
         views: &[ArgView<'_>],
         maps: &BTreeMap<usize, sys::CUtensorMap>,
+        stream: sys::CUstream,
     ) -> Result<(), LaunchError> {
         let (physical, logical) = if kernel.ptx().persistent {
             let cap = kernel
@@ -399,8 +422,9 @@ impl Device {
         let mut params = ParamBuffer::pack(signature, views, maps, logical)?;
         let mut ptrs = params.pointers();
         // SAFETY: the views were validated against the signature the entry was compiled from
-        // (count, kinds, dtypes, ranks, bounds), and are packed per the ABI.
-        unsafe { kernel.launch(physical, &mut ptrs) }?;
+        // (count, kinds, dtypes, ranks, bounds), and are packed per the ABI; the caller
+        // guarantees `stream`.
+        unsafe { kernel.launch(physical, &mut ptrs, stream) }?;
         Ok(())
     }
 

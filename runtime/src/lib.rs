@@ -17,6 +17,9 @@
 //! because of a wrong argument: shapes, strides, ranks and dtypes are checked on the host
 //! before every launch (module `validate`), and the kernels mask against the extents passed.
 //!
+//! Memory and streams of other libraries (PyTorch's) are borrowed, not copied:
+//! [`Device::borrow_tensor`] and [`Device::launch_on_stream`] (module `foreign`).
+//!
 //! `KILN_DUMP=ir,ptx` writes each specialisation's IR and PTX to `KILN_DUMP_DIR` (see
 //! [`dump`]).
 
@@ -25,6 +28,7 @@ mod device;
 pub mod disk_cache;
 pub mod dump;
 mod error;
+mod foreign;
 mod launch_ex;
 mod layout;
 mod module;
@@ -37,6 +41,7 @@ mod validate;
 pub use device::{Device, KernelArg};
 pub use disk_cache::DiskCache;
 pub use error::{LaunchError, RuntimeError};
+pub use foreign::ForeignStream;
 pub use launch_ex::{ClusterError, ClusterLaunch, KernelParams, PORTABLE_CLUSTER_SIZE, launch_ex};
 pub use layout::Layout;
 pub use module::{CompileTimes, LoadedKernel, Origin};

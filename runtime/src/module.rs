@@ -134,15 +134,18 @@ impl LoadedKernel {
         (&self.ctx, self.function)
     }
 
-    /// Launches on the context's null stream with `params` (one pointer per ABI slot).
+    /// Launches on `stream` (null: the context's null stream) with `params` (one pointer per
+    /// ABI slot).
     ///
     /// # Safety
     /// `params` must match the entry's parameter list in count and widths, and every address
-    /// in it must be valid for what the kernel accesses.
+    /// in it must be valid for what the kernel accesses; `stream` must be null or a live
+    /// stream of the kernel's context.
     pub(crate) unsafe fn launch(
         &self,
         grid: [u32; 3],
         params: &mut [*mut c_void],
+        stream: sys::CUstream,
     ) -> Result<(), RuntimeError> {
         self.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
         // SAFETY: the caller guarantees the parameters; geometry comes from the PtxModule,
@@ -157,7 +160,7 @@ impl LoadedKernel {
                 1,
                 1,
                 self.ptx.dynamic_smem_bytes,
-                std::ptr::null_mut(),
+                stream,
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )

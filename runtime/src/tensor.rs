@@ -10,12 +10,14 @@ use kiln_ir::{DType, HostTensor, TensorData};
 use crate::error::{DriverContext, RuntimeError};
 use crate::layout::Layout;
 
-/// A device allocation, freed when the last tensor viewing it is dropped.
+/// A device allocation, freed when the last tensor viewing it is dropped, or (`owned`
+/// false) memory another library owns and frees ([`crate::foreign`]).
 #[derive(Debug)]
 pub(crate) struct Buffer {
     ctx: Arc<CudaContext>,
     ptr: u64,
     bytes: usize,
+    owned: bool,
 }
 
 impl Buffer {
@@ -28,7 +30,23 @@ impl Buffer {
             ctx: ctx.clone(),
             ptr,
             bytes,
+            owned: true,
         })
+    }
+
+    /// `bytes` of device memory at `ptr` in `ctx` that someone else allocated and frees: kiln
+    /// never frees it.
+    ///
+    /// # Safety
+    /// The range must be device memory usable in `ctx` for as long as the buffer, and any
+    /// work queued on it, lives.
+    pub(crate) unsafe fn borrowed(ctx: &Arc<CudaContext>, ptr: u64, bytes: usize) -> Buffer {
+        Buffer {
+            ctx: ctx.clone(),
+            ptr,
+            bytes,
+            owned: false,
+        }
     }
 
     /// Identity of the owning context, compared at launch.
@@ -90,6 +108,9 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         self.ctx.record_err(self.ctx.bind_to_thread());
         // SAFETY: allocated by `malloc_sync` in `alloc`, freed only here.
         self.ctx.record_err(unsafe { result::free_sync(self.ptr) });

@@ -1,0 +1,674 @@
+//! FlashAttention's arguments as kiln sees them, and every check on them: a [`TensorInfo`]
+//! per tensor (what PyTorch reports: shape, strides, dtype, device, address) and [`Options`]
+//! go in, a [`Plan`] (the kernel's `[batch, heads, seq, d]` views of the BSHD tensors, the
+//! scale, the mask) or an [`ArgError`] naming the argument comes out.
+//!
+//! Pure host code with no Python and no GPU, so each rule is unit-tested here and the
+//! extension only translates Python objects and errors.
+
+use std::fmt;
+
+/// Head dims the kernel is built and tested for.
+pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// The element types PyTorch tensors can have, as far as kiln cares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TorchDType {
+    /// `torch.bfloat16`.
+    Bf16,
+    /// `torch.float16`.
+    F16,
+    /// Anything else, by its PyTorch name (`torch.float32`).
+    Other(String),
+}
+
+impl TorchDType {
+    /// The dtype PyTorch prints as `name` (`str(torch.bfloat16)` is `"torch.bfloat16"`).
+    pub fn from_name(name: &str) -> TorchDType {
+        match name {
+            "torch.bfloat16" => TorchDType::Bf16,
+            "torch.float16" => TorchDType::F16,
+            other => TorchDType::Other(other.to_string()),
+        }
+    }
+}
+
+impl fmt::Display for TorchDType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TorchDType::Bf16 => f.write_str("torch.bfloat16"),
+            TorchDType::F16 => f.write_str("torch.float16"),
+            TorchDType::Other(name) => f.write_str(name),
+        }
+    }
+}
+
+/// Where a tensor lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TorchDevice {
+    /// `cuda:<ordinal>`.
+    Cuda(usize),
+    /// Anywhere else, by PyTorch's name for it (`cpu`, `meta`).
+    Other(String),
+}
+
+impl fmt::Display for TorchDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TorchDevice::Cuda(i) => write!(f, "cuda:{i}"),
+            TorchDevice::Other(name) => f.write_str(name),
+        }
+    }
+}
+
+/// One tensor argument as PyTorch describes it; strides are in elements and may be
+/// anything PyTorch allows (so they are checked, never trusted, here).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// `tensor.shape`.
+    pub shape: Vec<i64>,
+    /// `tensor.stride()`.
+    pub strides: Vec<i64>,
+    /// `tensor.dtype`.
+    pub dtype: TorchDType,
+    /// `tensor.device`.
+    pub device: TorchDevice,
+    /// `tensor.data_ptr()`: the address of element `[0, 0, 0, 0]`.
+    pub ptr: u64,
+}
+
+/// The keyword arguments of `flash_attn_func`, with FlashAttention's meanings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Options {
+    /// Scores are `q.k * softmax_scale`; `None`: `1 / sqrt(headdim)`.
+    pub softmax_scale: Option<f64>,
+    /// Causal mask, aligned to the bottom-right corner of the score matrix.
+    pub causal: bool,
+    /// Sliding window `(left, right)`; `-1` is unbounded.
+    pub window_size: (i64, i64),
+    /// Logit soft-capping (`softcap * tanh(s / softcap)`); 0 is off.
+    pub softcap: f64,
+    /// Also return the log-sum-exp of each score row.
+    pub return_lse: bool,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            softmax_scale: None,
+            causal: false,
+            window_size: (-1, -1),
+            softcap: 0.0,
+            return_lse: false,
+        }
+    }
+}
+
+/// Which Python exception an argument error becomes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// `TypeError`: not a tensor, or the wrong dtype.
+    Type,
+    /// `ValueError`: a bad shape, device, stride or option, or a feature not supported yet.
+    Value,
+}
+
+/// A rejected argument: the exception to raise and a message that names the argument and
+/// says what was expected.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ArgError {
+    /// `TypeError` or `ValueError`.
+    pub kind: ErrorKind,
+    /// The message.
+    pub message: String,
+}
+
+impl ArgError {
+    /// A `TypeError` saying `message`.
+    pub fn type_error(message: impl Into<String>) -> ArgError {
+        ArgError {
+            kind: ErrorKind::Type,
+            message: message.into(),
+        }
+    }
+
+    /// A `ValueError` saying `message`.
+    pub fn value_error(message: impl Into<String>) -> ArgError {
+        ArgError {
+            kind: ErrorKind::Value,
+            message: message.into(),
+        }
+    }
+}
+
+/// A `[batch, heads, seq, d]` view of a BSHD tensor: the same memory, the middle two
+/// dimensions' extents and strides swapped (no copy).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct View {
+    /// The address of element `[0, 0, 0, 0]`.
+    pub ptr: u64,
+    /// `[batch, heads, seq, d]`.
+    pub shape: [usize; 4],
+    /// Strides of those, in elements.
+    pub strides: [usize; 4],
+}
+
+impl View {
+    /// The BHSD view of a checked 4-D BSHD tensor (non-negative strides).
+    fn bhsd(t: &TensorInfo) -> View {
+        let at = |v: &[i64], i: usize| v[i] as usize;
+        View {
+            ptr: t.ptr,
+            shape: [
+                at(&t.shape, 0),
+                at(&t.shape, 2),
+                at(&t.shape, 1),
+                at(&t.shape, 3),
+            ],
+            strides: [
+                at(&t.strides, 0),
+                at(&t.strides, 2),
+                at(&t.strides, 1),
+                at(&t.strides, 3),
+            ],
+        }
+    }
+}
+
+/// A checked call: everything the launch needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// The CUDA device every tensor is on.
+    pub device: usize,
+    /// `batch`.
+    pub batch: usize,
+    /// `seqlen_q`.
+    pub seqlen_q: usize,
+    /// `seqlen_k`.
+    pub seqlen_k: usize,
+    /// `nheads`.
+    pub nheads: usize,
+    /// `nheads_k`.
+    pub nheads_k: usize,
+    /// `headdim`.
+    pub head_dim: usize,
+    /// The score scale.
+    pub scale: f32,
+    /// Causal (bottom-right aligned).
+    pub causal: bool,
+    /// `q` as `[batch, nheads, seqlen_q, d]`.
+    pub q: View,
+    /// `k` as `[batch, nheads_k, seqlen_k, d]`.
+    pub k: View,
+    /// `v` as `[batch, nheads_k, seqlen_k, d]`.
+    pub v: View,
+}
+
+impl Plan {
+    /// The output's shape, `[batch, seqlen_q, nheads, headdim]` (q's).
+    pub fn out_shape(&self) -> [usize; 4] {
+        [self.batch, self.seqlen_q, self.nheads, self.head_dim]
+    }
+
+    /// Whether there is nothing to compute (an empty output), so nothing is launched.
+    pub fn is_empty(&self) -> bool {
+        self.out_shape().contains(&0)
+    }
+}
+
+/// The grid's y (heads) and z (batch) extents are at most this (the driver's limit).
+const GRID_YZ_MAX: i64 = 65535;
+
+/// Checks `q`, `k`, `v` and `opts` as `flash_attn_func` takes them (q: `[batch, seqlen_q,
+/// nheads, headdim]`, k and v: `[batch, seqlen_k, nheads_k, headdim]`) and plans the launch.
+pub fn plan(
+    q: &TensorInfo,
+    k: &TensorInfo,
+    v: &TensorInfo,
+    opts: &Options,
+) -> Result<Plan, ArgError> {
+    let named = [("q", q), ("k", k), ("v", v)];
+    for (name, t) in named {
+        check_rank(name, t, if name == "q" { "seqlen_q" } else { "seqlen_k" })?;
+    }
+    check_dtype("q", q, None)?;
+    check_dtype("k", k, Some(&q.dtype))?;
+    check_dtype("v", v, Some(&q.dtype))?;
+    let device = match &q.device {
+        TorchDevice::Cuda(i) => *i,
+        other => {
+            return Err(ArgError::value_error(format!(
+                "q: expected a CUDA tensor, got a tensor on {other}"
+            )));
+        }
+    };
+    for (name, t) in &named[1..] {
+        if t.device != q.device {
+            return Err(ArgError::value_error(format!(
+                "{name}: expected a tensor on {} (q's device), got a tensor on {}",
+                q.device, t.device
+            )));
+        }
+    }
+    let [batch, seqlen_q, nheads, head_dim] = dims(q);
+    let [kb, seqlen_k, nheads_k, kd] = dims(k);
+    if k.shape != v.shape {
+        return Err(ArgError::value_error(format!(
+            "v: expected the shape of k {:?}, got {:?}",
+            k.shape, v.shape
+        )));
+    }
+    if kb != batch {
+        return Err(ArgError::value_error(format!(
+            "k: expected batch {batch} (q's), got {kb}"
+        )));
+    }
+    if kd != head_dim {
+        return Err(ArgError::value_error(format!(
+            "k: expected headdim {head_dim} (q's), got {kd}"
+        )));
+    }
+    if nheads_k == 0 || nheads % nheads_k != 0 {
+        return Err(ArgError::value_error(format!(
+            "k: the number of heads in q ({nheads}) must be a multiple of the number of heads in \
+             k and v ({nheads_k})"
+        )));
+    }
+    if nheads_k != nheads {
+        return Err(ArgError::value_error(format!(
+            "k: grouped-query and multi-query attention (nheads_k = {nheads_k} < nheads = \
+             {nheads}) are not supported yet: pass k and v with q's number of heads"
+        )));
+    }
+    if !HEAD_DIMS.contains(&(head_dim as usize)) {
+        return Err(ArgError::value_error(format!(
+            "q: headdim {head_dim} is not supported yet (supported: 64, 128, 256)"
+        )));
+    }
+    for (name, t) in named {
+        check_strides(name, t)?;
+    }
+    for (what, n) in [("batch", batch), ("nheads", nheads)] {
+        if n > GRID_YZ_MAX {
+            return Err(ArgError::value_error(format!(
+                "q: {what} {n} is above the most kiln launches ({GRID_YZ_MAX})"
+            )));
+        }
+    }
+    for (name, what, n) in [("q", "seqlen_q", seqlen_q), ("k", "seqlen_k", seqlen_k)] {
+        if n > i64::from(i32::MAX) {
+            return Err(ArgError::value_error(format!(
+                "{name}: {what} {n} is above the most kiln addresses ({})",
+                i32::MAX
+            )));
+        }
+    }
+    let scale = check_options(opts, head_dim)?;
+    Ok(Plan {
+        device,
+        batch: batch as usize,
+        seqlen_q: seqlen_q as usize,
+        seqlen_k: seqlen_k as usize,
+        nheads: nheads as usize,
+        nheads_k: nheads_k as usize,
+        head_dim: head_dim as usize,
+        scale,
+        causal: opts.causal,
+        q: View::bhsd(q),
+        k: View::bhsd(k),
+        v: View::bhsd(v),
+    })
+}
+
+/// Checks the output tensor `out` (allocated by the caller or by kiln) for `plan`: q's shape,
+/// dtype and device, innermost stride 1. Returns its BHSD view.
+pub fn check_out(plan: &Plan, q: &TensorInfo, out: &TensorInfo) -> Result<View, ArgError> {
+    let want: Vec<i64> = plan.out_shape().iter().map(|&n| n as i64).collect();
+    if out.shape != want {
+        return Err(ArgError::value_error(format!(
+            "out: expected shape {want:?} (q's), got {:?}",
+            out.shape
+        )));
+    }
+    check_dtype("out", out, Some(&q.dtype))?;
+    if out.device != q.device {
+        return Err(ArgError::value_error(format!(
+            "out: expected a tensor on {} (q's device), got a tensor on {}",
+            q.device, out.device
+        )));
+    }
+    check_strides("out", out)?;
+    Ok(View::bhsd(out))
+}
+
+/// The four extents of a tensor already checked to be 4-D.
+fn dims(t: &TensorInfo) -> [i64; 4] {
+    [t.shape[0], t.shape[1], t.shape[2], t.shape[3]]
+}
+
+fn check_rank(name: &str, t: &TensorInfo, seq: &str) -> Result<(), ArgError> {
+    let heads = if name == "q" { "nheads" } else { "nheads_k" };
+    if t.shape.len() != 4 || t.strides.len() != 4 || t.shape.iter().any(|&n| n < 0) {
+        return Err(ArgError::value_error(format!(
+            "{name}: expected a 4-D tensor [batch, {seq}, {heads}, headdim], got shape {:?}",
+            t.shape
+        )));
+    }
+    Ok(())
+}
+
+/// `q` must be bfloat16 (float16 is named as not supported yet); the others must match it.
+fn check_dtype(name: &str, t: &TensorInfo, like: Option<&TorchDType>) -> Result<(), ArgError> {
+    match like {
+        Some(want) if &t.dtype != want => Err(ArgError::type_error(format!(
+            "{name}: expected dtype {want} (q's), got {}",
+            t.dtype
+        ))),
+        Some(_) => Ok(()),
+        None => match &t.dtype {
+            TorchDType::Bf16 => Ok(()),
+            TorchDType::F16 => Err(ArgError::type_error(format!(
+                "{name}: dtype torch.float16 is not supported yet: pass torch.bfloat16 tensors"
+            ))),
+            TorchDType::Other(d) => Err(ArgError::type_error(format!(
+                "{name}: expected dtype torch.bfloat16, got {d}"
+            ))),
+        },
+    }
+}
+
+/// The last dimension must be contiguous (as FlashAttention requires); the others may have
+/// any non-negative stride (a transposed BHSD tensor is fine).
+fn check_strides(name: &str, t: &TensorInfo) -> Result<(), ArgError> {
+    if t.strides.iter().any(|&s| s < 0) {
+        return Err(ArgError::value_error(format!(
+            "{name}: expected non-negative strides, got {:?}",
+            t.strides
+        )));
+    }
+    if t.strides[3] != 1 && t.shape[3] > 1 {
+        return Err(ArgError::value_error(format!(
+            "{name}: expected a contiguous last dimension (stride 1), got strides {:?}; call \
+             .contiguous() first",
+            t.strides
+        )));
+    }
+    Ok(())
+}
+
+/// The options kiln's kernel supports, and the scale they give.
+fn check_options(opts: &Options, head_dim: i64) -> Result<f32, ArgError> {
+    let (left, right) = opts.window_size;
+    // Causal is the window (-1, 0); FlashAttention accepts both spellings with causal=True.
+    let plain = left == -1 && (right == -1 || (opts.causal && right == 0));
+    if !plain {
+        return Err(ArgError::value_error(format!(
+            "window_size: sliding-window attention is not supported yet: got ({left}, {right}), \
+             only (-1, -1) is"
+        )));
+    }
+    if opts.softcap != 0.0 {
+        return Err(ArgError::value_error(format!(
+            "softcap: logit soft-capping is not supported yet: got {}, only 0.0 is",
+            opts.softcap
+        )));
+    }
+    if opts.return_lse {
+        return Err(ArgError::value_error(
+            "return_lse: returning the log-sum-exp is not supported yet: pass return_lse=False",
+        ));
+    }
+    let scale = opts.softmax_scale.unwrap_or(1.0 / (head_dim as f64).sqrt());
+    if !scale.is_finite() || (scale as f32).is_infinite() {
+        return Err(ArgError::value_error(format!(
+            "softmax_scale: expected a finite number, got {scale}"
+        )));
+    }
+    Ok(scale as f32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A contiguous BSHD bf16 tensor on cuda:0.
+    fn bshd(b: i64, s: i64, h: i64, d: i64) -> TensorInfo {
+        TensorInfo {
+            shape: vec![b, s, h, d],
+            strides: vec![s * h * d, h * d, d, 1],
+            dtype: TorchDType::Bf16,
+            device: TorchDevice::Cuda(0),
+            ptr: 0x7f00_0000_0000,
+        }
+    }
+
+    fn err(q: &TensorInfo, k: &TensorInfo, v: &TensorInfo, opts: Options) -> ArgError {
+        plan(q, k, v, &opts).expect_err("invalid")
+    }
+
+    #[test]
+    fn bshd_tensors_become_bhsd_views_of_the_same_memory() {
+        let (q, k) = (bshd(2, 113, 4, 64), bshd(2, 203, 4, 64));
+        let p = plan(&q, &k, &k, &Options::default()).expect("valid");
+        assert_eq!(p.q.shape, [2, 4, 113, 64]);
+        assert_eq!(p.q.strides, [113 * 4 * 64, 64, 4 * 64, 1]);
+        assert_eq!(p.k.shape, [2, 4, 203, 64]);
+        assert_eq!(p.q.ptr, q.ptr);
+        assert_eq!(p.out_shape(), [2, 113, 4, 64]);
+        assert_eq!(p.scale, 0.125);
+        assert!(!p.is_empty());
+    }
+
+    #[test]
+    fn a_transposed_bhsd_tensor_is_accepted_as_it_is() {
+        // torch.randn(b, h, s, d).transpose(1, 2): BSHD shape over BHSD memory.
+        let (b, s, h, d) = (1, 100, 2, 128);
+        let mut q = bshd(b, s, h, d);
+        q.strides = vec![h * s * d, d, s * d, 1];
+        let p = plan(&q, &q, &q, &Options::default()).expect("valid");
+        assert_eq!(
+            p.q.strides,
+            [(h * s * d) as usize, (s * d) as usize, d as usize, 1]
+        );
+    }
+
+    #[test]
+    fn shape_errors_name_the_argument_and_the_layout() {
+        let q = bshd(2, 128, 4, 64);
+        let mut q3 = q.clone();
+        q3.shape.pop();
+        q3.strides.pop();
+        let e = err(&q3, &q, &q, Options::default());
+        assert_eq!(e.kind, ErrorKind::Value);
+        assert_eq!(
+            e.message,
+            "q: expected a 4-D tensor [batch, seqlen_q, nheads, headdim], got shape [2, 128, 4]"
+        );
+        let e = err(&q, &q, &bshd(2, 127, 4, 64), Options::default());
+        assert!(e.message.starts_with("v: expected the shape of k"), "{e}");
+        let e = err(
+            &q,
+            &bshd(3, 128, 4, 64),
+            &bshd(3, 128, 4, 64),
+            Options::default(),
+        );
+        assert_eq!(e.message, "k: expected batch 2 (q's), got 3");
+        let e = err(
+            &q,
+            &bshd(2, 128, 4, 128),
+            &bshd(2, 128, 4, 128),
+            Options::default(),
+        );
+        assert_eq!(e.message, "k: expected headdim 64 (q's), got 128");
+    }
+
+    #[test]
+    fn head_counts_must_divide_and_gqa_is_named_as_not_supported_yet() {
+        let q = bshd(1, 64, 6, 64);
+        let k = bshd(1, 64, 4, 64);
+        let e = err(&q, &k, &k, Options::default());
+        assert!(e.message.contains("(6) must be a multiple"), "{e}");
+        let k = bshd(1, 64, 2, 64);
+        let e = err(&q, &k, &k, Options::default());
+        assert!(e.message.contains("not supported yet"), "{e}");
+        let k = bshd(1, 64, 0, 64);
+        let e = err(&q, &k, &k, Options::default());
+        assert!(e.message.contains("must be a multiple"), "{e}");
+    }
+
+    #[test]
+    fn unsupported_head_dims_are_value_errors() {
+        for d in [32, 96, 512] {
+            let q = bshd(1, 64, 2, d);
+            let e = err(&q, &q, &q, Options::default());
+            assert_eq!(
+                e.message,
+                format!("q: headdim {d} is not supported yet (supported: 64, 128, 256)")
+            );
+        }
+    }
+
+    #[test]
+    fn dtypes_are_type_errors() {
+        let q = bshd(1, 64, 2, 64);
+        let mut f = q.clone();
+        f.dtype = TorchDType::Other("torch.float32".into());
+        let e = err(&f, &f, &f, Options::default());
+        assert_eq!(e.kind, ErrorKind::Type);
+        assert_eq!(
+            e.message,
+            "q: expected dtype torch.bfloat16, got torch.float32"
+        );
+        let mut h = q.clone();
+        h.dtype = TorchDType::F16;
+        let e = err(&h, &h, &h, Options::default());
+        assert!(
+            e.message.contains("torch.float16 is not supported yet"),
+            "{e}"
+        );
+        let e = err(&q, &q, &f, Options::default());
+        assert_eq!(
+            e.message,
+            "v: expected dtype torch.bfloat16 (q's), got torch.float32"
+        );
+    }
+
+    #[test]
+    fn devices_must_be_one_cuda_device() {
+        let q = bshd(1, 64, 2, 64);
+        let mut cpu = q.clone();
+        cpu.device = TorchDevice::Other("cpu".into());
+        let e = err(&cpu, &cpu, &cpu, Options::default());
+        assert_eq!(e.message, "q: expected a CUDA tensor, got a tensor on cpu");
+        let mut other = q.clone();
+        other.device = TorchDevice::Cuda(1);
+        let e = err(&q, &other, &other, Options::default());
+        assert_eq!(
+            e.message,
+            "k: expected a tensor on cuda:0 (q's device), got a tensor on cuda:1"
+        );
+    }
+
+    #[test]
+    fn the_last_dimension_must_be_contiguous() {
+        let q = bshd(1, 64, 2, 64);
+        let mut t = q.clone();
+        t.strides = vec![64 * 2 * 64, 1, 64, 64 * 2];
+        let e = err(&q, &t, &q, Options::default());
+        assert!(
+            e.message
+                .starts_with("k: expected a contiguous last dimension"),
+            "{e}"
+        );
+        t.strides = vec![-1, 128, 64, 1];
+        let e = err(&q, &q, &t, Options::default());
+        assert!(
+            e.message.starts_with("v: expected non-negative strides"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn options_not_supported_yet_say_so() {
+        let q = bshd(1, 64, 2, 64);
+        let with = |o: Options| err(&q, &q, &q, o).message;
+        assert!(
+            with(Options {
+                window_size: (16, 0),
+                ..Options::default()
+            })
+            .starts_with("window_size: sliding-window attention is not supported yet")
+        );
+        assert!(
+            with(Options {
+                window_size: (-1, 0),
+                ..Options::default()
+            })
+            .contains("not supported yet")
+        );
+        assert!(
+            with(Options {
+                softcap: 30.0,
+                ..Options::default()
+            })
+            .starts_with("softcap: logit soft-capping is not supported yet")
+        );
+        assert!(
+            with(Options {
+                return_lse: true,
+                ..Options::default()
+            })
+            .starts_with("return_lse:")
+        );
+        assert!(
+            with(Options {
+                softmax_scale: Some(f64::NAN),
+                ..Options::default()
+            })
+            .starts_with("softmax_scale: expected a finite number")
+        );
+        // Causal spelled as its window is accepted.
+        let causal = Options {
+            causal: true,
+            window_size: (-1, 0),
+            softmax_scale: Some(0.5),
+            ..Options::default()
+        };
+        let p = plan(&q, &q, &q, &causal).expect("causal window");
+        assert!(p.causal);
+        assert_eq!(p.scale, 0.5);
+    }
+
+    #[test]
+    fn the_output_must_have_qs_shape_dtype_and_device() {
+        let q = bshd(2, 100, 4, 64);
+        let k = bshd(2, 50, 4, 64);
+        let p = plan(&q, &k, &k, &Options::default()).expect("valid");
+        let view = check_out(&p, &q, &bshd(2, 100, 4, 64)).expect("valid out");
+        assert_eq!(view.shape, [2, 4, 100, 64]);
+        let e = check_out(&p, &q, &k).expect_err("k's shape");
+        assert_eq!(
+            e.message,
+            "out: expected shape [2, 100, 4, 64] (q's), got [2, 50, 4, 64]"
+        );
+    }
+
+    #[test]
+    fn empty_batches_plan_no_launch() {
+        let q = bshd(0, 64, 2, 64);
+        let p = plan(&q, &q, &q, &Options::default()).expect("valid");
+        assert!(p.is_empty());
+        let q = bshd(1, 0, 2, 64);
+        assert!(
+            plan(
+                &q,
+                &bshd(1, 8, 2, 64),
+                &bshd(1, 8, 2, 64),
+                &Options::default()
+            )
+            .expect("valid")
+            .is_empty()
+        );
+    }
+}

@@ -1,0 +1,228 @@
+//! Running a [`Plan`]: on the GPU, over borrowed memory on the caller's stream
+//! ([`launch`]), or on kiln's CPU interpreter over host tensors laid out the same way
+//! ([`interpret`]), so the BSHD views are tested without a GPU.
+//!
+//! Both go through [`comptime`] and [`grid`], so they run the same specialisation.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use kiln::ir::dsl::ComptimeValue;
+use kiln::ir::interp::{HostArg, InterpError, run_def};
+use kiln::ir::{DType, HostTensor, Target};
+use kiln::runtime::{Device, DeviceTensor, ForeignStream, KernelArg, LaunchError, RuntimeError};
+use kiln_examples::attention::{attention, tuned_block_n};
+
+use crate::args::{Plan, View};
+
+/// Why a checked call still failed: no usable GPU, or the runtime refused or failed the launch.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchFailure {
+    /// Opening the device or borrowing a tensor failed.
+    #[error("kiln_attn: {0}")]
+    Runtime(#[from] RuntimeError),
+    /// Validation, compilation or the launch itself failed.
+    #[error("kiln_attn: {0}")]
+    Launch(#[from] LaunchError),
+}
+
+/// The comptime values of the kernel for `plan` on `target`.
+pub fn comptime(plan: &Plan, target: Target) -> BTreeMap<String, ComptimeValue> {
+    BTreeMap::from([
+        ("d".to_string(), ComptimeValue::Usize(plan.head_dim)),
+        ("causal".to_string(), ComptimeValue::Bool(plan.causal)),
+        (
+            "block_n".to_string(),
+            ComptimeValue::Usize(tuned_block_n(target, plan.head_dim)),
+        ),
+    ])
+}
+
+/// The kernel's grid: 128 query rows per block, one block row per head and batch.
+pub fn grid(plan: &Plan) -> [u32; 3] {
+    [
+        plan.seqlen_q.div_ceil(128) as u32,
+        plan.nheads as u32,
+        plan.batch as u32,
+    ]
+}
+
+/// The device for CUDA ordinal `ordinal`, opened once per process: opening retains the primary
+/// context (PyTorch's), and the device keeps the compile cache every later call hits.
+pub fn device(ordinal: usize) -> Result<Arc<Device>, RuntimeError> {
+    static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<Device>>>> = OnceLock::new();
+    let devices = DEVICES.get_or_init(Default::default);
+    // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
+    let mut devices = devices.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(d) = devices.get(&ordinal) {
+        return Ok(d.clone());
+    }
+    let d = Arc::new(Device::new(ordinal)?);
+    devices.insert(ordinal, d.clone());
+    Ok(d)
+}
+
+/// Launches `plan` writing `out` (a BHSD view from [`crate::args::check_out`]) on `stream` of
+/// its device. Asynchronous: the kernel runs in order on `stream`.
+///
+/// # Safety
+/// Every view must address live device memory of the plan's device (its primary context)
+/// that stays allocated until the kernel has run, `out` must not overlap the inputs, and
+/// `stream` must be 0 or a live stream of that device's primary context.
+pub unsafe fn launch(plan: &Plan, out: &View, stream: u64) -> Result<(), LaunchFailure> {
+    let dev = device(plan.device)?;
+    // SAFETY: the caller guarantees the memory behind every view.
+    let borrow = |v: &View| unsafe { dev.borrow_tensor(v.ptr, DType::Bf16, &v.shape, &v.strides) };
+    let [q, k, v, o]: [DeviceTensor; 4] = [
+        borrow(&plan.q)?,
+        borrow(&plan.k)?,
+        borrow(&plan.v)?,
+        borrow(out)?,
+    ];
+    // SAFETY: the caller guarantees the stream.
+    let stream = unsafe { ForeignStream::from_raw(stream) };
+    dev.launch_on_stream(
+        stream,
+        &attention,
+        &comptime(plan, dev.target()),
+        grid(plan),
+        &[
+            KernelArg::Tensor(&q),
+            KernelArg::Tensor(&k),
+            KernelArg::Tensor(&v),
+            KernelArg::Tensor(&o),
+            KernelArg::F32(plan.scale),
+        ],
+    )?;
+    Ok(())
+}
+
+/// Runs `plan` on the CPU interpreter, the way [`launch`] runs it on the GPU: `q`, `k`, `v`
+/// and `out` are host tensors in the caller's BSHD layout (any strides), viewed through the
+/// plan's BHSD strides, compiled for `target`'s comptime choices.
+pub fn interpret(
+    plan: &Plan,
+    target: Target,
+    q: &HostTensor,
+    k: &HostTensor,
+    v: &HostTensor,
+    out: &mut HostTensor,
+) -> Result<(), InterpError> {
+    let view = |t: &HostTensor, v: &View| HostTensor {
+        shape: v.shape.to_vec(),
+        strides: v.strides.to_vec(),
+        data: t.data.clone(),
+    };
+    let (qv, kv, vv) = (view(q, &plan.q), view(k, &plan.k), view(v, &plan.v));
+    let out_view = View {
+        ptr: 0,
+        shape: [plan.batch, plan.nheads, plan.seqlen_q, plan.head_dim],
+        strides: [
+            out.strides[0],
+            out.strides[2],
+            out.strides[1],
+            out.strides[3],
+        ],
+    };
+    let mut ov = view(out, &out_view);
+    run_def(
+        &attention,
+        &comptime(plan, target),
+        grid(plan),
+        &mut [
+            HostArg::Tensor(&qv),
+            HostArg::Tensor(&kv),
+            HostArg::Tensor(&vv),
+            HostArg::TensorMut(&mut ov),
+            HostArg::F32(plan.scale),
+        ],
+    )?;
+    out.data = ov.data;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln::ir::{DType, HostTensor, Target};
+    use kiln_tests::check::{rel_error, tolerance};
+    use kiln_tests::inputs::{Dist, Rng, tensor};
+    use kiln_tests::reference;
+
+    use super::interpret;
+    use crate::args::{Options, TensorInfo, TorchDType, TorchDevice, plan};
+
+    /// What PyTorch would report for host tensor `t` (its strides as they are).
+    fn info(t: &HostTensor) -> TensorInfo {
+        TensorInfo {
+            shape: t.shape.iter().map(|&n| n as i64).collect(),
+            strides: t.strides.iter().map(|&n| n as i64).collect(),
+            dtype: TorchDType::Bf16,
+            device: TorchDevice::Cuda(0),
+            ptr: 0,
+        }
+    }
+
+    /// `t` (`[b, s, h, d]` contiguous, or any strides) seen as `[b, h, s, d]`, for the
+    /// reference, which reads its inputs in row-major order of their shape.
+    fn as_bhsd(t: &HostTensor) -> HostTensor {
+        HostTensor {
+            shape: vec![t.shape[0], t.shape[2], t.shape[1], t.shape[3]],
+            strides: vec![t.strides[0], t.strides[2], t.strides[1], t.strides[3]],
+            data: t.data.clone(),
+        }
+    }
+
+    /// A `[b, s, h, d]` tensor stored as `[b, h, s, d]` (PyTorch's `x.transpose(1, 2)` of a
+    /// contiguous BHSD tensor).
+    fn transposed_bshd(rng: &mut Rng, [b, s, h, d]: [usize; 4]) -> HostTensor {
+        let t = tensor(rng, &[b, h, s, d], DType::Bf16, Dist::Normal);
+        HostTensor {
+            shape: vec![b, s, h, d],
+            strides: vec![h * s * d, d, s * d, 1],
+            data: t.data,
+        }
+    }
+
+    /// The interpreter runs the plan's views of BSHD tensors (contiguous, and transposed from
+    /// BHSD memory) to the f64 reference, at sequence lengths that are not multiples of the
+    /// tiles, with more queries than keys (so causal rows that see no key output 0), both
+    /// masks, and for both targets' block choices.
+    #[test]
+    fn bshd_views_run_on_the_interpreter_to_the_reference() {
+        let mut rng = Rng::new(9);
+        let (b, sq, sk, h, d) = (1, 130, 70, 2, 64);
+        for (target, causal, transposed) in [
+            (Target::Sm90a, false, false),
+            (Target::Sm90a, true, true),
+            (Target::Sm80, true, false),
+        ] {
+            let make = |rng: &mut Rng, s| {
+                if transposed {
+                    transposed_bshd(rng, [b, s, h, d])
+                } else {
+                    tensor(rng, &[b, s, h, d], DType::Bf16, Dist::Normal)
+                }
+            };
+            let (q, k, v) = (make(&mut rng, sq), make(&mut rng, sk), make(&mut rng, sk));
+            let opts = Options {
+                causal,
+                ..Options::default()
+            };
+            let p = plan(&info(&q), &info(&k), &info(&v), &opts).expect("valid");
+            let mut out = HostTensor::full(&[b, sq, h, d], DType::Bf16, f64::NAN);
+            interpret(&p, target, &q, &k, &v, &mut out).expect("interprets");
+            let want = reference::attention(
+                &as_bhsd(&q),
+                &as_bhsd(&k),
+                &as_bhsd(&v),
+                f64::from(p.scale),
+                causal,
+            );
+            let err = rel_error(&as_bhsd(&out).to_f64_vec(), &want);
+            assert!(
+                err < tolerance(DType::Bf16),
+                "{target:?} causal={causal} transposed={transposed}: error {err:.2e}"
+            );
+        }
+    }
+}

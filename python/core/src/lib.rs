@@ -1,0 +1,11 @@
+//! kiln_attn without Python: FlashAttention's `flash_attn_func` arguments checked and mapped
+//! onto kiln's DSL attention (`kiln_examples::attention`), which takes `[batch, heads, seq, d]`
+//! tensors. FlashAttention's BSHD tensors are the same memory seen through swapped strides,
+//! so nothing is copied: the kernel reads PyTorch's memory in place and writes its output.
+//!
+//! **Architecture invariant:** this crate knows nothing of Python. The extension (the
+//! `kiln-attn` crate) only turns Python objects into [`args::TensorInfo`] and errors into
+//! exceptions; every rule lives here, unit-tested without an interpreter or a GPU.
+
+pub mod args;
+pub mod launch;

@@ -1,0 +1,208 @@
+//! The `kiln_attn` Python module: FlashAttention's `flash_attn_func` over PyTorch CUDA tensors,
+//! run by kiln's DSL attention with no copy, on the caller's current CUDA stream.
+//!
+//! Tensors are read through the attributes every `torch.Tensor` has (`shape`, `stride()`,
+//! `dtype`, `device`, `data_ptr()`), not through DLPack: that is a few attribute reads per
+//! tensor, no capsule and no stream handshake, and it lets the CPU-side tests pass plain
+//! Python objects that look like tensors. The extension does not import torch to check
+//! arguments; it imports it once, on the first launch, to find the current stream.
+//!
+//! **Architecture invariant:** no rule lives here. Checks and launch planning are in
+//! `kiln-attn-core`; this file only converts between Python and Rust.
+
+use kiln_attn_core::args::{
+    self, ArgError, ErrorKind, Options, TensorInfo, TorchDType, TorchDevice,
+};
+use kiln_attn_core::launch::{self, LaunchFailure};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyString, PyTuple};
+
+/// The exception an argument error becomes.
+fn arg_err(e: ArgError) -> PyErr {
+    match e.kind {
+        ErrorKind::Type => PyTypeError::new_err(e.message),
+        ErrorKind::Value => PyValueError::new_err(e.message),
+    }
+}
+
+/// The `RuntimeError` a failure past the argument checks becomes (no driver, a compile or
+/// driver error), its message starting `kiln_attn: `.
+fn runtime_err(e: LaunchFailure) -> PyErr {
+    PyRuntimeError::new_err(e.to_string())
+}
+
+/// What PyTorch reports about `obj`, passed as argument `name`; a `TypeError` when `obj` is
+/// not a tensor.
+fn tensor_info(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<TensorInfo> {
+    let not_tensor = || {
+        let ty = obj
+            .get_type()
+            .name()
+            .map_or_else(|_| "?".to_string(), |n| n.to_string());
+        PyTypeError::new_err(format!("{name}: expected a torch.Tensor, got {ty}"))
+    };
+    let Ok(data_ptr) = obj.getattr(pyo3::intern!(obj.py(), "data_ptr")) else {
+        return Err(not_tensor());
+    };
+    let shape: Vec<i64> = obj
+        .getattr(pyo3::intern!(obj.py(), "shape"))
+        .and_then(|s| s.extract())
+        .map_err(|_| not_tensor())?;
+    let strides: Vec<i64> = obj
+        .call_method0(pyo3::intern!(obj.py(), "stride"))
+        .and_then(|s| s.extract())
+        .map_err(|_| not_tensor())?;
+    let dtype = obj
+        .getattr(pyo3::intern!(obj.py(), "dtype"))
+        .and_then(|d| d.str())
+        .map_err(|_| not_tensor())?;
+    let is_cuda: bool = obj
+        .getattr(pyo3::intern!(obj.py(), "is_cuda"))
+        .and_then(|c| c.extract())
+        .map_err(|_| not_tensor())?;
+    let device = if is_cuda {
+        let index: i64 = obj
+            .call_method0(pyo3::intern!(obj.py(), "get_device"))
+            .and_then(|i| i.extract())
+            .map_err(|_| not_tensor())?;
+        TorchDevice::Cuda(index.max(0) as usize)
+    } else {
+        let device = obj
+            .getattr(pyo3::intern!(obj.py(), "device"))
+            .and_then(|d| d.str())
+            .map_err(|_| not_tensor())?;
+        TorchDevice::Other(device.to_string())
+    };
+    let ptr: u64 = data_ptr
+        .call0()
+        .and_then(|p| p.extract())
+        .map_err(|_| not_tensor())?;
+    Ok(TensorInfo {
+        shape,
+        strides,
+        dtype: TorchDType::from_name(dtype.to_str()?),
+        device,
+        ptr,
+    })
+}
+
+/// PyTorch's current CUDA stream on `device`, as a driver handle. Looked up once: the raw
+/// getter PyTorch's own compilers use (`torch._C._cuda_getCurrentRawStream`, a fraction of a
+/// microsecond), else the public `torch.cuda.current_stream(device).cuda_stream`.
+fn current_stream(py: Python<'_>, device: usize) -> PyResult<u64> {
+    static RAW: PyOnceLock<Option<Py<PyAny>>> = PyOnceLock::new();
+    let raw = RAW.get_or_try_init(py, || -> PyResult<_> {
+        let c = py.import("torch")?.getattr("_C")?;
+        Ok(c.getattr("_cuda_getCurrentRawStream")
+            .ok()
+            .map(Bound::unbind))
+    })?;
+    match raw {
+        Some(getter) => getter.bind(py).call1((device,))?.extract(),
+        None => py
+            .import("torch")?
+            .getattr("cuda")?
+            .call_method1("current_stream", (device,))?
+            .getattr("cuda_stream")?
+            .extract(),
+    }
+}
+
+/// Attention in FlashAttention's forward interface, computed by kiln's DSL kernel.
+///
+/// q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim); all
+/// torch.bfloat16 CUDA tensors on one device, each with a contiguous last dimension (other
+/// strides free: a transposed (batch, nheads, seqlen, headdim) tensor is read in place).
+/// headdim is 64, 128 or 256. softmax_scale defaults to 1/sqrt(headdim); causal masks
+/// bottom-right aligned, as FlashAttention does (a query row that sees no key outputs 0).
+/// window_size other than (-1, -1), softcap != 0, return_lse, nheads_k != nheads and
+/// float16 are not supported yet (ValueError / TypeError). out, a kiln extension, is an
+/// optional (batch, seqlen_q, nheads, headdim) tensor to write instead of allocating one.
+///
+/// Returns out, (batch, seqlen_q, nheads, headdim), q's dtype. Runs asynchronously on the
+/// current CUDA stream (torch.cuda.current_stream()); the first call of each specialisation
+/// (headdim, causal, alignment) compiles it (kept in memory and in kiln's disk cache).
+#[pyfunction]
+#[pyo3(signature = (
+    q, k, v, softmax_scale=None, causal=false, window_size=(-1, -1), softcap=0.0,
+    return_lse=false, *, out=None
+))]
+// Spelled out because pyo3 writes a tuple default as `...`.
+#[pyo3(
+    text_signature = "(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), \
+    softcap=0.0, return_lse=False, *, out=None)"
+)]
+#[allow(clippy::too_many_arguments)]
+fn flash_attn_func<'py>(
+    q: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    v: &Bound<'py, PyAny>,
+    softmax_scale: Option<f64>,
+    causal: bool,
+    window_size: (i64, i64),
+    softcap: f64,
+    return_lse: bool,
+    out: Option<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = q.py();
+    let qi = tensor_info("q", q)?;
+    let ki = tensor_info("k", k)?;
+    let vi = tensor_info("v", v)?;
+    let opts = Options {
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        return_lse,
+    };
+    let plan = args::plan(&qi, &ki, &vi, &opts).map_err(arg_err)?;
+    let out = match out {
+        Some(out) => out,
+        None => q.call_method1(
+            pyo3::intern!(py, "new_empty"),
+            (PyTuple::new(py, plan.out_shape())?,),
+        )?,
+    };
+    let oi = tensor_info("out", &out)?;
+    let out_view = args::check_out(&plan, &qi, &oi).map_err(arg_err)?;
+    if plan.is_empty() {
+        return Ok(out);
+    }
+    // The device first: without a driver this is the error (not a failed torch import).
+    launch::device(plan.device).map_err(|e| runtime_err(e.into()))?;
+    let stream = current_stream(py, plan.device)?;
+    // SAFETY: the views come from live PyTorch CUDA tensors (checked to be on plan.device,
+    // whose primary context PyTorch allocates in) that the caller holds until the call
+    // returns; PyTorch's caching allocator keeps their memory for work queued on the current
+    // stream, which is `stream`, a live stream of that context. `out` is checked to be the
+    // output's shape; it overlapping an input is the caller's mistake, as in FlashAttention.
+    unsafe { launch::launch(&plan, &out_view, stream) }.map_err(runtime_err)?;
+    Ok(out)
+}
+
+/// The driver handle of the CUDA context kiln launches in on device `device` (for tests that
+/// check it is PyTorch's: the device's primary context).
+#[pyfunction]
+fn _context_handle(device: usize) -> PyResult<u64> {
+    let dev = launch::device(device).map_err(|e| runtime_err(e.into()))?;
+    Ok(dev.cuda_context().cu_ctx() as usize as u64)
+}
+
+/// The target kiln compiles for on device `device` (`sm_90a` on Hopper).
+#[pyfunction]
+fn _target(py: Python<'_>, device: usize) -> PyResult<Bound<'_, PyString>> {
+    let dev = launch::device(device).map_err(|e| runtime_err(e.into()))?;
+    Ok(PyString::new(py, &dev.target().to_string()))
+}
+
+/// kiln's DSL attention for PyTorch: `flash_attn_func` with FlashAttention's interface.
+#[pymodule]
+fn kiln_attn(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(flash_attn_func, m)?)?;
+    m.add_function(wrap_pyfunction!(_context_handle, m)?)?;
+    m.add_function(wrap_pyfunction!(_target, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,157 @@
+"""kiln_attn's argument checks, without torch or a GPU (fake tensors: fakes.py).
+
+Every bad argument must raise TypeError or ValueError naming the argument and what was
+expected; a well-formed call gets past every check and, on a machine without a CUDA driver,
+fails only when it opens the device (RuntimeError), never with a crash.
+"""
+
+import inspect
+
+import pytest
+
+import kiln_attn
+from fakes import BF16, F16, F32, FakeTensor, bshd
+
+
+def call(q, k=None, v=None, **kw):
+    k = q if k is None else k
+    v = k if v is None else v
+    return kiln_attn.flash_attn_func(q, k, v, **kw)
+
+
+def test_signature_is_flash_attentions():
+    params = inspect.signature(kiln_attn.flash_attn_func).parameters
+    assert list(params)[:8] == [
+        "q", "k", "v", "softmax_scale", "causal", "window_size", "softcap", "return_lse",
+    ]
+    assert params["softmax_scale"].default is None
+    assert params["causal"].default is False
+    assert params["window_size"].default == (-1, -1)
+    assert params["softcap"].default == 0.0
+    assert params["return_lse"].default is False
+    assert params["out"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+@pytest.mark.parametrize("arg", ["q", "k", "v"])
+def test_a_non_tensor_is_a_type_error_naming_it(arg):
+    args = {"q": bshd(1, 64, 2, 64), "k": bshd(1, 64, 2, 64), "v": bshd(1, 64, 2, 64)}
+    args[arg] = [[1.0, 2.0]]
+    with pytest.raises(TypeError, match=f"^{arg}: expected a torch.Tensor, got list$"):
+        kiln_attn.flash_attn_func(args["q"], args["k"], args["v"])
+
+
+def test_rank_is_checked_with_the_expected_layout():
+    with pytest.raises(ValueError, match=r"q: expected a 4-D tensor \[batch, seqlen_q, nheads, headdim\], got shape \[64, 2, 64\]"):
+        call(FakeTensor((64, 2, 64)))
+    with pytest.raises(ValueError, match=r"k: expected a 4-D tensor \[batch, seqlen_k, nheads_k, headdim\]"):
+        call(bshd(1, 64, 2, 64), FakeTensor((1, 1, 64, 2, 64)))
+
+
+def test_shapes_of_k_and_v_must_agree_with_q():
+    q = bshd(2, 64, 2, 64)
+    with pytest.raises(ValueError, match=r"^v: expected the shape of k \[2, 64, 2, 64\], got \[2, 65, 2, 64\]$"):
+        call(q, q, bshd(2, 65, 2, 64))
+    with pytest.raises(ValueError, match=r"^k: expected batch 2 \(q's\), got 1$"):
+        call(q, bshd(1, 64, 2, 64))
+    with pytest.raises(ValueError, match=r"^k: expected headdim 64 \(q's\), got 128$"):
+        call(q, bshd(2, 64, 2, 128))
+
+
+def test_dtypes_are_type_errors():
+    with pytest.raises(TypeError, match=r"^q: expected dtype torch.bfloat16, got torch.float32$"):
+        call(bshd(1, 64, 2, 64, dtype=F32))
+    with pytest.raises(TypeError, match=r"^q: dtype torch.float16 is not supported yet"):
+        call(bshd(1, 64, 2, 64, dtype=F16))
+    with pytest.raises(TypeError, match=r"^k: expected dtype torch.bfloat16 \(q's\), got torch.float16$"):
+        call(bshd(1, 64, 2, 64), bshd(1, 64, 2, 64, dtype=F16))
+
+
+def test_devices_must_be_one_cuda_device():
+    with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor, got a tensor on cpu$"):
+        call(bshd(1, 64, 2, 64, device="cpu"))
+    with pytest.raises(ValueError, match=r"^v: expected a tensor on cuda:0 \(q's device\), got a tensor on cuda:1$"):
+        call(bshd(1, 64, 2, 64), bshd(1, 64, 2, 64), bshd(1, 64, 2, 64, device="cuda:1"))
+
+
+def test_head_count_ratio_and_gqa():
+    with pytest.raises(ValueError, match=r"the number of heads in q \(6\) must be a multiple of the number of heads in k and v \(4\)"):
+        call(bshd(1, 64, 6, 64), bshd(1, 64, 4, 64))
+    with pytest.raises(ValueError, match=r"grouped-query and multi-query attention .* not supported yet"):
+        call(bshd(1, 64, 8, 64), bshd(1, 64, 2, 64))
+
+
+@pytest.mark.parametrize("d", [32, 96, 192, 512])
+def test_unsupported_head_dims(d):
+    with pytest.raises(ValueError, match=rf"^q: headdim {d} is not supported yet \(supported: 64, 128, 256\)$"):
+        call(bshd(1, 64, 2, d))
+
+
+def test_last_dimension_must_be_contiguous():
+    q = bshd(1, 64, 2, 64)
+    # A (batch, seqlen, headdim, nheads) tensor transposed to the right shape.
+    bad = FakeTensor((1, 64, 64, 2)).transpose(2, 3)
+    with pytest.raises(ValueError, match=r"^k: expected a contiguous last dimension \(stride 1\), got strides \[8192, 128, 1, 2\]"):
+        call(q, bad, q)
+    with pytest.raises(ValueError, match=r"^q: expected non-negative strides"):
+        call(FakeTensor((1, 64, 2, 64), strides=(-1, 128, 64, 1)), q)
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"window_size": (128, 0)}, r"^window_size: sliding-window attention is not supported yet"),
+        ({"window_size": (-1, 0)}, r"^window_size: .* not supported yet"),
+        ({"softcap": 50.0}, r"^softcap: logit soft-capping is not supported yet"),
+        ({"return_lse": True}, r"^return_lse: .* not supported yet"),
+        ({"softmax_scale": float("inf")}, r"^softmax_scale: expected a finite number"),
+    ],
+)
+def test_options_not_supported_yet_are_value_errors(kw, message):
+    with pytest.raises(ValueError, match=message):
+        call(bshd(1, 64, 2, 64), **kw)
+
+
+def test_option_types_are_type_errors():
+    with pytest.raises(TypeError):
+        call(bshd(1, 64, 2, 64), window_size=5)
+    with pytest.raises(TypeError):
+        call(bshd(1, 64, 2, 64), causal="yes")
+
+
+def test_a_given_output_is_checked_like_an_input():
+    q = bshd(2, 100, 4, 64)
+    k = bshd(2, 50, 4, 64)
+    with pytest.raises(ValueError, match=r"^out: expected shape \[2, 100, 4, 64\] \(q's\), got \[2, 50, 4, 64\]$"):
+        call(q, k, out=bshd(2, 50, 4, 64))
+    with pytest.raises(TypeError, match=r"^out: expected dtype torch.bfloat16 \(q's\), got torch.float32$"):
+        call(q, k, out=bshd(2, 100, 4, 64, dtype=F32))
+    with pytest.raises(TypeError, match=r"^out: expected a torch.Tensor, got int$"):
+        call(q, k, out=3)
+
+
+@pytest.mark.parametrize("shape_q, shape_k", [((0, 64, 2, 64), (0, 64, 2, 64)), ((1, 0, 2, 64), (1, 64, 2, 64))])
+def test_an_empty_output_launches_nothing(shape_q, shape_k):
+    out = call(FakeTensor(shape_q), FakeTensor(shape_k))
+    assert isinstance(out, FakeTensor)
+    assert out.shape == shape_q
+
+
+def test_transposed_bhsd_inputs_pass_every_check():
+    # torch.empty(b, h, s, d).transpose(1, 2): a BSHD shape over BHSD memory is read in place.
+    q = FakeTensor((1, 2, 64, 128)).transpose(1, 2)
+    try:
+        call(q)
+    except RuntimeError as e:  # no GPU: only opening the device fails
+        assert "no CUDA driver" in str(e) or "kiln_attn" in str(e)
+
+
+def test_a_valid_call_without_a_gpu_is_a_runtime_error_not_a_crash():
+    try:
+        import torch  # noqa: F401
+
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present: test_flash_attn_gpu.py covers valid calls")
+    except ImportError:
+        pass
+    with pytest.raises(RuntimeError, match=r"^kiln_attn: no CUDA driver: "):
+        call(bshd(1, 64, 2, 64), causal=True, softmax_scale=0.1)
