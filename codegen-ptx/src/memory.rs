@@ -249,7 +249,10 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// Writes a `store` of a register tile, skipping elements outside the tensor.
+    /// Writes a `store` of a register tile, skipping elements outside the tensor. A 2-D tile
+    /// whose registers pair up along a row at even columns of a 16-byte aligned tensor also
+    /// gets a fast path: when the whole of the warp's part lies inside the tensor (every
+    /// tile but the edges), each pair is one unpredicated vector store.
     pub(crate) fn write_store(&mut self, id: OpId) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
         let OpKind::Store { tensor } = op.kind else {
@@ -260,6 +263,13 @@ impl Writer<'_> {
         let coords = self.coord_regs(id, n)?;
         let regs = self.tile(v, id)?;
         let dtype = self.k.ty(v).dtype();
+        let done = match self.paired_store(id, tensor, &coords, v, &regs)? {
+            Some(labels) => {
+                self.label(&labels.0);
+                Some(labels.1)
+            }
+            None => None,
+        };
         let accesses = self.element_accesses(tensor, &coords, v, id)?;
         for ((addr, off, p), x) in accesses.into_iter().zip(regs) {
             self.ins(format!(
@@ -267,7 +277,99 @@ impl Writer<'_> {
                 mem_ty(dtype)
             ));
         }
+        if let Some(done) = done {
+            self.label(&done);
+        }
         Ok(())
+    }
+
+    /// The fast path of [`Writer::write_store`], when the tile qualifies: branches to the
+    /// first returned label (the element-wise stores) unless every lane's elements are inside
+    /// the tensor, else stores the pairs and branches to the second (the end).
+    fn paired_store(
+        &mut self,
+        id: OpId,
+        tensor: usize,
+        coords: &[Reg],
+        v: ValueId,
+        regs: &[Reg],
+    ) -> Result<Option<(String, String)>, CodegenError> {
+        let d = self.dist(v, id)?;
+        let dtype = self.k.ty(v).dtype();
+        let aligned = matches!(
+            self.k.params[tensor],
+            Param::Tensor {
+                aligned16: true,
+                ..
+            }
+        );
+        let col_coord = self.k.ops[id].operands[coords.len() - 1];
+        let even = |x: u32| x.is_multiple_of(2);
+        let pairs_up = d.regs.len().is_multiple_of(2)
+            && d.regs.chunks(2).all(|p| {
+                p[0][0] == p[1][0] && even(p[0][1]) && p[1][1] == p[0][1] + 1
+            });
+        if d.terms.len() != 2
+            || !matches!(dtype, DType::Bf16 | DType::F16 | DType::F32)
+            || !aligned
+            || !even(self.known_multiple(col_coord))
+            || !d.terms[1].iter().all(|t| even(t.mul))
+            || !pairs_up
+        {
+            return Ok(None);
+        }
+        let o = self.origin(tensor, coords, 2, id)?;
+        let (row0, col0) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+        let (rb, cb) = (
+            self.thread_coord(&d.terms[0]),
+            self.thread_coord(&d.terms[1]),
+        );
+        self.ins(format!("add.s32 {row0}, {}, {rb}", o.coords[0]));
+        self.ins(format!("add.s32 {col0}, {}, {cb}", o.coords[1]));
+        // Inside when the first and the last row and column this thread holds are (unsigned
+        // compares: a negative coordinate is outside).
+        let last = |dim: usize| d.regs.iter().map(|r| r[dim]).max().unwrap_or(0);
+        let (lr, lc) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+        self.ins(format!("add.s32 {lr}, {row0}, {}", last(0)));
+        self.ins(format!("add.s32 {lc}, {col0}, {}", last(1)));
+        let inside = self.in_bounds(lr, o.dims[0], o.outer_ok);
+        for (x, extent) in [(row0, o.dims[0]), (col0, o.dims[1]), (lc, o.dims[1])] {
+            let ok = self.in_bounds(x, extent, None);
+            self.ins(format!("and.pred {inside}, {inside}, {ok}"));
+        }
+        let all = self.new_reg(Class::Pred);
+        self.ins(format!("vote.sync.all.pred {all}, {inside}, 0xffffffff"));
+        let (edge, done) = (self.new_label(), self.new_label());
+        self.ins(format!("@!{all} bra.uni {edge}"));
+        self.comment("the warp's elements all lie inside the tensor: one store per pair");
+        let mut rows: BTreeMap<u32, Reg> = BTreeMap::new();
+        for (p, pair) in d.regs.chunks(2).zip(regs.chunks(2)) {
+            let (ro, co) = (p[0][0], p[0][1]);
+            let addr = match rows.get(&ro) {
+                Some(&a) => a,
+                None => {
+                    let r = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {r}, {row0}, {ro}"));
+                    let a = self.element_addr(&o, Some(r), col0);
+                    rows.insert(ro, a);
+                    a
+                }
+            };
+            let off = co * o.esize;
+            match dtype {
+                DType::F32 => self.ins(format!(
+                    "st.global.v2.f32 [{addr}+{off}], {{{}, {}}}",
+                    pair[0], pair[1]
+                )),
+                _ => {
+                    let packed = self.new_reg(Class::B32);
+                    self.ins(format!("mov.b32 {packed}, {{{}, {}}}", pair[0], pair[1]));
+                    self.ins(format!("st.global.b32 [{addr}+{off}], {packed}"));
+                }
+            }
+        }
+        self.ins(format!("bra.uni {done}"));
+        Ok(Some((edge, done)))
     }
 
     /// Issues the cp.async copies (or element copies) of load `id`'s tile at `coords` into

@@ -91,11 +91,12 @@ fn gemm_matches_reference() {
     let def = &kiln_examples::gemm::gemm;
     let mut rng = Rng::from_env();
     for b_col_major in [false, true] {
-        for (bm, bn, bk) in [(128, 128, 32), (64, 64, 64)] {
+        for (bm, bn, bk, stages) in [(128, 128, 32, 3), (64, 64, 64, 4)] {
             let ct = comptime_map(&[
                 ("BM", ComptimeValue::Usize(bm)),
                 ("BN", ComptimeValue::Usize(bn)),
                 ("BK", ComptimeValue::Usize(bk)),
+                ("STAGES", ComptimeValue::Usize(stages)),
                 ("b_col_major", ComptimeValue::Bool(b_col_major)),
             ]);
             for (m, n, k) in [(130, 70, 50), (1, 1, 1), (128, 128, 64), (65, 200, 97)] {
