@@ -1,7 +1,8 @@
 //! The benchmarks' command line (clap): `--out PATH` (JSON results), `--iters N`,
 //! `--warmup N`, `--quick` (a reduced sweep for a smoke run), `--target sm_80|sm_90a|sm_100a`
 //! (default: the runtime's default, the GPU's own target), `--b-col-major` (gemm only: B
-//! stored column-major), `--only S:D:CAUSAL,...` (attention only) and `--set NAME=VALUE`.
+//! stored column-major), `--only S:D:CAUSAL,...` (attention only), `--shapes M:N:K,...` (gemm only) and
+//! `--set NAME=VALUE`.
 
 use std::path::PathBuf;
 
@@ -33,6 +34,9 @@ pub struct Args {
     /// attention: run only these `(s, d, causal)` points of the sweep, `S:D:CAUSAL,...`.
     #[arg(long, value_delimiter = ',', value_parser = point)]
     pub only: Vec<(usize, usize, bool)>,
+    /// gemm: run these shapes instead of the sweep, `M:N:K,...`.
+    #[arg(long, value_delimiter = ',', value_parser = gemm_shape)]
+    pub shapes: Vec<[usize; 3]>,
     /// Extra comptime values for the kiln kernel, `NAME=VALUE` (repeatable), over the sweep's.
     #[arg(long, value_parser = setting)]
     pub set: Vec<(String, String)>,
@@ -59,6 +63,17 @@ fn point(s: &str) -> Result<(usize, usize, bool), String> {
     parsed
         .map(|((n, d), c)| (n, d, c))
         .ok_or_else(|| format!("expected S:D:CAUSAL (8192:128:false), got `{s}`"))
+}
+
+/// `M:N:K`, for example `4096:4096:64`.
+fn gemm_shape(s: &str) -> Result<[usize; 3], String> {
+    let dims: Option<Vec<usize>> = s.split(':').map(|x| x.parse().ok()).collect();
+    match dims.as_deref() {
+        Some(&[m, n, k]) if m > 0 && n > 0 && k > 0 => Ok([m, n, k]),
+        _ => Err(format!(
+            "expected M:N:K of positive integers (4096:4096:64), got `{s}`"
+        )),
+    }
 }
 
 /// `NAME=VALUE`.
@@ -93,6 +108,8 @@ mod tests {
             "8192:128:false,1024:64:true",
             "--set",
             "block_n=128",
+            "--shapes",
+            "4096:4096:64,1000:3000:777",
         ])
         .expect("valid");
         assert_eq!(a.out, Some(PathBuf::from("r.json")));
@@ -102,6 +119,7 @@ mod tests {
         );
         assert_eq!(a.only, [(8192, 128, false), (1024, 64, true)]);
         assert_eq!(a.set, [("block_n".to_string(), "128".to_string())]);
+        assert_eq!(a.shapes, [[4096, 4096, 64], [1000, 3000, 777]]);
         let d = parse(&[]).expect("defaults");
         assert_eq!((d.iters, d.warmup, d.b_col_major), (30, 5, false));
     }
@@ -119,6 +137,10 @@ mod tests {
             .expect_err("short")
             .to_string();
         assert!(e.contains("expected S:D:CAUSAL"), "{e}");
+        let e = parse(&["--shapes", "4096:0:64"])
+            .expect_err("zero")
+            .to_string();
+        assert!(e.contains("expected M:N:K"), "{e}");
         let e = parse(&["--target", "sm_75"])
             .expect_err("target")
             .to_string();

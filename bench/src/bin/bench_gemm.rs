@@ -1,8 +1,9 @@
 //! kiln's `gemm` example against cuBLAS (`cublasGemmEx`, bf16 in, f32 compute, bf16 out) in
 //! the same process on the same GPU and stream.
 //!
-//! Shapes: square 1024..8192, and M = 16384 with N, K in {4096, 8192, 14336} (`--quick`:
-//! 1024 and 4096 square). Each configuration: one run of each checked against the other on
+//! Shapes: square 1024..8192, M = 16384 with N, K in {4096, 8192, 14336}, and the odd shapes
+//! 1000x3000x777 and 127x4095x4096 (`--quick`: 1024 and 4096 square; `--shapes M:N:K,...`:
+//! those). Each configuration: one run of each checked against the other on
 //! sampled rows, warm-up, then `--iters` runs each timed alone with CUDA events, rotating over
 //! enough input sets to exceed twice the L2; the median is reported as TFLOP/s (2MNK) with
 //! `ratio` = kiln / cuBLAS throughput. `--out PATH` writes every figure as JSON.
@@ -46,6 +47,7 @@ fn shapes(quick: bool) -> Vec<[usize; 3]> {
             v.push([16384, n, k]);
         }
     }
+    v.extend([[1000, 3000, 777], [127, 4095, 4096]]);
     v
 }
 
@@ -90,7 +92,11 @@ fn run() -> Result<bool, BenchError> {
         device.target()
     );
 
-    let shapes = shapes(args.quick);
+    let shapes = if args.shapes.is_empty() {
+        shapes(args.quick)
+    } else {
+        args.shapes.clone()
+    };
     let mut progress = Progress::new(shapes.len());
     let mut table = Table::new(&[
         "M",
