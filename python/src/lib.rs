@@ -190,6 +190,17 @@ fn _context_handle(device: usize) -> PyResult<u64> {
     Ok(dev.cuda_context().cu_ctx() as usize as u64)
 }
 
+/// Launches a kernel that does nothing on device `device`'s current stream: the floor under
+/// any launch from Python, which `python/bench.py` measures `flash_attn_func` against.
+#[pyfunction]
+fn _empty_launch(py: Python<'_>, device: usize) -> PyResult<()> {
+    launch::device(device).map_err(|e| runtime_err(e.into()))?;
+    let stream = current_stream(py, device)?;
+    // SAFETY: `stream` is PyTorch's current stream on `device`, a live stream of its primary
+    // context.
+    unsafe { launch::empty_launch(device, stream) }.map_err(runtime_err)
+}
+
 /// The target kiln compiles for on device `device` (`sm_90a` on Hopper).
 #[pyfunction]
 fn _target(py: Python<'_>, device: usize) -> PyResult<Bound<'_, PyString>> {
@@ -203,6 +214,7 @@ fn kiln_attn(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(flash_attn_func, m)?)?;
     m.add_function(wrap_pyfunction!(_context_handle, m)?)?;
     m.add_function(wrap_pyfunction!(_target, m)?)?;
+    m.add_function(wrap_pyfunction!(_empty_launch, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -315,12 +315,28 @@ impl Device {
         grid: [u32; 3],
         args: &[KernelArg<'_>],
     ) -> Result<(), LaunchError> {
+        // SAFETY: the null stream belongs to every context.
+        unsafe { self.launch_loaded_on(std::ptr::null_mut(), kernel, signature, grid, args) }
+    }
+
+    /// [`Device::launch_loaded`] on `stream` (null: the null stream).
+    ///
+    /// # Safety
+    /// `stream` must be null or a live stream of this device's context.
+    pub(crate) unsafe fn launch_loaded_on(
+        &self,
+        stream: sys::CUstream,
+        kernel: &LoadedKernel,
+        signature: &[ParamSig],
+        grid: [u32; 3],
+        args: &[KernelArg<'_>],
+    ) -> Result<(), LaunchError> {
         let views: Vec<ArgView<'_>> = args.iter().map(KernelArg::view).collect();
         check_grid(grid, self.grid_max)?;
         check_args(&kernel.ptx().entry, signature, &views, self.context_id())?;
         let maps = self.tensor_maps(kernel, signature, args)?;
-        // SAFETY: the null stream belongs to every context.
-        unsafe { self.launch_views(kernel, signature, grid, &views, &maps, std::ptr::null_mut()) }
+        // SAFETY: the caller guarantees `stream`.
+        unsafe { self.launch_views(kernel, signature, grid, &views, &maps, stream) }
     }
 
     /// The loaded kernel for `def` specialised by `spec`: from the in-memory cache, else from

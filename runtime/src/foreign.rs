@@ -15,11 +15,12 @@ use std::collections::BTreeMap;
 
 use cudarc::driver::sys;
 use kiln_ir::DType;
-use kiln_ir::dsl::{ComptimeValue, KernelDef};
+use kiln_ir::dsl::{ComptimeValue, KernelDef, ParamSig};
 
 use crate::device::{Device, KernelArg};
 use crate::error::{LaunchError, RuntimeError};
 use crate::layout::Layout;
+use crate::module::LoadedKernel;
 use crate::tensor::{Buffer, DeviceTensor};
 
 /// A CUDA stream of the device's context that kiln did not create and never destroys (such as
@@ -86,6 +87,20 @@ impl Device {
         // SAFETY: `ForeignStream::from_raw`'s contract makes the handle a live stream of this
         // device's context (or null).
         unsafe { self.launch_on(stream.0, def, comptime, grid, args) }
+    }
+
+    /// [`Device::launch_loaded`] on `stream`: an already loaded kernel (hand-written PTX),
+    /// validated against `signature`, ordered on `stream`.
+    pub fn launch_loaded_on_stream(
+        &self,
+        stream: ForeignStream,
+        kernel: &LoadedKernel,
+        signature: &[ParamSig],
+        grid: [u32; 3],
+        args: &[KernelArg<'_>],
+    ) -> Result<(), LaunchError> {
+        // SAFETY: as for `launch_on_stream`.
+        unsafe { self.launch_loaded_on(stream.0, kernel, signature, grid, args) }
     }
 }
 

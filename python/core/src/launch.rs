@@ -10,7 +10,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use kiln::ir::dsl::ComptimeValue;
 use kiln::ir::interp::{HostArg, InterpError, run_def};
 use kiln::ir::{DType, HostTensor, Target};
-use kiln::runtime::{Device, DeviceTensor, ForeignStream, KernelArg, LaunchError, RuntimeError};
+use kiln::ptx::PtxModule;
+use kiln::runtime::{
+    Device, DeviceTensor, ForeignStream, KernelArg, LaunchError, LoadedKernel, RuntimeError,
+};
 use kiln_examples::attention::{attention, tuned_block_n};
 
 use crate::args::{Plan, View};
@@ -94,6 +97,54 @@ pub unsafe fn launch(plan: &Plan, out: &View, stream: u64) -> Result<(), LaunchF
             KernelArg::F32(plan.scale),
         ],
     )?;
+    Ok(())
+}
+
+/// An entry with no parameters that returns at once: what a launch costs with no work.
+const EMPTY_PTX: &str = "\
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry kiln_attn_empty()
+{
+\tret;
+}
+";
+
+/// Launches a kernel that does nothing (one block of 32 threads) on `stream` of device
+/// `ordinal`, through the same stream path as [`launch`]: the baseline the Python call
+/// overhead of `flash_attn_func` is measured against.
+///
+/// # Safety
+/// `stream` must be 0 or a live stream of the device's primary context.
+pub unsafe fn empty_launch(ordinal: usize, stream: u64) -> Result<(), LaunchFailure> {
+    static EMPTY: OnceLock<Mutex<HashMap<usize, Arc<LoadedKernel>>>> = OnceLock::new();
+    let dev = device(ordinal)?;
+    let kernel = {
+        let mut loaded = EMPTY
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match loaded.get(&ordinal) {
+            Some(k) => k.clone(),
+            None => {
+                let k = Arc::new(dev.load_ptx(PtxModule {
+                    ptx: EMPTY_PTX.to_string(),
+                    entry: "kiln_attn_empty".into(),
+                    threads_per_block: 32,
+                    dynamic_smem_bytes: 0,
+                    target: Target::Sm80,
+                    tensor_maps: Vec::new(),
+                    persistent: false,
+                })?);
+                loaded.insert(ordinal, k.clone());
+                k
+            }
+        }
+    };
+    // SAFETY: the caller guarantees the stream.
+    let stream = unsafe { ForeignStream::from_raw(stream) };
+    dev.launch_loaded_on_stream(stream, &kernel, &[], [1, 1, 1], &[])?;
     Ok(())
 }
 

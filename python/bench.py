@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""kiln_attn.flash_attn_func beside PyTorch SDPA, in one process, on the standard sweep.
+
+  python/bench.py [--out RESULT.json] [--quick] [--iters N] [--warmup N] [--only S:D:CAUSAL,..]
+                  [--rust KILN.json] [--overhead-only]
+
+The sweep is bench/peers.py's (design.md section 8): bf16, b*s = 16384, h = 2048/d,
+s in {1k..16k}, d in {64, 128, 256}, causal and not. kiln gets FlashAttention's layout
+(b, s, h, d); SDPA (FLASH_ATTENTION = FlashAttention-2, and cuDNN) gets its own (b, h, s, d).
+Each call is timed alone with CUDA events after warm-up, rotating over input sets that
+together exceed twice the L2; the median is reported. Each configuration's kiln output is
+checked against the FlashAttention-2 backend's (relative norm error).
+
+The JSON has bench/peers.py merge's shape, so bench/chart.py draws it (the PNG is written
+beside it); with --rust, each row also gets kiln's TFLOP/s from a bench_attention JSON (the
+Rust benchmark) and python_vs_rust, the ratio.
+
+Also measured: the host time of one flash_attn_func call at batch 1, s = 128 (h = 16,
+d = 128, output preallocated and not), beside an empty kernel launched through kiln on the
+same stream and an SDPA call; overhead_us is the difference to the empty launch.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.join(HERE, "..", "bench")
+sys.path.insert(0, BENCH)
+
+from peers import TOKENS, WIDTH, flops, parse_only, sweep  # noqa: E402
+
+TOLERANCE = 2e-2
+
+
+def commit():
+    try:
+        return subprocess.run(["git", "-C", HERE, "rev-parse", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("KILN_COMMIT", "")
+
+
+def time_calls(torch, once, warmup, iters):
+    """Median and min of `iters` timed calls (CUDA events), after `warmup` calls."""
+    for i in range(warmup):
+        once(i)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(iters):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        once(warmup + i)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), min(times), times
+
+
+def rel_error(out, ref):
+    """Relative norm error of `out` against `ref`; NaN if `out` has a non-finite element."""
+    out, ref = out.float(), ref.float()
+    if not bool(out.isfinite().all()):
+        return float("nan")
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def sweep_rows(args, torch, kiln_attn):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    dev = torch.device("cuda")
+    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 60 << 20)
+    configs = [c for c in sweep(args.quick) if not args.only or c in parse_only(args.only)]
+    rows = []
+    for n, (s, d, causal) in enumerate(configs, 1):
+        print(f"\r\x1b[2K[{n}/{len(configs)}] s={s} d={d} causal={causal}", end="", file=sys.stderr, flush=True)
+        b, h = TOKENS // s, WIDTH // d
+        set_bytes = 4 * b * h * s * d * 2
+        sets = max(2, min(8, math.ceil(2 * l2 / set_bytes)))
+        gen = torch.Generator(device=dev).manual_seed(s * 1000 + d * 10 + int(causal))
+        # One (b, h, s, d) set per rotation for SDPA, and the same values as (b, s, h, d)
+        # contiguous tensors for kiln (FlashAttention's layout).
+        bhsd = [
+            tuple((torch.rand((b, h, s, d), generator=gen, device=dev) * 2 - 1).to(torch.bfloat16)
+                  for _ in range(3))
+            for _ in range(sets)
+        ]
+        bshd = [tuple(t.transpose(1, 2).contiguous() for t in qkv) for qkv in bhsd]
+        outs = [torch.empty_like(qkv[0]) for qkv in bshd]
+        row = {"s": s, "d": d, "causal": causal, "b": b, "h": h, "flops": flops(b, h, s, d, causal),
+               "input_sets": sets}
+
+        def kiln_once(i):
+            q, k, v = bshd[i % sets]
+            kiln_attn.flash_attn_func(q, k, v, causal=causal, out=outs[i % sets])
+
+        med, lo, times = time_calls(torch, kiln_once, args.warmup, args.iters)
+        row.update(kiln_ms_median=med, kiln_ms_min=lo, kiln_ms_all=times,
+                   kiln_tflops=row["flops"] / (med * 1e-3) / 1e12)
+        for name, backend in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            try:
+                with sdpa_kernel([backend]):
+                    def sdpa_once(i):
+                        q, k, v = bhsd[i % sets]
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                    med, lo, times = time_calls(torch, sdpa_once, args.warmup, args.iters)
+                    tflops = row["flops"] / (med * 1e-3) / 1e12
+                    row[name] = {"ms_median": med, "ms_min": lo, "tflops": tflops, "input_sets": sets,
+                                 "ms_all": times}
+                    row[f"ratio_vs_{name}"] = row["kiln_tflops"] / tflops
+                    if name == "fa2":
+                        q, k, v = bshd[0]
+                        kiln_attn.flash_attn_func(q, k, v, causal=causal, out=outs[0])
+                        ref = sdpa_once(0).transpose(1, 2)
+                        row["rel_error_vs_fa2"] = rel_error(outs[0], ref)
+            except RuntimeError as e:
+                row[name] = {"error": str(e).splitlines()[0] if str(e) else repr(e)}
+        # bench/peers.py merge's names, so bench/chart.py and readers of those files work.
+        err = row.get("rel_error_vs_fa2", float("nan"))
+        row["rel_error_sampled_rows"] = err
+        row["correct"] = err < TOLERANCE
+        rows.append(row)
+        bhsd = bshd = outs = None  # freed before the next configuration allocates
+        torch.cuda.empty_cache()
+    print(file=sys.stderr)
+    return rows
+
+
+def host_us(torch, call, calls=200, rounds=15):
+    """Median host time of one call in microseconds: rounds of `calls` back-to-back calls,
+    each round timed up to its last enqueue (few enough that the launch queue never fills),
+    then drained."""
+    for _ in range(calls):
+        call()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        per_call.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(per_call)
+
+
+def overhead(torch, kiln_attn):
+    import torch.nn.functional as F
+
+    b, s, h, d = 1, 128, WIDTH // 128, 128
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = ((torch.rand((b, s, h, d), generator=gen, device="cuda") * 2 - 1).to(torch.bfloat16)
+               for _ in range(3))
+    out = torch.empty_like(q)
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    dev = torch.cuda.current_device()
+    empty = host_us(torch, lambda: kiln_attn._empty_launch(dev))
+    with_out = host_us(torch, lambda: kiln_attn.flash_attn_func(q, k, v, out=out))
+    allocating = host_us(torch, lambda: kiln_attn.flash_attn_func(q, k, v))
+    sdpa = host_us(torch, lambda: F.scaled_dot_product_attention(qt, kt, vt))
+    res = {
+        "shape": {"b": b, "s": s, "h": h, "d": d},
+        "empty_launch_us": empty,
+        "flash_attn_func_out_us": with_out,
+        "flash_attn_func_us": allocating,
+        "sdpa_us": sdpa,
+        "overhead_us": with_out - empty,
+        "overhead_allocating_us": allocating - empty,
+        "target_us": 15.0,
+    }
+    print(f"host time per call at b=1 s=128 h={h} d={d}: empty launch {empty:.1f} us, "
+          f"flash_attn_func {allocating:.1f} us ({with_out:.1f} us with out=), SDPA {sdpa:.1f} us; "
+          f"overhead {allocating - empty:.1f} us ({with_out - empty:.1f} us with out=), target < 15 us",
+          file=sys.stderr)
+    return res
+
+
+def add_rust(rows, path):
+    """Each row's Rust-side kiln TFLOP/s from bench_attention's (or a merged) JSON."""
+    with open(path) as f:
+        data = json.load(f)
+    rust = {(r["s"], r["d"], r["causal"]): r["kiln_tflops"] for r in data["rows"] if "kiln_tflops" in r}
+    for r in rows:
+        t = rust.get((r["s"], r["d"], r["causal"]))
+        if t:
+            r["rust_kiln_tflops"] = t
+            r["python_vs_rust"] = r["kiln_tflops"] / t
+
+
+def print_table(rows):
+    header = ["s", "d", "causal", "kiln TF/s", "FA2 TF/s", "kiln/FA2", "cuDNN TF/s", "kiln/cuDNN",
+              "py/rust", "err"]
+    table = [header]
+    for r in rows:
+        cells = [str(r["s"]), str(r["d"]), str(r["causal"]).lower(), f"{r['kiln_tflops']:.1f}"]
+        for name in ("fa2", "cudnn"):
+            p = r.get(name, {})
+            cells += [f"{p['tflops']:.1f}", f"{r[f'ratio_vs_{name}']:.3f}"] if "tflops" in p else ["-", "-"]
+        cells.append(f"{r['python_vs_rust']:.3f}" if "python_vs_rust" in r else "-")
+        cells.append(f"{r['rel_error_sampled_rows']:.1e}" + ("" if r["correct"] else " WRONG"))
+        table.append(cells)
+    widths = [max(len(row[c]) for row in table) for c in range(len(header))]
+    for row in table:
+        print("  ".join(cell.rjust(w) for cell, w in zip(row, widths)))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=None, help="result JSON (default: python/results/attention-py-<UTC>.json)")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--only", help="run only these S:D:CAUSAL points, comma-separated")
+    p.add_argument("--rust", help="a bench_attention (or merged) JSON to compare kiln's TFLOP/s with")
+    p.add_argument("--overhead-only", action="store_true", help="only the call-overhead measurement")
+    args = p.parse_args()
+
+    import torch
+    import kiln_attn
+
+    stamp = datetime.datetime.now(datetime.timezone.utc)
+    out = args.out or os.path.join(HERE, "results", f"attention-py-{stamp:%Y%m%dT%H%MZ}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    dev = torch.device("cuda")
+    meta = {
+        "benchmark": "attention-python",
+        "gpu": torch.cuda.get_device_name(dev),
+        "compute_capability": "%d.%d" % torch.cuda.get_device_capability(dev),
+        "target": kiln_attn._target(torch.cuda.current_device()),
+        "kiln_attn": kiln_attn.__version__,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "python": sys.version.split()[0],
+        "commit": commit(),
+        "date_utc": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    result = {"meta": {"kiln": meta, "peers": meta}, "iters": {"kiln": args.iters, "peers": args.iters},
+              "warmup": args.warmup, "overhead": overhead(torch, kiln_attn), "rows": []}
+    if not args.overhead_only:
+        rows = sweep_rows(args, torch, kiln_attn)
+        if args.rust:
+            add_rust(rows, args.rust)
+        print_table(rows)
+        result["rows"] = rows
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {out}", file=sys.stderr)
+    if result["rows"]:
+        subprocess.run([sys.executable, os.path.join(BENCH, "chart.py"), out], check=False)
+    wrong = [r for r in result["rows"] if not r["correct"]]
+    if wrong:
+        print(f"{len(wrong)} configuration(s) differ from FlashAttention-2 by more than {TOLERANCE}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# On the GPU host (python3 with torch, no network, no Rust), from a tree where
+# python/build-wheel.sh has put the wheel in .gpu-py/: installs it beside the image's packages
+# (pip --target, no index, no dependencies: torch is the image's own), runs every pytest file
+# under python/tests (the GPU matrix and the CPU-side checks), then python/bench.py.
+#   python/run-gpu-tests.sh [bench.py options: --quick, --only S:D:CAUSAL,.., --rust FILE]
+# Results go to $OUT, else .gpu-py/results/: pytest.log, pytest.xml, bench.log,
+# attention-py.json and attention-py.png. Exits non-zero if a test or the benchmark failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-.gpu-py/results}
+mkdir -p "$out"
+site=.gpu-py/site
+rm -rf "$site"
+python3 -m pip install --quiet --no-index --no-deps --target "$site" .gpu-py/kiln_attn-*.whl || exit 1
+export PYTHONPATH="$PWD/$site${PYTHONPATH:+:$PYTHONPATH}"
+python3 -c 'import torch, kiln_attn; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "kiln_attn", kiln_attn.__version__)'
+python3 -m pytest -p no:cacheprovider -q -rs python/tests --junitxml "$out/pytest.xml" 2>&1 | tee "$out/pytest.log"
+tests=${PIPESTATUS[0]}
+python3 python/bench.py --out "$out/attention-py.json" "$@" 2>&1 | tee "$out/bench.log"
+bench=${PIPESTATUS[0]}
+echo "pytest exit $tests, bench exit $bench; results in $out"
+[ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]

@@ -1,0 +1,197 @@
+"""kiln_attn.flash_attn_func on a GPU against a PyTorch f32 reference.
+
+The shapes are FlashAttention's forward test matrix (batch and sequence-length pairs
+including odd ones and seqlen_q > seqlen_k, head dims, causal and not), ported as shapes;
+each case checks the relative norm error of the bf16 output against attention computed in
+f32 from the same bf16 inputs (< 1e-2), with the output poisoned (NaN) first so an element
+the kernel never writes fails the check. Skipped as a whole without torch or a CUDA device.
+"""
+
+import ctypes
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import kiln_attn  # noqa: E402
+
+# (seqlen_q, seqlen_k): FlashAttention's forward test pairs, and (1000, 1000).
+SEQLENS = [
+    (1, 239),
+    (3, 799),
+    (127, 512),
+    (127, 513),
+    (113, 203),
+    (128, 217),
+    (113, 211),
+    (108, 256),
+    (256, 512),
+    (512, 256),
+    (1024, 1024),
+    (1023, 1024),
+    (1024, 1023),
+    (1000, 1000),
+    (239, 1),
+    (799, 3),
+    (2048, 2048),
+]
+HEAD_DIMS = [64, 128, 256]
+TOLERANCE = 1e-2
+NHEADS = 6
+
+
+def batch_for(seqlen_q, seqlen_k):
+    """FlashAttention's batch of 4, fewer for the longest pairs (the reference is quadratic)."""
+    return 4 if seqlen_q * seqlen_k <= 1024 * 1024 else 2
+
+
+def reference(q, k, v, scale, causal):
+    """Attention in f32 from BSHD inputs: causal aligned bottom-right, as FlashAttention; a
+    query row that sees no key outputs 0."""
+    qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
+    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    sq, sk = q.shape[1], k.shape[1]
+    if causal:
+        rows = torch.arange(sq, device=q.device)[:, None]
+        cols = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(cols > rows + (sk - sq), float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return torch.matmul(p, vf).transpose(1, 2)
+
+
+def rel_error(out, ref):
+    out = out.float()
+    if torch.isnan(out).any():
+        return float("nan")
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def inputs(batch, sq, sk, nheads, d, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    make = lambda s: torch.randn(  # noqa: E731
+        (batch, s, nheads, d), generator=gen, device="cuda", dtype=torch.float32
+    ).to(torch.bfloat16)
+    return make(sq), make(sk), make(sk)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("seqlen_q, seqlen_k", SEQLENS)
+def test_output_matches_the_f32_reference(seqlen_q, seqlen_k, d, causal):
+    batch = batch_for(seqlen_q, seqlen_k)
+    q, k, v = inputs(batch, seqlen_q, seqlen_k, NHEADS, d, seqlen_q * 7919 + seqlen_k * 31 + d)
+    out = torch.full_like(q, float("nan"))
+    got = kiln_attn.flash_attn_func(q, k, v, causal=causal, out=out)
+    assert got is out
+    ref = reference(q, k, v, 1.0 / math.sqrt(d), causal)
+    err = rel_error(out, ref)
+    assert err < TOLERANCE, f"b={batch} sq={seqlen_q} sk={seqlen_k} d={d} causal={causal}: {err:.3e}"
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_allocated_output_has_qs_shape_dtype_and_device(d):
+    q, k, v = inputs(2, 300, 257, 4, d, d)
+    out = kiln_attn.flash_attn_func(q, k, v, softmax_scale=0.3)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.device == q.device
+    assert out.is_contiguous()
+    assert rel_error(out, reference(q, k, v, 0.3, False)) < TOLERANCE
+
+
+def test_causal_window_spelling_is_causal():
+    q, k, v = inputs(1, 200, 300, 2, 64, 5)
+    a = kiln_attn.flash_attn_func(q, k, v, causal=True)
+    b = kiln_attn.flash_attn_func(q, k, v, causal=True, window_size=(-1, 0))
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_bhsd_memory_is_read_in_place(d):
+    # (b, h, s, d) tensors seen as (b, s, h, d): strides, not a copy.
+    b, h, sq, sk = 2, 3, 333, 517
+    gen = torch.Generator(device="cuda").manual_seed(d)
+    q, k, v = (
+        torch.randn((b, h, s, d), generator=gen, device="cuda").to(torch.bfloat16).transpose(1, 2)
+        for s in (sq, sk, sk)
+    )
+    assert not q.is_contiguous()
+    out = kiln_attn.flash_attn_func(q, k, v, causal=True)
+    assert rel_error(out, reference(q, k, v, 1.0 / math.sqrt(d), True)) < TOLERANCE
+
+
+def test_inputs_not_16_byte_aligned_take_the_fallback_and_stay_right():
+    # One element in: the base address is 2 bytes past 16-byte alignment, so kiln specialises
+    # for unaligned tensors (no TMA) instead of failing.
+    b, s, h, d = 1, 200, 2, 64
+    n = b * s * h * d
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    store = torch.randn(3 * n + 1, generator=gen, device="cuda").to(torch.bfloat16)
+    q, k, v = (store[1 + i * n : 1 + (i + 1) * n].view(b, s, h, d) for i in range(3))
+    assert q.data_ptr() % 16 != 0
+    out = torch.full_like(q, float("nan"))
+    kiln_attn.flash_attn_func(q, k, v, out=out)
+    assert rel_error(out, reference(q, k, v, 1.0 / math.sqrt(d), False)) < TOLERANCE
+
+
+def test_runs_on_the_current_stream():
+    # The inputs are written on a side stream after a long sleep; had kiln launched anywhere
+    # but that stream, it would read the NaNs left there before.
+    b, s, h, d = 1, 256, 4, 128
+    q, k, v = inputs(b, s, s, h, d, 11)
+    qs, ks, vs = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        for dst, src in ((qs, q), (ks, k), (vs, v)):
+            dst.copy_(src)
+        out = kiln_attn.flash_attn_func(qs, ks, vs)
+    side.synchronize()
+    assert rel_error(out, reference(q, k, v, 1.0 / math.sqrt(d), False)) < TOLERANCE
+
+
+def test_kiln_launches_in_pytorchs_context():
+    torch.zeros(1, device="cuda")  # PyTorch's context exists and is current
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    current = ctypes.c_void_p()
+    assert libcuda.cuCtxGetCurrent(ctypes.byref(current)) == 0
+    dev = ctypes.c_int()
+    assert libcuda.cuDeviceGet(ctypes.byref(dev), torch.cuda.current_device()) == 0
+    primary = ctypes.c_void_p()
+    assert libcuda.cuDevicePrimaryCtxRetain(ctypes.byref(primary), dev) == 0
+    libcuda.cuDevicePrimaryCtxRelease(dev)
+    assert current.value == primary.value
+    assert kiln_attn._context_handle(torch.cuda.current_device()) == primary.value
+
+
+def test_a_specialisation_compiles_once():
+    import time
+
+    q, k, v = inputs(1, 128, 128, 2, 128, 1)
+    kiln_attn.flash_attn_func(q, k, v)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(10):
+        kiln_attn.flash_attn_func(q, k, v)
+    torch.cuda.synchronize()
+    assert (time.perf_counter() - start) / 10 < 5e-3, "a cached call took over 5 ms"
+
+
+def test_a_cpu_tensor_is_a_value_error():
+    q = torch.zeros(1, 64, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^q: expected a CUDA tensor, got a tensor on cpu$"):
+        kiln_attn.flash_attn_func(q, q, q)
+
+
+def test_fp32_is_a_type_error():
+    q = torch.zeros(1, 64, 2, 64, device="cuda")
+    with pytest.raises(TypeError, match="^q: expected dtype torch.bfloat16, got torch.float32$"):
+        kiln_attn.flash_attn_func(q, q, q)
+
+
+def test_target_is_hopper_on_an_h200():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("not a Hopper GPU")
+    assert kiln_attn._target(torch.cuda.current_device()) == "sm_90a"
