@@ -254,6 +254,9 @@ impl Writer<'_> {
     /// gets a fast path: when the whole of the warp's part lies inside the tensor (every
     /// tile but the edges), each pair is one unpredicated vector store.
     pub(crate) fn write_store(&mut self, id: OpId) -> Result<(), CodegenError> {
+        if let Some(st) = self.k.schedule.tma_stores.get(&id) {
+            return self.write_tma_store(id, &st.clone());
+        }
         let op = self.k.ops[id].clone();
         let OpKind::Store { tensor } = op.kind else {
             return Err(self.internal(id, "not a store"));
@@ -306,9 +309,9 @@ impl Writer<'_> {
         let col_coord = self.k.ops[id].operands[coords.len() - 1];
         let even = |x: u32| x.is_multiple_of(2);
         let pairs_up = d.regs.len().is_multiple_of(2)
-            && d.regs.chunks(2).all(|p| {
-                p[0][0] == p[1][0] && even(p[0][1]) && p[1][1] == p[0][1] + 1
-            });
+            && d.regs
+                .chunks(2)
+                .all(|p| p[0][0] == p[1][0] && even(p[0][1]) && p[1][1] == p[0][1] + 1);
         if d.terms.len() != 2
             || !matches!(dtype, DType::Bf16 | DType::F16 | DType::F32)
             || !aligned

@@ -59,6 +59,7 @@ pub mod ring;
 pub mod schedule;
 pub mod target;
 pub mod tile_scheduler;
+pub mod tma_store;
 pub mod types;
 pub mod verify;
 

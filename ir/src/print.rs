@@ -66,6 +66,9 @@ pub fn print_kernel(kernel: &Kernel) -> String {
     if let Some(tiles) = &kernel.schedule.tiles {
         let _ = writeln!(out, "{tiles}");
     }
+    for store in kernel.schedule.tma_stores.values() {
+        let _ = writeln!(out, "{store}");
+    }
     print_block(kernel, &kernel.body, 1, &mut out);
     out.push_str("}\n");
     out

@@ -312,6 +312,9 @@ pub struct Schedule {
     pub roles: Option<crate::ring::Roles>,
     /// sm_90a: how the CTAs of a persistent kernel walk its work tiles (`persistent` pass).
     pub tiles: Option<crate::tile_scheduler::TileScheduler>,
+    /// sm_90a: epilogue stores lowered to TMA stores, keyed by their `store` (`tma_store`
+    /// pass).
+    pub tma_stores: BTreeMap<OpId, crate::tma_store::TmaStore>,
 }
 
 impl Schedule {

@@ -13,6 +13,7 @@
 
 mod persistent;
 mod rotated;
+mod tma_store;
 mod wgmma;
 
 use kiln_ir::ring::{Bar, InitStep, Ring, Step, TmaLoad};
@@ -23,8 +24,8 @@ use crate::TensorMapSpec;
 use crate::types::{Class, Reg};
 use crate::writer::Writer;
 
-/// The tensor maps the runtime builds for `k`, one per TMA-loaded tensor parameter, in
-/// parameter order.
+/// The tensor maps the runtime builds for `k`, one per tensor parameter TMA loads or stores,
+/// in parameter order.
 pub(crate) fn tensor_maps(k: &Kernel) -> Vec<TensorMapSpec> {
     let mut maps: Vec<TensorMapSpec> = k
         .schedule
@@ -36,6 +37,11 @@ pub(crate) fn tensor_maps(k: &Kernel) -> Vec<TensorMapSpec> {
             box_dims: l.map_box(),
             swizzle_bytes: l.swizzle,
         })
+        .chain(k.schedule.tma_stores.values().map(|st| TensorMapSpec {
+            param: st.param,
+            box_dims: st.map_box(),
+            swizzle_bytes: st.swizzle,
+        }))
         .collect();
     maps.sort_by_key(|m| m.param);
     maps.dedup();

@@ -72,6 +72,7 @@ impl Writer<'_> {
             }
         }
         self.close_tile_loop(&tl, &c);
+        self.finish_tma_stores();
         Ok(())
     }
 

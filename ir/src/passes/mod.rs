@@ -13,6 +13,7 @@ pub mod overlap;
 pub mod persistent;
 pub mod pipeline;
 pub mod protocol_check;
+pub mod tma_store;
 pub mod verify;
 pub mod warp_specialise;
 
@@ -72,6 +73,13 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
         "sm_90a: persistent CTAs walking work tiles; the ring continues across tiles",
         persistent::run,
     ),
+    // sm_90a: needs the final rings and their shared memory (the staging tiles go after
+    // them) and the tile loop (the staging tile is reused from tile to tile).
+    (
+        "tma_store",
+        "sm_90a: epilogue stores through a swizzled staging tile and TMA",
+        tma_store::run,
+    ),
     // Target checks and pipelining plans rely on the buffers' stage counts and the rings.
     (
         "lower",
@@ -92,7 +100,12 @@ pub fn applies(name: &str, target: Target) -> bool {
     target == Target::Sm90a
         || !matches!(
             name,
-            "pipeline" | "warp_specialise" | "overlap" | "persistent" | "protocol_check"
+            "pipeline"
+                | "warp_specialise"
+                | "overlap"
+                | "persistent"
+                | "tma_store"
+                | "protocol_check"
         )
 }
 

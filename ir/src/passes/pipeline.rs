@@ -73,8 +73,8 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
 }
 
 /// Places every shared buffer on the swizzle atom (ring loads at their stage stride, each
-/// buffer with its ring's stage count) and the rings' barriers after them; fails when the
-/// total exceeds the shared-memory limit.
+/// buffer with its ring's stage count), the rings' barriers after them, then the TMA
+/// stores' staging tiles; fails when the total exceeds the shared-memory limit.
 pub fn place(kernel: &mut Kernel) -> Result<(), Diagnostic> {
     let loc = first_ring_loc(kernel, &kernel.schedule.rings);
     let schedule = &mut kernel.schedule;
@@ -119,6 +119,12 @@ pub fn place(kernel: &mut Kernel) -> Result<(), Diagnostic> {
                 offset += 8;
             }
         }
+    }
+    // Staging tiles of TMA stores after the rings (their barriers are 8-byte aligned).
+    for store in schedule.tma_stores.values_mut() {
+        offset = offset.next_multiple_of(SWIZZLE_ATOM);
+        store.offset = offset;
+        offset += store.bytes();
     }
     if offset > super::memory_plan::SMEM_LIMIT {
         return Err(Diagnostic::new(

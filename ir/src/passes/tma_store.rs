@@ -1,0 +1,115 @@
+//! sm_90a: the epilogue stores of a persistent kernel go through shared memory and TMA
+//! ([`crate::tma_store`]).
+//!
+//! A `store` after the ring loop qualifies when its tensor is 16-byte aligned (TMA's
+//! requirement), its elements are 2 bytes, and its tile is `rows x cols` with `rows <= 256`,
+//! `cols` a multiple of 64 (128-byte boxes), laid out in registers as the mma accumulator
+//! is: every register's row a multiple of 8 from the thread's (so a thread's rows share one
+//! swizzle phase), register pairs on adjacent even columns, and a thread's columns inside one
+//! 16-byte chunk of each 8. Its staging tile goes after the rings when shared memory has room;
+//! otherwise the store stays as it is.
+
+use crate::diag::Diagnostic;
+use crate::kernel::{Kernel, OpId, OpKind, Param};
+use crate::ring::TmaBox;
+use crate::target::Target;
+use crate::tma_store::TmaStore;
+use crate::types::DType;
+
+/// Named barrier id of the ping-pong's first turn (`overlap`); the store takes the next free.
+const FIRST_FREE_BARRIER: u32 = 1;
+/// Columns of one 128-byte box of 2-byte elements.
+const BOX_COLS: u32 = 64;
+
+/// Lowers every qualifying epilogue store; does nothing on other targets.
+pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
+    if target != Target::Sm90a || kernel.schedule.tiles.is_none() {
+        return Ok(());
+    }
+    let Some(roles) = kernel.schedule.roles else {
+        return Ok(());
+    };
+    let Some((&id, ring)) = kernel.schedule.rings.iter().next() else {
+        return Ok(());
+    };
+    let barrier = ring
+        .overlap
+        .as_ref()
+        .and_then(|o| o.turns)
+        .map_or(FIRST_FREE_BARRIER, |t| t.first_barrier + t.warpgroups);
+    let Some(at) = kernel.body.ops.iter().position(|&o| o == id) else {
+        return Ok(());
+    };
+    let stores: Vec<OpId> = kernel.body.ops[at + 1..]
+        .iter()
+        .copied()
+        .filter(|&o| matches!(kernel.ops[o].kind, OpKind::Store { .. }))
+        .collect();
+    for op in stores {
+        let Some(store) = candidate(kernel, op, 32 * roles.consumer_warps, barrier) else {
+            continue;
+        };
+        let saved = kernel.schedule.clone();
+        kernel.schedule.tma_stores.insert(op, store);
+        if super::pipeline::place(kernel).is_err() {
+            kernel.schedule = saved;
+        }
+    }
+    Ok(())
+}
+
+/// The TMA store of `op`, when it qualifies (see the module doc).
+fn candidate(kernel: &Kernel, op: OpId, threads: u32, barrier: u32) -> Option<TmaStore> {
+    let o = &kernel.ops[op];
+    let OpKind::Store { tensor } = o.kind else {
+        return None;
+    };
+    let Param::Tensor {
+        dtype,
+        rank,
+        aligned16: true,
+        ..
+    } = kernel.params[tensor]
+    else {
+        return None;
+    };
+    let &v = o.operands.last()?;
+    let shape = kernel.ty(v).shape()?;
+    let (&[rows, cols], true) = (shape.dims(), matches!(dtype, DType::Bf16 | DType::F16)) else {
+        return None;
+    };
+    let (rows, cols) = (u32::try_from(rows).ok()?, u32::try_from(cols).ok()?);
+    if rows == 0 || rows > 256 || cols == 0 || !cols.is_multiple_of(BOX_COLS) || rank < 2 {
+        return None;
+    }
+    let d = kernel.schedule.layouts.get(&v)?.distribution(shape).ok()?;
+    let col_span: u32 = d.terms[1].iter().map(|t| (t.modulo - 1) * t.mul).sum();
+    let accumulator_like = d.terms[1].iter().all(|t| t.mul.is_multiple_of(2))
+        && d.regs.len().is_multiple_of(2)
+        && d.regs.chunks(2).all(|p| {
+            p[0][0] == p[1][0]
+                && p[0][0].is_multiple_of(8)
+                && p[0][1].is_multiple_of(2)
+                && p[1][1] == p[0][1] + 1
+                && p[0][1] % 8 + col_span + 1 < 8
+        });
+    if !accumulator_like {
+        return None;
+    }
+    Some(TmaStore {
+        store: op,
+        param: tensor,
+        lead_dims: u32::try_from(rank - 2).ok()?,
+        box_dims: [rows, BOX_COLS],
+        swizzle: 128,
+        boxes: (0..cols / BOX_COLS)
+            .map(|j| TmaBox {
+                origin: [0, j * BOX_COLS],
+                smem_offset: j * rows * 128,
+            })
+            .collect(),
+        offset: 0,
+        barrier,
+        threads,
+    })
+}

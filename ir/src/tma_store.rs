@@ -1,0 +1,79 @@
+//! sm_90a epilogue stores through shared memory and TMA.
+//!
+//! A register tile stored by the consumers of a persistent kernel is written into a staging
+//! tile in shared memory, in 128-byte swizzled boxes, and one thread stores the boxes with
+//! `cp.async.bulk.tensor` (the tensor map clips what lies outside the tensor, so a ragged last
+//! tile needs no masks). Global memory then sees whole 128-byte rows instead of the scattered
+//! pairs of the accumulator layout, and the consumers go on to the next work tile while the
+//! copy engine drains the staging tile. Per store:
+//! 1. the issuing thread waits until the previous store from the staging tile has read it
+//!    (`cp.async.bulk.wait_group.read 0`), and the storing threads meet at a named barrier;
+//! 2. every thread writes its elements (pairs as one 32-bit store), then
+//!    `fence.proxy.async.shared::cta` makes them visible to the copy engine, and the threads
+//!    meet again;
+//! 3. the issuing thread stores every box and commits the bulk group.
+//!
+//! Before the consumers exit the issuing thread waits for every bulk group.
+
+use std::fmt;
+
+use crate::kernel::OpId;
+use crate::ring::TmaBox;
+
+/// A `store` of a register tile lowered to a TMA store from a staging tile.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TmaStore {
+    /// The `store` op.
+    pub store: OpId,
+    /// The tensor parameter it writes (the one whose tensor map the runtime builds).
+    pub param: usize,
+    /// Tensor dimensions outside the tile's two: box extent 1.
+    pub lead_dims: u32,
+    /// Box extents, outermost first (`[rows, cols]`): the tile's rows by 128 bytes.
+    pub box_dims: [u32; 2],
+    /// Swizzle span in bytes (the box row's bytes, 128).
+    pub swizzle: u32,
+    /// The boxes that make up the tile, left to right.
+    pub boxes: Vec<TmaBox>,
+    /// Byte offset of the staging tile in dynamic shared memory (1024-aligned).
+    pub offset: u32,
+    /// Named barrier id the storing threads meet at.
+    pub barrier: u32,
+    /// Threads that hold the tile (and meet at the barrier).
+    pub threads: u32,
+}
+
+impl TmaStore {
+    /// Bytes of the staging tile.
+    pub fn bytes(&self) -> u32 {
+        self.box_dims[0] * self.box_dims[1] * 2 * self.boxes.len() as u32
+    }
+
+    /// The tensor map's box extents, outermost first: 1 for every lead dimension, then
+    /// [`TmaStore::box_dims`].
+    pub fn map_box(&self) -> Vec<u32> {
+        let mut dims = vec![1; self.lead_dims as usize];
+        dims.extend(self.box_dims);
+        dims
+    }
+}
+
+impl fmt::Display for TmaStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "  tma store {} param{} via smem @{} ({} B): {} box(es) {}x{} sw{}; \
+             {} threads meet at bar {}",
+            self.store,
+            self.param,
+            self.offset,
+            self.bytes(),
+            self.boxes.len(),
+            self.box_dims[0],
+            self.box_dims[1],
+            self.swizzle,
+            self.threads,
+            self.barrier
+        )
+    }
+}
