@@ -38,21 +38,21 @@ fn online_update(s: Value, vs: Value, acc: Value, m: Value, l: Value) -> (Value,
     (acc, m_new, l)
 }
 
-/// Attention over `q: [batch, heads, sq, d]` and `k, v: [batch, heads, sk, d]` (bf16, `sq`
-/// and `sk` may differ) into `o: [batch, heads, sq, d]`, with scores scaled by `scale`.
+/// Attention over `q: [batch, heads, sq, d]` and `k, v: [batch, heads / kv_group, sk, d]`
+/// (bf16, `sq` and `sk` may differ) into `o: [batch, heads, sq, d]`, scores scaled by `scale`.
 ///
 /// Online softmax (FlashAttention-2): a block owns `BM = 128` query rows and walks key blocks
-/// of `BN` (128 for `d <= 64`, else 64) in a 2-stage pipelined loop, keeping the running row
-/// maximum `m`, row sum `l` and unnormalised output `acc`. Key blocks in which no key is
-/// masked for any of the block's rows skip the mask (a block-uniform branch); the rest (the
-/// causal diagonal and the block holding key `sk - 1`) apply it. When `causal`, the walk stops
-/// after the last key block any of its rows may see (it never skips a block the maths needs);
-/// rows that see no key at all (`sq > sk`) get `m = -inf` (0 is used in the exponent) and
-/// `l = 0`, and their output is 0.
+/// of `BN` in a 2-stage pipelined loop, keeping the running row maximum `m`, row sum `l` and
+/// unnormalised output `acc`. Key blocks in which no key is masked for any of the block's rows
+/// skip the mask (a block-uniform branch); the rest (the causal diagonal and the block holding
+/// key `sk - 1`) apply it. When `causal`, the walk stops after the last key block any of its
+/// rows may see (it never skips a block the maths needs); rows that see no key at all
+/// (`sq > sk`) get `m = -inf` (0 is used in the exponent) and `l = 0`, and their output is 0.
+/// Grouped-query attention: query head `h` reads key/value head `h / kv_group` ([`kv_head`]).
 ///
 /// Grid: `(cdiv(sq, 128), heads, batch)`. Comptime: `d` (head dim, default 128), `causal`
-/// (default false), `block_n` (keys per block, a multiple of 16; default 0: 128 for
-/// `d <= 64`, else 64; the autotuner tries 64 and 128).
+/// (default false), `block_n` (keys per block, a multiple of 16; default 0: what fits sm_80's
+/// registers best, 128 for `d <= 64`, else 64; the autotuner tries 64 and 128), `kv_group`.
 #[kernel(num_warps = 4)]
 pub fn attention<const d: usize = 128>(
     q: Tensor<bf16, 4>,
@@ -62,8 +62,8 @@ pub fn attention<const d: usize = 128>(
     scale: f32,
     #[comptime(default = false)] causal: bool,
     #[comptime(default = 0, tune = [64, 128])] block_n: usize,
+    #[comptime(default = 1)] kv_group: usize,
 ) {
-    // 0: the key block that fits sm_80's registers best.
     let bn: usize = if block_n > 0 {
         block_n
     } else if d <= 64 {
@@ -91,8 +91,8 @@ pub fn attention<const d: usize = 128>(
     };
     for j in pipelined(0..n_blocks, stages = 2) {
         let k0 = j * bn;
-        let ks = k.tile([bn, d], [b, h, k0, 0]).load();
-        let vs = v.tile([bn, d], [b, h, k0, 0]).load();
+        let ks = k.tile([bn, d], [b, kv_head(h, kv_group), k0, 0]).load();
+        let vs = v.tile([bn, d], [b, kv_head(h, kv_group), k0, 0]).load();
         let s = mma(&qs, &ks.t()) * qk_scale;
         // Uniform across the block: only the causal diagonal and the last key block pay for it.
         let s = if j >= n_unmasked {
@@ -107,6 +107,14 @@ pub fn attention<const d: usize = 128>(
     let inv_l = recip(&select(l == 0.0, 1.0, l));
     o.tile([BM, d], [b, h, q0, 0])
         .store((acc * inv_l.col()).cast::<bf16>());
+}
+
+/// The key/value head query head `h` reads when `kv_group` query heads share one (grouped-
+/// query attention; `kv_group = heads` is multi-query): `h / kv_group`. Resolved while
+/// building, so `kv_group = 1` (every query head has its own) adds no instruction.
+#[kernel_fn]
+fn kv_head(h: Value, kv_group: usize) -> Value {
+    if kv_group == 1 { h } else { h / kv_group }
 }
 
 /// The key block (`block_n`) to launch `attention` with for head dim `d` on `target`: 128 at

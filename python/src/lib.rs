@@ -115,11 +115,12 @@ fn current_stream(py: Python<'_>, device: usize) -> PyResult<u64> {
 /// q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim); all
 /// torch.bfloat16 CUDA tensors on one device, each with a contiguous last dimension (other
 /// strides free: a transposed (batch, nheads, seqlen, headdim) tensor is read in place).
-/// headdim is 64, 128 or 256. softmax_scale defaults to 1/sqrt(headdim); causal masks
-/// bottom-right aligned, as FlashAttention does (a query row that sees no key outputs 0).
-/// window_size other than (-1, -1), softcap != 0, return_lse, nheads_k != nheads and
-/// float16 are not supported yet (ValueError / TypeError). out, a kiln extension, is an
-/// optional (batch, seqlen_q, nheads, headdim) tensor to write instead of allocating one.
+/// headdim is 64, 128 or 256; nheads_k divides nheads (grouped-query attention; 1 is
+/// multi-query). softmax_scale defaults to 1/sqrt(headdim); causal masks bottom-right
+/// aligned, as FlashAttention does (a query row that sees no key outputs 0). window_size
+/// other than (-1, -1), softcap != 0, return_lse and float16 are not supported yet
+/// (ValueError / TypeError). out, a kiln extension, is an optional (batch, seqlen_q, nheads,
+/// headdim) tensor to write instead of allocating one.
 ///
 /// Returns out, (batch, seqlen_q, nheads, headdim), q's dtype. Runs asynchronously on the
 /// current CUDA stream (torch.cuda.current_stream()); the first call of each specialisation

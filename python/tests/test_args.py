@@ -87,11 +87,18 @@ def test_devices_must_be_one_cuda_device():
         call(bshd(1, 64, 2, 64), bshd(1, 64, 2, 64), bshd(1, 64, 2, 64, device="cuda:1"))
 
 
-def test_head_count_ratio_and_gqa():
-    with pytest.raises(ValueError, match=r"the number of heads in q \(6\) must be a multiple of the number of heads in k and v \(4\)"):
+def test_head_count_ratio():
+    with pytest.raises(ValueError, match=r"^k: the number of heads in q \(6\) must be a multiple of the number of heads in k and v \(4\)$"):
         call(bshd(1, 64, 6, 64), bshd(1, 64, 4, 64))
-    with pytest.raises(ValueError, match=r"grouped-query and multi-query attention .* not supported yet"):
-        call(bshd(1, 64, 8, 64), bshd(1, 64, 2, 64))
+    with pytest.raises(ValueError, match=r"must be a multiple of the number of heads in k and v \(0\)"):
+        call(bshd(1, 64, 6, 64), bshd(1, 64, 0, 64))
+
+
+@without_gpu
+@pytest.mark.parametrize("nheads_k", [3, 1], ids=["gqa", "mqa"])
+def test_grouped_and_multi_query_heads_pass_every_check(nheads_k):
+    with pytest.raises(RuntimeError, match=r"^kiln_attn: no CUDA driver: "):
+        call(bshd(1, 64, 6, 64), bshd(1, 80, nheads_k, 64))
 
 
 @pytest.mark.parametrize("d", [32, 96, 192, 512])

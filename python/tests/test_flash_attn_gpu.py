@@ -4,7 +4,7 @@ The shapes are FlashAttention's forward test matrix (batch and sequence-length p
 including odd ones and seqlen_q > seqlen_k, head dims, causal and not), ported as shapes;
 each case checks the relative norm error of the bf16 output against attention computed in
 f32 from the same bf16 inputs (< 1e-2), with the output poisoned (NaN) first so an element
-the kernel never writes fails the check. Skipped as a whole without torch or a CUDA device.
+the kernel never writes fails the check; grouped-query and multi-query heads likewise. Skipped as a whole without torch or a CUDA device.
 """
 
 import ctypes
@@ -50,7 +50,9 @@ def batch_for(seqlen_q, seqlen_k):
 
 def reference(q, k, v, scale, causal):
     """Attention in f32 from BSHD inputs: causal aligned bottom-right, as FlashAttention; a
-    query row that sees no key outputs 0."""
+    query row that sees no key outputs 0; k and v heads repeated for grouped-query heads."""
+    group = q.shape[2] // k.shape[2]
+    k, v = (t.repeat_interleave(group, dim=2) for t in (k, v))
     qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
     s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
     sq, sk = q.shape[1], k.shape[1]
@@ -69,12 +71,13 @@ def rel_error(out, ref):
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def inputs(batch, sq, sk, nheads, d, seed):
+def inputs(batch, sq, sk, nheads, d, seed, nheads_k=None):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    make = lambda s: torch.randn(  # noqa: E731
-        (batch, s, nheads, d), generator=gen, device="cuda", dtype=torch.float32
+    make = lambda s, h: torch.randn(  # noqa: E731
+        (batch, s, h, d), generator=gen, device="cuda", dtype=torch.float32
     ).to(torch.bfloat16)
-    return make(sq), make(sk), make(sk)
+    h_k = nheads if nheads_k is None else nheads_k
+    return make(sq, nheads), make(sk, h_k), make(sk, h_k)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -89,6 +92,19 @@ def test_output_matches_the_f32_reference(seqlen_q, seqlen_k, d, causal):
     ref = reference(q, k, v, 1.0 / math.sqrt(d), causal)
     err = rel_error(out, ref)
     assert err < TOLERANCE, f"b={batch} sq={seqlen_q} sk={seqlen_k} d={d} causal={causal}: {err:.3e}"
+
+
+# FlashAttention's mha / gqa / mqa: nheads_k of NHEADS = 6.
+@pytest.mark.parametrize("nheads_k", [NHEADS, 3, 2, 1], ids=["mha", "gqa3", "gqa2", "mqa"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 203), (1024, 1023), (799, 3)])
+def test_grouped_query_heads_match_the_reference(seqlen_q, seqlen_k, d, causal, nheads_k):
+    q, k, v = inputs(3, seqlen_q, seqlen_k, NHEADS, d, d + nheads_k, nheads_k=nheads_k)
+    out = torch.full_like(q, float("nan"))
+    kiln_attn.flash_attn_func(q, k, v, causal=causal, out=out)
+    err = rel_error(out, reference(q, k, v, 1.0 / math.sqrt(d), causal))
+    assert err < TOLERANCE, f"sq={seqlen_q} sk={seqlen_k} d={d} causal={causal} nheads_k={nheads_k}: {err:.3e}"
 
 
 @pytest.mark.parametrize("d", HEAD_DIMS)

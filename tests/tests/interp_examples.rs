@@ -174,6 +174,7 @@ fn run_attention(rng: &mut Rng, p: &Attn, dist: Dist) {
         ("d", ComptimeValue::Usize(p.d)),
         ("causal", ComptimeValue::Bool(p.causal)),
         ("block_n", ComptimeValue::Usize(0)),
+        ("kv_group", ComptimeValue::Usize(1)),
     ]);
     let mut args = [
         HostArg::Tensor(&q),
@@ -233,6 +234,62 @@ fn attention_batches_and_long_keys() {
     }
 }
 
+/// `t: [b, hkv, s, d]` with each head repeated `group` times in a row (`[b, hkv * group, s,
+/// d]`): the keys and values every query head of a grouped-query kernel reads.
+fn repeat_heads(t: &HostTensor, group: usize) -> HostTensor {
+    let [b, hkv, s, d] = [t.shape[0], t.shape[1], t.shape[2], t.shape[3]];
+    let shape = [b, hkv * group, s, d];
+    HostTensor::from_fn(&shape, t.dtype(), |i| {
+        let (x, j, h, n) = (
+            i % d,
+            i / d % s,
+            i / (d * s) % (hkv * group),
+            i / (d * s * hkv * group),
+        );
+        t.data.get_f64(t.offset(&[n, h / group, j, x]))
+    })
+}
+
+#[test]
+fn attention_grouped_and_multi_query_heads() {
+    // Query head h reads key/value head h / kv_group: 4 query heads over 2 (grouped-query)
+    // and over 1 (multi-query) key/value heads, against the reference on repeated heads.
+    let mut rng = Rng::from_env();
+    let def = &kiln_examples::attention::attention;
+    let (b, h, sq, sk, d) = (2, 4, 130, 75, 64);
+    for (hkv, causal) in [(2, false), (1, true)] {
+        let group = h / hkv;
+        let q = tensor(&mut rng, &[b, h, sq, d], DType::Bf16, Dist::Normal);
+        let k = tensor(&mut rng, &[b, hkv, sk, d], DType::Bf16, Dist::Normal);
+        let v = tensor(&mut rng, &[b, hkv, sk, d], DType::Bf16, Dist::Normal);
+        let scale = (1.0 / (d as f64).sqrt()) as f32;
+        let mut o = poisoned(&[b, h, sq, d], DType::Bf16);
+        let ct = comptime_map(&[
+            ("d", ComptimeValue::Usize(d)),
+            ("causal", ComptimeValue::Bool(causal)),
+            ("block_n", ComptimeValue::Usize(0)),
+            ("kv_group", ComptimeValue::Usize(group)),
+        ]);
+        let mut args = [
+            HostArg::Tensor(&q),
+            HostArg::Tensor(&k),
+            HostArg::Tensor(&v),
+            HostArg::TensorMut(&mut o),
+            HostArg::F32(scale),
+        ];
+        run_def(def, &ct, [cdiv(sq, 128), h as u32, b as u32], &mut args).unwrap();
+        let case = Case {
+            kernel: format!("attention<d={d},causal={causal},kv_group={group}>"),
+            shape: format!("b={b} h={h} hkv={hkv} sq={sq} sk={sk}"),
+            dist: Dist::Normal,
+            seed: rng.seed(),
+        };
+        let (k, v) = (repeat_heads(&k, group), repeat_heads(&v, group));
+        let want = reference::attention(&q, &k, &v, f64::from(scale), causal);
+        assert_close(&case, &o, &want, tolerance(DType::Bf16));
+    }
+}
+
 #[test]
 fn fully_masked_rows_output_zero() {
     // sq = 150 > sk = 90 causal: queries 0..60 see no key; their output must be exactly 0.
@@ -247,6 +304,7 @@ fn fully_masked_rows_output_zero() {
         ("d", ComptimeValue::Usize(d)),
         ("causal", ComptimeValue::Bool(true)),
         ("block_n", ComptimeValue::Usize(0)),
+        ("kv_group", ComptimeValue::Usize(1)),
     ]);
     let mut args = [
         HostArg::Tensor(&q),
@@ -301,7 +359,18 @@ fn typed_interpret_methods_agree_with_references() {
     let mut o = poisoned(&[1, 1, sq, d], DType::Bf16);
     let scale = 1.0 / (d as f32).sqrt();
     kiln_examples::attention::attention
-        .interpret([cdiv(sq, 128), 1, 1], d, true, 0, &q, &k, &v, &mut o, scale)
+        .interpret(
+            [cdiv(sq, 128), 1, 1],
+            d,
+            true,
+            0,
+            1,
+            &q,
+            &k,
+            &v,
+            &mut o,
+            scale,
+        )
         .unwrap();
     let case = Case {
         kernel: "attention.interpret<d=128,causal=true>".into(),

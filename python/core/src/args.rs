@@ -191,6 +191,10 @@ pub struct Plan {
     pub nheads: usize,
     /// `nheads_k`.
     pub nheads_k: usize,
+    /// Query heads per key/value head, `nheads / nheads_k` (grouped-query attention when
+    /// above 1, multi-query when `nheads_k` is 1): query head `h` reads k and v head
+    /// `h / kv_group`.
+    pub kv_group: usize,
     /// `headdim`.
     pub head_dim: usize,
     /// The score scale.
@@ -275,12 +279,6 @@ pub fn plan(
              k and v ({nheads_k})"
         )));
     }
-    if nheads_k != nheads {
-        return Err(ArgError::value_error(format!(
-            "k: grouped-query and multi-query attention (nheads_k = {nheads_k} < nheads = \
-             {nheads}) are not supported yet: pass k and v with q's number of heads"
-        )));
-    }
     if !HEAD_DIMS.contains(&(head_dim as usize)) {
         return Err(ArgError::value_error(format!(
             "q: headdim {head_dim} is not supported yet (supported: 64, 128, 256)"
@@ -312,6 +310,7 @@ pub fn plan(
         seqlen_k: seqlen_k as usize,
         nheads: nheads as usize,
         nheads_k: nheads_k as usize,
+        kv_group: (nheads / nheads_k) as usize,
         head_dim: head_dim as usize,
         scale,
         causal: opts.causal,
@@ -504,14 +503,17 @@ mod tests {
     }
 
     #[test]
-    fn head_counts_must_divide_and_gqa_is_named_as_not_supported_yet() {
+    fn head_counts_must_divide_and_give_the_kv_group() {
         let q = bshd(1, 64, 6, 64);
         let k = bshd(1, 64, 4, 64);
         let e = err(&q, &k, &k, Options::default());
         assert!(e.message.contains("(6) must be a multiple"), "{e}");
-        let k = bshd(1, 64, 2, 64);
-        let e = err(&q, &k, &k, Options::default());
-        assert!(e.message.contains("not supported yet"), "{e}");
+        for (nheads_k, group) in [(6, 1), (3, 2), (2, 3), (1, 6)] {
+            let k = bshd(1, 64, nheads_k, 64);
+            let p = plan(&q, &k, &k, &Options::default()).expect("divides");
+            assert_eq!((p.nheads_k, p.kv_group), (nheads_k as usize, group));
+            assert_eq!(p.k.shape, [1, nheads_k as usize, 64, 64]);
+        }
         let k = bshd(1, 64, 0, 64);
         let e = err(&q, &k, &k, Options::default());
         assert!(e.message.contains("must be a multiple"), "{e}");

@@ -38,6 +38,7 @@ pub fn comptime(plan: &Plan, target: Target) -> BTreeMap<String, ComptimeValue> 
             "block_n".to_string(),
             ComptimeValue::Usize(tuned_block_n(target, plan.head_dim)),
         ),
+        ("kv_group".to_string(), ComptimeValue::Usize(plan.kv_group)),
     ])
 }
 
@@ -223,6 +224,18 @@ mod tests {
         }
     }
 
+    /// `t: [b, hkv, s, d]` (any strides) as a contiguous `[b, hkv * group, s, d]` in which
+    /// each head is repeated `group` times: what each query head of a grouped-query kernel
+    /// reads, for the reference.
+    fn repeat_heads(t: &HostTensor, group: usize) -> HostTensor {
+        let [b, hkv, s, d] = [t.shape[0], t.shape[1], t.shape[2], t.shape[3]];
+        let h = hkv * group;
+        HostTensor::from_fn(&[b, h, s, d], t.dtype(), |i| {
+            let (x, j, hh, n) = (i % d, i / d % s, i / (d * s) % h, i / (d * s * h));
+            t.data.get_f64(t.offset(&[n, hh / group, j, x]))
+        })
+    }
+
     /// A `[b, s, h, d]` tensor stored as `[b, h, s, d]` (PyTorch's `x.transpose(1, 2)` of a
     /// contiguous BHSD tensor).
     fn transposed_bshd(rng: &mut Rng, [b, s, h, d]: [usize; 4]) -> HostTensor {
@@ -237,24 +250,27 @@ mod tests {
     /// The interpreter runs the plan's views of BSHD tensors (contiguous, and transposed from
     /// BHSD memory) to the f64 reference, at sequence lengths that are not multiples of the
     /// tiles, with more queries than keys (so causal rows that see no key output 0), both
-    /// masks, and for both targets' block choices.
+    /// masks, both targets' block choices, and grouped-query and multi-query heads.
     #[test]
     fn bshd_views_run_on_the_interpreter_to_the_reference() {
         let mut rng = Rng::new(9);
-        let (b, sq, sk, h, d) = (1, 130, 70, 2, 64);
-        for (target, causal, transposed) in [
-            (Target::Sm90a, false, false),
-            (Target::Sm90a, true, true),
-            (Target::Sm80, true, false),
+        let (b, sq, sk, h, d) = (1, 130, 70, 4, 64);
+        for (target, causal, transposed, hkv) in [
+            (Target::Sm90a, false, false, 4),
+            (Target::Sm90a, true, true, 4),
+            (Target::Sm80, true, false, 4),
+            (Target::Sm90a, false, true, 2),
+            (Target::Sm90a, true, false, 1),
         ] {
-            let make = |rng: &mut Rng, s| {
+            let make = |rng: &mut Rng, s, h| {
                 if transposed {
                     transposed_bshd(rng, [b, s, h, d])
                 } else {
                     tensor(rng, &[b, s, h, d], DType::Bf16, Dist::Normal)
                 }
             };
-            let (q, k, v) = (make(&mut rng, sq), make(&mut rng, sk), make(&mut rng, sk));
+            let q = make(&mut rng, sq, h);
+            let (k, v) = (make(&mut rng, sk, hkv), make(&mut rng, sk, hkv));
             let opts = Options {
                 causal,
                 ..Options::default()
@@ -262,17 +278,18 @@ mod tests {
             let p = plan(&info(&q), &info(&k), &info(&v), &opts).expect("valid");
             let mut out = HostTensor::full(&[b, sq, h, d], DType::Bf16, f64::NAN);
             interpret(&p, target, &q, &k, &v, &mut out).expect("interprets");
+            let group = h / hkv;
             let want = reference::attention(
                 &as_bhsd(&q),
-                &as_bhsd(&k),
-                &as_bhsd(&v),
+                &repeat_heads(&as_bhsd(&k), group),
+                &repeat_heads(&as_bhsd(&v), group),
                 f64::from(p.scale),
                 causal,
             );
             let err = rel_error(&as_bhsd(&out).to_f64_vec(), &want);
             assert!(
                 err < tolerance(DType::Bf16),
-                "{target:?} causal={causal} transposed={transposed}: error {err:.2e}"
+                "{target:?} causal={causal} transposed={transposed} nheads_k={hkv}: error {err:.2e}"
             );
         }
     }
