@@ -110,6 +110,22 @@ fn deepen(kernel: &mut Kernel, id: OpId) -> Result<(), Diagnostic> {
     Ok(())
 }
 
+/// Takes back the stage [`deepen`] added to ring `id` and splits the ring instead, freeing a
+/// stage of shared memory for a later pass (the `tma_store` pass's staging tile, which is
+/// worth more than the stage); does nothing to a ring that was not deepened.
+pub(crate) fn undeepen(kernel: &mut Kernel, id: OpId) -> Result<(), Diagnostic> {
+    let Some(ring) = kernel.schedule.rings.get_mut(&id) else {
+        return Ok(());
+    };
+    let Some(o) = ring.overlap.as_mut().filter(|o| o.deepened) else {
+        return Ok(());
+    };
+    o.deepened = false;
+    let turns = o.turns.is_some();
+    ring.stages -= 1;
+    split(kernel, id, turns)
+}
+
 /// Gives the loads of ring `id` that only its tail mma reads their own barrier arrays (see the
 /// module doc) when the ring has no extra stage; leaves the ring as it is when no load or
 /// every load is the tail's, or the arrays do not fit.

@@ -6,8 +6,9 @@
 //! `cols` a multiple of 64 (128-byte boxes), laid out in registers as the mma accumulator
 //! is: every register's row a multiple of 8 from the thread's (so a thread's rows share one
 //! swizzle phase), register pairs on adjacent even columns, and a thread's columns inside one
-//! 16-byte chunk of each 8. Its staging tile goes after the rings when shared memory has room;
-//! otherwise the store stays as it is.
+//! 16-byte chunk of each 8. Its staging tile goes after the rings when shared memory has room,
+//! if need be in place of the stage `overlap` added to a rotated ring (which is then split
+//! instead); otherwise the store stays as it is.
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, OpId, OpKind, Param};
@@ -51,6 +52,12 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         };
         let saved = kernel.schedule.clone();
         kernel.schedule.tma_stores.insert(op, store);
+        if super::pipeline::place(kernel).is_ok() {
+            continue;
+        }
+        // The staging tile is worth more than the stage `overlap` added to a rotated ring
+        // (H200, attention d = 128 with 128-key blocks: ...).
+        super::overlap::undeepen(kernel, id)?;
         if super::pipeline::place(kernel).is_err() {
             kernel.schedule = saved;
         }
