@@ -46,17 +46,17 @@ fn tensor_info(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<TensorInfo> {
     let Ok(data_ptr) = obj.getattr(pyo3::intern!(obj.py(), "data_ptr")) else {
         return Err(not_tensor());
     };
-    let shape: Vec<i64> = obj
+    let shape = obj
         .getattr(pyo3::intern!(obj.py(), "shape"))
-        .and_then(|s| s.extract())
+        .and_then(|s| ints(&s))
         .map_err(|_| not_tensor())?;
-    let strides: Vec<i64> = obj
+    let strides = obj
         .call_method0(pyo3::intern!(obj.py(), "stride"))
-        .and_then(|s| s.extract())
+        .and_then(|s| ints(&s))
         .map_err(|_| not_tensor())?;
     let dtype = obj
         .getattr(pyo3::intern!(obj.py(), "dtype"))
-        .and_then(|d| d.str())
+        .and_then(|d| dtype_of(&d))
         .map_err(|_| not_tensor())?;
     let is_cuda: bool = obj
         .getattr(pyo3::intern!(obj.py(), "is_cuda"))
@@ -82,10 +82,35 @@ fn tensor_info(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<TensorInfo> {
     Ok(TensorInfo {
         shape,
         strides,
-        dtype: TorchDType::from_name(dtype.to_str()?),
+        dtype,
         device,
         ptr,
     })
+}
+
+/// The integers of `obj` (`torch.Size` and `stride()` are tuples: read in place, the common
+/// case; any other sequence through pyo3's generic extraction).
+fn ints(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    match obj.cast::<PyTuple>() {
+        Ok(t) => t.iter().map(|x| x.extract()).collect(),
+        Err(_) => obj.extract(),
+    }
+}
+
+/// The dtype `dtype` is, by its printed name; `torch.bfloat16`, once seen, is recognised by
+/// identity (dtypes are singletons), which spares a string per tensor per call.
+fn dtype_of(dtype: &Bound<'_, PyAny>) -> PyResult<TorchDType> {
+    static BF16: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let py = dtype.py();
+    if BF16.get(py).is_some_and(|bf16| dtype.is(bf16)) {
+        return Ok(TorchDType::Bf16);
+    }
+    let parsed = TorchDType::from_name(dtype.str()?.to_str()?);
+    if parsed == TorchDType::Bf16 {
+        // Another thread may have set it first: either object is torch.bfloat16.
+        let _ = BF16.set(py, dtype.clone().unbind());
+    }
+    Ok(parsed)
 }
 
 /// PyTorch's current CUDA stream on `device`, as a driver handle. Looked up once: the raw

@@ -1,0 +1,21 @@
+"""Type stubs of the kiln_attn extension module (the docstrings are the module's own)."""
+
+import torch
+
+__version__: str
+
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    return_lse: bool = False,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor: ...
+def _context_handle(device: int) -> int: ...
+def _target(device: int) -> str: ...
+def _empty_launch(device: int) -> None: ...
