@@ -3,7 +3,8 @@
 # python/build-wheel.sh has put the wheel in .gpu-py/: installs it beside the image's packages
 # (pip --target, no index, no dependencies: torch is the image's own), runs every pytest file
 # under python/tests (the GPU matrix and the CPU-side checks), then python/bench.py.
-#   python/run-gpu-tests.sh [bench.py options: --quick, --only S:D:CAUSAL,.., --rust FILE]
+#   python/run-gpu-tests.sh [--tests-only] [bench.py options: --quick, --only S:D:CAUSAL,..,
+#                           --rust FILE, --overhead-only]
 # Results go to $OUT, else .gpu-py/results/: pytest.log, pytest.xml, bench.log,
 # attention-py.json and attention-py.png. Exits non-zero if a test or the benchmark failed.
 set -uo pipefail
@@ -17,7 +18,12 @@ export PYTHONPATH="$PWD/$site${PYTHONPATH:+:$PYTHONPATH}"
 python3 -c 'import torch, kiln_attn; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "kiln_attn", kiln_attn.__version__)'
 python3 -m pytest -p no:cacheprovider -q -rs python/tests --junitxml "$out/pytest.xml" 2>&1 | tee "$out/pytest.log"
 tests=${PIPESTATUS[0]}
-python3 python/bench.py --out "$out/attention-py.json" "$@" 2>&1 | tee "$out/bench.log"
-bench=${PIPESTATUS[0]}
+bench=0
+if [ "${1:-}" = --tests-only ]; then
+  echo "benchmark skipped (--tests-only)"
+else
+  python3 python/bench.py --out "$out/attention-py.json" "$@" 2>&1 | tee "$out/bench.log"
+  bench=${PIPESTATUS[0]}
+fi
 echo "pytest exit $tests, bench exit $bench; results in $out"
 [ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]
