@@ -149,7 +149,8 @@ fn current_stream(py: Python<'_>, device: usize) -> PyResult<u64> {
 ///
 /// Returns out, (batch, seqlen_q, nheads, headdim), q's dtype. Runs asynchronously on the
 /// current CUDA stream (torch.cuda.current_stream()); the first call of each specialisation
-/// (headdim, causal, alignment) compiles it (kept in memory and in kiln's disk cache).
+/// (headdim, causal, nheads / nheads_k, 16-byte alignment) compiles it (kept in memory and
+/// in kiln's disk cache).
 #[pyfunction]
 #[pyo3(signature = (
     q, k, v, softmax_scale=None, causal=false, window_size=(-1, -1), softcap=0.0,
