@@ -240,18 +240,62 @@ fn attention_tensor_maps_are_rank_4_boxes() {
             .iter()
             .map(|t| (t.param, t.box_dims.clone(), t.swizzle_bytes))
             .collect();
-        // q, k, v: batch and head boxes of 1, 64 head-dim columns per box, 128-B swizzle.
+        // q, k, v: batch and head boxes of 1, 64 head-dim columns per box, 128-B swizzle; o
+        // (stored through TMA) the same, 128 query rows.
         assert_eq!(
             maps,
             [
                 (0, vec![1, 1, 128, 64], 128),
                 (1, vec![1, 1, bn, 64], 128),
                 (2, vec![1, 1, bn, 64], 128),
+                (3, vec![1, 1, 128, 64], 128),
             ],
             "{overrides:?}"
         );
         assert!(m.ptx.contains("cp.async.bulk.tensor.4d"), "{overrides:?}");
     }
+}
+
+#[test]
+fn epilogue_stores_go_through_a_staging_tile_and_tma() {
+    // (kernel, overrides, boxes of 64 columns, the ring's stages, split)
+    let cases: [(&str, &[(&str, &str)], usize, u32, bool); 4] = [
+        ("gemm", &[], 2, 3, false),
+        ("gemm", &[("BN", "256")], 4, 3, false),
+        ("attention", &[("d", "64")], 1, 3, false),
+        // The third stage of d = 128 with 128-key blocks gives way to the staging tile: the
+        // ring is split instead.
+        ("attention", &[("block_n", "128")], 2, 2, true),
+    ];
+    for (name, overrides, boxes, stages, split) in cases {
+        let kernel = ptx_examples::build(name, overrides);
+        let k = scheduled(&kernel);
+        let [st] = &k.schedule.tma_stores.values().collect::<Vec<_>>()[..] else {
+            panic!("{name} {overrides:?}: one TMA store");
+        };
+        let ring = k.schedule.rings.values().next().expect("one ring");
+        assert_eq!(
+            (st.boxes.len(), ring.stages, !ring.tail_loads.is_empty()),
+            (boxes, stages, split),
+            "{name} {overrides:?}"
+        );
+        assert!(st.offset.is_multiple_of(1024) && st.offset + st.bytes() <= k.schedule.smem_bytes);
+        let m = kiln_ptx::compile(&kernel, Target::Sm90a).expect("compile");
+        let issued = m.ptx.matches(".global.shared::cta.bulk_group").count();
+        assert_eq!(issued, boxes, "{name} {overrides:?}: one bulk store per box");
+        for needed in [
+            "cp.async.bulk.wait_group.read 0",
+            "fence.proxy.async.shared::cta",
+            "cp.async.bulk.commit_group",
+            "cp.async.bulk.wait_group 0",
+        ] {
+            assert!(m.ptx.contains(needed), "{name} {overrides:?}: {needed}");
+        }
+        assert!(!m.ptx.contains("st.global"), "{name} {overrides:?}: no register stores");
+    }
+    // d = 256 has no room for its 64 KB staging tile: its store stays in registers.
+    let k = scheduled(&ptx_examples::build("attention", &[("d", "256")]));
+    assert!(k.schedule.tma_stores.is_empty());
 }
 
 #[test]
