@@ -18,9 +18,10 @@ pub use kiln_runtime as runtime;
 pub mod prelude {
     pub use half::{bf16, f16};
     pub use kiln_ir::dsl::{
-        Dim3, KernelDef, Value, abs, block_id, cdiv, col_max, col_sum, exp, exp2, full, grid_dim,
-        iota, log2, max, min, mma, mma_acc, pipelined, recip, row_max, row_min, row_sum, rsqrt,
-        select, sqrt, unroll, zeros,
+        Dim3, KernelDef, Value, abs, at, block_id, cdiv, col_max, col_sum, exp, exp2, full,
+        grid_dim, iota, log2, max, min, mma, mma_acc, pipelined, recip, row_max, row_min, row_sum,
+        rsqrt, select, sqrt, unroll, zeros,
     };
+    pub use kiln_ir::kprint;
     pub use kiln_macros::{kernel, kernel_fn};
 }

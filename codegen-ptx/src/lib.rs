@@ -17,6 +17,7 @@
 pub mod abi;
 mod arith;
 mod control;
+mod device_print;
 mod memory;
 mod mma;
 pub mod ptxas;

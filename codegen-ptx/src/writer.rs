@@ -101,6 +101,10 @@ pub struct Writer<'k> {
     pub(crate) grid: Option<[Reg; 3]>,
     /// A persistent kernel's block index: that of the work tile being run.
     pub(crate) block: Option<[Reg; 3]>,
+    /// Module-scope data the body refers to (print format strings).
+    globals: Vec<String>,
+    /// Bytes of the per-thread buffer that print arguments are packed into.
+    pub(crate) print_buffer_bytes: u32,
     /// Labels handed out so far (`$Lk1`, `$Lk2`, ...).
     labels: u32,
     /// The target being written, named by `Unsupported` errors.
@@ -131,6 +135,8 @@ impl<'k> Writer<'k> {
             warpgroup: None,
             grid: None,
             block: None,
+            globals: Vec::new(),
+            print_buffer_bytes: 0,
             labels: 0,
             target,
         }
@@ -165,6 +171,13 @@ impl<'k> Writer<'k> {
             ".version 8.0\n.target {}\n.address_size 64\n",
             target.name()
         );
+        if !self.globals.is_empty() {
+            let _ = writeln!(ptx, "{}", crate::device_print::VPRINTF_DECL);
+            for g in &self.globals {
+                let _ = writeln!(ptx, "{g}");
+            }
+            ptx.push('\n');
+        }
         let smem_bytes = self.k.schedule.smem_bytes;
         if smem_bytes > 0 {
             // TMA's 128-byte swizzle repeats every 1024 bytes; stages sit on that atom.
@@ -186,6 +199,9 @@ impl<'k> Writer<'k> {
         }
         ptx.push_str("{\n");
         ptx.push_str(&self.regs.declarations());
+        if let Some(decl) = self.print_buffer_decl() {
+            ptx.push_str(&decl);
+        }
         ptx.push('\n');
         ptx.push_str(&self.out);
         ptx.push_str("\tret;\n}\n");
@@ -322,21 +338,22 @@ impl<'k> Writer<'k> {
                     _ => return Err(self.internal(id, "not a scalar parameter")),
                 }
             }
-            OpKind::BlockId(a) | OpKind::GridDim(a) => {
+            OpKind::BlockId(a) => {
                 let r = result.ok_or_else(|| self.internal(id, "no result"))?;
-                let is_block = matches!(op.kind, OpKind::BlockId(_));
-                // A persistent kernel's blocks are its work tiles, its grid the logical one.
-                let logical = if is_block { self.block } else { self.grid };
+                let reg = self.block_index(*a as usize);
+                self.vals.insert(r, Val::Scalar(reg));
+            }
+            OpKind::GridDim(a) => {
+                let r = result.ok_or_else(|| self.internal(id, "no result"))?;
                 let reg = self.new_reg(Class::B32);
-                match logical {
+                // A persistent kernel's grid is the logical one.
+                match self.grid {
                     Some(regs) => self.mov(reg, regs[*a as usize]),
-                    None => {
-                        let sreg = if is_block { "ctaid" } else { "nctaid" };
-                        self.ins(format!("mov.u32 {reg}, %{sreg}.{}", a.name()));
-                    }
+                    None => self.ins(format!("mov.u32 {reg}, %nctaid.{}", a.name())),
                 }
                 self.vals.insert(r, Val::Scalar(reg));
             }
+            OpKind::Print { .. } => self.write_print(id)?,
             OpKind::TensorDim { tensor, dim } => {
                 let r = result.ok_or_else(|| self.internal(id, "no result"))?;
                 let reg = match self.params.get(*tensor) {
@@ -414,6 +431,11 @@ impl<'k> Writer<'k> {
         let _ = writeln!(self.out, "\t{};", s.as_ref());
     }
 
+    /// Emits a line as written (a brace opening or closing a scope).
+    pub(crate) fn line(&mut self, s: &str) {
+        let _ = writeln!(self.out, "\t{s}");
+    }
+
     /// Emits a comment line.
     pub(crate) fn comment(&mut self, s: &str) {
         let _ = writeln!(self.out, "\t// {s}");
@@ -425,6 +447,33 @@ impl<'k> Writer<'k> {
     }
 
     /// A fresh label name.
+    /// This block's index along `axis` (0 = x): a persistent kernel's blocks are its work
+    /// tiles.
+    pub(crate) fn block_index(&mut self, axis: usize) -> Reg {
+        let reg = self.new_reg(Class::B32);
+        match self.block {
+            Some(regs) => self.mov(reg, regs[axis]),
+            None => self.ins(format!("mov.u32 {reg}, %ctaid.{}", ["x", "y", "z"][axis])),
+        }
+        reg
+    }
+
+    /// A module-scope, NUL-terminated byte array holding `text`; returns its name.
+    pub(crate) fn global_string(&mut self, text: &str) -> String {
+        let name = format!("kiln_str{}", self.globals.len());
+        let bytes: Vec<String> = text
+            .bytes()
+            .chain(std::iter::once(0))
+            .map(|b| b.to_string())
+            .collect();
+        self.globals.push(format!(
+            ".global .align 1 .b8 {name}[{}] = {{{}}};",
+            bytes.len(),
+            bytes.join(", ")
+        ));
+        name
+    }
+
     pub(crate) fn new_label(&mut self) -> String {
         self.labels += 1;
         format!("$Lk{}", self.labels)

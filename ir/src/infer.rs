@@ -284,6 +284,41 @@ pub fn result_types(
             Ok(vec![])
         }
         OpKind::Yield => Ok(vec![]),
+        OpKind::Print { pieces, elements } => {
+            want(elements.len())?;
+            if pieces.len() != elements.len() + 1 {
+                return Err(format!(
+                    "print has {} text pieces for {} arguments, expected one more",
+                    pieces.len(),
+                    elements.len()
+                ));
+            }
+            for (i, (ty, element)) in operands.iter().zip(elements).enumerate() {
+                match (ty.shape(), element) {
+                    (None, None) => {}
+                    (Some(shape), Some(idx))
+                        if idx.len() == shape.rank()
+                            && idx
+                                .iter()
+                                .zip(shape.dims())
+                                .all(|(&x, &n)| (x as usize) < n) => {}
+                    (Some(_), Some(idx)) => {
+                        return Err(format!(
+                            "print argument {i}: element {idx:?} is outside the {ty} tile"
+                        ));
+                    }
+                    (Some(_), None) => {
+                        return Err(format!(
+                            "print argument {i} is a {ty} tile: print one element with `at(&tile, [..])`"
+                        ));
+                    }
+                    (None, Some(_)) => {
+                        return Err(format!("print argument {i} is a scalar, not a tile"));
+                    }
+                }
+            }
+            Ok(vec![])
+        }
     }
 }
 

@@ -401,6 +401,16 @@ pub enum OpKind {
     /// `(cond, ...) -> (results...)`: region 0 runs when `cond` is true, region 1 otherwise;
     /// both yield the results. Neither region takes arguments.
     If,
+    /// `(args...) -> ()`: prints one line per block, `[block (x, y, z)] ` and then
+    /// `pieces` with the arguments between them (see [`crate::device_print`]). A scalar
+    /// argument prints its value; a tile argument its element at the matching `elements`
+    /// index (printed by the one thread that holds it).
+    Print {
+        /// The text around the arguments: one more piece than there are arguments.
+        pieces: Vec<String>,
+        /// Per argument: `None` for a scalar, else the element of the tile to print.
+        elements: Vec<Option<Vec<u32>>>,
+    },
     /// `(values...) -> ()`: ends a region, passing values to the parent op.
     Yield,
 }

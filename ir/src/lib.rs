@@ -47,6 +47,7 @@
 
 pub mod arena;
 pub mod builder;
+pub mod device_print;
 pub mod diag;
 pub mod dsl;
 pub mod host;

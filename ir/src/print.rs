@@ -242,6 +242,20 @@ fn print_op(kernel: &Kernel, id: OpId, level: usize, out: &mut String, regions: 
         OpKind::Yield => {
             let _ = write!(line, "yield {}", values(ops));
         }
+        OpKind::Print { pieces, elements } => {
+            let args: Vec<String> = ops
+                .iter()
+                .zip(elements)
+                .map(|(v, e)| match e {
+                    Some(idx) => format!("{v}{idx:?}"),
+                    None => v.to_string(),
+                })
+                .collect();
+            let _ = write!(line, "print {:?}", pieces.join("{}"));
+            if !args.is_empty() {
+                let _ = write!(line, ", {}", args.join(", "));
+            }
+        }
     }
     let tys: Vec<String> = op
         .results

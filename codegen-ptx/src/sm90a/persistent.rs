@@ -192,7 +192,10 @@ fn scalar_only(k: &Kernel, op: OpId) -> bool {
         .all(|&r| matches!(k.ty(r), Type::Scalar(_)));
     let no_memory = !matches!(
         o.kind,
-        kiln_ir::OpKind::Load { .. } | kiln_ir::OpKind::Store { .. } | kiln_ir::OpKind::Mma
+        kiln_ir::OpKind::Load { .. }
+            | kiln_ir::OpKind::Store { .. }
+            | kiln_ir::OpKind::Print { .. }
+            | kiln_ir::OpKind::Mma
     );
     scalar_results
         && no_memory

@@ -38,6 +38,7 @@ pub mod def;
 pub mod index;
 pub mod ops;
 pub mod params;
+pub mod print;
 pub mod tensor;
 pub mod value;
 
@@ -51,5 +52,6 @@ pub use ops::{
     mma, mma_acc, recip, row_max, row_min, row_sum, rsqrt, select, sqrt, zeros,
 };
 pub use params::{ComptimeArg, comptime, comptime_map, params_for, scalar_param};
+pub use print::{PrintArg, at};
 pub use tensor::{Tensor, TileView};
 pub use value::{AsValue, Element, IntoOperand, Operand, Value};

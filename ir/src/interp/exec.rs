@@ -2,6 +2,7 @@
 
 use half::{bf16, f16};
 
+use crate::device_print::{self, PrintValue};
 use crate::kernel::{Axis, Block, Const, Kernel, OpId, OpKind, ValueId};
 use crate::print::op_str;
 use crate::types::DType;
@@ -10,7 +11,7 @@ use super::HostArg;
 use super::error::InterpError;
 use super::eval::{self, Fault};
 use super::memory;
-use super::value::Value;
+use super::value::{Elems, Value};
 
 /// The state of one run: the kernel, its arguments, the block being run and every SSA
 /// value's current contents (indexed by value handle).
@@ -20,18 +21,32 @@ pub(crate) struct Machine<'k, 'a, 'b> {
     grid: [i32; 3],
     block: [i32; 3],
     env: Vec<Option<Value>>,
+    /// The lines `print` ops wrote, when they are kept rather than written to stdout.
+    printed: Option<Vec<String>>,
 }
 
 impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
     /// A machine for `kernel` whose arguments were checked against its parameters.
-    pub(crate) fn new(kernel: &'k Kernel, args: &'b mut [HostArg<'a>], grid: [i32; 3]) -> Self {
+    /// `capture`: keep printed lines ([`Machine::printed`]) instead of writing them to stdout.
+    pub(crate) fn new(
+        kernel: &'k Kernel,
+        args: &'b mut [HostArg<'a>],
+        grid: [i32; 3],
+        capture: bool,
+    ) -> Self {
         Machine {
             kernel,
             args,
             grid,
             block: [0; 3],
             env: vec![None; kernel.values.len()],
+            printed: capture.then(Vec::new),
         }
+    }
+
+    /// The lines printed so far, when captured.
+    pub(crate) fn printed(self) -> Vec<String> {
+        self.printed.unwrap_or_default()
     }
 
     /// Runs every block of the grid, z outermost and x innermost.
@@ -179,6 +194,33 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
                     &coords,
                     shape.dims(),
                 )]
+            }
+            OpKind::Print { pieces, elements } => {
+                let mut values = Vec::with_capacity(elements.len());
+                for (&v, element) in op.operands.iter().zip(elements) {
+                    let value = self.get(id, v)?;
+                    let flat = match element {
+                        None => 0,
+                        Some(idx) => idx
+                            .iter()
+                            .zip(&value.dims)
+                            .fold(0, |at, (&i, &n)| at * n + i as usize),
+                    };
+                    values.push(
+                        match &value.elems {
+                            Elems::F(x) => x.get(flat).map(|&x| PrintValue::Float(f64::from(x))),
+                            Elems::I(x) => x.get(flat).map(|&x| PrintValue::Int(i64::from(x))),
+                            Elems::B(x) => x.get(flat).map(|&x| PrintValue::Int(i64::from(x))),
+                        }
+                        .ok_or_else(|| self.internal(id))?,
+                    );
+                }
+                let line = device_print::format_line(self.block, pieces, &values);
+                match &mut self.printed {
+                    Some(lines) => lines.push(line),
+                    None => println!("{line}"),
+                }
+                Vec::new()
             }
             OpKind::Store { tensor } => {
                 let (value, coord_ids) =

@@ -55,14 +55,35 @@ pub enum HostArg<'a> {
 
 /// Runs `kernel` over `grid` (blocks along x, y, z) with `args` in parameter order. The
 /// kernel is verified first and every argument checked against its parameter.
+/// Its `print` ops write their lines to stdout.
 pub fn run(kernel: &Kernel, grid: [u32; 3], args: &mut [HostArg<'_>]) -> Result<(), InterpError> {
+    run_with(kernel, grid, args, false).map(drop)
+}
+
+/// [`run`], returning the lines its `print` ops wrote instead of writing them to stdout.
+pub fn run_captured(
+    kernel: &Kernel,
+    grid: [u32; 3],
+    args: &mut [HostArg<'_>],
+) -> Result<Vec<String>, InterpError> {
+    run_with(kernel, grid, args, true)
+}
+
+fn run_with(
+    kernel: &Kernel,
+    grid: [u32; 3],
+    args: &mut [HostArg<'_>],
+    capture: bool,
+) -> Result<Vec<String>, InterpError> {
     verify(kernel).map_err(InterpError::Verify)?;
     memory::check_args(&kernel.params, args)?;
     let mut g = [0i32; 3];
     for ((slot, extent), axis) in g.iter_mut().zip(grid).zip(["x", "y", "z"]) {
         *slot = i32::try_from(extent).map_err(|_| InterpError::GridTooLarge { axis, extent })?;
     }
-    exec::Machine::new(kernel, args, g).run_grid()
+    let mut machine = exec::Machine::new(kernel, args, g, capture);
+    machine.run_grid()?;
+    Ok(machine.printed())
 }
 
 /// Builds `def` for `comptime` and runs it. The [`Spec`] takes `comptime` as given and marks a

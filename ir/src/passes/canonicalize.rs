@@ -54,7 +54,11 @@ pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {
                 let o = &kernel.ops[op];
                 let pure = !matches!(
                     o.kind,
-                    OpKind::Store { .. } | OpKind::For { .. } | OpKind::If | OpKind::Yield
+                    OpKind::Store { .. }
+                        | OpKind::Print { .. }
+                        | OpKind::For { .. }
+                        | OpKind::If
+                        | OpKind::Yield
                 );
                 pure && o.results.iter().all(|r| !uses.contains_key(r))
             })

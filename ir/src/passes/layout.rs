@@ -247,6 +247,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 | OpKind::Iota { .. }
                 | OpKind::Transpose
                 | OpKind::Store { .. }
+                | OpKind::Print { .. }
                 | OpKind::Yield => {}
             }
         }

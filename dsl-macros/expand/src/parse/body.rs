@@ -9,8 +9,16 @@ use syn::{Block, Expr, ExprMacro, Ident, Item, Local, Macro, Pat, StmtMacro};
 
 use super::Errors;
 
-/// Macros a kernel body may use: they only format text, so tracing is unaffected.
-const ALLOWED_MACROS: &[&str] = &["println", "eprintln", "format", "stringify", "concat"];
+/// Macros a kernel body may use: `kprint!` (a print in the kernel) and those that only
+/// format text while tracing.
+const ALLOWED_MACROS: &[&str] = &[
+    "kprint",
+    "println",
+    "eprintln",
+    "format",
+    "stringify",
+    "concat",
+];
 
 /// Records an error for every unsupported construct in `block`.
 pub fn check_body(block: &Block, errors: &mut Errors) {
