@@ -21,6 +21,7 @@ mod device_print;
 mod memory;
 mod mma;
 pub mod ptxas;
+mod sm100a;
 mod sm90a;
 mod sync;
 pub mod types;

@@ -151,13 +151,18 @@ impl<'k> Writer<'k> {
         let slots = abi::slots_with_maps(&self.k.params, &tma, tiles.is_some())
             .map_err(|e| self.unsupported_msg(e.to_string()))?;
         let roles = self.k.schedule.roles;
-        let threads = roles.map_or(32 * self.k.options.num_warps, |r| r.threads());
+        let threads = match (&self.k.schedule.tmem, roles) {
+            (Some(plan), _) => plan.roles.threads(),
+            (None, Some(r)) => r.threads(),
+            (None, None) => 32 * self.k.options.num_warps,
+        };
         self.write_prologue(&slots)?;
         match tiles {
             Some(tiles) => self.write_persistent(tiles)?,
             None => {
                 let body = self.k.body.clone();
                 self.write_block(&body)?;
+                self.finish_tma_stores();
             }
         }
         let mut ptx = String::new();
@@ -168,7 +173,13 @@ impl<'k> Writer<'k> {
         );
         let _ = writeln!(
             ptx,
-            ".version 8.0\n.target {}\n.address_size 64\n",
+            ".version {}\n.target {}\n.address_size 64\n",
+            // tcgen05 and `.target sm_100a` need PTX ISA 8.6 (ptx-notes §1).
+            if target == Target::Sm100a {
+                "8.6"
+            } else {
+                "8.0"
+            },
             target.name()
         );
         if !self.globals.is_empty() {
@@ -290,7 +301,9 @@ impl<'k> Writer<'k> {
                 }
             }
         }
+        self.write_tmem_setup()?;
         self.write_ring_init();
+        self.write_tmem_publish();
         Ok(())
     }
 
@@ -417,7 +430,11 @@ impl<'k> Writer<'k> {
             OpKind::Load { .. } => self.write_load(id)?,
             OpKind::Store { .. } => self.write_store(id)?,
             OpKind::For { .. } if self.k.schedule.rings.contains_key(&id) => {
-                self.write_ring_loop(id)?
+                if self.k.schedule.tmem.is_some() {
+                    self.write_tcgen05_ring_loop(id)?
+                } else {
+                    self.write_ring_loop(id)?
+                }
             }
             OpKind::For { .. } => self.write_for(id)?,
             OpKind::If => self.write_if(id)?,

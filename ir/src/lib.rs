@@ -61,6 +61,7 @@ pub mod schedule;
 pub mod target;
 pub mod tile_scheduler;
 pub mod tma_store;
+pub mod tmem;
 pub mod types;
 pub mod verify;
 

@@ -63,6 +63,9 @@ pub fn print_kernel(kernel: &Kernel) -> String {
     if let Some(roles) = &kernel.schedule.roles {
         let _ = writeln!(out, "{roles}");
     }
+    if let Some(plan) = &kernel.schedule.tmem {
+        let _ = writeln!(out, "{plan}");
+    }
     if let Some(tiles) = &kernel.schedule.tiles {
         let _ = writeln!(out, "{tiles}");
     }

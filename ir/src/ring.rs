@@ -133,6 +133,19 @@ pub enum Step {
         /// Which warpgroups run the step.
         who: Who,
     },
+    /// sm_100a: the body's `mma`s as `tcgen05.mma`, issued by one thread of the MMA warp from
+    /// stage `i % stages` into the tensor-memory accumulator ([`crate::tmem`]); asynchronous
+    /// until a [`Step::Tcgen05Commit`] after them.
+    Tcgen05Mma,
+    /// sm_100a: `tcgen05.commit` to `bar[(i - lag) % stages]`: one arrival there once every
+    /// `tcgen05.mma` the thread issued before it has completed (so a stage is released when
+    /// the mmas reading it are done, with no wait in the issuing thread).
+    Tcgen05Commit {
+        /// The barrier array.
+        bar: Bar,
+        /// How many iterations back the released stage was used.
+        lag: u32,
+    },
 }
 
 /// Which consumer warpgroups run a ping-pong step.
@@ -172,9 +185,10 @@ impl Step {
             | Step::Tma { .. }
             | Step::TmaOnce { .. }
             | Step::ArriveExpectTx { .. }
-            | Step::GenericWrite { .. } => Some(0),
+            | Step::GenericWrite { .. }
+            | Step::Tcgen05Mma => Some(0),
             Step::IssueTail => Some(1),
-            Step::Arrive { lag, .. } => Some(lag),
+            Step::Arrive { lag, .. } | Step::Tcgen05Commit { lag, .. } => Some(lag),
             Step::Commit
             | Step::WaitGroup(_)
             | Step::FenceProxyAsync
@@ -512,6 +526,8 @@ impl fmt::Display for Step {
             Step::Handoff => f.write_str("handoff[i]"),
             Step::TurnWait { who } => write!(f, "turn.wait{who}"),
             Step::TurnPass { who } => write!(f, "turn.pass{who}"),
+            Step::Tcgen05Mma => f.write_str("tcgen05.mma"),
+            Step::Tcgen05Commit { bar, lag } => write!(f, "tcgen05.commit {bar}[i-{lag}]"),
         }
     }
 }

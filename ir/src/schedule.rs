@@ -315,6 +315,9 @@ pub struct Schedule {
     /// sm_90a: epilogue stores lowered to TMA stores, keyed by their `store` (`tma_store`
     /// pass).
     pub tma_stores: BTreeMap<OpId, crate::tma_store::TmaStore>,
+    /// sm_100a: the roles, tensor-memory accumulator and tcgen05 descriptors of the ring
+    /// loop (`tmem` pass).
+    pub tmem: Option<crate::tmem::TmemPlan>,
 }
 
 impl Schedule {

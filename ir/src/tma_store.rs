@@ -13,6 +13,10 @@
 //!    meet again;
 //! 3. the issuing thread stores every box and commits the bulk group.
 //!
+//!
+//! When shared memory has no room for the whole tile, the staging tile holds a part of it
+//! (`1 / rounds` of the boxes) and the three steps run once per part.
+//!
 //! Before the consumers exit the issuing thread waits for every bulk group.
 
 use std::fmt;
@@ -33,8 +37,11 @@ pub struct TmaStore {
     pub box_dims: [u32; 2],
     /// Swizzle span in bytes (the box row's bytes, 128).
     pub swizzle: u32,
-    /// The boxes that make up the tile, left to right.
+    /// The boxes that make up the tile, left to right; their shared offsets are inside the
+    /// staging tile, which box `j` takes in round `j / (boxes / rounds)`.
     pub boxes: Vec<TmaBox>,
+    /// How many parts the tile is staged in (a power of two dividing the box count).
+    pub rounds: u32,
     /// Byte offset of the staging tile in dynamic shared memory (1024-aligned).
     pub offset: u32,
     /// Named barrier id the storing threads meet at.
@@ -44,9 +51,30 @@ pub struct TmaStore {
 }
 
 impl TmaStore {
+    /// Bytes of one box.
+    pub fn box_bytes(&self) -> u32 {
+        self.box_dims[0] * self.box_dims[1] * 2
+    }
+
+    /// Boxes staged at once.
+    pub fn boxes_per_round(&self) -> u32 {
+        self.boxes.len() as u32 / self.rounds
+    }
+
     /// Bytes of the staging tile.
     pub fn bytes(&self) -> u32 {
-        self.box_dims[0] * self.box_dims[1] * 2 * self.boxes.len() as u32
+        self.box_bytes() * self.boxes_per_round()
+    }
+
+    /// This store staged in `rounds` parts (a power of two dividing the box count).
+    pub fn in_rounds(&self, rounds: u32) -> TmaStore {
+        let mut st = self.clone();
+        st.rounds = rounds;
+        let (per, bytes) = (st.boxes_per_round(), st.box_bytes());
+        for (j, b) in st.boxes.iter_mut().enumerate() {
+            b.smem_offset = (j as u32 % per) * bytes;
+        }
+        st
     }
 
     /// The tensor map's box extents, outermost first: 1 for every lead dimension, then
@@ -62,7 +90,7 @@ impl fmt::Display for TmaStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "  tma store {} param{} via smem @{} ({} B): {} box(es) {}x{} sw{}; \
+            "  tma store {} param{} via smem @{} ({} B): {} box(es) {}x{} sw{} in {} round(s); \
              {} threads meet at bar {}",
             self.store,
             self.param,
@@ -72,6 +100,7 @@ impl fmt::Display for TmaStore {
             self.box_dims[0],
             self.box_dims[1],
             self.swizzle,
+            self.rounds,
             self.threads,
             self.barrier
         )

@@ -258,16 +258,20 @@ fn attention_tensor_maps_are_rank_4_boxes() {
 
 #[test]
 fn epilogue_stores_go_through_a_staging_tile_and_tma() {
-    // (kernel, overrides, boxes of 64 columns, the ring's stages, split)
-    let cases: [(&str, &[(&str, &str)], usize, u32, bool); 4] = [
-        ("gemm", &[], 2, 3, false),
-        ("gemm", &[("BN", "256")], 4, 3, false),
-        ("attention", &[("d", "64")], 1, 3, false),
+    // (kernel, overrides, boxes of 64 columns, rounds, the ring's stages, split)
+    let cases: [(&str, &[(&str, &str)], usize, u32, u32, bool); 6] = [
+        ("gemm", &[], 2, 1, 3, false),
+        ("gemm", &[("BN", "256")], 4, 1, 3, false),
+        // 4 stages of 48 KB leave room for half the 64 KB tile: two rounds.
+        ("gemm", &[("BN", "256"), ("STAGES", "4")], 4, 2, 4, false),
+        ("attention", &[("d", "64")], 1, 1, 3, false),
         // The third stage of d = 128 with 128-key blocks gives way to the staging tile: the
         // ring is split instead.
-        ("attention", &[("block_n", "128")], 2, 2, true),
+        ("attention", &[("block_n", "128")], 2, 1, 2, true),
+        // d = 256 (Q 64 KB, two 64 KB stages): half its 64 KB output at a time.
+        ("attention", &[("d", "256")], 4, 2, 2, true),
     ];
-    for (name, overrides, boxes, stages, split) in cases {
+    for (name, overrides, boxes, rounds, stages, split) in cases {
         let kernel = ptx_examples::build(name, overrides);
         let k = scheduled(&kernel);
         let [st] = &k.schedule.tma_stores.values().collect::<Vec<_>>()[..] else {
@@ -275,27 +279,40 @@ fn epilogue_stores_go_through_a_staging_tile_and_tma() {
         };
         let ring = k.schedule.rings.values().next().expect("one ring");
         assert_eq!(
-            (st.boxes.len(), ring.stages, !ring.tail_loads.is_empty()),
-            (boxes, stages, split),
+            (
+                st.boxes.len(),
+                st.rounds,
+                ring.stages,
+                !ring.tail_loads.is_empty()
+            ),
+            (boxes, rounds, stages, split),
             "{name} {overrides:?}"
         );
         assert!(st.offset.is_multiple_of(1024) && st.offset + st.bytes() <= k.schedule.smem_bytes);
         let m = kiln_ptx::compile(&kernel, Target::Sm90a).expect("compile");
         let issued = m.ptx.matches(".global.shared::cta.bulk_group").count();
-        assert_eq!(issued, boxes, "{name} {overrides:?}: one bulk store per box");
-        for needed in [
-            "cp.async.bulk.wait_group.read 0",
-            "fence.proxy.async.shared::cta",
-            "cp.async.bulk.commit_group",
-            "cp.async.bulk.wait_group 0",
+        assert_eq!(
+            issued, boxes,
+            "{name} {overrides:?}: one bulk store per box"
+        );
+        // Per round: wait until the last store read the staging tile, write, fence, issue.
+        for (needed, count) in [
+            ("cp.async.bulk.wait_group.read 0", rounds),
+            ("fence.proxy.async.shared::cta", rounds),
+            ("cp.async.bulk.commit_group", rounds),
+            ("cp.async.bulk.wait_group 0", 1),
         ] {
-            assert!(m.ptx.contains(needed), "{name} {overrides:?}: {needed}");
+            assert_eq!(
+                m.ptx.matches(needed).count() as u32,
+                count,
+                "{name} {overrides:?}: {needed}"
+            );
         }
-        assert!(!m.ptx.contains("st.global"), "{name} {overrides:?}: no register stores");
+        assert!(
+            !m.ptx.contains("st.global"),
+            "{name} {overrides:?}: no register stores"
+        );
     }
-    // d = 256 has no room for its 64 KB staging tile: its store stays in registers.
-    let k = scheduled(&ptx_examples::build("attention", &[("d", "256")]));
-    assert!(k.schedule.tma_stores.is_empty());
 }
 
 #[test]

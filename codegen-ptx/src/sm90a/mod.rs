@@ -52,16 +52,16 @@ pub(crate) fn tensor_maps(k: &Kernel) -> Vec<TensorMapSpec> {
 /// the previous iteration (for releases with lag 1) and the iterations run in this tile; in a
 /// persistent kernel also the parity of the work tile (the once barriers' phase).
 pub(crate) struct Cursor {
-    stage: Reg,
-    prev: Reg,
-    count: Reg,
+    pub(crate) stage: Reg,
+    pub(crate) prev: Reg,
+    pub(crate) count: Reg,
     phases: Vec<(Bar, Reg)>,
     tile_parity: Option<Reg>,
 }
 
 impl Writer<'_> {
     /// Shared address of `bar[stage]` of `ring` (the `once` barrier has no stages).
-    fn bar_addr(&mut self, ring: &Ring, bar: Bar, stage: Reg) -> Reg {
+    pub(crate) fn bar_addr(&mut self, ring: &Ring, bar: Bar, stage: Reg) -> Reg {
         let a = self.new_reg(Class::B32);
         let off = match bar {
             Bar::Full => ring.full_offset,
@@ -220,7 +220,7 @@ impl Writer<'_> {
     }
 
     /// The `for`'s lower bound, upper bound and step.
-    fn loop_bounds(&mut self, id: OpId) -> Result<[Reg; 3], CodegenError> {
+    pub(crate) fn loop_bounds(&mut self, id: OpId) -> Result<[Reg; 3], CodegenError> {
         let op = self.k.ops[id].clone();
         Ok([
             self.scalar(op.operands[0], id)?,
@@ -258,7 +258,7 @@ impl Writer<'_> {
     /// The producer's side of the ring: its once program, then its loop over the iterations;
     /// a persistent ring issues the first iteration before the once program (its stage is
     /// free before the consumers release the previous tile's once tiles).
-    fn write_producer(
+    pub(crate) fn write_producer(
         &mut self,
         id: OpId,
         ring: &Ring,
@@ -381,7 +381,9 @@ impl Writer<'_> {
             | Step::Between
             | Step::Handoff
             | Step::TurnWait { .. }
-            | Step::TurnPass { .. } => {
+            | Step::TurnPass { .. }
+            | Step::Tcgen05Mma
+            | Step::Tcgen05Commit { .. } => {
                 return Err(self.internal(id, format!("producer step `{s}`")));
             }
         }
@@ -473,7 +475,9 @@ impl Writer<'_> {
             | Step::Between
             | Step::Handoff
             | Step::TurnWait { .. }
-            | Step::TurnPass { .. } => {
+            | Step::TurnPass { .. }
+            | Step::Tcgen05Mma
+            | Step::Tcgen05Commit { .. } => {
                 return Err(self.internal(id, format!("consumer step `{s}` outside the body")));
             }
         }

@@ -219,7 +219,9 @@ impl Writer<'_> {
             | Step::Tma { .. }
             | Step::TmaOnce { .. }
             | Step::GenericWrite { .. }
-            | Step::Mma => {
+            | Step::Mma
+            | Step::Tcgen05Mma
+            | Step::Tcgen05Commit { .. } => {
                 return Err(self.internal(r.id, format!("`{s}` in a rotated consumer program")));
             }
         }

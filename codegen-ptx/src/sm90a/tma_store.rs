@@ -27,10 +27,14 @@ impl Writer<'_> {
         let d = self.dist(v, id)?;
         let leader = self.store_leader();
         let (threads, barrier) = (st.threads, st.barrier);
-
-        self.comment("TMA store: the staging tile is free once the previous store has read it");
-        self.ins(format!("@{leader} cp.async.bulk.wait_group.read 0"));
-        self.ins(format!("bar.sync {barrier}, {threads}"));
+        let map = *self
+            .tmaps
+            .get(&st.param)
+            .ok_or_else(|| self.internal(id, "a TMA store without a tensor map"))?;
+        let rank = st.lead_dims as usize + 2;
+        let (lead, &[row, col]) = coords.split_at(coords.len().saturating_sub(2)) else {
+            return Err(self.internal(id, "a TMA store with fewer than 2 coordinates"));
+        };
         // Element (r, c) of box j sits at j * box + r * 128 + ((c / 8) ^ (r % 8)) * 16 +
         // (c % 8) * 2 (128-byte swizzle). A thread's rows differ by multiples of 8, so they
         // share the phase r % 8; its columns stay inside one 16-byte chunk per 8.
@@ -43,58 +47,64 @@ impl Writer<'_> {
         self.ins(format!("mad.lo.u32 {base}, {rb}, 128, {base}"));
         self.ins(format!("mad.lo.u32 {base}, {cb}, 2, {base}"));
         self.ins(format!("and.b32 {phase}, {rb}, 7"));
-        let box_bytes = st.box_dims[0] * 128;
+        let (box_bytes, per_round) = (st.box_bytes(), st.boxes_per_round());
         let mut chunks: BTreeMap<u32, Reg> = BTreeMap::new();
-        for (offs, pair) in d.regs.chunks(2).zip(regs.chunks(2)) {
-            let (ro, co) = (offs[0][0], offs[0][1]);
-            let (box_index, col) = (co / 64, co % 64);
-            let chunk = col / 8;
-            let at = match chunks.get(&chunk) {
-                Some(&r) => r,
-                None => {
-                    let r = self.new_reg(Class::B32);
-                    self.ins(format!("xor.b32 {r}, {phase}, {chunk}"));
-                    self.ins(format!("mad.lo.u32 {r}, {r}, 16, {base}"));
-                    chunks.insert(chunk, r);
-                    r
+        for round in 0..st.rounds {
+            self.comment(&format!(
+                "TMA store, part {} of {}: the staging tile is free once the previous store \
+                 has read it",
+                round + 1,
+                st.rounds
+            ));
+            self.ins(format!("@{leader} cp.async.bulk.wait_group.read 0"));
+            self.ins(format!("bar.sync {barrier}, {threads}"));
+            for (offs, pair) in d.regs.chunks(2).zip(regs.chunks(2)) {
+                let (ro, co) = (offs[0][0], offs[0][1]);
+                let (box_index, c) = (co / 64, co % 64);
+                if box_index / per_round != round {
+                    continue;
                 }
-            };
-            let imm = box_index * box_bytes + ro * 128 + (col % 8) * 2;
-            let packed = self.new_reg(Class::B32);
-            self.ins(format!("mov.b32 {packed}, {{{}, {}}}", pair[0], pair[1]));
-            self.ins(format!("st.shared.b32 [{at}+{imm}], {packed}"));
-        }
-        self.ins("fence.proxy.async.shared::cta");
-        self.ins(format!("bar.sync {barrier}, {threads}"));
+                let chunk = c / 8;
+                let at = match chunks.get(&chunk) {
+                    Some(&r) => r,
+                    None => {
+                        let r = self.new_reg(Class::B32);
+                        self.ins(format!("xor.b32 {r}, {phase}, {chunk}"));
+                        self.ins(format!("mad.lo.u32 {r}, {r}, 16, {base}"));
+                        chunks.insert(chunk, r);
+                        r
+                    }
+                };
+                let imm = (box_index % per_round) * box_bytes + ro * 128 + (c % 8) * 2;
+                let packed = self.new_reg(Class::B32);
+                self.ins(format!("mov.b32 {packed}, {{{}, {}}}", pair[0], pair[1]));
+                self.ins(format!("st.shared.b32 [{at}+{imm}], {packed}"));
+            }
+            self.ins("fence.proxy.async.shared::cta");
+            self.ins(format!("bar.sync {barrier}, {threads}"));
 
-        let skip = self.new_label();
-        self.ins(format!("@!{leader} bra {skip}"));
-        let map = *self
-            .tmaps
-            .get(&st.param)
-            .ok_or_else(|| self.internal(id, "a TMA store without a tensor map"))?;
-        let rank = st.lead_dims as usize + 2;
-        let (lead, &[row, col]) = coords.split_at(coords.len().saturating_sub(2)) else {
-            return Err(self.internal(id, "a TMA store with fewer than 2 coordinates"));
-        };
-        for b in &st.boxes {
-            let (src, x) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-            self.ins(format!(
-                "add.u32 {src}, {}, {}",
-                self.smem,
-                st.offset + b.smem_offset
-            ));
-            self.ins(format!("add.s32 {x}, {col}, {}", b.origin[1]));
-            // Innermost dimension first.
-            let mut at = vec![x.to_string(), row.to_string()];
-            at.extend(lead.iter().rev().map(Reg::to_string));
-            self.ins(format!(
-                "cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group [{map}, {{{}}}], [{src}]",
-                at.join(", ")
-            ));
+            let skip = self.new_label();
+            self.ins(format!("@!{leader} bra {skip}"));
+            let boxes = &st.boxes[(round * per_round) as usize..((round + 1) * per_round) as usize];
+            for b in boxes {
+                let (src, x) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+                self.ins(format!(
+                    "add.u32 {src}, {}, {}",
+                    self.smem,
+                    st.offset + b.smem_offset
+                ));
+                self.ins(format!("add.s32 {x}, {col}, {}", b.origin[1]));
+                // Innermost dimension first.
+                let mut at = vec![x.to_string(), row.to_string()];
+                at.extend(lead.iter().rev().map(Reg::to_string));
+                self.ins(format!(
+                    "cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group [{map}, {{{}}}], [{src}]",
+                    at.join(", ")
+                ));
+            }
+            self.ins("cp.async.bulk.commit_group");
+            self.label(&skip);
         }
-        self.ins("cp.async.bulk.commit_group");
-        self.label(&skip);
         Ok(())
     }
 

@@ -130,7 +130,7 @@ impl Geometry {
 
 impl Writer<'_> {
     /// A descriptor of the matrix starting at shared address `addr` with constant fields `t`.
-    fn descriptor(&mut self, addr: Reg, t: u64) -> Reg {
+    pub(crate) fn descriptor(&mut self, addr: Reg, t: u64) -> Reg {
         let d = self.new_reg(Class::B64);
         self.ins(format!("cvt.u64.u32 {d}, {addr}"));
         self.ins(format!("shr.u64 {d}, {d}, 4"));

@@ -48,6 +48,21 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             kernel.options.num_warps = (rows / 16) as u32;
         }
     }
+    // sm_100a: a 128-row tcgen05 accumulator lives in the 128 TMEM lanes; the epilogue reads
+    // it with one warp per 32 lanes (`kiln_ir::tmem`), so those are the kernel's warps.
+    let tmem_rows = |kernel: &Kernel| {
+        order.iter().any(|&id| {
+            kernel.ops[id].kind == OpKind::Mma
+                && kernel
+                    .ty(kernel.ops[id].results[0])
+                    .shape()
+                    .map(Shape::rows)
+                    == Some(crate::tmem::ACC_ROWS as usize)
+        })
+    };
+    if target == Target::Sm100a && all_aligned && tmem_rows(kernel) {
+        kernel.options.num_warps = crate::tmem::ACC_ROWS / 32;
+    }
     let warps = kernel.options.num_warps;
     let mut reduce_dims = [false; 2];
     let mut register_a = false;
@@ -129,8 +144,15 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                     // unless a tensor is not 16-byte aligned (no TMA: the sm_80 lowering).
                     let wgmma_rows =
                         target == Target::Sm90a && all_aligned && shape.rows() as u32 == 16 * warps;
-                    let l = Layout::Mma {
-                        warps: warp_grid(&shape, warps, rows_per_warp || wgmma_rows),
+                    let tcgen05 = target == Target::Sm100a
+                        && all_aligned
+                        && shape.rows() as u32 == crate::tmem::ACC_ROWS;
+                    let l = if tcgen05 {
+                        crate::tmem::accumulator_layout(shape.cols() as u32, warps)
+                    } else {
+                        Layout::Mma {
+                            warps: warp_grid(&shape, warps, rows_per_warp || wgmma_rows),
+                        }
                     };
                     if let Some(&c) = op.operands.get(2) {
                         set(&mut layouts, c, l.clone());

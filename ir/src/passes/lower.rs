@@ -6,13 +6,14 @@
 //! iterations ahead as cp.async groups. sm_90a: the same, except for loops the `pipeline`
 //! pass scheduled as TMA rings; a kernel whose `mma`s are not all in rings is reported as not
 //! implemented unless a tensor is not 16-byte aligned (then the sm_80 lowering is the
-//! documented fallback). sm_100a is reported as not implemented.
+//! documented fallback). sm_100a: the same as sm_90a (its rings' mmas become tcgen05.mma,
+//! planned by the `tmem` pass).
 //! Rewrites no op.
 
 use std::collections::BTreeSet;
 
 use crate::diag::Diagnostic;
-use crate::kernel::{Kernel, Loc, OpId, OpKind, ValueId};
+use crate::kernel::{Kernel, OpId, OpKind, ValueId};
 use crate::schedule::LoopPlan;
 use crate::target::Target;
 
@@ -22,18 +23,7 @@ use super::walk::{defining_op, ops_in_order};
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     match target {
         Target::Sm80 => {}
-        Target::Sm90a => super::pipeline::check_covered(kernel)?,
-        Target::Sm100a => {
-            let loc = kernel
-                .body
-                .ops
-                .first()
-                .map_or(Loc::default(), |&o| kernel.ops[o].loc);
-            return Err(
-                Diagnostic::new(loc, format!("target {target} is not implemented yet"))
-                    .note("compile for sm_80, which runs on Hopper and Blackwell GPUs"),
-            );
-        }
+        Target::Sm90a | Target::Sm100a => super::pipeline::check_covered(kernel, target)?,
     }
     let mut loops = std::collections::BTreeMap::new();
     for id in ops_in_order(kernel) {

@@ -14,6 +14,7 @@ pub mod persistent;
 pub mod pipeline;
 pub mod protocol_check;
 pub mod tma_store;
+pub mod tmem;
 pub mod verify;
 pub mod warp_specialise;
 
@@ -48,10 +49,10 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
         "place shared-memory buffers, multi-buffered in pipelined loops",
         memory_plan::run,
     ),
-    // sm_90a: needs the buffers; re-places them for TMA and adds the barrier rings.
+    // sm_90a, sm_100a: needs the buffers; re-places them for TMA and adds the barrier rings.
     (
         "pipeline",
-        "sm_90a: TMA stage rings with full/empty mbarriers and phase bits",
+        "sm_90a, sm_100a: TMA stage rings with full/empty mbarriers and phase bits",
         pipeline::run,
     ),
     // sm_90a: needs to know whether any ring exists.
@@ -77,8 +78,15 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
     // them) and the tile loop (the staging tile is reused from tile to tile).
     (
         "tma_store",
-        "sm_90a: epilogue stores through a swizzled staging tile and TMA",
+        "sm_90a, sm_100a: epilogue stores through a swizzled staging tile and TMA",
         tma_store::run,
+    ),
+    // sm_100a: needs the final shared-memory plan (its address slot and accumulator barriers
+    // go after everything else) and the ring (whose mma it lowers to tcgen05).
+    (
+        "tmem",
+        "sm_100a: TMEM accumulator, MMA/epilogue roles, tcgen05 descriptors",
+        tmem::run,
     ),
     // Target checks and pipelining plans rely on the buffers' stage counts and the rings.
     (
@@ -89,24 +97,24 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
     // Last: proves the final schedule's barrier protocol.
     (
         "protocol_check",
-        "sm_90a: prove the rings' barrier protocol (arrives, tx bytes, phases, fences)",
+        "sm_90a, sm_100a: prove the rings' barrier protocol (arrives, tx bytes, phases, fences) \
+         and TMEM ownership",
         protocol_check::run,
     ),
 ];
 
-/// Whether pass `name` does anything on `target`: the sm_90a scheduling passes are skipped
-/// (and not observed) elsewhere, so other targets' dumps do not repeat unchanged kernels.
+/// Whether pass `name` does anything on `target`: the scheduling passes of sm_90a and sm_100a
+/// are skipped (and not observed) elsewhere, so other targets' dumps do not repeat unchanged
+/// kernels.
 pub fn applies(name: &str, target: Target) -> bool {
-    target == Target::Sm90a
-        || !matches!(
-            name,
-            "pipeline"
-                | "warp_specialise"
-                | "overlap"
-                | "persistent"
-                | "tma_store"
-                | "protocol_check"
-        )
+    match name {
+        "warp_specialise" | "overlap" | "persistent" => target == Target::Sm90a,
+        "pipeline" | "tma_store" | "protocol_check" => {
+            matches!(target, Target::Sm90a | Target::Sm100a)
+        }
+        "tmem" => target == Target::Sm100a,
+        _ => true,
+    }
 }
 
 /// Runs every pass in order, calling `observe(pass_name, kernel)` after each.

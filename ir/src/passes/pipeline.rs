@@ -2,6 +2,11 @@
 //! TMA stage [`Ring`] with `full`/`empty` mbarrier arrays and the producer and consumer
 //! programs (see [`crate::ring`]).
 //!
+//! sm_100a takes the same rings for a kernel whose mma tile has 128 rows and 4 warps (the
+//! epilogue warps of `crate::tmem`, one per 32 accumulator rows): its consumer program is one
+//! thread's `tcgen05.mma`s, each stage released by a `tcgen05.commit` to its `empty` barrier
+//! (count 1), with no drain.
+//!
 //! In a kernel whose mma tiles have 128 rows (two consumer warpgroups of 4 warps, the count
 //! the layout pass sets on sm_90a), a top-level `for` with `stages >= 2` becomes a ring when
 //! every `mma(x, y[, acc])` at the top of its body has a shape and operands wgmma takes:
@@ -47,15 +52,15 @@ use crate::types::DType;
 use super::lower::hoistable;
 use super::walk::{all_aligned16, first_ring_loc};
 
-/// Plans rings on sm_90a; does nothing on other targets.
+/// Plans rings on sm_90a and sm_100a; does nothing on other targets.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
-    if target != Target::Sm90a {
+    if !matches!(target, Target::Sm90a | Target::Sm100a) {
         return Ok(());
     }
     let warps = kernel.options.num_warps;
     let mut rings = BTreeMap::new();
     for &id in &kernel.body.ops {
-        if let Some(ring) = plan_loop(kernel, id, warps) {
+        if let Some(ring) = plan_loop(kernel, id, warps, target) {
             rings.insert(id, ring);
         }
     }
@@ -152,8 +157,14 @@ struct MmaPlan {
     n: u32,
 }
 
+/// Accumulator rows per consumer warp: 16 for wgmma (64 per warpgroup); 32 on sm_100a, where
+/// each epilogue warp reads its 32 TMEM lanes (`crate::tmem`).
+fn rows_per_warp(target: Target) -> u32 {
+    if target == Target::Sm100a { 32 } else { 16 }
+}
+
 /// The ring of loop `id`, when it has the shape described in the module doc.
-fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
+fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Ring> {
     let OpKind::For {
         stages: Some(stages),
     } = kernel.ops[id].kind
@@ -162,7 +173,9 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
     };
     // Two consumer warpgroups plus the producer: the 384-thread block whose register split
     // (entry 168, then 40 / 232) ptx-notes §5 verified on the H200.
-    if stages < 2 || warps != 8 {
+    // sm_100a: one 128-row tcgen05 accumulator, read by four epilogue warps.
+    let consumer_warps = if target == Target::Sm100a { 4 } else { 8 };
+    if stages < 2 || warps != consumer_warps {
         return None;
     }
     let body = &kernel.ops[id].regions[0];
@@ -180,14 +193,14 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
     }
     let plans = mmas
         .iter()
-        .map(|&m| plan_mma(kernel, m, warps, &inside))
+        .map(|&m| plan_mma(kernel, m, warps, target, &inside))
         .collect::<Option<Vec<MmaPlan>>>()?;
     // Ring loads in order of use (A before B); once loads are A tiles loaded before the loop.
     let mut ring_loads: Vec<(OpId, Operand, u32, u32)> = Vec::new();
     let mut once_loads: Vec<(OpId, u32, u32)> = Vec::new();
     for p in &plans {
         if let Some(a) = p.a {
-            let rows = 16 * warps;
+            let rows = rows_per_warp(target) * warps;
             if inside.contains(&a) {
                 ring_loads.push((a, Operand::KMajorA, rows, p.k));
             } else {
@@ -243,23 +256,23 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
     // group in flight and releases the previous stage (lag 1, drained after the loop); a
     // body that reads its products waits for each and releases the stage it just used.
     let lag = u32::from(overlaps(kernel, id));
-    let consumer = vec![
-        Step::Wait {
-            bar: Bar::Full,
-            start: 0,
-        },
-        Step::Mma,
-        Step::Commit,
-        Step::WaitGroup(lag),
-        Step::Arrive {
-            bar: Bar::Empty,
-            lag,
-        },
-    ];
-    let consumer_drain = if lag > 0 {
-        vec![Step::WaitGroup(0)]
+    // sm_100a: one thread issues the tcgen05.mmas, and a commit releases the stage when they
+    // complete, so nothing is kept in flight by hand and nothing drains.
+    let (consumer, consumer_drain, empty_count) = if target == Target::Sm100a {
+        let consumer = vec![
+            Step::Wait {
+                bar: Bar::Full,
+                start: 0,
+            },
+            Step::Tcgen05Mma,
+            Step::Tcgen05Commit {
+                bar: Bar::Empty,
+                lag: 0,
+            },
+        ];
+        (consumer, Vec::new(), 1)
     } else {
-        Vec::new()
+        hopper_consumer(lag, warps)
     };
     let (producer_once, consumer_once) = if once.is_empty() {
         (Vec::new(), Vec::new())
@@ -297,7 +310,7 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
         full_offset: 0,
         empty_offset: 0,
         full_count: 1,
-        empty_count: warps,
+        empty_count,
         init: vec![
             InitStep::InitBarriers,
             InitStep::FenceMbarrierInit,
@@ -318,8 +331,39 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32) -> Option<Ring> {
     })
 }
 
-/// How `mma` reads its operands, when wgmma can run it (see the module doc).
-fn plan_mma(kernel: &Kernel, mma: OpId, warps: u32, inside: &BTreeSet<OpId>) -> Option<MmaPlan> {
+/// The wgmma consumers' program, drain and `empty` count: with `lag` 1 (a GEMM mainloop)
+/// one group stays in flight and the previous stage is released; one arrival per warp.
+fn hopper_consumer(lag: u32, warps: u32) -> (Vec<Step>, Vec<Step>, u32) {
+    let consumer = vec![
+        Step::Wait {
+            bar: Bar::Full,
+            start: 0,
+        },
+        Step::Mma,
+        Step::Commit,
+        Step::WaitGroup(lag),
+        Step::Arrive {
+            bar: Bar::Empty,
+            lag,
+        },
+    ];
+    let consumer_drain = if lag > 0 {
+        vec![Step::WaitGroup(0)]
+    } else {
+        Vec::new()
+    };
+    (consumer, consumer_drain, warps)
+}
+
+/// How `mma` reads its operands, when wgmma (or, on sm_100a, tcgen05.mma) can run it (see
+/// the module doc).
+fn plan_mma(
+    kernel: &Kernel,
+    mma: OpId,
+    warps: u32,
+    target: Target,
+    inside: &BTreeSet<OpId>,
+) -> Option<MmaPlan> {
     let op = &kernel.ops[mma];
     let (a_v, b_v) = (*op.operands.first()?, *op.operands.get(1)?);
     let staged = |v: ValueId| match kernel.values[v].def {
@@ -356,11 +400,13 @@ fn plan_mma(kernel: &Kernel, mma: OpId, warps: u32, inside: &BTreeSet<OpId>) -> 
     let k_ok = k.is_multiple_of(16)
         && (a.is_none() || k_major_k)
         && if b.1 { k_major_k } else { k <= 256 };
-    let shape_ok = m == 16 * warps && k_ok && n.is_multiple_of(64) && n <= 256;
-    let layout_ok = matches!(
-        kernel.schedule.layouts.get(&op.results[0]),
-        Some(Layout::Mma { warps: [8, 1] })
-    );
+    let shape_ok = m == rows_per_warp(target) * warps && k_ok && n.is_multiple_of(64) && n <= 256;
+    let layout = kernel.schedule.layouts.get(&op.results[0]);
+    let layout_ok = if target == Target::Sm100a {
+        layout == Some(&crate::tmem::accumulator_layout(n, warps))
+    } else {
+        matches!(layout, Some(Layout::Mma { warps: [8, 1] }))
+    };
     let dtype_ok = matches!(kernel.ty(a_v).dtype(), DType::Bf16 | DType::F16)
         && kernel.ty(a_v).dtype() == kernel.ty(b_v).dtype();
     (shape_ok && layout_ok && dtype_ok).then_some(MmaPlan { a, b, k, n })
@@ -424,7 +470,7 @@ fn completes_in_body(kernel: &Kernel, for_op: OpId, mma: OpId) -> bool {
 
 /// On sm_90a, every `mma` must sit in a ring unless some tensor is not 16-byte aligned (TMA
 /// needs 16-byte strides; such kernels keep the sm_80 cp.async + mma.sync lowering).
-pub fn check_covered(kernel: &Kernel) -> Result<(), Diagnostic> {
+pub fn check_covered(kernel: &Kernel, target: Target) -> Result<(), Diagnostic> {
     if !all_aligned16(kernel) {
         return Ok(());
     }
@@ -441,15 +487,25 @@ pub fn check_covered(kernel: &Kernel) -> Result<(), Diagnostic> {
         None => Ok(()),
         Some(o) => Err(Diagnostic::new(
             kernel.ops[o].loc,
-            "target sm_90a is not implemented yet for this kernel: only an accumulating mma \
-             of two TMA-loaded tiles in a top-level pipelined loop is scheduled",
+            format!(
+                "target {target} is not implemented yet for this kernel: only an accumulating \
+                 mma of two TMA-loaded tiles in a top-level pipelined loop is scheduled"
+            ),
         )
-        .note(
+        .note(if target == Target::Sm100a {
+            "sm_100a needs `x: [128, BK]` (one tcgen05 accumulator in the 128 TMEM lanes), BK \
+             a multiple of 16 (16, 32 or a multiple of 64), `y: [BK, BN]` with BN a multiple \
+             of 64 up to 256, and tile column coordinates that are multiples of 8 elements"
+        } else {
             "sm_90a needs `x: [128, BK]` (two consumer warpgroups), BK a multiple of 16 (16, \
              32 or a multiple of 64), `y: [BK, BN]` with BN a multiple of 64 up to 256, and \
-             tile column coordinates that are multiples of 8 elements",
-        )
-        .note("compile for sm_80, which runs on Hopper")),
+             tile column coordinates that are multiples of 8 elements"
+        })
+        .note(if target == Target::Sm100a {
+            "compile for sm_80, which runs on Blackwell"
+        } else {
+            "compile for sm_80, which runs on Hopper"
+        })),
     }
 }
 

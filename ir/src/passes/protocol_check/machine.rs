@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::ProtocolError;
-use crate::ring::{Bar, Ring, Roles, Step};
+use crate::ring::{Bar, Ring, Step};
 
 /// One mbarrier of the abstract machine.
 #[derive(Clone, Copy, Debug)]
@@ -126,7 +126,9 @@ pub(super) struct Machine<'r> {
 const PRODUCER: usize = 0;
 
 impl<'r> Machine<'r> {
-    pub(super) fn new(ring: &'r Ring, roles: &Roles) -> Machine<'r> {
+    /// A fresh machine for `ring` whose consumers are `consumer_warps` warps, each arriving
+    /// once per release.
+    pub(super) fn new(ring: &'r Ring, consumer_warps: u32) -> Machine<'r> {
         let mut bars = BTreeMap::new();
         let mut arrays = vec![(Bar::Full, ring.full_count), (Bar::Empty, ring.empty_count)];
         if !ring.tail_loads.is_empty() {
@@ -162,13 +164,13 @@ impl<'r> Machine<'r> {
                 );
             }
         }
-        let warpgroups = consumer_warpgroups(ring, roles);
+        let warpgroups = consumer_warpgroups(ring, consumer_warps);
         Machine {
             ring,
             bars,
             turns: vec![TurnBarrier::default(); warpgroups as usize],
             roles: Vec::new(),
-            arrivals: roles.consumer_arrivals() / warpgroups,
+            arrivals: consumer_warps / warpgroups,
             released: Vec::new(),
             released_tail: Vec::new(),
             once_released: Vec::new(),
@@ -193,7 +195,10 @@ impl<'r> Machine<'r> {
             // across tiles (its first release frees the previous tile's last stage).
             let from = if ring.overlap.is_some() { 0 } else { base };
             let at = |t: u32, step: Step| {
-                let released_earlier = matches!(step, Step::Arrive { lag, .. } if from + t < lag);
+                let released_earlier = matches!(
+                    step,
+                    Step::Arrive { lag, .. } | Step::Tcgen05Commit { lag, .. } if from + t < lag
+                );
                 (!released_earlier).then_some(At {
                     i: base + t,
                     tile,
@@ -362,12 +367,12 @@ impl<'r> Machine<'r> {
                 b.settle();
                 Ok(true)
             }
-            Step::Mma | Step::IssueHead => {
+            Step::Mma | Step::Tcgen05Mma | Step::IssueHead => {
                 self.read_landed(role, Bar::Full, i)?;
-                let part = if step == Step::Mma {
-                    Part::Body
-                } else {
+                let part = if step == Step::IssueHead {
                     Part::Head
+                } else {
+                    Part::Body
                 };
                 self.roles[role].uncommitted.push((i, part));
                 Ok(true)
@@ -471,6 +476,22 @@ impl<'r> Machine<'r> {
                 self.turn_arrive(next, false)?;
                 Ok(true)
             }
+            Step::Tcgen05Commit { bar, lag } => {
+                // The arrival comes when every mma the thread issued so far has completed:
+                // the machine lets them complete here, then arrives as a release would.
+                let r = &mut self.roles[role];
+                let g = std::mem::take(&mut r.uncommitted);
+                r.groups.push(g);
+                r.done = r.groups.len();
+                self.step(
+                    role,
+                    At {
+                        i,
+                        tile,
+                        step: Step::Arrive { bar, lag },
+                    },
+                )
+            }
             Step::GenericWrite { .. } | Step::FenceProxyAsync => Ok(true),
         }
     }
@@ -542,9 +563,9 @@ fn runs_in(step: Step, wg: u32) -> bool {
 
 /// Consumer warpgroups the machine runs separately: those taking turns when the loop
 /// ping-pongs, else one standing for all (they run the same program on the same barriers).
-fn consumer_warpgroups(ring: &Ring, roles: &Roles) -> u32 {
+fn consumer_warpgroups(ring: &Ring, consumer_warps: u32) -> u32 {
     ring.overlap
         .as_ref()
         .and_then(|o| o.turns)
-        .map_or(1, |t| t.warpgroups.min(roles.consumer_warps.max(1)))
+        .map_or(1, |t| t.warpgroups.min(consumer_warps.max(1)))
 }

@@ -1,5 +1,5 @@
-//! The `protocol_check` pass (sm_90a): proves the stage rings' barrier protocol before any
-//! PTX is written. A violation is a compiler error, not a hang on the GPU.
+//! The `protocol_check` pass (sm_90a, sm_100a): proves the stage rings' barrier protocol
+//! before any PTX is written. A violation is a compiler error, not a hang on the GPU.
 //!
 //! Static rules, per [`Ring`]:
 //! - set-up is `mbarrier.init`, then `fence.mbarrier_init`, then `bar.sync`;
@@ -41,16 +41,32 @@
 //! reading the head's products, the rescale of the accumulator, the handoff of `P`), a wgmma
 //! reads a stage whose `full` wait has not passed for that iteration, or the once tiles are
 //! released while a wgmma reads them or reloaded before they were released.
+//!
+//! sm_100a: the ring runs on the same machine with the MMA thread as its one consumer, each
+//! `tcgen05.commit` arriving once every `tcgen05.mma` before it has completed (so a stage
+//! released by a plain arrive while an mma may read it is an early release). Then the
+//! [`TmemPlan`]'s rules ([`TmemError`]): the allocation is a power of 2 of at most 512
+//! columns holding the accumulator; the MMA warp allocates once, relinquishes the permit,
+//! commits the accumulator to `acc_full` after the mainloop and frees its columns only after
+//! the epilogue's `acc_empty` arrival (and a fence after it); no other warp allocates or
+//! frees; the ring's stages are released only by `tcgen05.commit`; the epilogue waits on
+//! `acc_full` and fences before its first `tcgen05.ld`, copies every column once, waits for
+//! the copies (`tcgen05.wait::ld`) before the registers are read or TMEM is handed back, and
+//! fences before that hand-back.
 
 use crate::diag::Diagnostic;
 use crate::kernel::Kernel;
 use crate::ring::{Bar, InitStep, Ring, Roles, Step};
 use crate::target::Target;
+use crate::tmem::TmemPlan;
 
 mod machine;
 mod rules;
 #[cfg(test)]
 mod tests;
+mod tmem;
+
+pub use tmem::TmemError;
 
 use machine::Machine;
 use rules::{check_init, check_static};
@@ -243,6 +259,9 @@ pub enum ProtocolError {
         /// The work tile being loaded.
         tile: u32,
     },
+    /// The tensor-memory protocol of sm_100a is broken.
+    #[error("tensor memory: {0}")]
+    Tmem(#[from] TmemError),
     /// Neither role can move.
     #[error(
         "deadlock with trip counts {tiles:?} (one per work tile): producer {producer}, consumers {consumer}"
@@ -326,15 +345,19 @@ pub enum OnceError {
 
 /// Checks every ring of the kernel.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
-    if target != Target::Sm90a {
+    if !matches!(target, Target::Sm90a | Target::Sm100a) {
         return Ok(());
     }
     for ring in kernel.schedule.rings.values() {
         let loc = kernel.ops[ring.for_op].loc;
-        let Some(roles) = kernel.schedule.roles else {
-            return Err(Diagnostic::internal(loc, "a stage ring without warp roles"));
+        let checked = match (target, kernel.schedule.roles, &kernel.schedule.tmem) {
+            (Target::Sm100a, _, Some(plan)) => check_sm100a(ring, plan),
+            (Target::Sm90a, Some(roles), _) => check(ring, &roles),
+            _ => {
+                return Err(Diagnostic::internal(loc, "a stage ring without warp roles"));
+            }
         };
-        check(ring, &roles).map_err(|e| {
+        checked.map_err(|e| {
             Diagnostic::new(
                 loc,
                 format!("internal kiln error: the pipelined loop's barrier protocol is wrong: {e}"),
@@ -348,16 +371,30 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
 pub fn check(ring: &Ring, roles: &Roles) -> Result<(), ProtocolError> {
     check_init(&ring.init)?;
     check_static(ring)?;
+    run_machine(ring, roles.consumer_warps)
+}
+
+/// Checks an sm_100a ring and its TMEM plan: the ring's rules with the MMA thread as its one
+/// consumer (one arrival per release), then the TMEM rules (see the module doc).
+pub fn check_sm100a(ring: &Ring, plan: &TmemPlan) -> Result<(), ProtocolError> {
+    check_init(&ring.init)?;
+    check_static(ring)?;
+    run_machine(ring, 1)?;
+    tmem::check_tmem(ring, plan)
+}
+
+/// The abstract execution of `ring` with `consumer_warps` arriving consumer warps.
+fn run_machine(ring: &Ring, consumer_warps: u32) -> Result<(), ProtocolError> {
     let counts: Vec<u32> = (0..=2 * ring.stages + 1).collect();
     for &trips in &counts {
-        Machine::new(ring, roles).run(&[trips])?;
+        Machine::new(ring, consumer_warps).run(&[trips])?;
     }
     if ring.persistent {
         // Tiles of every pair of trip counts (an empty tile, a short one, one that wraps the
         // ring, ...) in both orders, then a third: the ring's state carries over from each.
         for &a in &counts {
             for &b in &counts {
-                Machine::new(ring, roles).run(&[a, b, (a + b) % 3 + 1])?;
+                Machine::new(ring, consumer_warps).run(&[a, b, (a + b) % 3 + 1])?;
             }
         }
     }

@@ -39,6 +39,7 @@ pub(super) fn check_static(ring: &Ring) -> Result<(), ProtocolError> {
                 }
                 Step::Tma { .. }
                 | Step::Mma
+                | Step::Tcgen05Mma
                 | Step::IssueHead
                 | Step::IssueTail
                 | Step::Between
@@ -160,11 +161,10 @@ fn check_rotation(ring: &Ring) -> Result<(), ProtocolError> {
         .iter()
         .chain(&ring.consumer)
         .chain(&ring.consumer_drain);
-    if let Some(s) = ring
-        .producer
-        .iter()
-        .chain(&ring.producer_once)
-        .find(|s| turn(s) || rotated_steps.contains(s) || **s == Step::Mma)
+    if let Some(s) =
+        ring.producer.iter().chain(&ring.producer_once).find(|s| {
+            turn(s) || rotated_steps.contains(s) || matches!(s, Step::Mma | Step::Tcgen05Mma)
+        })
     {
         return err(format!("the producer cannot run `{s}`"));
     }
@@ -335,6 +335,8 @@ fn check_fences(role: &'static str, steps: &[Step]) -> Result<(), ProtocolError>
             Step::GenericWrite { load } => unfenced = Some(*load),
             Step::FenceProxyAsync => unfenced = None,
             Step::Mma
+            | Step::Tcgen05Mma
+            | Step::Tcgen05Commit { .. }
             | Step::IssueHead
             | Step::IssueTail
             | Step::Arrive { .. }

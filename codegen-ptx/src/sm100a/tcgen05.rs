@@ -1,0 +1,169 @@
+//! The MMA warp's program: the ring's consumer program issued by one thread as
+//! `tcgen05.mma.cta_group::1.kind::f16` (ptx-notes §7) into the TMEM accumulator, every stage
+//! released by `tcgen05.commit` to its `empty` barrier (an arrival once the mmas reading it
+//! complete), then the accumulator committed to `acc_full`; the whole warp frees TMEM last.
+//!
+//! Each stage is `K / 16` mmas; the shared-memory descriptors are the plan's templates with
+//! the start address of each k16 step, so A (K-major) and B (K- or MN-major) are read where
+//! TMA wrote them. The first mma of the loop overwrites the accumulator (enable-input-d
+//! false: it starts as zeros), every later one accumulates.
+
+use kiln_ir::OpId;
+use kiln_ir::ring::{Ring, Step};
+use kiln_ir::tmem::{TmemPlan, TmemStep};
+
+use crate::CodegenError;
+use crate::sm90a::Cursor;
+use crate::types::{Class, Reg};
+use crate::writer::Writer;
+
+impl Writer<'_> {
+    /// The MMA warp's steps after the address is published: the single-thread ones (the
+    /// mainloop, the commits) by its elected lane 0, the others (waits, fences, dealloc) by
+    /// the whole warp, reconverged first.
+    pub(super) fn write_mma_warp(
+        &mut self,
+        id: OpId,
+        ring: &Ring,
+        plan: &TmemPlan,
+        bounds: [Reg; 3],
+    ) -> Result<(), CodegenError> {
+        let base = self.tmem_address(plan);
+        let published = plan
+            .mma_warp
+            .iter()
+            .position(|s| *s == TmemStep::Publish)
+            .ok_or_else(|| self.internal(id, "an MMA warp program without its publish"))?;
+        let mut alone: Option<String> = None;
+        for &s in &plan.mma_warp[published + 1..] {
+            let single = matches!(s, TmemStep::Mainloop | TmemStep::CommitAcc);
+            match (single, &alone) {
+                (true, None) => {
+                    let (other, join) = (self.new_reg(Class::Pred), self.new_label());
+                    self.ins(format!(
+                        "setp.ne.u32 {other}, {}, {}",
+                        self.tid,
+                        32 * plan.roles.mma_warp
+                    ));
+                    self.ins(format!("@{other} bra {join}"));
+                    alone = Some(join);
+                }
+                (false, Some(join)) => {
+                    let join = join.clone();
+                    self.label(&join);
+                    self.ins("bar.warp.sync -1");
+                    alone = None;
+                }
+                _ => {}
+            }
+            match s {
+                TmemStep::Mainloop => self.write_tcgen05_mainloop(id, ring, plan, base, bounds)?,
+                TmemStep::CommitAcc => {
+                    let bar = self.acc_bar(plan, kiln_ir::tmem::AccBar::Full);
+                    self.commit(bar);
+                }
+                other => self.tmem_step(id, plan, other, base)?,
+            }
+        }
+        if let Some(join) = alone {
+            self.label(&join);
+        }
+        Ok(())
+    }
+
+    /// The ring's consumer program over the loop's iterations, from one thread.
+    fn write_tcgen05_mainloop(
+        &mut self,
+        id: OpId,
+        ring: &Ring,
+        plan: &TmemPlan,
+        acc: Reg,
+        [lo, hi, step]: [Reg; 3],
+    ) -> Result<(), CodegenError> {
+        let c = self.cursor(&ring.consumer);
+        let idesc = self.new_reg(Class::B32);
+        self.ins(format!("mov.u32 {idesc}, 0x{:08X}", plan.idesc));
+        let iv = self.new_reg(Class::B32);
+        self.mov(iv, lo);
+        let counted = self.open_counted_loop(iv, hi, step);
+        for s in ring.consumer.clone() {
+            match s {
+                Step::Wait { bar, start } => self.wait(ring, &c, bar, start)?,
+                Step::Tcgen05Mma => self.issue_tcgen05(id, ring, plan, &c, acc, idesc)?,
+                Step::Tcgen05Commit { bar, lag } => {
+                    let stage = if lag == 0 { c.stage } else { c.prev };
+                    let a = self.bar_addr(ring, bar, stage);
+                    if lag == 0 {
+                        self.commit(a);
+                    } else {
+                        // Skipped while fewer than `lag` iterations ran.
+                        let (skip, p) = (self.new_label(), self.new_reg(Class::Pred));
+                        self.ins(format!("setp.lt.u32 {p}, {}, {lag}", c.count));
+                        self.ins(format!("@{p} bra {skip}"));
+                        self.commit(a);
+                        self.label(&skip);
+                    }
+                }
+                other => {
+                    return Err(self.internal(id, format!("`{other}` in a tcgen05 ring program")));
+                }
+            }
+        }
+        self.advance(&c, ring.stages);
+        self.close_counted_loop(&counted);
+        Ok(())
+    }
+
+    /// The stage's mmas: K / 16 `tcgen05.mma`s, A and B from their stage's descriptors.
+    fn issue_tcgen05(
+        &mut self,
+        id: OpId,
+        ring: &Ring,
+        plan: &TmemPlan,
+        c: &Cursor,
+        acc: Reg,
+        idesc: Reg,
+    ) -> Result<(), CodegenError> {
+        let [a, b] = &ring.loads[..] else {
+            return Err(self.internal(id, "a tcgen05 ring without its two loads"));
+        };
+        // The stage's data landed (the `full` wait): order the mmas after it.
+        self.ins("tcgen05.fence::after_thread_sync");
+        let mut bases = Vec::new();
+        for l in [a, b] {
+            let base = self.new_reg(Class::B32);
+            self.ins(format!(
+                "mad.lo.u32 {base}, {}, {}, {}",
+                c.stage, l.stage_stride, self.smem
+            ));
+            self.ins(format!("add.u32 {base}, {base}, {}", l.offset));
+            bases.push(base);
+        }
+        let accumulate = self.new_reg(Class::Pred);
+        self.ins(format!("setp.ne.u32 {accumulate}, {}, 0", c.count));
+        for (s, (&sa, &sb)) in plan.a.steps.iter().zip(&plan.b.steps).enumerate() {
+            let (at_a, at_b) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+            self.ins(format!("add.u32 {at_a}, {}, {sa}", bases[0]));
+            self.ins(format!("add.u32 {at_b}, {}, {sb}", bases[1]));
+            let da = self.descriptor(at_a, plan.a.template);
+            let db = self.descriptor(at_b, plan.b.template);
+            let enable = if s == 0 {
+                accumulate.to_string()
+            } else {
+                "1".to_string()
+            };
+            self.ins(format!(
+                "tcgen05.mma.cta_group::1.kind::f16 [{acc}], {da}, {db}, {idesc}, {enable}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// `tcgen05.commit`: one arrival on the mbarrier at `bar` once every earlier tcgen05 op of
+    /// this thread has completed.
+    fn commit(&mut self, bar: Reg) {
+        self.ins(format!(
+            "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [{bar}]"
+        ));
+    }
+}

@@ -1,0 +1,213 @@
+//! Tensor memory: the accumulator's allocation and its address's publication before the
+//! roles split, the accumulator barriers, the epilogue's copy to registers (`tcgen05.ld`,
+//! shape `32x32b`) and the owner's `tcgen05.dealloc` (ptx-notes §7). Every step comes from the
+//! plan's programs ([`kiln_ir::tmem::TmemStep`]).
+
+use kiln_ir::OpId;
+use kiln_ir::tmem::{AccBar, TmemPlan, TmemStep};
+
+use crate::CodegenError;
+use crate::types::{Class, Reg};
+use crate::writer::{Val, Writer};
+
+impl Writer<'_> {
+    /// Before the ring's set-up (whose `bar.sync 0` publishes the address): thread 0 inits the
+    /// accumulator barriers (fenced by the ring's `fence.mbarrier_init`), the MMA warp runs
+    /// its steps before [`TmemStep::Publish`] (alloc into the shared slot, relinquish the
+    /// permit), and every thread orders its tcgen05 ops before the barrier.
+    pub(crate) fn write_tmem_setup(&mut self) -> Result<(), CodegenError> {
+        let Some(plan) = self.k.schedule.tmem.clone() else {
+            return Ok(());
+        };
+        let (not0, skip) = (self.new_reg(Class::Pred), self.new_label());
+        self.ins(format!("setp.ne.u32 {not0}, {}, 0", self.tid));
+        self.ins(format!("@{not0} bra {skip}"));
+        for bar in [AccBar::Full, AccBar::Empty] {
+            let a = self.acc_bar(&plan, bar);
+            self.ins(format!(
+                "mbarrier.init.shared::cta.b64 [{a}], {}",
+                plan.count(bar)
+            ));
+        }
+        self.label(&skip);
+        let (warp, other, skip) = (
+            self.new_reg(Class::B32),
+            self.new_reg(Class::Pred),
+            self.new_label(),
+        );
+        self.ins(format!("shr.u32 {warp}, {}, 5", self.tid));
+        self.ins(format!(
+            "setp.ne.u32 {other}, {warp}, {}",
+            plan.roles.mma_warp
+        ));
+        self.ins(format!("@{other} bra {skip}"));
+        let slot = self.new_reg(Class::B32);
+        self.ins(format!(
+            "add.u32 {slot}, {}, {}",
+            self.smem, plan.slot_offset
+        ));
+        for s in plan
+            .mma_warp
+            .iter()
+            .take_while(|s| **s != TmemStep::Publish)
+        {
+            match *s {
+                TmemStep::Alloc { columns } => self.ins(format!(
+                    "tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [{slot}], {columns}"
+                )),
+                TmemStep::Relinquish => {
+                    self.ins("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned")
+                }
+                other => {
+                    return Err(self.internal(
+                        plan.for_op,
+                        format!("`{other}` before the TMEM address is published"),
+                    ));
+                }
+            }
+        }
+        self.label(&skip);
+        self.ins("tcgen05.fence::before_thread_sync");
+        Ok(())
+    }
+
+    /// After the ring's set-up barrier: tcgen05 ops are ordered after it, so every role may
+    /// read the address from the slot.
+    pub(crate) fn write_tmem_publish(&mut self) {
+        if self.k.schedule.tmem.is_some() {
+            self.ins("tcgen05.fence::after_thread_sync");
+        }
+    }
+
+    /// The accumulator's TMEM address (lane 0, column 0), read from the shared slot.
+    pub(super) fn tmem_address(&mut self, plan: &TmemPlan) -> Reg {
+        let (slot, base) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+        self.ins(format!(
+            "add.u32 {slot}, {}, {}",
+            self.smem, plan.slot_offset
+        ));
+        self.ins(format!("ld.shared.b32 {base}, [{slot}]"));
+        base
+    }
+
+    /// Shared address of an accumulator barrier.
+    pub(super) fn acc_bar(&mut self, plan: &TmemPlan, bar: AccBar) -> Reg {
+        let a = self.new_reg(Class::B32);
+        self.ins(format!("add.u32 {a}, {}, {}", self.smem, plan.offset(bar)));
+        a
+    }
+
+    /// A step of the MMA warp or the epilogue that is the same for both (`base`: the
+    /// accumulator's TMEM address).
+    pub(super) fn tmem_step(
+        &mut self,
+        id: OpId,
+        plan: &TmemPlan,
+        s: TmemStep,
+        base: Reg,
+    ) -> Result<(), CodegenError> {
+        match s {
+            TmemStep::Wait { bar, start } => {
+                let a = self.acc_bar(plan, bar);
+                let (p, top) = (self.new_reg(Class::Pred), self.new_label());
+                self.label(&top);
+                self.ins(format!(
+                    "mbarrier.try_wait.parity.shared::cta.b64 {p}, [{a}], {start}"
+                ));
+                self.ins(format!("@!{p} bra {top}"));
+            }
+            TmemStep::Arrive { bar } => {
+                let a = self.acc_bar(plan, bar);
+                let lane0 = self.lane0();
+                self.ins(format!("@{lane0} mbarrier.arrive.shared::cta.b64 _, [{a}]"));
+            }
+            TmemStep::FenceAfter => self.ins("tcgen05.fence::after_thread_sync"),
+            TmemStep::FenceBefore => self.ins("tcgen05.fence::before_thread_sync"),
+            TmemStep::WaitLoad => self.ins("tcgen05.wait::ld.sync.aligned"),
+            TmemStep::Dealloc { columns } => self.ins(format!(
+                "tcgen05.dealloc.cta_group::1.sync.aligned.b32 {base}, {columns}"
+            )),
+            TmemStep::Alloc { .. }
+            | TmemStep::Relinquish
+            | TmemStep::Publish
+            | TmemStep::Mainloop
+            | TmemStep::CommitAcc
+            | TmemStep::Load { .. }
+            | TmemStep::Read => {
+                return Err(self.internal(id, format!("`{s}` outside its role")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The epilogue warps' steps after the address is published: warp `w` copies TMEM lanes
+    /// `32 w ..` (its threads' rows) column block by column block, and [`TmemStep::Read`]
+    /// makes the registers the ring `for`'s result, in the accumulator layout's order (column
+    /// `j` of the thread's row is register `j`). A loop that ran no iteration yields its
+    /// initial value instead (no mma wrote the accumulator).
+    pub(super) fn write_tmem_epilogue(
+        &mut self,
+        id: OpId,
+        plan: &TmemPlan,
+        [lo, hi, _]: [Reg; 3],
+    ) -> Result<(), CodegenError> {
+        let base = self.tmem_address(plan);
+        let (warp, lanes) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+        // TMEM address = (lane << 16) | column; warp w reaches lanes 32 w .. 32 w + 31.
+        self.ins(format!("shr.u32 {warp}, {}, 5", self.tid));
+        self.ins(format!("shl.b32 {lanes}, {warp}, 21"));
+        self.ins(format!("add.u32 {lanes}, {lanes}, {base}"));
+        let published = plan
+            .epilogue
+            .iter()
+            .position(|s| *s == TmemStep::Publish)
+            .ok_or_else(|| self.internal(id, "an epilogue program without its publish"))?;
+        let mut regs: Vec<Reg> = Vec::new();
+        for &s in &plan.epilogue[published + 1..] {
+            match s {
+                TmemStep::Load { column, columns } => {
+                    let dst: Vec<Reg> = (0..columns).map(|_| self.new_reg(Class::F32)).collect();
+                    let at = self.new_reg(Class::B32);
+                    self.ins(format!("add.u32 {at}, {lanes}, {column}"));
+                    let list: Vec<String> = dst.iter().map(Reg::to_string).collect();
+                    self.ins(format!(
+                        "tcgen05.ld.sync.aligned.32x32b.x{columns}.b32 {{{}}}, [{at}]",
+                        list.join(", ")
+                    ));
+                    regs.extend(dst);
+                }
+                TmemStep::Read => self.read_accumulator(id, &regs, lo, hi)?,
+                other => self.tmem_step(id, plan, other, base)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Binds the copied registers to the ring `for`'s result; with no iteration run, they
+    /// take the loop's initial value.
+    fn read_accumulator(
+        &mut self,
+        id: OpId,
+        regs: &[Reg],
+        lo: Reg,
+        hi: Reg,
+    ) -> Result<(), CodegenError> {
+        let op = self.k.ops[id].clone();
+        let (&[init], &[result]) = (&op.operands[3..], &op.results[..]) else {
+            return Err(self.internal(id, "a tcgen05 ring loop carrying more than its accumulator"));
+        };
+        let init = self.tile(init, id)?;
+        if init.len() != regs.len() {
+            return Err(self.internal(id, "an accumulator copy of the wrong size"));
+        }
+        let (ran, skip) = (self.new_reg(Class::Pred), self.new_label());
+        self.ins(format!("setp.lt.s32 {ran}, {lo}, {hi}"));
+        self.ins(format!("@{ran} bra {skip}"));
+        for (&r, &i) in regs.iter().zip(&init) {
+            self.mov(r, i);
+        }
+        self.label(&skip);
+        self.vals.insert(result, Val::Tile(regs.to_vec()));
+        Ok(())
+    }
+}

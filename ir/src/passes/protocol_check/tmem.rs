@@ -1,0 +1,197 @@
+//! The sm_100a rules: how the MMA warp and the epilogue share the tensor-memory accumulator
+//! of a [`TmemPlan`] (see the parent module's doc for the list).
+
+use super::ProtocolError;
+use crate::ring::{Bar, Ring, Step};
+use crate::tmem::{AccBar, TMEM_COLUMNS, TmemPlan, TmemStep};
+
+/// A broken TMEM protocol.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TmemError {
+    /// The allocation is not a power of 2 in 32..=512 columns, or smaller than the
+    /// accumulator.
+    #[error(
+        "TMEM allocation of {columns} columns for a {acc}-column accumulator: it must be a power of 2 from 32 to {TMEM_COLUMNS} holding the accumulator"
+    )]
+    Columns {
+        /// Columns allocated.
+        columns: u32,
+        /// The accumulator's columns.
+        acc: u32,
+    },
+    /// The MMA warp's lifecycle (alloc, relinquish, publish, mainloop, commit, wait for the
+    /// epilogue, dealloc) is out of order or incomplete.
+    #[error("the TMEM-owning MMA warp must {0}")]
+    Owner(&'static str),
+    /// Another warp allocates, frees or gives up the permit.
+    #[error("`{0}` in the epilogue: TMEM is allocated and freed by the MMA warp alone")]
+    NotOwner(TmemStep),
+    /// A ring stage is released by something other than a `tcgen05.commit`.
+    #[error(
+        "the MMA thread releases a stage with `{0}`; only tcgen05.commit arrives after the tcgen05.mma reading it completes"
+    )]
+    PlainRelease(Step),
+    /// The epilogue reads the accumulator before it is committed and waited for.
+    #[error("the epilogue runs `{0}` before waiting on acc_full and fencing after it")]
+    LoadBeforeCommit(TmemStep),
+    /// Registers copied by `tcgen05.ld` are used or handed back before `tcgen05.wait::ld`.
+    #[error(
+        "the epilogue runs `{0}` while a tcgen05.ld may still be in flight (tcgen05.wait::ld missing)"
+    )]
+    LoadNotWaited(TmemStep),
+    /// TMEM is handed back to the owner without `fence::before_thread_sync`.
+    #[error("the epilogue arrives on acc_empty without tcgen05.fence::before_thread_sync")]
+    Unfenced,
+    /// The epilogue does not copy every accumulator column exactly once.
+    #[error("the epilogue's tcgen05.ld copies columns {got:?}; the accumulator has {acc}")]
+    Coverage {
+        /// `(first column, columns)` of each load.
+        got: Vec<(u32, u32)>,
+        /// The accumulator's columns.
+        acc: u32,
+    },
+}
+
+/// Checks the plan against its ring.
+pub(super) fn check_tmem(ring: &Ring, plan: &TmemPlan) -> Result<(), ProtocolError> {
+    let acc = plan.acc_columns;
+    if !plan.columns.is_power_of_two()
+        || !(32..=TMEM_COLUMNS).contains(&plan.columns)
+        || acc > plan.columns
+    {
+        return Err(TmemError::Columns {
+            columns: plan.columns,
+            acc,
+        }
+        .into());
+    }
+    for s in ring.consumer.iter().chain(&ring.consumer_drain) {
+        if matches!(
+            s,
+            Step::Arrive {
+                bar: Bar::Empty,
+                ..
+            } | Step::Commit
+                | Step::WaitGroup(_)
+        ) {
+            return Err(TmemError::PlainRelease(*s).into());
+        }
+    }
+    check_owner(plan)?;
+    check_epilogue(plan)
+}
+
+/// The MMA warp allocates once, relinquishes the permit, publishes the address, runs the
+/// mainloop, commits the accumulator to `acc_full`, waits (parity 0) for the epilogue's
+/// `acc_empty` and fences after it, and frees what it allocated.
+fn check_owner(plan: &TmemPlan) -> Result<(), ProtocolError> {
+    let p = &plan.mma_warp;
+    let pos = |f: &dyn Fn(&TmemStep) -> bool| p.iter().position(f);
+    let alloc = pos(&|s| matches!(s, TmemStep::Alloc { columns } if *columns == plan.columns));
+    let allocs = p
+        .iter()
+        .filter(|s| matches!(s, TmemStep::Alloc { .. }))
+        .count();
+    let relinquish = pos(&|s| *s == TmemStep::Relinquish);
+    let publish = pos(&|s| *s == TmemStep::Publish);
+    let mainloop = pos(&|s| *s == TmemStep::Mainloop);
+    let commit = pos(&|s| *s == TmemStep::CommitAcc);
+    let wait = pos(&|s| {
+        *s == TmemStep::Wait {
+            bar: AccBar::Empty,
+            start: 0,
+        }
+    });
+    let dealloc = pos(&|s| matches!(s, TmemStep::Dealloc { columns } if *columns == plan.columns));
+    let err = |m| Err(TmemError::Owner(m).into());
+    let (Some(alloc), 1) = (alloc, allocs) else {
+        return err("allocate the accumulator's columns exactly once");
+    };
+    let Some(relinquish) = relinquish.filter(|&r| r > alloc) else {
+        return err("relinquish the allocation permit after allocating");
+    };
+    if publish.is_none_or(|s| s < relinquish) {
+        return err("publish the TMEM address after allocating");
+    }
+    let (Some(mainloop), Some(commit)) = (mainloop, commit) else {
+        return err("run the mainloop and commit the accumulator to acc_full");
+    };
+    if commit < mainloop || p.iter().filter(|s| **s == TmemStep::CommitAcc).count() != 1 {
+        return err("commit the accumulator to acc_full once, after the mainloop");
+    }
+    let Some(dealloc) = dealloc else {
+        return err("free the columns it allocated");
+    };
+    match wait {
+        Some(w)
+            if w > commit && w < dealloc && p[w + 1..dealloc].contains(&TmemStep::FenceAfter) =>
+        {
+            Ok(())
+        }
+        _ => err(
+            "wait on acc_empty (the epilogue's copies are done) and fence after it before freeing the columns",
+        ),
+    }
+}
+
+/// The epilogue reads the address, waits (parity 0) on `acc_full` and fences after it before
+/// its first `tcgen05.ld`; the loads copy every column once; `tcgen05.wait::ld` comes before
+/// the registers are read and before TMEM is handed back (fenced) on `acc_empty`; it never
+/// allocates or frees.
+fn check_epilogue(plan: &TmemPlan) -> Result<(), ProtocolError> {
+    let (mut published, mut waited, mut fenced) = (false, false, false);
+    let (mut pending, mut before_sync) = (false, false);
+    let mut loads = Vec::new();
+    for &s in &plan.epilogue {
+        match s {
+            TmemStep::Alloc { .. } | TmemStep::Dealloc { .. } | TmemStep::Relinquish => {
+                return Err(TmemError::NotOwner(s).into());
+            }
+            TmemStep::Publish => published = true,
+            TmemStep::Wait {
+                bar: AccBar::Full,
+                start: 0,
+            } => waited = true,
+            TmemStep::FenceAfter => fenced = waited,
+            TmemStep::Load { column, columns } => {
+                if !(published && waited && fenced) {
+                    return Err(TmemError::LoadBeforeCommit(s).into());
+                }
+                loads.push((column, columns));
+                pending = true;
+                before_sync = false;
+            }
+            TmemStep::WaitLoad => pending = false,
+            TmemStep::FenceBefore => before_sync = true,
+            TmemStep::Read | TmemStep::Arrive { bar: AccBar::Empty } if pending => {
+                return Err(TmemError::LoadNotWaited(s).into());
+            }
+            TmemStep::Arrive { bar: AccBar::Empty } if !before_sync => {
+                return Err(TmemError::Unfenced.into());
+            }
+            TmemStep::Read
+            | TmemStep::Arrive { .. }
+            | TmemStep::Wait { .. }
+            | TmemStep::Mainloop
+            | TmemStep::CommitAcc => {}
+        }
+    }
+    if pending {
+        return Err(TmemError::LoadNotWaited(TmemStep::Read).into());
+    }
+    let mut next = 0;
+    for &(column, columns) in &loads {
+        if column != next {
+            break;
+        }
+        next += columns;
+    }
+    if next != plan.acc_columns || loads.iter().map(|l| l.1).sum::<u32>() != plan.acc_columns {
+        return Err(TmemError::Coverage {
+            got: loads,
+            acc: plan.acc_columns,
+        }
+        .into());
+    }
+    Ok(())
+}

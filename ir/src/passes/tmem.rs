@@ -1,0 +1,152 @@
+//! The `tmem` pass (sm_100a): plans the Blackwell roles, the tensor-memory accumulator and the
+//! tcgen05 descriptors of a kernel's ring loop ([`crate::tmem`]).
+//!
+//! A ring qualifies when its loop carries exactly one value, the accumulator of its single
+//! mma (`acc = mma(x, y, acc)`, the GEMM mainloop), which starts as zeros (the first
+//! `tcgen05.mma` of a tile overwrites instead of accumulating) and has 128 rows, and the ring
+//! has no once loads. The accumulator takes the next power of 2 of its columns (at least 32)
+//! of the 512; the TMEM address slot and the `acc_full` / `acc_empty` barriers go after the
+//! rest of shared memory. Any other ring is reported as not implemented on sm_100a.
+//!
+//! In: the final rings and shared-memory plan (`pipeline`, `tma_store`). Out: the same ops;
+//! `schedule.tmem` set. Leaves kernels without rings alone.
+
+use crate::diag::Diagnostic;
+use crate::kernel::{Const, Kernel, OpKind, ValueDef};
+use crate::ring::Operand;
+use crate::target::Target;
+use crate::tmem::{
+    ACC_ROWS, AccBar, Descriptor, LOAD_COLUMNS, Roles, TMEM_COLUMNS, TmemPlan, TmemStep,
+    instruction_descriptor,
+};
+
+use super::walk::first_ring_loc;
+
+/// Plans the ring loop's TMEM accumulator; does nothing on other targets or without rings.
+pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
+    if target != Target::Sm100a || kernel.schedule.rings.is_empty() {
+        return Ok(());
+    }
+    let loc = first_ring_loc(kernel, &kernel.schedule.rings);
+    let unsupported = |why: &str| {
+        Diagnostic::new(
+            loc,
+            format!("target sm_100a is not implemented yet for this loop: {why}"),
+        )
+        .note("sm_100a schedules the GEMM mainloop `acc = mma(x, y, acc)` from zeros")
+        .note("compile for sm_80, which runs on Blackwell")
+    };
+    let (&id, ring) = kernel
+        .schedule
+        .rings
+        .iter()
+        .next()
+        .ok_or_else(|| Diagnostic::internal(loc, "a ring vanished"))?;
+    let op = &kernel.ops[id];
+    if !ring.once.is_empty() || !super::pipeline::overlaps(kernel, id) {
+        return Err(unsupported(
+            "it has tiles loaded before it or reads its mma's products",
+        ));
+    }
+    let [_, _, _, init] = op.operands[..] else {
+        return Err(unsupported("it carries more than the accumulator"));
+    };
+    let zero = match kernel.values[init].def {
+        ValueDef::Op(s, 0) if matches!(kernel.ops[s].kind, OpKind::Splat { .. }) => {
+            match kernel.values[kernel.ops[s].operands[0]].def {
+                ValueDef::Op(c, 0) => {
+                    matches!(kernel.ops[c].kind, OpKind::Const(Const::Float(f)) if f == 0.0)
+                }
+                ValueDef::BlockArg { .. } | ValueDef::Op(..) => false,
+            }
+        }
+        ValueDef::BlockArg { .. } | ValueDef::Op(..) => false,
+    };
+    let shape = kernel.ty(init).shape().cloned();
+    let (Some(shape), true) = (shape, zero) else {
+        return Err(unsupported("its accumulator does not start as zeros"));
+    };
+    let (m, n) = (shape.rows() as u32, shape.cols() as u32);
+    let [a, b] = &ring.loads[..] else {
+        return Err(unsupported("its mma does not read two staged tiles"));
+    };
+    if m != ACC_ROWS || a.operand != Operand::KMajorA {
+        return Err(unsupported("its accumulator does not have 128 rows"));
+    }
+    let columns = n.next_power_of_two().max(32);
+    if columns > TMEM_COLUMNS {
+        return Err(unsupported(
+            "its accumulator needs more than 512 TMEM columns",
+        ));
+    }
+    let dtype = kernel.ty(kernel.ops[a.load].results[0]).dtype();
+    let idesc = instruction_descriptor(dtype, m, n, b.operand == Operand::MnMajorB);
+    let (a, b) = (Descriptor::of(a), Descriptor::of(b));
+    let slot_offset = kernel.schedule.smem_bytes.next_multiple_of(8);
+    let smem_bytes = slot_offset + 24;
+    if smem_bytes > super::memory_plan::SMEM_LIMIT {
+        return Err(Diagnostic::new(
+            loc,
+            format!(
+                "the TMA stage rings and the TMEM barriers need {smem_bytes} bytes of shared \
+                 memory; at most {} are available",
+                super::memory_plan::SMEM_LIMIT
+            ),
+        )
+        .note("use smaller tiles or fewer pipeline stages"));
+    }
+    let epilogue_warps = kernel.options.num_warps;
+    let roles = Roles {
+        epilogue_warps,
+        producer_warp: epilogue_warps,
+        mma_warp: epilogue_warps + 1,
+    };
+    let mut epilogue = vec![
+        TmemStep::Publish,
+        TmemStep::Wait {
+            bar: AccBar::Full,
+            start: 0,
+        },
+        TmemStep::FenceAfter,
+    ];
+    epilogue.extend((0..n.div_ceil(LOAD_COLUMNS)).map(|q| TmemStep::Load {
+        column: q * LOAD_COLUMNS,
+        columns: LOAD_COLUMNS.min(n - q * LOAD_COLUMNS),
+    }));
+    epilogue.extend([
+        TmemStep::WaitLoad,
+        TmemStep::FenceBefore,
+        TmemStep::Arrive { bar: AccBar::Empty },
+        TmemStep::Read,
+    ]);
+    let plan = TmemPlan {
+        for_op: id,
+        roles,
+        columns,
+        acc_columns: n,
+        idesc,
+        a,
+        b,
+        slot_offset,
+        acc_full_offset: slot_offset + 8,
+        acc_empty_offset: slot_offset + 16,
+        mma_warp: vec![
+            TmemStep::Alloc { columns },
+            TmemStep::Relinquish,
+            TmemStep::Publish,
+            TmemStep::Mainloop,
+            TmemStep::CommitAcc,
+            // The columns are freed once every epilogue warp has copied them out.
+            TmemStep::Wait {
+                bar: AccBar::Empty,
+                start: 0,
+            },
+            TmemStep::FenceAfter,
+            TmemStep::Dealloc { columns },
+        ],
+        epilogue,
+    };
+    kernel.schedule.smem_bytes = smem_bytes;
+    kernel.schedule.tmem = Some(plan);
+    Ok(())
+}

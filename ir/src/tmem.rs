@@ -1,0 +1,316 @@
+//! The Blackwell (sm_100a) layer under a stage ring: warp roles, the tensor-memory (TMEM)
+//! accumulator, the `tcgen05.mma` descriptors and the programs of the warps that own and read
+//! the accumulator (ptx-notes §7).
+//!
+//! The block is the kernel's epilogue warps (threads `0..32 * epilogue_warps`, which run the
+//! kernel's code before and after the ring loop), then one TMA producer warp and one MMA warp.
+//! The MMA warp allocates the accumulator's columns, publishes their address through shared
+//! memory, runs the ring's MMA program from one elected thread (each stage released by a
+//! `tcgen05.commit` to its `empty` barrier), commits the finished accumulator to `acc_full`,
+//! and frees the columns once the epilogue arrived on `acc_empty`. The epilogue warps wait on
+//! `acc_full`, copy the accumulator to registers (`tcgen05.ld`, shape `32x32b`: warp `w` reads
+//! TMEM lanes `32 w ..`, thread `t` one row, consecutive columns, exactly the
+//! [`accumulator_layout`]), wait for the copies and hand TMEM back before the registers are
+//! used. Like the ring, the plan is plain data: the `tmem` pass writes it, `protocol_check`
+//! proves it and the PTX writer emits exactly these steps.
+
+use std::fmt;
+
+use crate::kernel::OpId;
+use crate::ring::{Operand, TmaLoad};
+use crate::schedule::Layout;
+use crate::types::DType;
+
+/// Columns of tensor memory per CTA (128 lanes of 32-bit cells each).
+pub const TMEM_COLUMNS: u32 = 512;
+/// Rows of the accumulator: one per TMEM lane (`tcgen05.mma` M = 128, `cta_group::1`).
+pub const ACC_ROWS: u32 = 128;
+/// Columns one `tcgen05.ld.32x32b` of the epilogue copies (`.x32`: 32 registers a thread).
+pub const LOAD_COLUMNS: u32 = 32;
+
+/// The register layout of a `128 x n` accumulator after `tcgen05.ld.32x32b`: thread `t` of
+/// warp `w` holds row `32 w + t`, its `n` columns in order.
+pub fn accumulator_layout(n: u32, warps: u32) -> Layout {
+    Layout::Blocked {
+        size_per_thread: [1, n],
+        threads_per_warp: [32, 1],
+        warps: [warps, 1],
+    }
+}
+
+/// The warp roles of a Blackwell ring kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Roles {
+    /// Epilogue warps (threads `0..32 * epilogue_warps`), one per 32 accumulator rows.
+    pub epilogue_warps: u32,
+    /// The warp whose elected thread issues the TMA loads (the ring's producer).
+    pub producer_warp: u32,
+    /// The warp that owns TMEM and whose elected thread issues the `tcgen05.mma`s.
+    pub mma_warp: u32,
+}
+
+impl Roles {
+    /// Threads per block.
+    pub fn threads(&self) -> u32 {
+        32 * (self.mma_warp.max(self.producer_warp) + 1)
+    }
+}
+
+/// The single-phase barriers between the MMA warp and the epilogue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AccBar {
+    /// Completes when every mma into the accumulator has (`tcgen05.commit`, count 1).
+    Full,
+    /// Completes when every epilogue warp has copied the accumulator out (count: the
+    /// epilogue warps, one elected lane each).
+    Empty,
+}
+
+/// One step of the MMA warp's or the epilogue's program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TmemStep {
+    /// `tcgen05.alloc` of `columns` by the whole warp; the address lands in the shared slot.
+    Alloc {
+        /// Columns (a power of 2 in 32..=512).
+        columns: u32,
+    },
+    /// `tcgen05.relinquish_alloc_permit`: the CTA allocates no more.
+    Relinquish,
+    /// Every thread reads the address: `tcgen05.fence::before_thread_sync`, `bar.sync 0`
+    /// (the ring's set-up barrier), `tcgen05.fence::after_thread_sync`, `ld.shared`.
+    Publish,
+    /// The ring's MMA program over the loop ([`crate::ring::Ring::consumer`]), one thread.
+    Mainloop,
+    /// `tcgen05.commit` to `acc_full` by the thread that issued the mmas.
+    CommitAcc,
+    /// A parity wait on an accumulator barrier.
+    Wait {
+        /// The barrier.
+        bar: AccBar,
+        /// The parity waited for.
+        start: u32,
+    },
+    /// One arrival per warp (its lane 0) on an accumulator barrier.
+    Arrive {
+        /// The barrier.
+        bar: AccBar,
+    },
+    /// `tcgen05.fence::after_thread_sync`: tcgen05 ops after a wait are ordered after it.
+    FenceAfter,
+    /// `tcgen05.fence::before_thread_sync`: tcgen05 ops before an arrival are ordered
+    /// before it.
+    FenceBefore,
+    /// `tcgen05.ld.sync.aligned.32x32b.x{columns}` of accumulator columns
+    /// `column .. column + columns` into registers.
+    Load {
+        /// First column.
+        column: u32,
+        /// Columns (registers a thread).
+        columns: u32,
+    },
+    /// `tcgen05.wait::ld`: every earlier `tcgen05.ld` of the thread has landed.
+    WaitLoad,
+    /// The kernel's code after the loop reads the copied registers.
+    Read,
+    /// `tcgen05.dealloc` of `columns` by the whole warp.
+    Dealloc {
+        /// Columns (those allocated).
+        columns: u32,
+    },
+}
+
+/// How `tcgen05.mma` reads one operand's stage: the shared-memory descriptor's constant
+/// fields and, per k16 step of a stage, the byte offset of its start from the stage base.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Descriptor {
+    /// Bits 14..=63 of the descriptor (LBO, SBO, bit 46, swizzle); the start address goes
+    /// into bits 0..=13.
+    pub template: u64,
+    /// Leading and stride byte offsets, and the swizzle span, as encoded.
+    pub lbo: u32,
+    /// See [`Descriptor::lbo`].
+    pub sbo: u32,
+    /// Swizzle span in bytes (32, 64 or 128).
+    pub swizzle: u32,
+    /// Byte offset of each k16 step's start from the stage base.
+    pub steps: Vec<u32>,
+}
+
+impl Descriptor {
+    /// The descriptor of ring load `l` (ptx-notes §7: the Hopper fields plus bit 46, the
+    /// swizzle code in bits 61..=63). K-major tiles (A, B stored `[N, K]`) are boxes of
+    /// `chunk` K columns; SBO is 8 rows, LBO unused (16 B), and a k16 step moves 32 bytes
+    /// inside a box. An MN-major B (stored `[K, N]`) is one 128-B box of all K rows per 64
+    /// columns of N: LBO is the boxes' distance, SBO 8 K-rows (1024 B), a k16 step 16 rows.
+    pub fn of(l: &TmaLoad) -> Descriptor {
+        let (rows, chunk) = (l.box_dims[0], l.box_dims[1]);
+        let (lbo, sbo, steps) = match l.operand {
+            Operand::KMajorA | Operand::KMajorB => {
+                let bk = chunk * l.boxes.len() as u32;
+                let steps = (0..bk / 16)
+                    .map(|s| {
+                        let (b, within) = ((16 * s) / chunk, (16 * s) % chunk);
+                        b * rows * chunk * 2 + within * 2
+                    })
+                    .collect();
+                (16, 8 * chunk * 2, steps)
+            }
+            Operand::MnMajorB => (rows * 128, 1024, (0..rows / 16).map(|s| s * 2048).collect()),
+        };
+        let code: u64 = match l.swizzle {
+            128 => 2,
+            64 => 4,
+            _ => 6,
+        };
+        Descriptor {
+            template: (code << 61)
+                | (1 << 46)
+                | (u64::from(sbo >> 4) << 32)
+                | (u64::from(lbo >> 4) << 16),
+            lbo,
+            sbo,
+            swizzle: l.swizzle,
+            steps,
+        }
+    }
+}
+
+/// The 32-bit instruction descriptor of `tcgen05.mma.kind::f16` (ptx-notes §7): f32 D,
+/// `dtype` A and B, K-major A, B transposed when it is MN-major, `N >> 3`, `M >> 4`.
+pub fn instruction_descriptor(dtype: DType, m: u32, n: u32, b_mn_major: bool) -> u32 {
+    let ab = u32::from(dtype == DType::Bf16);
+    (1 << 4)
+        | (ab << 7)
+        | (ab << 10)
+        | (u32::from(b_mn_major) << 16)
+        | ((n >> 3) << 17)
+        | ((m >> 4) << 24)
+}
+
+/// The Blackwell plan of a kernel's ring loop (see the module doc).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TmemPlan {
+    /// The ring's `for`.
+    pub for_op: OpId,
+    /// The warp roles.
+    pub roles: Roles,
+    /// TMEM columns allocated (a power of 2, 32..=512); the accumulator starts at column 0.
+    pub columns: u32,
+    /// The accumulator's columns (its N; f32, one column per element).
+    pub acc_columns: u32,
+    /// The instruction descriptor.
+    pub idesc: u32,
+    /// The operands' descriptors, A then B.
+    pub a: Descriptor,
+    /// See [`TmemPlan::a`].
+    pub b: Descriptor,
+    /// Byte offsets in shared memory of the TMEM address slot (4 B) and of `acc_full` and
+    /// `acc_empty` (8 B each).
+    pub slot_offset: u32,
+    /// See [`TmemPlan::slot_offset`].
+    pub acc_full_offset: u32,
+    /// See [`TmemPlan::slot_offset`].
+    pub acc_empty_offset: u32,
+    /// The MMA warp's program.
+    pub mma_warp: Vec<TmemStep>,
+    /// Each epilogue warp's program.
+    pub epilogue: Vec<TmemStep>,
+}
+
+impl TmemPlan {
+    /// Arrivals that complete `bar`'s phase.
+    pub fn count(&self, bar: AccBar) -> u32 {
+        match bar {
+            AccBar::Full => 1,
+            AccBar::Empty => self.roles.epilogue_warps,
+        }
+    }
+
+    /// Shared byte offset of `bar`.
+    pub fn offset(&self, bar: AccBar) -> u32 {
+        match bar {
+            AccBar::Full => self.acc_full_offset,
+            AccBar::Empty => self.acc_empty_offset,
+        }
+    }
+}
+
+impl fmt::Display for AccBar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AccBar::Full => "acc_full",
+            AccBar::Empty => "acc_empty",
+        })
+    }
+}
+
+impl fmt::Display for TmemStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TmemStep::Alloc { columns } => write!(f, "alloc {columns} cols"),
+            TmemStep::Relinquish => f.write_str("relinquish_alloc_permit"),
+            TmemStep::Publish => f.write_str("publish address"),
+            TmemStep::Mainloop => f.write_str("mainloop"),
+            TmemStep::CommitAcc => f.write_str("tcgen05.commit acc_full"),
+            TmemStep::Wait { bar, start } => write!(f, "wait {bar}(phase {start})"),
+            TmemStep::Arrive { bar } => write!(f, "arrive {bar}"),
+            TmemStep::FenceAfter => f.write_str("fence::after_thread_sync"),
+            TmemStep::FenceBefore => f.write_str("fence::before_thread_sync"),
+            TmemStep::Load { column, columns } => {
+                write!(f, "ld.32x32b.x{columns} col {column}")
+            }
+            TmemStep::WaitLoad => f.write_str("wait::ld"),
+            TmemStep::Read => f.write_str("read"),
+            TmemStep::Dealloc { columns } => write!(f, "dealloc {columns} cols"),
+        }
+    }
+}
+
+impl fmt::Display for TmemPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let join = |steps: &[TmemStep]| {
+            steps
+                .iter()
+                .map(TmemStep::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        let r = self.roles;
+        writeln!(
+            f,
+            "  roles: epilogue warps 0-{} (tcgen05.ld, the kernel's code), producer warp {} \
+             (TMA), mma warp {} (TMEM owner, one thread issues tcgen05.mma)",
+            r.epilogue_warps - 1,
+            r.producer_warp,
+            r.mma_warp
+        )?;
+        writeln!(
+            f,
+            "  tmem {}: {} of {TMEM_COLUMNS} columns; accumulator {ACC_ROWS}x{} f32 at column 0; \
+             address slot @{}, acc_full@{} x{}, acc_empty@{} x{}",
+            self.for_op,
+            self.columns,
+            self.acc_columns,
+            self.slot_offset,
+            self.acc_full_offset,
+            self.count(AccBar::Full),
+            self.acc_empty_offset,
+            self.count(AccBar::Empty)
+        )?;
+        writeln!(f, "    idesc 0x{:08X}", self.idesc)?;
+        for (name, d) in [("a", &self.a), ("b", &self.b)] {
+            let steps: Vec<String> = d.steps.iter().map(u32::to_string).collect();
+            writeln!(
+                f,
+                "    desc {name}: 0x{:016X} (lbo {} sbo {} sw{}), k16 steps at +{}",
+                d.template,
+                d.lbo,
+                d.sbo,
+                d.swizzle,
+                steps.join(" +")
+            )?;
+        }
+        writeln!(f, "    mma warp: {}", join(&self.mma_warp))?;
+        write!(f, "    epilogue: {}", join(&self.epilogue))
+    }
+}
