@@ -1,7 +1,9 @@
 //! Snapshots of the IR after every pass and of the sm_80 PTX of every test kernel, and each
 //! PTX assembled by `ptxas -arch=sm_80` with its spills checked; likewise for the kernels
 //! scheduled on sm_90a ([`SM90A`]), which must also assemble without spills and without any
-//! ptxas advisory (no C75xx wgmma serialisation).
+//! ptxas advisory (no C75xx wgmma serialisation); and for the kernels scheduled on sm_100a
+//! ([`SM100A`]), assembled by `ptxas -arch=sm_100a` without spills or advisories (never run:
+//! no Blackwell GPU here).
 //!
 //! ptxas comes from `$KILN_PTXAS`, else `.tools/cuda/bin/ptxas` under the repository root
 //! (`scripts/ensure-cuda-tool ptxas` installs it). Without it the test fails and says how to install it.
@@ -35,6 +37,45 @@ const SM90A: &[(&str, bool)] = &[
     ("attention_d256", true),
     ("attention_d256_causal", true),
 ];
+
+/// Kernels snapshotted and assembled for sm_100a (IR snapshots `<name>@sm_100a@<pass>`):
+/// the gemms, whose mainloop becomes tcgen05 with a TMEM accumulator.
+const SM100A: &[&str] = &["gemm", "gemm_bcol"];
+
+#[test]
+fn sm100a_snapshots_assemble_clean() {
+    if let Err(e) = kiln_ptx::ptxas::find_ptxas() {
+        panic!("{e}");
+    }
+    let mut s = insta::Settings::clone_current();
+    s.set_prepend_module_to_snapshot(false);
+    for (name, kernel) in ptx_examples::all_sm90a() {
+        if !SM100A.contains(&name) {
+            continue;
+        }
+        let mut k = kernel.clone();
+        let mut dumps = Vec::new();
+        run_pipeline(&mut k, Target::Sm100a, &mut |pass, k| {
+            dumps.push((pass.to_string(), print_kernel(k)))
+        })
+        .expect("pipeline");
+        for (pass, text) in dumps {
+            s.set_snapshot_path("../snapshots/ir");
+            s.bind(|| insta::assert_snapshot!(format!("{name}@sm_100a@{pass}"), text));
+        }
+        let m = kiln_ptx::compile(&kernel, Target::Sm100a).expect("compile");
+        assert!(!m.tensor_maps.is_empty(), "{name}: TMA on sm_100a");
+        s.set_snapshot_path("../snapshots/ptx");
+        s.bind(|| insta::assert_snapshot!(format!("{name}@sm_100a"), m.ptx));
+        let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm100a)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(!report.spills(), "{name} on sm_100a spills: {report}");
+        assert!(
+            report.warnings.is_empty(),
+            "{name} on sm_100a: ptxas advisories: {report}"
+        );
+    }
+}
 
 #[test]
 fn sm90a_snapshots_assemble_clean() {

@@ -374,13 +374,16 @@ pub fn check(ring: &Ring, roles: &Roles) -> Result<(), ProtocolError> {
     run_machine(ring, roles.consumer_warps)
 }
 
-/// Checks an sm_100a ring and its TMEM plan: the ring's rules with the MMA thread as its one
-/// consumer (one arrival per release), then the TMEM rules (see the module doc).
+/// Checks an sm_100a ring and its TMEM plan: the ring's static rules, the TMEM rules, then
+/// the abstract execution with the MMA thread as the ring's one consumer (one arrival per
+/// release; see the module doc).
 pub fn check_sm100a(ring: &Ring, plan: &TmemPlan) -> Result<(), ProtocolError> {
     check_init(&ring.init)?;
     check_static(ring)?;
-    run_machine(ring, 1)?;
-    tmem::check_tmem(ring, plan)
+    // The TMEM rules first: they name a plain release for what it is, which the machine
+    // would report as an early one.
+    tmem::check_tmem(ring, plan)?;
+    run_machine(ring, 1)
 }
 
 /// The abstract execution of `ring` with `consumer_warps` arriving consumer warps.

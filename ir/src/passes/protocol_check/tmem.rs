@@ -42,6 +42,10 @@ pub enum TmemError {
     /// TMEM is handed back to the owner without `fence::before_thread_sync`.
     #[error("the epilogue arrives on acc_empty without tcgen05.fence::before_thread_sync")]
     Unfenced,
+    /// The epilogue does not hand TMEM back exactly once, after its copies: the owner's wait
+    /// on `acc_empty` would hang, or pass while a copy still reads.
+    #[error("each epilogue warp must arrive on acc_empty exactly once, after tcgen05.wait::ld")]
+    NoHandBack,
     /// The epilogue does not copy every accumulator column exactly once.
     #[error("the epilogue's tcgen05.ld copies columns {got:?}; the accumulator has {acc}")]
     Coverage {
@@ -77,8 +81,9 @@ pub(super) fn check_tmem(ring: &Ring, plan: &TmemPlan) -> Result<(), ProtocolErr
             return Err(TmemError::PlainRelease(*s).into());
         }
     }
-    check_owner(plan)?;
-    check_epilogue(plan)
+    // The epilogue first: a free or an allocation there names the warp that should own it.
+    check_epilogue(plan)?;
+    check_owner(plan)
 }
 
 /// The MMA warp allocates once, relinquishes the permit, publishes the address, runs the
@@ -178,6 +183,10 @@ fn check_epilogue(plan: &TmemPlan) -> Result<(), ProtocolError> {
     }
     if pending {
         return Err(TmemError::LoadNotWaited(TmemStep::Read).into());
+    }
+    let hand_back = TmemStep::Arrive { bar: AccBar::Empty };
+    if plan.epilogue.iter().filter(|s| **s == hand_back).count() != 1 {
+        return Err(TmemError::NoHandBack.into());
     }
     let mut next = 0;
     for &(column, columns) in &loads {
