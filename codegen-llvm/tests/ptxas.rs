@@ -1,0 +1,86 @@
+//! Differential check on the CPU: for every variant of the sm_80 subset, both backends'
+//! PTX (kiln-ptx's and LLVM's NVPTX output through kiln-llvm) assembles with ptxas for
+//! sm_80, and both entries take the same parameters and launch the same way.
+
+#![cfg(feature = "llvm")]
+
+mod common;
+
+use kiln::ir::Target;
+use kiln_ptx::ptxas;
+
+/// The `.param` types of the entry of `ptx`, in order (`u64`, `u32`, `u64`, `f32`, ...).
+/// LLVM spells a signed slot `.u32` / `.u64` where kiln-ptx writes `.s32` / `.s64`: the
+/// same widths, which is all the driver packs by.
+fn param_widths(ptx: &str) -> Vec<String> {
+    let start = ptx.find(".entry").expect("an entry");
+    let end = start + ptx[start..].find(')').expect("closed parameter list");
+    ptx[start..end]
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix(".param "))
+        .map(|p| {
+            let ty = p.split_whitespace().next().unwrap_or("");
+            match ty {
+                ".s32" | ".u32" | ".b32" => "32".to_string(),
+                ".s64" | ".u64" | ".b64" => "64".to_string(),
+                other => other.to_string(),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn both_backends_assemble_with_ptxas_for_sm80() {
+    for (name, kernel, overrides, aligned) in common::VARIANTS {
+        let k = common::build(kernel, overrides, *aligned);
+        let native =
+            kiln_ptx::compile(&k, Target::Sm80).unwrap_or_else(|e| panic!("{name}: kiln-ptx: {e}"));
+        let llvm = kiln_llvm::compile(&k).unwrap_or_else(|e| panic!("{name}: kiln-llvm: {e}"));
+        let m = &llvm.ptx;
+        assert!(m.ptx.contains(".target sm_80"), "{name}: {}", m.ptx);
+        assert_eq!(m.entry, native.entry, "{name}");
+        assert_eq!(m.threads_per_block, native.threads_per_block, "{name}");
+        assert_eq!(m.dynamic_smem_bytes, native.dynamic_smem_bytes, "{name}");
+        assert_eq!(
+            param_widths(&m.ptx),
+            param_widths(&native.ptx),
+            "{name}: the entries' parameters differ"
+        );
+        for (backend, ptx) in [("kiln-ptx", &native.ptx), ("kiln-llvm", &m.ptx)] {
+            let report = ptxas::check(ptx, Target::Sm80)
+                .unwrap_or_else(|e| panic!("{name}: ptxas rejects {backend}'s PTX: {e}"));
+            println!("{name:22} {backend:9} {report}");
+        }
+    }
+}
+
+#[test]
+fn gemm_goes_through_nvvm_mma_and_ldmatrix_intrinsics() {
+    for (overrides, ldmatrix_b) in [
+        (&[][..], "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"),
+        (
+            &[("b_col_major", "true")][..],
+            "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+        ),
+    ] {
+        let m = kiln_llvm::compile(&common::build("gemm", overrides, true)).expect("compiles");
+        assert!(m.llvm_ir.contains("@llvm.nvvm.mma.m16n8k16.row.col.bf16"));
+        assert!(m.llvm_ir.contains("@llvm.nvvm.barrier0"));
+        assert!(m.llvm_ir.contains("!\"kernel\""));
+        assert!(
+            m.ptx
+                .ptx
+                .contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
+        );
+        assert!(m.ptx.ptx.contains(ldmatrix_b), "{overrides:?}");
+        assert!(!m.llvm_ir.contains(" asm "), "no inline asm");
+    }
+}
+
+#[test]
+fn softmax_reduces_with_warp_shuffles() {
+    let m = kiln_llvm::compile(&common::build("softmax", &[], true)).expect("compiles");
+    assert!(m.llvm_ir.contains("@llvm.nvvm.shfl.sync.bfly.f32"));
+    assert!(m.ptx.ptx.contains("shfl.sync.bfly.b32"));
+    assert!(m.ptx.ptx.contains("ex2.approx"));
+}
