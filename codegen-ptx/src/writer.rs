@@ -158,6 +158,9 @@ impl<'k> Writer<'k> {
         };
         self.write_prologue(&slots)?;
         match tiles {
+            Some(tiles) if self.k.schedule.tmem.is_some() => {
+                self.write_tcgen05_persistent(tiles)?
+            }
             Some(tiles) => self.write_persistent(tiles)?,
             None => {
                 let body = self.k.body.clone();

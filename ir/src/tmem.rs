@@ -4,15 +4,20 @@
 //!
 //! The block is the kernel's epilogue warps (threads `0..32 * epilogue_warps`, which run the
 //! kernel's code before and after the ring loop), then one TMA producer warp and one MMA warp.
-//! The MMA warp allocates the accumulator's columns, publishes their address through shared
-//! memory, runs the ring's MMA program from one elected thread (each stage released by a
-//! `tcgen05.commit` to its `empty` barrier), commits the finished accumulator to `acc_full`,
-//! and frees the columns once the epilogue arrived on `acc_empty`. The epilogue warps wait on
-//! `acc_full`, copy the accumulator to registers (`tcgen05.ld`, shape `32x32b`: warp `w` reads
-//! TMEM lanes `32 w ..`, thread `t` one row, consecutive columns, exactly the
-//! [`accumulator_layout`]), wait for the copies and hand TMEM back before the registers are
-//! used. Like the ring, the plan is plain data: the `tmem` pass writes it, `protocol_check`
-//! proves it and the PTX writer emits exactly these steps.
+//! The MMA warp allocates the accumulator's columns and publishes their address through shared
+//! memory ([`TmemPlan::setup`]). Per work tile (one, or each tile a persistent CTA walks), its
+//! elected thread waits until the epilogue has copied the previous tile's accumulator out
+//! (`acc_empty`), runs the ring's MMA program (each stage released by a `tcgen05.commit` to its
+//! `empty` barrier) and commits the finished accumulator to `acc_full` ([`TmemPlan::mma_tile`]);
+//! after the last tile it waits for the last copy and the warp frees the columns
+//! ([`TmemPlan::mma_exit`]). Per tile the epilogue warps wait on `acc_full`, copy the
+//! accumulator to registers (`tcgen05.ld`, shape `32x32b`: warp `w` reads TMEM lanes
+//! `32 w ..`, thread `t` one row, consecutive columns, exactly the [`accumulator_layout`]),
+//! wait for the copies and hand TMEM back on `acc_empty` before the registers are used
+//! ([`TmemPlan::epilogue`]), so the next tile's mmas run under this tile's stores. Both
+//! barriers have one phase per tile: tile `k` waits with parity `start ^ (k & 1)`, and the
+//! exit's wait with `start ^ (tiles & 1)`. Like the ring, the plan is plain data: the `tmem`
+//! pass writes it, `protocol_check` proves it and the PTX writer emits exactly these steps.
 
 use std::fmt;
 
@@ -83,11 +88,11 @@ pub enum TmemStep {
     Mainloop,
     /// `tcgen05.commit` to `acc_full` by the thread that issued the mmas.
     CommitAcc,
-    /// A parity wait on an accumulator barrier.
+    /// A parity wait on an accumulator barrier (see the module doc for the parity).
     Wait {
         /// The barrier.
         bar: AccBar,
-        /// The parity waited for.
+        /// The parity of tile 0's wait.
         start: u32,
     },
     /// One arrival per warp (its lane 0) on an accumulator barrier.
@@ -211,9 +216,13 @@ pub struct TmemPlan {
     pub acc_full_offset: u32,
     /// See [`TmemPlan::slot_offset`].
     pub acc_empty_offset: u32,
-    /// The MMA warp's program.
-    pub mma_warp: Vec<TmemStep>,
-    /// Each epilogue warp's program.
+    /// The MMA warp's steps before the roles split (its `Publish` runs in every thread).
+    pub setup: Vec<TmemStep>,
+    /// The MMA warp's elected thread, per work tile.
+    pub mma_tile: Vec<TmemStep>,
+    /// The MMA warp after its last tile: the wait by the elected thread, the rest by the warp.
+    pub mma_exit: Vec<TmemStep>,
+    /// Each epilogue warp, per work tile.
     pub epilogue: Vec<TmemStep>,
 }
 
@@ -252,7 +261,7 @@ impl fmt::Display for TmemStep {
             TmemStep::Publish => f.write_str("publish address"),
             TmemStep::Mainloop => f.write_str("mainloop"),
             TmemStep::CommitAcc => f.write_str("tcgen05.commit acc_full"),
-            TmemStep::Wait { bar, start } => write!(f, "wait {bar}(phase {start})"),
+            TmemStep::Wait { bar, start } => write!(f, "wait {bar}(phase from {start})"),
             TmemStep::Arrive { bar } => write!(f, "arrive {bar}"),
             TmemStep::FenceAfter => f.write_str("fence::after_thread_sync"),
             TmemStep::FenceBefore => f.write_str("fence::before_thread_sync"),
@@ -310,7 +319,9 @@ impl fmt::Display for TmemPlan {
                 steps.join(" +")
             )?;
         }
-        writeln!(f, "    mma warp: {}", join(&self.mma_warp))?;
-        write!(f, "    epilogue: {}", join(&self.epilogue))
+        writeln!(f, "    setup (mma warp): {}", join(&self.setup))?;
+        writeln!(f, "    mma thread, per tile: {}", join(&self.mma_tile))?;
+        writeln!(f, "    mma warp, after the tiles: {}", join(&self.mma_exit))?;
+        write!(f, "    epilogue, per tile: {}", join(&self.epilogue))
     }
 }

@@ -1,6 +1,6 @@
 //! The sm_100a schedule of the example gemm (B row- and column-major): the `pipeline` pass
-//! plans the same TMA ring as on sm_90a with a single-thread tcgen05 consumer, the `tmem` pass
-//! the accumulator, roles and descriptors, `protocol_check` accepts them and rejects broken
+//! plans the same TMA ring as on sm_90a with a single-thread tcgen05 consumer, `persistent`
+//! the same tile walk, the `tmem` pass the accumulator, roles and descriptors, `protocol_check` accepts them and rejects broken
 //! copies with a diagnostic; the PTX issues each instruction from the warp the plan names.
 //! Nothing here runs on a GPU: no Blackwell is available, so the schedule is proved by these
 //! checks and by ptxas (`ptx_snapshots`).
@@ -30,6 +30,12 @@ fn gemm(b_col_major: &str) -> (Ring, TmemPlan) {
         &[("b_col_major", b_col_major)],
     ));
     let ring = k.schedule.rings.values().next().expect("one ring").clone();
+    // Persistent CTAs in the gemm's grouped order, as on sm_90a.
+    assert!(ring.persistent);
+    assert!(matches!(
+        k.schedule.tiles,
+        Some(kiln_ir::tile_scheduler::TileScheduler::Grouped { rows: 8 })
+    ));
     (ring, k.schedule.tmem.clone().expect("a TMEM plan"))
 }
 
@@ -95,10 +101,10 @@ fn without(steps: &mut Vec<TmemStep>, s: TmemStep) {
 
 #[test]
 fn broken_schedules_are_rejected() {
-    let edits: [(&str, Edit); 10] = [
+    let edits: [(&str, Edit); 12] = [
         ("power of 2 from 32 to 512", |_, p| {
             p.columns = 1024;
-            for s in &mut p.mma_warp {
+            for s in p.setup.iter_mut().chain(&mut p.mma_exit) {
                 if let TmemStep::Alloc { columns } | TmemStep::Dealloc { columns } = s {
                     *columns = 1024;
                 }
@@ -106,24 +112,41 @@ fn broken_schedules_are_rejected() {
         }),
         ("holding the accumulator", |_, p| p.columns = 64),
         ("relinquish the allocation permit", |_, p| {
-            without(&mut p.mma_warp, TmemStep::Relinquish)
+            without(&mut p.setup, TmemStep::Relinquish)
         }),
         ("allocated and freed by the MMA warp alone", |_, p| {
             let dealloc = TmemStep::Dealloc { columns: p.columns };
-            without(&mut p.mma_warp, dealloc);
+            without(&mut p.mma_exit, dealloc);
             p.epilogue.push(dealloc);
         }),
-        ("wait on acc_empty", |_, p| {
+        // A tile's mmas would overwrite the accumulator the epilogue still copies.
+        ("before a tile's mmas overwrite the accumulator", |_, p| {
             without(
-                &mut p.mma_warp,
+                &mut p.mma_tile,
                 TmemStep::Wait {
                     bar: AccBar::Empty,
-                    start: 0,
+                    start: 1,
+                },
+            )
+        }),
+        // From parity 0, the first tile's wait would hang on a fresh barrier.
+        ("from parity 1", |_, p| {
+            p.mma_tile[0] = TmemStep::Wait {
+                bar: AccBar::Empty,
+                start: 0,
+            }
+        }),
+        ("before freeing the columns", |_, p| {
+            without(
+                &mut p.mma_exit,
+                TmemStep::Wait {
+                    bar: AccBar::Empty,
+                    start: 1,
                 },
             )
         }),
         ("commit the accumulator to acc_full", |_, p| {
-            without(&mut p.mma_warp, TmemStep::CommitAcc)
+            without(&mut p.mma_tile, TmemStep::CommitAcc)
         }),
         ("only tcgen05.commit arrives", |r, _| {
             r.consumer[2] = Step::Arrive {
@@ -227,13 +250,18 @@ fn each_warp_issues_its_own_instructions() {
         assert!(at("tcgen05.alloc") < at("tcgen05.fence::before_thread_sync"));
         assert!(at("tcgen05.fence::before_thread_sync") < at("bar.sync 0"));
         assert!(at("bar.sync 0") < at("tcgen05.fence::after_thread_sync"));
-        // Producer: TMA loads and their barriers only (A one box, B two), one thread.
+        // Producer: TMA loads and their barriers only (A one box, B two), one thread; as on
+        // sm_90a a persistent producer writes a tile's first iteration ahead of its loop.
         let boxes = if b_col_major == "true" { 2 } else { 3 };
         assert_eq!(
             count(&producer, "cp.async.bulk.tensor.2d.shared::cluster"),
-            boxes
+            2 * boxes
         );
-        assert_eq!(count(&producer, "mbarrier.arrive.expect_tx"), 1);
+        assert_eq!(count(&producer, "mbarrier.arrive.expect_tx"), 2);
+        // Every role walks the work tiles.
+        for role in [&producer, &mma, &epilogue] {
+            assert!(role.contains("mov.u32 %r") && role.contains("%nctaid.x"));
+        }
         assert_eq!(count(&producer, "tcgen05"), 0);
         // MMA warp: one thread issues K/16 = 4 mmas per stage, commits each stage to its
         // empty barrier and the accumulator to acc_full; the warp frees TMEM.

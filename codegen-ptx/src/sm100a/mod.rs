@@ -3,24 +3,38 @@
 //!
 //! The block is the kernel's epilogue warps (threads `0..32 * epilogue_warps`), a TMA
 //! producer warp and an MMA warp. Before the roles split, the MMA warp allocates the
-//! accumulator's TMEM columns ([`tmem`]) under the ring's set-up barrier. At the ring's `for`,
+//! accumulator's TMEM columns ([`tmem`]) under the ring's set-up barrier. Then each role
+//! runs its side for one work tile, or, in a persistent kernel, walks the work tiles as on
+//! sm_90a (`crate::sm90a::persistent`: the same tile order, block index and per-tile scalars):
 //! the producer's elected thread runs the ring's producer program exactly as on sm_90a (TMA
-//! and mbarriers are the same on Blackwell) and exits; the MMA warp's elected thread runs the
-//! consumer program, its mmas as `tcgen05.mma` from shared-memory descriptors, each stage
-//! released by `tcgen05.commit` ([`tcgen05`]), then commits the accumulator to `acc_full`;
-//! the whole warp then waits for the epilogue's `acc_empty`, frees the columns and exits. The
-//! epilogue warps copy the accumulator to registers, the `for`'s result, and go on with the
-//! kernel's code after the loop (its store goes through the TMA-store epilogue).
+//! and mbarriers are the same on Blackwell); the MMA warp's elected thread runs the plan's
+//! per-tile program, the ring's consumer program inside it as `tcgen05.mma` from shared-memory
+//! descriptors with each stage released by `tcgen05.commit` ([`tcgen05`]), and the warp frees
+//! the columns after the last tile; the epilogue warps copy each tile's accumulator to
+//! registers, the `for`'s result, and run the kernel's code after the loop (its store goes
+//! through the TMA-store epilogue) while the MMA warp already works on the next tile.
 
 mod tcgen05;
 mod tmem;
 
 use kiln_ir::OpId;
+use kiln_ir::tile_scheduler::TileScheduler;
 use kiln_ir::tmem::TmemPlan;
 
 use crate::CodegenError;
-use crate::types::Class;
+use crate::sm90a::Cursor;
+use crate::sm90a::persistent::{TileLoop, scalar_only};
+use crate::types::{Class, Reg};
 use crate::writer::Writer;
+
+/// A role's ops around the ring loop: in a persistent kernel, those before it (rewritten per
+/// work tile) and after it; empty otherwise (the top-level writer writes them once).
+#[derive(Default)]
+pub(crate) struct Around {
+    tiles: Option<TileScheduler>,
+    before: Vec<OpId>,
+    after: Vec<OpId>,
+}
 
 impl Writer<'_> {
     /// The kernel's TMEM plan (the `tmem` pass sets it with the ring).
@@ -32,11 +46,29 @@ impl Writer<'_> {
             .ok_or_else(|| self.internal(at, "an sm_100a ring without its TMEM plan"))
     }
 
-    /// Writes a ring's `for` on sm_100a: the three roles (see the module doc).
+    /// Writes the body of a persistent sm_100a kernel: the roles, each walking the tiles.
+    pub(crate) fn write_tcgen05_persistent(
+        &mut self,
+        tiles: TileScheduler,
+    ) -> Result<(), CodegenError> {
+        let (id, before, after) = self.persistent_parts()?;
+        let around = Around {
+            tiles: Some(tiles),
+            before,
+            after,
+        };
+        self.write_tcgen05_roles(id, &around)
+    }
+
+    /// Writes a ring's `for` on sm_100a, run once (not persistent).
     pub(crate) fn write_tcgen05_ring_loop(&mut self, id: OpId) -> Result<(), CodegenError> {
+        self.write_tcgen05_roles(id, &Around::default())
+    }
+
+    /// The three roles (see the module doc).
+    fn write_tcgen05_roles(&mut self, id: OpId, around: &Around) -> Result<(), CodegenError> {
         let ring = self.k.schedule.rings[&id].clone();
         let plan = self.tmem_plan(id)?;
-        let bounds = self.loop_bounds(id)?;
         let roles = plan.roles;
         let [is_epilogue, is_mma, idle] = [(); 3].map(|_| self.new_reg(Class::Pred));
         let (epilogue, mma) = (self.new_label(), self.new_label());
@@ -59,15 +91,60 @@ impl Writer<'_> {
             32 * roles.producer_warp
         ));
         self.ins(format!("@{idle} exit"));
-        let c = self.cursor(&ring.producer);
+        let mut c = self.cursor(&ring.producer);
+        let (tl, bounds) = self.enter_tile(id, around, &mut c, true)?;
         self.write_producer(id, &ring, &c, bounds)?;
+        self.leave_tile(tl, &c);
         self.ins("exit");
         self.label(&mma);
         self.comment("mma warp: one thread issues the tcgen05.mmas; the warp owns TMEM");
-        self.write_mma_warp(id, &ring, &plan, bounds)?;
+        self.write_mma_warp(id, &ring, &plan, around)?;
         self.ins("exit");
         self.label(&epilogue);
         self.comment("epilogue warps: the accumulator from TMEM, then the kernel's code");
-        self.write_tmem_epilogue(id, &plan, bounds)
+        self.write_tmem_epilogue(id, &plan, around)
+    }
+
+    /// Starts a role's work tile: in a persistent kernel opens its walk over the tiles and
+    /// writes the ops before the ring loop (only the scalar ones when `scalars`); returns the
+    /// walk and the loop's bounds.
+    fn enter_tile(
+        &mut self,
+        id: OpId,
+        around: &Around,
+        c: &mut Cursor,
+        scalars: bool,
+    ) -> Result<(Option<TileLoop>, [Reg; 3]), CodegenError> {
+        let tl = match around.tiles {
+            Some(tiles) => Some(self.open_tile_loop(id, tiles, c)?),
+            None => None,
+        };
+        for &op in &around.before {
+            if !scalars || scalar_only(self.k, op) {
+                self.write_op(op)?;
+            }
+        }
+        Ok((tl, self.loop_bounds(id)?))
+    }
+
+    /// Ends a role's work tile (closes the walk of a persistent kernel).
+    fn leave_tile(&mut self, tl: Option<TileLoop>, c: &Cursor) {
+        if let Some(tl) = tl {
+            self.close_tile_loop(&tl, c);
+        }
+    }
+
+    /// The parity of a wait whose tile-0 parity is `start`: flipped by the work tile's parity
+    /// (`parity`, none outside a tile loop) and, after the role's tiles (`after`), once more
+    /// in a kernel that runs a single tile (whose parity register does not exist).
+    fn acc_parity(&mut self, start: u32, parity: Option<Reg>, after: bool) -> String {
+        match parity {
+            Some(p) => {
+                let r = self.new_reg(Class::B32);
+                self.ins(format!("xor.b32 {r}, {p}, {start}"));
+                r.to_string()
+            }
+            None => (start ^ u32::from(after)).to_string(),
+        }
     }
 }

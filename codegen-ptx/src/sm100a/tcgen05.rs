@@ -5,91 +5,92 @@
 //!
 //! Each stage is `K / 16` mmas; the shared-memory descriptors are the plan's templates with
 //! the start address of each k16 step, so A (K-major) and B (K- or MN-major) are read where
-//! TMA wrote them. The first mma of the loop overwrites the accumulator (enable-input-d
+//! TMA wrote them. The first mma of a tile's loop overwrites the accumulator (enable-input-d
 //! false: it starts as zeros), every later one accumulates.
 
 use kiln_ir::OpId;
 use kiln_ir::ring::{Ring, Step};
-use kiln_ir::tmem::{TmemPlan, TmemStep};
+use kiln_ir::tmem::{AccBar, TmemPlan, TmemStep};
 
+use super::Around;
 use crate::CodegenError;
 use crate::sm90a::Cursor;
 use crate::types::{Class, Reg};
 use crate::writer::Writer;
 
 impl Writer<'_> {
-    /// The MMA warp's steps after the address is published: the single-thread ones (the
-    /// mainloop, the commits) by its elected lane 0, the others (waits, fences, dealloc) by
-    /// the whole warp, reconverged first.
+    /// The MMA warp after the address is published: its elected lane 0 runs the per-tile
+    /// program over the work tiles and the exit's wait (it alone knows how many tiles ran);
+    /// the reconverged warp runs the rest of the exit (the dealloc is warp-wide).
     pub(super) fn write_mma_warp(
         &mut self,
         id: OpId,
         ring: &Ring,
         plan: &TmemPlan,
-        bounds: [Reg; 3],
+        around: &Around,
     ) -> Result<(), CodegenError> {
         let base = self.tmem_address(plan);
-        let published = plan
-            .mma_warp
-            .iter()
-            .position(|s| *s == TmemStep::Publish)
-            .ok_or_else(|| self.internal(id, "an MMA warp program without its publish"))?;
-        let mut alone: Option<String> = None;
-        for &s in &plan.mma_warp[published + 1..] {
-            let single = matches!(s, TmemStep::Mainloop | TmemStep::CommitAcc);
-            match (single, &alone) {
-                (true, None) => {
-                    let (other, join) = (self.new_reg(Class::Pred), self.new_label());
-                    self.ins(format!(
-                        "setp.ne.u32 {other}, {}, {}",
-                        self.tid,
-                        32 * plan.roles.mma_warp
-                    ));
-                    self.ins(format!("@{other} bra {join}"));
-                    alone = Some(join);
-                }
-                (false, Some(join)) => {
-                    let join = join.clone();
-                    self.label(&join);
-                    self.ins("bar.warp.sync -1");
-                    alone = None;
-                }
-                _ => {}
-            }
+        let (other, join) = (self.new_reg(Class::Pred), self.new_label());
+        self.ins(format!(
+            "setp.ne.u32 {other}, {}, {}",
+            self.tid,
+            32 * plan.roles.mma_warp
+        ));
+        self.ins(format!("@{other} bra {join}"));
+        let mut c = self.cursor(&ring.consumer);
+        let (tl, bounds) = self.enter_tile(id, around, &mut c, true)?;
+        let parity = c.tile_parity;
+        for &s in &plan.mma_tile {
             match s {
-                TmemStep::Mainloop => self.write_tcgen05_mainloop(id, ring, plan, base, bounds)?,
+                TmemStep::Mainloop => {
+                    self.write_tcgen05_mainloop(id, ring, plan, &c, base, bounds)?
+                }
                 TmemStep::CommitAcc => {
-                    let bar = self.acc_bar(plan, kiln_ir::tmem::AccBar::Full);
+                    let bar = self.acc_bar(plan, AccBar::Full);
                     self.commit(bar);
                 }
+                TmemStep::Wait { bar, start } => self.wait_acc(plan, bar, start, parity, false),
                 other => self.tmem_step(id, plan, other, base)?,
             }
         }
-        if let Some(join) = alone {
-            self.label(&join);
+        self.leave_tile(tl, &c);
+        let Some((&TmemStep::Wait { bar, start }, rest)) = plan.mma_exit.split_first() else {
+            return Err(self.internal(id, "an MMA warp exit that does not wait for the epilogue"));
+        };
+        self.wait_acc(plan, bar, start, parity, true);
+        self.label(&join);
+        self.ins("bar.warp.sync -1");
+        for &s in rest {
+            self.tmem_step(id, plan, s, base)?;
         }
         Ok(())
     }
 
-    /// The ring's consumer program over the loop's iterations, from one thread.
+    /// The ring's consumer program over the tile's loop iterations, from one thread; the
+    /// cursor `c` goes on from tile to tile.
     fn write_tcgen05_mainloop(
         &mut self,
         id: OpId,
         ring: &Ring,
         plan: &TmemPlan,
+        c: &Cursor,
         acc: Reg,
         [lo, hi, step]: [Reg; 3],
     ) -> Result<(), CodegenError> {
-        let c = self.cursor(&ring.consumer);
         let idesc = self.new_reg(Class::B32);
         self.ins(format!("mov.u32 {idesc}, 0x{:08X}", plan.idesc));
         let iv = self.new_reg(Class::B32);
         self.mov(iv, lo);
         let counted = self.open_counted_loop(iv, hi, step);
+        // The tile's first mma overwrites the accumulator; every later one accumulates.
+        let accumulate = self.new_reg(Class::Pred);
+        self.ins(format!("setp.ne.s32 {accumulate}, {iv}, {lo}"));
         for s in ring.consumer.clone() {
             match s {
-                Step::Wait { bar, start } => self.wait(ring, &c, bar, start)?,
-                Step::Tcgen05Mma => self.issue_tcgen05(id, ring, plan, &c, acc, idesc)?,
+                Step::Wait { bar, start } => self.wait(ring, c, bar, start)?,
+                Step::Tcgen05Mma => {
+                    self.issue_tcgen05(id, ring, plan, c, acc, idesc, accumulate)?
+                }
                 Step::Tcgen05Commit { bar, lag } => {
                     let stage = if lag == 0 { c.stage } else { c.prev };
                     let a = self.bar_addr(ring, bar, stage);
@@ -109,12 +110,14 @@ impl Writer<'_> {
                 }
             }
         }
-        self.advance(&c, ring.stages);
+        self.advance(c, ring.stages);
         self.close_counted_loop(&counted);
         Ok(())
     }
 
-    /// The stage's mmas: K / 16 `tcgen05.mma`s, A and B from their stage's descriptors.
+    /// The stage's mmas: K / 16 `tcgen05.mma`s, A and B from their stage's descriptors; the
+    /// first accumulates when `accumulate` holds.
+    #[allow(clippy::too_many_arguments)]
     fn issue_tcgen05(
         &mut self,
         id: OpId,
@@ -123,6 +126,7 @@ impl Writer<'_> {
         c: &Cursor,
         acc: Reg,
         idesc: Reg,
+        accumulate: Reg,
     ) -> Result<(), CodegenError> {
         let [a, b] = &ring.loads[..] else {
             return Err(self.internal(id, "a tcgen05 ring without its two loads"));
@@ -139,8 +143,6 @@ impl Writer<'_> {
             self.ins(format!("add.u32 {base}, {base}, {}", l.offset));
             bases.push(base);
         }
-        let accumulate = self.new_reg(Class::Pred);
-        self.ins(format!("setp.ne.u32 {accumulate}, {}, 0", c.count));
         for (s, (&sa, &sb)) in plan.a.steps.iter().zip(&plan.b.steps).enumerate() {
             let (at_a, at_b) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
             self.ins(format!("add.u32 {at_a}, {}, {sa}", bases[0]));

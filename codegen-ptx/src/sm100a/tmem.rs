@@ -6,6 +6,7 @@
 use kiln_ir::OpId;
 use kiln_ir::tmem::{AccBar, TmemPlan, TmemStep};
 
+use super::Around;
 use crate::CodegenError;
 use crate::types::{Class, Reg};
 use crate::writer::{Val, Writer};
@@ -46,11 +47,7 @@ impl Writer<'_> {
             "add.u32 {slot}, {}, {}",
             self.smem, plan.slot_offset
         ));
-        for s in plan
-            .mma_warp
-            .iter()
-            .take_while(|s| **s != TmemStep::Publish)
-        {
+        for s in plan.setup.iter().take_while(|s| **s != TmemStep::Publish) {
             match *s {
                 TmemStep::Alloc { columns } => self.ins(format!(
                     "tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [{slot}], {columns}"
@@ -97,8 +94,27 @@ impl Writer<'_> {
         a
     }
 
-    /// A step of the MMA warp or the epilogue that is the same for both (`base`: the
-    /// accumulator's TMEM address).
+    /// A parity wait on an accumulator barrier (see [`Writer::acc_parity`]).
+    pub(super) fn wait_acc(
+        &mut self,
+        plan: &TmemPlan,
+        bar: AccBar,
+        start: u32,
+        parity: Option<Reg>,
+        after: bool,
+    ) {
+        let phase = self.acc_parity(start, parity, after);
+        let a = self.acc_bar(plan, bar);
+        let (p, top) = (self.new_reg(Class::Pred), self.new_label());
+        self.label(&top);
+        self.ins(format!(
+            "mbarrier.try_wait.parity.shared::cta.b64 {p}, [{a}], {phase}"
+        ));
+        self.ins(format!("@!{p} bra {top}"));
+    }
+
+    /// A step of the MMA warp or the epilogue that is the same for both and needs no phase
+    /// (`base`: the accumulator's TMEM address).
     pub(super) fn tmem_step(
         &mut self,
         id: OpId,
@@ -107,15 +123,6 @@ impl Writer<'_> {
         base: Reg,
     ) -> Result<(), CodegenError> {
         match s {
-            TmemStep::Wait { bar, start } => {
-                let a = self.acc_bar(plan, bar);
-                let (p, top) = (self.new_reg(Class::Pred), self.new_label());
-                self.label(&top);
-                self.ins(format!(
-                    "mbarrier.try_wait.parity.shared::cta.b64 {p}, [{a}], {start}"
-                ));
-                self.ins(format!("@!{p} bra {top}"));
-            }
             TmemStep::Arrive { bar } => {
                 let a = self.acc_bar(plan, bar);
                 let lane0 = self.lane0();
@@ -127,7 +134,8 @@ impl Writer<'_> {
             TmemStep::Dealloc { columns } => self.ins(format!(
                 "tcgen05.dealloc.cta_group::1.sync.aligned.b32 {base}, {columns}"
             )),
-            TmemStep::Alloc { .. }
+            TmemStep::Wait { .. }
+            | TmemStep::Alloc { .. }
             | TmemStep::Relinquish
             | TmemStep::Publish
             | TmemStep::Mainloop
@@ -140,16 +148,16 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// The epilogue warps' steps after the address is published: warp `w` copies TMEM lanes
-    /// `32 w ..` (its threads' rows) column block by column block, and [`TmemStep::Read`]
-    /// makes the registers the ring `for`'s result, in the accumulator layout's order (column
-    /// `j` of the thread's row is register `j`). A loop that ran no iteration yields its
-    /// initial value instead (no mma wrote the accumulator).
+    /// The epilogue warps, per work tile: warp `w` copies TMEM lanes `32 w ..` (its threads'
+    /// rows) column block by column block, and [`TmemStep::Read`] makes the registers the ring
+    /// `for`'s result, in the accumulator layout's order (column `j` of the thread's row is
+    /// register `j`); a persistent kernel's tile then runs the ops after the loop. A loop that
+    /// ran no iteration yields its initial value instead (no mma wrote the accumulator).
     pub(super) fn write_tmem_epilogue(
         &mut self,
         id: OpId,
         plan: &TmemPlan,
-        [lo, hi, _]: [Reg; 3],
+        around: &Around,
     ) -> Result<(), CodegenError> {
         let base = self.tmem_address(plan);
         let (warp, lanes) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
@@ -157,13 +165,10 @@ impl Writer<'_> {
         self.ins(format!("shr.u32 {warp}, {}, 5", self.tid));
         self.ins(format!("shl.b32 {lanes}, {warp}, 21"));
         self.ins(format!("add.u32 {lanes}, {lanes}, {base}"));
-        let published = plan
-            .epilogue
-            .iter()
-            .position(|s| *s == TmemStep::Publish)
-            .ok_or_else(|| self.internal(id, "an epilogue program without its publish"))?;
+        let mut c = self.cursor(&[]);
+        let (tl, [lo, hi, _]) = self.enter_tile(id, around, &mut c, false)?;
         let mut regs: Vec<Reg> = Vec::new();
-        for &s in &plan.epilogue[published + 1..] {
+        for &s in &plan.epilogue {
             match s {
                 TmemStep::Load { column, columns } => {
                     let dst: Vec<Reg> = (0..columns).map(|_| self.new_reg(Class::F32)).collect();
@@ -177,8 +182,20 @@ impl Writer<'_> {
                     regs.extend(dst);
                 }
                 TmemStep::Read => self.read_accumulator(id, &regs, lo, hi)?,
+                TmemStep::Wait { bar, start } => {
+                    self.wait_acc(plan, bar, start, c.tile_parity, false)
+                }
                 other => self.tmem_step(id, plan, other, base)?,
             }
+        }
+        for &op in &around.after {
+            if self.k.ops[op].kind != kiln_ir::OpKind::Yield {
+                self.write_op(op)?;
+            }
+        }
+        self.leave_tile(tl, &c);
+        if around.tiles.is_some() {
+            self.finish_tma_stores();
         }
         Ok(())
     }

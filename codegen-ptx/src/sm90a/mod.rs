@@ -11,7 +11,7 @@
 //! load op itself, earlier in the kernel, only names the tile's shared address. Every step
 //! comes from [`kiln_ir::ring::Ring`], the data the `protocol_check` pass proved.
 
-mod persistent;
+pub(crate) mod persistent;
 mod rotated;
 mod tma_store;
 mod wgmma;
@@ -56,7 +56,7 @@ pub(crate) struct Cursor {
     pub(crate) prev: Reg,
     pub(crate) count: Reg,
     phases: Vec<(Bar, Reg)>,
-    tile_parity: Option<Reg>,
+    pub(crate) tile_parity: Option<Reg>,
 }
 
 impl Writer<'_> {

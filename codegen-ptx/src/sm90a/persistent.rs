@@ -18,7 +18,7 @@ use crate::types::{Class, Reg};
 use crate::writer::Writer;
 
 /// The registers of a role's walk over the work tiles.
-struct TileLoop {
+pub(crate) struct TileLoop {
     /// `k * nctaid.x`: where the role's `k`-th wave starts in the tile order.
     wave: Reg,
     ctas: Reg,
@@ -27,9 +27,9 @@ struct TileLoop {
 }
 
 impl Writer<'_> {
-    /// Writes the body of a persistent kernel (see the module doc).
-    pub(crate) fn write_persistent(&mut self, tiles: TileScheduler) -> Result<(), CodegenError> {
-        let body = self.k.body.clone();
+    /// A persistent kernel's ring loop and the top-level ops before and after it.
+    pub(crate) fn persistent_parts(&self) -> Result<(OpId, Vec<OpId>, Vec<OpId>), CodegenError> {
+        let body = &self.k.body;
         let id = *self.k.schedule.rings.keys().next().ok_or_else(|| {
             CodegenError::Diagnostic(kiln_ir::Diagnostic::internal(
                 Default::default(),
@@ -41,13 +41,18 @@ impl Writer<'_> {
             .iter()
             .position(|&op| op == id)
             .ok_or_else(|| self.internal(id, "a persistent kernel's ring loop is nested"))?;
+        Ok((id, body.ops[..at].to_vec(), body.ops[at + 1..].to_vec()))
+    }
+
+    /// Writes the body of a persistent kernel (see the module doc).
+    pub(crate) fn write_persistent(&mut self, tiles: TileScheduler) -> Result<(), CodegenError> {
+        let (id, before, after) = self.persistent_parts()?;
         let ring = self.k.schedule.rings[&id].clone();
-        let (before, after) = (&body.ops[..at], &body.ops[at + 1..]);
 
         let consumer_label = self.split_roles(id)?;
         let mut c = self.cursor(&ring.producer);
         let tl = self.open_tile_loop(id, tiles, &mut c)?;
-        for &op in before {
+        for &op in &before {
             if scalar_only(self.k, op) {
                 self.write_op(op)?;
             }
@@ -61,12 +66,12 @@ impl Writer<'_> {
         self.enter_consumers(id)?;
         let mut c = self.cursor(&ring.consumer);
         let tl = self.open_tile_loop(id, tiles, &mut c)?;
-        for &op in before {
+        for &op in &before {
             self.write_op(op)?;
         }
         let bounds = self.loop_bounds(id)?;
         let c = self.write_consumers(id, &ring, c, bounds)?;
-        for &op in after {
+        for &op in &after {
             if self.k.ops[op].kind != kiln_ir::OpKind::Yield {
                 self.write_op(op)?;
             }
@@ -80,7 +85,7 @@ impl Writer<'_> {
     /// `kiln_ir::tile_scheduler`); the loop ends past the last tile, and the block index of
     /// the tile is decoded into [`Writer::block`]. The cursor gets the wave's parity (which
     /// also flips the once barriers' phase).
-    fn open_tile_loop(
+    pub(crate) fn open_tile_loop(
         &mut self,
         id: OpId,
         tiles: TileScheduler,
@@ -172,7 +177,7 @@ impl Writer<'_> {
     }
 
     /// Moves to the role's next wave and closes the walk.
-    fn close_tile_loop(&mut self, tl: &TileLoop, c: &Cursor) {
+    pub(crate) fn close_tile_loop(&mut self, tl: &TileLoop, c: &Cursor) {
         self.ins(format!("add.u32 {0}, {0}, {1}", tl.wave, tl.ctas));
         if let Some(parity) = c.tile_parity {
             self.ins(format!("xor.b32 {parity}, {parity}, 1"));
@@ -184,7 +189,7 @@ impl Writer<'_> {
 }
 
 /// Whether `op` and everything in its regions only compute scalars (no tile, no memory).
-fn scalar_only(k: &Kernel, op: OpId) -> bool {
+pub(crate) fn scalar_only(k: &Kernel, op: OpId) -> bool {
     let o = &k.ops[op];
     let scalar_results = o
         .results

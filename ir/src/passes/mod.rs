@@ -71,7 +71,7 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
     // sm_90a: needs the final ring (overlap may deepen it) to add its per-tile barrier.
     (
         "persistent",
-        "sm_90a: persistent CTAs walking work tiles; the ring continues across tiles",
+        "sm_90a, sm_100a: persistent CTAs walking work tiles; the ring continues across tiles",
         persistent::run,
     ),
     // sm_90a: needs the final rings and their shared memory (the staging tiles go after
@@ -108,8 +108,8 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
 /// kernels.
 pub fn applies(name: &str, target: Target) -> bool {
     match name {
-        "warp_specialise" | "overlap" | "persistent" => target == Target::Sm90a,
-        "pipeline" | "tma_store" | "protocol_check" => {
+        "warp_specialise" | "overlap" => target == Target::Sm90a,
+        "pipeline" | "persistent" | "tma_store" | "protocol_check" => {
             matches!(target, Target::Sm90a | Target::Sm100a)
         }
         "tmem" => target == Target::Sm100a,

@@ -1,4 +1,4 @@
-//! sm_90a: persistent CTAs. A warp-specialised kernel whose stage ring is a loop of its top
+//! sm_90a, sm_100a: persistent CTAs. A warp-specialised kernel whose stage ring is a loop of its top
 //! level becomes persistent: the launch runs as many CTAs as fit on the GPU, and each walks
 //! work tiles (blocks of the kernel's logical grid) in the order of [`TileScheduler`]. The
 //! producer issues the next tile's loads while the consumers finish the current one (its
@@ -19,7 +19,13 @@ use super::walk;
 
 /// Makes the kernel persistent when it has the shape above; leaves it as it is otherwise.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
-    if target != Target::Sm90a || kernel.schedule.roles.is_none() {
+    // sm_100a's roles are planned later (`tmem`), for any ring; its programs run per tile.
+    let specialised = match target {
+        Target::Sm90a => kernel.schedule.roles.is_some(),
+        Target::Sm100a => !kernel.schedule.rings.is_empty(),
+        Target::Sm80 => false,
+    };
+    if !specialised {
         return Ok(());
     }
     let ring_loops: Vec<OpId> = kernel.schedule.rings.keys().copied().collect();

@@ -1,7 +1,8 @@
 //! The `tmem` pass (sm_100a): plans the Blackwell roles, the tensor-memory accumulator and the
 //! tcgen05 descriptors of a kernel's ring loop ([`crate::tmem`]).
 //!
-//! A ring qualifies when its loop carries exactly one value, the accumulator of its single
+//! A ring (persistent or not: the plan's programs run per work tile) qualifies when its loop
+//! carries exactly one value, the accumulator of its single
 //! mma (`acc = mma(x, y, acc)`, the GEMM mainloop), which starts as zeros (the first
 //! `tcgen05.mma` of a tile overwrites instead of accumulating) and has 128 rows, and the ring
 //! has no once loads. The accumulator takes the next power of 2 of its columns (at least 32)
@@ -102,7 +103,6 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         mma_warp: epilogue_warps + 1,
     };
     let mut epilogue = vec![
-        TmemStep::Publish,
         TmemStep::Wait {
             bar: AccBar::Full,
             start: 0,
@@ -130,16 +130,26 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         slot_offset,
         acc_full_offset: slot_offset + 8,
         acc_empty_offset: slot_offset + 16,
-        mma_warp: vec![
+        setup: vec![
             TmemStep::Alloc { columns },
             TmemStep::Relinquish,
             TmemStep::Publish,
-            TmemStep::Mainloop,
-            TmemStep::CommitAcc,
-            // The columns are freed once every epilogue warp has copied them out.
+        ],
+        // The accumulator is overwritten only once the previous tile's copy is out (a fresh
+        // barrier passes parity 1 at once), and freed once the last one is.
+        mma_tile: vec![
             TmemStep::Wait {
                 bar: AccBar::Empty,
-                start: 0,
+                start: 1,
+            },
+            TmemStep::FenceAfter,
+            TmemStep::Mainloop,
+            TmemStep::CommitAcc,
+        ],
+        mma_exit: vec![
+            TmemStep::Wait {
+                bar: AccBar::Empty,
+                start: 1,
             },
             TmemStep::FenceAfter,
             TmemStep::Dealloc { columns },

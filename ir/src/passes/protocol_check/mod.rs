@@ -46,13 +46,16 @@
 //! `tcgen05.commit` arriving once every `tcgen05.mma` before it has completed (so a stage
 //! released by a plain arrive while an mma may read it is an early release). Then the
 //! [`TmemPlan`]'s rules ([`TmemError`]): the allocation is a power of 2 of at most 512
-//! columns holding the accumulator; the MMA warp allocates once, relinquishes the permit,
-//! commits the accumulator to `acc_full` after the mainloop and frees its columns only after
-//! the epilogue's `acc_empty` arrival (and a fence after it); no other warp allocates or
-//! frees; the ring's stages are released only by `tcgen05.commit`; the epilogue waits on
-//! `acc_full` and fences before its first `tcgen05.ld`, copies every column once, waits for
-//! the copies (`tcgen05.wait::ld`) before the registers are read or TMEM is handed back, and
-//! fences before that hand-back.
+//! columns holding the accumulator; the MMA warp allocates once, relinquishes the permit and
+//! publishes the address before the roles split; per work tile its thread waits on
+//! `acc_empty` from parity 1 (the previous tile's copy is out) and fences before the mmas,
+//! and commits the accumulator to `acc_full` once after the mainloop; after the tiles it
+//! frees its columns only after the same wait and a fence; no other warp allocates or frees;
+//! the ring's stages are released only by `tcgen05.commit`; per tile the epilogue waits on
+//! `acc_full` from parity 0 and fences before its first `tcgen05.ld`, copies every column
+//! once, waits for the copies (`tcgen05.wait::ld`) before the registers are read or TMEM is
+//! handed back on `acc_empty` (once, fenced before). A persistent ring's machine runs
+//! sequences of work tiles as on sm_90a.
 
 use crate::diag::Diagnostic;
 use crate::kernel::Kernel;

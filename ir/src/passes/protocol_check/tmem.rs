@@ -86,65 +86,78 @@ pub(super) fn check_tmem(ring: &Ring, plan: &TmemPlan) -> Result<(), ProtocolErr
     check_owner(plan)
 }
 
-/// The MMA warp allocates once, relinquishes the permit, publishes the address, runs the
-/// mainloop, commits the accumulator to `acc_full`, waits (parity 0) for the epilogue's
-/// `acc_empty` and fences after it, and frees what it allocated.
+/// The MMA warp's set-up allocates once, relinquishes the permit and publishes the address;
+/// per tile its thread waits (from parity 1) until the previous accumulator was copied out
+/// and fences after the wait, runs the mainloop and commits the accumulator to `acc_full`
+/// once; after the tiles it waits the same way for the last copy, fences and frees what it
+/// allocated.
 fn check_owner(plan: &TmemPlan) -> Result<(), ProtocolError> {
-    let p = &plan.mma_warp;
-    let pos = |f: &dyn Fn(&TmemStep) -> bool| p.iter().position(f);
-    let alloc = pos(&|s| matches!(s, TmemStep::Alloc { columns } if *columns == plan.columns));
-    let allocs = p
-        .iter()
-        .filter(|s| matches!(s, TmemStep::Alloc { .. }))
-        .count();
-    let relinquish = pos(&|s| *s == TmemStep::Relinquish);
-    let publish = pos(&|s| *s == TmemStep::Publish);
-    let mainloop = pos(&|s| *s == TmemStep::Mainloop);
-    let commit = pos(&|s| *s == TmemStep::CommitAcc);
-    let wait = pos(&|s| {
-        *s == TmemStep::Wait {
-            bar: AccBar::Empty,
-            start: 0,
-        }
-    });
-    let dealloc = pos(&|s| matches!(s, TmemStep::Dealloc { columns } if *columns == plan.columns));
     let err = |m| Err(TmemError::Owner(m).into());
-    let (Some(alloc), 1) = (alloc, allocs) else {
-        return err("allocate the accumulator's columns exactly once");
-    };
-    let Some(relinquish) = relinquish.filter(|&r| r > alloc) else {
-        return err("relinquish the allocation permit after allocating");
-    };
-    if publish.is_none_or(|s| s < relinquish) {
-        return err("publish the TMEM address after allocating");
+    let (alloc, dealloc) = (
+        TmemStep::Alloc {
+            columns: plan.columns,
+        },
+        TmemStep::Dealloc {
+            columns: plan.columns,
+        },
+    );
+    if plan.setup != [alloc, TmemStep::Relinquish, TmemStep::Publish] {
+        return err(
+            "allocate the accumulator's columns once, relinquish the allocation permit and \
+             publish the address before the roles split",
+        );
     }
-    let (Some(mainloop), Some(commit)) = (mainloop, commit) else {
-        return err("run the mainloop and commit the accumulator to acc_full");
+    let drained = TmemStep::Wait {
+        bar: AccBar::Empty,
+        start: 1,
     };
-    if commit < mainloop || p.iter().filter(|s| **s == TmemStep::CommitAcc).count() != 1 {
-        return err("commit the accumulator to acc_full once, after the mainloop");
-    }
-    let Some(dealloc) = dealloc else {
-        return err("free the columns it allocated");
+    let tile = &plan.mma_tile;
+    let at = |s: TmemStep| tile.iter().position(|x| *x == s);
+    let once = |s: TmemStep| tile.iter().filter(|x| **x == s).count() == 1;
+    let (Some(mainloop), Some(commit)) = (at(TmemStep::Mainloop), at(TmemStep::CommitAcc)) else {
+        return err("run the mainloop and commit the accumulator to acc_full in every tile");
     };
-    match wait {
-        Some(w)
-            if w > commit && w < dealloc && p[w + 1..dealloc].contains(&TmemStep::FenceAfter) =>
-        {
-            Ok(())
-        }
-        _ => err(
-            "wait on acc_empty (the epilogue's copies are done) and fence after it before freeing the columns",
-        ),
+    if commit < mainloop || !once(TmemStep::CommitAcc) || !once(TmemStep::Mainloop) {
+        return err("commit the accumulator to acc_full once per tile, after the mainloop");
     }
+    let fenced_wait = |steps: &[TmemStep], before: usize| {
+        steps[..before]
+            .iter()
+            .position(|x| *x == drained)
+            .is_some_and(|w| steps[w + 1..before].contains(&TmemStep::FenceAfter))
+    };
+    if !fenced_wait(tile, mainloop) {
+        return err(
+            "wait on acc_empty (from parity 1) and fence after it before a tile's mmas \
+             overwrite the accumulator",
+        );
+    }
+    if let Some(s) = tile
+        .iter()
+        .chain(&plan.mma_exit)
+        .find(|s| matches!(s, TmemStep::Alloc { .. } | TmemStep::Relinquish))
+    {
+        return Err(TmemError::NotOwner(*s).into());
+    }
+    let Some(free) = plan.mma_exit.iter().position(|x| *x == dealloc) else {
+        return err("free the columns it allocated after its last tile");
+    };
+    if tile.contains(&dealloc) || !fenced_wait(&plan.mma_exit, free) {
+        return err(
+            "wait on acc_empty (the epilogue's last copy is done) and fence after it before \
+             freeing the columns",
+        );
+    }
+    Ok(())
 }
 
-/// The epilogue reads the address, waits (parity 0) on `acc_full` and fences after it before
-/// its first `tcgen05.ld`; the loads copy every column once; `tcgen05.wait::ld` comes before
-/// the registers are read and before TMEM is handed back (fenced) on `acc_empty`; it never
+/// Per tile the epilogue waits (from parity 0) on `acc_full` and fences after it before its
+/// first `tcgen05.ld`; the loads copy every column once; `tcgen05.wait::ld` comes before the
+/// registers are read and before TMEM is handed back (fenced) on `acc_empty`, once; it never
 /// allocates or frees.
 fn check_epilogue(plan: &TmemPlan) -> Result<(), ProtocolError> {
-    let (mut published, mut waited, mut fenced) = (false, false, false);
+    let published = plan.setup.contains(&TmemStep::Publish);
+    let (mut waited, mut fenced) = (false, false);
     let (mut pending, mut before_sync) = (false, false);
     let mut loads = Vec::new();
     for &s in &plan.epilogue {
@@ -152,7 +165,7 @@ fn check_epilogue(plan: &TmemPlan) -> Result<(), ProtocolError> {
             TmemStep::Alloc { .. } | TmemStep::Dealloc { .. } | TmemStep::Relinquish => {
                 return Err(TmemError::NotOwner(s).into());
             }
-            TmemStep::Publish => published = true,
+            TmemStep::Publish => {}
             TmemStep::Wait {
                 bar: AccBar::Full,
                 start: 0,
