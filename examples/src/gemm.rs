@@ -1,4 +1,4 @@
-//! `c = a @ b`: bf16 inputs, f32 accumulation, bf16 output.
+//! `c = a @ b`: bf16 or f16 inputs and output (the comptime `dtype`), f32 accumulation.
 
 use kiln::prelude::*;
 
@@ -6,25 +6,25 @@ use kiln::prelude::*;
 /// when `b_col_major`, `b[N, K]` holding `B` column-major (`B^T` row-major: each block loads
 /// `[BN, BK]` tiles and multiplies by their transpose). Each block computes one `BM x BN`
 /// tile of `c`, walking `K` in `BK` steps in a `STAGES`-deep pipelined loop; edge tiles load
-/// as zeros, so a `K` tail adds exact zeros.
+/// as zeros, so a `K` tail adds exact zeros. Every tensor is of element type `dtype`.
 ///
 /// Grid: `(cdiv(M, BM), cdiv(N, BN), 1)`. Comptime: `BM = 128`, `BN = 128`, `BK = 64`,
-/// `STAGES = 3`, `b_col_major = false`; the autotuner tries `BN` in {128, 256}, `BK` in
-/// {32, 64} and `STAGES` in {3, 4, 5} (those that do not fit shared memory are skipped).
+/// `STAGES = 3`, `b_col_major = false`, `dtype = bf16` (or `f16`); the autotuner tries `BN`
+/// in {128, 256}, `BK` in {32, 64}, `STAGES` in {3, 4, 5} (skipping what does not fit).
 ///
-/// 4 warps, each a 64x64 sub-tile (fewer ldmatrix per mma than 8 warps of 64x32), at about
-/// 230 registers and 96 KiB of shared memory: two blocks per SM. H200, 4096^3: 352 TFLOP/s
-/// (BK = 32: 323; 8 warps: 314; 4 stages, one block per SM: 285).
+/// 4 warps of 64x64 (fewer ldmatrix per mma than 8 of 64x32), ~230 registers, 96 KiB shared:
+/// 2 blocks/SM. H200, 4096^3: 352 TFLOP/s (BK = 32: 323; 8 warps: 314; 4 stages, 1/SM: 285).
 #[kernel(num_warps = 4)]
 pub fn gemm(
-    a: Tensor<bf16, 2>,
-    b: Tensor<bf16, 2>,
-    c: TensorMut<bf16, 2>,
+    a: Tensor<dtype, 2>,
+    b: Tensor<dtype, 2>,
+    c: TensorMut<dtype, 2>,
     #[comptime(default = 128)] BM: usize,
     #[comptime(default = 128, tune = [128, 256])] BN: usize,
     #[comptime(default = 64, tune = [32, 64])] BK: usize,
     #[comptime(default = 3, tune = [3, 4, 5])] STAGES: usize,
     #[comptime(default = false)] b_col_major: bool,
+    #[comptime(default = DType::Bf16)] dtype: DType,
 ) {
     let (mb, nb) = (block_id().x, block_id().y);
     let k = a.dim(1);
@@ -40,7 +40,7 @@ pub fn gemm(
         };
     }
     c.tile([BM, BN], [mb * BM, nb * BN])
-        .store(acc.cast::<bf16>());
+        .store(acc.cast_to(dtype));
 }
 
 #[cfg(test)]

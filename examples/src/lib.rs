@@ -7,15 +7,19 @@ use kiln::ir::dsl::KernelDef;
 
 pub mod attention;
 pub mod gemm;
+pub mod gemm_epilogue;
 pub mod softmax;
 pub mod vector_add;
 
-/// Every example kernel, by name: `vector_add`, `softmax`, `gemm`, `attention`.
+/// Every example kernel, by name: `vector_add`, `softmax`, `gemm`, `gemm_bias_act`,
+/// `gemm_alpha_beta`, `attention`.
 pub fn registry() -> &'static [&'static dyn KernelDef] {
     &[
         &vector_add::vector_add,
         &softmax::softmax,
         &gemm::gemm,
+        &gemm_epilogue::gemm_bias_act,
+        &gemm_epilogue::gemm_alpha_beta,
         &attention::attention,
     ]
 }
@@ -32,7 +36,17 @@ mod tests {
     #[test]
     fn every_kernel_builds_with_its_defaults() {
         let names: Vec<&str> = registry().iter().map(|k| k.name()).collect();
-        assert_eq!(names, ["vector_add", "softmax", "gemm", "attention"]);
+        assert_eq!(
+            names,
+            [
+                "vector_add",
+                "softmax",
+                "gemm",
+                "gemm_bias_act",
+                "gemm_alpha_beta",
+                "attention"
+            ]
+        );
         assert!(find("gemm").is_some_and(|k| k.name() == "gemm"));
         assert!(find("nope").is_none());
         for k in registry() {

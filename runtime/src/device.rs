@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::driver::{CudaContext, DriverError, result, sys};
-use kiln_ir::dsl::{ComptimeValue, KernelDef, ParamSig, Spec};
+use kiln_ir::dsl::{ComptimeValue, KernelDef, ParamSig, Spec, specialise};
 use kiln_ir::{DType, HostTensor, Target};
 use kiln_ptx::PtxModule;
 
@@ -248,15 +248,17 @@ impl Device {
     ) -> Result<(), LaunchError> {
         let views: Vec<ArgView<'_>> = args.iter().map(KernelArg::view).collect();
         check_grid(grid, self.grid_max)?;
-        let aligned16 = check_args(def.name(), def.signature(), &views, self.context_id())?;
+        // Element types that are comptime parameters take this launch's values.
+        let signature = specialise(def.signature(), comptime);
+        let aligned16 = check_args(def.name(), &signature, &views, self.context_id())?;
         let spec = Spec {
             comptime: comptime.clone(),
             aligned16,
         };
         let kernel = self.compile(def, &spec)?;
-        let maps = self.tensor_maps(&kernel, def.signature(), args)?;
+        let maps = self.tensor_maps(&kernel, &signature, args)?;
         // SAFETY: the caller guarantees `stream`.
-        unsafe { self.launch_views(&kernel, def.signature(), grid, &views, &maps, stream) }
+        unsafe { self.launch_views(&kernel, &signature, grid, &views, &maps, stream) }
     }
 
     /// Encodes the tensor maps an sm_90a entry takes ([`kiln_ptx::PtxModule::tensor_maps`]),

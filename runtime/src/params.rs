@@ -141,6 +141,7 @@ mod tests {
         ParamSig::Tensor {
             name: "x",
             dtype: DType::Bf16,
+            dtype_param: None,
             rank: 2,
             mutable: false,
         },

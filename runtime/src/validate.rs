@@ -172,12 +172,14 @@ mod tests {
         ParamSig::Tensor {
             name: "a",
             dtype: DType::Bf16,
+            dtype_param: None,
             rank: 2,
             mutable: false,
         },
         ParamSig::Tensor {
             name: "out",
             dtype: DType::F32,
+            dtype_param: None,
             rank: 2,
             mutable: true,
         },

@@ -173,3 +173,58 @@ fn attention_row_by(
     o.iter_mut().for_each(|x| *x /= l);
     o
 }
+
+/// An epilogue activation of `gemm_bias_act`, computed in f64.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// The identity.
+    None,
+    /// `max(x, 0)`.
+    Relu,
+    /// GELU in its tanh approximation, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`
+    /// (what the kernel computes; the exact `erf` form differs from it by up to about 1e-3).
+    GeluTanh,
+    /// `x / (1 + e^-x)`.
+    Silu,
+}
+
+impl Activation {
+    /// Every activation, in the kernel's `act` numbering (0, 1, 2, 3).
+    pub const ALL: [Activation; 4] = [
+        Activation::None,
+        Activation::Relu,
+        Activation::GeluTanh,
+        Activation::Silu,
+    ];
+
+    /// The activation of `x`.
+    pub fn apply(self, x: f64) -> f64 {
+        match self {
+            Activation::None => x,
+            Activation::Relu => x.max(0.0),
+            Activation::GeluTanh => {
+                let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044_715 * x * x * x);
+                0.5 * x * (1.0 + u.tanh())
+            }
+            Activation::Silu => x / (1.0 + (-x).exp()),
+        }
+    }
+}
+
+/// `act(ab + bias)` for the `[m, n]` product `ab` (from [`gemm`] or [`gemm_bt`]) and
+/// `bias: [n]` added to every row.
+pub fn bias_act(ab: &[f64], bias: &HostTensor, act: Activation) -> Vec<f64> {
+    let bias = bias.to_f64_vec();
+    ab.iter()
+        .enumerate()
+        .map(|(i, &x)| act.apply(x + bias[i % bias.len()]))
+        .collect()
+}
+
+/// `alpha * ab + beta * c` for the `[m, n]` product `ab` and `c: [m, n]`.
+pub fn alpha_beta(ab: &[f64], c: &HostTensor, alpha: f64, beta: f64) -> Vec<f64> {
+    ab.iter()
+        .zip(c.to_f64_vec())
+        .map(|(&x, c)| alpha * x + beta * c)
+        .collect()
+}

@@ -115,11 +115,34 @@ fn gpu_gemm_matches_reference_and_interpreter() {
                     // `a` contiguous, `b` with padded rows: both addressing paths.
                     let (da, db) = (dev.upload(&a).expect("upload"), upload_padded(&dev, &b, 8));
                     let c = output(&dev, DType::Bf16, &[m, n]);
-                    gemm.launch(&dev, grid, bm, bn, bk, stages, b_col_major, &da, &db, &c)
-                        .expect("launch");
+                    gemm.launch(
+                        &dev,
+                        grid,
+                        bm,
+                        bn,
+                        bk,
+                        stages,
+                        b_col_major,
+                        DType::Bf16,
+                        &da,
+                        &db,
+                        &c,
+                    )
+                    .expect("launch");
                     let mut ci = poisoned(&[m, n], DType::Bf16);
-                    gemm.interpret(grid, bm, bn, bk, stages, b_col_major, &a, &b, &mut ci)
-                        .expect("interpret");
+                    gemm.interpret(
+                        grid,
+                        bm,
+                        bn,
+                        bk,
+                        stages,
+                        b_col_major,
+                        DType::Bf16,
+                        &a,
+                        &b,
+                        &mut ci,
+                    )
+                    .expect("interpret");
                     let case = Case {
                         kernel: format!(
                             "gemm BM={bm} BN={bn} BK={bk} STAGES={stages} b_col_major={b_col_major}"
@@ -192,7 +215,19 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
 
     let f32_a = dev.alloc(DType::F32, &[m, k]).expect("alloc");
     let err = gemm
-        .launch(&dev, grid, 128, 128, 32, 3, false, &f32_a, &b, &c)
+        .launch(
+            &dev,
+            grid,
+            128,
+            128,
+            32,
+            3,
+            false,
+            DType::Bf16,
+            &f32_a,
+            &b,
+            &c,
+        )
         .expect_err("dtype");
     assert!(
         matches!(
@@ -212,7 +247,19 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
 
     let rank3 = dev.alloc(DType::Bf16, &[1, k, n]).expect("alloc");
     let err = gemm
-        .launch(&dev, grid, 128, 128, 32, 3, false, &a, &rank3, &c)
+        .launch(
+            &dev,
+            grid,
+            128,
+            128,
+            32,
+            3,
+            false,
+            DType::Bf16,
+            &a,
+            &rank3,
+            &c,
+        )
         .expect_err("rank");
     assert!(
         matches!(
@@ -233,7 +280,19 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
     let square = dev.alloc(DType::Bf16, &[n, m]).expect("alloc");
     let transposed = square.transpose(0, 1).expect("view");
     let err = gemm
-        .launch(&dev, grid, 128, 128, 32, 3, false, &a, &b, &transposed)
+        .launch(
+            &dev,
+            grid,
+            128,
+            128,
+            32,
+            3,
+            false,
+            DType::Bf16,
+            &a,
+            &b,
+            &transposed,
+        )
         .expect_err("inner stride");
     assert!(
         matches!(
@@ -254,7 +313,19 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
     let short = dev.alloc(DType::Bf16, &[m - 1, n]).expect("alloc");
     let too_big = short.as_strided(&[m, n], &[n, 1], 0).expect("ranks agree");
     let err = gemm
-        .launch(&dev, grid, 128, 128, 32, 3, false, &a, &b, &too_big)
+        .launch(
+            &dev,
+            grid,
+            128,
+            128,
+            32,
+            3,
+            false,
+            DType::Bf16,
+            &a,
+            &b,
+            &too_big,
+        )
         .expect_err("bounds");
     assert!(
         matches!(
@@ -275,7 +346,19 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
     );
 
     let err = gemm
-        .launch(&dev, [1, 0, 1], 128, 128, 32, 3, false, &a, &b, &c)
+        .launch(
+            &dev,
+            [1, 0, 1],
+            128,
+            128,
+            32,
+            3,
+            false,
+            DType::Bf16,
+            &a,
+            &b,
+            &c,
+        )
         .expect_err("grid");
     assert!(
         matches!(
@@ -331,8 +414,20 @@ fn gpu_misaligned_views_get_their_own_specialisation() {
         let b = tensor(&mut rng, &[k, nn], DType::Bf16, dist);
         let (da, db) = (dev.upload(&a).expect("upload"), upload_padded(&dev, &b, 1));
         let c = output(&dev, DType::Bf16, &[m, nn]);
-        gemm.launch(&dev, [1, 1, 1], 128, 128, 32, 3, false, &da, &db, &c)
-            .expect("launch");
+        gemm.launch(
+            &dev,
+            [1, 1, 1],
+            128,
+            128,
+            32,
+            3,
+            false,
+            DType::Bf16,
+            &da,
+            &db,
+            &c,
+        )
+        .expect("launch");
         let case = Case {
             kernel: "gemm (b row stride 91)".into(),
             shape: format!("m={m} n={nn} k={k}"),

@@ -78,12 +78,14 @@ const AXPB_SIG: &[ParamSig] = &[
     ParamSig::Tensor {
         name: "a",
         dtype: DType::F32,
+        dtype_param: None,
         rank: 2,
         mutable: false,
     },
     ParamSig::Tensor {
         name: "o",
         dtype: DType::F32,
+        dtype_param: None,
         rank: 2,
         mutable: true,
     },

@@ -98,6 +98,7 @@ fn gemm_matches_reference() {
                 ("BK", ComptimeValue::Usize(bk)),
                 ("STAGES", ComptimeValue::Usize(stages)),
                 ("b_col_major", ComptimeValue::Bool(b_col_major)),
+                ("dtype", ComptimeValue::DType(DType::Bf16)),
             ]);
             for (m, n, k) in [(130, 70, 50), (1, 1, 1), (128, 128, 64), (65, 200, 97)] {
                 for dist in Dist::ALL {

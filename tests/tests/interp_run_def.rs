@@ -23,12 +23,14 @@ const SIG: &[ParamSig] = &[
     ParamSig::Tensor {
         name: "x",
         dtype: DType::F32,
+        dtype_param: None,
         rank: 2,
         mutable: false,
     },
     ParamSig::Tensor {
         name: "y",
         dtype: DType::F32,
+        dtype_param: None,
         rank: 2,
         mutable: true,
     },

@@ -19,6 +19,9 @@ pub enum ComptimeKind {
     Bool,
     /// `f32`.
     F32,
+    /// [`DType`]: an element type, which tensor parameters may name (`Tensor<T, 2>`) so that
+    /// one kernel source serves several (`bf16` and `f16`).
+    DType,
 }
 
 impl ComptimeKind {
@@ -29,6 +32,7 @@ impl ComptimeKind {
             ComptimeKind::I32 => "i32",
             ComptimeKind::Bool => "bool",
             ComptimeKind::F32 => "f32",
+            ComptimeKind::DType => "DType",
         }
     }
 }
@@ -44,6 +48,8 @@ pub enum ComptimeValue {
     Bool(bool),
     /// An `f32`.
     F32(f32),
+    /// An element type.
+    DType(DType),
 }
 
 impl ComptimeValue {
@@ -54,16 +60,22 @@ impl ComptimeValue {
             ComptimeValue::I32(_) => ComptimeKind::I32,
             ComptimeValue::Bool(_) => ComptimeKind::Bool,
             ComptimeValue::F32(_) => ComptimeKind::F32,
+            ComptimeValue::DType(_) => ComptimeKind::DType,
         }
     }
 
-    /// Parses `text` as a value of `kind` (as given on the command line: `-D d=128`).
+    /// Parses `text` as a value of `kind` (as given on the command line: `-D d=128`; an
+    /// element type by its name, `-D T=f16`).
     pub fn parse(kind: ComptimeKind, text: &str) -> Option<ComptimeValue> {
         match kind {
             ComptimeKind::Usize => text.parse().ok().map(ComptimeValue::Usize),
             ComptimeKind::I32 => text.parse().ok().map(ComptimeValue::I32),
             ComptimeKind::Bool => text.parse().ok().map(ComptimeValue::Bool),
             ComptimeKind::F32 => text.parse().ok().map(ComptimeValue::F32),
+            ComptimeKind::DType => [DType::Bf16, DType::F16, DType::F32, DType::I32]
+                .into_iter()
+                .find(|d| d.name() == text)
+                .map(ComptimeValue::DType),
         }
     }
 }
@@ -75,6 +87,7 @@ impl fmt::Display for ComptimeValue {
             ComptimeValue::I32(v) => write!(f, "{v}"),
             ComptimeValue::Bool(v) => write!(f, "{v}"),
             ComptimeValue::F32(v) => write!(f, "{v:?}"),
+            ComptimeValue::DType(v) => write!(f, "{v}"),
         }
     }
 }
@@ -101,8 +114,11 @@ pub enum ParamSig {
     Tensor {
         /// Name.
         name: &'static str,
-        /// Element type.
+        /// Element type; when `dtype_param` is set, that parameter's declared default.
         dtype: DType,
+        /// The comptime [`ComptimeKind::DType`] parameter `T` of `Tensor<T, RANK>`, whose value
+        /// is the element type in each specialisation ([`ParamSig::specialised`]).
+        dtype_param: Option<&'static str>,
         /// Rank.
         rank: usize,
         /// Whether declared `TensorMut`.
@@ -125,8 +141,34 @@ impl ParamSig {
         }
     }
 
+    /// This declaration in the specialisation whose comptime values are `comptime`: a tensor
+    /// whose element type is a comptime parameter gets that parameter's value (its declared
+    /// default when `comptime` has none, which building the kernel then reports).
+    pub fn specialised(&self, comptime: &BTreeMap<String, ComptimeValue>) -> ParamSig {
+        match *self {
+            ParamSig::Tensor {
+                name,
+                dtype,
+                dtype_param: Some(param),
+                rank,
+                mutable,
+            } => ParamSig::Tensor {
+                name,
+                dtype: match comptime.get(param) {
+                    Some(ComptimeValue::DType(d)) => *d,
+                    _ => dtype,
+                },
+                dtype_param: None,
+                rank,
+                mutable,
+            },
+            ref other => other.clone(),
+        }
+    }
+
     /// The IR parameter this declaration becomes; `aligned16` is the specialisation's
-    /// alignment fact for a tensor (ignored for a scalar).
+    /// alignment fact for a tensor (ignored for a scalar). A tensor whose element type is a
+    /// comptime parameter must be [`ParamSig::specialised`] first (else it takes the default).
     pub fn to_param(&self, aligned16: bool) -> Param {
         match *self {
             ParamSig::Tensor {
@@ -134,6 +176,7 @@ impl ParamSig {
                 dtype,
                 rank,
                 mutable,
+                ..
             } => Param::Tensor {
                 name: name.to_string(),
                 dtype,
@@ -150,18 +193,23 @@ impl ParamSig {
 }
 
 /// Prints the declaration as written in the kernel's signature: `q: Tensor<bf16, 4>`,
-/// `o: TensorMut<bf16, 4>`, `scale: f32`.
+/// `o: TensorMut<bf16, 4>`, `a: Tensor<T, 2>` (element type a comptime parameter),
+/// `scale: f32`.
 impl fmt::Display for ParamSig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ParamSig::Tensor {
                 name,
                 dtype,
+                dtype_param,
                 rank,
                 mutable,
             } => {
                 let ty = if *mutable { "TensorMut" } else { "Tensor" };
-                write!(f, "{name}: {ty}<{dtype}, {rank}>")
+                match dtype_param {
+                    Some(t) => write!(f, "{name}: {ty}<{t}, {rank}>"),
+                    None => write!(f, "{name}: {ty}<{dtype}, {rank}>"),
+                }
             }
             ParamSig::Scalar { name, dtype } => write!(f, "{name}: {dtype}"),
         }
@@ -210,11 +258,21 @@ pub trait KernelDef: Sync {
     fn name(&self) -> &'static str;
     /// Comptime parameters (const generics first, then `#[comptime]` arguments).
     fn comptime_params(&self) -> &'static [ComptimeParam];
-    /// Launch parameters in order.
+    /// Launch parameters in order, as declared (see [`specialise`] for one specialisation's).
     fn signature(&self) -> &'static [ParamSig];
     /// Builds the kernel's IR for `spec`. Missing or ill-typed comptime values, and every
     /// shape or type error in the body, come back as diagnostics at the user's source.
     fn build(&self, spec: &Spec) -> Result<Kernel, Diagnostic>;
+}
+
+/// `signature` in the specialisation whose comptime values are `comptime`: every tensor's
+/// element type resolved ([`ParamSig::specialised`]). What a launch validates its arguments
+/// against.
+pub fn specialise(
+    signature: &[ParamSig],
+    comptime: &BTreeMap<String, ComptimeValue>,
+) -> Vec<ParamSig> {
+    signature.iter().map(|p| p.specialised(comptime)).collect()
 }
 
 /// Why a [`Spec`] could not be made from defaults and overrides.

@@ -133,6 +133,14 @@ pub fn mma_acc(a: impl AsValue, b: impl AsValue, c: impl AsValue) -> Value {
     context::emit(OpKind::Mma, &operands, Loc::caller())
 }
 
+/// Fails the build with `message` at the caller's line, and stands for the value the kernel
+/// could not compute: for a comptime argument outside what a kernel accepts
+/// (`if act > 3 { reject("..") } else { .. }`), which no type can rule out.
+#[track_caller]
+pub fn reject(message: &str) -> Value {
+    context::fail(Diagnostic::new(Loc::caller(), message.to_string()))
+}
+
 /// Elementwise `cond ? a : b`; constants adopt the other branch's dtype.
 #[track_caller]
 pub fn select(cond: impl AsValue, a: impl IntoOperand, b: impl IntoOperand) -> Value {

@@ -5,23 +5,28 @@ use std::collections::BTreeMap;
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Loc, OpKind, Param};
+use crate::types::DType;
 
 use super::context;
 use super::def::{ComptimeKind, ComptimeValue, ParamSig, Spec};
 use super::value::Value;
 
-/// The IR parameters for `signature`, with alignment facts taken from `spec`.
+/// The IR parameters for `signature` in `spec`: element types that are comptime parameters
+/// resolved from its comptime values, alignment facts taken from it.
 pub fn params_for(signature: &[ParamSig], spec: &Spec) -> Vec<Param> {
     signature
         .iter()
-        .map(|p| p.to_param(spec.aligned16.get(p.name()).copied().unwrap_or(false)))
+        .map(|p| {
+            p.specialised(&spec.comptime)
+                .to_param(spec.aligned16.get(p.name()).copied().unwrap_or(false))
+        })
         .collect()
 }
 
-/// A Rust type a comptime parameter may have: `usize`, `i32`, `bool`, `f32`.
+/// A Rust type a comptime parameter may have: `usize`, `i32`, `bool`, `f32`, [`DType`].
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a comptime parameter type",
-    note = "comptime parameters are usize, i32, bool or f32"
+    note = "comptime parameters are usize, i32, bool, f32 or DType"
 )]
 pub trait ComptimeArg: Sized + Copy {
     /// The kind recorded in the kernel's [`super::def::ComptimeParam`].
@@ -49,7 +54,7 @@ macro_rules! comptime_arg {
         }
     )*};
 }
-comptime_arg!(usize => Usize, i32 => I32, bool => Bool, f32 => F32);
+comptime_arg!(usize => Usize, i32 => I32, bool => Bool, f32 => F32, DType => DType);
 
 /// The comptime argument `name` from `spec`; a diagnostic at the parameter if it is missing
 /// or of another kind.

@@ -45,7 +45,14 @@ impl Value {
     /// Converts every element to `T` (`x.cast::<bf16>()`).
     #[track_caller]
     pub fn cast<T: Element>(self) -> Value {
-        context::emit(OpKind::Cast { to: T::DTYPE }, &[self], Loc::caller())
+        self.cast_to(T::DTYPE)
+    }
+
+    /// Converts every element to `dtype`, an element type known while building: a comptime
+    /// `DType` parameter (`acc.cast_to(T)` in a kernel generic over `Tensor<T, 2>`).
+    #[track_caller]
+    pub fn cast_to(self, dtype: DType) -> Value {
+        context::emit(OpKind::Cast { to: dtype }, &[self], Loc::caller())
     }
 
     /// Transposes a 2-D tile.

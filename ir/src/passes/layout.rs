@@ -1,11 +1,15 @@
 //! The `layout` pass: gives every tile value a [`Layout`] in `kernel.schedule.layouts`.
 //!
 //! Anchors: an `mma` result gets the accumulator layout of the kernel's warp grid; a `load`
-//! read only by `mma` (directly or through `transpose`) is staged in shared memory; any other
-//! `load` gets a blocked layout vectorised to 16 bytes. Layouts then flow forward through
-//! elementwise ops, reductions (slice layouts) and reshapes, and backward into values that
-//! have none of their own (`splat`, `iota`, loop-carried initial values), until nothing
-//! changes. Values left without a layout get a blocked one.
+//! read only by `mma` (directly or through `transpose`) is staged in shared memory. Layouts
+//! then flow forward through elementwise ops, reductions (slice layouts) and reshapes, and
+//! backward into values that have none of their own (`splat`, `iota`, loop-carried initial
+//! values, register `load`s), until nothing changes; then the first register `load` still
+//! without one (in op order; else the first value) gets a blocked layout vectorised to 16
+//! bytes and the rules run again. A register `load` combined elementwise with an
+//! accumulator (a GEMM epilogue's `beta * c`) thus reads in the accumulator's layout instead
+//! of converting it, which keeps the epilogue's store in the layout the sm_90a TMA store
+//! takes.
 //!
 //! Warp grid: when a reduction or a register-resident `mma` A operand exists (attention's
 //! `P @ V`), every warp owns whole rows (`num_warps x 1`), so row reductions stay inside a
@@ -159,13 +163,6 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                     }
                     set(&mut layouts, op.results[0], l);
                 }
-                OpKind::Load { .. } => {
-                    let r = op.results[0];
-                    layouts.entry(r).or_insert_with(|| {
-                        let ty = kernel.ty(r).clone();
-                        blocked(&ty, warps, reduce_dims)
-                    });
-                }
                 OpKind::Unary(_) | OpKind::Cast { .. } => {
                     flow_same(&mut layouts, op.operands[0], op.results[0]);
                 }
@@ -265,6 +262,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 | OpKind::BlockId(_)
                 | OpKind::GridDim(_)
                 | OpKind::TensorDim { .. }
+                | OpKind::Load { .. }
                 | OpKind::Splat { .. }
                 | OpKind::Iota { .. }
                 | OpKind::Transpose
@@ -274,14 +272,21 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             }
         }
         if layouts.len() == before {
-            let missing = order.iter().find_map(|&id| {
+            // A register `load` first: it is the tile the others derive from (softmax's
+            // row statistics are slices of its input's layout, not blocked of their own).
+            let unset = |v: &ValueId| kernel.ty(*v).shape().is_some() && !layouts.contains_key(v);
+            let load = order.iter().find_map(|&id| {
                 let op = &kernel.ops[id];
-                let args = op.regions.iter().flat_map(|b| b.args.iter());
-                op.results
-                    .iter()
-                    .chain(args)
-                    .copied()
-                    .find(|v| kernel.ty(*v).shape().is_some() && !layouts.contains_key(v))
+                matches!(op.kind, OpKind::Load { .. })
+                    .then(|| op.results[0])
+                    .filter(unset)
+            });
+            let missing = load.or_else(|| {
+                order.iter().find_map(|&id| {
+                    let op = &kernel.ops[id];
+                    let args = op.regions.iter().flat_map(|b| b.args.iter());
+                    op.results.iter().chain(args).copied().find(unset)
+                })
             });
             match missing {
                 Some(v) => {

@@ -4,8 +4,25 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 
-use crate::parse::signature::{ComptimeParam, Dtype, LaunchKind, LaunchParam, Signature};
+use crate::parse::signature::{
+    ComptimeKind, ComptimeParam, Dtype, Elem, LaunchKind, LaunchParam, Signature,
+};
 use crate::paths;
+
+/// The Rust type of a comptime parameter of `kind` in generated code: the primitive, or
+/// `::kiln::ir::DType`.
+fn comptime_ty(kind: ComptimeKind, span: Span) -> TokenStream {
+    match kind {
+        ComptimeKind::DType => {
+            let ir = paths::ir(span);
+            quote_spanned!(span=> #ir::DType)
+        }
+        _ => {
+            let ty = format_ident!("{}", kind.names().0, span = span);
+            quote!(#ty)
+        }
+    }
+}
 
 /// `ComptimeParam { .. }` entries.
 pub fn comptime_table(sig: &Signature) -> TokenStream {
@@ -14,8 +31,8 @@ pub fn comptime_table(sig: &Signature) -> TokenStream {
         let dsl = paths::dsl(span);
         let name = c.name.to_string();
         let option = paths::option(span);
-        let (ty, variant) = c.kind.names();
-        let (ty, variant) = (format_ident!("{ty}"), format_ident!("{variant}"));
+        let ty = comptime_ty(c.kind, span);
+        let variant = format_ident!("{}", c.kind.names().1);
         let default = match &c.default {
             Some(d) => quote_spanned!(span=> #option::Some(#dsl::ComptimeValue::#variant({ let d: #ty = #d; d }))),
             None => quote!(#option::None),
@@ -44,8 +61,21 @@ pub fn signature_table(sig: &Signature) -> TokenStream {
         let name = p.name.to_string();
         match &p.kind {
             LaunchKind::Tensor { dtype, rank, mutable } => {
-                let d = format_ident!("{}", dtype.variant());
-                quote_spanned!(span=> #dsl::ParamSig::Tensor { name: #name, dtype: #ir::DType::#d, rank: #rank, mutable: #mutable })
+                let option = paths::option(span);
+                let (dtype, param) = match dtype {
+                    Elem::Fixed(d) => {
+                        let d = format_ident!("{}", d.variant());
+                        (quote_spanned!(span=> #ir::DType::#d), quote!(#option::None))
+                    }
+                    Elem::Param { name: t, default } => {
+                        let t = t.to_string();
+                        (
+                            quote_spanned!(span=> { let d: #ir::DType = #default; d }),
+                            quote!(#option::Some(#t)),
+                        )
+                    }
+                };
+                quote_spanned!(span=> #dsl::ParamSig::Tensor { name: #name, dtype: #dtype, dtype_param: #param, rank: #rank, mutable: #mutable })
             }
             LaunchKind::Scalar(dtype) => {
                 let d = format_ident!("{}", dtype.variant());
@@ -63,7 +93,7 @@ pub fn bind_params(sig: &Signature, spec: &syn::Ident) -> TokenStream {
         let span = c.name.span();
         let dsl = paths::dsl(span);
         let name = &c.name;
-        let ty = format_ident!("{}", c.kind.names().0, span = span);
+        let ty = comptime_ty(c.kind, span);
         let text = name.to_string();
         quote_spanned!(span=> let #name: #ty = #dsl::comptime::<#ty>(#spec, #text)?;)
     });
@@ -95,7 +125,7 @@ pub enum Entry {
 pub fn entry_params(sig: &Signature, entry: Entry) -> TokenStream {
     let comptime = sig.comptime.iter().map(|c| {
         let name = &c.name;
-        let ty = format_ident!("{}", c.kind.names().0);
+        let ty = comptime_ty(c.kind, Span::call_site());
         quote!(#name: #ty)
     });
     let launch = sig.launch.iter().map(|p| {

@@ -21,6 +21,8 @@ pub enum ComptimeKind {
     Bool,
     /// `f32`.
     F32,
+    /// `DType`: an element type that tensor parameters may name.
+    DType,
 }
 
 impl ComptimeKind {
@@ -30,17 +32,20 @@ impl ComptimeKind {
             "i32" => Some(ComptimeKind::I32),
             "bool" => Some(ComptimeKind::Bool),
             "f32" => Some(ComptimeKind::F32),
+            "DType" => Some(ComptimeKind::DType),
             _ => None,
         }
     }
 
-    /// The Rust type and the `ComptimeKind`/`ComptimeValue` variant name.
+    /// The Rust type (a primitive's name, or `DType`, which the generated code names by its
+    /// absolute path) and the `ComptimeKind`/`ComptimeValue` variant name.
     pub fn names(self) -> (&'static str, &'static str) {
         match self {
             ComptimeKind::Usize => ("usize", "Usize"),
             ComptimeKind::I32 => ("i32", "I32"),
             ComptimeKind::Bool => ("bool", "Bool"),
             ComptimeKind::F32 => ("f32", "F32"),
+            ComptimeKind::DType => ("DType", "DType"),
         }
     }
 }
@@ -92,12 +97,25 @@ impl Dtype {
     }
 }
 
+/// The element type of a tensor parameter.
+pub enum Elem {
+    /// A fixed one: `Tensor<bf16, 2>`.
+    Fixed(Dtype),
+    /// A comptime `DType` parameter's value: `Tensor<T, 2>`, with `T`'s default.
+    Param {
+        /// The parameter.
+        name: Ident,
+        /// Its `#[comptime(default = ..)]` expression.
+        default: Expr,
+    },
+}
+
 /// What a launch parameter is.
 pub enum LaunchKind {
     /// `Tensor<T, R>` / `TensorMut<T, R>`.
     Tensor {
         /// Element type.
-        dtype: Dtype,
+        dtype: Elem,
         /// Rank, 1..=5.
         rank: usize,
         /// `TensorMut`.
@@ -215,7 +233,7 @@ pub fn parse_signature(sig: &syn::Signature, errors: &mut Errors) -> Signature {
                 }),
                 None => errors.at(
                     &pt.ty,
-                    "`#[comptime]` parameters must be usize, i32, bool or f32",
+                    "`#[comptime]` parameters must be usize, i32, bool, f32 or DType",
                 ),
             },
             None => {
@@ -226,8 +244,49 @@ pub fn parse_signature(sig: &syn::Signature, errors: &mut Errors) -> Signature {
         }
     }
     out.comptime.extend(comptime_args);
+    resolve_elems(&mut out, errors);
     out
 }
+
+/// Resolves the element types `launch_kind` left as names (`Tensor<T, 2>`) against the
+/// comptime parameters, which may come after the tensor in the signature.
+fn resolve_elems(sig: &mut Signature, errors: &mut Errors) {
+    for p in &mut sig.launch {
+        let LaunchKind::Tensor {
+            dtype: Elem::Param { name, default },
+            ..
+        } = &mut p.kind
+        else {
+            continue;
+        };
+        match sig.comptime.iter().find(|c| c.name == *name) {
+            Some(ComptimeParam {
+                kind: ComptimeKind::DType,
+                default: Some(d),
+                ..
+            }) => *default = d.clone(),
+            Some(ComptimeParam {
+                kind: ComptimeKind::DType,
+                default: None,
+                ..
+            }) => errors.at(
+                &*name,
+                format_args!(
+                    "`{name}` names a tensor's element type, so it needs a default, which the declared signature shows: `#[comptime(default = DType::Bf16)] {name}: DType`"
+                ),
+            ),
+            Some(_) => errors.at(
+                &*name,
+                format_args!("`{name}` is a comptime parameter, but not of type `DType`; an element type must be one"),
+            ),
+            None => errors.at(&*name, ELEM_HINT),
+        }
+    }
+}
+
+/// What a tensor's element type may be.
+const ELEM_HINT: &str =
+    "tensor element types are bf16, f16, f32 and i32, or a `#[comptime] T: DType` parameter's name";
 
 /// The options of a `#[comptime(..)]` attribute.
 #[derive(Default)]
@@ -323,10 +382,19 @@ fn launch_kind(ty: &Type, errors: &mut Errors) -> Option<LaunchKind> {
         );
         return None;
     };
-    let dtype = Dtype::from_type(elem);
-    if dtype.is_none() {
-        errors.at(elem, "tensor element types are bf16, f16, f32 and i32");
-    }
+    // A name that is no dtype is resolved against the comptime parameters later (they may
+    // follow the tensor), so its default is a placeholder until `resolve_elems`.
+    let dtype = match (Dtype::from_type(elem), elem_name(elem)) {
+        (Some(d), _) => Some(Elem::Fixed(d)),
+        (None, Some(name)) => Some(Elem::Param {
+            default: syn::parse_quote!(#name),
+            name,
+        }),
+        (None, None) => {
+            errors.at(elem, ELEM_HINT);
+            None
+        }
+    };
     let rank_expr = match rank {
         GenericArgument::Const(e) => Some(e.clone()),
         GenericArgument::Type(Type::Path(tp)) => Some(Expr::Path(syn::ExprPath {
@@ -352,6 +420,15 @@ fn launch_kind(ty: &Type, errors: &mut Errors) -> Option<LaunchKind> {
         rank: rank?,
         mutable,
     })
+}
+
+/// The name of a path type of one segment without arguments (`T`), which may name a comptime
+/// `DType` parameter.
+fn elem_name(ty: &Type) -> Option<Ident> {
+    match ty {
+        Type::Path(p) if p.qself.is_none() => p.path.get_ident().cloned(),
+        _ => None,
+    }
 }
 
 fn last_ident(ty: &Type) -> Option<&Ident> {
