@@ -306,6 +306,35 @@ fn each_warp_issues_its_own_instructions() {
 }
 
 #[test]
+fn other_tile_shapes() {
+    // Other stage shapes assemble without spills: BK of 16 and 32 (32- and 64-byte swizzled
+    // boxes), 128 (two boxes per stage), BN of 64, a deeper ring.
+    for set in [
+        &[("BK", "16")][..],
+        &[("BK", "32")],
+        &[("BK", "128"), ("STAGES", "2")],
+        &[("BN", "64"), ("b_col_major", "true")],
+        &[("STAGES", "5")],
+    ] {
+        let k = ptx_examples::build("gemm", set);
+        let m = kiln_ptx::compile(&k, Target::Sm100a).unwrap_or_else(|e| panic!("{set:?}: {e}"));
+        let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm100a)
+            .unwrap_or_else(|e| panic!("{set:?}: {e}"));
+        assert!(!report.spills(), "{set:?}: {report}");
+    }
+    // A 256-column accumulator would be a 256-register row per epilogue thread, and a 64-row
+    // one does not fill the 128 TMEM lanes: diagnostics, not spills or a wrong layout.
+    for (set, why) in [
+        (&[("BN", "256")][..], "more than 128 columns"),
+        (&[("BM", "64")], "not implemented yet"),
+    ] {
+        let k = ptx_examples::build("gemm", set);
+        let err = kiln_ptx::compile(&k, Target::Sm100a).expect_err("rejected");
+        assert!(err.to_string().contains(why), "{set:?}: {err}");
+    }
+}
+
+#[test]
 fn attention_is_not_scheduled_on_sm100a_yet() {
     let k = ptx_examples::build("attention", &[]);
     let err = kiln_ptx::compile(&k, Target::Sm100a).expect_err("not implemented");

@@ -2,11 +2,11 @@
 //! tcgen05 descriptors of a kernel's ring loop ([`crate::tmem`]).
 //!
 //! A ring (persistent or not: the plan's programs run per work tile) qualifies when its loop
-//! carries exactly one value, the accumulator of its single
-//! mma (`acc = mma(x, y, acc)`, the GEMM mainloop), which starts as zeros (the first
-//! `tcgen05.mma` of a tile overwrites instead of accumulating) and has 128 rows, and the ring
-//! has no once loads. The accumulator takes the next power of 2 of its columns (at least 32)
-//! of the 512; the TMEM address slot and the `acc_full` / `acc_empty` barriers go after the
+//! carries exactly one value, the accumulator of its single mma (`acc = mma(x, y, acc)`, the
+//! GEMM mainloop), which starts as zeros (the first `tcgen05.mma` of a tile overwrites instead
+//! of accumulating) and has 128 rows and at most 128 columns (an epilogue thread copies a
+//! whole row to registers), and the ring has no once loads. The accumulator takes the next
+//! power of 2 of its columns (at least 32) of the 512; the TMEM address slot and the `acc_full` / `acc_empty` barriers go after the
 //! rest of shared memory. Any other ring is reported as not implemented on sm_100a.
 //!
 //! In: the final rings and shared-memory plan (`pipeline`, `tma_store`). Out: the same ops;
@@ -17,11 +17,13 @@ use crate::kernel::{Const, Kernel, OpKind, ValueDef};
 use crate::ring::Operand;
 use crate::target::Target;
 use crate::tmem::{
-    ACC_ROWS, AccBar, Descriptor, LOAD_COLUMNS, Roles, TMEM_COLUMNS, TmemPlan, TmemStep,
-    instruction_descriptor,
+    ACC_ROWS, AccBar, Descriptor, LOAD_COLUMNS, Roles, TmemPlan, TmemStep, instruction_descriptor,
 };
 
 use super::walk::first_ring_loc;
+
+/// The widest accumulator the epilogue copies to registers whole.
+const MAX_ACC_COLUMNS: u32 = 128;
 
 /// Plans the ring loop's TMEM accumulator; does nothing on other targets or without rings.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
@@ -74,12 +76,16 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     if m != ACC_ROWS || a.operand != Operand::KMajorA {
         return Err(unsupported("its accumulator does not have 128 rows"));
     }
-    let columns = n.next_power_of_two().max(32);
-    if columns > TMEM_COLUMNS {
+    // Each epilogue thread holds a whole accumulator row in registers: 128 f32 of its 255
+    // (ptxas spills a 256-column row). So the accumulator takes at most 128 of the 512 TMEM
+    // columns.
+    if n > MAX_ACC_COLUMNS {
         return Err(unsupported(
-            "its accumulator needs more than 512 TMEM columns",
+            "its accumulator has more than 128 columns, a row of which one epilogue thread \
+             would hold in registers",
         ));
     }
+    let columns = n.next_power_of_two().max(32);
     let dtype = kernel.ty(kernel.ops[a.load].results[0]).dtype();
     let idesc = instruction_descriptor(dtype, m, n, b.operand == Operand::MnMajorB);
     let (a, b) = (Descriptor::of(a), Descriptor::of(b));
