@@ -255,10 +255,13 @@ fn an_unknown_activation_is_a_diagnostic() {
     );
 }
 
+/// Comptime overrides, as `-D name=value` pairs.
+type Overrides = &'static [(&'static str, &'static str)];
+
 /// `(name, kernel, comptime overrides, snapshot)`: the defaults of both kernels with
 /// snapshots; the other activations, column-major B and f16 through ptxas only (their PTX
 /// differs from a snapshotted one by a few lines).
-const VARIANTS: &[(&str, &dyn KernelDef, &[(&str, &str)], bool)] = &[
+const VARIANTS: &[(&str, &dyn KernelDef, Overrides, bool)] = &[
     ("gemm_bias_act", &gemm_bias_act, &[], true),
     ("gemm_bias_act_relu", &gemm_bias_act, &[("act", "1")], false),
     ("gemm_bias_act_gelu", &gemm_bias_act, &[("act", "2")], false),
@@ -376,4 +379,52 @@ fn sm90a_schedules_each_epilogue_as_the_gemm() {
             );
         }
     }
+}
+
+/// The comptime element type: declared as the parameter's name (what `kiln list` prints),
+/// resolved per specialisation (what a launch validates against), parsed from `-D`.
+#[test]
+fn a_comptime_dtype_names_the_element_type() {
+    use kiln_ir::dsl::{ComptimeKind, ParamSig, specialise};
+    let declared: Vec<String> = gemm.signature().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        declared,
+        [
+            "a: Tensor<dtype, 2>",
+            "b: Tensor<dtype, 2>",
+            "c: TensorMut<dtype, 2>"
+        ]
+    );
+    let dtype = gemm.comptime_params().iter().find(|p| p.name == "dtype");
+    assert_eq!(
+        dtype.map(|p| (p.kind, p.default)),
+        Some((ComptimeKind::DType, Some(ComptimeValue::DType(DType::Bf16))))
+    );
+    assert_eq!(
+        ComptimeValue::parse(ComptimeKind::DType, "f16"),
+        Some(ComptimeValue::DType(DType::F16))
+    );
+    assert_eq!(ComptimeValue::parse(ComptimeKind::DType, "f64"), None);
+    let ct = comptime(&gemm_alpha_beta, TILES[0], false, DType::F16, &[]);
+    let resolved = specialise(gemm_alpha_beta.signature(), &ct);
+    let dtypes: Vec<Option<DType>> = resolved
+        .iter()
+        .map(|p| match p {
+            ParamSig::Tensor {
+                dtype, dtype_param, ..
+            } => {
+                assert_eq!(*dtype_param, None, "{p}");
+                Some(*dtype)
+            }
+            ParamSig::Scalar { .. } => None,
+        })
+        .collect();
+    let h = Some(DType::F16);
+    assert_eq!(dtypes, [h, h, h, h, None, None]);
+    assert_eq!(resolved[4].to_string(), "alpha: f32");
+    let bad = Spec::from_defaults(&gemm, &[("dtype".into(), "f64".into())]);
+    assert_eq!(
+        bad.map(|_| ()).map_err(|e| e.to_string()),
+        Err("comptime parameter `dtype` is a DType, and `f64` is not one".to_string())
+    );
 }

@@ -105,8 +105,8 @@ pub enum Elem {
     Param {
         /// The parameter.
         name: Ident,
-        /// Its `#[comptime(default = ..)]` expression.
-        default: Expr,
+        /// Its `#[comptime(default = ..)]` expression (boxed: an `Expr` is large).
+        default: Box<Expr>,
     },
 }
 
@@ -264,7 +264,7 @@ fn resolve_elems(sig: &mut Signature, errors: &mut Errors) {
                 kind: ComptimeKind::DType,
                 default: Some(d),
                 ..
-            }) => *default = d.clone(),
+            }) => **default = d.clone(),
             Some(ComptimeParam {
                 kind: ComptimeKind::DType,
                 default: None,
@@ -387,7 +387,7 @@ fn launch_kind(ty: &Type, errors: &mut Errors) -> Option<LaunchKind> {
     let dtype = match (Dtype::from_type(elem), elem_name(elem)) {
         (Some(d), _) => Some(Elem::Fixed(d)),
         (None, Some(name)) => Some(Elem::Param {
-            default: syn::parse_quote!(#name),
+            default: Box::new(syn::parse_quote!(#name)),
             name,
         }),
         (None, None) => {
