@@ -141,6 +141,9 @@ def merge(args):
             ratio = r["kiln_tflops"] / p["tflops"]
             out[name] = {k: p[k] for k in ("ms_median", "ms_min", "tflops", "input_sets", "ms_all")}
             out[f"ratio_vs_{name}"] = ratio
+            if name == "cudnn":
+                # The headline figure: kiln against cuDNN.
+                out["ratio"] = ratio
             cells += [f"{p['ms_median']:.3f}", f"{p['tflops']:.1f}", f"{ratio:.3f}"]
         cells.append(f"{r['rel_error_sampled_rows']:.1e}" + ("" if r["correct"] else " WRONG"))
         table.append(cells)
