@@ -9,6 +9,8 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
+use clap::Parser;
+
 use kiln::ir::dsl::{KernelDef, Spec};
 use kiln::ir::{DType, HostTensor, Target};
 use kiln::runtime::Device;
@@ -17,45 +19,35 @@ use kiln_tests::check::{poisoned, rel_error, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 
-/// Problem shape and variant, from the command line.
+/// Compiles the DSL attention kernel, shows its PTX statistics, and runs it on the GPU (its own
+/// target) when a CUDA driver is present, else on the CPU interpreter, checked against an f64
+/// reference.
+#[derive(Parser)]
+#[command(version)]
 struct Options {
+    /// Head dimension (64, 128 or 256).
+    #[arg(long, default_value_t = 128, value_parser = positive)]
     d: usize,
+    /// Causal attention (bottom-right aligned).
+    #[arg(long)]
     causal: bool,
+    /// Batch size.
+    #[arg(long, default_value_t = 1, value_parser = positive)]
     batch: usize,
+    /// Heads.
+    #[arg(long, default_value_t = 2, value_parser = positive)]
     heads: usize,
+    /// Sequence length (default: 1000 on the GPU, 200 on the interpreter).
+    #[arg(long, value_parser = positive)]
     seq: Option<usize>,
 }
 
-fn parse() -> Result<Options, String> {
-    let mut o = Options {
-        d: 128,
-        causal: false,
-        batch: 1,
-        heads: 2,
-        seq: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        let mut num = |flag: &str| -> Result<usize, String> {
-            it.next()
-                .and_then(|v| v.parse().ok())
-                .filter(|&n| n > 0)
-                .ok_or_else(|| format!("`{flag}` needs a positive integer"))
-        };
-        match a.as_str() {
-            "--d" => o.d = num("--d")?,
-            "--batch" => o.batch = num("--batch")?,
-            "--heads" => o.heads = num("--heads")?,
-            "--seq" => o.seq = Some(num("--seq")?),
-            "--causal" => o.causal = true,
-            s => {
-                return Err(format!(
-                    "unknown argument `{s}`; usage: attention [--d 64|128] [--causal] [--batch B] [--heads H] [--seq S]"
-                ));
-            }
-        }
-    }
-    Ok(o)
+/// A positive integer.
+fn positive(s: &str) -> Result<usize, String> {
+    s.parse()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("expected a positive integer, got `{s}`"))
 }
 
 fn main() -> ExitCode {
@@ -69,7 +61,7 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), String> {
-    let o = parse()?;
+    let o = Options::parse();
     // The GPU's own target when there is one (sm_90a on Hopper), else the portable sm_80
     // whose kernel the interpreter runs.
     let device = Device::new(0);
