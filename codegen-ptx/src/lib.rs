@@ -3,7 +3,9 @@
 //! Turns a verified kernel into PTX text for a [`Target`]: [`compile`] runs the pass pipeline
 //! (`kiln_ir::passes`) on a copy of the kernel, then [`writer::Writer`] writes the scheduled
 //! kernel: on sm_80 with `mma.sync`, `ldmatrix`, `cp.async` and warp shuffles; on sm_90a the
-//! same, plus the `pipeline` pass's stage rings as a warp-specialised TMA/wgmma loop (`sm90a`).
+//! same, plus the `pipeline` pass's stage rings as a warp-specialised TMA/wgmma loop (`sm90a`);
+//! on sm_100a the rings as a TMA/`tcgen05.mma` loop with its accumulator in tensor memory
+//! (`sm100a`).
 //!
 //! **The launch ABI** (parameter order and types, launch geometry, dynamic shared memory) is
 //! specified in [`abi`]; [`abi::slots`] lists an entry's parameters for the runtime.

@@ -91,19 +91,11 @@ impl Writer<'_> {
                 Step::Tcgen05Mma => {
                     self.issue_tcgen05(id, ring, plan, c, acc, idesc, accumulate)?
                 }
-                Step::Tcgen05Commit { bar, lag } => {
-                    let stage = if lag == 0 { c.stage } else { c.prev };
-                    let a = self.bar_addr(ring, bar, stage);
-                    if lag == 0 {
-                        self.commit(a);
-                    } else {
-                        // Skipped while fewer than `lag` iterations ran.
-                        let (skip, p) = (self.new_label(), self.new_reg(Class::Pred));
-                        self.ins(format!("setp.lt.u32 {p}, {}, {lag}", c.count));
-                        self.ins(format!("@{p} bra {skip}"));
-                        self.commit(a);
-                        self.label(&skip);
-                    }
+                // The pipeline pass releases the stage just read (lag 0): the commit's arrival
+                // already waits for the mmas reading it.
+                Step::Tcgen05Commit { bar, lag: 0 } => {
+                    let a = self.bar_addr(ring, bar, c.stage);
+                    self.commit(a);
                 }
                 other => {
                     return Err(self.internal(id, format!("`{other}` in a tcgen05 ring program")));

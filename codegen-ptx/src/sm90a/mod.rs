@@ -53,8 +53,8 @@ pub(crate) fn tensor_maps(k: &Kernel) -> Vec<TensorMapSpec> {
 /// persistent kernel also the parity of the work tile (the once barriers' phase).
 pub(crate) struct Cursor {
     pub(crate) stage: Reg,
-    pub(crate) prev: Reg,
-    pub(crate) count: Reg,
+    prev: Reg,
+    count: Reg,
     phases: Vec<(Bar, Reg)>,
     pub(crate) tile_parity: Option<Reg>,
 }
