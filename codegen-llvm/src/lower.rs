@@ -81,7 +81,9 @@ pub fn compile(kernel: &Kernel) -> Result<LlvmModule, LlvmError> {
 /// Lowers a kernel already scheduled for sm_80 to LLVM IR, optimises it (`default<O3>`) and
 /// writes PTX with LLVM's NVPTX target (`sm_80`, PTX ISA 7.5).
 pub fn compile_scheduled(k: &Kernel) -> Result<LlvmModule, LlvmError> {
-    LlvmTarget::initialize_nvptx(&InitializationConfig::default());
+    // LLVM's target registry is global: register NVPTX once, whichever thread compiles first.
+    static NVPTX: std::sync::Once = std::sync::Once::new();
+    NVPTX.call_once(|| LlvmTarget::initialize_nvptx(&InitializationConfig::default()));
     let triple = TargetTriple::create("nvptx64-nvidia-cuda");
     let target = LlvmTarget::from_triple(&triple).map_err(|e| LlvmError::Llvm(e.to_string()))?;
     let tm = target
@@ -547,20 +549,20 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
     fn sreg(&self, name: &str) -> Result<IntValue<'ctx>, LlvmError> {
         let v = self.intrinsic(
             &format!("llvm.nvvm.read.ptx.sreg.{name}"),
-            Some(self.cx.i32_type().into()),
+            self.cx.i32_type().into(),
             &[],
         )?;
         Ok(v.into_int_value())
     }
 
-    /// Calls intrinsic `name` (declared on first use with the arguments' types) and returns
-    /// its result (an unused `i1` false for a void intrinsic).
-    pub(crate) fn intrinsic(
+    /// Calls intrinsic `name`, declared on first use with the arguments' types and `ret`
+    /// (`None`: void); returns its result, if any.
+    fn call(
         &self,
         name: &str,
         ret: Option<BasicTypeEnum<'ctx>>,
         args: &[BasicValueEnum<'ctx>],
-    ) -> Result<BasicValueEnum<'ctx>, LlvmError> {
+    ) -> Result<Option<BasicValueEnum<'ctx>>, LlvmError> {
         let f = self.m.get_function(name).unwrap_or_else(|| {
             let tys: Vec<BasicMetadataTypeEnum> =
                 args.iter().map(|a| a.get_type().into()).collect();
@@ -571,16 +573,28 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
             self.m.add_function(name, fty, None)
         });
         let args: Vec<BasicMetadataValueEnum> = args.iter().map(|&a| a.into()).collect();
-        let call = self.b.build_call(f, &args, "")?;
-        Ok(match call.try_as_basic_value() {
-            ValueKind::Basic(v) => v,
-            ValueKind::Instruction(_) => self.cx.bool_type().const_zero().into(),
-        })
+        Ok(
+            match self.b.build_call(f, &args, "")?.try_as_basic_value() {
+                ValueKind::Basic(v) => Some(v),
+                ValueKind::Instruction(_) => None,
+            },
+        )
+    }
+
+    /// Calls intrinsic `name`, which returns a `ret`.
+    pub(crate) fn intrinsic(
+        &self,
+        name: &str,
+        ret: BasicTypeEnum<'ctx>,
+        args: &[BasicValueEnum<'ctx>],
+    ) -> Result<BasicValueEnum<'ctx>, LlvmError> {
+        self.call(name, Some(ret), args)?
+            .ok_or_else(|| LlvmError::Llvm(format!("{name} returned nothing")))
     }
 
     /// `bar.sync 0` (`llvm.nvvm.barrier0`).
     pub(crate) fn barrier(&self) -> Result<(), LlvmError> {
-        self.intrinsic("llvm.nvvm.barrier0", None, &[])?;
+        self.call("llvm.nvvm.barrier0", None, &[])?;
         Ok(())
     }
 

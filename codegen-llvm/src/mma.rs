@@ -97,9 +97,7 @@ impl<'ctx> Lower<'_, 'ctx> {
         let x4: BasicTypeEnum = self.cx.struct_type(&[i32t.into(); 4], false).into();
         let ldmatrix = |l: &Self, name: &str, row: IntValue<'ctx>, col: IntValue<'ctx>, buf| {
             let p = l.smem_element(buf, row, col, sptr)?;
-            let s = l
-                .intrinsic(name, Some(x4), &[p.into()])?
-                .into_struct_value();
+            let s = l.intrinsic(name, x4, &[p.into()])?.into_struct_value();
             (0..4)
                 .map(|i| Ok(l.b.build_extract_value(s, i, "")?))
                 .collect::<Result<Vec<BasicValueEnum<'ctx>>, LlvmError>>()
@@ -199,7 +197,7 @@ impl<'ctx> Lower<'_, 'ctx> {
             }
         };
         let args: Vec<BasicValueEnum<'ctx>> = ab.into_iter().chain(c.iter().copied()).collect();
-        let s = self.intrinsic(name, Some(ret), &args)?.into_struct_value();
+        let s = self.intrinsic(name, ret, &args)?.into_struct_value();
         let mut out = [c[0]; 4];
         for (i, o) in out.iter_mut().enumerate() {
             *o = self.b.build_extract_value(s, i as u32, "")?;

@@ -104,17 +104,7 @@ impl<'ctx> Lower<'_, 'ctx> {
                 continue;
             };
             let e = self.dist(v, id)?;
-            // Each element of `v` the result needs must be in the same thread: the thread
-            // terms agree, or `v` is broadcast (extent 1, no terms) along a dimension.
-            let fits = vshape.rank() == shape.rank()
-                && (0..shape.rank()).all(|k| {
-                    if vshape.dims()[k] == 1 && shape.dims()[k] != 1 {
-                        e.terms[k].is_empty()
-                    } else {
-                        e.terms[k] == d.terms[k]
-                    }
-                });
-            if !fits {
+            if !e.broadcasts_to(&vshape, &d, &shape) {
                 return Err(self.unsupported(id, "operands in layouts that need a conversion"));
             }
             let map: HashMap<Vec<u32>, usize> = e
@@ -184,7 +174,7 @@ impl<'ctx> Lower<'_, 'ctx> {
                 let x = self.widen(x, dtype)?;
                 let f32t = self.cx.f32_type();
                 let call = |name: &str, x: FloatValue<'ctx>| {
-                    self.intrinsic(name, Some(f32t.into()), &[x.into()])
+                    self.intrinsic(name, f32t.into(), &[x.into()])
                         .map(BasicValueEnum::into_float_value)
                 };
                 let y = match u {
@@ -255,10 +245,10 @@ impl<'ctx> Lower<'_, 'ctx> {
                     BinaryOp::Rem => b.build_float_rem(x, y, "")?,
                     // minnum/maxnum: a NaN operand yields the other, as the IR specifies.
                     BinaryOp::Min => self
-                        .intrinsic("llvm.minnum.f32", Some(f32t.into()), &[x.into(), y.into()])?
+                        .intrinsic("llvm.minnum.f32", f32t.into(), &[x.into(), y.into()])?
                         .into_float_value(),
                     BinaryOp::Max => self
-                        .intrinsic("llvm.maxnum.f32", Some(f32t.into()), &[x.into(), y.into()])?
+                        .intrinsic("llvm.maxnum.f32", f32t.into(), &[x.into(), y.into()])?
                         .into_float_value(),
                     BinaryOp::Lt => return cmp(FloatPredicate::OLT),
                     BinaryOp::Le => return cmp(FloatPredicate::OLE),
@@ -381,8 +371,8 @@ impl<'ctx> Lower<'_, 'ctx> {
     ) -> Result<BasicValueEnum<'ctx>, LlvmError> {
         let i16t = self.cx.i16_type();
         match dtype {
-            DType::Bf16 => self.intrinsic("llvm.nvvm.f2bf16.rn", Some(i16t.into()), &[x.into()]),
-            DType::F16 => self.intrinsic("llvm.nvvm.f2h.rn", Some(i16t.into()), &[x.into()]),
+            DType::Bf16 => self.intrinsic("llvm.nvvm.f2bf16.rn", i16t.into(), &[x.into()]),
+            DType::F16 => self.intrinsic("llvm.nvvm.f2h.rn", i16t.into(), &[x.into()]),
             DType::F32 | DType::I32 | DType::Bool => Ok(x.into()),
         }
     }
@@ -416,19 +406,9 @@ impl<'ctx> Lower<'_, 'ctx> {
             };
             acc.insert(key, v);
         }
-        // Lane masks to exchange across: each term of `dim` spreads the dimension over
-        // `modulo` groups of `div` consecutive threads.
-        let mut masks = Vec::new();
-        for t in &src.terms[dim] {
-            if t.div * t.modulo > 32 {
-                return Err(self.unsupported(id, "a reduction across warps"));
-            }
-            let mut m = t.div;
-            while m < t.div * t.modulo {
-                masks.push(m);
-                m *= 2;
-            }
-        }
+        let masks = src
+            .lane_masks(dim)
+            .ok_or_else(|| self.unsupported(id, "a reduction across warps"))?;
         let (i32t, f32t) = (self.cx.i32_type(), self.cx.f32_type());
         let (shfl, ty) = match dtype {
             DType::F32 => ("llvm.nvvm.shfl.sync.bfly.f32", f32t.into()),
@@ -448,7 +428,7 @@ impl<'ctx> Lower<'_, 'ctx> {
                 let all = i32t.const_all_ones().into();
                 let lane_mask = i32t.const_int(u64::from(m), false).into();
                 let clamp = i32t.const_int(31, false).into();
-                let o = self.intrinsic(shfl, Some(ty), &[all, v, lane_mask, clamp])?;
+                let o = self.intrinsic(shfl, ty, &[all, v, lane_mask, clamp])?;
                 v = self.combine(id, rop, dtype, v, o)?;
             }
             out.push(v);

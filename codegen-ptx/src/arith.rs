@@ -2,7 +2,7 @@
 //! with broadcasting of slice-layout operands. bf16 and f16 are computed in f32 and rounded
 //! after each operation, as the IR specifies.
 
-use kiln_ir::schedule::Term;
+use kiln_ir::schedule::Distribution;
 use kiln_ir::{BinaryOp, DType, OpId, OpKind, Shape, UnaryOp, ValueId};
 
 use crate::CodegenError;
@@ -65,7 +65,7 @@ impl Writer<'_> {
         }
         let d = self.dist(r, id)?;
         for &v in &op.operands {
-            self.check_broadcast(v, &shape, &d.terms, id)?;
+            self.check_broadcast(v, &shape, &d, id)?;
         }
         if self.fusable(id, r) {
             self.vals.insert(r, Val::Lazy(id));
@@ -79,28 +79,19 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// Checks that tile operand `v` of an op with result `shape` and thread terms `terms`
-    /// either has the same terms or is a slice of them along its broadcast dimensions, so
-    /// that elements can be matched by register offsets.
+    /// Checks that tile operand `v` of an op with result `shape` in distribution `d` can be
+    /// matched to it by register offsets ([`Distribution::broadcasts_to`]).
     fn check_broadcast(
         &mut self,
         v: ValueId,
         shape: &Shape,
-        terms: &[Vec<Term>],
+        d: &Distribution,
         id: OpId,
     ) -> Result<(), CodegenError> {
         let Some(vshape) = self.k.ty(v).shape().cloned() else {
             return Ok(());
         };
-        let e = self.dist(v, id)?;
-        let fits = (0..shape.rank()).all(|k| {
-            if vshape.dims()[k] == 1 && shape.dims()[k] != 1 {
-                e.terms[k].is_empty()
-            } else {
-                e.terms[k] == terms[k]
-            }
-        });
-        if fits {
+        if self.dist(v, id)?.broadcasts_to(&vshape, d, shape) {
             Ok(())
         } else {
             Err(self.unsupported(id, "operands in layouts that need a conversion"))

@@ -71,17 +71,9 @@ impl Writer<'_> {
             };
             acc.insert(key, v);
         }
-        let mut masks = Vec::new();
-        for t in &src.terms[dim] {
-            if t.div * t.modulo > 32 {
-                return Err(self.unsupported(id, "a reduction across warps"));
-            }
-            let mut m = t.div;
-            while m < t.div * t.modulo {
-                masks.push(m);
-                m *= 2;
-            }
-        }
+        let masks = src
+            .lane_masks(dim)
+            .ok_or_else(|| self.unsupported(id, "a reduction across warps"))?;
         let mut out = Vec::with_capacity(dst.regs.len());
         for offs in &dst.regs {
             let mut key = offs.clone();

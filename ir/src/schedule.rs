@@ -78,6 +78,46 @@ impl Distribution {
     pub fn offsets(&self, dim: usize) -> impl Iterator<Item = u32> + '_ {
         self.regs.iter().map(move |r| r[dim])
     }
+
+    /// Whether an operand of `shape` in this distribution can be read element by element by
+    /// an elementwise op whose result, of `result_shape`, is in `result`: along every
+    /// dimension the thread terms agree, or the operand is broadcast (extent 1, no thread
+    /// terms). Each element the result needs is then in the same thread, in the register at
+    /// the result register's offsets with broadcast dimensions at 0.
+    pub fn broadcasts_to(
+        &self,
+        shape: &Shape,
+        result: &Distribution,
+        result_shape: &Shape,
+    ) -> bool {
+        shape.rank() == result_shape.rank()
+            && (0..shape.rank()).all(|k| {
+                if shape.dims()[k] == 1 && result_shape.dims()[k] != 1 {
+                    self.terms[k].is_empty()
+                } else {
+                    self.terms[k] == result.terms[k]
+                }
+            })
+    }
+
+    /// The lane masks of a butterfly reduction over dimension `dim` (`shfl.sync.bfly` with
+    /// each in turn): each thread term of `dim` spreads it over `modulo` groups of `div`
+    /// consecutive threads. `None` when a term spans more than a warp (a reduction across
+    /// warps, which shuffles cannot do).
+    pub fn lane_masks(&self, dim: usize) -> Option<Vec<u32>> {
+        let mut masks = Vec::new();
+        for t in &self.terms[dim] {
+            if t.div * t.modulo > 32 {
+                return None;
+            }
+            let mut m = t.div;
+            while m < t.div * t.modulo {
+                masks.push(m);
+                m *= 2;
+            }
+        }
+        Some(masks)
+    }
 }
 
 /// Why a layout cannot be made concrete for a shape.
@@ -387,6 +427,35 @@ mod tests {
             got.sort();
             assert_eq!(got, rows);
         }
+    }
+
+    #[test]
+    fn row_reduction_shuffles_within_the_warp_and_broadcasts_back() {
+        // softmax's [4, 512] tile: one warp per row, its 32 lanes x 4 registers along it.
+        let l = Layout::Blocked {
+            size_per_thread: [1, 4],
+            threads_per_warp: [1, 32],
+            warps: [4, 1],
+        };
+        let shape = Shape(vec![4, 512]);
+        let d = l.distribution(&shape).expect("fits");
+        assert_eq!(d.lane_masks(1), Some(vec![1, 2, 4, 8, 16]));
+        assert_eq!(d.lane_masks(0), None, "the rows are spread over warps");
+        let col = Shape(vec![4, 1]);
+        let m = Layout::Slice {
+            dim: 1,
+            keep_dim: true,
+            parent: Box::new(l),
+            parent_shape: shape.clone(),
+        }
+        .distribution(&col)
+        .expect("fits");
+        assert!(m.broadcasts_to(&col, &d, &shape), "x - m.col()");
+        assert!(!d.broadcasts_to(&shape, &m, &col));
+        assert!(
+            !d.broadcasts_to(&shape, &d, &Shape(vec![2048])),
+            "ranks differ"
+        );
     }
 
     #[test]
