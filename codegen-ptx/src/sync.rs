@@ -26,6 +26,9 @@ pub(crate) struct Pipeline {
     write: Reg,
 }
 
+/// Independent partial results per output element of a reduction within a thread.
+const CHAINS: usize = 4;
+
 impl Writer<'_> {
     /// Writes `reduce.op x dim`: combine the registers of each output element, then
     /// butterfly-shuffle across the lanes holding the same output element.
@@ -58,18 +61,39 @@ impl Writer<'_> {
             w.ins(format!("{name}.{ty} {d}, {a}, {b}"));
             d
         };
-        let mut acc: BTreeMap<Vec<u32>, Reg> = BTreeMap::new();
+        // Each output element's registers are combined into `CHAINS` partial results in turn,
+        // then those pairwise: a chain of n / CHAINS dependent ops instead of n (an online
+        // softmax waits for its row maximum before any exponential). Elements are fetched one
+        // at a time, so a fused (lazy) input is computed in place and never held whole.
+        let mut partial: BTreeMap<Vec<u32>, Vec<Reg>> = BTreeMap::new();
+        let mut seen: BTreeMap<Vec<u32>, usize> = BTreeMap::new();
         for offs in &src.regs {
             let mut key = offs.clone();
             key.remove(dim);
-            // Elements are fetched one at a time, so a fused (lazy) input is computed in
-            // place and never held whole.
             let x_k = self.elem(x, offs, id)?;
-            let v = match acc.get(&key) {
-                Some(&a) => combine(self, a, x_k),
-                None => x_k,
-            };
-            acc.insert(key, v);
+            let n = seen.entry(key.clone()).or_insert(0);
+            let chains = partial.entry(key).or_default();
+            match chains.get(*n % CHAINS).copied() {
+                Some(a) => chains[*n % CHAINS] = combine(self, a, x_k),
+                None => chains.push(x_k),
+            }
+            *n += 1;
+        }
+        let mut acc: BTreeMap<Vec<u32>, Reg> = BTreeMap::new();
+        for (key, mut chains) in partial {
+            while chains.len() > 1 {
+                let mut next = Vec::with_capacity(chains.len().div_ceil(2));
+                for p in chains.chunks(2) {
+                    next.push(match *p {
+                        [a, b] => combine(self, a, b),
+                        _ => p[0],
+                    });
+                }
+                chains = next;
+            }
+            if let Some(&v) = chains.first() {
+                acc.insert(key, v);
+            }
         }
         let masks = src
             .lane_masks(dim)
