@@ -13,7 +13,7 @@ mod gpu_common;
 use std::process::ExitCode;
 
 use gpu_common::{Needs, device, upload_padded};
-use kiln::ir::dsl::{ComptimeValue, Spec};
+use kiln::ir::dsl::{ComptimeValue, Spec, specialise};
 use kiln::ir::{DType, HostTensor, Target};
 use kiln_runtime::{Device, DeviceTensor, KernelArg};
 use kiln_tests::check::{rel_error, tolerance};
@@ -76,20 +76,24 @@ fn problem(rng: &mut Rng, kernel: &str, spec: &Spec, aligned: bool) -> Problem {
             } else {
                 (97, 75, 131)
             };
-            let a = tensor(rng, &[m, k], DType::Bf16, Dist::Uniform);
+            let dtype = match spec.comptime.get("dtype") {
+                Some(ComptimeValue::DType(d)) => *d,
+                other => panic!("comptime `dtype` is {other:?}"),
+            };
+            let a = tensor(rng, &[m, k], dtype, Dist::Uniform);
             let (b, reference) = if comptime_bool(spec, "b_col_major") {
-                let bt = tensor(rng, &[n, k], DType::Bf16, Dist::Uniform);
+                let bt = tensor(rng, &[n, k], dtype, Dist::Uniform);
                 let r = reference::gemm_bt(&a, &bt);
                 (bt, r)
             } else {
-                let b = tensor(rng, &[k, n], DType::Bf16, Dist::Uniform);
+                let b = tensor(rng, &[k, n], dtype, Dist::Uniform);
                 let r = reference::gemm(&a, &b);
                 (b, r)
             };
             Problem {
                 inputs: vec![a, b],
                 out_shape: vec![m, n],
-                out_dtype: DType::Bf16,
+                out_dtype: dtype,
                 grid: [
                     cdiv(m, comptime_usize(spec, "BM")),
                     cdiv(n, comptime_usize(spec, "BN")),
@@ -118,9 +122,8 @@ fn gpu_backends_agree_with_each_other_and_the_reference() {
     for (name, kernel, overrides, aligned) in common::VARIANTS {
         let (def, spec) = common::spec(kernel, overrides, *aligned);
         let k = def.build(&spec).unwrap_or_else(|d| panic!("{name}: {d}"));
-        // Every variant keeps its kernel's declared element types, so the declared signature
-        // is the specialisation's.
-        let signature = def.signature();
+        // What the launch validates the arguments against: element types resolved.
+        let signature = specialise(def.signature(), &spec.comptime);
         let p = problem(&mut rng, kernel, &spec, *aligned);
         let inputs: Vec<DeviceTensor> =
             p.inputs.iter().map(|h| upload(&dev, h, *aligned)).collect();
@@ -137,7 +140,7 @@ fn gpu_backends_agree_with_each_other_and_the_reference() {
             dev.fill_nan(&out).expect("poison");
             let mut args: Vec<KernelArg> = inputs.iter().map(KernelArg::Tensor).collect();
             args.push(KernelArg::Tensor(&out));
-            dev.launch_loaded(&loaded, signature, p.grid, &args)
+            dev.launch_loaded(&loaded, &signature, p.grid, &args)
                 .unwrap_or_else(|e| panic!("{name}: {backend}: launch: {e}"));
             let got = out.download().expect("download").to_f64_vec();
             let err = rel_error(&got, &p.reference);

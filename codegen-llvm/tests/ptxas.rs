@@ -75,6 +75,16 @@ fn gemm_goes_through_nvvm_mma_and_ldmatrix_intrinsics() {
         assert!(m.ptx.ptx.contains(ldmatrix_b), "{overrides:?}");
         assert!(!m.llvm_ir.contains(" asm "), "no inline asm");
     }
+    let m = kiln_llvm::compile(&common::build("gemm", &[("dtype", "f16")], true)).expect("f16");
+    assert!(
+        m.llvm_ir
+            .contains("@llvm.nvvm.mma.m16n8k16.row.col.f32.f32")
+    );
+    assert!(
+        m.ptx
+            .ptx
+            .contains("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
+    );
 }
 
 #[test]

@@ -11,7 +11,7 @@ pub type Overrides = &'static [(&'static str, &'static str)];
 
 /// `(name, kernel, comptime overrides, tensors 16-byte aligned)` of every variant compared:
 /// the sm_80 subset (vector_add, softmax, gemm) at its defaults and at other tile shapes,
-/// column-major B, and tensors not known to be aligned.
+/// column-major B, f16, and tensors not known to be aligned.
 pub const VARIANTS: &[(&str, &str, Overrides, bool)] = &[
     ("vector_add", "vector_add", &[], true),
     ("vector_add_unaligned", "vector_add", &[], false),
@@ -42,6 +42,7 @@ pub const VARIANTS: &[(&str, &str, Overrides, bool)] = &[
         &[("BN", "256"), ("BK", "32")],
         true,
     ),
+    ("gemm_f16", "gemm", &[("dtype", "f16")], true),
     ("gemm_unaligned", "gemm", &[], false),
 ];
 
