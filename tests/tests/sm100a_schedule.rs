@@ -292,6 +292,9 @@ fn each_warp_issues_its_own_instructions() {
         assert_eq!(count(&epilogue, "tcgen05.dealloc"), 0);
         let e = |s: &str| epilogue.find(s).unwrap_or_else(|| panic!("no `{s}`"));
         assert!(e("tcgen05.ld") > e("mbarrier.try_wait"));
+        // The warp reconverges after its wait loop: the copies are `.sync.aligned`.
+        assert!(e("bar.warp.sync -1") > e("mbarrier.try_wait"));
+        assert!(e("bar.warp.sync -1") < e("tcgen05.ld"));
         assert!(epilogue.rfind("tcgen05.ld.").expect("ld") < e("tcgen05.wait::ld"));
         assert!(e("tcgen05.wait::ld") < e("cvt.rn"));
         assert!(e("tcgen05.wait::ld") < e("mbarrier.arrive.shared::cta"));
@@ -345,6 +348,7 @@ fn f16_and_fused_epilogues() {
     for (kernel, set) in [
         ("gemm", &[("dtype", "f16")][..]),
         ("gemm_bias_act", &[]),
+        ("gemm_bias_act", &[("act", "1")]),
         ("gemm_alpha_beta", &[]),
     ] {
         let k = ptx_examples::build(kernel, set);
@@ -356,12 +360,12 @@ fn f16_and_fused_epilogues() {
         assert_eq!(count(epilogue, "tcgen05.ld.sync.aligned.32x32b.x32.b32"), 4);
         assert_eq!(count(&m.ptx, "tcgen05.mma.cta_group::1.kind::f16"), 4);
     }
-    // FIXME: with an activation, the epilogue thread's whole row (128 accumulator columns,
+    // FIXME: with gelu or silu, the epilogue thread's whole row (128 accumulator columns,
     // 128 bias values and the activation's temporaries) exceeds 255 registers and ptxas
     // spills. Splitting the columns over two epilogue warpgroups (warp w: TMEM lanes
     // 32 (w % 4), columns (w / 4) N / 2) needs a layout and a TMA store that take a
     // thread-dependent column offset; until then these spill, and must not silently start to.
-    for act in ["1", "2", "3"] {
+    for act in ["2", "3"] {
         let k = ptx_examples::build("gemm_bias_act", &[("act", act)]);
         let m = kiln_ptx::compile(&k, Target::Sm100a).expect("compiles");
         let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm100a).expect("assembles");

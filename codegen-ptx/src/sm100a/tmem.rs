@@ -183,7 +183,10 @@ impl Writer<'_> {
                 }
                 TmemStep::Read => self.read_accumulator(id, &regs, lo, hi)?,
                 TmemStep::Wait { bar, start } => {
-                    self.wait_acc(plan, bar, start, c.tile_parity, false)
+                    self.wait_acc(plan, bar, start, c.tile_parity, false);
+                    // Lanes may leave the wait loop apart; the `.sync.aligned` copies after it
+                    // need the whole warp.
+                    self.ins("bar.warp.sync -1");
                 }
                 other => self.tmem_step(id, plan, other, base)?,
             }
