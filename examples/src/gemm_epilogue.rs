@@ -33,6 +33,8 @@ const GELU_CUBIC: f32 = 0.044_715;
 /// [`gemm`](crate::gemm::gemm) computes it: `K` walked in `BK` steps in a `STAGES`-deep
 /// pipelined loop, `B` given as `b[K, N]` or, when `b_col_major`, as `b[N, K]`. Edge tiles
 /// load as zeros, so rows and columns past the tensors add exact zeros.
+// The gemm still spells this loop out itself: its ops carry their source lines, and its IR
+// and PTX snapshots are kept as they are; it can call this helper when they are refreshed.
 #[kernel_fn]
 fn mainloop(
     a: Tensor,
@@ -63,7 +65,7 @@ fn mainloop(
 /// `1 / (1 + e^-x)`, elementwise, as `min(u, 1) / (1 + min(u, 1/u))` with `u = e^x`: the
 /// numerator is `e^min(x, 0)` and the denominator's term `e^-|x|`, so nothing overflows
 /// (`u = inf` gives 1) and far below 0 the tiny result keeps its relative precision, where
-/// `1 / (1 + e^-x)` is 0 from `x < -88` on. Min and max, not a `select`: no predicate per
+/// `1 / (1 + e^-x)` is 0 from `x < -88` on. Two `min`s, not a `select`: no predicate per
 /// element beside the accumulator's registers.
 #[kernel_fn]
 fn sigmoid(x: Value) -> Value {
@@ -73,7 +75,7 @@ fn sigmoid(x: Value) -> Value {
 
 /// Activation number `act` ([`ACT_NONE`], [`ACT_RELU`], [`ACT_GELU`], [`ACT_SILU`]) of `x`,
 /// chosen while building. GELU uses `0.5 (1 + tanh(u)) = sigmoid(2u)`, so it needs one
-/// exponential and one reciprocal per element, as SiLU does.
+/// exponential and two reciprocals per element, as SiLU does.
 #[kernel_fn]
 fn activation(x: Value, act: usize) -> Value {
     if act == ACT_RELU {
