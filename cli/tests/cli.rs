@@ -107,6 +107,9 @@ fn check_without_a_target_tabulates_every_target() {
     // The warp-specialised sm_90a gemm: 384 threads, one block per SM.
     let sm90a = out.lines().find(|l| l.starts_with("sm_90a")).unwrap_or("");
     assert!(sm90a.contains(" 384 "), "{sm90a}");
+    // The Blackwell gemm: epilogue warpgroup, TMA warp and MMA warp, assembled (not run).
+    let sm100a = out.lines().find(|l| l.starts_with("sm_100a")).unwrap_or("");
+    assert!(sm100a.contains(" 192 "), "{sm100a}");
 }
 
 #[test]
