@@ -325,3 +325,51 @@ impl fmt::Display for TmemPlan {
         write!(f, "    epilogue, per tile: {}", join(&self.epilogue))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::TmaLoad;
+
+    #[test]
+    fn descriptors_match_ptx_notes() {
+        // ptx-notes §7: bf16 x bf16 -> f32, K-major A and B.
+        assert_eq!(
+            instruction_descriptor(DType::Bf16, 128, 128, false),
+            0x0820_0490
+        );
+        assert_eq!(
+            instruction_descriptor(DType::Bf16, 128, 256, false),
+            0x0840_0490
+        );
+        // K-major SW128 = 0x4000404000010000 | addr >> 4; k16 steps 32 bytes apart.
+        let a = TmaLoad::k_major(OpId::from_index(0), 0, Operand::KMajorA, 128, 64);
+        let d = Descriptor::of(&a);
+        assert_eq!(d.template, 0x4000_4040_0001_0000);
+        assert_eq!(d.steps, [0, 32, 64, 96]);
+        // 64-byte swizzle (BK = 32): swizzle code 4, SBO = 8 rows of 64 bytes.
+        let d = Descriptor::of(&TmaLoad::k_major(
+            OpId::from_index(0),
+            0,
+            Operand::KMajorA,
+            128,
+            32,
+        ));
+        assert_eq!(d.template >> 61, 4);
+        assert_eq!(d.sbo, 512);
+        // BK = 128: two 64-column boxes; steps 4.. start in the second box.
+        let d = Descriptor::of(&TmaLoad::k_major(
+            OpId::from_index(0),
+            0,
+            Operand::KMajorA,
+            128,
+            128,
+        ));
+        assert_eq!(d.steps[4], 128 * 64 * 2);
+        // MN-major B (stored [K, N]): LBO = the 64-column boxes' distance, SBO = 8 K-rows,
+        // a k16 step is 16 rows of 128 bytes.
+        let d = Descriptor::of(&TmaLoad::mn_major_b(OpId::from_index(1), 1, 64, 128));
+        assert_eq!((d.lbo, d.sbo), (64 * 128, 1024));
+        assert_eq!(d.steps, [0, 2048, 4096, 6144]);
+    }
+}
