@@ -256,10 +256,19 @@ fn attention_tensor_maps_are_rank_4_boxes() {
     }
 }
 
+/// A TMA-store case: kernel, overrides, boxes of 64 columns, rounds, the ring's stages, split.
+type StoreCase = (
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    usize,
+    u32,
+    u32,
+    bool,
+);
+
 #[test]
 fn epilogue_stores_go_through_a_staging_tile_and_tma() {
-    // (kernel, overrides, boxes of 64 columns, rounds, the ring's stages, split)
-    let cases: [(&str, &[(&str, &str)], usize, u32, u32, bool); 6] = [
+    let cases: [StoreCase; 6] = [
         ("gemm", &[], 2, 1, 3, false),
         ("gemm", &[("BN", "256")], 4, 1, 3, false),
         // 4 stages of 48 KB leave room for half the 64 KB tile: two rounds.
