@@ -203,12 +203,22 @@ impl Activation {
             Activation::None => x,
             Activation::Relu => x.max(0.0),
             Activation::GeluTanh => {
+                // 0.5 (1 + tanh(u)) = sigmoid(2u).
                 let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044_715 * x * x * x);
-                0.5 * x * (1.0 + u.tanh())
+                x * sigmoid(2.0 * u)
             }
-            Activation::Silu => x / (1.0 + (-x).exp()),
+            Activation::Silu => x * sigmoid(x),
         }
     }
+}
+
+/// `1 / (1 + e^-x)`, with the kernels' exponential: `e^-|x|` below f32's normal range is 0 (the
+/// DSL's `exp`, as the GPU's fast exponential), so far below 0 the sigmoid is 0, not a
+/// subnormal-scaled tiny number that no f32 kernel could produce.
+fn sigmoid(x: f64) -> f64 {
+    let e = (-x.abs()).exp();
+    let e = if e < f64::from(f32::MIN_POSITIVE) { 0.0 } else { e };
+    if x >= 0.0 { 1.0 / (1.0 + e) } else { e / (1.0 + e) }
 }
 
 /// `act(ab + bias)` for the `[m, n]` product `ab` (from [`gemm`] or [`gemm_bt`]) and

@@ -58,9 +58,11 @@ macro_rules! unary_fns {
 }
 
 unary_fns! {
-    /// `2^x`, elementwise.
+    /// `2^x`, elementwise; a result below f32's normal range (`x < -126`) is 0, as the GPU's
+    /// fast exponential gives.
     exp2 => UnaryOp::Exp2;
-    /// `e^x`, elementwise.
+    /// `e^x`, elementwise; a result below f32's normal range (`x < -87.3`) is 0, as the GPU's
+    /// fast exponential gives.
     exp => UnaryOp::Exp;
     /// `log2(x)`, elementwise.
     log2 => UnaryOp::Log2;

@@ -16,14 +16,20 @@ pub(crate) enum Fault {
     Mistyped,
 }
 
+/// `x`, or 0 (of `x`'s sign) when `x` is subnormal: what the GPU's exponentials
+/// (`ex2.approx.ftz`) return below the normal range.
+fn flush_subnormal(x: f32) -> f32 {
+    if x.is_subnormal() { 0.0f32.copysign(x) } else { x }
+}
+
 /// `op x`, rounded to `x`'s dtype.
 pub(crate) fn unary(op: UnaryOp, x: &Value) -> Result<Value, Fault> {
     let elems = match &x.elems {
         Elems::F(v) => {
             let f: fn(f32) -> f32 = match op {
                 UnaryOp::Neg => |a| -a,
-                UnaryOp::Exp2 => f32::exp2,
-                UnaryOp::Exp => f32::exp,
+                UnaryOp::Exp2 => |a| flush_subnormal(a.exp2()),
+                UnaryOp::Exp => |a| flush_subnormal(a.exp()),
                 UnaryOp::Log2 => f32::log2,
                 UnaryOp::Abs => f32::abs,
                 UnaryOp::Sqrt => f32::sqrt,

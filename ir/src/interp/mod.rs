@@ -9,7 +9,8 @@
 //!   ([`InterpError::DivisionByZero`]), as is a `for` step that is not positive.
 //! - Float ops compute in f32 and round the result to the value's dtype (bf16 and f16 round
 //!   to nearest even after every op). `exp2` is f32 `exp2` (exact to within 1 ulp), which
-//!   is within the hardware `ex2.approx` error bound. Float `max`/`min` ignore a NaN operand.
+//!   is within the hardware `ex2.approx` error bound; `exp2` and `exp` results below f32's
+//!   normal range are 0, as the hardware's (`.ftz`) are. Float `max`/`min` ignore a NaN operand.
 //! - Casts between floats, and from i32 to float, round to nearest even; float to i32
 //!   truncates toward zero, saturates, and maps NaN to 0 (PTX `cvt.rzi.sat.s32.f32`).
 //! - `mma` multiplies exactly (a product of two bf16 or f16 values is exact in f32) and
