@@ -1,5 +1,6 @@
 //! `c = a @ b`: bf16 or f16 inputs and output (the comptime `dtype`), f32 accumulation.
 
+use kiln::ir::dsl::Tensor;
 use kiln::prelude::*;
 
 /// `c[M, N] = a[M, K] @ B` for any `M`, `N`, `K`, where `B` is `b[K, N]` (row-major), or,
@@ -12,8 +13,10 @@ use kiln::prelude::*;
 /// `STAGES = 3`, `b_col_major = false`, `dtype = bf16` (or `f16`); the autotuner tries `BN`
 /// in {128, 256}, `BK` in {32, 64}, `STAGES` in {3, 4, 5} (skipping what does not fit).
 ///
-/// 4 warps of 64x64 (fewer ldmatrix per mma than 8 of 64x32), ~230 registers, 96 KiB shared:
-/// 2 blocks/SM. H200, 4096^3: 352 TFLOP/s (BK = 32: 323; 8 warps: 314; 4 stages, 1/SM: 285).
+/// On sm_80: 4 warps of 64x64 (fewer ldmatrix per mma than 8 of 64x32), ~230 registers,
+/// 96 KiB shared, 2 blocks/SM (H200, 4096^3: 352 TFLOP/s; BK = 32: 323; 8 warps: 314; 4
+/// stages, 1/SM: 285). On sm_90a the passes make it a persistent, warp-specialised wgmma
+/// kernel (the README has its figures against cuBLAS).
 #[kernel(num_warps = 4)]
 pub fn gemm(
     a: Tensor<dtype, 2>,
@@ -27,6 +30,27 @@ pub fn gemm(
     #[comptime(default = DType::Bf16)] dtype: DType,
 ) {
     let (mb, nb) = (block_id().x, block_id().y);
+    let acc = mainloop(a, b, mb, nb, BM, BN, BK, STAGES, b_col_major);
+    c.tile([BM, BN], [mb * BM, nb * BN])
+        .store(acc.cast_to(dtype));
+}
+
+/// The `[BM, BN]` f32 tile `a[mb*BM.., :] @ B[:, nb*BN..]` of `c = a @ B`, the mainloop of
+/// [`gemm`] and of the fused-epilogue kernels: `K` walked in `BK` steps in a `STAGES`-deep
+/// pipelined loop, `B` given as `b[K, N]` or, when `b_col_major`, as `b[N, K]`. Edge tiles
+/// load as zeros, so rows and columns past the tensors add exact zeros.
+#[kernel_fn]
+pub(crate) fn mainloop(
+    a: Tensor,
+    b: Tensor,
+    mb: Value,
+    nb: Value,
+    BM: usize,
+    BN: usize,
+    BK: usize,
+    STAGES: usize,
+    b_col_major: bool,
+) -> Value {
     let k = a.dim(1);
     let mut acc = zeros::<f32>([BM, BN]);
     for kb in pipelined(0..cdiv(k, BK), stages = STAGES as u32) {
@@ -39,8 +63,7 @@ pub fn gemm(
             mma_acc(&x, &y, &acc)
         };
     }
-    c.tile([BM, BN], [mb * BM, nb * BN])
-        .store(acc.cast_to(dtype));
+    acc
 }
 
 #[cfg(test)]

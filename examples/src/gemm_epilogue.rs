@@ -11,8 +11,9 @@
 //! temporaries) take 4 warps past 255 registers into spills. On sm_90a wgmma fixes the
 //! warps, as for the gemm.
 
-use kiln::ir::dsl::Tensor;
 use kiln::prelude::*;
+
+use crate::gemm::mainloop;
 
 /// `act = 0`: the identity.
 pub const ACT_NONE: usize = 0;
@@ -29,44 +30,11 @@ const GELU_SCALE: f32 = 0.797_884_6;
 /// The GELU tanh approximation's cubic coefficient.
 const GELU_CUBIC: f32 = 0.044_715;
 
-/// The `[BM, BN]` f32 tile `a[mb*BM.., :] @ B[:, nb*BN..]` of `c = a @ B`, as
-/// [`gemm`](crate::gemm::gemm) computes it: `K` walked in `BK` steps in a `STAGES`-deep
-/// pipelined loop, `B` given as `b[K, N]` or, when `b_col_major`, as `b[N, K]`. Edge tiles
-/// load as zeros, so rows and columns past the tensors add exact zeros.
-// The gemm still spells this loop out itself: its ops carry their source lines, and its IR
-// and PTX snapshots are kept as they are; it can call this helper when they are refreshed.
-#[kernel_fn]
-fn mainloop(
-    a: Tensor,
-    b: Tensor,
-    mb: Value,
-    nb: Value,
-    BM: usize,
-    BN: usize,
-    BK: usize,
-    STAGES: usize,
-    b_col_major: bool,
-) -> Value {
-    let k = a.dim(1);
-    let mut acc = zeros::<f32>([BM, BN]);
-    for kb in pipelined(0..cdiv(k, BK), stages = STAGES as u32) {
-        let x = a.tile([BM, BK], [mb * BM, kb * BK]).load();
-        acc = if b_col_major {
-            let y = b.tile([BN, BK], [nb * BN, kb * BK]).load();
-            mma_acc(&x, &y.t(), &acc)
-        } else {
-            let y = b.tile([BK, BN], [kb * BK, nb * BN]).load();
-            mma_acc(&x, &y, &acc)
-        };
-    }
-    acc
-}
-
 /// `1 / (1 + e^-x)`, elementwise, as `min(u, 1) / (1 + min(u, 1/u))` with `u = e^x`: the
 /// numerator is `e^min(x, 0)` and the denominator's term `e^-|x|`, so nothing overflows
-/// (`u = inf` gives 1) and far below 0 the tiny result keeps its relative precision, where
-/// `1 / (1 + e^-x)` is 0 from `x < -88` on. Two `min`s, not a `select`: no predicate per
-/// element beside the accumulator's registers.
+/// (`u = inf` gives 1); below `x = -87.3`, where `e^x` leaves f32's normal range and the DSL's
+/// `exp` gives 0, the sigmoid is 0. Two `min`s, not a `select`: no predicate per element
+/// beside the accumulator's registers.
 #[kernel_fn]
 fn sigmoid(x: Value) -> Value {
     let u = exp(&x);
