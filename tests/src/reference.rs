@@ -217,8 +217,16 @@ impl Activation {
 /// subnormal-scaled tiny number that no f32 kernel could produce.
 fn sigmoid(x: f64) -> f64 {
     let e = (-x.abs()).exp();
-    let e = if e < f64::from(f32::MIN_POSITIVE) { 0.0 } else { e };
-    if x >= 0.0 { 1.0 / (1.0 + e) } else { e / (1.0 + e) }
+    let e = if e < f64::from(f32::MIN_POSITIVE) {
+        0.0
+    } else {
+        e
+    };
+    if x >= 0.0 {
+        1.0 / (1.0 + e)
+    } else {
+        e / (1.0 + e)
+    }
 }
 
 /// `act(ab + bias)` for the `[m, n]` product `ab` (from [`gemm`] or [`gemm_bt`]) and

@@ -19,7 +19,11 @@ pub(crate) enum Fault {
 /// `x`, or 0 (of `x`'s sign) when `x` is subnormal: what the GPU's exponentials
 /// (`ex2.approx.ftz`) return below the normal range.
 fn flush_subnormal(x: f32) -> f32 {
-    if x.is_subnormal() { 0.0f32.copysign(x) } else { x }
+    if x.is_subnormal() {
+        0.0f32.copysign(x)
+    } else {
+        x
+    }
 }
 
 /// `op x`, rounded to `x`'s dtype.
