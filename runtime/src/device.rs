@@ -2,14 +2,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, DriverError, result, sys};
 use kiln_ir::dsl::{ComptimeValue, KernelDef, ParamSig, Spec, specialise};
+use kiln_ir::print::print_kernel;
 use kiln_ir::{DType, HostTensor, Target};
 use kiln_ptx::PtxModule;
 
-use crate::disk_cache::DiskCache;
+use crate::disk_cache::{DiskCache, ModuleKey};
 use crate::dump::DumpConfig;
 use crate::error::{DriverContext, LaunchError, RuntimeError};
 use crate::layout::Layout;
@@ -389,13 +390,31 @@ impl Device {
         let start = Instant::now();
         let kernel = def.build(spec)?;
         let build = start.elapsed();
+        // A module the passes and the PTX writer made of this very kernel before, when the
+        // disk cache has it: neither runs again (with IR or PTX dumps asked for, they do).
+        let module_key =
+            disk.map(|_| ModuleKey::new(&print_kernel(&kernel), self.target, self.driver_version));
+        let reuse = !(self.dump.ir || self.dump.ptx);
+        if let (Some(d), Some(key), true) = (disk, &module_key, reuse)
+            && let Some(ptx) = d.get_module(key)
+        {
+            let mut loaded = self.load_with(ptx, disk)?;
+            loaded.set_front_times(build, Duration::ZERO);
+            return Ok(loaded);
+        }
         self.dump.passes(&kernel, spec, self.target)?;
         let start = Instant::now();
         let ptx = kiln_ptx::compile(&kernel, self.target)?;
         let codegen = start.elapsed();
         self.dump.ptx(def.name(), spec, self.target, &ptx.ptx)?;
+        let module = ptx.clone();
         let mut loaded = self.load_with(ptx, disk)?;
         loaded.set_front_times(build, codegen);
+        if let (Some(d), Some(key)) = (disk, &module_key) {
+            // Best effort, as for cubins: an unwritable cache only costs the next process
+            // the passes.
+            let _ = d.put_module(key, &module);
+        }
         Ok(loaded)
     }
 

@@ -12,19 +12,34 @@
 //! truncated, corrupt or foreign file is removed and reported as a miss, never loaded. Writes go
 //! to a temporary file in the same directory that is renamed into place, so concurrent
 //! processes never see half an entry; the last writer of a key wins with a whole entry.
+//!
+//! Beside the cubins, a *module entry* maps a kernel as built (its IR text before the passes,
+//! which names every comptime value and alignment) to the PTX module the passes and the PTX
+//! writer made of it ([`ModuleKey`], `KILNMOD1` files of the same layout holding the module as
+//! JSON), so a warm start skips both and goes straight to the cubin. Its key includes a
+//! fingerprint of the compiler's sources (`build.rs`), so a changed compiler never reuses a
+//! stale module.
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use kiln_ir::Target;
+use kiln_ptx::{PtxModule, TensorMapSpec};
+use serde::{Deserialize, Serialize};
 
-/// The first bytes of every entry file.
+/// The first bytes of every cubin entry file.
 const MAGIC: &[u8; 8] = b"KILNCUB1";
+/// The first bytes of every module entry file.
+const MODULE_MAGIC: &[u8; 8] = b"KILNMOD1";
 /// Magic, payload hash, two lengths.
 const HEADER: usize = 8 + 32 + 8 + 8;
-/// Entry files end in this.
+/// Cubin entry files end in this.
 const SUFFIX: &str = ".cubin";
+/// Module entry files end in this.
+const MODULE_SUFFIX: &str = ".module";
+/// A hash of the compiler's sources (kiln-ir and kiln-ptx), from `build.rs`.
+const COMPILER: &str = env!("KILN_COMPILER_FINGERPRINT");
 
 /// What identifies a cached cubin: a hex BLAKE3 hash (see the module doc).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -46,6 +61,81 @@ impl CacheKey {
     /// The key as hex text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+/// What identifies a module entry: a hex BLAKE3 hash of the kernel's IR text as built, the
+/// target, kiln's version and compiler fingerprint, and the driver's version.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ModuleKey(String);
+
+impl ModuleKey {
+    /// The key of the kernel whose IR (before the passes) prints as `ir`, compiled for
+    /// `target` on driver `driver_version`.
+    pub fn new(ir: &str, target: Target, driver_version: i32) -> ModuleKey {
+        ModuleKey(hash_parts(&[
+            env!("CARGO_PKG_VERSION"),
+            COMPILER,
+            target.name(),
+            &driver_version.to_string(),
+            ir,
+        ]))
+    }
+
+    /// The key as hex text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A [`PtxModule`] as a module entry stores it.
+#[derive(Serialize, Deserialize)]
+struct ModuleRecord {
+    ptx: String,
+    entry: String,
+    threads_per_block: u32,
+    dynamic_smem_bytes: u32,
+    target: String,
+    /// `(param, box_dims, swizzle_bytes)` per tensor map.
+    tensor_maps: Vec<(usize, Vec<u32>, u32)>,
+    persistent: bool,
+}
+
+impl ModuleRecord {
+    fn of(m: &PtxModule) -> ModuleRecord {
+        ModuleRecord {
+            ptx: m.ptx.clone(),
+            entry: m.entry.clone(),
+            threads_per_block: m.threads_per_block,
+            dynamic_smem_bytes: m.dynamic_smem_bytes,
+            target: m.target.name().to_string(),
+            tensor_maps: m
+                .tensor_maps
+                .iter()
+                .map(|t| (t.param, t.box_dims.clone(), t.swizzle_bytes))
+                .collect(),
+            persistent: m.persistent,
+        }
+    }
+
+    fn module(self) -> Option<PtxModule> {
+        Some(PtxModule {
+            ptx: self.ptx,
+            entry: self.entry,
+            threads_per_block: self.threads_per_block,
+            dynamic_smem_bytes: self.dynamic_smem_bytes,
+            target: self.target.parse().ok()?,
+            tensor_maps: self
+                .tensor_maps
+                .into_iter()
+                .map(|(param, box_dims, swizzle_bytes)| TensorMapSpec {
+                    param,
+                    box_dims,
+                    swizzle_bytes,
+                })
+                .collect(),
+            persistent: self.persistent,
+        })
     }
 }
 
@@ -116,22 +206,50 @@ impl DiskCache {
         self.dir.join(format!("{}{SUFFIX}", key.as_str()))
     }
 
+    fn module_path(&self, key: &ModuleKey) -> PathBuf {
+        self.dir.join(format!("{}{MODULE_SUFFIX}", key.as_str()))
+    }
+
+    /// The verified payload parts of the entry file at `path`; `None` when there is none or
+    /// it does not verify (then the bad file is removed).
+    fn read_verified(path: &Path, magic: &[u8; 8]) -> Option<[Vec<u8>; 2]> {
+        let bytes = std::fs::read(path).ok()?;
+        let parts = decode(magic, &bytes);
+        if parts.is_none() {
+            // Best effort: another process may have replaced or removed it meanwhile.
+            let _ = std::fs::remove_file(path);
+        }
+        parts
+    }
+
     /// The verified entry for `key`; `None` when there is none or it does not verify (then
     /// the bad file is removed).
     pub fn get(&self, key: &CacheKey) -> Option<CachedCubin> {
-        let path = self.path(key);
-        let bytes = std::fs::read(&path).ok()?;
-        let entry = decode(&bytes);
-        if entry.is_none() {
-            // Best effort: another process may have replaced or removed it meanwhile.
-            let _ = std::fs::remove_file(&path);
-        }
-        entry
+        let [cubin, log] = DiskCache::read_verified(&self.path(key), MAGIC)?;
+        Some(CachedCubin {
+            cubin,
+            log: String::from_utf8(log).ok()?,
+        })
     }
 
     /// Stores `entry` under `key` atomically (see the module doc).
     pub fn put(&self, key: &CacheKey, entry: &CachedCubin) -> io::Result<()> {
-        write_atomic(&self.path(key), &encode(entry))
+        write_atomic(
+            &self.path(key),
+            &encode(MAGIC, [&entry.cubin, entry.log.as_bytes()]),
+        )
+    }
+
+    /// The verified PTX module stored for `key`, as [`DiskCache::get`] reads cubins.
+    pub fn get_module(&self, key: &ModuleKey) -> Option<PtxModule> {
+        let [json, _] = DiskCache::read_verified(&self.module_path(key), MODULE_MAGIC)?;
+        serde_json::from_slice::<ModuleRecord>(&json).ok()?.module()
+    }
+
+    /// Stores `module` under `key` atomically.
+    pub fn put_module(&self, key: &ModuleKey, module: &PtxModule) -> io::Result<()> {
+        let json = serde_json::to_vec(&ModuleRecord::of(module)).map_err(io::Error::other)?;
+        write_atomic(&self.module_path(key), &encode(MODULE_MAGIC, [&json, &[]]))
     }
 
     /// Where the autotuner keeps its choice for `key` (JSON, see `crate::autotune`).
@@ -150,7 +268,7 @@ impl DiskCache {
         for e in dir {
             let e = e?;
             let name = e.file_name().to_string_lossy().into_owned();
-            if !name.ends_with(SUFFIX) {
+            if !name.ends_with(SUFFIX) && !name.ends_with(MODULE_SUFFIX) {
                 continue;
             }
             let meta = e.metadata()?;
@@ -189,40 +307,37 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// The entry file's bytes.
-fn encode(entry: &CachedCubin) -> Vec<u8> {
-    let mut payload = entry.cubin.clone();
-    payload.extend_from_slice(entry.log.as_bytes());
+/// An entry file's bytes: `magic`, the payload's hash, the two parts' lengths, the parts.
+fn encode(magic: &[u8; 8], parts: [&[u8]; 2]) -> Vec<u8> {
+    let payload = parts.concat();
     let mut out = Vec::with_capacity(HEADER + payload.len());
-    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(magic);
     out.extend_from_slice(blake3::hash(&payload).as_bytes());
-    out.extend_from_slice(&(entry.cubin.len() as u64).to_le_bytes());
-    out.extend_from_slice(&(entry.log.len() as u64).to_le_bytes());
+    for part in parts {
+        out.extend_from_slice(&(part.len() as u64).to_le_bytes());
+    }
     out.extend_from_slice(&payload);
     out
 }
 
-/// The entry in `bytes`, when its magic, lengths and hash all agree.
-fn decode(bytes: &[u8]) -> Option<CachedCubin> {
+/// The two parts in `bytes`, when its magic, lengths and hash all agree.
+fn decode(magic: &[u8; 8], bytes: &[u8]) -> Option<[Vec<u8>; 2]> {
     let header = bytes.get(..HEADER)?;
-    if &header[..8] != MAGIC {
+    if &header[..8] != magic {
         return None;
     }
     let length = |at: usize| -> Option<usize> {
         let b: [u8; 8] = header[at..at + 8].try_into().ok()?;
         usize::try_from(u64::from_le_bytes(b)).ok()
     };
-    let (cubin_len, log_len) = (length(40)?, length(48)?);
+    let (first, second) = (length(40)?, length(48)?);
     let payload = &bytes[HEADER..];
-    if payload.len() != cubin_len.checked_add(log_len)?
+    if payload.len() != first.checked_add(second)?
         || blake3::hash(payload).as_bytes() != &header[8..40]
     {
         return None;
     }
-    Some(CachedCubin {
-        cubin: payload[..cubin_len].to_vec(),
-        log: String::from_utf8(payload[cubin_len..].to_vec()).ok()?,
-    })
+    Some([payload[..first].to_vec(), payload[first..].to_vec()])
 }
 
 #[cfg(test)]
@@ -279,7 +394,8 @@ mod tests {
         let cache = DiskCache::at(dir.path());
         let k = CacheKey::new("ptx", Target::Sm80, 13000, "");
         let path = cache.path(&k);
-        let good = encode(&entry(3));
+        let e = entry(3);
+        let good = encode(MAGIC, [&e.cubin, e.log.as_bytes()]);
         let mut flipped = good.clone();
         flipped[HEADER + 17] ^= 1;
         let mut foreign = good.clone();
@@ -305,6 +421,54 @@ mod tests {
         }
         std::fs::write(&path, &good).expect("write");
         assert_eq!(cache.get(&k), Some(entry(3)));
+    }
+
+    fn module(n: u32) -> PtxModule {
+        PtxModule {
+            ptx: format!(".version 8.0\n// module {n}\n"),
+            entry: "attention".into(),
+            threads_per_block: 384,
+            dynamic_smem_bytes: 1024 * n,
+            target: Target::Sm90a,
+            tensor_maps: vec![TensorMapSpec {
+                param: 3,
+                box_dims: vec![1, 1, 128, 64],
+                swizzle_bytes: 128,
+            }],
+            persistent: true,
+        }
+    }
+
+    #[test]
+    fn module_entries_round_trip_and_verify() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let cache = DiskCache::at(dir.path());
+        let k = ModuleKey::new("kernel attention(...)", Target::Sm90a, 13000);
+        assert_eq!(cache.get_module(&k), None);
+        cache.put_module(&k, &module(2)).expect("put");
+        assert_eq!(cache.get_module(&k), Some(module(2)));
+        // Listed and cleared with the cubins.
+        let ls = cache.entries().expect("ls");
+        assert_eq!(ls.len(), 1);
+        assert_eq!(ls[0].name, format!("{}.module", k.as_str()));
+        // A flipped byte is a miss, and the file goes.
+        let path = cache.module_path(&k);
+        let mut bad = std::fs::read(&path).expect("read");
+        bad[HEADER + 5] ^= 1;
+        std::fs::write(&path, &bad).expect("write");
+        assert_eq!(cache.get_module(&k), None);
+        assert!(!path.exists());
+        cache.put_module(&k, &module(3)).expect("put");
+        assert_eq!(cache.clear().expect("clear"), 1);
+        // The key covers the IR, the target and the driver (and the compiler, at build time).
+        for other in [
+            ModuleKey::new("kernel attention(..)", Target::Sm90a, 13000),
+            ModuleKey::new("kernel attention(...)", Target::Sm80, 13000),
+            ModuleKey::new("kernel attention(...)", Target::Sm90a, 12080),
+        ] {
+            assert_ne!(k, other);
+        }
+        assert!(!COMPILER.is_empty());
     }
 
     #[test]
