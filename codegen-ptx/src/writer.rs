@@ -165,7 +165,7 @@ impl<'k> Writer<'k> {
             None => {
                 let body = self.k.body.clone();
                 self.write_block(&body)?;
-                self.finish_tma_stores();
+                self.finish_tma_stores()?;
             }
         }
         let mut ptx = String::new();

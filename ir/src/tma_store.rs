@@ -24,6 +24,54 @@ use std::fmt;
 use crate::kernel::OpId;
 use crate::ring::TmaBox;
 
+/// One step of a TMA store's round (the protocol in the module doc), as the PTX writer emits
+/// it and the `protocol_check` pass proves it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StoreStep {
+    /// The issuing thread waits until every earlier bulk store has read its staging tile
+    /// (`cp.async.bulk.wait_group.read 0`).
+    WaitRead,
+    /// The storing threads meet at the store's named barrier.
+    Sync,
+    /// Every thread writes its elements of the round's boxes into the staging tile.
+    Write,
+    /// Every thread makes its writes visible to the async proxy
+    /// (`fence.proxy.async.shared::cta`).
+    Fence,
+    /// The issuing thread stores the round's boxes (`cp.async.bulk.tensor`).
+    Issue,
+    /// The issuing thread closes the round's bulk group (`cp.async.bulk.commit_group`).
+    Commit,
+    /// The issuing thread waits until every bulk store has completed
+    /// (`cp.async.bulk.wait_group 0`): before the consumers exit.
+    WaitAll,
+}
+
+impl fmt::Display for StoreStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StoreStep::WaitRead => "wait_group.read 0",
+            StoreStep::Sync => "bar.sync",
+            StoreStep::Write => "write",
+            StoreStep::Fence => "fence.proxy.async",
+            StoreStep::Issue => "tma store",
+            StoreStep::Commit => "commit_group",
+            StoreStep::WaitAll => "wait_group 0",
+        })
+    }
+}
+
+/// The protocol of one round: the staging tile is free, written, visible, stored.
+pub const ROUND: [StoreStep; 7] = [
+    StoreStep::WaitRead,
+    StoreStep::Sync,
+    StoreStep::Write,
+    StoreStep::Fence,
+    StoreStep::Sync,
+    StoreStep::Issue,
+    StoreStep::Commit,
+];
+
 /// A `store` of a register tile lowered to a TMA store from a staging tile.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TmaStore {
@@ -42,6 +90,10 @@ pub struct TmaStore {
     pub boxes: Vec<TmaBox>,
     /// How many parts the tile is staged in (a power of two dividing the box count).
     pub rounds: u32,
+    /// The steps of each round ([`ROUND`]).
+    pub round: Vec<StoreStep>,
+    /// The steps before the consumers exit (a [`StoreStep::WaitAll`]).
+    pub finish: Vec<StoreStep>,
     /// Byte offset of the staging tile in dynamic shared memory (1024-aligned).
     pub offset: u32,
     /// Named barrier id the storing threads meet at.
@@ -91,7 +143,7 @@ impl fmt::Display for TmaStore {
         write!(
             f,
             "  tma store {} param{} via smem @{} ({} B): {} box(es) {}x{} sw{} in {} round(s); \
-             {} threads meet at bar {}",
+             {} threads meet at bar {}\n    round: {}; at exit: {}",
             self.store,
             self.param,
             self.offset,
@@ -102,7 +154,17 @@ impl fmt::Display for TmaStore {
             self.swizzle,
             self.rounds,
             self.threads,
-            self.barrier
+            self.barrier,
+            steps(&self.round),
+            steps(&self.finish)
         )
     }
+}
+
+/// `a; b; c`.
+fn steps(s: &[StoreStep]) -> String {
+    s.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
 }

@@ -410,3 +410,25 @@ fn unscheduled_kernels_get_a_diagnostic() {
         assert!(e.to_string().contains("sm_90a"), "{kernel}: {e}");
     }
 }
+
+#[test]
+fn a_broken_tma_store_protocol_is_a_compiler_error_at_the_store() {
+    use kiln_ir::tma_store::StoreStep;
+    let mut k = scheduled(&ptx_examples::build("gemm", &[]));
+    let st = k
+        .schedule
+        .tma_stores
+        .values_mut()
+        .next()
+        .expect("a TMA store");
+    // Without the fence, the copy engine may read the staging tile before the writes land.
+    st.round.retain(|&s| s != StoreStep::Fence);
+    let e = protocol_check::run(&mut k, Target::Sm90a).expect_err("unfenced");
+    let text = e.to_string();
+    assert!(text.contains("epilogue store's TMA protocol"), "{text}");
+    assert!(text.contains("fence.proxy.async"), "{text}");
+    assert!(
+        text.contains("examples/src/gemm.rs"),
+        "at the store: {text}"
+    );
+}

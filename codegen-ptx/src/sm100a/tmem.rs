@@ -198,7 +198,7 @@ impl Writer<'_> {
         }
         self.leave_tile(tl, &c);
         if around.tiles.is_some() {
-            self.finish_tma_stores();
+            self.finish_tma_stores()?;
         }
         Ok(())
     }

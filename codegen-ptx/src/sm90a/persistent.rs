@@ -77,7 +77,7 @@ impl Writer<'_> {
             }
         }
         self.close_tile_loop(&tl, &c);
-        self.finish_tma_stores();
+        self.finish_tma_stores()?;
         Ok(())
     }
 

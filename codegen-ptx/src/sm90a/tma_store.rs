@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use kiln_ir::tma_store::TmaStore;
+use kiln_ir::tma_store::{StoreStep, TmaStore};
 use kiln_ir::{OpId, OpKind};
 
 use crate::CodegenError;
@@ -51,71 +51,99 @@ impl Writer<'_> {
         let mut chunks: BTreeMap<u32, Reg> = BTreeMap::new();
         for round in 0..st.rounds {
             self.comment(&format!(
-                "TMA store, part {} of {}: the staging tile is free once the previous store \
-                 has read it",
+                "TMA store, part {} of {}: {}",
                 round + 1,
-                st.rounds
+                st.rounds,
+                st.round
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
             ));
-            self.ins(format!("@{leader} cp.async.bulk.wait_group.read 0"));
-            self.ins(format!("bar.sync {barrier}, {threads}"));
-            for (offs, pair) in d.regs.chunks(2).zip(regs.chunks(2)) {
-                let (ro, co) = (offs[0][0], offs[0][1]);
-                let (box_index, c) = (co / 64, co % 64);
-                if box_index / per_round != round {
-                    continue;
-                }
-                let chunk = c / 8;
-                let at = match chunks.get(&chunk) {
-                    Some(&r) => r,
-                    None => {
-                        let r = self.new_reg(Class::B32);
-                        self.ins(format!("xor.b32 {r}, {phase}, {chunk}"));
-                        self.ins(format!("mad.lo.u32 {r}, {r}, 16, {base}"));
-                        chunks.insert(chunk, r);
-                        r
+            for &step in &st.round {
+                match step {
+                    StoreStep::WaitRead => {
+                        self.ins(format!("@{leader} cp.async.bulk.wait_group.read 0"))
                     }
-                };
-                let imm = (box_index % per_round) * box_bytes + ro * 128 + (c % 8) * 2;
-                let packed = self.new_reg(Class::B32);
-                self.ins(format!("mov.b32 {packed}, {{{}, {}}}", pair[0], pair[1]));
-                self.ins(format!("st.shared.b32 [{at}+{imm}], {packed}"));
+                    StoreStep::Sync => self.ins(format!("bar.sync {barrier}, {threads}")),
+                    StoreStep::Write => {
+                        for (offs, pair) in d.regs.chunks(2).zip(regs.chunks(2)) {
+                            let (ro, co) = (offs[0][0], offs[0][1]);
+                            let (box_index, c) = (co / 64, co % 64);
+                            if box_index / per_round != round {
+                                continue;
+                            }
+                            let chunk = c / 8;
+                            let at = match chunks.get(&chunk) {
+                                Some(&r) => r,
+                                None => {
+                                    let r = self.new_reg(Class::B32);
+                                    self.ins(format!("xor.b32 {r}, {phase}, {chunk}"));
+                                    self.ins(format!("mad.lo.u32 {r}, {r}, 16, {base}"));
+                                    chunks.insert(chunk, r);
+                                    r
+                                }
+                            };
+                            let imm = (box_index % per_round) * box_bytes + ro * 128 + (c % 8) * 2;
+                            let packed = self.new_reg(Class::B32);
+                            self.ins(format!("mov.b32 {packed}, {{{}, {}}}", pair[0], pair[1]));
+                            self.ins(format!("st.shared.b32 [{at}+{imm}], {packed}"));
+                        }
+                    }
+                    StoreStep::Fence => self.ins("fence.proxy.async.shared::cta"),
+                    StoreStep::Issue => {
+                        let skip = self.new_label();
+                        self.ins(format!("@!{leader} bra {skip}"));
+                        let (first, last) = (round * per_round, (round + 1) * per_round);
+                        for b in &st.boxes[first as usize..last as usize] {
+                            let (src, x) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+                            self.ins(format!(
+                                "add.u32 {src}, {}, {}",
+                                self.smem,
+                                st.offset + b.smem_offset
+                            ));
+                            self.ins(format!("add.s32 {x}, {col}, {}", b.origin[1]));
+                            // Innermost dimension first.
+                            let mut at = vec![x.to_string(), row.to_string()];
+                            at.extend(lead.iter().rev().map(Reg::to_string));
+                            self.ins(format!(
+                                "cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group \
+                                 [{map}, {{{}}}], [{src}]",
+                                at.join(", ")
+                            ));
+                        }
+                        self.label(&skip);
+                    }
+                    StoreStep::Commit => self.ins(format!("@{leader} cp.async.bulk.commit_group")),
+                    StoreStep::WaitAll => self.ins(format!("@{leader} cp.async.bulk.wait_group 0")),
+                }
             }
-            self.ins("fence.proxy.async.shared::cta");
-            self.ins(format!("bar.sync {barrier}, {threads}"));
-
-            let skip = self.new_label();
-            self.ins(format!("@!{leader} bra {skip}"));
-            let boxes = &st.boxes[(round * per_round) as usize..((round + 1) * per_round) as usize];
-            for b in boxes {
-                let (src, x) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-                self.ins(format!(
-                    "add.u32 {src}, {}, {}",
-                    self.smem,
-                    st.offset + b.smem_offset
-                ));
-                self.ins(format!("add.s32 {x}, {col}, {}", b.origin[1]));
-                // Innermost dimension first.
-                let mut at = vec![x.to_string(), row.to_string()];
-                at.extend(lead.iter().rev().map(Reg::to_string));
-                self.ins(format!(
-                    "cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group [{map}, {{{}}}], [{src}]",
-                    at.join(", ")
-                ));
-            }
-            self.ins("cp.async.bulk.commit_group");
-            self.label(&skip);
         }
         Ok(())
     }
 
     /// Before the consumers exit: the issuing thread waits for every TMA store, whose
     /// staging tile must outlive the copy.
-    pub(crate) fn finish_tma_stores(&mut self) {
-        if self.k.schedule.tma_stores.is_empty() {
-            return;
+    pub(crate) fn finish_tma_stores(&mut self) -> Result<(), CodegenError> {
+        let stores: Vec<TmaStore> = self.k.schedule.tma_stores.values().cloned().collect();
+        for st in stores {
+            let leader = self.store_leader();
+            for &step in &st.finish {
+                match step {
+                    StoreStep::WaitAll => self.ins(format!("@{leader} cp.async.bulk.wait_group 0")),
+                    StoreStep::WaitRead => {
+                        self.ins(format!("@{leader} cp.async.bulk.wait_group.read 0"))
+                    }
+                    other => {
+                        return Err(self.internal(
+                            st.store,
+                            format!("`{other}` in a TMA store's steps at exit"),
+                        ));
+                    }
+                }
+            }
         }
-        let leader = self.store_leader();
-        self.ins(format!("@{leader} cp.async.bulk.wait_group 0"));
+        Ok(())
     }
 
     /// `tid == 0`: the thread that issues the TMA stores.

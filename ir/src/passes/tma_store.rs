@@ -135,6 +135,8 @@ fn candidate(kernel: &Kernel, op: OpId, threads: u32, barrier: u32) -> Option<Tm
             })
             .collect(),
         rounds: 1,
+        round: crate::tma_store::ROUND.to_vec(),
+        finish: vec![crate::tma_store::StoreStep::WaitAll],
         offset: 0,
         barrier,
         threads,

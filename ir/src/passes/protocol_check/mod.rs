@@ -42,6 +42,11 @@
 //! reads a stage whose `full` wait has not passed for that iteration, or the once tiles are
 //! released while a wgmma reads them or reloaded before they were released.
 //!
+//! The TMA stores of the epilogue ([`crate::tma_store`]): per round the staging tile is freed
+//! (the issuing thread's `wait_group.read`, a barrier) before it is written, fenced to the
+//! async proxy with a barrier after before it is stored, and the store committed; the
+//! consumers wait for every store before they exit ([`StoreError`]).
+//!
 //! sm_100a: the ring runs on the same machine with the MMA thread as its one consumer, each
 //! `tcgen05.commit` arriving once every `tcgen05.mma` before it has completed (so a stage
 //! released by a plain arrive while an mma may read it is an early release). Then the
@@ -67,8 +72,10 @@ mod machine;
 mod rules;
 #[cfg(test)]
 mod tests;
+mod tma_store;
 mod tmem;
 
+pub use tma_store::StoreError;
 pub use tmem::TmemError;
 
 use machine::Machine;
@@ -364,6 +371,14 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             Diagnostic::new(
                 loc,
                 format!("internal kiln error: the pipelined loop's barrier protocol is wrong: {e}"),
+            )
+        })?;
+    }
+    for st in kernel.schedule.tma_stores.values() {
+        tma_store::check_store(st).map_err(|e| {
+            Diagnostic::new(
+                kernel.ops[st.store].loc,
+                format!("internal kiln error: the epilogue store's TMA protocol is wrong: {e}"),
             )
         })?;
     }

@@ -1,0 +1,149 @@
+//! The rules of a TMA store's rounds ([`crate::tma_store`]): in each round the staging tile is
+//! free before any thread writes it (the issuing thread's `wait_group.read`, then a barrier),
+//! the writes are fenced to the async proxy and every thread is past them (a fence, then a
+//! barrier) before the store is issued, the store's group is committed, and the consumers do
+//! not exit before every store has completed.
+
+use crate::tma_store::{StoreStep, TmaStore};
+
+/// A broken TMA-store protocol.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// A round does not write once and store once, in that order.
+    #[error("a TMA store round must write the staging tile once, then store it once; got {0:?}")]
+    Shape(Vec<StoreStep>),
+    /// Threads may write the staging tile while an earlier store still reads it.
+    #[error(
+        "a TMA store round writes the staging tile before the issuing thread's wait_group.read and a barrier after it: an earlier store may still read it"
+    )]
+    WriteBeforeFree,
+    /// The store may read the staging tile before every thread's writes reach the async proxy.
+    #[error(
+        "a TMA store round stores the staging tile before fence.proxy.async and a barrier after it: the copy may miss the threads' writes"
+    )]
+    StoreBeforeVisible,
+    /// The round's bulk stores are never committed, so no wait covers them.
+    #[error("a TMA store round stores without committing the bulk group after")]
+    Uncommitted,
+    /// The consumers may exit while a store still reads the staging tile.
+    #[error(
+        "the consumers exit without waiting for every TMA store (wait_group 0); steps at exit: {0:?}"
+    )]
+    ExitBeforeStored(Vec<StoreStep>),
+}
+
+/// Checks `st`'s round and exit steps.
+pub(super) fn check_store(st: &TmaStore) -> Result<(), StoreError> {
+    let r = &st.round;
+    let at = |step: StoreStep| -> Vec<usize> {
+        r.iter()
+            .enumerate()
+            .filter(|&(_, &s)| s == step)
+            .map(|(i, _)| i)
+            .collect()
+    };
+    let (writes, issues) = (at(StoreStep::Write), at(StoreStep::Issue));
+    let (&[write], &[issue]) = (&writes[..], &issues[..]) else {
+        return Err(StoreError::Shape(r.clone()));
+    };
+    if write > issue {
+        return Err(StoreError::Shape(r.clone()));
+    }
+    // The first index after `from` (and before `to`) holding `step`.
+    let find = |step: StoreStep, from: usize, to: usize| (from..to).find(|&i| r[i] == step);
+    let freed = find(StoreStep::WaitRead, 0, write)
+        .and_then(|w| find(StoreStep::Sync, w + 1, write))
+        .is_some();
+    if !freed {
+        return Err(StoreError::WriteBeforeFree);
+    }
+    let visible = find(StoreStep::Fence, write + 1, issue)
+        .and_then(|f| find(StoreStep::Sync, f + 1, issue))
+        .is_some();
+    if !visible {
+        return Err(StoreError::StoreBeforeVisible);
+    }
+    if find(StoreStep::Commit, issue + 1, r.len()).is_none() {
+        return Err(StoreError::Uncommitted);
+    }
+    let waits_only = st
+        .finish
+        .iter()
+        .all(|s| matches!(s, StoreStep::WaitAll | StoreStep::WaitRead));
+    if !waits_only || !st.finish.contains(&StoreStep::WaitAll) {
+        return Err(StoreError::ExitBeforeStored(st.finish.clone()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::OpId;
+    use crate::tma_store::ROUND;
+
+    fn store(round: Vec<StoreStep>, finish: Vec<StoreStep>) -> TmaStore {
+        TmaStore {
+            store: OpId::from_index(0),
+            param: 3,
+            lead_dims: 2,
+            box_dims: [128, 64],
+            swizzle: 128,
+            boxes: Vec::new(),
+            rounds: 1,
+            round,
+            finish,
+            offset: 0,
+            barrier: 3,
+            threads: 256,
+        }
+    }
+
+    #[test]
+    fn the_pass_protocol_is_proved() {
+        assert_eq!(
+            check_store(&store(ROUND.to_vec(), vec![StoreStep::WaitAll])),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn each_broken_round_is_named() {
+        use StoreStep::*;
+        let without = |gone: usize| {
+            let mut r = ROUND.to_vec();
+            r.remove(gone);
+            r
+        };
+        let cases: [(Vec<StoreStep>, Vec<StoreStep>, StoreError); 7] = [
+            (without(0), vec![WaitAll], StoreError::WriteBeforeFree),
+            (without(1), vec![WaitAll], StoreError::WriteBeforeFree),
+            (without(3), vec![WaitAll], StoreError::StoreBeforeVisible),
+            (without(4), vec![WaitAll], StoreError::StoreBeforeVisible),
+            (without(6), vec![WaitAll], StoreError::Uncommitted),
+            // The fence after the barrier: a thread may still be writing when the store reads.
+            (
+                vec![WaitRead, Sync, Write, Sync, Fence, Issue, Commit],
+                vec![WaitAll],
+                StoreError::StoreBeforeVisible,
+            ),
+            (
+                ROUND.to_vec(),
+                vec![WaitRead],
+                StoreError::ExitBeforeStored(vec![WaitRead]),
+            ),
+        ];
+        for (round, finish, want) in cases {
+            assert_eq!(
+                check_store(&store(round.clone(), finish)),
+                Err(want),
+                "{round:?}"
+            );
+        }
+        let twice = [ROUND.to_vec(), ROUND.to_vec()].concat();
+        assert_eq!(
+            check_store(&store(twice.clone(), vec![WaitAll])),
+            Err(StoreError::Shape(twice))
+        );
+    }
+}
