@@ -18,18 +18,7 @@ const LOG2_E: f64 = std::f64::consts::LOG2_E;
 impl<'ctx> Lower<'_, 'ctx> {
     /// The distribution of tile `v`'s layout over its shape.
     pub(crate) fn dist(&self, v: ValueId, at: OpId) -> Result<Distribution, LlvmError> {
-        let layout = self
-            .k
-            .schedule
-            .layouts
-            .get(&v)
-            .ok_or_else(|| self.internal(at, format!("{v} has no layout")))?;
-        let shape = self
-            .k
-            .ty(v)
-            .shape()
-            .ok_or_else(|| self.internal(at, format!("{v} is not a tile")))?;
-        layout.distribution(shape).map_err(|e| self.internal(at, e))
+        self.k.distribution(v).map_err(|e| self.internal(at, e))
     }
 
     /// `sum_t ((tid / div) % modulo) * mul` over `terms` (an i32; LLVM turns the power-of-two

@@ -307,17 +307,10 @@ impl Writer<'_> {
             }
         );
         let col_coord = self.k.ops[id].operands[coords.len() - 1];
-        let even = |x: u32| x.is_multiple_of(2);
-        let pairs_up = d.regs.len().is_multiple_of(2)
-            && d.regs
-                .chunks(2)
-                .all(|p| p[0][0] == p[1][0] && even(p[0][1]) && p[1][1] == p[0][1] + 1);
-        if d.terms.len() != 2
+        if !d.column_pairs()
             || !matches!(dtype, DType::Bf16 | DType::F16 | DType::F32)
             || !aligned
-            || !even(self.known_multiple(col_coord))
-            || !d.terms[1].iter().all(|t| even(t.mul))
-            || !pairs_up
+            || !self.known_multiple(col_coord).is_multiple_of(2)
         {
             return Ok(None);
         }

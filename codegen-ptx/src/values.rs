@@ -98,20 +98,7 @@ impl Writer<'_> {
 
     /// The distribution of tile `v`'s layout over its shape.
     pub(crate) fn dist(&self, v: ValueId, at: OpId) -> Result<Distribution, CodegenError> {
-        let layout = self
-            .k
-            .schedule
-            .layouts
-            .get(&v)
-            .ok_or_else(|| self.internal(at, format!("{v} has no layout")))?;
-        let shape = self
-            .k
-            .ty(v)
-            .shape()
-            .ok_or_else(|| self.internal(at, format!("{v} is not a tile")))?;
-        layout
-            .distribution(shape)
-            .map_err(|e| self.internal(at, e.to_string()))
+        self.k.distribution(v).map_err(|e| self.internal(at, e))
     }
 
     /// A register holding `sum_t ((tid / div) % modulo) * mul` (`.b32`).

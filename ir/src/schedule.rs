@@ -74,6 +74,19 @@ pub struct Distribution {
 }
 
 impl Distribution {
+    /// Whether a 2-D tile's registers come in pairs along a row, each at an even column and
+    /// the next (every thread's column term even too): so every pair is one aligned vector
+    /// access (a GEMM accumulator's layout).
+    pub fn column_pairs(&self) -> bool {
+        self.terms.len() == 2
+            && self.terms[1].iter().all(|t| t.mul.is_multiple_of(2))
+            && self.regs.len().is_multiple_of(2)
+            && self
+                .regs
+                .chunks(2)
+                .all(|p| p[0][0] == p[1][0] && p[0][1].is_multiple_of(2) && p[1][1] == p[0][1] + 1)
+    }
+
     /// The thread-independent part of coordinates in dimension `dim`, one per register.
     pub fn offsets(&self, dim: usize) -> impl Iterator<Item = u32> + '_ {
         self.regs.iter().map(move |r| r[dim])
@@ -364,6 +377,23 @@ impl Schedule {
     /// The buffer holding the tile loaded by `load`.
     pub fn buffer(&self, load: OpId) -> Option<&SmemBuffer> {
         self.buffers.iter().find(|b| b.load == load)
+    }
+}
+
+impl crate::kernel::Kernel {
+    /// The distribution of tile `v`'s layout over its shape (what a backend writes registers
+    /// from); why not, when `v` has no layout or is not a tile.
+    pub fn distribution(&self, v: ValueId) -> Result<Distribution, String> {
+        let layout = self
+            .schedule
+            .layouts
+            .get(&v)
+            .ok_or_else(|| format!("{v} has no layout"))?;
+        let shape = self
+            .ty(v)
+            .shape()
+            .ok_or_else(|| format!("{v} is not a tile"))?;
+        layout.distribution(shape).map_err(|e| e.to_string())
     }
 }
 

@@ -108,17 +108,15 @@ fn candidate(kernel: &Kernel, op: OpId, threads: u32, barrier: u32) -> Option<Tm
     if rows == 0 || rows > 256 || cols == 0 || !cols.is_multiple_of(BOX_COLS) || rank < 2 {
         return None;
     }
-    let d = kernel.schedule.layouts.get(&v)?.distribution(shape).ok()?;
-    let col_span: u32 = d.terms[1].iter().map(|t| (t.modulo - 1) * t.mul).sum();
-    let accumulator_like = d.terms[1].iter().all(|t| t.mul.is_multiple_of(2))
-        && d.regs.len().is_multiple_of(2)
-        && d.regs.chunks(2).all(|p| {
-            p[0][0] == p[1][0]
-                && p[0][0].is_multiple_of(8)
-                && p[0][1].is_multiple_of(2)
-                && p[1][1] == p[0][1] + 1
-                && p[0][1] % 8 + col_span + 1 < 8
-        });
+    let d = kernel.distribution(v).ok()?;
+    // Pairs, every row a multiple of 8 from the thread's (one swizzle phase), every pair
+    // inside one 16-byte chunk whatever the thread's column.
+    let accumulator_like = d.column_pairs() && {
+        let col_span: u32 = d.terms[1].iter().map(|t| (t.modulo - 1) * t.mul).sum();
+        d.regs
+            .chunks(2)
+            .all(|p| p[0][0].is_multiple_of(8) && p[0][1] % 8 + col_span + 1 < 8)
+    };
     if !accumulator_like {
         return None;
     }
