@@ -3,7 +3,7 @@
 //! **Architecture invariant:** an example uses only the public `kiln` facade, as a user's
 //! crate would; nothing here reaches into a member crate's internals.
 
-use kiln::ir::dsl::KernelDef;
+use kiln::ir::dsl::{KernelDef, Spec};
 
 pub mod attention;
 pub mod gemm;
@@ -27,6 +27,27 @@ pub fn registry() -> &'static [&'static dyn KernelDef] {
 /// The example kernel called `name`, if there is one.
 pub fn find(name: &str) -> Option<&'static dyn KernelDef> {
     registry().iter().copied().find(|k| k.name() == name)
+}
+
+/// Example `name` and its spec: `overrides` on its comptime defaults, every tensor's
+/// `aligned16` set to `aligned` (as the tests and the CLI compile a kernel without
+/// arguments to take alignments from); why not, when there is no such kernel or an override
+/// is wrong.
+pub fn spec(
+    name: &str,
+    overrides: &[(&str, &str)],
+    aligned: bool,
+) -> Result<(&'static dyn KernelDef, Spec), String> {
+    let def = find(name).ok_or_else(|| format!("no example kernel `{name}`"))?;
+    let o: Vec<(String, String)> = overrides
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let mut spec = Spec::from_defaults(def, &o).map_err(|e| format!("{name}: {e}"))?;
+    for a in spec.aligned16.values_mut() {
+        *a = aligned;
+    }
+    Ok((def, spec))
 }
 
 #[cfg(test)]

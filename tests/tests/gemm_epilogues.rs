@@ -5,8 +5,11 @@
 //! ptxas without spills (sm_90a also without advisories, and scheduled as the gemm is: TMA
 //! ring, persistent tiles, TMA-store epilogue); IR and PTX snapshots of their defaults.
 
+mod gemm_family;
+
 use std::collections::BTreeMap;
 
+use gemm_family::comptime;
 use kiln_examples::gemm::gemm;
 use kiln_examples::gemm_epilogue::{gemm_alpha_beta, gemm_bias_act};
 use kiln_ir::Target;
@@ -32,31 +35,6 @@ const DTYPES: [DType; 2] = [DType::Bf16, DType::F16];
 
 /// `(alpha, beta)` pairs: general, negative, and each term alone.
 const ALPHA_BETA: [(f32, f32); 3] = [(0.75, -1.25), (1.0, 0.0), (0.0, 2.0)];
-
-/// The comptime map of one tile, B layout, dtype and extra values (`act`).
-fn comptime(
-    def: &dyn KernelDef,
-    (bm, bn, bk, stages): (usize, usize, usize, usize),
-    b_col_major: bool,
-    dtype: DType,
-    extra: &[(&str, String)],
-) -> BTreeMap<String, ComptimeValue> {
-    let mut o: Vec<(String, String)> = [
-        ("BM", bm.to_string()),
-        ("BN", bn.to_string()),
-        ("BK", bk.to_string()),
-        ("STAGES", stages.to_string()),
-        ("b_col_major", b_col_major.to_string()),
-        ("dtype", dtype.to_string()),
-    ]
-    .into_iter()
-    .map(|(n, v)| (n.to_string(), v))
-    .collect();
-    o.extend(extra.iter().map(|(n, v)| (n.to_string(), v.clone())));
-    Spec::from_defaults(def, &o)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .comptime
-}
 
 /// Random `a: [m, k]` and `b` (`[k, n]`, or `[n, k]` holding B column-major) of `dtype`,
 /// normal inputs read through padded rows, and the f64 `a @ B`.

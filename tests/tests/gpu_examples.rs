@@ -212,23 +212,12 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
     let b = dev.alloc(DType::Bf16, &[k, n]).expect("alloc");
     let c = dev.alloc(DType::Bf16, &[m, n]).expect("alloc");
     let grid = [1, 1, 1];
+    // The default 128x128x32, 3-stage bf16 gemm with row-major B.
+    let launch =
+        |grid, a, b, c| gemm.launch(&dev, grid, 128, 128, 32, 3, false, DType::Bf16, a, b, c);
 
     let f32_a = dev.alloc(DType::F32, &[m, k]).expect("alloc");
-    let err = gemm
-        .launch(
-            &dev,
-            grid,
-            128,
-            128,
-            32,
-            3,
-            false,
-            DType::Bf16,
-            &f32_a,
-            &b,
-            &c,
-        )
-        .expect_err("dtype");
+    let err = launch(grid, &f32_a, &b, &c).expect_err("dtype");
     assert!(
         matches!(
             err,
@@ -246,21 +235,7 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
     );
 
     let rank3 = dev.alloc(DType::Bf16, &[1, k, n]).expect("alloc");
-    let err = gemm
-        .launch(
-            &dev,
-            grid,
-            128,
-            128,
-            32,
-            3,
-            false,
-            DType::Bf16,
-            &a,
-            &rank3,
-            &c,
-        )
-        .expect_err("rank");
+    let err = launch(grid, &a, &rank3, &c).expect_err("rank");
     assert!(
         matches!(
             err,
@@ -279,21 +254,7 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
 
     let square = dev.alloc(DType::Bf16, &[n, m]).expect("alloc");
     let transposed = square.transpose(0, 1).expect("view");
-    let err = gemm
-        .launch(
-            &dev,
-            grid,
-            128,
-            128,
-            32,
-            3,
-            false,
-            DType::Bf16,
-            &a,
-            &b,
-            &transposed,
-        )
-        .expect_err("inner stride");
+    let err = launch(grid, &a, &b, &transposed).expect_err("inner stride");
     assert!(
         matches!(
             err,
@@ -312,21 +273,7 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
 
     let short = dev.alloc(DType::Bf16, &[m - 1, n]).expect("alloc");
     let too_big = short.as_strided(&[m, n], &[n, 1], 0).expect("ranks agree");
-    let err = gemm
-        .launch(
-            &dev,
-            grid,
-            128,
-            128,
-            32,
-            3,
-            false,
-            DType::Bf16,
-            &a,
-            &b,
-            &too_big,
-        )
-        .expect_err("bounds");
+    let err = launch(grid, &a, &b, &too_big).expect_err("bounds");
     assert!(
         matches!(
             err,
@@ -345,21 +292,7 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
         "{err}"
     );
 
-    let err = gemm
-        .launch(
-            &dev,
-            [1, 0, 1],
-            128,
-            128,
-            32,
-            3,
-            false,
-            DType::Bf16,
-            &a,
-            &b,
-            &c,
-        )
-        .expect_err("grid");
+    let err = launch([1, 0, 1], &a, &b, &c).expect_err("grid");
     assert!(
         matches!(
             err,

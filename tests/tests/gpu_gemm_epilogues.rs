@@ -7,6 +7,7 @@
 //! module takes tensor maps); one contiguous odd shape checks the cp.async fallback too.
 //! GPU tests are reported ignored without a driver (and the sm_90a ones without a Hopper GPU).
 
+mod gemm_family;
 mod gpu_common;
 
 use std::collections::BTreeMap;
@@ -66,28 +67,18 @@ impl Epilogue {
     /// The comptime map of this kernel for one tile, B layout and dtype.
     fn comptime(
         self,
-        (bm, bn, bk, stages): (usize, usize, usize, usize),
+        tile: (usize, usize, usize, usize),
         b_col_major: bool,
         dtype: DType,
     ) -> BTreeMap<String, ComptimeValue> {
-        let mut o: Vec<(String, String)> = [
-            ("BM", bm.to_string()),
-            ("BN", bn.to_string()),
-            ("BK", bk.to_string()),
-            ("STAGES", stages.to_string()),
-            ("b_col_major", b_col_major.to_string()),
-            ("dtype", dtype.to_string()),
-        ]
-        .into_iter()
-        .map(|(n, v)| (n.to_string(), v))
-        .collect();
-        if let Epilogue::BiasAct(act) = self {
-            let number = Activation::ALL.iter().position(|a| *a == act);
-            o.push(("act".into(), number.unwrap_or(0).to_string()));
-        }
-        Spec::from_defaults(self.def(), &o)
-            .unwrap_or_else(|e| panic!("{e}"))
-            .comptime
+        let act = match self {
+            Epilogue::BiasAct(act) => {
+                Some(Activation::ALL.iter().position(|a| *a == act).unwrap_or(0))
+            }
+            _ => None,
+        };
+        let extra: Vec<(&str, String)> = act.map(|n| ("act", n.to_string())).into_iter().collect();
+        gemm_family::comptime(self.def(), tile, b_col_major, dtype, &extra)
     }
 }
 

@@ -53,19 +53,7 @@ pub fn spec(
     overrides: &[(&str, &str)],
     aligned: bool,
 ) -> (&'static dyn KernelDef, Spec) {
-    let def: &'static dyn KernelDef = *kiln_examples::registry()
-        .iter()
-        .find(|d| d.name() == kernel)
-        .unwrap_or_else(|| panic!("no example kernel `{kernel}`"));
-    let o: Vec<(String, String)> = overrides
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let mut spec = Spec::from_defaults(def, &o).unwrap_or_else(|e| panic!("{kernel}: {e}"));
-    for a in spec.aligned16.values_mut() {
-        *a = aligned;
-    }
-    (def, spec)
+    kiln_examples::spec(kernel, overrides, aligned).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The IR of [`spec`]'s specialisation.

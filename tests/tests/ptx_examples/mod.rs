@@ -5,7 +5,6 @@
 #![allow(dead_code)]
 
 use kiln::ir::Kernel;
-use kiln::ir::dsl::{KernelDef, Spec};
 
 /// Comptime overrides, as `-D name=value` pairs.
 pub type Overrides = &'static [(&'static str, &'static str)];
@@ -53,18 +52,8 @@ pub fn build(kernel: &str, overrides: &[(&str, &str)]) -> Kernel {
 /// Builds registry kernel `kernel` with `overrides` on its defaults and every tensor's
 /// `aligned16` set to `aligned`.
 pub fn build_aligned(kernel: &str, overrides: &[(&str, &str)], aligned: bool) -> Kernel {
-    let def: &dyn KernelDef = *kiln_examples::registry()
-        .iter()
-        .find(|d| d.name() == kernel)
-        .unwrap_or_else(|| panic!("no example kernel `{kernel}`"));
-    let o: Vec<(String, String)> = overrides
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let mut spec = Spec::from_defaults(def, &o).unwrap_or_else(|e| panic!("{kernel}: {e}"));
-    for a in spec.aligned16.values_mut() {
-        *a = aligned;
-    }
+    let (def, spec) =
+        kiln_examples::spec(kernel, overrides, aligned).unwrap_or_else(|e| panic!("{e}"));
     def.build(&spec)
         .unwrap_or_else(|d| panic!("{kernel} does not build: {d}"))
 }
