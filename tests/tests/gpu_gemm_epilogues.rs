@@ -19,7 +19,7 @@ use kiln_examples::gemm_epilogue::{gemm_alpha_beta, gemm_bias_act};
 use kiln_ir::dsl::{ComptimeValue, KernelDef, Spec};
 use kiln_ir::{DType, HostTensor, Target};
 use kiln_runtime::{Device, DeviceTensor, KernelArg};
-use kiln_tests::check::{Case, assert_close, flush_subnormals, poisoned, tolerance};
+use kiln_tests::check::{Case, as_stored, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference::{self, Activation};
 
@@ -165,12 +165,7 @@ fn run_case(
         seed: rng.seed(),
     };
     let got = out.download().expect("download");
-    assert_close(
-        &case,
-        &got,
-        &flush_subnormals(&want, dtype),
-        tolerance(dtype),
-    );
+    assert_close(&case, &got, &as_stored(&want, dtype), tolerance(dtype));
 }
 
 /// Every kernel, dtype, tile, B layout, shape and distribution on `dev`.
