@@ -55,6 +55,16 @@ pub enum InterpError {
         /// The step.
         step: i32,
     },
+    /// The scheduled execution found the passes' schedule inconsistent with the kernel (a
+    /// bug in kiln's passes): a step reads a value no earlier step computed, a TMA box misses
+    /// its tile or leaves shared memory, or the barrier protocol fails.
+    #[error("{loc}: the schedule is wrong: {what}")]
+    Schedule {
+        /// The scheduled loop.
+        loc: Loc,
+        /// What is wrong.
+        what: String,
+    },
     /// The interpreter met IR the verifier should have rejected: a bug in kiln.
     #[error("internal kiln error: {loc}: `{op}` should have been rejected by verify")]
     Internal {

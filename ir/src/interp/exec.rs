@@ -1,5 +1,7 @@
 //! The walker: runs a verified kernel's blocks op by op for one grid block after another.
 
+use std::collections::BTreeMap;
+
 use half::{bf16, f16};
 
 use crate::device_print::{self, PrintValue};
@@ -23,6 +25,9 @@ pub(crate) struct Machine<'k, 'a, 'b> {
     env: Vec<Option<Value>>,
     /// The lines `print` ops wrote, when they are kept rather than written to stdout.
     printed: Option<Vec<String>>,
+    /// Tiles that `load` ops take from here instead of global memory: the stage buffers of a
+    /// scheduled execution ([`super::scheduled`]).
+    served: BTreeMap<OpId, Value>,
 }
 
 impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
@@ -41,7 +46,62 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
             block: [0; 3],
             env: vec![None; kernel.values.len()],
             printed: capture.then(Vec::new),
+            served: BTreeMap::new(),
         }
+    }
+
+    /// Runs `ops` (of one block, in its order) in the current environment; returns the
+    /// values a `yield` among them passes.
+    pub(super) fn exec_ops(&mut self, ops: &[OpId]) -> Result<Option<Vec<Value>>, InterpError> {
+        for &id in ops {
+            if let Some(yielded) = self.exec(id)? {
+                return Ok(Some(yielded));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Value `v`'s contents in the current environment.
+    pub(super) fn value(&self, v: ValueId) -> Option<&Value> {
+        self.env.get(v.index()).and_then(Option::as_ref)
+    }
+
+    /// Sets value `v`'s contents in the current environment.
+    pub(super) fn bind(&mut self, v: ValueId, value: Value) {
+        if let Some(slot) = self.env.get_mut(v.index()) {
+            *slot = Some(value);
+        }
+    }
+
+    /// Whether value `v` has contents in the current environment.
+    pub(super) fn is_bound(&self, v: ValueId) -> bool {
+        matches!(self.env.get(v.index()), Some(Some(_)))
+    }
+
+    /// Sets the block index `block_id` ops read.
+    pub(super) fn set_block(&mut self, block: [i32; 3]) {
+        self.block = block;
+    }
+
+    /// Exchanges the environment (every SSA value's contents) with `env`.
+    pub(super) fn swap_env(&mut self, env: &mut Vec<Option<Value>>) {
+        std::mem::swap(&mut self.env, env);
+    }
+
+    /// Makes the `load` op `load` produce `tile` instead of reading global memory, until
+    /// [`Machine::unserve`].
+    pub(super) fn serve(&mut self, load: OpId, tile: Value) {
+        self.served.insert(load, tile);
+    }
+
+    /// Lets every `load` read global memory again.
+    pub(super) fn unserve(&mut self) {
+        self.served.clear();
+    }
+
+    /// The tensor argument `index`.
+    pub(super) fn tensor_arg(&self, index: usize) -> Option<&crate::host::HostTensor> {
+        self.args.get(index).and_then(HostArg::tensor)
     }
 
     /// The lines printed so far, when captured.
@@ -186,6 +246,9 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
                     None => None,
                 };
                 vec![eval::mma(a, b, c).map_err(|f| self.fault(id, f))?]
+            }
+            OpKind::Load { .. } if self.served.contains_key(&id) => {
+                vec![self.served[&id].clone()]
             }
             OpKind::Load { tensor, shape } => {
                 let coords = self.coords(id, &op.operands)?;

@@ -29,11 +29,13 @@ mod error;
 mod eval;
 mod exec;
 mod memory;
+mod scheduled;
 mod value;
 
 use std::collections::BTreeMap;
 
 pub use error::{ArgProblem, InterpError};
+pub use scheduled::run_scheduled;
 
 use crate::dsl::{ComptimeValue, KernelDef, ParamSig, Spec};
 use crate::host::HostTensor;
@@ -76,15 +78,22 @@ fn run_with(
     args: &mut [HostArg<'_>],
     capture: bool,
 ) -> Result<Vec<String>, InterpError> {
+    let g = checked(kernel, grid, args)?;
+    let mut machine = exec::Machine::new(kernel, args, g, capture);
+    machine.run_grid()?;
+    Ok(machine.printed())
+}
+
+/// Verifies `kernel`, checks `args` against its parameters and `grid` against the i32 block
+/// index; returns the grid as block indices.
+fn checked(kernel: &Kernel, grid: [u32; 3], args: &[HostArg<'_>]) -> Result<[i32; 3], InterpError> {
     verify(kernel).map_err(InterpError::Verify)?;
     memory::check_args(&kernel.params, args)?;
     let mut g = [0i32; 3];
     for ((slot, extent), axis) in g.iter_mut().zip(grid).zip(["x", "y", "z"]) {
         *slot = i32::try_from(extent).map_err(|_| InterpError::GridTooLarge { axis, extent })?;
     }
-    let mut machine = exec::Machine::new(kernel, args, g, capture);
-    machine.run_grid()?;
-    Ok(machine.printed())
+    Ok(g)
 }
 
 /// Builds `def` for `comptime` and runs it. The [`Spec`] takes `comptime` as given and marks a

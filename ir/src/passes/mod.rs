@@ -18,7 +18,7 @@ pub mod tmem;
 pub mod verify;
 pub mod warp_specialise;
 
-mod walk;
+pub(crate) mod walk;
 
 use crate::diag::Diagnostic;
 use crate::kernel::Kernel;

@@ -2,6 +2,12 @@
 //! consumer warpgroup run on an abstract machine with mbarrier, named-barrier and wgmma-group
 //! semantics for a sequence of work tiles (one for a kernel that is not persistent), each with
 //! its trip count.
+//!
+//! The machine is also the clock of the schedule's CPU execution ([`crate::interp::run_scheduled`]):
+//! [`Machine::run_observed`] reports every step a role executes, in the order the machine
+//! runs them, to an observer that moves the data. The order is the machine's own, a round of
+//! each role running as far as it can, the producer first: the producer refills a stage the
+//! moment its release lets it, which is the order that exposes a release that comes too early.
 
 use std::collections::BTreeMap;
 
@@ -54,13 +60,16 @@ enum Part {
     Tail,
 }
 
-/// One step of a role's program: the ring iteration it serves (counted across tiles), the
+/// One step of a role's program: the ring iteration it runs in (counted across tiles), the
 /// work tile, and the step.
 #[derive(Clone, Copy, Debug)]
-struct At {
-    i: u32,
-    tile: u32,
-    step: Step,
+pub(crate) struct At {
+    /// The iteration, counted across the tiles of the run.
+    pub(crate) i: u32,
+    /// The work tile (0 for a kernel that is not persistent).
+    pub(crate) tile: u32,
+    /// The step.
+    pub(crate) step: Step,
 }
 
 /// One role's program and state.
@@ -108,7 +117,7 @@ impl Role {
 }
 
 /// The abstract machine: the producer (role 0), each consumer warpgroup, and the barriers.
-pub(super) struct Machine<'r> {
+pub(crate) struct Machine<'r> {
     ring: &'r Ring,
     bars: BTreeMap<(Bar, u32), Barrier>,
     turns: Vec<TurnBarrier>,
@@ -123,12 +132,13 @@ pub(super) struct Machine<'r> {
     once_released: Vec<u32>,
 }
 
-const PRODUCER: usize = 0;
+/// The producer's role index; consumer warpgroup `g` is role `g + 1`.
+pub(crate) const PRODUCER: usize = 0;
 
 impl<'r> Machine<'r> {
     /// A fresh machine for `ring` whose consumers are `consumer_warps` warps, each arriving
     /// once per release.
-    pub(super) fn new(ring: &'r Ring, consumer_warps: u32) -> Machine<'r> {
+    pub(crate) fn new(ring: &'r Ring, consumer_warps: u32) -> Machine<'r> {
         let mut bars = BTreeMap::new();
         let mut arrays = vec![(Bar::Full, ring.full_count), (Bar::Empty, ring.empty_count)];
         if !ring.tail_loads.is_empty() {
@@ -183,7 +193,18 @@ impl<'r> Machine<'r> {
 
     /// Runs the roles over work tiles with trip counts `tiles` (one tile for a kernel that
     /// is not persistent).
-    pub(super) fn run(mut self, tiles: &[u32]) -> Result<(), ProtocolError> {
+    pub(super) fn run(self, tiles: &[u32]) -> Result<(), ProtocolError> {
+        self.run_observed(tiles, &mut |_, _| true)
+    }
+
+    /// [`Machine::run`], reporting each step a role executes (its role index and the step)
+    /// to `observe` after the machine executed it; the run stops, successfully, when
+    /// `observe` returns `false`.
+    pub(crate) fn run_observed(
+        mut self,
+        tiles: &[u32],
+        observe: &mut dyn FnMut(usize, At) -> bool,
+    ) -> Result<(), ProtocolError> {
         let ring = self.ring;
         let mut producer = Vec::new();
         let mut consumers = vec![Vec::new(); self.warpgroups() as usize];
@@ -260,6 +281,9 @@ impl<'r> Machine<'r> {
                     }
                     self.roles[role].pc += 1;
                     moved = true;
+                    if !observe(role, at) {
+                        return Ok(());
+                    }
                 }
             }
             if self.roles.iter().all(|r| r.pc == r.program.len()) {

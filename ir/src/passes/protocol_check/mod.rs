@@ -68,7 +68,7 @@ use crate::ring::{Bar, InitStep, Ring, Roles, Step};
 use crate::target::Target;
 use crate::tmem::TmemPlan;
 
-mod machine;
+pub(crate) mod machine;
 mod rules;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,258 @@
+//! The CPU execution of the scheduled kernels ([`kiln_ir::interp::run_scheduled`]): the
+//! example gemm on sm_90a (persistent, grouped tiles) and sm_100a (tensor memory), and the
+//! example attention on sm_90a (Q once per tile, rotated body, longest-first tiles), each
+//! after the whole pass pipeline, run with their TMA boxes, stage rings and tile walks on
+//! few CTAs (so every CTA walks several tiles and the ring wraps across them), against the
+//! f64 reference. Then copies of real schedules with one deliberate fault each, which the
+//! protocol check cannot see (it proves orders, not addresses), and the execution must.
+
+mod ptx_examples;
+
+use kiln::ir::interp::{HostArg, InterpError, run_scheduled};
+use kiln::ir::passes::run_pipeline;
+use kiln::ir::{DType, HostTensor, Kernel, Target};
+use kiln_tests::check::{Case, assert_close, poisoned, rel_error, tolerance};
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::reference;
+
+/// `kernel` after the pass pipeline for `target`.
+fn compiled(kernel: &str, overrides: &[(&str, &str)], target: Target) -> Kernel {
+    let mut k = ptx_examples::build(kernel, overrides);
+    run_pipeline(&mut k, target, &mut |_, _| {})
+        .unwrap_or_else(|d| panic!("{kernel} {overrides:?} on {target}: {d}"));
+    k
+}
+
+fn cdiv(a: usize, b: usize) -> u32 {
+    a.div_ceil(b) as u32
+}
+
+/// Runs the gemm `kernel` (block tile `bm x bn`) on `a: [m, k]` and `b` (`[k, n]`, or `[n,
+/// k]` when `b_col_major`) over `ctas` CTAs; returns `c`.
+fn run_gemm(
+    kernel: &Kernel,
+    (bm, bn): (usize, usize),
+    a: &HostTensor,
+    b: &HostTensor,
+    n: usize,
+    ctas: u32,
+) -> Result<HostTensor, InterpError> {
+    let m = a.shape[0];
+    let mut c = poisoned(&[m, n], DType::Bf16);
+    let mut args = [
+        HostArg::Tensor(a),
+        HostArg::Tensor(b),
+        HostArg::TensorMut(&mut c),
+    ];
+    run_scheduled(kernel, [cdiv(m, bm), cdiv(n, bn), 1], ctas, &mut args)?;
+    Ok(c)
+}
+
+/// Gemm operands of `(m, n, k)` drawn from `dist`, and the f64 product.
+fn gemm_case(
+    rng: &mut Rng,
+    (m, n, k): (usize, usize, usize),
+    b_col_major: bool,
+    dist: Dist,
+) -> (HostTensor, HostTensor, Vec<f64>) {
+    let a = tensor(rng, &[m, k], DType::Bf16, dist);
+    if b_col_major {
+        let b = tensor(rng, &[n, k], DType::Bf16, dist);
+        let want = reference::gemm_bt(&a, &b);
+        (a, b, want)
+    } else {
+        let b = tensor(rng, &[k, n], DType::Bf16, dist);
+        let want = reference::gemm(&a, &b);
+        (a, b, want)
+    }
+}
+
+/// Shapes with ragged edges in every dimension, one with a single K block, and one of many
+/// K blocks (the ring wraps within a tile).
+const GEMM_SHAPES: [(usize, usize, usize); 3] = [(130, 70, 50), (200, 130, 64), (64, 64, 520)];
+
+#[test]
+fn scheduled_gemm_matches_reference() {
+    let mut rng = Rng::from_env();
+    for target in [Target::Sm90a, Target::Sm100a] {
+        for b_col_major in [false, true] {
+            let flag = b_col_major.to_string();
+            let kernel = compiled("gemm", &[("b_col_major", &flag)], target);
+            assert!(
+                kernel.schedule.tiles.is_some(),
+                "the gemm is persistent on {target}"
+            );
+            for shape in GEMM_SHAPES {
+                for dist in Dist::ALL {
+                    for ctas in [1, 3] {
+                        let (a, b, want) = gemm_case(&mut rng, shape, b_col_major, dist);
+                        let c = run_gemm(&kernel, (128, 128), &a, &b, shape.1, ctas)
+                            .unwrap_or_else(|e| panic!("{target}: {e}"));
+                        let case = Case {
+                            kernel: format!(
+                                "scheduled gemm on {target}, b_col_major={b_col_major}, {ctas} CTA(s)"
+                            ),
+                            shape: format!("m={} n={} k={}", shape.0, shape.1, shape.2),
+                            dist,
+                            seed: rng.seed(),
+                        };
+                        assert_close(&case, &c, &want, tolerance(DType::Bf16));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One attention problem.
+struct Attn {
+    b: usize,
+    h: usize,
+    sq: usize,
+    sk: usize,
+    d: usize,
+    causal: bool,
+}
+
+/// Runs the compiled attention `kernel` on fresh inputs of `p` over `ctas` CTAs and checks
+/// it against the f64 reference.
+fn check_attention(rng: &mut Rng, kernel: &Kernel, p: &Attn, dist: Dist, ctas: u32) {
+    let q = tensor(rng, &[p.b, p.h, p.sq, p.d], DType::Bf16, dist);
+    let k = tensor(rng, &[p.b, p.h, p.sk, p.d], DType::Bf16, dist);
+    let v = tensor(rng, &[p.b, p.h, p.sk, p.d], DType::Bf16, dist);
+    let scale = (rng.uniform(0.5, 1.5) / (p.d as f64).sqrt()) as f32;
+    let mut o = poisoned(&[p.b, p.h, p.sq, p.d], DType::Bf16);
+    let mut args = [
+        HostArg::Tensor(&q),
+        HostArg::Tensor(&k),
+        HostArg::Tensor(&v),
+        HostArg::TensorMut(&mut o),
+        HostArg::F32(scale),
+    ];
+    let grid = [cdiv(p.sq, 128), p.h as u32, p.b as u32];
+    run_scheduled(kernel, grid, ctas, &mut args).unwrap_or_else(|e| panic!("{e}"));
+    let case = Case {
+        kernel: format!(
+            "scheduled attention on sm_90a, d={} causal={}, {ctas} CTA(s)",
+            p.d, p.causal
+        ),
+        shape: format!("b={} h={} sq={} sk={}", p.b, p.h, p.sq, p.sk),
+        dist,
+        seed: rng.seed(),
+    };
+    let want = reference::attention(&q, &k, &v, f64::from(scale), p.causal);
+    assert_close(&case, &o, &want, tolerance(DType::Bf16));
+}
+
+#[test]
+fn scheduled_attention_matches_reference() {
+    let mut rng = Rng::from_env();
+    let mut variant = 0;
+    for (d, block_n) in [("64", "128"), ("128", "128"), ("128", "64")] {
+        for causal in [false, true] {
+            let flag = causal.to_string();
+            let kernel = compiled(
+                "attention",
+                &[("d", d), ("block_n", block_n), ("causal", &flag)],
+                Target::Sm90a,
+            );
+            let ring = kernel.schedule.rings.values().next().expect("a ring");
+            assert!(ring.overlap.is_some(), "d={d} bn={block_n}: rotated");
+            let d: usize = d.parse().expect("d");
+            // Ragged query and key blocks, sq > sk (when causal, the first 100 rows see no
+            // key) and sq < sk, several key blocks per tile; batch and heads so that two CTAs
+            // walk several tiles each. The other distributions take turns over the variants.
+            let other = [Dist::Large, Dist::AllEqual, Dist::Uniform][variant % 3];
+            variant += 1;
+            for ((sq, sk), dist) in [((300, 200), Dist::Normal), ((130, 390), other)] {
+                let p = Attn {
+                    b: 2,
+                    h: 2,
+                    sq,
+                    sk,
+                    d,
+                    causal,
+                };
+                check_attention(&mut rng, &kernel, &p, dist, 2);
+            }
+        }
+    }
+}
+
+/// The compiled gemm with one edit to its ring, and what running it gives on a problem of
+/// three K blocks per tile and two tiles per CTA.
+fn broken_gemm(target: Target, edit: fn(&mut kiln::ir::ring::Ring)) -> Result<f64, InterpError> {
+    let mut kernel = compiled("gemm", &[], target);
+    let ring = kernel.schedule.rings.values_mut().next().expect("a ring");
+    edit(ring);
+    let mut rng = Rng::new(7);
+    let (a, b, want) = gemm_case(&mut rng, (256, 128, 96 * 2), false, Dist::Normal);
+    let c = run_gemm(&kernel, (128, 128), &a, &b, 128, 1)?;
+    Ok(rel_error(&c.to_f64_vec(), &want))
+}
+
+#[test]
+fn faults_the_protocol_check_cannot_see_give_wrong_results() {
+    for target in [Target::Sm90a, Target::Sm100a] {
+        // The real schedule is exact (up to f32 rounding).
+        let err = broken_gemm(target, |_| {}).expect("runs");
+        assert!(err < 1e-2, "{target}: the real schedule: {err:e}");
+        // Every stage of A at one address: TMA overwrites the stage the consumer is about
+        // to read with a later block of K.
+        let err = broken_gemm(target, |r| r.loads[0].stage_stride = 0).expect("runs");
+        assert!(
+            err.is_nan() || err >= 0.1,
+            "{target}: aliased stages still match: {err:e}"
+        );
+        // B's buffer placed over A's.
+        let err = broken_gemm(target, |r| r.loads[1].offset = r.loads[0].offset).expect("runs");
+        assert!(
+            err.is_nan() || err >= 0.1,
+            "{target}: overlapping buffers still match: {err:e}"
+        );
+    }
+    // Boxes that miss part of their tile, or leave shared memory, are schedule errors.
+    let shifted = broken_gemm(Target::Sm90a, |r| r.loads[0].boxes[0].origin[1] += 8);
+    assert!(
+        matches!(&shifted, Err(InterpError::Schedule { what, .. }) if what.contains("reaches past")),
+        "{shifted:?}"
+    );
+    let outside = broken_gemm(Target::Sm90a, |r| r.loads[1].offset += 1 << 20);
+    assert!(
+        matches!(&outside, Err(InterpError::Schedule { what, .. }) if what.contains("past the block")),
+        "{outside:?}"
+    );
+}
+
+#[test]
+fn a_rotated_part_that_reads_a_later_value_is_a_schedule_error() {
+    // Moving the head mma into the tail section makes the code between read products that
+    // no earlier part of its iteration computed.
+    let mut kernel = compiled("attention", &[("d", "64")], Target::Sm90a);
+    let ring = kernel.schedule.rings.values_mut().next().expect("a ring");
+    let o = ring.overlap.as_mut().expect("rotated");
+    o.tail_ops.insert(0, o.head);
+    let mut rng = Rng::new(3);
+    let p = Attn {
+        b: 1,
+        h: 1,
+        sq: 64,
+        sk: 64,
+        d: 64,
+        causal: false,
+    };
+    let q = tensor(&mut rng, &[p.b, p.h, p.sq, p.d], DType::Bf16, Dist::Normal);
+    let mut o = poisoned(&[p.b, p.h, p.sq, p.d], DType::Bf16);
+    let mut args = [
+        HostArg::Tensor(&q),
+        HostArg::Tensor(&q),
+        HostArg::Tensor(&q),
+        HostArg::TensorMut(&mut o),
+        HostArg::F32(0.125),
+    ];
+    let err = run_scheduled(&kernel, [1, 1, 1], 1, &mut args).expect_err("a broken rotation");
+    assert!(
+        matches!(&err, InterpError::Schedule { what, .. } if what.contains("runs before")),
+        "{err}"
+    );
+}
