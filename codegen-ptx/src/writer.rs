@@ -151,13 +151,16 @@ impl<'k> Writer<'k> {
         let slots = abi::slots_with_maps(&self.k.params, &tma, tiles.is_some())
             .map_err(|e| self.unsupported_msg(e.to_string()))?;
         let roles = self.k.schedule.roles;
+        let attention = self.k.schedule.attention.as_ref().map(|p| p.roles);
         let threads = match (&self.k.schedule.tmem, roles) {
+            _ if let Some(r) = attention => r.threads(),
             (Some(plan), _) => plan.roles.threads(),
             (None, Some(r)) => r.threads(),
             (None, None) => 32 * self.k.options.num_warps,
         };
         self.write_prologue(&slots)?;
         match tiles {
+            Some(tiles) if attention.is_some() => self.write_attention(tiles)?,
             Some(tiles) if self.k.schedule.tmem.is_some() => {
                 self.write_tcgen05_persistent(tiles)?
             }
@@ -206,7 +209,7 @@ impl<'k> Writer<'k> {
         let decls: Vec<String> = slots.iter().map(|s| format!("\t{s}")).collect();
         let _ = writeln!(ptx, "{}\n)", decls.join(",\n"));
         let _ = writeln!(ptx, ".maxntid {threads}, 1, 1");
-        if roles.is_some() {
+        if roles.is_some() || attention.is_some() {
             // With `.maxntid`, lets ptxas know the register count at entry, which
             // `setmaxnreg` needs (ptx-notes §5, C7508).
             let _ = writeln!(ptx, ".minnctapersm 1");

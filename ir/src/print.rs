@@ -66,6 +66,9 @@ pub fn print_kernel(kernel: &Kernel) -> String {
     if let Some(plan) = &kernel.schedule.tmem {
         let _ = writeln!(out, "{plan}");
     }
+    if let Some(plan) = &kernel.schedule.attention {
+        let _ = writeln!(out, "{plan}");
+    }
     if let Some(tiles) = &kernel.schedule.tiles {
         let _ = writeln!(out, "{tiles}");
     }

@@ -371,6 +371,9 @@ pub struct Schedule {
     /// sm_100a: the roles, tensor-memory accumulator and tcgen05 descriptors of the ring
     /// loop (`tmem` pass).
     pub tmem: Option<crate::tmem::TmemPlan>,
+    /// sm_100a: the FlashAttention-4-style schedule of an attention-shaped ring loop (`tmem`
+    /// pass), in place of [`Schedule::tmem`].
+    pub attention: Option<crate::tmem::attention::AttentionPlan>,
 }
 
 impl Schedule {

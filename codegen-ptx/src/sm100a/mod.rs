@@ -14,6 +14,7 @@
 //! registers, the `for`'s result, and run the kernel's code after the loop (its store goes
 //! through the TMA-store epilogue) while the MMA warp already works on the next tile.
 
+mod attention;
 mod tcgen05;
 mod tmem;
 

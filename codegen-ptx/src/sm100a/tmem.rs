@@ -17,6 +17,9 @@ impl Writer<'_> {
     /// its steps before [`TmemStep::Publish`] (alloc into the shared slot, relinquish the
     /// permit), and every thread orders its tcgen05 ops before the barrier.
     pub(crate) fn write_tmem_setup(&mut self) -> Result<(), CodegenError> {
+        if let Some(plan) = self.k.schedule.attention.clone() {
+            return self.write_attention_setup(&plan);
+        }
         let Some(plan) = self.k.schedule.tmem.clone() else {
             return Ok(());
         };
@@ -71,7 +74,7 @@ impl Writer<'_> {
     /// After the ring's set-up barrier: tcgen05 ops are ordered after it, so every role may
     /// read the address from the slot.
     pub(crate) fn write_tmem_publish(&mut self) {
-        if self.k.schedule.tmem.is_some() {
+        if self.k.schedule.tmem.is_some() || self.k.schedule.attention.is_some() {
             self.ins("tcgen05.fence::after_thread_sync");
         }
     }

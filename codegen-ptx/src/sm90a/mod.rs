@@ -285,7 +285,7 @@ impl Writer<'_> {
     }
 
     /// One iteration of the producer's program, then the cursor moves on.
-    fn producer_iteration(
+    pub(crate) fn producer_iteration(
         &mut self,
         id: OpId,
         ring: &Ring,
@@ -352,7 +352,7 @@ impl Writer<'_> {
     }
 
     /// One step of the producer's programs (`iv`: the iteration's induction variable).
-    fn producer_step(
+    pub(crate) fn producer_step(
         &mut self,
         ring: &Ring,
         c: &Cursor,
@@ -561,7 +561,7 @@ impl Writer<'_> {
     /// `cp.async.bulk.tensor` of every box of `l` into the stage at `stage` (`l.offset` is
     /// added), the tile at `coords` (one per tensor dimension, outermost first), completing
     /// on the barrier at `bar`.
-    fn tma_boxes(
+    pub(crate) fn tma_boxes(
         &mut self,
         l: &TmaLoad,
         coords: &[Reg],

@@ -261,7 +261,7 @@ fn reads(kernel: &Kernel, op: OpId) -> BTreeSet<ValueId> {
 }
 
 /// The overlap of ring loop `id`, when its body has the shape of the module doc.
-fn plan(kernel: &Kernel, id: OpId) -> Option<Overlap> {
+pub(crate) fn plan(kernel: &Kernel, id: OpId) -> Option<Overlap> {
     let body = &kernel.ops[id].regions[0];
     let (&yield_op, ops) = body.ops.split_last()?;
     if kernel.ops[yield_op].kind != OpKind::Yield {

@@ -7,10 +7,16 @@
 //! of accumulating) and has 128 rows and at most 128 columns (an epilogue thread copies a
 //! whole row to registers), and the ring has no once loads. The accumulator takes the next
 //! power of 2 of its columns (at least 32) of the 512; the TMEM address slot and the `acc_full` / `acc_empty` barriers go after the
-//! rest of shared memory. Any other ring is reported as not implemented on sm_100a.
+//! rest of shared memory. A ring with a once load whose body is attention-shaped gets the
+//! FlashAttention-4-style schedule instead ([`attention`], `schedule.attention`). Any other
+//! ring is reported as not implemented on sm_100a.
 //!
 //! In: the final rings and shared-memory plan (`pipeline`, `tma_store`). Out: the same ops;
-//! `schedule.tmem` set. Leaves kernels without rings alone.
+//! `schedule.tmem` or `schedule.attention` set. Leaves kernels without rings alone.
+
+mod attention;
+
+pub use attention::AttentionOptions;
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Const, Kernel, OpKind, ValueDef};
@@ -27,8 +33,22 @@ const MAX_ACC_COLUMNS: u32 = 128;
 
 /// Plans the ring loop's TMEM accumulator; does nothing on other targets or without rings.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
+    run_with(kernel, target, AttentionOptions::default())
+}
+
+/// [`run`] with the attention schedule's options.
+pub fn run_with(
+    kernel: &mut Kernel,
+    target: Target,
+    options: AttentionOptions,
+) -> Result<(), Diagnostic> {
     if target != Target::Sm100a || kernel.schedule.rings.is_empty() {
         return Ok(());
+    }
+    if let Some(&id) = kernel.schedule.rings.keys().next()
+        && attention::is_attention(kernel, id)
+    {
+        return attention::plan(kernel, id, options);
     }
     let loc = first_ring_loc(kernel, &kernel.schedule.rings);
     let unsupported = |why: &str| {

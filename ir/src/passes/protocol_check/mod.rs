@@ -74,9 +74,11 @@ mod rules;
 mod tests;
 mod tma_store;
 mod tmem;
+mod tmem_attention;
 
 pub use tma_store::StoreError;
 pub use tmem::TmemError;
+pub use tmem_attention::AttentionError;
 
 use machine::Machine;
 use rules::{check_init, check_static};
@@ -272,6 +274,9 @@ pub enum ProtocolError {
     /// The tensor-memory protocol of sm_100a is broken.
     #[error("tensor memory: {0}")]
     Tmem(#[from] TmemError),
+    /// The sm_100a attention schedule's protocol is broken.
+    #[error("attention schedule: {0}")]
+    Attention(#[from] AttentionError),
     /// Neither role can move.
     #[error(
         "deadlock with trip counts {tiles:?} (one per work tile): producer {producer}, consumers {consumer}"
@@ -362,6 +367,11 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         let loc = kernel.ops[ring.for_op].loc;
         let checked = match (target, kernel.schedule.roles, &kernel.schedule.tmem) {
             (Target::Sm100a, _, Some(plan)) => check_sm100a(ring, plan),
+            (Target::Sm100a, _, None) if kernel.schedule.attention.is_some() => kernel
+                .schedule
+                .attention
+                .as_ref()
+                .map_or(Ok(()), |plan| tmem_attention::check_attention(ring, plan)),
             (Target::Sm90a, Some(roles), _) => check(ring, &roles),
             _ => {
                 return Err(Diagnostic::internal(loc, "a stage ring without warp roles"));

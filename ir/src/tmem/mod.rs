@@ -18,6 +18,12 @@
 //! barriers have one phase per tile: tile `k` waits with parity `start ^ (k & 1)`, and the
 //! exit's wait with `start ^ (tiles & 1)`. Like the ring, the plan is plain data: the `tmem`
 //! pass writes it, `protocol_check` proves it and the PTX writer emits exactly these steps.
+//!
+//! Attention-shaped ring loops get a schedule of their own ([`attention`]), in the style of
+//! FlashAttention-4, with the same TMEM ownership rules.
+
+pub mod attention;
+pub mod exp2;
 
 use std::fmt;
 
