@@ -152,7 +152,22 @@ fn run_interpreter(o: &Options, rng: &mut Rng) -> Result<(), String> {
     let grid = [sq.div_ceil(128) as u32, o.heads as u32, o.batch as u32];
     let t = Instant::now();
     attention
-        .interpret(grid, o.d, o.causal, 0, 1, &q, &k, &v, &mut out, scale)
+        .interpret(
+            grid,
+            o.d,
+            o.causal,
+            0,
+            1,
+            DType::Bf16,
+            -1,
+            -1,
+            0.0,
+            &q,
+            &k,
+            &v,
+            &mut out,
+            scale,
+        )
         .map_err(|e| e.to_string())?;
     println!(
         "  interpreter: b={} h={} s={sq} in {:.2} s",
@@ -186,7 +201,21 @@ fn run_gpu(dev: &Device, o: &Options, block_n: usize, rng: &mut Rng) -> Result<(
     let t = Instant::now();
     attention
         .launch(
-            dev, grid, o.d, o.causal, block_n, 1, &dq, &dk, &dv, &dout, scale,
+            dev,
+            grid,
+            o.d,
+            o.causal,
+            block_n,
+            1,
+            DType::Bf16,
+            -1,
+            -1,
+            0.0,
+            &dq,
+            &dk,
+            &dv,
+            &dout,
+            scale,
         )
         .map_err(|e| e.to_string())?;
     dev.synchronize().map_err(|e| e.to_string())?;

@@ -1,4 +1,4 @@
-//! FlashAttention-2 forward: `o = softmax(q k^T * scale) v`, optionally causal.
+//! FlashAttention-2 forward: `o = softmax(q k^T * scale) v`, bf16 or f16, with masks and caps.
 
 use kiln::prelude::*;
 
@@ -7,16 +7,16 @@ const BM: usize = 128;
 /// `log2(e)`: the softmax runs in base 2.
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 
-/// Masks the score tile `s` (rows `q0..`, keys `k0..`) to `-inf` where a key lies past `sk`
-/// or, if `causal`, after the last key the row may see: query `i` sees key `j` iff
-/// `j <= i + sk - sq` (causal aligned bottom-right, as FlashAttention-2).
+/// Masks the score tile `s` (rows `q0..`, keys `k0..`) to `-inf` where a key lies past `sk` or
+/// outside the row's [`Window`] `w`: query `i` sees key `j` iff `i + sk - sq - left <= j` and
+/// `j <= i + sk - sq + right` (bottom-right aligned, as FlashAttention-2).
 #[kernel_fn]
-fn mask(s: Value, q0: Value, k0: Value, sq: Value, sk: Value, bn: usize, causal: bool) -> Value {
+fn mask(s: Value, q0: Value, k0: Value, sq: Value, sk: Value, bn: usize, w: Window) -> Value {
     let cols = iota([BM, bn], 1) + k0;
-    let keep = cols < sk;
-    let keep = if causal {
+    let keep = keep_left(cols < sk, cols, q0, sq, sk, bn, w);
+    let keep = if w.right >= 0 {
         let rows = iota([BM, bn], 0) + q0;
-        keep && cols <= rows + (sk - sq)
+        keep && cols <= rows + w.ahead(sk - sq)
     } else {
         keep
     };
@@ -34,69 +34,69 @@ fn online_update(s: Value, vs: Value, acc: Value, m: Value, l: Value) -> (Value,
     let p = exp2(&(s - m_use.col()));
     let alpha = exp2(&(m - m_use));
     let l = l * alpha + row_sum(&p);
-    let acc = acc * alpha.col() + mma(&p.cast::<bf16>(), &vs);
+    let acc = acc * alpha.col() + mma(&p.cast_to(elem_type(vs)), &vs);
     (acc, m_new, l)
 }
 
 /// Attention over `q: [batch, heads, sq, d]` and `k, v: [batch, heads / kv_group, sk, d]`
-/// (bf16, `sq` and `sk` may differ) into `o: [batch, heads, sq, d]`, scores scaled by `scale`.
+/// (`dtype`, bf16 or f16; `sq`, `sk` may differ) into `o: [batch, heads, sq, d]`, scores
+/// `s = q.k * scale`, soft-capped to `softcap * tanh(s / softcap)` when `softcap > 0`.
+/// Online softmax (FlashAttention-2): a block owns `BM = 128` query rows and walks, 2-stage
+/// pipelined, the key blocks of `BN` keys its rows may see ([`Window`]: causal, sliding
+/// windows), keeping the running row maximum `m`, row sum `l` and unnormalised output `acc`.
+/// Key blocks in which no key is masked for any of the block's rows skip the mask (a block-
+/// uniform branch). Rows that see no key get `m = -inf`, `l = 0` and output 0. Grouped-query
+/// attention: query head `h` reads key/value head `h / kv_group` ([`kv_head`]).
 ///
-/// Online softmax (FlashAttention-2): a block owns `BM = 128` query rows and walks key blocks
-/// of `BN` in a 2-stage pipelined loop, keeping the running row maximum `m`, row sum `l` and
-/// unnormalised output `acc`. Key blocks in which no key is masked for any of the block's rows
-/// skip the mask (a block-uniform branch); the rest (the causal diagonal and the block holding
-/// key `sk - 1`) apply it. When `causal`, the walk stops after the last key block any of its
-/// rows may see (it never skips a block the maths needs); rows that see no key at all
-/// (`sq > sk`) get `m = -inf` (0 is used in the exponent) and `l = 0`, and their output is 0.
-/// Grouped-query attention: query head `h` reads key/value head `h / kv_group` ([`kv_head`]).
-///
-/// Grid: `(cdiv(sq, 128), heads, batch)`. Comptime: `d` (head dim, default 128), `causal`
-/// (default false), `block_n` (keys per block, a multiple of 16; default 0: what fits sm_80's
-/// registers best, 128 for `d <= 64`, else 64; the autotuner tries 64 and 128), `kv_group`.
+/// Grid: `(cdiv(sq, 128), heads, batch)`. Comptime: `d` (head dim, default 128; tiles are `d`
+/// rounded up to a power of two, so 96 runs 128's kernel), `causal` (default false), `block_n`
+/// (keys per block, a multiple of 16; default 0: [`key_block`]; the autotuner tries 64 and
+/// 128), `kv_group`, `dtype`, `window_left`/`window_right` (default -1, unbounded; causal
+/// forces right = 0), `softcap` (default 0: off).
 #[kernel(num_warps = 4)]
 pub fn attention<const d: usize = 128>(
-    q: Tensor<bf16, 4>,
-    k: Tensor<bf16, 4>,
-    v: Tensor<bf16, 4>,
-    o: TensorMut<bf16, 4>,
+    q: Tensor<dtype, 4>,
+    k: Tensor<dtype, 4>,
+    v: Tensor<dtype, 4>,
+    o: TensorMut<dtype, 4>,
     scale: f32,
     #[comptime(default = false)] causal: bool,
     #[comptime(default = 0, tune = [64, 128])] block_n: usize,
     #[comptime(default = 1)] kv_group: usize,
+    #[comptime(default = DType::Bf16)] dtype: DType,
+    #[comptime(default = -1)] window_left: i32,
+    #[comptime(default = -1)] window_right: i32,
+    #[comptime(default = 0.0)] softcap: f32,
 ) {
-    let bn: usize = if block_n > 0 {
-        block_n
-    } else if d <= 64 {
-        128
-    } else {
-        64
-    };
+    let bn = key_block(block_n, d);
+    let w = Window::new(causal, window_left, window_right);
+    let dt = d.next_power_of_two(); // d = 96: the tiles' last 32 columns lie past the edge
     let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
     let (sq, sk) = (q.dim(2), k.dim(2));
     let q0 = mb * BM;
-    let qs = q.tile([BM, d], [b, h, q0, 0]).load();
-    let qk_scale = scale * LOG2E;
-    let mut acc = zeros::<f32>([BM, d]);
+    let qs = q.tile([BM, dt], [b, h, q0, 0]).load();
+    let qk_scale = scale * score_factor(softcap);
+    let mut acc = zeros::<f32>([BM, dt]);
     let mut m = full::<f32>([BM], f32::NEG_INFINITY);
     let mut l = zeros::<f32>([BM]);
-    // Blocks wholly below `sk` need no bound mask; when causal, blocks whose last key every row
-    // of this block may see need no causal mask either: key k0 + bn - 1 <= q0 + sk - sq.
+    // Walk key blocks j0..n_blocks; those before j_unmasked or from n_unmasked on are masked.
+    let (j0, j_unmasked) = left_blocks(q0, sq, sk, bn, w);
     let all_blocks = cdiv(sk, bn);
-    let (n_blocks, n_unmasked) = if causal {
-        // The last row of this block sees keys up to (q0 + BM - 1) + sk - sq.
-        let n_blocks = min(all_blocks, max(cdiv(q0 + BM + sk - sq, bn), 0));
-        (n_blocks, min(sk / bn, max((q0 + 1 + sk - sq) / bn, 0)))
+    let (n_blocks, n_unmasked) = if w.right >= 0 {
+        // The last row of this block sees keys up to (q0 + BM - 1) + sk - sq + right.
+        let n = min(all_blocks, max(cdiv(w.ahead(q0 + BM + sk - sq), bn), 0));
+        (n, min(sk / bn, max(w.ahead(q0 + 1 + sk - sq) / bn, 0)))
     } else {
         (all_blocks, sk / bn)
     };
-    for j in pipelined(0..n_blocks, stages = 2) {
+    for j in pipelined(j0..n_blocks, stages = 2) {
         let k0 = j * bn;
-        let ks = k.tile([bn, d], [b, kv_head(h, kv_group), k0, 0]).load();
-        let vs = v.tile([bn, d], [b, kv_head(h, kv_group), k0, 0]).load();
-        let s = mma(&qs, &ks.t()) * qk_scale;
-        // Uniform across the block: only the causal diagonal and the last key block pay for it.
-        let s = if j >= n_unmasked {
-            mask(s, q0, k0, sq, sk, bn, causal)
+        let ks = k.tile([bn, dt], [b, kv_head(h, kv_group), k0, 0]).load();
+        let vs = v.tile([bn, dt], [b, kv_head(h, kv_group), k0, 0]).load();
+        let s = soft_cap(mma(&qs, &ks.t()) * qk_scale, softcap);
+        // Uniform across the block: only the blocks on a window's edges and sk's pay for it.
+        let s = if needs_mask(j >= n_unmasked, j, j_unmasked) {
+            mask(s, q0, k0, sq, sk, bn, w)
         } else {
             s
         };
@@ -105,8 +105,8 @@ pub fn attention<const d: usize = 128>(
     // Fully masked rows have l = 0 and acc = 0: scale by 1 so they output 0. One reciprocal
     // per row, then a product per element (not a division per element).
     let inv_l = recip(&select(l == 0.0, 1.0, l));
-    o.tile([BM, d], [b, h, q0, 0])
-        .store((acc * inv_l.col()).cast::<bf16>());
+    o.tile([BM, dt], [b, h, q0, 0])
+        .store((acc * inv_l.col()).cast_to(dtype));
 }
 
 /// The key/value head query head `h` reads when `kv_group` query heads share one (grouped-
@@ -115,6 +115,128 @@ pub fn attention<const d: usize = 128>(
 #[kernel_fn]
 fn kv_head(h: Value, kv_group: usize) -> Value {
     if kv_group == 1 { h } else { h / kv_group }
+}
+
+/// `block_n`, or when it is 0 the kernel's own choice for head dim `d`: what fits sm_80's
+/// registers best, 128 keys for `d <= 64`, else 64.
+fn key_block(block_n: usize, d: usize) -> usize {
+    match block_n {
+        0 if d <= 64 => 128,
+        0 => 64,
+        n => n,
+    }
+}
+
+/// A sliding-window mask with FlashAttention's semantics: query `i` of `sq` sees key `j` of
+/// `sk` iff `i + sk - sq - left <= j <= i + sk - sq + right` (aligned bottom-right, as the
+/// causal mask), a negative bound being unbounded; causal is `(-1, 0)`. The key-block walk
+/// starts at the first block a row of the query block may see ([`left_blocks`]) and stops
+/// after the last; blocks every row sees whole skip the mask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Keys before the diagonal (`i + sk - sq`) a row sees; negative: all of them.
+    pub left: i32,
+    /// Keys after the diagonal a row sees; negative: all of them.
+    pub right: i32,
+}
+
+impl Window {
+    /// The window of `attention`'s comptime values: `(left, right)`, where `causal` makes
+    /// `right` 0 (FlashAttention's rule for a causal call with a window).
+    pub fn new(causal: bool, left: i32, right: i32) -> Window {
+        let right = if causal { 0 } else { right };
+        Window { left, right }
+    }
+
+    /// `x + right` (for `right >= 0`), or `x` itself when `right` is 0, so the causal mask
+    /// adds no instruction.
+    #[track_caller]
+    fn ahead(self, x: Value) -> Value {
+        if self.right == 0 { x } else { x + self.right }
+    }
+}
+
+/// `keep` narrowed, when the window has a left bound, to the keys at or after each row's
+/// first one (`j >= i + sk - sq - left`); `keep` itself otherwise.
+#[kernel_fn]
+fn keep_left(
+    keep: Value,
+    cols: Value,
+    q0: Value,
+    sq: Value,
+    sk: Value,
+    bn: usize,
+    w: Window,
+) -> Value {
+    if w.left >= 0 {
+        let rows = iota([BM, bn], 0) + q0;
+        keep && cols >= rows + (sk - sq - w.left)
+    } else {
+        keep
+    }
+}
+
+/// For the query block at `q0` and a window with a left bound: the first key block its first
+/// row may see (where the walk starts) and the first key block no row of it sees past the
+/// left edge of its window (blocks before it need the mask). Without a left bound the walk
+/// starts at block 0 (a constant, as for the full and causal masks) and no block is masked on
+/// the left.
+fn left_blocks(
+    q0: Value,
+    sq: Value,
+    sk: Value,
+    bn: usize,
+    w: Window,
+) -> (kiln::ir::dsl::Index, Option<Value>) {
+    use kiln::ir::dsl::Index;
+    if w.left < 0 {
+        return (Index::Const(0), None);
+    }
+    // Row q0's first key; the block's last row, q0 + BM - 1, starts BM - 1 keys later.
+    let first = q0 + sk - sq - w.left;
+    let start = max(first, 0) / bn;
+    let unmasked = max(cdiv(first + (BM - 1), bn), 0);
+    (Index::Value(start), Some(unmasked))
+}
+
+/// Whether key block `j` needs the mask: `past_unmasked` (it holds keys past some row's
+/// right bound or past `sk`), or it lies before `first_unmasked` (keys before some row's left
+/// bound; `None` without a left bound).
+#[track_caller]
+fn needs_mask(past_unmasked: Value, j: Value, first_unmasked: Option<Value>) -> Value {
+    use kiln::ir::dsl::{Compare, Logic};
+    match first_unmasked {
+        Some(lo) => Logic::or(past_unmasked, Compare::lt(j, lo)),
+        None => past_unmasked,
+    }
+}
+
+/// Scores `s` (already times `scale / softcap`) soft-capped in base 2, `softcap * log2(e) *
+/// tanh(s)`, or `s` when `softcap` is 0 (off). `tanh(y) = 1 - 2 / (e^(2y) + 1)` on the fast
+/// exponential: exact at both ends (`e^(2y)` overflows to inf, giving 1, or flushes to 0,
+/// giving -1), and within about 1e-7 of tanh near 0 (the cancellation in `1 - ..`), so the
+/// capped score is off by at most ~1e-7 * softcap, far below bf16's and f16's rounding.
+#[kernel_fn]
+fn soft_cap(s: Value, softcap: f32) -> Value {
+    if softcap == 0.0 {
+        s
+    } else if softcap > 0.0 && softcap.is_finite() {
+        (1.0 - 2.0 / (exp2(&(s * (2.0 * LOG2E))) + 1.0)) * (softcap * LOG2E)
+    } else {
+        reject("attention: softcap must be 0 (off) or a positive finite number")
+    }
+}
+
+/// What `scale` is multiplied by before the softmax: `log2(e)` (it runs in base 2), or with a
+/// soft-cap `1 / softcap` (the cap's tanh takes `s / softcap`; [`soft_cap`] applies `log2(e)`).
+fn score_factor(softcap: f32) -> f32 {
+    if softcap > 0.0 { 1.0 / softcap } else { LOG2E }
+}
+
+/// The element type of tile `v`, which `P` is cast to for the `P V` mma (bf16 for a poisoned
+/// value, whose build has already failed).
+fn elem_type(v: Value) -> DType {
+    v.ty().map_or(DType::Bf16, |t| t.dtype())
 }
 
 /// The key block (`block_n`) to launch `attention` with for head dim `d` on `target`: 128 at

@@ -67,7 +67,27 @@ pub fn attention(
     scale: f64,
     causal: bool,
 ) -> Vec<f64> {
-    attention_all(q, k, v, scale, causal, None)
+    attention_all(q, k, v, scale, causal_window(causal), None)
+}
+
+/// Attention as FlashAttention-2 computes it with a sliding window and a soft-cap: query `i`
+/// sees key `j` iff `i + sk - sq - left <= j <= i + sk - sq + right` (a negative bound is
+/// unbounded; causal is `(-1, 0)`), scores `scale * q.k`, soft-capped to `cap * tanh(s /
+/// cap)` when `cap` is given; a row that sees no key outputs 0.
+pub fn attention_window(
+    q: &HostTensor,
+    k: &HostTensor,
+    v: &HostTensor,
+    scale: f64,
+    window: (i64, i64),
+    cap: Option<f64>,
+) -> Vec<f64> {
+    attention_all(q, k, v, scale, window, cap)
+}
+
+/// The window of a causal (`(-1, 0)`) or unmasked (`(-1, -1)`) call.
+fn causal_window(causal: bool) -> (i64, i64) {
+    if causal { (-1, 0) } else { (-1, -1) }
 }
 
 /// Attention with the logit soft-cap of Gemma 2: scores `cap * tanh(scale * q.k / cap)`,
@@ -79,16 +99,16 @@ pub fn attention_softcap(
     scale: f64,
     cap: f64,
 ) -> Vec<f64> {
-    attention_all(q, k, v, scale, false, Some(cap))
+    attention_all(q, k, v, scale, (-1, -1), Some(cap))
 }
 
-/// Every output row of [`attention`], scores soft-capped by `cap` when given.
+/// Every output row of [`attention_window`].
 fn attention_all(
     q: &HostTensor,
     k: &HostTensor,
     v: &HostTensor,
     scale: f64,
-    causal: bool,
+    window: (i64, i64),
     cap: Option<f64>,
 ) -> Vec<f64> {
     let [b, h, sq, d] = [q.shape[0], q.shape[1], q.shape[2], q.shape[3]];
@@ -104,7 +124,7 @@ fn attention_all(
                 |j, x| vb[j * d + x],
                 [sq, sk, d],
                 (scale, cap),
-                causal,
+                window,
                 i,
             ));
         }
@@ -129,35 +149,38 @@ pub fn attention_row(
         |j, x| at(v, j, x),
         [q.shape[2], k.shape[2], q.shape[3]],
         (scale, None),
-        causal,
+        causal_window(causal),
         i,
     )
 }
 
 /// Output row `i` of one (batch, head) of attention, with element `x` of row `j` of q, k and
-/// v read by the given functions, scores scaled and (when a cap is given) soft-capped; the
-/// one implementation behind [`attention`], [`attention_softcap`] and [`attention_row`].
+/// v read by the given functions, scores scaled and (when a cap is given) soft-capped, keys
+/// outside the `(left, right)` window masked; the one implementation behind [`attention`],
+/// [`attention_window`], [`attention_softcap`] and [`attention_row`].
 fn attention_row_by(
     q: impl Fn(usize, usize) -> f64,
     k: impl Fn(usize, usize) -> f64,
     v: impl Fn(usize, usize) -> f64,
     [sq, sk, d]: [usize; 3],
     (scale, cap): (f64, Option<f64>),
-    causal: bool,
+    (left, right): (i64, i64),
     i: usize,
 ) -> Vec<f64> {
-    // Keys visible to query i: all, or j <= i + sk - sq when causal.
-    let visible = if causal {
-        usize::try_from(i as i64 + sk as i64 - sq as i64 + 1)
-            .unwrap_or(0)
-            .min(sk)
+    // Keys visible to query i: lo..hi around its diagonal key i + sk - sq.
+    let diag = i as i64 + sk as i64 - sq as i64;
+    let lo = if left >= 0 { (diag - left).max(0) } else { 0 };
+    let hi = if right >= 0 {
+        (diag + right + 1).min(sk as i64)
     } else {
-        sk
+        sk as i64
     };
-    if visible == 0 {
+    if hi <= lo {
         return vec![0.0; d];
     }
-    let scores: Vec<f64> = (0..visible)
+    let keys = lo as usize..hi as usize;
+    let scores: Vec<f64> = keys
+        .clone()
         .map(|j| scale * (0..d).map(|x| q(i, x) * k(j, x)).sum::<f64>())
         .map(|s| cap.map_or(s, |c| c * (s / c).tanh()))
         .collect();
@@ -165,7 +188,7 @@ fn attention_row_by(
     let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
     let l: f64 = p.iter().sum();
     let mut o = vec![0.0; d];
-    for (j, pj) in p.iter().enumerate() {
+    for (j, pj) in keys.zip(&p) {
         for (x, ox) in o.iter_mut().enumerate() {
             *ox += pj * v(j, x);
         }

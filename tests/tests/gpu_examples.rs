@@ -187,11 +187,42 @@ fn gpu_attention_matches_reference_and_interpreter() {
             let dv = dev.upload(&v).expect("upload");
             let o = output(&dev, DType::Bf16, &[b, h, sq, d]);
             attention
-                .launch(&dev, grid, d, causal, 0, 1, &dq, &dk, &dv, &o, scale)
+                .launch(
+                    &dev,
+                    grid,
+                    d,
+                    causal,
+                    0,
+                    1,
+                    DType::Bf16,
+                    -1,
+                    -1,
+                    0.0,
+                    &dq,
+                    &dk,
+                    &dv,
+                    &o,
+                    scale,
+                )
                 .expect("launch");
             let mut oi = poisoned(&[b, h, sq, d], DType::Bf16);
             attention
-                .interpret(grid, d, causal, 0, 1, &q, &k, &v, &mut oi, scale)
+                .interpret(
+                    grid,
+                    d,
+                    causal,
+                    0,
+                    1,
+                    DType::Bf16,
+                    -1,
+                    -1,
+                    0.0,
+                    &q,
+                    &k,
+                    &v,
+                    &mut oi,
+                    scale,
+                )
                 .expect("interpret");
             let case = Case {
                 kernel: format!("attention d={d} causal={causal}"),

@@ -300,7 +300,23 @@ fn attention_case(
         let dv = dev.upload(&v).expect("upload");
         let o = output(dev, &[b, h, sq, d]);
         attention
-            .launch(dev, grid, d, causal, block_n, 1, &dq, &dk, &dv, &o, scale)
+            .launch(
+                dev,
+                grid,
+                d,
+                causal,
+                block_n,
+                1,
+                DType::Bf16,
+                -1,
+                -1,
+                0.0,
+                &dq,
+                &dk,
+                &dv,
+                &o,
+                scale,
+            )
             .expect("launch");
         dev.synchronize().expect("kernel ran");
         let case = Case {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use kiln_ir::dsl::{ComptimeValue, comptime_map};
+use kiln_ir::dsl::{ComptimeValue, Spec, comptime_map};
 use kiln_ir::interp::{HostArg, run_def};
 use kiln_ir::{DType, HostTensor};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
@@ -148,6 +148,20 @@ fn gemm_matches_reference() {
     }
 }
 
+/// The attention kernel's comptime values: `d`, `causal` and `kv_group` as given, the rest at
+/// their defaults (bf16, no window, no soft-cap, the kernel's own key block).
+fn attention_comptime(d: usize, causal: bool, kv_group: usize) -> BTreeMap<String, ComptimeValue> {
+    let given = [
+        ("d", d.to_string()),
+        ("causal", causal.to_string()),
+        ("kv_group", kv_group.to_string()),
+    ];
+    let given: Vec<(String, String)> = given.into_iter().map(|(n, v)| (n.into(), v)).collect();
+    Spec::from_defaults(&kiln_examples::attention::attention, &given)
+        .expect("comptime values")
+        .comptime
+}
+
 struct Attn {
     b: usize,
     h: usize,
@@ -171,12 +185,7 @@ fn run_attention(rng: &mut Rng, p: &Attn, dist: Dist) {
     // The usual 1/sqrt(d), perturbed so that no test depends on one exact scale.
     let scale = (rng.uniform(0.5, 1.5) / (p.d as f64).sqrt()) as f32;
     let mut o = poisoned(&[p.b, p.h, p.sq, p.d], DType::Bf16);
-    let ct = comptime_map(&[
-        ("d", ComptimeValue::Usize(p.d)),
-        ("causal", ComptimeValue::Bool(p.causal)),
-        ("block_n", ComptimeValue::Usize(0)),
-        ("kv_group", ComptimeValue::Usize(1)),
-    ]);
+    let ct = attention_comptime(p.d, p.causal, 1);
     let mut args = [
         HostArg::Tensor(&q),
         HostArg::Tensor(&k),
@@ -265,12 +274,7 @@ fn attention_grouped_and_multi_query_heads() {
         let v = tensor(&mut rng, &[b, hkv, sk, d], DType::Bf16, Dist::Normal);
         let scale = (1.0 / (d as f64).sqrt()) as f32;
         let mut o = poisoned(&[b, h, sq, d], DType::Bf16);
-        let ct = comptime_map(&[
-            ("d", ComptimeValue::Usize(d)),
-            ("causal", ComptimeValue::Bool(causal)),
-            ("block_n", ComptimeValue::Usize(0)),
-            ("kv_group", ComptimeValue::Usize(group)),
-        ]);
+        let ct = attention_comptime(d, causal, group);
         let mut args = [
             HostArg::Tensor(&q),
             HostArg::Tensor(&k),
@@ -301,12 +305,7 @@ fn fully_masked_rows_output_zero() {
     let k = tensor(&mut rng, &[1, 1, sk, d], DType::Bf16, Dist::Normal);
     let v = tensor(&mut rng, &[1, 1, sk, d], DType::Bf16, Dist::Normal);
     let mut o: HostTensor = poisoned(&[1, 1, sq, d], DType::Bf16);
-    let ct = comptime_map(&[
-        ("d", ComptimeValue::Usize(d)),
-        ("causal", ComptimeValue::Bool(true)),
-        ("block_n", ComptimeValue::Usize(0)),
-        ("kv_group", ComptimeValue::Usize(1)),
-    ]);
+    let ct = attention_comptime(d, true, 1);
     let mut args = [
         HostArg::Tensor(&q),
         HostArg::Tensor(&k),
@@ -366,6 +365,10 @@ fn typed_interpret_methods_agree_with_references() {
             true,
             0,
             1,
+            DType::Bf16,
+            -1,
+            -1,
+            0.0,
             &q,
             &k,
             &v,

@@ -39,6 +39,10 @@ pub fn comptime(plan: &Plan, target: Target) -> BTreeMap<String, ComptimeValue> 
             ComptimeValue::Usize(tuned_block_n(target, plan.head_dim)),
         ),
         ("kv_group".to_string(), ComptimeValue::Usize(plan.kv_group)),
+        ("dtype".to_string(), ComptimeValue::DType(DType::Bf16)),
+        ("window_left".to_string(), ComptimeValue::I32(-1)),
+        ("window_right".to_string(), ComptimeValue::I32(-1)),
+        ("softcap".to_string(), ComptimeValue::F32(0.0)),
     ])
 }
 

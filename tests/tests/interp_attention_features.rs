@@ -1,0 +1,247 @@
+//! The attention example's FlashAttention features on the CPU interpreter against the f64
+//! reference: f16 beside bf16, sliding windows `(left, right)` (bottom-right aligned, causal
+//! being `(-1, 0)`), logit soft-capping, head dim 96, and their combinations with grouped
+//! heads; shapes that are not multiples of the tiles, `sq != sk`, rows that see no key, every
+//! input distribution, outputs poisoned before the run.
+
+use kiln_ir::dsl::{ComptimeValue, comptime_map};
+use kiln_ir::interp::{HostArg, run_def};
+use kiln_ir::{DType, HostTensor};
+use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::reference;
+
+/// One call of the attention kernel: shapes and the comptime features.
+#[derive(Clone, Copy, Debug)]
+struct Call {
+    b: usize,
+    h: usize,
+    h_kv: usize,
+    sq: usize,
+    sk: usize,
+    d: usize,
+    dtype: DType,
+    causal: bool,
+    window: (i32, i32),
+    softcap: f32,
+}
+
+impl Call {
+    /// `d = 64`, bf16, one batch of two heads, no mask, no cap: what each test changes.
+    fn new(sq: usize, sk: usize) -> Call {
+        Call {
+            b: 1,
+            h: 2,
+            h_kv: 2,
+            sq,
+            sk,
+            d: 64,
+            dtype: DType::Bf16,
+            causal: false,
+            window: (-1, -1),
+            softcap: 0.0,
+        }
+    }
+
+    /// The window the reference applies: FlashAttention's, where causal makes `right` 0.
+    fn reference_window(&self) -> (i64, i64) {
+        let right = if self.causal { 0 } else { self.window.1 };
+        (i64::from(self.window.0), i64::from(right))
+    }
+}
+
+/// `t: [b, hkv, s, d]` with each head repeated `group` times (`[b, hkv * group, s, d]`): the
+/// keys and values every query head of a grouped-query call reads.
+fn repeat_heads(t: &HostTensor, group: usize) -> HostTensor {
+    let [b, hkv, s, d] = [t.shape[0], t.shape[1], t.shape[2], t.shape[3]];
+    let h = hkv * group;
+    HostTensor::from_fn(&[b, h, s, d], t.dtype(), |i| {
+        let (x, j, hh, n) = (i % d, i / d % s, i / (d * s) % h, i / (d * s * h));
+        t.data.get_f64(t.offset(&[n, hh / group, j, x]))
+    })
+}
+
+/// Runs `c` on the interpreter over inputs drawn from `dist` into a poisoned output, checks it
+/// against the f64 reference, and returns the output (as f64) for further checks.
+fn run(rng: &mut Rng, c: Call, dist: Dist) -> Vec<f64> {
+    let q = tensor(rng, &[c.b, c.h, c.sq, c.d], c.dtype, dist);
+    let k = tensor(rng, &[c.b, c.h_kv, c.sk, c.d], c.dtype, dist);
+    let v = tensor(rng, &[c.b, c.h_kv, c.sk, c.d], c.dtype, dist);
+    // The usual 1/sqrt(d), perturbed so that no test depends on one exact scale.
+    let scale = (rng.uniform(0.5, 1.5) / (c.d as f64).sqrt()) as f32;
+    let mut o = poisoned(&[c.b, c.h, c.sq, c.d], c.dtype);
+    let group = c.h / c.h_kv;
+    let ct = comptime_map(&[
+        ("d", ComptimeValue::Usize(c.d)),
+        ("causal", ComptimeValue::Bool(c.causal)),
+        ("block_n", ComptimeValue::Usize(0)),
+        ("kv_group", ComptimeValue::Usize(group)),
+        ("dtype", ComptimeValue::DType(c.dtype)),
+        ("window_left", ComptimeValue::I32(c.window.0)),
+        ("window_right", ComptimeValue::I32(c.window.1)),
+        ("softcap", ComptimeValue::F32(c.softcap)),
+    ]);
+    let grid = [c.sq.div_ceil(128) as u32, c.h as u32, c.b as u32];
+    let mut args = [
+        HostArg::Tensor(&q),
+        HostArg::Tensor(&k),
+        HostArg::Tensor(&v),
+        HostArg::TensorMut(&mut o),
+        HostArg::F32(scale),
+    ];
+    run_def(&kiln_examples::attention::attention, &ct, grid, &mut args).unwrap();
+    let case = Case {
+        kernel: format!(
+            "attention<d={},{:?},causal={},window={:?},softcap={},kv_group={group}>",
+            c.d, c.dtype, c.causal, c.window, c.softcap
+        ),
+        shape: format!(
+            "b={} h={} h_kv={} sq={} sk={} scale={scale}",
+            c.b, c.h, c.h_kv, c.sq, c.sk
+        ),
+        dist,
+        seed: rng.seed(),
+    };
+    let cap = (c.softcap > 0.0).then_some(f64::from(c.softcap));
+    let want = reference::attention_window(
+        &q,
+        &repeat_heads(&k, group),
+        &repeat_heads(&v, group),
+        f64::from(scale),
+        c.reference_window(),
+        cap,
+    );
+    assert_close(&case, &o, &want, tolerance(c.dtype));
+    o.to_f64_vec()
+}
+
+#[test]
+fn f16_matches_reference() {
+    let mut rng = Rng::from_env();
+    for (sq, sk, causal) in [(100, 100, false), (150, 90, true), (70, 200, true)] {
+        for dist in Dist::ALL {
+            let c = Call {
+                dtype: DType::F16,
+                causal,
+                ..Call::new(sq, sk)
+            };
+            run(&mut rng, c, dist);
+        }
+    }
+}
+
+#[test]
+fn sliding_windows_match_reference() {
+    // 128-key blocks (d = 64) over 300 keys: windows narrower than a block make the walk
+    // start past block 0 and stop before the last; windows that straddle block edges mask
+    // blocks on both sides; one-sided windows (left only, right only) and the causal
+    // spelling with a left bound; sq < sk and sq > sk.
+    let mut rng = Rng::from_env();
+    let windows: [((i32, i32), bool); 7] = [
+        ((20, 0), false),
+        ((20, 5), true),
+        ((7, 9), false),
+        ((0, 0), false),
+        ((-1, 40), false),
+        ((100, -1), false),
+        ((130, 130), false),
+    ];
+    for (window, causal) in windows {
+        for (sq, sk) in [(300, 300), (130, 300)] {
+            let c = Call {
+                window,
+                causal,
+                ..Call::new(sq, sk)
+            };
+            run(&mut rng, c, Dist::Normal);
+        }
+    }
+    // Every distribution on one window with both edges inside the tiles.
+    for dist in Dist::ALL {
+        let c = Call {
+            window: (33, 17),
+            ..Call::new(200, 260)
+        };
+        run(&mut rng, c, dist);
+    }
+}
+
+#[test]
+fn rows_outside_every_window_output_zero() {
+    // sq = 300 > sk = 100: row i's diagonal key is i - 200, so with right bound 5 rows
+    // 0..195 see no key (a whole query block, and part of the next); left-only windows give
+    // every row a key.
+    let mut rng = Rng::from_env();
+    let (sq, sk, d) = (300, 100, 64);
+    for window in [(10, 5), (-1, 5)] {
+        let c = Call {
+            window,
+            ..Call::new(sq, sk)
+        };
+        let out = run(&mut rng, c, Dist::Normal);
+        let blind = 195;
+        for head in out.chunks(sq * d) {
+            assert!(
+                head[..blind * d].iter().all(|&x| x == 0.0),
+                "window {window:?}: rows that see no key must be 0, KILN_SEED={}",
+                rng.seed()
+            );
+        }
+    }
+}
+
+#[test]
+fn softcap_matches_reference() {
+    // Caps well inside the scores' range (large inputs reach scores of ~1e4, so tanh
+    // saturates) and one above it (nearly linear), with masks and f16.
+    let mut rng = Rng::from_env();
+    for (softcap, causal, dtype) in [
+        (5.0, false, DType::Bf16),
+        (30.0, true, DType::Bf16),
+        (1.5, true, DType::F16),
+    ] {
+        for dist in Dist::ALL {
+            let c = Call {
+                softcap,
+                causal,
+                dtype,
+                ..Call::new(150, 90)
+            };
+            run(&mut rng, c, dist);
+        }
+    }
+}
+
+#[test]
+fn head_dim_96_matches_reference() {
+    let mut rng = Rng::from_env();
+    for (sq, sk, causal) in [(130, 70, false), (70, 130, true)] {
+        let c = Call {
+            d: 96,
+            causal,
+            ..Call::new(sq, sk)
+        };
+        run(&mut rng, c, Dist::Normal);
+    }
+}
+
+#[test]
+fn features_combine_with_grouped_heads() {
+    // f16, a window, a soft-cap and grouped-query heads (4 query heads over 2 and over 1)
+    // in one call, batch 2, d = 96 and d = 128.
+    let mut rng = Rng::from_env();
+    for (h_kv, d, window, causal) in [(2, 128, (40, -1), false), (1, 96, (25, 0), true)] {
+        let c = Call {
+            b: 2,
+            h: 4,
+            h_kv,
+            d,
+            dtype: DType::F16,
+            causal,
+            window,
+            softcap: 20.0,
+            ..Call::new(140, 110)
+        };
+        run(&mut rng, c, Dist::Normal);
+    }
+}
