@@ -118,6 +118,12 @@ impl AttnBar {
         6 * g + k
     }
 
+    /// Whether an arrival on it hands TMEM to another role (so the arriving role's tcgen05
+    /// ops must be fenced before it); `scale_full` hands over shared memory only.
+    pub fn hands_tmem(self) -> bool {
+        !matches!(self, AttnBar::ScaleFull(_))
+    }
+
     /// Whether a phase completes per work tile (else per loop iteration).
     pub fn per_tile(self) -> bool {
         matches!(self, AttnBar::OEmpty(_))
@@ -241,9 +247,15 @@ pub enum AttnStep {
         columns: u32,
     },
     /// Multiplies the registers the last [`AttnStep::LoadO`] copied by the row's factor.
-    ScaleO,
+    ScaleO {
+        /// The Q tile.
+        tile: u32,
+    },
     /// `tcgen05.st.32x32b` of those registers back.
-    StoreO,
+    StoreO {
+        /// The Q tile.
+        tile: u32,
+    },
     /// Closes [`AttnStep::BeginRescale`].
     EndRescale,
     /// `tcgen05.wait::ld`.
@@ -318,8 +330,10 @@ pub struct AttentionPlan {
     pub mma_tile_end: Vec<AttnStep>,
     /// The MMA warp after the last tile.
     pub mma_exit: Vec<AttnStep>,
-    /// Softmax warpgroup `g`, per iteration and after the loop (tile `g`'s steps name `g`;
-    /// one list per warpgroup).
+    /// Softmax warpgroup `g`, per work tile before its loop, per iteration and after the
+    /// loop (tile `g`'s steps name `g`; one list per warpgroup).
+    pub softmax_tile: Vec<Vec<AttnStep>>,
+    /// See [`AttentionPlan::softmax_tile`].
     pub softmax_iteration: Vec<Vec<AttnStep>>,
     /// See [`AttentionPlan::softmax_iteration`].
     pub softmax_end: Vec<Vec<AttnStep>>,
@@ -367,6 +381,8 @@ pub struct Programs {
     pub mma_tile_end: Vec<AttnStep>,
     /// [`AttentionPlan::mma_exit`].
     pub mma_exit: Vec<AttnStep>,
+    /// [`AttentionPlan::softmax_tile`].
+    pub softmax_tile: Vec<Vec<AttnStep>>,
     /// [`AttentionPlan::softmax_iteration`].
     pub softmax_iteration: Vec<Vec<AttnStep>>,
     /// [`AttentionPlan::softmax_end`].
@@ -437,6 +453,18 @@ impl Programs {
             .map(|g| wait(AttnBar::OEmpty(g), 1, 0))
             .collect();
         mma_exit.extend([S::FenceAfter, S::Dealloc { columns }]);
+        // A softmax warpgroup starts a tile only once its Q is loaded: the load follows the MMA
+        // thread's previous tile (`once_free`), so the warpgroup never runs through empty
+        // tiles more than one `o_empty` phase ahead of the MMA thread's wait on it.
+        let softmax_tile = tiles
+            .clone()
+            .map(|_| {
+                vec![S::RingWait {
+                    bar: Bar::Once,
+                    start: 0,
+                }]
+            })
+            .collect();
         let softmax_iteration = tiles
             .clone()
             .map(|g| {
@@ -496,8 +524,8 @@ impl Programs {
                         columns: RESCALE_COLUMNS.min(d - q * RESCALE_COLUMNS),
                     },
                     S::WaitLd,
-                    S::ScaleO,
-                    S::StoreO,
+                    S::ScaleO { tile: g },
+                    S::StoreO { tile: g },
                 ]);
             }
             correction_iteration.extend([
@@ -517,6 +545,7 @@ impl Programs {
             mma_iteration,
             mma_tile_end: vec![S::RingCommit { bar: Bar::OnceFree }],
             mma_exit,
+            softmax_tile,
             softmax_iteration,
             softmax_end,
             correction_iteration,
@@ -573,8 +602,8 @@ impl fmt::Display for AttnStep {
                 column,
                 columns,
             } => write!(f, "ld O{tile}[{column}+{columns}]"),
-            AttnStep::ScaleO => f.write_str("mul"),
-            AttnStep::StoreO => f.write_str("st"),
+            AttnStep::ScaleO { .. } => f.write_str("mul"),
+            AttnStep::StoreO { tile } => write!(f, "st O{tile}"),
             AttnStep::EndRescale => f.write_str("}"),
             AttnStep::WaitLd => f.write_str("wait::ld"),
             AttnStep::WaitSt => f.write_str("wait::st"),
@@ -661,6 +690,7 @@ impl fmt::Display for AttentionPlan {
             .zip(&self.softmax_end)
             .enumerate()
         {
+            writeln!(f, "    softmax {g}, per tile: {}", join(&self.softmax_tile[g]))?;
             writeln!(f, "    softmax {g}, per iteration: {}", join(it))?;
             writeln!(f, "    softmax {g}, after the loop: {}", join(end))?;
         }

@@ -83,14 +83,14 @@ impl Writer<'_> {
                     regs = self.tmem_load(a, columns);
                     copy_at = Some(a);
                 }
-                AttnStep::ScaleO => {
+                AttnStep::ScaleO { .. } => {
                     let f = factor
                         .ok_or_else(|| self.internal(p.id, "a rescale before its factors"))?;
                     for r in &regs {
                         self.ins(format!("mul.f32 {r}, {r}, {f}"));
                     }
                 }
-                AttnStep::StoreO => {
+                AttnStep::StoreO { .. } => {
                     let a = copy_at
                         .take()
                         .ok_or_else(|| self.internal(p.id, "a store before its copy"))?;

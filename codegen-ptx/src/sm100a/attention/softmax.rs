@@ -101,6 +101,12 @@ impl Writer<'_> {
         self.ins(format!("mov.u32 {it}, 0"));
         let mut c = self.cursor(&[]);
         let pair = self.open_pair(p, &mut c)?;
+        for &s in &plan.softmax_tile[g as usize] {
+            match s {
+                AttnStep::RingWait { bar, start } => self.wait(&p.ring, &c, bar, start)?,
+                other => self.attn_common(plan, other)?,
+            }
+        }
         let [_, hi, _] = self.pair_bounds(p, &pair)?;
         self.enter_pair_tile(p, &pair, g, false)?;
         let [lo, _, step] = self.loop_bounds(p.id)?;

@@ -178,6 +178,7 @@ pub(super) fn plan(
         mma_iteration: p.mma_iteration,
         mma_tile_end: p.mma_tile_end,
         mma_exit: p.mma_exit,
+        softmax_tile: p.softmax_tile,
         softmax_iteration: p.softmax_iteration,
         softmax_end: p.softmax_end,
         correction_iteration: p.correction_iteration,
