@@ -87,6 +87,24 @@ impl Distribution {
                 .all(|p| p[0][0] == p[1][0] && p[0][1].is_multiple_of(2) && p[1][1] == p[0][1] + 1)
     }
 
+    /// Thread `tid`'s coordinates of every register: its offsets plus the thread terms.
+    pub fn coords(&self, tid: u32) -> Vec<Vec<u32>> {
+        self.regs
+            .iter()
+            .map(|offs| {
+                offs.iter()
+                    .zip(&self.terms)
+                    .map(|(o, terms)| {
+                        o + terms
+                            .iter()
+                            .map(|t| ((tid / t.div) % t.modulo) * t.mul)
+                            .sum::<u32>()
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The thread-independent part of coordinates in dimension `dim`, one per register.
     pub fn offsets(&self, dim: usize) -> impl Iterator<Item = u32> + '_ {
         self.regs.iter().map(move |r| r[dim])
@@ -404,24 +422,6 @@ impl crate::kernel::Kernel {
 mod tests {
     use super::*;
 
-    /// Thread `tid`'s coordinates of every register, from the terms and offsets.
-    fn coords(d: &Distribution, tid: u32) -> Vec<Vec<u32>> {
-        d.regs
-            .iter()
-            .map(|offs| {
-                offs.iter()
-                    .enumerate()
-                    .map(|(k, o)| {
-                        o + d.terms[k]
-                            .iter()
-                            .map(|t| ((tid / t.div) % t.modulo) * t.mul)
-                            .sum::<u32>()
-                    })
-                    .collect()
-            })
-            .collect()
-    }
-
     #[test]
     fn mma_layout_covers_every_element_once() {
         let shape = Shape(vec![64, 32]);
@@ -430,14 +430,14 @@ mod tests {
             .expect("fits");
         let mut seen = vec![0u32; 64 * 32];
         for tid in 0..128 {
-            for c in coords(&d, tid) {
+            for c in d.coords(tid) {
                 seen[(c[0] * 32 + c[1]) as usize] += 1;
             }
         }
         assert!(seen.iter().all(|&n| n == 1));
         // Lane 5 of warp 0 holds row 1, columns 2 and 3 of the first fragment (PTX ISA
         // m16n8 accumulator layout: row = lane / 4, col = 2 * (lane % 4)).
-        assert_eq!(coords(&d, 5)[..2], [vec![1, 2], vec![1, 3]]);
+        assert_eq!(d.coords(5)[..2], [vec![1, 2], vec![1, 3]]);
     }
 
     #[test]
@@ -453,10 +453,10 @@ mod tests {
         let d = slice.distribution(&Shape(vec![128])).expect("fits");
         let p = parent.distribution(&shape).expect("fits");
         for tid in [0, 37, 127] {
-            let mut rows: Vec<u32> = coords(&p, tid).into_iter().map(|c| c[0]).collect();
+            let mut rows: Vec<u32> = p.coords(tid).into_iter().map(|c| c[0]).collect();
             rows.sort();
             rows.dedup();
-            let mut got: Vec<u32> = coords(&d, tid).into_iter().map(|c| c[0]).collect();
+            let mut got: Vec<u32> = d.coords(tid).into_iter().map(|c| c[0]).collect();
             got.sort();
             assert_eq!(got, rows);
         }

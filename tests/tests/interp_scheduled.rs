@@ -79,8 +79,8 @@ fn scheduled_gemm_matches_reference() {
             let flag = b_col_major.to_string();
             let kernel = compiled("gemm", &[("b_col_major", &flag)], target);
             assert!(
-                kernel.schedule.tiles.is_some(),
-                "the gemm is persistent on {target}"
+                kernel.schedule.tiles.is_some() && !kernel.schedule.tma_stores.is_empty(),
+                "the gemm is persistent and stores through TMA on {target}"
             );
             for shape in GEMM_SHAPES {
                 for dist in Dist::ALL {
@@ -157,7 +157,9 @@ fn scheduled_attention_matches_reference() {
                 Target::Sm90a,
             );
             let ring = kernel.schedule.rings.values().next().expect("a ring");
-            assert!(ring.overlap.is_some(), "d={d} bn={block_n}: rotated");
+            let defers = ring.overlap.as_ref().is_some_and(|o| o.defer.is_some());
+            assert!(defers, "d={d} bn={block_n}: rotated, the maximum deferred");
+            assert!(!kernel.schedule.tma_stores.is_empty(), "d={d}: a TMA store");
             let d: usize = d.parse().expect("d");
             // Ragged query and key blocks, sq > sk (when causal, the first 100 rows see no
             // key) and sq < sk, several key blocks per tile; batch and heads so that two CTAs
@@ -179,12 +181,16 @@ fn scheduled_attention_matches_reference() {
     }
 }
 
-/// The compiled gemm with one edit to its ring, and what running it gives on a problem of
-/// three K blocks per tile and two tiles per CTA.
-fn broken_gemm(target: Target, edit: fn(&mut kiln::ir::ring::Ring)) -> Result<f64, InterpError> {
+/// The ring of a compiled kernel.
+fn ring(kernel: &mut Kernel) -> &mut kiln::ir::ring::Ring {
+    kernel.schedule.rings.values_mut().next().expect("a ring")
+}
+
+/// The compiled gemm with one edit, and what running it gives on a problem of three K
+/// blocks per tile and two tiles per CTA.
+fn broken_gemm(target: Target, edit: fn(&mut Kernel)) -> Result<f64, InterpError> {
     let mut kernel = compiled("gemm", &[], target);
-    let ring = kernel.schedule.rings.values_mut().next().expect("a ring");
-    edit(ring);
+    edit(&mut kernel);
     let mut rng = Rng::new(7);
     let (a, b, want) = gemm_case(&mut rng, (256, 128, 96 * 2), false, Dist::Normal);
     let c = run_gemm(&kernel, (128, 128), &a, &b, 128, 1)?;
@@ -199,25 +205,45 @@ fn faults_the_protocol_check_cannot_see_give_wrong_results() {
         assert!(err < 1e-2, "{target}: the real schedule: {err:e}");
         // Every stage of A at one address: TMA overwrites the stage the consumer is about
         // to read with a later block of K.
-        let err = broken_gemm(target, |r| r.loads[0].stage_stride = 0).expect("runs");
+        let err = broken_gemm(target, |k| ring(k).loads[0].stage_stride = 0).expect("runs");
         assert!(
             err.is_nan() || err >= 0.1,
             "{target}: aliased stages still match: {err:e}"
         );
         // B's buffer placed over A's.
-        let err = broken_gemm(target, |r| r.loads[1].offset = r.loads[0].offset).expect("runs");
+        let err = broken_gemm(target, |k| {
+            ring(k).loads[1].offset = ring(k).loads[0].offset
+        })
+        .expect("runs");
         assert!(
             err.is_nan() || err >= 0.1,
             "{target}: overlapping buffers still match: {err:e}"
         );
+        // The epilogue's staging tile placed over A's stages: the producer's loads for the
+        // next tile land in it before the bulk copy of the last one has read it.
+        let err = broken_gemm(target, |k| {
+            let a = ring(k).loads[0].offset;
+            let st = k
+                .schedule
+                .tma_stores
+                .values_mut()
+                .next()
+                .expect("a TMA store");
+            st.offset = a;
+        })
+        .expect("runs");
+        assert!(
+            err.is_nan() || err >= 0.1,
+            "{target}: a staging tile over a stage still matches: {err:e}"
+        );
     }
     // Boxes that miss part of their tile, or leave shared memory, are schedule errors.
-    let shifted = broken_gemm(Target::Sm90a, |r| r.loads[0].boxes[0].origin[1] += 8);
+    let shifted = broken_gemm(Target::Sm90a, |k| ring(k).loads[0].boxes[0].origin[1] += 8);
     assert!(
         matches!(&shifted, Err(InterpError::Schedule { what, .. }) if what.contains("reaches past")),
         "{shifted:?}"
     );
-    let outside = broken_gemm(Target::Sm90a, |r| r.loads[1].offset += 1 << 20);
+    let outside = broken_gemm(Target::Sm90a, |k| ring(k).loads[1].offset += 1 << 20);
     assert!(
         matches!(&outside, Err(InterpError::Schedule { what, .. }) if what.contains("past the block")),
         "{outside:?}"
@@ -229,8 +255,7 @@ fn a_rotated_part_that_reads_a_later_value_is_a_schedule_error() {
     // Moving the head mma into the tail section makes the code between read products that
     // no earlier part of its iteration computed.
     let mut kernel = compiled("attention", &[("d", "64")], Target::Sm90a);
-    let ring = kernel.schedule.rings.values_mut().next().expect("a ring");
-    let o = ring.overlap.as_mut().expect("rotated");
+    let o = ring(&mut kernel).overlap.as_mut().expect("rotated");
     o.tail_ops.insert(0, o.head);
     let mut rng = Rng::new(3);
     let p = Attn {

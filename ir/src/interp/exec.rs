@@ -99,6 +99,14 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
         self.served.clear();
     }
 
+    /// The tensor argument `index`, when the kernel may write it.
+    pub(super) fn tensor_arg_mut(&mut self, index: usize) -> Option<&mut crate::host::HostTensor> {
+        match self.args.get_mut(index) {
+            Some(HostArg::TensorMut(t)) => Some(t),
+            _ => None,
+        }
+    }
+
     /// The tensor argument `index`.
     pub(super) fn tensor_arg(&self, index: usize) -> Option<&crate::host::HostTensor> {
         self.args.get(index).and_then(HostArg::tensor)

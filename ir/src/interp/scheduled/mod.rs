@@ -22,15 +22,25 @@
 //!   the loads only it reads) of the iteration before. Each iteration keeps its own values,
 //!   which stand for the registers the handoff moves; a part reading a value that no earlier
 //!   part of its iteration computed is a schedule error, not a silent recomputation.
+//! - **Maximum deferral.** Where the `overlap` pass defers the running maximum
+//!   ([`Deferral`]), each consumer warp keeps its reference while all of its rows grew by at
+//!   most the threshold, as the PTX writer's vote does, so the code between runs on the same
+//!   maximum the GPU's does. (The tail's rescale skip, by a warp whose factors are all 1, is
+//!   the identity and needs nothing.)
+//! - **Epilogues and TMA stores.** A tile's code after the loop runs when the consumers move
+//!   on to the next tile (or finish), while the producer may already be loading the next
+//!   one. A store the `tma_store` pass lowered writes its rounds into the swizzled staging
+//!   tile, and its boxes reach global memory (clipped as TMA clips them) only when the next
+//!   round, the next tile's store or the CTA's exit waits for the bulk copies: a staging tile
+//!   that overlaps a stage, or a stage written over it, shows in the output.
 //! - **Tensor memory** (sm_100a). The ring's mma accumulates into one TMEM accumulator per
 //!   CTA, which the first mma of each tile overwrites (its enable-input flag off); the code
 //!   after a tile's loop reads the accumulator as the tile's last mma left it (a tile with no
 //!   iterations reads what the tile before left).
 //!
-//! What it does not model: the epilogue's TMA-store staging (stores write global memory
-//! directly, clipped as TMA clips them), and the rescale skip and maximum deferral of a
-//! rotated body, which are exact rewrites the PTX writer applies per warp; the protocol
-//! check proves the orders this execution takes for granted.
+//! The orders the execution takes for granted (which wgmma a release waits for, the staging
+//! tile's barriers) are the protocol check's to prove; this execution checks where the data
+//! goes and what the consumers compute from it.
 
 mod smem;
 
@@ -39,16 +49,18 @@ use std::collections::BTreeMap;
 use crate::kernel::{Block, Kernel, OpId, OpKind, ValueId};
 use crate::passes::protocol_check::machine::{At, Machine as Protocol, PRODUCER};
 use crate::passes::walk;
-use crate::ring::{Overlap, Ring, Step};
+use crate::ring::{Deferral, Overlap, Ring, Step, TmaLoad};
 use crate::tile_scheduler::TileScheduler;
+use crate::tma_store::TmaStore;
+use crate::types::DType;
 
 use super::HostArg;
 use super::error::InterpError;
-use super::eval;
 use super::exec::Machine;
 use super::value::{Elems, Value};
+use super::{eval, memory};
 
-use smem::SharedMemory;
+use smem::{Boxes, SharedMemory};
 
 /// Runs the scheduled `kernel` (after the pass pipeline) over its logical `grid` with `args`
 /// in parameter order, a persistent kernel on `ctas` CTAs (see the module doc). A kernel
@@ -105,6 +117,8 @@ struct Plan<'k> {
     tmem_mma: Option<(OpId, usize)>,
     /// Arriving consumer warps, as the protocol check counts them.
     consumer_warps: u32,
+    /// The deferred maximum, and per consumer warp the rows of it the warp holds.
+    deferral: Option<(Deferral, Vec<Vec<usize>>)>,
 }
 
 impl<'k> Plan<'k> {
@@ -166,6 +180,13 @@ impl<'k> Plan<'k> {
             (None, Some(roles)) => roles.consumer_warps,
             (None, None) => return Err(error("a stage ring without warp roles")),
         };
+        let deferral = match ring.overlap.as_ref().and_then(|o| o.defer) {
+            None => None,
+            Some(d) => Some((
+                d,
+                warp_rows(kernel, d, consumer_warps).map_err(|e| error(&e))?,
+            )),
+        };
         Ok(Plan {
             kernel,
             ring,
@@ -177,6 +198,7 @@ impl<'k> Plan<'k> {
             parts,
             tmem_mma,
             consumer_warps,
+            deferral,
         })
     }
 
@@ -240,6 +262,40 @@ fn rotated_parts(kernel: &Kernel, ring: &Ring, o: &Overlap, ops: &[OpId]) -> Par
         head,
         between,
         tail,
+    }
+}
+
+/// Per consumer warp, the rows of the deferred maximum its threads hold (each row in one
+/// warp: a warp's vote decides for its rows alone).
+fn warp_rows(kernel: &Kernel, d: Deferral, warps: u32) -> Result<Vec<Vec<usize>>, String> {
+    let m_new = kernel.ops[d.max].results[0];
+    let dist = kernel.distribution(m_new)?;
+    let rows = kernel.ty(m_new).shape().map_or(1, |s| s.dims()[0]);
+    let mut owner = vec![None; rows];
+    let mut out = vec![Vec::new(); warps as usize];
+    for tid in 0..32 * warps {
+        let w = (tid / 32) as usize;
+        for c in dist.coords(tid) {
+            let r = c[0] as usize;
+            match owner.get(r).copied().flatten() {
+                None if r < rows => {
+                    owner[r] = Some(w);
+                    out[w].push(r);
+                }
+                Some(o) if o == w => {}
+                _ => {
+                    return Err(format!(
+                        "row {r} of the deferred maximum is held by two warps"
+                    ));
+                }
+            }
+        }
+    }
+    match owner.iter().position(Option::is_none) {
+        Some(r) => Err(format!(
+            "no consumer warp holds row {r} of the deferred maximum"
+        )),
+        None => Ok(out),
     }
 }
 
@@ -309,9 +365,16 @@ struct Cta<'p, 'k> {
     /// The values of iteration `t` of tile `k`, keyed `(k, t)`.
     iterations: BTreeMap<(usize, u32), Env>,
     smem: SharedMemory,
-    /// sm_100a: the TMEM accumulator, and what each tile's last mma left in it.
+    /// sm_100a: the TMEM accumulator, what each tile's last mma left in it, and what the
+    /// epilogues read last.
     tmem: Option<Value>,
     tmem_left: Vec<Option<Value>>,
+    tmem_read: Option<Value>,
+    /// Tiles whose code after the loop has run.
+    finished: usize,
+    /// TMA-store boxes issued but not yet waited for: the store, the box, the store's tile
+    /// coordinates and element type.
+    bulk: Vec<(&'k TmaStore, usize, Vec<i32>, DType)>,
 }
 
 impl<'p, 'k> Cta<'p, 'k> {
@@ -366,6 +429,9 @@ impl<'p, 'k> Cta<'p, 'k> {
             smem: SharedMemory::new(kernel.schedule.smem_bytes),
             tmem: None,
             tmem_left: vec![None; n],
+            tmem_read: None,
+            finished: 0,
+            bulk: Vec::new(),
         })
     }
 
@@ -389,7 +455,8 @@ impl<'p, 'k> Cta<'p, 'k> {
             return Err(e);
         }
         protocol.map_err(|e| plan.error(format!("the barrier protocol fails: {e}")))?;
-        self.epilogues(m)
+        self.finish_tiles(m, self.tiles.len())?;
+        self.wait_bulk(m)
     }
 
     /// Moves the data of one executed step: `role` 0 is the producer, 1 the first consumer
@@ -414,6 +481,7 @@ impl<'p, 'k> Cta<'p, 'k> {
         if role != 1 {
             return Ok(());
         }
+        self.finish_tiles(m, k)?;
         match (&plan.parts, at.step) {
             (Parts::Whole(ops), Step::Mma | Step::Tcgen05Mma) => {
                 self.consume(m, k, t, ops, stage(at.i))
@@ -450,7 +518,7 @@ impl<'p, 'k> Cta<'p, 'k> {
         let coords = self.coords(m, l.load);
         m.swap_env(&mut env);
         ran?;
-        self.write(m, l, stage, coords?)
+        self.write(m, l, stage, &coords?)
     }
 
     /// The producer's TMA of once load `load` for tile `k`.
@@ -464,7 +532,7 @@ impl<'p, 'k> Cta<'p, 'k> {
         m.swap_env(&mut self.tiles[k].env);
         let coords = self.coords(m, l.load);
         m.swap_env(&mut self.tiles[k].env);
-        self.write(m, l, 0, coords?)
+        self.write(m, l, 0, &coords?)
     }
 
     /// The coordinates of `load`'s tile, from the current environment.
@@ -481,19 +549,20 @@ impl<'p, 'k> Cta<'p, 'k> {
             })
     }
 
+    /// A TMA load of `l`'s tile at `coords` into `stage`.
     fn write(
         &mut self,
         m: &Machine<'k, '_, '_>,
-        l: &crate::ring::TmaLoad,
+        l: &TmaLoad,
         stage: u32,
-        coords: Vec<i32>,
+        coords: &[i32],
     ) -> Result<(), InterpError> {
         let tensor = m.tensor_arg(l.param).ok_or_else(|| {
             self.plan
                 .error(format!("parameter {} is not a tensor", l.param))
         })?;
         self.smem
-            .write_tile(l, stage, tensor, &coords)
+            .load(&Boxes::load(l, stage), tensor, coords)
             .map_err(|e| self.plan.error(e))
     }
 
@@ -560,16 +629,61 @@ impl<'p, 'k> Cta<'p, 'k> {
                 m.bind(kernel.ops[op].results[0], d);
                 Ok(())
             }
-            _ => m.exec_ops(&[op]).map(drop),
+            _ => {
+                m.exec_ops(&[op])?;
+                match &self.plan.deferral {
+                    Some((d, warps)) if d.max == op => self.defer(m, *d, warps),
+                    _ => Ok(()),
+                }
+            }
         }
     }
 
+    /// The deferred maximum: each warp keeps the carried reference for its rows while every
+    /// one of them grew by at most the threshold (a NaN growth, from a `-inf` reference,
+    /// never stays), as the PTX writer's vote decides.
+    fn defer(
+        &self,
+        m: &mut Machine<'k, '_, '_>,
+        d: Deferral,
+        warps: &[Vec<usize>],
+    ) -> Result<(), InterpError> {
+        let m_new = self.plan.kernel.ops[d.max].results[0];
+        let (Some(new), Some(old)) = (m.value(m_new), m.value(d.carried)) else {
+            return Err(self
+                .plan
+                .error(format!("{} defers a maximum it has not computed", d.max)));
+        };
+        let (Elems::F(new_rows), Elems::F(old_rows)) = (&new.elems, &old.elems) else {
+            return Err(self
+                .plan
+                .error(format!("{} defers a maximum that is not float", d.max)));
+        };
+        let mut chosen = new_rows.clone();
+        for rows in warps {
+            if rows
+                .iter()
+                .all(|&r| new_rows[r] - old_rows[r] <= Deferral::THRESHOLD)
+            {
+                for &r in rows {
+                    chosen[r] = old_rows[r];
+                }
+            }
+        }
+        let deferred = Value {
+            elems: Elems::F(chosen),
+            ..new.clone()
+        };
+        m.bind(m_new, deferred);
+        Ok(())
+    }
+
     /// The tile `l` holds in `stage`, as the consumer reads it now.
-    fn read(&self, l: &crate::ring::TmaLoad, stage: u32) -> Result<Value, InterpError> {
+    fn read(&self, l: &TmaLoad, stage: u32) -> Result<Value, InterpError> {
         let ty = self.plan.kernel.ty(self.plan.kernel.ops[l.load].results[0]);
         let dims = ty.shape().map(|s| s.dims().to_vec()).unwrap_or_default();
         self.smem
-            .read_tile(l, stage, ty.dtype(), &dims)
+            .read_tile(&Boxes::load(l, stage), ty.dtype(), &dims)
             .map_err(|e| self.plan.error(e))
     }
 
@@ -602,43 +716,118 @@ impl<'p, 'k> Cta<'p, 'k> {
         env
     }
 
-    /// Each tile's code after the loop, with the loop's results: the carried values of its
+    /// Runs the code after the loop of every tile before tile `upto` not yet finished.
+    fn finish_tiles(
+        &mut self,
+        m: &mut Machine<'k, '_, '_>,
+        upto: usize,
+    ) -> Result<(), InterpError> {
+        while self.finished < upto {
+            self.epilogue(m, self.finished)?;
+            self.finished += 1;
+        }
+        Ok(())
+    }
+
+    /// Tile `k`'s code after the loop, with the loop's results: the carried values of its
     /// last iteration (the accumulator in tensor memory as the tile's last mma left it).
-    fn epilogues(&mut self, m: &mut Machine<'k, '_, '_>) -> Result<(), InterpError> {
+    fn epilogue(&mut self, m: &mut Machine<'k, '_, '_>, k: usize) -> Result<(), InterpError> {
         let plan = self.plan;
         let kernel = plan.kernel;
         let init = &kernel.ops[plan.ring.for_op].operands[3..];
         let results = &kernel.ops[plan.ring.for_op].results;
-        let mut tmem = None;
-        for k in 0..self.tiles.len() {
-            let trips = self.tiles[k].trips;
-            let last = trips.checked_sub(1).map(|t| &self.iterations[&(k, t)]);
-            let mut env = std::mem::take(&mut self.tiles[k].env);
-            for (j, &r) in results.iter().enumerate() {
-                env[r.index()] = match last {
-                    Some(last) => last[plan.yielded[j].index()].clone(),
-                    None => env[init[j].index()].clone(),
-                };
+        let trips = self.tiles[k].trips;
+        let last = trips.checked_sub(1).map(|t| &self.iterations[&(k, t)]);
+        let mut env = std::mem::take(&mut self.tiles[k].env);
+        for (j, &r) in results.iter().enumerate() {
+            env[r.index()] = match last {
+                Some(last) => last[plan.yielded[j].index()].clone(),
+                None => env[init[j].index()].clone(),
+            };
+        }
+        if let Some((mma, carried)) = plan.tmem_mma {
+            if let Some(left) = self.tmem_left[k].take() {
+                self.tmem_read = Some(left);
             }
-            if let Some((mma, carried)) = plan.tmem_mma {
-                if let Some(left) = self.tmem_left[k].take() {
-                    tmem = Some(left);
-                }
-                let poison = || nan_like(kernel, kernel.ops[mma].results[0]);
-                env[results[carried].index()] = Some(tmem.clone().unwrap_or_else(poison));
-            }
-            if results.iter().any(|r| env[r.index()].is_none()) {
-                return Err(plan.error(format!(
-                    "tile {k}'s loop results are not all computed by its last iteration"
-                )));
-            }
-            m.set_block(self.tiles[k].block);
-            m.swap_env(&mut env);
-            let ran = m.exec_ops(&plan.epilogue);
-            m.swap_env(&mut env);
-            ran?;
-            for t in 0..trips {
-                self.iterations.remove(&(k, t));
+            let acc = match &self.tmem_read {
+                Some(acc) => acc.clone(),
+                None => nan_like(kernel, kernel.ops[mma].results[0]),
+            };
+            env[results[carried].index()] = Some(acc);
+        }
+        if results.iter().any(|r| env[r.index()].is_none()) {
+            return Err(plan.error(format!(
+                "tile {k}'s loop results are not all computed by its last iteration"
+            )));
+        }
+        m.set_block(self.tiles[k].block);
+        m.swap_env(&mut env);
+        let ran =
+            plan.epilogue
+                .iter()
+                .try_for_each(|&op| match kernel.schedule.tma_stores.get(&op) {
+                    Some(st) => self.tma_store(m, st),
+                    None => m.exec_ops(&[op]).map(drop),
+                });
+        m.swap_env(&mut env);
+        for t in 0..trips {
+            self.iterations.remove(&(k, t));
+        }
+        ran
+    }
+
+    /// A store the `tma_store` pass lowered: per round, the bulk copies of the last one
+    /// waited for, then the round's boxes staged and issued.
+    fn tma_store(
+        &mut self,
+        m: &mut Machine<'k, '_, '_>,
+        st: &'k TmaStore,
+    ) -> Result<(), InterpError> {
+        let kernel = self.plan.kernel;
+        let op = &kernel.ops[st.store];
+        let (&value, coord_ids) = op
+            .operands
+            .split_last()
+            .ok_or_else(|| self.plan.error(format!("{} stores nothing", st.store)))?;
+        let coords: Option<Vec<i32>> = coord_ids
+            .iter()
+            .map(|&v| m.value(v).and_then(Value::as_i32))
+            .collect();
+        let (Some(tile), Some(coords)) = (m.value(value).cloned(), coords) else {
+            return Err(self.plan.error(format!(
+                "{} stores a tile the code after the loop did not compute",
+                st.store
+            )));
+        };
+        let per = st.boxes_per_round() as usize;
+        for round in 0..st.rounds as usize {
+            self.wait_bulk(m)?;
+            let boxes = round * per..(round + 1) * per;
+            self.smem
+                .stage(&Boxes::store(st, boxes.clone()), &tile)
+                .map_err(|e| self.plan.error(e))?;
+            self.bulk
+                .extend(boxes.map(|b| (st, b, coords.clone(), tile.dtype)));
+        }
+        Ok(())
+    }
+
+    /// Completes every issued TMA-store box: reads it from the staging tile now and writes
+    /// it to global memory, clipped to the tensor.
+    fn wait_bulk(&mut self, m: &mut Machine<'k, '_, '_>) -> Result<(), InterpError> {
+        for (st, b, coords, dtype) in std::mem::take(&mut self.bulk) {
+            let boxes = Boxes::store(st, 0..st.boxes.len());
+            let data = self
+                .smem
+                .read_box(&boxes, b, dtype)
+                .map_err(|e| self.plan.error(e))?;
+            let stored = m
+                .tensor_arg_mut(st.param)
+                .map(|t| memory::store(t, &boxes.at(b, &coords), &data));
+            if !matches!(stored, Some(Ok(()))) {
+                return Err(self
+                    .plan
+                    .error(format!("{} cannot store its box {b}", st.store)));
             }
         }
         Ok(())

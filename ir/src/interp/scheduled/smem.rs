@@ -1,28 +1,82 @@
 //! Shared memory of the scheduled execution: the block's dynamic shared memory as 2-byte
-//! cells, written by TMA boxes and read back as the tiles the tensor cores take.
+//! cells, written and read in TMA boxes.
 //!
-//! A box of a [`TmaLoad`] lands at `offset + stage * stage_stride + box.smem_offset` of
-//! shared memory, its rows `swizzle` bytes apart, each 16-byte chunk of a row moved by the
-//! address's swizzle (CUDA's 32/64/128-byte swizzles: bits 4.. of the address XOR bits 7..).
-//! Reading a tile inverts the same map, box by box. So what the execution checks is the plan
-//! itself: the boxes cover the tile exactly, stay inside the block's shared memory, and no
-//! other buffer or stage is written over a stage between its load and its last read. Cells
-//! start as NaN, so a tile read from cells no box wrote is NaN, not zero.
+//! A box lands at its buffer's base plus its own shared offset ([`Boxes`]), its rows
+//! `swizzle` bytes apart, each 16-byte chunk of a row moved by the address's swizzle (CUDA's
+//! 32/64/128-byte swizzles: bits 4.. of the address XOR bits 7..). Reading inverts the same
+//! map. So what the execution checks is the plan itself: the boxes cover their tile exactly,
+//! stay inside the block's shared memory, and nothing else is written over a buffer between
+//! its write and its last read. Cells start as NaN, so a tile read from cells no box wrote is
+//! NaN, not zero.
+
+use std::ops::Range;
 
 use half::{bf16, f16};
 
-use crate::ring::TmaLoad;
+use crate::host::HostTensor;
+use crate::kernel::OpId;
+use crate::ring::{TmaBox, TmaLoad};
+use crate::tma_store::TmaStore;
 use crate::types::DType;
 
 use super::super::memory;
 use super::super::value::{Elems, Value};
-use crate::host::HostTensor;
 
-/// Why a box or tile does not fit the plan.
+/// Why boxes do not fit the plan.
 pub(super) type PlanError = String;
 
 /// The bits of a NaN in bf16 and in f16 alike.
 const POISON: u16 = 0xFFFF;
+
+/// Boxes of one tile in one buffer: a stage of a TMA load, or a round of a TMA store's
+/// staging tile.
+pub(super) struct Boxes<'a> {
+    /// The load or store op (for messages).
+    op: OpId,
+    box_dims: [u32; 2],
+    swizzle: u32,
+    boxes: &'a [TmaBox],
+    /// Byte offset the boxes' shared offsets count from.
+    base: u32,
+}
+
+impl<'a> Boxes<'a> {
+    /// Stage `stage` of the ring (or once) load `l`.
+    pub(super) fn load(l: &'a TmaLoad, stage: u32) -> Boxes<'a> {
+        Boxes {
+            op: l.load,
+            box_dims: l.box_dims,
+            swizzle: l.swizzle,
+            boxes: &l.boxes,
+            base: l.offset + stage * l.stage_stride,
+        }
+    }
+
+    /// Boxes `range` of the TMA store `st`, in its staging tile.
+    pub(super) fn store(st: &'a TmaStore, range: Range<usize>) -> Boxes<'a> {
+        Boxes {
+            op: st.store,
+            box_dims: st.box_dims,
+            swizzle: st.swizzle,
+            boxes: &st.boxes[range],
+            base: st.offset,
+        }
+    }
+
+    /// The coordinates of box `b`'s first element, for a tile at `coords` (one per tensor
+    /// dimension; the box moves the last two).
+    pub(super) fn at(&self, b: usize, coords: &[i32]) -> Vec<i32> {
+        let rank = coords.len();
+        let mut at = coords.to_vec();
+        at[rank - 2] += self.boxes[b].origin[0] as i32;
+        at[rank - 1] += self.boxes[b].origin[1] as i32;
+        at
+    }
+
+    fn dims(&self) -> [usize; 2] {
+        self.box_dims.map(|d| d as usize)
+    }
+}
 
 /// The block's dynamic shared memory.
 pub(super) struct SharedMemory {
@@ -37,77 +91,60 @@ impl SharedMemory {
         }
     }
 
-    /// Every box of `load` for the tile at `coords` (one per tensor dimension) of `tensor`,
-    /// into stage `stage`; elements outside the tensor are written as 0, as TMA fills them.
-    pub(super) fn write_tile(
+    /// A TMA load: every box of the tile at `coords` of `tensor`; elements outside the
+    /// tensor are written as 0, as TMA fills them.
+    pub(super) fn load(
         &mut self,
-        load: &TmaLoad,
-        stage: u32,
+        boxes: &Boxes,
         tensor: &HostTensor,
         coords: &[i32],
     ) -> Result<(), PlanError> {
-        let rank = coords.len();
-        let [rows, cols] = load.box_dims;
-        for b in &load.boxes {
-            let mut at = coords.to_vec();
-            at[rank - 2] += b.origin[0] as i32;
-            at[rank - 1] += b.origin[1] as i32;
-            let data = memory::load(tensor, &at, &[rows as usize, cols as usize]);
-            let (Elems::F(values), DType::Bf16 | DType::F16) = (&data.elems, data.dtype) else {
-                return Err(format!("{} loads a tensor of 4-byte elements", load.load));
-            };
-            let base = stage_base(load, stage) + b.smem_offset;
-            for r in 0..rows {
-                for c in 0..cols {
-                    let cell = self.cell(load, base, r, c)?;
-                    let x = values[(r * cols + c) as usize];
-                    self.cells[cell] = bits(data.dtype, x);
-                }
-            }
+        for b in 0..boxes.boxes.len() {
+            let data = memory::load(tensor, &boxes.at(b, coords), &boxes.dims());
+            self.write_box(boxes, b, &data, [0, 0])?;
         }
         Ok(())
     }
 
-    /// The `[rows, cols]` tile of `dtype` that `load`'s boxes hold in stage `stage`.
+    /// The `dims` tile of `dtype` the boxes hold, which they must cover exactly once.
     pub(super) fn read_tile(
         &self,
-        load: &TmaLoad,
-        stage: u32,
+        boxes: &Boxes,
         dtype: DType,
         dims: &[usize],
     ) -> Result<Value, PlanError> {
         let &[tile_rows, tile_cols] = dims else {
-            return Err(format!("{} is not a 2-d tile", load.load));
+            return Err(format!("{} is not a 2-d tile", boxes.op));
         };
-        let [rows, cols] = load.box_dims;
+        let [rows, cols] = boxes.dims();
         let mut out = vec![f32::NAN; tile_rows * tile_cols];
         let mut covered = vec![false; tile_rows * tile_cols];
-        for b in &load.boxes {
-            let base = stage_base(load, stage) + b.smem_offset;
+        for (b, bx) in boxes.boxes.iter().enumerate() {
+            let values = self.box_values(boxes, b, dtype)?;
             for r in 0..rows {
                 for c in 0..cols {
-                    let (tr, tc) = ((b.origin[0] + r) as usize, (b.origin[1] + c) as usize);
+                    let (tr, tc) = (bx.origin[0] as usize + r, bx.origin[1] as usize + c);
                     if tr >= tile_rows || tc >= tile_cols {
                         return Err(format!(
                             "a box of {} at {:?} reaches past its {tile_rows}x{tile_cols} tile",
-                            load.load, b.origin
+                            boxes.op, bx.origin
                         ));
                     }
                     let e = tr * tile_cols + tc;
                     if std::mem::replace(&mut covered[e], true) {
                         return Err(format!(
                             "two boxes of {} cover element [{tr}, {tc}]",
-                            load.load
+                            boxes.op
                         ));
                     }
-                    out[e] = value(dtype, self.cells[self.cell(load, base, r, c)?]);
+                    out[e] = values[r * cols + c];
                 }
             }
         }
         if let Some(e) = covered.iter().position(|&c| !c) {
             return Err(format!(
                 "no box of {} covers element [{}, {}]",
-                load.load,
+                boxes.op,
                 e / tile_cols,
                 e % tile_cols
             ));
@@ -119,23 +156,95 @@ impl SharedMemory {
         })
     }
 
-    /// The cell of element `[r, c]` of the box at byte `base`, swizzled.
-    fn cell(&self, load: &TmaLoad, base: u32, r: u32, c: u32) -> Result<usize, PlanError> {
-        let span = load.box_dims[1] * 2;
-        if span != load.swizzle {
+    /// A staging write: each box takes the part of register tile `tile` at its origin.
+    pub(super) fn stage(&mut self, boxes: &Boxes, tile: &Value) -> Result<(), PlanError> {
+        for (b, bx) in boxes.boxes.iter().enumerate() {
+            self.write_box(boxes, b, tile, bx.origin.map(|o| o as usize))?;
+        }
+        Ok(())
+    }
+
+    /// Box `b` as a tile of its extents.
+    pub(super) fn read_box(
+        &self,
+        boxes: &Boxes,
+        b: usize,
+        dtype: DType,
+    ) -> Result<Value, PlanError> {
+        Ok(Value {
+            dtype,
+            dims: boxes.dims().to_vec(),
+            elems: Elems::F(self.box_values(boxes, b, dtype)?),
+        })
+    }
+
+    /// Box `b`'s elements of `dtype` (bf16 or f16), row by row.
+    fn box_values(&self, boxes: &Boxes, b: usize, dtype: DType) -> Result<Vec<f32>, PlanError> {
+        if !matches!(dtype, DType::Bf16 | DType::F16) {
             return Err(format!(
-                "{}: a box row of {span} B under a {} B swizzle",
-                load.load, load.swizzle
+                "{} reads elements that are not 2-byte floats",
+                boxes.op
             ));
         }
-        let addr = base + r * span + 2 * c;
-        let mask = load.swizzle / 16 - 1;
+        let [rows, cols] = boxes.dims();
+        let mut out = Vec::with_capacity(rows * cols);
+        for r in 0..rows {
+            for c in 0..cols {
+                out.push(decode(dtype, self.cells[self.cell(boxes, b, r, c)?]));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes into box `b` the part of `tile` whose first element is at `origin`.
+    fn write_box(
+        &mut self,
+        boxes: &Boxes,
+        b: usize,
+        tile: &Value,
+        origin: [usize; 2],
+    ) -> Result<(), PlanError> {
+        let (Elems::F(values), DType::Bf16 | DType::F16) = (&tile.elems, tile.dtype) else {
+            return Err(format!(
+                "{} moves elements that are not 2-byte floats",
+                boxes.op
+            ));
+        };
+        let (tile_rows, tile_cols) = tile.rows_cols();
+        let [rows, cols] = boxes.dims();
+        if origin[0] + rows > tile_rows || origin[1] + cols > tile_cols {
+            return Err(format!(
+                "a box of {} at {origin:?} reaches past its {tile_rows}x{tile_cols} tile",
+                boxes.op
+            ));
+        }
+        for r in 0..rows {
+            for c in 0..cols {
+                let x = values[(origin[0] + r) * tile_cols + origin[1] + c];
+                let cell = self.cell(boxes, b, r, c)?;
+                self.cells[cell] = encode(tile.dtype, x);
+            }
+        }
+        Ok(())
+    }
+
+    /// The cell of element `[r, c]` of box `b`, swizzled.
+    fn cell(&self, boxes: &Boxes, b: usize, r: usize, c: usize) -> Result<usize, PlanError> {
+        let span = boxes.box_dims[1] * 2;
+        if span != boxes.swizzle {
+            return Err(format!(
+                "{}: a box row of {span} B under a {} B swizzle",
+                boxes.op, boxes.swizzle
+            ));
+        }
+        let addr = boxes.base + boxes.boxes[b].smem_offset + r as u32 * span + 2 * c as u32;
+        let mask = boxes.swizzle / 16 - 1;
         let addr = addr ^ (((addr >> 7) & mask) << 4);
         let cell = addr as usize / 2;
         if cell >= self.cells.len() {
             return Err(format!(
-                "{} writes byte {addr}, past the block's {} B of shared memory",
-                load.load,
+                "{} reaches byte {addr}, past the block's {} B of shared memory",
+                boxes.op,
                 self.cells.len() * 2
             ));
         }
@@ -143,21 +252,16 @@ impl SharedMemory {
     }
 }
 
-/// Byte offset of stage `stage` of `load`'s buffer.
-fn stage_base(load: &TmaLoad, stage: u32) -> u32 {
-    load.offset + stage * load.stage_stride
-}
-
-/// The storage bits of `x` (already rounded to `dtype`).
-fn bits(dtype: DType, x: f32) -> u16 {
+/// The storage bits of `x` (already rounded to `dtype`, bf16 or f16).
+fn encode(dtype: DType, x: f32) -> u16 {
     match dtype {
         DType::F16 => f16::from_f32(x).to_bits(),
         _ => bf16::from_f32(x).to_bits(),
     }
 }
 
-/// The value of storage bits `b` of `dtype`.
-fn value(dtype: DType, b: u16) -> f32 {
+/// The value of storage bits `b` of `dtype` (bf16 or f16).
+fn decode(dtype: DType, b: u16) -> f32 {
     match dtype {
         DType::F16 => f16::from_bits(b).to_f32(),
         _ => bf16::from_bits(b).to_f32(),
