@@ -68,8 +68,8 @@ pub fn attention<const d: usize = 128>(
     #[comptime(default = -1)] window_right: i32,
     #[comptime(default = 0.0)] softcap: f32,
 ) {
-    let bn = key_block(block_n, d);
     let w = Window::new(causal, window_left, window_right);
+    let bn = key_block(block_n, d, w, softcap);
     let dt = d.next_power_of_two(); // d = 96: the tiles' last 32 columns lie past the edge
     let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
     let (sq, sk) = (q.dim(2), k.dim(2));
@@ -117,11 +117,13 @@ fn kv_head(h: Value, kv_group: usize) -> Value {
     if kv_group == 1 { h } else { h / kv_group }
 }
 
-/// `block_n`, or when it is 0 the kernel's own choice for head dim `d`: what fits sm_80's
-/// registers best, 128 keys for `d <= 64`, else 64.
-fn key_block(block_n: usize, d: usize) -> usize {
+/// `block_n`, or when it is 0 the kernel's own choice, what fits sm_80's registers best
+/// (ptxas, 4 warps): 128 keys for `d <= 64` with no mask but causal's and no soft-cap (255
+/// registers, no spill), else 64 (at 128 keys a window's or a cap's registers spill at d = 64).
+fn key_block(block_n: usize, d: usize, w: Window, softcap: f32) -> usize {
+    let plain = w.left < 0 && w.right <= 0 && softcap == 0.0;
     match block_n {
-        0 if d <= 64 => 128,
+        0 if d <= 64 && plain => 128,
         0 => 64,
         n => n,
     }
@@ -239,11 +241,12 @@ fn elem_type(v: Value) -> DType {
     v.ty().map_or(DType::Bf16, |t| t.dtype())
 }
 
-/// The key block (`block_n`) to launch `attention` with for head dim `d` on `target`: 128 at
-/// d = 128 on sm_90a, whose rotated wgmma schedule has the registers and shared memory for
-/// it; otherwise 0, the kernel's own choice.
+/// The key block (`block_n`) to launch `attention` with for head dim `d` on `target`: 128 for
+/// `d <= 128` on sm_90a, whose rotated wgmma schedule has the registers and shared memory for
+/// it (at d = 64 that is also the kernel's own choice, unless a window or soft-cap makes it
+/// pick sm_80's 64); otherwise 0, the kernel's own choice ([`key_block`]).
 pub fn tuned_block_n(target: kiln::ir::Target, d: usize) -> usize {
-    if target == kiln::ir::Target::Sm90a && d == 128 {
+    if target == kiln::ir::Target::Sm90a && d <= 128 {
         128
     } else {
         0
