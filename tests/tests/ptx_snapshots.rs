@@ -42,6 +42,50 @@ const SM90A: &[(&str, bool)] = &[
 /// the gemms, whose mainloop becomes tcgen05 with a TMEM accumulator.
 const SM100A: &[&str] = &["gemm", "gemm_bcol"];
 
+/// Attention kernels scheduled on sm_100a (FlashAttention-4 style): snapshots of the IR after
+/// the `tmem` pass (`<name>@sm_100a@tmem`) and of the PTX, assembled like [`SM100A`].
+const SM100A_ATTENTION: &[&str] = &[
+    "attention",
+    "attention_causal",
+    "attention_d64",
+    "attention_d64_causal",
+];
+
+#[test]
+fn sm100a_attention_snapshots_assemble_clean() {
+    if let Err(e) = kiln_ptx::ptxas::find_ptxas() {
+        panic!("{e}");
+    }
+    let mut s = insta::Settings::clone_current();
+    s.set_prepend_module_to_snapshot(false);
+    for (name, kernel) in ptx_examples::all_sm90a() {
+        if !SM100A_ATTENTION.contains(&name) {
+            continue;
+        }
+        let mut k = kernel.clone();
+        let mut after_tmem = None;
+        run_pipeline(&mut k, Target::Sm100a, &mut |pass, k| {
+            if pass == "tmem" {
+                after_tmem = Some(print_kernel(k));
+            }
+        })
+        .expect("pipeline");
+        s.set_snapshot_path("../snapshots/ir");
+        let text = after_tmem.expect("the tmem pass ran");
+        s.bind(|| insta::assert_snapshot!(format!("{name}@sm_100a@tmem"), text));
+        let m = kiln_ptx::compile(&kernel, Target::Sm100a).expect("compile");
+        s.set_snapshot_path("../snapshots/ptx");
+        s.bind(|| insta::assert_snapshot!(format!("{name}@sm_100a"), m.ptx));
+        let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm100a)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(!report.spills(), "{name} on sm_100a spills: {report}");
+        assert!(
+            report.warnings.is_empty(),
+            "{name} on sm_100a: ptxas advisories: {report}"
+        );
+    }
+}
+
 #[test]
 fn sm100a_snapshots_assemble_clean() {
     if let Err(e) = kiln_ptx::ptxas::find_ptxas() {

@@ -375,11 +375,3 @@ fn f16_and_fused_epilogues() {
         );
     }
 }
-
-#[test]
-fn attention_is_not_scheduled_on_sm100a_yet() {
-    let k = ptx_examples::build("attention", &[]);
-    let err = kiln_ptx::compile(&k, Target::Sm100a).expect_err("not implemented");
-    let text = err.to_string();
-    assert!(text.contains("sm_100a is not implemented yet"), "{text}");
-}

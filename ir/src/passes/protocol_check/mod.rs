@@ -61,12 +61,22 @@
 //! once, waits for the copies (`tcgen05.wait::ld`) before the registers are read or TMEM is
 //! handed back on `acc_empty` (once, fenced before). A persistent ring's machine runs
 //! sequences of work tiles as on sm_90a.
+//!
+//! sm_100a attention ([`AttentionPlan`]): the ring's set-up and static rules, then the
+//! schedule's own ([`AttentionError`], module `tmem_attention`): TMEM ownership as above, only
+//! the MMA thread signalling and only by `tcgen05.commit`, every `tcgen05.ld`/`st` waited
+//! before its registers are used or TMEM is handed on, the tcgen05 fence pairs around every
+//! handoff, and an abstract execution of the load warp, the MMA thread, both softmax
+//! warpgroups and the correction warpgroup with vector clocks, in which every access to S/P,
+//! O, the rescale factors, the Q tiles and the K/V stages must be ordered after the previous
+//! conflicting one by a barrier.
 
 use crate::diag::Diagnostic;
 use crate::kernel::Kernel;
 use crate::ring::{Bar, InitStep, Ring, Roles, Step};
 use crate::target::Target;
 use crate::tmem::TmemPlan;
+use crate::tmem::attention::AttentionPlan;
 
 pub(crate) mod machine;
 mod rules;
@@ -371,7 +381,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 .schedule
                 .attention
                 .as_ref()
-                .map_or(Ok(()), |plan| tmem_attention::check_attention(ring, plan)),
+                .map_or(Ok(()), |plan| check_sm100a_attention(ring, plan)),
             (Target::Sm90a, Some(roles), _) => check(ring, &roles),
             _ => {
                 return Err(Diagnostic::internal(loc, "a stage ring without warp roles"));
@@ -412,6 +422,16 @@ pub fn check_sm100a(ring: &Ring, plan: &TmemPlan) -> Result<(), ProtocolError> {
     // would report as an early one.
     tmem::check_tmem(ring, plan)?;
     run_machine(ring, 1)
+}
+
+/// Checks an sm_100a ring scheduled as attention: the ring's set-up and static rules (its
+/// producer program is the load warp's per iteration), then the attention plan's rules
+/// ([`AttentionError`]: TMEM ownership, tcgen05 waits and fences, and the abstract execution
+/// of its five roles, which includes the ring's stages).
+pub fn check_sm100a_attention(ring: &Ring, plan: &AttentionPlan) -> Result<(), ProtocolError> {
+    check_init(&ring.init)?;
+    check_static(ring)?;
+    tmem_attention::check_attention(ring, plan)
 }
 
 /// The abstract execution of `ring` with `consumer_warps` arriving consumer warps.
