@@ -4,9 +4,10 @@
 //!
 //! **Work.** A CTA runs pairs of work tiles: tiles `2 p` and `2 p + 1` along x of the kernel's
 //! grid (two 128-row query tiles of one head, so 256 query rows) share every K/V block the
-//! ring loads. The pair's loop runs the trip count of its second tile, the larger when the
-//! count grows with x (causal); the first tile's extra blocks lie wholly past its last
-//! visible key, so its mask makes them exact no-ops (`p = 0`, `alpha = 1`).
+//! ring loads. The pair walks the key blocks from their shared start to the later of the two
+//! tiles' ends (causal: the second's); a softmax warpgroup runs the iterations past its own
+//! tile's end as no-ops (no score copied, `P = 0`, factors 1, its running values kept), so
+//! each tile's result is exactly that of its own loop, whatever the kernel's mask.
 //!
 //! **Roles** ([`AttentionRoles`], 16 warps): two softmax warpgroups (warpgroup `g` owns Q tile
 //! `g`: thread `t` one query row, TMEM lane `t`), a correction warpgroup, then a warpgroup
@@ -690,7 +691,11 @@ impl fmt::Display for AttentionPlan {
             .zip(&self.softmax_end)
             .enumerate()
         {
-            writeln!(f, "    softmax {g}, per tile: {}", join(&self.softmax_tile[g]))?;
+            writeln!(
+                f,
+                "    softmax {g}, per tile: {}",
+                join(&self.softmax_tile[g])
+            )?;
             writeln!(f, "    softmax {g}, per iteration: {}", join(it))?;
             writeln!(f, "    softmax {g}, after the loop: {}", join(end))?;
         }

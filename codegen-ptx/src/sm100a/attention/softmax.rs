@@ -34,6 +34,14 @@ struct Body {
     exp2: Option<OpId>,
 }
 
+/// Registers a softmax iteration reads: the iteration count, the thread's `S` address in
+/// TMEM and its factor's shared address.
+struct Regs {
+    it: Reg,
+    s_at: Reg,
+    scale: Reg,
+}
+
 /// The op defining `v`, unless `v` is a block argument.
 fn def_op(k: &kiln_ir::Kernel, v: ValueId) -> Option<OpId> {
     match k.values[v].def {
@@ -109,7 +117,7 @@ impl Writer<'_> {
         }
         let [_, hi, _] = self.pair_bounds(p, &pair)?;
         self.enter_pair_tile(p, &pair, g, false)?;
-        let [lo, _, step] = self.loop_bounds(p.id)?;
+        let [lo, own_hi, step] = self.loop_bounds(p.id)?;
         let op = self.k.ops[p.id].clone();
         let block = op.regions[0].clone();
         let carried_at = plan.overlap.carried;
@@ -132,53 +140,88 @@ impl Writer<'_> {
             carried.push((i, fresh));
         }
         let counted = self.open_counted_loop(iv, hi, step);
-        for &s in &plan.softmax_iteration[g as usize] {
-            match s {
-                AttnStep::Wait { .. } => self.attn_wait(plan, s, it, &c, true)?,
-                AttnStep::LoadS { .. } => {
-                    let regs = self.tmem_load(s_at, plan.block_n);
-                    self.vals.insert(b.scores, Val::Tile(regs));
-                }
-                AttnStep::Softmax => self.write_softmax_body(plan, &b)?,
-                AttnStep::StoreScale { .. } => {
-                    let f = self.tile(b.factor, p.id)?;
-                    let [f] = f[..] else {
-                        return Err(self.internal(p.id, "a rescale factor not one per thread"));
-                    };
-                    self.ins(format!("st.shared.f32 [{scale}], {f}"));
-                }
-                AttnStep::StoreP { .. } => {
-                    let dtype = self.k.ty(self.k.ops[plan.overlap.tail].operands[0]).dtype();
-                    let pv = self.tile(b.p, p.id)?;
-                    let packed: Vec<Reg> = pv
-                        .chunks(2)
-                        .map(|pair| {
-                            let r = self.new_reg(Class::B32);
-                            let ty = if dtype == kiln_ir::DType::F16 {
-                                "f16x2"
-                            } else {
-                                "bf16x2"
-                            };
-                            // The first source lands in the upper half (ptx-notes §6).
-                            self.ins(format!("cvt.rn.{ty}.f32 {r}, {}, {}", pair[1], pair[0]));
-                            r
-                        })
-                        .collect();
-                    self.tmem_store(s_at, &packed);
-                }
-                other => self.attn_common(plan, other)?,
-            }
-        }
+        let (past, noop, join) = (self.new_reg(Class::Pred), self.new_label(), self.new_label());
+        self.ins(format!("setp.ge.s32 {past}, {iv}, {own_hi}"));
+        self.ins(format!("@{past} bra.uni {noop}"));
+        let r = Regs { it, s_at, scale };
+        self.write_softmax_iteration(p, g, &b, &c, &r, false)?;
         let yields = self.yielded(&block);
         let (dsts, srcs): (Vec<Val>, Vec<ValueId>) = carried
             .iter()
             .map(|(i, v)| (v.clone(), yields[*i]))
             .unzip();
         self.assign_all(&dsts, &srcs, p.id)?;
+        self.ins(format!("bra.uni {join}"));
+        self.comment("past this tile's own last key block: the protocol only");
+        self.label(&noop);
+        self.write_softmax_iteration(p, g, &b, &c, &r, true)?;
+        self.label(&join);
         self.ins(format!("add.u32 {it}, {it}, 1"));
         self.close_counted_loop(&counted);
         self.write_softmax_end(p, g, &c, it, [lo, hi], lanes, &carried)?;
         self.close_pair(&pair, &c);
+        Ok(())
+    }
+
+    /// One iteration of softmax warpgroup `g`'s program; `noop`: one past the tile's own end,
+    /// which keeps every barrier's phase but copies no score, hands on factors of 1 and a
+    /// zero `P`, and leaves the carried values as they are.
+    fn write_softmax_iteration(
+        &mut self,
+        p: &Parts,
+        g: u32,
+        b: &Body,
+        c: &Cursor,
+        r: &Regs,
+        noop: bool,
+    ) -> Result<(), CodegenError> {
+        let plan = &p.plan;
+        for &s in &plan.softmax_iteration[g as usize] {
+            match s {
+                AttnStep::Wait { .. } => self.attn_wait(plan, s, r.it, c, true)?,
+                AttnStep::LoadS { .. } | AttnStep::Softmax if noop => {}
+                AttnStep::LoadS { .. } => {
+                    let regs = self.tmem_load(r.s_at, plan.block_n);
+                    self.vals.insert(b.scores, Val::Tile(regs));
+                }
+                AttnStep::Softmax => self.write_softmax_body(plan, b)?,
+                AttnStep::StoreScale { .. } if noop => {
+                    self.ins(format!("st.shared.f32 [{}], 0f3F800000", r.scale));
+                }
+                AttnStep::StoreScale { .. } => {
+                    let f = self.tile(b.factor, p.id)?;
+                    let [f] = f[..] else {
+                        return Err(self.internal(p.id, "a rescale factor not one per thread"));
+                    };
+                    self.ins(format!("st.shared.f32 [{}], {f}", r.scale));
+                }
+                AttnStep::StoreP { .. } if noop => {
+                    let zero = self.new_reg(Class::B32);
+                    self.ins(format!("mov.b32 {zero}, 0"));
+                    self.tmem_store(r.s_at, &vec![zero; plan.block_n as usize / 2]);
+                }
+                AttnStep::StoreP { .. } => {
+                    let dtype = self.k.ty(self.k.ops[plan.overlap.tail].operands[0]).dtype();
+                    let ty = if dtype == kiln_ir::DType::F16 {
+                        "f16x2"
+                    } else {
+                        "bf16x2"
+                    };
+                    let pv = self.tile(b.p, p.id)?;
+                    let packed: Vec<Reg> = pv
+                        .chunks(2)
+                        .map(|pair| {
+                            let x = self.new_reg(Class::B32);
+                            // The first source lands in the upper half (ptx-notes §6).
+                            self.ins(format!("cvt.rn.{ty}.f32 {x}, {}, {}", pair[1], pair[0]));
+                            x
+                        })
+                        .collect();
+                    self.tmem_store(r.s_at, &packed);
+                }
+                other => self.attn_common(plan, other)?,
+            }
+        }
         Ok(())
     }
 

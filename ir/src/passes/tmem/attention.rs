@@ -2,6 +2,9 @@
 //! one once load (Q) whose body the `overlap` analysis finds attention-shaped (head mma,
 //! code between, rescale, tail mma into a carried accumulator).
 //!
+//! A CTA runs two work tiles along x over one walk of the key blocks, so the loop's start and
+//! step may not depend on `block_id().x` (its end may: the walk runs to the later end).
+//!
 //! It checks what the schedule needs and says why where it cannot: both mmas have 128 rows,
 //! Q and K are K-major and V MN-major, the key block is 32, 64 or 128 keys (one `tcgen05.ld`
 //! of a score row) and the head dimension a multiple of 32 (the correction's copies), and
@@ -12,7 +15,7 @@
 //! 128-thread epilogue, is dropped).
 
 use crate::diag::Diagnostic;
-use crate::kernel::{Kernel, Loc, OpId};
+use crate::kernel::{Axis, Kernel, Loc, OpId, OpKind, ValueDef, ValueId};
 use crate::ring::{Operand, SWIZZLE_ATOM};
 use crate::tmem::attention::{
     AttentionPlan, AttentionRoles, AttnBar, Programs, Q_TILES, RESCALE_COLUMNS, TileColumns,
@@ -72,6 +75,19 @@ pub(super) fn plan(
     if kernel.schedule.tiles.is_none() || !ring.persistent {
         return Err(unsupported(
             "it is not persistent (its CTAs walk pairs of query tiles)".into(),
+        ));
+    }
+    // Both query tiles of a CTA walk one sequence of key blocks: it may end later for one of
+    // them (each runs the other's extra blocks as no-ops), but it must start at the same block
+    // with the same step.
+    let [lo, _, step, ..] = kernel.ops[id].operands[..] else {
+        return Err(Diagnostic::internal(loc, "a ring loop without bounds"));
+    };
+    if reads_block_x(kernel, lo) || reads_block_x(kernel, step) {
+        return Err(unsupported(
+            "its first key block or its step depends on the query block (`block_id().x`); the \
+             two query tiles of a CTA share one walk over the key blocks"
+                .into(),
         ));
     }
     let (s_shape, o_shape) = (shape(kernel, overlap.head), shape(kernel, overlap.tail));
@@ -185,6 +201,19 @@ pub(super) fn plan(
         overlap,
     });
     Ok(())
+}
+
+/// Whether scalar `v` is computed from `block_id().x`.
+fn reads_block_x(kernel: &Kernel, v: ValueId) -> bool {
+    match kernel.values[v].def {
+        ValueDef::BlockArg { .. } => false,
+        ValueDef::Op(op, _) => {
+            let o = &kernel.ops[op];
+            o.kind == OpKind::BlockId(Axis::X)
+                || !o.regions.is_empty()
+                || o.operands.iter().any(|&x| reads_block_x(kernel, x))
+        }
+    }
 }
 
 /// `[rows, cols]` of an mma's result.
