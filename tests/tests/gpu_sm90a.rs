@@ -167,6 +167,9 @@ fn gpu_sm90a_gemm_is_exact_on_small_integers() {
         ((128, 256, 64), true),
         ((128, 128, 32), true),
         ((128, 128, 16), true),
+        // The small-M tile: one consumer warpgroup.
+        ((64, 128, 64), false),
+        ((64, 256, 64), true),
     ] {
         let a = HostTensor::from_fn(&[m, k], DType::Bf16, |_| rng.range(0, 5) as f64 - 2.0);
         let b = HostTensor::from_fn(&b_shape(b_col_major, k, n), DType::Bf16, |_| {
@@ -208,7 +211,12 @@ fn gpu_sm90a_gemm_matches_reference() {
         (512, 384, 1024),
     ];
     for b_col_major in [false, true] {
-        for tile in [(128, 128, 32), (128, 128, 64), (128, 256, 64)] {
+        for tile in [
+            (128, 128, 32),
+            (128, 128, 64),
+            (128, 256, 64),
+            (64, 128, 64),
+        ] {
             for shape in shapes {
                 for dist in Dist::ALL {
                     run_case(&dev, &mut rng, tile, b_col_major, shape, 8, dist, true);

@@ -159,6 +159,26 @@ fn check_attention(
 }
 
 #[test]
+fn scheduled_gemm_of_one_consumer_warpgroup_matches_reference() {
+    // The small-M tile: 64 rows, one consumer warpgroup, on the same ring, walk and epilogue.
+    let mut rng = Rng::from_env();
+    let kernel = compiled("gemm", &[("BM", "64")], Target::Sm90a);
+    let roles = kernel.schedule.roles.expect("warp specialised");
+    assert_eq!(roles.consumer_warps, 4);
+    for shape in [(130, 70, 50), (200, 130, 64)] {
+        let (a, b, want) = gemm_case(&mut rng, shape, false, Dist::Normal);
+        let c = run_gemm(&kernel, (64, 128), &a, &b, shape.1, 2).unwrap_or_else(|e| panic!("{e}"));
+        let case = Case {
+            kernel: "scheduled gemm on sm_90a, BM=64, 2 CTAs".into(),
+            shape: format!("m={} n={} k={}", shape.0, shape.1, shape.2),
+            dist: Dist::Normal,
+            seed: rng.seed(),
+        };
+        assert_close(&case, &c, &want, tolerance(DType::Bf16));
+    }
+}
+
+#[test]
 fn scheduled_attention_matches_reference() {
     let mut rng = Rng::from_env();
     let mut variant = 0;

@@ -57,6 +57,35 @@ fn gemm_ring_is_planned_and_proved() {
 }
 
 #[test]
+fn a_64_row_gemm_tile_has_one_consumer_warpgroup() {
+    // The small-M tile: 4 consumer warps (one arrival each on `empty`), the producer
+    // warpgroup, the TMA store met by the 128 consumer threads; ptxas without spills.
+    for b_col_major in ["false", "true"] {
+        let overrides = [("BM", "64"), ("b_col_major", b_col_major)];
+        let kernel = ptx_examples::build("gemm", &overrides);
+        let mut k = scheduled(&kernel);
+        let roles = k.schedule.roles.expect("warp roles");
+        assert_eq!((roles.consumer_warps, roles.threads()), (4, 256));
+        let ring = k.schedule.rings.values().next().expect("one ring");
+        assert_eq!((ring.loads[0].box_dims, ring.empty_count), ([64, 64], 4));
+        let st = k.schedule.tma_stores.values().next().expect("a TMA store");
+        assert_eq!(st.threads, 128);
+        protocol_check::run(&mut k, Target::Sm90a).expect("the planned protocol is sound");
+        let m = kiln_ptx::compile(&kernel, Target::Sm90a).expect("compile");
+        assert_eq!(m.threads_per_block, 256);
+        assert!(
+            m.ptx.contains("wgmma.mma_async.sync.aligned.m64n128k16"),
+            "{overrides:?}"
+        );
+        let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm90a).expect("ptxas");
+        assert!(
+            !report.spills() && report.warnings.is_empty(),
+            "{overrides:?}: {report}"
+        );
+    }
+}
+
+#[test]
 fn broken_real_schedules_are_compiler_errors() {
     let edits: [(&str, Edit); 3] = [
         ("deadlock", |r| {
@@ -401,9 +430,11 @@ fn another_kernel_of_attention_shape_gets_the_same_schedule() {
 
 #[test]
 fn unscheduled_kernels_get_a_diagnostic() {
+    // wgmma's N is a multiple of 64 here; a 32-row tile is half a warpgroup's.
     for (kernel, overrides) in [
-        ("gemm", &[("BM", "64"), ("BN", "64"), ("BK", "64")][..]),
-        ("gemm", &[("BM", "64"), ("b_col_major", "true")][..]),
+        ("gemm", &[("BN", "32")][..]),
+        ("gemm", &[("BN", "32"), ("b_col_major", "true")][..]),
+        ("gemm", &[("BM", "32")][..]),
     ] {
         let k = ptx_examples::build(kernel, overrides);
         let e = kiln_ptx::compile(&k, Target::Sm90a).expect_err("not scheduled on sm_90a yet");

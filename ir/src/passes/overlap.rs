@@ -14,8 +14,9 @@
 //! warp whose factors are all 1 skips the multiplications (exact: its rows' maximum did not
 //! grow). When the code between is an online softmax and the kernel reads its results only as
 //! `acc / l`, the growth of the maximum is also deferred while it stays under a threshold
-//! ([`crate::ring::Deferral`]: the reference maximum stays, so the factors are exactly 1). The deeper schedule needs registers: the split becomes 24 for the producer warpgroup and
-//! 240 for each consumer warpgroup. It also holds one stage more (the tail's) while waiting
+//! ([`crate::ring::Deferral`]: the reference maximum stays, so the factors are exactly 1). The
+//! deeper schedule needs registers: the split becomes 24 for the producer warpgroup and 240 for
+//! each consumer warpgroup. It also holds one stage more (the tail's) while waiting
 //! for the next, so the ring gets one more stage where shared memory allows. Where it does
 //! not (attention at d = 256), the loads only the tail reads (`V`) get barrier arrays of their
 //! own instead ([`crate::ring::Ring::tail_loads`]): the other loads' stage (`K`) is released
@@ -45,8 +46,6 @@ use crate::target::Target;
 const WARPGROUP: u32 = 4;
 /// Named barrier id of warpgroup 0's turn; `bar.sync 0` is the block-wide set-up barrier.
 const FIRST_TURN_BARRIER: u32 = 1;
-/// `setmaxnreg` split of the rotated schedule: producer, each consumer warpgroup.
-const ROTATED_SPLIT: (u32, u32) = (24, 240);
 
 /// Rotates every ring loop of the right shape; does nothing on other targets.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
@@ -84,7 +83,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             ring.consumer_drain = Vec::new();
         }
         ring.overlap = Some(overlap);
-        (roles.producer_regs, roles.consumer_regs) = ROTATED_SPLIT;
+        (roles.producer_regs, roles.consumer_regs) = super::warp_specialise::register_split(true);
         deepen(kernel, id)?;
         split(kernel, id, turns)?;
     }

@@ -7,9 +7,10 @@
 //! thread's `tcgen05.mma`s, each stage released by a `tcgen05.commit` to its `empty` barrier
 //! (count 1), with no drain.
 //!
-//! In a kernel whose mma tiles have 128 rows (two consumer warpgroups of 4 warps, the count
-//! the layout pass sets on sm_90a), a top-level `for` with `stages >= 2` becomes a ring when
-//! every `mma(x, y[, acc])` at the top of its body has a shape and operands wgmma takes:
+//! In a kernel whose mma tiles have 64 or 128 rows (one or two consumer warpgroups of 4
+//! warps, the count the layout pass sets on sm_90a), a top-level `for` with `stages >= 2`
+//! becomes a ring when every `mma(x, y[, acc])` at the top of its body has a shape and
+//! operands wgmma takes:
 //! - `x` is `[64 * warpgroups, K]` in the accumulator layout: either a tile staged in shared
 //!   memory (K-major, one TMA box per 64 columns, swizzled by the box row's bytes; K of 16, 32
 //!   or a multiple of 64), loaded in the body or once before the loop (a *once* load:
@@ -171,11 +172,14 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Ri
     else {
         return None;
     };
-    // Two consumer warpgroups plus the producer: the 384-thread block whose register split
-    // (entry 168, then 40 / 232) ptx-notes §5 verified on the H200.
+    // sm_90a: one or two consumer warpgroups (64 accumulator rows each) plus the producer;
     // sm_100a: one 128-row tcgen05 accumulator, read by four epilogue warps.
-    let consumer_warps = if target == Target::Sm100a { 4 } else { 8 };
-    if stages < 2 || warps != consumer_warps {
+    let fits = if target == Target::Sm100a {
+        warps == 4
+    } else {
+        matches!(warps, 4 | 8)
+    };
+    if stages < 2 || !fits {
         return None;
     }
     let body = &kernel.ops[id].regions[0];
@@ -405,7 +409,7 @@ fn plan_mma(
     let layout_ok = if target == Target::Sm100a {
         layout == Some(&crate::tmem::accumulator_layout(n, warps))
     } else {
-        matches!(layout, Some(Layout::Mma { warps: [8, 1] }))
+        layout == Some(&Layout::Mma { warps: [warps, 1] })
     };
     let dtype_ok = matches!(kernel.ty(a_v).dtype(), DType::Bf16 | DType::F16)
         && kernel.ty(a_v).dtype() == kernel.ty(b_v).dtype();
@@ -497,9 +501,10 @@ pub fn check_covered(kernel: &Kernel, target: Target) -> Result<(), Diagnostic> 
              a multiple of 16 (16, 32 or a multiple of 64), `y: [BK, BN]` with BN a multiple \
              of 64 up to 256, and tile column coordinates that are multiples of 8 elements"
         } else {
-            "sm_90a needs `x: [128, BK]` (two consumer warpgroups), BK a multiple of 16 (16, \
-             32 or a multiple of 64), `y: [BK, BN]` with BN a multiple of 64 up to 256, and \
-             tile column coordinates that are multiples of 8 elements"
+            "sm_90a needs `x: [BM, BK]` with BM 64 or 128 (one or two consumer warpgroups), \
+             BK a multiple of 16 (16, 32 or a multiple of 64), `y: [BK, BN]` with BN a \
+             multiple of 64 up to 256, and tile column coordinates that are multiples of 8 \
+             elements"
         })
         .note(if target == Target::Sm100a {
             "compile for sm_80, which runs on Blackwell"

@@ -2,7 +2,7 @@
 //! the kernel's warps as consumers (whole warpgroups, threads `0..32 * num_warps`, so every
 //! register layout keeps its thread mapping) and one producer warpgroup after them, whose
 //! elected thread issues the TMA loads. Registers move from the producer to the consumers with
-//! `setmaxnreg` (40 / 232, CUTLASS's split); the split is checked against the 64K-register file.
+//! `setmaxnreg` ([`register_split`]); the split is checked against the 64K-register file.
 
 use crate::diag::Diagnostic;
 use crate::kernel::Kernel;
@@ -19,15 +19,24 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     if target != Target::Sm90a || kernel.schedule.rings.is_empty() {
         return Ok(());
     }
+    let consumer_warps = kernel.options.num_warps;
+    let (producer_regs, consumer_regs) = register_split(false);
     let roles = Roles {
-        consumer_warps: kernel.options.num_warps,
+        consumer_warps,
         producer_warps: 4,
-        producer_regs: 40,
-        consumer_regs: 232,
+        producer_regs,
+        consumer_regs,
     };
     check_register_file(kernel, &roles)?;
     kernel.schedule.roles = Some(roles);
     Ok(())
+}
+
+/// The `setmaxnreg` targets of the producer warpgroup and of each consumer warpgroup (one or
+/// two): CUTLASS's 40 / 232, or 24 / 240 for the `overlap` pass's deeper schedule (`rotated`),
+/// which keeps more of the consumers' values live (ptx-notes §5).
+pub fn register_split(rotated: bool) -> (u32, u32) {
+    if rotated { (24, 240) } else { (40, 232) }
 }
 
 /// Checks that `roles`' register split fits the block's register file.
@@ -43,7 +52,7 @@ pub fn check_register_file(kernel: &Kernel, roles: &Roles) -> Result<(), Diagnos
                 roles.consumer_warps, roles.consumer_regs, roles.producer_regs
             ),
         )
-        .note("use a 128-row mma tile (two consumer warpgroups) on sm_90a"));
+        .note("use an mma tile of 64 or 128 rows (one or two consumer warpgroups) on sm_90a"));
     }
     Ok(())
 }
