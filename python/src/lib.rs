@@ -138,19 +138,21 @@ fn current_stream(py: Python<'_>, device: usize) -> PyResult<u64> {
 /// Attention in FlashAttention's forward interface, computed by kiln's DSL kernel.
 ///
 /// q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim); all
-/// torch.bfloat16 CUDA tensors on one device, each with a contiguous last dimension (other
-/// strides free: a transposed (batch, nheads, seqlen, headdim) tensor is read in place).
-/// headdim is 64, 128 or 256; nheads_k divides nheads (grouped-query attention; 1 is
-/// multi-query). softmax_scale defaults to 1/sqrt(headdim); causal masks bottom-right
-/// aligned, as FlashAttention does (a query row that sees no key outputs 0). window_size
-/// other than (-1, -1), softcap != 0, return_lse and float16 are not supported yet
-/// (ValueError / TypeError). out, a kiln extension, is an optional (batch, seqlen_q, nheads,
-/// headdim) tensor to write instead of allocating one.
+/// torch.bfloat16 or all torch.float16 CUDA tensors on one device, each with a contiguous last
+/// dimension (other strides free: a transposed (batch, nheads, seqlen, headdim) tensor is read
+/// in place). headdim is 64, 96, 128 or 256; nheads_k divides nheads (grouped-query
+/// attention; 1 is multi-query). softmax_scale defaults to 1/sqrt(headdim). causal and
+/// window_size=(left, right) mask as FlashAttention does, aligned bottom-right: query i sees
+/// key j iff i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right, -1
+/// unbounded, causal being (-1, 0) (with a window, causal makes right 0); a query row that
+/// sees no key outputs 0. softcap > 0 caps the scores to softcap * tanh(scores / softcap).
+/// return_lse is not supported yet (ValueError). out, a kiln extension, is an optional
+/// (batch, seqlen_q, nheads, headdim) tensor to write instead of allocating one.
 ///
 /// Returns out, (batch, seqlen_q, nheads, headdim), q's dtype. Runs asynchronously on the
 /// current CUDA stream (torch.cuda.current_stream()); the first call of each specialisation
-/// (headdim, causal, nheads / nheads_k, 16-byte alignment) compiles it (kept in memory and
-/// in kiln's disk cache).
+/// (dtype, headdim, mask, softcap, nheads / nheads_k, 16-byte alignment) compiles it (kept in
+/// memory and in kiln's disk cache).
 #[pyfunction]
 #[pyo3(signature = (
     q, k, v, softmax_scale=None, causal=false, window_size=(-1, -1), softcap=0.0,

@@ -72,12 +72,18 @@ def test_shapes_of_k_and_v_must_agree_with_q():
 
 
 def test_dtypes_are_type_errors():
-    with pytest.raises(TypeError, match=r"^q: expected dtype torch.bfloat16, got torch.float32$"):
+    with pytest.raises(TypeError, match=r"^q: expected dtype torch.bfloat16 or torch.float16, got torch.float32$"):
         call(bshd(1, 64, 2, 64, dtype=F32))
-    with pytest.raises(TypeError, match=r"^q: dtype torch.float16 is not supported yet"):
-        call(bshd(1, 64, 2, 64, dtype=F16))
     with pytest.raises(TypeError, match=r"^k: expected dtype torch.bfloat16 \(q's\), got torch.float16$"):
         call(bshd(1, 64, 2, 64), bshd(1, 64, 2, 64, dtype=F16))
+    with pytest.raises(TypeError, match=r"^v: expected dtype torch.float16 \(q's\), got torch.bfloat16$"):
+        call(bshd(1, 64, 2, 64, dtype=F16), bshd(1, 64, 2, 64, dtype=F16), bshd(1, 64, 2, 64))
+
+
+@without_gpu
+def test_float16_passes_every_check():
+    with pytest.raises(RuntimeError, match=r"^kiln_attn: no CUDA driver: "):
+        call(bshd(1, 64, 2, 64, dtype=F16))
 
 
 def test_devices_must_be_one_cuda_device():
@@ -101,10 +107,16 @@ def test_grouped_and_multi_query_heads_pass_every_check(nheads_k):
         call(bshd(1, 64, 6, 64), bshd(1, 80, nheads_k, 64))
 
 
-@pytest.mark.parametrize("d", [32, 96, 192, 512])
+@pytest.mark.parametrize("d", [32, 80, 192, 512])
 def test_unsupported_head_dims(d):
-    with pytest.raises(ValueError, match=rf"^q: headdim {d} is not supported yet \(supported: 64, 128, 256\)$"):
+    with pytest.raises(ValueError, match=rf"^q: headdim {d} is not supported yet \(supported: 64, 96, 128, 256\)$"):
         call(bshd(1, 64, 2, d))
+
+
+@without_gpu
+def test_head_dim_96_passes_every_check():
+    with pytest.raises(RuntimeError, match=r"^kiln_attn: no CUDA driver: "):
+        call(bshd(1, 64, 2, 96))
 
 
 def test_last_dimension_must_be_contiguous():
@@ -120,15 +132,35 @@ def test_last_dimension_must_be_contiguous():
 @pytest.mark.parametrize(
     "kw, message",
     [
-        ({"window_size": (128, 0)}, r"^window_size: sliding-window attention is not supported yet"),
-        ({"window_size": (-1, 0)}, r"^window_size: .* not supported yet"),
-        ({"softcap": 50.0}, r"^softcap: logit soft-capping is not supported yet"),
+        ({"window_size": (-2, 0)}, r"^window_size: expected \(left, right\) with each -1 \(unbounded\) or >= 0, got \(-2, 0\)$"),
+        ({"window_size": (16, -7)}, r"^window_size: expected \(left, right\) .* got \(16, -7\)$"),
+        ({"softcap": -1.0}, r"^softcap: expected a finite number >= 0 \(0 is off\), got -1$"),
+        ({"softcap": float("nan")}, r"^softcap: expected a finite number >= 0"),
+        ({"softcap": float("inf")}, r"^softcap: expected a finite number >= 0"),
         ({"return_lse": True}, r"^return_lse: .* not supported yet"),
         ({"softmax_scale": float("inf")}, r"^softmax_scale: expected a finite number"),
     ],
 )
-def test_options_not_supported_yet_are_value_errors(kw, message):
+def test_bad_options_are_value_errors(kw, message):
     with pytest.raises(ValueError, match=message):
+        call(bshd(1, 64, 2, 64), **kw)
+
+
+@without_gpu
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"window_size": (128, 0)},
+        {"window_size": (-1, 0)},
+        {"window_size": (0, 0)},
+        {"window_size": (10**12, 10**12)},
+        {"window_size": (16, 5), "causal": True},
+        {"softcap": 50.0},
+        {"softcap": 30.0, "window_size": (32, -1), "causal": True},
+    ],
+)
+def test_windows_and_softcaps_pass_every_check(kw):
+    with pytest.raises(RuntimeError, match=r"^kiln_attn: no CUDA driver: "):
         call(bshd(1, 64, 2, 64), **kw)
 
 
@@ -137,6 +169,10 @@ def test_option_types_are_type_errors():
         call(bshd(1, 64, 2, 64), window_size=5)
     with pytest.raises(TypeError):
         call(bshd(1, 64, 2, 64), causal="yes")
+    with pytest.raises(TypeError):
+        call(bshd(1, 64, 2, 64), window_size=(1.5, 0))
+    with pytest.raises(TypeError):
+        call(bshd(1, 64, 2, 64), softcap="30")
 
 
 def test_a_given_output_is_checked_like_an_input():

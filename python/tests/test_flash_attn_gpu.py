@@ -2,9 +2,12 @@
 
 The shapes are FlashAttention's forward test matrix (batch and sequence-length pairs
 including odd ones and seqlen_q > seqlen_k, head dims, causal and not), ported as shapes;
-each case checks the relative norm error of the bf16 output against attention computed in
-f32 from the same bf16 inputs (< 1e-2), with the output poisoned (NaN) first so an element
-the kernel never writes fails the check; grouped-query and multi-query heads likewise. Skipped as a whole without torch or a CUDA device.
+each case checks the relative norm error of the output against attention computed in f32
+from the same bf16 or fp16 inputs (< 1e-2 for bf16, < 2e-3 for fp16, as kiln's Rust tests),
+with the output poisoned (NaN) first so an element the kernel never writes fails the check;
+grouped-query and multi-query heads likewise. FlashAttention's feature axes (dtype, local
+windows drawn as its test draws them, softcap 0 and 50, head dim 96) run over a subset of the
+sequence-length pairs. Skipped as a whole without torch or a CUDA device.
 """
 
 import ctypes
@@ -38,9 +41,15 @@ SEQLENS = [
     (799, 3),
     (2048, 2048),
 ]
-HEAD_DIMS = [64, 128, 256]
+HEAD_DIMS = [64, 96, 128, 256]
 TOLERANCE = 1e-2
 NHEADS = 6
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# The tolerance on the relative norm error for each input dtype.
+TOLERANCES = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+# The pairs the feature matrix (dtype x local x softcap) runs over: odd lengths, sq < sk,
+# sq > sk (rows outside every window), several key blocks.
+FEATURE_SEQLENS = [(1, 239), (113, 203), (127, 513), (512, 256), (1023, 1024), (799, 3)]
 
 
 def batch_for(seqlen_q, seqlen_k):
@@ -48,18 +57,29 @@ def batch_for(seqlen_q, seqlen_k):
     return 4 if seqlen_q * seqlen_k <= 1024 * 1024 else 2
 
 
-def reference(q, k, v, scale, causal):
-    """Attention in f32 from BSHD inputs: causal aligned bottom-right, as FlashAttention; a
-    query row that sees no key outputs 0; k and v heads repeated for grouped-query heads."""
+def reference(q, k, v, scale, causal, window_size=(-1, -1), softcap=0.0):
+    """Attention in f32 from BSHD inputs, masked as FlashAttention masks: query i sees key j
+    iff i + sk - sq - left <= j <= i + sk - sq + right (aligned bottom-right; -1 unbounded;
+    causal makes right 0); scores soft-capped to softcap * tanh(s / softcap) when softcap > 0;
+    a query row that sees no key outputs 0; k and v heads repeated for grouped-query heads.
+    Windows are given below seqlen_k, where FlashAttention's normalisation changes nothing."""
     group = q.shape[2] // k.shape[2]
     k, v = (t.repeat_interleave(group, dim=2) for t in (k, v))
     qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
     s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
     sq, sk = q.shape[1], k.shape[1]
+    left, right = window_size
     if causal:
-        rows = torch.arange(sq, device=q.device)[:, None]
-        cols = torch.arange(sk, device=q.device)[None, :]
-        s = s.masked_fill(cols > rows + (sk - sq), float("-inf"))
+        right = 0
+    rows = torch.arange(sq, device=q.device)[:, None]
+    cols = torch.arange(sk, device=q.device)[None, :]
+    diag = rows + (sk - sq)
+    if right >= 0:
+        s = s.masked_fill(cols > diag + right, float("-inf"))
+    if left >= 0:
+        s = s.masked_fill(cols < diag - left, float("-inf"))
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)
     return torch.matmul(p, vf).transpose(1, 2)
 
@@ -71,11 +91,11 @@ def rel_error(out, ref):
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def inputs(batch, sq, sk, nheads, d, seed, nheads_k=None):
+def inputs(batch, sq, sk, nheads, d, seed, nheads_k=None, dtype=torch.bfloat16):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     make = lambda s, h: torch.randn(  # noqa: E731
         (batch, s, h, d), generator=gen, device="cuda", dtype=torch.float32
-    ).to(torch.bfloat16)
+    ).to(dtype)
     h_k = nheads if nheads_k is None else nheads_k
     return make(sq, nheads), make(sk, h_k), make(sk, h_k)
 
@@ -105,6 +125,68 @@ def test_grouped_query_heads_match_the_reference(seqlen_q, seqlen_k, d, causal, 
     kiln_attn.flash_attn_func(q, k, v, causal=causal, out=out)
     err = rel_error(out, reference(q, k, v, 1.0 / math.sqrt(d), causal))
     assert err < TOLERANCE, f"sq={seqlen_q} sk={seqlen_k} d={d} causal={causal} nheads_k={nheads_k}: {err:.3e}"
+
+
+def window_for(seqlen_q, seqlen_k, seed):
+    """A local window as FlashAttention's test draws one: each bound uniform in [0, seqlen_k)."""
+    gen = torch.Generator().manual_seed(seed)
+    left, right = torch.randint(0, max(seqlen_k, 1), (2,), generator=gen).tolist()
+    return left, right
+
+
+# FlashAttention's forward axes: dtype, local windows, softcap (0 and 50), over head dims
+# including 96, causal and not.
+@pytest.mark.parametrize("softcap", [0.0, 50.0], ids=["nocap", "softcap50"])
+@pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("seqlen_q, seqlen_k", FEATURE_SEQLENS)
+def test_features_match_the_f32_reference(seqlen_q, seqlen_k, dtype, d, causal, local, softcap):
+    seed = seqlen_q * 7919 + seqlen_k * 31 + d
+    window = window_for(seqlen_q, seqlen_k, seed) if local else (-1, -1)
+    q, k, v = inputs(batch_for(seqlen_q, seqlen_k), seqlen_q, seqlen_k, NHEADS, d, seed, dtype=dtype)
+    out = torch.full_like(q, float("nan"))
+    kiln_attn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, out=out)
+    assert out.dtype == dtype
+    ref = reference(q, k, v, 1.0 / math.sqrt(d), causal, window, softcap)
+    err = rel_error(out, ref)
+    assert err < TOLERANCES[dtype], (
+        f"sq={seqlen_q} sk={seqlen_k} {dtype} d={d} causal={causal} window={window} "
+        f"softcap={softcap}: {err:.3e}"
+    )
+
+
+@pytest.mark.parametrize("nheads_k", [3, 1], ids=["gqa3", "mqa"])
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_features_combine_with_grouped_query_heads(dtype, nheads_k):
+    q, k, v = inputs(2, 300, 517, NHEADS, 96, nheads_k, nheads_k=nheads_k, dtype=dtype)
+    out = torch.full_like(q, float("nan"))
+    kiln_attn.flash_attn_func(q, k, v, softmax_scale=0.2, causal=True, window_size=(100, -1), softcap=30.0, out=out)
+    err = rel_error(out, reference(q, k, v, 0.2, True, (100, -1), 30.0))
+    assert err < TOLERANCES[dtype], f"{dtype} nheads_k={nheads_k}: {err:.3e}"
+
+
+@pytest.mark.parametrize("window", [(10, 5), (-1, 5), (0, 0)])
+def test_rows_outside_every_window_output_zero(window):
+    # sq = 700 > sk = 200: query i's diagonal key is i - 500, so with right bound 5 the first
+    # 495 rows see no key and must output exactly 0.
+    q, k, v = inputs(1, 700, 200, 2, 64, 17)
+    out = torch.full_like(q, float("nan"))
+    kiln_attn.flash_attn_func(q, k, v, window_size=window, out=out)
+    blind = 500 - window[1]
+    assert torch.all(out[:, :blind] == 0)
+    assert rel_error(out, reference(q, k, v, 1.0 / 8, False, window)) < TOLERANCE
+
+
+def test_window_spellings_follow_flash_attention():
+    # causal with a window is the window with right = 0; (-1, 0) is causal; a bound of at
+    # least seqlen_k is unbounded.
+    q, k, v = inputs(1, 300, 400, 2, 128, 23)
+    f = lambda **kw: kiln_attn.flash_attn_func(q, k, v, **kw)  # noqa: E731
+    assert torch.equal(f(causal=True, window_size=(64, 9)), f(window_size=(64, 0)))
+    assert torch.equal(f(window_size=(-1, 0)), f(causal=True))
+    assert torch.equal(f(window_size=(400, 10**9)), f())
 
 
 @pytest.mark.parametrize("d", HEAD_DIMS)
@@ -203,8 +285,15 @@ def test_a_cpu_tensor_is_a_value_error():
 
 def test_fp32_is_a_type_error():
     q = torch.zeros(1, 64, 2, 64, device="cuda")
-    with pytest.raises(TypeError, match="^q: expected dtype torch.bfloat16, got torch.float32$"):
+    with pytest.raises(TypeError, match="^q: expected dtype torch.bfloat16 or torch.float16, got torch.float32$"):
         kiln_attn.flash_attn_func(q, q, q)
+
+
+def test_fp16_output_is_fp16():
+    q, k, v = inputs(1, 200, 300, 2, 64, 29, dtype=torch.float16)
+    out = kiln_attn.flash_attn_func(q, k, v)
+    assert out.dtype == torch.float16
+    assert rel_error(out, reference(q, k, v, 1.0 / 8, False)) < TOLERANCES[torch.float16]
 
 
 def test_target_is_hopper_on_an_h200():

@@ -8,8 +8,10 @@
 
 use std::fmt;
 
+use kiln::ir::DType;
+
 /// Head dims the kernel is built and tested for.
-pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
+pub const HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
 
 /// The element types PyTorch tensors can have, as far as kiln cares.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -199,8 +201,17 @@ pub struct Plan {
     pub head_dim: usize,
     /// The score scale.
     pub scale: f32,
-    /// Causal (bottom-right aligned).
+    /// Causal mask, aligned to the bottom-right corner of the score matrix (the window
+    /// `(-1, 0)`, however it was spelled).
     pub causal: bool,
+    /// The element type of q, k, v and the output: bf16 or f16.
+    pub dtype: DType,
+    /// The sliding window `(left, right)` besides causal, `-1` unbounded, as FlashAttention
+    /// normalises it: a bound of at least `seqlen_k` is unbounded, causal makes `right` 0,
+    /// and the causal window itself is `causal` with `(-1, -1)` here.
+    pub window: (i32, i32),
+    /// Logit soft-cap (scores `softcap * tanh(s / softcap)`); 0 is off.
+    pub softcap: f32,
     /// `q` as `[batch, nheads, seqlen_q, d]`.
     pub q: View,
     /// `k` as `[batch, nheads_k, seqlen_k, d]`.
@@ -281,7 +292,7 @@ pub fn plan(
     }
     if !HEAD_DIMS.contains(&(head_dim as usize)) {
         return Err(ArgError::value_error(format!(
-            "q: headdim {head_dim} is not supported yet (supported: 64, 128, 256)"
+            "q: headdim {head_dim} is not supported yet (supported: 64, 96, 128, 256)"
         )));
     }
     for (name, t) in named {
@@ -302,7 +313,7 @@ pub fn plan(
             )));
         }
     }
-    let scale = check_options(opts, head_dim)?;
+    let checked = check_options(opts, head_dim, seqlen_k)?;
     Ok(Plan {
         device,
         batch: batch as usize,
@@ -312,8 +323,14 @@ pub fn plan(
         nheads_k: nheads_k as usize,
         kv_group: (nheads / nheads_k) as usize,
         head_dim: head_dim as usize,
-        scale,
-        causal: opts.causal,
+        scale: checked.scale,
+        causal: checked.causal,
+        dtype: match q.dtype {
+            TorchDType::F16 => DType::F16,
+            _ => DType::Bf16,
+        },
+        window: checked.window,
+        softcap: checked.softcap,
         q: View::bhsd(q),
         k: View::bhsd(k),
         v: View::bhsd(v),
@@ -357,7 +374,7 @@ fn check_rank(name: &str, t: &TensorInfo, seq: &str) -> Result<(), ArgError> {
     Ok(())
 }
 
-/// `q` must be bfloat16 (float16 is named as not supported yet); the others must match it.
+/// `q` must be bfloat16 or float16; the others must match it.
 fn check_dtype(name: &str, t: &TensorInfo, like: Option<&TorchDType>) -> Result<(), ArgError> {
     match like {
         Some(want) if &t.dtype != want => Err(ArgError::type_error(format!(
@@ -366,12 +383,9 @@ fn check_dtype(name: &str, t: &TensorInfo, like: Option<&TorchDType>) -> Result<
         ))),
         Some(_) => Ok(()),
         None => match &t.dtype {
-            TorchDType::Bf16 => Ok(()),
-            TorchDType::F16 => Err(ArgError::type_error(format!(
-                "{name}: dtype torch.float16 is not supported yet: pass torch.bfloat16 tensors"
-            ))),
+            TorchDType::Bf16 | TorchDType::F16 => Ok(()),
             TorchDType::Other(d) => Err(ArgError::type_error(format!(
-                "{name}: expected dtype torch.bfloat16, got {d}"
+                "{name}: expected dtype torch.bfloat16 or torch.float16, got {d}"
             ))),
         },
     }
@@ -396,21 +410,35 @@ fn check_strides(name: &str, t: &TensorInfo) -> Result<(), ArgError> {
     Ok(())
 }
 
-/// The options kiln's kernel supports, and the scale they give.
-fn check_options(opts: &Options, head_dim: i64) -> Result<f32, ArgError> {
+/// The options of a call as the kernel takes them.
+struct Checked {
+    scale: f32,
+    causal: bool,
+    window: (i32, i32),
+    softcap: f32,
+}
+
+/// Checks the options and normalises them as FlashAttention does: a window bound of at least
+/// `seqlen_k` is unbounded (-1), causal makes the right bound 0, and the window `(-1, 0)` is
+/// the causal mask (so every spelling of it runs one specialisation).
+fn check_options(opts: &Options, head_dim: i64, seqlen_k: i64) -> Result<Checked, ArgError> {
     let (left, right) = opts.window_size;
-    // Causal is the window (-1, 0); FlashAttention accepts both spellings with causal=True.
-    let plain = left == -1 && (right == -1 || (opts.causal && right == 0));
-    if !plain {
+    if left < -1 || right < -1 {
         return Err(ArgError::value_error(format!(
-            "window_size: sliding-window attention is not supported yet: got ({left}, {right}), \
-             only (-1, -1) is"
+            "window_size: expected (left, right) with each -1 (unbounded) or >= 0, got ({left}, \
+             {right})"
         )));
     }
-    if opts.softcap != 0.0 {
+    // Below seqlen_k <= i32::MAX (checked by the caller), so the bounds fit an i32.
+    let bound = |b: i64| if b >= seqlen_k { -1 } else { b as i32 };
+    let left = bound(left);
+    let right = if opts.causal { 0 } else { bound(right) };
+    let causal = left == -1 && right == 0;
+    let window = if causal { (-1, -1) } else { (left, right) };
+    let cap = opts.softcap;
+    if !(cap.is_finite() && cap >= 0.0 && (cap as f32).is_finite()) {
         return Err(ArgError::value_error(format!(
-            "softcap: logit soft-capping is not supported yet: got {}, only 0.0 is",
-            opts.softcap
+            "softcap: expected a finite number >= 0 (0 is off), got {cap}"
         )));
     }
     if opts.return_lse {
@@ -424,7 +452,12 @@ fn check_options(opts: &Options, head_dim: i64) -> Result<f32, ArgError> {
             "softmax_scale: expected a finite number, got {scale}"
         )));
     }
-    Ok(scale as f32)
+    Ok(Checked {
+        scale: scale as f32,
+        causal,
+        window,
+        softcap: cap as f32,
+    })
 }
 
 #[cfg(test)]
@@ -521,12 +554,12 @@ mod tests {
 
     #[test]
     fn unsupported_head_dims_are_value_errors() {
-        for d in [32, 96, 512] {
+        for d in [32, 80, 512] {
             let q = bshd(1, 64, 2, d);
             let e = err(&q, &q, &q, Options::default());
             assert_eq!(
                 e.message,
-                format!("q: headdim {d} is not supported yet (supported: 64, 128, 256)")
+                format!("q: headdim {d} is not supported yet (supported: 64, 96, 128, 256)")
             );
         }
     }
@@ -540,14 +573,20 @@ mod tests {
         assert_eq!(e.kind, ErrorKind::Type);
         assert_eq!(
             e.message,
-            "q: expected dtype torch.bfloat16, got torch.float32"
+            "q: expected dtype torch.bfloat16 or torch.float16, got torch.float32"
         );
         let mut h = q.clone();
         h.dtype = TorchDType::F16;
-        let e = err(&h, &h, &h, Options::default());
-        assert!(
-            e.message.contains("torch.float16 is not supported yet"),
-            "{e}"
+        let p = plan(&h, &h, &h, &Options::default()).expect("f16");
+        assert_eq!(p.dtype, DType::F16);
+        assert_eq!(
+            plan(&q, &q, &q, &Options::default()).expect("bf16").dtype,
+            DType::Bf16
+        );
+        let e = err(&h, &q, &q, Options::default());
+        assert_eq!(
+            e.message,
+            "k: expected dtype torch.float16 (q's), got torch.bfloat16"
         );
         let e = err(&q, &q, &f, Options::default());
         assert_eq!(
@@ -592,30 +631,80 @@ mod tests {
     }
 
     #[test]
+    fn windows_are_normalised_as_flash_attention_does() {
+        // seqlen_k = 100: a bound of 100 or more is unbounded; causal makes right 0; the
+        // window (-1, 0) is causal, however it is spelled.
+        let (q, k) = (bshd(1, 64, 2, 64), bshd(1, 100, 2, 64));
+        let with = |causal, window_size| {
+            let o = Options {
+                causal,
+                window_size,
+                ..Options::default()
+            };
+            let p = plan(&q, &k, &k, &o).expect("valid window");
+            (p.causal, p.window)
+        };
+        assert_eq!(with(false, (-1, -1)), (false, (-1, -1)));
+        assert_eq!(with(true, (-1, -1)), (true, (-1, -1)));
+        assert_eq!(with(false, (-1, 0)), (true, (-1, -1)));
+        assert_eq!(with(true, (-1, 0)), (true, (-1, -1)));
+        assert_eq!(with(true, (16, -1)), (false, (16, 0)));
+        assert_eq!(with(true, (16, 5)), (false, (16, 0)));
+        assert_eq!(with(false, (16, 5)), (false, (16, 5)));
+        assert_eq!(with(false, (0, 0)), (false, (0, 0)));
+        assert_eq!(with(false, (99, 100)), (false, (99, -1)));
+        assert_eq!(with(false, (100, 0)), (true, (-1, -1)));
+        assert_eq!(with(false, (i64::MAX, 3)), (false, (-1, 3)));
+        for bad in [(-2, 0), (0, -5), (i64::MIN, -1)] {
+            let e = err(
+                &q,
+                &k,
+                &k,
+                Options {
+                    window_size: bad,
+                    ..Options::default()
+                },
+            );
+            assert_eq!(e.kind, ErrorKind::Value);
+            assert!(
+                e.message.starts_with(
+                    "window_size: expected (left, right) with each -1 (unbounded) or >= 0"
+                ),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn softcap_must_be_finite_and_not_negative() {
+        let q = bshd(1, 64, 2, 64);
+        let with = |softcap| {
+            plan(
+                &q,
+                &q,
+                &q,
+                &Options {
+                    softcap,
+                    ..Options::default()
+                },
+            )
+        };
+        assert_eq!(with(0.0).expect("off").softcap, 0.0);
+        assert_eq!(with(30.0).expect("on").softcap, 30.0);
+        for bad in [-1.0, f64::NAN, f64::INFINITY, 1e300] {
+            let e = with(bad).expect_err("bad softcap");
+            assert!(
+                e.message
+                    .starts_with("softcap: expected a finite number >= 0 (0 is off), got"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
     fn options_not_supported_yet_say_so() {
         let q = bshd(1, 64, 2, 64);
         let with = |o: Options| err(&q, &q, &q, o).message;
-        assert!(
-            with(Options {
-                window_size: (16, 0),
-                ..Options::default()
-            })
-            .starts_with("window_size: sliding-window attention is not supported yet")
-        );
-        assert!(
-            with(Options {
-                window_size: (-1, 0),
-                ..Options::default()
-            })
-            .contains("not supported yet")
-        );
-        assert!(
-            with(Options {
-                softcap: 30.0,
-                ..Options::default()
-            })
-            .starts_with("softcap: logit soft-capping is not supported yet")
-        );
         assert!(
             with(Options {
                 return_lse: true,
@@ -630,15 +719,16 @@ mod tests {
             })
             .starts_with("softmax_scale: expected a finite number")
         );
-        // Causal spelled as its window is accepted.
-        let causal = Options {
-            causal: true,
-            window_size: (-1, 0),
-            softmax_scale: Some(0.5),
-            ..Options::default()
-        };
-        let p = plan(&q, &q, &q, &causal).expect("causal window");
-        assert!(p.causal);
+        let p = plan(
+            &q,
+            &q,
+            &q,
+            &Options {
+                softmax_scale: Some(0.5),
+                ..Options::default()
+            },
+        )
+        .expect("valid");
         assert_eq!(p.scale, 0.5);
     }
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use kiln::ir::dsl::ComptimeValue;
 use kiln::ir::interp::{HostArg, InterpError, run_def};
-use kiln::ir::{DType, HostTensor, Target};
+use kiln::ir::{HostTensor, Target};
 use kiln::ptx::PtxModule;
 use kiln::runtime::{
     Device, DeviceTensor, ForeignStream, KernelArg, LaunchError, LoadedKernel, RuntimeError,
@@ -39,10 +39,13 @@ pub fn comptime(plan: &Plan, target: Target) -> BTreeMap<String, ComptimeValue> 
             ComptimeValue::Usize(tuned_block_n(target, plan.head_dim)),
         ),
         ("kv_group".to_string(), ComptimeValue::Usize(plan.kv_group)),
-        ("dtype".to_string(), ComptimeValue::DType(DType::Bf16)),
-        ("window_left".to_string(), ComptimeValue::I32(-1)),
-        ("window_right".to_string(), ComptimeValue::I32(-1)),
-        ("softcap".to_string(), ComptimeValue::F32(0.0)),
+        ("dtype".to_string(), ComptimeValue::DType(plan.dtype)),
+        ("window_left".to_string(), ComptimeValue::I32(plan.window.0)),
+        (
+            "window_right".to_string(),
+            ComptimeValue::I32(plan.window.1),
+        ),
+        ("softcap".to_string(), ComptimeValue::F32(plan.softcap)),
     ])
 }
 
@@ -80,7 +83,7 @@ pub fn device(ordinal: usize) -> Result<Arc<Device>, RuntimeError> {
 pub unsafe fn launch(plan: &Plan, out: &View, stream: u64) -> Result<(), LaunchFailure> {
     let dev = device(plan.device)?;
     // SAFETY: the caller guarantees the memory behind every view.
-    let borrow = |v: &View| unsafe { dev.borrow_tensor(v.ptr, DType::Bf16, &v.shape, &v.strides) };
+    let borrow = |v: &View| unsafe { dev.borrow_tensor(v.ptr, plan.dtype, &v.shape, &v.strides) };
     let [q, k, v, o]: [DeviceTensor; 4] = [
         borrow(&plan.q)?,
         borrow(&plan.k)?,
@@ -212,7 +215,10 @@ mod tests {
         TensorInfo {
             shape: t.shape.iter().map(|&n| n as i64).collect(),
             strides: t.strides.iter().map(|&n| n as i64).collect(),
-            dtype: TorchDType::Bf16,
+            dtype: match t.dtype() {
+                DType::F16 => TorchDType::F16,
+                _ => TorchDType::Bf16,
+            },
             device: TorchDevice::Cuda(0),
             ptr: 0,
         }
@@ -294,6 +300,49 @@ mod tests {
             assert!(
                 err < tolerance(DType::Bf16),
                 "{target:?} causal={causal} transposed={transposed} nheads_k={hkv}: error {err:.2e}"
+            );
+        }
+    }
+
+    /// FlashAttention's options through the plan to the interpreter: f16, a sliding window
+    /// (FlashAttention's normalisation: causal with a left bound), a soft-cap and head dim
+    /// 96, against the f64 reference with the same window and cap.
+    #[test]
+    fn options_run_on_the_interpreter_to_the_reference() {
+        let mut rng = Rng::new(96);
+        let (b, sq, sk, h) = (1, 150, 210, 2);
+        for (target, d, dtype, causal, window_size, softcap) in [
+            (Target::Sm90a, 64, DType::F16, false, (-1, -1), 0.0),
+            (Target::Sm80, 64, DType::Bf16, true, (40, -1), 0.0),
+            (Target::Sm90a, 96, DType::Bf16, false, (30, 20), 10.0),
+            (Target::Sm90a, 64, DType::F16, true, (-1, -1), 25.0),
+        ] {
+            let make = |rng: &mut Rng, s| tensor(rng, &[b, s, h, d], dtype, Dist::Normal);
+            let q = make(&mut rng, sq);
+            let (k, v) = (make(&mut rng, sk), make(&mut rng, sk));
+            let opts = Options {
+                causal,
+                window_size,
+                softcap,
+                ..Options::default()
+            };
+            let p = plan(&info(&q), &info(&k), &info(&v), &opts).expect("valid");
+            let mut out = HostTensor::full(&[b, sq, h, d], dtype, f64::NAN);
+            interpret(&p, target, &q, &k, &v, &mut out).expect("interprets");
+            let right = if causal { 0 } else { window_size.1 };
+            let want = reference::attention_window(
+                &as_bhsd(&q),
+                &as_bhsd(&k),
+                &as_bhsd(&v),
+                f64::from(p.scale),
+                (window_size.0, right),
+                (softcap > 0.0).then_some(softcap),
+            );
+            let err = rel_error(&as_bhsd(&out).to_f64_vec(), &want);
+            assert!(
+                err < tolerance(dtype),
+                "{target:?} d={d} {dtype:?} causal={causal} window={window_size:?} \
+                 softcap={softcap}: error {err:.2e}"
             );
         }
     }

@@ -1,0 +1,203 @@
+//! The attention example's FlashAttention features on the GPU, on sm_80 and (on a Hopper GPU)
+//! sm_90a, against the f64 reference: f16, sliding windows (one- and two-sided, causal with
+//! a left bound), soft-capping, head dim 96, together with grouped-query heads; lengths that
+//! are not multiples of the tiles, `sq > sk` (rows outside every window, which must be 0),
+//! every input distribution, outputs poisoned with NaN and K read through padded rows.
+//! Skips itself ("skipped: no CUDA driver") without a GPU.
+
+mod gpu_common;
+
+use std::process::ExitCode;
+
+use gpu_common::{Needs, device, upload_padded};
+use kiln_examples::attention::{attention, tuned_block_n};
+use kiln_ir::dsl::Spec;
+use kiln_ir::{DType, HostTensor, Target};
+use kiln_runtime::{Device, DeviceTensor, KernelArg};
+use kiln_tests::check::{Case, assert_close, tolerance};
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::reference;
+
+/// One call: `(batch, heads, kv heads, sq, sk, d)` and the comptime features.
+struct Call {
+    shape: [usize; 6],
+    dtype: DType,
+    causal: bool,
+    window: (i32, i32),
+    softcap: f32,
+}
+
+/// The calls every target runs.
+fn calls() -> Vec<Call> {
+    let plain = |shape, dtype| Call {
+        shape,
+        dtype,
+        causal: false,
+        window: (-1, -1),
+        softcap: 0.0,
+    };
+    vec![
+        plain([1, 2, 2, 150, 90, 64], DType::F16),
+        Call {
+            causal: true,
+            ..plain([2, 2, 2, 200, 333, 128], DType::F16)
+        },
+        Call {
+            window: (20, 0),
+            ..plain([1, 2, 2, 300, 300, 64], DType::Bf16)
+        },
+        Call {
+            window: (33, 17),
+            ..plain([1, 2, 2, 200, 460, 128], DType::Bf16)
+        },
+        Call {
+            window: (10, 5),
+            ..plain([1, 1, 1, 500, 100, 64], DType::Bf16)
+        },
+        Call {
+            window: (64, -1),
+            causal: true,
+            ..plain([1, 2, 2, 333, 333, 128], DType::F16)
+        },
+        Call {
+            softcap: 5.0,
+            ..plain([1, 2, 2, 150, 270, 64], DType::Bf16)
+        },
+        Call {
+            softcap: 30.0,
+            causal: true,
+            ..plain([1, 2, 2, 257, 130, 128], DType::F16)
+        },
+        plain([1, 2, 2, 130, 200, 96], DType::Bf16),
+        Call {
+            window: (100, -1),
+            softcap: 20.0,
+            causal: true,
+            ..plain([2, 4, 1, 300, 517, 96], DType::F16)
+        },
+    ]
+}
+
+/// A poisoned output tensor on the device.
+fn output(dev: &Device, dtype: DType, shape: &[usize]) -> DeviceTensor {
+    let t = dev.alloc(dtype, shape).expect("alloc");
+    dev.fill_nan(&t).expect("poison");
+    t
+}
+
+/// `t: [b, hkv, s, d]` with each head repeated `group` times, for the reference.
+fn repeat_heads(t: &HostTensor, group: usize) -> HostTensor {
+    let [b, hkv, s, d] = [t.shape[0], t.shape[1], t.shape[2], t.shape[3]];
+    let h = hkv * group;
+    HostTensor::from_fn(&[b, h, s, d], t.dtype(), |i| {
+        let (x, j, hh, n) = (i % d, i / d % s, i / (d * s) % h, i / (d * s * h));
+        t.data.get_f64(t.offset(&[n, hh / group, j, x]))
+    })
+}
+
+/// Runs every call on `dev` (compiling for its target) for every input distribution.
+fn run_calls(dev: &Device, target: Target) {
+    let mut rng = Rng::from_env();
+    for c in calls() {
+        let [b, h, h_kv, sq, sk, d] = c.shape;
+        let group = h / h_kv;
+        let given = [
+            ("d", d.to_string()),
+            ("causal", c.causal.to_string()),
+            ("block_n", tuned_block_n(target, d).to_string()),
+            ("kv_group", group.to_string()),
+            ("dtype", c.dtype.to_string()),
+            ("window_left", c.window.0.to_string()),
+            ("window_right", c.window.1.to_string()),
+            ("softcap", c.softcap.to_string()),
+        ];
+        let given: Vec<(String, String)> = given.into_iter().map(|(n, v)| (n.into(), v)).collect();
+        let spec = Spec::from_defaults(&attention, &given).expect("comptime values");
+        let name = format!(
+            "attention@{target} d={d} {} causal={} window={:?} softcap={} kv_group={group}",
+            c.dtype, c.causal, c.window, c.softcap
+        );
+        for dist in Dist::ALL {
+            let q = tensor(&mut rng, &[b, h, sq, d], c.dtype, dist);
+            let k = tensor(&mut rng, &[b, h_kv, sk, d], c.dtype, dist);
+            let v = tensor(&mut rng, &[b, h_kv, sk, d], c.dtype, dist);
+            let scale = (rng.uniform(0.5, 1.5) / (d as f64).sqrt()) as f32;
+            let grid = [sq.div_ceil(128) as u32, h as u32, b as u32];
+            let (dq, dk, dv) = (
+                dev.upload(&q).expect("upload"),
+                upload_padded(dev, &k, 8),
+                dev.upload(&v).expect("upload"),
+            );
+            let o = output(dev, c.dtype, &[b, h, sq, d]);
+            let args = [
+                KernelArg::Tensor(&dq),
+                KernelArg::Tensor(&dk),
+                KernelArg::Tensor(&dv),
+                KernelArg::Tensor(&o),
+                KernelArg::F32(scale),
+            ];
+            dev.launch(&attention, &spec.comptime, grid, &args)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            dev.synchronize().expect("kernel ran");
+            let got = o.download().expect("download");
+            let case = Case {
+                kernel: name.clone(),
+                shape: format!("b={b} h={h} h_kv={h_kv} sq={sq} sk={sk} scale={scale}"),
+                dist,
+                seed: rng.seed(),
+            };
+            let right = if c.causal { 0 } else { c.window.1 };
+            let want = reference::attention_window(
+                &q,
+                &repeat_heads(&k, group),
+                &repeat_heads(&v, group),
+                f64::from(scale),
+                (i64::from(c.window.0), i64::from(right)),
+                (c.softcap > 0.0).then_some(f64::from(c.softcap)),
+            );
+            assert_close(&case, &got, &want, tolerance(c.dtype));
+            // A row that sees no key is exactly 0 (sq > sk with a right bound).
+            let diag_shift = sk as i64 - sq as i64 + i64::from(right);
+            if right >= 0 && diag_shift < 0 {
+                let blind = (-diag_shift) as usize;
+                let out = got.to_f64_vec();
+                for head in out.chunks(sq * d) {
+                    assert!(
+                        head[..blind * d].iter().all(|&x| x == 0.0),
+                        "{name}: rows that see no key must be 0, KILN_SEED={}",
+                        rng.seed()
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn gpu_attention_features_on_sm80() {
+    let Some(dev) = device() else { return };
+    run_calls(&dev, Target::Sm80);
+}
+
+fn gpu_attention_features_on_sm90a() {
+    let Some(dev) = device() else { return };
+    if dev.compute_capability() != (9, 0) {
+        println!("skipped: sm_90a needs a Hopper GPU");
+        return;
+    }
+    run_calls(&dev.with_target(Target::Sm90a), Target::Sm90a);
+}
+
+fn main() -> ExitCode {
+    gpu_common::run(&[
+        (
+            "gpu_attention_features_on_sm80",
+            Needs::Gpu,
+            gpu_attention_features_on_sm80,
+        ),
+        (
+            "gpu_attention_features_on_sm90a",
+            Needs::Gpu,
+            gpu_attention_features_on_sm90a,
+        ),
+    ])
+}
