@@ -113,6 +113,22 @@ fn check_without_a_target_tabulates_every_target() {
 }
 
 #[test]
+fn check_attention_has_its_sm100a_row() {
+    let (ok, out, err) = kiln(&["check", "attention"]);
+    assert!(
+        ok,
+        "kiln check failed (is ptxas installed? scripts/ensure-cuda-tool ptxas):\n{err}"
+    );
+    // The FlashAttention-4-style schedule: two softmax warpgroups, a correction warpgroup and
+    // the load / MMA warpgroup, assembled without spills (not run).
+    let sm100a = out.lines().find(|l| l.starts_with("sm_100a")).unwrap_or("");
+    assert!(
+        sm100a.contains(" 512 ") && sm100a.contains(" 0/0 "),
+        "{out}"
+    );
+}
+
+#[test]
 fn ptx_sass_disassembles_the_assembled_kernel() {
     let (ok, out, err) = kiln(&["ptx", "attention", "--target", "sm_90a", "--sass"]);
     assert!(

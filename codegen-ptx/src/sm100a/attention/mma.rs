@@ -122,7 +122,10 @@ impl Writer<'_> {
                 self.ins(format!("add.u32 {qa}, {}, {q}", self.smem));
                 let ka = self.stage_address(c.stage, k.stage_stride, k.offset);
                 let d = self.new_reg(Class::B32);
-                self.ins(format!("add.u32 {d}, {}, {}", r.base, plan.tiles[tile as usize].s));
+                self.ins(format!(
+                    "add.u32 {d}, {}, {}",
+                    r.base, plan.tiles[tile as usize].s
+                ));
                 for (step, (&sq, &sk)) in plan.q.steps.iter().zip(&plan.k.steps).enumerate() {
                     let (a, b) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
                     self.ins(format!("add.u32 {a}, {qa}, {sq}"));
@@ -145,7 +148,11 @@ impl Writer<'_> {
                 for (step, &sv) in plan.v.steps.iter().enumerate() {
                     // P's k16 step `step`: 16 bf16 of a row, two a 32-bit column.
                     let (a, b) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-                    self.ins(format!("add.u32 {a}, {}, {}", r.base, cols.s + 8 * step as u32));
+                    self.ins(format!(
+                        "add.u32 {a}, {}, {}",
+                        r.base,
+                        cols.s + 8 * step as u32
+                    ));
                     self.ins(format!("add.u32 {b}, {va}, {sv}"));
                     let db = self.descriptor(b, plan.v.template);
                     let enable = if step == 0 {

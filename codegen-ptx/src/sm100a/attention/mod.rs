@@ -244,7 +244,11 @@ impl Writer<'_> {
     }
 
     /// Steps every role writes the same way.
-    pub(super) fn attn_common(&mut self, plan: &AttentionPlan, s: AttnStep) -> Result<(), CodegenError> {
+    pub(super) fn attn_common(
+        &mut self,
+        plan: &AttentionPlan,
+        s: AttnStep,
+    ) -> Result<(), CodegenError> {
         match s {
             AttnStep::FenceAfter => self.ins("tcgen05.fence::after_thread_sync"),
             AttnStep::FenceBefore => self.ins("tcgen05.fence::before_thread_sync"),
@@ -318,7 +322,10 @@ impl Writer<'_> {
     /// Before the ring's set-up: thread 0 inits the schedule's barriers, the MMA warp
     /// allocates TMEM and gives up the permit, and every thread orders its tcgen05 ops before
     /// the set-up barrier.
-    pub(crate) fn write_attention_setup(&mut self, plan: &AttentionPlan) -> Result<(), CodegenError> {
+    pub(crate) fn write_attention_setup(
+        &mut self,
+        plan: &AttentionPlan,
+    ) -> Result<(), CodegenError> {
         let (not0, skip) = (self.new_reg(Class::Pred), self.new_label());
         self.ins(format!("setp.ne.u32 {not0}, {}, 0", self.tid));
         self.ins(format!("@{not0} bra {skip}"));

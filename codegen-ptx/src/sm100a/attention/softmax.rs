@@ -66,8 +66,7 @@ fn body(w: &Writer<'_>, p: &Parts) -> Result<Body, CodegenError> {
         let kind = &k.ops[op].kind;
         staged.contains(&op)
             || (*kind == OpKind::Transpose
-                && def_op(k, k.ops[op].operands[0])
-                    .is_some_and(|d| staged.contains(&d)))
+                && def_op(k, k.ops[op].operands[0]).is_some_and(|d| staged.contains(&d)))
             || op == o.head
             || o.tail_ops.contains(&op)
             || op == cast
@@ -97,10 +96,7 @@ impl Writer<'_> {
         // The thread's row of the tile: its factor's slot.
         self.ins(format!("and.b32 {row}, {}, 127", self.tid));
         let scale = self.new_reg(Class::B32);
-        self.ins(format!(
-            "mad.lo.u32 {scale}, {row}, 4, {}",
-            self.smem
-        ));
+        self.ins(format!("mad.lo.u32 {scale}, {row}, 4, {}", self.smem));
         self.ins(format!(
             "add.u32 {scale}, {scale}, {}",
             plan.scale_offset + 512 * g
@@ -140,16 +136,18 @@ impl Writer<'_> {
             carried.push((i, fresh));
         }
         let counted = self.open_counted_loop(iv, hi, step);
-        let (past, noop, join) = (self.new_reg(Class::Pred), self.new_label(), self.new_label());
+        let (past, noop, join) = (
+            self.new_reg(Class::Pred),
+            self.new_label(),
+            self.new_label(),
+        );
         self.ins(format!("setp.ge.s32 {past}, {iv}, {own_hi}"));
         self.ins(format!("@{past} bra.uni {noop}"));
         let r = Regs { it, s_at, scale };
         self.write_softmax_iteration(p, g, &b, &c, &r, false)?;
         let yields = self.yielded(&block);
-        let (dsts, srcs): (Vec<Val>, Vec<ValueId>) = carried
-            .iter()
-            .map(|(i, v)| (v.clone(), yields[*i]))
-            .unzip();
+        let (dsts, srcs): (Vec<Val>, Vec<ValueId>) =
+            carried.iter().map(|(i, v)| (v.clone(), yields[*i])).unzip();
         self.assign_all(&dsts, &srcs, p.id)?;
         self.ins(format!("bra.uni {join}"));
         self.comment("past this tile's own last key block: the protocol only");
@@ -241,7 +239,10 @@ impl Writer<'_> {
         let plan = &p.plan;
         let op = self.k.ops[p.id].clone();
         let o_at = self.new_reg(Class::B32);
-        self.ins(format!("add.u32 {o_at}, {lanes}, {}", plan.tiles[g as usize].o));
+        self.ins(format!(
+            "add.u32 {o_at}, {lanes}, {}",
+            plan.tiles[g as usize].o
+        ));
         let (none, skip) = (self.new_reg(Class::Pred), self.new_label());
         self.ins(format!("setp.ge.s32 {none}, {lo}, {hi}"));
         let init = self.tile(op.operands[3 + plan.overlap.carried], p.id)?;

@@ -284,9 +284,10 @@ pub enum ProtocolError {
     /// The tensor-memory protocol of sm_100a is broken.
     #[error("tensor memory: {0}")]
     Tmem(#[from] TmemError),
-    /// The sm_100a attention schedule's protocol is broken.
+    /// The sm_100a attention schedule's protocol is broken (boxed: its races name two
+    /// accesses, and every other error stays small).
     #[error("attention schedule: {0}")]
-    Attention(#[from] AttentionError),
+    Attention(Box<AttentionError>),
     /// Neither role can move.
     #[error(
         "deadlock with trip counts {tiles:?} (one per work tile): producer {producer}, consumers {consumer}"
@@ -366,6 +367,12 @@ pub enum OnceError {
         /// Whether it waits.
         waits: bool,
     },
+}
+
+impl From<AttentionError> for ProtocolError {
+    fn from(e: AttentionError) -> Self {
+        ProtocolError::Attention(Box::new(e))
+    }
 }
 
 /// Checks every ring of the kernel.

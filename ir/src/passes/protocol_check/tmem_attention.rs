@@ -69,7 +69,9 @@ pub enum AttentionError {
         step: AttnStep,
     },
     /// Registers of a `tcgen05.ld` used, or TMEM handed on, before `tcgen05.wait::ld`.
-    #[error("the {role} program runs `{step}` while a tcgen05.ld may still be in flight (tcgen05.wait::ld missing)")]
+    #[error(
+        "the {role} program runs `{step}` while a tcgen05.ld may still be in flight (tcgen05.wait::ld missing)"
+    )]
     LoadNotWaited {
         /// The program.
         role: String,
@@ -77,7 +79,9 @@ pub enum AttentionError {
         step: AttnStep,
     },
     /// TMEM handed on before a `tcgen05.st` completed.
-    #[error("the {role} program runs `{step}` while a tcgen05.st may still be in flight (tcgen05.wait::st missing)")]
+    #[error(
+        "the {role} program runs `{step}` while a tcgen05.st may still be in flight (tcgen05.wait::st missing)"
+    )]
     StoreNotWaited {
         /// The program.
         role: String,
@@ -85,7 +89,9 @@ pub enum AttentionError {
         step: AttnStep,
     },
     /// A tcgen05 op not fenced against the barrier before or after it.
-    #[error("the {role} program runs `{step}` without the tcgen05.fence::{fence}_thread_sync it needs")]
+    #[error(
+        "the {role} program runs `{step}` without the tcgen05.fence::{fence}_thread_sync it needs"
+    )]
     Unfenced {
         /// The program.
         role: String,
@@ -166,14 +172,22 @@ pub(super) fn check_attention(ring: &Ring, plan: &AttentionPlan) -> Result<(), P
 fn programs(plan: &AttentionPlan) -> Vec<(String, Vec<AttnStep>)> {
     let mut v = vec![
         ("mma warp setup".to_string(), plan.setup.clone()),
-        ("load warp".to_string(), [&plan.load_tile[..], &plan.load_iteration].concat()),
+        (
+            "load warp".to_string(),
+            [&plan.load_tile[..], &plan.load_iteration].concat(),
+        ),
         ("mma thread tile".to_string(), plan.mma_tile.clone()),
         ("mma thread".to_string(), plan.mma_iteration.clone()),
         ("mma thread tile end".to_string(), plan.mma_tile_end.clone()),
         ("mma warp exit".to_string(), plan.mma_exit.clone()),
         ("correction".to_string(), plan.correction_iteration.clone()),
     ];
-    for (g, (it, end)) in plan.softmax_iteration.iter().zip(&plan.softmax_end).enumerate() {
+    for (g, (it, end)) in plan
+        .softmax_iteration
+        .iter()
+        .zip(&plan.softmax_end)
+        .enumerate()
+    {
         v.push((format!("softmax {g} tile"), plan.softmax_tile[g].clone()));
         v.push((format!("softmax {g}"), it.clone()));
         v.push((format!("softmax {g} epilogue"), end.clone()));
@@ -252,7 +266,9 @@ fn check_owner(plan: &AttentionPlan) -> Result<(), ProtocolError> {
         columns: plan.columns,
     };
     let Some(free) = exit.iter().position(|s| *s == dealloc) else {
-        return Err(AttentionError::Owner("free the columns it allocated after its last tile").into());
+        return Err(
+            AttentionError::Owner("free the columns it allocated after its last tile").into(),
+        );
     };
     let drained = (0..Q_TILES).all(|g| {
         exit[..free].contains(&AttnStep::Wait {
@@ -365,7 +381,13 @@ fn check_program(role: &str, steps: &[AttnStep], kind: Kind) -> Result<(), Proto
 }
 
 /// The roles of the machine.
-const ROLES: [&str; 5] = ["load warp", "mma thread", "softmax 0", "softmax 1", "correction"];
+const ROLES: [&str; 5] = [
+    "load warp",
+    "mma thread",
+    "softmax 0",
+    "softmax 1",
+    "correction",
+];
 
 /// A barrier of the machine: the ring's (with its stage) or the schedule's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -446,7 +468,7 @@ fn run(ring: &Ring, plan: &AttentionPlan, tiles: &[u32]) -> Result<(), ProtocolE
                     Event::Wait { key, need } => {
                         let b = bars.entry(key).or_insert_with(|| fresh(count(key)));
                         if b.completed < need {
-                            if (need - b.completed) % 2 == 0 {
+                            if (need - b.completed).is_multiple_of(2) {
                                 return Err(phase_error(tiles, r, key, need, b.completed));
                             }
                             break;
@@ -454,7 +476,8 @@ fn run(ring: &Ring, plan: &AttentionPlan, tiles: &[u32]) -> Result<(), ProtocolE
                         if b.completed > need {
                             return Err(phase_error(tiles, r, key, need, b.completed));
                         }
-                        if let Some(c) = need.checked_sub(1).and_then(|k| b.clocks.get(k as usize)) {
+                        if let Some(c) = need.checked_sub(1).and_then(|k| b.clocks.get(k as usize))
+                        {
                             let c = c.clone();
                             join(&mut clocks[r], &c);
                         }
@@ -475,8 +498,7 @@ fn run(ring: &Ring, plan: &AttentionPlan, tiles: &[u32]) -> Result<(), ProtocolE
                     Event::Access { region, write } => {
                         let h = history.entry(region).or_default();
                         let me = (r, clocks[r].clone(), step.clone());
-                        let mut earlier: Vec<&(usize, Vec<u32>, String)> =
-                            h.write.iter().collect();
+                        let mut earlier: Vec<&(usize, Vec<u32>, String)> = h.write.iter().collect();
                         if write {
                             earlier.extend(h.reads.iter());
                         }
@@ -545,7 +567,10 @@ fn settle(b: &mut Barrier) {
     if b.arrived == b.count && b.tx == 0 {
         b.completed += 1;
         b.arrived = 0;
-        b.clocks.push(std::mem::replace(&mut b.pending_clock, vec![0; ROLES.len()]));
+        b.clocks.push(std::mem::replace(
+            &mut b.pending_clock,
+            vec![0; ROLES.len()],
+        ));
     }
 }
 
@@ -632,7 +657,17 @@ fn expand(ring: &Ring, plan: &AttentionPlan, r: usize, tiles: &[u32]) -> Program
     }
     if r == 1 {
         for &s in &plan.mma_exit {
-            events(ring, s, Pos { tile: tiles.len() as u32, j: 0, it, trips: 0 }, &mut out);
+            events(
+                ring,
+                s,
+                Pos {
+                    tile: tiles.len() as u32,
+                    j: 0,
+                    it,
+                    trips: 0,
+                },
+                &mut out,
+            );
         }
     }
     out
