@@ -212,7 +212,8 @@ impl<'k> Writer<'k> {
         if roles.is_some() || attention.is_some() {
             // With `.maxntid`, lets ptxas know the register count at entry, which
             // `setmaxnreg` needs (ptx-notes §5, C7508).
-            let _ = writeln!(ptx, ".minnctapersm 1");
+            let ctas = roles.map_or(1, |r| r.ctas_per_sm);
+            let _ = writeln!(ptx, ".minnctapersm {ctas}");
         }
         ptx.push_str("{\n");
         ptx.push_str(&self.regs.declarations());

@@ -11,9 +11,7 @@ use kiln::prelude::*;
 ///
 /// Grid: `(cdiv(M, BM), cdiv(N, BN), 1)`. Comptime: `BM = 128`, `BN = 128`, `BK = 64`,
 /// `STAGES = 3`, `b_col_major = false`, `dtype = bf16` (or `f16`); the autotuner tries `BM`
-/// in {64, 128} (64 rows: one consumer warpgroup on sm_90a, twice the tiles for a small `M`
-/// or a small problem), `BN` in {128, 256}, `BK` in {32, 64}, `STAGES` in {3, 4, 5}
-/// (skipping what does not fit).
+/// in {64, 128}, `BN` in {128, 256}, `BK` in {32, 64}, `STAGES` in {3, 4, 5} (what fits).
 ///
 /// On sm_80: 4 warps of 64x64 (fewer ldmatrix per mma than 8 of 64x32), ~230 registers,
 /// 96 KiB shared, 2 blocks/SM (H200, 4096^3: 352 TFLOP/s; BK = 32: 323; 8 warps: 314; 4

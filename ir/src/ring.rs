@@ -480,6 +480,9 @@ pub struct Roles {
     pub producer_regs: u32,
     /// `setmaxnreg.inc` target of each consumer warpgroup.
     pub consumer_regs: u32,
+    /// CTAs the kernel is built to share a multiprocessor with (`.minnctapersm`): 2 when the
+    /// `occupancy` pass found room for two, else 1.
+    pub ctas_per_sm: u32,
 }
 
 impl Roles {
@@ -664,6 +667,10 @@ impl fmt::Display for Roles {
             f,
             "  roles: consumers {} warps (setmaxnreg {}), producer {} warps (setmaxnreg {})",
             self.consumer_warps, self.consumer_regs, self.producer_warps, self.producer_regs
-        )
+        )?;
+        if self.ctas_per_sm > 1 {
+            write!(f, ", {} CTAs per multiprocessor", self.ctas_per_sm)?;
+        }
+        Ok(())
     }
 }

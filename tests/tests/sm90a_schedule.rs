@@ -66,6 +66,12 @@ fn a_64_row_gemm_tile_has_one_consumer_warpgroup() {
         let mut k = scheduled(&kernel);
         let roles = k.schedule.roles.expect("warp roles");
         assert_eq!((roles.consumer_warps, roles.threads()), (4, 256));
+        // Two CTAs share a multiprocessor: 2 x 89 KB of shared memory, 128 registers each
+        // at entry, the producer's given back to the consumer (24 + 232).
+        assert_eq!(
+            (roles.ctas_per_sm, roles.producer_regs, roles.consumer_regs),
+            (2, 24, 232)
+        );
         let ring = k.schedule.rings.values().next().expect("one ring");
         assert_eq!((ring.loads[0].box_dims, ring.empty_count), ([64, 64], 4));
         let st = k.schedule.tma_stores.values().next().expect("a TMA store");
@@ -77,12 +83,21 @@ fn a_64_row_gemm_tile_has_one_consumer_warpgroup() {
             m.ptx.contains("wgmma.mma_async.sync.aligned.m64n128k16"),
             "{overrides:?}"
         );
+        assert!(m.ptx.contains(".minnctapersm 2"), "{overrides:?}");
         let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm90a).expect("ptxas");
         assert!(
-            !report.spills() && report.warnings.is_empty(),
+            !report.spills() && report.warnings.is_empty() && report.registers <= 128,
             "{overrides:?}: {report}"
         );
     }
+    // A 64-row tile whose stages take more than half the shared memory keeps the
+    // multiprocessor to itself.
+    let k = scheduled(&ptx_examples::build("gemm", &[("BM", "64"), ("BN", "256")]));
+    let roles = k.schedule.roles.expect("warp roles");
+    assert_eq!(
+        (roles.ctas_per_sm, roles.producer_regs, roles.consumer_regs),
+        (1, 40, 232)
+    );
 }
 
 #[test]

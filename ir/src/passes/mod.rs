@@ -9,6 +9,7 @@ pub mod canonicalize;
 pub mod layout;
 pub mod lower;
 pub mod memory_plan;
+pub mod occupancy;
 pub mod overlap;
 pub mod persistent;
 pub mod pipeline;
@@ -81,6 +82,12 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
         "sm_90a, sm_100a: epilogue stores through a swizzled staging tile and TMA",
         tma_store::run,
     ),
+    // sm_90a: needs the final shared-memory plan (the staging tile included) and the roles.
+    (
+        "occupancy",
+        "sm_90a: two CTAs per multiprocessor for a one-warpgroup kernel where they fit",
+        occupancy::run,
+    ),
     // sm_100a: needs the final shared-memory plan (its address slot and accumulator barriers
     // go after everything else) and the ring (whose mma it lowers to tcgen05).
     (
@@ -108,7 +115,7 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
 /// kernels.
 pub fn applies(name: &str, target: Target) -> bool {
     match name {
-        "warp_specialise" | "overlap" => target == Target::Sm90a,
+        "warp_specialise" | "overlap" | "occupancy" => target == Target::Sm90a,
         "pipeline" | "persistent" | "tma_store" | "protocol_check" => {
             matches!(target, Target::Sm90a | Target::Sm100a)
         }

@@ -11,8 +11,8 @@ use crate::target::Target;
 
 use super::walk::first_ring_loc;
 
-/// Registers per block on sm_90a.
-const REGISTER_FILE: u32 = 65536;
+/// Registers per multiprocessor on sm_90a.
+pub const REGISTER_FILE: u32 = 65536;
 
 /// Records the warp roles; does nothing without rings.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
@@ -26,6 +26,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         producer_warps: 4,
         producer_regs,
         consumer_regs,
+        ctas_per_sm: 1,
     };
     check_register_file(kernel, &roles)?;
     kernel.schedule.roles = Some(roles);
@@ -42,14 +43,15 @@ pub fn register_split(rotated: bool) -> (u32, u32) {
 /// Checks that `roles`' register split fits the block's register file.
 pub fn check_register_file(kernel: &Kernel, roles: &Roles) -> Result<(), Diagnostic> {
     let need = 32
+        * roles.ctas_per_sm
         * (roles.consumer_warps * roles.consumer_regs + roles.producer_warps * roles.producer_regs);
     if need > REGISTER_FILE {
         return Err(Diagnostic::new(
             first_ring_loc(kernel, &kernel.schedule.rings),
             format!(
                 "{} consumer warps at {} registers and a producer warpgroup at {} need {need} \
-                 registers; a block has {REGISTER_FILE}",
-                roles.consumer_warps, roles.consumer_regs, roles.producer_regs
+                 registers for {} CTA(s) per multiprocessor; it has {REGISTER_FILE}",
+                roles.consumer_warps, roles.consumer_regs, roles.producer_regs, roles.ctas_per_sm
             ),
         )
         .note("use an mma tile of 64 or 128 rows (one or two consumer warpgroups) on sm_90a"));

@@ -87,6 +87,7 @@ fn good() -> (Ring, Roles) {
         producer_warps: 4,
         producer_regs: 40,
         consumer_regs: 232,
+        ctas_per_sm: 1,
     };
     (ring, roles)
 }
