@@ -43,9 +43,19 @@ fn plan(k: &Kernel) -> AttentionPlan {
 fn plan_of_the_default_attention() {
     let k = scheduled(&[]);
     assert!(k.schedule.tmem.is_none());
-    assert!(
-        k.schedule.tma_stores.is_empty(),
-        "each softmax warpgroup stores its own tile"
+    // Each softmax warpgroup stores its tile through a staging tile and named barrier of its
+    // own (tile 0's is the schedule's entry, whose tensor map the runtime builds).
+    let stores = &k.schedule.attention.as_ref().expect("a plan").stores;
+    assert_eq!(stores.len(), 2);
+    assert_eq!(k.schedule.tma_stores.values().next(), Some(&stores[0]));
+    assert_eq!((stores[0].barrier, stores[1].barrier), (1, 2));
+    assert_eq!((stores[0].threads, stores[0].rounds), (128, 1));
+    assert_eq!(stores[1].offset, stores[0].offset + stores[0].bytes());
+    // d = 128 with 128-key blocks: both staging tiles fit in two rounds.
+    let wide = plan(&scheduled(&[("block_n", "128")]));
+    assert_eq!(
+        wide.stores.iter().map(|s| s.rounds).collect::<Vec<_>>(),
+        [2, 2]
     );
     let p = plan(&k);
     let r = p.roles;
@@ -198,6 +208,17 @@ fn protocol_check_rejects_broken_plans() {
                 .expect("a PV mma");
             it.insert(pv, AttnStep::RingCommit { bar: Bar::Empty });
         }),
+        (
+            "a staging tile and a named barrier (not 0) of their own",
+            |p| {
+                p.stores[1].barrier = p.stores[0].barrier;
+            },
+        ),
+        ("softmax 1's epilogue store", |p| {
+            p.stores[1]
+                .round
+                .retain(|s| *s != kiln_ir::tma_store::StoreStep::Fence);
+        }),
         // Softmax warpgroups that do not wait for their Q run through empty tiles two o_empty
         // phases ahead of the MMA thread.
         ("its parity would pass on the wrong phase", |p| {
@@ -279,7 +300,7 @@ fn each_role_issues_its_own_instructions() {
             ("tcgen05.dealloc", mma),
             ("tcgen05.mma", mma),
             ("tcgen05.commit", mma),
-            ("cp.async.bulk.tensor", load),
+            ("cp.async.bulk.tensor.4d.shared::cluster.global", load),
         ] {
             assert_eq!(count(&all, op), count(owner, op), "{op} outside its role");
             assert!(count(owner, op) > 0, "{op}");
@@ -295,6 +316,12 @@ fn each_role_issues_its_own_instructions() {
         assert_eq!(count(split, "setmaxnreg.dec.sync.aligned.u32 48"), 1);
         // Both Q tiles and K, V: one box per 64 columns each.
         assert_eq!(count(load, "cp.async.bulk.tensor"), 4 * d / 64);
+        // The TMA stores: each softmax warpgroup its own tile's boxes.
+        let stores = "cp.async.bulk.tensor.4d.global.shared::cta";
+        assert_eq!(
+            count(soft0, stores) + count(soft1, stores),
+            count(&all, stores)
+        );
         // S = Q K^T: d / 16 mmas a tile; O += P V: block_n / 16, A from TMEM.
         assert_eq!(
             count(mma, "tcgen05.mma.cta_group::1.kind::f16"),
@@ -332,7 +359,9 @@ fn each_role_issues_its_own_instructions() {
                 2,
                 "the rescale factor, 1 when no-op"
             );
-            assert!(count(soft, "st.global") > 0, "the output");
+            assert_eq!(count(soft, stores), d / 64, "the output, through TMA");
+            assert_eq!(count(soft, "st.global"), 0);
+            assert_eq!(count(soft, &format!("bar.sync {}, 128", g + 1)), 2);
             assert_eq!(count(soft, "shfl.sync"), 0, "a row per thread: no shuffles");
         }
         assert_eq!(count(correction, "setmaxnreg.dec.sync.aligned.u32 80"), 1);

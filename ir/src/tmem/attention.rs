@@ -27,7 +27,9 @@
 //! to the MMA thread (`o_ready[g]`), which issues `O_g += P_g V` and commits it to `o_full[g]`;
 //! the stage is released by a `tcgen05.commit` after the last mma reading it. After its
 //! loop, softmax `g` waits for the last `o_full[g]`, copies `O_g` out, hands TMEM back
-//! (`o_empty[g]`, one phase per tile) and runs the kernel's code after the loop.
+//! (`o_empty[g]`, one phase per tile) and runs the kernel's code after the loop; its store
+//! goes through a staging tile of its own and TMA ([`AttentionPlan::stores`]) where shared
+//! memory has room for both warpgroups' (in as few rounds as fit), else from registers.
 //!
 //! **Conditional rescale** (FlashAttention-4's): a row keeps its reference maximum while its
 //! running maximum exceeds it by at most [`crate::ring::Deferral::THRESHOLD`] (in the base-2
@@ -314,6 +316,10 @@ pub struct AttentionPlan {
     pub bars_offset: u32,
     /// See [`AttentionPlan::slot_offset`].
     pub scale_offset: u32,
+    /// The epilogue's TMA store of each Q tile (one staging tile and named barrier per
+    /// softmax warpgroup; tile 0's is also `schedule.tma_stores`' entry), or none where shared
+    /// memory has no room for both staging tiles (the output is then stored from registers).
+    pub stores: Vec<crate::tma_store::TmaStore>,
     /// The share of the score tile's exponentials the polynomial computes
     /// ([`super::exp2`]): every column `c` with `c % den < num`.
     pub poly_share: (u32, u32),
@@ -666,6 +672,12 @@ impl fmt::Display for AttentionPlan {
             "    idesc S 0x{:08X}, O 0x{:08X}",
             self.s_idesc, self.o_idesc
         )?;
+        if self.stores.is_empty() {
+            writeln!(f, "    epilogue stores from registers")?;
+        }
+        for (g, st) in self.stores.iter().enumerate() {
+            writeln!(f, "    softmax {g}'s store:\n{st}")?;
+        }
         for (name, d) in [("q", &self.q), ("k", &self.k), ("v", &self.v)] {
             let steps: Vec<String> = d.steps.iter().map(u32::to_string).collect();
             writeln!(

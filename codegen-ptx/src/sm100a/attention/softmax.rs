@@ -87,8 +87,21 @@ fn body(w: &Writer<'_>, p: &Parts) -> Result<Body, CodegenError> {
 impl Writer<'_> {
     /// Softmax warpgroup `g` (see the module doc).
     pub(super) fn write_softmax(&mut self, p: &Parts, g: u32) -> Result<(), CodegenError> {
-        let plan = &p.plan;
         let b = body(self, p)?;
+        // The warpgroup's code sees its own threads 0..128: the tile's layout, its rows and
+        // its store's issuing thread.
+        let global = self.tid;
+        let local = self.new_reg(Class::B32);
+        self.ins(format!("and.b32 {local}, {global}, 127"));
+        self.tid = local;
+        let written = self.write_softmax_tiles(p, g, &b);
+        self.tid = global;
+        written
+    }
+
+    /// Softmax warpgroup `g`'s walk over the tiles, then its stores' last wait.
+    fn write_softmax_tiles(&mut self, p: &Parts, g: u32, b: &Body) -> Result<(), CodegenError> {
+        let plan = &p.plan;
         let (_, lanes) = self.attention_tmem(plan);
         let cols = plan.tiles[g as usize];
         let (s_at, row) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
@@ -144,7 +157,7 @@ impl Writer<'_> {
         self.ins(format!("setp.ge.s32 {past}, {iv}, {own_hi}"));
         self.ins(format!("@{past} bra.uni {noop}"));
         let r = Regs { it, s_at, scale };
-        self.write_softmax_iteration(p, g, &b, &c, &r, false)?;
+        self.write_softmax_iteration(p, g, b, &c, &r, false)?;
         let yields = self.yielded(&block);
         let (dsts, srcs): (Vec<Val>, Vec<ValueId>) =
             carried.iter().map(|(i, v)| (v.clone(), yields[*i])).unzip();
@@ -152,13 +165,13 @@ impl Writer<'_> {
         self.ins(format!("bra.uni {join}"));
         self.comment("past this tile's own last key block: the protocol only");
         self.label(&noop);
-        self.write_softmax_iteration(p, g, &b, &c, &r, true)?;
+        self.write_softmax_iteration(p, g, b, &c, &r, true)?;
         self.label(&join);
         self.ins(format!("add.u32 {it}, {it}, 1"));
         self.close_counted_loop(&counted);
         self.write_softmax_end(p, g, &c, it, [lo, hi], lanes, &carried)?;
         self.close_pair(&pair, &c);
-        Ok(())
+        self.finish_tma_stores()
     }
 
     /// One iteration of softmax warpgroup `g`'s program; `noop`: one past the tile's own end,
@@ -277,8 +290,10 @@ impl Writer<'_> {
                         self.vals.insert(op.results[*i], v.clone());
                     }
                     for &o in &p.after {
-                        if self.k.ops[o].kind != OpKind::Yield {
-                            self.write_op(o)?;
+                        match plan.stores.get(g as usize) {
+                            _ if self.k.ops[o].kind == OpKind::Yield => {}
+                            Some(st) if st.store == o => self.write_tma_store(o, st)?,
+                            _ => self.write_op(o)?,
                         }
                     }
                 }

@@ -13,6 +13,8 @@
 //!   complete), and it never arrives plainly ([`AttentionError::PlainSignal`]);
 //! - every `tcgen05.ld` is waited for (`tcgen05.wait::ld`) before its registers are used or
 //!   TMEM is handed on, every `tcgen05.st` (`wait::st`) before the handoff;
+//! - each softmax warpgroup's epilogue TMA store follows the store protocol
+//!   ([`crate::tma_store`]) with a staging tile and a named barrier of its own;
 //! - a tcgen05 op after a barrier wait comes after `tcgen05.fence::after_thread_sync`, and an
 //!   arrival that hands TMEM on after a tcgen05 op after `tcgen05.fence::before_thread_sync`.
 //!
@@ -138,6 +140,20 @@ pub enum AttentionError {
         /// Phases completed.
         completed: u32,
     },
+    /// A softmax warpgroup's TMA store breaks the store protocol.
+    #[error("softmax {tile}'s epilogue store: {error}")]
+    Store {
+        /// The Q tile.
+        tile: u32,
+        /// The broken rule.
+        error: super::StoreError,
+    },
+    /// The softmax warpgroups' stores share a staging tile or a named barrier, or one uses
+    /// the set-up's barrier 0.
+    #[error(
+        "the softmax warpgroups' epilogue stores must each have a staging tile and a named barrier (not 0) of their own"
+    )]
+    SharedStaging,
     /// The roles cannot all finish.
     #[error("deadlock with trip counts {tiles:?}: {blocked}")]
     Deadlock {
@@ -151,6 +167,7 @@ pub enum AttentionError {
 /// Checks the plan against its ring: the static rules, then the abstract execution.
 pub(super) fn check_attention(ring: &Ring, plan: &AttentionPlan) -> Result<(), ProtocolError> {
     check_columns(plan)?;
+    check_stores(plan)?;
     check_owner(plan)?;
     for (role, steps) in programs(plan) {
         check_program(&role, &steps, role_of(&role))?;
@@ -232,6 +249,26 @@ fn check_columns(plan: &AttentionPlan) -> Result<(), ProtocolError> {
         || spans.last().is_some_and(|s| s.1 > plan.columns)
     {
         return Err(err().into());
+    }
+    Ok(())
+}
+
+/// Each softmax warpgroup's store follows the store protocol, with a staging tile and a
+/// named barrier of its own.
+fn check_stores(plan: &AttentionPlan) -> Result<(), ProtocolError> {
+    for (g, st) in plan.stores.iter().enumerate() {
+        super::tma_store::check_store(st).map_err(|error| AttentionError::Store {
+            tile: g as u32,
+            error,
+        })?;
+    }
+    if let [a, b] = &plan.stores[..] {
+        let apart = a.offset + a.bytes() <= b.offset || b.offset + b.bytes() <= a.offset;
+        if !apart || a.barrier == b.barrier || a.barrier == 0 || b.barrier == 0 {
+            return Err(AttentionError::SharedStaging.into());
+        }
+    } else if !plan.stores.is_empty() {
+        return Err(AttentionError::SharedStaging.into());
     }
     Ok(())
 }

@@ -10,13 +10,15 @@
 //! of a score row) and the head dimension a multiple of 32 (the correction's copies), and
 //! both Q tiles' `S` and `O` fit TMEM's 512 columns (d = 256 does not: `2 x (256 + 64) =
 //! 640`). Then it places Q tile 1, the TMEM address slot, the schedule's barriers and the
-//! rescale factors after the rest of shared memory. The epilogue stores are left to the
-//! registers (each softmax warpgroup stores its own tile; the TMA-store plan, made for one
-//! 128-thread epilogue, is dropped).
+//! rescale factors after the rest of shared memory, and the epilogue store's staging tile
+//! (planned by `tma_store` for one 128-thread epilogue) once per softmax warpgroup after
+//! them, each with its own named barrier, in as few rounds as fit; where none fits, the
+//! stores stay register stores.
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Axis, Kernel, Loc, OpId, OpKind, ValueDef, ValueId};
 use crate::ring::{Operand, SWIZZLE_ATOM};
+use crate::tma_store::TmaStore;
 use crate::tmem::attention::{
     AttentionPlan, AttentionRoles, AttnBar, Programs, Q_TILES, RESCALE_COLUMNS, TileColumns,
 };
@@ -143,8 +145,9 @@ pub(super) fn plan(
             "its P is {p_dtype:?} but Q, K and V are {dtype:?}; one tcgen05.mma kind reads both"
         )));
     }
-    // Each softmax warpgroup stores its own tile from registers: drop the single 128-thread
-    // staging tile and place shared memory again without it.
+    // Each softmax warpgroup stores its own tile: the `tma_store` pass planned one staging
+    // tile; take it out, place the rest, and give each warpgroup its own after everything.
+    let store = kernel.schedule.tma_stores.values().next().cloned();
     kernel.schedule.tma_stores.clear();
     super::super::pipeline::place(kernel)?;
     let q_bytes = q.tile_bytes();
@@ -152,8 +155,17 @@ pub(super) fn plan(
     let slot_offset = q1_offset + q.stage_stride.max(q_bytes.next_multiple_of(SWIZZLE_ATOM));
     let bars_offset = slot_offset + 8;
     let scale_offset = bars_offset + 8 * AttnBar::all().len() as u32;
-    let smem_bytes = scale_offset + Q_TILES * ACC_ROWS * 4;
+    let mut smem_bytes = scale_offset + Q_TILES * ACC_ROWS * 4;
     check_smem(loc, smem_bytes)?;
+    let stores = store
+        .and_then(|st| staging(st, smem_bytes))
+        .unwrap_or_default();
+    if let Some(st) = stores.first() {
+        kernel.schedule.tma_stores.insert(st.store, st.clone());
+    }
+    if let Some(last) = stores.last() {
+        smem_bytes = last.offset + last.bytes();
+    }
     let columns = TMEM_COLUMNS.min(needed.next_power_of_two());
     let tiles = (0..Q_TILES)
         .map(|g| TileColumns {
@@ -186,6 +198,7 @@ pub(super) fn plan(
         slot_offset,
         bars_offset,
         scale_offset,
+        stores,
         poly_share: options.poly_exp2_share,
         setup: p.setup,
         load_tile: p.load_tile,
@@ -201,6 +214,34 @@ pub(super) fn plan(
         overlap,
     });
     Ok(())
+}
+
+/// Named barrier of softmax warpgroup 0's store (`bar.sync 0` is the set-up's); warpgroup 1
+/// takes the next.
+const FIRST_STORE_BARRIER: u32 = 1;
+
+/// Both softmax warpgroups' copies of the epilogue's TMA store `st`, their staging tiles after
+/// `end` in as few rounds as shared memory holds; `None` when no split fits.
+fn staging(st: TmaStore, end: u32) -> Option<Vec<TmaStore>> {
+    let limit = super::super::memory_plan::SMEM_LIMIT;
+    let boxes = st.boxes.len() as u32;
+    let rounds = (0..=boxes.trailing_zeros()).map(|k| 1 << k);
+    let fit = rounds.map(|r| st.in_rounds(r)).find(|s| {
+        let each = s.bytes().next_multiple_of(SWIZZLE_ATOM);
+        end.next_multiple_of(SWIZZLE_ATOM) + Q_TILES * each <= limit
+    })?;
+    let each = fit.bytes().next_multiple_of(SWIZZLE_ATOM);
+    Some(
+        (0..Q_TILES)
+            .map(|g| {
+                let mut s = fit.clone();
+                s.offset = end.next_multiple_of(SWIZZLE_ATOM) + g * each;
+                s.barrier = FIRST_STORE_BARRIER + g;
+                s.threads = 32 * 4;
+                s
+            })
+            .collect(),
+    )
 }
 
 /// Whether scalar `v` is computed from `block_id().x`.
