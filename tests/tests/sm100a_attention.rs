@@ -440,3 +440,43 @@ fn d256_is_a_spanned_diagnostic() {
     assert!(text.contains("2 x (256 + 64) = 640 TMEM columns"), "{text}");
     assert!(text.contains("examples/src/attention.rs"), "{text}");
 }
+
+/// ptxas honours each role's `setmaxnreg`: in the machine code after each `USETMAXREG` (up
+/// to the next), no register at or past its count is used, although the kernel's entry count
+/// (`.maxntid 512`) is 128 and the softmax warpgroups use more.
+#[test]
+fn each_role_fits_its_register_count() {
+    let k = ptx_examples::build("attention", &[("block_n", "128")]);
+    let m = kiln_ptx::compile(&k, Target::Sm100a).expect("compile");
+    let sass = kiln_ptx::ptxas::sass(&m.ptx, Target::Sm100a).expect("ptxas and nvdisasm");
+    let lines: Vec<&str> = sass.lines().collect();
+    let marks: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].contains("USETMAXREG"))
+        .collect();
+    let limits: Vec<u32> = marks
+        .iter()
+        .map(|&i| {
+            let hex = lines[i].rsplit("0x").next().unwrap_or("");
+            u32::from_str_radix(hex.trim_end_matches([' ', ';']), 16).expect("a count")
+        })
+        .collect();
+    assert_eq!(limits, [48, 80, 192, 192], "{:?}", marks);
+    let mut most = Vec::new();
+    for (n, &at) in marks.iter().enumerate() {
+        let end = marks.get(n + 1).copied().unwrap_or(lines.len());
+        let top = lines[at..end]
+            .iter()
+            .flat_map(|l| {
+                l.split(|c: char| !c.is_ascii_alphanumeric())
+                    .filter_map(|w| w.strip_prefix('R')?.parse::<u32>().ok())
+            })
+            .max()
+            .unwrap_or(0);
+        assert!(top < limits[n], "R{top} after setmaxnreg {}", limits[n]);
+        most.push(top);
+    }
+    assert!(
+        most[2] >= 128,
+        "the softmax uses the registers it asked for: {most:?}"
+    );
+}
