@@ -4,10 +4,11 @@
 //!
 //! **Work.** A CTA runs pairs of work tiles: tiles `2 p` and `2 p + 1` along x of the kernel's
 //! grid (two 128-row query tiles of one head, so 256 query rows) share every K/V block the
-//! ring loads. The pair walks the key blocks from their shared start to the later of the two
-//! tiles' ends (causal: the second's); a softmax warpgroup runs the iterations past its own
-//! tile's end as no-ops (no score copied, `P = 0`, factors 1, its running values kept), so
-//! each tile's result is exactly that of its own loop, whatever the kernel's mask.
+//! ring loads. The pair walks the key blocks from the earlier of the two tiles' starts to the
+//! later of their ends (causal: the second's); a softmax warpgroup runs the iterations
+//! outside its own tile's range as no-ops (no score copied, `P = 0`, factors 1, its running
+//! values kept), so each tile's result is that of its own loop, whatever the kernel's mask
+//! (but for `0 x V` where V is not finite, which the tile's own loop would never read).
 //!
 //! **Roles** ([`AttentionRoles`], 16 warps): two softmax warpgroups (warpgroup `g` owns Q tile
 //! `g`: thread `t` one query row, TMEM lane `t`), a correction warpgroup, then a warpgroup

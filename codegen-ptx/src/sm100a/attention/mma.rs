@@ -146,7 +146,8 @@ impl Writer<'_> {
                 let d = self.new_reg(Class::B32);
                 self.ins(format!("add.u32 {d}, {}, {}", r.base, cols.o));
                 for (step, &sv) in plan.v.steps.iter().enumerate() {
-                    // P's k16 step `step`: 16 bf16 of a row, two a 32-bit column.
+                    // P's k16 step `step`: 16 bf16 of a row, two a 32-bit column (the lower
+                    // key in the low half; see the softmax's store).
                     let (a, b) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
                     self.ins(format!(
                         "add.u32 {a}, {}, {}",

@@ -7,10 +7,10 @@
 //! ([`Pair`]): a pair is the kernel's tiles `2 p` and `2 p + 1` along x, so the tile scheduler
 //! walks a grid of half the x extent. Per pair, each role decodes the block index the
 //! kernel's `block_id()` reads for the tile it serves: the load warp for each Q tile in turn,
-//! every role for both tiles to learn the pair's walk (to the later of their ends), a softmax
-//! warpgroup for its own tile (its scalars, its mask, its own end) before it runs the pair's
-//! walk, the iterations past its own end as no-ops (no score copied, `P = 0`, factors 1: the
-//! tile's result is exactly its own loop's).
+//! every role for both tiles to learn the pair's walk (from the earlier start to the later
+//! end), a softmax warpgroup for its own tile (its scalars, its mask, its own range) before
+//! it runs the pair's walk, the iterations outside its own range as no-ops (no score copied,
+//! `P = 0`, factors 1: the tile's result is its own loop's).
 //!
 //! Every role counts its loop iterations across tiles (`it`): phase `it` of a per-iteration
 //! barrier is waited with parity `start ^ (it & 1)`, the previous iteration's with the bit
@@ -160,16 +160,18 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// The pair's loop bounds, from the scalar ops before the loop: the start and step the
-    /// tiles share (the `tmem` pass checked they do not depend on x) and the later of their
-    /// ends (a softmax warpgroup runs the iterations past its own end as no-ops).
+    /// The pair's loop bounds, from the scalar ops before the loop: the earlier of the tiles'
+    /// starts, the later of their ends and the step they share (the `tmem` pass checked it
+    /// does not depend on x, and is 1 where the starts may differ); a softmax warpgroup runs the
+    /// iterations outside its own tile's range as no-ops.
     pub(super) fn pair_bounds(&mut self, p: &Parts, pair: &Pair) -> Result<[Reg; 3], CodegenError> {
         self.enter_pair_tile(p, pair, 0, true)?;
-        let [_, first, _] = self.loop_bounds(p.id)?;
+        let [lo0, hi0, _] = self.loop_bounds(p.id)?;
         self.enter_pair_tile(p, pair, 1, true)?;
-        let [lo, second, step] = self.loop_bounds(p.id)?;
-        let hi = self.new_reg(Class::B32);
-        self.ins(format!("max.s32 {hi}, {first}, {second}"));
+        let [lo1, hi1, step] = self.loop_bounds(p.id)?;
+        let (lo, hi) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+        self.ins(format!("min.s32 {lo}, {lo0}, {lo1}"));
+        self.ins(format!("max.s32 {hi}, {hi0}, {hi1}"));
         Ok([lo, hi, step])
     }
 

@@ -124,9 +124,9 @@ impl Writer<'_> {
                 other => self.attn_common(plan, other)?,
             }
         }
-        let [_, hi, _] = self.pair_bounds(p, &pair)?;
+        let [lo, hi, step] = self.pair_bounds(p, &pair)?;
         self.enter_pair_tile(p, &pair, g, false)?;
-        let [lo, own_hi, step] = self.loop_bounds(p.id)?;
+        let [own_lo, own_hi, _] = self.loop_bounds(p.id)?;
         let op = self.k.ops[p.id].clone();
         let block = op.regions[0].clone();
         let carried_at = plan.overlap.carried;
@@ -149,13 +149,16 @@ impl Writer<'_> {
             carried.push((i, fresh));
         }
         let counted = self.open_counted_loop(iv, hi, step);
-        let (past, noop, join) = (
+        let (outside, noop, join) = (
             self.new_reg(Class::Pred),
             self.new_label(),
             self.new_label(),
         );
-        self.ins(format!("setp.ge.s32 {past}, {iv}, {own_hi}"));
-        self.ins(format!("@{past} bra.uni {noop}"));
+        self.ins(format!("setp.ge.s32 {outside}, {iv}, {own_hi}"));
+        self.ins(format!(
+            "setp.lt.or.s32 {outside}, {iv}, {own_lo}, {outside}"
+        ));
+        self.ins(format!("@{outside} bra.uni {noop}"));
         let r = Regs { it, s_at, scale };
         self.write_softmax_iteration(p, g, b, &c, &r, false)?;
         let yields = self.yielded(&block);
@@ -163,7 +166,7 @@ impl Writer<'_> {
             carried.iter().map(|(i, v)| (v.clone(), yields[*i])).unzip();
         self.assign_all(&dsts, &srcs, p.id)?;
         self.ins(format!("bra.uni {join}"));
-        self.comment("past this tile's own last key block: the protocol only");
+        self.comment("outside this tile's own key blocks: the protocol only");
         self.label(&noop);
         self.write_softmax_iteration(p, g, b, &c, &r, true)?;
         self.label(&join);
@@ -174,7 +177,7 @@ impl Writer<'_> {
         self.finish_tma_stores()
     }
 
-    /// One iteration of softmax warpgroup `g`'s program; `noop`: one past the tile's own end,
+    /// One iteration of softmax warpgroup `g`'s program; `noop`: one outside the tile's range,
     /// which keeps every barrier's phase but copies no score, hands on factors of 1 and a
     /// zero `P`, and leaves the carried values as they are.
     fn write_softmax_iteration(
@@ -223,7 +226,10 @@ impl Writer<'_> {
                         .chunks(2)
                         .map(|pair| {
                             let x = self.new_reg(Class::B32);
-                            // The first source lands in the upper half (ptx-notes §6).
+                            // Column j of P holds keys 2j (low half) and 2j + 1, as a K-major
+                            // bf16 row sits in memory; that the PV mma's A operand reads TMEM
+                            // in this order is UNVERIFIED on hardware (no Blackwell here). The
+                            // first source lands in the upper half (ptx-notes §6).
                             self.ins(format!("cvt.rn.{ty}.f32 {x}, {}, {}", pair[1], pair[0]));
                             x
                         })

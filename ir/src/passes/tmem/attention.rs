@@ -2,8 +2,9 @@
 //! one once load (Q) whose body the `overlap` analysis finds attention-shaped (head mma,
 //! code between, rescale, tail mma into a carried accumulator).
 //!
-//! A CTA runs two work tiles along x over one walk of the key blocks, so the loop's start and
-//! step may not depend on `block_id().x` (its end may: the walk runs to the later end).
+//! A CTA runs two work tiles along x over one walk of the key blocks, from the earlier of
+//! their starts to the later of their ends, so the loop's step may not depend on
+//! `block_id().x`, and its start only with a step of 1.
 //!
 //! It checks what the schedule needs and says why where it cannot: both mmas have 128 rows,
 //! Q and K are K-major and V MN-major, the key block is 32, 64 or 128 keys (one `tcgen05.ld`
@@ -16,7 +17,7 @@
 //! stores stay register stores.
 
 use crate::diag::Diagnostic;
-use crate::kernel::{Axis, Kernel, Loc, OpId, OpKind, ValueDef, ValueId};
+use crate::kernel::{Axis, Const, Kernel, Loc, OpId, OpKind, ValueDef, ValueId};
 use crate::ring::{Operand, SWIZZLE_ATOM};
 use crate::tma_store::TmaStore;
 use crate::tmem::attention::{
@@ -79,16 +80,19 @@ pub(super) fn plan(
             "it is not persistent (its CTAs walk pairs of query tiles)".into(),
         ));
     }
-    // Both query tiles of a CTA walk one sequence of key blocks: it may end later for one of
-    // them (each runs the other's extra blocks as no-ops), but it must start at the same block
-    // with the same step.
+    // Both query tiles of a CTA walk one sequence of key blocks, from the earlier start to the
+    // later end (each runs the blocks outside its own range as no-ops): the step must be the
+    // same for both, and where the starts differ, 1 (so both ranges lie on the walk).
     let [lo, _, step, ..] = kernel.ops[id].operands[..] else {
         return Err(Diagnostic::internal(loc, "a ring loop without bounds"));
     };
-    if reads_block_x(kernel, lo) || reads_block_x(kernel, step) {
+    let unit_step = matches!(kernel.values[step].def, ValueDef::Op(c, 0)
+        if kernel.ops[c].kind == OpKind::Const(Const::Int(1)));
+    if reads_block_x(kernel, step) || (reads_block_x(kernel, lo) && !unit_step) {
         return Err(unsupported(
-            "its first key block or its step depends on the query block (`block_id().x`); the \
-             two query tiles of a CTA share one walk over the key blocks"
+            "its step depends on the query block (`block_id().x`), or its first key block does \
+             and the step is not 1; the two query tiles of a CTA share one walk over the key \
+             blocks"
                 .into(),
         ));
     }
