@@ -8,7 +8,7 @@
 //! whole row to registers), and the ring has no once loads. The accumulator takes the next
 //! power of 2 of its columns (at least 32) of the 512; the TMEM address slot and the `acc_full` / `acc_empty` barriers go after the
 //! rest of shared memory. A ring with a once load whose body is attention-shaped gets the
-//! FlashAttention-4-style schedule instead ([`attention`], `schedule.attention`). Any other
+//! FlashAttention-4-style schedule instead ([`crate::tmem::attention`], `schedule.attention`). Any other
 //! ring is reported as not implemented on sm_100a.
 //!
 //! In: the final rings and shared-memory plan (`pipeline`, `tma_store`). Out: the same ops;

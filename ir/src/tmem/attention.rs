@@ -45,6 +45,9 @@ use super::{Descriptor, TMEM_COLUMNS};
 use crate::kernel::OpId;
 use crate::ring::{Bar, Overlap};
 
+/// Warps of a warpgroup (the softmax and correction roles are whole warpgroups, as
+/// `setmaxnreg` and the four 32-lane quarters of TMEM want).
+pub const WARPGROUP_WARPS: u32 = 4;
 /// Query tiles a CTA runs at once (one per softmax warpgroup).
 pub const Q_TILES: u32 = 2;
 /// Columns one `tcgen05.ld`/`st` of the correction copies (`32x32b.x32`).
@@ -357,13 +360,18 @@ impl AttentionPlan {
             AttnBar::ScaleFull(_) | AttnBar::PFull(_) | AttnBar::OEmpty(_) => {
                 self.roles.softmax_warps
             }
-            AttnBar::OReady(_) => 4,
+            AttnBar::OReady(_) => WARPGROUP_WARPS,
         }
     }
 
     /// Shared byte offset of `bar`.
     pub fn offset(&self, bar: AttnBar) -> u32 {
         self.bars_offset + 8 * bar.index()
+    }
+
+    /// Shared byte offset of tile `tile`'s rescale factors (one f32 per row).
+    pub fn scale_slot(&self, tile: u32) -> u32 {
+        self.scale_offset + super::ACC_ROWS * 4 * tile
     }
 
     /// Whether column `c` of the score tile takes the polynomial exponential.

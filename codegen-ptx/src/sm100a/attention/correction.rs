@@ -5,6 +5,7 @@
 //! `kiln_ir::tmem::attention`) or the tile's first iteration has no product yet; then it
 //! hands `O` to the MMA thread.
 
+use kiln_ir::tmem::ACC_ROWS;
 use kiln_ir::tmem::attention::AttnStep;
 
 use super::Parts;
@@ -18,7 +19,7 @@ impl Writer<'_> {
         let plan = &p.plan;
         let (_, lanes) = self.attention_tmem(plan);
         let row = self.new_reg(Class::B32);
-        self.ins(format!("and.b32 {row}, {}, 127", self.tid));
+        self.ins(format!("and.b32 {row}, {}, {}", self.tid, ACC_ROWS - 1));
         let it = self.new_reg(Class::B32);
         self.ins(format!("mov.u32 {it}, 0"));
         let mut c = self.cursor(&[]);
@@ -49,7 +50,7 @@ impl Writer<'_> {
                     self.ins(format!("mad.lo.u32 {a}, {row}, 4, {}", self.smem));
                     self.ins(format!(
                         "ld.shared.f32 {f}, [{a}+{}]",
-                        plan.scale_offset + 512 * tile
+                        plan.scale_slot(tile)
                     ));
                     factor = Some(f);
                 }

@@ -23,7 +23,7 @@ mod softmax;
 use kiln_ir::OpId;
 use kiln_ir::ring::Ring;
 use kiln_ir::tile_scheduler::TileScheduler;
-use kiln_ir::tmem::attention::{AttentionPlan, AttnBar, AttnStep};
+use kiln_ir::tmem::attention::{AttentionPlan, AttnBar, AttnStep, WARPGROUP_WARPS};
 
 use crate::CodegenError;
 use crate::sm90a::Cursor;
@@ -77,7 +77,7 @@ impl Writer<'_> {
             let first = if g < 2 {
                 r.softmax_warps * (g as u32 + 1)
             } else {
-                r.correction_warp + 4
+                r.correction_warp + WARPGROUP_WARPS
             };
             self.ins(format!("setp.lt.u32 {below}, {warp}, {first}"));
             self.ins(format!("@{below} bra {label}"));
@@ -185,6 +185,7 @@ impl Writer<'_> {
             self.smem, plan.slot_offset
         ));
         self.ins(format!("ld.shared.b32 {base}, [{slot}]"));
+        // TMEM address = (lane << 16) | column: lane 32 (w % 4) is `(w % 4) << 21`.
         let lanes = self.new_reg(Class::B32);
         self.ins(format!("shr.u32 {lanes}, {}, 5", self.tid));
         self.ins(format!("and.b32 {lanes}, {lanes}, 3"));

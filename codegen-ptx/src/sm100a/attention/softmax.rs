@@ -10,6 +10,7 @@
 
 use std::collections::BTreeSet;
 
+use kiln_ir::tmem::ACC_ROWS;
 use kiln_ir::tmem::attention::{AttentionPlan, AttnStep, RESCALE_COLUMNS};
 use kiln_ir::tmem::exp2::{EXP2_POLY, EXP2_POLY_MIN};
 use kiln_ir::{OpId, OpKind, UnaryOp, ValueId};
@@ -92,7 +93,7 @@ impl Writer<'_> {
         // its store's issuing thread.
         let global = self.tid;
         let local = self.new_reg(Class::B32);
-        self.ins(format!("and.b32 {local}, {global}, 127"));
+        self.ins(format!("and.b32 {local}, {global}, {}", ACC_ROWS - 1));
         self.tid = local;
         let written = self.write_softmax_tiles(p, g, &b);
         self.tid = global;
@@ -107,13 +108,10 @@ impl Writer<'_> {
         let (s_at, row) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
         self.ins(format!("add.u32 {s_at}, {lanes}, {}", cols.s));
         // The thread's row of the tile: its factor's slot.
-        self.ins(format!("and.b32 {row}, {}, 127", self.tid));
+        self.ins(format!("and.b32 {row}, {}, {}", self.tid, ACC_ROWS - 1));
         let scale = self.new_reg(Class::B32);
         self.ins(format!("mad.lo.u32 {scale}, {row}, 4, {}", self.smem));
-        self.ins(format!(
-            "add.u32 {scale}, {scale}, {}",
-            plan.scale_offset + 512 * g
-        ));
+        self.ins(format!("add.u32 {scale}, {scale}, {}", plan.scale_slot(g)));
         let it = self.new_reg(Class::B32);
         self.ins(format!("mov.u32 {it}, 0"));
         let mut c = self.cursor(&[]);

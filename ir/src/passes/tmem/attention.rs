@@ -22,6 +22,7 @@ use crate::ring::{Operand, SWIZZLE_ATOM};
 use crate::tma_store::TmaStore;
 use crate::tmem::attention::{
     AttentionPlan, AttentionRoles, AttnBar, Programs, Q_TILES, RESCALE_COLUMNS, TileColumns,
+    WARPGROUP_WARPS,
 };
 use crate::tmem::{ACC_ROWS, Descriptor, TMEM_COLUMNS, instruction_descriptor};
 
@@ -182,11 +183,11 @@ pub(super) fn plan(
     kernel.schedule.attention = Some(AttentionPlan {
         for_op: id,
         roles: AttentionRoles {
-            softmax_warps: 4,
-            correction_warp: 8,
-            load_warp: 12,
-            mma_warp: 13,
-            warps: 16,
+            softmax_warps: WARPGROUP_WARPS,
+            correction_warp: Q_TILES * WARPGROUP_WARPS,
+            load_warp: (Q_TILES + 1) * WARPGROUP_WARPS,
+            mma_warp: (Q_TILES + 1) * WARPGROUP_WARPS + 1,
+            warps: (Q_TILES + 2) * WARPGROUP_WARPS,
             regs: REGS,
         },
         columns,
@@ -241,7 +242,7 @@ fn staging(st: TmaStore, end: u32) -> Option<Vec<TmaStore>> {
                 let mut s = fit.clone();
                 s.offset = end.next_multiple_of(SWIZZLE_ATOM) + g * each;
                 s.barrier = FIRST_STORE_BARRIER + g;
-                s.threads = 32 * 4;
+                s.threads = 32 * WARPGROUP_WARPS;
                 s
             })
             .collect(),
