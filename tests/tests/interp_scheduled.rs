@@ -80,6 +80,7 @@ fn scheduled_gemm_matches_reference() {
         for b_col_major in [false, true] {
             let flag = b_col_major.to_string();
             let kernel = compiled("gemm", &[("b_col_major", &flag)], target);
+            let semantic = ptx_examples::build("gemm", &[("b_col_major", &flag)]);
             assert!(
                 kernel.schedule.tiles.is_some() && !kernel.schedule.tma_stores.is_empty(),
                 "the gemm is persistent and stores through TMA on {target}"
@@ -90,6 +91,16 @@ fn scheduled_gemm_matches_reference() {
                         let (a, b, want) = gemm_case(&mut rng, shape, b_col_major, dist);
                         let c = run_gemm(&kernel, (128, 128), &a, &b, shape.1, ctas)
                             .unwrap_or_else(|e| panic!("{target}: {e}"));
+                        // The schedule moves the data and adds in the interpreter's order:
+                        // the result is the semantic interpreter's, to the bit.
+                        let plain = run_gemm(&semantic, (128, 128), &a, &b, shape.1, ctas)
+                            .expect("interprets");
+                        assert_eq!(
+                            c.to_f64_vec(),
+                            plain.to_f64_vec(),
+                            "{target} b_col_major={b_col_major} {shape:?} {dist}: scheduled and \
+                             semantic runs differ"
+                        );
                         let case = Case {
                             kernel: format!(
                                 "scheduled gemm on {target}, b_col_major={b_col_major}, {ctas} CTA(s)"
