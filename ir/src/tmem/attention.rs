@@ -699,6 +699,11 @@ impl fmt::Display for AttentionPlan {
                 steps.join(" +")
             )?;
         }
+        writeln!(
+            f,
+            "    (the ring's consumer side above is the mma thread's programs below: its release \
+             of once_free is a tcgen05.commit)"
+        )?;
         writeln!(f, "    setup (mma warp): {}", join(&self.setup))?;
         writeln!(f, "    load, per tile: {}", join(&self.load_tile))?;
         writeln!(f, "    load, per iteration: {}", join(&self.load_iteration))?;

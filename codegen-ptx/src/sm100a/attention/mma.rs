@@ -4,8 +4,9 @@
 //! TMEM after the last tile.
 //!
 //! The tcgen05.mmas of one thread execute in issue order (PTX ISA, tcgen05 memory
-//! consistency: they form one pipeline), so `S_g` of the next iteration, written over the
-//! `P_g` the previous `O_g += P_g V` reads, is issued after it and needs no wait of its own.
+//! consistency: they form one pipeline; FlashAttention-4 relies on the same), so `S_g` of the
+//! next iteration, written over the `P_g` the previous `O_g += P_g V` reads, is issued after
+//! it and needs no wait of its own. (Not checked on hardware: no Blackwell here.)
 
 use kiln_ir::tmem::attention::AttnStep;
 
