@@ -170,6 +170,20 @@ fn check_attention(
 }
 
 #[test]
+fn a_tile_without_iterations_stores_the_initial_accumulator() {
+    // K = 0: no tile's loop runs. On sm_100a no mma writes the TMEM accumulator, and the
+    // epilogue takes the loop's initial zeros instead of copying it.
+    let mut rng = Rng::from_env();
+    for target in [Target::Sm90a, Target::Sm100a] {
+        let kernel = compiled("gemm", &[], target);
+        let (a, b, want) = gemm_case(&mut rng, (300, 130, 0), false, Dist::Normal);
+        let c = run_gemm(&kernel, (128, 128), &a, &b, 130, 2).expect("runs");
+        assert!(want.iter().all(|&x| x == 0.0));
+        assert_eq!(c.to_f64_vec(), want, "{target}");
+    }
+}
+
+#[test]
 fn scheduled_gemm_of_one_consumer_warpgroup_matches_reference() {
     // The small-M tile: 64 rows, one consumer warpgroup, on the same ring, walk and epilogue.
     let mut rng = Rng::from_env();

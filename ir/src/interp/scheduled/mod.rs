@@ -36,7 +36,7 @@
 //! - **Tensor memory** (sm_100a). The ring's mma accumulates into one TMEM accumulator per
 //!   CTA, which the first mma of each tile overwrites (its enable-input flag off); the code
 //!   after a tile's loop reads the accumulator as the tile's last mma left it (a tile with no
-//!   iterations reads what the tile before left).
+//!   iterations takes the loop's initial value instead, as the epilogue's `Read` does).
 //!
 //! The orders the execution takes for granted (which wgmma a release waits for, the staging
 //! tile's barriers) are the protocol check's to prove; this execution checks where the data
@@ -365,11 +365,9 @@ struct Cta<'p, 'k> {
     /// The values of iteration `t` of tile `k`, keyed `(k, t)`.
     iterations: BTreeMap<(usize, u32), Env>,
     smem: SharedMemory,
-    /// sm_100a: the TMEM accumulator, what each tile's last mma left in it, and what the
-    /// epilogues read last.
+    /// sm_100a: the TMEM accumulator, and what each tile's last mma left in it.
     tmem: Option<Value>,
     tmem_left: Vec<Option<Value>>,
-    tmem_read: Option<Value>,
     /// Tiles whose code after the loop has run.
     finished: usize,
     /// TMA-store boxes issued but not yet waited for: the store, the box, the store's tile
@@ -429,7 +427,6 @@ impl<'p, 'k> Cta<'p, 'k> {
             smem: SharedMemory::new(kernel.schedule.smem_bytes),
             tmem: None,
             tmem_left: vec![None; n],
-            tmem_read: None,
             finished: 0,
             bulk: Vec::new(),
         })
@@ -745,15 +742,10 @@ impl<'p, 'k> Cta<'p, 'k> {
                 None => env[init[j].index()].clone(),
             };
         }
-        if let Some((mma, carried)) = plan.tmem_mma {
-            if let Some(left) = self.tmem_left[k].take() {
-                self.tmem_read = Some(left);
-            }
-            let acc = match &self.tmem_read {
-                Some(acc) => acc.clone(),
-                None => nan_like(kernel, kernel.ops[mma].results[0]),
-            };
-            env[results[carried].index()] = Some(acc);
+        if let Some((_, carried)) = plan.tmem_mma
+            && trips > 0
+        {
+            env[results[carried].index()] = self.tmem_left[k].take();
         }
         if results.iter().any(|r| env[r.index()].is_none()) {
             return Err(plan.error(format!(
@@ -831,17 +823,5 @@ impl<'p, 'k> Cta<'p, 'k> {
             }
         }
         Ok(())
-    }
-}
-
-/// A tile of `v`'s type, every element NaN: tensor memory no mma wrote.
-fn nan_like(kernel: &Kernel, v: ValueId) -> Value {
-    let ty = kernel.ty(v);
-    let dims = ty.shape().map(|s| s.dims().to_vec()).unwrap_or_default();
-    let n = dims.iter().product();
-    Value {
-        dtype: ty.dtype(),
-        dims,
-        elems: Elems::F(vec![f32::NAN; n]),
     }
 }
