@@ -1,16 +1,20 @@
 //! The attention example's FlashAttention features (f16, sliding windows, soft-capping, head
 //! dim 96) through the compiler: on sm_90a the passes find the same schedule as for the
 //! default kernel (one TMA ring, the rotated loop with ping-ponging warpgroups, persistent
-//! tiles, the TMA-store epilogue) and its protocol is proved; on both targets the PTX
-//! assembles with `ptxas` without spills (and on sm_90a without advisories). Their numbers
-//! are checked on the interpreter (`interp_attention_features`) and on the GPU
-//! (`gpu_examples`).
+//! tiles, the TMA-store epilogue), its protocol is proved and its CPU execution
+//! (`run_scheduled`) matches the f64 reference; on both targets the PTX assembles with
+//! `ptxas` without spills (and on sm_90a without advisories). Their numbers are checked on
+//! the interpreter (`interp_attention_features`) and on the GPU (`gpu_attention_features`).
 
 mod ptx_examples;
 
-use kiln_ir::passes::{PASSES, protocol_check};
+use kiln_ir::interp::{HostArg, run_scheduled};
+use kiln_ir::passes::{PASSES, protocol_check, run_pipeline};
 use kiln_ir::tile_scheduler::TileScheduler;
-use kiln_ir::{Kernel, Target};
+use kiln_ir::{DType, Kernel, Target};
+use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::reference;
 
 /// Comptime overrides of one variant.
 type Variant = &'static [(&'static str, &'static str)];
@@ -189,5 +193,101 @@ fn bad_softcaps_are_diagnostics() {
             .unwrap_or_else(|e| panic!("{cap}: {e}"));
         let e = def.build(&spec).expect_err("rejected");
         assert!(e.to_string().contains("softcap must be 0"), "{cap}: {e}");
+    }
+}
+
+/// One scheduled run: the variant's comptime overrides, its dtype, window (the reference's,
+/// causal folded in) and cap, and `(sq, sk)`.
+type ScheduledCase = (Variant, DType, (i64, i64), Option<f64>, (usize, usize));
+
+#[test]
+fn scheduled_sm90a_features_match_reference() {
+    // The sm_90a schedule executed on the CPU (TMA boxes, the rotated ring, the persistent
+    // tile walk over 2 CTAs, the TMA-store epilogue): a left bound starts the walk past
+    // block 0, both edges mask, the cap runs between the mmas, f16 through the ring, and
+    // head dim 96 through 128-column boxes past the tensors' edge.
+    let mut rng = Rng::from_env();
+    let cases: [ScheduledCase; 5] = [
+        (
+            &[
+                ("d", "64"),
+                ("block_n", "128"),
+                ("window_left", "20"),
+                ("window_right", "0"),
+            ],
+            DType::Bf16,
+            (20, 0),
+            None,
+            (300, 300),
+        ),
+        (
+            &[
+                ("block_n", "128"),
+                ("window_left", "33"),
+                ("window_right", "17"),
+            ],
+            DType::Bf16,
+            (33, 17),
+            None,
+            (200, 330),
+        ),
+        (
+            &[
+                ("d", "64"),
+                ("block_n", "128"),
+                ("softcap", "5"),
+                ("causal", "true"),
+            ],
+            DType::Bf16,
+            (-1, 0),
+            Some(5.0),
+            (260, 150),
+        ),
+        (
+            &[("dtype", "f16"), ("block_n", "128"), ("causal", "true")],
+            DType::F16,
+            (-1, 0),
+            None,
+            (150, 280),
+        ),
+        (
+            &[("d", "96"), ("block_n", "128"), ("window_right", "40")],
+            DType::Bf16,
+            (-1, 40),
+            None,
+            (300, 140),
+        ),
+    ];
+    for (v, dtype, window, cap, (sq, sk)) in cases {
+        let mut kernel = ptx_examples::build("attention", v);
+        run_pipeline(&mut kernel, Target::Sm90a, &mut |_, _| {})
+            .unwrap_or_else(|d| panic!("{v:?}: {d}"));
+        let d = v
+            .iter()
+            .find(|(n, _)| *n == "d")
+            .map_or(128, |(_, x)| x.parse().expect("d"));
+        let (b, h) = (2, 2);
+        let q = tensor(&mut rng, &[b, h, sq, d], dtype, Dist::Normal);
+        let k = tensor(&mut rng, &[b, h, sk, d], dtype, Dist::Normal);
+        let vt = tensor(&mut rng, &[b, h, sk, d], dtype, Dist::Normal);
+        let scale = (rng.uniform(0.5, 1.5) / (d as f64).sqrt()) as f32;
+        let mut o = poisoned(&[b, h, sq, d], dtype);
+        let mut args = [
+            HostArg::Tensor(&q),
+            HostArg::Tensor(&k),
+            HostArg::Tensor(&vt),
+            HostArg::TensorMut(&mut o),
+            HostArg::F32(scale),
+        ];
+        let grid = [sq.div_ceil(128) as u32, h as u32, b as u32];
+        run_scheduled(&kernel, grid, 2, &mut args).unwrap_or_else(|e| panic!("{v:?}: {e}"));
+        let case = Case {
+            kernel: format!("scheduled attention on sm_90a {v:?}, 2 CTAs"),
+            shape: format!("b={b} h={h} sq={sq} sk={sk}"),
+            dist: Dist::Normal,
+            seed: rng.seed(),
+        };
+        let want = reference::attention_window(&q, &k, &vt, f64::from(scale), window, cap);
+        assert_close(&case, &o, &want, tolerance(dtype));
     }
 }
