@@ -84,6 +84,9 @@ fn plan_of_the_default_attention() {
     assert_eq!(p.q.steps.len(), 8);
     assert_eq!(p.v.steps, [0, 2048, 4096, 6144]);
     assert_eq!(p.poly_share, (1, 4));
+    // f16: the A and B type codes (bits 7 and 10) are 0.
+    let f16 = plan(&scheduled(&[("dtype", "f16")]));
+    assert_eq!((f16.s_idesc, f16.o_idesc), (0x0810_0010, 0x0821_0010));
     // The PV mma waits for P and for the rescaled O of its tile; the stage is released by a
     // commit after the last mma reading it.
     let it = &p.mma_iteration;
@@ -396,6 +399,20 @@ fn variants_assemble_without_spills() {
         &[("d", "64"), ("causal", "true"), ("kv_group", "4")],
         &[("block_n", "128")],
         &[("block_n", "128"), ("causal", "true")],
+        // The features of `examples/src/attention.rs` beyond the default: f16 (the mma kind's
+        // type codes 0), sliding windows (one tile's walk may start later than the other's:
+        // its extra iterations are no-ops), a two-sided window with causal, soft-capping,
+        // d = 96 (d = 128's kernel).
+        &[("dtype", "f16")],
+        &[("window_left", "256")],
+        &[
+            ("window_left", "128"),
+            ("window_right", "0"),
+            ("causal", "true"),
+        ],
+        &[("window_left", "64"), ("d", "64"), ("dtype", "f16")],
+        &[("softcap", "30.0")],
+        &[("d", "96"), ("kv_group", "2")],
     ] {
         let k = ptx_examples::build("attention", set);
         let m = kiln_ptx::compile(&k, Target::Sm100a).unwrap_or_else(|e| panic!("{set:?}: {e}"));
