@@ -215,6 +215,17 @@ impl<'k> Writer<'k> {
             let ctas = roles.map_or(1, |r| r.ctas_per_sm);
             let _ = writeln!(ptx, ".minnctapersm {ctas}");
         }
+        // A clustered ring's CTAs run in clusters along x; the directive makes every launch
+        // (`cuLaunchKernel` included) one of whole clusters.
+        if let Some(c) = self
+            .k
+            .schedule
+            .rings
+            .values()
+            .find_map(|r| r.cluster.as_ref())
+        {
+            let _ = writeln!(ptx, ".reqnctapercluster {}, 1, 1", c.ctas);
+        }
         ptx.push_str("{\n");
         ptx.push_str(&self.regs.declarations());
         if let Some(decl) = self.print_buffer_decl() {

@@ -9,19 +9,19 @@ use kiln::prelude::*;
 /// tile of `c`, walking `K` in `BK` steps in a `STAGES`-deep pipelined loop; edge tiles load
 /// as zeros, so a `K` tail adds exact zeros. Every tensor is of element type `dtype`.
 ///
-/// Grid: `(cdiv(M, BM), cdiv(N, BN), 1)`. Comptime: `BM = 128`, `BN = 128`, `BK = 64`,
-/// `STAGES = 3`, `b_col_major = false`, `dtype = bf16` (or `f16`); the autotuner tries `BM`
-/// in {64, 128}, `BN` in {128, 256}, `BK` in {32, 64}, `STAGES` in {3, 4, 5} (what fits).
-///
-/// On sm_80: 4 warps of 64x64 (fewer ldmatrix per mma than 8 of 64x32), ~230 registers,
-/// 96 KiB shared, 2 blocks/SM (H200, 4096^3: 352 TFLOP/s; BK = 32: 323; 8 warps: 314; 4
-/// stages, 1/SM: 285). On sm_90a the passes make it a persistent, warp-specialised wgmma
-/// kernel (the README has its figures against cuBLAS).
+/// Grid: `(cdiv(M, BM), cdiv(N, BN), 1)`. Comptime: `CLUSTER_M = 1`, `BM = 128`, `BN = 128`,
+/// `BK = 64`, `STAGES = 3`, `b_col_major = false`, `dtype = bf16` (or `f16`); the autotuner
+/// tries `CLUSTER_M` in {1, 2} (sm_90a: M-adjacent pairs share B's tiles, multicast), `BM` in
+/// {64, 128}, `BN` in {128, 256}, `BK` in {32, 64}, `STAGES` in {3, 4, 5} (what fits).
+/// On sm_80: 4 warps of 64x64 (fewer ldmatrix per mma than 8 of 64x32), ~230 registers, 96 KiB
+/// shared, 2 blocks/SM (H200, 4096^3: 352 TFLOP/s; BK = 32: 323; 8 warps: 314; 4 stages, 1/SM:
+/// 285). On sm_90a: a persistent, warp-specialised wgmma kernel (README: figures vs cuBLAS).
 #[kernel(num_warps = 4)]
 pub fn gemm(
     a: Tensor<dtype, 2>,
     b: Tensor<dtype, 2>,
     c: TensorMut<dtype, 2>,
+    #[comptime(default = 1, tune = [1, 2])] CLUSTER_M: usize,
     #[comptime(default = 128, tune = [64, 128])] BM: usize,
     #[comptime(default = 128, tune = [128, 256])] BN: usize,
     #[comptime(default = 64, tune = [32, 64])] BK: usize,
@@ -30,15 +30,13 @@ pub fn gemm(
     #[comptime(default = DType::Bf16)] dtype: DType,
 ) {
     let (mb, nb) = (block_id().x, block_id().y);
-    let acc = mainloop(a, b, mb, nb, BM, BN, BK, STAGES, b_col_major);
+    let acc = mainloop(a, b, mb, nb, BM, BN, BK, STAGES, CLUSTER_M, b_col_major);
     c.tile([BM, BN], [mb * BM, nb * BN])
         .store(acc.cast_to(dtype));
 }
 
-/// The `[BM, BN]` f32 tile `a[mb*BM.., :] @ B[:, nb*BN..]` of `c = a @ B`, the mainloop of
-/// [`gemm`] and of the fused-epilogue kernels: `K` walked in `BK` steps in a `STAGES`-deep
-/// pipelined loop, `B` given as `b[K, N]` or, when `b_col_major`, as `b[N, K]`. Edge tiles
-/// load as zeros, so rows and columns past the tensors add exact zeros.
+/// The f32 `[BM, BN]` tile `(mb, nb)` of `a @ B` (`B`: `b[K, N]`, or `b[N, K]` if `b_col_major`):
+/// `K` in `BK` steps `STAGES` deep, edge tiles zeros; `CLUSTER_M` blocks per cluster ([`cluster`]).
 #[kernel_fn]
 pub(crate) fn mainloop(
     a: Tensor,
@@ -49,8 +47,10 @@ pub(crate) fn mainloop(
     BN: usize,
     BK: usize,
     STAGES: usize,
+    CLUSTER_M: usize,
     b_col_major: bool,
 ) -> Value {
+    cluster(CLUSTER_M);
     let k = a.dim(1);
     let mut acc = zeros::<f32>([BM, BN]);
     for kb in pipelined(0..cdiv(k, BK), stages = STAGES as u32) {

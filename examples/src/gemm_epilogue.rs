@@ -65,15 +65,15 @@ fn activation(x: Value, act: usize) -> Value {
 /// [`ACT_GELU`] = 2 (tanh approximation), [`ACT_SILU`] = 3; any other number is rejected).
 /// `B` is `b[K, N]`, or `b[N, K]` when `b_col_major`, as in [`gemm`](crate::gemm::gemm).
 ///
-/// Grid: `(cdiv(M, BM), cdiv(N, BN), 1)`. Comptime: `act = 0` and the gemm's `BM = 128`,
-/// `BN = 128`, `BK = 64`, `STAGES = 3`, `b_col_major = false`, `dtype = bf16` (or `f16`:
-/// every tensor's element type), with its tune lists.
+/// Grid: `(cdiv(M, BM), cdiv(N, BN), 1)`. Comptime: `act = 0` and the gemm's `CLUSTER_M`,
+/// tile, `b_col_major` and `dtype` (every tensor's element type), defaults and tune lists.
 #[kernel(num_warps = 8)]
 pub fn gemm_bias_act(
     a: Tensor<dtype, 2>,
     b: Tensor<dtype, 2>,
     bias: Tensor<dtype, 1>,
     c: TensorMut<dtype, 2>,
+    #[comptime(default = 1, tune = [1, 2])] CLUSTER_M: usize,
     #[comptime(default = 0)] act: usize,
     #[comptime(default = 128, tune = [64, 128])] BM: usize,
     #[comptime(default = 128, tune = [128, 256])] BN: usize,
@@ -83,7 +83,7 @@ pub fn gemm_bias_act(
     #[comptime(default = DType::Bf16)] dtype: DType,
 ) {
     let (mb, nb) = (block_id().x, block_id().y);
-    let acc = mainloop(a, b, mb, nb, BM, BN, BK, STAGES, b_col_major);
+    let acc = mainloop(a, b, mb, nb, BM, BN, BK, STAGES, CLUSTER_M, b_col_major);
     let bias_row = bias.tile([BN], [nb * BN]).load().cast::<f32>();
     let y = activation(acc + bias_row.row(), act);
     c.tile([BM, BN], [mb * BM, nb * BN]).store(y.cast_to(dtype));
@@ -93,15 +93,15 @@ pub fn gemm_bias_act(
 /// `gemm` with a separate output; `c` is read once per element, in f32). `B` is `b[K, N]`,
 /// or `b[N, K]` when `b_col_major`, as in [`gemm`](crate::gemm::gemm).
 ///
-/// Grid: `(cdiv(M, BM), cdiv(N, BN), 1)`. Comptime: the gemm's `BM = 128`, `BN = 128`,
-/// `BK = 64`, `STAGES = 3`, `b_col_major = false`, `dtype = bf16` (or `f16`: every tensor's
-/// element type), with its tune lists.
+/// Grid: `(cdiv(M, BM), cdiv(N, BN), 1)`. Comptime: the gemm's `CLUSTER_M`, tile,
+/// `b_col_major` and `dtype` (every tensor's element type), defaults and tune lists.
 #[kernel(num_warps = 8)]
 pub fn gemm_alpha_beta(
     a: Tensor<dtype, 2>,
     b: Tensor<dtype, 2>,
     c: Tensor<dtype, 2>,
     d: TensorMut<dtype, 2>,
+    #[comptime(default = 1, tune = [1, 2])] CLUSTER_M: usize,
     alpha: f32,
     beta: f32,
     #[comptime(default = 128, tune = [64, 128])] BM: usize,
@@ -112,7 +112,7 @@ pub fn gemm_alpha_beta(
     #[comptime(default = DType::Bf16)] dtype: DType,
 ) {
     let (mb, nb) = (block_id().x, block_id().y);
-    let acc = mainloop(a, b, mb, nb, BM, BN, BK, STAGES, b_col_major);
+    let acc = mainloop(a, b, mb, nb, BM, BN, BK, STAGES, CLUSTER_M, b_col_major);
     let cs = c.tile([BM, BN], [mb * BM, nb * BN]).load().cast::<f32>();
     d.tile([BM, BN], [mb * BM, nb * BN])
         .store((acc * alpha + cs * beta).cast_to(dtype));

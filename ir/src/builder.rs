@@ -63,6 +63,11 @@ impl Builder {
         &self.kernel
     }
 
+    /// The kernel's launch options, for the DSL calls that set them ([`crate::dsl::cluster`]).
+    pub fn options_mut(&mut self) -> &mut crate::kernel::KernelOptions {
+        &mut self.kernel.options
+    }
+
     /// Adds an operation whose result types follow from its operands; returns its results.
     pub fn op(
         &mut self,

@@ -436,11 +436,22 @@ pub struct KernelOptions {
     /// Warps per thread block. The frontend leaves this at its default; a
     /// `#[kernel(num_warps = N)]` attribute overrides it.
     pub num_warps: u32,
+    /// The kernel's request for thread-block clusters along x ([`crate::dsl::cluster`]):
+    /// CTAs per cluster (1: none) and where it was asked for. A request, not a promise: the
+    /// passes cluster a schedule that can share its loads across the cluster
+    /// ([`crate::cluster`]) and report any other as a diagnostic at `loc`.
+    pub cluster: u32,
+    /// Where the cluster was requested (the default location when it was not).
+    pub cluster_loc: Loc,
 }
 
 impl Default for KernelOptions {
     fn default() -> Self {
-        KernelOptions { num_warps: 4 }
+        KernelOptions {
+            num_warps: 4,
+            cluster: 1,
+            cluster_loc: Loc::default(),
+        }
     }
 }
 

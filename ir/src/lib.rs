@@ -49,6 +49,7 @@
 
 pub mod arena;
 pub mod builder;
+pub mod cluster;
 pub mod device_print;
 pub mod diag;
 pub mod dsl;

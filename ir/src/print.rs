@@ -21,9 +21,15 @@ const LOC_COLUMN: usize = 64;
 pub fn print_kernel(kernel: &Kernel) -> String {
     let mut out = String::new();
     let params: Vec<String> = kernel.params.iter().map(param_str).collect();
+    // A cluster request is printed only when made, so every other kernel prints as before
+    // (and the disk cache, keyed by this text, tells the two apart).
+    let cluster = match kernel.options.cluster {
+        1 => String::new(),
+        n => format!(" cluster={n}"),
+    };
     let _ = writeln!(
         out,
-        "kernel {}({}) num_warps={} {{",
+        "kernel {}({}) num_warps={}{cluster} {{",
         kernel.name,
         params.join(", "),
         kernel.options.num_warps

@@ -108,6 +108,15 @@ pub enum Step {
         /// How many iterations back the released stage was used.
         lag: u32,
     },
+    /// A clustered ring ([`Ring::cluster`]): [`Step::Arrive`] on the same barrier of every
+    /// other CTA of the cluster (`mapa` + `mbarrier.arrive.release.cluster`), whose producer
+    /// multicasts into this CTA's stage and so must hear that it is free.
+    ArrivePeer {
+        /// The barrier array.
+        bar: Bar,
+        /// How many iterations back the released stage was used.
+        lag: u32,
+    },
     /// Rotated loops: the wgmmas of the body's head mma ([`Overlap::head`]) for iteration
     /// `t`, reading stage `t % stages`; not waited for here.
     IssueHead,
@@ -188,7 +197,9 @@ impl Step {
             | Step::GenericWrite { .. }
             | Step::Tcgen05Mma => Some(0),
             Step::IssueTail => Some(1),
-            Step::Arrive { lag, .. } | Step::Tcgen05Commit { lag, .. } => Some(lag),
+            Step::Arrive { lag, .. }
+            | Step::ArrivePeer { lag, .. }
+            | Step::Tcgen05Commit { lag, .. } => Some(lag),
             Step::Commit
             | Step::WaitGroup(_)
             | Step::FenceProxyAsync
@@ -279,6 +290,10 @@ pub enum InitStep {
     FenceMbarrierInit,
     /// `bar.sync 0`: every thread sees initialised barriers before using them.
     BarSync,
+    /// A clustered ring: `barrier.cluster.arrive.release` + `wait.acquire` in place of
+    /// `bar.sync`: every CTA's barriers are initialised before any CTA arrives on a peer's or
+    /// multicasts into it.
+    ClusterSync,
 }
 
 /// Bytes of the 128-byte swizzle atom (8 rows of 128 B): the alignment of every stage.
@@ -384,6 +399,19 @@ impl TmaLoad {
         dims
     }
 
+    /// The tile's extent `[rows, cols]`: what its boxes cover together (a clustered ring's
+    /// shared load issues each box of the tile as slabs of rows, [`crate::cluster`]).
+    pub fn tile_dims(&self) -> [u32; 2] {
+        let extent = |d: usize| {
+            self.boxes
+                .iter()
+                .map(|b| b.origin[d] + self.box_dims[d])
+                .max()
+                .unwrap_or(0)
+        };
+        [extent(0), extent(1)]
+    }
+
     /// Bytes of one box.
     pub fn box_bytes(&self) -> u32 {
         self.box_dims[0] * self.box_dims[1] * 2
@@ -446,6 +474,9 @@ pub struct Ring {
     pub tail_empty_offset: u32,
     /// The rotated schedule of the body, when the `overlap` pass found one.
     pub overlap: Option<Overlap>,
+    /// The thread-block cluster whose CTAs share one load's stages, when the `persistent`
+    /// pass clustered the ring ([`crate::cluster`]).
+    pub cluster: Option<crate::cluster::Cluster>,
 }
 
 impl Ring {
@@ -523,6 +554,7 @@ impl fmt::Display for Step {
             Step::Commit => f.write_str("commit"),
             Step::WaitGroup(n) => write!(f, "wait_group {n}"),
             Step::Arrive { bar, lag } => write!(f, "arrive {bar}[i-{lag}]"),
+            Step::ArrivePeer { bar, lag } => write!(f, "arrive.peer {bar}[i-{lag}]"),
             Step::IssueHead => f.write_str("wgmma head[i]"),
             Step::IssueTail => f.write_str("wgmma tail[i-1]"),
             Step::Between => f.write_str("between[i]"),
@@ -639,6 +671,9 @@ impl fmt::Display for Ring {
                 f,
                 "    persistent: stages and phases continue across work tiles"
             )?;
+        }
+        if let Some(c) = &self.cluster {
+            writeln!(f, "{c}")?;
         }
         if !self.once.is_empty() {
             writeln!(f, "    once@{}", self.once_offset)?;

@@ -118,6 +118,7 @@ fn gpu_gemm_matches_reference_and_interpreter() {
                     gemm.launch(
                         &dev,
                         grid,
+                        1,
                         bm,
                         bn,
                         bk,
@@ -132,6 +133,7 @@ fn gpu_gemm_matches_reference_and_interpreter() {
                     let mut ci = poisoned(&[m, n], DType::Bf16);
                     gemm.interpret(
                         grid,
+                        1,
                         bm,
                         bn,
                         bk,
@@ -245,7 +247,7 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
     let grid = [1, 1, 1];
     // The default 128x128x32, 3-stage bf16 gemm with row-major B.
     let launch =
-        |grid, a, b, c| gemm.launch(&dev, grid, 128, 128, 32, 3, false, DType::Bf16, a, b, c);
+        |grid, a, b, c| gemm.launch(&dev, grid, 1, 128, 128, 32, 3, false, DType::Bf16, a, b, c);
 
     let f32_a = dev.alloc(DType::F32, &[m, k]).expect("alloc");
     let err = launch(grid, &f32_a, &b, &c).expect_err("dtype");
@@ -381,6 +383,7 @@ fn gpu_misaligned_views_get_their_own_specialisation() {
         gemm.launch(
             &dev,
             [1, 1, 1],
+            1,
             128,
             128,
             32,

@@ -10,6 +10,13 @@
 //! issued by the producer before its loop and waited for by the consumers before theirs; the
 //! load op itself, earlier in the kernel, only names the tile's shared address. Every step
 //! comes from [`kiln_ir::ring::Ring`], the data the `protocol_check` pass proved.
+//!
+//! A clustered ring ([`kiln_ir::cluster`]): the entry requires clusters of 2
+//! (`.reqnctapercluster`), the set-up ends on a cluster barrier instead of `bar.sync`, each
+//! CTA issues its boxes of the shared load with `.multicast::cluster` (the others' are
+//! predicated off by `%cluster_ctarank`), the consumers' peer releases arrive through `mapa`
+//! on the other CTA's `empty`, which the producer waits on with cluster scope, and the
+//! consumers meet at a cluster barrier before they exit.
 
 pub(crate) mod persistent;
 mod rotated;
@@ -121,6 +128,7 @@ impl Writer<'_> {
                 }
                 InitStep::FenceMbarrierInit => self.ins("fence.mbarrier_init.release.cluster"),
                 InitStep::BarSync => self.ins("bar.sync 0"),
+                InitStep::ClusterSync => self.cluster_barrier(),
             }
         }
         // A once load's op only names its tile; the producer issues it at the ring.
@@ -196,9 +204,16 @@ impl Writer<'_> {
         };
         let addr = self.bar_addr(ring, bar, c.stage);
         let (p, top) = (self.new_reg(Class::Pred), self.new_label());
+        // A clustered ring's `empty` also counts the peer's consumers: acquire at cluster
+        // scope what their releases published (ptx-notes §2).
+        let scope = if ring.cluster.is_some() && bar == Bar::Empty {
+            ".acquire.cluster"
+        } else {
+            ""
+        };
         self.label(&top);
         self.ins(format!(
-            "mbarrier.try_wait.parity.shared::cta.b64 {p}, [{addr}], {phase}"
+            "mbarrier.try_wait.parity{scope}.shared::cta.b64 {p}, [{addr}], {phase}"
         ));
         self.ins(format!("@!{p} bra {top}"));
         Ok(())
@@ -208,6 +223,9 @@ impl Writer<'_> {
     /// the body. See the module doc.
     pub(crate) fn write_ring_loop(&mut self, id: OpId) -> Result<(), CodegenError> {
         let ring = self.k.schedule.rings[&id].clone();
+        if ring.cluster.is_some() {
+            return Err(self.internal(id, "a clustered ring that is not persistent"));
+        }
         let bounds = self.loop_bounds(id)?;
         let consumer_label = self.split_roles(id)?;
         let c = self.cursor(&ring.producer);
@@ -370,9 +388,10 @@ impl Writer<'_> {
             }
             Step::Tma { load } => self.issue_tma(ring, load, c, iv, id)?,
             Step::TmaOnce { load } => self.issue_tma_once(ring, load, c, id)?,
-            Step::Arrive { bar, lag } => self.release(ring, c, bar, lag, None),
+            Step::Arrive { bar, lag } => self.release(ring, c, bar, lag, None, false),
             Step::FenceProxyAsync => self.ins("fence.proxy.async.shared::cta"),
-            Step::GenericWrite { .. }
+            Step::ArrivePeer { .. }
+            | Step::GenericWrite { .. }
             | Step::Mma
             | Step::Commit
             | Step::WaitGroup(_)
@@ -462,7 +481,8 @@ impl Writer<'_> {
         match s {
             Step::Commit => self.ins("wgmma.commit_group.sync.aligned"),
             Step::WaitGroup(n) => self.ins(format!("wgmma.wait_group.sync.aligned {n}")),
-            Step::Arrive { bar, lag } => self.release(ring, c, bar, lag, Some(lane0)),
+            Step::Arrive { bar, lag } => self.release(ring, c, bar, lag, Some(lane0), false),
+            Step::ArrivePeer { bar, lag } => self.release(ring, c, bar, lag, Some(lane0), true),
             Step::FenceProxyAsync => self.ins("fence.proxy.async.shared::cta"),
             Step::Wait { bar, start } => self.wait(ring, c, bar, start)?,
             Step::ArriveExpectTx { .. }
@@ -485,7 +505,8 @@ impl Writer<'_> {
     }
 
     /// One arrival on `bar` of the stage used `lag` iterations ago (lag 0 or 1), by the
-    /// thread(s) `elected` selects, skipped while fewer than `lag` iterations ran.
+    /// thread(s) `elected` selects, skipped while fewer than `lag` iterations ran; `peer`:
+    /// on the same barrier of the other CTA of the cluster, released at cluster scope.
     pub(crate) fn release(
         &mut self,
         ring: &Ring,
@@ -493,6 +514,7 @@ impl Writer<'_> {
         bar: Bar,
         lag: u32,
         elected: Option<Reg>,
+        peer: bool,
     ) {
         let stage = if lag == 0 { c.stage } else { c.prev };
         let a = self.bar_addr(ring, bar, stage);
@@ -501,7 +523,31 @@ impl Writer<'_> {
         if let Some(e) = elected {
             self.ins(format!("and.pred {p}, {p}, {e}"));
         }
-        self.ins(format!("@{p} mbarrier.arrive.shared::cta.b64 _, [{a}]"));
+        if peer {
+            let (other, remote) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+            let rank = self.cluster_rank();
+            self.ins(format!("xor.b32 {other}, {rank}, 1"));
+            self.ins(format!("mapa.shared::cluster.u32 {remote}, {a}, {other}"));
+            self.ins(format!(
+                "@{p} mbarrier.arrive.release.cluster.shared::cluster.b64 _, [{remote}]"
+            ));
+        } else {
+            self.ins(format!("@{p} mbarrier.arrive.shared::cta.b64 _, [{a}]"));
+        }
+    }
+
+    /// This CTA's rank in its cluster (`%cluster_ctarank`).
+    pub(crate) fn cluster_rank(&mut self) -> Reg {
+        let r = self.new_reg(Class::B32);
+        self.ins(format!("mov.u32 {r}, %cluster_ctarank"));
+        r
+    }
+
+    /// Every thread of the cluster: what each wrote before (the barrier inits, its shared
+    /// memory) is seen by every other CTA after.
+    pub(crate) fn cluster_barrier(&mut self) {
+        self.ins("barrier.cluster.arrive.release.aligned");
+        self.ins("barrier.cluster.wait.acquire.aligned");
     }
 
     /// The TMA boxes of ring load `load` for the iteration whose induction variable is `iv`.
@@ -532,7 +578,25 @@ impl Writer<'_> {
             "mad.lo.u32 {stage}, {}, {}, {}",
             c.stage, l.stage_stride, self.smem
         ));
-        self.tma_boxes(&l, &coords, stage, full)
+        match &ring.cluster {
+            Some(cl) if cl.shared == load => {
+                // Every CTA runs the same code; each box is issued where the rank is its
+                // issuer's, into the stages of its mask's CTAs.
+                let rank = self.cluster_rank();
+                let cast = cl
+                    .multicast
+                    .iter()
+                    .map(|m| {
+                        let (p, mask) = (self.new_reg(Class::Pred), self.new_reg(Class::B16));
+                        self.ins(format!("setp.eq.u32 {p}, {rank}, {}", m.issuer));
+                        self.ins(format!("mov.b16 {mask}, {}", m.mask));
+                        (p, mask)
+                    })
+                    .collect::<Vec<_>>();
+                self.boxes(&l, &coords, stage, full, &cast)
+            }
+            _ => self.tma_boxes(&l, &coords, stage, full),
+        }
     }
 
     /// The TMA boxes of once load `load` (its coordinates are computed before the loop).
@@ -568,6 +632,22 @@ impl Writer<'_> {
         stage: Reg,
         bar: Reg,
     ) -> Result<(), CodegenError> {
+        self.boxes(l, coords, stage, bar, &[])
+    }
+
+    /// [`Writer::tma_boxes`]; with `cast` (one `(predicate, ctaMask)` per box), box `b` is
+    /// issued under `cast[b].0` with `.multicast::cluster` into the CTAs of `cast[b].1`.
+    fn boxes(
+        &mut self,
+        l: &TmaLoad,
+        coords: &[Reg],
+        stage: Reg,
+        bar: Reg,
+        cast: &[(Reg, Reg)],
+    ) -> Result<(), CodegenError> {
+        if !cast.is_empty() && cast.len() != l.boxes.len() {
+            return Err(self.internal(l.load, "a multicast plan that misses boxes"));
+        }
         let map = *self
             .tmaps
             .get(&l.param)
@@ -579,7 +659,7 @@ impl Writer<'_> {
         if coords.len() != rank {
             return Err(self.internal(l.load, "TMA coordinates that do not match the tensor map"));
         }
-        for b in &l.boxes {
+        for (k, b) in l.boxes.iter().enumerate() {
             let (dst, x, y) = (
                 self.new_reg(Class::B32),
                 self.new_reg(Class::B32),
@@ -594,9 +674,13 @@ impl Writer<'_> {
             // Innermost dimension first.
             let mut at = vec![x.to_string(), y.to_string()];
             at.extend(lead.iter().rev().map(Reg::to_string));
+            let (guard, multicast, mask) = match cast.get(k) {
+                Some((p, mask)) => (format!("@{p} "), ".multicast::cluster", format!(", {mask}")),
+                None => (String::new(), "", String::new()),
+            };
             self.ins(format!(
-                "cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes \
-                 [{dst}], [{map}, {{{}}}], [{bar}]",
+                "{guard}cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::\
+                 bytes{multicast} [{dst}], [{map}, {{{}}}], [{bar}]{mask}",
                 at.join(", ")
             ));
         }

@@ -8,6 +8,12 @@
 //! already loads the next tile. The ring's cursors are made once, before the tile loop, so
 //! stages and phases carry over; each tile flips the once barriers' parity and, in a rotated
 //! loop, restarts the iteration count its release lags test.
+//!
+//! A clustered ring ([`kiln_ir::cluster`]) walks tile pairs: the scheduler's order runs over
+//! the grid of `cdiv(nx, 2)` x pairs, cluster `%clusterid.x` of `%nclusterid.x` taking the
+//! places a CTA would, and CTA `r` of the pair runs x block `2 px + r` (past the grid in a
+//! ragged last pair: its loads read zeros, its stores are masked off). The consumers meet at
+//! a cluster barrier after their last tile.
 
 use kiln_ir::tile_scheduler::TileScheduler;
 use kiln_ir::{Kernel, OpId, Type};
@@ -78,6 +84,10 @@ impl Writer<'_> {
         }
         self.close_tile_loop(&tl, &c);
         self.finish_tma_stores()?;
+        if ring.cluster.as_ref().is_some_and(|c| c.exit_sync) {
+            self.comment("no CTA exits while its peer may still write into it or arrive on it");
+            self.cluster_barrier();
+        }
         Ok(())
     }
 
@@ -91,12 +101,28 @@ impl Writer<'_> {
         tiles: TileScheduler,
         c: &mut Cursor,
     ) -> Result<TileLoop, CodegenError> {
-        let [nx, ny, nz] = self
+        let [blocks_x, ny, nz] = self
             .grid
             .ok_or_else(|| self.internal(id, "a persistent kernel without its grid"))?;
         let [cta, ctas, wave, total, parity] = [(); 5].map(|_| self.new_reg(Class::B32));
-        self.ins(format!("mov.u32 {cta}, %ctaid.x"));
-        self.ins(format!("mov.u32 {ctas}, %nctaid.x"));
+        let cluster = self.k.schedule.rings[&id].cluster.as_ref().map(|c| c.ctas);
+        // A cluster walks the grid of x pairs in the places a CTA would walk the blocks.
+        let nx = match cluster {
+            Some(n) => {
+                let pairs = self.new_reg(Class::B32);
+                self.comment("tile pairs: clusters walk the grid of x pairs");
+                self.ins(format!("add.u32 {pairs}, {blocks_x}, {}", n - 1));
+                self.ins(format!("div.u32 {pairs}, {pairs}, {n}"));
+                self.ins(format!("mov.u32 {cta}, %clusterid.x"));
+                self.ins(format!("mov.u32 {ctas}, %nclusterid.x"));
+                pairs
+            }
+            None => {
+                self.ins(format!("mov.u32 {cta}, %ctaid.x"));
+                self.ins(format!("mov.u32 {ctas}, %nctaid.x"));
+                blocks_x
+            }
+        };
         self.ins(format!("mov.u32 {wave}, 0"));
         self.ins(format!("mul.lo.u32 {total}, {nx}, {ny}"));
         self.ins(format!("mul.lo.u32 {total}, {total}, {nz}"));
@@ -161,6 +187,10 @@ impl Writer<'_> {
                 self.ins(format!("add.u32 {x}, {x}, {first}"));
                 self.ins(format!("div.u32 {y}, {within}, {width}"));
             }
+        }
+        if let Some(n) = cluster {
+            let rank = self.cluster_rank();
+            self.ins(format!("mad.lo.u32 {x}, {x}, {n}, {rank}"));
         }
         self.block = Some([x, y, z]);
         // A rotated loop's release lags count from the tile's start; an unrotated one's run on

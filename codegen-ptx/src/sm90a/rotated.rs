@@ -212,9 +212,11 @@ impl Writer<'_> {
             Step::TurnWait { who } => self.turn(r, who, true)?,
             Step::TurnPass { who } => self.turn(r, who, false)?,
             Step::Wait { bar, start } => self.wait(&r.ring, &r.cursor, bar, start)?,
-            Step::Commit | Step::WaitGroup(_) | Step::Arrive { .. } | Step::FenceProxyAsync => {
-                self.consumer_step(&r.ring, &r.cursor, s, r.lane0, r.id)?
-            }
+            Step::Commit
+            | Step::WaitGroup(_)
+            | Step::Arrive { .. }
+            | Step::ArrivePeer { .. }
+            | Step::FenceProxyAsync => self.consumer_step(&r.ring, &r.cursor, s, r.lane0, r.id)?,
             Step::ArriveExpectTx { .. }
             | Step::Tma { .. }
             | Step::TmaOnce { .. }

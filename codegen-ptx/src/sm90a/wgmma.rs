@@ -78,7 +78,7 @@ fn k_major_start(rows: u32, chunk: u32, row0: u32, s: u32) -> u32 {
 impl KMajorA {
     fn new(a: &TmaLoad) -> KMajorA {
         KMajorA {
-            bm: a.box_dims[0],
+            bm: a.tile_dims()[0],
             chunk: a.box_dims[1],
             fields: k_major_fields(a),
         }
@@ -86,7 +86,7 @@ impl KMajorA {
 
     /// K per stage.
     fn bk(&self, a: &TmaLoad) -> u32 {
-        self.chunk * a.boxes.len() as u32
+        a.tile_dims()[1]
     }
 
     /// Byte offset, from A's stage base, of warpgroup `wg`'s k16 step `s`.
@@ -99,14 +99,14 @@ impl Geometry {
     /// The view of B's stage `b`, and of A's `a` when A is in shared memory.
     fn new(a: Option<&TmaLoad>, b: &TmaLoad) -> Geometry {
         let b_k_major = b.operand == Operand::KMajorB;
+        // The tile's extent, not its boxes': a clustered ring issues boxes in slabs of rows.
+        let [rows, cols] = b.tile_dims();
         let (bk, bn, b_fields) = if b_k_major {
-            let bk = b.box_dims[1] * b.boxes.len() as u32;
-            (bk, b.box_dims[0], k_major_fields(b))
+            (cols, rows, k_major_fields(b))
         } else {
-            // MN-major SW128: one box of all K rows per 64 columns; LBO = the boxes'
-            // distance, SBO = 8 K-rows.
-            let bk = b.box_dims[0];
-            (bk, 64 * b.boxes.len() as u32, (bk * 128, 1024, 128))
+            // MN-major SW128: all K rows per 64 columns (one box, or its slabs); LBO = the
+            // 64-column chunks' distance, SBO = 8 K-rows.
+            (rows, cols, (rows * 128, 1024, 128))
         };
         Geometry {
             bk,

@@ -48,8 +48,8 @@ pub use control::{Carry, Condition, LoopRange, for_loop, pipelined, range, unrol
 pub use def::{ComptimeKind, ComptimeParam, ComptimeValue, KernelDef, ParamSig, Spec, specialise};
 pub use index::{Entries, Index, IntoIndex};
 pub use ops::{
-    Dim3, abs, block_id, cdiv, col_max, col_sum, exp, exp2, full, grid_dim, iota, log2, max, min,
-    mma, mma_acc, recip, reject, row_max, row_min, row_sum, rsqrt, select, sqrt, zeros,
+    Dim3, abs, block_id, cdiv, cluster, col_max, col_sum, exp, exp2, full, grid_dim, iota, log2,
+    max, min, mma, mma_acc, recip, reject, row_max, row_min, row_sum, rsqrt, select, sqrt, zeros,
 };
 pub use params::{ComptimeArg, comptime, comptime_map, params_for, scalar_param};
 pub use print::{PrintArg, at};

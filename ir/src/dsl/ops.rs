@@ -177,6 +177,29 @@ pub struct Dim3 {
     pub z: Value,
 }
 
+/// Asks that the kernel's blocks run in thread-block clusters of `ctas` along x (1: no
+/// cluster; at most 2). A block still computes what its body says; the sm_90a passes
+/// cluster a persistent GEMM-shaped ring, whose pair of CTAs then multicasts the operand
+/// both tiles read ([`crate::cluster`]), and any other kernel or target fails to build with a
+/// diagnostic here, so an autotuner skips the candidate. Another `ctas` is a diagnostic too.
+#[track_caller]
+pub fn cluster(ctas: usize) {
+    let loc = Loc::caller();
+    if !(1..=2).contains(&ctas) {
+        context::fail(Diagnostic::new(
+            loc,
+            format!("`cluster` takes 1 or 2 CTAs per cluster, not {ctas}"),
+        ));
+        return;
+    }
+    context::with(|b| {
+        let options = b.options_mut();
+        options.cluster = ctas as u32;
+        options.cluster_loc = loc;
+        Ok(())
+    });
+}
+
 /// This block's index in the grid (i32 scalars).
 #[track_caller]
 pub fn block_id() -> Dim3 {

@@ -25,6 +25,20 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         Target::Sm80 => {}
         Target::Sm90a | Target::Sm100a => super::pipeline::check_covered(kernel, target)?,
     }
+    // The `persistent` pass clusters the rings that can be; a request it did not meet (no
+    // ring, or a target without the pass) is reported here.
+    let clustered = kernel.schedule.rings.values().any(|r| r.cluster.is_some());
+    if kernel.options.cluster > 1 && !clustered {
+        return Err(Diagnostic::new(
+            kernel.options.cluster_loc,
+            format!(
+                "this kernel cannot run in clusters of {} on {target}: only a persistent \
+                 sm_90a GEMM-shaped TMA ring is clustered",
+                kernel.options.cluster
+            ),
+        )
+        .note("ask for `cluster(1)`, or leave clusters to the autotuner, which skips this"));
+    }
     let mut loops = std::collections::BTreeMap::new();
     for id in ops_in_order(kernel) {
         let OpKind::For { stages: Some(n) } = kernel.ops[id].kind else {

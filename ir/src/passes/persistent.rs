@@ -8,7 +8,16 @@
 //! those may not write memory. The ring's stages and phases continue across tiles; once loads
 //! get the `once_free` barrier, which the consumers arrive on when no wgmma reads them any
 //! more and the producer waits on before reloading (see `kiln_ir::ring`).
+//!
+//! A kernel that asks for clusters of 2 ([`crate::dsl::cluster`]) gets them here when its
+//! ring has the structure [`crate::cluster`] needs, decided from the loads alone: a
+//! persistent sm_90a ring of two loads in the grouped tile order (no once loads, not rotated,
+//! not split), of which exactly one reads no `block_id().x`, so the pair of tiles `(2p, y)`,
+//! `(2p + 1, y)` reads the same tile of it; that load is multicast and the tile scheduler
+//! deals pairs (its groups of x blocks counted in pairs). Any other kernel asking for a
+//! cluster is a diagnostic at the request.
 
+use crate::cluster;
 use crate::diag::Diagnostic;
 use crate::kernel::{Axis, Kernel, OpId, OpKind, ValueId};
 use crate::ring::{Bar, Ring, Step};
@@ -55,7 +64,68 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     // Without room for the `once_free` barrier the kernel stays as it was.
     if super::pipeline::place(kernel).is_err() {
         kernel.schedule = saved;
+        return Ok(());
     }
+    if kernel.options.cluster > 1 {
+        cluster_pairs(kernel, id, target)?;
+    }
+    Ok(())
+}
+
+/// Clusters persistent ring `id` as the kernel asked (see the module doc), or fails at the
+/// request saying why it cannot.
+fn cluster_pairs(kernel: &mut Kernel, id: OpId, target: Target) -> Result<(), Diagnostic> {
+    let (ctas, loc) = (kernel.options.cluster, kernel.options.cluster_loc);
+    let fail = |why: String| {
+        Diagnostic::new(
+            loc,
+            format!("this kernel cannot run in clusters of {ctas}: {why}"),
+        )
+        .note("ask for `cluster(1)`, or leave clusters to the autotuner, which skips this")
+    };
+    let ring = &kernel.schedule.rings[&id];
+    let why = if target != Target::Sm90a {
+        Some(format!(
+            "clusters are scheduled on sm_90a only, not {target}"
+        ))
+    } else if ctas != cluster::CTAS {
+        Some(format!("clusters have {} CTAs", cluster::CTAS))
+    } else if !ring.once.is_empty() || ring.overlap.is_some() || !ring.tail_loads.is_empty() {
+        Some("its pipelined loop is not a GEMM mainloop (once loads, rotated or split)".into())
+    } else if !matches!(kernel.schedule.tiles, Some(TileScheduler::Grouped { .. })) {
+        Some("its loads do not reuse tiles along both x and y as a GEMM's do".into())
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        return Err(fail(why));
+    }
+    let reads_x = |load: OpId| {
+        kernel.ops[load]
+            .operands
+            .iter()
+            .any(|&v| depends_on(kernel, v, Axis::X))
+    };
+    let shared: Vec<usize> = (0..ring.loads.len())
+        .filter(|&l| !reads_x(ring.loads[l].load))
+        .collect();
+    let [shared] = shared[..] else {
+        return Err(fail(format!(
+            "{} of its {} loads read no `block_id().x`; the pair of x-adjacent tiles must              share exactly one",
+            shared.len(),
+            ring.loads.len()
+        )));
+    };
+    let ring = kernel
+        .schedule
+        .rings
+        .get_mut(&id)
+        .ok_or_else(|| Diagnostic::internal(loc, "a ring vanished"))?;
+    cluster::cluster_ring(ring, shared).map_err(fail)?;
+    // The scheduler deals pairs: a group of GROUP_ROWS x blocks is GROUP_ROWS / 2 pairs.
+    kernel.schedule.tiles = Some(TileScheduler::Grouped {
+        rows: GROUP_ROWS / cluster::CTAS,
+    });
     Ok(())
 }
 

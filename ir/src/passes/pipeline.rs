@@ -332,6 +332,7 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Ri
         tail_full_offset: 0,
         tail_empty_offset: 0,
         overlap: None,
+        cluster: None,
     })
 }
 

@@ -67,7 +67,7 @@ pub fn generate_kernel(args: &KernelArgs, mut k: KernelFn) -> TokenStream {
                 #dsl::trace(
                     #name_str,
                     #dsl::params_for(#dsl::KernelDef::signature(self), #spec),
-                    #ir::KernelOptions { num_warps: #num_warps },
+                    #ir::KernelOptions { num_warps: #num_warps, ..::core::default::Default::default() },
                     || {
                         #binds
                         let () = #body;

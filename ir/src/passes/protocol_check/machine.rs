@@ -1,7 +1,10 @@
 //! The dynamic rules of the ring protocol (see the parent module's doc): the producer and each
 //! consumer warpgroup run on an abstract machine with mbarrier, named-barrier and wgmma-group
 //! semantics for a sequence of work tiles (one for a kernel that is not persistent), each with
-//! its trip count.
+//! its trip count. A clustered ring ([`crate::cluster`]) runs every CTA of its cluster on the
+//! same machine, each with its own barriers and roles: a multicast box lands in every CTA of
+//! its mask, a peer release arrives on the other CTAs' barrier, and a CTA exits when its roles
+//! are done (or, with the exit barrier, when every CTA's are).
 //!
 //! The machine is also the clock of the schedule's CPU execution ([`crate::interp::run_scheduled`]):
 //! [`Machine::run_observed`] reports every step a role executes, in the order the machine
@@ -12,6 +15,7 @@
 use std::collections::BTreeMap;
 
 use super::ProtocolError;
+use super::cluster::ClusterError;
 use crate::ring::{Bar, Ring, Step};
 
 /// One mbarrier of the abstract machine.
@@ -74,6 +78,8 @@ pub(crate) struct At {
 
 /// One role's program and state.
 struct Role {
+    /// The CTA of the cluster it runs in (0 without a cluster).
+    cta: u32,
     /// The steps in execution order, and the next index.
     program: Vec<At>,
     pc: usize,
@@ -88,8 +94,9 @@ struct Role {
 }
 
 impl Role {
-    fn new(program: Vec<At>) -> Role {
+    fn new(cta: u32, program: Vec<At>) -> Role {
         Role {
+            cta,
             program,
             pc: 0,
             groups: Vec::new(),
@@ -116,29 +123,38 @@ impl Role {
     }
 }
 
-/// The abstract machine: the producer (role 0), each consumer warpgroup, and the barriers.
+/// The abstract machine: per CTA of the cluster (one without a cluster) the producer, each
+/// consumer warpgroup, and the barriers.
 pub(crate) struct Machine<'r> {
     ring: &'r Ring,
-    bars: BTreeMap<(Bar, u32), Barrier>,
+    /// CTAs in the cluster (1 without one).
+    ctas: u32,
+    /// Keyed by CTA, array and stage.
+    bars: BTreeMap<(u32, Bar, u32), Barrier>,
+    /// Per CTA, one per consumer warpgroup (CTA `c`'s barrier `b` at `c * warpgroups + b`).
     turns: Vec<TurnBarrier>,
     roles: Vec<Role>,
     /// Arrivals each consumer warpgroup's `Arrive` makes.
     arrivals: u32,
-    /// Per iteration, how many consumer warpgroups released its stage (of `empty`, and of
-    /// `tail_empty` in a split ring).
-    released: Vec<u32>,
-    released_tail: Vec<u32>,
-    /// Per tile, how many consumer warpgroups released its once tiles.
-    once_released: Vec<u32>,
+    /// Per CTA and iteration, how many of its consumer warpgroups released its stage (of
+    /// `empty`, and of `tail_empty` in a split ring).
+    released: Vec<Vec<u32>>,
+    released_tail: Vec<Vec<u32>>,
+    /// Per CTA and tile, how many consumer warpgroups released its once tiles.
+    once_released: Vec<Vec<u32>>,
+    /// Per CTA, whether it has exited.
+    exited: Vec<bool>,
 }
 
-/// The producer's role index; consumer warpgroup `g` is role `g + 1`.
+/// The producer's role index; consumer warpgroup `g` is role `g + 1` (in CTA `c` of a
+/// cluster, role `c * (1 + warpgroups)` and on).
 pub(crate) const PRODUCER: usize = 0;
 
 impl<'r> Machine<'r> {
     /// A fresh machine for `ring` whose consumers are `consumer_warps` warps, each arriving
     /// once per release.
     pub(crate) fn new(ring: &'r Ring, consumer_warps: u32) -> Machine<'r> {
+        let ctas = ring.cluster.as_ref().map_or(1, |c| c.ctas);
         let mut bars = BTreeMap::new();
         let mut arrays = vec![(Bar::Full, ring.full_count), (Bar::Empty, ring.empty_count)];
         if !ring.tail_loads.is_empty() {
@@ -147,10 +163,10 @@ impl<'r> Machine<'r> {
                 (Bar::TailEmpty, ring.empty_count),
             ]);
         }
-        for s in 0..ring.stages {
+        for (cta, s) in (0..ctas).flat_map(|c| (0..ring.stages).map(move |s| (c, s))) {
             for &(bar, count) in &arrays {
                 bars.insert(
-                    (bar, s),
+                    (cta, bar, s),
                     Barrier {
                         count,
                         pending: i64::from(count),
@@ -162,9 +178,13 @@ impl<'r> Machine<'r> {
         }
         if !ring.once.is_empty() {
             let once_free = ring.persistent.then_some((Bar::OnceFree, ring.empty_count));
-            for (bar, count) in std::iter::once((Bar::Once, 1)).chain(once_free) {
+            for (cta, (bar, count)) in (0..ctas).flat_map(|c| {
+                std::iter::once((Bar::Once, 1))
+                    .chain(once_free)
+                    .map(move |b| (c, b))
+            }) {
                 bars.insert(
-                    (bar, 0),
+                    (cta, bar, 0),
                     Barrier {
                         count,
                         pending: i64::from(count),
@@ -177,18 +197,25 @@ impl<'r> Machine<'r> {
         let warpgroups = consumer_warpgroups(ring, consumer_warps);
         Machine {
             ring,
+            ctas,
             bars,
-            turns: vec![TurnBarrier::default(); warpgroups as usize],
+            turns: vec![TurnBarrier::default(); (warpgroups * ctas) as usize],
             roles: Vec::new(),
             arrivals: consumer_warps / warpgroups,
             released: Vec::new(),
             released_tail: Vec::new(),
             once_released: Vec::new(),
+            exited: vec![false; ctas as usize],
         }
     }
 
     fn warpgroups(&self) -> u32 {
-        self.turns.len() as u32
+        self.turns.len() as u32 / self.ctas
+    }
+
+    /// Roles per CTA: the producer and the consumer warpgroups.
+    fn per_cta(&self) -> usize {
+        1 + self.warpgroups() as usize
     }
 
     /// Runs the roles over work tiles with trip counts `tiles` (one tile for a kernel that
@@ -218,7 +245,9 @@ impl<'r> Machine<'r> {
             let at = |t: u32, step: Step| {
                 let released_earlier = matches!(
                     step,
-                    Step::Arrive { lag, .. } | Step::Tcgen05Commit { lag, .. } if from + t < lag
+                    Step::Arrive { lag, .. }
+                    | Step::ArrivePeer { lag, .. }
+                    | Step::Tcgen05Commit { lag, .. } if from + t < lag
                 );
                 (!released_earlier).then_some(At {
                     i: base + t,
@@ -265,13 +294,17 @@ impl<'r> Machine<'r> {
             }
             base += trips;
         }
-        self.roles.push(Role::new(producer));
-        for consumer in consumers {
-            self.roles.push(Role::new(consumer));
+        // Every CTA of a cluster runs the same programs: the pair walks its tiles in lockstep.
+        for cta in 0..self.ctas {
+            self.roles.push(Role::new(cta, producer.clone()));
+            for consumer in &consumers {
+                self.roles.push(Role::new(cta, consumer.clone()));
+            }
         }
-        self.released = vec![0; base as usize];
-        self.released_tail = vec![0; base as usize];
-        self.once_released = vec![0; tiles.len()];
+        let ctas = self.ctas as usize;
+        self.released = vec![vec![0; base as usize]; ctas];
+        self.released_tail = vec![vec![0; base as usize]; ctas];
+        self.once_released = vec![vec![0; tiles.len()]; ctas];
         loop {
             let mut moved = false;
             for role in 0..self.roles.len() {
@@ -289,16 +322,34 @@ impl<'r> Machine<'r> {
             if self.roles.iter().all(|r| r.pc == r.program.len()) {
                 return self.balanced();
             }
+            self.exit_finished();
             if !moved {
-                let consumer = self.roles[1..]
+                let per_cta = self.per_cta();
+                let cta = |r: &Role| {
+                    if self.ctas > 1 {
+                        format!("CTA {} ", r.cta)
+                    } else {
+                        String::new()
+                    }
+                };
+                let consumer = self
+                    .roles
                     .iter()
                     .enumerate()
-                    .map(|(g, r)| format!("warpgroup {g} {}", r.at()))
+                    .filter(|(k, _)| k % per_cta != PRODUCER)
+                    .map(|(k, r)| format!("{}warpgroup {} {}", cta(r), k % per_cta - 1, r.at()))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let producer = self
+                    .roles
+                    .iter()
+                    .step_by(per_cta)
+                    .map(|r| format!("{}{}", cta(r), r.at()))
                     .collect::<Vec<_>>()
                     .join(", ");
                 return Err(ProtocolError::Deadlock {
                     tiles: tiles.to_vec(),
-                    producer: self.roles[PRODUCER].at(),
+                    producer,
                     consumer,
                 });
             }
@@ -308,9 +359,38 @@ impl<'r> Machine<'r> {
     /// Every turn barrier ends between generations: no arrival is left over at exit.
     fn balanced(&self) -> Result<(), ProtocolError> {
         match self.turns.iter().position(|t| t.arrived != 0) {
-            Some(b) => Err(ProtocolError::TurnUnbalanced { barrier: b as u32 }),
+            Some(b) => Err(ProtocolError::TurnUnbalanced {
+                barrier: b as u32 % self.warpgroups(),
+            }),
             None => Ok(()),
         }
+    }
+
+    /// Marks the CTAs whose roles are all done as exited; with the cluster's exit barrier
+    /// none leaves before every CTA's roles are done (and then nothing runs any more).
+    fn exit_finished(&mut self) {
+        if self.ring.cluster.as_ref().is_some_and(|c| c.exit_sync) {
+            return;
+        }
+        for cta in 0..self.ctas {
+            let mut roles = self.roles.iter().filter(|r| r.cta == cta);
+            if roles.all(|r| r.pc == r.program.len()) {
+                self.exited[cta as usize] = true;
+            }
+        }
+    }
+
+    /// Fails when `step` of CTA `from` reaches CTA `to` after `to` exited.
+    fn reaches(&self, from: u32, to: u32, step: Step) -> Result<(), ProtocolError> {
+        if to != from && self.exited[to as usize] {
+            return Err(ClusterError::AfterExit {
+                cta: to,
+                from,
+                step,
+            }
+            .into());
+        }
+        Ok(())
     }
 
     /// Executes one step; `Ok(false)` when it blocks.
@@ -328,14 +408,16 @@ impl<'r> Machine<'r> {
             _ => (self.ring.stages, i),
         };
         let stage = i % stages;
-        let role_name = if role == PRODUCER {
+        let cta = self.roles[role].cta;
+        let local = role % self.per_cta();
+        let role_name = if local == PRODUCER {
             "producer"
         } else {
             "consumer"
         };
         match step {
             Step::Wait { bar, start } => {
-                let b = self.bars[&(bar, stage)];
+                let b = self.bars[&(cta, bar, stage)];
                 let parity = start ^ ((i / stages) & 1);
                 let passes = parity != b.completed % 2;
                 let needed = (i / stages + 1).saturating_sub(start);
@@ -356,37 +438,68 @@ impl<'r> Machine<'r> {
                 Ok(passes)
             }
             Step::ArriveExpectTx { bar, bytes } => {
-                self.bar(bar, stage).tx += i64::from(bytes);
-                self.arrive(bar, stage, 1)?;
+                self.bar(cta, bar, stage).tx += i64::from(bytes);
+                self.arrive(cta, bar, stage, 1)?;
                 Ok(true)
             }
             Step::Tma { load } => {
-                let wgs = self.warpgroups();
                 let full = self.ring.full_of(load);
-                let released = if full == Bar::TailFull {
-                    &self.released_tail
-                } else {
-                    &self.released
+                // Where each of the load's bytes land: the CTA's own stage, or, for the
+                // cluster's shared load, the boxes this CTA issues in every CTA of their mask.
+                let landings: Vec<(u32, u32)> = match &self.ring.cluster {
+                    Some(c) if c.shared == load => {
+                        let bytes = self.ring.loads.get(load).map_or(0, |l| l.box_bytes());
+                        (0..self.ctas)
+                            .map(|to| {
+                                let boxes = c
+                                    .multicast
+                                    .iter()
+                                    .filter(|m| m.issuer == cta && m.mask & (1 << to) != 0)
+                                    .count() as u32;
+                                (to, boxes * bytes)
+                            })
+                            .filter(|&(_, b)| b > 0)
+                            .collect()
+                    }
+                    _ => vec![(cta, self.ring.loads.get(load).map_or(0, |l| l.tile_bytes()))],
                 };
-                if i >= stages && released[(i - stages) as usize] < wgs {
-                    return Err(ProtocolError::Overwrite {
-                        iteration: i,
-                        previous: i - stages,
-                    });
+                for (to, bytes) in landings {
+                    self.reaches(cta, to, step)?;
+                    let wgs = self.warpgroups();
+                    let released = if full == Bar::TailFull {
+                        &self.released_tail[to as usize]
+                    } else {
+                        &self.released[to as usize]
+                    };
+                    if i >= stages && released[(i - stages) as usize] < wgs {
+                        return Err(if to == cta {
+                            ProtocolError::Overwrite {
+                                iteration: i,
+                                previous: i - stages,
+                            }
+                        } else {
+                            ClusterError::Overwrite {
+                                cta: to,
+                                from: cta,
+                                iteration: i,
+                                previous: i - stages,
+                            }
+                            .into()
+                        });
+                    }
+                    let b = self.bar(to, full, stage);
+                    b.tx -= i64::from(bytes);
+                    b.settle();
                 }
-                let bytes = self.ring.loads.get(load).map_or(0, |l| l.tile_bytes());
-                let b = self.bar(full, stage);
-                b.tx -= i64::from(bytes);
-                b.settle();
                 Ok(true)
             }
             Step::TmaOnce { load } => {
                 let wgs = self.warpgroups();
-                if tile > 0 && self.once_released[tile as usize - 1] < wgs {
+                if tile > 0 && self.once_released[cta as usize][tile as usize - 1] < wgs {
                     return Err(ProtocolError::OnceOverwrite { tile });
                 }
                 let bytes = self.ring.once.get(load).map_or(0, |l| l.tile_bytes());
-                let b = self.bar(Bar::Once, 0);
+                let b = self.bar(cta, Bar::Once, 0);
                 b.tx -= i64::from(bytes);
                 b.settle();
                 Ok(true)
@@ -448,11 +561,11 @@ impl<'r> Machine<'r> {
                     if self.roles[role].in_flight(|&(_, p)| p != Part::Tail) {
                         return Err(ProtocolError::OnceReleasedEarly { tile });
                     }
-                    if let Some(r) = self.once_released.get_mut(tile as usize) {
+                    if let Some(r) = self.once_released[cta as usize].get_mut(tile as usize) {
                         *r += 1;
                     }
                 }
-                if matches!(bar, Bar::Empty | Bar::TailEmpty) && role != PRODUCER {
+                if matches!(bar, Bar::Empty | Bar::TailEmpty) && local != PRODUCER {
                     // A stage of `empty` is read by the head (and an unrotated body), one of
                     // `tail_empty` by the tail; a release waits for the wgmmas reading it.
                     let split = !self.ring.tail_loads.is_empty();
@@ -467,20 +580,39 @@ impl<'r> Machine<'r> {
                         });
                     }
                     let released = if bar == Bar::TailEmpty {
-                        &mut self.released_tail
+                        &mut self.released_tail[cta as usize]
                     } else {
-                        &mut self.released
+                        &mut self.released[cta as usize]
                     };
                     if let Some(r) = released.get_mut(j as usize) {
                         *r += 1;
                     }
                 }
-                let arrivals = if role == PRODUCER { 1 } else { self.arrivals };
-                self.arrive(bar, j % stages, arrivals)?;
+                let arrivals = if local == PRODUCER { 1 } else { self.arrivals };
+                self.arrive(cta, bar, j % stages, arrivals)?;
+                Ok(true)
+            }
+            Step::ArrivePeer { bar, lag } => {
+                if i < lag {
+                    return Ok(true);
+                }
+                let j = i - lag;
+                // The peer's producer refills this CTA's stage once it hears this: the wgmmas
+                // reading it must be done, as for the CTA's own release.
+                if self.roles[role].in_flight(|&(x, _)| x == j) {
+                    return Err(ProtocolError::EarlyRelease {
+                        iteration: i,
+                        released: j,
+                    });
+                }
+                for to in (0..self.ctas).filter(|&to| to != cta) {
+                    self.reaches(cta, to, step)?;
+                    self.arrive(to, bar, j % stages, self.arrivals)?;
+                }
                 Ok(true)
             }
             Step::TurnWait { .. } => {
-                let wg = (role - 1) as u32;
+                let wg = cta * self.warpgroups() + (local - 1) as u32;
                 let arrived = match self.roles[role].turn_arrival {
                     Some(g) => g,
                     None => {
@@ -496,7 +628,7 @@ impl<'r> Machine<'r> {
                 Ok(passes)
             }
             Step::TurnPass { .. } => {
-                let next = (role as u32) % self.warpgroups();
+                let next = cta * self.warpgroups() + (local as u32) % self.warpgroups();
                 self.turn_arrive(next, false)?;
                 Ok(true)
             }
@@ -542,7 +674,9 @@ impl<'r> Machine<'r> {
         t.waiting += u32::from(waits);
         if t.arrived == warpgroups {
             if t.waiting == 0 {
-                return Err(ProtocolError::TurnLost { barrier: b });
+                return Err(ProtocolError::TurnLost {
+                    barrier: b % warpgroups,
+                });
             }
             *t = TurnBarrier {
                 arrived: 0,
@@ -553,8 +687,8 @@ impl<'r> Machine<'r> {
         Ok(generation)
     }
 
-    fn bar(&mut self, bar: Bar, stage: u32) -> &mut Barrier {
-        self.bars.entry((bar, stage)).or_insert(Barrier {
+    fn bar(&mut self, cta: u32, bar: Bar, stage: u32) -> &mut Barrier {
+        self.bars.entry((cta, bar, stage)).or_insert(Barrier {
             count: 0,
             pending: 0,
             tx: 0,
@@ -562,8 +696,8 @@ impl<'r> Machine<'r> {
         })
     }
 
-    fn arrive(&mut self, bar: Bar, stage: u32, n: u32) -> Result<(), ProtocolError> {
-        let b = self.bar(bar, stage);
+    fn arrive(&mut self, cta: u32, bar: Bar, stage: u32, n: u32) -> Result<(), ProtocolError> {
+        let b = self.bar(cta, bar, stage);
         b.pending -= i64::from(n);
         if b.pending < 0 {
             return Err(ProtocolError::TooManyArrivals {

@@ -42,6 +42,13 @@
 //! reads a stage whose `full` wait has not passed for that iteration, or the once tiles are
 //! released while a wgmma reads them or reloaded before they were released.
 //!
+//! A clustered ring ([`crate::cluster`], [`ClusterError`]): its set-up synchronises the
+//! cluster after the inits; `empty` counts both CTAs' consumer releases; every box of the
+//! shared load is issued by one CTA and lands in all (so each `full` gets the bytes it
+//! announces, which the machine also sees). Its machine runs both CTAs: a multicast that
+//! refills a peer's stage before that CTA's consumers released it, and a remote arrival or
+//! multicast reaching a CTA that exited (no cluster barrier before exit), fail it.
+//!
 //! The TMA stores of the epilogue ([`crate::tma_store`]): per round the staging tile is freed
 //! (the issuing thread's `wait_group.read`, a barrier) before it is written, fenced to the
 //! async proxy with a barrier after before it is stored, and the store committed; the
@@ -78,6 +85,7 @@ use crate::target::Target;
 use crate::tmem::TmemPlan;
 use crate::tmem::attention::AttentionPlan;
 
+mod cluster;
 pub(crate) mod machine;
 mod rules;
 #[cfg(test)]
@@ -86,6 +94,7 @@ mod tma_store;
 mod tmem;
 mod tmem_attention;
 
+pub use cluster::ClusterError;
 pub use tma_store::StoreError;
 pub use tmem::TmemError;
 pub use tmem_attention::AttentionError;
@@ -281,6 +290,9 @@ pub enum ProtocolError {
         /// The work tile being loaded.
         tile: u32,
     },
+    /// The cluster-scope protocol of a clustered ring is broken.
+    #[error("cluster: {0}")]
+    Cluster(#[from] ClusterError),
     /// The tensor-memory protocol of sm_100a is broken.
     #[error("tensor memory: {0}")]
     Tmem(#[from] TmemError),
@@ -412,9 +424,14 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     Ok(())
 }
 
-/// Checks one ring: the static rules, then the abstract execution (see the module doc).
+/// Checks one ring: the static rules, then the abstract execution (see the module doc); a
+/// clustered ring's set-up synchronises the cluster instead of the block, and its machine
+/// runs every CTA of the cluster.
 pub fn check(ring: &Ring, roles: &Roles) -> Result<(), ProtocolError> {
-    check_init(&ring.init)?;
+    if ring.cluster.is_none() {
+        check_init(&ring.init)?;
+    }
+    cluster::check_cluster(ring, roles.consumer_warps)?;
     check_static(ring)?;
     run_machine(ring, roles.consumer_warps)
 }

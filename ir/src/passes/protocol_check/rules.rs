@@ -340,6 +340,7 @@ fn check_fences(role: &'static str, steps: &[Step]) -> Result<(), ProtocolError>
             | Step::IssueHead
             | Step::IssueTail
             | Step::Arrive { .. }
+            | Step::ArrivePeer { .. }
             | Step::ArriveExpectTx { .. }
             | Step::Tma { .. }
             | Step::TmaOnce { .. } => {

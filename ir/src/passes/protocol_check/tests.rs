@@ -81,6 +81,7 @@ fn good() -> (Ring, Roles) {
         tail_full_offset: 0,
         tail_empty_offset: 0,
         overlap: None,
+        cluster: None,
     };
     let roles = Roles {
         consumer_warps: 8,
