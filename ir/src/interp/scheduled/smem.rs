@@ -267,3 +267,69 @@ fn decode(dtype: DType, b: u16) -> f32 {
         _ => bf16::from_bits(b).to_f32(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A K-major load of an `8 x 64` bf16 tile (one 128-byte-swizzled box) at `offset`.
+    fn load_8x64(offset: u32) -> TmaLoad {
+        let mut l = TmaLoad::k_major(OpId::from_index(0), 0, crate::ring::Operand::KMajorA, 8, 64);
+        l.offset = offset;
+        l
+    }
+
+    #[test]
+    fn the_128_byte_swizzle_moves_chunk_j_of_row_r_to_chunk_j_xor_r() {
+        let l = load_8x64(1024);
+        // Element i holds i mod 256, exact in bf16.
+        let t = HostTensor::from_fn(&[8, 64], DType::Bf16, |i| (i % 256) as f64);
+        let mut smem = SharedMemory::new(4096);
+        smem.load(&Boxes::load(&l, 0), &t, &[0, 0]).expect("fits");
+        for r in 0..8 {
+            for c in 0..64 {
+                let byte = 1024 + r * 128 + ((c / 8) ^ r) * 16 + (c % 8) * 2;
+                let got = bf16::from_bits(smem.cells[byte / 2]).to_f64();
+                assert_eq!(got, ((r * 64 + c) % 256) as f64, "element [{r}, {c}]");
+            }
+        }
+    }
+
+    #[test]
+    fn a_tile_reads_back_with_zeros_outside_the_tensor() {
+        let l = load_8x64(0);
+        let t = HostTensor::from_fn(&[5, 40], DType::Bf16, |i| 1.0 + (i % 200) as f64);
+        let mut smem = SharedMemory::new(1024);
+        smem.load(&Boxes::load(&l, 0), &t, &[2, 8]).expect("fits");
+        let tile = smem
+            .read_tile(&Boxes::load(&l, 0), DType::Bf16, &[8, 64])
+            .expect("covered");
+        let Elems::F(got) = tile.elems else {
+            panic!("floats")
+        };
+        for r in 0..8 {
+            for c in 0..64 {
+                let want = if r + 2 < 5 && c + 8 < 40 {
+                    1.0 + (((r + 2) * 40 + c + 8) % 200) as f32
+                } else {
+                    0.0
+                };
+                assert_eq!(got[r * 64 + c], want, "element [{r}, {c}]");
+            }
+        }
+    }
+
+    #[test]
+    fn boxes_that_miss_their_tile_or_shared_memory_are_plan_errors() {
+        let mut l = load_8x64(0);
+        let smem = SharedMemory::new(1024);
+        let gap = smem.read_tile(&Boxes::load(&l, 0), DType::Bf16, &[8, 128]);
+        assert!(
+            gap.is_err_and(|e| e.contains("no box")),
+            "a tile wider than its box"
+        );
+        l.offset = 1024;
+        let outside = smem.read_tile(&Boxes::load(&l, 0), DType::Bf16, &[8, 64]);
+        assert!(outside.is_err_and(|e| e.contains("past the block")));
+    }
+}
