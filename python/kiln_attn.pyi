@@ -16,6 +16,22 @@ def flash_attn_func(
     *,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor: ...
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    return_lse: bool = False,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor: ...
 def _context_handle(device: int) -> int: ...
 def _target(device: int) -> str: ...
 def _empty_launch(device: int) -> None: ...

@@ -14,6 +14,7 @@ use kiln_attn_core::args::{
     self, ArgError, ErrorKind, Options, TensorInfo, TorchDType, TorchDevice,
 };
 use kiln_attn_core::launch::{self, LaunchFailure};
+use kiln_attn_core::varlen;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -199,6 +200,12 @@ fn flash_attn_func<'py>(
     if plan.is_empty() {
         return Ok(out);
     }
+    if plan.seqlen_k == 0 {
+        // Every row sees no key, so the output is 0; no launch (a tensor map cannot have an
+        // extent of 0). torch's zero_ runs on the current stream.
+        out.call_method0(pyo3::intern!(py, "zero_"))?;
+        return Ok(out);
+    }
     // The device first: without a driver this is the error (not a failed torch import).
     launch::device(plan.device).map_err(|e| runtime_err(e.into()))?;
     let stream = current_stream(py, plan.device)?;
@@ -209,6 +216,116 @@ fn flash_attn_func<'py>(
     // output's shape; it overlapping an input is the caller's mistake, as in FlashAttention.
     unsafe { launch::launch(&plan, &out_view, stream) }.map_err(runtime_err)?;
     Ok(out)
+}
+
+/// FlashAttention's variable-length attention, computed by kiln's DSL kernel.
+///
+/// q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim), the sequences of a batch
+/// packed one after another; cu_seqlens_q, cu_seqlens_k: (batch + 1,) torch.int32 offsets of
+/// each sequence's first row (from 0, non-decreasing, ending within the packed tensor);
+/// max_seqlen_q, max_seqlen_k: at least every sequence's length (window bounds of at least
+/// max_seqlen_k are unbounded, as FlashAttention normalises them). Sequence i's queries attend
+/// to its own keys only, with flash_attn_func's options and checks; each sequence's output
+/// rows are written and no others. return_lse is not supported yet (ValueError). out, a kiln
+/// extension: an optional (total_q, nheads, headdim) tensor to write instead of allocating.
+///
+/// Returns out, (total_q, nheads, headdim), q's dtype. kiln runs one launch per sequence on
+/// the current CUDA stream, and reads cu_seqlens to the host to plan them (a device
+/// synchronisation, which FlashAttention's single launch does not need).
+#[pyfunction]
+#[pyo3(signature = (
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+    causal=false, window_size=(-1, -1), softcap=0.0, return_lse=false, *, out=None
+))]
+#[pyo3(
+    text_signature = "(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, \
+    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, return_lse=False, *, \
+    out=None)"
+)]
+#[allow(clippy::too_many_arguments)]
+fn flash_attn_varlen_func<'py>(
+    q: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    v: &Bound<'py, PyAny>,
+    cu_seqlens_q: &Bound<'py, PyAny>,
+    cu_seqlens_k: &Bound<'py, PyAny>,
+    max_seqlen_q: i64,
+    max_seqlen_k: i64,
+    softmax_scale: Option<f64>,
+    causal: bool,
+    window_size: (i64, i64),
+    softcap: f64,
+    return_lse: bool,
+    out: Option<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = q.py();
+    let (qi, ki, vi) = (
+        tensor_info("q", q)?,
+        tensor_info("k", k)?,
+        tensor_info("v", v)?,
+    );
+    let cu_qi = tensor_info("cu_seqlens_q", cu_seqlens_q)?;
+    let cu_ki = tensor_info("cu_seqlens_k", cu_seqlens_k)?;
+    let opts = Options {
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        return_lse,
+    };
+    if return_lse {
+        return Err(PyValueError::new_err(
+            "return_lse: the log-sum-exp of a varlen call is not supported yet: pass \
+             return_lse=False",
+        ));
+    }
+    let out = match out {
+        Some(out) => out,
+        None => q.call_method1(
+            pyo3::intern!(py, "new_empty"),
+            (PyTuple::new(py, &qi.shape)?,),
+        )?,
+    };
+    let oi = tensor_info("out", &out)?;
+    let cu_q = offsets("cu_seqlens_q", cu_seqlens_q, &cu_qi, &qi)?;
+    let cu_k = offsets("cu_seqlens_k", cu_seqlens_k, &cu_ki, &qi)?;
+    let vp = varlen::plan_varlen(
+        (&qi, &ki, &vi),
+        &oi,
+        (&cu_qi, &cu_ki),
+        (&cu_q, &cu_k),
+        (max_seqlen_q, max_seqlen_k),
+        &opts,
+    )
+    .map_err(arg_err)?;
+    for &(first, rows) in &vp.zero_rows {
+        // A sequence without keys outputs 0 (torch's zero_, on the current stream).
+        out.call_method1(pyo3::intern!(py, "narrow"), (0, first, rows))?
+            .call_method0(pyo3::intern!(py, "zero_"))?;
+    }
+    let Some((first, _)) = vp.sequences.first() else {
+        return Ok(out);
+    };
+    launch::device(first.device).map_err(|e| runtime_err(e.into()))?;
+    let stream = current_stream(py, first.device)?;
+    // SAFETY: as in flash_attn_func; every sequence's views lie inside the packed tensors
+    // (its rows are within the checked offsets), so they address live CUDA memory too.
+    unsafe { launch::launch_varlen(&vp, stream) }.map_err(runtime_err)?;
+    Ok(out)
+}
+
+/// The values of the offsets tensor `obj` (argument `name`, described by `info`), read to the
+/// host with `tolist()` once it is checked to be a 1-D int32 tensor on q's device `qi`.
+fn offsets(
+    name: &str,
+    obj: &Bound<'_, PyAny>,
+    info: &TensorInfo,
+    qi: &TensorInfo,
+) -> PyResult<Vec<i64>> {
+    varlen::check_offsets_tensor(name, info, qi).map_err(arg_err)?;
+    obj.call_method0(pyo3::intern!(obj.py(), "tolist"))
+        .and_then(|l| l.extract())
+        .map_err(|_| PyTypeError::new_err(format!("{name}: expected a tensor of int32 offsets")))
 }
 
 /// The driver handle of the CUDA context kiln launches in on device `device` (for tests that
@@ -241,6 +358,7 @@ fn _target(py: Python<'_>, device: usize) -> PyResult<Bound<'_, PyString>> {
 #[pymodule]
 fn kiln_attn(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(flash_attn_func, m)?)?;
+    m.add_function(wrap_pyfunction!(flash_attn_varlen_func, m)?)?;
     m.add_function(wrap_pyfunction!(_context_handle, m)?)?;
     m.add_function(wrap_pyfunction!(_target, m)?)?;
     m.add_function(wrap_pyfunction!(_empty_launch, m)?)?;

@@ -2,8 +2,9 @@
 machine without torch or a GPU (CI installs neither: the CUDA build of torch is gigabytes).
 
 kiln_attn reads a tensor through `shape`, `stride()`, `dtype`, `is_cuda`, `get_device()`,
-`device` and `data_ptr()`, and allocates the output with `q.new_empty(shape)`; a
-`FakeTensor` has exactly those.
+`device` and `data_ptr()`, allocates the output with `q.new_empty(shape)`, and reads varlen
+offsets with `tolist()`; a `FakeTensor` has exactly those (`values` is what `tolist()`
+returns).
 """
 
 
@@ -20,6 +21,7 @@ class FakeDType:
 BF16 = FakeDType("torch.bfloat16")
 F16 = FakeDType("torch.float16")
 F32 = FakeDType("torch.float32")
+I32 = FakeDType("torch.int32")
 
 
 def contiguous_strides(shape):
@@ -33,8 +35,9 @@ def contiguous_strides(shape):
 class FakeTensor:
     """A tensor's metadata with no storage: `device` is "cpu" or "cuda:N"."""
 
-    def __init__(self, shape, dtype=BF16, device="cuda:0", strides=None, ptr=0x7F00_0000_0000):
+    def __init__(self, shape, dtype=BF16, device="cuda:0", strides=None, ptr=0x7F00_0000_0000, values=None):
         self.shape = tuple(shape)
+        self._values = values
         self._strides = tuple(strides) if strides is not None else contiguous_strides(shape)
         self.dtype = dtype
         self.device = device
@@ -50,6 +53,9 @@ class FakeTensor:
     def data_ptr(self):
         return self._ptr
 
+    def tolist(self):
+        return list(self._values)
+
     def new_empty(self, shape):
         return FakeTensor(shape, self.dtype, self.device)
 
@@ -63,3 +69,9 @@ class FakeTensor:
 def bshd(b, s, h, d, **kw):
     """A contiguous (batch, seqlen, nheads, headdim) fake."""
     return FakeTensor((b, s, h, d), **kw)
+
+
+def offsets(values, **kw):
+    """A 1-D int32 offsets fake (`cu_seqlens`) holding `values`."""
+    kw.setdefault("dtype", I32)
+    return FakeTensor((len(values),), values=values, **kw)

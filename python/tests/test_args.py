@@ -10,7 +10,7 @@ import inspect
 import pytest
 
 import kiln_attn
-from fakes import F16, F32, FakeTensor, bshd
+from fakes import F16, F32, FakeTensor, bshd, offsets
 
 
 def driver_present():
@@ -206,3 +206,71 @@ def test_transposed_bhsd_inputs_pass_every_check():
 def test_a_valid_call_without_a_gpu_is_a_runtime_error_not_a_crash():
     with pytest.raises(RuntimeError, match=r"^kiln_attn: no CUDA driver: "):
         call(bshd(1, 64, 2, 64), causal=True, softmax_scale=0.1)
+
+
+def varlen(total_q=300, total_k=500, h=4, h_k=2, d=64, cu_q=(0, 100, 300), cu_k=(0, 250, 500), max_q=200, max_k=250, **kw):
+    q = FakeTensor((total_q, h, d))
+    k = FakeTensor((total_k, h_k, d))
+    return kiln_attn.flash_attn_varlen_func(q, k, k, offsets(list(cu_q)), offsets(list(cu_k)), max_q, max_k, **kw)
+
+
+def test_varlen_signature_is_flash_attentions():
+    params = inspect.signature(kiln_attn.flash_attn_varlen_func).parameters
+    assert list(params)[:12] == [
+        "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+        "softmax_scale", "causal", "window_size", "softcap", "return_lse",
+    ]
+    assert params["window_size"].default == (-1, -1)
+    assert params["out"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+@without_gpu
+@pytest.mark.parametrize("kw", [{}, {"causal": True, "window_size": (64, -1), "softcap": 20.0}])
+def test_a_valid_varlen_call_gets_past_every_check(kw):
+    with pytest.raises(RuntimeError, match=r"^kiln_attn: no CUDA driver: "):
+        varlen(**kw)
+
+
+def test_a_varlen_batch_of_empty_query_sequences_launches_nothing():
+    out = varlen(total_q=0, cu_q=(0, 0, 0), max_q=0)
+    assert isinstance(out, FakeTensor) and out.shape == (0, 4, 64)
+
+
+@pytest.mark.parametrize(
+    "kw, error, message",
+    [
+        ({"cu_q": (1, 100, 300)}, ValueError, r"^cu_seqlens_q: expected offsets from 0, non-decreasing"),
+        ({"cu_q": (0, 200, 100)}, ValueError, r"^cu_seqlens_q: expected offsets"),
+        ({"cu_k": (0, 250, 501)}, ValueError, r"^cu_seqlens_k: expected offsets .* 500 rows"),
+        ({"cu_k": (0, 500)}, ValueError, r"^cu_seqlens_k: expected batch \+ 1 offsets, as many as cu_seqlens_q \(3\)"),
+        ({"max_q": 150}, ValueError, r"^max_seqlen_q: sequence 1 has 200 rows, more than max_seqlen_q = 150$"),
+        ({"max_k": -1}, ValueError, r"^max_seqlen_k: expected a length"),
+        ({"h_k": 3}, ValueError, r"must be a multiple of the number of heads in k and v \(3\)"),
+        ({"d": 80}, ValueError, r"^q: headdim 80 is not supported yet"),
+        ({"return_lse": True}, ValueError, r"^return_lse: .* not supported yet"),
+        ({"softcap": -2.0}, ValueError, r"^softcap: expected a finite number >= 0"),
+    ],
+)
+def test_bad_varlen_arguments_name_themselves(kw, error, message):
+    with pytest.raises(error, match=message):
+        varlen(**kw)
+
+
+def test_varlen_tensors_are_checked_like_flash_attn_funcs():
+    q, k = FakeTensor((300, 4, 64)), FakeTensor((500, 2, 64))
+    cu_q, cu_k = offsets([0, 100, 300]), offsets([0, 250, 500])
+    f = kiln_attn.flash_attn_varlen_func
+    with pytest.raises(ValueError, match=r"^q: expected a 3-D tensor \[total_q, nheads, headdim\], got shape \[1, 300, 4, 64\]$"):
+        f(FakeTensor((1, 300, 4, 64)), k, k, cu_q, cu_k, 200, 250)
+    with pytest.raises(TypeError, match=r"^cu_seqlens_k: expected dtype torch.int32, got torch.float32$"):
+        f(q, k, k, cu_q, offsets([0, 250, 500], dtype=F32), 200, 250)
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q: expected a tensor on cuda:0 \(q's device\), got a tensor on cpu$"):
+        f(q, k, k, offsets([0, 100, 300], device="cpu"), cu_k, 200, 250)
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q: expected a 1-D tensor \[batch \+ 1\]"):
+        f(q, k, k, FakeTensor((3, 1), dtype=offsets([0]).dtype, values=[0, 100, 300]), cu_k, 200, 250)
+    with pytest.raises(TypeError, match=r"^cu_seqlens_q: expected a torch.Tensor, got list$"):
+        f(q, k, k, [0, 100, 300], cu_k, 200, 250)
+    with pytest.raises(ValueError, match=r"^out: expected shape \[300, 4, 64\] \(q's\), got \[500, 2, 64\]$"):
+        f(q, k, k, cu_q, cu_k, 200, 250, out=FakeTensor((500, 2, 64)))
+    with pytest.raises(TypeError, match=r"^k: expected dtype torch.bfloat16 \(q's\), got torch.float16$"):
+        f(q, FakeTensor((500, 2, 64), dtype=F16), k, cu_q, cu_k, 200, 250)

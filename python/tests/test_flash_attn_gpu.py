@@ -7,10 +7,12 @@ from the same bf16 or fp16 inputs (< 1e-2 for bf16, < 2e-3 for fp16, as kiln's R
 with the output poisoned (NaN) first so an element the kernel never writes fails the check;
 grouped-query and multi-query heads likewise. FlashAttention's feature axes (dtype, local
 windows drawn as its test draws them, softcap 0 and 50, head dim 96) run over a subset of the
-sequence-length pairs. Skipped as a whole without torch or a CUDA device.
+sequence-length pairs, and flash_attn_varlen_func over random packed batches. Skipped as a
+whole without torch or a CUDA device.
 """
 
 import ctypes
+import itertools
 import math
 
 import pytest
@@ -179,6 +181,14 @@ def test_rows_outside_every_window_output_zero(window):
     assert rel_error(out, reference(q, k, v, 1.0 / 8, False, window)) < TOLERANCE
 
 
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_no_keys_give_zeros(dtype):
+    q, _, _ = inputs(2, 100, 1, 4, 64, 31, dtype=dtype)
+    k = torch.empty((2, 0, 4, 64), device="cuda", dtype=dtype)
+    out = kiln_attn.flash_attn_func(q, k, k, causal=True)
+    assert out.shape == q.shape and torch.all(out == 0)
+
+
 def test_window_spellings_follow_flash_attention():
     # causal with a window is the window with right = 0; (-1, 0) is causal; a bound of at
     # least seqlen_k is unbounded.
@@ -300,3 +310,58 @@ def test_target_is_hopper_on_an_h200():
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("not a Hopper GPU")
     assert kiln_attn._target(torch.cuda.current_device()) == "sm_90a"
+
+
+def packed_batch(lens, nheads, d, seed, dtype=torch.bfloat16, pad=0):
+    """Sequences of lengths `lens` drawn from normal(0, 1), packed as FlashAttention's varlen
+    tensors `(total + pad, nheads, d)` (the pad rows NaN), and the int32 offsets on the GPU."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    total = sum(lens)
+    t = torch.randn((total + pad, nheads, d), generator=gen, device="cuda").to(dtype)
+    t[total:] = float("nan")
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+    return t, cu
+
+
+# FlashAttention's varlen forward axes: random lengths per sequence (some empty, some with
+# more queries than keys), dtype, head dims, causal, local windows, softcap, GQA.
+@pytest.mark.parametrize("softcap", [0.0, 50.0], ids=["nocap", "softcap50"])
+@pytest.mark.parametrize("local", [False, True], ids=["global", "local"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("max_q, max_k", [(128, 128), (113, 203), (799, 300), (1024, 1023)])
+def test_varlen_matches_the_f32_reference_per_sequence(max_q, max_k, dtype, d, causal, local, softcap):
+    seed = max_q * 31 + max_k + d
+    gen = torch.Generator().manual_seed(seed)
+    batch, nheads, nheads_k = 5, 6, 3
+    lens_q = torch.randint(0, max_q + 1, (batch,), generator=gen).tolist()
+    lens_k = torch.randint(0, max_k + 1, (batch,), generator=gen).tolist()
+    lens_q[0], lens_k[-1] = max_q, max_k  # the maxima are reached
+    q, cu_q = packed_batch(lens_q, nheads, d, seed, dtype, pad=7)
+    k, cu_k = packed_batch(lens_k, nheads_k, d, seed + 1, dtype)
+    v, _ = packed_batch(lens_k, nheads_k, d, seed + 2, dtype)
+    total_q = sum(lens_q)
+    window = window_for(max_q, max_k, seed) if local else (-1, -1)
+    # The output is a view of the first total_q rows of a NaN buffer with 7 rows more: a store
+    # past the last sequence's end would change them.
+    buf = torch.full_like(q, float("nan"))
+    out = buf[:total_q]
+    kiln_attn.flash_attn_varlen_func(
+        q[:total_q], k, v, cu_q, cu_k, max_q, max_k,
+        causal=causal, window_size=window, softcap=softcap, out=out,
+    )
+    assert torch.isnan(buf[total_q:]).all(), "rows past the last sequence were written"
+    scale = 1.0 / math.sqrt(d)
+    for i in range(batch):
+        q0, q1, k0, k1 = cu_q[i].item(), cu_q[i + 1].item(), cu_k[i].item(), cu_k[i + 1].item()
+        if q1 == q0:
+            continue
+        qs, ks, vs = q[None, q0:q1], k[None, k0:k1], v[None, k0:k1]
+        # FlashAttention normalises the window by max_seqlen_k; window_for draws below it.
+        ref = reference(qs, ks, vs, scale, causal, window, softcap)
+        err = rel_error(out[None, q0:q1], ref) if k1 > k0 else float(out[q0:q1].abs().max())
+        assert err < TOLERANCES[dtype], (
+            f"sequence {i} (sq={q1 - q0} sk={k1 - k0}) {dtype} d={d} causal={causal} "
+            f"window={window} softcap={softcap}: {err:.3e}"
+        )

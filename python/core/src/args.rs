@@ -243,6 +243,18 @@ pub fn plan(
     v: &TensorInfo,
     opts: &Options,
 ) -> Result<Plan, ArgError> {
+    plan_windowed(q, k, v, opts, None)
+}
+
+/// [`plan`], with window bounds of at least `window_len` (else `seqlen_k`) unbounded:
+/// `flash_attn_varlen_func` normalises them by `max_seqlen_k`, as FlashAttention does.
+pub(crate) fn plan_windowed(
+    q: &TensorInfo,
+    k: &TensorInfo,
+    v: &TensorInfo,
+    opts: &Options,
+    window_len: Option<i64>,
+) -> Result<Plan, ArgError> {
     let named = [("q", q), ("k", k), ("v", v)];
     for (name, t) in named {
         check_rank(name, t, if name == "q" { "seqlen_q" } else { "seqlen_k" })?;
@@ -313,7 +325,7 @@ pub fn plan(
             )));
         }
     }
-    let checked = check_options(opts, head_dim, seqlen_k)?;
+    let checked = check_options(opts, head_dim, window_len.unwrap_or(seqlen_k))?;
     Ok(Plan {
         device,
         batch: batch as usize,

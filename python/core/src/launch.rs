@@ -17,6 +17,7 @@ use kiln::runtime::{
 use kiln_examples::attention::{attention, tuned_block_n};
 
 use crate::args::{Plan, View};
+use crate::varlen::VarlenPlan;
 
 /// Why a checked call still failed: no usable GPU, or the runtime refused or failed the launch.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +106,19 @@ pub unsafe fn launch(plan: &Plan, out: &View, stream: u64) -> Result<(), LaunchF
             KernelArg::F32(plan.scale),
         ],
     )?;
+    Ok(())
+}
+
+/// Launches every sequence of the varlen plan `vp` on `stream`, in batch order, each writing
+/// its own rows of the packed output (see [`crate::varlen`]).
+///
+/// # Safety
+/// As [`launch`], for every sequence's views.
+pub unsafe fn launch_varlen(vp: &VarlenPlan, stream: u64) -> Result<(), LaunchFailure> {
+    for (plan, out) in &vp.sequences {
+        // SAFETY: the caller guarantees every view, as `launch` requires.
+        unsafe { launch(plan, out, stream) }?;
+    }
     Ok(())
 }
 
@@ -200,6 +214,62 @@ pub fn interpret(
     Ok(())
 }
 
+/// Runs the varlen plan `vp` on the CPU interpreter, the way [`launch_varlen`] runs it: `q`,
+/// `k`, `v` and `out` are the packed host tensors the plan was made for, described to it at
+/// address 0 (so a view's address is its offset in bytes). Each sequence's views are copied
+/// out and its output copied back: this runs the plan's offsets, lengths and options, not
+/// the kernel's edge masking at a sequence's end (the GPU tests check that).
+pub fn interpret_varlen(
+    vp: &VarlenPlan,
+    target: Target,
+    (q, k, v): (&HostTensor, &HostTensor, &HostTensor),
+    out: &mut HostTensor,
+) -> Result<(), InterpError> {
+    for (plan, ov) in &vp.sequences {
+        let (qs, ks, vs) = (gather(q, &plan.q), gather(k, &plan.k), gather(v, &plan.v));
+        let mut os = gather(out, ov);
+        run_def(
+            &attention,
+            &comptime(plan, target),
+            grid(plan),
+            &mut [
+                HostArg::Tensor(&qs),
+                HostArg::Tensor(&ks),
+                HostArg::Tensor(&vs),
+                HostArg::TensorMut(&mut os),
+                HostArg::F32(plan.scale),
+            ],
+        )?;
+        for (i, at) in view_offsets(ov).into_iter().enumerate() {
+            out.data.set_f64(at, os.data.get_f64(i));
+        }
+    }
+    // As the extension zeroes them (`out.narrow(0, first, rows).zero_()`).
+    let row = out.strides[0];
+    for &(first, rows) in &vp.zero_rows {
+        for i in first * row..(first + rows) * row {
+            out.data.set_f64(i, 0.0);
+        }
+    }
+    Ok(())
+}
+
+/// The elements of `t` that view `v` (address = byte offset of 2-byte elements) sees, as a
+/// contiguous tensor of the view's shape.
+fn gather(t: &HostTensor, v: &View) -> HostTensor {
+    let at = view_offsets(v);
+    HostTensor::from_fn(&v.shape, t.dtype(), |i| t.data.get_f64(at[i]))
+}
+
+/// The element offsets of view `v`'s elements in row-major order of its shape.
+fn view_offsets(v: &View) -> Vec<usize> {
+    let base = (v.ptr / 2) as usize;
+    kiln::ir::host::row_major_offsets(&v.shape, &v.strides)
+        .into_iter()
+        .map(|o| base + o)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use kiln::ir::{DType, HostTensor, Target};
@@ -207,7 +277,7 @@ mod tests {
     use kiln_tests::inputs::{Dist, Rng, tensor};
     use kiln_tests::reference;
 
-    use super::interpret;
+    use super::{interpret, interpret_varlen};
     use crate::args::{Options, TensorInfo, TorchDType, TorchDevice, plan};
 
     /// What PyTorch would report for host tensor `t` (its strides as they are).
@@ -345,5 +415,96 @@ mod tests {
                  softcap={softcap}: error {err:.2e}"
             );
         }
+    }
+
+    /// `flash_attn_varlen_func`'s plan on the interpreter: packed sequences of different
+    /// lengths (one with no query rows, one with no keys, whose rows are 0), grouped heads, a
+    /// causal window normalised by `max_seqlen_k`, each sequence against the reference on its
+    /// own rows; rows past the last offset are never written.
+    #[test]
+    fn varlen_sequences_run_on_the_interpreter_to_the_reference() {
+        use crate::varlen::plan_varlen;
+        let mut rng = Rng::new(17);
+        let (h, hkv, d) = (4, 2, 64);
+        let lens: [(usize, usize); 4] = [(100, 50), (0, 30), (130, 0), (70, 200)];
+        let offsets = |f: fn(&(usize, usize)) -> usize| {
+            let mut cu = vec![0i64];
+            for l in &lens {
+                cu.push(cu[cu.len() - 1] + f(l) as i64);
+            }
+            cu
+        };
+        let (cu_q, cu_k) = (offsets(|l| l.0), offsets(|l| l.1));
+        let (total_q, total_k) = (cu_q[4] as usize + 5, cu_k[4] as usize);
+        let q = tensor(&mut rng, &[total_q, h, d], DType::Bf16, Dist::Normal);
+        let k = tensor(&mut rng, &[total_k, hkv, d], DType::Bf16, Dist::Normal);
+        let v = tensor(&mut rng, &[total_k, hkv, d], DType::Bf16, Dist::Normal);
+        let mut out = HostTensor::full(&[total_q, h, d], DType::Bf16, f64::NAN);
+        let cu_info = |n: usize| TensorInfo {
+            shape: vec![n as i64],
+            strides: vec![1],
+            dtype: TorchDType::Other("torch.int32".into()),
+            device: TorchDevice::Cuda(0),
+            ptr: 0,
+        };
+        let opts = Options {
+            causal: true,
+            window_size: (40, -1),
+            ..Options::default()
+        };
+        let vp = plan_varlen(
+            (&info(&q), &info(&k), &info(&v)),
+            &info(&out),
+            (&cu_info(5), &cu_info(5)),
+            (&cu_q, &cu_k),
+            (130, 200),
+            &opts,
+        )
+        .expect("valid");
+        assert_eq!(
+            vp.sequences.len(),
+            2,
+            "the empty query sequence launches nothing"
+        );
+        assert_eq!(vp.zero_rows, [(100, 130)], "nor the one without keys");
+        interpret_varlen(&vp, Target::Sm90a, (&q, &k, &v), &mut out).expect("interprets");
+        // Rows r0..r1 of packed t as a [1, heads, rows, d] tensor.
+        let rows = |t: &HostTensor, r0: usize, r1: usize| {
+            let [hh, dd] = [t.shape[1], t.shape[2]];
+            HostTensor::from_fn(&[1, hh, r1 - r0, dd], t.dtype(), |i| {
+                let (x, r, head) = (i % dd, i / dd % (r1 - r0), i / (dd * (r1 - r0)));
+                t.data.get_f64(((r0 + r) * hh + head) * dd + x)
+            })
+        };
+        for (i, &(sq, sk)) in lens.iter().enumerate() {
+            if sq == 0 {
+                continue;
+            }
+            let (q0, k0) = (cu_q[i] as usize, cu_k[i] as usize);
+            let (ks, vs) = (rows(&k, k0, k0 + sk), rows(&v, k0, k0 + sk));
+            let want = reference::attention_window(
+                &rows(&q, q0, q0 + sq),
+                &repeat_heads(&ks, h / hkv),
+                &repeat_heads(&vs, h / hkv),
+                0.125,
+                (40, 0),
+                None,
+            );
+            let got = rows(&out, q0, q0 + sq).to_f64_vec();
+            if sk == 0 {
+                assert!(got.iter().all(|&x| x == 0.0), "sequence {i}: no keys, 0");
+            } else {
+                let err = rel_error(&got, &want);
+                assert!(
+                    err < tolerance(DType::Bf16),
+                    "sequence {i}: error {err:.2e}"
+                );
+            }
+        }
+        let tail = rows(&out, cu_q[4] as usize, total_q).to_f64_vec();
+        assert!(
+            tail.iter().all(|x| x.is_nan()),
+            "rows past the last offset untouched"
+        );
     }
 }

@@ -9,3 +9,4 @@
 
 pub mod args;
 pub mod launch;
+pub mod varlen;
