@@ -29,14 +29,30 @@ struct Barrier {
     tx: i64,
     /// Phases completed so far.
     completed: u32,
+    /// The CTAs whose roles arrived in the current phase, and in the last completed one
+    /// (bit `c` for CTA `c`): what a wait that passes on it has heard from.
+    from: u32,
+    heard: u32,
 }
 
 impl Barrier {
+    fn new(count: u32) -> Barrier {
+        Barrier {
+            count,
+            pending: i64::from(count),
+            tx: 0,
+            completed: 0,
+            from: 0,
+            heard: 0,
+        }
+    }
+
     /// Completes the phase once every arrival and byte is in, and re-arms the count.
     fn settle(&mut self) {
         if self.pending == 0 && self.tx == 0 {
             self.completed += 1;
             self.pending = i64::from(self.count);
+            self.heard = std::mem::take(&mut self.from);
         }
     }
 }
@@ -91,6 +107,8 @@ struct Role {
     turn_arrival: Option<u32>,
     /// The `(full array, iteration)` waits that passed: what the role may read.
     landed: std::collections::BTreeSet<(Bar, u32)>,
+    /// Per wait that passed, the CTAs whose arrivals completed the phase it passed on.
+    heard: BTreeMap<(Bar, u32), u32>,
 }
 
 impl Role {
@@ -104,6 +122,7 @@ impl Role {
             done: 0,
             turn_arrival: None,
             landed: std::collections::BTreeSet::new(),
+            heard: BTreeMap::new(),
         }
     }
 
@@ -165,15 +184,7 @@ impl<'r> Machine<'r> {
         }
         for (cta, s) in (0..ctas).flat_map(|c| (0..ring.stages).map(move |s| (c, s))) {
             for &(bar, count) in &arrays {
-                bars.insert(
-                    (cta, bar, s),
-                    Barrier {
-                        count,
-                        pending: i64::from(count),
-                        tx: 0,
-                        completed: 0,
-                    },
-                );
+                bars.insert((cta, bar, s), Barrier::new(count));
             }
         }
         if !ring.once.is_empty() {
@@ -183,15 +194,7 @@ impl<'r> Machine<'r> {
                     .chain(once_free)
                     .map(move |b| (c, b))
             }) {
-                bars.insert(
-                    (cta, bar, 0),
-                    Barrier {
-                        count,
-                        pending: i64::from(count),
-                        tx: 0,
-                        completed: 0,
-                    },
-                );
+                bars.insert((cta, bar, 0), Barrier::new(count));
             }
         }
         let warpgroups = consumer_warpgroups(ring, consumer_warps);
@@ -434,12 +437,13 @@ impl<'r> Machine<'r> {
                 }
                 if passes {
                     self.roles[role].landed.insert((bar, i));
+                    self.roles[role].heard.insert((bar, i), b.heard);
                 }
                 Ok(passes)
             }
             Step::ArriveExpectTx { bar, bytes } => {
                 self.bar(cta, bar, stage).tx += i64::from(bytes);
-                self.arrive(cta, bar, stage, 1)?;
+                self.arrive(cta, bar, stage, 1, cta)?;
                 Ok(true)
             }
             Step::Tma { load } => {
@@ -465,6 +469,22 @@ impl<'r> Machine<'r> {
                 };
                 for (to, bytes) in landings {
                     self.reaches(cta, to, step)?;
+                    // Refilling another CTA's stage: the `empty` phase the producer waited on
+                    // must include that CTA's releases, whatever order the roles ran in.
+                    let heard = self.roles[role]
+                        .heard
+                        .get(&(Ring::empty_of(full), i))
+                        .copied()
+                        .unwrap_or(0);
+                    if to != cta && i >= stages && heard & (1 << to) == 0 {
+                        return Err(ClusterError::Overwrite {
+                            cta: to,
+                            from: cta,
+                            iteration: i,
+                            previous: i - stages,
+                        }
+                        .into());
+                    }
                     let wgs = self.warpgroups();
                     let released = if full == Bar::TailFull {
                         &self.released_tail[to as usize]
@@ -589,7 +609,7 @@ impl<'r> Machine<'r> {
                     }
                 }
                 let arrivals = if local == PRODUCER { 1 } else { self.arrivals };
-                self.arrive(cta, bar, j % stages, arrivals)?;
+                self.arrive(cta, bar, j % stages, arrivals, cta)?;
                 Ok(true)
             }
             Step::ArrivePeer { bar, lag } => {
@@ -607,7 +627,7 @@ impl<'r> Machine<'r> {
                 }
                 for to in (0..self.ctas).filter(|&to| to != cta) {
                     self.reaches(cta, to, step)?;
-                    self.arrive(to, bar, j % stages, self.arrivals)?;
+                    self.arrive(to, bar, j % stages, self.arrivals, cta)?;
                 }
                 Ok(true)
             }
@@ -688,16 +708,22 @@ impl<'r> Machine<'r> {
     }
 
     fn bar(&mut self, cta: u32, bar: Bar, stage: u32) -> &mut Barrier {
-        self.bars.entry((cta, bar, stage)).or_insert(Barrier {
-            count: 0,
-            pending: 0,
-            tx: 0,
-            completed: 0,
-        })
+        self.bars
+            .entry((cta, bar, stage))
+            .or_insert(Barrier::new(0))
     }
 
-    fn arrive(&mut self, cta: u32, bar: Bar, stage: u32, n: u32) -> Result<(), ProtocolError> {
+    /// `n` arrivals of CTA `from`'s role on CTA `cta`'s `bar[stage]`.
+    fn arrive(
+        &mut self,
+        cta: u32,
+        bar: Bar,
+        stage: u32,
+        n: u32,
+        from: u32,
+    ) -> Result<(), ProtocolError> {
         let b = self.bar(cta, bar, stage);
+        b.from |= 1 << from;
         b.pending -= i64::from(n);
         if b.pending < 0 {
             return Err(ProtocolError::TooManyArrivals {
