@@ -451,7 +451,7 @@ impl Device {
             let cap = kernel
                 .resident_ctas()
                 .min(self.persistent_ctas.unwrap_or(u32::MAX));
-            let ctas = persistent_ctas(&kernel.ptx().entry, grid, cap)?;
+            let ctas = persistent_ctas(&kernel.ptx().entry, grid, cap, kernel.cluster_width())?;
             ([ctas, 1, 1], Some(grid))
         } else {
             (grid, None)
@@ -483,11 +483,16 @@ impl Device {
     }
 }
 
-/// The CTAs a persistent kernel `kernel` runs on logical grid `grid`: one per work tile, at
-/// most `cap` (at least 1); an error when the grid has more tiles than the kernel counts (it
-/// steps a u32 tile index by the CTA count past the last).
-fn persistent_ctas(kernel: &str, grid: [u32; 3], cap: u32) -> Result<u32, LaunchError> {
-    let tiles = kiln_ir::tile_scheduler::TileScheduler::tiles(grid);
+/// The CTAs a persistent kernel `kernel` runs on logical grid `grid` in clusters of `width`
+/// along x: one per work tile (a cluster per `width` x-adjacent tiles, the last group padded:
+/// `kiln_ir::cluster`), at most `cap`, a whole number of clusters (at least one); an error
+/// when the grid has more tiles than the kernel counts (it steps a u32 tile index by the CTA
+/// count past the last).
+fn persistent_ctas(kernel: &str, grid: [u32; 3], cap: u32, width: u32) -> Result<u32, LaunchError> {
+    let width = width.max(1);
+    let [nx, ny, nz] = grid;
+    let tiles = kiln_ir::tile_scheduler::TileScheduler::tiles([nx.div_ceil(width), ny, nz])
+        * u64::from(width);
     let max = u64::from(i32::MAX as u32);
     if tiles > max {
         return Err(LaunchError::Tiles {
@@ -496,7 +501,8 @@ fn persistent_ctas(kernel: &str, grid: [u32; 3], cap: u32) -> Result<u32, Launch
             max,
         });
     }
-    Ok((tiles as u32).min(cap).max(1))
+    let ctas = (tiles as u32).min(cap);
+    Ok((ctas - ctas % width).max(width))
 }
 
 /// Loads the driver library, initialises it, and counts GPUs; the one place that decides
@@ -522,11 +528,24 @@ mod tests {
 
     #[test]
     fn persistent_kernels_run_at_most_the_resident_ctas() {
-        assert_eq!(persistent_ctas("k", [64, 16, 2], 132).expect("fits"), 132);
-        assert_eq!(persistent_ctas("k", [3, 1, 1], 132).expect("fits"), 3);
-        assert_eq!(persistent_ctas("k", [3, 1, 1], 0).expect("fits"), 1);
-        let err = persistent_ctas("k", [1 << 20, 1 << 12, 1], 132).expect_err("too many tiles");
+        assert_eq!(
+            persistent_ctas("k", [64, 16, 2], 132, 1).expect("fits"),
+            132
+        );
+        assert_eq!(persistent_ctas("k", [3, 1, 1], 132, 1).expect("fits"), 3);
+        assert_eq!(persistent_ctas("k", [3, 1, 1], 0, 1).expect("fits"), 1);
+        let err = persistent_ctas("k", [1 << 20, 1 << 12, 1], 132, 1).expect_err("too many tiles");
         assert!(err.to_string().contains("at most 2147483647"), "{err}");
+    }
+
+    #[test]
+    fn clustered_persistent_kernels_launch_whole_clusters() {
+        // 5 x 3 tiles in pairs along x: 3 x 3 pairs, the last of each row ragged, 18 CTAs.
+        assert_eq!(persistent_ctas("k", [5, 3, 1], 132, 2).expect("fits"), 18);
+        // A cap rounds down to whole clusters, and at least one cluster runs.
+        assert_eq!(persistent_ctas("k", [5, 3, 1], 7, 2).expect("fits"), 6);
+        assert_eq!(persistent_ctas("k", [5, 3, 1], 1, 2).expect("fits"), 2);
+        assert_eq!(persistent_ctas("k", [1, 1, 1], 132, 2).expect("fits"), 2);
     }
 
     /// On a machine without a driver (CI), opening a device is an error, not a panic; on a

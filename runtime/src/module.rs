@@ -61,8 +61,11 @@ pub struct LoadedKernel {
     info_log: String,
     times: CompileTimes,
     origin: Origin,
-    /// CTAs of it the GPU runs at once (its occupancy on every multiprocessor).
+    /// CTAs of it the GPU runs at once (its occupancy on every multiprocessor; for a
+    /// clustered kernel, the clusters that fit at once times their size).
     resident_ctas: u32,
+    /// CTAs per cluster along x the entry requires (`.reqnctapercluster`; 1 for none).
+    cluster_width: u32,
 }
 
 // SAFETY: CUmodule and CUfunction are driver handles usable from any thread once their context
@@ -95,6 +98,12 @@ impl LoadedKernel {
     /// CTAs of this kernel the GPU runs at once: a persistent kernel launches at most these.
     pub fn resident_ctas(&self) -> u32 {
         self.resident_ctas
+    }
+
+    /// CTAs per cluster along x that the entry requires (1 when it requires no cluster): a
+    /// launch's x extent must be a multiple of it.
+    pub fn cluster_width(&self) -> u32 {
+        self.cluster_width
     }
 
     /// Whether the cubin came from the disk cache (nothing was compiled).
@@ -277,6 +286,7 @@ pub(crate) fn load(
         times: CompileTimes::default(),
         origin,
         resident_ctas: 0,
+        cluster_width: 1,
     };
     // SAFETY: `module` is live; `entry` is NUL-terminated.
     unsafe { sys::cuModuleGetFunction(&mut kernel.function, module, entry.as_ptr()) }
@@ -294,21 +304,53 @@ pub(crate) fn load(
         .result()
         .call("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")?;
     }
-    let mut per_sm = 0;
-    // SAFETY: `function` is live; the block size and shared memory are the launch's own.
-    unsafe {
-        sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            &mut per_sm,
-            kernel.function,
-            kernel.ptx.threads_per_block as i32,
-            kernel.ptx.dynamic_smem_bytes as usize,
-        )
-    }
-    .result()
-    .call("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
-    kernel.resident_ctas = (per_sm.max(1) as u32) * limits.multiprocessors.max(1);
+    kernel.cluster_width = kernel
+        .attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH)?
+        .max(1) as u32;
+    kernel.resident_ctas = if kernel.cluster_width > 1 {
+        // A cluster's CTAs share a GPC, so fewer of them may fit at once than one per
+        // multiprocessor: ask the driver for whole clusters.
+        resident_clusters(&kernel)? * kernel.cluster_width
+    } else {
+        let mut per_sm = 0;
+        // SAFETY: `function` is live; the block size and shared memory are the launch's own.
+        unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut per_sm,
+                kernel.function,
+                kernel.ptx.threads_per_block as i32,
+                kernel.ptx.dynamic_smem_bytes as usize,
+            )
+        }
+        .result()
+        .call("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
+        (per_sm.max(1) as u32) * limits.multiprocessors.max(1)
+    };
     kernel.times.load = start.elapsed();
     Ok(kernel)
+}
+
+/// Clusters of `kernel` (which requires its cluster shape) the GPU runs at once, at least 1.
+fn resident_clusters(kernel: &LoadedKernel) -> Result<u32, RuntimeError> {
+    let config = sys::CUlaunchConfig {
+        gridDimX: kernel.cluster_width,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: kernel.ptx.threads_per_block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: kernel.ptx.dynamic_smem_bytes,
+        hStream: std::ptr::null_mut(),
+        // The entry's required cluster shape applies; the config names none.
+        attrs: std::ptr::null_mut(),
+        numAttrs: 0,
+    };
+    let mut clusters = 0;
+    // SAFETY: `function` is live and its context current; `config` outlives the call.
+    unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, kernel.function, &config) }
+        .result()
+        .call("cuOccupancyMaxActiveClusters")?;
+    Ok(clusters.max(1) as u32)
 }
 
 /// A module from a cubin (the context is current).

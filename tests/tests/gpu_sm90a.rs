@@ -14,6 +14,9 @@
 //! that are not multiples of the 128-query block or of the key block, several batches and
 //! heads, K with padded rows, fully masked rows (causal with sq > sk, including a query block
 //! that sees no key) and enough key blocks for several wraps of the 2-stage ring.
+//! The gemm in 2-CTA clusters (`CLUSTER_M = 2`, B multicast to the M-adjacent pair): exact
+//! on small integers, against the reference on odd shapes, and persistent with 1, 3 and 7
+//! clusters walking many tile pairs (written before any GPU ran them).
 //! Skips itself without a driver ("skipped: no CUDA driver") or on a GPU that is not sm_90.
 
 mod gpu_common;
@@ -55,14 +58,16 @@ fn output(dev: &Device, shape: &[usize]) -> DeviceTensor {
     t
 }
 
-/// The comptime values of the gemm's tile shape and B layout.
+/// The comptime values of the gemm's tile shape, B layout and CTAs per cluster along M.
 fn tiles(
     (bm, bn, bk): (usize, usize, usize),
     b_col_major: bool,
+    cluster: usize,
 ) -> BTreeMap<String, ComptimeValue> {
     let spec = Spec::from_defaults(
         &gemm,
         &[
+            ("CLUSTER_M".to_string(), cluster.to_string()),
             ("BM".to_string(), bm.to_string()),
             ("BN".to_string(), bn.to_string()),
             ("BK".to_string(), bk.to_string()),
@@ -87,13 +92,15 @@ fn want(a: &HostTensor, b: &HostTensor, b_col_major: bool) -> Vec<f64> {
     }
 }
 
-/// Runs `c = a @ B` on the GPU with `b`'s rows padded by `pad` elements and checks it.
+/// Runs `c = a @ B` on the GPU in clusters of `cluster` with `b`'s rows padded by `pad`
+/// elements and checks it.
 #[allow(clippy::too_many_arguments)]
 fn run_case(
     dev: &Device,
     rng: &mut Rng,
     tile: (usize, usize, usize),
     b_col_major: bool,
+    cluster: usize,
     (m, n, k): (usize, usize, usize),
     pad: usize,
     dist: Dist,
@@ -108,7 +115,7 @@ fn run_case(
     // The specialisation `launch` picks: bf16 rows are 16-byte aligned when their length
     // is a multiple of 8 (allocations are).
     let spec = Spec {
-        comptime: tiles(tile, b_col_major),
+        comptime: tiles(tile, b_col_major, cluster),
         aligned16: [("a", k), ("b", b_dims[1] + pad), ("c", n)]
             .into_iter()
             .map(|(t, row)| (t.to_string(), row % 8 == 0))
@@ -120,10 +127,17 @@ fn run_case(
         expect_tma,
         "m={m} n={n} k={k} pad={pad}: TMA path expected {expect_tma}"
     );
-    launch(dev, tile, b_col_major, m, n, [&da, &db, &c]);
+    assert_eq!(
+        loaded.cluster_width(),
+        cluster as u32,
+        "the entry's cluster shape"
+    );
+    launch(dev, tile, b_col_major, cluster, m, n, [&da, &db, &c]);
     let got = c.download().expect("download");
     let case = Case {
-        kernel: format!("gemm@sm_90a BM={bm} BN={bn} BK={bk} b_col_major={b_col_major}"),
+        kernel: format!(
+            "gemm@sm_90a BM={bm} BN={bn} BK={bk} b_col_major={b_col_major} CLUSTER_M={cluster}"
+        ),
         shape: format!("m={m} n={n} k={k}, b row stride {}", b_dims[1] + pad),
         dist,
         seed: rng.seed(),
@@ -141,23 +155,57 @@ fn launch(
     dev: &Device,
     tile: (usize, usize, usize),
     b_col_major: bool,
+    cluster: usize,
     m: usize,
     n: usize,
     ts: [&DeviceTensor; 3],
 ) {
     let grid = [m.div_ceil(tile.0) as u32, n.div_ceil(tile.1) as u32, 1];
     let args = ts.map(KernelArg::Tensor);
-    dev.launch(&gemm, &tiles(tile, b_col_major), grid, &args)
+    dev.launch(&gemm, &tiles(tile, b_col_major, cluster), grid, &args)
         .expect("launch");
     dev.synchronize().expect("kernel ran");
+}
+
+/// `c = a @ B` on entries in {-2, .., 2}, where every partial sum is an integer of magnitude
+/// at most 4 k <= 256, exact in f32 and in bf16: the result must equal the reference, and
+/// the first wrong elements are named.
+fn exact_case(
+    dev: &Device,
+    rng: &mut Rng,
+    tile: (usize, usize, usize),
+    b_col_major: bool,
+    cluster: usize,
+    (m, n, k): (usize, usize, usize),
+) {
+    let a = HostTensor::from_fn(&[m, k], DType::Bf16, |_| rng.range(0, 5) as f64 - 2.0);
+    let b = HostTensor::from_fn(&b_shape(b_col_major, k, n), DType::Bf16, |_| {
+        rng.range(0, 5) as f64 - 2.0
+    });
+    let (da, db) = (
+        dev.upload(&a).expect("upload"),
+        dev.upload(&b).expect("upload"),
+    );
+    let c = output(dev, &[m, n]);
+    launch(dev, tile, b_col_major, cluster, m, n, [&da, &db, &c]);
+    let got = c.download().expect("download").to_f64_vec();
+    let want = want(&a, &b, b_col_major);
+    let wrong: Vec<String> = (0..m * n)
+        .filter(|&i| got[i] != want[i])
+        .take(8)
+        .map(|i| format!("({}, {}): got {} want {}", i / n, i % n, got[i], want[i]))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "gemm@sm_90a tile {tile:?} b_col_major={b_col_major} CLUSTER_M={cluster}, m={m} n={n} \
+         k={k}, seed {}: first wrong elements {wrong:?}",
+        rng.seed()
+    );
 }
 
 fn gpu_sm90a_gemm_is_exact_on_small_integers() {
     let Some(dev) = hopper() else { return };
     let mut rng = Rng::from_env();
-    // Entries in {-2, .., 2}: every partial sum is an integer of magnitude at most
-    // 4 k <= 256, exact in f32 and in bf16.
-    let (m, n, k) = (256, 256, 64);
     for (tile, b_col_major) in [
         ((128, 128, 32), false),
         ((128, 128, 64), false),
@@ -171,29 +219,7 @@ fn gpu_sm90a_gemm_is_exact_on_small_integers() {
         ((64, 128, 64), false),
         ((64, 256, 64), true),
     ] {
-        let a = HostTensor::from_fn(&[m, k], DType::Bf16, |_| rng.range(0, 5) as f64 - 2.0);
-        let b = HostTensor::from_fn(&b_shape(b_col_major, k, n), DType::Bf16, |_| {
-            rng.range(0, 5) as f64 - 2.0
-        });
-        let (da, db) = (
-            dev.upload(&a).expect("upload"),
-            dev.upload(&b).expect("upload"),
-        );
-        let c = output(&dev, &[m, n]);
-        launch(&dev, tile, b_col_major, m, n, [&da, &db, &c]);
-        let got = c.download().expect("download").to_f64_vec();
-        let want = want(&a, &b, b_col_major);
-        let wrong: Vec<String> = (0..m * n)
-            .filter(|&i| got[i] != want[i])
-            .take(8)
-            .map(|i| format!("({}, {}): got {} want {}", i / n, i % n, got[i], want[i]))
-            .collect();
-        assert!(
-            wrong.is_empty(),
-            "gemm@sm_90a tile {tile:?} b_col_major={b_col_major}, m={m} n={n} k={k}, seed {}: \
-             first wrong elements {wrong:?}",
-            rng.seed()
-        );
+        exact_case(&dev, &mut rng, tile, b_col_major, 1, (256, 256, 64));
     }
 }
 
@@ -219,7 +245,7 @@ fn gpu_sm90a_gemm_matches_reference() {
         ] {
             for shape in shapes {
                 for dist in Dist::ALL {
-                    run_case(&dev, &mut rng, tile, b_col_major, shape, 8, dist, true);
+                    run_case(&dev, &mut rng, tile, b_col_major, 1, shape, 8, dist, true);
                 }
             }
         }
@@ -236,6 +262,7 @@ fn gpu_sm90a_unaligned_gemm_falls_back_to_cp_async() {
                 &mut rng,
                 (128, 128, 32),
                 b_col_major,
+                1,
                 shape,
                 1,
                 Dist::Normal,
@@ -371,6 +398,7 @@ fn gpu_sm90a_persistent_ctas_walk_every_tile() {
                 &mut rng,
                 (128, 128, 64),
                 false,
+                1,
                 shape,
                 8,
                 Dist::Normal,
@@ -498,6 +526,79 @@ fn gpu_sm90a_softcap_attention_matches_reference() {
     }
 }
 
+/// The clustered variants of the gemm (`CLUSTER_M = 2`: M-adjacent pairs of CTAs share B's
+/// tile, each multicasting half of its boxes into both): tile width, B layout, the 64-row
+/// tile and a 32-wide K step.
+const CLUSTERED: [((usize, usize, usize), bool); 6] = [
+    ((128, 128, 64), false),
+    ((128, 128, 64), true),
+    ((128, 256, 64), false),
+    ((128, 256, 64), true),
+    ((64, 128, 64), false),
+    ((128, 128, 32), true),
+];
+
+/// Clustered gemms on small integers, exact: 3 and 5 M blocks leave a ragged last pair
+/// (its second tile past the grid loads zeros and stores nothing), 264 columns a ragged N.
+fn gpu_sm90a_clustered_gemm_is_exact_on_small_integers() {
+    let Some(dev) = hopper() else { return };
+    let mut rng = Rng::from_env();
+    for (tile, b_col_major) in CLUSTERED {
+        for shape in [
+            (256, 256, 64),
+            (3 * tile.0, 256, 64),
+            (5 * tile.0 - 7, 264, 64),
+        ] {
+            exact_case(&dev, &mut rng, tile, b_col_major, 2, shape);
+        }
+    }
+}
+
+/// Clustered gemms against the f64 reference on odd shapes, every input distribution.
+fn gpu_sm90a_clustered_gemm_matches_reference() {
+    let Some(dev) = hopper() else { return };
+    let mut rng = Rng::from_env();
+    let shapes = [
+        (136, 200, 56),
+        (257, 136, 104),
+        (64, 64, 16),
+        (1000, 520, 777),
+    ];
+    for (tile, b_col_major) in CLUSTERED {
+        for shape in shapes {
+            for dist in Dist::ALL {
+                run_case(&dev, &mut rng, tile, b_col_major, 2, shape, 8, dist, true);
+            }
+        }
+    }
+}
+
+/// Clusters walking tile pairs in lockstep with 1, 3 and 7 clusters (2, 6 and 14 CTAs), each
+/// many pairs: 11 x blocks make 6 pairs (the last ragged) in groups of 4 pairs.
+fn gpu_sm90a_clustered_persistent_walks_every_pair() {
+    for clusters in [1, 3, 7] {
+        let Some(dev) = hopper() else { return };
+        let dev = dev.with_persistent_ctas(Some(2 * clusters));
+        let mut rng = Rng::from_env();
+        for shape in [(384, 256, 1000), (1300, 384, 520), (1300, 1000, 64)] {
+            for b_col_major in [false, true] {
+                let tile = (128, 128, 64);
+                run_case(
+                    &dev,
+                    &mut rng,
+                    tile,
+                    b_col_major,
+                    2,
+                    shape,
+                    8,
+                    Dist::Normal,
+                    true,
+                );
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         (
@@ -534,6 +635,21 @@ fn main() -> ExitCode {
             "gpu_sm90a_softcap_attention_matches_reference",
             Needs::Hopper,
             gpu_sm90a_softcap_attention_matches_reference,
+        ),
+        (
+            "gpu_sm90a_clustered_gemm_is_exact_on_small_integers",
+            Needs::Hopper,
+            gpu_sm90a_clustered_gemm_is_exact_on_small_integers,
+        ),
+        (
+            "gpu_sm90a_clustered_gemm_matches_reference",
+            Needs::Hopper,
+            gpu_sm90a_clustered_gemm_matches_reference,
+        ),
+        (
+            "gpu_sm90a_clustered_persistent_walks_every_pair",
+            Needs::Hopper,
+            gpu_sm90a_clustered_persistent_walks_every_pair,
         ),
     ])
 }

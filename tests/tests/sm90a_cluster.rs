@@ -106,9 +106,12 @@ fn the_pair_shares_b_and_the_protocol_holds_on_both_ctas() {
 /// A deliberate break of a clustered ring.
 type Edit = fn(&mut Ring);
 
+/// Whether an error is the one a break must give.
+type Expect = fn(&ProtocolError) -> bool;
+
 #[test]
 fn each_cluster_rule_rejects_its_mutation() {
-    let edits: [(&str, Edit, fn(&ProtocolError) -> bool); 7] = [
+    let edits: [(&str, Edit, Expect); 7] = [
         (
             "the block synchronises instead of the cluster",
             |r| r.init[2] = InitStep::BarSync,

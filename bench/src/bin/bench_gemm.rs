@@ -9,7 +9,9 @@
 //! `ratio` = kiln / cuBLAS throughput. `--out PATH` writes every figure as JSON.
 //!
 //! `--b-col-major` stores B column-major (`b: [N, K]`; the kernel's `b_col_major`, cuBLAS
-//! with `transb`).
+//! with `transb`). `--autotune` times the kernel's declared candidates per shape, its 2-CTA
+//! clusters among them (`CLUSTER_M` in {1, 2}: on sm_90a M-adjacent CTAs share B's tiles by
+//! TMA multicast); `--set CLUSTER_M=2` forces them (the JSON's `comptime` says which ran).
 //!
 //! Run on a GPU host: `bench_gemm --out bench/results/gemm.json [--target sm_90a]
 //! [--b-col-major]`.
