@@ -38,18 +38,22 @@
 //!   after a tile's loop reads the accumulator as the tile's last mma left it (a tile with no
 //!   iterations takes the loop's initial value instead, as the epilogue's `Read` does).
 //!
+//! - **The sm_100a attention schedule** ([`crate::tmem::attention`]) runs its five roles on
+//!   its own protocol machine ([`attention_execution`]): pairs of Q tiles over one key walk,
+//!   `S`, `P` and `O` in tensor memory, the softmax's per-row deferral and polynomial share of
+//!   the exponentials, the correction's rescale of `O`, each tile's own store.
+//!
 //! The orders the execution takes for granted (which wgmma a release waits for, the staging
 //! tile's barriers) are the protocol check's to prove; this execution checks where the data
 //! goes and what the consumers compute from it.
 
+mod attention_execution;
+mod ring_execution;
 mod smem;
 
-use std::collections::BTreeMap;
-
 use crate::kernel::{Block, Kernel, OpId, OpKind, ValueId};
-use crate::passes::protocol_check::machine::{At, Machine as Protocol, PRODUCER};
 use crate::passes::walk;
-use crate::ring::{Deferral, Overlap, Ring, Step, TmaLoad};
+use crate::ring::{Deferral, Overlap, Ring, TmaLoad};
 use crate::tile_scheduler::TileScheduler;
 use crate::tma_store::TmaStore;
 use crate::types::DType;
@@ -57,8 +61,8 @@ use crate::types::DType;
 use super::HostArg;
 use super::error::InterpError;
 use super::exec::Machine;
+use super::memory;
 use super::value::{Elems, Value};
-use super::{eval, memory};
 
 use smem::{Boxes, SharedMemory};
 
@@ -80,14 +84,19 @@ pub fn run_scheduled(
     if kernel.schedule.tiles.is_some() && ctas == 0 {
         return Err(plan.error("a persistent kernel needs at least one CTA".into()));
     }
-    for tiles in plan.walk(grid, ctas) {
-        Cta::new(&plan, &mut machine, tiles)?.run(&mut machine)?;
+    match &kernel.schedule.attention {
+        Some(attention) => attention_execution::run(&plan, attention, &mut machine, grid, ctas),
+        None => {
+            for tiles in plan.walk(grid, ctas) {
+                ring_execution::RingCta::new(&plan, &mut machine, tiles)?.run(&mut machine)?;
+            }
+            Ok(())
+        }
     }
-    Ok(())
 }
 
 /// Which ops of the ring's body each consumer step runs.
-enum Parts {
+pub(super) enum Parts {
     /// An unrotated body: every op at the `wgmma` / `tcgen05.mma` step.
     Whole(Vec<OpId>),
     /// A rotated body (see the module doc).
@@ -99,26 +108,26 @@ enum Parts {
 }
 
 /// What the execution needs to know of the kernel and its ring, worked out once.
-struct Plan<'k> {
-    kernel: &'k Kernel,
-    ring: &'k Ring,
+pub(super) struct Plan<'k> {
+    pub(super) kernel: &'k Kernel,
+    pub(super) ring: &'k Ring,
     /// The ring loop's body and the values its `yield` passes to the next iteration.
-    body: &'k Block,
-    yielded: Vec<ValueId>,
+    pub(super) body: &'k Block,
+    pub(super) yielded: Vec<ValueId>,
     /// Top-level ops before the loop (without the once loads, which the producer issues)
     /// and after it.
-    prologue: Vec<OpId>,
-    epilogue: Vec<OpId>,
+    pub(super) prologue: Vec<OpId>,
+    pub(super) epilogue: Vec<OpId>,
     /// Per ring load, the body ops its coordinates need, in body order.
-    coords: Vec<Vec<OpId>>,
-    parts: Parts,
+    pub(super) coords: Vec<Vec<OpId>>,
+    pub(super) parts: Parts,
     /// sm_100a: the ring's mma (accumulating in tensor memory) and the carried value it
     /// produces.
-    tmem_mma: Option<(OpId, usize)>,
+    pub(super) tmem_mma: Option<(OpId, usize)>,
     /// Arriving consumer warps, as the protocol check counts them.
-    consumer_warps: u32,
+    pub(super) consumer_warps: u32,
     /// The deferred maximum, and per consumer warp the rows of it the warp holds.
-    deferral: Option<(Deferral, Vec<Vec<usize>>)>,
+    pub(super) deferral: Option<(Deferral, Vec<Vec<usize>>)>,
 }
 
 impl<'k> Plan<'k> {
@@ -178,10 +187,13 @@ impl<'k> Plan<'k> {
         let consumer_warps = match (&kernel.schedule.tmem, kernel.schedule.roles) {
             (Some(_), _) => 1,
             (None, Some(roles)) => roles.consumer_warps,
+            // The attention plan's roles are its own ([`attention_execution`]).
+            (None, None) if kernel.schedule.attention.is_some() => 0,
             (None, None) => return Err(error("a stage ring without warp roles")),
         };
         let deferral = match ring.overlap.as_ref().and_then(|o| o.defer) {
             None => None,
+            Some(_) if consumer_warps == 0 => None,
             Some(d) => Some((
                 d,
                 warp_rows(kernel, d, consumer_warps).map_err(|e| error(&e))?,
@@ -202,7 +214,7 @@ impl<'k> Plan<'k> {
         })
     }
 
-    fn error(&self, what: String) -> InterpError {
+    pub(super) fn error(&self, what: String) -> InterpError {
         InterpError::Schedule {
             loc: self.kernel.ops[self.ring.for_op].loc,
             what,
@@ -210,7 +222,7 @@ impl<'k> Plan<'k> {
     }
 
     /// The block indices of the work tiles of each CTA, in the order it runs them.
-    fn walk(&self, grid: [u32; 3], ctas: u32) -> Vec<Vec<[i32; 3]>> {
+    pub(super) fn walk(&self, grid: [u32; 3], ctas: u32) -> Vec<Vec<[i32; 3]>> {
         let block = |b: [u32; 3]| b.map(|x| x as i32);
         match self.kernel.schedule.tiles {
             Some(order) => {
@@ -307,7 +319,7 @@ fn uses(kernel: &Kernel, op: OpId, v: ValueId) -> bool {
 }
 
 /// The ops of `ops` (one block, in its order) that `roots` depend on, in that order.
-fn backward_slice(kernel: &Kernel, ops: &[OpId], roots: &[ValueId]) -> Vec<OpId> {
+pub(super) fn backward_slice(kernel: &Kernel, ops: &[OpId], roots: &[ValueId]) -> Vec<OpId> {
     let mut needed: Vec<ValueId> = roots.to_vec();
     let mut picked = vec![false; ops.len()];
     for (at, &op) in ops.iter().enumerate().rev() {
@@ -323,7 +335,7 @@ fn backward_slice(kernel: &Kernel, ops: &[OpId], roots: &[ValueId]) -> Vec<OpId>
 }
 
 /// The values `op` and the ops inside its regions read that are defined outside it.
-fn free_operands(kernel: &Kernel, op: OpId) -> Vec<ValueId> {
+pub(super) fn free_operands(kernel: &Kernel, op: OpId) -> Vec<ValueId> {
     let inner = walk::ops_in_block_regions(kernel, op);
     let mut defined: Vec<ValueId> = Vec::new();
     for &o in std::iter::once(&op).chain(&inner) {
@@ -343,340 +355,192 @@ fn free_operands(kernel: &Kernel, op: OpId) -> Vec<ValueId> {
 }
 
 /// Environments: every SSA value's contents, as [`Machine`] holds them.
-type Env = Vec<Option<Value>>;
+pub(super) type Env = Vec<Option<Value>>;
 
-/// One work tile of a CTA.
-struct Tile {
-    block: [i32; 3],
-    /// The values of the code before the loop.
-    env: Env,
-    /// The loop's start and step, its trip count, and the ring iteration of its first trip
-    /// (iterations count on across the CTA's tiles).
-    lo: i32,
-    step: i32,
-    trips: u32,
-    base: u32,
+/// One work tile of a CTA: its block index, the values of the code before its loop, and the
+/// loop's start, step and trip count.
+pub(super) struct Tile {
+    pub(super) block: [i32; 3],
+    pub(super) env: Env,
+    pub(super) lo: i32,
+    pub(super) step: i32,
+    pub(super) trips: u32,
 }
 
-/// One CTA's execution: its tiles, each iteration's values, shared and tensor memory.
-struct Cta<'p, 'k> {
-    plan: &'p Plan<'k>,
-    tiles: Vec<Tile>,
-    /// The values of iteration `t` of tile `k`, keyed `(k, t)`.
-    iterations: BTreeMap<(usize, u32), Env>,
-    smem: SharedMemory,
-    /// sm_100a: the TMEM accumulator, and what each tile's last mma left in it.
-    tmem: Option<Value>,
-    tmem_left: Vec<Option<Value>>,
-    /// Tiles whose code after the loop has run.
-    finished: usize,
-    /// TMA-store boxes issued but not yet waited for: the store, the box, the store's tile
-    /// coordinates and element type.
-    bulk: Vec<(&'k TmaStore, usize, Vec<i32>, DType)>,
-}
-
-impl<'p, 'k> Cta<'p, 'k> {
-    /// Runs the code before the loop of each tile (which the producer and consumers share)
-    /// and counts the tiles' trips.
-    fn new(
-        plan: &'p Plan<'k>,
-        m: &mut Machine<'k, '_, '_>,
-        blocks: Vec<[i32; 3]>,
-    ) -> Result<Cta<'p, 'k>, InterpError> {
+impl Tile {
+    /// Runs the code before the loop (which every role shares) for `block`.
+    pub(super) fn new(
+        plan: &Plan<'_>,
+        m: &mut Machine<'_, '_, '_>,
+        block: [i32; 3],
+    ) -> Result<Tile, InterpError> {
         let kernel = plan.kernel;
-        let mut tiles = Vec::with_capacity(blocks.len());
-        let mut base = 0;
-        for block in blocks {
-            let mut env = vec![None; kernel.values.len()];
-            m.set_block(block);
-            m.swap_env(&mut env);
-            let ran = m.exec_ops(&plan.prologue);
-            let bounds: Vec<Option<i32>> = kernel.ops[plan.ring.for_op].operands[..3]
-                .iter()
-                .map(|&v| m.value(v).and_then(Value::as_i32))
-                .collect();
-            m.swap_env(&mut env);
-            ran?;
-            let &[Some(lo), Some(hi), Some(step)] = &bounds[..] else {
-                return Err(plan.error("the loop's bounds are not computed before it".into()));
-            };
-            if step <= 0 {
-                return Err(InterpError::NonPositiveStep {
-                    loc: kernel.ops[plan.ring.for_op].loc,
-                    step,
-                });
-            }
-            let span = (i64::from(hi) - i64::from(lo)).max(0);
-            let trips = (span + i64::from(step) - 1) / i64::from(step);
-            let trips = u32::try_from(trips).map_err(|_| plan.error("too many trips".into()))?;
-            tiles.push(Tile {
-                block,
-                env,
-                lo,
+        let mut env = vec![None; kernel.values.len()];
+        m.set_block(block);
+        m.swap_env(&mut env);
+        let ran = m.exec_ops(&plan.prologue);
+        let bounds: Vec<Option<i32>> = kernel.ops[plan.ring.for_op].operands[..3]
+            .iter()
+            .map(|&v| m.value(v).and_then(Value::as_i32))
+            .collect();
+        m.swap_env(&mut env);
+        ran?;
+        let &[Some(lo), Some(hi), Some(step)] = &bounds[..] else {
+            return Err(plan.error("the loop's bounds are not computed before it".into()));
+        };
+        if step <= 0 {
+            return Err(InterpError::NonPositiveStep {
+                loc: kernel.ops[plan.ring.for_op].loc,
                 step,
-                trips,
-                base,
             });
-            base += trips;
         }
-        let n = tiles.len();
-        Ok(Cta {
-            plan,
-            tiles,
-            iterations: BTreeMap::new(),
-            smem: SharedMemory::new(kernel.schedule.smem_bytes),
-            tmem: None,
-            tmem_left: vec![None; n],
-            finished: 0,
-            bulk: Vec::new(),
+        let trips = trips(lo, hi, step).ok_or_else(|| plan.error("too many trips".into()))?;
+        Ok(Tile {
+            block,
+            env,
+            lo,
+            step,
+            trips,
         })
     }
 
-    /// Runs the roles' programs, moving the data at each step, then each tile's code after
-    /// the loop.
-    fn run(mut self, m: &mut Machine<'k, '_, '_>) -> Result<(), InterpError> {
-        let plan = self.plan;
-        let trips: Vec<u32> = self.tiles.iter().map(|t| t.trips).collect();
-        let mut failed = None;
-        let protocol =
-            Protocol::new(plan.ring, plan.consumer_warps).run_observed(&trips, &mut |role, at| {
-                match self.step(m, role, at) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        failed = Some(e);
-                        false
-                    }
-                }
-            });
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        protocol.map_err(|e| plan.error(format!("the barrier protocol fails: {e}")))?;
-        self.finish_tiles(m, self.tiles.len())?;
-        self.wait_bulk(m)
+    /// The loop's end (one step past its last iteration's index, or its start).
+    pub(super) fn end(&self) -> i32 {
+        self.lo
+            .wrapping_add((self.trips as i32).wrapping_mul(self.step))
     }
 
-    /// Moves the data of one executed step: `role` 0 is the producer, 1 the first consumer
-    /// warpgroup (which stands for all: the others run the same steps on the same stages).
-    fn step(
-        &mut self,
-        m: &mut Machine<'k, '_, '_>,
-        role: usize,
-        at: At,
-    ) -> Result<(), InterpError> {
-        let plan = self.plan;
-        let k = at.tile as usize;
-        let t = at.i - self.tiles[k].base;
-        let stage = |i: u32| i % plan.ring.stages;
-        if role == PRODUCER {
-            return match at.step {
-                Step::Tma { load } => self.tma(m, k, t, load, stage(at.i)),
-                Step::TmaOnce { load } => self.tma_once(m, k, load),
-                _ => Ok(()),
-            };
+    /// The induction variable of iteration `t`.
+    pub(super) fn iv(&self, t: u32) -> Value {
+        Value::i32(self.lo.wrapping_add((t as i32).wrapping_mul(self.step)))
+    }
+
+    /// The values the loop starts from (its `for`'s operands after the bounds).
+    pub(super) fn initial(&self, plan: &Plan<'_>) -> Vec<Option<Value>> {
+        plan.kernel.ops[plan.ring.for_op].operands[3..]
+            .iter()
+            .map(|v| self.env[v.index()].clone())
+            .collect()
+    }
+}
+
+/// Trips of `lo..hi` by `step` (positive).
+pub(super) fn trips(lo: i32, hi: i32, step: i32) -> Option<u32> {
+    let span = (i64::from(hi) - i64::from(lo)).max(0);
+    u32::try_from((span + i64::from(step) - 1) / i64::from(step)).ok()
+}
+
+/// Runs one op of a role's step, after checking that every value it reads exists (a value
+/// no earlier step computed is a schedule error, not a silent recomputation).
+pub(super) fn run_checked(
+    plan: &Plan<'_>,
+    m: &mut Machine<'_, '_, '_>,
+    op: OpId,
+) -> Result<(), InterpError> {
+    let kernel = plan.kernel;
+    if let Some(v) = free_operands(kernel, op)
+        .into_iter()
+        .find(|&v| !m.is_bound(v))
+    {
+        return Err(plan.error(format!(
+            "{op} runs before {v}, which it reads, is computed (`{}`)",
+            crate::print::op_str(kernel, op)
+        )));
+    }
+    m.exec_ops(&[op]).map(drop)
+}
+
+/// The deferred maximum: each group of rows keeps the carried reference while every one of
+/// them grew by at most the threshold (a NaN growth, from a `-inf` reference, never stays).
+/// The groups are a warp's rows on sm_90a (its vote decides) and single rows on sm_100a.
+pub(super) fn defer(
+    plan: &Plan<'_>,
+    m: &mut Machine<'_, '_, '_>,
+    d: Deferral,
+    groups: &[Vec<usize>],
+) -> Result<(), InterpError> {
+    let m_new = plan.kernel.ops[d.max].results[0];
+    let (Some(new), Some(old)) = (m.value(m_new), m.value(d.carried)) else {
+        return Err(plan.error(format!("{} defers a maximum it has not computed", d.max)));
+    };
+    let (Elems::F(new_rows), Elems::F(old_rows)) = (&new.elems, &old.elems) else {
+        return Err(plan.error(format!("{} defers a maximum that is not float", d.max)));
+    };
+    let mut chosen = new_rows.clone();
+    for rows in groups {
+        if rows
+            .iter()
+            .all(|&r| new_rows[r] - old_rows[r] <= Deferral::THRESHOLD)
+        {
+            for &r in rows {
+                chosen[r] = old_rows[r];
+            }
         }
-        if role != 1 {
-            return Ok(());
-        }
-        self.finish_tiles(m, k)?;
-        match (&plan.parts, at.step) {
-            (Parts::Whole(ops), Step::Mma | Step::Tcgen05Mma) => {
-                self.consume(m, k, t, ops, stage(at.i))
-            }
-            (Parts::Rotated { head, .. }, Step::IssueHead) => {
-                self.consume(m, k, t, head, stage(at.i))
-            }
-            (Parts::Rotated { between, .. }, Step::Between) => {
-                self.consume(m, k, t, between, stage(at.i))
-            }
-            (Parts::Rotated { tail, .. }, Step::IssueTail) => {
-                self.consume(m, k, t - 1, tail, stage(at.i - 1))
-            }
-            _ => Ok(()),
+    }
+    let deferred = Value {
+        elems: Elems::F(chosen),
+        ..new.clone()
+    };
+    m.bind(m_new, deferred);
+    Ok(())
+}
+
+/// A CTA's shared memory and the TMA stores in flight from it.
+pub(super) struct Memory<'p, 'k> {
+    plan: &'p Plan<'k>,
+    smem: SharedMemory,
+    /// TMA-store boxes issued but not yet waited for: the store, the box, the store's tile
+    /// coordinates and element type.
+    bulk: Vec<(&'p TmaStore, usize, Vec<i32>, DType)>,
+}
+
+impl<'p, 'k> Memory<'p, 'k> {
+    /// The kernel's shared memory, every cell NaN.
+    pub(super) fn new(plan: &'p Plan<'k>) -> Memory<'p, 'k> {
+        Memory {
+            plan,
+            smem: SharedMemory::new(plan.kernel.schedule.smem_bytes),
+            bulk: Vec::new(),
         }
     }
 
-    /// The producer's TMA of ring load `load` for iteration `t` of tile `k`: its coordinates
-    /// computed as the producer computes them, its boxes written into `stage`.
-    fn tma(
+    /// A TMA load of `l` into `stage`, its coordinates computed in `env` by the ops `slice`
+    /// (those of a ring load for the iteration; none for a once load, whose coordinates the
+    /// code before the loop computed).
+    pub(super) fn tma(
         &mut self,
         m: &mut Machine<'k, '_, '_>,
-        k: usize,
-        t: u32,
-        load: usize,
+        l: &TmaLoad,
         stage: u32,
+        env: &mut Env,
+        slice: &[OpId],
     ) -> Result<(), InterpError> {
-        let plan = self.plan;
-        let l = &plan.ring.loads[load];
-        let mut env = self.tiles[k].env.clone();
-        env[plan.body.args[0].index()] = Some(self.iv(k, t));
-        m.swap_env(&mut env);
-        let ran = m.exec_ops(&plan.coords[load]);
-        let coords = self.coords(m, l.load);
-        m.swap_env(&mut env);
-        ran?;
-        self.write(m, l, stage, &coords?)
-    }
-
-    /// The producer's TMA of once load `load` for tile `k`.
-    fn tma_once(
-        &mut self,
-        m: &mut Machine<'k, '_, '_>,
-        k: usize,
-        load: usize,
-    ) -> Result<(), InterpError> {
-        let l = &self.plan.ring.once[load];
-        m.swap_env(&mut self.tiles[k].env);
-        let coords = self.coords(m, l.load);
-        m.swap_env(&mut self.tiles[k].env);
-        self.write(m, l, 0, &coords?)
-    }
-
-    /// The coordinates of `load`'s tile, from the current environment.
-    fn coords(&self, m: &Machine<'k, '_, '_>, load: OpId) -> Result<Vec<i32>, InterpError> {
-        self.plan.kernel.ops[load]
+        m.swap_env(env);
+        let ran = m.exec_ops(slice);
+        let coords: Option<Vec<i32>> = self.plan.kernel.ops[l.load]
             .operands
             .iter()
             .map(|&v| m.value(v).and_then(Value::as_i32))
-            .collect::<Option<_>>()
-            .ok_or_else(|| {
-                self.plan.error(format!(
-                    "the producer cannot compute the coordinates of {load}"
-                ))
-            })
-    }
-
-    /// A TMA load of `l`'s tile at `coords` into `stage`.
-    fn write(
-        &mut self,
-        m: &Machine<'k, '_, '_>,
-        l: &TmaLoad,
-        stage: u32,
-        coords: &[i32],
-    ) -> Result<(), InterpError> {
+            .collect();
+        m.swap_env(env);
+        ran?;
+        let coords = coords.ok_or_else(|| {
+            self.plan.error(format!(
+                "the producer cannot compute the coordinates of {}",
+                l.load
+            ))
+        })?;
         let tensor = m.tensor_arg(l.param).ok_or_else(|| {
             self.plan
                 .error(format!("parameter {} is not a tensor", l.param))
         })?;
         self.smem
-            .load(&Boxes::load(l, stage), tensor, coords)
+            .load(&Boxes::load(l, stage), tensor, &coords)
             .map_err(|e| self.plan.error(e))
     }
 
-    /// The induction variable of iteration `t` of tile `k`.
-    fn iv(&self, k: usize, t: u32) -> Value {
-        let tile = &self.tiles[k];
-        Value::i32(tile.lo.wrapping_add((t as i32).wrapping_mul(tile.step)))
-    }
-
-    /// Runs `ops` of iteration `t` of tile `k` (a consumer step), its ring loads and the once
-    /// loads read from shared memory now, the ring's from `stage`.
-    fn consume(
-        &mut self,
-        m: &mut Machine<'k, '_, '_>,
-        k: usize,
-        t: u32,
-        ops: &[OpId],
-        stage: u32,
-    ) -> Result<(), InterpError> {
-        let plan = self.plan;
-        let kernel = plan.kernel;
-        let mut env = self.iteration(k, t);
-        for l in &plan.ring.loads {
-            if ops.contains(&l.load) {
-                m.serve(l.load, self.read(l, stage)?);
-            }
-        }
-        for l in &plan.ring.once {
-            env[kernel.ops[l.load].results[0].index()] = Some(self.read(l, 0)?);
-        }
-        m.swap_env(&mut env);
-        let ran = ops.iter().try_for_each(|&op| self.run_op(m, t, op));
-        m.swap_env(&mut env);
-        m.unserve();
-        self.iterations.insert((k, t), env);
-        if let Some((_, carried)) = plan.tmem_mma {
-            self.tmem_left[k] = self.iterations[&(k, t)][plan.yielded[carried].index()].clone();
-        }
-        ran
-    }
-
-    /// Runs one op of a consumer step, after checking that every value it reads exists.
-    fn run_op(&mut self, m: &mut Machine<'k, '_, '_>, t: u32, op: OpId) -> Result<(), InterpError> {
-        let kernel = self.plan.kernel;
-        if let Some(v) = free_operands(kernel, op)
-            .into_iter()
-            .find(|&v| !m.is_bound(v))
-        {
-            return Err(self.plan.error(format!(
-                "{op} runs before {v}, which it reads, is computed (`{}`)",
-                crate::print::op_str(kernel, op)
-            )));
-        }
-        match self.plan.tmem_mma {
-            Some((mma, _)) if mma == op => {
-                let operand = |i: usize| m.value(kernel.ops[op].operands[i]);
-                let (Some(a), Some(b)) = (operand(0), operand(1)) else {
-                    return Err(self.plan.error(format!("{op} has no operands")));
-                };
-                // The first tcgen05.mma of a tile overwrites the accumulator.
-                let acc = if t == 0 { None } else { self.tmem.as_ref() };
-                let d = eval::mma(a, b, acc).map_err(|_| self.plan.error(format!("{op}")))?;
-                self.tmem = Some(d.clone());
-                m.bind(kernel.ops[op].results[0], d);
-                Ok(())
-            }
-            _ => {
-                m.exec_ops(&[op])?;
-                match &self.plan.deferral {
-                    Some((d, warps)) if d.max == op => self.defer(m, *d, warps),
-                    _ => Ok(()),
-                }
-            }
-        }
-    }
-
-    /// The deferred maximum: each warp keeps the carried reference for its rows while every
-    /// one of them grew by at most the threshold (a NaN growth, from a `-inf` reference,
-    /// never stays), as the PTX writer's vote decides.
-    fn defer(
-        &self,
-        m: &mut Machine<'k, '_, '_>,
-        d: Deferral,
-        warps: &[Vec<usize>],
-    ) -> Result<(), InterpError> {
-        let m_new = self.plan.kernel.ops[d.max].results[0];
-        let (Some(new), Some(old)) = (m.value(m_new), m.value(d.carried)) else {
-            return Err(self
-                .plan
-                .error(format!("{} defers a maximum it has not computed", d.max)));
-        };
-        let (Elems::F(new_rows), Elems::F(old_rows)) = (&new.elems, &old.elems) else {
-            return Err(self
-                .plan
-                .error(format!("{} defers a maximum that is not float", d.max)));
-        };
-        let mut chosen = new_rows.clone();
-        for rows in warps {
-            if rows
-                .iter()
-                .all(|&r| new_rows[r] - old_rows[r] <= Deferral::THRESHOLD)
-            {
-                for &r in rows {
-                    chosen[r] = old_rows[r];
-                }
-            }
-        }
-        let deferred = Value {
-            elems: Elems::F(chosen),
-            ..new.clone()
-        };
-        m.bind(m_new, deferred);
-        Ok(())
-    }
-
-    /// The tile `l` holds in `stage`, as the consumer reads it now.
-    fn read(&self, l: &TmaLoad, stage: u32) -> Result<Value, InterpError> {
+    /// The tile `l` holds in `stage`, as a consumer reads it now.
+    pub(super) fn read(&self, l: &TmaLoad, stage: u32) -> Result<Value, InterpError> {
         let ty = self.plan.kernel.ty(self.plan.kernel.ops[l.load].results[0]);
         let dims = ty.shape().map(|s| s.dims().to_vec()).unwrap_or_default();
         self.smem
@@ -684,87 +548,26 @@ impl<'p, 'k> Cta<'p, 'k> {
             .map_err(|e| self.plan.error(e))
     }
 
-    /// Iteration `t` of tile `k`'s values (taken out of the map while a step runs): the
-    /// code before the loop, the induction variable, and each carried value once the step
-    /// that computes it in the iteration before has run.
-    fn iteration(&mut self, k: usize, t: u32) -> Env {
-        let plan = self.plan;
-        let mut env = match self.iterations.remove(&(k, t)) {
-            Some(env) => env,
-            None => {
-                let mut env = self.tiles[k].env.clone();
-                env[plan.body.args[0].index()] = Some(self.iv(k, t));
-                env
-            }
-        };
-        let init = &plan.kernel.ops[plan.ring.for_op].operands[3..];
-        for (j, &arg) in plan.body.args[1..].iter().enumerate() {
-            if env[arg.index()].is_some() {
-                continue;
-            }
-            env[arg.index()] = if t == 0 {
-                self.tiles[k].env[init[j].index()].clone()
-            } else {
-                self.iterations
-                    .get(&(k, t - 1))
-                    .and_then(|prev| prev[plan.yielded[j].index()].clone())
-            };
-        }
-        env
-    }
-
-    /// Runs the code after the loop of every tile before tile `upto` not yet finished.
-    fn finish_tiles(
+    /// Runs the code after the loop in `env` for `block`, each store `store_of` names lowered
+    /// to a TMA store.
+    pub(super) fn epilogue(
         &mut self,
         m: &mut Machine<'k, '_, '_>,
-        upto: usize,
+        env: &mut Env,
+        block: [i32; 3],
+        store_of: &dyn Fn(OpId) -> Option<&'p TmaStore>,
     ) -> Result<(), InterpError> {
-        while self.finished < upto {
-            self.epilogue(m, self.finished)?;
-            self.finished += 1;
-        }
-        Ok(())
-    }
-
-    /// Tile `k`'s code after the loop, with the loop's results: the carried values of its
-    /// last iteration (the accumulator in tensor memory as the tile's last mma left it).
-    fn epilogue(&mut self, m: &mut Machine<'k, '_, '_>, k: usize) -> Result<(), InterpError> {
-        let plan = self.plan;
-        let kernel = plan.kernel;
-        let init = &kernel.ops[plan.ring.for_op].operands[3..];
-        let results = &kernel.ops[plan.ring.for_op].results;
-        let trips = self.tiles[k].trips;
-        let last = trips.checked_sub(1).map(|t| &self.iterations[&(k, t)]);
-        let mut env = std::mem::take(&mut self.tiles[k].env);
-        for (j, &r) in results.iter().enumerate() {
-            env[r.index()] = match last {
-                Some(last) => last[plan.yielded[j].index()].clone(),
-                None => env[init[j].index()].clone(),
-            };
-        }
-        if let Some((_, carried)) = plan.tmem_mma
-            && trips > 0
-        {
-            env[results[carried].index()] = self.tmem_left[k].take();
-        }
-        if results.iter().any(|r| env[r.index()].is_none()) {
-            return Err(plan.error(format!(
-                "tile {k}'s loop results are not all computed by its last iteration"
-            )));
-        }
-        m.set_block(self.tiles[k].block);
-        m.swap_env(&mut env);
-        let ran =
-            plan.epilogue
-                .iter()
-                .try_for_each(|&op| match kernel.schedule.tma_stores.get(&op) {
-                    Some(st) => self.tma_store(m, st),
-                    None => m.exec_ops(&[op]).map(drop),
-                });
-        m.swap_env(&mut env);
-        for t in 0..trips {
-            self.iterations.remove(&(k, t));
-        }
+        m.set_block(block);
+        m.swap_env(env);
+        let ran = self
+            .plan
+            .epilogue
+            .iter()
+            .try_for_each(|&op| match store_of(op) {
+                Some(st) => self.tma_store(m, st),
+                None => m.exec_ops(&[op]).map(drop),
+            });
+        m.swap_env(env);
         ran
     }
 
@@ -773,7 +576,7 @@ impl<'p, 'k> Cta<'p, 'k> {
     fn tma_store(
         &mut self,
         m: &mut Machine<'k, '_, '_>,
-        st: &'k TmaStore,
+        st: &'p TmaStore,
     ) -> Result<(), InterpError> {
         let kernel = self.plan.kernel;
         let op = &kernel.ops[st.store];
@@ -806,7 +609,7 @@ impl<'p, 'k> Cta<'p, 'k> {
 
     /// Completes every issued TMA-store box: reads it from the staging tile now and writes
     /// it to global memory, clipped to the tensor.
-    fn wait_bulk(&mut self, m: &mut Machine<'k, '_, '_>) -> Result<(), InterpError> {
+    pub(super) fn wait_bulk(&mut self, m: &mut Machine<'k, '_, '_>) -> Result<(), InterpError> {
         for (st, b, coords, dtype) in std::mem::take(&mut self.bulk) {
             let boxes = Boxes::store(st, 0..st.boxes.len());
             let data = self

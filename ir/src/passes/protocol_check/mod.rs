@@ -92,7 +92,7 @@ mod rules;
 mod tests;
 mod tma_store;
 mod tmem;
-mod tmem_attention;
+pub(crate) mod tmem_attention;
 
 pub use cluster::ClusterError;
 pub use tma_store::StoreError;

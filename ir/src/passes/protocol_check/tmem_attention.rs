@@ -28,6 +28,10 @@
 //! rescale factors, both Q tiles, each stage of K and V; the dealloc writes all of TMEM) must
 //! be ordered after the previous conflicting access of another role ([`AttentionError::Race`]).
 //! The roles must all finish ([`AttentionError::Deadlock`]).
+//!
+//! The machine is also the clock of the schedule's CPU execution
+//! ([`crate::interp::run_scheduled`]): [`run_observed`] reports each step a role completes, in
+//! the machine's order, to an observer that moves the data.
 
 use std::collections::BTreeMap;
 
@@ -417,8 +421,8 @@ fn check_program(role: &str, steps: &[AttnStep], kind: Kind) -> Result<(), Proto
     Ok(())
 }
 
-/// The roles of the machine.
-const ROLES: [&str; 5] = [
+/// The roles of the machine, in the order [`run_observed`] numbers them.
+pub(crate) const ROLES: [&str; 5] = [
     "load warp",
     "mma thread",
     "softmax 0",
@@ -455,6 +459,8 @@ enum Event {
     Deliver { key: Key, bytes: u32 },
     /// An access; `write` or read.
     Access { region: Region, write: bool },
+    /// The step completed (for the observer; no protocol effect).
+    Done { step: AttnStep, at: Pos },
 }
 
 /// An expanded step: the event and the step it came from (for messages).
@@ -481,6 +487,17 @@ struct History {
 
 /// Runs the five roles for work tiles with trip counts `tiles`.
 fn run(ring: &Ring, plan: &AttentionPlan, tiles: &[u32]) -> Result<(), ProtocolError> {
+    run_observed(ring, plan, tiles, &mut |_, _, _| true)
+}
+
+/// [`run`], reporting each step a role completes (the role's index in [`ROLES`], the step,
+/// where it ran) to `observe`; the run stops, successfully, when `observe` returns `false`.
+pub(crate) fn run_observed(
+    ring: &Ring,
+    plan: &AttentionPlan,
+    tiles: &[u32],
+    observe: &mut dyn FnMut(usize, AttnStep, Pos) -> bool,
+) -> Result<(), ProtocolError> {
     let programs: Vec<Program> = (0..ROLES.len())
         .map(|r| expand(ring, plan, r, tiles))
         .collect();
@@ -563,6 +580,11 @@ fn run(ring: &Ring, plan: &AttentionPlan, tiles: &[u32]) -> Result<(), ProtocolE
                             h.reads.push(me);
                         }
                     }
+                    Event::Done { step, at } => {
+                        if !observe(r, step, at) {
+                            return Ok(());
+                        }
+                    }
                 }
                 pcs[r] += 1;
                 moved = true;
@@ -642,13 +664,17 @@ fn region_name(r: Region) -> String {
     }
 }
 
-/// Where a role is in its expansion: its tile, the tile's iteration, the global iteration.
-#[derive(Clone, Copy)]
-struct Pos {
-    tile: u32,
-    j: u32,
-    it: u32,
-    trips: u32,
+/// Where a role is in its expansion.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pos {
+    /// The work tile (a pair of Q tiles), counted in the CTA.
+    pub(crate) tile: u32,
+    /// The iteration within the tile's walk.
+    pub(crate) j: u32,
+    /// The iteration counted across the CTA's tiles.
+    pub(crate) it: u32,
+    /// The tile's trip count.
+    pub(crate) trips: u32,
 }
 
 /// Role `r`'s program for `tiles`, as events.
@@ -679,11 +705,14 @@ fn expand(ring: &Ring, plan: &AttentionPlan, r: usize, tiles: &[u32]) -> Program
             let mut rescale = true;
             for &s in per_iteration {
                 // A tile's first iteration has no product in O to rescale.
-                match s {
-                    AttnStep::BeginRescale { .. } => rescale = j > 0,
-                    AttnStep::EndRescale => rescale = true,
-                    _ if rescale => events(ring, s, at(j, it), &mut out),
-                    _ => {}
+                if let AttnStep::BeginRescale { .. } = s {
+                    rescale = j > 0;
+                }
+                if rescale {
+                    events(ring, s, at(j, it), &mut out);
+                }
+                if s == AttnStep::EndRescale {
+                    rescale = true;
                 }
             }
             it += 1;
@@ -825,4 +854,5 @@ fn events(ring: &Ring, s: AttnStep, p: Pos, out: &mut Program) {
         | AttnStep::WaitSt
         | AttnStep::Epilogue => {}
     }
+    out.push((Event::Done { step: s, at: p }, name));
 }

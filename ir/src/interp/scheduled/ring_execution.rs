@@ -1,0 +1,299 @@
+//! The execution of a stage ring's schedule (sm_90a, and sm_100a's GEMM): the producer and
+//! consumer programs on the ring's protocol machine (see the parent module's doc).
+
+use std::collections::BTreeMap;
+
+use crate::kernel::OpId;
+use crate::passes::protocol_check::machine::{At, Machine as Protocol, PRODUCER};
+use crate::ring::Step;
+
+use super::super::error::InterpError;
+use super::super::eval;
+use super::super::exec::Machine;
+use super::super::value::Value;
+use super::{Env, Memory, Parts, Plan, Tile, defer, run_checked};
+
+/// One CTA's execution: its tiles, each iteration's values, shared and tensor memory.
+pub(super) struct RingCta<'p, 'k> {
+    plan: &'p Plan<'k>,
+    tiles: Vec<Tile>,
+    /// The ring iteration of each tile's first trip (iterations count on across tiles).
+    bases: Vec<u32>,
+    /// The values of iteration `t` of tile `k`, keyed `(k, t)`.
+    iterations: BTreeMap<(usize, u32), Env>,
+    mem: Memory<'p, 'k>,
+    /// sm_100a: the TMEM accumulator, and what each tile's last mma left in it.
+    tmem: Option<Value>,
+    tmem_left: Vec<Option<Value>>,
+    /// Tiles whose code after the loop has run.
+    finished: usize,
+}
+
+impl<'p, 'k> RingCta<'p, 'k> {
+    /// Runs the code before the loop of each tile (which the producer and consumers share)
+    /// and counts the tiles' trips.
+    pub(super) fn new(
+        plan: &'p Plan<'k>,
+        m: &mut Machine<'k, '_, '_>,
+        blocks: Vec<[i32; 3]>,
+    ) -> Result<RingCta<'p, 'k>, InterpError> {
+        let tiles = blocks
+            .into_iter()
+            .map(|b| Tile::new(plan, m, b))
+            .collect::<Result<Vec<_>, _>>()?;
+        let bases = tiles
+            .iter()
+            .scan(0, |base, t| {
+                let first = *base;
+                *base += t.trips;
+                Some(first)
+            })
+            .collect();
+        let n = tiles.len();
+        Ok(RingCta {
+            plan,
+            tiles,
+            bases,
+            iterations: BTreeMap::new(),
+            mem: Memory::new(plan),
+            tmem: None,
+            tmem_left: vec![None; n],
+            finished: 0,
+        })
+    }
+
+    /// Runs the roles' programs, moving the data at each step, then each tile's code after
+    /// the loop.
+    pub(super) fn run(mut self, m: &mut Machine<'k, '_, '_>) -> Result<(), InterpError> {
+        let plan = self.plan;
+        let trips: Vec<u32> = self.tiles.iter().map(|t| t.trips).collect();
+        let mut failed = None;
+        let protocol =
+            Protocol::new(plan.ring, plan.consumer_warps).run_observed(&trips, &mut |role, at| {
+                match self.step(m, role, at) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        failed = Some(e);
+                        false
+                    }
+                }
+            });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        protocol.map_err(|e| plan.error(format!("the barrier protocol fails: {e}")))?;
+        self.finish_tiles(m, self.tiles.len())?;
+        self.mem.wait_bulk(m)
+    }
+
+    /// Moves the data of one executed step: `role` 0 is the producer, 1 the first consumer
+    /// warpgroup (which stands for all: the others run the same steps on the same stages).
+    fn step(
+        &mut self,
+        m: &mut Machine<'k, '_, '_>,
+        role: usize,
+        at: At,
+    ) -> Result<(), InterpError> {
+        let plan = self.plan;
+        let k = at.tile as usize;
+        let t = at.i - self.bases[k];
+        let stage = |i: u32| i % plan.ring.stages;
+        if role == PRODUCER {
+            return match at.step {
+                Step::Tma { load } => self.tma(m, k, t, load, stage(at.i)),
+                Step::TmaOnce { load } => self.tma_once(m, k, load),
+                _ => Ok(()),
+            };
+        }
+        if role != 1 {
+            return Ok(());
+        }
+        self.finish_tiles(m, k)?;
+        match (&plan.parts, at.step) {
+            (Parts::Whole(ops), Step::Mma | Step::Tcgen05Mma) => {
+                self.consume(m, k, t, ops, stage(at.i))
+            }
+            (Parts::Rotated { head, .. }, Step::IssueHead) => {
+                self.consume(m, k, t, head, stage(at.i))
+            }
+            (Parts::Rotated { between, .. }, Step::Between) => {
+                self.consume(m, k, t, between, stage(at.i))
+            }
+            (Parts::Rotated { tail, .. }, Step::IssueTail) => {
+                self.consume(m, k, t - 1, tail, stage(at.i - 1))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The producer's TMA of ring load `load` for iteration `t` of tile `k`: its coordinates
+    /// computed as the producer computes them, its boxes written into `stage`.
+    fn tma(
+        &mut self,
+        m: &mut Machine<'k, '_, '_>,
+        k: usize,
+        t: u32,
+        load: usize,
+        stage: u32,
+    ) -> Result<(), InterpError> {
+        let plan = self.plan;
+        let mut env = self.tiles[k].env.clone();
+        env[plan.body.args[0].index()] = Some(self.tiles[k].iv(t));
+        self.mem.tma(
+            m,
+            &plan.ring.loads[load],
+            stage,
+            &mut env,
+            &plan.coords[load],
+        )
+    }
+
+    /// The producer's TMA of once load `load` for tile `k`.
+    fn tma_once(
+        &mut self,
+        m: &mut Machine<'k, '_, '_>,
+        k: usize,
+        load: usize,
+    ) -> Result<(), InterpError> {
+        let l = &self.plan.ring.once[load];
+        self.mem.tma(m, l, 0, &mut self.tiles[k].env, &[])
+    }
+
+    /// Runs `ops` of iteration `t` of tile `k` (a consumer step), its ring loads and the once
+    /// loads read from shared memory now, the ring's from `stage`.
+    fn consume(
+        &mut self,
+        m: &mut Machine<'k, '_, '_>,
+        k: usize,
+        t: u32,
+        ops: &[OpId],
+        stage: u32,
+    ) -> Result<(), InterpError> {
+        let plan = self.plan;
+        let kernel = plan.kernel;
+        let mut env = self.iteration(k, t);
+        for l in &plan.ring.loads {
+            if ops.contains(&l.load) {
+                m.serve(l.load, self.mem.read(l, stage)?);
+            }
+        }
+        for l in &plan.ring.once {
+            env[kernel.ops[l.load].results[0].index()] = Some(self.mem.read(l, 0)?);
+        }
+        m.swap_env(&mut env);
+        let ran = ops.iter().try_for_each(|&op| self.run_op(m, t, op));
+        m.swap_env(&mut env);
+        m.unserve();
+        self.iterations.insert((k, t), env);
+        if let Some((_, carried)) = plan.tmem_mma {
+            self.tmem_left[k] = self.iterations[&(k, t)][plan.yielded[carried].index()].clone();
+        }
+        ran
+    }
+
+    /// Runs one op of a consumer step: the ring's mma into tensor memory on sm_100a, the
+    /// deferred maximum per warp where the `overlap` pass defers it.
+    fn run_op(&mut self, m: &mut Machine<'k, '_, '_>, t: u32, op: OpId) -> Result<(), InterpError> {
+        let plan = self.plan;
+        let kernel = plan.kernel;
+        match plan.tmem_mma {
+            Some((mma, _)) if mma == op => {
+                let operand = |i: usize| m.value(kernel.ops[op].operands[i]);
+                let (Some(a), Some(b)) = (operand(0), operand(1)) else {
+                    return Err(plan.error(format!("{op} runs before its operands are loaded")));
+                };
+                // The first tcgen05.mma of a tile overwrites the accumulator.
+                let acc = if t == 0 { None } else { self.tmem.as_ref() };
+                let d = eval::mma(a, b, acc).map_err(|_| plan.error(format!("{op}")))?;
+                self.tmem = Some(d.clone());
+                m.bind(kernel.ops[op].results[0], d);
+                Ok(())
+            }
+            _ => {
+                run_checked(plan, m, op)?;
+                match &plan.deferral {
+                    Some((d, warps)) if d.max == op => defer(plan, m, *d, warps),
+                    _ => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// Iteration `t` of tile `k`'s values (taken out of the map while a step runs): the
+    /// code before the loop, the induction variable, and each carried value once the step
+    /// that computes it in the iteration before has run.
+    fn iteration(&mut self, k: usize, t: u32) -> Env {
+        let plan = self.plan;
+        let mut env = match self.iterations.remove(&(k, t)) {
+            Some(env) => env,
+            None => {
+                let mut env = self.tiles[k].env.clone();
+                env[plan.body.args[0].index()] = Some(self.tiles[k].iv(t));
+                env
+            }
+        };
+        let init = &plan.kernel.ops[plan.ring.for_op].operands[3..];
+        for (j, &arg) in plan.body.args[1..].iter().enumerate() {
+            if env[arg.index()].is_some() {
+                continue;
+            }
+            env[arg.index()] = if t == 0 {
+                self.tiles[k].env[init[j].index()].clone()
+            } else {
+                self.iterations
+                    .get(&(k, t - 1))
+                    .and_then(|prev| prev[plan.yielded[j].index()].clone())
+            };
+        }
+        env
+    }
+
+    /// Runs the code after the loop of every tile before tile `upto` not yet finished.
+    fn finish_tiles(
+        &mut self,
+        m: &mut Machine<'k, '_, '_>,
+        upto: usize,
+    ) -> Result<(), InterpError> {
+        while self.finished < upto {
+            self.epilogue(m, self.finished)?;
+            self.finished += 1;
+        }
+        Ok(())
+    }
+
+    /// Tile `k`'s code after the loop, with the loop's results: the carried values of its
+    /// last iteration (the accumulator in tensor memory as the tile's last mma left it).
+    fn epilogue(&mut self, m: &mut Machine<'k, '_, '_>, k: usize) -> Result<(), InterpError> {
+        let plan = self.plan;
+        let kernel = plan.kernel;
+        let results = &kernel.ops[plan.ring.for_op].results;
+        let trips = self.tiles[k].trips;
+        let initial = self.tiles[k].initial(plan);
+        let last = trips.checked_sub(1).map(|t| &self.iterations[&(k, t)]);
+        let mut env = std::mem::take(&mut self.tiles[k].env);
+        for (j, &r) in results.iter().enumerate() {
+            env[r.index()] = match last {
+                Some(last) => last[plan.yielded[j].index()].clone(),
+                None => initial[j].clone(),
+            };
+        }
+        if let Some((_, carried)) = plan.tmem_mma
+            && trips > 0
+        {
+            env[results[carried].index()] = self.tmem_left[k].take();
+        }
+        if results.iter().any(|r| env[r.index()].is_none()) {
+            return Err(plan.error(format!(
+                "tile {k}'s loop results are not all computed by its last iteration"
+            )));
+        }
+        let stores = &kernel.schedule.tma_stores;
+        let ran = self
+            .mem
+            .epilogue(m, &mut env, self.tiles[k].block, &|op| stores.get(&op));
+        for t in 0..trips {
+            self.iterations.remove(&(k, t));
+        }
+        ran
+    }
+}
