@@ -15,7 +15,7 @@ def flash_attn_func(
     return_lse: bool = False,
     *,
     out: torch.Tensor | None = None,
-) -> torch.Tensor: ...
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 def flash_attn_varlen_func(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -1,5 +1,6 @@
 //! FlashAttention-2 forward: `o = softmax(q k^T * scale) v`, bf16 or f16, with masks and caps.
 
+use kiln::ir::dsl::Tensor;
 use kiln::prelude::*;
 
 /// Query rows per block.
@@ -40,13 +41,8 @@ fn online_update(s: Value, vs: Value, acc: Value, m: Value, l: Value) -> (Value,
 
 /// Attention over `q: [batch, heads, sq, d]` and `k, v: [batch, heads / kv_group, sk, d]`
 /// (`dtype`, bf16 or f16; `sq`, `sk` may differ) into `o: [batch, heads, sq, d]`, scores
-/// `s = q.k * scale`, soft-capped to `softcap * tanh(s / softcap)` when `softcap > 0`.
-/// Online softmax (FlashAttention-2): a block owns `BM = 128` query rows and walks, 2-stage
-/// pipelined, the key blocks of `BN` keys its rows may see ([`Window`]: causal, sliding
-/// windows), keeping the running row maximum `m`, row sum `l` and unnormalised output `acc`.
-/// Key blocks in which no key is masked for any of the block's rows skip the mask (a block-
-/// uniform branch). Rows that see no key get `m = -inf`, `l = 0` and output 0. Grouped-query
-/// attention: query head `h` reads key/value head `h / kv_group` ([`kv_head`]).
+/// `s = q.k * scale`, soft-capped to `softcap * tanh(s / softcap)` when `softcap > 0`
+/// ([`forward`] says how).
 ///
 /// Grid: `(cdiv(sq, 128), heads, batch)`. Comptime: `d` (head dim, default 128; tiles are `d`
 /// rounded up to a power of two, so 96 runs 128's kernel), `causal` (default false), `block_n`
@@ -68,9 +64,117 @@ pub fn attention<const d: usize = 128>(
     #[comptime(default = -1)] window_right: i32,
     #[comptime(default = 0.0)] softcap: f32,
 ) {
+    let opts = Options::new(
+        causal,
+        block_n,
+        kv_group,
+        dtype,
+        window_left,
+        window_right,
+        softcap,
+    );
+    forward(q, k, v, o, None, scale, d, opts);
+}
+
+/// [`attention`], which also writes each query row's log-sum-exp into `lse: [batch, heads,
+/// sq]` (f32, natural log: `ln sum_j e^(s_j)` over the scores the row sees, soft-capped when
+/// `softcap > 0`; `+inf` for a row that sees no key, as FlashAttention-2 writes it). Same
+/// grid and comptime parameters.
+#[kernel(num_warps = 4)]
+pub fn attention_lse<const d: usize = 128>(
+    q: Tensor<dtype, 4>,
+    k: Tensor<dtype, 4>,
+    v: Tensor<dtype, 4>,
+    o: TensorMut<dtype, 4>,
+    lse: TensorMut<f32, 3>,
+    scale: f32,
+    #[comptime(default = false)] causal: bool,
+    #[comptime(default = 0, tune = [64, 128])] block_n: usize,
+    #[comptime(default = 1)] kv_group: usize,
+    #[comptime(default = DType::Bf16)] dtype: DType,
+    #[comptime(default = -1)] window_left: i32,
+    #[comptime(default = -1)] window_right: i32,
+    #[comptime(default = 0.0)] softcap: f32,
+) {
+    let opts = Options::new(
+        causal,
+        block_n,
+        kv_group,
+        dtype,
+        window_left,
+        window_right,
+        softcap,
+    );
+    forward(q, k, v, o, Some(lse), scale, d, opts);
+}
+
+/// The comptime options of [`attention`] and [`attention_lse`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Options {
+    causal: bool,
+    block_n: usize,
+    kv_group: usize,
+    dtype: DType,
+    window: (i32, i32),
+    softcap: f32,
+}
+
+impl Options {
+    /// The options from the kernels' comptime parameters, in their order.
+    fn new(
+        causal: bool,
+        block_n: usize,
+        kv_group: usize,
+        dtype: DType,
+        window_left: i32,
+        window_right: i32,
+        softcap: f32,
+    ) -> Options {
+        let window = (window_left, window_right);
+        Options {
+            causal,
+            block_n,
+            kv_group,
+            dtype,
+            window,
+            softcap,
+        }
+    }
+}
+
+/// The body of [`attention`] and [`attention_lse`] (the log-sum-exp written when `lse` is
+/// given).
+///
+/// Online softmax (FlashAttention-2): a block owns `BM = 128` query rows and walks, 2-stage
+/// pipelined, the key blocks of `BN` keys its rows may see ([`Window`]: causal, sliding
+/// windows), keeping the running row maximum `m`, row sum `l` and unnormalised output `acc`.
+/// Key blocks in which no key is masked for any of the block's rows skip the mask (a block-
+/// uniform branch). Rows that see no key get `m = -inf`, `l = 0` and output 0. Grouped-query
+/// attention: query head `h` reads key/value head `h / kv_group` ([`kv_head`]).
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+fn forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Option<Tensor>,
+    scale: Value,
+    d: usize,
+    opts: Options,
+) {
+    let Options {
+        causal,
+        block_n,
+        kv_group,
+        dtype,
+        window: (window_left, window_right),
+        softcap,
+    } = opts;
     let w = Window::new(causal, window_left, window_right);
     let bn = key_block(block_n, d, w, softcap);
-    let dt = d.next_power_of_two(); // d = 96: the tiles' last 32 columns lie past the edge
+    // d = 96: the tiles' last 32 columns lie past the tensors' edge (zeros, never stored).
+    let dt = d.next_power_of_two();
     let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
     let (sq, sk) = (q.dim(2), k.dim(2));
     let q0 = mb * BM;
@@ -107,6 +211,24 @@ pub fn attention<const d: usize = 128>(
     let inv_l = recip(&select(l == 0.0, 1.0, l));
     o.tile([BM, dt], [b, h, q0, 0])
         .store((acc * inv_l.col()).cast_to(dtype));
+    store_lse(lse, m, l, (b, h, q0));
+}
+
+/// Writes each row's log-sum-exp into `lse`, when given, at `[b, h, q0..]`: from the running
+/// maximum `m` and sum `l` of the base-2 scaled scores, `ln sum e^s = (m + log2(l)) ln 2`;
+/// `+inf` where `l = 0` (a row that sees no key: FlashAttention-2's value).
+fn store_lse(lse: Option<Tensor>, m: Value, l: Value, at: (Value, Value, Value)) {
+    if let Some(lse) = lse {
+        write_lse(lse, m, l, at);
+    }
+}
+
+/// [`store_lse`]'s store.
+#[kernel_fn]
+fn write_lse(lse: Tensor, m: Value, l: Value, (b, h, q0): (Value, Value, Value)) {
+    let log_sum = (m + log2(&l)) * std::f32::consts::LN_2;
+    lse.tile([BM], [b, h, q0])
+        .store(select(l == 0.0, f32::INFINITY, log_sum));
 }
 
 /// The key/value head query head `h` reads when `kv_group` query heads share one (grouped-

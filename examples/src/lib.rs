@@ -12,7 +12,7 @@ pub mod softmax;
 pub mod vector_add;
 
 /// Every example kernel, by name: `vector_add`, `softmax`, `gemm`, `gemm_bias_act`,
-/// `gemm_alpha_beta`, `attention`.
+/// `gemm_alpha_beta`, `attention`, `attention_lse`.
 pub fn registry() -> &'static [&'static dyn KernelDef] {
     &[
         &vector_add::vector_add,
@@ -21,6 +21,7 @@ pub fn registry() -> &'static [&'static dyn KernelDef] {
         &gemm_epilogue::gemm_bias_act,
         &gemm_epilogue::gemm_alpha_beta,
         &attention::attention,
+        &attention::attention_lse,
     ]
 }
 
@@ -65,7 +66,8 @@ mod tests {
                 "gemm",
                 "gemm_bias_act",
                 "gemm_alpha_beta",
-                "attention"
+                "attention",
+                "attention_lse"
             ]
         );
         assert!(find("gemm").is_some_and(|k| k.name() == "gemm"));

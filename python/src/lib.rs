@@ -147,10 +147,12 @@ fn current_stream(py: Python<'_>, device: usize) -> PyResult<u64> {
 /// key j iff i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right, -1
 /// unbounded, causal being (-1, 0) (with a window, causal makes right 0); a query row that
 /// sees no key outputs 0. softcap > 0 caps the scores to softcap * tanh(scores / softcap).
-/// return_lse is not supported yet (ValueError). out, a kiln extension, is an optional
-/// (batch, seqlen_q, nheads, headdim) tensor to write instead of allocating one.
+/// out, a kiln extension, is an optional (batch, seqlen_q, nheads, headdim) tensor to write
+/// instead of allocating one.
 ///
-/// Returns out, (batch, seqlen_q, nheads, headdim), q's dtype. Runs asynchronously on the
+/// Returns out, (batch, seqlen_q, nheads, headdim), q's dtype; with return_lse=True the
+/// pair (out, lse), lse the (batch, nheads, seqlen_q) torch.float32 log-sum-exp of each
+/// score row (natural log, +inf for a row that sees no key, as FlashAttention-2). Runs asynchronously on the
 /// current CUDA stream (torch.cuda.current_stream()); the first call of each specialisation
 /// (dtype, headdim, mask, softcap, nheads / nheads_k, 16-byte alignment) compiles it (kept in
 /// memory and in kiln's disk cache).
@@ -198,24 +200,72 @@ fn flash_attn_func<'py>(
     let oi = tensor_info("out", &out)?;
     let out_view = args::check_out(&plan, &qi, &oi).map_err(arg_err)?;
     if plan.is_empty() {
-        return Ok(out);
+        return with_lse(q, &plan, out, None);
     }
     if plan.seqlen_k == 0 {
-        // Every row sees no key, so the output is 0; no launch (a tensor map cannot have an
-        // extent of 0). torch's zero_ runs on the current stream.
+        // Every row sees no key, so the output is 0 and the log-sum-exp +inf; no launch (a
+        // tensor map cannot have an extent of 0). torch's zero_ and fill_ run on the current
+        // stream.
         out.call_method0(pyo3::intern!(py, "zero_"))?;
-        return Ok(out);
+        let lse = plan.return_lse.then(|| new_lse(q, &plan)).transpose()?;
+        if let Some(l) = &lse {
+            l.call_method1(pyo3::intern!(py, "fill_"), (f64::INFINITY,))?;
+        }
+        return with_lse(q, &plan, out, lse);
     }
     // The device first: without a driver this is the error (not a failed torch import).
     launch::device(plan.device).map_err(|e| runtime_err(e.into()))?;
     let stream = current_stream(py, plan.device)?;
+    let lse = plan.return_lse.then(|| new_lse(q, &plan)).transpose()?;
+    let lse_view = match &lse {
+        Some(t) => {
+            let info = tensor_info("lse", t)?;
+            let at = |v: &[i64]| [v[0], v[1], v[2]].map(|n| n as usize);
+            Some(launch::Lse {
+                ptr: info.ptr,
+                shape: at(&info.shape),
+                strides: at(&info.strides),
+            })
+        }
+        None => None,
+    };
     // SAFETY: the views come from live PyTorch CUDA tensors (checked to be on plan.device,
     // whose primary context PyTorch allocates in) that the caller holds until the call
     // returns; PyTorch's caching allocator keeps their memory for work queued on the current
     // stream, which is `stream`, a live stream of that context. `out` is checked to be the
     // output's shape; it overlapping an input is the caller's mistake, as in FlashAttention.
-    unsafe { launch::launch(&plan, &out_view, stream) }.map_err(runtime_err)?;
-    Ok(out)
+    unsafe { launch::launch(&plan, &out_view, lse_view.as_ref(), stream) }.map_err(runtime_err)?;
+    with_lse(q, &plan, out, lse)
+}
+
+/// A new `(batch, nheads, seqlen_q)` torch.float32 tensor on q's device for the log-sum-exp.
+fn new_lse<'py>(q: &Bound<'py, PyAny>, plan: &args::Plan) -> PyResult<Bound<'py, PyAny>> {
+    let py = q.py();
+    let kwargs = pyo3::types::PyDict::new(py);
+    kwargs.set_item("dtype", py.import("torch")?.getattr("float32")?)?;
+    q.call_method(
+        pyo3::intern!(py, "new_empty"),
+        (PyTuple::new(py, plan.lse_shape())?,),
+        Some(&kwargs),
+    )
+}
+
+/// What `flash_attn_func` returns: `out`, or `(out, lse)` when the plan asks for the
+/// log-sum-exp (`lse` allocated here when there was nothing to launch).
+fn with_lse<'py>(
+    q: &Bound<'py, PyAny>,
+    plan: &args::Plan,
+    out: Bound<'py, PyAny>,
+    lse: Option<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    if !plan.return_lse {
+        return Ok(out);
+    }
+    let lse = match lse {
+        Some(l) => l,
+        None => new_lse(q, plan)?,
+    };
+    Ok(PyTuple::new(q.py(), [out, lse])?.into_any())
 }
 
 /// FlashAttention's variable-length attention, computed by kiln's DSL kernel.

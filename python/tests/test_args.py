@@ -137,7 +137,6 @@ def test_last_dimension_must_be_contiguous():
         ({"softcap": -1.0}, r"^softcap: expected a finite number >= 0 \(0 is off\), got -1$"),
         ({"softcap": float("nan")}, r"^softcap: expected a finite number >= 0"),
         ({"softcap": float("inf")}, r"^softcap: expected a finite number >= 0"),
-        ({"return_lse": True}, r"^return_lse: .* not supported yet"),
         ({"softmax_scale": float("inf")}, r"^softmax_scale: expected a finite number"),
     ],
 )
@@ -157,9 +156,11 @@ def test_bad_options_are_value_errors(kw, message):
         {"window_size": (16, 5), "causal": True},
         {"softcap": 50.0},
         {"softcap": 30.0, "window_size": (32, -1), "causal": True},
+        {"return_lse": True},
+        {"return_lse": True, "causal": True, "window_size": (8, 8), "softcap": 5.0},
     ],
 )
-def test_windows_and_softcaps_pass_every_check(kw):
+def test_windows_softcaps_and_lse_pass_every_check(kw):
     with pytest.raises(RuntimeError, match=r"^kiln_attn: no CUDA driver: "):
         call(bshd(1, 64, 2, 64), **kw)
 

@@ -187,6 +187,56 @@ def test_no_keys_give_zeros(dtype):
     k = torch.empty((2, 0, 4, 64), device="cuda", dtype=dtype)
     out = kiln_attn.flash_attn_func(q, k, k, causal=True)
     assert out.shape == q.shape and torch.all(out == 0)
+    out, lse = kiln_attn.flash_attn_func(q, k, k, return_lse=True)
+    assert torch.all(out == 0) and torch.all(lse == float("inf"))
+
+
+def reference_lse(q, k, scale, causal, window_size=(-1, -1), softcap=0.0):
+    """The (batch, nheads, seqlen_q) log-sum-exp of the masked, capped f32 scores, +inf for a
+    row that sees no key (FlashAttention-2's value)."""
+    group = q.shape[2] // k.shape[2]
+    k = k.repeat_interleave(group, dim=2)
+    s = torch.matmul(q.float().transpose(1, 2), k.float().transpose(1, 2).transpose(-1, -2)) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    sq, sk = q.shape[1], k.shape[1]
+    left, right = window_size
+    if causal:
+        right = 0
+    rows = torch.arange(sq, device=q.device)[:, None]
+    cols = torch.arange(sk, device=q.device)[None, :]
+    diag = rows + (sk - sq)
+    if right >= 0:
+        s = s.masked_fill(cols > diag + right, float("-inf"))
+    if left >= 0:
+        s = s.masked_fill(cols < diag - left, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return lse.masked_fill(lse == float("-inf"), float("inf"))
+
+
+@pytest.mark.parametrize(
+    "seqlen_q, seqlen_k, causal, window, softcap, dtype",
+    [
+        (113, 203, False, (-1, -1), 0.0, torch.bfloat16),
+        (512, 256, True, (-1, -1), 0.0, torch.bfloat16),
+        (799, 3, True, (-1, -1), 50.0, torch.float16),
+        (1023, 1024, False, (100, 30), 0.0, torch.float16),
+        (300, 700, True, (64, -1), 30.0, torch.bfloat16),
+    ],
+)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_return_lse_gives_flash_attentions_log_sum_exp(seqlen_q, seqlen_k, causal, window, softcap, dtype, d):
+    q, k, v = inputs(2, seqlen_q, seqlen_k, NHEADS, d, seqlen_q + d, nheads_k=3, dtype=dtype)
+    scale = 1.0 / math.sqrt(d)
+    got = kiln_attn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, return_lse=True)
+    assert isinstance(got, tuple) and len(got) == 2
+    out, lse = got
+    assert lse.shape == (2, NHEADS, seqlen_q) and lse.dtype == torch.float32 and lse.is_contiguous()
+    assert rel_error(out, reference(q, k, v, scale, causal, window, softcap)) < TOLERANCES[dtype]
+    want = reference_lse(q, k, scale, causal, window, softcap)
+    assert torch.equal(torch.isinf(lse), torch.isinf(want)), "+inf exactly where a row sees no key"
+    finite = torch.isfinite(want)
+    assert rel_error(lse[finite], want[finite]) < 1e-5
 
 
 def test_window_spellings_follow_flash_attention():

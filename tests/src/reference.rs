@@ -154,20 +154,17 @@ pub fn attention_row(
     )
 }
 
-/// Output row `i` of one (batch, head) of attention, with element `x` of row `j` of q, k and
-/// v read by the given functions, scores scaled and (when a cap is given) soft-capped, keys
-/// outside the `(left, right)` window masked; the one implementation behind [`attention`],
-/// [`attention_window`], [`attention_softcap`] and [`attention_row`].
-fn attention_row_by(
+/// The keys query `i` sees (`lo..hi` around its diagonal key `i + sk - sq`, within the
+/// `(left, right)` window, a negative bound unbounded) and their scores, `scale * q.k`
+/// soft-capped to `cap * tanh(s / cap)` when a cap is given.
+fn row_scores(
     q: impl Fn(usize, usize) -> f64,
     k: impl Fn(usize, usize) -> f64,
-    v: impl Fn(usize, usize) -> f64,
     [sq, sk, d]: [usize; 3],
     (scale, cap): (f64, Option<f64>),
     (left, right): (i64, i64),
     i: usize,
-) -> Vec<f64> {
-    // Keys visible to query i: lo..hi around its diagonal key i + sk - sq.
+) -> (std::ops::Range<usize>, Vec<f64>) {
     let diag = i as i64 + sk as i64 - sq as i64;
     let lo = if left >= 0 { (diag - left).max(0) } else { 0 };
     let hi = if right >= 0 {
@@ -175,15 +172,33 @@ fn attention_row_by(
     } else {
         sk as i64
     };
-    if hi <= lo {
-        return vec![0.0; d];
-    }
-    let keys = lo as usize..hi as usize;
-    let scores: Vec<f64> = keys
+    let keys = lo.max(0) as usize..hi.max(lo).max(0) as usize;
+    let scores = keys
         .clone()
         .map(|j| scale * (0..d).map(|x| q(i, x) * k(j, x)).sum::<f64>())
         .map(|s| cap.map_or(s, |c| c * (s / c).tanh()))
         .collect();
+    (keys, scores)
+}
+
+/// Output row `i` of one (batch, head) of attention, with element `x` of row `j` of q, k and
+/// v read by the given functions, over the keys and scores of [`row_scores`]; a row that sees
+/// no key is 0. The one implementation behind [`attention`], [`attention_window`],
+/// [`attention_softcap`] and [`attention_row`].
+fn attention_row_by(
+    q: impl Fn(usize, usize) -> f64,
+    k: impl Fn(usize, usize) -> f64,
+    v: impl Fn(usize, usize) -> f64,
+    dims: [usize; 3],
+    scaling: (f64, Option<f64>),
+    window: (i64, i64),
+    i: usize,
+) -> Vec<f64> {
+    let d = dims[2];
+    let (keys, scores) = row_scores(q, k, dims, scaling, window, i);
+    if keys.is_empty() {
+        return vec![0.0; d];
+    }
     let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
     let l: f64 = p.iter().sum();
@@ -195,6 +210,42 @@ fn attention_row_by(
     }
     o.iter_mut().for_each(|x| *x /= l);
     o
+}
+
+/// The log-sum-exp of every score row of [`attention_window`], `[b, h, sq]`: `ln sum_j
+/// e^(s_j)` over the keys the row sees (natural log, soft-capped scores when `cap` is given),
+/// `+inf` for a row that sees no key (FlashAttention-2's value).
+pub fn attention_lse(
+    q: &HostTensor,
+    k: &HostTensor,
+    scale: f64,
+    window: (i64, i64),
+    cap: Option<f64>,
+) -> Vec<f64> {
+    let [b, h, sq, d] = [q.shape[0], q.shape[1], q.shape[2], q.shape[3]];
+    let sk = k.shape[2];
+    let (qv, kv) = (q.to_f64_vec(), k.to_f64_vec());
+    let mut out = Vec::with_capacity(b * h * sq);
+    for bh in 0..b * h {
+        let (qb, kb) = (&qv[bh * sq * d..], &kv[bh * sk * d..]);
+        for i in 0..sq {
+            let (keys, scores) = row_scores(
+                |j, x| qb[j * d + x],
+                |j, x| kb[j * d + x],
+                [sq, sk, d],
+                (scale, cap),
+                window,
+                i,
+            );
+            out.push(if keys.is_empty() {
+                f64::INFINITY
+            } else {
+                let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                m + scores.iter().map(|s| (s - m).exp()).sum::<f64>().ln()
+            });
+        }
+    }
+    out
 }
 
 /// An epilogue activation of `gemm_bias_act`, computed in f64.

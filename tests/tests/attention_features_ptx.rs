@@ -62,15 +62,21 @@ const SM90A: &[Variant] = &[
 /// already spills (40 bytes, `ptx_snapshots`' FIXME: 192 accumulator registers per thread),
 /// and not a byte more, except a window with both bounds (48 bytes, measured: its loop keeps
 /// the left bound's first unmasked block live).
-const SM80: &[(Variant, u32)] = &[
-    (&[("dtype", "f16"), ("d", "64")], 0),
+const SM80: &[(&str, Variant, u32)] = &[
+    ("attention", &[("dtype", "f16"), ("d", "64")], 0),
     (
+        "attention",
         &[("window_left", "100"), ("window_right", "30"), ("d", "64")],
         0,
     ),
-    (&[("window_left", "64"), ("causal", "true"), ("d", "64")], 0),
-    (&[("softcap", "30"), ("d", "64")], 0),
     (
+        "attention",
+        &[("window_left", "64"), ("causal", "true"), ("d", "64")],
+        0,
+    ),
+    ("attention", &[("softcap", "30"), ("d", "64")], 0),
+    (
+        "attention",
         &[
             ("dtype", "f16"),
             ("d", "64"),
@@ -81,11 +87,21 @@ const SM80: &[(Variant, u32)] = &[
         ],
         0,
     ),
-    (&[("dtype", "f16")], 40),
-    (&[("window_left", "100"), ("window_right", "30")], 48),
-    (&[("softcap", "30"), ("causal", "true")], 40),
-    (&[("d", "96")], 40),
-    (&[("d", "96"), ("dtype", "f16"), ("window_left", "64")], 40),
+    ("attention", &[("dtype", "f16")], 40),
+    (
+        "attention",
+        &[("window_left", "100"), ("window_right", "30")],
+        48,
+    ),
+    ("attention", &[("softcap", "30"), ("causal", "true")], 40),
+    ("attention", &[("d", "96")], 40),
+    (
+        "attention",
+        &[("d", "96"), ("dtype", "f16"), ("window_left", "64")],
+        40,
+    ),
+    ("attention_lse", &[("d", "64"), ("window_left", "30")], 0),
+    ("attention_lse", &[("dtype", "f16")], 40),
 ];
 
 /// `kernel` after every pass but `protocol_check`, for sm_90a.
@@ -102,51 +118,82 @@ fn scheduled(kernel: &Kernel) -> Kernel {
 #[test]
 fn sm90a_schedules_every_feature_as_the_default_kernel() {
     for v in SM90A {
-        let kernel = ptx_examples::build("attention", v);
-        let mut k = scheduled(&kernel);
-        assert_eq!(k.schedule.rings.len(), 1, "{v:?}");
-        let ring = k.schedule.rings.values().next().expect("one ring");
-        let o = ring.overlap.as_ref().expect("the loop is rotated");
-        let turns = o.turns.expect("two warpgroups ping-pong");
-        assert_eq!(turns.warpgroups, 2, "{v:?}");
-        assert!(o.rescale.is_some(), "{v:?}");
-        assert!(ring.persistent, "{v:?}");
-        // A window's walk, like the causal one, depends on the block: longest tiles first.
-        assert!(
-            matches!(
-                k.schedule.tiles,
-                Some(TileScheduler::LongestFirst | TileScheduler::Strided)
-            ),
-            "{v:?}: {:?}",
-            k.schedule.tiles
-        );
-        protocol_check::run(&mut k, Target::Sm90a).unwrap_or_else(|d| panic!("{v:?}: {d}"));
-        let m = kiln_ptx::compile(&kernel, Target::Sm90a).expect("compile");
-        assert!(
-            !m.tensor_maps.is_empty() && m.persistent,
-            "{v:?}: TMA, persistent"
-        );
-        assert!(m.ptx.contains("rotated loop: steady state"), "{v:?}");
-        let report =
-            kiln_ptx::ptxas::check(&m.ptx, Target::Sm90a).unwrap_or_else(|e| panic!("{v:?}: {e}"));
-        assert!(!report.spills(), "{v:?} on sm_90a spills: {report}");
-        assert!(
-            report.warnings.is_empty(),
-            "{v:?} on sm_90a: ptxas advisories: {report}"
-        );
+        check_sm90a("attention", v);
     }
 }
 
 #[test]
+fn sm90a_schedules_the_log_sum_exp_output_too() {
+    // Its row-vector store beside the TMA-store epilogue.
+    for v in [
+        &[("block_n", "128")][..],
+        &[("d", "64"), ("causal", "true"), ("block_n", "128")],
+        &[
+            ("dtype", "f16"),
+            ("window_left", "100"),
+            ("softcap", "30"),
+            ("block_n", "128"),
+        ],
+        &[("d", "256")],
+    ] {
+        check_sm90a("attention_lse", v);
+    }
+}
+
+/// Example `kernel` with comptime overrides `v` gets the default attention's sm_90a schedule
+/// (one ring, rotated and ping-ponging, persistent, longest tiles first or strided), its
+/// protocol proves, and ptxas assembles it without spills or advisories.
+fn check_sm90a(kernel: &str, v: Variant) {
+    let built = ptx_examples::build(kernel, v);
+    let mut k = scheduled(&built);
+    assert_eq!(k.schedule.rings.len(), 1, "{kernel} {v:?}");
+    let ring = k.schedule.rings.values().next().expect("one ring");
+    let o = ring.overlap.as_ref().expect("the loop is rotated");
+    let turns = o.turns.expect("two warpgroups ping-pong");
+    assert_eq!(turns.warpgroups, 2, "{kernel} {v:?}");
+    assert!(o.rescale.is_some(), "{kernel} {v:?}");
+    assert!(ring.persistent, "{kernel} {v:?}");
+    // A window's walk, like the causal one, depends on the block: longest tiles first.
+    assert!(
+        matches!(
+            k.schedule.tiles,
+            Some(TileScheduler::LongestFirst | TileScheduler::Strided)
+        ),
+        "{kernel} {v:?}: {:?}",
+        k.schedule.tiles
+    );
+    protocol_check::run(&mut k, Target::Sm90a).unwrap_or_else(|d| panic!("{kernel} {v:?}: {d}"));
+    let m = kiln_ptx::compile(&built, Target::Sm90a).expect("compile");
+    assert!(
+        !m.tensor_maps.is_empty() && m.persistent,
+        "{kernel} {v:?}: TMA, persistent"
+    );
+    assert!(
+        m.ptx.contains("rotated loop: steady state"),
+        "{kernel} {v:?}"
+    );
+    let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm90a)
+        .unwrap_or_else(|e| panic!("{kernel} {v:?}: {e}"));
+    assert!(
+        !report.spills(),
+        "{kernel} {v:?} on sm_90a spills: {report}"
+    );
+    assert!(
+        report.warnings.is_empty(),
+        "{kernel} {v:?} on sm_90a: ptxas advisories: {report}"
+    );
+}
+
+#[test]
 fn sm80_assembles_every_feature_without_new_spills() {
-    for &(v, known) in SM80 {
-        let kernel = ptx_examples::build("attention", v);
+    for &(name, v, known) in SM80 {
+        let kernel = ptx_examples::build(name, v);
         let m = kiln_ptx::compile(&kernel, Target::Sm80).expect("compile");
         let report =
             kiln_ptx::ptxas::check(&m.ptx, Target::Sm80).unwrap_or_else(|e| panic!("{v:?}: {e}"));
         assert!(
             report.spill_store_bytes <= known && report.spill_load_bytes <= known,
-            "{v:?} on sm_80 spills more than {known} bytes: {report}"
+            "{name} {v:?} on sm_80 spills more than {known} bytes: {report}"
         );
     }
 }

@@ -1,13 +1,13 @@
 //! The attention example's FlashAttention features on the CPU interpreter against the f64
 //! reference: f16 beside bf16, sliding windows `(left, right)` (bottom-right aligned, causal
-//! being `(-1, 0)`), logit soft-capping, head dim 96, and their combinations with grouped
-//! heads; shapes that are not multiples of the tiles, `sq != sk`, rows that see no key, every
+//! being `(-1, 0)`), logit soft-capping, head dim 96, the log-sum-exp output
+//! (`attention_lse`), and their combinations with grouped heads; shapes that are not multiples of the tiles, `sq != sk`, rows that see no key, every
 //! input distribution, outputs poisoned before the run.
 
 use kiln_ir::dsl::{ComptimeValue, comptime_map};
 use kiln_ir::interp::{HostArg, run_def};
 use kiln_ir::{DType, HostTensor};
-use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::check::{Case, assert_close, poisoned, rel_error, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 
@@ -24,6 +24,8 @@ struct Call {
     causal: bool,
     window: (i32, i32),
     softcap: f32,
+    /// Run `attention_lse` and check its log-sum-exp too.
+    lse: bool,
 }
 
 impl Call {
@@ -40,6 +42,7 @@ impl Call {
             causal: false,
             window: (-1, -1),
             softcap: 0.0,
+            lse: false,
         }
     }
 
@@ -82,14 +85,33 @@ fn run(rng: &mut Rng, c: Call, dist: Dist) -> Vec<f64> {
         ("softcap", ComptimeValue::F32(c.softcap)),
     ]);
     let grid = [c.sq.div_ceil(128) as u32, c.h as u32, c.b as u32];
-    let mut args = [
-        HostArg::Tensor(&q),
-        HostArg::Tensor(&k),
-        HostArg::Tensor(&v),
-        HostArg::TensorMut(&mut o),
-        HostArg::F32(scale),
-    ];
-    run_def(&kiln_examples::attention::attention, &ct, grid, &mut args).unwrap();
+    let mut lse = poisoned(&[c.b, c.h, c.sq], DType::F32);
+    if c.lse {
+        let mut args = [
+            HostArg::Tensor(&q),
+            HostArg::Tensor(&k),
+            HostArg::Tensor(&v),
+            HostArg::TensorMut(&mut o),
+            HostArg::TensorMut(&mut lse),
+            HostArg::F32(scale),
+        ];
+        run_def(
+            &kiln_examples::attention::attention_lse,
+            &ct,
+            grid,
+            &mut args,
+        )
+        .unwrap();
+    } else {
+        let mut args = [
+            HostArg::Tensor(&q),
+            HostArg::Tensor(&k),
+            HostArg::Tensor(&v),
+            HostArg::TensorMut(&mut o),
+            HostArg::F32(scale),
+        ];
+        run_def(&kiln_examples::attention::attention, &ct, grid, &mut args).unwrap();
+    }
     let case = Case {
         kernel: format!(
             "attention<d={},{:?},causal={},window={:?},softcap={},kv_group={group}>",
@@ -112,7 +134,44 @@ fn run(rng: &mut Rng, c: Call, dist: Dist) -> Vec<f64> {
         cap,
     );
     assert_close(&case, &o, &want, tolerance(c.dtype));
+    if c.lse {
+        check_lse(
+            &case,
+            &lse,
+            &reference::attention_lse(
+                &q,
+                &repeat_heads(&k, group),
+                f64::from(scale),
+                c.reference_window(),
+                cap,
+            ),
+        );
+    }
     o.to_f64_vec()
+}
+
+/// The log-sum-exp against the reference: `+inf` exactly where a row sees no key, elsewhere
+/// within f32's tolerance (relative norm error over those rows).
+fn check_lse(case: &Case, got: &HostTensor, want: &[f64]) {
+    let got = got.to_f64_vec();
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(
+            *g == f64::INFINITY,
+            *w == f64::INFINITY,
+            "{case:?}: lse[{i}] = {g}, want {w}"
+        );
+    }
+    let (g, w): (Vec<f64>, Vec<f64>) = got
+        .iter()
+        .zip(want)
+        .filter(|(_, w)| w.is_finite())
+        .map(|(g, w)| (*g, *w))
+        .unzip();
+    let err = rel_error(&g, &w);
+    assert!(
+        err < tolerance(DType::F32),
+        "{case:?}: lse relative error {err:.3e}"
+    );
 }
 
 #[test]
@@ -241,6 +300,36 @@ fn features_combine_with_grouped_heads() {
             window,
             softcap: 20.0,
             ..Call::new(140, 110)
+        };
+        run(&mut rng, c, Dist::Normal);
+    }
+}
+
+#[test]
+fn log_sum_exp_matches_reference() {
+    // Rows that see no key (sq > sk, causal) get +inf; a window, a soft-cap and f16 change
+    // which scores are summed and how; every distribution on one shape.
+    let mut rng = Rng::from_env();
+    for dist in Dist::ALL {
+        let c = Call {
+            causal: true,
+            lse: true,
+            ..Call::new(150, 90)
+        };
+        run(&mut rng, c, dist);
+    }
+    for (window, softcap, dtype, d) in [
+        ((20, 5), 0.0, DType::Bf16, 64),
+        ((-1, -1), 10.0, DType::F16, 64),
+        ((40, -1), 30.0, DType::Bf16, 96),
+    ] {
+        let c = Call {
+            window,
+            softcap,
+            dtype,
+            d,
+            lse: true,
+            ..Call::new(300, 140)
         };
         run(&mut rng, c, Dist::Normal);
     }

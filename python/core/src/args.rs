@@ -212,6 +212,8 @@ pub struct Plan {
     pub window: (i32, i32),
     /// Logit soft-cap (scores `softcap * tanh(s / softcap)`); 0 is off.
     pub softcap: f32,
+    /// Whether the call also returns the log-sum-exp, `[batch, nheads, seqlen_q]` f32.
+    pub return_lse: bool,
     /// `q` as `[batch, nheads, seqlen_q, d]`.
     pub q: View,
     /// `k` as `[batch, nheads_k, seqlen_k, d]`.
@@ -224,6 +226,11 @@ impl Plan {
     /// The output's shape, `[batch, seqlen_q, nheads, headdim]` (q's).
     pub fn out_shape(&self) -> [usize; 4] {
         [self.batch, self.seqlen_q, self.nheads, self.head_dim]
+    }
+
+    /// The log-sum-exp's shape, `[batch, nheads, seqlen_q]`.
+    pub fn lse_shape(&self) -> [usize; 3] {
+        [self.batch, self.nheads, self.seqlen_q]
     }
 
     /// Whether there is nothing to compute (an empty output), so nothing is launched.
@@ -343,6 +350,7 @@ pub(crate) fn plan_windowed(
         },
         window: checked.window,
         softcap: checked.softcap,
+        return_lse: opts.return_lse,
         q: View::bhsd(q),
         k: View::bhsd(k),
         v: View::bhsd(v),
@@ -452,11 +460,6 @@ fn check_options(opts: &Options, head_dim: i64, seqlen_k: i64) -> Result<Checked
         return Err(ArgError::value_error(format!(
             "softcap: expected a finite number >= 0 (0 is off), got {cap}"
         )));
-    }
-    if opts.return_lse {
-        return Err(ArgError::value_error(
-            "return_lse: returning the log-sum-exp is not supported yet: pass return_lse=False",
-        ));
     }
     let scale = opts.softmax_scale.unwrap_or(1.0 / (head_dim as f64).sqrt());
     if !scale.is_finite() || (scale as f32).is_infinite() {
@@ -714,16 +717,21 @@ mod tests {
     }
 
     #[test]
-    fn options_not_supported_yet_say_so() {
+    fn return_lse_plans_the_log_sum_exp() {
+        let (q, k) = (bshd(2, 100, 4, 64), bshd(2, 50, 4, 64));
+        let o = Options {
+            return_lse: true,
+            ..Options::default()
+        };
+        let p = plan(&q, &k, &k, &o).expect("valid");
+        assert!(p.return_lse);
+        assert_eq!(p.lse_shape(), [2, 4, 100]);
+    }
+
+    #[test]
+    fn bad_scales_say_so() {
         let q = bshd(1, 64, 2, 64);
         let with = |o: Options| err(&q, &q, &q, o).message;
-        assert!(
-            with(Options {
-                return_lse: true,
-                ..Options::default()
-            })
-            .starts_with("return_lse:")
-        );
         assert!(
             with(Options {
                 softmax_scale: Some(f64::NAN),

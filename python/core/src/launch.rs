@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use kiln::ir::dsl::ComptimeValue;
 use kiln::ir::interp::{HostArg, InterpError, run_def};
-use kiln::ir::{HostTensor, Target};
+use kiln::ir::{DType, HostTensor, Target};
 use kiln::ptx::PtxModule;
 use kiln::runtime::{
     Device, DeviceTensor, ForeignStream, KernelArg, LaunchError, LoadedKernel, RuntimeError,
 };
-use kiln_examples::attention::{attention, tuned_block_n};
+use kiln_examples::attention::{attention, attention_lse, tuned_block_n};
 
 use crate::args::{Plan, View};
 use crate::varlen::VarlenPlan;
@@ -74,14 +74,21 @@ pub fn device(ordinal: usize) -> Result<Arc<Device>, RuntimeError> {
     Ok(d)
 }
 
-/// Launches `plan` writing `out` (a BHSD view from [`crate::args::check_out`]) on `stream` of
-/// its device. Asynchronous: the kernel runs in order on `stream`.
+/// Launches `plan` writing `out` (a BHSD view from [`crate::args::check_out`]) and, when
+/// given, the log-sum-exp `lse` (a contiguous `[batch, nheads, seqlen_q]` f32 tensor:
+/// `attention_lse`) on `stream` of its device. Asynchronous: the kernel runs in order on
+/// `stream`.
 ///
 /// # Safety
 /// Every view must address live device memory of the plan's device (its primary context)
-/// that stays allocated until the kernel has run, `out` must not overlap the inputs, and
-/// `stream` must be 0 or a live stream of that device's primary context.
-pub unsafe fn launch(plan: &Plan, out: &View, stream: u64) -> Result<(), LaunchFailure> {
+/// that stays allocated until the kernel has run, `out` and `lse` must not overlap the inputs
+/// or each other, and `stream` must be 0 or a live stream of that device's primary context.
+pub unsafe fn launch(
+    plan: &Plan,
+    out: &View,
+    lse: Option<&Lse>,
+    stream: u64,
+) -> Result<(), LaunchFailure> {
     let dev = device(plan.device)?;
     // SAFETY: the caller guarantees the memory behind every view.
     let borrow = |v: &View| unsafe { dev.borrow_tensor(v.ptr, plan.dtype, &v.shape, &v.strides) };
@@ -93,19 +100,23 @@ pub unsafe fn launch(plan: &Plan, out: &View, stream: u64) -> Result<(), LaunchF
     ];
     // SAFETY: the caller guarantees the stream.
     let stream = unsafe { ForeignStream::from_raw(stream) };
-    dev.launch_on_stream(
-        stream,
-        &attention,
-        &comptime(plan, dev.target()),
-        grid(plan),
-        &[
-            KernelArg::Tensor(&q),
-            KernelArg::Tensor(&k),
-            KernelArg::Tensor(&v),
-            KernelArg::Tensor(&o),
-            KernelArg::F32(plan.scale),
-        ],
-    )?;
+    let (ct, grid) = (comptime(plan, dev.target()), grid(plan));
+    let (q, k, v, o) = (
+        KernelArg::Tensor(&q),
+        KernelArg::Tensor(&k),
+        KernelArg::Tensor(&v),
+        KernelArg::Tensor(&o),
+    );
+    let scale = KernelArg::F32(plan.scale);
+    match lse {
+        None => dev.launch_on_stream(stream, &attention, &ct, grid, &[q, k, v, o, scale])?,
+        Some(l) => {
+            // SAFETY: the caller guarantees the memory behind `lse`.
+            let l = unsafe { dev.borrow_tensor(l.ptr, DType::F32, &l.shape, &l.strides) }?;
+            let l = KernelArg::Tensor(&l);
+            dev.launch_on_stream(stream, &attention_lse, &ct, grid, &[q, k, v, o, l, scale])?
+        }
+    }
     Ok(())
 }
 
@@ -117,9 +128,20 @@ pub unsafe fn launch(plan: &Plan, out: &View, stream: u64) -> Result<(), LaunchF
 pub unsafe fn launch_varlen(vp: &VarlenPlan, stream: u64) -> Result<(), LaunchFailure> {
     for (plan, out) in &vp.sequences {
         // SAFETY: the caller guarantees every view, as `launch` requires.
-        unsafe { launch(plan, out, stream) }?;
+        unsafe { launch(plan, out, None, stream) }?;
     }
     Ok(())
+}
+
+/// A `[batch, nheads, seqlen_q]` f32 tensor for the log-sum-exp: its address and strides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lse {
+    /// The address of element `[0, 0, 0]`.
+    pub ptr: u64,
+    /// `[batch, nheads, seqlen_q]`.
+    pub shape: [usize; 3],
+    /// Strides of those, in elements.
+    pub strides: [usize; 3],
 }
 
 /// An entry with no parameters that returns at once: what a launch costs with no work.
@@ -176,10 +198,9 @@ pub unsafe fn empty_launch(ordinal: usize, stream: u64) -> Result<(), LaunchFail
 pub fn interpret(
     plan: &Plan,
     target: Target,
-    q: &HostTensor,
-    k: &HostTensor,
-    v: &HostTensor,
+    (q, k, v): (&HostTensor, &HostTensor, &HostTensor),
     out: &mut HostTensor,
+    lse: Option<&mut HostTensor>,
 ) -> Result<(), InterpError> {
     let view = |t: &HostTensor, v: &View| HostTensor {
         shape: v.shape.to_vec(),
@@ -198,18 +219,34 @@ pub fn interpret(
         ],
     };
     let mut ov = view(out, &out_view);
-    run_def(
-        &attention,
-        &comptime(plan, target),
-        grid(plan),
-        &mut [
-            HostArg::Tensor(&qv),
-            HostArg::Tensor(&kv),
-            HostArg::Tensor(&vv),
-            HostArg::TensorMut(&mut ov),
-            HostArg::F32(plan.scale),
-        ],
-    )?;
+    let (ct, grid) = (comptime(plan, target), grid(plan));
+    let (q, k, v, scale) = (
+        HostArg::Tensor(&qv),
+        HostArg::Tensor(&kv),
+        HostArg::Tensor(&vv),
+        HostArg::F32(plan.scale),
+    );
+    match lse {
+        None => run_def(
+            &attention,
+            &ct,
+            grid,
+            &mut [q, k, v, HostArg::TensorMut(&mut ov), scale],
+        )?,
+        Some(l) => run_def(
+            &attention_lse,
+            &ct,
+            grid,
+            &mut [
+                q,
+                k,
+                v,
+                HostArg::TensorMut(&mut ov),
+                HostArg::TensorMut(l),
+                scale,
+            ],
+        )?,
+    }
     out.data = ov.data;
     Ok(())
 }
@@ -357,7 +394,7 @@ mod tests {
             };
             let p = plan(&info(&q), &info(&k), &info(&v), &opts).expect("valid");
             let mut out = HostTensor::full(&[b, sq, h, d], DType::Bf16, f64::NAN);
-            interpret(&p, target, &q, &k, &v, &mut out).expect("interprets");
+            interpret(&p, target, (&q, &k, &v), &mut out, None).expect("interprets");
             let group = h / hkv;
             let want = reference::attention(
                 &as_bhsd(&q),
@@ -376,7 +413,8 @@ mod tests {
 
     /// FlashAttention's options through the plan to the interpreter: f16, a sliding window
     /// (FlashAttention's normalisation: causal with a left bound), a soft-cap and head dim
-    /// 96, against the f64 reference with the same window and cap.
+    /// 96, with the log-sum-exp, against the f64 reference with the same window and cap
+    /// (every row sees a key here: rows that see none are `interp_attention_features`').
     #[test]
     fn options_run_on_the_interpreter_to_the_reference() {
         let mut rng = Rng::new(96);
@@ -394,11 +432,13 @@ mod tests {
                 causal,
                 window_size,
                 softcap,
+                return_lse: true,
                 ..Options::default()
             };
             let p = plan(&info(&q), &info(&k), &info(&v), &opts).expect("valid");
             let mut out = HostTensor::full(&[b, sq, h, d], dtype, f64::NAN);
-            interpret(&p, target, &q, &k, &v, &mut out).expect("interprets");
+            let mut lse = HostTensor::full(&p.lse_shape(), DType::F32, f64::NAN);
+            interpret(&p, target, (&q, &k, &v), &mut out, Some(&mut lse)).expect("interprets");
             let right = if causal { 0 } else { window_size.1 };
             let want = reference::attention_window(
                 &as_bhsd(&q),
@@ -409,10 +449,18 @@ mod tests {
                 (softcap > 0.0).then_some(softcap),
             );
             let err = rel_error(&as_bhsd(&out).to_f64_vec(), &want);
+            let want_lse = reference::attention_lse(
+                &as_bhsd(&q),
+                &as_bhsd(&k),
+                f64::from(p.scale),
+                (window_size.0, right),
+                (softcap > 0.0).then_some(softcap),
+            );
+            let lse_err = rel_error(&lse.to_f64_vec(), &want_lse);
             assert!(
-                err < tolerance(dtype),
+                err < tolerance(dtype) && lse_err < tolerance(DType::F32),
                 "{target:?} d={d} {dtype:?} causal={causal} window={window_size:?} \
-                 softcap={softcap}: error {err:.2e}"
+                 softcap={softcap}: error {err:.2e}, lse error {lse_err:.2e}"
             );
         }
     }
