@@ -338,3 +338,60 @@ fn scheduled_sm90a_features_match_reference() {
         assert_close(&case, &o, &want, tolerance(dtype));
     }
 }
+
+#[test]
+fn scheduled_sm90a_log_sum_exp_matches_reference() {
+    // The lse row store beside the TMA-store epilogue, over the persistent walk; causal with
+    // sq > sk, so rows that see no key (+inf) sit in the first tile.
+    let mut rng = Rng::from_env();
+    let v: Variant = &[
+        ("d", "64"),
+        ("block_n", "128"),
+        ("causal", "true"),
+        ("window_left", "50"),
+    ];
+    let mut kernel = ptx_examples::build("attention_lse", v);
+    run_pipeline(&mut kernel, Target::Sm90a, &mut |_, _| {}).unwrap_or_else(|d| panic!("{d}"));
+    let (b, h, sq, sk, d) = (2, 2, 300, 170, 64);
+    let q = tensor(&mut rng, &[b, h, sq, d], DType::Bf16, Dist::Normal);
+    let k = tensor(&mut rng, &[b, h, sk, d], DType::Bf16, Dist::Normal);
+    let vt = tensor(&mut rng, &[b, h, sk, d], DType::Bf16, Dist::Normal);
+    let scale = 0.125;
+    let mut o = poisoned(&[b, h, sq, d], DType::Bf16);
+    let mut lse = poisoned(&[b, h, sq], DType::F32);
+    let mut args = [
+        HostArg::Tensor(&q),
+        HostArg::Tensor(&k),
+        HostArg::Tensor(&vt),
+        HostArg::TensorMut(&mut o),
+        HostArg::TensorMut(&mut lse),
+        HostArg::F32(scale),
+    ];
+    let grid = [sq.div_ceil(128) as u32, h as u32, b as u32];
+    run_scheduled(&kernel, grid, 2, &mut args).unwrap_or_else(|e| panic!("{e}"));
+    let case = Case {
+        kernel: "scheduled attention_lse on sm_90a, 2 CTAs".into(),
+        shape: format!("b={b} h={h} sq={sq} sk={sk}"),
+        dist: Dist::Normal,
+        seed: rng.seed(),
+    };
+    let window = (50, 0);
+    let want = reference::attention_window(&q, &k, &vt, f64::from(scale), window, None);
+    assert_close(&case, &o, &want, tolerance(DType::Bf16));
+    let want = reference::attention_lse(&q, &k, f64::from(scale), window, None);
+    let got = lse.to_f64_vec();
+    let blind = got
+        .iter()
+        .zip(&want)
+        .filter(|(_, w)| w.is_infinite())
+        .count();
+    assert_eq!(blind, b * h * (sq - sk), "rows that see no key");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let ok = if w.is_infinite() {
+            g == w
+        } else {
+            (g - w).abs() <= 1e-4 * w.abs().max(1.0)
+        };
+        assert!(ok, "lse[{i}] = {g}, want {w}");
+    }
+}
