@@ -203,70 +203,58 @@ fn scheduled_gemm_of_one_consumer_warpgroup_matches_reference() {
     }
 }
 
-#[test]
-fn scheduled_attention_matches_reference() {
-    let mut rng = Rng::from_env();
-    let mut variant = 0;
-    for (d, block_n) in [("64", "128"), ("128", "128"), ("128", "64")] {
-        for causal in [false, true] {
-            let flag = causal.to_string();
-            let kernel = compiled(
-                "attention",
-                &[("d", d), ("block_n", block_n), ("causal", &flag)],
-                Target::Sm90a,
-            );
-            let ring = kernel.schedule.rings.values().next().expect("a ring");
-            let defers = ring.overlap.as_ref().is_some_and(|o| o.defer.is_some());
-            assert!(defers, "d={d} bn={block_n}: rotated, the maximum deferred");
-            assert!(!kernel.schedule.tma_stores.is_empty(), "d={d}: a TMA store");
-            let d: usize = d.parse().expect("d");
-            // Ragged query and key blocks, sq > sk (when causal, the first 100 rows see no
-            // key) and sq < sk, several key blocks per tile; batch and heads so that two CTAs
-            // walk several tiles each. The other distributions take turns over the variants.
-            let other = [Dist::Large, Dist::AllEqual, Dist::Uniform][variant % 3];
-            variant += 1;
-            for ((sq, sk), dist) in [((300, 200), Dist::Normal), ((130, 390), other)] {
-                let p = Attn {
-                    b: 2,
-                    h: 2,
-                    sq,
-                    sk,
-                    d,
-                    causal,
-                };
-                check_attention(&mut rng, &kernel, &p, dist, 2, None);
-            }
-        }
+/// Runs the scheduled attention `kernel` over ragged query and key blocks: sq > sk (when
+/// causal, the first 100 rows see no key) and sq < sk, several key blocks per tile, batch and
+/// heads so that two CTAs walk several tiles each; normal inputs, then `other`.
+fn check_attention_shapes(rng: &mut Rng, kernel: &Kernel, d: usize, causal: bool, other: Dist) {
+    for ((sq, sk), dist) in [((300, 200), Dist::Normal), ((130, 390), other)] {
+        let p = Attn {
+            b: 2,
+            h: 2,
+            sq,
+            sk,
+            d,
+            causal,
+        };
+        check_attention(rng, kernel, &p, dist, 2, None);
     }
 }
 
 #[test]
-fn scheduled_sm100a_attention_matches_reference() {
-    // FlashAttention-4's roles: pairs of Q tiles over one key walk, S/P/O in tensor memory,
-    // the correction's rescale, the per-row deferral and the polynomial share of the
-    // exponentials. Odd query-tile counts leave a pair's second tile past the grid; causal
-    // with sq > sk gives tiles whose own range is empty inside a non-empty walk.
+fn scheduled_attention_matches_reference() {
+    // sm_90a: the rotated ring with the per-warp deferral; sm_100a: FlashAttention-4's roles
+    // (pairs of Q tiles over one key walk, S/P/O in tensor memory, the correction's rescale,
+    // the per-row deferral, the polynomial share of the exponentials; odd query-tile counts
+    // leave a pair's second tile past the grid, and causal with sq > sk gives tiles whose own
+    // range is empty inside a non-empty walk). The other distributions take turns.
     let mut rng = Rng::from_env();
-    let mut variant = 0;
-    for d in ["64", "128"] {
+    let variants = [
+        (Target::Sm90a, "64", "128"),
+        (Target::Sm90a, "128", "128"),
+        (Target::Sm90a, "128", "64"),
+        (Target::Sm100a, "64", "0"),
+        (Target::Sm100a, "128", "0"),
+    ];
+    let others = [Dist::Large, Dist::AllEqual, Dist::Uniform];
+    for (v, (target, d, block_n)) in variants.into_iter().enumerate() {
         for causal in [false, true] {
             let flag = causal.to_string();
-            let kernel = compiled("attention", &[("d", d), ("causal", &flag)], Target::Sm100a);
-            assert!(kernel.schedule.attention.is_some(), "d={d}: the FA4 plan");
-            let d: usize = d.parse().expect("d");
-            let other = [Dist::Large, Dist::AllEqual, Dist::Uniform][variant % 3];
-            variant += 1;
-            for ((sq, sk), dist) in [((300, 200), Dist::Normal), ((130, 390), other)] {
-                let p = Attn {
-                    b: 1,
-                    h: 2,
-                    sq,
-                    sk,
-                    d,
-                    causal,
-                };
-                check_attention(&mut rng, &kernel, &p, dist, 2, None);
+            let overrides = [("d", d), ("block_n", block_n), ("causal", &flag)];
+            let kernel = compiled("attention", &overrides, target);
+            if target == Target::Sm90a {
+                let ring = kernel.schedule.rings.values().next().expect("a ring");
+                let defers = ring.overlap.as_ref().is_some_and(|o| o.defer.is_some());
+                assert!(defers, "{overrides:?}: rotated, the maximum deferred");
+                assert!(!kernel.schedule.tma_stores.is_empty(), "{overrides:?}");
+            } else {
+                assert!(
+                    kernel.schedule.attention.is_some(),
+                    "{overrides:?}: the FA4 plan"
+                );
             }
+            let d = d.parse().expect("d");
+            let other = others[(2 * v + usize::from(causal)) % 3];
+            check_attention_shapes(&mut rng, &kernel, d, causal, other);
         }
     }
 }

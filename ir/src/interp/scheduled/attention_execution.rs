@@ -27,7 +27,7 @@ use super::super::error::InterpError;
 use super::super::eval;
 use super::super::exec::Machine;
 use super::super::value::{Elems, Value};
-use super::{Env, Memory, Plan, Tile, backward_slice, defer, run_checked, trips};
+use super::{Env, Memory, Plan, Stop, Tile, backward_slice, defer, run_checked, trips};
 
 /// Runs the attention schedule of `plan` over the kernel's logical `grid` on `ctas` CTAs.
 pub(super) fn run<'k>(
@@ -201,24 +201,11 @@ impl<'p, 'k> PairCta<'p, 'k> {
     fn run(mut self, m: &mut Machine<'k, '_, '_>) -> Result<(), InterpError> {
         let plan = self.plan;
         let trips: Vec<u32> = self.pairs.iter().map(|p| p.trips).collect();
-        let mut failed = None;
-        let protocol =
-            run_observed(
-                plan.ring,
-                self.attention,
-                &trips,
-                &mut |role, step, at| match self.step(m, role, step, at) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        failed = Some(e);
-                        false
-                    }
-                },
-            );
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        protocol.map_err(|e| plan.error(format!("the barrier protocol fails: {e}")))?;
+        let mut stop = Stop::default();
+        let protocol = run_observed(plan.ring, self.attention, &trips, &mut |role, step, at| {
+            stop.keep(self.step(m, role, step, at))
+        });
+        stop.finish(plan, protocol)?;
         self.mem.wait_bulk(m)
     }
 

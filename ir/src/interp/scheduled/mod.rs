@@ -485,6 +485,37 @@ pub(super) fn defer(
     Ok(())
 }
 
+/// The first error of a data step, which stops the protocol machine driving it.
+#[derive(Default)]
+pub(super) struct Stop {
+    failed: Option<InterpError>,
+}
+
+impl Stop {
+    /// Whether the machine may go on after a step that gave `r`.
+    pub(super) fn keep(&mut self, r: Result<(), InterpError>) -> bool {
+        match r {
+            Ok(()) => true,
+            Err(e) => {
+                self.failed = Some(e);
+                false
+            }
+        }
+    }
+
+    /// The run's outcome: the data step's error, else the protocol's as a schedule error.
+    pub(super) fn finish(
+        self,
+        plan: &Plan<'_>,
+        protocol: Result<(), crate::passes::protocol_check::ProtocolError>,
+    ) -> Result<(), InterpError> {
+        match self.failed {
+            Some(e) => Err(e),
+            None => protocol.map_err(|e| plan.error(format!("the barrier protocol fails: {e}"))),
+        }
+    }
+}
+
 /// A CTA's shared memory and the TMA stores in flight from it.
 pub(super) struct Memory<'p, 'k> {
     plan: &'p Plan<'k>,
