@@ -86,12 +86,20 @@ pub fn run_scheduled(
     }
     match &kernel.schedule.attention {
         Some(attention) => attention_execution::run(&plan, attention, &mut machine, grid, ctas),
-        None => {
-            for tiles in plan.walk(grid, ctas) {
-                ring_execution::RingCta::new(&plan, &mut machine, tiles)?.run(&mut machine)?;
+        None => match &ring.cluster {
+            None => {
+                for tiles in plan.walk(grid, ctas) {
+                    ring_execution::RingCta::new(&plan, &mut machine, tiles)?.run(&mut machine)?;
+                }
+                Ok(())
             }
-            Ok(())
-        }
+            Some(c) => {
+                for cluster in plan.walk_clusters(grid, ctas, c.ctas)? {
+                    ring_execution::run_cluster(&plan, &mut machine, cluster)?;
+                }
+                Ok(())
+            }
+        },
     }
 }
 
@@ -219,6 +227,35 @@ impl<'k> Plan<'k> {
             loc: self.kernel.ops[self.ring.for_op].loc,
             what,
         }
+    }
+
+    /// A clustered ring's walk ([`crate::cluster`]), cluster by cluster, per CTA of the
+    /// cluster the blocks of its tiles: the scheduler deals tile pairs over the grid of x
+    /// pairs as it deals tiles to CTAs, and CTA `r` of the cluster takes x block
+    /// `size * px + r` (past the grid in a ragged last pair).
+    pub(super) fn walk_clusters(
+        &self,
+        [nx, ny, nz]: [u32; 3],
+        ctas: u32,
+        size: u32,
+    ) -> Result<Vec<Vec<Vec<[i32; 3]>>>, InterpError> {
+        if !ctas.is_multiple_of(size) {
+            return Err(self.error(format!(
+                "{ctas} CTAs are not a whole number of clusters of {size}"
+            )));
+        }
+        let pairs = self.walk([nx.div_ceil(size), ny, nz], ctas / size);
+        Ok(pairs
+            .into_iter()
+            .map(|tiles| {
+                (0..size as i32)
+                    .map(|r| {
+                        let x = |b: &[i32; 3]| [b[0] * size as i32 + r, b[1], b[2]];
+                        tiles.iter().map(x).collect()
+                    })
+                    .collect()
+            })
+            .collect())
     }
 
     /// The block indices of the work tiles of each CTA, in the order it runs them.
@@ -546,6 +583,19 @@ impl<'p, 'k> Memory<'p, 'k> {
         env: &mut Env,
         slice: &[OpId],
     ) -> Result<(), InterpError> {
+        let coords = self.tma_coords(m, l, env, slice)?;
+        self.tma_boxes(m, l, stage, &coords, None)
+    }
+
+    /// The coordinates of `l`'s tile, computed in `env` by the ops `slice` (see
+    /// [`Memory::tma`]).
+    pub(super) fn tma_coords(
+        &self,
+        m: &mut Machine<'k, '_, '_>,
+        l: &TmaLoad,
+        env: &mut Env,
+        slice: &[OpId],
+    ) -> Result<Vec<i32>, InterpError> {
         m.swap_env(env);
         let ran = m.exec_ops(slice);
         let coords: Option<Vec<i32>> = self.plan.kernel.ops[l.load]
@@ -555,18 +605,34 @@ impl<'p, 'k> Memory<'p, 'k> {
             .collect();
         m.swap_env(env);
         ran?;
-        let coords = coords.ok_or_else(|| {
+        coords.ok_or_else(|| {
             self.plan.error(format!(
                 "the producer cannot compute the coordinates of {}",
                 l.load
             ))
-        })?;
+        })
+    }
+
+    /// The boxes of `l` (or only box `only`) of the tile at `coords` into `stage`.
+    pub(super) fn tma_boxes(
+        &mut self,
+        m: &mut Machine<'k, '_, '_>,
+        l: &TmaLoad,
+        stage: u32,
+        coords: &[i32],
+        only: Option<usize>,
+    ) -> Result<(), InterpError> {
         let tensor = m.tensor_arg(l.param).ok_or_else(|| {
             self.plan
                 .error(format!("parameter {} is not a tensor", l.param))
         })?;
+        let boxes = Boxes::load(l, stage);
+        let boxes = match only {
+            Some(b) => boxes.single(b),
+            None => boxes,
+        };
         self.smem
-            .load(&Boxes::load(l, stage), tensor, &coords)
+            .load(&boxes, tensor, coords)
             .map_err(|e| self.plan.error(e))
     }
 

@@ -1,17 +1,23 @@
 //! The execution of a stage ring's schedule (sm_90a, and sm_100a's GEMM): the producer and
 //! consumer programs on the ring's protocol machine (see the parent module's doc).
+//!
+//! A clustered ring ([`crate::cluster`]) runs the CTAs of each cluster together, each with its
+//! own tiles and shared memory, on one machine (the protocol check's, which runs every CTA of
+//! the cluster): a CTA's TMA of the shared load writes the boxes it issues into the stage of
+//! every CTA in their mask, from its own tile's coordinates, so a box that misses a CTA leaves
+//! that CTA's stage as it was.
 
 use std::collections::BTreeMap;
 
 use crate::kernel::OpId;
-use crate::passes::protocol_check::machine::{At, Machine as Protocol, PRODUCER};
+use crate::passes::protocol_check::machine::{At, Machine as Protocol, PRODUCER, roles_per_cta};
 use crate::ring::Step;
 
 use super::super::error::InterpError;
 use super::super::eval;
 use super::super::exec::Machine;
 use super::super::value::Value;
-use super::{Env, Memory, Parts, Plan, Tile, defer, run_checked};
+use super::{Env, Memory, Parts, Plan, Stop, Tile, defer, run_checked};
 
 /// One CTA's execution: its tiles, each iteration's values, shared and tensor memory.
 pub(super) struct RingCta<'p, 'k> {
@@ -64,30 +70,41 @@ impl<'p, 'k> RingCta<'p, 'k> {
 
     /// Runs the roles' programs, moving the data at each step, then each tile's code after
     /// the loop.
-    pub(super) fn run(mut self, m: &mut Machine<'k, '_, '_>) -> Result<(), InterpError> {
-        let plan = self.plan;
-        let trips: Vec<u32> = self.tiles.iter().map(|t| t.trips).collect();
-        let mut failed = None;
-        let protocol =
-            Protocol::new(plan.ring, plan.consumer_warps).run_observed(&trips, &mut |role, at| {
-                match self.step(m, role, at) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        failed = Some(e);
-                        false
-                    }
+    pub(super) fn run(self, m: &mut Machine<'k, '_, '_>) -> Result<(), InterpError> {
+        run_ctas(vec![self], m)
+    }
+
+    /// The producer's TMA of the cluster's shared load `load` for iteration `t` of tile `k`:
+    /// the boxes `issues` names, from this CTA's coordinates, into `stage` of every CTA of
+    /// their mask.
+    fn multicast(
+        ctas: &mut [RingCta<'p, 'k>],
+        m: &mut Machine<'k, '_, '_>,
+        from: usize,
+        (k, t, stage): (usize, u32, u32),
+        load: usize,
+        issues: &[(usize, u16)],
+    ) -> Result<(), InterpError> {
+        let plan = ctas[from].plan;
+        let l = &plan.ring.loads[load];
+        let mut env = ctas[from].tiles[k].env.clone();
+        env[plan.body.args[0].index()] = Some(ctas[from].tiles[k].iv(t));
+        let coords = ctas[from]
+            .mem
+            .tma_coords(m, l, &mut env, &plan.coords[load])?;
+        for &(b, mask) in issues {
+            for (to, cta) in ctas.iter_mut().enumerate() {
+                if mask & (1 << to) != 0 {
+                    cta.mem.tma_boxes(m, l, stage, &coords, Some(b))?;
                 }
-            });
-        if let Some(e) = failed {
-            return Err(e);
+            }
         }
-        protocol.map_err(|e| plan.error(format!("the barrier protocol fails: {e}")))?;
-        self.finish_tiles(m, self.tiles.len())?;
-        self.mem.wait_bulk(m)
+        Ok(())
     }
 
     /// Moves the data of one executed step: `role` 0 is the producer, 1 the first consumer
-    /// warpgroup (which stands for all: the others run the same steps on the same stages).
+    /// warpgroup (which stands for all: the others run the same steps on the same stages)
+    /// of this CTA.
     fn step(
         &mut self,
         m: &mut Machine<'k, '_, '_>,
@@ -296,4 +313,71 @@ impl<'p, 'k> RingCta<'p, 'k> {
         }
         ran
     }
+}
+
+/// Runs the CTAs of one cluster, `blocks` per CTA of it (see the module doc).
+pub(super) fn run_cluster<'k>(
+    plan: &Plan<'k>,
+    m: &mut Machine<'k, '_, '_>,
+    blocks: Vec<Vec<[i32; 3]>>,
+) -> Result<(), InterpError> {
+    let ctas = blocks
+        .into_iter()
+        .map(|b| RingCta::new(plan, m, b))
+        .collect::<Result<Vec<_>, _>>()?;
+    run_ctas(ctas, m)
+}
+
+/// Runs `ctas` (one CTA, or the CTAs of a cluster, which walk their tiles in lockstep) on one
+/// protocol machine, then each CTA's tiles' code after the loop.
+fn run_ctas<'p, 'k>(
+    mut ctas: Vec<RingCta<'p, 'k>>,
+    m: &mut Machine<'k, '_, '_>,
+) -> Result<(), InterpError> {
+    let Some(plan) = ctas.first().map(|c| c.plan) else {
+        return Ok(());
+    };
+    let trips: Vec<u32> = ctas[0].tiles.iter().map(|t| t.trips).collect();
+    if ctas
+        .iter()
+        .any(|c| c.tiles.iter().map(|t| t.trips).ne(trips.iter().copied()))
+    {
+        return Err(plan.error("a cluster's CTAs walk tiles of different trip counts".into()));
+    }
+    let per_cta = roles_per_cta(plan.ring, plan.consumer_warps);
+    // Per CTA, the boxes of the cluster's shared load it issues, and their masks.
+    let issues: Vec<Vec<(usize, u16)>> = (0..ctas.len() as u32)
+        .map(|r| {
+            plan.ring.cluster.as_ref().map_or(Vec::new(), |c| {
+                let mine = c
+                    .multicast
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, x)| x.issuer == r);
+                mine.map(|(b, x)| (b, x.mask)).collect()
+            })
+        })
+        .collect();
+    let shared = plan.ring.cluster.as_ref().map(|c| c.shared);
+    let mut stop = Stop::default();
+    let protocol =
+        Protocol::new(plan.ring, plan.consumer_warps).run_observed(&trips, &mut |role, at| {
+            let (cta, local) = (role / per_cta, role % per_cta);
+            let ran = match at.step {
+                Step::Tma { load } if local == PRODUCER && Some(load) == shared => {
+                    let k = at.tile as usize;
+                    let t = at.i - ctas[cta].bases[k];
+                    let place = (k, t, at.i % plan.ring.stages);
+                    RingCta::multicast(&mut ctas, m, cta, place, load, &issues[cta])
+                }
+                _ => ctas[cta].step(m, local, at),
+            };
+            stop.keep(ran)
+        });
+    stop.finish(plan, protocol)?;
+    for mut cta in ctas {
+        cta.finish_tiles(m, cta.tiles.len())?;
+        cta.mem.wait_bulk(m)?;
+    }
+    Ok(())
 }

@@ -52,6 +52,15 @@ impl<'a> Boxes<'a> {
         }
     }
 
+    /// Box `b` alone (a clustered ring's CTA issues some boxes of a load, into several
+    /// CTAs' shared memory).
+    pub(super) fn single(&self, b: usize) -> Boxes<'a> {
+        Boxes {
+            boxes: &self.boxes[b..=b],
+            ..*self
+        }
+    }
+
     /// Boxes `range` of the TMA store `st`, in its staging tile.
     pub(super) fn store(st: &'a TmaStore, range: Range<usize>) -> Boxes<'a> {
         Boxes {

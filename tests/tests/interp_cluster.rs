@@ -1,0 +1,126 @@
+//! The CPU execution of the clustered sm_90a gemm (`CLUSTER_M = 2`,
+//! [`kiln_ir::interp::run_scheduled`]): the pair of CTAs runs on one protocol machine with two
+//! shared memories, each CTA's multicast writing its boxes of B into both, and the result
+//! matches the f64 reference on odd shapes with few clusters (ragged pairs included); a
+//! multicast that misses the peer, and slabs that land on each other, fail it.
+
+mod ptx_examples;
+
+use kiln::ir::interp::{HostArg, InterpError, run_scheduled};
+use kiln::ir::passes::{protocol_check, run_pipeline};
+use kiln::ir::{DType, HostTensor, Kernel, Target};
+use kiln_tests::check::{Case, assert_close, poisoned, rel_error, tolerance};
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::reference;
+
+/// The clustered gemm with `overrides`, after the sm_90a pipeline.
+fn clustered(overrides: &[(&str, &str)]) -> Kernel {
+    let mut o = overrides.to_vec();
+    o.push(("CLUSTER_M", "2"));
+    let mut k = ptx_examples::build("gemm", &o);
+    run_pipeline(&mut k, Target::Sm90a, &mut |_, _| {}).unwrap_or_else(|d| panic!("{d}"));
+    assert!(k.schedule.rings.values().all(|r| r.cluster.is_some()));
+    k
+}
+
+/// `c = a @ B` on the schedule's execution with `ctas` CTAs, `B` as `b_col_major` says.
+fn run(
+    kernel: &Kernel,
+    (bm, bn): (usize, usize),
+    (a, b): (&HostTensor, &HostTensor),
+    n: usize,
+    ctas: u32,
+) -> Result<HostTensor, InterpError> {
+    let m = a.shape[0];
+    let mut c = poisoned(&[m, n], DType::Bf16);
+    let grid = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
+    let mut args = [
+        HostArg::Tensor(a),
+        HostArg::Tensor(b),
+        HostArg::TensorMut(&mut c),
+    ];
+    run_scheduled(kernel, grid, ctas, &mut args)?;
+    Ok(c)
+}
+
+/// Inputs of `(m, n, k)` and the reference.
+fn inputs(
+    rng: &mut Rng,
+    (m, n, k): (usize, usize, usize),
+    b_col_major: bool,
+) -> (HostTensor, HostTensor, Vec<f64>) {
+    let a = tensor(rng, &[m, k], DType::Bf16, Dist::Normal);
+    let b_shape = if b_col_major { [n, k] } else { [k, n] };
+    let b = tensor(rng, &b_shape, DType::Bf16, Dist::Normal);
+    let want = if b_col_major {
+        reference::gemm_bt(&a, &b)
+    } else {
+        reference::gemm(&a, &b)
+    };
+    (a, b, want)
+}
+
+#[test]
+fn clustered_gemm_matches_reference() {
+    let mut rng = Rng::from_env();
+    // 3 M blocks (a ragged pair), 2 N blocks, K over several ring wraps; 1 and 2 clusters.
+    for (overrides, tile, shape) in [
+        (&[][..], (128, 128), (300, 200, 450)),
+        (&[("b_col_major", "true")][..], (128, 128), (300, 136, 200)),
+        (&[("BN", "256")][..], (128, 256), (257, 264, 130)),
+        (&[("BM", "64")][..], (64, 128), (150, 130, 96)),
+    ] {
+        let b_col_major = overrides.contains(&("b_col_major", "true"));
+        let kernel = clustered(overrides);
+        let (a, b, want) = inputs(&mut rng, shape, b_col_major);
+        for ctas in [2, 4] {
+            let got = run(&kernel, tile, (&a, &b), shape.1, ctas)
+                .unwrap_or_else(|e| panic!("{overrides:?} on {ctas} CTAs: {e}"));
+            let case = Case {
+                kernel: format!("gemm CLUSTER_M=2 {overrides:?}, {ctas} CTAs"),
+                shape: format!("{shape:?}"),
+                dist: Dist::Normal,
+                seed: rng.seed(),
+            };
+            assert_close(&case, &got, &want, tolerance(DType::Bf16));
+        }
+    }
+    // CTAs that do not make whole clusters are an error, not a guess.
+    let kernel = clustered(&[]);
+    let (a, b, _) = inputs(&mut rng, (128, 128, 64), false);
+    let e = run(&kernel, (128, 128), (&a, &b), 128, 3).expect_err("3 CTAs");
+    assert!(e.to_string().contains("whole number of clusters"), "{e}");
+}
+
+#[test]
+fn multicast_faults_fail_the_execution() {
+    let mut rng = Rng::from_env();
+    let shape = (256, 128, 192);
+    let (a, b, want) = inputs(&mut rng, shape, false);
+    // A box of CTA 1's that lands only in CTA 0: CTA 1's `full` never gets its bytes.
+    let mut kernel = clustered(&[]);
+    for r in kernel.schedule.rings.values_mut() {
+        if let Some(c) = r.cluster.as_mut() {
+            c.multicast[1].mask = 0b01;
+        }
+    }
+    let e = run(&kernel, (128, 128), (&a, &b), 128, 2).expect_err("a mask without the peer");
+    assert!(e.to_string().contains("deadlock"), "{e}");
+    // The two slabs of B's first box written at one offset: every barrier still sees its
+    // bytes, so the protocol check passes, but half of that box's rows are never in
+    // shared memory.
+    let mut kernel = clustered(&[]);
+    let roles = kernel.schedule.roles.expect("roles");
+    for r in kernel.schedule.rings.values_mut() {
+        let shared = r.cluster.as_ref().expect("clustered").shared;
+        let boxes = &mut r.loads[shared].boxes;
+        boxes[1].smem_offset = boxes[0].smem_offset;
+        protocol_check::check(r, &roles).expect("the protocol cannot see it");
+    }
+    let got = run(&kernel, (128, 128), (&a, &b), 128, 2).expect("runs");
+    let err = rel_error(&got.to_f64_vec(), &want);
+    assert!(
+        err.is_nan() || err > 0.1,
+        "slabs over each other gave rel error {err}"
+    );
+}
