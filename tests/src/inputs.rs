@@ -120,6 +120,39 @@ pub fn tensor(rng: &mut Rng, shape: &[usize], dtype: DType, dist: Dist) -> HostT
     })
 }
 
+/// One attention problem: `q: [b, h, sq, d]`, `k, v: [b, h, sk, d]`, causal or not.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    /// Batch.
+    pub b: usize,
+    /// Heads.
+    pub h: usize,
+    /// Query rows.
+    pub sq: usize,
+    /// Keys.
+    pub sk: usize,
+    /// Head dimension.
+    pub d: usize,
+    /// Whether the mask is causal (aligned bottom-right).
+    pub causal: bool,
+}
+
+impl AttentionShape {
+    /// Fresh bf16 `q`, `k`, `v` of this shape drawn from `dist`.
+    pub fn tensors(&self, rng: &mut Rng, dist: Dist) -> [HostTensor; 3] {
+        let (q, kv) = (
+            [self.b, self.h, self.sq, self.d],
+            [self.b, self.h, self.sk, self.d],
+        );
+        [q, kv, kv].map(|shape| tensor(rng, &shape, DType::Bf16, dist))
+    }
+
+    /// The example kernel's grid: `(cdiv(sq, 128), heads, batch)`.
+    pub fn grid(&self) -> [u32; 3] {
+        [self.sq.div_ceil(128) as u32, self.h as u32, self.b as u32]
+    }
+}
+
 /// A copy of `t` whose rows (second-to-last dimension) are `pad` elements further apart
 /// than in a contiguous layout, with the padding filled with NaN: a non-contiguous tensor
 /// that exercises strided addressing. Tensors of rank < 2 are returned unchanged.

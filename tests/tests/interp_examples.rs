@@ -8,7 +8,7 @@ use kiln_ir::dsl::{ComptimeValue, Spec, comptime_map};
 use kiln_ir::interp::{HostArg, run_def};
 use kiln_ir::{DType, HostTensor};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
-use kiln_tests::inputs::{Dist, Rng, tensor, with_row_padding};
+use kiln_tests::inputs::{AttentionShape, Dist, Rng, tensor, with_row_padding};
 use kiln_tests::reference;
 
 fn cdiv(a: usize, b: usize) -> u32 {
@@ -93,6 +93,7 @@ fn gemm_matches_reference() {
     for b_col_major in [false, true] {
         for (bm, bn, bk, stages) in [(128, 128, 32, 3), (64, 64, 64, 4)] {
             let ct = comptime_map(&[
+                ("CLUSTER_M", ComptimeValue::Usize(1)),
                 ("BM", ComptimeValue::Usize(bm)),
                 ("BN", ComptimeValue::Usize(bn)),
                 ("BK", ComptimeValue::Usize(bk)),
@@ -162,20 +163,9 @@ fn attention_comptime(d: usize, causal: bool, kv_group: usize) -> BTreeMap<Strin
         .comptime
 }
 
-struct Attn {
-    b: usize,
-    h: usize,
-    sq: usize,
-    sk: usize,
-    d: usize,
-    causal: bool,
-}
-
-fn run_attention(rng: &mut Rng, p: &Attn, dist: Dist) {
+fn run_attention(rng: &mut Rng, p: &AttentionShape, dist: Dist) {
     let def = &kiln_examples::attention::attention;
-    let q = tensor(rng, &[p.b, p.h, p.sq, p.d], DType::Bf16, dist);
-    let k = tensor(rng, &[p.b, p.h, p.sk, p.d], DType::Bf16, dist);
-    let v = tensor(rng, &[p.b, p.h, p.sk, p.d], DType::Bf16, dist);
+    let [q, k, v] = p.tensors(rng, dist);
     // Normal inputs read `k` through padded rows (strides not 16-byte aligned).
     let k = if dist == Dist::Normal {
         with_row_padding(&k, 1)
@@ -193,9 +183,7 @@ fn run_attention(rng: &mut Rng, p: &Attn, dist: Dist) {
         HostArg::TensorMut(&mut o),
         HostArg::F32(scale),
     ];
-    // Grid: (cdiv(sq, 128), heads, batch).
-    let grid = [cdiv(p.sq, 128), p.h as u32, p.b as u32];
-    run_def(def, &ct, grid, &mut args).unwrap();
+    run_def(def, &ct, p.grid(), &mut args).unwrap();
     let case = Case {
         kernel: format!("attention<d={},causal={}>", p.d, p.causal),
         shape: format!("b={} h={} sq={} sk={} scale={scale}", p.b, p.h, p.sq, p.sk),
@@ -212,7 +200,7 @@ fn attention_matches_reference() {
     for d in [64, 128] {
         for (sq, sk, causal) in [(100, 100, false), (100, 100, true), (150, 90, true)] {
             for dist in Dist::ALL {
-                let p = Attn {
+                let p = AttentionShape {
                     b: 1,
                     h: 2,
                     sq,
@@ -232,7 +220,7 @@ fn attention_batches_and_long_keys() {
     // whole query block (sq = 300, sk = 40) that sees no key.
     let mut rng = Rng::from_env();
     for (sq, sk, causal) in [(130, 300, false), (60, 200, true), (300, 40, true)] {
-        let p = Attn {
+        let p = AttentionShape {
             b: 2,
             h: 1,
             sq,

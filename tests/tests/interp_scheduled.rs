@@ -14,7 +14,7 @@ use kiln::ir::interp::{HostArg, InterpError, run_scheduled};
 use kiln::ir::passes::run_pipeline;
 use kiln::ir::{DType, HostTensor, Kernel, Target};
 use kiln_tests::check::{Case, assert_close, poisoned, rel_error, tolerance};
-use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::inputs::{AttentionShape, Dist, Rng, tensor};
 use kiln_tests::reference;
 
 /// `kernel` after the pass pipeline for `target`.
@@ -117,29 +117,17 @@ fn scheduled_gemm_matches_reference() {
     }
 }
 
-/// One attention problem.
-struct Attn {
-    b: usize,
-    h: usize,
-    sq: usize,
-    sk: usize,
-    d: usize,
-    causal: bool,
-}
-
 /// Runs the compiled attention `kernel` on fresh inputs of `p` over `ctas` CTAs and checks
 /// it against the f64 reference; `cap`: the soft-capped test kernel with that cap.
 fn check_attention(
     rng: &mut Rng,
     kernel: &Kernel,
-    p: &Attn,
+    p: &AttentionShape,
     dist: Dist,
     ctas: u32,
     cap: Option<f32>,
 ) {
-    let q = tensor(rng, &[p.b, p.h, p.sq, p.d], DType::Bf16, dist);
-    let k = tensor(rng, &[p.b, p.h, p.sk, p.d], DType::Bf16, dist);
-    let v = tensor(rng, &[p.b, p.h, p.sk, p.d], DType::Bf16, dist);
+    let [q, k, v] = p.tensors(rng, dist);
     let scale = (rng.uniform(0.5, 1.5) / (p.d as f64).sqrt()) as f32;
     let mut o = poisoned(&[p.b, p.h, p.sq, p.d], DType::Bf16);
     let mut args = vec![
@@ -150,8 +138,7 @@ fn check_attention(
         HostArg::F32(scale),
     ];
     args.extend(cap.map(HostArg::F32));
-    let grid = [cdiv(p.sq, 128), p.h as u32, p.b as u32];
-    run_scheduled(kernel, grid, ctas, &mut args).unwrap_or_else(|e| panic!("{e}"));
+    run_scheduled(kernel, p.grid(), ctas, &mut args).unwrap_or_else(|e| panic!("{e}"));
     let case = Case {
         kernel: format!(
             "scheduled attention, d={} causal={} cap={cap:?}, {ctas} CTA(s)",
@@ -208,7 +195,7 @@ fn scheduled_gemm_of_one_consumer_warpgroup_matches_reference() {
 /// heads so that two CTAs walk several tiles each; normal inputs, then `other`.
 fn check_attention_shapes(rng: &mut Rng, kernel: &Kernel, d: usize, causal: bool, other: Dist) {
     for ((sq, sk), dist) in [((300, 200), Dist::Normal), ((130, 390), other)] {
-        let p = Attn {
+        let p = AttentionShape {
             b: 2,
             h: 2,
             sq,
@@ -311,7 +298,7 @@ fn scheduled_attention_d256_stores_in_rounds() {
             .next()
             .expect("a TMA store");
         assert_eq!(st.rounds, 2, "causal={causal}");
-        let p = Attn {
+        let p = AttentionShape {
             b: 1,
             h: 2,
             sq: 200,
@@ -332,7 +319,7 @@ fn scheduled_softcap_attention_matches_reference() {
         .build(&softcap::spec(64))
         .expect("builds");
     run_pipeline(&mut kernel, Target::Sm90a, &mut |_, _| {}).expect("compiles");
-    let p = Attn {
+    let p = AttentionShape {
         b: 1,
         h: 2,
         sq: 200,
@@ -423,7 +410,7 @@ fn a_rotated_part_that_reads_a_later_value_is_a_schedule_error() {
     let o = ring(&mut kernel).overlap.as_mut().expect("rotated");
     o.tail_ops.insert(0, o.head);
     let mut rng = Rng::new(3);
-    let p = Attn {
+    let p = AttentionShape {
         b: 1,
         h: 1,
         sq: 64,
