@@ -64,12 +64,14 @@ impl Epilogue {
         }
     }
 
-    /// The comptime map of this kernel for one tile, B layout and dtype.
+    /// The comptime map of this kernel for one tile, B layout, dtype and CTAs per cluster
+    /// along M.
     fn comptime(
         self,
         tile: (usize, usize, usize, usize),
         b_col_major: bool,
         dtype: DType,
+        cluster: usize,
     ) -> BTreeMap<String, ComptimeValue> {
         let act = match self {
             Epilogue::BiasAct(act) => {
@@ -77,7 +79,9 @@ impl Epilogue {
             }
             _ => None,
         };
-        let extra: Vec<(&str, String)> = act.map(|n| ("act", n.to_string())).into_iter().collect();
+        let mut extra: Vec<(&str, String)> =
+            act.map(|n| ("act", n.to_string())).into_iter().collect();
+        extra.push(("CLUSTER_M", cluster.to_string()));
         gemm_family::comptime(self.def(), tile, b_col_major, dtype, &extra)
     }
 }
@@ -93,21 +97,22 @@ fn upload(dev: &Device, host: &HostTensor, aligned_rows: bool) -> DeviceTensor {
     }
 }
 
-/// Runs one case on `dev` and checks it against the f64 reference; with `aligned_rows`
-/// also checks that the specialisation launched takes the TMA path (sm_90a).
+/// Runs one case on `dev` (in clusters of `cluster` CTAs along M) and checks it against the
+/// f64 reference; with `aligned_rows` also checks that the specialisation launched takes the
+/// TMA path (sm_90a).
 #[allow(clippy::too_many_arguments)]
 fn run_case(
     dev: &Device,
     rng: &mut Rng,
     epi: Epilogue,
-    tile: (usize, usize, usize, usize),
+    (tile, cluster): ((usize, usize, usize, usize), usize),
     b_col_major: bool,
     dtype: DType,
     (m, n, k): (usize, usize, usize),
     dist: Dist,
     aligned_rows: bool,
 ) {
-    let ct = epi.comptime(tile, b_col_major, dtype);
+    let ct = epi.comptime(tile, b_col_major, dtype, cluster);
     let def = epi.def();
     if aligned_rows {
         let spec = Spec::from_defaults(def, &[]).expect("defaults");
@@ -156,7 +161,8 @@ fn run_case(
     dev.synchronize().expect("kernel ran");
     let case = Case {
         kernel: format!(
-            "{}@{} {epi:?} dtype={dtype} tile={tile:?} b_col_major={b_col_major}",
+            "{}@{} {epi:?} dtype={dtype} tile={tile:?} b_col_major={b_col_major} \
+             CLUSTER_M={cluster}",
             def.name(),
             dev.target()
         ),
@@ -168,8 +174,9 @@ fn run_case(
     assert_close(&case, &got, &as_stored(&want, dtype), tolerance(dtype));
 }
 
-/// Every kernel, dtype, tile, B layout, shape and distribution on `dev`.
-fn sweep(dev: &Device, aligned_rows: bool) {
+/// Every kernel, dtype, tile, B layout, shape and distribution on `dev`, in clusters of
+/// `cluster` CTAs along M.
+fn sweep(dev: &Device, aligned_rows: bool, cluster: usize) {
     let mut rng = Rng::from_env();
     for epi in Epilogue::all() {
         for dtype in DTYPES {
@@ -181,7 +188,7 @@ fn sweep(dev: &Device, aligned_rows: bool) {
                                 dev,
                                 &mut rng,
                                 epi,
-                                tile,
+                                (tile, cluster),
                                 b_col_major,
                                 dtype,
                                 shape,
@@ -198,12 +205,19 @@ fn sweep(dev: &Device, aligned_rows: bool) {
 
 fn gpu_sm80_gemm_family_matches_reference() {
     let Some(dev) = device() else { return };
-    sweep(&dev, false);
+    sweep(&dev, false, 1);
 }
 
 fn gpu_sm90a_gemm_family_matches_reference() {
     let Some(dev) = device() else { return };
-    sweep(&dev.with_target(Target::Sm90a), true);
+    sweep(&dev.with_target(Target::Sm90a), true, 1);
+}
+
+/// The family in 2-CTA clusters (B multicast to the M-adjacent pair), every case of the
+/// sweep; written before any GPU ran it.
+fn gpu_sm90a_clustered_gemm_family_matches_reference() {
+    let Some(dev) = device() else { return };
+    sweep(&dev.with_target(Target::Sm90a), true, 2);
 }
 
 /// Contiguous tensors with odd extents are not 16-byte aligned: the sm_90a build falls back
@@ -218,7 +232,7 @@ fn gpu_sm90a_unaligned_gemm_family_falls_back() {
                 &dev,
                 &mut rng,
                 epi,
-                TILES[0],
+                (TILES[0], 1),
                 false,
                 dtype,
                 (130, 70, 50),
@@ -245,6 +259,11 @@ fn main() -> ExitCode {
             "gpu_sm90a_unaligned_gemm_family_falls_back",
             Needs::Hopper,
             gpu_sm90a_unaligned_gemm_family_falls_back,
+        ),
+        (
+            "gpu_sm90a_clustered_gemm_family_matches_reference",
+            Needs::Hopper,
+            gpu_sm90a_clustered_gemm_family_matches_reference,
         ),
     ])
 }
