@@ -142,8 +142,9 @@ impl fmt::Display for Cluster {
             .collect();
         write!(
             f,
-            "    cluster: {} CTAs along x walk tile pairs in lockstep; load{} shared, its boxes \
-             multicast (issuer->mask) {}; empty counts both CTAs' releases; {}",
+            "    cluster: {} CTAs along x walk tile pairs in lockstep (the tile order's x counts \
+             pairs); load{} shared, its boxes multicast (issuer->mask) {}; empty counts both \
+             CTAs' releases; {}",
             self.ctas,
             self.shared,
             issuers.join(" "),
