@@ -1,23 +1,29 @@
 //! The CPU execution of the clustered sm_90a gemm (`CLUSTER_M = 2`,
 //! [`kiln_ir::interp::run_scheduled`]): the pair of CTAs runs on one protocol machine with two
 //! shared memories, each CTA's multicast writing its boxes of B into both, and the result
-//! matches the f64 reference on odd shapes with few clusters (ragged pairs included); a
-//! multicast that misses the peer, and slabs that land on each other, fail it.
+//! matches the f64 reference on odd shapes with few clusters (ragged pairs included), as do
+//! the fused epilogues; a multicast that misses the peer, and slabs that land on each other,
+//! fail it.
 
 mod ptx_examples;
 
 use kiln::ir::interp::{HostArg, InterpError, run_scheduled};
 use kiln::ir::passes::{protocol_check, run_pipeline};
 use kiln::ir::{DType, HostTensor, Kernel, Target};
-use kiln_tests::check::{Case, assert_close, poisoned, rel_error, tolerance};
+use kiln_tests::check::{Case, as_stored, assert_close, poisoned, rel_error, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
-use kiln_tests::reference;
+use kiln_tests::reference::{self, Activation};
 
 /// The clustered gemm with `overrides`, after the sm_90a pipeline.
 fn clustered(overrides: &[(&str, &str)]) -> Kernel {
+    clustered_kernel("gemm", overrides)
+}
+
+/// Example kernel `name` with `overrides` in clusters of 2, after the sm_90a pipeline.
+fn clustered_kernel(name: &str, overrides: &[(&str, &str)]) -> Kernel {
     let mut o = overrides.to_vec();
     o.push(("CLUSTER_M", "2"));
-    let mut k = ptx_examples::build("gemm", &o);
+    let mut k = ptx_examples::build(name, &o);
     run_pipeline(&mut k, Target::Sm90a, &mut |_, _| {}).unwrap_or_else(|d| panic!("{d}"));
     assert!(k.schedule.rings.values().all(|r| r.cluster.is_some()));
     k
@@ -90,6 +96,60 @@ fn clustered_gemm_matches_reference() {
     let (a, b, _) = inputs(&mut rng, (128, 128, 64), false);
     let e = run(&kernel, (128, 128), (&a, &b), 128, 3).expect_err("3 CTAs");
     assert!(e.to_string().contains("whole number of clusters"), "{e}");
+}
+
+#[test]
+fn clustered_fused_epilogues_match_reference() {
+    let mut rng = Rng::from_env();
+    let (m, n, k) = (300, 200, 130);
+    let (a, b, ab) = inputs(&mut rng, (m, n, k), false);
+    let grid = [m.div_ceil(128) as u32, n.div_ceil(128) as u32, 1];
+    // act(a @ b + bias) with GELU; 1 and 2 clusters.
+    let kernel = clustered_kernel("gemm_bias_act", &[("act", "2")]);
+    let bias = tensor(&mut rng, &[n], DType::Bf16, Dist::Normal);
+    let want = as_stored(
+        &reference::bias_act(&ab, &bias, Activation::GeluTanh),
+        DType::Bf16,
+    );
+    for ctas in [2, 4] {
+        let mut c = poisoned(&[m, n], DType::Bf16);
+        let mut args = [
+            HostArg::Tensor(&a),
+            HostArg::Tensor(&b),
+            HostArg::Tensor(&bias),
+            HostArg::TensorMut(&mut c),
+        ];
+        run_scheduled(&kernel, grid, ctas, &mut args).unwrap_or_else(|e| panic!("{e}"));
+        let case = Case {
+            kernel: format!("gemm_bias_act CLUSTER_M=2 act=2, {ctas} CTAs"),
+            shape: format!("{m}x{n}x{k}"),
+            dist: Dist::Normal,
+            seed: rng.seed(),
+        };
+        assert_close(&case, &c, &want, tolerance(DType::Bf16));
+    }
+    // alpha * (a @ b) + beta * c, B column-major.
+    let kernel = clustered_kernel("gemm_alpha_beta", &[("b_col_major", "true")]);
+    let (a, b, ab) = inputs(&mut rng, (m, n, k), true);
+    let c = tensor(&mut rng, &[m, n], DType::Bf16, Dist::Normal);
+    let want = as_stored(&reference::alpha_beta(&ab, &c, 0.75, -1.25), DType::Bf16);
+    let mut d = poisoned(&[m, n], DType::Bf16);
+    let mut args = [
+        HostArg::Tensor(&a),
+        HostArg::Tensor(&b),
+        HostArg::Tensor(&c),
+        HostArg::TensorMut(&mut d),
+        HostArg::F32(0.75),
+        HostArg::F32(-1.25),
+    ];
+    run_scheduled(&kernel, grid, 2, &mut args).unwrap_or_else(|e| panic!("{e}"));
+    let case = Case {
+        kernel: "gemm_alpha_beta CLUSTER_M=2 b_col_major".into(),
+        shape: format!("{m}x{n}x{k}"),
+        dist: Dist::Normal,
+        seed: rng.seed(),
+    };
+    assert_close(&case, &d, &want, tolerance(DType::Bf16));
 }
 
 #[test]
