@@ -36,7 +36,8 @@
 //! 2. [`verify`] checks types, shapes and dominance.
 //! 3. The pass list in [`passes`] rewrites and annotates the kernel for a [`target::Target`].
 //!    On sm_90a the annotations include the expert layer of [`ring`]: TMA stage rings with
-//!    their barrier programs per warp role, proved by the `protocol_check` pass. On sm_100a
+//!    their barrier programs per warp role, proved by the `protocol_check` pass; a persistent
+//!    GEMM-shaped ring may be shared by a 2-CTA thread-block [`cluster`]. On sm_100a
 //!    the same rings feed `tcgen05.mma`, and [`tmem`] adds the tensor-memory accumulator and
 //!    the programs of the warps that own and read it, proved by the same pass.
 //! 4. A backend (crate `kiln-ptx`) writes the annotated kernel as PTX.
