@@ -180,6 +180,15 @@ fn each_cluster_rule_rejects_its_mutation() {
             assert!(expected(&e), "{what}: got {e}");
         }
     }
+    // Through the pass, a broken cluster rule is a compiler error at the user's loop.
+    let mut k = scheduled(&clustered("gemm", &[]));
+    for r in k.schedule.rings.values_mut() {
+        r.empty_count /= 2;
+    }
+    let d = protocol_check::run(&mut k, Target::Sm90a).expect_err("empty's count");
+    let text = d.to_string();
+    assert!(text.contains("cluster: `empty` counts 8 arrivals per phase; the consumers of the cluster's 2 CTAs make 16"), "{text}");
+    assert!(text.contains("examples/src/gemm.rs"), "{text}");
     // Without its peer releases the stages never free: the producers wait forever.
     let k = scheduled(&clustered("gemm", &[]));
     let mut r = ring(&k).clone();
