@@ -11,6 +11,14 @@ use crate::CodegenError;
 use crate::types::{Class, Reg};
 use crate::writer::{Val, Writer};
 
+/// A step of the MMA warp's tensor-memory set-up before the address is published.
+pub(super) enum SetupStep {
+    /// `tcgen05.alloc` of this many columns into the shared slot.
+    Alloc(u32),
+    /// `tcgen05.relinquish_alloc_permit`.
+    Relinquish,
+}
+
 impl Writer<'_> {
     /// Before the ring's set-up (whose `bar.sync 0` publishes the address): thread 0 inits the
     /// accumulator barriers (fenced by the ring's `fence.mbarrier_init`), the MMA warp runs
@@ -23,15 +31,43 @@ impl Writer<'_> {
         let Some(plan) = self.k.schedule.tmem.clone() else {
             return Ok(());
         };
+        let bars = [AccBar::Full, AccBar::Empty].map(|b| (plan.offset(b), plan.count(b)));
+        let setup = plan.setup.iter().map_while(|s| match *s {
+            TmemStep::Alloc { columns } => Some(Ok(SetupStep::Alloc(columns))),
+            TmemStep::Relinquish => Some(Ok(SetupStep::Relinquish)),
+            TmemStep::Publish => None,
+            other => Some(Err(other.to_string())),
+        });
+        let setup = setup.collect::<Vec<_>>();
+        self.write_tmem_alloc(
+            plan.for_op,
+            &bars,
+            plan.roles.mma_warp,
+            plan.slot_offset,
+            setup,
+        )
+    }
+
+    /// The set-up of a tensor-memory plan before the ring's barrier publishes the address:
+    /// thread 0 inits `bars` (shared offset, count; fenced by the ring's
+    /// `fence.mbarrier_init`), warp `mma_warp` runs `setup` (each step, or the text of one
+    /// that has no place before the address is published) into the slot at `slot_offset`,
+    /// and every thread orders its tcgen05 ops before the barrier.
+    pub(super) fn write_tmem_alloc(
+        &mut self,
+        for_op: OpId,
+        bars: &[(u32, u32)],
+        mma_warp: u32,
+        slot_offset: u32,
+        setup: Vec<Result<SetupStep, String>>,
+    ) -> Result<(), CodegenError> {
         let (not0, skip) = (self.new_reg(Class::Pred), self.new_label());
         self.ins(format!("setp.ne.u32 {not0}, {}, 0", self.tid));
         self.ins(format!("@{not0} bra {skip}"));
-        for bar in [AccBar::Full, AccBar::Empty] {
-            let a = self.acc_bar(&plan, bar);
-            self.ins(format!(
-                "mbarrier.init.shared::cta.b64 [{a}], {}",
-                plan.count(bar)
-            ));
+        for &(offset, count) in bars {
+            let a = self.new_reg(Class::B32);
+            self.ins(format!("add.u32 {a}, {}, {offset}", self.smem));
+            self.ins(format!("mbarrier.init.shared::cta.b64 [{a}], {count}"));
         }
         self.label(&skip);
         let (warp, other, skip) = (
@@ -40,27 +76,21 @@ impl Writer<'_> {
             self.new_label(),
         );
         self.ins(format!("shr.u32 {warp}, {}, 5", self.tid));
-        self.ins(format!(
-            "setp.ne.u32 {other}, {warp}, {}",
-            plan.roles.mma_warp
-        ));
+        self.ins(format!("setp.ne.u32 {other}, {warp}, {mma_warp}"));
         self.ins(format!("@{other} bra {skip}"));
         let slot = self.new_reg(Class::B32);
-        self.ins(format!(
-            "add.u32 {slot}, {}, {}",
-            self.smem, plan.slot_offset
-        ));
-        for s in plan.setup.iter().take_while(|s| **s != TmemStep::Publish) {
-            match *s {
-                TmemStep::Alloc { columns } => self.ins(format!(
+        self.ins(format!("add.u32 {slot}, {}, {slot_offset}", self.smem));
+        for s in setup {
+            match s {
+                Ok(SetupStep::Alloc(columns)) => self.ins(format!(
                     "tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [{slot}], {columns}"
                 )),
-                TmemStep::Relinquish => {
+                Ok(SetupStep::Relinquish) => {
                     self.ins("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned")
                 }
-                other => {
+                Err(other) => {
                     return Err(self.internal(
-                        plan.for_op,
+                        for_op,
                         format!("`{other}` before the TMEM address is published"),
                     ));
                 }

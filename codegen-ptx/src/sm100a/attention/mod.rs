@@ -25,6 +25,7 @@ use kiln_ir::ring::Ring;
 use kiln_ir::tile_scheduler::TileScheduler;
 use kiln_ir::tmem::attention::{AttentionPlan, AttnBar, AttnStep, WARPGROUP_WARPS};
 
+use super::tmem::SetupStep;
 use crate::CodegenError;
 use crate::sm90a::Cursor;
 use crate::sm90a::persistent::{TileLoop, scalar_only};
@@ -329,51 +330,23 @@ impl Writer<'_> {
         &mut self,
         plan: &AttentionPlan,
     ) -> Result<(), CodegenError> {
-        let (not0, skip) = (self.new_reg(Class::Pred), self.new_label());
-        self.ins(format!("setp.ne.u32 {not0}, {}, 0", self.tid));
-        self.ins(format!("@{not0} bra {skip}"));
-        for bar in AttnBar::all() {
-            let a = self.attn_bar(plan, bar);
-            self.ins(format!(
-                "mbarrier.init.shared::cta.b64 [{a}], {}",
-                plan.count(bar)
-            ));
-        }
-        self.label(&skip);
-        let (warp, other, skip) = (
-            self.new_reg(Class::B32),
-            self.new_reg(Class::Pred),
-            self.new_label(),
-        );
-        self.ins(format!("shr.u32 {warp}, {}, 5", self.tid));
-        self.ins(format!(
-            "setp.ne.u32 {other}, {warp}, {}",
-            plan.roles.mma_warp
-        ));
-        self.ins(format!("@{other} bra {skip}"));
-        let slot = self.new_reg(Class::B32);
-        self.ins(format!(
-            "add.u32 {slot}, {}, {}",
-            self.smem, plan.slot_offset
-        ));
-        for s in plan.setup.iter().take_while(|s| **s != AttnStep::Publish) {
-            match *s {
-                AttnStep::Alloc { columns } => self.ins(format!(
-                    "tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [{slot}], {columns}"
-                )),
-                AttnStep::Relinquish => {
-                    self.ins("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned")
-                }
-                other => {
-                    return Err(self.internal(
-                        plan.for_op,
-                        format!("`{other}` before the TMEM address is published"),
-                    ));
-                }
-            }
-        }
-        self.label(&skip);
-        self.ins("tcgen05.fence::before_thread_sync");
-        Ok(())
+        let bars: Vec<(u32, u32)> = AttnBar::all()
+            .into_iter()
+            .map(|b| (plan.offset(b), plan.count(b)))
+            .collect();
+        let setup = plan.setup.iter().map_while(|s| match *s {
+            AttnStep::Alloc { columns } => Some(Ok(SetupStep::Alloc(columns))),
+            AttnStep::Relinquish => Some(Ok(SetupStep::Relinquish)),
+            AttnStep::Publish => None,
+            other => Some(Err(other.to_string())),
+        });
+        let setup = setup.collect::<Vec<_>>();
+        self.write_tmem_alloc(
+            plan.for_op,
+            &bars,
+            plan.roles.mma_warp,
+            plan.slot_offset,
+            setup,
+        )
     }
 }
