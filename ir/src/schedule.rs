@@ -34,6 +34,14 @@ pub enum Layout {
         /// Warps along `[rows, cols]`.
         warps: [u32; 2],
     },
+    /// A `128 x n` accumulator copied out of tensor memory by `tcgen05.ld.32x32b`
+    /// ([`crate::tmem`]): `4 * warpgroups` warps, warp `w` holding rows `32 (w % 4) ..` (the
+    /// TMEM lanes a warp may reach) of column block `w / 4` (`n / warpgroups` columns),
+    /// thread `t` of the warp one row, its block's columns in order.
+    TmemRows {
+        /// Column blocks, one per warpgroup.
+        warpgroups: u32,
+    },
     /// The parent layout with dimension `dim` reduced away (`keep_dim`: kept with extent 1,
     /// as after `.col()`/`.row()`).
     Slice {
@@ -246,6 +254,22 @@ impl Layout {
                     regs,
                 })
             }
+            Layout::TmemRows { warpgroups } => {
+                let (rows, cols) = (shape.rows() as u32, shape.cols() as u32);
+                let block = cols / (*warpgroups).max(1);
+                if shape.rank() != 2 || rows != 128 || block * warpgroups != cols {
+                    return Err(misfit(format!(
+                        "a TMEM accumulator has 128 rows and {warpgroups} equal column blocks"
+                    )));
+                }
+                Ok(Distribution {
+                    terms: vec![
+                        vec![term(1, 32, 1), term(32, 4, 32)],
+                        clean(vec![term(128, *warpgroups, block)]),
+                    ],
+                    regs: (0..block).map(|j| vec![0, j]).collect(),
+                })
+            }
             Layout::Slice {
                 dim,
                 keep_dim,
@@ -305,6 +329,7 @@ impl fmt::Display for Layout {
                 s[0], s[1], t[0], t[1], w[0], w[1]
             ),
             Layout::Mma { warps } => write!(f, "#mma({}x{})", warps[0], warps[1]),
+            Layout::TmemRows { warpgroups } => write!(f, "#tmem(rows,wg={warpgroups})"),
             Layout::Slice {
                 dim,
                 keep_dim,
@@ -438,6 +463,27 @@ mod tests {
         // Lane 5 of warp 0 holds row 1, columns 2 and 3 of the first fragment (PTX ISA
         // m16n8 accumulator layout: row = lane / 4, col = 2 * (lane % 4)).
         assert_eq!(d.coords(5)[..2], [vec![1, 2], vec![1, 3]]);
+    }
+
+    #[test]
+    fn tmem_rows_follow_the_lane_quarters_of_each_warp() {
+        let shape = Shape(vec![128, 256]);
+        let d = Layout::TmemRows { warpgroups: 2 }
+            .distribution(&shape)
+            .expect("fits");
+        let mut seen = vec![0u32; 128 * 256];
+        for tid in 0..256 {
+            for c in d.coords(tid) {
+                seen[(c[0] * 256 + c[1]) as usize] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1));
+        // Warp 5 (thread 163): TMEM lanes 32 (5 % 4) .., the second warpgroup's columns.
+        let c = d.coords(5 * 32 + 3);
+        assert_eq!(
+            (c.len(), &c[0], &c[127]),
+            (128, &vec![35, 128], &vec![35, 255])
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ use std::fmt;
 
 use crate::kernel::OpId;
 use crate::ring::TmaBox;
+use crate::schedule::Term;
 
 /// One step of a TMA store's round (the protocol in the module doc), as the PTX writer emits
 /// it and the `protocol_check` pass proves it.
@@ -71,6 +72,17 @@ pub const ROUND: [StoreStep; 7] = [
     StoreStep::Issue,
     StoreStep::Commit,
 ];
+
+/// Columns of one 128-byte box of 2-byte elements.
+pub const BOX_COLUMNS: u32 = 64;
+
+/// A staged tile's thread-dependent column terms, split into those that move a thread by
+/// whole boxes and the rest (which stay inside a box).
+pub fn column_terms(terms: &[Term]) -> (Vec<Term>, Vec<Term>) {
+    terms
+        .iter()
+        .partition(|t| t.mul.is_multiple_of(BOX_COLUMNS))
+}
 
 /// A `store` of a register tile lowered to a TMA store from a staging tile.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

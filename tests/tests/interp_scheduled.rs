@@ -13,9 +13,9 @@ use kiln::ir::dsl::KernelDef;
 use kiln::ir::interp::{HostArg, InterpError, run_scheduled};
 use kiln::ir::passes::run_pipeline;
 use kiln::ir::{DType, HostTensor, Kernel, Target};
-use kiln_tests::check::{Case, assert_close, poisoned, rel_error, tolerance};
+use kiln_tests::check::{Case, as_stored, assert_close, poisoned, rel_error, tolerance};
 use kiln_tests::inputs::{AttentionShape, Dist, Rng, tensor};
-use kiln_tests::reference;
+use kiln_tests::reference::{self, Activation};
 
 /// `kernel` after the pass pipeline for `target`.
 fn compiled(kernel: &str, overrides: &[(&str, &str)], target: Target) -> Kernel {
@@ -114,6 +114,75 @@ fn scheduled_gemm_matches_reference() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn sm100a_gemm_on_two_epilogue_warpgroups_matches_reference() {
+    // Two epilogue warpgroups, each copying half of every accumulator row out of TMEM: the
+    // 128 x 256 tile of BN = 256, and bias + GELU at BN = 128 (a row plus the bias and the
+    // activation's temporaries would be more than one thread should hold).
+    let mut rng = Rng::from_env();
+    let (m, n, k) = (200, 300, 130);
+    let kernel = compiled("gemm", &[("BN", "256")], Target::Sm100a);
+    let semantic = ptx_examples::build("gemm", &[("BN", "256")]);
+    assert_eq!(
+        kernel
+            .schedule
+            .tmem
+            .as_ref()
+            .map(|p| p.roles.epilogue_warps),
+        Some(8)
+    );
+    for ctas in [1, 3] {
+        let (a, b, want) = gemm_case(&mut rng, (m, n, k), false, Dist::Normal);
+        let c = run_gemm(&kernel, (128, 256), &a, &b, n, ctas).unwrap_or_else(|e| panic!("{e}"));
+        let plain = run_gemm(&semantic, (128, 256), &a, &b, n, ctas).expect("interprets");
+        assert_eq!(
+            c.to_f64_vec(),
+            plain.to_f64_vec(),
+            "scheduled and semantic runs differ"
+        );
+        let case = Case {
+            kernel: format!("scheduled gemm BN=256 on sm_100a, {ctas} CTA(s)"),
+            shape: format!("m={m} n={n} k={k}"),
+            dist: Dist::Normal,
+            seed: rng.seed(),
+        };
+        assert_close(&case, &c, &want, tolerance(DType::Bf16));
+    }
+    let kernel = compiled("gemm_bias_act", &[("act", "2")], Target::Sm100a);
+    assert_eq!(
+        kernel
+            .schedule
+            .tmem
+            .as_ref()
+            .map(|p| p.roles.epilogue_warps),
+        Some(8)
+    );
+    let (a, b, ab) = gemm_case(&mut rng, (m, n, k), false, Dist::Normal);
+    let bias = tensor(&mut rng, &[n], DType::Bf16, Dist::Normal);
+    let want = as_stored(
+        &reference::bias_act(&ab, &bias, Activation::GeluTanh),
+        DType::Bf16,
+    );
+    for ctas in [1, 3] {
+        let mut c = poisoned(&[m, n], DType::Bf16);
+        let mut args = [
+            HostArg::Tensor(&a),
+            HostArg::Tensor(&b),
+            HostArg::Tensor(&bias),
+            HostArg::TensorMut(&mut c),
+        ];
+        run_scheduled(&kernel, [cdiv(m, 128), cdiv(n, 128), 1], ctas, &mut args)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let case = Case {
+            kernel: format!("scheduled gemm_bias_act act=2 on sm_100a, {ctas} CTA(s)"),
+            shape: format!("m={m} n={n} k={k}"),
+            dist: Dist::Normal,
+            seed: rng.seed(),
+        };
+        assert_close(&case, &c, &want, tolerance(DType::Bf16));
     }
 }
 

@@ -181,8 +181,9 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// The epilogue warps, per work tile: warp `w` copies TMEM lanes `32 w ..` (its threads'
-    /// rows) column block by column block, and [`TmemStep::Read`] makes the registers the ring
+    /// The epilogue warps, per work tile: warp `w` copies TMEM lanes `32 (w % 4) ..` (its
+    /// threads' rows) of its warpgroup's column block (columns `(w / 4) b ..`, `b` the plan's
+    /// [`TmemPlan::block_columns`]) load by load, and [`TmemStep::Read`] makes the registers the ring
     /// `for`'s result, in the accumulator layout's order (column `j` of the thread's row is
     /// register `j`); a persistent kernel's tile then runs the ops after the loop. A loop that
     /// ran no iteration yields its initial value instead (no mma wrote the accumulator).
@@ -194,10 +195,19 @@ impl Writer<'_> {
     ) -> Result<(), CodegenError> {
         let base = self.tmem_address(plan);
         let (warp, lanes) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-        // TMEM address = (lane << 16) | column; warp w reaches lanes 32 w .. 32 w + 31.
+        // TMEM address = (lane << 16) | column; warp w reaches lanes 32 (w % 4) .. + 31.
         self.ins(format!("shr.u32 {warp}, {}, 5", self.tid));
-        self.ins(format!("shl.b32 {lanes}, {warp}, 21"));
+        self.ins(format!("and.b32 {lanes}, {warp}, 3"));
+        self.ins(format!("shl.b32 {lanes}, {lanes}, 21"));
         self.ins(format!("add.u32 {lanes}, {lanes}, {base}"));
+        if plan.epilogue_warpgroups() > 1 {
+            let group = self.new_reg(Class::B32);
+            self.ins(format!("shr.u32 {group}, {warp}, 2"));
+            self.ins(format!(
+                "mad.lo.u32 {lanes}, {group}, {}, {lanes}",
+                plan.block_columns()
+            ));
+        }
         let mut c = self.cursor(&[]);
         let (tl, [lo, hi, _]) = self.enter_tile(id, around, &mut c, false)?;
         let mut regs: Vec<Reg> = Vec::new();

@@ -37,15 +37,29 @@ impl Writer<'_> {
         };
         // Element (r, c) of box j sits at j * box + r * 128 + ((c / 8) ^ (r % 8)) * 16 +
         // (c % 8) * 2 (128-byte swizzle). A thread's rows differ by multiples of 8, so they
-        // share the phase r % 8; its columns stay inside one 16-byte chunk per 8.
+        // share the phase r % 8; its columns stay inside one 16-byte chunk per 8, but for a
+        // start whole boxes further (a tile staged whole: its registers' boxes are those of
+        // the one round, moved by the thread's).
+        let (box_terms, chunk_terms) = kiln_ir::tma_store::column_terms(&d.terms[1]);
+        if !box_terms.is_empty() && st.rounds != 1 {
+            return Err(self.internal(id, "a TMA store in rounds whose threads start boxes apart"));
+        }
         let (rb, cb) = (
             self.thread_coord(&d.terms[0]),
-            self.thread_coord(&d.terms[1]),
+            self.thread_coord(&chunk_terms),
         );
         let (base, phase) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
         self.ins(format!("add.u32 {base}, {}, {}", self.smem, st.offset));
         self.ins(format!("mad.lo.u32 {base}, {rb}, 128, {base}"));
         self.ins(format!("mad.lo.u32 {base}, {cb}, 2, {base}"));
+        if !box_terms.is_empty() {
+            // Column c of a thread's box start is box c / 64: c / 64 * box bytes.
+            let bb = self.thread_coord(&box_terms);
+            self.ins(format!(
+                "mad.lo.u32 {base}, {bb}, {}, {base}",
+                st.box_bytes() / kiln_ir::tma_store::BOX_COLUMNS
+            ));
+        }
         self.ins(format!("and.b32 {phase}, {rb}, 7"));
         let (box_bytes, per_round) = (st.box_bytes(), st.boxes_per_round());
         let mut chunks: BTreeMap<u32, Reg> = BTreeMap::new();

@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 
 use crate::diag::Diagnostic;
-use crate::kernel::{Kernel, OpKind, ValueId};
+use crate::kernel::{Kernel, OpId, OpKind, ValueId};
 use crate::schedule::Layout;
 use crate::target::Target;
 use crate::types::{Shape, Type};
@@ -53,19 +53,34 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         }
     }
     // sm_100a: a 128-row tcgen05 accumulator lives in the 128 TMEM lanes; the epilogue reads
-    // it with one warp per 32 lanes (`kiln_ir::tmem`), so those are the kernel's warps.
-    let tmem_rows = |kernel: &Kernel| {
-        order.iter().any(|&id| {
-            kernel.ops[id].kind == OpKind::Mma
-                && kernel
-                    .ty(kernel.ops[id].results[0])
-                    .shape()
-                    .map(Shape::rows)
-                    == Some(crate::tmem::ACC_ROWS as usize)
-        })
-    };
-    if target == Target::Sm100a && all_aligned && tmem_rows(kernel) {
-        kernel.options.num_warps = crate::tmem::ACC_ROWS / 32;
+    // it with one warp per 32 lanes, so those are the kernel's warps. The GEMM mainloop's (a
+    // loop whose only mma it is) takes one or two warpgroups as its columns and the code
+    // after the loop need registers (`kiln_ir::tmem::epilogue`).
+    let tmem_acc = order.iter().find_map(|&id| {
+        let shape = kernel
+            .ty(kernel.ops[id].results.first().copied()?)
+            .shape()?;
+        (kernel.ops[id].kind == OpKind::Mma && shape.rows() == crate::tmem::ACC_ROWS as usize)
+            .then_some((id, shape.cols() as u32))
+    });
+    if target == Target::Sm100a
+        && all_aligned
+        && let Some((mma, n)) = tmem_acc
+    {
+        let inside = |o: OpId| super::walk::ops_in_block_regions(kernel, o);
+        let mainloop = kernel.body.ops.iter().copied().find(|&o| {
+            let ops = inside(o);
+            ops.contains(&mma)
+                && ops
+                    .iter()
+                    .filter(|&&i| kernel.ops[i].kind == OpKind::Mma)
+                    .count()
+                    == 1
+        });
+        kernel.options.num_warps = match mainloop {
+            Some(f) => crate::tmem::epilogue::epilogue_warps(kernel, f, n),
+            None => crate::tmem::ACC_ROWS / 32,
+        };
     }
     let warps = kernel.options.num_warps;
     let mut reduce_dims = [false; 2];
@@ -152,7 +167,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                         && all_aligned
                         && shape.rows() as u32 == crate::tmem::ACC_ROWS;
                     let l = if tcgen05 {
-                        crate::tmem::accumulator_layout(shape.cols() as u32, warps)
+                        crate::tmem::accumulator_layout(warps)
                     } else {
                         Layout::Mma {
                             warps: warp_grid(&shape, warps, rows_per_warp || wgmma_rows),

@@ -158,10 +158,15 @@ struct MmaPlan {
     n: u32,
 }
 
-/// Accumulator rows per consumer warp: 16 for wgmma (64 per warpgroup); 32 on sm_100a, where
-/// each epilogue warp reads its 32 TMEM lanes (`crate::tmem`).
-fn rows_per_warp(target: Target) -> u32 {
-    if target == Target::Sm100a { 32 } else { 16 }
+/// Accumulator rows of `warps` consumer warps: 16 a warp for wgmma (64 per warpgroup); on
+/// sm_100a the 128 TMEM lanes, which each epilogue warpgroup reads in full (each warp its 32,
+/// `crate::tmem`).
+fn acc_rows(target: Target, warps: u32) -> u32 {
+    if target == Target::Sm100a {
+        crate::tmem::ACC_ROWS
+    } else {
+        16 * warps
+    }
 }
 
 /// The ring of loop `id`, when it has the shape described in the module doc.
@@ -173,12 +178,9 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Ri
         return None;
     };
     // sm_90a: one or two consumer warpgroups (64 accumulator rows each) plus the producer;
-    // sm_100a: one 128-row tcgen05 accumulator, read by four epilogue warps.
-    let fits = if target == Target::Sm100a {
-        warps == 4
-    } else {
-        matches!(warps, 4 | 8)
-    };
+    // sm_100a: one 128-row tcgen05 accumulator, read by one or two warpgroups of epilogue
+    // warps (`crate::tmem::epilogue`).
+    let fits = matches!(warps, 4 | 8);
     if stages < 2 || !fits {
         return None;
     }
@@ -204,7 +206,7 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Ri
     let mut once_loads: Vec<(OpId, u32, u32)> = Vec::new();
     for p in &plans {
         if let Some(a) = p.a {
-            let rows = rows_per_warp(target) * warps;
+            let rows = acc_rows(target, warps);
             if inside.contains(&a) {
                 ring_loads.push((a, Operand::KMajorA, rows, p.k));
             } else {
@@ -405,10 +407,10 @@ fn plan_mma(
     let k_ok = k.is_multiple_of(16)
         && (a.is_none() || k_major_k)
         && if b.1 { k_major_k } else { k <= 256 };
-    let shape_ok = m == rows_per_warp(target) * warps && k_ok && n.is_multiple_of(64) && n <= 256;
+    let shape_ok = m == acc_rows(target, warps) && k_ok && n.is_multiple_of(64) && n <= 256;
     let layout = kernel.schedule.layouts.get(&op.results[0]);
     let layout_ok = if target == Target::Sm100a {
-        layout == Some(&crate::tmem::accumulator_layout(n, warps))
+        layout == Some(&crate::tmem::accumulator_layout(warps))
     } else {
         layout == Some(&Layout::Mma { warps: [warps, 1] })
     };

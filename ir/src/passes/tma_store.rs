@@ -8,7 +8,9 @@
 //! `cols` a multiple of 64 (128-byte boxes), laid out in registers as the mma accumulator
 //! is: every register's row a multiple of 8 from the thread's (so a thread's rows share one
 //! swizzle phase), register pairs on adjacent even columns, and a thread's columns inside one
-//! 16-byte chunk of each 8. Its staging tile goes after the rings when shared memory has room,
+//! 16-byte chunk of each 8 but for whole boxes (the second of two sm_100a epilogue
+//! warpgroups starts its columns a block of boxes further; such a tile is staged whole, so each
+//! round's boxes stay those of one thread-independent range). Its staging tile goes after the rings when shared memory has room,
 //! if need be in place of the stage `overlap` added to a rotated ring (which is then split
 //! instead), else staged in parts; otherwise the store stays as it is.
 
@@ -16,13 +18,11 @@ use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, OpId, OpKind, Param};
 use crate::ring::TmaBox;
 use crate::target::Target;
-use crate::tma_store::TmaStore;
+use crate::tma_store::{BOX_COLUMNS, TmaStore};
 use crate::types::DType;
 
 /// Named barrier id of the ping-pong's first turn (`overlap`); the store takes the next free.
 const FIRST_FREE_BARRIER: u32 = 1;
-/// Columns of one 128-byte box of 2-byte elements.
-const BOX_COLS: u32 = 64;
 
 /// Lowers every qualifying epilogue store; does nothing on other targets.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
@@ -48,10 +48,10 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         .filter(|&o| matches!(kernel.ops[o].kind, OpKind::Store { .. }))
         .collect();
     for op in stores {
-        let Some(store) = candidate(kernel, op, 32 * consumer_warps, barrier) else {
+        let Some((store, whole)) = candidate(kernel, op, 32 * consumer_warps, barrier) else {
             continue;
         };
-        place_store(kernel, id, store)?;
+        place_store(kernel, id, store, whole)?;
     }
     Ok(())
 }
@@ -60,10 +60,15 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
 /// first with the ring as it is, then in place of the stage `overlap` added to a rotated ring,
 /// which the staging tile is worth more than (H200, attention d = 128 with 128-key blocks:
 /// 522 TFLOP/s at s = 1k without the stage, 416 with it and register stores; 598 against 621
-/// at s = 8k). Leaves the kernel as it was when no count fits.
-fn place_store(kernel: &mut Kernel, ring: OpId, store: TmaStore) -> Result<(), Diagnostic> {
+/// at s = 8k). Only in one round when `whole`. Leaves the kernel as it was when no count fits.
+fn place_store(
+    kernel: &mut Kernel,
+    ring: OpId,
+    store: TmaStore,
+    whole: bool,
+) -> Result<(), Diagnostic> {
     let saved = kernel.schedule.clone();
-    let boxes = store.boxes.len() as u32;
+    let boxes = if whole { 1 } else { store.boxes.len() as u32 };
     let counts = std::iter::successors(Some(1u32), |r| Some(r * 2)).take_while(|&r| r <= boxes);
     for rounds in counts.filter(|&r| boxes.is_multiple_of(r)) {
         for undeepen in [false, true] {
@@ -84,8 +89,9 @@ fn place_store(kernel: &mut Kernel, ring: OpId, store: TmaStore) -> Result<(), D
     Ok(())
 }
 
-/// The TMA store of `op`, when it qualifies (see the module doc).
-fn candidate(kernel: &Kernel, op: OpId, threads: u32, barrier: u32) -> Option<TmaStore> {
+/// The TMA store of `op`, when it qualifies (see the module doc), and whether it must be
+/// staged whole (its threads' columns start boxes apart).
+fn candidate(kernel: &Kernel, op: OpId, threads: u32, barrier: u32) -> Option<(TmaStore, bool)> {
     let o = &kernel.ops[op];
     let OpKind::Store { tensor } = o.kind else {
         return None;
@@ -105,14 +111,15 @@ fn candidate(kernel: &Kernel, op: OpId, threads: u32, barrier: u32) -> Option<Tm
         return None;
     };
     let (rows, cols) = (u32::try_from(rows).ok()?, u32::try_from(cols).ok()?);
-    if rows == 0 || rows > 256 || cols == 0 || !cols.is_multiple_of(BOX_COLS) || rank < 2 {
+    if rows == 0 || rows > 256 || cols == 0 || !cols.is_multiple_of(BOX_COLUMNS) || rank < 2 {
         return None;
     }
     let d = kernel.distribution(v).ok()?;
     // Pairs, every row a multiple of 8 from the thread's (one swizzle phase), every pair
-    // inside one 16-byte chunk whatever the thread's column.
+    // inside one 16-byte chunk whatever the thread's column within its box.
+    let (box_terms, chunk_terms) = crate::tma_store::column_terms(&d.terms[1]);
     let accumulator_like = d.column_pairs() && {
-        let col_span: u32 = d.terms[1].iter().map(|t| (t.modulo - 1) * t.mul).sum();
+        let col_span: u32 = chunk_terms.iter().map(|t| (t.modulo - 1) * t.mul).sum();
         d.regs
             .chunks(2)
             .all(|p| p[0][0].is_multiple_of(8) && p[0][1] % 8 + col_span + 1 < 8)
@@ -120,15 +127,15 @@ fn candidate(kernel: &Kernel, op: OpId, threads: u32, barrier: u32) -> Option<Tm
     if !accumulator_like {
         return None;
     }
-    Some(TmaStore {
+    let store = TmaStore {
         store: op,
         param: tensor,
         lead_dims: u32::try_from(rank - 2).ok()?,
-        box_dims: [rows, BOX_COLS],
+        box_dims: [rows, BOX_COLUMNS],
         swizzle: 128,
-        boxes: (0..cols / BOX_COLS)
+        boxes: (0..cols / BOX_COLUMNS)
             .map(|j| TmaBox {
-                origin: [0, j * BOX_COLS],
+                origin: [0, j * BOX_COLUMNS],
                 smem_offset: j * rows * 128,
             })
             .collect(),
@@ -138,5 +145,6 @@ fn candidate(kernel: &Kernel, op: OpId, threads: u32, barrier: u32) -> Option<Tm
         offset: 0,
         barrier,
         threads,
-    })
+    };
+    Some((store, !box_terms.is_empty()))
 }

@@ -4,8 +4,10 @@
 //! A ring (persistent or not: the plan's programs run per work tile) qualifies when its loop
 //! carries exactly one value, the accumulator of its single mma (`acc = mma(x, y, acc)`, the
 //! GEMM mainloop), which starts as zeros (the first `tcgen05.mma` of a tile overwrites instead
-//! of accumulating) and has 128 rows and at most 128 columns (an epilogue thread copies a
-//! whole row to registers), and the ring has no once loads. The accumulator takes the next
+//! of accumulating) and has 128 rows (and at most 256 columns, the ring's), and the ring has
+//! no once loads. Its epilogue warps are the kernel's (one or two warpgroups, chosen by the
+//! layout pass: [`crate::tmem::epilogue`]); each warp copies its warpgroup's column block of
+//! its 32 lanes. The accumulator takes the next
 //! power of 2 of its columns (at least 32) of the 512; the TMEM address slot and the `acc_full` / `acc_empty` barriers go after the
 //! rest of shared memory. A ring with a once load whose body is attention-shaped gets the
 //! FlashAttention-4-style schedule instead ([`crate::tmem::attention`], `schedule.attention`). Any other
@@ -27,9 +29,6 @@ use crate::tmem::{
 };
 
 use super::walk::first_ring_loc;
-
-/// The widest accumulator the epilogue copies to registers whole.
-const MAX_ACC_COLUMNS: u32 = 128;
 
 /// Plans the ring loop's TMEM accumulator; does nothing on other targets or without rings.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
@@ -96,15 +95,6 @@ pub fn run_with(
     if m != ACC_ROWS || a.operand != Operand::KMajorA {
         return Err(unsupported("its accumulator does not have 128 rows"));
     }
-    // Each epilogue thread holds a whole accumulator row in registers: 128 f32 of its 255
-    // (ptxas spills a 256-column row). So the accumulator takes at most 128 of the 512 TMEM
-    // columns.
-    if n > MAX_ACC_COLUMNS {
-        return Err(unsupported(
-            "its accumulator has more than 128 columns, a row of which one epilogue thread \
-             would hold in registers",
-        ));
-    }
     let columns = n.next_power_of_two().max(32);
     let dtype = kernel.ty(kernel.ops[a.load].results[0]).dtype();
     let idesc = instruction_descriptor(dtype, m, n, b.operand == Operand::MnMajorB);
@@ -122,7 +112,15 @@ pub fn run_with(
         )
         .note("use smaller tiles or fewer pipeline stages"));
     }
+    // Every epilogue warpgroup reads all 128 lanes (a warp only its 32) of its column block.
     let epilogue_warps = kernel.options.num_warps;
+    let block = n / (epilogue_warps / 4).max(1);
+    if !epilogue_warps.is_multiple_of(4) || block * (epilogue_warps / 4) != n {
+        return Err(Diagnostic::internal(
+            loc,
+            format!("{epilogue_warps} epilogue warps for a {n}-column TMEM accumulator"),
+        ));
+    }
     let roles = Roles {
         epilogue_warps,
         producer_warp: epilogue_warps,
@@ -135,9 +133,9 @@ pub fn run_with(
         },
         TmemStep::FenceAfter,
     ];
-    epilogue.extend((0..n.div_ceil(LOAD_COLUMNS)).map(|q| TmemStep::Load {
+    epilogue.extend((0..block.div_ceil(LOAD_COLUMNS)).map(|q| TmemStep::Load {
         column: q * LOAD_COLUMNS,
-        columns: LOAD_COLUMNS.min(n - q * LOAD_COLUMNS),
+        columns: LOAD_COLUMNS.min(block - q * LOAD_COLUMNS),
     }));
     epilogue.extend([
         TmemStep::WaitLoad,

@@ -12,7 +12,9 @@
 //! after the last tile it waits for the last copy and the warp frees the columns
 //! ([`TmemPlan::mma_exit`]). Per tile the epilogue warps wait on `acc_full`, copy the
 //! accumulator to registers (`tcgen05.ld`, shape `32x32b`: warp `w` reads TMEM lanes
-//! `32 w ..`, thread `t` one row, consecutive columns, exactly the [`accumulator_layout`]),
+//! `32 (w % 4) ..`, the only lanes it may reach, and the columns of warpgroup `w / 4`'s block
+//! (one block, or two halves where a whole row is more than a thread should hold:
+//! [`epilogue`]), thread `t` one row, consecutive columns, exactly the [`accumulator_layout`]),
 //! wait for the copies and hand TMEM back on `acc_empty` before the registers are used
 //! ([`TmemPlan::epilogue`]), so the next tile's mmas run under this tile's stores. Both
 //! barriers have one phase per tile: tile `k` waits with parity `start ^ (k & 1)`, and the
@@ -23,6 +25,7 @@
 //! FlashAttention-4, with the same TMEM ownership rules.
 
 pub mod attention;
+pub mod epilogue;
 pub mod exp2;
 
 use std::fmt;
@@ -39,20 +42,20 @@ pub const ACC_ROWS: u32 = 128;
 /// Columns one `tcgen05.ld.32x32b` of the epilogue copies (`.x32`: 32 registers a thread).
 pub const LOAD_COLUMNS: u32 = 32;
 
-/// The register layout of a `128 x n` accumulator after `tcgen05.ld.32x32b`: thread `t` of
-/// warp `w` holds row `32 w + t`, its `n` columns in order.
-pub fn accumulator_layout(n: u32, warps: u32) -> Layout {
-    Layout::Blocked {
-        size_per_thread: [1, n],
-        threads_per_warp: [32, 1],
-        warps: [warps, 1],
+/// The register layout of a `128 x n` accumulator after `tcgen05.ld.32x32b` by `warps`
+/// epilogue warps (a multiple of 4): thread `t` of warp `w` holds row `32 (w % 4) + t`, the
+/// `n / (warps / 4)` columns of block `w / 4` in order.
+pub fn accumulator_layout(warps: u32) -> Layout {
+    Layout::TmemRows {
+        warpgroups: warps / 4,
     }
 }
 
 /// The warp roles of a Blackwell ring kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Roles {
-    /// Epilogue warps (threads `0..32 * epilogue_warps`), one per 32 accumulator rows.
+    /// Epilogue warps (threads `0..32 * epilogue_warps`): one or two warpgroups, each warp
+    /// 32 accumulator rows of its warpgroup's column block.
     pub epilogue_warps: u32,
     /// The warp whose elected thread issues the TMA loads (the ring's producer).
     pub producer_warp: u32,
@@ -233,6 +236,17 @@ pub struct TmemPlan {
 }
 
 impl TmemPlan {
+    /// The epilogue's warpgroups: each copies one block of the accumulator's columns.
+    pub fn epilogue_warpgroups(&self) -> u32 {
+        self.roles.epilogue_warps / 4
+    }
+
+    /// Columns of each epilogue warpgroup's block: warpgroup `g`'s [`TmemStep::Load`]s read
+    /// their columns plus `g` times this.
+    pub fn block_columns(&self) -> u32 {
+        self.acc_columns / self.epilogue_warpgroups().max(1)
+    }
+
     /// Arrivals that complete `bar`'s phase.
     pub fn count(&self, bar: AccBar) -> u32 {
         match bar {
@@ -328,7 +342,15 @@ impl fmt::Display for TmemPlan {
         writeln!(f, "    setup (mma warp): {}", join(&self.setup))?;
         writeln!(f, "    mma thread, per tile: {}", join(&self.mma_tile))?;
         writeln!(f, "    mma warp, after the tiles: {}", join(&self.mma_exit))?;
-        write!(f, "    epilogue, per tile: {}", join(&self.epilogue))
+        let blocks = match self.epilogue_warpgroups() {
+            1 => String::new(),
+            _ => format!(" (warpgroup g: columns + g x {})", self.block_columns()),
+        };
+        write!(
+            f,
+            "    epilogue, per tile{blocks}: {}",
+            join(&self.epilogue)
+        )
     }
 }
 

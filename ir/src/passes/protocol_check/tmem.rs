@@ -47,13 +47,29 @@ pub enum TmemError {
     #[error("each epilogue warp must arrive on acc_empty exactly once, after tcgen05.wait::ld")]
     NoHandBack,
     /// The epilogue does not copy every accumulator column exactly once.
-    #[error("the epilogue's tcgen05.ld copies columns {got:?}; the accumulator has {acc}")]
+    #[error(
+        "the epilogue's tcgen05.ld copies columns {got:?} in each of {warpgroups} warpgroups (warpgroup g at + g x {block}); the accumulator has {acc}, column {column} is copied {times} times"
+    )]
     Coverage {
         /// `(first column, columns)` of each load.
         got: Vec<(u32, u32)>,
+        /// The epilogue's warpgroups.
+        warpgroups: u32,
+        /// The columns between two warpgroups' blocks.
+        block: u32,
         /// The accumulator's columns.
         acc: u32,
+        /// The first column not copied exactly once (or copied past the accumulator).
+        column: u32,
+        /// How many times it is copied.
+        times: u32,
     },
+    /// The epilogue is not whole warpgroups: some TMEM lane quarter of a column block has no
+    /// warp to read it (warp `w` reaches only lanes `32 (w % 4) ..`).
+    #[error(
+        "{0} epilogue warps: every warpgroup of 4 reads all 128 TMEM lanes of its column block"
+    )]
+    Lanes(u32),
 }
 
 /// Checks the plan against its ring.
@@ -201,19 +217,39 @@ fn check_epilogue(plan: &TmemPlan) -> Result<(), ProtocolError> {
     if plan.epilogue.iter().filter(|s| **s == hand_back).count() != 1 {
         return Err(TmemError::NoHandBack.into());
     }
-    let mut next = 0;
-    for &(column, columns) in &loads {
-        if column != next {
-            break;
-        }
-        next += columns;
+    let warps = plan.roles.epilogue_warps;
+    if warps == 0 || !warps.is_multiple_of(4) {
+        return Err(TmemError::Lanes(warps).into());
     }
-    if next != plan.acc_columns || loads.iter().map(|l| l.1).sum::<u32>() != plan.acc_columns {
-        return Err(TmemError::Coverage {
+    // Warpgroup g copies each load's columns + g x block: count every column's copies.
+    let (warpgroups, block) = (plan.epilogue_warpgroups(), plan.block_columns());
+    let mut times: Vec<u32> = vec![0; plan.acc_columns as usize];
+    let mut past = None;
+    for g in 0..warpgroups {
+        for &(column, columns) in &loads {
+            for c in g * block + column..g * block + column + columns {
+                match times.get_mut(c as usize) {
+                    Some(t) => *t += 1,
+                    None => past = past.or(Some(c)),
+                }
+            }
+        }
+    }
+    let wrong = (0..plan.acc_columns)
+        .zip(&times)
+        .find(|&(_, &t)| t != 1)
+        .map(|(c, &t)| (c, t))
+        .or(past.map(|c| (c, 1)));
+    match wrong {
+        None => Ok(()),
+        Some((column, times)) => Err(TmemError::Coverage {
             got: loads,
+            warpgroups,
+            block,
             acc: plan.acc_columns,
+            column,
+            times,
         }
-        .into());
+        .into()),
     }
-    Ok(())
 }
