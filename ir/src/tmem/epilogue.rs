@@ -95,3 +95,16 @@ fn live_columns(kernel: &Kernel, for_op: OpId) -> u32 {
         .max()
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_shares_its_sub_partition_with_a_quarter_of_the_warps() {
+        // 6 warps (one epilogue warpgroup): 2 per sub-partition, ptxas's cap of 255.
+        assert_eq!(registers_per_thread(192), 255);
+        // 10 warps (two): 3 per sub-partition, 16384 / 96 = 170, in units of 8.
+        assert_eq!(registers_per_thread(320), 168);
+    }
+}
