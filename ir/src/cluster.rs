@@ -21,6 +21,16 @@
 //!   they exit, so no CTA leaves while its peer can still write its shared memory or arrive
 //!   on its barriers (threads that exited, the producer's, count as arrived).
 //!
+//! On sm_100a the pair is the 2-SM form instead ([`Pair`], [`pair_ring`]): one
+//! `tcgen05.mma.cta_group::2` of M = 256 computes both tiles, issued by the leader CTA (rank
+//! 0) alone. Each CTA loads its own A tile and *half* of the shared tile along N (the mma reads
+//! B's halves from both CTAs' shared memory at the same offset, and A's 128 rows of each CTA
+//! from that CTA's), every TMA of the pair completes on the leader's `full` (`.cta_group::2`
+//! lets it signal the peer CTA's barrier), which announces the whole pair's bytes, and each
+//! `tcgen05.commit` multicasts its arrival to both CTAs' barrier (`empty` then counts that one
+//! arrival). PTX ISA "tcgen05 issue granularity"; CUTLASS `SM100_TMA_2SM_LOAD`,
+//! `umma_arrive_multicast_2x1SM`.
+//!
 //! Persistent: the pair walks tile pairs in lockstep (the tile scheduler deals pairs over the
 //! grid of `cdiv(nx, 2)` x pairs); in a ragged last pair the second tile lies past the grid:
 //! it still takes part in the loads (its own rows load as zeros) and stores nothing (every
@@ -28,7 +38,7 @@
 
 use std::fmt;
 
-use crate::ring::{Bar, InitStep, Ring, Step, TmaBox};
+use crate::ring::{Bar, InitStep, Operand, Ring, Step, TmaBox, TmaLoad};
 
 /// CTAs per cluster the passes schedule.
 pub const CTAS: u32 = 2;
@@ -54,6 +64,21 @@ pub struct Cluster {
     pub multicast: Vec<Multicast>,
     /// Whether the consumers synchronise the cluster before they exit.
     pub exit_sync: bool,
+    /// sm_100a: the 2-SM form (no multicast boxes; see the module doc).
+    pub pair: Option<Pair>,
+}
+
+/// The 2-SM form of a cluster (sm_100a, see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Pair {
+    /// `%cluster_ctarank` of the CTA whose MMA thread issues the pair's mmas and on whose
+    /// `full` barriers every TMA of the pair completes.
+    pub leader: u32,
+    /// Element offset `[row, col]` of CTA `r`'s half of the shared tile: `r` times this is
+    /// added to the coordinates of each of its boxes.
+    pub half: [u32; 2],
+    /// The `ctaMask` of every `tcgen05.commit`: the CTAs whose barrier it arrives on.
+    pub commit_mask: u16,
 }
 
 impl Cluster {
@@ -129,12 +154,99 @@ pub fn cluster_ring(ring: &mut Ring, shared: usize) -> Result<(), String> {
         shared,
         multicast,
         exit_sync: true,
+        pair: None,
+    });
+    Ok(())
+}
+
+/// Pairs `ring` in the 2-SM form around ring load `shared` (the tile both CTAs' work tiles
+/// read; see the module doc): CTA `r` loads half `r` of it along N, into the same offset of its
+/// own stage; the producer's announcement on `full` counts both CTAs' bytes (the leader's alone
+/// is issued); the cluster synchronises after the inits and before exit. `empty` keeps its one
+/// arrival (the leader's commit, multicast). Fails, saying why, when the tile's N does not
+/// split into whole boxes.
+pub fn pair_ring(ring: &mut Ring, shared: usize) -> Result<(), String> {
+    let load = ring
+        .loads
+        .get_mut(shared)
+        .ok_or_else(|| format!("the ring has no load {shared}"))?;
+    let [rows, cols] = load.tile_dims();
+    let halved = match load.operand {
+        // Stored `[N, K]`: N is the box rows, whole 8-row swizzle atoms each half.
+        Operand::KMajorB if rows % (8 * CTAS) == 0 => {
+            TmaLoad::k_major(load.load, load.param, Operand::KMajorB, rows / CTAS, cols)
+        }
+        // Stored `[K, N]`: N is the 64-column boxes, whole boxes each half.
+        Operand::MnMajorB if cols % (64 * CTAS) == 0 => {
+            TmaLoad::mn_major_b(load.load, load.param, rows, cols / CTAS)
+        }
+        Operand::KMajorB | Operand::MnMajorB => {
+            return Err(format!(
+                "the shared tile is {rows} x {cols}; its N does not split into {CTAS} halves of \
+                 whole TMA boxes"
+            ));
+        }
+        Operand::KMajorA => return Err("the shared tile is not an mma's B operand".into()),
+    };
+    let half = match load.operand {
+        Operand::KMajorB => [rows / CTAS, 0],
+        _ => [0, cols / CTAS],
+    };
+    // The stage keeps the place the pipeline planned for the whole tile.
+    *load = TmaLoad {
+        lead_dims: load.lead_dims,
+        offset: load.offset,
+        stage_stride: load.stage_stride,
+        ..halved
+    };
+    let bytes: u32 = ring.loads.iter().map(TmaLoad::tile_bytes).sum::<u32>() * CTAS;
+    for step in &mut ring.producer {
+        if let Step::ArriveExpectTx { bar: Bar::Full, .. } = step {
+            *step = Step::ArriveExpectTx {
+                bar: Bar::Full,
+                bytes,
+            };
+        }
+    }
+    for step in &mut ring.init {
+        if *step == InitStep::BarSync {
+            *step = InitStep::ClusterSync;
+        }
+    }
+    ring.cluster = Some(Cluster {
+        ctas: CTAS,
+        shared,
+        multicast: Vec::new(),
+        exit_sync: true,
+        pair: Some(Pair {
+            leader: 0,
+            half,
+            commit_mask: ((1u32 << CTAS) - 1) as u16,
+        }),
     });
     Ok(())
 }
 
 impl fmt::Display for Cluster {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(p) = &self.pair {
+            return write!(
+                f,
+                "    cluster: {} CTAs along x walk tile pairs in lockstep as one 2-SM mma \
+                 (cta_group::2, leader CTA {}); load{} split along N, CTA r's half at r x {:?}; \
+                 every TMA completes on the leader's full; commits multicast {:#b}; {}",
+                self.ctas,
+                p.leader,
+                self.shared,
+                p.half,
+                p.commit_mask,
+                if self.exit_sync {
+                    "cluster barrier before exit"
+                } else {
+                    "no cluster barrier before exit"
+                }
+            );
+        }
         let issuers: Vec<String> = self
             .multicast
             .iter()

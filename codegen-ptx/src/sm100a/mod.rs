@@ -103,7 +103,12 @@ impl Writer<'_> {
         self.ins("exit");
         self.label(&epilogue);
         self.comment("epilogue warps: the accumulator from TMEM, then the kernel's code");
-        self.write_tmem_epilogue(id, &plan, around)
+        self.write_tmem_epilogue(id, &plan, around)?;
+        if ring.cluster.as_ref().is_some_and(|c| c.exit_sync) {
+            self.comment("no CTA exits while the pair's mmas or copies may still use it");
+            self.cluster_barrier();
+        }
+        Ok(())
     }
 
     /// Starts a role's work tile: in a persistent kernel opens its walk over the tiles and

@@ -2,6 +2,10 @@
 //! `tcgen05.mma.cta_group::1.kind::f16` (ptx-notes §7) into the TMEM accumulator, every stage
 //! released by `tcgen05.commit` to its `empty` barrier (an arrival once the mmas reading it
 //! complete), then the accumulator committed to `acc_full`; the whole warp frees TMEM last.
+//! In the 2-SM form (`kiln_ir::cluster::Pair`) only the leader CTA's thread issues, every
+//! tcgen05 op is `cta_group::2` (ptxas rejects a kernel that mixes the two), each commit
+//! multicasts its arrival to both CTAs, and both MMA warps free their columns after a cluster
+//! barrier.
 //!
 //! Each stage is `K / 16` mmas; the shared-memory descriptors are the plan's templates with
 //! the start address of each k16 step, so A (K-major) and B (K- or MN-major) are read where
@@ -36,6 +40,16 @@ impl Writer<'_> {
             self.tid,
             32 * plan.roles.mma_warp
         ));
+        // The 2-SM form: the peer's MMA warp issues nothing; it only frees its columns.
+        let peer = match &plan.pair {
+            Some(p) => {
+                let (rank, peer) = (self.cluster_rank(), self.new_reg(Class::Pred));
+                self.ins(format!("setp.ne.u32 {peer}, {rank}, {}", p.leader));
+                self.ins(format!("or.pred {other}, {other}, {peer}"));
+                Some((peer, p.peer_exit.clone()))
+            }
+            None => None,
+        };
         self.ins(format!("@{other} bra {join}"));
         let mut c = self.cursor(&ring.consumer);
         let (tl, bounds) = self.enter_tile(id, around, &mut c, true)?;
@@ -47,7 +61,8 @@ impl Writer<'_> {
                 }
                 TmemStep::CommitAcc => {
                     let bar = self.acc_bar(plan, AccBar::Full);
-                    self.commit(bar);
+                    let mask = plan.pair.as_ref().map(|p| p.commit_mask);
+                    self.commit(bar, mask);
                 }
                 TmemStep::Wait { bar, start } => self.wait_acc(plan, bar, start, parity, false),
                 other => self.tmem_step(id, plan, other, base)?,
@@ -60,8 +75,25 @@ impl Writer<'_> {
         self.wait_acc(plan, bar, start, parity, true);
         self.label(&join);
         self.ins("bar.warp.sync -1");
+        // The peer's warp runs its own exit, the leader's the plan's.
+        let peer_exit = match peer {
+            Some((p, steps)) => {
+                let (own, done) = (self.new_label(), self.new_label());
+                self.ins(format!("@{p} bra {own}"));
+                Some((own, done, steps))
+            }
+            None => None,
+        };
         for &s in rest {
             self.tmem_step(id, plan, s, base)?;
+        }
+        if let Some((own, done, steps)) = peer_exit {
+            self.ins(format!("bra.uni {done}"));
+            self.label(&own);
+            for s in steps {
+                self.tmem_step(id, plan, s, base)?;
+            }
+            self.label(&done);
         }
         Ok(())
     }
@@ -95,7 +127,12 @@ impl Writer<'_> {
                 // already waits for the mmas reading it.
                 Step::Tcgen05Commit { bar, lag: 0 } => {
                     let a = self.bar_addr(ring, bar, c.stage);
-                    self.commit(a);
+                    let mask = ring
+                        .cluster
+                        .as_ref()
+                        .and_then(|c| c.pair)
+                        .map(|p| p.commit_mask);
+                    self.commit(a, mask);
                 }
                 other => {
                     return Err(self.internal(id, format!("`{other}` in a tcgen05 ring program")));
@@ -146,18 +183,31 @@ impl Writer<'_> {
             } else {
                 "1".to_string()
             };
+            let group = self.cta_group();
             self.ins(format!(
-                "tcgen05.mma.cta_group::1.kind::f16 [{acc}], {da}, {db}, {idesc}, {enable}"
+                "tcgen05.mma.{group}.kind::f16 [{acc}], {da}, {db}, {idesc}, {enable}"
             ));
         }
         Ok(())
     }
 
     /// `tcgen05.commit`: one arrival on the mbarrier at `bar` once every earlier tcgen05 op of
-    /// this thread has completed.
-    fn commit(&mut self, bar: Reg) {
-        self.ins(format!(
-            "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [{bar}]"
-        ));
+    /// this thread has completed; with `mask` (the 2-SM form), on the barrier at the same
+    /// offset of every CTA in it.
+    fn commit(&mut self, bar: Reg, mask: Option<u16>) {
+        let group = self.cta_group();
+        match mask {
+            Some(m) => {
+                let r = self.new_reg(Class::B16);
+                self.ins(format!("mov.b16 {r}, {m}"));
+                self.ins(format!(
+                    "tcgen05.commit.{group}.mbarrier::arrive::one.shared::cluster.multicast::\
+                     cluster.b64 [{bar}], {r}"
+                ));
+            }
+            None => self.ins(format!(
+                "tcgen05.commit.{group}.mbarrier::arrive::one.shared::cluster.b64 [{bar}]"
+            )),
+        }
     }
 }

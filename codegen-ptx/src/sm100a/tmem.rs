@@ -82,11 +82,17 @@ impl Writer<'_> {
         self.ins(format!("add.u32 {slot}, {}, {slot_offset}", self.smem));
         for s in setup {
             match s {
-                Ok(SetupStep::Alloc(columns)) => self.ins(format!(
-                    "tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [{slot}], {columns}"
-                )),
+                Ok(SetupStep::Alloc(columns)) => {
+                    let group = self.cta_group();
+                    self.ins(format!(
+                        "tcgen05.alloc.{group}.sync.aligned.shared::cta.b32 [{slot}], {columns}"
+                    ))
+                }
                 Ok(SetupStep::Relinquish) => {
-                    self.ins("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned")
+                    let group = self.cta_group();
+                    self.ins(format!(
+                        "tcgen05.relinquish_alloc_permit.{group}.sync.aligned"
+                    ))
                 }
                 Err(other) => {
                     return Err(self.internal(
@@ -99,6 +105,15 @@ impl Writer<'_> {
         self.label(&skip);
         self.ins("tcgen05.fence::before_thread_sync");
         Ok(())
+    }
+
+    /// The `.cta_group` of every tcgen05 op of the kernel: `::2` in the 2-SM form, whose
+    /// allocation, mmas and commits act for both CTAs of the pair.
+    pub(super) fn cta_group(&self) -> &'static str {
+        match self.k.schedule.tmem.as_ref().and_then(|p| p.pair.as_ref()) {
+            Some(_) => "cta_group::2",
+            None => "cta_group::1",
+        }
     }
 
     /// After the ring's set-up barrier: tcgen05 ops are ordered after it, so every role may
@@ -139,9 +154,16 @@ impl Writer<'_> {
         let phase = self.acc_parity(start, parity, after);
         let a = self.acc_bar(plan, bar);
         let (p, top) = (self.new_reg(Class::Pred), self.new_label());
+        // The 2-SM form: each barrier hears the other CTA (the leader's commit, the peer's
+        // hand-back).
+        let scope = if plan.pair.is_some() {
+            ".acquire.cluster"
+        } else {
+            ""
+        };
         self.label(&top);
         self.ins(format!(
-            "mbarrier.try_wait.parity.shared::cta.b64 {p}, [{a}], {phase}"
+            "mbarrier.try_wait.parity{scope}.shared::cta.b64 {p}, [{a}], {phase}"
         ));
         self.ins(format!("@!{p} bra {top}"));
     }
@@ -159,14 +181,32 @@ impl Writer<'_> {
             TmemStep::Arrive { bar } => {
                 let a = self.acc_bar(plan, bar);
                 let lane0 = self.lane0();
-                self.ins(format!("@{lane0} mbarrier.arrive.shared::cta.b64 _, [{a}]"));
+                match &plan.pair {
+                    // The 2-SM form: both CTAs hand TMEM back to the leader's MMA thread.
+                    Some(p) => {
+                        let remote = self.new_reg(Class::B32);
+                        self.ins(format!(
+                            "mapa.shared::cluster.u32 {remote}, {a}, {}",
+                            p.leader
+                        ));
+                        self.ins(format!(
+                            "@{lane0} mbarrier.arrive.release.cluster.shared::cluster.b64 _, \
+                             [{remote}]"
+                        ));
+                    }
+                    None => self.ins(format!("@{lane0} mbarrier.arrive.shared::cta.b64 _, [{a}]")),
+                }
             }
+            TmemStep::ClusterSync => self.cluster_barrier(),
             TmemStep::FenceAfter => self.ins("tcgen05.fence::after_thread_sync"),
             TmemStep::FenceBefore => self.ins("tcgen05.fence::before_thread_sync"),
             TmemStep::WaitLoad => self.ins("tcgen05.wait::ld.sync.aligned"),
-            TmemStep::Dealloc { columns } => self.ins(format!(
-                "tcgen05.dealloc.cta_group::1.sync.aligned.b32 {base}, {columns}"
-            )),
+            TmemStep::Dealloc { columns } => {
+                let group = self.cta_group();
+                self.ins(format!(
+                    "tcgen05.dealloc.{group}.sync.aligned.b32 {base}, {columns}"
+                ))
+            }
             TmemStep::Wait { .. }
             | TmemStep::Alloc { .. }
             | TmemStep::Relinquish

@@ -206,7 +206,9 @@ impl Writer<'_> {
         let (p, top) = (self.new_reg(Class::Pred), self.new_label());
         // A clustered ring's `empty` also counts the peer's consumers: acquire at cluster
         // scope what their releases published (ptx-notes §2).
-        let scope = if ring.cluster.is_some() && bar == Bar::Empty {
+        // The 2-SM form's `full` hears the peer's TMA, its `empty` the leader's commit.
+        let pair = ring.cluster.as_ref().is_some_and(|c| c.pair.is_some());
+        let scope = if ring.cluster.is_some() && (bar == Bar::Empty || pair) {
             ".acquire.cluster"
         } else {
             ""
@@ -382,8 +384,17 @@ impl Writer<'_> {
             Step::Wait { bar, start } => self.wait(ring, c, bar, start)?,
             Step::ArriveExpectTx { bar, bytes } => {
                 let a = self.bar_addr(ring, bar, c.stage);
+                // The 2-SM form: the leader announces the pair's bytes on its own `full`.
+                let guard = match ring.cluster.as_ref().and_then(|c| c.pair) {
+                    Some(p) => {
+                        let (rank, lead) = (self.cluster_rank(), self.new_reg(Class::Pred));
+                        self.ins(format!("setp.eq.u32 {lead}, {rank}, {}", p.leader));
+                        format!("@{lead} ")
+                    }
+                    None => String::new(),
+                };
                 self.ins(format!(
-                    "mbarrier.arrive.expect_tx.shared::cta.b64 _, [{a}], {bytes}"
+                    "{guard}mbarrier.arrive.expect_tx.shared::cta.b64 _, [{a}], {bytes}"
                 ));
             }
             Step::Tma { load } => self.issue_tma(ring, load, c, iv, id)?,
@@ -579,6 +590,31 @@ impl Writer<'_> {
             c.stage, l.stage_stride, self.smem
         ));
         match &ring.cluster {
+            Some(cl) if let Some(p) = cl.pair => {
+                // The 2-SM form: the CTA's own tile (of the shared load, its half) completes
+                // on the leader's `full` (`.cta_group::2` may signal the peer CTA's barrier).
+                let rank = self.cluster_rank();
+                let leader_full = self.new_reg(Class::B32);
+                self.ins(format!(
+                    "mapa.shared::cluster.u32 {leader_full}, {full}, {}",
+                    p.leader
+                ));
+                let mut coords = coords;
+                if cl.shared == load {
+                    let n = coords.len();
+                    for (k, &h) in p.half.iter().enumerate() {
+                        if h != 0 {
+                            let shifted = self.new_reg(Class::B32);
+                            self.ins(format!(
+                                "mad.lo.s32 {shifted}, {rank}, {h}, {}",
+                                coords[n - 2 + k]
+                            ));
+                            coords[n - 2 + k] = shifted;
+                        }
+                    }
+                }
+                self.boxes(&l, &coords, stage, leader_full, &[], ".cta_group::2")
+            }
             Some(cl) if cl.shared == load => {
                 // Every CTA runs the same code; each box is issued where the rank is its
                 // issuer's, into the stages of its mask's CTAs.
@@ -593,7 +629,7 @@ impl Writer<'_> {
                         (p, mask)
                     })
                     .collect::<Vec<_>>();
-                self.boxes(&l, &coords, stage, full, &cast)
+                self.boxes(&l, &coords, stage, full, &cast, "")
             }
             _ => self.tma_boxes(&l, &coords, stage, full),
         }
@@ -632,11 +668,12 @@ impl Writer<'_> {
         stage: Reg,
         bar: Reg,
     ) -> Result<(), CodegenError> {
-        self.boxes(l, coords, stage, bar, &[])
+        self.boxes(l, coords, stage, bar, &[], "")
     }
 
     /// [`Writer::tma_boxes`]; with `cast` (one `(predicate, ctaMask)` per box), box `b` is
-    /// issued under `cast[b].0` with `.multicast::cluster` into the CTAs of `cast[b].1`.
+    /// issued under `cast[b].0` with `.multicast::cluster` into the CTAs of `cast[b].1`;
+    /// `group` qualifies every copy (`.cta_group::2` in the 2-SM form).
     fn boxes(
         &mut self,
         l: &TmaLoad,
@@ -644,6 +681,7 @@ impl Writer<'_> {
         stage: Reg,
         bar: Reg,
         cast: &[(Reg, Reg)],
+        group: &str,
     ) -> Result<(), CodegenError> {
         if !cast.is_empty() && cast.len() != l.boxes.len() {
             return Err(self.internal(l.load, "a multicast plan that misses boxes"));
@@ -680,7 +718,7 @@ impl Writer<'_> {
             };
             self.ins(format!(
                 "{guard}cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::\
-                 bytes{multicast} [{dst}], [{map}, {{{}}}], [{bar}]{mask}",
+                 bytes{multicast}{group} [{dst}], [{map}, {{{}}}], [{bar}]{mask}",
                 at.join(", ")
             ));
         }

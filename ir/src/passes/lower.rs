@@ -33,7 +33,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             kernel.options.cluster_loc,
             format!(
                 "this kernel cannot run in clusters of {} on {target}: only a persistent \
-                 sm_90a GEMM-shaped TMA ring is clustered",
+                 sm_90a or sm_100a GEMM-shaped TMA ring is clustered",
                 kernel.options.cluster
             ),
         )

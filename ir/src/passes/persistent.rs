@@ -11,9 +11,10 @@
 //!
 //! A kernel that asks for clusters of 2 ([`crate::dsl::cluster`]) gets them here when its
 //! ring has the structure [`crate::cluster`] needs, decided from the loads alone: a
-//! persistent sm_90a ring of two loads in the grouped tile order (no once loads, not rotated,
+//! persistent sm_90a or sm_100a ring of two loads in the grouped tile order (no once loads, not rotated,
 //! not split), of which exactly one reads no `block_id().x`, so the pair of tiles `(2p, y)`,
-//! `(2p + 1, y)` reads the same tile of it; that load is multicast and the tile scheduler
+//! `(2p + 1, y)` reads the same tile of it; that load is multicast (sm_100a: split between
+//! the pair of one 2-SM mma, [`cluster::pair_ring`]) and the tile scheduler
 //! deals pairs (its groups of x blocks counted in pairs). Any other kernel asking for a
 //! cluster is a diagnostic at the request.
 
@@ -84,19 +85,9 @@ fn cluster_pairs(kernel: &mut Kernel, id: OpId, target: Target) -> Result<(), Di
         .note("ask for `cluster(1)`, or leave clusters to the autotuner, which skips this")
     };
     let ring = &kernel.schedule.rings[&id];
-    let why = if target == Target::Sm100a {
-        // Blackwell's pair is a different schedule from sm_90a's multicast ring: one
-        // `tcgen05.mma.cta_group::2` of M = 256 over both CTAs' shared memory and TMEM, every
-        // tcgen05 op of the kernel in `cta_group::2` (ptxas rejects a kernel that mixes the
-        // two). Until it exists the request is refused rather than lowered to sm_90a's form.
-        Some(
-            "the 2-SM GEMM of sm_100a (`tcgen05.mma.cta_group::2`, a 256-row tile over the \
-             pair) is not implemented yet; sm_100a runs it on one CTA"
-                .into(),
-        )
-    } else if target != Target::Sm90a {
+    let why = if !matches!(target, Target::Sm90a | Target::Sm100a) {
         Some(format!(
-            "clusters are scheduled on sm_90a only, not {target}"
+            "clusters are scheduled on sm_90a and sm_100a only, not {target}"
         ))
     } else if ctas != cluster::CTAS {
         Some(format!("clusters have {} CTAs", cluster::CTAS))
@@ -131,7 +122,13 @@ fn cluster_pairs(kernel: &mut Kernel, id: OpId, target: Target) -> Result<(), Di
         .rings
         .get_mut(&id)
         .ok_or_else(|| Diagnostic::internal(loc, "a ring vanished"))?;
-    cluster::cluster_ring(ring, shared).map_err(fail)?;
+    // sm_100a pairs the CTAs in the 2-SM form (one `tcgen05.mma.cta_group::2` over both),
+    // sm_90a multicasts the shared tile into both CTAs' rings.
+    match target {
+        Target::Sm100a => cluster::pair_ring(ring, shared),
+        _ => cluster::cluster_ring(ring, shared),
+    }
+    .map_err(fail)?;
     // The scheduler deals pairs: a group of GROUP_ROWS x blocks is GROUP_ROWS / 2 pairs.
     kernel.schedule.tiles = Some(TileScheduler::Grouped {
         rows: GROUP_ROWS / cluster::CTAS,

@@ -20,12 +20,14 @@ mod attention;
 
 pub use attention::AttentionOptions;
 
+use crate::cluster::Pair;
 use crate::diag::Diagnostic;
 use crate::kernel::{Const, Kernel, OpKind, ValueDef};
 use crate::ring::Operand;
 use crate::target::Target;
 use crate::tmem::{
-    ACC_ROWS, AccBar, Descriptor, LOAD_COLUMNS, Roles, TmemPlan, TmemStep, instruction_descriptor,
+    ACC_ROWS, AccBar, Descriptor, LOAD_COLUMNS, Roles, TmemPair, TmemPlan, TmemStep,
+    instruction_descriptor,
 };
 
 use super::walk::first_ring_loc;
@@ -97,7 +99,10 @@ pub fn run_with(
     }
     let columns = n.next_power_of_two().max(32);
     let dtype = kernel.ty(kernel.ops[a.load].results[0]).dtype();
-    let idesc = instruction_descriptor(dtype, m, n, b.operand == Operand::MnMajorB);
+    // The 2-SM form's mma covers both CTAs' rows (M = 256, each TMEM its 128).
+    let pair = ring.cluster.as_ref().and_then(|c| c.pair);
+    let mma_m = m * pair.map_or(1, |_| crate::cluster::CTAS);
+    let idesc = instruction_descriptor(dtype, mma_m, n, b.operand == Operand::MnMajorB);
     let (a, b) = (Descriptor::of(a), Descriptor::of(b));
     let slot_offset = kernel.schedule.smem_bytes.next_multiple_of(8);
     let smem_bytes = slot_offset + 24;
@@ -176,11 +181,34 @@ pub fn run_with(
                 start: 1,
             },
             TmemStep::FenceAfter,
-            TmemStep::Dealloc { columns },
         ],
         epilogue,
+        pair: None,
     };
+    let plan = pair_plan(plan, pair);
     kernel.schedule.smem_bytes = smem_bytes;
     kernel.schedule.tmem = Some(plan);
     Ok(())
+}
+
+/// Ends the MMA warp's exit with the dealloc; in the 2-SM form a cluster barrier comes first,
+/// in both CTAs (the peer's MMA warp runs only these two steps), and the `acc_full` commit
+/// multicasts to the pair.
+fn pair_plan(mut plan: TmemPlan, pair: Option<Pair>) -> TmemPlan {
+    let dealloc = TmemStep::Dealloc {
+        columns: plan.columns,
+    };
+    match pair {
+        Some(p) => {
+            let exit = [TmemStep::ClusterSync, dealloc];
+            plan.mma_exit.extend(exit);
+            plan.pair = Some(TmemPair {
+                leader: p.leader,
+                commit_mask: p.commit_mask,
+                peer_exit: exit.to_vec(),
+            });
+        }
+        None => plan.mma_exit.push(dealloc),
+    }
+    plan
 }

@@ -131,6 +131,26 @@ pub enum TmemStep {
         /// Columns (those allocated).
         columns: u32,
     },
+    /// The 2-SM form: `barrier.cluster` by the whole warp, met by every thread of the pair
+    /// that has not exited, so neither CTA frees its columns while the leader's mmas or the
+    /// other's copies may still use them (PTX ISA "tcgen05 issue granularity").
+    ClusterSync,
+}
+
+/// The 2-SM form's side of a plan ([`crate::cluster::Pair`]): the leader's MMA thread writes
+/// both CTAs' accumulator (each CTA's TMEM holds its 128 rows at the same columns); its
+/// `acc_empty` counts both CTAs' epilogue warps (the peer's arrive remotely) and its
+/// `acc_full` commit arrives on both CTAs' `acc_full`. Both CTAs' MMA warps run
+/// [`TmemPlan::setup`] (the `cta_group::2` allocation is collective); the peer's issues no
+/// mma and after the tiles runs [`TmemPair::peer_exit`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TmemPair {
+    /// `%cluster_ctarank` of the leader.
+    pub leader: u32,
+    /// The `ctaMask` of the `acc_full` commit.
+    pub commit_mask: u16,
+    /// The peer's MMA warp after its tiles.
+    pub peer_exit: Vec<TmemStep>,
 }
 
 /// How `tcgen05.mma` reads one operand's stage: the shared-memory descriptor's constant
@@ -233,6 +253,8 @@ pub struct TmemPlan {
     pub mma_exit: Vec<TmemStep>,
     /// Each epilogue warp, per work tile.
     pub epilogue: Vec<TmemStep>,
+    /// The 2-SM form (a paired ring on sm_100a).
+    pub pair: Option<TmemPair>,
 }
 
 impl TmemPlan {
@@ -251,7 +273,10 @@ impl TmemPlan {
     pub fn count(&self, bar: AccBar) -> u32 {
         match bar {
             AccBar::Full => 1,
-            AccBar::Empty => self.roles.epilogue_warps,
+            // The 2-SM leader's counts both CTAs' epilogue warps.
+            AccBar::Empty => {
+                self.roles.epilogue_warps * self.pair.as_ref().map_or(1, |_| crate::cluster::CTAS)
+            }
         }
     }
 
@@ -291,6 +316,7 @@ impl fmt::Display for TmemStep {
             TmemStep::WaitLoad => f.write_str("wait::ld"),
             TmemStep::Read => f.write_str("read"),
             TmemStep::Dealloc { columns } => write!(f, "dealloc {columns} cols"),
+            TmemStep::ClusterSync => f.write_str("barrier.cluster"),
         }
     }
 }
@@ -342,6 +368,16 @@ impl fmt::Display for TmemPlan {
         writeln!(f, "    setup (mma warp): {}", join(&self.setup))?;
         writeln!(f, "    mma thread, per tile: {}", join(&self.mma_tile))?;
         writeln!(f, "    mma warp, after the tiles: {}", join(&self.mma_exit))?;
+        if let Some(p) = &self.pair {
+            writeln!(
+                f,
+                "    2-SM: leader CTA {} issues the mmas (cta_group::2) and commits acc_full to \
+                 {:#b}; peer mma warp, after the tiles: {}",
+                p.leader,
+                p.commit_mask,
+                join(&p.peer_exit)
+            )?;
+        }
         let blocks = match self.epilogue_warpgroups() {
             1 => String::new(),
             _ => format!(" (warpgroup g: columns + g x {})", self.block_columns()),

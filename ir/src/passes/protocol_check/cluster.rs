@@ -3,6 +3,7 @@
 //! remote arrival or multicast reaching a CTA that has exited) on the abstract machine, which
 //! runs both CTAs ([`super::machine`]).
 
+use crate::cluster::{Cluster, Pair};
 use crate::ring::{Bar, InitStep, Ring, Step};
 
 /// A broken cluster-scope protocol.
@@ -67,6 +68,20 @@ pub enum ClusterError {
         /// The iteration that used the stage before.
         previous: u32,
     },
+    /// A 2-SM CTA's TMA refills its stage before the pair's mma that read it was committed
+    /// to it.
+    #[error(
+        "CTA {cta}'s TMA refills its stage of iteration {previous} in iteration {iteration} \
+         before the pair's mma reading it completed (no commit released it there)"
+    )]
+    Refill {
+        /// The refilling CTA.
+        cta: u32,
+        /// The refilling iteration.
+        iteration: u32,
+        /// The iteration that used the stage before.
+        previous: u32,
+    },
     /// A remote arrival or multicast reaches a CTA that has already exited.
     #[error(
         "CTA {from}'s `{step}` reaches CTA {cta} after it exited (no cluster barrier before exit)"
@@ -119,13 +134,20 @@ pub(super) fn check_cluster(ring: &Ring, consumer_warps: u32) -> Result<(), Clus
     if let Some(why) = shape {
         return Err(ClusterError::Shape(why.to_string()));
     }
-    let expected = c.ctas * consumer_warps;
+    // The 2-SM form's `empty` hears the leader's multicast commit alone.
+    let expected = match c.pair {
+        Some(_) => consumer_warps,
+        None => c.ctas * consumer_warps,
+    };
     if ring.empty_count != expected {
         return Err(ClusterError::EmptyCount {
             count: ring.empty_count,
             ctas: c.ctas,
             expected,
         });
+    }
+    if let Some(p) = c.pair {
+        return check_pair(ring, c, p);
     }
     let boxes = ring.loads[c.shared].boxes.len();
     for index in 0..boxes.max(c.multicast.len()) {
@@ -153,4 +175,31 @@ pub(super) fn check_cluster(ring: &Ring, consumer_warps: u32) -> Result<(), Clus
         return Err(ClusterError::Shape(format!("`{s}` releases another array")));
     }
     Ok(())
+}
+
+/// The 2-SM form: a leader in the cluster, no multicast boxes and no peer releases (the
+/// leader's commits reach both CTAs; the TMEM rules check their masks).
+fn check_pair(ring: &Ring, c: &Cluster, p: Pair) -> Result<(), ClusterError> {
+    if p.leader >= c.ctas {
+        return Err(ClusterError::Shape(format!(
+            "its leader is CTA {} of {}",
+            p.leader, c.ctas
+        )));
+    }
+    if !c.multicast.is_empty() {
+        return Err(ClusterError::Shape(
+            "a 2-SM pair multicasts no boxes (each CTA loads its own half)".into(),
+        ));
+    }
+    match ring
+        .consumer
+        .iter()
+        .chain(&ring.consumer_drain)
+        .find(|s| matches!(s, Step::ArrivePeer { .. }))
+    {
+        Some(s) => Err(ClusterError::Shape(format!(
+            "`{s}` in a 2-SM pair, whose commits multicast"
+        ))),
+        None => Ok(()),
+    }
 }

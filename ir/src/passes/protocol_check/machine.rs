@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 
 use super::ProtocolError;
 use super::cluster::ClusterError;
+use crate::cluster::Pair;
 use crate::ring::{Bar, Ring, Step};
 
 /// One mbarrier of the abstract machine.
@@ -298,10 +299,25 @@ impl<'r> Machine<'r> {
             base += trips;
         }
         // Every CTA of a cluster runs the same programs: the pair walks its tiles in lockstep.
+        // In the 2-SM form only the leader's MMA thread consumes and only its producer
+        // announces the pair's bytes.
+        let pair = ring.cluster.as_ref().and_then(|c| c.pair);
         for cta in 0..self.ctas {
-            self.roles.push(Role::new(cta, producer.clone()));
+            let peer = pair.is_some_and(|p| p.leader != cta);
+            let own = |program: &Vec<At>| -> Vec<At> {
+                match peer {
+                    true => program
+                        .iter()
+                        .filter(|a| !matches!(a.step, Step::ArriveExpectTx { .. }))
+                        .copied()
+                        .collect(),
+                    false => program.clone(),
+                }
+            };
+            self.roles.push(Role::new(cta, own(&producer)));
             for consumer in &consumers {
-                self.roles.push(Role::new(cta, consumer.clone()));
+                let program = if peer { Vec::new() } else { consumer.clone() };
+                self.roles.push(Role::new(cta, program));
             }
         }
         let ctas = self.ctas as usize;
@@ -446,6 +462,7 @@ impl<'r> Machine<'r> {
                 self.arrive(cta, bar, stage, 1, cta)?;
                 Ok(true)
             }
+            Step::Tma { load } if self.pair().is_some() => self.pair_tma(cta, load, i, stage),
             Step::Tma { load } => {
                 let full = self.ring.full_of(load);
                 // Where each of the load's bytes land: the CTA's own stage, or, for the
@@ -659,6 +676,9 @@ impl<'r> Machine<'r> {
                 let g = std::mem::take(&mut r.uncommitted);
                 r.groups.push(g);
                 r.done = r.groups.len();
+                if let Some(p) = self.pair() {
+                    return self.pair_commit(cta, p.commit_mask, bar, i, lag);
+                }
                 self.step(
                     role,
                     At {
@@ -670,6 +690,73 @@ impl<'r> Machine<'r> {
             }
             Step::GenericWrite { .. } | Step::FenceProxyAsync => Ok(true),
         }
+    }
+
+    /// The ring's 2-SM form, if it is paired.
+    fn pair(&self) -> Option<Pair> {
+        self.ring.cluster.as_ref().and_then(|c| c.pair)
+    }
+
+    /// A TMA of CTA `cta`'s producer in the 2-SM form: its half lands in its own stage (which
+    /// the pair's mma of the stage's previous iteration must have released there, through the
+    /// leader's commit), its bytes complete on the leader's `full`.
+    fn pair_tma(
+        &mut self,
+        cta: u32,
+        load: usize,
+        i: u32,
+        stage: u32,
+    ) -> Result<bool, ProtocolError> {
+        let stages = self.ring.stages;
+        let leader = self.pair().map_or(0, |p| p.leader);
+        // The leader's mma of the stage's previous iteration reads both CTAs' halves: it must
+        // have completed, and its commit released the stage here.
+        let reading = |r: &Role| r.in_flight(|&(x, _)| i >= stages && x == i - stages);
+        if i >= stages
+            && (self.released[cta as usize][(i - stages) as usize] == 0
+                || self.roles.iter().any(reading))
+        {
+            return Err(ClusterError::Refill {
+                cta,
+                iteration: i,
+                previous: i - stages,
+            }
+            .into());
+        }
+        self.reaches(cta, leader, Step::Tma { load })?;
+        let bytes = self.ring.loads.get(load).map_or(0, |l| l.tile_bytes());
+        let b = self.bar(leader, self.ring.full_of(load), stage);
+        b.tx -= i64::from(bytes);
+        b.from |= 1 << cta;
+        b.settle();
+        Ok(true)
+    }
+
+    /// The leader's `tcgen05.commit` in the 2-SM form (the mmas before it have completed):
+    /// one arrival on `bar[(i - lag) % stages]` of every CTA of `mask`, releasing the stage
+    /// there.
+    fn pair_commit(
+        &mut self,
+        cta: u32,
+        mask: u16,
+        bar: Bar,
+        i: u32,
+        lag: u32,
+    ) -> Result<bool, ProtocolError> {
+        if i < lag {
+            return Ok(true);
+        }
+        let j = i - lag;
+        for to in (0..self.ctas).filter(|to| mask & (1 << to) != 0) {
+            self.reaches(cta, to, Step::Tcgen05Commit { bar, lag })?;
+            if bar == Bar::Empty
+                && let Some(r) = self.released[to as usize].get_mut(j as usize)
+            {
+                *r += 1;
+            }
+            self.arrive(to, bar, j % self.ring.stages, 1, cta)?;
+        }
+        Ok(true)
     }
 
     /// A wgmma of `role` reads the stage of iteration `i` on `full`: its wait must have passed.

@@ -69,6 +69,15 @@
 //! handed back on `acc_empty` (once, fenced before). A persistent ring's machine runs
 //! sequences of work tiles as on sm_90a.
 //!
+//! The sm_100a 2-SM pair ([`crate::cluster::Pair`]): the cluster's set-up and exit barrier as
+//! above, `empty` counting the leader's one multicast commit, the leader announcing both CTAs'
+//! bytes on its `full`; the TMEM plan is paired with the ring, both CTAs free the columns they
+//! allocate together, each after a cluster barrier, the peer issues no mma, and every commit
+//! (the stages' and `acc_full`'s) reaches both CTAs. Its machine runs both CTAs, only the
+//! leader consuming: each CTA's TMA completes on the leader's `full`, each commit arrives on
+//! both CTAs' barrier, and a TMA that refills a stage before the pair's mma that read it
+//! completed (or was committed to that CTA) fails it.
+//!
 //! sm_100a attention ([`AttentionPlan`]): the ring's set-up and static rules, then the
 //! schedule's own ([`AttentionError`], module `tmem_attention`): TMEM ownership as above, only
 //! the MMA thread signalling and only by `tcgen05.commit`, every `tcgen05.ld`/`st` waited
@@ -440,7 +449,11 @@ pub fn check(ring: &Ring, roles: &Roles) -> Result<(), ProtocolError> {
 /// the abstract execution with the MMA thread as the ring's one consumer (one arrival per
 /// release; see the module doc).
 pub fn check_sm100a(ring: &Ring, plan: &TmemPlan) -> Result<(), ProtocolError> {
-    check_init(&ring.init)?;
+    if ring.cluster.is_none() {
+        check_init(&ring.init)?;
+    }
+    // The 2-SM form's cluster rules, its MMA thread the one consumer of the pair.
+    cluster::check_cluster(ring, 1)?;
     check_static(ring)?;
     // The TMEM rules first: they name a plain release for what it is, which the machine
     // would report as an early one.

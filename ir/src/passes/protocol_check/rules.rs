@@ -122,7 +122,18 @@ fn check_split(ring: &Ring) -> Result<(), ProtocolError> {
         let loads: Vec<usize> = (0..ring.loads.len())
             .filter(|&l| ring.full_of(l) == full)
             .collect();
-        let boxes = loads.iter().map(|&l| ring.loads[l].tile_bytes()).sum();
+        // In the 2-SM form both CTAs' loads complete on the leader's `full`, which announces
+        // them all.
+        let ctas = ring
+            .cluster
+            .as_ref()
+            .and_then(|c| c.pair.map(|_| c.ctas))
+            .unwrap_or(1);
+        let boxes = ctas
+            * loads
+                .iter()
+                .map(|&l| ring.loads[l].tile_bytes())
+                .sum::<u32>();
         if announced != boxes {
             return Err(ProtocolError::TxBytes { announced, boxes });
         }

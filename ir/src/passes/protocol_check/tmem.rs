@@ -46,6 +46,50 @@ pub enum TmemError {
     /// on `acc_empty` would hang, or pass while a copy still reads.
     #[error("each epilogue warp must arrive on acc_empty exactly once, after tcgen05.wait::ld")]
     NoHandBack,
+    /// The ring and the TMEM plan disagree on the 2-SM form.
+    #[error("the ring is {ring} and the TMEM plan {plan}: both or neither are the 2-SM form")]
+    PairMismatch {
+        /// How the ring is scheduled.
+        ring: &'static str,
+        /// How the plan is.
+        plan: &'static str,
+    },
+    /// The 2-SM pair's CTAs do not allocate and free the same columns.
+    #[error(
+        "the 2-SM pair allocates {columns} columns together (cta_group::2 allocations are \
+         collective) but the peer CTA frees {peer:?}"
+    )]
+    PairColumns {
+        /// Columns the pair allocates.
+        columns: u32,
+        /// What the peer's MMA warp frees.
+        peer: Vec<u32>,
+    },
+    /// The peer CTA of a 2-SM pair issues mma work.
+    #[error("`{0}` in the peer CTA's MMA warp: only the leader issues the pair's tcgen05.mma")]
+    PeerIssues(TmemStep),
+    /// A 2-SM commit does not reach every CTA of the pair.
+    #[error(
+        "the 2-SM pair's {what} commit arrives on the CTAs {mask:#b}; it must reach both \
+         ({all:#b}), whose {what} it releases"
+    )]
+    CommitMask {
+        /// Which commit.
+        what: &'static str,
+        /// Its `ctaMask`.
+        mask: u16,
+        /// Both CTAs.
+        all: u16,
+    },
+    /// A CTA of the 2-SM pair frees TMEM before the cluster barrier.
+    #[error(
+        "the {cta} CTA's MMA warp frees TMEM without a cluster barrier before it: the leader's \
+         mmas or the other CTA's copies may still use the columns"
+    )]
+    PairExit {
+        /// Which CTA (leader or peer).
+        cta: &'static str,
+    },
     /// The epilogue does not copy every accumulator column exactly once.
     #[error(
         "the epilogue's tcgen05.ld copies columns {got:?} in each of {warpgroups} warpgroups (warpgroup g at + g x {block}); the accumulator has {acc}, column {column} is copied {times} times"
@@ -99,7 +143,77 @@ pub(super) fn check_tmem(ring: &Ring, plan: &TmemPlan) -> Result<(), ProtocolErr
     }
     // The epilogue first: a free or an allocation there names the warp that should own it.
     check_epilogue(plan)?;
-    check_owner(plan)
+    check_owner(plan)?;
+    check_pair(ring, plan)
+}
+
+/// The 2-SM form's rules: the ring and the plan are paired together; both CTAs free the
+/// columns they allocated together, each after a cluster barrier (the leader's after its
+/// wait for both CTAs' last copies); the peer issues no mma; every commit, the stages' and
+/// `acc_full`'s, reaches both CTAs.
+fn check_pair(ring: &Ring, plan: &TmemPlan) -> Result<(), ProtocolError> {
+    let form = |paired: bool| if paired { "paired" } else { "not paired" };
+    let cluster = ring
+        .cluster
+        .as_ref()
+        .and_then(|c| c.pair.map(|p| (c.all(), p)));
+    let ((all, ring_pair), pair) = match (cluster, &plan.pair) {
+        (Some(c), Some(p)) => (c, p),
+        (None, None) => return Ok(()),
+        (c, p) => {
+            return Err(TmemError::PairMismatch {
+                ring: form(c.is_some()),
+                plan: form(p.is_some()),
+            }
+            .into());
+        }
+    };
+    for (what, mask) in [
+        ("stage", ring_pair.commit_mask),
+        ("acc_full", pair.commit_mask),
+    ] {
+        if mask != all {
+            return Err(TmemError::CommitMask { what, mask, all }.into());
+        }
+    }
+    if let Some(s) = pair.peer_exit.iter().find(|s| {
+        matches!(
+            s,
+            TmemStep::Mainloop | TmemStep::CommitAcc | TmemStep::Alloc { .. }
+        )
+    }) {
+        return Err(TmemError::PeerIssues(*s).into());
+    }
+    let frees = |steps: &[TmemStep]| -> Vec<u32> {
+        steps
+            .iter()
+            .filter_map(|s| match s {
+                TmemStep::Dealloc { columns } => Some(*columns),
+                _ => None,
+            })
+            .collect()
+    };
+    let peer = frees(&pair.peer_exit);
+    if peer != [plan.columns] {
+        return Err(TmemError::PairColumns {
+            columns: plan.columns,
+            peer,
+        }
+        .into());
+    }
+    let synced = |steps: &[TmemStep]| {
+        let at = |s: TmemStep| steps.iter().position(|x| *x == s);
+        matches!(
+            (at(TmemStep::ClusterSync), at(TmemStep::Dealloc { columns: plan.columns })),
+            (Some(sync), Some(free)) if sync < free
+        )
+    };
+    for (cta, steps) in [("leader", &plan.mma_exit), ("peer", &pair.peer_exit)] {
+        if !synced(steps) {
+            return Err(TmemError::PairExit { cta }.into());
+        }
+    }
+    Ok(())
 }
 
 /// The MMA warp's set-up allocates once, relinquishes the permit and publishes the address;
@@ -207,7 +321,8 @@ fn check_epilogue(plan: &TmemPlan) -> Result<(), ProtocolError> {
             | TmemStep::Arrive { .. }
             | TmemStep::Wait { .. }
             | TmemStep::Mainloop
-            | TmemStep::CommitAcc => {}
+            | TmemStep::CommitAcc
+            | TmemStep::ClusterSync => {}
         }
     }
     if pending {

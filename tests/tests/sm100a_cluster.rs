@@ -1,0 +1,319 @@
+//! The 2-SM form of the sm_100a gemm kernels (`CLUSTER_M = 2`, `kiln_ir::cluster::Pair`): a
+//! cluster of two CTAs computes a 256-row tile as one `tcgen05.mma.cta_group::2` issued by the
+//! leader CTA's MMA thread, each CTA loading its own A tile and half of B's. The passes pair
+//! the ring by structure, the protocol check proves the pair (on both CTAs) and rejects a
+//! mutated copy of the real plan with each 2-SM rule's own error, and ptxas assembles every
+//! variant without spills or advisories with the instruction mix the plan calls for. Nothing
+//! here runs on a GPU: no Blackwell is available.
+
+mod ptx_examples;
+
+use kiln_ir::cluster::Pair;
+use kiln_ir::passes::protocol_check::{self, ClusterError, ProtocolError, TmemError};
+use kiln_ir::passes::{PASSES, run_pipeline};
+use kiln_ir::ring::{Bar, Operand, Ring, Step};
+use kiln_ir::tmem::{AccBar, TmemPlan, TmemStep};
+use kiln_ir::{Kernel, Target};
+
+/// `kernel` after every pass but `protocol_check`, for sm_100a.
+fn scheduled(kernel: &Kernel) -> Kernel {
+    let mut k = kernel.clone();
+    for (name, _, pass) in PASSES {
+        if *name != "protocol_check" {
+            pass(&mut k, Target::Sm100a).unwrap_or_else(|d| panic!("{name}: {d}"));
+        }
+    }
+    k
+}
+
+/// The paired variants: both B layouts, a 32-wide K step, f16, and the fused epilogues the
+/// 1-CTA form assembles without spills (with GELU or SiLU its epilogue thread's 128-column
+/// row spills, paired or not: `sm100a_schedule`).
+const VARIANTS: &[(&str, &[(&str, &str)])] = &[
+    ("gemm", &[]),
+    ("gemm", &[("b_col_major", "true")]),
+    ("gemm", &[("BK", "32")]),
+    ("gemm", &[("dtype", "f16")]),
+    ("gemm_bias_act", &[]),
+    ("gemm_bias_act", &[("act", "1"), ("b_col_major", "true")]),
+    ("gemm_alpha_beta", &[]),
+];
+
+/// `name` with `overrides` and `CLUSTER_M = 2`.
+fn paired(name: &str, overrides: &[(&str, &str)]) -> Kernel {
+    let mut o = overrides.to_vec();
+    o.push(("CLUSTER_M", "2"));
+    ptx_examples::build(name, &o)
+}
+
+/// The paired gemm's ring and TMEM plan.
+fn plan(overrides: &[(&str, &str)]) -> (Ring, TmemPlan) {
+    let k = scheduled(&paired("gemm", overrides));
+    let ring = k.schedule.rings.values().next().expect("one ring").clone();
+    (ring, k.schedule.tmem.expect("a TMEM plan"))
+}
+
+fn pair(r: &Ring) -> Pair {
+    r.cluster
+        .as_ref()
+        .and_then(|c| c.pair)
+        .expect("a 2-SM pair")
+}
+
+#[test]
+fn the_pair_splits_b_and_the_protocol_holds_on_both_ctas() {
+    // B row-major (MN-major, stored [K, N]): each CTA loads one 64-column box of the 128;
+    // column-major (K-major, stored [N, K]): 64 of the 128 rows.
+    for (b_col_major, operand, half, idesc) in [
+        ("false", Operand::MnMajorB, [0, 64], 0x1021_0490),
+        ("true", Operand::KMajorB, [64, 0], 0x1020_0490),
+    ] {
+        let (ring, tmem) = plan(&[("b_col_major", b_col_major)]);
+        let b = &ring.loads[1];
+        assert_eq!(b.operand, operand);
+        assert_eq!(
+            b.tile_dims().iter().product::<u32>(),
+            64 * 64,
+            "{b_col_major}"
+        );
+        let p = pair(&ring);
+        assert_eq!((p.leader, p.half, p.commit_mask), (0, half, 0b11));
+        let c = ring.cluster.as_ref().expect("cluster");
+        assert!(c.multicast.is_empty() && c.exit_sync && c.shared == 1);
+        // The leader's `full` announces both CTAs' A tile and B half; `empty` hears the one
+        // multicast commit.
+        assert!(ring.producer.contains(&Step::ArriveExpectTx {
+            bar: Bar::Full,
+            bytes: 2 * (128 * 64 * 2 + 64 * 64 * 2),
+        }));
+        assert_eq!((ring.full_count, ring.empty_count), (1, 1));
+        // M = 256 (bits 24-28: 16) over the pair, N = 128; each TMEM holds its 128 rows.
+        assert_eq!(tmem.idesc, idesc, "{b_col_major}");
+        assert_eq!(tmem.acc_columns, 128);
+        let tp = tmem.pair.as_ref().expect("a TMEM pair");
+        assert_eq!(tp.commit_mask, 0b11);
+        assert_eq!(
+            tp.peer_exit,
+            [TmemStep::ClusterSync, TmemStep::Dealloc { columns: 128 }]
+        );
+        // Both CTAs' epilogue warps hand TMEM back to the leader.
+        assert_eq!(tmem.count(AccBar::Empty), 2 * tmem.roles.epilogue_warps);
+        protocol_check::check_sm100a(&ring, &tmem).unwrap_or_else(|e| panic!("{e}"));
+    }
+    for &(name, overrides) in VARIANTS {
+        let mut k = scheduled(&paired(name, overrides));
+        protocol_check::run(&mut k, Target::Sm100a)
+            .unwrap_or_else(|d| panic!("{name} {overrides:?}: {d}"));
+    }
+}
+
+type Edit = fn(&mut Ring, &mut TmemPlan);
+type Expect = fn(&ProtocolError) -> bool;
+
+#[test]
+fn each_pair_rule_rejects_its_mutation() {
+    let edits: [(&str, Edit, Expect); 10] = [
+        (
+            "the plan is not paired with its ring",
+            |_, p| p.pair = None,
+            |e| matches!(e, ProtocolError::Tmem(TmemError::PairMismatch { .. })),
+        ),
+        (
+            "the peer frees other columns than the pair allocated",
+            |_, p| {
+                if let Some(tp) = p.pair.as_mut() {
+                    tp.peer_exit[1] = TmemStep::Dealloc { columns: 256 };
+                }
+            },
+            |e| matches!(e, ProtocolError::Tmem(TmemError::PairColumns { .. })),
+        ),
+        (
+            "the peer issues mmas",
+            |_, p| {
+                if let Some(tp) = p.pair.as_mut() {
+                    tp.peer_exit.insert(0, TmemStep::Mainloop);
+                }
+            },
+            |e| matches!(e, ProtocolError::Tmem(TmemError::PeerIssues(_))),
+        ),
+        (
+            "the stage commits miss the peer",
+            |r, _| {
+                if let Some(p) = r.cluster.as_mut().and_then(|c| c.pair.as_mut()) {
+                    p.commit_mask = 0b01;
+                }
+            },
+            |e| {
+                matches!(
+                    e,
+                    ProtocolError::Tmem(TmemError::CommitMask { what: "stage", .. })
+                )
+            },
+        ),
+        (
+            "the accumulator commit misses the peer",
+            |_, p| {
+                if let Some(tp) = p.pair.as_mut() {
+                    tp.commit_mask = 0b01;
+                }
+            },
+            |e| {
+                matches!(
+                    e,
+                    ProtocolError::Tmem(TmemError::CommitMask {
+                        what: "acc_full",
+                        ..
+                    })
+                )
+            },
+        ),
+        (
+            "the leader frees its columns without the cluster barrier",
+            |_, p| p.mma_exit.retain(|s| *s != TmemStep::ClusterSync),
+            |e| {
+                matches!(
+                    e,
+                    ProtocolError::Tmem(TmemError::PairExit { cta: "leader" })
+                )
+            },
+        ),
+        (
+            "the peer frees its columns without the cluster barrier",
+            |_, p| {
+                if let Some(tp) = p.pair.as_mut() {
+                    tp.peer_exit.retain(|s| *s != TmemStep::ClusterSync);
+                }
+            },
+            |e| matches!(e, ProtocolError::Tmem(TmemError::PairExit { cta: "peer" })),
+        ),
+        // A commit before the mma releases both CTAs' stage while the mma still reads it.
+        (
+            "a stage is refilled before the pair's mma reading it completed",
+            |r, _| r.consumer.swap(1, 2),
+            |e| matches!(e, ProtocolError::Cluster(ClusterError::Refill { .. })),
+        ),
+        // The leader's commits reach the peer after it left.
+        (
+            "no cluster barrier before exit",
+            |r, _| {
+                if let Some(c) = r.cluster.as_mut() {
+                    c.exit_sync = false;
+                }
+            },
+            |e| matches!(e, ProtocolError::Cluster(ClusterError::AfterExit { .. })),
+        ),
+        (
+            "the leader announces one CTA's bytes",
+            |r, _| {
+                for s in &mut r.producer {
+                    if let Step::ArriveExpectTx { bytes, .. } = s {
+                        *bytes /= 2;
+                    }
+                }
+            },
+            |e| matches!(e, ProtocolError::TxBytes { .. }),
+        ),
+    ];
+    for (what, edit, expected) in edits {
+        let (mut ring, mut tmem) = plan(&[]);
+        edit(&mut ring, &mut tmem);
+        let e = protocol_check::check_sm100a(&ring, &tmem).expect_err(what);
+        assert!(expected(&e), "{what}: got {e}");
+    }
+    // Through the pass, a broken rule is a compiler error at the user's loop.
+    let mut k = scheduled(&paired("gemm", &[]));
+    if let Some(p) = k.schedule.tmem.as_mut().and_then(|p| p.pair.as_mut()) {
+        p.commit_mask = 0b10;
+    }
+    let d = protocol_check::run(&mut k, Target::Sm100a).expect_err("commit mask");
+    assert!(d.to_string().contains("must reach both"), "{d}");
+    assert!(d.to_string().contains("examples/src/gemm.rs"), "{d}");
+}
+
+/// The code of the MMA warp in `ptx`: from its role comment to the epilogue's.
+fn mma_warp(ptx: &str) -> &str {
+    let from = ptx.find("// mma warp:").expect("mma warp");
+    let to = ptx.find("// epilogue warps:").expect("epilogue");
+    &ptx[from..to]
+}
+
+#[test]
+fn paired_ptx_assembles_clean_with_the_2sm_instruction_mix() {
+    if let Err(e) = kiln_ptx::ptxas::find_ptxas() {
+        panic!("{e}");
+    }
+    for &(name, overrides) in VARIANTS {
+        let what = format!("{name} {overrides:?}");
+        let m = kiln_ptx::compile(&paired(name, overrides), Target::Sm100a)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm100a)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(!report.spills(), "{what} spills: {report}");
+        assert!(report.warnings.is_empty(), "{what}: advisories: {report}");
+        let ptx = &m.ptx;
+        let count = |s: &str| ptx.matches(s).count();
+        assert_eq!(count(".reqnctapercluster 2, 1, 1"), 1, "{what}");
+        // Every tcgen05 op of the kernel acts for the pair (ptxas rejects a mix).
+        assert_eq!(count("cta_group::1"), 0, "{what}");
+        assert_eq!(count("tcgen05.alloc.cta_group::2"), 1, "{what}");
+        assert_eq!(count("tcgen05.relinquish_alloc_permit.cta_group::2"), 1);
+        // The leader's and the peer's exits each free the columns.
+        assert_eq!(count("tcgen05.dealloc.cta_group::2"), 2, "{what}");
+        // Each CTA's TMA (its A tile, its B half; the producer's first iteration is peeled)
+        // completes on the leader's `full`, announced by the leader alone.
+        assert_eq!(count("bytes.cta_group::2 ["), 4, "{what}");
+        assert_eq!(count("multicast::cluster"), 2, "{what}");
+        // Set-up, the leader's and the peer's MMA warp exits, the epilogue's exit.
+        assert_eq!(count("barrier.cluster.arrive.release.aligned"), 4, "{what}");
+        assert_eq!(count("barrier.cluster.wait.acquire.aligned"), 4, "{what}");
+        assert_eq!(count("bar.sync 0;"), 0, "{what}");
+        // Only the MMA warp issues mmas and commits, each commit multicast to both CTAs.
+        let mma = mma_warp(ptx);
+        assert_eq!(
+            count("tcgen05.mma.cta_group::2.kind::f16"),
+            mma.matches("tcgen05.mma.cta_group::2.kind::f16").count()
+        );
+        assert_eq!(
+            mma.matches(
+                "tcgen05.commit.cta_group::2.mbarrier::arrive::one.shared::cluster.multicast::cluster.b64"
+            )
+            .count(),
+            2,
+            "{what}: the stage's and acc_full's"
+        );
+        // The MMA warp's lane 0 of the leader alone walks the tiles: the peer's joins the
+        // warp at the exit.
+        assert!(mma.contains("%cluster_ctarank"), "{what}");
+        assert!(mma.contains("or.pred"), "{what}");
+        // The epilogue hands TMEM back on the leader's acc_empty.
+        let epilogue = &ptx[ptx.find("// epilogue warps:").expect("epilogue")..];
+        assert!(
+            epilogue.contains("mbarrier.arrive.release.cluster.shared::cluster.b64"),
+            "{what}"
+        );
+        assert!(epilogue.contains("mbarrier.try_wait.parity.acquire.cluster"));
+    }
+}
+
+#[test]
+fn the_default_form_is_unchanged_and_impossible_pairs_are_diagnostics() {
+    // CLUSTER_M = 1 has none of the pair's instructions.
+    let m = kiln_ptx::compile(&ptx_examples::build("gemm", &[]), Target::Sm100a).expect("1-CTA");
+    for s in [
+        "cta_group::2",
+        "cluster_ctarank",
+        "multicast",
+        "mapa",
+        "barrier.cluster",
+        "reqnctapercluster",
+    ] {
+        assert!(!m.ptx.contains(s), "the 1-CTA gemm: {s}");
+    }
+    // A 64-column B tile does not split into two halves of whole 64-column boxes.
+    let mut k = paired("gemm", &[("BN", "64")]);
+    let d = run_pipeline(&mut k, Target::Sm100a, &mut |_, _| {}).expect_err("BN 64");
+    let text = d.to_string();
+    assert!(text.contains("cannot run in clusters of 2"), "{text}");
+    assert!(text.contains("halves of whole TMA boxes"), "{text}");
+    assert!(text.contains("examples/src/gemm.rs"), "{text}");
+}
