@@ -26,16 +26,18 @@ fn scheduled(kernel: &Kernel) -> Kernel {
     k
 }
 
-/// The paired variants: both B layouts, a 32-wide K step, f16, and the fused epilogues the
-/// 1-CTA form assembles without spills (with GELU or SiLU its epilogue thread's 128-column
-/// row spills, paired or not: `sm100a_schedule`).
+/// The paired variants: both B layouts, both tile widths, a 32-wide K step, f16, the fused
+/// epilogues.
 const VARIANTS: &[(&str, &[(&str, &str)])] = &[
     ("gemm", &[]),
     ("gemm", &[("b_col_major", "true")]),
+    ("gemm", &[("BN", "256")]),
+    ("gemm", &[("BN", "256"), ("b_col_major", "true")]),
     ("gemm", &[("BK", "32")]),
     ("gemm", &[("dtype", "f16")]),
-    ("gemm_bias_act", &[]),
-    ("gemm_bias_act", &[("act", "1"), ("b_col_major", "true")]),
+    ("gemm_bias_act", &[("act", "1")]),
+    ("gemm_bias_act", &[("act", "2")]),
+    ("gemm_bias_act", &[("act", "3"), ("b_col_major", "true")]),
     ("gemm_alpha_beta", &[]),
 ];
 
@@ -244,8 +246,12 @@ fn paired_ptx_assembles_clean_with_the_2sm_instruction_mix() {
     }
     for &(name, overrides) in VARIANTS {
         let what = format!("{name} {overrides:?}");
-        let m = kiln_ptx::compile(&paired(name, overrides), Target::Sm100a)
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let kernel = paired(name, overrides);
+        let k = scheduled(&kernel);
+        let ring = k.schedule.rings.values().next().expect("one ring");
+        let boxes: usize = ring.loads.iter().map(|l| l.boxes.len()).sum();
+        let m =
+            kiln_ptx::compile(&kernel, Target::Sm100a).unwrap_or_else(|e| panic!("{what}: {e}"));
         let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm100a)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         assert!(!report.spills(), "{what} spills: {report}");
@@ -261,7 +267,7 @@ fn paired_ptx_assembles_clean_with_the_2sm_instruction_mix() {
         assert_eq!(count("tcgen05.dealloc.cta_group::2"), 2, "{what}");
         // Each CTA's TMA (its A tile, its B half; the producer's first iteration is peeled)
         // completes on the leader's `full`, announced by the leader alone.
-        assert_eq!(count("bytes.cta_group::2 ["), 4, "{what}");
+        assert_eq!(count("bytes.cta_group::2 ["), 2 * boxes, "{what}");
         assert_eq!(count("multicast::cluster"), 2, "{what}");
         // Set-up, the leader's and the peer's MMA warp exits, the epilogue's exit.
         assert_eq!(count("barrier.cluster.arrive.release.aligned"), 4, "{what}");
