@@ -3,7 +3,8 @@
 //! shared memories, each CTA's multicast writing its boxes of B into both, and the result
 //! matches the f64 reference on odd shapes with few clusters (ragged pairs included), as do
 //! the fused epilogues; a multicast that misses the peer, and slabs that land on each other,
-//! fail it.
+//! fail it. The same for sm_100a's 2-SM pair, whose leader's mma computes both CTAs'
+//! accumulators from B joined from both CTAs' halves; both CTAs loading one half fails it.
 
 mod ptx_examples;
 
@@ -182,5 +183,65 @@ fn multicast_faults_fail_the_execution() {
     assert!(
         err.is_nan() || err > 0.1,
         "slabs over each other gave rel error {err}"
+    );
+}
+
+/// The gemm with `overrides` paired in sm_100a's 2-SM form, after the sm_100a pipeline.
+fn paired(overrides: &[(&str, &str)]) -> Kernel {
+    let mut o = overrides.to_vec();
+    o.push(("CLUSTER_M", "2"));
+    let mut k = ptx_examples::build("gemm", &o);
+    run_pipeline(&mut k, Target::Sm100a, &mut |_, _| {}).unwrap_or_else(|d| panic!("{d}"));
+    assert!(
+        k.schedule
+            .rings
+            .values()
+            .all(|r| r.cluster.as_ref().is_some_and(|c| c.pair.is_some()))
+    );
+    k
+}
+
+#[test]
+fn paired_sm100a_gemm_matches_reference() {
+    // The 2-SM form: the leader's mma computes both CTAs' accumulators from each CTA's A and
+    // B joined from both CTAs' halves; odd shapes with a ragged pair, 1 and 2 clusters.
+    let mut rng = Rng::from_env();
+    for (overrides, tile, shape) in [
+        (&[][..], (128, 128), (300, 200, 450)),
+        (&[("b_col_major", "true")][..], (128, 128), (300, 136, 200)),
+        (&[("BN", "256")][..], (128, 256), (257, 264, 130)),
+    ] {
+        let b_col_major = overrides.contains(&("b_col_major", "true"));
+        let kernel = paired(overrides);
+        let (a, b, want) = inputs(&mut rng, shape, b_col_major);
+        for ctas in [2, 4] {
+            let got = run(&kernel, tile, (&a, &b), shape.1, ctas)
+                .unwrap_or_else(|e| panic!("{overrides:?} on {ctas} CTAs: {e}"));
+            let case = Case {
+                kernel: format!("sm_100a gemm CLUSTER_M=2 {overrides:?}, {ctas} CTAs"),
+                shape: format!("{shape:?}"),
+                dist: Dist::Normal,
+                seed: rng.seed(),
+            };
+            assert_close(&case, &got, &want, tolerance(DType::Bf16));
+        }
+    }
+    // Both CTAs loading the first half of B: every barrier sees its bytes, so the protocol
+    // check passes, but the mma reads that half twice and never the second.
+    let shape = (256, 128, 192);
+    let (a, b, want) = inputs(&mut rng, shape, false);
+    let mut kernel = paired(&[]);
+    let plan = kernel.schedule.tmem.clone().expect("a TMEM plan");
+    for r in kernel.schedule.rings.values_mut() {
+        if let Some(p) = r.cluster.as_mut().and_then(|c| c.pair.as_mut()) {
+            p.half = [0, 0];
+        }
+        protocol_check::check_sm100a(r, &plan).expect("the protocol cannot see it");
+    }
+    let got = run(&kernel, (128, 128), (&a, &b), shape.1, 2).expect("runs");
+    let err = rel_error(&got.to_f64_vec(), &want);
+    assert!(
+        err.is_nan() || err > 0.1,
+        "one half of B twice gave rel error {err}"
     );
 }

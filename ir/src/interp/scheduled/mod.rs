@@ -636,6 +636,16 @@ impl<'p, 'k> Memory<'p, 'k> {
             .map_err(|e| self.plan.error(e))
     }
 
+    /// What `l`'s boxes hold in `stage`, the extent they cover (a 2-SM CTA's half of the
+    /// shared tile), as the pair's mma reads it now.
+    pub(super) fn read_part(&self, l: &TmaLoad, stage: u32) -> Result<Value, InterpError> {
+        let ty = self.plan.kernel.ty(self.plan.kernel.ops[l.load].results[0]);
+        let dims = l.tile_dims().map(|d| d as usize);
+        self.smem
+            .read_tile(&Boxes::load(l, stage), ty.dtype(), &dims)
+            .map_err(|e| self.plan.error(e))
+    }
+
     /// The tile `l` holds in `stage`, as a consumer reads it now.
     pub(super) fn read(&self, l: &TmaLoad, stage: u32) -> Result<Value, InterpError> {
         let ty = self.plan.kernel.ty(self.plan.kernel.ops[l.load].results[0]);

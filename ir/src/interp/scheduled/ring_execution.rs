@@ -6,9 +6,16 @@
 //! the cluster): a CTA's TMA of the shared load writes the boxes it issues into the stage of
 //! every CTA in their mask, from its own tile's coordinates, so a box that misses a CTA leaves
 //! that CTA's stage as it was.
+//!
+//! A 2-SM pair ([`crate::cluster::Pair`], sm_100a) runs the same way, each CTA's TMA writing
+//! its own stage (of the shared load, its half of the tile, at its rank's offset), but only
+//! the leader consumes: its mma step computes both CTAs' accumulators, each from that CTA's
+//! own A tile and the B tile joined from both CTAs' halves in rank order, into each CTA's
+//! TMEM, which each CTA's tiles' code after the loop reads.
 
 use std::collections::BTreeMap;
 
+use crate::cluster::Pair;
 use crate::kernel::OpId;
 use crate::passes::protocol_check::machine::{At, Machine as Protocol, PRODUCER, roles_per_cta};
 use crate::ring::Step;
@@ -16,7 +23,7 @@ use crate::ring::Step;
 use super::super::error::InterpError;
 use super::super::eval;
 use super::super::exec::Machine;
-use super::super::value::Value;
+use super::super::value::{Elems, Value};
 use super::{Env, Memory, Parts, Plan, Stop, Tile, defer, run_checked};
 
 /// One CTA's execution: its tiles, each iteration's values, shared and tensor memory.
@@ -186,12 +193,30 @@ impl<'p, 'k> RingCta<'p, 'k> {
         ops: &[OpId],
         stage: u32,
     ) -> Result<(), InterpError> {
+        self.consume_with(m, k, t, ops, stage, None)
+    }
+
+    /// [`RingCta::consume`], ring load `joined.0` reading the tile `joined.1` instead of this
+    /// CTA's stage (the 2-SM pair's B, joined from both CTAs' halves).
+    fn consume_with(
+        &mut self,
+        m: &mut Machine<'k, '_, '_>,
+        k: usize,
+        t: u32,
+        ops: &[OpId],
+        stage: u32,
+        joined: Option<(usize, &Value)>,
+    ) -> Result<(), InterpError> {
         let plan = self.plan;
         let kernel = plan.kernel;
         let mut env = self.iteration(k, t);
-        for l in &plan.ring.loads {
+        for (j, l) in plan.ring.loads.iter().enumerate() {
             if ops.contains(&l.load) {
-                m.serve(l.load, self.mem.read(l, stage)?);
+                let tile = match joined {
+                    Some((shared, b)) if shared == j => b.clone(),
+                    _ => self.mem.read(l, stage)?,
+                };
+                m.serve(l.load, tile);
             }
         }
         for l in &plan.ring.once {
@@ -315,6 +340,97 @@ impl<'p, 'k> RingCta<'p, 'k> {
     }
 }
 
+/// The producer's TMA in a 2-SM pair: CTA `cta`'s own tile of `load`, the shared load's half
+/// at `cta` times the pair's offset, into its own stage.
+fn pair_tma<'k>(
+    ctas: &mut [RingCta<'_, 'k>],
+    m: &mut Machine<'k, '_, '_>,
+    cta: usize,
+    at: At,
+    load: usize,
+    (shared, pair): (usize, Pair),
+) -> Result<(), InterpError> {
+    let c = &mut ctas[cta];
+    let plan = c.plan;
+    let k = at.tile as usize;
+    let t = at.i - c.bases[k];
+    let l = &plan.ring.loads[load];
+    let mut env = c.tiles[k].env.clone();
+    env[plan.body.args[0].index()] = Some(c.tiles[k].iv(t));
+    let mut coords = c.mem.tma_coords(m, l, &mut env, &plan.coords[load])?;
+    if load == shared {
+        let n = coords.len();
+        for (d, &h) in pair.half.iter().enumerate() {
+            coords[n - 2 + d] += cta as i32 * h as i32;
+        }
+    }
+    c.mem
+        .tma_boxes(m, l, at.i % plan.ring.stages, &coords, None)
+}
+
+/// The leader's mma step in a 2-SM pair (see the module doc): every CTA's iteration runs with
+/// the B tile joined from the CTAs' halves.
+fn pair_mma<'k>(
+    ctas: &mut [RingCta<'_, 'k>],
+    m: &mut Machine<'k, '_, '_>,
+    at: At,
+    (shared, pair): (usize, Pair),
+) -> Result<(), InterpError> {
+    let Some(plan) = ctas.first().map(|c| c.plan) else {
+        return Ok(());
+    };
+    let Parts::Whole(ops) = &plan.parts else {
+        return Err(plan.error("a 2-SM pair whose loop is rotated".into()));
+    };
+    let (k, stage) = (at.tile as usize, at.i % plan.ring.stages);
+    let l = &plan.ring.loads[shared];
+    let halves = ctas
+        .iter()
+        .map(|c| c.mem.read_part(l, stage))
+        .collect::<Result<Vec<_>, _>>()?;
+    // The halves lie along the axis of the pair's offset: rows of a B stored [N, K], columns
+    // of one stored [K, N].
+    let b = join(&halves, usize::from(pair.half[0] == 0))
+        .ok_or_else(|| plan.error(format!("the halves of {} do not join", l.load)))?;
+    for c in ctas.iter_mut() {
+        let t = at.i - c.bases[k];
+        c.finish_tiles(m, k)?;
+        c.consume_with(m, k, t, ops, stage, Some((shared, &b)))?;
+    }
+    Ok(())
+}
+
+/// The 2-d tiles `parts` side by side along `axis` (0: rows, 1: columns), in order.
+fn join(parts: &[Value], axis: usize) -> Option<Value> {
+    let first = parts.first()?;
+    let &[rows, cols] = &first.dims[..] else {
+        return None;
+    };
+    let mut out = Vec::new();
+    let data: Vec<&[f32]> = parts
+        .iter()
+        .map(|p| match &p.elems {
+            Elems::F(v) if p.dims == first.dims => Some(&v[..]),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let dims = if axis == 0 {
+        data.iter().for_each(|d| out.extend_from_slice(d));
+        vec![rows * parts.len(), cols]
+    } else {
+        for r in 0..rows {
+            data.iter()
+                .for_each(|d| out.extend_from_slice(&d[r * cols..(r + 1) * cols]));
+        }
+        vec![rows, cols * parts.len()]
+    };
+    Some(Value {
+        dtype: first.dtype,
+        dims,
+        elems: Elems::F(out),
+    })
+}
+
 /// Runs the CTAs of one cluster, `blocks` per CTA of it (see the module doc).
 pub(super) fn run_cluster<'k>(
     plan: &Plan<'k>,
@@ -359,18 +475,29 @@ fn run_ctas<'p, 'k>(
         })
         .collect();
     let shared = plan.ring.cluster.as_ref().map(|c| c.shared);
+    let pair = plan
+        .ring
+        .cluster
+        .as_ref()
+        .and_then(|c| c.pair.map(|p| (c.shared, p)));
     let mut stop = Stop::default();
     let protocol =
         Protocol::new(plan.ring, plan.consumer_warps).run_observed(&trips, &mut |role, at| {
             let (cta, local) = (role / per_cta, role % per_cta);
-            let ran = match at.step {
-                Step::Tma { load } if local == PRODUCER && Some(load) == shared => {
-                    let k = at.tile as usize;
-                    let t = at.i - ctas[cta].bases[k];
-                    let place = (k, t, at.i % plan.ring.stages);
-                    RingCta::multicast(&mut ctas, m, cta, place, load, &issues[cta])
+            let ran = match (at.step, pair) {
+                (Step::Tma { load }, Some(p)) if local == PRODUCER => {
+                    pair_tma(&mut ctas, m, cta, at, load, p)
                 }
-                _ => ctas[cta].step(m, local, at),
+                (Step::Tcgen05Mma, Some(p)) => pair_mma(&mut ctas, m, at, p),
+                _ => match at.step {
+                    Step::Tma { load } if local == PRODUCER && Some(load) == shared => {
+                        let k = at.tile as usize;
+                        let t = at.i - ctas[cta].bases[k];
+                        let place = (k, t, at.i % plan.ring.stages);
+                        RingCta::multicast(&mut ctas, m, cta, place, load, &issues[cta])
+                    }
+                    _ => ctas[cta].step(m, local, at),
+                },
             };
             stop.keep(ran)
         });
