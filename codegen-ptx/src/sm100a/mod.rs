@@ -13,6 +13,12 @@
 //! the columns after the last tile; the epilogue warps copy each tile's accumulator to
 //! registers, the `for`'s result, and run the kernel's code after the loop (its store goes
 //! through the TMA-store epilogue) while the MMA warp already works on the next tile.
+//!
+//! The 2-SM form (`kiln_ir::cluster::Pair`, `CLUSTER_M = 2`): both CTAs of the cluster run
+//! these roles on their tile of a pair; the producers' TMA completes on the leader's `full`,
+//! only the leader's MMA thread issues (`cta_group::2`, commits multicast to both CTAs), both
+//! epilogues hand TMEM back to the leader, and the MMA and epilogue warps meet at a cluster
+//! barrier before they exit.
 
 mod attention;
 mod tcgen05;

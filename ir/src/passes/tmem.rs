@@ -13,6 +13,11 @@
 //! FlashAttention-4-style schedule instead ([`crate::tmem::attention`], `schedule.attention`). Any other
 //! ring is reported as not implemented on sm_100a.
 //!
+//! A ring the `persistent` pass paired in the 2-SM form ([`crate::cluster::Pair`]) gets the
+//! pair's plan ([`crate::tmem::TmemPair`]): an mma of M = 256 over both CTAs' rows, the
+//! `acc_full` commit multicast to both, `acc_empty` counting both CTAs' epilogue warps, and a
+//! cluster barrier before each CTA's MMA warp frees its columns.
+//!
 //! In: the final rings and shared-memory plan (`pipeline`, `tma_store`). Out: the same ops;
 //! `schedule.tmem` or `schedule.attention` set. Leaves kernels without rings alone.
 
