@@ -120,6 +120,25 @@ pub fn tensor(rng: &mut Rng, shape: &[usize], dtype: DType, dist: Dist) -> HostT
     })
 }
 
+/// Gemm operands of `(m, n, k)` drawn from `dist` (`b` as `[n, k]` when `b_col_major`, else
+/// `[k, n]`), and their f64 product.
+pub fn gemm_operands(
+    rng: &mut Rng,
+    (m, n, k): (usize, usize, usize),
+    b_col_major: bool,
+    dist: Dist,
+) -> (HostTensor, HostTensor, Vec<f64>) {
+    let a = tensor(rng, &[m, k], DType::Bf16, dist);
+    let b_shape = if b_col_major { [n, k] } else { [k, n] };
+    let b = tensor(rng, &b_shape, DType::Bf16, dist);
+    let want = if b_col_major {
+        crate::reference::gemm_bt(&a, &b)
+    } else {
+        crate::reference::gemm(&a, &b)
+    };
+    (a, b, want)
+}
+
 /// One attention problem: `q: [b, h, sq, d]`, `k, v: [b, h, sk, d]`, causal or not.
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionShape {

@@ -1,7 +1,8 @@
 //! kiln-tests: support shared by the cross-crate tests. Random inputs with a printed seed
 //! ([`inputs`]), f64 references computed from the already-rounded inputs ([`reference`]), and
 //! relative-norm-error checks over poisoned outputs ([`check`]), and kernels built from
-//! arbitrary bytes for the random-kernel test and the fuzz target ([`random_kernel`]).
+//! arbitrary bytes for the random-kernel test and the fuzz target ([`random_kernel`]), and the
+//! gemm run on the CPU execution of its schedule ([`scheduled`]).
 //!
 //! **Architecture invariant:** the references here are plain f64 Rust, independent of the
 //! IR, the interpreter and the backend, so they can judge all three; the benchmarks reuse
@@ -11,3 +12,4 @@ pub mod check;
 pub mod inputs;
 pub mod random_kernel;
 pub mod reference;
+pub mod scheduled;

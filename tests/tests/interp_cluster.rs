@@ -8,12 +8,13 @@
 
 mod ptx_examples;
 
-use kiln::ir::interp::{HostArg, InterpError, run_scheduled};
+use kiln::ir::interp::{HostArg, run_scheduled};
 use kiln::ir::passes::{protocol_check, run_pipeline};
-use kiln::ir::{DType, HostTensor, Kernel, Target};
+use kiln::ir::{DType, Kernel, Target};
 use kiln_tests::check::{Case, as_stored, assert_close, poisoned, rel_error, tolerance};
-use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::inputs::{Dist, Rng, gemm_operands, tensor};
 use kiln_tests::reference::{self, Activation};
+use kiln_tests::scheduled::run_gemm;
 
 /// The clustered gemm with `overrides`, after the sm_90a pipeline.
 fn clustered(overrides: &[(&str, &str)]) -> Kernel {
@@ -30,43 +31,6 @@ fn clustered_kernel(name: &str, overrides: &[(&str, &str)]) -> Kernel {
     k
 }
 
-/// `c = a @ B` on the schedule's execution with `ctas` CTAs, `B` as `b_col_major` says.
-fn run(
-    kernel: &Kernel,
-    (bm, bn): (usize, usize),
-    (a, b): (&HostTensor, &HostTensor),
-    n: usize,
-    ctas: u32,
-) -> Result<HostTensor, InterpError> {
-    let m = a.shape[0];
-    let mut c = poisoned(&[m, n], DType::Bf16);
-    let grid = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
-    let mut args = [
-        HostArg::Tensor(a),
-        HostArg::Tensor(b),
-        HostArg::TensorMut(&mut c),
-    ];
-    run_scheduled(kernel, grid, ctas, &mut args)?;
-    Ok(c)
-}
-
-/// Inputs of `(m, n, k)` and the reference.
-fn inputs(
-    rng: &mut Rng,
-    (m, n, k): (usize, usize, usize),
-    b_col_major: bool,
-) -> (HostTensor, HostTensor, Vec<f64>) {
-    let a = tensor(rng, &[m, k], DType::Bf16, Dist::Normal);
-    let b_shape = if b_col_major { [n, k] } else { [k, n] };
-    let b = tensor(rng, &b_shape, DType::Bf16, Dist::Normal);
-    let want = if b_col_major {
-        reference::gemm_bt(&a, &b)
-    } else {
-        reference::gemm(&a, &b)
-    };
-    (a, b, want)
-}
-
 #[test]
 fn clustered_gemm_matches_reference() {
     let mut rng = Rng::from_env();
@@ -79,9 +43,9 @@ fn clustered_gemm_matches_reference() {
     ] {
         let b_col_major = overrides.contains(&("b_col_major", "true"));
         let kernel = clustered(overrides);
-        let (a, b, want) = inputs(&mut rng, shape, b_col_major);
+        let (a, b, want) = gemm_operands(&mut rng, shape, b_col_major, Dist::Normal);
         for ctas in [2, 4] {
-            let got = run(&kernel, tile, (&a, &b), shape.1, ctas)
+            let got = run_gemm(&kernel, tile, (&a, &b), shape.1, ctas)
                 .unwrap_or_else(|e| panic!("{overrides:?} on {ctas} CTAs: {e}"));
             let case = Case {
                 kernel: format!("gemm CLUSTER_M=2 {overrides:?}, {ctas} CTAs"),
@@ -94,8 +58,8 @@ fn clustered_gemm_matches_reference() {
     }
     // CTAs that do not make whole clusters are an error, not a guess.
     let kernel = clustered(&[]);
-    let (a, b, _) = inputs(&mut rng, (128, 128, 64), false);
-    let e = run(&kernel, (128, 128), (&a, &b), 128, 3).expect_err("3 CTAs");
+    let (a, b, _) = gemm_operands(&mut rng, (128, 128, 64), false, Dist::Normal);
+    let e = run_gemm(&kernel, (128, 128), (&a, &b), 128, 3).expect_err("3 CTAs");
     assert!(e.to_string().contains("whole number of clusters"), "{e}");
 }
 
@@ -103,7 +67,7 @@ fn clustered_gemm_matches_reference() {
 fn clustered_fused_epilogues_match_reference() {
     let mut rng = Rng::from_env();
     let (m, n, k) = (300, 200, 130);
-    let (a, b, ab) = inputs(&mut rng, (m, n, k), false);
+    let (a, b, ab) = gemm_operands(&mut rng, (m, n, k), false, Dist::Normal);
     let grid = [m.div_ceil(128) as u32, n.div_ceil(128) as u32, 1];
     // act(a @ b + bias) with GELU; 1 and 2 clusters.
     let kernel = clustered_kernel("gemm_bias_act", &[("act", "2")]);
@@ -131,7 +95,7 @@ fn clustered_fused_epilogues_match_reference() {
     }
     // alpha * (a @ b) + beta * c, B column-major.
     let kernel = clustered_kernel("gemm_alpha_beta", &[("b_col_major", "true")]);
-    let (a, b, ab) = inputs(&mut rng, (m, n, k), true);
+    let (a, b, ab) = gemm_operands(&mut rng, (m, n, k), true, Dist::Normal);
     let c = tensor(&mut rng, &[m, n], DType::Bf16, Dist::Normal);
     let want = as_stored(&reference::alpha_beta(&ab, &c, 0.75, -1.25), DType::Bf16);
     let mut d = poisoned(&[m, n], DType::Bf16);
@@ -157,7 +121,7 @@ fn clustered_fused_epilogues_match_reference() {
 fn multicast_faults_fail_the_execution() {
     let mut rng = Rng::from_env();
     let shape = (256, 128, 192);
-    let (a, b, want) = inputs(&mut rng, shape, false);
+    let (a, b, want) = gemm_operands(&mut rng, shape, false, Dist::Normal);
     // A box of CTA 1's that lands only in CTA 0: CTA 1's `full` never gets its bytes.
     let mut kernel = clustered(&[]);
     for r in kernel.schedule.rings.values_mut() {
@@ -165,7 +129,7 @@ fn multicast_faults_fail_the_execution() {
             c.multicast[1].mask = 0b01;
         }
     }
-    let e = run(&kernel, (128, 128), (&a, &b), 128, 2).expect_err("a mask without the peer");
+    let e = run_gemm(&kernel, (128, 128), (&a, &b), 128, 2).expect_err("a mask without the peer");
     assert!(e.to_string().contains("deadlock"), "{e}");
     // The two slabs of B's first box written at one offset: every barrier still sees its
     // bytes, so the protocol check passes, but half of that box's rows are never in
@@ -178,7 +142,7 @@ fn multicast_faults_fail_the_execution() {
         boxes[1].smem_offset = boxes[0].smem_offset;
         protocol_check::check(r, &roles).expect("the protocol cannot see it");
     }
-    let got = run(&kernel, (128, 128), (&a, &b), 128, 2).expect("runs");
+    let got = run_gemm(&kernel, (128, 128), (&a, &b), 128, 2).expect("runs");
     let err = rel_error(&got.to_f64_vec(), &want);
     assert!(
         err.is_nan() || err > 0.1,
@@ -213,9 +177,9 @@ fn paired_sm100a_gemm_matches_reference() {
     ] {
         let b_col_major = overrides.contains(&("b_col_major", "true"));
         let kernel = paired(overrides);
-        let (a, b, want) = inputs(&mut rng, shape, b_col_major);
+        let (a, b, want) = gemm_operands(&mut rng, shape, b_col_major, Dist::Normal);
         for ctas in [2, 4] {
-            let got = run(&kernel, tile, (&a, &b), shape.1, ctas)
+            let got = run_gemm(&kernel, tile, (&a, &b), shape.1, ctas)
                 .unwrap_or_else(|e| panic!("{overrides:?} on {ctas} CTAs: {e}"));
             let case = Case {
                 kernel: format!("sm_100a gemm CLUSTER_M=2 {overrides:?}, {ctas} CTAs"),
@@ -229,7 +193,7 @@ fn paired_sm100a_gemm_matches_reference() {
     // Both CTAs loading the first half of B: every barrier sees its bytes, so the protocol
     // check passes, but the mma reads that half twice and never the second.
     let shape = (256, 128, 192);
-    let (a, b, want) = inputs(&mut rng, shape, false);
+    let (a, b, want) = gemm_operands(&mut rng, shape, false, Dist::Normal);
     let mut kernel = paired(&[]);
     let plan = kernel.schedule.tmem.clone().expect("a TMEM plan");
     for r in kernel.schedule.rings.values_mut() {
@@ -238,7 +202,7 @@ fn paired_sm100a_gemm_matches_reference() {
         }
         protocol_check::check_sm100a(r, &plan).expect("the protocol cannot see it");
     }
-    let got = run(&kernel, (128, 128), (&a, &b), shape.1, 2).expect("runs");
+    let got = run_gemm(&kernel, (128, 128), (&a, &b), shape.1, 2).expect("runs");
     let err = rel_error(&got.to_f64_vec(), &want);
     assert!(
         err.is_nan() || err > 0.1,

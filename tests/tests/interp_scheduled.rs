@@ -12,10 +12,11 @@ mod softcap;
 use kiln::ir::dsl::KernelDef;
 use kiln::ir::interp::{HostArg, InterpError, run_scheduled};
 use kiln::ir::passes::run_pipeline;
-use kiln::ir::{DType, HostTensor, Kernel, Target};
+use kiln::ir::{DType, Kernel, Target};
 use kiln_tests::check::{Case, as_stored, assert_close, poisoned, rel_error, tolerance};
-use kiln_tests::inputs::{AttentionShape, Dist, Rng, tensor};
+use kiln_tests::inputs::{AttentionShape, Dist, Rng, gemm_operands, tensor};
 use kiln_tests::reference::{self, Activation};
+use kiln_tests::scheduled::run_gemm;
 
 /// `kernel` after the pass pipeline for `target`.
 fn compiled(kernel: &str, overrides: &[(&str, &str)], target: Target) -> Kernel {
@@ -27,46 +28,6 @@ fn compiled(kernel: &str, overrides: &[(&str, &str)], target: Target) -> Kernel 
 
 fn cdiv(a: usize, b: usize) -> u32 {
     a.div_ceil(b) as u32
-}
-
-/// Runs the gemm `kernel` (block tile `bm x bn`) on `a: [m, k]` and `b` (`[k, n]`, or `[n,
-/// k]` when `b_col_major`) over `ctas` CTAs; returns `c`.
-fn run_gemm(
-    kernel: &Kernel,
-    (bm, bn): (usize, usize),
-    a: &HostTensor,
-    b: &HostTensor,
-    n: usize,
-    ctas: u32,
-) -> Result<HostTensor, InterpError> {
-    let m = a.shape[0];
-    let mut c = poisoned(&[m, n], DType::Bf16);
-    let mut args = [
-        HostArg::Tensor(a),
-        HostArg::Tensor(b),
-        HostArg::TensorMut(&mut c),
-    ];
-    run_scheduled(kernel, [cdiv(m, bm), cdiv(n, bn), 1], ctas, &mut args)?;
-    Ok(c)
-}
-
-/// Gemm operands of `(m, n, k)` drawn from `dist`, and the f64 product.
-fn gemm_case(
-    rng: &mut Rng,
-    (m, n, k): (usize, usize, usize),
-    b_col_major: bool,
-    dist: Dist,
-) -> (HostTensor, HostTensor, Vec<f64>) {
-    let a = tensor(rng, &[m, k], DType::Bf16, dist);
-    if b_col_major {
-        let b = tensor(rng, &[n, k], DType::Bf16, dist);
-        let want = reference::gemm_bt(&a, &b);
-        (a, b, want)
-    } else {
-        let b = tensor(rng, &[k, n], DType::Bf16, dist);
-        let want = reference::gemm(&a, &b);
-        (a, b, want)
-    }
 }
 
 /// Shapes with ragged edges in every dimension, one with a single K block, and one of many
@@ -88,12 +49,12 @@ fn scheduled_gemm_matches_reference() {
             for shape in GEMM_SHAPES {
                 for dist in Dist::ALL {
                     for ctas in [1, 3] {
-                        let (a, b, want) = gemm_case(&mut rng, shape, b_col_major, dist);
-                        let c = run_gemm(&kernel, (128, 128), &a, &b, shape.1, ctas)
+                        let (a, b, want) = gemm_operands(&mut rng, shape, b_col_major, dist);
+                        let c = run_gemm(&kernel, (128, 128), (&a, &b), shape.1, ctas)
                             .unwrap_or_else(|e| panic!("{target}: {e}"));
                         // The schedule moves the data and adds in the interpreter's order:
                         // the result is the semantic interpreter's, to the bit.
-                        let plain = run_gemm(&semantic, (128, 128), &a, &b, shape.1, ctas)
+                        let plain = run_gemm(&semantic, (128, 128), (&a, &b), shape.1, ctas)
                             .expect("interprets");
                         assert_eq!(
                             c.to_f64_vec(),
@@ -135,9 +96,9 @@ fn sm100a_gemm_on_two_epilogue_warpgroups_matches_reference() {
         Some(8)
     );
     for ctas in [1, 3] {
-        let (a, b, want) = gemm_case(&mut rng, (m, n, k), false, Dist::Normal);
-        let c = run_gemm(&kernel, (128, 256), &a, &b, n, ctas).unwrap_or_else(|e| panic!("{e}"));
-        let plain = run_gemm(&semantic, (128, 256), &a, &b, n, ctas).expect("interprets");
+        let (a, b, want) = gemm_operands(&mut rng, (m, n, k), false, Dist::Normal);
+        let c = run_gemm(&kernel, (128, 256), (&a, &b), n, ctas).unwrap_or_else(|e| panic!("{e}"));
+        let plain = run_gemm(&semantic, (128, 256), (&a, &b), n, ctas).expect("interprets");
         assert_eq!(
             c.to_f64_vec(),
             plain.to_f64_vec(),
@@ -160,7 +121,7 @@ fn sm100a_gemm_on_two_epilogue_warpgroups_matches_reference() {
             .map(|p| p.roles.epilogue_warps),
         Some(8)
     );
-    let (a, b, ab) = gemm_case(&mut rng, (m, n, k), false, Dist::Normal);
+    let (a, b, ab) = gemm_operands(&mut rng, (m, n, k), false, Dist::Normal);
     let bias = tensor(&mut rng, &[n], DType::Bf16, Dist::Normal);
     let want = as_stored(
         &reference::bias_act(&ab, &bias, Activation::GeluTanh),
@@ -232,8 +193,8 @@ fn a_tile_without_iterations_stores_the_initial_accumulator() {
     let mut rng = Rng::from_env();
     for target in [Target::Sm90a, Target::Sm100a] {
         let kernel = compiled("gemm", &[], target);
-        let (a, b, want) = gemm_case(&mut rng, (300, 130, 0), false, Dist::Normal);
-        let c = run_gemm(&kernel, (128, 128), &a, &b, 130, 2).expect("runs");
+        let (a, b, want) = gemm_operands(&mut rng, (300, 130, 0), false, Dist::Normal);
+        let c = run_gemm(&kernel, (128, 128), (&a, &b), 130, 2).expect("runs");
         assert!(want.iter().all(|&x| x == 0.0));
         assert_eq!(c.to_f64_vec(), want, "{target}");
     }
@@ -247,8 +208,9 @@ fn scheduled_gemm_of_one_consumer_warpgroup_matches_reference() {
     let roles = kernel.schedule.roles.expect("warp specialised");
     assert_eq!(roles.consumer_warps, 4);
     for shape in [(130, 70, 50), (200, 130, 64)] {
-        let (a, b, want) = gemm_case(&mut rng, shape, false, Dist::Normal);
-        let c = run_gemm(&kernel, (64, 128), &a, &b, shape.1, 2).unwrap_or_else(|e| panic!("{e}"));
+        let (a, b, want) = gemm_operands(&mut rng, shape, false, Dist::Normal);
+        let c =
+            run_gemm(&kernel, (64, 128), (&a, &b), shape.1, 2).unwrap_or_else(|e| panic!("{e}"));
         let case = Case {
             kernel: "scheduled gemm on sm_90a, BM=64, 2 CTAs".into(),
             shape: format!("m={} n={} k={}", shape.0, shape.1, shape.2),
@@ -413,8 +375,8 @@ fn broken_gemm(target: Target, edit: fn(&mut Kernel)) -> Result<f64, InterpError
     let mut kernel = compiled("gemm", &[], target);
     edit(&mut kernel);
     let mut rng = Rng::new(7);
-    let (a, b, want) = gemm_case(&mut rng, (256, 128, 96 * 2), false, Dist::Normal);
-    let c = run_gemm(&kernel, (128, 128), &a, &b, 128, 1)?;
+    let (a, b, want) = gemm_operands(&mut rng, (256, 128, 96 * 2), false, Dist::Normal);
+    let c = run_gemm(&kernel, (128, 128), (&a, &b), 128, 1)?;
     Ok(rel_error(&c.to_f64_vec(), &want))
 }
 
