@@ -308,3 +308,12 @@ fn print_op(kernel: &Kernel, id: OpId, level: usize, out: &mut String, regions: 
         let _ = writeln!(out, "{indent}}}");
     }
 }
+
+/// A schedule's program as its dumps print it: the steps in order, `; ` between them.
+pub(crate) fn join_steps<T: std::fmt::Display>(steps: &[T]) -> String {
+    steps
+        .iter()
+        .map(T::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}

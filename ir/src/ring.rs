@@ -32,6 +32,7 @@
 use std::fmt;
 
 use crate::kernel::OpId;
+use crate::print::join_steps;
 
 /// Which barrier array of a ring a step names; stage `i % stages` of it. Ordered so a
 /// `(Bar, stage)` pair can key a map.
@@ -622,13 +623,6 @@ impl fmt::Display for Overlap {
 
 impl fmt::Display for Ring {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let join = |steps: &[Step]| {
-            steps
-                .iter()
-                .map(Step::to_string)
-                .collect::<Vec<_>>()
-                .join("; ")
-        };
         writeln!(
             f,
             "  ring {}: stages={} full@{} x{} empty@{} x{}",
@@ -680,14 +674,14 @@ impl fmt::Display for Ring {
             if self.persistent {
                 writeln!(f, "    once_free@{}", self.once_free_offset)?;
             }
-            writeln!(f, "    producer once: {}", join(&self.producer_once))?;
-            writeln!(f, "    consumer once: {}", join(&self.consumer_once))?;
+            writeln!(f, "    producer once: {}", join_steps(&self.producer_once))?;
+            writeln!(f, "    consumer once: {}", join_steps(&self.consumer_once))?;
         }
-        writeln!(f, "    producer: {}", join(&self.producer))?;
-        writeln!(f, "    consumer: {}", join(&self.consumer))?;
-        write!(f, "    drain: {}", join(&self.consumer_drain))?;
+        writeln!(f, "    producer: {}", join_steps(&self.producer))?;
+        writeln!(f, "    consumer: {}", join_steps(&self.consumer))?;
+        write!(f, "    drain: {}", join_steps(&self.consumer_drain))?;
         if !self.consumer_release.is_empty() {
-            write!(f, "\n    release: {}", join(&self.consumer_release))?;
+            write!(f, "\n    release: {}", join_steps(&self.consumer_release))?;
         }
         match &self.overlap {
             Some(o) => write!(f, "\n{o}"),

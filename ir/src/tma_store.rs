@@ -22,6 +22,7 @@
 use std::fmt;
 
 use crate::kernel::OpId;
+use crate::print::join_steps;
 use crate::ring::TmaBox;
 use crate::schedule::Term;
 
@@ -167,16 +168,8 @@ impl fmt::Display for TmaStore {
             self.rounds,
             self.threads,
             self.barrier,
-            steps(&self.round),
-            steps(&self.finish)
+            join_steps(&self.round),
+            join_steps(&self.finish)
         )
     }
-}
-
-/// `a; b; c`.
-fn steps(s: &[StoreStep]) -> String {
-    s.iter()
-        .map(|x| x.to_string())
-        .collect::<Vec<_>>()
-        .join("; ")
 }

@@ -65,8 +65,7 @@ impl Writer<'_> {
         self.ins(format!("setp.ne.u32 {not0}, {}, 0", self.tid));
         self.ins(format!("@{not0} bra {skip}"));
         for &(offset, count) in bars {
-            let a = self.new_reg(Class::B32);
-            self.ins(format!("add.u32 {a}, {}, {offset}", self.smem));
+            let a = self.shared_at(offset);
             self.ins(format!("mbarrier.init.shared::cta.b64 [{a}], {count}"));
         }
         self.label(&skip);
@@ -78,8 +77,7 @@ impl Writer<'_> {
         self.ins(format!("shr.u32 {warp}, {}, 5", self.tid));
         self.ins(format!("setp.ne.u32 {other}, {warp}, {mma_warp}"));
         self.ins(format!("@{other} bra {skip}"));
-        let slot = self.new_reg(Class::B32);
-        self.ins(format!("add.u32 {slot}, {}, {slot_offset}", self.smem));
+        let slot = self.shared_at(slot_offset);
         for s in setup {
             match s {
                 Ok(SetupStep::Alloc(columns)) => {
@@ -126,20 +124,28 @@ impl Writer<'_> {
 
     /// The accumulator's TMEM address (lane 0, column 0), read from the shared slot.
     pub(super) fn tmem_address(&mut self, plan: &TmemPlan) -> Reg {
-        let (slot, base) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-        self.ins(format!(
-            "add.u32 {slot}, {}, {}",
-            self.smem, plan.slot_offset
-        ));
+        self.tmem_base(plan.slot_offset)
+    }
+
+    /// The TMEM base address (lane 0, column 0) the MMA warp published in the shared slot at
+    /// `slot_offset`.
+    pub(super) fn tmem_base(&mut self, slot_offset: u32) -> Reg {
+        let slot = self.shared_at(slot_offset);
+        let base = self.new_reg(Class::B32);
         self.ins(format!("ld.shared.b32 {base}, [{slot}]"));
         base
     }
 
+    /// The shared address `offset` bytes into the kernel's dynamic shared memory.
+    pub(super) fn shared_at(&mut self, offset: u32) -> Reg {
+        let a = self.new_reg(Class::B32);
+        self.ins(format!("add.u32 {a}, {}, {offset}", self.smem));
+        a
+    }
+
     /// Shared address of an accumulator barrier.
     pub(super) fn acc_bar(&mut self, plan: &TmemPlan, bar: AccBar) -> Reg {
-        let a = self.new_reg(Class::B32);
-        self.ins(format!("add.u32 {a}, {}, {}", self.smem, plan.offset(bar)));
-        a
+        self.shared_at(plan.offset(bar))
     }
 
     /// A parity wait on an accumulator barrier (see [`Writer::acc_parity`]).

@@ -43,6 +43,7 @@ use std::fmt;
 
 use super::{Descriptor, TMEM_COLUMNS};
 use crate::kernel::OpId;
+use crate::print::join_steps;
 use crate::ring::{Bar, Overlap};
 
 /// Warps of a warpgroup (the softmax and correction roles are whole warpgroups, as
@@ -630,13 +631,6 @@ impl fmt::Display for AttnStep {
 
 impl fmt::Display for AttentionPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let join = |steps: &[AttnStep]| {
-            steps
-                .iter()
-                .map(AttnStep::to_string)
-                .collect::<Vec<_>>()
-                .join("; ")
-        };
         let r = self.roles;
         writeln!(
             f,
@@ -704,13 +698,25 @@ impl fmt::Display for AttentionPlan {
             "    (the ring's consumer side above is the mma thread's programs below: its release \
              of once_free is a tcgen05.commit)"
         )?;
-        writeln!(f, "    setup (mma warp): {}", join(&self.setup))?;
-        writeln!(f, "    load, per tile: {}", join(&self.load_tile))?;
-        writeln!(f, "    load, per iteration: {}", join(&self.load_iteration))?;
-        writeln!(f, "    mma, per tile: {}", join(&self.mma_tile))?;
-        writeln!(f, "    mma, per iteration: {}", join(&self.mma_iteration))?;
-        writeln!(f, "    mma, tile end: {}", join(&self.mma_tile_end))?;
-        writeln!(f, "    mma warp, after the tiles: {}", join(&self.mma_exit))?;
+        writeln!(f, "    setup (mma warp): {}", join_steps(&self.setup))?;
+        writeln!(f, "    load, per tile: {}", join_steps(&self.load_tile))?;
+        writeln!(
+            f,
+            "    load, per iteration: {}",
+            join_steps(&self.load_iteration)
+        )?;
+        writeln!(f, "    mma, per tile: {}", join_steps(&self.mma_tile))?;
+        writeln!(
+            f,
+            "    mma, per iteration: {}",
+            join_steps(&self.mma_iteration)
+        )?;
+        writeln!(f, "    mma, tile end: {}", join_steps(&self.mma_tile_end))?;
+        writeln!(
+            f,
+            "    mma warp, after the tiles: {}",
+            join_steps(&self.mma_exit)
+        )?;
         for (g, (it, end)) in self
             .softmax_iteration
             .iter()
@@ -720,15 +726,15 @@ impl fmt::Display for AttentionPlan {
             writeln!(
                 f,
                 "    softmax {g}, per tile: {}",
-                join(&self.softmax_tile[g])
+                join_steps(&self.softmax_tile[g])
             )?;
-            writeln!(f, "    softmax {g}, per iteration: {}", join(it))?;
-            writeln!(f, "    softmax {g}, after the loop: {}", join(end))?;
+            writeln!(f, "    softmax {g}, per iteration: {}", join_steps(it))?;
+            writeln!(f, "    softmax {g}, after the loop: {}", join_steps(end))?;
         }
         write!(
             f,
             "    correction, per iteration: {}",
-            join(&self.correction_iteration)
+            join_steps(&self.correction_iteration)
         )
     }
 }

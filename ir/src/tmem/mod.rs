@@ -31,6 +31,7 @@ pub mod exp2;
 use std::fmt;
 
 use crate::kernel::OpId;
+use crate::print::join_steps;
 use crate::ring::{Operand, TmaLoad};
 use crate::schedule::Layout;
 use crate::types::DType;
@@ -323,13 +324,6 @@ impl fmt::Display for TmemStep {
 
 impl fmt::Display for TmemPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let join = |steps: &[TmemStep]| {
-            steps
-                .iter()
-                .map(TmemStep::to_string)
-                .collect::<Vec<_>>()
-                .join("; ")
-        };
         let r = self.roles;
         writeln!(
             f,
@@ -365,9 +359,17 @@ impl fmt::Display for TmemPlan {
                 steps.join(" +")
             )?;
         }
-        writeln!(f, "    setup (mma warp): {}", join(&self.setup))?;
-        writeln!(f, "    mma thread, per tile: {}", join(&self.mma_tile))?;
-        writeln!(f, "    mma warp, after the tiles: {}", join(&self.mma_exit))?;
+        writeln!(f, "    setup (mma warp): {}", join_steps(&self.setup))?;
+        writeln!(
+            f,
+            "    mma thread, per tile: {}",
+            join_steps(&self.mma_tile)
+        )?;
+        writeln!(
+            f,
+            "    mma warp, after the tiles: {}",
+            join_steps(&self.mma_exit)
+        )?;
         if let Some(p) = &self.pair {
             writeln!(
                 f,
@@ -375,7 +377,7 @@ impl fmt::Display for TmemPlan {
                  {:#b}; peer mma warp, after the tiles: {}",
                 p.leader,
                 p.commit_mask,
-                join(&p.peer_exit)
+                join_steps(&p.peer_exit)
             )?;
         }
         let blocks = match self.epilogue_warpgroups() {
@@ -385,7 +387,7 @@ impl fmt::Display for TmemPlan {
         write!(
             f,
             "    epilogue, per tile{blocks}: {}",
-            join(&self.epilogue)
+            join_steps(&self.epilogue)
         )
     }
 }

@@ -180,12 +180,7 @@ impl Writer<'_> {
     /// of the executing thread's lane: warp `w` reaches lanes `32 (w % 4) ..`, thread `t` of
     /// it lane `32 (w % 4) + t`; returns `(base, lane address)`.
     pub(super) fn attention_tmem(&mut self, plan: &AttentionPlan) -> (Reg, Reg) {
-        let (slot, base) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-        self.ins(format!(
-            "add.u32 {slot}, {}, {}",
-            self.smem, plan.slot_offset
-        ));
-        self.ins(format!("ld.shared.b32 {base}, [{slot}]"));
+        let base = self.tmem_base(plan.slot_offset);
         // TMEM address = (lane << 16) | column: lane 32 (w % 4) is `(w % 4) << 21`.
         let lanes = self.new_reg(Class::B32);
         self.ins(format!("shr.u32 {lanes}, {}, 5", self.tid));
@@ -197,9 +192,7 @@ impl Writer<'_> {
 
     /// Shared address of a schedule barrier.
     pub(super) fn attn_bar(&mut self, plan: &AttentionPlan, bar: AttnBar) -> Reg {
-        let a = self.new_reg(Class::B32);
-        self.ins(format!("add.u32 {a}, {}, {}", self.smem, plan.offset(bar)));
-        a
+        self.shared_at(plan.offset(bar))
     }
 
     /// A parity wait on a schedule barrier: per iteration, parity `start ^ ((it - lag) & 1)`;
