@@ -6,23 +6,21 @@ use kiln_ir::{DType, HostTensor, Kernel};
 
 use crate::check::poisoned;
 
-/// `c = a @ B` (`B` as the compiled gemm `kernel` takes `b`) with block tile `bm x bn`, on
-/// `ctas` CTAs; `c` is `[a.rows, n]`, poisoned before the run.
+/// `c = a @ B` by the compiled gemm-family `kernel` (`B` as it takes `b`; `inputs` are its
+/// read-only tensors in parameter order, `a` and `b` first, then e.g. the bias) with block tile
+/// `bm x bn`, on `ctas` CTAs; `c` is `[a.rows, n]`, poisoned before the run.
 pub fn run_gemm(
     kernel: &Kernel,
     (bm, bn): (usize, usize),
-    (a, b): (&HostTensor, &HostTensor),
+    inputs: &[&HostTensor],
     n: usize,
     ctas: u32,
 ) -> Result<HostTensor, InterpError> {
-    let m = a.shape[0];
+    let m = inputs[0].shape[0];
     let mut c = poisoned(&[m, n], DType::Bf16);
     let grid = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
-    let mut args = [
-        HostArg::Tensor(a),
-        HostArg::Tensor(b),
-        HostArg::TensorMut(&mut c),
-    ];
+    let mut args: Vec<HostArg<'_>> = inputs.iter().map(|t| HostArg::Tensor(t)).collect();
+    args.push(HostArg::TensorMut(&mut c));
     run_scheduled(kernel, grid, ctas, &mut args)?;
     Ok(c)
 }

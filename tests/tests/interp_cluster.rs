@@ -45,7 +45,7 @@ fn clustered_gemm_matches_reference() {
         let kernel = clustered(overrides);
         let (a, b, want) = gemm_operands(&mut rng, shape, b_col_major, Dist::Normal);
         for ctas in [2, 4] {
-            let got = run_gemm(&kernel, tile, (&a, &b), shape.1, ctas)
+            let got = run_gemm(&kernel, tile, &[&a, &b], shape.1, ctas)
                 .unwrap_or_else(|e| panic!("{overrides:?} on {ctas} CTAs: {e}"));
             let case = Case {
                 kernel: format!("gemm CLUSTER_M=2 {overrides:?}, {ctas} CTAs"),
@@ -59,7 +59,7 @@ fn clustered_gemm_matches_reference() {
     // CTAs that do not make whole clusters are an error, not a guess.
     let kernel = clustered(&[]);
     let (a, b, _) = gemm_operands(&mut rng, (128, 128, 64), false, Dist::Normal);
-    let e = run_gemm(&kernel, (128, 128), (&a, &b), 128, 3).expect_err("3 CTAs");
+    let e = run_gemm(&kernel, (128, 128), &[&a, &b], 128, 3).expect_err("3 CTAs");
     assert!(e.to_string().contains("whole number of clusters"), "{e}");
 }
 
@@ -77,14 +77,8 @@ fn clustered_fused_epilogues_match_reference() {
         DType::Bf16,
     );
     for ctas in [2, 4] {
-        let mut c = poisoned(&[m, n], DType::Bf16);
-        let mut args = [
-            HostArg::Tensor(&a),
-            HostArg::Tensor(&b),
-            HostArg::Tensor(&bias),
-            HostArg::TensorMut(&mut c),
-        ];
-        run_scheduled(&kernel, grid, ctas, &mut args).unwrap_or_else(|e| panic!("{e}"));
+        let c = run_gemm(&kernel, (128, 128), &[&a, &b, &bias], n, ctas)
+            .unwrap_or_else(|e| panic!("{e}"));
         let case = Case {
             kernel: format!("gemm_bias_act CLUSTER_M=2 act=2, {ctas} CTAs"),
             shape: format!("{m}x{n}x{k}"),
@@ -129,7 +123,7 @@ fn multicast_faults_fail_the_execution() {
             c.multicast[1].mask = 0b01;
         }
     }
-    let e = run_gemm(&kernel, (128, 128), (&a, &b), 128, 2).expect_err("a mask without the peer");
+    let e = run_gemm(&kernel, (128, 128), &[&a, &b], 128, 2).expect_err("a mask without the peer");
     assert!(e.to_string().contains("deadlock"), "{e}");
     // The two slabs of B's first box written at one offset: every barrier still sees its
     // bytes, so the protocol check passes, but half of that box's rows are never in
@@ -142,7 +136,7 @@ fn multicast_faults_fail_the_execution() {
         boxes[1].smem_offset = boxes[0].smem_offset;
         protocol_check::check(r, &roles).expect("the protocol cannot see it");
     }
-    let got = run_gemm(&kernel, (128, 128), (&a, &b), 128, 2).expect("runs");
+    let got = run_gemm(&kernel, (128, 128), &[&a, &b], 128, 2).expect("runs");
     let err = rel_error(&got.to_f64_vec(), &want);
     assert!(
         err.is_nan() || err > 0.1,
@@ -179,7 +173,7 @@ fn paired_sm100a_gemm_matches_reference() {
         let kernel = paired(overrides);
         let (a, b, want) = gemm_operands(&mut rng, shape, b_col_major, Dist::Normal);
         for ctas in [2, 4] {
-            let got = run_gemm(&kernel, tile, (&a, &b), shape.1, ctas)
+            let got = run_gemm(&kernel, tile, &[&a, &b], shape.1, ctas)
                 .unwrap_or_else(|e| panic!("{overrides:?} on {ctas} CTAs: {e}"));
             let case = Case {
                 kernel: format!("sm_100a gemm CLUSTER_M=2 {overrides:?}, {ctas} CTAs"),
@@ -202,7 +196,7 @@ fn paired_sm100a_gemm_matches_reference() {
         }
         protocol_check::check_sm100a(r, &plan).expect("the protocol cannot see it");
     }
-    let got = run_gemm(&kernel, (128, 128), (&a, &b), shape.1, 2).expect("runs");
+    let got = run_gemm(&kernel, (128, 128), &[&a, &b], shape.1, 2).expect("runs");
     let err = rel_error(&got.to_f64_vec(), &want);
     assert!(
         err.is_nan() || err > 0.1,
