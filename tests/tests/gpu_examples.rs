@@ -434,7 +434,9 @@ fn gpu_compile_cache_reuses_a_specialisation() {
         "vector_add: build {:?}, codegen {:?}, JIT {:?}",
         t.build, t.codegen, t.load
     );
-    assert!(t.load > Duration::ZERO && t.codegen > Duration::ZERO);
+    // A module from the disk cache (an earlier test or process made it) skips codegen.
+    let from_disk = *first.origin() == Origin::DiskCache;
+    assert!(t.load > Duration::ZERO && (from_disk || t.codegen > Duration::ZERO));
     assert_eq!(first.local_bytes().expect("attr"), 0, "vector_add spills");
 }
 
