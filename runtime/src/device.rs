@@ -46,8 +46,9 @@ impl KernelArg<'_> {
     }
 }
 
-/// What identifies a compiled specialisation: kernel name, [`Spec::key`], target.
-type CacheKey = (String, String, Target);
+/// The loaded kernels of one kernel name and target, by specialisation: looked up on every
+/// launch, with the launch's [`Spec`] itself as the key (no key string is built).
+type SpecCache = HashMap<Spec, Arc<LoadedKernel>>;
 
 /// One GPU: a CUDA context (the device's primary context), the target kernels are compiled
 /// for, and an in-memory cache of loaded kernels. All work goes to the context's null stream,
@@ -65,7 +66,7 @@ pub struct Device {
     dump: DumpConfig,
     disk_cache: Option<DiskCache>,
     persistent_ctas: Option<u32>,
-    cache: Mutex<HashMap<CacheKey, Arc<LoadedKernel>>>,
+    cache: Mutex<HashMap<(&'static str, Target), SpecCache>>,
     /// The autotuner's choices, by key (`crate::autotune`).
     tuned: Mutex<HashMap<String, Spec>>,
 }
@@ -349,14 +350,14 @@ impl Device {
         def: &dyn KernelDef,
         spec: &Spec,
     ) -> Result<Arc<LoadedKernel>, LaunchError> {
-        let key = (def.name().to_string(), spec.key(), self.target);
         // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(k) = cache.get(&key) {
+        let specs = cache.entry((def.name(), self.target)).or_default();
+        if let Some(k) = specs.get(spec) {
             return Ok(k.clone());
         }
         let kernel = Arc::new(self.compile_from_disk(def, spec)?);
-        cache.insert(key, kernel.clone());
+        specs.insert(spec.clone(), kernel.clone());
         Ok(kernel)
     }
 

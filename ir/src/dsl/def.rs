@@ -37,8 +37,10 @@ impl ComptimeKind {
     }
 }
 
-/// A comptime argument's value.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// A comptime argument's value. Two values are equal when they are bit for bit the same (an
+/// `f32` by its bits: `-0.0` and `0.0` are different specialisations), so a value can key a
+/// cache.
+#[derive(Clone, Copy, Debug)]
 pub enum ComptimeValue {
     /// A `usize`.
     Usize(usize),
@@ -53,6 +55,17 @@ pub enum ComptimeValue {
 }
 
 impl ComptimeValue {
+    /// The value with an `f32` as its bits: what equality and hashing compare.
+    fn bits(&self) -> (ComptimeKind, u64) {
+        match *self {
+            ComptimeValue::Usize(n) => (ComptimeKind::Usize, n as u64),
+            ComptimeValue::I32(n) => (ComptimeKind::I32, n as u32 as u64),
+            ComptimeValue::Bool(b) => (ComptimeKind::Bool, b as u64),
+            ComptimeValue::F32(x) => (ComptimeKind::F32, x.to_bits() as u64),
+            ComptimeValue::DType(d) => (ComptimeKind::DType, d as u64),
+        }
+    }
+
     /// The value's kind.
     pub fn kind(&self) -> ComptimeKind {
         match self {
@@ -216,9 +229,23 @@ impl fmt::Display for ParamSig {
     }
 }
 
+impl PartialEq for ComptimeValue {
+    fn eq(&self, other: &ComptimeValue) -> bool {
+        self.bits() == other.bits()
+    }
+}
+
+impl Eq for ComptimeValue {}
+
+impl std::hash::Hash for ComptimeValue {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.bits().hash(state);
+    }
+}
+
 /// Everything a kernel is specialised on: comptime arguments by name, and for each tensor
 /// parameter (by name) whether its base address and outer strides are 16-byte aligned.
-#[derive(Clone, Debug, PartialEq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Spec {
     /// Comptime argument values by parameter name.
     pub comptime: BTreeMap<String, ComptimeValue>,

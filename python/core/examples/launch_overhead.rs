@@ -1,0 +1,162 @@
+//! The Rust half of `flash_attn_func`'s call overhead, on a GPU: host time per call of the
+//! core's checks and launch (`args::plan`, `args::check_out`, `launch::launch`) beside an
+//! empty launch through the same stream path, timed as `python/bench.py` times the Python
+//! call (rounds of back-to-back calls, each round timed up to its last enqueue, median). The
+//! difference to the Python figure is what pyo3 and the tensors' attribute reads cost. A
+//! second line times the stages on their own: borrowing the four tensors, the compile-cache
+//! hit, a launch of the already loaded kernel (argument checks, tensor maps, parameter packing,
+//! `cuLaunchKernel`) and the whole `Device::launch`.
+//!
+//! Build here with `(cd python && cargo build --release -p kiln-attn-core --example
+//! launch_overhead)` and run `python/target/release/examples/launch_overhead` on the GPU host
+//! (it needs no Rust there).
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use kiln::ir::DType;
+use kiln::ir::dsl::KernelDef;
+use kiln::runtime::{KernelArg, L2Promotion, OobFill, Swizzle, TensorMap};
+use kiln_attn_core::args::{self, Options, TensorInfo, TorchDType, TorchDevice};
+use kiln_attn_core::launch::{self, LaunchFailure};
+use kiln_examples::attention::attention;
+
+/// Calls per round and rounds, as `python/bench.py`'s `host_us`.
+const CALLS: usize = 200;
+const ROUNDS: usize = 15;
+
+/// Median host microseconds per call of `call`.
+fn host_us(dev: &kiln::runtime::Device, mut call: impl FnMut()) -> f64 {
+    (0..CALLS).for_each(|_| call());
+    dev.synchronize().expect("synchronize");
+    let mut per_call: Vec<f64> = (0..ROUNDS)
+        .map(|_| {
+            let start = Instant::now();
+            (0..CALLS).for_each(|_| call());
+            let us = start.elapsed().as_secs_f64() / CALLS as f64 * 1e6;
+            dev.synchronize().expect("synchronize");
+            us
+        })
+        .collect();
+    per_call.sort_by(f64::total_cmp);
+    per_call[ROUNDS / 2]
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), LaunchFailure> {
+    // python/bench.py's overhead shape: batch 1, s = 128, 16 heads of 128.
+    let shape = [1usize, 128, 16, 128];
+    let dev = launch::device(0)?;
+    let tensors = (0..4)
+        .map(|_| dev.alloc(DType::Bf16, &shape))
+        .collect::<Result<Vec<_>, _>>()?;
+    let info = |t: &kiln::runtime::DeviceTensor| TensorInfo {
+        shape: t.shape().iter().map(|&n| n as i64).collect(),
+        strides: t.strides().iter().map(|&n| n as i64).collect(),
+        dtype: TorchDType::Bf16,
+        device: TorchDevice::Cuda(0),
+        ptr: t.device_ptr(),
+    };
+    let [q, k, v, o] = [0, 1, 2, 3].map(|i| info(&tensors[i]));
+    let opts = Options::default();
+    let mut failed = None;
+    let mut checked_launch = || {
+        let result = args::plan(&q, &k, &v, &opts)
+            .and_then(|plan| Ok((args::check_out(&plan, &q, &o)?, plan)));
+        match result {
+            // SAFETY: the views address the four live allocations above, which outlive every
+            // launch (each round is synchronised); the null stream is the context's own.
+            Ok((out, plan)) => {
+                if let Err(e) = unsafe { launch::launch(&plan, &out, None, 0) } {
+                    failed.get_or_insert(e.to_string());
+                }
+            }
+            Err(e) => {
+                failed.get_or_insert(e.message);
+            }
+        }
+    };
+    let with_checks = host_us(&dev, &mut checked_launch);
+    // SAFETY: the null stream of the device's primary context.
+    let empty = host_us(&dev, || {
+        unsafe { launch::empty_launch(0, 0) }.expect("empty launch")
+    });
+    // One of the four tensor maps each launch encodes (host work in the driver library).
+    let encode = host_us(&dev, || {
+        TensorMap::tiled(
+            &dev,
+            &tensors[0],
+            &[1, 1, 64, 64],
+            Swizzle::B128,
+            L2Promotion::B256,
+            OobFill::Zero,
+        )
+        .map(drop)
+        .expect("tensor map");
+    });
+    // The stages of `launch::launch` on their own, on the same plan and views.
+    let plan = args::plan(&q, &k, &v, &opts).expect("plan");
+    let out = args::check_out(&plan, &q, &o).expect("out");
+    let borrow = |view: &args::View| {
+        // SAFETY: as above.
+        unsafe { dev.borrow_tensor(view.ptr, DType::Bf16, &view.shape, &view.strides) }
+            .expect("borrow")
+    };
+    let borrowing = host_us(&dev, || {
+        for view in [&plan.q, &plan.k, &plan.v, &out] {
+            drop(borrow(view));
+        }
+    });
+    let views = [&plan.q, &plan.k, &plan.v, &out].map(borrow);
+    let ct = launch::comptime(&plan, dev.target());
+    let spec = kiln::ir::dsl::Spec {
+        comptime: ct.clone(),
+        aligned16: ["q", "k", "v", "o"].map(|n| (n.to_string(), true)).into(),
+    };
+    let lookup = host_us(&dev, || {
+        dev.compile(&attention, &spec).map(drop).expect("compile");
+    });
+    let kernel = dev.compile(&attention, &spec).expect("compile");
+    let signature = kiln::ir::dsl::specialise(attention.signature(), &ct);
+    let kargs = [
+        KernelArg::Tensor(&views[0]),
+        KernelArg::Tensor(&views[1]),
+        KernelArg::Tensor(&views[2]),
+        KernelArg::Tensor(&views[3]),
+        KernelArg::F32(plan.scale),
+    ];
+    let grid = launch::grid(&plan);
+    let loaded = host_us(&dev, || {
+        dev.launch_loaded(&kernel, &signature, grid, &kargs)
+            .expect("launch loaded");
+    });
+    let full = host_us(&dev, || {
+        dev.launch(&attention, &ct, grid, &kargs).expect("launch");
+    });
+    println!(
+        "rust stages per call: borrow 4 tensors {borrowing:.2} us, compile-cache hit \
+         {lookup:.2} us, launch_loaded (checks, maps, pack, launch) {loaded:.1} us, \
+         Device::launch {full:.1} us"
+    );
+    if let Some(e) = failed {
+        eprintln!("launch failed: {e}");
+        return Ok(());
+    }
+    println!(
+        "rust host time per call at b=1 s=128 h=16 d=128: empty launch {empty:.1} us, \
+         checks + launch {with_checks:.1} us; overhead {:.1} us (of which 4 tensor maps \
+         {:.1} us)",
+        with_checks - empty,
+        4.0 * encode
+    );
+    Ok(())
+}
