@@ -142,10 +142,20 @@ fn run() -> Result<(), LaunchFailure> {
     let full = host_us(&dev, || {
         dev.launch(&attention, &ct, grid, &kargs).expect("launch");
     });
+    // The same entry (parameters, shared memory, launch geometry) with an empty body: what
+    // the driver's launch of this parameter block costs, apart from kiln's host work.
+    let hollow = dev
+        .load_ptx(hollow_entry(kernel.ptx()))
+        .expect("load the hollow entry");
+    let hollow_us = host_us(&dev, || {
+        dev.launch_loaded(&hollow, &signature, grid, &kargs)
+            .expect("launch the hollow entry");
+    });
     println!(
         "rust stages per call: borrow 4 tensors {borrowing:.2} us, compile-cache hit \
          {lookup:.2} us, launch_loaded (checks, maps, pack, launch) {loaded:.1} us, \
-         Device::launch {full:.1} us"
+         Device::launch {full:.1} us, launch_loaded of the entry with an empty body \
+         {hollow_us:.1} us"
     );
     if let Some(e) = failed {
         eprintln!("launch failed: {e}");
@@ -159,4 +169,15 @@ fn run() -> Result<(), LaunchFailure> {
         4.0 * encode
     );
     Ok(())
+}
+
+/// `module` with its entry's body replaced by `ret;`: the same `.entry` line, parameters and
+/// performance directives, so it launches with the same arguments and geometry.
+fn hollow_entry(module: &kiln::ptx::PtxModule) -> kiln::ptx::PtxModule {
+    let entry = module.ptx.find(".entry").expect("an entry");
+    let body = entry + module.ptx[entry..].find("\n{").expect("an entry body");
+    kiln::ptx::PtxModule {
+        ptx: format!("{}\n{{\n\tret;\n}}\n", &module.ptx[..body]),
+        ..module.clone()
+    }
 }
