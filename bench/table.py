@@ -18,12 +18,13 @@ def attention(rows, commit):
 
 
 def gemm(rows, commit):
-    print("| M | N | K | kiln | cuBLAS | kiln/cuBLAS | tile (BN, BK, STAGES) | commit |")
+    print("| M | N | K | kiln | cuBLAS | kiln/cuBLAS | tile (BM, BN, BK, STAGES, CLUSTER_M) | commit |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         c = dict(kv.split("=") for kv in r["comptime"].split(","))
         print(f"| {r['m']} | {r['n']} | {r['k']} | {r['kiln_tflops']:.0f} | {r['cublas_tflops']:.0f} "
-              f"| {r['ratio']:.2f} | {c.get('BN')}, {c.get('BK')}, {c.get('STAGES')} | {commit} |")
+              f"| {r['ratio']:.2f} | {c.get('BM', 128)}, {c.get('BN')}, {c.get('BK')}, {c.get('STAGES')}, "
+              f"{c.get('CLUSTER_M', 1)} | {commit} |")
 
 
 def main():
