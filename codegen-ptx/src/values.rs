@@ -3,6 +3,7 @@
 //! thread coordinates of a layout, constants, and whether an op may overwrite an operand.
 
 use kiln_ir::schedule::{Distribution, Term};
+use kiln_ir::tmem::epilogue;
 use kiln_ir::{Const, DType, OpId, ValueId};
 
 use crate::CodegenError;
@@ -96,9 +97,16 @@ impl Writer<'_> {
             .ok_or_else(|| self.internal(at, format!("{v} has no element at {offs:?}")))
     }
 
-    /// The distribution of tile `v`'s layout over its shape.
+    /// The distribution of tile `v`'s layout over its shape (in an sm_100a epilogue chunk,
+    /// only the chunk's registers of a tile in the accumulator's columns: [`Writer::columns`]).
     pub(crate) fn dist(&self, v: ValueId, at: OpId) -> Result<Distribution, CodegenError> {
-        self.k.distribution(v).map_err(|e| self.internal(at, e))
+        let d = self.k.distribution(v).map_err(|e| self.internal(at, e))?;
+        match (&self.columns, self.k.schedule.layouts.get(&v)) {
+            (Some(columns), Some(layout)) if epilogue::holds_columns(layout) => {
+                Ok(epilogue::chunk(d, columns))
+            }
+            _ => Ok(d),
+        }
     }
 
     /// A register holding `sum_t ((tid / div) % modulo) * mul` (`.b32`).

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::ops::Range;
 
 use kiln_ir::schedule::SmemBuffer;
 use kiln_ir::{Block, DType, Kernel, OpId, OpKind, Param, Target, ValueId};
@@ -101,6 +102,10 @@ pub struct Writer<'k> {
     pub(crate) grid: Option<[Reg; 3]>,
     /// A persistent kernel's block index: that of the work tile being run.
     pub(crate) block: Option<[Reg; 3]>,
+    /// sm_100a: the columns of its block whose chunk of the accumulator the epilogue runs the
+    /// code after the ring loop on; meanwhile a tile whose layout holds the accumulator's
+    /// columns has only their registers ([`kiln_ir::tmem::epilogue::chunk`]).
+    pub(crate) columns: Option<Range<u32>>,
     /// Module-scope data the body refers to (print format strings).
     globals: Vec<String>,
     /// Bytes of the per-thread buffer that print arguments are packed into.
@@ -135,6 +140,7 @@ impl<'k> Writer<'k> {
             warpgroup: None,
             grid: None,
             block: None,
+            columns: None,
             globals: Vec::new(),
             print_buffer_bytes: 0,
             labels: 0,
@@ -161,9 +167,7 @@ impl<'k> Writer<'k> {
         self.write_prologue(&slots)?;
         match tiles {
             Some(tiles) if attention.is_some() => self.write_attention(tiles)?,
-            Some(tiles) if self.k.schedule.tmem.is_some() => {
-                self.write_tcgen05_persistent(tiles)?
-            }
+            _ if self.k.schedule.tmem.is_some() => self.write_tcgen05(tiles)?,
             Some(tiles) => self.write_persistent(tiles)?,
             None => {
                 let body = self.k.body.clone();
@@ -448,11 +452,7 @@ impl<'k> Writer<'k> {
             OpKind::Load { .. } => self.write_load(id)?,
             OpKind::Store { .. } => self.write_store(id)?,
             OpKind::For { .. } if self.k.schedule.rings.contains_key(&id) => {
-                if self.k.schedule.tmem.is_some() {
-                    self.write_tcgen05_ring_loop(id)?
-                } else {
-                    self.write_ring_loop(id)?
-                }
+                self.write_ring_loop(id)?
             }
             OpKind::For { .. } => self.write_for(id)?,
             OpKind::If => self.write_if(id)?,

@@ -12,6 +12,7 @@ mod softcap;
 use kiln::ir::dsl::KernelDef;
 use kiln::ir::interp::{HostArg, InterpError, run_scheduled};
 use kiln::ir::passes::run_pipeline;
+use kiln::ir::tmem::TmemStep;
 use kiln::ir::{DType, Kernel, Target};
 use kiln_tests::check::{Case, as_stored, assert_close, poisoned, rel_error, tolerance};
 use kiln_tests::inputs::{AttentionShape, Dist, Rng, gemm_operands, tensor};
@@ -134,6 +135,71 @@ fn sm100a_gemm_on_two_epilogue_warpgroups_matches_reference() {
         };
         assert_close(&case, &c, &want, tolerance(DType::Bf16));
     }
+}
+
+#[test]
+fn sm100a_fused_epilogues_held_in_chunks_match_reference() {
+    // BN = 256: each epilogue thread holds its half row in chunks (the code after the loop
+    // runs once per chunk of columns on the GPU), for every activation and alpha/beta.
+    let mut rng = Rng::from_env();
+    let (m, n, k) = (200, 300, 130);
+    let chunked = |kernel: &Kernel| {
+        let plan = kernel.schedule.tmem.as_ref().expect("a TMEM plan");
+        let reads = plan
+            .epilogue
+            .iter()
+            .filter(|s| matches!(s, TmemStep::Read { .. }))
+            .count();
+        assert_eq!(plan.roles.epilogue_warps, 8);
+        assert!(
+            reads > 1,
+            "{} reads its block in {reads} chunk(s)",
+            kernel.name
+        );
+    };
+    let (a, b, ab) = gemm_operands(&mut rng, (m, n, k), false, Dist::Normal);
+    let bias = tensor(&mut rng, &[n], DType::Bf16, Dist::Normal);
+    for (act, activation) in Activation::ALL.into_iter().enumerate() {
+        let act = act.to_string();
+        let kernel = compiled(
+            "gemm_bias_act",
+            &[("BN", "256"), ("act", &act)],
+            Target::Sm100a,
+        );
+        chunked(&kernel);
+        let want = as_stored(&reference::bias_act(&ab, &bias, activation), DType::Bf16);
+        let c = run_gemm(&kernel, (128, 256), &[&a, &b, &bias], n, 3)
+            .unwrap_or_else(|e| panic!("act={act}: {e}"));
+        let case = Case {
+            kernel: format!("scheduled gemm_bias_act BN=256 act={act} on sm_100a, 3 CTAs"),
+            shape: format!("m={m} n={n} k={k}"),
+            dist: Dist::Normal,
+            seed: rng.seed(),
+        };
+        assert_close(&case, &c, &want, tolerance(DType::Bf16));
+    }
+    let kernel = compiled("gemm_alpha_beta", &[("BN", "256")], Target::Sm100a);
+    chunked(&kernel);
+    let c = tensor(&mut rng, &[m, n], DType::Bf16, Dist::Normal);
+    let want = as_stored(&reference::alpha_beta(&ab, &c, 0.75, -1.25), DType::Bf16);
+    let mut d = poisoned(&[m, n], DType::Bf16);
+    let mut args = [
+        HostArg::Tensor(&a),
+        HostArg::Tensor(&b),
+        HostArg::Tensor(&c),
+        HostArg::TensorMut(&mut d),
+        HostArg::F32(0.75),
+        HostArg::F32(-1.25),
+    ];
+    let grid = [m.div_ceil(128) as u32, n.div_ceil(256) as u32, 1];
+    run_scheduled(&kernel, grid, 3, &mut args).unwrap_or_else(|e| panic!("{e}"));
+    let case = Case {
+        kernel: "scheduled gemm_alpha_beta BN=256 on sm_100a, 3 CTAs".into(),
+        shape: format!("m={m} n={n} k={k}"),
+        dist: Dist::Normal,
+        seed: rng.seed(),
+    };
+    assert_close(&case, &d, &want, tolerance(DType::Bf16));
 }
 
 /// Runs the compiled attention `kernel` on fresh inputs of `p` over `ctas` CTAs and checks

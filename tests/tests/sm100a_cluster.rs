@@ -27,7 +27,7 @@ fn scheduled(kernel: &Kernel) -> Kernel {
 }
 
 /// The paired variants: both B layouts, both tile widths, a 32-wide K step, f16, the fused
-/// epilogues.
+/// epilogues (at BN = 256 held in chunks).
 const VARIANTS: &[(&str, &[(&str, &str)])] = &[
     ("gemm", &[]),
     ("gemm", &[("b_col_major", "true")]),
@@ -39,6 +39,9 @@ const VARIANTS: &[(&str, &[(&str, &str)])] = &[
     ("gemm_bias_act", &[("act", "2")]),
     ("gemm_bias_act", &[("act", "3"), ("b_col_major", "true")]),
     ("gemm_alpha_beta", &[]),
+    ("gemm_bias_act", &[("BN", "256"), ("act", "1")]),
+    ("gemm_bias_act", &[("BN", "256"), ("act", "2")]),
+    ("gemm_alpha_beta", &[("BN", "256")]),
 ];
 
 /// `name` with `overrides` and `CLUSTER_M = 2`.

@@ -12,7 +12,9 @@
 //! descriptors with each stage released by `tcgen05.commit` ([`tcgen05`]), and the warp frees
 //! the columns after the last tile; the epilogue warps copy each tile's accumulator to
 //! registers, the `for`'s result, and run the kernel's code after the loop (its store goes
-//! through the TMA-store epilogue) while the MMA warp already works on the next tile.
+//! through the TMA-store epilogue) while the MMA warp already works on the next tile. Where
+//! the plan reads the accumulator in chunks of columns, that code is written once per chunk,
+//! on the chunk's registers ([`tmem`]).
 //!
 //! The 2-SM form (`kiln_ir::cluster::Pair`, `CLUSTER_M = 2`): both CTAs of the cluster run
 //! these roles on their tile of a pair; the producers' TMA completes on the leader's `full`,
@@ -34,9 +36,9 @@ use crate::sm90a::persistent::{TileLoop, scalar_only};
 use crate::types::{Class, Reg};
 use crate::writer::Writer;
 
-/// A role's ops around the ring loop: in a persistent kernel, those before it (rewritten per
-/// work tile) and after it; empty otherwise (the top-level writer writes them once).
-#[derive(Default)]
+/// A role's ops around the ring loop: those before it in a persistent kernel (rewritten per
+/// work tile; none in another, whose code before the loop is written once before the roles
+/// split), and those after it (which the epilogue runs).
 pub(crate) struct Around {
     tiles: Option<TileScheduler>,
     before: Vec<OpId>,
@@ -53,23 +55,33 @@ impl Writer<'_> {
             .ok_or_else(|| self.internal(at, "an sm_100a ring without its TMEM plan"))
     }
 
-    /// Writes the body of a persistent sm_100a kernel: the roles, each walking the tiles.
-    pub(crate) fn write_tcgen05_persistent(
+    /// Writes the body of an sm_100a kernel with a TMEM plan: the roles, each walking the work
+    /// tiles of a persistent kernel or running its one tile. A persistent kernel's roles
+    /// rewrite the code before the ring loop per tile; another's runs once in every thread
+    /// before the roles split. The epilogue runs the code after the loop.
+    pub(crate) fn write_tcgen05(
         &mut self,
-        tiles: TileScheduler,
+        tiles: Option<TileScheduler>,
     ) -> Result<(), CodegenError> {
         let (id, before, after) = self.persistent_parts()?;
-        let around = Around {
-            tiles: Some(tiles),
-            before,
-            after,
+        let around = match tiles {
+            Some(_) => Around {
+                tiles,
+                before,
+                after,
+            },
+            None => {
+                for &op in &before {
+                    self.write_op(op)?;
+                }
+                Around {
+                    tiles,
+                    before: Vec::new(),
+                    after,
+                }
+            }
         };
         self.write_tcgen05_roles(id, &around)
-    }
-
-    /// Writes a ring's `for` on sm_100a, run once (not persistent).
-    pub(crate) fn write_tcgen05_ring_loop(&mut self, id: OpId) -> Result<(), CodegenError> {
-        self.write_tcgen05_roles(id, &Around::default())
     }
 
     /// The three roles (see the module doc).

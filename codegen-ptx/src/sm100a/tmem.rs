@@ -1,13 +1,17 @@
 //! Tensor memory: the accumulator's allocation and its address's publication before the
 //! roles split, the accumulator barriers, the epilogue's copy to registers (`tcgen05.ld`,
-//! shape `32x32b`) and the owner's `tcgen05.dealloc` (ptx-notes §7). Every step comes from the
-//! plan's programs ([`kiln_ir::tmem::TmemStep`]).
+//! shape `32x32b`), on which it runs the code after the loop (whole, or chunk by chunk), and
+//! the owner's `tcgen05.dealloc` (ptx-notes §7). Every step comes from the plan's programs
+//! ([`kiln_ir::tmem::TmemStep`]).
+
+use std::ops::Range;
 
 use kiln_ir::OpId;
 use kiln_ir::tmem::{AccBar, TmemPlan, TmemStep};
 
 use super::Around;
 use crate::CodegenError;
+use crate::sm90a::persistent::scalar_only;
 use crate::types::{Class, Reg};
 use crate::writer::{Val, Writer};
 
@@ -220,7 +224,7 @@ impl Writer<'_> {
             | TmemStep::Mainloop
             | TmemStep::CommitAcc
             | TmemStep::Load { .. }
-            | TmemStep::Read => {
+            | TmemStep::Read { .. } => {
                 return Err(self.internal(id, format!("`{s}` outside its role")));
             }
         }
@@ -229,10 +233,10 @@ impl Writer<'_> {
 
     /// The epilogue warps, per work tile: warp `w` copies TMEM lanes `32 (w % 4) ..` (its
     /// threads' rows) of its warpgroup's column block (columns `(w / 4) b ..`, `b` the plan's
-    /// [`TmemPlan::block_columns`]) load by load, and [`TmemStep::Read`] makes the registers the ring
-    /// `for`'s result, in the accumulator layout's order (column `j` of the thread's row is
-    /// register `j`); a persistent kernel's tile then runs the ops after the loop. A loop that
-    /// ran no iteration yields its initial value instead (no mma wrote the accumulator).
+    /// [`TmemPlan::block_columns`]) load by load, column `j` of the block into the `j`-th
+    /// register, and at each [`TmemStep::Read`] runs the code after the loop on the columns
+    /// it names ([`Writer::read_chunk`]). A loop that ran no iteration yields its initial
+    /// value instead (no mma wrote the accumulator).
     pub(super) fn write_tmem_epilogue(
         &mut self,
         id: OpId,
@@ -257,9 +261,13 @@ impl Writer<'_> {
         let mut c = self.cursor(&[]);
         let (tl, [lo, hi, _]) = self.enter_tile(id, around, &mut c, false)?;
         let mut regs: Vec<Reg> = Vec::new();
+        let mut first = true;
         for &s in &plan.epilogue {
             match s {
                 TmemStep::Load { column, columns } => {
+                    if column as usize != regs.len() {
+                        return Err(self.internal(id, "TMEM loads out of column order"));
+                    }
                     let dst: Vec<Reg> = (0..columns).map(|_| self.new_reg(Class::F32)).collect();
                     let at = self.new_reg(Class::B32);
                     self.ins(format!("add.u32 {at}, {lanes}, {column}"));
@@ -270,7 +278,17 @@ impl Writer<'_> {
                     ));
                     regs.extend(dst);
                 }
-                TmemStep::Read => self.read_accumulator(id, &regs, lo, hi)?,
+                TmemStep::Read { column, columns } => {
+                    if columns < plan.block_columns() {
+                        self.comment(&format!(
+                            "the code after the loop on block columns {column}..{}",
+                            column + columns
+                        ));
+                    }
+                    let chunk = column..column + columns;
+                    self.read_chunk(id, &regs, chunk, [lo, hi], &around.after, first)?;
+                    first = false;
+                }
                 TmemStep::Wait { bar, start } => {
                     self.wait_acc(plan, bar, start, c.tile_parity, false);
                     // Lanes may leave the wait loop apart; the `.sync.aligned` copies after it
@@ -280,43 +298,52 @@ impl Writer<'_> {
                 other => self.tmem_step(id, plan, other, base)?,
             }
         }
-        for &op in &around.after {
-            if self.k.ops[op].kind != kiln_ir::OpKind::Yield {
-                self.write_op(op)?;
-            }
-        }
         self.leave_tile(tl, &c);
-        if around.tiles.is_some() {
-            self.finish_tma_stores()?;
-        }
-        Ok(())
+        self.finish_tma_stores()
     }
 
-    /// Binds the copied registers to the ring `for`'s result; with no iteration run, they
-    /// take the loop's initial value.
-    fn read_accumulator(
+    /// Runs the code after the loop (`after`) on block columns `columns` of the copied
+    /// registers `regs`: the ring `for`'s result is that chunk of them (of its initial value
+    /// where the loop ran no iteration, `[lo, hi]` its bounds), and every tile whose layout
+    /// holds the accumulator's columns has only the chunk's registers meanwhile
+    /// ([`Writer::columns`]). The ops that compute only scalars are written with the `first`
+    /// chunk alone; the later ones reuse their registers.
+    fn read_chunk(
         &mut self,
         id: OpId,
         regs: &[Reg],
-        lo: Reg,
-        hi: Reg,
+        columns: Range<u32>,
+        [lo, hi]: [Reg; 2],
+        after: &[OpId],
+        first: bool,
     ) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
         let (&[init], &[result]) = (&op.operands[3..], &op.results[..]) else {
             return Err(self.internal(id, "a tcgen05 ring loop carrying more than its accumulator"));
         };
         let init = self.tile(init, id)?;
-        if init.len() != regs.len() {
-            return Err(self.internal(id, "an accumulator copy of the wrong size"));
-        }
+        let range = columns.start as usize..columns.end as usize;
+        let (Some(init), Some(regs)) = (init.get(range.clone()), regs.get(range)) else {
+            return Err(self.internal(id, "a read of accumulator columns not copied"));
+        };
         let (ran, skip) = (self.new_reg(Class::Pred), self.new_label());
         self.ins(format!("setp.lt.s32 {ran}, {lo}, {hi}"));
         self.ins(format!("@{ran} bra {skip}"));
-        for (&r, &i) in regs.iter().zip(&init) {
+        for (&r, &i) in regs.iter().zip(init) {
             self.mov(r, i);
         }
         self.label(&skip);
         self.vals.insert(result, Val::Tile(regs.to_vec()));
+        self.columns = Some(columns);
+        // The tiles of another chunk have other registers.
+        self.reg_index.clear();
+        for &op in after {
+            if self.k.ops[op].kind != kiln_ir::OpKind::Yield && (first || !scalar_only(self.k, op))
+            {
+                self.write_op(op)?;
+            }
+        }
+        self.columns = None;
         Ok(())
     }
 }

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use kiln_ir::schedule::Distribution;
 use kiln_ir::tma_store::{StoreStep, TmaStore};
 use kiln_ir::{OpId, OpKind};
 
@@ -62,19 +63,38 @@ impl Writer<'_> {
         }
         self.ins(format!("and.b32 {phase}, {rb}, 7"));
         let (box_bytes, per_round) = (st.box_bytes(), st.boxes_per_round());
+        // The whole tile's columns: in an sm_100a epilogue chunk `d` holds only the chunk's.
+        let whole = self.k.distribution(v).map_err(|e| self.internal(id, e))?;
+        let write_at = st.round.iter().position(|&s| s == StoreStep::Write);
         let mut chunks: BTreeMap<u32, Reg> = BTreeMap::new();
         for round in 0..st.rounds {
-            self.comment(&format!(
-                "TMA store, part {} of {}: {}",
-                round + 1,
-                st.rounds,
-                st.round
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ));
-            for &step in &st.round {
+            let Some((opens, closes)) = round_ends(&whole, &d, round, per_round) else {
+                continue;
+            };
+            if opens {
+                self.comment(&format!(
+                    "TMA store, part {} of {}: {}",
+                    round + 1,
+                    st.rounds,
+                    st.round
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ));
+            }
+            // A chunk of the tile opens its round (the steps before the write) if it holds
+            // the round's first column and closes it (those after) if it holds the last.
+            let steps = st
+                .round
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| match write_at {
+                    Some(w) if i < w => opens,
+                    Some(w) if i > w => closes,
+                    Some(_) | None => true,
+                });
+            for (_, &step) in steps {
                 match step {
                     StoreStep::WaitRead => {
                         self.ins(format!("@{leader} cp.async.bulk.wait_group.read 0"))
@@ -166,4 +186,26 @@ impl Writer<'_> {
         self.ins(format!("setp.eq.u32 {p}, {}, 0", self.tid));
         p
     }
+}
+
+/// Whether the registers `d` of a staged tile, whose whole distribution is `whole`, hold the
+/// first and the last column of round `round` (`per_round` boxes each); `None` when they hold
+/// none of its columns. The whole tile holds both ends of every round; an sm_100a epilogue
+/// chunk those it reaches, in column order.
+fn round_ends(
+    whole: &Distribution,
+    d: &Distribution,
+    round: u32,
+    per_round: u32,
+) -> Option<(bool, bool)> {
+    let columns: Vec<u32> = whole
+        .offsets(1)
+        .filter(|c| c / kiln_ir::tma_store::BOX_COLUMNS / per_round == round)
+        .collect();
+    let held = |c: u32| d.offsets(1).any(|o| o == c);
+    let (&first, &last) = (columns.iter().min()?, columns.iter().max()?);
+    columns
+        .iter()
+        .any(|&c| held(c))
+        .then(|| (held(first), held(last)))
 }

@@ -7,8 +7,8 @@
 //! of accumulating) and has 128 rows (and at most 256 columns, the ring's), and the ring has
 //! no once loads. Its epilogue warps are the kernel's (one or two warpgroups, chosen by the
 //! layout pass: [`crate::tmem::epilogue`]); each warp copies its warpgroup's column block of
-//! its 32 lanes. The accumulator takes the next
-//! power of 2 of its columns (at least 32) of the 512; the TMEM address slot and the `acc_full` / `acc_empty` barriers go after the
+//! its 32 lanes, whole or chunk by chunk ([`crate::tmem::epilogue::program`]). The
+//! accumulator takes the next power of 2 of its columns (at least 32) of the 512; the TMEM address slot and the `acc_full` / `acc_empty` barriers go after the
 //! rest of shared memory. A ring with a once load whose body is attention-shaped gets the
 //! FlashAttention-4-style schedule instead ([`crate::tmem::attention`], `schedule.attention`). Any other
 //! ring is reported as not implemented on sm_100a.
@@ -31,8 +31,7 @@ use crate::kernel::{Const, Kernel, OpKind, ValueDef};
 use crate::ring::Operand;
 use crate::target::Target;
 use crate::tmem::{
-    ACC_ROWS, AccBar, Descriptor, LOAD_COLUMNS, Roles, TmemPair, TmemPlan, TmemStep,
-    instruction_descriptor,
+    ACC_ROWS, AccBar, Descriptor, Roles, TmemPair, TmemPlan, TmemStep, instruction_descriptor,
 };
 
 use super::walk::first_ring_loc;
@@ -136,23 +135,8 @@ pub fn run_with(
         producer_warp: epilogue_warps,
         mma_warp: epilogue_warps + 1,
     };
-    let mut epilogue = vec![
-        TmemStep::Wait {
-            bar: AccBar::Full,
-            start: 0,
-        },
-        TmemStep::FenceAfter,
-    ];
-    epilogue.extend((0..block.div_ceil(LOAD_COLUMNS)).map(|q| TmemStep::Load {
-        column: q * LOAD_COLUMNS,
-        columns: LOAD_COLUMNS.min(block - q * LOAD_COLUMNS),
-    }));
-    epilogue.extend([
-        TmemStep::WaitLoad,
-        TmemStep::FenceBefore,
-        TmemStep::Arrive { bar: AccBar::Empty },
-        TmemStep::Read,
-    ]);
+    let chunk = crate::tmem::epilogue::chunk_columns(kernel, id, n, epilogue_warps);
+    let epilogue = crate::tmem::epilogue::program(block, chunk);
     let plan = TmemPlan {
         for_op: id,
         roles,

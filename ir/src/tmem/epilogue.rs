@@ -1,4 +1,5 @@
-//! How many epilogue warpgroups copy a Blackwell accumulator out of tensor memory.
+//! How the epilogue warps copy a Blackwell accumulator out of tensor memory: how many
+//! warpgroups, and how many of its columns a thread holds at once.
 //!
 //! Each epilogue thread holds its row's share of the accumulator in registers together with
 //! the kernel's code after the ring loop (a fused epilogue's bias row, its activation's
@@ -16,12 +17,23 @@
 //! (four values: `x`, `e^u`, `min(e^u, 1)`, `1 / e^u`) spill there and not on two. Beside
 //! a bias row (two values) two warpgroups are taken too, which also assemble clean.
 //!
-//! At BN = 256 two warpgroups are the most: each thread holds 128 columns in the 168
-//! registers a 320-thread block leaves it, enough for the gemm and a bias, not for the
-//! activations' temporaries (ptxas spills relu and alpha/beta a little, gelu and silu much).
+//! Two warpgroups are the most, so at BN = 256 a thread's half row (128 columns in the 168
+//! registers a 320-thread block leaves it) still does not fit beside an activation's
+//! temporaries (ptxas 13.5 spilled relu and alpha/beta a little, gelu and silu about 920 B).
+//! Where the code after the loop computes each column from the same column alone
+//! ([`column_local`]), the thread then holds its block in chunks ([`chunk_columns`]): per
+//! chunk it copies the chunk's columns out of TMEM, waits for them and runs the code after
+//! the loop on them (which loads the chunk's bias, converts it and writes it to the store's
+//! staging tile), so the estimate counts a chunk's columns of each live value, not the
+//! block's. TMEM is handed back once the last chunk is copied ([`program`]), so a thread
+//! whose whole block fits keeps it whole and hands TMEM back before its code runs.
 
+use std::ops::Range;
+
+use super::{AccBar, LOAD_COLUMNS, TmemStep};
 use crate::kernel::{Kernel, OpId, OpKind, ValueDef, ValueId};
 use crate::passes::walk::ops_in_block_regions;
+use crate::schedule::{Distribution, Layout};
 use crate::tma_store::BOX_COLUMNS;
 
 /// Registers of each of an SM's four sub-partitions, which take a block's warps in turn.
@@ -43,6 +55,140 @@ pub fn epilogue_warps(kernel: &Kernel, for_op: OpId, n: u32) -> u32 {
     };
     let fits = |groups: u32| need / groups <= registers_per_thread(32 * (4 * groups + OTHER_WARPS));
     4 * (1..most).find(|&g| fits(g)).unwrap_or(most)
+}
+
+/// The columns of its block an epilogue thread of `warps` holds at once, for the `n`-column
+/// accumulator carried out of ring loop `for_op` (see the module doc): the block in the
+/// fewest equal chunks of whole `tcgen05.ld`s whose share of the estimated need fits a
+/// thread's registers, else in chunks of one load each; the whole block where the code after
+/// the loop is not [`column_local`].
+pub fn chunk_columns(kernel: &Kernel, for_op: OpId, n: u32, warps: u32) -> u32 {
+    let groups = (warps / 4).max(1);
+    let block = n / groups;
+    if !column_local(kernel, for_op) {
+        return block;
+    }
+    let need = live_columns(kernel, for_op) / groups;
+    let registers = registers_per_thread(32 * (warps + OTHER_WARPS));
+    let counts = (1..=block / LOAD_COLUMNS)
+        .filter(|&k| block.is_multiple_of(k) && (block / k).is_multiple_of(LOAD_COLUMNS));
+    counts
+        .clone()
+        .find(|&k| need / k <= registers)
+        .or(counts.max())
+        .map_or(block, |k| block / k)
+}
+
+/// The epilogue's program per work tile, for blocks of `block` columns held `chunk` at a
+/// time: wait for the accumulator (and fence after the wait), then per chunk copy its columns
+/// (one `tcgen05.ld` per [`LOAD_COLUMNS`]), wait for the copies and read them. TMEM goes back
+/// to the MMA warp (fenced) once the last chunk has landed, before that chunk is read: the
+/// next tile's mmas may overwrite the accumulator only when no copy is left to make.
+pub fn program(block: u32, chunk: u32) -> Vec<TmemStep> {
+    let mut steps = vec![
+        TmemStep::Wait {
+            bar: AccBar::Full,
+            start: 0,
+        },
+        TmemStep::FenceAfter,
+    ];
+    let starts: Vec<u32> = (0..block).step_by(chunk.max(1) as usize).collect();
+    for (i, &start) in starts.iter().enumerate() {
+        let columns = chunk.min(block - start);
+        let end = start + columns;
+        steps.extend(
+            (start..end)
+                .step_by(LOAD_COLUMNS as usize)
+                .map(|column| TmemStep::Load {
+                    column,
+                    columns: LOAD_COLUMNS.min(end - column),
+                }),
+        );
+        steps.push(TmemStep::WaitLoad);
+        if i + 1 == starts.len() {
+            steps.extend([
+                TmemStep::FenceBefore,
+                TmemStep::Arrive { bar: AccBar::Empty },
+            ]);
+        }
+        steps.push(TmemStep::Read {
+            column: start,
+            columns,
+        });
+    }
+    steps
+}
+
+/// Whether the kernel's code after ring loop `for_op` computes each column of its tiles from
+/// the same column of the accumulator alone, so that it may run on a chunk of the columns at
+/// a time: every op is scalar, elementwise, a splat, an iota, a reshape that keeps the
+/// columns, a load into registers or a store, without regions; every tile it reads or
+/// defines is the loop's result or its own, in a layout that [`holds_columns`]. A reduction,
+/// a transpose or a tile from before the loop would need columns of other chunks.
+pub fn column_local(kernel: &Kernel, for_op: OpId) -> bool {
+    let ops = &kernel.body.ops;
+    let Some(at) = ops.iter().position(|&o| o == for_op) else {
+        return false;
+    };
+    let after = &ops[at + 1..];
+    let own: Vec<ValueId> = std::iter::once(for_op)
+        .chain(after.iter().copied())
+        .flat_map(|o| kernel.ops[o].results.iter().copied())
+        .collect();
+    let fits = |v: ValueId| {
+        kernel.ty(v).shape().is_none()
+            || (own.contains(&v) && kernel.schedule.layouts.get(&v).is_some_and(holds_columns))
+    };
+    let last_dim = |v: ValueId| kernel.ty(v).shape().and_then(|s| s.dims().last().copied());
+    after.iter().all(|&o| {
+        let op = &kernel.ops[o];
+        let local = match &op.kind {
+            OpKind::Reshape { shape } => last_dim(op.operands[0]) == shape.dims().last().copied(),
+            OpKind::Const(_)
+            | OpKind::ScalarParam(_)
+            | OpKind::BlockId(_)
+            | OpKind::GridDim(_)
+            | OpKind::TensorDim { .. }
+            | OpKind::Unary(_)
+            | OpKind::Binary(_)
+            | OpKind::Select
+            | OpKind::Cast { .. }
+            | OpKind::Splat { .. }
+            | OpKind::Iota { .. }
+            | OpKind::Load { .. }
+            | OpKind::Store { .. } => true,
+            OpKind::Transpose
+            | OpKind::Reduce { .. }
+            | OpKind::Mma
+            | OpKind::For { .. }
+            | OpKind::If
+            | OpKind::Print { .. }
+            | OpKind::Yield => false,
+        };
+        local && op.regions.is_empty() && op.operands.iter().chain(&op.results).all(|&v| fits(v))
+    })
+}
+
+/// Whether a tile in `layout` spreads its columns over the epilogue's threads as the
+/// accumulator does (its [`Layout::TmemRows`], or a row of it: a slice across the rows), so
+/// that a chunk of a block's columns is the registers whose last offset lies in it
+/// ([`chunk`]).
+pub fn holds_columns(layout: &Layout) -> bool {
+    match layout {
+        Layout::TmemRows { .. } => true,
+        Layout::Slice { dim, parent, .. } => {
+            *dim == 0 && matches!(**parent, Layout::TmemRows { .. })
+        }
+        Layout::Blocked { .. } | Layout::Mma { .. } | Layout::Shared { .. } => false,
+    }
+}
+
+/// The registers of `d`, the distribution of a tile whose layout [`holds_columns`], in the
+/// block's columns `columns`.
+pub fn chunk(mut d: Distribution, columns: &Range<u32>) -> Distribution {
+    d.regs
+        .retain(|offs| offs.last().is_some_and(|c| columns.contains(c)));
+    d
 }
 
 /// The registers ptxas may give each of `threads` threads (in units of 8): a sub-partition
@@ -106,5 +252,38 @@ mod tests {
         assert_eq!(registers_per_thread(192), 255);
         // 10 warps (two): 3 per sub-partition, 16384 / 96 = 170, in units of 8.
         assert_eq!(registers_per_thread(320), 168);
+    }
+
+    #[test]
+    fn chunks_are_read_as_they_land_and_tmem_goes_back_after_the_last() {
+        let load = |column| TmemStep::Load {
+            column,
+            columns: 32,
+        };
+        let read = |column, columns| TmemStep::Read { column, columns };
+        let head = [
+            TmemStep::Wait {
+                bar: AccBar::Full,
+                start: 0,
+            },
+            TmemStep::FenceAfter,
+        ];
+        let hand_back = [
+            TmemStep::FenceBefore,
+            TmemStep::Arrive { bar: AccBar::Empty },
+        ];
+        // Whole: every copy, one wait, TMEM back before the code runs.
+        let mut whole = head.to_vec();
+        whole.extend([load(0), load(32), TmemStep::WaitLoad]);
+        whole.extend(hand_back);
+        whole.push(read(0, 64));
+        assert_eq!(program(64, 64), whole);
+        // Two chunks: the first is read before the second is copied.
+        let mut chunked = head.to_vec();
+        chunked.extend([load(0), load(32), TmemStep::WaitLoad, read(0, 64)]);
+        chunked.extend([load(64), load(96), TmemStep::WaitLoad]);
+        chunked.extend(hand_back);
+        chunked.push(read(64, 64));
+        assert_eq!(program(128, 64), chunked);
     }
 }

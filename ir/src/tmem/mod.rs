@@ -16,7 +16,9 @@
 //! (one block, or two halves where a whole row is more than a thread should hold:
 //! [`epilogue`]), thread `t` one row, consecutive columns, exactly the [`accumulator_layout`]),
 //! wait for the copies and hand TMEM back on `acc_empty` before the registers are used
-//! ([`TmemPlan::epilogue`]), so the next tile's mmas run under this tile's stores. Both
+//! ([`TmemPlan::epilogue`]), so the next tile's mmas run under this tile's stores; a thread
+//! that should not hold its whole block at once copies and uses it chunk by chunk and hands
+//! TMEM back once the last chunk has landed ([`epilogue::program`]). Both
 //! barriers have one phase per tile: tile `k` waits with parity `start ^ (k & 1)`, and the
 //! exit's wait with `start ^ (tiles & 1)`. Like the ring, the plan is plain data: the `tmem`
 //! pass writes it, `protocol_check` proves it and the PTX writer emits exactly these steps.
@@ -125,8 +127,15 @@ pub enum TmemStep {
     },
     /// `tcgen05.wait::ld`: every earlier `tcgen05.ld` of the thread has landed.
     WaitLoad,
-    /// The kernel's code after the loop reads the copied registers.
-    Read,
+    /// The kernel's code after the loop runs on the copied registers of block columns
+    /// `column .. column + columns` (the whole block, or one chunk of it:
+    /// [`epilogue::program`]).
+    Read {
+        /// First column.
+        column: u32,
+        /// Columns.
+        columns: u32,
+    },
     /// `tcgen05.dealloc` of `columns` by the whole warp.
     Dealloc {
         /// Columns (those allocated).
@@ -315,7 +324,9 @@ impl fmt::Display for TmemStep {
                 write!(f, "ld.32x32b.x{columns} col {column}")
             }
             TmemStep::WaitLoad => f.write_str("wait::ld"),
-            TmemStep::Read => f.write_str("read"),
+            TmemStep::Read { column, columns } => {
+                write!(f, "read cols {column}..{}", column + columns)
+            }
             TmemStep::Dealloc { columns } => write!(f, "dealloc {columns} cols"),
             TmemStep::ClusterSync => f.write_str("barrier.cluster"),
         }

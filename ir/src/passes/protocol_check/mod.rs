@@ -66,8 +66,9 @@
 //! the ring's stages are released only by `tcgen05.commit`; per tile the epilogue waits on
 //! `acc_full` from parity 0 and fences before its first `tcgen05.ld`, copies every column
 //! once, waits for the copies (`tcgen05.wait::ld`) before the registers are read or TMEM is
-//! handed back on `acc_empty` (once, fenced before). A persistent ring's machine runs
-//! sequences of work tiles as on sm_90a.
+//! handed back on `acc_empty` (once, fenced before, with no copy after it), and reads every
+//! column of its block once, after its copy (whole, or chunk by chunk). A persistent ring's
+//! machine runs sequences of work tiles as on sm_90a.
 //!
 //! The sm_100a 2-SM pair ([`crate::cluster::Pair`]): the cluster's set-up and exit barrier as
 //! above, `empty` counting the leader's one multicast commit, the leader announcing both CTAs'

@@ -108,6 +108,34 @@ pub enum TmemError {
         /// How many times it is copied.
         times: u32,
     },
+    /// The epilogue copies from TMEM after handing it back: the next tile's mmas may already
+    /// overwrite the accumulator.
+    #[error(
+        "the epilogue runs `{0}` after arriving on acc_empty: the next tile's mmas may overwrite the accumulator it copies"
+    )]
+    LoadAfterHandBack(TmemStep),
+    /// The code after the loop reads a column before the epilogue copies it.
+    #[error("the epilogue runs `{read}` before a tcgen05.ld copies column {column}")]
+    ReadBeforeLoad {
+        /// The read.
+        read: TmemStep,
+        /// The first column not copied yet.
+        column: u32,
+    },
+    /// The code after the loop does not read every column of the block exactly once.
+    #[error(
+        "the epilogue's code after the loop reads columns {got:?} of each {block}-column block; column {column} is read {times} times"
+    )]
+    ReadCoverage {
+        /// `(first column, columns)` of each read.
+        got: Vec<(u32, u32)>,
+        /// The columns of a warpgroup's block.
+        block: u32,
+        /// The first column not read exactly once (or read past the block).
+        column: u32,
+        /// How many times it is read.
+        times: u32,
+    },
     /// The epilogue is not whole warpgroups: some TMEM lane quarter of a column block has no
     /// warp to read it (warp `w` reaches only lanes `32 (w % 4) ..`).
     #[error(
@@ -283,13 +311,17 @@ fn check_owner(plan: &TmemPlan) -> Result<(), ProtocolError> {
 
 /// Per tile the epilogue waits (from parity 0) on `acc_full` and fences after it before its
 /// first `tcgen05.ld`; the loads copy every column once; `tcgen05.wait::ld` comes before the
-/// registers are read and before TMEM is handed back (fenced) on `acc_empty`, once; it never
+/// registers are read and before TMEM is handed back (fenced) on `acc_empty`, once, after the
+/// last load; the reads cover each block once, every column after its copy; it never
 /// allocates or frees.
 fn check_epilogue(plan: &TmemPlan) -> Result<(), ProtocolError> {
     let published = plan.setup.contains(&TmemStep::Publish);
     let (mut waited, mut fenced) = (false, false);
-    let (mut pending, mut before_sync) = (false, false);
+    let (mut pending, mut before_sync, mut handed_back) = (false, false, false);
     let mut loads = Vec::new();
+    // `(first column, columns)` of each read, and the first read of a column no earlier
+    // load copied (reported once the loads are known to cover the accumulator).
+    let (mut reads, mut early) = (Vec::new(), None);
     for &s in &plan.epilogue {
         match s {
             TmemStep::Alloc { .. } | TmemStep::Dealloc { .. } | TmemStep::Relinquish => {
@@ -305,20 +337,29 @@ fn check_epilogue(plan: &TmemPlan) -> Result<(), ProtocolError> {
                 if !(published && waited && fenced) {
                     return Err(TmemError::LoadBeforeCommit(s).into());
                 }
+                if handed_back {
+                    return Err(TmemError::LoadAfterHandBack(s).into());
+                }
                 loads.push((column, columns));
                 pending = true;
                 before_sync = false;
             }
             TmemStep::WaitLoad => pending = false,
             TmemStep::FenceBefore => before_sync = true,
-            TmemStep::Read | TmemStep::Arrive { bar: AccBar::Empty } if pending => {
+            TmemStep::Read { .. } | TmemStep::Arrive { bar: AccBar::Empty } if pending => {
                 return Err(TmemError::LoadNotWaited(s).into());
             }
             TmemStep::Arrive { bar: AccBar::Empty } if !before_sync => {
                 return Err(TmemError::Unfenced.into());
             }
-            TmemStep::Read
-            | TmemStep::Arrive { .. }
+            TmemStep::Arrive { bar: AccBar::Empty } => handed_back = true,
+            TmemStep::Read { column, columns } => {
+                let copied = |c: u32| loads.iter().any(|&(l, n)| (l..l + n).contains(&c));
+                let missing = (column..column + columns).find(|&c| !copied(c));
+                early = early.or(missing.map(|c| (s, c)));
+                reads.push((column, columns));
+            }
+            TmemStep::Arrive { .. }
             | TmemStep::Wait { .. }
             | TmemStep::Mainloop
             | TmemStep::CommitAcc
@@ -326,7 +367,12 @@ fn check_epilogue(plan: &TmemPlan) -> Result<(), ProtocolError> {
         }
     }
     if pending {
-        return Err(TmemError::LoadNotWaited(TmemStep::Read).into());
+        // The registers are the loop's result, which the code after the loop reads.
+        let read = TmemStep::Read {
+            column: 0,
+            columns: plan.block_columns(),
+        };
+        return Err(TmemError::LoadNotWaited(read).into());
     }
     let hand_back = TmemStep::Arrive { bar: AccBar::Empty };
     if plan.epilogue.iter().filter(|s| **s == hand_back).count() != 1 {
@@ -355,13 +401,41 @@ fn check_epilogue(plan: &TmemPlan) -> Result<(), ProtocolError> {
         .find(|&(_, &t)| t != 1)
         .map(|(c, &t)| (c, t))
         .or(past.map(|c| (c, 1)));
-    match wrong {
-        None => Ok(()),
-        Some((column, times)) => Err(TmemError::Coverage {
+    if let Some((column, times)) = wrong {
+        return Err(TmemError::Coverage {
             got: loads,
             warpgroups,
             block,
             acc: plan.acc_columns,
+            column,
+            times,
+        }
+        .into());
+    }
+    if let Some((read, column)) = early {
+        return Err(TmemError::ReadBeforeLoad { read, column }.into());
+    }
+    check_reads(reads, block)
+}
+
+/// The reads (`(first column, columns)` each) cover a `block`-column block once.
+fn check_reads(got: Vec<(u32, u32)>, block: u32) -> Result<(), ProtocolError> {
+    let times = |c: u32| {
+        got.iter()
+            .filter(|&&(r, n)| (r..r + n).contains(&c))
+            .count() as u32
+    };
+    // A read past the block reads the next warpgroup's column `block` first.
+    let past = got.iter().any(|&(r, n)| r + n > block);
+    let wrong = (0..block)
+        .map(|c| (c, times(c)))
+        .find(|&(_, t)| t != 1)
+        .or(past.then_some((block, 1)));
+    match wrong {
+        None => Ok(()),
+        Some((column, times)) => Err(TmemError::ReadCoverage {
+            got,
+            block,
             column,
             times,
         }
