@@ -100,6 +100,53 @@ fn a_64_row_gemm_tile_has_one_consumer_warpgroup() {
     );
 }
 
+/// Attention at d = 64 with 64-key blocks: its accumulators (S, 32 registers a thread, held
+/// one and a half times by the rotation, and O, 32) and 81 KB of shared memory fit two CTAs
+/// per multiprocessor at 24 / 112 registers, so four consumer warpgroups share its tensor
+/// cores; ptxas places every variant without spills. Wider tiles keep one CTA.
+#[test]
+fn attention_with_small_accumulators_runs_two_ctas_per_multiprocessor() {
+    for overrides in [
+        vec![("d", "64"), ("block_n", "64")],
+        vec![("d", "64"), ("block_n", "64"), ("causal", "true")],
+        vec![("d", "64"), ("block_n", "64"), ("softcap", "30.0")],
+        vec![("d", "64"), ("block_n", "64"), ("kv_group", "4")],
+    ] {
+        let kernel = ptx_examples::build("attention", &overrides);
+        let mut k = scheduled(&kernel);
+        let roles = k.schedule.roles.expect("warp roles");
+        assert_eq!(
+            (roles.ctas_per_sm, roles.producer_regs, roles.consumer_regs),
+            (2, 24, 112),
+            "{overrides:?}"
+        );
+        protocol_check::run(&mut k, Target::Sm90a).expect("the planned protocol is sound");
+        let m = kiln_ptx::compile(&kernel, Target::Sm90a).expect("compile");
+        assert!(m.ptx.contains(".minnctapersm 2"), "{overrides:?}");
+        assert!(
+            m.ptx.contains("setmaxnreg.inc.sync.aligned.u32 112"),
+            "{overrides:?}"
+        );
+        let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm90a).expect("ptxas");
+        assert!(
+            !report.spills() && report.warnings.is_empty() && report.registers <= 80,
+            "{overrides:?}: {report}"
+        );
+    }
+    // 128-key blocks (more shared memory) and d = 128 (a 64-register O) keep the
+    // multiprocessor to themselves, as does a 128 x 128 gemm tile, whose 64-register
+    // accumulator ptxas cannot place within the 80 registers a thread has at entry.
+    for (name, overrides) in [
+        ("attention", vec![("d", "64"), ("block_n", "128")]),
+        ("attention", vec![("d", "128"), ("block_n", "64")]),
+        ("gemm", vec![("BK", "32"), ("STAGES", "3")]),
+    ] {
+        let k = scheduled(&ptx_examples::build(name, &overrides));
+        let roles = k.schedule.roles.expect("warp roles");
+        assert_eq!(roles.ctas_per_sm, 1, "{name} {overrides:?}");
+    }
+}
+
 #[test]
 fn broken_real_schedules_are_compiler_errors() {
     let edits: [(&str, Edit); 3] = [

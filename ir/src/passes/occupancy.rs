@@ -1,41 +1,114 @@
-//! The `occupancy` pass (sm_90a): a warp-specialised kernel with one consumer warpgroup (a
-//! 64-row mma tile) is built for two CTAs per multiprocessor when their shared memory fits
-//! beside each other, so one CTA's epilogue and ring start run under the other's wgmmas (the
-//! overlap that two ping-ponging consumer warpgroups give a 128-row tile, across CTAs).
+//! The `occupancy` pass (sm_90a): a warp-specialised kernel is built for two CTAs per
+//! multiprocessor when their shared memory fits beside each other and the consumers'
+//! registers fit half the register file, so one CTA's epilogue, ring start and softmax run
+//! under the other's wgmmas (the overlap that two ping-ponging consumer warpgroups give within
+//! a CTA, across CTAs).
 //!
-//! Two CTAs of 256 threads share the 64K registers: 128 each at entry (`.minnctapersm 2`),
-//! then the producer warpgroup gives back down to 24 and the consumer warpgroup takes 232,
-//! which `setmaxnreg.inc` finds in the CTA's own pool (24 + 232 = 2 x 128). Every other kernel
-//! keeps one CTA per multiprocessor.
+//! Two CTAs share the 64K registers: half each at entry (`.minnctapersm 2`), then the
+//! producer warpgroup gives back down to 24 and the consumer warpgroups share the rest
+//! ([`shared_split`]: 232 for one consumer warpgroup, 112 for two), which `setmaxnreg.inc`
+//! finds in the CTA's own pool. The consumers must fit that count: their mma accumulators
+//! (counted per thread from their layouts; a rotated head's one and a half times, as the
+//! `overlap` pass keeps the next block's product in flight while the current one is read as a
+//! 16-bit operand) and a fixed allowance for addresses, row statistics and the loop's state;
+//! and ptxas places each wgmma's accumulator within the registers a thread has at entry, so
+//! the largest accumulator and the allowance must fit those too.
+//! Every other kernel keeps one CTA per multiprocessor.
 //!
-//! In: the final shared-memory plan (`tma_store`'s staging tile included) and the roles. Out:
-//! [`crate::ring::Roles::ctas_per_sm`] and the register split.
+//! In: the final shared-memory plan (`tma_store`'s staging tile included), the roles and the
+//! layouts. Out: [`crate::ring::Roles::ctas_per_sm`] and the register split.
 
 use crate::diag::Diagnostic;
-use crate::kernel::Kernel;
+use crate::kernel::{Kernel, OpKind};
 use crate::target::Target;
 
-use super::warp_specialise::check_register_file;
+use super::walk;
+use super::warp_specialise::{REGISTER_FILE, check_register_file};
 
 /// Shared memory per multiprocessor on sm_90a (228 KiB), of which the driver reserves 1 KiB
 /// per CTA.
 const SMEM_PER_SM: u32 = 228 * 1024;
 const SMEM_RESERVED_PER_CTA: u32 = 1024;
 
-/// The split of two CTAs' registers: the producer warpgroup's and the consumer's targets.
-const SHARED_SPLIT: (u32, u32) = (24, 232);
+/// The producer warpgroup's `setmaxnreg.dec` target when two CTAs share the registers.
+const SHARED_PRODUCER_REGS: u32 = 24;
 
-/// Builds one-warpgroup kernels for two CTAs per multiprocessor where they fit.
+/// Registers per consumer thread besides the mma accumulators: addresses and descriptors,
+/// loop counters and phases, row statistics. Calibrated on ptxas 13.5: attention at d = 64
+/// with 64-key blocks (accumulators 32 + 16 + 32 by the count below) assembles without spills
+/// at 112 registers and spills at 104.
+const NON_ACCUMULATOR_REGS: u32 = 32;
+
+/// Builds kernels for two CTAs per multiprocessor where they fit.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
-    let Some(roles) = kernel.schedule.roles.as_mut() else {
-        return Ok(());
-    };
-    let fits = 2 * (kernel.schedule.smem_bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM;
-    if target != Target::Sm90a || roles.consumer_warps != 4 || !fits {
+    if target != Target::Sm90a {
         return Ok(());
     }
+    let Some(roles) = kernel.schedule.roles else {
+        return Ok(());
+    };
+    let fits_smem = 2 * (kernel.schedule.smem_bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM;
+    let consumer_regs = shared_split(roles.consumer_warps, roles.producer_warps);
+    let entry_regs = REGISTER_FILE / 2 / roles.threads() / 8 * 8;
+    let acc = accumulator_regs(kernel);
+    if !fits_smem
+        || acc.total + NON_ACCUMULATOR_REGS > consumer_regs
+        || acc.largest + NON_ACCUMULATOR_REGS > entry_regs
+    {
+        return Ok(());
+    }
+    let roles = kernel.schedule.roles.as_mut().expect("checked above");
     roles.ctas_per_sm = 2;
-    (roles.producer_regs, roles.consumer_regs) = SHARED_SPLIT;
+    (roles.producer_regs, roles.consumer_regs) = (SHARED_PRODUCER_REGS, consumer_regs);
     let roles = *roles;
     check_register_file(kernel, &roles)
+}
+
+/// The `setmaxnreg.inc` target of each consumer warp when two CTAs of `consumer_warps` and
+/// `producer_warps` share the register file and the producers keep
+/// [`SHARED_PRODUCER_REGS`]: what is left of a CTA's half, a multiple of 8 as `setmaxnreg`
+/// takes.
+pub fn shared_split(consumer_warps: u32, producer_warps: u32) -> u32 {
+    let per_cta = REGISTER_FILE / 2 / 32;
+    let left = per_cta.saturating_sub(producer_warps * SHARED_PRODUCER_REGS);
+    (left / consumer_warps.max(1)) / 8 * 8
+}
+
+/// Registers per consumer thread of the mma accumulators in the kernel's ring loops.
+struct AccumulatorRegs {
+    /// All of them, a rotated loop's head accumulator one and a half times (the next block's
+    /// f32 product is in flight while the current one is read as 16-bit values).
+    total: u32,
+    /// The largest one: ptxas allocates a wgmma's accumulator within the registers a thread
+    /// has at entry (`.minnctapersm`), not the `setmaxnreg` count (C7602 otherwise).
+    largest: u32,
+}
+
+/// The mma accumulators' registers per consumer thread, from their register layouts.
+fn accumulator_regs(kernel: &Kernel) -> AccumulatorRegs {
+    let mut acc = AccumulatorRegs {
+        total: 0,
+        largest: 0,
+    };
+    for (&id, ring) in &kernel.schedule.rings {
+        for op in walk::ops_in_block_regions(kernel, id) {
+            if !matches!(kernel.ops[op].kind, OpKind::Mma) {
+                continue;
+            }
+            let result = kernel.ops[op].results[0];
+            let per_thread = kernel
+                .schedule
+                .layouts
+                .get(&result)
+                .zip(kernel.ty(result).shape())
+                .and_then(|(layout, shape)| layout.distribution(shape).ok())
+                .map_or(0, |d| d.regs.len() as u32);
+            acc.largest = acc.largest.max(per_thread);
+            acc.total += match &ring.overlap {
+                Some(o) if o.head == op => per_thread + per_thread / 2,
+                _ => per_thread,
+            };
+        }
+    }
+    acc
 }
