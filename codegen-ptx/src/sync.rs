@@ -95,9 +95,12 @@ impl Writer<'_> {
                 acc.insert(key, v);
             }
         }
-        let masks = src
-            .lane_masks(dim)
-            .ok_or_else(|| self.unsupported(id, "a reduction across warps"))?;
+        let masks = src.lane_masks(dim).ok_or_else(|| {
+            self.unsupported(
+                id,
+                "a reduction across warps or over a lane group that is not a power of two",
+            )
+        })?;
         let mut out = Vec::with_capacity(dst.regs.len());
         for offs in &dst.regs {
             let mut key = offs.clone();

@@ -345,14 +345,26 @@ pub struct TmaLoad {
     pub stage_stride: u32,
 }
 
+/// The columns of one box of a tile `extent` 2-byte elements wide along its contiguous
+/// dimension: the widest of 64, 32 and 16 dividing it (box rows of 128, 64 or 32 bytes, each
+/// swizzled by its own bytes), so the boxes tile it exactly (96: three of 32). Else `extent`
+/// itself, one box whose row is no swizzle span: the pipeline pass plans rings only for
+/// multiples of 16.
+pub fn box_columns(extent: u32) -> u32 {
+    [64, 32, 16]
+        .into_iter()
+        .find(|&c| extent.is_multiple_of(c))
+        .unwrap_or(extent)
+}
+
 impl TmaLoad {
     /// A K-major tile of `rows x bk` elements (A, or B stored `[N, K]`): one box of
-    /// `chunk = min(bk, 64)` columns by `rows` rows per `chunk` columns of K, the boxes `rows *
-    /// chunk * 2` bytes apart, each swizzled by its row's bytes (`chunk * 2`: 128 for `bk >=
-    /// 64`, else 64 or 32, which `bk` of 32 or 16 give). `offset` is left 0 for the pass to
-    /// place.
+    /// `chunk = box_columns(bk)` columns by `rows` rows per `chunk` columns of K, the boxes
+    /// `rows * chunk * 2` bytes apart, each swizzled by its row's bytes (`chunk * 2`: 128 for
+    /// `bk` a multiple of 64, else 64 or 32). `bk` is a multiple of 16 (the pipeline pass
+    /// checks). `offset` is left 0 for the pass to place.
     pub fn k_major(load: OpId, param: usize, operand: Operand, rows: u32, bk: u32) -> TmaLoad {
-        let chunk = bk.min(64);
+        let chunk = box_columns(bk);
         TmaLoad {
             load,
             param,
@@ -371,20 +383,23 @@ impl TmaLoad {
         }
     }
 
-    /// An MN-major B tile of `bk x bn` elements (stored `[K, N]`): one 128-B-swizzled box of
-    /// `bk` rows by 64 columns per 64 columns of N, `bk * 128` bytes apart.
+    /// An MN-major B tile of `bk x bn` elements (stored `[K, N]`): one box of `bk` rows by
+    /// `chunk = box_columns(bn)` columns per `chunk` columns of N, `bk * chunk * 2` bytes
+    /// apart, swizzled by its row's bytes (128 for `bn` a multiple of 64, else 64 or 32). `bn`
+    /// is a multiple of 16 (the pipeline pass checks).
     pub fn mn_major_b(load: OpId, param: usize, bk: u32, bn: u32) -> TmaLoad {
+        let chunk = box_columns(bn);
         TmaLoad {
             load,
             param,
             lead_dims: 0,
             operand: Operand::MnMajorB,
-            box_dims: [bk, 64],
-            swizzle: 128,
-            boxes: (0..bn / 64)
+            box_dims: [bk, chunk],
+            swizzle: chunk * 2,
+            boxes: (0..bn / chunk)
                 .map(|j| TmaBox {
-                    origin: [0, 64 * j],
-                    smem_offset: j * bk * 128,
+                    origin: [0, chunk * j],
+                    smem_offset: j * bk * chunk * 2,
                 })
                 .collect(),
             offset: 0,

@@ -142,11 +142,13 @@ impl Distribution {
     /// The lane masks of a butterfly reduction over dimension `dim` (`shfl.sync.bfly` with
     /// each in turn): each thread term of `dim` spreads it over `modulo` groups of `div`
     /// consecutive threads. `None` when a term spans more than a warp (a reduction across
-    /// warps, which shuffles cannot do).
+    /// warps, which shuffles cannot do) or is no power-of-two group of lanes.
     pub fn lane_masks(&self, dim: usize) -> Option<Vec<u32>> {
         let mut masks = Vec::new();
         for t in &self.terms[dim] {
-            if t.div * t.modulo > 32 {
+            // A butterfly pairs lanes by XOR of one bit: only a power-of-two group of a
+            // power-of-two stride is closed under it.
+            if t.div * t.modulo > 32 || !t.div.is_power_of_two() || !t.modulo.is_power_of_two() {
                 return None;
             }
             let mut m = t.div;
@@ -367,16 +369,21 @@ pub struct SmemBuffer {
 impl SmemBuffer {
     /// The XOR swizzle of a swizzled buffer as `(shift, mask)`: 16-byte chunk `c` of row `r`
     /// is stored at chunk `c ^ ((r >> shift) & mask)`. Any 8 consecutive rows (what one
-    /// `ldmatrix` 8x8 matrix reads) then hit 8 distinct 16-byte bank groups. Rows of 128
-    /// bytes or more use `(0, 7)`, 64-byte rows `(1, 3)`, 32-byte rows `(2, 1)`.
+    /// `ldmatrix` 8x8 matrix reads) then hit 8 distinct 16-byte bank groups. The swizzle
+    /// follows the largest power of two dividing the row's bytes, not the bytes themselves:
+    /// rows of a multiple of 128 bytes use `(0, 7)`, of an odd multiple of 64 (64, 192: head
+    /// dim 96) `(1, 3)`, of an odd multiple of 32 `(2, 1)`: with rows of `32 q` bytes chunk
+    /// `c` of row `r` is in bank group `(2 q r + c) mod 8`, which for odd `q` tells 8 rows
+    /// apart exactly as for rows of `32 q / q` bytes; and `mask + 1` divides the row's chunks,
+    /// so the XOR stays inside the row.
     pub fn swizzle(&self) -> Option<(u32, u32)> {
         if !self.swizzled {
             return None;
         }
         match self.row_bytes {
-            32 => Some((2, 1)),
-            64 => Some((1, 3)),
-            b if b % 128 == 0 => Some((0, 7)),
+            b if b.is_multiple_of(128) => Some((0, 7)),
+            b if b.is_multiple_of(64) => Some((1, 3)),
+            b if b.is_multiple_of(32) => Some((2, 1)),
             _ => None,
         }
     }

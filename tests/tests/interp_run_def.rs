@@ -126,7 +126,8 @@ fn run_def_reports_build_errors() {
         matches!(&err, InterpError::Build(d) if d.message.contains("block")),
         "{err}"
     );
-    // A tile extent that is not a power of two is a shape error at build time.
+    // A tile extent that is neither a power of two nor a multiple of 32 is a shape error at
+    // build time.
     let bad = BTreeMap::from([("block".to_string(), ComptimeValue::Usize(12))]);
     let err = run_def(&def, &bad, [1, 1, 1], &mut args).unwrap_err();
     assert!(

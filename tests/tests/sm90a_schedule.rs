@@ -492,10 +492,11 @@ fn another_kernel_of_attention_shape_gets_the_same_schedule() {
 
 #[test]
 fn unscheduled_kernels_get_a_diagnostic() {
-    // wgmma's N is a multiple of 64 here; a 32-row tile is half a warpgroup's.
+    // wgmma's N is a multiple of 16 here (the narrowest swizzled TMA box of B); a 32-row
+    // tile is half a warpgroup's.
     for (kernel, overrides) in [
-        ("gemm", &[("BN", "32")][..]),
-        ("gemm", &[("BN", "32"), ("b_col_major", "true")][..]),
+        ("gemm", &[("BN", "8")][..]),
+        ("gemm", &[("BN", "8"), ("b_col_major", "true")][..]),
         ("gemm", &[("BM", "32")][..]),
     ] {
         let k = ptx_examples::build(kernel, overrides);

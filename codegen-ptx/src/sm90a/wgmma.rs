@@ -4,11 +4,13 @@
 //! each warpgroup (row `16 w + l / 4 + 8 v1`, column `8 v2 + 2 (l % 4) + v0` for register
 //! `4 v2 + 2 v1 + v0`), so the registers are passed in layout order.
 //!
-//! A is K-major: box `c` of the stage holds columns `64 c ..` of every row, rows of
-//! `swizzle` bytes; warpgroup `g` starts `64 g` rows in, SBO = 8 rows, and each k16 step moves
-//! the start address by 32 bytes inside a box. B stored `[K, N]` is MN-major: one
-//! 128-B-swizzled box of `BK` rows x 64 columns per 64 columns of N, LBO = the box stride,
-//! SBO = 1024 (8 K-rows), each k16 step is 16 rows (2048 bytes), and `imm-trans-b = 1`. B
+//! A is K-major: box `c` of the stage holds columns `chunk c ..` of every row (`chunk` = 64,
+//! 32 or 16, [`kiln_ir::ring::box_columns`]), rows of `swizzle = 2 chunk` bytes; warpgroup
+//! `g` starts `64 g` rows in, SBO = 8 rows, and each k16 step moves the start address by 32
+//! bytes inside a box. B stored `[K, N]` is MN-major: one box of `BK` rows x `chunk` columns
+//! per `chunk` columns of N, swizzled by its `span = 2 chunk`-byte rows (128 B for N a
+//! multiple of 64; 96 takes three 64-B boxes), LBO = the box stride, SBO = 8 K-rows
+//! (`8 span`), each k16 step is 16 rows (`16 span` bytes), and `imm-trans-b = 1`. B
 //! stored `[N, K]` (the body's `y.t()`) is K-major exactly like A, all `BN` rows in one
 //! descriptor, and `imm-trans-b = 0`. A register A (attention's `P`, in the accumulator
 //! layout) is packed into the RS form's four bf16-pair registers per k16 step, the same
@@ -104,9 +106,10 @@ impl Geometry {
         let (bk, bn, b_fields) = if b_k_major {
             (cols, rows, k_major_fields(b))
         } else {
-            // MN-major SW128: all K rows per 64 columns (one box, or its slabs); LBO = the
-            // 64-column chunks' distance, SBO = 8 K-rows.
-            (rows, cols, (rows * 128, 1024, 128))
+            // MN-major: all K rows per box of `span / 2` columns (one box, or its slabs);
+            // LBO = the boxes' distance, SBO = 8 K-rows.
+            let span = b.swizzle;
+            (rows, cols, (rows * span, 8 * span, span))
         };
         Geometry {
             bk,
@@ -118,12 +121,13 @@ impl Geometry {
         }
     }
 
-    /// Byte offset, from B's stage base, of k16 step `s`: K-major like A, or 16 rows of 128 B.
+    /// Byte offset, from B's stage base, of k16 step `s`: K-major like A, or 16 MN-major rows
+    /// of the swizzle span.
     fn b_start(&self, s: u32) -> u32 {
         if self.b_k_major {
             k_major_start(self.bn, self.b_chunk, 0, s)
         } else {
-            s * 16 * 128
+            s * 16 * self.b_fields.2
         }
     }
 }
@@ -355,12 +359,15 @@ mod tests {
 
     /// The PTX ISA's canonical layouts, as descriptors address them (before swizzling):
     /// K-major (8-row groups SBO apart, rows of the swizzle span; A, or B by its rows `n`),
-    /// B MN-major (64-column chunks LBO apart, 8-K-row groups SBO apart, 128-B rows).
+    /// B MN-major (chunks of `span / 2` columns LBO apart, 8-K-row groups SBO apart, rows of
+    /// the swizzle span: CUTLASS's `((T, span / 16, m), (8, k)) : ((1, T, LBO), (span / 2,
+    /// SBO))` in elements, `T = 8`).
     fn wgmma_k_major(start: u32, (_, sbo, span): (u32, u32, u32), m: u32, k: u32) -> u32 {
         start + (m / 8) * sbo + (m % 8) * span + k * 2
     }
-    fn wgmma_mn_major(start: u32, (lbo, sbo, _): (u32, u32, u32), k: u32, n: u32) -> u32 {
-        start + (n / 64) * lbo + (k / 8) * sbo + (k % 8) * 128 + (n % 64) * 2
+    fn wgmma_mn_major(start: u32, (lbo, sbo, span): (u32, u32, u32), k: u32, n: u32) -> u32 {
+        let t = span / 2;
+        start + (n / t) * lbo + (k / 8) * sbo + (k % 8) * span + (n % t) * 2
     }
 
     /// Every element every wgmma of every warpgroup reads is the one TMA wrote there, for
@@ -375,6 +382,13 @@ mod tests {
                 (128, 256, 64),
                 (128, 64, 128),
                 (128, 192, 32),
+                // Multiples of 32 that are not powers of two: head dim 96 as K (three 64-B
+                // K-major boxes) and as an MN-major N (three 64-B boxes), 192 rows.
+                (128, 96, 96),
+                (64, 96, 128),
+                (192, 128, 96),
+                (128, 160, 64),
+                (128, 48, 16),
             ] {
                 let (a, b) = loads(bm, bn, bk, b_k_major);
                 let g = Geometry::new(Some(&a), &b);

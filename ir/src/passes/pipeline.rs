@@ -12,13 +12,15 @@
 //! becomes a ring when every `mma(x, y[, acc])` at the top of its body has a shape and
 //! operands wgmma takes:
 //! - `x` is `[64 * warpgroups, K]` in the accumulator layout: either a tile staged in shared
-//!   memory (K-major, one TMA box per 64 columns, swizzled by the box row's bytes; K of 16, 32
-//!   or a multiple of 64), loaded in the body or once before the loop (a *once* load:
-//!   attention's `Q`), or registers (wgmma RS: attention's `P`);
-//! - `y` is a tile staged in the body, `[K, N]` (MN-major, one 128-B-swizzled box of all K
-//!   rows per 64 columns, K <= 256) or the transpose `t.t()` of a `[N, K]` tile `t` (B stored
-//!   column-major, attention's `K`: K-major, boxed like `x`);
-//! - `K % 16 == 0`, `N % 64 == 0`, `N <= 256`;
+//!   memory (K-major, one TMA box per 64, 32 or 16 columns, the widest that tiles K:
+//!   [`crate::ring::box_columns`], swizzled by the box row's bytes), loaded in the body or once
+//!   before the loop (a *once* load: attention's `Q`), or registers (wgmma RS: attention's
+//!   `P`);
+//! - `y` is a tile staged in the body, `[K, N]` (MN-major, one box of all K rows per 64, 32 or
+//!   16 columns of N, likewise swizzled, K <= 256) or the transpose `t.t()` of a `[N, K]` tile
+//!   `t` (B stored column-major, attention's `K`: K-major, boxed like `x`);
+//! - `K % 16 == 0`, `N % 16 == 0`, `N <= 256` (sm_100a: `N % 64 == 0`, and a K-major K of 16,
+//!   32 or a multiple of 64, the boxes its tcgen05 descriptors take);
 //! - each load is a 2-D tile of a rank 2..=5 `aligned16` tensor (outer dimensions become box
 //!   extents of 1), with coordinates computable for any iteration and a column coordinate
 //!   that is a provable multiple of 8 elements (TMA's innermost coordinate must be a whole
@@ -401,13 +403,23 @@ fn plan_mma(
         a_shape.cols() as u32,
         b_shape.cols() as u32,
     );
-    // A K-major shared tile is boxed by 64 columns (or one box of 16 or 32): so is a K-major
-    // B. An MN-major B box holds all K rows (at most 256).
-    let k_major_k = k * 2 == 32 || k * 2 == 64 || k.is_multiple_of(64);
+    // Boxes are the widest of 64, 32 or 16 columns that tile the operand (`box_columns`), so K
+    // and an MN-major B's N need only be multiples of 16 on sm_90a. sm_100a's tcgen05
+    // descriptors (`crate::tmem::Descriptor`) read an MN-major B only as 128-byte boxes, so
+    // there N stays a multiple of 64, and K of 16, 32 or 64 as its K-major boxes were
+    // checked. An MN-major B box holds all K rows (at most 256).
+    let (k_major_k, n_ok) = if target == Target::Sm100a {
+        (
+            k * 2 == 32 || k * 2 == 64 || k.is_multiple_of(64),
+            n.is_multiple_of(64),
+        )
+    } else {
+        (k.is_multiple_of(16), n.is_multiple_of(16))
+    };
     let k_ok = k.is_multiple_of(16)
         && (a.is_none() || k_major_k)
         && if b.1 { k_major_k } else { k <= 256 };
-    let shape_ok = m == acc_rows(target, warps) && k_ok && n.is_multiple_of(64) && n <= 256;
+    let shape_ok = m == acc_rows(target, warps) && k_ok && n_ok && n <= 256;
     let layout = kernel.schedule.layouts.get(&op.results[0]);
     let layout_ok = if target == Target::Sm100a {
         layout == Some(&crate::tmem::accumulator_layout(warps))
@@ -505,9 +517,8 @@ pub fn check_covered(kernel: &Kernel, target: Target) -> Result<(), Diagnostic> 
              of 64 up to 256, and tile column coordinates that are multiples of 8 elements"
         } else {
             "sm_90a needs `x: [BM, BK]` with BM 64 or 128 (one or two consumer warpgroups), \
-             BK a multiple of 16 (16, 32 or a multiple of 64), `y: [BK, BN]` with BN a \
-             multiple of 64 up to 256, and tile column coordinates that are multiples of 8 \
-             elements"
+             BK a multiple of 16, `y: [BK, BN]` with BN a multiple of 16 up to 256, and tile \
+             column coordinates that are multiples of 8 elements"
         })
         .note(if target == Target::Sm100a {
             "compile for sm_80, which runs on Blackwell"

@@ -1,0 +1,348 @@
+//! Tile extents that are multiples of 32 but not powers of two (96, 160, 192): elementwise
+//! ops, row and column reductions and mma on the interpreter against f64 references, tensors
+//! smaller than the tiles so the masked edges count; the same kernels compiled for sm_80 and
+//! assembled by ptxas; the gemm with 96-wide K and N tiles through the sm_90a schedule (its
+//! 64-byte-swizzled TMA boxes executed on the CPU, its protocol proved, ptxas); and the
+//! extents and shapes that stay invalid, as diagnostics naming what is expected.
+
+mod ptx_examples;
+
+use kiln::ir::dsl::{ComptimeValue, KernelDef, Spec, comptime_map};
+use kiln::ir::interp::{HostArg, run_def, run_scheduled};
+use kiln::ir::passes::{protocol_check, run_pipeline};
+use kiln::ir::{DType, HostTensor, Target};
+use kiln::prelude::*;
+use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::reference;
+
+/// `o = max(x * y, x + 1) - y` over `r x c` tiles, block `(i, j)` at `[i r, j c]`.
+#[kernel(num_warps = 4)]
+fn elementwise(
+    x: Tensor<f32, 2>,
+    y: Tensor<f32, 2>,
+    o: TensorMut<f32, 2>,
+    #[comptime(default = 96)] r: usize,
+    #[comptime(default = 32)] c: usize,
+) {
+    let (i, j) = (block_id().x, block_id().y);
+    let a = x.tile([r, c], [i * r, j * c]).load(); // MARK-extent
+    let b = y.tile([r, c], [i * r, j * c]).load();
+    o.tile([r, c], [i * r, j * c])
+        .store(max(&(a * b), &(a + 1.0)) - b);
+}
+
+/// Row sums and maxima (`[r]`) and column sums and maxima (`[c]`) of one `r x c` tile.
+#[kernel(num_warps = 4)]
+fn reductions(
+    x: Tensor<f32, 2>,
+    row_sums: TensorMut<f32, 1>,
+    row_maxes: TensorMut<f32, 1>,
+    col_sums: TensorMut<f32, 1>,
+    col_maxes: TensorMut<f32, 1>,
+    #[comptime(default = 96)] r: usize,
+    #[comptime(default = 192)] c: usize,
+) {
+    let a = x.tile([r, c], [0, 0]).load();
+    row_sums.tile([r], [0]).store(row_sum(&a));
+    row_maxes.tile([r], [0]).store(row_max(&a));
+    col_sums.tile([c], [0]).store(col_sum(&a));
+    col_maxes.tile([c], [0]).store(col_max(&a));
+}
+
+/// `c = 2 a b` over `m x n` tiles with the whole `k` in one tile: `mma`, then `mma_acc` on it.
+#[kernel(num_warps = 4)]
+fn matmul(
+    a: Tensor<bf16, 2>,
+    b: Tensor<bf16, 2>,
+    c: TensorMut<f32, 2>,
+    #[comptime(default = 96)] m: usize,
+    #[comptime(default = 160)] n: usize,
+    #[comptime(default = 96)] k: usize,
+) {
+    let (i, j) = (block_id().x, block_id().y);
+    let x = a.tile([m, k], [i * m, 0]).load();
+    let y = b.tile([k, n], [0, j * n]).load();
+    let p = mma(&x, &y);
+    c.tile([m, n], [i * m, j * n]).store(mma_acc(&x, &y, &p));
+}
+
+/// The comptime map of `pairs` of usize values.
+fn sizes(pairs: &[(&str, usize)]) -> std::collections::BTreeMap<String, ComptimeValue> {
+    let v: Vec<(&str, ComptimeValue)> = pairs
+        .iter()
+        .map(|&(n, x)| (n, ComptimeValue::Usize(x)))
+        .collect();
+    comptime_map(&v)
+}
+
+/// The spec of `def` at its defaults with `overrides`.
+fn spec(def: &dyn KernelDef, overrides: &[(&str, &str)]) -> Spec {
+    let o: Vec<(String, String)> = overrides
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Spec::from_defaults(def, &o).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `def` at `overrides` compiles for sm_80 and assembles without spills.
+fn assembles_on_sm80(def: &dyn KernelDef, overrides: &[(&str, &str)]) {
+    let k = def.build(&spec(def, overrides)).expect("builds");
+    let m = kiln_ptx::compile(&k, Target::Sm80).unwrap_or_else(|e| panic!("{overrides:?}: {e}"));
+    let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm80)
+        .unwrap_or_else(|e| panic!("{overrides:?}: {e}"));
+    assert!(!report.spills(), "{overrides:?}: {report}");
+}
+
+fn case(kernel: &str, shape: String, dist: Dist, rng: &Rng) -> Case {
+    Case {
+        kernel: kernel.into(),
+        shape,
+        dist,
+        seed: rng.seed(),
+    }
+}
+
+#[test]
+fn elementwise_tiles_of_96_and_160_match_reference() {
+    let mut rng = Rng::from_env();
+    let tiles = [
+        ((96, 32), (250, 70)),
+        ((32, 160), (70, 300)),
+        ((192, 32), (200, 70)),
+    ];
+    for ((r, c), (rows, cols)) in tiles {
+        let x = tensor(&mut rng, &[rows, cols], DType::F32, Dist::Normal);
+        let y = tensor(&mut rng, &[rows, cols], DType::F32, Dist::Normal);
+        let mut o = poisoned(&[rows, cols], DType::F32);
+        let grid = [rows.div_ceil(r) as u32, cols.div_ceil(c) as u32, 1];
+        let mut args = [
+            HostArg::Tensor(&x),
+            HostArg::Tensor(&y),
+            HostArg::TensorMut(&mut o),
+        ];
+        run_def(&elementwise, &sizes(&[("r", r), ("c", c)]), grid, &mut args).expect("runs");
+        let want: Vec<f64> = x
+            .to_f64_vec()
+            .into_iter()
+            .zip(y.to_f64_vec())
+            .map(|(a, b)| (a * b).max(a + 1.0) - b)
+            .collect();
+        let shape = format!("{r}x{c} tiles over {rows}x{cols}");
+        let c = case("elementwise", shape, Dist::Normal, &rng);
+        assert_close(&c, &o, &want, tolerance(DType::F32));
+    }
+    assembles_on_sm80(&elementwise, &[]);
+    assembles_on_sm80(&elementwise, &[("r", "32"), ("c", "160")]);
+    assembles_on_sm80(&elementwise, &[("r", "192")]);
+}
+
+#[test]
+fn reductions_over_96_rows_and_192_columns_match_reference() {
+    let mut rng = Rng::from_env();
+    let (r, c) = (96, 192);
+    for dist in Dist::ALL {
+        let x = tensor(&mut rng, &[r, c], DType::F32, dist);
+        let outs: Vec<HostTensor> = [r, r, c, c]
+            .iter()
+            .map(|&n| poisoned(&[n], DType::F32))
+            .collect();
+        let [mut rs, mut rm, mut cs, mut cm] = <[HostTensor; 4]>::try_from(outs).expect("four");
+        let mut args = [
+            HostArg::Tensor(&x),
+            HostArg::TensorMut(&mut rs),
+            HostArg::TensorMut(&mut rm),
+            HostArg::TensorMut(&mut cs),
+            HostArg::TensorMut(&mut cm),
+        ];
+        run_def(
+            &reductions,
+            &sizes(&[("r", r), ("c", c)]),
+            [1, 1, 1],
+            &mut args,
+        )
+        .expect("runs");
+        let xv = x.to_f64_vec();
+        let xv = &xv;
+        let row = |i: usize| xv[i * c..(i + 1) * c].iter().copied();
+        let col = |j: usize| (0..r).map(move |i| xv[i * c + j]);
+        let checks: [(&str, &HostTensor, Vec<f64>); 4] = [
+            ("row_sum", &rs, (0..r).map(|i| row(i).sum()).collect()),
+            (
+                "row_max",
+                &rm,
+                (0..r).map(|i| row(i).fold(f64::MIN, f64::max)).collect(),
+            ),
+            ("col_sum", &cs, (0..c).map(|j| col(j).sum()).collect()),
+            (
+                "col_max",
+                &cm,
+                (0..c).map(|j| col(j).fold(f64::MIN, f64::max)).collect(),
+            ),
+        ];
+        for (name, got, want) in checks {
+            let cs = case(name, format!("{r}x{c}"), dist, &rng);
+            assert_close(&cs, got, &want, tolerance(DType::F32));
+        }
+    }
+    // Both dimensions are reduced, so no warp splits either (each warp holds the whole
+    // tile): assembled at tiles that fit a thread's registers.
+    assembles_on_sm80(&reductions, &[("r", "96"), ("c", "32")]);
+    assembles_on_sm80(&reductions, &[("r", "32"), ("c", "96")]);
+}
+
+#[test]
+fn mma_with_96_wide_operands_matches_reference() {
+    let mut rng = Rng::from_env();
+    // (m, n, k) tiles over an (rows, cols) output: M and K of 96, N of 160; M of 192, N of 96.
+    for ((m, n, k), (rows, cols)) in [((96, 160, 96), (150, 170)), ((192, 96, 64), (200, 90))] {
+        let a = tensor(&mut rng, &[rows, k], DType::Bf16, Dist::Normal);
+        let b = tensor(&mut rng, &[k, cols], DType::Bf16, Dist::Normal);
+        let mut c = poisoned(&[rows, cols], DType::F32);
+        let grid = [rows.div_ceil(m) as u32, cols.div_ceil(n) as u32, 1];
+        let mut args = [
+            HostArg::Tensor(&a),
+            HostArg::Tensor(&b),
+            HostArg::TensorMut(&mut c),
+        ];
+        let ct = sizes(&[("m", m), ("n", n), ("k", k)]);
+        run_def(&matmul, &ct, grid, &mut args).expect("runs");
+        let want: Vec<f64> = reference::gemm(&a, &b).iter().map(|x| 2.0 * x).collect();
+        let shape = format!("{m}x{n}x{k} tiles over {rows}x{cols}");
+        assert_close(
+            &case("matmul", shape, Dist::Normal, &rng),
+            &c,
+            &want,
+            tolerance(DType::F32),
+        );
+    }
+    assembles_on_sm80(&matmul, &[]);
+    assembles_on_sm80(&matmul, &[("m", "192"), ("n", "96"), ("k", "64")]);
+}
+
+#[test]
+fn sm90a_gemm_with_96_wide_k_and_n_tiles_matches_reference() {
+    // BK = BN = 96: A and B in three 32-column, 64-byte-swizzled TMA boxes each (B MN-major,
+    // and K-major when stored `[N, K]`), six k16 steps of m64n96k16 per stage. BN = 32: one
+    // 64-byte box of an MN-major B, m64n32k16.
+    let mut rng = Rng::from_env();
+    for (bn, bk, b_col_major) in [
+        (96, "96", "false"),
+        (96, "96", "true"),
+        (32, "64", "false"),
+        (32, "64", "true"),
+    ] {
+        let bn_text = bn.to_string();
+        let v = [
+            ("BN", bn_text.as_str()),
+            ("BK", bk),
+            ("b_col_major", b_col_major),
+        ];
+        let built = ptx_examples::build("gemm", &v);
+        let mut k = built.clone();
+        run_pipeline(&mut k, Target::Sm90a, &mut |_, _| {}).unwrap_or_else(|d| panic!("{d}"));
+        let ring = k.schedule.rings.values().next().expect("a TMA ring");
+        let sw64 = |l: &kiln::ir::ring::TmaLoad| l.swizzle == 64 && l.box_dims[1] == 32;
+        let boxes_ok = if bn == 96 {
+            ring.loads.iter().all(sw64)
+        } else {
+            ring.loads.iter().any(sw64) == (b_col_major == "false")
+        };
+        assert!(boxes_ok, "{v:?}: {ring}");
+        let mut checked = k.clone();
+        protocol_check::run(&mut checked, Target::Sm90a).unwrap_or_else(|d| panic!("{d}"));
+        let (mm, nn, kk) = (200, 250, 300);
+        let a = tensor(&mut rng, &[mm, kk], DType::Bf16, Dist::Normal);
+        let (b, want) = if b_col_major == "true" {
+            let bt = tensor(&mut rng, &[nn, kk], DType::Bf16, Dist::Normal);
+            let want = reference::gemm_bt(&a, &bt);
+            (bt, want)
+        } else {
+            let b = tensor(&mut rng, &[kk, nn], DType::Bf16, Dist::Normal);
+            let want = reference::gemm(&a, &b);
+            (b, want)
+        };
+        let mut c = poisoned(&[mm, nn], DType::Bf16);
+        let mut args = [
+            HostArg::Tensor(&a),
+            HostArg::Tensor(&b),
+            HostArg::TensorMut(&mut c),
+        ];
+        let grid = [mm.div_ceil(128) as u32, nn.div_ceil(bn) as u32, 1];
+        run_scheduled(&k, grid, 2, &mut args).unwrap_or_else(|e| panic!("{v:?}: {e}"));
+        let shape = format!("m={mm} n={nn} k={kk}");
+        let cs = case(
+            &format!("gemm {v:?} sm_90a schedule"),
+            shape,
+            Dist::Normal,
+            &rng,
+        );
+        assert_close(&cs, &c, &want, tolerance(DType::Bf16));
+        let m = kiln_ptx::compile(&built, Target::Sm90a).expect("compile");
+        let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm90a).expect("ptxas");
+        assert!(
+            !report.spills() && report.warnings.is_empty(),
+            "{v:?}: {report}"
+        );
+    }
+}
+
+#[test]
+fn extents_neither_a_power_of_two_nor_a_multiple_of_32_are_diagnostics() {
+    let line = include_str!("interp_tile_extents.rs")
+        .lines()
+        .position(|l| l.contains("MARK-extent") && l.contains("let a"))
+        .expect("marker") as u32
+        + 1;
+    for (r, bad) in [("48", 48), ("100", 100), ("4128", 4128), ("8192", 8192)] {
+        let d = elementwise
+            .build(&spec(&elementwise, &[("r", r)]))
+            .expect_err("rejected");
+        assert_eq!((d.loc.file, d.loc.line), (file!(), line), "{d}");
+        assert_eq!(
+            d.message,
+            format!(
+                "tile extent {bad} must be a power of two or a multiple of 32, between 1 and 4096"
+            ),
+            "{d}"
+        );
+    }
+}
+
+#[test]
+fn a_192_row_gemm_runs_on_sm80_and_is_a_diagnostic_on_sm90a() {
+    // 192 rows make 12 consumer warps on sm_90a, more than the ring's two warpgroups.
+    let v = [("BM", "192"), ("BN", "64")];
+    let mut rng = Rng::from_env();
+    let (mm, nn, kk) = (300, 130, 100);
+    let a = tensor(&mut rng, &[mm, kk], DType::Bf16, Dist::Normal);
+    let b = tensor(&mut rng, &[kk, nn], DType::Bf16, Dist::Normal);
+    let mut c = poisoned(&[mm, nn], DType::Bf16);
+    let mut args = [
+        HostArg::Tensor(&a),
+        HostArg::Tensor(&b),
+        HostArg::TensorMut(&mut c),
+    ];
+    let (def, s) = kiln_examples::spec("gemm", &v, true).expect("spec");
+    let grid = [mm.div_ceil(192) as u32, nn.div_ceil(64) as u32, 1];
+    kiln::ir::interp::run(&def.build(&s).expect("builds"), grid, &mut args).expect("runs");
+    let cs = case(
+        "gemm BM=192",
+        format!("m={mm} n={nn} k={kk}"),
+        Dist::Normal,
+        &rng,
+    );
+    assert_close(&cs, &c, &reference::gemm(&a, &b), tolerance(DType::Bf16));
+    let built = ptx_examples::build("gemm", &v);
+    let m = kiln_ptx::compile(&built, Target::Sm80).expect("sm_80");
+    let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm80).expect("ptxas");
+    assert!(!report.spills(), "{report}");
+    let e = kiln_ptx::compile(&built, Target::Sm90a).expect_err("sm_90a rejects it");
+    let text = e.to_string();
+    assert!(
+        text.contains("target sm_90a is not implemented yet for this kernel")
+            && text.contains("BM 64 or 128")
+            && text.contains("examples/src/gemm.rs"),
+        "{text}"
+    );
+}
