@@ -44,11 +44,11 @@ fn online_update(s: Value, vs: Value, acc: Value, m: Value, l: Value) -> (Value,
 /// `s = q.k * scale`, soft-capped to `softcap * tanh(s / softcap)` when `softcap > 0`
 /// ([`forward`] says how).
 ///
-/// Grid: `(cdiv(sq, 128), heads, batch)`. Comptime: `d` (head dim, default 128; tiles are `d`
-/// rounded up to a power of two, so 96 runs 128's kernel), `causal` (default false), `block_n`
-/// (keys per block, a multiple of 16; default 0: [`key_block`]; the autotuner tries 64 and
-/// 128), `kv_group`, `dtype`, `window_left`/`window_right` (default -1, unbounded; causal
-/// forces right = 0), `softcap` (default 0: off).
+/// Grid: `(cdiv(sq, 128), heads, batch)`. Comptime: `d` (head dim, default 128; a power of
+/// two or a multiple of 32, the tiles' width), `causal` (default false), `block_n` (keys per
+/// block, a multiple of 16; default 0: [`key_block`]; the autotuner tries 64 and 128),
+/// `kv_group`, `dtype`, `window_left`/`window_right` (default -1, unbounded; causal forces
+/// right = 0), `softcap` (default 0: off).
 #[kernel(num_warps = 4)]
 pub fn attention<const d: usize = 128>(
     q: Tensor<dtype, 4>,
@@ -173,14 +173,14 @@ fn forward(
     } = opts;
     let w = Window::new(causal, window_left, window_right);
     let bn = key_block(block_n, d, w, softcap);
-    // d = 96: the tiles' last 32 columns lie past the tensors' edge (zeros, never stored).
-    let dt = d.next_power_of_two();
+    // Tiles as wide as the head: a multiple of 32 such as 96 maps onto mma fragments and TMA
+    // boxes as a power of two does, so padding it to 128 would only waste a quarter's work.
     let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
     let (sq, sk) = (q.dim(2), k.dim(2));
     let q0 = mb * BM;
-    let qs = q.tile([BM, dt], [b, h, q0, 0]).load();
+    let qs = q.tile([BM, d], [b, h, q0, 0]).load();
     let qk_scale = scale * score_factor(softcap);
-    let mut acc = zeros::<f32>([BM, dt]);
+    let mut acc = zeros::<f32>([BM, d]);
     let mut m = full::<f32>([BM], f32::NEG_INFINITY);
     let mut l = zeros::<f32>([BM]);
     // Walk key blocks j0..n_blocks; those before j_unmasked or from n_unmasked on are masked.
@@ -195,8 +195,8 @@ fn forward(
     };
     for j in pipelined(j0..n_blocks, stages = 2) {
         let k0 = j * bn;
-        let ks = k.tile([bn, dt], [b, kv_head(h, kv_group), k0, 0]).load();
-        let vs = v.tile([bn, dt], [b, kv_head(h, kv_group), k0, 0]).load();
+        let ks = k.tile([bn, d], [b, kv_head(h, kv_group), k0, 0]).load();
+        let vs = v.tile([bn, d], [b, kv_head(h, kv_group), k0, 0]).load();
         let s = soft_cap(mma(&qs, &ks.t()) * qk_scale, softcap);
         // Uniform across the block: only the blocks on a window's edges and sk's pay for it.
         let s = if needs_mask(j >= n_unmasked, j, j_unmasked) {
@@ -209,7 +209,7 @@ fn forward(
     // Fully masked rows have l = 0 and acc = 0: scale by 1 so they output 0. One reciprocal
     // per row, then a product per element (not a division per element).
     let inv_l = recip(&select(l == 0.0, 1.0, l));
-    o.tile([BM, dt], [b, h, q0, 0])
+    o.tile([BM, d], [b, h, q0, 0])
         .store((acc * inv_l.col()).cast_to(dtype));
     store_lse(lse, m, l, (b, h, q0));
 }

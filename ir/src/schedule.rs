@@ -372,10 +372,10 @@ impl SmemBuffer {
     /// `ldmatrix` 8x8 matrix reads) then hit 8 distinct 16-byte bank groups. The swizzle
     /// follows the largest power of two dividing the row's bytes, not the bytes themselves:
     /// rows of a multiple of 128 bytes use `(0, 7)`, of an odd multiple of 64 (64, 192: head
-    /// dim 96) `(1, 3)`, of an odd multiple of 32 `(2, 1)`: with rows of `32 q` bytes chunk
-    /// `c` of row `r` is in bank group `(2 q r + c) mod 8`, which for odd `q` tells 8 rows
-    /// apart exactly as for rows of `32 q / q` bytes; and `mask + 1` divides the row's chunks,
-    /// so the XOR stays inside the row.
+    /// dim 96) `(1, 3)`, of an odd multiple of 32 `(2, 1)`: with rows of `p 2^s` bytes (`p`
+    /// odd) chunk `c` of row `r` is in 16-byte bank group `(p r 2^s / 16 + c) mod 8`, which
+    /// tells 8 rows apart exactly as rows of `2^s` bytes do; and `mask + 1` divides the row's
+    /// chunks, so the XOR stays inside the row.
     pub fn swizzle(&self) -> Option<(u32, u32)> {
         if !self.swizzled {
             return None;

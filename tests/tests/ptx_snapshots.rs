@@ -36,6 +36,7 @@ const SM90A: &[(&str, bool)] = &[
     ("attention_d64_causal", true),
     ("attention_d256", true),
     ("attention_d256_causal", true),
+    ("attention_d96", true),
 ];
 
 /// Kernels snapshotted and assembled for sm_100a (IR snapshots `<name>@sm_100a@<pass>`):

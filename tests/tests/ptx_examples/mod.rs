@@ -21,8 +21,8 @@ pub const VARIANTS: &[(&str, &str, Overrides)] = &[
 ];
 
 /// Variants compiled for sm_90a only: the attention schedules the sm_90a benchmarks run
-/// (d = 128 with 128-key blocks, d = 64 causal, d = 256), which sm_80's four warps could not
-/// hold in registers.
+/// (d = 128 with 128-key blocks, d = 64 causal, d = 256: sm_80's four warps could not hold
+/// them in registers; d = 96, whose sm_80 build `attention_features_ptx` assembles).
 pub const SM90A_VARIANTS: &[(&str, &str, Overrides)] = &[
     ("attention_bn128", "attention", &[("block_n", "128")]),
     (
@@ -41,6 +41,8 @@ pub const SM90A_VARIANTS: &[(&str, &str, Overrides)] = &[
         "attention",
         &[("d", "256"), ("causal", "true")],
     ),
+    // Head dim 96 in 96-column tiles (64-byte-swizzled TMA boxes of 32 columns).
+    ("attention_d96", "attention", &[("d", "96")]),
 ];
 
 /// Builds registry kernel `kernel` with `overrides` on its defaults, every tensor 16-byte
