@@ -11,8 +11,21 @@ use crate::check::poisoned;
 /// `bm x bn`, on `ctas` CTAs; `c` is `[a.rows, n]`, poisoned before the run.
 pub fn run_gemm(
     kernel: &Kernel,
+    tile: (usize, usize),
+    inputs: &[&HostTensor],
+    n: usize,
+    ctas: u32,
+) -> Result<HostTensor, InterpError> {
+    run_gemm_scaled(kernel, tile, inputs, &[], n, ctas)
+}
+
+/// [`run_gemm`] for a kernel whose f32 scalars follow its output (`gemm_alpha_beta`'s
+/// `alpha`, `beta`): `scalars` in parameter order.
+pub fn run_gemm_scaled(
+    kernel: &Kernel,
     (bm, bn): (usize, usize),
     inputs: &[&HostTensor],
+    scalars: &[f32],
     n: usize,
     ctas: u32,
 ) -> Result<HostTensor, InterpError> {
@@ -21,6 +34,7 @@ pub fn run_gemm(
     let grid = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
     let mut args: Vec<HostArg<'_>> = inputs.iter().map(|t| HostArg::Tensor(t)).collect();
     args.push(HostArg::TensorMut(&mut c));
+    args.extend(scalars.iter().map(|&x| HostArg::F32(x)));
     run_scheduled(kernel, grid, ctas, &mut args)?;
     Ok(c)
 }

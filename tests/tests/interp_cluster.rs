@@ -8,13 +8,12 @@
 
 mod ptx_examples;
 
-use kiln::ir::interp::{HostArg, run_scheduled};
 use kiln::ir::passes::{protocol_check, run_pipeline};
 use kiln::ir::{DType, Kernel, Target};
-use kiln_tests::check::{Case, as_stored, assert_close, poisoned, rel_error, tolerance};
+use kiln_tests::check::{Case, as_stored, assert_close, rel_error, tolerance};
 use kiln_tests::inputs::{Dist, Rng, gemm_operands, tensor};
 use kiln_tests::reference::{self, Activation};
-use kiln_tests::scheduled::run_gemm;
+use kiln_tests::scheduled::{run_gemm, run_gemm_scaled};
 
 /// The clustered gemm with `overrides`, after the sm_90a pipeline.
 fn clustered(overrides: &[(&str, &str)]) -> Kernel {
@@ -68,7 +67,6 @@ fn clustered_fused_epilogues_match_reference() {
     let mut rng = Rng::from_env();
     let (m, n, k) = (300, 200, 130);
     let (a, b, ab) = gemm_operands(&mut rng, (m, n, k), false, Dist::Normal);
-    let grid = [m.div_ceil(128) as u32, n.div_ceil(128) as u32, 1];
     // act(a @ b + bias) with GELU; 1 and 2 clusters.
     let kernel = clustered_kernel("gemm_bias_act", &[("act", "2")]);
     let bias = tensor(&mut rng, &[n], DType::Bf16, Dist::Normal);
@@ -92,16 +90,8 @@ fn clustered_fused_epilogues_match_reference() {
     let (a, b, ab) = gemm_operands(&mut rng, (m, n, k), true, Dist::Normal);
     let c = tensor(&mut rng, &[m, n], DType::Bf16, Dist::Normal);
     let want = as_stored(&reference::alpha_beta(&ab, &c, 0.75, -1.25), DType::Bf16);
-    let mut d = poisoned(&[m, n], DType::Bf16);
-    let mut args = [
-        HostArg::Tensor(&a),
-        HostArg::Tensor(&b),
-        HostArg::Tensor(&c),
-        HostArg::TensorMut(&mut d),
-        HostArg::F32(0.75),
-        HostArg::F32(-1.25),
-    ];
-    run_scheduled(&kernel, grid, 2, &mut args).unwrap_or_else(|e| panic!("{e}"));
+    let d = run_gemm_scaled(&kernel, (128, 128), &[&a, &b, &c], &[0.75, -1.25], n, 2)
+        .unwrap_or_else(|e| panic!("{e}"));
     let case = Case {
         kernel: "gemm_alpha_beta CLUSTER_M=2 b_col_major".into(),
         shape: format!("{m}x{n}x{k}"),

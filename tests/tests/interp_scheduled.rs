@@ -17,7 +17,7 @@ use kiln::ir::{DType, Kernel, Target};
 use kiln_tests::check::{Case, as_stored, assert_close, poisoned, rel_error, tolerance};
 use kiln_tests::inputs::{AttentionShape, Dist, Rng, gemm_operands, tensor};
 use kiln_tests::reference::{self, Activation};
-use kiln_tests::scheduled::run_gemm;
+use kiln_tests::scheduled::{run_gemm, run_gemm_scaled};
 
 /// `kernel` after the pass pipeline for `target`.
 fn compiled(kernel: &str, overrides: &[(&str, &str)], target: Target) -> Kernel {
@@ -182,17 +182,8 @@ fn sm100a_fused_epilogues_held_in_chunks_match_reference() {
     chunked(&kernel);
     let c = tensor(&mut rng, &[m, n], DType::Bf16, Dist::Normal);
     let want = as_stored(&reference::alpha_beta(&ab, &c, 0.75, -1.25), DType::Bf16);
-    let mut d = poisoned(&[m, n], DType::Bf16);
-    let mut args = [
-        HostArg::Tensor(&a),
-        HostArg::Tensor(&b),
-        HostArg::Tensor(&c),
-        HostArg::TensorMut(&mut d),
-        HostArg::F32(0.75),
-        HostArg::F32(-1.25),
-    ];
-    let grid = [m.div_ceil(128) as u32, n.div_ceil(256) as u32, 1];
-    run_scheduled(&kernel, grid, 3, &mut args).unwrap_or_else(|e| panic!("{e}"));
+    let d = run_gemm_scaled(&kernel, (128, 256), &[&a, &b, &c], &[0.75, -1.25], n, 3)
+        .unwrap_or_else(|e| panic!("{e}"));
     let case = Case {
         kernel: "scheduled gemm_alpha_beta BN=256 on sm_100a, 3 CTAs".into(),
         shape: format!("m={m} n={n} k={k}"),
