@@ -404,22 +404,11 @@ fn plan_mma(
         b_shape.cols() as u32,
     );
     // Boxes are the widest of 64, 32 or 16 columns that tile the operand (`box_columns`), so K
-    // and an MN-major B's N need only be multiples of 16 on sm_90a. sm_100a's tcgen05
-    // descriptors (`crate::tmem::Descriptor`) read an MN-major B only as 128-byte boxes, so
-    // there N stays a multiple of 64, and K of 16, 32 or 64 as its K-major boxes were
-    // checked. An MN-major B box holds all K rows (at most 256).
-    let (k_major_k, n_ok) = if target == Target::Sm100a {
-        (
-            k * 2 == 32 || k * 2 == 64 || k.is_multiple_of(64),
-            n.is_multiple_of(64),
-        )
-    } else {
-        (k.is_multiple_of(16), n.is_multiple_of(16))
-    };
-    let k_ok = k.is_multiple_of(16)
-        && (a.is_none() || k_major_k)
-        && if b.1 { k_major_k } else { k <= 256 };
-    let shape_ok = m == acc_rows(target, warps) && k_ok && n_ok && n <= 256;
+    // and an MN-major B's N need only be multiples of 16 (both targets' descriptors read boxes
+    // of any of those spans: `kiln_ptx`'s wgmma geometry, `crate::tmem::Descriptor`). An
+    // MN-major B box holds all K rows (at most 256).
+    let k_ok = k.is_multiple_of(16) && (b.1 || k <= 256);
+    let shape_ok = m == acc_rows(target, warps) && k_ok && n.is_multiple_of(16) && n <= 256;
     let layout = kernel.schedule.layouts.get(&op.results[0]);
     let layout_ok = if target == Target::Sm100a {
         layout == Some(&crate::tmem::accumulator_layout(warps))
@@ -513,8 +502,8 @@ pub fn check_covered(kernel: &Kernel, target: Target) -> Result<(), Diagnostic> 
         )
         .note(if target == Target::Sm100a {
             "sm_100a needs `x: [128, BK]` (one tcgen05 accumulator in the 128 TMEM lanes), BK \
-             a multiple of 16 (16, 32 or a multiple of 64), `y: [BK, BN]` with BN a multiple \
-             of 64 up to 256, and tile column coordinates that are multiples of 8 elements"
+             a multiple of 16, `y: [BK, BN]` with BN a multiple of 16 up to 256, and tile \
+             column coordinates that are multiples of 8 elements"
         } else {
             "sm_90a needs `x: [BM, BK]` with BM 64 or 128 (one or two consumer warpgroups), \
              BK a multiple of 16, `y: [BK, BN]` with BN a multiple of 16 up to 256, and tile \

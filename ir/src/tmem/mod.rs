@@ -184,8 +184,10 @@ impl Descriptor {
     /// The descriptor of ring load `l` (ptx-notes §7: the Hopper fields plus bit 46, the
     /// swizzle code in bits 61..=63). K-major tiles (A, B stored `[N, K]`) are boxes of
     /// `chunk` K columns; SBO is 8 rows, LBO unused (16 B), and a k16 step moves 32 bytes
-    /// inside a box. An MN-major B (stored `[K, N]`) is one 128-B box of all K rows per 64
-    /// columns of N: LBO is the boxes' distance, SBO 8 K-rows (1024 B), a k16 step 16 rows.
+    /// inside a box. An MN-major B (stored `[K, N]`) is one box of all K rows per `span / 2`
+    /// columns of N, its rows the swizzle span (128 B for N a multiple of 64; 96 takes three
+    /// 64-B boxes): LBO is the boxes' distance, SBO 8 K-rows (`8 span`), a k16 step 16 rows
+    /// (the canonical MN-major layouts, as on sm_90a).
     pub fn of(l: &TmaLoad) -> Descriptor {
         let (rows, chunk) = (l.box_dims[0], l.box_dims[1]);
         let (lbo, sbo, steps) = match l.operand {
@@ -199,7 +201,11 @@ impl Descriptor {
                     .collect();
                 (16, 8 * chunk * 2, steps)
             }
-            Operand::MnMajorB => (rows * 128, 1024, (0..rows / 16).map(|s| s * 2048).collect()),
+            Operand::MnMajorB => {
+                let span = l.swizzle;
+                let steps = (0..rows / 16).map(|s| s * 16 * span).collect();
+                (rows * span, 8 * span, steps)
+            }
         };
         let code: u64 = match l.swizzle {
             128 => 2,
@@ -448,5 +454,30 @@ mod tests {
         let d = Descriptor::of(&TmaLoad::mn_major_b(OpId::from_index(1), 1, 64, 128));
         assert_eq!((d.lbo, d.sbo), (64 * 128, 1024));
         assert_eq!(d.steps, [0, 2048, 4096, 6144]);
+        // N = 96: three 32-column boxes of 64-byte rows; LBO = their distance (64 K-rows of
+        // 64 bytes), SBO = 8 K-rows of 64 bytes, a k16 step 16 such rows, swizzle code 4.
+        let d = Descriptor::of(&TmaLoad::mn_major_b(OpId::from_index(1), 1, 64, 96));
+        assert_eq!((d.lbo, d.sbo, d.swizzle), (64 * 64, 512, 64));
+        assert_eq!(d.steps, [0, 1024, 2048, 3072]);
+        assert_eq!(d.template >> 61, 4);
+        // K = 96 (K-major): three 32-column boxes; step 2 starts the second box.
+        let d = Descriptor::of(&TmaLoad::k_major(
+            OpId::from_index(0),
+            0,
+            Operand::KMajorA,
+            128,
+            96,
+        ));
+        assert_eq!(
+            d.steps,
+            [
+                0,
+                32,
+                128 * 32 * 2,
+                128 * 32 * 2 + 32,
+                2 * 128 * 32 * 2,
+                2 * 128 * 32 * 2 + 32
+            ]
+        );
     }
 }
