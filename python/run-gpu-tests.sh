@@ -5,8 +5,11 @@
 # under python/tests (the GPU matrix and the CPU-side checks), then python/bench.py.
 #   python/run-gpu-tests.sh [--tests-only] [bench.py options: --quick, --only S:D:CAUSAL,..,
 #                           --rust FILE, --overhead-only]
+# Without --rust, the Rust benchmark (bench_attention, bundled in .gpu/bin by gpu-bundle) runs
+# first on the same points in the same job, and bench.py compares with it (python_vs_rust).
 # Results go to $OUT, else .gpu-py/results/: pytest.log, pytest.xml, bench.log,
-# attention-py.json and attention-py.png. Exits non-zero if a test or the benchmark failed.
+# attention-rust.json, attention-py.json and attention-py.png. Exits non-zero if a test or the
+# benchmark failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.gpu-py/results}
@@ -22,7 +25,18 @@ bench=0
 if [ "${1:-}" = --tests-only ]; then
   echo "benchmark skipped (--tests-only)"
 else
-  python3 python/bench.py --out "$out/attention-py.json" "$@" 2>&1 | tee "$out/bench.log"
+  rust=()
+  case " $* " in
+    *" --rust "* | *" --overhead-only "*) ;;
+    *)
+      if [ -x .gpu/bin/bench_attention ]; then
+        # The sweep options both benchmarks take (--quick, --only, --iters, --warmup).
+        .gpu/bin/bench_attention --out "$out/attention-rust.json" "$@" 2>&1 | tee "$out/bench-rust.log"
+        [ -f "$out/attention-rust.json" ] && rust=(--rust "$out/attention-rust.json")
+      fi
+      ;;
+  esac
+  python3 python/bench.py --out "$out/attention-py.json" "${rust[@]}" "$@" 2>&1 | tee "$out/bench.log"
   bench=${PIPESTATUS[0]}
 fi
 echo "pytest exit $tests, bench exit $bench; results in $out"
