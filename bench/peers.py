@@ -5,7 +5,7 @@
       PyTorch SDPA with the FLASH_ATTENTION backend (FlashAttention-2) and the cuDNN backend
       over the standard sweep (design.md section 8): bf16, b*s = 16384, h = 2048/d,
       s in {1k..16k}, d in {64, 128} (and 256), causal and not. Each run is timed alone with CUDA events
-      after warm-up, rotating over input sets that together exceed twice the L2; the median is
+      after warm-up, behind a GPU hold so the interval is GPU time without the launch latency, rotating over input sets that together exceed twice the L2; the median is
       reported. A backend that refuses a configuration is recorded with its error.
 
   peers.py merge kiln.json peers.json --out attention.json
@@ -29,6 +29,17 @@ WIDTH = 2048
 def sweep(quick):
     seqs = [1024, 4096] if quick else [1024, 2048, 4096, 8192, 16384]
     return [(s, d, causal) for d in (64, 128, 256) for causal in (False, True) for s in seqs]
+
+
+# GPU cycles the stream is held before a timed call's start event (about 0.5 ms): longer than
+# any host path takes to enqueue the call, so the interval is the call's GPU time alone, as
+# kiln's Rust harness measures it (`Device::time`, `kiln_runtime::timing::HOLD_NS`).
+HOLD_CYCLES = 1_000_000
+
+
+def hold(torch):
+    """Keeps the current stream busy for HOLD_CYCLES, so what is enqueued next waits for it."""
+    torch.cuda._sleep(HOLD_CYCLES)
 
 
 def parse_only(text):
@@ -89,6 +100,7 @@ def run(args):
                     for i in range(args.iters):
                         start = torch.cuda.Event(enable_timing=True)
                         end = torch.cuda.Event(enable_timing=True)
+                        hold(torch)
                         start.record()
                         once(args.warmup + i)
                         end.record()

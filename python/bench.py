@@ -7,7 +7,8 @@
 The sweep is bench/peers.py's (design.md section 8): bf16, b*s = 16384, h = 2048/d,
 s in {1k..16k}, d in {64, 128, 256}, causal and not. kiln gets FlashAttention's layout
 (b, s, h, d); SDPA (FLASH_ATTENTION = FlashAttention-2, and cuDNN) gets its own (b, h, s, d).
-Each call is timed alone with CUDA events after warm-up, rotating over input sets that
+Each call is timed alone with CUDA events after warm-up, behind a GPU hold (GPU time without
+the launch latency), rotating over input sets that
 together exceed twice the L2; the median is reported. Each configuration's kiln output is
 checked against the first SDPA backend that ran (FlashAttention-2, else cuDNN: relative norm
 error below 2e-2; the script exits 1 otherwise).
@@ -35,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.join(HERE, "..", "bench")
 sys.path.insert(0, BENCH)
 
-from peers import TOKENS, WIDTH, flops, parse_only, sweep  # noqa: E402
+from peers import TOKENS, WIDTH, flops, hold, parse_only, sweep  # noqa: E402
 
 TOLERANCE = 2e-2
 
@@ -49,7 +50,9 @@ def commit():
 
 
 def time_calls(torch, once, warmup, iters):
-    """Median and min of `iters` timed calls (CUDA events), after `warmup` calls."""
+    """Median and min of `iters` timed calls (CUDA events), after `warmup` calls. Each call
+    is enqueued behind a GPU hold (peers.hold), so its interval is GPU time alone, not the
+    host's launch latency too."""
     for i in range(warmup):
         once(i)
     torch.cuda.synchronize()
@@ -57,6 +60,7 @@ def time_calls(torch, once, warmup, iters):
     for i in range(iters):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
+        hold(torch)
         start.record()
         once(warmup + i)
         end.record()

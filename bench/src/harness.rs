@@ -2,7 +2,7 @@
 //! with the caller rotating its inputs, summarised by the median; and a progress bar.
 
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln_runtime::{Device, RuntimeError};
+use kiln_runtime::{Device, LaunchError, RuntimeError};
 
 /// Per-run GPU times of one configuration, in milliseconds.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,8 +40,8 @@ impl Samples {
 }
 
 /// Runs `run(i)` `warmup` times untimed, then `iters` times, each timed alone with CUDA
-/// events. `i` counts every call, so `run` can pick input set `i % sets` (rotation).
-pub fn measure<E: From<RuntimeError>>(
+/// events behind a GPU hold ([`Device::time`]: GPU time, not the host's launch latency). `i` counts every call, so `run` can pick input set `i % sets` (rotation).
+pub fn measure<E: From<RuntimeError> + From<LaunchError>>(
     device: &Device,
     warmup: usize,
     iters: usize,

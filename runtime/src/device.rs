@@ -17,6 +17,7 @@ use crate::layout::Layout;
 use crate::module::{self, LoadedKernel, ModuleLimits};
 use crate::params::ParamBuffer;
 use crate::tensor::{Buffer, DeviceTensor, nan_pattern};
+use crate::timing::HoldSlot;
 use crate::tma::{L2Promotion, OobFill, Swizzle, TensorMap};
 use crate::validate::{ArgView, check_args, check_grid};
 
@@ -69,6 +70,8 @@ pub struct Device {
     cache: Mutex<HashMap<(&'static str, Target), SpecCache>>,
     /// The autotuner's choices, by key (`crate::autotune`).
     tuned: Mutex<HashMap<String, Spec>>,
+    /// The kernel that holds the GPU before a timed interval (`crate::timing`).
+    hold: HoldSlot,
 }
 
 impl Device {
@@ -133,6 +136,7 @@ impl Device {
             persistent_ctas: None,
             cache: Mutex::new(HashMap::new()),
             tuned: Mutex::new(HashMap::new()),
+            hold: HoldSlot::default(),
         })
     }
 
@@ -476,6 +480,11 @@ impl Device {
     pub(crate) fn remember_choice(&self, key: String, spec: &Spec) {
         let mut tuned = self.tuned.lock().unwrap_or_else(|e| e.into_inner());
         tuned.insert(key, spec.clone());
+    }
+
+    /// Where the timing hold kernel is kept once loaded (`crate::timing`).
+    pub(crate) fn hold_kernel(&self) -> &HoldSlot {
+        &self.hold
     }
 
     /// The disk compile cache this device uses (`KILN_CACHE_DIR`, see [`DiskCache`]), if any.

@@ -4,7 +4,7 @@
 //!
 //! For each configuration: one run whose output (poisoned first) is checked on sampled query
 //! rows against an f64 reference, warm-up, then `--iters` runs each timed alone with CUDA
-//! events over rotated input sets; the median is reported. For each (d, causal) it also
+//! events (behind a GPU hold: GPU time without the launch latency) over rotated input sets; the median is reported. For each (d, causal) it also
 //! reports the time from specialisation to PTX text (build + codegen) and to a loaded module
 //! (+ driver JIT), uncached, and the warm start: the same through a disk cache that holds the
 //! cubin (no JIT). The PyTorch peers run from `bench/peers.py`;

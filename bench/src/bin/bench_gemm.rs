@@ -4,7 +4,8 @@
 //! Shapes: square 1024..8192, M = 16384 with N, K in {4096, 8192, 14336}, and the odd shapes
 //! 1000x3000x777 and 127x4095x4096 (`--quick`: 1024 and 4096 square; `--shapes M:N:K,...`:
 //! those). Each configuration: one run of each checked against the other on
-//! sampled rows, warm-up, then `--iters` runs each timed alone with CUDA events, rotating over
+//! sampled rows, warm-up, then `--iters` runs each timed alone with CUDA events (behind a GPU
+//! hold: GPU time without the launch latency), rotating over
 //! enough input sets to exceed twice the L2; the median is reported as TFLOP/s (2MNK) with
 //! `ratio` = kiln / cuBLAS throughput. `--out PATH` writes every figure as JSON.
 //!
