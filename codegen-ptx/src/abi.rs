@@ -150,71 +150,102 @@ pub fn slots(params: &[Param]) -> Result<Vec<Slot>, AbiError> {
 
 /// The slots of an entry whose tensor parameters `tma` (indices) are read through TMA (each
 /// of them gets a `<name>_tmap` slot after its strides), with the logical grid's slots at the
-/// end when the kernel is `persistent`.
+/// end when the kernel is `persistent`: [`slot_roles`], each named.
 pub fn slots_with_maps(
     params: &[Param],
     tma: &[usize],
     persistent: bool,
 ) -> Result<Vec<Slot>, AbiError> {
+    let kinds = params.iter().map(|p| match p {
+        Param::Tensor { rank, .. } => ParamKind::Tensor { rank: *rank },
+        Param::Scalar { dtype, .. } => ParamKind::Scalar { dtype: *dtype },
+    });
+    let roles = slot_roles(kinds, tma, persistent).map_err(|index| AbiError::ScalarType {
+        name: params[index].name().to_string(),
+        dtype: match params[index] {
+            Param::Scalar { dtype, .. } => dtype,
+            Param::Tensor { dtype, .. } => dtype,
+        },
+    })?;
+    let names: Vec<String> = params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| ptx_name(p.name(), i))
+        .collect();
+    Ok(roles
+        .into_iter()
+        .map(|(role, ty)| Slot {
+            role,
+            ty,
+            name: slot_name(role, &names),
+        })
+        .collect())
+}
+
+/// What the slot table needs of a parameter: a tensor's rank or a scalar's type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamKind {
+    /// A tensor of `rank` dimensions.
+    Tensor {
+        /// Its rank.
+        rank: usize,
+    },
+    /// A scalar of type `dtype`.
+    Scalar {
+        /// Its element type.
+        dtype: DType,
+    },
+}
+
+/// The roles and types of the slots [`slots_with_maps`] lists, without their names: what a
+/// launch packs (no string is built per launch). `Err(index)`: parameter `index` is a scalar
+/// of a type the ABI does not pass.
+pub fn slot_roles(
+    params: impl IntoIterator<Item = ParamKind>,
+    tma: &[usize],
+    persistent: bool,
+) -> Result<Vec<(SlotRole, SlotType)>, usize> {
     let mut out = Vec::new();
-    for (index, p) in params.iter().enumerate() {
-        let base = ptx_name(p.name(), index);
+    for (index, p) in params.into_iter().enumerate() {
         match p {
-            Param::Tensor { rank, .. } => {
-                out.push(Slot {
-                    role: SlotRole::Ptr { param: index },
-                    ty: SlotType::U64,
-                    name: format!("{base}_ptr"),
-                });
-                for dim in 0..*rank {
-                    out.push(Slot {
-                        role: SlotRole::Extent { param: index, dim },
-                        ty: SlotType::S32,
-                        name: format!("{base}_dim{dim}"),
-                    });
-                }
-                for dim in 0..*rank {
-                    out.push(Slot {
-                        role: SlotRole::Stride { param: index, dim },
-                        ty: SlotType::S64,
-                        name: format!("{base}_stride{dim}"),
-                    });
-                }
+            ParamKind::Tensor { rank } => {
+                out.push((SlotRole::Ptr { param: index }, SlotType::U64));
+                out.extend(
+                    (0..rank).map(|dim| (SlotRole::Extent { param: index, dim }, SlotType::S32)),
+                );
+                out.extend(
+                    (0..rank).map(|dim| (SlotRole::Stride { param: index, dim }, SlotType::S64)),
+                );
                 if tma.contains(&index) {
-                    out.push(Slot {
-                        role: SlotRole::TensorMap { param: index },
-                        ty: SlotType::TensorMap,
-                        name: format!("{base}_tmap"),
-                    });
+                    out.push((SlotRole::TensorMap { param: index }, SlotType::TensorMap));
                 }
             }
-            Param::Scalar { name, dtype } => {
+            ParamKind::Scalar { dtype } => {
                 let ty = match dtype {
                     DType::F32 => SlotType::F32,
                     DType::I32 => SlotType::S32,
-                    DType::Bf16 | DType::F16 | DType::Bool => {
-                        return Err(AbiError::ScalarType {
-                            name: name.clone(),
-                            dtype: *dtype,
-                        });
-                    }
+                    DType::Bf16 | DType::F16 | DType::Bool => return Err(index),
                 };
-                out.push(Slot {
-                    role: SlotRole::Scalar { param: index },
-                    ty,
-                    name: base,
-                });
+                out.push((SlotRole::Scalar { param: index }, ty));
             }
         }
     }
     if persistent {
-        out.extend(["x", "y", "z"].iter().enumerate().map(|(axis, a)| Slot {
-            role: SlotRole::Grid { axis },
-            ty: SlotType::S32,
-            name: format!("kiln_grid_{a}"),
-        }));
+        out.extend((0..3).map(|axis| (SlotRole::Grid { axis }, SlotType::S32)));
     }
     Ok(out)
+}
+
+/// The PTX name of the slot with `role`, `names` the parameters' [`ptx_name`]s.
+fn slot_name(role: SlotRole, names: &[String]) -> String {
+    match role {
+        SlotRole::Ptr { param } => format!("{}_ptr", names[param]),
+        SlotRole::Extent { param, dim } => format!("{}_dim{dim}", names[param]),
+        SlotRole::Stride { param, dim } => format!("{}_stride{dim}", names[param]),
+        SlotRole::TensorMap { param } => format!("{}_tmap", names[param]),
+        SlotRole::Scalar { param } => names[param].clone(),
+        SlotRole::Grid { axis } => format!("kiln_grid_{}", ["x", "y", "z"][axis]),
+    }
 }
 
 /// The parameter's name if PTX accepts it as an identifier stem, else `arg<index>`.

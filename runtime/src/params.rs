@@ -1,5 +1,6 @@
-//! The runtime's side of the kernel parameter ABI: [`kiln_ptx::abi::slots`] says which
-//! `.param` slots the entry declares for the signature; each validated argument fills its
+//! The runtime's side of the kernel parameter ABI: [`kiln_ptx::abi::slot_roles`] says which
+//! `.param` slots the entry declares for the signature (without their names: a launch builds
+//! no string); each validated argument fills its
 //! slots, and `cuLaunchKernel` gets one pointer per slot. The table lives in `kiln_ptx::abi`
 //! only, so the backend and the runtime cannot disagree on it. On sm_90a a TMA-loaded tensor
 //! also fills a tensor-map slot with the map the launch encoded for it (by value).
@@ -9,9 +10,8 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys;
 
-use kiln_ir::Param;
 use kiln_ir::dsl::ParamSig;
-use kiln_ptx::abi::{self, SlotRole, SlotType};
+use kiln_ptx::abi::{self, ParamKind, SlotRole, SlotType};
 
 use crate::error::LaunchError;
 use crate::validate::ArgView;
@@ -48,15 +48,23 @@ impl ParamBuffer {
         maps: &BTreeMap<usize, sys::CUtensorMap>,
         grid: Option<[u32; 3]>,
     ) -> Result<ParamBuffer, LaunchError> {
-        // Alignment does not change the slots.
-        let params: Vec<Param> = signature.iter().map(|s| s.to_param(false)).collect();
+        // The slots' roles only: their names are the PTX writer's, and a launch builds no
+        // string.
+        let kinds = signature.iter().map(|p| match *p {
+            ParamSig::Tensor { rank, .. } => ParamKind::Tensor { rank },
+            ParamSig::Scalar { dtype, .. } => ParamKind::Scalar { dtype },
+        });
         let tma: Vec<usize> = maps.keys().copied().collect();
-        let slots = abi::slots_with_maps(&params, &tma, grid.is_some())?;
+        let slots = abi::slot_roles(kinds, &tma, grid.is_some()).map_err(|index| {
+            LaunchError::AbiMismatch {
+                slot: format!("scalar parameter #{index} of a type the ABI does not pass"),
+            }
+        })?;
         let values = slots
             .iter()
-            .map(|slot| {
-                let arg = slot_param(slot.role).and_then(|p| args.get(p));
-                let value = match (slot.role, slot.ty, arg) {
+            .map(|&(role, ty)| {
+                let arg = slot_param(role).and_then(|p| args.get(p));
+                let value = match (role, ty, arg) {
                     (SlotRole::Grid { axis }, SlotType::S32, None) => {
                         grid.map(|g| SlotValue::S32(g[axis] as i32))
                     }
@@ -90,7 +98,7 @@ impl ParamBuffer {
                     _ => None,
                 };
                 value.ok_or_else(|| LaunchError::AbiMismatch {
-                    slot: slot.to_string(),
+                    slot: format!("{role:?} ({})", ty.ptx()),
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
