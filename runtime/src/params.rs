@@ -1,8 +1,8 @@
 //! The runtime's side of the kernel parameter ABI: [`kiln_ptx::abi::slot_roles`] says which
 //! `.param` slots the entry declares for the signature (without their names: a launch builds
-//! no string); each validated argument fills its
-//! slots, and `cuLaunchKernel` gets one pointer per slot. The table lives in `kiln_ptx::abi`
-//! only, so the backend and the runtime cannot disagree on it. On sm_90a a TMA-loaded tensor
+//! no string); each validated argument fills its slots, and `cuLaunchKernel` gets one
+//! pointer per slot. The table lives in `kiln_ptx::abi` only, so the backend and the runtime
+//! cannot disagree on it. On sm_90a a TMA-loaded tensor
 //! also fills a tensor-map slot with the map the launch encoded for it (by value).
 
 use std::collections::BTreeMap;
