@@ -14,7 +14,7 @@ use clap::Parser;
 use kiln::ir::dsl::{KernelDef, Spec};
 use kiln::ir::{DType, HostTensor, Target};
 use kiln::runtime::Device;
-use kiln_examples::attention::{attention, tuned_block_n};
+use kiln_examples::attention::{BLOCK_M, attention, tuned_block_n};
 use kiln_tests::check::{poisoned, rel_error, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
@@ -149,7 +149,7 @@ fn run_interpreter(o: &Options, rng: &mut Rng) -> Result<(), String> {
     let [q, k, v] = inputs(rng, o, sq, sk);
     let mut out = poisoned(&[o.batch, o.heads, sq, o.d], DType::Bf16);
     let scale = 1.0 / (o.d as f32).sqrt();
-    let grid = [sq.div_ceil(128) as u32, o.heads as u32, o.batch as u32];
+    let grid = [sq.div_ceil(BLOCK_M) as u32, o.heads as u32, o.batch as u32];
     let t = Instant::now();
     attention
         .interpret(
@@ -162,6 +162,7 @@ fn run_interpreter(o: &Options, rng: &mut Rng) -> Result<(), String> {
             -1,
             -1,
             0.0,
+            BLOCK_M,
             &q,
             &k,
             &v,
@@ -197,7 +198,7 @@ fn run_gpu(dev: &Device, o: &Options, block_n: usize, rng: &mut Rng) -> Result<(
         .map_err(|e| e.to_string())?;
     dev.fill_nan(&dout).map_err(|e| e.to_string())?;
     let scale = 1.0 / (o.d as f32).sqrt();
-    let grid = [s.div_ceil(128) as u32, o.heads as u32, o.batch as u32];
+    let grid = [s.div_ceil(BLOCK_M) as u32, o.heads as u32, o.batch as u32];
     let t = Instant::now();
     attention
         .launch(
@@ -211,6 +212,7 @@ fn run_gpu(dev: &Device, o: &Options, block_n: usize, rng: &mut Rng) -> Result<(
             -1,
             -1,
             0.0,
+            BLOCK_M,
             &dq,
             &dk,
             &dv,

@@ -3,20 +3,29 @@
 use kiln::ir::dsl::Tensor;
 use kiln::prelude::*;
 
-/// Query rows per block.
-const BM: usize = 128;
+/// Query rows per block unless `block_m` says otherwise: two consumer warpgroups on sm_90a.
+pub const BLOCK_M: usize = 128;
 /// `log2(e)`: the softmax runs in base 2.
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 
-/// Masks the score tile `s` (rows `q0..`, keys `k0..`) to `-inf` where a key lies past `sk` or
-/// outside the row's [`Window`] `w`: query `i` sees key `j` iff `i + sk - sq - left <= j` and
-/// `j <= i + sk - sq + right` (bottom-right aligned, as FlashAttention-2).
+/// Masks the `bm x bn` score tile `s` (rows `q0..`, keys `k0..`) to `-inf` where a key lies
+/// past `sk` or outside the row's [`Window`] `w`: query `i` sees key `j` iff
+/// `i + sk - sq - left <= j` and `j <= i + sk - sq + right` (bottom-right aligned, as
+/// FlashAttention-2).
 #[kernel_fn]
-fn mask(s: Value, q0: Value, k0: Value, sq: Value, sk: Value, bn: usize, w: Window) -> Value {
-    let cols = iota([BM, bn], 1) + k0;
-    let keep = keep_left(cols < sk, cols, q0, sq, sk, bn, w);
+fn mask(
+    s: Value,
+    q0: Value,
+    k0: Value,
+    sq: Value,
+    sk: Value,
+    (bm, bn): (usize, usize),
+    w: Window,
+) -> Value {
+    let cols = iota([bm, bn], 1) + k0;
+    let keep = keep_left(cols < sk, cols, q0, sq, sk, (bm, bn), w);
     let keep = if w.right >= 0 {
-        let rows = iota([BM, bn], 0) + q0;
+        let rows = iota([bm, bn], 0) + q0;
         keep && cols <= rows + w.ahead(sk - sq)
     } else {
         keep
@@ -44,11 +53,13 @@ fn online_update(s: Value, vs: Value, acc: Value, m: Value, l: Value) -> (Value,
 /// `s = q.k * scale`, soft-capped to `softcap * tanh(s / softcap)` when `softcap > 0`
 /// ([`forward`] says how).
 ///
-/// Grid: `(cdiv(sq, 128), heads, batch)`. Comptime: `d` (head dim, default 128; a power of
-/// two or a multiple of 32, the tiles' width), `causal` (default false), `block_n` (keys per
+/// Grid: `(cdiv(sq, block_m), heads, batch)`. Comptime: `d` (head dim, default 128; a power
+/// of two or a multiple of 32, the tiles' width), `causal` (default false), `block_n` (keys per
 /// block, a multiple of 16; default 0: [`key_block`]; the autotuner tries 64 and 128),
 /// `kv_group`, `dtype`, `window_left`/`window_right` (default -1, unbounded; causal forces
-/// right = 0), `softcap` (default 0: off).
+/// right = 0), `softcap` (default 0: off), `block_m` (query rows per block, default
+/// [`BLOCK_M`]; on sm_90a 64 per consumer warpgroup, so 64, 128 or 192: three warpgroups,
+/// meant for d = 64).
 #[kernel(num_warps = 4)]
 pub fn attention<const d: usize = 128>(
     q: Tensor<dtype, 4>,
@@ -63,10 +74,11 @@ pub fn attention<const d: usize = 128>(
     #[comptime(default = -1)] window_left: i32,
     #[comptime(default = -1)] window_right: i32,
     #[comptime(default = 0.0)] softcap: f32,
+    #[comptime(default = BLOCK_M)] block_m: usize,
 ) {
     let opts = Options::new(
         causal,
-        block_n,
+        (block_m, block_n),
         kv_group,
         dtype,
         window_left,
@@ -95,10 +107,11 @@ pub fn attention_lse<const d: usize = 128>(
     #[comptime(default = -1)] window_left: i32,
     #[comptime(default = -1)] window_right: i32,
     #[comptime(default = 0.0)] softcap: f32,
+    #[comptime(default = BLOCK_M)] block_m: usize,
 ) {
     let opts = Options::new(
         causal,
-        block_n,
+        (block_m, block_n),
         kv_group,
         dtype,
         window_left,
@@ -112,6 +125,7 @@ pub fn attention_lse<const d: usize = 128>(
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Options {
     causal: bool,
+    block_m: usize,
     block_n: usize,
     kv_group: usize,
     dtype: DType,
@@ -120,10 +134,10 @@ struct Options {
 }
 
 impl Options {
-    /// The options from the kernels' comptime parameters, in their order.
+    /// The options from the kernels' comptime parameters, the two block sizes as one pair.
     fn new(
         causal: bool,
-        block_n: usize,
+        (block_m, block_n): (usize, usize),
         kv_group: usize,
         dtype: DType,
         window_left: i32,
@@ -133,6 +147,7 @@ impl Options {
         let window = (window_left, window_right);
         Options {
             causal,
+            block_m,
             block_n,
             kv_group,
             dtype,
@@ -145,7 +160,7 @@ impl Options {
 /// The body of [`attention`] and [`attention_lse`] (the log-sum-exp written when `lse` is
 /// given).
 ///
-/// Online softmax (FlashAttention-2): a block owns `BM = 128` query rows and walks, 2-stage
+/// Online softmax (FlashAttention-2): a block owns `block_m` query rows and walks, 2-stage
 /// pipelined, the key blocks of `BN` keys its rows may see ([`Window`]: causal, sliding
 /// windows), keeping the running row maximum `m`, row sum `l` and unnormalised output `acc`.
 /// Key blocks in which no key is masked for any of the block's rows skip the mask (a block-
@@ -165,6 +180,7 @@ fn forward(
 ) {
     let Options {
         causal,
+        block_m: bm,
         block_n,
         kv_group,
         dtype,
@@ -177,18 +193,18 @@ fn forward(
     // boxes as a power of two does, so padding it to 128 would only waste a quarter's work.
     let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
     let (sq, sk) = (q.dim(2), k.dim(2));
-    let q0 = mb * BM;
-    let qs = q.tile([BM, d], [b, h, q0, 0]).load();
+    let q0 = mb * bm;
+    let qs = q.tile([bm, d], [b, h, q0, 0]).load();
     let qk_scale = scale * score_factor(softcap);
-    let mut acc = zeros::<f32>([BM, d]);
-    let mut m = full::<f32>([BM], f32::NEG_INFINITY);
-    let mut l = zeros::<f32>([BM]);
+    let mut acc = zeros::<f32>([bm, d]);
+    let mut m = full::<f32>([bm], f32::NEG_INFINITY);
+    let mut l = zeros::<f32>([bm]);
     // Walk key blocks j0..n_blocks; those before j_unmasked or from n_unmasked on are masked.
-    let (j0, j_unmasked) = left_blocks(q0, sq, sk, bn, w);
+    let (j0, j_unmasked) = left_blocks(q0, sq, sk, (bm, bn), w);
     let all_blocks = cdiv(sk, bn);
     let (n_blocks, n_unmasked) = if w.right >= 0 {
-        // The last row of this block sees keys up to (q0 + BM - 1) + sk - sq + right.
-        let n = min(all_blocks, max(cdiv(w.ahead(q0 + BM + sk - sq), bn), 0));
+        // The last row of this block sees keys up to (q0 + bm - 1) + sk - sq + right.
+        let n = min(all_blocks, max(cdiv(w.ahead(q0 + bm + sk - sq), bn), 0));
         (n, min(sk / bn, max(w.ahead(q0 + 1 + sk - sq) / bn, 0)))
     } else {
         (all_blocks, sk / bn)
@@ -200,7 +216,7 @@ fn forward(
         let s = soft_cap(mma(&qs, &ks.t()) * qk_scale, softcap);
         // Uniform across the block: only the blocks on a window's edges and sk's pay for it.
         let s = if needs_mask(j >= n_unmasked, j, j_unmasked) {
-            mask(s, q0, k0, sq, sk, bn, w)
+            mask(s, q0, k0, sq, sk, (bm, bn), w)
         } else {
             s
         };
@@ -209,25 +225,25 @@ fn forward(
     // Fully masked rows have l = 0 and acc = 0: scale by 1 so they output 0. One reciprocal
     // per row, then a product per element (not a division per element).
     let inv_l = recip(&select(l == 0.0, 1.0, l));
-    o.tile([BM, d], [b, h, q0, 0])
+    o.tile([bm, d], [b, h, q0, 0])
         .store((acc * inv_l.col()).cast_to(dtype));
-    store_lse(lse, m, l, (b, h, q0));
+    store_lse(lse, m, l, bm, (b, h, q0));
 }
 
 /// Writes each row's log-sum-exp into `lse`, when given, at `[b, h, q0..]`: from the running
 /// maximum `m` and sum `l` of the base-2 scaled scores, `ln sum e^s = (m + log2(l)) ln 2`;
 /// `+inf` where `l = 0` (a row that sees no key: FlashAttention-2's value).
-fn store_lse(lse: Option<Tensor>, m: Value, l: Value, at: (Value, Value, Value)) {
+fn store_lse(lse: Option<Tensor>, m: Value, l: Value, bm: usize, at: (Value, Value, Value)) {
     if let Some(lse) = lse {
-        write_lse(lse, m, l, at);
+        write_lse(lse, m, l, bm, at);
     }
 }
 
 /// [`store_lse`]'s store.
 #[kernel_fn]
-fn write_lse(lse: Tensor, m: Value, l: Value, (b, h, q0): (Value, Value, Value)) {
+fn write_lse(lse: Tensor, m: Value, l: Value, bm: usize, (b, h, q0): (Value, Value, Value)) {
     let log_sum = (m + log2(&l)) * std::f32::consts::LN_2;
-    lse.tile([BM], [b, h, q0])
+    lse.tile([bm], [b, h, q0])
         .store(select(l == 0.0, f32::INFINITY, log_sum));
 }
 
@@ -289,11 +305,11 @@ fn keep_left(
     q0: Value,
     sq: Value,
     sk: Value,
-    bn: usize,
+    (bm, bn): (usize, usize),
     w: Window,
 ) -> Value {
     if w.left >= 0 {
-        let rows = iota([BM, bn], 0) + q0;
+        let rows = iota([bm, bn], 0) + q0;
         keep && cols >= rows + (sk - sq - w.left)
     } else {
         keep
@@ -309,17 +325,17 @@ fn left_blocks(
     q0: Value,
     sq: Value,
     sk: Value,
-    bn: usize,
+    (bm, bn): (usize, usize),
     w: Window,
 ) -> (kiln::ir::dsl::Index, Option<Value>) {
     use kiln::ir::dsl::Index;
     if w.left < 0 {
         return (Index::Const(0), None);
     }
-    // Row q0's first key; the block's last row, q0 + BM - 1, starts BM - 1 keys later.
+    // Row q0's first key; the block's last row, q0 + bm - 1, starts bm - 1 keys later.
     let first = q0 + sk - sq - w.left;
     let start = max(first, 0) / bn;
-    let unmasked = max(cdiv(first + (BM - 1), bn), 0);
+    let unmasked = max(cdiv(first + (bm - 1), bn), 0);
     (Index::Value(start), Some(unmasked))
 }
 

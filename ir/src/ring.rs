@@ -165,17 +165,17 @@ pub enum Who {
     All,
     /// Warpgroup 0, which takes the first turn.
     Leader,
-    /// Every warpgroup but the leader.
-    Followers,
+    /// The last warpgroup of the turn order, whose turn passes to the leader.
+    Last,
 }
 
 impl Who {
-    /// Whether consumer warpgroup `wg` runs a step for `self`.
-    pub fn includes(self, wg: u32) -> bool {
+    /// Whether consumer warpgroup `wg` of `warpgroups` taking turns runs a step for `self`.
+    pub fn includes(self, wg: u32, warpgroups: u32) -> bool {
         match self {
             Who::All => true,
             Who::Leader => wg == 0,
-            Who::Followers => wg != 0,
+            Who::Last => wg + 1 == warpgroups,
         }
     }
 }
@@ -271,15 +271,24 @@ impl Deferral {
     pub const THRESHOLD: f32 = 8.0;
 }
 
-/// Ping-pong between the consumer warpgroups: warpgroup `g` waits on named barrier
-/// `first_barrier + g` before issuing its wgmmas and arrives on the next warpgroup's after, so
-/// one warpgroup's code between runs under the other's wgmmas.
+/// Ping-pong between the consumer warpgroups, in the fixed round-robin order `0, 1, .., 0`:
+/// warpgroup `g` waits on named barrier `first_barrier + g` before issuing its wgmmas and
+/// arrives on the next warpgroup's (`g + 1` modulo `warpgroups`) after, so one warpgroup's code
+/// between runs under the others' wgmmas. The last warpgroup hands the leader its first turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Turns {
     /// The named barrier id of warpgroup 0's turn.
     pub first_barrier: u32,
-    /// Consumer warpgroups taking turns.
+    /// Consumer warpgroups taking turns (two or three).
     pub warpgroups: u32,
+}
+
+impl Turns {
+    /// Warpgroups meeting at each turn barrier, whatever their number: the one whose turn it
+    /// is (`bar.sync`) and the one before it, handing the turn on (`bar.arrive`). A count of
+    /// every consumer warpgroup would let a third warpgroup's arrival stand in for the
+    /// hand-over, and two of them could issue at once.
+    pub const MEETING: u32 = 2;
 }
 
 /// One-time set-up before the roles split.
@@ -588,7 +597,7 @@ impl fmt::Display for Who {
         f.write_str(match self {
             Who::All => "",
             Who::Leader => "(leader)",
-            Who::Followers => "(followers)",
+            Who::Last => "(last)",
         })
     }
 }

@@ -166,9 +166,14 @@ impl AttentionShape {
         [q, kv, kv].map(|shape| tensor(rng, &shape, DType::Bf16, dist))
     }
 
-    /// The example kernel's grid: `(cdiv(sq, 128), heads, batch)`.
-    pub fn grid(&self) -> [u32; 3] {
-        [self.sq.div_ceil(128) as u32, self.h as u32, self.b as u32]
+    /// The example kernel's grid with `block_m` query rows per block: `(cdiv(sq, block_m),
+    /// heads, batch)`.
+    pub fn grid(&self, block_m: usize) -> [u32; 3] {
+        [
+            self.sq.div_ceil(block_m) as u32,
+            self.h as u32,
+            self.b as u32,
+        ]
     }
 }
 

@@ -346,6 +346,7 @@ fn attention_case(
                 -1,
                 -1,
                 0.0,
+                kiln_examples::attention::BLOCK_M,
                 &dq,
                 &dk,
                 &dv,

@@ -4,6 +4,7 @@
 //! (`attention_lse`), and their combinations with grouped heads; shapes that are not multiples of the tiles, `sq != sk`, rows that see no key, every
 //! input distribution, outputs poisoned before the run.
 
+use kiln_examples::attention::BLOCK_M;
 use kiln_ir::dsl::{ComptimeValue, comptime_map};
 use kiln_ir::interp::{HostArg, run_def};
 use kiln_ir::{DType, HostTensor};
@@ -83,8 +84,9 @@ fn run(rng: &mut Rng, c: Call, dist: Dist) -> Vec<f64> {
         ("window_left", ComptimeValue::I32(c.window.0)),
         ("window_right", ComptimeValue::I32(c.window.1)),
         ("softcap", ComptimeValue::F32(c.softcap)),
+        ("block_m", ComptimeValue::Usize(BLOCK_M)),
     ]);
-    let grid = [c.sq.div_ceil(128) as u32, c.h as u32, c.b as u32];
+    let grid = [c.sq.div_ceil(BLOCK_M) as u32, c.h as u32, c.b as u32];
     let mut lse = poisoned(&[c.b, c.h, c.sq], DType::F32);
     if c.lse {
         let mut args = [

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use kiln_examples::attention::BLOCK_M;
 use kiln_ir::dsl::{ComptimeValue, Spec, comptime_map};
 use kiln_ir::interp::{HostArg, run_def};
 use kiln_ir::{DType, HostTensor};
@@ -149,13 +150,19 @@ fn gemm_matches_reference() {
     }
 }
 
-/// The attention kernel's comptime values: `d`, `causal` and `kv_group` as given, the rest at
-/// their defaults (bf16, no window, no soft-cap, the kernel's own key block).
-fn attention_comptime(d: usize, causal: bool, kv_group: usize) -> BTreeMap<String, ComptimeValue> {
+/// The attention kernel's comptime values: `d`, `causal`, `kv_group` and `block_m` as given,
+/// the rest at their defaults (bf16, no window, no soft-cap, the kernel's own key block).
+fn attention_comptime(
+    d: usize,
+    causal: bool,
+    kv_group: usize,
+    block_m: usize,
+) -> BTreeMap<String, ComptimeValue> {
     let given = [
         ("d", d.to_string()),
         ("causal", causal.to_string()),
         ("kv_group", kv_group.to_string()),
+        ("block_m", block_m.to_string()),
     ];
     let given: Vec<(String, String)> = given.into_iter().map(|(n, v)| (n.into(), v)).collect();
     Spec::from_defaults(&kiln_examples::attention::attention, &given)
@@ -163,7 +170,9 @@ fn attention_comptime(d: usize, causal: bool, kv_group: usize) -> BTreeMap<Strin
         .comptime
 }
 
-fn run_attention(rng: &mut Rng, p: &AttentionShape, dist: Dist) {
+/// Runs the attention kernel with `block_m` query rows per block on fresh inputs of `p` and
+/// checks it against the f64 reference.
+fn run_attention(rng: &mut Rng, p: &AttentionShape, dist: Dist, block_m: usize) {
     let def = &kiln_examples::attention::attention;
     let [q, k, v] = p.tensors(rng, dist);
     // Normal inputs read `k` through padded rows (strides not 16-byte aligned).
@@ -175,7 +184,7 @@ fn run_attention(rng: &mut Rng, p: &AttentionShape, dist: Dist) {
     // The usual 1/sqrt(d), perturbed so that no test depends on one exact scale.
     let scale = (rng.uniform(0.5, 1.5) / (p.d as f64).sqrt()) as f32;
     let mut o = poisoned(&[p.b, p.h, p.sq, p.d], DType::Bf16);
-    let ct = attention_comptime(p.d, p.causal, 1);
+    let ct = attention_comptime(p.d, p.causal, 1, block_m);
     let mut args = [
         HostArg::Tensor(&q),
         HostArg::Tensor(&k),
@@ -183,9 +192,9 @@ fn run_attention(rng: &mut Rng, p: &AttentionShape, dist: Dist) {
         HostArg::TensorMut(&mut o),
         HostArg::F32(scale),
     ];
-    run_def(def, &ct, p.grid(), &mut args).unwrap();
+    run_def(def, &ct, p.grid(block_m), &mut args).unwrap();
     let case = Case {
-        kernel: format!("attention<d={},causal={}>", p.d, p.causal),
+        kernel: format!("attention<d={},causal={},block_m={block_m}>", p.d, p.causal),
         shape: format!("b={} h={} sq={} sk={} scale={scale}", p.b, p.h, p.sq, p.sk),
         dist,
         seed: rng.seed(),
@@ -208,7 +217,7 @@ fn attention_matches_reference() {
                     d,
                     causal,
                 };
-                run_attention(&mut rng, &p, dist);
+                run_attention(&mut rng, &p, dist, BLOCK_M);
             }
         }
     }
@@ -228,7 +237,33 @@ fn attention_batches_and_long_keys() {
             d: 64,
             causal,
         };
-        run_attention(&mut rng, &p, Dist::Normal);
+        run_attention(&mut rng, &p, Dist::Normal, BLOCK_M);
+    }
+}
+
+#[test]
+fn attention_of_192_row_blocks_matches_reference() {
+    // FlashAttention-3's d = 64 query block (three consumer warpgroups on sm_90a): ragged
+    // sequences (1000; 385 = 2 * 192 + 1, the small analogue of 4097), sq != sk both ways,
+    // causal with sq > sk (rows that see no key), and large magnitudes.
+    let mut rng = Rng::from_env();
+    let cases = [
+        (1000, 1000, true, Dist::Normal),
+        (385, 385, false, Dist::Large),
+        (385, 130, true, Dist::Normal),
+        (200, 520, false, Dist::Uniform),
+        (200, 520, true, Dist::Large),
+    ];
+    for (sq, sk, causal, dist) in cases {
+        let p = AttentionShape {
+            b: 1,
+            h: 2,
+            sq,
+            sk,
+            d: 64,
+            causal,
+        };
+        run_attention(&mut rng, &p, dist, 192);
     }
 }
 
@@ -262,7 +297,7 @@ fn attention_grouped_and_multi_query_heads() {
         let v = tensor(&mut rng, &[b, hkv, sk, d], DType::Bf16, Dist::Normal);
         let scale = (1.0 / (d as f64).sqrt()) as f32;
         let mut o = poisoned(&[b, h, sq, d], DType::Bf16);
-        let ct = attention_comptime(d, causal, group);
+        let ct = attention_comptime(d, causal, group, BLOCK_M);
         let mut args = [
             HostArg::Tensor(&q),
             HostArg::Tensor(&k),
@@ -270,7 +305,7 @@ fn attention_grouped_and_multi_query_heads() {
             HostArg::TensorMut(&mut o),
             HostArg::F32(scale),
         ];
-        run_def(def, &ct, [cdiv(sq, 128), h as u32, b as u32], &mut args).unwrap();
+        run_def(def, &ct, [cdiv(sq, BLOCK_M), h as u32, b as u32], &mut args).unwrap();
         let case = Case {
             kernel: format!("attention<d={d},causal={causal},kv_group={group}>"),
             shape: format!("b={b} h={h} hkv={hkv} sq={sq} sk={sk}"),
@@ -293,7 +328,7 @@ fn fully_masked_rows_output_zero() {
     let k = tensor(&mut rng, &[1, 1, sk, d], DType::Bf16, Dist::Normal);
     let v = tensor(&mut rng, &[1, 1, sk, d], DType::Bf16, Dist::Normal);
     let mut o: HostTensor = poisoned(&[1, 1, sq, d], DType::Bf16);
-    let ct = attention_comptime(d, true, 1);
+    let ct = attention_comptime(d, true, 1, BLOCK_M);
     let mut args = [
         HostArg::Tensor(&q),
         HostArg::Tensor(&k),
@@ -301,7 +336,7 @@ fn fully_masked_rows_output_zero() {
         HostArg::TensorMut(&mut o),
         HostArg::F32(0.125),
     ];
-    run_def(def, &ct, [cdiv(sq, 128), 1, 1], &mut args).unwrap();
+    run_def(def, &ct, [cdiv(sq, BLOCK_M), 1, 1], &mut args).unwrap();
     let out = o.to_f64_vec();
     let masked = (sq - sk) * d;
     assert!(
@@ -348,7 +383,7 @@ fn typed_interpret_methods_agree_with_references() {
     let scale = 1.0 / (d as f32).sqrt();
     kiln_examples::attention::attention
         .interpret(
-            [cdiv(sq, 128), 1, 1],
+            [cdiv(sq, BLOCK_M), 1, 1],
             d,
             true,
             0,
@@ -357,6 +392,7 @@ fn typed_interpret_methods_agree_with_references() {
             -1,
             -1,
             0.0,
+            BLOCK_M,
             &q,
             &k,
             &v,

@@ -14,6 +14,7 @@ use kiln::ir::interp::{HostArg, InterpError, run_scheduled};
 use kiln::ir::passes::run_pipeline;
 use kiln::ir::tmem::TmemStep;
 use kiln::ir::{DType, Kernel, Target};
+use kiln_examples::attention::BLOCK_M;
 use kiln_tests::check::{Case, as_stored, assert_close, poisoned, rel_error, tolerance};
 use kiln_tests::inputs::{AttentionShape, Dist, Rng, gemm_operands, tensor};
 use kiln_tests::reference::{self, Activation};
@@ -194,10 +195,11 @@ fn sm100a_fused_epilogues_held_in_chunks_match_reference() {
 }
 
 /// Runs the compiled attention `kernel` on fresh inputs of `p` over `ctas` CTAs and checks
-/// it against the f64 reference; `cap`: the soft-capped test kernel with that cap.
+/// it against the f64 reference; `cap`: the soft-capped test kernel with that cap; `block_m`:
+/// the kernel's query rows per block.
 fn check_attention(
     rng: &mut Rng,
-    kernel: &Kernel,
+    (kernel, block_m): (&Kernel, usize),
     p: &AttentionShape,
     dist: Dist,
     ctas: u32,
@@ -214,10 +216,10 @@ fn check_attention(
         HostArg::F32(scale),
     ];
     args.extend(cap.map(HostArg::F32));
-    run_scheduled(kernel, p.grid(), ctas, &mut args).unwrap_or_else(|e| panic!("{e}"));
+    run_scheduled(kernel, p.grid(block_m), ctas, &mut args).unwrap_or_else(|e| panic!("{e}"));
     let case = Case {
         kernel: format!(
-            "scheduled attention, d={} causal={} cap={cap:?}, {ctas} CTA(s)",
+            "scheduled attention, d={} causal={} cap={cap:?} block_m={block_m}, {ctas} CTA(s)",
             p.d, p.causal
         ),
         shape: format!("b={} h={} sq={} sk={}", p.b, p.h, p.sq, p.sk),
@@ -247,23 +249,26 @@ fn a_tile_without_iterations_stores_the_initial_accumulator() {
 }
 
 #[test]
-fn scheduled_gemm_of_one_consumer_warpgroup_matches_reference() {
-    // The small-M tile: 64 rows, one consumer warpgroup, on the same ring, walk and epilogue.
+fn scheduled_gemm_of_one_or_three_consumer_warpgroups_matches_reference() {
+    // The small-M tile (64 rows, one consumer warpgroup) and the 192-row tile (three), on the
+    // same ring, walk and epilogue.
     let mut rng = Rng::from_env();
-    let kernel = compiled("gemm", &[("BM", "64")], Target::Sm90a);
-    let roles = kernel.schedule.roles.expect("warp specialised");
-    assert_eq!(roles.consumer_warps, 4);
-    for shape in [(130, 70, 50), (200, 130, 64)] {
-        let (a, b, want) = gemm_operands(&mut rng, shape, false, Dist::Normal);
-        let c =
-            run_gemm(&kernel, (64, 128), &[&a, &b], shape.1, 2).unwrap_or_else(|e| panic!("{e}"));
-        let case = Case {
-            kernel: "scheduled gemm on sm_90a, BM=64, 2 CTAs".into(),
-            shape: format!("m={} n={} k={}", shape.0, shape.1, shape.2),
-            dist: Dist::Normal,
-            seed: rng.seed(),
-        };
-        assert_close(&case, &c, &want, tolerance(DType::Bf16));
+    for (bm, warps) in [(64, 4), (192, 12)] {
+        let kernel = compiled("gemm", &[("BM", &bm.to_string())], Target::Sm90a);
+        let roles = kernel.schedule.roles.expect("warp specialised");
+        assert_eq!(roles.consumer_warps, warps);
+        for shape in [(130, 70, 50), (200, 130, 64), (400, 130, 200)] {
+            let (a, b, want) = gemm_operands(&mut rng, shape, false, Dist::Normal);
+            let c = run_gemm(&kernel, (bm, 128), &[&a, &b], shape.1, 2)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let case = Case {
+                kernel: format!("scheduled gemm on sm_90a, BM={bm}, 2 CTAs"),
+                shape: format!("m={} n={} k={}", shape.0, shape.1, shape.2),
+                dist: Dist::Normal,
+                seed: rng.seed(),
+            };
+            assert_close(&case, &c, &want, tolerance(DType::Bf16));
+        }
     }
 }
 
@@ -280,7 +285,7 @@ fn check_attention_shapes(rng: &mut Rng, kernel: &Kernel, d: usize, causal: bool
             d,
             causal,
         };
-        check_attention(rng, kernel, &p, dist, 2, None);
+        check_attention(rng, (kernel, BLOCK_M), &p, dist, 2, None);
     }
 }
 
@@ -328,6 +333,43 @@ fn scheduled_attention_matches_reference() {
             let d = d.parse().expect("d");
             let other = others[(2 * v + usize::from(causal)) % 3];
             check_attention_shapes(&mut rng, &kernel, d, causal, other);
+        }
+    }
+}
+
+#[test]
+fn scheduled_attention_on_three_consumer_warpgroups_matches_reference() {
+    // d = 64 with 192-row query blocks: three consumer warpgroups taking turns, each tile's
+    // rows over 12 warps; ragged sequences (1000; 385 = 2 * 192 + 1, the small analogue of
+    // 4097), sq != sk both ways, rows that see no key (causal, sq > sk), large magnitudes,
+    // on two CTAs that walk several tiles each.
+    let mut rng = Rng::from_env();
+    for causal in [false, true] {
+        let flag = causal.to_string();
+        let overrides = [("d", "64"), ("block_m", "192"), ("causal", &flag)];
+        let kernel = compiled("attention", &overrides, Target::Sm90a);
+        let roles = kernel.schedule.roles.expect("warp specialised");
+        assert_eq!(roles.consumer_warps, 12, "{overrides:?}");
+        let ring = kernel.schedule.rings.values().next().expect("a ring");
+        let turns = ring.overlap.as_ref().and_then(|o| o.turns);
+        assert_eq!(turns.map(|t| t.warpgroups), Some(3), "{overrides:?}");
+        assert!(!kernel.schedule.tma_stores.is_empty(), "O through TMA");
+        let shapes = [
+            ((1000, 1000), 1, Dist::Normal),
+            ((385, 385), 2, Dist::Large),
+            ((385, 130), 2, Dist::Normal),
+            ((200, 520), 2, Dist::Uniform),
+        ];
+        for ((sq, sk), b, dist) in shapes {
+            let p = AttentionShape {
+                b,
+                h: 2,
+                sq,
+                sk,
+                d: 64,
+                causal,
+            };
+            check_attention(&mut rng, (&kernel, 192), &p, dist, 2, None);
         }
     }
 }
@@ -392,7 +434,7 @@ fn scheduled_attention_d256_stores_in_rounds() {
             d: 256,
             causal,
         };
-        check_attention(&mut rng, &kernel, &p, Dist::Normal, 2, None);
+        check_attention(&mut rng, (&kernel, BLOCK_M), &p, Dist::Normal, 2, None);
     }
 }
 
@@ -415,7 +457,7 @@ fn scheduled_softcap_attention_matches_reference() {
     };
     for dist in [Dist::Normal, Dist::Large] {
         let cap = rng.uniform(5.0, 30.0) as f32;
-        check_attention(&mut rng, &kernel, &p, dist, 2, Some(cap));
+        check_attention(&mut rng, (&kernel, BLOCK_M), &p, dist, 2, Some(cap));
     }
 }
 

@@ -37,6 +37,8 @@ const SM90A: &[(&str, bool)] = &[
     ("attention_d256", true),
     ("attention_d256_causal", true),
     ("attention_d96", true),
+    ("attention_d64_bm192", true),
+    ("attention_d64_bm192_causal", true),
 ];
 
 /// Kernels snapshotted and assembled for sm_100a (IR snapshots `<name>@sm_100a@<pass>`):

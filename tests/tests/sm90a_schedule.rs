@@ -100,6 +100,148 @@ fn a_64_row_gemm_tile_has_one_consumer_warpgroup() {
     );
 }
 
+#[test]
+fn a_192_row_gemm_tile_has_three_consumer_warpgroups() {
+    // 12 consumer warps (one arrival each on `empty`) at 40 / 152 registers, the TMA store
+    // met by the 384 consumer threads; ptxas without spills.
+    for b_col_major in ["false", "true"] {
+        let overrides = [("BM", "192"), ("b_col_major", b_col_major)];
+        let kernel = ptx_examples::build("gemm", &overrides);
+        let mut k = scheduled(&kernel);
+        let roles = k.schedule.roles.expect("warp roles");
+        assert_eq!((roles.consumer_warps, roles.threads()), (12, 512));
+        assert_eq!(
+            (roles.ctas_per_sm, roles.producer_regs, roles.consumer_regs),
+            (1, 40, 152)
+        );
+        let ring = k.schedule.rings.values().next().expect("one ring");
+        assert_eq!((ring.loads[0].box_dims, ring.empty_count), ([192, 64], 12));
+        let st = k.schedule.tma_stores.values().next().expect("a TMA store");
+        assert_eq!(st.threads, 384);
+        protocol_check::run(&mut k, Target::Sm90a).expect("the planned protocol is sound");
+        let m = kiln_ptx::compile(&kernel, Target::Sm90a).expect("compile");
+        assert_eq!(m.threads_per_block, 512);
+        assert!(m.ptx.contains("setmaxnreg.inc.sync.aligned.u32 152;"));
+        let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm90a).expect("ptxas");
+        assert!(
+            !report.spills() && report.warnings.is_empty(),
+            "{overrides:?}: {report}"
+        );
+        eprintln!("gemm {overrides:?}: {report}");
+    }
+}
+
+/// Attention at d = 64 with 192-row query blocks (FlashAttention-3's): three consumer
+/// warpgroups of four warps and the producer's, 512 threads at 24 / 160 registers, every
+/// consumer warp arriving on `empty`, the O store through TMA by all 384 consumer threads, and
+/// the warpgroups taking turns in the fixed order 0, 1, 2 on three named barriers of two
+/// warpgroups (256 threads) each, the last handing the leader its first turn; ptxas places it
+/// without spills or advisories.
+#[test]
+fn attention_of_192_rows_runs_three_consumer_warpgroups_in_turns() {
+    for causal in ["false", "true"] {
+        let overrides = [("d", "64"), ("block_m", "192"), ("causal", causal)];
+        let kernel = ptx_examples::build("attention", &overrides);
+        let mut k = scheduled(&kernel);
+        let roles = k.schedule.roles.expect("warp roles");
+        assert_eq!((roles.consumer_warps, roles.threads()), (12, 512));
+        assert_eq!(
+            (roles.ctas_per_sm, roles.producer_regs, roles.consumer_regs),
+            (1, 24, 160)
+        );
+        let ring = k.schedule.rings.values().next().expect("one ring");
+        assert_eq!((ring.once[0].box_dims, ring.empty_count), ([192, 64], 12));
+        let o = ring.overlap.as_ref().expect("rotated");
+        let turns = o.turns.expect("three warpgroups take turns");
+        assert_eq!((turns.warpgroups, turns.first_barrier), (3, 1));
+        assert_eq!(
+            ring.consumer_once.last(),
+            Some(&Step::TurnPass { who: Who::Last })
+        );
+        assert_eq!(ring.consumer_drain, [Step::TurnWait { who: Who::Leader }]);
+        let st = k.schedule.tma_stores.values().next().expect("a TMA store");
+        assert_eq!((st.threads, st.barrier), (384, 4));
+        protocol_check::run(&mut k, Target::Sm90a).expect("the planned protocol is sound");
+        // Every warpgroup handing a turn on at the start (several turns going round) is a
+        // compiler error at the user's loop.
+        let mut broken = scheduled(&kernel);
+        for r in broken.schedule.rings.values_mut() {
+            if let Some(Step::TurnPass { who }) = r.consumer_once.last_mut() {
+                *who = Who::All;
+            }
+        }
+        let d = protocol_check::run(&mut broken, Target::Sm90a).expect_err("several turns");
+        let text = d.to_string();
+        assert!(text.contains("broken ping-pong order"), "{text}");
+        assert!(text.contains("examples/src/attention.rs"), "{text}");
+
+        let m = kiln_ptx::compile(&kernel, Target::Sm90a).expect("compile");
+        assert_eq!(m.threads_per_block, 512);
+        for line in [
+            // Threads 0..384 consume; the producer warpgroup gives its registers back.
+            "setp.lt.u32 %p1, %r0, 384;",
+            "setmaxnreg.dec.sync.aligned.u32 24;",
+            "setmaxnreg.inc.sync.aligned.u32 160;",
+            // The O store's staging tile is met by all 384 consumer threads, after the turns.
+            "bar.sync 4, 384;",
+            "wgmma.mma_async.sync.aligned.m64n128k16",
+        ] {
+            assert!(m.ptx.contains(line), "{overrides:?}: no `{line}`");
+        }
+        // Warpgroup g (`wg`) waits on barrier 1 + g and hands on to 1 + (g + 1) % 3; the last
+        // (g = 2) hands the leader its first turn; every turn barrier joins two warpgroups.
+        let lines: Vec<&str> = m.ptx.lines().map(str::trim).collect();
+        let rem = lines
+            .iter()
+            .position(|l| l.starts_with("rem.u32 ") && l.ends_with(", 3;"))
+            .unwrap_or_else(|| panic!("{overrides:?}: no turn order modulo 3"));
+        let order = &lines[rem - 2..rem + 4];
+        let wg = order[0]
+            .strip_prefix("add.u32 ")
+            .and_then(|l| l.split(", ").nth(1))
+            .expect("the own barrier from the warpgroup");
+        let reg = |l: &str| {
+            l.split([' ', ','])
+                .nth(1)
+                .expect("a destination")
+                .to_string()
+        };
+        let (own_r, next_r) = (reg(order[0]), reg(order[1]));
+        assert_eq!(
+            order,
+            [
+                format!("add.u32 {own_r}, {wg}, 1;"),
+                format!("add.u32 {next_r}, {wg}, 1;"),
+                format!("rem.u32 {next_r}, {next_r}, 3;"),
+                format!("add.u32 {next_r}, {next_r}, 1;"),
+                order[4].to_string(),
+                order[5].to_string(),
+            ],
+            "{overrides:?}"
+        );
+        assert!(order[4].starts_with("setp.eq.u32") && order[4].ends_with(&format!("{wg}, 0;")));
+        assert!(order[5].starts_with("setp.ne.u32") && order[5].ends_with(&format!("{wg}, 2;")));
+        let turns: Vec<&str> = lines
+            .iter()
+            .copied()
+            .filter(|l| l.starts_with("bar.sync %") || l.starts_with("bar.arrive %"))
+            .collect();
+        assert!(
+            !turns.is_empty()
+                && turns.iter().all(|l| {
+                    *l == format!("bar.sync {own_r}, 256;")
+                        || *l == format!("bar.arrive {next_r}, 256;")
+                }),
+            "{overrides:?}: {turns:?}"
+        );
+        let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm90a).expect("ptxas");
+        assert!(
+            !report.spills() && report.warnings.is_empty() && report.registers <= 160,
+            "{overrides:?}: {report}"
+        );
+    }
+}
+
 /// Attention at d = 64 with 64-key blocks: its accumulators (S, 32 registers a thread, held
 /// one and a half times by the rotation, and O, 32) and 81 KB of shared memory fit two CTAs
 /// per multiprocessor at 24 / 112 registers, so four consumer warpgroups share its tensor

@@ -60,7 +60,9 @@ struct TurnRegs {
     next: Reg,
     /// Whether this is warpgroup 0.
     leader: Reg,
-    /// Threads of every consumer warpgroup together.
+    /// Whether this is not the last warpgroup of the turn order.
+    not_last: Reg,
+    /// Threads of the warpgroups meeting at a turn barrier ([`Turns::MEETING`]).
     threads: u32,
 }
 
@@ -387,11 +389,20 @@ impl Writer<'_> {
         self.ins(format!("rem.u32 {next}, {next}, {}", t.warpgroups));
         self.ins(format!("add.u32 {next}, {next}, {}", t.first_barrier));
         self.ins(format!("setp.eq.u32 {leader}, {wg}, 0"));
+        // Of two warpgroups the last is the one that is not the leader.
+        let not_last = if t.warpgroups == 2 {
+            leader
+        } else {
+            let p = self.new_reg(Class::Pred);
+            self.ins(format!("setp.ne.u32 {p}, {wg}, {}", t.warpgroups - 1));
+            p
+        };
         Ok(TurnRegs {
             own,
             next,
             leader,
-            threads: 128 * t.warpgroups,
+            not_last,
+            threads: 128 * Turns::MEETING,
         })
     }
 
@@ -402,11 +413,11 @@ impl Writer<'_> {
             .turns
             .as_ref()
             .ok_or_else(|| self.internal(r.id, "a turn step without turn barriers"))?;
-        let (own, next, leader, threads) = (t.own, t.next, t.leader, t.threads);
+        let (own, next, threads) = (t.own, t.next, t.threads);
         let skip = match who {
             Who::All => None,
-            Who::Leader => Some(format!("@!{leader}")),
-            Who::Followers => Some(format!("@{leader}")),
+            Who::Leader => Some(format!("@!{}", t.leader)),
+            Who::Last => Some(format!("@{}", t.not_last)),
         };
         let end = self.new_label();
         if let Some(guard) = &skip {

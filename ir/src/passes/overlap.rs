@@ -8,21 +8,22 @@
 //! block `t - 1`, then waits for the head only (`wgmma.wait_group 1`) and runs the code
 //! between for block `t` while the tail still runs on the tensor cores; it then waits for the
 //! tail, releases stage `t - 1` and hands block `t`'s `P` and rescale factors to the next
-//! tail. With two consumer warpgroups they also take turns to issue their wgmmas (ping-pong,
-//! ordered by two named barriers), so one warpgroup's softmax runs under the other's mmas.
+//! tail. With two or three consumer warpgroups they also take turns to issue their wgmmas
+//! (ping-pong, in a fixed round-robin order on a named barrier per warpgroup, [`Turns`]), so
+//! one warpgroup's softmax runs under the others' mmas.
 //! When the tail rescales the accumulator by a factor of the code between (`acc * alpha`), a
 //! warp whose factors are all 1 skips the multiplications (exact: its rows' maximum did not
 //! grow). When the code between is an online softmax and the kernel reads its results only as
 //! `acc / l`, the growth of the maximum is also deferred while it stays under a threshold
 //! ([`crate::ring::Deferral`]: the reference maximum stays, so the factors are exactly 1). The
 //! deeper schedule needs registers: the split becomes 24 for the producer warpgroup and 240 for
-//! each consumer warpgroup. It also holds one stage more (the tail's) while waiting
-//! for the next, so the ring gets one more stage where shared memory allows. Where it does
-//! not (attention at d = 256), the loads only the tail reads (`V`) get barrier arrays of their
-//! own instead ([`crate::ring::Ring::tail_loads`]): the other loads' stage (`K`) is released
-//! when the head completes, a block before the tail's, and the consumers wait for the tail's
-//! loads at the end of the iteration before the one that reads them, so TMA runs a block ahead
-//! with two stages.
+//! each of two consumer warpgroups (160 for each of three). It also holds one stage more (the
+//! tail's) while waiting for the next, so the ring gets one more stage where shared memory
+//! allows. Where it does not (attention at d = 256), the loads only the tail reads (`V`) get
+//! barrier arrays of their own instead ([`crate::ring::Ring::tail_loads`]): the other loads'
+//! stage (`K`) is released when the head completes, a block before the tail's, and the
+//! consumers wait for the tail's loads at the end of the iteration before the one that reads
+//! them, so TMA runs a block ahead with two stages.
 //!
 //! The body qualifies when (with `T` the ops reading the carried accumulator, the tail mma and
 //! the ops reading those; `H` the head mma and the ops reading its products or any other
@@ -61,8 +62,9 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         let Some(mut overlap) = plan(kernel, id) else {
             continue;
         };
-        // Ping-pong needs a partner; two warpgroups alternate through two barriers.
-        overlap.turns = (warpgroups == 2).then_some(Turns {
+        // Ping-pong needs a partner; two or three warpgroups (the most `pipeline` plans) take
+        // turns through a barrier each.
+        overlap.turns = (warpgroups >= 2).then_some(Turns {
             first_barrier: FIRST_TURN_BARRIER,
             warpgroups,
         });
@@ -74,16 +76,16 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             .ok_or_else(|| Diagnostic::internal(kernel.ops[id].loc, "a ring vanished"))?;
         ring.consumer = rotated_program(turns, false);
         if turns {
-            // The followers hand the leader its first turn; the leader takes the last pass.
-            ring.consumer_once.push(Step::TurnPass {
-                who: Who::Followers,
-            });
+            // The last warpgroup hands the leader its first turn (one turn goes round, so one
+            // warpgroup issues at a time); the leader takes the last pass.
+            ring.consumer_once.push(Step::TurnPass { who: Who::Last });
             ring.consumer_drain = vec![Step::TurnWait { who: Who::Leader }];
         } else {
             ring.consumer_drain = Vec::new();
         }
         ring.overlap = Some(overlap);
-        (roles.producer_regs, roles.consumer_regs) = super::warp_specialise::register_split(true);
+        (roles.producer_regs, roles.consumer_regs) =
+            super::warp_specialise::register_split(true, roles.consumer_warps);
         deepen(kernel, id)?;
         split(kernel, id, turns)?;
     }

@@ -7,10 +7,10 @@
 //! thread's `tcgen05.mma`s, each stage released by a `tcgen05.commit` to its `empty` barrier
 //! (count 1), with no drain.
 //!
-//! In a kernel whose mma tiles have 64 or 128 rows (one or two consumer warpgroups of 4
-//! warps, the count the layout pass sets on sm_90a), a top-level `for` with `stages >= 2`
-//! becomes a ring when every `mma(x, y[, acc])` at the top of its body has a shape and
-//! operands wgmma takes:
+//! In a kernel whose mma tiles have 64, 128 or 192 rows (one to three consumer warpgroups of
+//! 4 warps, the count the layout pass sets on sm_90a; 128 rows on sm_100a), a top-level `for`
+//! with `stages >= 2` becomes a ring when every `mma(x, y[, acc])` at the top of its body has
+//! a shape and operands wgmma takes:
 //! - `x` is `[64 * warpgroups, K]` in the accumulator layout: either a tile staged in shared
 //!   memory (K-major, one TMA box per 64, 32 or 16 columns, the widest that tiles K:
 //!   [`crate::ring::box_columns`], swizzled by the box row's bytes), loaded in the body or once
@@ -179,10 +179,13 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Ri
     else {
         return None;
     };
-    // sm_90a: one or two consumer warpgroups (64 accumulator rows each) plus the producer;
-    // sm_100a: one 128-row tcgen05 accumulator, read by one or two warpgroups of epilogue
-    // warps (`crate::tmem::epilogue`).
-    let fits = matches!(warps, 4 | 8);
+    // sm_90a: one to three consumer warpgroups (64 accumulator rows each) plus the producer
+    // (three at FlashAttention-3's 160 registers each); sm_100a: one 128-row tcgen05
+    // accumulator, read by one or two warpgroups of epilogue warps (`crate::tmem::epilogue`).
+    let fits = match target {
+        Target::Sm100a => matches!(warps, 4 | 8),
+        _ => matches!(warps, 4 | 8 | 12),
+    };
     if stages < 2 || !fits {
         return None;
     }
@@ -505,9 +508,9 @@ pub fn check_covered(kernel: &Kernel, target: Target) -> Result<(), Diagnostic> 
              a multiple of 16, `y: [BK, BN]` with BN a multiple of 16 up to 256, and tile \
              column coordinates that are multiples of 8 elements"
         } else {
-            "sm_90a needs `x: [BM, BK]` with BM 64 or 128 (one or two consumer warpgroups), \
-             BK a multiple of 16, `y: [BK, BN]` with BN a multiple of 16 up to 256, and tile \
-             column coordinates that are multiples of 8 elements"
+            "sm_90a needs `x: [BM, BK]` with BM 64, 128 or 192 (one to three consumer \
+             warpgroups), BK a multiple of 16, `y: [BK, BN]` with BN a multiple of 16 up to \
+             256, and tile column coordinates that are multiples of 8 elements"
         })
         .note(if target == Target::Sm100a {
             "compile for sm_80, which runs on Blackwell"

@@ -14,16 +14,19 @@ use super::walk::first_ring_loc;
 /// Registers per multiprocessor on sm_90a.
 pub const REGISTER_FILE: u32 = 65536;
 
+/// Warps of the producer warpgroup.
+const PRODUCER_WARPS: u32 = 4;
+
 /// Records the warp roles; does nothing without rings.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     if target != Target::Sm90a || kernel.schedule.rings.is_empty() {
         return Ok(());
     }
     let consumer_warps = kernel.options.num_warps;
-    let (producer_regs, consumer_regs) = register_split(false);
+    let (producer_regs, consumer_regs) = register_split(false, consumer_warps);
     let roles = Roles {
         consumer_warps,
-        producer_warps: 4,
+        producer_warps: PRODUCER_WARPS,
         producer_regs,
         consumer_regs,
         ctas_per_sm: 1,
@@ -33,11 +36,15 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     Ok(())
 }
 
-/// The `setmaxnreg` targets of the producer warpgroup and of each consumer warpgroup (one or
-/// two): CUTLASS's 40 / 232, or 24 / 240 for the `overlap` pass's deeper schedule (`rotated`),
-/// which keeps more of the consumers' values live (ptx-notes §5).
-pub fn register_split(rotated: bool) -> (u32, u32) {
-    if rotated { (24, 240) } else { (40, 232) }
+/// The `setmaxnreg` targets of the producer warpgroup and of each of `consumer_warps`'
+/// warpgroups (one to three): CUTLASS's 40 / 232, or 24 / 240 for the `overlap` pass's deeper
+/// schedule (`rotated`), which keeps more of the consumers' values live (ptx-notes §5); with
+/// three consumer warpgroups each gets what the register file leaves them, a multiple of 8 as
+/// `setmaxnreg` takes (160 rotated, FlashAttention-3's count for its three warpgroups).
+pub fn register_split(rotated: bool, consumer_warps: u32) -> (u32, u32) {
+    let (producer, most) = if rotated { (24, 240) } else { (40, 232) };
+    let left = REGISTER_FILE / 32 - PRODUCER_WARPS * producer;
+    (producer, most.min(left / consumer_warps.max(1) / 8 * 8))
 }
 
 /// Checks that `roles`' register split fits the block's register file.
@@ -54,7 +61,9 @@ pub fn check_register_file(kernel: &Kernel, roles: &Roles) -> Result<(), Diagnos
                 roles.consumer_warps, roles.consumer_regs, roles.producer_regs, roles.ctas_per_sm
             ),
         )
-        .note("use an mma tile of 64 or 128 rows (one or two consumer warpgroups) on sm_90a"));
+        .note(
+            "use an mma tile of 64, 128 or 192 rows (one to three consumer warpgroups) on sm_90a",
+        ));
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The example kernels the PTX tests compile: each registry kernel at its default comptime
 //! values, plus the gemm with column-major B and the documented attention variants (causal,
-//! d = 64), and for sm_90a the attention schedules its benchmarks run.
+//! d = 64), and for sm_90a the attention schedules its benchmarks run and d = 64 on 192-row
+//! query blocks.
 
 #![allow(dead_code)]
 
@@ -43,6 +44,17 @@ pub const SM90A_VARIANTS: &[(&str, &str, Overrides)] = &[
     ),
     // Head dim 96 in 96-column tiles (64-byte-swizzled TMA boxes of 32 columns).
     ("attention_d96", "attention", &[("d", "96")]),
+    // FlashAttention-3's d = 64 query block: 192 rows on three consumer warpgroups.
+    (
+        "attention_d64_bm192",
+        "attention",
+        &[("d", "64"), ("block_m", "192")],
+    ),
+    (
+        "attention_d64_bm192_causal",
+        "attention",
+        &[("d", "64"), ("block_m", "192"), ("causal", "true")],
+    ),
 ];
 
 /// Builds registry kernel `kernel` with `overrides` on its defaults, every tensor 16-byte

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use super::ProtocolError;
 use super::cluster::ClusterError;
 use crate::cluster::Pair;
-use crate::ring::{Bar, Ring, Step};
+use crate::ring::{Bar, Ring, Step, Turns};
 
 /// One mbarrier of the abstract machine.
 #[derive(Clone, Copy, Debug)]
@@ -58,9 +58,9 @@ impl Barrier {
     }
 }
 
-/// A named barrier between the consumer warpgroups (`bar.sync` / `bar.arrive` with the
-/// thread count of every consumer warpgroup): a generation completes when each warpgroup
-/// arrived once.
+/// A named barrier between two consumer warpgroups (`bar.sync` / `bar.arrive` with the
+/// thread count of [`Turns::MEETING`] warpgroups): a generation completes when two
+/// warpgroups arrived.
 #[derive(Clone, Copy, Debug, Default)]
 struct TurnBarrier {
     /// Warpgroups arrived in the current generation, and how many of them wait.
@@ -266,7 +266,9 @@ impl<'r> Machine<'r> {
             producer.extend(ring.producer_once.iter().filter_map(|&s| at(0, s)));
             producer.extend((first..trips).flat_map(iteration));
             for (wg, consumer) in consumers.iter_mut().enumerate() {
-                let steps = |list: &'r [Step]| list.iter().filter(move |s| runs_in(**s, wg as u32));
+                let wgs = self.warpgroups();
+                let steps =
+                    |list: &'r [Step]| list.iter().filter(move |s| runs_in(**s, wg as u32, wgs));
                 consumer.extend(steps(&ring.consumer_once).filter_map(|&s| at(0, s)));
                 let release = steps(&ring.consumer_release).filter_map(|&s| at(trips, s));
                 if ring.overlap.is_some() {
@@ -779,7 +781,7 @@ impl<'r> Machine<'r> {
         let generation = t.generation;
         t.arrived += 1;
         t.waiting += u32::from(waits);
-        if t.arrived == warpgroups {
+        if t.arrived == Turns::MEETING {
             if t.waiting == 0 {
                 return Err(ProtocolError::TurnLost {
                     barrier: b % warpgroups,
@@ -831,10 +833,11 @@ pub(crate) fn roles_per_cta(ring: &Ring, consumer_warps: u32) -> usize {
     1 + consumer_warpgroups(ring, consumer_warps) as usize
 }
 
-/// Whether consumer warpgroup `wg` runs `step` (turn steps name their warpgroups).
-fn runs_in(step: Step, wg: u32) -> bool {
+/// Whether consumer warpgroup `wg` of `warpgroups` runs `step` (turn steps name their
+/// warpgroups).
+fn runs_in(step: Step, wg: u32, warpgroups: u32) -> bool {
     match step {
-        Step::TurnWait { who } | Step::TurnPass { who } => who.includes(wg),
+        Step::TurnWait { who } | Step::TurnPass { who } => who.includes(wg, warpgroups),
         _ => true,
     }
 }

@@ -27,7 +27,8 @@
 //! Dynamic rules: the producer and the consumers (each consumer warpgroup on its own when they
 //! ping-pong) are executed on an abstract machine with mbarrier semantics (pending arrivals,
 //! transaction bytes, completed phases, parity waits), named turn barriers (a generation
-//! completes when every warpgroup arrived) and wgmma groups, for every trip count from 0 to
+//! completes when two warpgroups arrived: the one whose turn it is and the one before it in
+//! the round-robin order, of two or three) and wgmma groups, for every trip count from 0 to
 //! `2 * stages + 1`, which covers a cold ring, the first wrap of every stage and a second
 //! wrap; a rotated program runs its prologue, steady and epilogue iterations. A persistent
 //! ring also runs sequences of three work tiles of those trip counts, its stages, phases and

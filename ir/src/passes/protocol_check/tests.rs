@@ -336,9 +336,7 @@ fn rotated() -> (Ring, Roles) {
     ring.stages = 3;
     // Exactly the program the pass writes.
     ring.consumer = crate::passes::overlap::rotated_program(true, false);
-    ring.consumer_once.push(Step::TurnPass {
-        who: Who::Followers,
-    });
+    ring.consumer_once.push(Step::TurnPass { who: Who::Last });
     ring.consumer_drain = vec![Step::TurnWait { who: Who::Leader }];
     ring.overlap = Some(Overlap {
         head: OpId::from_index(1),
@@ -442,6 +440,69 @@ fn broken_turn_orders_are_rejected() {
     // The leader never takes the followers' last pass.
     let e = broken_rotated(|r| r.consumer_drain.clear());
     assert_eq!(e, ProtocolError::TurnUnbalanced { barrier: 0 });
+}
+
+/// [`rotated`] on three consumer warpgroups (a 192-row tile, 12 consumer warps, each arriving
+/// on `empty`), taking turns in the order 0, 1, 2.
+fn rotated_three() -> (Ring, Roles) {
+    let (mut ring, mut roles) = rotated();
+    roles.consumer_warps = 12;
+    ring.empty_count = 12;
+    if let Some(t) = ring.overlap.as_mut().and_then(|o| o.turns.as_mut()) {
+        t.warpgroups = 3;
+    }
+    (ring, roles)
+}
+
+#[test]
+fn three_warpgroups_taking_turns_pass() {
+    let (ring, roles) = rotated_three();
+    check(&ring, &roles).expect("the three-way turn order is sound");
+    // Persistent: each tile starts and ends with the leader's turn.
+    let (ring, roles) = persistent(rotated_three);
+    check(&ring, &roles).expect("the persistent three-way turn order is sound");
+}
+
+#[test]
+fn broken_three_way_turn_orders_are_rejected() {
+    // Every warpgroup hands a turn on at the start (the two-warpgroup hand-over by each but
+    // the leader, generalised wrongly): several turns go round, and a turn barrier is left
+    // with arrivals or completes with nobody waiting.
+    let e = rejected(rotated_three, |r| {
+        if let Some(Step::TurnPass { who }) = r.consumer_once.last_mut() {
+            *who = Who::All;
+        }
+    });
+    assert!(
+        matches!(
+            e,
+            ProtocolError::TurnLost { .. } | ProtocolError::TurnUnbalanced { .. }
+        ),
+        "{e}"
+    );
+    // The leader hands itself no turn and the middle warpgroup starts: the order is 1, 2, 0,
+    // and the leader's last wait never comes.
+    let e = rejected(rotated_three, |r| {
+        if let Some(Step::TurnPass { who }) = r.consumer_once.last_mut() {
+            *who = Who::Leader;
+        }
+    });
+    assert!(matches!(e, ProtocolError::Deadlock { .. }), "{e}");
+    // Nobody hands the leader its first turn.
+    let e = rejected(rotated_three, |r| {
+        r.consumer_once
+            .retain(|s| !matches!(s, Step::TurnPass { .. }))
+    });
+    assert!(matches!(e, ProtocolError::Deadlock { .. }), "{e}");
+    // Each warpgroup releases a stage: 8 arrivals of 12 would never free it.
+    let e = rejected(rotated_three, |r| r.empty_count = 8);
+    assert!(
+        matches!(
+            e,
+            ProtocolError::Phase { .. } | ProtocolError::TooManyArrivals { .. }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
