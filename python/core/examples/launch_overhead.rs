@@ -134,7 +134,7 @@ fn run() -> Result<(), LaunchFailure> {
         KernelArg::Tensor(&views[3]),
         KernelArg::F32(plan.scale),
     ];
-    let grid = launch::grid(&plan);
+    let grid = launch::grid(&plan, &ct);
     let loaded = host_us(&dev, || {
         dev.launch_loaded(&kernel, &signature, grid, &kargs)
             .expect("launch loaded");

@@ -14,7 +14,7 @@ use kiln::ptx::PtxModule;
 use kiln::runtime::{
     Device, DeviceTensor, ForeignStream, KernelArg, LaunchError, LoadedKernel, RuntimeError,
 };
-use kiln_examples::attention::{attention, attention_lse, tuned_block_n};
+use kiln_examples::attention::{BLOCK_M, attention, attention_lse, tuned_block_n};
 
 use crate::args::{Plan, View};
 use crate::varlen::VarlenPlan;
@@ -47,13 +47,20 @@ pub fn comptime(plan: &Plan, target: Target) -> BTreeMap<String, ComptimeValue> 
             ComptimeValue::I32(plan.window.1),
         ),
         ("softcap".to_string(), ComptimeValue::F32(plan.softcap)),
+        // The kernel's default query block: nothing else has been measured on a GPU yet.
+        ("block_m".to_string(), ComptimeValue::Usize(BLOCK_M)),
     ])
 }
 
-/// The kernel's grid: 128 query rows per block, one block row per head and batch.
-pub fn grid(plan: &Plan) -> [u32; 3] {
+/// The kernel's grid for the comptime values `ct` ([`comptime`]): `block_m` query rows per
+/// block, one block row per head and batch.
+pub fn grid(plan: &Plan, ct: &BTreeMap<String, ComptimeValue>) -> [u32; 3] {
+    let block_m = match ct.get("block_m") {
+        Some(&ComptimeValue::Usize(m)) => m,
+        _ => BLOCK_M,
+    };
     [
-        plan.seqlen_q.div_ceil(128) as u32,
+        plan.seqlen_q.div_ceil(block_m) as u32,
         plan.nheads as u32,
         plan.batch as u32,
     ]
@@ -100,7 +107,8 @@ pub unsafe fn launch(
     ];
     // SAFETY: the caller guarantees the stream.
     let stream = unsafe { ForeignStream::from_raw(stream) };
-    let (ct, grid) = (comptime(plan, dev.target()), grid(plan));
+    let ct = comptime(plan, dev.target());
+    let grid = grid(plan, &ct);
     let (q, k, v, o) = (
         KernelArg::Tensor(&q),
         KernelArg::Tensor(&k),
@@ -219,7 +227,8 @@ pub fn interpret(
         ],
     };
     let mut ov = view(out, &out_view);
-    let (ct, grid) = (comptime(plan, target), grid(plan));
+    let ct = comptime(plan, target);
+    let grid = grid(plan, &ct);
     let (q, k, v, scale) = (
         HostArg::Tensor(&qv),
         HostArg::Tensor(&kv),
@@ -265,10 +274,11 @@ pub fn interpret_varlen(
     for (plan, ov) in &vp.sequences {
         let (qs, ks, vs) = (gather(q, &plan.q), gather(k, &plan.k), gather(v, &plan.v));
         let mut os = gather(out, ov);
+        let ct = comptime(plan, target);
         run_def(
             &attention,
-            &comptime(plan, target),
-            grid(plan),
+            &ct,
+            grid(plan, &ct),
             &mut [
                 HostArg::Tensor(&qs),
                 HostArg::Tensor(&ks),
