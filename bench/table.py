@@ -6,10 +6,11 @@ import sys
 
 
 def attention(rows, commit):
-    print("| s | d | causal | kiln | cuDNN | kiln/cuDNN | FA2 | kiln/FA2 | block_n | commit |")
+    print("| s | d | causal | kiln | cuDNN | kiln/cuDNN | FA2 | kiln/FA2 | block_m, block_n | commit |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        bn = dict(kv.split("=") for kv in r["comptime"].split(",")).get("block_n", "?")
+        ct = dict(kv.split("=") for kv in r["comptime"].split(","))
+        bn = f"{ct.get('block_m', 128)}, {ct.get('block_n', '?')}"
         cudnn, fa2 = r.get("cudnn") or {}, r.get("fa2") or {}
         print(f"| {r['s']} | {r['d']} | {str(r['causal']).lower()} | {r['kiln_tflops']:.0f} "
               f"| {cudnn.get('tflops', float('nan')):.0f} | {r.get('ratio_vs_cudnn', float('nan')):.2f} "

@@ -59,7 +59,7 @@ fn online_update(s: Value, vs: Value, acc: Value, m: Value, l: Value) -> (Value,
 /// `kv_group`, `dtype`, `window_left`/`window_right` (default -1, unbounded; causal forces
 /// right = 0), `softcap` (default 0: off), `block_m` (query rows per block, default
 /// [`BLOCK_M`]; on sm_90a 64 per consumer warpgroup, so 64, 128 or 192: three warpgroups,
-/// meant for d = 64).
+/// meant for d = 64; the autotuner tries 128 and 192).
 #[kernel(num_warps = 4)]
 pub fn attention<const d: usize = 128>(
     q: Tensor<dtype, 4>,
@@ -74,7 +74,7 @@ pub fn attention<const d: usize = 128>(
     #[comptime(default = -1)] window_left: i32,
     #[comptime(default = -1)] window_right: i32,
     #[comptime(default = 0.0)] softcap: f32,
-    #[comptime(default = BLOCK_M)] block_m: usize,
+    #[comptime(default = BLOCK_M, tune = [128, 192])] block_m: usize,
 ) {
     let opts = Options::new(
         causal,
@@ -107,7 +107,7 @@ pub fn attention_lse<const d: usize = 128>(
     #[comptime(default = -1)] window_left: i32,
     #[comptime(default = -1)] window_right: i32,
     #[comptime(default = 0.0)] softcap: f32,
-    #[comptime(default = BLOCK_M)] block_m: usize,
+    #[comptime(default = BLOCK_M, tune = [128, 192])] block_m: usize,
 ) {
     let opts = Options::new(
         causal,

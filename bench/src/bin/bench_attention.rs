@@ -10,6 +10,7 @@
 //! cubin (no JIT). The PyTorch peers run from `bench/peers.py`;
 //! `bench/run-attention.sh` runs both on the same GPU and merges them into one table.
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -18,7 +19,8 @@ use kiln_bench::harness::{Progress, measure, tflops};
 use kiln_bench::inputs::{copies, uniform};
 use kiln_bench::report::{Table, comptime_text, meta, write_json};
 use kiln_bench::{BenchError, kernels};
-use kiln_ir::dsl::Spec;
+use kiln_examples::attention::BLOCK_M;
+use kiln_ir::dsl::{ComptimeValue, Spec};
 use kiln_ir::{DType, HostTensor};
 use kiln_runtime::{Device, DeviceTensor, DiskCache, KernelArg, Origin, rotation_sets};
 use kiln_tests::check::rel_error;
@@ -29,8 +31,6 @@ use serde_json::{Value, json};
 const TOKENS: usize = 16384;
 /// Model width (h * d).
 const WIDTH: usize = 2048;
-/// Query rows per block of the kernel (its grid is `(cdiv(s, BM), h, b)`).
-const BM: usize = 128;
 /// Query rows checked against the f64 reference per configuration.
 const CHECK_ROWS: usize = 16;
 /// bf16 output tolerance (relative L2 over the checked rows).
@@ -130,7 +130,14 @@ fn run() -> Result<bool, BenchError> {
             .map(|_| device.alloc(DType::Bf16, &shape))
             .collect::<Result<Vec<_>, _>>()?;
         let scale = 1.0 / (c.d as f32).sqrt();
-        let grid = [c.s.div_ceil(BM) as u32, c.h() as u32, c.b() as u32];
+        // The kernel's grid is `(cdiv(s, block_m), h, b)`, block_m the candidate's own.
+        let grid = |ct: &BTreeMap<String, ComptimeValue>| {
+            let block_m = match ct.get("block_m") {
+                Some(ComptimeValue::Usize(m)) => *m,
+                _ => BLOCK_M,
+            };
+            [c.s.div_ceil(block_m) as u32, c.h() as u32, c.b() as u32]
+        };
         if args.autotune {
             let a = [
                 KernelArg::Tensor(&q[0]),
@@ -147,7 +154,7 @@ fn run() -> Result<bool, BenchError> {
             let bucket = format!("s={} d={} causal={}", c.s, c.d, c.causal);
             comptime = device
                 .autotune(attention, &spec, &bucket, &mut |t| {
-                    device.launch(attention, &t.comptime, grid, &a)
+                    device.launch(attention, &t.comptime, grid(&t.comptime), &a)
                 })?
                 .comptime;
         }
@@ -159,7 +166,7 @@ fn run() -> Result<bool, BenchError> {
                 KernelArg::Tensor(&o[s]),
                 KernelArg::F32(scale),
             ];
-            Ok(device.launch(attention, &comptime, grid, &a)?)
+            Ok(device.launch(attention, &comptime, grid(&comptime), &a)?)
         };
         device.fill_nan(&o[0])?;
         launch(0)?;
@@ -206,7 +213,7 @@ fn run() -> Result<bool, BenchError> {
             "iters": args.iters,
             "warmup": args.warmup,
             "tolerance": TOLERANCE,
-            "comptime_set": args.set.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+            "comptime_set": args.set.iter().cloned().collect::<BTreeMap<_, _>>(),
             "compile": compile_rows,
             "rows": rows,
         });
@@ -222,7 +229,7 @@ fn comptime(
     c: &Config,
     target: kiln_ir::Target,
     set: &[(String, String)],
-) -> Result<std::collections::BTreeMap<String, kiln_ir::dsl::ComptimeValue>, BenchError> {
+) -> Result<BTreeMap<String, ComptimeValue>, BenchError> {
     let mut values = vec![
         ("d", c.d.to_string()),
         ("causal", c.causal.to_string()),
