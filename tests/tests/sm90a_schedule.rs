@@ -56,39 +56,86 @@ fn gemm_ring_is_planned_and_proved() {
     }
 }
 
+/// What the schedule of a gemm tile of `bm` rows must be: one consumer warpgroup per 64 rows.
+struct GemmTile {
+    bm: &'static str,
+    consumer_warps: u32,
+    threads: u32,
+    /// CTAs per multiprocessor, producer and consumer registers.
+    split: (u32, u32, u32),
+    /// The TMA box of A's stage (`empty` gets one arrival per consumer warp).
+    a_box: [u32; 2],
+    /// Threads meeting at the TMA store.
+    store_threads: u32,
+    /// A line the PTX must have.
+    ptx: &'static str,
+}
+
 #[test]
-fn a_64_row_gemm_tile_has_one_consumer_warpgroup() {
-    // The small-M tile: 4 consumer warps (one arrival each on `empty`), the producer
-    // warpgroup, the TMA store met by the 128 consumer threads; ptxas without spills.
-    for b_col_major in ["false", "true"] {
-        let overrides = [("BM", "64"), ("b_col_major", b_col_major)];
-        let kernel = ptx_examples::build("gemm", &overrides);
-        let mut k = scheduled(&kernel);
-        let roles = k.schedule.roles.expect("warp roles");
-        assert_eq!((roles.consumer_warps, roles.threads()), (4, 256));
-        // Two CTAs share a multiprocessor: 2 x 89 KB of shared memory, 128 registers each
-        // at entry, the producer's given back to the consumer (24 + 232).
-        assert_eq!(
-            (roles.ctas_per_sm, roles.producer_regs, roles.consumer_regs),
-            (2, 24, 232)
-        );
-        let ring = k.schedule.rings.values().next().expect("one ring");
-        assert_eq!((ring.loads[0].box_dims, ring.empty_count), ([64, 64], 4));
-        let st = k.schedule.tma_stores.values().next().expect("a TMA store");
-        assert_eq!(st.threads, 128);
-        protocol_check::run(&mut k, Target::Sm90a).expect("the planned protocol is sound");
-        let m = kiln_ptx::compile(&kernel, Target::Sm90a).expect("compile");
-        assert_eq!(m.threads_per_block, 256);
-        assert!(
-            m.ptx.contains("wgmma.mma_async.sync.aligned.m64n128k16"),
-            "{overrides:?}"
-        );
-        assert!(m.ptx.contains(".minnctapersm 2"), "{overrides:?}");
-        let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm90a).expect("ptxas");
-        assert!(
-            !report.spills() && report.warnings.is_empty() && report.registers <= 128,
-            "{overrides:?}: {report}"
-        );
+fn gemm_tiles_get_a_consumer_warpgroup_per_64_rows() {
+    let tiles = [
+        // The small-M tile: two CTAs share a multiprocessor (2 x 89 KB of shared memory, 128
+        // registers each at entry, the producer's given back to the consumer: 24 + 232).
+        GemmTile {
+            bm: "64",
+            consumer_warps: 4,
+            threads: 256,
+            split: (2, 24, 232),
+            a_box: [64, 64],
+            store_threads: 128,
+            ptx: ".minnctapersm 2",
+        },
+        // Three warpgroups: what the 64K registers leave them, 40 / 152.
+        GemmTile {
+            bm: "192",
+            consumer_warps: 12,
+            threads: 512,
+            split: (1, 40, 152),
+            a_box: [192, 64],
+            store_threads: 384,
+            ptx: "setmaxnreg.inc.sync.aligned.u32 152;",
+        },
+    ];
+    for t in tiles {
+        for b_col_major in ["false", "true"] {
+            let overrides = [("BM", t.bm), ("b_col_major", b_col_major)];
+            let kernel = ptx_examples::build("gemm", &overrides);
+            let mut k = scheduled(&kernel);
+            let roles = k.schedule.roles.expect("warp roles");
+            assert_eq!(
+                (roles.consumer_warps, roles.threads()),
+                (t.consumer_warps, t.threads),
+                "{overrides:?}"
+            );
+            assert_eq!(
+                (roles.ctas_per_sm, roles.producer_regs, roles.consumer_regs),
+                t.split,
+                "{overrides:?}"
+            );
+            let ring = k.schedule.rings.values().next().expect("one ring");
+            assert_eq!(
+                (ring.loads[0].box_dims, ring.empty_count),
+                (t.a_box, t.consumer_warps),
+                "{overrides:?}"
+            );
+            let st = k.schedule.tma_stores.values().next().expect("a TMA store");
+            assert_eq!(st.threads, t.store_threads, "{overrides:?}");
+            protocol_check::run(&mut k, Target::Sm90a).expect("the planned protocol is sound");
+            let m = kiln_ptx::compile(&kernel, Target::Sm90a).expect("compile");
+            assert_eq!(m.threads_per_block, t.threads, "{overrides:?}");
+            assert!(
+                m.ptx.contains("wgmma.mma_async.sync.aligned.m64n128k16"),
+                "{overrides:?}"
+            );
+            assert!(m.ptx.contains(t.ptx), "{overrides:?}: {}", t.ptx);
+            let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm90a).expect("ptxas");
+            assert!(
+                !report.spills()
+                    && report.warnings.is_empty()
+                    && report.registers <= 65536 / t.threads / t.split.0,
+                "{overrides:?}: {report}"
+            );
+        }
     }
     // A 64-row tile whose stages take more than half the shared memory keeps the
     // multiprocessor to itself.
@@ -98,37 +145,6 @@ fn a_64_row_gemm_tile_has_one_consumer_warpgroup() {
         (roles.ctas_per_sm, roles.producer_regs, roles.consumer_regs),
         (1, 40, 232)
     );
-}
-
-#[test]
-fn a_192_row_gemm_tile_has_three_consumer_warpgroups() {
-    // 12 consumer warps (one arrival each on `empty`) at 40 / 152 registers, the TMA store
-    // met by the 384 consumer threads; ptxas without spills.
-    for b_col_major in ["false", "true"] {
-        let overrides = [("BM", "192"), ("b_col_major", b_col_major)];
-        let kernel = ptx_examples::build("gemm", &overrides);
-        let mut k = scheduled(&kernel);
-        let roles = k.schedule.roles.expect("warp roles");
-        assert_eq!((roles.consumer_warps, roles.threads()), (12, 512));
-        assert_eq!(
-            (roles.ctas_per_sm, roles.producer_regs, roles.consumer_regs),
-            (1, 40, 152)
-        );
-        let ring = k.schedule.rings.values().next().expect("one ring");
-        assert_eq!((ring.loads[0].box_dims, ring.empty_count), ([192, 64], 12));
-        let st = k.schedule.tma_stores.values().next().expect("a TMA store");
-        assert_eq!(st.threads, 384);
-        protocol_check::run(&mut k, Target::Sm90a).expect("the planned protocol is sound");
-        let m = kiln_ptx::compile(&kernel, Target::Sm90a).expect("compile");
-        assert_eq!(m.threads_per_block, 512);
-        assert!(m.ptx.contains("setmaxnreg.inc.sync.aligned.u32 152;"));
-        let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm90a).expect("ptxas");
-        assert!(
-            !report.spills() && report.warnings.is_empty(),
-            "{overrides:?}: {report}"
-        );
-        eprintln!("gemm {overrides:?}: {report}");
-    }
 }
 
 /// Attention at d = 64 with 192-row query blocks (FlashAttention-3's): three consumer
