@@ -310,8 +310,9 @@ fn extents_neither_a_power_of_two_nor_a_multiple_of_32_are_diagnostics() {
 }
 
 #[test]
-fn a_192_row_gemm_runs_on_sm80_and_is_a_diagnostic_on_sm90a() {
-    // 192 rows make 12 consumer warps on sm_90a, more than the ring's two warpgroups.
+fn a_192_row_gemm_runs_on_sm80_and_sm90a() {
+    // 192 rows: 12 warps on sm_80, three consumer warpgroups on sm_90a (whose schedule
+    // `sm90a_schedule` and `interp_scheduled` check); 256 rows are more than sm_90a's three.
     let v = [("BM", "192"), ("BN", "64")];
     let mut rng = Rng::from_env();
     let (mm, nn, kk) = (300, 130, 100);
@@ -334,14 +335,17 @@ fn a_192_row_gemm_runs_on_sm80_and_is_a_diagnostic_on_sm90a() {
     );
     assert_close(&cs, &c, &reference::gemm(&a, &b), tolerance(DType::Bf16));
     let built = ptx_examples::build("gemm", &v);
-    let m = kiln_ptx::compile(&built, Target::Sm80).expect("sm_80");
-    let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm80).expect("ptxas");
-    assert!(!report.spills(), "{report}");
-    let e = kiln_ptx::compile(&built, Target::Sm90a).expect_err("sm_90a rejects it");
+    for target in [Target::Sm80, Target::Sm90a] {
+        let m = kiln_ptx::compile(&built, target).expect("compiles");
+        let report = kiln_ptx::ptxas::check(&m.ptx, target).expect("ptxas");
+        assert!(!report.spills(), "{target}: {report}");
+    }
+    let wide = ptx_examples::build("gemm", &[("BM", "256"), ("BN", "64")]);
+    let e = kiln_ptx::compile(&wide, Target::Sm90a).expect_err("sm_90a rejects 256 rows");
     let text = e.to_string();
     assert!(
         text.contains("target sm_90a is not implemented yet for this kernel")
-            && text.contains("BM 64 or 128")
+            && text.contains("64, 128 or 192")
             && text.contains("examples/src/gemm.rs"),
         "{text}"
     );
