@@ -59,16 +59,15 @@ def batch_for(seqlen_q, seqlen_k):
     return 4 if seqlen_q * seqlen_k <= 1024 * 1024 else 2
 
 
-def reference(q, k, v, scale, causal, window_size=(-1, -1), softcap=0.0):
-    """Attention in f32 from BSHD inputs, masked as FlashAttention masks: query i sees key j
-    iff i + sk - sq - left <= j <= i + sk - sq + right (aligned bottom-right; -1 unbounded;
-    causal makes right 0); scores soft-capped to softcap * tanh(s / softcap) when softcap > 0;
-    a query row that sees no key outputs 0; k and v heads repeated for grouped-query heads.
+def masked_scores(q, k, scale, causal, window_size=(-1, -1), softcap=0.0):
+    """The f32 (batch, nheads, seqlen_q, seqlen_k) scores of BSHD q and k, masked as
+    FlashAttention masks: query i sees key j iff i + sk - sq - left <= j <= i + sk - sq + right
+    (aligned bottom-right; -1 unbounded; causal makes right 0), -inf elsewhere; soft-capped to
+    softcap * tanh(s / softcap) when softcap > 0; k's heads repeated for grouped-query heads.
     Windows are given below seqlen_k, where FlashAttention's normalisation changes nothing."""
     group = q.shape[2] // k.shape[2]
-    k, v = (t.repeat_interleave(group, dim=2) for t in (k, v))
-    qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
-    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    k = k.repeat_interleave(group, dim=2)
+    s = torch.matmul(q.float().transpose(1, 2), k.float().transpose(1, 2).transpose(-1, -2)) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
     sq, sk = q.shape[1], k.shape[1]
@@ -82,6 +81,14 @@ def reference(q, k, v, scale, causal, window_size=(-1, -1), softcap=0.0):
         s = s.masked_fill(cols > diag + right, float("-inf"))
     if left >= 0:
         s = s.masked_fill(cols < diag - left, float("-inf"))
+    return s
+
+
+def reference(q, k, v, scale, causal, window_size=(-1, -1), softcap=0.0):
+    """Attention in f32 from BSHD inputs over masked_scores; a query row that sees no key
+    outputs 0; v's heads repeated for grouped-query heads."""
+    s = masked_scores(q, k, scale, causal, window_size, softcap)
+    vf = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2).float().transpose(1, 2)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)
     return torch.matmul(p, vf).transpose(1, 2)
 
@@ -192,25 +199,9 @@ def test_no_keys_give_zeros(dtype):
 
 
 def reference_lse(q, k, scale, causal, window_size=(-1, -1), softcap=0.0):
-    """The (batch, nheads, seqlen_q) log-sum-exp of the masked, capped f32 scores, +inf for a
-    row that sees no key (FlashAttention-2's value)."""
-    group = q.shape[2] // k.shape[2]
-    k = k.repeat_interleave(group, dim=2)
-    s = torch.matmul(q.float().transpose(1, 2), k.float().transpose(1, 2).transpose(-1, -2)) * scale
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
-    sq, sk = q.shape[1], k.shape[1]
-    left, right = window_size
-    if causal:
-        right = 0
-    rows = torch.arange(sq, device=q.device)[:, None]
-    cols = torch.arange(sk, device=q.device)[None, :]
-    diag = rows + (sk - sq)
-    if right >= 0:
-        s = s.masked_fill(cols > diag + right, float("-inf"))
-    if left >= 0:
-        s = s.masked_fill(cols < diag - left, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
+    """The (batch, nheads, seqlen_q) log-sum-exp of masked_scores, +inf for a row that sees
+    no key (FlashAttention-2's value)."""
+    lse = torch.logsumexp(masked_scores(q, k, scale, causal, window_size, softcap), dim=-1)
     return lse.masked_fill(lse == float("-inf"), float("inf"))
 
 
