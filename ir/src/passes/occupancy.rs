@@ -4,10 +4,12 @@
 //! under the other's wgmmas (the overlap that two ping-ponging consumer warpgroups give within
 //! a CTA, across CTAs).
 //!
-//! Two CTAs share the 64K registers: half each at entry (`.minnctapersm 2`), then the
-//! producer warpgroup gives back down to 24 and the consumer warpgroups share the rest
-//! ([`shared_split`]: 232 for one consumer warpgroup, 112 for two), which `setmaxnreg.inc`
-//! finds in the CTA's own pool. The consumers must fit that count: their mma accumulators
+//! Two CTAs share the 64K registers: each thread gets at most half the file's share at entry
+//! (`.minnctapersm 2`, a multiple of 8: 128 for 256 threads, 80 for 384), then the producer
+//! warpgroup gives back down to 24 and the consumer warpgroups share the rest
+//! ([`shared_split`]: 232 for one consumer warpgroup, 104 for two), which `setmaxnreg.inc`
+//! finds in the CTA's own pool: what its warps hold from launch, never more (a larger split
+//! hangs the consumers in `setmaxnreg.inc`, as 112 for two did on the H200). The consumers must fit that count: their mma accumulators
 //! (counted per thread from their layouts; a rotated head's one and a half times, as the
 //! `overlap` pass keeps the next block's product in flight while the current one is read as a
 //! 16-bit operand) and a fixed allowance for addresses, row statistics and the loop's state;
@@ -23,7 +25,7 @@ use crate::kernel::{Kernel, OpKind};
 use crate::target::Target;
 
 use super::walk;
-use super::warp_specialise::{REGISTER_FILE, check_register_file};
+use super::warp_specialise::{check_register_file, entry_regs};
 
 /// Shared memory per multiprocessor on sm_90a (228 KiB), of which the driver reserves 1 KiB
 /// per CTA.
@@ -36,7 +38,7 @@ const SHARED_PRODUCER_REGS: u32 = 24;
 /// Registers per consumer thread besides the mma accumulators: addresses and descriptors,
 /// loop counters and phases, row statistics. Calibrated on ptxas 13.5: attention at d = 64
 /// with 64-key blocks (accumulators 32 + 16 + 32 by the count below) assembles without spills
-/// at 112 registers and spills at 104.
+/// at 112 registers and spills at 104 (so it keeps one CTA per multiprocessor).
 const NON_ACCUMULATOR_REGS: u32 = 32;
 
 /// Builds kernels for two CTAs per multiprocessor where they fit.
@@ -49,7 +51,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     };
     let fits_smem = 2 * (kernel.schedule.smem_bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM;
     let consumer_regs = shared_split(roles.consumer_warps, roles.producer_warps);
-    let entry_regs = REGISTER_FILE / 2 / roles.threads() / 8 * 8;
+    let entry_regs = entry_regs(roles.threads(), 2);
     let acc = accumulator_regs(kernel);
     if !fits_smem
         || acc.total + NON_ACCUMULATOR_REGS > consumer_regs
@@ -66,11 +68,12 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
 
 /// The `setmaxnreg.inc` target of each consumer warp when two CTAs of `consumer_warps` and
 /// `producer_warps` share the register file and the producers keep
-/// [`SHARED_PRODUCER_REGS`]: what is left of a CTA's half, a multiple of 8 as `setmaxnreg`
-/// takes.
+/// [`SHARED_PRODUCER_REGS`]: what is left of the registers the CTA's warps hold from launch,
+/// a multiple of 8 as `setmaxnreg` takes.
 pub fn shared_split(consumer_warps: u32, producer_warps: u32) -> u32 {
-    let per_cta = REGISTER_FILE / 2 / 32;
-    let left = per_cta.saturating_sub(producer_warps * SHARED_PRODUCER_REGS);
+    let warps = consumer_warps + producer_warps;
+    let held = warps * entry_regs(32 * warps, 2);
+    let left = held.saturating_sub(producer_warps * SHARED_PRODUCER_REGS);
     (left / consumer_warps.max(1)) / 8 * 8
 }
 

@@ -39,26 +39,39 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
 /// The `setmaxnreg` targets of the producer warpgroup and of each of `consumer_warps`'
 /// warpgroups (one to three): CUTLASS's 40 / 232, or 24 / 240 for the `overlap` pass's deeper
 /// schedule (`rotated`), which keeps more of the consumers' values live (ptx-notes §5); with
-/// three consumer warpgroups each gets what the register file leaves them, a multiple of 8 as
-/// `setmaxnreg` takes (160 rotated, FlashAttention-3's count for its three warpgroups).
+/// three consumer warpgroups each gets what the block's registers leave them, a multiple of 8
+/// as `setmaxnreg` takes (160 rotated, FlashAttention-3's count for its three warpgroups).
 pub fn register_split(rotated: bool, consumer_warps: u32) -> (u32, u32) {
     let (producer, most) = if rotated { (24, 240) } else { (40, 232) };
-    let left = REGISTER_FILE / 32 - PRODUCER_WARPS * producer;
+    let warps = PRODUCER_WARPS + consumer_warps;
+    let left = warps * entry_regs(32 * warps, 1) - PRODUCER_WARPS * producer;
     (producer, most.min(left / consumer_warps.max(1) / 8 * 8))
 }
 
-/// Checks that `roles`' register split fits the block's register file.
+/// Registers each thread of a block of `threads` gets at launch when `ctas_per_sm` blocks
+/// share the register file: a multiple of 8, as ptxas allocates them.
+pub fn entry_regs(threads: u32, ctas_per_sm: u32) -> u32 {
+    REGISTER_FILE / ctas_per_sm.max(1) / threads.max(1) / 8 * 8
+}
+
+/// Checks that `roles`' register split fits the registers the block holds from launch:
+/// `setmaxnreg.inc` takes only what the block's own warps gave back with `setmaxnreg.dec`, so a
+/// split larger than `threads x` [`entry_regs`] leaves the consumers waiting for ever.
 pub fn check_register_file(kernel: &Kernel, roles: &Roles) -> Result<(), Diagnostic> {
     let need = 32
-        * roles.ctas_per_sm
         * (roles.consumer_warps * roles.consumer_regs + roles.producer_warps * roles.producer_regs);
-    if need > REGISTER_FILE {
+    let pool = roles.threads() * entry_regs(roles.threads(), roles.ctas_per_sm);
+    if need > pool {
         return Err(Diagnostic::new(
             first_ring_loc(kernel, &kernel.schedule.rings),
             format!(
                 "{} consumer warps at {} registers and a producer warpgroup at {} need {need} \
-                 registers for {} CTA(s) per multiprocessor; it has {REGISTER_FILE}",
-                roles.consumer_warps, roles.consumer_regs, roles.producer_regs, roles.ctas_per_sm
+                 registers; a block of {} threads at {} CTA(s) per multiprocessor holds {pool}",
+                roles.consumer_warps,
+                roles.consumer_regs,
+                roles.producer_regs,
+                roles.threads(),
+                roles.ctas_per_sm
             ),
         )
         .note(
