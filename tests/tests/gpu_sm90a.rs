@@ -278,34 +278,46 @@ fn gpu_sm90a_attention_matches_reference() {
     // (batch, heads, sq, sk, d, causal, block_n); sq > sk with causal gives fully masked rows;
     // block_n 0 is the kernel's default key block.
     let cases = [
-        (1, 2, 128, 128, 64, false, 0),
-        (1, 2, 128, 128, 128, true, 0),
-        (2, 1, 100, 100, 64, true, 0),
-        (1, 2, 150, 90, 64, true, 0),
-        (1, 2, 150, 90, 128, true, 0),
-        (2, 3, 200, 333, 128, false, 0),
-        (1, 1, 64, 300, 128, true, 0),
-        (1, 2, 300, 40, 64, true, 0),
-        (1, 1, 1000, 1000, 64, true, 0),
-        (1, 1, 700, 1100, 128, false, 0),
-        (1, 2, 150, 90, 128, true, 128),
-        (2, 1, 1000, 1000, 128, true, 128),
-        (1, 2, 700, 1100, 128, false, 128),
-        (1, 1, 4097, 4097, 128, false, 128),
-        (1, 2, 300, 333, 256, false, 0),
-        (1, 1, 1000, 1000, 256, true, 0),
+        (1, 2, 128, 128, 64, false, 0, 128),
+        (1, 2, 128, 128, 128, true, 0, 128),
+        (2, 1, 100, 100, 64, true, 0, 128),
+        (1, 2, 150, 90, 64, true, 0, 128),
+        (1, 2, 150, 90, 128, true, 0, 128),
+        (2, 3, 200, 333, 128, false, 0, 128),
+        (1, 1, 64, 300, 128, true, 0, 128),
+        (1, 2, 300, 40, 64, true, 0, 128),
+        (1, 1, 1000, 1000, 64, true, 0, 128),
+        (1, 1, 700, 1100, 128, false, 0, 128),
+        (1, 2, 150, 90, 128, true, 128, 128),
+        (2, 1, 1000, 1000, 128, true, 128, 128),
+        (1, 2, 700, 1100, 128, false, 128, 128),
+        (1, 1, 4097, 4097, 128, false, 128, 128),
+        (1, 2, 300, 333, 256, false, 0, 128),
+        (1, 1, 1000, 1000, 256, true, 0, 128),
+        // Three consumer warpgroups (192 query rows): odd lengths, sq != sk, rows with no
+        // visible key (causal, sq > sk), a ragged last block.
+        (1, 2, 128, 128, 64, false, 128, 192),
+        (2, 1, 100, 100, 64, true, 128, 192),
+        (1, 2, 300, 40, 64, true, 128, 192),
+        (1, 1, 1000, 1000, 64, true, 128, 192),
+        (2, 3, 200, 333, 64, false, 128, 192),
+        (1, 1, 4097, 4097, 64, false, 128, 192),
+        (1, 2, 700, 1100, 64, true, 64, 192),
     ];
     for case in cases {
         attention_case(&dev, &mut rng, case);
     }
 }
 
-/// One attention shape `(batch, heads, sq, sk, d, causal, block_n)` on `dev` for every input
-/// distribution, against the f64 reference.
+/// `(batch, heads, sq, sk, d, causal, block_n, block_m)`.
+type AttentionCase = (usize, usize, usize, usize, usize, bool, usize, usize);
+
+/// One attention shape `(batch, heads, sq, sk, d, causal, block_n, block_m)` on `dev` for
+/// every input distribution, against the f64 reference.
 fn attention_case(
     dev: &Device,
     rng: &mut Rng,
-    (b, h, sq, sk, d, causal, block_n): (usize, usize, usize, usize, usize, bool, usize),
+    (b, h, sq, sk, d, causal, block_n, block_m): AttentionCase,
 ) {
     // Every tensor 16-byte aligned: the TMA path.
     let spec = Spec::from_defaults(
@@ -314,6 +326,7 @@ fn attention_case(
             ("d".to_string(), d.to_string()),
             ("causal".to_string(), causal.to_string()),
             ("block_n".to_string(), block_n.to_string()),
+            ("block_m".to_string(), block_m.to_string()),
         ],
     )
     .expect("comptime values");
@@ -328,7 +341,7 @@ fn attention_case(
         let v = tensor(rng, &[b, h, sk, d], DType::Bf16, dist);
         // The usual 1/sqrt(d), perturbed so that no test depends on one exact scale.
         let scale = (rng.uniform(0.5, 1.5) / (d as f64).sqrt()) as f32;
-        let grid = [sq.div_ceil(128) as u32, h as u32, b as u32];
+        let grid = [sq.div_ceil(block_m) as u32, h as u32, b as u32];
         let dq = dev.upload(&q).expect("upload");
         // K through padded rows: a tensor map over a non-contiguous (aligned) stride.
         let dk = upload_padded(dev, &k, 8);
@@ -346,7 +359,7 @@ fn attention_case(
                 -1,
                 -1,
                 0.0,
-                kiln_examples::attention::BLOCK_M,
+                block_m,
                 &dq,
                 &dk,
                 &dv,
@@ -356,7 +369,9 @@ fn attention_case(
             .expect("launch");
         dev.synchronize().expect("kernel ran");
         let case = Case {
-            kernel: format!("attention@sm_90a d={d} causal={causal} block_n={block_n}"),
+            kernel: format!(
+                "attention@sm_90a d={d} causal={causal} block_n={block_n} block_m={block_m}"
+            ),
             shape: format!(
                 "b={b} h={h} sq={sq} sk={sk} scale={scale}, k row stride {}",
                 d + 8
@@ -384,11 +399,13 @@ fn gpu_sm90a_persistent_ctas_walk_every_tile() {
         let dev = dev.with_persistent_ctas(Some(ctas));
         let mut rng = Rng::from_env();
         for case in [
-            (2, 3, 1000, 1000, 128, true, 128),
-            (1, 2, 700, 300, 64, true, 0),
-            (2, 1, 300, 4097, 64, false, 0),
+            (2, 3, 1000, 1000, 128, true, 128, 128),
+            (1, 2, 700, 300, 64, true, 0, 128),
+            (2, 1, 300, 4097, 64, false, 0, 128),
+            // Three consumer warpgroups' turns carried across tiles.
+            (2, 1, 1000, 1000, 64, true, 128, 192),
             // d = 256: the split ring (V on its own barriers) carried across tiles.
-            (1, 2, 500, 700, 256, true, 0),
+            (1, 2, 500, 700, 256, true, 0, 128),
         ] {
             attention_case(&dev, &mut rng, case);
         }

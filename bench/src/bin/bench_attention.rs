@@ -10,7 +10,7 @@
 //! cubin (no JIT). The PyTorch peers run from `bench/peers.py`;
 //! `bench/run-attention.sh` runs both on the same GPU and merges them into one table.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -96,8 +96,10 @@ fn run() -> Result<bool, BenchError> {
         .into_iter()
         .filter(|c| args.only.is_empty() || args.only.contains(&(c.s, c.d, c.causal)))
         .collect();
-    let mut progress = Progress::new(configs.len() + 4);
-    let compile_rows = compile_times(&device, attention, &args.set, &mut progress)?;
+    // The (d, causal) specialisations the run compiles: a `--set` value may suit only these.
+    let pairs: BTreeSet<(usize, bool)> = configs.iter().map(|c| (c.d, c.causal)).collect();
+    let mut progress = Progress::new(configs.len() + pairs.len());
+    let compile_rows = compile_times(&device, attention, &pairs, &args.set, &mut progress)?;
 
     let mut table = Table::new(&[
         "s",
@@ -222,7 +224,7 @@ fn run() -> Result<bool, BenchError> {
     Ok(all_ok)
 }
 
-/// `attention`'s comptime values for `c` on `target` (the key block it is tuned for), with
+/// `attention`'s comptime values for `c` on `target` (the key and query blocks it is tuned for), with
 /// the command line's `--set` values over them.
 fn comptime(
     def: &dyn kiln_ir::dsl::KernelDef,
@@ -237,16 +239,21 @@ fn comptime(
             "block_n",
             kiln_examples::attention::tuned_block_n(target, c.d).to_string(),
         ),
+        (
+            "block_m",
+            kiln_examples::attention::tuned_block_m(target, c.d).to_string(),
+        ),
     ];
     values.extend(set.iter().map(|(k, v)| (k.as_str(), v.clone())));
     kernels::comptime(def, &values)
 }
 
-/// Uncached time from specialisation to PTX text and to a loaded module, per (d, causal),
-/// printed and returned as JSON rows.
+/// Uncached time from specialisation to PTX text and to a loaded module, per (d, causal) of
+/// `pairs`, printed and returned as JSON rows.
 fn compile_times(
     device: &Device,
     def: &'static dyn kiln_ir::dsl::KernelDef,
+    pairs: &BTreeSet<(usize, bool)>,
     set: &[(String, String)],
     progress: &mut Progress,
 ) -> Result<Vec<Value>, BenchError> {
@@ -270,57 +277,55 @@ fn compile_times(
     let warm_device = Device::new(0)?
         .with_target(device.target())
         .with_disk_cache(Some(DiskCache::at(cache_dir.path())));
-    for d in [64, 128, 256] {
-        for causal in [false, true] {
-            progress.step(&format!("compile attention d={d} causal={causal}"));
-            // What the sweep's contiguous bf16 tensors specialise on.
-            let spec = Spec {
-                comptime: comptime(def, &Config { s: 0, d, causal }, device.target(), set)?,
-                aligned16: Default::default(),
-            }
-            .with_aligned16(&["q", "k", "v", "o"]);
-            let kernel = device.compile_uncached(def, &spec)?;
-            let t = kernel.times();
-            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-            let to_ptx = ms(t.build) + ms(t.codegen);
-            let to_module = to_ptx + ms(t.load);
-            warm_device.compile_from_disk(def, &spec)?;
-            let warm = warm_device.compile_from_disk(def, &spec)?;
-            let w = warm.times();
-            let warm_ms = ms(w.build) + ms(w.codegen) + ms(w.load);
-            let warm_cell = match warm.origin() {
-                Origin::DiskCache => format!("{warm_ms:.2}"),
-                Origin::Ptxas => format!("{warm_ms:.2} (ptxas ran)"),
-                Origin::DriverJit { ptxas_skipped } => format!(
-                    "{warm_ms:.2} (JIT ran: {})",
-                    ptxas_skipped.as_deref().unwrap_or("no disk cache")
-                ),
-            };
-            table.row(vec![
-                d.to_string(),
-                causal.to_string(),
-                format!("{:.2}", ms(t.build)),
-                format!("{:.2}", ms(t.codegen)),
-                format!("{to_ptx:.2}"),
-                format!("{:.2}", ms(t.load)),
-                format!("{to_module:.2}"),
-                warm_cell,
-            ]);
-            rows.push(json!({
-                "d": d,
-                "causal": causal,
-                "build_ms": ms(t.build),
-                "codegen_ms": ms(t.codegen),
-                "to_ptx_ms": to_ptx,
-                "jit_load_ms": ms(t.load),
-                "to_module_ms": to_module,
-                "warm_start_ms": warm_ms,
-                "warm_load_ms": ms(w.load),
-                "warm_start_from_disk_cache": warm.from_disk_cache(),
-                "num_regs": kernel.num_regs()?,
-                "local_bytes": kernel.local_bytes()?,
-            }));
+    for &(d, causal) in pairs {
+        progress.step(&format!("compile attention d={d} causal={causal}"));
+        // What the sweep's contiguous bf16 tensors specialise on.
+        let spec = Spec {
+            comptime: comptime(def, &Config { s: 0, d, causal }, device.target(), set)?,
+            aligned16: Default::default(),
         }
+        .with_aligned16(&["q", "k", "v", "o"]);
+        let kernel = device.compile_uncached(def, &spec)?;
+        let t = kernel.times();
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        let to_ptx = ms(t.build) + ms(t.codegen);
+        let to_module = to_ptx + ms(t.load);
+        warm_device.compile_from_disk(def, &spec)?;
+        let warm = warm_device.compile_from_disk(def, &spec)?;
+        let w = warm.times();
+        let warm_ms = ms(w.build) + ms(w.codegen) + ms(w.load);
+        let warm_cell = match warm.origin() {
+            Origin::DiskCache => format!("{warm_ms:.2}"),
+            Origin::Ptxas => format!("{warm_ms:.2} (ptxas ran)"),
+            Origin::DriverJit { ptxas_skipped } => format!(
+                "{warm_ms:.2} (JIT ran: {})",
+                ptxas_skipped.as_deref().unwrap_or("no disk cache")
+            ),
+        };
+        table.row(vec![
+            d.to_string(),
+            causal.to_string(),
+            format!("{:.2}", ms(t.build)),
+            format!("{:.2}", ms(t.codegen)),
+            format!("{to_ptx:.2}"),
+            format!("{:.2}", ms(t.load)),
+            format!("{to_module:.2}"),
+            warm_cell,
+        ]);
+        rows.push(json!({
+            "d": d,
+            "causal": causal,
+            "build_ms": ms(t.build),
+            "codegen_ms": ms(t.codegen),
+            "to_ptx_ms": to_ptx,
+            "jit_load_ms": ms(t.load),
+            "to_module_ms": to_module,
+            "warm_start_ms": warm_ms,
+            "warm_load_ms": ms(w.load),
+            "warm_start_from_disk_cache": warm.from_disk_cache(),
+            "num_regs": kernel.num_regs()?,
+            "local_bytes": kernel.local_bytes()?,
+        }));
     }
     eprintln!();
     println!("{}", table.render());

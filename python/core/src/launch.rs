@@ -14,7 +14,7 @@ use kiln::ptx::PtxModule;
 use kiln::runtime::{
     Device, DeviceTensor, ForeignStream, KernelArg, LaunchError, LoadedKernel, RuntimeError,
 };
-use kiln_examples::attention::{BLOCK_M, attention, attention_lse, tuned_block_n};
+use kiln_examples::attention::{BLOCK_M, attention, attention_lse, tuned_block_m, tuned_block_n};
 
 use crate::args::{Plan, View};
 use crate::varlen::VarlenPlan;
@@ -47,8 +47,10 @@ pub fn comptime(plan: &Plan, target: Target) -> BTreeMap<String, ComptimeValue> 
             ComptimeValue::I32(plan.window.1),
         ),
         ("softcap".to_string(), ComptimeValue::F32(plan.softcap)),
-        // The kernel's default query block: nothing else has been measured on a GPU yet.
-        ("block_m".to_string(), ComptimeValue::Usize(BLOCK_M)),
+        (
+            "block_m".to_string(),
+            ComptimeValue::Usize(tuned_block_m(target, plan.head_dim)),
+        ),
     ])
 }
 
