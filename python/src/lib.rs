@@ -199,73 +199,68 @@ fn flash_attn_func<'py>(
     };
     let oi = tensor_info("out", &out)?;
     let out_view = args::check_out(&plan, &qi, &oi).map_err(arg_err)?;
+    // The log-sum-exp when asked for, allocated by each path once it is past every check.
+    let plan_lse = || {
+        plan.return_lse
+            .then(|| new_lse(q, &plan.lse_shape()))
+            .transpose()
+    };
     if plan.is_empty() {
-        return with_lse(q, &plan, out, None);
+        return with_lse(out, plan_lse()?);
     }
     if plan.seqlen_k == 0 {
         // Every row sees no key, so the output is 0 and the log-sum-exp +inf; no launch (a
         // tensor map cannot have an extent of 0). torch's zero_ and fill_ run on the current
         // stream.
         out.call_method0(pyo3::intern!(py, "zero_"))?;
-        let lse = plan.return_lse.then(|| new_lse(q, &plan)).transpose()?;
+        let lse = plan_lse()?;
         if let Some(l) = &lse {
             l.call_method1(pyo3::intern!(py, "fill_"), (f64::INFINITY,))?;
         }
-        return with_lse(q, &plan, out, lse);
+        return with_lse(out, lse);
     }
     // The device first: without a driver this is the error (not a failed torch import).
     launch::device(plan.device).map_err(|e| runtime_err(e.into()))?;
     let stream = current_stream(py, plan.device)?;
-    let lse = plan.return_lse.then(|| new_lse(q, &plan)).transpose()?;
-    let lse_view = match &lse {
-        Some(t) => {
-            let info = tensor_info("lse", t)?;
-            let at = |v: &[i64]| [v[0], v[1], v[2]].map(|n| n as usize);
-            Some(launch::Lse {
-                ptr: info.ptr,
-                shape: at(&info.shape),
-                strides: at(&info.strides),
-            })
-        }
-        None => None,
-    };
+    let lse = plan_lse()?;
+    let lse_view = lse_view(lse.as_ref())?;
     // SAFETY: the views come from live PyTorch CUDA tensors (checked to be on plan.device,
     // whose primary context PyTorch allocates in) that the caller holds until the call
     // returns; PyTorch's caching allocator keeps their memory for work queued on the current
     // stream, which is `stream`, a live stream of that context. `out` is checked to be the
     // output's shape; it overlapping an input is the caller's mistake, as in FlashAttention.
     unsafe { launch::launch(&plan, &out_view, lse_view.as_ref(), stream) }.map_err(runtime_err)?;
-    with_lse(q, &plan, out, lse)
+    with_lse(out, lse)
 }
 
-/// A new `(batch, nheads, seqlen_q)` torch.float32 tensor on q's device for the log-sum-exp.
-fn new_lse<'py>(q: &Bound<'py, PyAny>, plan: &args::Plan) -> PyResult<Bound<'py, PyAny>> {
+/// A new torch.float32 tensor of `shape` on q's device for the log-sum-exp.
+fn new_lse<'py>(q: &Bound<'py, PyAny>, shape: &[usize]) -> PyResult<Bound<'py, PyAny>> {
     let py = q.py();
     let kwargs = pyo3::types::PyDict::new(py);
     kwargs.set_item("dtype", py.import("torch")?.getattr("float32")?)?;
     q.call_method(
         pyo3::intern!(py, "new_empty"),
-        (PyTuple::new(py, plan.lse_shape())?,),
+        (PyTuple::new(py, shape)?,),
         Some(&kwargs),
     )
 }
 
-/// What `flash_attn_func` returns: `out`, or `(out, lse)` when the plan asks for the
-/// log-sum-exp (`lse` allocated here when there was nothing to launch).
+/// The view the kernel writes of the log-sum-exp `lse` allocated by [`new_lse`], if any.
+fn lse_view(lse: Option<&Bound<'_, PyAny>>) -> PyResult<Option<launch::Lse>> {
+    lse.map(|t| Ok(launch::Lse::of(&tensor_info("lse", t)?)))
+        .transpose()
+}
+
+/// What both functions return: `out`, or `(out, lse)` when the call asked for the
+/// log-sum-exp.
 fn with_lse<'py>(
-    q: &Bound<'py, PyAny>,
-    plan: &args::Plan,
     out: Bound<'py, PyAny>,
     lse: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    if !plan.return_lse {
-        return Ok(out);
+    match lse {
+        None => Ok(out),
+        Some(lse) => Ok(PyTuple::new(out.py(), [out, lse])?.into_any()),
     }
-    let lse = match lse {
-        Some(l) => l,
-        None => new_lse(q, plan)?,
-    };
-    Ok(PyTuple::new(q.py(), [out, lse])?.into_any())
 }
 
 /// FlashAttention's variable-length attention, computed by kiln's DSL kernel.
@@ -276,12 +271,17 @@ fn with_lse<'py>(
 /// max_seqlen_q, max_seqlen_k: at least every sequence's length (window bounds of at least
 /// max_seqlen_k are unbounded, as FlashAttention normalises them). Sequence i's queries attend
 /// to its own keys only, with flash_attn_func's options and checks; each sequence's output
-/// rows are written and no others. return_lse is not supported yet (ValueError). out, a kiln
-/// extension: an optional (total_q, nheads, headdim) tensor to write instead of allocating.
+/// rows are written and no others. out, a kiln extension: an optional (total_q, nheads,
+/// headdim) tensor to write instead of allocating.
 ///
-/// Returns out, (total_q, nheads, headdim), q's dtype. kiln runs one launch per sequence on
-/// the current CUDA stream, and reads cu_seqlens to the host to plan them (a device
-/// synchronisation, which FlashAttention's single launch does not need).
+/// Returns out, (total_q, nheads, headdim), q's dtype; with return_lse=True the pair (out,
+/// softmax_lse), softmax_lse the (nheads, total_q) torch.float32 log-sum-exp of each score
+/// row, as FlashAttention-2's varlen forward (total_q being q's rows; sequence i's rows are
+/// columns cu_seqlens_q[i]:cu_seqlens_q[i + 1], +inf for a row that sees no key, every row
+/// of a sequence without keys included, as flash_attn_func; columns past the last offset are
+/// not written). kiln runs one launch per sequence on the current CUDA stream, and reads
+/// cu_seqlens to the host to plan them (a device synchronisation, which FlashAttention's
+/// single launch does not need).
 #[pyfunction]
 #[pyo3(signature = (
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
@@ -323,12 +323,6 @@ fn flash_attn_varlen_func<'py>(
         softcap,
         return_lse,
     };
-    if return_lse {
-        return Err(PyValueError::new_err(
-            "return_lse: the log-sum-exp of a varlen call is not supported yet: pass \
-             return_lse=False",
-        ));
-    }
     let out = match out {
         Some(out) => out,
         None => q.call_method1(
@@ -348,20 +342,33 @@ fn flash_attn_varlen_func<'py>(
         &opts,
     )
     .map_err(arg_err)?;
+    let device = vp.sequences.first().map(|s| s.plan.device);
+    if let Some(d) = device {
+        // The device first: without a driver this is the error (not a failed torch import),
+        // raised before anything is written.
+        launch::device(d).map_err(|e| runtime_err(e.into()))?;
+    }
+    let lse = vp.lse_shape.map(|shape| new_lse(q, &shape)).transpose()?;
     for &(first, rows) in &vp.zero_rows {
-        // A sequence without keys outputs 0 (torch's zero_, on the current stream).
+        // A sequence without keys outputs 0 and its log-sum-exp is +inf, as flash_attn_func's
+        // rows that see no key (torch's zero_ and fill_, on the current stream).
         out.call_method1(pyo3::intern!(py, "narrow"), (0, first, rows))?
             .call_method0(pyo3::intern!(py, "zero_"))?;
+        if let Some(l) = &lse {
+            l.call_method1(pyo3::intern!(py, "narrow"), (1, first, rows))?
+                .call_method1(pyo3::intern!(py, "fill_"), (f64::INFINITY,))?;
+        }
     }
-    let Some((first, _)) = vp.sequences.first() else {
-        return Ok(out);
+    let Some(device) = device else {
+        return with_lse(out, lse);
     };
-    launch::device(first.device).map_err(|e| runtime_err(e.into()))?;
-    let stream = current_stream(py, first.device)?;
+    let stream = current_stream(py, device)?;
+    let lse_view = lse_view(lse.as_ref())?;
     // SAFETY: as in flash_attn_func; every sequence's views lie inside the packed tensors
-    // (its rows are within the checked offsets), so they address live CUDA memory too.
-    unsafe { launch::launch_varlen(&vp, stream) }.map_err(runtime_err)?;
-    Ok(out)
+    // (its rows are within the checked offsets), and its log-sum-exp columns inside `lse`,
+    // allocated above on q's device, so they address live CUDA memory too.
+    unsafe { launch::launch_varlen(&vp, lse_view.as_ref(), stream) }.map_err(runtime_err)?;
+    with_lse(out, lse)
 }
 
 /// The values of the offsets tensor `obj` (argument `name`, described by `info`), read to the

@@ -406,3 +406,55 @@ def test_varlen_matches_the_f32_reference_per_sequence(max_q, max_k, dtype, d, c
             f"sequence {i} (sq={q1 - q0} sk={k1 - k0}) {dtype} d={d} causal={causal} "
             f"window={window} softcap={softcap}: {err:.3e}"
         )
+
+
+# Packed lengths for the varlen log-sum-exp: odd ones, a sequence without queries, one
+# without keys, and one with more queries than keys (causal rows that see no key).
+VARLEN_LSE_LENS_Q = [113, 0, 45, 300, 1]
+VARLEN_LSE_LENS_K = [203, 25, 0, 100, 239]
+
+
+@pytest.mark.parametrize(
+    "causal, window, softcap, dtype",
+    [
+        (False, (-1, -1), 0.0, torch.bfloat16),
+        (True, (-1, -1), 0.0, torch.bfloat16),
+        (True, (-1, -1), 50.0, torch.float16),
+        (False, (40, 10), 0.0, torch.float16),
+    ],
+)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_varlen_return_lse_gives_flash_attentions_log_sum_exp(causal, window, softcap, dtype, d):
+    nheads, nheads_k = 6, 3
+    lens_q, lens_k = VARLEN_LSE_LENS_Q, VARLEN_LSE_LENS_K
+    # q keeps 7 pad rows past the last offset: FlashAttention's total_q is q's rows.
+    q, cu_q = packed_batch(lens_q, nheads, d, d, dtype, pad=7)
+    k, cu_k = packed_batch(lens_k, nheads_k, d, d + 1, dtype)
+    v, _ = packed_batch(lens_k, nheads_k, d, d + 2, dtype)
+    got = kiln_attn.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+        causal=causal, window_size=window, softcap=softcap, return_lse=True,
+    )
+    assert isinstance(got, tuple) and len(got) == 2
+    out, lse = got
+    assert lse.shape == (nheads, q.shape[0]) and lse.dtype == torch.float32 and lse.is_contiguous()
+    scale = 1.0 / math.sqrt(d)
+    for i in range(len(lens_q)):
+        q0, q1, k0, k1 = cu_q[i].item(), cu_q[i + 1].item(), cu_k[i].item(), cu_k[i + 1].item()
+        if q1 == q0:
+            continue
+        qs, ks, vs = q[None, q0:q1], k[None, k0:k1], v[None, k0:k1]
+        case = f"sequence {i} (sq={q1 - q0} sk={k1 - k0}) {dtype} d={d} causal={causal} window={window} softcap={softcap}"
+        # A sequence without keys: +inf throughout, as flash_attn_func gives a row that sees none.
+        want = reference_lse(qs, ks, scale, causal, window, softcap)[0]
+        lse_i = lse[:, q0:q1]
+        inf = float("inf")
+        assert torch.equal(lse_i == inf, want == inf), f"{case}: +inf exactly where a row sees no key"
+        finite = torch.isfinite(want)
+        if finite.any():
+            assert rel_error(lse_i[finite], want[finite]) < 1e-5, case
+        if k1 > k0:
+            err = rel_error(out[None, q0:q1], reference(qs, ks, vs, scale, causal, window, softcap))
+        else:
+            err = float(out[q0:q1].abs().max())
+        assert err < TOLERANCES[dtype], f"{case}: {err:.3e}"

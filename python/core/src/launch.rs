@@ -16,7 +16,7 @@ use kiln::runtime::{
 };
 use kiln_examples::attention::{BLOCK_M, attention, attention_lse, tuned_block_m, tuned_block_n};
 
-use crate::args::{Plan, View};
+use crate::args::{Plan, TensorInfo, View};
 use crate::varlen::VarlenPlan;
 
 /// Why a checked call still failed: no usable GPU, or the runtime refused or failed the launch.
@@ -84,9 +84,13 @@ pub fn device(ordinal: usize) -> Result<Arc<Device>, RuntimeError> {
 }
 
 /// Launches `plan` writing `out` (a BHSD view from [`crate::args::check_out`]) and, when
-/// given, the log-sum-exp `lse` (a contiguous `[batch, nheads, seqlen_q]` f32 tensor:
-/// `attention_lse`) on `stream` of its device. Asynchronous: the kernel runs in order on
-/// `stream`.
+/// given, the log-sum-exp `lse` (a `[batch, nheads, seqlen_q]` f32 view: `attention_lse`)
+/// on `stream` of its device. Asynchronous: the kernel runs in order on `stream`.
+///
+/// `lse` may have any strides with the innermost 1 and any f32-aligned address: the kernel
+/// writes it with plain stores masked at its extents (TMA stores only take 2-byte tiles), and
+/// its 16-byte alignment only selects a specialisation, so a varlen sequence's columns of the
+/// packed log-sum-exp ([`Lse::rows`]) are written in place.
 ///
 /// # Safety
 /// Every view must address live device memory of the plan's device (its primary context)
@@ -131,14 +135,22 @@ pub unsafe fn launch(
 }
 
 /// Launches every sequence of the varlen plan `vp` on `stream`, in batch order, each writing
-/// its own rows of the packed output (see [`crate::varlen`]).
+/// its own rows of the packed output and, when `lse` (the packed `[nheads, total_q]`
+/// log-sum-exp as [`Lse::packed`]) is given, its own columns of it (see [`crate::varlen`]).
+/// The rows of sequences without keys (`vp.zero_rows`) are the caller's to fill.
 ///
 /// # Safety
-/// As [`launch`], for every sequence's views.
-pub unsafe fn launch_varlen(vp: &VarlenPlan, stream: u64) -> Result<(), LaunchFailure> {
-    for (plan, out) in &vp.sequences {
-        // SAFETY: the caller guarantees every view, as `launch` requires.
-        unsafe { launch(plan, out, None, stream) }?;
+/// As [`launch`], for every sequence's views and `lse`.
+pub unsafe fn launch_varlen(
+    vp: &VarlenPlan,
+    lse: Option<&Lse>,
+    stream: u64,
+) -> Result<(), LaunchFailure> {
+    for s in &vp.sequences {
+        let lse = lse.map(|l| l.rows(s.first, s.plan.seqlen_q));
+        // SAFETY: the caller guarantees every view, as `launch` requires; a sequence's
+        // columns lie inside `lse`, its rows being inside the checked offsets.
+        unsafe { launch(&s.plan, &s.out, lse.as_ref(), stream) }?;
     }
     Ok(())
 }
@@ -152,6 +164,45 @@ pub struct Lse {
     pub shape: [usize; 3],
     /// Strides of those, in elements.
     pub strides: [usize; 3],
+}
+
+impl Lse {
+    /// The log-sum-exp tensor the extension allocated, as PyTorch describes it:
+    /// `flash_attn_func`'s `[batch, nheads, seqlen_q]` as it is, `flash_attn_varlen_func`'s
+    /// `[nheads, total_q]` as [`Lse::packed`].
+    pub fn of(t: &TensorInfo) -> Lse {
+        let at = |v: &[i64], i: usize| v[i] as usize;
+        if t.shape.len() == 2 {
+            let (s, st) = (&t.shape, &t.strides);
+            return Lse::packed(t.ptr, [at(s, 0), at(s, 1)], [at(st, 0), at(st, 1)]);
+        }
+        Lse {
+            ptr: t.ptr,
+            shape: [0, 1, 2].map(|i| at(&t.shape, i)),
+            strides: [0, 1, 2].map(|i| at(&t.strides, i)),
+        }
+    }
+
+    /// `flash_attn_varlen_func`'s `[nheads, total_q]` log-sum-exp at `ptr`, strides `[head,
+    /// row]` in elements, as one batch `[1, nheads, total_q]`: the rank `attention_lse` writes.
+    pub fn packed(ptr: u64, [heads, total]: [usize; 2], [head, row]: [usize; 2]) -> Lse {
+        Lse {
+            ptr,
+            shape: [1, heads, total],
+            strides: [heads * head, head, row],
+        }
+    }
+
+    /// Rows `first..first + rows` of every head, the same memory: one varlen sequence's
+    /// log-sum-exp inside the packed one.
+    pub fn rows(&self, first: usize, rows: usize) -> Lse {
+        let bytes = first * self.strides[2] * std::mem::size_of::<f32>();
+        Lse {
+            ptr: self.ptr + bytes as u64,
+            shape: [self.shape[0], self.shape[1], rows],
+            strides: self.strides,
+        }
+    }
 }
 
 /// An entry with no parameters that returns at once: what a launch costs with no work.
@@ -204,7 +255,8 @@ pub unsafe fn empty_launch(ordinal: usize, stream: u64) -> Result<(), LaunchFail
 
 /// Runs `plan` on the CPU interpreter, the way [`launch`] runs it on the GPU: `q`, `k`, `v`
 /// and `out` are host tensors in the caller's BSHD layout (any strides), viewed through the
-/// plan's BHSD strides, compiled for `target`'s comptime choices.
+/// plan's BHSD strides, compiled for `target`'s comptime choices; `lse`, when given, is the
+/// `[batch, nheads, seqlen_q]` log-sum-exp (`attention_lse`).
 pub fn interpret(
     plan: &Plan,
     target: Target,
@@ -229,91 +281,130 @@ pub fn interpret(
         ],
     };
     let mut ov = view(out, &out_view);
-    let ct = comptime(plan, target);
-    let grid = grid(plan, &ct);
-    let (q, k, v, scale) = (
-        HostArg::Tensor(&qv),
-        HostArg::Tensor(&kv),
-        HostArg::Tensor(&vv),
-        HostArg::F32(plan.scale),
-    );
-    match lse {
-        None => run_def(
-            &attention,
-            &ct,
-            grid,
-            &mut [q, k, v, HostArg::TensorMut(&mut ov), scale],
-        )?,
-        Some(l) => run_def(
-            &attention_lse,
-            &ct,
-            grid,
-            &mut [
-                q,
-                k,
-                v,
-                HostArg::TensorMut(&mut ov),
-                HostArg::TensorMut(l),
-                scale,
-            ],
-        )?,
-    }
+    run_kernel(plan, target, (&qv, &kv, &vv), &mut ov, lse)?;
     out.data = ov.data;
     Ok(())
 }
 
+/// Runs `attention` for `plan`, or `attention_lse` when `lse` is given, on the interpreter
+/// over tensors already in the kernel's layout (`[batch, heads, seq, d]`, and `lse`
+/// `[batch, nheads, seqlen_q]`).
+fn run_kernel(
+    plan: &Plan,
+    target: Target,
+    (q, k, v): (&HostTensor, &HostTensor, &HostTensor),
+    out: &mut HostTensor,
+    lse: Option<&mut HostTensor>,
+) -> Result<(), InterpError> {
+    let ct = comptime(plan, target);
+    let grid = grid(plan, &ct);
+    let (q, k, v, o, scale) = (
+        HostArg::Tensor(q),
+        HostArg::Tensor(k),
+        HostArg::Tensor(v),
+        HostArg::TensorMut(out),
+        HostArg::F32(plan.scale),
+    );
+    match lse {
+        None => run_def(&attention, &ct, grid, &mut [q, k, v, o, scale]),
+        Some(l) => run_def(
+            &attention_lse,
+            &ct,
+            grid,
+            &mut [q, k, v, o, HostArg::TensorMut(l), scale],
+        ),
+    }
+}
+
 /// Runs the varlen plan `vp` on the CPU interpreter, the way [`launch_varlen`] runs it: `q`,
-/// `k`, `v` and `out` are the packed host tensors the plan was made for, described to it at
-/// address 0 (so a view's address is its offset in bytes). Each sequence's views are copied
-/// out and its output copied back: this runs the plan's offsets, lengths and options, not
-/// the kernel's edge masking at a sequence's end (the GPU tests check that).
+/// `k`, `v` and `out` are the packed host tensors the plan was made for, and `lse`, when
+/// given, the packed `[nheads, total_q]` log-sum-exp, all described at address 0 (so a
+/// view's address is its offset in bytes). Each sequence's views (its log-sum-exp columns
+/// through [`Lse::rows`], as the launch takes them) are copied out and its results copied
+/// back: this runs the plan's offsets, lengths and options, not the kernel's edge masking at
+/// a sequence's end (the GPU tests check that). Sequences without keys get what the
+/// extension writes for them: output 0, log-sum-exp `+inf`.
 pub fn interpret_varlen(
     vp: &VarlenPlan,
     target: Target,
     (q, k, v): (&HostTensor, &HostTensor, &HostTensor),
     out: &mut HostTensor,
+    mut lse: Option<&mut HostTensor>,
 ) -> Result<(), InterpError> {
-    for (plan, ov) in &vp.sequences {
-        let (qs, ks, vs) = (gather(q, &plan.q), gather(k, &plan.k), gather(v, &plan.v));
-        let mut os = gather(out, ov);
-        let ct = comptime(plan, target);
-        run_def(
-            &attention,
-            &ct,
-            grid(plan, &ct),
-            &mut [
-                HostArg::Tensor(&qs),
-                HostArg::Tensor(&ks),
-                HostArg::Tensor(&vs),
-                HostArg::TensorMut(&mut os),
-                HostArg::F32(plan.scale),
-            ],
+    let packed = lse
+        .as_deref()
+        .map(|l| Lse::packed(0, [l.shape[0], l.shape[1]], [l.strides[0], l.strides[1]]));
+    let of_view = |t: &HostTensor, v: &View| Gathered::new(t, v.ptr, &v.shape, &v.strides);
+    let of_lse = |t: &HostTensor, l: &Lse| Gathered::new(t, l.ptr, &l.shape, &l.strides);
+    for s in &vp.sequences {
+        let p = &s.plan;
+        let (qs, ks, vs) = (of_view(q, &p.q), of_view(k, &p.k), of_view(v, &p.v));
+        let mut os = of_view(out, &s.out);
+        let mut ls = lse
+            .as_deref()
+            .zip(packed.as_ref())
+            .map(|(l, packed)| of_lse(l, &packed.rows(s.first, p.seqlen_q)));
+        run_kernel(
+            p,
+            target,
+            (&qs.t, &ks.t, &vs.t),
+            &mut os.t,
+            ls.as_mut().map(|g| &mut g.t),
         )?;
-        for (i, at) in view_offsets(ov).into_iter().enumerate() {
-            out.data.set_f64(at, os.data.get_f64(i));
+        os.scatter(out);
+        if let Some((g, l)) = ls.zip(lse.as_deref_mut()) {
+            g.scatter(l);
         }
     }
-    // As the extension zeroes them (`out.narrow(0, first, rows).zero_()`).
+    // As the extension fills them (`out.narrow(0, first, rows).zero_()`, and the
+    // log-sum-exp's columns `fill_(inf)`).
     let row = out.strides[0];
     for &(first, rows) in &vp.zero_rows {
         for i in first * row..(first + rows) * row {
             out.data.set_f64(i, 0.0);
         }
+        if let Some((l, packed)) = lse.as_deref_mut().zip(packed.as_ref()) {
+            let cols = packed.rows(first, rows);
+            for i in offsets(l, cols.ptr, &cols.shape, &cols.strides) {
+                l.data.set_f64(i, f64::INFINITY);
+            }
+        }
     }
     Ok(())
 }
 
-/// The elements of `t` that view `v` (address = byte offset of 2-byte elements) sees, as a
-/// contiguous tensor of the view's shape.
-fn gather(t: &HostTensor, v: &View) -> HostTensor {
-    let at = view_offsets(v);
-    HostTensor::from_fn(&v.shape, t.dtype(), |i| t.data.get_f64(at[i]))
+/// A view's elements copied out of a host tensor, and where each came from.
+struct Gathered {
+    /// The elements, a contiguous tensor of the view's shape.
+    t: HostTensor,
+    /// The element offset in the host tensor of each, in row-major order.
+    at: Vec<usize>,
 }
 
-/// The element offsets of view `v`'s elements in row-major order of its shape.
-fn view_offsets(v: &View) -> Vec<usize> {
-    let base = (v.ptr / 2) as usize;
-    kiln::ir::host::row_major_offsets(&v.shape, &v.strides)
+impl Gathered {
+    /// The elements of `t` that the view at byte address `ptr` (`t` being at address 0) with
+    /// `shape` and `strides` sees.
+    fn new(t: &HostTensor, ptr: u64, shape: &[usize], strides: &[usize]) -> Gathered {
+        let at = offsets(t, ptr, shape, strides);
+        Gathered {
+            t: HostTensor::from_fn(shape, t.dtype(), |i| t.data.get_f64(at[i])),
+            at,
+        }
+    }
+
+    /// Writes the elements back where they came from in `t`.
+    fn scatter(&self, t: &mut HostTensor) {
+        for (i, &at) in self.at.iter().enumerate() {
+            t.data.set_f64(at, self.t.data.get_f64(i));
+        }
+    }
+}
+
+/// The element offsets in `t` (at address 0) of the elements of the view at byte address
+/// `ptr` with `shape` and `strides`, in row-major order of its shape.
+fn offsets(t: &HostTensor, ptr: u64, shape: &[usize], strides: &[usize]) -> Vec<usize> {
+    let base = ptr as usize / t.dtype().size_bytes();
+    kiln::ir::host::row_major_offsets(shape, strides)
         .into_iter()
         .map(|o| base + o)
         .collect()
@@ -328,6 +419,7 @@ mod tests {
 
     use super::{interpret, interpret_varlen};
     use crate::args::{Options, TensorInfo, TorchDType, TorchDevice, plan};
+    use crate::varlen::{VarlenPlan, plan_varlen};
 
     /// What PyTorch would report for host tensor `t` (its strides as they are).
     fn info(t: &HostTensor) -> TensorInfo {
@@ -477,79 +569,122 @@ mod tests {
         }
     }
 
+    /// A packed varlen batch: sequences of `(query rows, keys)` `lens`, `pad` query rows past
+    /// the last offset, `h` query and `hkv` key/value heads of head dim 64.
+    struct Packed {
+        cu_q: Vec<i64>,
+        cu_k: Vec<i64>,
+        q: HostTensor,
+        k: HostTensor,
+        v: HostTensor,
+    }
+
+    impl Packed {
+        fn new(
+            rng: &mut Rng,
+            lens: &[(usize, usize)],
+            (h, hkv): (usize, usize),
+            pad: usize,
+            dtype: DType,
+        ) -> Packed {
+            let offsets = |len: fn(&(usize, usize)) -> usize| {
+                let mut cu = vec![0i64];
+                for l in lens {
+                    cu.push(cu[cu.len() - 1] + len(l) as i64);
+                }
+                cu
+            };
+            let (cu_q, cu_k) = (offsets(|l| l.0), offsets(|l| l.1));
+            let total_q = cu_q[lens.len()] as usize + pad;
+            let total_k = cu_k[lens.len()] as usize;
+            let d = 64;
+            let q = tensor(rng, &[total_q, h, d], dtype, Dist::Normal);
+            let k = tensor(rng, &[total_k, hkv, d], dtype, Dist::Normal);
+            let v = tensor(rng, &[total_k, hkv, d], dtype, Dist::Normal);
+            Packed {
+                cu_q,
+                cu_k,
+                q,
+                k,
+                v,
+            }
+        }
+
+        /// `plan_varlen` over these tensors, `out` and `opts`, with the maxima given.
+        fn plan(&self, out: &HostTensor, max: (i64, i64), opts: &Options) -> VarlenPlan {
+            let cu_info = |n: usize| TensorInfo {
+                shape: vec![n as i64],
+                strides: vec![1],
+                dtype: TorchDType::Other("torch.int32".into()),
+                device: TorchDevice::Cuda(0),
+                ptr: 0,
+            };
+            let n = self.cu_q.len();
+            plan_varlen(
+                (&info(&self.q), &info(&self.k), &info(&self.v)),
+                &info(out),
+                (&cu_info(n), &cu_info(n)),
+                (&self.cu_q, &self.cu_k),
+                max,
+                opts,
+            )
+            .expect("valid")
+        }
+
+        /// Sequence `i`'s rows of q, k and v as `[1, heads, rows, d]` tensors, k's and v's
+        /// heads repeated for q's (what the reference reads).
+        fn sequence(&self, i: usize) -> (HostTensor, HostTensor, HostTensor) {
+            let (q0, q1) = (self.cu_q[i] as usize, self.cu_q[i + 1] as usize);
+            let (k0, k1) = (self.cu_k[i] as usize, self.cu_k[i + 1] as usize);
+            let group = self.q.shape[1] / self.k.shape[1];
+            (
+                rows(&self.q, q0, q1),
+                repeat_heads(&rows(&self.k, k0, k1), group),
+                repeat_heads(&rows(&self.v, k0, k1), group),
+            )
+        }
+    }
+
+    /// Rows `r0..r1` of the packed contiguous `[total, heads, d]` tensor `t` as a `[1, heads,
+    /// rows, d]` tensor.
+    fn rows(t: &HostTensor, r0: usize, r1: usize) -> HostTensor {
+        let [hh, dd] = [t.shape[1], t.shape[2]];
+        HostTensor::from_fn(&[1, hh, r1 - r0, dd], t.dtype(), |i| {
+            let (x, r, head) = (i % dd, i / dd % (r1 - r0), i / (dd * (r1 - r0)));
+            t.data.get_f64(((r0 + r) * hh + head) * dd + x)
+        })
+    }
+
     /// `flash_attn_varlen_func`'s plan on the interpreter: packed sequences of different
     /// lengths (one with no query rows, one with no keys, whose rows are 0), grouped heads, a
     /// causal window normalised by `max_seqlen_k`, each sequence against the reference on its
     /// own rows; rows past the last offset are never written.
     #[test]
     fn varlen_sequences_run_on_the_interpreter_to_the_reference() {
-        use crate::varlen::plan_varlen;
-        let mut rng = Rng::new(17);
-        let (h, hkv, d) = (4, 2, 64);
-        let lens: [(usize, usize); 4] = [(100, 50), (0, 30), (130, 0), (70, 200)];
-        let offsets = |f: fn(&(usize, usize)) -> usize| {
-            let mut cu = vec![0i64];
-            for l in &lens {
-                cu.push(cu[cu.len() - 1] + f(l) as i64);
-            }
-            cu
-        };
-        let (cu_q, cu_k) = (offsets(|l| l.0), offsets(|l| l.1));
-        let (total_q, total_k) = (cu_q[4] as usize + 5, cu_k[4] as usize);
-        let q = tensor(&mut rng, &[total_q, h, d], DType::Bf16, Dist::Normal);
-        let k = tensor(&mut rng, &[total_k, hkv, d], DType::Bf16, Dist::Normal);
-        let v = tensor(&mut rng, &[total_k, hkv, d], DType::Bf16, Dist::Normal);
-        let mut out = HostTensor::full(&[total_q, h, d], DType::Bf16, f64::NAN);
-        let cu_info = |n: usize| TensorInfo {
-            shape: vec![n as i64],
-            strides: vec![1],
-            dtype: TorchDType::Other("torch.int32".into()),
-            device: TorchDevice::Cuda(0),
-            ptr: 0,
-        };
+        let lens = [(100, 50), (0, 30), (130, 0), (70, 200)];
+        let b = Packed::new(&mut Rng::new(17), &lens, (4, 2), 5, DType::Bf16);
+        let mut out = HostTensor::full(&b.q.shape, DType::Bf16, f64::NAN);
         let opts = Options {
             causal: true,
             window_size: (40, -1),
             ..Options::default()
         };
-        let vp = plan_varlen(
-            (&info(&q), &info(&k), &info(&v)),
-            &info(&out),
-            (&cu_info(5), &cu_info(5)),
-            (&cu_q, &cu_k),
-            (130, 200),
-            &opts,
-        )
-        .expect("valid");
+        let vp = b.plan(&out, (130, 200), &opts);
         assert_eq!(
             vp.sequences.len(),
             2,
             "the empty query sequence launches nothing"
         );
         assert_eq!(vp.zero_rows, [(100, 130)], "nor the one without keys");
-        interpret_varlen(&vp, Target::Sm90a, (&q, &k, &v), &mut out).expect("interprets");
-        // Rows r0..r1 of packed t as a [1, heads, rows, d] tensor.
-        let rows = |t: &HostTensor, r0: usize, r1: usize| {
-            let [hh, dd] = [t.shape[1], t.shape[2]];
-            HostTensor::from_fn(&[1, hh, r1 - r0, dd], t.dtype(), |i| {
-                let (x, r, head) = (i % dd, i / dd % (r1 - r0), i / (dd * (r1 - r0)));
-                t.data.get_f64(((r0 + r) * hh + head) * dd + x)
-            })
-        };
+        interpret_varlen(&vp, Target::Sm90a, (&b.q, &b.k, &b.v), &mut out, None)
+            .expect("interprets");
         for (i, &(sq, sk)) in lens.iter().enumerate() {
             if sq == 0 {
                 continue;
             }
-            let (q0, k0) = (cu_q[i] as usize, cu_k[i] as usize);
-            let (ks, vs) = (rows(&k, k0, k0 + sk), rows(&v, k0, k0 + sk));
-            let want = reference::attention_window(
-                &rows(&q, q0, q0 + sq),
-                &repeat_heads(&ks, h / hkv),
-                &repeat_heads(&vs, h / hkv),
-                0.125,
-                (40, 0),
-                None,
-            );
+            let (qs, ks, vs) = b.sequence(i);
+            let want = reference::attention_window(&qs, &ks, &vs, 0.125, (40, 0), None);
+            let q0 = b.cu_q[i] as usize;
             let got = rows(&out, q0, q0 + sq).to_f64_vec();
             if sk == 0 {
                 assert!(got.iter().all(|&x| x == 0.0), "sequence {i}: no keys, 0");
@@ -561,10 +696,93 @@ mod tests {
                 );
             }
         }
-        let tail = rows(&out, cu_q[4] as usize, total_q).to_f64_vec();
+        let tail = rows(&out, b.cu_q[4] as usize, b.q.shape[0]).to_f64_vec();
         assert!(
             tail.iter().all(|x| x.is_nan()),
             "rows past the last offset untouched"
+        );
+    }
+
+    /// The varlen log-sum-exp, `[nheads, total_q]`, written by each sequence through its
+    /// columns' view: odd lengths, causal with more queries than keys (the first rows see no
+    /// key: `+inf`), a sequence without keys (`+inf`, as `flash_attn_func` gives a row that
+    /// sees none), an empty one, and grouped heads, against the f64 reference; the output
+    /// and the log-sum-exp are poisoned first, so an element no launch writes fails, and the
+    /// columns past the last offset must stay so.
+    #[test]
+    fn varlen_lse_runs_on_the_interpreter_to_the_reference() {
+        let lens = [(113, 60), (0, 25), (45, 0), (64, 190), (1, 7)];
+        let (h, pad) = (4, 3);
+        let b = Packed::new(&mut Rng::new(23), &lens, (h, 2), pad, DType::F16);
+        let mut out = HostTensor::full(&b.q.shape, DType::F16, f64::NAN);
+        let opts = Options {
+            causal: true,
+            softcap: 20.0,
+            return_lse: true,
+            ..Options::default()
+        };
+        let vp = b.plan(&out, (113, 190), &opts);
+        let total_q = b.q.shape[0];
+        assert_eq!(vp.lse_shape, Some([h, total_q]));
+        let mut lse = HostTensor::full(&[h, total_q], DType::F32, f64::NAN);
+        interpret_varlen(
+            &vp,
+            Target::Sm90a,
+            (&b.q, &b.k, &b.v),
+            &mut out,
+            Some(&mut lse),
+        )
+        .expect("interprets");
+        // Columns c0..c1 of every head of the log-sum-exp, head-major.
+        let cols = |c0: usize, c1: usize| -> Vec<f64> {
+            (0..h)
+                .flat_map(|hh| (c0..c1).map(move |c| (hh, c)))
+                .map(|(hh, c)| lse.data.get_f64(hh * total_q + c))
+                .collect()
+        };
+        let scale = 0.125;
+        for (i, &(sq, sk)) in lens.iter().enumerate() {
+            let (qs, ks, vs) = b.sequence(i);
+            let q0 = b.cu_q[i] as usize;
+            let want = reference::attention_lse(&qs, &ks, scale, (-1, 0), Some(20.0));
+            let got = cols(q0, q0 + sq);
+            for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    *g == f64::INFINITY,
+                    *w == f64::INFINITY,
+                    "sequence {i} (sq={sq} sk={sk}): lse[{j}] = {g}, want {w}"
+                );
+            }
+            let (g, w): (Vec<f64>, Vec<f64>) =
+                got.iter().zip(&want).filter(|(_, w)| w.is_finite()).unzip();
+            let err = rel_error(&g, &w);
+            assert!(
+                err < tolerance(DType::F32),
+                "sequence {i}: lse error {err:.2e}"
+            );
+            if sk > 0 {
+                let want = reference::attention_window(&qs, &ks, &vs, scale, (-1, 0), Some(20.0));
+                let err = rel_error(&rows(&out, q0, q0 + sq).to_f64_vec(), &want);
+                assert!(err < tolerance(DType::F16), "sequence {i}: error {err:.2e}");
+            } else {
+                let got = rows(&out, q0, q0 + sq).to_f64_vec();
+                assert!(got.iter().all(|&x| x == 0.0), "sequence {i}: no keys, 0");
+            }
+        }
+        let (blind, keyless) = (lens[0].0 - lens[0].1, lens[2].0);
+        let infs = cols(0, total_q)
+            .iter()
+            .filter(|&&x| x == f64::INFINITY)
+            .count();
+        assert_eq!(
+            infs,
+            h * (blind + keyless),
+            "+inf: the causal rows that see no key and the sequence without keys"
+        );
+        let last = b.cu_q[lens.len()] as usize;
+        assert!(
+            cols(last, total_q).iter().all(|x| x.is_nan()),
+            "columns past the last offset untouched"
         );
     }
 }

@@ -4,6 +4,11 @@
 //! that sequence's last row, so the kernel's edge masking (and on sm_90a the TMA store's
 //! clipping at its tensor map's extent) keeps every store inside the sequence.
 //!
+//! The log-sum-exp, when asked for, is FlashAttention-2's varlen one: a `[nheads, total_q]`
+//! f32 tensor, sequence `i`'s rows being columns `cu_q[i]..cu_q[i + 1]`; each launch writes
+//! them through a view of those columns ([`crate::launch::Lse::rows`], no copy). A sequence
+//! without keys has `+inf` there, as `flash_attn_func` gives every row that sees no key.
+//!
 //! One launch per sequence, not one for the batch: the DSL has no scalar load to read a
 //! sequence's offsets in the kernel, nor tensor bounds that vary per block, which a single
 //! varlen launch needs. The offsets are read on the host (a device synchronisation in the
@@ -16,19 +21,35 @@ use crate::args::{
 /// A checked varlen call: each sequence's plan and the view of `out` it writes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VarlenPlan {
-    /// `(plan, out view)` of every sequence with query rows and keys, in batch order.
-    pub sequences: Vec<(Plan, View)>,
+    /// Every sequence with query rows and keys, in batch order.
+    pub sequences: Vec<Sequence>,
     /// `(first row, rows)` of `out` for each sequence with query rows but no key: their
-    /// output is 0, which the extension writes without a launch (a tensor map cannot have an
-    /// extent of 0).
+    /// output is 0 and their log-sum-exp `+inf`, which the extension writes without a launch
+    /// (a tensor map cannot have an extent of 0).
     pub zero_rows: Vec<(usize, usize)>,
+    /// `[nheads, total_q]`, the log-sum-exp's shape, when the call returns it.
+    pub lse_shape: Option<[usize; 2]>,
+}
+
+/// One sequence's launch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sequence {
+    /// Its first row in the packed tensors (`cu_seqlens_q[i]`), and so its first column of
+    /// the log-sum-exp.
+    pub first: usize,
+    /// Its plan, over views of its rows of q, k and v (`plan.seqlen_q` rows from `first`).
+    pub plan: Plan,
+    /// The BHSD view of its rows of `out`.
+    pub out: View,
 }
 
 /// Checks a `flash_attn_varlen_func` call (q: `[total_q, nheads, headdim]`, k and v:
 /// `[total_k, nheads_k, headdim]`, `out` as q; `cu_q`, `cu_k`: the values of
 /// `cu_seqlens_q`, `cu_seqlens_k`, whose tensors `cu_q_info`, `cu_k_info` must be int32 on
 /// q's device) and plans one launch per sequence. Window bounds of at least `max_seqlen_k`
-/// are unbounded, as FlashAttention normalises them.
+/// are unbounded, as FlashAttention normalises them. With `opts.return_lse`, the plan's
+/// [`VarlenPlan::lse_shape`] is `[nheads, total_q]`, `total_q` being q's rows (as
+/// FlashAttention's, rows past the last offset included, which no launch writes).
 #[allow(clippy::too_many_arguments)]
 pub fn plan_varlen(
     (q, k, v): (&TensorInfo, &TensorInfo, &TensorInfo),
@@ -117,15 +138,23 @@ pub fn plan_varlen(
         if plan.is_empty() {
             continue;
         }
+        let first = cu_q[i] as usize;
         if plan.seqlen_k == 0 {
-            zero_rows.push((cu_q[i] as usize, plan.seqlen_q));
+            zero_rows.push((first, plan.seqlen_q));
         } else {
-            sequences.push((plan, view));
+            sequences.push(Sequence {
+                first,
+                plan,
+                out: view,
+            });
         }
     }
     Ok(VarlenPlan {
         sequences,
         zero_rows,
+        lse_shape: opts
+            .return_lse
+            .then(|| [q.shape[1], q.shape[0]].map(|n| n as usize)),
     })
 }
 
@@ -243,14 +272,16 @@ mod tests {
         // rows are zeroed, not launched.
         assert_eq!(p.sequences.len(), 2);
         assert_eq!(p.zero_rows, [(300, 10)]);
-        let (first, out) = &p.sequences[0];
+        let (first, out) = (&p.sequences[0].plan, &p.sequences[0].out);
+        assert_eq!(p.sequences[0].first, 0);
         assert_eq!(
             (first.seqlen_q, first.seqlen_k, first.kv_group),
             (100, 50, 2)
         );
         assert_eq!(first.q.ptr, q.ptr);
         assert_eq!(out.shape, [1, 4, 100, 64]);
-        let (third, out) = &p.sequences[1];
+        let (third, out) = (&p.sequences[1].plan, &p.sequences[1].out);
+        assert_eq!(p.sequences[1].first, 100);
         assert_eq!((third.seqlen_q, third.seqlen_k), (200, 250));
         assert_eq!(third.q.ptr, q.ptr + 100 * 4 * 64 * 2);
         assert_eq!(third.k.ptr, k.ptr + 250 * 2 * 64 * 2);
@@ -258,6 +289,27 @@ mod tests {
         assert_eq!(out.ptr, q.ptr + 100 * 4 * 64 * 2);
         // The view ends at the sequence's last row: the kernel masks the next one's rows.
         assert_eq!(out.shape[2], 200);
+        assert_eq!(p.lse_shape, None, "no log-sum-exp asked for");
+    }
+
+    #[test]
+    fn the_log_sum_exp_is_nheads_by_every_packed_row() {
+        // FlashAttention-2's varlen shape: q's rows, the 10 past the last offset included.
+        let (q, k) = (packed(310, 4, 64), packed(500, 2, 64));
+        let p = plan_varlen(
+            (&q, &k, &k),
+            &q,
+            (&offsets(3), &offsets(3)),
+            (&[0, 100, 300], &[0, 250, 500]),
+            (200, 250),
+            &Options {
+                return_lse: true,
+                ..Options::default()
+            },
+        )
+        .expect("valid");
+        assert_eq!(p.lse_shape, Some([4, 310]));
+        assert!(p.sequences.iter().all(|s| s.plan.return_lse));
     }
 
     #[test]
@@ -278,7 +330,7 @@ mod tests {
                 },
             )
             .expect("valid");
-            assert_eq!(p.sequences[0].0.window, (5, want));
+            assert_eq!(p.sequences[0].plan.window, (5, want));
         }
     }
 
