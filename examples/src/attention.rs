@@ -51,11 +51,11 @@ fn online_update(s: Value, vs: Value, acc: Value, m: Value, l: Value) -> (Value,
 /// Attention over `q: [batch, heads, sq, d]` and `k, v: [batch, heads / kv_group, sk, d]`
 /// (`dtype`, bf16 or f16; `sq`, `sk` may differ) into `o: [batch, heads, sq, d]`, scores
 /// `s = q.k * scale`, soft-capped to `softcap * tanh(s / softcap)` when `softcap > 0`
-/// ([`forward`] says how).
+/// (`forward` says how).
 ///
 /// Grid: `(cdiv(sq, block_m), heads, batch)`. Comptime: `d` (head dim, default 128; a power
 /// of two or a multiple of 32, the tiles' width), `causal` (default false), `block_n` (keys per
-/// block, a multiple of 16; default 0: [`key_block`]; the autotuner tries 64, 128, 160 and 192),
+/// block, a multiple of 16; default 0: `key_block`; the autotuner tries 64, 128, 160 and 192),
 /// `kv_group`, `dtype`, `window_left`/`window_right` (default -1, unbounded; causal forces
 /// right = 0), `softcap` (default 0: off), `block_m` (query rows per block, default
 /// [`BLOCK_M`]; on sm_90a 64 per consumer warpgroup, so 64, 128 or 192: three warpgroups,
@@ -270,7 +270,7 @@ fn key_block(block_n: usize, d: usize, w: Window, softcap: f32) -> usize {
 /// A sliding-window mask with FlashAttention's semantics: query `i` of `sq` sees key `j` of
 /// `sk` iff `i + sk - sq - left <= j <= i + sk - sq + right` (aligned bottom-right, as the
 /// causal mask), a negative bound being unbounded; causal is `(-1, 0)`. The key-block walk
-/// starts at the first block a row of the query block may see ([`left_blocks`]) and stops
+/// starts at the first block a row of the query block may see (`left_blocks`) and stops
 /// after the last; blocks every row sees whole skip the mask.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Window {
@@ -384,7 +384,7 @@ fn elem_type(v: Value) -> DType {
 /// `96 < d <= 128` (2 stages; 0.95-0.97x cuDNN non-causal on the H200 against 0.93x at 128, the
 /// same causal) and 128 for `d <= 96` (at d = 64 that is also the kernel's own choice, unless a
 /// window or soft-cap makes it pick sm_80's 64); otherwise 0, the kernel's own choice
-/// ([`key_block`]).
+/// (`key_block`).
 pub fn tuned_block_n(target: kiln::ir::Target, d: usize) -> usize {
     match (target, d) {
         (kiln::ir::Target::Sm90a, 97..=128) => 160,

@@ -2,7 +2,7 @@
 //! or f16 tensors (the comptime `dtype`), f32 accumulation and epilogue arithmetic.
 //!
 //! Both share [`gemm`](crate::gemm::gemm)'s tile parameters, grid and mainloop (one
-//! pipelined loop into an f32 accumulator, [`mainloop`]), so the sm_90a passes schedule them
+//! pipelined loop into an f32 accumulator, `mainloop`), so the sm_90a passes schedule them
 //! as they schedule the gemm (warp specialisation, TMA ring, persistent tiles, the TMA-store
 //! epilogue); only what happens to `acc` after the loop differs.
 //!

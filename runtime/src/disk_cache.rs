@@ -162,7 +162,7 @@ pub struct CachedCubin {
 /// One entry file, as `kiln cache ls` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EntryInfo {
-    /// The file name (the key and [`SUFFIX`]).
+    /// The file name (the key and the `.cubin` suffix).
     pub name: String,
     /// Bytes on disk.
     pub bytes: u64,

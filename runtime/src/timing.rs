@@ -42,8 +42,8 @@ $Lspin:
 impl Device {
     /// Runs `f`, which issues GPU work, between two CUDA events on the device's stream, waits,
     /// and returns `f`'s result with the GPU time in milliseconds. The GPU is held for
-    /// [`HOLD_NS`] before the start event, so what `f` enqueues is queued when the interval
-    /// starts: the figure is GPU time alone, whatever `f`'s host work costs.
+    /// `HOLD_NS` (200 us) before the start event, so what `f` enqueues is queued when the
+    /// interval starts: the figure is GPU time alone, whatever `f`'s host work costs.
     pub fn time<R, E: From<RuntimeError> + From<LaunchError>>(
         &self,
         f: impl FnOnce() -> Result<R, E>,

@@ -1,5 +1,5 @@
 //! kiln-tests: support shared by the cross-crate tests. Random inputs with a printed seed
-//! ([`inputs`]), f64 references computed from the already-rounded inputs ([`reference`]), and
+//! ([`inputs`]), f64 references computed from the already-rounded inputs ([`mod@reference`]), and
 //! relative-norm-error checks over poisoned outputs ([`check`]), and kernels built from
 //! arbitrary bytes for the random-kernel test and the fuzz target ([`random_kernel`]), and the
 //! gemm run on the CPU execution of its schedule ([`scheduled`]).

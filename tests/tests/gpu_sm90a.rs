@@ -476,7 +476,11 @@ fn gpu_sm90a_autotune_picks_and_keeps_a_key_block() {
     let block_n = chosen.comptime["block_n"];
     println!("chose {block_n} after {runs} runs");
     assert!(runs >= 2, "the candidates were timed");
-    assert!([64, 128, 160, 192].map(ComptimeValue::Usize).contains(&block_n));
+    assert!(
+        [64, 128, 160, 192]
+            .map(ComptimeValue::Usize)
+            .contains(&block_n)
+    );
     assert_eq!(tune(&dev), (chosen.clone(), 0), "kept in memory");
     let fresh = hopper().expect("the same GPU").with_disk_cache(cache);
     assert_eq!(tune(&fresh), (chosen.clone(), 0), "kept on disk");

@@ -68,7 +68,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
 
 /// The `setmaxnreg.inc` target of each consumer warp when two CTAs of `consumer_warps` and
 /// `producer_warps` share the register file and the producers keep
-/// [`SHARED_PRODUCER_REGS`]: what is left of the registers the CTA's warps hold from launch,
+/// `SHARED_PRODUCER_REGS` (24): what is left of the registers the CTA's warps hold from launch,
 /// a multiple of 8 as `setmaxnreg` takes.
 pub fn shared_split(consumer_warps: u32, producer_warps: u32) -> u32 {
     let warps = consumer_warps + producer_warps;
