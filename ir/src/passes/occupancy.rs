@@ -1,20 +1,21 @@
 //! The `occupancy` pass (sm_90a): a warp-specialised kernel is built for two CTAs per
 //! multiprocessor when their shared memory fits beside each other and the consumers'
-//! registers fit half the register file, so one CTA's epilogue, ring start and softmax run
-//! under the other's wgmmas (the overlap that two ping-ponging consumer warpgroups give within
-//! a CTA, across CTAs).
+//! registers fit what half the register file leaves them, so one CTA's epilogue, ring start
+//! and softmax run under the other's wgmmas (the overlap that two ping-ponging consumer
+//! warpgroups give within a CTA, across CTAs).
 //!
 //! Two CTAs share the 64K registers: each thread gets at most half the file's share at entry
 //! (`.minnctapersm 2`, a multiple of 8: 128 for 256 threads, 80 for 384), then the producer
 //! warpgroup gives back down to 24 and the consumer warpgroups share the rest
 //! ([`shared_split`]: 232 for one consumer warpgroup, 104 for two), which `setmaxnreg.inc`
 //! finds in the CTA's own pool: what its warps hold from launch, never more (a larger split
-//! hangs the consumers in `setmaxnreg.inc`, as 112 for two did on the H200). The consumers must fit that count: their mma accumulators
-//! (counted per thread from their layouts; a rotated head's one and a half times, as the
-//! `overlap` pass keeps the next block's product in flight while the current one is read as a
-//! 16-bit operand) and a fixed allowance for addresses, row statistics and the loop's state;
-//! and ptxas places each wgmma's accumulator within the registers a thread has at entry, so
-//! the largest accumulator and the allowance must fit those too.
+//! hangs the consumers in `setmaxnreg.inc`, as 112 for two did on the H200). The consumers
+//! must fit that count: their mma accumulators (counted per thread from their layouts; a
+//! rotated head's one and a half times, as the `overlap` pass keeps the next block's product
+//! in flight while the current one is read as a 16-bit operand) and a fixed allowance for
+//! addresses, row statistics and the loop's state; and ptxas places each wgmma's accumulator
+//! within the registers a thread has at entry, so the largest accumulator and the allowance
+//! must fit those too.
 //! Every other kernel keeps one CTA per multiprocessor.
 //!
 //! In: the final shared-memory plan (`tma_store`'s staging tile included), the roles and the
