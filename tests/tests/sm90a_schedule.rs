@@ -297,6 +297,33 @@ fn two_ctas_per_multiprocessor_only_where_the_launch_registers_hold_the_split() 
     }
 }
 
+/// Consumers whose accumulators do not fit their registers are a compiler error at the user's
+/// loop, before ptxas would spill or refuse them (C7602): three consumer warpgroups of
+/// attention at d = 256 (O alone is 128 registers a thread) or of a 192 x 256 gemm tile.
+/// Their neighbours that fit compile.
+#[test]
+fn accumulators_that_do_not_fit_the_consumers_are_compiler_errors() {
+    for (name, overrides, fits) in [
+        ("attention", vec![("d", "256"), ("block_m", "192")], false),
+        ("gemm", vec![("BM", "192"), ("BN", "256")], false),
+        ("attention", vec![("d", "64"), ("block_m", "192")], true),
+        ("gemm", vec![("BM", "192"), ("BN", "128")], true),
+    ] {
+        let kernel = ptx_examples::build(name, &overrides);
+        let result = kiln_ptx::compile(&kernel, Target::Sm90a);
+        if fits {
+            result.unwrap_or_else(|e| panic!("{name} {overrides:?}: {e}"));
+            continue;
+        }
+        let text = result.expect_err("the consumers do not fit").to_string();
+        assert!(
+            text.contains("3 consumer warpgroup(s) of a 512-thread block"),
+            "{text}"
+        );
+        assert!(text.contains(&format!("examples/src/{name}.rs")), "{text}");
+    }
+}
+
 #[test]
 fn broken_real_schedules_are_compiler_errors() {
     let edits: [(&str, Edit); 3] = [

@@ -19,10 +19,13 @@
 //! Every other kernel keeps one CTA per multiprocessor.
 //!
 //! In: the final shared-memory plan (`tma_store`'s staging tile included), the roles and the
-//! layouts. Out: [`crate::ring::Roles::ctas_per_sm`] and the register split.
+//! layouts. Out: [`crate::ring::Roles::ctas_per_sm`] and the register split, or an error at
+//! the user's loop where the consumers' accumulators do not fit even one CTA's split (three
+//! consumer warpgroups of attention at d = 128, or of a 192 x 256 gemm tile).
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, OpKind};
+use crate::ring::Roles;
 use crate::target::Target;
 
 use super::walk;
@@ -50,21 +53,50 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     let Some(roles) = kernel.schedule.roles else {
         return Ok(());
     };
+    let acc = accumulator_regs(kernel);
+    check_consumers_fit(kernel, &roles, &acc)?;
     let fits_smem = 2 * (kernel.schedule.smem_bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM;
     let consumer_regs = shared_split(roles.consumer_warps, roles.producer_warps);
-    let entry_regs = entry_regs(roles.threads(), 2);
-    let acc = accumulator_regs(kernel);
-    if !fits_smem
-        || acc.total + NON_ACCUMULATOR_REGS > consumer_regs
-        || acc.largest + NON_ACCUMULATOR_REGS > entry_regs
-    {
+    let shared = Roles {
+        ctas_per_sm: 2,
+        producer_regs: SHARED_PRODUCER_REGS,
+        consumer_regs,
+        ..roles
+    };
+    if !fits_smem || !acc.fits(&shared) {
         return Ok(());
     }
-    let roles = kernel.schedule.roles.as_mut().expect("checked above");
-    roles.ctas_per_sm = 2;
-    (roles.producer_regs, roles.consumer_regs) = (SHARED_PRODUCER_REGS, consumer_regs);
-    let roles = *roles;
-    check_register_file(kernel, &roles)
+    kernel.schedule.roles = Some(shared);
+    check_register_file(kernel, &shared)
+}
+
+/// Checks that the consumers' accumulators fit the registers `roles` gives them at one CTA
+/// per multiprocessor: a kernel they do not fit would spill or fail in ptxas (C7602), so it
+/// is a compiler error at the user's loop.
+fn check_consumers_fit(
+    kernel: &Kernel,
+    roles: &Roles,
+    acc: &AccumulatorRegs,
+) -> Result<(), Diagnostic> {
+    if acc.fits(roles) {
+        return Ok(());
+    }
+    let warpgroups = roles.consumer_warps / 4;
+    Err(Diagnostic::new(
+        walk::first_ring_loc(kernel, &kernel.schedule.rings),
+        format!(
+            "{warpgroups} consumer warpgroup(s) of a {}-thread block: their mma accumulators \
+             need {} registers a thread (the largest {}) besides {NON_ACCUMULATOR_REGS} for \
+             addresses and row statistics, and they get {} (`setmaxnreg`), of which ptxas \
+             places an accumulator within the {} a thread holds at launch",
+            roles.threads(),
+            acc.total,
+            acc.largest,
+            roles.consumer_regs,
+            entry_regs(roles.threads(), roles.ctas_per_sm),
+        ),
+    )
+    .note("use fewer rows per block (64 per consumer warpgroup) or a narrower tile"))
 }
 
 /// The `setmaxnreg.inc` target of each consumer warp when two CTAs of `consumer_warps` and
@@ -86,6 +118,15 @@ struct AccumulatorRegs {
     /// The largest one: ptxas allocates a wgmma's accumulator within the registers a thread
     /// has at entry (`.minnctapersm`), not the `setmaxnreg` count (C7602 otherwise).
     largest: u32,
+}
+
+impl AccumulatorRegs {
+    /// Whether the accumulators and [`NON_ACCUMULATOR_REGS`] fit the consumers' `setmaxnreg`
+    /// count of `roles`, and the largest accumulator the registers a thread has at launch.
+    fn fits(&self, roles: &Roles) -> bool {
+        self.total + NON_ACCUMULATOR_REGS <= roles.consumer_regs
+            && self.largest + NON_ACCUMULATOR_REGS <= entry_regs(roles.threads(), roles.ctas_per_sm)
+    }
 }
 
 /// The mma accumulators' registers per consumer thread, from their register layouts.
