@@ -12,7 +12,7 @@ use kiln::prelude::*;
 /// Grid: `(cdiv(M, BM), cdiv(N, BN), 1)`. Comptime: `CLUSTER_M = 1`, `BM = 128`, `BN = 128`,
 /// `BK = 64`, `STAGES = 3`, `b_col_major = false`, `dtype = bf16` (or `f16`); the autotuner
 /// tries `CLUSTER_M` in {1, 2} (sm_90a: M-adjacent pairs share B's tiles, multicast), `BM` in
-/// {64, 128}, `BN` in {128, 256}, `BK` in {32, 64}, `STAGES` in {3, 4, 5} (what fits).
+/// {64, 128, 192}, `BN` in {128, 256}, `BK` in {32, 64}, `STAGES` in {3, 4, 5} (what fits).
 /// On sm_80: 4 warps of 64x64 (fewer ldmatrix per mma than 8 of 64x32), ~230 registers, 96 KiB
 /// shared, 2 blocks/SM (H200, 4096^3: 352 TFLOP/s; BK = 32: 323; 8 warps: 314; 4 stages, 1/SM:
 /// 285). On sm_90a: a persistent, warp-specialised wgmma kernel (README: figures vs cuBLAS).
@@ -22,7 +22,7 @@ pub fn gemm(
     b: Tensor<dtype, 2>,
     c: TensorMut<dtype, 2>,
     #[comptime(default = 1, tune = [1, 2])] CLUSTER_M: usize,
-    #[comptime(default = 128, tune = [64, 128])] BM: usize,
+    #[comptime(default = 128, tune = [64, 128, 192])] BM: usize,
     #[comptime(default = 128, tune = [128, 256])] BN: usize,
     #[comptime(default = 64, tune = [32, 64])] BK: usize,
     #[comptime(default = 3, tune = [3, 4, 5])] STAGES: usize,

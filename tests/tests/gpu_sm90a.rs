@@ -242,6 +242,8 @@ fn gpu_sm90a_gemm_matches_reference() {
             (128, 128, 64),
             (128, 256, 64),
             (64, 128, 64),
+            // Three consumer warpgroups.
+            (192, 128, 64),
         ] {
             for shape in shapes {
                 for dist in Dist::ALL {
