@@ -8,8 +8,8 @@ The sweep is bench/peers.py's (design.md section 8): bf16, b*s = 16384, h = 2048
 s in {1k..16k}, d in {64, 128, 256}, causal and not. kiln gets FlashAttention's layout
 (b, s, h, d); SDPA (FLASH_ATTENTION = FlashAttention-2, and cuDNN) gets its own (b, h, s, d).
 Each call is timed alone with CUDA events after warm-up, behind a GPU hold (GPU time without
-the launch latency), rotating over input sets that
-together exceed twice the L2; the median is reported. Each configuration's kiln output is
+the launch latency), rotating over input sets that together exceed twice the L2; the median
+is reported. Each configuration's kiln output is
 checked against the first SDPA backend that ran (FlashAttention-2, else cuDNN: relative norm
 error below 2e-2; the script exits 1 otherwise).
 

@@ -40,7 +40,8 @@ impl Samples {
 }
 
 /// Runs `run(i)` `warmup` times untimed, then `iters` times, each timed alone with CUDA
-/// events behind a GPU hold ([`Device::time`]: GPU time, not the host's launch latency). `i` counts every call, so `run` can pick input set `i % sets` (rotation).
+/// events behind a GPU hold ([`Device::time`]: GPU time, not the host's launch latency).
+/// `i` counts every call, so `run` can pick input set `i % sets` (rotation).
 pub fn measure<E: From<RuntimeError> + From<LaunchError>>(
     device: &Device,
     warmup: usize,

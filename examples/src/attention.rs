@@ -393,6 +393,19 @@ pub fn tuned_block_n(target: kiln::ir::Target, d: usize) -> usize {
     }
 }
 
+/// The grid `attention` and `attention_lse` launch with for comptime values `ct`:
+/// `(cdiv(sq, block_m), heads, batch)`, `block_m` the one `ct` holds, else [`BLOCK_M`].
+pub fn grid(
+    ct: &std::collections::BTreeMap<String, kiln::ir::dsl::ComptimeValue>,
+    (sq, heads, batch): (usize, usize, usize),
+) -> [u32; 3] {
+    let block_m = match ct.get("block_m") {
+        Some(&kiln::ir::dsl::ComptimeValue::Usize(m)) => m,
+        _ => BLOCK_M,
+    };
+    [sq.div_ceil(block_m) as u32, heads as u32, batch as u32]
+}
+
 /// The query block (`block_m`) to launch `attention` with for head dim `d` on `target`: 192
 /// rows (three consumer warpgroups) for `d <= 64` on sm_90a, whose S and O accumulators fit the
 /// 160 registers three warpgroups get (FlashAttention-3's d = 64 tile; 0.98-1.04x cuDNN on the

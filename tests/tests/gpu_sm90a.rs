@@ -450,12 +450,7 @@ fn gpu_sm90a_autotune_picks_and_keeps_a_key_block() {
     let o = output(&dev, &[b, h, s, d]);
     let scale = 1.0 / (d as f32).sqrt();
     // Each candidate's grid has its own block_m's rows per block.
-    let grid = |c: &Spec| {
-        let ComptimeValue::Usize(block_m) = c.comptime["block_m"] else {
-            panic!("block_m is a usize")
-        };
-        [s.div_ceil(block_m) as u32, h as u32, b as u32]
-    };
+    let grid = |c: &Spec| kiln_examples::attention::grid(&c.comptime, (s, h, b));
     let args = [
         KernelArg::Tensor(&dq),
         KernelArg::Tensor(&dk),

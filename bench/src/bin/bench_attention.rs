@@ -1,11 +1,11 @@
 //! kiln's `attention` example over the standard sweep (design.md §8): bf16, b*s = 16384
-//! tokens, h = 2048/d heads, s in {1k, 2k, 4k, 8k, 16k}, d in {64, 128} (and 256), causal and not
-//! (`--quick`: s in {1k, 4k}). FLOPs are 4*b*h*s*s*d, halved when causal.
+//! tokens, h = 2048/d heads, s in {1k, 2k, 4k, 8k, 16k}, d in {64, 128} (and 256), causal and
+//! not (`--quick`: s in {1k, 4k}). FLOPs are 4*b*h*s*s*d, halved when causal.
 //!
 //! For each configuration: one run whose output (poisoned first) is checked on sampled query
 //! rows against an f64 reference, warm-up, then `--iters` runs each timed alone with CUDA
-//! events (behind a GPU hold: GPU time without the launch latency) over rotated input sets; the median is reported. For each (d, causal) it also
-//! reports the time from specialisation to PTX text (build + codegen) and to a loaded module
+//! events (behind a GPU hold: GPU time without the launch latency) over rotated input sets;
+//! the median is reported. For each (d, causal) it also reports the time from specialisation to PTX text (build + codegen) and to a loaded module
 //! (+ driver JIT), uncached, and the warm start: the same through a disk cache that holds the
 //! cubin (no JIT). The PyTorch peers run from `bench/peers.py`;
 //! `bench/run-attention.sh` runs both on the same GPU and merges them into one table.
@@ -19,7 +19,6 @@ use kiln_bench::harness::{Progress, measure, tflops};
 use kiln_bench::inputs::{copies, uniform};
 use kiln_bench::report::{Table, comptime_text, meta, write_json};
 use kiln_bench::{BenchError, kernels};
-use kiln_examples::attention::BLOCK_M;
 use kiln_ir::dsl::{ComptimeValue, Spec};
 use kiln_ir::{DType, HostTensor};
 use kiln_runtime::{Device, DeviceTensor, DiskCache, KernelArg, Origin, rotation_sets};
@@ -132,13 +131,9 @@ fn run() -> Result<bool, BenchError> {
             .map(|_| device.alloc(DType::Bf16, &shape))
             .collect::<Result<Vec<_>, _>>()?;
         let scale = 1.0 / (c.d as f32).sqrt();
-        // The kernel's grid is `(cdiv(s, block_m), h, b)`, block_m the candidate's own.
+        // Each candidate's grid has its own block_m's rows per block.
         let grid = |ct: &BTreeMap<String, ComptimeValue>| {
-            let block_m = match ct.get("block_m") {
-                Some(ComptimeValue::Usize(m)) => *m,
-                _ => BLOCK_M,
-            };
-            [c.s.div_ceil(block_m) as u32, c.h() as u32, c.b() as u32]
+            kiln_examples::attention::grid(ct, (c.s, c.h(), c.b()))
         };
         if args.autotune {
             let a = [
@@ -224,8 +219,8 @@ fn run() -> Result<bool, BenchError> {
     Ok(all_ok)
 }
 
-/// `attention`'s comptime values for `c` on `target` (the key and query blocks it is tuned for), with
-/// the command line's `--set` values over them.
+/// `attention`'s comptime values for `c` on `target` (the key and query blocks it is tuned
+/// for), with the command line's `--set` values over them.
 fn comptime(
     def: &dyn kiln_ir::dsl::KernelDef,
     c: &Config,

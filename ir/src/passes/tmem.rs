@@ -8,10 +8,11 @@
 //! no once loads. Its epilogue warps are the kernel's (one or two warpgroups, chosen by the
 //! layout pass: [`crate::tmem::epilogue`]); each warp copies its warpgroup's column block of
 //! its 32 lanes, whole or chunk by chunk ([`crate::tmem::epilogue::program`]). The
-//! accumulator takes the next power of 2 of its columns (at least 32) of the 512; the TMEM address slot and the `acc_full` / `acc_empty` barriers go after the
-//! rest of shared memory. A ring with a once load whose body is attention-shaped gets the
-//! FlashAttention-4-style schedule instead ([`crate::tmem::attention`], `schedule.attention`). Any other
-//! ring is reported as not implemented on sm_100a.
+//! accumulator takes the next power of 2 of its columns (at least 32) of the 512; the TMEM
+//! address slot and the `acc_full` / `acc_empty` barriers go after the rest of shared memory.
+//! A ring with a once load whose body is attention-shaped gets the FlashAttention-4-style
+//! schedule instead ([`crate::tmem::attention`], `schedule.attention`). Any other ring is
+//! reported as not implemented on sm_100a.
 //!
 //! A ring the `persistent` pass paired in the 2-SM form ([`crate::cluster::Pair`]) gets the
 //! pair's plan ([`crate::tmem::TmemPair`]): an mma of M = 256 over both CTAs' rows, the

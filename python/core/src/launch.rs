@@ -14,7 +14,7 @@ use kiln::ptx::PtxModule;
 use kiln::runtime::{
     Device, DeviceTensor, ForeignStream, KernelArg, LaunchError, LoadedKernel, RuntimeError,
 };
-use kiln_examples::attention::{BLOCK_M, attention, attention_lse, tuned_block_m, tuned_block_n};
+use kiln_examples::attention::{attention, attention_lse, tuned_block_m, tuned_block_n};
 
 use crate::args::{Plan, TensorInfo, View};
 use crate::varlen::VarlenPlan;
@@ -57,15 +57,7 @@ pub fn comptime(plan: &Plan, target: Target) -> BTreeMap<String, ComptimeValue> 
 /// The kernel's grid for the comptime values `ct` ([`comptime`]): `block_m` query rows per
 /// block, one block row per head and batch.
 pub fn grid(plan: &Plan, ct: &BTreeMap<String, ComptimeValue>) -> [u32; 3] {
-    let block_m = match ct.get("block_m") {
-        Some(&ComptimeValue::Usize(m)) => m,
-        _ => BLOCK_M,
-    };
-    [
-        plan.seqlen_q.div_ceil(block_m) as u32,
-        plan.nheads as u32,
-        plan.batch as u32,
-    ]
+    kiln_examples::attention::grid(ct, (plan.seqlen_q, plan.nheads, plan.batch))
 }
 
 /// The device for CUDA ordinal `ordinal`, opened once per process: opening retains the primary
