@@ -17,6 +17,8 @@ use kiln_attn_core::launch::{self, LaunchFailure};
 use kiln_attn_core::varlen;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use std::sync::Mutex;
+
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyString, PyTuple};
 
@@ -44,9 +46,8 @@ fn tensor_info(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<TensorInfo> {
             .map_or_else(|_| "?".to_string(), |n| n.to_string());
         PyTypeError::new_err(format!("{name}: expected a torch.Tensor, got {ty}"))
     };
-    let Ok(data_ptr) = obj.getattr(pyo3::intern!(obj.py(), "data_ptr")) else {
-        return Err(not_tensor());
-    };
+    // One method call per fact the extension needs (a bound method object costs as much
+    // again), in the order that finds a non-tensor soonest.
     let shape = obj
         .getattr(pyo3::intern!(obj.py(), "shape"))
         .and_then(|s| ints(&s))
@@ -76,8 +77,8 @@ fn tensor_info(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<TensorInfo> {
             .map_err(|_| not_tensor())?;
         TorchDevice::Other(device.to_string())
     };
-    let ptr: u64 = data_ptr
-        .call0()
+    let ptr: u64 = obj
+        .call_method0(pyo3::intern!(obj.py(), "data_ptr"))
         .and_then(|p| p.extract())
         .map_err(|_| not_tensor())?;
     Ok(TensorInfo {
@@ -98,18 +99,29 @@ fn ints(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     }
 }
 
-/// The dtype `dtype` is, by its printed name; `torch.bfloat16`, once seen, is recognised by
-/// identity (dtypes are singletons), which spares a string per tensor per call.
+/// The dtype objects [`dtype_of`] has parsed, with what each is.
+type SeenDTypes = Vec<(Py<PyAny>, TorchDType)>;
+
+/// The dtype `dtype` is, by its printed name; a dtype seen before is recognised by identity
+/// (torch dtypes are singletons), which spares a string per tensor per call.
 fn dtype_of(dtype: &Bound<'_, PyAny>) -> PyResult<TorchDType> {
-    static BF16: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    static SEEN: PyOnceLock<Mutex<SeenDTypes>> = PyOnceLock::new();
     let py = dtype.py();
-    if BF16.get(py).is_some_and(|bf16| dtype.is(bf16)) {
-        return Ok(TorchDType::Bf16);
+    let seen = SEEN.get_or_init(py, Default::default);
+    // A poisoned lock only means another thread panicked mid-push; the list is still valid.
+    let known = |seen: &SeenDTypes| {
+        seen.iter()
+            .find(|(d, _)| dtype.is(d))
+            .map(|(_, t)| t.clone())
+    };
+    if let Some(t) = known(&seen.lock().unwrap_or_else(|e| e.into_inner())) {
+        return Ok(t);
     }
     let parsed = TorchDType::from_name(dtype.str()?.to_str()?);
-    if parsed == TorchDType::Bf16 {
-        // Another thread may have set it first: either object is torch.bfloat16.
-        let _ = BF16.set(py, dtype.clone().unbind());
+    let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+    // PyTorch has a few dtypes; past eight distinct objects, the rest are parsed each time.
+    if known(&seen).is_none() && seen.len() < 8 {
+        seen.push((dtype.clone().unbind(), parsed.clone()));
     }
     Ok(parsed)
 }

@@ -19,7 +19,7 @@ use crate::params::ParamBuffer;
 use crate::tensor::{Buffer, DeviceTensor, nan_pattern};
 use crate::timing::HoldSlot;
 use crate::tma::{L2Promotion, OobFill, Swizzle, TensorMap};
-use crate::validate::{ArgView, check_args, check_grid};
+use crate::validate::{ArgView, alignment, check_args, check_grid};
 
 /// A launch argument, in signature order.
 #[derive(Clone, Copy, Debug)]
@@ -256,10 +256,10 @@ impl Device {
         check_grid(grid, self.grid_max)?;
         // Element types that are comptime parameters take this launch's values.
         let signature = specialise(def.signature(), comptime);
-        let aligned16 = check_args(def.name(), &signature, &views, self.context_id())?;
+        check_args(def.name(), &signature, &views, self.context_id())?;
         let spec = Spec {
             comptime: comptime.clone(),
-            aligned16,
+            aligned16: alignment(&signature, &views),
         };
         let kernel = self.compile(def, &spec)?;
         let maps = self.tensor_maps(&kernel, &signature, args)?;

@@ -164,6 +164,13 @@ impl DeviceTensor {
         self.buf.ptr
     }
 
+    /// Whether the view is 16-byte aligned ([`Layout::aligned16`] at its allocation's address):
+    /// the fact a launch specialises each tensor parameter on ([`kiln_ir::dsl::Spec`]), so a
+    /// caller that picks a loaded kernel itself picks it by this.
+    pub fn aligned16(&self) -> bool {
+        self.layout.aligned16(self.buf.ptr)
+    }
+
     /// Size of the underlying allocation in bytes.
     pub fn alloc_bytes(&self) -> usize {
         self.buf.bytes

@@ -56,15 +56,14 @@ pub(crate) fn check_grid(grid: [u32; 3], max: [u32; 3]) -> Result<(), LaunchErro
     Ok(())
 }
 
-/// Checks `args` against `signature` for a launch on the device context `context`, and
-/// returns, for each tensor parameter by name, whether it is 16-byte aligned (see
-/// [`Layout::aligned16`]).
+/// Checks `args` against `signature` for a launch on the device context `context`. Builds no
+/// string unless it fails: a launch of an already loaded kernel runs it every time.
 pub(crate) fn check_args(
     kernel: &str,
     signature: &[ParamSig],
     args: &[ArgView<'_>],
     context: usize,
-) -> Result<BTreeMap<String, bool>, LaunchError> {
+) -> Result<(), LaunchError> {
     if signature.len() != args.len() {
         return Err(LaunchError::ArgCount {
             kernel: kernel.to_string(),
@@ -72,7 +71,6 @@ pub(crate) fn check_args(
             got: args.len(),
         });
     }
-    let mut aligned16 = BTreeMap::new();
     for (index, (sig, arg)) in signature.iter().zip(args).enumerate() {
         match (sig, arg) {
             (
@@ -81,16 +79,15 @@ pub(crate) fn check_args(
                 },
                 ArgView::Tensor {
                     layout,
-                    base,
                     alloc_bytes,
                     context: owner,
+                    ..
                 },
             ) => {
                 check_tensor(name, *dtype, *rank, layout, *alloc_bytes)?;
                 if *owner != context {
                     return Err(LaunchError::ForeignTensor { param: name });
                 }
-                aligned16.insert(name.to_string(), layout.aligned16(*base));
             }
             (ParamSig::Scalar { dtype, .. }, ArgView::F32(_)) if *dtype == kiln_ir::DType::F32 => {}
             (ParamSig::Scalar { dtype, .. }, ArgView::I32(_)) if *dtype == kiln_ir::DType::I32 => {}
@@ -110,7 +107,23 @@ pub(crate) fn check_args(
             }
         }
     }
-    Ok(aligned16)
+    Ok(())
+}
+
+/// For each tensor parameter of `signature` by name, whether its argument in `args` (already
+/// checked by [`check_args`]) is 16-byte aligned ([`Layout::aligned16`]): the alignment facts
+/// of the launch's [`kiln_ir::dsl::Spec`].
+pub(crate) fn alignment(signature: &[ParamSig], args: &[ArgView<'_>]) -> BTreeMap<String, bool> {
+    signature
+        .iter()
+        .zip(args)
+        .filter_map(|(sig, arg)| match (sig, arg) {
+            (ParamSig::Tensor { name, .. }, ArgView::Tensor { layout, base, .. }) => {
+                Some((name.to_string(), layout.aligned16(*base)))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The tensor rules: dtype, rank, innermost stride 1, extents below 2^31, strides below 2^63,
@@ -199,7 +212,7 @@ mod tests {
         }
     }
 
-    fn check(args: &[ArgView<'_>]) -> Result<BTreeMap<String, bool>, LaunchError> {
+    fn check(args: &[ArgView<'_>]) -> Result<(), LaunchError> {
         check_args("k", SIG, args, CTX)
     }
 
@@ -207,7 +220,10 @@ mod tests {
     fn valid_arguments_report_alignment() {
         let a = Layout::contiguous(DType::Bf16, &[5, 64]);
         let out = Layout::contiguous(DType::F32, &[5, 3]);
-        let aligned = check(&[tensor(&a), tensor(&out), ArgView::F32(0.5)]).expect("valid");
+        let args = [tensor(&a), tensor(&out), ArgView::F32(0.5)];
+        check(&args).expect("valid");
+        let aligned = alignment(SIG, &args);
+        assert_eq!(aligned.len(), 2, "one fact per tensor, none for the scalar");
         assert!(aligned["a"]);
         // 3 f32 = 12-byte rows.
         assert!(!aligned["out"]);
@@ -314,7 +330,9 @@ mod tests {
             alloc_bytes: whole.end_byte().expect("small"),
             context: CTX,
         };
-        let aligned = check(&[view, tensor(&out), ArgView::F32(0.5)]).expect("valid");
+        let args = [view, tensor(&out), ArgView::F32(0.5)];
+        check(&args).expect("valid");
+        let aligned = alignment(SIG, &args);
         assert!(aligned["a"]);
         assert!(aligned["out"]);
     }

@@ -5,7 +5,9 @@
 //! difference to the Python figure is what pyo3 and the tensors' attribute reads cost. A
 //! second line times the stages on their own: borrowing the four tensors, the compile-cache
 //! hit, a launch of the already loaded kernel (argument checks, tensor maps, parameter packing,
-//! `cuLaunchKernel`) and the whole `Device::launch`.
+//! `cuLaunchKernel`), the whole `Device::launch`, the same entry with an empty body through
+//! kiln, and that hollow entry launched by a bare `cuLaunchKernel` with parameters packed once
+//! (what the driver alone costs for this parameter block and geometry).
 //!
 //! Build here with `(cd python && cargo build --release -p kiln-attn-core --example
 //! launch_overhead)` and run `python/target/release/examples/launch_overhead` on the GPU host
@@ -151,11 +153,12 @@ fn run() -> Result<(), LaunchFailure> {
         dev.launch_loaded(&hollow, &signature, grid, &kargs)
             .expect("launch the hollow entry");
     });
+    let bare_us = bare_launch_us(&dev, &hollow, grid);
     println!(
         "rust stages per call: borrow 4 tensors {borrowing:.2} us, compile-cache hit \
          {lookup:.2} us, launch_loaded (checks, maps, pack, launch) {loaded:.1} us, \
          Device::launch {full:.1} us, launch_loaded of the entry with an empty body \
-         {hollow_us:.1} us"
+         {hollow_us:.1} us, bare cuLaunchKernel of that entry {bare_us:.1} us"
     );
     if let Some(e) = failed {
         eprintln!("launch failed: {e}");
@@ -180,4 +183,80 @@ fn hollow_entry(module: &kiln::ptx::PtxModule) -> kiln::ptx::PtxModule {
         ptx: format!("{}\n{{\n\tret;\n}}\n", &module.ptx[..body]),
         ..module.clone()
     }
+}
+
+/// Host microseconds per bare `cuLaunchKernel` of `hollow` (an entry with an empty body: its
+/// parameters' values are never read), loaded again straight through the driver, on the null
+/// stream, every parameter pointing at one zeroed, 64-byte-aligned 128-byte block (the widest
+/// slot, a tensor map), packed once. `grid` is the logical grid; a persistent entry gets the
+/// CTAs kiln launches for it.
+fn bare_launch_us(
+    dev: &kiln::runtime::Device,
+    hollow: &kiln::runtime::LoadedKernel,
+    grid: [u32; 3],
+) -> f64 {
+    use cudarc::driver::sys;
+    let module = hollow.ptx();
+    #[repr(C, align(64))]
+    struct Slot([u8; 128]);
+    let ctx = dev.cuda_context();
+    ctx.bind_to_thread().expect("bind the context");
+    let ptx = std::ffi::CString::new(module.ptx.clone()).expect("PTX without NUL");
+    let name = std::ffi::CString::new(module.entry.clone()).expect("entry without NUL");
+    let mut cu_module = std::ptr::null_mut();
+    let mut function = std::ptr::null_mut();
+    // SAFETY: a NUL-terminated PTX image and entry name; out-pointers to locals.
+    unsafe {
+        sys::cuModuleLoadData(&mut cu_module, ptx.as_ptr().cast())
+            .result()
+            .expect("cuModuleLoadData");
+        sys::cuModuleGetFunction(&mut function, cu_module, name.as_ptr())
+            .result()
+            .expect("cuModuleGetFunction");
+        sys::cuFuncSetAttribute(
+            function,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            module.dynamic_smem_bytes as i32,
+        )
+        .result()
+        .expect("cuFuncSetAttribute");
+    }
+    let header = &module.ptx[module.ptx.find(".entry").expect("an entry")..];
+    let params = header[..header.find("\n{").expect("an entry body")]
+        .matches(".param")
+        .count();
+    let mut slot = Slot([0; 128]);
+    let mut ptrs = vec![(&mut slot as *mut Slot).cast::<std::ffi::c_void>(); params];
+    let tiles = grid.iter().product::<u32>();
+    let physical = if module.persistent {
+        [tiles.min(hollow.resident_ctas()), 1, 1]
+    } else {
+        grid
+    };
+    let us = host_us(dev, || {
+        // SAFETY: a hollow entry reads no parameter; every pointer addresses a live zeroed
+        // block at least as wide as any slot; geometry as the module declares.
+        unsafe {
+            sys::cuLaunchKernel(
+                function,
+                physical[0],
+                physical[1],
+                physical[2],
+                module.threads_per_block,
+                1,
+                1,
+                module.dynamic_smem_bytes,
+                std::ptr::null_mut(),
+                ptrs.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .expect("cuLaunchKernel");
+    });
+    // SAFETY: loaded above; every launch of it has completed (host_us synchronises).
+    unsafe { sys::cuModuleUnload(cu_module) }
+        .result()
+        .expect("cuModuleUnload");
+    us
 }

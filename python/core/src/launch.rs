@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use kiln::ir::dsl::ComptimeValue;
+use kiln::ir::dsl::{ComptimeValue, KernelDef, ParamSig, Spec, specialise};
 use kiln::ir::interp::{HostArg, InterpError, run_def};
 use kiln::ir::{DType, HostTensor, Target};
 use kiln::ptx::PtxModule;
@@ -103,27 +103,106 @@ pub unsafe fn launch(
         borrow(&plan.v)?,
         borrow(out)?,
     ];
+    let lse = match lse {
+        // SAFETY: the caller guarantees the memory behind `lse`.
+        Some(l) => Some(unsafe { dev.borrow_tensor(l.ptr, DType::F32, &l.shape, &l.strides) }?),
+        None => None,
+    };
+    let tensors = [&q, &k, &v, &o];
+    let mut args: Vec<KernelArg<'_>> = tensors.iter().map(|&t| KernelArg::Tensor(t)).collect();
+    args.extend(lse.as_ref().map(KernelArg::Tensor));
+    args.push(KernelArg::F32(plan.scale));
+    let def: &'static dyn KernelDef = if lse.is_some() {
+        &attention_lse
+    } else {
+        &attention
+    };
+    let prepared = prepared(&dev, def, plan, &args)?;
     // SAFETY: the caller guarantees the stream.
     let stream = unsafe { ForeignStream::from_raw(stream) };
-    let ct = comptime(plan, dev.target());
-    let grid = grid(plan, &ct);
-    let (q, k, v, o) = (
-        KernelArg::Tensor(&q),
-        KernelArg::Tensor(&k),
-        KernelArg::Tensor(&v),
-        KernelArg::Tensor(&o),
-    );
-    let scale = KernelArg::F32(plan.scale);
-    match lse {
-        None => dev.launch_on_stream(stream, &attention, &ct, grid, &[q, k, v, o, scale])?,
-        Some(l) => {
-            // SAFETY: the caller guarantees the memory behind `lse`.
-            let l = unsafe { dev.borrow_tensor(l.ptr, DType::F32, &l.shape, &l.strides) }?;
-            let l = KernelArg::Tensor(&l);
-            dev.launch_on_stream(stream, &attention_lse, &ct, grid, &[q, k, v, o, l, scale])?
-        }
-    }
+    let grid = grid(plan, &prepared.comptime);
+    dev.launch_loaded_on_stream(stream, &prepared.kernel, &prepared.signature, grid, &args)?;
     Ok(())
+}
+
+/// What picks the loaded kernel of a call: the kernel, the device, the plan's comptime
+/// choices (everything [`comptime`] reads) and, bit `i` for tensor argument `i`, whether the
+/// tensor is 16-byte aligned (the runtime's rule, [`DeviceTensor::aligned16`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct LaunchKey {
+    kernel: &'static str,
+    device: usize,
+    head_dim: usize,
+    causal: bool,
+    kv_group: usize,
+    dtype: DType,
+    window: (i32, i32),
+    /// `softcap`'s bits: comptime values are compared bit for bit.
+    softcap: u32,
+    aligned: u32,
+}
+
+/// A specialisation ready to launch: its comptime values (the grid reads `block_m`), its
+/// signature with them applied, and the loaded kernel.
+struct Prepared {
+    comptime: BTreeMap<String, ComptimeValue>,
+    signature: Vec<ParamSig>,
+    kernel: Arc<LoadedKernel>,
+}
+
+/// The [`Prepared`] specialisation of `def` for `plan` and the tensors of `args`, made on
+/// the first call with its key and kept for the process. A call after the first builds no
+/// comptime map, signature or [`Spec`] (the work [`Device::launch`] does per launch), which
+/// is most of the host time a repeated small call spends in kiln.
+fn prepared(
+    dev: &Device,
+    def: &'static dyn KernelDef,
+    plan: &Plan,
+    args: &[KernelArg<'_>],
+) -> Result<Arc<Prepared>, LaunchError> {
+    static PREPARED: OnceLock<Mutex<HashMap<LaunchKey, Arc<Prepared>>>> = OnceLock::new();
+    let tensors = || {
+        args.iter().filter_map(|a| match a {
+            KernelArg::Tensor(t) => Some(*t),
+            _ => None,
+        })
+    };
+    let key = LaunchKey {
+        kernel: def.name(),
+        device: plan.device,
+        head_dim: plan.head_dim,
+        causal: plan.causal,
+        kv_group: plan.kv_group,
+        dtype: plan.dtype,
+        window: plan.window,
+        softcap: plan.softcap.to_bits(),
+        aligned: tensors()
+            .enumerate()
+            .fold(0, |bits, (i, t)| bits | (u32::from(t.aligned16()) << i)),
+    };
+    let cache = PREPARED.get_or_init(Default::default);
+    // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
+    if let Some(p) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(p.clone());
+    }
+    let comptime = comptime(plan, dev.target());
+    let signature = specialise(def.signature(), &comptime);
+    let names = signature.iter().filter_map(|p| match p {
+        ParamSig::Tensor { name, .. } => Some(name.to_string()),
+        ParamSig::Scalar { .. } => None,
+    });
+    let spec = Spec {
+        comptime: comptime.clone(),
+        aligned16: names.zip(tensors().map(DeviceTensor::aligned16)).collect(),
+    };
+    let kernel = dev.compile(def, &spec)?;
+    let p = Arc::new(Prepared {
+        comptime,
+        signature,
+        kernel,
+    });
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(cache.entry(key).or_insert(p).clone())
 }
 
 /// Launches every sequence of the varlen plan `vp` on `stream`, in batch order, each writing
