@@ -371,6 +371,7 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
             OpKind::Reduce { op: rop, dim } => self.lower_reduce(id, *rop, *dim)?,
             OpKind::Mma => self.lower_mma(id)?,
             OpKind::Load { .. } => self.lower_load(id)?,
+            OpKind::LoadScalar { .. } => self.lower_load_scalar(id)?,
             OpKind::Store { .. } => self.lower_store(id)?,
             OpKind::For { .. } => self.lower_for(id)?,
             OpKind::If => self.lower_if(id)?,

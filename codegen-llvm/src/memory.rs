@@ -1,5 +1,6 @@
 //! Global loads and stores of register tiles (one masked access per element: elements
-//! outside the tensor read as zero and are not written), and loads staged in shared memory
+//! outside the tensor read as zero and are not written, nor are those past a bounded store's
+//! limit), scalar loads (masked the same way), and loads staged in shared memory
 //! (the whole block copies the tile into its buffer, laid out and swizzled as the
 //! `memory_plan` pass's [`SmemBuffer`] says).
 
@@ -56,13 +57,29 @@ impl<'ctx> Lower<'_, 'ctx> {
         Ok(())
     }
 
-    /// `store`: each register to its element, when inside the tensor.
+    /// `load_scalar`: the element, when every coordinate is inside the tensor, else 0.
+    pub(crate) fn lower_load_scalar(&mut self, id: OpId) -> Result<(), LlvmError> {
+        let r = self.k.ops[id].results[0];
+        let at = self.tile_at(id, r)?;
+        let ety = self.elem_type(self.k.ty(r).dtype());
+        let (ok, p) = self.element_address(&at, &[])?;
+        let (from, done) = self.guard(ok)?;
+        let v = self.b.build_load(p, "")?;
+        let last = self.guard_end(done)?;
+        let phi = self.b.build_phi(ety, "")?;
+        phi.add_incoming(&[(&v, last), (&ety.const_zero(), from)]);
+        self.vals.insert(r, Val::Scalar(phi.as_basic_value()));
+        Ok(())
+    }
+
+    /// `store`: each register to its element, when inside the tensor (clipped at a bounded
+    /// store's limit).
     pub(crate) fn lower_store(&mut self, id: OpId) -> Result<(), LlvmError> {
         let op = &self.k.ops[id];
-        let v = *op
-            .operands
-            .last()
-            .ok_or_else(|| self.internal(id, "store without a value"))?;
+        let v = op
+            .store_operands()
+            .ok_or_else(|| self.internal(id, "store without a value"))?
+            .value;
         let Val::Tile(regs) = self.val(v, id)? else {
             return Err(self.unsupported(id, "a store of a tile not in registers"));
         };
@@ -194,33 +211,56 @@ impl<'ctx> Lower<'_, 'ctx> {
     }
 
     /// The tensor, outer coordinates and per-dimension thread coordinates of the tile that
-    /// load or store `id` accesses, whose value (in registers: its layout's thread terms) is
-    /// `v`.
+    /// load or store `id` accesses, whose value (in registers: its layout's thread terms; a
+    /// scalar load's: no tile dimension) is `v`. A bounded store's dimension is checked
+    /// against `min(extent, max(limit, 0))`.
     fn tile_at(&self, id: OpId, v: ValueId) -> Result<TileAt<'ctx>, LlvmError> {
         let op = &self.k.ops[id];
-        let (tensor, ncoords) = match op.kind {
-            OpKind::Load { tensor, .. } => (tensor, op.operands.len()),
-            OpKind::Store { tensor } => (tensor, op.operands.len() - 1),
+        let (tensor, ncoords, limit) = match op.kind {
+            OpKind::Load { tensor, .. } | OpKind::LoadScalar { tensor } => {
+                (tensor, op.operands.len(), None)
+            }
+            OpKind::Store { tensor, .. } => {
+                let parts = op
+                    .store_operands()
+                    .ok_or_else(|| self.internal(id, "store without a value"))?;
+                (tensor, parts.coords.len(), parts.limit)
+            }
             _ => return Err(self.internal(id, "not a load or store")),
         };
         let Some(ParamVals::Tensor { ptr, dims, strides }) = self.params.get(tensor) else {
             return Err(self.internal(id, "not a tensor parameter"));
         };
-        let rank = self
-            .k
-            .ty(v)
-            .shape()
-            .map(|s| s.rank())
-            .ok_or_else(|| self.internal(id, "a load or store of a scalar"))?;
+        let rank = match op.kind {
+            OpKind::LoadScalar { .. } => 0,
+            _ => self
+                .k
+                .ty(v)
+                .shape()
+                .map(|s| s.rank())
+                .ok_or_else(|| self.internal(id, "a load or store of a scalar"))?,
+        };
         if ncoords != dims.len() || rank > ncoords {
             return Err(self.internal(id, "coordinates do not match the tensor's rank"));
         }
         let lead = ncoords - rank;
         let terms = match self.k.schedule.layouts.get(&v) {
+            _ if rank == 0 => Vec::new(),
             Some(l) if l.is_shared() => vec![Vec::new(); rank],
             _ => self.dist(v, id)?.terms,
         };
         let (b, i64t) = (&self.b, self.cx.i64_type());
+        let mut dims = dims.clone();
+        if let Some((dim, limit)) = limit {
+            let (limit, zero) = (self.int(limit, id)?, self.cx.i32_type().const_zero());
+            let extent = dims
+                .get_mut(dim)
+                .ok_or_else(|| self.internal(id, "a bound past the tensor's rank"))?;
+            let neg = b.build_int_compare(IntPredicate::SLT, limit, zero, "")?;
+            let limit = b.build_select(neg, zero, limit, "")?.into_int_value();
+            let past = b.build_int_compare(IntPredicate::SLT, *extent, limit, "")?;
+            *extent = b.build_select(past, *extent, limit, "")?.into_int_value();
+        }
         let mut outer_ok = self.cx.bool_type().const_all_ones();
         let mut outer_off = i64t.const_zero();
         let mut base = Vec::with_capacity(rank);

@@ -1,4 +1,5 @@
-//! Global and shared memory: register-tile loads and stores with per-element bounds checks,
+//! Global and shared memory: register-tile loads and stores with per-element bounds checks
+//! (a bounded store's against its clipped extent), scalar loads predicated on their index,
 //! and tiles staged in shared memory by `cp.async` (16-byte chunks, zero-filled past the
 //! tensor's edge through the src-size operand; an element-wise fallback when the tensor or
 //! the coordinate is not known to be 16-byte aligned).
@@ -53,14 +54,23 @@ impl Writer<'_> {
         }
     }
 
+    /// Where a tile of rank `tile_rank` at `coords` sits in `tensor`; `clip`: a tensor
+    /// dimension (one of the tile's) and the extent to check it against instead of the
+    /// tensor's (a bounded store's, [`Writer::clipped_extent`]).
     fn origin(
         &mut self,
         tensor: usize,
         coords: &[Reg],
         tile_rank: usize,
+        clip: Option<(usize, Reg)>,
         at: OpId,
     ) -> Result<TileOrigin, CodegenError> {
-        let (ptr, dims, strides) = self.tensor_regs(tensor, at)?;
+        let (ptr, mut dims, strides) = self.tensor_regs(tensor, at)?;
+        if let Some((dim, extent)) = clip {
+            *dims
+                .get_mut(dim)
+                .ok_or_else(|| self.internal(at, "a bound past the tensor's rank"))? = extent;
+        }
         let dtype = match &self.k.params[tensor] {
             Param::Tensor { dtype, .. } => *dtype,
             Param::Scalar { dtype, .. } => *dtype,
@@ -125,12 +135,13 @@ impl Writer<'_> {
         &mut self,
         tensor: usize,
         coords: &[Reg],
+        clip: Option<(usize, Reg)>,
         v: ValueId,
         at: OpId,
     ) -> Result<Vec<(Reg, u32, Reg)>, CodegenError> {
         let d = self.dist(v, at)?;
         let tile_rank = d.terms.len();
-        let o = self.origin(tensor, coords, tile_rank, at)?;
+        let o = self.origin(tensor, coords, tile_rank, clip, at)?;
         let col_dim = tile_rank - 1;
         let col_base = self.thread_coord(&d.terms[col_dim]);
         let col0 = self.new_reg(Class::B32);
@@ -231,7 +242,7 @@ impl Writer<'_> {
         }
         let coords = self.coord_regs(id, op.operands.len())?;
         let dtype = self.k.ty(r).dtype();
-        let accesses = self.element_accesses(tensor, &coords, r, id)?;
+        let accesses = self.element_accesses(tensor, &coords, None, r, id)?;
         let mut regs = Vec::with_capacity(accesses.len());
         for (addr, off, p) in accesses {
             let x = self.new_reg(Class::of(dtype));
@@ -258,22 +269,25 @@ impl Writer<'_> {
             return self.write_tma_store(id, &st.clone());
         }
         let op = self.k.ops[id].clone();
-        let OpKind::Store { tensor } = op.kind else {
+        let (OpKind::Store { tensor, .. }, Some(parts)) = (&op.kind, op.store_operands()) else {
             return Err(self.internal(id, "not a store"));
         };
-        let n = op.operands.len() - 1;
-        let v = op.operands[n];
-        let coords = self.coord_regs(id, n)?;
+        let (tensor, v) = (*tensor, parts.value);
+        let coords = self.coord_regs(id, parts.coords.len())?;
+        let clip = match parts.limit {
+            Some((dim, limit)) => Some((dim, self.clipped_extent(tensor, dim, limit, id)?)),
+            None => None,
+        };
         let regs = self.tile(v, id)?;
         let dtype = self.k.ty(v).dtype();
-        let done = match self.paired_store(id, tensor, &coords, v, &regs)? {
+        let done = match self.paired_store(id, tensor, &coords, clip, v, &regs)? {
             Some(labels) => {
                 self.label(&labels.0);
                 Some(labels.1)
             }
             None => None,
         };
-        let accesses = self.element_accesses(tensor, &coords, v, id)?;
+        let accesses = self.element_accesses(tensor, &coords, clip, v, id)?;
         for ((addr, off, p), x) in accesses.into_iter().zip(regs) {
             self.ins(format!(
                 "@{p} st.global.{} [{addr}+{off}], {x}",
@@ -286,14 +300,65 @@ impl Writer<'_> {
         Ok(())
     }
 
+    /// A bounded store's extent along tensor dimension `dim`: `min(extent, max(limit, 0))`,
+    /// so the unsigned bounds checks skip every row at or past `limit`, and all of them for a
+    /// negative one.
+    fn clipped_extent(
+        &mut self,
+        tensor: usize,
+        dim: usize,
+        limit: ValueId,
+        at: OpId,
+    ) -> Result<Reg, CodegenError> {
+        let limit = self.scalar(limit, at)?;
+        let (_, dims, _) = self.tensor_regs(tensor, at)?;
+        let extent = *dims
+            .get(dim)
+            .ok_or_else(|| self.internal(at, "a bound past the tensor's rank"))?;
+        let r = self.new_reg(Class::B32);
+        self.ins(format!("max.s32 {r}, {limit}, 0"));
+        self.ins(format!("min.s32 {r}, {r}, {extent}"));
+        Ok(r)
+    }
+
+    /// Writes a `load_scalar`: one `ld.global` of the element, predicated on every coordinate
+    /// lying inside the tensor (0 otherwise).
+    pub(crate) fn write_load_scalar(&mut self, id: OpId) -> Result<(), CodegenError> {
+        let op = self.k.ops[id].clone();
+        let OpKind::LoadScalar { tensor } = op.kind else {
+            return Err(self.internal(id, "not a scalar load"));
+        };
+        let r = op.results[0];
+        let coords = self.coord_regs(id, op.operands.len())?;
+        let o = self.origin(tensor, &coords, 0, None, id)?;
+        let inside = o
+            .outer_ok
+            .ok_or_else(|| self.internal(id, "a scalar load from a rank-0 tensor"))?;
+        let dtype = self.k.ty(r).dtype();
+        let x = self.new_reg(Class::of(dtype));
+        match dtype {
+            DType::F32 => self.ins(format!("mov.f32 {x}, 0f00000000")),
+            _ => self.ins(format!("mov.{} {x}, 0", mem_ty(dtype))),
+        }
+        self.ins(format!(
+            "@{inside} ld.global.{} {x}, [{}]",
+            mem_ty(dtype),
+            o.base
+        ));
+        self.vals.insert(r, Val::Scalar(x));
+        Ok(())
+    }
+
     /// The fast path of [`Writer::write_store`], when the tile qualifies: branches to the
     /// first returned label (the element-wise stores) unless every lane's elements are inside
-    /// the tensor, else stores the pairs and branches to the second (the end).
+    /// the tensor (clipped by `clip`), else stores the pairs and branches to the second (the
+    /// end).
     fn paired_store(
         &mut self,
         id: OpId,
         tensor: usize,
         coords: &[Reg],
+        clip: Option<(usize, Reg)>,
         v: ValueId,
         regs: &[Reg],
     ) -> Result<Option<(String, String)>, CodegenError> {
@@ -314,7 +379,7 @@ impl Writer<'_> {
         {
             return Ok(None);
         }
-        let o = self.origin(tensor, coords, 2, id)?;
+        let o = self.origin(tensor, coords, 2, clip, id)?;
         let (row0, col0) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
         let (rb, cb) = (
             self.thread_coord(&d.terms[0]),
@@ -397,7 +462,7 @@ impl Writer<'_> {
                 "a shared tile whose rows are not a multiple of 16 bytes",
             ));
         }
-        let o = self.origin(tensor, coords, 2, id)?;
+        let o = self.origin(tensor, coords, 2, None, id)?;
         let aligned = matches!(
             self.k.params[tensor],
             Param::Tensor {

@@ -450,6 +450,7 @@ impl<'k> Writer<'k> {
             OpKind::Mma if self.ring.is_some() => self.write_wgmma(id)?,
             OpKind::Mma => self.write_mma(id)?,
             OpKind::Load { .. } => self.write_load(id)?,
+            OpKind::LoadScalar { .. } => self.write_load_scalar(id)?,
             OpKind::Store { .. } => self.write_store(id)?,
             OpKind::For { .. } if self.k.schedule.rings.contains_key(&id) => {
                 self.write_ring_loop(id)?

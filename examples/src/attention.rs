@@ -1,6 +1,7 @@
-//! FlashAttention-2 forward: `o = softmax(q k^T * scale) v`, bf16 or f16, with masks and caps.
+//! FlashAttention-2 forward: `o = softmax(q k^T * scale) v`, bf16 or f16, with masks and caps,
+//! over dense batches or packed variable-length ones.
 
-use kiln::ir::dsl::Tensor;
+use kiln::ir::dsl::{Index, Tensor};
 use kiln::prelude::*;
 
 /// Query rows per block unless `block_m` says otherwise: two consumer warpgroups on sm_90a.
@@ -85,7 +86,7 @@ pub fn attention<const d: usize = 128>(
         window_right,
         softcap,
     );
-    forward(q, k, v, o, None, scale, d, opts);
+    forward(q, k, v, o, None, None, scale, d, opts);
 }
 
 /// [`attention`], which also writes each query row's log-sum-exp into `lse: [batch, heads,
@@ -118,7 +119,86 @@ pub fn attention_lse<const d: usize = 128>(
         window_right,
         softcap,
     );
-    forward(q, k, v, o, Some(lse), scale, d, opts);
+    forward(q, k, v, o, Some(lse), None, scale, d, opts);
+}
+
+/// [`attention`] over a packed batch of variable-length sequences in one launch
+/// (FlashAttention's `flash_attn_varlen_func`): `q` and `o` are `[1, heads, total_q, d]`, `k`
+/// and `v` `[1, heads / kv_group, total_k, d]` (a packed `[total, heads, d]` tensor viewed
+/// through its strides), and sequence `b`'s queries are rows `cu_seqlens_q[b]..
+/// cu_seqlens_q[b + 1]`, its keys rows `cu_seqlens_k[b]..cu_seqlens_k[b + 1]` (`[batch + 1]`
+/// offsets each, read in the kernel). Every mask is the dense kernel's within each sequence
+/// (causal and windows aligned bottom-right per sequence). A block stores only its own
+/// sequence's rows, and every load and store stays inside its tensor whatever the offsets:
+/// an offset read past `cu_seqlens_*` is 0, a sequence of negative length has no rows.
+///
+/// Grid: `(cdiv(max_seqlen_q, block_m), heads, batch)`; the blocks past a sequence's rows do
+/// no work. Comptime parameters: [`attention`]'s.
+#[kernel(num_warps = 4)]
+pub fn attention_varlen<const d: usize = 128>(
+    q: Tensor<dtype, 4>,
+    k: Tensor<dtype, 4>,
+    v: Tensor<dtype, 4>,
+    o: TensorMut<dtype, 4>,
+    cu_seqlens_q: Tensor<i32, 1>,
+    cu_seqlens_k: Tensor<i32, 1>,
+    scale: f32,
+    #[comptime(default = false)] causal: bool,
+    #[comptime(default = 0, tune = [64, 128, 160, 192])] block_n: usize,
+    #[comptime(default = 1)] kv_group: usize,
+    #[comptime(default = DType::Bf16)] dtype: DType,
+    #[comptime(default = -1)] window_left: i32,
+    #[comptime(default = -1)] window_right: i32,
+    #[comptime(default = 0.0)] softcap: f32,
+    #[comptime(default = BLOCK_M, tune = [128, 192])] block_m: usize,
+) {
+    let opts = Options::new(
+        causal,
+        (block_m, block_n),
+        kv_group,
+        dtype,
+        window_left,
+        window_right,
+        softcap,
+    );
+    let packed = Varlen::new(cu_seqlens_q, cu_seqlens_k);
+    forward(q, k, v, o, None, Some(packed), scale, d, opts);
+}
+
+/// [`attention_varlen`], which also writes each query row's log-sum-exp (as
+/// [`attention_lse`]) into `lse: [1, heads, total_q]` (FlashAttention-2's varlen `[nheads,
+/// total_q]`, sequence `b`'s rows its columns `cu_seqlens_q[b]..`). Same grid and comptime
+/// parameters.
+#[kernel(num_warps = 4)]
+pub fn attention_varlen_lse<const d: usize = 128>(
+    q: Tensor<dtype, 4>,
+    k: Tensor<dtype, 4>,
+    v: Tensor<dtype, 4>,
+    o: TensorMut<dtype, 4>,
+    lse: TensorMut<f32, 3>,
+    cu_seqlens_q: Tensor<i32, 1>,
+    cu_seqlens_k: Tensor<i32, 1>,
+    scale: f32,
+    #[comptime(default = false)] causal: bool,
+    #[comptime(default = 0, tune = [64, 128, 160, 192])] block_n: usize,
+    #[comptime(default = 1)] kv_group: usize,
+    #[comptime(default = DType::Bf16)] dtype: DType,
+    #[comptime(default = -1)] window_left: i32,
+    #[comptime(default = -1)] window_right: i32,
+    #[comptime(default = 0.0)] softcap: f32,
+    #[comptime(default = BLOCK_M, tune = [128, 192])] block_m: usize,
+) {
+    let opts = Options::new(
+        causal,
+        (block_m, block_n),
+        kv_group,
+        dtype,
+        window_left,
+        window_right,
+        softcap,
+    );
+    let packed = Varlen::new(cu_seqlens_q, cu_seqlens_k);
+    forward(q, k, v, o, Some(lse), Some(packed), scale, d, opts);
 }
 
 /// The comptime options of [`attention`] and [`attention_lse`].
@@ -157,8 +237,9 @@ impl Options {
     }
 }
 
-/// The body of [`attention`] and [`attention_lse`] (the log-sum-exp written when `lse` is
-/// given).
+/// The body of [`attention`], [`attention_lse`] and their varlen forms (the log-sum-exp
+/// written when `lse` is given; the sequences of a packed batch read from `packed`'s offsets
+/// when it is given, [`Rows`]).
 ///
 /// Online softmax (FlashAttention-2): a block owns `block_m` query rows and walks, 2-stage
 /// pipelined, the key blocks of `BN` keys its rows may see ([`Window`]: causal, sliding
@@ -174,6 +255,7 @@ fn forward(
     v: Tensor,
     o: Tensor,
     lse: Option<Tensor>,
+    packed: Option<Varlen>,
     scale: Value,
     d: usize,
     opts: Options,
@@ -188,13 +270,14 @@ fn forward(
         softcap,
     } = opts;
     let w = Window::new(causal, window_left, window_right);
-    let bn = key_block(block_n, d, w, softcap);
+    let bn = key_block(block_n, d, (w, softcap), packed.is_some());
     // Tiles as wide as the head: a multiple of 32 such as 96 maps onto mma fragments and TMA
     // boxes as a power of two does, so padding it to 128 would only waste a quarter's work.
     let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
-    let (sq, sk) = (q.dim(2), k.dim(2));
+    let rows = Rows::of(q, k, b, packed);
+    let (sq, sk, batch) = (rows.sq, rows.sk, rows.batch);
     let q0 = mb * bm;
-    let qs = q.tile([bm, d], [b, h, q0, 0]).load();
+    let qs = q.tile([bm, d], [batch, h, rows.query(q0), 0]).load();
     let qk_scale = scale * score_factor(softcap);
     let mut acc = zeros::<f32>([bm, d]);
     let mut m = full::<f32>([bm], f32::NEG_INFINITY);
@@ -209,10 +292,15 @@ fn forward(
     } else {
         (all_blocks, sk / bn)
     };
+    let n_blocks = rows.walk_end(q0, n_blocks);
     for j in pipelined(j0..n_blocks, stages = 2) {
         let k0 = j * bn;
-        let ks = k.tile([bn, d], [b, kv_head(h, kv_group), k0, 0]).load();
-        let vs = v.tile([bn, d], [b, kv_head(h, kv_group), k0, 0]).load();
+        let ks = k
+            .tile([bn, d], [batch, kv_head(h, kv_group), rows.key(k0), 0])
+            .load();
+        let vs = v
+            .tile([bn, d], [batch, kv_head(h, kv_group), rows.key(k0), 0])
+            .load();
         let s = soft_cap(mma(&qs, &ks.t()) * qk_scale, softcap);
         // Uniform across the block: only the blocks on a window's edges and sk's pay for it.
         let s = if needs_mask(j >= n_unmasked, j, j_unmasked) {
@@ -225,15 +313,16 @@ fn forward(
     // Fully masked rows have l = 0 and acc = 0: scale by 1 so they output 0. One reciprocal
     // per row, then a product per element (not a division per element).
     let inv_l = recip(&select(l == 0.0, 1.0, l));
-    o.tile([bm, d], [b, h, q0, 0])
-        .store((acc * inv_l.col()).cast_to(dtype));
-    store_lse(lse, m, l, bm, (b, h, q0));
+    let out = o.tile([bm, d], [batch, h, rows.query(q0), 0]);
+    rows.store(out, (acc * inv_l.col()).cast_to(dtype), 2);
+    store_lse(lse, m, l, bm, (rows, h, q0));
 }
 
-/// Writes each row's log-sum-exp into `lse`, when given, at `[b, h, q0..]`: from the running
-/// maximum `m` and sum `l` of the base-2 scaled scores, `ln sum e^s = (m + log2(l)) ln 2`;
-/// `+inf` where `l = 0` (a row that sees no key: FlashAttention-2's value).
-fn store_lse(lse: Option<Tensor>, m: Value, l: Value, bm: usize, at: (Value, Value, Value)) {
+/// Writes each row's log-sum-exp into `lse`, when given, at `[batch, h, q0..]` (of `rows`'s
+/// sequence): from the running maximum `m` and sum `l` of the base-2 scaled scores, `ln sum
+/// e^s = (m + log2(l)) ln 2`; `+inf` where `l = 0` (a row that sees no key: FlashAttention-2's
+/// value).
+fn store_lse(lse: Option<Tensor>, m: Value, l: Value, bm: usize, at: (Rows, Value, Value)) {
     if let Some(lse) = lse {
         write_lse(lse, m, l, bm, at);
     }
@@ -241,10 +330,104 @@ fn store_lse(lse: Option<Tensor>, m: Value, l: Value, bm: usize, at: (Value, Val
 
 /// [`store_lse`]'s store.
 #[kernel_fn]
-fn write_lse(lse: Tensor, m: Value, l: Value, bm: usize, (b, h, q0): (Value, Value, Value)) {
+fn write_lse(lse: Tensor, m: Value, l: Value, bm: usize, (rows, h, q0): (Rows, Value, Value)) {
     let log_sum = (m + log2(&l)) * std::f32::consts::LN_2;
-    lse.tile([bm], [b, h, q0])
-        .store(select(l == 0.0, f32::INFINITY, log_sum));
+    let at = lse.tile([bm], [rows.batch, h, rows.query(q0)]);
+    rows.store(at, select(l == 0.0, f32::INFINITY, log_sum), 2);
+}
+
+/// The offsets of a packed varlen batch ([`attention_varlen`]): sequence `b`'s query rows are
+/// `cu_q[b]..cu_q[b + 1]`, its keys `cu_k[b]..cu_k[b + 1]`.
+#[derive(Clone, Copy, Debug)]
+struct Varlen {
+    cu_q: Tensor,
+    cu_k: Tensor,
+}
+
+impl Varlen {
+    /// The offsets `cu_seqlens_q`, `cu_seqlens_k` (`i32`, `[batch + 1]`).
+    fn new(cu_q: Tensor, cu_k: Tensor) -> Varlen {
+        Varlen { cu_q, cu_k }
+    }
+}
+
+/// Where the sequence a block works on lies in `q`, `k`, `v`, `o` (and `lse`): batch
+/// `block_id().z` of dense tensors, or in a packed batch ([`Varlen`]) the rows its offsets
+/// give, in batch 0.
+#[derive(Clone, Copy, Debug)]
+struct Rows {
+    /// The batch coordinate.
+    batch: Index,
+    /// The sequence's query rows and keys.
+    sq: Value,
+    sk: Value,
+    /// In a packed batch: the sequence's first query row and first key, and the row past its
+    /// last query (where its stores stop).
+    packed: Option<(Value, Value, Value)>,
+}
+
+impl Rows {
+    /// Batch `b`'s rows: the whole of `q`'s and `k`'s, or the sequence's of `packed`.
+    fn of(q: Tensor, k: Tensor, b: Value, packed: Option<Varlen>) -> Rows {
+        match packed {
+            None => Rows {
+                batch: Index::Value(b),
+                sq: q.dim(2),
+                sk: k.dim(2),
+                packed: None,
+            },
+            Some(p) => {
+                let ((q_start, q_end), (k_start, k_end)) = offsets(p, b);
+                Rows {
+                    batch: Index::Const(0),
+                    sq: q_end - q_start,
+                    sk: k_end - k_start,
+                    packed: Some((q_start, k_start, q_end)),
+                }
+            }
+        }
+    }
+
+    /// The tensor row of the sequence's query row `i`.
+    #[track_caller]
+    fn query(self, i: Value) -> Value {
+        self.packed.map_or(i, |(q_start, _, _)| q_start + i)
+    }
+
+    /// The tensor row of the sequence's key `j`.
+    #[track_caller]
+    fn key(self, j: Value) -> Value {
+        self.packed.map_or(j, |(_, k_start, _)| k_start + j)
+    }
+
+    /// The end of the key walk of the query block at `q0`: `n_blocks`, or in a packed batch 0
+    /// when the block starts at or past the sequence's last row (the grid covers the longest
+    /// sequence), so the walk is empty but the loop stays the kernel's top-level ring.
+    #[track_caller]
+    fn walk_end(self, q0: Value, n_blocks: Value) -> Value {
+        use kiln::ir::dsl::Compare;
+        match self.packed {
+            Some(_) => select(Compare::lt(q0, self.sq), n_blocks, 0),
+            None => n_blocks,
+        }
+    }
+
+    /// Stores `value` into `tile`, in a packed batch only the sequence's rows (along tensor
+    /// dimension `dim`).
+    #[track_caller]
+    fn store(self, tile: kiln::ir::dsl::TileView, value: Value, dim: usize) {
+        match self.packed {
+            Some((_, _, q_end)) => tile.store_bounded(value, dim, q_end),
+            None => tile.store(value),
+        }
+    }
+}
+
+/// Sequence `b`'s query rows and keys in packed batch `p`: `(start, end)` of each.
+#[kernel_fn]
+fn offsets(p: Varlen, b: Value) -> ((Value, Value), (Value, Value)) {
+    let q = (p.cu_q.scalar([b]), p.cu_q.scalar([b + 1]));
+    (q, (p.cu_k.scalar([b]), p.cu_k.scalar([b + 1])))
 }
 
 /// The key/value head query head `h` reads when `kv_group` query heads share one (grouped-
@@ -257,9 +440,10 @@ fn kv_head(h: Value, kv_group: usize) -> Value {
 
 /// `block_n`, or when it is 0 the kernel's own choice, what fits sm_80's registers best
 /// (ptxas, 4 warps): 128 keys for `d <= 64` with no mask but causal's and no soft-cap (255
-/// registers, no spill), else 64 (at 128 keys a window's or a cap's registers spill at d = 64).
-fn key_block(block_n: usize, d: usize, w: Window, softcap: f32) -> usize {
-    let plain = w.left < 0 && w.right <= 0 && softcap == 0.0;
+/// registers, no spill), else 64 (at 128 keys a window's or a cap's registers spill at d = 64,
+/// and so do a `packed` varlen batch's sequence offsets: 16 bytes).
+fn key_block(block_n: usize, d: usize, (w, softcap): (Window, f32), packed: bool) -> usize {
+    let plain = w.left < 0 && w.right <= 0 && softcap == 0.0 && !packed;
     match block_n {
         0 if d <= 64 && plain => 128,
         0 => 64,
@@ -327,8 +511,7 @@ fn left_blocks(
     sk: Value,
     (bm, bn): (usize, usize),
     w: Window,
-) -> (kiln::ir::dsl::Index, Option<Value>) {
-    use kiln::ir::dsl::Index;
+) -> (Index, Option<Value>) {
     if w.left < 0 {
         return (Index::Const(0), None);
     }
@@ -394,7 +577,8 @@ pub fn tuned_block_n(target: kiln::ir::Target, d: usize) -> usize {
 }
 
 /// The grid `attention` and `attention_lse` launch with for comptime values `ct`:
-/// `(cdiv(sq, block_m), heads, batch)`, `block_m` the one `ct` holds, else [`BLOCK_M`].
+/// `(cdiv(sq, block_m), heads, batch)`, `block_m` the one `ct` holds, else [`BLOCK_M`]; the
+/// varlen kernels' with `sq = max_seqlen_q` and `batch` the number of sequences.
 pub fn grid(
     ct: &std::collections::BTreeMap<String, kiln::ir::dsl::ComptimeValue>,
     (sq, heads, batch): (usize, usize, usize),

@@ -12,7 +12,7 @@ pub mod softmax;
 pub mod vector_add;
 
 /// Every example kernel, by name: `vector_add`, `softmax`, `gemm`, `gemm_bias_act`,
-/// `gemm_alpha_beta`, `attention`, `attention_lse`.
+/// `gemm_alpha_beta`, `attention`, `attention_lse`, `attention_varlen`, `attention_varlen_lse`.
 pub fn registry() -> &'static [&'static dyn KernelDef] {
     &[
         &vector_add::vector_add,
@@ -22,6 +22,8 @@ pub fn registry() -> &'static [&'static dyn KernelDef] {
         &gemm_epilogue::gemm_alpha_beta,
         &attention::attention,
         &attention::attention_lse,
+        &attention::attention_varlen,
+        &attention::attention_varlen_lse,
     ]
 }
 
@@ -67,7 +69,9 @@ mod tests {
                 "gemm_bias_act",
                 "gemm_alpha_beta",
                 "attention",
-                "attention_lse"
+                "attention_lse",
+                "attention_varlen",
+                "attention_varlen_lse"
             ]
         );
         assert!(find("gemm").is_some_and(|k| k.name() == "gemm"));

@@ -233,9 +233,15 @@ pub fn result_types(
                 shape: shape.clone(),
             }])
         }
-        OpKind::Store { tensor } => {
+        OpKind::LoadScalar { tensor } => {
+            let (dtype, rank, _) = tensor_param(params, *tensor)?;
+            want(rank)?;
+            check_coords(operands)?;
+            Ok(vec![Type::Scalar(dtype)])
+        }
+        OpKind::Store { tensor, bound } => {
             let (dtype, rank, mutable) = tensor_param(params, *tensor)?;
-            want(rank + 1)?;
+            want(rank + 1 + usize::from(bound.is_some()))?;
             check_coords(&operands[..rank])?;
             if !mutable {
                 return Err(format!(
@@ -256,6 +262,25 @@ pub fn result_types(
                     "storing a {} tile into a {dtype} tensor; cast it with `.cast::<{dtype}>()` first",
                     v.dtype()
                 ));
+            }
+            if let Some(dim) = bound {
+                // A bound on an outer dimension would clip the whole tile or nothing: a
+                // runtime `if` around the store says that.
+                let tile_dims = rank - s.rank()..rank;
+                if !tile_dims.contains(dim) {
+                    return Err(format!(
+                        "a store bounded along dimension {dim} of a rank-{rank} tensor: the bound \
+                         must be one of the {}-D tile's dimensions ({}..{rank})",
+                        s.rank(),
+                        tile_dims.start
+                    ));
+                }
+                check_coords(&operands[rank + 1..]).map_err(|_| {
+                    format!(
+                        "the store's limit is {}, expected a scalar i32",
+                        operands[rank + 1]
+                    )
+                })?;
             }
             Ok(vec![])
         }

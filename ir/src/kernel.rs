@@ -385,11 +385,25 @@ pub enum OpKind {
         /// Tile shape.
         shape: Shape,
     },
-    /// `(coord_0, ..., coord_{rank-1}, value) -> ()`: store a tile at `coords`, skipping
-    /// elements outside the tensor.
+    /// `(coord_0, ..., coord_{rank-1}) -> scalar`: the element at `coords` of tensor
+    /// parameter `tensor` (a sequence offset read from an `i32` tensor). A coordinate outside
+    /// the tensor reads `0`, as a tile load's elements outside it do, so no index reads out of
+    /// bounds.
+    LoadScalar {
+        /// Parameter index of the tensor.
+        tensor: usize,
+    },
+    /// `(coord_0, ..., coord_{rank-1}, value, limit?) -> ()`: store a tile at `coords`,
+    /// skipping elements outside the tensor. With a `bound` of `Some(dim)`, the `i32` scalar
+    /// `limit` follows the value, and the elements whose coordinate along tensor dimension
+    /// `dim` (one of the tile's) is `>= limit` are skipped too: the tensor is clipped there, as
+    /// if its extent along `dim` were `min(extent, max(limit, 0))` (a sequence's rows in a
+    /// packed varlen batch). [`Op::store_operands`] splits the operands.
     Store {
         /// Parameter index of the tensor.
         tensor: usize,
+        /// The tensor dimension clipped at `limit`, if any.
+        bound: Option<usize>,
     },
     /// `(lo, hi, step, init...) -> (carried...)`: a counted loop over `lo..hi` by `step`
     /// (all i32, `step > 0`). Region 0 takes `(i, carried...)` and yields the next carried
@@ -428,6 +442,40 @@ pub struct Op {
     pub regions: Vec<Block>,
     /// Where the user wrote it.
     pub loc: Loc,
+}
+
+/// The operands of a [`OpKind::Store`], split ([`Op::store_operands`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreOperands<'a> {
+    /// The tile's coordinates, one per tensor dimension.
+    pub coords: &'a [ValueId],
+    /// The stored tile.
+    pub value: ValueId,
+    /// The clipped tensor dimension and its limit, for a bounded store.
+    pub limit: Option<(usize, ValueId)>,
+}
+
+impl Op {
+    /// A store's coordinates, value and limit; `None` for any other op, or a store whose
+    /// operands do not fit its kind (which the verifier reports).
+    pub fn store_operands(&self) -> Option<StoreOperands<'_>> {
+        let OpKind::Store { bound, .. } = self.kind else {
+            return None;
+        };
+        let (rest, limit) = match bound {
+            Some(dim) => {
+                let (&limit, rest) = self.operands.split_last()?;
+                (rest, Some((dim, limit)))
+            }
+            None => (&self.operands[..], None),
+        };
+        let (&value, coords) = rest.split_last()?;
+        Some(StoreOperands {
+            coords,
+            value,
+            limit,
+        })
+    }
 }
 
 /// Launch-shape and code-generation options of a kernel.

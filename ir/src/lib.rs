@@ -12,8 +12,9 @@
 //! Global memory is reached only through tensor parameters ([`kernel::Param::Tensor`]), whose
 //! shape and strides are runtime values and whose innermost dimension is contiguous. `load`
 //! reads a tile whose first element sits at given coordinates, with elements outside the
-//! tensor reading as zero; `store` writes a tile, skipping elements outside. So a kernel never
-//! touches memory outside its tensors, whatever the launch's shapes.
+//! tensor reading as zero; `store` writes a tile, skipping elements outside (and, bounded, those
+//! at or past a runtime limit along one dimension); `load_scalar` reads one element, `0` outside.
+//! So a kernel never touches memory outside its tensors, whatever the launch's shapes.
 //!
 //! ## Operations and evaluation
 //!
@@ -75,7 +76,7 @@ pub use diag::Diagnostic;
 pub use host::{HostTensor, TensorData};
 pub use kernel::{
     Axis, BinaryOp, Block, Const, Kernel, KernelOptions, Loc, Op, OpId, OpKind, Param, ReduceOp,
-    UnaryOp, ValueDef, ValueId,
+    StoreOperands, UnaryOp, ValueDef, ValueId,
 };
 pub use target::Target;
 pub use types::{DType, Shape, Type};

@@ -203,15 +203,32 @@ fn print_op(kernel: &Kernel, id: OpId, level: usize, out: &mut String, regions: 
                 values(ops)
             );
         }
-        OpKind::Store { tensor } => {
-            let rank = ops.len().saturating_sub(1);
+        OpKind::LoadScalar { tensor } => {
+            let _ = write!(
+                line,
+                "load_scalar {}[{}]",
+                tensor_name(*tensor),
+                values(ops)
+            );
+        }
+        OpKind::Store { tensor, bound } => {
+            // The verifier prints malformed ops too: split what is there.
+            let limit = usize::from(bound.is_some()).min(ops.len());
+            let rank = (ops.len() - limit).saturating_sub(1);
             let _ = write!(
                 line,
                 "store {}[{}], {}",
                 tensor_name(*tensor),
                 values(&ops[..rank]),
-                values(&ops[rank..])
+                values(&ops[rank..ops.len() - limit])
             );
+            if let Some(dim) = bound {
+                let _ = write!(
+                    line,
+                    " bounded dim {dim} < {}",
+                    values(&ops[ops.len() - limit..])
+                );
+            }
         }
         OpKind::For { stages } => {
             if !op.results.is_empty() {

@@ -2,7 +2,8 @@
 //! ([`inputs`]), f64 references computed from the already-rounded inputs ([`mod@reference`]), and
 //! relative-norm-error checks over poisoned outputs ([`check`]), and kernels built from
 //! arbitrary bytes for the random-kernel test and the fuzz target ([`random_kernel`]), and the
-//! gemm run on the CPU execution of its schedule ([`scheduled`]).
+//! gemm run on the CPU execution of its schedule ([`scheduled`]), and packed variable-length
+//! attention batches with their per-sequence reference ([`varlen`]).
 //!
 //! **Architecture invariant:** the references here are plain f64 Rust, independent of the
 //! IR, the interpreter and the backend, so they can judge all three; the benchmarks reuse
@@ -13,3 +14,4 @@ pub mod inputs;
 pub mod random_kernel;
 pub mod reference;
 pub mod scheduled;
+pub mod varlen;

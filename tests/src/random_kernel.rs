@@ -324,7 +324,13 @@ impl Gen<'_> {
         let v = self.such(|t| t.dtype() == DType::F32 && t.shape().is_some_and(|s| s.rank() == 2));
         if let (Some(mut c), Some(v)) = (coords, v) {
             c.push(v);
-            self.add(OpKind::Store { tensor }, &c);
+            self.add(
+                OpKind::Store {
+                    tensor,
+                    bound: None,
+                },
+                &c,
+            );
         }
     }
 

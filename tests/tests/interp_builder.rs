@@ -64,7 +64,13 @@ impl K {
     fn store(&mut self, tensor: usize, coords: &[ValueId], v: ValueId) {
         let mut operands = coords.to_vec();
         operands.push(v);
-        self.effect(OpKind::Store { tensor }, &operands);
+        self.effect(
+            OpKind::Store {
+                tensor,
+                bound: None,
+            },
+            &operands,
+        );
     }
     fn block_id(&mut self, axis: kiln_ir::Axis) -> ValueId {
         self.op(OpKind::BlockId(axis), &[])

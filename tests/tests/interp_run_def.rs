@@ -74,7 +74,14 @@ impl KernelDef for Double {
         let t = b.op1(OpKind::Load { tensor: 0, shape }, &[row, col], loc)?;
         let two = b.constant(Const::Float(2.0), DType::F32, loc)?;
         let t2 = b.op1(OpKind::Binary(BinaryOp::Mul), &[t, two], loc)?;
-        b.op(OpKind::Store { tensor: 1 }, &[row, col, t2], loc)?;
+        b.op(
+            OpKind::Store {
+                tensor: 1,
+                bound: None,
+            },
+            &[row, col, t2],
+            loc,
+        )?;
         b.finish()
     }
 }

@@ -47,7 +47,15 @@ fn elementwise(
         .op1(OpKind::Load { tensor: 1, shape }, &[zero], loc)
         .unwrap();
     let z = f(&mut b, x, y);
-    b.op(OpKind::Store { tensor: 2 }, &[zero, z], loc).unwrap();
+    b.op(
+        OpKind::Store {
+            tensor: 2,
+            bound: None,
+        },
+        &[zero, z],
+        loc,
+    )
+    .unwrap();
     b.finish().unwrap()
 }
 
@@ -194,7 +202,15 @@ fn reduce_kernel(op: ReduceOp, dim: usize) -> Kernel {
         )
         .unwrap();
     let r = b.op1(OpKind::Reduce { op, dim }, &[t], loc).unwrap();
-    b.op(OpKind::Store { tensor: 1 }, &[zero, r], loc).unwrap();
+    b.op(
+        OpKind::Store {
+            tensor: 1,
+            bound: None,
+        },
+        &[zero, r],
+        loc,
+    )
+    .unwrap();
     b.finish().unwrap()
 }
 

@@ -39,6 +39,10 @@ const SM90A: &[(&str, bool)] = &[
     ("attention_d96", true),
     ("attention_d64_bm192", true),
     ("attention_d64_bm192_causal", true),
+    ("attention_varlen_d64", true),
+    ("attention_varlen_lse_d64_causal", true),
+    ("attention_varlen_lse_bn160_causal", true),
+    ("attention_varlen_d64_bm192", true),
 ];
 
 /// Kernels snapshotted and assembled for sm_100a (IR snapshots `<name>@sm_100a@<pass>`):
@@ -52,6 +56,8 @@ const SM100A_ATTENTION: &[&str] = &[
     "attention_causal",
     "attention_d64",
     "attention_d64_causal",
+    "attention_varlen_d64",
+    "attention_varlen_lse_d64_causal",
 ];
 
 #[test]

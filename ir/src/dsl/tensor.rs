@@ -32,22 +32,41 @@ impl Tensor {
     ) -> TileView {
         let loc = Loc::caller();
         let shape = shape_of(&shape, loc);
-        let coords = if C == self.rank {
-            coords.iter().map(|c| c.to_value(loc)).collect()
-        } else {
-            context::fail(Diagnostic::new(
-                loc,
-                format!(
-                    "a rank-{} tensor needs {} coordinates, found {C}",
-                    self.rank, self.rank
-                ),
-            ));
-            Vec::new()
-        };
+        let coords = self.coords(&coords, loc).unwrap_or_default();
         TileView {
             tensor: self,
             shape,
             coords,
+        }
+    }
+
+    /// The element at `coords` (one per tensor dimension) as a scalar: `cu_seqlens.scalar([b])`
+    /// reads sequence `b`'s offset from an `i32` tensor. An index outside the tensor reads 0,
+    /// as a tile's elements outside it do, so no index can read out of bounds.
+    #[track_caller]
+    pub fn scalar<const C: usize>(self, coords: [Index; C]) -> Value {
+        let loc = Loc::caller();
+        let Some(coords) = self.coords(&coords, loc) else {
+            return Value::POISON;
+        };
+        context::emit(OpKind::LoadScalar { tensor: self.index }, &coords, loc)
+    }
+
+    /// `coords` as values, or a diagnostic unless there is one per dimension.
+    fn coords(self, coords: &[Index], loc: Loc) -> Option<Vec<Value>> {
+        if coords.len() == self.rank {
+            Some(coords.iter().map(|c| c.to_value(loc)).collect())
+        } else {
+            context::fail(Diagnostic::new(
+                loc,
+                format!(
+                    "a rank-{} tensor needs {} coordinates, found {}",
+                    self.rank,
+                    self.rank,
+                    coords.len()
+                ),
+            ));
+            None
         }
     }
 
@@ -93,8 +112,22 @@ impl TileView {
     /// Stores `value` (whose shape should match the tile's) into the tile.
     #[track_caller]
     pub fn store(self, value: impl AsValue) {
-        let loc = Loc::caller();
-        let value = value.as_value();
+        self.store_with(value.as_value(), None, Loc::caller());
+    }
+
+    /// Stores `value` into the tile but for the elements whose coordinate along tensor
+    /// dimension `dim` (one of the tile's) is `limit` (an i32 scalar) or more: the rows of one
+    /// sequence in a packed varlen batch, `o.tile(..).store_bounded(x, 2, q_end)`. On sm_90a
+    /// and sm_100a such a store is written from registers, never through TMA (whose tensor
+    /// map clips at the tensor's extent, not at `limit`).
+    #[track_caller]
+    pub fn store_bounded(self, value: impl AsValue, dim: usize, limit: impl AsValue) {
+        let limit = limit.as_value();
+        self.store_with(value.as_value(), Some((dim, limit)), Loc::caller());
+    }
+
+    /// [`TileView::store`], bounded by `limit` when given.
+    fn store_with(self, value: Value, limit: Option<(usize, Value)>, loc: Loc) {
         let Some(shape) = self.shape else { return };
         if self.coords.is_empty() {
             return;
@@ -110,9 +143,11 @@ impl TileView {
         }
         let mut operands = self.coords;
         operands.push(value);
+        operands.extend(limit.map(|(_, l)| l));
         context::emit_effect(
             OpKind::Store {
                 tensor: self.tensor.index,
+                bound: limit.map(|(dim, _)| dim),
             },
             &operands,
             loc,

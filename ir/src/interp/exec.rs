@@ -293,17 +293,24 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
                 }
                 Vec::new()
             }
-            OpKind::Store { tensor } => {
-                let (value, coord_ids) =
-                    op.operands.split_last().ok_or_else(|| self.internal(id))?;
-                let coords = self.coords(id, coord_ids)?;
+            OpKind::LoadScalar { tensor } => {
+                let coords = self.coords(id, &op.operands)?;
+                vec![memory::load(self.tensor(id, *tensor)?, &coords, &[])]
+            }
+            OpKind::Store { tensor, .. } => {
+                let parts = op.store_operands().ok_or_else(|| self.internal(id))?;
+                let coords = self.coords(id, parts.coords)?;
+                let bound = match parts.limit {
+                    Some((dim, limit)) => Some((dim, self.scalar_i32(id, limit)?)),
+                    None => None,
+                };
                 let value = self
                     .env
-                    .get(value.index())
+                    .get(parts.value.index())
                     .and_then(Option::as_ref)
                     .ok_or_else(|| self.internal(id))?;
                 let fault = match self.args.get_mut(*tensor) {
-                    Some(HostArg::TensorMut(t)) => memory::store(t, &coords, value).err(),
+                    Some(HostArg::TensorMut(t)) => memory::store(t, &coords, value, bound).err(),
                     _ => Some(Fault::Mistyped),
                 };
                 if let Some(f) = fault {

@@ -1,5 +1,6 @@
 //! Host arguments: checking them against the kernel's parameters, and tile loads and stores
-//! that never touch memory outside a tensor (outside elements read 0; stores skip them).
+//! that never touch memory outside a tensor (outside elements read 0; stores skip them, and a
+//! bounded store those past its limit too).
 
 use half::{bf16, f16};
 
@@ -155,16 +156,28 @@ struct TileAddr {
 
 impl TileAddr {
     /// Addresses a tile of `dims` at `coords`, covering `t`'s last `dims.len()` dimensions
-    /// (a 1-D tile is one row). `None` if an outer coordinate is outside `t`, so that no
-    /// element is.
-    fn new(t: &HostTensor, coords: &[i32], dims: &[usize]) -> Option<TileAddr> {
+    /// (a 1-D tile is one row, a 0-D one a single element). `None` if an outer coordinate is
+    /// outside `t`, so that no element is. `bound`: a dimension and a limit that clips it
+    /// (a bounded store's, [`crate::kernel::OpKind::Store`]).
+    fn new(
+        t: &HostTensor,
+        coords: &[i32],
+        dims: &[usize],
+        bound: Option<(usize, i32)>,
+    ) -> Option<TileAddr> {
         let rank = t.shape.len();
         let outer = rank.checked_sub(dims.len())?;
         if coords.len() != rank {
             return None;
         }
+        let extents: Vec<usize> = (0..rank)
+            .map(|d| match bound {
+                Some((b, limit)) if b == d => t.shape[d].min(usize::try_from(limit).unwrap_or(0)),
+                _ => t.shape[d],
+            })
+            .collect();
         let mut base = 0usize;
-        for ((&c, &extent), &stride) in coords.iter().zip(&t.shape).zip(&t.strides).take(outer) {
+        for ((&c, &extent), &stride) in coords.iter().zip(&extents).zip(&t.strides).take(outer) {
             let c = usize::try_from(c).ok().filter(|&c| c < extent)?;
             base += c * stride;
         }
@@ -175,12 +188,13 @@ impl TileAddr {
                     let c = i64::from(coords[d]) + i as i64;
                     usize::try_from(c)
                         .ok()
-                        .filter(|&c| c < t.shape[d])
+                        .filter(|&c| c < extents[d])
                         .map(|c| c * t.strides[d])
                 })
                 .collect()
         };
         let (rows, cols) = match dims {
+            [] => (vec![Some(0)], vec![Some(0)]),
             [c] => (vec![Some(0)], axis(rank - 1, *c)),
             [r, c] => (axis(rank - 2, *r), axis(rank - 1, *c)),
             _ => return None,
@@ -198,10 +212,11 @@ impl TileAddr {
     }
 }
 
-/// Loads a tile of `dims` at `coords` from `t`; elements outside `t` read 0.
+/// Loads a tile of `dims` at `coords` from `t` (no dims: the scalar there); elements outside
+/// `t` read 0.
 pub(crate) fn load(t: &HostTensor, coords: &[i32], dims: &[usize]) -> Value {
     let n: usize = dims.iter().product();
-    let addr = TileAddr::new(t, coords, dims);
+    let addr = TileAddr::new(t, coords, dims, None);
     fn gather<S: Copy, T: Copy + Default>(
         data: &[S],
         addr: Option<&TileAddr>,
@@ -233,10 +248,16 @@ pub(crate) fn load(t: &HostTensor, coords: &[i32], dims: &[usize]) -> Value {
     }
 }
 
-/// Stores tile `v` at `coords` into `t`, skipping elements outside `t`. Float values are
+/// Stores tile `v` at `coords` into `t`, skipping elements outside `t` and, given a `bound`
+/// `(dim, limit)`, those whose coordinate along `dim` is `limit` or more. Float values are
 /// already rounded to `t`'s dtype, so the narrowing conversion is exact.
-pub(crate) fn store(t: &mut HostTensor, coords: &[i32], v: &Value) -> Result<(), Fault> {
-    let Some(addr) = TileAddr::new(t, coords, &v.dims) else {
+pub(crate) fn store(
+    t: &mut HostTensor,
+    coords: &[i32],
+    v: &Value,
+    bound: Option<(usize, i32)>,
+) -> Result<(), Fault> {
+    let Some(addr) = TileAddr::new(t, coords, &v.dims, bound) else {
         return Ok(());
     };
     fn scatter<S, T: Copy>(data: &mut [S], addr: &TileAddr, src: &[T], conv: impl Fn(T) -> S) {

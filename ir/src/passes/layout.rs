@@ -277,6 +277,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 | OpKind::BlockId(_)
                 | OpKind::GridDim(_)
                 | OpKind::TensorDim { .. }
+                | OpKind::LoadScalar { .. }
                 | OpKind::Load { .. }
                 | OpKind::Splat { .. }
                 | OpKind::Iota { .. }

@@ -3,7 +3,8 @@
 //! (the kernel's warps, `crate::tmem`) each hold whole accumulator rows, which stored
 //! directly would scatter every warp's store over 32 rows.
 //!
-//! A `store` after the ring loop qualifies when its tensor is 16-byte aligned (TMA's
+//! A `store` after the ring loop qualifies when it has no runtime bound (TMA clips only at the
+//! tensor's extent), its tensor is 16-byte aligned (TMA's
 //! requirement), its elements are 2 bytes, and its tile is `rows x cols` with `rows <= 256`,
 //! `cols` a multiple of 64 (128-byte boxes), laid out in registers as the mma accumulator
 //! is: every register's row a multiple of 8 from the thread's (so a thread's rows share one
@@ -93,7 +94,12 @@ fn place_store(
 /// staged whole (its threads' columns start boxes apart).
 fn candidate(kernel: &Kernel, op: OpId, threads: u32, barrier: u32) -> Option<(TmaStore, bool)> {
     let o = &kernel.ops[op];
-    let OpKind::Store { tensor } = o.kind else {
+    // A bounded store clips at its limit, a tensor map only at the tensor's extent.
+    let OpKind::Store {
+        tensor,
+        bound: None,
+    } = o.kind
+    else {
         return None;
     };
     let Param::Tensor {

@@ -149,6 +149,7 @@ pub fn column_local(kernel: &Kernel, for_op: OpId) -> bool {
             | OpKind::BlockId(_)
             | OpKind::GridDim(_)
             | OpKind::TensorDim { .. }
+            | OpKind::LoadScalar { .. }
             | OpKind::Unary(_)
             | OpKind::Binary(_)
             | OpKind::Select

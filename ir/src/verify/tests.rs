@@ -73,8 +73,15 @@ fn sample() -> Sample {
     b.begin_else(if_op, &[add], loc).unwrap();
     let r = b.end_if(if_op, &[acc], loc).unwrap();
     let out = b.end_for(&scope, &r, loc).unwrap();
-    b.op(OpKind::Store { tensor: 1 }, &[zero, out[0]], loc)
-        .unwrap();
+    b.op(
+        OpKind::Store {
+            tensor: 1,
+            bound: None,
+        },
+        &[zero, out[0]],
+        loc,
+    )
+    .unwrap();
     Sample {
         kernel: b.finish().unwrap(),
         for_op: scope.op,

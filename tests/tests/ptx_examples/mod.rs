@@ -1,6 +1,6 @@
 //! The example kernels the PTX tests compile: each registry kernel at its default comptime
 //! values, plus the gemm with column-major B and the documented attention variants (causal,
-//! d = 64), and for sm_90a the attention schedules its benchmarks run and d = 64 on 192-row
+//! d = 64; the varlen kernels at d = 64, sm_80's spill-free head dim), and for sm_90a the attention schedules its benchmarks run and d = 64 on 192-row
 //! query blocks.
 
 #![allow(dead_code)]
@@ -19,6 +19,13 @@ pub const VARIANTS: &[(&str, &str, Overrides)] = &[
     ("attention", "attention", &[]),
     ("attention_causal", "attention", &[("causal", "true")]),
     ("attention_d64", "attention", &[("d", "64")]),
+    // One launch over a packed varlen batch: offsets read in the kernel, bounded stores.
+    ("attention_varlen_d64", "attention_varlen", &[("d", "64")]),
+    (
+        "attention_varlen_lse_d64_causal",
+        "attention_varlen_lse",
+        &[("d", "64"), ("causal", "true")],
+    ),
 ];
 
 /// Variants compiled for sm_90a only: the attention schedules the sm_90a benchmarks run
@@ -54,6 +61,17 @@ pub const SM90A_VARIANTS: &[(&str, &str, Overrides)] = &[
         "attention_d64_bm192_causal",
         "attention",
         &[("d", "64"), ("block_m", "192"), ("causal", "true")],
+    ),
+    // The varlen kernels at the tuned d = 128 (160 keys) and d = 64 (192 rows) schedules.
+    (
+        "attention_varlen_lse_bn160_causal",
+        "attention_varlen_lse",
+        &[("block_n", "160"), ("causal", "true")],
+    ),
+    (
+        "attention_varlen_d64_bm192",
+        "attention_varlen",
+        &[("d", "64"), ("block_m", "192"), ("block_n", "128")],
     ),
 ];
 

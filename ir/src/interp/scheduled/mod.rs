@@ -725,7 +725,7 @@ impl<'p, 'k> Memory<'p, 'k> {
                 .map_err(|e| self.plan.error(e))?;
             let stored = m
                 .tensor_arg_mut(st.param)
-                .map(|t| memory::store(t, &boxes.at(b, &coords), &data));
+                .map(|t| memory::store(t, &boxes.at(b, &coords), &data, None));
             if !matches!(stored, Some(Ok(()))) {
                 return Err(self
                     .plan
