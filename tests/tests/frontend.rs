@@ -105,6 +105,56 @@ fn float_constant_with_integer_value_is_a_diagnostic() {
     assert!(d.message.contains("float constant"), "{d}");
 }
 
+#[kernel]
+fn bounded_on_an_outer_dimension(x: Tensor<f32, 2>, o: TensorMut<f32, 2>, n: i32) {
+    let t = x.tile([8], [0, 0]).load();
+    o.tile([8], [0, 0]).store_bounded(t, 0, n); // MARK-outer-bound
+}
+
+#[kernel]
+fn bounded_by_a_float(x: Tensor<f32, 2>, o: TensorMut<f32, 2>, n: f32) {
+    let t = x.tile([8, 8], [0, 0]).load();
+    o.tile([8, 8], [0, 0]).store_bounded(t, 0, n); // MARK-float-limit
+}
+
+#[kernel]
+fn scalar_of_two_coordinates(cu: Tensor<i32, 1>, o: TensorMut<i32, 1>) {
+    let x = cu.scalar([0, 1]); // MARK-scalar-coords
+    o.tile([1], [0]).store(full::<i32>([1], x));
+}
+
+#[test]
+fn bounded_stores_and_scalar_loads_report_misuse_at_the_call() {
+    // A bound must clip one of the tile's dimensions, by an i32 limit; a scalar takes one
+    // coordinate per tensor dimension.
+    let cases: [(&dyn KernelDef, &str, &str, &str); 3] = [
+        (
+            &bounded_on_an_outer_dimension,
+            "MARK-outer-bound",
+            "store_bounded",
+            "must be one of the 1-D tile's dimensions",
+        ),
+        (
+            &bounded_by_a_float,
+            "MARK-float-limit",
+            "store_bounded",
+            "limit is f32, expected a scalar i32",
+        ),
+        (
+            &scalar_of_two_coordinates,
+            "MARK-scalar-coords",
+            "scalar",
+            "a rank-1 tensor needs 1 coordinates, found 2",
+        ),
+    ];
+    for (def, marker, call, message) in cases {
+        let d = build_err(def, &Spec::default());
+        let (line, col) = position(marker, call);
+        assert_eq!((d.loc.line, d.loc.column), (line, col), "{d}");
+        assert!(d.message.contains(message), "{d}");
+    }
+}
+
 /// Branches and loops on runtime values, with carried variables, a comptime `if` and an
 /// unrolled loop.
 #[kernel]

@@ -2,21 +2,30 @@
 //! sm_90a, against the f64 reference: f16, sliding windows (one- and two-sided, causal with
 //! a left bound), soft-capping, head dim 96, together with grouped-query heads; lengths that
 //! are not multiples of the tiles, `sq > sk` (rows outside every window, which must be 0),
-//! every input distribution, outputs poisoned with NaN and K read through padded rows.
-//! Skips itself ("skipped: no CUDA driver") without a GPU.
+//! every input distribution, outputs poisoned with NaN and K read through padded rows. Then
+//! the single-launch varlen kernels (`attention_varlen`, `attention_varlen_lse`) over packed
+//! ragged batches with zero-length sequences, against each sequence's reference, and with
+//! offsets of any value, which must not fault. Skips itself ("skipped: no CUDA driver")
+//! without a GPU.
 
 mod gpu_common;
 
 use std::process::ExitCode;
 
 use gpu_common::{Needs, device, upload_padded};
-use kiln_examples::attention::{attention, tuned_block_n};
+use kiln_examples::attention::{
+    attention, attention_varlen, attention_varlen_lse, tuned_block_m, tuned_block_n,
+};
 use kiln_ir::dsl::Spec;
 use kiln_ir::{DType, HostTensor, Target};
 use kiln_runtime::{Device, DeviceTensor, KernelArg};
 use kiln_tests::check::{Case, assert_close, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
+use kiln_tests::varlen::{Packed, Varlen};
+
+/// Comptime values by name.
+type Comptime = std::collections::BTreeMap<String, kiln_ir::dsl::ComptimeValue>;
 
 /// One call: `(batch, heads, kv heads, sq, sk, d)` and the comptime features.
 struct Call {
@@ -173,6 +182,195 @@ fn run_calls(dev: &Device, target: Target) {
     }
 }
 
+/// The varlen calls every target runs: ragged batches with sequences of no query, no key or
+/// neither, every feature.
+fn varlen_calls() -> Vec<Varlen> {
+    let ragged = [
+        (100, 130),
+        (0, 50),
+        (257, 200),
+        (40, 0),
+        (1, 1),
+        (0, 0),
+        (1000, 700),
+    ];
+    vec![
+        Varlen::new(&ragged),
+        Varlen {
+            causal: true,
+            d: 128,
+            ..Varlen::new(&ragged)
+        },
+        Varlen {
+            dtype: DType::F16,
+            causal: true,
+            h: 4,
+            h_kv: 2,
+            ..Varlen::new(&[(300, 90), (77, 77), (5, 260), (513, 513)])
+        },
+        Varlen {
+            window: (33, 17),
+            d: 128,
+            ..Varlen::new(&[(200, 460), (150, 150), (320, 100)])
+        },
+        Varlen {
+            window: (20, -1),
+            causal: true,
+            softcap: 5.0,
+            ..Varlen::new(&[(333, 333), (64, 200), (0, 9)])
+        },
+        Varlen {
+            d: 96,
+            softcap: 20.0,
+            h: 2,
+            h_kv: 1,
+            ..Varlen::new(&[(129, 65), (1, 300), (600, 0)])
+        },
+    ]
+}
+
+/// The device tensors of one varlen launch: the packed inputs viewed `[1, heads, total, d]`,
+/// the offsets, and the poisoned outputs (`o` packed `[total_q, h, d]` with its view, the
+/// log-sum-exp `[1, h, total_q]`).
+struct VarlenArgs {
+    q: DeviceTensor,
+    k: DeviceTensor,
+    v: DeviceTensor,
+    o: DeviceTensor,
+    o_view: DeviceTensor,
+    lse: DeviceTensor,
+    cu_q: DeviceTensor,
+    cu_k: DeviceTensor,
+}
+
+impl VarlenArgs {
+    fn new(dev: &Device, c: &Varlen, p: &Packed) -> VarlenArgs {
+        // `[total, heads, d]` as the kernel's `[1, heads, total, d]`.
+        let bhsd = |t: &DeviceTensor| {
+            let [total, heads, d] = [t.shape()[0], t.shape()[1], t.shape()[2]];
+            t.as_strided(
+                &[1, heads, total, d],
+                &[total * heads * d, d, heads * d, 1],
+                0,
+            )
+            .expect("view")
+        };
+        let up = |t: &HostTensor| dev.upload(t).expect("upload");
+        let (o, lse) = c.outputs();
+        let (o, lse) = (
+            output(dev, c.dtype, &o.shape),
+            output(dev, DType::F32, &lse.shape),
+        );
+        VarlenArgs {
+            q: bhsd(&up(&p.q)),
+            k: bhsd(&up(&p.k)),
+            v: bhsd(&up(&p.v)),
+            o_view: bhsd(&o),
+            o,
+            lse,
+            cu_q: up(&p.cu_q),
+            cu_k: up(&p.cu_k),
+        }
+    }
+
+    /// Launches the kernel (its lse form when `lse`) with comptime values `ct` over `grid`;
+    /// waits for it.
+    fn launch(&self, dev: &Device, ct: &Comptime, grid: [u32; 3], lse: bool, scale: f32) {
+        let mut args = vec![
+            KernelArg::Tensor(&self.q),
+            KernelArg::Tensor(&self.k),
+            KernelArg::Tensor(&self.v),
+            KernelArg::Tensor(&self.o_view),
+        ];
+        if lse {
+            args.push(KernelArg::Tensor(&self.lse));
+        }
+        args.extend([
+            KernelArg::Tensor(&self.cu_q),
+            KernelArg::Tensor(&self.cu_k),
+            KernelArg::F32(scale),
+        ]);
+        let def: &dyn kiln_ir::dsl::KernelDef = if lse {
+            &attention_varlen_lse
+        } else {
+            &attention_varlen
+        };
+        dev.launch(def, ct, grid, &args)
+            .unwrap_or_else(|e| panic!("{}: {e}", def.name()));
+        dev.synchronize().expect("kernel ran");
+    }
+}
+
+/// Runs every varlen call on `dev` for every input distribution (the log-sum-exp form every
+/// other run), then one call with offsets of any value.
+fn run_varlen(dev: &Device, target: Target) {
+    let mut rng = Rng::from_env();
+    for (i, c) in varlen_calls().into_iter().enumerate() {
+        let ct = c.comptime(tuned_block_n(target, c.d), tuned_block_m(target, c.d));
+        for (j, dist) in Dist::ALL.into_iter().enumerate() {
+            let lse = (i + j).is_multiple_of(2);
+            let p = c.inputs(&mut rng, dist);
+            let a = VarlenArgs::new(dev, &c, &p);
+            a.launch(dev, &ct, c.grid(tuned_block_m(target, c.d)), lse, p.scale);
+            let case = c.case(&format!("attention_varlen@{target}"), dist, &rng);
+            let (o, l) = (
+                a.o.download().expect("download"),
+                a.lse.download().expect("download"),
+            );
+            c.check(&case, &p, &o, lse.then_some(&l));
+        }
+    }
+    // Decreasing, huge and negative offsets, and a grid of more sequences than they hold: the
+    // kernel must stay inside every tensor (a fault fails the synchronisation).
+    let c = Varlen::new(&[(60, 70)]);
+    let p = c.inputs(&mut rng, Dist::Normal);
+    let ct = c.comptime(tuned_block_n(target, c.d), tuned_block_m(target, c.d));
+    let offsets = |cu: &[i32]| {
+        HostTensor::new(&[cu.len()], kiln_ir::TensorData::I32(cu.to_vec())).expect("offsets")
+    };
+    for (cu_q, cu_k, batch) in [
+        (&[0, 60, 30, 40][..], &[0, 70, 10, 500][..], 3),
+        (&[0, 60, 1 << 30, i32::MAX], &[0, 70, -5, i32::MIN], 3),
+        (&[0, 60, -100, 50], &[0, 70, 0, 40], 3),
+        (&[0, 60], &[0, 70], 4),
+    ] {
+        let bad = Packed {
+            cu_q: offsets(cu_q),
+            cu_k: offsets(cu_k),
+            ..p.clone()
+        };
+        let a = VarlenArgs::new(dev, &c, &bad);
+        let grid = [c.totals().0.div_ceil(128) as u32 + 1, c.h as u32, batch];
+        a.launch(dev, &ct, grid, true, p.scale);
+        // The padding rows past every offset stay poisoned.
+        let row = c.h * c.d;
+        let o = a.o.download().expect("download").to_f64_vec();
+        let past = cu_q
+            .iter()
+            .map(|&x| x.clamp(0, 63) as usize)
+            .max()
+            .unwrap_or(0);
+        assert!(
+            o[past * row..].iter().all(|x| x.is_nan()),
+            "{target} offsets {cu_q:?}: rows past every sequence written"
+        );
+    }
+}
+
+fn gpu_attention_varlen_on_sm80() {
+    let Some(dev) = device() else { return };
+    run_varlen(&dev, Target::Sm80);
+}
+
+fn gpu_attention_varlen_on_sm90a() {
+    let Some(dev) = device() else { return };
+    if dev.compute_capability() != (9, 0) {
+        println!("skipped: sm_90a needs a Hopper GPU");
+        return;
+    }
+    run_varlen(&dev.with_target(Target::Sm90a), Target::Sm90a);
+}
+
 fn gpu_attention_features_on_sm80() {
     let Some(dev) = device() else { return };
     run_calls(&dev, Target::Sm80);
@@ -198,6 +396,16 @@ fn main() -> ExitCode {
             "gpu_attention_features_on_sm90a",
             Needs::Gpu,
             gpu_attention_features_on_sm90a,
+        ),
+        (
+            "gpu_attention_varlen_on_sm80",
+            Needs::Gpu,
+            gpu_attention_varlen_on_sm80,
+        ),
+        (
+            "gpu_attention_varlen_on_sm90a",
+            Needs::Gpu,
+            gpu_attention_varlen_on_sm90a,
         ),
     ])
 }
