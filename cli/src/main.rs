@@ -171,7 +171,7 @@ fn check(k: &KernelArgs) -> Result<String, String> {
     };
     let module = k.ptx(target)?;
     let report = kiln::ptx::ptxas::check(&module.ptx, target).map_err(|e| e.to_string())?;
-    Ok(format!(
+    let mut out = format!(
         "{} ({}): {} threads/block, {} B dynamic smem, {} PTX lines, {} block(s)/SM\nptxas: {report}\n",
         module.entry,
         target,
@@ -179,7 +179,17 @@ fn check(k: &KernelArgs) -> Result<String, String> {
         module.dynamic_smem_bytes,
         module.ptx.lines().count(),
         blocks_per_sm(&module, &report)
-    ))
+    );
+    // What the GPU host's driver will make of it, when that release's ptxas is installed.
+    use kiln::ptx::ptxas::{JIT_PTXAS_VERSION, Tool};
+    if kiln::ptx::ptxas::find(Tool::JitPtxas).is_ok() {
+        let jit = kiln::ptx::ptxas::check_with(Tool::JitPtxas, &module.ptx, target)
+            .map_err(|e| e.to_string())?;
+        out.push_str(&format!(
+            "ptxas {JIT_PTXAS_VERSION} (the driver's JIT): {jit}\n"
+        ));
+    }
+    Ok(out)
 }
 
 /// Blocks of `module` one SM of its target holds.

@@ -6,6 +6,12 @@
 //! the cubins the runtime's disk cache keeps when it is installed. They come from
 //! the pip packages `nvidia-cuda-nvcc` and `nvidia-cuda-nvdisasm` (version [`PTXAS_VERSION`]),
 //! installed by `scripts/ensure-cuda-tool ptxas|nvdisasm`.
+//!
+//! A second ptxas, [`Tool::JitPtxas`] ([`JIT_PTXAS_VERSION`], `scripts/ensure-cuda-tool
+//! ptxas-jit`), is the assembler of the CUDA release whose driver runs the GPU tests: the
+//! driver JIT-compiles PTX as that release's ptxas does, which allocates registers and reports
+//! advisories differently from a newer one. The tests check the kernels kiln launches with it
+//! too, so what is clean offline is clean on the GPU.
 
 use std::fmt;
 use std::io::Write;
@@ -16,6 +22,10 @@ use kiln_ir::Target;
 
 /// The pinned ptxas release (pip `nvidia-cuda-nvcc`).
 pub const PTXAS_VERSION: &str = "13.5.37";
+
+/// The ptxas release of the GPU host's driver (CUDA 13.0), whose JIT assembles kiln's PTX
+/// there ([`Tool::JitPtxas`]).
+pub const JIT_PTXAS_VERSION: &str = "13.0.88";
 
 /// What ptxas reported for one entry.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -64,6 +74,8 @@ impl fmt::Display for PtxasReport {
 pub enum Tool {
     /// The assembler.
     Ptxas,
+    /// The assembler of the GPU host's driver release ([`JIT_PTXAS_VERSION`]).
+    JitPtxas,
     /// The cubin disassembler.
     Nvdisasm,
 }
@@ -72,7 +84,7 @@ impl Tool {
     /// The binary's name.
     pub fn name(self) -> &'static str {
         match self {
-            Tool::Ptxas => "ptxas",
+            Tool::Ptxas | Tool::JitPtxas => "ptxas",
             Tool::Nvdisasm => "nvdisasm",
         }
     }
@@ -81,6 +93,7 @@ impl Tool {
     pub fn env(self) -> &'static str {
         match self {
             Tool::Ptxas => "KILN_PTXAS",
+            Tool::JitPtxas => "KILN_PTXAS_JIT",
             Tool::Nvdisasm => "KILN_NVDISASM",
         }
     }
@@ -88,8 +101,32 @@ impl Tool {
     /// The pip package that ships it.
     pub fn package(self) -> &'static str {
         match self {
-            Tool::Ptxas => "nvidia-cuda-nvcc",
+            Tool::Ptxas | Tool::JitPtxas => "nvidia-cuda-nvcc",
             Tool::Nvdisasm => "nvidia-cuda-nvdisasm",
+        }
+    }
+
+    /// The package's pinned version.
+    pub fn version(self) -> &'static str {
+        match self {
+            Tool::Ptxas | Tool::Nvdisasm => PTXAS_VERSION,
+            Tool::JitPtxas => JIT_PTXAS_VERSION,
+        }
+    }
+
+    /// What `scripts/ensure-cuda-tool` calls it.
+    fn script_name(self) -> &'static str {
+        match self {
+            Tool::JitPtxas => "ptxas-jit",
+            t => t.name(),
+        }
+    }
+
+    /// Where `scripts/ensure-cuda-tool` installs it, under the workspace root.
+    fn workspace_dir(self) -> &'static str {
+        match self {
+            Tool::Ptxas | Tool::Nvdisasm => ".tools/cuda/bin",
+            Tool::JitPtxas => ".tools/cuda-jit/bin",
         }
     }
 }
@@ -100,10 +137,12 @@ pub enum PtxasError {
     /// The tool's binary was not found.
     #[error(
         "{tool} not found (looked at ${env}, {looked}); install it with \
-         scripts/ensure-cuda-tool {tool} (pip package {package}=={PTXAS_VERSION})",
+         scripts/ensure-cuda-tool {script} (pip package {package}=={version})",
         tool = tool.name(),
+        script = tool.script_name(),
         env = tool.env(),
-        package = tool.package()
+        package = tool.package(),
+        version = tool.version()
     )]
     NotFound {
         /// The tool.
@@ -136,15 +175,29 @@ pub fn find_ptxas() -> Result<PathBuf, PtxasError> {
     find(Tool::Ptxas)
 }
 
-/// Where `tool` is: its environment variable, else `.tools/cuda/bin/<name>` under the
-/// workspace root (what `scripts/ensure-cuda-tool` installs), else `bin/<name>` under
+/// Where `tool` is: its environment variable, else its directory under the workspace root
+/// (`.tools/cuda/bin`, or `.tools/cuda-jit/bin` for [`Tool::JitPtxas`]: what
+/// `scripts/ensure-cuda-tool` installs); for the other tools, else `bin/<name>` under
 /// `$CUDA_HOME` or `$CUDA_PATH`, else the first `<name>` on `$PATH`, else the toolkit's
-/// default place, `/usr/local/cuda/bin`.
+/// default place, `/usr/local/cuda/bin`. A toolkit's ptxas is of whatever release it is, so
+/// [`Tool::JitPtxas`] is only looked for where it was installed by its version.
 pub fn find(tool: Tool) -> Result<PathBuf, PtxasError> {
     if let Some(p) = std::env::var_os(tool.env()) {
         return Ok(PathBuf::from(p));
     }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/cuda/bin");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(tool.workspace_dir());
+    if tool == Tool::JitPtxas {
+        let path = workspace.join(tool.name());
+        return match path.is_file() {
+            true => Ok(path),
+            false => Err(PtxasError::NotFound {
+                tool,
+                looked: path.display().to_string(),
+            }),
+        };
+    }
     let toolkits = ["CUDA_HOME", "CUDA_PATH"]
         .into_iter()
         .filter_map(std::env::var_os)
@@ -168,7 +221,12 @@ pub fn find(tool: Tool) -> Result<PathBuf, PtxasError> {
 
 /// Assembles `ptx` for `target` with `ptxas -v` and returns the report for its (single) entry.
 pub fn check(ptx: &str, target: Target) -> Result<PtxasReport, PtxasError> {
-    assemble(ptx, target.name(), Path::new("/dev/null")).map(|log| parse_report(&log))
+    check_with(Tool::Ptxas, ptx, target)
+}
+
+/// [`check`] with the assembler `tool` ([`Tool::Ptxas`] or [`Tool::JitPtxas`]).
+pub fn check_with(tool: Tool, ptx: &str, target: Target) -> Result<PtxasReport, PtxasError> {
+    assemble(tool, ptx, target.name(), Path::new("/dev/null")).map(|log| parse_report(&log))
 }
 
 /// What ptxas made of one module: the cubin and its `-v` log.
@@ -189,7 +247,7 @@ pub fn cubin(ptx: &str, arch: &str) -> Result<Assembled, PtxasError> {
         source,
     })?;
     let path = dir.path().join("kernel.cubin");
-    let log = assemble(ptx, arch, &path)?;
+    let log = assemble(Tool::Ptxas, ptx, arch, &path)?;
     let cubin = std::fs::read(&path).map_err(|source| PtxasError::Spawn {
         path: path.display().to_string(),
         source,
@@ -230,9 +288,9 @@ pub fn sass(ptx: &str, target: Target) -> Result<String, PtxasError> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Runs `ptxas -v -arch <arch> -o <out>` on `ptx`; returns its log.
-fn assemble(ptx: &str, arch: &str, out_path: &Path) -> Result<String, PtxasError> {
-    let path = find_ptxas()?;
+/// Runs `ptxas -v -arch <arch> -o <out>` on `ptx` with the assembler `tool`; returns its log.
+fn assemble(tool: Tool, ptx: &str, arch: &str, out_path: &Path) -> Result<String, PtxasError> {
+    let path = find(tool)?;
     let shown = path.display().to_string();
     let spawn = |source| PtxasError::Spawn {
         path: shown.clone(),
@@ -255,7 +313,7 @@ fn assemble(ptx: &str, arch: &str, out_path: &Path) -> Result<String, PtxasError
     log.push_str(&String::from_utf8_lossy(&out.stderr));
     if !out.status.success() {
         return Err(PtxasError::Rejected {
-            tool: Tool::Ptxas,
+            tool,
             arch: arch.to_string(),
             log,
         });

@@ -162,10 +162,27 @@ impl Writer<'_> {
     /// One section: the steps of the consumer program that run in it, then (after the tail)
     /// the carried accumulator.
     fn rotated_section(&mut self, r: &mut Rotation, section: Section) -> Result<(), CodegenError> {
+        // Whether this section has written a wgmma instruction yet.
+        let mut wgmma_written = false;
         for s in r.ring.consumer.clone() {
-            if section.runs(s) {
-                self.rotated_step(r, s)?;
+            if !section.runs(s) {
+                continue;
             }
+            match s {
+                Step::IssueHead | Step::IssueTail => wgmma_written = true,
+                Step::Commit => {
+                    // The epilogue opens with the absent head's commit, an empty group that
+                    // keeps the wait_group counts of every section the same. The CUDA 13.0
+                    // JIT fences that commit itself (advisory C7519: the registers were
+                    // written since the last wait); the fence is written here instead.
+                    if !wgmma_written {
+                        self.ins("wgmma.fence.sync.aligned");
+                    }
+                    wgmma_written = true;
+                }
+                _ => {}
+            }
+            self.rotated_step(r, s)?;
         }
         if section != Section::Prologue {
             let i = r.overlap.carried;
