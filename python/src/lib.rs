@@ -286,14 +286,19 @@ fn with_lse<'py>(
 /// rows are written and no others. out, a kiln extension: an optional (total_q, nheads,
 /// headdim) tensor to write instead of allocating.
 ///
+/// The offsets are checked as tensors (1-D, contiguous, int32, on q's device, both of
+/// batch + 1 entries), not their values, which stay on the device: the kernel reads them, and
+/// whatever they hold it reads and writes only inside q, k, v, out and softmax_lse (offsets
+/// that are not FlashAttention's give undefined outputs, never a fault; so do sequences
+/// longer than max_seqlen_q, whose rows past it are not written).
+///
 /// Returns out, (total_q, nheads, headdim), q's dtype; with return_lse=True the pair (out,
 /// softmax_lse), softmax_lse the (nheads, total_q) torch.float32 log-sum-exp of each score
 /// row, as FlashAttention-2's varlen forward (total_q being q's rows; sequence i's rows are
 /// columns cu_seqlens_q[i]:cu_seqlens_q[i + 1], +inf for a row that sees no key, every row
 /// of a sequence without keys included, as flash_attn_func; columns past the last offset are
-/// not written). kiln runs one launch per sequence on the current CUDA stream, and reads
-/// cu_seqlens to the host to plan them (a device synchronisation, which FlashAttention's
-/// single launch does not need).
+/// not written). One launch for the whole batch on the current CUDA stream, with no device
+/// synchronisation, as FlashAttention's.
 #[pyfunction]
 #[pyo3(signature = (
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
@@ -343,58 +348,40 @@ fn flash_attn_varlen_func<'py>(
         )?,
     };
     let oi = tensor_info("out", &out)?;
-    let cu_q = offsets("cu_seqlens_q", cu_seqlens_q, &cu_qi, &qi)?;
-    let cu_k = offsets("cu_seqlens_k", cu_seqlens_k, &cu_ki, &qi)?;
     let vp = varlen::plan_varlen(
         (&qi, &ki, &vi),
         &oi,
         (&cu_qi, &cu_ki),
-        (&cu_q, &cu_k),
         (max_seqlen_q, max_seqlen_k),
         &opts,
     )
     .map_err(arg_err)?;
-    let device = vp.sequences.first().map(|s| s.plan.device);
-    if let Some(d) = device {
+    if vp.launches() {
         // The device first: without a driver this is the error (not a failed torch import),
         // raised before anything is written.
-        launch::device(d).map_err(|e| runtime_err(e.into()))?;
+        launch::device(vp.plan.device).map_err(|e| runtime_err(e.into()))?;
     }
     let lse = vp.lse_shape.map(|shape| new_lse(q, &shape)).transpose()?;
-    for &(first, rows) in &vp.zero_rows {
-        // A sequence without keys outputs 0 and its log-sum-exp is +inf, as flash_attn_func's
-        // rows that see no key (torch's zero_ and fill_, on the current stream).
-        out.call_method1(pyo3::intern!(py, "narrow"), (0, first, rows))?
-            .call_method0(pyo3::intern!(py, "zero_"))?;
+    if vp.keyless() {
+        // No sequence has a key: every row outputs 0 and its log-sum-exp is +inf, as
+        // flash_attn_func's rows that see no key (torch's zero_ and fill_, on the current
+        // stream).
+        out.call_method0(pyo3::intern!(py, "zero_"))?;
         if let Some(l) = &lse {
-            l.call_method1(pyo3::intern!(py, "narrow"), (1, first, rows))?
-                .call_method1(pyo3::intern!(py, "fill_"), (f64::INFINITY,))?;
+            l.call_method1(pyo3::intern!(py, "fill_"), (f64::INFINITY,))?;
         }
     }
-    let Some(device) = device else {
+    if !vp.launches() {
         return with_lse(out, lse);
-    };
-    let stream = current_stream(py, device)?;
+    }
+    let stream = current_stream(py, vp.plan.device)?;
     let lse_view = lse_view(lse.as_ref())?;
-    // SAFETY: as in flash_attn_func; every sequence's views lie inside the packed tensors
-    // (its rows are within the checked offsets), and its log-sum-exp columns inside `lse`,
-    // allocated above on q's device, so they address live CUDA memory too.
+    // SAFETY: as in flash_attn_func; the packed views are the checked tensors, the offsets
+    // checked int32 tensors of batch + 1 entries on q's device, and `lse` was allocated above
+    // on it, so they address live CUDA memory. The kernel keeps every access inside them
+    // whatever the offsets hold (crate::varlen).
     unsafe { launch::launch_varlen(&vp, lse_view.as_ref(), stream) }.map_err(runtime_err)?;
     with_lse(out, lse)
-}
-
-/// The values of the offsets tensor `obj` (argument `name`, described by `info`), read to the
-/// host with `tolist()` once it is checked to be a 1-D int32 tensor on q's device `qi`.
-fn offsets(
-    name: &str,
-    obj: &Bound<'_, PyAny>,
-    info: &TensorInfo,
-    qi: &TensorInfo,
-) -> PyResult<Vec<i64>> {
-    varlen::check_offsets_tensor(name, info, qi).map_err(arg_err)?;
-    obj.call_method0(pyo3::intern!(obj.py(), "tolist"))
-        .and_then(|l| l.extract())
-        .map_err(|_| PyTypeError::new_err(format!("{name}: expected a tensor of int32 offsets")))
 }
 
 /// The driver handle of the CUDA context kiln launches in on device `device` (for tests that

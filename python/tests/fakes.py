@@ -2,9 +2,9 @@
 machine without torch or a GPU (CI installs neither: the CUDA build of torch is gigabytes).
 
 kiln_attn reads a tensor through `shape`, `stride()`, `dtype`, `is_cuda`, `get_device()`,
-`device` and `data_ptr()`, allocates the output with `q.new_empty(shape)`, and reads varlen
-offsets with `tolist()`; a `FakeTensor` has exactly those (`values` is what `tolist()`
-returns).
+`device` and `data_ptr()`, and allocates the output with `q.new_empty(shape)`; a `FakeTensor`
+has exactly those. It has no `tolist()`: varlen offsets stay on the device (the kernel reads
+them), so a call that read them to the host would fail here.
 """
 
 
@@ -35,9 +35,8 @@ def contiguous_strides(shape):
 class FakeTensor:
     """A tensor's metadata with no storage: `device` is "cpu" or "cuda:N"."""
 
-    def __init__(self, shape, dtype=BF16, device="cuda:0", strides=None, ptr=0x7F00_0000_0000, values=None):
+    def __init__(self, shape, dtype=BF16, device="cuda:0", strides=None, ptr=0x7F00_0000_0000):
         self.shape = tuple(shape)
-        self._values = values
         self._strides = tuple(strides) if strides is not None else contiguous_strides(shape)
         self.dtype = dtype
         self.device = device
@@ -52,9 +51,6 @@ class FakeTensor:
 
     def data_ptr(self):
         return self._ptr
-
-    def tolist(self):
-        return list(self._values)
 
     def new_empty(self, shape):
         return FakeTensor(shape, self.dtype, self.device)
@@ -72,6 +68,7 @@ def bshd(b, s, h, d, **kw):
 
 
 def offsets(values, **kw):
-    """A 1-D int32 offsets fake (`cu_seqlens`) holding `values`."""
+    """A 1-D int32 offsets fake (`cu_seqlens`) of `values`' length (the values themselves are
+    the device's: kiln_attn never reads them)."""
     kw.setdefault("dtype", I32)
-    return FakeTensor((len(values),), values=values, **kw)
+    return FakeTensor((len(values),), **kw)

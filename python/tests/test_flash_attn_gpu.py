@@ -7,8 +7,9 @@ from the same bf16 or fp16 inputs (< 1e-2 for bf16, < 2e-3 for fp16, as kiln's R
 with the output poisoned (NaN) first so an element the kernel never writes fails the check;
 grouped-query and multi-query heads likewise. FlashAttention's feature axes (dtype, local
 windows drawn as its test draws them, softcap 0 and 50, head dim 96) run over a subset of the
-sequence-length pairs, and flash_attn_varlen_func over random packed batches. Skipped as a
-whole without torch or a CUDA device.
+sequence-length pairs, and flash_attn_varlen_func over random packed batches (one launch, the
+offsets read on the device; offsets of any value must not fault). Skipped as a whole without
+torch or a CUDA device.
 """
 
 import ctypes
@@ -458,3 +459,27 @@ def test_varlen_return_lse_gives_flash_attentions_log_sum_exp(causal, window, so
         else:
             err = float(out[q0:q1].abs().max())
         assert err < TOLERANCES[dtype], f"{case}: {err:.3e}"
+
+
+@pytest.mark.parametrize(
+    "cu_q, cu_k",
+    [
+        ([0, 60, 30, 40], [0, 70, 10, 500]),
+        ([0, 60, 2**30, 2**31 - 1], [0, 70, -5, -(2**31)]),
+        ([5, -100, 50, 63], [0, 70, 0, 40]),
+    ],
+    ids=["decreasing", "huge", "negative"],
+)
+def test_varlen_offsets_of_any_value_never_fault(cu_q, cu_k):
+    # The offsets stay on the device, unchecked: whatever they hold, the kernel keeps every
+    # load and store inside q, k, v, out and the log-sum-exp (a fault would fail the
+    # synchronisation and poison the context), and the buffer rows past out stay NaN.
+    q, _ = packed_batch([63], 4, 64, 3)
+    k, _ = packed_batch([70], 2, 64, 4)
+    buf = torch.full((70, 4, 64), float("nan"), dtype=q.dtype, device="cuda")
+    cu_q, cu_k = (torch.tensor(cu, dtype=torch.int32, device="cuda") for cu in (cu_q, cu_k))
+    kiln_attn.flash_attn_varlen_func(
+        q, k, k, cu_q, cu_k, 63, 70, causal=True, return_lse=True, out=buf[:63],
+    )
+    torch.cuda.synchronize()
+    assert torch.isnan(buf[63:]).all(), "rows past out were written"

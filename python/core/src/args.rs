@@ -240,7 +240,7 @@ impl Plan {
 }
 
 /// The grid's y (heads) and z (batch) extents are at most this (the driver's limit).
-const GRID_YZ_MAX: i64 = 65535;
+pub(crate) const GRID_YZ_MAX: i64 = 65535;
 
 /// Checks `q`, `k`, `v` and `opts` as `flash_attn_func` takes them (q: `[batch, seqlen_q,
 /// nheads, headdim]`, k and v: `[batch, seqlen_k, nheads_k, headdim]`) and plans the launch.

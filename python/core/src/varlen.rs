@@ -1,61 +1,88 @@
 //! `flash_attn_varlen_func`'s arguments: packed `[total, heads, headdim]` tensors and the
-//! `cu_seqlens_q` / `cu_seqlens_k` offsets, checked and planned as one [`Plan`] per sequence
-//! over views of the packed memory (no copy). Each sequence's query and output view ends at
-//! that sequence's last row, so the kernel's edge masking (and on sm_90a the TMA store's
-//! clipping at its tensor map's extent) keeps every store inside the sequence.
+//! `cu_seqlens_q` / `cu_seqlens_k` offsets, checked and planned as one launch of the example's
+//! `attention_varlen` (`attention_varlen_lse` for the log-sum-exp) over the whole batch: the
+//! packed tensors are one batch of `total` rows (`[1, total, heads, headdim]` views of the same
+//! memory, no copy), and the kernel reads each sequence's offsets itself, so nothing is read
+//! to the host (no device synchronisation). Grid: `(cdiv(max_seqlen_q, block_m), nheads,
+//! batch)`.
+//!
+//! **Checked here** (each error naming its argument): q, k, v and out as `flash_attn_func`
+//! checks them, packed (3-D, dtypes, devices, heads, head dim, strides); each offsets tensor a
+//! 1-D, contiguous torch.int32 tensor on q's device, the two of one length `batch + 1 >= 2`,
+//! `batch` at most a grid's z; `max_seqlen_q` and `max_seqlen_k` in `0..=i32::MAX`.
+//!
+//! **Not checked: the offsets' values**, which stay on the device. The kernel is safe for any:
+//! every load and store stays inside its packed tensor (rows outside it read 0 and are not
+//! written), a block reads offsets `b` and `b + 1` only (`b < batch`), a pair that decreases is
+//! a sequence of no rows, and a sequence writes only its own rows `cu_q[b]..cu_q[b + 1]` (and
+//! those only up to `max_seqlen_q` of them: FlashAttention leaves longer sequences undefined).
+//! Offsets that are not FlashAttention's (not from 0, decreasing, past the tensors) give
+//! outputs FlashAttention does not define, never a fault.
 //!
 //! The log-sum-exp, when asked for, is FlashAttention-2's varlen one: a `[nheads, total_q]`
-//! f32 tensor, sequence `i`'s rows being columns `cu_q[i]..cu_q[i + 1]`; each launch writes
-//! them through a view of those columns ([`crate::launch::Lse::rows`], no copy). A sequence
-//! without keys has `+inf` there, as `flash_attn_func` gives every row that sees no key.
-//!
-//! One launch per sequence, not one for the batch: the DSL has no scalar load to read a
-//! sequence's offsets in the kernel, nor tensor bounds that vary per block, which a single
-//! varlen launch needs. The offsets are read on the host (a device synchronisation in the
-//! extension, `cu_seqlens.tolist()`).
+//! f32 tensor, sequence `i`'s rows being columns `cu_q[i]..cu_q[i + 1]` (`+inf` for a row that
+//! sees no key, every row of a sequence without keys included, as `flash_attn_func` gives).
 
 use crate::args::{
-    ArgError, Options, Plan, TensorInfo, TorchDType, View, check_out, plan_windowed,
+    ArgError, GRID_YZ_MAX, Options, Plan, TensorInfo, TorchDType, View, check_out, plan_windowed,
 };
 
-/// A checked varlen call: each sequence's plan and the view of `out` it writes.
+/// A checked varlen call: the one launch's plan and the offsets it reads.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VarlenPlan {
-    /// Every sequence with query rows and keys, in batch order.
-    pub sequences: Vec<Sequence>,
-    /// `(first row, rows)` of `out` for each sequence with query rows but no key: their
-    /// output is 0 and their log-sum-exp `+inf`, which the extension writes without a launch
-    /// (a tensor map cannot have an extent of 0).
-    pub zero_rows: Vec<(usize, usize)>,
+    /// The plan over the packed tensors as one batch: `seqlen_q` and `seqlen_k` are q's and
+    /// k's rows (`total_q`, `total_k`), the window normalised by `max_seqlen_k`.
+    pub plan: Plan,
+    /// The BHSD view of `out`, `[1, nheads, total_q, headdim]`.
+    pub out: View,
+    /// The sequences: the grid's z.
+    pub batch: usize,
+    /// `max_seqlen_q`: the grid's x covers `cdiv(max_seqlen_q, block_m)` query blocks.
+    pub max_seqlen_q: usize,
+    /// `cu_seqlens_q` on the device.
+    pub cu_q: Offsets,
+    /// `cu_seqlens_k` on the device.
+    pub cu_k: Offsets,
     /// `[nheads, total_q]`, the log-sum-exp's shape, when the call returns it.
     pub lse_shape: Option<[usize; 2]>,
 }
 
-/// One sequence's launch.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Sequence {
-    /// Its first row in the packed tensors (`cu_seqlens_q[i]`), and so its first column of
-    /// the log-sum-exp.
-    pub first: usize,
-    /// Its plan, over views of its rows of q, k and v (`plan.seqlen_q` rows from `first`).
-    pub plan: Plan,
-    /// The BHSD view of its rows of `out`.
-    pub out: View,
+/// A checked offsets tensor: `batch + 1` contiguous int32 values at `ptr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Offsets {
+    /// The address of the first.
+    pub ptr: u64,
+    /// How many (`batch + 1`).
+    pub len: usize,
+}
+
+impl VarlenPlan {
+    /// Whether the launch has work: query rows, heads and query blocks (`max_seqlen_q > 0`),
+    /// and keys in k (without any, [`VarlenPlan::keyless`] says what the caller writes).
+    pub fn launches(&self) -> bool {
+        !self.plan.is_empty() && self.max_seqlen_q > 0 && !self.keyless()
+    }
+
+    /// Whether k has no rows, so no sequence has a key: every query row's output is 0 and its
+    /// log-sum-exp `+inf` (`flash_attn_func`'s for a row that sees no key), which the caller
+    /// writes without a launch (a tensor map cannot have an extent of 0), the rows past the
+    /// last offset included.
+    pub fn keyless(&self) -> bool {
+        self.plan.seqlen_k == 0
+    }
 }
 
 /// Checks a `flash_attn_varlen_func` call (q: `[total_q, nheads, headdim]`, k and v:
-/// `[total_k, nheads_k, headdim]`, `out` as q; `cu_q`, `cu_k`: the values of
-/// `cu_seqlens_q`, `cu_seqlens_k`, whose tensors `cu_q_info`, `cu_k_info` must be int32 on
-/// q's device) and plans one launch per sequence. Window bounds of at least `max_seqlen_k`
-/// are unbounded, as FlashAttention normalises them. With `opts.return_lse`, the plan's
-/// [`VarlenPlan::lse_shape`] is `[nheads, total_q]`, `total_q` being q's rows (as
-/// FlashAttention's, rows past the last offset included, which no launch writes).
-#[allow(clippy::too_many_arguments)]
+/// `[total_k, nheads_k, headdim]`, `out` as q; `cu_q`, `cu_k`: the `cu_seqlens_q`,
+/// `cu_seqlens_k` tensors) and plans its launch (see the module doc for what is checked).
+/// Window bounds of at least `max_seqlen_k` are unbounded, as FlashAttention normalises them.
+/// With `opts.return_lse`, the plan's [`VarlenPlan::lse_shape`] is `[nheads, total_q]`,
+/// `total_q` being q's rows (as FlashAttention's, rows past the last offset included, which
+/// no sequence writes).
 pub fn plan_varlen(
     (q, k, v): (&TensorInfo, &TensorInfo, &TensorInfo),
     out: &TensorInfo,
-    (cu_q_info, cu_k_info): (&TensorInfo, &TensorInfo),
-    (cu_q, cu_k): (&[i64], &[i64]),
+    (cu_q, cu_k): (&TensorInfo, &TensorInfo),
     (max_seqlen_q, max_seqlen_k): (i64, i64),
     opts: &Options,
 ) -> Result<VarlenPlan, ArgError> {
@@ -63,8 +90,13 @@ pub fn plan_varlen(
         ("q", q, "total_q"),
         ("k", k, "total_k"),
         ("v", v, "total_k"),
+        ("out", out, "total_q"),
     ] {
-        let heads = if name == "q" { "nheads" } else { "nheads_k" };
+        let heads = if name == "k" || name == "v" {
+            "nheads_k"
+        } else {
+            "nheads"
+        };
         if t.shape.len() != 3 || t.strides.len() != 3 || t.shape.iter().any(|&n| n < 0) {
             return Err(ArgError::value_error(format!(
                 "{name}: expected a 3-D tensor [{total}, {heads}, headdim], got shape {:?}",
@@ -72,105 +104,74 @@ pub fn plan_varlen(
             )));
         }
     }
-    check_offsets_tensor("cu_seqlens_q", cu_q_info, q)?;
-    check_offsets_tensor("cu_seqlens_k", cu_k_info, q)?;
-    if cu_q.len() != cu_k.len() || cu_q.len() < 2 {
+    let cu_q = check_offsets_tensor("cu_seqlens_q", cu_q, q)?;
+    let cu_k = check_offsets_tensor("cu_seqlens_k", cu_k, q)?;
+    if cu_q.len != cu_k.len || cu_q.len < 2 {
         return Err(ArgError::value_error(format!(
             "cu_seqlens_k: expected batch + 1 offsets, as many as cu_seqlens_q ({}), at least 2, \
              got {}",
-            cu_q.len(),
-            cu_k.len()
+            cu_q.len, cu_k.len
         )));
     }
-    for (name, cu, total, max, max_name) in [
-        (
-            "cu_seqlens_q",
-            cu_q,
-            q.shape[0],
-            max_seqlen_q,
-            "max_seqlen_q",
-        ),
-        (
-            "cu_seqlens_k",
-            cu_k,
-            k.shape[0],
-            max_seqlen_k,
-            "max_seqlen_k",
-        ),
+    let batch = cu_q.len - 1;
+    if batch as i64 > GRID_YZ_MAX {
+        return Err(ArgError::value_error(format!(
+            "cu_seqlens_q: batch {batch} is above the most kiln launches ({GRID_YZ_MAX})"
+        )));
+    }
+    for (name, max) in [
+        ("max_seqlen_q", max_seqlen_q),
+        ("max_seqlen_k", max_seqlen_k),
     ] {
-        check_offsets(name, cu, total)?;
         if !(0..=i64::from(i32::MAX)).contains(&max) {
             return Err(ArgError::value_error(format!(
-                "{max_name}: expected a length in 0..={}, got {max}",
+                "{name}: expected a length in 0..={}, got {max}",
                 i32::MAX
             )));
         }
-        if let Some((i, len)) = lengths(cu).enumerate().find(|&(_, len)| len > max) {
-            return Err(ArgError::value_error(format!(
-                "{max_name}: sequence {i} has {len} rows, more than {max_name} = {max}"
-            )));
-        }
     }
-    if k.shape != v.shape {
+    if out.shape != q.shape {
         return Err(ArgError::value_error(format!(
-            "v: expected the shape of k {:?}, got {:?}",
-            k.shape, v.shape
+            "out: expected shape {:?} (q's), got {:?}",
+            q.shape, out.shape
         )));
     }
-    let want_out = q.shape.clone();
-    if out.shape != want_out {
-        return Err(ArgError::value_error(format!(
-            "out: expected shape {want_out:?} (q's), got {:?}",
-            out.shape
-        )));
-    }
-    let (mut sequences, mut zero_rows) = (Vec::new(), Vec::new());
-    for i in 0..cu_q.len() - 1 {
-        let (sq, sk) = (cu_q[i + 1] - cu_q[i], cu_k[i + 1] - cu_k[i]);
-        let (qs, ks, vs, os) = (
-            sequence(q, cu_q[i], sq),
-            sequence(k, cu_k[i], sk),
-            sequence(v, cu_k[i], sk),
-            sequence(out, cu_q[i], sq),
-        );
-        let plan = plan_windowed(&qs, &ks, &vs, opts, Some(max_seqlen_k))?;
-        let view = check_out(&plan, &qs, &os)?;
-        if plan.is_empty() {
-            continue;
-        }
-        let first = cu_q[i] as usize;
-        if plan.seqlen_k == 0 {
-            zero_rows.push((first, plan.seqlen_q));
-        } else {
-            sequences.push(Sequence {
-                first,
-                plan,
-                out: view,
-            });
-        }
-    }
+    let [qb, kb, vb, ob] = [q, k, v, out].map(one_batch);
+    let plan = plan_windowed(&qb, &kb, &vb, opts, Some(max_seqlen_k))?;
+    let out = check_out(&plan, &qb, &ob)?;
     Ok(VarlenPlan {
-        sequences,
-        zero_rows,
         lse_shape: opts
             .return_lse
             .then(|| [q.shape[1], q.shape[0]].map(|n| n as usize)),
+        plan,
+        out,
+        batch,
+        max_seqlen_q: max_seqlen_q as usize,
+        cu_q,
+        cu_k,
     })
 }
 
-/// The offsets tensor `t` (argument `name`) must be a 1-D torch.int32 tensor on q's device:
-/// what the extension checks before it reads the values.
-pub fn check_offsets_tensor(name: &str, t: &TensorInfo, q: &TensorInfo) -> Result<(), ArgError> {
+/// The offsets tensor `t` (argument `name`) must be a 1-D contiguous torch.int32 tensor on
+/// q's device.
+fn check_offsets_tensor(name: &str, t: &TensorInfo, q: &TensorInfo) -> Result<Offsets, ArgError> {
     if t.dtype != TorchDType::Other("torch.int32".into()) {
         return Err(ArgError::type_error(format!(
             "{name}: expected dtype torch.int32, got {}",
             t.dtype
         )));
     }
-    if t.shape.len() != 1 {
+    if t.shape.len() != 1 || t.strides.len() != 1 {
         return Err(ArgError::value_error(format!(
             "{name}: expected a 1-D tensor [batch + 1], got shape {:?}",
             t.shape
+        )));
+    }
+    if t.strides[0] != 1 && t.shape[0] > 1 {
+        return Err(ArgError::value_error(format!(
+            "{name}: expected a contiguous tensor (stride 1), got stride {}; call .contiguous() \
+             first",
+            t.strides[0]
         )));
     }
     if t.device != q.device {
@@ -179,38 +180,22 @@ pub fn check_offsets_tensor(name: &str, t: &TensorInfo, q: &TensorInfo) -> Resul
             q.device, t.device
         )));
     }
-    Ok(())
+    Ok(Offsets {
+        ptr: t.ptr,
+        len: t.shape[0] as usize,
+    })
 }
 
-/// `cu` must start at 0, never decrease, and end within the packed tensor's `total` rows.
-fn check_offsets(name: &str, cu: &[i64], total: i64) -> Result<(), ArgError> {
-    let last = cu[cu.len() - 1];
-    if cu[0] != 0 || cu.windows(2).any(|w| w[1] < w[0]) || last > total {
-        return Err(ArgError::value_error(format!(
-            "{name}: expected offsets from 0, non-decreasing, ending at most at the packed \
-             tensor's {total} rows, got {cu:?}"
-        )));
-    }
-    Ok(())
-}
-
-/// The sequence lengths of offsets `cu`.
-fn lengths(cu: &[i64]) -> impl Iterator<Item = i64> + '_ {
-    cu.windows(2).map(|w| w[1] - w[0])
-}
-
-/// Rows `start..start + len` of the packed `[total, heads, headdim]` tensor `t` as a 4-D
-/// `[1, len, heads, headdim]` tensor of the same memory (its element size: 2 bytes, the
-/// dtypes [`plan_windowed`] accepts; anything else it rejects by name first).
-fn sequence(t: &TensorInfo, start: i64, len: i64) -> TensorInfo {
-    let elem_bytes = 2;
+/// The packed `[total, heads, headdim]` tensor `t` as one batch, `[1, total, heads, headdim]`
+/// of the same memory (the BSHD tensor `flash_attn_func` takes).
+fn one_batch(t: &TensorInfo) -> TensorInfo {
     let s = &t.strides;
     TensorInfo {
-        shape: vec![1, len, t.shape[1], t.shape[2]],
-        strides: vec![len.max(1) * s[0], s[0], s[1], s[2]],
+        shape: vec![1, t.shape[0], t.shape[1], t.shape[2]],
+        strides: vec![t.shape[0].max(1) * s[0], s[0], s[1], s[2]],
         dtype: t.dtype.clone(),
         device: t.device.clone(),
-        ptr: t.ptr.wrapping_add((start * s[0] * elem_bytes) as u64),
+        ptr: t.ptr,
     }
 }
 
@@ -244,148 +229,125 @@ mod tests {
     fn call(
         q: &TensorInfo,
         k: &TensorInfo,
-        cu: (&[i64], &[i64]),
+        cu: (&TensorInfo, &TensorInfo),
         max: (i64, i64),
+        opts: &Options,
     ) -> Result<VarlenPlan, ArgError> {
-        let n = cu.0.len() as i64;
-        plan_varlen(
-            (q, k, k),
-            q,
-            (&offsets(n), &offsets(cu.1.len() as i64)),
-            cu,
-            max,
-            &Options::default(),
-        )
+        plan_varlen((q, k, k), q, cu, max, opts)
     }
 
     #[test]
-    fn each_sequence_is_a_view_of_the_packed_memory() {
+    fn the_batch_is_one_launch_over_the_packed_memory() {
         let (q, k) = (packed(310, 4, 64), packed(500, 2, 64));
-        let p = call(
-            &q,
-            &k,
-            (&[0, 100, 100, 300, 310], &[0, 50, 250, 500, 500]),
-            (200, 250),
-        )
-        .expect("valid");
-        // The empty second query sequence launches nothing; the last has no key: its 10
-        // rows are zeroed, not launched.
-        assert_eq!(p.sequences.len(), 2);
-        assert_eq!(p.zero_rows, [(300, 10)]);
-        let (first, out) = (&p.sequences[0].plan, &p.sequences[0].out);
-        assert_eq!(p.sequences[0].first, 0);
+        let (cu_q, cu_k) = (offsets(5), offsets(5));
+        let p = call(&q, &k, (&cu_q, &cu_k), (200, 250), &Options::default()).expect("valid");
+        assert_eq!((p.batch, p.max_seqlen_q), (4, 200));
         assert_eq!(
-            (first.seqlen_q, first.seqlen_k, first.kv_group),
-            (100, 50, 2)
+            p.cu_q,
+            Offsets {
+                ptr: cu_q.ptr,
+                len: 5
+            }
         );
-        assert_eq!(first.q.ptr, q.ptr);
-        assert_eq!(out.shape, [1, 4, 100, 64]);
-        let (third, out) = (&p.sequences[1].plan, &p.sequences[1].out);
-        assert_eq!(p.sequences[1].first, 100);
-        assert_eq!((third.seqlen_q, third.seqlen_k), (200, 250));
-        assert_eq!(third.q.ptr, q.ptr + 100 * 4 * 64 * 2);
-        assert_eq!(third.k.ptr, k.ptr + 250 * 2 * 64 * 2);
-        assert_eq!(third.q.strides, [200 * 256, 64, 256, 1]);
-        assert_eq!(out.ptr, q.ptr + 100 * 4 * 64 * 2);
-        // The view ends at the sequence's last row: the kernel masks the next one's rows.
-        assert_eq!(out.shape[2], 200);
+        let plan = &p.plan;
+        assert_eq!((plan.batch, plan.seqlen_q, plan.seqlen_k), (1, 310, 500));
+        assert_eq!(plan.kv_group, 2);
+        // q's rows as the BHSD view [1, heads, total, d] of the same memory.
+        assert_eq!(plan.q.ptr, q.ptr);
+        assert_eq!(plan.q.shape, [1, 4, 310, 64]);
+        assert_eq!(plan.q.strides, [310 * 256, 64, 256, 1]);
+        assert_eq!(p.out.shape, [1, 4, 310, 64]);
+        assert!(p.launches());
         assert_eq!(p.lse_shape, None, "no log-sum-exp asked for");
+    }
+
+    #[test]
+    fn empty_and_keyless_batches_launch_nothing() {
+        let (cu, o) = (offsets(3), Options::default());
+        let empty = call(
+            &packed(0, 4, 64),
+            &packed(80, 2, 64),
+            (&cu, &cu),
+            (0, 80),
+            &o,
+        );
+        assert!(!empty.expect("valid").launches(), "no query rows");
+        let (q, k) = (packed(100, 4, 64), packed(80, 2, 64));
+        let blocks = call(&q, &k, (&cu, &cu), (0, 80), &o).expect("valid");
+        assert!(!blocks.launches(), "max_seqlen_q = 0: no query block");
+        let keyless = call(&q, &packed(0, 2, 64), (&cu, &cu), (100, 0), &o).expect("valid");
+        assert!(keyless.keyless() && !keyless.launches());
     }
 
     #[test]
     fn the_log_sum_exp_is_nheads_by_every_packed_row() {
         // FlashAttention-2's varlen shape: q's rows, the 10 past the last offset included.
-        let (q, k) = (packed(310, 4, 64), packed(500, 2, 64));
-        let p = plan_varlen(
-            (&q, &k, &k),
-            &q,
-            (&offsets(3), &offsets(3)),
-            (&[0, 100, 300], &[0, 250, 500]),
-            (200, 250),
-            &Options {
-                return_lse: true,
-                ..Options::default()
-            },
-        )
-        .expect("valid");
+        let (q, k, cu) = (packed(310, 4, 64), packed(500, 2, 64), offsets(3));
+        let opts = Options {
+            return_lse: true,
+            ..Options::default()
+        };
+        let p = call(&q, &k, (&cu, &cu), (200, 250), &opts).expect("valid");
         assert_eq!(p.lse_shape, Some([4, 310]));
-        assert!(p.sequences.iter().all(|s| s.plan.return_lse));
+        assert!(p.plan.return_lse);
     }
 
     #[test]
     fn windows_are_normalised_by_max_seqlen_k() {
-        // Right bound 60 >= max_seqlen_k = 60 is unbounded; 59 stays, though it is above
-        // this sequence's 40 keys (FlashAttention normalises by the maximum).
-        let (q, k) = (packed(100, 2, 64), packed(100, 2, 64));
+        // Right bound 60 >= max_seqlen_k = 60 is unbounded; 59 stays, though it may be above
+        // a sequence's keys (FlashAttention normalises by the maximum).
+        let (q, k, cu) = (packed(100, 2, 64), packed(100, 2, 64), offsets(3));
         for (right, want) in [(60, -1), (59, 59)] {
-            let p = plan_varlen(
-                (&q, &k, &k),
-                &q,
-                (&offsets(3), &offsets(3)),
-                (&[0, 100, 100], &[0, 40, 100]),
-                (100, 60),
-                &Options {
-                    window_size: (5, right),
-                    ..Options::default()
-                },
-            )
-            .expect("valid");
-            assert_eq!(p.sequences[0].plan.window, (5, want));
+            let opts = Options {
+                window_size: (5, right),
+                ..Options::default()
+            };
+            let p = call(&q, &k, (&cu, &cu), (100, 60), &opts).expect("valid");
+            assert_eq!(p.plan.window, (5, want));
         }
     }
 
     #[test]
     fn bad_offsets_and_lengths_name_the_argument() {
-        let (q, k) = (packed(100, 2, 64), packed(80, 2, 64));
-        let msg = |cu: (&[i64], &[i64]), max| call(&q, &k, cu, max).expect_err("bad").message;
+        let (q, k, o) = (packed(100, 2, 64), packed(80, 2, 64), Options::default());
+        let msg = |cu: (&TensorInfo, &TensorInfo), max| {
+            call(&q, &k, cu, max, &o).expect_err("bad").message
+        };
+        let (two, three) = (offsets(2), offsets(3));
         assert!(
-            msg((&[1, 100], &[0, 80]), (100, 80))
-                .starts_with("cu_seqlens_q: expected offsets from 0")
+            msg((&two, &three), (100, 80)).starts_with("cu_seqlens_k: expected batch + 1 offsets")
         );
-        assert!(
-            msg((&[0, 60, 50], &[0, 40, 80]), (100, 80))
-                .starts_with("cu_seqlens_q: expected offsets")
-        );
-        assert!(
-            msg((&[0, 100], &[0, 81]), (100, 81)).starts_with("cu_seqlens_k: expected offsets")
-        );
-        assert!(
-            msg((&[0, 100], &[0, 40, 80]), (100, 80))
-                .starts_with("cu_seqlens_k: expected batch + 1 offsets")
-        );
-        assert!(msg((&[0], &[0]), (100, 80)).contains("at least 2"));
+        assert!(msg((&offsets(1), &offsets(1)), (100, 80)).contains("at least 2"));
+        assert!(msg((&two, &two), (100, -1)).starts_with("max_seqlen_k: expected a length"));
+        assert!(msg((&two, &two), (1 << 31, 80)).starts_with("max_seqlen_q: expected a length"));
+        let many = offsets(65537);
         assert_eq!(
-            msg((&[0, 100], &[0, 80]), (99, 80)),
-            "max_seqlen_q: sequence 0 has 100 rows, more than max_seqlen_q = 99"
+            msg((&many, &many), (100, 80)),
+            "cu_seqlens_q: batch 65536 is above the most kiln launches (65535)"
         );
+        let mut strided = offsets(3);
+        strided.strides = vec![2];
         assert!(
-            msg((&[0, 100], &[0, 80]), (100, -1)).starts_with("max_seqlen_k: expected a length")
+            msg((&strided, &three), (100, 80))
+                .starts_with("cu_seqlens_q: expected a contiguous tensor (stride 1), got stride 2")
         );
     }
 
     #[test]
     fn shapes_and_offset_tensors_are_checked() {
-        let (q, k) = (packed(100, 2, 64), packed(80, 2, 64));
-        let cu: (&[i64], &[i64]) = (&[0, 100], &[0, 80]);
+        let (q, k, o) = (packed(100, 2, 64), packed(80, 2, 64), Options::default());
+        let cu = offsets(2);
         let mut q4 = q.clone();
         q4.shape.push(1);
         q4.strides.push(1);
-        let e = call(&q4, &k, cu, (100, 80)).expect_err("4-D");
+        let e = call(&q4, &k, (&cu, &cu), (100, 80), &o).expect_err("4-D");
         assert_eq!(
             e.message,
             "q: expected a 3-D tensor [total_q, nheads, headdim], got shape [100, 2, 64, 1]"
         );
         let mut cu64 = offsets(2);
         cu64.dtype = TorchDType::Other("torch.int64".into());
-        let e = plan_varlen(
-            (&q, &k, &k),
-            &q,
-            (&cu64, &offsets(2)),
-            cu,
-            (100, 80),
-            &Options::default(),
-        )
-        .expect_err("int64");
+        let e = call(&q, &k, (&cu64, &cu), (100, 80), &o).expect_err("int64");
         assert_eq!(e.kind, ErrorKind::Type);
         assert_eq!(
             e.message,
@@ -393,36 +355,20 @@ mod tests {
         );
         let mut cpu = offsets(2);
         cpu.device = TorchDevice::Other("cpu".into());
-        let e = plan_varlen(
-            (&q, &k, &k),
-            &q,
-            (&offsets(2), &cpu),
-            cu,
-            (100, 80),
-            &Options::default(),
-        )
-        .expect_err("cpu");
+        let e = call(&q, &k, (&cu, &cpu), (100, 80), &o).expect_err("cpu");
         assert!(
             e.message
                 .starts_with("cu_seqlens_k: expected a tensor on cuda:0"),
             "{e}"
         );
-        let e = plan_varlen(
-            (&q, &k, &k),
-            &k,
-            (&offsets(2), &offsets(2)),
-            cu,
-            (100, 80),
-            &Options::default(),
-        )
-        .expect_err("out");
+        let e = plan_varlen((&q, &k, &k), &k, (&cu, &cu), (100, 80), &o).expect_err("out");
         assert_eq!(
             e.message,
             "out: expected shape [100, 2, 64] (q's), got [80, 2, 64]"
         );
-        // Per-sequence checks are flash_attn_func's.
+        // The packed tensors' other checks are flash_attn_func's.
         let k3 = packed(80, 3, 64);
-        let e = call(&q, &k3, cu, (100, 80)).expect_err("heads");
+        let e = call(&q, &k3, (&cu, &cu), (100, 80), &o).expect_err("heads");
         assert!(e.message.contains("must be a multiple"), "{e}");
     }
 }
