@@ -119,7 +119,8 @@ fn varlen_matches_reference_per_sequence() {
 
 #[test]
 fn varlen_matches_the_dense_kernel_per_sequence() {
-    // One sequence is the dense kernel's call: the same bits, not just within tolerance.
+    // One sequence is the dense kernel's call: the same bits, not just within tolerance (at
+    // one key block: the kernels' own choices differ).
     let mut rng = Rng::from_env();
     let c = Varlen {
         causal: true,
@@ -127,7 +128,7 @@ fn varlen_matches_the_dense_kernel_per_sequence() {
         ..Varlen::new(&[(150, 90)])
     };
     let p = c.inputs(&mut rng, Dist::Normal);
-    let (o, _) = run(&c, &p, None, (0, BLOCK_M), false);
+    let (o, _) = run(&c, &p, None, (64, BLOCK_M), false);
     let (q, k, v) = (bhsd(&p.q), bhsd(&p.k), bhsd(&p.v));
     let mut dense = bhsd(&c.outputs().0);
     let mut args = [
@@ -137,7 +138,7 @@ fn varlen_matches_the_dense_kernel_per_sequence() {
         HostArg::TensorMut(&mut dense),
         HostArg::F32(p.scale),
     ];
-    let ct = c.comptime(0, BLOCK_M);
+    let ct = c.comptime(64, BLOCK_M);
     run_def(
         &kiln_examples::attention::attention,
         &ct,
