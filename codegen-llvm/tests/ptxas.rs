@@ -94,3 +94,37 @@ fn softmax_reduces_with_warp_shuffles() {
     assert!(m.ptx.ptx.contains("shfl.sync.bfly.b32"));
     assert!(m.ptx.ptx.contains("ex2.approx"));
 }
+
+/// The kernel [`both_backends_write_scalar_loads_and_bounded_stores`] compiles.
+mod sequence_rows {
+    use kiln::prelude::*;
+
+    /// Sequence `block_id().x`'s rows `cu[b]..cu[b + 1]` of `x`, up to 16 of them, copied
+    /// into `out`: a scalar load from an i32 tensor and a store bounded at a runtime row.
+    #[kernel]
+    pub fn copy_sequence_rows(x: Tensor<f32, 2>, cu: Tensor<i32, 1>, out: TensorMut<f32, 2>) {
+        let b = block_id().x;
+        let (start, end) = (cu.scalar([b]), cu.scalar([b + 1]));
+        let rows = x.tile([16, 8], [start, 0]).load();
+        out.tile([16, 8], [start, 0]).store_bounded(rows, 0, end);
+    }
+}
+
+#[test]
+fn both_backends_write_scalar_loads_and_bounded_stores() {
+    use kiln::ir::dsl::{KernelDef, Spec};
+    let k = sequence_rows::copy_sequence_rows
+        .build(&Spec::default())
+        .expect("builds");
+    let native = kiln_ptx::compile(&k, Target::Sm80).expect("kiln-ptx");
+    let llvm = kiln_llvm::compile(&k).expect("kiln-llvm");
+    for (backend, ptx) in [("kiln-ptx", &native.ptx), ("kiln-llvm", &llvm.ptx.ptx)] {
+        // The offsets are 32-bit global loads (the tile's elements are f32 ones).
+        let offset_load = ["ld.global.b32", "ld.global.u32"]
+            .iter()
+            .any(|l| ptx.contains(l));
+        assert!(offset_load, "{backend}: no offset load in\n{ptx}");
+        ptxas::check(ptx, Target::Sm80)
+            .unwrap_or_else(|e| panic!("ptxas rejects {backend}'s PTX: {e}"));
+    }
+}
