@@ -97,8 +97,8 @@ impl Writer<'_> {
             .ok_or_else(|| self.internal(at, format!("{v} has no element at {offs:?}")))
     }
 
-    /// The distribution of tile `v`'s layout over its shape (in an sm_100a epilogue chunk,
-    /// only the chunk's registers of a tile in the accumulator's columns: [`Writer::columns`]).
+    /// The distribution of tile `v`'s layout over its shape (in an epilogue chunk, only the
+    /// chunk's registers of a tile in the accumulator's columns: [`Writer::columns`]).
     pub(crate) fn dist(&self, v: ValueId, at: OpId) -> Result<Distribution, CodegenError> {
         let d = self.k.distribution(v).map_err(|e| self.internal(at, e))?;
         match (&self.columns, self.k.schedule.layouts.get(&v)) {

@@ -102,9 +102,9 @@ pub struct Writer<'k> {
     pub(crate) grid: Option<[Reg; 3]>,
     /// A persistent kernel's block index: that of the work tile being run.
     pub(crate) block: Option<[Reg; 3]>,
-    /// sm_100a: the columns of its block whose chunk of the accumulator the epilogue runs the
-    /// code after the ring loop on; meanwhile a tile whose layout holds the accumulator's
-    /// columns has only their registers ([`kiln_ir::tmem::epilogue::chunk`]).
+    /// sm_100a, sm_90a: the columns of the accumulator whose chunk the epilogue runs the code
+    /// after the ring loop on; meanwhile a tile whose layout holds the accumulator's columns
+    /// has only their registers ([`kiln_ir::tmem::epilogue::chunk`]).
     pub(crate) columns: Option<Range<u32>>,
     /// Module-scope data the body refers to (print format strings).
     globals: Vec<String>,

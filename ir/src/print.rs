@@ -81,6 +81,12 @@ pub fn print_kernel(kernel: &Kernel) -> String {
     for store in kernel.schedule.tma_stores.values() {
         let _ = writeln!(out, "{store}");
     }
+    if let Some(columns) = kernel.schedule.epilogue_columns {
+        let _ = writeln!(
+            out,
+            "  epilogue: the code after the ring loop runs on {columns} accumulator columns at a time"
+        );
+    }
     print_block(kernel, &kernel.body, 1, &mut out);
     out.push_str("}\n");
     out

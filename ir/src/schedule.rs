@@ -418,6 +418,9 @@ pub struct Schedule {
     /// sm_90a: epilogue stores lowered to TMA stores, keyed by their `store` (`tma_store`
     /// pass).
     pub tma_stores: BTreeMap<OpId, crate::tma_store::TmaStore>,
+    /// sm_90a: the accumulator columns the consumers run the code after the ring loop on at a
+    /// time, when not all of them (`tma_store` pass, [`crate::tma_store::epilogue_columns`]).
+    pub epilogue_columns: Option<u32>,
     /// sm_100a: the roles, tensor-memory accumulator and tcgen05 descriptors of the ring
     /// loop (`tmem` pass).
     pub tmem: Option<crate::tmem::TmemPlan>,

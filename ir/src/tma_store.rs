@@ -21,10 +21,12 @@
 
 use std::fmt;
 
-use crate::kernel::OpId;
+use crate::kernel::{Kernel, OpId};
 use crate::print::join_steps;
 use crate::ring::TmaBox;
+use crate::schedule::Layout;
 use crate::schedule::Term;
+use crate::tmem::epilogue;
 
 /// One step of a TMA store's round (the protocol in the module doc), as the PTX writer emits
 /// it and the `protocol_check` pass proves it.
@@ -76,6 +78,49 @@ pub const ROUND: [StoreStep; 7] = [
 
 /// Columns of one 128-byte box of 2-byte elements.
 pub const BOX_COLUMNS: u32 = 64;
+
+/// Registers of a consumer thread kept for what the epilogue needs besides its tiles
+/// (addresses, indices, the store's staging offsets).
+const EPILOGUE_SCALAR_REGISTERS: u32 = 48;
+
+/// sm_90a: the columns of the accumulator carried out of ring loop `for_op` that the
+/// consumers run the code after the loop on at a time, or `None` for all of them.
+///
+/// A consumer warpgroup holds 64 rows of the accumulator, so a thread holds half of each
+/// accumulator-wide tile's columns. The code after the loop keeps the accumulator and its
+/// own tiles (a bias row, an activation's temporaries, a `c` tile) live at once
+/// ([`epilogue::live_columns`], the estimate sm_100a's epilogue also uses); when they do
+/// not fit the consumers' `setmaxnreg` count and that code computes each column from the
+/// same column alone ([`epilogue::column_local`]), it runs on the fewest equal chunks of
+/// whole TMA-store boxes whose own tiles fit beside the accumulator, which stays live until
+/// its last chunk is read. Calibrated by ptxas 13.0 on `gemm_epilogue.rs`: at 256 columns
+/// gelu, silu and alpha/beta spilled whole and relu did not.
+pub fn epilogue_columns(kernel: &Kernel, for_op: OpId) -> Option<u32> {
+    let roles = kernel.schedule.roles?;
+    let acc = kernel.ops[for_op].results.iter().copied().find(|&v| {
+        kernel
+            .schedule
+            .layouts
+            .get(&v)
+            .is_some_and(|l| matches!(l, Layout::Mma { .. }))
+    })?;
+    let n = kernel.ty(acc).shape()?.dims().last().copied()? as u32;
+    let budget = roles
+        .consumer_regs
+        .saturating_sub(EPILOGUE_SCALAR_REGISTERS);
+    let need = epilogue::live_columns(kernel, for_op);
+    if need / 2 <= budget || !epilogue::column_local(kernel, for_op) {
+        return None;
+    }
+    // Chunk of `c` columns: the accumulator's n / 2 registers beside a thread's share of
+    // the other tiles' columns of the chunk.
+    let fits = |c: u32| n / 2 + need.saturating_sub(n) * c / n / 2 <= budget;
+    (1..=n / BOX_COLUMNS)
+        .filter(|&k| n.is_multiple_of(k * BOX_COLUMNS))
+        .map(|k| n / k)
+        .find(|&c| fits(c))
+        .or(Some(BOX_COLUMNS).filter(|&c| c < n))
+}
 
 /// A staged tile's thread-dependent column terms, split into those that move a thread by
 /// whole boxes and the rest (which stay inside a box).

@@ -233,6 +233,48 @@ fn an_unknown_activation_is_a_diagnostic() {
     );
 }
 
+/// sm_90a variants at 256 columns, through ptxas only: beside the 128-register accumulator
+/// their epilogue runs on chunks of its columns (`epilogue_columns`), the gemm's whole.
+const SM90A_WIDE: &[(&str, &dyn KernelDef, Overrides, Option<u32>)] = &[
+    ("gemm_bn256", &gemm, &[("BN", "256")], None),
+    (
+        "gemm_bias_act_bn256",
+        &gemm_bias_act,
+        &[("BN", "256")],
+        Some(64),
+    ),
+    (
+        "gemm_bias_act_relu_bn256",
+        &gemm_bias_act,
+        &[("BN", "256"), ("act", "1")],
+        Some(64),
+    ),
+    (
+        "gemm_bias_act_gelu_bn256",
+        &gemm_bias_act,
+        &[("BN", "256"), ("act", "2")],
+        Some(64),
+    ),
+    (
+        "gemm_bias_act_silu_bn256",
+        &gemm_bias_act,
+        &[("BN", "256"), ("act", "3")],
+        Some(64),
+    ),
+    (
+        "gemm_bias_act_gelu_bn256_cluster",
+        &gemm_bias_act,
+        &[("BN", "256"), ("act", "2"), ("CLUSTER_M", "2")],
+        Some(64),
+    ),
+    (
+        "gemm_alpha_beta_bn256",
+        &gemm_alpha_beta,
+        &[("BN", "256")],
+        Some(64),
+    ),
+];
+
 /// Comptime overrides, as `-D name=value` pairs.
 type Overrides = &'static [(&'static str, &'static str)];
 
@@ -328,6 +370,39 @@ fn sm80_ptx_assembles_without_spills() {
 #[test]
 fn sm90a_ptx_assembles_clean() {
     check_target(Target::Sm90a, "@sm_90a");
+}
+
+/// At 256 columns the fused epilogues run on chunks of the accumulator's columns, as the IR
+/// after `tma_store` says, and assemble for sm_90a without spills or advisories; the plain
+/// gemm's copy-convert-store runs whole.
+#[test]
+fn sm90a_wide_epilogues_run_in_column_chunks_without_spills() {
+    for &(name, def, overrides, columns) in SM90A_WIDE {
+        let mut k = build(def, overrides);
+        let mut after = String::new();
+        run_pipeline(&mut k, Target::Sm90a, &mut |pass, k| {
+            if pass == "tma_store" {
+                after = print_kernel(k);
+            }
+        })
+        .expect("pipeline");
+        let line = after
+            .lines()
+            .find(|l| l.contains("epilogue: the code after"));
+        let expected = columns.map(|c| format!("runs on {c} accumulator columns at a time"));
+        match (line, &expected) {
+            (Some(l), Some(e)) => assert!(l.contains(e.as_str()), "{name}: {l}"),
+            (None, None) => {}
+            _ => panic!("{name}: expected {expected:?}, the IR says {line:?}"),
+        }
+        let m = kiln_ptx::compile(&build(def, overrides), Target::Sm90a).expect("compile");
+        let report =
+            kiln_ptx::ptxas::check(&m.ptx, Target::Sm90a).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            !report.spills() && report.warnings.is_empty(),
+            "{name} on sm_90a: {report}"
+        );
+    }
 }
 
 /// The sm_90a schedule the gemm gets, found in the IR after the last schedule pass: a TMA

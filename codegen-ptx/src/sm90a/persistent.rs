@@ -21,7 +21,7 @@ use kiln_ir::{Kernel, OpId, Type};
 use super::Cursor;
 use crate::CodegenError;
 use crate::types::{Class, Reg};
-use crate::writer::Writer;
+use crate::writer::{Val, Writer};
 
 /// The registers of a role's walk over the work tiles.
 pub(crate) struct TileLoop {
@@ -77,17 +77,78 @@ impl Writer<'_> {
         }
         let bounds = self.loop_bounds(id)?;
         let c = self.write_consumers(id, &ring, c, bounds)?;
-        for &op in &after {
-            if self.k.ops[op].kind != kiln_ir::OpKind::Yield {
-                self.write_op(op)?;
-            }
-        }
+        self.write_after_ring(id, &after)?;
         self.close_tile_loop(&tl, &c);
         self.finish_tma_stores()?;
         if ring.cluster.as_ref().is_some_and(|c| c.exit_sync) {
             self.comment("no CTA exits while its peer may still write into it or arrive on it");
             self.cluster_barrier();
         }
+        Ok(())
+    }
+
+    /// The consumers' code after ring loop `id` (`after`, the epilogue): whole, or when the
+    /// kernel says so ([`kiln_ir::Schedule::epilogue_columns`]) on each chunk of that many
+    /// accumulator columns in turn. For a chunk the loop's accumulator is its registers in the
+    /// chunk's columns, and every tile whose layout holds the accumulator's columns has only
+    /// the chunk's registers ([`Writer::columns`]), so each chunk's bias row, temporaries and
+    /// staged store take only its columns. Ops that compute only scalars are written with the
+    /// first chunk; the later ones reuse their registers.
+    fn write_after_ring(&mut self, id: OpId, after: &[OpId]) -> Result<(), CodegenError> {
+        let ops: Vec<OpId> = after
+            .iter()
+            .copied()
+            .filter(|&o| self.k.ops[o].kind != kiln_ir::OpKind::Yield)
+            .collect();
+        let Some(columns) = self.k.schedule.epilogue_columns else {
+            return ops.iter().try_for_each(|&op| self.write_op(op));
+        };
+        let acc = self.k.ops[id]
+            .results
+            .iter()
+            .copied()
+            .find(|v| {
+                self.k
+                    .schedule
+                    .layouts
+                    .get(v)
+                    .is_some_and(kiln_ir::tmem::epilogue::holds_columns)
+            })
+            .ok_or_else(|| self.internal(id, "a chunked epilogue without an mma accumulator"))?;
+        let whole = self.tile(acc, id)?;
+        let d = self.k.distribution(acc).map_err(|e| self.internal(id, e))?;
+        let n = d
+            .regs
+            .iter()
+            .filter_map(|o| o.last())
+            .max()
+            .map_or(0, |c| c + 1);
+        for (i, start) in (0..n).step_by(columns.max(1) as usize).enumerate() {
+            let chunk = start..(start + columns).min(n);
+            self.comment(&format!(
+                "the code after the loop on accumulator columns {}..{}",
+                chunk.start, chunk.end
+            ));
+            let regs: Vec<Reg> = d
+                .regs
+                .iter()
+                .zip(&whole)
+                .filter(|(o, _)| o.last().is_some_and(|c| chunk.contains(c)))
+                .map(|(_, &r)| r)
+                .collect();
+            self.vals.insert(acc, Val::Tile(regs));
+            self.columns = Some(chunk);
+            // The tiles of another chunk have other registers.
+            self.reg_index.clear();
+            for &op in &ops {
+                if i == 0 || !scalar_only(self.k, op) {
+                    self.write_op(op)?;
+                }
+            }
+        }
+        self.columns = None;
+        self.reg_index.clear();
+        self.vals.insert(acc, Val::Tile(whole));
         Ok(())
     }
 

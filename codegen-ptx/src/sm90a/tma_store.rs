@@ -63,7 +63,7 @@ impl Writer<'_> {
         }
         self.ins(format!("and.b32 {phase}, {rb}, 7"));
         let (box_bytes, per_round) = (st.box_bytes(), st.boxes_per_round());
-        // The whole tile's columns: in an sm_100a epilogue chunk `d` holds only the chunk's.
+        // The whole tile's columns: in an epilogue chunk `d` holds only the chunk's.
         let whole = self.k.distribution(v).map_err(|e| self.internal(id, e))?;
         let write_at = st.round.iter().position(|&s| s == StoreStep::Write);
         let mut chunks: BTreeMap<u32, Reg> = BTreeMap::new();
@@ -190,8 +190,8 @@ impl Writer<'_> {
 
 /// Whether the registers `d` of a staged tile, whose whole distribution is `whole`, hold the
 /// first and the last column of round `round` (`per_round` boxes each); `None` when they hold
-/// none of its columns. The whole tile holds both ends of every round; an sm_100a epilogue
-/// chunk those it reaches, in column order.
+/// none of its columns. The whole tile holds both ends of every round; an epilogue chunk
+/// those it reaches, in column order.
 fn round_ends(
     whole: &Distribution,
     d: &Distribution,

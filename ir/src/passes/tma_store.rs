@@ -54,6 +54,9 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         };
         place_store(kernel, id, store, whole)?;
     }
+    if target == Target::Sm90a {
+        kernel.schedule.epilogue_columns = crate::tma_store::epilogue_columns(kernel, id);
+    }
     Ok(())
 }
 

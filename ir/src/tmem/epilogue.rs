@@ -171,16 +171,16 @@ pub fn column_local(kernel: &Kernel, for_op: OpId) -> bool {
 }
 
 /// Whether a tile in `layout` spreads its columns over the epilogue's threads as the
-/// accumulator does (its [`Layout::TmemRows`], or a row of it: a slice across the rows), so
-/// that a chunk of a block's columns is the registers whose last offset lies in it
-/// ([`chunk`]).
+/// accumulator does (sm_100a's [`Layout::TmemRows`], sm_90a's wgmma [`Layout::Mma`], or a row
+/// of either: a slice across the rows), so that a chunk of a block's columns is the registers
+/// whose last offset lies in it ([`chunk`]).
 pub fn holds_columns(layout: &Layout) -> bool {
     match layout {
-        Layout::TmemRows { .. } => true,
+        Layout::TmemRows { .. } | Layout::Mma { .. } => true,
         Layout::Slice { dim, parent, .. } => {
-            *dim == 0 && matches!(**parent, Layout::TmemRows { .. })
+            *dim == 0 && matches!(**parent, Layout::TmemRows { .. } | Layout::Mma { .. })
         }
-        Layout::Blocked { .. } | Layout::Mma { .. } | Layout::Shared { .. } => false,
+        Layout::Blocked { .. } | Layout::Shared { .. } => false,
     }
 }
 
@@ -202,7 +202,7 @@ fn registers_per_thread(threads: u32) -> u32 {
 /// The most columns of tile values live at once after loop `for_op` in the kernel's body
 /// (each value counted by its last dimension: a thread holding whole rows holds that many of
 /// its elements).
-fn live_columns(kernel: &Kernel, for_op: OpId) -> u32 {
+pub(crate) fn live_columns(kernel: &Kernel, for_op: OpId) -> u32 {
     let ops = &kernel.body.ops;
     let Some(at) = ops.iter().position(|&o| o == for_op) else {
         return 0;
