@@ -372,20 +372,27 @@ fn sm90a_ptx_assembles_clean() {
     check_target(Target::Sm90a, "@sm_90a");
 }
 
+/// The sm_90a IR of `def` with `overrides` after the `tma_store` pass, the last that
+/// schedules the epilogue.
+fn after_tma_store(def: &dyn KernelDef, overrides: &[(&str, &str)]) -> String {
+    let mut k = build(def, overrides);
+    let mut after = String::new();
+    run_pipeline(&mut k, Target::Sm90a, &mut |pass, k| {
+        if pass == "tma_store" {
+            after = print_kernel(k);
+        }
+    })
+    .expect("pipeline");
+    after
+}
+
 /// At 256 columns the fused epilogues run on chunks of the accumulator's columns, as the IR
 /// after `tma_store` says, and assemble for sm_90a without spills or advisories; the plain
 /// gemm's copy-convert-store runs whole.
 #[test]
 fn sm90a_wide_epilogues_run_in_column_chunks_without_spills() {
     for &(name, def, overrides, columns) in SM90A_WIDE {
-        let mut k = build(def, overrides);
-        let mut after = String::new();
-        run_pipeline(&mut k, Target::Sm90a, &mut |pass, k| {
-            if pass == "tma_store" {
-                after = print_kernel(k);
-            }
-        })
-        .expect("pipeline");
+        let after = after_tma_store(def, overrides);
         let line = after
             .lines()
             .find(|l| l.contains("epilogue: the code after"));
@@ -411,14 +418,7 @@ fn sm90a_wide_epilogues_run_in_column_chunks_without_spills() {
 #[test]
 fn sm90a_schedules_each_epilogue_as_the_gemm() {
     for &(name, def, overrides, _) in VARIANTS {
-        let mut k = build(def, overrides);
-        let mut after = String::new();
-        run_pipeline(&mut k, Target::Sm90a, &mut |pass, k| {
-            if pass == "tma_store" {
-                after = print_kernel(k);
-            }
-        })
-        .expect("pipeline");
+        let after = after_tma_store(def, overrides);
         for line in [
             "ring op",
             "persistent: stages and phases continue across work tiles",
