@@ -89,7 +89,7 @@ const EPILOGUE_SCALAR_REGISTERS: u32 = 48;
 /// A consumer warpgroup holds 64 rows of the accumulator, so a thread holds half of each
 /// accumulator-wide tile's columns. The code after the loop keeps the accumulator and its
 /// own tiles (a bias row, an activation's temporaries, a `c` tile) live at once
-/// ([`epilogue::live_columns`], the estimate sm_100a's epilogue also uses); when they do
+/// (`tmem::epilogue::live_columns`, the estimate sm_100a's epilogue also uses); when they do
 /// not fit the consumers' `setmaxnreg` count and that code computes each column from the
 /// same column alone ([`epilogue::column_local`]), it runs on the fewest equal chunks of
 /// whole TMA-store boxes whose own tiles fit beside the accumulator, which stays live until
