@@ -245,16 +245,7 @@ impl Writer<'_> {
         let accesses = self.element_accesses(tensor, &coords, None, r, id)?;
         let mut regs = Vec::with_capacity(accesses.len());
         for (addr, off, p) in accesses {
-            let x = self.new_reg(Class::of(dtype));
-            match dtype {
-                DType::F32 => self.ins(format!("mov.f32 {x}, 0f00000000")),
-                _ => self.ins(format!("mov.{} {x}, 0", mem_ty(dtype))),
-            }
-            self.ins(format!(
-                "@{p} ld.global.{} {x}, [{addr}+{off}]",
-                mem_ty(dtype)
-            ));
-            regs.push(x);
+            regs.push(self.guarded_load(dtype, p, &format!("{addr}+{off}")));
         }
         self.vals.insert(r, Val::Tile(regs));
         Ok(())
@@ -334,19 +325,24 @@ impl Writer<'_> {
         let inside = o
             .outer_ok
             .ok_or_else(|| self.internal(id, "a scalar load from a rank-0 tensor"))?;
-        let dtype = self.k.ty(r).dtype();
+        let x = self.guarded_load(self.k.ty(r).dtype(), inside, &o.base.to_string());
+        self.vals.insert(r, Val::Scalar(x));
+        Ok(())
+    }
+
+    /// A register of `dtype` holding the global element at `addr` where predicate `inside`
+    /// holds, else 0 (what a load outside its tensor reads).
+    fn guarded_load(&mut self, dtype: DType, inside: Reg, addr: &str) -> Reg {
         let x = self.new_reg(Class::of(dtype));
         match dtype {
             DType::F32 => self.ins(format!("mov.f32 {x}, 0f00000000")),
             _ => self.ins(format!("mov.{} {x}, 0", mem_ty(dtype))),
         }
         self.ins(format!(
-            "@{inside} ld.global.{} {x}, [{}]",
-            mem_ty(dtype),
-            o.base
+            "@{inside} ld.global.{} {x}, [{addr}]",
+            mem_ty(dtype)
         ));
-        self.vals.insert(r, Val::Scalar(x));
-        Ok(())
+        x
     }
 
     /// The fast path of [`Writer::write_store`], when the tile qualifies: branches to the
