@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use kiln_ir::dsl::{ComptimeValue, KernelDef, Spec};
-use kiln_runtime::Device;
+use kiln_runtime::{Device, LaunchError};
+use serde_json::Value;
 
 use crate::cli::Args;
 use crate::error::BenchError;
@@ -34,4 +35,29 @@ pub fn comptime(
         .map(|(k, v)| (k.to_string(), v.clone()))
         .collect();
     Ok(Spec::from_defaults(def, &o)?.comptime)
+}
+
+/// `def`'s comptime values autotuned over `comptime` for shape bucket `bucket`, with the
+/// tensor parameters `aligned` known to be 16-byte aligned (`run` launches one candidate), and
+/// the search's record for the JSON: every candidate's median ms or why it was skipped, `null`
+/// without a disk cache.
+pub fn autotuned(
+    device: &Device,
+    def: &dyn KernelDef,
+    comptime: &BTreeMap<String, ComptimeValue>,
+    aligned: &[&str],
+    bucket: &str,
+    run: &mut dyn FnMut(&Spec) -> Result<(), LaunchError>,
+) -> Result<(BTreeMap<String, ComptimeValue>, Value), BenchError> {
+    let spec = Spec {
+        comptime: comptime.clone(),
+        aligned16: Default::default(),
+    }
+    .with_aligned16(aligned);
+    let chosen = device.autotune(def, &spec, bucket, run)?.comptime;
+    let record = device
+        .autotune_record(def, &spec, bucket)
+        .and_then(|c| serde_json::to_value(c.timings).ok())
+        .unwrap_or(Value::Null);
+    Ok((chosen, record))
 }

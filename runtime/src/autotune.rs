@@ -129,13 +129,7 @@ impl Device {
         if !enabled() || def.comptime_params().iter().all(|p| p.tune.is_empty()) {
             return Ok(spec.clone());
         }
-        let device = format!(
-            "{} {} driver {}",
-            self.name(),
-            self.target().name(),
-            self.driver_version()
-        );
-        let key = key(def, spec, bucket, &device);
+        let key = self.tuning_key(def, spec, bucket);
         if let Some(s) = self.tuned_choice(&key) {
             return Ok(s);
         }
@@ -158,6 +152,32 @@ impl Device {
         };
         self.remember_choice(key, &chosen);
         Ok(chosen)
+    }
+
+    /// The record of the search behind [`Device::autotune`]'s choice for the same arguments:
+    /// every candidate's median time, or why it was skipped. From the disk cache, so `None`
+    /// without one, or when the choice was never searched for on this GPU and driver.
+    pub fn autotune_record(
+        &self,
+        def: &dyn KernelDef,
+        spec: &Spec,
+        bucket: &str,
+    ) -> Option<Choice> {
+        let path = self
+            .disk_cache()?
+            .autotune_path(&self.tuning_key(def, spec, bucket));
+        serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+    }
+
+    /// The key of `def`'s choice over `spec` for `bucket` on this GPU, target and driver.
+    fn tuning_key(&self, def: &dyn KernelDef, spec: &Spec, bucket: &str) -> String {
+        let device = format!(
+            "{} {} driver {}",
+            self.name(),
+            self.target().name(),
+            self.driver_version()
+        );
+        key(def, spec, bucket, &device)
     }
 
     /// Times every candidate; the fastest and the record of the search.

@@ -479,6 +479,12 @@ fn gpu_sm90a_autotune_picks_and_keeps_a_key_block() {
             .contains(&block_n)
     );
     assert_eq!(tune(&dev), (chosen.clone(), 0), "kept in memory");
+    let record = dev
+        .autotune_record(&attention, &spec, "s=1000")
+        .expect("the search is on disk");
+    let candidates = kiln_runtime::autotune::candidates(&attention, &spec).len();
+    assert_eq!(record.timings.len(), candidates, "every candidate recorded");
+    assert!(record.timings.iter().any(|t| t.result.is_ok()));
     let fresh = hopper().expect("the same GPU").with_disk_cache(cache);
     assert_eq!(tune(&fresh), (chosen.clone(), 0), "kept on disk");
     dev.fill_nan(&o).expect("poison");

@@ -9,6 +9,8 @@
 //! (+ driver JIT), uncached, and the warm start: the same through a disk cache that holds the
 //! cubin (no JIT). The PyTorch peers run from `bench/peers.py`;
 //! `bench/run-attention.sh` runs both on the same GPU and merges them into one table.
+//! With `--autotune` each row's `autotune_timings` holds every candidate's median ms (or why it
+//! was skipped), from the autotuner's disk record.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
@@ -135,6 +137,7 @@ fn run() -> Result<bool, BenchError> {
         let grid = |ct: &BTreeMap<String, ComptimeValue>| {
             kiln_examples::attention::grid(ct, (c.s, c.h(), c.b()))
         };
+        let mut tuning = Value::Null;
         if args.autotune {
             let a = [
                 KernelArg::Tensor(&q[0]),
@@ -143,17 +146,14 @@ fn run() -> Result<bool, BenchError> {
                 KernelArg::Tensor(&o[0]),
                 KernelArg::F32(scale),
             ];
-            let spec = Spec {
-                comptime: comptime.clone(),
-                aligned16: Default::default(),
-            }
-            .with_aligned16(&["q", "k", "v", "o"]);
-            let bucket = format!("s={} d={} causal={}", c.s, c.d, c.causal);
-            comptime = device
-                .autotune(attention, &spec, &bucket, &mut |t| {
-                    device.launch(attention, &t.comptime, grid(&t.comptime), &a)
-                })?
-                .comptime;
+            (comptime, tuning) = kernels::autotuned(
+                &device,
+                attention,
+                &comptime,
+                &["q", "k", "v", "o"],
+                &format!("s={} d={} causal={}", c.s, c.d, c.causal),
+                &mut |t| device.launch(attention, &t.comptime, grid(&t.comptime), &a),
+            )?;
         }
         let launch = |s: usize| -> Result<(), BenchError> {
             let a = [
@@ -192,6 +192,7 @@ fn run() -> Result<bool, BenchError> {
             "flops": c.flops(),
             "comptime": comptime_text(&comptime),
             "autotuned": args.autotune,
+            "autotune_timings": tuning,
             "input_sets": sets,
             "kiln_ms_median": t.median(),
             "kiln_ms_min": t.min(),

@@ -12,7 +12,8 @@
 //! `--b-col-major` stores B column-major (`b: [N, K]`; the kernel's `b_col_major`, cuBLAS
 //! with `transb`). `--autotune` times the kernel's declared candidates per shape, its 2-CTA
 //! clusters among them (`CLUSTER_M` in {1, 2}: on sm_90a M-adjacent CTAs share B's tiles by
-//! TMA multicast); `--set CLUSTER_M=2` forces them (the JSON's `comptime` says which ran).
+//! TMA multicast); `--set CLUSTER_M=2` forces them (the JSON's `comptime` says which ran), and
+//! each row's `autotune_timings` holds every candidate's median ms (or why it was skipped).
 //!
 //! Run on a GPU host: `bench_gemm --out bench/results/gemm.json [--target sm_90a]
 //! [--b-col-major]`.
@@ -28,7 +29,7 @@ use kiln_bench::inputs::{copies, uniform};
 use kiln_bench::report::{Table, comptime_text, meta, write_json};
 use kiln_bench::{BenchError, kernels};
 use kiln_ir::DType;
-use kiln_ir::dsl::{ComptimeValue, Spec};
+use kiln_ir::dsl::ComptimeValue;
 use kiln_runtime::{DeviceTensor, KernelArg, rotation_sets};
 use kiln_tests::check::rel_error;
 use serde_json::json;
@@ -136,20 +137,18 @@ fn run() -> Result<bool, BenchError> {
                 KernelArg::Tensor(&c_kiln[s]),
             ]
         };
-        let mut chosen = comptime.clone();
-        if args.autotune {
-            let spec = Spec {
-                comptime: comptime.clone(),
-                aligned16: Default::default(),
-            }
-            .with_aligned16(&["a", "b", "c"]);
-            let bucket = format!("{m}x{n}x{k}");
-            chosen = device
-                .autotune(gemm, &spec, &bucket, &mut |t| {
-                    device.launch(gemm, &t.comptime, grid(&t.comptime, m, n), &launch_args(0))
-                })?
-                .comptime;
-        }
+        let (chosen, tuning) = if args.autotune {
+            kernels::autotuned(
+                &device,
+                gemm,
+                &comptime,
+                &["a", "b", "c"],
+                &format!("{m}x{n}x{k}"),
+                &mut |t| device.launch(gemm, &t.comptime, grid(&t.comptime, m, n), &launch_args(0)),
+            )?
+        } else {
+            (comptime.clone(), serde_json::Value::Null)
+        };
         let kiln = |s: usize| -> Result<(), BenchError> {
             let g = grid(&chosen, m, n);
             Ok(device.launch(gemm, &chosen, g, &launch_args(s))?)
@@ -185,6 +184,7 @@ fn run() -> Result<bool, BenchError> {
             "flops": flops,
             "comptime": comptime_text(&chosen),
             "autotuned": args.autotune,
+            "autotune_timings": tuning,
             "input_sets": sets,
             "kiln_ms_median": kt.median(),
             "kiln_ms_min": kt.min(),
