@@ -17,6 +17,12 @@
 //! When shared memory has no room for the whole tile, the staging tile holds a part of it
 //! (`1 / rounds` of the boxes) and the three steps run once per part.
 //!
+//! When each consumer warpgroup holds its own rows of the tile (sm_90a, an accumulator over
+//! several warpgroups), each stores them alone: its threads meet at a named barrier of their
+//! own and its first thread issues boxes of its rows and waits for its own bulk groups. A
+//! warpgroup then goes on to its next work tile without waiting for the others, so the
+//! ping-pong of an attention kernel's warpgroups runs on across tiles.
+//!
 //! Before the consumers exit the issuing thread waits for every bulk group.
 
 use std::fmt;
@@ -154,10 +160,14 @@ pub struct TmaStore {
     pub finish: Vec<StoreStep>,
     /// Byte offset of the staging tile in dynamic shared memory (1024-aligned).
     pub offset: u32,
-    /// Named barrier id the storing threads meet at.
+    /// Named barrier id the storing threads meet at (group `g`'s: `barrier + g`).
     pub barrier: u32,
-    /// Threads that hold the tile (and meet at the barrier).
+    /// Threads of one group, which meet at its barrier: all that hold the tile when
+    /// `groups` is 1.
     pub threads: u32,
+    /// The groups of threads that store the tile: group `g` (threads `g * threads ..`, one
+    /// warpgroup) holds rows `g * rows / groups ..` of every box and stores them itself.
+    pub groups: u32,
 }
 
 impl TmaStore {
@@ -187,11 +197,16 @@ impl TmaStore {
         st
     }
 
-    /// The tensor map's box extents, outermost first: 1 for every lead dimension, then
-    /// [`TmaStore::box_dims`].
+    /// Rows of a box that one group stores.
+    pub fn group_rows(&self) -> u32 {
+        self.box_dims[0] / self.groups
+    }
+
+    /// The tensor map's box extents, outermost first: 1 for every lead dimension, then a
+    /// group's rows by [`TmaStore::box_dims`]' columns.
     pub fn map_box(&self) -> Vec<u32> {
         let mut dims = vec![1; self.lead_dims as usize];
-        dims.extend(self.box_dims);
+        dims.extend([self.group_rows(), self.box_dims[1]]);
         dims
     }
 }
@@ -200,8 +215,7 @@ impl fmt::Display for TmaStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "  tma store {} param{} via smem @{} ({} B): {} box(es) {}x{} sw{} in {} round(s); \
-             {} threads meet at bar {}\n    round: {}; at exit: {}",
+            "  tma store {} param{} via smem @{} ({} B): {} box(es) {}x{} sw{} in {} round(s); ",
             self.store,
             self.param,
             self.offset,
@@ -211,8 +225,22 @@ impl fmt::Display for TmaStore {
             self.box_dims[1],
             self.swizzle,
             self.rounds,
-            self.threads,
-            self.barrier,
+        )?;
+        if self.groups == 1 {
+            write!(f, "{} threads meet at bar {}", self.threads, self.barrier)?;
+        } else {
+            write!(
+                f,
+                "each of {} warpgroups stores its {} rows, its {} threads meeting at bar {} + its index",
+                self.groups,
+                self.group_rows(),
+                self.threads,
+                self.barrier
+            )?;
+        }
+        write!(
+            f,
+            "\n    round: {}; at exit: {}",
             join_steps(&self.round),
             join_steps(&self.finish)
         )

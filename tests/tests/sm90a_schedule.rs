@@ -65,7 +65,7 @@ struct GemmTile {
     split: (u32, u32, u32),
     /// The TMA box of A's stage (`empty` gets one arrival per consumer warp).
     a_box: [u32; 2],
-    /// Threads meeting at the TMA store.
+    /// Threads meeting at the TMA store: one warpgroup's, each storing its own rows.
     store_threads: u32,
     /// A line the PTX must have.
     ptx: &'static str,
@@ -92,7 +92,7 @@ fn gemm_tiles_get_a_consumer_warpgroup_per_64_rows() {
             threads: 512,
             split: (1, 40, 152),
             a_box: [192, 64],
-            store_threads: 384,
+            store_threads: 128,
             ptx: "setmaxnreg.inc.sync.aligned.u32 152;",
         },
     ];
@@ -118,8 +118,13 @@ fn gemm_tiles_get_a_consumer_warpgroup_per_64_rows() {
                 (t.a_box, t.consumer_warps),
                 "{overrides:?}"
             );
+            // Each consumer warpgroup stores its own 64 rows.
             let st = k.schedule.tma_stores.values().next().expect("a TMA store");
-            assert_eq!(st.threads, t.store_threads, "{overrides:?}");
+            assert_eq!(
+                (st.threads, st.groups),
+                (t.store_threads, t.consumer_warps / 4),
+                "{overrides:?}"
+            );
             protocol_check::run(&mut k, Target::Sm90a).expect("the planned protocol is sound");
             let m = kiln_ptx::compile(&kernel, Target::Sm90a).expect("compile");
             assert_eq!(m.threads_per_block, t.threads, "{overrides:?}");
@@ -149,7 +154,7 @@ fn gemm_tiles_get_a_consumer_warpgroup_per_64_rows() {
 
 /// Attention at d = 64 with 192-row query blocks (FlashAttention-3's): three consumer
 /// warpgroups of four warps and the producer's, 512 threads at 24 / 160 registers, every
-/// consumer warp arriving on `empty`, the O store through TMA by all 384 consumer threads, and
+/// consumer warp arriving on `empty`, the O store through TMA by each warpgroup alone, and
 /// the warpgroups taking turns in the fixed order 0, 1, 2 on three named barriers of two
 /// warpgroups (256 threads) each, the last handing the leader its first turn; ptxas places it
 /// without spills or advisories.
@@ -176,7 +181,7 @@ fn attention_of_192_rows_runs_three_consumer_warpgroups_in_turns() {
         );
         assert_eq!(ring.consumer_drain, [Step::TurnWait { who: Who::Leader }]);
         let st = k.schedule.tma_stores.values().next().expect("a TMA store");
-        assert_eq!((st.threads, st.barrier), (384, 4));
+        assert_eq!((st.threads, st.groups, st.barrier), (128, 3, 4));
         protocol_check::run(&mut k, Target::Sm90a).expect("the planned protocol is sound");
         // Every warpgroup handing a turn on at the start (several turns going round) is a
         // compiler error at the user's loop.
@@ -198,12 +203,21 @@ fn attention_of_192_rows_runs_three_consumer_warpgroups_in_turns() {
             "setp.lt.u32 %p1, %r0, 384;",
             "setmaxnreg.dec.sync.aligned.u32 24;",
             "setmaxnreg.inc.sync.aligned.u32 160;",
-            // The O store's staging tile is met by all 384 consumer threads, after the turns.
-            "bar.sync 4, 384;",
             "wgmma.mma_async.sync.aligned.m64n128k16",
         ] {
             assert!(m.ptx.contains(line), "{overrides:?}: no `{line}`");
         }
+        // Each warpgroup meets at the O store's barrier 4 + its index alone, after the turns.
+        let store_sync = m
+            .ptx
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("bar.sync %r") && l.ends_with(", 128;"))
+            .count();
+        assert!(
+            store_sync == 2 && !m.ptx.contains("bar.sync 4, 384;"),
+            "{overrides:?}: the store's syncs"
+        );
         // Warpgroup g (`wg`) waits on barrier 1 + g and hands on to 1 + (g + 1) % 3; the last
         // (g = 2) hands the leader its first turn; every turn barrier joins two warpgroups.
         let lines: Vec<&str> = m.ptx.lines().map(str::trim).collect();
@@ -241,6 +255,7 @@ fn attention_of_192_rows_runs_three_consumer_warpgroups_in_turns() {
             .iter()
             .copied()
             .filter(|l| l.starts_with("bar.sync %") || l.starts_with("bar.arrive %"))
+            .filter(|l| !l.ends_with(", 128;"))
             .collect();
         assert!(
             !turns.is_empty()
@@ -509,14 +524,14 @@ fn attention_tensor_maps_are_rank_4_boxes() {
             .map(|t| (t.param, t.box_dims.clone(), t.swizzle_bytes))
             .collect();
         // q, k, v: batch and head boxes of 1, 64 head-dim columns per box, 128-B swizzle; o
-        // (stored through TMA) the same, 128 query rows.
+        // (stored through TMA) the same, 64 query rows: each consumer warpgroup stores its own.
         assert_eq!(
             maps,
             [
                 (0, vec![1, 1, 128, 64], 128),
                 (1, vec![1, 1, bn, 64], 128),
                 (2, vec![1, 1, bn, 64], 128),
-                (3, vec![1, 1, 128, 64], 128),
+                (3, vec![1, 1, 64, 64], 128),
             ],
             "{overrides:?}"
         );

@@ -26,8 +26,8 @@ impl Writer<'_> {
             .collect::<Result<Vec<_>, _>>()?;
         let regs = self.tile(v, id)?;
         let d = self.dist(v, id)?;
-        let leader = self.store_leader();
-        let (threads, barrier) = (st.threads, st.barrier);
+        let group = self.store_group(id, st)?;
+        let (leader, barrier, threads) = (group.leader, group.barrier.clone(), st.threads);
         let map = *self
             .tmaps
             .get(&st.param)
@@ -129,11 +129,20 @@ impl Writer<'_> {
                         let skip = self.new_label();
                         self.ins(format!("@!{leader} bra {skip}"));
                         let (first, last) = (round * per_round, (round + 1) * per_round);
+                        // A group's rows: its band of the tile and of each staged box.
+                        let (row, smem) = match group.band {
+                            Some(band) => {
+                                let (y, src) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+                                self.ins(format!("add.s32 {y}, {row}, {band}"));
+                                self.ins(format!("mad.lo.u32 {src}, {band}, 128, {}", self.smem));
+                                (y, src)
+                            }
+                            None => (row, self.smem),
+                        };
                         for b in &st.boxes[first as usize..last as usize] {
                             let (src, x) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
                             self.ins(format!(
-                                "add.u32 {src}, {}, {}",
-                                self.smem,
+                                "add.u32 {src}, {smem}, {}",
                                 st.offset + b.smem_offset
                             ));
                             self.ins(format!("add.s32 {x}, {col}, {}", b.origin[1]));
@@ -161,7 +170,7 @@ impl Writer<'_> {
     pub(crate) fn finish_tma_stores(&mut self) -> Result<(), CodegenError> {
         let stores: Vec<TmaStore> = self.k.schedule.tma_stores.values().cloned().collect();
         for st in stores {
-            let leader = self.store_leader();
+            let leader = self.store_group(st.store, &st)?.leader;
             for &step in &st.finish {
                 match step {
                     StoreStep::WaitAll => self.ins(format!("@{leader} cp.async.bulk.wait_group 0")),
@@ -180,12 +189,48 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// `tid == 0`: the thread that issues the TMA stores.
-    fn store_leader(&mut self) -> Reg {
-        let p = self.new_reg(Class::Pred);
-        self.ins(format!("setp.eq.u32 {p}, {}, 0", self.tid));
-        p
+    /// This thread's group of TMA store `st` (of `store` `id`): whether it issues the
+    /// group's stores (the group's first thread; `tid == 0` when one group stores the
+    /// tile), the group's named barrier, and, when warpgroups store apart, the first row of
+    /// its band.
+    fn store_group(&mut self, id: OpId, st: &TmaStore) -> Result<StoreGroup, CodegenError> {
+        let leader = self.new_reg(Class::Pred);
+        if st.groups == 1 {
+            self.ins(format!("setp.eq.u32 {leader}, {}, 0", self.tid));
+            return Ok(StoreGroup {
+                leader,
+                barrier: st.barrier.to_string(),
+                band: None,
+            });
+        }
+        let wg = self
+            .warpgroup
+            .ok_or_else(|| self.internal(id, "a warpgroup's TMA store outside the consumers"))?;
+        let (lane, barrier, band) = (
+            self.new_reg(Class::B32),
+            self.new_reg(Class::B32),
+            self.new_reg(Class::B32),
+        );
+        self.ins(format!("rem.u32 {lane}, {}, {}", self.tid, st.threads));
+        self.ins(format!("setp.eq.u32 {leader}, {lane}, 0"));
+        self.ins(format!("add.u32 {barrier}, {wg}, {}", st.barrier));
+        self.ins(format!("mul.lo.u32 {band}, {wg}, {}", st.group_rows()));
+        Ok(StoreGroup {
+            leader,
+            barrier: barrier.to_string(),
+            band: Some(band),
+        })
     }
+}
+
+/// One thread's group of a TMA store ([`Writer::store_group`]).
+struct StoreGroup {
+    /// Whether this thread issues the group's stores and waits for them.
+    leader: Reg,
+    /// The group's named barrier id: an immediate or a register.
+    barrier: String,
+    /// The first row of the group's band, when warpgroups store apart.
+    band: Option<Reg>,
 }
 
 /// Whether the registers `d` of a staged tile, whose whole distribution is `whole`, hold the

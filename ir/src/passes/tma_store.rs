@@ -13,11 +13,15 @@
 //! warpgroups starts its columns a block of boxes further; such a tile is staged whole, so each
 //! round's boxes stay those of one thread-independent range). Its staging tile goes after the rings when shared memory has room,
 //! if need be in place of the stage `overlap` added to a rotated ring (which is then split
-//! instead), else staged in parts; otherwise the store stays as it is.
+//! instead), else staged in parts; otherwise the store stays as it is. On sm_90a, when each
+//! consumer warpgroup holds a band of whole 8-row groups of the tile's rows (the accumulator
+//! of several warpgroups), each warpgroup stores its band itself, on a named barrier of its
+//! own after the ping-pong's turn barriers.
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, OpId, OpKind, Param};
 use crate::ring::TmaBox;
+use crate::schedule::Distribution;
 use crate::target::Target;
 use crate::tma_store::{BOX_COLUMNS, TmaStore};
 use crate::types::DType;
@@ -48,8 +52,11 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         .copied()
         .filter(|&o| matches!(kernel.ops[o].kind, OpKind::Store { .. }))
         .collect();
+    // sm_100a's epilogue warps hold whole rows each; only sm_90a's consumer warpgroups split.
+    let split = target == Target::Sm90a;
     for op in stores {
-        let Some((store, whole)) = candidate(kernel, op, 32 * consumer_warps, barrier) else {
+        let Some((store, whole)) = candidate(kernel, op, 32 * consumer_warps, barrier, split)
+        else {
             continue;
         };
         place_store(kernel, id, store, whole)?;
@@ -94,8 +101,15 @@ fn place_store(
 }
 
 /// The TMA store of `op`, when it qualifies (see the module doc), and whether it must be
-/// staged whole (its threads' columns start boxes apart).
-fn candidate(kernel: &Kernel, op: OpId, threads: u32, barrier: u32) -> Option<(TmaStore, bool)> {
+/// staged whole (its threads' columns start boxes apart); stored by warpgroups apart when
+/// `split` and the tile's rows allow ([`warpgroup_bands`]).
+fn candidate(
+    kernel: &Kernel,
+    op: OpId,
+    threads: u32,
+    barrier: u32,
+    split: bool,
+) -> Option<(TmaStore, bool)> {
     let o = &kernel.ops[op];
     // A bounded store clips at its limit, a tensor map only at the tensor's extent.
     let OpKind::Store {
@@ -136,6 +150,12 @@ fn candidate(kernel: &Kernel, op: OpId, threads: u32, barrier: u32) -> Option<(T
     if !accumulator_like {
         return None;
     }
+    let whole = !box_terms.is_empty();
+    let groups = if split && !whole {
+        warpgroup_bands(&d, rows, threads, barrier)
+    } else {
+        1
+    };
     let store = TmaStore {
         store: op,
         param: tensor,
@@ -153,7 +173,31 @@ fn candidate(kernel: &Kernel, op: OpId, threads: u32, barrier: u32) -> Option<(T
         finish: vec![crate::tma_store::StoreStep::WaitAll],
         offset: 0,
         barrier,
-        threads,
+        threads: threads / groups,
+        groups,
     };
-    Some((store, !box_terms.is_empty()))
+    Some((store, whole))
+}
+
+/// Threads of a warpgroup.
+const WARPGROUP_THREADS: u32 = 128;
+/// Named barrier ids of a CTA: 0 to 15.
+const NAMED_BARRIERS: u32 = 16;
+
+/// How many warpgroups store their own rows of `d`'s `rows`-row tile: each of the `threads`
+/// holders' warpgroups, when every warpgroup holds one band of `rows / groups` rows alone (a
+/// multiple of 8, so a band is whole 1024-byte swizzle atoms of each box) and their barriers
+/// from `barrier` on are named-barrier ids; otherwise 1.
+fn warpgroup_bands(d: &Distribution, rows: u32, threads: u32, barrier: u32) -> u32 {
+    let groups = threads / WARPGROUP_THREADS;
+    if groups < 2 || !rows.is_multiple_of(8 * groups) || barrier + groups > NAMED_BARRIERS {
+        return 1;
+    }
+    let band = rows / groups;
+    let banded = (0..threads).all(|t| {
+        d.coords(t)
+            .iter()
+            .all(|c| c[0] / band == t / WARPGROUP_THREADS)
+    });
+    if banded { groups } else { 1 }
 }

@@ -424,8 +424,15 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             )
         })?;
     }
+    // The warpgroups' turn barriers, which a store's own must stay apart from.
+    let turns = kernel
+        .schedule
+        .rings
+        .values()
+        .find_map(|r| r.overlap.as_ref()?.turns)
+        .map_or(0..0, |t| t.first_barrier..t.first_barrier + t.warpgroups);
     for st in kernel.schedule.tma_stores.values() {
-        tma_store::check_store(st).map_err(|e| {
+        tma_store::check_store(st, turns.clone()).map_err(|e| {
             Diagnostic::new(
                 kernel.ops[st.store].loc,
                 format!("internal kiln error: the epilogue store's TMA protocol is wrong: {e}"),

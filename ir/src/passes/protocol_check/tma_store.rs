@@ -2,9 +2,16 @@
 //! free before any thread writes it (the issuing thread's `wait_group.read`, then a barrier),
 //! the writes are fenced to the async proxy and every thread is past them (a fence, then a
 //! barrier) before the store is issued, the store's group is committed, and the consumers do
-//! not exit before every store has completed.
+//! not exit before every store has completed. Groups that store apart each meet at a named
+//! barrier of their own, none of them the block's (0) or a turn barrier of the warpgroups,
+//! and each stores whole 8-row swizzle atoms of every box.
+
+use std::ops::Range;
 
 use crate::tma_store::{StoreStep, TmaStore};
+
+/// Named barrier ids of a CTA.
+const NAMED_BARRIERS: Range<u32> = 0..16;
 
 /// A broken TMA-store protocol.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -30,10 +37,43 @@ pub enum StoreError {
         "the consumers exit without waiting for every TMA store (wait_group 0); steps at exit: {0:?}"
     )]
     ExitBeforeStored(Vec<StoreStep>),
+    /// The groups' barriers are not ids of their own.
+    #[error(
+        "a TMA store's named barriers {stores:?} must lie in 1..16, apart from the warpgroups' turn barriers {turns:?}"
+    )]
+    Barriers {
+        /// The groups' barrier ids.
+        stores: Range<u32>,
+        /// The turn barriers' ids.
+        turns: Range<u32>,
+    },
+    /// A group's band of a box is not whole swizzle atoms.
+    #[error(
+        "a TMA store's {groups} groups split its {rows}-row boxes into bands that are not whole 8-row swizzle atoms"
+    )]
+    Bands {
+        /// Groups storing apart.
+        groups: u32,
+        /// Rows of a box.
+        rows: u32,
+    },
 }
 
-/// Checks `st`'s round and exit steps.
-pub(super) fn check_store(st: &TmaStore) -> Result<(), StoreError> {
+/// Checks `st`'s groups against the ring's turn barriers `turns` (empty without
+/// ping-pong), then its round and exit steps.
+pub(super) fn check_store(st: &TmaStore, turns: Range<u32>) -> Result<(), StoreError> {
+    let stores = st.barrier..st.barrier + st.groups;
+    let apart = stores.end <= turns.start || turns.end <= stores.start || turns.is_empty();
+    if stores.start == NAMED_BARRIERS.start || stores.end > NAMED_BARRIERS.end || !apart {
+        return Err(StoreError::Barriers { stores, turns });
+    }
+    let rows = st.box_dims[0];
+    if st.groups == 0 || !rows.is_multiple_of(8 * st.groups) {
+        return Err(StoreError::Bands {
+            groups: st.groups,
+            rows,
+        });
+    }
     let r = &st.round;
     let at = |step: StoreStep| -> Vec<usize> {
         r.iter()
@@ -96,14 +136,49 @@ mod tests {
             offset: 0,
             barrier: 3,
             threads: 256,
+            groups: 1,
         }
     }
 
     #[test]
     fn the_pass_protocol_is_proved() {
         assert_eq!(
-            check_store(&store(ROUND.to_vec(), vec![StoreStep::WaitAll])),
+            check_store(&store(ROUND.to_vec(), vec![StoreStep::WaitAll]), 1..3),
             Ok(())
+        );
+    }
+
+    #[test]
+    fn warpgroups_storing_apart_need_barriers_and_bands_of_their_own() {
+        let apart = |barrier, groups| TmaStore {
+            barrier,
+            groups,
+            threads: 128,
+            ..store(ROUND.to_vec(), vec![StoreStep::WaitAll])
+        };
+        assert_eq!(check_store(&apart(3, 2), 1..3), Ok(()));
+        for (barrier, groups) in [(2, 2), (0, 2), (15, 2)] {
+            assert_eq!(
+                check_store(&apart(barrier, groups), 1..3),
+                Err(StoreError::Barriers {
+                    stores: barrier..barrier + groups,
+                    turns: 1..3
+                })
+            );
+        }
+        // 120 rows in 2 bands of 60: not whole 8-row atoms.
+        assert_eq!(
+            check_store(
+                &TmaStore {
+                    box_dims: [120, 64],
+                    ..apart(3, 2)
+                },
+                1..3
+            ),
+            Err(StoreError::Bands {
+                groups: 2,
+                rows: 120
+            })
         );
     }
 
@@ -135,14 +210,14 @@ mod tests {
         ];
         for (round, finish, want) in cases {
             assert_eq!(
-                check_store(&store(round.clone(), finish)),
+                check_store(&store(round.clone(), finish), 1..3),
                 Err(want),
                 "{round:?}"
             );
         }
         let twice = [ROUND.to_vec(), ROUND.to_vec()].concat();
         assert_eq!(
-            check_store(&store(twice.clone(), vec![WaitAll])),
+            check_store(&store(twice.clone(), vec![WaitAll]), 1..3),
             Err(StoreError::Shape(twice))
         );
     }

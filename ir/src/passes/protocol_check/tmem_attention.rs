@@ -261,7 +261,7 @@ fn check_columns(plan: &AttentionPlan) -> Result<(), ProtocolError> {
 /// named barrier of its own.
 fn check_stores(plan: &AttentionPlan) -> Result<(), ProtocolError> {
     for (g, st) in plan.stores.iter().enumerate() {
-        super::tma_store::check_store(st).map_err(|error| AttentionError::Store {
+        super::tma_store::check_store(st, 0..0).map_err(|error| AttentionError::Store {
             tile: g as u32,
             error,
         })?;
