@@ -98,6 +98,9 @@ pub struct Writer<'k> {
     pub(crate) reg_index: BTreeMap<ValueId, BTreeMap<Vec<u32>, usize>>,
     /// sm_90a: the consumer's warpgroup index, computed where the consumers start.
     pub(crate) warpgroup: Option<Reg>,
+    /// sm_90a: the consumer warpgroup's turn barriers when the ring ping-pongs, computed where
+    /// the consumers start.
+    pub(crate) turns: Option<crate::sm90a::TurnRegs>,
     /// A persistent kernel's logical grid (its parameters).
     pub(crate) grid: Option<[Reg; 3]>,
     /// A persistent kernel's block index: that of the work tile being run.
@@ -138,6 +141,7 @@ impl<'k> Writer<'k> {
             ring: None,
             reg_index: BTreeMap::new(),
             warpgroup: None,
+            turns: None,
             grid: None,
             block: None,
             columns: None,

@@ -274,7 +274,9 @@ impl Deferral {
 /// Ping-pong between the consumer warpgroups, in the fixed round-robin order `0, 1, .., 0`:
 /// warpgroup `g` waits on named barrier `first_barrier + g` before issuing its wgmmas and
 /// arrives on the next warpgroup's (`g + 1` modulo `warpgroups`) after, so one warpgroup's code
-/// between runs under the others' wgmmas. The last warpgroup hands the leader its first turn.
+/// between runs under the others' wgmmas. The last warpgroup hands the leader its first turn
+/// once per CTA ([`Ring::consumer_start`]), and the turns go round across a persistent CTA's
+/// tiles, so the leader starts a tile while the others finish the one before.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Turns {
     /// The named barrier id of warpgroup 0's turn.
@@ -481,6 +483,12 @@ pub struct Ring {
     pub consumer: Vec<Step>,
     /// The consumers' steps once after the loop (as iteration `trip count`).
     pub consumer_drain: Vec<Step>,
+    /// The consumers' steps once per CTA, before their first work tile (a ping-pong's first
+    /// hand-over of the turn), so that a persistent CTA's turns go round across its tiles.
+    pub consumer_start: Vec<Step>,
+    /// The consumers' steps once per CTA, after their last work tile (the leader taking the
+    /// last pass).
+    pub consumer_exit: Vec<Step>,
     /// Persistent kernels: the consumers' steps releasing the once tiles (see the module doc
     /// for where they run).
     pub consumer_release: Vec<Step>,
@@ -693,6 +701,13 @@ impl fmt::Display for Ring {
         if let Some(c) = &self.cluster {
             writeln!(f, "{c}")?;
         }
+        if !self.consumer_start.is_empty() {
+            writeln!(
+                f,
+                "    consumer start (once per CTA): {}",
+                join_steps(&self.consumer_start)
+            )?;
+        }
         if !self.once.is_empty() {
             writeln!(f, "    once@{}", self.once_offset)?;
             if self.persistent {
@@ -704,6 +719,13 @@ impl fmt::Display for Ring {
         writeln!(f, "    producer: {}", join_steps(&self.producer))?;
         writeln!(f, "    consumer: {}", join_steps(&self.consumer))?;
         write!(f, "    drain: {}", join_steps(&self.consumer_drain))?;
+        if !self.consumer_exit.is_empty() {
+            write!(
+                f,
+                "\n    consumer exit (once per CTA): {}",
+                join_steps(&self.consumer_exit)
+            )?;
+        }
         if !self.consumer_release.is_empty() {
             write!(f, "\n    release: {}", join_steps(&self.consumer_release))?;
         }

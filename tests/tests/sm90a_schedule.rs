@@ -175,11 +175,10 @@ fn attention_of_192_rows_runs_three_consumer_warpgroups_in_turns() {
         let o = ring.overlap.as_ref().expect("rotated");
         let turns = o.turns.expect("three warpgroups take turns");
         assert_eq!((turns.warpgroups, turns.first_barrier), (3, 1));
-        assert_eq!(
-            ring.consumer_once.last(),
-            Some(&Step::TurnPass { who: Who::Last })
-        );
-        assert_eq!(ring.consumer_drain, [Step::TurnWait { who: Who::Leader }]);
+        // Once per CTA: the turns go round across its tiles.
+        assert_eq!(ring.consumer_start, [Step::TurnPass { who: Who::Last }]);
+        assert_eq!(ring.consumer_exit, [Step::TurnWait { who: Who::Leader }]);
+        assert!(ring.consumer_drain.is_empty());
         let st = k.schedule.tma_stores.values().next().expect("a TMA store");
         assert_eq!((st.threads, st.groups, st.barrier), (128, 3, 4));
         protocol_check::run(&mut k, Target::Sm90a).expect("the planned protocol is sound");
@@ -187,9 +186,7 @@ fn attention_of_192_rows_runs_three_consumer_warpgroups_in_turns() {
         // compiler error at the user's loop.
         let mut broken = scheduled(&kernel);
         for r in broken.schedule.rings.values_mut() {
-            if let Some(Step::TurnPass { who }) = r.consumer_once.last_mut() {
-                *who = Who::All;
-            }
+            r.consumer_start = vec![Step::TurnPass { who: Who::All }];
         }
         let d = protocol_check::run(&mut broken, Target::Sm90a).expect_err("several turns");
         let text = d.to_string();
@@ -640,14 +637,11 @@ fn broken_attention_schedules_are_compiler_errors() {
             }
         }),
         // Broken ping-pong orders: no first turn for the leader; a turn passed twice.
-        ("deadlock", |r| {
-            r.consumer_once
-                .retain(|s| !matches!(s, Step::TurnPass { .. }))
-        }),
+        ("deadlock", |r| r.consumer_start.clear()),
         ("broken ping-pong order", |r| {
             r.consumer.push(Step::TurnPass { who: Who::All })
         }),
-        ("broken ping-pong order", |r| r.consumer_drain.clear()),
+        ("broken ping-pong order", |r| r.consumer_exit.clear()),
     ];
     for (expect, edit) in edits {
         let mut k = scheduled(&ptx_examples::build("attention", &[("causal", "true")]));

@@ -20,6 +20,8 @@
 
 pub(crate) mod persistent;
 mod rotated;
+
+pub(crate) use rotated::TurnRegs;
 mod tma_store;
 mod wgmma;
 
@@ -336,6 +338,14 @@ impl Writer<'_> {
         self.ins(format!("shr.u32 {raw}, {}, 7", self.tid));
         self.ins(format!("shfl.sync.idx.b32 {wg}, {raw}, 0, 31, -1"));
         self.warpgroup = Some(wg);
+        // The ping-pong's turn barriers, for the CTA's hand-overs and every tile's loop.
+        let turns = self
+            .k
+            .schedule
+            .rings
+            .get(&id)
+            .and_then(|r| r.overlap.as_ref()?.turns);
+        self.turns = turns.map(|t| self.turn_regs(t, id)).transpose()?;
         Ok(())
     }
 

@@ -70,6 +70,9 @@ impl Writer<'_> {
 
         self.label(&consumer_label);
         self.enter_consumers(id)?;
+        // The turns go round across the tiles: handed over once before the first, taken
+        // back once after the last.
+        self.cta_turn_steps(id, &ring.consumer_start)?;
         let mut c = self.cursor(&ring.consumer);
         let tl = self.open_tile_loop(id, tiles, &mut c)?;
         for &op in &before {
@@ -79,6 +82,7 @@ impl Writer<'_> {
         let c = self.write_consumers(id, &ring, c, bounds)?;
         self.write_after_ring(id, &after)?;
         self.close_tile_loop(&tl, &c);
+        self.cta_turn_steps(id, &ring.consumer_exit)?;
         self.finish_tma_stores()?;
         if ring.cluster.as_ref().is_some_and(|c| c.exit_sync) {
             self.comment("no CTA exits while its peer may still write into it or arrive on it");

@@ -54,7 +54,8 @@ struct Parts {
 }
 
 /// The registers of the warpgroups' turn barriers.
-struct TurnRegs {
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TurnRegs {
     /// This warpgroup's barrier id, and the next warpgroup's.
     own: Reg,
     next: Reg,
@@ -104,7 +105,13 @@ impl Writer<'_> {
         let parts = parts(self.k, &body, &overlap);
         let (head_iv, carried) = self.enter_loop(id, &op, &body, lo)?;
         let lane0 = self.lane0();
-        let turns = overlap.turns.map(|t| self.turn_regs(t, id)).transpose()?;
+        let turns =
+            match overlap.turns {
+                Some(_) => Some(self.turns.ok_or_else(|| {
+                    self.internal(id, "turn barriers the consumers did not set up")
+                })?),
+                None => None,
+            };
         let tail_iv = self.new_reg(Class::B32);
         let mut r = Rotation {
             id,
@@ -122,6 +129,10 @@ impl Writer<'_> {
             handoff: BTreeMap::new(),
         };
         self.ring = Some(ring.clone());
+        // A CTA that walks no tiles runs its start and exit steps around the one loop.
+        if !ring.persistent {
+            self.cta_turn_steps(id, &ring.consumer_start)?;
+        }
         for s in ring.consumer_once.clone() {
             self.rotated_step(&mut r, s)?;
         }
@@ -148,6 +159,9 @@ impl Writer<'_> {
         self.label(&done);
         for s in ring.consumer_drain.clone() {
             self.rotated_step(&mut r, s)?;
+        }
+        if !ring.persistent {
+            self.cta_turn_steps(id, &ring.consumer_exit)?;
         }
         self.ring = None;
         for l in &ring.loads {
@@ -228,8 +242,8 @@ impl Writer<'_> {
                 }
             }
             Step::Handoff => self.hand_off(r)?,
-            Step::TurnWait { who } => self.turn(r, who, true)?,
-            Step::TurnPass { who } => self.turn(r, who, false)?,
+            Step::TurnWait { who } => self.turn(r.turns.as_ref(), r.id, who, true)?,
+            Step::TurnPass { who } => self.turn(r.turns.as_ref(), r.id, who, false)?,
             Step::Wait { bar, start } => self.wait(&r.ring, &r.cursor, bar, start)?,
             Step::Commit
             | Step::WaitGroup(_)
@@ -391,8 +405,25 @@ impl Writer<'_> {
         self.assign_all(&dsts, &values, r.id)
     }
 
+    /// Writes ring loop `id`'s CTA steps `steps` around its tiles ([`Ring::consumer_start`],
+    /// [`Ring::consumer_exit`]): turn hand-overs.
+    pub(super) fn cta_turn_steps(&mut self, id: OpId, steps: &[Step]) -> Result<(), CodegenError> {
+        let turns = self.turns;
+        let turns = turns.as_ref();
+        for &s in steps {
+            match s {
+                Step::TurnWait { who } => self.turn(turns, id, who, true)?,
+                Step::TurnPass { who } => self.turn(turns, id, who, false)?,
+                other => {
+                    return Err(self.internal(id, format!("`{other}` once per CTA")));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The turn barrier registers of this consumer warpgroup.
-    fn turn_regs(&mut self, t: Turns, id: OpId) -> Result<TurnRegs, CodegenError> {
+    pub(super) fn turn_regs(&mut self, t: Turns, id: OpId) -> Result<TurnRegs, CodegenError> {
         let wg = self
             .warpgroup
             .ok_or_else(|| self.internal(id, "turn barriers outside the consumers"))?;
@@ -425,11 +456,14 @@ impl Writer<'_> {
 
     /// `bar.sync` on this warpgroup's turn barrier (`wait`) or `bar.arrive` on the next
     /// one's, by the warpgroups `who` names.
-    fn turn(&mut self, r: &Rotation, who: Who, wait: bool) -> Result<(), CodegenError> {
-        let t = r
-            .turns
-            .as_ref()
-            .ok_or_else(|| self.internal(r.id, "a turn step without turn barriers"))?;
+    fn turn(
+        &mut self,
+        turns: Option<&TurnRegs>,
+        id: OpId,
+        who: Who,
+        wait: bool,
+    ) -> Result<(), CodegenError> {
+        let t = turns.ok_or_else(|| self.internal(id, "a turn step without turn barriers"))?;
         let (own, next, threads) = (t.own, t.next, t.threads);
         let skip = match who {
             Who::All => None,

@@ -75,13 +75,14 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             .get_mut(&id)
             .ok_or_else(|| Diagnostic::internal(kernel.ops[id].loc, "a ring vanished"))?;
         ring.consumer = rotated_program(turns, false);
+        ring.consumer_drain = Vec::new();
         if turns {
             // The last warpgroup hands the leader its first turn (one turn goes round, so one
-            // warpgroup issues at a time); the leader takes the last pass.
-            ring.consumer_once.push(Step::TurnPass { who: Who::Last });
-            ring.consumer_drain = vec![Step::TurnWait { who: Who::Leader }];
-        } else {
-            ring.consumer_drain = Vec::new();
+            // warpgroup issues at a time); the leader takes the last pass. Once per CTA: a
+            // persistent CTA's turns go round across its tiles, so the leader starts a tile
+            // while the others finish the one before.
+            ring.consumer_start = vec![Step::TurnPass { who: Who::Last }];
+            ring.consumer_exit = vec![Step::TurnWait { who: Who::Leader }];
         }
         ring.overlap = Some(overlap);
         (roles.producer_regs, roles.consumer_regs) =

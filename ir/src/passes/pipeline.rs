@@ -332,6 +332,8 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Ri
         producer,
         consumer,
         consumer_drain,
+        consumer_start: Vec::new(),
+        consumer_exit: Vec::new(),
         consumer_release: Vec::new(),
         persistent: false,
         once_free_offset: 0,

@@ -239,6 +239,21 @@ impl<'r> Machine<'r> {
         let ring = self.ring;
         let mut producer = Vec::new();
         let mut consumers = vec![Vec::new(); self.warpgroups() as usize];
+        let wgs = self.warpgroups();
+        // The CTA's own steps around its tiles: the first and the last of the run.
+        let per_cta = |list: &'r [Step], wg: u32, at: At| {
+            list.iter()
+                .filter(move |s| runs_in(**s, wg, wgs))
+                .map(move |&step| At { step, ..at })
+        };
+        for (wg, consumer) in consumers.iter_mut().enumerate() {
+            let start = At {
+                i: 0,
+                tile: 0,
+                step: Step::Between,
+            };
+            consumer.extend(per_cta(&ring.consumer_start, wg as u32, start));
+        }
         let mut base = 0;
         for (tile, &trips) in tiles.iter().enumerate() {
             let tile = tile as u32;
@@ -299,6 +314,14 @@ impl<'r> Machine<'r> {
                 }
             }
             base += trips;
+        }
+        for (wg, consumer) in consumers.iter_mut().enumerate() {
+            let exit = At {
+                i: base,
+                tile: tiles.len().saturating_sub(1) as u32,
+                step: Step::Between,
+            };
+            consumer.extend(per_cta(&ring.consumer_exit, wg as u32, exit));
         }
         // Every CTA of a cluster runs the same programs: the pair walks its tiles in lockstep.
         // In the 2-SM form only the leader's MMA thread consumes and only its producer

@@ -81,7 +81,13 @@ fn check_split(ring: &Ring) -> Result<(), ProtocolError> {
         }
         _ => false,
     };
-    let programs = [&ring.producer, &ring.consumer, &ring.consumer_drain];
+    let programs = [
+        &ring.producer,
+        &ring.consumer,
+        &ring.consumer_drain,
+        &ring.consumer_start,
+        &ring.consumer_exit,
+    ];
     if !split
         && let Some(s) = programs
             .iter()
@@ -168,10 +174,23 @@ fn check_rotation(ring: &Ring) -> Result<(), ProtocolError> {
     ];
     let turn = |s: &Step| matches!(s, Step::TurnWait { .. } | Step::TurnPass { .. });
     let consumer = ring
-        .consumer_once
+        .consumer_start
         .iter()
+        .chain(&ring.consumer_once)
         .chain(&ring.consumer)
-        .chain(&ring.consumer_drain);
+        .chain(&ring.consumer_drain)
+        .chain(&ring.consumer_exit);
+    // A CTA's steps around its tiles hand the turn over; nothing else runs once per CTA.
+    if let Some(s) = ring
+        .consumer_start
+        .iter()
+        .chain(&ring.consumer_exit)
+        .find(|s| !turn(s))
+    {
+        return err(format!(
+            "`{s}` once per CTA: only turn hand-overs run outside the tiles"
+        ));
+    }
     if let Some(s) =
         ring.producer.iter().chain(&ring.producer_once).find(|s| {
             turn(s) || rotated_steps.contains(s) || matches!(s, Step::Mma | Step::Tcgen05Mma)
@@ -227,6 +246,8 @@ fn check_once(ring: &Ring) -> Result<(), ProtocolError> {
     let per_iteration = ring.producer.iter().chain(&ring.consumer);
     if let Some(s) = per_iteration
         .chain(&ring.consumer_drain)
+        .chain(&ring.consumer_start)
+        .chain(&ring.consumer_exit)
         .find(|s| touches_once(s))
     {
         return Err(OnceError::EveryIteration { step: *s }.into());

@@ -74,6 +74,8 @@ fn good() -> (Ring, Roles) {
             },
         ],
         consumer_drain: vec![Step::WaitGroup(0)],
+        consumer_start: Vec::new(),
+        consumer_exit: Vec::new(),
         consumer_release: Vec::new(),
         persistent: false,
         once_free_offset: 0,
@@ -336,8 +338,9 @@ fn rotated() -> (Ring, Roles) {
     ring.stages = 3;
     // Exactly the program the pass writes.
     ring.consumer = crate::passes::overlap::rotated_program(true, false);
-    ring.consumer_once.push(Step::TurnPass { who: Who::Last });
-    ring.consumer_drain = vec![Step::TurnWait { who: Who::Leader }];
+    ring.consumer_drain.clear();
+    ring.consumer_start = vec![Step::TurnPass { who: Who::Last }];
+    ring.consumer_exit = vec![Step::TurnWait { who: Who::Leader }];
     ring.overlap = Some(Overlap {
         head: OpId::from_index(1),
         tail: OpId::from_index(2),
@@ -374,9 +377,8 @@ fn rotated_ping_pong_passes() {
     // Without ping-pong, one consumer program stands for both warpgroups.
     let (mut ring, roles) = rotated();
     ring.consumer = crate::passes::overlap::rotated_program(false, false);
-    ring.consumer_once
-        .retain(|s| !matches!(s, Step::TurnPass { .. }));
-    ring.consumer_drain.clear();
+    ring.consumer_start.clear();
+    ring.consumer_exit.clear();
     if let Some(o) = &mut ring.overlap {
         o.turns = None;
     }
@@ -429,17 +431,17 @@ fn rotated_register_hazards_are_rejected() {
 #[test]
 fn broken_turn_orders_are_rejected() {
     // Nobody gives the leader its first turn: both warpgroups wait for each other.
-    let e = broken_rotated(|r| {
-        r.consumer_once
-            .retain(|s| !matches!(s, Step::TurnPass { .. }))
-    });
+    let e = broken_rotated(|r| r.consumer_start.clear());
     assert!(matches!(e, ProtocolError::Deadlock { .. }), "{e}");
     // A turn passed twice completes a generation with nobody waiting for it.
     let e = broken_rotated(|r| r.consumer.push(Step::TurnPass { who: Who::All }));
     assert!(matches!(e, ProtocolError::TurnLost { .. }), "{e}");
     // The leader never takes the followers' last pass.
-    let e = broken_rotated(|r| r.consumer_drain.clear());
+    let e = broken_rotated(|r| r.consumer_exit.clear());
     assert_eq!(e, ProtocolError::TurnUnbalanced { barrier: 0 });
+    // Anything but a hand-over once per CTA is rejected.
+    let e = broken_rotated(|r| r.consumer_start.push(Step::WaitGroup(0)));
+    assert!(matches!(e, ProtocolError::Rotation(_)), "{e}");
 }
 
 /// [`rotated`] on three consumer warpgroups (a 192-row tile, 12 consumer warps, each arriving
@@ -469,9 +471,7 @@ fn broken_three_way_turn_orders_are_rejected() {
     // the leader, generalised wrongly): several turns go round, and a turn barrier is left
     // with arrivals or completes with nobody waiting.
     let e = rejected(rotated_three, |r| {
-        if let Some(Step::TurnPass { who }) = r.consumer_once.last_mut() {
-            *who = Who::All;
-        }
+        r.consumer_start = vec![Step::TurnPass { who: Who::All }];
     });
     assert!(
         matches!(
@@ -483,16 +483,11 @@ fn broken_three_way_turn_orders_are_rejected() {
     // The leader hands itself no turn and the middle warpgroup starts: the order is 1, 2, 0,
     // and the leader's last wait never comes.
     let e = rejected(rotated_three, |r| {
-        if let Some(Step::TurnPass { who }) = r.consumer_once.last_mut() {
-            *who = Who::Leader;
-        }
+        r.consumer_start = vec![Step::TurnPass { who: Who::Leader }];
     });
     assert!(matches!(e, ProtocolError::Deadlock { .. }), "{e}");
     // Nobody hands the leader its first turn.
-    let e = rejected(rotated_three, |r| {
-        r.consumer_once
-            .retain(|s| !matches!(s, Step::TurnPass { .. }))
-    });
+    let e = rejected(rotated_three, |r| r.consumer_start.clear());
     assert!(matches!(e, ProtocolError::Deadlock { .. }), "{e}");
     // Each warpgroup releases a stage: 8 arrivals of 12 would never free it.
     let e = rejected(rotated_three, |r| r.empty_count = 8);
