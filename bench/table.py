@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Prints a merged benchmark JSON (bench/run-attention.sh or bench/run-gemm.sh) as the README's
-markdown table: python3 bench/table.py RESULT.json"""
+markdown table: python3 bench/table.py RESULT.json. With --against BASE.json, prints instead each
+point both files measured: kiln's ratio to its peer (cuDNN, cuBLAS) in each, and the change,
+so a schedule change is judged by ratios from same-run peers, not by absolute times."""
+import argparse
 import json
-import sys
 
 
 def attention(rows, commit):
@@ -28,10 +30,45 @@ def gemm(rows, commit):
               f"{c.get('CLUSTER_M', 1)} | {commit} |")
 
 
-def main():
-    d = json.load(open(sys.argv[1]))
+def point(r):
+    """A row's sweep point: (M, N, K) for gemm, (s, d, causal) for attention."""
+    return (r["m"], r["n"], r["k"]) if "m" in r else (r["s"], r["d"], r["causal"])
+
+
+def peer_ratio(r):
+    """kiln's throughput over its same-run peer's: cuBLAS for gemm, cuDNN for attention."""
+    return r.get("ratio_vs_cudnn", r.get("ratio", float("nan")))
+
+
+def against(rows, commit, base_rows, base_commit):
+    base = {point(r): r for r in base_rows}
+    print(f"| point | {base_commit} | {commit} | change |")
+    print("|---|---|---|---|")
+    for r in rows:
+        b = base.get(point(r))
+        if b is None:
+            continue
+        old, new = peer_ratio(b), peer_ratio(r)
+        print(f"| {' '.join(str(x).lower() for x in point(r))} | {old:.3f} | {new:.3f} "
+              f"| {new / old - 1:+.1%} |")
+
+
+def load(path):
+    d = json.load(open(path))
     meta = d["meta"].get("kiln", d["meta"])
-    commit = meta.get("commit", "?")[:7]
+    return d, meta, meta.get("commit", "?")[:7]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("result", help="a merged benchmark JSON")
+    p.add_argument("--against", metavar="BASE", help="compare each point's ratio with BASE's")
+    args = p.parse_args()
+    d, meta, commit = load(args.result)
+    if args.against:
+        base, _, base_commit = load(args.against)
+        against(d["rows"], commit, base["rows"], base_commit)
+        return
     (gemm if meta.get("benchmark") == "gemm" else attention)(d["rows"], commit)
 
 
