@@ -241,18 +241,13 @@ impl<'r> Machine<'r> {
         let mut consumers = vec![Vec::new(); self.warpgroups() as usize];
         let wgs = self.warpgroups();
         // The CTA's own steps around its tiles: the first and the last of the run.
-        let per_cta = |list: &'r [Step], wg: u32, at: At| {
+        let per_cta = |list: &'r [Step], wg: usize, i: u32, tile: u32| {
             list.iter()
-                .filter(move |s| runs_in(**s, wg, wgs))
-                .map(move |&step| At { step, ..at })
+                .filter(move |s| runs_in(**s, wg as u32, wgs))
+                .map(move |&step| At { i, tile, step })
         };
         for (wg, consumer) in consumers.iter_mut().enumerate() {
-            let start = At {
-                i: 0,
-                tile: 0,
-                step: Step::Between,
-            };
-            consumer.extend(per_cta(&ring.consumer_start, wg as u32, start));
+            consumer.extend(per_cta(&ring.consumer_start, wg, 0, 0));
         }
         let mut base = 0;
         for (tile, &trips) in tiles.iter().enumerate() {
@@ -315,13 +310,9 @@ impl<'r> Machine<'r> {
             }
             base += trips;
         }
+        let last = tiles.len().saturating_sub(1) as u32;
         for (wg, consumer) in consumers.iter_mut().enumerate() {
-            let exit = At {
-                i: base,
-                tile: tiles.len().saturating_sub(1) as u32,
-                step: Step::Between,
-            };
-            consumer.extend(per_cta(&ring.consumer_exit, wg as u32, exit));
+            consumer.extend(per_cta(&ring.consumer_exit, wg, base, last));
         }
         // Every CTA of a cluster runs the same programs: the pair walks its tiles in lockstep.
         // In the 2-SM form only the leader's MMA thread consumes and only its producer
