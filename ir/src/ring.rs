@@ -271,6 +271,9 @@ impl Deferral {
     pub const THRESHOLD: f32 = 8.0;
 }
 
+/// Named barrier ids of a CTA: 0 (the block-wide `bar.sync 0`) to 15.
+pub const NAMED_BARRIERS: u32 = 16;
+
 /// Ping-pong between the consumer warpgroups, in the fixed round-robin order `0, 1, .., 0`:
 /// warpgroup `g` waits on named barrier `first_barrier + g` before issuing its wgmmas and
 /// arrives on the next warpgroup's (`g + 1` modulo `warpgroups`) after, so one warpgroup's code

@@ -134,11 +134,7 @@ impl Device {
             return Ok(s);
         }
         let path = self.disk_cache().map(|d| d.autotune_path(&key));
-        let stored = path
-            .as_ref()
-            .and_then(|p| std::fs::read(p).ok())
-            .and_then(|bytes| serde_json::from_slice::<Choice>(&bytes).ok())
-            .and_then(|c| apply(def, spec, &c));
+        let stored = self.stored_choice(&key).and_then(|c| apply(def, spec, &c));
         let chosen = match stored {
             Some(s) => s,
             None => {
@@ -163,9 +159,12 @@ impl Device {
         spec: &Spec,
         bucket: &str,
     ) -> Option<Choice> {
-        let path = self
-            .disk_cache()?
-            .autotune_path(&self.tuning_key(def, spec, bucket));
+        self.stored_choice(&self.tuning_key(def, spec, bucket))
+    }
+
+    /// The search record under `key` in the disk cache, if there is one that parses.
+    fn stored_choice(&self, key: &str) -> Option<Choice> {
+        let path = self.disk_cache()?.autotune_path(key);
         serde_json::from_slice(&std::fs::read(path).ok()?).ok()
     }
 

@@ -20,10 +20,10 @@
 
 pub(crate) mod persistent;
 mod rotated;
-
-pub(crate) use rotated::TurnRegs;
 mod tma_store;
 mod wgmma;
+
+pub(crate) use rotated::TurnRegs;
 
 use kiln_ir::ring::{Bar, InitStep, Ring, Step, TmaLoad};
 use kiln_ir::{Kernel, OpId};

@@ -105,13 +105,13 @@ impl Writer<'_> {
         let parts = parts(self.k, &body, &overlap);
         let (head_iv, carried) = self.enter_loop(id, &op, &body, lo)?;
         let lane0 = self.lane0();
-        let turns =
-            match overlap.turns {
-                Some(_) => Some(self.turns.ok_or_else(|| {
-                    self.internal(id, "turn barriers the consumers did not set up")
-                })?),
-                None => None,
-            };
+        let turns = overlap
+            .turns
+            .map(|_| {
+                self.turns
+                    .ok_or_else(|| self.internal(id, "turn barriers the consumers did not set up"))
+            })
+            .transpose()?;
         let tail_iv = self.new_reg(Class::B32);
         let mut r = Rotation {
             id,
@@ -409,11 +409,10 @@ impl Writer<'_> {
     /// [`Ring::consumer_exit`]): turn hand-overs.
     pub(super) fn cta_turn_steps(&mut self, id: OpId, steps: &[Step]) -> Result<(), CodegenError> {
         let turns = self.turns;
-        let turns = turns.as_ref();
         for &s in steps {
             match s {
-                Step::TurnWait { who } => self.turn(turns, id, who, true)?,
-                Step::TurnPass { who } => self.turn(turns, id, who, false)?,
+                Step::TurnWait { who } => self.turn(turns.as_ref(), id, who, true)?,
+                Step::TurnPass { who } => self.turn(turns.as_ref(), id, who, false)?,
                 other => {
                     return Err(self.internal(id, format!("`{other}` once per CTA")));
                 }

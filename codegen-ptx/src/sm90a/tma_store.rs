@@ -36,6 +36,16 @@ impl Writer<'_> {
         let (lead, &[row, col]) = coords.split_at(coords.len().saturating_sub(2)) else {
             return Err(self.internal(id, "a TMA store with fewer than 2 coordinates"));
         };
+        // A group's rows: its band of the tile and of each staged box.
+        let (row, smem) = match group.band {
+            Some(band) => {
+                let (y, src) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+                self.ins(format!("add.s32 {y}, {row}, {band}"));
+                self.ins(format!("mad.lo.u32 {src}, {band}, 128, {}", self.smem));
+                (y, src)
+            }
+            None => (row, self.smem),
+        };
         // Element (r, c) of box j sits at j * box + r * 128 + ((c / 8) ^ (r % 8)) * 16 +
         // (c % 8) * 2 (128-byte swizzle). A thread's rows differ by multiples of 8, so they
         // share the phase r % 8; its columns stay inside one 16-byte chunk per 8, but for a
@@ -129,16 +139,6 @@ impl Writer<'_> {
                         let skip = self.new_label();
                         self.ins(format!("@!{leader} bra {skip}"));
                         let (first, last) = (round * per_round, (round + 1) * per_round);
-                        // A group's rows: its band of the tile and of each staged box.
-                        let (row, smem) = match group.band {
-                            Some(band) => {
-                                let (y, src) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-                                self.ins(format!("add.s32 {y}, {row}, {band}"));
-                                self.ins(format!("mad.lo.u32 {src}, {band}, 128, {}", self.smem));
-                                (y, src)
-                            }
-                            None => (row, self.smem),
-                        };
                         for b in &st.boxes[first as usize..last as usize] {
                             let (src, x) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
                             self.ins(format!(

@@ -20,7 +20,7 @@
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, OpId, OpKind, Param};
-use crate::ring::TmaBox;
+use crate::ring::{NAMED_BARRIERS, TmaBox};
 use crate::schedule::Distribution;
 use crate::target::Target;
 use crate::tma_store::{BOX_COLUMNS, TmaStore};
@@ -180,9 +180,7 @@ fn candidate(
 }
 
 /// Threads of a warpgroup.
-const WARPGROUP_THREADS: u32 = 128;
-/// Named barrier ids of a CTA: 0 to 15.
-const NAMED_BARRIERS: u32 = 16;
+const WARPGROUP_THREADS: u32 = 32 * crate::tmem::attention::WARPGROUP_WARPS;
 
 /// How many warpgroups store their own rows of `d`'s `rows`-row tile: each of the `threads`
 /// holders' warpgroups, when every warpgroup holds one band of `rows / groups` rows alone (a

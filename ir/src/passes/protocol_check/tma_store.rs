@@ -8,10 +8,8 @@
 
 use std::ops::Range;
 
+use crate::ring::NAMED_BARRIERS;
 use crate::tma_store::{StoreStep, TmaStore};
-
-/// Named barrier ids of a CTA.
-const NAMED_BARRIERS: Range<u32> = 0..16;
 
 /// A broken TMA-store protocol.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -64,7 +62,7 @@ pub enum StoreError {
 pub(super) fn check_store(st: &TmaStore, turns: Range<u32>) -> Result<(), StoreError> {
     let stores = st.barrier..st.barrier + st.groups;
     let apart = stores.end <= turns.start || turns.end <= stores.start || turns.is_empty();
-    if stores.start == NAMED_BARRIERS.start || stores.end > NAMED_BARRIERS.end || !apart {
+    if stores.start == 0 || stores.end > NAMED_BARRIERS || !apart {
         return Err(StoreError::Barriers { stores, turns });
     }
     let rows = st.box_dims[0];
