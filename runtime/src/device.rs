@@ -181,6 +181,12 @@ impl Device {
         self.compute_capability
     }
 
+    /// Streaming multiprocessors (132 on the H200), which tile choices such as
+    /// `kiln_examples::gemm::tuned_tile` fill.
+    pub fn multiprocessors(&self) -> usize {
+        self.limits.multiprocessors as usize
+    }
+
     /// L2 cache size in bytes (for benchmarks that must defeat it).
     pub fn l2_bytes(&self) -> usize {
         self.l2_bytes

@@ -9,6 +9,11 @@
 //! enough input sets to exceed twice the L2; the median is reported as TFLOP/s (2MNK) with
 //! `ratio` = kiln / cuBLAS throughput. `--out PATH` writes every figure as JSON.
 //!
+//! Without `--autotune` each shape runs the gemm's tuned tile for the device
+//! (`kiln_examples::gemm::tuned_tile`: on sm_90a 128x128, 4 stages, smaller where the tiles
+//! would not fill the GPU or a row stride rules out TMA), `--set` values winning; the table's
+//! `tile` column and the JSON's `comptime` say which ran.
+//!
 //! `--b-col-major` stores B column-major (`b: [N, K]`; the kernel's `b_col_major`, cuBLAS
 //! with `transb`). `--autotune` times the kernel's declared candidates per shape, its 2-CTA
 //! clusters among them (`CLUSTER_M` in {1, 2}: on sm_90a M-adjacent CTAs share B's tiles by
@@ -28,11 +33,12 @@ use kiln_bench::harness::{Progress, measure, tflops};
 use kiln_bench::inputs::{copies, uniform};
 use kiln_bench::report::{Table, comptime_text, meta, write_json};
 use kiln_bench::{BenchError, kernels};
+use kiln_examples::gemm::tuned_tile;
 use kiln_ir::DType;
 use kiln_ir::dsl::ComptimeValue;
-use kiln_runtime::{DeviceTensor, KernelArg, rotation_sets};
+use kiln_runtime::{Device, DeviceTensor, KernelArg, rotation_sets};
 use kiln_tests::check::rel_error;
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// bf16 output of two f32-accumulated GEMMs that sum in different orders.
 const TOLERANCE: f64 = 1e-2;
@@ -59,6 +65,40 @@ fn main() -> ExitCode {
     kiln_bench::exit(
         run(),
         "at least one kiln result disagreed with cuBLAS (see the table)",
+    )
+}
+
+/// The comptime values of shape `[m, n, k]` without `--autotune`: the gemm's tuned tile for
+/// the device ([`tuned_tile`]) under the command line's own `overrides`, which win.
+fn tuned(
+    device: &Device,
+    overrides: &[(&str, String)],
+    [m, n, k]: [usize; 3],
+) -> Result<BTreeMap<String, ComptimeValue>, BenchError> {
+    let mut all = tuned_tile(
+        device.target(),
+        [m, n, k],
+        DType::Bf16,
+        device.multiprocessors(),
+    );
+    all.retain(|(name, _)| overrides.iter().all(|(o, _)| o != name));
+    all.extend(overrides.iter().cloned());
+    kernels::comptime(kernels::find("gemm")?, &all)
+}
+
+/// `BMxBNxBK/STAGES` of a specialisation (`x2` after it for a 2-CTA cluster).
+fn tile_text(comptime: &BTreeMap<String, ComptimeValue>) -> String {
+    let v = |name: &str| match comptime.get(name) {
+        Some(&ComptimeValue::Usize(v)) => v,
+        _ => 0,
+    };
+    let cluster = if v("CLUSTER_M") > 1 { " x2" } else { "" };
+    format!(
+        "{}x{}x{}/{}{cluster}",
+        v("BM"),
+        v("BN"),
+        v("BK"),
+        v("STAGES")
     )
 }
 
@@ -90,10 +130,15 @@ fn run() -> Result<bool, BenchError> {
         ]
     };
     eprintln!(
-        "{} ({}), kiln target {}, comptime {comptime:?}",
+        "{} ({}), kiln target {}, comptime {comptime:?}; each shape's tile (BMxBNxBK/STAGES) {}",
         device.name(),
         kiln_bench::report::COMMIT,
-        device.target()
+        device.target(),
+        if args.autotune {
+            "autotuned"
+        } else {
+            "tuned (tuned_tile) unless --set"
+        }
     );
 
     let shapes = if args.shapes.is_empty() {
@@ -106,6 +151,7 @@ fn run() -> Result<bool, BenchError> {
         "M",
         "N",
         "K",
+        "tile",
         "kiln ms",
         "kiln TFLOP/s",
         "cuBLAS ms",
@@ -147,7 +193,7 @@ fn run() -> Result<bool, BenchError> {
                 &mut |t| device.launch(gemm, &t.comptime, grid(&t.comptime, m, n), &launch_args(0)),
             )?
         } else {
-            (comptime.clone(), serde_json::Value::Null)
+            (tuned(&device, &overrides, [m, n, k])?, Value::Null)
         };
         let kiln = |s: usize| -> Result<(), BenchError> {
             let g = grid(&chosen, m, n);
@@ -170,6 +216,7 @@ fn run() -> Result<bool, BenchError> {
             m.to_string(),
             n.to_string(),
             k.to_string(),
+            tile_text(&chosen),
             format!("{:.3}", kt.median()),
             format!("{kt_tf:.1}"),
             format!("{:.3}", ct.median()),
