@@ -90,6 +90,25 @@ fn tensor_info(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<TensorInfo> {
     })
 }
 
+/// The caller's `out` and what it holds, or a new tensor of `shape` like `q` (`q.new_empty`:
+/// contiguous, q's dtype and device, so only its address is asked for).
+fn out_or_new<'py>(
+    out: Option<Bound<'py, PyAny>>,
+    q: &Bound<'py, PyAny>,
+    qi: &TensorInfo,
+    shape: &[usize],
+) -> PyResult<(Bound<'py, PyAny>, TensorInfo)> {
+    if let Some(out) = out {
+        let oi = tensor_info("out", &out)?;
+        return Ok((out, oi));
+    }
+    let py = q.py();
+    let out = q.call_method1(pyo3::intern!(py, "new_empty"), (PyTuple::new(py, shape)?,))?;
+    let ptr: u64 = out.call_method0(pyo3::intern!(py, "data_ptr"))?.extract()?;
+    let oi = TensorInfo::contiguous(shape, qi.dtype.clone(), qi.device.clone(), ptr);
+    Ok((out, oi))
+}
+
 /// The integers of `obj` (`torch.Size` and `stride()` are tuples: read in place, the common
 /// case; any other sequence through pyo3's generic extraction).
 fn ints(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
@@ -202,14 +221,7 @@ fn flash_attn_func<'py>(
         return_lse,
     };
     let plan = args::plan(&qi, &ki, &vi, &opts).map_err(arg_err)?;
-    let out = match out {
-        Some(out) => out,
-        None => q.call_method1(
-            pyo3::intern!(py, "new_empty"),
-            (PyTuple::new(py, plan.out_shape())?,),
-        )?,
-    };
-    let oi = tensor_info("out", &out)?;
+    let (out, oi) = out_or_new(out, q, &qi, &plan.out_shape())?;
     let out_view = args::check_out(&plan, &qi, &oi).map_err(arg_err)?;
     // The log-sum-exp when asked for, allocated by each path once it is past every check.
     let plan_lse = || {
@@ -340,14 +352,8 @@ fn flash_attn_varlen_func<'py>(
         softcap,
         return_lse,
     };
-    let out = match out {
-        Some(out) => out,
-        None => q.call_method1(
-            pyo3::intern!(py, "new_empty"),
-            (PyTuple::new(py, &qi.shape)?,),
-        )?,
-    };
-    let oi = tensor_info("out", &out)?;
+    let shape: Vec<usize> = qi.shape.iter().map(|&n| n.max(0) as usize).collect();
+    let (out, oi) = out_or_new(out, q, &qi, &shape)?;
     let vp = varlen::plan_varlen(
         (&qi, &ki, &vi),
         &oi,

@@ -79,6 +79,23 @@ pub struct TensorInfo {
     pub ptr: u64,
 }
 
+impl TensorInfo {
+    /// A contiguous (row-major) tensor of `shape` at `ptr`, as `torch.empty` makes one.
+    pub fn contiguous(shape: &[usize], dtype: TorchDType, device: TorchDevice, ptr: u64) -> Self {
+        let mut strides = vec![1i64; shape.len()];
+        for i in (0..shape.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * shape[i + 1].max(1) as i64;
+        }
+        TensorInfo {
+            shape: shape.iter().map(|&n| n as i64).collect(),
+            strides,
+            dtype,
+            device,
+            ptr,
+        }
+    }
+}
+
 /// The keyword arguments of `flash_attn_func`, with FlashAttention's meanings.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Options {
@@ -481,13 +498,22 @@ mod tests {
 
     /// A contiguous BSHD bf16 tensor on cuda:0.
     fn bshd(b: i64, s: i64, h: i64, d: i64) -> TensorInfo {
-        TensorInfo {
-            shape: vec![b, s, h, d],
-            strides: vec![s * h * d, h * d, d, 1],
-            dtype: TorchDType::Bf16,
-            device: TorchDevice::Cuda(0),
-            ptr: 0x7f00_0000_0000,
-        }
+        let shape = [b, s, h, d].map(|n| n as usize);
+        TensorInfo::contiguous(
+            &shape,
+            TorchDType::Bf16,
+            TorchDevice::Cuda(0),
+            0x7f00_0000_0000,
+        )
+    }
+
+    #[test]
+    fn contiguous_strides_are_torchs() {
+        let t = TensorInfo::contiguous(&[2, 3, 4, 5], TorchDType::F16, TorchDevice::Cuda(1), 16);
+        assert_eq!(t.strides, [60, 20, 5, 1]);
+        // torch.empty(2, 0, 4, 5).stride() is (20, 20, 5, 1).
+        let e = TensorInfo::contiguous(&[2, 0, 4, 5], TorchDType::F16, TorchDevice::Cuda(1), 16);
+        assert_eq!((e.shape, e.strides), (vec![2, 0, 4, 5], vec![20, 20, 5, 1]));
     }
 
     fn err(q: &TensorInfo, k: &TensorInfo, v: &TensorInfo, opts: Options) -> ArgError {
