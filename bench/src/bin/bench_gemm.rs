@@ -35,7 +35,7 @@ use kiln_bench::report::{Table, comptime_text, meta, write_json};
 use kiln_bench::{BenchError, kernels};
 use kiln_examples::gemm::tuned_tile;
 use kiln_ir::DType;
-use kiln_ir::dsl::ComptimeValue;
+use kiln_ir::dsl::{ComptimeValue, KernelDef};
 use kiln_runtime::{Device, DeviceTensor, KernelArg, rotation_sets};
 use kiln_tests::check::rel_error;
 use serde_json::{Value, json};
@@ -72,6 +72,7 @@ fn main() -> ExitCode {
 /// the device ([`tuned_tile`]) under the command line's own `overrides`, which win.
 fn tuned(
     device: &Device,
+    gemm: &dyn KernelDef,
     overrides: &[(&str, String)],
     [m, n, k]: [usize; 3],
 ) -> Result<BTreeMap<String, ComptimeValue>, BenchError> {
@@ -83,15 +84,20 @@ fn tuned(
     );
     all.retain(|(name, _)| overrides.iter().all(|(o, _)| o != name));
     all.extend(overrides.iter().cloned());
-    kernels::comptime(kernels::find("gemm")?, &all)
+    kernels::comptime(gemm, &all)
+}
+
+/// The integer comptime value `name` of a specialisation, if it has one.
+fn usize_value(comptime: &BTreeMap<String, ComptimeValue>, name: &str) -> Option<usize> {
+    match comptime.get(name) {
+        Some(&ComptimeValue::Usize(v)) => Some(v),
+        _ => None,
+    }
 }
 
 /// `BMxBNxBK/STAGES` of a specialisation (`x2` after it for a 2-CTA cluster).
 fn tile_text(comptime: &BTreeMap<String, ComptimeValue>) -> String {
-    let v = |name: &str| match comptime.get(name) {
-        Some(&ComptimeValue::Usize(v)) => v,
-        _ => 0,
-    };
+    let v = |name: &str| usize_value(comptime, name).unwrap_or(0);
     let cluster = if v("CLUSTER_M") > 1 { " x2" } else { "" };
     format!(
         "{}x{}x{}/{}{cluster}",
@@ -119,10 +125,7 @@ fn run() -> Result<bool, BenchError> {
     let comptime = kernels::comptime(gemm, &overrides)?;
     // The grid of a specialisation: one block per `BM x BN` tile of `c`.
     let grid = |comptime: &BTreeMap<String, ComptimeValue>, m: usize, n: usize| {
-        let tile = |name: &str| match comptime.get(name) {
-            Some(&ComptimeValue::Usize(v)) => v,
-            _ => 128,
-        };
+        let tile = |name: &str| usize_value(comptime, name).unwrap_or(128);
         [
             m.div_ceil(tile("BM")) as u32,
             n.div_ceil(tile("BN")) as u32,
@@ -193,7 +196,7 @@ fn run() -> Result<bool, BenchError> {
                 &mut |t| device.launch(gemm, &t.comptime, grid(&t.comptime, m, n), &launch_args(0)),
             )?
         } else {
-            (tuned(&device, &overrides, [m, n, k])?, Value::Null)
+            (tuned(&device, gemm, &overrides, [m, n, k])?, Value::Null)
         };
         let kiln = |s: usize| -> Result<(), BenchError> {
             let g = grid(&chosen, m, n);
