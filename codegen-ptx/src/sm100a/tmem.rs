@@ -163,7 +163,6 @@ impl Writer<'_> {
     ) {
         let phase = self.acc_parity(start, parity, after);
         let a = self.acc_bar(plan, bar);
-        let (p, top) = (self.new_reg(Class::Pred), self.new_label());
         // The 2-SM form: each barrier hears the other CTA (the leader's commit, the peer's
         // hand-back).
         let scope = if plan.pair.is_some() {
@@ -171,11 +170,7 @@ impl Writer<'_> {
         } else {
             ""
         };
-        self.label(&top);
-        self.ins(format!(
-            "mbarrier.try_wait.parity{scope}.shared::cta.b64 {p}, [{a}], {phase}"
-        ));
-        self.ins(format!("@!{p} bra {top}"));
+        self.parity_wait_loop(scope, a, phase);
     }
 
     /// A step of the MMA warp or the epilogue that is the same for both and needs no phase

@@ -25,6 +25,8 @@ mod wgmma;
 
 pub(crate) use rotated::TurnRegs;
 
+use std::fmt::Display;
+
 use kiln_ir::ring::{Bar, InitStep, Ring, Step, TmaLoad};
 use kiln_ir::{Kernel, OpId};
 
@@ -32,6 +34,10 @@ use crate::CodegenError;
 use crate::TensorMapSpec;
 use crate::types::{Class, Reg};
 use crate::writer::Writer;
+
+/// The longest a `try_wait` may suspend its thread, in nanoseconds (10 ms, far beyond any
+/// wait's length: the thread wakes when the phase completes, the limit only bounds a sleep).
+const SUSPEND_TIME_HINT_NS: u32 = 10_000_000;
 
 /// The tensor maps the runtime builds for `k`, one per tensor parameter TMA loads or stores,
 /// in parameter order.
@@ -205,7 +211,6 @@ impl Writer<'_> {
                 .ok_or_else(|| self.internal(ring.for_op, "a wait without a phase bit"))?,
         };
         let addr = self.bar_addr(ring, bar, c.stage);
-        let (p, top) = (self.new_reg(Class::Pred), self.new_label());
         // A clustered ring's `empty` also counts the peer's consumers: acquire at cluster
         // scope what their releases published (ptx-notes §2).
         // The 2-SM form's `full` hears the peer's TMA, its `empty` the leader's commit.
@@ -215,12 +220,23 @@ impl Writer<'_> {
         } else {
             ""
         };
+        self.parity_wait_loop(scope, addr, phase);
+        Ok(())
+    }
+
+    /// Loops on `mbarrier.try_wait.parity{scope}` until the phase of parity `phase` of the
+    /// barrier at `addr` has completed. The suspend-time hint lets a waiting warp sleep until
+    /// the barrier changes (ptxas writes `NANOSLEEP.SYNCS`) instead of retrying every few
+    /// cycles: a producer that runs ahead otherwise spins hundreds of times per stage on the
+    /// scheduler its consumers' warps issue from.
+    pub(crate) fn parity_wait_loop(&mut self, scope: &str, addr: impl Display, phase: impl Display) {
+        let (p, top) = (self.new_reg(Class::Pred), self.new_label());
         self.label(&top);
         self.ins(format!(
-            "mbarrier.try_wait.parity{scope}.shared::cta.b64 {p}, [{addr}], {phase}"
+            "mbarrier.try_wait.parity{scope}.shared::cta.b64 {p}, [{addr}], {phase}, \
+             {SUSPEND_TIME_HINT_NS}"
         ));
         self.ins(format!("@!{p} bra {top}"));
-        Ok(())
     }
 
     /// Writes a ring's `for`: the role split, the producer loop, then the consumer loop with

@@ -221,12 +221,7 @@ impl Writer<'_> {
             self.ins(format!("xor.b32 {phase}, {phase}, {}", (start ^ lag) & 1));
         }
         let a = self.attn_bar(plan, bar);
-        let (ok, top) = (self.new_reg(Class::Pred), self.new_label());
-        self.label(&top);
-        self.ins(format!(
-            "mbarrier.try_wait.parity.shared::cta.b64 {ok}, [{a}], {phase}"
-        ));
-        self.ins(format!("@!{ok} bra {top}"));
+        self.parity_wait_loop("", a, phase);
         if aligned {
             self.ins("bar.warp.sync -1");
         }
