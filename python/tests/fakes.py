@@ -1,8 +1,8 @@
 """Objects that look like torch tensors to kiln_attn, for testing its argument checks on a
 machine without torch or a GPU (CI installs neither: the CUDA build of torch is gigabytes).
 
-kiln_attn reads a tensor through `shape`, `stride()`, `dtype`, `is_cuda`, `get_device()`,
-`device` and `data_ptr()`, and allocates the output with `q.new_empty(shape)`; a `FakeTensor`
+kiln_attn reads a tensor through `shape`, `stride()`, `dtype`, `get_device()`, `device` and
+`data_ptr()`, and without torch allocates the output with `q.new_empty(shape)`; a `FakeTensor`
 has exactly those. It has no `tolist()`: varlen offsets stay on the device (the kernel reads
 them), so a call that read them to the host would fail here.
 """
