@@ -68,15 +68,18 @@ pub(crate) fn mainloop(
 
 /// The tile `gemm` launches with on `target` for `c[m, n] = a[m, k] @ B` when nothing chose
 /// one (comptime overrides, as text, on top of the kernel's defaults), for a GPU of `sms`
-/// multiprocessors. On sm_90a, from every candidate's time in the autotuned H200 sweep
-/// (`bench/results/gemm-sm90a-autotuned-20261202T0917Z-1aa51a4.json`):
+/// multiprocessors. On sm_90a:
 /// - a row stride of `a`, `b` or `c` that is not a multiple of 16 bytes (no TMA: elementwise
-///   loads) gets `64 x 128`, 3 stages, best on both odd shapes of the sweep;
-/// - fewer `128 x 128` tiles than multiprocessors gets `64 x 128`, 5 stages, so every SM has
-///   a tile (1024^3: 1.31x faster than `128 x 128`);
-/// - otherwise `128 x 128`, 4 stages: within 1.04x of each shape's best (geometric mean over
-///   the 11 shapes from 4096^3 up, at worst 1.17x), where the default 3 stages are 1.2-1.3x
-///   slower.
+///   loads) gets `64 x 128`, 3 stages, best on both odd shapes of the autotuned sweep
+///   (`bench/results/gemm-sm90a-autotuned-20261202T0917Z-1aa51a4.json`);
+/// - enough `128 x 256` tiles for every multiprocessor gets `128 x 256`, 4 stages: on the 11
+///   shapes from 4096^3 up it ran 1.00-1.10x faster than `128 x 128` in two same-job A/B runs
+///   (`bench/results/gemm-sm90a-tile-ab-20261202T1630Z-*.txt`): half the operand traffic per
+///   flop of the narrower tile;
+/// - else enough `128 x 128` tiles gets those, 4 stages (2048^3: 128 wide tiles would leave 4
+///   SMs idle);
+/// - otherwise `64 x 128`, 5 stages, so every SM has a tile (1024^3: 1.31x faster than
+///   `128 x 128`).
 ///
 /// Other targets keep the kernel's defaults (sm_80's 3 stages fit two CTAs per SM).
 pub fn tuned_tile(
@@ -92,14 +95,17 @@ pub fn tuned_tile(
     let aligned = [k, n]
         .iter()
         .all(|&cols| (cols * dtype.size_bytes()).is_multiple_of(16));
-    let (bm, stages) = if !aligned {
-        (64, 3)
-    } else if m.div_ceil(128) * n.div_ceil(128) < sms {
-        (64, 5)
+    let fills = |bm: usize, bn: usize| m.div_ceil(bm) * n.div_ceil(bn) >= sms;
+    let (bm, bn, stages) = if !aligned {
+        (64, 128, 3)
+    } else if fills(128, 256) {
+        (128, 256, 4)
+    } else if fills(128, 128) {
+        (128, 128, 4)
     } else {
-        (128, 4)
+        (64, 128, 5)
     };
-    [("BM", bm), ("BN", 128), ("BK", 64), ("STAGES", stages)]
+    [("BM", bm), ("BN", bn), ("BK", 64), ("STAGES", stages)]
         .into_iter()
         .map(|(name, v)| (name, v.to_string()))
         .collect()
@@ -117,23 +123,26 @@ mod tests {
         let tile = |mnk| {
             let t = tuned_tile(Target::Sm90a, mnk, DType::Bf16, 132);
             let get = |n: &str| t.iter().find(|(k, _)| *k == n).map(|(_, v)| v.clone());
-            (get("BM").unwrap(), get("STAGES").unwrap())
+            (get("BM").unwrap(), get("BN").unwrap(), get("STAGES").unwrap())
         };
-        let s = |bm: &str, st: &str| (bm.to_string(), st.to_string());
-        assert_eq!(tile([4096; 3]), s("128", "4"));
-        assert_eq!(tile([1000, 3000, 4096]), s("128", "4"));
+        let s = |bm: &str, bn: &str, st: &str| (bm.to_string(), bn.to_string(), st.to_string());
+        assert_eq!(tile([4096; 3]), s("128", "256", "4"));
+        assert_eq!(tile([16384, 14336, 14336]), s("128", "256", "4"));
+        // 128 tiles of 128 x 256 would leave 4 of the 132 SMs idle; 256 of 128 x 128 do not.
+        assert_eq!(tile([2048; 3]), s("128", "128", "4"));
+        assert_eq!(tile([1000, 3000, 4096]), s("128", "128", "4"));
         // 64 tiles of 128 x 128 would leave 68 of the 132 SMs idle.
-        assert_eq!(tile([1024; 3]), s("64", "5"));
+        assert_eq!(tile([1024; 3]), s("64", "128", "5"));
         // 777 bf16 columns are 1554 bytes: no TMA for a's rows; 4095 for c's.
-        assert_eq!(tile([1000, 3000, 777]), s("64", "3"));
-        assert_eq!(tile([127, 4095, 4096]), s("64", "3"));
-        assert_eq!(tile([8192, 8192, 8196]), s("64", "3"));
+        assert_eq!(tile([1000, 3000, 777]), s("64", "128", "3"));
+        assert_eq!(tile([127, 4095, 4096]), s("64", "128", "3"));
+        assert_eq!(tile([8192, 8192, 8196]), s("64", "128", "3"));
         assert!(tuned_tile(Target::Sm80, [4096; 3], DType::Bf16, 132).is_empty());
     }
 
     #[test]
     fn tuned_tiles_build_with_their_stages() {
-        for mnk in [[4096; 3], [1024; 3], [1000, 3000, 777]] {
+        for mnk in [[4096; 3], [2048; 3], [1024; 3], [1000, 3000, 777]] {
             let t = tuned_tile(Target::Sm90a, mnk, DType::Bf16, 132);
             let overrides: Vec<(&str, &str)> = t.iter().map(|(k, v)| (*k, v.as_str())).collect();
             let stages: u32 = t

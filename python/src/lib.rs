@@ -88,10 +88,10 @@ fn tensor_info(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<TensorInfo> {
 }
 
 /// The caller's `out` and what it holds, or a new contiguous tensor of `shape` with q's dtype
-/// and device, so only its address is asked for. A contiguous `q` of that shape is copied by
-/// `torch.empty_like(q)` (same strides, since q is dense), which takes a microsecond less
-/// than `q.new_empty(shape)`, the form for every other case (and for objects that only look
-/// like tensors, without torch).
+/// and device, so only its address is asked for. A contiguous `torch.Tensor` q of that shape
+/// is copied by `torch.empty_like(q)` (same strides, since q is dense), which takes a
+/// microsecond less than `q.new_empty(shape)`, the form for every other case (and for objects
+/// that only look like tensors).
 fn out_or_new<'py>(
     out: Option<Bound<'py, PyAny>>,
     q: &Bound<'py, PyAny>,
@@ -104,8 +104,10 @@ fn out_or_new<'py>(
     }
     let py = q.py();
     let like = TensorInfo::contiguous(shape, qi.dtype.clone(), qi.device.clone(), 0);
-    let out = match empty_like(py)? {
-        Some(empty_like) if like.shape == qi.shape && like.strides == qi.strides => {
+    let out = match torch_alloc(py)? {
+        Some((tensor, empty_like))
+            if like.shape == qi.shape && like.strides == qi.strides && q.is_instance(tensor)? =>
+        {
             empty_like.call1((q,))?
         }
         _ => q.call_method1(pyo3::intern!(py, "new_empty"), (PyTuple::new(py, shape)?,))?,
@@ -114,19 +116,22 @@ fn out_or_new<'py>(
     Ok((out, TensorInfo { ptr, ..like }))
 }
 
-/// `torch.empty_like` once torch is imported (a real tensor means it is), looked up once;
-/// `None` while it is not, so the extension never imports torch to allocate.
-fn empty_like(py: Python<'_>) -> PyResult<Option<&Bound<'_, PyAny>>> {
-    static EMPTY_LIKE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    if let Some(f) = EMPTY_LIKE.get(py) {
-        return Ok(Some(f.bind(py)));
+/// `torch.Tensor` and `torch.empty_like` once torch is imported (a real tensor means it is),
+/// looked up once; `None` while it is not, so the extension never imports torch to allocate.
+fn torch_alloc(py: Python<'_>) -> PyResult<Option<(&Bound<'_, PyAny>, &Bound<'_, PyAny>)>> {
+    static TORCH: PyOnceLock<(Py<PyAny>, Py<PyAny>)> = PyOnceLock::new();
+    if TORCH.get(py).is_none() {
+        let modules = py.import("sys")?.getattr("modules")?;
+        let Ok(torch) = modules.get_item("torch") else {
+            return Ok(None);
+        };
+        let found = (
+            torch.getattr("Tensor")?.unbind(),
+            torch.getattr("empty_like")?.unbind(),
+        );
+        let _ = TORCH.set(py, found);
     }
-    let modules = py.import("sys")?.getattr("modules")?;
-    let Ok(torch) = modules.get_item("torch") else {
-        return Ok(None);
-    };
-    let f = torch.getattr("empty_like")?.unbind();
-    Ok(Some(EMPTY_LIKE.get_or_init(py, || f).bind(py)))
+    Ok(TORCH.get(py).map(|(t, e)| (t.bind(py), e.bind(py))))
 }
 
 /// The integers of `obj` (`torch.Size` and `stride()` are tuples: read in place, the common

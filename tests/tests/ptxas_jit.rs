@@ -68,9 +68,10 @@ fn attention_specs() -> Vec<(&'static dyn KernelDef, Defines)> {
 }
 
 /// The gemm tiles `(BM, BN, BK, STAGES, CLUSTER_M, b_col_major)` checked for every gemm kernel
-/// (`tuned_tile`'s three among them: 128x128 at 4 stages, 64x128 at 5 and 3).
+/// (`tuned_tile`'s four among them: 128x256 and 128x128 at 4 stages, 64x128 at 5 and 3).
 const GEMM_TILES: &[(usize, usize, usize, usize, usize, bool)] = &[
     (128, 256, 64, 3, 1, false),
+    (128, 256, 64, 4, 1, false),
     (128, 128, 64, 4, 1, false),
     (64, 128, 64, 4, 1, false),
     (64, 128, 64, 5, 1, false),
