@@ -74,7 +74,7 @@ pub(crate) fn mainloop(
 ///   (`bench/results/gemm-sm90a-autotuned-20261202T0917Z-1aa51a4.json`);
 /// - enough `128 x 256` tiles for every multiprocessor gets `128 x 256`, 4 stages: on the 11
 ///   shapes from 4096^3 up it ran 1.00-1.10x faster than `128 x 128` in two same-job A/B runs
-///   (`bench/results/gemm-sm90a-tile-ab-20261202T1630Z-*.txt`): half the operand traffic per
+///   (`bench/results/gemm-sm90a-tile-ab-20261202T1625Z-86b7510.txt`): half the operand traffic per
 ///   flop of the narrower tile;
 /// - else enough `128 x 128` tiles gets those, 4 stages (2048^3: 128 wide tiles would leave 4
 ///   SMs idle);
