@@ -111,19 +111,20 @@ impl Writer<'_> {
 
     /// A register holding `sum_t ((tid / div) % modulo) * mul` (`.b32`).
     pub(crate) fn thread_coord(&mut self, terms: &[Term]) -> Reg {
+        self.thread_coord_of(terms, self.tid)
+    }
+
+    /// [`Writer::thread_coord`] for the thread whose index `tid` holds.
+    pub(crate) fn thread_coord_of(&mut self, terms: &[Term], tid: Reg) -> Reg {
         let acc = self.new_reg(Class::B32);
         self.ins(format!("mov.u32 {acc}, 0"));
         for t in terms {
             let x = self.new_reg(Class::B32);
             // Layouts divide by powers of two: shifts and masks, not the division sequence.
             if t.div.is_power_of_two() {
-                self.ins(format!(
-                    "shr.u32 {x}, {}, {}",
-                    self.tid,
-                    t.div.trailing_zeros()
-                ));
+                self.ins(format!("shr.u32 {x}, {}, {}", tid, t.div.trailing_zeros()));
             } else {
-                self.ins(format!("div.u32 {x}, {}, {}", self.tid, t.div));
+                self.ins(format!("div.u32 {x}, {}, {}", tid, t.div));
             }
             if t.modulo.is_power_of_two() {
                 self.ins(format!("and.b32 {x}, {x}, {}", t.modulo - 1));

@@ -123,7 +123,11 @@ mod tests {
         let tile = |mnk| {
             let t = tuned_tile(Target::Sm90a, mnk, DType::Bf16, 132);
             let get = |n: &str| t.iter().find(|(k, _)| *k == n).map(|(_, v)| v.clone());
-            (get("BM").unwrap(), get("BN").unwrap(), get("STAGES").unwrap())
+            (
+                get("BM").unwrap(),
+                get("BN").unwrap(),
+                get("STAGES").unwrap(),
+            )
         };
         let s = |bm: &str, bn: &str, st: &str| (bm.to_string(), bn.to_string(), st.to_string());
         assert_eq!(tile([4096; 3]), s("128", "256", "4"));

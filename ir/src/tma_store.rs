@@ -8,7 +8,8 @@
 //! copy engine drains the staging tile. Per store:
 //! 1. the issuing thread waits until the previous store from the staging tile has read it
 //!    (`cp.async.bulk.wait_group.read 0`), and the storing threads meet at a named barrier;
-//! 2. every thread writes its elements (pairs as one 32-bit store), then
+//! 2. every thread writes its elements (an mma accumulator's as 8x8 matrices, four per
+//!    `stmatrix.x4` of a warp; other layouts a pair per 32-bit store), then
 //!    `fence.proxy.async.shared::cta` makes them visible to the copy engine, and the threads
 //!    meet again;
 //! 3. the issuing thread stores every box and commits the bulk group.

@@ -229,7 +229,12 @@ impl Writer<'_> {
     /// the barrier changes (ptxas writes `NANOSLEEP.SYNCS`) instead of retrying every few
     /// cycles: a producer that runs ahead otherwise spins hundreds of times per stage on the
     /// scheduler its consumers' warps issue from.
-    pub(crate) fn parity_wait_loop(&mut self, scope: &str, addr: impl Display, phase: impl Display) {
+    pub(crate) fn parity_wait_loop(
+        &mut self,
+        scope: &str,
+        addr: impl Display,
+        phase: impl Display,
+    ) {
         let (p, top) = (self.new_reg(Class::Pred), self.new_label());
         self.label(&top);
         self.ins(format!(

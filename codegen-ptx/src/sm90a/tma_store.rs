@@ -1,9 +1,12 @@
 //! sm_90a: an epilogue `store` through a swizzled staging tile and TMA
-//! ([`kiln_ir::tma_store`], which gives the protocol).
+//! ([`kiln_ir::tma_store`], which gives the protocol). A register tile laid out as an mma
+//! accumulator goes to the staging tile as 8x8 matrices (`stmatrix`, where
+//! [`matrices_land_in_place`] proves each register lands where its thread would store it);
+//! any other a pair at a time.
 
 use std::collections::BTreeMap;
 
-use kiln_ir::schedule::Distribution;
+use kiln_ir::schedule::{Distribution, Term};
 use kiln_ir::tma_store::{StoreStep, TmaStore};
 use kiln_ir::{OpId, OpKind};
 
@@ -55,9 +58,28 @@ impl Writer<'_> {
         if !box_terms.is_empty() && st.rounds != 1 {
             return Err(self.internal(id, "a TMA store in rounds whose threads start boxes apart"));
         }
+        let box_col_bytes = st.box_bytes() / kiln_ir::tma_store::BOX_COLUMNS;
+        // A column-chunked epilogue runs at the register limit, where holding the pairs of
+        // even two matrices spilled (gemm_alpha_beta at BN = 256): it stores pairs.
+        let matrices = match self.columns {
+            Some(_) => None,
+            None => matrix_deltas(&d, st.threads * st.groups, st),
+        };
+        // The thread whose row start this thread gives: itself for pairs; for 8x8 matrices,
+        // lane 8 i + r gives row r of its warp's matrix i, which lane 4 r holds.
+        let at_tid = match matrices {
+            None => self.tid,
+            Some(_) => {
+                let (warp, r) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+                self.ins(format!("and.b32 {warp}, {}, -32", self.tid));
+                self.ins(format!("and.b32 {r}, {}, 7", self.tid));
+                self.ins(format!("mad.lo.u32 {r}, {r}, 4, {warp}"));
+                r
+            }
+        };
         let (rb, cb) = (
-            self.thread_coord(&d.terms[0]),
-            self.thread_coord(&chunk_terms),
+            self.thread_coord_of(&d.terms[0], at_tid),
+            self.thread_coord_of(&chunk_terms, at_tid),
         );
         let (base, phase) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
         self.ins(format!("add.u32 {base}, {}, {}", self.smem, st.offset));
@@ -65,13 +87,36 @@ impl Writer<'_> {
         self.ins(format!("mad.lo.u32 {base}, {cb}, 2, {base}"));
         if !box_terms.is_empty() {
             // Column c of a thread's box start is box c / 64: c / 64 * box bytes.
-            let bb = self.thread_coord(&box_terms);
-            self.ins(format!(
-                "mad.lo.u32 {base}, {bb}, {}, {base}",
-                st.box_bytes() / kiln_ir::tma_store::BOX_COLUMNS
-            ));
+            let bb = self.thread_coord_of(&box_terms, at_tid);
+            self.ins(format!("mad.lo.u32 {base}, {bb}, {box_col_bytes}, {base}"));
         }
         self.ins(format!("and.b32 {phase}, {rb}, 7"));
+        // Matrix lane / 8 % 4 of a group sits rows and 16-byte chunks from the group's first
+        // pair: looked up in two tables of 4-bit fields (row deltas in units of 8).
+        let chunk_delta = match matrices {
+            None => None,
+            Some((n, deltas)) => {
+                let table = |f: fn(&(u32, u32)) -> u32| {
+                    deltas
+                        .iter()
+                        .enumerate()
+                        .fold(0u32, |t, (i, x)| t | (f(x) << (4 * i)))
+                };
+                let (shift, rows, chunks) = (
+                    self.new_reg(Class::B32),
+                    self.new_reg(Class::B32),
+                    self.new_reg(Class::B32),
+                );
+                self.ins(format!("shr.u32 {shift}, {}, 1", self.tid));
+                self.ins(format!("and.b32 {shift}, {shift}, 12"));
+                self.ins(format!("shr.u32 {rows}, {}, {shift}", table(|x| x.0 / 8)));
+                self.ins(format!("and.b32 {rows}, {rows}, 15"));
+                self.ins(format!("mad.lo.u32 {base}, {rows}, 1024, {base}"));
+                self.ins(format!("shr.u32 {chunks}, {}, {shift}", table(|x| x.1)));
+                self.ins(format!("and.b32 {chunks}, {chunks}, 15"));
+                Some((n, chunks))
+            }
+        };
         let (box_bytes, per_round) = (st.box_bytes(), st.boxes_per_round());
         // The whole tile's columns: in an epilogue chunk `d` holds only the chunk's.
         let whole = self.k.distribution(v).map_err(|e| self.internal(id, e))?;
@@ -111,7 +156,10 @@ impl Writer<'_> {
                     }
                     StoreStep::Sync => self.ins(format!("bar.sync {barrier}, {threads}")),
                     StoreStep::Write => {
-                        for (offs, pair) in d.regs.chunks(2).zip(regs.chunks(2)) {
+                        // A pair per 32-bit store, or n pairs as the n 8x8 matrices a warp
+                        // stores together, each at its group's first chunk moved by its own.
+                        let per_store = chunk_delta.map_or(2, |(n, _)| 2 * n);
+                        for (offs, group) in d.regs.chunks(per_store).zip(regs.chunks(per_store)) {
                             let (ro, co) = (offs[0][0], offs[0][1]);
                             let (box_index, c) = (co / 64, co % 64);
                             if box_index / per_round != round {
@@ -122,16 +170,35 @@ impl Writer<'_> {
                                 Some(&r) => r,
                                 None => {
                                     let r = self.new_reg(Class::B32);
-                                    self.ins(format!("xor.b32 {r}, {phase}, {chunk}"));
+                                    match chunk_delta {
+                                        Some((_, dc)) => {
+                                            self.ins(format!("add.u32 {r}, {dc}, {chunk}"));
+                                            self.ins(format!("xor.b32 {r}, {r}, {phase}"));
+                                        }
+                                        None => self.ins(format!("xor.b32 {r}, {phase}, {chunk}")),
+                                    }
                                     self.ins(format!("mad.lo.u32 {r}, {r}, 16, {base}"));
                                     chunks.insert(chunk, r);
                                     r
                                 }
                             };
                             let imm = (box_index % per_round) * box_bytes + ro * 128 + (c % 8) * 2;
-                            let packed = self.new_reg(Class::B32);
-                            self.ins(format!("mov.b32 {packed}, {{{}, {}}}", pair[0], pair[1]));
-                            self.ins(format!("st.shared.b32 [{at}+{imm}], {packed}"));
+                            let packed: Vec<String> = group
+                                .chunks(2)
+                                .map(|pair| {
+                                    let p = self.new_reg(Class::B32);
+                                    self.ins(format!("mov.b32 {p}, {{{}, {}}}", pair[0], pair[1]));
+                                    p.to_string()
+                                })
+                                .collect();
+                            if let Some((n, _)) = chunk_delta {
+                                self.ins(format!(
+                                    "stmatrix.sync.aligned.m8n8.x{n}.shared.b16 [{at}+{imm}], {{{}}}",
+                                    packed.join(", ")
+                                ));
+                            } else {
+                                self.ins(format!("st.shared.b32 [{at}+{imm}], {}", packed[0]));
+                            }
                         }
                     }
                     StoreStep::Fence => self.ins("fence.proxy.async.shared::cta"),
@@ -253,4 +320,193 @@ fn round_ends(
         .iter()
         .any(|&c| held(c))
         .then(|| (held(first), held(last)))
+}
+
+/// How a warp stores the staged tile `d` of `threads` (whole warps) as 8x8 matrices, if it
+/// can: `stmatrix` of `n` matrices (4, else 2, else 1: as many as the pairs allow), and where
+/// matrix `i` sits from the first, `(rows, 16-byte chunks)`, at `i % n` of four. Each lane's
+/// consecutive pairs, `n` at a time, must lie in one box with the same row and chunk steps in
+/// every group, rows in whole 8-row atoms (so a row's swizzle phase is its thread's), and
+/// [`matrices_land_in_place`]. `None` for any other layout, which is stored a pair at a
+/// time.
+fn matrix_deltas(
+    d: &Distribution,
+    threads: u32,
+    st: &TmaStore,
+) -> Option<(usize, [(u32, u32); 4])> {
+    if d.terms.len() != 2 || !d.column_pairs() || threads == 0 || !threads.is_multiple_of(32) {
+        return None;
+    }
+    let pairs = d.regs.len() / 2;
+    let n = [4, 2, 1].into_iter().find(|n| pairs.is_multiple_of(*n))?;
+    let columns = kiln_ir::tma_store::BOX_COLUMNS;
+    let mut deltas: Option<[(u32, u32); 4]> = None;
+    for group in d.regs.chunks(2 * n) {
+        let (r0, c0) = (group[0][0], group[0][1]);
+        let mut these = [(0, 0); 4];
+        for (i, pair) in group.chunks(2).enumerate() {
+            let (r, c) = (pair[0][0], pair[0][1]);
+            if r < r0 || c < c0 || !r.is_multiple_of(8) || !c.is_multiple_of(8) {
+                return None;
+            }
+            if c / columns != c0 / columns || (r - r0) / 8 >= 16 {
+                return None;
+            }
+            these[i] = (r - r0, (c - c0) / 8);
+        }
+        for i in n..4 {
+            these[i] = these[i % n];
+        }
+        match deltas {
+            Some(d) if d != these => return None,
+            _ => deltas = Some(these),
+        }
+    }
+    let deltas = deltas?;
+    matrices_land_in_place(d, threads, st, n, &deltas).then_some((n, deltas))
+}
+
+/// Whether `stmatrix` of `n` matrices with `deltas` puts every register of `d` where the
+/// pair's own thread would store it. The PTX ISA's rule: lane `8 i + r` gives the address of
+/// row `r` of matrix `i`, and lane `4 r + w` holds word `w` of that row in its register `i`.
+/// The address a lane gives is the one [`Writer::write_tma_store`] computes: its row-giving
+/// thread's base (lane `4 (lane % 8)` of its warp), moved by matrix `lane / 8 % 4`'s deltas
+/// and the group's first pair; the place a pair belongs is element `(row, col)` of the
+/// 128-byte swizzled boxes.
+fn matrices_land_in_place(
+    d: &Distribution,
+    threads: u32,
+    st: &TmaStore,
+    n: usize,
+    deltas: &[(u32, u32); 4],
+) -> bool {
+    let columns = kiln_ir::tma_store::BOX_COLUMNS;
+    let (box_bytes, per_round) = (st.box_bytes(), st.boxes_per_round());
+    let at = |terms: &[Term], t: u32| -> u32 {
+        terms.iter().map(|x| ((t / x.div) % x.modulo) * x.mul).sum()
+    };
+    let (box_terms, chunk_terms) = kiln_ir::tma_store::column_terms(&d.terms[1]);
+    let swizzled = |row: u32, col: u32| {
+        (col / columns % per_round) * box_bytes
+            + row * 128
+            + (((col % columns) / 8) ^ (row % 8)) * 16
+            + (col % 8) * 2
+    };
+    let given = |lane_tid: u32, first: &[u32]| {
+        let giver = (lane_tid & !31) + 4 * (lane_tid & 7);
+        let (rows, chunks) = deltas[((lane_tid >> 3) & 3) as usize];
+        let rb = at(&d.terms[0], giver);
+        let base = rb * 128
+            + at(&chunk_terms, giver) * 2
+            + at(&box_terms, giver) * (box_bytes / columns)
+            + rows * 128;
+        let chunk = (first[1] % columns) / 8;
+        (((chunk + chunks) ^ (rb % 8)) * 16 + base)
+            + (first[1] / columns % per_round) * box_bytes
+            + first[0] * 128
+    };
+    (0..threads).all(|t| {
+        let coords = d.coords(t);
+        coords
+            .chunks(2 * n)
+            .zip(d.regs.chunks(2 * n))
+            .all(|(mine, group)| {
+                mine.chunks(2).enumerate().all(|(i, pair)| {
+                    let giver = (t & !31) + 8 * i as u32 + (t % 32) / 4;
+                    given(giver, &group[0]) + 4 * (t % 4) == swizzled(pair[0][0], pair[0][1])
+                })
+            })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn term(div: u32, modulo: u32, mul: u32) -> Term {
+        Term { div, modulo, mul }
+    }
+
+    /// A 64-row store of one warpgroup into `boxes` boxes of 64 x 128 bytes, staged whole.
+    fn store(boxes: u32) -> TmaStore {
+        TmaStore {
+            store: OpId::from_index(0),
+            param: 0,
+            lead_dims: 0,
+            box_dims: [64, kiln_ir::tma_store::BOX_COLUMNS],
+            swizzle: 128,
+            boxes: (0..boxes)
+                .map(|j| kiln_ir::ring::TmaBox {
+                    origin: [0, j * kiln_ir::tma_store::BOX_COLUMNS],
+                    smem_offset: j * 64 * 128,
+                })
+                .collect(),
+            rounds: 1,
+            round: kiln_ir::tma_store::ROUND.to_vec(),
+            finish: vec![StoreStep::WaitAll],
+            offset: 0,
+            barrier: 1,
+            threads: 128,
+            groups: 1,
+        }
+    }
+
+    /// The layout of a `64 x n` wgmma accumulator over one warpgroup: warp `w` holds rows
+    /// `16 w ..`, lane `l` rows `l / 4` and `l / 4 + 8` at columns `8 j + 2 (l % 4)` and the
+    /// next.
+    fn wgmma_accumulator(n: u32, rows: Vec<Term>) -> Distribution {
+        let mut regs = Vec::new();
+        for j in 0..n / 8 {
+            for row in [0, 8] {
+                regs.push(vec![row, 8 * j]);
+                regs.push(vec![row, 8 * j + 1]);
+            }
+        }
+        Distribution {
+            terms: vec![rows, vec![term(1, 4, 2)]],
+            regs,
+        }
+    }
+
+    #[test]
+    fn a_wgmma_accumulator_is_stored_as_matrices() {
+        for n in [64, 128, 256] {
+            let d = wgmma_accumulator(n, vec![term(32, 4, 16), term(4, 8, 1)]);
+            assert_eq!(
+                matrix_deltas(&d, 128, &store(n / 64)),
+                Some((4, [(0, 0), (8, 0), (0, 1), (8, 1)])),
+                "n = {n}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_layouts_are_stored_a_pair_at_a_time() {
+        let st = store(1);
+        // Threads along the rows only: a lane's columns are not a quad's words.
+        let rows = Distribution {
+            terms: vec![vec![term(1, 128, 1)], vec![]],
+            regs: (0..16)
+                .flat_map(|j| [vec![0, 2 * j], vec![0, 2 * j + 1]])
+                .collect(),
+        };
+        assert_eq!(matrix_deltas(&rows, 128, &st), None);
+        // The accumulator's registers, but a quad's lanes on eight rows, not one row's words.
+        let mut columns = wgmma_accumulator(64, vec![term(32, 4, 16), term(1, 8, 1)]);
+        columns.terms[1] = vec![term(8, 4, 2)];
+        assert_eq!(matrix_deltas(&columns, 128, &st), None);
+        // Any order of a warp's rows is stored in place: each row's address is its own.
+        let shuffled = wgmma_accumulator(64, vec![term(32, 4, 16), term(4, 4, 2), term(16, 2, 1)]);
+        assert!(matrix_deltas(&shuffled, 128, &st).is_some());
+        // An 8-column chunk of the accumulator: two matrices a store.
+        let mut chunk = wgmma_accumulator(64, vec![term(32, 4, 16), term(4, 8, 1)]);
+        chunk.regs.truncate(4);
+        assert_eq!(
+            matrix_deltas(&chunk, 128, &st),
+            Some((2, [(0, 0), (8, 0), (0, 0), (8, 0)]))
+        );
+        // Not whole warps.
+        let d = wgmma_accumulator(64, vec![term(32, 4, 16), term(4, 8, 1)]);
+        assert_eq!(matrix_deltas(&d, 48, &st), None);
+    }
 }
