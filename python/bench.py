@@ -19,7 +19,8 @@ Rust benchmark) and python_vs_rust, the ratio.
 
 Also measured: the host time of one flash_attn_func call at batch 1, s = 128 (h = 16,
 d = 128, output preallocated and not), beside an empty kernel launched through kiln on the
-same stream and an SDPA call; overhead_us is the difference to the empty launch.
+same stream and an SDPA call, taking turns round by round; overhead_us is the median over
+rounds of the call's time less the empty launch's in the same round.
 """
 
 import argparse
@@ -143,21 +144,29 @@ def sweep_rows(args, torch, kiln_attn):
     return rows
 
 
-def host_us(torch, call, calls=200, rounds=15):
-    """Median host time of one call in microseconds: rounds of `calls` back-to-back calls,
-    each round timed up to its last enqueue (few enough that the launch queue never fills),
-    then drained."""
-    for _ in range(calls):
-        call()
-    torch.cuda.synchronize()
-    per_call = []
-    for _ in range(rounds):
-        start = time.perf_counter()
+def host_us(torch, calls_by_name, calls=200, rounds=15):
+    """Median host time of one call in microseconds, per callable of `calls_by_name`, and
+    per callable the median over rounds of its time less the first callable's in the same
+    round: rounds of `calls` back-to-back calls, each timed up to its last enqueue (few enough
+    that the launch queue never fills), then drained. The callables take turns round by
+    round, so a host that speeds up or slows down during the measurement moves them all
+    alike and the differences stay put."""
+    per_call = {name: [] for name in calls_by_name}
+    for call in calls_by_name.values():
         for _ in range(calls):
             call()
-        per_call.append((time.perf_counter() - start) / calls * 1e6)
         torch.cuda.synchronize()
-    return statistics.median(per_call)
+    for _ in range(rounds):
+        for name, call in calls_by_name.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            per_call[name].append((time.perf_counter() - start) / calls * 1e6)
+            torch.cuda.synchronize()
+    base = next(iter(per_call.values()))
+    medians = {name: statistics.median(t) for name, t in per_call.items()}
+    over = {name: statistics.median(a - b for a, b in zip(t, base)) for name, t in per_call.items()}
+    return medians, over
 
 
 def overhead(torch, kiln_attn):
@@ -170,23 +179,27 @@ def overhead(torch, kiln_attn):
     out = torch.empty_like(q)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     dev = torch.cuda.current_device()
-    empty = host_us(torch, lambda: kiln_attn._empty_launch(dev))
-    with_out = host_us(torch, lambda: kiln_attn.flash_attn_func(q, k, v, out=out))
-    allocating = host_us(torch, lambda: kiln_attn.flash_attn_func(q, k, v))
-    sdpa = host_us(torch, lambda: F.scaled_dot_product_attention(qt, kt, vt))
+    us, over = host_us(torch, {
+        "empty": lambda: kiln_attn._empty_launch(dev),
+        "with_out": lambda: kiln_attn.flash_attn_func(q, k, v, out=out),
+        "allocating": lambda: kiln_attn.flash_attn_func(q, k, v),
+        "sdpa": lambda: F.scaled_dot_product_attention(qt, kt, vt),
+    })
     res = {
         "shape": {"b": b, "s": s, "h": h, "d": d},
-        "empty_launch_us": empty,
-        "flash_attn_func_out_us": with_out,
-        "flash_attn_func_us": allocating,
-        "sdpa_us": sdpa,
-        "overhead_us": with_out - empty,
-        "overhead_allocating_us": allocating - empty,
+        "empty_launch_us": us["empty"],
+        "flash_attn_func_out_us": us["with_out"],
+        "flash_attn_func_us": us["allocating"],
+        "sdpa_us": us["sdpa"],
+        "overhead_us": over["with_out"],
+        "overhead_allocating_us": over["allocating"],
         "target_us": 15.0,
     }
-    print(f"host time per call at b=1 s=128 h={h} d={d}: empty launch {empty:.1f} us, "
-          f"flash_attn_func {allocating:.1f} us ({with_out:.1f} us with out=), SDPA {sdpa:.1f} us; "
-          f"overhead {allocating - empty:.1f} us ({with_out - empty:.1f} us with out=), target < 15 us",
+    print(f"host time per call at b=1 s=128 h={h} d={d}: empty launch {us['empty']:.1f} us, "
+          f"flash_attn_func {us['allocating']:.1f} us ({us['with_out']:.1f} us with out=), "
+          f"SDPA {us['sdpa']:.1f} us; overhead {over['allocating']:.1f} us "
+          f"({over['with_out']:.1f} us with out=; each the median over rounds of the call less "
+          f"the empty launch of its round), target < 15 us",
           file=sys.stderr)
     return res
 
