@@ -6,6 +6,7 @@
 //! thread holds them), else the lowest thread holding the printed tile element.
 
 use kiln_ir::device_print::{c_conversion, escape_percent};
+use kiln_ir::schedule::Term;
 use kiln_ir::{DType, OpId, OpKind};
 
 use crate::CodegenError;
@@ -147,13 +148,7 @@ impl Writer<'_> {
                     .iter()
                     .zip(&d.terms)
                     .zip(idx)
-                    .all(|((&off, terms), &want)| {
-                        off + terms
-                            .iter()
-                            .map(|t| ((tid / t.div) % t.modulo) * t.mul)
-                            .sum::<u32>()
-                            == want
-                    });
+                    .all(|((&off, terms), &want)| off + Term::sum(terms, tid) == want);
                 if holds {
                     return Ok((tid, r));
                 }

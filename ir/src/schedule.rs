@@ -72,6 +72,17 @@ pub struct Term {
     pub mul: u32,
 }
 
+impl Term {
+    /// Thread `tid`'s coordinate along a dimension with thread terms `terms` (the sum of
+    /// every term; the registers' offsets come on top).
+    pub fn sum(terms: &[Term], tid: u32) -> u32 {
+        terms
+            .iter()
+            .map(|t| ((tid / t.div) % t.modulo) * t.mul)
+            .sum()
+    }
+}
+
 /// A layout made concrete for one shape: see the module doc.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Distribution {
@@ -102,12 +113,7 @@ impl Distribution {
             .map(|offs| {
                 offs.iter()
                     .zip(&self.terms)
-                    .map(|(o, terms)| {
-                        o + terms
-                            .iter()
-                            .map(|t| ((tid / t.div) % t.modulo) * t.mul)
-                            .sum::<u32>()
-                    })
+                    .map(|(o, terms)| o + Term::sum(terms, tid))
                     .collect()
             })
             .collect()

@@ -382,9 +382,6 @@ fn matrices_land_in_place(
 ) -> bool {
     let columns = kiln_ir::tma_store::BOX_COLUMNS;
     let (box_bytes, per_round) = (st.box_bytes(), st.boxes_per_round());
-    let at = |terms: &[Term], t: u32| -> u32 {
-        terms.iter().map(|x| ((t / x.div) % x.modulo) * x.mul).sum()
-    };
     let (box_terms, chunk_terms) = kiln_ir::tma_store::column_terms(&d.terms[1]);
     let swizzled = |row: u32, col: u32| {
         (col / columns % per_round) * box_bytes
@@ -395,10 +392,10 @@ fn matrices_land_in_place(
     let given = |lane_tid: u32, first: &[u32]| {
         let giver = (lane_tid & !31) + 4 * (lane_tid & 7);
         let (rows, chunks) = deltas[((lane_tid >> 3) & 3) as usize];
-        let rb = at(&d.terms[0], giver);
+        let rb = Term::sum(&d.terms[0], giver);
         let base = rb * 128
-            + at(&chunk_terms, giver) * 2
-            + at(&box_terms, giver) * (box_bytes / columns)
+            + Term::sum(&chunk_terms, giver) * 2
+            + Term::sum(&box_terms, giver) * (box_bytes / columns)
             + rows * 128;
         let chunk = (first[1] % columns) / 8;
         (((chunk + chunks) ^ (rb % 8)) * 16 + base)
