@@ -14,7 +14,7 @@ use clap::Parser;
 use kiln::ir::dsl::{KernelDef, Spec};
 use kiln::ir::{DType, HostTensor, Target};
 use kiln::runtime::Device;
-use kiln_examples::attention::{BLOCK_M, attention, tuned_block_n};
+use kiln_examples::attention::{attention, tuned_blocks};
 use kiln_tests::check::{poisoned, rel_error, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
@@ -66,13 +66,16 @@ fn run() -> Result<(), String> {
     // whose kernel the interpreter runs.
     let device = Device::new(0);
     let target = device.as_ref().map_or(Target::Sm80, Device::target);
-    let block_n = tuned_block_n(target, o.d);
+    // Small enough for the interpreter; neither is a multiple of a tile.
+    let s = o.seq.unwrap_or(if device.is_ok() { 1000 } else { 200 });
+    let blocks = tuned_blocks(target, o.d, o.causal, (s, s));
     let spec = Spec::from_defaults(
         &attention,
         &[
             ("d".into(), o.d.to_string()),
             ("causal".into(), o.causal.to_string()),
-            ("block_n".into(), block_n.to_string()),
+            ("block_m".into(), blocks.0.to_string()),
+            ("block_n".into(), blocks.1.to_string()),
         ],
     )
     .map_err(|e| e.to_string())?;
@@ -112,10 +115,10 @@ fn run() -> Result<(), String> {
 
     let mut rng = Rng::from_env();
     match device {
-        Ok(dev) => run_gpu(&dev, &o, block_n, &mut rng),
+        Ok(dev) => run_gpu(&dev, &o, s, blocks, &mut rng),
         Err(e) => {
             println!("no GPU ({e}); running on the CPU interpreter");
-            run_interpreter(&o, &mut rng)
+            run_interpreter(&o, s, blocks.0, &mut rng)
         }
     }
 }
@@ -143,13 +146,12 @@ fn report(what: &str, out: &HostTensor, reference: &[f64], seed: u64) -> Result<
     }
 }
 
-fn run_interpreter(o: &Options, rng: &mut Rng) -> Result<(), String> {
-    // Small enough for the interpreter; not a multiple of the 128-row tile.
-    let (sq, sk) = (o.seq.unwrap_or(200), o.seq.unwrap_or(200));
-    let [q, k, v] = inputs(rng, o, sq, sk);
-    let mut out = poisoned(&[o.batch, o.heads, sq, o.d], DType::Bf16);
+/// Runs `s` queries and keys on the interpreter in `block_m`-row query blocks.
+fn run_interpreter(o: &Options, s: usize, block_m: usize, rng: &mut Rng) -> Result<(), String> {
+    let [q, k, v] = inputs(rng, o, s, s);
+    let mut out = poisoned(&[o.batch, o.heads, s, o.d], DType::Bf16);
     let scale = 1.0 / (o.d as f32).sqrt();
-    let grid = [sq.div_ceil(BLOCK_M) as u32, o.heads as u32, o.batch as u32];
+    let grid = [s.div_ceil(block_m) as u32, o.heads as u32, o.batch as u32];
     let t = Instant::now();
     attention
         .interpret(
@@ -162,7 +164,7 @@ fn run_interpreter(o: &Options, rng: &mut Rng) -> Result<(), String> {
             -1,
             -1,
             0.0,
-            BLOCK_M,
+            block_m,
             &q,
             &k,
             &v,
@@ -171,7 +173,7 @@ fn run_interpreter(o: &Options, rng: &mut Rng) -> Result<(), String> {
         )
         .map_err(|e| e.to_string())?;
     println!(
-        "  interpreter: b={} h={} s={sq} in {:.2} s",
+        "  interpreter: b={} h={} s={s} in {:.2} s",
         o.batch,
         o.heads,
         t.elapsed().as_secs_f64()
@@ -180,8 +182,14 @@ fn run_interpreter(o: &Options, rng: &mut Rng) -> Result<(), String> {
     report("interpreter", &out, &reference, rng.seed())
 }
 
-fn run_gpu(dev: &Device, o: &Options, block_n: usize, rng: &mut Rng) -> Result<(), String> {
-    let s = o.seq.unwrap_or(1000);
+/// Runs `s` queries and keys on `dev` in `(block_m, block_n)` blocks.
+fn run_gpu(
+    dev: &Device,
+    o: &Options,
+    s: usize,
+    (block_m, block_n): (usize, usize),
+    rng: &mut Rng,
+) -> Result<(), String> {
     println!(
         "GPU: {} (sm_{}{}), driver {}, kiln target {}",
         dev.name(),
@@ -198,7 +206,7 @@ fn run_gpu(dev: &Device, o: &Options, block_n: usize, rng: &mut Rng) -> Result<(
         .map_err(|e| e.to_string())?;
     dev.fill_nan(&dout).map_err(|e| e.to_string())?;
     let scale = 1.0 / (o.d as f32).sqrt();
-    let grid = [s.div_ceil(BLOCK_M) as u32, o.heads as u32, o.batch as u32];
+    let grid = [s.div_ceil(block_m) as u32, o.heads as u32, o.batch as u32];
     let t = Instant::now();
     attention
         .launch(
@@ -212,7 +220,7 @@ fn run_gpu(dev: &Device, o: &Options, block_n: usize, rng: &mut Rng) -> Result<(
             -1,
             -1,
             0.0,
-            BLOCK_M,
+            block_m,
             &dq,
             &dk,
             &dv,

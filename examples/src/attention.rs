@@ -562,20 +562,6 @@ fn elem_type(v: Value) -> DType {
     v.ty().map_or(DType::Bf16, |t| t.dtype())
 }
 
-/// The key block (`block_n`) to launch `attention` with for head dim `d` on `target`: on
-/// sm_90a, whose rotated wgmma schedule has the registers and shared memory for them, 160 for
-/// `96 < d <= 128` (2 stages; 0.95-0.97x cuDNN non-causal on the H200 against 0.93x at 128, the
-/// same causal) and 128 for `d <= 96` (at d = 64 that is also the kernel's own choice, unless a
-/// window or soft-cap makes it pick sm_80's 64); otherwise 0, the kernel's own choice
-/// (`key_block`).
-pub fn tuned_block_n(target: kiln::ir::Target, d: usize) -> usize {
-    match (target, d) {
-        (kiln::ir::Target::Sm90a, 97..=128) => 160,
-        (kiln::ir::Target::Sm90a, ..=96) => 128,
-        _ => 0,
-    }
-}
-
 /// The grid `attention` and `attention_lse` launch with for comptime values `ct`:
 /// `(cdiv(sq, block_m), heads, batch)`, `block_m` the one `ct` holds, else [`BLOCK_M`]; the
 /// varlen kernels' with `sq = max_seqlen_q` and `batch` the number of sequences.
@@ -590,25 +576,143 @@ pub fn grid(
     [sq.div_ceil(block_m) as u32, heads as u32, batch as u32]
 }
 
-/// The query block (`block_m`) to launch `attention` with for head dim `d` on `target`: 192
-/// rows (three consumer warpgroups) for `d <= 64` on sm_90a, whose S and O accumulators fit the
-/// 160 registers three warpgroups get (FlashAttention-3's d = 64 tile; 0.98-1.04x cuDNN on the
-/// H200 against 0.80-0.82x at 128 rows); otherwise [`BLOCK_M`]. A wider head's O does not fit
-/// beside S at 160 registers.
-pub fn tuned_block_m(target: kiln::ir::Target, d: usize) -> usize {
-    if target == kiln::ir::Target::Sm90a && d <= 64 {
-        192
-    } else {
-        BLOCK_M
+/// A query and key block `attention` may launch with, and how fast it runs per query-key
+/// product it computes (padding included), relative to the first candidate of its head dim.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TileCandidate {
+    /// Query rows per block (`block_m`).
+    pub block_m: usize,
+    /// Keys per block (`block_n`; 0 is the kernel's own choice, `key_block`).
+    pub block_n: usize,
+    /// Products per second against the head dim's first candidate, measured on the H200.
+    pub rate: f64,
+}
+
+/// The tiles [`tuned_blocks`] chooses from for head dim `d` on `target`. On sm_90a, whose
+/// rotated wgmma schedule has the registers and shared memory for them:
+/// - `d <= 64`: 128 or 192 query rows (three consumer warpgroups, whose S and O accumulators
+///   fit the 160 registers each gets; FlashAttention-3's d = 64 tile), 128 keys. Per product
+///   192 rows run 1.19-1.27x faster (s = 1k and 2k, non-causal, at c3099e3:
+///   `bench/results/attention-small-s-tiles-20261202T1858Z-c3099e3.txt`).
+/// - `96 < d <= 128`: 128 rows, 128 or 160 keys (2 stages). Per product 160 keys run 1.03-1.05x
+///   faster (s = 1k and 2k at c3099e3, 4k and 16k at 223731a:
+///   `bench/results/attention-sm90a-d128-bn*-20261201T1958Z-223731a.json`).
+/// - `d <= 96` otherwise: 128 rows and keys.
+///
+/// A wider head's O does not fit beside S in three warpgroups' registers, and its key block
+/// is the kernel's own choice; other targets take the kernel's defaults.
+pub fn tile_candidates(target: kiln::ir::Target, d: usize) -> &'static [TileCandidate] {
+    const fn tile(block_m: usize, block_n: usize, rate: f64) -> TileCandidate {
+        TileCandidate {
+            block_m,
+            block_n,
+            rate,
+        }
     }
+    const D64: &[TileCandidate] = &[tile(128, 128, 1.0), tile(192, 128, 1.2)];
+    const D96: &[TileCandidate] = &[tile(128, 128, 1.0)];
+    const D128: &[TileCandidate] = &[tile(128, 128, 1.0), tile(128, 160, 1.045)];
+    const DEFAULT: &[TileCandidate] = &[tile(BLOCK_M, 0, 1.0)];
+    match (target, d) {
+        (kiln::ir::Target::Sm90a, ..=64) => D64,
+        (kiln::ir::Target::Sm90a, 65..=96) => D96,
+        (kiln::ir::Target::Sm90a, 97..=128) => D128,
+        _ => DEFAULT,
+    }
+}
+
+/// The `(block_m, block_n)` to launch `attention` with for head dim `d`, `sq` queries and `sk`
+/// keys, `causal` or not, on `target`: of [`tile_candidates`], the one with the least
+/// [`padded_products`] per unit of its rate. A tile whose last query or key block is mostly
+/// padding (s = 1024 in 192-row or 160-key blocks) or whose causal diagonal wastes more of
+/// its blocks loses to a smaller tile that fits; otherwise the faster tile wins.
+pub fn tuned_blocks(
+    target: kiln::ir::Target,
+    d: usize,
+    causal: bool,
+    (sq, sk): (usize, usize),
+) -> (usize, usize) {
+    let cost = |t: &TileCandidate| {
+        padded_products(causal, (sq, sk), (t.block_m, t.block_n.max(1))) as f64 / t.rate
+    };
+    tile_candidates(target, d)
+        .iter()
+        .min_by(|a, b| cost(a).total_cmp(&cost(b)))
+        .map_or((BLOCK_M, 0), |t| (t.block_m, t.block_n))
+}
+
+/// The query-key products `attention` computes in `(bm, bn)` blocks, padding included: per
+/// query block, `bm * bn` for each key block it visits (every one of `sk`, or when `causal`
+/// those up to its last row's diagonal, aligned bottom-right).
+pub fn padded_products(causal: bool, (sq, sk): (usize, usize), (bm, bn): (usize, usize)) -> u64 {
+    let key_blocks = |keys: usize| keys.div_ceil(bn) as u64;
+    let tile = (bm * bn) as u64;
+    if !causal {
+        return sq.div_ceil(bm) as u64 * key_blocks(sk) * tile;
+    }
+    (0..sq.div_ceil(bm))
+        .map(|i| {
+            // Query row r sees keys up to r + sk - sq; the block's last row is its widest.
+            let last = ((i + 1) * bm).min(sq) + sk;
+            key_blocks(last.saturating_sub(sq).min(sk)) * tile
+        })
+        .sum()
 }
 
 #[cfg(test)]
 mod tests {
     use kiln::ir::print::print_kernel;
 
-    use super::attention;
+    use kiln::ir::Target;
+
+    use super::{attention, padded_products, tuned_blocks};
     use crate::testing::{build, loop_stages};
+
+    #[test]
+    fn padded_products_count_the_blocks_each_query_block_visits() {
+        // Dense: every query block visits every key block, the ragged ones padded.
+        assert_eq!(
+            padded_products(false, (1000, 300), (128, 160)),
+            8 * 2 * 128 * 160
+        );
+        // Causal in 1x1 blocks is the triangle itself, aligned bottom-right.
+        assert_eq!(padded_products(true, (6, 6), (1, 1)), 21);
+        assert_eq!(padded_products(true, (3, 5), (1, 1)), 3 + 4 + 5);
+        // Rows past the keys' diagonal see none: sq > sk leaves the first rows keyless.
+        assert_eq!(padded_products(true, (5, 2), (1, 1)), 1 + 2);
+        // 128-row blocks of 1024 causal queries visit 1, 2, .., 8 blocks of 128 keys.
+        assert_eq!(
+            padded_products(true, (1024, 1024), (128, 128)),
+            36 * 128 * 128
+        );
+        assert_eq!(padded_products(true, (0, 1024), (128, 128)), 0);
+    }
+
+    #[test]
+    fn tuned_blocks_trade_padding_against_the_faster_tile() {
+        let pick = |d, causal, s| tuned_blocks(Target::Sm90a, d, causal, (s, s));
+        // d = 64: 192 rows, unless a causal 1024 leaves its last block two-thirds padding
+        // and its diagonal blocks half empty.
+        assert_eq!(pick(64, false, 1024), (192, 128));
+        assert_eq!(pick(64, true, 1024), (128, 128));
+        for s in [2048, 4096, 8192, 16384] {
+            assert_eq!(pick(64, true, s), (192, 128), "s = {s}");
+        }
+        // d = 128: 160 keys, unless 1024 keys pad the last 160-key block by 60%, or causal
+        // diagonals waste more of the 160-key blocks than they gain.
+        assert_eq!(pick(128, false, 1024), (128, 128));
+        for s in [2048, 4096, 8192, 16384] {
+            assert_eq!(pick(128, false, s), (128, 160), "s = {s}");
+        }
+        assert_eq!(pick(128, true, 1024), (128, 128));
+        assert_eq!(pick(128, true, 2048), (128, 128));
+        assert_eq!(pick(96, false, 4096), (128, 128));
+        assert_eq!(pick(256, false, 4096), (128, 0));
+        assert_eq!(
+            tuned_blocks(Target::Sm80, 64, false, (4096, 4096)),
+            (128, 0)
+        );
+    }
 
     #[test]
     fn builds_for_documented_variants() {

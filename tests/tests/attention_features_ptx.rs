@@ -19,8 +19,8 @@ use kiln_tests::reference;
 /// Comptime overrides of one variant.
 type Variant = &'static [(&'static str, &'static str)];
 
-/// The features one at a time and together, at the head dims FlashAttention users run, with
-/// the key blocks `tuned_block_n` launches on sm_90a (128 up to d = 128; d = 96 in 96-column
+/// The features one at a time and together, at the head dims FlashAttention users run, with the
+/// key blocks of `tile_candidates` on sm_90a (128 up to d = 128; d = 96 in 96-column
 /// tiles, its TMA boxes 32 columns wide).
 const SM90A: &[Variant] = &[
     &[("dtype", "f16"), ("block_n", "128")],

@@ -13,9 +13,7 @@ mod gpu_common;
 use std::process::ExitCode;
 
 use gpu_common::{Needs, device, upload_padded};
-use kiln_examples::attention::{
-    attention, attention_varlen, attention_varlen_lse, tuned_block_m, tuned_block_n,
-};
+use kiln_examples::attention::{attention, attention_varlen, attention_varlen_lse, tuned_blocks};
 use kiln_ir::dsl::Spec;
 use kiln_ir::{DType, HostTensor, Target};
 use kiln_runtime::{Device, DeviceTensor, KernelArg};
@@ -110,10 +108,12 @@ fn run_calls(dev: &Device, target: Target) {
     for c in calls() {
         let [b, h, h_kv, sq, sk, d] = c.shape;
         let group = h / h_kv;
+        let (block_m, block_n) = tuned_blocks(target, d, c.causal, (sq, sk));
         let given = [
             ("d", d.to_string()),
             ("causal", c.causal.to_string()),
-            ("block_n", tuned_block_n(target, d).to_string()),
+            ("block_m", block_m.to_string()),
+            ("block_n", block_n.to_string()),
             ("kv_group", group.to_string()),
             ("dtype", c.dtype.to_string()),
             ("window_left", c.window.0.to_string()),
@@ -131,7 +131,7 @@ fn run_calls(dev: &Device, target: Target) {
             let k = tensor(&mut rng, &[b, h_kv, sk, d], c.dtype, dist);
             let v = tensor(&mut rng, &[b, h_kv, sk, d], c.dtype, dist);
             let scale = (rng.uniform(0.5, 1.5) / (d as f64).sqrt()) as f32;
-            let grid = [sq.div_ceil(128) as u32, h as u32, b as u32];
+            let grid = [sq.div_ceil(block_m) as u32, h as u32, b as u32];
             let (dq, dk, dv) = (
                 dev.upload(&q).expect("upload"),
                 upload_padded(dev, &k, 8),
@@ -301,17 +301,25 @@ impl VarlenArgs {
     }
 }
 
+/// The blocks `kiln_attn` launches a packed batch `c` with: the tuned choice for the rows of
+/// its packed query and key tensors.
+fn varlen_blocks(target: Target, c: &Varlen) -> (usize, usize) {
+    let rows = c.seqs.iter().fold(c.pad, |(q, k), s| (q + s.0, k + s.1));
+    tuned_blocks(target, c.d, c.causal, rows)
+}
+
 /// Runs every varlen call on `dev` for every input distribution (the log-sum-exp form every
 /// other run), then one call with offsets of any value.
 fn run_varlen(dev: &Device, target: Target) {
     let mut rng = Rng::from_env();
     for (i, c) in varlen_calls().into_iter().enumerate() {
-        let ct = c.comptime(tuned_block_n(target, c.d), tuned_block_m(target, c.d));
+        let (block_m, block_n) = varlen_blocks(target, &c);
+        let ct = c.comptime(block_n, block_m);
         for (j, dist) in Dist::ALL.into_iter().enumerate() {
             let lse = (i + j).is_multiple_of(2);
             let p = c.inputs(&mut rng, dist);
             let a = VarlenArgs::new(dev, &c, &p);
-            a.launch(dev, &ct, c.grid(tuned_block_m(target, c.d)), lse, p.scale);
+            a.launch(dev, &ct, c.grid(block_m), lse, p.scale);
             let case = c.case(&format!("attention_varlen@{target}"), dist, &rng);
             let (o, l) = (
                 a.o.download().expect("download"),
@@ -324,7 +332,8 @@ fn run_varlen(dev: &Device, target: Target) {
     // kernel must stay inside every tensor (a fault fails the synchronisation).
     let c = Varlen::new(&[(60, 70)]);
     let p = c.inputs(&mut rng, Dist::Normal);
-    let ct = c.comptime(tuned_block_n(target, c.d), tuned_block_m(target, c.d));
+    let (block_m, block_n) = varlen_blocks(target, &c);
+    let ct = c.comptime(block_n, block_m);
     let offsets = |cu: &[i32]| {
         HostTensor::new(&[cu.len()], kiln_ir::TensorData::I32(cu.to_vec())).expect("offsets")
     };

@@ -4,9 +4,9 @@
 //! snapshot tests use. Each must assemble with no spill and no warning or advisory (a C7519
 //! injected fence, a C75xx serialised wgmma).
 //!
-//! The attention specialisations are those `kiln_attn` and the benchmark launch
-//! (`tuned_block_m`, `tuned_block_n`) for every head dim, causal or not, plain and with the
-//! features that add registers; the gemms are the tiles the autotuner has chosen on the H200
+//! The attention specialisations are those `kiln_attn` and the benchmark may launch (every
+//! tile of `tile_candidates`, which `tuned_blocks` picks from) for every head dim, causal or
+//! not, plain and with the features that add registers; the gemms are the tiles the autotuner has chosen on the H200
 //! (README) and the cluster and column-major variants.
 //!
 //! The JIT's ptxas comes from `$KILN_PTXAS_JIT`, else `.tools/cuda-jit/bin/ptxas`
@@ -16,7 +16,7 @@ use kiln::ir::Target;
 use kiln::ir::dsl::{KernelDef, Spec};
 use kiln::ptx::ptxas::{self, Tool};
 use kiln_examples::attention::{
-    attention, attention_lse, attention_varlen, attention_varlen_lse, tuned_block_m, tuned_block_n,
+    attention, attention_lse, attention_varlen, attention_varlen_lse, tile_candidates,
 };
 
 /// Comptime overrides of one specialisation, as `kiln check -D` takes them.
@@ -43,26 +43,24 @@ fn attention_specs() -> Vec<(&'static dyn KernelDef, Defines)> {
     ];
     let mut specs = Vec::new();
     for d in [64, 96, 128, 256] {
-        for causal in [false, true] {
-            for extra in features {
-                let mut pairs = vec![
-                    ("d", d.to_string()),
-                    ("causal", causal.to_string()),
-                    ("block_m", tuned_block_m(Target::Sm90a, d).to_string()),
-                    ("block_n", tuned_block_n(Target::Sm90a, d).to_string()),
-                ];
-                pairs.extend(extra.iter().map(|&(k, v)| (k, v.to_string())));
-                specs.push((&attention as &dyn KernelDef, defines(&pairs)));
-                specs.push((&attention_varlen as &dyn KernelDef, defines(&pairs)));
+        for tile in tile_candidates(Target::Sm90a, d) {
+            let blocks = [
+                ("d", d.to_string()),
+                ("block_m", tile.block_m.to_string()),
+                ("block_n", tile.block_n.to_string()),
+            ];
+            for causal in [false, true] {
+                for extra in features {
+                    let mut pairs = blocks.to_vec();
+                    pairs.push(("causal", causal.to_string()));
+                    pairs.extend(extra.iter().map(|&(k, v)| (k, v.to_string())));
+                    specs.push((&attention as &dyn KernelDef, defines(&pairs)));
+                    specs.push((&attention_varlen as &dyn KernelDef, defines(&pairs)));
+                }
             }
+            specs.push((&attention_lse as &dyn KernelDef, defines(&blocks)));
+            specs.push((&attention_varlen_lse as &dyn KernelDef, defines(&blocks)));
         }
-        let lse = [
-            ("d", d.to_string()),
-            ("block_m", tuned_block_m(Target::Sm90a, d).to_string()),
-            ("block_n", tuned_block_n(Target::Sm90a, d).to_string()),
-        ];
-        specs.push((&attention_lse as &dyn KernelDef, defines(&lse)));
-        specs.push((&attention_varlen_lse as &dyn KernelDef, defines(&lse)));
     }
     specs
 }

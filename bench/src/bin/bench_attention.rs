@@ -228,17 +228,13 @@ fn comptime(
     target: kiln_ir::Target,
     set: &[(String, String)],
 ) -> Result<BTreeMap<String, ComptimeValue>, BenchError> {
+    let (block_m, block_n) =
+        kiln_examples::attention::tuned_blocks(target, c.d, c.causal, (c.s, c.s));
     let mut values = vec![
         ("d", c.d.to_string()),
         ("causal", c.causal.to_string()),
-        (
-            "block_n",
-            kiln_examples::attention::tuned_block_n(target, c.d).to_string(),
-        ),
-        (
-            "block_m",
-            kiln_examples::attention::tuned_block_m(target, c.d).to_string(),
-        ),
+        ("block_n", block_n.to_string()),
+        ("block_m", block_m.to_string()),
     ];
     values.extend(set.iter().map(|(k, v)| (k.as_str(), v.clone())));
     kernels::comptime(def, &values)

@@ -17,7 +17,7 @@ use kiln::runtime::{
     Device, DeviceTensor, ForeignStream, KernelArg, LaunchError, LoadedKernel, RuntimeError,
 };
 use kiln_examples::attention::{
-    attention, attention_lse, attention_varlen, attention_varlen_lse, tuned_block_m, tuned_block_n,
+    attention, attention_lse, attention_varlen, attention_varlen_lse, tuned_blocks,
 };
 
 use crate::args::{Plan, TensorInfo, View};
@@ -34,15 +34,25 @@ pub enum LaunchFailure {
     Launch(#[from] LaunchError),
 }
 
+/// The query and key blocks `(block_m, block_n)` of `plan`'s kernel on `target`: the
+/// example's tuned choice for its head dim, mask and lengths (a packed varlen batch's are its
+/// totals).
+fn blocks(plan: &Plan, target: Target) -> (usize, usize) {
+    tuned_blocks(
+        target,
+        plan.head_dim,
+        plan.causal,
+        (plan.seqlen_q, plan.seqlen_k),
+    )
+}
+
 /// The comptime values of the kernel for `plan` on `target`.
 pub fn comptime(plan: &Plan, target: Target) -> BTreeMap<String, ComptimeValue> {
+    let (block_m, block_n) = blocks(plan, target);
     BTreeMap::from([
         ("d".to_string(), ComptimeValue::Usize(plan.head_dim)),
         ("causal".to_string(), ComptimeValue::Bool(plan.causal)),
-        (
-            "block_n".to_string(),
-            ComptimeValue::Usize(tuned_block_n(target, plan.head_dim)),
-        ),
+        ("block_n".to_string(), ComptimeValue::Usize(block_n)),
         ("kv_group".to_string(), ComptimeValue::Usize(plan.kv_group)),
         ("dtype".to_string(), ComptimeValue::DType(plan.dtype)),
         ("window_left".to_string(), ComptimeValue::I32(plan.window.0)),
@@ -51,10 +61,7 @@ pub fn comptime(plan: &Plan, target: Target) -> BTreeMap<String, ComptimeValue> 
             ComptimeValue::I32(plan.window.1),
         ),
         ("softcap".to_string(), ComptimeValue::F32(plan.softcap)),
-        (
-            "block_m".to_string(),
-            ComptimeValue::Usize(tuned_block_m(target, plan.head_dim)),
-        ),
+        ("block_m".to_string(), ComptimeValue::Usize(block_m)),
     ])
 }
 
@@ -196,6 +203,8 @@ struct LaunchKey {
     window: (i32, i32),
     /// `softcap`'s bits: comptime values are compared bit for bit.
     softcap: u32,
+    /// `(block_m, block_n)`, which depend on the lengths too.
+    blocks: (usize, usize),
     aligned: u32,
 }
 
@@ -233,6 +242,7 @@ fn prepared(
         dtype: plan.dtype,
         window: plan.window,
         softcap: plan.softcap.to_bits(),
+        blocks: blocks(plan, dev.target()),
         aligned: tensors()
             .enumerate()
             .fold(0, |bits, (i, t)| bits | (u32::from(t.aligned16()) << i)),
