@@ -18,7 +18,7 @@ use crate::validate::ArgView;
 
 /// One parameter slot's value, at the width the entry declares.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum SlotValue {
+pub(crate) enum SlotValue<'m> {
     /// `.u64` device address.
     U64(u64),
     /// `.s32` extent or scalar.
@@ -27,17 +27,18 @@ pub(crate) enum SlotValue {
     S64(i64),
     /// `.f32` scalar.
     F32(f32),
-    /// `.align 64 .b8 [128]` tensor map, passed by value.
-    Map(sys::CUtensorMap),
+    /// `.align 64 .b8 [128]` tensor map, passed by value: the driver copies it from the
+    /// caller's encoded map, so a slot stays small (slots are built on every launch).
+    Map(&'m sys::CUtensorMap),
 }
 
 /// The packed parameters of one launch.
 #[derive(Debug)]
-pub(crate) struct ParamBuffer {
-    slots: Vec<SlotValue>,
+pub(crate) struct ParamBuffer<'m> {
+    slots: Vec<SlotValue<'m>>,
 }
 
-impl ParamBuffer {
+impl<'m> ParamBuffer<'m> {
     /// Packs arguments already validated against `signature` (so extents fit `i32`, strides
     /// `i64`, and each argument has the kind its parameter declares), with `maps`, by
     /// parameter index, the encoded tensor maps of the entry's TMA-loaded tensors, and a
@@ -45,9 +46,9 @@ impl ParamBuffer {
     pub(crate) fn pack(
         signature: &[ParamSig],
         args: &[ArgView<'_>],
-        maps: &BTreeMap<usize, sys::CUtensorMap>,
+        maps: &'m BTreeMap<usize, sys::CUtensorMap>,
         grid: Option<[u32; 3]>,
-    ) -> Result<ParamBuffer, LaunchError> {
+    ) -> Result<ParamBuffer<'m>, LaunchError> {
         // The slots' roles only: their names are the PTX writer's, and a launch builds no
         // string.
         let kinds = signature.iter().map(|p| match *p {
@@ -60,54 +61,54 @@ impl ParamBuffer {
                 slot: format!("scalar parameter #{index} of a type the ABI does not pass"),
             }
         })?;
-        let values = slots
-            .iter()
-            .map(|&(role, ty)| {
-                let arg = slot_param(role).and_then(|p| args.get(p));
-                let value = match (role, ty, arg) {
-                    (SlotRole::Grid { axis }, SlotType::S32, None) => {
-                        grid.map(|g| SlotValue::S32(g[axis] as i32))
-                    }
-                    (
-                        SlotRole::Ptr { .. },
-                        SlotType::U64,
-                        Some(ArgView::Tensor { layout, base, .. }),
-                    ) => {
-                        let elem = layout.dtype.size_bytes() as u64;
-                        Some(SlotValue::U64(base + layout.offset as u64 * elem))
-                    }
-                    (
-                        SlotRole::Extent { dim, .. },
-                        SlotType::S32,
-                        Some(ArgView::Tensor { layout, .. }),
-                    ) => layout.shape.get(dim).map(|&n| SlotValue::S32(n as i32)),
-                    (
-                        SlotRole::Stride { dim, .. },
-                        SlotType::S64,
-                        Some(ArgView::Tensor { layout, .. }),
-                    ) => layout.strides.get(dim).map(|&s| SlotValue::S64(s as i64)),
-                    (SlotRole::TensorMap { param }, SlotType::TensorMap, Some(_)) => {
-                        maps.get(&param).map(|m| SlotValue::Map(*m))
-                    }
-                    (SlotRole::Scalar { .. }, SlotType::F32, Some(ArgView::F32(v))) => {
-                        Some(SlotValue::F32(*v))
-                    }
-                    (SlotRole::Scalar { .. }, SlotType::S32, Some(ArgView::I32(v))) => {
-                        Some(SlotValue::S32(*v))
-                    }
-                    _ => None,
-                };
-                value.ok_or_else(|| LaunchError::AbiMismatch {
-                    slot: format!("{role:?} ({})", ty.ptx()),
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        // Filled in place at its final size: a collected `Result` cannot reserve, and
+        // regrowing it took longer than the rest of the packing (this runs on every launch).
+        let mut values = Vec::with_capacity(slots.len());
+        for &(role, ty) in &slots {
+            let arg = slot_param(role).and_then(|p| args.get(p));
+            let value = match (role, ty, arg) {
+                (SlotRole::Grid { axis }, SlotType::S32, None) => {
+                    grid.map(|g| SlotValue::S32(g[axis] as i32))
+                }
+                (
+                    SlotRole::Ptr { .. },
+                    SlotType::U64,
+                    Some(ArgView::Tensor { layout, base, .. }),
+                ) => {
+                    let elem = layout.dtype.size_bytes() as u64;
+                    Some(SlotValue::U64(base + layout.offset as u64 * elem))
+                }
+                (
+                    SlotRole::Extent { dim, .. },
+                    SlotType::S32,
+                    Some(ArgView::Tensor { layout, .. }),
+                ) => layout.shape.get(dim).map(|&n| SlotValue::S32(n as i32)),
+                (
+                    SlotRole::Stride { dim, .. },
+                    SlotType::S64,
+                    Some(ArgView::Tensor { layout, .. }),
+                ) => layout.strides.get(dim).map(|&s| SlotValue::S64(s as i64)),
+                (SlotRole::TensorMap { param }, SlotType::TensorMap, Some(_)) => {
+                    maps.get(&param).map(SlotValue::Map)
+                }
+                (SlotRole::Scalar { .. }, SlotType::F32, Some(ArgView::F32(v))) => {
+                    Some(SlotValue::F32(*v))
+                }
+                (SlotRole::Scalar { .. }, SlotType::S32, Some(ArgView::I32(v))) => {
+                    Some(SlotValue::S32(*v))
+                }
+                _ => None,
+            };
+            values.push(value.ok_or_else(|| LaunchError::AbiMismatch {
+                slot: format!("{role:?} ({})", ty.ptx()),
+            })?);
+        }
         Ok(ParamBuffer { slots: values })
     }
 
     /// The slot values, in order.
     #[cfg(test)]
-    pub(crate) fn slots(&self) -> &[SlotValue] {
+    pub(crate) fn slots(&self) -> &[SlotValue<'m>] {
         &self.slots
     }
 
@@ -121,7 +122,8 @@ impl ParamBuffer {
                 SlotValue::S32(v) => (v as *mut i32).cast(),
                 SlotValue::S64(v) => (v as *mut i64).cast(),
                 SlotValue::F32(v) => (v as *mut f32).cast(),
-                SlotValue::Map(m) => (m as *mut sys::CUtensorMap).cast(),
+                // Read-only to the driver, like every parameter.
+                SlotValue::Map(m) => std::ptr::from_ref::<sys::CUtensorMap>(m).cast_mut().cast(),
             })
             .collect()
     }
@@ -177,7 +179,8 @@ mod tests {
             ArgView::F32(0.25),
             ArgView::I32(-3),
         ];
-        let mut p = ParamBuffer::pack(SIG, &args, &BTreeMap::new(), None).expect("valid");
+        let no_maps = BTreeMap::new();
+        let mut p = ParamBuffer::pack(SIG, &args, &no_maps, None).expect("valid");
         assert_eq!(
             p.slots(),
             [
@@ -216,10 +219,10 @@ mod tests {
         let maps = BTreeMap::from([(0, map)]);
         let mut p = ParamBuffer::pack(SIG, &args, &maps, None).expect("valid");
         assert_eq!(p.slots().len(), 8);
-        assert_eq!(p.slots()[5], SlotValue::Map(map));
+        assert_eq!(p.slots()[5], SlotValue::Map(&map));
         assert_eq!(p.slots()[6], SlotValue::F32(0.5));
         let ptrs = p.pointers();
-        // SAFETY: slot 5 holds a map inside `p`, which is alive and not moved.
+        // SAFETY: slot 5 points at the map in `maps`, which is alive and not moved.
         let words = unsafe { (*ptrs[5].cast::<sys::CUtensorMap>()).opaque };
         assert_eq!((words[0], words[15]), (0xABCD, 0x1234));
     }
