@@ -113,7 +113,7 @@ impl<'m> ParamBuffer<'m> {
     }
 
     /// One pointer per slot, as `cuLaunchKernel`'s `kernelParams` wants; valid while `self`
-    /// is borrowed mutably and not moved.
+    /// is borrowed mutably and not moved, and the maps it was packed with live.
     pub(crate) fn pointers(&mut self) -> Vec<*mut c_void> {
         self.slots
             .iter_mut()

@@ -6,8 +6,8 @@
 //!
 //! The attention specialisations are those `kiln_attn` and the benchmark may launch (every
 //! tile of `tile_candidates`, which `tuned_blocks` picks from) for every head dim, causal or
-//! not, plain and with the features that add registers; the gemms are the tiles the autotuner has chosen on the H200
-//! (README) and the cluster and column-major variants.
+//! not, plain and with the features that add registers; the gemms are the tiles the
+//! autotuner has chosen on the H200 (README) and the cluster and column-major variants.
 //!
 //! The JIT's ptxas comes from `$KILN_PTXAS_JIT`, else `.tools/cuda-jit/bin/ptxas`
 //! (`scripts/ensure-cuda-tool ptxas-jit` installs it).
