@@ -17,6 +17,7 @@ use crate::layout::Layout;
 use crate::module::{self, LoadedKernel, ModuleLimits};
 use crate::params::ParamBuffer;
 use crate::tensor::{Buffer, DeviceTensor, nan_pattern};
+use crate::tensor_map_cache::MapInputs;
 use crate::timing::HoldSlot;
 use crate::tma::{L2Promotion, OobFill, Swizzle, TensorMap};
 use crate::validate::{ArgView, alignment, check_args, check_grid};
@@ -274,8 +275,9 @@ impl Device {
     }
 
     /// Encodes the tensor maps an sm_90a entry takes ([`kiln_ptx::PtxModule::tensor_maps`]),
-    /// each over its whole tensor argument, out-of-bounds elements read as zeros. Encoded per
-    /// launch (host work only, no driver round trip to the GPU).
+    /// each over its whole tensor argument, out-of-bounds elements read as zeros: the map a
+    /// launch of the kernel encoded before from the same tensor inputs, else encoded now (host
+    /// work only, no driver round trip to the GPU).
     fn tensor_maps(
         &self,
         kernel: &LoadedKernel,
@@ -293,6 +295,11 @@ impl Device {
                 // The driver refuses empty maps; an empty tensor is never loaded (the loop
                 // over it has no iterations, or the grid has no blocks).
                 maps.insert(spec.param, sys::CUtensorMap { opaque: [0; 16] });
+                continue;
+            }
+            let inputs = MapInputs::of(spec.param, t);
+            if let Some(map) = kernel.tensor_map_cache().get(&inputs) {
+                maps.insert(spec.param, map);
                 continue;
             }
             let swizzle = match spec.swizzle_bytes {
@@ -315,6 +322,7 @@ impl Device {
                     .map_or_else(|| format!("#{}", spec.param), |p| p.name().to_string()),
                 source,
             })?;
+            kernel.tensor_map_cache().insert(inputs, *map.as_raw());
             maps.insert(spec.param, *map.as_raw());
         }
         Ok(maps)

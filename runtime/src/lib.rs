@@ -34,6 +34,7 @@ mod layout;
 mod module;
 mod params;
 mod tensor;
+mod tensor_map_cache;
 mod timing;
 mod tma;
 mod validate;

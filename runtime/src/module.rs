@@ -18,6 +18,7 @@ use kiln_ptx::PtxModule;
 
 use crate::disk_cache::{CacheKey, CachedCubin, DiskCache};
 use crate::error::{DriverContext, LaunchError, RuntimeError};
+use crate::tensor_map_cache::TensorMapCache;
 
 /// Bytes reserved for each JIT log; ptxas `-v` output for one entry fits easily.
 const LOG_BYTES: usize = 16 * 1024;
@@ -66,6 +67,8 @@ pub struct LoadedKernel {
     resident_ctas: u32,
     /// CTAs per cluster along x the entry requires (`.reqnctapercluster`; 1 for none).
     cluster_width: u32,
+    /// The tensor maps its launches encoded, for the next launch over the same tensors.
+    tensor_maps: TensorMapCache,
 }
 
 // SAFETY: CUmodule and CUfunction are driver handles usable from any thread once their context
@@ -104,6 +107,11 @@ impl LoadedKernel {
     /// launch's x extent must be a multiple of it.
     pub fn cluster_width(&self) -> u32 {
         self.cluster_width
+    }
+
+    /// The tensor maps its launches encoded ([`Device`](crate::Device)'s launches reuse them).
+    pub(crate) fn tensor_map_cache(&self) -> &TensorMapCache {
+        &self.tensor_maps
     }
 
     /// Whether the cubin came from the disk cache (nothing was compiled).
@@ -287,6 +295,7 @@ pub(crate) fn load(
         origin,
         resident_ctas: 0,
         cluster_width: 1,
+        tensor_maps: TensorMapCache::default(),
     };
     // SAFETY: `module` is live; `entry` is NUL-terminated.
     unsafe { sys::cuModuleGetFunction(&mut kernel.function, module, entry.as_ptr()) }

@@ -223,6 +223,45 @@ fn gpu_sm90a_gemm_is_exact_on_small_integers() {
     }
 }
 
+/// Launches of one loaded gemm over other tensors, or over another view of the same memory,
+/// read those tensors: each launch's tensor maps are its own, however the runtime reuses them
+/// (`tensor_map_cache`). Exact small-integer inputs, every result checked.
+fn gpu_sm90a_gemm_launches_read_each_launchs_tensors() {
+    let Some(dev) = hopper() else { return };
+    let mut rng = Rng::from_env();
+    let (tile, (m, n, k)) = ((128, 128, 64), (256, 256, 128));
+    let input = |rng: &mut Rng, shape: &[usize]| {
+        HostTensor::from_fn(shape, DType::Bf16, |_| rng.range(0, 5) as f64 - 2.0)
+    };
+    let hosts: Vec<[HostTensor; 2]> = (0..2)
+        .map(|_| [input(&mut rng, &[m, k]), input(&mut rng, &[k, n])])
+        .collect();
+    let device: Vec<[DeviceTensor; 2]> = hosts
+        .iter()
+        .map(|[a, b]| [a, b].map(|t| dev.upload(t).expect("upload")))
+        .collect();
+    // (a, b, rows of a used): set 0, set 1, set 0 again, a mix, then the first half of set
+    // 1's a (the same address as before, another shape).
+    for (case, (ia, ib, rows)) in [(0, 0, m), (1, 1, m), (0, 0, m), (0, 1, m), (1, 0, m / 2)]
+        .into_iter()
+        .enumerate()
+    {
+        let a = device[ia][0].narrow(0, 0, rows).expect("rows of a");
+        let c = output(&dev, &[rows, n]);
+        launch(&dev, tile, false, 1, rows, n, [&a, &device[ib][1], &c]);
+        let got = c.download().expect("download").to_f64_vec();
+        let full = want(&hosts[ia][0], &hosts[ib][1], false);
+        let wrong = (0..rows * n).filter(|&i| got[i] != full[i]).count();
+        assert_eq!(
+            wrong,
+            0,
+            "launch {case} (a of set {ia}, {rows} rows; b of set {ib}): {wrong} wrong \
+             elements, seed {}",
+            rng.seed()
+        );
+    }
+}
+
 fn gpu_sm90a_gemm_matches_reference() {
     let Some(dev) = hopper() else { return };
     let mut rng = Rng::from_env();
@@ -643,6 +682,11 @@ fn main() -> ExitCode {
             "gpu_sm90a_gemm_matches_reference",
             Needs::Hopper,
             gpu_sm90a_gemm_matches_reference,
+        ),
+        (
+            "gpu_sm90a_gemm_launches_read_each_launchs_tensors",
+            Needs::Hopper,
+            gpu_sm90a_gemm_launches_read_each_launchs_tensors,
         ),
         (
             "gpu_sm90a_unaligned_gemm_falls_back_to_cp_async",
