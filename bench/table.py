@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Prints a merged benchmark JSON (bench/run-attention.sh or bench/run-gemm.sh) as the README's
-markdown table: python3 bench/table.py RESULT.json. With --against BASE.json, prints instead each
+"""Prints a merged benchmark JSON (bench/run-attention.sh, bench/run-gemm.sh or python/bench.py)
+as the README's markdown table: python3 bench/table.py RESULT.json. With --against BASE.json, prints instead each
 point both files measured: kiln's ratio to its peer (cuDNN, cuBLAS) in each, and the change,
 so a schedule change is judged by ratios from same-run peers, not by absolute times."""
 import argparse
@@ -8,16 +8,25 @@ import json
 
 
 def attention(rows, commit):
-    print("| s | d | causal | kiln | cuDNN | kiln/cuDNN | FA2 | kiln/FA2 | block_m, block_n | commit |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    # python/bench.py's rows name no tile (the package picks it) and, with --rust, carry
+    # kiln's figure from Rust in the same job.
+    tiles = all("comptime" in r for r in rows)
+    py = any("python_vs_rust" in r for r in rows)
+    last = ["block_m, block_n"] * tiles + ["Python/Rust"] * py + ["commit"]
+    print("| s | d | causal | kiln | cuDNN | kiln/cuDNN | FA2 | kiln/FA2 | " + " | ".join(last) + " |")
+    print("|---" * (8 + len(last)) + "|")
     for r in rows:
-        ct = dict(kv.split("=") for kv in r["comptime"].split(","))
-        bn = f"{ct.get('block_m', 128)}, {ct.get('block_n', '?')}"
+        cells = []
+        if tiles:
+            ct = dict(kv.split("=") for kv in r["comptime"].split(","))
+            cells.append(f"{ct.get('block_m', 128)}, {ct.get('block_n', '?')}")
+        if py:
+            cells.append(f"{r.get('python_vs_rust', float('nan')):.3f}")
         cudnn, fa2 = r.get("cudnn") or {}, r.get("fa2") or {}
         print(f"| {r['s']} | {r['d']} | {str(r['causal']).lower()} | {r['kiln_tflops']:.0f} "
               f"| {cudnn.get('tflops', float('nan')):.0f} | {r.get('ratio_vs_cudnn', float('nan')):.2f} "
               f"| {fa2.get('tflops', float('nan')):.0f} | {r.get('ratio_vs_fa2', float('nan')):.2f} "
-              f"| {bn} | {commit} |")
+              f"| {' | '.join(cells + [commit])} |")
 
 
 def gemm(rows, commit):

@@ -5,7 +5,7 @@
 # under python/tests (the GPU matrix and the CPU-side checks), then python/bench.py.
 #   python/run-gpu-tests.sh [--tests-only | --bench-only] [bench.py options: --quick,
 #                           --only S:D:CAUSAL,.., --rust FILE, --overhead-only]
-# (the matrix alone took about four minutes on the H200: --tests-only and --bench-only fit the
+# (the matrix alone took four to five minutes on the H200: --tests-only and --bench-only fit the
 # halves in separate jobs of a shorter limit).
 # Without --rust, the Rust benchmark (bench_attention, bundled in .gpu/bin by gpu-bundle) runs
 # first on the same points in the same job, and bench.py compares with it (python_vs_rust).
