@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Prints a merged benchmark JSON (bench/run-attention.sh, bench/run-gemm.sh or python/bench.py)
-as the README's markdown table: python3 bench/table.py RESULT.json. With --against BASE.json, prints instead each
-point both files measured: kiln's ratio to its peer (cuDNN, cuBLAS) in each, and the change,
-so a schedule change is judged by ratios from same-run peers, not by absolute times."""
+as the README's markdown table: python3 bench/table.py RESULT.json. With --against BASE.json,
+prints instead each point both files measured: kiln's ratio to its peer (cuDNN, cuBLAS) in
+each, and the change, so a schedule change is judged by ratios from same-run peers, not by
+absolute times."""
 import argparse
 import json
 
