@@ -22,7 +22,7 @@
 //! from the module's [`TensorMapSpec`](crate::TensorMapSpec) over the same tensor and passes by
 //! value (`kernelParams[i]` points at the 128 bytes).
 //!
-//! A persistent kernel (sm_90a, `kiln_ir::tile_scheduler`) takes three more `.s32` slots at the
+//! A persistent kernel (sm_90a, `kiln_ir::sched::tiles`) takes three more `.s32` slots at the
 //! end, `kiln_grid_x`, `kiln_grid_y` and `kiln_grid_z` ([`SlotRole::Grid`]): the logical grid
 //! the caller asked for, whose blocks its CTAs walk as work tiles.
 //!

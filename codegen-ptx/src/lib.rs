@@ -48,7 +48,7 @@ pub struct PtxModule {
     /// The TMA descriptors the runtime must encode and pass (sm_90a), one per
     /// [`abi::SlotRole::TensorMap`] slot, in slot order. Empty for other targets.
     pub tensor_maps: Vec<TensorMapSpec>,
-    /// Whether the kernel is persistent (`kiln_ir::tile_scheduler`): its CTAs walk the
+    /// Whether the kernel is persistent (`kiln_ir::sched::tiles`): its CTAs walk the
     /// logical grid passed in its [`abi::SlotRole::Grid`] slots.
     pub persistent: bool,
 }

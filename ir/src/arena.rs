@@ -73,7 +73,7 @@ impl<T: EntityName> fmt::Debug for Handle<T> {
 }
 
 /// A growable store of `T`, addressed by [`Handle<T>`].
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Arena<T> {
     data: Vec<T>,
 }

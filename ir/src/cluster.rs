@@ -36,57 +36,8 @@
 //! it still takes part in the loads (its own rows load as zeros) and stores nothing (every
 //! store is masked at the tensor's edge). The runtime launches a whole number of clusters.
 
-use std::fmt;
-
 use crate::ring::{Bar, InitStep, Operand, Ring, Step, TmaBox, TmaLoad};
-
-/// CTAs per cluster the passes schedule.
-pub const CTAS: u32 = 2;
-
-/// One box of the shared load: which CTA issues it and which CTAs it lands in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Multicast {
-    /// `%cluster_ctarank` of the issuing CTA.
-    pub issuer: u32,
-    /// The `ctaMask` operand: bit `r` set when the box lands in CTA `r`'s stage.
-    pub mask: u16,
-}
-
-/// A clustered ring's plan (see the module doc).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Cluster {
-    /// CTAs per cluster, along x.
-    pub ctas: u32,
-    /// The ring load the cluster's tiles share (index into [`Ring::loads`]).
-    pub shared: usize,
-    /// Per box of the shared load (in [`crate::ring::TmaLoad::boxes`] order), its issuer
-    /// and mask.
-    pub multicast: Vec<Multicast>,
-    /// Whether the consumers synchronise the cluster before they exit.
-    pub exit_sync: bool,
-    /// sm_100a: the 2-SM form (no multicast boxes; see the module doc).
-    pub pair: Option<Pair>,
-}
-
-/// The 2-SM form of a cluster (sm_100a, see the module doc).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Pair {
-    /// `%cluster_ctarank` of the CTA whose MMA thread issues the pair's mmas and on whose
-    /// `full` barriers every TMA of the pair completes.
-    pub leader: u32,
-    /// Element offset `[row, col]` of CTA `r`'s half of the shared tile: `r` times this is
-    /// added to the coordinates of each of its boxes.
-    pub half: [u32; 2],
-    /// The `ctaMask` of every `tcgen05.commit`: the CTAs whose barrier it arrives on.
-    pub commit_mask: u16,
-}
-
-impl Cluster {
-    /// The mask of every CTA of the cluster.
-    pub fn all(&self) -> u16 {
-        ((1u32 << self.ctas) - 1) as u16
-    }
-}
+pub use crate::sched::cluster::{CTAS, Cluster, Multicast, Pair};
 
 /// Clusters `ring` around ring load `shared` (see the module doc): splits each of its boxes
 /// into [`CTAS`] slabs of rows, each issued by one CTA into all; doubles `empty`'s count and
@@ -225,46 +176,4 @@ pub fn pair_ring(ring: &mut Ring, shared: usize) -> Result<(), String> {
         }),
     });
     Ok(())
-}
-
-impl fmt::Display for Cluster {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(p) = &self.pair {
-            return write!(
-                f,
-                "    cluster: {} CTAs along x walk tile pairs in lockstep as one 2-SM mma \
-                 (cta_group::2, leader CTA {}); load{} split along N, CTA r's half at r x {:?}; \
-                 every TMA completes on the leader's full; commits multicast {:#b}; {}",
-                self.ctas,
-                p.leader,
-                self.shared,
-                p.half,
-                p.commit_mask,
-                if self.exit_sync {
-                    "cluster barrier before exit"
-                } else {
-                    "no cluster barrier before exit"
-                }
-            );
-        }
-        let issuers: Vec<String> = self
-            .multicast
-            .iter()
-            .map(|m| format!("{}->{:#b}", m.issuer, m.mask))
-            .collect();
-        write!(
-            f,
-            "    cluster: {} CTAs along x walk tile pairs in lockstep (the tile order's x counts \
-             pairs); load{} shared, its boxes multicast (issuer->mask) {}; empty counts both \
-             CTAs' releases; {}",
-            self.ctas,
-            self.shared,
-            issuers.join(" "),
-            if self.exit_sync {
-                "cluster barrier before exit"
-            } else {
-                "no cluster barrier before exit"
-            }
-        )
-    }
 }

@@ -78,6 +78,9 @@ pub fn print_kernel(kernel: &Kernel) -> String {
     if let Some(tiles) = &kernel.schedule.tiles {
         let _ = writeln!(out, "{tiles}");
     }
+    if let Some(sched) = &kernel.schedule.sched {
+        let _ = writeln!(out, "{sched}");
+    }
     for store in kernel.schedule.tma_stores.values() {
         let _ = writeln!(out, "{store}");
     }

@@ -33,6 +33,9 @@ use std::fmt;
 
 use crate::kernel::OpId;
 use crate::print::join_steps;
+pub use crate::sched::overlap::{Deferral, NAMED_BARRIERS, Overlap, Turns};
+pub use crate::sched::role::Who;
+pub use crate::sched::tma::{Operand, SWIZZLE_ATOM, TmaBox, TmaLoad, box_columns};
 
 /// Which barrier array of a ring a step names; stage `i % stages` of it. Ordered so a
 /// `(Bar, stage)` pair can key a map.
@@ -158,28 +161,6 @@ pub enum Step {
     },
 }
 
-/// Which consumer warpgroups run a ping-pong step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Who {
-    /// Every consumer warpgroup.
-    All,
-    /// Warpgroup 0, which takes the first turn.
-    Leader,
-    /// The last warpgroup of the turn order, whose turn passes to the leader.
-    Last,
-}
-
-impl Who {
-    /// Whether consumer warpgroup `wg` of `warpgroups` taking turns runs a step for `self`.
-    pub fn includes(self, wg: u32, warpgroups: u32) -> bool {
-        match self {
-            Who::All => true,
-            Who::Leader => wg == 0,
-            Who::Last => wg + 1 == warpgroups,
-        }
-    }
-}
-
 impl Step {
     /// In a rotated program, how many iterations behind the loop's the iteration is that the
     /// step serves: `Some(0)` for the head's steps, `Some(1)` for the tail's (and a release of
@@ -215,87 +196,6 @@ impl Step {
     }
 }
 
-/// The `overlap` pass's schedule of a ring body shaped `head mma -> code -> tail mma into a
-/// carried accumulator` (attention's `S = Q K^T`, softmax, `O += P V`): the loop is rotated
-/// so the head mma of the next block runs on the tensor cores under the code between, and
-/// the tail mma of the block before it runs under the next code between.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Overlap {
-    /// The head mma (its products are read by the code between).
-    pub head: OpId,
-    /// The tail mma, accumulating into the carried value [`Overlap::carried`].
-    pub tail: OpId,
-    /// Index of the tail's accumulator among the loop's carried values.
-    pub carried: usize,
-    /// The code between, in block order: the head's forward slice without the tail section.
-    pub between: Vec<OpId>,
-    /// The tail section, in block order: the ops reading the carried accumulator (its
-    /// rescale) and the tail mma.
-    pub tail_ops: Vec<OpId>,
-    /// The tail's rescale of the carried accumulator, `acc * factor` (an op of
-    /// [`Overlap::tail_ops`], and its factor from the code between): a warp whose factors are
-    /// all 1 (its rows' maximum did not grow) skips it, which is exact.
-    pub rescale: Option<(OpId, crate::kernel::ValueId)>,
-    /// The online-softmax maximum whose growth the rescale may defer, when the body and the
-    /// final normalisation have its shape (see [`Deferral`]).
-    pub defer: Option<Deferral>,
-    /// The consumer warpgroups issue their wgmmas in turns, ordered by named barriers.
-    pub turns: Option<Turns>,
-    /// Whether the pass gave the ring one stage more than the loop asked for.
-    pub deepened: bool,
-}
-
-/// The rescale's deferral (FlashAttention-4's): the body keeps a running row maximum
-/// `m_new = max(m, row_max(s))`, exponentiates `p = exp2(s - m_use)` and
-/// `alpha = exp2(m - m_use)` against it (`m_use` is `m_new`, or 0 where it is `-inf`), and
-/// updates `l = l * alpha + row_sum(p)` and `acc = acc * alpha + p v`, and after the loop only
-/// `acc / l` is read. Then any reference `m_ref <= m_new` in place of `m_new` in `m_use` scales
-/// `p`, `alpha`, `l` and `acc` alike and leaves `acc / l` as it was: a warp keeps its previous
-/// reference while every one of its rows' maximum grew by at most [`Deferral::THRESHOLD`]
-/// (so `p <= 2^THRESHOLD`), its factors are then exactly 1 and the rescale is skipped. The
-/// carried maximum becomes that reference.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Deferral {
-    /// The op computing `m_new`.
-    pub max: OpId,
-    /// The carried maximum `m` (a block argument of the loop body).
-    pub carried: crate::kernel::ValueId,
-    /// The op computing `m_use` from `m_new` (the `select`), or `max` itself.
-    pub m_use: OpId,
-    /// The op computing `m - m_use` (the exponent of `alpha`).
-    pub alpha_exponent: OpId,
-}
-
-impl Deferral {
-    /// How far (in the base-2 exponent) a row's maximum may grow before the reference moves.
-    pub const THRESHOLD: f32 = 8.0;
-}
-
-/// Named barrier ids of a CTA: 0 (the block-wide `bar.sync 0`) to 15.
-pub const NAMED_BARRIERS: u32 = 16;
-
-/// Ping-pong between the consumer warpgroups, in the fixed round-robin order `0, 1, .., 0`:
-/// warpgroup `g` waits on named barrier `first_barrier + g` before issuing its wgmmas and
-/// arrives on the next warpgroup's (`g + 1` modulo `warpgroups`) after, so one warpgroup's code
-/// between runs under the others' wgmmas. The last warpgroup hands the leader its first turn
-/// once per CTA ([`Ring::consumer_start`]), and the turns go round across a persistent CTA's
-/// tiles, so the leader starts a tile while the others finish the one before.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Turns {
-    /// The named barrier id of warpgroup 0's turn.
-    pub first_barrier: u32,
-    /// Consumer warpgroups taking turns (two or three).
-    pub warpgroups: u32,
-}
-
-impl Turns {
-    /// Warpgroups meeting at each turn barrier, whatever their number: the one whose turn it
-    /// is (`bar.sync`) and the one before it, handing the turn on (`bar.arrive`). A count of
-    /// every consumer warpgroup would let a third warpgroup's arrival stand in for the
-    /// hand-over, and two of them could issue at once.
-    pub const MEETING: u32 = 2;
-}
-
 /// One-time set-up before the roles split.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum InitStep {
@@ -309,148 +209,6 @@ pub enum InitStep {
     /// `bar.sync`: every CTA's barriers are initialised before any CTA arrives on a peer's or
     /// multicasts into it.
     ClusterSync,
-}
-
-/// Bytes of the 128-byte swizzle atom (8 rows of 128 B): the alignment of every stage.
-pub const SWIZZLE_ATOM: u32 = 1024;
-
-/// One TMA box of a load: a sub-rectangle of the tile written at its own shared offset.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct TmaBox {
-    /// Offset of the box inside the tile, `[row, col]` in elements.
-    pub origin: [u32; 2],
-    /// Byte offset of the box inside a stage.
-    pub smem_offset: u32,
-}
-
-/// How the tile of a ring load is read by wgmma.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Operand {
-    /// The A operand, stored `[M, K]` (K contiguous): K-major.
-    KMajorA,
-    /// The B operand stored `[K, N]` (N contiguous): MN-major, `imm-trans-b = 1`.
-    MnMajorB,
-    /// The B operand stored `[N, K]` (K contiguous; the body multiplies by the transposed
-    /// view `y.t()` of the loaded tile): K-major like A, `imm-trans-b = 0`.
-    KMajorB,
-}
-
-/// A tile loaded by TMA into a ring of stages.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct TmaLoad {
-    /// The `load` op.
-    pub load: OpId,
-    /// The tensor parameter it reads (the one whose tensor map the runtime builds).
-    pub param: usize,
-    /// Tensor dimensions outside the tile's two (a rank-4 tensor's batch and head): box
-    /// extent 1, coordinates the load's leading operands.
-    pub lead_dims: u32,
-    /// What the tile feeds.
-    pub operand: Operand,
-    /// Box extents, outermost first (`[rows, cols]`), as the runtime encodes the map.
-    pub box_dims: [u32; 2],
-    /// Swizzle span in bytes (32, 64 or 128): the box row's bytes.
-    pub swizzle: u32,
-    /// The boxes that make up the tile.
-    pub boxes: Vec<TmaBox>,
-    /// Byte offset of stage 0 in dynamic shared memory (1024-aligned).
-    pub offset: u32,
-    /// Bytes between consecutive stages (a multiple of 1024).
-    pub stage_stride: u32,
-}
-
-/// The columns of one box of a tile `extent` 2-byte elements wide along its contiguous
-/// dimension: the widest of 64, 32 and 16 dividing it (box rows of 128, 64 or 32 bytes, each
-/// swizzled by its own bytes), so the boxes tile it exactly (96: three of 32). Else `extent`
-/// itself, one box whose row is no swizzle span: the pipeline pass plans rings only for
-/// multiples of 16.
-pub fn box_columns(extent: u32) -> u32 {
-    [64, 32, 16]
-        .into_iter()
-        .find(|&c| extent.is_multiple_of(c))
-        .unwrap_or(extent)
-}
-
-impl TmaLoad {
-    /// A K-major tile of `rows x bk` elements (A, or B stored `[N, K]`): one box of
-    /// `chunk = box_columns(bk)` columns by `rows` rows per `chunk` columns of K, the boxes
-    /// `rows * chunk * 2` bytes apart, each swizzled by its row's bytes (`chunk * 2`: 128 for
-    /// `bk` a multiple of 64, else 64 or 32). `bk` is a multiple of 16 (the pipeline pass
-    /// checks). `offset` is left 0 for the pass to place.
-    pub fn k_major(load: OpId, param: usize, operand: Operand, rows: u32, bk: u32) -> TmaLoad {
-        let chunk = box_columns(bk);
-        TmaLoad {
-            load,
-            param,
-            lead_dims: 0,
-            operand,
-            box_dims: [rows, chunk],
-            swizzle: chunk * 2,
-            boxes: (0..bk / chunk)
-                .map(|c| TmaBox {
-                    origin: [0, c * chunk],
-                    smem_offset: c * rows * chunk * 2,
-                })
-                .collect(),
-            offset: 0,
-            stage_stride: (rows * bk * 2).next_multiple_of(SWIZZLE_ATOM),
-        }
-    }
-
-    /// An MN-major B tile of `bk x bn` elements (stored `[K, N]`): one box of `bk` rows by
-    /// `chunk = box_columns(bn)` columns per `chunk` columns of N, `bk * chunk * 2` bytes
-    /// apart, swizzled by its row's bytes (128 for `bn` a multiple of 64, else 64 or 32). `bn`
-    /// is a multiple of 16 (the pipeline pass checks).
-    pub fn mn_major_b(load: OpId, param: usize, bk: u32, bn: u32) -> TmaLoad {
-        let chunk = box_columns(bn);
-        TmaLoad {
-            load,
-            param,
-            lead_dims: 0,
-            operand: Operand::MnMajorB,
-            box_dims: [bk, chunk],
-            swizzle: chunk * 2,
-            boxes: (0..bn / chunk)
-                .map(|j| TmaBox {
-                    origin: [0, chunk * j],
-                    smem_offset: j * bk * chunk * 2,
-                })
-                .collect(),
-            offset: 0,
-            stage_stride: (bk * bn * 2).next_multiple_of(SWIZZLE_ATOM),
-        }
-    }
-
-    /// The tensor map's box extents, outermost first: 1 for every lead dimension, then
-    /// [`TmaLoad::box_dims`].
-    pub fn map_box(&self) -> Vec<u32> {
-        let mut dims = vec![1; self.lead_dims as usize];
-        dims.extend(self.box_dims);
-        dims
-    }
-
-    /// The tile's extent `[rows, cols]`: what its boxes cover together (a clustered ring's
-    /// shared load issues each box of the tile as slabs of rows, [`crate::cluster`]).
-    pub fn tile_dims(&self) -> [u32; 2] {
-        let extent = |d: usize| {
-            self.boxes
-                .iter()
-                .map(|b| b.origin[d] + self.box_dims[d])
-                .max()
-                .unwrap_or(0)
-        };
-        [extent(0), extent(1)]
-    }
-
-    /// Bytes of one box.
-    pub fn box_bytes(&self) -> u32 {
-        self.box_dims[0] * self.box_dims[1] * 2
-    }
-
-    /// Transaction bytes of the whole tile (every box counts in full, even out of bounds).
-    pub fn tile_bytes(&self) -> u32 {
-        self.box_bytes() * self.boxes.len() as u32
-    }
 }
 
 /// A pipelined loop scheduled as a ring of `stages` shared-memory stages.
@@ -599,59 +357,6 @@ impl fmt::Display for Step {
             Step::TurnPass { who } => write!(f, "turn.pass{who}"),
             Step::Tcgen05Mma => f.write_str("tcgen05.mma"),
             Step::Tcgen05Commit { bar, lag } => write!(f, "tcgen05.commit {bar}[i-{lag}]"),
-        }
-    }
-}
-
-impl fmt::Display for Who {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Who::All => "",
-            Who::Leader => "(leader)",
-            Who::Last => "(last)",
-        })
-    }
-}
-
-impl fmt::Display for Overlap {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ops = |v: &[OpId]| v.iter().map(OpId::to_string).collect::<Vec<_>>().join(" ");
-        write!(
-            f,
-            "    overlap: rotated, head {} under between[i-1] and tail {} (carried {}) under \
-             between[i]; between: {}; tail: {}; ",
-            self.head,
-            self.tail,
-            self.carried,
-            ops(&self.between),
-            ops(&self.tail_ops)
-        )?;
-        if self.deepened {
-            f.write_str("one stage added for the tail's; ")?;
-        }
-        if let Some((op, factor)) = self.rescale {
-            write!(
-                f,
-                "rescale {op} skipped while every factor {factor} of a warp is 1; "
-            )?;
-        }
-        if let Some(d) = self.defer {
-            write!(
-                f,
-                "max {} deferred while every row of a warp grew by at most {}; ",
-                d.max,
-                Deferral::THRESHOLD
-            )?;
-        }
-        match self.turns {
-            Some(t) => write!(
-                f,
-                "ping-pong: {} warpgroups, turn barriers {}..{}",
-                t.warpgroups,
-                t.first_barrier,
-                t.first_barrier + t.warpgroups
-            ),
-            None => f.write_str("no ping-pong"),
         }
     }
 }

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::kernel::{OpId, ValueId};
+use crate::entities::{OpId, ValueId};
 use crate::types::Shape;
 
 /// How a register tile is spread over the threads of a block.
@@ -420,7 +420,7 @@ pub struct Schedule {
     /// sm_90a: the warp roles of a warp-specialised kernel (`warp_specialise` pass).
     pub roles: Option<crate::ring::Roles>,
     /// sm_90a: how the CTAs of a persistent kernel walk its work tiles (`persistent` pass).
-    pub tiles: Option<crate::tile_scheduler::TileScheduler>,
+    pub tiles: Option<crate::sched::tiles::TileScheduler>,
     /// sm_90a: epilogue stores lowered to TMA stores, keyed by their `store` (`tma_store`
     /// pass).
     pub tma_stores: BTreeMap<OpId, crate::tma_store::TmaStore>,
@@ -433,29 +433,15 @@ pub struct Schedule {
     /// sm_100a: the FlashAttention-4-style schedule of an attention-shaped ring loop (`tmem`
     /// pass), in place of [`Schedule::tmem`].
     pub attention: Option<crate::tmem::attention::AttentionPlan>,
+    /// sm_90a, sm_100a: the schedule IR of the ring loop: roles, their programs, barriers
+    /// and the transfers they order ([`crate::sched`]).
+    pub sched: Option<crate::sched::Sched>,
 }
 
 impl Schedule {
     /// The buffer holding the tile loaded by `load`.
     pub fn buffer(&self, load: OpId) -> Option<&SmemBuffer> {
         self.buffers.iter().find(|b| b.load == load)
-    }
-}
-
-impl crate::kernel::Kernel {
-    /// The distribution of tile `v`'s layout over its shape (what a backend writes registers
-    /// from); why not, when `v` has no layout or is not a tile.
-    pub fn distribution(&self, v: ValueId) -> Result<Distribution, String> {
-        let layout = self
-            .schedule
-            .layouts
-            .get(&v)
-            .ok_or_else(|| format!("{v} has no layout"))?;
-        let shape = self
-            .ty(v)
-            .shape()
-            .ok_or_else(|| format!("{v} is not a tile"))?;
-        layout.distribution(shape).map_err(|e| e.to_string())
     }
 }
 

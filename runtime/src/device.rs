@@ -515,7 +515,7 @@ impl Device {
 fn persistent_ctas(kernel: &str, grid: [u32; 3], cap: u32, width: u32) -> Result<u32, LaunchError> {
     let width = width.max(1);
     let [nx, ny, nz] = grid;
-    let tiles = kiln_ir::tile_scheduler::TileScheduler::tiles([nx.div_ceil(width), ny, nz])
+    let tiles = kiln_ir::sched::tiles::TileScheduler::tiles([nx.div_ceil(width), ny, nz])
         * u64::from(width);
     let max = u64::from(i32::MAX as u32);
     if tiles > max {

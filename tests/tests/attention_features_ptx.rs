@@ -10,7 +10,7 @@ mod ptx_examples;
 
 use kiln_ir::interp::{HostArg, run_scheduled};
 use kiln_ir::passes::{PASSES, protocol_check, run_pipeline};
-use kiln_ir::tile_scheduler::TileScheduler;
+use kiln_ir::sched::tiles::TileScheduler;
 use kiln_ir::{DType, Kernel, Target};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};

@@ -34,7 +34,7 @@ fn gemm(b_col_major: &str) -> (Ring, TmemPlan) {
     assert!(ring.persistent);
     assert!(matches!(
         k.schedule.tiles,
-        Some(kiln_ir::tile_scheduler::TileScheduler::Grouped { rows: 8 })
+        Some(kiln_ir::sched::tiles::TileScheduler::Grouped { rows: 8 })
     ));
     (ring, k.schedule.tmem.clone().expect("a TMEM plan"))
 }

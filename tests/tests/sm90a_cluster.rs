@@ -10,7 +10,7 @@ use kiln_ir::cluster::Cluster;
 use kiln_ir::passes::protocol_check::{self, ClusterError, ProtocolError};
 use kiln_ir::passes::{PASSES, run_pipeline};
 use kiln_ir::ring::{Bar, InitStep, Ring, Step};
-use kiln_ir::tile_scheduler::TileScheduler;
+use kiln_ir::sched::tiles::TileScheduler;
 use kiln_ir::{Kernel, Target};
 
 /// `kernel` after every pass but `protocol_check`, for sm_90a.

@@ -10,7 +10,7 @@ mod softcap;
 use kiln_ir::dsl::KernelDef;
 use kiln_ir::passes::{PASSES, occupancy, protocol_check, warp_specialise};
 use kiln_ir::ring::{Bar, Operand, Step, Who};
-use kiln_ir::tile_scheduler::TileScheduler;
+use kiln_ir::sched::tiles::TileScheduler;
 use kiln_ir::{Kernel, Target};
 
 /// A deliberate break of a ring's protocol.

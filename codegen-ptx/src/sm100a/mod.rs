@@ -27,7 +27,7 @@ mod tcgen05;
 mod tmem;
 
 use kiln_ir::OpId;
-use kiln_ir::tile_scheduler::TileScheduler;
+use kiln_ir::sched::tiles::TileScheduler;
 use kiln_ir::tmem::TmemPlan;
 
 use crate::CodegenError;

@@ -1,4 +1,4 @@
-//! sm_90a: the body of a persistent kernel (`kiln_ir::tile_scheduler`).
+//! sm_90a: the body of a persistent kernel (`kiln_ir::sched::tiles`).
 //!
 //! The roles split at the start. Each walks the work tiles of the logical grid (its
 //! `kiln_grid_*` parameters) in the scheduler's order and, per tile, decodes the block index the
@@ -15,7 +15,7 @@
 //! ragged last pair: its loads read zeros, its stores are masked off). The consumers meet at
 //! a cluster barrier after their last tile.
 
-use kiln_ir::tile_scheduler::TileScheduler;
+use kiln_ir::sched::tiles::TileScheduler;
 use kiln_ir::{Kernel, OpId, Type};
 
 use super::Cursor;
@@ -157,7 +157,7 @@ impl Writer<'_> {
     }
 
     /// Opens a role's walk over the work tiles (its `k`-th tile is in wave `k`, see
-    /// `kiln_ir::tile_scheduler`); the loop ends past the last tile, and the block index of
+    /// `kiln_ir::sched::tiles`); the loop ends past the last tile, and the block index of
     /// the tile is decoded into [`Writer::block`]. The cursor gets the wave's parity (which
     /// also flips the once barriers' phase).
     pub(crate) fn open_tile_loop(

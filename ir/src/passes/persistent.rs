@@ -22,8 +22,8 @@ use crate::cluster;
 use crate::diag::Diagnostic;
 use crate::kernel::{Axis, Kernel, OpId, OpKind, ValueId};
 use crate::ring::{Bar, Ring, Step};
+use crate::sched::tiles::TileScheduler;
 use crate::target::Target;
-use crate::tile_scheduler::TileScheduler;
 
 use super::walk;
 

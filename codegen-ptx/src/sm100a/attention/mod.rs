@@ -22,7 +22,7 @@ mod softmax;
 
 use kiln_ir::OpId;
 use kiln_ir::ring::Ring;
-use kiln_ir::tile_scheduler::TileScheduler;
+use kiln_ir::sched::tiles::TileScheduler;
 use kiln_ir::tmem::attention::{AttentionPlan, AttnBar, AttnStep, WARPGROUP_WARPS};
 
 use super::tmem::SetupStep;

@@ -54,7 +54,7 @@ mod smem;
 use crate::kernel::{Block, Kernel, OpId, OpKind, ValueId};
 use crate::passes::walk;
 use crate::ring::{Deferral, Overlap, Ring, TmaLoad};
-use crate::tile_scheduler::TileScheduler;
+use crate::sched::tiles::TileScheduler;
 use crate::tma_store::TmaStore;
 use crate::types::DType;
 

@@ -439,6 +439,16 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             )
         })?;
     }
+    kernel.schedule.sched = super::legacy_sched::sched_of(kernel);
+    if let Some(sched) = &kernel.schedule.sched
+        && let Err(errors) = crate::sched::verify::verify(sched)
+    {
+        let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        return Err(Diagnostic::internal(
+            kernel.ops[sched.for_op].loc,
+            format!("the schedule IR is malformed: {}", text.join("; ")),
+        ));
+    }
     Ok(())
 }
 

@@ -1,0 +1,480 @@
+//! The semantic IR's entities: source locations, parameters, SSA values, operations and
+//! their structured regions. [`crate::kernel::Kernel`] holds them; the schedule layer
+//! ([`crate::sched`]) names them by handle without depending on the kernel.
+
+use std::fmt;
+
+use crate::arena::{EntityName, Handle};
+use crate::types::{DType, Shape, Type};
+
+/// A location in the user's Rust source, captured when the IR is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Loc {
+    /// Source file as rustc names it (`file!()`), empty when unknown.
+    pub file: &'static str,
+    /// 1-based line; 0 when unknown.
+    pub line: u32,
+    /// 1-based column; 0 when unknown.
+    pub column: u32,
+}
+
+impl Loc {
+    /// The caller's location (use from `#[track_caller]` functions).
+    #[track_caller]
+    pub fn caller() -> Loc {
+        let l = std::panic::Location::caller();
+        Loc {
+            file: l.file(),
+            line: l.line(),
+            column: l.column(),
+        }
+    }
+
+    /// Whether a real location was recorded.
+    pub fn is_known(&self) -> bool {
+        self.line != 0
+    }
+}
+
+impl fmt::Display for Loc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_known() {
+            write!(f, "{}:{}:{}", self.file, self.line, self.column)
+        } else {
+            f.write_str("<unknown>")
+        }
+    }
+}
+
+/// A kernel parameter, in launch order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Param {
+    /// A global-memory tensor with runtime shape and strides. Its innermost dimension is
+    /// contiguous (stride 1); the runtime checks that at launch.
+    Tensor {
+        /// Parameter name, as written in the kernel signature.
+        name: String,
+        /// Element type.
+        dtype: DType,
+        /// Number of dimensions (1..=5).
+        rank: usize,
+        /// Whether the kernel may write it (`TensorMut`).
+        mutable: bool,
+        /// Whether the base address and every outer stride are multiples of 16 bytes. The
+        /// runtime specialises on this, so 16-byte vector accesses are only emitted when true.
+        aligned16: bool,
+    },
+    /// A scalar passed by value.
+    Scalar {
+        /// Parameter name.
+        name: String,
+        /// Its type (`f32` or `i32`).
+        dtype: DType,
+    },
+}
+
+impl Param {
+    /// A tensor parameter that is not known to be 16-byte aligned (the conservative
+    /// specialisation: no 16-byte vector accesses are emitted for it).
+    pub fn tensor(name: impl Into<String>, dtype: DType, rank: usize, mutable: bool) -> Param {
+        Param::Tensor {
+            name: name.into(),
+            dtype,
+            rank,
+            mutable,
+            aligned16: false,
+        }
+    }
+
+    /// The parameter's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Param::Tensor { name, .. } | Param::Scalar { name, .. } => name,
+        }
+    }
+}
+
+/// What defines an SSA value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ValueDef {
+    /// Result `index` of an operation.
+    Op(OpId, usize),
+    /// Argument `index` of the block that is region `region` of `op`.
+    BlockArg {
+        /// The operation owning the region.
+        op: OpId,
+        /// Which region of that op.
+        region: usize,
+        /// Which argument of the region's block.
+        index: usize,
+    },
+}
+
+/// An SSA value's data: its type and definition.
+#[derive(Clone, Debug)]
+pub struct ValueData {
+    /// The value's type.
+    pub ty: Type,
+    /// Where it is defined.
+    pub def: ValueDef,
+}
+
+/// Handle of an SSA value; prints as `%N`.
+pub type ValueId = Handle<ValueData>;
+impl EntityName for ValueData {
+    const PREFIX: &'static str = "%";
+}
+
+/// Handle of an operation; prints as `op N`.
+pub type OpId = Handle<Op>;
+impl EntityName for Op {
+    const PREFIX: &'static str = "op";
+}
+
+/// A block of operations with arguments. Regions (loop bodies, branches) are single blocks:
+/// control flow is structured.
+#[derive(Clone, Debug, Default)]
+pub struct Block {
+    /// Block arguments (loop induction variable and carried values).
+    pub args: Vec<ValueId>,
+    /// Operations in program order; a region's block ends with [`OpKind::Yield`].
+    pub ops: Vec<OpId>,
+}
+
+/// Elementwise unary operators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// `-x`.
+    Neg,
+    /// `2^x` (hardware `ex2.approx` on the GPU).
+    Exp2,
+    /// `e^x`.
+    Exp,
+    /// `log2(x)`.
+    Log2,
+    /// `|x|`.
+    Abs,
+    /// `sqrt(x)`.
+    Sqrt,
+    /// `1/sqrt(x)`.
+    Rsqrt,
+    /// `1/x`.
+    Recip,
+    /// Logical not of a `bool`.
+    Not,
+}
+
+impl UnaryOp {
+    /// IR spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Exp2 => "exp2",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log2 => "log2",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Recip => "recip",
+            UnaryOp::Not => "not",
+        }
+    }
+}
+
+/// Elementwise binary operators (with broadcasting, see [`Shape::broadcast`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// `a + b`.
+    Add,
+    /// `a - b`.
+    Sub,
+    /// `a * b`.
+    Mul,
+    /// `a / b` (integer division truncates toward zero).
+    Div,
+    /// `a % b` (integer remainder, sign of `a`).
+    Rem,
+    /// `min(a, b)`.
+    Min,
+    /// `max(a, b)`; for floats, a NaN operand yields the other operand.
+    Max,
+    /// Logical and of `bool`s.
+    And,
+    /// Logical or of `bool`s.
+    Or,
+    /// `a < b`, producing `bool`.
+    Lt,
+    /// `a <= b`.
+    Le,
+    /// `a > b`.
+    Gt,
+    /// `a >= b`.
+    Ge,
+    /// `a == b`.
+    Eq,
+    /// `a != b`.
+    Ne,
+}
+
+impl BinaryOp {
+    /// IR spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Rem => "rem",
+            BinaryOp::Min => "min",
+            BinaryOp::Max => "max",
+            BinaryOp::And => "and",
+            BinaryOp::Or => "or",
+            BinaryOp::Lt => "lt",
+            BinaryOp::Le => "le",
+            BinaryOp::Gt => "gt",
+            BinaryOp::Ge => "ge",
+            BinaryOp::Eq => "eq",
+            BinaryOp::Ne => "ne",
+        }
+    }
+
+    /// Whether the result is `bool` regardless of the operand type.
+    pub fn is_comparison(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne
+        )
+    }
+}
+
+/// Reductions along one axis of a tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Maximum (NaN-ignoring, `-inf` identity).
+    Max,
+    /// Sum (f32 accumulation, `0` identity).
+    Sum,
+    /// Minimum.
+    Min,
+}
+
+impl ReduceOp {
+    /// IR spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Max => "max",
+            ReduceOp::Sum => "sum",
+            ReduceOp::Min => "min",
+        }
+    }
+}
+
+/// One of the three grid axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Axis {
+    /// `x`.
+    X,
+    /// `y`.
+    Y,
+    /// `z`.
+    Z,
+}
+
+impl Axis {
+    /// `x`, `y` or `z`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Axis::X => "x",
+            Axis::Y => "y",
+            Axis::Z => "z",
+        }
+    }
+}
+
+/// A compile-time constant.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Const {
+    /// An integer (stored wide; the value type says `i32`).
+    Int(i64),
+    /// A float (stored as f64; the value type says its precision).
+    Float(f64),
+    /// A boolean.
+    Bool(bool),
+}
+
+impl fmt::Display for Const {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Const::Int(v) => write!(f, "{v}"),
+            Const::Float(v) if v.is_infinite() => {
+                f.write_str(if *v > 0.0 { "inf" } else { "-inf" })
+            }
+            Const::Float(v) if v.is_nan() => f.write_str("nan"),
+            Const::Float(v) => write!(f, "{v:?}"),
+            Const::Bool(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+/// What an operation does. Operand and result conventions are given per variant; the
+/// verifier checks them.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OpKind {
+    /// `() -> scalar`: a constant of the result type.
+    Const(Const),
+    /// `() -> scalar`: the value of scalar parameter `index` (index into [`Kernel::params`]).
+    ScalarParam(usize),
+    /// `() -> i32`: this block's index along an axis.
+    BlockId(Axis),
+    /// `() -> i32`: the number of blocks along an axis.
+    GridDim(Axis),
+    /// `() -> i32`: extent of dimension `dim` of tensor parameter `tensor`.
+    TensorDim {
+        /// Parameter index.
+        tensor: usize,
+        /// Dimension, outermost first.
+        dim: usize,
+    },
+    /// `(x) -> y`: elementwise unary operator on a scalar or tile.
+    Unary(UnaryOp),
+    /// `(a, b) -> c`: elementwise binary operator. Operands are both scalars, or a tile and a
+    /// scalar, or two tiles whose shapes broadcast. Both have the same dtype.
+    Binary(BinaryOp),
+    /// `(cond, a, b) -> c`: elementwise `cond ? a : b` with broadcasting; `cond` is `bool`.
+    Select,
+    /// `(x) -> y`: elementwise conversion to `to` (round to nearest even for narrowing floats).
+    Cast {
+        /// Target element type.
+        to: DType,
+    },
+    /// `(scalar) -> tile`: a tile of `shape` filled with the scalar.
+    Splat {
+        /// Result shape.
+        shape: Shape,
+    },
+    /// `() -> tile<i32>`: each element holds its index along `dim`.
+    Iota {
+        /// Result shape.
+        shape: Shape,
+        /// Which dimension's index.
+        dim: usize,
+    },
+    /// `(tile) -> tile`: the same elements viewed with another shape of equal element count
+    /// where only extents of 1 are added or removed (`[R] <-> [R, 1]`, `[C] <-> [1, C]`).
+    Reshape {
+        /// Result shape.
+        shape: Shape,
+    },
+    /// `(tile[R, C]) -> tile[C, R]`.
+    Transpose,
+    /// `(tile) -> tile`: reduce dimension `dim` away (`[R, C]` -> `[R]` for `dim = 1`).
+    Reduce {
+        /// The combining operator.
+        op: ReduceOp,
+        /// The reduced dimension.
+        dim: usize,
+    },
+    /// `(a[M, K], b[K, N], c[M, N]?) -> d[M, N]`: `d = a @ b (+ c)`. `a` and `b` are bf16 or
+    /// f16 (the same), `c` and `d` are f32; products accumulate in f32.
+    Mma,
+    /// `(coord_0, ..., coord_{rank-1}) -> tile`: load the tile of `shape` whose first element
+    /// is at `coords` from tensor parameter `tensor`. The tile covers the tensor's last
+    /// `shape.rank()` dimensions; elements outside the tensor read as `0`.
+    Load {
+        /// Parameter index of the tensor.
+        tensor: usize,
+        /// Tile shape.
+        shape: Shape,
+    },
+    /// `(coord_0, ..., coord_{rank-1}) -> scalar`: the element at `coords` of tensor
+    /// parameter `tensor` (a sequence offset read from an `i32` tensor). A coordinate outside
+    /// the tensor reads `0`, as a tile load's elements outside it do, so no index reads out of
+    /// bounds.
+    LoadScalar {
+        /// Parameter index of the tensor.
+        tensor: usize,
+    },
+    /// `(coord_0, ..., coord_{rank-1}, value, limit?) -> ()`: store a tile at `coords`,
+    /// skipping elements outside the tensor. With a `bound` of `Some(dim)`, the `i32` scalar
+    /// `limit` follows the value, and the elements whose coordinate along tensor dimension
+    /// `dim` (one of the tile's) is `>= limit` are skipped too: the tensor is clipped there, as
+    /// if its extent along `dim` were `min(extent, max(limit, 0))` (a sequence's rows in a
+    /// packed varlen batch). [`Op::store_operands`] splits the operands.
+    Store {
+        /// Parameter index of the tensor.
+        tensor: usize,
+        /// The tensor dimension clipped at `limit`, if any.
+        bound: Option<usize>,
+    },
+    /// `(lo, hi, step, init...) -> (carried...)`: a counted loop over `lo..hi` by `step`
+    /// (all i32, `step > 0`). Region 0 takes `(i, carried...)` and yields the next carried
+    /// values. `stages` is the requested software-pipelining depth (`pipelined(.., stages)`).
+    For {
+        /// Pipelining depth requested by the user; `None` for a plain loop.
+        stages: Option<u32>,
+    },
+    /// `(cond, ...) -> (results...)`: region 0 runs when `cond` is true, region 1 otherwise;
+    /// both yield the results. Neither region takes arguments.
+    If,
+    /// `(args...) -> ()`: prints one line per block, `[block (x, y, z)] ` and then
+    /// `pieces` with the arguments between them (see [`crate::device_print`]). A scalar
+    /// argument prints its value; a tile argument its element at the matching `elements`
+    /// index (printed by the one thread that holds it).
+    Print {
+        /// The text around the arguments: one more piece than there are arguments.
+        pieces: Vec<String>,
+        /// Per argument: `None` for a scalar, else the element of the tile to print.
+        elements: Vec<Option<Vec<u32>>>,
+    },
+    /// `(values...) -> ()`: ends a region, passing values to the parent op.
+    Yield,
+}
+
+/// An operation: what it does, what it reads and defines, and where the user wrote it.
+#[derive(Clone, Debug)]
+pub struct Op {
+    /// What the operation does.
+    pub kind: OpKind,
+    /// Values read.
+    pub operands: Vec<ValueId>,
+    /// Values defined.
+    pub results: Vec<ValueId>,
+    /// Nested regions (loop body; then/else branches).
+    pub regions: Vec<Block>,
+    /// Where the user wrote it.
+    pub loc: Loc,
+}
+
+/// The operands of a [`OpKind::Store`], split ([`Op::store_operands`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreOperands<'a> {
+    /// The tile's coordinates, one per tensor dimension.
+    pub coords: &'a [ValueId],
+    /// The stored tile.
+    pub value: ValueId,
+    /// The clipped tensor dimension and its limit, for a bounded store.
+    pub limit: Option<(usize, ValueId)>,
+}
+
+impl Op {
+    /// A store's coordinates, value and limit; `None` for any other op, or a store whose
+    /// operands do not fit its kind (which the verifier reports).
+    pub fn store_operands(&self) -> Option<StoreOperands<'_>> {
+        let OpKind::Store { bound, .. } = self.kind else {
+            return None;
+        };
+        let (rest, limit) = match bound {
+            Some(dim) => {
+                let (&limit, rest) = self.operands.split_last()?;
+                (rest, Some((dim, limit)))
+            }
+            None => (&self.operands[..], None),
+        };
+        let (&value, coords) = rest.split_last()?;
+        Some(StoreOperands {
+            coords,
+            value,
+            limit,
+        })
+    }
+}

@@ -1,0 +1,175 @@
+//! The schedule's barriers, kept in one arena: mbarriers (arrival counts, transaction bytes,
+//! phases) and named barriers (`bar.sync` ids).
+//!
+//! An mbarrier is an array of `stages` barriers at consecutive 8-byte slots of shared memory
+//! (a single barrier has one stage). Its phases advance either per loop iteration (iteration
+//! `i` uses stage `i % stages`, whose phase is `i / stages`: the stage rings and the
+//! handoffs inside an iteration) or per work tile (tile `k` uses phase `k`: the tiles loaded
+//! once per tile and the accumulators handed over once per tile). A named barrier array is
+//! `ids` consecutive hardware barrier ids; the ops name an element relative to the role's
+//! replica that runs them ([`Index`]).
+
+use std::fmt;
+
+use crate::arena::{EntityName, Handle};
+
+/// A handle to a barrier of [`super::Sched::barriers`].
+pub type BarrierId = Handle<Barrier>;
+
+impl EntityName for Barrier {
+    const PREFIX: &'static str = "bar";
+}
+
+/// One barrier array of the schedule.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Barrier {
+    /// What it is called in dumps and messages (`full`, `acc_empty`, `s_full`, `turn`).
+    pub name: &'static str,
+    /// For one of a family of barriers (one per Q tile of an attention pair), its index:
+    /// printed as `s_full[1]`.
+    pub index: Option<u32>,
+    /// Its kind and placement.
+    pub kind: BarrierKind,
+}
+
+/// How a barrier synchronises and where it lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BarrierKind {
+    /// An mbarrier array in shared memory.
+    Mbarrier(Mbarrier),
+    /// Consecutive named barriers (`bar.sync id, threads` / `bar.arrive id, threads`).
+    Named {
+        /// The first hardware barrier id (0 is the block-wide set-up barrier).
+        first: u32,
+        /// Barriers in the array (one per replica of the role that uses them).
+        ids: u32,
+        /// Threads that meet at each.
+        threads: u32,
+    },
+}
+
+/// An mbarrier array: see the module doc.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Mbarrier {
+    /// Arrivals that complete a phase (the `mbarrier.init` count).
+    pub count: u32,
+    /// Barriers in the array.
+    pub stages: u32,
+    /// What a phase stands for.
+    pub phase: Phase,
+    /// Byte offset of stage 0 in dynamic shared memory; stage `s` is at `+ 8 s`.
+    pub offset: u32,
+    /// Whether arrivals and transactions come from other CTAs of the cluster (a peer's
+    /// release, a peer's TMA, a 2-SM commit): a wait on it acquires at cluster scope.
+    pub cluster: bool,
+}
+
+/// What one phase of an mbarrier stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// One loop iteration (counted across the CTA's work tiles): iteration `i` uses stage
+    /// `i % stages` and phase `i / stages`.
+    Iteration,
+    /// One work tile of the CTA: tile `k` uses phase `k`.
+    Tile,
+}
+
+/// Which element of a named barrier array an op names, relative to the replica of the role
+/// running it (an sm_90a consumer warpgroup).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Index {
+    /// The replica's own.
+    Own,
+    /// The next replica's (the last's next is the first).
+    Next,
+}
+
+impl Barrier {
+    /// An mbarrier array.
+    pub fn mbarrier(name: &'static str, index: Option<u32>, mbarrier: Mbarrier) -> Barrier {
+        Barrier {
+            name,
+            index,
+            kind: BarrierKind::Mbarrier(mbarrier),
+        }
+    }
+
+    /// The mbarrier, or `None` for a named barrier.
+    pub fn as_mbarrier(&self) -> Option<&Mbarrier> {
+        match &self.kind {
+            BarrierKind::Mbarrier(m) => Some(m),
+            BarrierKind::Named { .. } => None,
+        }
+    }
+
+    /// The mbarrier, mutably.
+    pub fn as_mbarrier_mut(&mut self) -> Option<&mut Mbarrier> {
+        match &mut self.kind {
+            BarrierKind::Mbarrier(m) => Some(m),
+            BarrierKind::Named { .. } => None,
+        }
+    }
+
+    /// Shared-memory bytes of an mbarrier array (none for named barriers).
+    pub fn bytes(&self) -> u32 {
+        self.as_mbarrier().map_or(0, |m| 8 * m.stages)
+    }
+}
+
+impl Mbarrier {
+    /// Byte offset of stage `stage`.
+    pub fn at(&self, stage: u32) -> u32 {
+        self.offset + 8 * stage
+    }
+}
+
+impl fmt::Display for Barrier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name)?;
+        if let Some(i) = self.index {
+            write!(f, "[{i}]")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for BarrierKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BarrierKind::Mbarrier(m) => {
+                write!(f, "mbarrier @{} count {}", m.offset, m.count)?;
+                if m.stages > 1 {
+                    write!(f, " x{} stages", m.stages)?;
+                }
+                f.write_str(match m.phase {
+                    Phase::Iteration => ", phase per iteration",
+                    Phase::Tile => ", phase per tile",
+                })?;
+                if m.cluster {
+                    f.write_str(", cluster scope")?;
+                }
+                Ok(())
+            }
+            BarrierKind::Named {
+                first,
+                ids,
+                threads,
+            } => {
+                write!(f, "named {first}")?;
+                if *ids > 1 {
+                    write!(f, "..{}", first + ids)?;
+                }
+                write!(f, " x{threads} threads")
+            }
+        }
+    }
+}
+
+impl fmt::Display for Index {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Index::Own => "own",
+            Index::Next => "next",
+        })
+    }
+}

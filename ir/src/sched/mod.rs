@@ -1,0 +1,151 @@
+//! # The schedule IR: role programs over barriers
+//!
+//! The expert layer under the semantic IR. The scheduling passes (`pipeline`,
+//! `warp_specialise`, `overlap`, `persistent`, `tma_store`, `occupancy`, `tmem`) write one
+//! [`Sched`] for a kernel's pipelined loop; the `protocol_check` pass proves it, the CPU
+//! execution of scheduled kernels runs it, and each target family's writer walks it. A new
+//! kernel family is a pass that writes this IR, not a new language.
+//!
+//! ## Vocabulary
+//! - **Barriers** ([`barrier`]) live in one arena: mbarrier arrays (arrival count,
+//!   transaction bytes, stages, a phase per loop iteration or per work tile, CTA or cluster
+//!   scope) and named barrier arrays (`bar.sync` ids and the threads meeting at each).
+//! - **Resources**: TMA loads into stage buffers and once buffers, TMA stores from staging
+//!   tiles ([`tma`]), the tensor-memory allocation and its tiles ([`tmem`]), the cluster
+//!   sharing a load ([`cluster`]), the persistent tile order ([`tiles`]).
+//! - **Roles** ([`role`]): warps, a register budget, who issues, and a program of
+//!   [`op::Op`]s in sections of the CTA's life (start, per tile, per iteration, after the
+//!   loop, exit). The set-up ops before the roles split are [`Sched::setup`].
+//! - **Regions**: ops that run the kernel's own code name its part ([`op::MmaPart`],
+//!   [`op::Region`]) as the loop's structure defines it ([`overlap`]).
+//!
+//! ## Execution model
+//! A CTA runs work tiles `k = 0, 1, ..` (one, unless [`Sched::tiles`] makes it persistent);
+//! tile `k` runs its loop's `trips(k)` iterations, numbered `i` across the CTA's tiles. Every
+//! role runs its program's sections in the order [`role::Program`] gives. A wait on an
+//! mbarrier with per-iteration phases names the stage and phase of iteration `i - lag`; one
+//! with per-tile phases the phase of the tile (or, after the tiles, the phase past the
+//! last). An op is asynchronous where the instruction is ([`op`]).
+//!
+//! **Architecture invariant:** the schedule IR names the semantic IR's ops by handle and
+//! knows nothing of the kernel container, of layouts, or of PTX text.
+
+pub mod barrier;
+pub mod cluster;
+pub mod op;
+pub mod overlap;
+mod print;
+pub mod role;
+pub mod tiles;
+pub mod tma;
+pub mod tmem;
+pub mod verify;
+
+use crate::arena::Arena;
+use crate::entities::OpId;
+
+pub use barrier::{Barrier, BarrierId, BarrierKind, Index, Mbarrier, Phase};
+pub use op::{MmaPart, Op, Region};
+pub use role::{Issue, Program, Role, RoleKind, Who};
+pub use tma::{Load, LoadId, TmaStore};
+
+/// A kernel's schedule: see the module doc.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Sched {
+    /// The pipelined `for` whose iterations the programs run.
+    pub for_op: OpId,
+    /// Stages of the ring's buffers (and of its per-iteration barrier arrays).
+    pub stages: u32,
+    /// Every barrier.
+    pub barriers: Arena<Barrier>,
+    /// Every TMA load.
+    pub loads: Arena<Load>,
+    /// The TMA stores of the code after the loop.
+    pub stores: Vec<TmaStore>,
+    /// Tensor memory, on sm_100a.
+    pub tmem: Option<tmem::Tmem>,
+    /// The ops before the roles split, in order.
+    pub setup: Vec<Op>,
+    /// The roles, in warp order.
+    pub roles: Vec<Role>,
+    /// How a persistent CTA walks its work tiles; `None`: one work tile per CTA.
+    pub tiles: Option<tiles::TileScheduler>,
+    /// The cluster whose CTAs share one load's stages.
+    pub cluster: Option<cluster::Cluster>,
+    /// The structure of a rotated (or sm_100a attention) loop.
+    pub overlap: Option<overlap::Overlap>,
+    /// Work tiles a CTA runs at once: 2 for an sm_100a attention pair (two Q tiles on one
+    /// key walk), else 1.
+    pub work_tiles: u32,
+    /// CTAs built to share a multiprocessor (`.minnctapersm`).
+    pub ctas_per_sm: u32,
+    /// sm_90a: the accumulator columns the code after the loop runs on at a time, when not
+    /// all of them.
+    pub epilogue_columns: Option<u32>,
+    /// sm_100a attention: shared byte offset of the per-Q-tile slots (128 f32 each) through
+    /// which the softmax hands the correction its rows' rescale factors.
+    pub factors_offset: Option<u32>,
+    /// sm_100a attention: the share `(num, den)` of the score tile's exponentials the
+    /// softmax computes with the polynomial (every column `c` with `c % den < num`).
+    pub poly_share: (u32, u32),
+}
+
+impl Sched {
+    /// An empty schedule of loop `for_op` with `stages` stages.
+    pub fn new(for_op: OpId, stages: u32) -> Sched {
+        Sched {
+            for_op,
+            stages,
+            barriers: Arena::new(),
+            loads: Arena::new(),
+            stores: Vec::new(),
+            tmem: None,
+            setup: Vec::new(),
+            roles: Vec::new(),
+            tiles: None,
+            cluster: None,
+            overlap: None,
+            work_tiles: 1,
+            ctas_per_sm: 1,
+            epilogue_columns: None,
+            factors_offset: None,
+            poly_share: (0, 0),
+        }
+    }
+
+    /// Threads per block: every role's warps, whole warpgroups.
+    pub fn threads(&self) -> u32 {
+        32 * self.roles.iter().map(Role::end_warp).max().unwrap_or(0)
+    }
+
+    /// The first role of `kind`.
+    pub fn role(&self, kind: RoleKind) -> Option<&Role> {
+        self.roles.iter().find(|r| r.kind == kind)
+    }
+
+    /// The mbarrier `bar`, or `None` for a named barrier.
+    pub fn mbarrier(&self, bar: BarrierId) -> Option<&Mbarrier> {
+        self.barriers[bar].as_mbarrier()
+    }
+
+    /// Whether the CTAs walk work tiles.
+    pub fn persistent(&self) -> bool {
+        self.tiles.is_some()
+    }
+
+    /// The loads completing on `bar`, in order.
+    pub fn loads_on(&self, bar: BarrierId) -> impl Iterator<Item = (LoadId, &Load)> + '_ {
+        self.loads.iter().filter(move |(_, l)| l.barrier == bar)
+    }
+
+    /// Whether `load` is loaded once per work tile (its barrier's phase is per tile).
+    pub fn once(&self, load: LoadId) -> bool {
+        self.mbarrier(self.loads[load].barrier)
+            .is_some_and(|m| m.phase == Phase::Tile)
+    }
+
+    /// The ring's loads: those filling a stage per iteration.
+    pub fn ring_loads(&self) -> impl Iterator<Item = (LoadId, &Load)> + '_ {
+        self.loads.iter().filter(|(l, _)| !self.once(*l))
+    }
+}

@@ -1,0 +1,243 @@
+//! TMA transfers of the schedule: the loads that fill stage buffers (or a tile's once
+//! buffer) box by box, and the epilogue stores that drain a staging tile into global memory.
+//!
+//! A load's tile is made of boxes, each a sub-rectangle written at its own shared offset and
+//! swizzled by its row's bytes; a stage of the load's buffer is `offset + stage *
+//! stage_stride`. Its bytes complete on the load's barrier: a per-iteration stage ring's
+//! `full` array, or a per-tile barrier for a tile loaded once per work tile (attention's `Q`).
+//! A store writes a register tile into a swizzled staging tile in rounds and one thread
+//! stores its boxes (`cp.async.bulk.tensor`); its round program ([`TmaStore::round`]) runs
+//! where the kernel's code stores the tile.
+
+use crate::arena::{EntityName, Handle};
+use crate::entities::OpId;
+
+use super::barrier::BarrierId;
+use super::op::Op;
+
+/// Bytes of the 128-byte swizzle atom (8 rows of 128 B): the alignment of every stage.
+pub const SWIZZLE_ATOM: u32 = 1024;
+
+/// One TMA box of a load: a sub-rectangle of the tile written at its own shared offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TmaBox {
+    /// Offset of the box inside the tile, `[row, col]` in elements.
+    pub origin: [u32; 2],
+    /// Byte offset of the box inside a stage.
+    pub smem_offset: u32,
+}
+
+/// How the tile of a ring load is read by wgmma.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Operand {
+    /// The A operand, stored `[M, K]` (K contiguous): K-major.
+    KMajorA,
+    /// The B operand stored `[K, N]` (N contiguous): MN-major, `imm-trans-b = 1`.
+    MnMajorB,
+    /// The B operand stored `[N, K]` (K contiguous; the body multiplies by the transposed
+    /// view `y.t()` of the loaded tile): K-major like A, `imm-trans-b = 0`.
+    KMajorB,
+}
+
+/// A tile loaded by TMA into a ring of stages.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TmaLoad {
+    /// The `load` op.
+    pub load: OpId,
+    /// The tensor parameter it reads (the one whose tensor map the runtime builds).
+    pub param: usize,
+    /// Tensor dimensions outside the tile's two (a rank-4 tensor's batch and head): box
+    /// extent 1, coordinates the load's leading operands.
+    pub lead_dims: u32,
+    /// What the tile feeds.
+    pub operand: Operand,
+    /// Box extents, outermost first (`[rows, cols]`), as the runtime encodes the map.
+    pub box_dims: [u32; 2],
+    /// Swizzle span in bytes (32, 64 or 128): the box row's bytes.
+    pub swizzle: u32,
+    /// The boxes that make up the tile.
+    pub boxes: Vec<TmaBox>,
+    /// Byte offset of stage 0 in dynamic shared memory (1024-aligned).
+    pub offset: u32,
+    /// Bytes between consecutive stages (a multiple of 1024).
+    pub stage_stride: u32,
+}
+
+/// The columns of one box of a tile `extent` 2-byte elements wide along its contiguous
+/// dimension: the widest of 64, 32 and 16 dividing it (box rows of 128, 64 or 32 bytes, each
+/// swizzled by its own bytes), so the boxes tile it exactly (96: three of 32). Else `extent`
+/// itself, one box whose row is no swizzle span: the pipeline pass plans rings only for
+/// multiples of 16.
+pub fn box_columns(extent: u32) -> u32 {
+    [64, 32, 16]
+        .into_iter()
+        .find(|&c| extent.is_multiple_of(c))
+        .unwrap_or(extent)
+}
+
+impl TmaLoad {
+    /// A K-major tile of `rows x bk` elements (A, or B stored `[N, K]`): one box of
+    /// `chunk = box_columns(bk)` columns by `rows` rows per `chunk` columns of K, the boxes
+    /// `rows * chunk * 2` bytes apart, each swizzled by its row's bytes (`chunk * 2`: 128 for
+    /// `bk` a multiple of 64, else 64 or 32). `bk` is a multiple of 16 (the pipeline pass
+    /// checks). `offset` is left 0 for the pass to place.
+    pub fn k_major(load: OpId, param: usize, operand: Operand, rows: u32, bk: u32) -> TmaLoad {
+        let chunk = box_columns(bk);
+        TmaLoad {
+            load,
+            param,
+            lead_dims: 0,
+            operand,
+            box_dims: [rows, chunk],
+            swizzle: chunk * 2,
+            boxes: (0..bk / chunk)
+                .map(|c| TmaBox {
+                    origin: [0, c * chunk],
+                    smem_offset: c * rows * chunk * 2,
+                })
+                .collect(),
+            offset: 0,
+            stage_stride: (rows * bk * 2).next_multiple_of(SWIZZLE_ATOM),
+        }
+    }
+
+    /// An MN-major B tile of `bk x bn` elements (stored `[K, N]`): one box of `bk` rows by
+    /// `chunk = box_columns(bn)` columns per `chunk` columns of N, `bk * chunk * 2` bytes
+    /// apart, swizzled by its row's bytes (128 for `bn` a multiple of 64, else 64 or 32). `bn`
+    /// is a multiple of 16 (the pipeline pass checks).
+    pub fn mn_major_b(load: OpId, param: usize, bk: u32, bn: u32) -> TmaLoad {
+        let chunk = box_columns(bn);
+        TmaLoad {
+            load,
+            param,
+            lead_dims: 0,
+            operand: Operand::MnMajorB,
+            box_dims: [bk, chunk],
+            swizzle: chunk * 2,
+            boxes: (0..bn / chunk)
+                .map(|j| TmaBox {
+                    origin: [0, chunk * j],
+                    smem_offset: j * bk * chunk * 2,
+                })
+                .collect(),
+            offset: 0,
+            stage_stride: (bk * bn * 2).next_multiple_of(SWIZZLE_ATOM),
+        }
+    }
+
+    /// The tensor map's box extents, outermost first: 1 for every lead dimension, then
+    /// [`TmaLoad::box_dims`].
+    pub fn map_box(&self) -> Vec<u32> {
+        let mut dims = vec![1; self.lead_dims as usize];
+        dims.extend(self.box_dims);
+        dims
+    }
+
+    /// The tile's extent `[rows, cols]`: what its boxes cover together (a clustered ring's
+    /// shared load issues each box of the tile as slabs of rows, [`crate::cluster`]).
+    pub fn tile_dims(&self) -> [u32; 2] {
+        let extent = |d: usize| {
+            self.boxes
+                .iter()
+                .map(|b| b.origin[d] + self.box_dims[d])
+                .max()
+                .unwrap_or(0)
+        };
+        [extent(0), extent(1)]
+    }
+
+    /// Bytes of one box.
+    pub fn box_bytes(&self) -> u32 {
+        self.box_dims[0] * self.box_dims[1] * 2
+    }
+
+    /// Transaction bytes of the whole tile (every box counts in full, even out of bounds).
+    pub fn tile_bytes(&self) -> u32 {
+        self.box_bytes() * self.boxes.len() as u32
+    }
+}
+
+/// A handle to a load of [`super::Sched::loads`].
+pub type LoadId = Handle<Load>;
+
+impl EntityName for Load {
+    const PREFIX: &'static str = "tma";
+}
+
+/// A TMA load of the schedule.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Load {
+    /// The tile and its boxes.
+    pub tma: TmaLoad,
+    /// The barrier its bytes complete on (its phase per iteration: a stage of the ring; per
+    /// tile: loaded once per work tile).
+    pub barrier: BarrierId,
+    /// Which of the work tiles a CTA runs at once the load's coordinates are those of (0; 1
+    /// for the second Q tile of an sm_100a attention pair, loaded at its block's coordinates).
+    pub work_tile: u32,
+}
+
+/// Columns of one 128-byte box of a TMA store (2-byte elements).
+pub const BOX_COLUMNS: u32 = 64;
+
+/// A `store` of a register tile lowered to a TMA store from a staging tile.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TmaStore {
+    /// The `store` op.
+    pub store: OpId,
+    /// The tensor parameter it writes (the one whose tensor map the runtime builds).
+    pub param: usize,
+    /// Tensor dimensions outside the tile's two: box extent 1.
+    pub lead_dims: u32,
+    /// Box extents, outermost first (`[rows, cols]`): the tile's rows by 128 bytes.
+    pub box_dims: [u32; 2],
+    /// Swizzle span in bytes (the box row's bytes, 128).
+    pub swizzle: u32,
+    /// The boxes that make up the tile, left to right; their shared offsets are inside the
+    /// staging tile, which box `j` takes in round `j / (boxes / rounds)`.
+    pub boxes: Vec<TmaBox>,
+    /// How many parts the tile is staged in (a power of two dividing the box count).
+    pub rounds: u32,
+    /// Byte offset of the staging tile in dynamic shared memory (1024-aligned).
+    pub offset: u32,
+    /// The named barrier array the storing threads meet at (one element per group).
+    pub barrier: BarrierId,
+    /// Threads of one group, which meet at its barrier: all that hold the tile when
+    /// `groups` is 1.
+    pub threads: u32,
+    /// The groups of threads that store the tile: group `g` (threads `g * threads ..`, one
+    /// warpgroup) holds rows `g * rows / groups ..` of every box and stores them itself.
+    pub groups: u32,
+    /// The ops of each round: the staging tile is free, written, visible, stored.
+    pub round: Vec<Op>,
+}
+
+impl TmaStore {
+    /// Bytes of one box.
+    pub fn box_bytes(&self) -> u32 {
+        self.box_dims[0] * self.box_dims[1] * 2
+    }
+
+    /// Boxes staged at once.
+    pub fn boxes_per_round(&self) -> u32 {
+        self.boxes.len() as u32 / self.rounds
+    }
+
+    /// Bytes of the staging tile.
+    pub fn bytes(&self) -> u32 {
+        self.box_bytes() * self.boxes_per_round()
+    }
+
+    /// Rows of a box that one group stores.
+    pub fn group_rows(&self) -> u32 {
+        self.box_dims[0] / self.groups
+    }
+
+    /// The tensor map's box extents, outermost first: 1 for every lead dimension, then a
+    /// group's rows by [`TmaStore::box_dims`]' columns.
+    pub fn map_box(&self) -> Vec<u32> {
+        let mut dims = vec![1; self.lead_dims as usize];
+        dims.extend([self.group_rows(), self.box_dims[1]]);
+        dims
+    }
+}
