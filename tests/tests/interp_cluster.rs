@@ -8,7 +8,7 @@
 
 mod ptx_examples;
 
-use kiln::ir::passes::{protocol_check, run_pipeline};
+use kiln::ir::passes::{legacy_protocol, run_pipeline};
 use kiln::ir::{DType, Kernel, Target};
 use kiln_tests::check::{Case, as_stored, assert_close, rel_error, tolerance};
 use kiln_tests::inputs::{Dist, Rng, gemm_operands, tensor};
@@ -124,7 +124,7 @@ fn multicast_faults_fail_the_execution() {
         let shared = r.cluster.as_ref().expect("clustered").shared;
         let boxes = &mut r.loads[shared].boxes;
         boxes[1].smem_offset = boxes[0].smem_offset;
-        protocol_check::check(r, &roles).expect("the protocol cannot see it");
+        legacy_protocol::check(r, &roles).expect("the protocol cannot see it");
     }
     let got = run_gemm(&kernel, (128, 128), &[&a, &b], 128, 2).expect("runs");
     let err = rel_error(&got.to_f64_vec(), &want);
@@ -184,7 +184,7 @@ fn paired_sm100a_gemm_matches_reference() {
         if let Some(p) = r.cluster.as_mut().and_then(|c| c.pair.as_mut()) {
             p.half = [0, 0];
         }
-        protocol_check::check_sm100a(r, &plan).expect("the protocol cannot see it");
+        legacy_protocol::check_sm100a(r, &plan).expect("the protocol cannot see it");
     }
     let got = run_gemm(&kernel, (128, 128), &[&a, &b], shape.1, 2).expect("runs");
     let err = rel_error(&got.to_f64_vec(), &want);

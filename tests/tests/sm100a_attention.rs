@@ -177,7 +177,7 @@ fn protocol_check_rejects_broken_plans() {
             )
         }),
         // The PV mma issued before the softmax wrote P over S.
-        ("S1/P1 (TMEM)", |p| {
+        ("S1 (TMEM)", |p| {
             without(
                 &mut p.mma_iteration,
                 AttnStep::Wait {
@@ -202,7 +202,7 @@ fn protocol_check_rejects_broken_plans() {
             )
         }),
         // The stage released before the PV mmas reading V.
-        ("V stage", |p| {
+        ("of tma1 (shared memory)", |p| {
             let it = &mut p.mma_iteration;
             without(it, AttnStep::RingCommit { bar: Bar::Empty });
             let pv = it

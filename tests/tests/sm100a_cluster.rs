@@ -9,7 +9,8 @@
 mod ptx_examples;
 
 use kiln_ir::cluster::Pair;
-use kiln_ir::passes::protocol_check::{self, ClusterError, ProtocolError, TmemError};
+use kiln_ir::passes::legacy_protocol::{self, ClusterError, ProtocolError, TmemError};
+use kiln_ir::passes::protocol_check;
 use kiln_ir::passes::{PASSES, run_pipeline};
 use kiln_ir::ring::{Bar, Operand, Ring, Step};
 use kiln_ir::tmem::{AccBar, TmemPlan, TmemStep};
@@ -103,7 +104,7 @@ fn the_pair_splits_b_and_the_protocol_holds_on_both_ctas() {
         );
         // Both CTAs' epilogue warps hand TMEM back to the leader.
         assert_eq!(tmem.count(AccBar::Empty), 2 * tmem.roles.epilogue_warps);
-        protocol_check::check_sm100a(&ring, &tmem).unwrap_or_else(|e| panic!("{e}"));
+        legacy_protocol::check_sm100a(&ring, &tmem).unwrap_or_else(|e| panic!("{e}"));
     }
     for &(name, overrides) in VARIANTS {
         let mut k = scheduled(&paired(name, overrides));
@@ -222,7 +223,7 @@ fn each_pair_rule_rejects_its_mutation() {
     for (what, edit, expected) in edits {
         let (mut ring, mut tmem) = plan(&[]);
         edit(&mut ring, &mut tmem);
-        let e = protocol_check::check_sm100a(&ring, &tmem).expect_err(what);
+        let e = legacy_protocol::check_sm100a(&ring, &tmem).expect_err(what);
         assert!(expected(&e), "{what}: got {e}");
     }
     // Through the pass, a broken rule is a compiler error at the user's loop.

@@ -7,7 +7,7 @@
 
 mod ptx_examples;
 
-use kiln_ir::passes::{PASSES, protocol_check};
+use kiln_ir::passes::{PASSES, legacy_protocol, protocol_check};
 use kiln_ir::ring::{Bar, Operand, Ring, Step};
 use kiln_ir::tmem::{AccBar, TmemPlan, TmemStep};
 use kiln_ir::{Kernel, Target};
@@ -88,7 +88,7 @@ fn gemm_ring_and_tmem_plan() {
             (r.epilogue_warps, r.producer_warp, r.mma_warp, r.threads()),
             (4, 4, 5, 192)
         );
-        protocol_check::check_sm100a(&ring, &plan).expect("the planned protocol is sound");
+        legacy_protocol::check_sm100a(&ring, &plan).expect("the planned protocol is sound");
     }
 }
 
@@ -175,7 +175,7 @@ fn broken_schedules_are_rejected() {
     for (expect, edit) in edits {
         let (mut ring, mut plan) = gemm("false");
         edit(&mut ring, &mut plan);
-        let err = protocol_check::check_sm100a(&ring, &plan)
+        let err = legacy_protocol::check_sm100a(&ring, &plan)
             .expect_err(expect)
             .to_string();
         assert!(err.contains(expect), "expected `{expect}`, got: {err}");
@@ -189,7 +189,7 @@ fn broken_schedules_are_rejected() {
     };
     let (ring, plan) = wide();
     assert_eq!(plan.epilogue_warpgroups(), 2);
-    protocol_check::check_sm100a(&ring, &plan).expect("the planned protocol is sound");
+    legacy_protocol::check_sm100a(&ring, &plan).expect("the planned protocol is sound");
     let wide_edits: [(&str, Edit); 3] = [
         // Warpgroup 0's last load also copies warpgroup 1's first 32 columns.
         ("column 128 is copied 2 times", |_, p| {
@@ -223,7 +223,7 @@ fn broken_schedules_are_rejected() {
     for (expect, edit) in wide_edits {
         let (mut ring, mut plan) = wide();
         edit(&mut ring, &mut plan);
-        let err = protocol_check::check_sm100a(&ring, &plan)
+        let err = legacy_protocol::check_sm100a(&ring, &plan)
             .expect_err(expect)
             .to_string();
         assert!(err.contains(expect), "expected `{expect}`, got: {err}");
@@ -240,7 +240,7 @@ fn broken_schedules_are_rejected() {
         (ring, k.schedule.tmem.expect("a TMEM plan"))
     };
     let (ring, plan) = chunked();
-    protocol_check::check_sm100a(&ring, &plan).expect("the planned protocol is sound");
+    legacy_protocol::check_sm100a(&ring, &plan).expect("the planned protocol is sound");
     let chunked_edits: [(&str, Edit); 3] = [
         // TMEM handed back once the first chunk has landed: the next tile's mmas would
         // overwrite the columns still to be copied.
@@ -278,7 +278,7 @@ fn broken_schedules_are_rejected() {
     for (expect, edit) in chunked_edits {
         let (mut ring, mut plan) = chunked();
         edit(&mut ring, &mut plan);
-        let err = protocol_check::check_sm100a(&ring, &plan)
+        let err = legacy_protocol::check_sm100a(&ring, &plan)
             .expect_err(expect)
             .to_string();
         assert!(err.contains(expect), "expected `{expect}`, got: {err}");

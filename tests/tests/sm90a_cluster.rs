@@ -7,7 +7,8 @@
 mod ptx_examples;
 
 use kiln_ir::cluster::Cluster;
-use kiln_ir::passes::protocol_check::{self, ClusterError, ProtocolError};
+use kiln_ir::passes::legacy_protocol::{self, ClusterError, ProtocolError};
+use kiln_ir::passes::protocol_check;
 use kiln_ir::passes::{PASSES, run_pipeline};
 use kiln_ir::ring::{Bar, InitStep, Ring, Step};
 use kiln_ir::sched::tiles::TileScheduler;
@@ -174,9 +175,9 @@ fn each_cluster_rule_rejects_its_mutation() {
             let k = scheduled(&clustered("gemm", &[("b_col_major", b_col_major)]));
             let roles = k.schedule.roles.expect("warp roles");
             let mut r = ring(&k).clone();
-            protocol_check::check(&r, &roles).expect("the real plan is sound");
+            legacy_protocol::check(&r, &roles).expect("the real plan is sound");
             edit(&mut r);
-            let e = protocol_check::check(&r, &roles).expect_err(what);
+            let e = legacy_protocol::check(&r, &roles).expect_err(what);
             assert!(expected(&e), "{what}: got {e}");
         }
     }
@@ -193,7 +194,7 @@ fn each_cluster_rule_rejects_its_mutation() {
     let k = scheduled(&clustered("gemm", &[]));
     let mut r = ring(&k).clone();
     r.consumer.retain(|s| !matches!(s, Step::ArrivePeer { .. }));
-    let e = protocol_check::check(&r, &k.schedule.roles.expect("roles")).expect_err("deadlock");
+    let e = legacy_protocol::check(&r, &k.schedule.roles.expect("roles")).expect_err("deadlock");
     assert!(matches!(e, ProtocolError::Deadlock { .. }), "{e}");
     assert!(e.to_string().contains("CTA 1"), "{e}");
     // A ring without a cluster may not release on a peer.
@@ -203,7 +204,7 @@ fn each_cluster_rule_rejects_its_mutation() {
         bar: Bar::Empty,
         lag: 1,
     });
-    let e = protocol_check::check(&r, &k.schedule.roles.expect("roles")).expect_err("peer");
+    let e = legacy_protocol::check(&r, &k.schedule.roles.expect("roles")).expect_err("peer");
     assert!(
         matches!(
             e,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use crate::kernel::Kernel;
 use crate::ring::{Bar, InitStep, Ring, Step, Turns};
-use crate::sched::barrier::{Barrier, BarrierId, BarrierKind, Index, Mbarrier, Phase};
+use crate::sched::barrier::{Barrier, BarrierId, BarrierKind, Index, Mbarrier, Phase, Scope};
 use crate::sched::role::{Issue, Program, Role, RoleKind, Who};
 use crate::sched::tma::{Load, LoadId, TmaStore};
 use crate::sched::tmem::{Tmem, TmemMma, TmemTile, TmemTileId};
@@ -52,6 +52,11 @@ impl<'k> Translation<'k> {
         let mut s = Sched::new(ring.for_op, ring.stages);
         s.tiles = kernel.schedule.tiles;
         s.cluster = ring.cluster.clone();
+        // One mask for every commit of the pair: the stages' and the accumulator's.
+        let acc_mask = kernel.schedule.tmem.as_ref().and_then(|p| p.pair.as_ref());
+        if let (Some(p), Some(acc)) = (s.cluster.as_mut().and_then(|c| c.pair.as_mut()), acc_mask) {
+            p.commit_mask &= acc.commit_mask;
+        }
         s.overlap = ring.overlap.clone().or_else(|| {
             kernel
                 .schedule
@@ -106,7 +111,8 @@ impl<'k> Translation<'k> {
                 stages,
                 phase: it,
                 offset: r.full_offset,
-                cluster: paired,
+                scope: if paired { Scope::Leader } else { Scope::Cta },
+                hands_tmem: false,
             },
         );
         let empty = self.mbarrier(
@@ -117,7 +123,12 @@ impl<'k> Translation<'k> {
                 stages,
                 phase: it,
                 offset: r.empty_offset,
-                cluster: clustered,
+                scope: if clustered {
+                    Scope::Cluster
+                } else {
+                    Scope::Cta
+                },
+                hands_tmem: false,
             },
         );
         self.bars.insert(Bar::Full, full);
@@ -131,7 +142,8 @@ impl<'k> Translation<'k> {
                     stages,
                     phase: it,
                     offset: r.tail_full_offset,
-                    cluster: false,
+                    scope: Scope::Cta,
+                    hands_tmem: false,
                 },
             );
             let te = self.mbarrier(
@@ -142,7 +154,8 @@ impl<'k> Translation<'k> {
                     stages,
                     phase: it,
                     offset: r.tail_empty_offset,
-                    cluster: false,
+                    scope: Scope::Cta,
+                    hands_tmem: false,
                 },
             );
             self.bars.insert(Bar::TailFull, tf);
@@ -157,7 +170,8 @@ impl<'k> Translation<'k> {
                     stages: 1,
                     phase: Phase::Tile,
                     offset: r.once_offset,
-                    cluster: false,
+                    scope: Scope::Cta,
+                    hands_tmem: false,
                 },
             );
             self.bars.insert(Bar::Once, once);
@@ -170,7 +184,8 @@ impl<'k> Translation<'k> {
                         stages: 1,
                         phase: Phase::Tile,
                         offset: r.once_free_offset,
-                        cluster: false,
+                        scope: Scope::Cta,
+                        hands_tmem: false,
                     },
                 );
                 self.bars.insert(Bar::OnceFree, free);
@@ -178,7 +193,17 @@ impl<'k> Translation<'k> {
         }
         if let Some(p) = self.tmem_plan() {
             let pair = p.pair.is_some();
-            for (bar, name) in [(AccBar::Full, "acc_full"), (AccBar::Empty, "acc_empty")] {
+            // The 2-SM pair's commit reaches both CTAs' `acc_full`; both hand back on the
+            // leader's `acc_empty`.
+            let scopes = if pair {
+                [Scope::Cluster, Scope::Leader]
+            } else {
+                [Scope::Cta; 2]
+            };
+            for ((bar, name), scope) in [(AccBar::Full, "acc_full"), (AccBar::Empty, "acc_empty")]
+                .into_iter()
+                .zip(scopes)
+            {
                 let h = self.mbarrier(
                     name,
                     None,
@@ -187,7 +212,8 @@ impl<'k> Translation<'k> {
                         stages: 1,
                         phase: Phase::Tile,
                         offset: p.offset(bar),
-                        cluster: pair,
+                        scope,
+                        hands_tmem: true,
                     },
                 );
                 self.acc.insert(bar, h);
@@ -216,7 +242,8 @@ impl<'k> Translation<'k> {
                         stages: 1,
                         phase,
                         offset: p.offset(bar),
-                        cluster: false,
+                        scope: Scope::Cta,
+                        hands_tmem: bar.hands_tmem(),
                     },
                 );
                 self.attn.insert(bar, h);
@@ -237,12 +264,24 @@ impl<'k> Translation<'k> {
 
     fn loads(&mut self) {
         let r = self.ring;
+        let overlap = r.overlap.as_ref().or(self.attention().map(|p| &p.overlap));
+        let uses = super::walk::uses(self.kernel);
+        let read_by = |op| match overlap {
+            None => MmaPart::Body,
+            Some(o) if super::overlap::only_read_by(self.kernel, &uses, op, o.tail) => {
+                MmaPart::Tail
+            }
+            Some(_) => MmaPart::Head,
+        };
         for (i, l) in r.loads.iter().enumerate() {
             let barrier = self.bars[&r.full_of(i)];
+            let free = self.bars.get(&Ring::empty_of(r.full_of(i))).copied();
             let h = self.s.loads.append(Load {
                 tma: l.clone(),
                 barrier,
+                free,
                 work_tile: 0,
+                read_by: read_by(l.load),
             });
             self.loads.push(h);
         }
@@ -251,7 +290,9 @@ impl<'k> Translation<'k> {
             let h = self.s.loads.append(Load {
                 tma: l.clone(),
                 barrier,
+                free: self.bars.get(&Bar::OnceFree).copied(),
                 work_tile: 0,
+                read_by: read_by(l.load),
             });
             self.once.push(h);
         }
@@ -262,7 +303,9 @@ impl<'k> Translation<'k> {
             self.q1 = Some(self.s.loads.append(Load {
                 tma,
                 barrier,
+                free: self.bars.get(&Bar::OnceFree).copied(),
                 work_tile: 1,
+                read_by: MmaPart::Head,
             }));
         }
     }
@@ -272,10 +315,11 @@ impl<'k> Translation<'k> {
             Some(p) => p.stores.iter().collect(),
             None => self.kernel.schedule.tma_stores.values().collect(),
         };
-        for st in legacy {
+        let attention = self.attention().is_some();
+        for (g, st) in legacy.into_iter().enumerate() {
             let barrier = self.s.barriers.append(Barrier {
                 name: "store",
-                index: None,
+                index: attention.then_some(g as u32),
                 kind: BarrierKind::Named {
                     first: st.barrier,
                     ids: st.groups,
@@ -296,27 +340,26 @@ impl<'k> Translation<'k> {
                 threads: st.threads,
                 groups: st.groups,
                 round,
+                work_tile: if attention { g as u32 } else { 0 },
             });
         }
     }
 
     fn setup(&mut self) {
         let init: Vec<Op> = self.ring.init.iter().map(|&s| init_op(s)).collect();
-        let columns = self
-            .tmem_plan()
-            .map(|p| p.columns)
-            .or(self.attention().map(|p| p.columns));
-        let Some(columns) = columns else {
+        // The MMA warp allocates before the set-up barrier, which publishes the address.
+        let tmem: Option<Vec<Op>> = match (self.tmem_plan(), self.attention()) {
+            (Some(p), _) => Some(self.tmem_ops(&p.setup)),
+            (None, Some(p)) => Some(self.attn_ops(&p.setup)),
+            (None, None) => None,
+        };
+        let Some(tmem) = tmem else {
             self.s.setup = init;
             return;
         };
-        // The MMA warp allocates before the set-up barrier, which publishes the address.
-        let mut setup = vec![
-            Op::InitBarriers,
-            Op::TmemAlloc { columns },
-            Op::TmemRelinquish,
-            Op::Tcgen05FenceBefore,
-        ];
+        let mut setup = vec![Op::InitBarriers];
+        setup.extend(tmem);
+        setup.push(Op::Tcgen05FenceBefore);
         setup.extend(init.into_iter().filter(|&o| o != Op::InitBarriers));
         setup.push(Op::Tcgen05FenceAfter);
         self.s.setup = setup;

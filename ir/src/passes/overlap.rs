@@ -187,7 +187,7 @@ fn split(kernel: &mut Kernel, id: OpId, turns: bool) -> Result<(), Diagnostic> {
 }
 
 /// Whether every read of `load`'s tile (through transposes) is by `mma`.
-fn only_read_by(
+pub(crate) fn only_read_by(
     kernel: &Kernel,
     uses: &std::collections::BTreeMap<ValueId, Vec<OpId>>,
     load: OpId,

@@ -59,9 +59,29 @@ pub struct Mbarrier {
     pub phase: Phase,
     /// Byte offset of stage 0 in dynamic shared memory; stage `s` is at `+ 8 s`.
     pub offset: u32,
-    /// Whether arrivals and transactions come from other CTAs of the cluster (a peer's
-    /// release, a peer's TMA, a 2-SM commit): a wait on it acquires at cluster scope.
-    pub cluster: bool,
+    /// Which CTAs' arrivals and transactions it hears.
+    pub scope: Scope,
+    /// Whether it hands tensor memory from one role to another (so a role's tcgen05 ops
+    /// before it arrives need `tcgen05.fence::before_thread_sync`, and after a wait
+    /// `tcgen05.fence::after_thread_sync`); `false` for a barrier that orders shared memory or
+    /// registers alone.
+    pub hands_tmem: bool,
+}
+
+/// Which CTAs of a cluster an mbarrier hears from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Its own CTA's roles (and TMA multicast into its CTA, which completes on it like a
+    /// load of its own).
+    Cta,
+    /// Every CTA of the cluster arrives on each CTA's copy (a peer's release, a 2-SM commit
+    /// multicast to both): a wait on it acquires at cluster scope.
+    Cluster,
+    /// Every CTA's arrivals and transactions land on the cluster leader's copy (the 2-SM
+    /// pair's `full`, which every CTA's TMA completes on, and its `acc_empty`, which every
+    /// CTA's epilogue hands back): only the leader announces transaction bytes on it, and a
+    /// wait on it acquires at cluster scope.
+    Leader,
 }
 
 /// What one phase of an mbarrier stands for.
@@ -145,9 +165,14 @@ impl fmt::Display for BarrierKind {
                     Phase::Iteration => ", phase per iteration",
                     Phase::Tile => ", phase per tile",
                 })?;
-                if m.cluster {
-                    f.write_str(", cluster scope")?;
+                if m.hands_tmem {
+                    f.write_str(", hands over tmem")?;
                 }
+                f.write_str(match m.scope {
+                    Scope::Cta => "",
+                    Scope::Cluster => ", cluster scope",
+                    Scope::Leader => ", on the cluster leader",
+                })?;
                 Ok(())
             }
             BarrierKind::Named {

@@ -32,6 +32,7 @@
 
 pub mod barrier;
 pub mod cluster;
+pub mod expand;
 pub mod op;
 pub mod overlap;
 mod print;
@@ -44,7 +45,7 @@ pub mod verify;
 use crate::arena::Arena;
 use crate::entities::OpId;
 
-pub use barrier::{Barrier, BarrierId, BarrierKind, Index, Mbarrier, Phase};
+pub use barrier::{Barrier, BarrierId, BarrierKind, Index, Mbarrier, Phase, Scope};
 pub use op::{MmaPart, Op, Region};
 pub use role::{Issue, Program, Role, RoleKind, Who};
 pub use tma::{Load, LoadId, TmaStore};

@@ -366,11 +366,6 @@ impl fmt::Display for Named<'_> {
             Op::TmemRelinquish => f.write_str("tmem.relinquish_alloc_permit"),
             Op::TmemDealloc { columns } => write!(f, "tmem.dealloc {columns} cols"),
             Op::Tcgen05Mma { part, tile } => {
-                let part = match part {
-                    MmaPart::Body => "body",
-                    MmaPart::Head => "head",
-                    MmaPart::Tail => "tail",
-                };
                 write!(f, "tcgen05.mma {part}")?;
                 if s.work_tiles > 1 {
                     write!(f, "[q{tile}]")?;
@@ -407,4 +402,14 @@ fn tmem_tile(s: &super::Sched, tile: TmemTileId) -> String {
         .as_ref()
         .and_then(|t| t.tiles.get(tile.0))
         .map_or_else(|| format!("tmem{}", tile.0), ToString::to_string)
+}
+
+impl fmt::Display for MmaPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MmaPart::Body => "body",
+            MmaPart::Head => "head",
+            MmaPart::Tail => "tail",
+        })
+    }
 }

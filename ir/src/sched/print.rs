@@ -60,6 +60,12 @@ impl fmt::Display for Sched {
                 dims.join("x"),
                 t.swizzle
             )?;
+            if let Some(free) = l.free {
+                write!(f, ", freed on {}", self.barriers[free])?;
+            }
+            if l.read_by != super::MmaPart::Body {
+                write!(f, ", read by the {}", l.read_by)?;
+            }
             if l.work_tile > 0 {
                 write!(f, " (work tile {})", l.work_tile)?;
             }
@@ -99,7 +105,7 @@ impl fmt::Display for Sched {
                 tiles.join(" ")
             )?;
             for m in &t.mmas {
-                write!(f, "      mma {:?}: idesc 0x{:08X}", m.part, m.idesc)?;
+                write!(f, "      mma {}: idesc 0x{:08X}", m.part, m.idesc)?;
                 match &m.a {
                     Some(a) => write!(f, ", a {a}")?,
                     None => f.write_str(", a from tmem")?,

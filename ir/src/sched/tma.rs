@@ -13,7 +13,7 @@ use crate::arena::{EntityName, Handle};
 use crate::entities::OpId;
 
 use super::barrier::BarrierId;
-use super::op::Op;
+use super::op::{MmaPart, Op};
 
 /// Bytes of the 128-byte swizzle atom (8 rows of 128 B): the alignment of every stage.
 pub const SWIZZLE_ATOM: u32 = 1024;
@@ -172,9 +172,15 @@ pub struct Load {
     /// The barrier its bytes complete on (its phase per iteration: a stage of the ring; per
     /// tile: loaded once per work tile).
     pub barrier: BarrierId,
+    /// The barrier its readers release its buffer on, which the producer waits on before
+    /// refilling it (`None`: loaded once and never refilled).
+    pub free: Option<BarrierId>,
     /// Which of the work tiles a CTA runs at once the load's coordinates are those of (0; 1
     /// for the second Q tile of an sm_100a attention pair, loaded at its block's coordinates).
     pub work_tile: u32,
+    /// The part of the loop body whose mmas read it: the whole body of an unrotated loop;
+    /// the head (attention's `Q` and `K`) or the tail (`V`) of a rotated one.
+    pub read_by: MmaPart,
 }
 
 /// Columns of one 128-byte box of a TMA store (2-byte elements).
@@ -210,6 +216,9 @@ pub struct TmaStore {
     pub groups: u32,
     /// The ops of each round: the staging tile is free, written, visible, stored.
     pub round: Vec<Op>,
+    /// Which of the work tiles a CTA runs at once stores through it (0; `g` for Q tile `g`
+    /// of an sm_100a attention pair, whose softmax warpgroup stores its own tile).
+    pub work_tile: u32,
 }
 
 impl TmaStore {

@@ -6,7 +6,8 @@
 //!   barrier it needs (waits, arrivals and commits an mbarrier; `bar.sync`/`bar.arrive` a
 //!   named barrier);
 //! - mbarriers have a count and stages, 8-byte aligned slots inside shared memory, and no
-//!   two overlap; named barrier arrays use ids 1..16 without overlapping;
+//!   two overlap; named barrier arrays use ids 1..16 (that stores and turns do not share
+//!   them is a protocol rule);
 //! - set-up ops only in [`Sched::setup`], and the set-up holds nothing else that needs a
 //!   role; lagged waits, arrivals and commits only on per-iteration barriers; per-tile
 //!   barriers' ops only outside the iteration section, except the TMA loads and commits
@@ -14,11 +15,11 @@
 //! - a load's barrier is an mbarrier; a once load (per-tile barrier) has one stage;
 //! - a store's barrier is a named array with one element per group and its threads;
 //! - roles hold disjoint warps, register budgets are multiples of 8 in 24..=256, replicas
-//!   divide a role into whole warpgroups;
-//! - TMEM: a power of 2 of 32..=512 columns holding every tile.
+//!   divide a role into whole warpgroups.
 //!
 //! Not checked here (the `protocol_check` pass proves them): that waits have their
-//! arrivals, phases agree, asynchronous results are waited for before use.
+//! arrivals, phases agree, asynchronous results are waited for before use, the TMEM
+//! allocation holds its tiles.
 
 use std::fmt;
 
@@ -179,7 +180,6 @@ fn op_error(s: &Sched, op: Op, section: Section) -> Option<String> {
 
 fn check_barriers(s: &Sched, fail: &mut dyn FnMut(&dyn fmt::Display, String)) {
     let mut slots: Vec<(u32, u32, BarrierId)> = Vec::new();
-    let mut ids: Vec<(u32, u32, BarrierId)> = Vec::new();
     for (h, b) in s.barriers.iter() {
         let place = format!("{h} {b}");
         match b.kind {
@@ -206,12 +206,12 @@ fn check_barriers(s: &Sched, fail: &mut dyn FnMut(&dyn fmt::Display, String)) {
                         ),
                     );
                 }
-                ids.push((first, first + n, h));
             }
         }
     }
-    for list in [&mut slots, &mut ids] {
-        list.sort_unstable();
+    slots.sort_unstable();
+    {
+        let list = &slots;
         for w in list.windows(2) {
             if w[0].1 > w[1].0 {
                 fail(
@@ -256,22 +256,6 @@ fn check_resources(s: &Sched, fail: &mut dyn FnMut(&dyn fmt::Display, String)) {
                 &place,
                 format!("{} boxes in {} rounds", st.boxes.len(), st.rounds),
             );
-        }
-    }
-    if let Some(t) = &s.tmem {
-        if !t.columns.is_power_of_two() || !(32..=super::tmem::TMEM_COLUMNS).contains(&t.columns) {
-            fail(&"tmem", format!("{} columns allocated", t.columns));
-        }
-        for tile in &t.tiles {
-            if tile.column + tile.columns > t.columns {
-                fail(
-                    &"tmem",
-                    format!(
-                        "{tile} at {}+{} lies outside {} columns",
-                        tile.column, tile.columns, t.columns
-                    ),
-                );
-            }
         }
     }
 }

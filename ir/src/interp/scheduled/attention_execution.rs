@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 
 use crate::kernel::{OpId, OpKind, UnaryOp, ValueDef, ValueId};
-use crate::passes::protocol_check::tmem_attention::{Pos, run_observed};
+use crate::passes::legacy_protocol::tmem_attention::{Pos, run_observed};
 use crate::ring::TmaLoad;
 use crate::tmem::attention::{AttentionPlan, AttnStep, Q_TILES};
 use crate::tmem::exp2::exp2_poly;

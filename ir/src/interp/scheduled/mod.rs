@@ -544,7 +544,7 @@ impl Stop {
     pub(super) fn finish(
         self,
         plan: &Plan<'_>,
-        protocol: Result<(), crate::passes::protocol_check::ProtocolError>,
+        protocol: Result<(), crate::passes::legacy_protocol::ProtocolError>,
     ) -> Result<(), InterpError> {
         match self.failed {
             Some(e) => Err(e),

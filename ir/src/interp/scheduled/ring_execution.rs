@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use crate::cluster::Pair;
 use crate::kernel::OpId;
-use crate::passes::protocol_check::machine::{At, Machine as Protocol, PRODUCER, roles_per_cta};
+use crate::passes::legacy_protocol::machine::{At, Machine as Protocol, PRODUCER, roles_per_cta};
 use crate::ring::Step;
 
 use super::super::error::InterpError;

@@ -1,836 +1,409 @@
-//! The dynamic rules of the ring protocol (see the parent module's doc): the producer and each
-//! consumer warpgroup run on an abstract machine with mbarrier, named-barrier and wgmma-group
-//! semantics for a sequence of work tiles (one for a kernel that is not persistent), each with
-//! its trip count. A clustered ring ([`crate::cluster`]) runs every CTA of its cluster on the
-//! same machine, each with its own barriers and roles: a multicast box lands in every CTA of
-//! its mask, a peer release arrives on the other CTAs' barrier, and a CTA exits when its roles
-//! are done (or, with the exit barrier, when every CTA's are).
+//! The dynamic rules of the schedule protocol (see the parent module's doc): every role of
+//! the schedule, each replica of it in each CTA of the cluster (one CTA without a cluster),
+//! runs its expanded program ([`crate::sched::expand`]) on an abstract machine for a run of
+//! work tiles with given trip counts.
 //!
-//! The machine is also the clock of the schedule's CPU execution ([`crate::interp::run_scheduled`]):
-//! [`Machine::run_observed`] reports every step a role executes, in the order the machine
-//! runs them, to an observer that moves the data. The order is the machine's own, a round of
-//! each role running as far as it can, the producer first: the producer refills a stage the
-//! moment its release lets it, which is the order that exposes a release that comes too early.
+//! The machine has mbarriers (arrival counts, transaction bytes, completed phases, parity
+//! waits, the CTAs each phase heard from), named barriers (generations of the threads that
+//! meet at them), per role the mmas in flight (wgmma commit groups; a `tcgen05.commit`
+//! completes every mma its thread issued) and a vector clock: an arrival carries the
+//! arriving role's clock into the phase it completes, a wait that passes joins it. Every
+//! access to a region (a stage of a load's buffer, a TMEM tile, the rescale factors) is
+//! checked against the previous conflicting access of another role: it must be ordered after
+//! it by the clocks.
+//!
+//! The machine is also the clock of the schedule's CPU execution
+//! ([`crate::interp::run_scheduled`]): [`Machine::run_observed`] reports every op a role runs,
+//! in the order the machine runs them, to an observer that moves the data. Each round every
+//! role runs as far as it can, in role order (the producer first): the producer refills a
+//! stage the moment its release lets it, the order that exposes a release that comes early.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::ProtocolError;
-use super::cluster::ClusterError;
-use crate::cluster::Pair;
-use crate::ring::{Bar, Ring, Step, Turns};
+use super::error::{ClusterError, Race};
+use super::rules::reads;
+use crate::sched::expand::{Section, Step, expand};
+use crate::sched::tmem::TmemTileId;
+use crate::sched::{
+    BarrierId, BarrierKind, Index, LoadId, MmaPart, Op, Phase, Region, Role, Sched, Scope,
+};
 
-/// One mbarrier of the abstract machine.
-#[derive(Clone, Copy, Debug)]
-struct Barrier {
-    /// Arrivals per phase (the init count).
-    count: u32,
-    /// Arrivals still missing in the current phase.
-    pending: i64,
-    /// Transaction bytes announced but not yet delivered.
-    tx: i64,
-    /// Phases completed so far.
-    completed: u32,
-    /// The CTAs whose roles arrived in the current phase, and in the last completed one
-    /// (bit `c` for CTA `c`): what a wait that passes on it has heard from.
-    from: u32,
-    heard: u32,
+/// Runs the machine for every trip count from 0 to past the ring's second wrap, and a
+/// persistent schedule for sequences of three work tiles of those.
+pub(super) fn check(s: &Sched) -> Result<(), ProtocolError> {
+    let counts: Vec<u32> = (0..=2 * s.stages + 1).collect();
+    for &trips in &counts {
+        Machine::new(s, &[trips]).run()?;
+    }
+    if s.persistent() {
+        // Tiles of every pair of trip counts (an empty tile, a short one, one that wraps the
+        // ring, ...) in both orders, then a third: the state carries over from each.
+        for &a in &counts {
+            for &b in &counts {
+                Machine::new(s, &[a, b, (a + b) % 3 + 1]).run()?;
+            }
+        }
+    }
+    Ok(())
 }
 
-impl Barrier {
-    fn new(count: u32) -> Barrier {
-        Barrier {
+/// One mbarrier stage of one CTA.
+#[derive(Clone, Debug)]
+struct Mbar {
+    count: u32,
+    /// Arrivals still missing in the current phase, and transaction bytes announced but not
+    /// yet delivered.
+    pending: i64,
+    tx: i64,
+    /// The clock and the CTAs heard from (bit per CTA) of the phase in progress, and of each
+    /// completed one.
+    clock: Vec<u32>,
+    from: u32,
+    clocks: Vec<Vec<u32>>,
+    froms: Vec<u32>,
+}
+
+impl Mbar {
+    fn new(count: u32, actors: usize) -> Mbar {
+        Mbar {
             count,
             pending: i64::from(count),
             tx: 0,
-            completed: 0,
+            clock: vec![0; actors],
             from: 0,
-            heard: 0,
+            clocks: Vec::new(),
+            froms: Vec::new(),
         }
+    }
+
+    fn completed(&self) -> u32 {
+        self.clocks.len() as u32
     }
 
     /// Completes the phase once every arrival and byte is in, and re-arms the count.
     fn settle(&mut self) {
         if self.pending == 0 && self.tx == 0 {
-            self.completed += 1;
             self.pending = i64::from(self.count);
-            self.heard = std::mem::take(&mut self.from);
+            let n = self.clock.len();
+            self.clocks
+                .push(std::mem::replace(&mut self.clock, vec![0; n]));
+            self.froms.push(std::mem::take(&mut self.from));
         }
     }
 }
 
-/// A named barrier between two consumer warpgroups (`bar.sync` / `bar.arrive` with the
-/// thread count of [`Turns::MEETING`] warpgroups): a generation completes when two
-/// warpgroups arrived.
-#[derive(Clone, Copy, Debug, Default)]
-struct TurnBarrier {
-    /// Warpgroups arrived in the current generation, and how many of them wait.
+/// One element of a named barrier array in one CTA.
+#[derive(Clone, Debug)]
+struct Named {
+    /// Arrivals of the generation in progress, and how many of them wait.
     arrived: u32,
     waiting: u32,
-    /// Generations completed.
-    generation: u32,
+    clock: Vec<u32>,
+    /// The clock of each completed generation.
+    clocks: Vec<Vec<u32>>,
 }
 
-/// What a wgmma of a group reads and writes.
+/// An mma in flight: the iteration whose data it reads and which part of the body it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Part {
-    /// A whole body's mmas (an unrotated program).
-    Body,
-    /// The head mma (its products are read by the code between).
-    Head,
-    /// The tail mma (accumulates into the carried registers, reads the handed-off `P`).
-    Tail,
+struct Read {
+    i: u32,
+    part: MmaPart,
 }
 
-/// One step of a role's program: the ring iteration it runs in (counted across tiles), the
-/// work tile, and the step.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct At {
-    /// The iteration, counted across the tiles of the run.
-    pub(crate) i: u32,
-    /// The work tile (0 for a kernel that is not persistent).
-    pub(crate) tile: u32,
-    /// The step.
-    pub(crate) step: Step,
+/// A region whose accesses must be ordered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Area {
+    /// A box of a stage of a load's buffer.
+    Buffer(LoadId, u32, usize),
+    /// A TMEM tile.
+    Tmem(TmemTileId),
+    /// The rescale factors of a Q tile.
+    Factors(u32),
 }
 
-/// One role's program and state.
-struct Role {
-    /// The CTA of the cluster it runs in (0 without a cluster).
-    cta: u32,
-    /// The steps in execution order, and the next index.
-    program: Vec<At>,
+/// The last write and the reads since, per region and CTA: `(actor, clock, op)`.
+#[derive(Clone, Debug, Default)]
+struct History {
+    write: Option<(usize, Vec<u32>, String)>,
+    reads: Vec<(usize, Vec<u32>, String)>,
+}
+
+/// One replica of a role in one CTA.
+pub(crate) struct Actor {
+    /// The role (index into the schedule's roles), the replica and the CTA.
+    pub(crate) role: usize,
+    pub(crate) replica: u32,
+    pub(crate) cta: u32,
+    steps: Vec<Step>,
     pc: usize,
-    /// wgmma groups: what each wgmma reads (iteration, part); groups below `done` completed.
-    groups: Vec<Vec<(u32, Part)>>,
-    uncommitted: Vec<(u32, Part)>,
+    clock: Vec<u32>,
+    /// mma groups: what each mma reads; groups below `done` completed.
+    groups: Vec<Vec<Read>>,
+    uncommitted: Vec<Read>,
     done: usize,
-    /// The turn-barrier generation a blocked `TurnWait` arrived in.
-    turn_arrival: Option<u32>,
-    /// The `(full array, iteration)` waits that passed: what the role may read.
-    landed: std::collections::BTreeSet<(Bar, u32)>,
-    /// Per wait that passed, the CTAs whose arrivals completed the phase it passed on.
-    heard: BTreeMap<(Bar, u32), u32>,
+    /// The generation a blocked `bar.sync` arrived in; the cluster barrier's.
+    named_arrival: Option<u32>,
+    cluster_arrival: Option<u32>,
+    /// The `(barrier, iteration or tile)` waits that passed, and the CTAs each heard from.
+    landed: BTreeSet<(BarrierId, u32)>,
+    heard: BTreeMap<(BarrierId, u32), u32>,
 }
 
-impl Role {
-    fn new(cta: u32, program: Vec<At>) -> Role {
-        Role {
-            cta,
-            program,
-            pc: 0,
-            groups: Vec::new(),
-            uncommitted: Vec::new(),
-            done: 0,
-            turn_arrival: None,
-            landed: std::collections::BTreeSet::new(),
-            heard: BTreeMap::new(),
-        }
-    }
-
-    /// Whether a wgmma matching `f` may still be running.
-    fn in_flight(&self, f: impl Fn(&(u32, Part)) -> bool) -> bool {
+impl Actor {
+    fn in_flight(&self, f: impl Fn(&Read) -> bool) -> bool {
         self.uncommitted.iter().any(&f) || self.groups[self.done..].iter().flatten().any(&f)
     }
 
-    fn at(&self) -> String {
-        match self.program.get(self.pc) {
-            Some(a) => format!(
-                "blocked at `{}` in iteration {} of tile {}",
-                a.step, a.i, a.tile
-            ),
-            None => "finished".to_string(),
-        }
+    fn finished(&self) -> bool {
+        self.pc == self.steps.len()
     }
 }
 
-/// The abstract machine: per CTA of the cluster (one without a cluster) the producer, each
-/// consumer warpgroup, and the barriers.
-pub(crate) struct Machine<'r> {
-    ring: &'r Ring,
-    /// CTAs in the cluster (1 without one).
+/// The abstract machine (see the module doc).
+pub(crate) struct Machine<'s> {
+    s: &'s Sched,
+    tiles: Vec<u32>,
     ctas: u32,
-    /// Keyed by CTA, array and stage.
-    bars: BTreeMap<(u32, Bar, u32), Barrier>,
-    /// Per CTA, one per consumer warpgroup (CTA `c`'s barrier `b` at `c * warpgroups + b`).
-    turns: Vec<TurnBarrier>,
-    roles: Vec<Role>,
-    /// Arrivals each consumer warpgroup's `Arrive` makes.
-    arrivals: u32,
-    /// Per CTA and iteration, how many of its consumer warpgroups released its stage (of
-    /// `empty`, and of `tail_empty` in a split ring).
-    released: Vec<Vec<u32>>,
-    released_tail: Vec<Vec<u32>>,
-    /// Per CTA and tile, how many consumer warpgroups released its once tiles.
-    once_released: Vec<Vec<u32>>,
-    /// Per CTA, whether it has exited.
-    exited: Vec<bool>,
+    actors: Vec<Actor>,
+    bars: BTreeMap<(u32, BarrierId, u32), Mbar>,
+    named: BTreeMap<(u32, BarrierId, u32), Named>,
+    history: BTreeMap<(u32, Area), History>,
+    /// Per CTA, barrier and iteration (tile, for a per-tile barrier): the actors that
+    /// released it.
+    released: BTreeMap<(u32, BarrierId, u32), BTreeSet<usize>>,
+    /// The cluster barrier's generation, and the clock each completed generation carries
+    /// (every actor's that met it or had finished).
+    cluster_generation: u32,
+    cluster_clocks: Vec<Vec<u32>>,
 }
 
-/// The producer's role index; consumer warpgroup `g` is role `g + 1` (in CTA `c` of a
-/// cluster, role `c * (1 + warpgroups)` and on).
-pub(crate) const PRODUCER: usize = 0;
-
-impl<'r> Machine<'r> {
-    /// A fresh machine for `ring` whose consumers are `consumer_warps` warps, each arriving
-    /// once per release.
-    pub(crate) fn new(ring: &'r Ring, consumer_warps: u32) -> Machine<'r> {
-        let ctas = ring.cluster.as_ref().map_or(1, |c| c.ctas);
-        let mut bars = BTreeMap::new();
-        let mut arrays = vec![(Bar::Full, ring.full_count), (Bar::Empty, ring.empty_count)];
-        if !ring.tail_loads.is_empty() {
-            arrays.extend([
-                (Bar::TailFull, ring.full_count),
-                (Bar::TailEmpty, ring.empty_count),
-            ]);
-        }
-        for (cta, s) in (0..ctas).flat_map(|c| (0..ring.stages).map(move |s| (c, s))) {
-            for &(bar, count) in &arrays {
-                bars.insert((cta, bar, s), Barrier::new(count));
+impl<'s> Machine<'s> {
+    /// A machine for `s` over work tiles with trip counts `tiles`.
+    pub(crate) fn new(s: &'s Sched, tiles: &[u32]) -> Machine<'s> {
+        let ctas = s.cluster.as_ref().map_or(1, |c| c.ctas);
+        let mut actors = Vec::new();
+        for cta in 0..ctas {
+            for (k, r) in s.roles.iter().enumerate() {
+                if r.rank.is_some_and(|rank| rank != cta) {
+                    continue;
+                }
+                for replica in 0..r.replicas.max(1) {
+                    actors.push(Actor {
+                        role: k,
+                        replica,
+                        cta,
+                        steps: expand(r, replica, tiles),
+                        pc: 0,
+                        clock: Vec::new(),
+                        groups: Vec::new(),
+                        uncommitted: Vec::new(),
+                        done: 0,
+                        named_arrival: None,
+                        cluster_arrival: None,
+                        landed: BTreeSet::new(),
+                        heard: BTreeMap::new(),
+                    });
+                }
             }
         }
-        if !ring.once.is_empty() {
-            let once_free = ring.persistent.then_some((Bar::OnceFree, ring.empty_count));
-            for (cta, (bar, count)) in (0..ctas).flat_map(|c| {
-                std::iter::once((Bar::Once, 1))
-                    .chain(once_free)
-                    .map(move |b| (c, b))
-            }) {
-                bars.insert((cta, bar, 0), Barrier::new(count));
-            }
+        let n = actors.len();
+        for a in &mut actors {
+            a.clock = vec![0; n];
         }
-        let warpgroups = consumer_warpgroups(ring, consumer_warps);
         Machine {
-            ring,
+            s,
+            tiles: tiles.to_vec(),
             ctas,
-            bars,
-            turns: vec![TurnBarrier::default(); (warpgroups * ctas) as usize],
-            roles: Vec::new(),
-            arrivals: consumer_warps / warpgroups,
-            released: Vec::new(),
-            released_tail: Vec::new(),
-            once_released: Vec::new(),
-            exited: vec![false; ctas as usize],
+            actors,
+            bars: BTreeMap::new(),
+            named: BTreeMap::new(),
+            history: BTreeMap::new(),
+            released: BTreeMap::new(),
+            cluster_generation: 0,
+            cluster_clocks: Vec::new(),
         }
     }
 
-    fn warpgroups(&self) -> u32 {
-        self.turns.len() as u32 / self.ctas
+    /// Runs every actor to its end.
+    pub(crate) fn run(self) -> Result<(), ProtocolError> {
+        self.run_observed(&mut |_, _| true)
     }
 
-    /// Roles per CTA: the producer and the consumer warpgroups.
-    fn per_cta(&self) -> usize {
-        1 + self.warpgroups() as usize
-    }
-
-    /// Runs the roles over work tiles with trip counts `tiles` (one tile for a kernel that
-    /// is not persistent).
-    pub(super) fn run(self, tiles: &[u32]) -> Result<(), ProtocolError> {
-        self.run_observed(tiles, &mut |_, _| true)
-    }
-
-    /// [`Machine::run`], reporting each step a role executes (its role index and the step)
-    /// to `observe` after the machine executed it; the run stops, successfully, when
-    /// `observe` returns `false`.
+    /// [`Machine::run`], reporting each op an actor runs (its index and the step) to
+    /// `observe` after the machine ran it; the run stops, successfully, when `observe`
+    /// returns `false`.
     pub(crate) fn run_observed(
         mut self,
-        tiles: &[u32],
-        observe: &mut dyn FnMut(usize, At) -> bool,
+        observe: &mut dyn FnMut(usize, Step) -> bool,
     ) -> Result<(), ProtocolError> {
-        let ring = self.ring;
-        let mut producer = Vec::new();
-        let mut consumers = vec![Vec::new(); self.warpgroups() as usize];
-        let wgs = self.warpgroups();
-        // The CTA's own steps around its tiles: the first and the last of the run.
-        let per_cta = |list: &'r [Step], wg: usize, i: u32, tile: u32| {
-            list.iter()
-                .filter(move |s| runs_in(**s, wg as u32, wgs))
-                .map(move |&step| At { i, tile, step })
-        };
-        for (wg, consumer) in consumers.iter_mut().enumerate() {
-            consumer.extend(per_cta(&ring.consumer_start, wg, 0, 0));
-        }
-        let mut base = 0;
-        for (tile, &trips) in tiles.iter().enumerate() {
-            let tile = tile as u32;
-            // Steps of local iteration `t` (the release lags count from the tile's start).
-            // A rotated loop's lags count from the tile's start; an unrotated one's run on
-            // across tiles (its first release frees the previous tile's last stage).
-            let from = if ring.overlap.is_some() { 0 } else { base };
-            let at = |t: u32, step: Step| {
-                let released_earlier = matches!(
-                    step,
-                    Step::Arrive { lag, .. }
-                    | Step::ArrivePeer { lag, .. }
-                    | Step::Tcgen05Commit { lag, .. } if from + t < lag
-                );
-                (!released_earlier).then_some(At {
-                    i: base + t,
-                    tile,
-                    step,
-                })
-            };
-            let iteration = |t: u32| ring.producer.iter().filter_map(move |&s| at(t, s));
-            // A persistent ring issues its first iteration before reloading the once tiles.
-            let first = u32::from(ring.persistent).min(trips);
-            producer.extend((0..first).flat_map(iteration));
-            producer.extend(ring.producer_once.iter().filter_map(|&s| at(0, s)));
-            producer.extend((first..trips).flat_map(iteration));
-            for (wg, consumer) in consumers.iter_mut().enumerate() {
-                let wgs = self.warpgroups();
-                let steps =
-                    |list: &'r [Step]| list.iter().filter(move |s| runs_in(**s, wg as u32, wgs));
-                consumer.extend(steps(&ring.consumer_once).filter_map(|&s| at(0, s)));
-                let release = steps(&ring.consumer_release).filter_map(|&s| at(trips, s));
-                if ring.overlap.is_some() {
-                    // Rotated: iterations 0 ..= trips, each step in the iterations it serves;
-                    // the once tiles are released when the last head mma is done, before the
-                    // last iteration (the last block's tail).
-                    let rounds = if trips == 0 { 0 } else { trips + 1 };
-                    for t in 0..rounds {
-                        if t == trips {
-                            consumer.extend(release.clone());
-                        }
-                        consumer.extend(
-                            steps(&ring.consumer)
-                                .filter(|s| s.runs_rotated(t, trips))
-                                .filter_map(|&s| at(t, s)),
-                        );
-                    }
-                    if trips == 0 {
-                        consumer.extend(release);
-                    }
-                    consumer.extend(steps(&ring.consumer_drain).filter_map(|&s| at(trips, s)));
-                } else {
-                    for t in 0..trips {
-                        consumer.extend(steps(&ring.consumer).filter_map(|&s| at(t, s)));
-                    }
-                    consumer.extend(steps(&ring.consumer_drain).filter_map(|&s| at(trips, s)));
-                    consumer.extend(release);
-                }
-            }
-            base += trips;
-        }
-        let last = tiles.len().saturating_sub(1) as u32;
-        for (wg, consumer) in consumers.iter_mut().enumerate() {
-            consumer.extend(per_cta(&ring.consumer_exit, wg, base, last));
-        }
-        // Every CTA of a cluster runs the same programs: the pair walks its tiles in lockstep.
-        // In the 2-SM form only the leader's MMA thread consumes and only its producer
-        // announces the pair's bytes.
-        let pair = ring.cluster.as_ref().and_then(|c| c.pair);
-        for cta in 0..self.ctas {
-            let peer = pair.is_some_and(|p| p.leader != cta);
-            let own = |program: &Vec<At>| -> Vec<At> {
-                match peer {
-                    true => program
-                        .iter()
-                        .filter(|a| !matches!(a.step, Step::ArriveExpectTx { .. }))
-                        .copied()
-                        .collect(),
-                    false => program.clone(),
-                }
-            };
-            self.roles.push(Role::new(cta, own(&producer)));
-            for consumer in &consumers {
-                let program = if peer { Vec::new() } else { consumer.clone() };
-                self.roles.push(Role::new(cta, program));
-            }
-        }
-        let ctas = self.ctas as usize;
-        self.released = vec![vec![0; base as usize]; ctas];
-        self.released_tail = vec![vec![0; base as usize]; ctas];
-        self.once_released = vec![vec![0; tiles.len()]; ctas];
         loop {
             let mut moved = false;
-            for role in 0..self.roles.len() {
-                while let Some(&at) = self.roles[role].program.get(self.roles[role].pc) {
-                    if !self.step(role, at)? {
+            for a in 0..self.actors.len() {
+                while let Some(&step) = self.actors[a].steps.get(self.actors[a].pc) {
+                    self.actors[a].clock[a] += 1;
+                    if !self.step(a, step)? {
                         break;
                     }
-                    self.roles[role].pc += 1;
+                    self.actors[a].pc += 1;
                     moved = true;
-                    if !observe(role, at) {
+                    if !observe(a, step) {
                         return Ok(());
                     }
                 }
             }
-            if self.roles.iter().all(|r| r.pc == r.program.len()) {
+            if self.actors.iter().all(Actor::finished) {
                 return self.balanced();
             }
-            self.exit_finished();
+            if self.cluster_met() {
+                moved = true;
+            }
             if !moved {
-                let per_cta = self.per_cta();
-                let cta = |r: &Role| {
-                    if self.ctas > 1 {
-                        format!("CTA {} ", r.cta)
-                    } else {
-                        String::new()
-                    }
-                };
-                let consumer = self
-                    .roles
-                    .iter()
-                    .enumerate()
-                    .filter(|(k, _)| k % per_cta != PRODUCER)
-                    .map(|(k, r)| format!("{}warpgroup {} {}", cta(r), k % per_cta - 1, r.at()))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                let producer = self
-                    .roles
-                    .iter()
-                    .step_by(per_cta)
-                    .map(|r| format!("{}{}", cta(r), r.at()))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                return Err(ProtocolError::Deadlock {
-                    tiles: tiles.to_vec(),
-                    producer,
-                    consumer,
-                });
+                return Err(self.deadlock());
             }
         }
     }
 
-    /// Every turn barrier ends between generations: no arrival is left over at exit.
+    fn role(&self, a: usize) -> &'s Role {
+        &self.s.roles[self.actors[a].role]
+    }
+
+    /// How an actor is named in messages: its role, and its replica and CTA where there are
+    /// several.
+    fn actor_name(&self, a: usize) -> String {
+        let act = &self.actors[a];
+        let r = self.role(a);
+        let mut name = r.kind.to_string();
+        if r.replicas > 1 {
+            name += &format!(" warpgroup {}", act.replica);
+        }
+        if self.ctas > 1 {
+            name = format!("CTA {} {name}", act.cta);
+        }
+        name
+    }
+
+    fn deadlock(&self) -> ProtocolError {
+        let blocked: Vec<String> = (0..self.actors.len())
+            .map(|a| {
+                let act = &self.actors[a];
+                match act.steps.get(act.pc) {
+                    Some(step) => format!(
+                        "{} blocked at `{}` in iteration {} of tile {}",
+                        self.actor_name(a),
+                        super::name(self.s, step.op),
+                        step.at.i,
+                        step.at.tile
+                    ),
+                    None => format!("{} finished", self.actor_name(a)),
+                }
+            })
+            .collect();
+        ProtocolError::Deadlock {
+            tiles: self.tiles.clone(),
+            blocked: blocked.join(", "),
+        }
+    }
+
+    /// Every named barrier ends between generations: no arrival is left over.
     fn balanced(&self) -> Result<(), ProtocolError> {
-        match self.turns.iter().position(|t| t.arrived != 0) {
-            Some(b) => Err(ProtocolError::TurnUnbalanced {
-                barrier: b as u32 % self.warpgroups(),
-            }),
+        match self.named.iter().find(|(_, n)| n.arrived != 0) {
+            Some((&(_, _, element), _)) => Err(ProtocolError::TurnUnbalanced { barrier: element }),
             None => Ok(()),
         }
     }
 
-    /// Marks the CTAs whose roles are all done as exited; with the cluster's exit barrier
-    /// none leaves before every CTA's roles are done (and then nothing runs any more).
-    fn exit_finished(&mut self) {
-        if self.ring.cluster.as_ref().is_some_and(|c| c.exit_sync) {
-            return;
-        }
-        for cta in 0..self.ctas {
-            let mut roles = self.roles.iter().filter(|r| r.cta == cta);
-            if roles.all(|r| r.pc == r.program.len()) {
-                self.exited[cta as usize] = true;
+    /// The cluster barrier completes once every actor waits at it or has finished; returns
+    /// whether it did.
+    fn cluster_met(&mut self) -> bool {
+        let g = self.cluster_generation;
+        let waiting = self.actors.iter().any(|a| a.cluster_arrival == Some(g));
+        let all = self
+            .actors
+            .iter()
+            .all(|a| a.finished() || a.cluster_arrival == Some(g));
+        if waiting && all {
+            let mut clock = vec![0; self.actors.len()];
+            for a in &self.actors {
+                join(&mut clock, &a.clock);
             }
+            self.cluster_clocks.push(clock);
+            self.cluster_generation += 1;
         }
+        waiting && all
     }
 
-    /// Fails when `step` of CTA `from` reaches CTA `to` after `to` exited.
-    fn reaches(&self, from: u32, to: u32, step: Step) -> Result<(), ProtocolError> {
-        if to != from && self.exited[to as usize] {
+    /// Whether every actor of CTA `cta` has finished (so the CTA exited).
+    fn exited(&self, cta: u32) -> bool {
+        self.actors
+            .iter()
+            .filter(|a| a.cta == cta)
+            .all(Actor::finished)
+    }
+
+    /// Fails when `op` of CTA `from` reaches CTA `to` after `to` exited.
+    fn reaches(&self, from: u32, to: u32, op: Op) -> Result<(), ProtocolError> {
+        if to != from && self.exited(to) {
             return Err(ClusterError::AfterExit {
                 cta: to,
                 from,
-                step,
+                op: super::name(self.s, op),
             }
             .into());
         }
         Ok(())
     }
 
-    /// Executes one step; `Ok(false)` when it blocks.
-    fn step(&mut self, role: usize, at: At) -> Result<bool, ProtocolError> {
-        let At { i, tile, step } = at;
-        // The once barriers have one phase per tile and no stages.
-        let (stages, i) = match step {
-            Step::Wait { bar, .. }
-            | Step::Arrive { bar, .. }
-            | Step::ArriveExpectTx { bar, .. }
-                if matches!(bar, Bar::Once | Bar::OnceFree) =>
-            {
-                (1, tile)
-            }
-            _ => (self.ring.stages, i),
-        };
-        let stage = i % stages;
-        let cta = self.roles[role].cta;
-        let local = role % self.per_cta();
-        let role_name = if local == PRODUCER {
-            "producer"
-        } else {
-            "consumer"
-        };
-        match step {
-            Step::Wait { bar, start } => {
-                let b = self.bars[&(cta, bar, stage)];
-                let parity = start ^ ((i / stages) & 1);
-                let passes = parity != b.completed % 2;
-                let needed = (i / stages + 1).saturating_sub(start);
-                if passes != (b.completed >= needed) || b.completed > needed + 1 {
-                    return Err(ProtocolError::Phase {
-                        role: role_name,
-                        bar,
-                        stage,
-                        iteration: i,
-                        parity,
-                        completed: b.completed,
-                        needed,
-                    });
-                }
-                if passes {
-                    self.roles[role].landed.insert((bar, i));
-                    self.roles[role].heard.insert((bar, i), b.heard);
-                }
-                Ok(passes)
-            }
-            Step::ArriveExpectTx { bar, bytes } => {
-                self.bar(cta, bar, stage).tx += i64::from(bytes);
-                self.arrive(cta, bar, stage, 1, cta)?;
-                Ok(true)
-            }
-            Step::Tma { load } if self.pair().is_some() => self.pair_tma(cta, load, i, stage),
-            Step::Tma { load } => {
-                let full = self.ring.full_of(load);
-                // Where each of the load's bytes land: the CTA's own stage, or, for the
-                // cluster's shared load, the boxes this CTA issues in every CTA of their mask.
-                let landings: Vec<(u32, u32)> = match &self.ring.cluster {
-                    Some(c) if c.shared == load => {
-                        let bytes = self.ring.loads.get(load).map_or(0, |l| l.box_bytes());
-                        (0..self.ctas)
-                            .map(|to| {
-                                let boxes = c
-                                    .multicast
-                                    .iter()
-                                    .filter(|m| m.issuer == cta && m.mask & (1 << to) != 0)
-                                    .count() as u32;
-                                (to, boxes * bytes)
-                            })
-                            .filter(|&(_, b)| b > 0)
-                            .collect()
-                    }
-                    _ => vec![(cta, self.ring.loads.get(load).map_or(0, |l| l.tile_bytes()))],
-                };
-                for (to, bytes) in landings {
-                    self.reaches(cta, to, step)?;
-                    // Refilling another CTA's stage: the `empty` phase the producer waited on
-                    // must include that CTA's releases, whatever order the roles ran in.
-                    let heard = self.roles[role]
-                        .heard
-                        .get(&(Ring::empty_of(full), i))
-                        .copied()
-                        .unwrap_or(0);
-                    if to != cta && i >= stages && heard & (1 << to) == 0 {
-                        return Err(ClusterError::Overwrite {
-                            cta: to,
-                            from: cta,
-                            iteration: i,
-                            previous: i - stages,
-                        }
-                        .into());
-                    }
-                    let wgs = self.warpgroups();
-                    let released = if full == Bar::TailFull {
-                        &self.released_tail[to as usize]
-                    } else {
-                        &self.released[to as usize]
-                    };
-                    if i >= stages && released[(i - stages) as usize] < wgs {
-                        return Err(if to == cta {
-                            ProtocolError::Overwrite {
-                                iteration: i,
-                                previous: i - stages,
-                            }
-                        } else {
-                            ClusterError::Overwrite {
-                                cta: to,
-                                from: cta,
-                                iteration: i,
-                                previous: i - stages,
-                            }
-                            .into()
-                        });
-                    }
-                    let b = self.bar(to, full, stage);
-                    b.tx -= i64::from(bytes);
-                    b.settle();
-                }
-                Ok(true)
-            }
-            Step::TmaOnce { load } => {
-                let wgs = self.warpgroups();
-                if tile > 0 && self.once_released[cta as usize][tile as usize - 1] < wgs {
-                    return Err(ProtocolError::OnceOverwrite { tile });
-                }
-                let bytes = self.ring.once.get(load).map_or(0, |l| l.tile_bytes());
-                let b = self.bar(cta, Bar::Once, 0);
-                b.tx -= i64::from(bytes);
-                b.settle();
-                Ok(true)
-            }
-            Step::Mma | Step::Tcgen05Mma | Step::IssueHead => {
-                self.read_landed(role, Bar::Full, i)?;
-                let part = if step == Step::IssueHead {
-                    Part::Head
-                } else {
-                    Part::Body
-                };
-                self.roles[role].uncommitted.push((i, part));
-                Ok(true)
-            }
-            Step::IssueTail => {
-                let full = if self.ring.tail_loads.is_empty() {
-                    Bar::Full
-                } else {
-                    Bar::TailFull
-                };
-                self.read_landed(role, full, i - 1)?;
-                // The accumulator is rescaled in registers before the tail's wgmmas.
-                if self.roles[role].in_flight(|&(_, p)| p == Part::Tail) {
-                    return Err(ProtocolError::AccumulatorInFlight { iteration: i });
-                }
-                self.roles[role].uncommitted.push((i - 1, Part::Tail));
-                Ok(true)
-            }
-            Step::Between => {
-                if self.roles[role].in_flight(|&x| x == (i, Part::Head)) {
-                    return Err(ProtocolError::ReadsInFlight { iteration: i });
-                }
-                Ok(true)
-            }
-            Step::Handoff => {
-                if self.roles[role].in_flight(|&(_, p)| p == Part::Tail) {
-                    return Err(ProtocolError::HandoffInFlight { iteration: i });
-                }
-                Ok(true)
-            }
-            Step::Commit => {
-                let r = &mut self.roles[role];
-                let g = std::mem::take(&mut r.uncommitted);
-                r.groups.push(g);
-                Ok(true)
-            }
-            Step::WaitGroup(n) => {
-                let r = &mut self.roles[role];
-                r.done = r.done.max(r.groups.len().saturating_sub(n as usize));
-                Ok(true)
-            }
-            Step::Arrive { bar, lag } => {
-                if i < lag {
-                    return Ok(true);
-                }
-                let j = i - lag;
-                if bar == Bar::OnceFree {
-                    // Head (and unrotated body) wgmmas read the once tiles; tails do not.
-                    if self.roles[role].in_flight(|&(_, p)| p != Part::Tail) {
-                        return Err(ProtocolError::OnceReleasedEarly { tile });
-                    }
-                    if let Some(r) = self.once_released[cta as usize].get_mut(tile as usize) {
-                        *r += 1;
-                    }
-                }
-                if matches!(bar, Bar::Empty | Bar::TailEmpty) && local != PRODUCER {
-                    // A stage of `empty` is read by the head (and an unrotated body), one of
-                    // `tail_empty` by the tail; a release waits for the wgmmas reading it.
-                    let split = !self.ring.tail_loads.is_empty();
-                    let tail_stage = bar == Bar::TailEmpty;
-                    let reads = |&(x, p): &(u32, Part)| {
-                        x == j && (!split || tail_stage == (p == Part::Tail))
-                    };
-                    if self.roles[role].in_flight(reads) {
-                        return Err(ProtocolError::EarlyRelease {
-                            iteration: i,
-                            released: j,
-                        });
-                    }
-                    let released = if bar == Bar::TailEmpty {
-                        &mut self.released_tail[cta as usize]
-                    } else {
-                        &mut self.released[cta as usize]
-                    };
-                    if let Some(r) = released.get_mut(j as usize) {
-                        *r += 1;
-                    }
-                }
-                let arrivals = if local == PRODUCER { 1 } else { self.arrivals };
-                self.arrive(cta, bar, j % stages, arrivals, cta)?;
-                Ok(true)
-            }
-            Step::ArrivePeer { bar, lag } => {
-                if i < lag {
-                    return Ok(true);
-                }
-                let j = i - lag;
-                // The peer's producer refills this CTA's stage once it hears this: the wgmmas
-                // reading it must be done, as for the CTA's own release.
-                if self.roles[role].in_flight(|&(x, _)| x == j) {
-                    return Err(ProtocolError::EarlyRelease {
-                        iteration: i,
-                        released: j,
-                    });
-                }
-                for to in (0..self.ctas).filter(|&to| to != cta) {
-                    self.reaches(cta, to, step)?;
-                    self.arrive(to, bar, j % stages, self.arrivals, cta)?;
-                }
-                Ok(true)
-            }
-            Step::TurnWait { .. } => {
-                let wg = cta * self.warpgroups() + (local - 1) as u32;
-                let arrived = match self.roles[role].turn_arrival {
-                    Some(g) => g,
-                    None => {
-                        let g = self.turn_arrive(wg, true)?;
-                        self.roles[role].turn_arrival = Some(g);
-                        g
-                    }
-                };
-                let passes = self.turns[wg as usize].generation > arrived;
-                if passes {
-                    self.roles[role].turn_arrival = None;
-                }
-                Ok(passes)
-            }
-            Step::TurnPass { .. } => {
-                let next = cta * self.warpgroups() + (local as u32) % self.warpgroups();
-                self.turn_arrive(next, false)?;
-                Ok(true)
-            }
-            Step::Tcgen05Commit { bar, lag } => {
-                // The arrival comes when every mma the thread issued so far has completed:
-                // the machine lets them complete here, then arrives as a release would.
-                let r = &mut self.roles[role];
-                let g = std::mem::take(&mut r.uncommitted);
-                r.groups.push(g);
-                r.done = r.groups.len();
-                if let Some(p) = self.pair() {
-                    return self.pair_commit(cta, p.commit_mask, bar, i, lag);
-                }
-                self.step(
-                    role,
-                    At {
-                        i,
-                        tile,
-                        step: Step::Arrive { bar, lag },
-                    },
-                )
-            }
-            Step::GenericWrite { .. } | Step::FenceProxyAsync => Ok(true),
+    /// The stage and phase index of `bar` for iteration `i` of work tile `tile`.
+    fn slot(&self, bar: BarrierId, i: u32, tile: u32) -> (u32, u32) {
+        match self.s.mbarrier(bar) {
+            Some(m) if m.phase == Phase::Iteration => (i % m.stages.max(1), i / m.stages.max(1)),
+            _ => (0, tile),
         }
     }
 
-    /// The ring's 2-SM form, if it is paired.
-    fn pair(&self) -> Option<Pair> {
-        self.ring.cluster.as_ref().and_then(|c| c.pair)
-    }
-
-    /// A TMA of CTA `cta`'s producer in the 2-SM form: its half lands in its own stage (which
-    /// the pair's mma of the stage's previous iteration must have released there, through the
-    /// leader's commit), its bytes complete on the leader's `full`.
-    fn pair_tma(
-        &mut self,
-        cta: u32,
-        load: usize,
-        i: u32,
-        stage: u32,
-    ) -> Result<bool, ProtocolError> {
-        let stages = self.ring.stages;
-        let leader = self.pair().map_or(0, |p| p.leader);
-        // The leader's mma of the stage's previous iteration reads both CTAs' halves: it must
-        // have completed, and its commit released the stage here.
-        let reading = |r: &Role| r.in_flight(|&(x, _)| i >= stages && x == i - stages);
-        if i >= stages
-            && (self.released[cta as usize][(i - stages) as usize] == 0
-                || self.roles.iter().any(reading))
-        {
-            return Err(ClusterError::Refill {
-                cta,
-                iteration: i,
-                previous: i - stages,
-            }
-            .into());
-        }
-        self.reaches(cta, leader, Step::Tma { load })?;
-        let bytes = self.ring.loads.get(load).map_or(0, |l| l.tile_bytes());
-        let b = self.bar(leader, self.ring.full_of(load), stage);
-        b.tx -= i64::from(bytes);
-        b.from |= 1 << cta;
-        b.settle();
-        Ok(true)
-    }
-
-    /// The leader's `tcgen05.commit` in the 2-SM form (the mmas before it have completed):
-    /// one arrival on `bar[(i - lag) % stages]` of every CTA of `mask`, releasing the stage
-    /// there.
-    fn pair_commit(
-        &mut self,
-        cta: u32,
-        mask: u16,
-        bar: Bar,
-        i: u32,
-        lag: u32,
-    ) -> Result<bool, ProtocolError> {
-        if i < lag {
-            return Ok(true);
-        }
-        let j = i - lag;
-        for to in (0..self.ctas).filter(|to| mask & (1 << to) != 0) {
-            self.reaches(cta, to, Step::Tcgen05Commit { bar, lag })?;
-            if bar == Bar::Empty
-                && let Some(r) = self.released[to as usize].get_mut(j as usize)
-            {
-                *r += 1;
-            }
-            self.arrive(to, bar, j % self.ring.stages, 1, cta)?;
-        }
-        Ok(true)
-    }
-
-    /// A wgmma of `role` reads the stage of iteration `i` on `full`: its wait must have passed.
-    fn read_landed(&self, role: usize, full: Bar, i: u32) -> Result<(), ProtocolError> {
-        if self.roles[role].landed.contains(&(full, i)) {
-            Ok(())
-        } else {
-            Err(ProtocolError::ReadBeforeWait {
-                iteration: i,
-                bar: full,
-            })
-        }
-    }
-
-    /// One warpgroup's arrival on turn barrier `b` (`waits`: a `bar.sync`); returns the
-    /// generation it arrived in. A generation that completes with nobody waiting lost a turn.
-    fn turn_arrive(&mut self, b: u32, waits: bool) -> Result<u32, ProtocolError> {
-        let warpgroups = self.warpgroups();
-        let t = &mut self.turns[b as usize];
-        let generation = t.generation;
-        t.arrived += 1;
-        t.waiting += u32::from(waits);
-        if t.arrived == Turns::MEETING {
-            if t.waiting == 0 {
-                return Err(ProtocolError::TurnLost {
-                    barrier: b % warpgroups,
-                });
-            }
-            *t = TurnBarrier {
-                arrived: 0,
-                waiting: 0,
-                generation: generation + 1,
-            };
-        }
-        Ok(generation)
-    }
-
-    fn bar(&mut self, cta: u32, bar: Bar, stage: u32) -> &mut Barrier {
+    fn bar(&mut self, cta: u32, bar: BarrierId, stage: u32) -> &mut Mbar {
+        let count = self.s.mbarrier(bar).map_or(0, |m| m.count);
+        let n = self.actors.len();
         self.bars
             .entry((cta, bar, stage))
-            .or_insert(Barrier::new(0))
+            .or_insert_with(|| Mbar::new(count, n))
     }
 
-    /// `n` arrivals of CTA `from`'s role on CTA `cta`'s `bar[stage]`.
+    /// The CTA whose copy of `bar` an arrival of CTA `cta` lands on.
+    fn home(&self, bar: BarrierId, cta: u32) -> u32 {
+        match self.s.mbarrier(bar).map(|m| m.scope) {
+            Some(Scope::Leader) => self
+                .s
+                .cluster
+                .as_ref()
+                .and_then(|c| c.pair)
+                .map_or(cta, |p| p.leader),
+            _ => cta,
+        }
+    }
+
+    /// `n` arrivals (and `tx` announced bytes) of actor `a` on CTA `cta`'s `bar[stage]`.
     fn arrive(
         &mut self,
+        a: usize,
         cta: u32,
-        bar: Bar,
+        bar: BarrierId,
         stage: u32,
         n: u32,
-        from: u32,
+        tx: u32,
     ) -> Result<(), ProtocolError> {
+        let clock = self.actors[a].clock.clone();
+        let from = self.actors[a].cta;
+        let name = self.s.barriers[bar].to_string();
         let b = self.bar(cta, bar, stage);
-        b.from |= 1 << from;
         b.pending -= i64::from(n);
+        b.tx += i64::from(tx);
+        b.from |= 1 << from;
+        join(&mut b.clock, &clock);
         if b.pending < 0 {
             return Err(ProtocolError::TooManyArrivals {
-                bar,
+                bar: name,
                 stage,
                 count: b.count,
             });
@@ -838,29 +411,605 @@ impl<'r> Machine<'r> {
         b.settle();
         Ok(())
     }
-}
 
-/// Roles per CTA of the machine of `ring` with `consumer_warps` consumer warps: the producer
-/// and each consumer warpgroup it runs (role `r` of a cluster's machine is role
-/// `r % roles_per_cta` of CTA `r / roles_per_cta`).
-pub(crate) fn roles_per_cta(ring: &Ring, consumer_warps: u32) -> usize {
-    1 + consumer_warpgroups(ring, consumer_warps) as usize
-}
+    /// `bytes` delivered by actor `a`'s TMA on CTA `cta`'s `bar[stage]`.
+    fn deliver(&mut self, a: usize, cta: u32, bar: BarrierId, stage: u32, bytes: u32) {
+        let clock = self.actors[a].clock.clone();
+        let from = self.actors[a].cta;
+        let b = self.bar(cta, bar, stage);
+        b.tx -= i64::from(bytes);
+        b.from |= 1 << from;
+        join(&mut b.clock, &clock);
+        b.settle();
+    }
 
-/// Whether consumer warpgroup `wg` of `warpgroups` runs `step` (turn steps name their
-/// warpgroups).
-fn runs_in(step: Step, wg: u32, warpgroups: u32) -> bool {
-    match step {
-        Step::TurnWait { who } | Step::TurnPass { who } => who.includes(wg, warpgroups),
-        _ => true,
+    /// Arrivals one op of actor `a` makes.
+    fn arrivals(&self, a: usize) -> u32 {
+        let r = self.role(a);
+        r.arrivals() / r.replicas.max(1)
+    }
+
+    /// Checks an access of actor `a` to `area` of CTA `cta` against the previous conflicting
+    /// ones, then records it.
+    fn access(
+        &mut self,
+        a: usize,
+        cta: u32,
+        area: Area,
+        write: bool,
+        op: Op,
+    ) -> Result<(), ProtocolError> {
+        let me = (a, self.actors[a].clock.clone(), super::name(self.s, op));
+        let h = self.history.entry((cta, area)).or_default();
+        let mut earlier: Vec<&(usize, Vec<u32>, String)> = h.write.iter().collect();
+        if write {
+            earlier.extend(h.reads.iter());
+        }
+        if let Some(e) = earlier
+            .into_iter()
+            .find(|e| e.0 != a && e.1[e.0] > me.1[e.0])
+        {
+            let write_first = h.write.as_ref().is_some_and(|w| std::ptr::eq(w, e));
+            let (first_actor, first_op) = (e.0, e.2.clone());
+            return Err(ProtocolError::Race(Box::new(Race {
+                tiles: self.tiles.clone(),
+                region: self.area_name(area),
+                first: if write_first { "written" } else { "read" },
+                first_role: self.actor_name(first_actor),
+                first_op,
+                second: if write { "written" } else { "read" },
+                second_role: self.actor_name(a),
+                second_op: me.2,
+            })));
+        }
+        let h = self.history.entry((cta, area)).or_default();
+        if write {
+            h.write = Some(me);
+            h.reads.clear();
+        } else {
+            h.reads.retain(|x| x.0 != a);
+            h.reads.push(me);
+        }
+        Ok(())
+    }
+
+    fn area_name(&self, area: Area) -> String {
+        match area {
+            Area::Buffer(l, _, b) if self.s.once(l) => {
+                format!("box {b} of the once tile of {l} (shared memory)")
+            }
+            Area::Buffer(l, stage, b) => format!("box {b} of stage {stage} of {l} (shared memory)"),
+            Area::Tmem(t) => {
+                let tile = self.s.tmem.as_ref().and_then(|m| m.tiles.get(t.0));
+                tile.map_or_else(|| format!("tmem{}", t.0), |x| format!("{x} (TMEM)"))
+            }
+            Area::Factors(g) => format!("the rescale factors of tile {g} (shared memory)"),
+        }
+    }
+
+    /// The CTAs an mma of actor `a` reads and writes in: its own, or both CTAs of a 2-SM
+    /// pair.
+    fn mma_ctas(&self, a: usize) -> Vec<u32> {
+        match self.s.cluster.as_ref() {
+            Some(c) if c.pair.is_some() => (0..c.ctas).collect(),
+            _ => vec![self.actors[a].cta],
+        }
+    }
+
+    /// Whether an in-flight read of actor `a` uses a buffer released on `bar` for iteration
+    /// (or tile) `x`.
+    fn reads_freed_on(&self, a: usize, bar: BarrierId, x: u32, per_tile: bool) -> bool {
+        let s = self.s;
+        self.actors[a].in_flight(|r| {
+            s.loads.iter().any(|(h, l)| {
+                l.free == Some(bar)
+                    && (r.part == MmaPart::Body || l.read_by == r.part)
+                    && (per_tile || r.i == x)
+                    && (!per_tile || s.once(h))
+            })
+        })
+    }
+
+    /// The actors of CTA `cta` whose mmas read `load`.
+    fn readers(&self, cta: u32, load: LoadId) -> Vec<usize> {
+        (0..self.actors.len())
+            .filter(|&a| {
+                let act = &self.actors[a];
+                (act.cta == cta || self.mma_ctas(a).contains(&cta))
+                    && self
+                        .role(a)
+                        .program
+                        .ops()
+                        .any(|op| reads(self.s, op).contains(&load))
+            })
+            .collect()
+    }
+
+    /// Whether every reader of `load` in CTA `cta` released it for `x`.
+    fn all_released(&self, cta: u32, load: LoadId, free: BarrierId, x: u32) -> bool {
+        let released = self.released.get(&(cta, free, x));
+        self.readers(cta, load)
+            .iter()
+            .all(|r| released.is_some_and(|set| set.contains(r)))
+    }
+
+    /// Runs one step of actor `a`; `Ok(false)` when it blocks.
+    fn step(&mut self, a: usize, step: Step) -> Result<bool, ProtocolError> {
+        let s = self.s;
+        let at = step.at;
+        let cta = self.actors[a].cta;
+        let role = self.actor_name(a);
+        match step.op {
+            Op::Wait { bar, start, lag } => {
+                let (stage, index) = self.slot(bar, at.i.saturating_sub(lag), at.tile);
+                let needed = (index + 1).saturating_sub(start);
+                let b = self.bar(cta, bar, stage);
+                let completed = b.completed();
+                let (clock, heard) = match needed.checked_sub(1) {
+                    Some(k) if completed == needed => {
+                        (b.clocks[k as usize].clone(), b.froms[k as usize])
+                    }
+                    _ => (Vec::new(), 0),
+                };
+                if completed > needed
+                    || (completed < needed && (needed - completed).is_multiple_of(2))
+                {
+                    return Err(ProtocolError::Phase {
+                        tiles: self.tiles.clone(),
+                        role,
+                        bar: s.barriers[bar].to_string(),
+                        stage,
+                        iteration: index,
+                        completed,
+                        needed,
+                    });
+                }
+                if completed < needed {
+                    return Ok(false);
+                }
+                let x = match s.mbarrier(bar).map(|m| m.phase) {
+                    Some(Phase::Iteration) => at.i.saturating_sub(lag),
+                    _ => at.tile,
+                };
+                let act = &mut self.actors[a];
+                join(&mut act.clock, &clock);
+                act.landed.insert((bar, x));
+                act.heard.insert((bar, x), heard);
+                Ok(true)
+            }
+            Op::ExpectTx { bar, bytes } => {
+                let home = self.home(bar, cta);
+                if home != cta {
+                    // The 2-SM pair's leader announces every CTA's bytes on its own barrier.
+                    return Ok(true);
+                }
+                let (stage, _) = self.slot(bar, at.i, at.tile);
+                self.arrive(a, cta, bar, stage, 1, bytes)?;
+                Ok(true)
+            }
+            Op::Arrive { bar, lag } => {
+                let per_tile = s.mbarrier(bar).is_some_and(|m| m.phase == Phase::Tile);
+                let x = if per_tile { at.tile } else { at.i - lag };
+                if self.reads_freed_on(a, bar, x, per_tile) {
+                    return Err(if per_tile {
+                        ProtocolError::OnceReleasedEarly { tile: at.tile }
+                    } else {
+                        ProtocolError::EarlyRelease {
+                            iteration: at.i,
+                            released: x,
+                            bar: s.barriers[bar].to_string(),
+                        }
+                    });
+                }
+                self.released.entry((cta, bar, x)).or_default().insert(a);
+                let (stage, _) = self.slot(bar, x, at.tile);
+                let home = self.home(bar, cta);
+                self.reaches(cta, home, step.op)?;
+                let n = self.arrivals(a);
+                self.arrive(a, home, bar, stage, n, 0)?;
+                Ok(true)
+            }
+            Op::ArrivePeer { bar, lag } => {
+                let x = at.i - lag;
+                if self.actors[a].in_flight(|r| r.i == x) {
+                    return Err(ProtocolError::EarlyRelease {
+                        iteration: at.i,
+                        released: x,
+                        bar: s.barriers[bar].to_string(),
+                    });
+                }
+                let (stage, _) = self.slot(bar, x, at.tile);
+                let n = self.arrivals(a);
+                for to in (0..self.ctas).filter(|&to| to != cta) {
+                    self.reaches(cta, to, step.op)?;
+                    self.arrive(a, to, bar, stage, n, 0)?;
+                }
+                Ok(true)
+            }
+            Op::Tma { load } => self.tma(a, load, step),
+            Op::Wgmma(_) | Op::Tcgen05Mma { .. } => self.mma(a, step),
+            Op::WgmmaCommit => {
+                let act = &mut self.actors[a];
+                let g = std::mem::take(&mut act.uncommitted);
+                act.groups.push(g);
+                Ok(true)
+            }
+            Op::WgmmaWait(n) => {
+                let act = &mut self.actors[a];
+                act.done = act.done.max(act.groups.len().saturating_sub(n as usize));
+                Ok(true)
+            }
+            Op::Run(Region::Between) => {
+                if self.actors[a].in_flight(|&r| {
+                    r == Read {
+                        i: at.i,
+                        part: MmaPart::Head,
+                    }
+                }) {
+                    return Err(ProtocolError::ReadsInFlight { iteration: at.i });
+                }
+                Ok(true)
+            }
+            Op::Run(Region::Handoff) => {
+                if self.actors[a].in_flight(|r| r.part == MmaPart::Tail) {
+                    return Err(ProtocolError::HandoffInFlight { iteration: at.i });
+                }
+                Ok(true)
+            }
+            Op::Sync { bar, index, .. } => self.named_sync(a, bar, index),
+            Op::Signal { bar, index, .. } => {
+                let element = self.element(a, bar, index);
+                self.named_arrive(a, bar, element, false)?;
+                Ok(true)
+            }
+            Op::Tcgen05Commit { bar, lag } => {
+                // The arrival comes once every mma the thread issued so far has completed:
+                // the machine completes them here, then arrives.
+                let act = &mut self.actors[a];
+                let g = std::mem::take(&mut act.uncommitted);
+                act.groups.push(g);
+                act.done = act.groups.len();
+                let per_tile = s.mbarrier(bar).is_some_and(|m| m.phase == Phase::Tile);
+                let x = if per_tile { at.tile } else { at.i - lag };
+                let (stage, _) = self.slot(bar, x, at.tile);
+                let targets: Vec<u32> = match s.cluster.as_ref().and_then(|c| c.pair) {
+                    Some(p) => (0..self.ctas)
+                        .filter(|to| p.commit_mask & (1 << to) != 0)
+                        .collect(),
+                    None => vec![self.home(bar, cta)],
+                };
+                for to in targets {
+                    self.reaches(cta, to, step.op)?;
+                    self.released.entry((to, bar, x)).or_default().insert(a);
+                    self.arrive(a, to, bar, stage, 1, 0)?;
+                }
+                Ok(true)
+            }
+            Op::TmemLoad { tile, .. } => {
+                // After a loop that ran no iteration the code after it reads the loop's
+                // initial value, not the tile.
+                let read = !matches!(at.section, Section::Drain | Section::End) || at.trips > 0;
+                if read {
+                    self.access(a, cta, Area::Tmem(tile), false, step.op)?;
+                }
+                Ok(true)
+            }
+            Op::TmemStore { tile } => {
+                self.access(a, cta, Area::Tmem(tile), true, step.op)?;
+                Ok(true)
+            }
+            Op::TmemDealloc { .. } => {
+                let tiles = s.tmem.as_ref().map_or(0, |t| t.tiles.len());
+                for t in 0..tiles {
+                    self.access(a, cta, Area::Tmem(TmemTileId(t)), true, step.op)?;
+                }
+                Ok(true)
+            }
+            Op::FactorStore { tile } => {
+                self.access(a, cta, Area::Factors(tile), true, step.op)?;
+                Ok(true)
+            }
+            Op::FactorLoad { tile } => {
+                self.access(a, cta, Area::Factors(tile), false, step.op)?;
+                Ok(true)
+            }
+            Op::ClusterSync => {
+                let g = self.cluster_generation;
+                let act = &mut self.actors[a];
+                match act.cluster_arrival {
+                    Some(arrived) if arrived < g => {
+                        act.cluster_arrival = None;
+                        join(&mut act.clock, &self.cluster_clocks[arrived as usize]);
+                        Ok(true)
+                    }
+                    Some(_) => Ok(false),
+                    None => {
+                        act.cluster_arrival = Some(g);
+                        Ok(false)
+                    }
+                }
+            }
+            Op::Run(Region::Epilogue(_))
+            | Op::GenericWrite { .. }
+            | Op::FenceProxyAsync
+            | Op::InitBarriers
+            | Op::FenceBarrierInit
+            | Op::CtaSync
+            | Op::TmemAlloc { .. }
+            | Op::TmemRelinquish
+            | Op::TmemWaitLoad
+            | Op::TmemWaitStore
+            | Op::Tcgen05FenceBefore
+            | Op::Tcgen05FenceAfter
+            | Op::RescaleBegin { .. }
+            | Op::Rescale { .. }
+            | Op::RescaleEnd
+            | Op::BulkWaitRead
+            | Op::StagingWrite
+            | Op::BulkStore
+            | Op::BulkCommit
+            | Op::BulkWaitAll => Ok(true),
+        }
+    }
+
+    /// A TMA of `load`: refills only what its readers released, delivers its bytes where
+    /// they land (a cluster's shared load in every CTA of its boxes' masks; the 2-SM pair's
+    /// on the leader's barrier).
+    fn tma(&mut self, a: usize, load: LoadId, step: Step) -> Result<bool, ProtocolError> {
+        let s = self.s;
+        let at = step.at;
+        let cta = self.actors[a].cta;
+        let l = &s.loads[load];
+        let bytes = l.tma.tile_bytes();
+        if s.once(load) {
+            let tile = at.tile;
+            if let Some(free) = l.free
+                && tile > 0
+                && !self.all_released(cta, load, free, tile - 1)
+            {
+                return Err(ProtocolError::OnceOverwrite { tile });
+            }
+            for b in 0..l.tma.boxes.len() {
+                self.access(a, cta, Area::Buffer(load, 0, b), true, step.op)?;
+            }
+            self.deliver(a, cta, l.barrier, 0, bytes);
+            return Ok(true);
+        }
+        let stages = s.stages;
+        let (i, stage) = (at.i, at.i % stages);
+        let cluster = s.cluster.as_ref();
+        let shared = cluster.is_some_and(|c| c.shared == load.index());
+        if let Some(p) = cluster.and_then(|c| c.pair) {
+            // Its own half lands in its own stage, released by the leader's commit there.
+            let reading = |act: &Actor| act.in_flight(|r| i >= stages && r.i == i - stages);
+            let released = l.free.is_none_or(|free| {
+                i < stages
+                    || self
+                        .released
+                        .get(&(cta, free, i - stages))
+                        .is_some_and(|set| !set.is_empty())
+            });
+            if i >= stages && (!released || self.actors.iter().any(reading)) {
+                return Err(ClusterError::Refill {
+                    cta,
+                    iteration: i,
+                    previous: i - stages,
+                }
+                .into());
+            }
+            self.reaches(cta, p.leader, step.op)?;
+            for b in 0..l.tma.boxes.len() {
+                self.access(a, cta, Area::Buffer(load, stage, b), true, step.op)?;
+            }
+            self.deliver(a, p.leader, l.barrier, stage, bytes);
+            return Ok(true);
+        }
+        // Per CTA the load lands in, the boxes that land there.
+        let all: Vec<usize> = (0..l.tma.boxes.len()).collect();
+        let landings: Vec<(u32, Vec<usize>)> = match cluster {
+            Some(c) if shared => (0..c.ctas)
+                .map(|to| {
+                    let boxes = c
+                        .multicast
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, m)| m.issuer == cta && m.mask & (1 << to) != 0)
+                        .map(|(b, _)| b)
+                        .collect();
+                    (to, boxes)
+                })
+                .filter(|(_, b): &(u32, Vec<usize>)| !b.is_empty())
+                .collect(),
+            _ => vec![(cta, all)],
+        };
+        for (to, boxes) in landings {
+            let bytes = if shared && cluster.is_some() {
+                boxes.len() as u32 * l.tma.box_bytes()
+            } else {
+                bytes
+            };
+            self.reaches(cta, to, step.op)?;
+            if let Some(free) = l.free
+                && i >= stages
+            {
+                let previous = i - stages;
+                // Refilling another CTA's stage: the free phase the producer waited on must
+                // include that CTA's releases, whatever order the roles ran in.
+                let heard = self.actors[a].heard.get(&(free, i)).copied().unwrap_or(0);
+                if to != cta && heard & (1 << to) == 0 {
+                    return Err(ClusterError::Overwrite {
+                        cta: to,
+                        from: cta,
+                        iteration: i,
+                        previous,
+                    }
+                    .into());
+                }
+                if !self.all_released(to, load, free, previous) {
+                    return Err(if to == cta {
+                        ProtocolError::Overwrite {
+                            iteration: i,
+                            previous,
+                        }
+                    } else {
+                        ClusterError::Overwrite {
+                            cta: to,
+                            from: cta,
+                            iteration: i,
+                            previous,
+                        }
+                        .into()
+                    });
+                }
+            }
+            for &b in &boxes {
+                self.access(a, to, Area::Buffer(load, stage, b), true, step.op)?;
+            }
+            self.deliver(a, to, l.barrier, stage, bytes);
+        }
+        Ok(true)
+    }
+
+    /// An mma: its stages must have landed (for the iteration it reads); a tail wgmma may not
+    /// start while the previous one may still write the accumulator; its reads go in flight
+    /// until a commit group completes or a `tcgen05.commit`.
+    fn mma(&mut self, a: usize, step: Step) -> Result<bool, ProtocolError> {
+        let s = self.s;
+        let at = step.at;
+        let (part, tile) = match step.op {
+            Op::Wgmma(part) => (part, None),
+            Op::Tcgen05Mma { part, tile } => (part, Some(tile)),
+            _ => return Ok(true),
+        };
+        let x = at.i - step.op.lag().unwrap_or(0).min(at.i);
+        for load in reads(s, step.op) {
+            let l = &s.loads[load];
+            if !s.once(load) && !self.actors[a].landed.contains(&(l.barrier, x)) {
+                return Err(ProtocolError::ReadBeforeWait {
+                    role: self.actor_name(a),
+                    iteration: x,
+                    bar: s.barriers[l.barrier].to_string(),
+                });
+            }
+        }
+        if step.op == Op::Wgmma(MmaPart::Tail)
+            && self.actors[a].in_flight(|r| r.part == MmaPart::Tail)
+        {
+            return Err(ProtocolError::AccumulatorInFlight { iteration: at.i });
+        }
+        self.actors[a].uncommitted.push(Read { i: x, part });
+        for cta in self.mma_ctas(a) {
+            for load in reads(s, step.op) {
+                let stage = if s.once(load) { 0 } else { x % s.stages };
+                for b in 0..s.loads[load].tma.boxes.len() {
+                    self.access(a, cta, Area::Buffer(load, stage, b), false, step.op)?;
+                }
+            }
+            if let (Some(t), Some(g)) = (&s.tmem, tile) {
+                let index = (s.work_tiles > 1).then_some(g);
+                let (read, write) = match part {
+                    MmaPart::Body => (None, t.tile("acc", None)),
+                    MmaPart::Head => (None, t.tile("S", index)),
+                    MmaPart::Tail => (t.tile("S", index), t.tile("O", index)),
+                };
+                if let Some(r) = read {
+                    self.access(a, cta, Area::Tmem(r), false, step.op)?;
+                }
+                if let Some(w) = write {
+                    self.access(a, cta, Area::Tmem(w), true, step.op)?;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// The element of named barrier array `bar` that `index` names for actor `a`.
+    fn element(&self, a: usize, bar: BarrierId, index: Index) -> u32 {
+        let ids = match self.s.barriers[bar].kind {
+            BarrierKind::Named { ids, .. } => ids.max(1),
+            BarrierKind::Mbarrier(_) => 1,
+        };
+        let own = self.actors[a].replica % ids;
+        match index {
+            Index::Own => own,
+            Index::Next => (own + 1) % ids,
+        }
+    }
+
+    /// A `bar.sync`: arrives once, then passes when the generation it arrived in completes.
+    fn named_sync(
+        &mut self,
+        a: usize,
+        bar: BarrierId,
+        index: Index,
+    ) -> Result<bool, ProtocolError> {
+        let element = self.element(a, bar, index);
+        let cta = self.actors[a].cta;
+        let arrived = match self.actors[a].named_arrival {
+            Some(g) => g,
+            None => {
+                let g = self.named_arrive(a, bar, element, true)?;
+                self.actors[a].named_arrival = Some(g);
+                g
+            }
+        };
+        let n = self.named.get(&(cta, bar, element));
+        let Some(clock) = n.and_then(|n| n.clocks.get(arrived as usize)).cloned() else {
+            return Ok(false);
+        };
+        let act = &mut self.actors[a];
+        act.named_arrival = None;
+        join(&mut act.clock, &clock);
+        Ok(true)
+    }
+
+    /// One arrival of actor `a` on element `element` of named barrier `bar` (`waits`: a
+    /// `bar.sync`); returns the generation it arrived in. A generation that completes with
+    /// nobody waiting lost a turn.
+    fn named_arrive(
+        &mut self,
+        a: usize,
+        bar: BarrierId,
+        element: u32,
+        waits: bool,
+    ) -> Result<u32, ProtocolError> {
+        let r = self.role(a);
+        let threads_per_replica = 32 * r.warps / r.replicas.max(1);
+        let meeting = match self.s.barriers[bar].kind {
+            BarrierKind::Named { threads, .. } => (threads / threads_per_replica.max(1)).max(1),
+            BarrierKind::Mbarrier(_) => 1,
+        };
+        let cta = self.actors[a].cta;
+        let clock = self.actors[a].clock.clone();
+        let n_actors = self.actors.len();
+        let n = self
+            .named
+            .entry((cta, bar, element))
+            .or_insert_with(|| Named {
+                arrived: 0,
+                waiting: 0,
+                clock: vec![0; n_actors],
+                clocks: Vec::new(),
+            });
+        let generation = n.clocks.len() as u32;
+        n.arrived += 1;
+        n.waiting += u32::from(waits);
+        join(&mut n.clock, &clock);
+        if n.arrived == meeting {
+            if n.waiting == 0 {
+                return Err(ProtocolError::TurnLost { barrier: element });
+            }
+            n.arrived = 0;
+            n.waiting = 0;
+            let done = std::mem::replace(&mut n.clock, vec![0; n_actors]);
+            n.clocks.push(done);
+        }
+        Ok(generation)
     }
 }
 
-/// Consumer warpgroups the machine runs separately: those taking turns when the loop
-/// ping-pongs, else one standing for all (they run the same program on the same barriers).
-fn consumer_warpgroups(ring: &Ring, consumer_warps: u32) -> u32 {
-    ring.overlap
-        .as_ref()
-        .and_then(|o| o.turns)
-        .map_or(1, |t| t.warpgroups.min(consumer_warps.max(1)))
+fn join(into: &mut [u32], from: &[u32]) {
+    for (a, b) in into.iter_mut().zip(from) {
+        *a = (*a).max(*b);
+    }
 }

@@ -1,404 +1,482 @@
-//! The static rules of the ring protocol (see the parent module's doc): set-up order, start
-//! parities, steps after their waits, announced bytes, once loads and proxy fences.
+//! The static rules of the stage rings and once loads (see the parent module's doc): set-up
+//! order, start parities, loads after the waits that free their stage, announced bytes,
+//! once loads, proxy fences and the rotation's shape.
 
-use super::{OnceError, ProtocolError};
-use crate::ring::{Bar, InitStep, Ring, Step, TmaLoad};
+use std::collections::BTreeSet;
 
-/// Set-up is `mbarrier.init`, then `fence.mbarrier_init`, then `bar.sync`.
-pub(super) fn check_init(init: &[InitStep]) -> Result<(), ProtocolError> {
-    let pos = |s: InitStep| init.iter().position(|&x| x == s);
+use super::{OnceError, ProtocolError, name, names};
+use crate::sched::{BarrierId, LoadId, MmaPart, Op, Phase, Region, Role, Sched};
+
+/// Every rule of this module.
+pub(super) fn check(s: &Sched) -> Result<(), ProtocolError> {
+    if s.cluster.is_none() {
+        check_init(s)?;
+    }
+    if let Some(p) = producer(s) {
+        check_producer(s, p)?;
+    }
+    for r in readers(s) {
+        check_reader(s, r)?;
+    }
+    for r in &s.roles {
+        check_fences(s, r)?;
+    }
+    check_rotation(s)?;
+    check_once(s)
+}
+
+/// Set-up is `mbarrier.init`, then `fence.mbarrier_init`, then the set-up barrier.
+pub(super) fn check_init(s: &Sched) -> Result<(), ProtocolError> {
+    let pos = |op: Op| s.setup.iter().position(|&x| x == op);
     match (
-        pos(InitStep::InitBarriers),
-        pos(InitStep::FenceMbarrierInit),
-        pos(InitStep::BarSync),
+        pos(Op::InitBarriers),
+        pos(Op::FenceBarrierInit),
+        pos(Op::CtaSync),
     ) {
         (Some(a), Some(b), Some(c)) if a < b && b < c => Ok(()),
-        _ => Err(ProtocolError::Init(init.to_vec())),
+        _ => Err(ProtocolError::Init(format!("[{}]", names(s, &s.setup)))),
     }
 }
 
-/// The per-iteration rules: start parities, steps after their waits, loads issued once and
-/// announced bytes; then the once loads' rules.
-pub(super) fn check_static(ring: &Ring) -> Result<(), ProtocolError> {
-    for (role, steps, bar, expected) in [
-        ("producer", &ring.producer, Bar::Empty, 1),
-        ("consumer", &ring.consumer, Bar::Full, 0),
-    ] {
-        let first_wait = steps
-            .iter()
-            .position(|s| matches!(s, Step::Wait { bar: b, .. } if *b == bar));
-        for (i, s) in steps.iter().enumerate() {
-            match *s {
-                Step::Wait { bar: b, start } if b == bar && start != expected => {
+/// The role issuing the loads.
+pub(super) fn producer(s: &Sched) -> Option<&Role> {
+    s.roles
+        .iter()
+        .find(|r| r.program.ops().any(|op| matches!(op, Op::Tma { .. })))
+}
+
+/// The roles whose mmas read loads.
+pub(super) fn readers(s: &Sched) -> impl Iterator<Item = &Role> {
+    s.roles.iter().filter(|r| r.program.ops().any(is_mma))
+}
+
+/// Whether `op` is an mma (reading stages).
+pub(super) fn is_mma(op: Op) -> bool {
+    matches!(op, Op::Wgmma(_) | Op::Tcgen05Mma { .. })
+}
+
+/// Whether `r` issues wgmmas (an sm_90a consumer).
+pub(super) fn wgmma_role(r: &Role) -> bool {
+    r.program.ops().any(|op| matches!(op, Op::Wgmma(_)))
+}
+
+/// The loads an mma op reads: every load for the body; the head's (and the once loads of
+/// its Q tile) or the tail's.
+pub(super) fn reads(s: &Sched, op: Op) -> Vec<LoadId> {
+    let (part, tile) = match op {
+        Op::Wgmma(part) => (part, None),
+        Op::Tcgen05Mma { part, tile } => (part, Some(tile)),
+        _ => return Vec::new(),
+    };
+    s.loads
+        .iter()
+        .filter(|(h, l)| {
+            let tile_ok = !s.once(*h) || tile.is_none_or(|t| t == l.work_tile);
+            (part == MmaPart::Body || l.read_by == part) && tile_ok
+        })
+        .map(|(h, _)| h)
+        .collect()
+}
+
+/// The producer's rules: each ring load once per iteration, after the wait on its free
+/// barrier (from parity 1); the bytes announced on each barrier those of its loads; nothing
+/// of a reader's.
+fn check_producer(s: &Sched, p: &Role) -> Result<(), ProtocolError> {
+    let role = p.kind.to_string();
+    let it = &p.program.iteration;
+    if let Some(&op) =
+        p.program.ops().collect::<Vec<_>>().iter().find(|&&op| {
+            is_mma(op) || matches!(op, Op::Sync { .. } | Op::Signal { .. } | Op::Run(_))
+        })
+    {
+        return Err(ProtocolError::Rotation(format!(
+            "the producer cannot run `{}`",
+            name(s, op)
+        )));
+    }
+    let frees: BTreeSet<BarrierId> = s.ring_loads().filter_map(|(_, l)| l.free).collect();
+    let mut waited = BTreeSet::new();
+    for &op in it {
+        match op {
+            Op::Wait { bar, start, .. } => {
+                if frees.contains(&bar) && start != 1 {
                     return Err(ProtocolError::StartPhase {
                         role,
-                        bar,
+                        bar: s.barriers[bar].to_string(),
                         start,
-                        expected,
+                        expected: 1,
                     });
                 }
-                Step::Tma { .. }
-                | Step::Mma
-                | Step::Tcgen05Mma
-                | Step::IssueHead
-                | Step::IssueTail
-                | Step::Between
-                    if first_wait.is_none_or(|w| w > i) =>
+                waited.insert(bar);
+            }
+            Op::Tma { load } if !s.once(load) => {
+                if let Some(free) = s.loads[load].free
+                    && !waited.contains(&free)
                 {
                     return Err(ProtocolError::BeforeWait {
                         role,
-                        step: *s,
-                        bar,
+                        op: name(s, op),
+                        bar: s.barriers[free].to_string(),
                     });
                 }
-                _ => {}
             }
+            _ => {}
         }
-        check_fences(role, steps)?;
     }
-    check_rotation(ring)?;
-    issued_once(&ring.loads, &ring.producer, |load| Step::Tma { load })
-        .map_err(|(load, times)| ProtocolError::LoadCount { load, times })?;
-    check_split(ring)?;
-    check_once(ring)
-}
-
-/// Per `full` array (one, or two in a split ring): the bytes announced on it are those of the
-/// loads completing on it, each issued after the producer's wait on the matching `empty`;
-/// the split arrays' waits start at the parities of the others.
-fn check_split(ring: &Ring) -> Result<(), ProtocolError> {
-    let split = !ring.tail_loads.is_empty();
-    if ring.tail_loads.iter().any(|&l| l >= ring.loads.len()) {
-        return Err(ProtocolError::Split(format!(
-            "tail loads {:?} of a ring with {} loads",
-            ring.tail_loads,
-            ring.loads.len()
-        )));
-    }
-    let uses_tail = |s: &Step| match *s {
-        Step::Wait { bar, .. } | Step::ArriveExpectTx { bar, .. } | Step::Arrive { bar, .. } => {
-            matches!(bar, Bar::TailFull | Bar::TailEmpty)
+    for (h, _) in s.ring_loads() {
+        let times = it.iter().filter(|&&op| op == Op::Tma { load: h }).count();
+        if times != 1 {
+            return Err(ProtocolError::LoadCount {
+                load: h.to_string(),
+                times,
+                per: "iteration",
+            });
         }
-        _ => false,
-    };
-    let programs = [
-        &ring.producer,
-        &ring.consumer,
-        &ring.consumer_drain,
-        &ring.consumer_start,
-        &ring.consumer_exit,
-    ];
-    if !split
-        && let Some(s) = programs
+    }
+    // In the 2-SM pair every CTA's loads complete on the leader's barrier, which announces
+    // them all.
+    let ctas = s
+        .cluster
+        .as_ref()
+        .and_then(|c| c.pair.map(|_| c.ctas))
+        .unwrap_or(1);
+    let mut announced_on: BTreeSet<BarrierId> = it
+        .iter()
+        .filter_map(|op| match *op {
+            Op::ExpectTx { bar, .. } => Some(bar),
+            _ => None,
+        })
+        .collect();
+    announced_on.extend(s.ring_loads().map(|(_, l)| l.barrier));
+    for bar in announced_on {
+        let announced: u32 = it
             .iter()
-            .flat_map(|p| p.iter())
-            .find(|s| uses_tail(s))
-    {
-        return Err(ProtocolError::Split(format!(
-            "`{s}` in a ring without tail loads"
-        )));
-    }
-    for (role, steps, bar, expected) in [
-        ("producer", &ring.producer, Bar::TailEmpty, 1),
-        ("consumer", &ring.consumer, Bar::TailFull, 0),
-    ] {
-        for s in steps {
-            if let Step::Wait { bar: b, start } = *s
-                && b == bar
-                && start != expected
-            {
-                return Err(ProtocolError::StartPhase {
-                    role,
-                    bar,
-                    start,
-                    expected,
-                });
-            }
-        }
-    }
-    for full in [Bar::Full, Bar::TailFull] {
-        let announced: u32 = ring
-            .producer
-            .iter()
-            .map(|s| match *s {
-                Step::ArriveExpectTx { bar, bytes } if bar == full => bytes,
+            .map(|op| match *op {
+                Op::ExpectTx { bar: b, bytes } if b == bar => bytes,
                 _ => 0,
             })
             .sum();
-        let loads: Vec<usize> = (0..ring.loads.len())
-            .filter(|&l| ring.full_of(l) == full)
-            .collect();
-        // In the 2-SM form both CTAs' loads complete on the leader's `full`, which announces
-        // them all.
-        let ctas = ring
-            .cluster
-            .as_ref()
-            .and_then(|c| c.pair.map(|_| c.ctas))
-            .unwrap_or(1);
         let boxes = ctas
-            * loads
-                .iter()
-                .map(|&l| ring.loads[l].tile_bytes())
+            * s.ring_loads()
+                .filter(|(_, l)| l.barrier == bar)
+                .map(|(_, l)| l.tma.tile_bytes())
                 .sum::<u32>();
         if announced != boxes {
-            return Err(ProtocolError::TxBytes { announced, boxes });
-        }
-        let empty = Ring::empty_of(full);
-        for &load in &loads {
-            let issued = ring.producer.iter().position(|s| *s == Step::Tma { load });
-            let waited = ring
-                .producer
-                .iter()
-                .position(|s| matches!(s, Step::Wait { bar, .. } if *bar == empty));
-            if waited.is_none_or(|w| issued.is_some_and(|t| t < w)) {
-                return Err(ProtocolError::BeforeWait {
-                    role: "producer",
-                    step: Step::Tma { load },
-                    bar: empty,
-                });
-            }
+            return Err(ProtocolError::TxBytes {
+                bar: s.barriers[bar].to_string(),
+                announced,
+                boxes,
+            });
         }
     }
     Ok(())
 }
 
-/// A rotated loop's consumer program has each rotated step once, and only a rotated loop has
-/// any; turn barriers appear only where the warpgroups ping-pong, never in the producer's.
-fn check_rotation(ring: &Ring) -> Result<(), ProtocolError> {
-    let err = |m: String| Err(ProtocolError::Rotation(m));
-    let rotated_steps = [
-        Step::IssueHead,
-        Step::IssueTail,
-        Step::Between,
-        Step::Handoff,
-    ];
-    let turn = |s: &Step| matches!(s, Step::TurnWait { .. } | Step::TurnPass { .. });
-    let consumer = ring
-        .consumer_start
-        .iter()
-        .chain(&ring.consumer_once)
-        .chain(&ring.consumer)
-        .chain(&ring.consumer_drain)
-        .chain(&ring.consumer_exit);
-    // A CTA's steps around its tiles hand the turn over; nothing else runs once per CTA.
-    if let Some(s) = ring
-        .consumer_start
-        .iter()
-        .chain(&ring.consumer_exit)
-        .find(|s| !turn(s))
-    {
-        return err(format!(
-            "`{s}` once per CTA: only turn hand-overs run outside the tiles"
-        ));
-    }
-    if let Some(s) =
-        ring.producer.iter().chain(&ring.producer_once).find(|s| {
-            turn(s) || rotated_steps.contains(s) || matches!(s, Step::Mma | Step::Tcgen05Mma)
-        })
-    {
-        return err(format!("the producer cannot run `{s}`"));
-    }
-    match &ring.overlap {
-        None => {
-            if let Some(s) = consumer
-                .clone()
-                .find(|s| turn(s) || rotated_steps.contains(s))
-            {
-                return err(format!("`{s}` in a loop the overlap pass did not rotate"));
+/// A reader's rules: its waits on a ring load's barrier start at parity 0 and come before
+/// the mmas of the iteration that read it (a rotated tail's reads, of the iteration before,
+/// the machine proves); a wgmma role waits on no per-iteration barrier no load lands on.
+fn check_reader(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
+    let role = r.kind.to_string();
+    let data: BTreeSet<BarrierId> = s.ring_loads().map(|(_, l)| l.barrier).collect();
+    let frees: BTreeSet<BarrierId> = s.loads.iter().filter_map(|(_, l)| l.free).collect();
+    let mut waited = BTreeSet::new();
+    for &op in &r.program.iteration {
+        match op {
+            Op::Wait { bar, start, .. } => {
+                if data.contains(&bar) && start != 0 {
+                    return Err(ProtocolError::StartPhase {
+                        role,
+                        bar: s.barriers[bar].to_string(),
+                        start,
+                        expected: 0,
+                    });
+                }
+                let landing = s.mbarrier(bar).is_some_and(|m| m.phase == Phase::Iteration)
+                    && !data.contains(&bar)
+                    && !frees.contains(&bar);
+                if landing && wgmma_role(r) {
+                    return Err(ProtocolError::Split(format!(
+                        "`{}` waits for a barrier no load lands on",
+                        name(s, op)
+                    )));
+                }
+                waited.insert(bar);
             }
-        }
-        Some(o) => {
-            for step in rotated_steps {
-                let n = ring.consumer.iter().filter(|s| **s == step).count();
-                if n != 1 {
-                    return err(format!(
-                        "`{step}` runs {n} times per iteration; it must run once"
-                    ));
+            Op::Wgmma(MmaPart::Tail) if r.program.rotated => {}
+            Op::Wgmma(_) | Op::Tcgen05Mma { .. } | Op::Run(Region::Between) => {
+                let reads = if op == Op::Run(Region::Between) {
+                    Vec::new()
+                } else {
+                    reads(s, op)
+                };
+                for load in reads.into_iter().filter(|&l| !s.once(l)) {
+                    let bar = s.loads[load].barrier;
+                    if !waited.contains(&bar) {
+                        return Err(ProtocolError::BeforeWait {
+                            role,
+                            op: name(s, op),
+                            bar: s.barriers[bar].to_string(),
+                        });
+                    }
+                }
+                if op == Op::Run(Region::Between)
+                    && wgmma_role(r)
+                    && !waited.iter().any(|b| data.contains(b))
+                {
+                    let bar = data
+                        .iter()
+                        .next()
+                        .map_or_else(String::new, |&b| s.barriers[b].to_string());
+                    return Err(ProtocolError::BeforeWait {
+                        role,
+                        op: name(s, op),
+                        bar,
+                    });
                 }
             }
-            if let Some(s) = consumer.clone().find(|s| **s == Step::Mma) {
-                return err(format!(
-                    "`{s}` in a rotated loop (its mmas are head and tail)"
-                ));
-            }
-            if o.turns.is_none()
-                && let Some(s) = consumer.clone().find(|s| turn(s))
-            {
-                return err(format!("`{s}` without ping-pong turn barriers"));
-            }
+            _ => {}
         }
     }
     Ok(())
 }
 
-/// The once loads' rules (see the module doc).
-fn check_once(ring: &Ring) -> Result<(), ProtocolError> {
-    if ring.once.is_empty() && !(ring.producer_once.is_empty() && ring.consumer_once.is_empty()) {
-        return Err(OnceError::ProgramsWithoutLoads.into());
-    }
-    let touches_once = |s: &Step| match *s {
-        Step::Wait { bar, .. } | Step::ArriveExpectTx { bar, .. } | Step::Arrive { bar, .. } => {
-            matches!(bar, Bar::Once | Bar::OnceFree)
-        }
-        Step::TmaOnce { .. } => true,
-        _ => false,
+/// Every generic write must be fenced before an op that lets the async proxy read it.
+fn check_fences(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
+    let mut unfenced: Option<LoadId> = None;
+    let err = |load: LoadId, op: String| ProtocolError::Unfenced {
+        role: r.kind.to_string(),
+        load: load.to_string(),
+        op,
     };
-    let per_iteration = ring.producer.iter().chain(&ring.consumer);
-    if let Some(s) = per_iteration
-        .chain(&ring.consumer_drain)
-        .chain(&ring.consumer_start)
-        .chain(&ring.consumer_exit)
-        .find(|s| touches_once(s))
-    {
-        return Err(OnceError::EveryIteration { step: *s }.into());
+    for &op in &r.program.iteration {
+        match op {
+            Op::GenericWrite { load } => unfenced = Some(load),
+            Op::FenceProxyAsync => unfenced = None,
+            Op::Wgmma(_)
+            | Op::Tcgen05Mma { .. }
+            | Op::Tcgen05Commit { .. }
+            | Op::Arrive { .. }
+            | Op::ArrivePeer { .. }
+            | Op::ExpectTx { .. }
+            | Op::Tma { .. } => {
+                if let Some(load) = unfenced {
+                    return Err(err(load, name(s, op)));
+                }
+            }
+            _ => {}
+        }
     }
+    match unfenced {
+        Some(load) => Err(err(load, "the end of the iteration".into())),
+        None => Ok(()),
+    }
+}
+
+/// The ops of a rotated wgmma program, each once per round.
+const ROTATED: [Op; 4] = [
+    Op::Wgmma(MmaPart::Head),
+    Op::Wgmma(MmaPart::Tail),
+    Op::Run(Region::Between),
+    Op::Run(Region::Handoff),
+];
+
+/// A rotated wgmma program runs each rotated op once per round, and only a rotated program
+/// has any; turn barriers only where the replicas take turns; a wgmma role runs only turn
+/// hand-overs once per CTA (and, at exit, its stores' and the cluster's waits).
+fn check_rotation(s: &Sched) -> Result<(), ProtocolError> {
+    let err = |m: String| Err(ProtocolError::Rotation(m));
+    let turn = |op: &Op| matches!(op, Op::Sync { .. } | Op::Signal { .. });
+    for r in s.roles.iter().filter(|r| wgmma_role(r)) {
+        let p = &r.program;
+        let outside = p
+            .start
+            .iter()
+            .chain(&p.exit)
+            .find(|op| !turn(op) && !matches!(op, Op::BulkWaitAll | Op::ClusterSync));
+        if let Some(&op) = outside {
+            return err(format!(
+                "`{}` once per CTA: only turn hand-overs run outside the tiles",
+                name(s, op)
+            ));
+        }
+        let body: Vec<Op> = p
+            .start
+            .iter()
+            .chain(&p.tile)
+            .chain(&p.iteration)
+            .chain(&p.drain)
+            .chain(&p.exit)
+            .copied()
+            .collect();
+        if !p.rotated {
+            if let Some(&op) = body.iter().find(|op| turn(op) || ROTATED.contains(op)) {
+                return err(format!(
+                    "`{}` in a loop the overlap pass did not rotate",
+                    name(s, op)
+                ));
+            }
+            continue;
+        }
+        for op in ROTATED {
+            let n = p.iteration.iter().filter(|&&x| x == op).count();
+            if n != 1 {
+                return err(format!(
+                    "`{}` runs {n} times per iteration; it must run once",
+                    name(s, op)
+                ));
+            }
+        }
+        if let Some(&op) = body.iter().find(|&&op| op == Op::Wgmma(MmaPart::Body)) {
+            return err(format!(
+                "`{}` in a rotated loop (its mmas are head and tail)",
+                name(s, op)
+            ));
+        }
+        if r.replicas < 2
+            && let Some(&op) = body.iter().find(|op| turn(op))
+        {
+            return err(format!("`{}` without ping-pong turn barriers", name(s, op)));
+        }
+    }
+    Ok(())
+}
+
+/// The once loads' rules (see the parent module's doc).
+fn check_once(s: &Sched) -> Result<(), ProtocolError> {
+    let once: Vec<LoadId> = s
+        .loads
+        .iter()
+        .map(|(h, _)| h)
+        .filter(|&h| s.once(h))
+        .collect();
+    let Some(p) = producer(s) else {
+        return Ok(());
+    };
+    if once.is_empty() {
+        if !p.program.tile.is_empty() {
+            return Err(OnceError::ProgramsWithoutLoads.into());
+        }
+        return Ok(());
+    }
+    let bars: BTreeSet<BarrierId> = once.iter().map(|&l| s.loads[l].barrier).collect();
+    let frees: BTreeSet<BarrierId> = once.iter().filter_map(|&l| s.loads[l].free).collect();
+    let touches = |op: &Op| match *op {
+        Op::Tma { load } => once.contains(&load),
+        _ => op
+            .barrier()
+            .is_some_and(|b| bars.contains(&b) || frees.contains(&b)),
+    };
+    for r in std::iter::once(p).chain(readers(s)) {
+        let pr = &r.program;
+        let every = pr
+            .start
+            .iter()
+            .chain(&pr.iteration)
+            .chain(&pr.drain)
+            .chain(&pr.exit);
+        if let Some(&op) = every.clone().find(|op| touches(op)) {
+            return Err(OnceError::EveryIteration { op: name(s, op) }.into());
+        }
+    }
+    let persistent = s.persistent();
     let mut announced = 0;
-    for (k, s) in ring.producer_once.iter().enumerate() {
-        match *s {
-            // A persistent ring reloads the once tiles after the consumers released them.
-            Step::Wait {
-                bar: Bar::OnceFree,
-                start,
-            } if ring.persistent && k == 0 => {
+    for (k, &op) in p.program.tile.iter().enumerate() {
+        match op {
+            Op::Wait { bar, start, .. } if frees.contains(&bar) && k == 0 => {
                 if start != 1 {
                     return Err(ProtocolError::StartPhase {
-                        role: "producer",
-                        bar: Bar::OnceFree,
+                        role: p.kind.to_string(),
+                        bar: s.barriers[bar].to_string(),
                         start,
                         expected: 1,
                     });
                 }
             }
-            Step::ArriveExpectTx {
-                bar: Bar::Once,
-                bytes,
-            } => announced += bytes,
-            Step::TmaOnce { .. } => {}
-            other => {
-                return Err(OnceError::ProducerStep { step: other }.into());
-            }
+            Op::ExpectTx { bar, bytes } if bars.contains(&bar) => announced += bytes,
+            Op::Tma { load } if once.contains(&load) => {}
+            other => return Err(OnceError::ProducerStep { op: name(s, other) }.into()),
         }
     }
-    let boxes = issued_once(&ring.once, &ring.producer_once, |load| Step::TmaOnce {
-        load,
-    })
-    .map_err(|(load, times)| OnceError::LoadCount { load, times })?;
+    let mut boxes = 0;
+    for &l in &once {
+        let times = p
+            .program
+            .tile
+            .iter()
+            .filter(|&&op| op == Op::Tma { load: l })
+            .count();
+        if times != 1 {
+            return Err(ProtocolError::LoadCount {
+                load: l.to_string(),
+                times,
+                per: "tile",
+            });
+        }
+        boxes += s.loads[l].tma.tile_bytes();
+    }
     if announced != boxes {
         return Err(OnceError::TxBytes { announced, boxes }.into());
     }
-    // Turn steps (the followers handing the leader its first turn) are checked by the
-    // machine; everything else the consumers run once is the wait on `once`.
-    let waits = ring
-        .consumer_once
-        .iter()
-        .filter(|s| !matches!(s, Step::TurnPass { .. } | Step::TurnWait { .. }))
-        .map(|s| match *s {
-            Step::Wait {
-                bar: Bar::Once,
-                start: 0,
-            } => Ok(()),
-            other => Err(OnceError::ConsumerStep { step: other }),
-        })
-        .collect::<Result<Vec<()>, _>>()?;
-    if !ring.once.is_empty() && waits.is_empty() {
-        return Err(OnceError::NoWait.into());
-    }
-    check_release(ring)
-}
-
-/// A persistent ring with once loads releases them once per tile, after the drain, on
-/// `once_free` and waits for that release before reloading; no other ring has a release.
-fn check_release(ring: &Ring) -> Result<(), ProtocolError> {
-    let release = Step::Arrive {
-        bar: Bar::OnceFree,
-        lag: 0,
-    };
-    let expected: &[Step] = if ring.persistent && !ring.once.is_empty() {
-        &[release]
-    } else {
-        &[]
-    };
-    if ring.consumer_release != expected {
-        return Err(OnceError::Release {
-            got: ring.consumer_release.clone(),
-            expected: expected.to_vec(),
-        }
-        .into());
-    }
-    let waits = ring.producer_once.iter().any(|s| {
-        matches!(
-            s,
-            Step::Wait {
-                bar: Bar::OnceFree,
-                ..
+    for r in readers(s).filter(|r| {
+        r.program
+            .ops()
+            .any(|op| reads(s, op).iter().any(|l| once.contains(l)))
+    }) {
+        let role = r.kind.to_string();
+        let mut waits = false;
+        for &op in &r.program.tile {
+            match op {
+                Op::Wait { bar, start: 0, .. } if bars.contains(&bar) => waits = true,
+                Op::Sync { .. } | Op::Signal { .. } => {}
+                other if wgmma_role(r) || touches(&other) => {
+                    return Err(OnceError::ConsumerStep {
+                        role,
+                        op: name(s, other),
+                    }
+                    .into());
+                }
+                _ => {}
             }
-        )
-    });
-    let must_wait = !expected.is_empty();
-    if waits != must_wait {
-        return Err(OnceError::ReloadWait { waits }.into());
+        }
+        if !waits {
+            return Err(OnceError::NoWait { role }.into());
+        }
+        check_release(s, r, persistent, &frees)?;
+    }
+    let reload = p
+        .program
+        .tile
+        .iter()
+        .any(|op| matches!(*op, Op::Wait { bar, .. } if frees.contains(&bar)));
+    if reload != persistent {
+        return Err(OnceError::ReloadWait { waits: reload }.into());
     }
     Ok(())
 }
 
-/// The bytes of every box of `loads`, when `program` issues each load exactly once (as the
-/// step `issue(index)`); otherwise the first load that is not, with its issue count.
-fn issued_once(
-    loads: &[TmaLoad],
-    program: &[Step],
-    issue: impl Fn(usize) -> Step,
-) -> Result<u32, (usize, usize)> {
-    let mut boxes = 0;
-    for (l, load) in loads.iter().enumerate() {
-        let times = program.iter().filter(|s| **s == issue(l)).count();
-        if times != 1 {
-            return Err((l, times));
+/// A reader of once loads in a persistent schedule releases them once per tile on their
+/// free barrier (a commit, from an MMA thread); no other schedule releases them.
+fn check_release(
+    s: &Sched,
+    r: &Role,
+    persistent: bool,
+    frees: &BTreeSet<BarrierId>,
+) -> Result<(), ProtocolError> {
+    let expected: Vec<Op> = match frees.iter().next() {
+        Some(&bar) if persistent => vec![if wgmma_role(r) {
+            Op::Arrive { bar, lag: 0 }
+        } else {
+            Op::Tcgen05Commit { bar, lag: 0 }
+        }],
+        _ => Vec::new(),
+    };
+    if r.program.release != expected {
+        return Err(OnceError::Release {
+            role: r.kind.to_string(),
+            got: names(s, &r.program.release),
+            expected: names(s, &expected),
         }
-        boxes += load.tile_bytes();
+        .into());
     }
-    Ok(boxes)
-}
-
-/// Every generic write must be fenced before a step that lets the async proxy read it.
-fn check_fences(role: &'static str, steps: &[Step]) -> Result<(), ProtocolError> {
-    let mut unfenced: Option<usize> = None;
-    for s in steps {
-        match s {
-            Step::GenericWrite { load } => unfenced = Some(*load),
-            Step::FenceProxyAsync => unfenced = None,
-            Step::Mma
-            | Step::Tcgen05Mma
-            | Step::Tcgen05Commit { .. }
-            | Step::IssueHead
-            | Step::IssueTail
-            | Step::Arrive { .. }
-            | Step::ArrivePeer { .. }
-            | Step::ArriveExpectTx { .. }
-            | Step::Tma { .. }
-            | Step::TmaOnce { .. } => {
-                if let Some(load) = unfenced {
-                    return Err(ProtocolError::Unfenced {
-                        role,
-                        load,
-                        step: s.to_string(),
-                    });
-                }
-            }
-            Step::Wait { .. }
-            | Step::Commit
-            | Step::WaitGroup(_)
-            | Step::Between
-            | Step::Handoff
-            | Step::TurnWait { .. }
-            | Step::TurnPass { .. } => {}
-        }
-    }
-    match unfenced {
-        Some(load) => Err(ProtocolError::Unfenced {
-            role,
-            load,
-            step: "the end of the iteration".into(),
-        }),
-        None => Ok(()),
-    }
+    Ok(())
 }

@@ -1,390 +1,401 @@
-//! The sm_100a rules: how the MMA warp and the epilogue share the tensor-memory accumulator
-//! of a [`TmemPlan`] (see the parent module's doc for the list).
+//! The static tensor-memory rules (sm_100a; see the parent module's doc): the allocation, its
+//! owner's lifecycle, how each role's tcgen05 ops are waited for and fenced, the epilogue's
+//! copies of the accumulator, and the 2-SM pair's.
 
-use super::ProtocolError;
-use crate::ring::{Bar, Ring, Step};
-use crate::tmem::{AccBar, TMEM_COLUMNS, TmemPlan, TmemStep};
+use super::{ProtocolError, TmemError, name};
+use crate::sched::tmem::TMEM_COLUMNS;
+use crate::sched::{BarrierId, MmaPart, Op, Phase, Region, Role, RoleKind, Sched};
 
-/// A broken TMEM protocol.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum TmemError {
-    /// The allocation is not a power of 2 in 32..=512 columns, or smaller than the
-    /// accumulator.
-    #[error(
-        "TMEM allocation of {columns} columns for a {acc}-column accumulator: it must be a power of 2 from 32 to {TMEM_COLUMNS} holding the accumulator"
-    )]
-    Columns {
-        /// Columns allocated.
-        columns: u32,
-        /// The accumulator's columns.
-        acc: u32,
-    },
-    /// The MMA warp's lifecycle (alloc, relinquish, publish, mainloop, commit, wait for the
-    /// epilogue, dealloc) is out of order or incomplete.
-    #[error("the TMEM-owning MMA warp must {0}")]
-    Owner(&'static str),
-    /// Another warp allocates, frees or gives up the permit.
-    #[error("`{0}` in the epilogue: TMEM is allocated and freed by the MMA warp alone")]
-    NotOwner(TmemStep),
-    /// A ring stage is released by something other than a `tcgen05.commit`.
-    #[error(
-        "the MMA thread releases a stage with `{0}`; only tcgen05.commit arrives after the tcgen05.mma reading it completes"
-    )]
-    PlainRelease(Step),
-    /// The epilogue reads the accumulator before it is committed and waited for.
-    #[error("the epilogue runs `{0}` before waiting on acc_full and fencing after it")]
-    LoadBeforeCommit(TmemStep),
-    /// Registers copied by `tcgen05.ld` are used or handed back before `tcgen05.wait::ld`.
-    #[error(
-        "the epilogue runs `{0}` while a tcgen05.ld may still be in flight (tcgen05.wait::ld missing)"
-    )]
-    LoadNotWaited(TmemStep),
-    /// TMEM is handed back to the owner without `fence::before_thread_sync`.
-    #[error("the epilogue arrives on acc_empty without tcgen05.fence::before_thread_sync")]
-    Unfenced,
-    /// The epilogue does not hand TMEM back exactly once, after its copies: the owner's wait
-    /// on `acc_empty` would hang, or pass while a copy still reads.
-    #[error("each epilogue warp must arrive on acc_empty exactly once, after tcgen05.wait::ld")]
-    NoHandBack,
-    /// The ring and the TMEM plan disagree on the 2-SM form.
-    #[error("the ring is {ring} and the TMEM plan {plan}: both or neither are the 2-SM form")]
-    PairMismatch {
-        /// How the ring is scheduled.
-        ring: &'static str,
-        /// How the plan is.
-        plan: &'static str,
-    },
-    /// The 2-SM pair's CTAs do not allocate and free the same columns.
-    #[error(
-        "the 2-SM pair allocates {columns} columns together (cta_group::2 allocations are \
-         collective) but the peer CTA frees {peer:?}"
-    )]
-    PairColumns {
-        /// Columns the pair allocates.
-        columns: u32,
-        /// What the peer's MMA warp frees.
-        peer: Vec<u32>,
-    },
-    /// The peer CTA of a 2-SM pair issues mma work.
-    #[error("`{0}` in the peer CTA's MMA warp: only the leader issues the pair's tcgen05.mma")]
-    PeerIssues(TmemStep),
-    /// A 2-SM commit does not reach every CTA of the pair.
-    #[error(
-        "the 2-SM pair's {what} commit arrives on the CTAs {mask:#b}; it must reach both \
-         ({all:#b}), whose {what} it releases"
-    )]
-    CommitMask {
-        /// Which commit.
-        what: &'static str,
-        /// Its `ctaMask`.
-        mask: u16,
-        /// Both CTAs.
-        all: u16,
-    },
-    /// A CTA of the 2-SM pair frees TMEM before the cluster barrier.
-    #[error(
-        "the {cta} CTA's MMA warp frees TMEM without a cluster barrier before it: the leader's \
-         mmas or the other CTA's copies may still use the columns"
-    )]
-    PairExit {
-        /// Which CTA (leader or peer).
-        cta: &'static str,
-    },
-    /// The epilogue does not copy every accumulator column exactly once.
-    #[error(
-        "the epilogue's tcgen05.ld copies columns {got:?} in each of {warpgroups} warpgroups (warpgroup g at + g x {block}); the accumulator has {acc}, column {column} is copied {times} times"
-    )]
-    Coverage {
-        /// `(first column, columns)` of each load.
-        got: Vec<(u32, u32)>,
-        /// The epilogue's warpgroups.
-        warpgroups: u32,
-        /// The columns between two warpgroups' blocks.
-        block: u32,
-        /// The accumulator's columns.
-        acc: u32,
-        /// The first column not copied exactly once (or copied past the accumulator).
-        column: u32,
-        /// How many times it is copied.
-        times: u32,
-    },
-    /// The epilogue copies from TMEM after handing it back: the next tile's mmas may already
-    /// overwrite the accumulator.
-    #[error(
-        "the epilogue runs `{0}` after arriving on acc_empty: the next tile's mmas may overwrite the accumulator it copies"
-    )]
-    LoadAfterHandBack(TmemStep),
-    /// The code after the loop reads a column before the epilogue copies it.
-    #[error("the epilogue runs `{read}` before a tcgen05.ld copies column {column}")]
-    ReadBeforeLoad {
-        /// The read.
-        read: TmemStep,
-        /// The first column not copied yet.
-        column: u32,
-    },
-    /// The code after the loop does not read every column of the block exactly once.
-    #[error(
-        "the epilogue's code after the loop reads columns {got:?} of each {block}-column block; column {column} is read {times} times"
-    )]
-    ReadCoverage {
-        /// `(first column, columns)` of each read.
-        got: Vec<(u32, u32)>,
-        /// The columns of a warpgroup's block.
-        block: u32,
-        /// The first column not read exactly once (or read past the block).
-        column: u32,
-        /// How many times it is read.
-        times: u32,
-    },
-    /// The epilogue is not whole warpgroups: some TMEM lane quarter of a column block has no
-    /// warp to read it (warp `w` reaches only lanes `32 (w % 4) ..`).
-    #[error(
-        "{0} epilogue warps: every warpgroup of 4 reads all 128 TMEM lanes of its column block"
-    )]
-    Lanes(u32),
-}
-
-/// Checks the plan against its ring.
-pub(super) fn check_tmem(ring: &Ring, plan: &TmemPlan) -> Result<(), ProtocolError> {
-    let acc = plan.acc_columns;
-    if !plan.columns.is_power_of_two()
-        || !(32..=TMEM_COLUMNS).contains(&plan.columns)
-        || acc > plan.columns
+/// The rules of the module doc.
+pub(super) fn check(s: &Sched) -> Result<(), ProtocolError> {
+    let Some(t) = &s.tmem else {
+        return Ok(());
+    };
+    let needed: u32 = t.tiles.iter().map(|x| x.columns).sum();
+    let mut spans: Vec<(u32, u32)> = t
+        .tiles
+        .iter()
+        .map(|x| (x.column, x.column + x.columns))
+        .collect();
+    spans.sort_unstable();
+    let apart = spans.windows(2).all(|w| w[0].1 <= w[1].0);
+    if !t.columns.is_power_of_two()
+        || !(32..=TMEM_COLUMNS).contains(&t.columns)
+        || !apart
+        || spans.last().is_some_and(|x| x.1 > t.columns)
     {
         return Err(TmemError::Columns {
-            columns: plan.columns,
-            acc,
+            columns: t.columns,
+            needed,
         }
         .into());
     }
-    for s in ring.consumer.iter().chain(&ring.consumer_drain) {
-        if matches!(
-            s,
-            Step::Arrive {
-                bar: Bar::Empty,
-                ..
-            } | Step::Commit
-                | Step::WaitGroup(_)
-        ) {
-            return Err(TmemError::PlainRelease(*s).into());
+    for r in &s.roles {
+        check_release_by_commit(s, r)?;
+    }
+    // The epilogue first: a free or an allocation there names the role that should own it.
+    for r in s.roles.iter().filter(|r| r.kind == RoleKind::Epilogue) {
+        check_epilogue(s, r)?;
+    }
+    check_owner(s, t.columns)?;
+    for r in &s.roles {
+        for (_, ops) in r.program.sections() {
+            check_section(s, r, ops)?;
         }
     }
-    // The epilogue first: a free or an allocation there names the warp that should own it.
-    check_epilogue(plan)?;
-    check_owner(plan)?;
-    check_pair(ring, plan)
+    check_pair(s, t.columns)
 }
 
-/// The 2-SM form's rules: the ring and the plan are paired together; both CTAs free the
-/// columns they allocated together, each after a cluster barrier (the leader's after its
-/// wait for both CTAs' last copies); the peer issues no mma; every commit, the stages' and
-/// `acc_full`'s, reaches both CTAs.
-fn check_pair(ring: &Ring, plan: &TmemPlan) -> Result<(), ProtocolError> {
-    let form = |paired: bool| if paired { "paired" } else { "not paired" };
-    let cluster = ring
-        .cluster
-        .as_ref()
-        .and_then(|c| c.pair.map(|p| (c.all(), p)));
-    let ((all, ring_pair), pair) = match (cluster, &plan.pair) {
-        (Some(c), Some(p)) => (c, p),
-        (None, None) => return Ok(()),
-        (c, p) => {
-            return Err(TmemError::PairMismatch {
-                ring: form(c.is_some()),
-                plan: form(p.is_some()),
+/// Whether `op` reads or writes tensor memory.
+fn tcgen05(op: Op) -> bool {
+    matches!(
+        op,
+        Op::Tcgen05Mma { .. } | Op::TmemLoad { .. } | Op::TmemStore { .. } | Op::TmemDealloc { .. }
+    )
+}
+
+/// The MMA roles: the leader's (or the one) and, in the 2-SM form, the peer's.
+fn mma_roles(s: &Sched) -> impl Iterator<Item = &Role> {
+    s.roles.iter().filter(|r| r.kind == RoleKind::Mma)
+}
+
+/// The MMA thread releases the ring's stages only with `tcgen05.commit`.
+fn check_release_by_commit(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
+    if r.kind != RoleKind::Mma {
+        return Ok(());
+    }
+    let frees: Vec<BarrierId> = s.ring_loads().filter_map(|(_, l)| l.free).collect();
+    let plain = r
+        .program
+        .iteration
+        .iter()
+        .chain(&r.program.drain)
+        .find(|op| {
+            matches!(**op, Op::Arrive { bar, .. } if frees.contains(&bar))
+                || matches!(op, Op::WgmmaCommit | Op::WgmmaWait(_))
+        });
+    match plain {
+        Some(&op) => Err(TmemError::PlainRelease(name(s, op)).into()),
+        None => Ok(()),
+    }
+}
+
+/// The MMA warp allocates, relinquishes and publishes before the roles split, frees the same
+/// columns last (after its waits for the tiles' last handoffs and a fence), and no other
+/// role owns TMEM; per tile it waits for the previous tile's accumulator to be copied out
+/// and fences before its mmas overwrite it, and commits the accumulator once after them.
+fn check_owner(s: &Sched, columns: u32) -> Result<(), ProtocolError> {
+    let err = |m: &str| Err(TmemError::Owner(m.to_string()).into());
+    let at = |op: Op| s.setup.iter().position(|&x| x == op);
+    let barrier = at(Op::CtaSync).or(at(Op::ClusterSync));
+    let published = match (
+        at(Op::TmemAlloc { columns }),
+        at(Op::TmemRelinquish),
+        at(Op::Tcgen05FenceBefore),
+        barrier,
+        at(Op::Tcgen05FenceAfter),
+    ) {
+        (Some(a), Some(r), Some(fb), Some(b), Some(fa)) => a < r && r < b && fb < b && b < fa,
+        _ => false,
+    };
+    let allocs = s
+        .setup
+        .iter()
+        .filter(|op| matches!(op, Op::TmemAlloc { .. }))
+        .count();
+    if !published || allocs != 1 {
+        return err(
+            "allocate the columns once, relinquish the allocation permit and publish the \
+             address before the roles split",
+        );
+    }
+    for r in &s.roles {
+        let owning = |op: &Op| matches!(op, Op::TmemAlloc { .. } | Op::TmemRelinquish);
+        let freeing = |op: &Op| matches!(op, Op::TmemDealloc { .. });
+        let p = &r.program;
+        let found = if r.kind == RoleKind::Mma {
+            p.ops().find(owning).or(p
+                .start
+                .iter()
+                .chain(&p.tile)
+                .chain(&p.iteration)
+                .chain(&p.drain)
+                .chain(&p.release)
+                .chain(&p.end)
+                .copied()
+                .find(freeing))
+        } else {
+            p.ops().find(|op| owning(op) || freeing(op))
+        };
+        if let Some(op) = found {
+            return Err(TmemError::NotOwner {
+                role: r.kind.to_string(),
+                op: name(s, op),
             }
             .into());
         }
-    };
-    for (what, mask) in [
-        ("stage", ring_pair.commit_mask),
-        ("acc_full", pair.commit_mask),
-    ] {
-        if mask != all {
-            return Err(TmemError::CommitMask { what, mask, all }.into());
-        }
     }
-    if let Some(s) = pair.peer_exit.iter().find(|s| {
-        matches!(
-            s,
-            TmemStep::Mainloop | TmemStep::CommitAcc | TmemStep::Alloc { .. }
-        )
-    }) {
-        return Err(TmemError::PeerIssues(*s).into());
-    }
-    let frees = |steps: &[TmemStep]| -> Vec<u32> {
-        steps
+    let leader = s.cluster.as_ref().and_then(|c| c.pair.map(|p| p.leader));
+    for r in mma_roles(s).filter(|r| r.rank == leader) {
+        let p = &r.program;
+        // The per-tile barriers the MMA thread waits on before it overwrites TMEM: the
+        // previous tile's copies are out.
+        let drained: Vec<BarrierId> = p
+            .tile
             .iter()
-            .filter_map(|s| match s {
-                TmemStep::Dealloc { columns } => Some(*columns),
+            .filter_map(|op| match *op {
+                Op::Wait { bar, start: 1, .. }
+                    if s.mbarrier(bar)
+                        .is_some_and(|m| m.phase == Phase::Tile && m.hands_tmem) =>
+                {
+                    Some(bar)
+                }
                 _ => None,
             })
-            .collect()
-    };
-    let peer = frees(&pair.peer_exit);
-    if peer != [plan.columns] {
-        return Err(TmemError::PairColumns {
-            columns: plan.columns,
-            peer,
+            .collect();
+        let first_mma = p.iteration.iter().position(|op| tcgen05(*op));
+        let fenced = p.tile.contains(&Op::Tcgen05FenceAfter)
+            || first_mma.is_some_and(|m| p.iteration[..m].contains(&Op::Tcgen05FenceAfter));
+        if drained.is_empty() || !fenced {
+            return err(
+                "wait on the accumulator's handback (from parity 1) and fence after it before a \
+                 tile's mmas overwrite it",
+            );
         }
-        .into());
-    }
-    let synced = |steps: &[TmemStep]| {
-        let at = |s: TmemStep| steps.iter().position(|x| *x == s);
-        matches!(
-            (at(TmemStep::ClusterSync), at(TmemStep::Dealloc { columns: plan.columns })),
-            (Some(sync), Some(free)) if sync < free
-        )
-    };
-    for (cta, steps) in [("leader", &plan.mma_exit), ("peer", &pair.peer_exit)] {
-        if !synced(steps) {
-            return Err(TmemError::PairExit { cta }.into());
+        let body = p.iteration.iter().any(|op| {
+            matches!(
+                op,
+                Op::Tcgen05Mma {
+                    part: MmaPart::Body,
+                    ..
+                }
+            )
+        });
+        if body {
+            let commits = p
+                .end
+                .iter()
+                .filter(|op| matches!(op, Op::Tcgen05Commit { .. }))
+                .count();
+            if commits != 1 {
+                return err("commit the accumulator to acc_full once per tile, after the mainloop");
+            }
         }
-    }
-    Ok(())
-}
-
-/// The MMA warp's set-up allocates once, relinquishes the permit and publishes the address;
-/// per tile its thread waits (from parity 1) until the previous accumulator was copied out
-/// and fences after the wait, runs the mainloop and commits the accumulator to `acc_full`
-/// once; after the tiles it waits the same way for the last copy, fences and frees what it
-/// allocated.
-fn check_owner(plan: &TmemPlan) -> Result<(), ProtocolError> {
-    let err = |m| Err(TmemError::Owner(m).into());
-    let (alloc, dealloc) = (
-        TmemStep::Alloc {
-            columns: plan.columns,
-        },
-        TmemStep::Dealloc {
-            columns: plan.columns,
-        },
-    );
-    if plan.setup != [alloc, TmemStep::Relinquish, TmemStep::Publish] {
-        return err(
-            "allocate the accumulator's columns once, relinquish the allocation permit and \
-             publish the address before the roles split",
-        );
-    }
-    let drained = TmemStep::Wait {
-        bar: AccBar::Empty,
-        start: 1,
-    };
-    let tile = &plan.mma_tile;
-    let at = |s: TmemStep| tile.iter().position(|x| *x == s);
-    let once = |s: TmemStep| tile.iter().filter(|x| **x == s).count() == 1;
-    let (Some(mainloop), Some(commit)) = (at(TmemStep::Mainloop), at(TmemStep::CommitAcc)) else {
-        return err("run the mainloop and commit the accumulator to acc_full in every tile");
-    };
-    if commit < mainloop || !once(TmemStep::CommitAcc) || !once(TmemStep::Mainloop) {
-        return err("commit the accumulator to acc_full once per tile, after the mainloop");
-    }
-    let fenced_wait = |steps: &[TmemStep], before: usize| {
-        steps[..before]
+        let Some(free) = p
+            .exit
             .iter()
-            .position(|x| *x == drained)
-            .is_some_and(|w| steps[w + 1..before].contains(&TmemStep::FenceAfter))
-    };
-    if !fenced_wait(tile, mainloop) {
-        return err(
-            "wait on acc_empty (from parity 1) and fence after it before a tile's mmas \
-             overwrite the accumulator",
-        );
-    }
-    if let Some(s) = tile
-        .iter()
-        .chain(&plan.mma_exit)
-        .find(|s| matches!(s, TmemStep::Alloc { .. } | TmemStep::Relinquish))
-    {
-        return Err(TmemError::NotOwner(*s).into());
-    }
-    let Some(free) = plan.mma_exit.iter().position(|x| *x == dealloc) else {
-        return err("free the columns it allocated after its last tile");
-    };
-    if tile.contains(&dealloc) || !fenced_wait(&plan.mma_exit, free) {
-        return err(
-            "wait on acc_empty (the epilogue's last copy is done) and fence after it before \
-             freeing the columns",
-        );
+            .position(|op| *op == Op::TmemDealloc { columns })
+        else {
+            return err("free the columns it allocated after its last tile");
+        };
+        let before = &p.exit[..free];
+        let waited = drained.iter().all(|&bar| {
+            before
+                .iter()
+                .any(|op| matches!(*op, Op::Wait { bar: b, start: 1, .. } if b == bar))
+        });
+        let fence = before.iter().rposition(|op| *op == Op::Tcgen05FenceAfter);
+        let last_wait = before.iter().rposition(|op| matches!(op, Op::Wait { .. }));
+        if !waited
+            || fence.is_none_or(|f| last_wait.is_some_and(|w| w > f))
+            || free + 1 != p.exit.len()
+        {
+            let mut bars: Vec<&str> = drained.iter().map(|&b| s.barriers[b].name).collect();
+            bars.dedup();
+            return Err(TmemError::Owner(format!(
+                "wait on every tile's {} (the last output copied out) and fence after it before \
+                 freeing the columns, last",
+                bars.join(", ")
+            ))
+            .into());
+        }
     }
     Ok(())
 }
 
-/// Per tile the epilogue waits (from parity 0) on `acc_full` and fences after it before its
-/// first `tcgen05.ld`; the loads copy every column once; `tcgen05.wait::ld` comes before the
-/// registers are read and before TMEM is handed back (fenced) on `acc_empty`, once, after the
-/// last load; the reads cover each block once, every column after its copy; it never
-/// allocates or frees.
-fn check_epilogue(plan: &TmemPlan) -> Result<(), ProtocolError> {
-    let published = plan.setup.contains(&TmemStep::Publish);
+/// The per-section rules of every role: the MMA thread signals only by commit and the others
+/// only by plain arrivals; every `tcgen05.ld` is waited for before its registers are used or
+/// TMEM is handed on, every `tcgen05.st` before the handoff; a tcgen05 op after a wait comes
+/// after `fence::after_thread_sync`, an arrival handing TMEM on after a tcgen05 op after
+/// `fence::before_thread_sync`.
+fn check_section(s: &Sched, r: &Role, ops: &[Op]) -> Result<(), ProtocolError> {
+    let role = r.kind.to_string();
+    let mma = r.kind == RoleKind::Mma;
+    let named = |op: Op| (role.clone(), name(s, op));
+    let (mut ld, mut st) = (false, false);
+    let (mut after_wait, mut touched) = (false, false);
+    for &op in ops {
+        match op {
+            Op::Tcgen05Commit { .. } if !mma => {
+                let (role, op) = named(op);
+                return Err(TmemError::PlainSignal { role, op }.into());
+            }
+            Op::Arrive { .. } if mma => {
+                let (role, op) = named(op);
+                return Err(TmemError::PlainSignal { role, op }.into());
+            }
+            _ => {}
+        }
+        match op {
+            Op::TmemWaitLoad => ld = false,
+            Op::TmemLoad { .. } => {}
+            _ if ld => {
+                let (role, op) = named(op);
+                return Err(TmemError::LoadNotWaited { role, op }.into());
+            }
+            _ => {}
+        }
+        match op {
+            Op::TmemWaitStore => st = false,
+            Op::Tcgen05FenceBefore | Op::Arrive { .. } | Op::RescaleEnd if st => {
+                let (role, op) = named(op);
+                return Err(TmemError::StoreNotWaited { role, op }.into());
+            }
+            Op::TmemStore { .. } => st = true,
+            _ => {}
+        }
+        if matches!(op, Op::TmemLoad { .. }) {
+            ld = true;
+        }
+        let hands = |bar: BarrierId| s.mbarrier(bar).is_some_and(|m| m.hands_tmem);
+        match op {
+            // A wait that hands TMEM over orders the tcgen05 ops after it only through a
+            // fence; TMA data (the ring's `full`) reaches tcgen05.mma through the async proxy.
+            Op::Wait { bar, .. } if hands(bar) => after_wait = true,
+            Op::Tcgen05FenceAfter => after_wait = false,
+            Op::Tcgen05FenceBefore => touched = false,
+            _ if tcgen05(op) && after_wait => {
+                let (role, op) = named(op);
+                return Err(TmemError::Unfenced {
+                    role,
+                    op,
+                    fence: "after",
+                }
+                .into());
+            }
+            Op::Arrive { bar, .. } if touched && hands(bar) => {
+                let (role, op) = named(op);
+                return Err(TmemError::Unfenced {
+                    role,
+                    op,
+                    fence: "before",
+                }
+                .into());
+            }
+            _ => {}
+        }
+        if tcgen05(op) && !mma {
+            touched = true;
+        }
+    }
+    let end = || (role.clone(), "the code after the loop".to_string());
+    if ld {
+        let (role, op) = end();
+        return Err(TmemError::LoadNotWaited { role, op }.into());
+    }
+    if st {
+        let (role, op) = end();
+        return Err(TmemError::StoreNotWaited { role, op }.into());
+    }
+    Ok(())
+}
+
+/// The epilogue copies the accumulator after waiting on its commit (and fencing), copies
+/// every column of the accumulator once over its warpgroups, hands TMEM back once after its
+/// last copy landed, and reads every column of its block once, after its copy.
+fn check_epilogue(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
+    let Some(t) = &s.tmem else {
+        return Ok(());
+    };
+    let Some(acc) = t.tiles.first() else {
+        return Ok(());
+    };
+    let role = r.kind.to_string();
+    let ops = &r.program.end;
     let (mut waited, mut fenced) = (false, false);
     let (mut pending, mut before_sync, mut handed_back) = (false, false, false);
     let mut loads = Vec::new();
-    // `(first column, columns)` of each read, and the first read of a column no earlier
-    // load copied (reported once the loads are known to cover the accumulator).
     let (mut reads, mut early) = (Vec::new(), None);
-    for &s in &plan.epilogue {
-        match s {
-            TmemStep::Alloc { .. } | TmemStep::Dealloc { .. } | TmemStep::Relinquish => {
-                return Err(TmemError::NotOwner(s).into());
+    let mut hand_backs = 0;
+    for &op in ops {
+        match op {
+            Op::TmemAlloc { .. } | Op::TmemDealloc { .. } | Op::TmemRelinquish => {
+                return Err(TmemError::NotOwner {
+                    role,
+                    op: name(s, op),
+                }
+                .into());
             }
-            TmemStep::Publish => {}
-            TmemStep::Wait {
-                bar: AccBar::Full,
-                start: 0,
-            } => waited = true,
-            TmemStep::FenceAfter => fenced = waited,
-            TmemStep::Load { column, columns } => {
-                if !(published && waited && fenced) {
-                    return Err(TmemError::LoadBeforeCommit(s).into());
+            Op::Wait { bar, start: 0, .. }
+                if s.mbarrier(bar).is_some_and(|m| m.phase == Phase::Tile) =>
+            {
+                waited = true
+            }
+            Op::Tcgen05FenceAfter => fenced = waited,
+            Op::TmemLoad {
+                column, columns, ..
+            } => {
+                if !(waited && fenced) {
+                    return Err(TmemError::LoadBeforeCommit {
+                        role,
+                        op: name(s, op),
+                    }
+                    .into());
                 }
                 if handed_back {
-                    return Err(TmemError::LoadAfterHandBack(s).into());
+                    return Err(TmemError::LoadAfterHandBack(name(s, op)).into());
                 }
                 loads.push((column, columns));
                 pending = true;
                 before_sync = false;
             }
-            TmemStep::WaitLoad => pending = false,
-            TmemStep::FenceBefore => before_sync = true,
-            TmemStep::Read { .. } | TmemStep::Arrive { bar: AccBar::Empty } if pending => {
-                return Err(TmemError::LoadNotWaited(s).into());
+            Op::TmemWaitLoad => pending = false,
+            Op::Tcgen05FenceBefore => before_sync = true,
+            Op::Run(Region::Epilogue(_)) | Op::Arrive { .. } if pending => {
+                return Err(TmemError::LoadNotWaited {
+                    role,
+                    op: name(s, op),
+                }
+                .into());
             }
-            TmemStep::Arrive { bar: AccBar::Empty } if !before_sync => {
-                return Err(TmemError::Unfenced.into());
+            Op::Arrive { .. } if !before_sync => {
+                return Err(TmemError::Unfenced {
+                    role,
+                    op: name(s, op),
+                    fence: "before",
+                }
+                .into());
             }
-            TmemStep::Arrive { bar: AccBar::Empty } => handed_back = true,
-            TmemStep::Read { column, columns } => {
+            Op::Arrive { .. } => {
+                handed_back = true;
+                hand_backs += 1;
+            }
+            Op::Run(Region::Epilogue(cols)) => {
+                let (column, columns) = cols.unwrap_or((0, acc.columns));
                 let copied = |c: u32| loads.iter().any(|&(l, n)| (l..l + n).contains(&c));
                 let missing = (column..column + columns).find(|&c| !copied(c));
-                early = early.or(missing.map(|c| (s, c)));
+                early = early.or(missing.map(|c| (op, c)));
                 reads.push((column, columns));
             }
-            TmemStep::Arrive { .. }
-            | TmemStep::Wait { .. }
-            | TmemStep::Mainloop
-            | TmemStep::CommitAcc
-            | TmemStep::ClusterSync => {}
+            _ => {}
         }
     }
     if pending {
-        // The registers are the loop's result, which the code after the loop reads.
-        let read = TmemStep::Read {
-            column: 0,
-            columns: plan.block_columns(),
-        };
-        return Err(TmemError::LoadNotWaited(read).into());
+        return Err(TmemError::LoadNotWaited {
+            role,
+            op: "the code after the loop".into(),
+        }
+        .into());
     }
-    let hand_back = TmemStep::Arrive { bar: AccBar::Empty };
-    if plan.epilogue.iter().filter(|s| **s == hand_back).count() != 1 {
+    if hand_backs != 1 {
         return Err(TmemError::NoHandBack.into());
     }
-    let warps = plan.roles.epilogue_warps;
-    if warps == 0 || !warps.is_multiple_of(4) {
-        return Err(TmemError::Lanes(warps).into());
+    if r.warps == 0 || !r.warps.is_multiple_of(4) {
+        return Err(TmemError::Lanes(r.warps).into());
     }
-    // Warpgroup g copies each load's columns + g x block: count every column's copies.
-    let (warpgroups, block) = (plan.epilogue_warpgroups(), plan.block_columns());
-    let mut times: Vec<u32> = vec![0; plan.acc_columns as usize];
+    let warpgroups = r.warps / 4;
+    let block = acc.columns / warpgroups;
+    let mut times: Vec<u32> = vec![0; acc.columns as usize];
     let mut past = None;
     for g in 0..warpgroups {
         for &(column, columns) in &loads {
@@ -396,7 +407,7 @@ fn check_epilogue(plan: &TmemPlan) -> Result<(), ProtocolError> {
             }
         }
     }
-    let wrong = (0..plan.acc_columns)
+    let wrong = (0..acc.columns)
         .zip(&times)
         .find(|&(_, &t)| t != 1)
         .map(|(c, &t)| (c, t))
@@ -406,39 +417,107 @@ fn check_epilogue(plan: &TmemPlan) -> Result<(), ProtocolError> {
             got: loads,
             warpgroups,
             block,
-            acc: plan.acc_columns,
+            acc: acc.columns,
             column,
             times,
         }
         .into());
     }
     if let Some((read, column)) = early {
-        return Err(TmemError::ReadBeforeLoad { read, column }.into());
+        return Err(TmemError::ReadBeforeLoad {
+            read: name(s, read),
+            column,
+        }
+        .into());
     }
-    check_reads(reads, block)
-}
-
-/// The reads (`(first column, columns)` each) cover a `block`-column block once.
-fn check_reads(got: Vec<(u32, u32)>, block: u32) -> Result<(), ProtocolError> {
-    let times = |c: u32| {
-        got.iter()
+    let count = |c: u32| {
+        reads
+            .iter()
             .filter(|&&(r, n)| (r..r + n).contains(&c))
             .count() as u32
     };
-    // A read past the block reads the next warpgroup's column `block` first.
-    let past = got.iter().any(|&(r, n)| r + n > block);
+    let past = reads.iter().any(|&(r, n)| r + n > block);
     let wrong = (0..block)
-        .map(|c| (c, times(c)))
+        .map(|c| (c, count(c)))
         .find(|&(_, t)| t != 1)
         .or(past.then_some((block, 1)));
     match wrong {
         None => Ok(()),
         Some((column, times)) => Err(TmemError::ReadCoverage {
-            got,
+            got: reads,
             block,
             column,
             times,
         }
         .into()),
     }
+}
+
+/// The 2-SM pair: the cluster and the MMA roles agree on it; its commits reach both CTAs;
+/// the peer's MMA warp issues nothing and frees the columns the pair allocated; both free
+/// them only after a cluster barrier.
+fn check_pair(s: &Sched, columns: u32) -> Result<(), ProtocolError> {
+    let form = |paired: bool| if paired { "paired" } else { "not paired" };
+    let pair = s
+        .cluster
+        .as_ref()
+        .and_then(|c| c.pair.map(|p| (c.all(), p)));
+    let ranked = mma_roles(s).any(|r| r.rank.is_some());
+    let (all, p) = match (pair, ranked) {
+        (Some(x), true) => x,
+        (None, false) => return Ok(()),
+        (c, r) => {
+            return Err(TmemError::PairMismatch {
+                ring: form(c.is_some()),
+                plan: form(r),
+            }
+            .into());
+        }
+    };
+    if p.commit_mask != all {
+        return Err(TmemError::CommitMask {
+            mask: p.commit_mask,
+            all,
+        }
+        .into());
+    }
+    for r in mma_roles(s) {
+        let leader = r.rank == Some(p.leader);
+        let exit = &r.program.exit;
+        if !leader {
+            if let Some(op) = r
+                .program
+                .ops()
+                .find(|op| matches!(op, Op::Tcgen05Mma { .. } | Op::Tcgen05Commit { .. }))
+            {
+                return Err(TmemError::PeerIssues(name(s, op)).into());
+            }
+            let frees: Vec<u32> = exit
+                .iter()
+                .filter_map(|op| match *op {
+                    Op::TmemDealloc { columns } => Some(columns),
+                    _ => None,
+                })
+                .collect();
+            if frees != [columns] {
+                return Err(TmemError::PairColumns {
+                    columns,
+                    peer: frees,
+                }
+                .into());
+            }
+        }
+        let at = |op: Op| exit.iter().position(|&x| x == op);
+        let synced = matches!(
+            (at(Op::ClusterSync), at(Op::TmemDealloc { columns })),
+            (Some(sync), Some(free)) if sync < free
+        );
+        if !synced {
+            return Err(TmemError::PairExit {
+                cta: if leader { "leader" } else { "peer" },
+            }
+            .into());
+        }
+    }
+    Ok(())
 }
