@@ -8,7 +8,8 @@
 
 mod ptx_examples;
 
-use kiln::ir::passes::{legacy_protocol, run_pipeline};
+use kiln::ir::passes::{protocol_check, run_pipeline};
+use kiln::ir::sched::{LoadId, Sched};
 use kiln::ir::{DType, Kernel, Target};
 use kiln_tests::check::{Case, as_stored, assert_close, rel_error, tolerance};
 use kiln_tests::inputs::{Dist, Rng, gemm_operands, tensor};
@@ -108,10 +109,8 @@ fn multicast_faults_fail_the_execution() {
     let (a, b, want) = gemm_operands(&mut rng, shape, false, Dist::Normal);
     // A box of CTA 1's that lands only in CTA 0: CTA 1's `full` never gets its bytes.
     let mut kernel = clustered(&[]);
-    for r in kernel.schedule.rings.values_mut() {
-        if let Some(c) = r.cluster.as_mut() {
-            c.multicast[1].mask = 0b01;
-        }
+    if let Some(c) = sched(&mut kernel).cluster.as_mut() {
+        c.multicast[1].mask = 0b01;
     }
     let e = run_gemm(&kernel, (128, 128), &[&a, &b], 128, 2).expect_err("a mask without the peer");
     assert!(e.to_string().contains("deadlock"), "{e}");
@@ -119,13 +118,11 @@ fn multicast_faults_fail_the_execution() {
     // bytes, so the protocol check passes, but half of that box's rows are never in
     // shared memory.
     let mut kernel = clustered(&[]);
-    let roles = kernel.schedule.roles.expect("roles");
-    for r in kernel.schedule.rings.values_mut() {
-        let shared = r.cluster.as_ref().expect("clustered").shared;
-        let boxes = &mut r.loads[shared].boxes;
-        boxes[1].smem_offset = boxes[0].smem_offset;
-        legacy_protocol::check(r, &roles).expect("the protocol cannot see it");
-    }
+    let s = sched(&mut kernel);
+    let shared = s.cluster.as_ref().expect("clustered").shared;
+    let boxes = &mut s.loads[LoadId::from_index(shared)].tma.boxes;
+    boxes[1].smem_offset = boxes[0].smem_offset;
+    protocol_check::check(s).expect("the protocol cannot see it");
     let got = run_gemm(&kernel, (128, 128), &[&a, &b], 128, 2).expect("runs");
     let err = rel_error(&got.to_f64_vec(), &want);
     assert!(
@@ -179,17 +176,20 @@ fn paired_sm100a_gemm_matches_reference() {
     let shape = (256, 128, 192);
     let (a, b, want) = gemm_operands(&mut rng, shape, false, Dist::Normal);
     let mut kernel = paired(&[]);
-    let plan = kernel.schedule.tmem.clone().expect("a TMEM plan");
-    for r in kernel.schedule.rings.values_mut() {
-        if let Some(p) = r.cluster.as_mut().and_then(|c| c.pair.as_mut()) {
-            p.half = [0, 0];
-        }
-        legacy_protocol::check_sm100a(r, &plan).expect("the protocol cannot see it");
+    let s = sched(&mut kernel);
+    if let Some(p) = s.cluster.as_mut().and_then(|c| c.pair.as_mut()) {
+        p.half = [0, 0];
     }
+    protocol_check::check(s).expect("the protocol cannot see it");
     let got = run_gemm(&kernel, (128, 128), &[&a, &b], shape.1, 2).expect("runs");
     let err = rel_error(&got.to_f64_vec(), &want);
     assert!(
         err.is_nan() || err > 0.1,
         "one half of B twice gave rel error {err}"
     );
+}
+
+/// The schedule IR of a scheduled kernel.
+fn sched(kernel: &mut Kernel) -> &mut Sched {
+    kernel.schedule.sched.as_mut().expect("a schedule")
 }

@@ -380,13 +380,20 @@ fn scheduled_attention_on_three_consumer_warpgroups_matches_reference() {
 fn sm100a_attention_with_both_q_tiles_in_one_buffer_is_wrong() {
     // Tile 1's Q loaded over tile 0's: both softmax warpgroups see the second tile's queries.
     let mut kernel = compiled("attention", &[("d", "64")], Target::Sm100a);
-    let once = ring(&mut kernel).once[0].offset;
-    kernel
-        .schedule
-        .attention
-        .as_mut()
-        .expect("the FA4 plan")
-        .q1_offset = once;
+    let s = sched(&mut kernel);
+    let q0 = s
+        .loads
+        .iter()
+        .find(|(h, l)| s.once(*h) && l.work_tile == 0)
+        .map(|(_, l)| l.tma.offset)
+        .expect("Q tile 0");
+    let q1 = s
+        .loads
+        .iter()
+        .find(|(h, l)| s.once(*h) && l.work_tile == 1)
+        .map(|(h, _)| h)
+        .expect("Q tile 1");
+    s.loads[q1].tma.offset = q0;
     let mut rng = Rng::new(11);
     let (q, k, v) = (
         tensor(&mut rng, &[1, 1, 256, 64], DType::Bf16, Dist::Normal),
@@ -463,9 +470,14 @@ fn scheduled_softcap_attention_matches_reference() {
     }
 }
 
-/// The ring of a compiled kernel.
-fn ring(kernel: &mut Kernel) -> &mut kiln::ir::ring::Ring {
-    kernel.schedule.rings.values_mut().next().expect("a ring")
+/// The schedule IR of a compiled kernel.
+fn sched(kernel: &mut Kernel) -> &mut kiln::ir::sched::Sched {
+    kernel.schedule.sched.as_mut().expect("a schedule")
+}
+
+/// Ring load `i` of a compiled kernel's schedule (the ring's loads come first).
+fn load(kernel: &mut Kernel, i: usize) -> &mut kiln::ir::sched::tma::TmaLoad {
+    &mut sched(kernel).loads[kiln::ir::sched::LoadId::from_index(i)].tma
 }
 
 /// The compiled gemm with one edit, and what running it gives on a problem of three K
@@ -487,14 +499,15 @@ fn faults_the_protocol_check_cannot_see_give_wrong_results() {
         assert!(err < 1e-2, "{target}: the real schedule: {err:e}");
         // Every stage of A at one address: TMA overwrites the stage the consumer is about
         // to read with a later block of K.
-        let err = broken_gemm(target, |k| ring(k).loads[0].stage_stride = 0).expect("runs");
+        let err = broken_gemm(target, |k| load(k, 0).stage_stride = 0).expect("runs");
         assert!(
             err.is_nan() || err >= 0.1,
             "{target}: aliased stages still match: {err:e}"
         );
         // B's buffer placed over A's.
         let err = broken_gemm(target, |k| {
-            ring(k).loads[1].offset = ring(k).loads[0].offset
+            let a = load(k, 0).offset;
+            load(k, 1).offset = a;
         })
         .expect("runs");
         assert!(
@@ -504,13 +517,8 @@ fn faults_the_protocol_check_cannot_see_give_wrong_results() {
         // The epilogue's staging tile placed over A's stages: the producer's loads for the
         // next tile land in it before the bulk copy of the last one has read it.
         let err = broken_gemm(target, |k| {
-            let a = ring(k).loads[0].offset;
-            let st = k
-                .schedule
-                .tma_stores
-                .values_mut()
-                .next()
-                .expect("a TMA store");
+            let a = load(k, 0).offset;
+            let st = sched(k).stores.first_mut().expect("a TMA store");
             st.offset = a;
         })
         .expect("runs");
@@ -520,12 +528,12 @@ fn faults_the_protocol_check_cannot_see_give_wrong_results() {
         );
     }
     // Boxes that miss part of their tile, or leave shared memory, are schedule errors.
-    let shifted = broken_gemm(Target::Sm90a, |k| ring(k).loads[0].boxes[0].origin[1] += 8);
+    let shifted = broken_gemm(Target::Sm90a, |k| load(k, 0).boxes[0].origin[1] += 8);
     assert!(
         matches!(&shifted, Err(InterpError::Schedule { what, .. }) if what.contains("reaches past")),
         "{shifted:?}"
     );
-    let outside = broken_gemm(Target::Sm90a, |k| ring(k).loads[1].offset += 1 << 20);
+    let outside = broken_gemm(Target::Sm90a, |k| load(k, 1).offset += 1 << 20);
     assert!(
         matches!(&outside, Err(InterpError::Schedule { what, .. }) if what.contains("past the block")),
         "{outside:?}"
@@ -537,7 +545,7 @@ fn a_rotated_part_that_reads_a_later_value_is_a_schedule_error() {
     // Moving the head mma into the tail section makes the code between read products that
     // no earlier part of its iteration computed.
     let mut kernel = compiled("attention", &[("d", "64")], Target::Sm90a);
-    let o = ring(&mut kernel).overlap.as_mut().expect("rotated");
+    let o = sched(&mut kernel).overlap.as_mut().expect("rotated");
     o.tail_ops.insert(0, o.head);
     let mut rng = Rng::new(3);
     let p = AttentionShape {

@@ -1,61 +1,54 @@
 //! The CPU execution of a scheduled kernel: the kernel after the pass pipeline, run as its
-//! schedule says it runs on the GPU, with the data moving where the schedule moves it.
+//! schedule IR ([`crate::sched`]) says it runs on the GPU, with the data moving where the
+//! schedule moves it. One execution for every target family: the roles' programs run on the
+//! protocol check's machine ([`crate::passes::protocol_check`]), which reports each op a
+//! role runs, in its order, and [`execution`] moves the data of that op.
 //!
-//! - **Work tiles.** A persistent kernel runs `ctas` CTAs, each walking the work tiles its
-//!   [`TileScheduler`] deals it (so a walk that skips or repeats a tile shows in the output);
-//!   other kernels run one CTA per grid block. Per tile, the code before the ring loop runs
-//!   with the tile's block index, and the code after it once the tile's loop is done.
-//! - **Roles and barriers.** The ring's producer and consumer programs run on the protocol
-//!   check's abstract machine ([`crate::passes::protocol_check`]), which executes each step
-//!   when its barriers let it and reports it here, the producer running ahead as far as the
-//!   `empty` barriers allow.
-//! - **Shared memory.** The producer's TMA steps write the boxes of each load, read from the
-//!   tensor with TMA's zero fill, into the stage's swizzled cells ([`smem`]); the once loads
-//!   (attention's `Q`) into their buffer once per tile. A consumer step reads every tile it
-//!   multiplies back from those cells at the moment it runs, so a stage refilled before its
-//!   last read, a buffer overlapping another, or boxes that miss their tile give wrong or NaN
-//!   results.
-//! - **Consumer steps.** An unrotated body runs whole at its `wgmma` (or `tcgen05.mma`) step.
-//!   A rotated one ([`Overlap`]) runs in three parts: at `wgmma head[i]` the ops before the
-//!   code between (the head mma, its loads, the index arithmetic), at `between[i]` the code
-//!   between, and at `wgmma tail[i-1]` the tail section (the rescale and the tail mma, with
-//!   the loads only it reads) of the iteration before. Each iteration keeps its own values,
-//!   which stand for the registers the handoff moves; a part reading a value that no earlier
-//!   part of its iteration computed is a schedule error, not a silent recomputation.
-//! - **Maximum deferral.** Where the `overlap` pass defers the running maximum
-//!   ([`Deferral`]), each consumer warp keeps its reference while all of its rows grew by at
-//!   most the threshold, as the PTX writer's vote does, so the code between runs on the same
-//!   maximum the GPU's does. (The tail's rescale skip, by a warp whose factors are all 1, is
-//!   the identity and needs nothing.)
-//! - **Epilogues and TMA stores.** A tile's code after the loop runs when the consumers move
-//!   on to the next tile (or finish), while the producer may already be loading the next
-//!   one. A store the `tma_store` pass lowered writes its rounds into the swizzled staging
-//!   tile, and its boxes reach global memory (clipped as TMA clips them) only when the next
-//!   round, the next tile's store or the CTA's exit waits for the bulk copies: a staging tile
-//!   that overlaps a stage, or a stage written over it, shows in the output.
-//! - **Tensor memory** (sm_100a). The ring's mma accumulates into one TMEM accumulator per
-//!   CTA, which the first mma of each tile overwrites (its enable-input flag off); the code
-//!   after a tile's loop reads the accumulator as the tile's last mma left it (a tile with no
-//!   iterations takes the loop's initial value instead, as the epilogue's `Read` does).
+//! - **Work.** A persistent schedule runs `ctas` CTAs, each walking the work tiles its
+//!   [`TileScheduler`] deals it (so a walk that skips or repeats a tile shows in the
+//!   output); another runs one CTA per grid block. A CTA that runs two work tiles at once (an
+//!   sm_100a attention pair: blocks `2p` and `2p + 1` along x) walks the loop from the
+//!   earlier start to the later end, each tile's own iterations computed and the others
+//!   no-ops. A cluster's CTAs walk pairs of x blocks in lockstep. Per tile the code before
+//!   the loop runs with the tile's block index, the code after it where the role's program
+//!   runs it.
+//! - **Shared memory.** TMA loads write their boxes, read from the tensor with TMA's zero
+//!   fill, into the stage's swizzled cells ([`smem`]); a multicast box into every CTA of its
+//!   mask; a 2-SM pair's half into its own CTA. An mma reads every tile it multiplies back
+//!   from those cells when it runs, so a stage refilled before its last read, a buffer
+//!   overlapping another, or boxes that miss their tile give wrong or NaN results.
+//! - **The kernel's code.** An unrotated body runs whole at its mma op. A rotated one (the
+//!   `overlap` pass's, [`Overlap`]) runs in three parts: at the head mma the ops before the
+//!   code between, at the code between the code between, at the tail mma the tail section
+//!   of the iteration before. Each iteration keeps its own values (the registers the
+//!   handoff moves); a part reading a value no earlier part of its iteration computed is a
+//!   schedule error, not a silent recomputation.
+//! - **Tensor memory** (sm_100a). The mmas write TMEM tiles (the first of a walk overwrites);
+//!   a role's `tcgen05.ld` copies a tile out when it runs, so what it reads is what the
+//!   protocol let it see; an attention pair's softmax writes `P` over `S`, its factors through
+//!   shared memory to the correction, which rescales `O` in place.
+//! - **Deferred maximum.** Where the `overlap` pass defers the running maximum
+//!   ([`Deferral`]), each group of rows keeps its reference while all of its rows grew by at
+//!   most the threshold, as the writers' vote does (a warp's rows on sm_90a, a thread's row on
+//!   sm_100a), so the code between runs on the same maximum the GPU's does.
+//! - **Epilogues and TMA stores.** A store the `tma_store` pass lowered writes its rounds into
+//!   the swizzled staging tile, and its boxes reach global memory (clipped as TMA clips them)
+//!   only when the next round, the next tile's store or the CTA's exit waits for the bulk
+//!   copies: a staging tile that overlaps a stage, or a stage written over it, shows.
 //!
-//! - **The sm_100a attention schedule** ([`crate::tmem::attention`]) runs its five roles on
-//!   its own protocol machine ([`attention_execution`]): pairs of Q tiles over one key walk,
-//!   `S`, `P` and `O` in tensor memory, the softmax's per-row deferral and polynomial share of
-//!   the exponentials, the correction's rescale of `O`, each tile's own store.
-//!
-//! The orders the execution takes for granted (which wgmma a release waits for, the staging
-//! tile's barriers) are the protocol check's to prove; this execution checks where the data
-//! goes and what the consumers compute from it.
+//! The orders the execution takes for granted are the protocol check's to prove; this
+//! execution checks where the data goes and what the roles compute from it.
 
-mod attention_execution;
-mod ring_execution;
+mod execution;
 mod smem;
 
-use crate::kernel::{Block, Kernel, OpId, OpKind, ValueId};
+use std::collections::BTreeMap;
+
+use crate::kernel::{Block, Kernel, OpId, OpKind, UnaryOp, ValueDef, ValueId};
 use crate::passes::walk;
-use crate::ring::{Deferral, Overlap, Ring, TmaLoad};
+use crate::sched::overlap::{Deferral, Overlap};
 use crate::sched::tiles::TileScheduler;
-use crate::tma_store::TmaStore;
+use crate::sched::{LoadId, Sched, TmaStore};
 use crate::types::DType;
 
 use super::HostArg;
@@ -68,7 +61,7 @@ use smem::{Boxes, SharedMemory};
 
 /// Runs the scheduled `kernel` (after the pass pipeline) over its logical `grid` with `args`
 /// in parameter order, a persistent kernel on `ctas` CTAs (see the module doc). A kernel
-/// without a stage ring runs as [`super::run`] runs it.
+/// without a schedule IR runs as [`super::run`] runs it.
 pub fn run_scheduled(
     kernel: &Kernel,
     grid: [u32; 3],
@@ -77,35 +70,26 @@ pub fn run_scheduled(
 ) -> Result<(), InterpError> {
     let g = super::checked(kernel, grid, args)?;
     let mut machine = Machine::new(kernel, args, g, false);
-    let Some(ring) = kernel.schedule.rings.values().next() else {
+    let Some(sched) = &kernel.schedule.sched else {
         return machine.run_grid();
     };
-    let plan = Plan::new(kernel, ring)?;
-    if kernel.schedule.tiles.is_some() && ctas == 0 {
+    let plan = Plan::new(kernel, sched)?;
+    if sched.persistent() && ctas == 0 {
         return Err(plan.error("a persistent kernel needs at least one CTA".into()));
     }
-    match &kernel.schedule.attention {
-        Some(attention) => attention_execution::run(&plan, attention, &mut machine, grid, ctas),
-        None => match &ring.cluster {
-            None => {
-                for tiles in plan.walk(grid, ctas) {
-                    ring_execution::RingCta::new(&plan, &mut machine, tiles)?.run(&mut machine)?;
-                }
-                Ok(())
-            }
-            Some(c) => {
-                for cluster in plan.walk_clusters(grid, ctas, c.ctas)? {
-                    ring_execution::run_cluster(&plan, &mut machine, cluster)?;
-                }
-                Ok(())
-            }
-        },
+    for cluster in plan.walk(grid, ctas)? {
+        execution::run(&plan, &mut machine, cluster)?;
     }
+    Ok(())
 }
 
-/// Which ops of the ring's body each consumer step runs.
+/// One cluster's work (one CTA's without a cluster): per CTA of it, per work step, the
+/// blocks of the work tiles it runs at once.
+pub(super) type Cluster = Vec<Vec<Vec<[i32; 3]>>>;
+
+/// Which ops of the loop body each mma and region op runs.
 pub(super) enum Parts {
-    /// An unrotated body: every op at the `wgmma` / `tcgen05.mma` step.
+    /// An unrotated body: every op at the body's mma.
     Whole(Vec<OpId>),
     /// A rotated body (see the module doc).
     Rotated {
@@ -113,13 +97,30 @@ pub(super) enum Parts {
         between: Vec<OpId>,
         tail: Vec<OpId>,
     },
+    /// An sm_100a attention pair: the mmas' operand slices and the softmax's ops.
+    Pair(PairBody),
 }
 
-/// What the execution needs to know of the kernel and its ring, worked out once.
+/// What the roles of an sm_100a attention pair run of the loop body.
+pub(super) struct PairBody {
+    /// The softmax's ops (the code between the mmas and the iteration-local ops), in order.
+    pub(super) softmax: Vec<OpId>,
+    /// The ops computing the head mma's operands and the head mma itself; the ops computing
+    /// the tail mma's staged operand.
+    pub(super) head: Vec<OpId>,
+    pub(super) tail_b: Vec<OpId>,
+    /// The factors the correction reads, and the cast of `P` the tail mma reads.
+    pub(super) factor: ValueId,
+    pub(super) p_cast: OpId,
+    /// The exponential producing `P`, whose columns take the polynomial share.
+    pub(super) exp2: Option<OpId>,
+}
+
+/// What the execution needs to know of the kernel and its schedule, worked out once.
 pub(super) struct Plan<'k> {
     pub(super) kernel: &'k Kernel,
-    pub(super) ring: &'k Ring,
-    /// The ring loop's body and the values its `yield` passes to the next iteration.
+    pub(super) sched: &'k Sched,
+    /// The loop's body and the values its `yield` passes to the next iteration.
     pub(super) body: &'k Block,
     pub(super) yielded: Vec<ValueId>,
     /// Top-level ops before the loop (without the once loads, which the producer issues)
@@ -127,30 +128,29 @@ pub(super) struct Plan<'k> {
     pub(super) prologue: Vec<OpId>,
     pub(super) epilogue: Vec<OpId>,
     /// Per ring load, the body ops its coordinates need, in body order.
-    pub(super) coords: Vec<Vec<OpId>>,
+    pub(super) coords: BTreeMap<LoadId, Vec<OpId>>,
     pub(super) parts: Parts,
-    /// sm_100a: the ring's mma (accumulating in tensor memory) and the carried value it
-    /// produces.
-    pub(super) tmem_mma: Option<(OpId, usize)>,
-    /// Arriving consumer warps, as the protocol check counts them.
-    pub(super) consumer_warps: u32,
-    /// The deferred maximum, and per consumer warp the rows of it the warp holds.
+    /// The carried value the loop accumulates in tensor memory (sm_100a), and the mma that
+    /// computes it in a whole body.
+    pub(super) tmem_carried: Option<(usize, Option<OpId>)>,
+    /// The deferred maximum, and the groups of its rows that decide together.
     pub(super) deferral: Option<(Deferral, Vec<Vec<usize>>)>,
 }
 
 impl<'k> Plan<'k> {
-    fn new(kernel: &'k Kernel, ring: &'k Ring) -> Result<Plan<'k>, InterpError> {
+    fn new(kernel: &'k Kernel, sched: &'k Sched) -> Result<Plan<'k>, InterpError> {
+        let for_op = sched.for_op;
         let error = |what: &str| InterpError::Schedule {
-            loc: kernel.ops[ring.for_op].loc,
+            loc: kernel.ops[for_op].loc,
             what: what.to_string(),
         };
         let at = kernel
             .body
             .ops
             .iter()
-            .position(|&o| o == ring.for_op)
+            .position(|&o| o == for_op)
             .ok_or_else(|| error("the ring loop is not at the kernel's top level"))?;
-        let body = kernel.ops[ring.for_op]
+        let body = kernel.ops[for_op]
             .regions
             .first()
             .ok_or_else(|| error("the ring loop has no body"))?;
@@ -161,25 +161,37 @@ impl<'k> Plan<'k> {
         if kernel.ops[last].kind != OpKind::Yield {
             return Err(error("the ring loop's body does not end with its yield"));
         }
-        let once: Vec<OpId> = ring.once.iter().map(|l| l.load).collect();
+        let once: Vec<OpId> = sched
+            .loads
+            .iter()
+            .filter(|(h, _)| sched.once(*h))
+            .map(|(_, l)| l.tma.load)
+            .collect();
         let prologue = kernel.body.ops[..at]
             .iter()
             .copied()
             .filter(|o| !once.contains(o))
             .collect();
-        let coords = ring
-            .loads
-            .iter()
-            .map(|l| backward_slice(kernel, ops, &kernel.ops[l.load].operands))
+        let coords = sched
+            .ring_loads()
+            .map(|(h, l)| {
+                let slice = backward_slice(kernel, ops, &kernel.ops[l.tma.load].operands);
+                (h, slice)
+            })
             .collect();
-        let parts = match &ring.overlap {
-            None => Parts::Whole(ops.to_vec()),
-            Some(o) => rotated_parts(kernel, ring, o, ops),
-        };
         let yielded = kernel.ops[last].operands.clone();
-        let tmem_mma = match kernel.schedule.tmem {
-            None => None,
-            Some(_) => {
+        let pair = sched.work_tiles > 1;
+        let parts = match (&sched.overlap, pair) {
+            (Some(o), true) => {
+                Parts::Pair(pair_body(kernel, sched, o, ops).map_err(|e| error(&e))?)
+            }
+            (Some(o), false) => rotated_parts(kernel, sched, o, ops),
+            (None, _) => Parts::Whole(ops.to_vec()),
+        };
+        let tmem_carried = match (&sched.tmem, &sched.overlap) {
+            (None, _) => None,
+            (Some(_), Some(o)) => Some((o.carried, None)),
+            (Some(_), None) => {
                 let mut mmas = ops.iter().filter(|&&o| kernel.ops[o].kind == OpKind::Mma);
                 let (Some(&mma), None) = (mmas.next(), mmas.next()) else {
                     return Err(error("a tensor-memory ring loop has one mma"));
@@ -189,79 +201,95 @@ impl<'k> Plan<'k> {
                     .iter()
                     .position(|&v| v == result)
                     .ok_or_else(|| error("the tensor-memory accumulator is not carried"))?;
-                Some((mma, carried))
+                Some((carried, Some(mma)))
             }
         };
-        let consumer_warps = match (&kernel.schedule.tmem, kernel.schedule.roles) {
-            (Some(_), _) => 1,
-            (None, Some(roles)) => roles.consumer_warps,
-            // The attention plan's roles are its own ([`attention_execution`]).
-            (None, None) if kernel.schedule.attention.is_some() => 0,
-            (None, None) => return Err(error("a stage ring without warp roles")),
-        };
-        let deferral = match ring.overlap.as_ref().and_then(|o| o.defer) {
+        let deferral = match sched.overlap.as_ref().and_then(|o| o.defer) {
             None => None,
-            Some(_) if consumer_warps == 0 => None,
-            Some(d) => Some((
-                d,
-                warp_rows(kernel, d, consumer_warps).map_err(|e| error(&e))?,
-            )),
+            Some(d) => {
+                let groups = if sched.tmem.is_some() {
+                    // A thread holds a whole row (sm_100a): each row decides alone.
+                    let rows = kernel.ty(kernel.ops[d.max].results[0]);
+                    let rows = rows.shape().map_or(1, |s| s.dims()[0]);
+                    (0..rows).map(|r| vec![r]).collect()
+                } else {
+                    let warps = sched
+                        .roles
+                        .iter()
+                        .find(|r| {
+                            r.program
+                                .ops()
+                                .any(|op| matches!(op, crate::sched::Op::Wgmma(_)))
+                        })
+                        .map_or(0, |r| r.warps);
+                    warp_rows(kernel, d, warps).map_err(|e| error(&e))?
+                };
+                Some((d, groups))
+            }
         };
         Ok(Plan {
             kernel,
-            ring,
+            sched,
             body,
             yielded,
             prologue,
             epilogue: kernel.body.ops[at + 1..].to_vec(),
             coords,
             parts,
-            tmem_mma,
-            consumer_warps,
+            tmem_carried,
             deferral,
         })
     }
 
     pub(super) fn error(&self, what: String) -> InterpError {
         InterpError::Schedule {
-            loc: self.kernel.ops[self.ring.for_op].loc,
+            loc: self.kernel.ops[self.sched.for_op].loc,
             what,
         }
     }
 
-    /// A clustered ring's walk ([`crate::cluster`]), cluster by cluster, per CTA of the
-    /// cluster the blocks of its tiles: the scheduler deals tile pairs over the grid of x
-    /// pairs as it deals tiles to CTAs, and CTA `r` of the cluster takes x block
-    /// `size * px + r` (past the grid in a ragged last pair).
-    pub(super) fn walk_clusters(
-        &self,
-        [nx, ny, nz]: [u32; 3],
-        ctas: u32,
-        size: u32,
-    ) -> Result<Vec<Vec<Vec<[i32; 3]>>>, InterpError> {
-        if !ctas.is_multiple_of(size) {
+    /// Per cluster (one CTA without a cluster), per CTA of it, the blocks of each work step
+    /// it runs, in order: one block, or the `work_tiles` blocks it runs at once. The tile
+    /// scheduler deals work steps over the grid of x blocks grouped by the cluster's CTAs
+    /// and the CTA's work tiles; CTA `r` of a cluster takes x group `size * px + r`, whose
+    /// work tile `g` is x block `work * (size * px + r) + g` (past the grid in a ragged last
+    /// group).
+    fn walk(&self, [nx, ny, nz]: [u32; 3], ctas: u32) -> Result<Vec<Cluster>, InterpError> {
+        let size = self.sched.cluster.as_ref().map_or(1, |c| c.ctas);
+        let work = self.sched.work_tiles.max(1);
+        if !ctas.is_multiple_of(size) && self.sched.persistent() {
             return Err(self.error(format!(
                 "{ctas} CTAs are not a whole number of clusters of {size}"
             )));
         }
-        let pairs = self.walk([nx.div_ceil(size), ny, nz], ctas / size);
-        Ok(pairs
+        let groups = [nx.div_ceil(size * work), ny, nz];
+        let steps = self.steps(groups, ctas / size);
+        Ok(steps
             .into_iter()
-            .map(|tiles| {
+            .map(|cluster| {
                 (0..size as i32)
                     .map(|r| {
-                        let x = |b: &[i32; 3]| [b[0] * size as i32 + r, b[1], b[2]];
-                        tiles.iter().map(x).collect()
+                        cluster
+                            .iter()
+                            .map(|b| {
+                                (0..work as i32)
+                                    .map(|g| {
+                                        [(b[0] * size as i32 + r) * work as i32 + g, b[1], b[2]]
+                                    })
+                                    .collect()
+                            })
+                            .collect()
                     })
                     .collect()
             })
             .collect())
     }
 
-    /// The block indices of the work tiles of each CTA, in the order it runs them.
-    pub(super) fn walk(&self, grid: [u32; 3], ctas: u32) -> Vec<Vec<[i32; 3]>> {
+    /// The block indices of the work steps of each CTA (or cluster), in the order it runs
+    /// them.
+    fn steps(&self, grid: [u32; 3], ctas: u32) -> Vec<Vec<[i32; 3]>> {
         let block = |b: [u32; 3]| b.map(|x| x as i32);
-        match self.kernel.schedule.tiles {
+        match self.sched.tiles {
             Some(order) => {
                 let total = TileScheduler::tiles(grid);
                 (0..ctas)
@@ -283,14 +311,22 @@ impl<'k> Plan<'k> {
             }
         }
     }
+
+    /// The stores of work tile `g`'s code after the loop, by their `store` op.
+    pub(super) fn store(&self, g: u32, op: OpId) -> Option<&'k TmaStore> {
+        self.sched
+            .stores
+            .iter()
+            .find(|st| st.store == op && st.work_tile == g)
+    }
 }
 
 /// The ops of a rotated body in its three parts (see the module doc): the code between and
-/// the tail section as the `overlap` pass chose them, the ring loads only the tail reads with
+/// the tail section as the `overlap` pass chose them, the loads only the tail reads with
 /// the tail, and everything else with the head.
-fn rotated_parts(kernel: &Kernel, ring: &Ring, o: &Overlap, ops: &[OpId]) -> Parts {
+fn rotated_parts(kernel: &Kernel, sched: &Sched, o: &Overlap, ops: &[OpId]) -> Parts {
     let tail_only = |op: OpId| {
-        ring.loads.iter().any(|l| l.load == op)
+        sched.loads.iter().any(|(_, l)| l.tma.load == op)
             && kernel.ops[op].results.iter().all(|&r| {
                 ops.iter()
                     .filter(|&&u| uses(kernel, u, r))
@@ -312,6 +348,53 @@ fn rotated_parts(kernel: &Kernel, ring: &Ring, o: &Overlap, ops: &[OpId]) -> Par
         between,
         tail,
     }
+}
+
+/// What an attention pair's roles run of the body (see [`PairBody`]).
+fn pair_body(
+    kernel: &Kernel,
+    sched: &Sched,
+    o: &Overlap,
+    ops: &[OpId],
+) -> Result<PairBody, String> {
+    let def_op = |v: ValueId| match kernel.values[v].def {
+        ValueDef::Op(op, _) => Some(op),
+        ValueDef::BlockArg { .. } => None,
+    };
+    let p_cast = def_op(kernel.ops[o.tail].operands[0])
+        .filter(|&c| matches!(kernel.ops[c].kind, OpKind::Cast { .. }))
+        .ok_or("the P V mma does not read a cast of P")?;
+    let exp2 = def_op(kernel.ops[p_cast].operands[0])
+        .filter(|&e| kernel.ops[e].kind == OpKind::Unary(UnaryOp::Exp2));
+    let (_, factor) = o.rescale.ok_or("an attention pair without its rescale")?;
+    let mut head = backward_slice(kernel, ops, &kernel.ops[o.head].operands);
+    head.push(o.head);
+    let tail_b = backward_slice(kernel, ops, &kernel.ops[o.tail].operands[1..2]);
+    let loaded = |op: OpId| sched.loads.iter().any(|(_, l)| l.tma.load == op);
+    let staged = |op: OpId| {
+        loaded(op)
+            || kernel.ops[op].kind == OpKind::Transpose
+                && def_op(kernel.ops[op].operands[0]).is_some_and(loaded)
+    };
+    let softmax = ops
+        .iter()
+        .copied()
+        .filter(|&op| {
+            !staged(op)
+                && op != o.head
+                && !o.tail_ops.contains(&op)
+                && op != p_cast
+                && kernel.ops[op].kind != OpKind::Yield
+        })
+        .collect();
+    Ok(PairBody {
+        softmax,
+        head,
+        tail_b,
+        factor,
+        p_cast,
+        exp2,
+    })
 }
 
 /// Per consumer warp, the rows of the deferred maximum its threads hold (each row in one
@@ -412,11 +495,12 @@ impl Tile {
         block: [i32; 3],
     ) -> Result<Tile, InterpError> {
         let kernel = plan.kernel;
+        let for_op = plan.sched.for_op;
         let mut env = vec![None; kernel.values.len()];
         m.set_block(block);
         m.swap_env(&mut env);
         let ran = m.exec_ops(&plan.prologue);
-        let bounds: Vec<Option<i32>> = kernel.ops[plan.ring.for_op].operands[..3]
+        let bounds: Vec<Option<i32>> = kernel.ops[for_op].operands[..3]
             .iter()
             .map(|&v| m.value(v).and_then(Value::as_i32))
             .collect();
@@ -427,7 +511,7 @@ impl Tile {
         };
         if step <= 0 {
             return Err(InterpError::NonPositiveStep {
-                loc: kernel.ops[plan.ring.for_op].loc,
+                loc: kernel.ops[for_op].loc,
                 step,
             });
         }
@@ -447,14 +531,9 @@ impl Tile {
             .wrapping_add((self.trips as i32).wrapping_mul(self.step))
     }
 
-    /// The induction variable of iteration `t`.
-    pub(super) fn iv(&self, t: u32) -> Value {
-        Value::i32(self.lo.wrapping_add((t as i32).wrapping_mul(self.step)))
-    }
-
     /// The values the loop starts from (its `for`'s operands after the bounds).
     pub(super) fn initial(&self, plan: &Plan<'_>) -> Vec<Option<Value>> {
-        plan.kernel.ops[plan.ring.for_op].operands[3..]
+        plan.kernel.ops[plan.sched.for_op].operands[3..]
             .iter()
             .map(|v| self.env[v.index()].clone())
             .collect()
@@ -489,7 +568,6 @@ pub(super) fn run_checked(
 
 /// The deferred maximum: each group of rows keeps the carried reference while every one of
 /// them grew by at most the threshold (a NaN growth, from a `-inf` reference, never stays).
-/// The groups are a warp's rows on sm_90a (its vote decides) and single rows on sm_100a.
 pub(super) fn defer(
     plan: &Plan<'_>,
     m: &mut Machine<'_, '_, '_>,
@@ -544,7 +622,7 @@ impl Stop {
     pub(super) fn finish(
         self,
         plan: &Plan<'_>,
-        protocol: Result<(), crate::passes::legacy_protocol::ProtocolError>,
+        protocol: Result<(), crate::passes::protocol_check::ProtocolError>,
     ) -> Result<(), InterpError> {
         match self.failed {
             Some(e) => Err(e),
@@ -559,7 +637,7 @@ pub(super) struct Memory<'p, 'k> {
     smem: SharedMemory,
     /// TMA-store boxes issued but not yet waited for: the store, the box, the store's tile
     /// coordinates and element type.
-    bulk: Vec<(&'p TmaStore, usize, Vec<i32>, DType)>,
+    bulk: Vec<(&'k TmaStore, usize, Vec<i32>, DType)>,
 }
 
 impl<'p, 'k> Memory<'p, 'k> {
@@ -572,33 +650,20 @@ impl<'p, 'k> Memory<'p, 'k> {
         }
     }
 
-    /// A TMA load of `l` into `stage`, its coordinates computed in `env` by the ops `slice`
-    /// (those of a ring load for the iteration; none for a once load, whose coordinates the
-    /// code before the loop computed).
-    pub(super) fn tma(
-        &mut self,
-        m: &mut Machine<'k, '_, '_>,
-        l: &TmaLoad,
-        stage: u32,
-        env: &mut Env,
-        slice: &[OpId],
-    ) -> Result<(), InterpError> {
-        let coords = self.tma_coords(m, l, env, slice)?;
-        self.tma_boxes(m, l, stage, &coords, None)
-    }
-
-    /// The coordinates of `l`'s tile, computed in `env` by the ops `slice` (see
-    /// [`Memory::tma`]).
+    /// The coordinates of load `l`'s tile, computed in `env` by the ops `slice` (those of a
+    /// ring load for the iteration; none for a once load, whose coordinates the code before
+    /// the loop computed).
     pub(super) fn tma_coords(
         &self,
         m: &mut Machine<'k, '_, '_>,
-        l: &TmaLoad,
+        l: LoadId,
         env: &mut Env,
         slice: &[OpId],
     ) -> Result<Vec<i32>, InterpError> {
+        let op = self.plan.sched.loads[l].tma.load;
         m.swap_env(env);
         let ran = m.exec_ops(slice);
-        let coords: Option<Vec<i32>> = self.plan.kernel.ops[l.load]
+        let coords: Option<Vec<i32>> = self.plan.kernel.ops[op]
             .operands
             .iter()
             .map(|&v| m.value(v).and_then(Value::as_i32))
@@ -607,8 +672,7 @@ impl<'p, 'k> Memory<'p, 'k> {
         ran?;
         coords.ok_or_else(|| {
             self.plan.error(format!(
-                "the producer cannot compute the coordinates of {}",
-                l.load
+                "the producer cannot compute the coordinates of {op}"
             ))
         })
     }
@@ -617,16 +681,17 @@ impl<'p, 'k> Memory<'p, 'k> {
     pub(super) fn tma_boxes(
         &mut self,
         m: &mut Machine<'k, '_, '_>,
-        l: &TmaLoad,
+        l: LoadId,
         stage: u32,
         coords: &[i32],
         only: Option<usize>,
     ) -> Result<(), InterpError> {
-        let tensor = m.tensor_arg(l.param).ok_or_else(|| {
+        let t = &self.plan.sched.loads[l].tma;
+        let tensor = m.tensor_arg(t.param).ok_or_else(|| {
             self.plan
-                .error(format!("parameter {} is not a tensor", l.param))
+                .error(format!("parameter {} is not a tensor", t.param))
         })?;
-        let boxes = Boxes::load(l, stage);
+        let boxes = Boxes::load(t, stage);
         let boxes = match only {
             Some(b) => boxes.single(b),
             None => boxes,
@@ -638,39 +703,41 @@ impl<'p, 'k> Memory<'p, 'k> {
 
     /// What `l`'s boxes hold in `stage`, the extent they cover (a 2-SM CTA's half of the
     /// shared tile), as the pair's mma reads it now.
-    pub(super) fn read_part(&self, l: &TmaLoad, stage: u32) -> Result<Value, InterpError> {
-        let ty = self.plan.kernel.ty(self.plan.kernel.ops[l.load].results[0]);
-        let dims = l.tile_dims().map(|d| d as usize);
+    pub(super) fn read_part(&self, l: LoadId, stage: u32) -> Result<Value, InterpError> {
+        let t = &self.plan.sched.loads[l].tma;
+        let ty = self.plan.kernel.ty(self.plan.kernel.ops[t.load].results[0]);
+        let dims = t.tile_dims().map(|d| d as usize);
         self.smem
-            .read_tile(&Boxes::load(l, stage), ty.dtype(), &dims)
+            .read_tile(&Boxes::load(t, stage), ty.dtype(), &dims)
             .map_err(|e| self.plan.error(e))
     }
 
-    /// The tile `l` holds in `stage`, as a consumer reads it now.
-    pub(super) fn read(&self, l: &TmaLoad, stage: u32) -> Result<Value, InterpError> {
-        let ty = self.plan.kernel.ty(self.plan.kernel.ops[l.load].results[0]);
+    /// The tile `l` holds in `stage`, as an mma reads it now.
+    pub(super) fn read(&self, l: LoadId, stage: u32) -> Result<Value, InterpError> {
+        let t = &self.plan.sched.loads[l].tma;
+        let ty = self.plan.kernel.ty(self.plan.kernel.ops[t.load].results[0]);
         let dims = ty.shape().map(|s| s.dims().to_vec()).unwrap_or_default();
         self.smem
-            .read_tile(&Boxes::load(l, stage), ty.dtype(), &dims)
+            .read_tile(&Boxes::load(t, stage), ty.dtype(), &dims)
             .map_err(|e| self.plan.error(e))
     }
 
-    /// Runs the code after the loop in `env` for `block`, each store `store_of` names lowered
-    /// to a TMA store.
+    /// Runs the code after the loop in `env` for `block`, each store of work tile `g` the
+    /// schedule lowered to a TMA store.
     pub(super) fn epilogue(
         &mut self,
         m: &mut Machine<'k, '_, '_>,
         env: &mut Env,
         block: [i32; 3],
-        store_of: &dyn Fn(OpId) -> Option<&'p TmaStore>,
+        g: u32,
     ) -> Result<(), InterpError> {
+        let plan = self.plan;
         m.set_block(block);
         m.swap_env(env);
-        let ran = self
-            .plan
+        let ran = plan
             .epilogue
             .iter()
-            .try_for_each(|&op| match store_of(op) {
+            .try_for_each(|&op| match plan.store(g, op) {
                 Some(st) => self.tma_store(m, st),
                 None => m.exec_ops(&[op]).map(drop),
             });
@@ -683,7 +750,7 @@ impl<'p, 'k> Memory<'p, 'k> {
     fn tma_store(
         &mut self,
         m: &mut Machine<'k, '_, '_>,
-        st: &'p TmaStore,
+        st: &'k TmaStore,
     ) -> Result<(), InterpError> {
         let kernel = self.plan.kernel;
         let op = &kernel.ops[st.store];

@@ -15,8 +15,8 @@ use half::{bf16, f16};
 
 use crate::host::HostTensor;
 use crate::kernel::OpId;
-use crate::ring::{TmaBox, TmaLoad};
-use crate::tma_store::TmaStore;
+use crate::sched::TmaStore;
+use crate::sched::tma::{TmaBox, TmaLoad};
 use crate::types::DType;
 
 use super::super::memory;
@@ -283,7 +283,13 @@ mod tests {
 
     /// A K-major load of an `8 x 64` bf16 tile (one 128-byte-swizzled box) at `offset`.
     fn load_8x64(offset: u32) -> TmaLoad {
-        let mut l = TmaLoad::k_major(OpId::from_index(0), 0, crate::ring::Operand::KMajorA, 8, 64);
+        let mut l = TmaLoad::k_major(
+            OpId::from_index(0),
+            0,
+            crate::sched::tma::Operand::KMajorA,
+            8,
+            64,
+        );
         l.offset = offset;
         l
     }

@@ -840,13 +840,6 @@ impl<'r> Machine<'r> {
     }
 }
 
-/// Roles per CTA of the machine of `ring` with `consumer_warps` consumer warps: the producer
-/// and each consumer warpgroup it runs (role `r` of a cluster's machine is role
-/// `r % roles_per_cta` of CTA `r / roles_per_cta`).
-pub(crate) fn roles_per_cta(ring: &Ring, consumer_warps: u32) -> usize {
-    1 + consumer_warpgroups(ring, consumer_warps) as usize
-}
-
 /// Whether consumer warpgroup `wg` of `warpgroups` runs `step` (turn steps name their
 /// warpgroups).
 fn runs_in(step: Step, wg: u32, warpgroups: u32) -> bool {

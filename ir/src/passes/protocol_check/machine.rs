@@ -225,6 +225,15 @@ impl<'s> Machine<'s> {
         }
     }
 
+    /// Each actor's role (index into the schedule's roles), replica and CTA, in the order
+    /// [`Machine::run_observed`] numbers them.
+    pub(crate) fn who(&self) -> Vec<(usize, u32, u32)> {
+        self.actors
+            .iter()
+            .map(|a| (a.role, a.replica, a.cta))
+            .collect()
+    }
+
     /// Runs every actor to its end.
     pub(crate) fn run(self) -> Result<(), ProtocolError> {
         self.run_observed(&mut |_, _| true)
