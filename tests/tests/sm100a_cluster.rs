@@ -2,17 +2,17 @@
 //! cluster of two CTAs computes a 256-row tile as one `tcgen05.mma.cta_group::2` issued by the
 //! leader CTA's MMA thread, each CTA loading its own A tile and half of B's. The passes pair
 //! the ring by structure, the protocol check proves the pair (on both CTAs) and rejects a
-//! mutated copy of the real plan with each 2-SM rule's own error, and ptxas assembles every
-//! variant without spills or advisories with the instruction mix the plan calls for. Nothing
-//! here runs on a GPU: no Blackwell is available.
+//! mutated copy of the real schedule IR with each 2-SM rule's own error, and ptxas assembles
+//! every variant without spills or advisories with the instruction mix the plan calls for.
+//! Nothing here runs on a GPU: no Blackwell is available.
 
 mod ptx_examples;
 
 use kiln_ir::cluster::Pair;
-use kiln_ir::passes::legacy_protocol::{self, ClusterError, ProtocolError, TmemError};
-use kiln_ir::passes::protocol_check;
+use kiln_ir::passes::protocol_check::{self, ClusterError, ProtocolError, TmemError};
 use kiln_ir::passes::{PASSES, run_pipeline};
 use kiln_ir::ring::{Bar, Operand, Ring, Step};
+use kiln_ir::sched::{Op, Program, Role, RoleKind, Sched};
 use kiln_ir::tmem::{AccBar, TmemPlan, TmemStep};
 use kiln_ir::{Kernel, Target};
 
@@ -57,6 +57,35 @@ fn plan(overrides: &[(&str, &str)]) -> (Ring, TmemPlan) {
     let k = scheduled(&paired("gemm", overrides));
     let ring = k.schedule.rings.values().next().expect("one ring").clone();
     (ring, k.schedule.tmem.expect("a TMEM plan"))
+}
+
+/// The schedule IR `protocol_check` proves for the paired gemm.
+fn sched(overrides: &[(&str, &str)]) -> Sched {
+    let mut k = scheduled(&paired("gemm", overrides));
+    protocol_check::run(&mut k, Target::Sm100a).unwrap_or_else(|d| panic!("{d}"));
+    k.schedule.sched.expect("a schedule")
+}
+
+/// The MMA role of the CTA of cluster rank `rank` (the leader's issues, the peer's frees).
+fn mma(s: &mut Sched, rank: u32) -> &mut Role {
+    let r = s
+        .roles
+        .iter_mut()
+        .find(|r| r.kind == RoleKind::Mma && r.rank == Some(rank));
+    r.expect("an MMA role of that rank")
+}
+
+fn leader(s: &mut Sched) -> &mut Program {
+    &mut mma(s, 0).program
+}
+
+fn peer(s: &mut Sched) -> &mut Program {
+    &mut mma(s, 1).program
+}
+
+fn sched_pair(s: &mut Sched) -> &mut Pair {
+    let c = s.cluster.as_mut().and_then(|c| c.pair.as_mut());
+    c.expect("a 2-SM pair")
 }
 
 fn pair(r: &Ring) -> Pair {
@@ -104,7 +133,8 @@ fn the_pair_splits_b_and_the_protocol_holds_on_both_ctas() {
         );
         // Both CTAs' epilogue warps hand TMEM back to the leader.
         assert_eq!(tmem.count(AccBar::Empty), 2 * tmem.roles.epilogue_warps);
-        legacy_protocol::check_sm100a(&ring, &tmem).unwrap_or_else(|e| panic!("{e}"));
+        protocol_check::check(&sched(&[("b_col_major", b_col_major)]))
+            .unwrap_or_else(|e| panic!("{e}"));
     }
     for &(name, overrides) in VARIANTS {
         let mut k = scheduled(&paired(name, overrides));
@@ -113,69 +143,68 @@ fn the_pair_splits_b_and_the_protocol_holds_on_both_ctas() {
     }
 }
 
-type Edit = fn(&mut Ring, &mut TmemPlan);
+type Edit = fn(&mut Sched);
 type Expect = fn(&ProtocolError) -> bool;
 
 #[test]
 fn each_pair_rule_rejects_its_mutation() {
-    let edits: [(&str, Edit, Expect); 10] = [
+    let edits: [(&str, Edit, Expect); 11] = [
         (
-            "the plan is not paired with its ring",
-            |_, p| p.pair = None,
+            // The TMEM plan without its pair: one MMA role, of no cluster rank.
+            "the MMA roles are not paired with the cluster",
+            |s| {
+                s.roles
+                    .retain(|r| r.kind != RoleKind::Mma || r.rank != Some(1));
+                mma(s, 0).rank = None;
+            },
             |e| matches!(e, ProtocolError::Tmem(TmemError::PairMismatch { .. })),
         ),
         (
             "the peer frees other columns than the pair allocated",
-            |_, p| {
-                if let Some(tp) = p.pair.as_mut() {
-                    tp.peer_exit[1] = TmemStep::Dealloc { columns: 256 };
+            |s| {
+                for op in &mut peer(s).exit {
+                    if let Op::TmemDealloc { columns } = op {
+                        *columns = 256;
+                    }
                 }
             },
             |e| matches!(e, ProtocolError::Tmem(TmemError::PairColumns { .. })),
         ),
         (
             "the peer issues mmas",
-            |_, p| {
-                if let Some(tp) = p.pair.as_mut() {
-                    tp.peer_exit.insert(0, TmemStep::Mainloop);
-                }
+            |s| {
+                // The leader's mainloop, in the peer's program too.
+                let mainloop = leader(s).iteration.clone();
+                peer(s).iteration = mainloop;
             },
             |e| matches!(e, ProtocolError::Tmem(TmemError::PeerIssues(_))),
         ),
         (
-            "the stage commits miss the peer",
-            |r, _| {
-                if let Some(p) = r.cluster.as_mut().and_then(|c| c.pair.as_mut()) {
-                    p.commit_mask = 0b01;
-                }
-            },
+            "the commits miss the peer",
+            |s| sched_pair(s).commit_mask = 0b01,
             |e| {
                 matches!(
                     e,
-                    ProtocolError::Tmem(TmemError::CommitMask { what: "stage", .. })
+                    ProtocolError::Tmem(TmemError::CommitMask { mask: 0b01, .. })
                 )
             },
         ),
+        // The old plan had a mask for the stages' commits and one for the accumulator's; the
+        // schedule IR has one for every commit of the pair, so the second break is a mask
+        // that misses the leader's own barriers.
         (
-            "the accumulator commit misses the peer",
-            |_, p| {
-                if let Some(tp) = p.pair.as_mut() {
-                    tp.commit_mask = 0b01;
-                }
-            },
+            "the commits miss the leader",
+            |s| sched_pair(s).commit_mask = 0b10,
             |e| {
                 matches!(
                     e,
-                    ProtocolError::Tmem(TmemError::CommitMask {
-                        what: "acc_full",
-                        ..
-                    })
+                    ProtocolError::Tmem(TmemError::CommitMask { mask: 0b10, .. })
                 )
             },
         ),
         (
             "the leader frees its columns without the cluster barrier",
-            |_, p| p.mma_exit.retain(|s| *s != TmemStep::ClusterSync),
+            |s| leader(s).exit.retain(|&op| op != Op::ClusterSync),
             |e| {
                 matches!(
                     e,
@@ -185,47 +214,89 @@ fn each_pair_rule_rejects_its_mutation() {
         ),
         (
             "the peer frees its columns without the cluster barrier",
-            |_, p| {
-                if let Some(tp) = p.pair.as_mut() {
-                    tp.peer_exit.retain(|s| *s != TmemStep::ClusterSync);
-                }
-            },
+            |s| peer(s).exit.retain(|&op| op != Op::ClusterSync),
             |e| matches!(e, ProtocolError::Tmem(TmemError::PairExit { cta: "peer" })),
         ),
         // A commit before the mma releases both CTAs' stage while the mma still reads it.
+        // The old checker caught the refill while that mma was in flight (`Refill`); the
+        // machine runs the MMA thread ahead, so by the refill a later commit has completed
+        // the mma, and what is left is the refill racing the mma's read: the producer's wait
+        // acquired the commit issued before the mma.
         (
             "a stage is refilled before the pair's mma reading it completed",
-            |r, _| r.consumer.swap(1, 2),
-            |e| matches!(e, ProtocolError::Cluster(ClusterError::Refill { .. })),
+            |s| leader(s).iteration.swap(1, 2),
+            |e| match e {
+                ProtocolError::Cluster(ClusterError::Refill { .. }) => true,
+                ProtocolError::Race(r) => {
+                    r.first == "read"
+                        && r.first_op.starts_with("tcgen05.mma")
+                        && r.second_role.ends_with("producer")
+                        && r.second_op.starts_with("tma")
+                }
+                _ => false,
+            },
         ),
-        // The leader's commits reach the peer after it left.
+        // The old plan's `exit_sync` switch took the epilogue's barrier.cluster at exit, and
+        // the old machine, which ran the ring's roles alone, saw the leader's commits reach
+        // a peer CTA that had left (`AfterExit`). The schedule IR has the MMA warps too,
+        // whose own cluster barriers before their frees keep both CTAs until every commit
+        // and remote arrival is in (the epilogue's alone is not needed; see below); with no
+        // cluster barrier at any exit, the static rule on those frees sees it first.
         (
             "no cluster barrier before exit",
-            |r, _| {
-                if let Some(c) = r.cluster.as_mut() {
+            |s| {
+                if let Some(c) = s.cluster.as_mut() {
                     c.exit_sync = false;
                 }
+                for r in &mut s.roles {
+                    r.program.exit.retain(|&op| op != Op::ClusterSync);
+                }
             },
-            |e| matches!(e, ProtocolError::Cluster(ClusterError::AfterExit { .. })),
+            |e| matches!(e, ProtocolError::Tmem(TmemError::PairExit { .. })),
+        ),
+        // Nobody frees the peer's columns of the collective allocation.
+        (
+            "the peer CTA has no MMA warp",
+            |s| {
+                s.roles
+                    .retain(|r| r.kind != RoleKind::Mma || r.rank != Some(1))
+            },
+            |e| {
+                matches!(
+                    e,
+                    ProtocolError::Tmem(TmemError::PairColumns { peer, .. }) if peer.is_empty()
+                )
+            },
         ),
         (
             "the leader announces one CTA's bytes",
-            |r, _| {
-                for s in &mut r.producer {
-                    if let Step::ArriveExpectTx { bytes, .. } = s {
-                        *bytes /= 2;
+            |s| {
+                for r in &mut s.roles {
+                    for op in &mut r.program.iteration {
+                        if let Op::ExpectTx { bytes, .. } = op {
+                            *bytes /= 2;
+                        }
                     }
                 }
             },
             |e| matches!(e, ProtocolError::TxBytes { .. }),
         ),
     ];
+    let real = sched(&[]);
     for (what, edit, expected) in edits {
-        let (mut ring, mut tmem) = plan(&[]);
-        edit(&mut ring, &mut tmem);
-        let e = legacy_protocol::check_sm100a(&ring, &tmem).expect_err(what);
+        let mut s = real.clone();
+        edit(&mut s);
+        let e = protocol_check::check(&s).expect_err(what);
         assert!(expected(&e), "{what}: got {e}");
     }
+    // Without the epilogue's cluster barrier, each CTA still stays until its MMA warp's:
+    // the leader's comes after its last commit and its wait for both CTAs' last hand-back,
+    // so no commit or arrival reaches a CTA that left.
+    let mut s = real.clone();
+    for r in s.roles.iter_mut().filter(|r| r.kind == RoleKind::Epilogue) {
+        r.program.exit.retain(|&op| op != Op::ClusterSync);
+    }
+    protocol_check::check(&s).expect("the MMA warps' cluster barriers keep both CTAs");
     // Through the pass, a broken rule is a compiler error at the user's loop.
     let mut k = scheduled(&paired("gemm", &[]));
     if let Some(p) = k.schedule.tmem.as_mut().and_then(|p| p.pair.as_mut()) {

@@ -7,9 +7,11 @@
 
 mod ptx_examples;
 
-use kiln_ir::passes::{PASSES, legacy_protocol, protocol_check};
+use kiln_ir::passes::PASSES;
+use kiln_ir::passes::protocol_check::{self, ProtocolError, TmemError};
 use kiln_ir::ring::{Bar, Operand, Ring, Step};
-use kiln_ir::tmem::{AccBar, TmemPlan, TmemStep};
+use kiln_ir::sched::{BarrierId, Op, Program, Region, RoleKind, Sched};
+use kiln_ir::tmem::{TmemPlan, TmemStep};
 use kiln_ir::{Kernel, Target};
 
 /// `kernel` after every pass but `protocol_check`, for sm_100a.
@@ -21,6 +23,32 @@ fn scheduled(kernel: &Kernel) -> Kernel {
         }
     }
     k
+}
+
+/// The schedule IR `protocol_check` proves for `kernel` with `set` on sm_100a.
+fn sched(kernel: &str, set: &[(&str, &str)]) -> Sched {
+    let mut k = scheduled(&ptx_examples::build(kernel, set));
+    protocol_check::run(&mut k, Target::Sm100a).unwrap_or_else(|d| panic!("{d}"));
+    k.schedule.sched.expect("a schedule")
+}
+
+fn program(s: &mut Sched, kind: RoleKind) -> &mut Program {
+    let r = s.roles.iter_mut().find(|r| r.kind == kind);
+    &mut r.unwrap_or_else(|| panic!("no {kind} role")).program
+}
+
+fn mma(s: &mut Sched) -> &mut Program {
+    program(s, RoleKind::Mma)
+}
+
+/// The epilogue's code after the loop: its copies out of TMEM, hand-back and reads.
+fn epilogue(s: &mut Sched) -> &mut Vec<Op> {
+    &mut program(s, RoleKind::Epilogue).end
+}
+
+fn bar(s: &Sched, name: &str) -> BarrierId {
+    let b = s.barriers.iter().find(|(_, b)| b.name == name);
+    b.unwrap_or_else(|| panic!("no barrier `{name}`")).0
 }
 
 /// The gemm's ring and TMEM plan on sm_100a.
@@ -88,205 +116,285 @@ fn gemm_ring_and_tmem_plan() {
             (r.epilogue_warps, r.producer_warp, r.mma_warp, r.threads()),
             (4, 4, 5, 192)
         );
-        legacy_protocol::check_sm100a(&ring, &plan).expect("the planned protocol is sound");
+        protocol_check::check(&sched("gemm", &[("b_col_major", b_col_major)]))
+            .expect("the planned protocol is sound");
     }
 }
 
-/// A deliberate break of the ring or the TMEM plan.
-type Edit = fn(&mut Ring, &mut TmemPlan);
+/// A deliberate break of the schedule.
+type Edit = fn(&mut Sched);
 
-fn without(steps: &mut Vec<TmemStep>, s: TmemStep) {
-    steps.retain(|x| *x != s);
+/// Whether an error is the one a break must give.
+type Expect = fn(&ProtocolError) -> bool;
+
+fn tmem(e: &ProtocolError) -> Option<&TmemError> {
+    match e {
+        ProtocolError::Tmem(t) => Some(t),
+        _ => None,
+    }
+}
+
+/// Applies each break to a copy of `real` and checks the error: its kind, and a fragment of
+/// its message.
+fn each_rejected(real: &Sched, edits: &[(&str, Edit, Expect)]) {
+    protocol_check::check(real).expect("the planned protocol is sound");
+    for &(expect, edit, kind) in edits {
+        let mut s = real.clone();
+        edit(&mut s);
+        let e = protocol_check::check(&s).expect_err(expect);
+        assert!(kind(&e), "`{expect}`: the wrong kind of error: {e}");
+        let text = e.to_string();
+        assert!(text.contains(expect), "expected `{expect}`, got: {text}");
+    }
+}
+
+fn without(ops: &mut Vec<Op>, op: Op) {
+    ops.retain(|x| *x != op);
+}
+
+/// The `tcgen05.ld` copying `columns` columns of the accumulator from `column`.
+fn copy(s: &Sched, column: u32, columns: u32) -> Op {
+    let tile = s
+        .roles
+        .iter()
+        .flat_map(|r| r.program.ops())
+        .find_map(|op| match op {
+            Op::TmemLoad { tile, .. } => Some(tile),
+            _ => None,
+        });
+    Op::TmemLoad {
+        tile: tile.expect("a copy out of TMEM"),
+        column,
+        columns,
+    }
 }
 
 #[test]
 fn broken_schedules_are_rejected() {
-    let edits: [(&str, Edit); 12] = [
-        ("power of 2 from 32 to 512", |_, p| {
-            p.columns = 1024;
-            for s in p.setup.iter_mut().chain(&mut p.mma_exit) {
-                if let TmemStep::Alloc { columns } | TmemStep::Dealloc { columns } = s {
-                    *columns = 1024;
+    let edits: [(&str, Edit, Expect); 12] = [
+        (
+            "power of 2 from 32 to 512",
+            |s| {
+                if let Some(t) = s.tmem.as_mut() {
+                    t.columns = 1024;
                 }
-            }
-        }),
-        ("holding the accumulator", |_, p| p.columns = 64),
-        ("relinquish the allocation permit", |_, p| {
-            without(&mut p.setup, TmemStep::Relinquish)
-        }),
-        ("allocated and freed by the MMA warp alone", |_, p| {
-            let dealloc = TmemStep::Dealloc { columns: p.columns };
-            without(&mut p.mma_exit, dealloc);
-            p.epilogue.push(dealloc);
-        }),
+                let mma = s.roles.iter_mut().find(|r| r.kind == RoleKind::Mma);
+                let exit = &mut mma.expect("the MMA role").program.exit;
+                for op in s.setup.iter_mut().chain(exit) {
+                    if let Op::TmemAlloc { columns } | Op::TmemDealloc { columns } = op {
+                        *columns = 1024;
+                    }
+                }
+            },
+            |e| matches!(tmem(e), Some(TmemError::Columns { columns: 1024, .. })),
+        ),
+        // The old message named the accumulator; the allocation now holds every TMEM tile.
+        (
+            "holding every tile (128 columns)",
+            |s| {
+                if let Some(t) = s.tmem.as_mut() {
+                    t.columns = 64;
+                }
+            },
+            |e| {
+                matches!(
+                    tmem(e),
+                    Some(TmemError::Columns {
+                        columns: 64,
+                        needed: 128
+                    })
+                )
+            },
+        ),
+        (
+            "relinquish the allocation permit",
+            |s| without(&mut s.setup, Op::TmemRelinquish),
+            |e| matches!(tmem(e), Some(TmemError::Owner(_))),
+        ),
+        (
+            "allocated and freed by the MMA warp alone",
+            |s| {
+                let free = mma(s).exit.pop().expect("the free");
+                assert!(matches!(free, Op::TmemDealloc { .. }));
+                epilogue(s).push(free);
+            },
+            |e| matches!(tmem(e), Some(TmemError::NotOwner { role, .. }) if role == "epilogue"),
+        ),
         // A tile's mmas would overwrite the accumulator the epilogue still copies.
-        ("before a tile's mmas overwrite the accumulator", |_, p| {
-            without(
-                &mut p.mma_tile,
-                TmemStep::Wait {
-                    bar: AccBar::Empty,
+        (
+            "before a tile's mmas overwrite it",
+            |s| {
+                let handback = Op::Wait {
+                    bar: bar(s, "acc_empty"),
                     start: 1,
-                },
-            )
-        }),
+                    lag: 0,
+                };
+                without(&mut mma(s).tile, handback);
+            },
+            |e| matches!(tmem(e), Some(TmemError::Owner(_))),
+        ),
         // From parity 0, the first tile's wait would hang on a fresh barrier.
-        ("from parity 1", |_, p| {
-            p.mma_tile[0] = TmemStep::Wait {
-                bar: AccBar::Empty,
-                start: 0,
-            }
-        }),
-        ("before freeing the columns", |_, p| {
-            without(
-                &mut p.mma_exit,
-                TmemStep::Wait {
-                    bar: AccBar::Empty,
-                    start: 1,
-                },
-            )
-        }),
-        ("commit the accumulator to acc_full", |_, p| {
-            without(&mut p.mma_tile, TmemStep::CommitAcc)
-        }),
-        ("only tcgen05.commit arrives", |r, _| {
-            r.consumer[2] = Step::Arrive {
-                bar: Bar::Empty,
-                lag: 0,
-            }
-        }),
-        ("before waiting on acc_full", |_, p| {
-            without(
-                &mut p.epilogue,
-                TmemStep::Wait {
-                    bar: AccBar::Full,
+        (
+            "from parity 1",
+            |s| {
+                let acc_empty = bar(s, "acc_empty");
+                mma(s).tile[0] = Op::Wait {
+                    bar: acc_empty,
                     start: 0,
-                },
-            )
-        }),
-        ("tcgen05.wait::ld missing", |_, p| {
-            // The copies are waited for only after the registers were read.
-            without(&mut p.epilogue, TmemStep::WaitLoad);
-            p.epilogue.push(TmemStep::WaitLoad);
-        }),
-        ("arrive on acc_empty exactly once", |_, p| {
-            without(&mut p.epilogue, TmemStep::Arrive { bar: AccBar::Empty })
-        }),
+                    lag: 0,
+                };
+            },
+            |e| matches!(tmem(e), Some(TmemError::Owner(_))),
+        ),
+        (
+            "before freeing the columns",
+            |s| {
+                let handback = Op::Wait {
+                    bar: bar(s, "acc_empty"),
+                    start: 1,
+                    lag: 0,
+                };
+                without(&mut mma(s).exit, handback);
+            },
+            |e| matches!(tmem(e), Some(TmemError::Owner(_))),
+        ),
+        (
+            "commit the accumulator to acc_full",
+            |s| {
+                let commit = Op::Tcgen05Commit {
+                    bar: bar(s, "acc_full"),
+                    lag: 0,
+                };
+                without(&mut mma(s).end, commit);
+            },
+            |e| matches!(tmem(e), Some(TmemError::Owner(_))),
+        ),
+        (
+            "only tcgen05.commit arrives",
+            |s| {
+                let empty = bar(s, "empty");
+                mma(s).iteration[2] = Op::Arrive { bar: empty, lag: 0 };
+            },
+            |e| matches!(tmem(e), Some(TmemError::PlainRelease(_))),
+        ),
+        // The old message named acc_full; the new one the accumulator's barrier.
+        (
+            "before waiting on the accumulator's barrier",
+            |s| {
+                let wait = Op::Wait {
+                    bar: bar(s, "acc_full"),
+                    start: 0,
+                    lag: 0,
+                };
+                without(epilogue(s), wait);
+            },
+            |e| matches!(tmem(e), Some(TmemError::LoadBeforeCommit { .. })),
+        ),
+        (
+            "tcgen05.wait::ld missing",
+            |s| {
+                // The copies are waited for only after the registers were read.
+                without(epilogue(s), Op::TmemWaitLoad);
+                epilogue(s).push(Op::TmemWaitLoad);
+            },
+            |e| matches!(tmem(e), Some(TmemError::LoadNotWaited { .. })),
+        ),
+        (
+            "arrive on acc_empty exactly once",
+            |s| {
+                let handback = Op::Arrive {
+                    bar: bar(s, "acc_empty"),
+                    lag: 0,
+                };
+                without(epilogue(s), handback);
+            },
+            |e| matches!(tmem(e), Some(TmemError::NoHandBack)),
+        ),
     ];
-    for (expect, edit) in edits {
-        let (mut ring, mut plan) = gemm("false");
-        edit(&mut ring, &mut plan);
-        let err = legacy_protocol::check_sm100a(&ring, &plan)
-            .expect_err(expect)
-            .to_string();
-        assert!(err.contains(expect), "expected `{expect}`, got: {err}");
-    }
+    let real = sched("gemm", &[("b_col_major", "false")]);
+    each_rejected(&real, &edits);
     // Two epilogue warpgroups (BN = 256: warpgroup g copies columns + 128 g): each column
     // must be copied by one of them exactly once.
-    let wide = || {
-        let k = scheduled(&ptx_examples::build("gemm", &[("BN", "256")]));
-        let ring = k.schedule.rings.values().next().expect("one ring").clone();
-        (ring, k.schedule.tmem.expect("a TMEM plan"))
-    };
-    let (ring, plan) = wide();
-    assert_eq!(plan.epilogue_warpgroups(), 2);
-    legacy_protocol::check_sm100a(&ring, &plan).expect("the planned protocol is sound");
-    let wide_edits: [(&str, Edit); 3] = [
+    let wide = sched("gemm", &[("BN", "256")]);
+    let wide_edits: [(&str, Edit, Expect); 3] = [
         // Warpgroup 0's last load also copies warpgroup 1's first 32 columns.
-        ("column 128 is copied 2 times", |_, p| {
-            let last = p
-                .epilogue
-                .iter()
-                .rposition(|s| matches!(s, TmemStep::Load { .. }));
-            p.epilogue.insert(
-                last.expect("a load") + 1,
-                TmemStep::Load {
-                    column: 128,
-                    columns: 32,
-                },
-            );
-        }),
+        (
+            "column 128 is copied 2 times",
+            |s| {
+                let extra = copy(s, 128, 32);
+                let ops = epilogue(s);
+                let last = ops.iter().rposition(|op| matches!(op, Op::TmemLoad { .. }));
+                ops.insert(last.expect("a load") + 1, extra);
+            },
+            |e| matches!(tmem(e), Some(TmemError::Coverage { .. })),
+        ),
         // Each warpgroup leaves the last 32 columns of its block behind.
-        ("column 96 is copied 0 times", |_, p| {
-            without(
-                &mut p.epilogue,
-                TmemStep::Load {
-                    column: 96,
-                    columns: 32,
-                },
-            )
-        }),
+        (
+            "column 96 is copied 0 times",
+            |s| {
+                let last = copy(s, 96, 32);
+                without(epilogue(s), last);
+            },
+            |e| matches!(tmem(e), Some(TmemError::Coverage { .. })),
+        ),
         // Six warps: the second warpgroup's lanes 64.. of its block have no reader.
-        ("every warpgroup of 4 reads all 128 TMEM lanes", |_, p| {
-            p.roles.epilogue_warps = 6
-        }),
+        (
+            "every warpgroup of 4 reads all 128 TMEM lanes",
+            |s| {
+                let r = s.roles.iter_mut().find(|r| r.kind == RoleKind::Epilogue);
+                r.expect("the epilogue").warps = 6;
+            },
+            |e| matches!(tmem(e), Some(TmemError::Lanes(6))),
+        ),
     ];
-    for (expect, edit) in wide_edits {
-        let (mut ring, mut plan) = wide();
-        edit(&mut ring, &mut plan);
-        let err = legacy_protocol::check_sm100a(&ring, &plan)
-            .expect_err(expect)
-            .to_string();
-        assert!(err.contains(expect), "expected `{expect}`, got: {err}");
-    }
+    each_rejected(&wide, &wide_edits);
     // Bias + GELU at BN = 256 copies and reads each 128-column block in four 32-column
     // chunks: no copy after TMEM is handed back, no column read before its copy, every
     // column read once.
-    let chunked = || {
-        let k = scheduled(&ptx_examples::build(
-            "gemm_bias_act",
-            &[("BN", "256"), ("act", "2")],
-        ));
-        let ring = k.schedule.rings.values().next().expect("one ring").clone();
-        (ring, k.schedule.tmem.expect("a TMEM plan"))
-    };
-    let (ring, plan) = chunked();
-    legacy_protocol::check_sm100a(&ring, &plan).expect("the planned protocol is sound");
-    let chunked_edits: [(&str, Edit); 3] = [
+    let chunked = sched("gemm_bias_act", &[("BN", "256"), ("act", "2")]);
+    let chunked_edits: [(&str, Edit, Expect); 3] = [
         // TMEM handed back once the first chunk has landed: the next tile's mmas would
         // overwrite the columns still to be copied.
-        ("after arriving on acc_empty", |_, p| {
-            let hand_back = [
-                TmemStep::FenceBefore,
-                TmemStep::Arrive { bar: AccBar::Empty },
-            ];
-            p.epilogue.retain(|s| !hand_back.contains(s));
-            let first = p.epilogue.iter().position(|s| *s == TmemStep::WaitLoad);
-            let at = first.expect("a wait") + 1;
-            p.epilogue.splice(at..at, hand_back);
-        }),
+        (
+            "after arriving on acc_empty",
+            |s| {
+                let hand_back = [
+                    Op::Tcgen05FenceBefore,
+                    Op::Arrive {
+                        bar: bar(s, "acc_empty"),
+                        lag: 0,
+                    },
+                ];
+                let ops = epilogue(s);
+                ops.retain(|op| !hand_back.contains(op));
+                let first = ops.iter().position(|op| *op == Op::TmemWaitLoad);
+                let at = first.expect("a wait") + 1;
+                ops.splice(at..at, hand_back);
+            },
+            |e| matches!(tmem(e), Some(TmemError::LoadAfterHandBack(_))),
+        ),
         // The first read takes the second chunk's columns too, before their copy.
-        ("before a tcgen05.ld copies column 32", |_, p| {
-            let first = p
-                .epilogue
-                .iter_mut()
-                .find(|s| matches!(s, TmemStep::Read { .. }));
-            *first.expect("a read") = TmemStep::Read {
-                column: 0,
-                columns: 64,
-            };
-        }),
-        ("column 96 is read 0 times", |_, p| {
-            without(
-                &mut p.epilogue,
-                TmemStep::Read {
-                    column: 96,
-                    columns: 32,
-                },
-            )
-        }),
+        (
+            "before a tcgen05.ld copies column 32",
+            |s| {
+                let first = epilogue(s)
+                    .iter_mut()
+                    .find(|op| matches!(op, Op::Run(Region::Epilogue(_))));
+                *first.expect("a read") = Op::Run(Region::Epilogue(Some((0, 64))));
+            },
+            |e| matches!(tmem(e), Some(TmemError::ReadBeforeLoad { column: 32, .. })),
+        ),
+        (
+            "column 96 is read 0 times",
+            |s| without(epilogue(s), Op::Run(Region::Epilogue(Some((96, 32))))),
+            |e| matches!(tmem(e), Some(TmemError::ReadCoverage { column: 96, .. })),
+        ),
     ];
-    for (expect, edit) in chunked_edits {
-        let (mut ring, mut plan) = chunked();
-        edit(&mut ring, &mut plan);
-        let err = legacy_protocol::check_sm100a(&ring, &plan)
-            .expect_err(expect)
-            .to_string();
-        assert!(err.contains(expect), "expected `{expect}`, got: {err}");
-    }
+    each_rejected(&chunked, &chunked_edits);
     // Through the pass: a diagnostic at the user's loop, not a panic.
     let mut k = scheduled(&ptx_examples::build("gemm", &[]));
     if let Some(p) = k.schedule.tmem.as_mut() {
-        without(&mut p.epilogue, TmemStep::WaitLoad);
+        p.epilogue.retain(|s| *s != TmemStep::WaitLoad);
     }
     let d = protocol_check::run(&mut k, Target::Sm100a).expect_err("rejected");
     assert!(d.to_string().contains("tcgen05.wait::ld missing"), "{d}");

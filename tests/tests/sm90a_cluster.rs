@@ -1,17 +1,17 @@
 //! The 2-CTA clusters of the sm_90a gemm kernels (`CLUSTER_M = 2`, `kiln_ir::cluster`): the
 //! passes cluster the ring by structure, the protocol check proves it on both CTAs and
-//! rejects a mutated copy of the real plan with each cluster rule's own error, and ptxas
+//! rejects a mutated copy of the real schedule IR with each cluster rule's own error, and ptxas
 //! assembles every clustered variant without spills or advisories with the instruction mix
 //! the plan calls for. Requests that cannot be met are diagnostics at the request.
 
 mod ptx_examples;
 
 use kiln_ir::cluster::Cluster;
-use kiln_ir::passes::legacy_protocol::{self, ClusterError, ProtocolError};
-use kiln_ir::passes::protocol_check;
+use kiln_ir::passes::protocol_check::{self, ClusterError, ProtocolError};
 use kiln_ir::passes::{PASSES, run_pipeline};
 use kiln_ir::ring::{Bar, InitStep, Ring, Step};
 use kiln_ir::sched::tiles::TileScheduler;
+use kiln_ir::sched::{BarrierId, Op, Program, RoleKind, Sched};
 use kiln_ir::{Kernel, Target};
 
 /// `kernel` after every pass but `protocol_check`, for sm_90a.
@@ -104,8 +104,29 @@ fn the_pair_shares_b_and_the_protocol_holds_on_both_ctas() {
     }
 }
 
-/// A deliberate break of a clustered ring.
-type Edit = fn(&mut Ring);
+/// The schedule IR `protocol_check` proves for `kernel` (scheduled).
+fn sched(kernel: &Kernel) -> Sched {
+    let mut k = kernel.clone();
+    protocol_check::run(&mut k, Target::Sm90a).unwrap_or_else(|d| panic!("{d}"));
+    k.schedule.sched.expect("a schedule")
+}
+
+fn consumer(s: &mut Sched) -> &mut Program {
+    let r = s.roles.iter_mut().find(|r| r.kind == RoleKind::Consumer);
+    &mut r.expect("a consumer role").program
+}
+
+fn bar(s: &Sched, name: &str) -> BarrierId {
+    let b = s.barriers.iter().find(|(_, b)| b.name == name);
+    b.expect("the barrier").0
+}
+
+fn cluster_mut(s: &mut Sched) -> &mut Cluster {
+    s.cluster.as_mut().expect("a clustered schedule")
+}
+
+/// A deliberate break of a clustered schedule.
+type Edit = fn(&mut Sched);
 
 /// Whether an error is the one a break must give.
 type Expect = fn(&ProtocolError) -> bool;
@@ -115,17 +136,28 @@ fn each_cluster_rule_rejects_its_mutation() {
     let edits: [(&str, Edit, Expect); 7] = [
         (
             "the block synchronises instead of the cluster",
-            |r| r.init[2] = InitStep::BarSync,
+            |s| {
+                for op in &mut s.setup {
+                    if *op == Op::ClusterSync {
+                        *op = Op::CtaSync;
+                    }
+                }
+            },
             |e| matches!(e, ProtocolError::Cluster(ClusterError::Init(_))),
         ),
         (
             "empty counts one CTA's consumers",
-            |r| r.empty_count /= 2,
+            |s| {
+                let empty = bar(s, "empty");
+                if let Some(m) = s.barriers[empty].as_mbarrier_mut() {
+                    m.count /= 2;
+                }
+            },
             |e| matches!(e, ProtocolError::Cluster(ClusterError::EmptyCount { .. })),
         ),
         (
             "a multicast mask that misses the peer",
-            |r| plan_mut(r).multicast[1].mask = 0b10,
+            |s| cluster_mut(s).multicast[1].mask = 0b10,
             |e| {
                 matches!(
                     e,
@@ -135,8 +167,8 @@ fn each_cluster_rule_rejects_its_mutation() {
         ),
         (
             "a box nobody issues",
-            |r| {
-                plan_mut(r).multicast.pop();
+            |s| {
+                cluster_mut(s).multicast.pop();
             },
             |e| matches!(e, ProtocolError::Cluster(ClusterError::Multicast { .. })),
         ),
@@ -144,10 +176,10 @@ fn each_cluster_rule_rejects_its_mutation() {
             // The count holds (two local arrivals per warp), but the peer's stage is refilled
             // by this CTA's TMA before the peer's consumers are done with it.
             "releases that never reach the peer",
-            |r| {
-                for s in &mut r.consumer {
-                    if let Step::ArrivePeer { bar, lag } = *s {
-                        *s = Step::Arrive { bar, lag };
+            |s| {
+                for op in &mut consumer(s).iteration {
+                    if let Op::ArrivePeer { bar, lag } = *op {
+                        *op = Op::Arrive { bar, lag };
                     }
                 }
             },
@@ -155,9 +187,9 @@ fn each_cluster_rule_rejects_its_mutation() {
         ),
         (
             "the peer hears of a stage before its wgmma completed",
-            |r| {
-                for s in &mut r.consumer {
-                    if let Step::ArrivePeer { lag, .. } = s {
+            |s| {
+                for op in &mut consumer(s).iteration {
+                    if let Op::ArrivePeer { lag, .. } = op {
                         *lag = 0;
                     }
                 }
@@ -165,19 +197,27 @@ fn each_cluster_rule_rejects_its_mutation() {
             |e| matches!(e, ProtocolError::EarlyRelease { .. }),
         ),
         (
+            // The plan's switch and the consumers' barrier.cluster at exit that it stands for.
             "no cluster barrier before exit",
-            |r| plan_mut(r).exit_sync = false,
+            |s| {
+                cluster_mut(s).exit_sync = false;
+                for r in &mut s.roles {
+                    r.program.exit.retain(|&op| op != Op::ClusterSync);
+                }
+            },
             |e| matches!(e, ProtocolError::Cluster(ClusterError::AfterExit { .. })),
         ),
     ];
-    for (what, edit, expected) in edits {
-        for b_col_major in ["false", "true"] {
-            let k = scheduled(&clustered("gemm", &[("b_col_major", b_col_major)]));
-            let roles = k.schedule.roles.expect("warp roles");
-            let mut r = ring(&k).clone();
-            legacy_protocol::check(&r, &roles).expect("the real plan is sound");
-            edit(&mut r);
-            let e = legacy_protocol::check(&r, &roles).expect_err(what);
+    for b_col_major in ["false", "true"] {
+        let real = sched(&scheduled(&clustered(
+            "gemm",
+            &[("b_col_major", b_col_major)],
+        )));
+        protocol_check::check(&real).expect("the real schedule is sound");
+        for (what, edit, expected) in edits {
+            let mut s = real.clone();
+            edit(&mut s);
+            let e = protocol_check::check(&s).expect_err(what);
             assert!(expected(&e), "{what}: got {e}");
         }
     }
@@ -191,20 +231,20 @@ fn each_cluster_rule_rejects_its_mutation() {
     assert!(text.contains("cluster: `empty` counts 8 arrivals per phase; the consumers of the cluster's 2 CTAs make 16"), "{text}");
     assert!(text.contains("examples/src/gemm.rs"), "{text}");
     // Without its peer releases the stages never free: the producers wait forever.
-    let k = scheduled(&clustered("gemm", &[]));
-    let mut r = ring(&k).clone();
-    r.consumer.retain(|s| !matches!(s, Step::ArrivePeer { .. }));
-    let e = legacy_protocol::check(&r, &k.schedule.roles.expect("roles")).expect_err("deadlock");
+    let mut s = sched(&scheduled(&clustered("gemm", &[])));
+    consumer(&mut s)
+        .iteration
+        .retain(|op| !matches!(op, Op::ArrivePeer { .. }));
+    let e = protocol_check::check(&s).expect_err("deadlock");
     assert!(matches!(e, ProtocolError::Deadlock { .. }), "{e}");
     assert!(e.to_string().contains("CTA 1"), "{e}");
     // A ring without a cluster may not release on a peer.
-    let k = scheduled(&ptx_examples::build("gemm", &[]));
-    let mut r = ring(&k).clone();
-    r.consumer.push(Step::ArrivePeer {
-        bar: Bar::Empty,
-        lag: 1,
-    });
-    let e = legacy_protocol::check(&r, &k.schedule.roles.expect("roles")).expect_err("peer");
+    let mut s = sched(&scheduled(&ptx_examples::build("gemm", &[])));
+    let empty = bar(&s, "empty");
+    consumer(&mut s)
+        .iteration
+        .push(Op::ArrivePeer { bar: empty, lag: 1 });
+    let e = protocol_check::check(&s).expect_err("peer");
     assert!(
         matches!(
             e,
@@ -212,10 +252,6 @@ fn each_cluster_rule_rejects_its_mutation() {
         ),
         "{e}"
     );
-}
-
-fn plan_mut(r: &mut Ring) -> &mut Cluster {
-    r.cluster.as_mut().expect("a clustered ring")
 }
 
 #[test]

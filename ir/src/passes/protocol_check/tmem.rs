@@ -454,8 +454,8 @@ fn check_epilogue(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
 }
 
 /// The 2-SM pair: the cluster and the MMA roles agree on it; its commits reach both CTAs;
-/// the peer's MMA warp issues nothing and frees the columns the pair allocated; both free
-/// them only after a cluster barrier.
+/// every peer CTA has an MMA warp, which issues nothing and frees the columns the pair
+/// allocated; both free them only after a cluster barrier.
 fn check_pair(s: &Sched, columns: u32) -> Result<(), ProtocolError> {
     let form = |paired: bool| if paired { "paired" } else { "not paired" };
     let pair = s
@@ -478,6 +478,15 @@ fn check_pair(s: &Sched, columns: u32) -> Result<(), ProtocolError> {
         return Err(TmemError::CommitMask {
             mask: p.commit_mask,
             all,
+        }
+        .into());
+    }
+    // The allocation is collective: a peer CTA without an MMA warp frees nothing.
+    let ctas = s.cluster.as_ref().map_or(1, |c| c.ctas);
+    if (0..ctas).any(|k| k != p.leader && !mma_roles(s).any(|r| r.rank == Some(k))) {
+        return Err(TmemError::PairColumns {
+            columns,
+            peer: Vec::new(),
         }
         .into());
     }
