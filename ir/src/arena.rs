@@ -113,6 +113,14 @@ impl<T> Arena<T> {
             .enumerate()
             .map(|(i, v)| (Handle::from_index(i), v))
     }
+
+    /// Every handle with its entity, mutably, in insertion order.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (Handle<T>, &mut T)> {
+        self.data
+            .iter_mut()
+            .enumerate()
+            .map(|(i, v)| (Handle::from_index(i), v))
+    }
 }
 
 impl<T> std::ops::Index<Handle<T>> for Arena<T> {

@@ -51,7 +51,6 @@
 
 pub mod arena;
 pub mod builder;
-pub mod cluster;
 pub mod device_print;
 pub mod diag;
 pub mod dsl;
@@ -62,11 +61,9 @@ pub mod interp;
 pub mod kernel;
 pub mod passes;
 pub mod print;
-pub mod ring;
 pub mod sched;
 pub mod schedule;
 pub mod target;
-pub mod tma_store;
 pub mod tmem;
 pub mod types;
 pub mod verify;

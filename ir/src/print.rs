@@ -55,9 +55,9 @@ pub fn print_kernel(kernel: &Kernel) -> String {
             loads.join(", ")
         );
     }
-    for ring in kernel.schedule.rings.values() {
-        let _ = writeln!(out, "{ring}");
-        if let Some(o) = &ring.overlap {
+    if let Some(sched) = &kernel.schedule.sched {
+        let _ = writeln!(out, "{sched}");
+        if let Some(o) = &sched.overlap {
             let _ = writeln!(
                 out,
                 "    mma tiles: head {}, tail {}",
@@ -65,30 +65,6 @@ pub fn print_kernel(kernel: &Kernel) -> String {
                 mma_shape(kernel, o.tail)
             );
         }
-    }
-    if let Some(roles) = &kernel.schedule.roles {
-        let _ = writeln!(out, "{roles}");
-    }
-    if let Some(plan) = &kernel.schedule.tmem {
-        let _ = writeln!(out, "{plan}");
-    }
-    if let Some(plan) = &kernel.schedule.attention {
-        let _ = writeln!(out, "{plan}");
-    }
-    if let Some(tiles) = &kernel.schedule.tiles {
-        let _ = writeln!(out, "{tiles}");
-    }
-    if let Some(sched) = &kernel.schedule.sched {
-        let _ = writeln!(out, "{sched}");
-    }
-    for store in kernel.schedule.tma_stores.values() {
-        let _ = writeln!(out, "{store}");
-    }
-    if let Some(columns) = kernel.schedule.epilogue_columns {
-        let _ = writeln!(
-            out,
-            "  epilogue: the code after the ring loop runs on {columns} accumulator columns at a time"
-        );
     }
     print_block(kernel, &kernel.body, 1, &mut out);
     out.push_str("}\n");
@@ -333,13 +309,4 @@ fn print_op(kernel: &Kernel, id: OpId, level: usize, out: &mut String, regions: 
         }
         let _ = writeln!(out, "{indent}}}");
     }
-}
-
-/// A schedule's program as its dumps print it: the steps in order, `; ` between them.
-pub(crate) fn join_steps<T: std::fmt::Display>(steps: &[T]) -> String {
-    steps
-        .iter()
-        .map(T::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
 }

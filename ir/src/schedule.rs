@@ -415,24 +415,6 @@ pub struct Schedule {
     pub smem_bytes: u32,
     /// Plans of pipelined loops, keyed by their `for`.
     pub loops: BTreeMap<OpId, LoopPlan>,
-    /// sm_90a: TMA stage rings of pipelined loops, keyed by their `for` (`pipeline` pass).
-    pub rings: BTreeMap<OpId, crate::ring::Ring>,
-    /// sm_90a: the warp roles of a warp-specialised kernel (`warp_specialise` pass).
-    pub roles: Option<crate::ring::Roles>,
-    /// sm_90a: how the CTAs of a persistent kernel walk its work tiles (`persistent` pass).
-    pub tiles: Option<crate::sched::tiles::TileScheduler>,
-    /// sm_90a: epilogue stores lowered to TMA stores, keyed by their `store` (`tma_store`
-    /// pass).
-    pub tma_stores: BTreeMap<OpId, crate::tma_store::TmaStore>,
-    /// sm_90a: the accumulator columns the consumers run the code after the ring loop on at a
-    /// time, when not all of them (`tma_store` pass, [`crate::tma_store::epilogue_columns`]).
-    pub epilogue_columns: Option<u32>,
-    /// sm_100a: the roles, tensor-memory accumulator and tcgen05 descriptors of the ring
-    /// loop (`tmem` pass).
-    pub tmem: Option<crate::tmem::TmemPlan>,
-    /// sm_100a: the FlashAttention-4-style schedule of an attention-shaped ring loop (`tmem`
-    /// pass), in place of [`Schedule::tmem`].
-    pub attention: Option<crate::tmem::attention::AttentionPlan>,
     /// sm_90a, sm_100a: the schedule IR of the ring loop: roles, their programs, barriers
     /// and the transfers they order ([`crate::sched`]).
     pub sched: Option<crate::sched::Sched>,

@@ -147,21 +147,19 @@ fn sm90a_schedules_the_log_sum_exp_output_too() {
 fn check_sm90a(kernel: &str, v: Variant) {
     let built = ptx_examples::build(kernel, v);
     let mut k = scheduled(&built);
-    assert_eq!(k.schedule.rings.len(), 1, "{kernel} {v:?}");
-    let ring = k.schedule.rings.values().next().expect("one ring");
-    let o = ring.overlap.as_ref().expect("the loop is rotated");
+    let s = k.schedule.sched.as_ref().expect("one schedule");
+    let o = s.overlap.as_ref().expect("the loop is rotated");
     let turns = o.turns.expect("two warpgroups ping-pong");
     assert_eq!(turns.warpgroups, 2, "{kernel} {v:?}");
     assert!(o.rescale.is_some(), "{kernel} {v:?}");
-    assert!(ring.persistent, "{kernel} {v:?}");
     // A window's walk, like the causal one, depends on the block: longest tiles first.
     assert!(
         matches!(
-            k.schedule.tiles,
+            s.tiles,
             Some(TileScheduler::LongestFirst | TileScheduler::Strided)
         ),
         "{kernel} {v:?}: {:?}",
-        k.schedule.tiles
+        s.tiles
     );
     protocol_check::run(&mut k, Target::Sm90a).unwrap_or_else(|d| panic!("{kernel} {v:?}: {d}"));
     let m = kiln_ptx::compile(&built, Target::Sm90a).expect("compile");

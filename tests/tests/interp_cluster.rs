@@ -27,7 +27,7 @@ fn clustered_kernel(name: &str, overrides: &[(&str, &str)]) -> Kernel {
     o.push(("CLUSTER_M", "2"));
     let mut k = ptx_examples::build(name, &o);
     run_pipeline(&mut k, Target::Sm90a, &mut |_, _| {}).unwrap_or_else(|d| panic!("{d}"));
-    assert!(k.schedule.rings.values().all(|r| r.cluster.is_some()));
+    assert!(k.schedule.sched.iter().all(|s| s.cluster.is_some()));
     k
 }
 

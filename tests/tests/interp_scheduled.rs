@@ -12,7 +12,7 @@ mod softcap;
 use kiln::ir::dsl::KernelDef;
 use kiln::ir::interp::{HostArg, InterpError, run_scheduled};
 use kiln::ir::passes::run_pipeline;
-use kiln::ir::tmem::TmemStep;
+use kiln::ir::sched::{Op, Region, RoleKind, Sched};
 use kiln::ir::{DType, Kernel, Target};
 use kiln_examples::attention::BLOCK_M;
 use kiln_tests::check::{Case, as_stored, assert_close, poisoned, rel_error, tolerance};
@@ -40,8 +40,9 @@ fn scheduled_gemm_matches_reference() {
             let flag = b_col_major.to_string();
             let kernel = compiled("gemm", &[("b_col_major", &flag)], target);
             let semantic = ptx_examples::build("gemm", &[("b_col_major", &flag)]);
+            let s = sched_of(&kernel);
             assert!(
-                kernel.schedule.tiles.is_some() && !kernel.schedule.tma_stores.is_empty(),
+                s.persistent() && !s.stores.is_empty(),
                 "the gemm is persistent and stores through TMA on {target}"
             );
             for shape in GEMM_SHAPES {
@@ -145,13 +146,16 @@ fn sm100a_fused_epilogues_held_in_chunks_match_reference() {
     let mut rng = Rng::from_env();
     let (m, n, k) = (200, 300, 130);
     let chunked = |kernel: &Kernel| {
-        let plan = kernel.schedule.tmem.as_ref().expect("a TMEM plan");
-        let reads = plan
-            .epilogue
+        let epilogue = sched_of(kernel)
+            .role(RoleKind::Epilogue)
+            .expect("an epilogue role");
+        let reads = epilogue
+            .program
+            .end
             .iter()
-            .filter(|s| matches!(s, TmemStep::Read { .. }))
+            .filter(|op| matches!(op, Op::Run(Region::Epilogue(_))))
             .count();
-        assert_eq!(plan.roles.epilogue_warps, 8);
+        assert_eq!(epilogue.warps, 8);
         assert!(
             reads > 1,
             "{} reads its block in {reads} chunk(s)",
@@ -255,8 +259,8 @@ fn scheduled_gemm_of_one_or_three_consumer_warpgroups_matches_reference() {
     let mut rng = Rng::from_env();
     for (bm, warps) in [(64, 4), (192, 12)] {
         let kernel = compiled("gemm", &[("BM", &bm.to_string())], Target::Sm90a);
-        let roles = kernel.schedule.roles.expect("warp specialised");
-        assert_eq!(roles.consumer_warps, warps);
+        let consumer = sched_of(&kernel).role(RoleKind::Consumer);
+        assert_eq!(consumer.map(|r| r.warps), Some(warps));
         for shape in [(130, 70, 50), (200, 130, 64), (400, 130, 200)] {
             let (a, b, want) = gemm_operands(&mut rng, shape, false, Dist::Normal);
             let c = run_gemm(&kernel, (bm, 128), &[&a, &b], shape.1, 2)
@@ -316,20 +320,17 @@ fn scheduled_attention_matches_reference() {
             let overrides = [("d", d), ("block_n", block_n), ("causal", &flag)];
             let kernel = compiled("attention", &overrides, target);
             if target == Target::Sm90a {
-                let ring = kernel.schedule.rings.values().next().expect("a ring");
-                let defers = ring.overlap.as_ref().is_some_and(|o| o.defer.is_some());
+                let s = sched_of(&kernel);
+                let defers = s.overlap.as_ref().is_some_and(|o| o.defer.is_some());
                 assert!(defers, "{overrides:?}: rotated, the maximum deferred");
                 // O's TMA store takes 64-column boxes: d = 96 stores from registers.
                 let tma_store = d != "96";
-                assert_eq!(
-                    !kernel.schedule.tma_stores.is_empty(),
-                    tma_store,
-                    "{overrides:?}"
-                );
+                assert_eq!(!s.stores.is_empty(), tma_store, "{overrides:?}");
             } else {
-                assert!(
-                    kernel.schedule.attention.is_some(),
-                    "{overrides:?}: the FA4 plan"
+                assert_eq!(
+                    sched_of(&kernel).work_tiles,
+                    2,
+                    "{overrides:?}: the FA4 pair"
                 );
             }
             let d = d.parse().expect("d");
@@ -350,12 +351,12 @@ fn scheduled_attention_on_three_consumer_warpgroups_matches_reference() {
         let flag = causal.to_string();
         let overrides = [("d", "64"), ("block_m", "192"), ("causal", &flag)];
         let kernel = compiled("attention", &overrides, Target::Sm90a);
-        let roles = kernel.schedule.roles.expect("warp specialised");
-        assert_eq!(roles.consumer_warps, 12, "{overrides:?}");
-        let ring = kernel.schedule.rings.values().next().expect("a ring");
-        let turns = ring.overlap.as_ref().and_then(|o| o.turns);
+        let s = sched_of(&kernel);
+        let consumer = s.role(RoleKind::Consumer);
+        assert_eq!(consumer.map(|r| r.warps), Some(12), "{overrides:?}");
+        let turns = s.overlap.as_ref().and_then(|o| o.turns);
         assert_eq!(turns.map(|t| t.warpgroups), Some(3), "{overrides:?}");
-        assert!(!kernel.schedule.tma_stores.is_empty(), "O through TMA");
+        assert!(!s.stores.is_empty(), "O through TMA");
         let shapes = [
             ((1000, 1000), 1, Dist::Normal),
             ((385, 385), 2, Dist::Large),
@@ -428,12 +429,7 @@ fn scheduled_attention_d256_stores_in_rounds() {
             &[("d", "256"), ("causal", &flag)],
             Target::Sm90a,
         );
-        let st = kernel
-            .schedule
-            .tma_stores
-            .values()
-            .next()
-            .expect("a TMA store");
+        let st = sched_of(&kernel).stores.first().expect("a TMA store");
         assert_eq!(st.rounds, 2, "causal={causal}");
         let p = AttentionShape {
             b: 1,
@@ -471,8 +467,13 @@ fn scheduled_softcap_attention_matches_reference() {
 }
 
 /// The schedule IR of a compiled kernel.
-fn sched(kernel: &mut Kernel) -> &mut kiln::ir::sched::Sched {
+fn sched(kernel: &mut Kernel) -> &mut Sched {
     kernel.schedule.sched.as_mut().expect("a schedule")
+}
+
+/// The schedule IR of a compiled kernel, to read.
+fn sched_of(kernel: &Kernel) -> &Sched {
+    kernel.schedule.sched.as_ref().expect("a schedule")
 }
 
 /// Ring load `i` of a compiled kernel's schedule (the ring's loads come first).

@@ -241,14 +241,16 @@ fn sm90a_gemm_with_96_wide_k_and_n_tiles_matches_reference() {
         let built = ptx_examples::build("gemm", &v);
         let mut k = built.clone();
         run_pipeline(&mut k, Target::Sm90a, &mut |_, _| {}).unwrap_or_else(|d| panic!("{d}"));
-        let ring = k.schedule.rings.values().next().expect("a TMA ring");
-        let sw64 = |l: &kiln::ir::ring::TmaLoad| l.swizzle == 64 && l.box_dims[1] == 32;
-        let boxes_ok = if bn == 96 {
-            ring.loads.iter().all(sw64)
-        } else {
-            ring.loads.iter().any(sw64) == (b_col_major == "false")
+        let s = k.schedule.sched.as_ref().expect("a TMA ring");
+        let sw64 = |(_, l): (_, &kiln::ir::sched::Load)| {
+            l.tma.swizzle == 64 && l.tma.box_dims[1] == 32
         };
-        assert!(boxes_ok, "{v:?}: {ring}");
+        let boxes_ok = if bn == 96 {
+            s.loads.iter().all(sw64)
+        } else {
+            s.loads.iter().any(sw64) == (b_col_major == "false")
+        };
+        assert!(boxes_ok, "{v:?}: {s}");
         let mut checked = k.clone();
         protocol_check::run(&mut checked, Target::Sm90a).unwrap_or_else(|d| panic!("{d}"));
         let (mm, nn, kk) = (200, 250, 300);

@@ -12,6 +12,7 @@ mod ptx_examples;
 use kiln::ir::dsl::{KernelDef, Spec};
 use kiln::ir::interp::{HostArg, run_def, run_scheduled};
 use kiln::ir::passes::run_pipeline;
+use kiln::ir::sched::RoleKind;
 use kiln::ir::{DType, HostTensor, Kernel, Target, TensorData};
 use kiln::prelude::*;
 use kiln_examples::attention::{BLOCK_M, attention_varlen, attention_varlen_lse};
@@ -187,15 +188,16 @@ fn scheduled_varlen_matches_reference_per_sequence() {
                 ("causal", &flag),
             ];
             let kernel = compiled(lse, &overrides, target);
-            assert!(kernel.schedule.tiles.is_some(), "{overrides:?}: persistent");
+            let s = kernel.schedule.sched.as_ref().expect("a schedule");
+            assert!(s.persistent(), "{overrides:?}: persistent");
             assert!(
-                kernel.schedule.tma_stores.is_empty(),
+                s.stores.is_empty(),
                 "{overrides:?}: bounded stores from registers"
             );
             if target == Target::Sm90a {
-                assert!(kernel.schedule.roles.is_some(), "{overrides:?}: roles");
+                assert!(s.role(RoleKind::Consumer).is_some(), "{overrides:?}: roles");
             } else {
-                assert!(kernel.schedule.attention.is_some(), "{overrides:?}: FA4");
+                assert_eq!(s.work_tiles, 2, "{overrides:?}: FA4");
             }
             let c = Varlen {
                 d: d.parse().expect("d"),

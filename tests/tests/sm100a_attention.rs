@@ -9,8 +9,8 @@ mod ptx_examples;
 
 use kiln_ir::passes::tmem::AttentionOptions;
 use kiln_ir::passes::{PASSES, protocol_check};
-use kiln_ir::ring::Bar;
-use kiln_ir::tmem::attention::{AttentionPlan, AttnBar, AttnStep};
+use kiln_ir::sched::tmem::TmemTile;
+use kiln_ir::sched::{BarrierId, BarrierKind, MmaPart, Op, Program, RoleKind, Sched};
 use kiln_ir::{Kernel, Target};
 
 /// `kernel` after every pass but `protocol_check` for sm_100a, the `tmem` pass with `options`.
@@ -35,20 +35,60 @@ fn scheduled(set: &[(&str, &str)]) -> Kernel {
     )
 }
 
-fn plan(k: &Kernel) -> AttentionPlan {
-    k.schedule.attention.clone().expect("an attention plan")
+fn plan(k: &Kernel) -> Sched {
+    k.schedule.sched.clone().expect("a schedule")
+}
+
+/// The barrier `name` (of Q tile `index`, if any).
+fn bar(s: &Sched, name: &str, index: Option<u32>) -> BarrierId {
+    let b = s
+        .barriers
+        .iter()
+        .find(|(_, b)| b.name == name && b.index == index);
+    b.unwrap_or_else(|| panic!("no barrier `{name}` {index:?}")).0
+}
+
+/// Q tile `g`'s barrier `name`.
+fn tile_bar(s: &Sched, name: &str, g: u32) -> BarrierId {
+    bar(s, name, Some(g))
+}
+
+fn program(s: &mut Sched, kind: RoleKind) -> &mut Program {
+    let r = s.roles.iter_mut().find(|r| r.kind == kind);
+    &mut r.unwrap_or_else(|| panic!("no {kind} role")).program
+}
+
+/// The TMEM tile `name` of Q tile `g`.
+fn tmem_tile(s: &Sched, name: &str, g: u32) -> TmemTile {
+    let t = s.tmem.as_ref().expect("tensor memory");
+    let tile = t.tile(name, Some(g)).expect("the tile");
+    t.tiles[tile.0]
+}
+
+/// The first named barrier id of `bar`.
+fn named_id(s: &Sched, bar: BarrierId) -> u32 {
+    match s.barriers[bar].kind {
+        BarrierKind::Named { first, .. } => first,
+        BarrierKind::Mbarrier(_) => panic!("an mbarrier"),
+    }
 }
 
 #[test]
 fn plan_of_the_default_attention() {
     let k = scheduled(&[]);
-    assert!(k.schedule.tmem.is_none());
+    let p = plan(&k);
     // Each softmax warpgroup stores its tile through a staging tile and named barrier of its
-    // own (tile 0's is the schedule's entry, whose tensor map the runtime builds).
-    let stores = &k.schedule.attention.as_ref().expect("a plan").stores;
+    // own.
+    let stores = &p.stores;
     assert_eq!(stores.len(), 2);
-    assert_eq!(k.schedule.tma_stores.values().next(), Some(&stores[0]));
-    assert_eq!((stores[0].barrier, stores[1].barrier), (1, 2));
+    assert_eq!((stores[0].work_tile, stores[1].work_tile), (0, 1));
+    assert_eq!(
+        (
+            named_id(&p, stores[0].barrier),
+            named_id(&p, stores[1].barrier)
+        ),
+        (1, 2)
+    );
     assert_eq!((stores[0].threads, stores[0].rounds), (128, 1));
     assert_eq!(stores[1].offset, stores[0].offset + stores[0].bytes());
     // d = 128 with 128-key blocks: both staging tiles fit in two rounds.
@@ -57,182 +97,209 @@ fn plan_of_the_default_attention() {
         wide.stores.iter().map(|s| s.rounds).collect::<Vec<_>>(),
         [2, 2]
     );
-    let p = plan(&k);
-    let r = p.roles;
+    let role = |kind| p.role(kind).unwrap_or_else(|| panic!("no {kind} role"));
     assert_eq!(
         (
-            r.softmax_warps,
-            r.correction_warp,
-            r.load_warp,
-            r.mma_warp,
-            r.warps
+            role(RoleKind::Softmax(0)).warps,
+            role(RoleKind::Softmax(1)).first_warp,
+            role(RoleKind::Correction).first_warp,
+            role(RoleKind::Producer).first_warp,
+            role(RoleKind::Mma).first_warp,
         ),
-        (4, 8, 12, 13, 16)
+        (4, 4, 8, 12, 13)
     );
-    assert_eq!(r.threads(), 512);
+    assert_eq!(p.threads(), 512);
     // setmaxnreg: the whole register file, 128 * (2 * 192 + 80 + 48) = 65536.
-    assert_eq!(128 * (2 * r.regs[0] + r.regs[1] + r.regs[2]), 65536);
+    let regs = |kind| role(kind).regs.expect("a register count");
+    let (softmax, correction, others) = (
+        regs(RoleKind::Softmax(0)),
+        regs(RoleKind::Correction),
+        regs(RoleKind::Mma),
+    );
+    assert_eq!(regs(RoleKind::Softmax(1)), softmax);
+    assert_eq!(regs(RoleKind::Producer), others);
+    assert_eq!(128 * (2 * softmax + correction + others), 65536);
     // d = 128, 64-key blocks: O0, O1, S0, S1 in 384 of the 512 columns.
-    assert_eq!((p.d, p.block_n, p.columns), (128, 64, 512));
+    let tmem = p.tmem.as_ref().expect("tensor memory");
+    assert_eq!(tmem.columns, 512);
     assert_eq!(
-        p.tiles.iter().map(|t| (t.o, t.s)).collect::<Vec<_>>(),
-        [(0, 256), (128, 320)]
+        (0..2)
+            .map(|g| (tmem_tile(&p, "O", g), tmem_tile(&p, "S", g)))
+            .map(|(o, s)| (o.column, o.columns, s.column, s.columns))
+            .collect::<Vec<_>>(),
+        [(0, 128, 256, 64), (128, 128, 320, 64)]
     );
     // S = Q K^T: M 128, N 64, both K-major; O += P V: N 128, V MN-major (transpose B).
-    assert_eq!(p.s_idesc, 0x0810_0490);
-    assert_eq!(p.o_idesc, 0x0821_0490);
-    assert_eq!(p.q.steps.len(), 8);
-    assert_eq!(p.v.steps, [0, 2048, 4096, 6144]);
+    let (head, tail) = (
+        tmem.mma(MmaPart::Head).expect("S = Q K^T"),
+        tmem.mma(MmaPart::Tail).expect("O += P V"),
+    );
+    assert_eq!((head.idesc, tail.idesc), (0x0810_0490, 0x0821_0490));
+    assert_eq!(head.a.as_ref().expect("Q in shared memory").steps.len(), 8);
+    assert!(tail.a.is_none(), "P is read from TMEM");
+    assert_eq!(tail.b.steps, [0, 2048, 4096, 6144]);
     assert_eq!(p.poly_share, (1, 4));
     // f16: the A and B type codes (bits 7 and 10) are 0.
     let f16 = plan(&scheduled(&[("dtype", "f16")]));
-    assert_eq!((f16.s_idesc, f16.o_idesc), (0x0810_0010, 0x0821_0010));
+    let f16 = f16.tmem.as_ref().expect("tensor memory");
+    let idesc = |part| f16.mma(part).expect("an mma").idesc;
+    assert_eq!(
+        (idesc(MmaPart::Head), idesc(MmaPart::Tail)),
+        (0x0810_0010, 0x0821_0010)
+    );
     // The PV mma waits for P and for the rescaled O of its tile; the stage is released by a
     // commit after the last mma reading it.
-    let it = &p.mma_iteration;
-    let at = |s: AttnStep| it.iter().position(|x| *x == s).expect("a step");
+    let it = &p.role(RoleKind::Mma).expect("the MMA warp").program.iteration;
+    let at = |op: Op| it.iter().position(|x| *x == op).expect("an op");
+    let empty = bar(&p, "empty", None);
     for g in 0..2 {
-        let pv = at(AttnStep::MmaO { tile: g });
-        for bar in [AttnBar::PFull(g), AttnBar::OReady(g)] {
-            assert!(
-                at(AttnStep::Wait {
-                    bar,
-                    start: 0,
-                    lag: 0
-                }) < pv
-            );
+        let pv = at(Op::Tcgen05Mma {
+            part: MmaPart::Tail,
+            tile: g,
+        });
+        for name in ["p_full", "o_ready"] {
+            let wait = Op::Wait {
+                bar: tile_bar(&p, name, g),
+                start: 0,
+                lag: 0,
+            };
+            assert!(at(wait) < pv, "{name}");
         }
-        assert!(pv < at(AttnStep::RingCommit { bar: Bar::Empty }));
+        assert!(pv < at(Op::Tcgen05Commit { bar: empty, lag: 0 }));
     }
     protocol_check::run(&mut k.clone(), Target::Sm100a).expect("the protocol holds");
 }
 
-/// One mutation of the plan per rule, and the error each must give.
+/// One mutation of the schedule per rule, and the error each must give.
 #[test]
 fn protocol_check_rejects_broken_plans() {
-    fn without(steps: &mut Vec<AttnStep>, s: AttnStep) {
-        let at = steps
-            .iter()
-            .position(|x| *x == s)
-            .expect("the step to remove");
-        steps.remove(at);
+    /// Removes the first `op` of `ops`.
+    fn without(ops: &mut Vec<Op>, op: Op) {
+        let at = ops.iter().position(|x| *x == op).expect("the op to remove");
+        ops.remove(at);
     }
-    type Edit = fn(&mut AttentionPlan);
+    fn wait(bar: BarrierId, start: u32) -> Op {
+        Op::Wait { bar, start, lag: 0 }
+    }
+    fn mma(s: &mut Sched) -> &mut Program {
+        program(s, RoleKind::Mma)
+    }
+    fn softmax(s: &mut Sched, g: u32) -> &mut Program {
+        program(s, RoleKind::Softmax(g))
+    }
+    fn correction(s: &mut Sched) -> &mut Program {
+        program(s, RoleKind::Correction)
+    }
+    type Edit = fn(&mut Sched);
     let edits: &[(&str, Edit)] = &[
-        ("TMEM allocation of 1024 columns", |p| {
-            p.columns = 1024;
+        ("TMEM allocation of 1024 columns", |s| {
+            if let Some(t) = s.tmem.as_mut() {
+                t.columns = 1024;
+            }
         }),
-        ("relinquish the allocation permit", |p| {
-            without(&mut p.setup, AttnStep::Relinquish)
+        ("relinquish the allocation permit", |s| {
+            without(&mut s.setup, Op::TmemRelinquish)
         }),
-        ("TMEM is allocated and freed by the MMA warp alone", |p| {
-            p.softmax_end[0].push(AttnStep::Dealloc { columns: 512 })
+        ("TMEM is allocated and freed by the MMA warp alone", |s| {
+            softmax(s, 0).end.push(Op::TmemDealloc { columns: 512 })
         }),
-        ("wait on every tile's o_empty", |p| {
-            without(
-                &mut p.mma_exit,
-                AttnStep::Wait {
-                    bar: AttnBar::OEmpty(1),
-                    start: 1,
-                    lag: 0,
-                },
-            )
+        ("wait on every tile's o_empty", |s| {
+            let o_empty = tile_bar(s, "o_empty", 1);
+            without(&mut mma(s).exit, wait(o_empty, 1))
         }),
-        ("signals only with tcgen05.commit", |p| {
-            let s = &mut p.softmax_iteration[0];
-            let last = s.len() - 1;
-            s[last] = AttnStep::Commit {
-                bar: AttnBar::PFull(0),
+        ("signals only with tcgen05.commit", |s| {
+            let p_full = tile_bar(s, "p_full", 0);
+            let it = &mut softmax(s, 0).iteration;
+            let last = it.len() - 1;
+            it[last] = Op::Tcgen05Commit {
+                bar: p_full,
+                lag: 0,
             };
         }),
-        ("tcgen05.wait::ld missing", |p| {
-            without(&mut p.softmax_iteration[1], AttnStep::WaitLd)
+        ("tcgen05.wait::ld missing", |s| {
+            without(&mut softmax(s, 1).iteration, Op::TmemWaitLoad)
         }),
-        ("tcgen05.wait::st missing", |p| {
-            without(&mut p.correction_iteration, AttnStep::WaitSt)
+        ("tcgen05.wait::st missing", |s| {
+            without(&mut correction(s).iteration, Op::TmemWaitStore)
         }),
-        ("fence::after_thread_sync", |p| {
-            without(&mut p.softmax_end[0], AttnStep::FenceAfter)
+        ("fence::after_thread_sync", |s| {
+            without(&mut softmax(s, 0).end, Op::Tcgen05FenceAfter)
         }),
-        ("fence::before_thread_sync", |p| {
-            without(&mut p.softmax_iteration[0], AttnStep::FenceBefore)
+        ("fence::before_thread_sync", |s| {
+            without(&mut softmax(s, 0).iteration, Op::Tcgen05FenceBefore)
         }),
-        ("deadlock", |p| {
+        ("deadlock", |s| {
+            let s_full = tile_bar(s, "s_full", 0);
             without(
-                &mut p.mma_iteration,
-                AttnStep::Commit {
-                    bar: AttnBar::SFull(0),
+                &mut mma(s).iteration,
+                Op::Tcgen05Commit {
+                    bar: s_full,
+                    lag: 0,
                 },
             )
         }),
         // The PV mma issued before the correction rescaled O.
-        ("O0 (TMEM) is written by the correction", |p| {
-            without(
-                &mut p.mma_iteration,
-                AttnStep::Wait {
-                    bar: AttnBar::OReady(0),
-                    start: 0,
-                    lag: 0,
-                },
-            )
+        ("O0 (TMEM) is written by the correction", |s| {
+            let o_ready = tile_bar(s, "o_ready", 0);
+            without(&mut mma(s).iteration, wait(o_ready, 0))
         }),
         // The PV mma issued before the softmax wrote P over S.
-        ("S1 (TMEM)", |p| {
-            without(
-                &mut p.mma_iteration,
-                AttnStep::Wait {
-                    bar: AttnBar::PFull(1),
-                    start: 0,
-                    lag: 0,
-                },
-            )
+        ("S1 (TMEM)", |s| {
+            let p_full = tile_bar(s, "p_full", 1);
+            without(&mut mma(s).iteration, wait(p_full, 0))
         }),
         // The correction reads the factors before the softmax wrote them. (Without its
         // `o_full` wait it would still be ordered after the previous PV mma: the softmax's
         // `s_full` of this iteration is committed after that mma, and the factors' handoff
         // follows it; the wait keeps the order direct.)
-        ("the rescale factors of tile 1", |p| {
-            without(
-                &mut p.correction_iteration,
-                AttnStep::Wait {
-                    bar: AttnBar::ScaleFull(1),
-                    start: 0,
-                    lag: 0,
-                },
-            )
+        ("the rescale factors of tile 1", |s| {
+            let scale_full = tile_bar(s, "scale_full", 1);
+            without(&mut correction(s).iteration, wait(scale_full, 0))
         }),
         // The stage released before the PV mmas reading V.
-        ("of tma1 (shared memory)", |p| {
-            let it = &mut p.mma_iteration;
-            without(it, AttnStep::RingCommit { bar: Bar::Empty });
+        ("of tma1 (shared memory)", |s| {
+            let release = Op::Tcgen05Commit {
+                bar: bar(s, "empty", None),
+                lag: 0,
+            };
+            let it = &mut mma(s).iteration;
+            without(it, release);
             let pv = it
                 .iter()
-                .position(|s| *s == AttnStep::MmaO { tile: 0 })
+                .position(|op| {
+                    *op == Op::Tcgen05Mma {
+                        part: MmaPart::Tail,
+                        tile: 0,
+                    }
+                })
                 .expect("a PV mma");
-            it.insert(pv, AttnStep::RingCommit { bar: Bar::Empty });
+            it.insert(pv, release);
         }),
+        // Softmax 1 stores through softmax 0's named barrier.
         (
             "a staging tile and a named barrier (not 0) of their own",
-            |p| {
-                p.stores[1].barrier = p.stores[0].barrier;
+            |s| {
+                let first = named_id(s, s.stores[0].barrier);
+                let theirs = s.stores[1].barrier;
+                if let BarrierKind::Named { first: f, .. } = &mut s.barriers[theirs].kind {
+                    *f = first;
+                }
             },
         ),
-        ("softmax 1's epilogue store", |p| {
-            p.stores[1]
-                .round
-                .retain(|s| *s != kiln_ir::tma_store::StoreStep::Fence);
+        ("softmax 1's epilogue store", |s| {
+            s.stores[1].round.retain(|op| *op != Op::FenceProxyAsync);
         }),
         // Softmax warpgroups that do not wait for their Q run through empty tiles two o_empty
         // phases ahead of the MMA thread.
-        ("its parity would pass on the wrong phase", |p| {
-            p.softmax_tile[0].clear();
-            p.softmax_tile[1].clear();
+        ("its parity would pass on the wrong phase", |s| {
+            softmax(s, 0).tile.clear();
+            softmax(s, 1).tile.clear();
         }),
     ];
     for (expect, edit) in edits {
         let mut k = scheduled(&[]);
-        if let Some(p) = k.schedule.attention.as_mut() {
-            edit(p);
+        if let Some(s) = k.schedule.sched.as_mut() {
+            edit(s);
         }
         let d = protocol_check::run(&mut k, Target::Sm100a).expect_err(expect);
         let text = d.to_string();

@@ -1,4 +1,4 @@
-//! The 2-SM form of the sm_100a gemm kernels (`CLUSTER_M = 2`, `kiln_ir::cluster::Pair`): a
+//! The 2-SM form of the sm_100a gemm kernels (`CLUSTER_M = 2`, `kiln_ir::sched::cluster::Pair`): a
 //! cluster of two CTAs computes a 256-row tile as one `tcgen05.mma.cta_group::2` issued by the
 //! leader CTA's MMA thread, each CTA loading its own A tile and half of B's. The passes pair
 //! the ring by structure, the protocol check proves the pair (on both CTAs) and rejects a
@@ -8,12 +8,11 @@
 
 mod ptx_examples;
 
-use kiln_ir::cluster::Pair;
 use kiln_ir::passes::protocol_check::{self, ClusterError, ProtocolError, TmemError};
 use kiln_ir::passes::{PASSES, run_pipeline};
-use kiln_ir::ring::{Bar, Operand, Ring, Step};
-use kiln_ir::sched::{Op, Program, Role, RoleKind, Sched};
-use kiln_ir::tmem::{AccBar, TmemPlan, TmemStep};
+use kiln_ir::sched::cluster::Pair;
+use kiln_ir::sched::tma::Operand;
+use kiln_ir::sched::{BarrierId, MmaPart, Op, Program, Role, RoleKind, Sched};
 use kiln_ir::{Kernel, Target};
 
 /// `kernel` after every pass but `protocol_check`, for sm_100a.
@@ -52,11 +51,20 @@ fn paired(name: &str, overrides: &[(&str, &str)]) -> Kernel {
     ptx_examples::build(name, &o)
 }
 
-/// The paired gemm's ring and TMEM plan.
-fn plan(overrides: &[(&str, &str)]) -> (Ring, TmemPlan) {
+/// The paired gemm's schedule IR, as the passes write it.
+fn plan(overrides: &[(&str, &str)]) -> Sched {
     let k = scheduled(&paired("gemm", overrides));
-    let ring = k.schedule.rings.values().next().expect("one ring").clone();
-    (ring, k.schedule.tmem.expect("a TMEM plan"))
+    k.schedule.sched.expect("a schedule")
+}
+
+fn bar(s: &Sched, name: &str) -> BarrierId {
+    let b = s.barriers.iter().find(|(_, b)| b.name == name);
+    b.expect("the barrier").0
+}
+
+/// The arrival count of mbarrier `name`.
+fn count(s: &Sched, name: &str) -> u32 {
+    s.mbarrier(bar(s, name)).expect("an mbarrier").count
 }
 
 /// The schedule IR `protocol_check` proves for the paired gemm.
@@ -88,8 +96,8 @@ fn sched_pair(s: &mut Sched) -> &mut Pair {
     c.expect("a 2-SM pair")
 }
 
-fn pair(r: &Ring) -> Pair {
-    r.cluster
+fn pair(s: &Sched) -> Pair {
+    s.cluster
         .as_ref()
         .and_then(|c| c.pair)
         .expect("a 2-SM pair")
@@ -103,36 +111,41 @@ fn the_pair_splits_b_and_the_protocol_holds_on_both_ctas() {
         ("false", Operand::MnMajorB, [0, 64], 0x1021_0490),
         ("true", Operand::KMajorB, [64, 0], 0x1020_0490),
     ] {
-        let (ring, tmem) = plan(&[("b_col_major", b_col_major)]);
-        let b = &ring.loads[1];
+        let mut s = plan(&[("b_col_major", b_col_major)]);
+        let b = &s.ring_loads().nth(1).expect("B's load").1.tma;
         assert_eq!(b.operand, operand);
         assert_eq!(
             b.tile_dims().iter().product::<u32>(),
             64 * 64,
             "{b_col_major}"
         );
-        let p = pair(&ring);
+        let p = pair(&s);
         assert_eq!((p.leader, p.half, p.commit_mask), (0, half, 0b11));
-        let c = ring.cluster.as_ref().expect("cluster");
+        let c = s.cluster.as_ref().expect("cluster");
         assert!(c.multicast.is_empty() && c.exit_sync && c.shared == 1);
         // The leader's `full` announces both CTAs' A tile and B half; `empty` hears the one
         // multicast commit.
-        assert!(ring.producer.contains(&Step::ArriveExpectTx {
-            bar: Bar::Full,
+        let full = bar(&s, "full");
+        let producer = &s.role(RoleKind::Producer).expect("a producer").program;
+        assert!(producer.iteration.contains(&Op::ExpectTx {
+            bar: full,
             bytes: 2 * (128 * 64 * 2 + 64 * 64 * 2),
         }));
-        assert_eq!((ring.full_count, ring.empty_count), (1, 1));
+        assert_eq!((count(&s, "full"), count(&s, "empty")), (1, 1));
         // M = 256 (bits 24-28: 16) over the pair, N = 128; each TMEM holds its 128 rows.
-        assert_eq!(tmem.idesc, idesc, "{b_col_major}");
-        assert_eq!(tmem.acc_columns, 128);
-        let tp = tmem.pair.as_ref().expect("a TMEM pair");
-        assert_eq!(tp.commit_mask, 0b11);
+        let tmem = s.tmem.as_ref().expect("tensor memory");
+        let mma_part = tmem.mma(MmaPart::Body).expect("the mainloop's mma");
+        assert_eq!(mma_part.idesc, idesc, "{b_col_major}");
+        let acc = tmem.tiles.iter().find(|t| t.name == "acc").expect("acc");
+        assert_eq!(acc.columns, 128);
+        // The peer CTA's MMA warp frees the pair's columns after the cluster barrier.
         assert_eq!(
-            tp.peer_exit,
-            [TmemStep::ClusterSync, TmemStep::Dealloc { columns: 128 }]
+            peer(&mut s).exit,
+            [Op::ClusterSync, Op::TmemDealloc { columns: 128 }]
         );
         // Both CTAs' epilogue warps hand TMEM back to the leader.
-        assert_eq!(tmem.count(AccBar::Empty), 2 * tmem.roles.epilogue_warps);
+        let epilogue = s.role(RoleKind::Epilogue).expect("epilogue").warps;
+        assert_eq!(count(&s, "acc_empty"), 2 * epilogue);
         protocol_check::check(&sched(&[("b_col_major", b_col_major)]))
             .unwrap_or_else(|e| panic!("{e}"));
     }
@@ -299,8 +312,8 @@ fn each_pair_rule_rejects_its_mutation() {
     protocol_check::check(&s).expect("the MMA warps' cluster barriers keep both CTAs");
     // Through the pass, a broken rule is a compiler error at the user's loop.
     let mut k = scheduled(&paired("gemm", &[]));
-    if let Some(p) = k.schedule.tmem.as_mut().and_then(|p| p.pair.as_mut()) {
-        p.commit_mask = 0b10;
+    if let Some(s) = k.schedule.sched.as_mut() {
+        sched_pair(s).commit_mask = 0b10;
     }
     let d = protocol_check::run(&mut k, Target::Sm100a).expect_err("commit mask");
     assert!(d.to_string().contains("must reach both"), "{d}");
@@ -323,8 +336,8 @@ fn paired_ptx_assembles_clean_with_the_2sm_instruction_mix() {
         let what = format!("{name} {overrides:?}");
         let kernel = paired(name, overrides);
         let k = scheduled(&kernel);
-        let ring = k.schedule.rings.values().next().expect("one ring");
-        let boxes: usize = ring.loads.iter().map(|l| l.boxes.len()).sum();
+        let s = k.schedule.sched.as_ref().expect("a schedule");
+        let boxes: usize = s.ring_loads().map(|(_, l)| l.tma.boxes.len()).sum();
         let m =
             kiln_ptx::compile(&kernel, Target::Sm100a).unwrap_or_else(|e| panic!("{what}: {e}"));
         let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm100a)

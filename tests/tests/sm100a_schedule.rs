@@ -9,9 +9,9 @@ mod ptx_examples;
 
 use kiln_ir::passes::PASSES;
 use kiln_ir::passes::protocol_check::{self, ProtocolError, TmemError};
-use kiln_ir::ring::{Bar, Operand, Ring, Step};
-use kiln_ir::sched::{BarrierId, Op, Program, Region, RoleKind, Sched};
-use kiln_ir::tmem::{TmemPlan, TmemStep};
+use kiln_ir::sched::tma::Operand;
+use kiln_ir::sched::tmem::{TmemMma, TmemTile};
+use kiln_ir::sched::{BarrierId, MmaPart, Op, Program, Region, RoleKind, Sched};
 use kiln_ir::{Kernel, Target};
 
 /// `kernel` after every pass but `protocol_check`, for sm_100a.
@@ -51,20 +51,49 @@ fn bar(s: &Sched, name: &str) -> BarrierId {
     b.unwrap_or_else(|| panic!("no barrier `{name}`")).0
 }
 
-/// The gemm's ring and TMEM plan on sm_100a.
-fn gemm(b_col_major: &str) -> (Ring, TmemPlan) {
+/// The arrival count of mbarrier `name`.
+fn arrivals(s: &Sched, name: &str) -> u32 {
+    s.mbarrier(bar(s, name)).expect("an mbarrier").count
+}
+
+/// The allocation's columns and its accumulator tile.
+fn acc(s: &Sched) -> (u32, TmemTile) {
+    let t = s.tmem.as_ref().expect("tensor memory");
+    let acc = t.tiles.iter().find(|t| t.name == "acc").expect("an accumulator");
+    (t.columns, *acc)
+}
+
+/// The mainloop's mma: its instruction and operand descriptors.
+fn mainloop_mma(s: &Sched) -> &TmemMma {
+    let t = s.tmem.as_ref().expect("tensor memory");
+    t.mma(MmaPart::Body).expect("the mainloop's mma")
+}
+
+/// `(epilogue warps, producer warp, MMA warp, threads)`.
+fn warps(s: &Sched) -> (u32, u32, u32, u32) {
+    let role = |k| s.role(k).unwrap_or_else(|| panic!("no {k} role"));
+    (
+        role(RoleKind::Epilogue).warps,
+        role(RoleKind::Producer).first_warp,
+        role(RoleKind::Mma).first_warp,
+        s.threads(),
+    )
+}
+
+/// The gemm's schedule IR on sm_100a, as the passes write it.
+fn gemm(b_col_major: &str) -> Sched {
     let k = scheduled(&ptx_examples::build(
         "gemm",
         &[("b_col_major", b_col_major)],
     ));
-    let ring = k.schedule.rings.values().next().expect("one ring").clone();
+    let s = k.schedule.sched.expect("a schedule");
     // Persistent CTAs in the gemm's grouped order, as on sm_90a.
-    assert!(ring.persistent);
+    assert!(s.persistent());
     assert!(matches!(
-        k.schedule.tiles,
+        s.tiles,
         Some(kiln_ir::sched::tiles::TileScheduler::Grouped { rows: 8 })
     ));
-    (ring, k.schedule.tmem.clone().expect("a TMEM plan"))
+    s
 }
 
 #[test]
@@ -81,29 +110,39 @@ fn gemm_ring_and_tmem_plan() {
         ),
         ("true", Operand::KMajorB, 0x0820_0490, 0x4000_4040_0001_0000),
     ] {
-        let (ring, plan) = gemm(b_col_major);
-        assert_eq!((ring.stages, ring.full_count, ring.empty_count), (3, 1, 1));
-        assert_eq!(ring.loads[1].operand, operand);
+        let mut s = gemm(b_col_major);
+        let counts = (arrivals(&s, "full"), arrivals(&s, "empty"));
+        assert_eq!((s.stages, counts), (3, (1, 1)));
+        let b = &s.ring_loads().nth(1).expect("B's load").1.tma;
+        assert_eq!(b.operand, operand);
+        let (full, empty) = (bar(&s, "full"), bar(&s, "empty"));
         assert_eq!(
-            ring.consumer,
+            mma(&mut s).iteration,
             [
-                Step::Wait {
-                    bar: Bar::Full,
-                    start: 0
+                Op::Wait {
+                    bar: full,
+                    start: 0,
+                    lag: 0
                 },
-                Step::Tcgen05Mma,
-                Step::Tcgen05Commit {
-                    bar: Bar::Empty,
+                Op::Tcgen05Mma {
+                    part: MmaPart::Body,
+                    tile: 0
+                },
+                Op::Tcgen05Commit {
+                    bar: empty,
                     lag: 0
                 },
             ]
         );
-        assert!(ring.consumer_drain.is_empty());
-        assert_eq!((plan.columns, plan.acc_columns), (128, 128));
+        assert!(mma(&mut s).drain.is_empty());
+        let (columns, acc_tile) = acc(&s);
+        assert_eq!((columns, acc_tile.columns), (128, 128));
+        let plan = mainloop_mma(&s);
         assert_eq!(plan.idesc, idesc);
         // K-major SW128 A: bit 46, swizzle code 2, SBO 1024, LBO 16; k16 steps 32 B apart.
-        assert_eq!(plan.a.template, 0x4000_4040_0001_0000);
-        assert_eq!(plan.a.steps, [0, 32, 64, 96]);
+        let a = plan.a.as_ref().expect("A in shared memory");
+        assert_eq!(a.template, 0x4000_4040_0001_0000);
+        assert_eq!(a.steps, [0, 32, 64, 96]);
         assert_eq!(plan.b.template, b_template);
         let b_steps: &[u32] = if operand == Operand::MnMajorB {
             &[0, 2048, 4096, 6144]
@@ -111,11 +150,7 @@ fn gemm_ring_and_tmem_plan() {
             &[0, 32, 64, 96]
         };
         assert_eq!(plan.b.steps, b_steps);
-        let r = plan.roles;
-        assert_eq!(
-            (r.epilogue_warps, r.producer_warp, r.mma_warp, r.threads()),
-            (4, 4, 5, 192)
-        );
+        assert_eq!(warps(&s), (4, 4, 5, 192));
         protocol_check::check(&sched("gemm", &[("b_col_major", b_col_major)]))
             .expect("the planned protocol is sound");
     }
@@ -393,8 +428,8 @@ fn broken_schedules_are_rejected() {
     each_rejected(&chunked, &chunked_edits);
     // Through the pass: a diagnostic at the user's loop, not a panic.
     let mut k = scheduled(&ptx_examples::build("gemm", &[]));
-    if let Some(p) = k.schedule.tmem.as_mut() {
-        p.epilogue.retain(|s| *s != TmemStep::WaitLoad);
+    if let Some(s) = k.schedule.sched.as_mut() {
+        without(epilogue(s), Op::TmemWaitLoad);
     }
     let d = protocol_check::run(&mut k, Target::Sm100a).expect_err("rejected");
     assert!(d.to_string().contains("tcgen05.wait::ld missing"), "{d}");
@@ -550,8 +585,8 @@ fn other_tile_shapes() {
 fn f16_and_fused_epilogues() {
     // f16: the instruction descriptor's A and B type codes are 0 (bf16: 1, bits 7 and 10).
     let k = scheduled(&ptx_examples::build("gemm", &[("dtype", "f16")]));
-    let plan = k.schedule.tmem.expect("a TMEM plan");
-    assert_eq!(plan.idesc, 0x0821_0010);
+    let s = k.schedule.sched.expect("a schedule");
+    assert_eq!(mainloop_mma(&s).idesc, 0x0821_0010);
     // The fused epilogues of `gemm_epilogue.rs` run after the copy out of TMEM, on the
     // epilogue warps, in the accumulator's row-per-thread layout. The copy-convert-store of
     // the gemm keeps whole rows on one warpgroup; a bias row beside the accumulator, or an
@@ -567,8 +602,9 @@ fn f16_and_fused_epilogues() {
         ("gemm_bias_act", &[("act", "3"), ("b_col_major", "true")], 8),
         ("gemm_alpha_beta", &[], 8),
     ] {
-        let (plan, m) = epilogue_ptx(kernel, set);
-        assert_eq!(plan.roles.epilogue_warps, warps, "{kernel} {set:?}");
+        let (s, m) = epilogue_ptx(kernel, set);
+        let epilogue_warps = s.role(RoleKind::Epilogue).expect("epilogue").warps;
+        assert_eq!(epilogue_warps, warps, "{kernel} {set:?}");
         let epilogue = &m.ptx[m.ptx.find("// epilogue warps:").expect("epilogue")..];
         assert_eq!(
             count(epilogue, "tcgen05.ld.sync.aligned.32x32b.x32.b32"),
@@ -578,10 +614,10 @@ fn f16_and_fused_epilogues() {
     }
 }
 
-/// The TMEM plan and PTX of `kernel` on sm_100a, which ptxas assembles without spills.
-fn epilogue_ptx(kernel: &str, set: &[(&str, &str)]) -> (TmemPlan, kiln_ptx::PtxModule) {
+/// The schedule IR and PTX of `kernel` on sm_100a, which ptxas assembles without spills.
+fn epilogue_ptx(kernel: &str, set: &[(&str, &str)]) -> (Sched, kiln_ptx::PtxModule) {
     let k = ptx_examples::build(kernel, set);
-    let plan = scheduled(&k).schedule.tmem.expect("a TMEM plan");
+    let plan = scheduled(&k).schedule.sched.expect("a schedule");
     let m = kiln_ptx::compile(&k, Target::Sm100a).unwrap_or_else(|e| panic!("{kernel}: {e}"));
     let report =
         kiln_ptx::ptxas::check(&m.ptx, Target::Sm100a).unwrap_or_else(|e| panic!("{kernel}: {e}"));
@@ -610,21 +646,27 @@ fn a_256_column_accumulator_takes_two_warpgroups() {
         ("gemm_bias_act", &[("BN", "256"), ("act", "3")], 32),
         ("gemm_alpha_beta", &[("BN", "256")], 64),
     ] {
-        let (plan, m) = epilogue_ptx(kernel, set);
-        assert_eq!((plan.columns, plan.acc_columns), (256, 256), "{kernel}");
-        assert_eq!(plan.idesc >> 17 & 0x3f, 256 >> 3);
-        let r = plan.roles;
-        assert_eq!(
-            (r.epilogue_warps, r.producer_warp, r.mma_warp, r.threads()),
-            (8, 8, 9, 320)
-        );
-        assert_eq!(plan.block_columns(), 128);
+        let (mut s, m) = epilogue_ptx(kernel, set);
+        let (columns, acc_tile) = acc(&s);
+        assert_eq!((columns, acc_tile.columns), (256, 256), "{kernel}");
+        assert_eq!(mainloop_mma(&s).idesc >> 17 & 0x3f, 256 >> 3);
+        assert_eq!(warps(&s), (8, 8, 9, 320));
         assert_eq!(m.threads_per_block, 320);
-        let reads: Vec<(u32, u32)> = plan
-            .epilogue
+        // Each warpgroup's block: the first 128 columns, from its own offset.
+        let block = epilogue(&mut s)
             .iter()
-            .filter_map(|s| match *s {
-                TmemStep::Read { column, columns } => Some((column, columns)),
+            .filter_map(|op| match *op {
+                Op::TmemLoad {
+                    column, columns, ..
+                } => Some(column + columns),
+                _ => None,
+            })
+            .max();
+        assert_eq!(block, Some(128), "{kernel} {set:?}");
+        let reads: Vec<(u32, u32)> = epilogue(&mut s)
+            .iter()
+            .filter_map(|op| match *op {
+                Op::Run(Region::Epilogue(Some(read))) => Some(read),
                 _ => None,
             })
             .collect();

@@ -1,4 +1,4 @@
-//! The 2-CTA clusters of the sm_90a gemm kernels (`CLUSTER_M = 2`, `kiln_ir::cluster`): the
+//! The 2-CTA clusters of the sm_90a gemm kernels (`CLUSTER_M = 2`, `kiln_ir::sched::cluster`): the
 //! passes cluster the ring by structure, the protocol check proves it on both CTAs and
 //! rejects a mutated copy of the real schedule IR with each cluster rule's own error, and ptxas
 //! assembles every clustered variant without spills or advisories with the instruction mix
@@ -6,12 +6,11 @@
 
 mod ptx_examples;
 
-use kiln_ir::cluster::Cluster;
 use kiln_ir::passes::protocol_check::{self, ClusterError, ProtocolError};
 use kiln_ir::passes::{PASSES, run_pipeline};
-use kiln_ir::ring::{Bar, InitStep, Ring, Step};
+use kiln_ir::sched::cluster::Cluster;
 use kiln_ir::sched::tiles::TileScheduler;
-use kiln_ir::sched::{BarrierId, Op, Program, RoleKind, Sched};
+use kiln_ir::sched::{BarrierId, Load, Op, Program, RoleKind, Sched};
 use kiln_ir::{Kernel, Target};
 
 /// `kernel` after every pass but `protocol_check`, for sm_90a.
@@ -51,12 +50,23 @@ fn clustered(name: &str, overrides: &[(&str, &str)]) -> Kernel {
     ptx_examples::build(name, &o)
 }
 
-fn ring(k: &Kernel) -> &Ring {
-    k.schedule.rings.values().next().expect("one ring")
+/// The schedule IR of `k` (scheduled).
+fn sch(k: &Kernel) -> &Sched {
+    k.schedule.sched.as_ref().expect("a schedule")
+}
+
+/// The ring's loads of `k`, in order: A, then B.
+fn loads(k: &Kernel) -> Vec<&Load> {
+    sch(k).ring_loads().map(|(_, l)| l).collect()
 }
 
 fn plan(k: &Kernel) -> &Cluster {
-    ring(k).cluster.as_ref().expect("a clustered ring")
+    sch(k).cluster.as_ref().expect("a clustered schedule")
+}
+
+/// The arrival count of `k`'s mbarrier `name`.
+fn count(s: &Sched, name: &str) -> u32 {
+    s.mbarrier(bar(s, name)).expect("an mbarrier").count
 }
 
 #[test]
@@ -65,13 +75,14 @@ fn the_pair_shares_b_and_the_protocol_holds_on_both_ctas() {
         let unclustered = scheduled(&ptx_examples::build(name, overrides));
         let mut k = scheduled(&clustered(name, overrides));
         let what = format!("{name} {overrides:?}");
-        let (r, before) = (ring(&k), ring(&unclustered));
-        let roles = k.schedule.roles.expect("warp roles");
+        let (r, before) = (loads(&k), loads(&unclustered));
+        let (s, s0) = (sch(&k), sch(&unclustered));
+        let consumers = s.role(RoleKind::Consumer).expect("consumers").warps;
         let c = plan(&k);
         // B (load 1) is shared; A stays each CTA's own.
         assert_eq!((c.ctas, c.shared, c.exit_sync), (2, 1, true), "{what}");
-        assert_eq!(r.loads[0], before.loads[0], "{what}");
-        let (b, b0) = (&r.loads[1], &before.loads[1]);
+        assert_eq!(r[0].tma, before[0].tma, "{what}");
+        let (b, b0) = (&r[1].tma, &before[1].tma);
         // Each box of B is issued as two slabs of half its rows, one per CTA, into both.
         assert_eq!(b.box_dims, [b0.box_dims[0] / 2, b0.box_dims[1]], "{what}");
         assert_eq!(b.boxes.len(), 2 * b0.boxes.len(), "{what}");
@@ -84,22 +95,20 @@ fn the_pair_shares_b_and_the_protocol_holds_on_both_ctas() {
             assert_eq!((m.issuer, m.mask), (i as u32 % 2, 0b11), "{what}");
         }
         // `full` still expects the whole stage; `empty` both CTAs' consumer warps.
-        assert_eq!(r.producer, before.producer, "{what}");
-        assert_eq!(r.empty_count, 2 * roles.consumer_warps, "{what}");
+        let producer = |s: &Sched| s.role(RoleKind::Producer).expect("a producer").program.clone();
+        assert_eq!(producer(s), producer(s0), "{what}");
+        assert_eq!(count(s, "full"), count(s0, "full"), "{what}");
+        assert_eq!(count(s, "empty"), 2 * consumers, "{what}");
         assert_eq!(
-            r.init,
-            [
-                InitStep::InitBarriers,
-                InitStep::FenceMbarrierInit,
-                InitStep::ClusterSync
-            ]
+            s.setup,
+            [Op::InitBarriers, Op::FenceBarrierInit, Op::ClusterSync],
+            "{what}"
         );
-        assert!(r.consumer.contains(&Step::ArrivePeer {
-            bar: Bar::Empty,
-            lag: 1
-        }));
+        let empty = bar(s, "empty");
+        let program = &s.role(RoleKind::Consumer).expect("consumers").program;
+        assert!(program.iteration.contains(&Op::ArrivePeer { bar: empty, lag: 1 }));
         // The scheduler deals pairs: groups of 8 x blocks are groups of 4 pairs.
-        assert_eq!(k.schedule.tiles, Some(TileScheduler::Grouped { rows: 4 }));
+        assert_eq!(s.tiles, Some(TileScheduler::Grouped { rows: 4 }));
         protocol_check::run(&mut k, Target::Sm90a).unwrap_or_else(|d| panic!("{what}: {d}"));
     }
 }
@@ -223,8 +232,10 @@ fn each_cluster_rule_rejects_its_mutation() {
     }
     // Through the pass, a broken cluster rule is a compiler error at the user's loop.
     let mut k = scheduled(&clustered("gemm", &[]));
-    for r in k.schedule.rings.values_mut() {
-        r.empty_count /= 2;
+    let s = k.schedule.sched.as_mut().expect("a schedule");
+    let empty = bar(s, "empty");
+    if let Some(m) = s.barriers[empty].as_mbarrier_mut() {
+        m.count /= 2;
     }
     let d = protocol_check::run(&mut k, Target::Sm90a).expect_err("empty's count");
     let text = d.to_string();

@@ -9,12 +9,60 @@ mod softcap;
 
 use kiln_ir::dsl::KernelDef;
 use kiln_ir::passes::{PASSES, occupancy, protocol_check, warp_specialise};
-use kiln_ir::ring::{Bar, Operand, Step, Who};
 use kiln_ir::sched::tiles::TileScheduler;
+use kiln_ir::sched::tma::Operand;
+use kiln_ir::sched::{
+    BarrierId, Index, LoadId, MmaPart, Op, Program, Region, RoleKind, Sched, Who,
+};
 use kiln_ir::{Kernel, Target};
 
-/// A deliberate break of a ring's protocol.
-type Edit = fn(&mut kiln_ir::ring::Ring);
+/// A deliberate break of a schedule's protocol.
+type Edit = fn(&mut Sched);
+
+/// The schedule IR of a scheduled kernel.
+fn sched(k: &Kernel) -> &Sched {
+    k.schedule.sched.as_ref().expect("a schedule")
+}
+
+/// The schedule IR of a scheduled kernel, to break.
+fn sched_mut(k: &mut Kernel) -> &mut Sched {
+    k.schedule.sched.as_mut().expect("a schedule")
+}
+
+/// The program of `s`'s role of `kind`.
+fn program(s: &mut Sched, kind: RoleKind) -> &mut Program {
+    &mut s
+        .roles
+        .iter_mut()
+        .find(|r| r.kind == kind)
+        .expect("the role")
+        .program
+}
+
+/// `(warps, setmaxnreg)` of `s`'s role of `kind`.
+fn warps_regs(s: &Sched, kind: RoleKind) -> (u32, u32) {
+    let r = s.role(kind).expect("the role");
+    (r.warps, r.regs.unwrap_or(0))
+}
+
+/// The barrier of `s` called `name`.
+fn bar(s: &Sched, name: &str) -> BarrierId {
+    s.barriers
+        .iter()
+        .find(|(_, b)| b.name == name)
+        .map(|(h, _)| h)
+        .unwrap_or_else(|| panic!("no barrier {name}"))
+}
+
+/// The count of mbarrier `name`.
+fn count(s: &Sched, name: &str) -> u32 {
+    s.mbarrier(bar(s, name)).map_or(0, |m| m.count)
+}
+
+/// Ring load `i` of `s` (the ring's loads come first).
+fn load(s: &Sched, i: usize) -> &kiln_ir::sched::tma::TmaLoad {
+    &s.loads[LoadId::from_index(i)].tma
+}
 
 /// `kernel` after every pass but `protocol_check`, for sm_90a.
 fn scheduled(kernel: &Kernel) -> Kernel {
@@ -39,19 +87,20 @@ fn gemm_ring_is_planned_and_proved() {
             "gemm",
             &[("b_col_major", b_col_major)],
         ));
-        assert_eq!(k.schedule.rings.len(), 1);
-        let ring = k.schedule.rings.values().next().expect("one ring");
-        assert_eq!((ring.stages, ring.full_count, ring.empty_count), (3, 1, 8));
-        let a = &ring.loads[0];
+        let s = sched(&k);
+        assert_eq!(
+            (s.stages, count(s, "full"), count(s, "empty")),
+            (3, 1, 8)
+        );
+        let a = load(s, 0);
         assert_eq!(
             (a.operand, a.box_dims, a.swizzle),
             (Operand::KMajorA, [128, 64], 128)
         );
-        let b = &ring.loads[1];
+        let b = load(s, 1);
         assert_eq!((b.operand, b.box_dims, b.swizzle), (operand, b_box, 128));
         assert_eq!(b.tile_bytes(), 128 * 64 * 2);
-        let roles = k.schedule.roles.expect("warp roles");
-        assert_eq!(roles.threads(), 384);
+        assert_eq!(s.threads(), 384);
         protocol_check::run(&mut k, Target::Sm90a).expect("the planned protocol is sound");
     }
 }
@@ -101,25 +150,26 @@ fn gemm_tiles_get_a_consumer_warpgroup_per_64_rows() {
             let overrides = [("BM", t.bm), ("b_col_major", b_col_major)];
             let kernel = ptx_examples::build("gemm", &overrides);
             let mut k = scheduled(&kernel);
-            let roles = k.schedule.roles.expect("warp roles");
+            let s = sched(&k);
+            let (consumer_warps, consumer_regs) = warps_regs(s, RoleKind::Consumer);
             assert_eq!(
-                (roles.consumer_warps, roles.threads()),
+                (consumer_warps, s.threads()),
                 (t.consumer_warps, t.threads),
                 "{overrides:?}"
             );
+            let producer_regs = warps_regs(s, RoleKind::Producer).1;
             assert_eq!(
-                (roles.ctas_per_sm, roles.producer_regs, roles.consumer_regs),
+                (s.ctas_per_sm, producer_regs, consumer_regs),
                 t.split,
                 "{overrides:?}"
             );
-            let ring = k.schedule.rings.values().next().expect("one ring");
             assert_eq!(
-                (ring.loads[0].box_dims, ring.empty_count),
+                (load(s, 0).box_dims, count(s, "empty")),
                 (t.a_box, t.consumer_warps),
                 "{overrides:?}"
             );
             // Each consumer warpgroup stores its own 64 rows.
-            let st = k.schedule.tma_stores.values().next().expect("a TMA store");
+            let st = s.stores.first().expect("a TMA store");
             assert_eq!(
                 (st.threads, st.groups),
                 (t.store_threads, t.consumer_warps / 4),
@@ -145,9 +195,13 @@ fn gemm_tiles_get_a_consumer_warpgroup_per_64_rows() {
     // A 64-row tile whose stages take more than half the shared memory keeps the
     // multiprocessor to itself.
     let k = scheduled(&ptx_examples::build("gemm", &[("BM", "64"), ("BN", "256")]));
-    let roles = k.schedule.roles.expect("warp roles");
+    let s = sched(&k);
     assert_eq!(
-        (roles.ctas_per_sm, roles.producer_regs, roles.consumer_regs),
+        (
+            s.ctas_per_sm,
+            warps_regs(s, RoleKind::Producer).1,
+            warps_regs(s, RoleKind::Consumer).1
+        ),
         (1, 40, 232)
     );
 }
@@ -164,30 +218,62 @@ fn attention_of_192_rows_runs_three_consumer_warpgroups_in_turns() {
         let overrides = [("d", "64"), ("block_m", "192"), ("causal", causal)];
         let kernel = ptx_examples::build("attention", &overrides);
         let mut k = scheduled(&kernel);
-        let roles = k.schedule.roles.expect("warp roles");
-        assert_eq!((roles.consumer_warps, roles.threads()), (12, 512));
+        let s = sched(&k);
+        let (consumer_warps, consumer_regs) = warps_regs(s, RoleKind::Consumer);
+        assert_eq!((consumer_warps, s.threads()), (12, 512));
         assert_eq!(
-            (roles.ctas_per_sm, roles.producer_regs, roles.consumer_regs),
+            (s.ctas_per_sm, warps_regs(s, RoleKind::Producer).1, consumer_regs),
             (1, 24, 160)
         );
-        let ring = k.schedule.rings.values().next().expect("one ring");
-        assert_eq!((ring.once[0].box_dims, ring.empty_count), ([192, 64], 12));
-        let o = ring.overlap.as_ref().expect("rotated");
+        let q = s
+            .loads
+            .iter()
+            .find(|(h, _)| s.once(*h))
+            .map(|(_, l)| l.tma.box_dims);
+        assert_eq!((q, count(s, "empty")), (Some([192, 64]), 12));
+        let o = s.overlap.as_ref().expect("rotated");
         let turns = o.turns.expect("three warpgroups take turns");
         assert_eq!((turns.warpgroups, turns.first_barrier), (3, 1));
         // Once per CTA: the turns go round across its tiles.
-        assert_eq!(ring.consumer_start, [Step::TurnPass { who: Who::Last }]);
-        assert_eq!(ring.consumer_exit, [Step::TurnWait { who: Who::Leader }]);
-        assert!(ring.consumer_drain.is_empty());
-        let st = k.schedule.tma_stores.values().next().expect("a TMA store");
-        assert_eq!((st.threads, st.groups, st.barrier), (128, 3, 4));
+        let turn = bar(s, "turn");
+        let consumer = &s.role(RoleKind::Consumer).expect("consumers").program;
+        assert_eq!(
+            consumer.start,
+            [Op::Signal {
+                bar: turn,
+                index: Index::Next,
+                who: Who::Last
+            }]
+        );
+        assert_eq!(
+            consumer.exit,
+            [
+                Op::Sync {
+                    bar: turn,
+                    index: Index::Own,
+                    who: Who::Leader
+                },
+                Op::BulkWaitAll
+            ]
+        );
+        assert!(consumer.drain.is_empty());
+        let st = s.stores.first().expect("a TMA store");
+        let first = match s.barriers[st.barrier].kind {
+            kiln_ir::sched::BarrierKind::Named { first, .. } => first,
+            kiln_ir::sched::BarrierKind::Mbarrier(_) => 0,
+        };
+        assert_eq!((st.threads, st.groups, first), (128, 3, 4));
         protocol_check::run(&mut k, Target::Sm90a).expect("the planned protocol is sound");
         // Every warpgroup handing a turn on at the start (several turns going round) is a
         // compiler error at the user's loop.
         let mut broken = scheduled(&kernel);
-        for r in broken.schedule.rings.values_mut() {
-            r.consumer_start = vec![Step::TurnPass { who: Who::All }];
-        }
+        let s = sched_mut(&mut broken);
+        let turn = bar(s, "turn");
+        program(s, RoleKind::Consumer).start = vec![Op::Signal {
+            bar: turn,
+            index: Index::Next,
+            who: Who::All,
+        }];
         let d = protocol_check::run(&mut broken, Target::Sm90a).expect_err("several turns");
         let text = d.to_string();
         assert!(text.contains("broken ping-pong order"), "{text}");
@@ -281,9 +367,13 @@ fn two_ctas_per_multiprocessor_only_where_the_launch_registers_hold_the_split() 
     assert_eq!(occupancy::shared_split(4, 4), 232);
     assert_eq!(occupancy::shared_split(8, 4), 104);
     let k = scheduled(&ptx_examples::build("gemm", &[("BM", "64")]));
-    let roles = k.schedule.roles.expect("warp roles");
+    let s = sched(&k);
     assert_eq!(
-        (roles.ctas_per_sm, roles.producer_regs, roles.consumer_regs),
+        (
+            s.ctas_per_sm,
+            warps_regs(s, RoleKind::Producer).1,
+            warps_regs(s, RoleKind::Consumer).1
+        ),
         (2, 24, 232)
     );
     for (name, overrides) in [
@@ -296,12 +386,15 @@ fn two_ctas_per_multiprocessor_only_where_the_launch_registers_hold_the_split() 
         ("attention", vec![("d", "128"), ("block_n", "64")]),
         ("gemm", vec![("BK", "32"), ("STAGES", "3")]),
     ] {
-        let k = scheduled(&ptx_examples::build(name, &overrides));
-        let mut roles = k.schedule.roles.expect("warp roles");
-        assert_eq!(roles.ctas_per_sm, 1, "{name} {overrides:?}");
-        warp_specialise::check_register_file(&k, &roles).expect("the split fits");
-        (roles.ctas_per_sm, roles.producer_regs, roles.consumer_regs) = (2, 24, 112);
-        let text = warp_specialise::check_register_file(&k, &roles)
+        let mut k = scheduled(&ptx_examples::build(name, &overrides));
+        assert_eq!(sched(&k).ctas_per_sm, 1, "{name} {overrides:?}");
+        warp_specialise::check_register_file(&k).expect("the split fits");
+        let s = sched_mut(&mut k);
+        s.ctas_per_sm = 2;
+        for r in &mut s.roles {
+            r.regs = Some(if r.kind == RoleKind::Producer { 24 } else { 112 });
+        }
+        let text = warp_specialise::check_register_file(&k)
             .expect_err("24 / 112 for 384 threads at two CTAs")
             .to_string();
         assert!(text.contains("holds 30720"), "{text}");
@@ -339,20 +432,24 @@ fn accumulators_that_do_not_fit_the_consumers_are_compiler_errors() {
 #[test]
 fn broken_real_schedules_are_compiler_errors() {
     let edits: [(&str, Edit); 3] = [
-        ("deadlock", |r| {
-            r.consumer.retain(|s| !matches!(s, Step::Arrive { .. }))
+        ("deadlock", |s| {
+            program(s, RoleKind::Consumer)
+                .iteration
+                .retain(|op| !matches!(op, Op::Arrive { .. }))
         }),
-        ("transaction bytes", |r| {
-            for s in &mut r.producer {
-                if let Step::ArriveExpectTx { bytes, .. } = s {
+        ("transaction bytes", |s| {
+            for op in &mut program(s, RoleKind::Producer).iteration {
+                if let Op::ExpectTx { bytes, .. } = op {
                     *bytes += 16;
                 }
             }
         }),
-        ("must start at 1", |r| {
-            r.producer[0] = Step::Wait {
-                bar: Bar::Empty,
+        ("must start at 1", |s| {
+            let empty = bar(s, "empty");
+            program(s, RoleKind::Producer).iteration[0] = Op::Wait {
+                bar: empty,
                 start: 0,
+                lag: 0,
             }
         }),
     ];
@@ -362,9 +459,7 @@ fn broken_real_schedules_are_compiler_errors() {
                 "gemm",
                 &[("b_col_major", b_col_major)],
             ));
-            for r in k.schedule.rings.values_mut() {
-                edit(r);
-            }
+            edit(sched_mut(&mut k));
             let d = protocol_check::run(&mut k, Target::Sm90a).expect_err(expect);
             let text = d.to_string();
             assert!(text.contains(expect), "{expect}: {text}");
@@ -380,32 +475,36 @@ const ATTENTION: [&[(&str, &str)]; 3] = [&[], &[("causal", "true")], &[("d", "64
 fn attention_ring_is_planned_and_proved() {
     for overrides in ATTENTION {
         let mut k = scheduled(&ptx_examples::build("attention", overrides));
-        assert_eq!(k.schedule.rings.len(), 1, "{overrides:?}");
-        let ring = k.schedule.rings.values().next().expect("one ring");
+        let s = sched(&k);
         // The kernel asks for 2 stages; the rotated loop holds one more (the tail's).
-        assert_eq!((ring.stages, ring.full_count, ring.empty_count), (3, 1, 8));
+        assert_eq!(
+            (s.stages, count(s, "full"), count(s, "empty")),
+            (3, 1, 8)
+        );
         // K (`[bn, d]`, read as `ks.t()`: K-major B) and V (`[bn, d]`: MN-major B) per stage;
         // Q (`[128, d]`, K-major A) once, all rank-4 tensors (batch and head as lead dims).
-        let operands: Vec<Operand> = ring.loads.iter().map(|l| l.operand).collect();
+        let operands: Vec<Operand> = s.ring_loads().map(|(_, l)| l.tma.operand).collect();
         assert_eq!(
             operands,
             [Operand::KMajorB, Operand::MnMajorB],
             "{overrides:?}"
         );
-        assert_eq!(ring.once.len(), 1);
-        assert_eq!(ring.once[0].operand, Operand::KMajorA);
+        let once: Vec<Operand> = s
+            .loads
+            .iter()
+            .filter(|(h, _)| s.once(*h))
+            .map(|(_, l)| l.tma.operand)
+            .collect();
+        assert_eq!(once, [Operand::KMajorA]);
         assert!(
-            ring.loads
-                .iter()
-                .chain(&ring.once)
-                .all(|l| l.lead_dims == 2),
+            s.loads.iter().all(|(_, l)| l.tma.lead_dims == 2),
             "{overrides:?}"
         );
         // The overlap pass found S = Q K^T -> softmax -> O += P V by structure: the loop is
         // rotated (head of block t, tail of block t - 1, the head waited for with one group
         // in flight, the previous stage released after the tail), and the two consumer
         // warpgroups take turns.
-        let o = ring.overlap.as_ref().expect("the loop is rotated");
+        let o = s.overlap.as_ref().expect("the loop is rotated");
         // The online softmax and its normalisation by l: the maximum's growth is deferred.
         let d = o.defer.expect("a deferrable maximum");
         assert!(o.rescale.is_some());
@@ -413,18 +512,24 @@ fn attention_ring_is_planned_and_proved() {
         let turns = o.turns.expect("two warpgroups ping-pong");
         assert_eq!((turns.warpgroups, turns.first_barrier), (2, 1));
         assert_eq!(o.carried, 0, "the accumulator is the first carried value");
-        let at = |s: Step| ring.consumer.iter().position(|&x| x == s);
-        assert!(at(Step::IssueHead) < at(Step::IssueTail));
-        assert!(at(Step::IssueTail) < at(Step::WaitGroup(1)));
-        assert!(at(Step::WaitGroup(1)) < at(Step::Between));
-        assert!(at(Step::Between) < at(Step::WaitGroup(0)));
-        assert!(ring.consumer.contains(&Step::Arrive {
-            bar: Bar::Empty,
+        let consumer = &s.role(RoleKind::Consumer).expect("consumers").program;
+        let at = |op: Op| consumer.iteration.iter().position(|&x| x == op);
+        assert!(at(Op::Wgmma(MmaPart::Head)) < at(Op::Wgmma(MmaPart::Tail)));
+        assert!(at(Op::Wgmma(MmaPart::Tail)) < at(Op::WgmmaWait(1)));
+        assert!(at(Op::WgmmaWait(1)) < at(Op::Run(Region::Between)));
+        assert!(at(Op::Run(Region::Between)) < at(Op::WgmmaWait(0)));
+        assert!(consumer.iteration.contains(&Op::Arrive {
+            bar: bar(s, "empty"),
             lag: 1
         }));
-        let roles = k.schedule.roles.expect("warp roles");
-        assert_eq!(roles.threads(), 384);
-        assert_eq!((roles.producer_regs, roles.consumer_regs), (24, 240));
+        assert_eq!(s.threads(), 384);
+        assert_eq!(
+            (
+                warps_regs(s, RoleKind::Producer).1,
+                warps_regs(s, RoleKind::Consumer).1
+            ),
+            (24, 240)
+        );
         protocol_check::run(&mut k, Target::Sm90a).expect("the planned protocol is sound");
     }
 }
@@ -438,33 +543,43 @@ fn attention_ring_without_room_for_a_stage_is_split() {
             "attention",
             &[("d", "256"), ("causal", causal)],
         ));
-        let ring = k.schedule.rings.values().next().expect("one ring");
-        let o = ring.overlap.as_ref().expect("the loop is rotated");
-        assert_eq!((ring.stages, o.deepened), (2, false));
-        assert_eq!(ring.tail_loads, [1], "V is the tail's load");
-        let at = |s: Step| ring.consumer.iter().position(|&x| x == s);
-        let k_release = at(Step::Arrive {
-            bar: Bar::Empty,
+        let s = sched(&k);
+        let o = s.overlap.as_ref().expect("the loop is rotated");
+        assert_eq!((s.stages, o.deepened), (2, false));
+        let tail_full = bar(s, "tail_full");
+        let on_tail: Vec<usize> = s
+            .ring_loads()
+            .enumerate()
+            .filter(|(_, (_, l))| l.barrier == tail_full)
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(on_tail, [1], "V is the tail's load");
+        let consumer = &s.role(RoleKind::Consumer).expect("consumers").program;
+        let at = |op: Op| consumer.iteration.iter().position(|&x| x == op);
+        let k_release = at(Op::Arrive {
+            bar: bar(s, "empty"),
             lag: 0,
         });
-        let v_release = at(Step::Arrive {
-            bar: Bar::TailEmpty,
+        let v_release = at(Op::Arrive {
+            bar: bar(s, "tail_empty"),
             lag: 1,
         });
-        assert!(at(Step::WaitGroup(1)) < k_release && k_release < at(Step::Between));
-        assert!(at(Step::WaitGroup(0)) < v_release);
+        assert!(at(Op::WgmmaWait(1)) < k_release && k_release < at(Op::Run(Region::Between)));
+        assert!(at(Op::WgmmaWait(0)) < v_release);
         assert!(
-            at(Step::Wait {
-                bar: Bar::TailFull,
-                start: 0
-            }) < at(Step::Handoff)
+            at(Op::Wait {
+                bar: tail_full,
+                start: 0,
+                lag: 0
+            }) < at(Op::Run(Region::Handoff))
         );
         protocol_check::run(&mut k, Target::Sm90a).expect("the split protocol is sound");
     }
     // Where the third stage fits (d = 128), the ring is not split.
     let k = scheduled(&ptx_examples::build("attention", &[]));
-    let ring = k.schedule.rings.values().next().expect("one ring");
-    assert!(ring.tail_loads.is_empty() && ring.stages == 3);
+    let s = sched(&k);
+    let split = s.barriers.iter().any(|(_, b)| b.name == "tail_full");
+    assert!(!split && s.stages == 3);
 }
 
 #[test]
@@ -475,20 +590,22 @@ fn attention_is_persistent_with_the_tile_order_its_trip_count_needs() {
     ] {
         let kernel = ptx_examples::build("attention", &[("causal", causal)]);
         let k = scheduled(&kernel);
-        assert_eq!(k.schedule.tiles, Some(order), "causal={causal}");
-        let ring = k.schedule.rings.values().next().expect("one ring");
-        assert!(ring.persistent);
+        let s = sched(&k);
+        assert_eq!(s.tiles, Some(order), "causal={causal}");
+        let once_free = bar(s, "once_free");
+        let role = |kind| &s.role(kind).expect("the role").program;
         assert_eq!(
-            ring.producer_once[0],
-            Step::Wait {
-                bar: Bar::OnceFree,
-                start: 1
+            role(RoleKind::Producer).tile[0],
+            Op::Wait {
+                bar: once_free,
+                start: 1,
+                lag: 0
             }
         );
         assert_eq!(
-            ring.consumer_release,
-            [Step::Arrive {
-                bar: Bar::OnceFree,
+            role(RoleKind::Consumer).release,
+            [Op::Arrive {
+                bar: once_free,
                 lag: 0
             }]
         );
@@ -506,7 +623,7 @@ fn attention_is_persistent_with_the_tile_order_its_trip_count_needs() {
     // An unrotated ring (the gemm's) too, its tiles all alike; `a` is reused along y and `b`
     // along x, so they run in groups.
     let k = scheduled(&ptx_examples::build("gemm", &[]));
-    assert_eq!(k.schedule.tiles, Some(TileScheduler::Grouped { rows: 8 }));
+    assert_eq!(sched(&k).tiles, Some(TileScheduler::Grouped { rows: 8 }));
 }
 
 #[test]
@@ -563,17 +680,13 @@ fn epilogue_stores_go_through_a_staging_tile_and_tma() {
     for (name, overrides, boxes, rounds, stages, split) in cases {
         let kernel = ptx_examples::build(name, overrides);
         let k = scheduled(&kernel);
-        let [st] = &k.schedule.tma_stores.values().collect::<Vec<_>>()[..] else {
+        let s = sched(&k);
+        let [st] = &s.stores[..] else {
             panic!("{name} {overrides:?}: one TMA store");
         };
-        let ring = k.schedule.rings.values().next().expect("one ring");
+        let is_split = s.barriers.iter().any(|(_, b)| b.name == "tail_full");
         assert_eq!(
-            (
-                st.boxes.len(),
-                st.rounds,
-                ring.stages,
-                !ring.tail_loads.is_empty()
-            ),
+            (st.boxes.len(), st.rounds, s.stages, is_split),
             (boxes, rounds, stages, split),
             "{name} {overrides:?}"
         );
@@ -607,47 +720,59 @@ fn epilogue_stores_go_through_a_staging_tile_and_tma() {
 #[test]
 fn broken_attention_schedules_are_compiler_errors() {
     let edits: [(&str, Edit); 8] = [
-        ("without waiting on `once`", |r| {
-            r.consumer_once.retain(|s| !matches!(s, Step::Wait { .. }))
+        ("without waiting on `once`", |s| {
+            program(s, RoleKind::Consumer)
+                .tile
+                .retain(|op| !matches!(op, Op::Wait { .. }))
         }),
-        ("on `once`", |r| {
-            for s in &mut r.producer_once {
-                if let Step::ArriveExpectTx { bytes, .. } = s {
+        ("on `once`", |s| {
+            for op in &mut program(s, RoleKind::Producer).tile {
+                if let Op::ExpectTx { bytes, .. } = op {
                     *bytes -= 1024;
                 }
             }
         }),
-        ("before the wgmma reading it has completed", |r| {
-            for s in &mut r.consumer {
-                if *s == Step::WaitGroup(0) {
-                    *s = Step::WaitGroup(1);
+        ("before the wgmma reading it has completed", |s| {
+            for op in &mut program(s, RoleKind::Consumer).iteration {
+                if *op == Op::WgmmaWait(0) {
+                    *op = Op::WgmmaWait(1);
                 }
             }
         }),
         // A missing wait: the softmax reads S while its wgmma may still run.
-        ("reads the head mma's products", |r| {
-            r.consumer.retain(|s| *s != Step::WaitGroup(1))
+        ("reads the head mma's products", |s| {
+            program(s, RoleKind::Consumer)
+                .iteration
+                .retain(|op| *op != Op::WgmmaWait(1))
         }),
         // The softmax moved before the wait for S.
-        ("reads the head mma's products", |r| {
-            let between = r.consumer.iter().position(|s| *s == Step::Between);
-            let wait = r.consumer.iter().position(|s| *s == Step::WaitGroup(1));
+        ("reads the head mma's products", |s| {
+            let it = &mut program(s, RoleKind::Consumer).iteration;
+            let between = it.iter().position(|op| *op == Op::Run(Region::Between));
+            let wait = it.iter().position(|op| *op == Op::WgmmaWait(1));
             if let (Some(b), Some(w)) = (between, wait) {
-                r.consumer.swap(b, w);
+                it.swap(b, w);
             }
         }),
         // Broken ping-pong orders: no first turn for the leader; a turn passed twice.
-        ("deadlock", |r| r.consumer_start.clear()),
-        ("broken ping-pong order", |r| {
-            r.consumer.push(Step::TurnPass { who: Who::All })
+        ("deadlock", |s| program(s, RoleKind::Consumer).start.clear()),
+        ("broken ping-pong order", |s| {
+            let turn = bar(s, "turn");
+            program(s, RoleKind::Consumer).iteration.push(Op::Signal {
+                bar: turn,
+                index: Index::Next,
+                who: Who::All,
+            })
         }),
-        ("broken ping-pong order", |r| r.consumer_exit.clear()),
+        ("broken ping-pong order", |s| {
+            program(s, RoleKind::Consumer)
+                .exit
+                .retain(|op| !matches!(op, Op::Sync { .. }))
+        }),
     ];
     for (expect, edit) in edits {
         let mut k = scheduled(&ptx_examples::build("attention", &[("causal", "true")]));
-        for r in k.schedule.rings.values_mut() {
-            edit(r);
-        }
+        edit(sched_mut(&mut k));
         let d = protocol_check::run(&mut k, Target::Sm90a).expect_err(expect);
         let text = d.to_string();
         assert!(text.contains(expect), "{expect}: {text}");
@@ -664,12 +789,12 @@ fn another_kernel_of_attention_shape_gets_the_same_schedule() {
             .build(&softcap::spec(d))
             .expect("builds");
         let mut k = scheduled(&built);
-        let ring = k.schedule.rings.values().next().expect("one ring");
-        let o = ring.overlap.as_ref().expect("rotated");
+        let s = sched(&k);
+        let o = s.overlap.as_ref().expect("rotated");
         assert!(o.turns.is_some() && o.rescale.is_some(), "d={d}");
         // Its epilogue divides by l (`acc / l`), not the shape the deferral proves exact for.
         assert!(o.defer.is_none(), "d={d}");
-        assert_eq!(ring.stages, 3, "d={d}: one stage more than the 2 asked for");
+        assert_eq!(s.stages, 3, "d={d}: one stage more than the 2 asked for");
         protocol_check::run(&mut k, Target::Sm90a).expect("the rotated protocol is sound");
         let m = kiln_ptx::compile(&built, Target::Sm90a).expect("compile");
         assert!(m.ptx.contains("rotated loop: steady state"), "d={d}");
@@ -693,16 +818,10 @@ fn unscheduled_kernels_get_a_diagnostic() {
 
 #[test]
 fn a_broken_tma_store_protocol_is_a_compiler_error_at_the_store() {
-    use kiln_ir::tma_store::StoreStep;
     let mut k = scheduled(&ptx_examples::build("gemm", &[]));
-    let st = k
-        .schedule
-        .tma_stores
-        .values_mut()
-        .next()
-        .expect("a TMA store");
+    let st = sched_mut(&mut k).stores.first_mut().expect("a TMA store");
     // Without the fence, the copy engine may read the staging tile before the writes land.
-    st.round.retain(|&s| s != StoreStep::Fence);
+    st.round.retain(|&op| op != Op::FenceProxyAsync);
     let e = protocol_check::run(&mut k, Target::Sm90a).expect_err("unfenced");
     let text = e.to_string();
     assert!(text.contains("epilogue store's TMA protocol"), "{text}");

@@ -13,21 +13,25 @@
 use std::collections::BTreeSet;
 
 use crate::diag::Diagnostic;
-use crate::kernel::{Kernel, OpId, OpKind, ValueId};
+use crate::kernel::{Kernel, OpId, OpKind};
 use crate::schedule::LoopPlan;
 use crate::target::Target;
 
-use super::walk::{defining_op, ops_in_order};
+use super::walk::{all_aligned16, hoistable, ops_in_order};
 
 /// Records pipelining plans for sm_80; fails for targets without a backend.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     match target {
         Target::Sm80 => {}
-        Target::Sm90a | Target::Sm100a => super::pipeline::check_covered(kernel, target)?,
+        Target::Sm90a | Target::Sm100a => check_covered(kernel, target)?,
     }
     // The `persistent` pass clusters the rings that can be; a request it did not meet (no
     // ring, or a target without the pass) is reported here.
-    let clustered = kernel.schedule.rings.values().any(|r| r.cluster.is_some());
+    let clustered = kernel
+        .schedule
+        .sched
+        .as_ref()
+        .is_some_and(|s| s.cluster.is_some());
     if kernel.options.cluster > 1 && !clustered {
         return Err(Diagnostic::new(
             kernel.options.cluster_loc,
@@ -44,7 +48,12 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         let OpKind::For { stages: Some(n) } = kernel.ops[id].kind else {
             continue;
         };
-        if kernel.schedule.rings.contains_key(&id) {
+        if kernel
+            .schedule
+            .sched
+            .as_ref()
+            .is_some_and(|s| s.for_op == id)
+        {
             continue;
         }
         if n < 2 {
@@ -79,37 +88,43 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     Ok(())
 }
 
-/// Whether scalar `v` can be recomputed for a later iteration: it is the loop's induction
-/// variable, defined outside the loop, or a pure scalar op of such values.
-pub(super) fn hoistable(
-    kernel: &Kernel,
-    v: ValueId,
-    for_op: OpId,
-    inside: &BTreeSet<OpId>,
-) -> bool {
-    let (def, is_result) = defining_op(kernel, v);
-    if !is_result {
-        return def != for_op || kernel.ops[for_op].regions[0].args.first() == Some(&v);
+/// On sm_90a, every `mma` must sit in a ring unless some tensor is not 16-byte aligned (TMA
+/// needs 16-byte strides; such kernels keep the sm_80 cp.async + mma.sync lowering).
+fn check_covered(kernel: &Kernel, target: Target) -> Result<(), Diagnostic> {
+    if !all_aligned16(kernel) {
+        return Ok(());
     }
-    if !inside.contains(&def) {
-        return true;
+    let in_ring: BTreeSet<OpId> = kernel
+        .schedule
+        .sched
+        .iter()
+        .flat_map(|s| kernel.ops[s.for_op].regions[0].ops.iter().copied())
+        .collect();
+    let stray = super::walk::ops_in_order(kernel)
+        .into_iter()
+        .find(|&o| kernel.ops[o].kind == OpKind::Mma && !in_ring.contains(&o));
+    match stray {
+        None => Ok(()),
+        Some(o) => Err(Diagnostic::new(
+            kernel.ops[o].loc,
+            format!(
+                "target {target} is not implemented yet for this kernel: only an accumulating \
+                 mma of two TMA-loaded tiles in a top-level pipelined loop is scheduled"
+            ),
+        )
+        .note(if target == Target::Sm100a {
+            "sm_100a needs `x: [128, BK]` (one tcgen05 accumulator in the 128 TMEM lanes), BK \
+             a multiple of 16, `y: [BK, BN]` with BN a multiple of 16 up to 256, and tile \
+             column coordinates that are multiples of 8 elements"
+        } else {
+            "sm_90a needs `x: [BM, BK]` with BM 64, 128 or 192 (one to three consumer \
+             warpgroups), BK a multiple of 16, `y: [BK, BN]` with BN a multiple of 16 up to \
+             256, and tile column coordinates that are multiples of 8 elements"
+        })
+        .note(if target == Target::Sm100a {
+            "compile for sm_80, which runs on Blackwell"
+        } else {
+            "compile for sm_80, which runs on Hopper"
+        })),
     }
-    let op = &kernel.ops[def];
-    let pure = matches!(
-        op.kind,
-        OpKind::Const(_)
-            | OpKind::ScalarParam(_)
-            | OpKind::BlockId(_)
-            | OpKind::GridDim(_)
-            | OpKind::TensorDim { .. }
-            | OpKind::Binary(_)
-            | OpKind::Unary(_)
-            | OpKind::Select
-            | OpKind::Cast { .. }
-    );
-    pure && kernel.ty(v).shape().is_none()
-        && op
-            .operands
-            .iter()
-            .all(|&o| hoistable(kernel, o, for_op, inside))
 }

@@ -7,8 +7,6 @@
 
 pub mod canonicalize;
 pub mod layout;
-pub mod legacy_protocol;
-mod legacy_sched;
 pub mod lower;
 pub mod memory_plan;
 pub mod occupancy;

@@ -19,17 +19,17 @@
 //! Every other kernel keeps one CTA per multiprocessor.
 //!
 //! In: the final shared-memory plan (`tma_store`'s staging tile included), the roles and the
-//! layouts. Out: [`crate::ring::Roles::ctas_per_sm`] and the register split, or an error at
+//! layouts. Out: the schedule's CTAs per multiprocessor and the register split, or an error at
 //! the user's loop where the consumers' accumulators do not fit even one CTA's split (three
 //! consumer warpgroups of attention at d = 128, or of a 192 x 256 gemm tile).
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, OpKind};
-use crate::ring::Roles;
+use crate::sched::{MmaPart, Op, RoleKind, Sched};
 use crate::target::Target;
 
 use super::walk;
-use super::warp_specialise::{check_register_file, entry_regs};
+use super::warp_specialise::{check_register_file, entry_regs, set_registers};
 
 /// Shared memory per multiprocessor on sm_90a (228 KiB), of which the driver reserves 1 KiB
 /// per CTA.
@@ -50,24 +50,56 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     if target != Target::Sm90a {
         return Ok(());
     }
-    let Some(roles) = kernel.schedule.roles else {
+    let Some(s) = &kernel.schedule.sched else {
         return Ok(());
     };
-    let acc = accumulator_regs(kernel);
+    let Some(roles) = Split::of(s) else {
+        return Ok(());
+    };
+    let acc = accumulator_regs(kernel, s);
     check_consumers_fit(kernel, &roles, &acc)?;
     let fits_smem = 2 * (kernel.schedule.smem_bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM;
-    let consumer_regs = shared_split(roles.consumer_warps, roles.producer_warps);
-    let shared = Roles {
+    let shared = Split {
         ctas_per_sm: 2,
         producer_regs: SHARED_PRODUCER_REGS,
-        consumer_regs,
+        consumer_regs: shared_split(roles.consumer_warps, roles.producer_warps),
         ..roles
     };
     if !fits_smem || !acc.fits(&shared) {
         return Ok(());
     }
-    kernel.schedule.roles = Some(shared);
-    check_register_file(kernel, &shared)
+    if let Some(s) = kernel.schedule.sched.as_mut() {
+        s.ctas_per_sm = 2;
+        set_registers(s, (shared.producer_regs, shared.consumer_regs));
+    }
+    check_register_file(kernel)
+}
+
+/// The warps and registers of a warp-specialised schedule's two roles.
+#[derive(Clone, Copy)]
+struct Split {
+    consumer_warps: u32,
+    producer_warps: u32,
+    consumer_regs: u32,
+    producer_regs: u32,
+    ctas_per_sm: u32,
+}
+
+impl Split {
+    fn of(s: &Sched) -> Option<Split> {
+        let (c, p) = (s.role(RoleKind::Consumer)?, s.role(RoleKind::Producer)?);
+        Some(Split {
+            consumer_warps: c.warps,
+            producer_warps: p.warps,
+            consumer_regs: c.regs?,
+            producer_regs: p.regs?,
+            ctas_per_sm: s.ctas_per_sm,
+        })
+    }
+
+    fn threads(&self) -> u32 {
+        32 * (self.consumer_warps + self.producer_warps)
+    }
 }
 
 /// Checks that the consumers' accumulators fit the registers `roles` gives them at one CTA
@@ -75,7 +107,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
 /// is a compiler error at the user's loop.
 fn check_consumers_fit(
     kernel: &Kernel,
-    roles: &Roles,
+    roles: &Split,
     acc: &AccumulatorRegs,
 ) -> Result<(), Diagnostic> {
     if acc.fits(roles) {
@@ -83,7 +115,7 @@ fn check_consumers_fit(
     }
     let warpgroups = roles.consumer_warps / 4;
     Err(Diagnostic::new(
-        walk::first_ring_loc(kernel, &kernel.schedule.rings),
+        walk::sched_loc(kernel),
         format!(
             "{warpgroups} consumer warpgroup(s) of a {}-thread block: their mma accumulators \
              need {} registers a thread (the largest {}) besides {NON_ACCUMULATOR_REGS} for \
@@ -110,50 +142,49 @@ pub fn shared_split(consumer_warps: u32, producer_warps: u32) -> u32 {
     (left / consumer_warps.max(1)) / 8 * 8
 }
 
-/// Registers per consumer thread of the mma accumulators in the kernel's ring loops.
+/// Registers per consumer thread of the mma accumulators in the kernel's ring loop.
 struct AccumulatorRegs {
-    /// All of them, a rotated loop's head accumulator one and a half times (the next block's
-    /// f32 product is in flight while the current one is read as 16-bit values).
+    /// All of them, and the largest one.
     total: u32,
-    /// The largest one: ptxas allocates a wgmma's accumulator within the registers a thread
-    /// has at entry (`.minnctapersm`), not the `setmaxnreg` count (C7602 otherwise).
     largest: u32,
 }
 
 impl AccumulatorRegs {
-    /// Whether the accumulators and [`NON_ACCUMULATOR_REGS`] fit the consumers' `setmaxnreg`
-    /// count of `roles`, and the largest accumulator the registers a thread has at launch.
-    fn fits(&self, roles: &Roles) -> bool {
+    /// Whether they fit the consumers' count and the largest one the count at entry.
+    fn fits(&self, roles: &Split) -> bool {
         self.total + NON_ACCUMULATOR_REGS <= roles.consumer_regs
             && self.largest + NON_ACCUMULATOR_REGS <= entry_regs(roles.threads(), roles.ctas_per_sm)
     }
 }
 
-/// The mma accumulators' registers per consumer thread, from their register layouts.
-fn accumulator_regs(kernel: &Kernel) -> AccumulatorRegs {
+/// The mma accumulators' registers per consumer thread, from their register layouts (a
+/// rotated head's one and a half times: see the module doc).
+fn accumulator_regs(kernel: &Kernel, s: &Sched) -> AccumulatorRegs {
     let mut acc = AccumulatorRegs {
         total: 0,
         largest: 0,
     };
-    for (&id, ring) in &kernel.schedule.rings {
-        for op in walk::ops_in_block_regions(kernel, id) {
-            if !matches!(kernel.ops[op].kind, OpKind::Mma) {
-                continue;
-            }
-            let result = kernel.ops[op].results[0];
-            let per_thread = kernel
-                .schedule
-                .layouts
-                .get(&result)
-                .zip(kernel.ty(result).shape())
-                .and_then(|(layout, shape)| layout.distribution(shape).ok())
-                .map_or(0, |d| d.regs.len() as u32);
-            acc.largest = acc.largest.max(per_thread);
-            acc.total += match &ring.overlap {
-                Some(o) if o.head == op => per_thread + per_thread / 2,
-                _ => per_thread,
-            };
+    let rotated = s
+        .roles
+        .iter()
+        .any(|r| r.program.iteration.contains(&Op::Wgmma(MmaPart::Head)));
+    for op in walk::ops_in_block_regions(kernel, s.for_op) {
+        if !matches!(kernel.ops[op].kind, OpKind::Mma) {
+            continue;
         }
+        let result = kernel.ops[op].results[0];
+        let per_thread = kernel
+            .schedule
+            .layouts
+            .get(&result)
+            .zip(kernel.ty(result).shape())
+            .and_then(|(layout, shape)| layout.distribution(shape).ok())
+            .map_or(0, |d| d.regs.len() as u32);
+        acc.largest = acc.largest.max(per_thread);
+        acc.total += match &s.overlap {
+            Some(o) if rotated && o.head == op => per_thread + per_thread / 2,
+            _ => per_thread,
+        };
     }
     acc
 }

@@ -3,7 +3,7 @@
 //! It looks for a ring loop whose body has, by structure (never by kernel name), the shape of
 //! an attention step: a *head* `mma` whose products feed register code (the online softmax),
 //! which feeds a *tail* `mma` accumulating into a loop-carried value (`O += P V`), rescaled in
-//! registers before it. Such a loop is rotated ([`crate::ring`]): iteration `t` waits for stage
+//! registers before it. Such a loop is rotated ([`crate::sched::Program::rotated`]): iteration `t` waits for stage
 //! `t`, issues the head mma of block `t`, rescales the accumulator and issues the tail mma of
 //! block `t - 1`, then waits for the head only (`wgmma.wait_group 1`) and runs the code
 //! between for block `t` while the tail still runs on the tensor cores; it then waits for the
@@ -15,12 +15,12 @@
 //! warp whose factors are all 1 skips the multiplications (exact: its rows' maximum did not
 //! grow). When the code between is an online softmax and the kernel reads its results only as
 //! `acc / l`, the growth of the maximum is also deferred while it stays under a threshold
-//! ([`crate::ring::Deferral`]: the reference maximum stays, so the factors are exactly 1). The
+//! ([`crate::sched::overlap::Deferral`]: the reference maximum stays, so the factors are exactly 1). The
 //! deeper schedule needs registers: the split becomes 24 for the producer warpgroup and 240 for
 //! each of two consumer warpgroups (160 for each of three). It also holds one stage more (the
 //! tail's) while waiting for the next, so the ring gets one more stage where shared memory
 //! allows. Where it does not (attention at d = 256), the loads only the tail reads (`V`) get
-//! barrier arrays of their own instead ([`crate::ring::Ring::tail_loads`]): the other loads'
+//! barrier arrays of their own instead (`tail_full`, `tail_empty`): the other loads'
 //! stage (`K`) is released when the head completes, a block before the tail's, and the
 //! consumers wait for the tail's loads at the end of the iteration before the one that reads
 //! them, so TMA runs a block ahead with two stages.
@@ -40,7 +40,10 @@ use std::collections::BTreeSet;
 
 use crate::diag::Diagnostic;
 use crate::kernel::{BinaryOp, Const, Kernel, OpId, OpKind, ReduceOp, UnaryOp, ValueDef, ValueId};
-use crate::ring::{Bar, Deferral, Overlap, Step, Turns, Who};
+use crate::sched::overlap::{Deferral, Overlap, Turns};
+use crate::sched::{
+    Barrier, BarrierId, BarrierKind, Index, Mbarrier, MmaPart, Op, Region, RoleKind, Sched, Who,
+};
 use crate::target::Target;
 
 /// Warps per warpgroup.
@@ -48,60 +51,93 @@ const WARPGROUP: u32 = 4;
 /// Named barrier id of warpgroup 0's turn; `bar.sync 0` is the block-wide set-up barrier.
 const FIRST_TURN_BARRIER: u32 = 1;
 
-/// Rotates every ring loop of the right shape; does nothing on other targets.
+/// Rotates the schedule's loop when it has the right shape; does nothing on other targets.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     if target != Target::Sm90a {
         return Ok(());
     }
-    let Some(mut roles) = kernel.schedule.roles else {
+    let Some(s) = &kernel.schedule.sched else {
         return Ok(());
     };
-    let warpgroups = roles.consumer_warps / WARPGROUP;
-    let loops: Vec<OpId> = kernel.schedule.rings.keys().copied().collect();
-    for id in loops {
-        let Some(mut overlap) = plan(kernel, id) else {
-            continue;
-        };
-        // Ping-pong needs a partner; two or three warpgroups (the most `pipeline` plans) take
-        // turns through a barrier each.
-        overlap.turns = (warpgroups >= 2).then_some(Turns {
-            first_barrier: FIRST_TURN_BARRIER,
-            warpgroups,
-        });
-        let turns = overlap.turns.is_some();
-        let ring = kernel
-            .schedule
-            .rings
-            .get_mut(&id)
-            .ok_or_else(|| Diagnostic::internal(kernel.ops[id].loc, "a ring vanished"))?;
-        ring.consumer = rotated_program(turns, false);
-        ring.consumer_drain = Vec::new();
-        if turns {
+    let id = s.for_op;
+    let Some(warps) = s.role(RoleKind::Consumer).map(|r| r.warps) else {
+        return Ok(());
+    };
+    let Some(mut overlap) = plan(kernel, id) else {
+        return Ok(());
+    };
+    let warpgroups = warps / WARPGROUP;
+    // Ping-pong needs a partner; two or three warpgroups (the most `pipeline` plans) take
+    // turns through a barrier each.
+    overlap.turns = (warpgroups >= 2).then_some(Turns {
+        first_barrier: FIRST_TURN_BARRIER,
+        warpgroups,
+    });
+    let uses = super::walk::uses(kernel);
+    let tail_only: Vec<bool> = s
+        .loads
+        .iter()
+        .map(|(_, l)| only_read_by(kernel, &uses, l.tma.load, overlap.tail))
+        .collect();
+    let loc = kernel.ops[id].loc;
+    let s = kernel
+        .schedule
+        .sched
+        .as_mut()
+        .ok_or_else(|| Diagnostic::internal(loc, "a schedule vanished"))?;
+    for ((_, l), tail) in s.loads.iter_mut().zip(tail_only) {
+        l.read_by = if tail { MmaPart::Tail } else { MmaPart::Head };
+    }
+    let turn = overlap.turns.map(|t| {
+        s.barriers.append(Barrier {
+            name: "turn",
+            index: None,
+            kind: BarrierKind::Named {
+                first: t.first_barrier,
+                ids: t.warpgroups,
+                threads: Turns::MEETING * 32 * WARPGROUP,
+            },
+        })
+    });
+    let program = rotated_program(s, turn);
+    if let Some(c) = s.roles.iter_mut().find(|r| r.kind == RoleKind::Consumer) {
+        c.program.iteration = program;
+        c.program.rotated = true;
+        c.program.drain = Vec::new();
+        if let Some(bar) = turn {
             // The last warpgroup hands the leader its first turn (one turn goes round, so one
             // warpgroup issues at a time); the leader takes the last pass. Once per CTA: a
             // persistent CTA's turns go round across its tiles, so the leader starts a tile
             // while the others finish the one before.
-            ring.consumer_start = vec![Step::TurnPass { who: Who::Last }];
-            ring.consumer_exit = vec![Step::TurnWait { who: Who::Leader }];
+            c.program.start = vec![Op::Signal {
+                bar,
+                index: Index::Next,
+                who: Who::Last,
+            }];
+            c.program.exit = vec![Op::Sync {
+                bar,
+                index: Index::Own,
+                who: Who::Leader,
+            }];
         }
-        ring.overlap = Some(overlap);
-        (roles.producer_regs, roles.consumer_regs) =
-            super::warp_specialise::register_split(true, roles.consumer_warps);
-        deepen(kernel, id)?;
-        split(kernel, id, turns)?;
     }
-    kernel.schedule.roles = Some(roles);
-    super::warp_specialise::check_register_file(kernel, &roles)
+    s.overlap = Some(overlap);
+    s.sort_barriers();
+    let split = super::warp_specialise::register_split(true, warps);
+    super::warp_specialise::set_registers(s, split);
+    deepen(kernel)?;
+    split_ring(kernel)?;
+    super::warp_specialise::check_register_file(kernel)
 }
 
 /// A rotated iteration holds stage `t - 1` (its tail) while it waits for stage `t`, one stage
 /// more than the loop it replaces: add that stage when shared memory allows, so TMA still
 /// loads a block ahead; otherwise keep the ring as it is.
-fn deepen(kernel: &mut Kernel, id: OpId) -> Result<(), Diagnostic> {
+fn deepen(kernel: &mut Kernel) -> Result<(), Diagnostic> {
     let before = kernel.schedule.clone();
-    if let Some(ring) = kernel.schedule.rings.get_mut(&id) {
-        ring.stages += 1;
-        if let Some(o) = &mut ring.overlap {
+    if let Some(s) = kernel.schedule.sched.as_mut() {
+        s.stages += 1;
+        if let Some(o) = &mut s.overlap {
             o.deepened = true;
         }
     }
@@ -112,74 +148,87 @@ fn deepen(kernel: &mut Kernel, id: OpId) -> Result<(), Diagnostic> {
     Ok(())
 }
 
-/// Takes back the stage [`deepen`] added to ring `id` and splits the ring instead, freeing a
-/// stage of shared memory for a later pass (the `tma_store` pass's staging tile, which is
-/// worth more than the stage); does nothing to a ring that was not deepened.
-pub(crate) fn undeepen(kernel: &mut Kernel, id: OpId) -> Result<(), Diagnostic> {
-    let Some(ring) = kernel.schedule.rings.get_mut(&id) else {
+/// Takes back the stage [`deepen`] added and splits the ring instead, freeing a stage of
+/// shared memory for a later pass (the `tma_store` pass's staging tile, which is worth more
+/// than the stage); does nothing to a ring that was not deepened.
+pub(crate) fn undeepen(kernel: &mut Kernel) -> Result<(), Diagnostic> {
+    let Some(s) = kernel.schedule.sched.as_mut() else {
         return Ok(());
     };
-    let Some(o) = ring.overlap.as_mut().filter(|o| o.deepened) else {
+    let Some(o) = s.overlap.as_mut().filter(|o| o.deepened) else {
         return Ok(());
     };
     o.deepened = false;
-    let turns = o.turns.is_some();
-    ring.stages -= 1;
-    split(kernel, id, turns)
+    s.stages -= 1;
+    split_ring(kernel)
 }
 
-/// Gives the loads of ring `id` that only its tail mma reads their own barrier arrays (see the
-/// module doc) when the ring has no extra stage; leaves the ring as it is when no load or
-/// every load is the tail's, or the arrays do not fit.
-fn split(kernel: &mut Kernel, id: OpId, turns: bool) -> Result<(), Diagnostic> {
-    let ring = &kernel.schedule.rings[&id];
-    let Some(o) = &ring.overlap else {
-        return Ok(());
-    };
-    if o.deepened {
-        return Ok(());
-    }
-    let uses = super::walk::uses(kernel);
-    let tail_loads: Vec<usize> = (0..ring.loads.len())
-        .filter(|&l| only_read_by(kernel, &uses, ring.loads[l].load, o.tail))
-        .collect();
-    if tail_loads.is_empty() || tail_loads.len() == ring.loads.len() {
-        return Ok(());
-    }
+/// Gives the loads that only the tail mma reads barrier arrays of their own (see the module
+/// doc) when the ring has no extra stage; leaves the ring as it is when no load or every
+/// load is the tail's, or the arrays do not fit.
+fn split_ring(kernel: &mut Kernel) -> Result<(), Diagnostic> {
     let before = kernel.schedule.clone();
-    let ring = kernel
-        .schedule
-        .rings
-        .get_mut(&id)
-        .ok_or_else(|| Diagnostic::internal(kernel.ops[id].loc, "a ring vanished"))?;
-    let bytes = |tail: bool| -> u32 {
-        (0..ring.loads.len())
-            .filter(|l| tail_loads.contains(l) == tail)
-            .map(|l| ring.loads[l].tile_bytes())
-            .sum()
+    let Some(s) = kernel.schedule.sched.as_mut() else {
+        return Ok(());
     };
+    if s.overlap.as_ref().is_none_or(|o| o.deepened) {
+        return Ok(());
+    }
+    let ring: Vec<_> = s.ring_loads().map(|(h, _)| h).collect();
+    let tail: Vec<_> = ring
+        .iter()
+        .copied()
+        .filter(|&h| s.loads[h].read_by == MmaPart::Tail)
+        .collect();
+    let (Some(&first), false) = (ring.first(), tail.is_empty() || tail.len() == ring.len()) else {
+        return Ok(());
+    };
+    let (full, Some(empty)) = (s.loads[first].barrier, s.loads[first].free) else {
+        return Ok(());
+    };
+    let copy = |s: &mut Sched, name, of: BarrierId| {
+        let m: Option<Mbarrier> = s.mbarrier(of).copied();
+        m.map(|m| s.barriers.append(Barrier::mbarrier(name, None, m)))
+    };
+    let (Some(tail_full), Some(tail_empty)) =
+        (copy(s, "tail_full", full), copy(s, "tail_empty", empty))
+    else {
+        return Ok(());
+    };
+    for &h in &tail {
+        s.loads[h].barrier = tail_full;
+        s.loads[h].free = Some(tail_empty);
+    }
     let mut producer = Vec::new();
-    for (tail, empty, full) in [
-        (false, Bar::Empty, Bar::Full),
-        (true, Bar::TailEmpty, Bar::TailFull),
-    ] {
-        producer.push(Step::Wait {
+    for (empty, full) in [(empty, full), (tail_empty, tail_full)] {
+        let loads: Vec<_> = ring
+            .iter()
+            .copied()
+            .filter(|&h| s.loads[h].barrier == full)
+            .collect();
+        producer.push(Op::Wait {
             bar: empty,
             start: 1,
+            lag: 0,
         });
-        producer.push(Step::ArriveExpectTx {
+        producer.push(Op::ExpectTx {
             bar: full,
-            bytes: bytes(tail),
+            bytes: loads.iter().map(|&h| s.loads[h].tma.tile_bytes()).sum(),
         });
-        producer.extend(
-            (0..ring.loads.len())
-                .filter(|l| tail_loads.contains(l) == tail)
-                .map(|load| Step::Tma { load }),
-        );
+        producer.extend(loads.into_iter().map(|load| Op::Tma { load }));
     }
-    ring.producer = producer;
-    ring.consumer = rotated_program(turns, true);
-    ring.tail_loads = tail_loads;
+    let turn = s
+        .barriers
+        .iter()
+        .find_map(|(h, b)| (b.name == "turn").then_some(h));
+    let program = rotated_program(s, turn);
+    for r in &mut s.roles {
+        match r.kind {
+            RoleKind::Producer => r.program.iteration = producer.clone(),
+            RoleKind::Consumer => r.program.iteration = program.clone(),
+            _ => {}
+        }
+    }
     if super::pipeline::place(kernel).is_err() {
         kernel.schedule = before;
     }
@@ -207,49 +256,67 @@ pub(crate) fn only_read_by(
     read
 }
 
-/// The consumers' rotated program (see the module doc), with turn barriers around the wgmma
-/// issue when the warpgroups ping-pong. `split`: the tail's loads have their own barriers
-/// (the head's stage is released after the head, the tail's after the tail, and the tail's
-/// loads of block `t` are waited for at the end of iteration `t`).
-pub(crate) fn rotated_program(turns: bool, split: bool) -> Vec<Step> {
-    let mut p = vec![Step::Wait {
-        bar: Bar::Full,
+/// The consumers' rotated program of `s` (see the module doc), with turn barriers around
+/// the wgmma issue when the warpgroups ping-pong (`turn`). A split ring (the tail's loads on
+/// barriers of their own) releases the head's stage after the head, the tail's after the
+/// tail, and waits for the tail's loads of block `t` at the end of iteration `t`.
+pub(crate) fn rotated_program(s: &Sched, turn: Option<BarrierId>) -> Vec<Op> {
+    let part = |part: MmaPart| {
+        s.ring_loads()
+            .find(|(_, l)| l.read_by == part)
+            .or(s.ring_loads().next())
+            .map(|(_, l)| (l.barrier, l.free))
+    };
+    let (Some((full, Some(empty))), Some((tail_full, Some(tail_empty)))) =
+        (part(MmaPart::Head), part(MmaPart::Tail))
+    else {
+        return Vec::new();
+    };
+    let split = tail_full != full;
+    let wait = |bar| Op::Wait {
+        bar,
         start: 0,
-    }];
-    if turns {
-        p.push(Step::TurnWait { who: Who::All });
+        lag: 0,
+    };
+    let mut p = vec![wait(full)];
+    if let Some(bar) = turn {
+        p.push(Op::Sync {
+            bar,
+            index: Index::Own,
+            who: Who::All,
+        });
     }
-    p.extend([Step::IssueHead, Step::Commit, Step::IssueTail, Step::Commit]);
-    if turns {
-        p.push(Step::TurnPass { who: Who::All });
+    p.extend([
+        Op::Wgmma(MmaPart::Head),
+        Op::WgmmaCommit,
+        Op::Wgmma(MmaPart::Tail),
+        Op::WgmmaCommit,
+    ]);
+    if let Some(bar) = turn {
+        p.push(Op::Signal {
+            bar,
+            index: Index::Next,
+            who: Who::All,
+        });
     }
     // The tail group (newest) may still run; the head group is complete.
-    p.push(Step::WaitGroup(1));
+    p.push(Op::WgmmaWait(1));
     if split {
-        p.push(Step::Arrive {
-            bar: Bar::Empty,
-            lag: 0,
-        });
+        p.push(Op::Arrive { bar: empty, lag: 0 });
     }
-    p.extend([Step::Between, Step::WaitGroup(0)]);
+    p.extend([Op::Run(Region::Between), Op::WgmmaWait(0)]);
     if split {
         p.extend([
-            Step::Arrive {
-                bar: Bar::TailEmpty,
+            Op::Arrive {
+                bar: tail_empty,
                 lag: 1,
             },
-            Step::Wait {
-                bar: Bar::TailFull,
-                start: 0,
-            },
+            wait(tail_full),
         ]);
     } else {
-        p.push(Step::Arrive {
-            bar: Bar::Empty,
-            lag: 1,
-        });
+        p.push(Op::Arrive { bar: empty, lag: 1 });
     }
-    p.push(Step::Handoff);
+    p.push(Op::Run(Region::Handoff));
     p
 }
 

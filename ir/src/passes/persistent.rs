@@ -18,30 +18,26 @@
 //! deals pairs (its groups of x blocks counted in pairs). Any other kernel asking for a
 //! cluster is a diagnostic at the request.
 
-use crate::cluster;
 use crate::diag::Diagnostic;
 use crate::kernel::{Axis, Kernel, OpId, OpKind, ValueId};
-use crate::ring::{Bar, Ring, Step};
+use crate::sched::cluster::{CTAS, Cluster, Multicast, Pair};
 use crate::sched::tiles::TileScheduler;
+use crate::sched::tma::{Operand, TmaBox, TmaLoad};
+use crate::sched::{Barrier, LoadId, Mbarrier, Op, Phase, RoleKind, Sched, Scope};
 use crate::target::Target;
 
 use super::walk;
 
-/// Makes the kernel persistent when it has the shape above; leaves it as it is otherwise.
+/// Makes the schedule's loop persistent when it qualifies (see the module doc); clusters it
+/// when the kernel asks and the schedule can share a load.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
-    // sm_100a's roles are planned later (`tmem`), for any ring; its programs run per tile.
-    let specialised = match target {
-        Target::Sm90a => kernel.schedule.roles.is_some(),
-        Target::Sm100a => !kernel.schedule.rings.is_empty(),
-        Target::Sm80 => false,
-    };
-    if !specialised {
+    if !matches!(target, Target::Sm90a | Target::Sm100a) {
         return Ok(());
     }
-    let ring_loops: Vec<OpId> = kernel.schedule.rings.keys().copied().collect();
-    let [id] = ring_loops[..] else {
+    let Some(s) = &kernel.schedule.sched else {
         return Ok(());
     };
+    let id = s.for_op;
     let Some(at) = kernel.body.ops.iter().position(|&o| o == id) else {
         return Ok(());
     };
@@ -53,29 +49,25 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     {
         return Ok(());
     }
-    let order = order(kernel, id);
+    let order = order(kernel, s);
     let saved = kernel.schedule.clone();
-    let ring = kernel
-        .schedule
-        .rings
-        .get_mut(&id)
-        .ok_or_else(|| Diagnostic::internal(kernel.ops[id].loc, "a ring vanished"))?;
-    persist(ring);
-    kernel.schedule.tiles = Some(order);
+    if let Some(s) = kernel.schedule.sched.as_mut() {
+        persist(s, order);
+    }
     // Without room for the `once_free` barrier the kernel stays as it was.
     if super::pipeline::place(kernel).is_err() {
         kernel.schedule = saved;
         return Ok(());
     }
     if kernel.options.cluster > 1 {
-        cluster_pairs(kernel, id, target)?;
+        cluster_pairs(kernel, target)?;
     }
     Ok(())
 }
 
-/// Clusters persistent ring `id` as the kernel asked (see the module doc), or fails at the
-/// request saying why it cannot.
-fn cluster_pairs(kernel: &mut Kernel, id: OpId, target: Target) -> Result<(), Diagnostic> {
+/// Clusters the schedule when the kernel asks for clusters (see the module doc); a request
+/// it cannot meet is a diagnostic at the request.
+fn cluster_pairs(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     let (ctas, loc) = (kernel.options.cluster, kernel.options.cluster_loc);
     let fail = |why: String| {
         Diagnostic::new(
@@ -84,16 +76,25 @@ fn cluster_pairs(kernel: &mut Kernel, id: OpId, target: Target) -> Result<(), Di
         )
         .note("ask for `cluster(1)`, or leave clusters to the autotuner, which skips this")
     };
-    let ring = &kernel.schedule.rings[&id];
+    let Some(s) = &kernel.schedule.sched else {
+        return Ok(());
+    };
+    let once = s.loads.iter().any(|(h, _)| s.once(h));
+    let split = s
+        .ring_loads()
+        .map(|(_, l)| l.barrier)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+        > 1;
     let why = if !matches!(target, Target::Sm90a | Target::Sm100a) {
         Some(format!(
             "clusters are scheduled on sm_90a and sm_100a only, not {target}"
         ))
-    } else if ctas != cluster::CTAS {
-        Some(format!("clusters have {} CTAs", cluster::CTAS))
-    } else if !ring.once.is_empty() || ring.overlap.is_some() || !ring.tail_loads.is_empty() {
+    } else if ctas != CTAS {
+        Some(format!("clusters have {CTAS} CTAs"))
+    } else if once || s.overlap.is_some() || split {
         Some("its pipelined loop is not a GEMM mainloop (once loads, rotated or split)".into())
-    } else if !matches!(kernel.schedule.tiles, Some(TileScheduler::Grouped { .. })) {
+    } else if !matches!(s.tiles, Some(TileScheduler::Grouped { .. })) {
         Some("its loads do not reuse tiles along both x and y as a GEMM's do".into())
     } else {
         None
@@ -107,78 +108,258 @@ fn cluster_pairs(kernel: &mut Kernel, id: OpId, target: Target) -> Result<(), Di
             .iter()
             .any(|&v| depends_on(kernel, v, Axis::X))
     };
-    let shared: Vec<usize> = (0..ring.loads.len())
-        .filter(|&l| !reads_x(ring.loads[l].load))
+    let ring: Vec<LoadId> = s.ring_loads().map(|(h, _)| h).collect();
+    let shared: Vec<LoadId> = ring
+        .iter()
+        .copied()
+        .filter(|&l| !reads_x(s.loads[l].tma.load))
         .collect();
     let [shared] = shared[..] else {
         return Err(fail(format!(
-            "{} of its {} loads read no `block_id().x`; the pair of x-adjacent tiles must              share exactly one",
+            "{} of its {} loads read no `block_id().x`; the pair of x-adjacent tiles must \
+             share exactly one",
             shared.len(),
-            ring.loads.len()
+            ring.len()
         )));
     };
-    let ring = kernel
-        .schedule
-        .rings
-        .get_mut(&id)
-        .ok_or_else(|| Diagnostic::internal(loc, "a ring vanished"))?;
+    let Some(s) = kernel.schedule.sched.as_mut() else {
+        return Ok(());
+    };
     // sm_100a pairs the CTAs in the 2-SM form (one `tcgen05.mma.cta_group::2` over both),
     // sm_90a multicasts the shared tile into both CTAs' rings.
     match target {
-        Target::Sm100a => cluster::pair_ring(ring, shared),
-        _ => cluster::cluster_ring(ring, shared),
+        Target::Sm100a => pair(s, shared),
+        _ => multicast(s, shared),
     }
     .map_err(fail)?;
     // The scheduler deals pairs: a group of GROUP_ROWS x blocks is GROUP_ROWS / 2 pairs.
-    kernel.schedule.tiles = Some(TileScheduler::Grouped {
-        rows: GROUP_ROWS / cluster::CTAS,
+    s.tiles = Some(TileScheduler::Grouped {
+        rows: GROUP_ROWS / CTAS,
     });
     Ok(())
 }
 
-/// Makes `ring` run once per work tile: with once loads, the producer waits on `once_free`
-/// before reloading them and the consumers release them.
-pub(crate) fn persist(ring: &mut Ring) {
-    ring.persistent = true;
-    if !ring.once.is_empty() {
-        ring.producer_once.insert(
-            0,
-            Step::Wait {
-                bar: Bar::OnceFree,
-                start: 1,
-            },
-        );
-        ring.consumer_release = vec![Step::Arrive {
-            bar: Bar::OnceFree,
-            lag: 0,
-        }];
+/// Makes `s` persistent in `order`: its producer issues each tile's first stage before it
+/// waits to reload the once loads, which gain a `once_free` barrier the consumers release
+/// once per tile.
+pub(crate) fn persist(s: &mut Sched, order: TileScheduler) {
+    s.tiles = Some(order);
+    let once: Vec<LoadId> = s
+        .loads
+        .iter()
+        .map(|(h, _)| h)
+        .filter(|&h| s.once(h))
+        .collect();
+    let empty = s.ring_loads().find_map(|(_, l)| l.free);
+    let count = empty.and_then(|e| s.mbarrier(e)).map_or(1, |m| m.count);
+    for r in &mut s.roles {
+        if r.kind == RoleKind::Producer {
+            r.program.lead = 1;
+        }
+    }
+    if once.is_empty() {
+        return;
+    }
+    let once_free = s.barriers.append(Barrier::mbarrier(
+        "once_free",
+        None,
+        Mbarrier {
+            count,
+            stages: 1,
+            phase: Phase::Tile,
+            offset: 0,
+            scope: Scope::Cta,
+            hands_tmem: false,
+        },
+    ));
+    for &l in &once {
+        s.loads[l].free = Some(once_free);
+    }
+    for r in &mut s.roles {
+        match r.kind {
+            RoleKind::Producer => r.program.tile.insert(
+                0,
+                Op::Wait {
+                    bar: once_free,
+                    start: 1,
+                    lag: 0,
+                },
+            ),
+            RoleKind::Consumer => {
+                r.program.release = vec![Op::Arrive {
+                    bar: once_free,
+                    lag: 0,
+                }];
+            }
+            _ => {}
+        }
     }
 }
 
-/// x blocks per group of [`TileScheduler::Grouped`] (Triton's default).
+/// x blocks per group of the grouped tile order.
 const GROUP_ROWS: u32 = 8;
 
-/// The tile order of ring loop `id`'s kernel: longest first when the loop's trip count grows
-/// with x; grouped when some ring load does not read x and another does not read y (each
-/// operand is reused along one axis, as a GEMM's); otherwise x fastest, so the CTAs running
-/// at once share y and z.
-fn order(kernel: &Kernel, id: OpId) -> TileScheduler {
-    let trips = &kernel.ops[id].operands[..2];
+/// How the schedule's CTAs walk the work tiles (see the module doc).
+fn order(kernel: &Kernel, s: &Sched) -> TileScheduler {
+    let trips = &kernel.ops[s.for_op].operands[..2];
     if trips.iter().any(|&v| depends_on(kernel, v, Axis::X)) {
         return TileScheduler::LongestFirst;
     }
-    let loads = &kernel.schedule.rings[&id].loads;
     let reads = |load: OpId, axis| {
         kernel.ops[load]
             .operands
             .iter()
             .any(|&v| depends_on(kernel, v, axis))
     };
-    let misses = |axis| loads.iter().any(|l| !reads(l.load, axis));
+    let misses = |axis| s.ring_loads().any(|(_, l)| !reads(l.tma.load, axis));
     if misses(Axis::X) && misses(Axis::Y) {
         TileScheduler::Grouped { rows: GROUP_ROWS }
     } else {
         TileScheduler::Strided
+    }
+}
+
+/// Clusters `s` around ring load `shared` on sm_90a (see [`crate::sched::cluster`]): splits
+/// each of its boxes into [`CTAS`] slabs of rows, each issued by one CTA into all; doubles
+/// `empty`'s count and adds the peer release after every consumer release on it;
+/// synchronises the cluster after the inits and before the consumers exit. Fails, saying
+/// why, when a box's rows do not split into whole 8-row swizzle atoms.
+fn multicast(s: &mut Sched, shared: LoadId) -> Result<(), String> {
+    let load = &mut s.loads[shared].tma;
+    let rows = load.box_dims[0];
+    // A box's rows are 128-byte swizzled in atoms of 8: each slab must be whole atoms so the
+    // slabs together write the box's image.
+    if rows % (8 * CTAS) != 0 {
+        return Err(format!(
+            "the shared tile's boxes have {rows} rows, which do not split into {CTAS} slabs of \
+             whole 8-row swizzle atoms"
+        ));
+    }
+    let slab = rows / CTAS;
+    let row_bytes = load.box_dims[1] * 2;
+    load.box_dims[0] = slab;
+    load.boxes = load
+        .boxes
+        .iter()
+        .flat_map(|b| {
+            (0..CTAS).map(move |r| TmaBox {
+                origin: [b.origin[0] + r * slab, b.origin[1]],
+                smem_offset: b.smem_offset + r * slab * row_bytes,
+            })
+        })
+        .collect();
+    let multicast = (0..load.boxes.len() as u32)
+        .map(|b| Multicast {
+            issuer: b % CTAS,
+            mask: ((1u32 << CTAS) - 1) as u16,
+        })
+        .collect();
+    let Some(empty) = s.loads[shared].free else {
+        return Err("its shared load is never released".into());
+    };
+    if let Some(m) = s.barriers[empty].as_mbarrier_mut() {
+        m.count *= CTAS;
+        m.scope = Scope::Cluster;
+    }
+    for r in s.roles.iter_mut().filter(|r| r.kind == RoleKind::Consumer) {
+        r.program.iteration = r
+            .program
+            .iteration
+            .iter()
+            .flat_map(|&op| match op {
+                Op::Arrive { bar, lag } if bar == empty => {
+                    vec![op, Op::ArrivePeer { bar, lag }]
+                }
+                _ => vec![op],
+            })
+            .collect();
+        r.program.exit.push(Op::ClusterSync);
+    }
+    cluster_setup(s);
+    s.cluster = Some(Cluster {
+        ctas: CTAS,
+        shared: shared.index(),
+        multicast,
+        exit_sync: true,
+        pair: None,
+    });
+    Ok(())
+}
+
+/// Pairs `s` in the 2-SM form around ring load `shared` on sm_100a (see
+/// [`crate::sched::cluster`]): CTA `r` loads half `r` of it along N, into the same offset of
+/// its own stage; every TMA completes on the leader's `full`, which announces both CTAs'
+/// bytes; commits reach both CTAs' `empty`; the cluster synchronises after the inits. Fails,
+/// saying why, when the tile's N does not split into whole boxes.
+fn pair(s: &mut Sched, shared: LoadId) -> Result<(), String> {
+    let load = &s.loads[shared].tma;
+    let [rows, cols] = load.tile_dims();
+    let halved = match load.operand {
+        // Stored `[N, K]`: N is the box rows, whole 8-row swizzle atoms each half.
+        Operand::KMajorB if rows % (8 * CTAS) == 0 => {
+            TmaLoad::k_major(load.load, load.param, Operand::KMajorB, rows / CTAS, cols)
+        }
+        // Stored `[K, N]`: N is the 64-column boxes, whole boxes each half.
+        Operand::MnMajorB if cols % (64 * CTAS) == 0 => {
+            TmaLoad::mn_major_b(load.load, load.param, rows, cols / CTAS)
+        }
+        Operand::KMajorB | Operand::MnMajorB => {
+            return Err(format!(
+                "the shared tile is {rows} x {cols}; its N does not split into {CTAS} halves of \
+                 whole TMA boxes"
+            ));
+        }
+        Operand::KMajorA => return Err("the shared tile is not an mma's B operand".into()),
+    };
+    let half = match load.operand {
+        Operand::KMajorB => [rows / CTAS, 0],
+        _ => [0, cols / CTAS],
+    };
+    // The stage keeps the place the pipeline planned for the whole tile.
+    s.loads[shared].tma = TmaLoad {
+        lead_dims: load.lead_dims,
+        offset: load.offset,
+        stage_stride: load.stage_stride,
+        ..halved
+    };
+    let (full, empty) = (s.loads[shared].barrier, s.loads[shared].free);
+    let bytes: u32 = s.ring_loads().map(|(_, l)| l.tma.tile_bytes()).sum::<u32>() * CTAS;
+    for r in s.roles.iter_mut().filter(|r| r.kind == RoleKind::Producer) {
+        for op in &mut r.program.iteration {
+            if let Op::ExpectTx { bar, bytes: b } = op
+                && *bar == full
+            {
+                *b = bytes;
+            }
+        }
+    }
+    for (bar, scope) in [(Some(full), Scope::Leader), (empty, Scope::Cluster)] {
+        if let Some(m) = bar.and_then(|b| s.barriers[b].as_mbarrier_mut()) {
+            m.scope = scope;
+        }
+    }
+    cluster_setup(s);
+    s.cluster = Some(Cluster {
+        ctas: CTAS,
+        shared: shared.index(),
+        multicast: Vec::new(),
+        exit_sync: true,
+        pair: Some(Pair {
+            leader: 0,
+            half,
+            commit_mask: ((1u32 << CTAS) - 1) as u16,
+        }),
+    });
+    Ok(())
+}
+
+/// A clustered set-up synchronises the cluster, not the CTA, after the barrier inits: every
+/// CTA's barriers are initialised before any CTA arrives on a peer's or multicasts into it.
+fn cluster_setup(s: &mut Sched) {
+    for op in &mut s.setup {
+        if *op == Op::CtaSync {
+            *op = Op::ClusterSync;
+        }
     }
 }
 

@@ -1,6 +1,6 @@
-//! The `pipeline` pass (sm_90a): turns each GEMM- or attention-shaped pipelined loop into a
-//! TMA stage [`Ring`] with `full`/`empty` mbarrier arrays and the producer and consumer
-//! programs (see [`crate::ring`]).
+//! The `pipeline` pass (sm_90a, sm_100a): turns a GEMM- or attention-shaped pipelined loop
+//! into the kernel's schedule IR ([`crate::sched`]): a TMA stage ring of `full`/`empty`
+//! mbarrier arrays, its loads, and the producer's and the consumers' programs.
 //!
 //! sm_100a takes the same rings for a kernel whose mma tile has 128 rows and 4 warps (the
 //! epilogue warps of `crate::tmem`, one per 32 accumulator rows): its consumer program is one
@@ -47,57 +47,82 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::diag::Diagnostic;
 use crate::kernel::{BinaryOp, Const, Kernel, OpId, OpKind, Param, ValueDef, ValueId};
-use crate::ring::{Bar, InitStep, Operand, Ring, SWIZZLE_ATOM, Step, TmaLoad};
+use crate::sched::tma::{Operand, SWIZZLE_ATOM, TmaLoad};
+use crate::sched::{
+    Barrier, BarrierId, Issue, Load, Mbarrier, MmaPart, Op, Phase, Region, Role, RoleKind, Sched,
+    Scope,
+};
 use crate::schedule::Layout;
 use crate::target::Target;
 use crate::types::DType;
 
-use super::lower::hoistable;
-use super::walk::{all_aligned16, first_ring_loc};
+use super::walk::{hoistable, sched_loc};
 
-/// Plans rings on sm_90a and sm_100a; does nothing on other targets.
+/// Plans the schedule IR on sm_90a and sm_100a; does nothing on other targets.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     if !matches!(target, Target::Sm90a | Target::Sm100a) {
         return Ok(());
     }
     let warps = kernel.options.num_warps;
-    let mut rings = BTreeMap::new();
+    let mut planned = Vec::new();
     for &id in &kernel.body.ops {
-        if let Some(ring) = plan_loop(kernel, id, warps, target) {
-            rings.insert(id, ring);
+        if let Some(s) = plan_loop(kernel, id, warps, target) {
+            planned.push(s);
         }
     }
     // The producer warpgroup exits after its ring, so the kernel may have one ring and no
     // other shared-memory tile (whose cp.async path synchronises all threads with bar.sync).
-    let ring_loads = rings
-        .values()
-        .map(|r| r.loads.len() + r.once.len())
-        .sum::<usize>();
-    if rings.len() != 1 || ring_loads != kernel.schedule.buffers.len() {
+    let [sched] = &planned[..] else {
+        return Ok(());
+    };
+    if sched.loads.len() != kernel.schedule.buffers.len() {
         return Ok(());
     }
-    kernel.schedule.rings = rings;
+    kernel.schedule.sched = Some(sched.clone());
     place(kernel)
 }
 
+/// The stage ring's barriers of `s`: those its loads complete on or are released on,
+/// per-iteration ones first (each array its stages), then the per-tile ones.
+fn ring_barriers(s: &Sched) -> Vec<BarrierId> {
+    let mut bars: Vec<BarrierId> = Vec::new();
+    for (_, l) in s.loads.iter() {
+        for b in std::iter::once(l.barrier).chain(l.free) {
+            if !bars.contains(&b) {
+                bars.push(b);
+            }
+        }
+    }
+    let per_tile = |b: &BarrierId| s.mbarrier(*b).is_some_and(|m| m.phase == Phase::Tile);
+    let (mut ring, mut tile): (Vec<BarrierId>, Vec<BarrierId>) =
+        bars.into_iter().partition(|b| !per_tile(b));
+    ring.sort();
+    tile.sort();
+    ring.extend(tile);
+    ring
+}
+
 /// Places every shared buffer on the swizzle atom (ring loads at their stage stride, each
-/// buffer with its ring's stage count), the rings' barriers after them, then the TMA
+/// buffer with its ring's stage count), the ring's barriers after them, then the TMA
 /// stores' staging tiles; fails when the total exceeds the shared-memory limit.
 pub fn place(kernel: &mut Kernel) -> Result<(), Diagnostic> {
-    let loc = first_ring_loc(kernel, &kernel.schedule.rings);
+    let loc = sched_loc(kernel);
     let schedule = &mut kernel.schedule;
-    let rings = &mut schedule.rings;
+    let Some(sched) = schedule.sched.as_mut() else {
+        return Ok(());
+    };
     // Re-place every buffer on the swizzle atom, ring loads at their stride.
-    let strides: BTreeMap<OpId, (u32, u32)> = rings
-        .values()
-        .flat_map(|r: &Ring| r.loads.iter().map(|l| (l.load, (l.stage_stride, r.stages))))
+    let stages = sched.stages;
+    let strides: BTreeMap<OpId, u32> = sched
+        .ring_loads()
+        .map(|(_, l)| (l.tma.load, l.tma.stage_stride))
         .collect();
     let mut offset = 0u32;
     let mut offsets = BTreeMap::new();
     for b in &mut schedule.buffers {
         b.offset = offset;
         let per_stage = match strides.get(&b.load) {
-            Some(&(stride, stages)) => {
+            Some(&stride) => {
                 b.stages = stages;
                 stride
             }
@@ -107,33 +132,27 @@ pub fn place(kernel: &mut Kernel) -> Result<(), Diagnostic> {
         offset += per_stage * b.stages;
         offset = offset.next_multiple_of(SWIZZLE_ATOM);
     }
-    for ring in rings.values_mut() {
-        for l in ring.loads.iter_mut().chain(&mut ring.once) {
-            l.offset = offsets.get(&l.load).copied().unwrap_or_default();
+    for (_, l) in sched.loads.iter_mut() {
+        if l.work_tile == 0 {
+            l.tma.offset = offsets.get(&l.tma.load).copied().unwrap_or_default();
         }
-        ring.full_offset = offset;
-        ring.empty_offset = offset + 8 * ring.stages;
-        offset += 16 * ring.stages;
-        if !ring.tail_loads.is_empty() {
-            ring.tail_full_offset = offset;
-            ring.tail_empty_offset = offset + 8 * ring.stages;
-            offset += 16 * ring.stages;
-        }
-        if !ring.once.is_empty() {
-            ring.once_offset = offset;
-            offset += 8;
-            if ring.persistent {
-                ring.once_free_offset = offset;
-                offset += 8;
+    }
+    for b in ring_barriers(sched) {
+        if let Some(m) = sched.barriers[b].as_mbarrier_mut() {
+            if m.phase == Phase::Iteration {
+                m.stages = stages;
             }
+            m.offset = offset;
+            offset += 8 * m.stages;
         }
     }
     // Staging tiles of TMA stores after the rings (their barriers are 8-byte aligned).
-    for store in schedule.tma_stores.values_mut() {
+    for store in &mut sched.stores {
         offset = offset.next_multiple_of(SWIZZLE_ATOM);
         store.offset = offset;
         offset += store.bytes();
     }
+    sched.sort_barriers();
     if offset > super::memory_plan::SMEM_LIMIT {
         return Err(Diagnostic::new(
             loc,
@@ -172,7 +191,7 @@ fn acc_rows(target: Target, warps: u32) -> u32 {
 }
 
 /// The ring of loop `id`, when it has the shape described in the module doc.
-fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Ring> {
+fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Sched> {
     let OpKind::For {
         stages: Some(stages),
     } = kernel.ops[id].kind
@@ -261,112 +280,167 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Ri
             Some(t)
         })
         .collect::<Option<Vec<_>>>()?;
-    let bytes = loads.iter().map(TmaLoad::tile_bytes).sum();
-    let once_bytes = once.iter().map(TmaLoad::tile_bytes).sum();
-    // A lone accumulating mma whose result only feeds the next iteration keeps one wgmma
-    // group in flight and releases the previous stage (lag 1, drained after the loop); a
-    // body that reads its products waits for each and releases the stage it just used.
-    let lag = u32::from(overlaps(kernel, id));
-    // sm_100a: one thread issues the tcgen05.mmas, and a commit releases the stage when they
-    // complete, so nothing is kept in flight by hand and nothing drains.
-    let (consumer, consumer_drain, empty_count) = if target == Target::Sm100a {
-        let consumer = vec![
-            Step::Wait {
-                bar: Bar::Full,
-                start: 0,
-            },
-            Step::Tcgen05Mma,
-            Step::Tcgen05Commit {
-                bar: Bar::Empty,
-                lag: 0,
-            },
-        ];
-        (consumer, Vec::new(), 1)
-    } else {
-        hopper_consumer(lag, warps)
-    };
-    let (producer_once, consumer_once) = if once.is_empty() {
-        (Vec::new(), Vec::new())
-    } else {
-        let mut p = vec![Step::ArriveExpectTx {
-            bar: Bar::Once,
-            bytes: once_bytes,
-        }];
-        p.extend((0..once.len()).map(|load| Step::TmaOnce { load }));
-        (
-            p,
-            vec![Step::Wait {
-                bar: Bar::Once,
-                start: 0,
-            }],
-        )
-    };
-    let mut producer = vec![
-        Step::Wait {
-            bar: Bar::Empty,
-            start: 1,
-        },
-        Step::ArriveExpectTx {
-            bar: Bar::Full,
-            bytes,
-        },
-    ];
-    producer.extend((0..loads.len()).map(|load| Step::Tma { load }));
-    Some(Ring {
-        for_op: id,
+    Some(ring_sched(
+        id,
         stages,
         loads,
         once,
-        once_offset: 0,
-        full_offset: 0,
-        empty_offset: 0,
-        full_count: 1,
-        empty_count,
-        init: vec![
-            InitStep::InitBarriers,
-            InitStep::FenceMbarrierInit,
-            InitStep::BarSync,
-        ],
-        producer_once,
-        consumer_once,
-        producer,
-        consumer,
-        consumer_drain,
-        consumer_start: Vec::new(),
-        consumer_exit: Vec::new(),
-        consumer_release: Vec::new(),
-        persistent: false,
-        once_free_offset: 0,
-        tail_loads: Vec::new(),
-        tail_full_offset: 0,
-        tail_empty_offset: 0,
-        overlap: None,
-        cluster: None,
-    })
+        warps,
+        target,
+        overlaps(kernel, id),
+    ))
 }
 
-/// The wgmma consumers' program, drain and `empty` count: with `lag` 1 (a GEMM mainloop)
-/// one group stays in flight and the previous stage is released; one arrival per warp.
-fn hopper_consumer(lag: u32, warps: u32) -> (Vec<Step>, Vec<Step>, u32) {
-    let consumer = vec![
-        Step::Wait {
-            bar: Bar::Full,
-            start: 0,
-        },
-        Step::Mma,
-        Step::Commit,
-        Step::WaitGroup(lag),
-        Step::Arrive {
-            bar: Bar::Empty,
-            lag,
-        },
-    ];
-    let consumer_drain = if lag > 0 {
-        vec![Step::WaitGroup(0)]
-    } else {
-        Vec::new()
+/// The schedule of a ring of `stages` over `loads` (and `once` loads before the loop) with
+/// `warps` kernel warps: the producer waits on `empty` (parity from 1), announces the stage's
+/// bytes on `full` and issues the boxes; the consumers wait on `full` (parity from 0) and run
+/// the body's mmas. A GEMM mainloop (one mma, its result only carried: `lag`) commits, keeps
+/// one group in flight and releases the previous iteration's stage; any other body waits for
+/// each wgmma where it is issued and releases the stage it just used. sm_100a: one thread
+/// issues the tcgen05.mmas, and a commit releases the stage when they complete, so nothing
+/// is kept in flight by hand and nothing drains.
+fn ring_sched(
+    id: OpId,
+    stages: u32,
+    loads: Vec<TmaLoad>,
+    once: Vec<TmaLoad>,
+    warps: u32,
+    target: Target,
+    lag: bool,
+) -> Sched {
+    let mut s = Sched::new(id, stages);
+    let mbarrier = |count, phase| Mbarrier {
+        count,
+        stages,
+        phase,
+        offset: 0,
+        scope: Scope::Cta,
+        hands_tmem: false,
     };
-    (consumer, consumer_drain, warps)
+    let tcgen05 = target == Target::Sm100a;
+    let empty_count = if tcgen05 { 1 } else { warps };
+    let full = s.barriers.append(Barrier::mbarrier(
+        "full",
+        None,
+        mbarrier(1, Phase::Iteration),
+    ));
+    let empty = s.barriers.append(Barrier::mbarrier(
+        "empty",
+        None,
+        mbarrier(empty_count, Phase::Iteration),
+    ));
+    let bytes = loads.iter().map(TmaLoad::tile_bytes).sum();
+    let once_bytes = once.iter().map(TmaLoad::tile_bytes).sum();
+    let ring: Vec<_> = loads
+        .into_iter()
+        .map(|tma| {
+            s.loads.append(Load {
+                tma,
+                barrier: full,
+                free: Some(empty),
+                work_tile: 0,
+                read_by: MmaPart::Body,
+            })
+        })
+        .collect();
+    let once_bar = (!once.is_empty()).then(|| {
+        s.barriers.append(Barrier::mbarrier(
+            "once",
+            None,
+            Mbarrier {
+                stages: 1,
+                ..mbarrier(1, Phase::Tile)
+            },
+        ))
+    });
+    let once: Vec<_> = once
+        .into_iter()
+        .map(|tma| {
+            s.loads.append(Load {
+                tma,
+                barrier: once_bar.unwrap_or(full),
+                free: None,
+                work_tile: 0,
+                read_by: MmaPart::Body,
+            })
+        })
+        .collect();
+    s.setup = vec![Op::InitBarriers, Op::FenceBarrierInit, Op::CtaSync];
+    let mut producer = Role::new(
+        RoleKind::Producer,
+        warps,
+        if tcgen05 { 1 } else { 4 },
+        Issue::Thread,
+    );
+    producer.program.iteration = vec![
+        Op::Wait {
+            bar: empty,
+            start: 1,
+            lag: 0,
+        },
+        Op::ExpectTx { bar: full, bytes },
+    ];
+    producer
+        .program
+        .iteration
+        .extend(ring.iter().map(|&load| Op::Tma { load }));
+    let lag = u32::from(lag);
+    let mut consumer = if tcgen05 {
+        let mut mma = Role::new(RoleKind::Mma, warps + 1, 1, Issue::Thread);
+        mma.program.iteration = vec![
+            Op::Wait {
+                bar: full,
+                start: 0,
+                lag: 0,
+            },
+            Op::Tcgen05Mma {
+                part: MmaPart::Body,
+                tile: 0,
+            },
+            Op::Tcgen05Commit { bar: empty, lag: 0 },
+        ];
+        mma
+    } else {
+        let mut c = Role::new(RoleKind::Consumer, 0, warps, Issue::Warps);
+        c.replicas = (warps / 4).max(1);
+        c.program.iteration = vec![
+            Op::Wait {
+                bar: full,
+                start: 0,
+                lag: 0,
+            },
+            Op::Wgmma(MmaPart::Body),
+            Op::WgmmaCommit,
+            Op::WgmmaWait(lag),
+            Op::Arrive { bar: empty, lag },
+        ];
+        if lag > 0 {
+            c.program.drain = vec![Op::WgmmaWait(0)];
+        }
+        c.program.end = vec![Op::Run(Region::Epilogue(None))];
+        c
+    };
+    if let Some(bar) = once_bar {
+        producer.program.tile = vec![Op::ExpectTx {
+            bar,
+            bytes: once_bytes,
+        }];
+        producer
+            .program
+            .tile
+            .extend(once.iter().map(|&load| Op::Tma { load }));
+        consumer.program.tile = vec![Op::Wait {
+            bar,
+            start: 0,
+            lag: 0,
+        }];
+    }
+    s.roles = if tcgen05 {
+        vec![producer, consumer]
+    } else {
+        vec![consumer, producer]
+    };
+    s
 }
 
 /// How `mma` reads its operands, when wgmma (or, on sm_100a, tcgen05.mma) can run it (see
@@ -479,47 +553,6 @@ fn completes_in_body(kernel: &Kernel, for_op: OpId, mma: OpId) -> bool {
     super::walk::ops_in_block(kernel, body)
         .into_iter()
         .any(|o| Some(o) != carry && kernel.ops[o].operands.contains(&r))
-}
-
-/// On sm_90a, every `mma` must sit in a ring unless some tensor is not 16-byte aligned (TMA
-/// needs 16-byte strides; such kernels keep the sm_80 cp.async + mma.sync lowering).
-pub fn check_covered(kernel: &Kernel, target: Target) -> Result<(), Diagnostic> {
-    if !all_aligned16(kernel) {
-        return Ok(());
-    }
-    let in_ring: BTreeSet<OpId> = kernel
-        .schedule
-        .rings
-        .keys()
-        .flat_map(|&f| kernel.ops[f].regions[0].ops.iter().copied())
-        .collect();
-    let stray = super::walk::ops_in_order(kernel)
-        .into_iter()
-        .find(|&o| kernel.ops[o].kind == OpKind::Mma && !in_ring.contains(&o));
-    match stray {
-        None => Ok(()),
-        Some(o) => Err(Diagnostic::new(
-            kernel.ops[o].loc,
-            format!(
-                "target {target} is not implemented yet for this kernel: only an accumulating \
-                 mma of two TMA-loaded tiles in a top-level pipelined loop is scheduled"
-            ),
-        )
-        .note(if target == Target::Sm100a {
-            "sm_100a needs `x: [128, BK]` (one tcgen05 accumulator in the 128 TMEM lanes), BK \
-             a multiple of 16, `y: [BK, BN]` with BN a multiple of 16 up to 256, and tile \
-             column coordinates that are multiples of 8 elements"
-        } else {
-            "sm_90a needs `x: [BM, BK]` with BM 64, 128 or 192 (one to three consumer \
-             warpgroups), BK a multiple of 16, `y: [BK, BN]` with BN a multiple of 16 up to \
-             256, and tile column coordinates that are multiples of 8 elements"
-        })
-        .note(if target == Target::Sm100a {
-            "compile for sm_80, which runs on Blackwell"
-        } else {
-            "compile for sm_80, which runs on Hopper"
-        })),
-    }
 }
 
 /// A number that statically divides scalar `v` (1 when nothing is known; zero divides by

@@ -20,10 +20,13 @@
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, OpId, OpKind, Param};
-use crate::ring::{NAMED_BARRIERS, TmaBox};
-use crate::schedule::Distribution;
+use crate::sched::overlap::NAMED_BARRIERS;
+use crate::sched::store::BOX_COLUMNS;
+use crate::sched::tma::TmaBox;
+use crate::sched::{Barrier, BarrierKind, Index, Op, RoleKind, TmaStore, Who};
+use crate::schedule::{Distribution, Layout, Term};
 use crate::target::Target;
-use crate::tma_store::{BOX_COLUMNS, TmaStore};
+use crate::tmem::epilogue;
 use crate::types::DType;
 
 /// Named barrier id of the ping-pong's first turn (`overlap`); the store takes the next free.
@@ -31,19 +34,25 @@ const FIRST_FREE_BARRIER: u32 = 1;
 
 /// Lowers every qualifying epilogue store; does nothing on other targets.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
-    let consumer_warps = match (target, kernel.schedule.roles) {
-        (Target::Sm90a, Some(roles)) if kernel.schedule.tiles.is_some() => roles.consumer_warps,
+    let Some(s) = &kernel.schedule.sched else {
+        return Ok(());
+    };
+    let consumer_warps = match (target, s.role(RoleKind::Consumer)) {
+        (Target::Sm90a, Some(c)) if s.persistent() => c.warps,
         (Target::Sm100a, _) => kernel.options.num_warps,
         _ => return Ok(()),
     };
-    let Some((&id, ring)) = kernel.schedule.rings.iter().next() else {
-        return Ok(());
-    };
-    let barrier = ring
-        .overlap
-        .as_ref()
-        .and_then(|o| o.turns)
-        .map_or(FIRST_FREE_BARRIER, |t| t.first_barrier + t.warpgroups);
+    let id = s.for_op;
+    // After the warpgroups' turn barriers.
+    let barrier = s
+        .barriers
+        .iter()
+        .filter_map(|(_, b)| match b.kind {
+            BarrierKind::Named { first, ids, .. } => Some(first + ids),
+            BarrierKind::Mbarrier(_) => None,
+        })
+        .max()
+        .unwrap_or(FIRST_FREE_BARRIER);
     let Some(at) = kernel.body.ops.iter().position(|&o| o == id) else {
         return Ok(());
     };
@@ -59,25 +68,21 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         else {
             continue;
         };
-        place_store(kernel, id, store, whole)?;
+        place_store(kernel, store, whole)?;
     }
     if target == Target::Sm90a {
-        kernel.schedule.epilogue_columns = crate::tma_store::epilogue_columns(kernel, id);
+        let columns = epilogue_columns(kernel);
+        if let Some(s) = kernel.schedule.sched.as_mut() {
+            s.epilogue_columns = columns;
+        }
     }
     Ok(())
 }
 
-/// Places `store`'s staging tile, in as few rounds as shared memory allows; at each count,
-/// first with the ring as it is, then in place of the stage `overlap` added to a rotated ring,
-/// which the staging tile is worth more than (H200, attention d = 128 with 128-key blocks:
-/// 522 TFLOP/s at s = 1k without the stage, 416 with it and register stores; 598 against 621
-/// at s = 8k). Only in one round when `whole`. Leaves the kernel as it was when no count fits.
-fn place_store(
-    kernel: &mut Kernel,
-    ring: OpId,
-    store: TmaStore,
-    whole: bool,
-) -> Result<(), Diagnostic> {
+/// Adds `store` to the schedule in the fewest rounds whose staging tile fits (a rotated
+/// ring's added stage given back first where that makes room, `whole`: one round); leaves the
+/// store as it is where none fits.
+fn place_store(kernel: &mut Kernel, store: Store, whole: bool) -> Result<(), Diagnostic> {
     let saved = kernel.schedule.clone();
     let boxes = if whole { 1 } else { store.boxes.len() as u32 };
     let counts = std::iter::successors(Some(1u32), |r| Some(r * 2)).take_while(|&r| r <= boxes);
@@ -85,12 +90,11 @@ fn place_store(
         for undeepen in [false, true] {
             kernel.schedule = saved.clone();
             if undeepen {
-                super::overlap::undeepen(kernel, ring)?;
+                super::overlap::undeepen(kernel)?;
             }
-            kernel
-                .schedule
-                .tma_stores
-                .insert(store.store, store.in_rounds(rounds));
+            if let Some(s) = kernel.schedule.sched.as_mut() {
+                add_store(s, &store, rounds);
+            }
             if super::pipeline::place(kernel).is_ok() {
                 return Ok(());
             }
@@ -100,16 +104,70 @@ fn place_store(
     Ok(())
 }
 
-/// The TMA store of `op`, when it qualifies (see the module doc), and whether it must be
-/// staged whole (its threads' columns start boxes apart); stored by warpgroups apart when
-/// `split` and the tile's rows allow ([`warpgroup_bands`]).
+/// Adds `store` staged in `rounds` parts to `s`: its named barrier, its round program, and the
+/// storing role's wait for every store before it exits (before the cluster's barrier).
+fn add_store(s: &mut crate::sched::Sched, store: &Store, rounds: u32) {
+    let barrier = s.barriers.append(Barrier {
+        name: "store",
+        index: None,
+        kind: BarrierKind::Named {
+            first: store.barrier,
+            ids: store.groups,
+            threads: store.threads,
+        },
+    });
+    let sync = Op::Sync {
+        bar: barrier,
+        index: Index::Own,
+        who: Who::All,
+    };
+    let mut st = TmaStore {
+        store: store.store,
+        param: store.param,
+        lead_dims: store.lead_dims,
+        box_dims: store.box_dims,
+        swizzle: 128,
+        boxes: store.boxes.clone(),
+        rounds: 1,
+        offset: 0,
+        barrier,
+        threads: store.threads,
+        groups: store.groups,
+        // The staging tile is free, written, visible, stored.
+        round: vec![
+            Op::BulkWaitRead,
+            sync,
+            Op::StagingWrite,
+            Op::FenceProxyAsync,
+            sync,
+            Op::BulkStore,
+            Op::BulkCommit,
+        ],
+        work_tile: 0,
+    };
+    st.set_rounds(rounds);
+    s.stores.push(st);
+    for r in s.roles.iter_mut().filter(|r| r.kind == RoleKind::Consumer) {
+        if !r.program.exit.contains(&Op::BulkWaitAll) {
+            let at = r
+                .program
+                .exit
+                .iter()
+                .position(|&op| op == Op::ClusterSync)
+                .unwrap_or(r.program.exit.len());
+            r.program.exit.insert(at, Op::BulkWaitAll);
+        }
+    }
+    s.sort_barriers();
+}
+
 fn candidate(
     kernel: &Kernel,
     op: OpId,
     threads: u32,
     barrier: u32,
     split: bool,
-) -> Option<(TmaStore, bool)> {
+) -> Option<(Store, bool)> {
     let o = &kernel.ops[op];
     // A bounded store clips at its limit, a tensor map only at the tensor's extent.
     let OpKind::Store {
@@ -140,7 +198,7 @@ fn candidate(
     let d = kernel.distribution(v).ok()?;
     // Pairs, every row a multiple of 8 from the thread's (one swizzle phase), every pair
     // inside one 16-byte chunk whatever the thread's column within its box.
-    let (box_terms, chunk_terms) = crate::tma_store::column_terms(&d.terms[1]);
+    let (box_terms, chunk_terms) = column_terms(&d.terms[1]);
     let accumulator_like = d.column_pairs() && {
         let col_span: u32 = chunk_terms.iter().map(|t| (t.modulo - 1) * t.mul).sum();
         d.regs
@@ -156,22 +214,17 @@ fn candidate(
     } else {
         1
     };
-    let store = TmaStore {
+    let store = Store {
         store: op,
         param: tensor,
         lead_dims: u32::try_from(rank - 2).ok()?,
         box_dims: [rows, BOX_COLUMNS],
-        swizzle: 128,
         boxes: (0..cols / BOX_COLUMNS)
             .map(|j| TmaBox {
                 origin: [0, j * BOX_COLUMNS],
                 smem_offset: j * rows * 128,
             })
             .collect(),
-        rounds: 1,
-        round: crate::tma_store::ROUND.to_vec(),
-        finish: vec![crate::tma_store::StoreStep::WaitAll],
-        offset: 0,
         barrier,
         threads: threads / groups,
         groups,
@@ -180,7 +233,7 @@ fn candidate(
 }
 
 /// Threads of a warpgroup.
-const WARPGROUP_THREADS: u32 = 32 * crate::tmem::attention::WARPGROUP_WARPS;
+const WARPGROUP_THREADS: u32 = 128;
 
 /// How many warpgroups store their own rows of `d`'s `rows`-row tile: each of the `threads`
 /// holders' warpgroups, when every warpgroup holds one band of `rows / groups` rows alone (a
@@ -198,4 +251,68 @@ fn warpgroup_bands(d: &Distribution, rows: u32, threads: u32, barrier: u32) -> u
             .all(|c| c[0] / band == t / WARPGROUP_THREADS)
     });
     if banded { groups } else { 1 }
+}
+
+/// A store the pass may lower, before its barrier is in the schedule.
+struct Store {
+    store: OpId,
+    param: usize,
+    lead_dims: u32,
+    box_dims: [u32; 2],
+    boxes: Vec<TmaBox>,
+    /// The first named barrier id of its groups.
+    barrier: u32,
+    threads: u32,
+    groups: u32,
+}
+
+/// Registers of a consumer thread kept for what the epilogue needs besides its tiles
+/// (addresses, indices, the store's staging offsets).
+const EPILOGUE_SCALAR_REGISTERS: u32 = 48;
+
+/// sm_90a: the columns of the accumulator carried out of the schedule's loop that the
+/// consumers run the code after the loop on at a time, or `None` for all of them.
+///
+/// A consumer warpgroup holds 64 rows of the accumulator, so a thread holds half of each
+/// accumulator-wide tile's columns. The code after the loop keeps the accumulator and its
+/// own tiles (a bias row, an activation's temporaries, a `c` tile) live at once
+/// (`tmem::epilogue::live_columns`, the estimate sm_100a's epilogue also uses); when they do
+/// not fit the consumers' `setmaxnreg` count and that code computes each column from the
+/// same column alone ([`epilogue::column_local`]), it runs on the fewest equal chunks of
+/// whole TMA-store boxes whose own tiles fit beside the accumulator, which stays live until
+/// its last chunk is read. Calibrated by ptxas 13.0 on `gemm_epilogue.rs`: at 256 columns
+/// gelu, silu and alpha/beta spilled whole and relu did not.
+fn epilogue_columns(kernel: &Kernel) -> Option<u32> {
+    let s = kernel.schedule.sched.as_ref()?;
+    let for_op = s.for_op;
+    let regs = s.role(RoleKind::Consumer)?.regs?;
+    let acc = kernel.ops[for_op].results.iter().copied().find(|&v| {
+        kernel
+            .schedule
+            .layouts
+            .get(&v)
+            .is_some_and(|l| matches!(l, Layout::Mma { .. }))
+    })?;
+    let n = kernel.ty(acc).shape()?.dims().last().copied()? as u32;
+    let budget = regs.saturating_sub(EPILOGUE_SCALAR_REGISTERS);
+    let need = epilogue::live_columns(kernel, for_op);
+    if need / 2 <= budget || !epilogue::column_local(kernel, for_op) {
+        return None;
+    }
+    // Chunk of `c` columns: the accumulator's n / 2 registers beside a thread's share of
+    // the other tiles' columns of the chunk.
+    let fits = |c: u32| n / 2 + need.saturating_sub(n) * c / n / 2 <= budget;
+    (1..=n / BOX_COLUMNS)
+        .filter(|&k| n.is_multiple_of(k * BOX_COLUMNS))
+        .map(|k| n / k)
+        .find(|&c| fits(c))
+        .or(Some(BOX_COLUMNS).filter(|&c| c < n))
+}
+
+/// A staged tile's thread-dependent column terms, split into those that move a thread by
+/// whole boxes and the rest (which stay inside a box).
+pub fn column_terms(terms: &[Term]) -> (Vec<Term>, Vec<Term>) {
+    terms
+        .iter()
+        .partition(|t| t.mul.is_multiple_of(BOX_COLUMNS))
 }

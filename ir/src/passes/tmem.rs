@@ -1,43 +1,55 @@
 //! The `tmem` pass (sm_100a): plans the Blackwell roles, the tensor-memory accumulator and the
-//! tcgen05 descriptors of a kernel's ring loop ([`crate::tmem`]).
+//! tcgen05 descriptors of the schedule's loop ([`crate::sched::tmem`]).
 //!
-//! A ring (persistent or not: the plan's programs run per work tile) qualifies when its loop
-//! carries exactly one value, the accumulator of its single mma (`acc = mma(x, y, acc)`, the
-//! GEMM mainloop), which starts as zeros (the first `tcgen05.mma` of a tile overwrites instead
-//! of accumulating) and has 128 rows (and at most 256 columns, the ring's), and the ring has
-//! no once loads. Its epilogue warps are the kernel's (one or two warpgroups, chosen by the
-//! layout pass: [`crate::tmem::epilogue`]); each warp copies its warpgroup's column block of
-//! its 32 lanes, whole or chunk by chunk ([`crate::tmem::epilogue::program`]). The
-//! accumulator takes the next power of 2 of its columns (at least 32) of the 512; the TMEM
-//! address slot and the `acc_full` / `acc_empty` barriers go after the rest of shared memory.
-//! A ring with a once load whose body is attention-shaped gets the FlashAttention-4-style
-//! schedule instead ([`crate::tmem::attention`], `schedule.attention`). Any other ring is
-//! reported as not implemented on sm_100a.
+//! The block is the kernel's epilogue warps (threads `0..32 * epilogue_warps`, which run the
+//! kernel's code before and after the loop), then one TMA producer warp and one MMA warp.
+//! The MMA warp allocates the accumulator's columns before the roles split; the set-up
+//! barrier, between `tcgen05.fence::before_thread_sync` and `after_thread_sync`, publishes
+//! their address through shared memory. Per work tile the MMA thread waits until the epilogue
+//! has copied the previous tile's accumulator out (`acc_empty`), runs the loop's mmas (each
+//! stage released by a `tcgen05.commit` to its `empty` barrier) and commits the finished
+//! accumulator to `acc_full`; after the last tile it waits for the last copy and the warp
+//! frees the columns. Per tile the epilogue warps wait on `acc_full`, copy the accumulator to
+//! registers (`tcgen05.ld`, shape `32x32b`: warp `w` reads TMEM lanes `32 (w % 4) ..`, the
+//! only lanes it may reach, and the columns of warpgroup `w / 4`'s block, thread `t` one row,
+//! exactly [`crate::tmem::accumulator_layout`]), wait for the copies and hand TMEM back on
+//! `acc_empty` before the registers are used ([`crate::tmem::epilogue::program`]), so the next
+//! tile's mmas run under this tile's stores. Both barriers have one phase per tile.
 //!
-//! A ring the `persistent` pass paired in the 2-SM form ([`crate::cluster::Pair`]) gets the
-//! pair's plan ([`crate::tmem::TmemPair`]): an mma of M = 256 over both CTAs' rows, the
-//! `acc_full` commit multicast to both, `acc_empty` counting both CTAs' epilogue warps, and a
-//! cluster barrier before each CTA's MMA warp frees its columns.
+//! A loop (persistent or not) qualifies when it carries exactly one value, the accumulator
+//! of its single mma (`acc = mma(x, y, acc)`, the GEMM mainloop), which starts as zeros (the
+//! first `tcgen05.mma` of a tile overwrites instead of accumulating) and has 128 rows (and at
+//! most 256 columns), and has no once loads. The accumulator takes the next power of 2 of its
+//! columns (at least 32) of the 512; the TMEM address slot and the `acc_full` / `acc_empty`
+//! barriers go after the rest of shared memory. A loop with a once load whose body is
+//! attention-shaped gets the FlashAttention-4-style schedule instead ([`attention`]). Any
+//! other loop is reported as not implemented on sm_100a.
 //!
-//! In: the final rings and shared-memory plan (`pipeline`, `tma_store`). Out: the same ops;
-//! `schedule.tmem` or `schedule.attention` set. Leaves kernels without rings alone.
+//! A schedule the `persistent` pass paired in the 2-SM form ([`crate::sched::cluster::Pair`])
+//! gets the pair's: an mma of M = 256 over both CTAs' rows issued by the leader's MMA warp,
+//! the `acc_full` commit multicast to both, `acc_empty` on the leader counting both CTAs'
+//! epilogue warps, and a cluster barrier before each CTA's MMA warp frees its columns.
+//!
+//! In: the final shared-memory plan (`pipeline`, `tma_store`). Out: the same ops; the
+//! schedule's roles, TMEM and accumulator barriers. Leaves kernels without a schedule alone.
 
 mod attention;
 
 pub use attention::AttentionOptions;
 
-use crate::cluster::Pair;
 use crate::diag::Diagnostic;
 use crate::kernel::{Const, Kernel, OpKind, ValueDef};
-use crate::ring::Operand;
-use crate::target::Target;
-use crate::tmem::{
-    ACC_ROWS, AccBar, Descriptor, Roles, TmemPair, TmemPlan, TmemStep, instruction_descriptor,
+use crate::sched::cluster::CTAS;
+use crate::sched::tma::Operand;
+use crate::sched::tmem::{ACC_ROWS, Descriptor, Tmem, TmemMma, TmemTile, instruction_descriptor};
+use crate::sched::{
+    Barrier, BarrierId, Issue, Mbarrier, MmaPart, Op, Phase, Role, RoleKind, Sched, Scope,
 };
+use crate::target::Target;
 
-use super::walk::first_ring_loc;
+use super::walk::sched_loc;
 
-/// Plans the ring loop's TMEM accumulator; does nothing on other targets or without rings.
+/// Plans the loop's TMEM accumulator; does nothing on other targets or without a schedule.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     run_with(kernel, target, AttentionOptions::default())
 }
@@ -48,15 +60,17 @@ pub fn run_with(
     target: Target,
     options: AttentionOptions,
 ) -> Result<(), Diagnostic> {
-    if target != Target::Sm100a || kernel.schedule.rings.is_empty() {
+    if target != Target::Sm100a {
         return Ok(());
     }
-    if let Some(&id) = kernel.schedule.rings.keys().next()
-        && attention::is_attention(kernel, id)
-    {
-        return attention::plan(kernel, id, options);
+    let Some(s) = &kernel.schedule.sched else {
+        return Ok(());
+    };
+    let id = s.for_op;
+    if attention::is_attention(kernel, s) {
+        return attention::plan(kernel, options);
     }
-    let loc = first_ring_loc(kernel, &kernel.schedule.rings);
+    let loc = sched_loc(kernel);
     let unsupported = |why: &str| {
         Diagnostic::new(
             loc,
@@ -65,14 +79,9 @@ pub fn run_with(
         .note("sm_100a schedules the GEMM mainloop `acc = mma(x, y, acc)` from zeros")
         .note("compile for sm_80, which runs on Blackwell")
     };
-    let (&id, ring) = kernel
-        .schedule
-        .rings
-        .iter()
-        .next()
-        .ok_or_else(|| Diagnostic::internal(loc, "a ring vanished"))?;
     let op = &kernel.ops[id];
-    if !ring.once.is_empty() || !super::pipeline::overlaps(kernel, id) {
+    let once = s.loads.iter().any(|(h, _)| s.once(h));
+    if once || !super::pipeline::overlaps(kernel, id) {
         return Err(unsupported(
             "it has tiles loaded before it or reads its mma's products",
         ));
@@ -96,7 +105,8 @@ pub fn run_with(
         return Err(unsupported("its accumulator does not start as zeros"));
     };
     let (m, n) = (shape.rows() as u32, shape.cols() as u32);
-    let [a, b] = &ring.loads[..] else {
+    let ring: Vec<_> = s.ring_loads().map(|(_, l)| l.tma.clone()).collect();
+    let [a, b] = &ring[..] else {
         return Err(unsupported("its mma does not read two staged tiles"));
     };
     if m != ACC_ROWS || a.operand != Operand::KMajorA {
@@ -105,8 +115,8 @@ pub fn run_with(
     let columns = n.next_power_of_two().max(32);
     let dtype = kernel.ty(kernel.ops[a.load].results[0]).dtype();
     // The 2-SM form's mma covers both CTAs' rows (M = 256, each TMEM its 128).
-    let pair = ring.cluster.as_ref().and_then(|c| c.pair);
-    let mma_m = m * pair.map_or(1, |_| crate::cluster::CTAS);
+    let pair = s.cluster.as_ref().and_then(|c| c.pair);
+    let mma_m = m * pair.map_or(1, |_| CTAS);
     let idesc = instruction_descriptor(dtype, mma_m, n, b.operand == Operand::MnMajorB);
     let (a, b) = (Descriptor::of(a), Descriptor::of(b));
     let slot_offset = kernel.schedule.smem_bytes.next_multiple_of(8);
@@ -131,74 +141,130 @@ pub fn run_with(
             format!("{epilogue_warps} epilogue warps for a {n}-column TMEM accumulator"),
         ));
     }
-    let roles = Roles {
-        epilogue_warps,
-        producer_warp: epilogue_warps,
-        mma_warp: epilogue_warps + 1,
-    };
     let chunk = crate::tmem::epilogue::chunk_columns(kernel, id, n, epilogue_warps);
-    let epilogue = crate::tmem::epilogue::program(block, chunk);
-    let plan = TmemPlan {
-        for_op: id,
-        roles,
-        columns,
-        acc_columns: n,
-        idesc,
-        a,
-        b,
-        slot_offset,
-        acc_full_offset: slot_offset + 8,
-        acc_empty_offset: slot_offset + 16,
-        setup: vec![
-            TmemStep::Alloc { columns },
-            TmemStep::Relinquish,
-            TmemStep::Publish,
-        ],
-        // The accumulator is overwritten only once the previous tile's copy is out (a fresh
-        // barrier passes parity 1 at once), and freed once the last one is.
-        mma_tile: vec![
-            TmemStep::Wait {
-                bar: AccBar::Empty,
-                start: 1,
-            },
-            TmemStep::FenceAfter,
-            TmemStep::Mainloop,
-            TmemStep::CommitAcc,
-        ],
-        mma_exit: vec![
-            TmemStep::Wait {
-                bar: AccBar::Empty,
-                start: 1,
-            },
-            TmemStep::FenceAfter,
-        ],
-        epilogue,
-        pair: None,
+    let Some(s) = kernel.schedule.sched.as_mut() else {
+        return Ok(());
     };
-    let plan = pair_plan(plan, pair);
+    // The 2-SM pair's commit reaches both CTAs' `acc_full`; both hand back on the leader's
+    // `acc_empty`.
+    let acc = |count, offset, pair_scope| Mbarrier {
+        count,
+        stages: 1,
+        phase: Phase::Tile,
+        offset,
+        scope: if pair.is_some() {
+            pair_scope
+        } else {
+            Scope::Cta
+        },
+        hands_tmem: true,
+    };
+    let acc_full = s.barriers.append(Barrier::mbarrier(
+        "acc_full",
+        None,
+        acc(1, slot_offset + 8, Scope::Cluster),
+    ));
+    let pairs = pair.map_or(1, |_| CTAS);
+    let acc_empty = s.barriers.append(Barrier::mbarrier(
+        "acc_empty",
+        None,
+        acc(epilogue_warps * pairs, slot_offset + 16, Scope::Leader),
+    ));
+    s.tmem = Some(Tmem {
+        columns,
+        slot_offset,
+        tiles: vec![TmemTile {
+            name: "acc",
+            index: None,
+            column: 0,
+            columns: n,
+        }],
+        mmas: vec![TmemMma {
+            part: MmaPart::Body,
+            idesc,
+            a: Some(a),
+            b,
+        }],
+    });
+    s.setup = tmem_setup(&s.setup, columns);
+    roles(
+        s,
+        epilogue_warps,
+        (acc_full, acc_empty),
+        columns,
+        (block, chunk),
+    );
+    s.sort_barriers();
     kernel.schedule.smem_bytes = smem_bytes;
-    kernel.schedule.tmem = Some(plan);
     Ok(())
 }
 
-/// Ends the MMA warp's exit with the dealloc; in the 2-SM form a cluster barrier comes first,
-/// in both CTAs (the peer's MMA warp runs only these two steps), and the `acc_full` commit
-/// multicasts to the pair.
-fn pair_plan(mut plan: TmemPlan, pair: Option<Pair>) -> TmemPlan {
-    let dealloc = TmemStep::Dealloc {
-        columns: plan.columns,
-    };
-    match pair {
-        Some(p) => {
-            let exit = [TmemStep::ClusterSync, dealloc];
-            plan.mma_exit.extend(exit);
-            plan.pair = Some(TmemPair {
-                leader: p.leader,
-                commit_mask: p.commit_mask,
-                peer_exit: exit.to_vec(),
-            });
-        }
-        None => plan.mma_exit.push(dealloc),
+/// The set-up with the MMA warp's allocation of `columns`: the inits, the allocation and the
+/// permit given up, then the set-up barrier between the tcgen05 fences, which publishes the
+/// address in the shared slot to every thread.
+fn tmem_setup(setup: &[Op], columns: u32) -> Vec<Op> {
+    let mut out = vec![
+        Op::InitBarriers,
+        Op::TmemAlloc { columns },
+        Op::TmemRelinquish,
+        Op::Tcgen05FenceBefore,
+    ];
+    out.extend(setup.iter().copied().filter(|&op| op != Op::InitBarriers));
+    out.push(Op::Tcgen05FenceAfter);
+    out
+}
+
+/// The roles of a TMEM gemm: the epilogue warps first (the kernel's), then the producer and
+/// MMA warps the `pipeline` pass planned after them (see the module doc).
+fn roles(
+    s: &mut Sched,
+    epilogue_warps: u32,
+    (acc_full, acc_empty): (BarrierId, BarrierId),
+    columns: u32,
+    (block, chunk): (u32, u32),
+) {
+    let pair = s.cluster.as_ref().and_then(|c| c.pair);
+    let exit_sync = s.cluster.as_ref().is_some_and(|c| c.exit_sync);
+    let mut epilogue = Role::new(RoleKind::Epilogue, 0, epilogue_warps, Issue::Warps);
+    epilogue.program.end = crate::tmem::epilogue::program(block, chunk, acc_full, acc_empty);
+    if !s.stores.is_empty() {
+        epilogue.program.exit.push(Op::BulkWaitAll);
     }
-    plan
+    if exit_sync {
+        epilogue.program.exit.push(Op::ClusterSync);
+    }
+    let wait_empty = Op::Wait {
+        bar: acc_empty,
+        start: 1,
+        lag: 0,
+    };
+    let dealloc = Op::TmemDealloc { columns };
+    let mut peer = None;
+    for r in &mut s.roles {
+        if r.kind != RoleKind::Mma {
+            continue;
+        }
+        // The accumulator is overwritten only once the previous tile's copy is out (a fresh
+        // barrier passes parity 1 at once), and freed once the last one is.
+        r.program.tile = vec![wait_empty, Op::Tcgen05FenceAfter];
+        r.program.end = vec![Op::Tcgen05Commit {
+            bar: acc_full,
+            lag: 0,
+        }];
+        r.program.exit = vec![wait_empty, Op::Tcgen05FenceAfter];
+        if let Some(p) = pair {
+            // Neither CTA frees its columns while the leader's mmas or the other's copies may
+            // still use them.
+            r.rank = Some(p.leader);
+            r.program.exit.extend([Op::ClusterSync, dealloc]);
+            let mut other = Role::new(RoleKind::Mma, r.first_warp, r.warps, Issue::Thread);
+            other.rank = Some(1 - p.leader);
+            other.program.exit = vec![Op::ClusterSync, dealloc];
+            peer = Some(other);
+        } else {
+            r.program.exit.push(dealloc);
+        }
+    }
+    s.roles.insert(0, epilogue);
+    s.roles.extend(peer);
 }

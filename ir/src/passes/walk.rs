@@ -1,10 +1,10 @@
 //! Traversals and lookups shared by the passes: ops in program order, use lists, definitions,
-//! whether every tensor is 16-byte aligned, and where a ring-wide error is reported.
+//! whether every tensor is 16-byte aligned, which scalars a later iteration can recompute, and
+//! where a schedule-wide error is reported.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::kernel::{Block, Kernel, Loc, OpId, Param, ValueDef, ValueId};
-use crate::ring::Ring;
+use crate::kernel::{Block, Kernel, Loc, OpId, OpKind, Param, ValueDef, ValueId};
 
 /// Every op reachable from the body, in program order (an op before its regions' ops).
 pub fn ops_in_order(kernel: &Kernel) -> Vec<OpId> {
@@ -57,13 +57,14 @@ pub fn defining_op(kernel: &Kernel, v: ValueId) -> (OpId, bool) {
     }
 }
 
-/// Where an error about the stage rings as a whole is reported: the first ring's `for`, or
-/// the default location when there is no ring.
-pub fn first_ring_loc(kernel: &Kernel, rings: &BTreeMap<OpId, Ring>) -> Loc {
-    rings
-        .keys()
-        .next()
-        .map(|&f| kernel.ops[f].loc)
+/// Where an error about the schedule as a whole is reported: its loop's `for`, or the
+/// default location when there is no schedule.
+pub fn sched_loc(kernel: &Kernel) -> Loc {
+    kernel
+        .schedule
+        .sched
+        .as_ref()
+        .map(|s| kernel.ops[s.for_op].loc)
         .unwrap_or_default()
 }
 
@@ -73,4 +74,34 @@ pub fn all_aligned16(kernel: &Kernel) -> bool {
         Param::Tensor { aligned16, .. } => *aligned16,
         Param::Scalar { .. } => true,
     })
+}
+
+/// Whether scalar `v` can be recomputed for a later iteration: it is the loop's induction
+/// variable, defined outside the loop, or a pure scalar op of such values.
+pub fn hoistable(kernel: &Kernel, v: ValueId, for_op: OpId, inside: &BTreeSet<OpId>) -> bool {
+    let (def, is_result) = defining_op(kernel, v);
+    if !is_result {
+        return def != for_op || kernel.ops[for_op].regions[0].args.first() == Some(&v);
+    }
+    if !inside.contains(&def) {
+        return true;
+    }
+    let op = &kernel.ops[def];
+    let pure = matches!(
+        op.kind,
+        OpKind::Const(_)
+            | OpKind::ScalarParam(_)
+            | OpKind::BlockId(_)
+            | OpKind::GridDim(_)
+            | OpKind::TensorDim { .. }
+            | OpKind::Binary(_)
+            | OpKind::Unary(_)
+            | OpKind::Select
+            | OpKind::Cast { .. }
+    );
+    pure && kernel.ty(v).shape().is_none()
+        && op
+            .operands
+            .iter()
+            .all(|&o| hoistable(kernel, o, for_op, inside))
 }

@@ -1,39 +1,42 @@
-//! The `warp_specialise` pass (sm_90a): when the kernel has stage rings, splits the block into
-//! the kernel's warps as consumers (whole warpgroups, threads `0..32 * num_warps`, so every
-//! register layout keeps its thread mapping) and one producer warpgroup after them, whose
-//! elected thread issues the TMA loads. Registers move from the producer to the consumers with
-//! `setmaxnreg` ([`register_split`]); the split is checked against the 64K-register file.
+//! The `warp_specialise` pass (sm_90a): when the kernel has a schedule, gives its roles their
+//! registers: the kernel's warps are the consumers (whole warpgroups, threads
+//! `0..32 * num_warps`, so every register layout keeps its thread mapping) and one producer
+//! warpgroup after them, whose elected thread issues the TMA loads. Registers move from the
+//! producer to the consumers with `setmaxnreg` ([`register_split`]); the split is checked
+//! against the 64K-register file.
 
 use crate::diag::Diagnostic;
 use crate::kernel::Kernel;
-use crate::ring::Roles;
+use crate::sched::{RoleKind, Sched};
 use crate::target::Target;
 
-use super::walk::first_ring_loc;
+use super::walk::sched_loc;
 
 /// Registers per multiprocessor on sm_90a.
 pub const REGISTER_FILE: u32 = 65536;
 
-/// Warps of the producer warpgroup.
-const PRODUCER_WARPS: u32 = 4;
-
-/// Records the warp roles; does nothing without rings.
+/// Sets the roles' register split; does nothing without a schedule.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
-    if target != Target::Sm90a || kernel.schedule.rings.is_empty() {
+    if target != Target::Sm90a {
         return Ok(());
     }
-    let consumer_warps = kernel.options.num_warps;
-    let (producer_regs, consumer_regs) = register_split(false, consumer_warps);
-    let roles = Roles {
-        consumer_warps,
-        producer_warps: PRODUCER_WARPS,
-        producer_regs,
-        consumer_regs,
-        ctas_per_sm: 1,
+    let Some(s) = kernel.schedule.sched.as_mut() else {
+        return Ok(());
     };
-    check_register_file(kernel, &roles)?;
-    kernel.schedule.roles = Some(roles);
-    Ok(())
+    let split = register_split(false, kernel.options.num_warps);
+    set_registers(s, split);
+    check_register_file(kernel)
+}
+
+/// Gives the producer and the consumer roles of `s` their `setmaxnreg` targets.
+pub(crate) fn set_registers(s: &mut Sched, (producer, consumer): (u32, u32)) {
+    for r in &mut s.roles {
+        r.regs = match r.kind {
+            RoleKind::Producer => Some(producer),
+            RoleKind::Consumer => Some(consumer),
+            _ => r.regs,
+        };
+    }
 }
 
 /// The `setmaxnreg` targets of the producer warpgroup and of each of `consumer_warps`'
@@ -48,30 +51,43 @@ pub fn register_split(rotated: bool, consumer_warps: u32) -> (u32, u32) {
     (producer, most.min(left / consumer_warps.max(1) / 8 * 8))
 }
 
+/// Warps of the producer warpgroup.
+const PRODUCER_WARPS: u32 = 4;
+
 /// Registers each thread of a block of `threads` gets at launch when `ctas_per_sm` blocks
 /// share the register file: a multiple of 8, as ptxas allocates them.
 pub fn entry_regs(threads: u32, ctas_per_sm: u32) -> u32 {
     REGISTER_FILE / ctas_per_sm.max(1) / threads.max(1) / 8 * 8
 }
 
-/// Checks that `roles`' register split fits the registers the block holds from launch:
-/// `setmaxnreg.inc` takes only what the block's own warps gave back with `setmaxnreg.dec`, so a
-/// split larger than `threads x` [`entry_regs`] leaves the consumers waiting for ever.
-pub fn check_register_file(kernel: &Kernel, roles: &Roles) -> Result<(), Diagnostic> {
-    let need = 32
-        * (roles.consumer_warps * roles.consumer_regs + roles.producer_warps * roles.producer_regs);
-    let pool = roles.threads() * entry_regs(roles.threads(), roles.ctas_per_sm);
+/// Checks that the roles' register split fits the registers the block holds from launch:
+/// `setmaxnreg.inc` takes only what the block's own warps gave back with `setmaxnreg.dec`, so
+/// a split larger than `threads x` [`entry_regs`] leaves the consumers waiting for ever.
+pub fn check_register_file(kernel: &Kernel) -> Result<(), Diagnostic> {
+    let Some(s) = &kernel.schedule.sched else {
+        return Ok(());
+    };
+    let need: u32 = s
+        .roles
+        .iter()
+        .map(|r| 32 * r.warps * r.regs.unwrap_or(0))
+        .sum();
+    let threads = s.threads();
+    let pool = threads * entry_regs(threads, s.ctas_per_sm);
     if need > pool {
+        let role = |kind| {
+            s.role(kind)
+                .map_or((0, 0), |r| (r.warps, r.regs.unwrap_or(0)))
+        };
+        let ((consumer_warps, consumer_regs), (_, producer_regs)) =
+            (role(RoleKind::Consumer), role(RoleKind::Producer));
         return Err(Diagnostic::new(
-            first_ring_loc(kernel, &kernel.schedule.rings),
+            sched_loc(kernel),
             format!(
-                "{} consumer warps at {} registers and a producer warpgroup at {} need {need} \
-                 registers; a block of {} threads at {} CTA(s) per multiprocessor holds {pool}",
-                roles.consumer_warps,
-                roles.consumer_regs,
-                roles.producer_regs,
-                roles.threads(),
-                roles.ctas_per_sm
+                "{consumer_warps} consumer warps at {consumer_regs} registers and a producer \
+                 warpgroup at {producer_regs} need {need} registers; a block of {threads} \
+                 threads at {} CTA(s) per multiprocessor holds {pool}",
+                s.ctas_per_sm
             ),
         )
         .note(

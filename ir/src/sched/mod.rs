@@ -10,14 +10,14 @@
 //! - **Barriers** ([`barrier`]) live in one arena: mbarrier arrays (arrival count,
 //!   transaction bytes, stages, a phase per loop iteration or per work tile, CTA or cluster
 //!   scope) and named barrier arrays (`bar.sync` ids and the threads meeting at each).
-//! - **Resources**: TMA loads into stage buffers and once buffers, TMA stores from staging
-//!   tiles ([`tma`]), the tensor-memory allocation and its tiles ([`tmem`]), the cluster
+//! - **Resources**: TMA loads into stage buffers and once buffers ([`tma`]), TMA stores from
+//!   staging tiles ([`store`]), the tensor-memory allocation and its tiles ([`tmem`]), the cluster
 //!   sharing a load ([`cluster`]), the persistent tile order ([`tiles`]).
 //! - **Roles** ([`role`]): warps, a register budget, who issues, and a program of
 //!   [`op::Op`]s in sections of the CTA's life (start, per tile, per iteration, after the
 //!   loop, exit). The set-up ops before the roles split are [`Sched::setup`].
-//! - **Regions**: ops that run the kernel's own code name its part ([`op::MmaPart`],
-//!   [`op::Region`]) as the loop's structure defines it ([`overlap`]).
+//! - **Regions**: ops that run the kernel's own code name its part ([`region::MmaPart`],
+//!   [`region::Region`]) as the loop's structure defines it ([`overlap`]).
 //!
 //! ## Execution model
 //! A CTA runs work tiles `k = 0, 1, ..` (one, unless [`Sched::tiles`] makes it persistent);
@@ -36,7 +36,9 @@ pub mod expand;
 pub mod op;
 pub mod overlap;
 mod print;
+pub mod region;
 pub mod role;
+pub mod store;
 pub mod tiles;
 pub mod tma;
 pub mod tmem;
@@ -46,9 +48,11 @@ use crate::arena::Arena;
 use crate::entities::OpId;
 
 pub use barrier::{Barrier, BarrierId, BarrierKind, Index, Mbarrier, Phase, Scope};
-pub use op::{MmaPart, Op, Region};
-pub use role::{Issue, Program, Role, RoleKind, Who};
-pub use tma::{Load, LoadId, TmaStore};
+pub use op::{Op, Who};
+pub use region::{MmaPart, Region};
+pub use role::{Issue, Program, Role, RoleKind};
+pub use store::TmaStore;
+pub use tma::{Load, LoadId};
 
 /// A kernel's schedule: see the module doc.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -148,5 +152,85 @@ impl Sched {
     /// The ring's loads: those filling a stage per iteration.
     pub fn ring_loads(&self) -> impl Iterator<Item = (LoadId, &Load)> + '_ {
         self.loads.iter().filter(|(l, _)| !self.once(*l))
+    }
+}
+
+impl Sched {
+    /// Every op of the schedule, mutably: the set-up, each role's sections, each store's
+    /// round.
+    pub fn ops_mut(&mut self) -> impl Iterator<Item = &mut Op> {
+        let roles = self.roles.iter_mut().flat_map(|r| {
+            let p = &mut r.program;
+            p.start
+                .iter_mut()
+                .chain(&mut p.tile)
+                .chain(&mut p.iteration)
+                .chain(&mut p.drain)
+                .chain(&mut p.release)
+                .chain(&mut p.end)
+                .chain(&mut p.exit)
+        });
+        self.setup
+            .iter_mut()
+            .chain(roles)
+            .chain(self.stores.iter_mut().flat_map(|st| st.round.iter_mut()))
+    }
+
+    /// Puts the arena in its canonical order, every handle renamed to match: mbarriers by
+    /// their shared-memory offset, then named barriers by id (the order the writers
+    /// initialise and the dumps print them in).
+    pub fn sort_barriers(&mut self) {
+        let mut order: Vec<BarrierId> = self.barriers.iter().map(|(h, _)| h).collect();
+        order.sort_by_key(|&h| match self.barriers[h].kind {
+            BarrierKind::Mbarrier(m) => (0, m.offset),
+            BarrierKind::Named { first, .. } => (1, first),
+        });
+        self.rebuild_barriers(&order);
+    }
+
+    /// Removes barriers `gone`, which nothing names any more, every other handle renamed.
+    pub fn remove_barriers(&mut self, gone: &[BarrierId]) {
+        let order: Vec<BarrierId> = self
+            .barriers
+            .iter()
+            .map(|(h, _)| h)
+            .filter(|h| !gone.contains(h))
+            .collect();
+        self.rebuild_barriers(&order);
+    }
+
+    /// The arena of the barriers `order` names, in that order, every handle renamed.
+    fn rebuild_barriers(&mut self, order: &[BarrierId]) {
+        let mut rename: Vec<Option<BarrierId>> = vec![None; self.barriers.len()];
+        let mut arena = Arena::new();
+        for &old in order {
+            rename[old.index()] = Some(arena.append(self.barriers[old].clone()));
+        }
+        self.barriers = arena;
+        let new = |h: BarrierId| rename[h.index()].unwrap_or(h);
+        for op in self.ops_mut() {
+            rename_barrier(op, &new);
+        }
+        for (_, l) in self.loads.iter_mut() {
+            l.barrier = new(l.barrier);
+            l.free = l.free.map(new);
+        }
+        for st in &mut self.stores {
+            st.barrier = new(st.barrier);
+        }
+    }
+}
+
+/// Renames the barrier `op` names through `new`.
+fn rename_barrier(op: &mut Op, new: &dyn Fn(BarrierId) -> BarrierId) {
+    match op {
+        Op::Wait { bar, .. }
+        | Op::Arrive { bar, .. }
+        | Op::ArrivePeer { bar, .. }
+        | Op::ExpectTx { bar, .. }
+        | Op::Sync { bar, .. }
+        | Op::Signal { bar, .. }
+        | Op::Tcgen05Commit { bar, .. } => *bar = new(*bar),
+        _ => {}
     }
 }

@@ -10,7 +10,7 @@
 use std::fmt;
 
 use super::barrier::{BarrierId, Index};
-use super::role::Who;
+use super::region::{MmaPart, Region};
 use super::tma::LoadId;
 use super::tmem::TmemTileId;
 
@@ -218,32 +218,6 @@ pub enum Op {
     BulkWaitAll,
 }
 
-/// Which part of a ring loop's body an mma op runs (see [`super::overlap::Overlap`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum MmaPart {
-    /// The whole body of an unrotated loop.
-    Body,
-    /// The head mma (`S = Q K^T`), for iteration `i`.
-    Head,
-    /// The tail section (the carried accumulator's rescale and `O += P V`): for iteration
-    /// `i - 1` in a rotated sm_90a program, for iteration `i` on sm_100a.
-    Tail,
-}
-
-/// A region of the kernel's code that an op runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Region {
-    /// The code between the head and tail mmas of a rotated loop (the online softmax),
-    /// on the head's products of iteration `i`.
-    Between,
-    /// The values of iteration `i` the tail reads (`P`, packed to its element type, and the
-    /// rescale factors) move into the registers the next tail reads.
-    Handoff,
-    /// The kernel's code after the loop, on the accumulator's columns `column ..
-    /// column + columns` of the role's block (`None`: on the whole accumulator).
-    Epilogue(Option<(u32, u32)>),
-}
-
 impl Op {
     /// In a rotated program, how many iterations behind the loop's the iteration is that the
     /// op serves: `Some(0)` for the head's ops, `Some(1)` for the tail's (and a release of
@@ -404,12 +378,34 @@ fn tmem_tile(s: &super::Sched, tile: TmemTileId) -> String {
         .map_or_else(|| format!("tmem{}", tile.0), ToString::to_string)
 }
 
-impl fmt::Display for MmaPart {
+/// Which replicas of a role run an op (the consumer warpgroups taking turns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Who {
+    /// Every replica.
+    All,
+    /// Replica 0, which takes the first turn.
+    Leader,
+    /// The last replica, whose turn passes to the leader.
+    Last,
+}
+
+impl Who {
+    /// Whether replica `r` of `replicas` runs an op for `self`.
+    pub fn includes(self, r: u32, replicas: u32) -> bool {
+        match self {
+            Who::All => true,
+            Who::Leader => r == 0,
+            Who::Last => r + 1 == replicas,
+        }
+    }
+}
+
+impl fmt::Display for Who {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            MmaPart::Body => "body",
-            MmaPart::Head => "head",
-            MmaPart::Tail => "tail",
+            Who::All => "",
+            Who::Leader => "(leader)",
+            Who::Last => "(last)",
         })
     }
 }

@@ -1,7 +1,7 @@
 //! The structure of a ring loop shaped `head mma -> code -> tail mma into a carried
 //! accumulator` (attention's `S = Q K^T`, online softmax, `O += P V`), as the `overlap` pass
-//! finds it: the semantic regions the schedule's ops run ([`super::op::MmaPart`],
-//! [`super::op::Region`]) and the exact deferral of the accumulator's rescale.
+//! finds it: the semantic regions the schedule's ops run ([`super::region::MmaPart`],
+//! [`super::region::Region`]) and the exact deferral of the accumulator's rescale.
 
 use std::fmt;
 

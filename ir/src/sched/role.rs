@@ -37,28 +37,6 @@ pub enum Issue {
     Warps,
 }
 
-/// Which replicas of a role run an op (the consumer warpgroups taking turns).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Who {
-    /// Every replica.
-    All,
-    /// Replica 0, which takes the first turn.
-    Leader,
-    /// The last replica, whose turn passes to the leader.
-    Last,
-}
-
-impl Who {
-    /// Whether replica `r` of `replicas` runs an op for `self`.
-    pub fn includes(self, r: u32, replicas: u32) -> bool {
-        match self {
-            Who::All => true,
-            Who::Leader => r == 0,
-            Who::Last => r + 1 == replicas,
-        }
-    }
-}
-
 /// A set of warps and what they run.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Role {
@@ -175,15 +153,5 @@ impl fmt::Display for RoleKind {
             RoleKind::Softmax(g) => write!(f, "softmax {g}"),
             RoleKind::Correction => f.write_str("correction"),
         }
-    }
-}
-
-impl fmt::Display for Who {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Who::All => "",
-            Who::Leader => "(leader)",
-            Who::Last => "(last)",
-        })
     }
 }

@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use super::op::MmaPart;
+use super::region::MmaPart;
 use super::tma::{Operand, TmaLoad};
 use crate::types::DType;
 

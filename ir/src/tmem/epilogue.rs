@@ -30,11 +30,12 @@
 
 use std::ops::Range;
 
-use super::{AccBar, LOAD_COLUMNS, TmemStep};
 use crate::kernel::{Kernel, OpId, OpKind, ValueDef, ValueId};
 use crate::passes::walk::ops_in_block_regions;
+use crate::sched::store::BOX_COLUMNS;
+use crate::sched::tmem::{LOAD_COLUMNS, TmemTileId};
+use crate::sched::{BarrierId, Op, Region};
 use crate::schedule::{Distribution, Layout};
-use crate::tma_store::BOX_COLUMNS;
 
 /// Registers of each of an SM's four sub-partitions, which take a block's warps in turn.
 const PARTITION_REGISTERS: u32 = 16384;
@@ -80,43 +81,41 @@ pub fn chunk_columns(kernel: &Kernel, for_op: OpId, n: u32, warps: u32) -> u32 {
 }
 
 /// The epilogue's program per work tile, for blocks of `block` columns held `chunk` at a
-/// time: wait for the accumulator (and fence after the wait), then per chunk copy its columns
-/// (one `tcgen05.ld` per [`LOAD_COLUMNS`]), wait for the copies and read them. TMEM goes back
-/// to the MMA warp (fenced) once the last chunk has landed, before that chunk is read: the
-/// next tile's mmas may overwrite the accumulator only when no copy is left to make.
-pub fn program(block: u32, chunk: u32) -> Vec<TmemStep> {
-    let mut steps = vec![
-        TmemStep::Wait {
-            bar: AccBar::Full,
+/// time: wait for the accumulator on `full` (and fence after the wait), then per chunk copy
+/// its columns (one `tcgen05.ld` per [`LOAD_COLUMNS`]), wait for the copies and read them.
+/// TMEM goes back to the MMA warp on `empty` (fenced) once the last chunk has landed, before
+/// that chunk is read: the next tile's mmas may overwrite the accumulator only when no copy
+/// is left to make.
+pub fn program(block: u32, chunk: u32, full: BarrierId, empty: BarrierId) -> Vec<Op> {
+    let acc = TmemTileId(0);
+    let mut ops = vec![
+        Op::Wait {
+            bar: full,
             start: 0,
+            lag: 0,
         },
-        TmemStep::FenceAfter,
+        Op::Tcgen05FenceAfter,
     ];
     let starts: Vec<u32> = (0..block).step_by(chunk.max(1) as usize).collect();
     for (i, &start) in starts.iter().enumerate() {
         let columns = chunk.min(block - start);
         let end = start + columns;
-        steps.extend(
+        ops.extend(
             (start..end)
                 .step_by(LOAD_COLUMNS as usize)
-                .map(|column| TmemStep::Load {
+                .map(|column| Op::TmemLoad {
+                    tile: acc,
                     column,
                     columns: LOAD_COLUMNS.min(end - column),
                 }),
         );
-        steps.push(TmemStep::WaitLoad);
+        ops.push(Op::TmemWaitLoad);
         if i + 1 == starts.len() {
-            steps.extend([
-                TmemStep::FenceBefore,
-                TmemStep::Arrive { bar: AccBar::Empty },
-            ]);
+            ops.extend([Op::Tcgen05FenceBefore, Op::Arrive { bar: empty, lag: 0 }]);
         }
-        steps.push(TmemStep::Read {
-            column: start,
-            columns,
-        });
+        ops.push(Op::Run(Region::Epilogue(Some((start, columns)))));
     }
-    steps
+    ops
 }
 
 /// Whether the kernel's code after ring loop `for_op` computes each column of its tiles from
@@ -257,34 +256,34 @@ mod tests {
 
     #[test]
     fn chunks_are_read_as_they_land_and_tmem_goes_back_after_the_last() {
-        let load = |column| TmemStep::Load {
+        let (full, empty) = (BarrierId::from_index(0), BarrierId::from_index(1));
+        let load = |column| Op::TmemLoad {
+            tile: TmemTileId(0),
             column,
             columns: 32,
         };
-        let read = |column, columns| TmemStep::Read { column, columns };
+        let read = |column, columns| Op::Run(Region::Epilogue(Some((column, columns))));
         let head = [
-            TmemStep::Wait {
-                bar: AccBar::Full,
+            Op::Wait {
+                bar: full,
                 start: 0,
+                lag: 0,
             },
-            TmemStep::FenceAfter,
+            Op::Tcgen05FenceAfter,
         ];
-        let hand_back = [
-            TmemStep::FenceBefore,
-            TmemStep::Arrive { bar: AccBar::Empty },
-        ];
+        let hand_back = [Op::Tcgen05FenceBefore, Op::Arrive { bar: empty, lag: 0 }];
         // Whole: every copy, one wait, TMEM back before the code runs.
         let mut whole = head.to_vec();
-        whole.extend([load(0), load(32), TmemStep::WaitLoad]);
+        whole.extend([load(0), load(32), Op::TmemWaitLoad]);
         whole.extend(hand_back);
         whole.push(read(0, 64));
-        assert_eq!(program(64, 64), whole);
+        assert_eq!(program(64, 64, full, empty), whole);
         // Two chunks: the first is read before the second is copied.
         let mut chunked = head.to_vec();
-        chunked.extend([load(0), load(32), TmemStep::WaitLoad, read(0, 64)]);
-        chunked.extend([load(64), load(96), TmemStep::WaitLoad]);
+        chunked.extend([load(0), load(32), Op::TmemWaitLoad, read(0, 64)]);
+        chunked.extend([load(64), load(96), Op::TmemWaitLoad]);
         chunked.extend(hand_back);
         chunked.push(read(64, 64));
-        assert_eq!(program(128, 64), chunked);
+        assert_eq!(program(128, 64, full, empty), chunked);
     }
 }

@@ -63,7 +63,6 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     if !matches!(target, Target::Sm90a | Target::Sm100a) {
         return Ok(());
     }
-    kernel.schedule.sched = super::legacy_sched::sched_of(kernel);
     let Some(sched) = &kernel.schedule.sched else {
         return Ok(());
     };

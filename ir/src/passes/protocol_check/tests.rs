@@ -5,10 +5,10 @@
 
 use super::*;
 use crate::entities::OpId;
-use crate::ring::{Bar, Step};
 use crate::sched::barrier::{Barrier, BarrierId, BarrierKind, Index, Mbarrier, Phase, Scope};
+use crate::sched::op::Who;
 use crate::sched::overlap::{Overlap, Turns};
-use crate::sched::role::{Issue, Program, Role, RoleKind, Who};
+use crate::sched::role::{Issue, Program, Role, RoleKind};
 use crate::sched::tiles::TileScheduler;
 use crate::sched::tma::{Load, LoadId, Operand, TmaBox, TmaLoad};
 use crate::sched::{MmaPart, Region};
@@ -627,47 +627,14 @@ fn broken_once_protocols_are_rejected() {
 
 // --- the rotated loop and its turns ---
 
-/// The old ring's op for a step of a rotated program.
-fn rotated_op(s: &Sched, step: Step) -> Op {
-    let ring_bar = |b: Bar| {
-        bar(
-            s,
-            match b {
-                Bar::Full => "full",
-                Bar::Empty => "empty",
-                Bar::TailFull => "tail_full",
-                Bar::TailEmpty => "tail_empty",
-                Bar::Once | Bar::OnceFree => panic!("{b:?} in a rotated iteration"),
-            },
-        )
-    };
-    match step {
-        Step::Wait { bar: b, start } => wait(ring_bar(b), start),
-        Step::Arrive { bar: b, lag } => arrive(ring_bar(b), lag),
-        Step::IssueHead => Op::Wgmma(MmaPart::Head),
-        Step::IssueTail => Op::Wgmma(MmaPart::Tail),
-        Step::Commit => Op::WgmmaCommit,
-        Step::WaitGroup(n) => Op::WgmmaWait(n),
-        Step::Between => Op::Run(Region::Between),
-        Step::Handoff => Op::Run(Region::Handoff),
-        Step::TurnWait { who } => turn_wait(s, who),
-        Step::TurnPass { who } => turn_pass(s, who),
-        other => panic!("{other:?} in a rotated iteration"),
-    }
-}
-
 #[test]
 fn rotated_program_is_the_passes() {
-    let s = split();
-    for turns in [false, true] {
-        for split in [false, true] {
-            let pass: Vec<Op> = crate::passes::overlap::rotated_program(turns, split)
-                .into_iter()
-                .map(|step| rotated_op(&s, step))
-                .collect();
+    for (s, split) in [(rotated(), false), (split(), true)] {
+        for turns in [false, true] {
+            let turn = turns.then(|| bar(&s, "turn"));
             assert_eq!(
+                crate::passes::overlap::rotated_program(&s, turn),
                 rotated_program(&s, turns, split),
-                pass,
                 "turns {turns}, split {split}"
             );
         }

@@ -1,30 +1,59 @@
-//! The `tmem` pass's attention schedule ([`crate::tmem::attention`]): a persistent ring with
-//! one once load (Q) whose body the `overlap` analysis finds attention-shaped (head mma,
-//! code between, rescale, tail mma into a carried accumulator).
+//! The `tmem` pass's attention schedule, in the style of FlashAttention-4: a persistent loop
+//! with one once load (Q) whose body the `overlap` analysis finds attention-shaped (head mma
+//! `S = Q K^T`, an online softmax, rescale, tail mma `O = O * alpha + P V`).
 //!
-//! A CTA runs two work tiles along x over one walk of the key blocks, from the earlier of
-//! their starts to the later of their ends, so the loop's step may not depend on
+//! **Work.** A CTA runs pairs of work tiles: tiles `2 p` and `2 p + 1` along x of the kernel's
+//! grid (two 128-row query tiles of one head, so 256 query rows) share every K/V block the
+//! ring loads. The pair walks the key blocks from the earlier of the two tiles' starts to the
+//! later of their ends; a softmax warpgroup runs the iterations outside its own tile's range
+//! as no-ops (no score copied, `P = 0`, factors 1, its running values kept), so each tile's
+//! result is that of its own loop, whatever the kernel's mask (but for `0 x V` where V is not
+//! finite, which the tile's own loop would never read). So the loop's step may not depend on
 //! `block_id().x`, and its start only with a step of 1.
+//!
+//! **Roles** (16 warps): two softmax warpgroups (warpgroup `g` owns Q tile `g`: thread `t` one
+//! query row, TMEM lane `t`), a correction warpgroup, then a warpgroup whose first warp issues
+//! the TMA loads, whose second owns TMEM and issues every `tcgen05.mma` from one thread, and
+//! whose last two only give their registers back.
+//!
+//! **TMEM** (one allocation of up to 512 columns): per Q tile `g`, `O_g` (`d` f32 columns) and
+//! `S_g` (`block_n` f32 columns). The softmax overwrites `S_g` with `P_g` (bf16, two a
+//! column), which the PV mma reads as its A operand from TMEM.
+//!
+//! **Handoffs**, per loop iteration (phase `i` of every per-iteration barrier is iteration
+//! `i`, counted across the CTA's tiles): the MMA thread waits for the stage, issues
+//! `S_g = Q_g K^T` and commits it to `s_full[g]`; softmax `g` copies `S_g` to registers, runs
+//! the loop's code between the mmas, writes its rows' rescale factors to shared memory
+//! (`scale_full[g]`) and `P_g` over `S_g` (`p_full[g]`); the correction warpgroup waits for
+//! the previous `O_g += P V` (`o_full[g]`) and rescales `O_g` in TMEM, then hands `O_g` to the
+//! MMA thread (`o_ready[g]`), which issues `O_g += P_g V` and commits it to `o_full[g]`; the
+//! stage is released by a `tcgen05.commit` after the last mma reading it. After its loop,
+//! softmax `g` waits for the last `o_full[g]`, copies `O_g` out, hands TMEM back (`o_empty[g]`,
+//! one phase per tile) and runs the kernel's code after the loop; its store goes through a
+//! staging tile of its own and TMA where shared memory has room for both warpgroups' (in as
+//! few rounds as fit), else from registers.
+//!
+//! **Conditional rescale** (FlashAttention-4's): a row keeps its reference maximum while its
+//! running maximum exceeds it by at most [`crate::sched::overlap::Deferral::THRESHOLD`] (in
+//! the base-2 exponent), so `p <= 2^8` and its factor is exactly 1; a correction warp whose 32
+//! rows all have factor 1 skips the rescale. This is exact: `O` and `l` of a row are both
+//! accumulated against the same stale reference, and only `O / l` is read after the loop.
 //!
 //! It checks what the schedule needs and says why where it cannot: both mmas have 128 rows,
 //! Q and K are K-major and V MN-major, the key block is 32, 64 or 128 keys (one `tcgen05.ld`
 //! of a score row) and the head dimension a multiple of 32 (the correction's copies), and
-//! both Q tiles' `S` and `O` fit TMEM's 512 columns (d = 256 does not: `2 x (256 + 64) =
-//! 640`). Then it places Q tile 1, the TMEM address slot, the schedule's barriers and the
-//! rescale factors after the rest of shared memory, and the epilogue store's staging tile
-//! (planned by `tma_store` for one 128-thread epilogue) once per softmax warpgroup after
-//! them, each with its own named barrier, in as few rounds as fit; where none fits, the
-//! stores stay register stores.
+//! both Q tiles' `S` and `O` fit TMEM's 512 columns (d = 256 does not).
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Axis, Const, Kernel, Loc, OpId, OpKind, ValueDef, ValueId};
-use crate::ring::{Operand, SWIZZLE_ATOM};
-use crate::tma_store::TmaStore;
-use crate::tmem::attention::{
-    AttentionPlan, AttentionRoles, AttnBar, Programs, Q_TILES, RESCALE_COLUMNS, TileColumns,
-    WARPGROUP_WARPS,
+use crate::sched::tma::{Operand, SWIZZLE_ATOM};
+use crate::sched::tmem::{
+    ACC_ROWS, Descriptor, TMEM_COLUMNS, Tmem, TmemMma, TmemTile, TmemTileId, instruction_descriptor,
 };
-use crate::tmem::{ACC_ROWS, Descriptor, TMEM_COLUMNS, instruction_descriptor};
+use crate::sched::{
+    Barrier, BarrierId, BarrierKind, Index, Issue, Load, LoadId, Mbarrier, MmaPart, Op, Phase,
+    Region, Role, RoleKind, Sched, Scope, TmaStore, Who,
+};
 
 /// Pass options of the attention schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -44,24 +73,44 @@ impl Default for AttentionOptions {
     }
 }
 
+/// Query tiles a CTA runs at once (one per softmax warpgroup).
+const Q_TILES: u32 = 2;
+/// Warps of a warpgroup.
+const WARPGROUP_WARPS: u32 = 4;
+/// Columns one `tcgen05.ld`/`st` of the correction copies (`32x32b.x32`).
+const RESCALE_COLUMNS: u32 = 32;
 /// `setmaxnreg` of the softmax, correction and last warpgroups: `128 * (2 * 192 + 80 + 48)`
 /// is the whole register file; a softmax thread holds a score row (up to 128 f32) and its
 /// output row after the loop, a correction thread 32 columns of `O`.
 const REGS: [u32; 3] = [192, 80, 48];
+/// Named barrier of softmax warpgroup 0's store (`bar.sync 0` is the set-up's); warpgroup 1
+/// takes the next.
+const FIRST_STORE_BARRIER: u32 = 1;
 
-/// Whether ring loop `id` is attention-shaped (see the module doc).
-pub(super) fn is_attention(kernel: &Kernel, id: OpId) -> bool {
-    kernel.schedule.rings[&id].once.len() == 1 && super::super::overlap::plan(kernel, id).is_some()
+/// Whether the schedule's loop is attention-shaped (see the module doc).
+pub(super) fn is_attention(kernel: &Kernel, s: &Sched) -> bool {
+    let once = s.loads.iter().filter(|(h, _)| s.once(*h)).count();
+    once == 1 && super::super::overlap::plan(kernel, s.for_op).is_some()
 }
 
-/// Plans the attention schedule of ring loop `id`.
-pub(super) fn plan(
-    kernel: &mut Kernel,
-    id: OpId,
-    options: AttentionOptions,
-) -> Result<(), Diagnostic> {
+/// The handoff barriers of one Q tile.
+#[derive(Clone, Copy)]
+struct TileBars {
+    s_full: BarrierId,
+    scale_full: BarrierId,
+    p_full: BarrierId,
+    o_ready: BarrierId,
+    o_full: BarrierId,
+    o_empty: BarrierId,
+}
+
+/// Plans the attention schedule (see the module doc).
+pub(super) fn plan(kernel: &mut Kernel, options: AttentionOptions) -> Result<(), Diagnostic> {
+    let Some(s) = kernel.schedule.sched.clone() else {
+        return Ok(());
+    };
+    let id = s.for_op;
     let loc = kernel.ops[id].loc;
-    let ring = kernel.schedule.rings[&id].clone();
     let overlap = super::super::overlap::plan(kernel, id)
         .ok_or_else(|| Diagnostic::internal(loc, "an attention loop lost its shape"))?;
     let unsupported = |why: String| {
@@ -76,7 +125,7 @@ pub(super) fn plan(
             "its accumulator is not rescaled by a factor of the code between the mmas".into(),
         ));
     }
-    if kernel.schedule.tiles.is_none() || !ring.persistent {
+    if !s.persistent() {
         return Err(unsupported(
             "it is not persistent (its CTAs walk pairs of query tiles)".into(),
         ));
@@ -104,18 +153,28 @@ pub(super) fn plan(
             "an attention mma without a shape",
         ));
     };
-    let [q] = &ring.once[..] else {
+    let once: Vec<LoadId> = s
+        .loads
+        .iter()
+        .map(|(h, _)| h)
+        .filter(|&h| s.once(h))
+        .collect();
+    let ring: Vec<LoadId> = s.ring_loads().map(|(h, _)| h).collect();
+    let [q] = once[..] else {
         return Err(Diagnostic::internal(loc, "an attention ring without its Q"));
     };
-    let [k, v] = &ring.loads[..] else {
+    let [k, v] = ring[..] else {
         return Err(unsupported("its body stages more than K and V".into()));
     };
+    let tma = |h: LoadId| s.loads[h].tma.clone();
+    let (qt, kt, vt) = (tma(q), tma(k), tma(v));
     if m != ACC_ROWS || mo != ACC_ROWS {
         return Err(unsupported(format!(
             "its query tile has {m} rows; tcgen05.mma's accumulator has {ACC_ROWS}"
         )));
     }
-    if (q.operand, k.operand, v.operand) != (Operand::KMajorA, Operand::KMajorB, Operand::MnMajorB)
+    if (qt.operand, kt.operand, vt.operand)
+        != (Operand::KMajorA, Operand::KMajorB, Operand::MnMajorB)
     {
         return Err(unsupported(
             "its scores are not `Q K^T` from row-major Q and K, or its output not `P V` from \
@@ -143,7 +202,7 @@ pub(super) fn plan(
         ))
         .note("a smaller key block (`block_n`) does not help at d = 256: O alone takes 256 columns a tile"));
     }
-    let dtype = kernel.ty(kernel.ops[q.load].results[0]).dtype();
+    let dtype = kernel.ty(kernel.ops[qt.load].results[0]).dtype();
     let p_dtype = kernel.ty(kernel.ops[overlap.tail].operands[0]).dtype();
     if p_dtype != dtype {
         return Err(unsupported(format!(
@@ -152,101 +211,345 @@ pub(super) fn plan(
     }
     // Each softmax warpgroup stores its own tile: the `tma_store` pass planned one staging
     // tile; take it out, place the rest, and give each warpgroup its own after everything.
-    let store = kernel.schedule.tma_stores.values().next().cloned();
-    kernel.schedule.tma_stores.clear();
+    let store = s.stores.first().cloned();
+    if let Some(sched) = kernel.schedule.sched.as_mut() {
+        sched.stores.clear();
+        let store_bars: Vec<BarrierId> = store.iter().map(|st| st.barrier).collect();
+        sched.remove_barriers(&store_bars);
+    }
     super::super::pipeline::place(kernel)?;
-    let q_bytes = q.tile_bytes();
+    let q_bytes = qt.tile_bytes();
     let q1_offset = kernel.schedule.smem_bytes.next_multiple_of(SWIZZLE_ATOM);
-    let slot_offset = q1_offset + q.stage_stride.max(q_bytes.next_multiple_of(SWIZZLE_ATOM));
+    let slot_offset = q1_offset + qt.stage_stride.max(q_bytes.next_multiple_of(SWIZZLE_ATOM));
     let bars_offset = slot_offset + 8;
-    let scale_offset = bars_offset + 8 * AttnBar::all().len() as u32;
+    let scale_offset = bars_offset + 8 * 6 * Q_TILES;
     let mut smem_bytes = scale_offset + Q_TILES * ACC_ROWS * 4;
     check_smem(loc, smem_bytes)?;
-    let stores = store
-        .and_then(|st| staging(st, smem_bytes))
-        .unwrap_or_default();
-    if let Some(st) = stores.first() {
-        kernel.schedule.tma_stores.insert(st.store, st.clone());
+    let columns = TMEM_COLUMNS.min(needed.next_power_of_two());
+    let Some(s) = kernel.schedule.sched.as_mut() else {
+        return Ok(());
+    };
+    for (h, l) in s.loads.iter_mut() {
+        l.read_by = if h == v { MmaPart::Tail } else { MmaPart::Head };
     }
+    let (q_bar, q_free) = (s.loads[q].barrier, s.loads[q].free);
+    let mut q1 = qt.clone();
+    q1.offset = q1_offset;
+    let q1 = s.loads.append(Load {
+        tma: q1,
+        barrier: q_bar,
+        free: q_free,
+        work_tile: 1,
+        read_by: MmaPart::Head,
+    });
+    let bars: Vec<TileBars> = (0..Q_TILES)
+        .map(|g| tile_bars(s, g, bars_offset + 48 * g))
+        .collect();
+    let stores = store
+        .and_then(|st| staging(s, st, smem_bytes))
+        .unwrap_or_default();
     if let Some(last) = stores.last() {
         smem_bytes = last.offset + last.bytes();
     }
-    let columns = TMEM_COLUMNS.min(needed.next_power_of_two());
-    let tiles = (0..Q_TILES)
-        .map(|g| TileColumns {
-            o: g * d,
-            s: Q_TILES * d + g * block_n,
-        })
-        .collect();
-    let p = Programs::new(columns, d, Q_TILES * q_bytes);
-    kernel.schedule.smem_bytes = smem_bytes;
-    kernel.schedule.attention = Some(AttentionPlan {
-        for_op: id,
-        roles: AttentionRoles {
-            softmax_warps: WARPGROUP_WARPS,
-            correction_warp: Q_TILES * WARPGROUP_WARPS,
-            load_warp: (Q_TILES + 1) * WARPGROUP_WARPS,
-            mma_warp: (Q_TILES + 1) * WARPGROUP_WARPS + 1,
-            warps: (Q_TILES + 2) * WARPGROUP_WARPS,
-            regs: REGS,
-        },
+    s.stores = stores;
+    s.tmem = Some(Tmem {
         columns,
-        d,
-        block_n,
-        tiles,
-        s_idesc: instruction_descriptor(dtype, ACC_ROWS, block_n, false),
-        o_idesc: instruction_descriptor(dtype, ACC_ROWS, d, true),
-        q: Descriptor::of(q),
-        k: Descriptor::of(k),
-        v: Descriptor::of(v),
-        q1_offset,
         slot_offset,
-        bars_offset,
-        scale_offset,
-        stores,
-        poly_share: options.poly_exp2_share,
-        setup: p.setup,
-        load_tile: p.load_tile,
-        load_iteration: p.load_iteration,
-        mma_tile: p.mma_tile,
-        mma_iteration: p.mma_iteration,
-        mma_tile_end: p.mma_tile_end,
-        mma_exit: p.mma_exit,
-        softmax_tile: p.softmax_tile,
-        softmax_iteration: p.softmax_iteration,
-        softmax_end: p.softmax_end,
-        correction_iteration: p.correction_iteration,
-        overlap,
+        tiles: (0..Q_TILES)
+            .flat_map(|g| {
+                [
+                    TmemTile {
+                        name: "O",
+                        index: Some(g),
+                        column: g * d,
+                        columns: d,
+                    },
+                    TmemTile {
+                        name: "S",
+                        index: Some(g),
+                        column: Q_TILES * d + g * block_n,
+                        columns: block_n,
+                    },
+                ]
+            })
+            .collect(),
+        mmas: vec![
+            TmemMma {
+                part: MmaPart::Head,
+                idesc: instruction_descriptor(dtype, ACC_ROWS, block_n, false),
+                a: Some(Descriptor::of(&qt)),
+                b: Descriptor::of(&kt),
+            },
+            TmemMma {
+                part: MmaPart::Tail,
+                idesc: instruction_descriptor(dtype, ACC_ROWS, d, true),
+                a: None,
+                b: Descriptor::of(&vt),
+            },
+        ],
     });
+    s.setup = super::tmem_setup(&s.setup, columns);
+    s.work_tiles = Q_TILES;
+    s.factors_offset = Some(scale_offset);
+    s.poly_share = options.poly_exp2_share;
+    s.overlap = Some(overlap);
+    roles(s, &bars, (q, q1), (columns, d, block_n));
+    s.sort_barriers();
+    kernel.schedule.smem_bytes = smem_bytes;
     Ok(())
 }
 
-/// Named barrier of softmax warpgroup 0's store (`bar.sync 0` is the set-up's); warpgroup 1
-/// takes the next.
-const FIRST_STORE_BARRIER: u32 = 1;
+/// Q tile `g`'s handoff barriers, 8 bytes each from `offset` (see the module doc).
+fn tile_bars(s: &mut Sched, g: u32, offset: u32) -> TileBars {
+    let mut at = offset;
+    let mut bar = |s: &mut Sched, name, count, phase, hands_tmem| {
+        let b = s.barriers.append(Barrier::mbarrier(
+            name,
+            Some(g),
+            Mbarrier {
+                count,
+                stages: 1,
+                phase,
+                offset: at,
+                scope: Scope::Cta,
+                hands_tmem,
+            },
+        ));
+        at += 8;
+        b
+    };
+    let it = Phase::Iteration;
+    TileBars {
+        s_full: bar(s, "s_full", 1, it, true),
+        scale_full: bar(s, "scale_full", WARPGROUP_WARPS, it, false),
+        p_full: bar(s, "p_full", WARPGROUP_WARPS, it, true),
+        o_ready: bar(s, "o_ready", WARPGROUP_WARPS, it, true),
+        o_full: bar(s, "o_full", 1, it, true),
+        o_empty: bar(s, "o_empty", WARPGROUP_WARPS, Phase::Tile, true),
+    }
+}
 
 /// Both softmax warpgroups' copies of the epilogue's TMA store `st`, their staging tiles after
-/// `end` in as few rounds as shared memory holds; `None` when no split fits.
-fn staging(st: TmaStore, end: u32) -> Option<Vec<TmaStore>> {
+/// `end` in as few rounds as shared memory holds, each with a named barrier of its own; `None`
+/// when no split fits.
+fn staging(s: &mut Sched, st: TmaStore, end: u32) -> Option<Vec<TmaStore>> {
     let limit = super::super::memory_plan::SMEM_LIMIT;
     let boxes = st.boxes.len() as u32;
     let rounds = (0..=boxes.trailing_zeros()).map(|k| 1 << k);
-    let fit = rounds.map(|r| st.in_rounds(r)).find(|s| {
-        let each = s.bytes().next_multiple_of(SWIZZLE_ATOM);
-        end.next_multiple_of(SWIZZLE_ATOM) + Q_TILES * each <= limit
-    })?;
+    let fit = rounds
+        .map(|r| {
+            let mut x = st.clone();
+            x.set_rounds(r);
+            x
+        })
+        .find(|x| {
+            let each = x.bytes().next_multiple_of(SWIZZLE_ATOM);
+            end.next_multiple_of(SWIZZLE_ATOM) + Q_TILES * each <= limit
+        })?;
     let each = fit.bytes().next_multiple_of(SWIZZLE_ATOM);
+    let threads = 32 * WARPGROUP_WARPS;
     Some(
         (0..Q_TILES)
             .map(|g| {
-                let mut s = fit.clone();
-                s.offset = end.next_multiple_of(SWIZZLE_ATOM) + g * each;
-                s.barrier = FIRST_STORE_BARRIER + g;
-                s.threads = 32 * WARPGROUP_WARPS;
-                s
+                let barrier = s.barriers.append(Barrier {
+                    name: "store",
+                    index: Some(g),
+                    kind: BarrierKind::Named {
+                        first: FIRST_STORE_BARRIER + g,
+                        ids: 1,
+                        threads,
+                    },
+                });
+                let sync = Op::Sync {
+                    bar: barrier,
+                    index: Index::Own,
+                    who: Who::All,
+                };
+                let mut x = fit.clone();
+                x.offset = end.next_multiple_of(SWIZZLE_ATOM) + g * each;
+                x.barrier = barrier;
+                x.threads = threads;
+                x.groups = 1;
+                x.work_tile = g;
+                for op in &mut x.round {
+                    if matches!(op, Op::Sync { .. }) {
+                        *op = sync;
+                    }
+                }
+                x
             })
             .collect(),
     )
+}
+
+/// The roles and their programs (see the module doc).
+fn roles(
+    s: &mut Sched,
+    bars: &[TileBars],
+    (q0, q1): (LoadId, LoadId),
+    (columns, d, block_n): (u32, u32, u32),
+) {
+    let (Some(once), Some(once_free)) = (Some(s.loads[q0].barrier), s.loads[q0].free) else {
+        return;
+    };
+    let ring: Vec<LoadId> = s.ring_loads().map(|(h, _)| h).collect();
+    let (full, empty) = match ring.first() {
+        Some(&h) => (
+            s.loads[h].barrier,
+            s.loads[h].free.unwrap_or(s.loads[h].barrier),
+        ),
+        None => return,
+    };
+    let tmem = s.tmem.clone();
+    let tile = |name: &str, g: u32| {
+        tmem.as_ref()
+            .and_then(|t| t.tile(name, Some(g)))
+            .unwrap_or(TmemTileId(0))
+    };
+    let wait = |bar, start, lag| Op::Wait { bar, start, lag };
+    let arrive = |bar| Op::Arrive { bar, lag: 0 };
+    let commit = |bar| Op::Tcgen05Commit { bar, lag: 0 };
+    let q_bytes = 2 * s.loads[q0].tma.tile_bytes();
+    let producer_iteration = s
+        .role(RoleKind::Producer)
+        .map(|r| r.program.iteration.clone())
+        .unwrap_or_default();
+    let o_copies = |g: u32| {
+        (0..d.div_ceil(RESCALE_COLUMNS)).map(move |c| Op::TmemLoad {
+            tile: tile("O", g),
+            column: c * RESCALE_COLUMNS,
+            columns: RESCALE_COLUMNS.min(d - c * RESCALE_COLUMNS),
+        })
+    };
+    let mut roles = Vec::new();
+    for (g, b) in (0..Q_TILES).zip(bars) {
+        let mut softmax = Role::new(
+            RoleKind::Softmax(g),
+            g * WARPGROUP_WARPS,
+            WARPGROUP_WARPS,
+            Issue::Warps,
+        );
+        softmax.regs = Some(REGS[0]);
+        // A softmax warpgroup starts a tile only once its Q is loaded: the load follows the
+        // MMA thread's previous tile (`once_free`), so the warpgroup never runs through empty
+        // tiles more than one `o_empty` phase ahead of the MMA thread's wait on it.
+        softmax.program.tile = vec![wait(once, 0, 0)];
+        softmax.program.iteration = vec![
+            wait(b.s_full, 0, 0),
+            Op::Tcgen05FenceAfter,
+            Op::TmemLoad {
+                tile: tile("S", g),
+                column: 0,
+                columns: block_n,
+            },
+            Op::TmemWaitLoad,
+            Op::Run(Region::Between),
+            Op::FactorStore { tile: g },
+            arrive(b.scale_full),
+            Op::TmemStore { tile: tile("S", g) },
+            Op::TmemWaitStore,
+            Op::Tcgen05FenceBefore,
+            arrive(b.p_full),
+        ];
+        let mut end = vec![wait(b.o_full, 0, 1), Op::Tcgen05FenceAfter];
+        end.extend(o_copies(g));
+        end.extend([
+            Op::TmemWaitLoad,
+            Op::Tcgen05FenceBefore,
+            arrive(b.o_empty),
+            Op::Run(Region::Epilogue(None)),
+        ]);
+        softmax.program.end = end;
+        if s.stores.iter().any(|st| st.work_tile == g) {
+            softmax.program.exit = vec![Op::BulkWaitAll];
+        }
+        roles.push(softmax);
+    }
+    let mut correction = Role::new(
+        RoleKind::Correction,
+        Q_TILES * WARPGROUP_WARPS,
+        WARPGROUP_WARPS,
+        Issue::Warps,
+    );
+    correction.regs = Some(REGS[1]);
+    for (g, b) in (0..Q_TILES).zip(bars) {
+        correction.program.iteration.extend([
+            wait(b.scale_full, 0, 0),
+            Op::FactorLoad { tile: g },
+            wait(b.o_full, 0, 1),
+            Op::Tcgen05FenceAfter,
+            Op::RescaleBegin { tile: g },
+        ]);
+        for load in o_copies(g) {
+            correction.program.iteration.extend([
+                load,
+                Op::TmemWaitLoad,
+                Op::Rescale { tile: g },
+                Op::TmemStore { tile: tile("O", g) },
+            ]);
+        }
+        correction.program.iteration.extend([
+            Op::TmemWaitStore,
+            Op::RescaleEnd,
+            Op::Tcgen05FenceBefore,
+            arrive(b.o_ready),
+        ]);
+    }
+    roles.push(correction);
+    let first_other = (Q_TILES + 1) * WARPGROUP_WARPS;
+    let mut load = Role::new(RoleKind::Producer, first_other, 1, Issue::Thread);
+    load.regs = Some(REGS[2]);
+    load.program.tile = vec![
+        wait(once_free, 1, 0),
+        Op::ExpectTx {
+            bar: once,
+            bytes: q_bytes,
+        },
+        Op::Tma { load: q0 },
+        Op::Tma { load: q1 },
+    ];
+    load.program.iteration = producer_iteration;
+    roles.push(load);
+    let mut mma = Role::new(RoleKind::Mma, first_other + 1, 1, Issue::Thread);
+    mma.regs = Some(REGS[2]);
+    // O_g is overwritten by the tile's first PV mma only once the previous tile's O_g was
+    // copied out (a fresh barrier passes parity 1 at once).
+    mma.program.tile = bars.iter().map(|b| wait(b.o_empty, 1, 0)).collect();
+    mma.program
+        .tile
+        .extend([wait(once, 0, 0), Op::Tcgen05FenceAfter]);
+    mma.program.iteration = vec![wait(full, 0, 0), Op::Tcgen05FenceAfter];
+    for (g, b) in (0..Q_TILES).zip(bars) {
+        mma.program.iteration.extend([
+            Op::Tcgen05Mma {
+                part: MmaPart::Head,
+                tile: g,
+            },
+            commit(b.s_full),
+        ]);
+    }
+    for (g, b) in (0..Q_TILES).zip(bars) {
+        mma.program.iteration.extend([
+            wait(b.p_full, 0, 0),
+            wait(b.o_ready, 0, 0),
+            Op::Tcgen05FenceAfter,
+            Op::Tcgen05Mma {
+                part: MmaPart::Tail,
+                tile: g,
+            },
+            commit(b.o_full),
+        ]);
+    }
+    // The last mma reading the stage (tile 1's PV) was just issued: the commit frees the
+    // stage once it, and everything before it, completes.
+    mma.program.iteration.push(commit(empty));
+    mma.program.release = vec![commit(once_free)];
+    mma.program.exit = bars.iter().map(|b| wait(b.o_empty, 1, 0)).collect();
+    mma.program
+        .exit
+        .extend([Op::Tcgen05FenceAfter, Op::TmemDealloc { columns }]);
+    roles.push(mma);
+    s.roles = roles;
 }
 
 /// Whether scalar `v` is computed from `block_id().x`.
