@@ -18,8 +18,8 @@ use crate::module::{self, LoadedKernel, ModuleLimits};
 use crate::params::ParamBuffer;
 use crate::tensor::{Buffer, DeviceTensor, nan_pattern};
 use crate::tensor_map_cache::MapInputs;
-use crate::timing::HoldSlot;
-use crate::tma::{L2Promotion, OobFill, Swizzle, TensorMap};
+use crate::tma::TensorMap;
+use crate::tma_rules::{L2Promotion, OobFill, Swizzle, TensorMapError};
 use crate::validate::{ArgView, alignment, check_args, check_grid};
 
 /// A launch argument, in signature order.
@@ -74,6 +74,9 @@ pub struct Device {
     /// The kernel that holds the GPU before a timed interval (`crate::timing`).
     hold: HoldSlot,
 }
+
+/// Where a device keeps the kernel `crate::timing` loads on first use to hold the GPU.
+pub(crate) type HoldSlot = Mutex<Option<Arc<LoadedKernel>>>;
 
 impl Device {
     /// Whether a CUDA driver can be loaded and reports at least one GPU. GPU tests call this
@@ -213,6 +216,24 @@ impl Device {
         Ok(DeviceTensor::new(Buffer::alloc(&self.ctx, bytes)?, layout))
     }
 
+    /// Encodes a tiled TMA map over `tensor` (bf16, f16 or f32; rank 1..=5; innermost
+    /// dimension contiguous) whose box has extents `box_dims`, **outermost first** like the
+    /// tensor's shape. Every driver rule is checked first and reported as
+    /// [`RuntimeError::TensorMap`]; the driver's own refusal is [`RuntimeError::Driver`].
+    pub fn tensor_map(
+        &self,
+        tensor: &DeviceTensor,
+        box_dims: &[u32],
+        swizzle: Swizzle,
+        l2_promotion: L2Promotion,
+        oob_fill: OobFill,
+    ) -> Result<TensorMap, RuntimeError> {
+        if tensor.context_id() != self.context_id() {
+            return Err(TensorMapError::ForeignTensor.into());
+        }
+        TensorMap::tiled(tensor, box_dims, swizzle, l2_promotion, oob_fill)
+    }
+
     /// A contiguous device copy of `host` (which may be strided).
     pub fn upload(&self, host: &HostTensor) -> Result<DeviceTensor, RuntimeError> {
         let t = self.alloc(host.dtype(), &host.shape)?;
@@ -308,20 +329,15 @@ impl Device {
                 128 => Swizzle::B128,
                 _ => Swizzle::None,
             };
-            let map = TensorMap::tiled(
-                self,
-                t,
-                &spec.box_dims,
-                swizzle,
-                L2Promotion::B256,
-                OobFill::Zero,
-            )
-            .map_err(|source| LaunchError::TensorMapArg {
-                param: signature
-                    .get(spec.param)
-                    .map_or_else(|| format!("#{}", spec.param), |p| p.name().to_string()),
-                source,
-            })?;
+            // `check_args` has made sure `t` lives on this device's context.
+            let map =
+                TensorMap::tiled(t, &spec.box_dims, swizzle, L2Promotion::B256, OobFill::Zero)
+                    .map_err(|source| LaunchError::TensorMapArg {
+                        param: signature
+                            .get(spec.param)
+                            .map_or_else(|| format!("#{}", spec.param), |p| p.name().to_string()),
+                        source,
+                    })?;
             kernel.tensor_map_cache().insert(inputs, *map.as_raw());
             maps.insert(spec.param, *map.as_raw());
         }

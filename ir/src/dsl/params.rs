@@ -7,9 +7,8 @@ use crate::diag::Diagnostic;
 use crate::kernel::{Loc, OpKind, Param};
 use crate::types::DType;
 
-use super::context;
 use super::def::{ComptimeKind, ComptimeValue, ParamSig, Spec};
-use super::value::Value;
+use super::value::{self, Value};
 
 /// The IR parameters for `signature` in `spec`: element types that are comptime parameters
 /// resolved from its comptime values, alignment facts taken from it.
@@ -85,7 +84,7 @@ pub fn comptime<T: ComptimeArg>(spec: &Spec, name: &str) -> Result<T, Diagnostic
 /// The value of scalar parameter number `index` (launch order).
 #[track_caller]
 pub fn scalar_param(index: usize) -> Value {
-    context::emit(OpKind::ScalarParam(index), &[], Loc::caller())
+    value::emit(OpKind::ScalarParam(index), &[], Loc::caller())
 }
 
 /// The comptime map the generated `launch`/`interpret` pass on, from `(name, value)` pairs.

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use kiln::ir::DType;
 use kiln::ir::dsl::KernelDef;
-use kiln::runtime::{KernelArg, L2Promotion, OobFill, Swizzle, TensorMap};
+use kiln::runtime::{KernelArg, L2Promotion, OobFill, Swizzle};
 use kiln_attn_core::args::{self, Options, TensorInfo, TorchDType, TorchDevice};
 use kiln_attn_core::launch::{self, LaunchFailure};
 use kiln_examples::attention::attention;
@@ -94,8 +94,7 @@ fn run() -> Result<(), LaunchFailure> {
     });
     // One of the four tensor maps each launch encodes (host work in the driver library).
     let encode = host_us(&dev, || {
-        TensorMap::tiled(
-            &dev,
+        dev.tensor_map(
             &tensors[0],
             &[1, 1, 64, 64],
             Swizzle::B128,

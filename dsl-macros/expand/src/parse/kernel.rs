@@ -2,11 +2,11 @@
 
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
-use syn::{Attribute, Block, Expr, ExprLit, Ident, ItemFn, Lit, MetaNameValue, Token, Visibility};
+use syn::{Attribute, Block, Ident, ItemFn, MetaNameValue, Token, Visibility};
 
-use super::Errors;
 use super::body::check_body;
 use super::signature::{Signature, parse_signature};
+use super::{Errors, int_literal};
 
 /// The options of `#[kernel(...)]`.
 pub struct KernelArgs {
@@ -33,16 +33,6 @@ impl Parse for KernelArgs {
             }
         }
         errors.finish(KernelArgs { num_warps })
-    }
-}
-
-/// The value of an integer literal expression that fits in `u32`.
-pub fn int_literal(e: &Expr) -> Option<u32> {
-    match e {
-        Expr::Lit(ExprLit {
-            lit: Lit::Int(i), ..
-        }) => i.base10_parse().ok(),
-        _ => None,
     }
 }
 

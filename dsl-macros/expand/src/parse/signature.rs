@@ -7,8 +7,7 @@ use syn::{
     ReturnType, Type,
 };
 
-use super::Errors;
-use super::kernel::int_literal;
+use super::{Errors, int_literal};
 
 /// The Rust type of a comptime parameter.
 #[derive(Clone, Copy, PartialEq, Eq)]
