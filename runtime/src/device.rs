@@ -19,7 +19,7 @@ use crate::params::ParamBuffer;
 use crate::tensor::{Buffer, DeviceTensor, nan_pattern};
 use crate::tensor_map_cache::MapInputs;
 use crate::tma::TensorMap;
-use crate::tma_rules::{L2Promotion, OobFill, Swizzle, TensorMapError};
+use crate::tma_rules::{L2Promotion, MapEncoding, OobFill, Swizzle, TensorMapError};
 use crate::validate::{ArgView, alignment, check_args, check_grid};
 
 /// A launch argument, in signature order.
@@ -231,7 +231,12 @@ impl Device {
         if tensor.context_id() != self.context_id() {
             return Err(TensorMapError::ForeignTensor.into());
         }
-        TensorMap::tiled(tensor, box_dims, swizzle, l2_promotion, oob_fill)
+        let encoding = MapEncoding {
+            swizzle,
+            l2_promotion,
+            oob_fill,
+        };
+        TensorMap::tiled(tensor, box_dims, encoding)
     }
 
     /// A contiguous device copy of `host` (which may be strided).
@@ -329,15 +334,20 @@ impl Device {
                 128 => Swizzle::B128,
                 _ => Swizzle::None,
             };
+            let encoding = MapEncoding {
+                swizzle,
+                l2_promotion: L2Promotion::B256,
+                oob_fill: OobFill::Zero,
+            };
             // `check_args` has made sure `t` lives on this device's context.
-            let map =
-                TensorMap::tiled(t, &spec.box_dims, swizzle, L2Promotion::B256, OobFill::Zero)
-                    .map_err(|source| LaunchError::TensorMapArg {
-                        param: signature
-                            .get(spec.param)
-                            .map_or_else(|| format!("#{}", spec.param), |p| p.name().to_string()),
-                        source,
-                    })?;
+            let map = TensorMap::tiled(t, &spec.box_dims, encoding).map_err(|source| {
+                LaunchError::TensorMapArg {
+                    param: signature
+                        .get(spec.param)
+                        .map_or_else(|| format!("#{}", spec.param), |p| p.name().to_string()),
+                    source,
+                }
+            })?;
             kernel.tensor_map_cache().insert(inputs, *map.as_raw());
             maps.insert(spec.param, *map.as_raw());
         }

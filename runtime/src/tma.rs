@@ -21,7 +21,7 @@ use crate::error::{DriverContext, RuntimeError};
 use crate::layout::Layout;
 use crate::tensor::DeviceTensor;
 use crate::tma_rules::{
-    L2Promotion, MAX_BOX, MAX_EXTENT, MAX_RANK, MAX_STRIDE_BYTES, OobFill, Swizzle, TMA_ALIGN,
+    MAX_BOX, MAX_EXTENT, MAX_RANK, MAX_STRIDE_BYTES, MapEncoding, Swizzle, TMA_ALIGN,
     TensorMapError,
 };
 
@@ -168,16 +168,14 @@ impl TensorMap {
     pub(crate) fn tiled(
         tensor: &DeviceTensor,
         box_dims: &[u32],
-        swizzle: Swizzle,
-        l2_promotion: L2Promotion,
-        oob_fill: OobFill,
+        encoding: MapEncoding,
     ) -> Result<TensorMap, RuntimeError> {
         let args = encode_args(
             tensor.layout(),
             tensor.alloc_ptr(),
             tensor.alloc_bytes(),
             box_dims,
-            swizzle,
+            encoding.swizzle,
         )?;
         let mut raw = sys::CUtensorMap { opaque: [0; 16] };
         // SAFETY: every array has at least `rank` (or `rank - 1` for the strides) entries, all
@@ -195,9 +193,9 @@ impl TensorMap {
                 args.box_dim.as_ptr(),
                 args.element_strides.as_ptr(),
                 sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                swizzle.raw(),
-                l2_promotion.raw(),
-                oob_fill.raw(),
+                encoding.swizzle.raw(),
+                encoding.l2_promotion.raw(),
+                encoding.oob_fill.raw(),
             )
         }
         .result()
@@ -207,7 +205,7 @@ impl TensorMap {
             tensor: tensor.clone(),
             box_dims: box_dims.to_vec(),
             box_bytes: args.box_bytes,
-            swizzle,
+            swizzle: encoding.swizzle,
         })
     }
 

@@ -101,6 +101,18 @@ impl OobFill {
     }
 }
 
+/// How a tiled map lays its box out in shared memory and fetches it: the options that follow
+/// the box's extents in `cuTensorMapEncodeTiled`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct MapEncoding {
+    /// The shared-memory swizzle.
+    pub(crate) swizzle: Swizzle,
+    /// The L2 promotion hint.
+    pub(crate) l2_promotion: L2Promotion,
+    /// What out-of-bounds elements read as.
+    pub(crate) oob_fill: OobFill,
+}
+
 /// A tensor map argument that breaks one of the driver's rules. Dimensions are numbered as in
 /// the tensor's shape (outermost first), the same order `box_dims` is given in.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
