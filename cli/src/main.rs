@@ -11,7 +11,7 @@ use std::io::{ErrorKind, Write};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use kiln::ir::dsl::{KernelDef, Spec};
+use kiln::ir::dsl::{AnyKernelDef, ComptimeValue, split_define};
 use kiln::ir::{Kernel, Target};
 
 /// kiln: the example kernels' IR, PTX and ptxas reports, without a GPU.
@@ -71,19 +71,18 @@ struct KernelArgs {
     /// The target: sm_80 (default), sm_90a or sm_100a.
     #[arg(long)]
     target: Option<Target>,
-    /// A comptime value, `-D key=value` (repeatable).
-    #[arg(short = 'D', value_name = "KEY=VALUE", value_parser = define)]
+    /// A comptime value, `-D NAME=VALUE` (repeatable); the kernel's comptime struct parses
+    /// them (`Comptime::from_defines`).
+    #[arg(short = 'D', value_name = "NAME=VALUE", value_parser = define)]
     defines: Vec<(String, String)>,
 }
 
-/// Parses `key=value`.
+/// Splits `NAME=VALUE`; the value is parsed as the kernel's parameter type when it is built.
 fn define(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .ok_or_else(|| format!("`{s}`: expected key=value"))
+    split_define(s).map_err(|e| e.to_string())
 }
 
-fn find_kernel(name: &str) -> Result<&'static dyn KernelDef, String> {
+fn find_kernel(name: &str) -> Result<&'static dyn AnyKernelDef, String> {
     let names: Vec<&str> = kiln_examples::registry().iter().map(|k| k.name()).collect();
     kiln_examples::find(name)
         .ok_or_else(|| format!("no kernel named `{name}`; one of: {}", names.join(", ")))
@@ -91,9 +90,9 @@ fn find_kernel(name: &str) -> Result<&'static dyn KernelDef, String> {
 
 impl KernelArgs {
     fn build(&self) -> Result<Kernel, String> {
-        let def = find_kernel(&self.name)?;
-        let spec = Spec::from_defaults(def, &self.defines).map_err(|e| e.to_string())?;
-        def.build(&spec).map_err(|d| d.to_string())
+        find_kernel(&self.name)?
+            .build_defines(&self.defines, true)
+            .map_err(|e| e.to_string())
     }
 
     /// The target named, else sm_80.
@@ -107,7 +106,7 @@ impl KernelArgs {
 }
 
 /// ` (tuned over a, b)` for a parameter the autotuner searches, else nothing.
-fn tuned(candidates: &[kiln::ir::dsl::ComptimeValue]) -> String {
+fn tuned(candidates: &[ComptimeValue]) -> String {
     if candidates.is_empty() {
         return String::new();
     }

@@ -25,6 +25,7 @@
 
 pub mod autotune;
 mod cluster;
+mod compile_cache;
 mod device;
 pub mod disk_cache;
 pub mod dump;

@@ -2,6 +2,7 @@
 //! first) so one compile shows all of them.
 
 pub mod body;
+pub mod comptime_struct;
 pub mod kernel;
 pub mod signature;
 
