@@ -76,11 +76,10 @@ fn gemm_shape(s: &str) -> Result<[usize; 3], String> {
     }
 }
 
-/// `NAME=VALUE`.
+/// `NAME=VALUE`; the value is parsed as the kernel's parameter type when its comptime struct
+/// is made (`Comptime::with_defines`).
 fn setting(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .ok_or_else(|| format!("expected NAME=VALUE, got `{s}`"))
+    kiln_ir::dsl::split_define(s).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

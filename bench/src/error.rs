@@ -22,12 +22,9 @@ pub enum BenchError {
         /// The status.
         source: cudarc::cublas::result::CublasError,
     },
-    /// A kernel the benchmark needs is not in `kiln_examples::registry()`.
-    #[error("no example kernel named `{0}`")]
-    NoKernel(&'static str),
-    /// The kernel's comptime values could not be set.
-    #[error("{0}")]
-    Spec(#[from] kiln_ir::dsl::def::SpecError),
+    /// A `--set NAME=VALUE` does not fit the kernel's comptime struct.
+    #[error("--set: {0}")]
+    Define(#[from] kiln_ir::dsl::DefineError),
     /// A kiln result disagrees with the peer's.
     #[error("{what}: relative error {error:.3e} against {peer} exceeds {tolerance:.0e}")]
     Wrong {

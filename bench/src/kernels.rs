@@ -1,9 +1,7 @@
-//! The kernels under test: the device with the chosen target, example kernels by name, and
-//! their comptime values.
+//! The kernels under test: the device with the chosen target, and their comptime values
+//! autotuned.
 
-use std::collections::BTreeMap;
-
-use kiln_ir::dsl::{ComptimeValue, KernelDef, Spec};
+use kiln_ir::dsl::{KernelDef, Spec};
 use kiln_runtime::{Device, LaunchError};
 use serde_json::Value;
 
@@ -20,41 +18,20 @@ pub fn device(args: &Args) -> Result<Device, BenchError> {
     })
 }
 
-/// The example kernel called `name`.
-pub fn find(name: &'static str) -> Result<&'static dyn KernelDef, BenchError> {
-    kiln_examples::find(name).ok_or(BenchError::NoKernel(name))
-}
-
-/// `def`'s comptime values: its defaults with `overrides` (name, value as text) applied.
-pub fn comptime(
-    def: &dyn KernelDef,
-    overrides: &[(&str, String)],
-) -> Result<BTreeMap<String, ComptimeValue>, BenchError> {
-    let o: Vec<(String, String)> = overrides
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
-        .collect();
-    Ok(Spec::from_defaults(def, &o)?.comptime)
-}
-
 /// `def`'s comptime values autotuned over `comptime` for shape bucket `bucket`, with the
 /// tensor parameters `aligned` known to be 16-byte aligned (`run` launches one candidate), and
 /// the search's record for the JSON: every candidate's median ms or why it was skipped, `null`
 /// without a disk cache.
-pub fn autotuned(
+pub fn autotuned<K: KernelDef>(
     device: &Device,
-    def: &dyn KernelDef,
-    comptime: &BTreeMap<String, ComptimeValue>,
+    def: &K,
+    comptime: &K::Comptime,
     aligned: &[&str],
     bucket: &str,
-    run: &mut dyn FnMut(&Spec) -> Result<(), LaunchError>,
-) -> Result<(BTreeMap<String, ComptimeValue>, Value), BenchError> {
-    let spec = Spec {
-        comptime: comptime.clone(),
-        aligned16: Default::default(),
-    }
-    .with_aligned16(aligned);
-    let chosen = device.autotune(def, &spec, bucket, run)?.comptime;
+    run: &mut dyn FnMut(&K::Comptime) -> Result<(), LaunchError>,
+) -> Result<(K::Comptime, Value), BenchError> {
+    let spec = Spec::new(comptime.clone()).with_aligned16(aligned);
+    let chosen = device.autotune(def, &spec, bucket, run)?;
     let record = device
         .autotune_record(def, &spec, bucket)
         .and_then(|c| serde_json::to_value(c.timings).ok())

@@ -1,11 +1,10 @@
 //! What every result file carries (commit, GPU, driver, date), a text table, and writing the
 //! JSON file.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::SystemTime;
 
-use kiln_ir::dsl::ComptimeValue;
+use kiln_ir::dsl::Comptime;
 use kiln_runtime::Device;
 use serde_json::{Value, json};
 
@@ -28,13 +27,16 @@ pub fn meta(device: &Device, benchmark: &str) -> Value {
     })
 }
 
-/// A specialisation's comptime values as a row records them, `name=value,...`.
-pub fn comptime_text(comptime: &BTreeMap<String, ComptimeValue>) -> String {
-    comptime
+/// A specialisation's comptime values as a row records them, `name=value,...` by name (the
+/// order the result files have always had).
+pub fn comptime_text<C: Comptime>(comptime: &C) -> String {
+    let mut pairs: Vec<String> = C::PARAMS
         .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",")
+        .zip(comptime.values())
+        .map(|(p, v)| format!("{}={v}", p.name))
+        .collect();
+    pairs.sort();
+    pairs.join(",")
 }
 
 /// Writes `json` (pretty-printed) to `path`, creating its directory, and says so on stderr.

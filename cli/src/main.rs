@@ -11,7 +11,7 @@ use std::io::{ErrorKind, Write};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use kiln::ir::dsl::{KernelDef, Spec};
+use kiln::ir::dsl::{AnyKernelDef, ComptimeValue, split_define};
 use kiln::ir::{Kernel, Target};
 
 /// kiln: the example kernels' IR, PTX and ptxas reports, without a GPU.
@@ -71,19 +71,18 @@ struct KernelArgs {
     /// The target: sm_80 (default), sm_90a or sm_100a.
     #[arg(long)]
     target: Option<Target>,
-    /// A comptime value, `-D key=value` (repeatable).
-    #[arg(short = 'D', value_name = "KEY=VALUE", value_parser = define)]
+    /// A comptime value, `-D NAME=VALUE` (repeatable); the kernel's comptime struct parses
+    /// them (`Comptime::from_defines`).
+    #[arg(short = 'D', value_name = "NAME=VALUE", value_parser = define)]
     defines: Vec<(String, String)>,
 }
 
-/// Parses `key=value`.
+/// Splits `NAME=VALUE`; the value is parsed as the kernel's parameter type when it is built.
 fn define(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .ok_or_else(|| format!("`{s}`: expected key=value"))
+    split_define(s).map_err(|e| e.to_string())
 }
 
-fn find_kernel(name: &str) -> Result<&'static dyn KernelDef, String> {
+fn find_kernel(name: &str) -> Result<&'static dyn AnyKernelDef, String> {
     let names: Vec<&str> = kiln_examples::registry().iter().map(|k| k.name()).collect();
     kiln_examples::find(name)
         .ok_or_else(|| format!("no kernel named `{name}`; one of: {}", names.join(", ")))
@@ -91,9 +90,9 @@ fn find_kernel(name: &str) -> Result<&'static dyn KernelDef, String> {
 
 impl KernelArgs {
     fn build(&self) -> Result<Kernel, String> {
-        let def = find_kernel(&self.name)?;
-        let spec = Spec::from_defaults(def, &self.defines).map_err(|e| e.to_string())?;
-        def.build(&spec).map_err(|d| d.to_string())
+        find_kernel(&self.name)?
+            .build_defines(&self.defines, true)
+            .map_err(|e| e.to_string())
     }
 
     /// The target named, else sm_80.
@@ -107,7 +106,7 @@ impl KernelArgs {
 }
 
 /// ` (tuned over a, b)` for a parameter the autotuner searches, else nothing.
-fn tuned(candidates: &[kiln::ir::dsl::ComptimeValue]) -> String {
+fn tuned(candidates: &[ComptimeValue]) -> String {
     if candidates.is_empty() {
         return String::new();
     }
@@ -285,5 +284,110 @@ fn main() -> ExitCode {
             eprintln!("{e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use kiln::ir::dsl::{Comptime, DefineError};
+    use kiln::ir::{DType, Target};
+    use kiln_examples::attention::AttentionParams;
+
+    use super::{Cli, Command, KernelArgs};
+
+    /// The `-D` values of `kiln ptx attention ARGS..`, parsed into attention's comptime struct.
+    fn attention_params(args: &[&str]) -> Result<AttentionParams, String> {
+        let cli = Cli::try_parse_from(["kiln", "ptx", "attention"].iter().chain(args))
+            .map_err(|e| e.to_string())?;
+        let Command::Ptx {
+            kernel: KernelArgs { defines, .. },
+            ..
+        } = cli.command
+        else {
+            return Err("not `kiln ptx`".into());
+        };
+        AttentionParams::from_defines(&defines).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defines_parse_into_the_kernels_comptime_struct() {
+        let p = attention_params(&[
+            "-D",
+            "d=64",
+            "-D",
+            "causal=true",
+            "-D",
+            "dtype=f16",
+            "-D",
+            "window_left=-3",
+            "-D",
+            "softcap=-0.0",
+            "-D",
+            "d=96",
+        ])
+        .expect("valid defines");
+        assert_eq!(
+            p,
+            AttentionParams {
+                d: 96,
+                causal: true,
+                dtype: DType::F16,
+                window_left: -3,
+                softcap: -0.0,
+                ..AttentionParams::default()
+            }
+        );
+        // The sign of a zero is a specialisation of its own.
+        assert_ne!(p.softcap.to_bits(), 0.0f32.to_bits());
+        assert_eq!(attention_params(&[]), Ok(AttentionParams::default()));
+    }
+
+    #[test]
+    fn a_bad_value_names_the_parameter_and_its_type() {
+        let err = attention_params(&["-D", "d=x"]).expect_err("not a usize");
+        assert_eq!(err, "comptime parameter `d` is a usize, and `x` is not one");
+        let err = attention_params(&["-D", "dtype=f64"]).expect_err("not a DType");
+        assert_eq!(
+            err,
+            "comptime parameter `dtype` is a DType, and `f64` is not one"
+        );
+        let err = attention_params(&["-D", "causal=1"]).expect_err("not a bool");
+        assert!(err.contains("`causal` is a bool"), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_name_lists_the_parameters() {
+        let err = attention_params(&["-D", "heads=3"]).expect_err("no such parameter");
+        let known: Vec<&str> = AttentionParams::PARAMS.iter().map(|p| p.name).collect();
+        assert_eq!(
+            err,
+            DefineError::UnknownParam {
+                name: "heads".into(),
+                known,
+            }
+            .to_string()
+        );
+        assert!(err.starts_with("no comptime parameter `heads`; the parameters are: d, causal"));
+        let err = attention_params(&["-D", "d"]).expect_err("no `=`");
+        assert!(err.contains("`d`: expected NAME=VALUE"), "{err}");
+    }
+
+    #[test]
+    fn the_cli_builds_with_defines_and_reports_bad_ones_by_kernel() {
+        let args = |defines: &[&str]| KernelArgs {
+            name: "attention".into(),
+            target: Some(Target::Sm80),
+            defines: defines
+                .iter()
+                .map(|d| super::define(d).expect("NAME=VALUE"))
+                .collect(),
+        };
+        assert!(args(&["d=64"]).build().is_ok());
+        let err = args(&["d=64", "bn=3"]).build().expect_err("unknown");
+        assert!(
+            err.starts_with("kernel `attention`: no comptime parameter `bn`"),
+            "{err}"
+        );
     }
 }

@@ -12,8 +12,8 @@ mod gpu_common;
 
 use std::process::ExitCode;
 
+use common::Variant;
 use gpu_common::{Needs, device, upload_padded};
-use kiln::ir::dsl::{ComptimeValue, Spec, specialise};
 use kiln::ir::{DType, HostTensor, Target};
 use kiln_runtime::{Device, DeviceTensor, KernelArg};
 use kiln_tests::check::{rel_error, tolerance};
@@ -29,23 +29,12 @@ struct Problem {
     reference: Vec<f64>,
 }
 
-fn comptime_usize(spec: &Spec, name: &str) -> usize {
-    match spec.comptime.get(name) {
-        Some(ComptimeValue::Usize(v)) => *v,
-        other => panic!("comptime `{name}` is {other:?}"),
-    }
-}
-
-fn comptime_bool(spec: &Spec, name: &str) -> bool {
-    matches!(spec.comptime.get(name), Some(ComptimeValue::Bool(true)))
-}
-
-/// Random inputs of odd shapes for `kernel`. Aligned variants keep every row a multiple of
+/// Random inputs of odd shapes for `variant`. Aligned variants keep every row a multiple of
 /// 16 bytes (what a contiguous launch they specialise on guarantees).
-fn problem(rng: &mut Rng, kernel: &str, spec: &Spec, aligned: bool) -> Problem {
+fn problem(rng: &mut Rng, variant: Variant, aligned: bool) -> Problem {
     let cdiv = |a: usize, b: usize| a.div_ceil(b) as u32;
-    match kernel {
-        "vector_add" => {
+    match variant {
+        Variant::VectorAdd => {
             let n = 3 * 1024 + 517;
             let a = tensor(rng, &[n], DType::F32, Dist::Normal);
             let b = tensor(rng, &[n], DType::F32, Dist::Normal);
@@ -58,7 +47,7 @@ fn problem(rng: &mut Rng, kernel: &str, spec: &Spec, aligned: bool) -> Problem {
                 reference,
             }
         }
-        "softmax" => {
+        Variant::Softmax(c) => {
             let (m, n) = if aligned { (37, 1000) } else { (29, 1001) };
             let x = tensor(rng, &[m, n], DType::F32, Dist::Large);
             let reference = reference::softmax_rows(&x);
@@ -66,22 +55,19 @@ fn problem(rng: &mut Rng, kernel: &str, spec: &Spec, aligned: bool) -> Problem {
                 inputs: vec![x],
                 out_shape: vec![m, n],
                 out_dtype: DType::F32,
-                grid: [cdiv(m, comptime_usize(spec, "BM")), 1, 1],
+                grid: [cdiv(m, c.BM), 1, 1],
                 reference,
             }
         }
-        "gemm" => {
+        Variant::Gemm(c) => {
             let (m, k, n) = if aligned {
                 (197, 136, 264)
             } else {
                 (97, 75, 131)
             };
-            let dtype = match spec.comptime.get("dtype") {
-                Some(ComptimeValue::DType(d)) => *d,
-                other => panic!("comptime `dtype` is {other:?}"),
-            };
+            let dtype = c.dtype;
             let a = tensor(rng, &[m, k], dtype, Dist::Uniform);
-            let (b, reference) = if comptime_bool(spec, "b_col_major") {
+            let (b, reference) = if c.b_col_major {
                 let bt = tensor(rng, &[n, k], dtype, Dist::Uniform);
                 let r = reference::gemm_bt(&a, &bt);
                 (bt, r)
@@ -94,15 +80,10 @@ fn problem(rng: &mut Rng, kernel: &str, spec: &Spec, aligned: bool) -> Problem {
                 inputs: vec![a, b],
                 out_shape: vec![m, n],
                 out_dtype: dtype,
-                grid: [
-                    cdiv(m, comptime_usize(spec, "BM")),
-                    cdiv(n, comptime_usize(spec, "BN")),
-                    1,
-                ],
+                grid: [cdiv(m, c.BM), cdiv(n, c.BN), 1],
                 reference,
             }
         }
-        other => panic!("no problem for `{other}`"),
     }
 }
 
@@ -119,14 +100,11 @@ fn gpu_backends_agree_with_each_other_and_the_reference() {
     let Some(dev) = device() else { return };
     let mut rng = Rng::from_env();
     println!("seed {}", rng.seed());
-    for (name, kernel, overrides, aligned) in common::VARIANTS {
-        let (def, spec) = common::spec(kernel, overrides, *aligned);
-        let k = def.build(&spec).unwrap_or_else(|d| panic!("{name}: {d}"));
-        // What the launch validates the arguments against: element types resolved.
-        let signature = specialise(def.signature(), &spec.comptime);
-        let p = problem(&mut rng, kernel, &spec, *aligned);
-        let inputs: Vec<DeviceTensor> =
-            p.inputs.iter().map(|h| upload(&dev, h, *aligned)).collect();
+    for (name, variant, aligned) in common::variants() {
+        // The signature is what the launch validates the arguments against.
+        let (k, signature) = variant.build(aligned);
+        let p = problem(&mut rng, variant, aligned);
+        let inputs: Vec<DeviceTensor> = p.inputs.iter().map(|h| upload(&dev, h, aligned)).collect();
         let mut outs = Vec::new();
         for backend in ["kiln-ptx", "kiln-llvm"] {
             let module = match backend {

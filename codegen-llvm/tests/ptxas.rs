@@ -6,7 +6,10 @@
 
 mod common;
 
+use common::Variant;
 use kiln::ir::Target;
+use kiln_examples::gemm::GemmComptime;
+use kiln_examples::softmax::SoftmaxComptime;
 use kiln_ptx::ptxas;
 
 /// The `.param` types of the entry of `ptx`, in order (`u64`, `u32`, `u64`, `f32`, ...).
@@ -31,8 +34,8 @@ fn param_widths(ptx: &str) -> Vec<String> {
 
 #[test]
 fn both_backends_assemble_with_ptxas_for_sm80() {
-    for (name, kernel, overrides, aligned) in common::VARIANTS {
-        let k = common::build(kernel, overrides, *aligned);
+    for (name, variant, aligned) in common::variants() {
+        let k = variant.kernel(aligned);
         let native =
             kiln_ptx::compile(&k, Target::Sm80).unwrap_or_else(|e| panic!("{name}: kiln-ptx: {e}"));
         let llvm = kiln_llvm::compile(&k).unwrap_or_else(|e| panic!("{name}: kiln-llvm: {e}"));
@@ -56,14 +59,15 @@ fn both_backends_assemble_with_ptxas_for_sm80() {
 
 #[test]
 fn gemm_goes_through_nvvm_mma_and_ldmatrix_intrinsics() {
-    for (overrides, ldmatrix_b) in [
-        (&[][..], "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"),
-        (
-            &[("b_col_major", "true")][..],
-            "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
-        ),
+    for (b_col_major, ldmatrix_b) in [
+        (false, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"),
+        (true, "ldmatrix.sync.aligned.m8n8.x4.shared.b16"),
     ] {
-        let m = kiln_llvm::compile(&common::build("gemm", overrides, true)).expect("compiles");
+        let c = GemmComptime {
+            b_col_major,
+            ..GemmComptime::default()
+        };
+        let m = kiln_llvm::compile(&Variant::Gemm(c).kernel(true)).expect("compiles");
         assert!(m.llvm_ir.contains("@llvm.nvvm.mma.m16n8k16.row.col.bf16"));
         assert!(m.llvm_ir.contains("@llvm.nvvm.barrier0"));
         assert!(m.llvm_ir.contains("!\"kernel\""));
@@ -72,10 +76,14 @@ fn gemm_goes_through_nvvm_mma_and_ldmatrix_intrinsics() {
                 .ptx
                 .contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
         );
-        assert!(m.ptx.ptx.contains(ldmatrix_b), "{overrides:?}");
+        assert!(
+            m.ptx.ptx.contains(ldmatrix_b),
+            "b_col_major = {b_col_major}"
+        );
         assert!(!m.llvm_ir.contains(" asm "), "no inline asm");
     }
-    let m = kiln_llvm::compile(&common::build("gemm", &[("dtype", "f16")], true)).expect("f16");
+    let f16 = Variant::Gemm(common::f16_gemm()).kernel(true);
+    let m = kiln_llvm::compile(&f16).expect("f16");
     assert!(
         m.llvm_ir
             .contains("@llvm.nvvm.mma.m16n8k16.row.col.f32.f32")
@@ -89,7 +97,8 @@ fn gemm_goes_through_nvvm_mma_and_ldmatrix_intrinsics() {
 
 #[test]
 fn softmax_reduces_with_warp_shuffles() {
-    let m = kiln_llvm::compile(&common::build("softmax", &[], true)).expect("compiles");
+    let softmax = Variant::Softmax(SoftmaxComptime::default()).kernel(true);
+    let m = kiln_llvm::compile(&softmax).expect("compiles");
     assert!(m.llvm_ir.contains("@llvm.nvvm.shfl.sync.bfly.f32"));
     assert!(m.ptx.ptx.contains("shfl.sync.bfly.b32"));
     assert!(m.ptx.ptx.contains("ex2.approx"));
@@ -114,7 +123,7 @@ mod sequence_rows {
 fn both_backends_write_scalar_loads_and_bounded_stores() {
     use kiln::ir::dsl::{KernelDef, Spec};
     let k = sequence_rows::copy_sequence_rows
-        .build(&Spec::default())
+        .build(&Spec::new(()))
         .expect("builds");
     let native = kiln_ptx::compile(&k, Target::Sm80).expect("kiln-ptx");
     let llvm = kiln_llvm::compile(&k).expect("kiln-llvm");

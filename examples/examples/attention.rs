@@ -11,10 +11,10 @@ use std::time::Instant;
 
 use clap::Parser;
 
-use kiln::ir::dsl::{KernelDef, Spec};
+use kiln::ir::dsl::{KernelDecl, KernelDef, Spec};
 use kiln::ir::{DType, HostTensor, Target};
 use kiln::runtime::Device;
-use kiln_examples::attention::{attention, tuned_blocks};
+use kiln_examples::attention::{AttentionParams, attention};
 use kiln_tests::check::{poisoned, rel_error, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
@@ -68,17 +68,8 @@ fn run() -> Result<(), String> {
     let target = device.as_ref().map_or(Target::Sm80, Device::target);
     // Small enough for the interpreter; neither is a multiple of a tile.
     let s = o.seq.unwrap_or(if device.is_ok() { 1000 } else { 200 });
-    let blocks = tuned_blocks(target, o.d, o.causal, (s, s));
-    let spec = Spec::from_defaults(
-        &attention,
-        &[
-            ("d".into(), o.d.to_string()),
-            ("causal".into(), o.causal.to_string()),
-            ("block_m".into(), blocks.0.to_string()),
-            ("block_n".into(), blocks.1.to_string()),
-        ],
-    )
-    .map_err(|e| e.to_string())?;
+    let params = AttentionParams::tuned(target, o.d, o.causal, (s, s));
+    let spec = Spec::uniform(params, attention.signature(), true);
 
     // Compile: specialise, run the passes, write PTX.
     let t0 = Instant::now();
@@ -115,10 +106,15 @@ fn run() -> Result<(), String> {
 
     let mut rng = Rng::from_env();
     match device {
-        Ok(dev) => run_gpu(&dev, &o, s, blocks, &mut rng),
+        Ok(dev) => run_gpu(&dev, &o, s, &params, &mut rng),
         Err(e) => {
             println!("no GPU ({e}); running on the CPU interpreter");
-            run_interpreter(&o, s, blocks.0, &mut rng)
+            // The kernel's own key block: the interpreter's cost grows with none of them.
+            let params = AttentionParams {
+                block_n: 0,
+                ..params
+            };
+            run_interpreter(&o, s, &params, &mut rng)
         }
     }
 }
@@ -146,31 +142,20 @@ fn report(what: &str, out: &HostTensor, reference: &[f64], seed: u64) -> Result<
     }
 }
 
-/// Runs `s` queries and keys on the interpreter in `block_m`-row query blocks.
-fn run_interpreter(o: &Options, s: usize, block_m: usize, rng: &mut Rng) -> Result<(), String> {
+/// Runs `s` queries and keys on the interpreter with comptime values `params`.
+fn run_interpreter(
+    o: &Options,
+    s: usize,
+    params: &AttentionParams,
+    rng: &mut Rng,
+) -> Result<(), String> {
     let [q, k, v] = inputs(rng, o, s, s);
     let mut out = poisoned(&[o.batch, o.heads, s, o.d], DType::Bf16);
     let scale = 1.0 / (o.d as f32).sqrt();
-    let grid = [s.div_ceil(block_m) as u32, o.heads as u32, o.batch as u32];
+    let grid = attention.grid(params, [s, o.heads, o.batch]);
     let t = Instant::now();
     attention
-        .interpret(
-            grid,
-            o.d,
-            o.causal,
-            0,
-            1,
-            DType::Bf16,
-            -1,
-            -1,
-            0.0,
-            block_m,
-            &q,
-            &k,
-            &v,
-            &mut out,
-            scale,
-        )
+        .interpret(params, grid, &q, &k, &v, &mut out, scale)
         .map_err(|e| e.to_string())?;
     println!(
         "  interpreter: b={} h={} s={s} in {:.2} s",
@@ -182,12 +167,12 @@ fn run_interpreter(o: &Options, s: usize, block_m: usize, rng: &mut Rng) -> Resu
     report("interpreter", &out, &reference, rng.seed())
 }
 
-/// Runs `s` queries and keys on `dev` in `(block_m, block_n)` blocks.
+/// Runs `s` queries and keys on `dev` with comptime values `params`.
 fn run_gpu(
     dev: &Device,
     o: &Options,
     s: usize,
-    (block_m, block_n): (usize, usize),
+    params: &AttentionParams,
     rng: &mut Rng,
 ) -> Result<(), String> {
     println!(
@@ -206,27 +191,10 @@ fn run_gpu(
         .map_err(|e| e.to_string())?;
     dev.fill_nan(&dout).map_err(|e| e.to_string())?;
     let scale = 1.0 / (o.d as f32).sqrt();
-    let grid = [s.div_ceil(block_m) as u32, o.heads as u32, o.batch as u32];
+    let grid = attention.grid(params, [s, o.heads, o.batch]);
     let t = Instant::now();
     attention
-        .launch(
-            dev,
-            grid,
-            o.d,
-            o.causal,
-            block_n,
-            1,
-            DType::Bf16,
-            -1,
-            -1,
-            0.0,
-            block_m,
-            &dq,
-            &dk,
-            &dv,
-            &dout,
-            scale,
-        )
+        .launch(dev, params, grid, &dq, &dk, &dv, &dout, scale)
         .map_err(|e| e.to_string())?;
     dev.synchronize().map_err(|e| e.to_string())?;
     println!(

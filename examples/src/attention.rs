@@ -51,75 +51,75 @@ fn online_update(s: Value, vs: Value, acc: Value, m: Value, l: Value) -> (Value,
 
 /// Attention over `q: [batch, heads, sq, d]` and `k, v: [batch, heads / kv_group, sk, d]`
 /// (`dtype`, bf16 or f16; `sq`, `sk` may differ) into `o: [batch, heads, sq, d]`, scores
-/// `s = q.k * scale`, soft-capped to `softcap * tanh(s / softcap)` when `softcap > 0`
-/// (`forward` says how).
-///
-/// Grid: `(cdiv(sq, block_m), heads, batch)`. Comptime: `d` (head dim, default 128; a power
-/// of two or a multiple of 32, the tiles' width), `causal` (default false), `block_n` (keys per
-/// block, a multiple of 16; default 0: `key_block`; the autotuner tries 64, 128, 160 and 192),
-/// `kv_group`, `dtype`, `window_left`/`window_right` (default -1, unbounded; causal forces
-/// right = 0), `softcap` (default 0: off), `block_m` (query rows per block, default
-/// [`BLOCK_M`]; on sm_90a 64 per consumer warpgroup, so 64, 128 or 192: three warpgroups,
-/// meant for d = 64; the autotuner tries 128 and 192).
-#[kernel(num_warps = 4)]
-pub fn attention<const d: usize = 128>(
+/// `s = q.k * scale`, soft-capped when `softcap > 0` (`forward` says how), with comptime
+/// [`AttentionParams`]. Grid: `(cdiv(sq, block_m), heads, batch)` (`grid = [block_m, 1, 1]`):
+/// ```no_run
+/// # use kiln::prelude::*; use kiln_examples::attention::{AttentionParams, attention};
+/// # fn f(dev: &kiln::runtime::Device, [q, k, v, o]: [&kiln::runtime::DeviceTensor; 4]) {
+/// let p = AttentionParams { d: 64, causal: true, ..AttentionParams::default() };
+/// let grid = attention.grid(&p, [q.shape()[2], q.shape()[1], q.shape()[0]]);
+/// attention.launch(dev, &p, grid, q, k, v, o, 0.125).expect("launch");
+/// # }
+/// ```
+#[kernel(num_warps = 4, grid = [block_m, 1, 1])]
+pub fn attention(
     q: Tensor<dtype, 4>,
     k: Tensor<dtype, 4>,
     v: Tensor<dtype, 4>,
     o: TensorMut<dtype, 4>,
     scale: f32,
-    #[comptime(default = false)] causal: bool,
-    #[comptime(default = 0, tune = [64, 128, 160, 192])] block_n: usize,
-    #[comptime(default = 1)] kv_group: usize,
-    #[comptime(default = DType::Bf16)] dtype: DType,
-    #[comptime(default = -1)] window_left: i32,
-    #[comptime(default = -1)] window_right: i32,
-    #[comptime(default = 0.0)] softcap: f32,
-    #[comptime(default = BLOCK_M, tune = [128, 192])] block_m: usize,
+    #[comptime] p: AttentionParams,
 ) {
-    let opts = Options::new(
-        causal,
-        (block_m, block_n),
-        kv_group,
-        dtype,
-        window_left,
-        window_right,
-        softcap,
-    );
-    forward(q, k, v, o, None, None, scale, d, opts);
+    forward(q, k, v, o, None, None, scale, p);
 }
 
-/// [`attention`], which also writes each query row's log-sum-exp into `lse: [batch, heads,
-/// sq]` (f32, natural log: `ln sum_j e^(s_j)` over the scores the row sees, soft-capped when
-/// `softcap > 0`; `+inf` for a row that sees no key, as FlashAttention-2 writes it). Same
-/// grid and comptime parameters.
-#[kernel(num_warps = 4)]
-pub fn attention_lse<const d: usize = 128>(
-    q: Tensor<dtype, 4>,
-    k: Tensor<dtype, 4>,
-    v: Tensor<dtype, 4>,
-    o: TensorMut<dtype, 4>,
-    lse: TensorMut<f32, 3>,
-    scale: f32,
-    #[comptime(default = false)] causal: bool,
-    #[comptime(default = 0, tune = [64, 128, 160, 192])] block_n: usize,
-    #[comptime(default = 1)] kv_group: usize,
-    #[comptime(default = DType::Bf16)] dtype: DType,
-    #[comptime(default = -1)] window_left: i32,
-    #[comptime(default = -1)] window_right: i32,
-    #[comptime(default = 0.0)] softcap: f32,
-    #[comptime(default = BLOCK_M, tune = [128, 192])] block_m: usize,
-) {
-    let opts = Options::new(
-        causal,
-        (block_m, block_n),
-        kv_group,
-        dtype,
-        window_left,
-        window_right,
-        softcap,
-    );
-    forward(q, k, v, o, Some(lse), None, scale, d, opts);
+/// The comptime parameters [`attention`], [`attention_lse`] and their varlen forms share: a
+/// launch, the compile cache and the autotuner pass one of these to any of the four
+/// (`AttentionParams::default()`: head dim 128, no mask, the kernel's own blocks); `-D
+/// NAME=VALUE` sets a field on the command line. Each distinct value compiles once.
+#[comptime]
+pub struct AttentionParams {
+    /// Head dim: a power of two or a multiple of 32 (the tiles' width).
+    #[comptime(default = 128)]
+    pub d: usize,
+    /// Whether each query sees only the keys up to its diagonal (aligned bottom-right).
+    #[comptime(default = false)]
+    pub causal: bool,
+    /// Keys per block, a multiple of 16; 0: the kernel's own choice, `key_block`.
+    #[comptime(default = 0, tune = [64, 128, 160, 192])]
+    pub block_n: usize,
+    /// Query heads per key/value head (grouped-query attention; `heads` is multi-query).
+    #[comptime(default = 1)]
+    pub kv_group: usize,
+    /// The element type of `q`, `k`, `v` and `o`: bf16 or f16.
+    #[comptime(default = DType::Bf16)]
+    pub dtype: DType,
+    /// Keys before its diagonal a query sees (a sliding window, [`Window`]); -1: all of them.
+    #[comptime(default = -1)]
+    pub window_left: i32,
+    /// Keys after its diagonal a query sees; -1: all of them (`causal` makes it 0).
+    #[comptime(default = -1)]
+    pub window_right: i32,
+    /// The soft-cap of the scores, `softcap * tanh(s / softcap)`; 0: off.
+    #[comptime(default = 0.0)]
+    pub softcap: f32,
+    /// Query rows per block, default [`BLOCK_M`]; on sm_90a 64 per consumer warpgroup, so 64,
+    /// 128 or 192 (three warpgroups, meant for d = 64). The autotuner tries 128 and 192.
+    #[comptime(default = BLOCK_M, tune = [128, 192])]
+    pub block_m: usize,
+}
+
+/// `block_n`, or when it is 0 the kernel's own choice, what fits sm_80's registers best
+/// (ptxas, 4 warps): 128 keys for `d <= 64` with no mask but causal's and no soft-cap (255
+/// registers, no spill), else 64 (at 128 keys a window's or a cap's registers spill at d = 64,
+/// and so do a `packed` varlen batch's sequence offsets: 16 bytes).
+fn key_block(block_n: usize, d: usize, (w, softcap): (Window, f32), packed: bool) -> usize {
+    let plain = w.left < 0 && w.right <= 0 && softcap == 0.0 && !packed;
+    match block_n {
+        0 if d <= 64 && plain => 128,
+        0 => 64,
+        n => n,
+    }
 }
 
 /// [`attention`] over a packed batch of variable-length sequences in one launch
@@ -132,10 +132,10 @@ pub fn attention_lse<const d: usize = 128>(
 /// sequence's rows, and every load and store stays inside its tensor whatever the offsets:
 /// an offset read past `cu_seqlens_*` is 0, a sequence of negative length has no rows.
 ///
-/// Grid: `(cdiv(max_seqlen_q, block_m), heads, batch)`; the blocks past a sequence's rows do
-/// no work. Comptime parameters: [`attention`]'s.
-#[kernel(num_warps = 4)]
-pub fn attention_varlen<const d: usize = 128>(
+/// Grid: `(cdiv(max_seqlen_q, block_m), heads, batch)`, `attention_varlen.grid(&p,
+/// [max_seqlen_q, heads, batch])`; the blocks past a sequence's rows do no work.
+#[kernel(num_warps = 4, grid = [block_m, 1, 1])]
+pub fn attention_varlen(
     q: Tensor<dtype, 4>,
     k: Tensor<dtype, 4>,
     v: Tensor<dtype, 4>,
@@ -143,34 +143,34 @@ pub fn attention_varlen<const d: usize = 128>(
     cu_seqlens_q: Tensor<i32, 1>,
     cu_seqlens_k: Tensor<i32, 1>,
     scale: f32,
-    #[comptime(default = false)] causal: bool,
-    #[comptime(default = 0, tune = [64, 128, 160, 192])] block_n: usize,
-    #[comptime(default = 1)] kv_group: usize,
-    #[comptime(default = DType::Bf16)] dtype: DType,
-    #[comptime(default = -1)] window_left: i32,
-    #[comptime(default = -1)] window_right: i32,
-    #[comptime(default = 0.0)] softcap: f32,
-    #[comptime(default = BLOCK_M, tune = [128, 192])] block_m: usize,
+    #[comptime] p: AttentionParams,
 ) {
-    let opts = Options::new(
-        causal,
-        (block_m, block_n),
-        kv_group,
-        dtype,
-        window_left,
-        window_right,
-        softcap,
-    );
     let packed = Varlen::new(cu_seqlens_q, cu_seqlens_k);
-    forward(q, k, v, o, None, Some(packed), scale, d, opts);
+    forward(q, k, v, o, None, Some(packed), scale, p);
 }
 
-/// [`attention_varlen`], which also writes each query row's log-sum-exp (as
-/// [`attention_lse`]) into `lse: [1, heads, total_q]` (FlashAttention-2's varlen `[nheads,
-/// total_q]`, sequence `b`'s rows its columns `cu_seqlens_q[b]..`). Same grid and comptime
-/// parameters.
-#[kernel(num_warps = 4)]
-pub fn attention_varlen_lse<const d: usize = 128>(
+/// What `scale` is multiplied by before the softmax: `log2(e)` (it runs in base 2), or with a
+/// soft-cap `1 / softcap` (the cap's tanh takes `s / softcap`; [`soft_cap`] applies `log2(e)`).
+fn score_factor(softcap: f32) -> f32 {
+    if softcap > 0.0 { 1.0 / softcap } else { LOG2E }
+}
+
+/// Whether key block `j` needs the mask: `past_unmasked` (keys past some row's right bound or
+/// `sk`), or it lies before `first_unmasked` (keys before some row's left bound, if any).
+#[track_caller]
+fn needs_mask(past_unmasked: Value, j: Value, first_unmasked: Option<Value>) -> Value {
+    use kiln::ir::dsl::{Compare, Logic};
+    match first_unmasked {
+        Some(lo) => Logic::or(past_unmasked, Compare::lt(j, lo)),
+        None => past_unmasked,
+    }
+}
+
+/// [`attention_varlen`], which also writes each query row's log-sum-exp (as [`attention_lse`])
+/// into `lse: [1, heads, total_q]` (FlashAttention-2's varlen `[nheads, total_q]`: sequence
+/// `b`'s rows are columns `cu_seqlens_q[b]..`). Same grid and comptime parameters.
+#[kernel(num_warps = 4, grid = [block_m, 1, 1])]
+pub fn attention_varlen_lse(
     q: Tensor<dtype, 4>,
     k: Tensor<dtype, 4>,
     v: Tensor<dtype, 4>,
@@ -179,62 +179,62 @@ pub fn attention_varlen_lse<const d: usize = 128>(
     cu_seqlens_q: Tensor<i32, 1>,
     cu_seqlens_k: Tensor<i32, 1>,
     scale: f32,
-    #[comptime(default = false)] causal: bool,
-    #[comptime(default = 0, tune = [64, 128, 160, 192])] block_n: usize,
-    #[comptime(default = 1)] kv_group: usize,
-    #[comptime(default = DType::Bf16)] dtype: DType,
-    #[comptime(default = -1)] window_left: i32,
-    #[comptime(default = -1)] window_right: i32,
-    #[comptime(default = 0.0)] softcap: f32,
-    #[comptime(default = BLOCK_M, tune = [128, 192])] block_m: usize,
+    #[comptime] p: AttentionParams,
 ) {
-    let opts = Options::new(
-        causal,
-        (block_m, block_n),
-        kv_group,
-        dtype,
-        window_left,
-        window_right,
-        softcap,
-    );
     let packed = Varlen::new(cu_seqlens_q, cu_seqlens_k);
-    forward(q, k, v, o, Some(lse), Some(packed), scale, d, opts);
+    forward(q, k, v, o, Some(lse), Some(packed), scale, p);
 }
 
-/// The comptime options of [`attention`] and [`attention_lse`].
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Options {
-    causal: bool,
-    block_m: usize,
-    block_n: usize,
-    kv_group: usize,
-    dtype: DType,
-    window: (i32, i32),
-    softcap: f32,
+/// [`attention`], which also writes each query row's log-sum-exp into `lse: [batch, heads,
+/// sq]` (f32, natural log: `ln sum_j e^(s_j)` over the scores the row sees, soft-capped when
+/// `softcap > 0`; `+inf` for a row that sees no key, as FlashAttention-2 writes it). Same
+/// grid and comptime parameters.
+#[kernel(num_warps = 4, grid = [block_m, 1, 1])]
+pub fn attention_lse(
+    q: Tensor<dtype, 4>,
+    k: Tensor<dtype, 4>,
+    v: Tensor<dtype, 4>,
+    o: TensorMut<dtype, 4>,
+    lse: TensorMut<f32, 3>,
+    scale: f32,
+    #[comptime] p: AttentionParams,
+) {
+    forward(q, k, v, o, Some(lse), None, scale, p);
 }
 
-impl Options {
-    /// The options from the kernels' comptime parameters, the two block sizes as one pair.
-    fn new(
-        causal: bool,
-        (block_m, block_n): (usize, usize),
-        kv_group: usize,
-        dtype: DType,
-        window_left: i32,
-        window_right: i32,
-        softcap: f32,
-    ) -> Options {
-        let window = (window_left, window_right);
-        Options {
-            causal,
-            block_m,
-            block_n,
-            kv_group,
-            dtype,
-            window,
-            softcap,
-        }
+/// A sliding-window mask with FlashAttention's semantics: query `i` of `sq` sees key `j` of
+/// `sk` iff `i + sk - sq - left <= j <= i + sk - sq + right` (aligned bottom-right, as the
+/// causal mask), a negative bound being unbounded; causal is `(-1, 0)`. The key-block walk
+/// starts at the first block a row of the query block may see (`left_blocks`) and stops
+/// after the last; blocks every row sees whole skip the mask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Keys before the diagonal (`i + sk - sq`) a row sees; negative: all of them.
+    pub left: i32,
+    /// Keys after the diagonal a row sees; negative: all of them.
+    pub right: i32,
+}
+
+impl Window {
+    /// The window of `attention`'s comptime values: `(left, right)`, where `causal` makes
+    /// `right` 0 (FlashAttention's rule for a causal call with a window).
+    pub fn new(causal: bool, left: i32, right: i32) -> Window {
+        let right = if causal { 0 } else { right };
+        Window { left, right }
     }
+
+    /// `x + right` (for `right >= 0`), or `x` itself when `right` is 0, so the causal mask
+    /// adds no instruction.
+    #[track_caller]
+    fn ahead(self, x: Value) -> Value {
+        if self.right == 0 { x } else { x + self.right }
+    }
+}
+
+/// The element type of tile `v`, which `P` is cast to for the `P V` mma (bf16 for a poisoned
+/// value, whose build has already failed).
+fn elem_type(v: Value) -> DType {
+    v.ty().map_or(DType::Bf16, |t| t.dtype())
 }
 
 /// The body of [`attention`], [`attention_lse`] and their varlen forms (the log-sum-exp
@@ -246,7 +246,8 @@ impl Options {
 /// windows), keeping the running row maximum `m`, row sum `l` and unnormalised output `acc`.
 /// Key blocks in which no key is masked for any of the block's rows skip the mask (a block-
 /// uniform branch). Rows that see no key get `m = -inf`, `l = 0` and output 0. Grouped-query
-/// attention: query head `h` reads key/value head `h / kv_group` ([`kv_head`]).
+/// attention: query head `h` reads key/value head `h / kv_group` ([`kv_head`]). Tiles are as
+/// wide as the head: 96 maps onto mma fragments and TMA boxes as 128 does, unpadded.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 fn forward(
@@ -257,22 +258,21 @@ fn forward(
     lse: Option<Tensor>,
     packed: Option<Varlen>,
     scale: Value,
-    d: usize,
-    opts: Options,
+    p: AttentionParams,
 ) {
-    let Options {
+    let AttentionParams {
+        d,
         causal,
         block_m: bm,
         block_n,
         kv_group,
         dtype,
-        window: (window_left, window_right),
+        window_left,
+        window_right,
         softcap,
-    } = opts;
+    } = p;
     let w = Window::new(causal, window_left, window_right);
     let bn = key_block(block_n, d, (w, softcap), packed.is_some());
-    // Tiles as wide as the head: a multiple of 32 such as 96 maps onto mma fragments and TMA
-    // boxes as a power of two does, so padding it to 128 would only waste a quarter's work.
     let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
     let rows = Rows::of(q, k, b, packed);
     let (sq, sk, batch) = (rows.sq, rows.sk, rows.batch);
@@ -438,48 +438,6 @@ fn kv_head(h: Value, kv_group: usize) -> Value {
     if kv_group == 1 { h } else { h / kv_group }
 }
 
-/// `block_n`, or when it is 0 the kernel's own choice, what fits sm_80's registers best
-/// (ptxas, 4 warps): 128 keys for `d <= 64` with no mask but causal's and no soft-cap (255
-/// registers, no spill), else 64 (at 128 keys a window's or a cap's registers spill at d = 64,
-/// and so do a `packed` varlen batch's sequence offsets: 16 bytes).
-fn key_block(block_n: usize, d: usize, (w, softcap): (Window, f32), packed: bool) -> usize {
-    let plain = w.left < 0 && w.right <= 0 && softcap == 0.0 && !packed;
-    match block_n {
-        0 if d <= 64 && plain => 128,
-        0 => 64,
-        n => n,
-    }
-}
-
-/// A sliding-window mask with FlashAttention's semantics: query `i` of `sq` sees key `j` of
-/// `sk` iff `i + sk - sq - left <= j <= i + sk - sq + right` (aligned bottom-right, as the
-/// causal mask), a negative bound being unbounded; causal is `(-1, 0)`. The key-block walk
-/// starts at the first block a row of the query block may see (`left_blocks`) and stops
-/// after the last; blocks every row sees whole skip the mask.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Window {
-    /// Keys before the diagonal (`i + sk - sq`) a row sees; negative: all of them.
-    pub left: i32,
-    /// Keys after the diagonal a row sees; negative: all of them.
-    pub right: i32,
-}
-
-impl Window {
-    /// The window of `attention`'s comptime values: `(left, right)`, where `causal` makes
-    /// `right` 0 (FlashAttention's rule for a causal call with a window).
-    pub fn new(causal: bool, left: i32, right: i32) -> Window {
-        let right = if causal { 0 } else { right };
-        Window { left, right }
-    }
-
-    /// `x + right` (for `right >= 0`), or `x` itself when `right` is 0, so the causal mask
-    /// adds no instruction.
-    #[track_caller]
-    fn ahead(self, x: Value) -> Value {
-        if self.right == 0 { x } else { x + self.right }
-    }
-}
-
 /// `keep` narrowed, when the window has a left bound, to the keys at or after each row's
 /// first one (`j >= i + sk - sq - left`); `keep` itself otherwise.
 #[kernel_fn]
@@ -522,18 +480,6 @@ fn left_blocks(
     (Index::Value(start), Some(unmasked))
 }
 
-/// Whether key block `j` needs the mask: `past_unmasked` (it holds keys past some row's
-/// right bound or past `sk`), or it lies before `first_unmasked` (keys before some row's left
-/// bound; `None` without a left bound).
-#[track_caller]
-fn needs_mask(past_unmasked: Value, j: Value, first_unmasked: Option<Value>) -> Value {
-    use kiln::ir::dsl::{Compare, Logic};
-    match first_unmasked {
-        Some(lo) => Logic::or(past_unmasked, Compare::lt(j, lo)),
-        None => past_unmasked,
-    }
-}
-
 /// Scores `s` (already times `scale / softcap`) soft-capped in base 2, `softcap * log2(e) *
 /// tanh(s)`, or `s` when `softcap` is 0 (off). `tanh(y) = 1 - 2 / (e^(2y) + 1)` on the fast
 /// exponential: exact at both ends (`e^(2y)` overflows to inf, giving 1, or flushes to 0,
@@ -548,32 +494,6 @@ fn soft_cap(s: Value, softcap: f32) -> Value {
     } else {
         reject("attention: softcap must be 0 (off) or a positive finite number")
     }
-}
-
-/// What `scale` is multiplied by before the softmax: `log2(e)` (it runs in base 2), or with a
-/// soft-cap `1 / softcap` (the cap's tanh takes `s / softcap`; [`soft_cap`] applies `log2(e)`).
-fn score_factor(softcap: f32) -> f32 {
-    if softcap > 0.0 { 1.0 / softcap } else { LOG2E }
-}
-
-/// The element type of tile `v`, which `P` is cast to for the `P V` mma (bf16 for a poisoned
-/// value, whose build has already failed).
-fn elem_type(v: Value) -> DType {
-    v.ty().map_or(DType::Bf16, |t| t.dtype())
-}
-
-/// The grid `attention` and `attention_lse` launch with for comptime values `ct`:
-/// `(cdiv(sq, block_m), heads, batch)`, `block_m` the one `ct` holds, else [`BLOCK_M`]; the
-/// varlen kernels' with `sq = max_seqlen_q` and `batch` the number of sequences.
-pub fn grid(
-    ct: &std::collections::BTreeMap<String, kiln::ir::dsl::ComptimeValue>,
-    (sq, heads, batch): (usize, usize, usize),
-) -> [u32; 3] {
-    let block_m = match ct.get("block_m") {
-        Some(&kiln::ir::dsl::ComptimeValue::Usize(m)) => m,
-        _ => BLOCK_M,
-    };
-    [sq.div_ceil(block_m) as u32, heads as u32, batch as u32]
 }
 
 /// A query and key block `attention` may launch with, and how fast it runs per query-key
@@ -641,6 +561,27 @@ pub fn tuned_blocks(
         .map_or((BLOCK_M, 0), |t| (t.block_m, t.block_n))
 }
 
+impl AttentionParams {
+    /// Head dim `d`, `causal` or not, in the blocks [`tuned_blocks`] picks on `target` for
+    /// `sq` queries and `sk` keys; the other fields at their defaults (bf16, no window, no
+    /// soft-cap, one query head per key head).
+    pub fn tuned(
+        target: kiln::ir::Target,
+        d: usize,
+        causal: bool,
+        (sq, sk): (usize, usize),
+    ) -> AttentionParams {
+        let (block_m, block_n) = tuned_blocks(target, d, causal, (sq, sk));
+        AttentionParams {
+            d,
+            causal,
+            block_n,
+            block_m,
+            ..AttentionParams::default()
+        }
+    }
+}
+
 /// The query-key products `attention` computes in `(bm, bn)` blocks, padding included: per
 /// query block, `bm * bn` for each key block it visits (every one of `sk`, or when `causal`
 /// those up to its last row's diagonal, aligned bottom-right).
@@ -665,7 +606,7 @@ mod tests {
 
     use kiln::ir::Target;
 
-    use super::{attention, padded_products, tuned_blocks};
+    use super::{AttentionParams, attention, padded_products, tuned_blocks};
     use crate::testing::{build, loop_stages};
 
     #[test]
@@ -716,10 +657,15 @@ mod tests {
 
     #[test]
     fn builds_for_documented_variants() {
-        for d in ["64", "128"] {
-            for causal in ["false", "true"] {
-                let k = build(&attention, &[("d", d), ("causal", causal)]);
-                let bn = if d == "64" { 128 } else { 64 };
+        for d in [64, 128] {
+            for causal in [false, true] {
+                let p = AttentionParams {
+                    d,
+                    causal,
+                    ..AttentionParams::default()
+                };
+                let k = build(&attention, p);
+                let bn = if d == 64 { 128 } else { 64 };
                 assert!(
                     print_kernel(&k).contains(&format!("rt<f32,128x{bn}>")),
                     "score tile 128x{bn}"

@@ -16,7 +16,7 @@ use kiln::prelude::*;
 /// On sm_80: 4 warps of 64x64 (fewer ldmatrix per mma than 8 of 64x32), ~230 registers, 96 KiB
 /// shared, 2 blocks/SM (H200, 4096^3: 352 TFLOP/s; BK = 32: 323; 8 warps: 314; 4 stages, 1/SM:
 /// 285). On sm_90a: a persistent, warp-specialised wgmma kernel (README: figures vs cuBLAS).
-#[kernel(num_warps = 4)]
+#[kernel(num_warps = 4, grid = [BM, BN, 1])]
 pub fn gemm(
     a: Tensor<dtype, 2>,
     b: Tensor<dtype, 2>,
@@ -66,9 +66,9 @@ pub(crate) fn mainloop(
     acc
 }
 
-/// The tile `gemm` launches with on `target` for `c[m, n] = a[m, k] @ B` when nothing chose
-/// one (comptime overrides, as text, on top of the kernel's defaults), for a GPU of `sms`
-/// multiprocessors. On sm_90a:
+/// `base` with the tile `gemm` launches with on `target` for `c[m, n] = a[m, k] @ B` when
+/// nothing chose one (`BM`, `BN`, `BK` and `STAGES`; the rest, `dtype` included, is `base`'s),
+/// for a GPU of `sms` multiprocessors. On sm_90a:
 /// - a row stride of `a`, `b` or `c` that is not a multiple of 16 bytes (no TMA: elementwise
 ///   loads) gets `64 x 128`, 3 stages, best on both odd shapes of the autotuned sweep
 ///   (`bench/results/gemm-sm90a-autotuned-20261202T0917Z-1aa51a4.json`);
@@ -81,20 +81,20 @@ pub(crate) fn mainloop(
 /// - otherwise `64 x 128`, 5 stages, so every SM has a tile (1024^3: 1.31x faster than
 ///   `128 x 128`).
 ///
-/// Other targets keep the kernel's defaults (sm_80's 3 stages fit two CTAs per SM).
+/// Other targets keep `base` (sm_80's default 3 stages fit two CTAs per SM).
 pub fn tuned_tile(
     target: kiln::ir::Target,
     [m, n, k]: [usize; 3],
-    dtype: DType,
+    base: GemmComptime,
     sms: usize,
-) -> Vec<(&'static str, String)> {
+) -> GemmComptime {
     if target != kiln::ir::Target::Sm90a {
-        return Vec::new();
+        return base;
     }
     // a's rows are K long, c's N, and b's one of the two whichever its layout.
     let aligned = [k, n]
         .iter()
-        .all(|&cols| (cols * dtype.size_bytes()).is_multiple_of(16));
+        .all(|&cols| (cols * base.dtype.size_bytes()).is_multiple_of(16));
     let fills = |bm: usize, bn: usize| m.div_ceil(bm) * n.div_ceil(bn) >= sms;
     let (bm, bn, stages) = if !aligned {
         (64, 128, 3)
@@ -105,69 +105,72 @@ pub fn tuned_tile(
     } else {
         (64, 128, 5)
     };
-    [("BM", bm), ("BN", bn), ("BK", 64), ("STAGES", stages)]
-        .into_iter()
-        .map(|(name, v)| (name, v.to_string()))
-        .collect()
+    GemmComptime {
+        BM: bm,
+        BN: bn,
+        BK: 64,
+        STAGES: stages,
+        ..base
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use kiln::ir::{DType, Target};
+    use kiln::ir::Target;
 
-    use super::{gemm, tuned_tile};
+    use super::{GemmComptime, gemm, tuned_tile};
     use crate::testing::{build, loop_stages};
 
     #[test]
     fn tuned_tiles_fill_the_gpu_and_fall_back_without_tma() {
         let tile = |mnk| {
-            let t = tuned_tile(Target::Sm90a, mnk, DType::Bf16, 132);
-            let get = |n: &str| t.iter().find(|(k, _)| *k == n).map(|(_, v)| v.clone());
-            (
-                get("BM").unwrap(),
-                get("BN").unwrap(),
-                get("STAGES").unwrap(),
-            )
+            let t = tuned_tile(Target::Sm90a, mnk, GemmComptime::default(), 132);
+            (t.BM, t.BN, t.STAGES)
         };
-        let s = |bm: &str, bn: &str, st: &str| (bm.to_string(), bn.to_string(), st.to_string());
-        assert_eq!(tile([4096; 3]), s("128", "256", "4"));
-        assert_eq!(tile([16384, 14336, 14336]), s("128", "256", "4"));
+        assert_eq!(tile([4096; 3]), (128, 256, 4));
+        assert_eq!(tile([16384, 14336, 14336]), (128, 256, 4));
         // 128 tiles of 128 x 256 would leave 4 of the 132 SMs idle; 256 of 128 x 128 do not.
-        assert_eq!(tile([2048; 3]), s("128", "128", "4"));
-        assert_eq!(tile([1000, 3000, 4096]), s("128", "128", "4"));
+        assert_eq!(tile([2048; 3]), (128, 128, 4));
+        assert_eq!(tile([1000, 3000, 4096]), (128, 128, 4));
         // 64 tiles of 128 x 128 would leave 68 of the 132 SMs idle.
-        assert_eq!(tile([1024; 3]), s("64", "128", "5"));
+        assert_eq!(tile([1024; 3]), (64, 128, 5));
         // 777 bf16 columns are 1554 bytes: no TMA for a's rows; 4095 for c's.
-        assert_eq!(tile([1000, 3000, 777]), s("64", "128", "3"));
-        assert_eq!(tile([127, 4095, 4096]), s("64", "128", "3"));
-        assert_eq!(tile([8192, 8192, 8196]), s("64", "128", "3"));
-        assert!(tuned_tile(Target::Sm80, [4096; 3], DType::Bf16, 132).is_empty());
+        assert_eq!(tile([1000, 3000, 777]), (64, 128, 3));
+        assert_eq!(tile([127, 4095, 4096]), (64, 128, 3));
+        assert_eq!(tile([8192, 8192, 8196]), (64, 128, 3));
+        let base = GemmComptime {
+            b_col_major: true,
+            ..GemmComptime::default()
+        };
+        assert!(tuned_tile(Target::Sm90a, [4096; 3], base, 132).b_col_major);
+        assert_eq!(tuned_tile(Target::Sm80, [4096; 3], base, 132), base);
     }
 
     #[test]
     fn tuned_tiles_build_with_their_stages() {
         for mnk in [[4096; 3], [2048; 3], [1024; 3], [1000, 3000, 777]] {
-            let t = tuned_tile(Target::Sm90a, mnk, DType::Bf16, 132);
-            let overrides: Vec<(&str, &str)> = t.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            let stages: u32 = t
-                .iter()
-                .find(|(k, _)| *k == "STAGES")
-                .unwrap()
-                .1
-                .parse()
-                .unwrap();
-            assert_eq!(loop_stages(&build(&gemm, &overrides)), [Some(stages)]);
+            let t = tuned_tile(Target::Sm90a, mnk, GemmComptime::default(), 132);
+            assert_eq!(loop_stages(&build(&gemm, t)), [Some(t.STAGES as u32)]);
         }
     }
 
     #[test]
     fn builds_for_defaults_and_variants() {
-        for overrides in [
-            &[][..],
-            &[("BM", "64"), ("BN", "64"), ("BK", "64")],
-            &[("b_col_major", "true")],
+        let base = GemmComptime::default();
+        for c in [
+            base,
+            GemmComptime {
+                BM: 64,
+                BN: 64,
+                BK: 64,
+                ..base
+            },
+            GemmComptime {
+                b_col_major: true,
+                ..base
+            },
         ] {
-            let k = build(&gemm, overrides);
+            let k = build(&gemm, c);
             assert_eq!(k.options.num_warps, 4);
             assert_eq!(loop_stages(&k), [Some(3)]);
         }

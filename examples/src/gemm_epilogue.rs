@@ -67,7 +67,7 @@ fn activation(x: Value, act: usize) -> Value {
 ///
 /// Grid: `(cdiv(M, BM), cdiv(N, BN), 1)`. Comptime: `act = 0` and the gemm's `CLUSTER_M`,
 /// tile, `b_col_major` and `dtype` (every tensor's element type), defaults and tune lists.
-#[kernel(num_warps = 8)]
+#[kernel(num_warps = 8, grid = [BM, BN, 1])]
 pub fn gemm_bias_act(
     a: Tensor<dtype, 2>,
     b: Tensor<dtype, 2>,
@@ -95,7 +95,7 @@ pub fn gemm_bias_act(
 ///
 /// Grid: `(cdiv(M, BM), cdiv(N, BN), 1)`. Comptime: the gemm's `CLUSTER_M`, tile,
 /// `b_col_major` and `dtype` (every tensor's element type), defaults and tune lists.
-#[kernel(num_warps = 8)]
+#[kernel(num_warps = 8, grid = [BM, BN, 1])]
 pub fn gemm_alpha_beta(
     a: Tensor<dtype, 2>,
     b: Tensor<dtype, 2>,

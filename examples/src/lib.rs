@@ -3,7 +3,8 @@
 //! **Architecture invariant:** an example uses only the public `kiln` facade, as a user's
 //! crate would; nothing here reaches into a member crate's internals.
 
-use kiln::ir::dsl::{KernelDef, Spec};
+use kiln::ir::Kernel;
+use kiln::ir::dsl::AnyKernelDef;
 
 pub mod attention;
 pub mod gemm;
@@ -13,7 +14,7 @@ pub mod vector_add;
 
 /// Every example kernel, by name: `vector_add`, `softmax`, `gemm`, `gemm_bias_act`,
 /// `gemm_alpha_beta`, `attention`, `attention_lse`, `attention_varlen`, `attention_varlen_lse`.
-pub fn registry() -> &'static [&'static dyn KernelDef] {
+pub fn registry() -> &'static [&'static dyn AnyKernelDef] {
     &[
         &vector_add::vector_add,
         &softmax::softmax,
@@ -28,34 +29,31 @@ pub fn registry() -> &'static [&'static dyn KernelDef] {
 }
 
 /// The example kernel called `name`, if there is one.
-pub fn find(name: &str) -> Option<&'static dyn KernelDef> {
+pub fn find(name: &str) -> Option<&'static dyn AnyKernelDef> {
     registry().iter().copied().find(|k| k.name() == name)
 }
 
-/// Example `name` and its spec: `overrides` on its comptime defaults, every tensor's
-/// `aligned16` set to `aligned` (as the tests and the CLI compile a kernel without
-/// arguments to take alignments from); why not, when there is no such kernel or an override
-/// is wrong.
-pub fn spec(
-    name: &str,
-    overrides: &[(&str, &str)],
-    aligned: bool,
-) -> Result<(&'static dyn KernelDef, Spec), String> {
+/// Example `name` built with `defines` (`-D NAME=VALUE` pairs, as the CLI takes them) on its
+/// comptime defaults, every tensor taken as 16-byte aligned or not by `aligned` (as the tests
+/// and the CLI build a kernel without arguments to take alignments from); why not, when there
+/// is no such kernel, a define is wrong or the kernel does not build.
+pub fn build(name: &str, defines: &[(&str, &str)], aligned: bool) -> Result<Kernel, String> {
     let def = find(name).ok_or_else(|| format!("no example kernel `{name}`"))?;
-    let o: Vec<(String, String)> = overrides
+    def.build_defines(&owned(defines), aligned)
+        .map_err(|e| e.to_string())
+}
+
+/// `defines` as the owned pairs [`AnyKernelDef::build_defines`] takes.
+pub fn owned(defines: &[(&str, &str)]) -> Vec<(String, String)> {
+    defines
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let mut spec = Spec::from_defaults(def, &o).map_err(|e| format!("{name}: {e}"))?;
-    for a in spec.aligned16.values_mut() {
-        *a = aligned;
-    }
-    Ok((def, spec))
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{find, registry, testing};
+    use super::{find, registry};
 
     #[test]
     fn every_kernel_builds_with_its_defaults() {
@@ -77,7 +75,9 @@ mod tests {
         assert!(find("gemm").is_some_and(|k| k.name() == "gemm"));
         assert!(find("nope").is_none());
         for k in registry() {
-            testing::build(*k, &[]);
+            if let Err(e) = k.build_defines(&[], true) {
+                panic!("{} does not build with its defaults: {e}", k.name());
+            }
         }
     }
 }
@@ -89,14 +89,10 @@ mod testing {
     use kiln::ir::print::print_kernel;
     use kiln::ir::{Kernel, OpKind};
 
-    /// `def` built with its comptime defaults overridden by `overrides` (as `-D name=value`);
-    /// the IR is printed, so `--nocapture` shows it. Panics with the diagnostic otherwise.
-    pub(crate) fn build(def: &dyn KernelDef, overrides: &[(&str, &str)]) -> Kernel {
-        let o: Vec<(String, String)> = overrides
-            .iter()
-            .map(|(n, v)| (n.to_string(), v.to_string()))
-            .collect();
-        let spec = Spec::from_defaults(def, &o).unwrap_or_else(|e| panic!("{e}"));
+    /// `def` built with `comptime`, every tensor 16-byte aligned; the IR is printed, so
+    /// `--nocapture` shows it. Panics with the diagnostic otherwise.
+    pub(crate) fn build<K: KernelDef>(def: &K, comptime: K::Comptime) -> Kernel {
+        let spec = Spec::uniform(comptime, def.signature(), true);
         let k = def
             .build(&spec)
             .unwrap_or_else(|d| panic!("{} does not build: {d}", def.name()));

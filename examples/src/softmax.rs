@@ -14,7 +14,7 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 ///
 /// Grid: `(cdiv(M, BM), 1, 1)`. Comptime: `BM` (rows per block, default 4), `BN` (columns
 /// per tile, default 512); both powers of two.
-#[kernel]
+#[kernel(grid = [BM, 1, 1])]
 pub fn softmax(
     x: Tensor<f32, 2>,
     y: TensorMut<f32, 2>,
@@ -48,14 +48,13 @@ pub fn softmax(
 mod tests {
     use kiln::ir::print::print_kernel;
 
-    use super::softmax;
+    use super::{SoftmaxComptime, softmax};
     use crate::testing::{build, loop_stages};
 
     #[test]
     fn builds_for_defaults_and_variants() {
         for (bm, bn) in [(4, 512), (1, 1024), (8, 128)] {
-            let (bm_text, bn_text) = (bm.to_string(), bn.to_string());
-            let k = build(&softmax, &[("BM", &bm_text), ("BN", &bn_text)]);
+            let k = build(&softmax, SoftmaxComptime { BM: bm, BN: bn });
             assert_eq!(loop_stages(&k).len(), 2, "two passes over the row");
             assert!(print_kernel(&k).contains(&format!("rt<f32,{bm}x{bn}>")));
         }

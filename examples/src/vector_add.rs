@@ -6,7 +6,7 @@ use kiln::prelude::*;
 /// by the load and store).
 ///
 /// Grid: `(cdiv(n, 1024), 1, 1)`.
-#[kernel]
+#[kernel(grid = [1024, 1, 1])]
 pub fn vector_add(a: Tensor<f32, 1>, b: Tensor<f32, 1>, c: TensorMut<f32, 1>) {
     const B: usize = 1024;
     let i = block_id().x;
@@ -24,7 +24,7 @@ mod tests {
 
     #[test]
     fn builds_to_ir() {
-        let k = build(&vector_add, &[]);
+        let k = build(&vector_add, ());
         let kinds = top_level(&k);
         let count = |f: fn(&OpKind) -> bool| kinds.iter().filter(|k| f(k)).count();
         assert_eq!(count(|k| matches!(k, OpKind::Load { .. })), 2);

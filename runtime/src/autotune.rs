@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use kiln_ir::dsl::{ComptimeValue, KernelDef, Spec};
+use kiln_ir::dsl::{Comptime, ComptimeValue, KernelDef, Spec};
 use serde::{Deserialize, Serialize};
 
 use crate::device::Device;
@@ -32,7 +32,8 @@ pub struct Timing {
     pub result: Result<f64, String>,
 }
 
-/// What the autotuner chose for one key, as stored on disk.
+/// What the autotuner chose for one key, as stored on disk (values as `-D` text, so a record
+/// outlives the struct it was made for: one that no longer fits is searched again).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Choice {
     /// The kernel.
@@ -50,93 +51,82 @@ pub fn enabled() -> bool {
     std::env::var_os("KILN_AUTOTUNE").is_none_or(|v| v != "0")
 }
 
-/// Every combination of the tuned parameters' candidates, each over `spec` (in declaration
-/// order, the first parameter varying slowest); just `spec` when nothing is tuned.
-pub fn candidates(def: &dyn KernelDef, spec: &Spec) -> Vec<Spec> {
-    let mut out = vec![spec.clone()];
-    for p in def.comptime_params().iter().filter(|p| !p.tune.is_empty()) {
-        out = out
-            .iter()
-            .flat_map(|s| {
-                p.tune.iter().map(move |&v| {
-                    let mut s = s.clone();
-                    s.comptime.insert(p.name.to_string(), v);
-                    s
-                })
-            })
-            .collect();
-    }
-    out
+/// Every combination of the tuned parameters' candidates over `base` (declaration order, the
+/// first parameter varying slowest); just `base` when nothing is tuned.
+pub fn candidates<C: Comptime>(base: &C) -> Vec<C> {
+    base.tuning_candidates()
 }
 
-/// The tuned values of `spec`, `name=value,...`.
-fn tuned_text(def: &dyn KernelDef, spec: &Spec) -> String {
-    tuned(def, spec)
+/// Whether `C` has a parameter the autotuner searches.
+fn is_tuned<C: Comptime>() -> bool {
+    C::PARAMS.iter().any(|p| !p.tune.is_empty())
+}
+
+/// The tuned parameters of `c` and their values, in declaration order.
+fn tuned<C: Comptime>(c: &C) -> Vec<(&'static str, ComptimeValue)> {
+    C::PARAMS
+        .iter()
+        .zip(c.values())
+        .filter(|(p, _)| !p.tune.is_empty())
+        .map(|(p, v)| (p.name, v))
+        .collect()
+}
+
+/// The tuned values of `c`, `name=value,...`.
+fn tuned_text<C: Comptime>(c: &C) -> String {
+    tuned(c)
         .iter()
         .map(|(n, v)| format!("{n}={v}"))
         .collect::<Vec<_>>()
         .join(",")
 }
 
-/// The values of `spec`'s tuned parameters.
-fn tuned(def: &dyn KernelDef, spec: &Spec) -> BTreeMap<String, ComptimeValue> {
-    def.comptime_params()
-        .iter()
-        .filter(|p| !p.tune.is_empty())
-        .filter_map(|p| spec.comptime.get(p.name).map(|v| (p.name.to_string(), *v)))
-        .collect()
-}
-
 /// The key of a choice (see the module doc); `device` names the GPU, target and driver.
-pub fn key(def: &dyn KernelDef, spec: &Spec, bucket: &str, device: &str) -> String {
-    let mut untuned = spec.clone();
-    for p in def.comptime_params().iter().filter(|p| !p.tune.is_empty()) {
-        untuned.comptime.remove(p.name);
-    }
-    hash_parts(&[
-        env!("CARGO_PKG_VERSION"),
-        def.name(),
-        &untuned.key(),
-        bucket,
-        device,
-    ])
+pub fn key<C: Comptime>(kernel: &str, spec: &Spec<C>, bucket: &str, device: &str) -> String {
+    let untuned = spec.key_of(|p| p.tune.is_empty());
+    hash_parts(&[env!("CARGO_PKG_VERSION"), kernel, &untuned, bucket, device])
 }
 
-/// `spec` with the winner of `choice`, or `None` when the choice does not fit `def` (a value
-/// that no longer parses, a parameter no longer tuned).
-fn apply(def: &dyn KernelDef, spec: &Spec, choice: &Choice) -> Option<Spec> {
-    let mut out = spec.clone();
-    for p in def.comptime_params().iter().filter(|p| !p.tune.is_empty()) {
-        let v = ComptimeValue::parse(p.kind, choice.winner.get(p.name)?)?;
-        p.tune.contains(&v).then_some(())?;
-        out.comptime.insert(p.name.to_string(), v);
+/// `base` with the winner of `choice`, or `None` when the choice does not fit `C` (a value
+/// that no longer parses, a parameter no longer tuned or no longer a candidate).
+fn apply<C: Comptime>(base: &C, choice: &Choice) -> Option<C> {
+    let mut values = base.values();
+    for (v, p) in values.iter_mut().zip(C::PARAMS) {
+        if p.tune.is_empty() {
+            continue;
+        }
+        let won = ComptimeValue::parse(p.kind, choice.winner.get(p.name)?)?;
+        p.tune.contains(&won).then_some(())?;
+        *v = won;
     }
-    Some(out)
+    C::from_values(&values)
 }
 
 impl Device {
     /// The fastest specialisation of `def` over `spec`'s tuned parameters for shape bucket
-    /// `bucket` (see the module doc): from memory, from the disk cache, or timed now with
-    /// `run`, which launches the kernel for a candidate spec on the inputs to tune with (its
-    /// outputs are overwritten by every run).
-    pub fn autotune(
+    /// `bucket` (see the module doc), as its comptime struct: from memory, from the disk
+    /// cache, or timed now with `run`, which launches the kernel with a candidate's comptime
+    /// values on the inputs to tune with (its outputs are overwritten by every run).
+    pub fn autotune<K: KernelDef + ?Sized>(
         &self,
-        def: &dyn KernelDef,
-        spec: &Spec,
+        def: &K,
+        spec: &Spec<K::Comptime>,
         bucket: &str,
-        run: &mut dyn FnMut(&Spec) -> Result<(), LaunchError>,
-    ) -> Result<Spec, LaunchError> {
-        if !enabled() || def.comptime_params().iter().all(|p| p.tune.is_empty()) {
-            return Ok(spec.clone());
+        run: &mut dyn FnMut(&K::Comptime) -> Result<(), LaunchError>,
+    ) -> Result<K::Comptime, LaunchError> {
+        if !enabled() || !is_tuned::<K::Comptime>() {
+            return Ok(spec.comptime.clone());
         }
         let key = self.tuning_key(def, spec, bucket);
-        if let Some(s) = self.tuned_choice(&key) {
-            return Ok(s);
+        if let Some(c) = self.tuned_choices().get::<K::Comptime>(&key) {
+            return Ok(c);
         }
         let path = self.disk_cache().map(|d| d.autotune_path(&key));
-        let stored = self.stored_choice(&key).and_then(|c| apply(def, spec, &c));
+        let stored = self
+            .stored_choice(&key)
+            .and_then(|c| apply(&spec.comptime, &c));
         let chosen = match stored {
-            Some(s) => s,
+            Some(c) => c,
             None => {
                 let (winner, choice) = self.search(def, spec, bucket, run)?;
                 if let Some(p) = &path {
@@ -146,17 +136,17 @@ impl Device {
                 winner
             }
         };
-        self.remember_choice(key, &chosen);
+        self.tuned_choices().insert(key, &chosen);
         Ok(chosen)
     }
 
     /// The record of the search behind [`Device::autotune`]'s choice for the same arguments:
     /// every candidate's median time, or why it was skipped. From the disk cache, so `None`
     /// without one, or when the choice was never searched for on this GPU and driver.
-    pub fn autotune_record(
+    pub fn autotune_record<K: KernelDef + ?Sized>(
         &self,
-        def: &dyn KernelDef,
-        spec: &Spec,
+        def: &K,
+        spec: &Spec<K::Comptime>,
         bucket: &str,
     ) -> Option<Choice> {
         self.stored_choice(&self.tuning_key(def, spec, bucket))
@@ -169,43 +159,48 @@ impl Device {
     }
 
     /// The key of `def`'s choice over `spec` for `bucket` on this GPU, target and driver.
-    fn tuning_key(&self, def: &dyn KernelDef, spec: &Spec, bucket: &str) -> String {
+    fn tuning_key<K: KernelDef + ?Sized>(
+        &self,
+        def: &K,
+        spec: &Spec<K::Comptime>,
+        bucket: &str,
+    ) -> String {
         let device = format!(
             "{} {} driver {}",
             self.name(),
             self.target().name(),
             self.driver_version()
         );
-        key(def, spec, bucket, &device)
+        key(def.name(), spec, bucket, &device)
     }
 
     /// Times every candidate; the fastest and the record of the search.
-    fn search(
+    fn search<K: KernelDef + ?Sized>(
         &self,
-        def: &dyn KernelDef,
-        spec: &Spec,
+        def: &K,
+        spec: &Spec<K::Comptime>,
         bucket: &str,
-        run: &mut dyn FnMut(&Spec) -> Result<(), LaunchError>,
-    ) -> Result<(Spec, Choice), LaunchError> {
-        let all = candidates(def, spec);
+        run: &mut dyn FnMut(&K::Comptime) -> Result<(), LaunchError>,
+    ) -> Result<(K::Comptime, Choice), LaunchError> {
+        let all = candidates(&spec.comptime);
         let bar = indicatif::ProgressBar::new(all.len() as u64)
             .with_message(format!("autotuning {} for {bucket}", def.name()));
         let mut timings = Vec::new();
-        let mut best: Option<(f64, Spec)> = None;
+        let mut best: Option<(f64, K::Comptime)> = None;
         for c in all {
-            bar.set_message(format!(
-                "autotuning {} ({})",
-                def.name(),
-                tuned_text(def, &c)
-            ));
-            let result = self.time_candidate(def, &c, run);
+            bar.set_message(format!("autotuning {} ({})", def.name(), tuned_text(&c)));
+            let candidate = Spec {
+                comptime: c,
+                aligned16: spec.aligned16.clone(),
+            };
+            let result = self.time_candidate(def, &candidate, run);
             if let Ok(ms) = result
                 && best.as_ref().is_none_or(|(b, _)| ms < *b)
             {
-                best = Some((ms, c.clone()));
+                best = Some((ms, candidate.comptime.clone()));
             }
             timings.push(Timing {
-                candidate: tuned_text(def, &c),
+                candidate: tuned_text(&candidate.comptime),
                 result: result.map_err(|e| e.to_string()),
             });
             bar.inc(1);
@@ -225,9 +220,9 @@ impl Device {
         let choice = Choice {
             kernel: def.name().to_string(),
             bucket: bucket.to_string(),
-            winner: tuned(def, &winner)
+            winner: tuned(&winner)
                 .into_iter()
-                .map(|(n, v)| (n, v.to_string()))
+                .map(|(n, v)| (n.to_string(), v.to_string()))
                 .collect(),
             timings,
         };
@@ -236,19 +231,19 @@ impl Device {
 
     /// The median time of `run` on candidate `c` after warm-up; an error when it does not
     /// compile or launch.
-    fn time_candidate(
+    fn time_candidate<K: KernelDef + ?Sized>(
         &self,
-        def: &dyn KernelDef,
-        c: &Spec,
-        run: &mut dyn FnMut(&Spec) -> Result<(), LaunchError>,
+        def: &K,
+        c: &Spec<K::Comptime>,
+        run: &mut dyn FnMut(&K::Comptime) -> Result<(), LaunchError>,
     ) -> Result<f64, LaunchError> {
         self.compile(def, c)?;
         for _ in 0..WARMUP {
-            run(c)?;
+            run(&c.comptime)?;
         }
         let mut ms = Vec::with_capacity(RUNS);
         for _ in 0..RUNS {
-            let ((), t) = self.time(|| run(c))?;
+            let ((), t) = self.time(|| run(&c.comptime))?;
             ms.push(f64::from(t));
         }
         ms.sort_by(f64::total_cmp);
@@ -259,58 +254,62 @@ impl Device {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kiln_ir::dsl::{ComptimeKind, ComptimeParam, ParamSig};
-    use kiln_ir::{Diagnostic, Kernel};
+    use kiln_ir::dsl::{ComptimeArg, ComptimeKind, ComptimeParam};
 
-    struct Tuned;
+    /// What `#[comptime]` generates for `d` (untuned), `bn` and `fast` (tuned), written out.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    struct Tuned {
+        d: usize,
+        bn: usize,
+        fast: bool,
+    }
 
-    const COMPTIME: &[ComptimeParam] = &[
-        ComptimeParam {
-            name: "d",
-            kind: ComptimeKind::Usize,
-            default: Some(ComptimeValue::Usize(64)),
-            tune: &[],
-        },
-        ComptimeParam {
-            name: "bn",
-            kind: ComptimeKind::Usize,
-            default: Some(ComptimeValue::Usize(0)),
-            tune: &[ComptimeValue::Usize(64), ComptimeValue::Usize(128)],
-        },
-        ComptimeParam {
-            name: "fast",
-            kind: ComptimeKind::Bool,
-            default: Some(ComptimeValue::Bool(false)),
-            tune: &[ComptimeValue::Bool(false), ComptimeValue::Bool(true)],
-        },
-    ];
+    impl Comptime for Tuned {
+        const PARAMS: &'static [ComptimeParam] = &[
+            ComptimeParam {
+                name: "d",
+                kind: ComptimeKind::Usize,
+                default: Some(ComptimeValue::Usize(64)),
+                tune: &[],
+            },
+            ComptimeParam {
+                name: "bn",
+                kind: ComptimeKind::Usize,
+                default: Some(ComptimeValue::Usize(0)),
+                tune: &[ComptimeValue::Usize(64), ComptimeValue::Usize(128)],
+            },
+            ComptimeParam {
+                name: "fast",
+                kind: ComptimeKind::Bool,
+                default: Some(ComptimeValue::Bool(false)),
+                tune: &[ComptimeValue::Bool(false), ComptimeValue::Bool(true)],
+            },
+        ];
 
-    impl KernelDef for Tuned {
-        fn name(&self) -> &'static str {
-            "tuned"
+        fn values(&self) -> Vec<ComptimeValue> {
+            vec![self.d.to_value(), self.bn.to_value(), self.fast.to_value()]
         }
-        fn comptime_params(&self) -> &'static [ComptimeParam] {
-            COMPTIME
-        }
-        fn signature(&self) -> &'static [ParamSig] {
-            &[]
-        }
-        fn build(&self, _: &Spec) -> Result<Kernel, Diagnostic> {
-            Err(Diagnostic::internal(
-                Default::default(),
-                "not built in these tests",
-            ))
+
+        fn from_values(values: &[ComptimeValue]) -> Option<Tuned> {
+            let [d, bn, fast] = values else {
+                return None;
+            };
+            Some(Tuned {
+                d: usize::from_value(*d)?,
+                bn: usize::from_value(*bn)?,
+                fast: bool::from_value(*fast)?,
+            })
         }
     }
 
-    fn spec() -> Spec {
-        Spec::from_defaults(&Tuned, &[]).expect("defaults")
+    fn base() -> Tuned {
+        Tuned::from_defines(&[]).expect("defaults")
     }
 
     #[test]
     fn candidates_cover_every_combination_over_the_spec() {
-        let all = candidates(&Tuned, &spec());
-        let texts: Vec<String> = all.iter().map(|s| tuned_text(&Tuned, s)).collect();
+        let all = candidates(&base());
+        let texts: Vec<String> = all.iter().map(tuned_text).collect();
         assert_eq!(
             texts,
             [
@@ -320,30 +319,23 @@ mod tests {
                 "bn=128,fast=true"
             ]
         );
-        assert!(
-            all.iter()
-                .all(|s| s.comptime["d"] == ComptimeValue::Usize(64))
-        );
+        assert!(all.iter().all(|c| c.d == 64));
     }
 
     #[test]
     fn the_key_ignores_tuned_values_but_not_the_rest() {
-        let base = key(&Tuned, &spec(), "s=1024", "gpu");
-        let mut other_bn = spec();
-        other_bn
-            .comptime
-            .insert("bn".into(), ComptimeValue::Usize(128));
-        assert_eq!(key(&Tuned, &other_bn, "s=1024", "gpu"), base);
-        let mut other_d = spec();
-        other_d
-            .comptime
-            .insert("d".into(), ComptimeValue::Usize(128));
+        let spec = |c| Spec::new(c).with_aligned16(&["q"]);
+        let base_key = key("tuned", &spec(base()), "s=1024", "gpu");
+        let other_bn = Tuned { bn: 128, ..base() };
+        assert_eq!(key("tuned", &spec(other_bn), "s=1024", "gpu"), base_key);
+        let other_d = Tuned { d: 128, ..base() };
         for k in [
-            key(&Tuned, &other_d, "s=1024", "gpu"),
-            key(&Tuned, &spec(), "s=2048", "gpu"),
-            key(&Tuned, &spec(), "s=1024", "other gpu"),
+            key("tuned", &spec(other_d), "s=1024", "gpu"),
+            key("tuned", &spec(base()), "s=2048", "gpu"),
+            key("tuned", &spec(base()), "s=1024", "other gpu"),
+            key("tuned", &Spec::new(base()), "s=1024", "gpu"),
         ] {
-            assert_ne!(k, base);
+            assert_ne!(k, base_key);
         }
     }
 
@@ -363,12 +355,18 @@ mod tests {
                 result: Ok(0.5),
             }],
         };
-        let applied = apply(&Tuned, &spec(), &choice("128")).expect("fits");
-        assert_eq!(applied.comptime["bn"], ComptimeValue::Usize(128));
-        assert_eq!(applied.comptime["fast"], ComptimeValue::Bool(true));
+        let applied = apply(&base(), &choice("128")).expect("fits");
+        assert_eq!(
+            applied,
+            Tuned {
+                d: 64,
+                bn: 128,
+                fast: true
+            }
+        );
         // Not a candidate any more, or not a number: searched again.
-        assert!(apply(&Tuned, &spec(), &choice("256")).is_none());
-        assert!(apply(&Tuned, &spec(), &choice("x")).is_none());
+        assert!(apply(&base(), &choice("256")).is_none());
+        assert!(apply(&base(), &choice("x")).is_none());
         let json = serde_json::to_string(&choice("64")).expect("json");
         let back: Choice = serde_json::from_str(&json).expect("round trip");
         assert_eq!(back, choice("64"));

@@ -1,15 +1,16 @@
 //! [`Device`]: one GPU's context, its tensors, the compile cache and kernel launches.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, DriverError, result, sys};
-use kiln_ir::dsl::{ComptimeValue, KernelDef, ParamSig, Spec, specialise};
+use kiln_ir::dsl::{KernelDef, ParamSig, Spec, specialise};
 use kiln_ir::print::print_kernel;
 use kiln_ir::{DType, HostTensor, Target};
 use kiln_ptx::PtxModule;
 
+use crate::compile_cache::{Choices, LoadedKernels};
 use crate::disk_cache::{DiskCache, ModuleKey};
 use crate::dump::DumpConfig;
 use crate::error::{DriverContext, LaunchError, RuntimeError};
@@ -18,8 +19,8 @@ use crate::module::{self, LoadedKernel, ModuleLimits};
 use crate::params::ParamBuffer;
 use crate::tensor::{Buffer, DeviceTensor, nan_pattern};
 use crate::tensor_map_cache::MapInputs;
-use crate::timing::HoldSlot;
-use crate::tma::{L2Promotion, OobFill, Swizzle, TensorMap};
+use crate::tma::TensorMap;
+use crate::tma_rules::{L2Promotion, MapEncoding, OobFill, Swizzle, TensorMapError};
 use crate::validate::{ArgView, alignment, check_args, check_grid};
 
 /// A launch argument, in signature order.
@@ -48,10 +49,6 @@ impl KernelArg<'_> {
     }
 }
 
-/// The loaded kernels of one kernel name and target, by specialisation: looked up on every
-/// launch, with the launch's [`Spec`] itself as the key (no key string is built).
-type SpecCache = HashMap<Spec, Arc<LoadedKernel>>;
-
 /// One GPU: a CUDA context (the device's primary context), the target kernels are compiled
 /// for, and an in-memory cache of loaded kernels. All work goes to the context's null stream,
 /// so copies, fills and launches run in the order they are issued.
@@ -68,12 +65,17 @@ pub struct Device {
     dump: DumpConfig,
     disk_cache: Option<DiskCache>,
     persistent_ctas: Option<u32>,
-    cache: Mutex<HashMap<(&'static str, Target), SpecCache>>,
+    /// Loaded kernels by specialisation: looked up on every launch, with the launch's
+    /// [`Spec`] itself as the key.
+    cache: LoadedKernels,
     /// The autotuner's choices, by key (`crate::autotune`).
-    tuned: Mutex<HashMap<String, Spec>>,
+    tuned: Choices,
     /// The kernel that holds the GPU before a timed interval (`crate::timing`).
     hold: HoldSlot,
 }
+
+/// Where a device keeps the kernel `crate::timing` loads on first use to hold the GPU.
+pub(crate) type HoldSlot = Mutex<Option<Arc<LoadedKernel>>>;
 
 impl Device {
     /// Whether a CUDA driver can be loaded and reports at least one GPU. GPU tests call this
@@ -135,8 +137,8 @@ impl Device {
             dump: DumpConfig::from_env(),
             disk_cache: DiskCache::from_env(),
             persistent_ctas: None,
-            cache: Mutex::new(HashMap::new()),
-            tuned: Mutex::new(HashMap::new()),
+            cache: LoadedKernels::default(),
+            tuned: Choices::default(),
             hold: HoldSlot::default(),
         })
     }
@@ -213,6 +215,29 @@ impl Device {
         Ok(DeviceTensor::new(Buffer::alloc(&self.ctx, bytes)?, layout))
     }
 
+    /// Encodes a tiled TMA map over `tensor` (bf16, f16 or f32; rank 1..=5; innermost
+    /// dimension contiguous) whose box has extents `box_dims`, **outermost first** like the
+    /// tensor's shape. Every driver rule is checked first and reported as
+    /// [`RuntimeError::TensorMap`]; the driver's own refusal is [`RuntimeError::Driver`].
+    pub fn tensor_map(
+        &self,
+        tensor: &DeviceTensor,
+        box_dims: &[u32],
+        swizzle: Swizzle,
+        l2_promotion: L2Promotion,
+        oob_fill: OobFill,
+    ) -> Result<TensorMap, RuntimeError> {
+        if tensor.context_id() != self.context_id() {
+            return Err(TensorMapError::ForeignTensor.into());
+        }
+        let encoding = MapEncoding {
+            swizzle,
+            l2_promotion,
+            oob_fill,
+        };
+        TensorMap::tiled(tensor, box_dims, encoding)
+    }
+
     /// A contiguous device copy of `host` (which may be strided).
     pub fn upload(&self, host: &HostTensor) -> Result<DeviceTensor, RuntimeError> {
         let t = self.alloc(host.dtype(), &host.shape)?;
@@ -235,10 +260,10 @@ impl Device {
     /// specialises `def` (comptime values plus each tensor's 16-byte alignment), compiles and
     /// loads it unless the cache holds it, and launches it. Asynchronous: call
     /// [`Device::synchronize`] (or download a result) to see the kernel's own failures.
-    pub fn launch(
+    pub fn launch<K: KernelDef + ?Sized>(
         &self,
-        def: &dyn KernelDef,
-        comptime: &BTreeMap<String, ComptimeValue>,
+        def: &K,
+        comptime: &K::Comptime,
         grid: [u32; 3],
         args: &[KernelArg<'_>],
     ) -> Result<(), LaunchError> {
@@ -251,11 +276,11 @@ impl Device {
     ///
     /// # Safety
     /// `stream` must be null or a live stream of this device's context.
-    pub(crate) unsafe fn launch_on(
+    pub(crate) unsafe fn launch_on<K: KernelDef + ?Sized>(
         &self,
         stream: sys::CUstream,
-        def: &dyn KernelDef,
-        comptime: &BTreeMap<String, ComptimeValue>,
+        def: &K,
+        comptime: &K::Comptime,
         grid: [u32; 3],
         args: &[KernelArg<'_>],
     ) -> Result<(), LaunchError> {
@@ -308,19 +333,19 @@ impl Device {
                 128 => Swizzle::B128,
                 _ => Swizzle::None,
             };
-            let map = TensorMap::tiled(
-                self,
-                t,
-                &spec.box_dims,
+            let encoding = MapEncoding {
                 swizzle,
-                L2Promotion::B256,
-                OobFill::Zero,
-            )
-            .map_err(|source| LaunchError::TensorMapArg {
-                param: signature
-                    .get(spec.param)
-                    .map_or_else(|| format!("#{}", spec.param), |p| p.name().to_string()),
-                source,
+                l2_promotion: L2Promotion::B256,
+                oob_fill: OobFill::Zero,
+            };
+            // `check_args` has made sure `t` lives on this device's context.
+            let map = TensorMap::tiled(t, &spec.box_dims, encoding).map_err(|source| {
+                LaunchError::TensorMapArg {
+                    param: signature
+                        .get(spec.param)
+                        .map_or_else(|| format!("#{}", spec.param), |p| p.name().to_string()),
+                    source,
+                }
             })?;
             kernel.tensor_map_cache().insert(inputs, *map.as_raw());
             maps.insert(spec.param, *map.as_raw());
@@ -363,28 +388,22 @@ impl Device {
 
     /// The loaded kernel for `def` specialised by `spec`: from the in-memory cache, else from
     /// the disk cache, else compiled now.
-    pub fn compile(
+    pub fn compile<K: KernelDef + ?Sized>(
         &self,
-        def: &dyn KernelDef,
-        spec: &Spec,
+        def: &K,
+        spec: &Spec<K::Comptime>,
     ) -> Result<Arc<LoadedKernel>, LaunchError> {
-        // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let specs = cache.entry((def.name(), self.target)).or_default();
-        if let Some(k) = specs.get(spec) {
-            return Ok(k.clone());
-        }
-        let kernel = Arc::new(self.compile_from_disk(def, spec)?);
-        specs.insert(spec.clone(), kernel.clone());
-        Ok(kernel)
+        self.cache.get_or_load(def.name(), self.target, spec, || {
+            self.compile_from_disk(def, spec)
+        })
     }
 
     /// Builds, compiles and loads `def` for `spec`, bypassing the in-memory and the disk
     /// cache (benchmarks time the driver JIT with this).
-    pub fn compile_uncached(
+    pub fn compile_uncached<K: KernelDef + ?Sized>(
         &self,
-        def: &dyn KernelDef,
-        spec: &Spec,
+        def: &K,
+        spec: &Spec<K::Comptime>,
     ) -> Result<LoadedKernel, LaunchError> {
         self.compile_from(def, spec, None)
     }
@@ -392,18 +411,18 @@ impl Device {
     /// Builds, compiles and loads `def` for `spec` as a new process would: bypassing the
     /// in-memory cache, loading the cubin from the disk cache when it is there (benchmarks
     /// time warm starts with this).
-    pub fn compile_from_disk(
+    pub fn compile_from_disk<K: KernelDef + ?Sized>(
         &self,
-        def: &dyn KernelDef,
-        spec: &Spec,
+        def: &K,
+        spec: &Spec<K::Comptime>,
     ) -> Result<LoadedKernel, LaunchError> {
         self.compile_from(def, spec, self.disk_cache.as_ref())
     }
 
-    fn compile_from(
+    fn compile_from<K: KernelDef + ?Sized>(
         &self,
-        def: &dyn KernelDef,
-        spec: &Spec,
+        def: &K,
+        spec: &Spec<K::Comptime>,
         disk: Option<&DiskCache>,
     ) -> Result<LoadedKernel, LaunchError> {
         let start = Instant::now();
@@ -484,16 +503,9 @@ impl Device {
         Ok(())
     }
 
-    /// The autotuner's choice for `key` made in this process, if any.
-    pub(crate) fn tuned_choice(&self, key: &str) -> Option<Spec> {
-        let tuned = self.tuned.lock().unwrap_or_else(|e| e.into_inner());
-        tuned.get(key).cloned()
-    }
-
-    /// Keeps the autotuner's choice for `key` for this process.
-    pub(crate) fn remember_choice(&self, key: String, spec: &Spec) {
-        let mut tuned = self.tuned.lock().unwrap_or_else(|e| e.into_inner());
-        tuned.insert(key, spec.clone());
+    /// The autotuner's choices made in this process.
+    pub(crate) fn tuned_choices(&self) -> &Choices {
+        &self.tuned
     }
 
     /// Where the timing hold kernel is kept once loaded (`crate::timing`).

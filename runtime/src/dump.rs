@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use kiln_ir::dsl::Spec;
+use kiln_ir::dsl::{Comptime, Spec};
 use kiln_ir::{Kernel, Target};
 
 use crate::error::RuntimeError;
@@ -44,10 +44,10 @@ impl DumpConfig {
     }
 
     /// Writes the IR of `kernel` as it is after `pass` (`build` for the kernel as built).
-    fn ir(
+    fn ir<C: Comptime>(
         &self,
         kernel: &Kernel,
-        spec: &Spec,
+        spec: &Spec<C>,
         target: Target,
         pass: &str,
     ) -> Result<(), RuntimeError> {
@@ -64,7 +64,12 @@ impl DumpConfig {
     /// Writes the IR of `kernel` as built (`build`) and after every pass of the pipeline for
     /// `target` (`<pass>`), by running the pipeline on a copy with an observer. A pass that
     /// fails stops the dump; `kiln_ptx::compile` then reports the same diagnostic.
-    pub fn passes(&self, kernel: &Kernel, spec: &Spec, target: Target) -> Result<(), RuntimeError> {
+    pub fn passes<C: Comptime>(
+        &self,
+        kernel: &Kernel,
+        spec: &Spec<C>,
+        target: Target,
+    ) -> Result<(), RuntimeError> {
         if !self.ir {
             return Ok(());
         }
@@ -82,10 +87,10 @@ impl DumpConfig {
     }
 
     /// Writes the PTX text of `kernel`.
-    pub fn ptx(
+    pub fn ptx<C: Comptime>(
         &self,
         kernel: &str,
-        spec: &Spec,
+        spec: &Spec<C>,
         target: Target,
         ptx: &str,
     ) -> Result<(), RuntimeError> {
@@ -107,13 +112,13 @@ impl DumpConfig {
 }
 
 /// `<kernel>.<spec-hash>`: the file stem of one specialisation.
-pub fn stem(kernel: &str, spec: &Spec, target: Target) -> String {
+pub fn stem<C: Comptime>(kernel: &str, spec: &Spec<C>, target: Target) -> String {
     format!("{kernel}.{:016x}", spec_hash(kernel, spec, target))
 }
 
 /// A stable 64-bit FNV-1a hash of the kernel name, spec key and target (stable across runs
 /// and Rust versions, unlike `DefaultHasher`).
-pub fn spec_hash(kernel: &str, spec: &Spec, target: Target) -> u64 {
+pub fn spec_hash<C: Comptime>(kernel: &str, spec: &Spec<C>, target: Target) -> u64 {
     let text = format!("{kernel}\0{}\0{target}", spec.key());
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
@@ -123,7 +128,6 @@ pub fn spec_hash(kernel: &str, spec: &Spec, target: Target) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kiln_ir::dsl::ComptimeValue;
 
     #[test]
     fn parse_reads_words_and_defaults_the_dir() {
@@ -138,11 +142,9 @@ mod tests {
 
     #[test]
     fn hash_separates_specs_and_targets() {
-        let mut a = Spec::default();
-        a.comptime.insert("d".into(), ComptimeValue::Usize(64));
-        let mut b = a.clone();
-        b.comptime.insert("d".into(), ComptimeValue::Usize(128));
-        let h = |s: &Spec, t| spec_hash("attention", s, t);
+        let a = Spec::new(()).with_aligned16(&["q"]);
+        let b = Spec::new(());
+        let h = |s: &Spec<()>, t| spec_hash("attention", s, t);
         assert_eq!(h(&a, Target::Sm80), h(&a.clone(), Target::Sm80));
         assert_ne!(h(&a, Target::Sm80), h(&b, Target::Sm80));
         assert_ne!(h(&a, Target::Sm80), h(&a, Target::Sm90a));
@@ -153,7 +155,7 @@ mod tests {
     fn ptx_dump_writes_a_file_named_by_the_spec() {
         let dir = std::env::temp_dir().join(format!("kiln-dump-test-{}", std::process::id()));
         let c = DumpConfig::parse(Some("ptx"), dir.to_str());
-        let spec = Spec::default();
+        let spec = Spec::new(());
         c.ptx("k", &spec, Target::Sm90a, "// ptx").expect("writes");
         let file = dir.join(format!("{}.ptx", stem("k", &spec, Target::Sm90a)));
         assert_eq!(std::fs::read_to_string(&file).expect("exists"), "// ptx");
@@ -165,7 +167,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("kiln-dump-ir-{}", std::process::id()));
         let c = DumpConfig::parse(Some("ir"), dir.to_str());
         let kernel = Kernel::new("empty", vec![], Default::default());
-        let spec = Spec::default();
+        let spec = Spec::new(());
         c.passes(&kernel, &spec, Target::Sm80).expect("writes");
         let stem = stem("empty", &spec, Target::Sm80);
         let passes = kiln_ir::passes::PASSES

@@ -5,8 +5,8 @@ use cudarc::driver::DriverError;
 use kiln_ir::{DType, Diagnostic};
 use kiln_ptx::CodegenError;
 
-use crate::launch_ex::ClusterError;
-use crate::tma::TensorMapError;
+use crate::cluster::ClusterError;
+use crate::tma_rules::TensorMapError;
 
 /// A failure of a device, memory or module operation.
 #[derive(Debug, thiserror::Error)]

@@ -11,11 +11,9 @@
 //! constructors are `unsafe`; everything checkable (element alignment, extents, the launch's
 //! arguments against the kernel's signature) is checked as for kiln's own tensors.
 
-use std::collections::BTreeMap;
-
 use cudarc::driver::sys;
 use kiln_ir::DType;
-use kiln_ir::dsl::{ComptimeValue, KernelDef, ParamSig};
+use kiln_ir::dsl::{KernelDef, ParamSig};
 
 use crate::device::{Device, KernelArg};
 use crate::error::{LaunchError, RuntimeError};
@@ -76,11 +74,11 @@ impl Device {
     /// [`Device::launch`] on `stream` instead of the null stream: the same validation,
     /// specialisation and compile cache. Asynchronous with respect to the host, ordered on
     /// `stream`.
-    pub fn launch_on_stream(
+    pub fn launch_on_stream<K: KernelDef + ?Sized>(
         &self,
         stream: ForeignStream,
-        def: &dyn KernelDef,
-        comptime: &BTreeMap<String, ComptimeValue>,
+        def: &K,
+        comptime: &K::Comptime,
         grid: [u32; 3],
         args: &[KernelArg<'_>],
     ) -> Result<(), LaunchError> {

@@ -24,6 +24,8 @@
 //! [`dump`]).
 
 pub mod autotune;
+mod cluster;
+mod compile_cache;
 mod device;
 pub mod disk_cache;
 pub mod dump;
@@ -37,15 +39,18 @@ mod tensor;
 mod tensor_map_cache;
 mod timing;
 mod tma;
+mod tma_rules;
 mod validate;
 
+pub use cluster::{ClusterError, ClusterLaunch, PORTABLE_CLUSTER_SIZE};
 pub use device::{Device, KernelArg};
 pub use disk_cache::DiskCache;
 pub use error::{LaunchError, RuntimeError};
 pub use foreign::ForeignStream;
-pub use launch_ex::{ClusterError, ClusterLaunch, KernelParams, PORTABLE_CLUSTER_SIZE, launch_ex};
+pub use launch_ex::{KernelParams, launch_ex};
 pub use layout::Layout;
 pub use module::{CompileTimes, LoadedKernel, Origin};
 pub use tensor::DeviceTensor;
 pub use timing::{L2Flush, rotation_sets};
-pub use tma::{L2Promotion, OobFill, Swizzle, TensorMap, TensorMapError};
+pub use tma::TensorMap;
+pub use tma_rules::{L2Promotion, OobFill, Swizzle, TensorMapError};

@@ -10,7 +10,6 @@ use kiln_ptx::PtxModule;
 
 use crate::device::Device;
 use crate::error::{DriverContext, LaunchError, RuntimeError};
-use crate::module::LoadedKernel;
 use crate::tensor::DeviceTensor;
 
 /// How long the GPU is held before a timed interval starts: longer than any host path takes
@@ -97,9 +96,6 @@ fn hold_module() -> PtxModule {
         persistent: false,
     }
 }
-
-/// Where a device keeps its loaded hold kernel.
-pub(crate) type HoldSlot = std::sync::Mutex<Option<Arc<LoadedKernel>>>;
 
 /// A buffer twice the L2 size; writing it evicts whatever a previous run left in L2.
 #[derive(Debug)]

@@ -2,228 +2,28 @@
 //! `cp.async.bulk.tensor`, encoded by the driver's `cuTensorMapEncodeTiled`.
 //!
 //! Every rule the driver imposes (`cuda.h`, summarised in `shared/ptx-notes.md` §3) is checked
-//! here first, so a bad argument is a [`TensorMapError`] naming the argument and the rule rather
+//! here first (the limits and the error live in `crate::tma_rules`), so a bad argument is a
+//! [`TensorMapError`] naming the argument and the rule rather
 //! than the driver's bare `CUDA_ERROR_INVALID_VALUE`. The checks are pure functions of the
 //! tensor's layout and address, so they are unit-tested without a GPU.
 //!
 //! Conventions: like [`DeviceTensor::shape`], `box_dims` are given **outermost first**. The
 //! driver (and the PTX coordinates of `cp.async.bulk.tensor`) count dimensions **innermost
-//! first**; [`TensorMap::tiled`] does the translation. A map keeps its tensor's allocation
+//! first**; [`Device::tensor_map`] does the translation. A map keeps its tensor's allocation
 //! alive, so the global address inside it never dangles.
+//!
+//! [`Device::tensor_map`]: crate::Device::tensor_map
 
 use cudarc::driver::sys;
 use kiln_ir::DType;
 
-use crate::device::Device;
 use crate::error::{DriverContext, RuntimeError};
 use crate::layout::Layout;
 use crate::tensor::DeviceTensor;
-
-/// Most dimensions a tiled tensor map may have.
-const MAX_RANK: usize = 5;
-
-/// Largest box extent in any dimension.
-const MAX_BOX: u32 = 256;
-
-/// Largest global extent (`cuda.h` 13.5: "less than or equal to 2^31").
-const MAX_EXTENT: usize = 1 << 31;
-
-/// Global strides must be below 2^40 bytes.
-const MAX_STRIDE_BYTES: u128 = 1 << 40;
-
-/// The global address, the strides and the inner box row must be multiples of this many bytes.
-const TMA_ALIGN: usize = 16;
-
-/// How TMA swizzles the box in shared memory; the inner box row must fit the swizzle span.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Swizzle {
-    /// Rows stored as they are.
-    None,
-    /// 32-byte swizzle (2 chunks of 16 B permuted per row).
-    B32,
-    /// 64-byte swizzle.
-    B64,
-    /// 128-byte swizzle: the layout wgmma's SW128 descriptors expect (8-row, 1024-B atom).
-    B128,
-}
-
-impl Swizzle {
-    /// The swizzle span in bytes (the most bytes the inner box row may have), or `None`
-    /// for no swizzle (no limit beyond the 256-element box).
-    pub fn span_bytes(self) -> Option<usize> {
-        match self {
-            Swizzle::None => None,
-            Swizzle::B32 => Some(32),
-            Swizzle::B64 => Some(64),
-            Swizzle::B128 => Some(128),
-        }
-    }
-
-    fn raw(self) -> sys::CUtensorMapSwizzle {
-        use sys::CUtensorMapSwizzle as S;
-        match self {
-            Swizzle::None => S::CU_TENSOR_MAP_SWIZZLE_NONE,
-            Swizzle::B32 => S::CU_TENSOR_MAP_SWIZZLE_32B,
-            Swizzle::B64 => S::CU_TENSOR_MAP_SWIZZLE_64B,
-            Swizzle::B128 => S::CU_TENSOR_MAP_SWIZZLE_128B,
-        }
-    }
-}
-
-/// How far TMA loads promote their L2 fetches (a performance hint; never changes results).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum L2Promotion {
-    /// No promotion.
-    None,
-    /// Fetch 64-byte sectors.
-    B64,
-    /// Fetch 128-byte lines.
-    B128,
-    /// Fetch 256 bytes (CUTLASS's default for GEMM operands).
-    B256,
-}
-
-impl L2Promotion {
-    fn raw(self) -> sys::CUtensorMapL2promotion {
-        use sys::CUtensorMapL2promotion as P;
-        match self {
-            L2Promotion::None => P::CU_TENSOR_MAP_L2_PROMOTION_NONE,
-            L2Promotion::B64 => P::CU_TENSOR_MAP_L2_PROMOTION_L2_64B,
-            L2Promotion::B128 => P::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-            L2Promotion::B256 => P::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        }
-    }
-}
-
-/// What a load writes for box elements outside the tensor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum OobFill {
-    /// Zeros (what masked GEMM and attention tiles need).
-    Zero,
-    /// NaN, which a tensor-core FMA then treats as zero (`NAN_REQUEST_ZERO_FMA`).
-    NanRequestZeroFma,
-}
-
-impl OobFill {
-    fn raw(self) -> sys::CUtensorMapFloatOOBfill {
-        use sys::CUtensorMapFloatOOBfill as F;
-        match self {
-            OobFill::Zero => F::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-            OobFill::NanRequestZeroFma => F::CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA,
-        }
-    }
-}
-
-/// A tensor map argument that breaks one of the driver's rules. Dimensions are numbered as in
-/// the tensor's shape (outermost first), the same order `box_dims` is given in.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TensorMapError {
-    /// TMA maps here carry bf16, f16 or f32 elements only.
-    #[error("tensor map `tensor`: expected a bf16, f16 or f32 tensor, got {got}")]
-    DType {
-        /// The tensor's element type.
-        got: DType,
-    },
-    /// The tensor's rank is outside 1..=5.
-    #[error("tensor map `tensor`: expected rank 1..={MAX_RANK}, got rank {got}")]
-    Rank {
-        /// The tensor's rank.
-        got: usize,
-    },
-    /// `box_dims` has a different length than the tensor's rank.
-    #[error(
-        "tensor map `box_dims`: expected {expected} extents (one per tensor dimension), got {got}"
-    )]
-    BoxRank {
-        /// The tensor's rank.
-        expected: usize,
-        /// The number of box extents given.
-        got: usize,
-    },
-    /// The innermost dimension is not contiguous (TMA's element strides here are all 1).
-    #[error("tensor map `tensor`: the innermost stride must be 1 element, got {stride}")]
-    InnerStride {
-        /// The innermost stride, in elements.
-        stride: usize,
-    },
-    /// The address of element `[0, .., 0]` is not 16-byte aligned.
-    #[error("tensor map `tensor`: the global address must be 16-byte aligned, got {addr:#x}")]
-    BaseAlignment {
-        /// The address of the first element.
-        addr: u64,
-    },
-    /// An extent is zero or above 2^31.
-    #[error("tensor map `tensor`: extent of dimension {dim} must be in 1..=2^31, got {extent}")]
-    Extent {
-        /// The dimension, outermost first.
-        dim: usize,
-        /// Its extent.
-        extent: usize,
-    },
-    /// An outer stride in bytes is not a multiple of 16.
-    #[error(
-        "tensor map `tensor`: stride of dimension {dim} must be a multiple of 16 bytes, got {bytes} bytes"
-    )]
-    StrideAlignment {
-        /// The dimension, outermost first.
-        dim: usize,
-        /// Its stride in bytes.
-        bytes: u128,
-    },
-    /// An outer stride in bytes is 2^40 or more.
-    #[error("tensor map `tensor`: stride of dimension {dim} must be below 2^40 bytes, got {bytes}")]
-    StrideTooLarge {
-        /// The dimension, outermost first.
-        dim: usize,
-        /// Its stride in bytes.
-        bytes: u128,
-    },
-    /// A box extent is outside 1..=256.
-    #[error("tensor map `box_dims`: extent of dimension {dim} must be in 1..={MAX_BOX}, got {got}")]
-    BoxDim {
-        /// The dimension, outermost first.
-        dim: usize,
-        /// The extent given.
-        got: u32,
-    },
-    /// The innermost box row is not a multiple of 16 bytes.
-    #[error(
-        "tensor map `box_dims`: the innermost box row must be a multiple of 16 bytes, got {bytes} bytes ({elems} x {dtype})"
-    )]
-    InnerBoxBytes {
-        /// Bytes in one box row.
-        bytes: usize,
-        /// Elements in one box row.
-        elems: u32,
-        /// The element type.
-        dtype: DType,
-    },
-    /// The innermost box row is wider than the swizzle span.
-    #[error(
-        "tensor map `box_dims`: with {swizzle:?} swizzle the innermost box row must be at most {span} bytes, got {bytes} bytes"
-    )]
-    SwizzleSpan {
-        /// The swizzle mode.
-        swizzle: Swizzle,
-        /// Its span in bytes.
-        span: usize,
-        /// Bytes in one box row.
-        bytes: usize,
-    },
-    /// The view reaches past the end of its allocation, so TMA could read outside it.
-    #[error(
-        "tensor map `tensor`: the view must lie inside its {available}-byte allocation, but it ends at byte {needed}"
-    )]
-    OutOfBounds {
-        /// Bytes from the allocation's start to the view's end (`u128` so overflow cannot hide).
-        needed: u128,
-        /// The allocation's size.
-        available: usize,
-    },
-    /// The tensor was allocated on another device than the one encoding the map.
-    #[error("tensor map `tensor`: the tensor was allocated on another device")]
-    ForeignTensor,
-}
+use crate::tma_rules::{
+    MAX_BOX, MAX_EXTENT, MAX_RANK, MAX_STRIDE_BYTES, MapEncoding, Swizzle, TMA_ALIGN,
+    TensorMapError,
+};
 
 /// The driver's arguments for one map, innermost dimension first, after validation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -363,32 +163,24 @@ pub struct TensorMap {
 }
 
 impl TensorMap {
-    /// Encodes a tiled map over `tensor` (bf16, f16 or f32; rank 1..=5; innermost dimension
-    /// contiguous) whose box has extents `box_dims`, **outermost first** like the tensor's
-    /// shape. Every driver rule is checked first and reported as
-    /// [`RuntimeError::TensorMap`]; the driver's own refusal is [`RuntimeError::Driver`].
-    pub fn tiled(
-        device: &Device,
+    /// Encodes a tiled map over `tensor` (see [`Device::tensor_map`](crate::Device::tensor_map),
+    /// which checks first that `tensor` lives on the device's context).
+    pub(crate) fn tiled(
         tensor: &DeviceTensor,
         box_dims: &[u32],
-        swizzle: Swizzle,
-        l2_promotion: L2Promotion,
-        oob_fill: OobFill,
+        encoding: MapEncoding,
     ) -> Result<TensorMap, RuntimeError> {
-        if tensor.context_id() != device.cuda_context().cu_ctx() as usize {
-            return Err(TensorMapError::ForeignTensor.into());
-        }
         let args = encode_args(
             tensor.layout(),
             tensor.alloc_ptr(),
             tensor.alloc_bytes(),
             box_dims,
-            swizzle,
+            encoding.swizzle,
         )?;
         let mut raw = sys::CUtensorMap { opaque: [0; 16] };
         // SAFETY: every array has at least `rank` (or `rank - 1` for the strides) entries, all
         // values were checked against the driver's rules, `raw` is a properly aligned map, and
-        // the address lies inside a live allocation that the map keeps alive. A `Device`
+        // the address lies inside a live allocation that the map keeps alive. A `DeviceTensor`
         // exists, so the driver library is loaded.
         unsafe {
             sys::cuTensorMapEncodeTiled(
@@ -401,9 +193,9 @@ impl TensorMap {
                 args.box_dim.as_ptr(),
                 args.element_strides.as_ptr(),
                 sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                swizzle.raw(),
-                l2_promotion.raw(),
-                oob_fill.raw(),
+                encoding.swizzle.raw(),
+                encoding.l2_promotion.raw(),
+                encoding.oob_fill.raw(),
             )
         }
         .result()
@@ -413,7 +205,7 @@ impl TensorMap {
             tensor: tensor.clone(),
             box_dims: box_dims.to_vec(),
             box_bytes: args.box_bytes,
-            swizzle,
+            swizzle: encoding.swizzle,
         })
     }
 

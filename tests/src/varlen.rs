@@ -1,13 +1,10 @@
 //! Packed variable-length attention batches (the example's `attention_varlen` kernels): the
-//! offsets, fresh packed inputs, the kernels' comptime values and grid, and the check of a
+//! offsets, fresh packed inputs, the kernels' grid, and the check of a
 //! run's output (and log-sum-exp) against the f64 reference of each sequence on its own.
 //!
 //! The packed tensors have rows past the last sequence, poisoned in the outputs: no block may
 //! write them, so the check finds them still NaN.
 
-use std::collections::BTreeMap;
-
-use kiln_ir::dsl::{ComptimeValue, comptime_map};
 use kiln_ir::{DType, HostTensor, TensorData};
 
 use crate::check::{Case, poisoned, rel_error, tolerance};
@@ -120,21 +117,6 @@ impl Varlen {
             poisoned(&[tq, self.h, self.d], self.dtype),
             poisoned(&[1, self.h, tq], DType::F32),
         )
-    }
-
-    /// The kernels' comptime values, with `block_n` keys and `block_m` query rows per block.
-    pub fn comptime(&self, block_n: usize, block_m: usize) -> BTreeMap<String, ComptimeValue> {
-        comptime_map(&[
-            ("d", ComptimeValue::Usize(self.d)),
-            ("causal", ComptimeValue::Bool(self.causal)),
-            ("block_n", ComptimeValue::Usize(block_n)),
-            ("kv_group", ComptimeValue::Usize(self.h / self.h_kv)),
-            ("dtype", ComptimeValue::DType(self.dtype)),
-            ("window_left", ComptimeValue::I32(self.window.0)),
-            ("window_right", ComptimeValue::I32(self.window.1)),
-            ("softcap", ComptimeValue::F32(self.softcap)),
-            ("block_m", ComptimeValue::Usize(block_m)),
-        ])
     }
 
     /// The grid, `(cdiv(max_seqlen_q, block_m), heads, batch)`.

@@ -3,7 +3,7 @@
 
 mod printing;
 
-use kiln::ir::dsl::{KernelDef, Spec};
+use kiln::ir::dsl::{KernelDecl, KernelDef, Spec};
 use kiln::ir::interp::{HostArg, run_captured};
 use kiln::ir::{DType, HostTensor, Target};
 use printing::{COLS, ROWS, input, print_probe};
@@ -11,7 +11,7 @@ use printing::{COLS, ROWS, input, print_probe};
 #[test]
 fn the_interpreter_prints_one_line_per_block_in_the_gpu_format() {
     let kernel = print_probe
-        .build(&Spec::from_defaults(&print_probe, &[]).unwrap())
+        .build(&Spec::uniform((), print_probe.signature(), true))
         .unwrap();
     let x = input(2);
     let mut y = HostTensor::full(&[2 * ROWS, COLS], DType::F32, 0.0);
@@ -43,7 +43,7 @@ fn the_interpreter_prints_one_line_per_block_in_the_gpu_format() {
 #[test]
 fn prints_become_vprintf_calls_that_ptxas_accepts() {
     let kernel = print_probe
-        .build(&Spec::from_defaults(&print_probe, &[]).unwrap())
+        .build(&Spec::uniform((), print_probe.signature(), true))
         .unwrap();
     let have_ptxas = kiln::ptx::ptxas::find_ptxas().is_ok();
     for target in [Target::Sm80, Target::Sm90a] {
@@ -89,14 +89,14 @@ fn bad_prints_are_diagnostics_at_the_call() {
         let t = x.tile([32], [0]).load();
         kprint!("{}", at(&t, [32]));
     }
-    let cases: [(&dyn KernelDef, &str); 4] = [
+    let cases: [(&dyn KernelDef<Comptime = ()>, &str); 4] = [
         (&too_few, "has 2 placeholder(s) but 1 argument(s)"),
         (&debug_format, "only `{}` placeholders"),
         (&whole_tile, "print one element with `at(&tile, [..])`"),
         (&outside, "element [32] is outside"),
     ];
     for (def, want) in cases {
-        let spec = Spec::from_defaults(def, &[]).unwrap();
+        let spec = Spec::uniform((), def.signature(), true);
         let err = match def.build(&spec) {
             Ok(k) => kiln::ir::verify::verify(&k).expect_err(want).to_string(),
             Err(e) => e.to_string(),

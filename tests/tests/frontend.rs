@@ -1,7 +1,7 @@
 //! The DSL frontend end to end: what `#[kernel]` bodies trace to, the source locations the
 //! ops record, and the diagnostics `build` returns for shape, dtype and spec errors.
 
-use kiln::ir::dsl::{ComptimeValue, KernelDef, Spec};
+use kiln::ir::dsl::{Comptime, ComptimeValue, KernelDecl, KernelDef, Spec};
 use kiln::ir::print::print_kernel;
 use kiln::ir::{Block, Diagnostic, Kernel, Loc, OpKind};
 use kiln::prelude::*;
@@ -21,7 +21,7 @@ fn position(marker: &str, code: &str) -> (u32, u32) {
     (i as u32 + 1, col as u32 + 1)
 }
 
-fn build_err(def: &dyn KernelDef, spec: &Spec) -> Diagnostic {
+fn build_err<K: KernelDef + ?Sized>(def: &K, spec: &Spec<K::Comptime>) -> Diagnostic {
     match def.build(spec) {
         Ok(k) => panic!("expected a diagnostic, built:\n{}", print_kernel(&k)),
         Err(d) => d,
@@ -46,7 +46,7 @@ fn mma_shape_mismatch(a: Tensor<bf16, 2>, c: TensorMut<f32, 2>) {
 
 #[test]
 fn mma_shape_mismatch_points_at_the_users_call() {
-    let d = build_err(&mma_shape_mismatch, &Spec::default());
+    let d = build_err(&mma_shape_mismatch, &Spec::new(()));
     let (line, col) = position("MARK-mma", "mma(");
     assert_eq!(
         (d.loc.file, d.loc.line, d.loc.column),
@@ -66,7 +66,7 @@ fn dtype_mismatch(a: Tensor<bf16, 1>, b: Tensor<f32, 1>, c: TensorMut<f32, 1>) {
 
 #[test]
 fn dtype_mismatch_points_at_the_users_operator() {
-    let d = build_err(&dtype_mismatch, &Spec::default());
+    let d = build_err(&dtype_mismatch, &Spec::new(()));
     let (line, col) = position("MARK-add", "x + y");
     assert_eq!((d.loc.line, d.loc.column), (line, col), "{d}");
     assert!(
@@ -84,7 +84,7 @@ fn runtime_shape(a: Tensor<f32, 1>, c: TensorMut<f32, 1>) {
 
 #[test]
 fn runtime_tile_shape_is_a_diagnostic() {
-    let d = build_err(&runtime_shape, &Spec::default());
+    let d = build_err(&runtime_shape, &Spec::new(()));
     assert_eq!(d.loc.line, position("MARK-shape", "").0, "{d}");
     assert!(
         d.notes.iter().any(|n| n.contains("known at compile time")),
@@ -100,7 +100,7 @@ fn float_into_int(a: Tensor<f32, 1>, c: TensorMut<f32, 1>) {
 
 #[test]
 fn float_constant_with_integer_value_is_a_diagnostic() {
-    let d = build_err(&float_into_int, &Spec::default());
+    let d = build_err(&float_into_int, &Spec::new(()));
     assert_eq!(d.loc.line, position("MARK-float", "").0, "{d}");
     assert!(d.message.contains("float constant"), "{d}");
 }
@@ -127,7 +127,7 @@ fn scalar_of_two_coordinates(cu: Tensor<i32, 1>, o: TensorMut<i32, 1>) {
 fn bounded_stores_and_scalar_loads_report_misuse_at_the_call() {
     // A bound must clip one of the tile's dimensions, by an i32 limit; a scalar takes one
     // coordinate per tensor dimension.
-    let cases: [(&dyn KernelDef, &str, &str, &str); 3] = [
+    let cases: [(&dyn KernelDef<Comptime = ()>, &str, &str, &str); 3] = [
         (
             &bounded_on_an_outer_dimension,
             "MARK-outer-bound",
@@ -148,7 +148,7 @@ fn bounded_stores_and_scalar_loads_report_misuse_at_the_call() {
         ),
     ];
     for (def, marker, call, message) in cases {
-        let d = build_err(def, &Spec::default());
+        let d = build_err(def, &Spec::new(()));
         let (line, col) = position(marker, call);
         assert_eq!((d.loc.line, d.loc.column), (line, col), "{d}");
         assert!(d.message.contains(message), "{d}");
@@ -178,8 +178,7 @@ fn control(a: Tensor<f32, 1>, c: TensorMut<f32, 1>, #[comptime(default = 3)] rep
 
 #[test]
 fn runtime_if_and_for_carry_assigned_variables() {
-    let mut spec = Spec::default();
-    spec.comptime.insert("reps".into(), ComptimeValue::Usize(3));
+    let spec = Spec::new(ControlComptime { reps: 3 });
     let k = control.build(&spec).unwrap_or_else(|d| panic!("{d}"));
     println!("{}", print_kernel(&k));
     let mut ops = Vec::new();
@@ -216,18 +215,16 @@ fn runtime_if_and_for_carry_assigned_variables() {
 }
 
 #[test]
-fn missing_and_ill_typed_comptime_values_name_the_parameter() {
-    let d = build_err(&control, &Spec::default());
-    assert!(d.message.contains("`reps: usize`"), "{d}");
-    let mut spec = Spec::default();
-    spec.comptime
-        .insert("reps".into(), ComptimeValue::Bool(true));
-    let d = build_err(&control, &spec);
-    assert!(
-        d.message.contains("`reps`") && d.message.contains("bool"),
-        "{d}"
+fn ill_typed_comptime_text_names_the_parameter() {
+    // A typed value cannot be missing or of another type; `-D` text can, and is refused
+    // before anything is built, naming the parameter and its type.
+    assert_eq!(ControlComptime::default(), ControlComptime { reps: 3 });
+    let err =
+        ControlComptime::from_defines(&[("reps".into(), "true".into())]).expect_err("not a usize");
+    assert_eq!(
+        err.to_string(),
+        "comptime parameter `reps` is a usize, and `true` is not one"
     );
-    assert_eq!(d.loc.file, file!());
 }
 
 #[test]
@@ -272,7 +269,7 @@ fn helper_and_if_expression(a: Tensor<f32, 1>, c: TensorMut<f32, 1>, flag: i32) 
 #[test]
 fn runtime_if_expression_yields_its_value() {
     let k = helper_and_if_expression
-        .build(&Spec::default())
+        .build(&Spec::new(()))
         .unwrap_or_else(|d| panic!("{d}"));
     println!("{}", print_kernel(&k));
     let if_op = k
@@ -298,7 +295,7 @@ fn two_errors(a: Tensor<bf16, 2>, c: TensorMut<f32, 2>) {
 
 #[test]
 fn the_first_diagnostic_is_reported_and_later_ops_are_skipped() {
-    let d = build_err(&two_errors, &Spec::default());
+    let d = build_err(&two_errors, &Spec::new(()));
     assert_eq!(d.loc.line, position("MARK-first", "").0, "{d}");
     assert!(d.message.contains("`.col()` needs a 1-D tile"), "{d}");
 }

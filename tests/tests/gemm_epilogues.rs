@@ -7,13 +7,11 @@
 
 mod gemm_family;
 
-use std::collections::BTreeMap;
-
-use gemm_family::comptime;
-use kiln_examples::gemm::gemm;
+use gemm_family::Tile;
+use kiln_examples::gemm::{GemmComptime, gemm};
 use kiln_examples::gemm_epilogue::{gemm_alpha_beta, gemm_bias_act};
 use kiln_ir::Target;
-use kiln_ir::dsl::{ComptimeValue, KernelDef, Spec};
+use kiln_ir::dsl::{AnyKernelDef, Comptime, ComptimeValue, KernelDecl, KernelDef, Spec};
 use kiln_ir::interp::{HostArg, run_def};
 use kiln_ir::passes::run_pipeline;
 use kiln_ir::print::print_kernel;
@@ -80,7 +78,7 @@ fn gemm_matches_reference_in_each_dtype() {
     let mut rng = Rng::from_env();
     for dtype in DTYPES {
         for (tile, b_col_major) in variants() {
-            let ct = comptime(&gemm, tile, b_col_major, dtype, &[]);
+            let ct = Tile::new(tile, b_col_major, dtype).gemm();
             for (m, n, k) in SHAPES {
                 for dist in Dist::ALL {
                     let (a, b, ab) = operands(&mut rng, (m, n, k), b_col_major, dtype, dist);
@@ -108,7 +106,7 @@ fn gemm_matches_reference_in_each_dtype() {
 /// launch validates against the specialised signature the same way).
 #[test]
 fn a_tensor_of_another_dtype_is_refused() {
-    let ct = comptime(&gemm, TILES[0], false, DType::F16, &[]);
+    let ct = Tile::new(TILES[0], false, DType::F16).gemm();
     let a = HostTensor::full(&[4, 4], DType::Bf16, 1.0);
     let b = HostTensor::full(&[4, 4], DType::F16, 1.0);
     let mut c = poisoned(&[4, 4], DType::F16);
@@ -131,13 +129,7 @@ fn bias_act_matches_reference() {
     for dtype in DTYPES {
         for (tile, b_col_major) in variants() {
             for (act_no, act) in Activation::ALL.into_iter().enumerate() {
-                let ct = comptime(
-                    &gemm_bias_act,
-                    tile,
-                    b_col_major,
-                    dtype,
-                    &[("act", act_no.to_string())],
-                );
+                let ct = Tile::new(tile, b_col_major, dtype).bias_act(act_no);
                 for (m, n, k) in SHAPES {
                     for dist in Dist::ALL {
                         let (a, b, ab) = operands(&mut rng, (m, n, k), b_col_major, dtype, dist);
@@ -172,7 +164,7 @@ fn alpha_beta_matches_reference() {
     let mut rng = Rng::from_env();
     for dtype in DTYPES {
         for (tile, b_col_major) in variants() {
-            let ct = comptime(&gemm_alpha_beta, tile, b_col_major, dtype, &[]);
+            let ct = Tile::new(tile, b_col_major, dtype).alpha_beta();
             for (m, n, k) in SHAPES {
                 for dist in Dist::ALL {
                     for (alpha, beta) in ALPHA_BETA {
@@ -214,17 +206,7 @@ fn alpha_beta_matches_reference() {
 
 #[test]
 fn an_unknown_activation_is_a_diagnostic() {
-    let ct = comptime(
-        &gemm_bias_act,
-        TILES[0],
-        false,
-        DType::Bf16,
-        &[("act", "4".into())],
-    );
-    let spec = Spec {
-        comptime: ct,
-        aligned16: BTreeMap::new(),
-    };
+    let spec = Spec::new(Tile::new(TILES[0], false, DType::Bf16).bias_act(4));
     let err = gemm_bias_act.build(&spec).expect_err("act = 4 builds");
     let text = err.to_string();
     assert!(
@@ -235,7 +217,7 @@ fn an_unknown_activation_is_a_diagnostic() {
 
 /// sm_90a variants at 256 columns, through ptxas only: beside the 128-register accumulator
 /// their epilogue runs on chunks of its columns (`epilogue_columns`), the gemm's whole.
-const SM90A_WIDE: &[(&str, &dyn KernelDef, Overrides, Option<u32>)] = &[
+const SM90A_WIDE: &[(&str, &dyn AnyKernelDef, Overrides, Option<u32>)] = &[
     ("gemm_bn256", &gemm, &[("BN", "256")], None),
     (
         "gemm_bias_act_bn256",
@@ -275,13 +257,13 @@ const SM90A_WIDE: &[(&str, &dyn KernelDef, Overrides, Option<u32>)] = &[
     ),
 ];
 
-/// Comptime overrides, as `-D name=value` pairs.
+/// Comptime values, as `-D NAME=VALUE` pairs (the tables mix three comptime structs).
 type Overrides = &'static [(&'static str, &'static str)];
 
 /// `(name, kernel, comptime overrides, snapshot)`: the defaults of both kernels with
 /// snapshots; the other activations, column-major B and f16 through ptxas only (their PTX
 /// differs from a snapshotted one by a few lines).
-const VARIANTS: &[(&str, &dyn KernelDef, Overrides, bool)] = &[
+const VARIANTS: &[(&str, &dyn AnyKernelDef, Overrides, bool)] = &[
     ("gemm_bias_act", &gemm_bias_act, &[], true),
     ("gemm_bias_act_relu", &gemm_bias_act, &[("act", "1")], false),
     ("gemm_bias_act_gelu", &gemm_bias_act, &[("act", "2")], false),
@@ -309,14 +291,9 @@ const VARIANTS: &[(&str, &dyn KernelDef, Overrides, bool)] = &[
 ];
 
 /// `def` at its defaults with `overrides`, every tensor 16-byte aligned.
-fn build(def: &dyn KernelDef, overrides: &[(&str, &str)]) -> kiln_ir::Kernel {
-    let o: Vec<(String, String)> = overrides
-        .iter()
-        .map(|(n, v)| (n.to_string(), v.to_string()))
-        .collect();
-    let spec = Spec::from_defaults(def, &o).unwrap_or_else(|e| panic!("{e}"));
-    def.build(&spec)
-        .unwrap_or_else(|d| panic!("{} does not build: {d}", def.name()))
+fn build(def: &dyn AnyKernelDef, overrides: &[(&str, &str)]) -> kiln_ir::Kernel {
+    def.build_defines(&kiln_examples::owned(overrides), true)
+        .unwrap_or_else(|e| panic!("{} does not build: {e}", def.name()))
 }
 
 /// Snapshots (where asked) of the IR after every pass and of the PTX, for `target`, and
@@ -374,7 +351,7 @@ fn sm90a_ptx_assembles_clean() {
 
 /// The sm_90a IR of `def` with `overrides` after the `tma_store` pass, the last that
 /// schedules the epilogue.
-fn after_tma_store(def: &dyn KernelDef, overrides: &[(&str, &str)]) -> String {
+fn after_tma_store(def: &dyn AnyKernelDef, overrides: &[(&str, &str)]) -> String {
     let mut k = build(def, overrides);
     let mut after = String::new();
     run_pipeline(&mut k, Target::Sm90a, &mut |pass, k| {
@@ -458,7 +435,7 @@ fn a_comptime_dtype_names_the_element_type() {
         Some(ComptimeValue::DType(DType::F16))
     );
     assert_eq!(ComptimeValue::parse(ComptimeKind::DType, "f64"), None);
-    let ct = comptime(&gemm_alpha_beta, TILES[0], false, DType::F16, &[]);
+    let ct = Tile::new(TILES[0], false, DType::F16).alpha_beta();
     let resolved = specialise(gemm_alpha_beta.signature(), &ct);
     let dtypes: Vec<Option<DType>> = resolved
         .iter()
@@ -475,7 +452,7 @@ fn a_comptime_dtype_names_the_element_type() {
     let h = Some(DType::F16);
     assert_eq!(dtypes, [h, h, h, h, None, None]);
     assert_eq!(resolved[4].to_string(), "alpha: f32");
-    let bad = Spec::from_defaults(&gemm, &[("dtype".into(), "f64".into())]);
+    let bad = GemmComptime::from_defines(&[("dtype".into(), "f64".into())]);
     assert_eq!(
         bad.map(|_| ()).map_err(|e| e.to_string()),
         Err("comptime parameter `dtype` is a DType, and `f64` is not one".to_string())

@@ -9,21 +9,21 @@
 //! without a GPU.
 
 mod gpu_common;
+mod varlen_params;
 
 use std::process::ExitCode;
 
 use gpu_common::{Needs, device, upload_padded};
-use kiln_examples::attention::{attention, attention_varlen, attention_varlen_lse, tuned_blocks};
-use kiln_ir::dsl::Spec;
+use kiln_examples::attention::{
+    AttentionParams, attention, attention_varlen, attention_varlen_lse, tuned_blocks,
+};
+use kiln_ir::dsl::KernelDef;
 use kiln_ir::{DType, HostTensor, Target};
 use kiln_runtime::{Device, DeviceTensor, KernelArg};
 use kiln_tests::check::{Case, assert_close, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 use kiln_tests::varlen::{Packed, Varlen};
-
-/// Comptime values by name.
-type Comptime = std::collections::BTreeMap<String, kiln_ir::dsl::ComptimeValue>;
 
 /// One call: `(batch, heads, kv heads, sq, sk, d)` and the comptime features.
 struct Call {
@@ -108,20 +108,14 @@ fn run_calls(dev: &Device, target: Target) {
     for c in calls() {
         let [b, h, h_kv, sq, sk, d] = c.shape;
         let group = h / h_kv;
-        let (block_m, block_n) = tuned_blocks(target, d, c.causal, (sq, sk));
-        let given = [
-            ("d", d.to_string()),
-            ("causal", c.causal.to_string()),
-            ("block_m", block_m.to_string()),
-            ("block_n", block_n.to_string()),
-            ("kv_group", group.to_string()),
-            ("dtype", c.dtype.to_string()),
-            ("window_left", c.window.0.to_string()),
-            ("window_right", c.window.1.to_string()),
-            ("softcap", c.softcap.to_string()),
-        ];
-        let given: Vec<(String, String)> = given.into_iter().map(|(n, v)| (n.into(), v)).collect();
-        let spec = Spec::from_defaults(&attention, &given).expect("comptime values");
+        let params = AttentionParams {
+            kv_group: group,
+            dtype: c.dtype,
+            window_left: c.window.0,
+            window_right: c.window.1,
+            softcap: c.softcap,
+            ..AttentionParams::tuned(target, d, c.causal, (sq, sk))
+        };
         let name = format!(
             "attention@{target} d={d} {} causal={} window={:?} softcap={} kv_group={group}",
             c.dtype, c.causal, c.window, c.softcap
@@ -131,21 +125,15 @@ fn run_calls(dev: &Device, target: Target) {
             let k = tensor(&mut rng, &[b, h_kv, sk, d], c.dtype, dist);
             let v = tensor(&mut rng, &[b, h_kv, sk, d], c.dtype, dist);
             let scale = (rng.uniform(0.5, 1.5) / (d as f64).sqrt()) as f32;
-            let grid = [sq.div_ceil(block_m) as u32, h as u32, b as u32];
+            let grid = attention.grid(&params, [sq, h, b]);
             let (dq, dk, dv) = (
                 dev.upload(&q).expect("upload"),
                 upload_padded(dev, &k, 8),
                 dev.upload(&v).expect("upload"),
             );
             let o = output(dev, c.dtype, &[b, h, sq, d]);
-            let args = [
-                KernelArg::Tensor(&dq),
-                KernelArg::Tensor(&dk),
-                KernelArg::Tensor(&dv),
-                KernelArg::Tensor(&o),
-                KernelArg::F32(scale),
-            ];
-            dev.launch(&attention, &spec.comptime, grid, &args)
+            attention
+                .launch(dev, &params, grid, &dq, &dk, &dv, &o, scale)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             dev.synchronize().expect("kernel ran");
             let got = o.download().expect("download");
@@ -275,7 +263,7 @@ impl VarlenArgs {
 
     /// Launches the kernel (its lse form when `lse`) with comptime values `ct` over `grid`;
     /// waits for it.
-    fn launch(&self, dev: &Device, ct: &Comptime, grid: [u32; 3], lse: bool, scale: f32) {
+    fn launch(&self, dev: &Device, ct: &AttentionParams, grid: [u32; 3], lse: bool, scale: f32) {
         let mut args = vec![
             KernelArg::Tensor(&self.q),
             KernelArg::Tensor(&self.k),
@@ -290,7 +278,7 @@ impl VarlenArgs {
             KernelArg::Tensor(&self.cu_k),
             KernelArg::F32(scale),
         ]);
-        let def: &dyn kiln_ir::dsl::KernelDef = if lse {
+        let def: &dyn KernelDef<Comptime = AttentionParams> = if lse {
             &attention_varlen_lse
         } else {
             &attention_varlen
@@ -314,7 +302,7 @@ fn run_varlen(dev: &Device, target: Target) {
     let mut rng = Rng::from_env();
     for (i, c) in varlen_calls().into_iter().enumerate() {
         let (block_m, block_n) = varlen_blocks(target, &c);
-        let ct = c.comptime(block_n, block_m);
+        let ct = varlen_params::params(&c, block_n, block_m);
         for (j, dist) in Dist::ALL.into_iter().enumerate() {
             let lse = (i + j).is_multiple_of(2);
             let p = c.inputs(&mut rng, dist);
@@ -333,7 +321,7 @@ fn run_varlen(dev: &Device, target: Target) {
     let c = Varlen::new(&[(60, 70)]);
     let p = c.inputs(&mut rng, Dist::Normal);
     let (block_m, block_n) = varlen_blocks(target, &c);
-    let ct = c.comptime(block_n, block_m);
+    let ct = varlen_params::params(&c, block_n, block_m);
     let offsets = |cu: &[i32]| {
         HostTensor::new(&[cu.len()], kiln_ir::TensorData::I32(cu.to_vec())).expect("offsets")
     };

@@ -6,6 +6,7 @@
 //! (their own specialisation); the compile cache; and the typed GPU path's validation errors.
 //! Skips itself ("skipped: no CUDA driver") without a GPU.
 
+mod gemm_family;
 mod gpu_common;
 
 use std::sync::Arc;
@@ -13,12 +14,13 @@ use std::time::Duration;
 
 use std::process::ExitCode;
 
+use gemm_family::Tile;
 use gpu_common::{Needs, device, upload_padded};
-use kiln_examples::attention::attention;
-use kiln_examples::gemm::gemm;
-use kiln_examples::softmax::softmax;
+use kiln_examples::attention::{AttentionParams, attention};
+use kiln_examples::gemm::{GemmComptime, gemm};
+use kiln_examples::softmax::{SoftmaxComptime, softmax};
 use kiln_examples::vector_add::vector_add;
-use kiln_ir::dsl::Spec;
+use kiln_ir::dsl::{KernelDecl, KernelDef, Spec};
 use kiln_ir::{DType, HostTensor};
 use kiln_runtime::{Device, DeviceTensor, DiskCache, LaunchError, Origin};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
@@ -80,14 +82,13 @@ fn gpu_softmax_matches_reference_and_interpreter() {
         for (m, n) in [(1, 1), (7, 100), (33, 513), (64, 1024)] {
             for dist in Dist::ALL {
                 let x = tensor(&mut rng, &[m, n], DType::F32, dist);
-                let grid = [m.div_ceil(bm) as u32, 1, 1];
+                let c = SoftmaxComptime { BM: bm, BN: bn };
+                let grid = softmax.grid(&c, [m, 1, 1]);
                 let dx = upload_padded(&dev, &x, 3);
                 let y = output(&dev, DType::F32, &[m, n]);
-                softmax.launch(&dev, grid, bm, bn, &dx, &y).expect("launch");
+                softmax.launch(&dev, &c, grid, &dx, &y).expect("launch");
                 let mut yi = poisoned(&[m, n], DType::F32);
-                softmax
-                    .interpret(grid, bm, bn, &x, &mut yi)
-                    .expect("interpret");
+                softmax.interpret(&c, grid, &x, &mut yi).expect("interpret");
                 let case = Case {
                     kernel: format!("softmax BM={bm} BN={bn}"),
                     shape: format!("m={m} n={n}, x row stride {}", n + 3),
@@ -111,40 +112,16 @@ fn gpu_gemm_matches_reference_and_interpreter() {
                     // Column-major B is passed as `b^T: [n, k]`.
                     let b_shape = if b_col_major { [n, k] } else { [k, n] };
                     let b = tensor(&mut rng, &b_shape, DType::Bf16, dist);
-                    let grid = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
+                    let tile = Tile::new((bm, bn, bk, stages), b_col_major, DType::Bf16).gemm();
+                    let grid = gemm.grid(&tile, [m, n, 1]);
                     // `a` contiguous, `b` with padded rows: both addressing paths.
                     let (da, db) = (dev.upload(&a).expect("upload"), upload_padded(&dev, &b, 8));
                     let c = output(&dev, DType::Bf16, &[m, n]);
-                    gemm.launch(
-                        &dev,
-                        grid,
-                        1,
-                        bm,
-                        bn,
-                        bk,
-                        stages,
-                        b_col_major,
-                        DType::Bf16,
-                        &da,
-                        &db,
-                        &c,
-                    )
-                    .expect("launch");
+                    gemm.launch(&dev, &tile, grid, &da, &db, &c)
+                        .expect("launch");
                     let mut ci = poisoned(&[m, n], DType::Bf16);
-                    gemm.interpret(
-                        grid,
-                        1,
-                        bm,
-                        bn,
-                        bk,
-                        stages,
-                        b_col_major,
-                        DType::Bf16,
-                        &a,
-                        &b,
-                        &mut ci,
-                    )
-                    .expect("interpret");
+                    gemm.interpret(&tile, grid, &a, &b, &mut ci)
+                        .expect("interpret");
                     let case = Case {
                         kernel: format!(
                             "gemm BM={bm} BN={bn} BK={bk} STAGES={stages} b_col_major={b_col_major}"
@@ -183,50 +160,22 @@ fn gpu_attention_matches_reference_and_interpreter() {
             let k = tensor(&mut rng, &[b, h, sk, d], DType::Bf16, dist);
             let v = tensor(&mut rng, &[b, h, sk, d], DType::Bf16, dist);
             let scale = 1.0 / (d as f32).sqrt();
-            let grid = [sq.div_ceil(128) as u32, h as u32, b as u32];
+            let p = AttentionParams {
+                d,
+                causal,
+                ..AttentionParams::default()
+            };
+            let grid = attention.grid(&p, [sq, h, b]);
             let dq = dev.upload(&q).expect("upload");
             let dk = upload_padded(&dev, &k, 8);
             let dv = dev.upload(&v).expect("upload");
             let o = output(&dev, DType::Bf16, &[b, h, sq, d]);
             attention
-                .launch(
-                    &dev,
-                    grid,
-                    d,
-                    causal,
-                    0,
-                    1,
-                    DType::Bf16,
-                    -1,
-                    -1,
-                    0.0,
-                    kiln_examples::attention::BLOCK_M,
-                    &dq,
-                    &dk,
-                    &dv,
-                    &o,
-                    scale,
-                )
+                .launch(&dev, &p, grid, &dq, &dk, &dv, &o, scale)
                 .expect("launch");
             let mut oi = poisoned(&[b, h, sq, d], DType::Bf16);
             attention
-                .interpret(
-                    grid,
-                    d,
-                    causal,
-                    0,
-                    1,
-                    DType::Bf16,
-                    -1,
-                    -1,
-                    0.0,
-                    kiln_examples::attention::BLOCK_M,
-                    &q,
-                    &k,
-                    &v,
-                    &mut oi,
-                    scale,
-                )
+                .interpret(&p, grid, &q, &k, &v, &mut oi, scale)
                 .expect("interpret");
             let case = Case {
                 kernel: format!("attention d={d} causal={causal}"),
@@ -248,8 +197,11 @@ fn gpu_typed_launch_rejects_bad_arguments_by_name() {
     let c = dev.alloc(DType::Bf16, &[m, n]).expect("alloc");
     let grid = [1, 1, 1];
     // The default 128x128x32, 3-stage bf16 gemm with row-major B.
-    let launch =
-        |grid, a, b, c| gemm.launch(&dev, grid, 1, 128, 128, 32, 3, false, DType::Bf16, a, b, c);
+    let tile = GemmComptime {
+        BK: 32,
+        ..GemmComptime::default()
+    };
+    let launch = |grid, a, b, c| gemm.launch(&dev, &tile, grid, a, b, c);
 
     let f32_a = dev.alloc(DType::F32, &[m, k]).expect("alloc");
     let err = launch(grid, &f32_a, &b, &c).expect_err("dtype");
@@ -382,21 +334,12 @@ fn gpu_misaligned_views_get_their_own_specialisation() {
         let b = tensor(&mut rng, &[k, nn], DType::Bf16, dist);
         let (da, db) = (dev.upload(&a).expect("upload"), upload_padded(&dev, &b, 1));
         let c = output(&dev, DType::Bf16, &[m, nn]);
-        gemm.launch(
-            &dev,
-            [1, 1, 1],
-            1,
-            128,
-            128,
-            32,
-            3,
-            false,
-            DType::Bf16,
-            &da,
-            &db,
-            &c,
-        )
-        .expect("launch");
+        let tile = GemmComptime {
+            BK: 32,
+            ..GemmComptime::default()
+        };
+        gemm.launch(&dev, &tile, [1, 1, 1], &da, &db, &c)
+            .expect("launch");
         let case = Case {
             kernel: "gemm (b row stride 91)".into(),
             shape: format!("m={m} n={nn} k={k}"),
@@ -415,10 +358,7 @@ fn gpu_misaligned_views_get_their_own_specialisation() {
 
 fn gpu_compile_cache_reuses_a_specialisation() {
     let Some(dev) = device() else { return };
-    let mut aligned = Spec::from_defaults(&vector_add, &[]).expect("defaults");
-    for p in ["a", "b", "c"] {
-        aligned.aligned16.insert(p.to_string(), true);
-    }
+    let aligned = Spec::uniform((), vector_add.signature(), true);
     let first = dev.compile(&vector_add, &aligned).expect("compile");
     let again = dev.compile(&vector_add, &aligned).expect("cached");
     assert!(
@@ -450,7 +390,7 @@ fn gpu_disk_cache_loads_without_the_jit_and_rebuilds_bad_entries() {
     let dev = dev.with_disk_cache(Some(cache.clone()));
     kiln_ptx::ptxas::find_ptxas().expect("the disk cache keeps ptxas's cubins");
     // The compile's cost shows on attention; the cached module's result on vector_add.
-    let spec = Spec::from_defaults(&attention, &[]).expect("defaults");
+    let spec = Spec::uniform(AttentionParams::default(), attention.signature(), true);
     let cold = dev.compile_from_disk(&attention, &spec).expect("cold");
     let warm = dev.compile_from_disk(&attention, &spec).expect("warm");
     assert_eq!(cold.origin(), &Origin::Ptxas);
@@ -517,14 +457,14 @@ fn gpu_disk_cache_loads_without_the_jit_and_rebuilds_bad_entries() {
         tensor(&mut rng, &[n], DType::F32, Dist::Normal),
     );
     let (da, db) = (dev.upload(&a).expect("up"), dev.upload(&b).expect("up"));
-    let vspec = Spec::from_defaults(&vector_add, &[]).expect("defaults");
+    let vspec = Spec::uniform((), vector_add.signature(), true);
     dev.compile_from_disk(&vector_add, &vspec)
         .expect("populate");
     let loaded = dev.compile(&vector_add, &vspec).expect("from the cache");
     assert!(loaded.from_disk_cache());
     let c = output(&dev, DType::F32, &[n]);
     vector_add
-        .launch(&dev, [n.div_ceil(1024) as u32, 1, 1], &da, &db, &c)
+        .launch(&dev, vector_add.grid(&(), [n, 1, 1]), &da, &db, &c)
         .expect("launch");
     let want = reference::vector_add(&a, &b);
     let got = c.download().expect("download");

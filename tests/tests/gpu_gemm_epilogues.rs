@@ -10,15 +10,15 @@
 mod gemm_family;
 mod gpu_common;
 
-use std::collections::BTreeMap;
 use std::process::ExitCode;
 
+use gemm_family::Tile;
 use gpu_common::{Needs, device, upload_padded};
 use kiln_examples::gemm::gemm;
 use kiln_examples::gemm_epilogue::{gemm_alpha_beta, gemm_bias_act};
-use kiln_ir::dsl::{ComptimeValue, KernelDef, Spec};
+use kiln_ir::dsl::{KernelDecl, KernelDef, Spec};
 use kiln_ir::{DType, HostTensor, Target};
-use kiln_runtime::{Device, DeviceTensor, KernelArg};
+use kiln_runtime::{Device, DeviceTensor, KernelArg, LaunchError};
 use kiln_tests::check::{Case, as_stored, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference::{self, Activation};
@@ -56,34 +56,63 @@ impl Epilogue {
         all
     }
 
-    fn def(self) -> &'static dyn KernelDef {
+    /// The kernel's name.
+    fn name(self) -> &'static str {
         match self {
-            Epilogue::Plain => &gemm,
-            Epilogue::BiasAct(_) => &gemm_bias_act,
-            Epilogue::AlphaBeta(..) => &gemm_alpha_beta,
+            Epilogue::Plain => gemm.name(),
+            Epilogue::BiasAct(_) => gemm_bias_act.name(),
+            Epilogue::AlphaBeta(..) => gemm_alpha_beta.name(),
         }
     }
 
-    /// The comptime map of this kernel for one tile, B layout, dtype and CTAs per cluster
-    /// along M.
-    fn comptime(
+    /// Launches this kernel with `tile`'s comptime values over `grid`; with `check_tma`,
+    /// first checks that the specialisation of aligned tensors takes the TMA path.
+    fn launch(
         self,
-        tile: (usize, usize, usize, usize),
-        b_col_major: bool,
-        dtype: DType,
-        cluster: usize,
-    ) -> BTreeMap<String, ComptimeValue> {
-        let act = match self {
+        dev: &Device,
+        tile: Tile,
+        check_tma: bool,
+        grid: [u32; 3],
+        args: &[KernelArg<'_>],
+    ) -> Result<(), LaunchError> {
+        match self {
+            Epilogue::Plain => launch(dev, &gemm, tile.gemm(), check_tma, grid, args),
             Epilogue::BiasAct(act) => {
-                Some(Activation::ALL.iter().position(|a| *a == act).unwrap_or(0))
+                let act = Activation::ALL.iter().position(|a| *a == act).unwrap_or(0);
+                let c = tile.bias_act(act);
+                launch(dev, &gemm_bias_act, c, check_tma, grid, args)
             }
-            _ => None,
-        };
-        let mut extra: Vec<(&str, String)> =
-            act.map(|n| ("act", n.to_string())).into_iter().collect();
-        extra.push(("CLUSTER_M", cluster.to_string()));
-        gemm_family::comptime(self.def(), tile, b_col_major, dtype, &extra)
+            Epilogue::AlphaBeta(..) => launch(
+                dev,
+                &gemm_alpha_beta,
+                tile.alpha_beta(),
+                check_tma,
+                grid,
+                args,
+            ),
+        }
     }
+}
+
+/// [`Epilogue::launch`] for one kernel.
+fn launch<K: KernelDef>(
+    dev: &Device,
+    def: &K,
+    comptime: K::Comptime,
+    check_tma: bool,
+    grid: [u32; 3],
+    args: &[KernelArg<'_>],
+) -> Result<(), LaunchError> {
+    if check_tma {
+        let spec = Spec::uniform(comptime.clone(), def.signature(), true);
+        let loaded = dev.compile(def, &spec)?;
+        assert!(
+            !loaded.ptx().tensor_maps.is_empty(),
+            "{}: no TMA path with aligned tensors",
+            def.name()
+        );
+    }
+    dev.launch(def, &comptime, grid, args)
 }
 
 /// `host` on the device: on sm_90a with rows padded to a multiple of 16 bytes (the padding
@@ -112,21 +141,10 @@ fn run_case(
     dist: Dist,
     aligned_rows: bool,
 ) {
-    let ct = epi.comptime(tile, b_col_major, dtype, cluster);
-    let def = epi.def();
-    if aligned_rows {
-        let spec = Spec::from_defaults(def, &[]).expect("defaults");
-        let spec = Spec {
-            comptime: ct.clone(),
-            ..spec
-        };
-        let loaded = dev.compile(def, &spec).expect("compile");
-        assert!(
-            !loaded.ptx().tensor_maps.is_empty(),
-            "{}: no TMA path with aligned tensors",
-            def.name()
-        );
-    }
+    let comptime = Tile {
+        cluster,
+        ..Tile::new(tile, b_col_major, dtype)
+    };
     let a = tensor(rng, &[m, k], dtype, dist);
     let b_shape = if b_col_major { [n, k] } else { [k, n] };
     let b = tensor(rng, &b_shape, dtype, dist);
@@ -156,14 +174,15 @@ fn run_case(
     if let Epilogue::AlphaBeta(alpha, beta) = epi {
         args.extend([KernelArg::F32(alpha), KernelArg::F32(beta)]);
     }
-    let grid = [m.div_ceil(tile.0) as u32, n.div_ceil(tile.1) as u32, 1];
-    dev.launch(def, &ct, grid, &args).expect("launch");
+    let grid = gemm.grid(&comptime.gemm(), [m, n, 1]);
+    epi.launch(dev, comptime, aligned_rows, grid, &args)
+        .expect("launch");
     dev.synchronize().expect("kernel ran");
     let case = Case {
         kernel: format!(
             "{}@{} {epi:?} dtype={dtype} tile={tile:?} b_col_major={b_col_major} \
              CLUSTER_M={cluster}",
-            def.name(),
+            epi.name(),
             dev.target()
         ),
         shape: format!("m={m} n={n} k={k}, aligned rows {aligned_rows}"),

@@ -9,10 +9,10 @@ mod printing;
 use std::process::{Command, ExitCode};
 
 use gpu_common::Needs;
-use kiln::ir::dsl::{KernelDef, Spec};
+use kiln::ir::dsl::{KernelDecl, KernelDef, Spec};
 use kiln::ir::interp::{HostArg, run_captured};
 use kiln::ir::{DType, HostTensor, Target};
-use kiln_runtime::{Device, KernelArg};
+use kiln_runtime::Device;
 use printing::{COLS, ROWS, input, print_probe};
 
 /// Set in the child: the target to compile for.
@@ -40,13 +40,7 @@ fn child(target: &str) -> ExitCode {
         let dev = Device::new(0)?.with_target(target);
         let x = dev.upload(&input(BLOCKS))?;
         let y = dev.alloc(DType::F32, &[BLOCKS * ROWS, COLS])?;
-        let spec = Spec::from_defaults(&print_probe, &[])?;
-        let args = [
-            KernelArg::Tensor(&x),
-            KernelArg::Tensor(&y),
-            KernelArg::F32(SCALE),
-        ];
-        dev.launch(&print_probe, &spec.comptime, [BLOCKS as u32, 1, 1], &args)?;
+        print_probe.launch(&dev, [BLOCKS as u32, 1, 1], &x, &y, SCALE)?;
         dev.synchronize()?;
         Ok(())
     };
@@ -60,7 +54,7 @@ fn child(target: &str) -> ExitCode {
 }
 
 fn gpu_print_matches_the_interpreter() {
-    let spec = Spec::from_defaults(&print_probe, &[]).expect("spec");
+    let spec = Spec::uniform((), print_probe.signature(), true);
     let kernel = print_probe.build(&spec).expect("build");
     let x = input(BLOCKS);
     let mut y = HostTensor::full(&[BLOCKS * ROWS, COLS], DType::F32, 0.0);

@@ -5,13 +5,11 @@
 
 mod gpu_common;
 
-use std::collections::BTreeMap;
-
 use std::process::ExitCode;
 
 use gpu_common::{Needs, device, upload_padded};
 
-use kiln_ir::dsl::{ComptimeParam, KernelDef, ParamSig, Spec};
+use kiln_ir::dsl::{ComptimeParam, KernelDecl, KernelDef, ParamSig, Spec};
 use kiln_ir::{DType, Diagnostic, HostTensor, Kernel, Loc, Target};
 use kiln_ptx::PtxModule;
 use kiln_runtime::{Device, KernelArg, L2Flush, LaunchError, LoadedKernel, RuntimeError};
@@ -356,7 +354,7 @@ fn gpu_launch_validation_names_the_argument() {
 /// A KernelDef whose body is never reached: validation must reject the arguments first.
 struct NeverBuilt;
 
-impl KernelDef for NeverBuilt {
+impl KernelDecl for NeverBuilt {
     fn name(&self) -> &'static str {
         "never_built"
     }
@@ -366,7 +364,12 @@ impl KernelDef for NeverBuilt {
     fn signature(&self) -> &'static [ParamSig] {
         AXPB_SIG
     }
-    fn build(&self, _spec: &Spec) -> Result<Kernel, Diagnostic> {
+}
+
+impl KernelDef for NeverBuilt {
+    type Comptime = ();
+
+    fn build(&self, _spec: &Spec<()>) -> Result<Kernel, Diagnostic> {
         Err(Diagnostic::new(
             Loc::caller(),
             "validation should have failed first",
@@ -384,7 +387,7 @@ fn gpu_device_launch_validates_before_building() {
     let err = dev
         .launch(
             &NeverBuilt,
-            &BTreeMap::new(),
+            &(),
             [8, 1, 1],
             &[
                 KernelArg::Tensor(&a),
@@ -401,7 +404,7 @@ fn gpu_device_launch_validates_before_building() {
     let err = dev
         .launch(
             &NeverBuilt,
-            &BTreeMap::new(),
+            &(),
             [8, 1, 1],
             &[
                 KernelArg::Tensor(&a),

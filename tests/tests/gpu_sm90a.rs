@@ -22,16 +22,14 @@
 mod gpu_common;
 mod softcap;
 
-use std::collections::BTreeMap;
-
 use std::process::ExitCode;
 
 use gpu_common::{Needs, device, upload_padded};
-use kiln_examples::attention::attention;
-use kiln_examples::gemm::gemm;
-use kiln_ir::dsl::{ComptimeValue, Spec};
+use kiln_examples::attention::{AttentionParams, attention};
+use kiln_examples::gemm::{GemmComptime, gemm};
+use kiln_ir::dsl::{KernelDecl, KernelDef, Spec};
 use kiln_ir::{DType, HostTensor, Target};
-use kiln_runtime::{Device, DeviceTensor, DiskCache, KernelArg};
+use kiln_runtime::{Device, DeviceTensor, DiskCache};
 use kiln_tests::check::{Case, assert_close, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
@@ -59,23 +57,15 @@ fn output(dev: &Device, shape: &[usize]) -> DeviceTensor {
 }
 
 /// The comptime values of the gemm's tile shape, B layout and CTAs per cluster along M.
-fn tiles(
-    (bm, bn, bk): (usize, usize, usize),
-    b_col_major: bool,
-    cluster: usize,
-) -> BTreeMap<String, ComptimeValue> {
-    let spec = Spec::from_defaults(
-        &gemm,
-        &[
-            ("CLUSTER_M".to_string(), cluster.to_string()),
-            ("BM".to_string(), bm.to_string()),
-            ("BN".to_string(), bn.to_string()),
-            ("BK".to_string(), bk.to_string()),
-            ("b_col_major".to_string(), b_col_major.to_string()),
-        ],
-    )
-    .expect("tile values");
-    spec.comptime
+fn tiles((bm, bn, bk): (usize, usize, usize), b_col_major: bool, cluster: usize) -> GemmComptime {
+    GemmComptime {
+        CLUSTER_M: cluster,
+        BM: bm,
+        BN: bn,
+        BK: bk,
+        b_col_major,
+        ..GemmComptime::default()
+    }
 }
 
 /// The stored shape of `b`: `[k, n]`, or `[n, k]` holding B column-major.
@@ -160,9 +150,9 @@ fn launch(
     n: usize,
     ts: [&DeviceTensor; 3],
 ) {
-    let grid = [m.div_ceil(tile.0) as u32, n.div_ceil(tile.1) as u32, 1];
-    let args = ts.map(KernelArg::Tensor);
-    dev.launch(&gemm, &tiles(tile, b_col_major, cluster), grid, &args)
+    let c = tiles(tile, b_col_major, cluster);
+    let [a, b, out] = ts;
+    gemm.launch(dev, &c, gemm.grid(&c, [m, n, 1]), a, b, out)
         .expect("launch");
     dev.synchronize().expect("kernel ran");
 }
@@ -361,16 +351,14 @@ fn attention_case(
     (b, h, sq, sk, d, causal, block_n, block_m): AttentionCase,
 ) {
     // Every tensor 16-byte aligned: the TMA path.
-    let spec = Spec::from_defaults(
-        &attention,
-        &[
-            ("d".to_string(), d.to_string()),
-            ("causal".to_string(), causal.to_string()),
-            ("block_n".to_string(), block_n.to_string()),
-            ("block_m".to_string(), block_m.to_string()),
-        ],
-    )
-    .expect("comptime values");
+    let p = AttentionParams {
+        d,
+        causal,
+        block_n,
+        block_m,
+        ..AttentionParams::default()
+    };
+    let spec = Spec::uniform(p, attention.signature(), true);
     let loaded = dev.compile(&attention, &spec).expect("compile for sm_90a");
     assert!(
         !loaded.ptx().tensor_maps.is_empty() && loaded.ptx().persistent,
@@ -382,31 +370,14 @@ fn attention_case(
         let v = tensor(rng, &[b, h, sk, d], DType::Bf16, dist);
         // The usual 1/sqrt(d), perturbed so that no test depends on one exact scale.
         let scale = (rng.uniform(0.5, 1.5) / (d as f64).sqrt()) as f32;
-        let grid = [sq.div_ceil(block_m) as u32, h as u32, b as u32];
+        let grid = attention.grid(&p, [sq, h, b]);
         let dq = dev.upload(&q).expect("upload");
         // K through padded rows: a tensor map over a non-contiguous (aligned) stride.
         let dk = upload_padded(dev, &k, 8);
         let dv = dev.upload(&v).expect("upload");
         let o = output(dev, &[b, h, sq, d]);
         attention
-            .launch(
-                dev,
-                grid,
-                d,
-                causal,
-                block_n,
-                1,
-                DType::Bf16,
-                -1,
-                -1,
-                0.0,
-                block_m,
-                &dq,
-                &dk,
-                &dv,
-                &o,
-                scale,
-            )
+            .launch(dev, &p, grid, &dq, &dk, &dv, &o, scale)
             .expect("launch");
         dev.synchronize().expect("kernel ran");
         let case = Case {
@@ -489,45 +460,39 @@ fn gpu_sm90a_autotune_picks_and_keeps_a_key_block() {
     let o = output(&dev, &[b, h, s, d]);
     let scale = 1.0 / (d as f32).sqrt();
     // Each candidate's grid has its own block_m's rows per block.
-    let grid = |c: &Spec| kiln_examples::attention::grid(&c.comptime, (s, h, b));
-    let args = [
-        KernelArg::Tensor(&dq),
-        KernelArg::Tensor(&dk),
-        KernelArg::Tensor(&dv),
-        KernelArg::Tensor(&o),
-        KernelArg::F32(scale),
-    ];
-    let spec = Spec::from_defaults(&attention, &[("d".into(), d.to_string())]).expect("spec");
+    let grid = |p: &AttentionParams| attention.grid(p, [s, h, b]);
+    let p = AttentionParams {
+        d,
+        ..AttentionParams::default()
+    };
+    let spec = Spec::uniform(p, attention.signature(), true);
     let tune = |dev: &Device| {
         let mut runs = 0;
         let chosen = dev
             .autotune(&attention, &spec, "s=1000", &mut |c| {
                 runs += 1;
-                dev.launch(&attention, &c.comptime, grid(c), &args)
+                attention.launch(dev, c, grid(c), &dq, &dk, &dv, &o, scale)
             })
             .expect("autotune");
         (chosen, runs)
     };
     let (chosen, runs) = tune(&dev);
-    let block_n = chosen.comptime["block_n"];
+    let block_n = chosen.block_n;
     println!("chose {block_n} after {runs} runs");
     assert!(runs >= 2, "the candidates were timed");
-    assert!(
-        [64, 128, 160, 192]
-            .map(ComptimeValue::Usize)
-            .contains(&block_n)
-    );
-    assert_eq!(tune(&dev), (chosen.clone(), 0), "kept in memory");
+    assert!([64, 128, 160, 192].contains(&block_n));
+    assert_eq!(tune(&dev), (chosen, 0), "kept in memory");
     let record = dev
         .autotune_record(&attention, &spec, "s=1000")
         .expect("the search is on disk");
-    let candidates = kiln_runtime::autotune::candidates(&attention, &spec).len();
+    let candidates = kiln_runtime::autotune::candidates(&p).len();
     assert_eq!(record.timings.len(), candidates, "every candidate recorded");
     assert!(record.timings.iter().any(|t| t.result.is_ok()));
     let fresh = hopper().expect("the same GPU").with_disk_cache(cache);
-    assert_eq!(tune(&fresh), (chosen.clone(), 0), "kept on disk");
+    assert_eq!(tune(&fresh), (chosen, 0), "kept on disk");
     dev.fill_nan(&o).expect("poison");
-    dev.launch(&attention, &chosen.comptime, grid(&chosen), &args)
+    attention
+        .launch(&dev, &chosen, grid(&chosen), &dq, &dk, &dv, &o, scale)
         .expect("launch");
     let case = Case {
         kernel: format!("autotuned attention@sm_90a block_n={block_n}"),
@@ -575,8 +540,9 @@ fn gpu_sm90a_softcap_attention_matches_reference() {
             );
             let o = output(&dev, &[b, h, sq, d]);
             let grid = [sq.div_ceil(128) as u32, h as u32, b as u32];
+            let c = softcap::SoftcapAttentionComptime { d };
             softcap::softcap_attention
-                .launch(&dev, grid, d, &dq, &dk, &dv, &o, scale, cap)
+                .launch(&dev, &c, grid, &dq, &dk, &dv, &o, scale, cap)
                 .expect("launch");
             dev.synchronize().expect("kernel ran");
             let case = Case {

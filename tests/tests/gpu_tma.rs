@@ -24,7 +24,7 @@ use kiln_ir::{DType, HostTensor, Target, TensorData};
 use kiln_ptx::PtxModule;
 use kiln_runtime::{
     ClusterError, ClusterLaunch, Device, KernelParams, L2Promotion, LaunchError, LoadedKernel,
-    OobFill, RuntimeError, Swizzle, TensorMap, TensorMapError, launch_ex,
+    OobFill, RuntimeError, Swizzle, TensorMapError, launch_ex,
 };
 
 /// Where the pinned ptxas lives when `$KILN_PTXAS` is unset.
@@ -429,8 +429,7 @@ fn check_tma_wgmma(dev: &Device, kernel: &LoadedKernel, m: usize, n: usize, k: u
         dev.fill_nan(&c_all).expect("poison");
         let c = c_all.narrow(1, pad, n).expect("window");
         let map = |t| {
-            TensorMap::tiled(
-                dev,
+            dev.tensor_map(
                 t,
                 &[64, 64],
                 Swizzle::B128,
@@ -527,15 +526,15 @@ fn gpu_tensor_maps_encode_for_every_dtype_and_swizzle() {
         let t = dev.alloc(dtype, &[3, 40, 256]).expect("alloc");
         for swizzle in [Swizzle::None, Swizzle::B32, Swizzle::B64, Swizzle::B128] {
             let inner = swizzle.span_bytes().unwrap_or(256) / elem;
-            let map = TensorMap::tiled(
-                &dev,
-                &t,
-                &[2, 16, inner as u32],
-                swizzle,
-                L2Promotion::B128,
-                OobFill::NanRequestZeroFma,
-            )
-            .unwrap_or_else(|e| panic!("{dtype} {swizzle:?}: {e}"));
+            let map = dev
+                .tensor_map(
+                    &t,
+                    &[2, 16, inner as u32],
+                    swizzle,
+                    L2Promotion::B128,
+                    OobFill::NanRequestZeroFma,
+                )
+                .unwrap_or_else(|e| panic!("{dtype} {swizzle:?}: {e}"));
             assert_eq!(map.box_bytes(), 2 * 16 * inner * elem);
             assert_eq!(map.tensor().shape(), [3, 40, 256]);
         }
@@ -546,15 +545,15 @@ fn gpu_tensor_map_rule_violations_are_typed_before_the_driver() {
     let Some(dev) = hopper() else { return };
     // 60 bf16 columns: a 120-byte row stride, which the driver would refuse with error 1.
     let t = dev.alloc(DType::Bf16, &[64, 60]).expect("alloc");
-    let err = TensorMap::tiled(
-        &dev,
-        &t,
-        &[64, 8],
-        Swizzle::None,
-        L2Promotion::None,
-        OobFill::Zero,
-    )
-    .expect_err("120-byte stride");
+    let err = dev
+        .tensor_map(
+            &t,
+            &[64, 8],
+            Swizzle::None,
+            L2Promotion::None,
+            OobFill::Zero,
+        )
+        .expect_err("120-byte stride");
     assert!(
         matches!(
             err,
@@ -563,15 +562,15 @@ fn gpu_tensor_map_rule_violations_are_typed_before_the_driver() {
         "{err}"
     );
     let t = dev.alloc(DType::Bf16, &[64, 128]).expect("alloc");
-    let err = TensorMap::tiled(
-        &dev,
-        &t,
-        &[64, 128],
-        Swizzle::B128,
-        L2Promotion::None,
-        OobFill::Zero,
-    )
-    .expect_err("256-byte row with SW128");
+    let err = dev
+        .tensor_map(
+            &t,
+            &[64, 128],
+            Swizzle::B128,
+            L2Promotion::None,
+            OobFill::Zero,
+        )
+        .expect_err("256-byte row with SW128");
     assert!(
         matches!(
             err,
@@ -647,15 +646,15 @@ fn load_box(
         .expect("upload")
         .narrow(1, case.col_off, case.cols)
         .expect("window");
-    let map = TensorMap::tiled(
-        dev,
-        &view,
-        &case.box_dims,
-        case.swizzle,
-        L2Promotion::None,
-        case.fill,
-    )
-    .expect("valid map");
+    let map = dev
+        .tensor_map(
+            &view,
+            &case.box_dims,
+            case.swizzle,
+            L2Promotion::None,
+            case.fill,
+        )
+        .expect("valid map");
     let bytes = map.box_bytes();
     assert!(bytes <= TMA_BOX_MAX_BYTES as usize);
     let out = dev.alloc(DType::I32, &[bytes / 4]).expect("alloc");

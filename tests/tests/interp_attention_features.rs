@@ -4,9 +4,8 @@
 //! (`attention_lse`), and their combinations with grouped heads; shapes that are not multiples of the tiles, `sq != sk`, rows that see no key, every
 //! input distribution, outputs poisoned before the run.
 
-use kiln_examples::attention::BLOCK_M;
-use kiln_ir::dsl::{ComptimeValue, comptime_map};
-use kiln_ir::interp::{HostArg, run_def};
+use kiln_examples::attention::{AttentionParams, BLOCK_M, attention, attention_lse};
+use kiln_ir::dsl::{KernelDecl, KernelDef, Spec};
 use kiln_ir::{DType, HostTensor};
 use kiln_tests::check::{Case, assert_close, poisoned, rel_error, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
@@ -75,44 +74,27 @@ fn run(rng: &mut Rng, c: Call, dist: Dist) -> Vec<f64> {
     let scale = (rng.uniform(0.5, 1.5) / (c.d as f64).sqrt()) as f32;
     let mut o = poisoned(&[c.b, c.h, c.sq, c.d], c.dtype);
     let group = c.h / c.h_kv;
-    let ct = comptime_map(&[
-        ("d", ComptimeValue::Usize(c.d)),
-        ("causal", ComptimeValue::Bool(c.causal)),
-        ("block_n", ComptimeValue::Usize(0)),
-        ("kv_group", ComptimeValue::Usize(group)),
-        ("dtype", ComptimeValue::DType(c.dtype)),
-        ("window_left", ComptimeValue::I32(c.window.0)),
-        ("window_right", ComptimeValue::I32(c.window.1)),
-        ("softcap", ComptimeValue::F32(c.softcap)),
-        ("block_m", ComptimeValue::Usize(BLOCK_M)),
-    ]);
-    let grid = [c.sq.div_ceil(BLOCK_M) as u32, c.h as u32, c.b as u32];
+    let p = AttentionParams {
+        d: c.d,
+        causal: c.causal,
+        block_n: 0,
+        kv_group: group,
+        dtype: c.dtype,
+        window_left: c.window.0,
+        window_right: c.window.1,
+        softcap: c.softcap,
+        block_m: BLOCK_M,
+    };
+    let grid = attention.grid(&p, [c.sq, c.h, c.b]);
     let mut lse = poisoned(&[c.b, c.h, c.sq], DType::F32);
     if c.lse {
-        let mut args = [
-            HostArg::Tensor(&q),
-            HostArg::Tensor(&k),
-            HostArg::Tensor(&v),
-            HostArg::TensorMut(&mut o),
-            HostArg::TensorMut(&mut lse),
-            HostArg::F32(scale),
-        ];
-        run_def(
-            &kiln_examples::attention::attention_lse,
-            &ct,
-            grid,
-            &mut args,
-        )
-        .unwrap();
+        attention_lse
+            .interpret(&p, grid, &q, &k, &v, &mut o, &mut lse, scale)
+            .unwrap();
     } else {
-        let mut args = [
-            HostArg::Tensor(&q),
-            HostArg::Tensor(&k),
-            HostArg::Tensor(&v),
-            HostArg::TensorMut(&mut o),
-            HostArg::F32(scale),
-        ];
-        run_def(&kiln_examples::attention::attention, &ct, grid, &mut args).unwrap();
+        attention
+            .interpret(&p, grid, &q, &k, &v, &mut o, scale)
+            .unwrap();
     }
     let case = Case {
         kernel: format!(
@@ -278,8 +260,12 @@ fn head_dim_96_matches_reference() {
     // d = 96 runs tiles 96 columns wide (not d = 128's, padded): lengths that are not
     // multiples of the tiles, causal and not, causal with sq > sk (its first rows see no key
     // and output 0), every input distribution (large magnitudes included).
-    let (def, spec) = kiln_examples::spec("attention", &[("d", "96")], true).expect("spec");
-    let text = kiln_ir::print::print_kernel(&def.build(&spec).expect("builds"));
+    let p = AttentionParams {
+        d: 96,
+        ..AttentionParams::default()
+    };
+    let spec = Spec::uniform(p, attention.signature(), true);
+    let text = kiln_ir::print::print_kernel(&attention.build(&spec).expect("builds"));
     for tile in ["rt<bf16,128x96>", "rt<bf16,64x96>", "rt<f32,128x96>"] {
         assert!(text.contains(tile), "no {tile} in\n{text}");
     }

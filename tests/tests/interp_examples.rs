@@ -2,10 +2,12 @@
 //! several shapes including ones that are not tile multiples, every input distribution,
 //! comptime variants, and outputs poisoned with NaN before each run.
 
-use std::collections::BTreeMap;
+mod gemm_family;
 
-use kiln_examples::attention::BLOCK_M;
-use kiln_ir::dsl::{ComptimeValue, Spec, comptime_map};
+use gemm_family::Tile;
+use kiln_examples::attention::{AttentionParams, BLOCK_M};
+use kiln_examples::softmax::SoftmaxComptime;
+use kiln_ir::dsl::KernelDef;
 use kiln_ir::interp::{HostArg, run_def};
 use kiln_ir::{DType, HostTensor};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
@@ -31,7 +33,7 @@ fn vector_add_matches_reference() {
                 HostArg::TensorMut(&mut c),
             ];
             // Grid: (cdiv(n, 1024), 1, 1).
-            run_def(def, &BTreeMap::new(), [cdiv(n, 1024), 1, 1], &mut args).unwrap();
+            run_def(def, &(), [cdiv(n, 1024), 1, 1], &mut args).unwrap();
             let case = Case {
                 kernel: "vector_add".into(),
                 shape: format!("n={n}"),
@@ -53,10 +55,7 @@ fn softmax_matches_reference() {
     let def = &kiln_examples::softmax::softmax;
     let mut rng = Rng::from_env();
     for (bm, bn) in [(4, 512), (8, 128)] {
-        let ct = comptime_map(&[
-            ("BM", ComptimeValue::Usize(bm)),
-            ("BN", ComptimeValue::Usize(bn)),
-        ]);
+        let ct = SoftmaxComptime { BM: bm, BN: bn };
         for (m, n) in [(1, 1), (7, 1000), (33, 513), (16, 1024)] {
             for dist in Dist::ALL {
                 let x = tensor(&mut rng, &[m, n], DType::F32, dist);
@@ -93,15 +92,7 @@ fn gemm_matches_reference() {
     let mut rng = Rng::from_env();
     for b_col_major in [false, true] {
         for (bm, bn, bk, stages) in [(128, 128, 32, 3), (64, 64, 64, 4)] {
-            let ct = comptime_map(&[
-                ("CLUSTER_M", ComptimeValue::Usize(1)),
-                ("BM", ComptimeValue::Usize(bm)),
-                ("BN", ComptimeValue::Usize(bn)),
-                ("BK", ComptimeValue::Usize(bk)),
-                ("STAGES", ComptimeValue::Usize(stages)),
-                ("b_col_major", ComptimeValue::Bool(b_col_major)),
-                ("dtype", ComptimeValue::DType(DType::Bf16)),
-            ]);
+            let ct = Tile::new((bm, bn, bk, stages), b_col_major, DType::Bf16).gemm();
             for (m, n, k) in [(130, 70, 50), (1, 1, 1), (128, 128, 64), (65, 200, 97)] {
                 for dist in Dist::ALL {
                     let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
@@ -152,22 +143,14 @@ fn gemm_matches_reference() {
 
 /// The attention kernel's comptime values: `d`, `causal`, `kv_group` and `block_m` as given,
 /// the rest at their defaults (bf16, no window, no soft-cap, the kernel's own key block).
-fn attention_comptime(
-    d: usize,
-    causal: bool,
-    kv_group: usize,
-    block_m: usize,
-) -> BTreeMap<String, ComptimeValue> {
-    let given = [
-        ("d", d.to_string()),
-        ("causal", causal.to_string()),
-        ("kv_group", kv_group.to_string()),
-        ("block_m", block_m.to_string()),
-    ];
-    let given: Vec<(String, String)> = given.into_iter().map(|(n, v)| (n.into(), v)).collect();
-    Spec::from_defaults(&kiln_examples::attention::attention, &given)
-        .expect("comptime values")
-        .comptime
+fn attention_comptime(d: usize, causal: bool, kv_group: usize, block_m: usize) -> AttentionParams {
+    AttentionParams {
+        d,
+        causal,
+        kv_group,
+        block_m,
+        ..AttentionParams::default()
+    }
 }
 
 /// Runs the attention kernel with `block_m` query rows per block on fresh inputs of `p` and
@@ -353,14 +336,16 @@ fn fully_masked_rows_output_zero() {
 
 #[test]
 fn typed_interpret_methods_agree_with_references() {
-    // The `interpret` methods the macro generates: comptime values first, then the launch
-    // arguments in order.
+    // The `interpret` methods the macro generates: the comptime struct, the grid (from the
+    // kernel's grid function), then the launch arguments in order.
     let mut rng = Rng::from_env();
     let (m, n) = (9, 700);
     let x = tensor(&mut rng, &[m, n], DType::F32, Dist::Normal);
     let mut y = poisoned(&[m, n], DType::F32);
-    kiln_examples::softmax::softmax
-        .interpret([cdiv(m, 4), 1, 1], 4, 256, &x, &mut y)
+    let softmax = kiln_examples::softmax::softmax;
+    let c = SoftmaxComptime { BM: 4, BN: 256 };
+    softmax
+        .interpret(&c, softmax.grid(&c, [m, 1, 1]), &x, &mut y)
         .unwrap();
     let case = Case {
         kernel: "softmax.interpret<BM=4,BN=256>".into(),
@@ -381,18 +366,12 @@ fn typed_interpret_methods_agree_with_references() {
     let v = tensor(&mut rng, &[1, 1, sk, d], DType::Bf16, Dist::Uniform);
     let mut o = poisoned(&[1, 1, sq, d], DType::Bf16);
     let scale = 1.0 / (d as f32).sqrt();
-    kiln_examples::attention::attention
+    let attention = kiln_examples::attention::attention;
+    let p = attention_comptime(d, true, 1, BLOCK_M);
+    attention
         .interpret(
-            [cdiv(sq, BLOCK_M), 1, 1],
-            d,
-            true,
-            0,
-            1,
-            DType::Bf16,
-            -1,
-            -1,
-            0.0,
-            BLOCK_M,
+            &p,
+            attention.grid(&p, [sq, 1, 1]),
             &q,
             &k,
             &v,

@@ -3,7 +3,7 @@
 //! end, the scheduled kernel still interprets to the f64 reference (the passes only fold
 //! and annotate, so the semantics must not change).
 
-use kiln_ir::dsl::{KernelDef, Spec};
+use kiln_ir::dsl::AnyKernelDef;
 use kiln_ir::interp::{HostArg, run};
 use kiln_ir::passes::run_pipeline;
 use kiln_ir::verify::verify;
@@ -12,20 +12,17 @@ use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 
-/// `def` built for `comptime` (others at their defaults) and run through the whole pipeline
-/// for `target`, verifying after every pass; the pipeline's own result is returned with
-/// the kernel as it stands when the pipeline stopped.
+/// `def` built for `defines` (`-D` text, others at their defaults) and run through the whole
+/// pipeline for `target`, verifying after every pass; the pipeline's own result is returned
+/// with the kernel as it stands when the pipeline stopped.
 fn scheduled(
-    def: &dyn KernelDef,
-    comptime: &[(&str, &str)],
+    def: &dyn AnyKernelDef,
+    defines: &[(&str, &str)],
     target: Target,
 ) -> (Kernel, Result<(), kiln_ir::Diagnostic>) {
-    let o: Vec<(String, String)> = comptime
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let spec = Spec::from_defaults(def, &o).unwrap_or_else(|e| panic!("{e}"));
-    let mut kernel = def.build(&spec).unwrap_or_else(|d| panic!("{d}"));
+    let mut kernel = def
+        .build_defines(&kiln_examples::owned(defines), true)
+        .unwrap_or_else(|e| panic!("{e}"));
     verify(&kernel).unwrap_or_else(|e| panic!("{} as built:\n{e}", def.name()));
     let mut broken = Vec::new();
     let result = run_pipeline(&mut kernel, target, &mut |pass, k| {

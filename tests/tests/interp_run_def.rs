@@ -1,11 +1,11 @@
-//! `interp::run_def` on a hand-written `KernelDef`: comptime values reach `build`, the Spec
-//! marks tensors 16-byte aligned from their strides, and build errors come back as
-//! `InterpError::Build`.
+//! `interp::run_def` on a hand-written `KernelDef` whose comptime struct is declared under
+//! `#[comptime]`: comptime values reach `build`, the Spec marks tensors 16-byte aligned from
+//! their strides, and build errors come back as `InterpError::Build`.
 
-use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use kiln_ir::dsl::{ComptimeKind, ComptimeParam, ComptimeValue, KernelDef, ParamSig, Spec};
+use kiln::prelude::comptime;
+use kiln_ir::dsl::{ComptimeParam, KernelDecl, KernelDef, ParamSig, Spec};
 use kiln_ir::interp::{HostArg, InterpError, run_def};
 use kiln_ir::{
     BinaryOp, Builder, Const, DType, Diagnostic, Kernel, KernelOptions, Loc, OpKind, Shape,
@@ -13,10 +13,17 @@ use kiln_ir::{
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor, with_row_padding};
 
-/// `y[r, :] = x[r, :] * 2` for a `[R, C]` tensor, one row of `BLOCK` columns per block along
-/// x and one row per block along y; `BLOCK` is a comptime parameter. Remembers the last Spec.
+/// `y[r, :] = x[r, :] * 2` for a `[R, C]` tensor, one row of `block` columns per block along
+/// x and one row per block along y; `block` is a comptime parameter. Remembers the last Spec.
 struct Double {
-    last_spec: Mutex<Option<Spec>>,
+    last_spec: Mutex<Option<Spec<Block>>>,
+}
+
+/// [`Double`]'s comptime values.
+#[comptime]
+struct Block {
+    /// Columns per block (no default).
+    block: usize,
 }
 
 const SIG: &[ParamSig] = &[
@@ -36,34 +43,27 @@ const SIG: &[ParamSig] = &[
     },
 ];
 
-const COMPTIME: &[ComptimeParam] = &[ComptimeParam {
-    name: "block",
-    kind: ComptimeKind::Usize,
-    default: None,
-    tune: &[],
-}];
-
-impl KernelDef for Double {
+impl KernelDecl for Double {
     fn name(&self) -> &'static str {
         "double"
     }
     fn comptime_params(&self) -> &'static [ComptimeParam] {
-        COMPTIME
+        <Block as kiln_ir::dsl::Comptime>::PARAMS
     }
     fn signature(&self) -> &'static [ParamSig] {
         SIG
     }
-    fn build(&self, spec: &Spec) -> Result<Kernel, Diagnostic> {
+}
+
+impl KernelDef for Double {
+    type Comptime = Block;
+
+    fn build(&self, spec: &Spec<Block>) -> Result<Kernel, Diagnostic> {
         if let Ok(mut last) = self.last_spec.lock() {
             *last = Some(spec.clone());
         }
         let loc = Loc::caller();
-        let Some(ComptimeValue::Usize(block)) = spec.comptime.get("block").copied() else {
-            return Err(Diagnostic::new(
-                loc,
-                "missing comptime argument `block: usize`",
-            ));
-        };
+        let block = spec.comptime.block;
         let params = kiln_ir::dsl::params_for(SIG, spec);
         let mut b = Builder::new("double", params, KernelOptions::default());
         let bx = b.op1(OpKind::BlockId(kiln_ir::Axis::X), &[], loc)?;
@@ -92,7 +92,7 @@ fn run_def_builds_with_comptime_and_alignment() {
         last_spec: Mutex::new(None),
     };
     let mut rng = Rng::from_env();
-    let comptime = BTreeMap::from([("block".to_string(), ComptimeValue::Usize(16))]);
+    let comptime = Block { block: 16 };
     // 8 f32 columns are 32 bytes per row (aligned); 8 + 1 padding are 36 (not aligned).
     for (rows, cols, pad, aligned) in [(3, 8, 0, true), (5, 8, 1, false), (2, 37, 3, true)] {
         let x = tensor(&mut rng, &[rows, cols], DType::F32, Dist::Normal);
@@ -128,14 +128,9 @@ fn run_def_reports_build_errors() {
     let x = tensor(&mut Rng::from_env(), &[2, 2], DType::F32, Dist::Uniform);
     let mut y = poisoned(&[2, 2], DType::F32);
     let mut args = [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)];
-    let err = run_def(&def, &BTreeMap::new(), [1, 1, 1], &mut args).unwrap_err();
-    assert!(
-        matches!(&err, InterpError::Build(d) if d.message.contains("block")),
-        "{err}"
-    );
     // A tile extent that is neither a power of two nor a multiple of 32 is a shape error at
-    // build time.
-    let bad = BTreeMap::from([("block".to_string(), ComptimeValue::Usize(12))]);
+    // build time. (A missing comptime value cannot reach `build`: the struct has every field.)
+    let bad = Block { block: 12 };
     let err = run_def(&def, &bad, [1, 1, 1], &mut args).unwrap_err();
     assert!(
         matches!(&err, InterpError::Build(d) if d.message.contains("power of two")),

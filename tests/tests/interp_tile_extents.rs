@@ -7,11 +7,12 @@
 
 mod ptx_examples;
 
-use kiln::ir::dsl::{ComptimeValue, KernelDef, Spec, comptime_map};
+use kiln::ir::dsl::{KernelDef, Spec};
 use kiln::ir::interp::{HostArg, run_def, run_scheduled};
 use kiln::ir::passes::{protocol_check, run_pipeline};
 use kiln::ir::{DType, HostTensor, Target};
 use kiln::prelude::*;
+use kiln_examples::gemm::GemmComptime;
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
@@ -67,31 +68,18 @@ fn matmul(
     c.tile([m, n], [i * m, j * n]).store(mma_acc(&x, &y, &p));
 }
 
-/// The comptime map of `pairs` of usize values.
-fn sizes(pairs: &[(&str, usize)]) -> std::collections::BTreeMap<String, ComptimeValue> {
-    let v: Vec<(&str, ComptimeValue)> = pairs
-        .iter()
-        .map(|&(n, x)| (n, ComptimeValue::Usize(x)))
-        .collect();
-    comptime_map(&v)
+/// The spec of `def` at `comptime`, every tensor 16-byte aligned.
+fn spec<K: KernelDef>(def: &K, comptime: K::Comptime) -> Spec<K::Comptime> {
+    Spec::uniform(comptime, def.signature(), true)
 }
 
-/// The spec of `def` at its defaults with `overrides`.
-fn spec(def: &dyn KernelDef, overrides: &[(&str, &str)]) -> Spec {
-    let o: Vec<(String, String)> = overrides
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    Spec::from_defaults(def, &o).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// `def` at `overrides` compiles for sm_80 and assembles without spills.
-fn assembles_on_sm80(def: &dyn KernelDef, overrides: &[(&str, &str)]) {
-    let k = def.build(&spec(def, overrides)).expect("builds");
-    let m = kiln_ptx::compile(&k, Target::Sm80).unwrap_or_else(|e| panic!("{overrides:?}: {e}"));
+/// `def` at `comptime` compiles for sm_80 and assembles without spills.
+fn assembles_on_sm80<K: KernelDef>(def: &K, comptime: K::Comptime) {
+    let k = def.build(&spec(def, comptime.clone())).expect("builds");
+    let m = kiln_ptx::compile(&k, Target::Sm80).unwrap_or_else(|e| panic!("{comptime:?}: {e}"));
     let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm80)
-        .unwrap_or_else(|e| panic!("{overrides:?}: {e}"));
-    assert!(!report.spills(), "{overrides:?}: {report}");
+        .unwrap_or_else(|e| panic!("{comptime:?}: {e}"));
+    assert!(!report.spills(), "{comptime:?}: {report}");
 }
 
 fn case(kernel: &str, shape: String, dist: Dist, rng: &Rng) -> Case {
@@ -121,7 +109,7 @@ fn elementwise_tiles_of_96_and_160_match_reference() {
             HostArg::Tensor(&y),
             HostArg::TensorMut(&mut o),
         ];
-        run_def(&elementwise, &sizes(&[("r", r), ("c", c)]), grid, &mut args).expect("runs");
+        run_def(&elementwise, &ElementwiseComptime { r, c }, grid, &mut args).expect("runs");
         let want: Vec<f64> = x
             .to_f64_vec()
             .into_iter()
@@ -132,9 +120,9 @@ fn elementwise_tiles_of_96_and_160_match_reference() {
         let c = case("elementwise", shape, Dist::Normal, &rng);
         assert_close(&c, &o, &want, tolerance(DType::F32));
     }
-    assembles_on_sm80(&elementwise, &[]);
-    assembles_on_sm80(&elementwise, &[("r", "32"), ("c", "160")]);
-    assembles_on_sm80(&elementwise, &[("r", "192")]);
+    assembles_on_sm80(&elementwise, ElementwiseComptime::default());
+    assembles_on_sm80(&elementwise, ElementwiseComptime { r: 32, c: 160 });
+    assembles_on_sm80(&elementwise, ElementwiseComptime { r: 192, c: 32 });
 }
 
 #[test]
@@ -157,7 +145,7 @@ fn reductions_over_96_rows_and_192_columns_match_reference() {
         ];
         run_def(
             &reductions,
-            &sizes(&[("r", r), ("c", c)]),
+            &ReductionsComptime { r, c },
             [1, 1, 1],
             &mut args,
         )
@@ -187,8 +175,8 @@ fn reductions_over_96_rows_and_192_columns_match_reference() {
     }
     // Both dimensions are reduced, so no warp splits either (each warp holds the whole
     // tile): assembled at tiles that fit a thread's registers.
-    assembles_on_sm80(&reductions, &[("r", "96"), ("c", "32")]);
-    assembles_on_sm80(&reductions, &[("r", "32"), ("c", "96")]);
+    assembles_on_sm80(&reductions, ReductionsComptime { r: 96, c: 32 });
+    assembles_on_sm80(&reductions, ReductionsComptime { r: 32, c: 96 });
 }
 
 #[test]
@@ -205,8 +193,7 @@ fn mma_with_96_wide_operands_matches_reference() {
             HostArg::Tensor(&b),
             HostArg::TensorMut(&mut c),
         ];
-        let ct = sizes(&[("m", m), ("n", n), ("k", k)]);
-        run_def(&matmul, &ct, grid, &mut args).expect("runs");
+        run_def(&matmul, &MatmulComptime { m, n, k }, grid, &mut args).expect("runs");
         let want: Vec<f64> = reference::gemm(&a, &b).iter().map(|x| 2.0 * x).collect();
         let shape = format!("{m}x{n}x{k} tiles over {rows}x{cols}");
         assert_close(
@@ -216,8 +203,15 @@ fn mma_with_96_wide_operands_matches_reference() {
             tolerance(DType::F32),
         );
     }
-    assembles_on_sm80(&matmul, &[]);
-    assembles_on_sm80(&matmul, &[("m", "192"), ("n", "96"), ("k", "64")]);
+    assembles_on_sm80(&matmul, MatmulComptime::default());
+    assembles_on_sm80(
+        &matmul,
+        MatmulComptime {
+            m: 192,
+            n: 96,
+            k: 64,
+        },
+    );
 }
 
 #[test]
@@ -296,9 +290,13 @@ fn extents_neither_a_power_of_two_nor_a_multiple_of_32_are_diagnostics() {
         .position(|l| l.contains("MARK-extent") && l.contains("let a"))
         .expect("marker") as u32
         + 1;
-    for (r, bad) in [("48", 48), ("100", 100), ("4128", 4128), ("8192", 8192)] {
+    for bad in [48, 100, 4128, 8192] {
+        let c = ElementwiseComptime {
+            r: bad,
+            ..ElementwiseComptime::default()
+        };
         let d = elementwise
-            .build(&spec(&elementwise, &[("r", r)]))
+            .build(&spec(&elementwise, c))
             .expect_err("rejected");
         assert_eq!((d.loc.file, d.loc.line), (file!(), line), "{d}");
         assert_eq!(
@@ -326,9 +324,15 @@ fn a_192_row_gemm_runs_on_sm80_and_sm90a() {
         HostArg::Tensor(&b),
         HostArg::TensorMut(&mut c),
     ];
-    let (def, s) = kiln_examples::spec("gemm", &v, true).expect("spec");
-    let grid = [mm.div_ceil(192) as u32, nn.div_ceil(64) as u32, 1];
-    kiln::ir::interp::run(&def.build(&s).expect("builds"), grid, &mut args).expect("runs");
+    let tile = GemmComptime {
+        BM: 192,
+        BN: 64,
+        ..GemmComptime::default()
+    };
+    let gemm = kiln_examples::gemm::gemm;
+    let grid = gemm.grid(&tile, [mm, nn, 1]);
+    let kernel = gemm.build(&spec(&gemm, tile)).expect("builds");
+    kiln::ir::interp::run(&kernel, grid, &mut args).expect("runs");
     let cs = case(
         "gemm BM=192",
         format!("m={mm} n={nn} k={kk}"),

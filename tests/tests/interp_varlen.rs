@@ -8,6 +8,7 @@
 //! few), which must never reach outside a tensor.
 
 mod ptx_examples;
+mod varlen_params;
 
 use kiln::ir::dsl::{KernelDef, Spec};
 use kiln::ir::interp::{HostArg, run_def, run_scheduled};
@@ -15,7 +16,7 @@ use kiln::ir::passes::run_pipeline;
 use kiln::ir::sched::RoleKind;
 use kiln::ir::{DType, HostTensor, Kernel, Target, TensorData};
 use kiln::prelude::*;
-use kiln_examples::attention::{BLOCK_M, attention_varlen, attention_varlen_lse};
+use kiln_examples::attention::{AttentionParams, BLOCK_M, attention_varlen, attention_varlen_lse};
 use kiln_tests::check::poisoned;
 use kiln_tests::inputs::{Dist, Rng};
 use kiln_tests::varlen::{Packed, Varlen, bhsd, packed};
@@ -47,14 +48,19 @@ fn run(
         HostArg::F32(p.scale),
     ]);
     let grid = c.grid(block_m);
-    let def: &dyn KernelDef = if lse {
+    let def: &dyn KernelDef<Comptime = AttentionParams> = if lse {
         &attention_varlen_lse
     } else {
         &attention_varlen
     };
     match scheduled {
         Some((kernel, ctas)) => run_scheduled(kernel, grid, ctas, &mut args),
-        None => run_def(def, &c.comptime(block_n, block_m), grid, &mut args),
+        None => run_def(
+            def,
+            &varlen_params::params(c, block_n, block_m),
+            grid,
+            &mut args,
+        ),
     }
     .unwrap_or_else(|e| panic!("{c:?}: {e}"));
     drop(args);
@@ -139,7 +145,7 @@ fn varlen_matches_the_dense_kernel_per_sequence() {
         HostArg::TensorMut(&mut dense),
         HostArg::F32(p.scale),
     ];
-    let ct = c.comptime(64, BLOCK_M);
+    let ct = varlen_params::params(&c, 64, BLOCK_M);
     run_def(
         &kiln_examples::attention::attention,
         &ct,
@@ -254,7 +260,7 @@ fn offsets_of_any_value_stay_inside_the_tensors() {
         let grid = [c.totals().0.div_ceil(BLOCK_M) as u32, c.h as u32, batch];
         run_def(
             &attention_varlen_lse,
-            &c.comptime(0, BLOCK_M),
+            &varlen_params::params(&c, 0, BLOCK_M),
             grid,
             &mut args,
         )
@@ -334,8 +340,11 @@ fn bounded_stores_skip_rows_past_the_limit() {
 fn the_varlen_kernels_build_for_every_target() {
     // Every target's backend writes the scalar loads and the bounded stores (the PTX
     // snapshots assemble them).
-    for def in [&attention_varlen as &dyn KernelDef, &attention_varlen_lse] {
-        let spec = Spec::from_defaults(def, &[]).expect("defaults");
+    for def in [
+        &attention_varlen as &dyn KernelDef<Comptime = AttentionParams>,
+        &attention_varlen_lse,
+    ] {
+        let spec = Spec::uniform(AttentionParams::default(), def.signature(), true);
         let kernel = def.build(&spec).expect("builds");
         for target in [Target::Sm80, Target::Sm90a, Target::Sm100a] {
             kiln::ptx::compile(&kernel, target).unwrap_or_else(|e| panic!("{target}: {e}"));

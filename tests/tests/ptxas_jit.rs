@@ -12,54 +12,103 @@
 //! The JIT's ptxas comes from `$KILN_PTXAS_JIT`, else `.tools/cuda-jit/bin/ptxas`
 //! (`scripts/ensure-cuda-tool ptxas-jit` installs it).
 
-use kiln::ir::Target;
+mod gemm_family;
+
+use gemm_family::Tile;
 use kiln::ir::dsl::{KernelDef, Spec};
+use kiln::ir::{DType, Diagnostic, Kernel, Target};
 use kiln::ptx::ptxas::{self, Tool};
 use kiln_examples::attention::{
-    attention, attention_lse, attention_varlen, attention_varlen_lse, tile_candidates,
+    AttentionParams, attention, attention_lse, attention_varlen, attention_varlen_lse,
+    tile_candidates,
 };
+use kiln_examples::gemm::gemm;
+use kiln_examples::gemm_epilogue::{gemm_alpha_beta, gemm_bias_act};
 
-/// Comptime overrides of one specialisation, as `kiln check -D` takes them.
-type Defines = Vec<(String, String)>;
+/// An attention kernel: they all take [`AttentionParams`].
+type AttentionKernel = dyn KernelDef<Comptime = AttentionParams>;
 
-fn defines(pairs: &[(&str, String)]) -> Defines {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
-        .collect()
+/// One specialisation to check: a kernel and its comptime values.
+#[derive(Clone, Copy, Debug)]
+enum Specialisation {
+    /// One of the attention kernels.
+    Attention(&'static str, AttentionParams),
+    /// A gemm-family kernel at a tile; `gemm_bias_act` with gelu, its widest epilogue.
+    Gemm(&'static str, Tile),
+}
+
+impl Specialisation {
+    /// The IR, every tensor 16-byte aligned (what the launches specialise on).
+    fn build(&self) -> Result<Kernel, Diagnostic> {
+        match *self {
+            Specialisation::Attention(name, p) => {
+                let def = attention_kernel(name);
+                def.build(&Spec::uniform(p, def.signature(), true))
+            }
+            Specialisation::Gemm("gemm", t) => build(&gemm, t.gemm()),
+            Specialisation::Gemm("gemm_bias_act", t) => build(&gemm_bias_act, t.bias_act(2)),
+            Specialisation::Gemm(_, t) => build(&gemm_alpha_beta, t.alpha_beta()),
+        }
+    }
+}
+
+/// `def` with `comptime`, every tensor 16-byte aligned.
+fn build<K: KernelDef>(def: &K, comptime: K::Comptime) -> Result<Kernel, Diagnostic> {
+    def.build(&Spec::uniform(comptime, def.signature(), true))
+}
+
+/// The attention kernel called `name`.
+fn attention_kernel(name: &str) -> &'static AttentionKernel {
+    match name {
+        "attention_lse" => &attention_lse,
+        "attention_varlen" => &attention_varlen,
+        "attention_varlen_lse" => &attention_varlen_lse,
+        _ => &attention,
+    }
 }
 
 /// The attention specialisations the Python package and the benchmark launch, dense and
 /// varlen.
-fn attention_specs() -> Vec<(&'static dyn KernelDef, Defines)> {
-    let features: [&[(&str, &str)]; 3] = [
-        &[],
-        &[
-            ("softcap", "30"),
-            ("window_left", "100"),
-            ("window_right", "20"),
-        ],
-        &[("kv_group", "2"), ("dtype", "f16")],
+fn attention_specs() -> Vec<Specialisation> {
+    let plain = AttentionParams::default();
+    let features = [
+        plain,
+        AttentionParams {
+            softcap: 30.0,
+            window_left: 100,
+            window_right: 20,
+            ..plain
+        },
+        AttentionParams {
+            kv_group: 2,
+            dtype: DType::F16,
+            ..plain
+        },
     ];
     let mut specs = Vec::new();
     for d in [64, 96, 128, 256] {
         for tile in tile_candidates(Target::Sm90a, d) {
-            let blocks = [
-                ("d", d.to_string()),
-                ("block_m", tile.block_m.to_string()),
-                ("block_n", tile.block_n.to_string()),
-            ];
+            let blocks = |p: AttentionParams| AttentionParams {
+                d,
+                block_m: tile.block_m,
+                block_n: tile.block_n,
+                ..p
+            };
             for causal in [false, true] {
                 for extra in features {
-                    let mut pairs = blocks.to_vec();
-                    pairs.push(("causal", causal.to_string()));
-                    pairs.extend(extra.iter().map(|&(k, v)| (k, v.to_string())));
-                    specs.push((&attention as &dyn KernelDef, defines(&pairs)));
-                    specs.push((&attention_varlen as &dyn KernelDef, defines(&pairs)));
+                    let p = AttentionParams {
+                        causal,
+                        ..blocks(extra)
+                    };
+                    specs.push(Specialisation::Attention("attention", p));
+                    specs.push(Specialisation::Attention("attention_varlen", p));
                 }
             }
-            specs.push((&attention_lse as &dyn KernelDef, defines(&blocks)));
-            specs.push((&attention_varlen_lse as &dyn KernelDef, defines(&blocks)));
+            specs.push(Specialisation::Attention("attention_lse", blocks(plain)));
+            specs.push(Specialisation::Attention(
+                "attention_varlen_lse",
+                blocks(plain),
+            ));
         }
     }
     specs
@@ -81,37 +130,28 @@ const GEMM_TILES: &[(usize, usize, usize, usize, usize, bool)] = &[
 
 /// Every gemm kernel at [`GEMM_TILES`] (the bias-activation one with gelu, its widest
 /// epilogue).
-fn gemm_specs() -> Vec<(&'static dyn KernelDef, Defines)> {
+fn gemm_specs() -> Vec<Specialisation> {
     let mut specs = Vec::new();
     for name in ["gemm", "gemm_bias_act", "gemm_alpha_beta"] {
-        let def = kiln_examples::find(name).expect("an example kernel");
         for &(bm, bn, bk, stages, cluster, col) in GEMM_TILES {
             // The fused epilogues' autotune space stops at 128 rows.
             if bm == 192 && name != "gemm" {
                 continue;
             }
-            let mut pairs = vec![
-                ("BM", bm.to_string()),
-                ("BN", bn.to_string()),
-                ("BK", bk.to_string()),
-                ("STAGES", stages.to_string()),
-                ("CLUSTER_M", cluster.to_string()),
-                ("b_col_major", col.to_string()),
-            ];
-            if name == "gemm_bias_act" {
-                pairs.push(("act", "2".to_string()));
-            }
-            specs.push((def, defines(&pairs)));
+            let tile = Tile {
+                cluster,
+                ..Tile::new((bm, bn, bk, stages), col, DType::Bf16)
+            };
+            specs.push(Specialisation::Gemm(name, tile));
         }
     }
     specs
 }
 
-/// Why the specialisation `defs` of `def` fails the check (a spill or a warning), if it does.
-fn check((def, defs): &(&'static dyn KernelDef, Defines)) -> Option<String> {
-    let what = format!("{} {defs:?}", def.name());
-    let spec = Spec::from_defaults(*def, defs).unwrap_or_else(|e| panic!("{what}: {e}"));
-    let kernel = def.build(&spec).unwrap_or_else(|e| panic!("{what}: {e}"));
+/// Why the specialisation `s` fails the check (a spill or a warning), if it does.
+fn check(s: &Specialisation) -> Option<String> {
+    let what = format!("{s:?}");
+    let kernel = s.build().unwrap_or_else(|e| panic!("{what}: {e}"));
     let module =
         kiln::ptx::compile(&kernel, Target::Sm90a).unwrap_or_else(|e| panic!("{what}: {e}"));
     let report = ptxas::check_with(Tool::JitPtxas, &module.ptx, Target::Sm90a)

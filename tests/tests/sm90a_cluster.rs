@@ -318,9 +318,7 @@ fn clustered_ptx_assembles_clean_with_multicast_and_cluster_barriers() {
 #[test]
 fn cluster_requests_that_cannot_be_met_are_diagnostics() {
     // A size the DSL does not take, at the request.
-    let (def, spec) = kiln_examples::spec("gemm", &[("CLUSTER_M", "3")], true).expect("spec");
-    let d = def.build(&spec).expect_err("3 CTAs");
-    let text = d.to_string();
+    let text = kiln_examples::build("gemm", &[("CLUSTER_M", "3")], true).expect_err("3 CTAs");
     assert!(text.contains("1 or 2 CTAs"), "{text}");
     assert!(text.contains("examples/src/gemm.rs"), "{text}");
     // A target without clusters (sm_100a pairs in its own 2-SM form, `sm100a_cluster`), and

@@ -1,7 +1,7 @@
 use kiln::prelude::*;
 
 #[kernel]
-pub fn k(a: Tensor<f32, 1>, #[comptime] name: String, #[comptime(size = 4)] n: usize) {
+pub fn k(a: Tensor<f32, 1>, #[comptime] name: &str, #[comptime(size = 4)] n: usize) {
     let _ = (a, name, n);
 }
 

@@ -21,9 +21,10 @@ use kiln_bench::harness::{Progress, measure, tflops};
 use kiln_bench::inputs::{copies, uniform};
 use kiln_bench::report::{Table, comptime_text, meta, write_json};
 use kiln_bench::{BenchError, kernels};
-use kiln_ir::dsl::{ComptimeValue, Spec};
+use kiln_examples::attention::{AttentionParams, attention};
+use kiln_ir::dsl::{Comptime, KernelDef, Spec};
 use kiln_ir::{DType, HostTensor};
-use kiln_runtime::{Device, DeviceTensor, DiskCache, KernelArg, Origin, rotation_sets};
+use kiln_runtime::{Device, DeviceTensor, DiskCache, Origin, rotation_sets};
 use kiln_tests::check::rel_error;
 use kiln_tests::reference::attention_row;
 use serde_json::{Value, json};
@@ -90,7 +91,6 @@ fn main() -> ExitCode {
 fn run() -> Result<bool, BenchError> {
     let args = Args::parse();
     let device = kernels::device(&args)?;
-    let attention = kernels::find("attention")?;
     eprintln!("{}, kiln target {}", device.name(), device.target());
 
     let configs: Vec<Config> = sweep(args.quick)
@@ -100,7 +100,7 @@ fn run() -> Result<bool, BenchError> {
     // The (d, causal) specialisations the run compiles: a `--set` value may suit only these.
     let pairs: BTreeSet<(usize, bool)> = configs.iter().map(|c| (c.d, c.causal)).collect();
     let mut progress = Progress::new(configs.len() + pairs.len());
-    let compile_rows = compile_times(&device, attention, &pairs, &args.set, &mut progress)?;
+    let compile_rows = compile_times(&device, &pairs, &args.set, &mut progress)?;
 
     let mut table = Table::new(&[
         "s",
@@ -119,7 +119,7 @@ fn run() -> Result<bool, BenchError> {
             "attention s={} d={} causal={}",
             c.s, c.d, c.causal
         ));
-        let mut comptime = comptime(attention, c, device.target(), &args.set)?;
+        let mut comptime = comptime(c, device.target(), &args.set)?;
         let shape = c.shape();
         let host: Vec<HostTensor> = (0..3)
             .map(|t| uniform(&shape, DType::Bf16, 3 * i as u64 + t))
@@ -134,36 +134,21 @@ fn run() -> Result<bool, BenchError> {
             .collect::<Result<Vec<_>, _>>()?;
         let scale = 1.0 / (c.d as f32).sqrt();
         // Each candidate's grid has its own block_m's rows per block.
-        let grid = |ct: &BTreeMap<String, ComptimeValue>| {
-            kiln_examples::attention::grid(ct, (c.s, c.h(), c.b()))
-        };
+        let grid = |p: &AttentionParams| attention.grid(p, [c.s, c.h(), c.b()]);
         let mut tuning = Value::Null;
         if args.autotune {
-            let a = [
-                KernelArg::Tensor(&q[0]),
-                KernelArg::Tensor(&k[0]),
-                KernelArg::Tensor(&v[0]),
-                KernelArg::Tensor(&o[0]),
-                KernelArg::F32(scale),
-            ];
             (comptime, tuning) = kernels::autotuned(
                 &device,
-                attention,
+                &attention,
                 &comptime,
                 &["q", "k", "v", "o"],
                 &format!("s={} d={} causal={}", c.s, c.d, c.causal),
-                &mut |t| device.launch(attention, &t.comptime, grid(&t.comptime), &a),
+                &mut |p| attention.launch(&device, p, grid(p), &q[0], &k[0], &v[0], &o[0], scale),
             )?;
         }
         let launch = |s: usize| -> Result<(), BenchError> {
-            let a = [
-                KernelArg::Tensor(&q[s]),
-                KernelArg::Tensor(&k[s]),
-                KernelArg::Tensor(&v[s]),
-                KernelArg::Tensor(&o[s]),
-                KernelArg::F32(scale),
-            ];
-            Ok(device.launch(attention, &comptime, grid(&comptime), &a)?)
+            let g = grid(&comptime);
+            Ok(attention.launch(&device, &comptime, g, &q[s], &k[s], &v[s], &o[s], scale)?)
         };
         device.fill_nan(&o[0])?;
         launch(0)?;
@@ -223,28 +208,18 @@ fn run() -> Result<bool, BenchError> {
 /// `attention`'s comptime values for `c` on `target` (the key and query blocks it is tuned
 /// for), with the command line's `--set` values over them.
 fn comptime(
-    def: &dyn kiln_ir::dsl::KernelDef,
     c: &Config,
     target: kiln_ir::Target,
     set: &[(String, String)],
-) -> Result<BTreeMap<String, ComptimeValue>, BenchError> {
-    let (block_m, block_n) =
-        kiln_examples::attention::tuned_blocks(target, c.d, c.causal, (c.s, c.s));
-    let mut values = vec![
-        ("d", c.d.to_string()),
-        ("causal", c.causal.to_string()),
-        ("block_n", block_n.to_string()),
-        ("block_m", block_m.to_string()),
-    ];
-    values.extend(set.iter().map(|(k, v)| (k.as_str(), v.clone())));
-    kernels::comptime(def, &values)
+) -> Result<AttentionParams, BenchError> {
+    let tuned = AttentionParams::tuned(target, c.d, c.causal, (c.s, c.s));
+    Ok(tuned.with_defines(set)?)
 }
 
 /// Uncached time from specialisation to PTX text and to a loaded module, per (d, causal) of
 /// `pairs`, printed and returned as JSON rows.
 fn compile_times(
     device: &Device,
-    def: &'static dyn kiln_ir::dsl::KernelDef,
     pairs: &BTreeSet<(usize, bool)>,
     set: &[(String, String)],
     progress: &mut Progress,
@@ -272,18 +247,15 @@ fn compile_times(
     for &(d, causal) in pairs {
         progress.step(&format!("compile attention d={d} causal={causal}"));
         // What the sweep's contiguous bf16 tensors specialise on.
-        let spec = Spec {
-            comptime: comptime(def, &Config { s: 0, d, causal }, device.target(), set)?,
-            aligned16: Default::default(),
-        }
-        .with_aligned16(&["q", "k", "v", "o"]);
-        let kernel = device.compile_uncached(def, &spec)?;
+        let spec = Spec::new(comptime(&Config { s: 0, d, causal }, device.target(), set)?)
+            .with_aligned16(&["q", "k", "v", "o"]);
+        let kernel = device.compile_uncached(&attention, &spec)?;
         let t = kernel.times();
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         let to_ptx = ms(t.build) + ms(t.codegen);
         let to_module = to_ptx + ms(t.load);
-        warm_device.compile_from_disk(def, &spec)?;
-        let warm = warm_device.compile_from_disk(def, &spec)?;
+        warm_device.compile_from_disk(&attention, &spec)?;
+        let warm = warm_device.compile_from_disk(&attention, &spec)?;
         let w = warm.times();
         let warm_ms = ms(w.build) + ms(w.codegen) + ms(w.load);
         let warm_cell = match warm.origin() {

@@ -23,7 +23,6 @@
 //! Run on a GPU host: `bench_gemm --out bench/results/gemm.json [--target sm_90a]
 //! [--b-col-major]`.
 
-use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -33,9 +32,9 @@ use kiln_bench::harness::{Progress, measure, tflops};
 use kiln_bench::inputs::{copies, uniform};
 use kiln_bench::report::{Table, comptime_text, meta, write_json};
 use kiln_bench::{BenchError, kernels};
-use kiln_examples::gemm::tuned_tile;
+use kiln_examples::gemm::{GemmComptime, gemm, tuned_tile};
 use kiln_ir::DType;
-use kiln_ir::dsl::{ComptimeValue, KernelDef};
+use kiln_ir::dsl::{Comptime, KernelDef};
 use kiln_runtime::{Device, DeviceTensor, KernelArg, rotation_sets};
 use kiln_tests::check::rel_error;
 use serde_json::{Value, json};
@@ -69,69 +68,36 @@ fn main() -> ExitCode {
 }
 
 /// The comptime values of shape `[m, n, k]` without `--autotune`: the gemm's tuned tile for
-/// the device ([`tuned_tile`]) under the command line's own `overrides`, which win.
+/// the device ([`tuned_tile`]) under the command line's own `--set` values, which win.
 fn tuned(
     device: &Device,
-    gemm: &dyn KernelDef,
-    overrides: &[(&str, String)],
+    base: &GemmComptime,
+    set: &[(String, String)],
     [m, n, k]: [usize; 3],
-) -> Result<BTreeMap<String, ComptimeValue>, BenchError> {
-    let mut all = tuned_tile(
-        device.target(),
-        [m, n, k],
-        DType::Bf16,
-        device.multiprocessors(),
-    );
-    all.retain(|(name, _)| overrides.iter().all(|(o, _)| o != name));
-    all.extend(overrides.iter().cloned());
-    kernels::comptime(gemm, &all)
-}
-
-/// The integer comptime value `name` of a specialisation, if it has one.
-fn usize_value(comptime: &BTreeMap<String, ComptimeValue>, name: &str) -> Option<usize> {
-    match comptime.get(name) {
-        Some(&ComptimeValue::Usize(v)) => Some(v),
-        _ => None,
-    }
+) -> Result<GemmComptime, BenchError> {
+    let tile = tuned_tile(device.target(), [m, n, k], *base, device.multiprocessors());
+    Ok(tile.with_defines(set)?)
 }
 
 /// `BMxBNxBK/STAGES` of a specialisation (`x2` after it for a 2-CTA cluster).
-fn tile_text(comptime: &BTreeMap<String, ComptimeValue>) -> String {
-    let v = |name: &str| usize_value(comptime, name).unwrap_or(0);
-    let cluster = if v("CLUSTER_M") > 1 { " x2" } else { "" };
-    format!(
-        "{}x{}x{}/{}{cluster}",
-        v("BM"),
-        v("BN"),
-        v("BK"),
-        v("STAGES")
-    )
+fn tile_text(c: &GemmComptime) -> String {
+    let cluster = if c.CLUSTER_M > 1 { " x2" } else { "" };
+    format!("{}x{}x{}/{}{cluster}", c.BM, c.BN, c.BK, c.STAGES)
 }
 
 /// Runs the sweep; `Ok(false)` if any configuration's results disagreed.
 fn run() -> Result<bool, BenchError> {
     let args = Args::parse();
     let device = kernels::device(&args)?;
-    let gemm = kernels::find("gemm")?;
     let cublas = Cublas::new(&device)?;
-    let mut overrides: Vec<(&str, String)> = args
-        .set
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.clone()))
-        .collect();
-    if args.b_col_major {
-        overrides.push(("b_col_major", "true".to_string()));
-    }
-    let comptime = kernels::comptime(gemm, &overrides)?;
-    // The grid of a specialisation: one block per `BM x BN` tile of `c`.
-    let grid = |comptime: &BTreeMap<String, ComptimeValue>, m: usize, n: usize| {
-        let tile = |name: &str| usize_value(comptime, name).unwrap_or(128);
-        [
-            m.div_ceil(tile("BM")) as u32,
-            n.div_ceil(tile("BN")) as u32,
-            1,
-        ]
+    let base = GemmComptime {
+        b_col_major: args.b_col_major,
+        dtype: DType::Bf16,
+        ..GemmComptime::default()
     };
+    let comptime = base.with_defines(&args.set)?;
+    // The grid of a specialisation: one block per `BM x BN` tile of `c`.
+    let grid = |c: &GemmComptime, m: usize, n: usize| gemm.grid(c, [m, n, 1]);
     eprintln!(
         "{} ({}), kiln target {}, comptime {comptime:?}; each shape's tile (BMxBNxBK/STAGES) {}",
         device.name(),
@@ -189,18 +155,18 @@ fn run() -> Result<bool, BenchError> {
         let (chosen, tuning) = if args.autotune {
             kernels::autotuned(
                 &device,
-                gemm,
+                &gemm,
                 &comptime,
                 &["a", "b", "c"],
                 &format!("{m}x{n}x{k}"),
-                &mut |t| device.launch(gemm, &t.comptime, grid(&t.comptime, m, n), &launch_args(0)),
+                &mut |c| device.launch(&gemm, c, grid(c, m, n), &launch_args(0)),
             )?
         } else {
-            (tuned(&device, gemm, &overrides, [m, n, k])?, Value::Null)
+            (tuned(&device, &base, &args.set, [m, n, k])?, Value::Null)
         };
         let kiln = |s: usize| -> Result<(), BenchError> {
             let g = grid(&chosen, m, n);
-            Ok(device.launch(gemm, &chosen, g, &launch_args(s))?)
+            Ok(device.launch(&gemm, &chosen, g, &launch_args(s))?)
         };
         let peer = |s: usize| cublas.gemm_bf16(&a[s], &b[s], &c_ref[s], args.b_col_major);
 

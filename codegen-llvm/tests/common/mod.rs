@@ -1,64 +1,108 @@
-//! What both differential test files share: the example-kernel variants compared, and how
-//! one is built.
+//! What both differential test files share: the example-kernel variants compared, each with
+//! its typed comptime values, and how one is built.
 
 #![allow(dead_code)]
 
-use kiln::ir::Kernel;
-use kiln::ir::dsl::{KernelDef, Spec};
+use kiln::ir::dsl::{KernelDef, ParamSig, Spec, specialise};
+use kiln::ir::{DType, Kernel};
+use kiln_examples::gemm::{GemmComptime, gemm};
+use kiln_examples::softmax::{SoftmaxComptime, softmax};
+use kiln_examples::vector_add::vector_add;
 
-/// Comptime overrides, as `-D name=value` pairs.
-pub type Overrides = &'static [(&'static str, &'static str)];
-
-/// `(name, kernel, comptime overrides, tensors 16-byte aligned)` of every variant compared:
-/// the sm_80 subset (vector_add, softmax, gemm) at its defaults and at other tile shapes,
-/// column-major B, f16, and tensors not known to be aligned.
-pub const VARIANTS: &[(&str, &str, Overrides, bool)] = &[
-    ("vector_add", "vector_add", &[], true),
-    ("vector_add_unaligned", "vector_add", &[], false),
-    ("softmax", "softmax", &[], true),
-    (
-        "softmax_bm1_bn1024",
-        "softmax",
-        &[("BM", "1"), ("BN", "1024")],
-        true,
-    ),
-    (
-        "softmax_bm8_bn128",
-        "softmax",
-        &[("BM", "8"), ("BN", "128")],
-        false,
-    ),
-    ("gemm", "gemm", &[], true),
-    ("gemm_bcol", "gemm", &[("b_col_major", "true")], true),
-    (
-        "gemm_64x64x32",
-        "gemm",
-        &[("BM", "64"), ("BN", "64"), ("BK", "32")],
-        true,
-    ),
-    (
-        "gemm_bn256_bk32",
-        "gemm",
-        &[("BN", "256"), ("BK", "32")],
-        true,
-    ),
-    ("gemm_f16", "gemm", &[("dtype", "f16")], true),
-    ("gemm_unaligned", "gemm", &[], false),
-];
-
-/// Example kernel `kernel`'s definition, and its spec: `overrides` on its defaults, every
-/// tensor's `aligned16` set to `aligned`.
-pub fn spec(
-    kernel: &str,
-    overrides: &[(&str, &str)],
-    aligned: bool,
-) -> (&'static dyn KernelDef, Spec) {
-    kiln_examples::spec(kernel, overrides, aligned).unwrap_or_else(|e| panic!("{e}"))
+/// An example kernel of the sm_80 subset with its comptime values.
+#[derive(Clone, Copy, Debug)]
+pub enum Variant {
+    /// `vector_add` (no comptime values).
+    VectorAdd,
+    /// `softmax`.
+    Softmax(SoftmaxComptime),
+    /// `gemm`.
+    Gemm(GemmComptime),
 }
 
-/// The IR of [`spec`]'s specialisation.
-pub fn build(kernel: &str, overrides: &[(&str, &str)], aligned: bool) -> Kernel {
-    let (def, spec) = spec(kernel, overrides, aligned);
-    def.build(&spec)
-        .unwrap_or_else(|d| panic!("{kernel} does not build: {d}"))
+/// `(name, variant, tensors 16-byte aligned)` of every variant compared: the sm_80 subset
+/// (vector_add, softmax, gemm) at its defaults and at other tile shapes, column-major B,
+/// f16, and tensors not known to be aligned.
+pub fn variants() -> Vec<(&'static str, Variant, bool)> {
+    let rows = SoftmaxComptime::default();
+    let tile = GemmComptime::default();
+    vec![
+        ("vector_add", Variant::VectorAdd, true),
+        ("vector_add_unaligned", Variant::VectorAdd, false),
+        ("softmax", Variant::Softmax(rows), true),
+        (
+            "softmax_bm1_bn1024",
+            Variant::Softmax(SoftmaxComptime { BM: 1, BN: 1024 }),
+            true,
+        ),
+        (
+            "softmax_bm8_bn128",
+            Variant::Softmax(SoftmaxComptime { BM: 8, BN: 128 }),
+            false,
+        ),
+        ("gemm", Variant::Gemm(tile), true),
+        (
+            "gemm_bcol",
+            Variant::Gemm(GemmComptime {
+                b_col_major: true,
+                ..tile
+            }),
+            true,
+        ),
+        (
+            "gemm_64x64x32",
+            Variant::Gemm(GemmComptime {
+                BM: 64,
+                BN: 64,
+                BK: 32,
+                ..tile
+            }),
+            true,
+        ),
+        (
+            "gemm_bn256_bk32",
+            Variant::Gemm(GemmComptime {
+                BN: 256,
+                BK: 32,
+                ..tile
+            }),
+            true,
+        ),
+        ("gemm_f16", Variant::Gemm(f16_gemm()), true),
+        ("gemm_unaligned", Variant::Gemm(tile), false),
+    ]
+}
+
+/// The gemm's defaults in f16.
+pub fn f16_gemm() -> GemmComptime {
+    GemmComptime {
+        dtype: DType::F16,
+        ..GemmComptime::default()
+    }
+}
+
+impl Variant {
+    /// The IR of the variant with every tensor's `aligned16` set to `aligned`, and the
+    /// signature a launch validates its arguments against (element types resolved).
+    pub fn build(&self, aligned: bool) -> (Kernel, Vec<ParamSig>) {
+        match *self {
+            Variant::VectorAdd => built(&vector_add, (), aligned),
+            Variant::Softmax(c) => built(&softmax, c, aligned),
+            Variant::Gemm(c) => built(&gemm, c, aligned),
+        }
+    }
+
+    /// [`Variant::build`]'s IR alone.
+    pub fn kernel(&self, aligned: bool) -> Kernel {
+        self.build(aligned).0
+    }
+}
+
+/// `def` built with `comptime`, and its specialised signature.
+fn built<K: KernelDef>(def: &K, comptime: K::Comptime, aligned: bool) -> (Kernel, Vec<ParamSig>) {
+    let spec = Spec::uniform(comptime, def.signature(), aligned);
+    let k = def
+        .build(&spec)
+        .unwrap_or_else(|d| panic!("{} does not build: {d}", def.name()));
+    (k, specialise(def.signature(), &spec.comptime))
 }

@@ -5,15 +5,17 @@
 //!
 //! The macro does not compile anything: it rewrites the body so that running it *traces* the
 //! kernel through `kiln::ir::dsl` (see that module), and generates a unit struct implementing
-//! `KernelDef` with typed `launch`/`interpret` methods. `parse/` reads and checks the item,
-//! `generate/` writes tokens; the two mirror each other by file name.
+//! `KernelDef` with typed `launch`/`interpret` methods, and the kernel's comptime struct.
+//! `#[comptime]` on a struct declares comptime parameters once for several kernels.
+//! `parse/` reads and checks the item, `generate/` writes tokens; the two mirror each other by
+//! file name.
 //!
 //! **Architecture invariant:** the macro never panics on user input. Every unsupported
 //! construct is a `syn::Error` at its token; all are reported at once.
 
 use proc_macro2::TokenStream;
 use quote::quote;
-use syn::ItemFn;
+use syn::{ItemFn, ItemStruct};
 
 mod generate;
 mod parse;
@@ -29,16 +31,39 @@ pub fn kernel(args: TokenStream, item: TokenStream) -> TokenStream {
     };
     let fallback = fallback_struct(&item);
     let checked = parse::kernel::parse_kernel(item);
-    match (args_result, checked) {
-        (Ok(args), Ok(k)) => generate::kernel::generate_kernel(&args, k),
-        (a, k) => {
+    let grid = match (&args_result, &checked) {
+        (Ok(args), Ok(k)) => parse::kernel::check_grid(args, k),
+        _ => Ok(()),
+    };
+    match (args_result, checked, grid) {
+        (Ok(args), Ok(k), Ok(())) => generate::kernel::generate_kernel(&args, k),
+        (a, k, g) => {
             let mut errors = parse::Errors::default();
             a.err()
                 .into_iter()
                 .chain(k.err())
+                .chain(g.err())
                 .for_each(|e| errors.push(e));
             let err = errors.finish(()).err().map(|e| e.to_compile_error());
             quote!(#err #fallback)
+        }
+    }
+}
+
+/// The expansion of `#[comptime(args)] struct ..` (see `kiln_macros::comptime`): the struct
+/// with its comptime impls, or spanned errors and the struct as written (so code naming it
+/// keeps resolving). Never panics.
+pub fn comptime(args: TokenStream, item: TokenStream) -> TokenStream {
+    let item = match syn::parse2::<ItemStruct>(item) {
+        Ok(i) => i,
+        Err(e) => return e.to_compile_error(),
+    };
+    let fallback = fallback_comptime_struct(&item);
+    match parse::comptime_struct::parse_comptime_struct(args, item) {
+        Ok(s) => generate::comptime_struct::generate_comptime_struct(&s),
+        Err(e) => {
+            let e = e.to_compile_error();
+            quote!(#e #fallback)
         }
     }
 }
@@ -78,4 +103,15 @@ fn fallback_struct(item: &ItemFn) -> proc_macro2::TokenStream {
         #[allow(non_camel_case_types)]
         #vis struct #name;
     }
+}
+
+/// On errors in a `#[comptime]` struct, the struct with its attributes stripped from it and
+/// its fields, so that the kernels naming it report its errors, not a missing type.
+fn fallback_comptime_struct(item: &ItemStruct) -> proc_macro2::TokenStream {
+    let mut item = item.clone();
+    item.attrs.retain(|a| a.path().is_ident("doc"));
+    for f in item.fields.iter_mut() {
+        f.attrs.retain(|a| a.path().is_ident("doc"));
+    }
+    quote!(#[allow(dead_code)] #item)
 }

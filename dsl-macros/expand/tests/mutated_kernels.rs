@@ -1,7 +1,8 @@
-//! The macro on thousands of mutations of real kernels (the examples' `attention` and `gemm`,
-//! token trees deleted, duplicated, swapped or replaced at any depth): every expansion must
-//! return tokens (the kernel, or spanned errors), never panic. The `macro` fuzz target
-//! (`fuzz/`) feeds it arbitrary token streams for longer.
+//! The macros on thousands of mutations of real items (the examples' `attention` and `gemm`
+//! kernels, and the `AttentionParams` comptime struct; token trees deleted, duplicated,
+//! swapped or replaced at any depth): every expansion must return tokens (the item, or
+//! spanned errors), never panic. The `macro` fuzz target (`fuzz/`) feeds them arbitrary token
+//! streams for longer.
 
 use proc_macro2::{Group, TokenStream, TokenTree};
 
@@ -21,24 +22,31 @@ impl Rng {
     }
 }
 
-/// The item `name` of example file `src`, without its attributes, and its attribute's
-/// arguments.
-fn kernel_item(src: &str, name: &str) -> (TokenStream, TokenStream) {
+/// The item `name` (a function or a struct) of example file `src`, without its outer
+/// attributes, and the arguments of its first (the macro's).
+fn example_item(src: &str, name: &str) -> (TokenStream, TokenStream) {
     let file = syn::parse_file(src).expect("the example parses");
-    let mut item = file
+    let (attrs, item) = file
         .items
         .into_iter()
         .find_map(|i| match i {
-            syn::Item::Fn(f) if f.sig.ident == name => Some(f),
+            syn::Item::Fn(mut f) if f.sig.ident == name => {
+                let attrs = std::mem::take(&mut f.attrs);
+                Some((attrs, quote::quote!(#f)))
+            }
+            syn::Item::Struct(mut s) if s.ident == name => {
+                let attrs = std::mem::take(&mut s.attrs);
+                Some((attrs, quote::quote!(#s)))
+            }
             _ => None,
         })
-        .expect("the kernel is in the file");
-    let args = match item.attrs.first().map(|a| a.meta.clone()) {
+        .expect("the item is in the file");
+    let macro_attr = attrs.iter().find(|a| !a.path().is_ident("doc"));
+    let args = match macro_attr.map(|a| a.meta.clone()) {
         Some(syn::Meta::List(l)) => l.tokens,
         _ => TokenStream::new(),
     };
-    item.attrs.clear();
-    (args, quote::quote!(#item))
+    (args, item)
 }
 
 /// `ts` with one mutation at a random depth.
@@ -90,9 +98,13 @@ fn mutated_kernels_never_panic_the_macro() {
             "attention",
         ),
         (include_str!("../../../examples/src/gemm.rs"), "gemm"),
+        (
+            include_str!("../../../examples/src/attention.rs"),
+            "AttentionParams",
+        ),
     ];
     for (src, name) in sources {
-        let (args, item) = kernel_item(src, name);
+        let (args, item) = example_item(src, name);
         for case in 0..1500 {
             let mut m = item.clone();
             for _ in 0..1 + rng.below(3) {
@@ -106,6 +118,7 @@ fn mutated_kernels_never_panic_the_macro() {
             let outcome = std::panic::catch_unwind(|| {
                 let _ = kiln_macros_expand::kernel(a.clone(), m.clone());
                 let _ = kiln_macros_expand::kernel_fn(TokenStream::new(), m.clone());
+                let _ = kiln_macros_expand::comptime(a.clone(), m.clone());
             });
             assert!(
                 outcome.is_ok(),

@@ -3,16 +3,16 @@
 //!
 //! Operator impls cannot return errors, so the first [`Diagnostic`] raised while tracing is
 //! recorded here and every later operation that reads a poison [`Value`] is skipped; `trace`
-//! returns that first diagnostic.
+//! returns that first diagnostic. The helpers that turn builder calls into [`Value`]s live
+//! with the type, in `super::value`, so this stack knows nothing of values.
+//!
+//! [`Value`]: super::Value
 
 use std::cell::RefCell;
 
 use crate::builder::Builder;
 use crate::diag::Diagnostic;
-use crate::kernel::{Kernel, KernelOptions, Loc, OpKind, Param, ValueId};
-use crate::types::Type;
-
-use super::value::Value;
+use crate::kernel::{Kernel, KernelOptions, Loc, Param};
 
 /// One kernel being traced.
 struct Context {
@@ -65,36 +65,4 @@ pub(crate) fn with<R>(f: impl FnOnce(&mut Builder) -> Result<R, Diagnostic>) -> 
             }
         }
     })
-}
-
-/// Records `diag` unless an earlier diagnostic was recorded; always gives a poison value.
-pub(crate) fn fail(diag: Diagnostic) -> Value {
-    with::<()>(|_| Err(diag));
-    Value::POISON
-}
-
-/// The type of a traced value (`None` for poison).
-pub(crate) fn ty(v: Value) -> Option<Type> {
-    let id = v.id()?;
-    with(|b| Ok(b.ty(id).clone()))
-}
-
-/// Adds an op with one result whose operands are `operands`; poison in, poison out.
-pub(crate) fn emit(kind: OpKind, operands: &[Value], loc: Loc) -> Value {
-    let Some(ids) = ids(operands) else {
-        return Value::POISON;
-    };
-    with(|b| b.op1(kind, &ids, loc)).map_or(Value::POISON, Value::from_id)
-}
-
-/// Adds an op with no results (a store); skipped if an operand is poison.
-pub(crate) fn emit_effect(kind: OpKind, operands: &[Value], loc: Loc) {
-    if let Some(ids) = ids(operands) {
-        with(|b| b.op(kind, &ids, loc));
-    }
-}
-
-/// The handles of `values`, or `None` if one is poison.
-pub(crate) fn ids(values: &[Value]) -> Option<Vec<ValueId>> {
-    values.iter().map(|v| v.id()).collect()
 }

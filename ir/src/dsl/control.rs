@@ -7,7 +7,7 @@ use crate::kernel::{Loc, ValueId};
 
 use super::context;
 use super::index::{Index, IntoIndex};
-use super::value::Value;
+use super::value::{self, Value};
 
 /// Values that can flow out of runtime control flow: [`Value`], `()` and tuples of them.
 #[diagnostic::on_unimplemented(
@@ -185,7 +185,7 @@ pub fn for_loop<V: Carry + Clone>(
     if let Index::Const(s) = range.step
         && s <= 0
     {
-        context::fail(Diagnostic::new(
+        value::fail(Diagnostic::new(
             loc,
             format!("loop step {s} must be positive"),
         ));
@@ -193,7 +193,7 @@ pub fn for_loop<V: Carry + Clone>(
     }
     let bounds = [range.lo, range.hi, range.step].map(|b| b.to_value(loc));
     let (Some([lo, hi, step]), init) = (
-        context::ids(&bounds).and_then(|v| <[ValueId; 3]>::try_from(v).ok()),
+        value::ids(&bounds).and_then(|v| <[ValueId; 3]>::try_from(v).ok()),
         flat(&vars),
     ) else {
         return vars;

@@ -1,5 +1,7 @@
 //! What a `#[kernel]` function becomes: a [`KernelDef`] that builds a [`Kernel`] for a
-//! [`Spec`] (its comptime arguments plus what the runtime specialises on).
+//! [`Spec`] (its typed comptime values plus what the runtime specialises on), and the
+//! object-safe [`AnyKernelDef`] through which the CLI and test tables reach a kernel by name,
+//! its comptime values given as `-D` text.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -8,117 +10,9 @@ use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, Param};
 use crate::types::DType;
 
-/// The type of a comptime argument (`const N: usize` generics and `#[comptime]` parameters).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ComptimeKind {
-    /// `usize` (const generics and `#[comptime] n: usize`).
-    Usize,
-    /// `i32`.
-    I32,
-    /// `bool`.
-    Bool,
-    /// `f32`.
-    F32,
-    /// [`DType`]: an element type, which tensor parameters may name (`Tensor<T, 2>`) so that
-    /// one kernel source serves several (`bf16` and `f16`).
-    DType,
-}
-
-impl ComptimeKind {
-    /// The Rust type name.
-    pub fn name(self) -> &'static str {
-        match self {
-            ComptimeKind::Usize => "usize",
-            ComptimeKind::I32 => "i32",
-            ComptimeKind::Bool => "bool",
-            ComptimeKind::F32 => "f32",
-            ComptimeKind::DType => "DType",
-        }
-    }
-}
-
-/// A comptime argument's value. Two values are equal when they are bit for bit the same (an
-/// `f32` by its bits: `-0.0` and `0.0` are different specialisations), so a value can key a
-/// cache.
-#[derive(Clone, Copy, Debug)]
-pub enum ComptimeValue {
-    /// A `usize`.
-    Usize(usize),
-    /// An `i32`.
-    I32(i32),
-    /// A `bool`.
-    Bool(bool),
-    /// An `f32`.
-    F32(f32),
-    /// An element type.
-    DType(DType),
-}
-
-impl ComptimeValue {
-    /// The value with an `f32` as its bits: what equality and hashing compare.
-    fn bits(&self) -> (ComptimeKind, u64) {
-        match *self {
-            ComptimeValue::Usize(n) => (ComptimeKind::Usize, n as u64),
-            ComptimeValue::I32(n) => (ComptimeKind::I32, n as u32 as u64),
-            ComptimeValue::Bool(b) => (ComptimeKind::Bool, b as u64),
-            ComptimeValue::F32(x) => (ComptimeKind::F32, x.to_bits() as u64),
-            ComptimeValue::DType(d) => (ComptimeKind::DType, d as u64),
-        }
-    }
-
-    /// The value's kind.
-    pub fn kind(&self) -> ComptimeKind {
-        match self {
-            ComptimeValue::Usize(_) => ComptimeKind::Usize,
-            ComptimeValue::I32(_) => ComptimeKind::I32,
-            ComptimeValue::Bool(_) => ComptimeKind::Bool,
-            ComptimeValue::F32(_) => ComptimeKind::F32,
-            ComptimeValue::DType(_) => ComptimeKind::DType,
-        }
-    }
-
-    /// Parses `text` as a value of `kind` (as given on the command line: `-D d=128`; an
-    /// element type by its name, `-D T=f16`).
-    pub fn parse(kind: ComptimeKind, text: &str) -> Option<ComptimeValue> {
-        match kind {
-            ComptimeKind::Usize => text.parse().ok().map(ComptimeValue::Usize),
-            ComptimeKind::I32 => text.parse().ok().map(ComptimeValue::I32),
-            ComptimeKind::Bool => text.parse().ok().map(ComptimeValue::Bool),
-            ComptimeKind::F32 => text.parse().ok().map(ComptimeValue::F32),
-            ComptimeKind::DType => [DType::Bf16, DType::F16, DType::F32, DType::I32]
-                .into_iter()
-                .find(|d| d.name() == text)
-                .map(ComptimeValue::DType),
-        }
-    }
-}
-
-impl fmt::Display for ComptimeValue {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ComptimeValue::Usize(v) => write!(f, "{v}"),
-            ComptimeValue::I32(v) => write!(f, "{v}"),
-            ComptimeValue::Bool(v) => write!(f, "{v}"),
-            ComptimeValue::F32(v) => write!(f, "{v:?}"),
-            ComptimeValue::DType(v) => write!(f, "{v}"),
-        }
-    }
-}
-
-/// A comptime parameter of a kernel.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ComptimeParam {
-    /// Name as written in the signature.
-    pub name: &'static str,
-    /// Its type.
-    pub kind: ComptimeKind,
-    /// The value `kiln ptx`/`kiln ir` use when no `-D` is given, from
-    /// `#[comptime(default = ..)]`; `None` if the kernel declares none.
-    pub default: Option<ComptimeValue>,
-    /// The candidates the autotuner times, from `#[comptime(tune = [..])]`; empty if the
-    /// parameter is not tuned.
-    pub tune: &'static [ComptimeValue],
-}
+use super::comptime::Comptime;
+use super::comptime_value::{ComptimeParam, ComptimeValue};
+use super::defines::DefineError;
 
 /// A launch parameter as declared in the kernel's signature.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,8 +23,8 @@ pub enum ParamSig {
         name: &'static str,
         /// Element type; when `dtype_param` is set, that parameter's declared default.
         dtype: DType,
-        /// The comptime [`ComptimeKind::DType`] parameter `T` of `Tensor<T, RANK>`, whose value
-        /// is the element type in each specialisation ([`ParamSig::specialised`]).
+        /// The comptime [`DType`] parameter `T` of `Tensor<T, RANK>`, whose value is the
+        /// element type in each specialisation ([`ParamSig::specialised`]).
         dtype_param: Option<&'static str>,
         /// Rank.
         rank: usize,
@@ -156,8 +50,8 @@ impl ParamSig {
 
     /// This declaration in the specialisation whose comptime values are `comptime`: a tensor
     /// whose element type is a comptime parameter gets that parameter's value (its declared
-    /// default when `comptime` has none, which building the kernel then reports).
-    pub fn specialised(&self, comptime: &BTreeMap<String, ComptimeValue>) -> ParamSig {
+    /// default when `comptime` has no such [`DType`] parameter).
+    pub fn specialised<C: Comptime>(&self, comptime: &C) -> ParamSig {
         match *self {
             ParamSig::Tensor {
                 name,
@@ -167,10 +61,7 @@ impl ParamSig {
                 mutable,
             } => ParamSig::Tensor {
                 name,
-                dtype: match comptime.get(param) {
-                    Some(ComptimeValue::DType(d)) => *d,
-                    _ => dtype,
-                },
+                dtype: comptime.dtype(param).unwrap_or(dtype),
                 dtype_param: None,
                 rank,
                 mutable,
@@ -229,47 +120,67 @@ impl fmt::Display for ParamSig {
     }
 }
 
-impl PartialEq for ComptimeValue {
-    fn eq(&self, other: &ComptimeValue) -> bool {
-        self.bits() == other.bits()
-    }
-}
-
-impl Eq for ComptimeValue {}
-
-impl std::hash::Hash for ComptimeValue {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.bits().hash(state);
-    }
-}
-
-/// Everything a kernel is specialised on: comptime arguments by name, and for each tensor
-/// parameter (by name) whether its base address and outer strides are 16-byte aligned.
+/// Everything a kernel is specialised on: its comptime values, and for each tensor parameter
+/// (by name) whether its base address and outer strides are 16-byte aligned.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
-pub struct Spec {
-    /// Comptime argument values by parameter name.
-    pub comptime: BTreeMap<String, ComptimeValue>,
+pub struct Spec<C> {
+    /// The comptime values.
+    pub comptime: C,
     /// Alignment facts for tensor parameters, by name. A tensor missing here counts as not
     /// aligned.
     pub aligned16: BTreeMap<String, bool>,
 }
 
-impl Spec {
+impl<C: Comptime> Spec<C> {
+    /// `comptime` with no tensor known to be 16-byte aligned.
+    pub fn new(comptime: C) -> Spec<C> {
+        Spec {
+            comptime,
+            aligned16: BTreeMap::new(),
+        }
+    }
+
+    /// `comptime` with every tensor parameter of `signature` marked `aligned` (how the CLI
+    /// and the tests build a kernel without arguments to take alignments from).
+    pub fn uniform(comptime: C, signature: &[ParamSig], aligned: bool) -> Spec<C> {
+        let aligned16 = signature
+            .iter()
+            .filter_map(|p| match p {
+                ParamSig::Tensor { name, .. } => Some((name.to_string(), aligned)),
+                ParamSig::Scalar { .. } => None,
+            })
+            .collect();
+        Spec {
+            comptime,
+            aligned16,
+        }
+    }
+
     /// The same spec with the tensors `names` marked 16-byte aligned (what a launch with
     /// contiguous, aligned allocations of them specialises on).
-    pub fn with_aligned16(mut self, names: &[&str]) -> Spec {
+    pub fn with_aligned16(mut self, names: &[&str]) -> Spec<C> {
         self.aligned16
             .extend(names.iter().map(|n| (n.to_string(), true)));
         self
     }
 
-    /// A stable text key for caches and file names (`d=128,causal=false|q:a16,...`).
+    /// A stable text key for caches and file names (`causal=false,d=128|q:a16,...`): the
+    /// comptime values by parameter name, then the alignment facts by tensor name.
     pub fn key(&self) -> String {
-        let c: Vec<String> = self
-            .comptime
+        self.key_of(|_| true)
+    }
+
+    /// [`Spec::key`] over the comptime parameters `keep` accepts (the autotuner's key leaves
+    /// out the tuned ones).
+    pub fn key_of(&self, keep: impl Fn(&ComptimeParam) -> bool) -> String {
+        let mut c: Vec<(&str, ComptimeValue)> = C::PARAMS
             .iter()
-            .map(|(k, v)| format!("{k}={v}"))
+            .zip(self.comptime.values())
+            .filter(|(p, _)| keep(p))
+            .map(|(p, v)| (p.name, v))
             .collect();
+        c.sort_by_key(|(name, _)| *name);
+        let c: Vec<String> = c.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let a: Vec<String> = self
             .aligned16
             .iter()
@@ -279,114 +190,92 @@ impl Spec {
     }
 }
 
-/// A kernel definition, as generated by `#[kernel]`.
-pub trait KernelDef: Sync {
+/// What every kernel definition declares, whatever its comptime struct: the part of a kernel
+/// that generic and object-safe code alike read.
+pub trait KernelDecl: Sync {
     /// The kernel's name (the Rust function's).
     fn name(&self) -> &'static str;
-    /// Comptime parameters (const generics first, then `#[comptime]` arguments).
+    /// Comptime parameters: the fields of its comptime struct, in declaration order.
     fn comptime_params(&self) -> &'static [ComptimeParam];
     /// Launch parameters in order, as declared (see [`specialise`] for one specialisation's).
     fn signature(&self) -> &'static [ParamSig];
-    /// Builds the kernel's IR for `spec`. Missing or ill-typed comptime values, and every
-    /// shape or type error in the body, come back as diagnostics at the user's source.
-    fn build(&self, spec: &Spec) -> Result<Kernel, Diagnostic>;
+}
+
+/// A kernel definition, as generated by `#[kernel]`, with its comptime values as one typed
+/// struct: `gemm`'s `GemmComptime`, or the `#[comptime]` struct it takes.
+pub trait KernelDef: KernelDecl {
+    /// The kernel's comptime struct (`()` when it has no comptime parameters).
+    type Comptime: Comptime;
+
+    /// Builds the kernel's IR for `spec`. Every shape or type error in the body comes back as
+    /// a diagnostic at the user's source.
+    fn build(&self, spec: &Spec<Self::Comptime>) -> Result<Kernel, Diagnostic>;
+
+    /// The grid a launch over a problem of `extents` (along x, y, z) takes with `comptime`:
+    /// `cdiv(extent, tile)` blocks along each axis, the tiles from `#[kernel(grid = [..])]`
+    /// (one block per unit of extent when the kernel declares none). A zero tile gives zero
+    /// blocks, which a launch refuses.
+    fn grid(&self, comptime: &Self::Comptime, extents: [usize; 3]) -> [u32; 3] {
+        let _ = comptime;
+        extents.map(|e| grid_blocks(e, 1))
+    }
+}
+
+/// Blocks of `tile` units over `extent` (`cdiv`), saturated at `u32::MAX`; 0 for a 0 tile.
+pub fn grid_blocks(extent: usize, tile: usize) -> u32 {
+    match tile {
+        0 => 0,
+        t => u32::try_from(extent.div_ceil(t)).unwrap_or(u32::MAX),
+    }
+}
+
+/// Why a kernel reached by name did not build from `-D` text.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The defines do not make the kernel's comptime struct.
+    #[error("kernel `{kernel}`: {source}")]
+    Define {
+        /// The kernel.
+        kernel: &'static str,
+        /// Why.
+        source: DefineError,
+    },
+    /// Building the IR failed (at the user's source).
+    #[error("{0}")]
+    Build(#[from] Diagnostic),
+}
+
+/// A kernel definition whose comptime struct is out of sight: what a registry of kernels of
+/// different comptime structs holds (the CLI's, the examples'). Its comptime values come as
+/// `-D NAME=VALUE` text, parsed by the kernel's [`Comptime::from_defines`]; every
+/// [`KernelDef`] is one.
+pub trait AnyKernelDef: KernelDecl {
+    /// Builds the kernel with its comptime defaults replaced by `defines`, every tensor
+    /// parameter marked 16-byte aligned or not by `aligned16`.
+    fn build_defines(
+        &self,
+        defines: &[(String, String)],
+        aligned16: bool,
+    ) -> Result<Kernel, BuildError>;
+}
+
+impl<K: KernelDef> AnyKernelDef for K {
+    fn build_defines(
+        &self,
+        defines: &[(String, String)],
+        aligned16: bool,
+    ) -> Result<Kernel, BuildError> {
+        let comptime = K::Comptime::from_defines(defines).map_err(|source| BuildError::Define {
+            kernel: self.name(),
+            source,
+        })?;
+        Ok(self.build(&Spec::uniform(comptime, self.signature(), aligned16))?)
+    }
 }
 
 /// `signature` in the specialisation whose comptime values are `comptime`: every tensor's
 /// element type resolved ([`ParamSig::specialised`]). What a launch validates its arguments
 /// against.
-pub fn specialise(
-    signature: &[ParamSig],
-    comptime: &BTreeMap<String, ComptimeValue>,
-) -> Vec<ParamSig> {
+pub fn specialise<C: Comptime>(signature: &[ParamSig], comptime: &C) -> Vec<ParamSig> {
     signature.iter().map(|p| p.specialised(comptime)).collect()
-}
-
-/// Why a [`Spec`] could not be made from defaults and overrides.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SpecError {
-    /// `-D name=..` names no comptime parameter of the kernel.
-    #[error(
-        "kernel `{kernel}` has no comptime parameter `{name}`; it has: {}",
-        list_or_none(known)
-    )]
-    UnknownParam {
-        /// The kernel.
-        kernel: &'static str,
-        /// The unknown name.
-        name: String,
-        /// The kernel's comptime parameter names.
-        known: Vec<&'static str>,
-    },
-    /// The text of an override does not parse as the parameter's type.
-    #[error("comptime parameter `{name}` is a {}, and `{text}` is not one", kind.name())]
-    BadValue {
-        /// The parameter.
-        name: &'static str,
-        /// Its type.
-        kind: ComptimeKind,
-        /// The text given.
-        text: String,
-    },
-    /// A comptime parameter has no default and no override.
-    #[error("comptime parameter `{name}: {}` has no default; give it with -D {name}=VALUE", kind.name())]
-    Missing {
-        /// The parameter.
-        name: &'static str,
-        /// Its type.
-        kind: ComptimeKind,
-    },
-}
-
-/// `a, b, c`, or `none` for an empty list.
-fn list_or_none(names: &[&str]) -> String {
-    if names.is_empty() {
-        "none".to_string()
-    } else {
-        names.join(", ")
-    }
-}
-
-impl Spec {
-    /// The spec the CLI and snapshot tests use: each comptime parameter's default, replaced by
-    /// `overrides` (`(name, text)` pairs, as in `-D name=text`), with every tensor parameter
-    /// marked 16-byte aligned (the common case the runtime specialises on).
-    pub fn from_defaults(
-        def: &dyn KernelDef,
-        overrides: &[(String, String)],
-    ) -> Result<Spec, SpecError> {
-        let params = def.comptime_params();
-        for (name, _) in overrides {
-            if !params.iter().any(|p| p.name == name) {
-                return Err(SpecError::UnknownParam {
-                    kernel: def.name(),
-                    name: name.clone(),
-                    known: params.iter().map(|p| p.name).collect(),
-                });
-            }
-        }
-        let mut spec = Spec::default();
-        for p in params {
-            let value = match overrides.iter().rev().find(|(n, _)| n == p.name) {
-                Some((_, text)) => {
-                    ComptimeValue::parse(p.kind, text).ok_or_else(|| SpecError::BadValue {
-                        name: p.name,
-                        kind: p.kind,
-                        text: text.clone(),
-                    })?
-                }
-                None => p.default.ok_or(SpecError::Missing {
-                    name: p.name,
-                    kind: p.kind,
-                })?,
-            };
-            spec.comptime.insert(p.name.to_string(), value);
-        }
-        for s in def.signature() {
-            if let ParamSig::Tensor { name, .. } = s {
-                spec.aligned16.insert(name.to_string(), true);
-            }
-        }
-        Ok(spec)
-    }
 }

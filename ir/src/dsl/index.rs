@@ -8,7 +8,7 @@ use crate::kernel::{Const, Loc};
 use crate::types::{DType, Shape};
 
 use super::context;
-use super::value::Value;
+use super::value::{self, Value};
 
 /// A shape or coordinate entry.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -67,7 +67,7 @@ impl Index {
                 context::with(|b| b.constant(Const::Int(i), DType::I32, loc))
                     .map_or(Value::POISON, Value::from_id)
             }
-            Index::Const(i) => context::fail(Diagnostic::new(
+            Index::Const(i) => value::fail(Diagnostic::new(
                 loc,
                 format!("index {i} does not fit in i32"),
             )),
@@ -83,7 +83,7 @@ pub(crate) fn shape_of(entries: &[Index], loc: Loc) -> Option<Shape> {
             Index::Const(d) => match usize::try_from(*d) {
                 Ok(d) => dims.push(d),
                 Err(_) => {
-                    context::fail(Diagnostic::new(
+                    value::fail(Diagnostic::new(
                         loc,
                         format!("tile extent {i} is {d}; extents must be positive"),
                     ));
@@ -91,7 +91,7 @@ pub(crate) fn shape_of(entries: &[Index], loc: Loc) -> Option<Shape> {
                 }
             },
             Index::Value(_) => {
-                context::fail(
+                value::fail(
                     Diagnostic::new(
                         loc,
                         format!("tile shape entry {i} is a runtime value"),

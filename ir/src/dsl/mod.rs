@@ -24,6 +24,12 @@
 //! comptime parameters (const generics become ordinary locals while tracing); write
 //! `let bn = d / 2;` instead.
 //!
+//! ## Comptime values
+//!
+//! A kernel's comptime parameters are one typed struct ([`Comptime`]), which `build` reads
+//! from its [`Spec`] and binds as locals (or, for a `#[comptime]` struct parameter, as that
+//! struct); see [`comptime`] and [`defines`] for the text the CLI takes.
+//!
 //! ## Errors
 //!
 //! Operators cannot return `Result`, so the first [`crate::Diagnostic`] raised while tracing
@@ -32,9 +38,12 @@
 
 mod cleanup;
 pub mod compare;
+pub mod comptime;
+pub mod comptime_value;
 pub mod context;
 pub mod control;
 pub mod def;
+pub mod defines;
 pub mod index;
 pub mod ops;
 pub mod params;
@@ -43,15 +52,20 @@ pub mod tensor;
 pub mod value;
 
 pub use compare::{Compare, Logic};
+pub use comptime::Comptime;
+pub use comptime_value::{ComptimeArg, ComptimeKind, ComptimeParam, ComptimeValue, declared_dtype};
 pub use context::trace;
 pub use control::{Carry, Condition, LoopRange, for_loop, pipelined, range, unroll};
-pub use def::{ComptimeKind, ComptimeParam, ComptimeValue, KernelDef, ParamSig, Spec, specialise};
+pub use def::{
+    AnyKernelDef, BuildError, KernelDecl, KernelDef, ParamSig, Spec, grid_blocks, specialise,
+};
+pub use defines::{DefineError, split_define};
 pub use index::{Entries, Index, IntoIndex};
 pub use ops::{
     Dim3, abs, block_id, cdiv, cluster, col_max, col_sum, exp, exp2, full, grid_dim, iota, log2,
     max, min, mma, mma_acc, recip, reject, row_max, row_min, row_sum, rsqrt, select, sqrt, zeros,
 };
-pub use params::{ComptimeArg, comptime, comptime_map, params_for, scalar_param};
+pub use params::{params_for, scalar_param};
 pub use print::{PrintArg, at};
 pub use tensor::{Tensor, TileView};
 pub use value::{AsValue, Element, IntoOperand, Operand, Value};

@@ -6,7 +6,7 @@ use crate::kernel::{Axis, BinaryOp, Loc, OpKind, ReduceOp, UnaryOp};
 
 use super::context;
 use super::index::{Entries, Index, shape_of};
-use super::value::{AsValue, Element, IntoOperand, Operand, Value, binary, unary};
+use super::value::{self, AsValue, Element, IntoOperand, Operand, Value, binary, unary};
 
 /// A tile of `shape` filled with zeros of type `T`.
 #[track_caller]
@@ -28,12 +28,12 @@ fn splat<T: Element>(shape: &[Index], x: Operand, loc: Loc) -> Value {
     if let Some(ty) = x.ty()
         && ty.dtype() != T::DTYPE
     {
-        return context::fail(Diagnostic::new(
+        return value::fail(Diagnostic::new(
             loc,
             format!("filling a {} tile with a {ty} value", T::DTYPE),
         ));
     }
-    context::emit(OpKind::Splat { shape }, &[x], loc)
+    value::emit(OpKind::Splat { shape }, &[x], loc)
 }
 
 /// An i32 tile of `shape` whose elements hold their index along dimension `dim`.
@@ -41,7 +41,7 @@ fn splat<T: Element>(shape: &[Index], x: Operand, loc: Loc) -> Value {
 pub fn iota(shape: impl Entries, dim: usize) -> Value {
     let loc = Loc::caller();
     match shape_of(&shape.entries(), loc) {
-        Some(shape) => context::emit(OpKind::Iota { shape, dim }, &[], loc),
+        Some(shape) => value::emit(OpKind::Iota { shape, dim }, &[], loc),
         None => Value::POISON,
     }
 }
@@ -104,7 +104,7 @@ macro_rules! reduce_fns {
         $(#[$doc])*
         #[track_caller]
         pub fn $name(x: impl AsValue) -> Value {
-            context::emit(OpKind::Reduce { op: $op, dim: $dim }, &[x.as_value()], Loc::caller())
+            value::emit(OpKind::Reduce { op: $op, dim: $dim }, &[x.as_value()], Loc::caller())
         }
     )*};
 }
@@ -125,14 +125,14 @@ reduce_fns! {
 /// `a @ b` for bf16/f16 tiles `a[M, K]`, `b[K, N]`, accumulated in f32: an f32 `[M, N]` tile.
 #[track_caller]
 pub fn mma(a: impl AsValue, b: impl AsValue) -> Value {
-    context::emit(OpKind::Mma, &[a.as_value(), b.as_value()], Loc::caller())
+    value::emit(OpKind::Mma, &[a.as_value(), b.as_value()], Loc::caller())
 }
 
 /// `a @ b + c` with `c` an f32 `[M, N]` accumulator.
 #[track_caller]
 pub fn mma_acc(a: impl AsValue, b: impl AsValue, c: impl AsValue) -> Value {
     let operands = [a.as_value(), b.as_value(), c.as_value()];
-    context::emit(OpKind::Mma, &operands, Loc::caller())
+    value::emit(OpKind::Mma, &operands, Loc::caller())
 }
 
 /// Fails the build with `message` at the caller's line, and stands for the value the kernel
@@ -140,7 +140,7 @@ pub fn mma_acc(a: impl AsValue, b: impl AsValue, c: impl AsValue) -> Value {
 /// (`if act > 3 { reject("..") } else { .. }`), which no type can rule out.
 #[track_caller]
 pub fn reject(message: &str) -> Value {
-    context::fail(Diagnostic::new(Loc::caller(), message.to_string()))
+    value::fail(Diagnostic::new(Loc::caller(), message.to_string()))
 }
 
 /// Elementwise `cond ? a : b`; constants adopt the other branch's dtype.
@@ -153,7 +153,7 @@ pub fn select(cond: impl AsValue, a: impl IntoOperand, b: impl IntoOperand) -> V
         _ => None,
     });
     let (a, b) = (a.place(like, loc), b.place(like, loc));
-    context::emit(OpKind::Select, &[cond.as_value(), a, b], loc)
+    value::emit(OpKind::Select, &[cond.as_value(), a, b], loc)
 }
 
 /// `ceil(a / b)` for positive integers: the number of `b`-sized blocks covering `a`.
@@ -186,7 +186,7 @@ pub struct Dim3 {
 pub fn cluster(ctas: usize) {
     let loc = Loc::caller();
     if !(1..=2).contains(&ctas) {
-        context::fail(Diagnostic::new(
+        value::fail(Diagnostic::new(
             loc,
             format!("`cluster` takes 1 or 2 CTAs per cluster, not {ctas}"),
         ));
@@ -215,8 +215,8 @@ pub fn grid_dim() -> Dim3 {
 /// Emits one query per axis; the unused ones are removed after tracing.
 fn dim3(kind: fn(Axis) -> OpKind, loc: Loc) -> Dim3 {
     Dim3 {
-        x: context::emit(kind(Axis::X), &[], loc),
-        y: context::emit(kind(Axis::Y), &[], loc),
-        z: context::emit(kind(Axis::Z), &[], loc),
+        x: value::emit(kind(Axis::X), &[], loc),
+        y: value::emit(kind(Axis::Y), &[], loc),
+        z: value::emit(kind(Axis::Z), &[], loc),
     }
 }

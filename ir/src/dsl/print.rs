@@ -4,8 +4,7 @@ use crate::device_print::parse_format;
 use crate::diag::Diagnostic;
 use crate::kernel::{Loc, OpKind};
 
-use super::context;
-use super::value::{AsValue, Value};
+use super::value::{self, AsValue, Value};
 
 /// One argument of [`kprint!`](crate::kprint): a scalar value, or one element of a tile
 /// ([`at`]).
@@ -51,12 +50,12 @@ pub fn print(format: &str, args: &[PrintArg]) {
     let pieces = match parse_format(format) {
         Ok(p) => p,
         Err(e) => {
-            context::fail(Diagnostic::new(loc, e));
+            value::fail(Diagnostic::new(loc, e));
             return;
         }
     };
     if pieces.len() != args.len() + 1 {
-        context::fail(Diagnostic::new(
+        value::fail(Diagnostic::new(
             loc,
             format!(
                 "`{format}` has {} placeholder(s) but {} argument(s) were given",
@@ -73,7 +72,7 @@ pub fn print(format: &str, args: &[PrintArg]) {
             Some(idx) => match idx.iter().map(|&i| u32::try_from(i).ok()).collect() {
                 Some(idx) => elements.push(Some(idx)),
                 None => {
-                    context::fail(Diagnostic::new(
+                    value::fail(Diagnostic::new(
                         loc,
                         format!("element {idx:?} is too large"),
                     ));
@@ -83,7 +82,7 @@ pub fn print(format: &str, args: &[PrintArg]) {
         }
     }
     let values: Vec<Value> = args.iter().map(|a| a.value).collect();
-    context::emit_effect(OpKind::Print { pieces, elements }, &values, loc);
+    value::emit_effect(OpKind::Print { pieces, elements }, &values, loc);
 }
 
 /// Prints a line from the kernel, once per block: `kprint!("m = {}, o[0, 1] = {}", m,

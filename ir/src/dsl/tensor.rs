@@ -5,9 +5,8 @@ use crate::diag::Diagnostic;
 use crate::kernel::{Loc, OpKind};
 use crate::types::Shape;
 
-use super::context;
 use super::index::{Index, shape_of};
-use super::value::{AsValue, Value};
+use super::value::{self, AsValue, Value};
 
 /// A tensor parameter (`Tensor<T, R>` or `TensorMut<T, R>` in the signature).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,7 +48,7 @@ impl Tensor {
         let Some(coords) = self.coords(&coords, loc) else {
             return Value::POISON;
         };
-        context::emit(OpKind::LoadScalar { tensor: self.index }, &coords, loc)
+        value::emit(OpKind::LoadScalar { tensor: self.index }, &coords, loc)
     }
 
     /// `coords` as values, or a diagnostic unless there is one per dimension.
@@ -57,7 +56,7 @@ impl Tensor {
         if coords.len() == self.rank {
             Some(coords.iter().map(|c| c.to_value(loc)).collect())
         } else {
-            context::fail(Diagnostic::new(
+            value::fail(Diagnostic::new(
                 loc,
                 format!(
                     "a rank-{} tensor needs {} coordinates, found {}",
@@ -73,7 +72,7 @@ impl Tensor {
     /// The runtime extent of dimension `dim` (an i32 scalar).
     #[track_caller]
     pub fn dim(self, dim: usize) -> Value {
-        context::emit(
+        value::emit(
             OpKind::TensorDim {
                 tensor: self.index,
                 dim,
@@ -106,7 +105,7 @@ impl TileView {
             tensor: self.tensor.index,
             shape,
         };
-        context::emit(kind, &self.coords, Loc::caller())
+        value::emit(kind, &self.coords, Loc::caller())
     }
 
     /// Stores `value` (whose shape should match the tile's) into the tile.
@@ -135,7 +134,7 @@ impl TileView {
         if let Some(ty) = value.ty()
             && ty.shape() != Some(&shape)
         {
-            context::fail(Diagnostic::new(
+            value::fail(Diagnostic::new(
                 loc,
                 format!("storing a {ty} value into a {shape} tile"),
             ));
@@ -144,7 +143,7 @@ impl TileView {
         let mut operands = self.coords;
         operands.push(value);
         operands.extend(limit.map(|(_, l)| l));
-        context::emit_effect(
+        value::emit_effect(
             OpKind::Store {
                 tensor: self.tensor.index,
                 bound: limit.map(|(dim, _)| dim),

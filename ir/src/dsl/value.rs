@@ -1,4 +1,5 @@
-//! [`Value`], the handle of a traced IR value, and the Rust operators on it.
+//! [`Value`], the handle of a traced IR value, the helpers that add ops to the kernel being
+//! traced and give their results as values (poison in, poison out), and the Rust operators.
 //!
 //! Operators accept Rust numbers on either side (`i * B`, `2.0 * x`): an integer adopts the
 //! other operand's dtype (float too), a float next to an integer value is a diagnostic.
@@ -9,7 +10,7 @@ use crate::diag::Diagnostic;
 use crate::kernel::{BinaryOp, Const, Loc, OpKind, UnaryOp, ValueId};
 use crate::types::{DType, Shape, Type};
 
-use super::context;
+use super::context::with;
 
 /// A traced IR value: a scalar or a register tile. `Copy`, so kernels use it like a number.
 ///
@@ -39,7 +40,7 @@ impl Value {
 
     /// The value's IR type (`None` for poison or outside a trace).
     pub fn ty(self) -> Option<Type> {
-        context::ty(self)
+        ty(self)
     }
 
     /// Converts every element to `T` (`x.cast::<bf16>()`).
@@ -52,13 +53,13 @@ impl Value {
     /// `DType` parameter (`acc.cast_to(T)` in a kernel generic over `Tensor<T, 2>`).
     #[track_caller]
     pub fn cast_to(self, dtype: DType) -> Value {
-        context::emit(OpKind::Cast { to: dtype }, &[self], Loc::caller())
+        emit(OpKind::Cast { to: dtype }, &[self], Loc::caller())
     }
 
     /// Transposes a 2-D tile.
     #[track_caller]
     pub fn t(self) -> Value {
-        context::emit(OpKind::Transpose, &[self], Loc::caller())
+        emit(OpKind::Transpose, &[self], Loc::caller())
     }
 
     /// Views a vector `[R]` as a column `[R, 1]`, to broadcast it across columns.
@@ -78,14 +79,14 @@ impl Value {
             return Value::POISON;
         };
         match ty.shape().map(Shape::dims) {
-            Some(&[n]) => context::emit(
+            Some(&[n]) => emit(
                 OpKind::Reshape {
                     shape: Shape(dims(n)),
                 },
                 &[self],
                 loc,
             ),
-            _ => context::fail(Diagnostic::new(
+            _ => fail(Diagnostic::new(
                 loc,
                 format!("`.{what}()` needs a 1-D tile, found {ty}"),
             )),
@@ -214,7 +215,7 @@ impl Operand {
                 d if d.is_float() => (Const::Float(i as f64), d),
                 DType::I32 if i32::try_from(i).is_ok() => (Const::Int(i), DType::I32),
                 DType::I32 => {
-                    return context::fail(Diagnostic::new(
+                    return fail(Diagnostic::new(
                         loc,
                         format!("integer constant {i} does not fit in i32"),
                     ));
@@ -230,12 +231,12 @@ impl Operand {
                 d => return mismatch(loc, "a bool", d),
             },
         };
-        context::with(|b| b.constant(c, dtype, loc)).map_or(Value::POISON, Value::from_id)
+        with(|b| b.constant(c, dtype, loc)).map_or(Value::POISON, Value::from_id)
     }
 }
 
 fn mismatch(loc: Loc, what: &str, d: DType) -> Value {
-    context::fail(
+    fail(
         Diagnostic::new(
             loc,
             format!("{what} constant cannot be combined with a {d} value"),
@@ -253,12 +254,12 @@ pub(crate) fn binary(op: BinaryOp, a: Operand, b: Operand, loc: Loc) -> Value {
         return Value::POISON;
     }
     let (a, b) = (a.place(like, loc), b.place(like, loc));
-    context::emit(OpKind::Binary(op), &[a, b], loc)
+    emit(OpKind::Binary(op), &[a, b], loc)
 }
 
 /// Emits a unary op.
 pub(crate) fn unary(op: UnaryOp, x: Value, loc: Loc) -> Value {
-    context::emit(OpKind::Unary(op), &[x], loc)
+    emit(OpKind::Unary(op), &[x], loc)
 }
 
 /// Implements one arithmetic operator for `Value op Value`, `Value op Rust` and `Rust op
@@ -345,4 +346,36 @@ impl Not for Value {
     fn not(self) -> Value {
         unary(UnaryOp::Not, self, Loc::caller())
     }
+}
+
+/// Records `diag` unless an earlier diagnostic was recorded; always gives a poison value.
+pub(crate) fn fail(diag: Diagnostic) -> Value {
+    with::<()>(|_| Err(diag));
+    Value::POISON
+}
+
+/// The type of a traced value (`None` for poison).
+pub(crate) fn ty(v: Value) -> Option<Type> {
+    let id = v.id()?;
+    with(|b| Ok(b.ty(id).clone()))
+}
+
+/// Adds an op with one result whose operands are `operands`; poison in, poison out.
+pub(crate) fn emit(kind: OpKind, operands: &[Value], loc: Loc) -> Value {
+    let Some(ids) = ids(operands) else {
+        return Value::POISON;
+    };
+    with(|b| b.op1(kind, &ids, loc)).map_or(Value::POISON, Value::from_id)
+}
+
+/// Adds an op with no results (a store); skipped if an operand is poison.
+pub(crate) fn emit_effect(kind: OpKind, operands: &[Value], loc: Loc) {
+    if let Some(ids) = ids(operands) {
+        with(|b| b.op(kind, &ids, loc));
+    }
+}
+
+/// The handles of `values`, or `None` if one is poison.
+pub(crate) fn ids(values: &[Value]) -> Option<Vec<ValueId>> {
+    values.iter().map(|v| v.id()).collect()
 }

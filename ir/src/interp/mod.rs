@@ -32,12 +32,10 @@ mod memory;
 mod scheduled;
 mod value;
 
-use std::collections::BTreeMap;
-
 pub use error::{ArgProblem, InterpError};
 pub use scheduled::run_scheduled;
 
-use crate::dsl::{ComptimeValue, KernelDef, ParamSig, Spec};
+use crate::dsl::{KernelDef, ParamSig, Spec};
 use crate::host::HostTensor;
 use crate::kernel::Kernel;
 use crate::verify::verify;
@@ -99,9 +97,9 @@ fn checked(kernel: &Kernel, grid: [u32; 3], args: &[HostArg<'_>]) -> Result<[i32
 /// Builds `def` for `comptime` and runs it. The [`Spec`] takes `comptime` as given and marks a
 /// tensor parameter 16-byte aligned when its argument's outer strides are multiples of 16
 /// bytes (host addresses count as aligned), as the runtime would for device buffers.
-pub fn run_def(
-    def: &dyn KernelDef,
-    comptime: &BTreeMap<String, ComptimeValue>,
+pub fn run_def<K: KernelDef + ?Sized>(
+    def: &K,
+    comptime: &K::Comptime,
     grid: [u32; 3],
     args: &mut [HostArg<'_>],
 ) -> Result<(), InterpError> {

@@ -17,8 +17,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use kiln::ir::DType;
-use kiln::ir::dsl::KernelDef;
-use kiln::runtime::{KernelArg, L2Promotion, OobFill, Swizzle, TensorMap};
+use kiln::ir::dsl::KernelDecl;
+use kiln::runtime::{KernelArg, L2Promotion, OobFill, Swizzle};
 use kiln_attn_core::args::{self, Options, TensorInfo, TorchDType, TorchDevice};
 use kiln_attn_core::launch::{self, LaunchFailure};
 use kiln_examples::attention::attention;
@@ -94,8 +94,7 @@ fn run() -> Result<(), LaunchFailure> {
     });
     // One of the four tensor maps each launch encodes (host work in the driver library).
     let encode = host_us(&dev, || {
-        TensorMap::tiled(
-            &dev,
+        dev.tensor_map(
             &tensors[0],
             &[1, 1, 64, 64],
             Swizzle::B128,
@@ -120,10 +119,7 @@ fn run() -> Result<(), LaunchFailure> {
     });
     let views = [&plan.q, &plan.k, &plan.v, &out].map(borrow);
     let ct = launch::comptime(&plan, dev.target());
-    let spec = kiln::ir::dsl::Spec {
-        comptime: ct.clone(),
-        aligned16: ["q", "k", "v", "o"].map(|n| (n.to_string(), true)).into(),
-    };
+    let spec = kiln::ir::dsl::Spec::new(ct).with_aligned16(&["q", "k", "v", "o"]);
     let lookup = host_us(&dev, || {
         dev.compile(&attention, &spec).map(drop).expect("compile");
     });

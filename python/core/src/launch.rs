@@ -3,13 +3,13 @@
 //! interpreter over host tensors laid out the same way ([`interpret`], [`interpret_varlen`]),
 //! so the BSHD views are tested without a GPU.
 //!
-//! Both go through [`comptime`] and the example's `attention::grid` ([`grid`] for a dense
-//! call), so they run the same specialisation over the same grid.
+//! Both go through [`comptime`] and the kernels' own grid function (`KernelDef::grid`; [`grid`]
+//! for a dense call), so they run the same specialisation over the same grid.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use kiln::ir::dsl::{ComptimeValue, KernelDef, ParamSig, Spec, specialise};
+use kiln::ir::dsl::{KernelDef, ParamSig, Spec, specialise};
 use kiln::ir::interp::{HostArg, InterpError, run_def};
 use kiln::ir::{DType, HostTensor, Target};
 use kiln::ptx::PtxModule;
@@ -17,7 +17,7 @@ use kiln::runtime::{
     Device, DeviceTensor, ForeignStream, KernelArg, LaunchError, LoadedKernel, RuntimeError,
 };
 use kiln_examples::attention::{
-    attention, attention_lse, attention_varlen, attention_varlen_lse, tuned_blocks,
+    AttentionParams, attention, attention_lse, attention_varlen, attention_varlen_lse,
 };
 
 use crate::args::{Plan, TensorInfo, View};
@@ -34,42 +34,30 @@ pub enum LaunchFailure {
     Launch(#[from] LaunchError),
 }
 
-/// The query and key blocks `(block_m, block_n)` of `plan`'s kernel on `target`: the
-/// example's tuned choice for its head dim, mask and lengths (a packed varlen batch's are its
-/// totals).
-fn blocks(plan: &Plan, target: Target) -> (usize, usize) {
-    tuned_blocks(
-        target,
-        plan.head_dim,
-        plan.causal,
-        (plan.seqlen_q, plan.seqlen_k),
-    )
-}
-
-/// The comptime values of the kernel for `plan` on `target`.
-pub fn comptime(plan: &Plan, target: Target) -> BTreeMap<String, ComptimeValue> {
-    let (block_m, block_n) = blocks(plan, target);
-    BTreeMap::from([
-        ("d".to_string(), ComptimeValue::Usize(plan.head_dim)),
-        ("causal".to_string(), ComptimeValue::Bool(plan.causal)),
-        ("block_n".to_string(), ComptimeValue::Usize(block_n)),
-        ("kv_group".to_string(), ComptimeValue::Usize(plan.kv_group)),
-        ("dtype".to_string(), ComptimeValue::DType(plan.dtype)),
-        ("window_left".to_string(), ComptimeValue::I32(plan.window.0)),
-        (
-            "window_right".to_string(),
-            ComptimeValue::I32(plan.window.1),
-        ),
-        ("softcap".to_string(), ComptimeValue::F32(plan.softcap)),
-        ("block_m".to_string(), ComptimeValue::Usize(block_m)),
-    ])
+/// The comptime values of the kernel for `plan` on `target`: the example's tuned blocks for
+/// its head dim, mask and lengths (a packed varlen batch's are its totals), and its features.
+/// The four attention kernels share them, so one struct serves whichever [`kernel`] the call
+/// takes.
+pub fn comptime(plan: &Plan, target: Target) -> AttentionParams {
+    let lengths = (plan.seqlen_q, plan.seqlen_k);
+    AttentionParams {
+        kv_group: plan.kv_group,
+        dtype: plan.dtype,
+        window_left: plan.window.0,
+        window_right: plan.window.1,
+        softcap: plan.softcap,
+        ..AttentionParams::tuned(target, plan.head_dim, plan.causal, lengths)
+    }
 }
 
 /// The kernel's grid for the comptime values `ct` ([`comptime`]): `block_m` query rows per
 /// block, one block row per head and batch.
-pub fn grid(plan: &Plan, ct: &BTreeMap<String, ComptimeValue>) -> [u32; 3] {
-    kiln_examples::attention::grid(ct, (plan.seqlen_q, plan.nheads, plan.batch))
+pub fn grid(plan: &Plan, ct: &AttentionParams) -> [u32; 3] {
+    attention.grid(ct, [plan.seqlen_q, plan.nheads, plan.batch])
 }
+
+/// One of the attention kernels, whichever: they take the same comptime struct.
+type AttentionKernel = dyn KernelDef<Comptime = AttentionParams>;
 
 /// The device for CUDA ordinal `ordinal`, opened once per process: opening retains the primary
 /// context (PyTorch's), and the device keeps the compile cache every later call hits.
@@ -88,7 +76,7 @@ pub fn device(ordinal: usize) -> Result<Arc<Device>, RuntimeError> {
 
 /// The kernel for a call: `attention` or, over a packed varlen batch, `attention_varlen`; their
 /// log-sum-exp forms when `lse`.
-fn kernel(lse: bool, varlen: bool) -> &'static dyn KernelDef {
+fn kernel(lse: bool, varlen: bool) -> &'static AttentionKernel {
     match (lse, varlen) {
         (false, false) => &attention,
         (true, false) => &attention_lse,
@@ -115,7 +103,7 @@ pub unsafe fn launch(
     lse: Option<&Lse>,
     stream: u64,
 ) -> Result<(), LaunchFailure> {
-    let dims = (plan.seqlen_q, plan.nheads, plan.batch);
+    let dims = [plan.seqlen_q, plan.nheads, plan.batch];
     // SAFETY: the caller's guarantees, passed on.
     unsafe { launch_kernel(plan, (out, lse), None, dims, stream) }
 }
@@ -136,14 +124,14 @@ pub unsafe fn launch_varlen(
     if !vp.launches() {
         return Ok(());
     }
-    let dims = (vp.max_seqlen_q, vp.plan.nheads, vp.batch);
+    let dims = [vp.max_seqlen_q, vp.plan.nheads, vp.batch];
     let offsets = Some((&vp.cu_q, &vp.cu_k));
     // SAFETY: the caller's guarantees, passed on.
     unsafe { launch_kernel(&vp.plan, (&vp.out, lse), offsets, dims, stream) }
 }
 
 /// [`launch`] and [`launch_varlen`]: the kernel of `plan` (its varlen form when `offsets`
-/// are given) over the grid for `(seqlen_q, heads, batch)` = `dims` ([`grid`]'s reading).
+/// are given) over the grid for `[seqlen_q, heads, batch]` = `dims` ([`grid`]'s reading).
 ///
 /// # Safety
 /// As [`launch_varlen`].
@@ -151,7 +139,7 @@ unsafe fn launch_kernel(
     plan: &Plan,
     (out, lse): (&View, Option<&Lse>),
     offsets: Option<(&Offsets, &Offsets)>,
-    dims: (usize, usize, usize),
+    dims: [usize; 3],
     stream: u64,
 ) -> Result<(), LaunchFailure> {
     let dev = device(plan.device)?;
@@ -184,45 +172,38 @@ unsafe fn launch_kernel(
     let prepared = prepared(&dev, def, plan, &args)?;
     // SAFETY: the caller guarantees the stream.
     let stream = unsafe { ForeignStream::from_raw(stream) };
-    let grid = kiln_examples::attention::grid(&prepared.comptime, dims);
+    let grid = def.grid(&prepared.comptime, dims);
     dev.launch_loaded_on_stream(stream, &prepared.kernel, &prepared.signature, grid, &args)?;
     Ok(())
 }
 
 /// What picks the loaded kernel of a call: the kernel, the device, the plan's comptime
-/// choices (everything [`comptime`] reads) and, bit `i` for tensor argument `i`, whether the
-/// tensor is 16-byte aligned (the runtime's rule, [`DeviceTensor::aligned16`]).
+/// values ([`comptime`]: compared bit for bit, `softcap` included; its blocks depend on the
+/// lengths too) and, bit `i` for tensor argument `i`, whether the tensor is 16-byte aligned
+/// (the runtime's rule, [`DeviceTensor::aligned16`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct LaunchKey {
     kernel: &'static str,
     device: usize,
-    head_dim: usize,
-    causal: bool,
-    kv_group: usize,
-    dtype: DType,
-    window: (i32, i32),
-    /// `softcap`'s bits: comptime values are compared bit for bit.
-    softcap: u32,
-    /// `(block_m, block_n)`, which depend on the lengths too.
-    blocks: (usize, usize),
+    comptime: AttentionParams,
     aligned: u32,
 }
 
 /// A specialisation ready to launch: its comptime values (the grid reads `block_m`), its
 /// signature with them applied, and the loaded kernel.
 struct Prepared {
-    comptime: BTreeMap<String, ComptimeValue>,
+    comptime: AttentionParams,
     signature: Vec<ParamSig>,
     kernel: Arc<LoadedKernel>,
 }
 
 /// The [`Prepared`] specialisation of `def` for `plan` and the tensors of `args`, made on
 /// the first call with its key and kept for the process. A call after the first builds no
-/// comptime map, signature or [`Spec`] (the work [`Device::launch`] does per launch), which
-/// is most of the host time a repeated small call spends in kiln.
+/// signature or [`Spec`] (the work [`Device::launch`] does per launch), which is most of the
+/// host time a repeated small call spends in kiln.
 fn prepared(
     dev: &Device,
-    def: &'static dyn KernelDef,
+    def: &'static AttentionKernel,
     plan: &Plan,
     args: &[KernelArg<'_>],
 ) -> Result<Arc<Prepared>, LaunchError> {
@@ -233,16 +214,11 @@ fn prepared(
             _ => None,
         })
     };
+    let comptime = comptime(plan, dev.target());
     let key = LaunchKey {
         kernel: def.name(),
         device: plan.device,
-        head_dim: plan.head_dim,
-        causal: plan.causal,
-        kv_group: plan.kv_group,
-        dtype: plan.dtype,
-        window: plan.window,
-        softcap: plan.softcap.to_bits(),
-        blocks: blocks(plan, dev.target()),
+        comptime,
         aligned: tensors()
             .enumerate()
             .fold(0, |bits, (i, t)| bits | (u32::from(t.aligned16()) << i)),
@@ -252,14 +228,13 @@ fn prepared(
     if let Some(p) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(p.clone());
     }
-    let comptime = comptime(plan, dev.target());
     let signature = specialise(def.signature(), &comptime);
     let names = signature.iter().filter_map(|p| match p {
         ParamSig::Tensor { name, .. } => Some(name.to_string()),
         ParamSig::Scalar { .. } => None,
     });
     let spec = Spec {
-        comptime: comptime.clone(),
+        comptime,
         aligned16: names.zip(tensors().map(DeviceTensor::aligned16)).collect(),
     };
     let kernel = dev.compile(def, &spec)?;
@@ -380,7 +355,7 @@ pub fn interpret(
             out.strides[3],
         ],
     };
-    let dims = (plan.seqlen_q, plan.nheads, plan.batch);
+    let dims = [plan.seqlen_q, plan.nheads, plan.batch];
     run_kernel(plan, target, (q, k, v), (out, &out_view, lse), None, dims)
 }
 
@@ -410,7 +385,7 @@ pub fn interpret_varlen(
         };
         (l, view)
     });
-    let dims = (vp.max_seqlen_q, vp.plan.nheads, vp.batch);
+    let dims = [vp.max_seqlen_q, vp.plan.nheads, vp.batch];
     run_kernel(
         &vp.plan,
         target,
@@ -426,7 +401,7 @@ pub fn interpret_varlen(
 }
 
 /// Runs the kernel for `plan` ([`kernel`]: its varlen form with `offsets`) on the interpreter
-/// over the grid for `dims` = `(seqlen_q, heads, batch)`: `q`, `k`, `v` seen through the
+/// over the grid for `dims` = `[seqlen_q, heads, batch]`: `q`, `k`, `v` seen through the
 /// plan's views, `out` through `out_view`, `lse` as given (in the kernel's layout); `out`
 /// gets the results back.
 fn run_kernel(
@@ -435,7 +410,7 @@ fn run_kernel(
     (q, k, v): (&HostTensor, &HostTensor, &HostTensor),
     (out, out_view, lse): (&mut HostTensor, &View, Option<&mut HostTensor>),
     offsets: Option<(&HostTensor, &HostTensor)>,
-    dims: (usize, usize, usize),
+    dims: [usize; 3],
 ) -> Result<(), InterpError> {
     // The tensors lie at address 0, as every view of them starts.
     let view = |t: &HostTensor, v: &View| HostTensor {
@@ -446,8 +421,8 @@ fn run_kernel(
     let (qv, kv, vv) = (view(q, &plan.q), view(k, &plan.k), view(v, &plan.v));
     let mut ov = view(out, out_view);
     let ct = comptime(plan, target);
-    let grid = kiln_examples::attention::grid(&ct, dims);
     let def = kernel(lse.is_some(), offsets.is_some());
+    let grid = def.grid(&ct, dims);
     let mut args = vec![
         HostArg::Tensor(&qv),
         HostArg::Tensor(&kv),

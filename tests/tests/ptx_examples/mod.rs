@@ -84,10 +84,8 @@ pub fn build(kernel: &str, overrides: &[(&str, &str)]) -> Kernel {
 /// Builds registry kernel `kernel` with `overrides` on its defaults and every tensor's
 /// `aligned16` set to `aligned`.
 pub fn build_aligned(kernel: &str, overrides: &[(&str, &str)], aligned: bool) -> Kernel {
-    let (def, spec) =
-        kiln_examples::spec(kernel, overrides, aligned).unwrap_or_else(|e| panic!("{e}"));
-    def.build(&spec)
-        .unwrap_or_else(|d| panic!("{kernel} does not build: {d}"))
+    kiln_examples::build(kernel, overrides, aligned)
+        .unwrap_or_else(|e| panic!("{kernel} does not build: {e}"))
 }
 
 /// Every variant, built; then the gemm with no tensor known to be 16-byte aligned (the

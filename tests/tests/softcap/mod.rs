@@ -51,7 +51,10 @@ pub fn softcap_attention<const d: usize = 128>(
 }
 
 /// The specialisation for head dim `d` with every tensor 16-byte aligned (the TMA path).
-pub fn spec(d: usize) -> Spec {
-    Spec::from_defaults(&softcap_attention, &[("d".into(), d.to_string())])
-        .expect("comptime values")
+pub fn spec(d: usize) -> Spec<SoftcapAttentionComptime> {
+    Spec::uniform(
+        SoftcapAttentionComptime { d },
+        softcap_attention.signature(),
+        true,
+    )
 }

@@ -1,59 +1,15 @@
-//! The signature's generated parts: the `comptime_params`/`signature` tables, the locals that
-//! `build` binds for each parameter, and the argument lists of `launch` and `interpret`.
+//! The signature's generated parts: the `signature` table, the locals that `build` binds for
+//! each parameter, and the argument lists of `launch` and `interpret`.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
 
-use crate::parse::signature::{
-    ComptimeKind, ComptimeParam, Dtype, Elem, LaunchKind, LaunchParam, Signature,
-};
+use crate::parse::signature::{Dtype, Elem, LaunchKind, LaunchParam, Signature};
 use crate::paths;
 
-/// The Rust type of a comptime parameter of `kind` in generated code: the primitive, or
-/// `::kiln::ir::DType`.
-fn comptime_ty(kind: ComptimeKind, span: Span) -> TokenStream {
-    match kind {
-        ComptimeKind::DType => {
-            let ir = paths::ir(span);
-            quote_spanned!(span=> #ir::DType)
-        }
-        _ => {
-            let ty = format_ident!("{}", kind.names().0, span = span);
-            quote!(#ty)
-        }
-    }
-}
-
-/// `ComptimeParam { .. }` entries.
-pub fn comptime_table(sig: &Signature) -> TokenStream {
-    let entries = sig.comptime.iter().map(|c: &ComptimeParam| {
-        let span = c.name.span();
-        let dsl = paths::dsl(span);
-        let name = c.name.to_string();
-        let option = paths::option(span);
-        let ty = comptime_ty(c.kind, span);
-        let variant = format_ident!("{}", c.kind.names().1);
-        let default = match &c.default {
-            Some(d) => quote_spanned!(span=> #option::Some(#dsl::ComptimeValue::#variant({ let d: #ty = #d; d }))),
-            None => quote!(#option::None),
-        };
-        let tune = c.tune.iter().map(|t| {
-            quote_spanned!(span=> #dsl::ComptimeValue::#variant({ let v: #ty = #t; v }))
-        });
-        quote_spanned! {span=>
-            #dsl::ComptimeParam {
-                name: #name,
-                kind: #dsl::ComptimeKind::#variant,
-                default: #default,
-                tune: &[#(#tune),*],
-            }
-        }
-    });
-    quote!(#(#entries),*)
-}
-
-/// `ParamSig { .. }` entries.
-pub fn signature_table(sig: &Signature) -> TokenStream {
+/// `ParamSig { .. }` entries; `comptime` is the kernel's comptime struct type, whose declared
+/// defaults give a struct field's element type.
+pub fn signature_table(sig: &Signature, comptime: &TokenStream) -> TokenStream {
     let entries = sig.launch.iter().map(|p: &LaunchParam| {
         let span = p.name.span();
         let dsl = paths::dsl(span);
@@ -74,6 +30,13 @@ pub fn signature_table(sig: &Signature) -> TokenStream {
                             quote!(#option::Some(#t)),
                         )
                     }
+                    Elem::Field(field) => {
+                        let f = field.to_string();
+                        (
+                            quote_spanned!(field.span()=> #dsl::declared_dtype(<#comptime as #dsl::Comptime>::PARAMS, #f)),
+                            quote!(#option::Some(#f)),
+                        )
+                    }
                 };
                 quote_spanned!(span=> #dsl::ParamSig::Tensor { name: #name, dtype: #dtype, dtype_param: #param, rank: #rank, mutable: #mutable })
             }
@@ -86,17 +49,33 @@ pub fn signature_table(sig: &Signature) -> TokenStream {
     quote!(#(#entries),*)
 }
 
-/// `let` statements binding every parameter inside `build`: comptime values from `spec`
-/// (the `?` returns a diagnostic at the parameter), tensor handles, scalar values.
-pub fn bind_params(sig: &Signature, spec: &syn::Ident) -> TokenStream {
-    let comptime = sig.comptime.iter().map(|c| {
-        let span = c.name.span();
-        let dsl = paths::dsl(span);
-        let name = &c.name;
-        let ty = comptime_ty(c.kind, span);
-        let text = name.to_string();
-        quote_spanned!(span=> let #name: #ty = #dsl::comptime::<#ty>(#spec, #text)?;)
-    });
+/// `let` statements binding every parameter inside `build`: the comptime values from
+/// `spec` (destructured from the kernel's generated struct `comptime`, or the comptime struct
+/// parameter itself, with a check that each tensor's element type names a `DType` field of
+/// it), tensor handles, scalar values.
+pub fn bind_params(sig: &Signature, spec: &syn::Ident, comptime: &TokenStream) -> TokenStream {
+    let ir = paths::ir(proc_macro2::Span::call_site());
+    let comptime_binds = match &sig.comptime_struct {
+        Some(p) => {
+            let (name, ty) = (&p.name, &p.ty);
+            let checks = sig.launch.iter().filter_map(|l| match &l.kind {
+                LaunchKind::Tensor {
+                    dtype: Elem::Field(f),
+                    ..
+                } => Some(quote_spanned!(f.span()=> let _: #ir::DType = #name.#f;)),
+                _ => None,
+            });
+            quote_spanned! {name.span()=>
+                let #name: #ty = ::core::clone::Clone::clone(&#spec.comptime);
+                #(#checks)*
+            }
+        }
+        None if sig.comptime.is_empty() => TokenStream::new(),
+        None => {
+            let names = sig.comptime.iter().map(|c| &c.name);
+            quote!(let #comptime { #(#names),* } = #spec.comptime;)
+        }
+    };
     let launch = sig.launch.iter().enumerate().map(|(i, p)| {
         let span = p.name.span();
         let dsl = paths::dsl(span);
@@ -108,7 +87,7 @@ pub fn bind_params(sig: &Signature, spec: &syn::Ident) -> TokenStream {
             LaunchKind::Scalar(_) => quote_spanned!(span=> let #name = #dsl::scalar_param(#i);),
         }
     });
-    quote!(#(#comptime)* #(#launch)*)
+    quote!(#comptime_binds #(#launch)*)
 }
 
 /// Which entry point an argument list is for.
@@ -120,14 +99,8 @@ pub enum Entry {
     Interpret,
 }
 
-/// The typed parameters of `launch`/`interpret` after `grid`: comptime values, then launch
-/// parameters in order.
+/// The typed launch parameters of `launch`/`interpret` after `grid`, in order.
 pub fn entry_params(sig: &Signature, entry: Entry) -> TokenStream {
-    let comptime = sig.comptime.iter().map(|c| {
-        let name = &c.name;
-        let ty = comptime_ty(c.kind, Span::call_site());
-        quote!(#name: #ty)
-    });
     let launch = sig.launch.iter().map(|p| {
         let name = &p.name;
         let span = p.name.span();
@@ -148,18 +121,7 @@ pub fn entry_params(sig: &Signature, entry: Entry) -> TokenStream {
         };
         quote!(#name: #ty)
     });
-    quote!(#(#comptime,)* #(#launch,)*)
-}
-
-/// The comptime map (`BTreeMap<String, ComptimeValue>`) built from the comptime arguments.
-pub fn comptime_map(sig: &Signature) -> TokenStream {
-    let dsl = paths::dsl(Span::call_site());
-    let entries = sig.comptime.iter().map(|c| {
-        let name = &c.name;
-        let text = name.to_string();
-        quote!((#text, #dsl::ComptimeArg::to_value(#name)))
-    });
-    quote!(#dsl::comptime_map(&[#(#entries),*]))
+    quote!(#(#launch,)*)
 }
 
 /// The runtime/interpreter argument array entries.

@@ -2,16 +2,61 @@
 
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
-use syn::{Attribute, Block, Expr, ExprLit, Ident, ItemFn, Lit, MetaNameValue, Token, Visibility};
+use syn::{Attribute, Block, Expr, Ident, ItemFn, MetaNameValue, Token, Visibility};
 
-use super::Errors;
 use super::body::check_body;
 use super::signature::{Signature, parse_signature};
+use super::{Errors, int_literal};
 
 /// The options of `#[kernel(...)]`.
 pub struct KernelArgs {
     /// Warps per thread block (`num_warps = N`, default 4).
     pub num_warps: u32,
+    /// The tile of the problem each block covers along x, y and z (`grid = [block_m, 1, 1]`):
+    /// the generated grid function launches `cdiv(extent, tile)` blocks per axis. `None`: one
+    /// block per unit of extent.
+    pub grid: Option<[GridTile; 3]>,
+}
+
+/// One axis of `grid = [..]`: a literal number of units per block, or a comptime parameter's.
+pub enum GridTile {
+    /// An integer literal.
+    Literal(syn::LitInt),
+    /// A comptime parameter (a field of the kernel's comptime struct), a `usize`.
+    Param(Ident),
+}
+
+/// What `grid = ..` must be.
+const GRID_HINT: &str = "write `grid = [X, Y, Z]`, each the units of the problem one block covers along that axis: an integer literal or a `usize` comptime parameter";
+
+/// The three tiles of `grid = [x, y, z]`, or why not.
+fn grid_tiles(value: &Expr, errors: &mut Errors) -> Option<[GridTile; 3]> {
+    let Expr::Array(a) = value else {
+        errors.at(value, GRID_HINT);
+        return None;
+    };
+    let tiles: Vec<GridTile> = a
+        .elems
+        .iter()
+        .filter_map(|e| match e {
+            Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Int(i),
+                ..
+            }) => Some(GridTile::Literal(i.clone())),
+            Expr::Path(p) if p.qself.is_none() && p.path.get_ident().is_some() => {
+                p.path.get_ident().cloned().map(GridTile::Param)
+            }
+            other => {
+                errors.at(other, GRID_HINT);
+                None
+            }
+        })
+        .collect();
+    if a.elems.len() != 3 {
+        errors.at(a, GRID_HINT);
+        return None;
+    }
+    tiles.try_into().ok()
 }
 
 impl Parse for KernelArgs {
@@ -19,30 +64,23 @@ impl Parse for KernelArgs {
         let options = Punctuated::<MetaNameValue, Token![,]>::parse_terminated(input)?;
         let mut errors = Errors::default();
         let mut num_warps = 4;
+        let mut grid = None;
         for o in &options {
             if o.path.is_ident("num_warps") {
                 match int_literal(&o.value) {
                     Some(n) if (1..=32).contains(&n) => num_warps = n,
                     _ => errors.at(&o.value, "`num_warps` must be an integer literal in 1..=32"),
                 }
+            } else if o.path.is_ident("grid") {
+                grid = grid_tiles(&o.value, &mut errors);
             } else {
                 errors.at(
                     &o.path,
-                    "unknown `#[kernel]` option; the only option is `num_warps = N`",
+                    "unknown `#[kernel]` option; the options are `num_warps = N` and `grid = [X, Y, Z]`",
                 );
             }
         }
-        errors.finish(KernelArgs { num_warps })
-    }
-}
-
-/// The value of an integer literal expression that fits in `u32`.
-pub fn int_literal(e: &Expr) -> Option<u32> {
-    match e {
-        Expr::Lit(ExprLit {
-            lit: Lit::Int(i), ..
-        }) => i.base10_parse().ok(),
-        _ => None,
+        errors.finish(KernelArgs { num_warps, grid })
     }
 }
 
@@ -86,4 +124,32 @@ pub fn parse_kernel(item: ItemFn) -> syn::Result<KernelFn> {
         signature,
         body: *item.block,
     })
+}
+
+/// Checks that every comptime parameter `grid = [..]` names is one of `k`'s (a comptime
+/// struct parameter's fields are checked by the compiler, at the same tokens).
+pub fn check_grid(args: &KernelArgs, k: &KernelFn) -> syn::Result<()> {
+    let mut errors = Errors::default();
+    let sig = &k.signature;
+    for t in args.grid.iter().flatten() {
+        if let GridTile::Param(p) = t
+            && sig.comptime_struct.is_none()
+            && !sig.comptime.iter().any(|c| c.name == *p)
+        {
+            let known: Vec<String> = sig.comptime.iter().map(|c| c.name.to_string()).collect();
+            errors.at(
+                p,
+                format_args!(
+                    "`{p}` is not a comptime parameter of `{}`; its comptime parameters are: {}",
+                    k.name,
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            );
+        }
+    }
+    errors.finish(())
 }

@@ -2,8 +2,11 @@
 //! first) so one compile shows all of them.
 
 pub mod body;
+pub mod comptime_struct;
 pub mod kernel;
 pub mod signature;
+
+use syn::{Expr, ExprLit, Lit};
 
 /// Collects `syn::Error`s into one.
 #[derive(Default)]
@@ -29,5 +32,16 @@ impl Errors {
             Some(e) => Err(e),
             None => Ok(value),
         }
+    }
+}
+
+/// The value of an integer literal expression that fits in `u32` (`num_warps = 8`, a tensor's
+/// rank); shared by the parsers of the attribute and of the signature.
+pub fn int_literal(e: &Expr) -> Option<u32> {
+    match e {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(i), ..
+        }) => i.base10_parse().ok(),
+        _ => None,
     }
 }

@@ -7,8 +7,7 @@ use syn::{
     ReturnType, Type,
 };
 
-use super::Errors;
-use super::kernel::int_literal;
+use super::{Errors, int_literal};
 
 /// The Rust type of a comptime parameter.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -26,7 +25,8 @@ pub enum ComptimeKind {
 }
 
 impl ComptimeKind {
-    fn from_type(ty: &Type) -> Option<ComptimeKind> {
+    /// The kind a field or parameter of type `ty` has, if `ty` is one of the five.
+    pub fn from_type(ty: &Type) -> Option<ComptimeKind> {
         match last_ident(ty)?.to_string().as_str() {
             "usize" => Some(ComptimeKind::Usize),
             "i32" => Some(ComptimeKind::I32),
@@ -108,6 +108,10 @@ pub enum Elem {
         /// Its `#[comptime(default = ..)]` expression (boxed: an `Expr` is large).
         default: Box<Expr>,
     },
+    /// A `DType` field of the kernel's comptime struct parameter: `Tensor<dtype, 4>` where
+    /// the kernel takes `#[comptime] p: AttentionParams` (the struct's own declaration holds
+    /// the default, which the generated code reads and the compiler checks).
+    Field(Ident),
 }
 
 /// What a launch parameter is.
@@ -133,17 +137,28 @@ pub struct LaunchParam {
     pub kind: LaunchKind,
 }
 
+/// `#[comptime] p: AttentionParams`: a kernel's one comptime parameter, a struct under
+/// `#[comptime]` that other kernels may take too.
+pub struct StructParam {
+    /// The binding the body reads (`p`).
+    pub name: Ident,
+    /// The struct's type.
+    pub ty: Type,
+}
+
 /// A parsed kernel signature.
 #[derive(Default)]
 pub struct Signature {
     /// Const generics first, then `#[comptime]` arguments, each in declaration order.
     pub comptime: Vec<ComptimeParam>,
+    /// The comptime struct parameter, when the kernel takes one instead of `comptime`.
+    pub comptime_struct: Option<StructParam>,
     /// Launch parameters in order.
     pub launch: Vec<LaunchParam>,
 }
 
 /// Names the generated `launch`/`interpret` methods use for their own arguments.
-const RESERVED: &[&str] = &["dev", "grid"];
+const RESERVED: &[&str] = &["dev", "grid", "comptime"];
 
 /// Parses a kernel signature, recording every problem in `errors`.
 pub fn parse_signature(sig: &syn::Signature, errors: &mut Errors) -> Signature {
@@ -231,9 +246,26 @@ pub fn parse_signature(sig: &syn::Signature, errors: &mut Errors) -> Signature {
                     default,
                     tune,
                 }),
+                None if is_struct_path(&pt.ty) => {
+                    let attr = pt.attrs.iter().find(|a| a.path().is_ident("comptime"));
+                    if let Some(attr) = attr.filter(|_| default.is_some() || !tune.is_empty()) {
+                        errors.at(
+                            attr,
+                            "a comptime struct declares its defaults and candidates on its fields; write `#[comptime]`",
+                        );
+                    }
+                    if out.comptime_struct.is_some() {
+                        errors.at(&name, "a kernel takes at most one comptime struct parameter");
+                    } else {
+                        out.comptime_struct = Some(StructParam {
+                            name,
+                            ty: (*pt.ty).clone(),
+                        });
+                    }
+                }
                 None => errors.at(
                     &pt.ty,
-                    "`#[comptime]` parameters must be usize, i32, bool, f32 or DType",
+                    "`#[comptime]` parameters must be usize, i32, bool, f32, DType or a `#[comptime]` struct",
                 ),
             },
             None => {
@@ -244,19 +276,48 @@ pub fn parse_signature(sig: &syn::Signature, errors: &mut Errors) -> Signature {
         }
     }
     out.comptime.extend(comptime_args);
+    if let (Some(p), Some(other)) = (&out.comptime_struct, out.comptime.first()) {
+        errors.at(
+            &p.name,
+            format_args!(
+                "`{}` is a comptime struct, so it is the kernel's only comptime parameter; make `{}` a field of it",
+                p.name, other.name
+            ),
+        );
+    }
     resolve_elems(&mut out, errors);
     out
 }
 
+/// Whether `ty` may name a `#[comptime]` struct: a path without `<..>` arguments.
+fn is_struct_path(ty: &Type) -> bool {
+    match ty {
+        Type::Path(p) => {
+            p.qself.is_none()
+                && p.path
+                    .segments
+                    .iter()
+                    .all(|s| matches!(s.arguments, PathArguments::None))
+        }
+        _ => false,
+    }
+}
+
 /// Resolves the element types `launch_kind` left as names (`Tensor<T, 2>`) against the
-/// comptime parameters, which may come after the tensor in the signature.
+/// comptime parameters, which may come after the tensor in the signature; with a comptime
+/// struct parameter, the names are its fields (which the compiler checks).
 fn resolve_elems(sig: &mut Signature, errors: &mut Errors) {
     for p in &mut sig.launch {
-        let LaunchKind::Tensor {
-            dtype: Elem::Param { name, default },
-            ..
-        } = &mut p.kind
-        else {
+        let LaunchKind::Tensor { dtype, .. } = &mut p.kind else {
+            continue;
+        };
+        if sig.comptime_struct.is_some()
+            && let Elem::Param { name, .. } = dtype
+        {
+            *dtype = Elem::Field(name.clone());
+            continue;
+        }
+        let Elem::Param { name, default } = dtype else {
             continue;
         };
         match sig.comptime.iter().find(|c| c.name == *name) {
@@ -290,13 +351,15 @@ const ELEM_HINT: &str =
 
 /// The options of a `#[comptime(..)]` attribute.
 #[derive(Default)]
-struct ComptimeOptions {
-    default: Option<Expr>,
-    tune: Vec<Expr>,
+pub struct ComptimeOptions {
+    /// `default = VALUE`.
+    pub default: Option<Expr>,
+    /// `tune = [VALUES]`.
+    pub tune: Vec<Expr>,
 }
 
 /// `Some(options)` if `attrs` hold `#[comptime]` or `#[comptime(default = .., tune = [..])]`.
-fn comptime_attr(attrs: &[Attribute], errors: &mut Errors) -> Option<ComptimeOptions> {
+pub fn comptime_attr(attrs: &[Attribute], errors: &mut Errors) -> Option<ComptimeOptions> {
     let mut found: Option<ComptimeOptions> = None;
     for a in attrs {
         if !a.path().is_ident("comptime") {
