@@ -256,8 +256,11 @@ impl Writer<'_> {
     /// gets a fast path: when the whole of the warp's part lies inside the tensor (every
     /// tile but the edges), each pair is one unpredicated vector store.
     pub(crate) fn write_store(&mut self, id: OpId) -> Result<(), CodegenError> {
-        if let Some(st) = self.k.schedule.tma_stores.get(&id) {
-            return self.write_tma_store(id, &st.clone());
+        let k: &kiln_ir::Kernel = self.k;
+        if let Some(s) = &k.schedule.sched
+            && let Some(st) = s.stores.iter().find(|st| st.store == id)
+        {
+            return self.write_tma_store(s, id, st);
         }
         let op = self.k.ops[id].clone();
         let (OpKind::Store { tensor, .. }, Some(parts)) = (&op.kind, op.store_operands()) else {

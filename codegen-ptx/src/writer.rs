@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::ops::Range;
 
+use kiln_ir::sched::RoleKind;
 use kiln_ir::schedule::SmemBuffer;
 use kiln_ir::{Block, DType, Kernel, OpId, OpKind, Param, Target, ValueId};
 
@@ -92,8 +93,8 @@ pub struct Writer<'k> {
     pub(crate) parents: BTreeMap<OpId, (Option<OpId>, usize)>,
     /// sm_90a: the generic address of each TMA tensor parameter's map, by parameter.
     pub(crate) tmaps: BTreeMap<usize, Reg>,
-    /// sm_90a: the stage ring whose consumer body is being written.
-    pub(crate) ring: Option<kiln_ir::ring::Ring>,
+    /// sm_90a: the ring loop's body whose wgmmas are being written.
+    pub(crate) ring: Option<crate::sm90a::RingBody>,
     /// Per tile value, its distribution's register index by offsets.
     pub(crate) reg_index: BTreeMap<ValueId, BTreeMap<Vec<u32>, usize>>,
     /// sm_90a: the consumer's warpgroup index, computed where the consumers start.
@@ -153,30 +154,55 @@ impl<'k> Writer<'k> {
     }
 
     /// Writes the module.
-    pub fn write(mut self) -> Result<PtxModule, CodegenError> {
+    pub fn write(self) -> Result<PtxModule, CodegenError> {
+        // The writer reads the schedule IR the protocol check leaves; a kernel scheduled
+        // without the check (a test running the passes one by one) is checked here.
+        if self.k.schedule.sched.is_none() && matches!(self.target, Target::Sm90a | Target::Sm100a)
+        {
+            let mut k = self.k.clone();
+            kiln_ir::passes::protocol_check::run(&mut k, self.target)?;
+            if k.schedule.sched.is_some() {
+                return Writer::new(&k, self.target).write_checked();
+            }
+        }
+        self.write_checked()
+    }
+
+    /// Writes the module of a kernel whose schedule, if it has one, was checked.
+    fn write_checked(mut self) -> Result<PtxModule, CodegenError> {
         let target = self.target;
         let maps = crate::sm90a::tensor_maps(self.k);
         let tma: Vec<usize> = maps.iter().map(|m| m.param).collect();
-        let tiles = self.k.schedule.tiles;
+        let k: &Kernel = self.k;
+        let sched = k.schedule.sched.as_ref();
+        let tiles = sched.and_then(|s| s.tiles);
         let slots = abi::slots_with_maps(&self.k.params, &tma, tiles.is_some())
             .map_err(|e| self.unsupported_msg(e.to_string()))?;
-        let roles = self.k.schedule.roles;
-        let attention = self.k.schedule.attention.as_ref().map(|p| p.roles);
-        let threads = match (&self.k.schedule.tmem, roles) {
-            _ if let Some(r) = attention => r.threads(),
-            (Some(plan), _) => plan.roles.threads(),
-            (None, Some(r)) => r.threads(),
-            (None, None) => 32 * self.k.options.num_warps,
+        // Roles that set their registers (`setmaxnreg`) are whole warpgroups.
+        let budgets = sched.is_some_and(|s| s.roles.iter().any(|r| r.regs.is_some()));
+        let threads = match sched {
+            Some(s) if budgets => s.threads().next_multiple_of(128),
+            Some(s) => s.threads(),
+            None => 32 * self.k.options.num_warps,
         };
         self.write_prologue(&slots)?;
-        match tiles {
-            Some(tiles) if attention.is_some() => self.write_attention(tiles)?,
-            _ if self.k.schedule.tmem.is_some() => self.write_tcgen05(tiles)?,
-            Some(tiles) => self.write_persistent(tiles)?,
-            None => {
+        let attention = sched.is_some_and(|s| s.role(RoleKind::Softmax(0)).is_some());
+        match (sched, tiles) {
+            (Some(_), Some(tiles)) if attention => self.write_attention(tiles)?,
+            (Some(s), _) if s.tmem.is_some() => self.write_tcgen05(tiles)?,
+            (Some(_), Some(tiles)) => self.write_persistent(tiles)?,
+            (_, _) => {
                 let body = self.k.body.clone();
                 self.write_block(&body)?;
-                self.finish_tma_stores()?;
+                if let Some(s) = sched
+                    && let Some(consumer) = s.role(RoleKind::Consumer)
+                {
+                    for &op in &consumer.program.exit {
+                        if op == kiln_ir::sched::Op::BulkWaitAll {
+                            self.finish_tma_stores(s, &s.stores)?;
+                        }
+                    }
+                }
             }
         }
         let mut ptx = String::new();
@@ -206,32 +232,23 @@ impl<'k> Writer<'k> {
         let smem_bytes = self.k.schedule.smem_bytes;
         if smem_bytes > 0 {
             // TMA's 128-byte swizzle repeats every 1024 bytes; stages sit on that atom.
-            let align = if self.k.schedule.rings.is_empty() {
-                128
-            } else {
-                1024
-            };
+            let align = if sched.is_none() { 128 } else { 1024 };
             let _ = writeln!(ptx, ".extern .shared .align {align} .b8 kiln_smem[];\n");
         }
         let _ = writeln!(ptx, ".visible .entry {}(", self.k.name);
         let decls: Vec<String> = slots.iter().map(|s| format!("\t{s}")).collect();
         let _ = writeln!(ptx, "{}\n)", decls.join(",\n"));
         let _ = writeln!(ptx, ".maxntid {threads}, 1, 1");
-        if roles.is_some() || attention.is_some() {
+        if let Some(s) = sched
+            && budgets
+        {
             // With `.maxntid`, lets ptxas know the register count at entry, which
             // `setmaxnreg` needs (ptx-notes §5, C7508).
-            let ctas = roles.map_or(1, |r| r.ctas_per_sm);
-            let _ = writeln!(ptx, ".minnctapersm {ctas}");
+            let _ = writeln!(ptx, ".minnctapersm {}", s.ctas_per_sm);
         }
         // A clustered ring's CTAs run in clusters along x; the directive makes every launch
         // (`cuLaunchKernel` included) one of whole clusters.
-        if let Some(c) = self
-            .k
-            .schedule
-            .rings
-            .values()
-            .find_map(|r| r.cluster.as_ref())
-        {
+        if let Some(c) = sched.and_then(|s| s.cluster.as_ref()) {
             let _ = writeln!(ptx, ".reqnctapercluster {}, 1, 1", c.ctas);
         }
         ptx.push_str("{\n");
@@ -327,10 +344,7 @@ impl<'k> Writer<'k> {
                 }
             }
         }
-        self.write_tmem_setup()?;
-        self.write_ring_init();
-        self.write_tmem_publish();
-        Ok(())
+        self.write_ring_init()
     }
 
     /// Writes every op of `block` except its terminating `yield`.
@@ -456,7 +470,14 @@ impl<'k> Writer<'k> {
             OpKind::Load { .. } => self.write_load(id)?,
             OpKind::LoadScalar { .. } => self.write_load_scalar(id)?,
             OpKind::Store { .. } => self.write_store(id)?,
-            OpKind::For { .. } if self.k.schedule.rings.contains_key(&id) => {
+            OpKind::For { .. }
+                if self
+                    .k
+                    .schedule
+                    .sched
+                    .as_ref()
+                    .is_some_and(|s| s.for_op == id) =>
+            {
                 self.write_ring_loop(id)?
             }
             OpKind::For { .. } => self.write_for(id)?,

@@ -1,5 +1,5 @@
-//! sm_100a: a stage ring of the `pipeline` pass as a Blackwell warp-specialised loop, with
-//! the accumulator in tensor memory ([`kiln_ir::tmem`], which gives every step).
+//! sm_100a: the schedule IR's roles (`kiln_ir::sched`) as a Blackwell warp-specialised loop,
+//! with the accumulator in tensor memory (`kiln_ir::sched::tmem`).
 //!
 //! The block is the kernel's epilogue warps (threads `0..32 * epilogue_warps`), a TMA
 //! producer warp and an MMA warp. Before the roles split, the MMA warp allocates the
@@ -7,7 +7,7 @@
 //! runs its side for one work tile, or, in a persistent kernel, walks the work tiles as on
 //! sm_90a (`crate::sm90a::persistent`: the same tile order, block index and per-tile scalars):
 //! the producer's elected thread runs the ring's producer program exactly as on sm_90a (TMA
-//! and mbarriers are the same on Blackwell); the MMA warp's elected thread runs the plan's
+//! and mbarriers are the same on Blackwell); the MMA warp's elected thread runs its
 //! per-tile program, the ring's consumer program inside it as `tcgen05.mma` from shared-memory
 //! descriptors with each stage released by `tcgen05.commit` ([`tcgen05`]), and the warp frees
 //! the columns after the last tile; the epilogue warps copy each tile's accumulator to
@@ -26,9 +26,9 @@ mod attention;
 mod tcgen05;
 mod tmem;
 
-use kiln_ir::OpId;
 use kiln_ir::sched::tiles::TileScheduler;
-use kiln_ir::tmem::TmemPlan;
+use kiln_ir::sched::{Role, RoleKind, Sched};
+use kiln_ir::{Kernel, OpId};
 
 use crate::CodegenError;
 use crate::sm90a::Cursor;
@@ -46,19 +46,11 @@ pub(crate) struct Around {
 }
 
 impl Writer<'_> {
-    /// The kernel's TMEM plan (the `tmem` pass sets it with the ring).
-    fn tmem_plan(&self, at: OpId) -> Result<TmemPlan, CodegenError> {
-        self.k
-            .schedule
-            .tmem
-            .clone()
-            .ok_or_else(|| self.internal(at, "an sm_100a ring without its TMEM plan"))
-    }
-
-    /// Writes the body of an sm_100a kernel with a TMEM plan: the roles, each walking the work
-    /// tiles of a persistent kernel or running its one tile. A persistent kernel's roles
-    /// rewrite the code before the ring loop per tile; another's runs once in every thread
-    /// before the roles split. The epilogue runs the code after the loop.
+    /// Writes the body of an sm_100a kernel with an accumulator in tensor memory: the roles,
+    /// each walking the work tiles of a persistent kernel or running its one tile. A
+    /// persistent kernel's roles rewrite the code before the ring loop per tile; another's
+    /// runs once in every thread before the roles split. The epilogue runs the code after the
+    /// loop.
     pub(crate) fn write_tcgen05(
         &mut self,
         tiles: Option<TileScheduler>,
@@ -81,52 +73,61 @@ impl Writer<'_> {
                 }
             }
         };
-        self.write_tcgen05_roles(id, &around)
+        let k: &Kernel = self.k;
+        let s = k
+            .schedule
+            .sched
+            .as_ref()
+            .ok_or_else(|| self.internal(id, "an sm_100a ring without its schedule"))?;
+        self.write_tcgen05_roles(s, &around)
     }
 
     /// The three roles (see the module doc).
-    fn write_tcgen05_roles(&mut self, id: OpId, around: &Around) -> Result<(), CodegenError> {
-        let ring = self.k.schedule.rings[&id].clone();
-        let plan = self.tmem_plan(id)?;
-        let roles = plan.roles;
+    fn write_tcgen05_roles(&mut self, s: &Sched, around: &Around) -> Result<(), CodegenError> {
+        let id = s.for_op;
+        let role = |kind| {
+            s.role(kind).ok_or_else(|| {
+                self.internal(id, format!("an sm_100a schedule without its {kind} role"))
+            })
+        };
+        let (epilogue, producer, mma) = (
+            role(RoleKind::Epilogue)?,
+            role(RoleKind::Producer)?,
+            role(RoleKind::Mma)?,
+        );
         let [is_epilogue, is_mma, idle] = [(); 3].map(|_| self.new_reg(Class::Pred));
-        let (epilogue, mma) = (self.new_label(), self.new_label());
+        let (epilogue_label, mma_label) = (self.new_label(), self.new_label());
         self.ins(format!(
             "setp.lt.u32 {is_epilogue}, {}, {}",
             self.tid,
-            32 * roles.epilogue_warps
+            32 * epilogue.end_warp()
         ));
-        self.ins(format!("@{is_epilogue} bra {epilogue}"));
+        self.ins(format!("@{is_epilogue} bra {epilogue_label}"));
         self.ins(format!(
             "setp.ge.u32 {is_mma}, {}, {}",
             self.tid,
-            32 * roles.mma_warp
+            32 * mma.first_warp
         ));
-        self.ins(format!("@{is_mma} bra {mma}"));
+        self.ins(format!("@{is_mma} bra {mma_label}"));
         self.comment("producer warp: one thread issues every stage's TMA");
         self.ins(format!(
             "setp.ne.u32 {idle}, {}, {}",
             self.tid,
-            32 * roles.producer_warp
+            32 * producer.first_warp
         ));
         self.ins(format!("@{idle} exit"));
-        let mut c = self.cursor(&ring.producer);
-        let (tl, bounds) = self.enter_tile(id, around, &mut c, true)?;
-        self.write_producer(id, &ring, &c, bounds)?;
+        let mut c = self.cursor(s, &producer.program.iteration);
+        let (tl, bounds) = self.enter_tile(s, around, &mut c, true)?;
+        self.write_producer(s, producer, &c, bounds)?;
         self.leave_tile(tl, &c);
         self.ins("exit");
-        self.label(&mma);
+        self.label(&mma_label);
         self.comment("mma warp: one thread issues the tcgen05.mmas; the warp owns TMEM");
-        self.write_mma_warp(id, &ring, &plan, around)?;
+        self.write_mma_warp(s, mma, around)?;
         self.ins("exit");
-        self.label(&epilogue);
+        self.label(&epilogue_label);
         self.comment("epilogue warps: the accumulator from TMEM, then the kernel's code");
-        self.write_tmem_epilogue(id, &plan, around)?;
-        if ring.cluster.as_ref().is_some_and(|c| c.exit_sync) {
-            self.comment("no CTA exits while the pair's mmas or copies may still use it");
-            self.cluster_barrier();
-        }
-        Ok(())
+        self.write_tmem_epilogue(s, epilogue, around)
     }
 
     /// Starts a role's work tile: in a persistent kernel opens its walk over the tiles and
@@ -134,13 +135,13 @@ impl Writer<'_> {
     /// walk and the loop's bounds.
     fn enter_tile(
         &mut self,
-        id: OpId,
+        s: &Sched,
         around: &Around,
         c: &mut Cursor,
         scalars: bool,
     ) -> Result<(Option<TileLoop>, [Reg; 3]), CodegenError> {
         let tl = match around.tiles {
-            Some(tiles) => Some(self.open_tile_loop(id, tiles, c)?),
+            Some(tiles) => Some(self.open_tile_loop(s, tiles, c)?),
             None => None,
         };
         for &op in &around.before {
@@ -148,7 +149,7 @@ impl Writer<'_> {
                 self.write_op(op)?;
             }
         }
-        Ok((tl, self.loop_bounds(id)?))
+        Ok((tl, self.loop_bounds(s.for_op)?))
     }
 
     /// Ends a role's work tile (closes the walk of a persistent kernel).
@@ -157,18 +158,12 @@ impl Writer<'_> {
             self.close_tile_loop(&tl, c);
         }
     }
+}
 
-    /// The parity of a wait whose tile-0 parity is `start`: flipped by the work tile's parity
-    /// (`parity`, none outside a tile loop) and, after the role's tiles (`after`), once more
-    /// in a kernel that runs a single tile (whose parity register does not exist).
-    fn acc_parity(&mut self, start: u32, parity: Option<Reg>, after: bool) -> String {
-        match parity {
-            Some(p) => {
-                let r = self.new_reg(Class::B32);
-                self.ins(format!("xor.b32 {r}, {p}, {start}"));
-                r.to_string()
-            }
-            None => (start ^ u32::from(after)).to_string(),
-        }
-    }
+/// The MMA role of the 2-SM form's peer CTA (which only frees its columns), if any.
+fn peer_role(s: &Sched) -> Option<&Role> {
+    let leader = s.cluster.as_ref()?.pair?.leader;
+    s.roles
+        .iter()
+        .find(|r| r.kind == RoleKind::Mma && r.rank.is_some_and(|rank| rank != leader))
 }

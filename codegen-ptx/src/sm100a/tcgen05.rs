@@ -1,4 +1,4 @@
-//! The MMA warp's program: the ring's consumer program issued by one thread as
+//! The MMA warp's program: its iteration program issued by one thread as
 //! `tcgen05.mma.cta_group::1.kind::f16` (ptx-notes §7) into the TMEM accumulator, every stage
 //! released by `tcgen05.commit` to its `empty` barrier (an arrival once the mmas reading it
 //! complete), then the accumulator committed to `acc_full`; the whole warp frees TMEM last.
@@ -12,13 +12,11 @@
 //! TMA wrote them. The first mma of a tile's loop overwrites the accumulator (enable-input-d
 //! false: it starts as zeros), every later one accumulates.
 
-use kiln_ir::OpId;
-use kiln_ir::ring::{Ring, Step};
-use kiln_ir::tmem::{AccBar, TmemPlan, TmemStep};
+use kiln_ir::sched::{MmaPart, Op, Role, Sched};
 
-use super::Around;
+use super::{Around, peer_role};
 use crate::CodegenError;
-use crate::sm90a::Cursor;
+use crate::sm90a::{Cursor, named};
 use crate::types::{Class, Reg};
 use crate::writer::Writer;
 
@@ -28,137 +26,155 @@ impl Writer<'_> {
     /// the reconverged warp runs the rest of the exit (the dealloc is warp-wide).
     pub(super) fn write_mma_warp(
         &mut self,
-        id: OpId,
-        ring: &Ring,
-        plan: &TmemPlan,
+        s: &Sched,
+        mma: &Role,
         around: &Around,
     ) -> Result<(), CodegenError> {
-        let base = self.tmem_address(plan);
+        let id = s.for_op;
+        let base = self.tmem_address(s)?;
         let (other, join) = (self.new_reg(Class::Pred), self.new_label());
         self.ins(format!(
             "setp.ne.u32 {other}, {}, {}",
             self.tid,
-            32 * plan.roles.mma_warp
+            32 * mma.first_warp
         ));
         // The 2-SM form: the peer's MMA warp issues nothing; it only frees its columns.
-        let peer = match &plan.pair {
-            Some(p) => {
+        let peer = match (s.cluster.as_ref().and_then(|c| c.pair), peer_role(s)) {
+            (Some(p), Some(role)) => {
                 let (rank, peer) = (self.cluster_rank(), self.new_reg(Class::Pred));
                 self.ins(format!("setp.ne.u32 {peer}, {rank}, {}", p.leader));
                 self.ins(format!("or.pred {other}, {other}, {peer}"));
-                Some((peer, p.peer_exit.clone()))
+                Some((peer, role))
             }
-            None => None,
+            _ => None,
         };
         self.ins(format!("@{other} bra {join}"));
-        let mut c = self.cursor(&ring.consumer);
-        let (tl, bounds) = self.enter_tile(id, around, &mut c, true)?;
-        let parity = c.tile_parity;
-        for &s in &plan.mma_tile {
-            match s {
-                TmemStep::Mainloop => {
-                    self.write_tcgen05_mainloop(id, ring, plan, &c, base, bounds)?
-                }
-                TmemStep::CommitAcc => {
-                    let bar = self.acc_bar(plan, AccBar::Full);
-                    let mask = plan.pair.as_ref().map(|p| p.commit_mask);
-                    self.commit(bar, mask);
-                }
-                TmemStep::Wait { bar, start } => self.wait_acc(plan, bar, start, parity, false),
-                other => self.tmem_step(id, plan, other, base)?,
-            }
+        let mut c = self.cursor(s, &mma.program.iteration);
+        let (tl, bounds) = self.enter_tile(s, around, &mut c, true)?;
+        let p = &mma.program;
+        for &op in &p.tile {
+            self.mma_op(s, &c, op, base)?;
+        }
+        if !p.iteration.is_empty() {
+            self.write_tcgen05_mainloop(s, mma, &c, base, bounds)?;
+        }
+        for &op in p.drain.iter().chain(&p.release).chain(&p.end) {
+            self.mma_op(s, &c, op, base)?;
         }
         self.leave_tile(tl, &c);
-        let Some((&TmemStep::Wait { bar, start }, rest)) = plan.mma_exit.split_first() else {
+        let Some((&Op::Wait { bar, start, .. }, rest)) = p.exit.split_first() else {
             return Err(self.internal(id, "an MMA warp exit that does not wait for the epilogue"));
         };
-        self.wait_acc(plan, bar, start, parity, true);
+        self.wait(s, &c, bar, start, true)?;
         self.label(&join);
         self.ins("bar.warp.sync -1");
-        // The peer's warp runs its own exit, the leader's the plan's.
+        // The peer's warp runs its own exit, the leader's its role's.
         let peer_exit = match peer {
-            Some((p, steps)) => {
+            Some((p, role)) => {
                 let (own, done) = (self.new_label(), self.new_label());
                 self.ins(format!("@{p} bra {own}"));
-                Some((own, done, steps))
+                Some((own, done, role))
             }
             None => None,
         };
-        for &s in rest {
-            self.tmem_step(id, plan, s, base)?;
+        for &op in rest {
+            self.tmem_op(s, op, base)?;
         }
-        if let Some((own, done, steps)) = peer_exit {
+        if let Some((own, done, role)) = peer_exit {
             self.ins(format!("bra.uni {done}"));
             self.label(&own);
-            for s in steps {
-                self.tmem_step(id, plan, s, base)?;
+            for &op in &role.program.exit {
+                self.tmem_op(s, op, base)?;
             }
             self.label(&done);
         }
         Ok(())
     }
 
-    /// The ring's consumer program over the tile's loop iterations, from one thread; the
+    /// One op of the MMA thread outside its loop: a wait on the epilogue's hand-back, the
+    /// accumulator's commit, a fence.
+    fn mma_op(&mut self, s: &Sched, c: &Cursor, op: Op, base: Reg) -> Result<(), CodegenError> {
+        match op {
+            Op::Wait { bar, start, .. } => self.wait(s, c, bar, start, false),
+            Op::Tcgen05Commit { bar, .. } => {
+                let a = self.bar_addr(s, bar, c.stage, s.for_op)?;
+                self.commit(s, a);
+                Ok(())
+            }
+            other => self.tmem_op(s, other, base),
+        }
+    }
+
+    /// The MMA role's iteration program over the tile's loop iterations, from one thread; the
     /// cursor `c` goes on from tile to tile.
     fn write_tcgen05_mainloop(
         &mut self,
-        id: OpId,
-        ring: &Ring,
-        plan: &TmemPlan,
+        s: &Sched,
+        mma: &Role,
         c: &Cursor,
         acc: Reg,
         [lo, hi, step]: [Reg; 3],
     ) -> Result<(), CodegenError> {
+        let id = s.for_op;
+        let body = s
+            .tmem
+            .as_ref()
+            .and_then(|t| t.mma(MmaPart::Body))
+            .ok_or_else(|| self.internal(id, "a tcgen05 ring without its mma"))?;
         let idesc = self.new_reg(Class::B32);
-        self.ins(format!("mov.u32 {idesc}, 0x{:08X}", plan.idesc));
+        self.ins(format!("mov.u32 {idesc}, 0x{:08X}", body.idesc));
         let iv = self.new_reg(Class::B32);
         self.mov(iv, lo);
         let counted = self.open_counted_loop(iv, hi, step);
         // The tile's first mma overwrites the accumulator; every later one accumulates.
         let accumulate = self.new_reg(Class::Pred);
         self.ins(format!("setp.ne.s32 {accumulate}, {iv}, {lo}"));
-        for s in ring.consumer.clone() {
-            match s {
-                Step::Wait { bar, start } => self.wait(ring, c, bar, start)?,
-                Step::Tcgen05Mma => {
-                    self.issue_tcgen05(id, ring, plan, c, acc, idesc, accumulate)?
-                }
+        for &op in &mma.program.iteration {
+            match op {
+                Op::Wait { bar, start, .. } => self.wait(s, c, bar, start, false)?,
+                Op::Tcgen05Mma {
+                    part: MmaPart::Body,
+                    ..
+                } => self.issue_tcgen05(s, c, acc, idesc, accumulate)?,
                 // The pipeline pass releases the stage just read (lag 0): the commit's arrival
                 // already waits for the mmas reading it.
-                Step::Tcgen05Commit { bar, lag: 0 } => {
-                    let a = self.bar_addr(ring, bar, c.stage);
-                    let mask = ring
-                        .cluster
-                        .as_ref()
-                        .and_then(|c| c.pair)
-                        .map(|p| p.commit_mask);
-                    self.commit(a, mask);
+                Op::Tcgen05Commit { bar, lag: 0 } => {
+                    let a = self.bar_addr(s, bar, c.stage, id)?;
+                    self.commit(s, a);
                 }
                 other => {
-                    return Err(self.internal(id, format!("`{other}` in a tcgen05 ring program")));
+                    return Err(self.internal(
+                        id,
+                        format!("`{}` in a tcgen05 ring program", named(s, other)),
+                    ));
                 }
             }
         }
-        self.advance(c, ring.stages);
+        self.advance(c, s.stages);
         self.close_counted_loop(&counted);
         Ok(())
     }
 
     /// The stage's mmas: K / 16 `tcgen05.mma`s, A and B from their stage's descriptors; the
     /// first accumulates when `accumulate` holds.
-    #[allow(clippy::too_many_arguments)]
     fn issue_tcgen05(
         &mut self,
-        id: OpId,
-        ring: &Ring,
-        plan: &TmemPlan,
+        s: &Sched,
         c: &Cursor,
         acc: Reg,
         idesc: Reg,
         accumulate: Reg,
     ) -> Result<(), CodegenError> {
-        let [a, b] = &ring.loads[..] else {
+        let id = s.for_op;
+        let loads: Vec<_> = s.ring_loads().map(|(_, l)| &l.tma).collect();
+        let ([a, b], Some(mma)) = (
+            &loads[..],
+            s.tmem.as_ref().and_then(|t| t.mma(MmaPart::Body)),
+        ) else {
             return Err(self.internal(id, "a tcgen05 ring without its two loads"));
+        };
+        let (Some(da_t), db_t) = (&mma.a, &mma.b) else {
+            return Err(self.internal(id, "a tcgen05 ring reading A from tensor memory"));
         };
         // The stage's data landed (the `full` wait): order the mmas after it.
         self.ins("tcgen05.fence::after_thread_sync");
@@ -172,18 +188,18 @@ impl Writer<'_> {
             self.ins(format!("add.u32 {base}, {base}, {}", l.offset));
             bases.push(base);
         }
-        for (s, (&sa, &sb)) in plan.a.steps.iter().zip(&plan.b.steps).enumerate() {
+        for (k, (&sa, &sb)) in da_t.steps.iter().zip(&db_t.steps).enumerate() {
             let (at_a, at_b) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
             self.ins(format!("add.u32 {at_a}, {}, {sa}", bases[0]));
             self.ins(format!("add.u32 {at_b}, {}, {sb}", bases[1]));
-            let da = self.descriptor(at_a, plan.a.template);
-            let db = self.descriptor(at_b, plan.b.template);
-            let enable = if s == 0 {
+            let da = self.descriptor(at_a, da_t.template);
+            let db = self.descriptor(at_b, db_t.template);
+            let enable = if k == 0 {
                 accumulate.to_string()
             } else {
                 "1".to_string()
             };
-            let group = self.cta_group();
+            let group = cta_group(s);
             self.ins(format!(
                 "tcgen05.mma.{group}.kind::f16 [{acc}], {da}, {db}, {idesc}, {enable}"
             ));
@@ -192,11 +208,16 @@ impl Writer<'_> {
     }
 
     /// `tcgen05.commit`: one arrival on the mbarrier at `bar` once every earlier tcgen05 op of
-    /// this thread has completed; with `mask` (the 2-SM form), on the barrier at the same
-    /// offset of every CTA in it.
-    fn commit(&mut self, bar: Reg, mask: Option<u16>) {
-        let group = self.cta_group();
-        match mask {
+    /// this thread has completed; in the 2-SM form on the barrier at the same offset of every
+    /// CTA its commit mask names.
+    pub(super) fn commit(&mut self, s: &Sched, bar: Reg) {
+        let group = cta_group(s);
+        match s
+            .cluster
+            .as_ref()
+            .and_then(|c| c.pair)
+            .map(|p| p.commit_mask)
+        {
             Some(m) => {
                 let r = self.new_reg(Class::B16);
                 self.ins(format!("mov.b16 {r}, {m}"));
@@ -209,5 +230,14 @@ impl Writer<'_> {
                 "tcgen05.commit.{group}.mbarrier::arrive::one.shared::cluster.b64 [{bar}]"
             )),
         }
+    }
+}
+
+/// The `.cta_group` of every tcgen05 op of the kernel: `::2` in the 2-SM form, whose
+/// allocation, mmas and commits act for both CTAs of the pair.
+pub(super) fn cta_group(s: &Sched) -> &'static str {
+    match s.cluster.as_ref().and_then(|c| c.pair) {
+        Some(_) => "cta_group::2",
+        None => "cta_group::1",
     }
 }

@@ -1,134 +1,112 @@
 //! Tensor memory: the accumulator's allocation and its address's publication before the
 //! roles split, the accumulator barriers, the epilogue's copy to registers (`tcgen05.ld`,
 //! shape `32x32b`), on which it runs the code after the loop (whole, or chunk by chunk), and
-//! the owner's `tcgen05.dealloc` (ptx-notes §7). Every step comes from the plan's programs
-//! ([`kiln_ir::tmem::TmemStep`]).
+//! the owner's `tcgen05.dealloc` (ptx-notes §7). Every op comes from the role programs of
+//! `kiln_ir::sched`.
 
 use std::ops::Range;
 
 use kiln_ir::OpId;
-use kiln_ir::tmem::{AccBar, TmemPlan, TmemStep};
+use kiln_ir::sched::{BarrierId, Op, Region, Role, RoleKind, Sched};
 
 use super::Around;
+use super::tcgen05::cta_group;
 use crate::CodegenError;
+use crate::sm90a::named;
 use crate::sm90a::persistent::scalar_only;
 use crate::types::{Class, Reg};
 use crate::writer::{Val, Writer};
 
-/// A step of the MMA warp's tensor-memory set-up before the address is published.
-pub(super) enum SetupStep {
-    /// `tcgen05.alloc` of this many columns into the shared slot.
-    Alloc(u32),
-    /// `tcgen05.relinquish_alloc_permit`.
-    Relinquish,
-}
-
 impl Writer<'_> {
-    /// Before the ring's set-up (whose `bar.sync 0` publishes the address): thread 0 inits the
-    /// accumulator barriers (fenced by the ring's `fence.mbarrier_init`), the MMA warp runs
-    /// its steps before [`TmemStep::Publish`] (alloc into the shared slot, relinquish the
-    /// permit), and every thread orders its tcgen05 ops before the barrier.
-    pub(crate) fn write_tmem_setup(&mut self) -> Result<(), CodegenError> {
-        if let Some(plan) = self.k.schedule.attention.clone() {
-            return self.write_attention_setup(&plan);
-        }
-        let Some(plan) = self.k.schedule.tmem.clone() else {
-            return Ok(());
-        };
-        let bars = [AccBar::Full, AccBar::Empty].map(|b| (plan.offset(b), plan.count(b)));
-        let setup = plan.setup.iter().map_while(|s| match *s {
-            TmemStep::Alloc { columns } => Some(Ok(SetupStep::Alloc(columns))),
-            TmemStep::Relinquish => Some(Ok(SetupStep::Relinquish)),
-            TmemStep::Publish => None,
-            other => Some(Err(other.to_string())),
-        });
-        let setup = setup.collect::<Vec<_>>();
-        self.write_tmem_alloc(
-            plan.for_op,
-            &bars,
-            plan.roles.mma_warp,
-            plan.slot_offset,
-            setup,
-        )
-    }
-
-    /// The set-up of a tensor-memory plan before the ring's barrier publishes the address:
-    /// thread 0 inits `bars` (shared offset, count; fenced by the ring's
-    /// `fence.mbarrier_init`), warp `mma_warp` runs `setup` (each step, or the text of one
-    /// that has no place before the address is published) into the slot at `slot_offset`,
-    /// and every thread orders its tcgen05 ops before the barrier.
-    pub(super) fn write_tmem_alloc(
-        &mut self,
-        for_op: OpId,
-        bars: &[(u32, u32)],
-        mma_warp: u32,
-        slot_offset: u32,
-        setup: Vec<Result<SetupStep, String>>,
-    ) -> Result<(), CodegenError> {
-        let (not0, skip) = (self.new_reg(Class::Pred), self.new_label());
-        self.ins(format!("setp.ne.u32 {not0}, {}, 0", self.tid));
-        self.ins(format!("@{not0} bra {skip}"));
-        for &(offset, count) in bars {
-            let a = self.shared_at(offset);
-            self.ins(format!("mbarrier.init.shared::cta.b64 [{a}], {count}"));
-        }
-        self.label(&skip);
-        let (warp, other, skip) = (
-            self.new_reg(Class::B32),
-            self.new_reg(Class::Pred),
-            self.new_label(),
-        );
-        self.ins(format!("shr.u32 {warp}, {}, 5", self.tid));
-        self.ins(format!("setp.ne.u32 {other}, {warp}, {mma_warp}"));
-        self.ins(format!("@{other} bra {skip}"));
-        let slot = self.shared_at(slot_offset);
-        for s in setup {
-            match s {
-                Ok(SetupStep::Alloc(columns)) => {
-                    let group = self.cta_group();
-                    self.ins(format!(
-                        "tcgen05.alloc.{group}.sync.aligned.shared::cta.b32 [{slot}], {columns}"
-                    ))
+    /// The set-up before the roles split ([`Sched::setup`]): thread 0 inits the barriers that
+    /// hand tensor memory between the roles, the MMA warp allocates the columns into the
+    /// shared slot and gives up the permit, every thread orders its tcgen05 ops before the
+    /// set-up barrier; thread 0 inits the load ring's barriers (fenced with the others), the
+    /// barrier publishes the address, and tcgen05 ops are ordered after it.
+    pub(crate) fn write_tmem_setup(&mut self, s: &Sched) -> Result<(), CodegenError> {
+        let ring = crate::sm90a::ring_barriers(s);
+        let (ring_bars, tmem_bars): (Vec<BarrierId>, Vec<BarrierId>) = s
+            .barriers
+            .iter()
+            .filter(|(_, b)| b.as_mbarrier().is_some())
+            .map(|(h, _)| h)
+            .partition(|h| ring.contains(h));
+        let mma_warp = s
+            .role(RoleKind::Mma)
+            .map(|r| r.first_warp)
+            .ok_or_else(|| self.internal(s.for_op, "an sm_100a schedule without its mma role"))?;
+        let slot_offset = s
+            .tmem
+            .as_ref()
+            .map(|t| t.slot_offset)
+            .ok_or_else(|| self.internal(s.for_op, "an sm_100a schedule without TMEM"))?;
+        // The MMA warp's ops, written as one block.
+        let mut alloc: Option<String> = None;
+        for (i, &op) in s.setup.iter().enumerate() {
+            match op {
+                Op::TmemAlloc { .. } | Op::TmemRelinquish => {
+                    if alloc.is_none() {
+                        let (warp, other, skip) = (
+                            self.new_reg(Class::B32),
+                            self.new_reg(Class::Pred),
+                            self.new_label(),
+                        );
+                        self.ins(format!("shr.u32 {warp}, {}, 5", self.tid));
+                        self.ins(format!("setp.ne.u32 {other}, {warp}, {mma_warp}"));
+                        self.ins(format!("@{other} bra {skip}"));
+                        alloc = Some(skip);
+                    }
+                    let group = cta_group(s);
+                    if let Op::TmemAlloc { columns } = op {
+                        let slot = self.shared_at(slot_offset);
+                        self.ins(format!(
+                            "tcgen05.alloc.{group}.sync.aligned.shared::cta.b32 [{slot}], {columns}"
+                        ));
+                    } else {
+                        self.ins(format!(
+                            "tcgen05.relinquish_alloc_permit.{group}.sync.aligned"
+                        ));
+                    }
+                    let next = s.setup.get(i + 1);
+                    if !matches!(next, Some(Op::TmemAlloc { .. } | Op::TmemRelinquish))
+                        && let Some(skip) = alloc.take()
+                    {
+                        self.label(&skip);
+                    }
                 }
-                Ok(SetupStep::Relinquish) => {
-                    let group = self.cta_group();
-                    self.ins(format!(
-                        "tcgen05.relinquish_alloc_permit.{group}.sync.aligned"
-                    ))
+                Op::InitBarriers => self.init_barriers(s, &tmem_bars),
+                Op::Tcgen05FenceBefore => self.ins("tcgen05.fence::before_thread_sync"),
+                Op::FenceBarrierInit => {
+                    self.init_barriers(s, &ring_bars);
+                    self.ins("fence.mbarrier_init.release.cluster");
                 }
-                Err(other) => {
-                    return Err(self.internal(
-                        for_op,
-                        format!("`{other}` before the TMEM address is published"),
-                    ));
+                Op::CtaSync => {
+                    self.ins("bar.sync 0");
+                    self.bind_once(s);
+                }
+                Op::ClusterSync => {
+                    self.cluster_barrier();
+                    self.bind_once(s);
+                }
+                Op::Tcgen05FenceAfter => self.ins("tcgen05.fence::after_thread_sync"),
+                other => {
+                    return Err(
+                        self.internal(s.for_op, format!("`{}` in the set-up", named(s, other)))
+                    );
                 }
             }
         }
-        self.label(&skip);
-        self.ins("tcgen05.fence::before_thread_sync");
         Ok(())
     }
 
-    /// The `.cta_group` of every tcgen05 op of the kernel: `::2` in the 2-SM form, whose
-    /// allocation, mmas and commits act for both CTAs of the pair.
-    pub(super) fn cta_group(&self) -> &'static str {
-        match self.k.schedule.tmem.as_ref().and_then(|p| p.pair.as_ref()) {
-            Some(_) => "cta_group::2",
-            None => "cta_group::1",
-        }
-    }
-
-    /// After the ring's set-up barrier: tcgen05 ops are ordered after it, so every role may
-    /// read the address from the slot.
-    pub(crate) fn write_tmem_publish(&mut self) {
-        if self.k.schedule.tmem.is_some() || self.k.schedule.attention.is_some() {
-            self.ins("tcgen05.fence::after_thread_sync");
-        }
-    }
-
-    /// The accumulator's TMEM address (lane 0, column 0), read from the shared slot.
-    pub(super) fn tmem_address(&mut self, plan: &TmemPlan) -> Reg {
-        self.tmem_base(plan.slot_offset)
+    /// The TMEM base address (lane 0, column 0) the MMA warp published in the shared slot.
+    pub(super) fn tmem_address(&mut self, s: &Sched) -> Result<Reg, CodegenError> {
+        let slot = s
+            .tmem
+            .as_ref()
+            .map(|t| t.slot_offset)
+            .ok_or_else(|| self.internal(s.for_op, "an sm_100a schedule without TMEM"))?;
+        Ok(self.tmem_base(slot))
     }
 
     /// The TMEM base address (lane 0, column 0) the MMA warp published in the shared slot at
@@ -147,46 +125,14 @@ impl Writer<'_> {
         a
     }
 
-    /// Shared address of an accumulator barrier.
-    pub(super) fn acc_bar(&mut self, plan: &TmemPlan, bar: AccBar) -> Reg {
-        self.shared_at(plan.offset(bar))
-    }
-
-    /// A parity wait on an accumulator barrier (see [`Writer::acc_parity`]).
-    pub(super) fn wait_acc(
-        &mut self,
-        plan: &TmemPlan,
-        bar: AccBar,
-        start: u32,
-        parity: Option<Reg>,
-        after: bool,
-    ) {
-        let phase = self.acc_parity(start, parity, after);
-        let a = self.acc_bar(plan, bar);
-        // The 2-SM form: each barrier hears the other CTA (the leader's commit, the peer's
-        // hand-back).
-        let scope = if plan.pair.is_some() {
-            ".acquire.cluster"
-        } else {
-            ""
-        };
-        self.parity_wait_loop(scope, a, phase);
-    }
-
-    /// A step of the MMA warp or the epilogue that is the same for both and needs no phase
+    /// An op of the MMA warp or the epilogue that is the same for both and needs no phase
     /// (`base`: the accumulator's TMEM address).
-    pub(super) fn tmem_step(
-        &mut self,
-        id: OpId,
-        plan: &TmemPlan,
-        s: TmemStep,
-        base: Reg,
-    ) -> Result<(), CodegenError> {
-        match s {
-            TmemStep::Arrive { bar } => {
-                let a = self.acc_bar(plan, bar);
+    pub(super) fn tmem_op(&mut self, s: &Sched, op: Op, base: Reg) -> Result<(), CodegenError> {
+        match op {
+            Op::Arrive { bar, .. } => {
+                let a = self.bar_at(s, bar)?;
                 let lane0 = self.lane0();
-                match &plan.pair {
+                match s.cluster.as_ref().and_then(|c| c.pair) {
                     // The 2-SM form: both CTAs hand TMEM back to the leader's MMA thread.
                     Some(p) => {
                         let remote = self.new_reg(Class::B32);
@@ -202,70 +148,75 @@ impl Writer<'_> {
                     None => self.ins(format!("@{lane0} mbarrier.arrive.shared::cta.b64 _, [{a}]")),
                 }
             }
-            TmemStep::ClusterSync => self.cluster_barrier(),
-            TmemStep::FenceAfter => self.ins("tcgen05.fence::after_thread_sync"),
-            TmemStep::FenceBefore => self.ins("tcgen05.fence::before_thread_sync"),
-            TmemStep::WaitLoad => self.ins("tcgen05.wait::ld.sync.aligned"),
-            TmemStep::Dealloc { columns } => {
-                let group = self.cta_group();
+            Op::ClusterSync => self.cluster_barrier(),
+            Op::Tcgen05FenceAfter => self.ins("tcgen05.fence::after_thread_sync"),
+            Op::Tcgen05FenceBefore => self.ins("tcgen05.fence::before_thread_sync"),
+            Op::TmemWaitLoad => self.ins("tcgen05.wait::ld.sync.aligned"),
+            Op::TmemDealloc { columns } => {
+                let group = cta_group(s);
                 self.ins(format!(
                     "tcgen05.dealloc.{group}.sync.aligned.b32 {base}, {columns}"
                 ))
             }
-            TmemStep::Wait { .. }
-            | TmemStep::Alloc { .. }
-            | TmemStep::Relinquish
-            | TmemStep::Publish
-            | TmemStep::Mainloop
-            | TmemStep::CommitAcc
-            | TmemStep::Load { .. }
-            | TmemStep::Read { .. } => {
-                return Err(self.internal(id, format!("`{s}` outside its role")));
+            other => {
+                return Err(
+                    self.internal(s.for_op, format!("`{}` outside its role", named(s, other)))
+                );
             }
         }
         Ok(())
     }
 
     /// The epilogue warps, per work tile: warp `w` copies TMEM lanes `32 (w % 4) ..` (its
-    /// threads' rows) of its warpgroup's column block (columns `(w / 4) b ..`, `b` the plan's
-    /// [`TmemPlan::block_columns`]) load by load, column `j` of the block into the `j`-th
-    /// register, and at each [`TmemStep::Read`] runs the code after the loop on the columns
-    /// it names ([`Writer::read_chunk`]). A loop that ran no iteration yields its initial
-    /// value instead (no mma wrote the accumulator).
+    /// threads' rows) of its warpgroup's column block (columns `(w / 4) b ..`, `b` the
+    /// accumulator's columns over the warpgroups) load by load, column `j` of the block into
+    /// the `j`-th register, and at each [`Region::Epilogue`] runs the code after the loop on
+    /// the columns it names ([`Writer::read_chunk`]). A loop that ran no iteration yields its
+    /// initial value instead (no mma wrote the accumulator).
     pub(super) fn write_tmem_epilogue(
         &mut self,
-        id: OpId,
-        plan: &TmemPlan,
+        s: &Sched,
+        epilogue: &Role,
         around: &Around,
     ) -> Result<(), CodegenError> {
-        let base = self.tmem_address(plan);
+        let id = s.for_op;
+        let acc = s
+            .tmem
+            .as_ref()
+            .and_then(|t| t.tiles.first())
+            .copied()
+            .ok_or_else(|| self.internal(id, "an sm_100a schedule without its accumulator"))?;
+        let groups = epilogue.warps / 4;
+        let block_columns = acc.columns / groups.max(1);
+        let base = self.tmem_address(s)?;
         let (warp, lanes) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
         // TMEM address = (lane << 16) | column; warp w reaches lanes 32 (w % 4) .. + 31.
         self.ins(format!("shr.u32 {warp}, {}, 5", self.tid));
         self.ins(format!("and.b32 {lanes}, {warp}, 3"));
         self.ins(format!("shl.b32 {lanes}, {lanes}, 21"));
         self.ins(format!("add.u32 {lanes}, {lanes}, {base}"));
-        if plan.epilogue_warpgroups() > 1 {
+        if groups > 1 {
             let group = self.new_reg(Class::B32);
             self.ins(format!("shr.u32 {group}, {warp}, 2"));
             self.ins(format!(
-                "mad.lo.u32 {lanes}, {group}, {}, {lanes}",
-                plan.block_columns()
+                "mad.lo.u32 {lanes}, {group}, {block_columns}, {lanes}"
             ));
         }
-        let mut c = self.cursor(&[]);
-        let (tl, [lo, hi, _]) = self.enter_tile(id, around, &mut c, false)?;
+        let mut c = self.cursor(s, &[]);
+        let (tl, [lo, hi, _]) = self.enter_tile(s, around, &mut c, false)?;
         let mut regs: Vec<Reg> = Vec::new();
         let mut first = true;
-        for &s in &plan.epilogue {
-            match s {
-                TmemStep::Load { column, columns } => {
+        for &op in &epilogue.program.end {
+            match op {
+                Op::TmemLoad {
+                    column, columns, ..
+                } => {
                     if column as usize != regs.len() {
                         return Err(self.internal(id, "TMEM loads out of column order"));
                     }
                     let dst: Vec<Reg> = (0..columns).map(|_| self.new_reg(Class::F32)).collect();
                     let at = self.new_reg(Class::B32);
-                    self.ins(format!("add.u32 {at}, {lanes}, {column}"));
+                    self.ins(format!("add.u32 {at}, {lanes}, {}", acc.column + column));
                     let list: Vec<String> = dst.iter().map(Reg::to_string).collect();
                     self.ins(format!(
                         "tcgen05.ld.sync.aligned.32x32b.x{columns}.b32 {{{}}}, [{at}]",
@@ -273,8 +224,8 @@ impl Writer<'_> {
                     ));
                     regs.extend(dst);
                 }
-                TmemStep::Read { column, columns } => {
-                    if columns < plan.block_columns() {
+                Op::Run(Region::Epilogue(Some((column, columns)))) => {
+                    if columns < block_columns {
                         self.comment(&format!(
                             "the code after the loop on block columns {column}..{}",
                             column + columns
@@ -284,17 +235,27 @@ impl Writer<'_> {
                     self.read_chunk(id, &regs, chunk, [lo, hi], &around.after, first)?;
                     first = false;
                 }
-                TmemStep::Wait { bar, start } => {
-                    self.wait_acc(plan, bar, start, c.tile_parity, false);
+                Op::Wait { bar, start, .. } => {
+                    self.wait(s, &c, bar, start, false)?;
                     // Lanes may leave the wait loop apart; the `.sync.aligned` copies after it
                     // need the whole warp.
                     self.ins("bar.warp.sync -1");
                 }
-                other => self.tmem_step(id, plan, other, base)?,
+                other => self.tmem_op(s, other, base)?,
             }
         }
         self.leave_tile(tl, &c);
-        self.finish_tma_stores()
+        for &op in &epilogue.program.exit {
+            match op {
+                Op::BulkWaitAll => self.finish_tma_stores(s, &s.stores)?,
+                Op::ClusterSync => {
+                    self.comment("no CTA exits while the pair's mmas or copies may still use it");
+                    self.cluster_barrier();
+                }
+                other => self.tmem_op(s, other, base)?,
+            }
+        }
+        Ok(())
     }
 
     /// Runs the code after the loop (`after`) on block columns `columns` of the copied

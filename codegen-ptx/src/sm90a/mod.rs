@@ -1,17 +1,17 @@
-//! sm_90a: the stage rings of the `pipeline` pass as a warp-specialised loop.
+//! sm_90a: the schedule IR's roles (`kiln_ir::sched`) as a warp-specialised loop.
 //!
 //! The block is the kernel's consumer warps (threads `0..32 * consumer_warps`, which run the
-//! kernel's code unchanged) plus one producer warpgroup after them. At a ring's `for`, the
+//! kernel's code unchanged) plus one producer warpgroup after them. At the ring's `for`, the
 //! producer warpgroup gives registers back (`setmaxnreg.dec`), one elected thread runs the
-//! ring's producer program (wait `empty`, `arrive.expect_tx` on `full`, `cp.async.bulk.tensor`
+//! producer's program (wait `empty`, `arrive.expect_tx` on `full`, `cp.async.bulk.tensor`
 //! boxes) over the loop's iteration space and exits; the consumers take the registers
-//! (`setmaxnreg.inc`) and run the consumer program around the loop body, whose `mma`s become
-//! wgmmas ([`wgmma`]) reading the stage. Tiles the ring loads once (attention's `Q`) are
+//! (`setmaxnreg.inc`) and run their program around the loop body, whose `mma`s become
+//! wgmmas ([`wgmma`]) reading the stage. Tiles loaded once per work tile (attention's `Q`) are
 //! issued by the producer before its loop and waited for by the consumers before theirs; the
-//! load op itself, earlier in the kernel, only names the tile's shared address. Every step
-//! comes from [`kiln_ir::ring::Ring`], the data the `protocol_check` pass proved.
+//! load op itself, earlier in the kernel, only names the tile's shared address. Every op
+//! comes from the role programs, the data the `protocol_check` pass proved.
 //!
-//! A clustered ring ([`kiln_ir::cluster`]): the entry requires clusters of 2
+//! A clustered schedule (`kiln_ir::sched::cluster`): the entry requires clusters of 2
 //! (`.reqnctapercluster`), the set-up ends on a cluster barrier instead of `bar.sync`, each
 //! CTA issues its boxes of the shared load with `.multicast::cluster` (the others' are
 //! predicated off by `%cluster_ctarank`), the consumers' peer releases arrive through `mapa`
@@ -24,10 +24,13 @@ mod tma_store;
 mod wgmma;
 
 pub(crate) use rotated::TurnRegs;
+pub(crate) use wgmma::RingBody;
 
+use std::collections::BTreeSet;
 use std::fmt::Display;
 
-use kiln_ir::ring::{Bar, InitStep, Ring, Step, TmaLoad};
+use kiln_ir::sched::tma::TmaLoad;
+use kiln_ir::sched::{BarrierId, BarrierKind, LoadId, Mbarrier, Op, Phase, Role, RoleKind, Sched};
 use kiln_ir::{Kernel, OpId};
 
 use crate::CodegenError;
@@ -42,17 +45,18 @@ const SUSPEND_TIME_HINT_NS: u32 = 10_000_000;
 /// The tensor maps the runtime builds for `k`, one per tensor parameter TMA loads or stores,
 /// in parameter order.
 pub(crate) fn tensor_maps(k: &Kernel) -> Vec<TensorMapSpec> {
-    let mut maps: Vec<TensorMapSpec> = k
-        .schedule
-        .rings
-        .values()
-        .flat_map(|r| r.loads.iter().chain(&r.once))
-        .map(|l| TensorMapSpec {
-            param: l.param,
-            box_dims: l.map_box(),
-            swizzle_bytes: l.swizzle,
+    let Some(s) = &k.schedule.sched else {
+        return Vec::new();
+    };
+    let mut maps: Vec<TensorMapSpec> = s
+        .loads
+        .iter()
+        .map(|(_, l)| TensorMapSpec {
+            param: l.tma.param,
+            box_dims: l.tma.map_box(),
+            swizzle_bytes: l.tma.swizzle,
         })
-        .chain(k.schedule.tma_stores.values().map(|st| TensorMapSpec {
+        .chain(s.stores.iter().map(|st| TensorMapSpec {
             param: st.param,
             box_dims: st.map_box(),
             swizzle_bytes: st.swizzle,
@@ -63,92 +67,164 @@ pub(crate) fn tensor_maps(k: &Kernel) -> Vec<TensorMapSpec> {
     maps
 }
 
-/// Per-role loop state: stage index, one phase bit per waited barrier array, the stage of
+/// The load ring's barriers: those the producer's program names (its stage arrays, the once
+/// tiles' barriers). The others hand tensor memory or registers between roles.
+pub(crate) fn ring_barriers(s: &Sched) -> BTreeSet<BarrierId> {
+    s.role(RoleKind::Producer)
+        .into_iter()
+        .flat_map(|r| r.program.ops())
+        .filter_map(Op::barrier)
+        .collect()
+}
+
+/// Whether `bar` is a stage array of the ring: a per-iteration barrier of the load ring,
+/// whose stage `i % stages` iteration `i` uses.
+pub(crate) fn staged(s: &Sched, bar: BarrierId) -> bool {
+    s.mbarrier(bar).is_some_and(|m| m.phase == Phase::Iteration) && ring_barriers(s).contains(&bar)
+}
+
+/// The mbarrier `bar`, or an internal error at `at`.
+pub(crate) fn mbarrier(
+    w: &Writer<'_>,
+    s: &Sched,
+    bar: BarrierId,
+    at: OpId,
+) -> Result<Mbarrier, CodegenError> {
+    s.mbarrier(bar)
+        .copied()
+        .ok_or_else(|| w.internal(at, format!("`{}` is not an mbarrier", s.barriers[bar])))
+}
+
+/// The role of `kind`, or an internal error at `at`.
+pub(crate) fn role<'s>(
+    w: &Writer<'_>,
+    s: &'s Sched,
+    kind: RoleKind,
+    at: OpId,
+) -> Result<&'s Role, CodegenError> {
+    s.role(kind)
+        .ok_or_else(|| w.internal(at, format!("a schedule without its {kind} role")))
+}
+
+/// Per-role loop state: stage index, one phase bit per waited stage array, the stage of
 /// the previous iteration (for releases with lag 1) and the iterations run in this tile; in a
-/// persistent kernel also the parity of the work tile (the once barriers' phase).
+/// persistent kernel also the parity of the work tile (the per-tile barriers' phase).
 pub(crate) struct Cursor {
     pub(crate) stage: Reg,
     prev: Reg,
-    count: Reg,
-    phases: Vec<(Bar, Reg)>,
+    pub(crate) count: Reg,
+    phases: Vec<(BarrierId, Reg)>,
     pub(crate) tile_parity: Option<Reg>,
 }
 
 impl Writer<'_> {
-    /// Shared address of `bar[stage]` of `ring` (the `once` barrier has no stages).
-    pub(crate) fn bar_addr(&mut self, ring: &Ring, bar: Bar, stage: Reg) -> Reg {
+    /// Shared address of `bar`: its stage `stage` for a stage array of the ring, else the
+    /// barrier itself.
+    pub(crate) fn bar_addr(
+        &mut self,
+        s: &Sched,
+        bar: BarrierId,
+        stage: Reg,
+        at: OpId,
+    ) -> Result<Reg, CodegenError> {
+        let m = mbarrier(self, s, bar, at)?;
         let a = self.new_reg(Class::B32);
-        let off = match bar {
-            Bar::Full => ring.full_offset,
-            Bar::Empty => ring.empty_offset,
-            Bar::TailFull => ring.tail_full_offset,
-            Bar::TailEmpty => ring.tail_empty_offset,
-            Bar::Once | Bar::OnceFree => {
-                let off = if bar == Bar::Once {
-                    ring.once_offset
-                } else {
-                    ring.once_free_offset
-                };
-                self.ins(format!("add.u32 {a}, {}, {off}", self.smem));
-                return a;
-            }
+        if staged(s, bar) {
+            self.ins(format!("mad.lo.u32 {a}, {stage}, 8, {}", self.smem));
+            self.ins(format!("add.u32 {a}, {a}, {}", m.offset));
+        } else {
+            self.ins(format!("add.u32 {a}, {}, {}", self.smem, m.offset));
+        }
+        Ok(a)
+    }
+
+    /// Shared address of `bar`, a barrier that is not a stage array.
+    pub(crate) fn bar_at(&mut self, s: &Sched, bar: BarrierId) -> Result<Reg, CodegenError> {
+        if staged(s, bar) {
+            return Err(self.internal(s.for_op, format!("`{}` without its stage", s.barriers[bar])));
+        }
+        self.bar_addr(s, bar, self.smem, s.for_op)
+    }
+
+    /// One thread inits the mbarriers `bars` with their counts: first every stage array,
+    /// stage by stage, then the single barriers.
+    pub(crate) fn init_barriers(&mut self, s: &Sched, bars: &[BarrierId]) {
+        let (p, skip) = (self.new_reg(Class::Pred), self.new_label());
+        self.ins(format!("setp.ne.u32 {p}, {}, 0", self.tid));
+        self.ins(format!("@{p} bra {skip}"));
+        let arrays: Vec<Mbarrier> = bars
+            .iter()
+            .filter_map(|&b| s.mbarrier(b).copied())
+            .collect();
+        let most = arrays.iter().map(|m| m.stages).max().unwrap_or(0);
+        let staged = (0..most).flat_map(|st| {
+            arrays
+                .iter()
+                .filter(move |m| m.stages > 1 && st < m.stages)
+                .map(move |m| (m.at(st), m.count))
+        });
+        let single = arrays
+            .iter()
+            .filter(|m| m.stages <= 1)
+            .map(|m| (m.offset, m.count));
+        for (off, count) in staged.chain(single).collect::<Vec<_>>() {
+            let a = self.new_reg(Class::B32);
+            self.ins(format!("add.u32 {a}, {}, {off}", self.smem));
+            self.ins(format!("mbarrier.init.shared::cta.b64 [{a}], {count}"));
+        }
+        self.label(&skip);
+    }
+
+    /// The set-up before the roles split ([`Sched::setup`]).
+    pub(crate) fn write_ring_init(&mut self) -> Result<(), CodegenError> {
+        let k: &Kernel = self.k;
+        let Some(s) = &k.schedule.sched else {
+            return Ok(());
         };
-        self.ins(format!("mad.lo.u32 {a}, {stage}, 8, {}", self.smem));
-        self.ins(format!("add.u32 {a}, {a}, {off}"));
-        a
-    }
-
-    /// The set-up of every ring, before the roles split (the ring's `init` steps).
-    pub(crate) fn write_ring_init(&mut self) {
-        let rings: Vec<Ring> = self.k.schedule.rings.values().cloned().collect();
-        let Some(first) = rings.first() else { return };
-        for step in first.init.clone() {
-            match step {
-                InitStep::InitBarriers => {
-                    let (p, skip) = (self.new_reg(Class::Pred), self.new_label());
-                    self.ins(format!("setp.ne.u32 {p}, {}, 0", self.tid));
-                    self.ins(format!("@{p} bra {skip}"));
-                    for ring in &rings {
-                        let mut arrays = vec![
-                            (ring.full_offset, ring.full_count),
-                            (ring.empty_offset, ring.empty_count),
-                        ];
-                        if !ring.tail_loads.is_empty() {
-                            arrays.push((ring.tail_full_offset, ring.full_count));
-                            arrays.push((ring.tail_empty_offset, ring.empty_count));
-                        }
-                        let mut bars: Vec<(u32, u32)> = (0..ring.stages)
-                            .flat_map(|s| arrays.iter().map(move |&(at, n)| (at + 8 * s, n)))
-                            .collect();
-                        if !ring.once.is_empty() {
-                            bars.push((ring.once_offset, 1));
-                            if ring.persistent {
-                                bars.push((ring.once_free_offset, ring.empty_count));
-                            }
-                        }
-                        for (off, count) in bars {
-                            let a = self.new_reg(Class::B32);
-                            self.ins(format!("add.u32 {a}, {}, {off}", self.smem));
-                            self.ins(format!("mbarrier.init.shared::cta.b64 [{a}], {count}"));
-                        }
-                    }
-                    self.label(&skip);
+        if s.tmem.is_some() {
+            return self.write_tmem_setup(s);
+        }
+        for &op in &s.setup {
+            match op {
+                Op::InitBarriers => {
+                    let bars: Vec<BarrierId> = s.barriers.iter().map(|(h, _)| h).collect();
+                    self.init_barriers(s, &bars);
                 }
-                InitStep::FenceMbarrierInit => self.ins("fence.mbarrier_init.release.cluster"),
-                InitStep::BarSync => self.ins("bar.sync 0"),
-                InitStep::ClusterSync => self.cluster_barrier(),
+                Op::FenceBarrierInit => self.ins("fence.mbarrier_init.release.cluster"),
+                Op::CtaSync => {
+                    self.ins("bar.sync 0");
+                    self.bind_once(s);
+                }
+                Op::ClusterSync => {
+                    self.cluster_barrier();
+                    self.bind_once(s);
+                }
+                other => {
+                    return Err(
+                        self.internal(s.for_op, format!("`{}` in the set-up", named(s, other)))
+                    );
+                }
             }
         }
-        // A once load's op only names its tile; the producer issues it at the ring.
-        for l in rings.iter().flat_map(|r| r.once.iter()) {
-            let base = self.new_reg(Class::B32);
-            self.ins(format!("add.u32 {base}, {}, {}", self.smem, l.offset));
-            self.stage_bases.insert(l.load, base);
+        Ok(())
+    }
+
+    /// After the set-up barrier: a once load's op only names its tile (the producer issues
+    /// it at the ring), so the tile's shared address is bound here.
+    pub(crate) fn bind_once(&mut self, s: &Sched) {
+        for (h, l) in s.loads.iter() {
+            // The op names its own tile: that of the CTA's first work tile.
+            if s.once(h) && l.work_tile == 0 {
+                let base = self.new_reg(Class::B32);
+                self.ins(format!("add.u32 {base}, {}, {}", self.smem, l.tma.offset));
+                self.stage_bases.insert(l.tma.load, base);
+            }
         }
     }
 
-    /// A fresh cursor at stage 0 with each waited barrier's phase bit at its start.
-    pub(crate) fn cursor(&mut self, steps: &[Step]) -> Cursor {
+    /// A fresh cursor at stage 0 with a phase bit at its start for each stage array `ops`
+    /// wait on.
+    pub(crate) fn cursor(&mut self, s: &Sched, ops: &[Op]) -> Cursor {
         let c = Cursor {
             stage: self.new_reg(Class::B32),
             prev: self.new_reg(Class::B32),
@@ -160,9 +236,9 @@ impl Writer<'_> {
         self.ins(format!("mov.u32 {}, 0", c.prev));
         self.ins(format!("mov.u32 {}, 0", c.count));
         let mut c = c;
-        for s in steps {
-            if let Step::Wait { bar, start } = *s
-                && matches!(bar, Bar::Full | Bar::Empty | Bar::TailFull | Bar::TailEmpty)
+        for op in ops {
+            if let Op::Wait { bar, start, .. } = *op
+                && staged(s, bar)
             {
                 let r = self.new_reg(Class::B32);
                 self.ins(format!("mov.u32 {r}, {start}"));
@@ -187,39 +263,52 @@ impl Writer<'_> {
         }
     }
 
-    /// A parity wait loop on `bar[stage]`; the once barriers are waited on at parity `start`,
-    /// flipped per work tile in a persistent kernel.
-    pub(crate) fn wait(
-        &mut self,
-        ring: &Ring,
-        c: &Cursor,
-        bar: Bar,
-        start: u32,
-    ) -> Result<(), CodegenError> {
-        let phase = match (bar, c.tile_parity) {
-            (Bar::Once | Bar::OnceFree, None) => start.to_string(),
-            (Bar::Once | Bar::OnceFree, Some(parity)) => {
+    /// The parity of a wait on a per-tile barrier whose tile-0 parity is `start`: flipped
+    /// by the work tile's parity (`parity`, none outside a tile loop) and, after the role's
+    /// tiles (`after`), once more in a kernel that runs a single tile (whose parity register
+    /// does not exist).
+    pub(crate) fn tile_phase(&mut self, start: u32, parity: Option<Reg>, after: bool) -> String {
+        match parity {
+            Some(p) => {
                 let r = self.new_reg(Class::B32);
-                self.ins(format!("xor.b32 {r}, {parity}, {start}"));
+                self.ins(format!("xor.b32 {r}, {p}, {start}"));
                 r.to_string()
             }
-            (Bar::Full | Bar::Empty | Bar::TailFull | Bar::TailEmpty, _) => c
-                .phases
+            None => (start ^ u32::from(after)).to_string(),
+        }
+    }
+
+    /// A parity wait loop on `bar`: a stage array at the cursor's stage and phase bit, a
+    /// per-tile barrier at the tile's phase (`after`: past the role's last tile). A barrier
+    /// that hears other CTAs is acquired at cluster scope.
+    pub(crate) fn wait(
+        &mut self,
+        s: &Sched,
+        c: &Cursor,
+        bar: BarrierId,
+        start: u32,
+        after: bool,
+    ) -> Result<(), CodegenError> {
+        let m = mbarrier(self, s, bar, s.for_op)?;
+        let phase = if staged(s, bar) {
+            c.phases
                 .iter()
                 .find(|(b, _)| *b == bar)
                 .map(|&(_, r)| r.to_string())
-                .ok_or_else(|| self.internal(ring.for_op, "a wait without a phase bit"))?,
-        };
-        let addr = self.bar_addr(ring, bar, c.stage);
-        // A clustered ring's `empty` also counts the peer's consumers: acquire at cluster
-        // scope what their releases published (ptx-notes §2).
-        // The 2-SM form's `full` hears the peer's TMA, its `empty` the leader's commit.
-        let pair = ring.cluster.as_ref().is_some_and(|c| c.pair.is_some());
-        let scope = if ring.cluster.is_some() && (bar == Bar::Empty || pair) {
-            ".acquire.cluster"
+                .ok_or_else(|| self.internal(s.for_op, "a wait without a phase bit"))?
+        } else if m.phase == Phase::Tile {
+            self.tile_phase(start, c.tile_parity, after)
         } else {
-            ""
+            return Err(self.internal(
+                s.for_op,
+                format!("a wait on `{}` outside the ring", s.barriers[bar]),
+            ));
         };
+        let addr = self.bar_addr(s, bar, c.stage, s.for_op)?;
+        // A clustered ring's `empty` also counts the peer's consumers: acquire at cluster
+        // scope what their releases published (ptx-notes §2). The 2-SM form's `full` hears
+        // the peer's TMA, its `empty` the leader's commit.
+        let scope = if m.cluster { ".acquire.cluster" } else { "" };
         self.parity_wait_loop(scope, addr, phase);
         Ok(())
     }
@@ -244,22 +333,31 @@ impl Writer<'_> {
         self.ins(format!("@!{p} bra {top}"));
     }
 
-    /// Writes a ring's `for`: the role split, the producer loop, then the consumer loop with
-    /// the body. See the module doc.
+    /// Writes the ring's `for` in a kernel that is not persistent: the role split, the
+    /// producer loop, then the consumer loop with the body. See the module doc.
     pub(crate) fn write_ring_loop(&mut self, id: OpId) -> Result<(), CodegenError> {
-        let ring = self.k.schedule.rings[&id].clone();
-        if ring.cluster.is_some() {
+        let k: &Kernel = self.k;
+        let s = k
+            .schedule
+            .sched
+            .as_ref()
+            .ok_or_else(|| self.internal(id, "a ring loop without its schedule"))?;
+        if s.cluster.is_some() {
             return Err(self.internal(id, "a clustered ring that is not persistent"));
         }
+        let (consumer, producer) = (
+            role(self, s, RoleKind::Consumer, id)?,
+            role(self, s, RoleKind::Producer, id)?,
+        );
         let bounds = self.loop_bounds(id)?;
-        let consumer_label = self.split_roles(id)?;
-        let c = self.cursor(&ring.producer);
-        self.write_producer(id, &ring, &c, bounds)?;
+        let consumer_label = self.split_roles(consumer, producer)?;
+        let c = self.cursor(s, &producer.program.iteration);
+        self.write_producer(s, producer, &c, bounds)?;
         self.ins("exit");
         self.label(&consumer_label);
-        self.enter_consumers(id)?;
-        let c = self.cursor(&ring.consumer);
-        self.write_consumers(id, &ring, c, bounds).map(drop)
+        self.enter_consumers(s, consumer)?;
+        let c = self.cursor(s, &consumer.program.iteration);
+        self.write_consumers(s, consumer, c, bounds).map(drop)
     }
 
     /// The `for`'s lower bound, upper bound and step.
@@ -274,13 +372,8 @@ impl Writer<'_> {
 
     /// Branches the consumer warps to the returned label; the producer warpgroup falls
     /// through, gives registers back, and all its threads but the elected one exit.
-    fn split_roles(&mut self, id: OpId) -> Result<String, CodegenError> {
-        let roles = self
-            .k
-            .schedule
-            .roles
-            .ok_or_else(|| self.internal(id, "a stage ring without warp roles"))?;
-        let consumers = 32 * roles.consumer_warps;
+    fn split_roles(&mut self, consumer: &Role, producer: &Role) -> Result<String, CodegenError> {
+        let consumers = 32 * consumer.end_warp();
         let (is_consumer, consumer_label) = (self.new_reg(Class::Pred), self.new_label());
         self.ins(format!(
             "setp.lt.u32 {is_consumer}, {}, {consumers}",
@@ -288,41 +381,45 @@ impl Writer<'_> {
         ));
         self.ins(format!("@{is_consumer} bra {consumer_label}"));
         // Producer warpgroup: give registers back; one thread issues every stage's TMA.
-        self.ins(format!(
-            "setmaxnreg.dec.sync.aligned.u32 {}",
-            roles.producer_regs
-        ));
+        if let Some(regs) = producer.regs {
+            self.ins(format!("setmaxnreg.dec.sync.aligned.u32 {regs}"));
+        }
         let idle = self.new_reg(Class::Pred);
-        self.ins(format!("setp.ne.u32 {idle}, {}, {consumers}", self.tid));
+        self.ins(format!(
+            "setp.ne.u32 {idle}, {}, {}",
+            self.tid,
+            32 * producer.first_warp
+        ));
         self.ins(format!("@{idle} exit"));
         Ok(consumer_label)
     }
 
-    /// The producer's side of the ring: its once program, then its loop over the iterations;
-    /// a persistent ring issues the first iteration before the once program (its stage is
-    /// free before the consumers release the previous tile's once tiles).
+    /// The producer's side of the ring: its first `lead` iterations, its per-tile program,
+    /// then its loop over the iterations. A persistent producer issues the first iteration
+    /// before the per-tile program (its stage is free before the consumers release the
+    /// previous tile's once tiles).
     pub(crate) fn write_producer(
         &mut self,
-        id: OpId,
-        ring: &Ring,
+        s: &Sched,
+        producer: &Role,
         c: &Cursor,
         [lo, hi, step]: [Reg; 3],
     ) -> Result<(), CodegenError> {
         let iv = self.new_reg(Class::B32);
         self.mov(iv, lo);
-        if ring.persistent {
+        for _ in 0..producer.program.lead {
             let (none, skip) = (self.new_reg(Class::Pred), self.new_label());
             self.ins(format!("setp.ge.s32 {none}, {iv}, {hi}"));
             self.ins(format!("@{none} bra {skip}"));
-            self.producer_iteration(id, ring, c, iv)?;
+            self.producer_iteration(s, producer, c, iv)?;
             self.ins(format!("add.s32 {iv}, {iv}, {step}"));
             self.label(&skip);
         }
-        for s in ring.producer_once.clone() {
-            self.producer_step(ring, c, s, iv, id)?;
+        for &op in &producer.program.tile {
+            self.producer_op(s, c, op, iv)?;
         }
         let counted = self.open_counted_loop(iv, hi, step);
-        self.producer_iteration(id, ring, c, iv)?;
+        self.producer_iteration(s, producer, c, iv)?;
         self.close_counted_loop(&counted);
         Ok(())
     }
@@ -330,43 +427,39 @@ impl Writer<'_> {
     /// One iteration of the producer's program, then the cursor moves on.
     pub(crate) fn producer_iteration(
         &mut self,
-        id: OpId,
-        ring: &Ring,
+        s: &Sched,
+        producer: &Role,
         c: &Cursor,
         iv: Reg,
     ) -> Result<(), CodegenError> {
-        for s in ring.producer.clone() {
-            self.producer_step(ring, c, s, iv, id)?;
+        for &op in &producer.program.iteration {
+            self.producer_op(s, c, op, iv)?;
         }
-        self.advance(c, ring.stages);
+        self.advance(c, s.stages);
         Ok(())
     }
 
     /// Where the consumers start: they take the registers and learn their warpgroup.
-    fn enter_consumers(&mut self, id: OpId) -> Result<(), CodegenError> {
-        let roles = self
-            .k
-            .schedule
-            .roles
-            .ok_or_else(|| self.internal(id, "a stage ring without warp roles"))?;
-        self.ins(format!(
-            "setmaxnreg.inc.sync.aligned.u32 {}",
-            roles.consumer_regs
-        ));
+    fn enter_consumers(&mut self, s: &Sched, consumer: &Role) -> Result<(), CodegenError> {
+        if let Some(regs) = consumer.regs {
+            self.ins(format!("setmaxnreg.inc.sync.aligned.u32 {regs}"));
+        }
         // The warpgroup index through a lane-0 shuffle: ptxas then knows it is uniform and
         // keeps what derives from it (wgmma descriptors, barrier ids) in uniform registers.
         let (raw, wg) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
         self.ins(format!("shr.u32 {raw}, {}, 7", self.tid));
         self.ins(format!("shfl.sync.idx.b32 {wg}, {raw}, 0, 31, -1"));
         self.warpgroup = Some(wg);
-        // The ping-pong's turn barriers, for the CTA's hand-overs and every tile's loop.
-        let turns = self
-            .k
-            .schedule
-            .rings
-            .get(&id)
-            .and_then(|r| r.overlap.as_ref()?.turns);
-        self.turns = turns.map(|t| self.turn_regs(t, id)).transpose()?;
+        // The named barriers the warpgroups take turns at, for the CTA's hand-overs and
+        // every tile's loop.
+        let turns = consumer.program.ops().find_map(|op| match op {
+            Op::Sync { bar, .. } | Op::Signal { bar, .. } => Some(bar),
+            _ => None,
+        });
+        self.turns = match turns {
+            Some(bar) => Some(self.turn_regs(s, bar)?),
+            None => None,
+        };
         Ok(())
     }
 
@@ -374,49 +467,48 @@ impl Writer<'_> {
     /// the once tiles; hands the cursor back.
     fn write_consumers(
         &mut self,
-        id: OpId,
-        ring: &Ring,
+        s: &Sched,
+        consumer: &Role,
         c: Cursor,
         bounds: [Reg; 3],
     ) -> Result<Cursor, CodegenError> {
-        if ring.overlap.is_some() {
+        if consumer.program.rotated {
             // The rotated loop releases the once tiles itself, after its last head mma.
-            return self.write_rotated_loop(id, ring, c, bounds);
+            return self.write_rotated_loop(s, consumer, c, bounds);
         }
-        let c = self.write_consumer_loop(id, ring, c, bounds)?;
-        self.write_release(id, ring, &c)?;
+        let c = self.write_consumer_loop(s, consumer, c, bounds)?;
+        self.write_release(s, consumer, &c)?;
         Ok(c)
     }
 
-    /// The consumers' release of the once tiles ([`Ring::consumer_release`]).
+    /// The consumers' release of the once tiles ([`kiln_ir::sched::Program::release`]).
     pub(crate) fn write_release(
         &mut self,
-        id: OpId,
-        ring: &Ring,
+        s: &Sched,
+        consumer: &Role,
         c: &Cursor,
     ) -> Result<(), CodegenError> {
         let lane0 = self.lane0();
-        for s in ring.consumer_release.clone() {
-            self.consumer_step(ring, c, s, lane0, id)?;
+        for &op in &consumer.program.release {
+            self.consumer_op(s, c, op, lane0)?;
         }
         Ok(())
     }
 
-    /// One step of the producer's programs (`iv`: the iteration's induction variable).
-    pub(crate) fn producer_step(
+    /// One op of the producer's program (`iv`: the iteration's induction variable).
+    pub(crate) fn producer_op(
         &mut self,
-        ring: &Ring,
+        s: &Sched,
         c: &Cursor,
-        s: Step,
+        op: Op,
         iv: Reg,
-        id: OpId,
     ) -> Result<(), CodegenError> {
-        match s {
-            Step::Wait { bar, start } => self.wait(ring, c, bar, start)?,
-            Step::ArriveExpectTx { bar, bytes } => {
-                let a = self.bar_addr(ring, bar, c.stage);
+        match op {
+            Op::Wait { bar, start, .. } => self.wait(s, c, bar, start, false)?,
+            Op::ExpectTx { bar, bytes } => {
+                let a = self.bar_addr(s, bar, c.stage, s.for_op)?;
                 // The 2-SM form: the leader announces the pair's bytes on its own `full`.
-                let guard = match ring.cluster.as_ref().and_then(|c| c.pair) {
+                let guard = match s.cluster.as_ref().and_then(|c| c.pair) {
                     Some(p) => {
                         let (rank, lead) = (self.cluster_rank(), self.new_reg(Class::Pred));
                         self.ins(format!("setp.eq.u32 {lead}, {rank}, {}", p.leader));
@@ -428,24 +520,12 @@ impl Writer<'_> {
                     "{guard}mbarrier.arrive.expect_tx.shared::cta.b64 _, [{a}], {bytes}"
                 ));
             }
-            Step::Tma { load } => self.issue_tma(ring, load, c, iv, id)?,
-            Step::TmaOnce { load } => self.issue_tma_once(ring, load, c, id)?,
-            Step::Arrive { bar, lag } => self.release(ring, c, bar, lag, None, false),
-            Step::FenceProxyAsync => self.ins("fence.proxy.async.shared::cta"),
-            Step::ArrivePeer { .. }
-            | Step::GenericWrite { .. }
-            | Step::Mma
-            | Step::Commit
-            | Step::WaitGroup(_)
-            | Step::IssueHead
-            | Step::IssueTail
-            | Step::Between
-            | Step::Handoff
-            | Step::TurnWait { .. }
-            | Step::TurnPass { .. }
-            | Step::Tcgen05Mma
-            | Step::Tcgen05Commit { .. } => {
-                return Err(self.internal(id, format!("producer step `{s}`")));
+            Op::Tma { load } if s.once(load) => self.issue_tma_once(s, load, c)?,
+            Op::Tma { load } => self.issue_tma(s, load, c, iv)?,
+            Op::Arrive { bar, lag } => self.release(s, c, bar, lag, None, false)?,
+            Op::FenceProxyAsync => self.ins("fence.proxy.async.shared::cta"),
+            other => {
+                return Err(self.internal(s.for_op, format!("producer op `{}`", named(s, other))));
             }
         }
         Ok(())
@@ -455,53 +535,63 @@ impl Writer<'_> {
     /// cursor back.
     fn write_consumer_loop(
         &mut self,
-        id: OpId,
-        ring: &Ring,
+        s: &Sched,
+        consumer: &Role,
         c: Cursor,
         [lo, hi, step]: [Reg; 3],
     ) -> Result<Cursor, CodegenError> {
+        let id = s.for_op;
         let op = self.k.ops[id].clone();
         let body = op.regions[0].clone();
         let (iv, carried) = self.enter_loop(id, &op, &body, lo)?;
         let lane0 = self.lane0();
-        for s in ring.consumer_once.clone() {
-            self.consumer_step(ring, &c, s, lane0, id)?;
+        for &o in &consumer.program.tile {
+            self.consumer_op(s, &c, o, lane0)?;
         }
         let counted = self.open_counted_loop(iv, hi, step);
-        for s in ring.consumer.clone() {
-            match s {
-                Step::Wait { bar, start } => self.wait(ring, &c, bar, start)?,
-                Step::Mma => {
-                    for l in &ring.loads {
-                        let base = self.new_reg(Class::B32);
-                        self.ins(format!(
-                            "mad.lo.u32 {base}, {}, {}, {}",
-                            c.stage, l.stage_stride, self.smem
-                        ));
-                        self.ins(format!("add.u32 {base}, {base}, {}", l.offset));
-                        self.stage_bases.insert(l.load, base);
-                    }
-                    self.ring = Some(ring.clone());
+        for &o in &consumer.program.iteration {
+            match o {
+                Op::Wgmma(kiln_ir::sched::MmaPart::Body) => {
+                    self.bind_stages(s, c.stage);
+                    self.ring = Some(RingBody::new(self.k, s, true));
                     self.write_block(&body)?;
                     self.ring = None;
                     let yields = self.yielded(&body);
                     self.assign_all(&carried, &yields, id)?;
                 }
-                other => self.consumer_step(ring, &c, other, lane0, id)?,
+                other => self.consumer_op(s, &c, other, lane0)?,
             }
         }
-        self.advance(&c, ring.stages);
+        self.advance(&c, s.stages);
         self.close_counted_loop(&counted);
-        for s in ring.consumer_drain.clone() {
-            self.consumer_step(ring, &c, s, lane0, id)?;
+        for &o in &consumer.program.drain {
+            self.consumer_op(s, &c, o, lane0)?;
         }
-        for l in &ring.loads {
-            self.stage_bases.remove(&l.load);
-        }
+        self.unbind_stages(s);
         for (r, v) in op.results.iter().zip(carried) {
             self.vals.insert(*r, v);
         }
         Ok(c)
+    }
+
+    /// Points every ring load at stage `stage`.
+    pub(crate) fn bind_stages(&mut self, s: &Sched, stage: Reg) {
+        for (_, l) in s.ring_loads() {
+            let base = self.new_reg(Class::B32);
+            self.ins(format!(
+                "mad.lo.u32 {base}, {stage}, {}, {}",
+                l.tma.stage_stride, self.smem
+            ));
+            self.ins(format!("add.u32 {base}, {base}, {}", l.tma.offset));
+            self.stage_bases.insert(l.tma.load, base);
+        }
+    }
+
+    /// Forgets the ring loads' stages after the loop.
+    pub(crate) fn unbind_stages(&mut self, s: &Sched) {
+        for (_, l) in s.ring_loads() {
+            self.stage_bases.remove(&l.tma.load);
+        }
     }
 
     /// A predicate true on lane 0 of each warp (the lane that arrives for its warp).
@@ -512,35 +602,26 @@ impl Writer<'_> {
         lane0
     }
 
-    pub(crate) fn consumer_step(
+    /// One op of the consumers' program outside the body.
+    pub(crate) fn consumer_op(
         &mut self,
-        ring: &Ring,
+        s: &Sched,
         c: &Cursor,
-        s: Step,
+        op: Op,
         lane0: Reg,
-        id: OpId,
     ) -> Result<(), CodegenError> {
-        match s {
-            Step::Commit => self.ins("wgmma.commit_group.sync.aligned"),
-            Step::WaitGroup(n) => self.ins(format!("wgmma.wait_group.sync.aligned {n}")),
-            Step::Arrive { bar, lag } => self.release(ring, c, bar, lag, Some(lane0), false),
-            Step::ArrivePeer { bar, lag } => self.release(ring, c, bar, lag, Some(lane0), true),
-            Step::FenceProxyAsync => self.ins("fence.proxy.async.shared::cta"),
-            Step::Wait { bar, start } => self.wait(ring, c, bar, start)?,
-            Step::ArriveExpectTx { .. }
-            | Step::Tma { .. }
-            | Step::TmaOnce { .. }
-            | Step::GenericWrite { .. }
-            | Step::Mma
-            | Step::IssueHead
-            | Step::IssueTail
-            | Step::Between
-            | Step::Handoff
-            | Step::TurnWait { .. }
-            | Step::TurnPass { .. }
-            | Step::Tcgen05Mma
-            | Step::Tcgen05Commit { .. } => {
-                return Err(self.internal(id, format!("consumer step `{s}` outside the body")));
+        match op {
+            Op::WgmmaCommit => self.ins("wgmma.commit_group.sync.aligned"),
+            Op::WgmmaWait(n) => self.ins(format!("wgmma.wait_group.sync.aligned {n}")),
+            Op::Arrive { bar, lag } => self.release(s, c, bar, lag, Some(lane0), false)?,
+            Op::ArrivePeer { bar, lag } => self.release(s, c, bar, lag, Some(lane0), true)?,
+            Op::FenceProxyAsync => self.ins("fence.proxy.async.shared::cta"),
+            Op::Wait { bar, start, .. } => self.wait(s, c, bar, start, false)?,
+            other => {
+                return Err(self.internal(
+                    s.for_op,
+                    format!("consumer op `{}` outside the body", named(s, other)),
+                ));
             }
         }
         Ok(())
@@ -551,15 +632,15 @@ impl Writer<'_> {
     /// on the same barrier of the other CTA of the cluster, released at cluster scope.
     pub(crate) fn release(
         &mut self,
-        ring: &Ring,
+        s: &Sched,
         c: &Cursor,
-        bar: Bar,
+        bar: BarrierId,
         lag: u32,
         elected: Option<Reg>,
         peer: bool,
-    ) {
+    ) -> Result<(), CodegenError> {
         let stage = if lag == 0 { c.stage } else { c.prev };
-        let a = self.bar_addr(ring, bar, stage);
+        let a = self.bar_addr(s, bar, stage, s.for_op)?;
         let p = self.new_reg(Class::Pred);
         self.ins(format!("setp.ge.u32 {p}, {}, {lag}", c.count));
         if let Some(e) = elected {
@@ -576,6 +657,7 @@ impl Writer<'_> {
         } else {
             self.ins(format!("@{p} mbarrier.arrive.shared::cta.b64 _, [{a}]"));
         }
+        Ok(())
     }
 
     /// This CTA's rank in its cluster (`%cluster_ctarank`).
@@ -595,32 +677,29 @@ impl Writer<'_> {
     /// The TMA boxes of ring load `load` for the iteration whose induction variable is `iv`.
     fn issue_tma(
         &mut self,
-        ring: &Ring,
-        load: usize,
+        s: &Sched,
+        load: LoadId,
         c: &Cursor,
         iv: Reg,
-        id: OpId,
     ) -> Result<(), CodegenError> {
-        let l = ring
-            .loads
-            .get(load)
-            .cloned()
-            .ok_or_else(|| self.internal(id, "a TMA step without its load"))?;
+        let id = s.for_op;
+        let l = s.loads[load].clone();
+        let ring_index = s.ring_loads().position(|(h, _)| h == load);
         let body_iv = self.k.ops[id].regions[0].args[0];
         let mut memo = std::collections::BTreeMap::new();
-        let coords = self.k.ops[l.load]
+        let coords = self.k.ops[l.tma.load]
             .operands
             .clone()
             .into_iter()
-            .map(|v| self.remat(v, body_iv, iv, &mut memo, l.load))
+            .map(|v| self.remat(v, body_iv, iv, &mut memo, l.tma.load))
             .collect::<Result<Vec<_>, _>>()?;
-        let full = self.bar_addr(ring, ring.full_of(load), c.stage);
+        let full = self.bar_addr(s, l.barrier, c.stage, id)?;
         let stage = self.new_reg(Class::B32);
         self.ins(format!(
             "mad.lo.u32 {stage}, {}, {}, {}",
-            c.stage, l.stage_stride, self.smem
+            c.stage, l.tma.stage_stride, self.smem
         ));
-        match &ring.cluster {
+        match &s.cluster {
             Some(cl) if let Some(p) = cl.pair => {
                 // The 2-SM form: the CTA's own tile (of the shared load, its half) completes
                 // on the leader's `full` (`.cta_group::2` may signal the peer CTA's barrier).
@@ -631,7 +710,7 @@ impl Writer<'_> {
                     p.leader
                 ));
                 let mut coords = coords;
-                if cl.shared == load {
+                if ring_index == Some(cl.shared) {
                     let n = coords.len();
                     for (k, &h) in p.half.iter().enumerate() {
                         if h != 0 {
@@ -644,9 +723,9 @@ impl Writer<'_> {
                         }
                     }
                 }
-                self.boxes(&l, &coords, stage, leader_full, &[], ".cta_group::2")
+                self.boxes(&l.tma, &coords, stage, leader_full, &[], ".cta_group::2")
             }
-            Some(cl) if cl.shared == load => {
+            Some(cl) if ring_index == Some(cl.shared) => {
                 // Every CTA runs the same code; each box is issued where the rank is its
                 // issuer's, into the stages of its mask's CTAs.
                 let rank = self.cluster_rank();
@@ -660,33 +739,28 @@ impl Writer<'_> {
                         (p, mask)
                     })
                     .collect::<Vec<_>>();
-                self.boxes(&l, &coords, stage, full, &cast, "")
+                self.boxes(&l.tma, &coords, stage, full, &cast, "")
             }
-            _ => self.tma_boxes(&l, &coords, stage, full),
+            _ => self.tma_boxes(&l.tma, &coords, stage, full),
         }
     }
 
     /// The TMA boxes of once load `load` (its coordinates are computed before the loop).
-    fn issue_tma_once(
+    pub(crate) fn issue_tma_once(
         &mut self,
-        ring: &Ring,
-        load: usize,
+        s: &Sched,
+        load: LoadId,
         c: &Cursor,
-        id: OpId,
     ) -> Result<(), CodegenError> {
-        let l = ring
-            .once
-            .get(load)
-            .cloned()
-            .ok_or_else(|| self.internal(id, "a TMA step without its once load"))?;
-        let coords = self.k.ops[l.load]
+        let l = s.loads[load].clone();
+        let coords = self.k.ops[l.tma.load]
             .operands
             .clone()
             .into_iter()
-            .map(|v| self.scalar(v, l.load))
+            .map(|v| self.scalar(v, l.tma.load))
             .collect::<Result<Vec<_>, _>>()?;
-        let once = self.bar_addr(ring, Bar::Once, c.stage);
-        self.tma_boxes(&l, &coords, self.smem, once)
+        let once = self.bar_addr(s, l.barrier, c.stage, l.tma.load)?;
+        self.tma_boxes(&l.tma, &coords, self.smem, once)
     }
 
     /// `cp.async.bulk.tensor` of every box of `l` into the stage at `stage` (`l.offset` is
@@ -754,5 +828,22 @@ impl Writer<'_> {
             ));
         }
         Ok(())
+    }
+}
+
+/// `op` as the schedule IR prints it, for messages.
+pub(crate) fn named(s: &Sched, op: Op) -> String {
+    kiln_ir::sched::op::Named { op, sched: s }.to_string()
+}
+
+/// The named barrier array `bar`: its first id, its ids and the threads meeting at each.
+pub(crate) fn named_barrier(s: &Sched, bar: BarrierId) -> Option<(u32, u32, u32)> {
+    match s.barriers[bar].kind {
+        BarrierKind::Named {
+            first,
+            ids,
+            threads,
+        } => Some((first, ids, threads)),
+        BarrierKind::Mbarrier(_) => None,
     }
 }

@@ -16,6 +16,7 @@
 //! a cluster barrier after their last tile.
 
 use kiln_ir::sched::tiles::TileScheduler;
+use kiln_ir::sched::{Op, Region, Role, RoleKind, Sched};
 use kiln_ir::{Kernel, OpId, Type};
 
 use super::Cursor;
@@ -36,12 +37,18 @@ impl Writer<'_> {
     /// A persistent kernel's ring loop and the top-level ops before and after it.
     pub(crate) fn persistent_parts(&self) -> Result<(OpId, Vec<OpId>, Vec<OpId>), CodegenError> {
         let body = &self.k.body;
-        let id = *self.k.schedule.rings.keys().next().ok_or_else(|| {
-            CodegenError::Diagnostic(kiln_ir::Diagnostic::internal(
-                Default::default(),
-                "a persistent kernel without its stage ring",
-            ))
-        })?;
+        let id = self
+            .k
+            .schedule
+            .sched
+            .as_ref()
+            .map(|s| s.for_op)
+            .ok_or_else(|| {
+                CodegenError::Diagnostic(kiln_ir::Diagnostic::internal(
+                    Default::default(),
+                    "a persistent kernel without its schedule",
+                ))
+            })?;
         let at = body
             .ops
             .iter()
@@ -53,58 +60,96 @@ impl Writer<'_> {
     /// Writes the body of a persistent kernel (see the module doc).
     pub(crate) fn write_persistent(&mut self, tiles: TileScheduler) -> Result<(), CodegenError> {
         let (id, before, after) = self.persistent_parts()?;
-        let ring = self.k.schedule.rings[&id].clone();
+        let k: &Kernel = self.k;
+        let s = k
+            .schedule
+            .sched
+            .as_ref()
+            .ok_or_else(|| self.internal(id, "a persistent kernel without its schedule"))?;
+        let (consumer, producer) = (
+            super::role(self, s, RoleKind::Consumer, id)?,
+            super::role(self, s, RoleKind::Producer, id)?,
+        );
 
-        let consumer_label = self.split_roles(id)?;
-        let mut c = self.cursor(&ring.producer);
-        let tl = self.open_tile_loop(id, tiles, &mut c)?;
+        let consumer_label = self.split_roles(consumer, producer)?;
+        let mut c = self.cursor(s, &producer.program.iteration);
+        let tl = self.open_tile_loop(s, tiles, &mut c)?;
         for &op in &before {
             if scalar_only(self.k, op) {
                 self.write_op(op)?;
             }
         }
         let bounds = self.loop_bounds(id)?;
-        self.write_producer(id, &ring, &c, bounds)?;
+        self.write_producer(s, producer, &c, bounds)?;
         self.close_tile_loop(&tl, &c);
         self.ins("exit");
 
         self.label(&consumer_label);
-        self.enter_consumers(id)?;
+        self.enter_consumers(s, consumer)?;
         // The turns go round across the tiles: handed over once before the first, taken
         // back once after the last.
-        self.cta_turn_steps(id, &ring.consumer_start)?;
-        let mut c = self.cursor(&ring.consumer);
-        let tl = self.open_tile_loop(id, tiles, &mut c)?;
+        self.cta_turn_ops(s, &consumer.program.start)?;
+        let mut c = self.cursor(s, &consumer.program.iteration);
+        let tl = self.open_tile_loop(s, tiles, &mut c)?;
         for &op in &before {
             self.write_op(op)?;
         }
         let bounds = self.loop_bounds(id)?;
-        let c = self.write_consumers(id, &ring, c, bounds)?;
-        self.write_after_ring(id, &after)?;
+        let c = self.write_consumers(s, consumer, c, bounds)?;
+        for &op in &consumer.program.end {
+            match op {
+                Op::Run(Region::Epilogue(None)) => self.write_after_ring(s, &after)?,
+                other => {
+                    return Err(self.internal(
+                        id,
+                        format!("consumer op `{}` after the loop", super::named(s, other)),
+                    ));
+                }
+            }
+        }
         self.close_tile_loop(&tl, &c);
-        self.cta_turn_steps(id, &ring.consumer_exit)?;
-        self.finish_tma_stores()?;
-        if ring.cluster.as_ref().is_some_and(|c| c.exit_sync) {
-            self.comment("no CTA exits while its peer may still write into it or arrive on it");
-            self.cluster_barrier();
+        self.consumer_exit(s, consumer)
+    }
+
+    /// The consumers' ops after their last tile: the turn hand-overs, every TMA store's last
+    /// wait, the cluster barrier.
+    pub(crate) fn consumer_exit(&mut self, s: &Sched, consumer: &Role) -> Result<(), CodegenError> {
+        for &op in &consumer.program.exit {
+            match op {
+                Op::Sync { .. } | Op::Signal { .. } => self.cta_turn_ops(s, &[op])?,
+                Op::BulkWaitAll => self.finish_tma_stores(s, &s.stores)?,
+                Op::ClusterSync => {
+                    self.comment(
+                        "no CTA exits while its peer may still write into it or arrive on it",
+                    );
+                    self.cluster_barrier();
+                }
+                other => {
+                    return Err(self.internal(
+                        s.for_op,
+                        format!("consumer op `{}` at exit", super::named(s, other)),
+                    ));
+                }
+            }
         }
         Ok(())
     }
 
     /// The consumers' code after ring loop `id` (`after`, the epilogue): whole, or when the
-    /// kernel says so ([`kiln_ir::Schedule::epilogue_columns`]) on each chunk of that many
+    /// kernel says so ([`Sched::epilogue_columns`]) on each chunk of that many
     /// accumulator columns in turn. For a chunk the loop's accumulator is its registers in the
     /// chunk's columns, and every tile whose layout holds the accumulator's columns has only
     /// the chunk's registers ([`Writer::columns`]), so each chunk's bias row, temporaries and
     /// staged store take only its columns. Ops that compute only scalars are written with the
     /// first chunk; the later ones reuse their registers.
-    fn write_after_ring(&mut self, id: OpId, after: &[OpId]) -> Result<(), CodegenError> {
+    fn write_after_ring(&mut self, s: &Sched, after: &[OpId]) -> Result<(), CodegenError> {
+        let id = s.for_op;
         let ops: Vec<OpId> = after
             .iter()
             .copied()
             .filter(|&o| self.k.ops[o].kind != kiln_ir::OpKind::Yield)
             .collect();
-        let Some(columns) = self.k.schedule.epilogue_columns else {
+        let Some(columns) = s.epilogue_columns else {
             return ops.iter().try_for_each(|&op| self.write_op(op));
         };
         let acc = self.k.ops[id]
@@ -162,15 +207,16 @@ impl Writer<'_> {
     /// also flips the once barriers' phase).
     pub(crate) fn open_tile_loop(
         &mut self,
-        id: OpId,
+        s: &Sched,
         tiles: TileScheduler,
         c: &mut Cursor,
     ) -> Result<TileLoop, CodegenError> {
+        let id = s.for_op;
         let [blocks_x, ny, nz] = self
             .grid
             .ok_or_else(|| self.internal(id, "a persistent kernel without its grid"))?;
         let [cta, ctas, wave, total, parity] = [(); 5].map(|_| self.new_reg(Class::B32));
-        let cluster = self.k.schedule.rings[&id].cluster.as_ref().map(|c| c.ctas);
+        let cluster = s.cluster.as_ref().map(|c| c.ctas);
         // A cluster walks the grid of x pairs in the places a CTA would walk the blocks.
         let nx = match cluster {
             Some(n) => {
@@ -260,7 +306,7 @@ impl Writer<'_> {
         self.block = Some([x, y, z]);
         // A rotated loop's release lags count from the tile's start; an unrotated one's run on
         // (its first release frees the previous tile's last stage).
-        if self.k.schedule.rings[&id].overlap.is_some() {
+        if s.roles.iter().any(|r| r.program.rotated) {
             self.ins(format!("mov.u32 {}, 0", c.count));
         }
         Ok(TileLoop {

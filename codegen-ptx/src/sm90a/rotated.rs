@@ -1,10 +1,11 @@
-//! sm_90a: the consumers' side of a ring loop the `overlap` pass rotated (`kiln_ir::ring`).
+//! sm_90a: the consumers' side of a ring loop the `overlap` pass rotated
+//! ([`kiln_ir::sched::Program::rotated`]).
 //!
 //! The loop is written as a prologue (iteration `t = 0`: block 0's head mma and code between),
 //! a steady loop (`t` in `1..trips`: block `t`'s head mma, block `t - 1`'s tail mma, block
 //! `t`'s code between under the tail) and an epilogue (`t = trips`: the last block's tail).
-//! Each section writes the steps of the ring's consumer program that run in it
-//! ([`Step::runs_rotated`]), so the PTX is the program the `protocol_check` pass proved.
+//! Each section writes the ops of the consumers' iteration program that run in it
+//! ([`Op::runs_rotated`]), so the PTX is the program the `protocol_check` pass proved.
 //!
 //! The body's other ops (constants, index arithmetic on the induction variable, the stage
 //! loads) are written again in each part that reads them, bound to that part's iteration and
@@ -15,15 +16,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kiln_ir::ring::{Deferral, Overlap, Ring, Step, Turns, Who};
+use kiln_ir::sched::overlap::{Deferral, Overlap};
+use kiln_ir::sched::{BarrierId, Index, MmaPart, Op, Region, Role, Sched, Who};
 use kiln_ir::{Block, DType, Kernel, OpId, ValueDef, ValueId};
 
-use super::Cursor;
+use super::{Cursor, RingBody, named, named_barrier};
 use crate::CodegenError;
 use crate::types::{Class, Reg};
 use crate::writer::{Val, Writer};
 
-/// Where in the rotated loop a step is written.
+/// Where in the rotated loop an op is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Section {
     Prologue,
@@ -32,14 +34,14 @@ enum Section {
 }
 
 impl Section {
-    /// Whether `step` runs here: the section as an iteration of a two-trip loop.
-    fn runs(self, step: Step) -> bool {
+    /// Whether `op` runs here: the section as an iteration of a two-trip loop.
+    fn runs(self, op: Op) -> bool {
         let t = match self {
             Section::Prologue => 0,
             Section::Steady => 1,
             Section::Epilogue => 2,
         };
-        step.runs_rotated(t, 2)
+        op.runs_rotated(t, 2)
     }
 }
 
@@ -53,9 +55,11 @@ struct Parts {
     handed: Vec<ValueId>,
 }
 
-/// The registers of the warpgroups' turn barriers.
+/// The registers of a named barrier array the consumer warpgroups take turns at.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TurnRegs {
+    /// The array.
+    bar: BarrierId,
     /// This warpgroup's barrier id, and the next warpgroup's.
     own: Reg,
     next: Reg,
@@ -63,20 +67,19 @@ pub(crate) struct TurnRegs {
     leader: Reg,
     /// Whether this is not the last warpgroup of the turn order.
     not_last: Reg,
-    /// Threads of the warpgroups meeting at a turn barrier ([`Turns::MEETING`]).
+    /// Threads meeting at each barrier of the array.
     threads: u32,
 }
 
 /// The state of one rotated loop being written.
-struct Rotation {
-    id: OpId,
-    ring: Ring,
+struct Rotation<'s> {
+    s: &'s Sched,
+    consumer: &'s Role,
     overlap: Overlap,
     body: Block,
     parts: Parts,
     cursor: Cursor,
     lane0: Reg,
-    turns: Option<TurnRegs>,
     /// Induction variables of the head's and the tail's iteration, and the step.
     head_iv: Reg,
     tail_iv: Reg,
@@ -91,100 +94,94 @@ impl Writer<'_> {
     /// the cursor back.
     pub(super) fn write_rotated_loop(
         &mut self,
-        id: OpId,
-        ring: &Ring,
+        s: &Sched,
+        consumer: &Role,
         cursor: Cursor,
         [lo, hi, step]: [Reg; 3],
     ) -> Result<Cursor, CodegenError> {
+        let id = s.for_op;
         let op = self.k.ops[id].clone();
         let body = op.regions[0].clone();
-        let overlap = ring
+        let overlap = s
             .overlap
             .clone()
             .ok_or_else(|| self.internal(id, "a rotated loop without its overlap schedule"))?;
         let parts = parts(self.k, &body, &overlap);
         let (head_iv, carried) = self.enter_loop(id, &op, &body, lo)?;
         let lane0 = self.lane0();
-        let turns = overlap
-            .turns
-            .map(|_| {
-                self.turns
-                    .ok_or_else(|| self.internal(id, "turn barriers the consumers did not set up"))
-            })
-            .transpose()?;
+        if overlap.turns.is_some() && self.turns.is_none() {
+            return Err(self.internal(id, "turn barriers the consumers did not set up"));
+        }
         let tail_iv = self.new_reg(Class::B32);
         let mut r = Rotation {
-            id,
-            ring: ring.clone(),
+            s,
+            consumer,
             overlap,
             body,
             parts,
             cursor,
             lane0,
-            turns,
             head_iv,
             tail_iv,
             step,
             carried,
             handoff: BTreeMap::new(),
         };
-        self.ring = Some(ring.clone());
-        // A CTA that walks no tiles runs its start and exit steps around the one loop.
-        if !ring.persistent {
-            self.cta_turn_steps(id, &ring.consumer_start)?;
+        self.ring = Some(RingBody::new(self.k, s, false));
+        // A CTA that walks no tiles runs its start and exit ops around the one loop.
+        if !s.persistent() {
+            self.cta_turn_ops(s, &consumer.program.start)?;
         }
-        for s in ring.consumer_once.clone() {
-            self.rotated_step(&mut r, s)?;
+        for &o in &consumer.program.tile {
+            self.rotated_op(&mut r, o)?;
         }
         let (empty, skip) = (self.new_reg(Class::Pred), self.new_label());
         self.ins(format!("setp.ge.s32 {empty}, {head_iv}, {hi}"));
         self.ins(format!("@{empty} bra {skip}"));
         self.comment("rotated loop: prologue (block 0's head and code between)");
         self.rotated_section(&mut r, Section::Prologue)?;
-        self.advance(&r.cursor, ring.stages);
+        self.advance(&r.cursor, s.stages);
         self.ins(format!("add.s32 {head_iv}, {head_iv}, {step}"));
         let counted = self.open_counted_loop(head_iv, hi, step);
         self.comment("rotated loop: steady state (block t's head, block t-1's tail)");
         self.rotated_section(&mut r, Section::Steady)?;
-        self.advance(&r.cursor, ring.stages);
+        self.advance(&r.cursor, s.stages);
         self.close_counted_loop(&counted);
         // The last head mma is done: the once tiles are free for the next work tile.
-        self.write_release(id, ring, &r.cursor)?;
+        self.write_release(s, consumer, &r.cursor)?;
         self.comment("rotated loop: epilogue (the last block's tail)");
         self.rotated_section(&mut r, Section::Epilogue)?;
         let done = self.new_label();
         self.ins(format!("bra.uni {done}"));
         self.label(&skip);
-        self.write_release(id, ring, &r.cursor)?;
+        self.write_release(s, consumer, &r.cursor)?;
         self.label(&done);
-        for s in ring.consumer_drain.clone() {
-            self.rotated_step(&mut r, s)?;
+        for &o in &consumer.program.drain {
+            self.rotated_op(&mut r, o)?;
         }
-        if !ring.persistent {
-            self.cta_turn_steps(id, &ring.consumer_exit)?;
+        if !s.persistent() {
+            self.cta_turn_ops(s, &consumer.program.exit)?;
         }
         self.ring = None;
-        for l in &ring.loads {
-            self.stage_bases.remove(&l.load);
-        }
+        self.unbind_stages(s);
         for (res, v) in op.results.iter().zip(r.carried) {
             self.vals.insert(*res, v);
         }
         Ok(r.cursor)
     }
 
-    /// One section: the steps of the consumer program that run in it, then (after the tail)
-    /// the carried accumulator.
+    /// One section: the ops of the consumers' iteration program that run in it, then (after
+    /// the tail) the carried accumulator.
     fn rotated_section(&mut self, r: &mut Rotation, section: Section) -> Result<(), CodegenError> {
         // Whether this section has written a wgmma instruction yet.
         let mut wgmma_written = false;
-        for s in r.ring.consumer.clone() {
-            if !section.runs(s) {
+        for &o in &r.consumer.program.iteration {
+            if !section.runs(o) {
                 continue;
             }
-            match s {
-                Step::IssueHead | Step::IssueTail => wgmma_written = true,
-                Step::Commit => {
+            match o {
+                Op::Wgmma(MmaPart::Head | MmaPart::Tail) => wgmma_written = true,
+                Op::WgmmaCommit => {
                     // The epilogue opens with the absent head's commit, an empty group that
                     // keeps the wait_group counts of every section the same. The CUDA 13.0
                     // JIT fences that commit itself (advisory C7519: the registers were
@@ -196,29 +193,29 @@ impl Writer<'_> {
                 }
                 _ => {}
             }
-            self.rotated_step(r, s)?;
+            self.rotated_op(r, o)?;
         }
         if section != Section::Prologue {
             let i = r.overlap.carried;
             let y = self.yielded(&r.body)[i];
-            self.assign_all(&r.carried[i..=i], &[y], r.id)?;
+            self.assign_all(&r.carried[i..=i], &[y], r.s.for_op)?;
         }
         Ok(())
     }
 
-    fn rotated_step(&mut self, r: &mut Rotation, s: Step) -> Result<(), CodegenError> {
+    fn rotated_op(&mut self, r: &mut Rotation, o: Op) -> Result<(), CodegenError> {
         let iv = r.body.args[0];
-        match s {
-            Step::IssueHead => {
-                self.bind_stages(r, r.cursor.stage);
+        match o {
+            Op::Wgmma(MmaPart::Head) => {
+                self.bind_stages(r.s, r.cursor.stage);
                 self.vals.insert(iv, Val::Scalar(r.head_iv));
                 for o in r.parts.head.clone() {
                     self.write_op(o)?;
                 }
             }
-            Step::IssueTail => {
+            Op::Wgmma(MmaPart::Tail) => {
                 self.ins(format!("sub.s32 {}, {}, {}", r.tail_iv, r.head_iv, r.step));
-                self.bind_stages(r, r.cursor.prev);
+                self.bind_stages(r.s, r.cursor.prev);
                 self.vals.insert(iv, Val::Scalar(r.tail_iv));
                 for (v, h) in &r.handoff {
                     self.vals.insert(*v, h.clone());
@@ -230,7 +227,7 @@ impl Writer<'_> {
                     }
                 }
             }
-            Step::Between => {
+            Op::Run(Region::Between) => {
                 self.vals.insert(iv, Val::Scalar(r.head_iv));
                 for o in r.parts.between.clone() {
                     self.write_op(o)?;
@@ -241,23 +238,20 @@ impl Writer<'_> {
                     }
                 }
             }
-            Step::Handoff => self.hand_off(r)?,
-            Step::TurnWait { who } => self.turn(r.turns.as_ref(), r.id, who, true)?,
-            Step::TurnPass { who } => self.turn(r.turns.as_ref(), r.id, who, false)?,
-            Step::Wait { bar, start } => self.wait(&r.ring, &r.cursor, bar, start)?,
-            Step::Commit
-            | Step::WaitGroup(_)
-            | Step::Arrive { .. }
-            | Step::ArrivePeer { .. }
-            | Step::FenceProxyAsync => self.consumer_step(&r.ring, &r.cursor, s, r.lane0, r.id)?,
-            Step::ArriveExpectTx { .. }
-            | Step::Tma { .. }
-            | Step::TmaOnce { .. }
-            | Step::GenericWrite { .. }
-            | Step::Mma
-            | Step::Tcgen05Mma
-            | Step::Tcgen05Commit { .. } => {
-                return Err(self.internal(r.id, format!("`{s}` in a rotated consumer program")));
+            Op::Run(Region::Handoff) => self.hand_off(r)?,
+            Op::Sync { bar, index, who } => self.named_op(r.s, bar, index, who, true)?,
+            Op::Signal { bar, index, who } => self.named_op(r.s, bar, index, who, false)?,
+            Op::Wait { bar, start, .. } => self.wait(r.s, &r.cursor, bar, start, false)?,
+            Op::WgmmaCommit
+            | Op::WgmmaWait(_)
+            | Op::Arrive { .. }
+            | Op::ArrivePeer { .. }
+            | Op::FenceProxyAsync => self.consumer_op(r.s, &r.cursor, o, r.lane0)?,
+            other => {
+                return Err(self.internal(
+                    r.s.for_op,
+                    format!("`{}` in a rotated consumer program", named(r.s, other)),
+                ));
             }
         }
         Ok(())
@@ -345,26 +339,13 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// Points every ring load at stage `stage`.
-    fn bind_stages(&mut self, r: &Rotation, stage: Reg) {
-        for l in &r.ring.loads {
-            let base = self.new_reg(Class::B32);
-            self.ins(format!(
-                "mad.lo.u32 {base}, {stage}, {}, {}",
-                l.stage_stride, self.smem
-            ));
-            self.ins(format!("add.u32 {base}, {base}, {}", l.offset));
-            self.stage_bases.insert(l.load, base);
-        }
-    }
-
     /// Moves this iteration's handed values into the handoff registers (narrowed tiles packed
     /// two elements per register, as the tail's wgmma reads them) and its carried values but
     /// the accumulator into the carried registers.
     fn hand_off(&mut self, r: &mut Rotation) -> Result<(), CodegenError> {
         for v in r.parts.handed.clone() {
-            let src = match self.val(v, r.id)? {
-                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.tile(v, r.id)?),
+            let src = match self.val(v, r.s.for_op)? {
+                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.tile(v, r.s.for_op)?),
                 other => other,
             };
             let dst = match (r.handoff.get(&v), &src) {
@@ -374,7 +355,7 @@ impl Writer<'_> {
                         .map(|_| self.new_reg(Class::B32))
                         .collect(),
                 ),
-                (None, other) => self.fresh_like(other, r.id)?,
+                (None, other) => self.fresh_like(other, r.s.for_op)?,
             };
             match (&dst, &src) {
                 (Val::Packed(pairs), Val::Narrowed { src, to }) => {
@@ -387,7 +368,7 @@ impl Writer<'_> {
                         self.ins(format!("{cvt} {p}, {}, {}", src[2 * k + 1], src[2 * k]));
                     }
                 }
-                _ => self.assign(&dst, &src, r.id)?,
+                _ => self.assign(&dst, &src, r.s.for_op)?,
             }
             r.handoff.insert(v, dst);
         }
@@ -402,68 +383,86 @@ impl Writer<'_> {
             .filter(|(i, _)| *i != keep)
             .map(|(_, p)| p)
             .unzip();
-        self.assign_all(&dsts, &values, r.id)
+        self.assign_all(&dsts, &values, r.s.for_op)
     }
 
-    /// Writes ring loop `id`'s CTA steps `steps` around its tiles ([`Ring::consumer_start`],
-    /// [`Ring::consumer_exit`]): turn hand-overs.
-    pub(super) fn cta_turn_steps(&mut self, id: OpId, steps: &[Step]) -> Result<(), CodegenError> {
-        let turns = self.turns;
-        for &s in steps {
-            match s {
-                Step::TurnWait { who } => self.turn(turns.as_ref(), id, who, true)?,
-                Step::TurnPass { who } => self.turn(turns.as_ref(), id, who, false)?,
+    /// Writes the consumers' ops once per CTA around their tiles ([`Program::start`],
+    /// [`Program::exit`]): turn hand-overs.
+    ///
+    /// [`Program::start`]: kiln_ir::sched::Program::start
+    /// [`Program::exit`]: kiln_ir::sched::Program::exit
+    pub(super) fn cta_turn_ops(&mut self, s: &Sched, ops: &[Op]) -> Result<(), CodegenError> {
+        for &o in ops {
+            match o {
+                Op::Sync { bar, index, who } => self.named_op(s, bar, index, who, true)?,
+                Op::Signal { bar, index, who } => self.named_op(s, bar, index, who, false)?,
                 other => {
-                    return Err(self.internal(id, format!("`{other}` once per CTA")));
+                    return Err(
+                        self.internal(s.for_op, format!("`{}` once per CTA", named(s, other)))
+                    );
                 }
             }
         }
         Ok(())
     }
 
-    /// The turn barrier registers of this consumer warpgroup.
-    pub(super) fn turn_regs(&mut self, t: Turns, id: OpId) -> Result<TurnRegs, CodegenError> {
+    /// The registers of named barrier array `bar` for this consumer warpgroup (its replica).
+    pub(super) fn turn_regs(
+        &mut self,
+        s: &Sched,
+        bar: BarrierId,
+    ) -> Result<TurnRegs, CodegenError> {
+        let (first, ids, threads) = named_barrier(s, bar)
+            .ok_or_else(|| self.internal(s.for_op, "a turn on an mbarrier"))?;
         let wg = self
             .warpgroup
-            .ok_or_else(|| self.internal(id, "turn barriers outside the consumers"))?;
+            .ok_or_else(|| self.internal(s.for_op, "turn barriers outside the consumers"))?;
         let (own, next, leader) = (
             self.new_reg(Class::B32),
             self.new_reg(Class::B32),
             self.new_reg(Class::Pred),
         );
-        self.ins(format!("add.u32 {own}, {wg}, {}", t.first_barrier));
+        self.ins(format!("add.u32 {own}, {wg}, {first}"));
         self.ins(format!("add.u32 {next}, {wg}, 1"));
-        self.ins(format!("rem.u32 {next}, {next}, {}", t.warpgroups));
-        self.ins(format!("add.u32 {next}, {next}, {}", t.first_barrier));
+        self.ins(format!("rem.u32 {next}, {next}, {ids}"));
+        self.ins(format!("add.u32 {next}, {next}, {first}"));
         self.ins(format!("setp.eq.u32 {leader}, {wg}, 0"));
         // Of two warpgroups the last is the one that is not the leader.
-        let not_last = if t.warpgroups == 2 {
+        let not_last = if ids == 2 {
             leader
         } else {
             let p = self.new_reg(Class::Pred);
-            self.ins(format!("setp.ne.u32 {p}, {wg}, {}", t.warpgroups - 1));
+            self.ins(format!("setp.ne.u32 {p}, {wg}, {}", ids - 1));
             p
         };
         Ok(TurnRegs {
+            bar,
             own,
             next,
             leader,
             not_last,
-            threads: 128 * Turns::MEETING,
+            threads,
         })
     }
 
-    /// `bar.sync` on this warpgroup's turn barrier (`wait`) or `bar.arrive` on the next
-    /// one's, by the warpgroups `who` names.
-    fn turn(
+    /// `bar.sync` (`sync`) or `bar.arrive` on element `index` of named barrier array `bar`,
+    /// by the warpgroups `who` names.
+    fn named_op(
         &mut self,
-        turns: Option<&TurnRegs>,
-        id: OpId,
+        s: &Sched,
+        bar: BarrierId,
+        index: Index,
         who: Who,
-        wait: bool,
+        sync: bool,
     ) -> Result<(), CodegenError> {
-        let t = turns.ok_or_else(|| self.internal(id, "a turn step without turn barriers"))?;
-        let (own, next, threads) = (t.own, t.next, t.threads);
+        let t = self
+            .turns
+            .filter(|t| t.bar == bar)
+            .ok_or_else(|| self.internal(s.for_op, "a turn op without turn barriers"))?;
+        let id = match index {
+            Index::Own => t.own,
+            Index::Next => t.next,
+        };
         let skip = match who {
             Who::All => None,
             Who::Leader => Some(format!("@!{}", t.leader)),
@@ -473,10 +472,11 @@ impl Writer<'_> {
         if let Some(guard) = &skip {
             self.ins(format!("{guard} bra {end}"));
         }
-        if wait {
-            self.ins(format!("bar.sync {own}, {threads}"));
+        let threads = t.threads;
+        if sync {
+            self.ins(format!("bar.sync {id}, {threads}"));
         } else {
-            self.ins(format!("bar.arrive {next}, {threads}"));
+            self.ins(format!("bar.arrive {id}, {threads}"));
         }
         if skip.is_some() {
             self.label(&end);

@@ -1,13 +1,14 @@
-//! sm_90a: an epilogue `store` through a swizzled staging tile and TMA
-//! ([`kiln_ir::tma_store`], which gives the protocol). A register tile laid out as an mma
+//! sm_90a, sm_100a: an epilogue `store` through a swizzled staging tile and TMA
+//! ([`kiln_ir::sched::TmaStore`], whose round program gives the protocol). A register tile laid out as an mma
 //! accumulator goes to the staging tile as 8x8 matrices (`stmatrix`, where
 //! [`matrices_land_in_place`] proves each register lands where its thread would store it);
 //! any other a pair at a time.
 
 use std::collections::BTreeMap;
 
+use kiln_ir::sched::tma::BOX_COLUMNS;
+use kiln_ir::sched::{Op, Sched, TmaStore};
 use kiln_ir::schedule::{Distribution, Term};
-use kiln_ir::tma_store::{StoreStep, TmaStore};
 use kiln_ir::{OpId, OpKind};
 
 use crate::CodegenError;
@@ -16,7 +17,12 @@ use crate::writer::Writer;
 
 impl Writer<'_> {
     /// Writes `store` `id` as the TMA store `st`.
-    pub(crate) fn write_tma_store(&mut self, id: OpId, st: &TmaStore) -> Result<(), CodegenError> {
+    pub(crate) fn write_tma_store(
+        &mut self,
+        s: &Sched,
+        id: OpId,
+        st: &TmaStore,
+    ) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
         let OpKind::Store { .. } = op.kind else {
             return Err(self.internal(id, "not a store"));
@@ -29,7 +35,7 @@ impl Writer<'_> {
             .collect::<Result<Vec<_>, _>>()?;
         let regs = self.tile(v, id)?;
         let d = self.dist(v, id)?;
-        let group = self.store_group(id, st)?;
+        let group = self.store_group(s, id, st)?;
         let (leader, barrier, threads) = (group.leader, group.barrier.clone(), st.threads);
         let map = *self
             .tmaps
@@ -58,7 +64,7 @@ impl Writer<'_> {
         if !box_terms.is_empty() && st.rounds != 1 {
             return Err(self.internal(id, "a TMA store in rounds whose threads start boxes apart"));
         }
-        let box_col_bytes = st.box_bytes() / kiln_ir::tma_store::BOX_COLUMNS;
+        let box_col_bytes = st.box_bytes() / BOX_COLUMNS;
         // A column-chunked epilogue runs at the register limit, where holding the pairs of
         // even two matrices spilled (gemm_alpha_beta at BN = 256): it stores pairs.
         let matrices = match self.columns {
@@ -120,7 +126,7 @@ impl Writer<'_> {
         let (box_bytes, per_round) = (st.box_bytes(), st.boxes_per_round());
         // The whole tile's columns: in an epilogue chunk `d` holds only the chunk's.
         let whole = self.k.distribution(v).map_err(|e| self.internal(id, e))?;
-        let write_at = st.round.iter().position(|&s| s == StoreStep::Write);
+        let write_at = st.round.iter().position(|&o| o == Op::StagingWrite);
         let mut chunks: BTreeMap<u32, Reg> = BTreeMap::new();
         for round in 0..st.rounds {
             let Some((opens, closes)) = round_ends(&whole, &d, round, per_round) else {
@@ -133,7 +139,7 @@ impl Writer<'_> {
                     st.rounds,
                     st.round
                         .iter()
-                        .map(|s| s.to_string())
+                        .map(|&o| round_op_str(s, o))
                         .collect::<Vec<_>>()
                         .join("; ")
                 ));
@@ -151,11 +157,11 @@ impl Writer<'_> {
                 });
             for (_, &step) in steps {
                 match step {
-                    StoreStep::WaitRead => {
+                    Op::BulkWaitRead => {
                         self.ins(format!("@{leader} cp.async.bulk.wait_group.read 0"))
                     }
-                    StoreStep::Sync => self.ins(format!("bar.sync {barrier}, {threads}")),
-                    StoreStep::Write => {
+                    Op::Sync { .. } => self.ins(format!("bar.sync {barrier}, {threads}")),
+                    Op::StagingWrite => {
                         // A pair per 32-bit store, or n pairs as the n 8x8 matrices a warp
                         // stores together, each at its group's first chunk moved by its own.
                         let per_store = chunk_delta.map_or(2, |(n, _)| 2 * n);
@@ -201,8 +207,8 @@ impl Writer<'_> {
                             }
                         }
                     }
-                    StoreStep::Fence => self.ins("fence.proxy.async.shared::cta"),
-                    StoreStep::Issue => {
+                    Op::FenceProxyAsync => self.ins("fence.proxy.async.shared::cta"),
+                    Op::BulkStore => {
                         let skip = self.new_label();
                         self.ins(format!("@!{leader} bra {skip}"));
                         let (first, last) = (round * per_round, (round + 1) * per_round);
@@ -224,30 +230,12 @@ impl Writer<'_> {
                         }
                         self.label(&skip);
                     }
-                    StoreStep::Commit => self.ins(format!("@{leader} cp.async.bulk.commit_group")),
-                    StoreStep::WaitAll => self.ins(format!("@{leader} cp.async.bulk.wait_group 0")),
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Before the consumers exit: the issuing thread waits for every TMA store, whose
-    /// staging tile must outlive the copy.
-    pub(crate) fn finish_tma_stores(&mut self) -> Result<(), CodegenError> {
-        let stores: Vec<TmaStore> = self.k.schedule.tma_stores.values().cloned().collect();
-        for st in stores {
-            let leader = self.store_group(st.store, &st)?.leader;
-            for &step in &st.finish {
-                match step {
-                    StoreStep::WaitAll => self.ins(format!("@{leader} cp.async.bulk.wait_group 0")),
-                    StoreStep::WaitRead => {
-                        self.ins(format!("@{leader} cp.async.bulk.wait_group.read 0"))
-                    }
+                    Op::BulkCommit => self.ins(format!("@{leader} cp.async.bulk.commit_group")),
+                    Op::BulkWaitAll => self.ins(format!("@{leader} cp.async.bulk.wait_group 0")),
                     other => {
                         return Err(self.internal(
-                            st.store,
-                            format!("`{other}` in a TMA store's steps at exit"),
+                            id,
+                            format!("`{}` in a TMA store's round", super::named(s, other)),
                         ));
                     }
                 }
@@ -256,17 +244,38 @@ impl Writer<'_> {
         Ok(())
     }
 
+    /// Before the storing threads exit: the issuing thread of each of `stores` waits for
+    /// every bulk store, whose staging tile must outlive the copy.
+    pub(crate) fn finish_tma_stores(
+        &mut self,
+        s: &Sched,
+        stores: &[TmaStore],
+    ) -> Result<(), CodegenError> {
+        for st in stores {
+            let leader = self.store_group(s, st.store, st)?.leader;
+            self.ins(format!("@{leader} cp.async.bulk.wait_group 0"));
+        }
+        Ok(())
+    }
+
     /// This thread's group of TMA store `st` (of `store` `id`): whether it issues the
     /// group's stores (the group's first thread; `tid == 0` when one group stores the
     /// tile), the group's named barrier, and, when warpgroups store apart, the first row of
     /// its band.
-    fn store_group(&mut self, id: OpId, st: &TmaStore) -> Result<StoreGroup, CodegenError> {
+    fn store_group(
+        &mut self,
+        s: &Sched,
+        id: OpId,
+        st: &TmaStore,
+    ) -> Result<StoreGroup, CodegenError> {
+        let (first, _, _) = super::named_barrier(s, st.barrier)
+            .ok_or_else(|| self.internal(id, "a TMA store at an mbarrier"))?;
         let leader = self.new_reg(Class::Pred);
         if st.groups == 1 {
             self.ins(format!("setp.eq.u32 {leader}, {}, 0", self.tid));
             return Ok(StoreGroup {
                 leader,
-                barrier: st.barrier.to_string(),
+                barrier: first.to_string(),
                 band: None,
             });
         }
@@ -280,13 +289,27 @@ impl Writer<'_> {
         );
         self.ins(format!("rem.u32 {lane}, {}, {}", self.tid, st.threads));
         self.ins(format!("setp.eq.u32 {leader}, {lane}, 0"));
-        self.ins(format!("add.u32 {barrier}, {wg}, {}", st.barrier));
+        self.ins(format!("add.u32 {barrier}, {wg}, {first}"));
         self.ins(format!("mul.lo.u32 {band}, {wg}, {}", st.group_rows()));
         Ok(StoreGroup {
             leader,
             barrier: barrier.to_string(),
             band: Some(band),
         })
+    }
+}
+
+/// A round op as the comment before a round names it.
+fn round_op_str(s: &Sched, op: Op) -> String {
+    match op {
+        Op::BulkWaitRead => "wait_group.read 0".to_string(),
+        Op::Sync { .. } => "bar.sync".to_string(),
+        Op::StagingWrite => "write".to_string(),
+        Op::FenceProxyAsync => "fence.proxy.async".to_string(),
+        Op::BulkStore => "tma store".to_string(),
+        Op::BulkCommit => "commit_group".to_string(),
+        Op::BulkWaitAll => "wait_group 0".to_string(),
+        other => super::named(s, other),
     }
 }
 
@@ -312,7 +335,7 @@ fn round_ends(
 ) -> Option<(bool, bool)> {
     let columns: Vec<u32> = whole
         .offsets(1)
-        .filter(|c| c / kiln_ir::tma_store::BOX_COLUMNS / per_round == round)
+        .filter(|c| c / BOX_COLUMNS / per_round == round)
         .collect();
     let held = |c: u32| d.offsets(1).any(|o| o == c);
     let (&first, &last) = (columns.iter().min()?, columns.iter().max()?);
@@ -339,7 +362,7 @@ fn matrix_deltas(
     }
     let pairs = d.regs.len() / 2;
     let n = [4, 2, 1].into_iter().find(|n| pairs.is_multiple_of(*n))?;
-    let columns = kiln_ir::tma_store::BOX_COLUMNS;
+    let columns = BOX_COLUMNS;
     let mut deltas: Option<[(u32, u32); 4]> = None;
     for group in d.regs.chunks(2 * n) {
         let (r0, c0) = (group[0][0], group[0][1]);
@@ -380,7 +403,7 @@ fn matrices_land_in_place(
     n: usize,
     deltas: &[(u32, u32); 4],
 ) -> bool {
-    let columns = kiln_ir::tma_store::BOX_COLUMNS;
+    let columns = BOX_COLUMNS;
     let (box_bytes, per_round) = (st.box_bytes(), st.boxes_per_round());
     let (box_terms, chunk_terms) = kiln_ir::tma_store::column_terms(&d.terms[1]);
     let swizzled = |row: u32, col: u32| {
@@ -430,21 +453,20 @@ mod tests {
             store: OpId::from_index(0),
             param: 0,
             lead_dims: 0,
-            box_dims: [64, kiln_ir::tma_store::BOX_COLUMNS],
+            box_dims: [64, BOX_COLUMNS],
             swizzle: 128,
             boxes: (0..boxes)
-                .map(|j| kiln_ir::ring::TmaBox {
-                    origin: [0, j * kiln_ir::tma_store::BOX_COLUMNS],
+                .map(|j| kiln_ir::sched::tma::TmaBox {
+                    origin: [0, j * BOX_COLUMNS],
                     smem_offset: j * 64 * 128,
                 })
                 .collect(),
             rounds: 1,
-            round: kiln_ir::tma_store::ROUND.to_vec(),
-            finish: vec![StoreStep::WaitAll],
             offset: 0,
-            barrier: 1,
+            barrier: kiln_ir::sched::BarrierId::from_index(0),
             threads: 128,
             groups: 1,
+            round: Vec::new(),
         }
     }
 

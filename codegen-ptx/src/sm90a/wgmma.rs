@@ -5,7 +5,7 @@
 //! `4 v2 + 2 v1 + v0`), so the registers are passed in layout order.
 //!
 //! A is K-major: box `c` of the stage holds columns `chunk c ..` of every row (`chunk` = 64,
-//! 32 or 16, [`kiln_ir::ring::box_columns`]), rows of `swizzle = 2 chunk` bytes; warpgroup
+//! 32 or 16, [`kiln_ir::sched::tma::box_columns`]), rows of `swizzle = 2 chunk` bytes; warpgroup
 //! `g` starts `64 g` rows in, SBO = 8 rows, and each k16 step moves the start address by 32
 //! bytes inside a box. B stored `[K, N]` is MN-major: one box of `BK` rows x `chunk` columns
 //! per `chunk` columns of N, swizzled by its `span = 2 chunk`-byte rows (128 B for N a
@@ -16,14 +16,37 @@
 //! layout) is packed into the RS form's four bf16-pair registers per k16 step, the same
 //! fragment `mma.sync` takes.
 
-use kiln_ir::OpId;
 use kiln_ir::passes::pipeline::overlaps;
-use kiln_ir::ring::{Operand, TmaLoad};
+use kiln_ir::sched::Sched;
+use kiln_ir::sched::tma::{Operand, TmaLoad};
 use kiln_ir::schedule::Layout;
+use kiln_ir::{Kernel, OpId};
 
 use crate::CodegenError;
 use crate::types::{Class, Reg, half_ty};
 use crate::writer::{Val, Writer};
+
+/// The ring loop's body as its wgmmas read it: the loads whose stages they read, and whether
+/// each is committed and waited for where it is issued.
+#[derive(Clone, Debug)]
+pub(crate) struct RingBody {
+    /// Every TMA load of the schedule (ring and once loads).
+    loads: Vec<TmaLoad>,
+    /// Whether each wgmma is committed and waited for where it is issued: in an unrotated
+    /// body that reads its products (not the GEMM mainloop, [`overlaps`]). A rotated loop's
+    /// program commits and waits itself.
+    inline_wait: bool,
+}
+
+impl RingBody {
+    /// The body of `s`'s ring loop, `unrotated` or not.
+    pub(crate) fn new(k: &Kernel, s: &Sched, unrotated: bool) -> RingBody {
+        RingBody {
+            loads: s.loads.iter().map(|(_, l)| l.tma.clone()).collect(),
+            inline_wait: unrotated && !overlaps(k, s.for_op),
+        }
+    }
+}
 
 /// The descriptor's swizzle field (bits 62-63) for a swizzle span in bytes.
 fn swizzle_bits(span: u32) -> u64 {
@@ -175,7 +198,7 @@ impl Writer<'_> {
         let load = self
             .ring
             .as_ref()
-            .and_then(|r| r.loads.iter().chain(&r.once).find(|l| l.load == buf.load))
+            .and_then(|r| r.loads.iter().find(|l| l.load == buf.load))
             .cloned()
             .ok_or_else(|| self.internal(id, "a wgmma operand outside the ring"))?;
         if transposed != (load.operand == Operand::KMajorB) {
@@ -289,13 +312,7 @@ impl Writer<'_> {
                 (None, None) => return Err(self.internal(id, "a k16 step without A fragments")),
             }
         }
-        // A rotated loop's program commits and waits (the `overlap` pass's steps).
-        let for_op = self
-            .ring
-            .as_ref()
-            .filter(|r| r.overlap.is_none())
-            .map(|r| r.for_op);
-        if for_op.is_some_and(|f| !overlaps(self.k, f)) {
+        if self.ring.as_ref().is_some_and(|r| r.inline_wait) {
             self.ins("wgmma.commit_group.sync.aligned");
             self.ins("wgmma.wait_group.sync.aligned 0");
         }
@@ -320,7 +337,7 @@ impl Writer<'_> {
 mod tests {
     use super::{Geometry, template};
     use kiln_ir::OpId;
-    use kiln_ir::ring::{Operand, TmaLoad};
+    use kiln_ir::sched::tma::{Operand, TmaLoad};
 
     /// The loads the `pipeline` pass plans for a `bm x bk` A and a `bk x bn` B tile, B
     /// stored `[N, K]` when `b_k_major`.

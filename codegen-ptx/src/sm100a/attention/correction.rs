@@ -5,8 +5,8 @@
 //! `kiln_ir::tmem::attention`) or the tile's first iteration has no product yet; then it
 //! hands `O` to the MMA thread.
 
-use kiln_ir::tmem::ACC_ROWS;
-use kiln_ir::tmem::attention::AttnStep;
+use kiln_ir::sched::tmem::ACC_ROWS;
+use kiln_ir::sched::{Op, Role};
 
 use super::Parts;
 use crate::CodegenError;
@@ -15,14 +15,13 @@ use crate::writer::Writer;
 
 impl Writer<'_> {
     /// The correction warpgroup (see the module doc).
-    pub(super) fn write_correction(&mut self, p: &Parts) -> Result<(), CodegenError> {
-        let plan = &p.plan;
-        let (_, lanes) = self.attention_tmem(plan);
+    pub(super) fn write_correction(&mut self, p: &Parts, role: &Role) -> Result<(), CodegenError> {
+        let (_, lanes) = self.attention_tmem(p);
         let row = self.new_reg(Class::B32);
         self.ins(format!("and.b32 {row}, {}, {}", self.tid, ACC_ROWS - 1));
         let it = self.new_reg(Class::B32);
         self.ins(format!("mov.u32 {it}, 0"));
-        let mut c = self.cursor(&[]);
+        let mut c = self.cursor(p.s, &[]);
         let pair = self.open_pair(p, &mut c)?;
         let [lo, hi, step] = self.pair_bounds(p, &pair)?;
         let iv = self.new_reg(Class::B32);
@@ -32,29 +31,26 @@ impl Writer<'_> {
         self.ins(format!("setp.eq.s32 {first}, {iv}, {lo}"));
         let (mut factor, mut o_at, mut regs) = (None, None, Vec::<Reg>::new());
         let (mut skip, mut copy_at) = (None, None);
-        for &s in &plan.correction_iteration {
-            match s {
-                AttnStep::Wait { lag, .. } => {
+        for &op in &role.program.iteration {
+            match op {
+                Op::Wait { lag, .. } => {
                     // The previous iteration's phase: none in the tile's first.
                     let after = (lag > 0).then(|| self.new_label());
                     if let Some(l) = &after {
                         self.ins(format!("@{first} bra.uni {l}"));
                     }
-                    self.attn_wait(plan, s, it, &c, true)?;
+                    self.attn_wait(p, op, it, &c, true)?;
                     if let Some(l) = after {
                         self.label(&l);
                     }
                 }
-                AttnStep::LoadScale { tile } => {
+                Op::FactorLoad { tile } => {
                     let (a, f) = (self.new_reg(Class::B32), self.new_reg(Class::F32));
                     self.ins(format!("mad.lo.u32 {a}, {row}, 4, {}", self.smem));
-                    self.ins(format!(
-                        "ld.shared.f32 {f}, [{a}+{}]",
-                        plan.scale_slot(tile)
-                    ));
+                    self.ins(format!("ld.shared.f32 {f}, [{a}+{}]", p.factors(tile)));
                     factor = Some(f);
                 }
-                AttnStep::BeginRescale { tile } => {
+                Op::RescaleBegin { tile } => {
                     let f = factor
                         .ok_or_else(|| self.internal(p.id, "a rescale before its factors"))?;
                     let (unit, all, none) = (
@@ -68,14 +64,14 @@ impl Writer<'_> {
                     let l = self.new_label();
                     self.ins(format!("@{none} bra.uni {l}"));
                     skip = Some(l);
+                    let o = p
+                        .column("O", tile)
+                        .ok_or_else(|| self.internal(p.id, "a rescale of no O tile"))?;
                     let at = self.new_reg(Class::B32);
-                    self.ins(format!(
-                        "add.u32 {at}, {lanes}, {}",
-                        plan.tiles[tile as usize].o
-                    ));
+                    self.ins(format!("add.u32 {at}, {lanes}, {o}"));
                     o_at = Some(at);
                 }
-                AttnStep::LoadO {
+                Op::TmemLoad {
                     column, columns, ..
                 } => {
                     let at = o_at.ok_or_else(|| self.internal(p.id, "a copy outside a rescale"))?;
@@ -84,26 +80,26 @@ impl Writer<'_> {
                     regs = self.tmem_load(a, columns);
                     copy_at = Some(a);
                 }
-                AttnStep::ScaleO { .. } => {
+                Op::Rescale { .. } => {
                     let f = factor
                         .ok_or_else(|| self.internal(p.id, "a rescale before its factors"))?;
                     for r in &regs {
                         self.ins(format!("mul.f32 {r}, {r}, {f}"));
                     }
                 }
-                AttnStep::StoreO { .. } => {
+                Op::TmemStore { .. } => {
                     let a = copy_at
                         .take()
                         .ok_or_else(|| self.internal(p.id, "a store before its copy"))?;
                     self.tmem_store(a, &regs);
                 }
-                AttnStep::EndRescale => {
+                Op::RescaleEnd => {
                     let l = skip
                         .take()
                         .ok_or_else(|| self.internal(p.id, "a rescale closed twice"))?;
                     self.label(&l);
                 }
-                other => self.attn_common(plan, other)?,
+                other => self.attn_common(p, other)?,
             }
         }
         self.ins(format!("add.u32 {it}, {it}, 1"));

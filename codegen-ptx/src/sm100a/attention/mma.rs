@@ -1,4 +1,4 @@
-//! The attention schedule's MMA warp: its lane 0 runs the plan's MMA programs over the CTA's
+//! The attention schedule's MMA warp: its lane 0 runs its role's program over the CTA's
 //! pairs of tiles, issuing `S_g = Q_g K^T` from shared-memory descriptors and `O_g += P_g V`
 //! with A (`P_g`) read from TMEM, each committed to its barrier; the reconverged warp frees
 //! TMEM after the last tile.
@@ -8,7 +8,8 @@
 //! next iteration, written over the `P_g` the previous `O_g += P_g V` reads, is issued after
 //! it and needs no wait of its own. (Not checked on hardware: no Blackwell here.)
 
-use kiln_ir::tmem::attention::AttnStep;
+use kiln_ir::sched::tmem::TmemMma;
+use kiln_ir::sched::{MmaPart, Op, Role};
 
 use super::Parts;
 use crate::CodegenError;
@@ -16,7 +17,7 @@ use crate::sm90a::Cursor;
 use crate::types::{Class, Reg};
 use crate::writer::Writer;
 
-/// Registers the MMA thread's steps read.
+/// Registers the MMA thread's ops read.
 struct MmaRegs {
     base: Reg,
     s_idesc: Reg,
@@ -28,19 +29,23 @@ struct MmaRegs {
 
 impl Writer<'_> {
     /// The MMA warp (see the module doc).
-    pub(super) fn write_attention_mma(&mut self, p: &Parts) -> Result<(), CodegenError> {
-        let plan = &p.plan;
-        let (base, _) = self.attention_tmem(plan);
+    pub(super) fn write_attention_mma(
+        &mut self,
+        p: &Parts,
+        mma: &Role,
+    ) -> Result<(), CodegenError> {
+        let (head, tail) = (self.part(p, MmaPart::Head)?, self.part(p, MmaPart::Tail)?);
+        let (base, _) = self.attention_tmem(p);
         let (other, join) = (self.new_reg(Class::Pred), self.new_label());
         self.ins(format!(
             "setp.ne.u32 {other}, {}, {}",
             self.tid,
-            32 * plan.roles.mma_warp
+            32 * mma.first_warp
         ));
         self.ins(format!("@{other} bra {join}"));
         let [s_idesc, o_idesc, it] = [(); 3].map(|_| self.new_reg(Class::B32));
-        self.ins(format!("mov.u32 {s_idesc}, 0x{:08X}", plan.s_idesc));
-        self.ins(format!("mov.u32 {o_idesc}, 0x{:08X}", plan.o_idesc));
+        self.ins(format!("mov.u32 {s_idesc}, 0x{:08X}", head.idesc));
+        self.ins(format!("mov.u32 {o_idesc}, 0x{:08X}", tail.idesc));
         self.ins(format!("mov.u32 {it}, 0"));
         let r = MmaRegs {
             base,
@@ -49,90 +54,95 @@ impl Writer<'_> {
             it,
             accumulate: self.new_reg(Class::Pred),
         };
-        let mut c = self.cursor(&p.ring.consumer);
+        let prog = &mma.program;
+        let mut c = self.cursor(p.s, &prog.iteration);
         let pair = self.open_pair(p, &mut c)?;
         let [lo, hi, step] = self.pair_bounds(p, &pair)?;
-        for &s in &plan.mma_tile {
-            self.mma_step(p, &c, &r, s)?;
+        for &op in &prog.tile {
+            self.mma_step(p, &c, &r, op)?;
         }
         let iv = self.new_reg(Class::B32);
         self.mov(iv, lo);
         let counted = self.open_counted_loop(iv, hi, step);
         self.ins(format!("setp.ne.s32 {}, {iv}, {lo}", r.accumulate));
-        for &s in &plan.mma_iteration {
-            self.mma_step(p, &c, &r, s)?;
+        for &op in &prog.iteration {
+            self.mma_step(p, &c, &r, op)?;
         }
-        self.advance(&c, p.ring.stages);
+        self.advance(&c, p.s.stages);
         self.ins(format!("add.u32 {it}, {it}, 1"));
         self.close_counted_loop(&counted);
-        for &s in &plan.mma_tile_end {
-            self.mma_step(p, &c, &r, s)?;
+        for &op in prog.drain.iter().chain(&prog.release).chain(&prog.end) {
+            self.mma_step(p, &c, &r, op)?;
         }
         self.close_pair(&pair, &c);
         // The exit's waits by the thread that ran the tiles, the rest by the whole warp.
-        let waits = plan
-            .mma_exit
+        let waits = prog
+            .exit
             .iter()
-            .take_while(|s| matches!(s, AttnStep::Wait { .. }))
+            .take_while(|op| matches!(op, Op::Wait { .. }))
             .count();
-        for &s in &plan.mma_exit[..waits] {
-            self.attn_wait(plan, s, r.it, &c, false)?;
+        for &op in &prog.exit[..waits] {
+            self.attn_wait(p, op, r.it, &c, false)?;
         }
         self.label(&join);
         self.ins("bar.warp.sync -1");
-        for &s in &plan.mma_exit[waits..] {
-            match s {
-                AttnStep::Dealloc { columns } => self.ins(format!(
+        for &op in &prog.exit[waits..] {
+            match op {
+                Op::TmemDealloc { columns } => self.ins(format!(
                     "tcgen05.dealloc.cta_group::1.sync.aligned.b32 {}, {columns}",
                     r.base
                 )),
-                other => self.attn_common(plan, other)?,
+                other => self.attn_common(p, other)?,
             }
         }
         Ok(())
     }
 
-    /// One step of the MMA thread's per-tile or per-iteration program.
-    fn mma_step(
-        &mut self,
-        p: &Parts,
-        c: &Cursor,
-        r: &MmaRegs,
-        s: AttnStep,
-    ) -> Result<(), CodegenError> {
-        let plan = &p.plan;
-        match s {
-            AttnStep::RingWait { bar, start } => self.wait(&p.ring, c, bar, start)?,
-            AttnStep::RingCommit { bar } => {
-                let a = self.bar_addr(&p.ring, bar, c.stage);
+    /// The operands of mma `part`.
+    fn part<'s>(&self, p: &Parts<'s>, part: MmaPart) -> Result<&'s TmemMma, CodegenError> {
+        p.tmem.mma(part).ok_or_else(|| {
+            self.internal(
+                p.id,
+                format!("an attention schedule without its {part:?} mma"),
+            )
+        })
+    }
+
+    /// One op of the MMA thread's per-tile or per-iteration program.
+    fn mma_step(&mut self, p: &Parts, c: &Cursor, r: &MmaRegs, op: Op) -> Result<(), CodegenError> {
+        let s = p.s;
+        match op {
+            Op::Wait { .. } => self.attn_wait(p, op, r.it, c, false)?,
+            Op::Tcgen05Commit { bar, .. } => {
+                let a = self.bar_addr(s, bar, c.stage, p.id)?;
                 self.tcgen05_commit(a);
             }
-            AttnStep::Wait { .. } => self.attn_wait(plan, s, r.it, c, false)?,
-            AttnStep::Commit { bar } => {
-                let a = self.attn_bar(plan, bar);
-                self.tcgen05_commit(a);
-            }
-            AttnStep::MmaS { tile } => {
-                let q = if tile == 0 {
-                    p.ring.once[0].offset
-                } else {
-                    plan.q1_offset
+            Op::Tcgen05Mma {
+                part: MmaPart::Head,
+                tile,
+            } => {
+                let mma = self.part(p, MmaPart::Head)?;
+                let q = s
+                    .loads
+                    .iter()
+                    .find(|(h, l)| s.once(*h) && l.work_tile == tile)
+                    .map(|(_, l)| l.tma.offset);
+                let (Some(q), Some(qd), Some((_, k)), Some(col)) =
+                    (q, &mma.a, s.ring_loads().next(), p.column("S", tile))
+                else {
+                    return Err(self.internal(p.id, "an S mma without its operands"));
                 };
-                let k = &p.ring.loads[0];
                 let qa = self.new_reg(Class::B32);
                 self.ins(format!("add.u32 {qa}, {}, {q}", self.smem));
-                let ka = self.stage_address(c.stage, k.stage_stride, k.offset);
+                let ka = self.stage_address(c.stage, k.tma.stage_stride, k.tma.offset);
                 let d = self.new_reg(Class::B32);
-                self.ins(format!(
-                    "add.u32 {d}, {}, {}",
-                    r.base, plan.tiles[tile as usize].s
-                ));
-                for (step, (&sq, &sk)) in plan.q.steps.iter().zip(&plan.k.steps).enumerate() {
+                self.ins(format!("add.u32 {d}, {}, {col}", r.base));
+                for (step, (&sq, &sk)) in qd.steps.iter().zip(&mma.b.steps).enumerate() {
                     let (a, b) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
                     self.ins(format!("add.u32 {a}, {qa}, {sq}"));
                     self.ins(format!("add.u32 {b}, {ka}, {sk}"));
-                    let da = self.descriptor(a, plan.q.template);
-                    let db = self.descriptor(b, plan.k.template);
+                    let da = self.descriptor(a, qd.template);
+                    let db = self.descriptor(b, mma.b.template);
                     let enable = if step == 0 { "0" } else { "1" };
                     self.ins(format!(
                         "tcgen05.mma.cta_group::1.kind::f16 [{d}], {da}, {db}, {}, {enable}",
@@ -140,23 +150,28 @@ impl Writer<'_> {
                     ));
                 }
             }
-            AttnStep::MmaO { tile } => {
-                let cols = plan.tiles[tile as usize];
-                let v = &p.ring.loads[1];
-                let va = self.stage_address(c.stage, v.stage_stride, v.offset);
+            Op::Tcgen05Mma {
+                part: MmaPart::Tail,
+                tile,
+            } => {
+                let mma = self.part(p, MmaPart::Tail)?;
+                let (Some((_, v)), Some(o), Some(sc)) = (
+                    s.ring_loads().nth(1),
+                    p.column("O", tile),
+                    p.column("S", tile),
+                ) else {
+                    return Err(self.internal(p.id, "an O mma without its operands"));
+                };
+                let va = self.stage_address(c.stage, v.tma.stage_stride, v.tma.offset);
                 let d = self.new_reg(Class::B32);
-                self.ins(format!("add.u32 {d}, {}, {}", r.base, cols.o));
-                for (step, &sv) in plan.v.steps.iter().enumerate() {
+                self.ins(format!("add.u32 {d}, {}, {o}", r.base));
+                for (step, &sv) in mma.b.steps.iter().enumerate() {
                     // P's k16 step `step`: 16 bf16 of a row, two a 32-bit column (the lower
                     // key in the low half; see the softmax's store).
                     let (a, b) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-                    self.ins(format!(
-                        "add.u32 {a}, {}, {}",
-                        r.base,
-                        cols.s + 8 * step as u32
-                    ));
+                    self.ins(format!("add.u32 {a}, {}, {}", r.base, sc + 8 * step as u32));
                     self.ins(format!("add.u32 {b}, {va}, {sv}"));
-                    let db = self.descriptor(b, plan.v.template);
+                    let db = self.descriptor(b, mma.b.template);
                     let enable = if step == 0 {
                         r.accumulate.to_string()
                     } else {
@@ -168,7 +183,7 @@ impl Writer<'_> {
                     ));
                 }
             }
-            other => self.attn_common(plan, other)?,
+            other => self.attn_common(p, other)?,
         }
         Ok(())
     }

@@ -1,5 +1,5 @@
-//! sm_100a attention: the FlashAttention-4-style schedule of [`kiln_ir::tmem::attention`],
-//! every role following its plan's programs step by step.
+//! sm_100a attention: the FlashAttention-4-style schedule of [`kiln_ir::tmem::attention`] as
+//! the schedule IR gives it, every role following its program op by op.
 //!
 //! Before the roles split, thread 0 inits the schedule's barriers and the MMA warp allocates
 //! TMEM (under the ring's set-up barrier, which publishes the address). Then the warpgroups
@@ -13,33 +13,53 @@
 //! `P = 0`, factors 1: the tile's result is its own loop's).
 //!
 //! Every role counts its loop iterations across tiles (`it`): phase `it` of a per-iteration
-//! barrier is waited with parity `start ^ (it & 1)`, the previous iteration's with the bit
-//! flipped; a per-tile barrier uses the tile walk's parity.
+//! barrier of one stage is waited with parity `start ^ (it & 1)`, the previous iteration's
+//! with the bit flipped; a per-tile barrier uses the tile walk's parity.
 
 mod correction;
 mod mma;
 mod softmax;
 
 use kiln_ir::OpId;
-use kiln_ir::ring::Ring;
 use kiln_ir::sched::tiles::TileScheduler;
-use kiln_ir::tmem::attention::{AttentionPlan, AttnBar, AttnStep, WARPGROUP_WARPS};
+use kiln_ir::sched::tmem::{ACC_ROWS, Tmem, TmemTileId};
+use kiln_ir::sched::{Op, Phase, Role, RoleKind, Sched};
 
-use super::tmem::SetupStep;
 use crate::CodegenError;
-use crate::sm90a::Cursor;
 use crate::sm90a::persistent::{TileLoop, scalar_only};
+use crate::sm90a::{Cursor, named};
 use crate::types::{Class, Reg};
 use crate::writer::Writer;
 
-/// The parts of the kernel every role shares: the ring loop, the ops before and after it.
-pub(super) struct Parts {
+/// The parts of the kernel every role shares: the schedule, the ops before and after the
+/// ring loop.
+pub(super) struct Parts<'s> {
     pub(super) id: OpId,
-    pub(super) ring: Ring,
-    pub(super) plan: AttentionPlan,
+    pub(super) s: &'s Sched,
+    pub(super) tmem: &'s Tmem,
     pub(super) tiles: TileScheduler,
     pub(super) before: Vec<OpId>,
     pub(super) after: Vec<OpId>,
+}
+
+impl Parts<'_> {
+    /// The TMEM column of tile `name` (`S`, `O`) of Q tile `g`.
+    pub(super) fn column(&self, name: &str, g: u32) -> Option<u32> {
+        self.tmem
+            .tile(name, Some(g))
+            .map(|TmemTileId(t)| self.tmem.tiles[t].column)
+    }
+
+    /// Shared byte offset of Q tile `g`'s rescale factors (one f32 per row).
+    pub(super) fn factors(&self, g: u32) -> u32 {
+        self.s.factors_offset.unwrap_or(0) + ACC_ROWS * 4 * g
+    }
+
+    /// Whether column `c` of the score tile takes the polynomial exponential.
+    pub(super) fn poly_column(&self, c: u32) -> bool {
+        let (num, den) = self.s.poly_share;
+        den > 0 && c % den < num
+    }
 }
 
 /// A role's walk over the CTA's pairs of work tiles.
@@ -52,69 +72,84 @@ pub(super) struct Pair {
 }
 
 impl Writer<'_> {
-    /// Writes the body of a persistent kernel with an attention plan.
+    /// Writes the body of a persistent kernel with an attention schedule.
     pub(crate) fn write_attention(&mut self, tiles: TileScheduler) -> Result<(), CodegenError> {
         let (id, before, after) = self.persistent_parts()?;
-        let plan = self
-            .k
+        let k: &kiln_ir::Kernel = self.k;
+        let s = k
             .schedule
-            .attention
-            .clone()
-            .ok_or_else(|| self.internal(id, "an attention kernel without its plan"))?;
+            .sched
+            .as_ref()
+            .ok_or_else(|| self.internal(id, "an attention kernel without its schedule"))?;
+        let tmem = s
+            .tmem
+            .as_ref()
+            .ok_or_else(|| self.internal(id, "an attention schedule without TMEM"))?;
         let p = Parts {
             id,
-            ring: self.k.schedule.rings[&id].clone(),
-            plan,
+            s,
+            tmem,
             tiles,
             before,
             after,
         };
-        let r = p.plan.roles;
+        let role = |kind| {
+            s.role(kind).ok_or_else(|| {
+                self.internal(id, format!("an attention schedule without its {kind} role"))
+            })
+        };
+        let softmax = [role(RoleKind::Softmax(0))?, role(RoleKind::Softmax(1))?];
+        let (correction, load, mma) = (
+            role(RoleKind::Correction)?,
+            role(RoleKind::Producer)?,
+            role(RoleKind::Mma)?,
+        );
         let warp = self.new_reg(Class::B32);
         self.ins(format!("shr.u32 {warp}, {}, 5", self.tid));
         let labels: Vec<String> = (0..3).map(|_| self.new_label()).collect();
-        for (g, label) in labels.iter().enumerate() {
+        for (r, label) in [softmax[0], softmax[1], correction].iter().zip(&labels) {
             let below = self.new_reg(Class::Pred);
-            let first = if g < 2 {
-                r.softmax_warps * (g as u32 + 1)
-            } else {
-                r.correction_warp + WARPGROUP_WARPS
-            };
-            self.ins(format!("setp.lt.u32 {below}, {warp}, {first}"));
+            self.ins(format!("setp.lt.u32 {below}, {warp}, {}", r.end_warp()));
             self.ins(format!("@{below} bra {label}"));
         }
         self.comment("last warpgroup: the load warp, the mma warp, two idle warps");
-        self.ins(format!("setmaxnreg.dec.sync.aligned.u32 {}", r.regs[2]));
+        if let Some(regs) = load.regs {
+            self.ins(format!("setmaxnreg.dec.sync.aligned.u32 {regs}"));
+        }
         let (is_mma, idle) = (self.new_reg(Class::Pred), self.new_reg(Class::Pred));
-        let mma = self.new_label();
-        self.ins(format!("setp.eq.u32 {is_mma}, {warp}, {}", r.mma_warp));
-        self.ins(format!("@{is_mma} bra {mma}"));
+        let mma_label = self.new_label();
+        self.ins(format!("setp.eq.u32 {is_mma}, {warp}, {}", mma.first_warp));
+        self.ins(format!("@{is_mma} bra {mma_label}"));
         self.ins(format!(
             "setp.ne.u32 {idle}, {}, {}",
             self.tid,
-            32 * r.load_warp
+            32 * load.first_warp
         ));
         self.ins(format!("@{idle} exit"));
         self.comment("load warp: one thread issues the Q tiles' and every stage's TMA");
-        self.write_load_warp(&p)?;
+        self.write_load_warp(&p, load)?;
         self.ins("exit");
-        self.label(&mma);
+        self.label(&mma_label);
         self.comment("mma warp: one thread issues the tcgen05.mmas; the warp owns TMEM");
-        self.write_attention_mma(&p)?;
+        self.write_attention_mma(&p, mma)?;
         self.ins("exit");
-        for (g, label) in labels.iter().enumerate().take(2) {
+        for (g, (label, role)) in labels.iter().zip(softmax).enumerate() {
             self.label(label);
             self.comment(&format!(
                 "softmax warpgroup {g}: Q tile {g}'s rows, one a thread"
             ));
-            self.ins(format!("setmaxnreg.inc.sync.aligned.u32 {}", r.regs[0]));
-            self.write_softmax(&p, g as u32)?;
+            if let Some(regs) = role.regs {
+                self.ins(format!("setmaxnreg.inc.sync.aligned.u32 {regs}"));
+            }
+            self.write_softmax(&p, role, g as u32)?;
             self.ins("exit");
         }
         self.label(&labels[2]);
         self.comment("correction warpgroup: rescales O in TMEM");
-        self.ins(format!("setmaxnreg.dec.sync.aligned.u32 {}", r.regs[1]));
-        self.write_correction(&p)
+        if let Some(regs) = correction.regs {
+            self.ins(format!("setmaxnreg.dec.sync.aligned.u32 {regs}"));
+        }
+        self.write_correction(&p, correction)
     }
 
     /// Opens a role's walk over pairs of work tiles (the tile scheduler over the grid with
@@ -127,7 +162,7 @@ impl Writer<'_> {
         self.ins(format!("add.u32 {pairs}, {}, 1", grid[0]));
         self.ins(format!("shr.u32 {pairs}, {pairs}, 1"));
         self.grid = Some([pairs, grid[1], grid[2]]);
-        let walk = self.open_tile_loop(p.id, p.tiles, c);
+        let walk = self.open_tile_loop(p.s, p.tiles, c);
         self.grid = Some(grid);
         let walk = walk?;
         let [xp, y, z] = self
@@ -179,8 +214,8 @@ impl Writer<'_> {
     /// The TMEM base address (lane 0, column 0), read from the shared slot, and the address
     /// of the executing thread's lane: warp `w` reaches lanes `32 (w % 4) ..`, thread `t` of
     /// it lane `32 (w % 4) + t`; returns `(base, lane address)`.
-    pub(super) fn attention_tmem(&mut self, plan: &AttentionPlan) -> (Reg, Reg) {
-        let base = self.tmem_base(plan.slot_offset);
+    pub(super) fn attention_tmem(&mut self, p: &Parts) -> (Reg, Reg) {
+        let base = self.tmem_base(p.tmem.slot_offset);
         // TMEM address = (lane << 16) | column: lane 32 (w % 4) is `(w % 4) << 21`.
         let lanes = self.new_reg(Class::B32);
         self.ins(format!("shr.u32 {lanes}, {}, 5", self.tid));
@@ -190,37 +225,39 @@ impl Writer<'_> {
         (base, lanes)
     }
 
-    /// Shared address of a schedule barrier.
-    pub(super) fn attn_bar(&mut self, plan: &AttentionPlan, bar: AttnBar) -> Reg {
-        self.shared_at(plan.offset(bar))
-    }
-
-    /// A parity wait on a schedule barrier: per iteration, parity `start ^ ((it - lag) & 1)`;
-    /// per tile, `start ^` the tile walk's parity. `aligned`: the warp reconverges after it
-    /// (lanes may leave the wait loop apart; the `.sync.aligned` tcgen05 ops after it need the
+    /// A parity wait of op `op`: on a ring barrier as the ring waits (its stage's phase bit,
+    /// or the tile's parity); on one of the schedule's own barriers per iteration with
+    /// parity `start ^ ((it - lag) & 1)`, per tile `start ^` the tile walk's parity.
+    /// `aligned`: the warp reconverges after a wait on the schedule's own barriers (lanes
+    /// may leave the wait loop apart; the `.sync.aligned` tcgen05 ops after it need the
     /// whole warp).
     pub(super) fn attn_wait(
         &mut self,
-        plan: &AttentionPlan,
-        step: AttnStep,
+        p: &Parts,
+        op: Op,
         it: Reg,
         c: &Cursor,
         aligned: bool,
     ) -> Result<(), CodegenError> {
-        let AttnStep::Wait { bar, start, lag } = step else {
-            return Err(self.internal(plan.for_op, format!("`{step}` is not a wait")));
+        let s = p.s;
+        let Op::Wait { bar, start, lag } = op else {
+            return Err(self.internal(p.id, format!("`{}` is not a wait", named(s, op))));
         };
+        if crate::sm90a::ring_barriers(s).contains(&bar) {
+            return self.wait(s, c, bar, start, false);
+        }
+        let m = crate::sm90a::mbarrier(self, s, bar, p.id)?;
         let phase = self.new_reg(Class::B32);
-        if bar.per_tile() {
+        if m.phase == Phase::Tile {
             let parity = c
                 .tile_parity
-                .ok_or_else(|| self.internal(plan.for_op, "a per-tile wait outside a tile walk"))?;
+                .ok_or_else(|| self.internal(p.id, "a per-tile wait outside a tile walk"))?;
             self.ins(format!("xor.b32 {phase}, {parity}, {start}"));
         } else {
             self.ins(format!("and.b32 {phase}, {it}, 1"));
             self.ins(format!("xor.b32 {phase}, {phase}, {}", (start ^ lag) & 1));
         }
-        let a = self.attn_bar(plan, bar);
+        let a = self.bar_at(s, bar)?;
         self.parity_wait_loop("", a, phase);
         if aligned {
             self.ins("bar.warp.sync -1");
@@ -228,64 +265,44 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// One arrival per warp (lane 0) on a schedule barrier.
-    pub(super) fn attn_arrive(&mut self, plan: &AttentionPlan, bar: AttnBar) {
-        let a = self.attn_bar(plan, bar);
-        let lane0 = self.lane0();
-        self.ins(format!("@{lane0} mbarrier.arrive.shared::cta.b64 _, [{a}]"));
-    }
-
-    /// Steps every role writes the same way.
-    pub(super) fn attn_common(
-        &mut self,
-        plan: &AttentionPlan,
-        s: AttnStep,
-    ) -> Result<(), CodegenError> {
-        match s {
-            AttnStep::FenceAfter => self.ins("tcgen05.fence::after_thread_sync"),
-            AttnStep::FenceBefore => self.ins("tcgen05.fence::before_thread_sync"),
-            AttnStep::WaitLd => self.ins("tcgen05.wait::ld.sync.aligned"),
-            AttnStep::WaitSt => self.ins("tcgen05.wait::st.sync.aligned"),
-            AttnStep::Arrive { bar } => self.attn_arrive(plan, bar),
+    /// Ops every role writes the same way.
+    pub(super) fn attn_common(&mut self, p: &Parts, op: Op) -> Result<(), CodegenError> {
+        match op {
+            Op::Tcgen05FenceAfter => self.ins("tcgen05.fence::after_thread_sync"),
+            Op::Tcgen05FenceBefore => self.ins("tcgen05.fence::before_thread_sync"),
+            Op::TmemWaitLoad => self.ins("tcgen05.wait::ld.sync.aligned"),
+            Op::TmemWaitStore => self.ins("tcgen05.wait::st.sync.aligned"),
+            Op::Arrive { bar, .. } => {
+                // One arrival per warp (lane 0).
+                let a = self.bar_at(p.s, bar)?;
+                let lane0 = self.lane0();
+                self.ins(format!("@{lane0} mbarrier.arrive.shared::cta.b64 _, [{a}]"));
+            }
             other => {
-                return Err(self.internal(plan.for_op, format!("`{other}` outside its role")));
+                return Err(
+                    self.internal(p.id, format!("`{}` outside its role", named(p.s, other)))
+                );
             }
         }
         Ok(())
     }
 
-    /// The load warp's thread: per pair of tiles both Q tiles, then the ring's producer
-    /// program over the pair's iterations.
-    fn write_load_warp(&mut self, p: &Parts) -> Result<(), CodegenError> {
-        let mut c = self.cursor(&p.ring.producer);
+    /// The load warp's thread: per pair of tiles its per-tile program (both Q tiles, each at
+    /// its tile's coordinates), then its iteration program over the pair's iterations.
+    fn write_load_warp(&mut self, p: &Parts, load: &Role) -> Result<(), CodegenError> {
+        let s = p.s;
+        let mut c = self.cursor(s, &load.program.iteration);
         let pair = self.open_pair(p, &mut c)?;
-        let q = p.ring.once[0].clone();
-        for &s in &p.plan.load_tile {
-            match s {
-                AttnStep::RingWait { bar, start } => self.wait(&p.ring, &c, bar, start)?,
-                AttnStep::ExpectQ { bytes } => {
-                    let once = self.bar_addr(&p.ring, kiln_ir::ring::Bar::Once, c.stage);
-                    self.ins(format!(
-                        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [{once}], {bytes}"
-                    ));
+        for &op in &load.program.tile {
+            match op {
+                Op::Tma { load: l } if s.once(l) => {
+                    self.enter_pair_tile(p, &pair, s.loads[l].work_tile, true)?;
+                    self.issue_tma_once(s, l, &c)?;
                 }
-                AttnStep::LoadQ { tile } => {
-                    self.enter_pair_tile(p, &pair, tile, true)?;
-                    let coords = self.k.ops[q.load]
-                        .operands
-                        .clone()
-                        .into_iter()
-                        .map(|v| self.scalar(v, q.load))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    let mut at = q.clone();
-                    if tile > 0 {
-                        at.offset = p.plan.q1_offset;
-                    }
-                    let once = self.bar_addr(&p.ring, kiln_ir::ring::Bar::Once, c.stage);
-                    self.tma_boxes(&at, &coords, self.smem, once)?;
-                }
+                // Neither reads the induction variable.
+                Op::Wait { .. } | Op::ExpectTx { .. } => self.producer_op(s, &c, op, c.stage)?,
                 other => {
-                    return Err(self.internal(p.id, format!("load warp step `{other}`")));
+                    return Err(self.internal(p.id, format!("load warp op `{}`", named(s, other))));
                 }
             }
         }
@@ -293,48 +310,12 @@ impl Writer<'_> {
         let iv = self.new_reg(Class::B32);
         self.mov(iv, lo);
         let counted = self.open_counted_loop(iv, hi, step);
-        for &s in &p.plan.load_iteration {
-            match s {
-                AttnStep::LoadKv => {
-                    for rs in p.ring.producer.clone() {
-                        self.producer_step(&p.ring, &c, rs, iv, p.id)?;
-                    }
-                }
-                other => {
-                    return Err(self.internal(p.id, format!("load warp step `{other}`")));
-                }
-            }
+        for &op in &load.program.iteration {
+            self.producer_op(s, &c, op, iv)?;
         }
-        self.advance(&c, p.ring.stages);
+        self.advance(&c, s.stages);
         self.close_counted_loop(&counted);
         self.close_pair(&pair, &c);
         Ok(())
-    }
-
-    /// Before the ring's set-up: thread 0 inits the schedule's barriers, the MMA warp
-    /// allocates TMEM and gives up the permit, and every thread orders its tcgen05 ops before
-    /// the set-up barrier.
-    pub(crate) fn write_attention_setup(
-        &mut self,
-        plan: &AttentionPlan,
-    ) -> Result<(), CodegenError> {
-        let bars: Vec<(u32, u32)> = AttnBar::all()
-            .into_iter()
-            .map(|b| (plan.offset(b), plan.count(b)))
-            .collect();
-        let setup = plan.setup.iter().map_while(|s| match *s {
-            AttnStep::Alloc { columns } => Some(Ok(SetupStep::Alloc(columns))),
-            AttnStep::Relinquish => Some(Ok(SetupStep::Relinquish)),
-            AttnStep::Publish => None,
-            other => Some(Err(other.to_string())),
-        });
-        let setup = setup.collect::<Vec<_>>();
-        self.write_tmem_alloc(
-            plan.for_op,
-            &bars,
-            plan.roles.mma_warp,
-            plan.slot_offset,
-            setup,
-        )
     }
 }

@@ -5,13 +5,14 @@
 //! and writes `P` (bf16 pairs) over `S` in TMEM; after the loop it copies `O` out and runs the
 //! kernel's code after the loop (the normalisation and the store) for its tile.
 //!
-//! A share of the score tile's exponentials ([`AttentionPlan::poly_column`]) is the FMA
+//! A share of the score tile's exponentials ([`kiln_ir::sched::Sched::poly_share`]) is the FMA
 //! polynomial of [`kiln_ir::tmem::exp2`]; the rest `ex2.approx.ftz`.
 
 use std::collections::BTreeSet;
 
-use kiln_ir::tmem::ACC_ROWS;
-use kiln_ir::tmem::attention::{AttentionPlan, AttnStep, RESCALE_COLUMNS};
+use kiln_ir::sched::overlap::{Deferral, Overlap};
+use kiln_ir::sched::tmem::{ACC_ROWS, LOAD_COLUMNS};
+use kiln_ir::sched::{Op, Region, Role};
 use kiln_ir::tmem::exp2::{EXP2_POLY, EXP2_POLY_MIN};
 use kiln_ir::{OpId, OpKind, UnaryOp, ValueId};
 
@@ -54,7 +55,7 @@ fn def_op(k: &kiln_ir::Kernel, v: ValueId) -> Option<OpId> {
 /// The loop body's parts (see [`Body`]).
 fn body(w: &Writer<'_>, p: &Parts) -> Result<Body, CodegenError> {
     let k = w.k;
-    let o = &p.plan.overlap;
+    let o = overlap(w, p)?;
     let block = &k.ops[p.id].regions[0];
     let cast = def_op(k, k.ops[o.tail].operands[0]);
     let Some(cast) = cast.filter(|&c| matches!(k.ops[c].kind, OpKind::Cast { .. })) else {
@@ -62,7 +63,7 @@ fn body(w: &Writer<'_>, p: &Parts) -> Result<Body, CodegenError> {
     };
     let pv = k.ops[cast].operands[0];
     let exp2 = def_op(k, pv).filter(|&e| k.ops[e].kind == OpKind::Unary(UnaryOp::Exp2));
-    let staged: BTreeSet<OpId> = p.ring.loads.iter().map(|l| l.load).collect();
+    let staged: BTreeSet<OpId> = p.s.ring_loads().map(|(_, l)| l.tma.load).collect();
     let skip = |op: OpId| {
         let kind = &k.ops[op].kind;
         staged.contains(&op)
@@ -75,7 +76,7 @@ fn body(w: &Writer<'_>, p: &Parts) -> Result<Body, CodegenError> {
     };
     let (_, factor) = o
         .rescale
-        .ok_or_else(|| w.internal(o.tail, "an attention plan without its rescale"))?;
+        .ok_or_else(|| w.internal(o.tail, "an attention schedule without its rescale"))?;
     Ok(Body {
         ops: block.ops.iter().copied().filter(|&op| !skip(op)).collect(),
         scores: k.ops[o.head].results[0],
@@ -87,7 +88,12 @@ fn body(w: &Writer<'_>, p: &Parts) -> Result<Body, CodegenError> {
 
 impl Writer<'_> {
     /// Softmax warpgroup `g` (see the module doc).
-    pub(super) fn write_softmax(&mut self, p: &Parts, g: u32) -> Result<(), CodegenError> {
+    pub(super) fn write_softmax(
+        &mut self,
+        p: &Parts,
+        role: &Role,
+        g: u32,
+    ) -> Result<(), CodegenError> {
         let b = body(self, p)?;
         // The warpgroup's code sees its own threads 0..128: the tile's layout, its rows and
         // its store's issuing thread.
@@ -95,31 +101,39 @@ impl Writer<'_> {
         let local = self.new_reg(Class::B32);
         self.ins(format!("and.b32 {local}, {global}, {}", ACC_ROWS - 1));
         self.tid = local;
-        let written = self.write_softmax_tiles(p, g, &b);
+        let written = self.write_softmax_tiles(p, role, g, &b);
         self.tid = global;
         written
     }
 
     /// Softmax warpgroup `g`'s walk over the tiles, then its stores' last wait.
-    fn write_softmax_tiles(&mut self, p: &Parts, g: u32, b: &Body) -> Result<(), CodegenError> {
-        let plan = &p.plan;
-        let (_, lanes) = self.attention_tmem(plan);
-        let cols = plan.tiles[g as usize];
+    fn write_softmax_tiles(
+        &mut self,
+        p: &Parts,
+        role: &Role,
+        g: u32,
+        b: &Body,
+    ) -> Result<(), CodegenError> {
+        let o = overlap(self, p)?;
+        let (_, lanes) = self.attention_tmem(p);
+        let s_col = p
+            .column("S", g)
+            .ok_or_else(|| self.internal(p.id, "a softmax without its S tile"))?;
         let (s_at, row) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-        self.ins(format!("add.u32 {s_at}, {lanes}, {}", cols.s));
+        self.ins(format!("add.u32 {s_at}, {lanes}, {s_col}"));
         // The thread's row of the tile: its factor's slot.
         self.ins(format!("and.b32 {row}, {}, {}", self.tid, ACC_ROWS - 1));
         let scale = self.new_reg(Class::B32);
         self.ins(format!("mad.lo.u32 {scale}, {row}, 4, {}", self.smem));
-        self.ins(format!("add.u32 {scale}, {scale}, {}", plan.scale_slot(g)));
+        self.ins(format!("add.u32 {scale}, {scale}, {}", p.factors(g)));
         let it = self.new_reg(Class::B32);
         self.ins(format!("mov.u32 {it}, 0"));
-        let mut c = self.cursor(&[]);
+        let mut c = self.cursor(p.s, &[]);
         let pair = self.open_pair(p, &mut c)?;
-        for &s in &plan.softmax_tile[g as usize] {
-            match s {
-                AttnStep::RingWait { bar, start } => self.wait(&p.ring, &c, bar, start)?,
-                other => self.attn_common(plan, other)?,
+        for &op in &role.program.tile {
+            match op {
+                Op::Wait { .. } => self.attn_wait(p, op, it, &c, true)?,
+                other => self.attn_common(p, other)?,
             }
         }
         let [lo, hi, step] = self.pair_bounds(p, &pair)?;
@@ -127,7 +141,7 @@ impl Writer<'_> {
         let [own_lo, own_hi, _] = self.loop_bounds(p.id)?;
         let op = self.k.ops[p.id].clone();
         let block = op.regions[0].clone();
-        let carried_at = plan.overlap.carried;
+        let carried_at = o.carried;
         // The carried values but the accumulator (which lives in TMEM) get registers.
         let iv = self.new_reg(Class::B32);
         self.mov(iv, lo);
@@ -158,7 +172,7 @@ impl Writer<'_> {
         ));
         self.ins(format!("@{outside} bra.uni {noop}"));
         let r = Regs { it, s_at, scale };
-        self.write_softmax_iteration(p, g, b, &c, &r, false)?;
+        self.write_softmax_iteration(p, role, b, &c, &r, false)?;
         let yields = self.yielded(&block);
         let (dsts, srcs): (Vec<Val>, Vec<ValueId>) =
             carried.iter().map(|(i, v)| (v.clone(), yields[*i])).unzip();
@@ -166,13 +180,22 @@ impl Writer<'_> {
         self.ins(format!("bra.uni {join}"));
         self.comment("outside this tile's own key blocks: the protocol only");
         self.label(&noop);
-        self.write_softmax_iteration(p, g, b, &c, &r, true)?;
+        self.write_softmax_iteration(p, role, b, &c, &r, true)?;
         self.label(&join);
         self.ins(format!("add.u32 {it}, {it}, 1"));
         self.close_counted_loop(&counted);
-        self.write_softmax_end(p, g, &c, it, [lo, hi], lanes, &carried)?;
+        self.write_softmax_end(p, role, g, &c, it, [lo, hi], lanes, &carried)?;
         self.close_pair(&pair, &c);
-        self.finish_tma_stores()
+        for &op in &role.program.exit {
+            match op {
+                Op::BulkWaitAll => {
+                    let own = p.s.stores.get(g as usize).cloned();
+                    self.finish_tma_stores(p.s, own.as_slice())?;
+                }
+                other => self.attn_common(p, other)?,
+            }
+        }
+        Ok(())
     }
 
     /// One iteration of softmax warpgroup `g`'s program; `noop`: one outside the tile's range,
@@ -181,39 +204,40 @@ impl Writer<'_> {
     fn write_softmax_iteration(
         &mut self,
         p: &Parts,
-        g: u32,
+        role: &Role,
         b: &Body,
         c: &Cursor,
         r: &Regs,
         noop: bool,
     ) -> Result<(), CodegenError> {
-        let plan = &p.plan;
-        for &s in &plan.softmax_iteration[g as usize] {
-            match s {
-                AttnStep::Wait { .. } => self.attn_wait(plan, s, r.it, c, true)?,
-                AttnStep::LoadS { .. } | AttnStep::Softmax if noop => {}
-                AttnStep::LoadS { .. } => {
-                    let regs = self.tmem_load(r.s_at, plan.block_n);
+        let o = overlap(self, p)?;
+        for &op in &role.program.iteration {
+            match op {
+                Op::Wait { .. } => self.attn_wait(p, op, r.it, c, true)?,
+                Op::TmemLoad { .. } | Op::Run(Region::Between) if noop => {}
+                Op::TmemLoad { columns, .. } => {
+                    let regs = self.tmem_load(r.s_at, columns);
                     self.vals.insert(b.scores, Val::Tile(regs));
                 }
-                AttnStep::Softmax => self.write_softmax_body(plan, b)?,
-                AttnStep::StoreScale { .. } if noop => {
+                Op::Run(Region::Between) => self.write_softmax_body(p, o, b)?,
+                Op::FactorStore { .. } if noop => {
                     self.ins(format!("st.shared.f32 [{}], 0f3F800000", r.scale));
                 }
-                AttnStep::StoreScale { .. } => {
+                Op::FactorStore { .. } => {
                     let f = self.tile(b.factor, p.id)?;
                     let [f] = f[..] else {
                         return Err(self.internal(p.id, "a rescale factor not one per thread"));
                     };
                     self.ins(format!("st.shared.f32 [{}], {f}", r.scale));
                 }
-                AttnStep::StoreP { .. } if noop => {
+                Op::TmemStore { tile } if noop => {
+                    let n = p.tmem.tiles.get(tile.0).map_or(0, |t| t.columns);
                     let zero = self.new_reg(Class::B32);
                     self.ins(format!("mov.b32 {zero}, 0"));
-                    self.tmem_store(r.s_at, &vec![zero; plan.block_n as usize / 2]);
+                    self.tmem_store(r.s_at, &vec![zero; n as usize / 2]);
                 }
-                AttnStep::StoreP { .. } => {
-                    let dtype = self.k.ty(self.k.ops[plan.overlap.tail].operands[0]).dtype();
+                Op::TmemStore { .. } => {
+                    let dtype = self.k.ty(self.k.ops[o.tail].operands[0]).dtype();
                     let ty = if dtype == kiln_ir::DType::F16 {
                         "f16x2"
                     } else {
@@ -234,7 +258,7 @@ impl Writer<'_> {
                         .collect();
                     self.tmem_store(r.s_at, &packed);
                 }
-                other => self.attn_common(plan, other)?,
+                other => self.attn_common(p, other)?,
             }
         }
         Ok(())
@@ -246,6 +270,7 @@ impl Writer<'_> {
     fn write_softmax_end(
         &mut self,
         p: &Parts,
+        role: &Role,
         g: u32,
         c: &Cursor,
         it: Reg,
@@ -253,25 +278,25 @@ impl Writer<'_> {
         lanes: Reg,
         carried: &[(usize, Val)],
     ) -> Result<(), CodegenError> {
-        let plan = &p.plan;
+        let o = overlap(self, p)?;
         let op = self.k.ops[p.id].clone();
+        let o_col = p
+            .column("O", g)
+            .ok_or_else(|| self.internal(p.id, "a softmax without its O tile"))?;
         let o_at = self.new_reg(Class::B32);
-        self.ins(format!(
-            "add.u32 {o_at}, {lanes}, {}",
-            plan.tiles[g as usize].o
-        ));
+        self.ins(format!("add.u32 {o_at}, {lanes}, {o_col}"));
         let (none, skip) = (self.new_reg(Class::Pred), self.new_label());
         self.ins(format!("setp.ge.s32 {none}, {lo}, {hi}"));
-        let init = self.tile(op.operands[3 + plan.overlap.carried], p.id)?;
+        let init = self.tile(op.operands[3 + o.carried], p.id)?;
         let out: Vec<Reg> = init.iter().map(|_| self.new_reg(Class::F32)).collect();
         for (o, i) in out.iter().zip(&init) {
             self.mov(*o, *i);
         }
         self.ins(format!("@{none} bra.uni {skip}"));
-        for &s in &plan.softmax_end[g as usize] {
-            match s {
-                AttnStep::Wait { .. } => self.attn_wait(plan, s, it, c, true)?,
-                AttnStep::LoadO {
+        for &step in &role.program.end {
+            match step {
+                Op::Wait { .. } => self.attn_wait(p, step, it, c, true)?,
+                Op::TmemLoad {
                     column, columns, ..
                 } => {
                     let regs = self.tmem_load_at(o_at, column, columns);
@@ -283,25 +308,25 @@ impl Writer<'_> {
                     }
                 }
                 // A tile that ran no iteration has no product to wait for or copy.
-                AttnStep::WaitLd => {
-                    self.attn_common(plan, s)?;
+                Op::TmemWaitLoad => {
+                    self.attn_common(p, step)?;
                     self.label(&skip);
                 }
-                AttnStep::Epilogue => {
+                Op::Run(Region::Epilogue(None)) => {
                     self.vals
-                        .insert(op.results[plan.overlap.carried], Val::Tile(out.clone()));
+                        .insert(op.results[o.carried], Val::Tile(out.clone()));
                     for (i, v) in carried {
                         self.vals.insert(op.results[*i], v.clone());
                     }
-                    for &o in &p.after {
-                        match plan.stores.get(g as usize) {
-                            _ if self.k.ops[o].kind == OpKind::Yield => {}
-                            Some(st) if st.store == o => self.write_tma_store(o, st)?,
-                            _ => self.write_op(o)?,
+                    for &x in &p.after {
+                        match p.s.stores.get(g as usize) {
+                            _ if self.k.ops[x].kind == OpKind::Yield => {}
+                            Some(st) if st.store == x => self.write_tma_store(p.s, x, st)?,
+                            _ => self.write_op(x)?,
                         }
                     }
                 }
-                other => self.attn_common(plan, other)?,
+                other => self.attn_common(p, other)?,
             }
         }
         Ok(())
@@ -309,14 +334,19 @@ impl Writer<'_> {
 
     /// The code between the mmas, with the polynomial share of the scores' exponential and
     /// the deferred maximum.
-    fn write_softmax_body(&mut self, plan: &AttentionPlan, b: &Body) -> Result<(), CodegenError> {
+    fn write_softmax_body(
+        &mut self,
+        p: &Parts,
+        ov: &Overlap,
+        b: &Body,
+    ) -> Result<(), CodegenError> {
         for &o in &b.ops {
             if Some(o) == b.exp2 {
-                self.write_exp2_share(plan, o)?;
+                self.write_exp2_share(p, o)?;
             } else {
                 self.write_op(o)?;
             }
-            if let Some(d) = plan.overlap.defer
+            if let Some(d) = ov.defer
                 && d.max == o
             {
                 self.defer_row_max(d)?;
@@ -328,11 +358,11 @@ impl Writer<'_> {
     /// Row by row, the reference maximum stays while the new maximum exceeds it by at most
     /// the threshold (a `-inf` reference never stays: `x - -inf` is not below it); see
     /// `kiln_ir::tmem::attention` for why this is exact.
-    fn defer_row_max(&mut self, d: kiln_ir::ring::Deferral) -> Result<(), CodegenError> {
+    fn defer_row_max(&mut self, d: Deferral) -> Result<(), CodegenError> {
         let m_new = self.k.ops[d.max].results[0];
         let new = self.tile(m_new, d.max)?;
         let old = self.tile(d.carried, d.max)?;
-        let threshold = format!("0f{:08X}", kiln_ir::ring::Deferral::THRESHOLD.to_bits());
+        let threshold = format!("0f{:08X}", Deferral::THRESHOLD.to_bits());
         let chosen: Vec<Reg> = new
             .iter()
             .zip(&old)
@@ -354,7 +384,7 @@ impl Writer<'_> {
 
     /// The scores' `exp2`: columns of the polynomial share on the FMA pipes
     /// (`kiln_ir::tmem::exp2`), the others `ex2.approx.ftz`.
-    fn write_exp2_share(&mut self, plan: &AttentionPlan, id: OpId) -> Result<(), CodegenError> {
+    fn write_exp2_share(&mut self, p: &Parts, id: OpId) -> Result<(), CodegenError> {
         let (x, r) = (self.k.ops[id].operands[0], self.k.ops[id].results[0]);
         let dist = self.dist(r, id)?;
         let [c1, c2, c3] = EXP2_POLY.map(|c| format!("0f{:08X}", c.to_bits()));
@@ -363,7 +393,7 @@ impl Writer<'_> {
         for offs in &dist.regs {
             let e = self.elem(x, offs, id)?;
             let d = self.new_reg(Class::F32);
-            if !plan.poly_column(offs[1]) {
+            if !p.poly_column(offs[1]) {
                 self.ins(format!("ex2.approx.ftz.f32 {d}, {e}"));
                 out.push(d);
                 continue;
@@ -395,10 +425,10 @@ impl Writer<'_> {
     /// instruction (one of 128 registers does not fit the register file's addressing at entry
     /// with its address): register `j` holds column `j`.
     pub(super) fn tmem_load(&mut self, at: Reg, n: u32) -> Vec<Reg> {
-        (0..n.div_ceil(RESCALE_COLUMNS))
+        (0..n.div_ceil(LOAD_COLUMNS))
             .flat_map(|q| {
-                let c = q * RESCALE_COLUMNS;
-                self.tmem_load_at(at, c, RESCALE_COLUMNS.min(n - c))
+                let c = q * LOAD_COLUMNS;
+                self.tmem_load_at(at, c, LOAD_COLUMNS.min(n - c))
             })
             .collect()
     }
@@ -419,9 +449,9 @@ impl Writer<'_> {
     /// `tcgen05.st.32x32b` of `regs` at `at` (register `j` into column `j`), 32 columns an
     /// instruction.
     pub(super) fn tmem_store(&mut self, at: Reg, regs: &[Reg]) {
-        for (q, chunk) in regs.chunks(RESCALE_COLUMNS as usize).enumerate() {
+        for (q, chunk) in regs.chunks(LOAD_COLUMNS as usize).enumerate() {
             let a = self.new_reg(Class::B32);
-            self.ins(format!("add.u32 {a}, {at}, {}", q as u32 * RESCALE_COLUMNS));
+            self.ins(format!("add.u32 {a}, {at}, {}", q as u32 * LOAD_COLUMNS));
             let list: Vec<String> = chunk.iter().map(Reg::to_string).collect();
             self.ins(format!(
                 "tcgen05.st.sync.aligned.32x32b.x{}.b32 [{a}], {{{}}}",
@@ -430,4 +460,11 @@ impl Writer<'_> {
             ));
         }
     }
+}
+
+/// The loop's structure the softmax runs (the `overlap` pass's), or an internal error.
+fn overlap<'s>(w: &Writer<'_>, p: &Parts<'s>) -> Result<&'s Overlap, CodegenError> {
+    p.s.overlap
+        .as_ref()
+        .ok_or_else(|| w.internal(p.id, "an attention schedule without its overlap"))
 }
