@@ -144,6 +144,13 @@ pub(crate) trait Lower {
         let _ = (e, id);
         Ok(false)
     }
+
+    /// The columns of the accumulator the ops run on, when only a chunk of them (the code
+    /// after a loop, chunk by chunk): meanwhile every tile whose layout holds the
+    /// accumulator's columns has only those registers ([`kiln_ir::tmem::epilogue::chunk`]).
+    fn columns(&self) -> Option<Range<u32>> {
+        None
+    }
 }
 
 /// The generic lowering of every op (sm_80, and a kernel without a schedule).
@@ -186,8 +193,8 @@ pub(crate) struct Emitter<'k> {
     parents: BTreeMap<OpId, (Option<OpId>, usize)>,
     /// Per tile value, its distribution's register index by offsets.
     reg_index: BTreeMap<ValueId, BTreeMap<Vec<u32>, usize>>,
-    /// The columns of the accumulator-layout tiles being written, when only a chunk of them
-    /// ([`Emitter::set_columns`]).
+    /// The columns of the accumulator-layout tiles the op being written runs on, when only a
+    /// chunk of them ([`Lower::columns`]).
     columns: Option<Range<u32>>,
     /// Module-scope data the body refers to (print format strings).
     globals: Vec<String>,
@@ -247,16 +254,7 @@ impl<'k> Emitter<'k> {
         }
     }
 
-    /// Writes only the columns `columns` of every tile whose layout holds the accumulator's
-    /// columns (a chunk of the code after a loop; `None`: all of them): meanwhile such a
-    /// tile has only those registers ([`kiln_ir::tmem::epilogue::chunk`]), so a tile written
-    /// for another chunk has other registers.
-    pub(crate) fn set_columns(&mut self, columns: Option<Range<u32>>) {
-        self.columns = columns;
-        self.reg_index.clear();
-    }
-
-    /// Whether only a chunk of the accumulator's columns is being written.
+    /// Whether the op being written runs on a chunk of the accumulator's columns only.
     pub(crate) fn chunked(&self) -> bool {
         self.columns.is_some()
     }
@@ -277,8 +275,24 @@ impl<'k> Emitter<'k> {
     }
 
     /// Writes one op (also used by `sync` to re-emit leaf scalars for prefetches), as
-    /// `lower` says where it changes the generic lowering.
+    /// `lower` says where it changes the generic lowering, on the accumulator columns it
+    /// names.
     pub(crate) fn write_op(&mut self, id: OpId, lower: &mut dyn Lower) -> Result<(), CodegenError> {
+        let outer = std::mem::replace(&mut self.columns, lower.columns());
+        // A tile of another chunk has other registers.
+        if outer != self.columns {
+            self.reg_index.clear();
+        }
+        let written = self.write_op_on_columns(id, lower);
+        if outer != self.columns {
+            self.reg_index.clear();
+        }
+        self.columns = outer;
+        written
+    }
+
+    /// [`Emitter::write_op`] on the columns set.
+    fn write_op_on_columns(&mut self, id: OpId, lower: &mut dyn Lower) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
         self.op_comment(id);
         let result = op.results.first().copied();

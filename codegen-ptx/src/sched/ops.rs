@@ -1,5 +1,7 @@
 //! The lowering of the kernel's own ops a scheduled kernel has on both families.
 
+use std::ops::Range;
+
 use kiln_ir::OpId;
 use kiln_ir::sched::{Sched, TmaStore};
 
@@ -9,8 +11,8 @@ use crate::error::CodegenError;
 use crate::types::Reg;
 
 /// The lowering of the kernel's own ops a scheduled kernel has on both families: a
-/// persistent kernel's block index (its work tile's) and grid (the logical one), and its
-/// stores through TMA.
+/// persistent kernel's block index (its work tile's) and grid (the logical one), its stores
+/// through TMA, and the chunk of the accumulator's columns the code after the loop runs on.
 pub(crate) struct Ops<'k> {
     /// The schedule.
     pub(crate) s: &'k Sched,
@@ -22,6 +24,8 @@ pub(crate) struct Ops<'k> {
     pub(crate) stores: &'k [TmaStore],
     /// The consumer warpgroup index, where warpgroups store apart.
     pub(crate) warpgroup: Option<Reg>,
+    /// The accumulator columns the code after the loop runs on, when a chunk of them.
+    pub(crate) columns: Option<Range<u32>>,
 }
 
 impl<'k> Ops<'k> {
@@ -33,6 +37,7 @@ impl<'k> Ops<'k> {
             block: None,
             stores: &s.stores,
             warpgroup: None,
+            columns: None,
         }
     }
 }
@@ -44,6 +49,10 @@ impl Lower for Ops<'_> {
 
     fn grid_dim(&self, axis: usize) -> Option<Reg> {
         self.grid.map(|g| g[axis])
+    }
+
+    fn columns(&self) -> Option<Range<u32>> {
+        self.columns.clone()
     }
 
     fn store(&mut self, e: &mut Emitter<'_>, id: OpId) -> Result<bool, CodegenError> {

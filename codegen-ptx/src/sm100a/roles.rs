@@ -231,7 +231,7 @@ impl Sm100a<'_, '_> {
     /// `regs`: the ring `for`'s result is that chunk of them (of its initial value where the
     /// loop ran no iteration, `[lo, hi]` its bounds), and every tile whose layout holds the
     /// accumulator's columns has only the chunk's registers meanwhile
-    /// ([`crate::emit::Emitter::set_columns`]). The ops that compute only scalars are written
+    /// ([`crate::emit::Lower::columns`]). The ops that compute only scalars are written
     /// with the `first` chunk alone; the later ones reuse their registers.
     fn read_chunk(
         &mut self,
@@ -259,14 +259,14 @@ impl Sm100a<'_, '_> {
         }
         e.label(&skip);
         e.vals.insert(result, Val::Tile(regs.to_vec()));
-        e.set_columns(Some(columns));
+        self.ops.columns = Some(columns);
         let after: Vec<OpId> = self.after.clone();
         for op in after {
             if k.ops[op].kind != kiln_ir::OpKind::Yield && (first || !scalar_only(k, op)) {
                 self.e.write_op(op, &mut self.ops)?;
             }
         }
-        self.e.set_columns(None);
+        self.ops.columns = None;
         Ok(())
     }
 }

@@ -29,6 +29,8 @@ mod roles;
 mod rotated;
 mod wgmma;
 
+use std::ops::Range;
+
 use kiln_ir::OpId;
 use kiln_ir::sched::{BarrierId, Op, Sched};
 
@@ -118,6 +120,10 @@ impl Lower for Lowering<'_> {
 
     fn store(&mut self, e: &mut Emitter<'_>, id: OpId) -> Result<bool, CodegenError> {
         self.base.store(e, id)
+    }
+
+    fn columns(&self) -> Option<Range<u32>> {
+        self.base.columns()
     }
 }
 

@@ -345,7 +345,7 @@ impl Sm90a<'_, '_> {
     /// schedule says so ([`kiln_ir::sched::Sched::epilogue_columns`]) on each chunk of that
     /// many accumulator columns in turn. For a chunk the loop's accumulator is its registers
     /// in the chunk's columns, and every tile whose layout holds the accumulator's columns
-    /// has only the chunk's registers ([`crate::emit::Emitter::set_columns`]), so each
+    /// has only the chunk's registers ([`crate::emit::Lower::columns`]), so each
     /// chunk's bias row, temporaries and staged store take only its columns. Ops that
     /// compute only scalars are written with the first chunk; the later ones reuse their
     /// registers.
@@ -395,14 +395,14 @@ impl Sm90a<'_, '_> {
                 .map(|(_, &r)| r)
                 .collect();
             self.e.vals.insert(acc, Val::Tile(regs));
-            self.e.set_columns(Some(chunk));
+            self.ops.base.columns = Some(chunk);
             for &op in &ops {
                 if i == 0 || !scalar_only(k, op) {
                     self.e.write_op(op, &mut self.ops)?;
                 }
             }
         }
-        self.e.set_columns(None);
+        self.ops.base.columns = None;
         self.e.vals.insert(acc, Val::Tile(whole));
         Ok(())
     }
