@@ -1,132 +1,162 @@
-//! sm_100a: a stage ring of the `pipeline` pass as a Blackwell warp-specialised loop, with
-//! the accumulator in tensor memory ([`kiln_ir::tmem`], which gives every step).
+//! sm_100a: the schedule IR's roles (`kiln_ir::sched`) as a Blackwell warp-specialised loop,
+//! with the accumulators in tensor memory (`kiln_ir::sched::tmem`).
 //!
-//! The block is the kernel's epilogue warps (threads `0..32 * epilogue_warps`), a TMA
-//! producer warp and an MMA warp. Before the roles split, the MMA warp allocates the
-//! accumulator's TMEM columns ([`tmem`]) under the ring's set-up barrier. Then each role
-//! runs its side for one work tile, or, in a persistent kernel, walks the work tiles as on
-//! sm_90a (`crate::sm90a::persistent`: the same tile order, block index and per-tile scalars):
-//! the producer's elected thread runs the ring's producer program exactly as on sm_90a (TMA
-//! and mbarriers are the same on Blackwell); the MMA warp's elected thread runs the plan's
-//! per-tile program, the ring's consumer program inside it as `tcgen05.mma` from shared-memory
-//! descriptors with each stage released by `tcgen05.commit` ([`tcgen05`]), and the warp frees
-//! the columns after the last tile; the epilogue warps copy each tile's accumulator to
-//! registers, the `for`'s result, and run the kernel's code after the loop (its store goes
-//! through the TMA-store epilogue) while the MMA warp already works on the next tile. Where
-//! the plan reads the accumulator in chunks of columns, that code is written once per chunk,
-//! on the chunk's registers ([`tmem`]).
+//! A GEMM's block is the kernel's epilogue warps (threads `0..32 * epilogue_warps`), a TMA
+//! producer warp and an MMA warp. Before the roles split, the MMA warp allocates the TMEM
+//! columns under the set-up barrier, which publishes their address. Then each role runs
+//! its side for one work tile, or, in a persistent kernel, walks the work tiles as on
+//! sm_90a (`crate::sched`: the same tile order, block index and per-tile scalars): the
+//! producer's elected thread runs its program exactly as on sm_90a (TMA and mbarriers are
+//! the same on Blackwell); the MMA warp's elected thread runs its per-tile program and its
+//! iteration program as `tcgen05.mma` from shared-memory descriptors with each stage
+//! released by `tcgen05.commit` ([`tcgen05`]), and the warp frees the columns after the last
+//! tile; the epilogue warps copy each tile's accumulator to registers, the `for`'s result,
+//! and run the kernel's code after the loop (its store goes through the TMA-store epilogue)
+//! while the MMA warp already works on the next tile. Where the epilogue's program reads the
+//! accumulator in chunks of columns, that code is written once per chunk, on the chunk's
+//! registers ([`roles`]).
 //!
-//! The 2-SM form (`kiln_ir::cluster::Pair`, `CLUSTER_M = 2`): both CTAs of the cluster run
-//! these roles on their tile of a pair; the producers' TMA completes on the leader's `full`,
-//! only the leader's MMA thread issues (`cta_group::2`, commits multicast to both CTAs), both
-//! epilogues hand TMEM back to the leader, and the MMA and epilogue warps meet at a cluster
-//! barrier before they exit.
+//! The 2-SM form (`kiln_ir::sched::cluster::Pair`, `CLUSTER_M = 2`): both CTAs of the
+//! cluster run these roles on their tile of a pair; the producers' TMA completes on the
+//! leader's `full`, only the leader's MMA thread issues (`cta_group::2`, commits multicast to
+//! both CTAs), both epilogues hand TMEM back to the leader, and the MMA and epilogue warps
+//! meet at a cluster barrier before they exit.
+//!
+//! An attention schedule (softmax, correction, load and MMA roles) is [`attention`].
 
 mod attention;
+mod roles;
 mod tcgen05;
 mod tmem;
 
 use kiln_ir::OpId;
-use kiln_ir::sched::tiles::TileScheduler;
-use kiln_ir::tmem::TmemPlan;
+use kiln_ir::sched::tmem::Tmem;
+use kiln_ir::sched::{BarrierId, Op, RoleKind, Sched};
 
-use crate::CodegenError;
-use crate::sm90a::Cursor;
-use crate::sm90a::persistent::{TileLoop, scalar_only};
+use crate::emit::Emitter;
+use crate::error::CodegenError;
+use crate::sched::{Cursor, Ops, TileLoop, View, scalar_only};
 use crate::types::{Class, Reg};
-use crate::writer::Writer;
 
-/// A role's ops around the ring loop: those before it in a persistent kernel (rewritten per
-/// work tile; none in another, whose code before the loop is written once before the roles
-/// split), and those after it (which the epilogue runs).
-pub(crate) struct Around {
-    tiles: Option<TileScheduler>,
+/// Writes the roles of schedule `s` after the prologue (`grid`: a persistent kernel's
+/// logical grid).
+pub(crate) fn write<'k>(
+    e: &mut Emitter<'k>,
+    s: &'k Sched,
+    grid: Option<[Reg; 3]>,
+) -> Result<(), CodegenError> {
+    let k = e.k;
+    let v = View::new(k, s);
+    let tmem = s
+        .tmem
+        .as_ref()
+        .ok_or_else(|| e.internal(s.for_op, "an sm_100a schedule without TMEM"))?;
+    let (before, after) = v.parts(e)?;
+    let mut w = Sm100a {
+        e,
+        v,
+        ops: Ops::new(s, grid),
+        tmem,
+        before,
+        after,
+    };
+    w.setup()?;
+    if s.role(RoleKind::Softmax(0)).is_some() {
+        return w.attention();
+    }
+    if !s.persistent() {
+        // Written once, in every thread, before the roles split.
+        for op in std::mem::take(&mut w.before) {
+            w.e.write_op(op, &mut w.ops)?;
+        }
+    }
+    w.roles()
+}
+
+/// The sm_100a writer of a scheduled kernel.
+struct Sm100a<'a, 'k> {
+    /// The generic writer.
+    e: &'a mut Emitter<'k>,
+    /// The schedule.
+    v: View<'k>,
+    /// How the kernel's own ops are written where the programs run them.
+    ops: Ops<'k>,
+    /// The schedule's tensor memory.
+    tmem: &'k Tmem,
+    /// The ops before the ring loop that a role writes per work tile of a persistent kernel
+    /// (in another, none: they are written once before the roles split).
     before: Vec<OpId>,
+    /// The ops after the ring loop (the epilogue's code).
     after: Vec<OpId>,
 }
 
-impl Writer<'_> {
-    /// The kernel's TMEM plan (the `tmem` pass sets it with the ring).
-    fn tmem_plan(&self, at: OpId) -> Result<TmemPlan, CodegenError> {
-        self.k
-            .schedule
-            .tmem
-            .clone()
-            .ok_or_else(|| self.internal(at, "an sm_100a ring without its TMEM plan"))
-    }
-
-    /// Writes the body of an sm_100a kernel with a TMEM plan: the roles, each walking the work
-    /// tiles of a persistent kernel or running its one tile. A persistent kernel's roles
-    /// rewrite the code before the ring loop per tile; another's runs once in every thread
-    /// before the roles split. The epilogue runs the code after the loop.
-    pub(crate) fn write_tcgen05(
-        &mut self,
-        tiles: Option<TileScheduler>,
-    ) -> Result<(), CodegenError> {
-        let (id, before, after) = self.persistent_parts()?;
-        let around = match tiles {
-            Some(_) => Around {
-                tiles,
-                before,
-                after,
-            },
-            None => {
-                for &op in &before {
-                    self.write_op(op)?;
+impl Sm100a<'_, '_> {
+    /// The set-up before the roles split ([`Sched::setup`]): thread 0 inits the barriers that
+    /// hand tensor memory between the roles, the MMA warp allocates the columns into the
+    /// shared slot and gives up the permit, every thread orders its tcgen05 ops before the
+    /// set-up barrier; thread 0 inits the load ring's barriers (fenced with the others), the
+    /// barrier publishes the address, and tcgen05 ops are ordered after it.
+    fn setup(&mut self) -> Result<(), CodegenError> {
+        let s = self.v.s;
+        let (ring, handoffs): (Vec<BarrierId>, Vec<BarrierId>) = s
+            .barriers
+            .iter()
+            .filter(|(_, b)| b.as_mbarrier().is_some())
+            .map(|(h, _)| h)
+            .partition(|&h| self.v.in_ring(h));
+        let mma_warp = self.v.role(self.e, RoleKind::Mma)?.first_warp;
+        // The MMA warp's ops, written as one block.
+        let mut alloc: Option<String> = None;
+        for (i, &op) in s.setup.iter().enumerate() {
+            match op {
+                Op::TmemAlloc { .. } | Op::TmemRelinquish => {
+                    let e = &mut *self.e;
+                    if alloc.is_none() {
+                        let (warp, other, skip) =
+                            (e.new_reg(Class::B32), e.new_reg(Class::Pred), e.new_label());
+                        e.ins(format!("shr.u32 {warp}, {}, 5", e.tid));
+                        e.ins(format!("setp.ne.u32 {other}, {warp}, {mma_warp}"));
+                        e.ins(format!("@{other} bra {skip}"));
+                        alloc = Some(skip);
+                    }
+                    let group = cta_group(s);
+                    if let Op::TmemAlloc { columns } = op {
+                        let slot = shared_at(e, self.tmem.slot_offset);
+                        e.ins(format!(
+                            "tcgen05.alloc.{group}.sync.aligned.shared::cta.b32 [{slot}], {columns}"
+                        ));
+                    } else {
+                        e.ins(format!(
+                            "tcgen05.relinquish_alloc_permit.{group}.sync.aligned"
+                        ));
+                    }
+                    let next = s.setup.get(i + 1);
+                    if !matches!(next, Some(Op::TmemAlloc { .. } | Op::TmemRelinquish))
+                        && let Some(skip) = alloc.take()
+                    {
+                        e.label(&skip);
+                    }
                 }
-                Around {
-                    tiles,
-                    before: Vec::new(),
-                    after,
+                Op::InitBarriers => self.v.init_barriers(self.e, &handoffs),
+                Op::FenceBarrierInit => {
+                    self.v.init_barriers(self.e, &ring);
+                    self.e.ins("fence.mbarrier_init.release.cluster");
                 }
+                Op::CtaSync | Op::ClusterSync => self.v.setup_barrier(self.e, op),
+                Op::Tcgen05FenceBefore | Op::Tcgen05FenceAfter => self.fence(op),
+                other => return Err(self.v.misplaced(self.e, other, "in the set-up")),
             }
-        };
-        self.write_tcgen05_roles(id, &around)
-    }
-
-    /// The three roles (see the module doc).
-    fn write_tcgen05_roles(&mut self, id: OpId, around: &Around) -> Result<(), CodegenError> {
-        let ring = self.k.schedule.rings[&id].clone();
-        let plan = self.tmem_plan(id)?;
-        let roles = plan.roles;
-        let [is_epilogue, is_mma, idle] = [(); 3].map(|_| self.new_reg(Class::Pred));
-        let (epilogue, mma) = (self.new_label(), self.new_label());
-        self.ins(format!(
-            "setp.lt.u32 {is_epilogue}, {}, {}",
-            self.tid,
-            32 * roles.epilogue_warps
-        ));
-        self.ins(format!("@{is_epilogue} bra {epilogue}"));
-        self.ins(format!(
-            "setp.ge.u32 {is_mma}, {}, {}",
-            self.tid,
-            32 * roles.mma_warp
-        ));
-        self.ins(format!("@{is_mma} bra {mma}"));
-        self.comment("producer warp: one thread issues every stage's TMA");
-        self.ins(format!(
-            "setp.ne.u32 {idle}, {}, {}",
-            self.tid,
-            32 * roles.producer_warp
-        ));
-        self.ins(format!("@{idle} exit"));
-        let mut c = self.cursor(&ring.producer);
-        let (tl, bounds) = self.enter_tile(id, around, &mut c, true)?;
-        self.write_producer(id, &ring, &c, bounds)?;
-        self.leave_tile(tl, &c);
-        self.ins("exit");
-        self.label(&mma);
-        self.comment("mma warp: one thread issues the tcgen05.mmas; the warp owns TMEM");
-        self.write_mma_warp(id, &ring, &plan, around)?;
-        self.ins("exit");
-        self.label(&epilogue);
-        self.comment("epilogue warps: the accumulator from TMEM, then the kernel's code");
-        self.write_tmem_epilogue(id, &plan, around)?;
-        if ring.cluster.as_ref().is_some_and(|c| c.exit_sync) {
-            self.comment("no CTA exits while the pair's mmas or copies may still use it");
-            self.cluster_barrier();
         }
         Ok(())
+    }
+
+    /// `tcgen05.fence::before_thread_sync` or `::after_thread_sync`.
+    fn fence(&mut self, op: Op) {
+        if op == Op::Tcgen05FenceBefore {
+            self.e.ins("tcgen05.fence::before_thread_sync");
+        } else {
+            self.e.ins("tcgen05.fence::after_thread_sync");
+        }
     }
 
     /// Starts a role's work tile: in a persistent kernel opens its walk over the tiles and
@@ -134,41 +164,45 @@ impl Writer<'_> {
     /// walk and the loop's bounds.
     fn enter_tile(
         &mut self,
-        id: OpId,
-        around: &Around,
         c: &mut Cursor,
         scalars: bool,
     ) -> Result<(Option<TileLoop>, [Reg; 3]), CodegenError> {
-        let tl = match around.tiles {
-            Some(tiles) => Some(self.open_tile_loop(id, tiles, c)?),
-            None => None,
+        let walk = if self.v.s.persistent() {
+            let (walk, block) = self.v.open_tile_loop(self.e, self.ops.grid, c)?;
+            self.ops.block = Some(block);
+            Some(walk)
+        } else {
+            None
         };
-        for &op in &around.before {
-            if !scalars || scalar_only(self.k, op) {
-                self.write_op(op)?;
+        for &op in &self.before {
+            if !scalars || scalar_only(self.v.k, op) {
+                self.e.write_op(op, &mut self.ops)?;
             }
         }
-        Ok((tl, self.loop_bounds(id)?))
+        Ok((walk, self.v.loop_bounds(self.e)?))
     }
 
     /// Ends a role's work tile (closes the walk of a persistent kernel).
-    fn leave_tile(&mut self, tl: Option<TileLoop>, c: &Cursor) {
-        if let Some(tl) = tl {
-            self.close_tile_loop(&tl, c);
+    fn leave_tile(&mut self, walk: Option<TileLoop>, c: &Cursor) {
+        if let Some(walk) = walk {
+            self.v.close_tile_loop(self.e, &walk, c);
+            self.ops.block = None;
         }
     }
+}
 
-    /// The parity of a wait whose tile-0 parity is `start`: flipped by the work tile's parity
-    /// (`parity`, none outside a tile loop) and, after the role's tiles (`after`), once more
-    /// in a kernel that runs a single tile (whose parity register does not exist).
-    fn acc_parity(&mut self, start: u32, parity: Option<Reg>, after: bool) -> String {
-        match parity {
-            Some(p) => {
-                let r = self.new_reg(Class::B32);
-                self.ins(format!("xor.b32 {r}, {p}, {start}"));
-                r.to_string()
-            }
-            None => (start ^ u32::from(after)).to_string(),
-        }
+/// The shared address `offset` bytes into the kernel's dynamic shared memory.
+fn shared_at(e: &mut Emitter<'_>, offset: u32) -> Reg {
+    let a = e.new_reg(Class::B32);
+    e.ins(format!("add.u32 {a}, {}, {offset}", e.smem));
+    a
+}
+
+/// The `.cta_group` of every tcgen05 op of the kernel: `::2` in the 2-SM form, whose
+/// allocation, mmas and commits act for both CTAs of the pair.
+fn cta_group(s: &Sched) -> &'static str {
+    match s.cluster.as_ref().and_then(|c| c.pair) {
+        Some(_) => "cta_group::2",
+        None => "cta_group::1",
     }
 }

@@ -1,10 +1,11 @@
-//! sm_90a: the consumers' side of a ring loop the `overlap` pass rotated (`kiln_ir::ring`).
+//! sm_90a: the consumers' side of a ring loop the `overlap` pass rotated
+//! ([`kiln_ir::sched::Program::rotated`]).
 //!
 //! The loop is written as a prologue (iteration `t = 0`: block 0's head mma and code between),
 //! a steady loop (`t` in `1..trips`: block `t`'s head mma, block `t - 1`'s tail mma, block
 //! `t`'s code between under the tail) and an epilogue (`t = trips`: the last block's tail).
-//! Each section writes the steps of the ring's consumer program that run in it
-//! ([`Step::runs_rotated`]), so the PTX is the program the `protocol_check` pass proved.
+//! Each section writes the ops of the consumers' iteration program that run in it
+//! ([`Op::runs_rotated`]), so the PTX is the program the `protocol_check` pass proved.
 //!
 //! The body's other ops (constants, index arithmetic on the induction variable, the stage
 //! loads) are written again in each part that reads them, bound to that part's iteration and
@@ -15,15 +16,18 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kiln_ir::ring::{Deferral, Overlap, Ring, Step, Turns, Who};
+use kiln_ir::sched::overlap::{Deferral, Overlap};
+use kiln_ir::sched::{MmaPart, Op, Region, Role};
 use kiln_ir::{Block, DType, Kernel, OpId, ValueDef, ValueId};
 
-use super::Cursor;
-use crate::CodegenError;
+use super::Sm90a;
+use super::wgmma::RingBody;
+use crate::emit::Val;
+use crate::error::CodegenError;
+use crate::sched::{self, Cursor};
 use crate::types::{Class, Reg};
-use crate::writer::{Val, Writer};
 
-/// Where in the rotated loop a step is written.
+/// Where in the rotated loop an op is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Section {
     Prologue,
@@ -32,14 +36,14 @@ enum Section {
 }
 
 impl Section {
-    /// Whether `step` runs here: the section as an iteration of a two-trip loop.
-    fn runs(self, step: Step) -> bool {
+    /// Whether `op` runs here: the section as an iteration of a two-trip loop.
+    fn runs(self, op: Op) -> bool {
         let t = match self {
             Section::Prologue => 0,
             Section::Steady => 1,
             Section::Epilogue => 2,
         };
-        step.runs_rotated(t, 2)
+        op.runs_rotated(t, 2)
     }
 }
 
@@ -53,30 +57,14 @@ struct Parts {
     handed: Vec<ValueId>,
 }
 
-/// The registers of the warpgroups' turn barriers.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct TurnRegs {
-    /// This warpgroup's barrier id, and the next warpgroup's.
-    own: Reg,
-    next: Reg,
-    /// Whether this is warpgroup 0.
-    leader: Reg,
-    /// Whether this is not the last warpgroup of the turn order.
-    not_last: Reg,
-    /// Threads of the warpgroups meeting at a turn barrier ([`Turns::MEETING`]).
-    threads: u32,
-}
-
 /// The state of one rotated loop being written.
-struct Rotation {
-    id: OpId,
-    ring: Ring,
+struct Rotation<'s> {
+    consumer: &'s Role,
     overlap: Overlap,
     body: Block,
     parts: Parts,
     cursor: Cursor,
     lane0: Reg,
-    turns: Option<TurnRegs>,
     /// Induction variables of the head's and the tail's iteration, and the step.
     head_iv: Reg,
     tail_iv: Reg,
@@ -86,154 +74,161 @@ struct Rotation {
     handoff: BTreeMap<ValueId, Val>,
 }
 
-impl Writer<'_> {
+impl Sm90a<'_, '_> {
     /// Writes the consumers' rotated loop (see the module doc) with cursor `cursor`; hands
     /// the cursor back.
-    pub(super) fn write_rotated_loop(
+    pub(super) fn rotated_loop(
         &mut self,
-        id: OpId,
-        ring: &Ring,
+        consumer: &Role,
         cursor: Cursor,
         [lo, hi, step]: [Reg; 3],
     ) -> Result<Cursor, CodegenError> {
-        let op = self.k.ops[id].clone();
+        let (k, s) = (self.v.k, self.v.s);
+        let id = s.for_op;
+        let op = &k.ops[id];
         let body = op.regions[0].clone();
-        let overlap = ring
-            .overlap
-            .clone()
-            .ok_or_else(|| self.internal(id, "a rotated loop without its overlap schedule"))?;
-        let parts = parts(self.k, &body, &overlap);
-        let (head_iv, carried) = self.enter_loop(id, &op, &body, lo)?;
-        let lane0 = self.lane0();
-        let turns = overlap
-            .turns
-            .map(|_| {
-                self.turns
-                    .ok_or_else(|| self.internal(id, "turn barriers the consumers did not set up"))
-            })
-            .transpose()?;
-        let tail_iv = self.new_reg(Class::B32);
+        let overlap = s.overlap.clone().ok_or_else(|| {
+            self.e
+                .internal(id, "a rotated loop without its overlap schedule")
+        })?;
+        let parts = parts(k, &body, &overlap);
+        let (head_iv, carried) = self.e.enter_loop(id, op, &body, lo)?;
+        let lane0 = sched::lane0(self.e);
+        if overlap.turns.is_some() && self.turns.is_none() {
+            return Err(self
+                .e
+                .internal(id, "turn barriers the consumers did not set up"));
+        }
+        let tail_iv = self.e.new_reg(Class::B32);
         let mut r = Rotation {
-            id,
-            ring: ring.clone(),
+            consumer,
             overlap,
             body,
             parts,
             cursor,
             lane0,
-            turns,
             head_iv,
             tail_iv,
             step,
             carried,
             handoff: BTreeMap::new(),
         };
-        self.ring = Some(ring.clone());
-        // A CTA that walks no tiles runs its start and exit steps around the one loop.
-        if !ring.persistent {
-            self.cta_turn_steps(id, &ring.consumer_start)?;
+        self.ops.body = Some(RingBody::new(k, s, false));
+        // A CTA that walks no tiles runs its start and exit ops around the one loop.
+        if !s.persistent() {
+            self.turn_ops(&consumer.program.start)?;
         }
-        for s in ring.consumer_once.clone() {
-            self.rotated_step(&mut r, s)?;
+        for &o in &consumer.program.tile {
+            self.rotated_op(&mut r, o)?;
         }
-        let (empty, skip) = (self.new_reg(Class::Pred), self.new_label());
-        self.ins(format!("setp.ge.s32 {empty}, {head_iv}, {hi}"));
-        self.ins(format!("@{empty} bra {skip}"));
-        self.comment("rotated loop: prologue (block 0's head and code between)");
+        let (empty, skip) = (self.e.new_reg(Class::Pred), self.e.new_label());
+        self.e.ins(format!("setp.ge.s32 {empty}, {head_iv}, {hi}"));
+        self.e.ins(format!("@{empty} bra {skip}"));
+        self.e
+            .comment("rotated loop: prologue (block 0's head and code between)");
         self.rotated_section(&mut r, Section::Prologue)?;
-        self.advance(&r.cursor, ring.stages);
-        self.ins(format!("add.s32 {head_iv}, {head_iv}, {step}"));
-        let counted = self.open_counted_loop(head_iv, hi, step);
-        self.comment("rotated loop: steady state (block t's head, block t-1's tail)");
+        self.v.advance(self.e, &r.cursor);
+        self.e.ins(format!("add.s32 {head_iv}, {head_iv}, {step}"));
+        let counted = self.e.open_counted_loop(head_iv, hi, step);
+        self.e
+            .comment("rotated loop: steady state (block t's head, block t-1's tail)");
         self.rotated_section(&mut r, Section::Steady)?;
-        self.advance(&r.cursor, ring.stages);
-        self.close_counted_loop(&counted);
+        self.v.advance(self.e, &r.cursor);
+        self.e.close_counted_loop(&counted);
         // The last head mma is done: the once tiles are free for the next work tile.
-        self.write_release(id, ring, &r.cursor)?;
-        self.comment("rotated loop: epilogue (the last block's tail)");
+        self.release(consumer, &r.cursor)?;
+        self.e
+            .comment("rotated loop: epilogue (the last block's tail)");
         self.rotated_section(&mut r, Section::Epilogue)?;
-        let done = self.new_label();
-        self.ins(format!("bra.uni {done}"));
-        self.label(&skip);
-        self.write_release(id, ring, &r.cursor)?;
-        self.label(&done);
-        for s in ring.consumer_drain.clone() {
-            self.rotated_step(&mut r, s)?;
+        let done = self.e.new_label();
+        self.e.ins(format!("bra.uni {done}"));
+        self.e.label(&skip);
+        self.release(consumer, &r.cursor)?;
+        self.e.label(&done);
+        for &o in &consumer.program.drain {
+            self.rotated_op(&mut r, o)?;
         }
-        if !ring.persistent {
-            self.cta_turn_steps(id, &ring.consumer_exit)?;
+        if !s.persistent() {
+            let turns: Vec<Op> = consumer
+                .program
+                .exit
+                .iter()
+                .copied()
+                .filter(|o| matches!(o, Op::Sync { .. } | Op::Signal { .. }))
+                .collect();
+            self.turn_ops(&turns)?;
         }
-        self.ring = None;
-        for l in &ring.loads {
-            self.stage_bases.remove(&l.load);
-        }
+        self.ops.body = None;
+        self.unbind_stages();
         for (res, v) in op.results.iter().zip(r.carried) {
-            self.vals.insert(*res, v);
+            self.e.vals.insert(*res, v);
         }
         Ok(r.cursor)
     }
 
-    /// One section: the steps of the consumer program that run in it, then (after the tail)
-    /// the carried accumulator.
+    /// One section: the ops of the consumers' iteration program that run in it, then (after
+    /// the tail) the carried accumulator.
     fn rotated_section(&mut self, r: &mut Rotation, section: Section) -> Result<(), CodegenError> {
         // Whether this section has written a wgmma instruction yet.
         let mut wgmma_written = false;
-        for s in r.ring.consumer.clone() {
-            if !section.runs(s) {
+        for &o in &r.consumer.program.iteration {
+            if !section.runs(o) {
                 continue;
             }
-            match s {
-                Step::IssueHead | Step::IssueTail => wgmma_written = true,
-                Step::Commit => {
+            match o {
+                Op::Wgmma(MmaPart::Head | MmaPart::Tail) => wgmma_written = true,
+                Op::WgmmaCommit => {
                     // The epilogue opens with the absent head's commit, an empty group that
                     // keeps the wait_group counts of every section the same. The CUDA 13.0
                     // JIT fences that commit itself (advisory C7519: the registers were
                     // written since the last wait); the fence is written here instead.
                     if !wgmma_written {
-                        self.ins("wgmma.fence.sync.aligned");
+                        self.e.ins("wgmma.fence.sync.aligned");
                     }
                     wgmma_written = true;
                 }
                 _ => {}
             }
-            self.rotated_step(r, s)?;
+            self.rotated_op(r, o)?;
         }
         if section != Section::Prologue {
             let i = r.overlap.carried;
-            let y = self.yielded(&r.body)[i];
-            self.assign_all(&r.carried[i..=i], &[y], r.id)?;
+            let y = self.e.yielded(&r.body)[i];
+            self.e
+                .assign_all(&r.carried[i..=i], &[y], self.v.for_op())?;
         }
         Ok(())
     }
 
-    fn rotated_step(&mut self, r: &mut Rotation, s: Step) -> Result<(), CodegenError> {
+    fn rotated_op(&mut self, r: &mut Rotation, o: Op) -> Result<(), CodegenError> {
         let iv = r.body.args[0];
-        match s {
-            Step::IssueHead => {
-                self.bind_stages(r, r.cursor.stage);
-                self.vals.insert(iv, Val::Scalar(r.head_iv));
+        match o {
+            Op::Wgmma(MmaPart::Head) => {
+                self.bind_stages(r.cursor.stage);
+                self.e.vals.insert(iv, Val::Scalar(r.head_iv));
                 for o in r.parts.head.clone() {
-                    self.write_op(o)?;
+                    self.e.write_op(o, &mut self.ops)?;
                 }
             }
-            Step::IssueTail => {
-                self.ins(format!("sub.s32 {}, {}, {}", r.tail_iv, r.head_iv, r.step));
-                self.bind_stages(r, r.cursor.prev);
-                self.vals.insert(iv, Val::Scalar(r.tail_iv));
+            Op::Wgmma(MmaPart::Tail) => {
+                self.e
+                    .ins(format!("sub.s32 {}, {}, {}", r.tail_iv, r.head_iv, r.step));
+                self.bind_stages(r.cursor.prev);
+                self.e.vals.insert(iv, Val::Scalar(r.tail_iv));
                 for (v, h) in &r.handoff {
-                    self.vals.insert(*v, h.clone());
+                    self.e.vals.insert(*v, h.clone());
                 }
                 for o in r.parts.tail.clone() {
                     match r.overlap.rescale {
                         Some((op, factor)) if op == o => self.write_rescale(op, factor)?,
-                        _ => self.write_op(o)?,
+                        _ => self.e.write_op(o, &mut self.ops)?,
                     }
                 }
             }
-            Step::Between => {
-                self.vals.insert(iv, Val::Scalar(r.head_iv));
+            Op::Run(Region::Between) => {
+                self.e.vals.insert(iv, Val::Scalar(r.head_iv));
                 for o in r.parts.between.clone() {
-                    self.write_op(o)?;
+                    self.e.write_op(o, &mut self.ops)?;
                     if let Some(d) = r.overlap.defer
                         && d.max == o
                     {
@@ -241,23 +236,19 @@ impl Writer<'_> {
                     }
                 }
             }
-            Step::Handoff => self.hand_off(r)?,
-            Step::TurnWait { who } => self.turn(r.turns.as_ref(), r.id, who, true)?,
-            Step::TurnPass { who } => self.turn(r.turns.as_ref(), r.id, who, false)?,
-            Step::Wait { bar, start } => self.wait(&r.ring, &r.cursor, bar, start)?,
-            Step::Commit
-            | Step::WaitGroup(_)
-            | Step::Arrive { .. }
-            | Step::ArrivePeer { .. }
-            | Step::FenceProxyAsync => self.consumer_step(&r.ring, &r.cursor, s, r.lane0, r.id)?,
-            Step::ArriveExpectTx { .. }
-            | Step::Tma { .. }
-            | Step::TmaOnce { .. }
-            | Step::GenericWrite { .. }
-            | Step::Mma
-            | Step::Tcgen05Mma
-            | Step::Tcgen05Commit { .. } => {
-                return Err(self.internal(r.id, format!("`{s}` in a rotated consumer program")));
+            Op::Run(Region::Handoff) => self.hand_off(r)?,
+            Op::Sync { .. }
+            | Op::Signal { .. }
+            | Op::Wait { .. }
+            | Op::WgmmaCommit
+            | Op::WgmmaWait(_)
+            | Op::Arrive { .. }
+            | Op::ArrivePeer { .. }
+            | Op::FenceProxyAsync => self.consumer_op(&r.cursor, o, r.lane0)?,
+            other => {
+                return Err(self
+                    .v
+                    .misplaced(self.e, other, "in a rotated consumer program"));
             }
         }
         Ok(())
@@ -268,94 +259,88 @@ impl Writer<'_> {
     /// (a `-inf` reference never stays: `x - -inf` is not below it); what the body computes
     /// from the new maximum, the carried one included, then reads the reference.
     fn write_deferral(&mut self, d: Deferral) -> Result<(), CodegenError> {
-        let m_new = self.k.ops[d.max].results[0];
-        let layouts = &self.k.schedule.layouts;
+        let m_new = self.v.k.ops[d.max].results[0];
+        let layouts = &self.v.k.schedule.layouts;
         if layouts.get(&m_new) != layouts.get(&d.carried) {
-            return Err(self.internal(d.max, "a deferred maximum laid out unlike its carried one"));
+            return Err(self
+                .e
+                .internal(d.max, "a deferred maximum laid out unlike its carried one"));
         }
-        let new = self.tile(m_new, d.max)?;
-        let old = self.tile(d.carried, d.max)?;
+        let new = self.e.tile(m_new, d.max)?;
+        let old = self.e.tile(d.carried, d.max)?;
         let threshold = format!("0f{:08X}", Deferral::THRESHOLD.to_bits());
-        let (near, keep) = (self.new_reg(Class::Pred), self.new_reg(Class::Pred));
+        let (near, keep) = (self.e.new_reg(Class::Pred), self.e.new_reg(Class::Pred));
         for (k, (n, o)) in new.iter().zip(&old).enumerate() {
-            let growth = self.new_reg(Class::F32);
-            self.ins(format!("sub.f32 {growth}, {n}, {o}"));
+            let growth = self.e.new_reg(Class::F32);
+            self.e.ins(format!("sub.f32 {growth}, {n}, {o}"));
             if k == 0 {
-                self.ins(format!("setp.le.f32 {near}, {growth}, {threshold}"));
+                self.e
+                    .ins(format!("setp.le.f32 {near}, {growth}, {threshold}"));
             } else {
-                self.ins(format!(
+                self.e.ins(format!(
                     "setp.le.and.f32 {near}, {growth}, {threshold}, {near}"
                 ));
             }
         }
-        self.ins(format!("vote.sync.all.pred {keep}, {near}, 0xffffffff"));
+        self.e
+            .ins(format!("vote.sync.all.pred {keep}, {near}, 0xffffffff"));
         let chosen: Vec<Reg> = new
             .iter()
             .zip(&old)
             .map(|(n, o)| {
-                let r = self.new_reg(Class::F32);
-                self.ins(format!("selp.f32 {r}, {o}, {n}, {keep}"));
+                let r = self.e.new_reg(Class::F32);
+                self.e.ins(format!("selp.f32 {r}, {o}, {n}, {keep}"));
                 r
             })
             .collect();
-        self.vals.insert(m_new, Val::Tile(chosen));
+        self.e.vals.insert(m_new, Val::Tile(chosen));
         Ok(())
     }
 
     /// The tail's rescale `acc * factor`, skipped by a warp whose factors are all 1.
     fn write_rescale(&mut self, op: OpId, factor: ValueId) -> Result<(), CodegenError> {
-        let acc_v = self.k.ops[op]
+        let acc_v = self.v.k.ops[op]
             .operands
             .iter()
             .copied()
             .find(|&v| v != factor)
-            .ok_or_else(|| self.internal(op, "a rescale without its accumulator"))?;
-        let acc = self.tile(acc_v, op)?;
-        let factors = self.tile(factor, op)?;
-        let (all, one) = (self.new_reg(Class::Pred), self.new_reg(Class::Pred));
-        self.ins(format!("setp.eq.f32 {all}, {}, 0f3F800000", factors[0]));
+            .ok_or_else(|| self.e.internal(op, "a rescale without its accumulator"))?;
+        let acc = self.e.tile(acc_v, op)?;
+        let factors = self.e.tile(factor, op)?;
+        let (all, one) = (self.e.new_reg(Class::Pred), self.e.new_reg(Class::Pred));
+        self.e
+            .ins(format!("setp.eq.f32 {all}, {}, 0f3F800000", factors[0]));
         for f in &factors[1..] {
-            self.ins(format!("setp.eq.and.f32 {all}, {f}, 0f3F800000, {all}"));
+            self.e
+                .ins(format!("setp.eq.and.f32 {all}, {f}, 0f3F800000, {all}"));
         }
-        self.ins(format!("vote.sync.all.pred {one}, {all}, 0xffffffff"));
-        let (skip, end) = (self.new_label(), self.new_label());
-        self.ins(format!("@{one} bra.uni {skip}"));
-        let result = self.k.ops[op].results[0];
+        self.e
+            .ins(format!("vote.sync.all.pred {one}, {all}, 0xffffffff"));
+        let (skip, end) = (self.e.new_label(), self.e.new_label());
+        self.e.ins(format!("@{one} bra.uni {skip}"));
+        let result = self.v.k.ops[op].results[0];
         let distinct = acc.iter().collect::<BTreeSet<_>>().len() == acc.len();
-        if self.dies_here(acc_v, op) && distinct && self.k.ty(acc_v).dtype() == DType::F32 {
+        if self.e.dies_here(acc_v, op) && distinct && self.v.k.ty(acc_v).dtype() == DType::F32 {
             // In place: the accumulator keeps one set of registers through the loop, the
             // tail's wgmma accumulates into them and nothing is copied.
-            let d = self.dist(result, op)?;
+            let d = self.e.dist(result, op)?;
             for (a, offs) in acc.iter().zip(&d.regs) {
-                let f = self.elem(factor, offs, op)?;
-                self.ins(format!("mul.f32 {a}, {a}, {f}"));
+                let f = self.e.elem(factor, offs, op)?;
+                self.e.ins(format!("mul.f32 {a}, {a}, {f}"));
             }
-            self.label(&skip);
-            self.vals.insert(result, Val::Tile(acc));
+            self.e.label(&skip);
+            self.e.vals.insert(result, Val::Tile(acc));
             return Ok(());
         }
-        self.write_op(op)?;
-        let out = self.tile(result, op)?;
-        self.ins(format!("bra.uni {end}"));
-        self.label(&skip);
+        self.e.write_op(op, &mut self.ops)?;
+        let out = self.e.tile(result, op)?;
+        self.e.ins(format!("bra.uni {end}"));
+        self.e.label(&skip);
         for (o, a) in out.iter().zip(&acc) {
-            self.mov(*o, *a);
+            self.e.mov(*o, *a);
         }
-        self.label(&end);
+        self.e.label(&end);
         Ok(())
-    }
-
-    /// Points every ring load at stage `stage`.
-    fn bind_stages(&mut self, r: &Rotation, stage: Reg) {
-        for l in &r.ring.loads {
-            let base = self.new_reg(Class::B32);
-            self.ins(format!(
-                "mad.lo.u32 {base}, {stage}, {}, {}",
-                l.stage_stride, self.smem
-            ));
-            self.ins(format!("add.u32 {base}, {base}, {}", l.offset));
-            self.stage_bases.insert(l.load, base);
-        }
     }
 
     /// Moves this iteration's handed values into the handoff registers (narrowed tiles packed
@@ -363,18 +348,18 @@ impl Writer<'_> {
     /// the accumulator into the carried registers.
     fn hand_off(&mut self, r: &mut Rotation) -> Result<(), CodegenError> {
         for v in r.parts.handed.clone() {
-            let src = match self.val(v, r.id)? {
-                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.tile(v, r.id)?),
+            let src = match self.e.val(v, self.v.for_op())? {
+                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.e.tile(v, self.v.for_op())?),
                 other => other,
             };
             let dst = match (r.handoff.get(&v), &src) {
                 (Some(d), _) => d.clone(),
                 (None, Val::Narrowed { src, .. }) => Val::Packed(
                     (0..src.len() / 2)
-                        .map(|_| self.new_reg(Class::B32))
+                        .map(|_| self.e.new_reg(Class::B32))
                         .collect(),
                 ),
-                (None, other) => self.fresh_like(other, r.id)?,
+                (None, other) => self.e.fresh_like(other, self.v.for_op())?,
             };
             match (&dst, &src) {
                 (Val::Packed(pairs), Val::Narrowed { src, to }) => {
@@ -384,14 +369,15 @@ impl Writer<'_> {
                     };
                     for (k, p) in pairs.iter().enumerate() {
                         // The first source lands in the upper half (ptx-notes section 6).
-                        self.ins(format!("{cvt} {p}, {}, {}", src[2 * k + 1], src[2 * k]));
+                        self.e
+                            .ins(format!("{cvt} {p}, {}, {}", src[2 * k + 1], src[2 * k]));
                     }
                 }
-                _ => self.assign(&dst, &src, r.id)?,
+                _ => self.e.assign(&dst, &src, self.v.for_op())?,
             }
             r.handoff.insert(v, dst);
         }
-        let yields = self.yielded(&r.body);
+        let yields = self.e.yielded(&r.body);
         let keep = r.overlap.carried;
         let (dsts, values): (Vec<Val>, Vec<ValueId>) = r
             .carried
@@ -402,86 +388,7 @@ impl Writer<'_> {
             .filter(|(i, _)| *i != keep)
             .map(|(_, p)| p)
             .unzip();
-        self.assign_all(&dsts, &values, r.id)
-    }
-
-    /// Writes ring loop `id`'s CTA steps `steps` around its tiles ([`Ring::consumer_start`],
-    /// [`Ring::consumer_exit`]): turn hand-overs.
-    pub(super) fn cta_turn_steps(&mut self, id: OpId, steps: &[Step]) -> Result<(), CodegenError> {
-        let turns = self.turns;
-        for &s in steps {
-            match s {
-                Step::TurnWait { who } => self.turn(turns.as_ref(), id, who, true)?,
-                Step::TurnPass { who } => self.turn(turns.as_ref(), id, who, false)?,
-                other => {
-                    return Err(self.internal(id, format!("`{other}` once per CTA")));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The turn barrier registers of this consumer warpgroup.
-    pub(super) fn turn_regs(&mut self, t: Turns, id: OpId) -> Result<TurnRegs, CodegenError> {
-        let wg = self
-            .warpgroup
-            .ok_or_else(|| self.internal(id, "turn barriers outside the consumers"))?;
-        let (own, next, leader) = (
-            self.new_reg(Class::B32),
-            self.new_reg(Class::B32),
-            self.new_reg(Class::Pred),
-        );
-        self.ins(format!("add.u32 {own}, {wg}, {}", t.first_barrier));
-        self.ins(format!("add.u32 {next}, {wg}, 1"));
-        self.ins(format!("rem.u32 {next}, {next}, {}", t.warpgroups));
-        self.ins(format!("add.u32 {next}, {next}, {}", t.first_barrier));
-        self.ins(format!("setp.eq.u32 {leader}, {wg}, 0"));
-        // Of two warpgroups the last is the one that is not the leader.
-        let not_last = if t.warpgroups == 2 {
-            leader
-        } else {
-            let p = self.new_reg(Class::Pred);
-            self.ins(format!("setp.ne.u32 {p}, {wg}, {}", t.warpgroups - 1));
-            p
-        };
-        Ok(TurnRegs {
-            own,
-            next,
-            leader,
-            not_last,
-            threads: 128 * Turns::MEETING,
-        })
-    }
-
-    /// `bar.sync` on this warpgroup's turn barrier (`wait`) or `bar.arrive` on the next
-    /// one's, by the warpgroups `who` names.
-    fn turn(
-        &mut self,
-        turns: Option<&TurnRegs>,
-        id: OpId,
-        who: Who,
-        wait: bool,
-    ) -> Result<(), CodegenError> {
-        let t = turns.ok_or_else(|| self.internal(id, "a turn step without turn barriers"))?;
-        let (own, next, threads) = (t.own, t.next, t.threads);
-        let skip = match who {
-            Who::All => None,
-            Who::Leader => Some(format!("@!{}", t.leader)),
-            Who::Last => Some(format!("@{}", t.not_last)),
-        };
-        let end = self.new_label();
-        if let Some(guard) = &skip {
-            self.ins(format!("{guard} bra {end}"));
-        }
-        if wait {
-            self.ins(format!("bar.sync {own}, {threads}"));
-        } else {
-            self.ins(format!("bar.arrive {next}, {threads}"));
-        }
-        if skip.is_some() {
-            self.label(&end);
-        }
-        Ok(())
+        self.e.assign_all(&dsts, &values, self.v.for_op())
     }
 }
 

@@ -5,7 +5,7 @@
 //! `4 v2 + 2 v1 + v0`), so the registers are passed in layout order.
 //!
 //! A is K-major: box `c` of the stage holds columns `chunk c ..` of every row (`chunk` = 64,
-//! 32 or 16, [`kiln_ir::ring::box_columns`]), rows of `swizzle = 2 chunk` bytes; warpgroup
+//! 32 or 16, [`kiln_ir::sched::tma::box_columns`]), rows of `swizzle = 2 chunk` bytes; warpgroup
 //! `g` starts `64 g` rows in, SBO = 8 rows, and each k16 step moves the start address by 32
 //! bytes inside a box. B stored `[K, N]` is MN-major: one box of `BK` rows x `chunk` columns
 //! per `chunk` columns of N, swizzled by its `span = 2 chunk`-byte rows (128 B for N a
@@ -16,14 +16,38 @@
 //! layout) is packed into the RS form's four bf16-pair registers per k16 step, the same
 //! fragment `mma.sync` takes.
 
-use kiln_ir::OpId;
 use kiln_ir::passes::pipeline::overlaps;
-use kiln_ir::ring::{Operand, TmaLoad};
+use kiln_ir::sched::Sched;
+use kiln_ir::sched::tma::{Operand, TmaLoad};
 use kiln_ir::schedule::Layout;
+use kiln_ir::{Kernel, OpId};
 
-use crate::CodegenError;
+use crate::emit::{Emitter, Val};
+use crate::error::CodegenError;
+use crate::sched;
 use crate::types::{Class, Reg, half_ty};
-use crate::writer::{Val, Writer};
+
+/// The ring loop's body as its wgmmas read it: the loads whose stages they read, and whether
+/// each is committed and waited for where it is issued.
+#[derive(Clone, Debug)]
+pub(crate) struct RingBody {
+    /// Every TMA load of the schedule (ring and once loads).
+    loads: Vec<TmaLoad>,
+    /// Whether each wgmma is committed and waited for where it is issued: in an unrotated
+    /// body that reads its products (not the GEMM mainloop, [`overlaps`]). A rotated loop's
+    /// program commits and waits itself.
+    inline_wait: bool,
+}
+
+impl RingBody {
+    /// The body of `s`'s ring loop, `unrotated` or not.
+    pub(crate) fn new(k: &Kernel, s: &Sched, unrotated: bool) -> RingBody {
+        RingBody {
+            loads: s.loads.iter().map(|(_, l)| l.tma.clone()).collect(),
+            inline_wait: unrotated && !overlaps(k, s.for_op),
+        }
+    }
+}
 
 /// The descriptor's swizzle field (bits 62-63) for a swizzle span in bytes.
 fn swizzle_bits(span: u32) -> u64 {
@@ -132,187 +156,176 @@ impl Geometry {
     }
 }
 
-impl Writer<'_> {
-    /// A descriptor of the matrix starting at shared address `addr` with constant fields `t`.
-    pub(crate) fn descriptor(&mut self, addr: Reg, t: u64) -> Reg {
-        let d = self.new_reg(Class::B64);
-        self.ins(format!("cvt.u64.u32 {d}, {addr}"));
-        self.ins(format!("shr.u64 {d}, {d}, 4"));
-        self.ins(format!("and.b64 {d}, {d}, 16383"));
-        self.ins(format!("or.b64 {d}, {d}, 0x{t:016X}"));
-        d
+/// `desc` with `units` (16-byte units) added to its start address: a 32-bit add on the low
+/// word, which holds the 14-bit address field; shared addresses stay below 256 KiB, so the
+/// sum never carries into the next field.
+fn advance_descriptor(e: &mut Emitter<'_>, desc: Reg, units: u32) -> Reg {
+    if units == 0 {
+        return desc;
     }
+    let (lo, hi, out) = (
+        e.new_reg(Class::B32),
+        e.new_reg(Class::B32),
+        e.new_reg(Class::B64),
+    );
+    e.ins(format!("mov.b64 {{{lo}, {hi}}}, {desc}"));
+    e.ins(format!("add.u32 {lo}, {lo}, {units}"));
+    e.ins(format!("mov.b64 {out}, {{{lo}, {hi}}}"));
+    out
+}
 
-    /// `desc` with `units` (16-byte units) added to its start address: a 32-bit add on the low
-    /// word, which holds the 14-bit address field; shared addresses stay below 256 KiB, so the
-    /// sum never carries into the next field.
-    fn advance_descriptor(&mut self, desc: Reg, units: u32) -> Reg {
-        if units == 0 {
-            return desc;
-        }
-        let (lo, hi, out) = (
-            self.new_reg(Class::B32),
-            self.new_reg(Class::B32),
-            self.new_reg(Class::B64),
-        );
-        self.ins(format!("mov.b64 {{{lo}, {hi}}}, {desc}"));
-        self.ins(format!("add.u32 {lo}, {lo}, {units}"));
-        self.ins(format!("mov.b64 {out}, {{{lo}, {hi}}}"));
-        out
+/// The ring or once load whose stage `v` is, with its stage base; only a K-major B is
+/// read through a transposed view.
+fn ring_operand(
+    e: &Emitter<'_>,
+    ring: &RingBody,
+    v: kiln_ir::ValueId,
+    id: OpId,
+) -> Result<(Reg, TmaLoad), CodegenError> {
+    let Val::Smem {
+        base,
+        buf,
+        transposed,
+    } = e.val(v, id)?
+    else {
+        return Err(e.internal(id, "a wgmma operand that is not a ring stage"));
+    };
+    let load = ring
+        .loads
+        .iter()
+        .find(|l| l.load == buf.load)
+        .cloned()
+        .ok_or_else(|| e.internal(id, "a wgmma operand outside the ring"))?;
+    if transposed != (load.operand == Operand::KMajorB) {
+        return Err(e.internal(id, "a wgmma operand read in the wrong orientation"));
     }
+    Ok((base, load))
+}
 
-    /// The ring or once load whose stage `v` is, with its stage base; only a K-major B is
-    /// read through a transposed view.
-    fn ring_operand(&self, v: kiln_ir::ValueId, id: OpId) -> Result<(Reg, TmaLoad), CodegenError> {
-        let Val::Smem {
-            base,
-            buf,
-            transposed,
-        } = self.val(v, id)?
-        else {
-            return Err(self.internal(id, "a wgmma operand that is not a ring stage"));
-        };
-        let load = self
-            .ring
+/// Writes `d = a @ b (+ c)` as one wgmma per k16 step and warpgroup, accumulating in
+/// place (from zeros without `c`); A is a shared stage (SS) or the registers of an
+/// accumulator-layout tile (RS, ptx-notes §4 "RS A-fragment"). Outside the GEMM mainloop
+/// ([`overlaps`]) the wgmmas are committed and waited for here, before any other
+/// instruction reads their registers.
+pub(super) fn write(
+    e: &mut Emitter<'_>,
+    ring: &RingBody,
+    warpgroup: Option<Reg>,
+    id: OpId,
+) -> Result<(), CodegenError> {
+    let op = e.k.ops[id].clone();
+    let (a, b, r) = (op.operands[0], op.operands[1], op.results[0]);
+    let (b_base, b_load) = ring_operand(e, ring, b, id)?;
+    let a_val = e.val(a, id)?;
+    let a_smem = match a_val {
+        Val::Smem { .. } => Some(ring_operand(e, ring, a, id)?),
+        _ => None,
+    };
+    if b_load.operand == Operand::KMajorA
+        || a_smem
             .as_ref()
-            .and_then(|r| r.loads.iter().chain(&r.once).find(|l| l.load == buf.load))
-            .cloned()
-            .ok_or_else(|| self.internal(id, "a wgmma operand outside the ring"))?;
-        if transposed != (load.operand == Operand::KMajorB) {
-            return Err(self.internal(id, "a wgmma operand read in the wrong orientation"));
-        }
-        Ok((base, load))
+            .is_some_and(|(_, l)| l.operand != Operand::KMajorA)
+    {
+        return Err(e.internal(id, "wgmma operands in unexpected majorness"));
     }
-
-    /// Writes `d = a @ b (+ c)` as one wgmma per k16 step and warpgroup, accumulating in
-    /// place (from zeros without `c`); A is a shared stage (SS) or the registers of an
-    /// accumulator-layout tile (RS, ptx-notes §4 "RS A-fragment"). Outside the GEMM mainloop
-    /// ([`overlaps`]) the wgmmas are committed and waited for here, before any other
-    /// instruction reads their registers.
-    pub(crate) fn write_wgmma(&mut self, id: OpId) -> Result<(), CodegenError> {
-        let op = self.k.ops[id].clone();
-        let (a, b, r) = (op.operands[0], op.operands[1], op.results[0]);
-        let (b_base, b_load) = self.ring_operand(b, id)?;
-        let a_val = self.val(a, id)?;
-        let a_smem = match a_val {
-            Val::Smem { .. } => Some(self.ring_operand(a, id)?),
-            _ => None,
-        };
-        if b_load.operand == Operand::KMajorA
-            || a_smem
-                .as_ref()
-                .is_some_and(|(_, l)| l.operand != Operand::KMajorA)
-        {
-            return Err(self.internal(id, "wgmma operands in unexpected majorness"));
-        }
-        let g = Geometry::new(a_smem.as_ref().map(|(_, l)| l), &b_load);
-        if let Some((_, l)) = &a_smem
-            && g.a.is_some_and(|av| av.bk(l) != g.bk)
-        {
-            return Err(self.internal(id, "wgmma A and B stages of different K"));
-        }
-        let bn = g.bn;
-        let Some(elem) = half_ty(self.k.ty(a).dtype()) else {
-            return Err(self.internal(id, "wgmma operands must be bf16 or f16"));
-        };
-        // Without `c` the first k16 step ignores the accumulator (scale-d = 0), so its
-        // registers need no zeroing.
-        let zero_init = op.operands.get(2).is_none();
-        let acc = match op.operands.get(2) {
-            Some(&c) => {
-                let mut acc = self.tile(c, id)?;
-                let distinct =
-                    acc.iter().collect::<std::collections::BTreeSet<_>>().len() == acc.len();
-                if !(self.dies_here(c, id) && distinct) {
-                    let fresh: Vec<Reg> = acc.iter().map(|_| self.new_reg(Class::F32)).collect();
-                    for (d, s) in fresh.iter().zip(&acc) {
-                        self.mov(*d, *s);
-                    }
-                    acc = fresh;
+    let g = Geometry::new(a_smem.as_ref().map(|(_, l)| l), &b_load);
+    if let Some((_, l)) = &a_smem
+        && g.a.is_some_and(|av| av.bk(l) != g.bk)
+    {
+        return Err(e.internal(id, "wgmma A and B stages of different K"));
+    }
+    let bn = g.bn;
+    let Some(elem) = half_ty(e.k.ty(a).dtype()) else {
+        return Err(e.internal(id, "wgmma operands must be bf16 or f16"));
+    };
+    // Without `c` the first k16 step ignores the accumulator (scale-d = 0), so its
+    // registers need no zeroing.
+    let zero_init = op.operands.get(2).is_none();
+    let acc = match op.operands.get(2) {
+        Some(&c) => {
+            let mut acc = e.tile(c, id)?;
+            let distinct = acc.iter().collect::<std::collections::BTreeSet<_>>().len() == acc.len();
+            if !(e.dies_here(c, id) && distinct) {
+                let fresh: Vec<Reg> = acc.iter().map(|_| e.new_reg(Class::F32)).collect();
+                for (d, s) in fresh.iter().zip(&acc) {
+                    e.mov(*d, *s);
                 }
-                acc
+                acc = fresh;
             }
-            None => (0..bn / 2).map(|_| self.new_reg(Class::F32)).collect(),
-        };
-        if acc.len() as u32 != bn / 2 {
-            return Err(self.internal(id, "accumulator registers do not match m64nNk16"));
+            acc
         }
-        let da = match (&a_smem, g.a) {
-            (Some((a_base, _)), Some(av)) => {
-                // Warp-uniform: the warpgroup's first row in the A stage.
-                let wg = self
-                    .warpgroup
-                    .ok_or_else(|| self.internal(id, "a wgmma outside the consumers"))?;
-                let a_addr = self.new_reg(Class::B32);
-                self.ins(format!(
-                    "mad.lo.u32 {a_addr}, {wg}, {}, {a_base}",
-                    av.start(1, 0)
-                ));
-                let (al, asb, asw) = av.fields;
-                Some((self.descriptor(a_addr, template(al, asb, asw)), av))
-            }
-            _ => {
-                self.check_register_a(a, id)?;
-                None
-            }
-        };
-        let (bl, bsb, bsw) = g.b_fields;
-        let db = self.descriptor(b_base, template(bl, bsb, bsw));
-        // RS: the A fragments of every k16 step, packed before the fence.
-        let a_frags = match da {
-            Some(_) => Vec::new(),
-            None => (0..g.bk / 16)
-                .map(|s| self.pack_a_fragment(id, &a_val, g.bk / 8, 0, s))
-                .collect::<Result<Vec<_>, _>>()?,
-        };
-        self.ins("wgmma.fence.sync.aligned");
-        let regs: Vec<String> = acc.iter().map(Reg::to_string).collect();
-        let regs = regs.join(", ");
-        let trans_b = u32::from(!g.b_k_major);
-        let shape = format!("m64n{bn}k16.f32.{elem}.{elem}");
-        for s in 0..g.bk / 16 {
-            let scale_d = u32::from(!(zero_init && s == 0));
-            // Only the start address moves (base offset stays 0, ptx-notes §4).
-            let dbs = self.advance_descriptor(db, g.b_start(s) >> 4);
-            match (da, a_frags.get(s as usize)) {
-                (Some((da, av)), _) => {
-                    let das = self.advance_descriptor(da, av.start(0, s) >> 4);
-                    self.ins(format!(
-                        "wgmma.mma_async.sync.aligned.{shape} {{{regs}}}, {das}, {dbs}, {scale_d}, \
+        None => (0..bn / 2).map(|_| e.new_reg(Class::F32)).collect(),
+    };
+    if acc.len() as u32 != bn / 2 {
+        return Err(e.internal(id, "accumulator registers do not match m64nNk16"));
+    }
+    let da = match (&a_smem, g.a) {
+        (Some((a_base, _)), Some(av)) => {
+            // Warp-uniform: the warpgroup's first row in the A stage.
+            let wg = warpgroup.ok_or_else(|| e.internal(id, "a wgmma outside the consumers"))?;
+            let a_addr = e.new_reg(Class::B32);
+            e.ins(format!(
+                "mad.lo.u32 {a_addr}, {wg}, {}, {a_base}",
+                av.start(1, 0)
+            ));
+            let (al, asb, asw) = av.fields;
+            Some((sched::descriptor(e, a_addr, template(al, asb, asw)), av))
+        }
+        _ => {
+            check_register_a(e, a, id)?;
+            None
+        }
+    };
+    let (bl, bsb, bsw) = g.b_fields;
+    let db = sched::descriptor(e, b_base, template(bl, bsb, bsw));
+    // RS: the A fragments of every k16 step, packed before the fence.
+    let a_frags = match da {
+        Some(_) => Vec::new(),
+        None => (0..g.bk / 16)
+            .map(|s| e.pack_a_fragment(id, &a_val, g.bk / 8, 0, s))
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    e.ins("wgmma.fence.sync.aligned");
+    let regs: Vec<String> = acc.iter().map(Reg::to_string).collect();
+    let regs = regs.join(", ");
+    let trans_b = u32::from(!g.b_k_major);
+    let shape = format!("m64n{bn}k16.f32.{elem}.{elem}");
+    for s in 0..g.bk / 16 {
+        let scale_d = u32::from(!(zero_init && s == 0));
+        // Only the start address moves (base offset stays 0, ptx-notes §4).
+        let dbs = advance_descriptor(e, db, g.b_start(s) >> 4);
+        match (da, a_frags.get(s as usize)) {
+            (Some((da, av)), _) => {
+                let das = advance_descriptor(e, da, av.start(0, s) >> 4);
+                e.ins(format!(
+                    "wgmma.mma_async.sync.aligned.{shape} {{{regs}}}, {das}, {dbs}, {scale_d}, \
                          1, 1, 0, {trans_b}"
-                    ));
-                }
-                (None, Some([a0, a1, a2, a3])) => self.ins(format!(
-                    "wgmma.mma_async.sync.aligned.{shape} {{{regs}}}, {{{a0}, {a1}, {a2}, {a3}}}, \
-                     {dbs}, {scale_d}, 1, 1, {trans_b}"
-                )),
-                (None, None) => return Err(self.internal(id, "a k16 step without A fragments")),
+                ));
             }
-        }
-        // A rotated loop's program commits and waits (the `overlap` pass's steps).
-        let for_op = self
-            .ring
-            .as_ref()
-            .filter(|r| r.overlap.is_none())
-            .map(|r| r.for_op);
-        if for_op.is_some_and(|f| !overlaps(self.k, f)) {
-            self.ins("wgmma.commit_group.sync.aligned");
-            self.ins("wgmma.wait_group.sync.aligned 0");
-        }
-        self.vals.insert(r, Val::Tile(acc));
-        Ok(())
-    }
-
-    /// A register A operand must be in the wgmma accumulator layout: 16 rows per warp.
-    fn check_register_a(&self, a: kiln_ir::ValueId, id: OpId) -> Result<(), CodegenError> {
-        let warps = self.k.options.num_warps;
-        match self.k.schedule.layouts.get(&a) {
-            Some(Layout::Mma { warps: w }) if *w == [warps, 1] => Ok(()),
-            _ => Err(self.internal(
-                id,
-                "a register wgmma A operand not in the accumulator layout",
+            (None, Some([a0, a1, a2, a3])) => e.ins(format!(
+                "wgmma.mma_async.sync.aligned.{shape} {{{regs}}}, {{{a0}, {a1}, {a2}, {a3}}}, \
+                     {dbs}, {scale_d}, 1, 1, {trans_b}"
             )),
+            (None, None) => return Err(e.internal(id, "a k16 step without A fragments")),
         }
+    }
+    if ring.inline_wait {
+        e.ins("wgmma.commit_group.sync.aligned");
+        e.ins("wgmma.wait_group.sync.aligned 0");
+    }
+    e.vals.insert(r, Val::Tile(acc));
+    Ok(())
+}
+
+/// A register A operand must be in the wgmma accumulator layout: 16 rows per warp.
+fn check_register_a(e: &Emitter<'_>, a: kiln_ir::ValueId, id: OpId) -> Result<(), CodegenError> {
+    let warps = e.k.options.num_warps;
+    match e.k.schedule.layouts.get(&a) {
+        Some(Layout::Mma { warps: w }) if *w == [warps, 1] => Ok(()),
+        _ => Err(e.internal(
+            id,
+            "a register wgmma A operand not in the accumulator layout",
+        )),
     }
 }
 
@@ -320,7 +333,7 @@ impl Writer<'_> {
 mod tests {
     use super::{Geometry, template};
     use kiln_ir::OpId;
-    use kiln_ir::ring::{Operand, TmaLoad};
+    use kiln_ir::sched::tma::{Operand, TmaLoad};
 
     /// The loads the `pipeline` pass plans for a `bm x bk` A and a `bk x bn` B tile, B
     /// stored `[N, K]` when `b_k_major`.

@@ -1,20 +1,17 @@
-//! Global and shared memory: register-tile loads and stores with per-element bounds checks
-//! (a bounded store's against its clipped extent), scalar loads predicated on their index,
-//! and tiles staged in shared memory by `cp.async` (16-byte chunks, zero-filled past the
-//! tensor's edge through the src-size operand; an element-wise fallback when the tensor or
-//! the coordinate is not known to be 16-byte aligned).
+//! Global memory: register-tile loads and stores with per-element bounds checks (a bounded
+//! store's against its clipped extent), scalar loads predicated on their index, and the
+//! shared stage of a staged load (copied by `copy`).
 
 use std::collections::BTreeMap;
 
-use kiln_ir::schedule::SmemBuffer;
-use kiln_ir::{BinaryOp, Const, DType, OpId, OpKind, Param, ValueDef, ValueId};
+use kiln_ir::{DType, OpId, OpKind, Param, ValueId};
 
-use crate::CodegenError;
+use super::{Emitter, ParamRegs, Val};
+use crate::error::CodegenError;
 use crate::types::{Class, Reg};
-use crate::writer::{ParamRegs, Val, Writer};
 
 /// The PTX type used to move one element of `dtype`.
-fn mem_ty(dtype: DType) -> &'static str {
+pub(super) fn mem_ty(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => "f32",
         DType::Bf16 | DType::F16 => "b16",
@@ -25,39 +22,39 @@ fn mem_ty(dtype: DType) -> &'static str {
 
 /// Where a tile sits in its tensor: the address of the tile's origin row/column base and
 /// the registers needed for bounds checks.
-struct TileOrigin {
+pub(super) struct TileOrigin {
     /// Global address of element `(outer coords..., 0, 0)` (`.b64`).
-    base: Reg,
+    pub(super) base: Reg,
     /// Whether every outer coordinate is inside the tensor (`None`: there is none).
-    outer_ok: Option<Reg>,
+    pub(super) outer_ok: Option<Reg>,
     /// Per tile dimension: the tensor coordinate of the tile's first element.
-    coords: Vec<Reg>,
+    pub(super) coords: Vec<Reg>,
     /// Per tile dimension: the tensor's extent.
-    dims: Vec<Reg>,
+    pub(super) dims: Vec<Reg>,
     /// The row stride in elements (`.b64`), for 2-D tiles.
-    row_stride: Option<Reg>,
+    pub(super) row_stride: Option<Reg>,
     /// Element size in bytes.
-    esize: u32,
+    pub(super) esize: u32,
 }
 
-impl Writer<'_> {
+impl Emitter<'_> {
     fn tensor_regs(
         &self,
         tensor: usize,
         at: OpId,
     ) -> Result<(Reg, Vec<Reg>, Vec<Reg>), CodegenError> {
         match self.params.get(tensor) {
-            Some(ParamRegs::Tensor { ptr, dims, strides }) => {
-                Ok((*ptr, dims.clone(), strides.clone()))
-            }
+            Some(ParamRegs::Tensor {
+                ptr, dims, strides, ..
+            }) => Ok((*ptr, dims.clone(), strides.clone())),
             _ => Err(self.internal(at, "not a tensor parameter")),
         }
     }
 
     /// Where a tile of rank `tile_rank` at `coords` sits in `tensor`; `clip`: a tensor
     /// dimension (one of the tile's) and the extent to check it against instead of the
-    /// tensor's (a bounded store's, [`Writer::clipped_extent`]).
-    fn origin(
+    /// tensor's (a bounded store's, [`Emitter::clipped_extent`]).
+    pub(super) fn origin(
         &mut self,
         tensor: usize,
         coords: &[Reg],
@@ -106,7 +103,7 @@ impl Writer<'_> {
     }
 
     /// Global address of tile element `(row, col)` given as `.b32` tensor coordinates.
-    fn element_addr(&mut self, o: &TileOrigin, row: Option<Reg>, col: Reg) -> Reg {
+    pub(super) fn element_addr(&mut self, o: &TileOrigin, row: Option<Reg>, col: Reg) -> Reg {
         let idx = self.new_reg(Class::B64);
         self.ins(format!("cvt.s64.s32 {idx}, {col}"));
         if let (Some(row), Some(stride)) = (row, o.row_stride) {
@@ -120,7 +117,7 @@ impl Writer<'_> {
     }
 
     /// `ok = x <u extent` (and `outer_ok`).
-    fn in_bounds(&mut self, x: Reg, extent: Reg, outer_ok: Option<Reg>) -> Reg {
+    pub(super) fn in_bounds(&mut self, x: Reg, extent: Reg, outer_ok: Option<Reg>) -> Reg {
         let p = self.new_reg(Class::Pred);
         self.ins(format!("setp.lt.u32 {p}, {x}, {extent}"));
         if let Some(q) = outer_ok {
@@ -256,9 +253,6 @@ impl Writer<'_> {
     /// gets a fast path: when the whole of the warp's part lies inside the tensor (every
     /// tile but the edges), each pair is one unpredicated vector store.
     pub(crate) fn write_store(&mut self, id: OpId) -> Result<(), CodegenError> {
-        if let Some(st) = self.k.schedule.tma_stores.get(&id) {
-            return self.write_tma_store(id, &st.clone());
-        }
         let op = self.k.ops[id].clone();
         let (OpKind::Store { tensor, .. }, Some(parts)) = (&op.kind, op.store_operands()) else {
             return Err(self.internal(id, "not a store"));
@@ -345,7 +339,7 @@ impl Writer<'_> {
         x
     }
 
-    /// The fast path of [`Writer::write_store`], when the tile qualifies: branches to the
+    /// The fast path of [`Emitter::write_store`], when the tile qualifies: branches to the
     /// first returned label (the element-wise stores) unless every lane's elements are inside
     /// the tensor (clipped by `clip`), else stores the pairs and branches to the second (the
     /// end).
@@ -428,301 +422,4 @@ impl Writer<'_> {
         self.ins(format!("bra.uni {done}"));
         Ok(Some((edge, done)))
     }
-
-    /// Issues the cp.async copies (or element copies) of load `id`'s tile at `coords` into
-    /// shared memory at `dst`. Does not commit. `whole_chunks`: test at run time whether
-    /// the warp's chunks all lie inside the tensor's columns and, if so, copy without a
-    /// register src-size (GEMM mainloops: fewer instructions, a few more live registers).
-    ///
-    /// Thread `t` copies 16-byte chunk `t % cpr` of rows `t / cpr + q * (threads / cpr)`,
-    /// so when `threads / cpr` is a multiple of 8 every copy of a thread shares one swizzled
-    /// shared offset, column and global address step.
-    pub(crate) fn issue_copy(
-        &mut self,
-        id: OpId,
-        coords: &[Reg],
-        dst: Reg,
-        buf: &SmemBuffer,
-        whole_chunks: bool,
-    ) -> Result<(), CodegenError> {
-        let op = self.k.ops[id].clone();
-        let OpKind::Load { tensor, shape } = op.kind else {
-            return Err(self.internal(id, "not a load"));
-        };
-        if shape.rank() != 2 {
-            return Err(self.unsupported(id, "a 1-D tile staged in shared memory"));
-        }
-        if !buf.row_bytes.is_multiple_of(16) {
-            return Err(self.unsupported(
-                id,
-                "a shared tile whose rows are not a multiple of 16 bytes",
-            ));
-        }
-        let o = self.origin(tensor, coords, 2, None, id)?;
-        let aligned = matches!(
-            self.k.params[tensor],
-            Param::Tensor {
-                aligned16: true,
-                ..
-            }
-        );
-        let epc = 16 / o.esize;
-        let col_coord = op.operands[op.operands.len() - 1];
-        let fast = aligned && self.known_multiple(col_coord).is_multiple_of(epc);
-        let dtype = self.k.ty(op.results[0]).dtype();
-        let cpr = buf.row_bytes / 16;
-        let total = shape.rows() as u32 * cpr;
-        let threads = 32 * self.k.options.num_warps;
-        let regular = threads.is_multiple_of(cpr)
-            && total.is_multiple_of(threads)
-            && (threads / cpr).is_multiple_of(8);
-        if !regular {
-            return self.issue_copy_general(&o, fast, dtype, dst, buf, total);
-        }
-        let rstep = threads / cpr;
-        let (row, cc) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-        self.ins(format!("div.u32 {row}, {}, {cpr}", self.tid));
-        self.ins(format!("rem.u32 {cc}, {}, {cpr}", self.tid));
-        let saddr = self.smem_addr(dst, row, cc, buf);
-        let (grow, gcol) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-        self.ins(format!("add.s32 {grow}, {}, {row}", o.coords[0]));
-        self.ins(format!("mad.lo.s32 {gcol}, {cc}, {epc}, {}", o.coords[1]));
-        // Elsewhere only the column part of the address is shared by a thread's chunks: a
-        // per-chunk `q * row step` (or a hoisted step) would be loop-invariant, and ptxas
-        // would keep it in registers across the main loop.
-        let colbase = self.element_addr(&o, None, gcol);
-        let stride = o
-            .row_stride
-            .ok_or_else(|| self.internal(id, "2-D tile without a row stride"))?;
-        let col_bytes = if fast {
-            let left = self.new_reg(Class::B32);
-            self.ins(format!("sub.s32 {left}, {}, {gcol}", o.dims[1]));
-            self.ins(format!("max.s32 {left}, {left}, 0"));
-            self.ins(format!("min.s32 {left}, {left}, {epc}"));
-            self.ins(format!("mul.lo.s32 {left}, {left}, {}", o.esize));
-            Some(left)
-        } else {
-            None
-        };
-        // In a GEMM mainloop the chunks' addresses are one 64-bit add apart (the step is
-        // loop-invariant: two more registers, which attention cannot spare).
-        let row_step = whole_chunks.then(|| {
-            let step = self.new_reg(Class::B64);
-            self.ins(format!("mul.lo.s64 {step}, {stride}, {}", rstep * o.esize));
-            step
-        });
-        let mut prev: Option<Reg> = None;
-        let mut chunks = Vec::new();
-        for q in 0..total / threads {
-            let r = self.new_reg(Class::B32);
-            self.ins(format!("add.s32 {r}, {grow}, {}", q * rstep));
-            let row_ok = self.in_bounds(r, o.dims[0], o.outer_ok);
-            let g = match (prev, row_step) {
-                (Some(p), Some(step)) => {
-                    let g = self.new_reg(Class::B64);
-                    self.ins(format!("add.s64 {g}, {p}, {step}"));
-                    g
-                }
-                _ => {
-                    let (r64, g) = (self.new_reg(Class::B64), self.new_reg(Class::B64));
-                    self.ins(format!("cvt.s64.s32 {r64}, {r}"));
-                    self.ins(format!("mul.lo.s64 {r64}, {r64}, {stride}"));
-                    self.ins(format!("mad.lo.s64 {g}, {r64}, {}, {colbase}", o.esize));
-                    g
-                }
-            };
-            prev = Some(g);
-            let soff = q * rstep * buf.row_bytes;
-            match col_bytes {
-                Some(_) if whole_chunks => chunks.push((g, row_ok, soff)),
-                Some(cb) => self.copy_sized(cb, row_ok, saddr, soff, g),
-                None => self.copy_elements(&o, dtype, row_ok, gcol, g, saddr, soff),
-            }
-        }
-        let (Some(cb), true) = (col_bytes, whole_chunks) else {
-            return Ok(());
-        };
-        // A register src-size costs ptxas about five instructions per copy. When every lane
-        // of the warp copies whole chunks (all but the K-tail tile), a row outside the tensor
-        // only needs the `ignore-src` predicate (zero fill, nothing read).
-        let (whole, all_whole) = (self.new_reg(Class::Pred), self.new_reg(Class::Pred));
-        let (partial, done) = (self.new_label(), self.new_label());
-        self.ins(format!("setp.eq.s32 {whole}, {cb}, 16"));
-        self.ins(format!(
-            "vote.sync.all.pred {all_whole}, {whole}, 0xffffffff"
-        ));
-        self.ins(format!("@!{all_whole} bra {partial}"));
-        for &(g, row_ok, soff) in &chunks {
-            let skip = self.new_reg(Class::Pred);
-            self.ins(format!("not.pred {skip}, {row_ok}"));
-            self.ins(format!(
-                "cp.async.cg.shared.global [{saddr}+{soff}], [{g}], 16, {skip}"
-            ));
-        }
-        self.ins(format!("bra.uni {done}"));
-        self.label(&partial);
-        for (g, row_ok, soff) in chunks {
-            self.copy_sized(cb, row_ok, saddr, soff, g);
-        }
-        self.label(&done);
-        Ok(())
-    }
-
-    /// One 16-byte cp.async of `bytes` bytes (zero-filled), none when `row_ok` is false.
-    fn copy_sized(&mut self, bytes: Reg, row_ok: Reg, saddr: Reg, soff: u32, g: Reg) {
-        let n = self.new_reg(Class::B32);
-        self.ins(format!("selp.b32 {n}, {bytes}, 0, {row_ok}"));
-        // With src-size 0 nothing is read, so the address may be past the end.
-        self.ins(format!(
-            "cp.async.cg.shared.global [{saddr}+{soff}], [{g}], 16, {n}"
-        ));
-    }
-
-    /// The copy of a tile whose chunks do not divide evenly among the threads.
-    fn issue_copy_general(
-        &mut self,
-        o: &TileOrigin,
-        fast: bool,
-        dtype: DType,
-        dst: Reg,
-        buf: &SmemBuffer,
-        total: u32,
-    ) -> Result<(), CodegenError> {
-        let epc = 16 / o.esize;
-        let cpr = buf.row_bytes / 16;
-        let threads = 32 * self.k.options.num_warps;
-        for q in 0..total.div_ceil(threads) {
-            let idx = self.new_reg(Class::B32);
-            self.ins(format!("add.s32 {idx}, {}, {}", self.tid, q * threads));
-            let skip = if (q + 1) * threads > total {
-                let l = self.new_label();
-                let p = self.new_reg(Class::Pred);
-                self.ins(format!("setp.ge.u32 {p}, {idx}, {total}"));
-                self.ins(format!("@{p} bra {l}"));
-                Some(l)
-            } else {
-                None
-            };
-            let (row, cc) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-            self.ins(format!("div.u32 {row}, {idx}, {cpr}"));
-            self.ins(format!("rem.u32 {cc}, {idx}, {cpr}"));
-            let saddr = self.smem_addr(dst, row, cc, buf);
-            let (grow, gcol) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-            self.ins(format!("add.s32 {grow}, {}, {row}", o.coords[0]));
-            self.ins(format!("mad.lo.s32 {gcol}, {cc}, {epc}, {}", o.coords[1]));
-            let row_ok = self.in_bounds(grow, o.dims[0], o.outer_ok);
-            let gaddr = self.element_addr(o, Some(grow), gcol);
-            if fast {
-                let bytes = self.new_reg(Class::B32);
-                self.ins(format!("sub.s32 {bytes}, {}, {gcol}", o.dims[1]));
-                self.ins(format!("max.s32 {bytes}, {bytes}, 0"));
-                self.ins(format!("min.s32 {bytes}, {bytes}, {epc}"));
-                self.ins(format!("selp.b32 {bytes}, {bytes}, 0, {row_ok}"));
-                self.ins(format!("mul.lo.s32 {bytes}, {bytes}, {}", o.esize));
-                self.ins(format!(
-                    "cp.async.cg.shared.global [{saddr}], [{gaddr}], 16, {bytes}"
-                ));
-            } else {
-                self.copy_elements(o, dtype, row_ok, gcol, gaddr, saddr, 0);
-            }
-            if let Some(l) = skip {
-                self.label(&l);
-            }
-        }
-        Ok(())
-    }
-
-    /// Element-by-element copy of one 16-byte chunk (zero past the tensor's edge), for
-    /// tensors or coordinates not known to be 16-byte aligned.
-    #[allow(clippy::too_many_arguments)]
-    fn copy_elements(
-        &mut self,
-        o: &TileOrigin,
-        dtype: DType,
-        row_ok: Reg,
-        gcol: Reg,
-        gaddr: Reg,
-        saddr: Reg,
-        soff: u32,
-    ) {
-        let ty = mem_ty(dtype);
-        for e in 0..16 / o.esize {
-            let (c, x) = (self.new_reg(Class::B32), self.new_reg(Class::of(dtype)));
-            self.ins(format!("add.s32 {c}, {gcol}, {e}"));
-            let p = self.in_bounds(c, o.dims[1], Some(row_ok));
-            self.ins(format!("mov.{ty} {x}, 0"));
-            self.ins(format!(
-                "@{p} ld.global.{ty} {x}, [{gaddr}+{}]",
-                e * o.esize
-            ));
-            self.ins(format!(
-                "st.shared.{ty} [{saddr}+{}], {x}",
-                soff + e * o.esize
-            ));
-        }
-    }
-
-    /// Shared address of 16-byte chunk `chunk` of row `row` of a buffer stage at `base`.
-    pub(crate) fn smem_addr(&mut self, base: Reg, row: Reg, chunk: Reg, buf: &SmemBuffer) -> Reg {
-        let off = self.smem_offset(row, chunk, buf);
-        let addr = self.new_reg(Class::B32);
-        self.ins(format!("add.s32 {addr}, {base}, {off}"));
-        addr
-    }
-
-    /// Byte offset in a buffer stage of 16-byte chunk `chunk` of row `row`, after the
-    /// buffer's XOR swizzle.
-    pub(crate) fn smem_offset(&mut self, row: Reg, chunk: Reg, buf: &SmemBuffer) -> Reg {
-        let c = match buf.swizzle() {
-            Some((shift, mask)) => {
-                let (t, c) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-                self.ins(format!("shr.u32 {t}, {row}, {shift}"));
-                self.ins(format!("and.b32 {t}, {t}, {mask}"));
-                self.ins(format!("xor.b32 {c}, {chunk}, {t}"));
-                c
-            }
-            None => chunk,
-        };
-        let (a, off) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-        self.ins(format!("mul.lo.u32 {a}, {row}, {}", buf.row_bytes));
-        self.ins(format!("mad.lo.u32 {off}, {c}, 16, {a}"));
-        off
-    }
-
-    /// A number that statically divides scalar `v` (1 when nothing is known).
-    fn known_multiple(&self, v: ValueId) -> u32 {
-        const ANY: u32 = 1 << 16;
-        match self.k.values[v].def {
-            ValueDef::Op(op, _) => {
-                let o = &self.k.ops[op];
-                match &o.kind {
-                    OpKind::Const(Const::Int(0)) => ANY,
-                    OpKind::Const(Const::Int(c)) => (c.unsigned_abs().min(ANY as u64)) as u32,
-                    OpKind::Binary(BinaryOp::Mul) => self
-                        .known_multiple(o.operands[0])
-                        .saturating_mul(self.known_multiple(o.operands[1]))
-                        .min(ANY),
-                    OpKind::Binary(BinaryOp::Add | BinaryOp::Sub) => gcd(
-                        self.known_multiple(o.operands[0]),
-                        self.known_multiple(o.operands[1]),
-                    ),
-                    _ => 1,
-                }
-            }
-            ValueDef::BlockArg { op, index: 0, .. }
-                if matches!(self.k.ops[op].kind, OpKind::For { .. }) =>
-            {
-                let o = &self.k.ops[op];
-                gcd(
-                    self.known_multiple(o.operands[0]),
-                    self.known_multiple(o.operands[2]),
-                )
-            }
-            ValueDef::BlockArg { .. } => 1,
-        }
-    }
-}
-
-fn gcd(a: u32, b: u32) -> u32 {
-    if b == 0 { a } else { gcd(b, a % b) }
 }

@@ -6,9 +6,9 @@
 use kiln_ir::schedule::{Layout, SmemBuffer};
 use kiln_ir::{DType, OpId, ValueId};
 
-use crate::CodegenError;
+use super::{Emitter, Val};
+use crate::error::CodegenError;
 use crate::types::{Class, Reg, half_ty};
-use crate::writer::{Val, Writer};
 
 /// Whether all registers are different (a splat shares one register among all elements).
 fn distinct(regs: &[Reg]) -> bool {
@@ -54,7 +54,7 @@ struct Geometry {
     k: u32,
 }
 
-impl Writer<'_> {
+impl Emitter<'_> {
     /// Writes `d = a @ b (+ c)`.
     pub(crate) fn write_mma(&mut self, id: OpId) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();

@@ -5,14 +5,14 @@
 use kiln_ir::schedule::Distribution;
 use kiln_ir::{BinaryOp, DType, OpId, OpKind, Shape, UnaryOp, ValueId};
 
-use crate::CodegenError;
+use super::{Emitter, Val};
+use crate::error::CodegenError;
 use crate::types::{Class, Reg, f32_imm, half_ty};
-use crate::writer::{Val, Writer};
 
 /// log2(e), to compute `e^x` as `2^(x * log2 e)`.
 const LOG2_E: f64 = std::f64::consts::LOG2_E;
 
-impl Writer<'_> {
+impl Emitter<'_> {
     /// Writes an elementwise op, per register of its result's layout.
     pub(crate) fn write_elementwise(&mut self, id: OpId) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();

@@ -4,13 +4,13 @@
 
 use kiln_ir::schedule::{Distribution, Term};
 use kiln_ir::tmem::epilogue;
-use kiln_ir::{Const, DType, OpId, ValueId};
+use kiln_ir::{BinaryOp, Const, DType, OpId, OpKind, ValueDef, ValueId};
 
-use crate::CodegenError;
+use super::{Emitter, Val};
+use crate::error::CodegenError;
 use crate::types::{Class, Reg, f32_imm};
-use crate::writer::{Val, Writer};
 
-impl Writer<'_> {
+impl Emitter<'_> {
     /// The writer's form of `v`.
     pub(crate) fn val(&self, v: ValueId, at: OpId) -> Result<Val, CodegenError> {
         self.vals
@@ -98,7 +98,7 @@ impl Writer<'_> {
     }
 
     /// The distribution of tile `v`'s layout over its shape (in an epilogue chunk, only the
-    /// chunk's registers of a tile in the accumulator's columns: [`Writer::columns`]).
+    /// chunk's registers of a tile in the accumulator's columns: [`Emitter::columns`]).
     pub(crate) fn dist(&self, v: ValueId, at: OpId) -> Result<Distribution, CodegenError> {
         let d = self.k.distribution(v).map_err(|e| self.internal(at, e))?;
         match (&self.columns, self.k.schedule.layouts.get(&v)) {
@@ -114,7 +114,7 @@ impl Writer<'_> {
         self.thread_coord_of(terms, self.tid)
     }
 
-    /// [`Writer::thread_coord`] for the thread whose index `tid` holds.
+    /// [`Emitter::thread_coord`] for the thread whose index `tid` holds.
     pub(crate) fn thread_coord_of(&mut self, terms: &[Term], tid: Reg) -> Reg {
         let acc = self.new_reg(Class::B32);
         self.ins(format!("mov.u32 {acc}, 0"));
@@ -159,4 +159,41 @@ impl Writer<'_> {
         }
         r
     }
+
+    /// A number that statically divides scalar `v` (1 when nothing is known).
+    pub(crate) fn known_multiple(&self, v: ValueId) -> u32 {
+        const ANY: u32 = 1 << 16;
+        match self.k.values[v].def {
+            ValueDef::Op(op, _) => {
+                let o = &self.k.ops[op];
+                match &o.kind {
+                    OpKind::Const(Const::Int(0)) => ANY,
+                    OpKind::Const(Const::Int(c)) => (c.unsigned_abs().min(ANY as u64)) as u32,
+                    OpKind::Binary(BinaryOp::Mul) => self
+                        .known_multiple(o.operands[0])
+                        .saturating_mul(self.known_multiple(o.operands[1]))
+                        .min(ANY),
+                    OpKind::Binary(BinaryOp::Add | BinaryOp::Sub) => gcd(
+                        self.known_multiple(o.operands[0]),
+                        self.known_multiple(o.operands[1]),
+                    ),
+                    _ => 1,
+                }
+            }
+            ValueDef::BlockArg { op, index: 0, .. }
+                if matches!(self.k.ops[op].kind, OpKind::For { .. }) =>
+            {
+                let o = &self.k.ops[op];
+                gcd(
+                    self.known_multiple(o.operands[0]),
+                    self.known_multiple(o.operands[2]),
+                )
+            }
+            ValueDef::BlockArg { .. } => 1,
+        }
+    }
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }

@@ -4,12 +4,12 @@
 
 use kiln_ir::{Block, Op, OpId, OpKind, ValueId};
 
-use crate::CodegenError;
+use super::{Emitter, Lower, Val};
+use crate::error::CodegenError;
 use crate::types::{Class, Reg};
-use crate::writer::{Val, Writer};
 
-/// The registers and labels of a counted loop between [`Writer::open_counted_loop`] and
-/// [`Writer::close_counted_loop`].
+/// The registers and labels of a counted loop between [`Emitter::open_counted_loop`] and
+/// [`Emitter::close_counted_loop`].
 pub(crate) struct CountedLoop {
     /// The induction variable.
     iv: Reg,
@@ -25,7 +25,7 @@ pub(crate) struct CountedLoop {
     more: Reg,
 }
 
-impl Writer<'_> {
+impl Emitter<'_> {
     /// Fresh registers shaped like `v`.
     pub(crate) fn fresh_like(&mut self, v: &Val, at: OpId) -> Result<Val, CodegenError> {
         match v {
@@ -129,7 +129,7 @@ impl Writer<'_> {
 
     /// Opens a counted loop over `iv` (already set to its start): skips the loop when
     /// `iv >= hi`, then places the label at the top of the body. The body is bottom-tested,
-    /// closed by [`Writer::close_counted_loop`].
+    /// closed by [`Emitter::close_counted_loop`].
     pub(crate) fn open_counted_loop(&mut self, iv: Reg, hi: Reg, step: Reg) -> CountedLoop {
         let (top, end, more) = (
             self.new_label(),
@@ -159,7 +159,11 @@ impl Writer<'_> {
     }
 
     /// Writes a counted loop: `iv = lo; while iv < hi { body; iv += step }`.
-    pub(crate) fn write_for(&mut self, id: OpId) -> Result<(), CodegenError> {
+    pub(crate) fn write_for(
+        &mut self,
+        id: OpId,
+        lower: &mut dyn Lower,
+    ) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
         let body = op.regions[0].clone();
         let (lo, hi, step) = (
@@ -168,13 +172,13 @@ impl Writer<'_> {
             self.scalar(op.operands[2], id)?,
         );
         let (iv, carried) = self.enter_loop(id, &op, &body, lo)?;
-        let pipeline = self.pipeline_prologue(id, iv, hi, step)?;
+        let pipeline = self.pipeline_prologue(id, iv, step, lower)?;
         let counted = self.open_counted_loop(iv, hi, step);
-        self.pipeline_iteration(&pipeline, iv, step)?;
-        self.write_block(&body)?;
+        self.pipeline_iteration(&pipeline, iv, step, lower)?;
+        self.write_block(&body, lower)?;
         let yields = self.yielded(&body);
         self.assign_all(&carried, &yields, id)?;
-        self.pipeline_advance(&pipeline)?;
+        self.pipeline_advance(&pipeline, lower)?;
         self.close_counted_loop(&counted);
         self.pipeline_epilogue(&pipeline);
         for (r, c) in op.results.iter().zip(carried) {
@@ -195,7 +199,7 @@ impl Writer<'_> {
     }
 
     /// Writes `if cond { then } else { else }`, both branches assigning the results.
-    pub(crate) fn write_if(&mut self, id: OpId) -> Result<(), CodegenError> {
+    pub(crate) fn write_if(&mut self, id: OpId, lower: &mut dyn Lower) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
         let cond = self.scalar(op.operands[0], id)?;
         let (else_l, end) = (self.new_label(), self.new_label());
@@ -205,7 +209,7 @@ impl Writer<'_> {
             if i == 1 {
                 self.label(&else_l);
             }
-            self.write_block(region)?;
+            self.write_block(region, lower)?;
             let yields = self.yielded(region);
             if results.is_none() {
                 let mut rs = Vec::new();

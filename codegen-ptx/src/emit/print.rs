@@ -9,20 +9,16 @@ use kiln_ir::device_print::{c_conversion, escape_percent};
 use kiln_ir::schedule::Term;
 use kiln_ir::{DType, OpId, OpKind};
 
-use crate::CodegenError;
+use super::{Emitter, Lower};
+use crate::error::CodegenError;
 use crate::types::{Class, Reg};
-use crate::writer::Writer;
-
-/// The module-scope declaration of CUDA's device printf.
-pub(crate) const VPRINTF_DECL: &str =
-    ".extern .func (.param .b32 status) vprintf (.param .b64 format, .param .b64 valist);";
 
 /// Name of the per-thread argument buffer.
 const BUFFER: &str = "kiln_print_buf";
 
-impl Writer<'_> {
+impl Emitter<'_> {
     /// Writes `print` op `id`.
-    pub(crate) fn write_print(&mut self, id: OpId) -> Result<(), CodegenError> {
+    pub(crate) fn write_print(&mut self, id: OpId, lower: &dyn Lower) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
         let OpKind::Print { pieces, elements } = &op.kind else {
             return Err(self.internal(id, "not a print"));
@@ -71,7 +67,7 @@ impl Writer<'_> {
         self.ins(format!("@!{prints} bra {skip}"));
         let mut at = 0u32;
         for axis in 0..3 {
-            let b = self.block_index(axis);
+            let b = self.block_index(axis, lower);
             self.ins(format!("st.local.u32 [{BUFFER}+{at}], {b}"));
             at += 4;
         }

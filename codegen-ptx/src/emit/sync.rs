@@ -7,29 +7,14 @@ use std::collections::BTreeMap;
 use kiln_ir::schedule::SmemBuffer;
 use kiln_ir::{DType, OpId, OpKind, ReduceOp, ValueDef, ValueId};
 
-use crate::CodegenError;
+use super::{Emitter, Lower, Pipeline, Val};
+use crate::error::CodegenError;
 use crate::types::{Class, Reg};
-use crate::writer::{Val, Writer};
-
-/// The software pipeline of one `for` loop being written.
-#[derive(Clone, Debug)]
-pub(crate) struct Pipeline {
-    /// The loop's induction variable.
-    iv: ValueId,
-    /// The prefetched loads and their buffers.
-    loads: Vec<(OpId, SmemBuffer)>,
-    /// Stages in the ring.
-    stages: u32,
-    /// Stage read by the current iteration.
-    read: Reg,
-    /// Stage written by the current iteration's prefetch.
-    write: Reg,
-}
 
 /// Independent partial results per output element of a reduction within a thread.
 const CHAINS: usize = 4;
 
-impl Writer<'_> {
+impl Emitter<'_> {
     /// Writes `reduce.op x dim`: combine the registers of each output element, then
     /// butterfly-shuffle across the lanes holding the same output element.
     pub(crate) fn write_reduce(
@@ -131,10 +116,9 @@ impl Writer<'_> {
         &mut self,
         for_id: OpId,
         iv: Reg,
-        hi: Reg,
         step: Reg,
+        lower: &mut dyn Lower,
     ) -> Result<Option<Pipeline>, CodegenError> {
-        let _ = hi;
         let Some(plan) = self.k.schedule.loops.get(&for_id).cloned() else {
             return Ok(None);
         };
@@ -164,7 +148,7 @@ impl Writer<'_> {
             self.ins(format!("mad.lo.s32 {at}, {step}, {s}, {iv}"));
             let stage = self.new_reg(Class::B32);
             self.ins(format!("mov.u32 {stage}, {s}"));
-            self.prefetch(&p, at, stage)?;
+            self.prefetch(&p, at, stage, lower)?;
         }
         Ok(Some(p))
     }
@@ -176,6 +160,7 @@ impl Writer<'_> {
         p: &Option<Pipeline>,
         iv: Reg,
         step: Reg,
+        lower: &mut dyn Lower,
     ) -> Result<(), CodegenError> {
         let Some(p) = p else { return Ok(()) };
         self.ins(format!("cp.async.wait_group {}", p.stages - 2));
@@ -194,7 +179,7 @@ impl Writer<'_> {
         if self.single_mma(p.iv) {
             self.pending_prefetch = Some((p.clone(), ahead));
         } else {
-            self.prefetch(p, ahead, p.write)?;
+            self.prefetch(p, ahead, p.write, lower)?;
         }
         for (l, buf) in &p.loads {
             let base = self.stage_base(buf, p.read);
@@ -204,9 +189,9 @@ impl Writer<'_> {
     }
 
     /// Issues the iteration's deferred prefetch, if one is pending.
-    pub(crate) fn flush_prefetch(&mut self) -> Result<(), CodegenError> {
+    fn flush_prefetch(&mut self, lower: &mut dyn Lower) -> Result<(), CodegenError> {
         match self.pending_prefetch.take() {
-            Some((p, ahead)) => self.prefetch(&p, ahead, p.write),
+            Some((p, ahead)) => self.prefetch(&p, ahead, p.write, lower),
             None => Ok(()),
         }
     }
@@ -227,8 +212,12 @@ impl Writer<'_> {
     }
 
     /// At the bottom of an iteration: issues a prefetch still pending, then rotates the ring.
-    pub(crate) fn pipeline_advance(&mut self, p: &Option<Pipeline>) -> Result<(), CodegenError> {
-        self.flush_prefetch()?;
+    pub(crate) fn pipeline_advance(
+        &mut self,
+        p: &Option<Pipeline>,
+        lower: &mut dyn Lower,
+    ) -> Result<(), CodegenError> {
+        self.flush_prefetch(lower)?;
         let Some(p) = p else { return Ok(()) };
         for r in [p.read, p.write] {
             let wrap = self.new_reg(Class::Pred);
@@ -260,7 +249,13 @@ impl Writer<'_> {
 
     /// Issues and commits the copies of every prefetched load for the iteration whose
     /// induction variable is `at`, into `stage`.
-    fn prefetch(&mut self, p: &Pipeline, at: Reg, stage: Reg) -> Result<(), CodegenError> {
+    fn prefetch(
+        &mut self,
+        p: &Pipeline,
+        at: Reg,
+        stage: Reg,
+        lower: &mut dyn Lower,
+    ) -> Result<(), CodegenError> {
         let gemm = self.single_mma(p.iv);
         for (l, buf) in &p.loads {
             let mut memo = BTreeMap::new();
@@ -268,7 +263,7 @@ impl Writer<'_> {
                 .operands
                 .clone()
                 .into_iter()
-                .map(|c| self.remat(c, p.iv, at, &mut memo, *l))
+                .map(|c| self.remat(c, p.iv, at, &mut memo, *l, lower))
                 .collect::<Result<Vec<_>, _>>()?;
             let base = self.stage_base(buf, stage);
             self.issue_copy(*l, &coords, base, buf, gemm)?;
@@ -306,6 +301,7 @@ impl Writer<'_> {
         at: Reg,
         memo: &mut BTreeMap<ValueId, Reg>,
         load: OpId,
+        lower: &mut dyn Lower,
     ) -> Result<Reg, CodegenError> {
         if v == iv {
             return Ok(at);
@@ -330,7 +326,7 @@ impl Writer<'_> {
                 let srcs = op
                     .operands
                     .iter()
-                    .map(|&o| self.remat(o, iv, at, memo, load))
+                    .map(|&o| self.remat(o, iv, at, memo, load, lower))
                     .collect::<Result<Vec<_>, _>>()?;
                 let in_dtype = match op.kind {
                     OpKind::Select => self.k.ty(op.operands[1]).dtype(),
@@ -342,7 +338,7 @@ impl Writer<'_> {
                 // A leaf (constant, block id, parameter): write it, then forget it so the body
                 // writes its own copy where it dominates every use.
                 let body_copy = self.vals.remove(&v);
-                self.write_op(def)?;
+                self.write_op(def, lower)?;
                 let r = match self.vals.remove(&v) {
                     Some(Val::Scalar(r)) => r,
                     _ => return Err(self.internal(load, "a prefetch coordinate is not a scalar")),

@@ -1,0 +1,179 @@
+//! The tile scheduler's walk of a persistent kernel (`kiln_ir::sched::tiles`).
+//!
+//! Each role walks the work tiles of the logical grid (its `kiln_grid_*` parameters) in the
+//! scheduler's order and, per tile, decodes the block index the kernel's `block_id()` reads.
+//! A role's cursor is made once, before the tile loop, so stages and phases carry over; each
+//! tile flips the per-tile barriers' parity and, in a rotated loop, restarts the iteration
+//! count its release lags test.
+//!
+//! A clustered schedule (`kiln_ir::sched::cluster`) walks tile pairs: the scheduler's order
+//! runs over the grid of `cdiv(nx, 2)` x pairs, cluster `%clusterid.x` of `%nclusterid.x`
+//! taking the places a CTA would, and CTA `r` of the pair runs x block `2 px + r` (past the
+//! grid in a ragged last pair: its loads read zeros, its stores are masked off).
+
+use kiln_ir::sched::tiles::TileScheduler;
+use kiln_ir::{Kernel, OpId, Type};
+
+use super::barrier::{Cursor, cluster_rank};
+use super::view::View;
+use crate::emit::Emitter;
+use crate::error::CodegenError;
+use crate::types::{Class, Reg};
+
+/// The registers of a role's walk over the work tiles.
+pub(crate) struct TileLoop {
+    /// `k * nctaid.x`: where the role's `k`-th wave starts in the tile order.
+    wave: Reg,
+    ctas: Reg,
+    top: String,
+    done: String,
+}
+
+impl View<'_> {
+    /// Opens a role's walk over the work tiles of logical grid `grid` (its `k`-th tile is in
+    /// wave `k`, see `kiln_ir::sched::tiles`); the loop ends past the last tile. Returns the
+    /// walk and the tile's block index. The cursor gets the wave's parity (which also flips
+    /// the per-tile barriers' phase).
+    pub(crate) fn open_tile_loop(
+        &self,
+        e: &mut Emitter<'_>,
+        grid: Option<[Reg; 3]>,
+        c: &mut Cursor,
+    ) -> Result<(TileLoop, [Reg; 3]), CodegenError> {
+        let id = self.for_op();
+        let (Some([blocks_x, ny, nz]), Some(tiles)) = (grid, self.s.tiles) else {
+            return Err(e.internal(id, "a tile walk without its grid or order"));
+        };
+        let [cta, ctas, wave, total, parity] = [(); 5].map(|_| e.new_reg(Class::B32));
+        let cluster = self.s.cluster.as_ref().map(|c| c.ctas);
+        // A cluster walks the grid of x pairs in the places a CTA would walk the blocks.
+        let nx = match cluster {
+            Some(n) => {
+                let pairs = e.new_reg(Class::B32);
+                e.comment("tile pairs: clusters walk the grid of x pairs");
+                e.ins(format!("add.u32 {pairs}, {blocks_x}, {}", n - 1));
+                e.ins(format!("div.u32 {pairs}, {pairs}, {n}"));
+                e.ins(format!("mov.u32 {cta}, %clusterid.x"));
+                e.ins(format!("mov.u32 {ctas}, %nclusterid.x"));
+                pairs
+            }
+            None => {
+                e.ins(format!("mov.u32 {cta}, %ctaid.x"));
+                e.ins(format!("mov.u32 {ctas}, %nctaid.x"));
+                blocks_x
+            }
+        };
+        e.ins(format!("mov.u32 {wave}, 0"));
+        e.ins(format!("mul.lo.u32 {total}, {nx}, {ny}"));
+        e.ins(format!("mul.lo.u32 {total}, {total}, {nz}"));
+        e.ins(format!("mov.u32 {parity}, 0"));
+        c.tile_parity = Some(parity);
+        let (top, done) = (e.new_label(), e.new_label());
+        e.label(&top);
+        let (tile, finished) = (e.new_reg(Class::B32), e.new_reg(Class::Pred));
+        match tiles {
+            TileScheduler::Strided | TileScheduler::Grouped { .. } => {
+                e.ins(format!("add.u32 {tile}, {wave}, {cta}"))
+            }
+            TileScheduler::LongestFirst => {
+                // Odd waves deal the tiles from the last CTA down.
+                let (mirrored, odd) = (e.new_reg(Class::B32), e.new_reg(Class::Pred));
+                e.ins(format!("sub.u32 {mirrored}, {ctas}, {cta}"));
+                e.ins(format!("sub.u32 {mirrored}, {mirrored}, 1"));
+                e.ins(format!("setp.ne.u32 {odd}, {parity}, 0"));
+                e.ins(format!("selp.u32 {tile}, {mirrored}, {cta}, {odd}"));
+                e.ins(format!("add.u32 {tile}, {tile}, {wave}"));
+            }
+        }
+        e.ins(format!("setp.ge.u32 {finished}, {tile}, {total}"));
+        e.ins(format!("@{finished} bra {done}"));
+        let [x, y, z] = [(); 3].map(|_| e.new_reg(Class::B32));
+        match tiles {
+            TileScheduler::Strided => {
+                e.comment("work tile: its block index (x fastest)");
+                let yz = e.new_reg(Class::B32);
+                e.ins(format!("rem.u32 {x}, {tile}, {nx}"));
+                e.ins(format!("div.u32 {yz}, {tile}, {nx}"));
+                e.ins(format!("rem.u32 {y}, {yz}, {ny}"));
+                e.ins(format!("div.u32 {z}, {yz}, {ny}"));
+            }
+            TileScheduler::LongestFirst => {
+                e.comment("work tile: its block index (x slowest, from the last block down)");
+                let [planes, yz] = [(); 2].map(|_| e.new_reg(Class::B32));
+                e.ins(format!("mul.lo.u32 {planes}, {ny}, {nz}"));
+                e.ins(format!("div.u32 {x}, {tile}, {planes}"));
+                e.ins(format!("sub.u32 {x}, {nx}, {x}"));
+                e.ins(format!("sub.u32 {x}, {x}, 1"));
+                e.ins(format!("rem.u32 {yz}, {tile}, {planes}"));
+                e.ins(format!("rem.u32 {y}, {yz}, {ny}"));
+                e.ins(format!("div.u32 {z}, {yz}, {ny}"));
+            }
+            TileScheduler::Grouped { rows } => {
+                e.comment(&format!(
+                    "work tile: its block index (groups of {rows} x blocks, x fastest within)"
+                ));
+                let [plane, r, first, width, within] = [(); 5].map(|_| e.new_reg(Class::B32));
+                e.ins(format!("mul.lo.u32 {plane}, {nx}, {ny}"));
+                e.ins(format!("div.u32 {z}, {tile}, {plane}"));
+                e.ins(format!("rem.u32 {r}, {tile}, {plane}"));
+                e.ins(format!("mul.lo.u32 {first}, {ny}, {rows}"));
+                e.ins(format!("div.u32 {first}, {r}, {first}"));
+                e.ins(format!("mul.lo.u32 {first}, {first}, {rows}"));
+                e.ins(format!("sub.u32 {width}, {nx}, {first}"));
+                e.ins(format!("min.u32 {width}, {width}, {rows}"));
+                e.ins(format!("mul.lo.u32 {within}, {first}, {ny}"));
+                e.ins(format!("sub.u32 {within}, {r}, {within}"));
+                e.ins(format!("rem.u32 {x}, {within}, {width}"));
+                e.ins(format!("add.u32 {x}, {x}, {first}"));
+                e.ins(format!("div.u32 {y}, {within}, {width}"));
+            }
+        }
+        if let Some(n) = cluster {
+            let rank = cluster_rank(e);
+            e.ins(format!("mad.lo.u32 {x}, {x}, {n}, {rank}"));
+        }
+        // A rotated loop's release lags count from the tile's start; an unrotated one's run on
+        // (its first release frees the previous tile's last stage).
+        if self.s.roles.iter().any(|r| r.program.rotated) {
+            e.ins(format!("mov.u32 {}, 0", c.count));
+        }
+        let walk = TileLoop {
+            wave,
+            ctas,
+            top,
+            done,
+        };
+        Ok((walk, [x, y, z]))
+    }
+
+    /// Moves to the role's next wave and closes the walk.
+    pub(crate) fn close_tile_loop(&self, e: &mut Emitter<'_>, tl: &TileLoop, c: &Cursor) {
+        e.ins(format!("add.u32 {0}, {0}, {1}", tl.wave, tl.ctas));
+        if let Some(parity) = c.tile_parity {
+            e.ins(format!("xor.b32 {parity}, {parity}, 1"));
+        }
+        e.ins(format!("bra.uni {}", tl.top));
+        e.label(&tl.done);
+    }
+}
+
+/// Whether `op` and everything in its regions only compute scalars (no tile, no memory).
+pub(crate) fn scalar_only(k: &Kernel, op: OpId) -> bool {
+    let o = &k.ops[op];
+    let scalar_results = o
+        .results
+        .iter()
+        .all(|&r| matches!(k.ty(r), Type::Scalar(_)));
+    let no_memory = !matches!(
+        o.kind,
+        kiln_ir::OpKind::Load { .. }
+            | kiln_ir::OpKind::Store { .. }
+            | kiln_ir::OpKind::Print { .. }
+            | kiln_ir::OpKind::Mma
+    );
+    scalar_results
+        && no_memory
+        && o.regions
+            .iter()
+            .all(|r| r.ops.iter().all(|&inner| scalar_only(k, inner)))
+}

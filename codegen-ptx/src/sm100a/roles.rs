@@ -1,0 +1,272 @@
+//! The sm_100a GEMM's walk over its roles' programs: the split, the producer (the shared
+//! producer walk), the MMA warp (its per-tile program around its iteration program, then
+//! its exit) and the epilogue warps (the accumulator out of TMEM, then the code after the
+//! loop, whole or chunk by chunk).
+
+use std::ops::Range;
+
+use kiln_ir::OpId;
+use kiln_ir::sched::{Op, Region, Role, RoleKind};
+
+use super::Sm100a;
+use crate::emit::Val;
+use crate::error::CodegenError;
+use crate::sched::{self, Cursor, scalar_only};
+use crate::types::{Class, Reg};
+
+impl Sm100a<'_, '_> {
+    /// The three roles (see the module doc).
+    pub(super) fn roles(&mut self) -> Result<(), CodegenError> {
+        let epilogue = self.v.role(self.e, RoleKind::Epilogue)?;
+        let producer = self.v.role(self.e, RoleKind::Producer)?;
+        let mma = self.v.role(self.e, RoleKind::Mma)?;
+        let e = &mut *self.e;
+        let [is_epilogue, is_mma, idle] = [(); 3].map(|_| e.new_reg(Class::Pred));
+        let (epilogue_label, mma_label) = (e.new_label(), e.new_label());
+        e.ins(format!(
+            "setp.lt.u32 {is_epilogue}, {}, {}",
+            e.tid,
+            32 * epilogue.end_warp()
+        ));
+        e.ins(format!("@{is_epilogue} bra {epilogue_label}"));
+        e.ins(format!(
+            "setp.ge.u32 {is_mma}, {}, {}",
+            e.tid,
+            32 * mma.first_warp
+        ));
+        e.ins(format!("@{is_mma} bra {mma_label}"));
+        e.comment("producer warp: one thread issues every stage's TMA");
+        e.ins(format!(
+            "setp.ne.u32 {idle}, {}, {}",
+            e.tid,
+            32 * producer.first_warp
+        ));
+        e.ins(format!("@{idle} exit"));
+        let mut c = self.v.cursor(self.e, &producer.program.iteration);
+        let (walk, bounds) = self.enter_tile(&mut c, true)?;
+        self.v
+            .producer(self.e, &mut self.ops, producer, &c, bounds)?;
+        self.leave_tile(walk, &c);
+        self.e.ins("exit");
+        self.e.label(&mma_label);
+        self.e
+            .comment("mma warp: one thread issues the tcgen05.mmas; the warp owns TMEM");
+        self.mma_warp(mma)?;
+        self.e.ins("exit");
+        self.e.label(&epilogue_label);
+        self.e
+            .comment("epilogue warps: the accumulator from TMEM, then the kernel's code");
+        self.epilogue(epilogue)
+    }
+
+    /// The MMA warp after the address is published: its elected lane 0 runs the per-tile
+    /// program over the work tiles and the exit's wait (it alone knows how many tiles ran);
+    /// the reconverged warp runs the rest of the exit (the dealloc is warp-wide). In the
+    /// 2-SM form the peer CTA's MMA role only runs its own exit.
+    fn mma_warp(&mut self, mma: &Role) -> Result<(), CodegenError> {
+        let s = self.v.s;
+        let base = self.tmem_base();
+        let (other, join) = (self.e.new_reg(Class::Pred), self.e.new_label());
+        self.e.ins(format!(
+            "setp.ne.u32 {other}, {}, {}",
+            self.e.tid,
+            32 * mma.first_warp
+        ));
+        // The 2-SM form: the peer's MMA warp issues nothing; it only frees its columns.
+        let leader = s.cluster.as_ref().and_then(|c| c.pair).map(|p| p.leader);
+        let peer_role = s
+            .roles
+            .iter()
+            .find(|r| r.kind == RoleKind::Mma && r.rank.is_some_and(|rank| Some(rank) != leader));
+        let peer = match (leader, peer_role) {
+            (Some(leader), Some(role)) => {
+                let (rank, peer) = (sched::cluster_rank(self.e), self.e.new_reg(Class::Pred));
+                self.e.ins(format!("setp.ne.u32 {peer}, {rank}, {leader}"));
+                self.e.ins(format!("or.pred {other}, {other}, {peer}"));
+                Some((peer, role))
+            }
+            _ => None,
+        };
+        self.e.ins(format!("@{other} bra {join}"));
+        let mut c = self.v.cursor(self.e, &mma.program.iteration);
+        let (walk, bounds) = self.enter_tile(&mut c, true)?;
+        let p = &mma.program;
+        for &op in &p.tile {
+            self.mma_op(&c, op, base)?;
+        }
+        if !p.iteration.is_empty() {
+            self.mainloop(mma, &c, base, bounds)?;
+        }
+        for &op in p.drain.iter().chain(&p.release).chain(&p.end) {
+            self.mma_op(&c, op, base)?;
+        }
+        self.leave_tile(walk, &c);
+        let Some((&wait @ Op::Wait { .. }, rest)) = p.exit.split_first() else {
+            return Err(self.e.internal(
+                self.v.for_op(),
+                "an MMA warp exit that does not wait for the epilogue",
+            ));
+        };
+        self.v.wait(self.e, &c, wait, None, true)?;
+        self.e.label(&join);
+        self.e.ins("bar.warp.sync -1");
+        // The peer's warp runs its own exit, the leader's its role's.
+        let peer_exit = match peer {
+            Some((p, role)) => {
+                let (own, done) = (self.e.new_label(), self.e.new_label());
+                self.e.ins(format!("@{p} bra {own}"));
+                Some((own, done, role))
+            }
+            None => None,
+        };
+        for &op in rest {
+            self.tmem_op(op, base)?;
+        }
+        if let Some((own, done, role)) = peer_exit {
+            self.e.ins(format!("bra.uni {done}"));
+            self.e.label(&own);
+            for &op in &role.program.exit {
+                self.tmem_op(op, base)?;
+            }
+            self.e.label(&done);
+        }
+        Ok(())
+    }
+
+    /// One op of the MMA thread outside its loop: a wait on the epilogue's hand-back, the
+    /// accumulator's commit, a fence.
+    fn mma_op(&mut self, c: &Cursor, op: Op, base: Reg) -> Result<(), CodegenError> {
+        match op {
+            Op::Wait { .. } => self.v.wait(self.e, c, op, None, false),
+            Op::Tcgen05Commit { bar, .. } => {
+                let a = self.v.bar_addr(self.e, bar, c.stage)?;
+                self.commit(a);
+                Ok(())
+            }
+            other => self.tmem_op(other, base),
+        }
+    }
+
+    /// The epilogue warps, per work tile: warp `w` copies TMEM lanes `32 (w % 4) ..` (its
+    /// threads' rows) of its warpgroup's column block (columns `(w / 4) b ..`, `b` the
+    /// accumulator's columns over the warpgroups) load by load, column `j` of the block into
+    /// the `j`-th register, and at each [`Region::Epilogue`] runs the code after the loop on
+    /// the columns it names ([`Sm100a::read_chunk`]). A loop that ran no iteration yields its
+    /// initial value instead (no mma wrote the accumulator).
+    fn epilogue(&mut self, epilogue: &Role) -> Result<(), CodegenError> {
+        let id = self.v.for_op();
+        let acc = self.tmem.tiles.first().copied().ok_or_else(|| {
+            self.e
+                .internal(id, "an sm_100a schedule without its accumulator")
+        })?;
+        let groups = epilogue.warps / 4;
+        let block_columns = acc.columns / groups.max(1);
+        let base = self.tmem_base();
+        let e = &mut *self.e;
+        let (warp, lanes) = (e.new_reg(Class::B32), e.new_reg(Class::B32));
+        // TMEM address = (lane << 16) | column; warp w reaches lanes 32 (w % 4) .. + 31.
+        e.ins(format!("shr.u32 {warp}, {}, 5", e.tid));
+        e.ins(format!("and.b32 {lanes}, {warp}, 3"));
+        e.ins(format!("shl.b32 {lanes}, {lanes}, 21"));
+        e.ins(format!("add.u32 {lanes}, {lanes}, {base}"));
+        if groups > 1 {
+            let group = e.new_reg(Class::B32);
+            e.ins(format!("shr.u32 {group}, {warp}, 2"));
+            e.ins(format!(
+                "mad.lo.u32 {lanes}, {group}, {block_columns}, {lanes}"
+            ));
+        }
+        let mut c = self.v.cursor(self.e, &[]);
+        let (walk, [lo, hi, _]) = self.enter_tile(&mut c, false)?;
+        let mut regs: Vec<Reg> = Vec::new();
+        let mut first = true;
+        for &op in &epilogue.program.end {
+            match op {
+                Op::TmemLoad {
+                    column, columns, ..
+                } => {
+                    if column as usize != regs.len() {
+                        return Err(self.e.internal(id, "TMEM loads out of column order"));
+                    }
+                    regs.extend(self.tmem_load_at(lanes, acc.column + column, columns));
+                }
+                Op::Run(Region::Epilogue(Some((column, columns)))) => {
+                    if columns < block_columns {
+                        self.e.comment(&format!(
+                            "the code after the loop on block columns {column}..{}",
+                            column + columns
+                        ));
+                    }
+                    self.read_chunk(&regs, column..column + columns, [lo, hi], first)?;
+                    first = false;
+                }
+                Op::Wait { .. } => {
+                    self.v.wait(self.e, &c, op, None, false)?;
+                    // Lanes may leave the wait loop apart; the `.sync.aligned` copies after it
+                    // need the whole warp.
+                    self.e.ins("bar.warp.sync -1");
+                }
+                other => self.tmem_op(other, base)?,
+            }
+        }
+        self.leave_tile(walk, &c);
+        for &op in &epilogue.program.exit {
+            match op {
+                Op::BulkWaitAll => {
+                    let s = self.v.s;
+                    sched::finish_stores(self.e, s, &s.stores, None)?;
+                }
+                Op::ClusterSync => {
+                    self.e
+                        .comment("no CTA exits while the pair's mmas or copies may still use it");
+                    sched::cluster_barrier(self.e);
+                }
+                other => self.tmem_op(other, base)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the code after the loop on block columns `columns` of the copied registers
+    /// `regs`: the ring `for`'s result is that chunk of them (of its initial value where the
+    /// loop ran no iteration, `[lo, hi]` its bounds), and every tile whose layout holds the
+    /// accumulator's columns has only the chunk's registers meanwhile
+    /// ([`crate::emit::Lower::columns`]). The ops that compute only scalars are written
+    /// with the `first` chunk alone; the later ones reuse their registers.
+    fn read_chunk(
+        &mut self,
+        regs: &[Reg],
+        columns: Range<u32>,
+        [lo, hi]: [Reg; 2],
+        first: bool,
+    ) -> Result<(), CodegenError> {
+        let (k, id) = (self.v.k, self.v.for_op());
+        let op = &k.ops[id];
+        let e = &mut *self.e;
+        let (&[init], &[result]) = (&op.operands[3..], &op.results[..]) else {
+            return Err(e.internal(id, "a tcgen05 ring loop carrying more than its accumulator"));
+        };
+        let init = e.tile(init, id)?;
+        let range = columns.start as usize..columns.end as usize;
+        let (Some(init), Some(regs)) = (init.get(range.clone()), regs.get(range)) else {
+            return Err(e.internal(id, "a read of accumulator columns not copied"));
+        };
+        let (ran, skip) = (e.new_reg(Class::Pred), e.new_label());
+        e.ins(format!("setp.lt.s32 {ran}, {lo}, {hi}"));
+        e.ins(format!("@{ran} bra {skip}"));
+        for (&r, &i) in regs.iter().zip(init) {
+            e.mov(r, i);
+        }
+        e.label(&skip);
+        e.vals.insert(result, Val::Tile(regs.to_vec()));
+        self.ops.columns = Some(columns);
+        let after: Vec<OpId> = self.after.clone();
+        for op in after {
+            if k.ops[op].kind != kiln_ir::OpKind::Yield && (first || !scalar_only(k, op)) {
+                self.e.write_op(op, &mut self.ops)?;
+            }
+        }
+        self.ops.columns = None;
+        Ok(())
+    }
+}
