@@ -27,21 +27,6 @@ impl<'k> Writer<'k> {
 
     /// Writes the module.
     pub fn write(self) -> Result<PtxModule, CodegenError> {
-        // The writer reads the schedule IR the protocol check leaves; a kernel scheduled
-        // without the check (a test running the passes one by one) is checked here.
-        if self.k.schedule.sched.is_none() && matches!(self.target, Target::Sm90a | Target::Sm100a)
-        {
-            let mut k = self.k.clone();
-            kiln_ir::passes::protocol_check::run(&mut k, self.target)?;
-            if k.schedule.sched.is_some() {
-                return Writer::new(&k, self.target).write_checked();
-            }
-        }
-        self.write_checked()
-    }
-
-    /// Writes the module of a kernel whose schedule, if it has one, was checked.
-    fn write_checked(self) -> Result<PtxModule, CodegenError> {
         let (k, target) = (self.k, self.target);
         let s = k.schedule.sched.as_ref();
         let maps = s.map(sched::tensor_maps).unwrap_or_default();

@@ -370,10 +370,8 @@ fn after_tma_store(def: &dyn AnyKernelDef, overrides: &[(&str, &str)]) -> String
 fn sm90a_wide_epilogues_run_in_column_chunks_without_spills() {
     for &(name, def, overrides, columns) in SM90A_WIDE {
         let after = after_tma_store(def, overrides);
-        let line = after
-            .lines()
-            .find(|l| l.contains("epilogue: the code after"));
-        let expected = columns.map(|c| format!("runs on {c} accumulator columns at a time"));
+        let line = after.lines().find(|l| l.contains("    epilogue on "));
+        let expected = columns.map(|c| format!("epilogue on {c} accumulator columns at a time"));
         match (line, &expected) {
             (Some(l), Some(e)) => assert!(l.contains(e.as_str()), "{name}: {l}"),
             (None, None) => {}
@@ -397,11 +395,11 @@ fn sm90a_schedules_each_epilogue_as_the_gemm() {
     for &(name, def, overrides, _) in VARIANTS {
         let after = after_tma_store(def, overrides);
         for line in [
-            "ring op",
-            "persistent: stages and phases continue across work tiles",
-            "roles: consumers 8 warps",
+            "sched op",
             "tiles: persistent CTAs",
-            "tma store op",
+            "role consumer: warps 0..8 (2 replicas)",
+            "role producer: warps 8..12",
+            "store op",
         ] {
             assert!(
                 after.contains(line),

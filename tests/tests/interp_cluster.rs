@@ -137,12 +137,8 @@ fn paired(overrides: &[(&str, &str)]) -> Kernel {
     o.push(("CLUSTER_M", "2"));
     let mut k = ptx_examples::build("gemm", &o);
     run_pipeline(&mut k, Target::Sm100a, &mut |_, _| {}).unwrap_or_else(|d| panic!("{d}"));
-    assert!(
-        k.schedule
-            .rings
-            .values()
-            .all(|r| r.cluster.as_ref().is_some_and(|c| c.pair.is_some()))
-    );
+    let s = k.schedule.sched.as_ref().expect("a schedule");
+    assert!(s.cluster.as_ref().is_some_and(|c| c.pair.is_some()));
     k
 }
 

@@ -89,9 +89,10 @@ fn sm100a_gemm_on_two_epilogue_warpgroups_matches_reference() {
     assert_eq!(
         kernel
             .schedule
-            .tmem
+            .sched
             .as_ref()
-            .map(|p| p.roles.epilogue_warps),
+            .and_then(|s| s.role(RoleKind::Epilogue))
+            .map(|r| r.warps),
         Some(8)
     );
     for ctas in [1, 3] {
@@ -115,9 +116,10 @@ fn sm100a_gemm_on_two_epilogue_warpgroups_matches_reference() {
     assert_eq!(
         kernel
             .schedule
-            .tmem
+            .sched
             .as_ref()
-            .map(|p| p.roles.epilogue_warps),
+            .and_then(|s| s.role(RoleKind::Epilogue))
+            .map(|r| r.warps),
         Some(8)
     );
     let (a, b, ab) = gemm_operands(&mut rng, (m, n, k), false, Dist::Normal);

@@ -236,9 +236,8 @@ fn sm90a_gemm_with_96_wide_k_and_n_tiles_matches_reference() {
         let mut k = built.clone();
         run_pipeline(&mut k, Target::Sm90a, &mut |_, _| {}).unwrap_or_else(|d| panic!("{d}"));
         let s = k.schedule.sched.as_ref().expect("a TMA ring");
-        let sw64 = |(_, l): (_, &kiln::ir::sched::Load)| {
-            l.tma.swizzle == 64 && l.tma.box_dims[1] == 32
-        };
+        let sw64 =
+            |(_, l): (_, &kiln::ir::sched::Load)| l.tma.swizzle == 64 && l.tma.box_dims[1] == 32;
         let boxes_ok = if bn == 96 {
             s.loads.iter().all(sw64)
         } else {

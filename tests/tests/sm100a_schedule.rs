@@ -59,7 +59,11 @@ fn arrivals(s: &Sched, name: &str) -> u32 {
 /// The allocation's columns and its accumulator tile.
 fn acc(s: &Sched) -> (u32, TmemTile) {
     let t = s.tmem.as_ref().expect("tensor memory");
-    let acc = t.tiles.iter().find(|t| t.name == "acc").expect("an accumulator");
+    let acc = t
+        .tiles
+        .iter()
+        .find(|t| t.name == "acc")
+        .expect("an accumulator");
     (t.columns, *acc)
 }
 
@@ -128,10 +132,7 @@ fn gemm_ring_and_tmem_plan() {
                     part: MmaPart::Body,
                     tile: 0
                 },
-                Op::Tcgen05Commit {
-                    bar: empty,
-                    lag: 0
-                },
+                Op::Tcgen05Commit { bar: empty, lag: 0 },
             ]
         );
         assert!(mma(&mut s).drain.is_empty());

@@ -95,7 +95,12 @@ fn the_pair_shares_b_and_the_protocol_holds_on_both_ctas() {
             assert_eq!((m.issuer, m.mask), (i as u32 % 2, 0b11), "{what}");
         }
         // `full` still expects the whole stage; `empty` both CTAs' consumer warps.
-        let producer = |s: &Sched| s.role(RoleKind::Producer).expect("a producer").program.clone();
+        let producer = |s: &Sched| {
+            s.role(RoleKind::Producer)
+                .expect("a producer")
+                .program
+                .clone()
+        };
         assert_eq!(producer(s), producer(s0), "{what}");
         assert_eq!(count(s, "full"), count(s0, "full"), "{what}");
         assert_eq!(count(s, "empty"), 2 * consumers, "{what}");
@@ -106,7 +111,11 @@ fn the_pair_shares_b_and_the_protocol_holds_on_both_ctas() {
         );
         let empty = bar(s, "empty");
         let program = &s.role(RoleKind::Consumer).expect("consumers").program;
-        assert!(program.iteration.contains(&Op::ArrivePeer { bar: empty, lag: 1 }));
+        assert!(
+            program
+                .iteration
+                .contains(&Op::ArrivePeer { bar: empty, lag: 1 })
+        );
         // The scheduler deals pairs: groups of 8 x blocks are groups of 4 pairs.
         assert_eq!(s.tiles, Some(TileScheduler::Grouped { rows: 4 }));
         protocol_check::run(&mut k, Target::Sm90a).unwrap_or_else(|d| panic!("{what}: {d}"));

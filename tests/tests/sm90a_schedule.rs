@@ -88,10 +88,7 @@ fn gemm_ring_is_planned_and_proved() {
             &[("b_col_major", b_col_major)],
         ));
         let s = sched(&k);
-        assert_eq!(
-            (s.stages, count(s, "full"), count(s, "empty")),
-            (3, 1, 8)
-        );
+        assert_eq!((s.stages, count(s, "full"), count(s, "empty")), (3, 1, 8));
         let a = load(s, 0);
         assert_eq!(
             (a.operand, a.box_dims, a.swizzle),
@@ -222,7 +219,11 @@ fn attention_of_192_rows_runs_three_consumer_warpgroups_in_turns() {
         let (consumer_warps, consumer_regs) = warps_regs(s, RoleKind::Consumer);
         assert_eq!((consumer_warps, s.threads()), (12, 512));
         assert_eq!(
-            (s.ctas_per_sm, warps_regs(s, RoleKind::Producer).1, consumer_regs),
+            (
+                s.ctas_per_sm,
+                warps_regs(s, RoleKind::Producer).1,
+                consumer_regs
+            ),
             (1, 24, 160)
         );
         let q = s
@@ -392,7 +393,11 @@ fn two_ctas_per_multiprocessor_only_where_the_launch_registers_hold_the_split() 
         let s = sched_mut(&mut k);
         s.ctas_per_sm = 2;
         for r in &mut s.roles {
-            r.regs = Some(if r.kind == RoleKind::Producer { 24 } else { 112 });
+            r.regs = Some(if r.kind == RoleKind::Producer {
+                24
+            } else {
+                112
+            });
         }
         let text = warp_specialise::check_register_file(&k)
             .expect_err("24 / 112 for 384 threads at two CTAs")
@@ -477,10 +482,7 @@ fn attention_ring_is_planned_and_proved() {
         let mut k = scheduled(&ptx_examples::build("attention", overrides));
         let s = sched(&k);
         // The kernel asks for 2 stages; the rotated loop holds one more (the tail's).
-        assert_eq!(
-            (s.stages, count(s, "full"), count(s, "empty")),
-            (3, 1, 8)
-        );
+        assert_eq!((s.stages, count(s, "full"), count(s, "empty")), (3, 1, 8));
         // K (`[bn, d]`, read as `ks.t()`: K-major B) and V (`[bn, d]`: MN-major B) per stage;
         // Q (`[128, d]`, K-major A) once, all rank-4 tensors (batch and head as lead dims).
         let operands: Vec<Operand> = s.ring_loads().map(|(_, l)| l.tma.operand).collect();

@@ -3,7 +3,7 @@
 
 use std::fmt::Display;
 
-use kiln_ir::sched::{BarrierId, Mbarrier, Op, Phase};
+use kiln_ir::sched::{BarrierId, Mbarrier, Op, Phase, Scope};
 
 use super::view::View;
 use crate::emit::Emitter;
@@ -192,7 +192,11 @@ impl View<'_> {
         // A clustered ring's `empty` also counts the peer's consumers: acquire at cluster
         // scope what their releases published (ptx-notes §2). The 2-SM form's `full` hears
         // the peer's TMA, its `empty` the leader's commit.
-        let scope = if m.cluster { ".acquire.cluster" } else { "" };
+        let scope = if m.scope == Scope::Cta {
+            ""
+        } else {
+            ".acquire.cluster"
+        };
         parity_wait_loop(e, scope, addr, phase);
         Ok(())
     }

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use kiln_ir::sched::op::Named;
-use kiln_ir::sched::tma::BOX_COLUMNS;
+use kiln_ir::sched::store::BOX_COLUMNS;
 use kiln_ir::sched::{BarrierKind, Op, Sched, TmaStore};
 use kiln_ir::schedule::{Distribution, Term};
 use kiln_ir::{OpId, OpKind};
@@ -59,7 +59,7 @@ pub(crate) fn write(
     // share the phase r % 8; its columns stay inside one 16-byte chunk per 8, but for a
     // start whole boxes further (a tile staged whole: its registers' boxes are those of
     // the one round, moved by the thread's).
-    let (box_terms, chunk_terms) = kiln_ir::tma_store::column_terms(&d.terms[1]);
+    let (box_terms, chunk_terms) = kiln_ir::passes::tma_store::column_terms(&d.terms[1]);
     if !box_terms.is_empty() && st.rounds != 1 {
         return Err(e.internal(id, "a TMA store in rounds whose threads start boxes apart"));
     }
@@ -414,7 +414,7 @@ fn matrices_land_in_place(
 ) -> bool {
     let columns = BOX_COLUMNS;
     let (box_bytes, per_round) = (st.box_bytes(), st.boxes_per_round());
-    let (box_terms, chunk_terms) = kiln_ir::tma_store::column_terms(&d.terms[1]);
+    let (box_terms, chunk_terms) = kiln_ir::passes::tma_store::column_terms(&d.terms[1]);
     let swizzled = |row: u32, col: u32| {
         (col / columns % per_round) * box_bytes
             + row * 128
@@ -476,6 +476,7 @@ mod tests {
             threads: 128,
             groups: 1,
             round: Vec::new(),
+            work_tile: 0,
         }
     }
 

@@ -229,7 +229,7 @@ fn multicast(s: &mut Sched, shared: LoadId) -> Result<(), String> {
     let rows = load.box_dims[0];
     // A box's rows are 128-byte swizzled in atoms of 8: each slab must be whole atoms so the
     // slabs together write the box's image.
-    if rows % (8 * CTAS) != 0 {
+    if !rows.is_multiple_of(8 * CTAS) {
         return Err(format!(
             "the shared tile's boxes have {rows} rows, which do not split into {CTAS} slabs of \
              whole 8-row swizzle atoms"

@@ -1,7 +1,7 @@
 //! The schedule IR's text form, part of the kernel's IR dump:
 //!
 //! ```text
-//!   sched op7: 4 stages, 1 work tile per CTA
+//!   sched op7: 4 stages
 //!     bar0 full: mbarrier @65536 count 1 x4 stages, phase per iteration
 //!     bar1 empty: mbarrier @65568 count 8 x4 stages, phase per iteration
 //!     tma0 = op3 param0 KMajorA @0 stride 16384 B -> full: 2 box(es) 128x64 sw128
@@ -27,9 +27,8 @@ pub(crate) fn ops(sched: &Sched, ops: &[Op]) -> String {
 impl fmt::Display for Sched {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "  sched {}: {} stages", self.for_op, self.stages)?;
-        match self.work_tiles {
-            1 => f.write_str(", 1 work tile per CTA")?,
-            n => write!(f, ", {n} work tiles per CTA at once")?,
+        if self.work_tiles > 1 {
+            write!(f, ", {} work tiles at once", self.work_tiles)?;
         }
         if self.ctas_per_sm > 1 {
             write!(f, ", {} CTAs per multiprocessor", self.ctas_per_sm)?;
