@@ -322,7 +322,7 @@ impl fmt::Display for Const {
 pub enum OpKind {
     /// `() -> scalar`: a constant of the result type.
     Const(Const),
-    /// `() -> scalar`: the value of scalar parameter `index` (index into [`Kernel::params`]).
+    /// `() -> scalar`: the value of scalar parameter `index` (index into [`crate::kernel::Kernel::params`]).
     ScalarParam(usize),
     /// `() -> i32`: this block's index along an axis.
     BlockId(Axis),

@@ -16,7 +16,7 @@ pub struct KernelOptions {
     /// The kernel's request for thread-block clusters along x ([`crate::dsl::cluster`]):
     /// CTAs per cluster (1: none) and where it was asked for. A request, not a promise: the
     /// passes cluster a schedule that can share its loads across the cluster
-    /// ([`crate::cluster`]) and report any other as a diagnostic at `loc`.
+    /// ([`crate::sched::cluster`]) and report any other as a diagnostic at `loc`.
     pub cluster: u32,
     /// Where the cluster was requested (the default location when it was not).
     pub cluster_loc: Loc,

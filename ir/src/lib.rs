@@ -36,11 +36,10 @@
 //!    frontend in [`dsl`]; every op records the user's source [`kernel::Loc`].
 //! 2. [`verify`] checks types, shapes and dominance.
 //! 3. The pass list in [`passes`] rewrites and annotates the kernel for a [`target::Target`].
-//!    On sm_90a the annotations include the expert layer of [`ring`]: TMA stage rings with
-//!    their barrier programs per warp role, proved by the `protocol_check` pass; a persistent
-//!    GEMM-shaped ring may be shared by a 2-CTA thread-block [`cluster`]. On sm_100a
-//!    the same rings feed `tcgen05.mma`, and [`tmem`] adds the tensor-memory accumulator and
-//!    the programs of the warps that own and read it, proved by the same pass.
+//!    On sm_90a and sm_100a the scheduling passes write the expert layer, the schedule IR
+//!    ([`sched`]): warp roles with register budgets and programs of asynchronous ops over
+//!    barriers (TMA stage rings, wgmma or `tcgen05.mma` with tensor memory, TMA stores,
+//!    2-CTA clusters), proved by the `protocol_check` pass.
 //! 4. A backend (crate `kiln-ptx`) writes the annotated kernel as PTX.
 //!
 //! The [`interp`] module runs the semantic IR (before passes) on the CPU with the GPU's

@@ -180,7 +180,7 @@ pub struct Dim3 {
 /// Asks that the kernel's blocks run in thread-block clusters of `ctas` along x (1: no
 /// cluster; at most 2). A block still computes what its body says; the sm_90a passes
 /// cluster a persistent GEMM-shaped ring, whose pair of CTAs then multicasts the operand
-/// both tiles read ([`crate::cluster`]), and any other kernel or target fails to build with a
+/// both tiles read ([`crate::sched::cluster`]), and any other kernel or target fails to build with a
 /// diagnostic here, so an autotuner skips the candidate. Another `ctas` is a diagnostic too.
 #[track_caller]
 pub fn cluster(ctas: usize) {

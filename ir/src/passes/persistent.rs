@@ -10,11 +10,11 @@
 //! more and the producer waits on before reloading (see `kiln_ir::ring`).
 //!
 //! A kernel that asks for clusters of 2 ([`crate::dsl::cluster`]) gets them here when its
-//! ring has the structure [`crate::cluster`] needs, decided from the loads alone: a
+//! ring has the structure [`crate::sched::cluster`] needs, decided from the loads alone: a
 //! persistent sm_90a or sm_100a ring of two loads in the grouped tile order (no once loads, not rotated,
 //! not split), of which exactly one reads no `block_id().x`, so the pair of tiles `(2p, y)`,
 //! `(2p + 1, y)` reads the same tile of it; that load is multicast (sm_100a: split between
-//! the pair of one 2-SM mma, [`cluster::pair_ring`]) and the tile scheduler
+//! the pair of one 2-SM mma, `pair`) and the tile scheduler
 //! deals pairs (its groups of x blocks counted in pairs). Any other kernel asking for a
 //! cluster is a diagnostic at the request.
 

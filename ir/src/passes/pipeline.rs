@@ -13,7 +13,7 @@
 //! a shape and operands wgmma takes:
 //! - `x` is `[64 * warpgroups, K]` in the accumulator layout: either a tile staged in shared
 //!   memory (K-major, one TMA box per 64, 32 or 16 columns, the widest that tiles K:
-//!   [`crate::ring::box_columns`], swizzled by the box row's bytes), loaded in the body or once
+//!   [`crate::sched::tma::box_columns`], swizzled by the box row's bytes), loaded in the body or once
 //!   before the loop (a *once* load: attention's `Q`), or registers (wgmma RS: attention's
 //!   `P`);
 //! - `y` is a tile staged in the body, `[K, N]` (MN-major, one box of all K rows per 64, 32 or

@@ -1,5 +1,5 @@
 //! sm_90a: the epilogue stores of a persistent kernel go through shared memory and TMA
-//! ([`crate::tma_store`]). sm_100a: those of any ring kernel, whose epilogue warps
+//! ([`crate::sched::store`]). sm_100a: those of any ring kernel, whose epilogue warps
 //! (the kernel's warps, `crate::tmem`) each hold whole accumulator rows, which stored
 //! directly would scatter every warp's store over 32 rows.
 //!

@@ -22,7 +22,7 @@
 //! most 256 columns), and has no once loads. The accumulator takes the next power of 2 of its
 //! columns (at least 32) of the 512; the TMEM address slot and the `acc_full` / `acc_empty`
 //! barriers go after the rest of shared memory. A loop with a once load whose body is
-//! attention-shaped gets the FlashAttention-4-style schedule instead ([`attention`]). Any
+//! attention-shaped gets the FlashAttention-4-style schedule instead (`attention`). Any
 //! other loop is reported as not implemented on sm_100a.
 //!
 //! A schedule the `persistent` pass paired in the 2-SM form ([`crate::sched::cluster::Pair`])

@@ -70,7 +70,7 @@ pub const NAMED_BARRIERS: u32 = 16;
 /// warpgroup `g` waits on named barrier `first_barrier + g` before issuing its wgmmas and
 /// arrives on the next warpgroup's (`g + 1` modulo `warpgroups`) after, so one warpgroup's code
 /// between runs under the others' wgmmas. The last warpgroup hands the leader its first turn
-/// once per CTA ([`Ring::consumer_start`]), and the turns go round across a persistent CTA's
+/// once per CTA (in the consumer's start section), and the turns go round across a persistent CTA's
 /// tiles, so the leader starts a tile while the others finish the one before.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Turns {

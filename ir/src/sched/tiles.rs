@@ -23,7 +23,7 @@
 //!   other, fewer than x fastest over all of x, so more of them stay in L2 (Triton's grouped
 //!   order). CTA `c` runs tiles `c, c + C, ...` as in `Strided`.
 //!
-//! A clustered ring ([`crate::cluster`]) deals tile pairs: the order runs over the grid of
+//! A clustered schedule ([`super::cluster`]) deals tile pairs: the order runs over the grid of
 //! `cdiv(nx, 2)` x pairs with a cluster in the place of a CTA, and CTA `r` of the pair takes
 //! x block `2 px + r`.
 

@@ -131,7 +131,7 @@ impl TmaLoad {
     }
 
     /// The tile's extent `[rows, cols]`: what its boxes cover together (a clustered ring's
-    /// shared load issues each box of the tile as slabs of rows, [`crate::cluster`]).
+    /// shared load issues each box of the tile as slabs of rows, [`super::cluster`]).
     pub fn tile_dims(&self) -> [u32; 2] {
         let extent = |d: usize| {
             self.boxes

@@ -2,7 +2,7 @@
 //! ([`crate::sched`]) before any PTX is written. A violation is a compiler error at the
 //! user's loop, not a hang or a race on the GPU.
 //!
-//! **Static rules** ([`rules`], [`tmem`], [`cluster`], [`store`]), over the role programs:
+//! **Static rules** (`rules`, `tmem`, `cluster`, `store`), over the role programs:
 //! - set-up: `mbarrier.init`, `fence.mbarrier_init`, then the set-up barrier (the cluster's,
 //!   in a clustered schedule);
 //! - every load is issued once per iteration (a once load once per tile) by the producer,
@@ -29,7 +29,7 @@
 //! - TMA stores: each round frees, writes, fences and stores the staging tile, and commits;
 //!   the storing role waits for every store before it exits.
 //!
-//! **Dynamic rules** ([`machine`]): every role (each replica, in each CTA of a cluster) runs
+//! **Dynamic rules** (`machine`): every role (each replica, in each CTA of a cluster) runs
 //! its expanded program ([`crate::sched::expand`]) on an abstract machine with mbarrier
 //! semantics (arrival counts, transaction bytes, phases, parity waits), named barriers,
 //! wgmma commit groups, tcgen05 commits and vector clocks, for every trip count from 0 to
