@@ -144,12 +144,7 @@ fn cluster_pairs(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> 
 /// once per tile.
 pub(crate) fn persist(s: &mut Sched, order: TileScheduler) {
     s.tiles = Some(order);
-    let once: Vec<LoadId> = s
-        .loads
-        .iter()
-        .map(|(h, _)| h)
-        .filter(|&h| s.once(h))
-        .collect();
+    let once: Vec<LoadId> = s.once_loads().collect();
     let empty = s.ring_loads().find_map(|(_, l)| l.free);
     let count = empty.and_then(|e| s.mbarrier(e)).map_or(1, |m| m.count);
     for r in &mut s.roles {

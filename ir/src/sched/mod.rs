@@ -153,6 +153,11 @@ impl Sched {
     pub fn ring_loads(&self) -> impl Iterator<Item = (LoadId, &Load)> + '_ {
         self.loads.iter().filter(|(l, _)| !self.once(*l))
     }
+
+    /// The once loads: those filling their buffer once per work tile.
+    pub fn once_loads(&self) -> impl Iterator<Item = LoadId> + '_ {
+        self.loads.iter().map(|(h, _)| h).filter(|&h| self.once(h))
+    }
 }
 
 impl Sched {
@@ -223,14 +228,7 @@ impl Sched {
 
 /// Renames the barrier `op` names through `new`.
 fn rename_barrier(op: &mut Op, new: &dyn Fn(BarrierId) -> BarrierId) {
-    match op {
-        Op::Wait { bar, .. }
-        | Op::Arrive { bar, .. }
-        | Op::ArrivePeer { bar, .. }
-        | Op::ExpectTx { bar, .. }
-        | Op::Sync { bar, .. }
-        | Op::Signal { bar, .. }
-        | Op::Tcgen05Commit { bar, .. } => *bar = new(*bar),
-        _ => {}
+    if let Some(bar) = op.barrier_mut() {
+        *bar = new(*bar);
     }
 }

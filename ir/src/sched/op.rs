@@ -273,7 +273,12 @@ impl Op {
     }
 
     /// The barrier the op waits on, arrives on or signals, if any.
-    pub fn barrier(self) -> Option<BarrierId> {
+    pub fn barrier(mut self) -> Option<BarrierId> {
+        self.barrier_mut().copied()
+    }
+
+    /// The barrier the op waits on, arrives on or signals, if any, to rename it.
+    pub fn barrier_mut(&mut self) -> Option<&mut BarrierId> {
         match self {
             Op::Wait { bar, .. }
             | Op::Arrive { bar, .. }

@@ -343,12 +343,7 @@ fn check_rotation(s: &Sched) -> Result<(), ProtocolError> {
 
 /// The once loads' rules (see the parent module's doc).
 fn check_once(s: &Sched) -> Result<(), ProtocolError> {
-    let once: Vec<LoadId> = s
-        .loads
-        .iter()
-        .map(|(h, _)| h)
-        .filter(|&h| s.once(h))
-        .collect();
+    let once: Vec<LoadId> = s.once_loads().collect();
     let Some(p) = producer(s) else {
         return Ok(());
     };

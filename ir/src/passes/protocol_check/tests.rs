@@ -321,12 +321,7 @@ fn persistent(base: fn() -> Sched) -> Sched {
     let mut s = base();
     s.tiles = Some(TileScheduler::Strided);
     producer(&mut s).lead = 1;
-    let once: Vec<LoadId> = s
-        .loads
-        .iter()
-        .map(|(h, _)| h)
-        .filter(|&h| s.once(h))
-        .collect();
+    let once: Vec<LoadId> = s.once_loads().collect();
     if !once.is_empty() {
         let count = mbar(&mut s, "empty").count;
         let free = mbarrier(&mut s, "once_free", count, 1, Phase::Tile);

@@ -153,12 +153,7 @@ pub(super) fn plan(kernel: &mut Kernel, options: AttentionOptions) -> Result<(),
             "an attention mma without a shape",
         ));
     };
-    let once: Vec<LoadId> = s
-        .loads
-        .iter()
-        .map(|(h, _)| h)
-        .filter(|&h| s.once(h))
-        .collect();
+    let once: Vec<LoadId> = s.once_loads().collect();
     let ring: Vec<LoadId> = s.ring_loads().map(|(h, _)| h).collect();
     let [q] = once[..] else {
         return Err(Diagnostic::internal(loc, "an attention ring without its Q"));
