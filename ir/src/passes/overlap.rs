@@ -188,7 +188,7 @@ fn split_ring(kernel: &mut Kernel) -> Result<(), Diagnostic> {
     };
     let copy = |s: &mut Sched, name, of: BarrierId| {
         let m: Option<Mbarrier> = s.mbarrier(of).copied();
-        m.map(|m| s.barriers.append(Barrier::mbarrier(name, None, m)))
+        m.map(|m| s.add_mbarrier(name, None, m))
     };
     let (Some(tail_full), Some(tail_empty)) =
         (copy(s, "tail_full", full), copy(s, "tail_empty", empty))
@@ -206,11 +206,7 @@ fn split_ring(kernel: &mut Kernel) -> Result<(), Diagnostic> {
             .copied()
             .filter(|&h| s.loads[h].barrier == full)
             .collect();
-        producer.push(Op::Wait {
-            bar: empty,
-            start: 1,
-            lag: 0,
-        });
+        producer.push(Op::wait(empty, 1));
         producer.push(Op::ExpectTx {
             bar: full,
             bytes: loads.iter().map(|&h| s.loads[h].tma.tile_bytes()).sum(),
@@ -273,12 +269,7 @@ pub(crate) fn rotated_program(s: &Sched, turn: Option<BarrierId>) -> Vec<Op> {
         return Vec::new();
     };
     let split = tail_full != full;
-    let wait = |bar| Op::Wait {
-        bar,
-        start: 0,
-        lag: 0,
-    };
-    let mut p = vec![wait(full)];
+    let mut p = vec![Op::wait(full, 0)];
     if let Some(bar) = turn {
         p.push(Op::Sync {
             bar,
@@ -302,7 +293,7 @@ pub(crate) fn rotated_program(s: &Sched, turn: Option<BarrierId>) -> Vec<Op> {
     // The tail group (newest) may still run; the head group is complete.
     p.push(Op::WgmmaWait(1));
     if split {
-        p.push(Op::Arrive { bar: empty, lag: 0 });
+        p.push(Op::arrive(empty));
     }
     p.extend([Op::Run(Region::Between), Op::WgmmaWait(0)]);
     if split {
@@ -311,7 +302,7 @@ pub(crate) fn rotated_program(s: &Sched, turn: Option<BarrierId>) -> Vec<Op> {
                 bar: tail_empty,
                 lag: 1,
             },
-            wait(tail_full),
+            Op::wait(tail_full, 0),
         ]);
     } else {
         p.push(Op::Arrive { bar: empty, lag: 1 });

@@ -23,7 +23,7 @@ use crate::kernel::{Axis, Kernel, OpId, OpKind, ValueId};
 use crate::sched::cluster::{CTAS, Cluster, Multicast, Pair};
 use crate::sched::tiles::TileScheduler;
 use crate::sched::tma::{Operand, TmaBox, TmaLoad};
-use crate::sched::{Barrier, LoadId, Mbarrier, Op, Phase, RoleKind, Sched, Scope};
+use crate::sched::{LoadId, Mbarrier, Op, Phase, RoleKind, Sched, Scope};
 use crate::target::Target;
 
 use super::walk;
@@ -155,37 +155,14 @@ pub(crate) fn persist(s: &mut Sched, order: TileScheduler) {
     if once.is_empty() {
         return;
     }
-    let once_free = s.barriers.append(Barrier::mbarrier(
-        "once_free",
-        None,
-        Mbarrier {
-            count,
-            stages: 1,
-            phase: Phase::Tile,
-            offset: 0,
-            scope: Scope::Cta,
-            hands_tmem: false,
-        },
-    ));
+    let once_free = s.add_mbarrier("once_free", None, Mbarrier::new(count, 1, Phase::Tile));
     for &l in &once {
         s.loads[l].free = Some(once_free);
     }
     for r in &mut s.roles {
         match r.kind {
-            RoleKind::Producer => r.program.tile.insert(
-                0,
-                Op::Wait {
-                    bar: once_free,
-                    start: 1,
-                    lag: 0,
-                },
-            ),
-            RoleKind::Consumer => {
-                r.program.release = vec![Op::Arrive {
-                    bar: once_free,
-                    lag: 0,
-                }];
-            }
+            RoleKind::Producer => r.program.tile.insert(0, Op::wait(once_free, 1)),
+            RoleKind::Consumer => r.program.release = vec![Op::arrive(once_free)],
             _ => {}
         }
     }
@@ -292,11 +269,11 @@ fn pair(s: &mut Sched, shared: LoadId) -> Result<(), String> {
     let halved = match load.operand {
         // Stored `[N, K]`: N is the box rows, whole 8-row swizzle atoms each half.
         Operand::KMajorB if rows % (8 * CTAS) == 0 => {
-            TmaLoad::k_major(load.load, load.param, Operand::KMajorB, rows / CTAS, cols)
+            TmaLoad::new(load.load, load.param, Operand::KMajorB, rows / CTAS, cols)
         }
         // Stored `[K, N]`: N is the 64-column boxes, whole boxes each half.
         Operand::MnMajorB if cols % (64 * CTAS) == 0 => {
-            TmaLoad::mn_major_b(load.load, load.param, rows, cols / CTAS)
+            TmaLoad::new(load.load, load.param, Operand::MnMajorB, rows, cols / CTAS)
         }
         Operand::KMajorB | Operand::MnMajorB => {
             return Err(format!(

@@ -123,6 +123,20 @@ impl Sched {
         32 * self.roles.iter().map(Role::end_warp).max().unwrap_or(0)
     }
 
+    /// Appends mbarrier array `name` (`index`: its place in a family) to the arena.
+    pub fn add_mbarrier(
+        &mut self,
+        name: &'static str,
+        index: Option<u32>,
+        mbarrier: Mbarrier,
+    ) -> BarrierId {
+        self.barriers.append(Barrier {
+            name,
+            index,
+            kind: BarrierKind::Mbarrier(mbarrier),
+        })
+    }
+
     /// The first role of `kind`.
     pub fn role(&self, kind: RoleKind) -> Option<&Role> {
         self.roles.iter().find(|r| r.kind == kind)

@@ -219,6 +219,22 @@ pub enum Op {
 }
 
 impl Op {
+    /// A wait on `bar` for the phase of the current iteration (or work tile), its parity
+    /// from `start`.
+    pub fn wait(bar: BarrierId, start: u32) -> Op {
+        Op::Wait { bar, start, lag: 0 }
+    }
+
+    /// An arrival on `bar` at the current iteration's stage.
+    pub fn arrive(bar: BarrierId) -> Op {
+        Op::Arrive { bar, lag: 0 }
+    }
+
+    /// A `tcgen05.commit` to `bar` at the current iteration's stage.
+    pub fn commit(bar: BarrierId) -> Op {
+        Op::Tcgen05Commit { bar, lag: 0 }
+    }
+
     /// In a rotated program, how many iterations behind the loop's the iteration is that the
     /// op serves: `Some(0)` for the head's ops, `Some(1)` for the tail's (and a release of
     /// the previous stage), `None` for ops every iteration runs (commits, group waits, turn

@@ -459,9 +459,9 @@ fn check_release(
 ) -> Result<(), ProtocolError> {
     let expected: Vec<Op> = match frees.iter().next() {
         Some(&bar) if persistent => vec![if wgmma_role(r) {
-            Op::Arrive { bar, lag: 0 }
+            Op::arrive(bar)
         } else {
-            Op::Tcgen05Commit { bar, lag: 0 }
+            Op::commit(bar)
         }],
         _ => Vec::new(),
     };

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::entities::OpId;
-use crate::sched::barrier::{Barrier, BarrierId, BarrierKind, Index, Mbarrier, Phase, Scope};
+use crate::sched::barrier::{Barrier, BarrierId, BarrierKind, Index, Mbarrier, Phase};
 use crate::sched::op::Who;
 use crate::sched::overlap::{Overlap, Turns};
 use crate::sched::role::{Issue, Program, Role, RoleKind};
@@ -42,18 +42,11 @@ fn tile(index: u32, box_dims: [u32; 2], boxes: u32) -> TmaLoad {
 /// Appends an mbarrier array after the last one.
 fn mbarrier(s: &mut Sched, name: &'static str, count: u32, stages: u32, phase: Phase) -> BarrierId {
     let offset = s.barriers.iter().map(|(_, b)| b.bytes()).sum();
-    s.barriers.append(Barrier::mbarrier(
-        name,
-        None,
-        Mbarrier {
-            count,
-            stages,
-            phase,
-            offset,
-            scope: Scope::Cta,
-            hands_tmem: false,
-        },
-    ))
+    let m = Mbarrier {
+        offset,
+        ..Mbarrier::new(count, stages, phase)
+    };
+    s.add_mbarrier(name, None, m)
 }
 
 /// The barrier called `name`.
