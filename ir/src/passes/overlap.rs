@@ -41,9 +41,7 @@ use std::collections::BTreeSet;
 use crate::diag::Diagnostic;
 use crate::kernel::{BinaryOp, Const, Kernel, OpId, OpKind, ReduceOp, UnaryOp, ValueDef, ValueId};
 use crate::sched::overlap::{Deferral, Overlap, Turns};
-use crate::sched::{
-    Barrier, BarrierId, BarrierKind, Index, Mbarrier, MmaPart, Op, Region, RoleKind, Sched, Who,
-};
+use crate::sched::{BarrierId, Index, Mbarrier, MmaPart, Op, Region, RoleKind, Sched, Who};
 use crate::target::Target;
 
 /// Warps per warpgroup.
@@ -89,15 +87,8 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         l.read_by = if tail { MmaPart::Tail } else { MmaPart::Head };
     }
     let turn = overlap.turns.map(|t| {
-        s.barriers.append(Barrier {
-            name: "turn",
-            index: None,
-            kind: BarrierKind::Named {
-                first: t.first_barrier,
-                ids: t.warpgroups,
-                threads: Turns::MEETING * 32 * WARPGROUP,
-            },
-        })
+        let threads = Turns::MEETING * 32 * WARPGROUP;
+        s.add_named("turn", None, (t.first_barrier, t.warpgroups, threads))
     });
     let program = rotated_program(s, turn);
     if let Some(c) = s.roles.iter_mut().find(|r| r.kind == RoleKind::Consumer) {
@@ -271,11 +262,7 @@ pub(crate) fn rotated_program(s: &Sched, turn: Option<BarrierId>) -> Vec<Op> {
     let split = tail_full != full;
     let mut p = vec![Op::wait(full, 0)];
     if let Some(bar) = turn {
-        p.push(Op::Sync {
-            bar,
-            index: Index::Own,
-            who: Who::All,
-        });
+        p.push(Op::sync(bar));
     }
     p.extend([
         Op::Wgmma(MmaPart::Head),

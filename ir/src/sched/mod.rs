@@ -137,6 +137,25 @@ impl Sched {
         })
     }
 
+    /// Appends named barrier array `name` (`index`): `ids` hardware barriers from `first`,
+    /// `threads` meeting at each.
+    pub fn add_named(
+        &mut self,
+        name: &'static str,
+        index: Option<u32>,
+        (first, ids, threads): (u32, u32, u32),
+    ) -> BarrierId {
+        self.barriers.append(Barrier {
+            name,
+            index,
+            kind: BarrierKind::Named {
+                first,
+                ids,
+                threads,
+            },
+        })
+    }
+
     /// The first role of `kind`.
     pub fn role(&self, kind: RoleKind) -> Option<&Role> {
         self.roles.iter().find(|r| r.kind == kind)

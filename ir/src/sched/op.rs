@@ -235,6 +235,15 @@ impl Op {
         Op::Tcgen05Commit { bar, lag: 0 }
     }
 
+    /// `bar.sync` on the role's own element of named barrier array `bar`, by every replica.
+    pub fn sync(bar: BarrierId) -> Op {
+        Op::Sync {
+            bar,
+            index: Index::Own,
+            who: Who::All,
+        }
+    }
+
     /// In a rotated program, how many iterations behind the loop's the iteration is that the
     /// op serves: `Some(0)` for the head's ops, `Some(1)` for the tail's (and a release of
     /// the previous stage), `None` for ops every iteration runs (commits, group waits, turn
@@ -305,6 +314,21 @@ impl Op {
             | Op::Tcgen05Commit { bar, .. } => Some(bar),
             _ => None,
         }
+    }
+}
+
+impl super::Sched {
+    /// `op` as the dump prints it.
+    pub fn name(&self, op: Op) -> String {
+        Named { op, sched: self }.to_string()
+    }
+
+    /// `ops` joined by `; `, as the dump prints them.
+    pub fn names(&self, ops: &[Op]) -> String {
+        ops.iter()
+            .map(|&op| self.name(op))
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{OnceError, ProtocolError, name, names};
+use super::{OnceError, ProtocolError};
 use crate::sched::{BarrierId, LoadId, MmaPart, Op, Phase, Region, Role, Sched};
 
 /// Every rule of this module.
@@ -34,7 +34,7 @@ pub(super) fn check_init(s: &Sched) -> Result<(), ProtocolError> {
         pos(Op::CtaSync),
     ) {
         (Some(a), Some(b), Some(c)) if a < b && b < c => Ok(()),
-        _ => Err(ProtocolError::Init(format!("[{}]", names(s, &s.setup)))),
+        _ => Err(ProtocolError::Init(format!("[{}]", s.names(&s.setup)))),
     }
 }
 
@@ -91,7 +91,7 @@ fn check_producer(s: &Sched, p: &Role) -> Result<(), ProtocolError> {
     {
         return Err(ProtocolError::Rotation(format!(
             "the producer cannot run `{}`",
-            name(s, op)
+            s.name(op)
         )));
     }
     let frees: BTreeSet<BarrierId> = s.ring_loads().filter_map(|(_, l)| l.free).collect();
@@ -115,7 +115,7 @@ fn check_producer(s: &Sched, p: &Role) -> Result<(), ProtocolError> {
                 {
                     return Err(ProtocolError::BeforeWait {
                         role,
-                        op: name(s, op),
+                        op: s.name(op),
                         bar: s.barriers[free].to_string(),
                     });
                 }
@@ -197,7 +197,7 @@ fn check_reader(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
                 if landing && wgmma_role(r) {
                     return Err(ProtocolError::Split(format!(
                         "`{}` waits for a barrier no load lands on",
-                        name(s, op)
+                        s.name(op)
                     )));
                 }
                 waited.insert(bar);
@@ -214,7 +214,7 @@ fn check_reader(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
                     if !waited.contains(&bar) {
                         return Err(ProtocolError::BeforeWait {
                             role,
-                            op: name(s, op),
+                            op: s.name(op),
                             bar: s.barriers[bar].to_string(),
                         });
                     }
@@ -229,7 +229,7 @@ fn check_reader(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
                         .map_or_else(String::new, |&b| s.barriers[b].to_string());
                     return Err(ProtocolError::BeforeWait {
                         role,
-                        op: name(s, op),
+                        op: s.name(op),
                         bar,
                     });
                 }
@@ -260,7 +260,7 @@ fn check_fences(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
             | Op::ExpectTx { .. }
             | Op::Tma { .. } => {
                 if let Some(load) = unfenced {
-                    return Err(err(load, name(s, op)));
+                    return Err(err(load, s.name(op)));
                 }
             }
             _ => {}
@@ -296,7 +296,7 @@ fn check_rotation(s: &Sched) -> Result<(), ProtocolError> {
         if let Some(&op) = outside {
             return err(format!(
                 "`{}` once per CTA: only turn hand-overs run outside the tiles",
-                name(s, op)
+                s.name(op)
             ));
         }
         let body: Vec<Op> = p
@@ -312,7 +312,7 @@ fn check_rotation(s: &Sched) -> Result<(), ProtocolError> {
             if let Some(&op) = body.iter().find(|op| turn(op) || ROTATED.contains(op)) {
                 return err(format!(
                     "`{}` in a loop the overlap pass did not rotate",
-                    name(s, op)
+                    s.name(op)
                 ));
             }
             continue;
@@ -322,20 +322,20 @@ fn check_rotation(s: &Sched) -> Result<(), ProtocolError> {
             if n != 1 {
                 return err(format!(
                     "`{}` runs {n} times per iteration; it must run once",
-                    name(s, op)
+                    s.name(op)
                 ));
             }
         }
         if let Some(&op) = body.iter().find(|&&op| op == Op::Wgmma(MmaPart::Body)) {
             return err(format!(
                 "`{}` in a rotated loop (its mmas are head and tail)",
-                name(s, op)
+                s.name(op)
             ));
         }
         if r.replicas < 2
             && let Some(&op) = body.iter().find(|op| turn(op))
         {
-            return err(format!("`{}` without ping-pong turn barriers", name(s, op)));
+            return err(format!("`{}` without ping-pong turn barriers", s.name(op)));
         }
     }
     Ok(())
@@ -370,7 +370,7 @@ fn check_once(s: &Sched) -> Result<(), ProtocolError> {
             .chain(&pr.drain)
             .chain(&pr.exit);
         if let Some(&op) = every.clone().find(|op| touches(op)) {
-            return Err(OnceError::EveryIteration { op: name(s, op) }.into());
+            return Err(OnceError::EveryIteration { op: s.name(op) }.into());
         }
     }
     let persistent = s.persistent();
@@ -389,7 +389,7 @@ fn check_once(s: &Sched) -> Result<(), ProtocolError> {
             }
             Op::ExpectTx { bar, bytes } if bars.contains(&bar) => announced += bytes,
             Op::Tma { load } if once.contains(&load) => {}
-            other => return Err(OnceError::ProducerStep { op: name(s, other) }.into()),
+            other => return Err(OnceError::ProducerStep { op: s.name(other) }.into()),
         }
     }
     let mut boxes = 0;
@@ -426,7 +426,7 @@ fn check_once(s: &Sched) -> Result<(), ProtocolError> {
                 other if wgmma_role(r) || touches(&other) => {
                     return Err(OnceError::ConsumerStep {
                         role,
-                        op: name(s, other),
+                        op: s.name(other),
                     }
                     .into());
                 }
@@ -468,8 +468,8 @@ fn check_release(
     if r.program.release != expected {
         return Err(OnceError::Release {
             role: r.kind.to_string(),
-            got: names(s, &r.program.release),
-            expected: names(s, &expected),
+            got: s.names(&r.program.release),
+            expected: s.names(&expected),
         }
         .into());
     }

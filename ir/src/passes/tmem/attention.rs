@@ -51,8 +51,8 @@ use crate::sched::tmem::{
     ACC_ROWS, Descriptor, TMEM_COLUMNS, Tmem, TmemMma, TmemTile, TmemTileId, instruction_descriptor,
 };
 use crate::sched::{
-    Barrier, BarrierId, BarrierKind, Index, Issue, Load, LoadId, Mbarrier, MmaPart, Op, Phase,
-    Region, Role, RoleKind, Sched, TmaStore, Who,
+    BarrierId, Issue, Load, LoadId, Mbarrier, MmaPart, Op, Phase, Region, Role, RoleKind, Sched,
+    TmaStore,
 };
 
 /// Pass options of the attention schedule.
@@ -339,20 +339,8 @@ fn staging(s: &mut Sched, st: TmaStore, end: u32) -> Option<Vec<TmaStore>> {
     Some(
         (0..Q_TILES)
             .map(|g| {
-                let barrier = s.barriers.append(Barrier {
-                    name: "store",
-                    index: Some(g),
-                    kind: BarrierKind::Named {
-                        first: FIRST_STORE_BARRIER + g,
-                        ids: 1,
-                        threads,
-                    },
-                });
-                let sync = Op::Sync {
-                    bar: barrier,
-                    index: Index::Own,
-                    who: Who::All,
-                };
+                let barrier = s.add_named("store", Some(g), (FIRST_STORE_BARRIER + g, 1, threads));
+                let sync = Op::sync(barrier);
                 let mut x = fit.clone();
                 x.offset = end.next_multiple_of(SWIZZLE_ATOM) + g * each;
                 x.barrier = barrier;
