@@ -171,11 +171,6 @@ impl Sched {
         self.tiles.is_some()
     }
 
-    /// The loads completing on `bar`, in order.
-    pub fn loads_on(&self, bar: BarrierId) -> impl Iterator<Item = (LoadId, &Load)> + '_ {
-        self.loads.iter().filter(move |(_, l)| l.barrier == bar)
-    }
-
     /// Whether `load` is loaded once per work tile (its barrier's phase is per tile).
     pub fn once(&self, load: LoadId) -> bool {
         self.mbarrier(self.loads[load].barrier)

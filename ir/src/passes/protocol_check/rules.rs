@@ -78,6 +78,25 @@ pub(super) fn reads(s: &Sched, op: Op) -> Vec<LoadId> {
         .collect()
 }
 
+/// Fails unless `r`'s wait on `bar` starts at parity `expected`.
+fn starts_at(
+    s: &Sched,
+    r: &Role,
+    bar: BarrierId,
+    start: u32,
+    expected: u32,
+) -> Result<(), ProtocolError> {
+    if start == expected {
+        return Ok(());
+    }
+    Err(ProtocolError::StartPhase {
+        role: r.kind.to_string(),
+        bar: s.barriers[bar].to_string(),
+        start,
+        expected,
+    })
+}
+
 /// The producer's rules: each ring load once per iteration, after the wait on its free
 /// barrier (from parity 1); the bytes announced on each barrier those of its loads; nothing
 /// of a reader's.
@@ -99,13 +118,8 @@ fn check_producer(s: &Sched, p: &Role) -> Result<(), ProtocolError> {
     for &op in it {
         match op {
             Op::Wait { bar, start, .. } => {
-                if frees.contains(&bar) && start != 1 {
-                    return Err(ProtocolError::StartPhase {
-                        role,
-                        bar: s.barriers[bar].to_string(),
-                        start,
-                        expected: 1,
-                    });
+                if frees.contains(&bar) {
+                    starts_at(s, p, bar, start, 1)?;
                 }
                 waited.insert(bar);
             }
@@ -183,13 +197,8 @@ fn check_reader(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
     for &op in &r.program.iteration {
         match op {
             Op::Wait { bar, start, .. } => {
-                if data.contains(&bar) && start != 0 {
-                    return Err(ProtocolError::StartPhase {
-                        role,
-                        bar: s.barriers[bar].to_string(),
-                        start,
-                        expected: 0,
-                    });
+                if data.contains(&bar) {
+                    starts_at(s, r, bar, start, 0)?;
                 }
                 let landing = s.mbarrier(bar).is_some_and(|m| m.phase == Phase::Iteration)
                     && !data.contains(&bar)
@@ -299,15 +308,7 @@ fn check_rotation(s: &Sched) -> Result<(), ProtocolError> {
                 s.name(op)
             ));
         }
-        let body: Vec<Op> = p
-            .start
-            .iter()
-            .chain(&p.tile)
-            .chain(&p.iteration)
-            .chain(&p.drain)
-            .chain(&p.exit)
-            .copied()
-            .collect();
+        let body: Vec<Op> = p.ops_except(&["release", "end"]).collect();
         if !p.rotated {
             if let Some(&op) = body.iter().find(|op| turn(op) || ROTATED.contains(op)) {
                 return err(format!(
@@ -362,14 +363,8 @@ fn check_once(s: &Sched) -> Result<(), ProtocolError> {
             .is_some_and(|b| bars.contains(&b) || frees.contains(&b)),
     };
     for r in std::iter::once(p).chain(readers(s)) {
-        let pr = &r.program;
-        let every = pr
-            .start
-            .iter()
-            .chain(&pr.iteration)
-            .chain(&pr.drain)
-            .chain(&pr.exit);
-        if let Some(&op) = every.clone().find(|op| touches(op)) {
+        let mut every = r.program.ops_except(&["tile", "release", "end"]);
+        if let Some(op) = every.find(|op| touches(op)) {
             return Err(OnceError::EveryIteration { op: s.name(op) }.into());
         }
     }
@@ -378,14 +373,7 @@ fn check_once(s: &Sched) -> Result<(), ProtocolError> {
     for (k, &op) in p.program.tile.iter().enumerate() {
         match op {
             Op::Wait { bar, start, .. } if frees.contains(&bar) && k == 0 => {
-                if start != 1 {
-                    return Err(ProtocolError::StartPhase {
-                        role: p.kind.to_string(),
-                        bar: s.barriers[bar].to_string(),
-                        start,
-                        expected: 1,
-                    });
-                }
+                starts_at(s, p, bar, start, 1)?;
             }
             Op::ExpectTx { bar, bytes } if bars.contains(&bar) => announced += bytes,
             Op::Tma { load } if once.contains(&load) => {}

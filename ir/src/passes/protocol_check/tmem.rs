@@ -114,16 +114,9 @@ fn check_owner(s: &Sched, columns: u32) -> Result<(), ProtocolError> {
         let freeing = |op: &Op| matches!(op, Op::TmemDealloc { .. });
         let p = &r.program;
         let found = if r.kind == RoleKind::Mma {
-            p.ops().find(owning).or(p
-                .start
-                .iter()
-                .chain(&p.tile)
-                .chain(&p.iteration)
-                .chain(&p.drain)
-                .chain(&p.release)
-                .chain(&p.end)
-                .copied()
-                .find(freeing))
+            p.ops()
+                .find(owning)
+                .or(p.ops_except(&["exit"]).find(freeing))
         } else {
             p.ops().find(|op| owning(op) || freeing(op))
         };
