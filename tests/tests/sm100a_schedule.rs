@@ -333,7 +333,7 @@ fn broken_schedules_are_rejected() {
                 without(epilogue(s), Op::TmemWaitLoad);
                 epilogue(s).push(Op::TmemWaitLoad);
             },
-            |e| matches!(tmem(e), Some(TmemError::LoadNotWaited { .. })),
+            |e| matches!(tmem(e), Some(TmemError::NotWaited { copy: "ld", .. })),
         ),
         (
             "arrive on acc_empty exactly once",

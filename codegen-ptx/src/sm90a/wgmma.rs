@@ -340,11 +340,11 @@ mod tests {
     fn loads(bm: u32, bn: u32, bk: u32, b_k_major: bool) -> (TmaLoad, TmaLoad) {
         let (a, b) = (OpId::from_index(0), OpId::from_index(1));
         let b = if b_k_major {
-            TmaLoad::k_major(b, 1, Operand::KMajorB, bn, bk)
+            TmaLoad::new(b, 1, Operand::KMajorB, bn, bk)
         } else {
-            TmaLoad::mn_major_b(b, 1, bk, bn)
+            TmaLoad::new(b, 1, Operand::MnMajorB, bk, bn)
         };
-        (TmaLoad::k_major(a, 0, Operand::KMajorA, bm, bk), b)
+        (TmaLoad::new(a, 0, Operand::KMajorA, bm, bk), b)
     }
 
     /// Where TMA puts tile element `(r, c)` before swizzling: its box's offset plus the

@@ -41,9 +41,7 @@ use std::collections::BTreeSet;
 use crate::diag::Diagnostic;
 use crate::kernel::{BinaryOp, Const, Kernel, OpId, OpKind, ReduceOp, UnaryOp, ValueDef, ValueId};
 use crate::sched::overlap::{Deferral, Overlap, Turns};
-use crate::sched::{
-    Barrier, BarrierId, BarrierKind, Index, Mbarrier, MmaPart, Op, Region, RoleKind, Sched, Who,
-};
+use crate::sched::{BarrierId, Index, Mbarrier, MmaPart, Op, Region, RoleKind, Sched, Who};
 use crate::target::Target;
 
 /// Warps per warpgroup.
@@ -89,15 +87,8 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         l.read_by = if tail { MmaPart::Tail } else { MmaPart::Head };
     }
     let turn = overlap.turns.map(|t| {
-        s.barriers.append(Barrier {
-            name: "turn",
-            index: None,
-            kind: BarrierKind::Named {
-                first: t.first_barrier,
-                ids: t.warpgroups,
-                threads: Turns::MEETING * 32 * WARPGROUP,
-            },
-        })
+        let threads = Turns::MEETING * 32 * WARPGROUP;
+        s.add_named("turn", None, (t.first_barrier, t.warpgroups, threads))
     });
     let program = rotated_program(s, turn);
     if let Some(c) = s.roles.iter_mut().find(|r| r.kind == RoleKind::Consumer) {
@@ -188,7 +179,7 @@ fn split_ring(kernel: &mut Kernel) -> Result<(), Diagnostic> {
     };
     let copy = |s: &mut Sched, name, of: BarrierId| {
         let m: Option<Mbarrier> = s.mbarrier(of).copied();
-        m.map(|m| s.barriers.append(Barrier::mbarrier(name, None, m)))
+        m.map(|m| s.add_mbarrier(name, None, m))
     };
     let (Some(tail_full), Some(tail_empty)) =
         (copy(s, "tail_full", full), copy(s, "tail_empty", empty))
@@ -206,11 +197,7 @@ fn split_ring(kernel: &mut Kernel) -> Result<(), Diagnostic> {
             .copied()
             .filter(|&h| s.loads[h].barrier == full)
             .collect();
-        producer.push(Op::Wait {
-            bar: empty,
-            start: 1,
-            lag: 0,
-        });
+        producer.push(Op::wait(empty, 1));
         producer.push(Op::ExpectTx {
             bar: full,
             bytes: loads.iter().map(|&h| s.loads[h].tma.tile_bytes()).sum(),
@@ -273,18 +260,9 @@ pub(crate) fn rotated_program(s: &Sched, turn: Option<BarrierId>) -> Vec<Op> {
         return Vec::new();
     };
     let split = tail_full != full;
-    let wait = |bar| Op::Wait {
-        bar,
-        start: 0,
-        lag: 0,
-    };
-    let mut p = vec![wait(full)];
+    let mut p = vec![Op::wait(full, 0)];
     if let Some(bar) = turn {
-        p.push(Op::Sync {
-            bar,
-            index: Index::Own,
-            who: Who::All,
-        });
+        p.push(Op::sync(bar));
     }
     p.extend([
         Op::Wgmma(MmaPart::Head),
@@ -302,7 +280,7 @@ pub(crate) fn rotated_program(s: &Sched, turn: Option<BarrierId>) -> Vec<Op> {
     // The tail group (newest) may still run; the head group is complete.
     p.push(Op::WgmmaWait(1));
     if split {
-        p.push(Op::Arrive { bar: empty, lag: 0 });
+        p.push(Op::arrive(empty));
     }
     p.extend([Op::Run(Region::Between), Op::WgmmaWait(0)]);
     if split {
@@ -311,7 +289,7 @@ pub(crate) fn rotated_program(s: &Sched, turn: Option<BarrierId>) -> Vec<Op> {
                 bar: tail_empty,
                 lag: 1,
             },
-            wait(tail_full),
+            Op::wait(tail_full, 0),
         ]);
     } else {
         p.push(Op::Arrive { bar: empty, lag: 1 });

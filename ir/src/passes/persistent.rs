@@ -23,7 +23,7 @@ use crate::kernel::{Axis, Kernel, OpId, OpKind, ValueId};
 use crate::sched::cluster::{CTAS, Cluster, Multicast, Pair};
 use crate::sched::tiles::TileScheduler;
 use crate::sched::tma::{Operand, TmaBox, TmaLoad};
-use crate::sched::{Barrier, LoadId, Mbarrier, Op, Phase, RoleKind, Sched, Scope};
+use crate::sched::{LoadId, Mbarrier, Op, Phase, RoleKind, Sched, Scope};
 use crate::target::Target;
 
 use super::walk;
@@ -127,11 +127,25 @@ fn cluster_pairs(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> 
     };
     // sm_100a pairs the CTAs in the 2-SM form (one `tcgen05.mma.cta_group::2` over both),
     // sm_90a multicasts the shared tile into both CTAs' rings.
-    match target {
-        Target::Sm100a => pair(s, shared),
-        _ => multicast(s, shared),
+    let (multicast, pair) = match target {
+        Target::Sm100a => (Vec::new(), Some(pair(s, shared).map_err(fail)?)),
+        _ => (multicast(s, shared).map_err(fail)?, None),
+    };
+    // A clustered set-up synchronises the cluster, not the CTA, after the barrier inits:
+    // every CTA's barriers are initialised before any CTA arrives on a peer's or multicasts
+    // into it.
+    for op in &mut s.setup {
+        if *op == Op::CtaSync {
+            *op = Op::ClusterSync;
+        }
     }
-    .map_err(fail)?;
+    s.cluster = Some(Cluster {
+        ctas: CTAS,
+        shared: shared.index(),
+        multicast,
+        exit_sync: true,
+        pair,
+    });
     // The scheduler deals pairs: a group of GROUP_ROWS x blocks is GROUP_ROWS / 2 pairs.
     s.tiles = Some(TileScheduler::Grouped {
         rows: GROUP_ROWS / CTAS,
@@ -155,37 +169,14 @@ pub(crate) fn persist(s: &mut Sched, order: TileScheduler) {
     if once.is_empty() {
         return;
     }
-    let once_free = s.barriers.append(Barrier::mbarrier(
-        "once_free",
-        None,
-        Mbarrier {
-            count,
-            stages: 1,
-            phase: Phase::Tile,
-            offset: 0,
-            scope: Scope::Cta,
-            hands_tmem: false,
-        },
-    ));
+    let once_free = s.add_mbarrier("once_free", None, Mbarrier::new(count, 1, Phase::Tile));
     for &l in &once {
         s.loads[l].free = Some(once_free);
     }
     for r in &mut s.roles {
         match r.kind {
-            RoleKind::Producer => r.program.tile.insert(
-                0,
-                Op::Wait {
-                    bar: once_free,
-                    start: 1,
-                    lag: 0,
-                },
-            ),
-            RoleKind::Consumer => {
-                r.program.release = vec![Op::Arrive {
-                    bar: once_free,
-                    lag: 0,
-                }];
-            }
+            RoleKind::Producer => r.program.tile.insert(0, Op::wait(once_free, 1)),
+            RoleKind::Consumer => r.program.release = vec![Op::arrive(once_free)],
             _ => {}
         }
     }
@@ -217,9 +208,9 @@ fn order(kernel: &Kernel, s: &Sched) -> TileScheduler {
 /// Clusters `s` around ring load `shared` on sm_90a (see [`crate::sched::cluster`]): splits
 /// each of its boxes into [`CTAS`] slabs of rows, each issued by one CTA into all; doubles
 /// `empty`'s count and adds the peer release after every consumer release on it;
-/// synchronises the cluster after the inits and before the consumers exit. Fails, saying
-/// why, when a box's rows do not split into whole 8-row swizzle atoms.
-fn multicast(s: &mut Sched, shared: LoadId) -> Result<(), String> {
+/// synchronises the cluster before the consumers exit; returns each box's multicast. Fails,
+/// saying why, when a box's rows do not split into whole 8-row swizzle atoms.
+fn multicast(s: &mut Sched, shared: LoadId) -> Result<Vec<Multicast>, String> {
     let load = &mut s.loads[shared].tma;
     let rows = load.box_dims[0];
     // A box's rows are 128-byte swizzled in atoms of 8: each slab must be whole atoms so the
@@ -270,33 +261,25 @@ fn multicast(s: &mut Sched, shared: LoadId) -> Result<(), String> {
             .collect();
         r.program.exit.push(Op::ClusterSync);
     }
-    cluster_setup(s);
-    s.cluster = Some(Cluster {
-        ctas: CTAS,
-        shared: shared.index(),
-        multicast,
-        exit_sync: true,
-        pair: None,
-    });
-    Ok(())
+    Ok(multicast)
 }
 
 /// Pairs `s` in the 2-SM form around ring load `shared` on sm_100a (see
 /// [`crate::sched::cluster`]): CTA `r` loads half `r` of it along N, into the same offset of
 /// its own stage; every TMA completes on the leader's `full`, which announces both CTAs'
-/// bytes; commits reach both CTAs' `empty`; the cluster synchronises after the inits. Fails,
-/// saying why, when the tile's N does not split into whole boxes.
-fn pair(s: &mut Sched, shared: LoadId) -> Result<(), String> {
+/// bytes; commits reach both CTAs' `empty`; returns the pair. Fails, saying why, when the
+/// tile's N does not split into whole boxes.
+fn pair(s: &mut Sched, shared: LoadId) -> Result<Pair, String> {
     let load = &s.loads[shared].tma;
     let [rows, cols] = load.tile_dims();
     let halved = match load.operand {
         // Stored `[N, K]`: N is the box rows, whole 8-row swizzle atoms each half.
         Operand::KMajorB if rows % (8 * CTAS) == 0 => {
-            TmaLoad::k_major(load.load, load.param, Operand::KMajorB, rows / CTAS, cols)
+            TmaLoad::new(load.load, load.param, Operand::KMajorB, rows / CTAS, cols)
         }
         // Stored `[K, N]`: N is the 64-column boxes, whole boxes each half.
         Operand::MnMajorB if cols % (64 * CTAS) == 0 => {
-            TmaLoad::mn_major_b(load.load, load.param, rows, cols / CTAS)
+            TmaLoad::new(load.load, load.param, Operand::MnMajorB, rows, cols / CTAS)
         }
         Operand::KMajorB | Operand::MnMajorB => {
             return Err(format!(
@@ -333,29 +316,11 @@ fn pair(s: &mut Sched, shared: LoadId) -> Result<(), String> {
             m.scope = scope;
         }
     }
-    cluster_setup(s);
-    s.cluster = Some(Cluster {
-        ctas: CTAS,
-        shared: shared.index(),
-        multicast: Vec::new(),
-        exit_sync: true,
-        pair: Some(Pair {
-            leader: 0,
-            half,
-            commit_mask: ((1u32 << CTAS) - 1) as u16,
-        }),
-    });
-    Ok(())
-}
-
-/// A clustered set-up synchronises the cluster, not the CTA, after the barrier inits: every
-/// CTA's barriers are initialised before any CTA arrives on a peer's or multicasts into it.
-fn cluster_setup(s: &mut Sched) {
-    for op in &mut s.setup {
-        if *op == Op::CtaSync {
-            *op = Op::ClusterSync;
-        }
-    }
+    Ok(Pair {
+        leader: 0,
+        half,
+        commit_mask: ((1u32 << CTAS) - 1) as u16,
+    })
 }
 
 /// Whether `v` is computed from the block index along `axis`.

@@ -49,8 +49,7 @@ use crate::diag::Diagnostic;
 use crate::kernel::{BinaryOp, Const, Kernel, OpId, OpKind, Param, ValueDef, ValueId};
 use crate::sched::tma::{Operand, SWIZZLE_ATOM, TmaLoad};
 use crate::sched::{
-    Barrier, BarrierId, Issue, Load, Mbarrier, MmaPart, Op, Phase, Region, Role, RoleKind, Sched,
-    Scope,
+    BarrierId, Issue, Load, Mbarrier, MmaPart, Op, Phase, Region, Role, RoleKind, Sched,
 };
 use crate::schedule::Layout;
 use crate::target::Target;
@@ -225,7 +224,8 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Sc
         .iter()
         .map(|&m| plan_mma(kernel, m, warps, target, &inside))
         .collect::<Option<Vec<MmaPlan>>>()?;
-    // Ring loads in order of use (A before B); once loads are A tiles loaded before the loop.
+    // Ring loads in order of use (A before B), `[rows, cols]` as stored; once loads are A
+    // tiles loaded before the loop.
     let mut ring_loads: Vec<(OpId, Operand, u32, u32)> = Vec::new();
     let mut once_loads: Vec<(OpId, u32, u32)> = Vec::new();
     for p in &plans {
@@ -237,13 +237,11 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Sc
                 once_loads.push((a, rows, p.k));
             }
         }
-        let (b, k_major) = p.b;
-        let operand = if k_major {
-            Operand::KMajorB
-        } else {
-            Operand::MnMajorB
-        };
-        ring_loads.push((b, operand, p.n, p.k));
+        // As stored: `[N, K]` when K-major, else `[K, N]`.
+        ring_loads.push(match p.b {
+            (b, true) => (b, Operand::KMajorB, p.n, p.k),
+            (b, false) => (b, Operand::MnMajorB, p.k, p.n),
+        });
     }
     // Every tile staged in the body is a ring load, read by exactly one operand.
     let staged = body
@@ -261,10 +259,7 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Sc
     }
     let tma = |l: OpId, rows: u32, cols: u32, operand: Operand| {
         let (param, rank) = tma_source(kernel, l, id, &inside)?;
-        let mut t = match operand {
-            Operand::MnMajorB => TmaLoad::mn_major_b(l, param, cols, rows),
-            Operand::KMajorA | Operand::KMajorB => TmaLoad::k_major(l, param, operand, rows, cols),
-        };
+        let mut t = TmaLoad::new(l, param, operand, rows, cols);
         t.lead_dims = rank - 2;
         Some(t)
     };
@@ -309,26 +304,14 @@ fn ring_sched(
     lag: bool,
 ) -> Sched {
     let mut s = Sched::new(id, stages);
-    let mbarrier = |count, phase| Mbarrier {
-        count,
-        stages,
-        phase,
-        offset: 0,
-        scope: Scope::Cta,
-        hands_tmem: false,
-    };
     let tcgen05 = target == Target::Sm100a;
     let empty_count = if tcgen05 { 1 } else { warps };
-    let full = s.barriers.append(Barrier::mbarrier(
-        "full",
-        None,
-        mbarrier(1, Phase::Iteration),
-    ));
-    let empty = s.barriers.append(Barrier::mbarrier(
+    let full = s.add_mbarrier("full", None, Mbarrier::new(1, stages, Phase::Iteration));
+    let empty = s.add_mbarrier(
         "empty",
         None,
-        mbarrier(empty_count, Phase::Iteration),
-    ));
+        Mbarrier::new(empty_count, stages, Phase::Iteration),
+    );
     let bytes = loads.iter().map(TmaLoad::tile_bytes).sum();
     let once_bytes = once.iter().map(TmaLoad::tile_bytes).sum();
     let ring: Vec<_> = loads
@@ -343,16 +326,8 @@ fn ring_sched(
             })
         })
         .collect();
-    let once_bar = (!once.is_empty()).then(|| {
-        s.barriers.append(Barrier::mbarrier(
-            "once",
-            None,
-            Mbarrier {
-                stages: 1,
-                ..mbarrier(1, Phase::Tile)
-            },
-        ))
-    });
+    let once_bar =
+        (!once.is_empty()).then(|| s.add_mbarrier("once", None, Mbarrier::new(1, 1, Phase::Tile)));
     let once: Vec<_> = once
         .into_iter()
         .map(|tma| {
@@ -372,14 +347,7 @@ fn ring_sched(
         if tcgen05 { 1 } else { 4 },
         Issue::Thread,
     );
-    producer.program.iteration = vec![
-        Op::Wait {
-            bar: empty,
-            start: 1,
-            lag: 0,
-        },
-        Op::ExpectTx { bar: full, bytes },
-    ];
+    producer.program.iteration = vec![Op::wait(empty, 1), Op::ExpectTx { bar: full, bytes }];
     producer
         .program
         .iteration
@@ -388,27 +356,19 @@ fn ring_sched(
     let mut consumer = if tcgen05 {
         let mut mma = Role::new(RoleKind::Mma, warps + 1, 1, Issue::Thread);
         mma.program.iteration = vec![
-            Op::Wait {
-                bar: full,
-                start: 0,
-                lag: 0,
-            },
+            Op::wait(full, 0),
             Op::Tcgen05Mma {
                 part: MmaPart::Body,
                 tile: 0,
             },
-            Op::Tcgen05Commit { bar: empty, lag: 0 },
+            Op::commit(empty),
         ];
         mma
     } else {
         let mut c = Role::new(RoleKind::Consumer, 0, warps, Issue::Warps);
         c.replicas = (warps / 4).max(1);
         c.program.iteration = vec![
-            Op::Wait {
-                bar: full,
-                start: 0,
-                lag: 0,
-            },
+            Op::wait(full, 0),
             Op::Wgmma(MmaPart::Body),
             Op::WgmmaCommit,
             Op::WgmmaWait(lag),
@@ -429,11 +389,7 @@ fn ring_sched(
             .program
             .tile
             .extend(once.iter().map(|&load| Op::Tma { load }));
-        consumer.program.tile = vec![Op::Wait {
-            bar,
-            start: 0,
-            lag: 0,
-        }];
+        consumer.program.tile = vec![Op::wait(bar, 0)];
     }
     s.roles = if tcgen05 {
         vec![producer, consumer]

@@ -23,7 +23,7 @@ use crate::kernel::{Kernel, OpId, OpKind, Param};
 use crate::sched::overlap::NAMED_BARRIERS;
 use crate::sched::store::BOX_COLUMNS;
 use crate::sched::tma::TmaBox;
-use crate::sched::{Barrier, BarrierKind, Index, Op, RoleKind, TmaStore, Who};
+use crate::sched::{BarrierKind, Op, RoleKind, TmaStore};
 use crate::schedule::{Distribution, Layout, Term};
 use crate::target::Target;
 use crate::tmem::epilogue;
@@ -107,20 +107,9 @@ fn place_store(kernel: &mut Kernel, store: Store, whole: bool) -> Result<(), Dia
 /// Adds `store` staged in `rounds` parts to `s`: its named barrier, its round program, and the
 /// storing role's wait for every store before it exits (before the cluster's barrier).
 fn add_store(s: &mut crate::sched::Sched, store: &Store, rounds: u32) {
-    let barrier = s.barriers.append(Barrier {
-        name: "store",
-        index: None,
-        kind: BarrierKind::Named {
-            first: store.barrier,
-            ids: store.groups,
-            threads: store.threads,
-        },
-    });
-    let sync = Op::Sync {
-        bar: barrier,
-        index: Index::Own,
-        who: Who::All,
-    };
+    let ids = (store.barrier, store.groups, store.threads);
+    let barrier = s.add_named("store", None, ids);
+    let sync = Op::sync(barrier);
     let mut st = TmaStore {
         store: store.store,
         param: store.param,

@@ -42,9 +42,7 @@ use crate::kernel::{Const, Kernel, OpKind, ValueDef};
 use crate::sched::cluster::CTAS;
 use crate::sched::tma::Operand;
 use crate::sched::tmem::{ACC_ROWS, Descriptor, Tmem, TmemMma, TmemTile, instruction_descriptor};
-use crate::sched::{
-    Barrier, BarrierId, Issue, Mbarrier, MmaPart, Op, Phase, Role, RoleKind, Sched, Scope,
-};
+use crate::sched::{BarrierId, Issue, Mbarrier, MmaPart, Op, Phase, Role, RoleKind, Sched, Scope};
 use crate::target::Target;
 
 use super::walk::sched_loc;
@@ -148,9 +146,6 @@ pub fn run_with(
     // The 2-SM pair's commit reaches both CTAs' `acc_full`; both hand back on the leader's
     // `acc_empty`.
     let acc = |count, offset, pair_scope| Mbarrier {
-        count,
-        stages: 1,
-        phase: Phase::Tile,
         offset,
         scope: if pair.is_some() {
             pair_scope
@@ -158,18 +153,15 @@ pub fn run_with(
             Scope::Cta
         },
         hands_tmem: true,
+        ..Mbarrier::new(count, 1, Phase::Tile)
     };
-    let acc_full = s.barriers.append(Barrier::mbarrier(
-        "acc_full",
-        None,
-        acc(1, slot_offset + 8, Scope::Cluster),
-    ));
+    let acc_full = s.add_mbarrier("acc_full", None, acc(1, slot_offset + 8, Scope::Cluster));
     let pairs = pair.map_or(1, |_| CTAS);
-    let acc_empty = s.barriers.append(Barrier::mbarrier(
+    let acc_empty = s.add_mbarrier(
         "acc_empty",
         None,
         acc(epilogue_warps * pairs, slot_offset + 16, Scope::Leader),
-    ));
+    );
     s.tmem = Some(Tmem {
         columns,
         slot_offset,
@@ -233,11 +225,7 @@ fn roles(
     if exit_sync {
         epilogue.program.exit.push(Op::ClusterSync);
     }
-    let wait_empty = Op::Wait {
-        bar: acc_empty,
-        start: 1,
-        lag: 0,
-    };
+    let wait_empty = Op::wait(acc_empty, 1);
     let dealloc = Op::TmemDealloc { columns };
     let mut peer = None;
     for r in &mut s.roles {
@@ -247,10 +235,7 @@ fn roles(
         // The accumulator is overwritten only once the previous tile's copy is out (a fresh
         // barrier passes parity 1 at once), and freed once the last one is.
         r.program.tile = vec![wait_empty, Op::Tcgen05FenceAfter];
-        r.program.end = vec![Op::Tcgen05Commit {
-            bar: acc_full,
-            lag: 0,
-        }];
+        r.program.end = vec![Op::commit(acc_full)];
         r.program.exit = vec![wait_empty, Op::Tcgen05FenceAfter];
         if let Some(p) = pair {
             // Neither CTA frees its columns while the leader's mmas or the other's copies may

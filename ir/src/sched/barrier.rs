@@ -105,15 +105,6 @@ pub enum Index {
 }
 
 impl Barrier {
-    /// An mbarrier array.
-    pub fn mbarrier(name: &'static str, index: Option<u32>, mbarrier: Mbarrier) -> Barrier {
-        Barrier {
-            name,
-            index,
-            kind: BarrierKind::Mbarrier(mbarrier),
-        }
-    }
-
     /// The mbarrier, or `None` for a named barrier.
     pub fn as_mbarrier(&self) -> Option<&Mbarrier> {
         match &self.kind {
@@ -137,6 +128,19 @@ impl Barrier {
 }
 
 impl Mbarrier {
+    /// An array of `stages` mbarriers counting `count` arrivals a phase: CTA scope, handing
+    /// no tensor memory, not yet placed (offset 0).
+    pub fn new(count: u32, stages: u32, phase: Phase) -> Mbarrier {
+        Mbarrier {
+            count,
+            stages,
+            phase,
+            offset: 0,
+            scope: Scope::Cta,
+            hands_tmem: false,
+        }
+    }
+
     /// Byte offset of stage `stage`.
     pub fn at(&self, stage: u32) -> u32 {
         self.offset + 8 * stage

@@ -123,6 +123,39 @@ impl Sched {
         32 * self.roles.iter().map(Role::end_warp).max().unwrap_or(0)
     }
 
+    /// Appends mbarrier array `name` (`index`: its place in a family) to the arena.
+    pub fn add_mbarrier(
+        &mut self,
+        name: &'static str,
+        index: Option<u32>,
+        mbarrier: Mbarrier,
+    ) -> BarrierId {
+        self.barriers.append(Barrier {
+            name,
+            index,
+            kind: BarrierKind::Mbarrier(mbarrier),
+        })
+    }
+
+    /// Appends named barrier array `name` (`index`): `ids` hardware barriers from `first`,
+    /// `threads` meeting at each.
+    pub fn add_named(
+        &mut self,
+        name: &'static str,
+        index: Option<u32>,
+        (first, ids, threads): (u32, u32, u32),
+    ) -> BarrierId {
+        self.barriers.append(Barrier {
+            name,
+            index,
+            kind: BarrierKind::Named {
+                first,
+                ids,
+                threads,
+            },
+        })
+    }
+
     /// The first role of `kind`.
     pub fn role(&self, kind: RoleKind) -> Option<&Role> {
         self.roles.iter().find(|r| r.kind == kind)
@@ -136,11 +169,6 @@ impl Sched {
     /// Whether the CTAs walk work tiles.
     pub fn persistent(&self) -> bool {
         self.tiles.is_some()
-    }
-
-    /// The loads completing on `bar`, in order.
-    pub fn loads_on(&self, bar: BarrierId) -> impl Iterator<Item = (LoadId, &Load)> + '_ {
-        self.loads.iter().filter(move |(_, l)| l.barrier == bar)
     }
 
     /// Whether `load` is loaded once per work tile (its barrier's phase is per tile).

@@ -219,6 +219,31 @@ pub enum Op {
 }
 
 impl Op {
+    /// A wait on `bar` for the phase of the current iteration (or work tile), its parity
+    /// from `start`.
+    pub fn wait(bar: BarrierId, start: u32) -> Op {
+        Op::Wait { bar, start, lag: 0 }
+    }
+
+    /// An arrival on `bar` at the current iteration's stage.
+    pub fn arrive(bar: BarrierId) -> Op {
+        Op::Arrive { bar, lag: 0 }
+    }
+
+    /// A `tcgen05.commit` to `bar` at the current iteration's stage.
+    pub fn commit(bar: BarrierId) -> Op {
+        Op::Tcgen05Commit { bar, lag: 0 }
+    }
+
+    /// `bar.sync` on the role's own element of named barrier array `bar`, by every replica.
+    pub fn sync(bar: BarrierId) -> Op {
+        Op::Sync {
+            bar,
+            index: Index::Own,
+            who: Who::All,
+        }
+    }
+
     /// In a rotated program, how many iterations behind the loop's the iteration is that the
     /// op serves: `Some(0)` for the head's ops, `Some(1)` for the tail's (and a release of
     /// the previous stage), `None` for ops every iteration runs (commits, group waits, turn
@@ -289,6 +314,21 @@ impl Op {
             | Op::Tcgen05Commit { bar, .. } => Some(bar),
             _ => None,
         }
+    }
+}
+
+impl super::Sched {
+    /// `op` as the dump prints it.
+    pub fn name(&self, op: Op) -> String {
+        Named { op, sched: self }.to_string()
+    }
+
+    /// `ops` joined by `; `, as the dump prints them.
+    pub fn names(&self, ops: &[Op]) -> String {
+        ops.iter()
+            .map(|&op| self.name(op))
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 }
 

@@ -12,17 +12,8 @@
 
 use std::fmt;
 
-use super::op::Named;
+use super::Sched;
 use super::role::{Issue, Role};
-use super::{Op, Sched};
-
-/// Ops joined by `; `, operands by name.
-pub(crate) fn ops(sched: &Sched, ops: &[Op]) -> String {
-    ops.iter()
-        .map(|&op| Named { op, sched }.to_string())
-        .collect::<Vec<_>>()
-        .join("; ")
-}
 
 impl fmt::Display for Sched {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -87,7 +78,7 @@ impl fmt::Display for Sched {
                 st.groups,
                 st.threads,
                 self.barriers[st.barrier],
-                ops(self, &st.round)
+                self.names(&st.round)
             )?;
         }
         if let Some(t) = &self.tmem {
@@ -128,7 +119,7 @@ impl fmt::Display for Sched {
         if let Some(o) = &self.overlap {
             writeln!(f, "{o}")?;
         }
-        writeln!(f, "    setup: {}", ops(self, &self.setup))?;
+        writeln!(f, "    setup: {}", self.names(&self.setup))?;
         for (i, r) in self.roles.iter().enumerate() {
             write_role(f, self, r)?;
             if i + 1 < self.roles.len() {
@@ -172,7 +163,7 @@ fn write_role(f: &mut fmt::Formatter<'_>, sched: &Sched, r: &Role) -> fmt::Resul
         if name == "iteration" && p.rotated {
             f.write_str(" (rotated)")?;
         }
-        write!(f, ": {}", ops(sched, section))?;
+        write!(f, ": {}", sched.names(section))?;
     }
     Ok(())
 }

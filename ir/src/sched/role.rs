@@ -137,8 +137,15 @@ impl Program {
 
     /// Every op of every section.
     pub fn ops(&self) -> impl Iterator<Item = Op> + '_ {
+        self.ops_except(&[])
+    }
+
+    /// Every op of the sections not named in `skip` (names as [`Program::sections`] gives
+    /// them).
+    pub fn ops_except<'a>(&'a self, skip: &'a [&str]) -> impl Iterator<Item = Op> + 'a {
         self.sections()
             .into_iter()
+            .filter(move |(name, _)| !skip.contains(name))
             .flat_map(|(_, ops)| ops.iter().copied())
     }
 }

@@ -73,13 +73,14 @@ pub fn box_columns(extent: u32) -> u32 {
 }
 
 impl TmaLoad {
-    /// A K-major tile of `rows x bk` elements (A, or B stored `[N, K]`): one box of
-    /// `chunk = box_columns(bk)` columns by `rows` rows per `chunk` columns of K, the boxes
-    /// `rows * chunk * 2` bytes apart, each swizzled by its row's bytes (`chunk * 2`: 128 for
-    /// `bk` a multiple of 64, else 64 or 32). `bk` is a multiple of 16 (the pipeline pass
-    /// checks). `offset` is left 0 for the pass to place.
-    pub fn k_major(load: OpId, param: usize, operand: Operand, rows: u32, bk: u32) -> TmaLoad {
-        let chunk = box_columns(bk);
+    /// A tile of `rows x cols` elements as stored (`cols` contiguous: K of a K-major A or B
+    /// stored `[N, K]`, N of an MN-major B stored `[K, N]`): one box of `rows` rows by
+    /// `chunk = box_columns(cols)` columns per `chunk` columns, the boxes `rows * chunk * 2`
+    /// bytes apart, each swizzled by its row's bytes (`chunk * 2`: 128 for `cols` a multiple
+    /// of 64, else 64 or 32). `cols` is a multiple of 16 (the pipeline pass checks). `offset`
+    /// is left 0 for the pass to place.
+    pub fn new(load: OpId, param: usize, operand: Operand, rows: u32, cols: u32) -> TmaLoad {
+        let chunk = box_columns(cols);
         TmaLoad {
             load,
             param,
@@ -87,38 +88,14 @@ impl TmaLoad {
             operand,
             box_dims: [rows, chunk],
             swizzle: chunk * 2,
-            boxes: (0..bk / chunk)
+            boxes: (0..cols / chunk)
                 .map(|c| TmaBox {
                     origin: [0, c * chunk],
                     smem_offset: c * rows * chunk * 2,
                 })
                 .collect(),
             offset: 0,
-            stage_stride: (rows * bk * 2).next_multiple_of(SWIZZLE_ATOM),
-        }
-    }
-
-    /// An MN-major B tile of `bk x bn` elements (stored `[K, N]`): one box of `bk` rows by
-    /// `chunk = box_columns(bn)` columns per `chunk` columns of N, `bk * chunk * 2` bytes
-    /// apart, swizzled by its row's bytes (128 for `bn` a multiple of 64, else 64 or 32). `bn`
-    /// is a multiple of 16 (the pipeline pass checks).
-    pub fn mn_major_b(load: OpId, param: usize, bk: u32, bn: u32) -> TmaLoad {
-        let chunk = box_columns(bn);
-        TmaLoad {
-            load,
-            param,
-            lead_dims: 0,
-            operand: Operand::MnMajorB,
-            box_dims: [bk, chunk],
-            swizzle: chunk * 2,
-            boxes: (0..bn / chunk)
-                .map(|j| TmaBox {
-                    origin: [0, chunk * j],
-                    smem_offset: j * bk * chunk * 2,
-                })
-                .collect(),
-            offset: 0,
-            stage_stride: (bk * bn * 2).next_multiple_of(SWIZZLE_ATOM),
+            stage_stride: (rows * cols * 2).next_multiple_of(SWIZZLE_ATOM),
         }
     }
 

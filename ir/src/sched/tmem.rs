@@ -194,12 +194,12 @@ mod tests {
             0x0840_0490
         );
         // K-major SW128 = 0x4000404000010000 | addr >> 4; k16 steps 32 bytes apart.
-        let a = TmaLoad::k_major(OpId::from_index(0), 0, Operand::KMajorA, 128, 64);
+        let a = TmaLoad::new(OpId::from_index(0), 0, Operand::KMajorA, 128, 64);
         let d = Descriptor::of(&a);
         assert_eq!(d.template, 0x4000_4040_0001_0000);
         assert_eq!(d.steps, [0, 32, 64, 96]);
         // 64-byte swizzle (BK = 32): swizzle code 4, SBO = 8 rows of 64 bytes.
-        let d = Descriptor::of(&TmaLoad::k_major(
+        let d = Descriptor::of(&TmaLoad::new(
             OpId::from_index(0),
             0,
             Operand::KMajorA,
@@ -209,7 +209,7 @@ mod tests {
         assert_eq!(d.template >> 61, 4);
         assert_eq!(d.sbo, 512);
         // BK = 128: two 64-column boxes; steps 4.. start in the second box.
-        let d = Descriptor::of(&TmaLoad::k_major(
+        let d = Descriptor::of(&TmaLoad::new(
             OpId::from_index(0),
             0,
             Operand::KMajorA,
@@ -219,17 +219,29 @@ mod tests {
         assert_eq!(d.steps[4], 128 * 64 * 2);
         // MN-major B (stored [K, N]): LBO = the 64-column boxes' distance, SBO = 8 K-rows,
         // a k16 step is 16 rows of 128 bytes.
-        let d = Descriptor::of(&TmaLoad::mn_major_b(OpId::from_index(1), 1, 64, 128));
+        let d = Descriptor::of(&TmaLoad::new(
+            OpId::from_index(1),
+            1,
+            Operand::MnMajorB,
+            64,
+            128,
+        ));
         assert_eq!((d.lbo, d.sbo), (64 * 128, 1024));
         assert_eq!(d.steps, [0, 2048, 4096, 6144]);
         // N = 96: three 32-column boxes of 64-byte rows; LBO = their distance (64 K-rows of
         // 64 bytes), SBO = 8 K-rows of 64 bytes, a k16 step 16 such rows, swizzle code 4.
-        let d = Descriptor::of(&TmaLoad::mn_major_b(OpId::from_index(1), 1, 64, 96));
+        let d = Descriptor::of(&TmaLoad::new(
+            OpId::from_index(1),
+            1,
+            Operand::MnMajorB,
+            64,
+            96,
+        ));
         assert_eq!((d.lbo, d.sbo, d.swizzle), (64 * 64, 512, 64));
         assert_eq!(d.steps, [0, 1024, 2048, 3072]);
         assert_eq!(d.template >> 61, 4);
         // K = 96 (K-major): three 32-column boxes; step 2 starts the second box.
-        let d = Descriptor::of(&TmaLoad::k_major(
+        let d = Descriptor::of(&TmaLoad::new(
             OpId::from_index(0),
             0,
             Operand::KMajorA,

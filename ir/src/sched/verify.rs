@@ -210,15 +210,12 @@ fn check_barriers(s: &Sched, fail: &mut dyn FnMut(&dyn fmt::Display, String)) {
         }
     }
     slots.sort_unstable();
-    {
-        let list = &slots;
-        for w in list.windows(2) {
-            if w[0].1 > w[1].0 {
-                fail(
-                    &format!("{} {}", w[1].2, s.barriers[w[1].2]),
-                    format!("overlaps {} {}", w[0].2, s.barriers[w[0].2]),
-                );
-            }
+    for w in slots.windows(2) {
+        if w[0].1 > w[1].0 {
+            fail(
+                &format!("{} {}", w[1].2, s.barriers[w[1].2]),
+                format!("overlaps {} {}", w[0].2, s.barriers[w[0].2]),
+            );
         }
     }
 }

@@ -88,14 +88,7 @@ pub fn chunk_columns(kernel: &Kernel, for_op: OpId, n: u32, warps: u32) -> u32 {
 /// is left to make.
 pub fn program(block: u32, chunk: u32, full: BarrierId, empty: BarrierId) -> Vec<Op> {
     let acc = TmemTileId(0);
-    let mut ops = vec![
-        Op::Wait {
-            bar: full,
-            start: 0,
-            lag: 0,
-        },
-        Op::Tcgen05FenceAfter,
-    ];
+    let mut ops = vec![Op::wait(full, 0), Op::Tcgen05FenceAfter];
     let starts: Vec<u32> = (0..block).step_by(chunk.max(1) as usize).collect();
     for (i, &start) in starts.iter().enumerate() {
         let columns = chunk.min(block - start);
@@ -111,7 +104,7 @@ pub fn program(block: u32, chunk: u32, full: BarrierId, empty: BarrierId) -> Vec
         );
         ops.push(Op::TmemWaitLoad);
         if i + 1 == starts.len() {
-            ops.extend([Op::Tcgen05FenceBefore, Op::Arrive { bar: empty, lag: 0 }]);
+            ops.extend([Op::Tcgen05FenceBefore, Op::arrive(empty)]);
         }
         ops.push(Op::Run(Region::Epilogue(Some((start, columns)))));
     }
@@ -263,15 +256,8 @@ mod tests {
             columns: 32,
         };
         let read = |column, columns| Op::Run(Region::Epilogue(Some((column, columns))));
-        let head = [
-            Op::Wait {
-                bar: full,
-                start: 0,
-                lag: 0,
-            },
-            Op::Tcgen05FenceAfter,
-        ];
-        let hand_back = [Op::Tcgen05FenceBefore, Op::Arrive { bar: empty, lag: 0 }];
+        let head = [Op::wait(full, 0), Op::Tcgen05FenceAfter];
+        let hand_back = [Op::Tcgen05FenceBefore, Op::arrive(empty)];
         // Whole: every copy, one wait, TMEM back before the code runs.
         let mut whole = head.to_vec();
         whole.extend([load(0), load(32), Op::TmemWaitLoad]);

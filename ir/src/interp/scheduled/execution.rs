@@ -179,9 +179,28 @@ impl<'p, 'k> Cta<'p, 'k> {
         stage: u32,
         joined: Option<(LoadId, &Value)>,
     ) -> Result<(), InterpError> {
-        let plan = self.plan;
-        let s = plan.sched;
         let mut env = self.iteration(k, 0, t);
+        self.load_operands(m, &mut env, (0, stage), ops, joined)?;
+        m.swap_env(&mut env);
+        let ran = ops.iter().try_for_each(|&op| self.run_op(m, t, op));
+        m.swap_env(&mut env);
+        m.unserve();
+        self.iterations.insert((k, 0, t), env);
+        ran
+    }
+
+    /// Where the ops `ops` of a step of work tile `g` find the loads they read: the ring's
+    /// served from `stage` (load `joined.0` from the tile `joined.1` instead: the 2-SM pair's
+    /// B), the tile's once loads put in `env` from their buffers.
+    fn load_operands(
+        &self,
+        m: &mut Machine<'k, '_, '_>,
+        env: &mut Env,
+        (g, stage): (usize, u32),
+        ops: &[OpId],
+        joined: Option<(LoadId, &Value)>,
+    ) -> Result<(), InterpError> {
+        let s = self.plan.sched;
         for (h, l) in s.ring_loads() {
             if ops.contains(&l.tma.load) {
                 let tile = match joined {
@@ -191,20 +210,11 @@ impl<'p, 'k> Cta<'p, 'k> {
                 m.serve(l.tma.load, tile);
             }
         }
-        for (h, l) in s
-            .loads
-            .iter()
-            .filter(|(h, l)| s.once(*h) && l.work_tile == 0)
-        {
-            let result = plan.kernel.ops[l.tma.load].results[0];
+        for h in s.once_loads().filter(|&h| s.loads[h].work_tile == g as u32) {
+            let result = self.plan.kernel.ops[s.loads[h].tma.load].results[0];
             env[result.index()] = Some(self.mem.read(h, 0)?);
         }
-        m.swap_env(&mut env);
-        let ran = ops.iter().try_for_each(|&op| self.run_op(m, t, op));
-        m.swap_env(&mut env);
-        m.unserve();
-        self.iterations.insert((k, 0, t), env);
-        ran
+        Ok(())
     }
 
     /// Runs one op of a consumer step: the body's mma into tensor memory on sm_100a (the
@@ -231,10 +241,7 @@ impl<'p, 'k> Cta<'p, 'k> {
             }
             _ => {
                 run_checked(plan, m, op)?;
-                match &plan.deferral {
-                    Some((d, groups)) if d.max == op => defer(plan, m, *d, groups),
-                    _ => Ok(()),
-                }
+                defer(plan, m, op)
             }
         }
     }
@@ -311,21 +318,8 @@ impl<'p, 'k> Cta<'p, 'k> {
         ops: &[OpId],
     ) -> Result<Env, InterpError> {
         let plan = self.plan;
-        let s = plan.sched;
         let mut env = self.scratch(k, g, t);
-        for (h, l) in s
-            .loads
-            .iter()
-            .filter(|(h, l)| s.once(*h) && l.work_tile == g as u32)
-        {
-            let result = plan.kernel.ops[l.tma.load].results[0];
-            env[result.index()] = Some(self.mem.read(h, 0)?);
-        }
-        for (h, l) in s.ring_loads() {
-            if ops.contains(&l.tma.load) {
-                m.serve(l.tma.load, self.mem.read(h, stage)?);
-            }
-        }
+        self.load_operands(m, &mut env, (g, stage), ops, None)?;
         m.swap_env(&mut env);
         let ran = ops.iter().try_for_each(|&op| run_checked(plan, m, op));
         m.swap_env(&mut env);
@@ -422,10 +416,7 @@ impl<'p, 'k> Cta<'p, 'k> {
         if Some(op) == body.exp2 {
             self.exp2_share(m, op)?;
         }
-        match &plan.deferral {
-            Some((d, groups)) if d.max == op => defer(plan, m, *d, groups),
-            _ => Ok(()),
-        }
+        defer(plan, m, op)
     }
 
     /// The columns `c` with `c % den < num` of the exponential `op` computed by the
@@ -539,29 +530,21 @@ fn dispatch<'k>(
                 None => ctas[c].consume(m, (k, t), ops, stage(at.i), None),
             }
         }
-        (Op::Wgmma(MmaPart::Head), Parts::Rotated { head, .. }) => {
-            ctas[c].consume(m, (k, t), head, stage(at.i), None)
-        }
-        (Op::Run(Region::Between), Parts::Rotated { between, .. }) => {
-            ctas[c].consume(m, (k, t), between, stage(at.i), None)
+        (Op::Wgmma(MmaPart::Head), Parts::Rotated { head: ops, .. })
+        | (Op::Run(Region::Between), Parts::Rotated { between: ops, .. }) => {
+            ctas[c].consume(m, (k, t), ops, stage(at.i), None)
         }
         (Op::Wgmma(MmaPart::Tail), Parts::Rotated { tail, .. }) => {
             ctas[c].consume(m, (k, t - 1), tail, stage(at.i - 1), None)
         }
-        (
-            Op::Tcgen05Mma {
-                part: MmaPart::Head,
-                tile,
-            },
-            Parts::Pair(body),
-        ) => ctas[c].mma_s(m, (k, tile as usize, t), stage(at.i), body),
-        (
-            Op::Tcgen05Mma {
-                part: MmaPart::Tail,
-                tile,
-            },
-            Parts::Pair(body),
-        ) => ctas[c].mma_o(m, (k, tile as usize, t), stage(at.i), body),
+        (Op::Tcgen05Mma { part, tile }, Parts::Pair(body)) => {
+            let (work, stage) = ((k, tile as usize, t), stage(at.i));
+            match part {
+                MmaPart::Head => ctas[c].mma_s(m, work, stage, body),
+                MmaPart::Tail => ctas[c].mma_o(m, work, stage, body),
+                MmaPart::Body => Ok(()),
+            }
+        }
         (Op::Run(Region::Between), Parts::Pair(body)) => ctas[c].softmax(m, (k, g, t), body),
         (Op::TmemLoad { tile, .. }, _) => {
             let cta = &mut ctas[c];

@@ -162,10 +162,8 @@ impl<'k> Plan<'k> {
             return Err(error("the ring loop's body does not end with its yield"));
         }
         let once: Vec<OpId> = sched
-            .loads
-            .iter()
-            .filter(|(h, _)| sched.once(*h))
-            .map(|(_, l)| l.tma.load)
+            .once_loads()
+            .map(|h| sched.loads[h].tma.load)
             .collect();
         let prologue = kernel.body.ops[..at]
             .iter()
@@ -498,15 +496,13 @@ impl Tile {
         let for_op = plan.sched.for_op;
         let mut env = vec![None; kernel.values.len()];
         m.set_block(block);
-        m.swap_env(&mut env);
-        let ran = m.exec_ops(&plan.prologue);
-        let bounds: Vec<Option<i32>> = kernel.ops[for_op].operands[..3]
-            .iter()
-            .map(|&v| m.value(v).and_then(Value::as_i32))
-            .collect();
-        m.swap_env(&mut env);
-        ran?;
-        let &[Some(lo), Some(hi), Some(step)] = &bounds[..] else {
+        let bounds = scalars(
+            m,
+            &mut env,
+            &plan.prologue,
+            &kernel.ops[for_op].operands[..3],
+        )?;
+        let Some(&[lo, hi, step]) = bounds.as_deref() else {
             return Err(plan.error("the loop's bounds are not computed before it".into()));
         };
         if step <= 0 {
@@ -540,6 +536,23 @@ impl Tile {
     }
 }
 
+/// Runs `ops` in `env`, then reads `values` as integers (`None` unless all are).
+fn scalars(
+    m: &mut Machine<'_, '_, '_>,
+    env: &mut Env,
+    ops: &[OpId],
+    values: &[ValueId],
+) -> Result<Option<Vec<i32>>, InterpError> {
+    m.swap_env(env);
+    let ran = m.exec_ops(ops);
+    let scalars = values
+        .iter()
+        .map(|&v| m.value(v).and_then(Value::as_i32))
+        .collect();
+    m.swap_env(env);
+    ran.map(|_| scalars)
+}
+
 /// Trips of `lo..hi` by `step` (positive).
 pub(super) fn trips(lo: i32, hi: i32, step: i32) -> Option<u32> {
     let span = (i64::from(hi) - i64::from(lo)).max(0);
@@ -566,14 +579,17 @@ pub(super) fn run_checked(
     m.exec_ops(&[op]).map(drop)
 }
 
-/// The deferred maximum: each group of rows keeps the carried reference while every one of
-/// them grew by at most the threshold (a NaN growth, from a `-inf` reference, never stays).
+/// The deferred maximum, after `op` where it computes it: each group of rows keeps the
+/// carried reference while every one of them grew by at most the threshold (a NaN growth,
+/// from a `-inf` reference, never stays).
 pub(super) fn defer(
     plan: &Plan<'_>,
     m: &mut Machine<'_, '_, '_>,
-    d: Deferral,
-    groups: &[Vec<usize>],
+    op: OpId,
 ) -> Result<(), InterpError> {
+    let Some((d, groups)) = plan.deferral.as_ref().filter(|(d, _)| d.max == op) else {
+        return Ok(());
+    };
     let m_new = plan.kernel.ops[d.max].results[0];
     let (Some(new), Some(old)) = (m.value(m_new), m.value(d.carried)) else {
         return Err(plan.error(format!("{} defers a maximum it has not computed", d.max)));
@@ -661,15 +677,7 @@ impl<'p, 'k> Memory<'p, 'k> {
         slice: &[OpId],
     ) -> Result<Vec<i32>, InterpError> {
         let op = self.plan.sched.loads[l].tma.load;
-        m.swap_env(env);
-        let ran = m.exec_ops(slice);
-        let coords: Option<Vec<i32>> = self.plan.kernel.ops[op]
-            .operands
-            .iter()
-            .map(|&v| m.value(v).and_then(Value::as_i32))
-            .collect();
-        m.swap_env(env);
-        ran?;
+        let coords = scalars(m, env, slice, &self.plan.kernel.ops[op].operands)?;
         coords.ok_or_else(|| {
             self.plan.error(format!(
                 "the producer cannot compute the coordinates of {op}"

@@ -283,7 +283,7 @@ mod tests {
 
     /// A K-major load of an `8 x 64` bf16 tile (one 128-byte-swizzled box) at `offset`.
     fn load_8x64(offset: u32) -> TmaLoad {
-        let mut l = TmaLoad::k_major(
+        let mut l = TmaLoad::new(
             OpId::from_index(0),
             0,
             crate::sched::tma::Operand::KMajorA,

@@ -6,7 +6,7 @@
 //! readers have not released, a remote op reaching an exited CTA) are the machine's.
 
 use super::rules::{readers, wgmma_role};
-use super::{ClusterError, ProtocolError, name, names};
+use super::{ClusterError, ProtocolError};
 use crate::sched::{LoadId, Op, Phase, Sched};
 
 /// The rules of the module doc.
@@ -18,7 +18,7 @@ pub(super) fn check(s: &Sched) -> Result<(), ProtocolError> {
         .find(|op| matches!(op, Op::ArrivePeer { .. }));
     let Some(c) = &s.cluster else {
         return match peer {
-            Some(op) => Err(ClusterError::PeerWithoutCluster(name(s, op)).into()),
+            Some(op) => Err(ClusterError::PeerWithoutCluster(s.name(op)).into()),
             None => Ok(()),
         };
     };
@@ -29,7 +29,7 @@ pub(super) fn check(s: &Sched) -> Result<(), ProtocolError> {
         pos(Op::ClusterSync),
     ) {
         (Some(a), Some(b), Some(c)) if a < b && b < c => {}
-        _ => return Err(ClusterError::Init(format!("[{}]", names(s, &s.setup))).into()),
+        _ => return Err(ClusterError::Init(format!("[{}]", s.names(&s.setup))).into()),
     }
     let once = s.loads.iter().any(|(h, _)| s.once(h));
     let data: std::collections::BTreeSet<_> = s.ring_loads().map(|(_, l)| l.barrier).collect();
@@ -87,7 +87,7 @@ pub(super) fn check(s: &Sched) -> Result<(), ProtocolError> {
         if let Some(op) = peer {
             return Err(ClusterError::Shape(format!(
                 "`{}` in a 2-SM pair, whose commits multicast",
-                name(s, op)
+                s.name(op)
             ))
             .into());
         }
@@ -122,9 +122,7 @@ pub(super) fn check(s: &Sched) -> Result<(), ProtocolError> {
                 if bar != empty || s.mbarrier(bar).is_none_or(|m| m.phase != Phase::Iteration))
         });
     if let Some(op) = wrong {
-        return Err(
-            ClusterError::Shape(format!("`{}` releases another array", name(s, op))).into(),
-        );
+        return Err(ClusterError::Shape(format!("`{}` releases another array", s.name(op))).into());
     }
     Ok(())
 }

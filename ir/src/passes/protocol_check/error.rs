@@ -135,46 +135,31 @@ pub enum ProtocolError {
         /// The iteration that used the stage before.
         previous: u32,
     },
-    /// The code between a rotated loop's mmas reads the head's products before they are
-    /// waited for.
-    #[error(
-        "the code between the mmas of iteration {iteration} reads the head mma's products before wgmma.wait_group shows them complete"
-    )]
-    ReadsInFlight {
+    /// A wgmma's registers are touched while it may still run: the code between a rotated
+    /// loop's mmas reads the head's products, the next rescale the accumulator the tail still
+    /// writes, or the handoff the `P` the tail still reads.
+    #[error("in iteration {iteration} {what} (wgmma.wait_group missing or too weak)")]
+    InFlight {
         /// The iteration.
         iteration: u32,
+        /// What is touched, and by what.
+        what: &'static str,
     },
-    /// The carried accumulator is rescaled while the previous tail wgmma may still write it.
+    /// A named barrier generation completed with no role waiting on it (`lost`), or one is
+    /// left mid-generation when the roles end.
     #[error(
-        "iteration {iteration} rescales the carried accumulator while the previous tail wgmma may still write it (wgmma.wait_group missing)"
+        "broken ping-pong order: turn barrier {barrier} {}",
+        if *lost {
+            "completed with no warpgroup waiting for its turn"
+        } else {
+            "is left with arrivals no warpgroup waits for"
+        }
     )]
-    AccumulatorInFlight {
-        /// The iteration.
-        iteration: u32,
-    },
-    /// The handoff overwrites the registers a tail wgmma still reads.
-    #[error(
-        "iteration {iteration} hands P to the next tail while the tail wgmma reading the previous P may still run"
-    )]
-    HandoffInFlight {
-        /// The iteration.
-        iteration: u32,
-    },
-    /// A named barrier generation completed with no role waiting on it.
-    #[error(
-        "broken ping-pong order: turn barrier {barrier} completed with no warpgroup waiting for its turn"
-    )]
-    TurnLost {
+    Turn {
         /// The element of the named barrier array (the warpgroup's turn).
         barrier: u32,
-    },
-    /// A named barrier is left mid-generation when the roles end.
-    #[error(
-        "broken ping-pong order: turn barrier {barrier} is left with arrivals no warpgroup waits for"
-    )]
-    TurnUnbalanced {
-        /// The element of the named barrier array.
-        barrier: u32,
+        /// Whether a generation completed unwaited for.
+        lost: bool,
     },
     /// The split barrier arrays of a ring's tail loads are misused.
     #[error("split ring: {0}")]
@@ -451,25 +436,18 @@ pub enum TmemError {
         /// The op.
         op: String,
     },
-    /// Registers of a `tcgen05.ld` used, or TMEM handed on, before `tcgen05.wait::ld`.
+    /// Registers of a `tcgen05.ld` used, or TMEM handed on, before `tcgen05.wait::ld`; TMEM
+    /// handed on before a `tcgen05.st` completed (`tcgen05.wait::st`).
     #[error(
-        "the {role} program runs `{op}` while a tcgen05.ld may still be in flight (tcgen05.wait::ld missing)"
+        "the {role} program runs `{op}` while a tcgen05.{copy} may still be in flight (tcgen05.wait::{copy} missing)"
     )]
-    LoadNotWaited {
+    NotWaited {
         /// The role.
         role: String,
         /// The op.
         op: String,
-    },
-    /// TMEM handed on before a `tcgen05.st` completed.
-    #[error(
-        "the {role} program runs `{op}` while a tcgen05.st may still be in flight (tcgen05.wait::st missing)"
-    )]
-    StoreNotWaited {
-        /// The role.
-        role: String,
-        /// The op.
-        op: String,
+        /// The copy in flight: `ld` or `st`.
+        copy: &'static str,
     },
     /// A tcgen05 op not fenced against the barrier before or after it.
     #[error(

@@ -300,7 +300,7 @@ impl<'s> Machine<'s> {
                     Some(step) => format!(
                         "{} blocked at `{}` in iteration {} of tile {}",
                         self.actor_name(a),
-                        super::name(self.s, step.op),
+                        self.s.name(step.op),
                         step.at.i,
                         step.at.tile
                     ),
@@ -317,7 +317,10 @@ impl<'s> Machine<'s> {
     /// Every named barrier ends between generations: no arrival is left over.
     fn balanced(&self) -> Result<(), ProtocolError> {
         match self.named.iter().find(|(_, n)| n.arrived != 0) {
-            Some((&(_, _, element), _)) => Err(ProtocolError::TurnUnbalanced { barrier: element }),
+            Some((&(_, _, element), _)) => Err(ProtocolError::Turn {
+                barrier: element,
+                lost: false,
+            }),
             None => Ok(()),
         }
     }
@@ -356,7 +359,7 @@ impl<'s> Machine<'s> {
             return Err(ClusterError::AfterExit {
                 cta: to,
                 from,
-                op: super::name(self.s, op),
+                op: self.s.name(op),
             }
             .into());
         }
@@ -448,7 +451,7 @@ impl<'s> Machine<'s> {
         write: bool,
         op: Op,
     ) -> Result<(), ProtocolError> {
-        let me = (a, self.actors[a].clock.clone(), super::name(self.s, op));
+        let me = (a, self.actors[a].clock.clone(), self.s.name(op));
         let h = self.history.entry((cta, area)).or_default();
         let mut earlier: Vec<&(usize, Vec<u32>, String)> = h.write.iter().collect();
         if write {
@@ -655,13 +658,19 @@ impl<'s> Machine<'s> {
                         part: MmaPart::Head,
                     }
                 }) {
-                    return Err(ProtocolError::ReadsInFlight { iteration: at.i });
+                    return Err(ProtocolError::InFlight {
+                        iteration: at.i,
+                        what: "the code between the mmas reads the head mma's products before the head wgmma completed",
+                    });
                 }
                 Ok(true)
             }
             Op::Run(Region::Handoff) => {
                 if self.actors[a].in_flight(|r| r.part == MmaPart::Tail) {
-                    return Err(ProtocolError::HandoffInFlight { iteration: at.i });
+                    return Err(ProtocolError::InFlight {
+                        iteration: at.i,
+                        what: "P is handed to the next tail while the tail wgmma reading the previous P may still run",
+                    });
                 }
                 Ok(true)
             }
@@ -714,12 +723,9 @@ impl<'s> Machine<'s> {
                 }
                 Ok(true)
             }
-            Op::FactorStore { tile } => {
-                self.access(a, cta, Area::Factors(tile), true, step.op)?;
-                Ok(true)
-            }
-            Op::FactorLoad { tile } => {
-                self.access(a, cta, Area::Factors(tile), false, step.op)?;
+            Op::FactorStore { tile } | Op::FactorLoad { tile } => {
+                let write = matches!(step.op, Op::FactorStore { .. });
+                self.access(a, cta, Area::Factors(tile), write, step.op)?;
                 Ok(true)
             }
             Op::ClusterSync => {
@@ -845,16 +851,9 @@ impl<'s> Machine<'s> {
                 // Refilling another CTA's stage: the free phase the producer waited on must
                 // include that CTA's releases, whatever order the roles ran in.
                 let heard = self.actors[a].heard.get(&(free, i)).copied().unwrap_or(0);
-                if to != cta && heard & (1 << to) == 0 {
-                    return Err(ClusterError::Overwrite {
-                        cta: to,
-                        from: cta,
-                        iteration: i,
-                        previous,
-                    }
-                    .into());
-                }
-                if !self.all_released(to, load, free, previous) {
+                if (to != cta && heard & (1 << to) == 0)
+                    || !self.all_released(to, load, free, previous)
+                {
                     return Err(if to == cta {
                         ProtocolError::Overwrite {
                             iteration: i,
@@ -904,7 +903,10 @@ impl<'s> Machine<'s> {
         if step.op == Op::Wgmma(MmaPart::Tail)
             && self.actors[a].in_flight(|r| r.part == MmaPart::Tail)
         {
-            return Err(ProtocolError::AccumulatorInFlight { iteration: at.i });
+            return Err(ProtocolError::InFlight {
+                iteration: at.i,
+                what: "the carried accumulator is rescaled while the previous tail wgmma may still write it",
+            });
         }
         self.actors[a].uncommitted.push(Read { i: x, part });
         for cta in self.mma_ctas(a) {
@@ -1006,7 +1008,10 @@ impl<'s> Machine<'s> {
         join(&mut n.clock, &clock);
         if n.arrived == meeting {
             if n.waiting == 0 {
-                return Err(ProtocolError::TurnLost { barrier: element });
+                return Err(ProtocolError::Turn {
+                    barrier: element,
+                    lost: true,
+                });
             }
             n.arrived = 0;
             n.waiting = 0;

@@ -55,7 +55,7 @@ pub use error::{ClusterError, OnceError, ProtocolError, Race, StoreError, TmemEr
 
 use crate::diag::Diagnostic;
 use crate::kernel::Kernel;
-use crate::sched::{Op, Sched};
+use crate::sched::Sched;
 use crate::target::Target;
 
 /// Checks the kernel's schedule IR (see the module doc).
@@ -105,17 +105,4 @@ fn check_static(s: &Sched) -> Result<(), ProtocolError> {
     rules::check(s)?;
     cluster::check(s)?;
     tmem::check(s)
-}
-
-/// The ops of `ops` joined as the schedule IR prints them.
-fn names(s: &Sched, ops: &[Op]) -> String {
-    ops.iter()
-        .map(|&op| name(s, op))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-/// One op as the schedule IR prints it.
-fn name(s: &Sched, op: Op) -> String {
-    crate::sched::op::Named { op, sched: s }.to_string()
 }

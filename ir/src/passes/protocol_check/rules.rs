@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{OnceError, ProtocolError, name, names};
+use super::{OnceError, ProtocolError};
 use crate::sched::{BarrierId, LoadId, MmaPart, Op, Phase, Region, Role, Sched};
 
 /// Every rule of this module.
@@ -34,7 +34,7 @@ pub(super) fn check_init(s: &Sched) -> Result<(), ProtocolError> {
         pos(Op::CtaSync),
     ) {
         (Some(a), Some(b), Some(c)) if a < b && b < c => Ok(()),
-        _ => Err(ProtocolError::Init(format!("[{}]", names(s, &s.setup)))),
+        _ => Err(ProtocolError::Init(format!("[{}]", s.names(&s.setup)))),
     }
 }
 
@@ -78,6 +78,25 @@ pub(super) fn reads(s: &Sched, op: Op) -> Vec<LoadId> {
         .collect()
 }
 
+/// Fails unless `r`'s wait on `bar` starts at parity `expected`.
+fn starts_at(
+    s: &Sched,
+    r: &Role,
+    bar: BarrierId,
+    start: u32,
+    expected: u32,
+) -> Result<(), ProtocolError> {
+    if start == expected {
+        return Ok(());
+    }
+    Err(ProtocolError::StartPhase {
+        role: r.kind.to_string(),
+        bar: s.barriers[bar].to_string(),
+        start,
+        expected,
+    })
+}
+
 /// The producer's rules: each ring load once per iteration, after the wait on its free
 /// barrier (from parity 1); the bytes announced on each barrier those of its loads; nothing
 /// of a reader's.
@@ -91,7 +110,7 @@ fn check_producer(s: &Sched, p: &Role) -> Result<(), ProtocolError> {
     {
         return Err(ProtocolError::Rotation(format!(
             "the producer cannot run `{}`",
-            name(s, op)
+            s.name(op)
         )));
     }
     let frees: BTreeSet<BarrierId> = s.ring_loads().filter_map(|(_, l)| l.free).collect();
@@ -99,13 +118,8 @@ fn check_producer(s: &Sched, p: &Role) -> Result<(), ProtocolError> {
     for &op in it {
         match op {
             Op::Wait { bar, start, .. } => {
-                if frees.contains(&bar) && start != 1 {
-                    return Err(ProtocolError::StartPhase {
-                        role,
-                        bar: s.barriers[bar].to_string(),
-                        start,
-                        expected: 1,
-                    });
+                if frees.contains(&bar) {
+                    starts_at(s, p, bar, start, 1)?;
                 }
                 waited.insert(bar);
             }
@@ -115,7 +129,7 @@ fn check_producer(s: &Sched, p: &Role) -> Result<(), ProtocolError> {
                 {
                     return Err(ProtocolError::BeforeWait {
                         role,
-                        op: name(s, op),
+                        op: s.name(op),
                         bar: s.barriers[free].to_string(),
                     });
                 }
@@ -183,13 +197,8 @@ fn check_reader(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
     for &op in &r.program.iteration {
         match op {
             Op::Wait { bar, start, .. } => {
-                if data.contains(&bar) && start != 0 {
-                    return Err(ProtocolError::StartPhase {
-                        role,
-                        bar: s.barriers[bar].to_string(),
-                        start,
-                        expected: 0,
-                    });
+                if data.contains(&bar) {
+                    starts_at(s, r, bar, start, 0)?;
                 }
                 let landing = s.mbarrier(bar).is_some_and(|m| m.phase == Phase::Iteration)
                     && !data.contains(&bar)
@@ -197,7 +206,7 @@ fn check_reader(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
                 if landing && wgmma_role(r) {
                     return Err(ProtocolError::Split(format!(
                         "`{}` waits for a barrier no load lands on",
-                        name(s, op)
+                        s.name(op)
                     )));
                 }
                 waited.insert(bar);
@@ -214,7 +223,7 @@ fn check_reader(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
                     if !waited.contains(&bar) {
                         return Err(ProtocolError::BeforeWait {
                             role,
-                            op: name(s, op),
+                            op: s.name(op),
                             bar: s.barriers[bar].to_string(),
                         });
                     }
@@ -229,7 +238,7 @@ fn check_reader(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
                         .map_or_else(String::new, |&b| s.barriers[b].to_string());
                     return Err(ProtocolError::BeforeWait {
                         role,
-                        op: name(s, op),
+                        op: s.name(op),
                         bar,
                     });
                 }
@@ -260,7 +269,7 @@ fn check_fences(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
             | Op::ExpectTx { .. }
             | Op::Tma { .. } => {
                 if let Some(load) = unfenced {
-                    return Err(err(load, name(s, op)));
+                    return Err(err(load, s.name(op)));
                 }
             }
             _ => {}
@@ -296,23 +305,15 @@ fn check_rotation(s: &Sched) -> Result<(), ProtocolError> {
         if let Some(&op) = outside {
             return err(format!(
                 "`{}` once per CTA: only turn hand-overs run outside the tiles",
-                name(s, op)
+                s.name(op)
             ));
         }
-        let body: Vec<Op> = p
-            .start
-            .iter()
-            .chain(&p.tile)
-            .chain(&p.iteration)
-            .chain(&p.drain)
-            .chain(&p.exit)
-            .copied()
-            .collect();
+        let body: Vec<Op> = p.ops_except(&["release", "end"]).collect();
         if !p.rotated {
             if let Some(&op) = body.iter().find(|op| turn(op) || ROTATED.contains(op)) {
                 return err(format!(
                     "`{}` in a loop the overlap pass did not rotate",
-                    name(s, op)
+                    s.name(op)
                 ));
             }
             continue;
@@ -322,20 +323,20 @@ fn check_rotation(s: &Sched) -> Result<(), ProtocolError> {
             if n != 1 {
                 return err(format!(
                     "`{}` runs {n} times per iteration; it must run once",
-                    name(s, op)
+                    s.name(op)
                 ));
             }
         }
         if let Some(&op) = body.iter().find(|&&op| op == Op::Wgmma(MmaPart::Body)) {
             return err(format!(
                 "`{}` in a rotated loop (its mmas are head and tail)",
-                name(s, op)
+                s.name(op)
             ));
         }
         if r.replicas < 2
             && let Some(&op) = body.iter().find(|op| turn(op))
         {
-            return err(format!("`{}` without ping-pong turn barriers", name(s, op)));
+            return err(format!("`{}` without ping-pong turn barriers", s.name(op)));
         }
     }
     Ok(())
@@ -362,15 +363,9 @@ fn check_once(s: &Sched) -> Result<(), ProtocolError> {
             .is_some_and(|b| bars.contains(&b) || frees.contains(&b)),
     };
     for r in std::iter::once(p).chain(readers(s)) {
-        let pr = &r.program;
-        let every = pr
-            .start
-            .iter()
-            .chain(&pr.iteration)
-            .chain(&pr.drain)
-            .chain(&pr.exit);
-        if let Some(&op) = every.clone().find(|op| touches(op)) {
-            return Err(OnceError::EveryIteration { op: name(s, op) }.into());
+        let mut every = r.program.ops_except(&["tile", "release", "end"]);
+        if let Some(op) = every.find(|op| touches(op)) {
+            return Err(OnceError::EveryIteration { op: s.name(op) }.into());
         }
     }
     let persistent = s.persistent();
@@ -378,18 +373,11 @@ fn check_once(s: &Sched) -> Result<(), ProtocolError> {
     for (k, &op) in p.program.tile.iter().enumerate() {
         match op {
             Op::Wait { bar, start, .. } if frees.contains(&bar) && k == 0 => {
-                if start != 1 {
-                    return Err(ProtocolError::StartPhase {
-                        role: p.kind.to_string(),
-                        bar: s.barriers[bar].to_string(),
-                        start,
-                        expected: 1,
-                    });
-                }
+                starts_at(s, p, bar, start, 1)?;
             }
             Op::ExpectTx { bar, bytes } if bars.contains(&bar) => announced += bytes,
             Op::Tma { load } if once.contains(&load) => {}
-            other => return Err(OnceError::ProducerStep { op: name(s, other) }.into()),
+            other => return Err(OnceError::ProducerStep { op: s.name(other) }.into()),
         }
     }
     let mut boxes = 0;
@@ -426,7 +414,7 @@ fn check_once(s: &Sched) -> Result<(), ProtocolError> {
                 other if wgmma_role(r) || touches(&other) => {
                     return Err(OnceError::ConsumerStep {
                         role,
-                        op: name(s, other),
+                        op: s.name(other),
                     }
                     .into());
                 }
@@ -459,17 +447,17 @@ fn check_release(
 ) -> Result<(), ProtocolError> {
     let expected: Vec<Op> = match frees.iter().next() {
         Some(&bar) if persistent => vec![if wgmma_role(r) {
-            Op::Arrive { bar, lag: 0 }
+            Op::arrive(bar)
         } else {
-            Op::Tcgen05Commit { bar, lag: 0 }
+            Op::commit(bar)
         }],
         _ => Vec::new(),
     };
     if r.program.release != expected {
         return Err(OnceError::Release {
             role: r.kind.to_string(),
-            got: names(s, &r.program.release),
-            expected: names(s, &expected),
+            got: s.names(&r.program.release),
+            expected: s.names(&expected),
         }
         .into());
     }

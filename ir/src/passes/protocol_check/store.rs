@@ -7,7 +7,7 @@
 //! barrier of the schedule, and each stores whole 8-row swizzle atoms of every box; stores
 //! that run at once (an attention pair's) have staging tiles and barriers of their own.
 
-use super::{StoreError, names};
+use super::StoreError;
 use crate::sched::{BarrierKind, Op, Region, Role, RoleKind, Sched, TmaStore};
 
 /// Named barrier ids of a CTA: 0 (the block-wide `bar.sync 0`) to 15.
@@ -84,7 +84,7 @@ fn check_store(s: &Sched, st: &TmaStore) -> Result<(), StoreError> {
             .collect()
     };
     let (writes, issues) = (at(Op::StagingWrite), at(Op::BulkStore));
-    let shape = || StoreError::Shape(names(s, r));
+    let shape = || StoreError::Shape(s.names(r));
     let (&[write], &[issue]) = (&writes[..], &issues[..]) else {
         return Err(shape());
     };
@@ -113,7 +113,7 @@ fn check_store(s: &Sched, st: &TmaStore) -> Result<(), StoreError> {
     {
         return Err(StoreError::ExitBeforeStored {
             role: role.kind.to_string(),
-            ops: names(s, &role.program.exit),
+            ops: s.names(&role.program.exit),
         });
     }
     Ok(())

@@ -5,8 +5,8 @@
 
 use super::*;
 use crate::entities::OpId;
-use crate::sched::barrier::{Barrier, BarrierId, BarrierKind, Index, Mbarrier, Phase, Scope};
-use crate::sched::op::Who;
+use crate::sched::barrier::{BarrierId, BarrierKind, Index, Mbarrier, Phase};
+use crate::sched::op::{Op, Who};
 use crate::sched::overlap::{Overlap, Turns};
 use crate::sched::role::{Issue, Program, Role, RoleKind};
 use crate::sched::tiles::TileScheduler;
@@ -42,18 +42,11 @@ fn tile(index: u32, box_dims: [u32; 2], boxes: u32) -> TmaLoad {
 /// Appends an mbarrier array after the last one.
 fn mbarrier(s: &mut Sched, name: &'static str, count: u32, stages: u32, phase: Phase) -> BarrierId {
     let offset = s.barriers.iter().map(|(_, b)| b.bytes()).sum();
-    s.barriers.append(Barrier::mbarrier(
-        name,
-        None,
-        Mbarrier {
-            count,
-            stages,
-            phase,
-            offset,
-            scope: Scope::Cta,
-            hands_tmem: false,
-        },
-    ))
+    let m = Mbarrier {
+        offset,
+        ..Mbarrier::new(count, stages, phase)
+    };
+    s.add_mbarrier(name, None, m)
 }
 
 /// The barrier called `name`.
@@ -261,15 +254,7 @@ fn rotated() -> Sched {
     s.loads[load_id(0)].read_by = MmaPart::Head;
     s.loads[load_id(1)].read_by = MmaPart::Tail;
     s.loads[load_id(2)].read_by = MmaPart::Head;
-    s.barriers.append(Barrier {
-        name: "turn",
-        index: None,
-        kind: BarrierKind::Named {
-            first: 1,
-            ids: 2,
-            threads: Turns::MEETING * 128,
-        },
-    });
+    s.add_named("turn", None, (1, 2, Turns::MEETING * 128));
     s.overlap = Some(Overlap {
         head: OpId::from_index(1),
         tail: OpId::from_index(2),
@@ -658,7 +643,14 @@ fn rotated_register_hazards_are_rejected() {
         let (b, w) = (at(it, Op::Run(Region::Between)), at(it, Op::WgmmaWait(1)));
         it.swap(b, w);
     });
-    assert_eq!(e, ProtocolError::ReadsInFlight { iteration: 0 });
+    assert!(
+        matches!(e, ProtocolError::InFlight { iteration: 0, .. }),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("reads the head mma's products"),
+        "{e}"
+    );
     // The handoff (and the release) while the tail reading the previous P may run: with one
     // trip the release is caught first, with more the handoff.
     let e = broken_rotated(|s| {
@@ -672,7 +664,10 @@ fn rotated_register_hazards_are_rejected() {
         let handoff = it.remove(at(it, Op::Run(Region::Handoff)));
         it.insert(at(it, Op::WgmmaWait(0)), handoff);
     });
-    assert!(matches!(e, ProtocolError::HandoffInFlight { .. }), "{e}");
+    assert!(
+        e.to_string().contains("P is handed to the next tail"),
+        "{e}"
+    );
     // The next rescale while the tail still accumulates: no wait for the tail at all.
     let e = broken_rotated(|s| {
         let it = &mut consumer(s).iteration;
@@ -685,13 +680,7 @@ fn rotated_register_hazards_are_rejected() {
         it.retain(|&op| op != Op::Run(Region::Handoff));
         it.push(Op::Run(Region::Handoff));
     });
-    assert!(
-        matches!(
-            e,
-            ProtocolError::HandoffInFlight { .. } | ProtocolError::AccumulatorInFlight { .. }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, ProtocolError::InFlight { .. }), "{e}");
 }
 
 #[test]
@@ -704,10 +693,16 @@ fn broken_turn_orders_are_rejected() {
         let pass = turn_pass(s, Who::All);
         consumer(s).iteration.push(pass);
     });
-    assert!(matches!(e, ProtocolError::TurnLost { .. }), "{e}");
+    assert!(matches!(e, ProtocolError::Turn { lost: true, .. }), "{e}");
     // The leader never takes the followers' last pass.
     let e = broken_rotated(|s| consumer(s).exit.clear());
-    assert_eq!(e, ProtocolError::TurnUnbalanced { barrier: 0 });
+    assert_eq!(
+        e,
+        ProtocolError::Turn {
+            barrier: 0,
+            lost: false
+        }
+    );
     // Anything but a hand-over once per CTA is rejected.
     let e = broken_rotated(|s| consumer(s).start.push(Op::WgmmaWait(0)));
     assert!(matches!(e, ProtocolError::Rotation(_)), "{e}");
@@ -731,13 +726,7 @@ fn broken_three_way_turn_orders_are_rejected() {
     let e = rejected(rotated_three, |s| {
         consumer(s).start = vec![turn_pass(s, Who::All)];
     });
-    assert!(
-        matches!(
-            e,
-            ProtocolError::TurnLost { .. } | ProtocolError::TurnUnbalanced { .. }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, ProtocolError::Turn { .. }), "{e}");
     // The leader hands itself no turn and the middle warpgroup starts: the order is 1, 2, 0,
     // and the leader's last wait never comes.
     let e = rejected(rotated_three, |s| {

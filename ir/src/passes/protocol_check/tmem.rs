@@ -2,7 +2,7 @@
 //! owner's lifecycle, how each role's tcgen05 ops are waited for and fenced, the epilogue's
 //! copies of the accumulator, and the 2-SM pair's.
 
-use super::{ProtocolError, TmemError, name};
+use super::{ProtocolError, TmemError};
 use crate::sched::tmem::TMEM_COLUMNS;
 use crate::sched::{BarrierId, MmaPart, Op, Phase, Region, Role, RoleKind, Sched};
 
@@ -75,7 +75,7 @@ fn check_release_by_commit(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
                 || matches!(op, Op::WgmmaCommit | Op::WgmmaWait(_))
         });
     match plain {
-        Some(&op) => Err(TmemError::PlainRelease(name(s, op)).into()),
+        Some(&op) => Err(TmemError::PlainRelease(s.name(op)).into()),
         None => Ok(()),
     }
 }
@@ -114,23 +114,16 @@ fn check_owner(s: &Sched, columns: u32) -> Result<(), ProtocolError> {
         let freeing = |op: &Op| matches!(op, Op::TmemDealloc { .. });
         let p = &r.program;
         let found = if r.kind == RoleKind::Mma {
-            p.ops().find(owning).or(p
-                .start
-                .iter()
-                .chain(&p.tile)
-                .chain(&p.iteration)
-                .chain(&p.drain)
-                .chain(&p.release)
-                .chain(&p.end)
-                .copied()
-                .find(freeing))
+            p.ops()
+                .find(owning)
+                .or(p.ops_except(&["exit"]).find(freeing))
         } else {
             p.ops().find(|op| owning(op) || freeing(op))
         };
         if let Some(op) = found {
             return Err(TmemError::NotOwner {
                 role: r.kind.to_string(),
-                op: name(s, op),
+                op: s.name(op),
             }
             .into());
         }
@@ -221,7 +214,11 @@ fn check_owner(s: &Sched, columns: u32) -> Result<(), ProtocolError> {
 fn check_section(s: &Sched, r: &Role, ops: &[Op]) -> Result<(), ProtocolError> {
     let role = r.kind.to_string();
     let mma = r.kind == RoleKind::Mma;
-    let named = |op: Op| (role.clone(), name(s, op));
+    let named = |op: Op| (role.clone(), s.name(op));
+    let not_waited = |op, copy| {
+        let role = role.clone();
+        ProtocolError::from(TmemError::NotWaited { role, op, copy })
+    };
     let (mut ld, mut st) = (false, false);
     let (mut after_wait, mut touched) = (false, false);
     for &op in ops {
@@ -239,17 +236,13 @@ fn check_section(s: &Sched, r: &Role, ops: &[Op]) -> Result<(), ProtocolError> {
         match op {
             Op::TmemWaitLoad => ld = false,
             Op::TmemLoad { .. } => {}
-            _ if ld => {
-                let (role, op) = named(op);
-                return Err(TmemError::LoadNotWaited { role, op }.into());
-            }
+            _ if ld => return Err(not_waited(s.name(op), "ld")),
             _ => {}
         }
         match op {
             Op::TmemWaitStore => st = false,
             Op::Tcgen05FenceBefore | Op::Arrive { .. } | Op::RescaleEnd if st => {
-                let (role, op) = named(op);
-                return Err(TmemError::StoreNotWaited { role, op }.into());
+                return Err(not_waited(s.name(op), "st"));
             }
             Op::TmemStore { .. } => st = true,
             _ => {}
@@ -288,16 +281,12 @@ fn check_section(s: &Sched, r: &Role, ops: &[Op]) -> Result<(), ProtocolError> {
             touched = true;
         }
     }
-    let end = || (role.clone(), "the code after the loop".to_string());
-    if ld {
-        let (role, op) = end();
-        return Err(TmemError::LoadNotWaited { role, op }.into());
+    let end = || "the code after the loop".to_string();
+    match (ld, st) {
+        (true, _) => Err(not_waited(end(), "ld")),
+        (false, true) => Err(not_waited(end(), "st")),
+        (false, false) => Ok(()),
     }
-    if st {
-        let (role, op) = end();
-        return Err(TmemError::StoreNotWaited { role, op }.into());
-    }
-    Ok(())
 }
 
 /// The epilogue copies the accumulator after waiting on its commit (and fencing), copies
@@ -322,7 +311,7 @@ fn check_epilogue(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
             Op::TmemAlloc { .. } | Op::TmemDealloc { .. } | Op::TmemRelinquish => {
                 return Err(TmemError::NotOwner {
                     role,
-                    op: name(s, op),
+                    op: s.name(op),
                 }
                 .into());
             }
@@ -338,12 +327,12 @@ fn check_epilogue(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
                 if !(waited && fenced) {
                     return Err(TmemError::LoadBeforeCommit {
                         role,
-                        op: name(s, op),
+                        op: s.name(op),
                     }
                     .into());
                 }
                 if handed_back {
-                    return Err(TmemError::LoadAfterHandBack(name(s, op)).into());
+                    return Err(TmemError::LoadAfterHandBack(s.name(op)).into());
                 }
                 loads.push((column, columns));
                 pending = true;
@@ -352,16 +341,17 @@ fn check_epilogue(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
             Op::TmemWaitLoad => pending = false,
             Op::Tcgen05FenceBefore => before_sync = true,
             Op::Run(Region::Epilogue(_)) | Op::Arrive { .. } if pending => {
-                return Err(TmemError::LoadNotWaited {
+                return Err(TmemError::NotWaited {
                     role,
-                    op: name(s, op),
+                    op: s.name(op),
+                    copy: "ld",
                 }
                 .into());
             }
             Op::Arrive { .. } if !before_sync => {
                 return Err(TmemError::Unfenced {
                     role,
-                    op: name(s, op),
+                    op: s.name(op),
                     fence: "before",
                 }
                 .into());
@@ -381,9 +371,10 @@ fn check_epilogue(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
         }
     }
     if pending {
-        return Err(TmemError::LoadNotWaited {
+        return Err(TmemError::NotWaited {
             role,
             op: "the code after the loop".into(),
+            copy: "ld",
         }
         .into());
     }
@@ -425,7 +416,7 @@ fn check_epilogue(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
     }
     if let Some((read, column)) = early {
         return Err(TmemError::ReadBeforeLoad {
-            read: name(s, read),
+            read: s.name(read),
             column,
         }
         .into());
@@ -499,7 +490,7 @@ fn check_pair(s: &Sched, columns: u32) -> Result<(), ProtocolError> {
                 .ops()
                 .find(|op| matches!(op, Op::Tcgen05Mma { .. } | Op::Tcgen05Commit { .. }))
             {
-                return Err(TmemError::PeerIssues(name(s, op)).into());
+                return Err(TmemError::PeerIssues(s.name(op)).into());
             }
             let frees: Vec<u32> = exit
                 .iter()

@@ -51,8 +51,8 @@ use crate::sched::tmem::{
     ACC_ROWS, Descriptor, TMEM_COLUMNS, Tmem, TmemMma, TmemTile, TmemTileId, instruction_descriptor,
 };
 use crate::sched::{
-    Barrier, BarrierId, BarrierKind, Index, Issue, Load, LoadId, Mbarrier, MmaPart, Op, Phase,
-    Region, Role, RoleKind, Sched, Scope, TmaStore, Who,
+    BarrierId, Issue, Load, LoadId, Mbarrier, MmaPart, Op, Phase, Region, Role, RoleKind, Sched,
+    TmaStore,
 };
 
 /// Pass options of the attention schedule.
@@ -298,20 +298,13 @@ pub(super) fn plan(kernel: &mut Kernel, options: AttentionOptions) -> Result<(),
 fn tile_bars(s: &mut Sched, g: u32, offset: u32) -> TileBars {
     let mut at = offset;
     let mut bar = |s: &mut Sched, name, count, phase, hands_tmem| {
-        let b = s.barriers.append(Barrier::mbarrier(
-            name,
-            Some(g),
-            Mbarrier {
-                count,
-                stages: 1,
-                phase,
-                offset: at,
-                scope: Scope::Cta,
-                hands_tmem,
-            },
-        ));
+        let m = Mbarrier {
+            offset: at,
+            hands_tmem,
+            ..Mbarrier::new(count, 1, phase)
+        };
         at += 8;
-        b
+        s.add_mbarrier(name, Some(g), m)
     };
     let it = Phase::Iteration;
     TileBars {
@@ -346,20 +339,8 @@ fn staging(s: &mut Sched, st: TmaStore, end: u32) -> Option<Vec<TmaStore>> {
     Some(
         (0..Q_TILES)
             .map(|g| {
-                let barrier = s.barriers.append(Barrier {
-                    name: "store",
-                    index: Some(g),
-                    kind: BarrierKind::Named {
-                        first: FIRST_STORE_BARRIER + g,
-                        ids: 1,
-                        threads,
-                    },
-                });
-                let sync = Op::Sync {
-                    bar: barrier,
-                    index: Index::Own,
-                    who: Who::All,
-                };
+                let barrier = s.add_named("store", Some(g), (FIRST_STORE_BARRIER + g, 1, threads));
+                let sync = Op::sync(barrier);
                 let mut x = fit.clone();
                 x.offset = end.next_multiple_of(SWIZZLE_ATOM) + g * each;
                 x.barrier = barrier;
@@ -401,9 +382,12 @@ fn roles(
             .and_then(|t| t.tile(name, Some(g)))
             .unwrap_or(TmemTileId(0))
     };
-    let wait = |bar, start, lag| Op::Wait { bar, start, lag };
-    let arrive = |bar| Op::Arrive { bar, lag: 0 };
-    let commit = |bar| Op::Tcgen05Commit { bar, lag: 0 };
+    // A wait for the previous iteration's `O += P V`.
+    let previous_o = |bar| Op::Wait {
+        bar,
+        start: 0,
+        lag: 1,
+    };
     let q_bytes = 2 * s.loads[q0].tma.tile_bytes();
     let producer_iteration = s
         .role(RoleKind::Producer)
@@ -428,9 +412,9 @@ fn roles(
         // A softmax warpgroup starts a tile only once its Q is loaded: the load follows the
         // MMA thread's previous tile (`once_free`), so the warpgroup never runs through empty
         // tiles more than one `o_empty` phase ahead of the MMA thread's wait on it.
-        softmax.program.tile = vec![wait(once, 0, 0)];
+        softmax.program.tile = vec![Op::wait(once, 0)];
         softmax.program.iteration = vec![
-            wait(b.s_full, 0, 0),
+            Op::wait(b.s_full, 0),
             Op::Tcgen05FenceAfter,
             Op::TmemLoad {
                 tile: tile("S", g),
@@ -440,18 +424,18 @@ fn roles(
             Op::TmemWaitLoad,
             Op::Run(Region::Between),
             Op::FactorStore { tile: g },
-            arrive(b.scale_full),
+            Op::arrive(b.scale_full),
             Op::TmemStore { tile: tile("S", g) },
             Op::TmemWaitStore,
             Op::Tcgen05FenceBefore,
-            arrive(b.p_full),
+            Op::arrive(b.p_full),
         ];
-        let mut end = vec![wait(b.o_full, 0, 1), Op::Tcgen05FenceAfter];
+        let mut end = vec![previous_o(b.o_full), Op::Tcgen05FenceAfter];
         end.extend(o_copies(g));
         end.extend([
             Op::TmemWaitLoad,
             Op::Tcgen05FenceBefore,
-            arrive(b.o_empty),
+            Op::arrive(b.o_empty),
             Op::Run(Region::Epilogue(None)),
         ]);
         softmax.program.end = end;
@@ -469,9 +453,9 @@ fn roles(
     correction.regs = Some(REGS[1]);
     for (g, b) in (0..Q_TILES).zip(bars) {
         correction.program.iteration.extend([
-            wait(b.scale_full, 0, 0),
+            Op::wait(b.scale_full, 0),
             Op::FactorLoad { tile: g },
-            wait(b.o_full, 0, 1),
+            previous_o(b.o_full),
             Op::Tcgen05FenceAfter,
             Op::RescaleBegin { tile: g },
         ]);
@@ -487,7 +471,7 @@ fn roles(
             Op::TmemWaitStore,
             Op::RescaleEnd,
             Op::Tcgen05FenceBefore,
-            arrive(b.o_ready),
+            Op::arrive(b.o_ready),
         ]);
     }
     roles.push(correction);
@@ -495,7 +479,7 @@ fn roles(
     let mut load = Role::new(RoleKind::Producer, first_other, 1, Issue::Thread);
     load.regs = Some(REGS[2]);
     load.program.tile = vec![
-        wait(once_free, 1, 0),
+        Op::wait(once_free, 1),
         Op::ExpectTx {
             bar: once,
             bytes: q_bytes,
@@ -509,37 +493,37 @@ fn roles(
     mma.regs = Some(REGS[2]);
     // O_g is overwritten by the tile's first PV mma only once the previous tile's O_g was
     // copied out (a fresh barrier passes parity 1 at once).
-    mma.program.tile = bars.iter().map(|b| wait(b.o_empty, 1, 0)).collect();
+    mma.program.tile = bars.iter().map(|b| Op::wait(b.o_empty, 1)).collect();
     mma.program
         .tile
-        .extend([wait(once, 0, 0), Op::Tcgen05FenceAfter]);
-    mma.program.iteration = vec![wait(full, 0, 0), Op::Tcgen05FenceAfter];
+        .extend([Op::wait(once, 0), Op::Tcgen05FenceAfter]);
+    mma.program.iteration = vec![Op::wait(full, 0), Op::Tcgen05FenceAfter];
     for (g, b) in (0..Q_TILES).zip(bars) {
         mma.program.iteration.extend([
             Op::Tcgen05Mma {
                 part: MmaPart::Head,
                 tile: g,
             },
-            commit(b.s_full),
+            Op::commit(b.s_full),
         ]);
     }
     for (g, b) in (0..Q_TILES).zip(bars) {
         mma.program.iteration.extend([
-            wait(b.p_full, 0, 0),
-            wait(b.o_ready, 0, 0),
+            Op::wait(b.p_full, 0),
+            Op::wait(b.o_ready, 0),
             Op::Tcgen05FenceAfter,
             Op::Tcgen05Mma {
                 part: MmaPart::Tail,
                 tile: g,
             },
-            commit(b.o_full),
+            Op::commit(b.o_full),
         ]);
     }
     // The last mma reading the stage (tile 1's PV) was just issued: the commit frees the
     // stage once it, and everything before it, completes.
-    mma.program.iteration.push(commit(empty));
-    mma.program.release = vec![commit(once_free)];
-    mma.program.exit = bars.iter().map(|b| wait(b.o_empty, 1, 0)).collect();
+    mma.program.iteration.push(Op::commit(empty));
+    mma.program.release = vec![Op::commit(once_free)];
+    mma.program.exit = bars.iter().map(|b| Op::wait(b.o_empty, 1)).collect();
     mma.program
         .exit
         .extend([Op::Tcgen05FenceAfter, Op::TmemDealloc { columns }]);
