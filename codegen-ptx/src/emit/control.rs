@@ -69,10 +69,7 @@ impl Emitter<'_> {
     ) -> Result<(), CodegenError> {
         let mut srcs = Vec::new();
         for &v in values {
-            srcs.push(match self.val(v, at)? {
-                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.tile(v, at)?),
-                other => other,
-            });
+            srcs.push(self.in_registers(v, at)?);
         }
         // Moving in order is only wrong when a source is the destination of another move.
         let dst_regs: Vec<Reg> = dsts.iter().flat_map(regs_of).collect();
@@ -115,10 +112,7 @@ impl Emitter<'_> {
         self.vals.insert(body.args[0], Val::Scalar(iv));
         let mut carried = Vec::new();
         for (i, &init) in op.operands[3..].iter().enumerate() {
-            let v = match self.val(init, id)? {
-                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.tile(init, id)?),
-                other => other,
-            };
+            let v = self.in_registers(init, id)?;
             let c = self.fresh_like(&v, id)?;
             self.assign(&c, &v, id)?;
             self.vals.insert(body.args[1 + i], c.clone());

@@ -113,28 +113,20 @@ impl Emitter<'_> {
             } => Some(self.operand_lanes(*base, buf, Operand::A, &g, [lane, wr, wc])),
             _ => None,
         };
-        let mut b_src = match &b_val {
-            Val::Smem {
-                base,
-                buf,
-                transposed,
-            } => {
-                let which = if *transposed {
-                    Operand::BRows
-                } else {
-                    Operand::BCols
-                };
-                self.operand_lanes(*base, buf, which, &g, [lane, wr, wc])
-            }
-            Val::Scalar(_)
-            | Val::Tile(_)
-            | Val::Affine { .. }
-            | Val::Lazy(_)
-            | Val::Narrowed { .. }
-            | Val::Packed(_) => {
-                return Err(self.unsupported(id, "a register-resident mma B operand"));
-            }
+        let Val::Smem {
+            base,
+            buf,
+            transposed,
+        } = &b_val
+        else {
+            return Err(self.unsupported(id, "a register-resident mma B operand"));
         };
+        let which = if *transposed {
+            Operand::BRows
+        } else {
+            Operand::BCols
+        };
+        let mut b_src = self.operand_lanes(*base, buf, which, &g, [lane, wr, wc]);
         // A GEMM mainloop (its loop's prefetch is deferred to the end of the body) reads every
         // fragment of the tile before its first mma: ptxas then keeps them in distinct
         // registers and overlaps the ldmatrix latency, instead of reusing one register per

@@ -360,30 +360,23 @@ impl<'k> Emitter<'k> {
             }
             OpKind::Transpose => {
                 let r = result.ok_or_else(|| self.internal(id, "no result"))?;
-                match self.val(op.operands[0], id)? {
+                let Val::Smem {
+                    base,
+                    buf,
+                    transposed,
+                } = self.val(op.operands[0], id)?
+                else {
+                    return Err(self.unsupported(id, "a transpose not feeding mma"));
+                };
+                let transposed = !transposed;
+                self.vals.insert(
+                    r,
                     Val::Smem {
                         base,
                         buf,
                         transposed,
-                    } => {
-                        self.vals.insert(
-                            r,
-                            Val::Smem {
-                                base,
-                                buf,
-                                transposed: !transposed,
-                            },
-                        );
-                    }
-                    Val::Scalar(_)
-                    | Val::Tile(_)
-                    | Val::Affine { .. }
-                    | Val::Lazy(_)
-                    | Val::Narrowed { .. }
-                    | Val::Packed(_) => {
-                        return Err(self.unsupported(id, "a transpose not feeding mma"));
-                    }
-                }
+                    },
+                );
             }
             OpKind::Reduce { op: rop, dim } => self.write_reduce(id, *rop, *dim)?,
             OpKind::Mma => {

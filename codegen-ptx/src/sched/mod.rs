@@ -16,8 +16,8 @@ mod tma;
 mod view;
 
 pub(crate) use barrier::{Cursor, cluster_barrier, cluster_rank, lane0};
-pub(crate) use ops::Ops;
+pub(crate) use ops::{Ops, RingMma};
 pub(crate) use store::{finish as finish_stores, write as write_store};
-pub(crate) use tiles::{TileLoop, scalar_only};
+pub(crate) use tiles::TileLoop;
 pub(crate) use tma::{descriptor, stage_address};
 pub(crate) use view::{View, tensor_maps};

@@ -11,10 +11,11 @@
 //! taking the places a CTA would, and CTA `r` of the pair runs x block `2 px + r` (past the
 //! grid in a ragged last pair: its loads read zeros, its stores are masked off).
 
+use kiln_ir::OpId;
 use kiln_ir::sched::tiles::TileScheduler;
-use kiln_ir::{Kernel, OpId, Type};
 
 use super::barrier::{Cursor, cluster_rank};
+use super::ops::{Ops, RingMma};
 use super::view::View;
 use crate::emit::Emitter;
 use crate::error::CodegenError;
@@ -30,6 +31,41 @@ pub(crate) struct TileLoop {
 }
 
 impl View<'_> {
+    /// In a persistent kernel, opens a role's walk over the work tiles and writes the ops
+    /// before the ring loop (`before`) for each, only the scalar ones when `scalars`; in
+    /// another the CTA has one tile, whose ops before the loop every thread wrote before the
+    /// roles split.
+    pub(crate) fn open_tile<M: RingMma>(
+        &self,
+        e: &mut Emitter<'_>,
+        ops: &mut Ops<'_, M>,
+        c: &mut Cursor,
+        before: &[OpId],
+        scalars: bool,
+    ) -> Result<Option<TileLoop>, CodegenError> {
+        if !self.s.persistent() {
+            return Ok(None);
+        }
+        let (walk, block) = self.open_tile_loop(e, ops.grid, c)?;
+        ops.block = Some(block);
+        ops.write_before(e, self.k, before, scalars)?;
+        Ok(Some(walk))
+    }
+
+    /// Closes a role's walk over the work tiles, if it opened one.
+    pub(crate) fn close_tile<M>(
+        &self,
+        e: &mut Emitter<'_>,
+        ops: &mut Ops<'_, M>,
+        walk: Option<&TileLoop>,
+        c: &Cursor,
+    ) {
+        if let Some(walk) = walk {
+            self.close_tile_loop(e, walk, c);
+            ops.block = None;
+        }
+    }
+
     /// Opens a role's walk over the work tiles of logical grid `grid` (its `k`-th tile is in
     /// wave `k`, see `kiln_ir::sched::tiles`); the loop ends past the last tile. Returns the
     /// walk and the tile's block index. The cursor gets the wave's parity (which also flips
@@ -155,25 +191,4 @@ impl View<'_> {
         e.ins(format!("bra.uni {}", tl.top));
         e.label(&tl.done);
     }
-}
-
-/// Whether `op` and everything in its regions only compute scalars (no tile, no memory).
-pub(crate) fn scalar_only(k: &Kernel, op: OpId) -> bool {
-    let o = &k.ops[op];
-    let scalar_results = o
-        .results
-        .iter()
-        .all(|&r| matches!(k.ty(r), Type::Scalar(_)));
-    let no_memory = !matches!(
-        o.kind,
-        kiln_ir::OpKind::Load { .. }
-            | kiln_ir::OpKind::Store { .. }
-            | kiln_ir::OpKind::Print { .. }
-            | kiln_ir::OpKind::Mma
-    );
-    scalar_results
-        && no_memory
-        && o.regions
-            .iter()
-            .all(|r| r.ops.iter().all(|&inner| scalar_only(k, inner)))
 }

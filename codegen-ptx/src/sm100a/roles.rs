@@ -5,13 +5,12 @@
 
 use std::ops::Range;
 
-use kiln_ir::OpId;
 use kiln_ir::sched::{Op, Region, Role, RoleKind};
 
 use super::Sm100a;
 use crate::emit::Val;
 use crate::error::CodegenError;
-use crate::sched::{self, Cursor, scalar_only};
+use crate::sched::{self, Cursor};
 use crate::types::{Class, Reg};
 
 impl Sm100a<'_, '_> {
@@ -43,10 +42,13 @@ impl Sm100a<'_, '_> {
         ));
         e.ins(format!("@{idle} exit"));
         let mut c = self.v.cursor(self.e, &producer.program.iteration);
-        let (walk, bounds) = self.enter_tile(&mut c, true)?;
+        let walk = self
+            .v
+            .open_tile(self.e, &mut self.ops, &mut c, &self.before, true)?;
+        let bounds = self.v.loop_bounds(self.e)?;
         self.v
             .producer(self.e, &mut self.ops, producer, &c, bounds)?;
-        self.leave_tile(walk, &c);
+        self.v.close_tile(self.e, &mut self.ops, walk.as_ref(), &c);
         self.e.ins("exit");
         self.e.label(&mma_label);
         self.e
@@ -89,7 +91,10 @@ impl Sm100a<'_, '_> {
         };
         self.e.ins(format!("@{other} bra {join}"));
         let mut c = self.v.cursor(self.e, &mma.program.iteration);
-        let (walk, bounds) = self.enter_tile(&mut c, true)?;
+        let walk = self
+            .v
+            .open_tile(self.e, &mut self.ops, &mut c, &self.before, true)?;
+        let bounds = self.v.loop_bounds(self.e)?;
         let p = &mma.program;
         for &op in &p.tile {
             self.mma_op(&c, op, base)?;
@@ -100,7 +105,7 @@ impl Sm100a<'_, '_> {
         for &op in p.drain.iter().chain(&p.release).chain(&p.end) {
             self.mma_op(&c, op, base)?;
         }
-        self.leave_tile(walk, &c);
+        self.v.close_tile(self.e, &mut self.ops, walk.as_ref(), &c);
         let Some((&wait @ Op::Wait { .. }, rest)) = p.exit.split_first() else {
             return Err(self.e.internal(
                 self.v.for_op(),
@@ -177,7 +182,10 @@ impl Sm100a<'_, '_> {
             ));
         }
         let mut c = self.v.cursor(self.e, &[]);
-        let (walk, [lo, hi, _]) = self.enter_tile(&mut c, false)?;
+        let walk = self
+            .v
+            .open_tile(self.e, &mut self.ops, &mut c, &self.before, false)?;
+        let [lo, hi, _] = self.v.loop_bounds(self.e)?;
         let mut regs: Vec<Reg> = Vec::new();
         let mut first = true;
         for &op in &epilogue.program.end {
@@ -209,7 +217,7 @@ impl Sm100a<'_, '_> {
                 other => self.tmem_op(other, base)?,
             }
         }
-        self.leave_tile(walk, &c);
+        self.v.close_tile(self.e, &mut self.ops, walk.as_ref(), &c);
         for &op in &epilogue.program.exit {
             match op {
                 Op::BulkWaitAll => {
@@ -259,14 +267,7 @@ impl Sm100a<'_, '_> {
         }
         e.label(&skip);
         e.vals.insert(result, Val::Tile(regs.to_vec()));
-        self.ops.columns = Some(columns);
-        let after: Vec<OpId> = self.after.clone();
-        for op in after {
-            if k.ops[op].kind != kiln_ir::OpKind::Yield && (first || !scalar_only(k, op)) {
-                self.e.write_op(op, &mut self.ops)?;
-            }
-        }
-        self.ops.columns = None;
-        Ok(())
+        self.ops
+            .write_after(self.e, k, &self.after, Some(columns), first)
     }
 }

@@ -113,7 +113,7 @@ impl Sm90a<'_, '_> {
             carried,
             handoff: BTreeMap::new(),
         };
-        self.ops.body = Some(RingBody::new(k, s, false));
+        self.ops.mma = Some(RingBody::new(k, s, false));
         // A CTA that walks no tiles runs its start and exit ops around the one loop.
         if !s.persistent() {
             self.turn_ops(&consumer.program.start)?;
@@ -158,7 +158,7 @@ impl Sm90a<'_, '_> {
                 .collect();
             self.turn_ops(&turns)?;
         }
-        self.ops.body = None;
+        self.ops.mma = None;
         self.unbind_stages();
         for (res, v) in op.results.iter().zip(r.carried) {
             self.e.vals.insert(*res, v);
@@ -348,10 +348,7 @@ impl Sm90a<'_, '_> {
     /// the accumulator into the carried registers.
     fn hand_off(&mut self, r: &mut Rotation) -> Result<(), CodegenError> {
         for v in r.parts.handed.clone() {
-            let src = match self.e.val(v, self.v.for_op())? {
-                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.e.tile(v, self.v.for_op())?),
-                other => other,
-            };
+            let src = self.e.in_registers(v, self.v.for_op())?;
             let dst = match (r.handoff.get(&v), &src) {
                 (Some(d), _) => d.clone(),
                 (None, Val::Narrowed { src, .. }) => Val::Packed(

@@ -25,7 +25,7 @@ use kiln_ir::sched::{Op, Role, RoleKind};
 
 use super::Sm100a;
 use crate::error::CodegenError;
-use crate::sched::{Cursor, TileLoop, scalar_only};
+use crate::sched::{Cursor, TileLoop};
 use crate::types::{Class, Reg};
 
 /// A role's walk over the CTA's pairs of work tiles.
@@ -136,8 +136,8 @@ impl Sm100a<'_, '_> {
 
     /// Closes the walk.
     fn close_pair(&mut self, pair: &Pair, c: &Cursor) {
-        self.v.close_tile_loop(self.e, &pair.walk, c);
-        self.ops.block = None;
+        self.v
+            .close_tile(self.e, &mut self.ops, Some(&pair.walk), c);
     }
 
     /// Points `block_id()` at tile `g` of the pair and writes the ops before the loop (only
@@ -146,12 +146,8 @@ impl Sm100a<'_, '_> {
         let x = self.e.new_reg(Class::B32);
         self.e.ins(format!("mad.lo.u32 {x}, {}, 2, {g}", pair.xp));
         self.ops.block = Some([x, pair.y, pair.z]);
-        for &op in &self.before {
-            if !scalars || scalar_only(self.v.k, op) {
-                self.e.write_op(op, &mut self.ops)?;
-            }
-        }
-        Ok(())
+        self.ops
+            .write_before(self.e, self.v.k, &self.before, scalars)
     }
 
     /// The pair's loop bounds, from the scalar ops before the loop: the earlier of the tiles'
