@@ -217,11 +217,7 @@ impl Emitter<'_> {
                 };
                 if ty == "b16" {
                     // selp has no 16-bit form; widen through a 32-bit register.
-                    let (a, b, w) = (
-                        self.new_reg(Class::B32),
-                        self.new_reg(Class::B32),
-                        self.new_reg(Class::B32),
-                    );
+                    let [a, b, w] = self.new_regs(Class::B32);
                     self.ins(format!("cvt.u32.u16 {a}, {}", srcs[1]));
                     self.ins(format!("cvt.u32.u16 {b}, {}", srcs[2]));
                     self.ins(format!("selp.b32 {w}, {a}, {b}, {}", srcs[0]));

@@ -189,11 +189,7 @@ impl Emitter<'_> {
         g: &Geometry,
         [lane, wr, wc]: [Reg; 3],
     ) -> Lanes {
-        let (row, chunk, t) = (
-            self.new_reg(Class::B32),
-            self.new_reg(Class::B32),
-            self.new_reg(Class::B32),
-        );
+        let [row, chunk, t] = self.new_regs(Class::B32);
         match which {
             Operand::A => {
                 // Matrices: rows 0-7 / 8-15 (lanes 0-15) at k 0-7, then at k 8-15.
@@ -372,12 +368,7 @@ impl Emitter<'_> {
             }
         };
         let imm = row_imm * src.buf.row_bytes + (chunk_imm - key) * 16;
-        let r = [
-            self.new_reg(Class::B32),
-            self.new_reg(Class::B32),
-            self.new_reg(Class::B32),
-            self.new_reg(Class::B32),
-        ];
+        let r: [Reg; 4] = self.new_regs(Class::B32);
         let trans = if src.which == Operand::BCols {
             ".trans"
         } else {

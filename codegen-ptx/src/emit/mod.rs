@@ -26,7 +26,7 @@ mod sync;
 mod values;
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::fmt::{Display, Write as _};
 use std::ops::Range;
 
 use kiln_ir::schedule::SmemBuffer;
@@ -434,6 +434,26 @@ impl<'k> Emitter<'k> {
     /// A fresh register.
     pub(crate) fn new_reg(&mut self, class: Class) -> Reg {
         self.regs.new_reg(class)
+    }
+
+    /// `N` fresh registers of `class`, in order.
+    pub(crate) fn new_regs<const N: usize>(&mut self, class: Class) -> [Reg; N] {
+        [(); N].map(|_| self.new_reg(class))
+    }
+
+    /// A fresh predicate set by `setp.{test}` on `a` and `b` (`test`: `lt.u32`, ...).
+    pub(crate) fn setp(&mut self, test: &str, a: impl Display, b: impl Display) -> Reg {
+        let p = self.new_reg(Class::Pred);
+        self.ins(format!("setp.{test} {p}, {a}, {b}"));
+        p
+    }
+
+    /// Branches to a fresh label, returned, where `setp.{test}` holds on `a` and `b`: what
+    /// is written up to the label runs only where it does not.
+    pub(crate) fn branch_if(&mut self, test: &str, a: impl Display, b: impl Display) -> String {
+        let (p, label) = (self.setp(test, a, b), self.new_label());
+        self.ins(format!("@{p} bra {label}"));
+        label
     }
 
     /// This block's index along `axis` (0 = x): a persistent kernel's blocks are its work

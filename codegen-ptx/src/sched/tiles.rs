@@ -80,7 +80,7 @@ impl View<'_> {
         let (Some([blocks_x, ny, nz]), Some(tiles)) = (grid, self.s.tiles) else {
             return Err(e.internal(id, "a tile walk without its grid or order"));
         };
-        let [cta, ctas, wave, total, parity] = [(); 5].map(|_| e.new_reg(Class::B32));
+        let [cta, ctas, wave, total, parity] = e.new_regs(Class::B32);
         let cluster = self.s.cluster.as_ref().map(|c| c.ctas);
         // A cluster walks the grid of x pairs in the places a CTA would walk the blocks.
         let nx = match cluster {
@@ -113,17 +113,17 @@ impl View<'_> {
             }
             TileScheduler::LongestFirst => {
                 // Odd waves deal the tiles from the last CTA down.
-                let (mirrored, odd) = (e.new_reg(Class::B32), e.new_reg(Class::Pred));
+                let mirrored = e.new_reg(Class::B32);
                 e.ins(format!("sub.u32 {mirrored}, {ctas}, {cta}"));
                 e.ins(format!("sub.u32 {mirrored}, {mirrored}, 1"));
-                e.ins(format!("setp.ne.u32 {odd}, {parity}, 0"));
+                let odd = e.setp("ne.u32", parity, 0);
                 e.ins(format!("selp.u32 {tile}, {mirrored}, {cta}, {odd}"));
                 e.ins(format!("add.u32 {tile}, {tile}, {wave}"));
             }
         }
         e.ins(format!("setp.ge.u32 {finished}, {tile}, {total}"));
         e.ins(format!("@{finished} bra {done}"));
-        let [x, y, z] = [(); 3].map(|_| e.new_reg(Class::B32));
+        let [x, y, z] = e.new_regs(Class::B32);
         match tiles {
             TileScheduler::Strided => {
                 e.comment("work tile: its block index (x fastest)");
@@ -135,7 +135,7 @@ impl View<'_> {
             }
             TileScheduler::LongestFirst => {
                 e.comment("work tile: its block index (x slowest, from the last block down)");
-                let [planes, yz] = [(); 2].map(|_| e.new_reg(Class::B32));
+                let [planes, yz] = e.new_regs(Class::B32);
                 e.ins(format!("mul.lo.u32 {planes}, {ny}, {nz}"));
                 e.ins(format!("div.u32 {x}, {tile}, {planes}"));
                 e.ins(format!("sub.u32 {x}, {nx}, {x}"));
@@ -148,7 +148,7 @@ impl View<'_> {
                 e.comment(&format!(
                     "work tile: its block index (groups of {rows} x blocks, x fastest within)"
                 ));
-                let [plane, r, first, width, within] = [(); 5].map(|_| e.new_reg(Class::B32));
+                let [plane, r, first, width, within] = e.new_regs(Class::B32);
                 e.ins(format!("mul.lo.u32 {plane}, {nx}, {ny}"));
                 e.ins(format!("div.u32 {z}, {tile}, {plane}"));
                 e.ins(format!("rem.u32 {r}, {tile}, {plane}"));

@@ -94,33 +94,17 @@ impl Sm90a<'_, '_> {
     /// through, gives registers back, and all its threads but the elected one exit.
     fn split(&mut self, consumer: &Role, producer: &Role) -> Result<String, CodegenError> {
         let e = &mut *self.e;
-        let (is_consumer, consumer_label) = (e.new_reg(Class::Pred), e.new_label());
-        e.ins(format!(
-            "setp.lt.u32 {is_consumer}, {}, {}",
-            e.tid,
-            32 * consumer.end_warp()
-        ));
-        e.ins(format!("@{is_consumer} bra {consumer_label}"));
+        let consumer_label = e.branch_if("lt.u32", e.tid, 32 * consumer.end_warp());
         // Producer warpgroup: give registers back; one thread issues every stage's TMA.
-        if let Some(regs) = producer.regs {
-            e.ins(format!("setmaxnreg.dec.sync.aligned.u32 {regs}"));
-        }
-        let idle = e.new_reg(Class::Pred);
-        e.ins(format!(
-            "setp.ne.u32 {idle}, {}, {}",
-            e.tid,
-            32 * producer.first_warp
-        ));
-        e.ins(format!("@{idle} exit"));
+        sched::set_registers(e, producer, "dec");
+        sched::elect(e, producer);
         Ok(consumer_label)
     }
 
     /// Where the consumers start: they take the registers and learn their warpgroup.
     fn enter_consumers(&mut self, consumer: &Role) -> Result<(), CodegenError> {
         let e = &mut *self.e;
-        if let Some(regs) = consumer.regs {
-            e.ins(format!("setmaxnreg.inc.sync.aligned.u32 {regs}"));
-        }
+        sched::set_registers(e, consumer, "inc");
         // The warpgroup index through a lane-0 shuffle: ptxas then knows it is uniform and
         // keeps what derives from it (wgmma descriptors, barrier ids) in uniform registers.
         let (raw, wg) = (e.new_reg(Class::B32), e.new_reg(Class::B32));

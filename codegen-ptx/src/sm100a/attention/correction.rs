@@ -57,11 +57,7 @@ impl Sm100a<'_, '_> {
                         self.e
                             .internal(self.v.for_op(), "a rescale before its factors")
                     })?;
-                    let (unit, all, none) = (
-                        self.e.new_reg(Class::Pred),
-                        self.e.new_reg(Class::Pred),
-                        self.e.new_reg(Class::Pred),
-                    );
+                    let [unit, all, none] = self.e.new_regs(Class::Pred);
                     self.e.ins(format!("setp.eq.f32 {unit}, {f}, 0f3F800000"));
                     self.e
                         .ins(format!("vote.sync.all.pred {all}, {unit}, 0xffffffff"));

@@ -32,14 +32,8 @@ impl<'k> Sm100a<'_, 'k> {
         let (head, tail) = (self.part(MmaPart::Head)?, self.part(MmaPart::Tail)?);
         let (base, _) = self.lanes();
         let e = &mut *self.e;
-        let (other, join) = (e.new_reg(Class::Pred), e.new_label());
-        e.ins(format!(
-            "setp.ne.u32 {other}, {}, {}",
-            e.tid,
-            32 * mma.first_warp
-        ));
-        e.ins(format!("@{other} bra {join}"));
-        let [s_idesc, o_idesc, it] = [(); 3].map(|_| e.new_reg(Class::B32));
+        let join = e.branch_if("ne.u32", e.tid, 32 * mma.first_warp);
+        let [s_idesc, o_idesc, it] = e.new_regs(Class::B32);
         e.ins(format!("mov.u32 {s_idesc}, 0x{:08X}", head.idesc));
         e.ins(format!("mov.u32 {o_idesc}, 0x{:08X}", tail.idesc));
         e.ins(format!("mov.u32 {it}, 0"));

@@ -392,8 +392,8 @@ impl Sm100a<'_, '_> {
                 continue;
             }
             // 2^x = 2^j 2^f, j = floor(x), f in [0, 1): the cubic for 2^f, j into the exponent.
-            let [xc, j, f, q] = [(); 4].map(|_| self.e.new_reg(Class::F32));
-            let [ji, qi] = [(); 2].map(|_| self.e.new_reg(Class::B32));
+            let [xc, j, f, q] = self.e.new_regs(Class::F32);
+            let [ji, qi] = self.e.new_regs(Class::B32);
             let tiny = self.e.new_reg(Class::Pred);
             self.e.ins(format!("min.f32 {xc}, {e}, 0f42FE0000"));
             self.e.ins(format!("cvt.rmi.f32.f32 {j}, {xc}"));
