@@ -306,7 +306,6 @@ impl Emitter<'_> {
         };
         let ty = if int { "s32" } else { "f32" };
         if b.is_comparison() {
-            let d = self.new_reg(Class::Pred);
             let cmp = match b {
                 BinaryOp::Lt => "lt",
                 BinaryOp::Le => "le",
@@ -315,8 +314,7 @@ impl Emitter<'_> {
                 BinaryOp::Eq => "eq",
                 _ => "ne",
             };
-            self.ins(format!("setp.{cmp}.{ty} {d}, {xs}, {ys}"));
-            return Ok(d);
+            return Ok(self.setp(&format!("{cmp}.{ty}"), xs, ys));
         }
         let d = self.new_reg(if int { Class::B32 } else { Class::F32 });
         let opname = match (b, int) {

@@ -112,12 +112,9 @@ impl Sm100a<'_, '_> {
                 Op::TmemAlloc { .. } | Op::TmemRelinquish => {
                     let e = &mut *self.e;
                     if alloc.is_none() {
-                        let (warp, other, skip) =
-                            (e.new_reg(Class::B32), e.new_reg(Class::Pred), e.new_label());
+                        let warp = e.new_reg(Class::B32);
                         e.ins(format!("shr.u32 {warp}, {}, 5", e.tid));
-                        e.ins(format!("setp.ne.u32 {other}, {warp}, {mma_warp}"));
-                        e.ins(format!("@{other} bra {skip}"));
-                        alloc = Some(skip);
+                        alloc = Some(e.branch_if("ne.u32", warp, mma_warp));
                     }
                     let group = cta_group(s);
                     if let Op::TmemAlloc { columns } = op {

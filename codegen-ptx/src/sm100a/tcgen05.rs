@@ -39,8 +39,7 @@ impl Sm100a<'_, '_> {
         e.mov(iv, lo);
         let counted = e.open_counted_loop(iv, hi, step);
         // The tile's first mma overwrites the accumulator; every later one accumulates.
-        let accumulate = e.new_reg(Class::Pred);
-        e.ins(format!("setp.ne.s32 {accumulate}, {iv}, {lo}"));
+        let accumulate = e.setp("ne.s32", iv, lo);
         for &op in &mma.program.iteration {
             match op {
                 Op::Wait { .. } => self.v.wait(self.e, c, op, None, false)?,

@@ -229,23 +229,17 @@ impl Sm90a<'_, '_> {
     fn turn_regs(&mut self, bar: BarrierId, wg: Reg) -> Result<TurnRegs, CodegenError> {
         let (first, ids, threads) = self.v.named_barrier(self.e, bar)?;
         let e = &mut *self.e;
-        let (own, next, leader) = (
-            e.new_reg(Class::B32),
-            e.new_reg(Class::B32),
-            e.new_reg(Class::Pred),
-        );
+        let [own, next] = e.new_regs(Class::B32);
         e.ins(format!("add.u32 {own}, {wg}, {first}"));
         e.ins(format!("add.u32 {next}, {wg}, 1"));
         e.ins(format!("rem.u32 {next}, {next}, {ids}"));
         e.ins(format!("add.u32 {next}, {next}, {first}"));
-        e.ins(format!("setp.eq.u32 {leader}, {wg}, 0"));
+        let leader = e.setp("eq.u32", wg, 0);
         // Of two warpgroups the last is the one that is not the leader.
         let not_last = if ids == 2 {
             leader
         } else {
-            let p = e.new_reg(Class::Pred);
-            e.ins(format!("setp.ne.u32 {p}, {wg}, {}", ids - 1));
-            p
+            e.setp("ne.u32", wg, ids - 1)
         };
         Ok(TurnRegs {
             bar,

@@ -121,9 +121,7 @@ impl Sm90a<'_, '_> {
         for &o in &consumer.program.tile {
             self.rotated_op(&mut r, o)?;
         }
-        let (empty, skip) = (self.e.new_reg(Class::Pred), self.e.new_label());
-        self.e.ins(format!("setp.ge.s32 {empty}, {head_iv}, {hi}"));
-        self.e.ins(format!("@{empty} bra {skip}"));
+        let skip = self.e.branch_if("ge.s32", head_iv, hi);
         self.e
             .comment("rotated loop: prologue (block 0's head and code between)");
         self.rotated_section(&mut r, Section::Prologue)?;
@@ -307,13 +305,12 @@ impl Sm90a<'_, '_> {
             .ok_or_else(|| self.e.internal(op, "a rescale without its accumulator"))?;
         let acc = self.e.tile(acc_v, op)?;
         let factors = self.e.tile(factor, op)?;
-        let (all, one) = (self.e.new_reg(Class::Pred), self.e.new_reg(Class::Pred));
-        self.e
-            .ins(format!("setp.eq.f32 {all}, {}, 0f3F800000", factors[0]));
+        let all = self.e.setp("eq.f32", factors[0], "0f3F800000");
         for f in &factors[1..] {
             self.e
                 .ins(format!("setp.eq.and.f32 {all}, {f}, 0f3F800000, {all}"));
         }
+        let one = self.e.new_reg(Class::Pred);
         self.e
             .ins(format!("vote.sync.all.pred {one}, {all}, 0xffffffff"));
         let (skip, end) = (self.e.new_label(), self.e.new_label());
