@@ -124,18 +124,7 @@ impl<'k> Sm100a<'_, 'k> {
                 let ka = sched::stage_address(e, c.stage, k.tma.stage_stride, k.tma.offset);
                 let d = e.new_reg(Class::B32);
                 e.ins(format!("add.u32 {d}, {}, {col}", r.base));
-                for (step, (&sq, &sk)) in qd.steps.iter().zip(&mma.b.steps).enumerate() {
-                    let (a, b) = (e.new_reg(Class::B32), e.new_reg(Class::B32));
-                    e.ins(format!("add.u32 {a}, {qa}, {sq}"));
-                    e.ins(format!("add.u32 {b}, {ka}, {sk}"));
-                    let da = sched::descriptor(e, a, qd.template);
-                    let db = sched::descriptor(e, b, mma.b.template);
-                    let enable = if step == 0 { "0" } else { "1" };
-                    e.ins(format!(
-                        "tcgen05.mma.cta_group::1.kind::f16 [{d}], {da}, {db}, {}, {enable}",
-                        r.s_idesc
-                    ));
-                }
+                self.mma_steps(d, [qa, ka], [qd, &mma.b], r.s_idesc, 0);
             }
             Op::Tcgen05Mma {
                 part: MmaPart::Tail,
