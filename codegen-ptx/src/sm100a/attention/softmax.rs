@@ -143,17 +143,9 @@ impl Sm100a<'_, '_> {
         self.e.vals.insert(block.args[0], Val::Scalar(iv));
         let mut carried: Vec<(usize, Val)> = Vec::new();
         for (i, &init) in op.operands[3..].iter().enumerate() {
-            if i == carried_at {
-                continue;
+            if i != carried_at {
+                carried.push((i, self.e.carry(init, block.args[1 + i], id)?));
             }
-            let v = match self.e.val(init, id)? {
-                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.e.tile(init, id)?),
-                other => other,
-            };
-            let fresh = self.e.fresh_like(&v, id)?;
-            self.e.assign(&fresh, &v, id)?;
-            self.e.vals.insert(block.args[1 + i], fresh.clone());
-            carried.push((i, fresh));
         }
         let counted = self.e.open_counted_loop(iv, hi, step);
         let outside = self.e.setp("ge.s32", iv, own_hi);
