@@ -242,12 +242,7 @@ pub struct Assembled {
 /// PTX on Hopper), whole-program as the driver JIT compiles a module: the runtime's disk cache
 /// stores these.
 pub fn cubin(ptx: &str, arch: &str) -> Result<Assembled, PtxasError> {
-    let dir = tempfile::tempdir().map_err(|source| PtxasError::Spawn {
-        path: "a temporary directory".into(),
-        source,
-    })?;
-    let path = dir.path().join("kernel.cubin");
-    let log = assemble(Tool::Ptxas, ptx, arch, &path)?;
+    let (_dir, path, log) = assemble_in_tempdir(ptx, arch)?;
     let cubin = std::fs::read(&path).map_err(|source| PtxasError::Spawn {
         path: path.display().to_string(),
         source,
@@ -255,20 +250,25 @@ pub fn cubin(ptx: &str, arch: &str) -> Result<Assembled, PtxasError> {
     Ok(Assembled { cubin, log })
 }
 
-/// The SASS of `ptx` assembled for `target`: ptxas writes the cubin, nvdisasm prints its code.
-pub fn sass(ptx: &str, target: Target) -> Result<String, PtxasError> {
-    let nvdisasm = find(Tool::Nvdisasm)?;
+/// Assembles `ptx` for `arch` into `kernel.cubin` in a fresh temporary directory, which lives
+/// as long as the returned handle; returns it, the cubin's path and the log.
+fn assemble_in_tempdir(
+    ptx: &str,
+    arch: &str,
+) -> Result<(tempfile::TempDir, PathBuf, String), PtxasError> {
     let dir = tempfile::tempdir().map_err(|source| PtxasError::Spawn {
         path: "a temporary directory".into(),
         source,
     })?;
     let path = dir.path().join("kernel.cubin");
-    std::fs::write(&path, cubin(ptx, target.name())?.cubin).map_err(|source| {
-        PtxasError::Spawn {
-            path: path.display().to_string(),
-            source,
-        }
-    })?;
+    let log = assemble(Tool::Ptxas, ptx, arch, &path)?;
+    Ok((dir, path, log))
+}
+
+/// The SASS of `ptx` assembled for `target`: ptxas writes the cubin, nvdisasm prints its code.
+pub fn sass(ptx: &str, target: Target) -> Result<String, PtxasError> {
+    let nvdisasm = find(Tool::Nvdisasm)?;
+    let (_dir, path, _) = assemble_in_tempdir(ptx, target.name())?;
     let shown = nvdisasm.display().to_string();
     let out = Command::new(&nvdisasm)
         .arg("-c")

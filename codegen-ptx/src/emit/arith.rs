@@ -217,11 +217,7 @@ impl Emitter<'_> {
                 };
                 if ty == "b16" {
                     // selp has no 16-bit form; widen through a 32-bit register.
-                    let (a, b, w) = (
-                        self.new_reg(Class::B32),
-                        self.new_reg(Class::B32),
-                        self.new_reg(Class::B32),
-                    );
+                    let [a, b, w] = self.new_regs(Class::B32);
                     self.ins(format!("cvt.u32.u16 {a}, {}", srcs[1]));
                     self.ins(format!("cvt.u32.u16 {b}, {}", srcs[2]));
                     self.ins(format!("selp.b32 {w}, {a}, {b}, {}", srcs[0]));
@@ -310,7 +306,6 @@ impl Emitter<'_> {
         };
         let ty = if int { "s32" } else { "f32" };
         if b.is_comparison() {
-            let d = self.new_reg(Class::Pred);
             let cmp = match b {
                 BinaryOp::Lt => "lt",
                 BinaryOp::Le => "le",
@@ -319,8 +314,7 @@ impl Emitter<'_> {
                 BinaryOp::Eq => "eq",
                 _ => "ne",
             };
-            self.ins(format!("setp.{cmp}.{ty} {d}, {xs}, {ys}"));
-            return Ok(d);
+            return Ok(self.setp(&format!("{cmp}.{ty}"), xs, ys));
         }
         let d = self.new_reg(if int { Class::B32 } else { Class::F32 });
         let opname = match (b, int) {

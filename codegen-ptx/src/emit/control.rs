@@ -69,10 +69,7 @@ impl Emitter<'_> {
     ) -> Result<(), CodegenError> {
         let mut srcs = Vec::new();
         for &v in values {
-            srcs.push(match self.val(v, at)? {
-                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.tile(v, at)?),
-                other => other,
-            });
+            srcs.push(self.in_registers(v, at)?);
         }
         // Moving in order is only wrong when a source is the destination of another move.
         let dst_regs: Vec<Reg> = dsts.iter().flat_map(regs_of).collect();
@@ -115,16 +112,24 @@ impl Emitter<'_> {
         self.vals.insert(body.args[0], Val::Scalar(iv));
         let mut carried = Vec::new();
         for (i, &init) in op.operands[3..].iter().enumerate() {
-            let v = match self.val(init, id)? {
-                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.tile(init, id)?),
-                other => other,
-            };
-            let c = self.fresh_like(&v, id)?;
-            self.assign(&c, &v, id)?;
-            self.vals.insert(body.args[1 + i], c.clone());
-            carried.push(c);
+            carried.push(self.carry(init, body.args[1 + i], id)?);
         }
         Ok((iv, carried))
+    }
+
+    /// The registers of a value a loop carries (see [`Emitter::enter_loop`]): fresh ones set
+    /// to its initial value `init`, bound to the body's argument `arg`.
+    pub(crate) fn carry(
+        &mut self,
+        init: ValueId,
+        arg: ValueId,
+        at: OpId,
+    ) -> Result<Val, CodegenError> {
+        let v = self.in_registers(init, at)?;
+        let c = self.fresh_like(&v, at)?;
+        self.assign(&c, &v, at)?;
+        self.vals.insert(arg, c.clone());
+        Ok(c)
     }
 
     /// Opens a counted loop over `iv` (already set to its start): skips the loop when

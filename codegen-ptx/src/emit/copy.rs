@@ -127,9 +127,8 @@ impl Emitter<'_> {
         // A register src-size costs ptxas about five instructions per copy. When every lane
         // of the warp copies whole chunks (all but the K-tail tile), a row outside the tensor
         // only needs the `ignore-src` predicate (zero fill, nothing read).
-        let (whole, all_whole) = (self.new_reg(Class::Pred), self.new_reg(Class::Pred));
+        let (whole, all_whole) = (self.setp("eq.s32", cb, 16), self.new_reg(Class::Pred));
         let (partial, done) = (self.new_label(), self.new_label());
-        self.ins(format!("setp.eq.s32 {whole}, {cb}, 16"));
         self.ins(format!(
             "vote.sync.all.pred {all_whole}, {whole}, 0xffffffff"
         ));
@@ -177,11 +176,7 @@ impl Emitter<'_> {
             let idx = self.new_reg(Class::B32);
             self.ins(format!("add.s32 {idx}, {}, {}", self.tid, q * threads));
             let skip = if (q + 1) * threads > total {
-                let l = self.new_label();
-                let p = self.new_reg(Class::Pred);
-                self.ins(format!("setp.ge.u32 {p}, {idx}, {total}"));
-                self.ins(format!("@{p} bra {l}"));
-                Some(l)
+                Some(self.branch_if("ge.u32", idx, total))
             } else {
                 None
             };

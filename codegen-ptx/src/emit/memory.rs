@@ -85,8 +85,7 @@ impl Emitter<'_> {
             self.ins(format!("mul.lo.s64 {off}, {c64}, {}", strides[d]));
             self.ins(format!("mad.lo.s64 {nb}, {off}, {esize}, {base}"));
             base = nb;
-            let ok = self.new_reg(Class::Pred);
-            self.ins(format!("setp.lt.u32 {ok}, {}, {}", coords[d], dims[d]));
+            let ok = self.setp("lt.u32", coords[d], dims[d]);
             if let Some(prev) = outer_ok {
                 self.ins(format!("and.pred {ok}, {ok}, {prev}"));
             }
@@ -118,8 +117,7 @@ impl Emitter<'_> {
 
     /// `ok = x <u extent` (and `outer_ok`).
     pub(super) fn in_bounds(&mut self, x: Reg, extent: Reg, outer_ok: Option<Reg>) -> Reg {
-        let p = self.new_reg(Class::Pred);
-        self.ins(format!("setp.lt.u32 {p}, {x}, {extent}"));
+        let p = self.setp("lt.u32", x, extent);
         if let Some(q) = outer_ok {
             self.ins(format!("and.pred {p}, {p}, {q}"));
         }

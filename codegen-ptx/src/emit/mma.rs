@@ -113,28 +113,20 @@ impl Emitter<'_> {
             } => Some(self.operand_lanes(*base, buf, Operand::A, &g, [lane, wr, wc])),
             _ => None,
         };
-        let mut b_src = match &b_val {
-            Val::Smem {
-                base,
-                buf,
-                transposed,
-            } => {
-                let which = if *transposed {
-                    Operand::BRows
-                } else {
-                    Operand::BCols
-                };
-                self.operand_lanes(*base, buf, which, &g, [lane, wr, wc])
-            }
-            Val::Scalar(_)
-            | Val::Tile(_)
-            | Val::Affine { .. }
-            | Val::Lazy(_)
-            | Val::Narrowed { .. }
-            | Val::Packed(_) => {
-                return Err(self.unsupported(id, "a register-resident mma B operand"));
-            }
+        let Val::Smem {
+            base,
+            buf,
+            transposed,
+        } = &b_val
+        else {
+            return Err(self.unsupported(id, "a register-resident mma B operand"));
         };
+        let which = if *transposed {
+            Operand::BRows
+        } else {
+            Operand::BCols
+        };
+        let mut b_src = self.operand_lanes(*base, buf, which, &g, [lane, wr, wc]);
         // A GEMM mainloop (its loop's prefetch is deferred to the end of the body) reads every
         // fragment of the tile before its first mma: ptxas then keeps them in distinct
         // registers and overlaps the ldmatrix latency, instead of reusing one register per
@@ -197,11 +189,7 @@ impl Emitter<'_> {
         g: &Geometry,
         [lane, wr, wc]: [Reg; 3],
     ) -> Lanes {
-        let (row, chunk, t) = (
-            self.new_reg(Class::B32),
-            self.new_reg(Class::B32),
-            self.new_reg(Class::B32),
-        );
+        let [row, chunk, t] = self.new_regs(Class::B32);
         match which {
             Operand::A => {
                 // Matrices: rows 0-7 / 8-15 (lanes 0-15) at k 0-7, then at k 8-15.
@@ -380,12 +368,7 @@ impl Emitter<'_> {
             }
         };
         let imm = row_imm * src.buf.row_bytes + (chunk_imm - key) * 16;
-        let r = [
-            self.new_reg(Class::B32),
-            self.new_reg(Class::B32),
-            self.new_reg(Class::B32),
-            self.new_reg(Class::B32),
-        ];
+        let r: [Reg; 4] = self.new_regs(Class::B32);
         let trans = if src.which == Operand::BCols {
             ".trans"
         } else {

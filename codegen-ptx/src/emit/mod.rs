@@ -26,7 +26,7 @@ mod sync;
 mod values;
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::fmt::{Display, Write as _};
 use std::ops::Range;
 
 use kiln_ir::schedule::SmemBuffer;
@@ -360,30 +360,23 @@ impl<'k> Emitter<'k> {
             }
             OpKind::Transpose => {
                 let r = result.ok_or_else(|| self.internal(id, "no result"))?;
-                match self.val(op.operands[0], id)? {
+                let Val::Smem {
+                    base,
+                    buf,
+                    transposed,
+                } = self.val(op.operands[0], id)?
+                else {
+                    return Err(self.unsupported(id, "a transpose not feeding mma"));
+                };
+                let transposed = !transposed;
+                self.vals.insert(
+                    r,
                     Val::Smem {
                         base,
                         buf,
                         transposed,
-                    } => {
-                        self.vals.insert(
-                            r,
-                            Val::Smem {
-                                base,
-                                buf,
-                                transposed: !transposed,
-                            },
-                        );
-                    }
-                    Val::Scalar(_)
-                    | Val::Tile(_)
-                    | Val::Affine { .. }
-                    | Val::Lazy(_)
-                    | Val::Narrowed { .. }
-                    | Val::Packed(_) => {
-                        return Err(self.unsupported(id, "a transpose not feeding mma"));
-                    }
-                }
+                    },
+                );
             }
             OpKind::Reduce { op: rop, dim } => self.write_reduce(id, *rop, *dim)?,
             OpKind::Mma => {
@@ -441,6 +434,26 @@ impl<'k> Emitter<'k> {
     /// A fresh register.
     pub(crate) fn new_reg(&mut self, class: Class) -> Reg {
         self.regs.new_reg(class)
+    }
+
+    /// `N` fresh registers of `class`, in order.
+    pub(crate) fn new_regs<const N: usize>(&mut self, class: Class) -> [Reg; N] {
+        [(); N].map(|_| self.new_reg(class))
+    }
+
+    /// A fresh predicate set by `setp.{test}` on `a` and `b` (`test`: `lt.u32`, ...).
+    pub(crate) fn setp(&mut self, test: &str, a: impl Display, b: impl Display) -> Reg {
+        let p = self.new_reg(Class::Pred);
+        self.ins(format!("setp.{test} {p}, {a}, {b}"));
+        p
+    }
+
+    /// Branches to a fresh label, returned, where `setp.{test}` holds on `a` and `b`: what
+    /// is written up to the label runs only where it does not.
+    pub(crate) fn branch_if(&mut self, test: &str, a: impl Display, b: impl Display) -> String {
+        let (p, label) = (self.setp(test, a, b), self.new_label());
+        self.ins(format!("@{p} bra {label}"));
+        label
     }
 
     /// This block's index along `axis` (0 = x): a persistent kernel's blocks are its work

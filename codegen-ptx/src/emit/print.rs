@@ -58,12 +58,7 @@ impl Emitter<'_> {
         let name = self.global_string(&format);
 
         let skip = self.new_label();
-        let prints = self.new_reg(Class::Pred);
-        self.ins(format!(
-            "setp.eq.u32 {prints}, {}, {}",
-            self.tid,
-            owner.unwrap_or(0)
-        ));
+        let prints = self.setp("eq.u32", self.tid, owner.unwrap_or(0));
         self.ins(format!("@!{prints} bra {skip}"));
         let mut at = 0u32;
         for axis in 0..3 {

@@ -220,9 +220,8 @@ impl Emitter<'_> {
         self.flush_prefetch(lower)?;
         let Some(p) = p else { return Ok(()) };
         for r in [p.read, p.write] {
-            let wrap = self.new_reg(Class::Pred);
             self.ins(format!("add.s32 {r}, {r}, 1"));
-            self.ins(format!("setp.eq.s32 {wrap}, {r}, {}", p.stages));
+            let wrap = self.setp("eq.s32", r, p.stages);
             self.ins(format!("selp.b32 {r}, 0, {r}, {wrap}"));
         }
         Ok(())

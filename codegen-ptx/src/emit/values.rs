@@ -23,12 +23,16 @@ impl Emitter<'_> {
     pub(crate) fn scalar(&self, v: ValueId, at: OpId) -> Result<Reg, CodegenError> {
         match self.val(v, at)? {
             Val::Scalar(r) => Ok(r),
-            Val::Tile(_)
-            | Val::Affine { .. }
-            | Val::Lazy(_)
-            | Val::Narrowed { .. }
-            | Val::Packed(_)
-            | Val::Smem { .. } => Err(self.internal(at, format!("{v} is not a scalar"))),
+            _ => Err(self.internal(at, format!("{v} is not a scalar"))),
+        }
+    }
+
+    /// The writer's form of `v` with a lazy or affine tile written into registers: what a
+    /// loop carries or a branch merges.
+    pub(crate) fn in_registers(&mut self, v: ValueId, at: OpId) -> Result<Val, CodegenError> {
+        match self.val(v, at)? {
+            Val::Affine { .. } | Val::Lazy(_) => Ok(Val::Tile(self.tile(v, at)?)),
+            other => Ok(other),
         }
     }
 

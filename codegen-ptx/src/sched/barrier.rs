@@ -60,9 +60,7 @@ impl View<'_> {
     /// One thread inits the mbarriers `bars` with their counts: first every stage array,
     /// stage by stage, then the single barriers.
     pub(crate) fn init_barriers(&self, e: &mut Emitter<'_>, bars: &[BarrierId]) {
-        let (p, skip) = (e.new_reg(Class::Pred), e.new_label());
-        e.ins(format!("setp.ne.u32 {p}, {}, 0", e.tid));
-        e.ins(format!("@{p} bra {skip}"));
+        let skip = e.branch_if("ne.u32", e.tid, 0);
         let arrays: Vec<Mbarrier> = bars
             .iter()
             .filter_map(|&b| self.s.mbarrier(b).copied())
@@ -132,14 +130,10 @@ impl View<'_> {
 
     /// Moves a cursor to the next iteration: the stage wraps and flips every phase bit.
     pub(crate) fn advance(&self, e: &mut Emitter<'_>, c: &Cursor) {
-        let wrap = e.new_reg(Class::Pred);
         e.mov(c.prev, c.stage);
         e.ins(format!("add.u32 {}, {}, 1", c.count, c.count));
         e.ins(format!("add.u32 {}, {}, 1", c.stage, c.stage));
-        e.ins(format!(
-            "setp.eq.u32 {wrap}, {}, {}",
-            c.stage, self.s.stages
-        ));
+        let wrap = e.setp("eq.u32", c.stage, self.s.stages);
         e.ins(format!("selp.u32 {}, 0, {}, {wrap}", c.stage, c.stage));
         for &(_, r) in &c.phases {
             let flipped = e.new_reg(Class::B32);
@@ -217,8 +211,7 @@ impl View<'_> {
     ) -> Result<(), CodegenError> {
         let stage = if lag == 0 { c.stage } else { c.prev };
         let a = self.bar_addr(e, bar, stage)?;
-        let p = e.new_reg(Class::Pred);
-        e.ins(format!("setp.ge.u32 {p}, {}, {lag}", c.count));
+        let p = e.setp("ge.u32", c.count, lag);
         if let Some(el) = elected {
             e.ins(format!("and.pred {p}, {p}, {el}"));
         }
@@ -254,10 +247,9 @@ fn parity_wait_loop(e: &mut Emitter<'_>, scope: &str, addr: impl Display, phase:
 
 /// A predicate true on lane 0 of each warp (the lane that arrives for its warp).
 pub(crate) fn lane0(e: &mut Emitter<'_>) -> Reg {
-    let (lane0, lane) = (e.new_reg(Class::Pred), e.new_reg(Class::B32));
+    let lane = e.new_reg(Class::B32);
     e.ins(format!("and.b32 {lane}, {}, 31", e.tid));
-    e.ins(format!("setp.eq.u32 {lane0}, {lane}, 0"));
-    lane0
+    e.setp("eq.u32", lane, 0)
 }
 
 /// This CTA's rank in its cluster (`%cluster_ctarank`).

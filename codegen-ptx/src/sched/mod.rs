@@ -1,7 +1,7 @@
 //! What the target families' writers share of the schedule IR (`kiln_ir::sched`): a
 //! [`View`] of the schedule, the lowering both families give its barriers (addresses,
 //! inits, cursors, waits, arrivals: `barrier`), the producer's program (`producer`), the
-//! persistent tile walk (`tiles`), TMA loads (`tma`) and stores (`store`), and the lowering
+//! persistent tile walk (`tiles`), the role split (`split`), TMA loads (`tma`) and stores (`store`), and the lowering
 //! of the kernel's own ops both pass down to the generic writer ([`Ops`]).
 //!
 //! A family's writer owns the walk over its roles' programs; these are the ops whose PTX is
@@ -10,14 +10,16 @@
 mod barrier;
 mod ops;
 mod producer;
+mod split;
 mod store;
 mod tiles;
 mod tma;
 mod view;
 
 pub(crate) use barrier::{Cursor, cluster_barrier, cluster_rank, lane0};
-pub(crate) use ops::Ops;
+pub(crate) use ops::{Ops, RingMma};
+pub(crate) use split::{elect, set_registers};
 pub(crate) use store::{finish as finish_stores, write as write_store};
-pub(crate) use tiles::{TileLoop, scalar_only};
+pub(crate) use tiles::TileLoop;
 pub(crate) use tma::{descriptor, stage_address};
 pub(crate) use view::{View, tensor_maps};

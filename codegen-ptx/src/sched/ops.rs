@@ -1,19 +1,41 @@
-//! The lowering of the kernel's own ops a scheduled kernel has on both families.
+//! The lowering of the kernel's own ops a scheduled kernel has on both families, and where
+//! the roles write them: the ops before the ring loop per work tile, the code after it per
+//! chunk of the accumulator's columns.
 
 use std::ops::Range;
 
-use kiln_ir::OpId;
 use kiln_ir::sched::{Sched, TmaStore};
+use kiln_ir::{Kernel, OpId, OpKind, Type};
 
 use super::store;
 use crate::emit::{Emitter, Lower};
 use crate::error::CodegenError;
 use crate::types::Reg;
 
+/// A family's lowering of the `mma`s of the ring loop's body (sm_90a: wgmmas reading the
+/// stage); `()` for a family whose roles never write the body's `mma`.
+pub(crate) trait RingMma {
+    /// Writes `mma` `id` the family's way and returns `true`, or returns `false` for the
+    /// generic `mma.sync` (`warpgroup`: the consumer warpgroup's index).
+    fn mma(
+        &mut self,
+        e: &mut Emitter<'_>,
+        warpgroup: Option<Reg>,
+        id: OpId,
+    ) -> Result<bool, CodegenError>;
+}
+
+impl RingMma for () {
+    fn mma(&mut self, _: &mut Emitter<'_>, _: Option<Reg>, _: OpId) -> Result<bool, CodegenError> {
+        Ok(false)
+    }
+}
+
 /// The lowering of the kernel's own ops a scheduled kernel has on both families: a
 /// persistent kernel's block index (its work tile's) and grid (the logical one), its stores
-/// through TMA, and the chunk of the accumulator's columns the code after the loop runs on.
-pub(crate) struct Ops<'k> {
+/// through TMA, the chunk of the accumulator's columns the code after the loop runs on, and
+/// the family's `mma` in the ring's body.
+pub(crate) struct Ops<'k, M = ()> {
     /// The schedule.
     pub(crate) s: &'k Sched,
     /// A persistent kernel's logical grid (its parameters).
@@ -26,11 +48,13 @@ pub(crate) struct Ops<'k> {
     pub(crate) warpgroup: Option<Reg>,
     /// The accumulator columns the code after the loop runs on, when a chunk of them.
     pub(crate) columns: Option<Range<u32>>,
+    /// The family's lowering of the ring body's `mma`s.
+    pub(crate) mma: M,
 }
 
-impl<'k> Ops<'k> {
+impl<'k, M> Ops<'k, M> {
     /// The lowering of schedule `s`'s ops with logical grid `grid`.
-    pub(crate) fn new(s: &'k Sched, grid: Option<[Reg; 3]>) -> Ops<'k> {
+    pub(crate) fn new(s: &'k Sched, grid: Option<[Reg; 3]>, mma: M) -> Ops<'k, M> {
         Ops {
             s,
             grid,
@@ -38,11 +62,53 @@ impl<'k> Ops<'k> {
             stores: &s.stores,
             warpgroup: None,
             columns: None,
+            mma,
         }
     }
 }
 
-impl Lower for Ops<'_> {
+impl<M: RingMma> Ops<'_, M> {
+    /// Writes the ops before the ring loop (`before`) for the work tile `block` names: all
+    /// of them, or only those computing scalars when `scalars` (a role that needs nothing
+    /// else, such as the producer's TMA coordinates and trip count).
+    pub(crate) fn write_before(
+        &mut self,
+        e: &mut Emitter<'_>,
+        k: &Kernel,
+        before: &[OpId],
+        scalars: bool,
+    ) -> Result<(), CodegenError> {
+        for &op in before {
+            if !scalars || scalar_only(k, op) {
+                e.write_op(op, self)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the ops after the ring loop (`after`, the epilogue's code) on accumulator
+    /// columns `columns` (all of them: `None`). A later chunk (not `first`) skips the ops that
+    /// compute only scalars: it reuses the registers the first chunk wrote.
+    pub(crate) fn write_after(
+        &mut self,
+        e: &mut Emitter<'_>,
+        k: &Kernel,
+        after: &[OpId],
+        columns: Option<Range<u32>>,
+        first: bool,
+    ) -> Result<(), CodegenError> {
+        self.columns = columns;
+        for &op in after {
+            if k.ops[op].kind != OpKind::Yield && (first || !scalar_only(k, op)) {
+                e.write_op(op, self)?;
+            }
+        }
+        self.columns = None;
+        Ok(())
+    }
+}
+
+impl<M: RingMma> Lower for Ops<'_, M> {
     fn block_id(&self, axis: usize) -> Option<Reg> {
         self.block.map(|b| b[axis])
     }
@@ -55,6 +121,10 @@ impl Lower for Ops<'_> {
         self.columns.clone()
     }
 
+    fn mma(&mut self, e: &mut Emitter<'_>, id: OpId) -> Result<bool, CodegenError> {
+        self.mma.mma(e, self.warpgroup, id)
+    }
+
     fn store(&mut self, e: &mut Emitter<'_>, id: OpId) -> Result<bool, CodegenError> {
         match self.stores.iter().find(|st| st.store == id) {
             Some(st) => {
@@ -64,4 +134,22 @@ impl Lower for Ops<'_> {
             None => Ok(false),
         }
     }
+}
+
+/// Whether `op` and everything in its regions only compute scalars (no tile, no memory).
+fn scalar_only(k: &Kernel, op: OpId) -> bool {
+    let o = &k.ops[op];
+    let scalar_results = o
+        .results
+        .iter()
+        .all(|&r| matches!(k.ty(r), Type::Scalar(_)));
+    let no_memory = !matches!(
+        o.kind,
+        OpKind::Load { .. } | OpKind::Store { .. } | OpKind::Print { .. } | OpKind::Mma
+    );
+    scalar_results
+        && no_memory
+        && o.regions
+            .iter()
+            .all(|r| r.ops.iter().all(|&inner| scalar_only(k, inner)))
 }

@@ -25,9 +25,7 @@ impl View<'_> {
         let iv = e.new_reg(Class::B32);
         e.mov(iv, lo);
         for _ in 0..producer.program.lead {
-            let (none, skip) = (e.new_reg(Class::Pred), e.new_label());
-            e.ins(format!("setp.ge.s32 {none}, {iv}, {hi}"));
-            e.ins(format!("@{none} bra {skip}"));
+            let skip = e.branch_if("ge.s32", iv, hi);
             self.producer_iteration(e, lower, producer, c, iv)?;
             e.ins(format!("add.s32 {iv}, {iv}, {step}"));
             e.label(&skip);
@@ -73,9 +71,8 @@ impl View<'_> {
                 // The 2-SM form: the leader announces the pair's bytes on its own `full`.
                 let guard = match self.s.cluster.as_ref().and_then(|c| c.pair) {
                     Some(p) => {
-                        let (rank, lead) = (cluster_rank(e), e.new_reg(Class::Pred));
-                        e.ins(format!("setp.eq.u32 {lead}, {rank}, {}", p.leader));
-                        format!("@{lead} ")
+                        let rank = cluster_rank(e);
+                        format!("@{} ", e.setp("eq.u32", rank, p.leader))
                     }
                     None => String::new(),
                 };

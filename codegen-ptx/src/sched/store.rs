@@ -108,11 +108,7 @@ pub(crate) fn write(
                     .enumerate()
                     .fold(0u32, |t, (i, x)| t | (f(x) << (4 * i)))
             };
-            let (shift, rows, chunks) = (
-                e.new_reg(Class::B32),
-                e.new_reg(Class::B32),
-                e.new_reg(Class::B32),
-            );
+            let [shift, rows, chunks] = e.new_regs(Class::B32);
             e.ins(format!("shr.u32 {shift}, {}, 1", e.tid));
             e.ins(format!("and.b32 {shift}, {shift}, 12"));
             e.ins(format!("shr.u32 {rows}, {}, {shift}", table(|x| x.0 / 8)));
@@ -277,24 +273,18 @@ fn store_group(
     let BarrierKind::Named { first, .. } = s.barriers[st.barrier].kind else {
         return Err(e.internal(id, "a TMA store at an mbarrier"));
     };
-    let leader = e.new_reg(Class::Pred);
     if st.groups == 1 {
-        e.ins(format!("setp.eq.u32 {leader}, {}, 0", e.tid));
         return Ok(StoreGroup {
-            leader,
+            leader: e.setp("eq.u32", e.tid, 0),
             barrier: first.to_string(),
             band: None,
         });
     }
     let wg =
         warpgroup.ok_or_else(|| e.internal(id, "a warpgroup's TMA store outside the consumers"))?;
-    let (lane, barrier, band) = (
-        e.new_reg(Class::B32),
-        e.new_reg(Class::B32),
-        e.new_reg(Class::B32),
-    );
+    let [lane, barrier, band] = e.new_regs(Class::B32);
     e.ins(format!("rem.u32 {lane}, {}, {}", e.tid, st.threads));
-    e.ins(format!("setp.eq.u32 {leader}, {lane}, 0"));
+    let leader = e.setp("eq.u32", lane, 0);
     e.ins(format!("add.u32 {barrier}, {wg}, {first}"));
     e.ins(format!("mul.lo.u32 {band}, {wg}, {}", st.group_rows()));
     Ok(StoreGroup {

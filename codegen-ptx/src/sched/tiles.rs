@@ -11,10 +11,11 @@
 //! taking the places a CTA would, and CTA `r` of the pair runs x block `2 px + r` (past the
 //! grid in a ragged last pair: its loads read zeros, its stores are masked off).
 
+use kiln_ir::OpId;
 use kiln_ir::sched::tiles::TileScheduler;
-use kiln_ir::{Kernel, OpId, Type};
 
 use super::barrier::{Cursor, cluster_rank};
+use super::ops::{Ops, RingMma};
 use super::view::View;
 use crate::emit::Emitter;
 use crate::error::CodegenError;
@@ -30,6 +31,41 @@ pub(crate) struct TileLoop {
 }
 
 impl View<'_> {
+    /// In a persistent kernel, opens a role's walk over the work tiles and writes the ops
+    /// before the ring loop (`before`) for each, only the scalar ones when `scalars`; in
+    /// another the CTA has one tile, whose ops before the loop every thread wrote before the
+    /// roles split.
+    pub(crate) fn open_tile<M: RingMma>(
+        &self,
+        e: &mut Emitter<'_>,
+        ops: &mut Ops<'_, M>,
+        c: &mut Cursor,
+        before: &[OpId],
+        scalars: bool,
+    ) -> Result<Option<TileLoop>, CodegenError> {
+        if !self.s.persistent() {
+            return Ok(None);
+        }
+        let (walk, block) = self.open_tile_loop(e, ops.grid, c)?;
+        ops.block = Some(block);
+        ops.write_before(e, self.k, before, scalars)?;
+        Ok(Some(walk))
+    }
+
+    /// Closes a role's walk over the work tiles, if it opened one.
+    pub(crate) fn close_tile<M>(
+        &self,
+        e: &mut Emitter<'_>,
+        ops: &mut Ops<'_, M>,
+        walk: Option<&TileLoop>,
+        c: &Cursor,
+    ) {
+        if let Some(walk) = walk {
+            self.close_tile_loop(e, walk, c);
+            ops.block = None;
+        }
+    }
+
     /// Opens a role's walk over the work tiles of logical grid `grid` (its `k`-th tile is in
     /// wave `k`, see `kiln_ir::sched::tiles`); the loop ends past the last tile. Returns the
     /// walk and the tile's block index. The cursor gets the wave's parity (which also flips
@@ -44,7 +80,7 @@ impl View<'_> {
         let (Some([blocks_x, ny, nz]), Some(tiles)) = (grid, self.s.tiles) else {
             return Err(e.internal(id, "a tile walk without its grid or order"));
         };
-        let [cta, ctas, wave, total, parity] = [(); 5].map(|_| e.new_reg(Class::B32));
+        let [cta, ctas, wave, total, parity] = e.new_regs(Class::B32);
         let cluster = self.s.cluster.as_ref().map(|c| c.ctas);
         // A cluster walks the grid of x pairs in the places a CTA would walk the blocks.
         let nx = match cluster {
@@ -77,17 +113,17 @@ impl View<'_> {
             }
             TileScheduler::LongestFirst => {
                 // Odd waves deal the tiles from the last CTA down.
-                let (mirrored, odd) = (e.new_reg(Class::B32), e.new_reg(Class::Pred));
+                let mirrored = e.new_reg(Class::B32);
                 e.ins(format!("sub.u32 {mirrored}, {ctas}, {cta}"));
                 e.ins(format!("sub.u32 {mirrored}, {mirrored}, 1"));
-                e.ins(format!("setp.ne.u32 {odd}, {parity}, 0"));
+                let odd = e.setp("ne.u32", parity, 0);
                 e.ins(format!("selp.u32 {tile}, {mirrored}, {cta}, {odd}"));
                 e.ins(format!("add.u32 {tile}, {tile}, {wave}"));
             }
         }
         e.ins(format!("setp.ge.u32 {finished}, {tile}, {total}"));
         e.ins(format!("@{finished} bra {done}"));
-        let [x, y, z] = [(); 3].map(|_| e.new_reg(Class::B32));
+        let [x, y, z] = e.new_regs(Class::B32);
         match tiles {
             TileScheduler::Strided => {
                 e.comment("work tile: its block index (x fastest)");
@@ -99,7 +135,7 @@ impl View<'_> {
             }
             TileScheduler::LongestFirst => {
                 e.comment("work tile: its block index (x slowest, from the last block down)");
-                let [planes, yz] = [(); 2].map(|_| e.new_reg(Class::B32));
+                let [planes, yz] = e.new_regs(Class::B32);
                 e.ins(format!("mul.lo.u32 {planes}, {ny}, {nz}"));
                 e.ins(format!("div.u32 {x}, {tile}, {planes}"));
                 e.ins(format!("sub.u32 {x}, {nx}, {x}"));
@@ -112,7 +148,7 @@ impl View<'_> {
                 e.comment(&format!(
                     "work tile: its block index (groups of {rows} x blocks, x fastest within)"
                 ));
-                let [plane, r, first, width, within] = [(); 5].map(|_| e.new_reg(Class::B32));
+                let [plane, r, first, width, within] = e.new_regs(Class::B32);
                 e.ins(format!("mul.lo.u32 {plane}, {nx}, {ny}"));
                 e.ins(format!("div.u32 {z}, {tile}, {plane}"));
                 e.ins(format!("rem.u32 {r}, {tile}, {plane}"));
@@ -155,25 +191,4 @@ impl View<'_> {
         e.ins(format!("bra.uni {}", tl.top));
         e.label(&tl.done);
     }
-}
-
-/// Whether `op` and everything in its regions only compute scalars (no tile, no memory).
-pub(crate) fn scalar_only(k: &Kernel, op: OpId) -> bool {
-    let o = &k.ops[op];
-    let scalar_results = o
-        .results
-        .iter()
-        .all(|&r| matches!(k.ty(r), Type::Scalar(_)));
-    let no_memory = !matches!(
-        o.kind,
-        kiln_ir::OpKind::Load { .. }
-            | kiln_ir::OpKind::Store { .. }
-            | kiln_ir::OpKind::Print { .. }
-            | kiln_ir::OpKind::Mma
-    );
-    scalar_results
-        && no_memory
-        && o.regions
-            .iter()
-            .all(|r| r.ops.iter().all(|&inner| scalar_only(k, inner)))
 }

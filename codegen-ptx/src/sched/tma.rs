@@ -83,8 +83,7 @@ impl View<'_> {
                     .multicast
                     .iter()
                     .map(|m| {
-                        let (p, mask) = (e.new_reg(Class::Pred), e.new_reg(Class::B16));
-                        e.ins(format!("setp.eq.u32 {p}, {rank}, {}", m.issuer));
+                        let (p, mask) = (e.setp("eq.u32", rank, m.issuer), e.new_reg(Class::B16));
                         e.ins(format!("mov.b16 {mask}, {}", m.mask));
                         (p, mask)
                     })
@@ -135,11 +134,7 @@ fn boxes(
         return Err(e.internal(l.load, "TMA coordinates that do not match the tensor map"));
     }
     for (k, b) in l.boxes.iter().enumerate() {
-        let (dst, x, y) = (
-            e.new_reg(Class::B32),
-            e.new_reg(Class::B32),
-            e.new_reg(Class::B32),
-        );
+        let [dst, x, y] = e.new_regs(Class::B32);
         e.ins(format!(
             "add.u32 {dst}, {stage}, {}",
             l.offset + b.smem_offset

@@ -35,7 +35,7 @@ use kiln_ir::sched::{BarrierId, Op, RoleKind, Sched};
 
 use crate::emit::Emitter;
 use crate::error::CodegenError;
-use crate::sched::{Cursor, Ops, TileLoop, View, scalar_only};
+use crate::sched::{Ops, View};
 use crate::types::{Class, Reg};
 
 /// Writes the roles of schedule `s` after the prologue (`grid`: a persistent kernel's
@@ -55,7 +55,7 @@ pub(crate) fn write<'k>(
     let mut w = Sm100a {
         e,
         v,
-        ops: Ops::new(s, grid),
+        ops: Ops::new(s, grid, ()),
         tmem,
         before,
         after,
@@ -66,7 +66,7 @@ pub(crate) fn write<'k>(
     }
     if !s.persistent() {
         // Written once, in every thread, before the roles split.
-        for op in std::mem::take(&mut w.before) {
+        for &op in &w.before {
             w.e.write_op(op, &mut w.ops)?;
         }
     }
@@ -83,8 +83,8 @@ struct Sm100a<'a, 'k> {
     ops: Ops<'k>,
     /// The schedule's tensor memory.
     tmem: &'k Tmem,
-    /// The ops before the ring loop that a role writes per work tile of a persistent kernel
-    /// (in another, none: they are written once before the roles split).
+    /// The ops before the ring loop: a role writes them per work tile of a persistent kernel;
+    /// in another every thread writes them once, before the roles split.
     before: Vec<OpId>,
     /// The ops after the ring loop (the epilogue's code).
     after: Vec<OpId>,
@@ -112,12 +112,9 @@ impl Sm100a<'_, '_> {
                 Op::TmemAlloc { .. } | Op::TmemRelinquish => {
                     let e = &mut *self.e;
                     if alloc.is_none() {
-                        let (warp, other, skip) =
-                            (e.new_reg(Class::B32), e.new_reg(Class::Pred), e.new_label());
+                        let warp = e.new_reg(Class::B32);
                         e.ins(format!("shr.u32 {warp}, {}, 5", e.tid));
-                        e.ins(format!("setp.ne.u32 {other}, {warp}, {mma_warp}"));
-                        e.ins(format!("@{other} bra {skip}"));
-                        alloc = Some(skip);
+                        alloc = Some(e.branch_if("ne.u32", warp, mma_warp));
                     }
                     let group = cta_group(s);
                     if let Op::TmemAlloc { columns } = op {
@@ -156,37 +153,6 @@ impl Sm100a<'_, '_> {
             self.e.ins("tcgen05.fence::before_thread_sync");
         } else {
             self.e.ins("tcgen05.fence::after_thread_sync");
-        }
-    }
-
-    /// Starts a role's work tile: in a persistent kernel opens its walk over the tiles and
-    /// writes the ops before the ring loop (only the scalar ones when `scalars`); returns the
-    /// walk and the loop's bounds.
-    fn enter_tile(
-        &mut self,
-        c: &mut Cursor,
-        scalars: bool,
-    ) -> Result<(Option<TileLoop>, [Reg; 3]), CodegenError> {
-        let walk = if self.v.s.persistent() {
-            let (walk, block) = self.v.open_tile_loop(self.e, self.ops.grid, c)?;
-            self.ops.block = Some(block);
-            Some(walk)
-        } else {
-            None
-        };
-        for &op in &self.before {
-            if !scalars || scalar_only(self.v.k, op) {
-                self.e.write_op(op, &mut self.ops)?;
-            }
-        }
-        Ok((walk, self.v.loop_bounds(self.e)?))
-    }
-
-    /// Ends a role's work tile (closes the walk of a persistent kernel).
-    fn leave_tile(&mut self, walk: Option<TileLoop>, c: &Cursor) {
-        if let Some(walk) = walk {
-            self.v.close_tile_loop(self.e, &walk, c);
-            self.ops.block = None;
         }
     }
 }

@@ -5,13 +5,12 @@
 
 use std::ops::Range;
 
-use kiln_ir::OpId;
 use kiln_ir::sched::{Op, Region, Role, RoleKind};
 
 use super::Sm100a;
 use crate::emit::Val;
 use crate::error::CodegenError;
-use crate::sched::{self, Cursor, scalar_only};
+use crate::sched::{self, Cursor};
 use crate::types::{Class, Reg};
 
 impl Sm100a<'_, '_> {
@@ -21,32 +20,18 @@ impl Sm100a<'_, '_> {
         let producer = self.v.role(self.e, RoleKind::Producer)?;
         let mma = self.v.role(self.e, RoleKind::Mma)?;
         let e = &mut *self.e;
-        let [is_epilogue, is_mma, idle] = [(); 3].map(|_| e.new_reg(Class::Pred));
-        let (epilogue_label, mma_label) = (e.new_label(), e.new_label());
-        e.ins(format!(
-            "setp.lt.u32 {is_epilogue}, {}, {}",
-            e.tid,
-            32 * epilogue.end_warp()
-        ));
-        e.ins(format!("@{is_epilogue} bra {epilogue_label}"));
-        e.ins(format!(
-            "setp.ge.u32 {is_mma}, {}, {}",
-            e.tid,
-            32 * mma.first_warp
-        ));
-        e.ins(format!("@{is_mma} bra {mma_label}"));
+        let epilogue_label = e.branch_if("lt.u32", e.tid, 32 * epilogue.end_warp());
+        let mma_label = e.branch_if("ge.u32", e.tid, 32 * mma.first_warp);
         e.comment("producer warp: one thread issues every stage's TMA");
-        e.ins(format!(
-            "setp.ne.u32 {idle}, {}, {}",
-            e.tid,
-            32 * producer.first_warp
-        ));
-        e.ins(format!("@{idle} exit"));
+        sched::elect(e, producer);
         let mut c = self.v.cursor(self.e, &producer.program.iteration);
-        let (walk, bounds) = self.enter_tile(&mut c, true)?;
+        let walk = self
+            .v
+            .open_tile(self.e, &mut self.ops, &mut c, &self.before, true)?;
+        let bounds = self.v.loop_bounds(self.e)?;
         self.v
             .producer(self.e, &mut self.ops, producer, &c, bounds)?;
-        self.leave_tile(walk, &c);
+        self.v.close_tile(self.e, &mut self.ops, walk.as_ref(), &c);
         self.e.ins("exit");
         self.e.label(&mma_label);
         self.e
@@ -66,12 +51,7 @@ impl Sm100a<'_, '_> {
     fn mma_warp(&mut self, mma: &Role) -> Result<(), CodegenError> {
         let s = self.v.s;
         let base = self.tmem_base();
-        let (other, join) = (self.e.new_reg(Class::Pred), self.e.new_label());
-        self.e.ins(format!(
-            "setp.ne.u32 {other}, {}, {}",
-            self.e.tid,
-            32 * mma.first_warp
-        ));
+        let other = self.e.setp("ne.u32", self.e.tid, 32 * mma.first_warp);
         // The 2-SM form: the peer's MMA warp issues nothing; it only frees its columns.
         let leader = s.cluster.as_ref().and_then(|c| c.pair).map(|p| p.leader);
         let peer_role = s
@@ -80,16 +60,20 @@ impl Sm100a<'_, '_> {
             .find(|r| r.kind == RoleKind::Mma && r.rank.is_some_and(|rank| Some(rank) != leader));
         let peer = match (leader, peer_role) {
             (Some(leader), Some(role)) => {
-                let (rank, peer) = (sched::cluster_rank(self.e), self.e.new_reg(Class::Pred));
-                self.e.ins(format!("setp.ne.u32 {peer}, {rank}, {leader}"));
+                let rank = sched::cluster_rank(self.e);
+                let peer = self.e.setp("ne.u32", rank, leader);
                 self.e.ins(format!("or.pred {other}, {other}, {peer}"));
                 Some((peer, role))
             }
             _ => None,
         };
+        let join = self.e.new_label();
         self.e.ins(format!("@{other} bra {join}"));
         let mut c = self.v.cursor(self.e, &mma.program.iteration);
-        let (walk, bounds) = self.enter_tile(&mut c, true)?;
+        let walk = self
+            .v
+            .open_tile(self.e, &mut self.ops, &mut c, &self.before, true)?;
+        let bounds = self.v.loop_bounds(self.e)?;
         let p = &mma.program;
         for &op in &p.tile {
             self.mma_op(&c, op, base)?;
@@ -100,7 +84,7 @@ impl Sm100a<'_, '_> {
         for &op in p.drain.iter().chain(&p.release).chain(&p.end) {
             self.mma_op(&c, op, base)?;
         }
-        self.leave_tile(walk, &c);
+        self.v.close_tile(self.e, &mut self.ops, walk.as_ref(), &c);
         let Some((&wait @ Op::Wait { .. }, rest)) = p.exit.split_first() else {
             return Err(self.e.internal(
                 self.v.for_op(),
@@ -177,7 +161,10 @@ impl Sm100a<'_, '_> {
             ));
         }
         let mut c = self.v.cursor(self.e, &[]);
-        let (walk, [lo, hi, _]) = self.enter_tile(&mut c, false)?;
+        let walk = self
+            .v
+            .open_tile(self.e, &mut self.ops, &mut c, &self.before, false)?;
+        let [lo, hi, _] = self.v.loop_bounds(self.e)?;
         let mut regs: Vec<Reg> = Vec::new();
         let mut first = true;
         for &op in &epilogue.program.end {
@@ -209,7 +196,7 @@ impl Sm100a<'_, '_> {
                 other => self.tmem_op(other, base)?,
             }
         }
-        self.leave_tile(walk, &c);
+        self.v.close_tile(self.e, &mut self.ops, walk.as_ref(), &c);
         for &op in &epilogue.program.exit {
             match op {
                 Op::BulkWaitAll => {
@@ -251,22 +238,13 @@ impl Sm100a<'_, '_> {
         let (Some(init), Some(regs)) = (init.get(range.clone()), regs.get(range)) else {
             return Err(e.internal(id, "a read of accumulator columns not copied"));
         };
-        let (ran, skip) = (e.new_reg(Class::Pred), e.new_label());
-        e.ins(format!("setp.lt.s32 {ran}, {lo}, {hi}"));
-        e.ins(format!("@{ran} bra {skip}"));
+        let skip = e.branch_if("lt.s32", lo, hi);
         for (&r, &i) in regs.iter().zip(init) {
             e.mov(r, i);
         }
         e.label(&skip);
         e.vals.insert(result, Val::Tile(regs.to_vec()));
-        self.ops.columns = Some(columns);
-        let after: Vec<OpId> = self.after.clone();
-        for op in after {
-            if k.ops[op].kind != kiln_ir::OpKind::Yield && (first || !scalar_only(k, op)) {
-                self.e.write_op(op, &mut self.ops)?;
-            }
-        }
-        self.ops.columns = None;
-        Ok(())
+        self.ops
+            .write_after(self.e, k, &self.after, Some(columns), first)
     }
 }

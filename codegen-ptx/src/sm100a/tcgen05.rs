@@ -10,6 +10,9 @@
 //! where TMA wrote them. The first mma of a tile's loop overwrites the accumulator
 //! (enable-input-d false: it starts as zeros), every later one accumulates.
 
+use std::fmt::Display;
+
+use kiln_ir::sched::tmem::Descriptor;
 use kiln_ir::sched::{MmaPart, Op, Role};
 
 use super::{Sm100a, cta_group};
@@ -39,8 +42,7 @@ impl Sm100a<'_, '_> {
         e.mov(iv, lo);
         let counted = e.open_counted_loop(iv, hi, step);
         // The tile's first mma overwrites the accumulator; every later one accumulates.
-        let accumulate = e.new_reg(Class::Pred);
-        e.ins(format!("setp.ne.s32 {accumulate}, {iv}, {lo}"));
+        let accumulate = e.setp("ne.s32", iv, lo);
         for &op in &mma.program.iteration {
             match op {
                 Op::Wait { .. } => self.v.wait(self.e, c, op, None, false)?,
@@ -85,9 +87,25 @@ impl Sm100a<'_, '_> {
         // The stage's data landed (the `full` wait): order the mmas after it.
         e.ins("tcgen05.fence::after_thread_sync");
         let bases = [a, b].map(|l| sched::stage_address(e, c.stage, l.stage_stride, l.offset));
-        let group = cta_group(s);
+        self.mma_steps(acc, bases, [da_t, db_t], idesc, accumulate);
+        Ok(())
+    }
+
+    /// One `tcgen05.mma` per k16 step into the TMEM tile at `d`, A and B read from shared
+    /// memory at `bases` through descriptors `descs`; the first step accumulates where
+    /// `accumulate` holds (a predicate, or `0`), every later one does.
+    pub(super) fn mma_steps(
+        &mut self,
+        d: Reg,
+        bases: [Reg; 2],
+        [da_t, db_t]: [&Descriptor; 2],
+        idesc: Reg,
+        accumulate: impl Display,
+    ) {
+        let group = cta_group(self.v.s);
+        let e = &mut *self.e;
         for (k, (&sa, &sb)) in da_t.steps.iter().zip(&db_t.steps).enumerate() {
-            let (at_a, at_b) = (e.new_reg(Class::B32), e.new_reg(Class::B32));
+            let [at_a, at_b] = e.new_regs(Class::B32);
             e.ins(format!("add.u32 {at_a}, {}, {sa}", bases[0]));
             e.ins(format!("add.u32 {at_b}, {}, {sb}", bases[1]));
             let da = sched::descriptor(e, at_a, da_t.template);
@@ -98,10 +116,9 @@ impl Sm100a<'_, '_> {
                 "1".to_string()
             };
             e.ins(format!(
-                "tcgen05.mma.{group}.kind::f16 [{acc}], {da}, {db}, {idesc}, {enable}"
+                "tcgen05.mma.{group}.kind::f16 [{d}], {da}, {db}, {idesc}, {enable}"
             ));
         }
-        Ok(())
     }
 
     /// `tcgen05.commit`: one arrival on the mbarrier at `bar` once every earlier tcgen05 op of

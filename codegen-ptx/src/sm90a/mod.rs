@@ -29,12 +29,9 @@ mod roles;
 mod rotated;
 mod wgmma;
 
-use std::ops::Range;
-
-use kiln_ir::OpId;
 use kiln_ir::sched::{BarrierId, Op, Sched};
 
-use crate::emit::{Emitter, Lower};
+use crate::emit::Emitter;
 use crate::error::CodegenError;
 use crate::sched::{Ops, View};
 use crate::types::Reg;
@@ -52,10 +49,7 @@ pub(crate) fn write<'k>(
     let mut w = Sm90a {
         e,
         v: View::new(k, s),
-        ops: Lowering {
-            base: Ops::new(s, grid),
-            body: None,
-        },
+        ops: Ops::new(s, grid, None),
         turns: None,
     };
     w.setup()?;
@@ -68,8 +62,9 @@ struct Sm90a<'a, 'k> {
     e: &'a mut Emitter<'k>,
     /// The schedule.
     v: View<'k>,
-    /// How the kernel's own ops are written where the programs run them.
-    ops: Lowering<'k>,
+    /// How the kernel's own ops are written where the programs run them; in the ring's body
+    /// being written, its `mma`s as wgmmas reading the current stage.
+    ops: Ops<'k, Option<RingBody>>,
     /// The consumer warpgroup's registers of the named barriers the warpgroups take turns
     /// at, computed where the consumers start.
     turns: Option<TurnRegs>,
@@ -89,42 +84,6 @@ struct TurnRegs {
     not_last: Reg,
     /// Threads meeting at each barrier of the array.
     threads: u32,
-}
-
-/// sm_90a's lowering of the kernel's own ops: the scheduled kernel's, and in the ring's body
-/// its `mma`s as wgmmas reading the current stage.
-struct Lowering<'k> {
-    base: Ops<'k>,
-    /// The ring's body being written, whose `mma`s become wgmmas.
-    body: Option<RingBody>,
-}
-
-impl Lower for Lowering<'_> {
-    fn block_id(&self, axis: usize) -> Option<Reg> {
-        self.base.block_id(axis)
-    }
-
-    fn grid_dim(&self, axis: usize) -> Option<Reg> {
-        self.base.grid_dim(axis)
-    }
-
-    fn mma(&mut self, e: &mut Emitter<'_>, id: OpId) -> Result<bool, CodegenError> {
-        match &self.body {
-            Some(body) => {
-                wgmma::write(e, body, self.base.warpgroup, id)?;
-                Ok(true)
-            }
-            None => Ok(false),
-        }
-    }
-
-    fn store(&mut self, e: &mut Emitter<'_>, id: OpId) -> Result<bool, CodegenError> {
-        self.base.store(e, id)
-    }
-
-    fn columns(&self) -> Option<Range<u32>> {
-        self.base.columns()
-    }
 }
 
 impl Sm90a<'_, '_> {

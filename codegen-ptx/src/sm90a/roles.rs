@@ -2,15 +2,15 @@
 //! consumers' sections around the loop body (an unrotated loop here, a rotated one in
 //! [`super::rotated`]) and the code after the loop, per work tile of a persistent kernel.
 
+use kiln_ir::OpId;
 use kiln_ir::sched::{BarrierId, Index, MmaPart, Op, Region, Role, RoleKind, Who};
 use kiln_ir::tmem::epilogue::holds_columns;
-use kiln_ir::{OpId, OpKind};
 
 use super::wgmma::RingBody;
 use super::{Sm90a, TurnRegs};
 use crate::emit::Val;
 use crate::error::CodegenError;
-use crate::sched::{self, Cursor, TileLoop, scalar_only};
+use crate::sched::{self, Cursor};
 use crate::types::{Class, Reg};
 
 impl Sm90a<'_, '_> {
@@ -22,7 +22,6 @@ impl Sm90a<'_, '_> {
         let consumer = self.v.role(self.e, RoleKind::Consumer)?;
         let producer = self.v.role(self.e, RoleKind::Producer)?;
         let persistent = self.v.s.persistent();
-        let mut bounds = None;
         if !persistent {
             if self.v.s.cluster.is_some() {
                 return Err(self
@@ -33,17 +32,15 @@ impl Sm90a<'_, '_> {
                 self.e.write_op(op, &mut self.ops)?;
             }
             self.e.op_comment(self.v.for_op());
-            bounds = Some(self.v.loop_bounds(self.e)?);
         }
         let consumer_label = self.split(consumer, producer)?;
         let mut c = self.v.cursor(self.e, &producer.program.iteration);
-        let walk = self.open_tile(&mut c, &before, true)?;
-        let b = match bounds {
-            Some(b) => b,
-            None => self.v.loop_bounds(self.e)?,
-        };
+        let walk = self
+            .v
+            .open_tile(self.e, &mut self.ops, &mut c, &before, true)?;
+        let b = self.v.loop_bounds(self.e)?;
         self.v.producer(self.e, &mut self.ops, producer, &c, b)?;
-        self.close_tile(walk, &c);
+        self.v.close_tile(self.e, &mut self.ops, walk.as_ref(), &c);
         self.e.ins("exit");
 
         self.e.label(&consumer_label);
@@ -54,11 +51,10 @@ impl Sm90a<'_, '_> {
             self.turn_ops(&consumer.program.start)?;
         }
         let mut c = self.v.cursor(self.e, &consumer.program.iteration);
-        let walk = self.open_tile(&mut c, &before, false)?;
-        let b = match bounds {
-            Some(b) => b,
-            None => self.v.loop_bounds(self.e)?,
-        };
+        let walk = self
+            .v
+            .open_tile(self.e, &mut self.ops, &mut c, &before, false)?;
+        let b = self.v.loop_bounds(self.e)?;
         let c = if consumer.program.rotated {
             // The rotated loop releases the once tiles itself, after its last head mma.
             self.rotated_loop(consumer, c, b)?
@@ -73,14 +69,14 @@ impl Sm90a<'_, '_> {
                 other => return Err(self.v.misplaced(self.e, other, "after the consumers' loop")),
             }
         }
-        self.close_tile(walk, &c);
+        self.v.close_tile(self.e, &mut self.ops, walk.as_ref(), &c);
         for &op in &consumer.program.exit {
             match op {
                 Op::Sync { .. } | Op::Signal { .. } if persistent => self.turn_ops(&[op])?,
                 Op::Sync { .. } | Op::Signal { .. } => {}
                 Op::BulkWaitAll => {
                     let s = self.v.s;
-                    sched::finish_stores(self.e, s, &s.stores, self.ops.base.warpgroup)?;
+                    sched::finish_stores(self.e, s, &s.stores, self.ops.warpgroup)?;
                 }
                 Op::ClusterSync => {
                     self.e.comment(
@@ -94,72 +90,27 @@ impl Sm90a<'_, '_> {
         Ok(())
     }
 
-    /// In a persistent kernel, opens a role's walk over the work tiles and writes the ops
-    /// before the ring loop (only the scalar ones when `scalars`).
-    fn open_tile(
-        &mut self,
-        c: &mut Cursor,
-        before: &[OpId],
-        scalars: bool,
-    ) -> Result<Option<TileLoop>, CodegenError> {
-        if !self.v.s.persistent() {
-            return Ok(None);
-        }
-        let (walk, block) = self.v.open_tile_loop(self.e, self.ops.base.grid, c)?;
-        self.ops.base.block = Some(block);
-        for &op in before {
-            if !scalars || scalar_only(self.v.k, op) {
-                self.e.write_op(op, &mut self.ops)?;
-            }
-        }
-        Ok(Some(walk))
-    }
-
-    /// Closes a role's walk over the work tiles.
-    fn close_tile(&mut self, walk: Option<TileLoop>, c: &Cursor) {
-        if let Some(walk) = walk {
-            self.v.close_tile_loop(self.e, &walk, c);
-            self.ops.base.block = None;
-        }
-    }
-
     /// Branches the consumer warps to the returned label; the producer warpgroup falls
     /// through, gives registers back, and all its threads but the elected one exit.
     fn split(&mut self, consumer: &Role, producer: &Role) -> Result<String, CodegenError> {
         let e = &mut *self.e;
-        let (is_consumer, consumer_label) = (e.new_reg(Class::Pred), e.new_label());
-        e.ins(format!(
-            "setp.lt.u32 {is_consumer}, {}, {}",
-            e.tid,
-            32 * consumer.end_warp()
-        ));
-        e.ins(format!("@{is_consumer} bra {consumer_label}"));
+        let consumer_label = e.branch_if("lt.u32", e.tid, 32 * consumer.end_warp());
         // Producer warpgroup: give registers back; one thread issues every stage's TMA.
-        if let Some(regs) = producer.regs {
-            e.ins(format!("setmaxnreg.dec.sync.aligned.u32 {regs}"));
-        }
-        let idle = e.new_reg(Class::Pred);
-        e.ins(format!(
-            "setp.ne.u32 {idle}, {}, {}",
-            e.tid,
-            32 * producer.first_warp
-        ));
-        e.ins(format!("@{idle} exit"));
+        sched::set_registers(e, producer, "dec");
+        sched::elect(e, producer);
         Ok(consumer_label)
     }
 
     /// Where the consumers start: they take the registers and learn their warpgroup.
     fn enter_consumers(&mut self, consumer: &Role) -> Result<(), CodegenError> {
         let e = &mut *self.e;
-        if let Some(regs) = consumer.regs {
-            e.ins(format!("setmaxnreg.inc.sync.aligned.u32 {regs}"));
-        }
+        sched::set_registers(e, consumer, "inc");
         // The warpgroup index through a lane-0 shuffle: ptxas then knows it is uniform and
         // keeps what derives from it (wgmma descriptors, barrier ids) in uniform registers.
         let (raw, wg) = (e.new_reg(Class::B32), e.new_reg(Class::B32));
         e.ins(format!("shr.u32 {raw}, {}, 7", e.tid));
         e.ins(format!("shfl.sync.idx.b32 {wg}, {raw}, 0, 31, -1"));
-        self.ops.base.warpgroup = Some(wg);
+        self.ops.warpgroup = Some(wg);
         // The named barriers the warpgroups take turns at, for the CTA's hand-overs and
         // every tile's loop.
         let turns = consumer.program.ops().find_map(|op| match op {
@@ -194,9 +145,9 @@ impl Sm90a<'_, '_> {
             match o {
                 Op::Wgmma(MmaPart::Body) => {
                     self.bind_stages(c.stage);
-                    self.ops.body = Some(RingBody::new(self.v.k, self.v.s, true));
+                    self.ops.mma = Some(RingBody::new(self.v.k, self.v.s, true));
                     self.e.write_block(body, &mut self.ops)?;
-                    self.ops.body = None;
+                    self.ops.mma = None;
                     let yields = self.e.yielded(body);
                     self.e.assign_all(&carried, &yields, id)?;
                 }
@@ -278,23 +229,17 @@ impl Sm90a<'_, '_> {
     fn turn_regs(&mut self, bar: BarrierId, wg: Reg) -> Result<TurnRegs, CodegenError> {
         let (first, ids, threads) = self.v.named_barrier(self.e, bar)?;
         let e = &mut *self.e;
-        let (own, next, leader) = (
-            e.new_reg(Class::B32),
-            e.new_reg(Class::B32),
-            e.new_reg(Class::Pred),
-        );
+        let [own, next] = e.new_regs(Class::B32);
         e.ins(format!("add.u32 {own}, {wg}, {first}"));
         e.ins(format!("add.u32 {next}, {wg}, 1"));
         e.ins(format!("rem.u32 {next}, {next}, {ids}"));
         e.ins(format!("add.u32 {next}, {next}, {first}"));
-        e.ins(format!("setp.eq.u32 {leader}, {wg}, 0"));
+        let leader = e.setp("eq.u32", wg, 0);
         // Of two warpgroups the last is the one that is not the leader.
         let not_last = if ids == 2 {
             leader
         } else {
-            let p = e.new_reg(Class::Pred);
-            e.ins(format!("setp.ne.u32 {p}, {wg}, {}", ids - 1));
-            p
+            e.setp("ne.u32", wg, ids - 1)
         };
         Ok(TurnRegs {
             bar,
@@ -351,16 +296,8 @@ impl Sm90a<'_, '_> {
     /// registers.
     fn after_ring(&mut self, after: &[OpId]) -> Result<(), CodegenError> {
         let (k, id) = (self.v.k, self.v.for_op());
-        let ops: Vec<OpId> = after
-            .iter()
-            .copied()
-            .filter(|&o| k.ops[o].kind != OpKind::Yield)
-            .collect();
         let Some(columns) = self.v.s.epilogue_columns else {
-            for &op in &ops {
-                self.e.write_op(op, &mut self.ops)?;
-            }
-            return Ok(());
+            return self.ops.write_after(self.e, k, after, None, true);
         };
         let acc = k.ops[id]
             .results
@@ -395,14 +332,9 @@ impl Sm90a<'_, '_> {
                 .map(|(_, &r)| r)
                 .collect();
             self.e.vals.insert(acc, Val::Tile(regs));
-            self.ops.base.columns = Some(chunk);
-            for &op in &ops {
-                if i == 0 || !scalar_only(k, op) {
-                    self.e.write_op(op, &mut self.ops)?;
-                }
-            }
+            self.ops
+                .write_after(self.e, k, after, Some(chunk), i == 0)?;
         }
-        self.ops.base.columns = None;
         self.e.vals.insert(acc, Val::Tile(whole));
         Ok(())
     }

@@ -113,7 +113,7 @@ impl Sm90a<'_, '_> {
             carried,
             handoff: BTreeMap::new(),
         };
-        self.ops.body = Some(RingBody::new(k, s, false));
+        self.ops.mma = Some(RingBody::new(k, s, false));
         // A CTA that walks no tiles runs its start and exit ops around the one loop.
         if !s.persistent() {
             self.turn_ops(&consumer.program.start)?;
@@ -121,9 +121,7 @@ impl Sm90a<'_, '_> {
         for &o in &consumer.program.tile {
             self.rotated_op(&mut r, o)?;
         }
-        let (empty, skip) = (self.e.new_reg(Class::Pred), self.e.new_label());
-        self.e.ins(format!("setp.ge.s32 {empty}, {head_iv}, {hi}"));
-        self.e.ins(format!("@{empty} bra {skip}"));
+        let skip = self.e.branch_if("ge.s32", head_iv, hi);
         self.e
             .comment("rotated loop: prologue (block 0's head and code between)");
         self.rotated_section(&mut r, Section::Prologue)?;
@@ -158,7 +156,7 @@ impl Sm90a<'_, '_> {
                 .collect();
             self.turn_ops(&turns)?;
         }
-        self.ops.body = None;
+        self.ops.mma = None;
         self.unbind_stages();
         for (res, v) in op.results.iter().zip(r.carried) {
             self.e.vals.insert(*res, v);
@@ -307,13 +305,12 @@ impl Sm90a<'_, '_> {
             .ok_or_else(|| self.e.internal(op, "a rescale without its accumulator"))?;
         let acc = self.e.tile(acc_v, op)?;
         let factors = self.e.tile(factor, op)?;
-        let (all, one) = (self.e.new_reg(Class::Pred), self.e.new_reg(Class::Pred));
-        self.e
-            .ins(format!("setp.eq.f32 {all}, {}, 0f3F800000", factors[0]));
+        let all = self.e.setp("eq.f32", factors[0], "0f3F800000");
         for f in &factors[1..] {
             self.e
                 .ins(format!("setp.eq.and.f32 {all}, {f}, 0f3F800000, {all}"));
         }
+        let one = self.e.new_reg(Class::Pred);
         self.e
             .ins(format!("vote.sync.all.pred {one}, {all}, 0xffffffff"));
         let (skip, end) = (self.e.new_label(), self.e.new_label());
@@ -348,10 +345,7 @@ impl Sm90a<'_, '_> {
     /// the accumulator into the carried registers.
     fn hand_off(&mut self, r: &mut Rotation) -> Result<(), CodegenError> {
         for v in r.parts.handed.clone() {
-            let src = match self.e.val(v, self.v.for_op())? {
-                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.e.tile(v, self.v.for_op())?),
-                other => other,
-            };
+            let src = self.e.in_registers(v, self.v.for_op())?;
             let dst = match (r.handoff.get(&v), &src) {
                 (Some(d), _) => d.clone(),
                 (None, Val::Narrowed { src, .. }) => Val::Packed(

@@ -24,7 +24,7 @@ use kiln_ir::{Kernel, OpId};
 
 use crate::emit::{Emitter, Val};
 use crate::error::CodegenError;
-use crate::sched;
+use crate::sched::{self, RingMma};
 use crate::types::{Class, Reg, half_ty};
 
 /// The ring loop's body as its wgmmas read it: the loads whose stages they read, and whether
@@ -45,6 +45,20 @@ impl RingBody {
         RingBody {
             loads: s.loads.iter().map(|(_, l)| l.tma.clone()).collect(),
             inline_wait: unrotated && !overlaps(k, s.for_op),
+        }
+    }
+}
+
+impl RingMma for Option<RingBody> {
+    fn mma(
+        &mut self,
+        e: &mut Emitter<'_>,
+        warpgroup: Option<Reg>,
+        id: OpId,
+    ) -> Result<bool, CodegenError> {
+        match self {
+            Some(body) => write(e, body, warpgroup, id).map(|()| true),
+            None => Ok(false),
         }
     }
 }
@@ -207,7 +221,7 @@ fn ring_operand(
 /// accumulator-layout tile (RS, ptx-notes §4 "RS A-fragment"). Outside the GEMM mainloop
 /// ([`overlaps`]) the wgmmas are committed and waited for here, before any other
 /// instruction reads their registers.
-pub(super) fn write(
+fn write(
     e: &mut Emitter<'_>,
     ring: &RingBody,
     warpgroup: Option<Reg>,

@@ -27,8 +27,7 @@ impl Sm100a<'_, '_> {
         let iv = self.e.new_reg(Class::B32);
         self.e.mov(iv, lo);
         let counted = self.e.open_counted_loop(iv, hi, step);
-        let first = self.e.new_reg(Class::Pred);
-        self.e.ins(format!("setp.eq.s32 {first}, {iv}, {lo}"));
+        let first = self.e.setp("eq.s32", iv, lo);
         let (mut factor, mut o_at, mut regs) = (None, None, Vec::<Reg>::new());
         let (mut skip, mut copy_at) = (None, None);
         for &op in &role.program.iteration {
@@ -57,12 +56,8 @@ impl Sm100a<'_, '_> {
                         self.e
                             .internal(self.v.for_op(), "a rescale before its factors")
                     })?;
-                    let (unit, all, none) = (
-                        self.e.new_reg(Class::Pred),
-                        self.e.new_reg(Class::Pred),
-                        self.e.new_reg(Class::Pred),
-                    );
-                    self.e.ins(format!("setp.eq.f32 {unit}, {f}, 0f3F800000"));
+                    let unit = self.e.setp("eq.f32", f, "0f3F800000");
+                    let [all, none] = self.e.new_regs(Class::Pred);
                     self.e
                         .ins(format!("vote.sync.all.pred {all}, {unit}, 0xffffffff"));
                     self.e.ins(format!("or.pred {none}, {all}, {first}"));

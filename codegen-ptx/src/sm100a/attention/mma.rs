@@ -32,14 +32,8 @@ impl<'k> Sm100a<'_, 'k> {
         let (head, tail) = (self.part(MmaPart::Head)?, self.part(MmaPart::Tail)?);
         let (base, _) = self.lanes();
         let e = &mut *self.e;
-        let (other, join) = (e.new_reg(Class::Pred), e.new_label());
-        e.ins(format!(
-            "setp.ne.u32 {other}, {}, {}",
-            e.tid,
-            32 * mma.first_warp
-        ));
-        e.ins(format!("@{other} bra {join}"));
-        let [s_idesc, o_idesc, it] = [(); 3].map(|_| e.new_reg(Class::B32));
+        let join = e.branch_if("ne.u32", e.tid, 32 * mma.first_warp);
+        let [s_idesc, o_idesc, it] = e.new_regs(Class::B32);
         e.ins(format!("mov.u32 {s_idesc}, 0x{:08X}", head.idesc));
         e.ins(format!("mov.u32 {o_idesc}, 0x{:08X}", tail.idesc));
         e.ins(format!("mov.u32 {it}, 0"));
@@ -130,18 +124,7 @@ impl<'k> Sm100a<'_, 'k> {
                 let ka = sched::stage_address(e, c.stage, k.tma.stage_stride, k.tma.offset);
                 let d = e.new_reg(Class::B32);
                 e.ins(format!("add.u32 {d}, {}, {col}", r.base));
-                for (step, (&sq, &sk)) in qd.steps.iter().zip(&mma.b.steps).enumerate() {
-                    let (a, b) = (e.new_reg(Class::B32), e.new_reg(Class::B32));
-                    e.ins(format!("add.u32 {a}, {qa}, {sq}"));
-                    e.ins(format!("add.u32 {b}, {ka}, {sk}"));
-                    let da = sched::descriptor(e, a, qd.template);
-                    let db = sched::descriptor(e, b, mma.b.template);
-                    let enable = if step == 0 { "0" } else { "1" };
-                    e.ins(format!(
-                        "tcgen05.mma.cta_group::1.kind::f16 [{d}], {da}, {db}, {}, {enable}",
-                        r.s_idesc
-                    ));
-                }
+                self.mma_steps(d, [qa, ka], [qd, &mma.b], r.s_idesc, 0);
             }
             Op::Tcgen05Mma {
                 part: MmaPart::Tail,

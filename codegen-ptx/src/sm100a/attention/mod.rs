@@ -25,7 +25,7 @@ use kiln_ir::sched::{Op, Role, RoleKind};
 
 use super::Sm100a;
 use crate::error::CodegenError;
-use crate::sched::{Cursor, TileLoop, scalar_only};
+use crate::sched::{self, Cursor, TileLoop};
 use crate::types::{Class, Reg};
 
 /// A role's walk over the CTA's pairs of work tiles.
@@ -70,24 +70,13 @@ impl Sm100a<'_, '_> {
         e.ins(format!("shr.u32 {warp}, {}, 5", e.tid));
         let labels: Vec<String> = (0..3).map(|_| e.new_label()).collect();
         for (r, label) in [softmax[0], softmax[1], correction].iter().zip(&labels) {
-            let below = e.new_reg(Class::Pred);
-            e.ins(format!("setp.lt.u32 {below}, {warp}, {}", r.end_warp()));
+            let below = e.setp("lt.u32", warp, r.end_warp());
             e.ins(format!("@{below} bra {label}"));
         }
         e.comment("last warpgroup: the load warp, the mma warp, two idle warps");
-        if let Some(regs) = load.regs {
-            e.ins(format!("setmaxnreg.dec.sync.aligned.u32 {regs}"));
-        }
-        let (is_mma, idle) = (e.new_reg(Class::Pred), e.new_reg(Class::Pred));
-        let mma_label = e.new_label();
-        e.ins(format!("setp.eq.u32 {is_mma}, {warp}, {}", mma.first_warp));
-        e.ins(format!("@{is_mma} bra {mma_label}"));
-        e.ins(format!(
-            "setp.ne.u32 {idle}, {}, {}",
-            e.tid,
-            32 * load.first_warp
-        ));
-        e.ins(format!("@{idle} exit"));
+        sched::set_registers(e, load, "dec");
+        let mma_label = e.branch_if("eq.u32", warp, mma.first_warp);
+        sched::elect(e, load);
         e.comment("load warp: one thread issues the Q tiles' and every stage's TMA");
         self.load_warp(load)?;
         self.e.ins("exit");
@@ -101,19 +90,13 @@ impl Sm100a<'_, '_> {
             self.e.comment(&format!(
                 "softmax warpgroup {g}: Q tile {g}'s rows, one a thread"
             ));
-            if let Some(regs) = role.regs {
-                self.e
-                    .ins(format!("setmaxnreg.inc.sync.aligned.u32 {regs}"));
-            }
+            sched::set_registers(self.e, role, "inc");
             self.softmax(role, g as u32)?;
             self.e.ins("exit");
         }
         self.e.label(&labels[2]);
         self.e.comment("correction warpgroup: rescales O in TMEM");
-        if let Some(regs) = correction.regs {
-            self.e
-                .ins(format!("setmaxnreg.dec.sync.aligned.u32 {regs}"));
-        }
+        sched::set_registers(self.e, correction, "dec");
         self.correction(correction)
     }
 
@@ -136,8 +119,8 @@ impl Sm100a<'_, '_> {
 
     /// Closes the walk.
     fn close_pair(&mut self, pair: &Pair, c: &Cursor) {
-        self.v.close_tile_loop(self.e, &pair.walk, c);
-        self.ops.block = None;
+        self.v
+            .close_tile(self.e, &mut self.ops, Some(&pair.walk), c);
     }
 
     /// Points `block_id()` at tile `g` of the pair and writes the ops before the loop (only
@@ -146,12 +129,8 @@ impl Sm100a<'_, '_> {
         let x = self.e.new_reg(Class::B32);
         self.e.ins(format!("mad.lo.u32 {x}, {}, 2, {g}", pair.xp));
         self.ops.block = Some([x, pair.y, pair.z]);
-        for &op in &self.before {
-            if !scalars || scalar_only(self.v.k, op) {
-                self.e.write_op(op, &mut self.ops)?;
-            }
-        }
-        Ok(())
+        self.ops
+            .write_before(self.e, self.v.k, &self.before, scalars)
     }
 
     /// The pair's loop bounds, from the scalar ops before the loop: the earlier of the tiles'

@@ -143,25 +143,13 @@ impl Sm100a<'_, '_> {
         self.e.vals.insert(block.args[0], Val::Scalar(iv));
         let mut carried: Vec<(usize, Val)> = Vec::new();
         for (i, &init) in op.operands[3..].iter().enumerate() {
-            if i == carried_at {
-                continue;
+            if i != carried_at {
+                carried.push((i, self.e.carry(init, block.args[1 + i], id)?));
             }
-            let v = match self.e.val(init, id)? {
-                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.e.tile(init, id)?),
-                other => other,
-            };
-            let fresh = self.e.fresh_like(&v, id)?;
-            self.e.assign(&fresh, &v, id)?;
-            self.e.vals.insert(block.args[1 + i], fresh.clone());
-            carried.push((i, fresh));
         }
         let counted = self.e.open_counted_loop(iv, hi, step);
-        let (outside, noop, join) = (
-            self.e.new_reg(Class::Pred),
-            self.e.new_label(),
-            self.e.new_label(),
-        );
-        self.e.ins(format!("setp.ge.s32 {outside}, {iv}, {own_hi}"));
+        let outside = self.e.setp("ge.s32", iv, own_hi);
+        let (noop, join) = (self.e.new_label(), self.e.new_label());
         self.e.ins(format!(
             "setp.lt.or.s32 {outside}, {iv}, {own_lo}, {outside}"
         ));
@@ -276,8 +264,7 @@ impl Sm100a<'_, '_> {
         let o_col = self.column("O", g)?;
         let o_at = self.e.new_reg(Class::B32);
         self.e.ins(format!("add.u32 {o_at}, {lanes}, {o_col}"));
-        let (none, skip) = (self.e.new_reg(Class::Pred), self.e.new_label());
-        self.e.ins(format!("setp.ge.s32 {none}, {lo}, {hi}"));
+        let (none, skip) = (self.e.setp("ge.s32", lo, hi), self.e.new_label());
         let init = self.e.tile(op.operands[3 + o.carried], id)?;
         let out: Vec<Reg> = init.iter().map(|_| self.e.new_reg(Class::F32)).collect();
         for (o, i) in out.iter().zip(&init) {
@@ -358,14 +345,10 @@ impl Sm100a<'_, '_> {
             .iter()
             .zip(&old)
             .map(|(n, o)| {
-                let (growth, near, r) = (
-                    self.e.new_reg(Class::F32),
-                    self.e.new_reg(Class::Pred),
-                    self.e.new_reg(Class::F32),
-                );
+                let growth = self.e.new_reg(Class::F32);
                 self.e.ins(format!("sub.f32 {growth}, {n}, {o}"));
-                self.e
-                    .ins(format!("setp.le.f32 {near}, {growth}, {threshold}"));
+                let near = self.e.setp("le.f32", growth, &threshold);
+                let r = self.e.new_reg(Class::F32);
                 self.e.ins(format!("selp.f32 {r}, {o}, {n}, {near}"));
                 r
             })
@@ -392,9 +375,8 @@ impl Sm100a<'_, '_> {
                 continue;
             }
             // 2^x = 2^j 2^f, j = floor(x), f in [0, 1): the cubic for 2^f, j into the exponent.
-            let [xc, j, f, q] = [(); 4].map(|_| self.e.new_reg(Class::F32));
-            let [ji, qi] = [(); 2].map(|_| self.e.new_reg(Class::B32));
-            let tiny = self.e.new_reg(Class::Pred);
+            let [xc, j, f, q] = self.e.new_regs(Class::F32);
+            let [ji, qi] = self.e.new_regs(Class::B32);
             self.e.ins(format!("min.f32 {xc}, {e}, 0f42FE0000"));
             self.e.ins(format!("cvt.rmi.f32.f32 {j}, {xc}"));
             self.e.ins(format!("sub.f32 {f}, {xc}, {j}"));
@@ -406,7 +388,7 @@ impl Sm100a<'_, '_> {
             self.e.ins(format!("mov.b32 {qi}, {q}"));
             self.e.ins(format!("add.s32 {ji}, {ji}, {qi}"));
             self.e.ins(format!("mov.b32 {d}, {ji}"));
-            self.e.ins(format!("setp.lt.f32 {tiny}, {e}, {min}"));
+            let tiny = self.e.setp("lt.f32", e, &min);
             self.e.ins(format!("selp.f32 {d}, 0f00000000, {d}, {tiny}"));
             out.push(d);
         }
