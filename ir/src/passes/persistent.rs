@@ -7,7 +7,7 @@
 //! Per tile the producer recomputes the scalars it needs from the ops before the loop, so
 //! those may not write memory. The ring's stages and phases continue across tiles; once loads
 //! get the `once_free` barrier, which the consumers arrive on when no wgmma reads them any
-//! more and the producer waits on before reloading (see `kiln_ir::ring`).
+//! more and the producer waits on before reloading (see [`crate::sched::tma::Load::free`]).
 //!
 //! A kernel that asks for clusters of 2 ([`crate::dsl::cluster`]) gets them here when its
 //! ring has the structure [`crate::sched::cluster`] needs, decided from the loads alone: a
