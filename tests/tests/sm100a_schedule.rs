@@ -8,7 +8,7 @@
 mod ptx_examples;
 
 use kiln_ir::passes::PASSES;
-use kiln_ir::passes::protocol_check::{self, ProtocolError, TmemError};
+use kiln_ir::passes::protocol_check::{self, ProtocolError, TmemError, TmemRule};
 use kiln_ir::sched::tma::Operand;
 use kiln_ir::sched::tmem::{TmemMma, TmemTile};
 use kiln_ir::sched::{BarrierId, MmaPart, Op, Program, Region, RoleKind, Sched};
@@ -254,7 +254,7 @@ fn broken_schedules_are_rejected() {
                 assert!(matches!(free, Op::TmemDealloc { .. }));
                 epilogue(s).push(free);
             },
-            |e| matches!(tmem(e), Some(TmemError::NotOwner { role, .. }) if role == "epilogue"),
+            |e| matches!(tmem(e), Some(TmemError::Rule { role, rule: TmemRule::NotOwner, .. }) if role == "epilogue"),
         ),
         // A tile's mmas would overwrite the accumulator the epilogue still copies.
         (
@@ -324,7 +324,15 @@ fn broken_schedules_are_rejected() {
                 };
                 without(epilogue(s), wait);
             },
-            |e| matches!(tmem(e), Some(TmemError::LoadBeforeCommit { .. })),
+            |e| {
+                matches!(
+                    tmem(e),
+                    Some(TmemError::Rule {
+                        rule: TmemRule::LoadBeforeCommit,
+                        ..
+                    })
+                )
+            },
         ),
         (
             "tcgen05.wait::ld missing",
@@ -333,7 +341,15 @@ fn broken_schedules_are_rejected() {
                 without(epilogue(s), Op::TmemWaitLoad);
                 epilogue(s).push(Op::TmemWaitLoad);
             },
-            |e| matches!(tmem(e), Some(TmemError::NotWaited { copy: "ld", .. })),
+            |e| {
+                matches!(
+                    tmem(e),
+                    Some(TmemError::Rule {
+                        rule: TmemRule::NotWaited("ld"),
+                        ..
+                    })
+                )
+            },
         ),
         (
             "arrive on acc_empty exactly once",

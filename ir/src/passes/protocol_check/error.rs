@@ -403,64 +403,21 @@ pub enum TmemError {
     /// The MMA warp's lifecycle is out of order or incomplete.
     #[error("the TMEM-owning MMA warp must {0}")]
     Owner(String),
-    /// Another role allocates, frees or gives up the permit.
-    #[error("`{op}` in the {role} program: TMEM is allocated and freed by the MMA warp alone")]
-    NotOwner {
+    /// An op of a role breaks one of the rules of [`TmemRule`].
+    #[error("{}", rule.message(role, op))]
+    Rule {
         /// The role.
         role: String,
-        /// The op.
+        /// The op, or `the code after the loop`.
         op: String,
+        /// The rule it breaks.
+        rule: TmemRule,
     },
     /// A ring stage released by something other than a `tcgen05.commit`.
     #[error(
         "the MMA thread releases a stage with `{0}`; only tcgen05.commit arrives after the tcgen05.mma reading it completes"
     )]
     PlainRelease(String),
-    /// A role signals with the wrong kind of arrival.
-    #[error(
-        "`{op}` in the {role} program: the MMA thread signals only with tcgen05.commit (which waits for its mmas), the other roles only with plain arrivals"
-    )]
-    PlainSignal {
-        /// The role.
-        role: String,
-        /// The op.
-        op: String,
-    },
-    /// TMEM is read before its producer's commit is waited for and fenced.
-    #[error(
-        "the {role} runs `{op}` before waiting on the accumulator's barrier and fencing after it"
-    )]
-    LoadBeforeCommit {
-        /// The role.
-        role: String,
-        /// The op.
-        op: String,
-    },
-    /// Registers of a `tcgen05.ld` used, or TMEM handed on, before `tcgen05.wait::ld`; TMEM
-    /// handed on before a `tcgen05.st` completed (`tcgen05.wait::st`).
-    #[error(
-        "the {role} program runs `{op}` while a tcgen05.{copy} may still be in flight (tcgen05.wait::{copy} missing)"
-    )]
-    NotWaited {
-        /// The role.
-        role: String,
-        /// The op.
-        op: String,
-        /// The copy in flight: `ld` or `st`.
-        copy: &'static str,
-    },
-    /// A tcgen05 op not fenced against the barrier before or after it.
-    #[error(
-        "the {role} program runs `{op}` without the tcgen05.fence::{fence}_thread_sync it needs"
-    )]
-    Unfenced {
-        /// The role.
-        role: String,
-        /// The op.
-        op: String,
-        /// `after` or `before`.
-        fence: &'static str,
-    },
     /// The epilogue does not hand TMEM back exactly once, after its copies.
     #[error("each epilogue warp must arrive on acc_empty exactly once, after tcgen05.wait::ld")]
     NoHandBack,
@@ -555,6 +512,45 @@ pub enum TmemError {
         "{0} epilogue warps: every warpgroup of 4 reads all 128 TMEM lanes of its column block"
     )]
     Lanes(u32),
+}
+
+/// A tensor-memory rule one op of a role breaks ([`TmemError::Rule`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TmemRule {
+    /// Another role allocates, frees or gives up the permit.
+    NotOwner,
+    /// A role signals with the wrong kind of arrival.
+    PlainSignal,
+    /// TMEM is read before its producer's commit is waited for and fenced.
+    LoadBeforeCommit,
+    /// Registers of a `tcgen05.ld` used, or TMEM handed on, before `tcgen05.wait::ld`; TMEM
+    /// handed on before a `tcgen05.st` completed (`tcgen05.wait::st`). The copy in flight:
+    /// `ld` or `st`.
+    NotWaited(&'static str),
+    /// A tcgen05 op not fenced against the barrier before or after it: `before` or `after`.
+    Unfenced(&'static str),
+}
+
+impl TmemRule {
+    fn message(self, role: &str, op: &str) -> String {
+        match self {
+            TmemRule::NotOwner => format!(
+                "`{op}` in the {role} program: TMEM is allocated and freed by the MMA warp alone"
+            ),
+            TmemRule::PlainSignal => format!(
+                "`{op}` in the {role} program: the MMA thread signals only with tcgen05.commit (which waits for its mmas), the other roles only with plain arrivals"
+            ),
+            TmemRule::LoadBeforeCommit => format!(
+                "the {role} runs `{op}` before waiting on the accumulator's barrier and fencing after it"
+            ),
+            TmemRule::NotWaited(copy) => format!(
+                "the {role} program runs `{op}` while a tcgen05.{copy} may still be in flight (tcgen05.wait::{copy} missing)"
+            ),
+            TmemRule::Unfenced(fence) => format!(
+                "the {role} program runs `{op}` without the tcgen05.fence::{fence}_thread_sync it needs"
+            ),
+        }
+    }
 }
 
 /// The rules of a TMA store's rounds.

@@ -51,7 +51,7 @@ mod store;
 mod tests;
 mod tmem;
 
-pub use error::{ClusterError, OnceError, ProtocolError, Race, StoreError, TmemError};
+pub use error::{ClusterError, OnceError, ProtocolError, Race, StoreError, TmemError, TmemRule};
 
 use crate::diag::Diagnostic;
 use crate::kernel::Kernel;

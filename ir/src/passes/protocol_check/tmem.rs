@@ -2,7 +2,7 @@
 //! owner's lifecycle, how each role's tcgen05 ops are waited for and fenced, the epilogue's
 //! copies of the accumulator, and the 2-SM pair's.
 
-use super::{ProtocolError, TmemError};
+use super::{ProtocolError, TmemError, TmemRule};
 use crate::sched::tmem::TMEM_COLUMNS;
 use crate::sched::{BarrierId, MmaPart, Op, Phase, Region, Role, RoleKind, Sched};
 
@@ -53,6 +53,15 @@ fn tcgen05(op: Op) -> bool {
         Op::Tcgen05Mma { .. } | Op::TmemLoad { .. } | Op::TmemStore { .. } | Op::TmemDealloc { .. }
     )
 }
+
+/// The error for `op` of role `r` breaking `rule`.
+fn broken(r: &Role, op: String, rule: TmemRule) -> ProtocolError {
+    let role = r.kind.to_string();
+    TmemError::Rule { role, op, rule }.into()
+}
+
+/// What a check of a section names when the section ends with a copy in flight.
+const AFTER_LOOP: &str = "the code after the loop";
 
 /// The MMA roles: the leader's (or the one) and, in the 2-SM form, the peer's.
 fn mma_roles(s: &Sched) -> impl Iterator<Item = &Role> {
@@ -121,11 +130,7 @@ fn check_owner(s: &Sched, columns: u32) -> Result<(), ProtocolError> {
             p.ops().find(|op| owning(op) || freeing(op))
         };
         if let Some(op) = found {
-            return Err(TmemError::NotOwner {
-                role: r.kind.to_string(),
-                op: s.name(op),
-            }
-            .into());
+            return Err(broken(r, s.name(op), TmemRule::NotOwner));
         }
     }
     let leader = s.cluster.as_ref().and_then(|c| c.pair.map(|p| p.leader));
@@ -212,37 +217,26 @@ fn check_owner(s: &Sched, columns: u32) -> Result<(), ProtocolError> {
 /// after `fence::after_thread_sync`, an arrival handing TMEM on after a tcgen05 op after
 /// `fence::before_thread_sync`.
 fn check_section(s: &Sched, r: &Role, ops: &[Op]) -> Result<(), ProtocolError> {
-    let role = r.kind.to_string();
     let mma = r.kind == RoleKind::Mma;
-    let named = |op: Op| (role.clone(), s.name(op));
-    let not_waited = |op, copy| {
-        let role = role.clone();
-        ProtocolError::from(TmemError::NotWaited { role, op, copy })
-    };
+    let fail = |op: Op, rule| Err(broken(r, s.name(op), rule));
     let (mut ld, mut st) = (false, false);
     let (mut after_wait, mut touched) = (false, false);
     for &op in ops {
         match op {
-            Op::Tcgen05Commit { .. } if !mma => {
-                let (role, op) = named(op);
-                return Err(TmemError::PlainSignal { role, op }.into());
-            }
-            Op::Arrive { .. } if mma => {
-                let (role, op) = named(op);
-                return Err(TmemError::PlainSignal { role, op }.into());
-            }
+            Op::Tcgen05Commit { .. } if !mma => return fail(op, TmemRule::PlainSignal),
+            Op::Arrive { .. } if mma => return fail(op, TmemRule::PlainSignal),
             _ => {}
         }
         match op {
             Op::TmemWaitLoad => ld = false,
             Op::TmemLoad { .. } => {}
-            _ if ld => return Err(not_waited(s.name(op), "ld")),
+            _ if ld => return fail(op, TmemRule::NotWaited("ld")),
             _ => {}
         }
         match op {
             Op::TmemWaitStore => st = false,
             Op::Tcgen05FenceBefore | Op::Arrive { .. } | Op::RescaleEnd if st => {
-                return Err(not_waited(s.name(op), "st"));
+                return fail(op, TmemRule::NotWaited("st"));
             }
             Op::TmemStore { .. } => st = true,
             _ => {}
@@ -257,23 +251,9 @@ fn check_section(s: &Sched, r: &Role, ops: &[Op]) -> Result<(), ProtocolError> {
             Op::Wait { bar, .. } if hands(bar) => after_wait = true,
             Op::Tcgen05FenceAfter => after_wait = false,
             Op::Tcgen05FenceBefore => touched = false,
-            _ if tcgen05(op) && after_wait => {
-                let (role, op) = named(op);
-                return Err(TmemError::Unfenced {
-                    role,
-                    op,
-                    fence: "after",
-                }
-                .into());
-            }
+            _ if tcgen05(op) && after_wait => return fail(op, TmemRule::Unfenced("after")),
             Op::Arrive { bar, .. } if touched && hands(bar) => {
-                let (role, op) = named(op);
-                return Err(TmemError::Unfenced {
-                    role,
-                    op,
-                    fence: "before",
-                }
-                .into());
+                return fail(op, TmemRule::Unfenced("before"));
             }
             _ => {}
         }
@@ -281,10 +261,9 @@ fn check_section(s: &Sched, r: &Role, ops: &[Op]) -> Result<(), ProtocolError> {
             touched = true;
         }
     }
-    let end = || "the code after the loop".to_string();
     match (ld, st) {
-        (true, _) => Err(not_waited(end(), "ld")),
-        (false, true) => Err(not_waited(end(), "st")),
+        (true, _) => Err(broken(r, AFTER_LOOP.into(), TmemRule::NotWaited("ld"))),
+        (false, true) => Err(broken(r, AFTER_LOOP.into(), TmemRule::NotWaited("st"))),
         (false, false) => Ok(()),
     }
 }
@@ -299,7 +278,7 @@ fn check_epilogue(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
     let Some(acc) = t.tiles.first() else {
         return Ok(());
     };
-    let role = r.kind.to_string();
+    let fail = |op: Op, rule| Err(broken(r, s.name(op), rule));
     let ops = &r.program.end;
     let (mut waited, mut fenced) = (false, false);
     let (mut pending, mut before_sync, mut handed_back) = (false, false, false);
@@ -309,11 +288,7 @@ fn check_epilogue(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
     for &op in ops {
         match op {
             Op::TmemAlloc { .. } | Op::TmemDealloc { .. } | Op::TmemRelinquish => {
-                return Err(TmemError::NotOwner {
-                    role,
-                    op: s.name(op),
-                }
-                .into());
+                return fail(op, TmemRule::NotOwner);
             }
             Op::Wait { bar, start: 0, .. }
                 if s.mbarrier(bar).is_some_and(|m| m.phase == Phase::Tile) =>
@@ -325,11 +300,7 @@ fn check_epilogue(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
                 column, columns, ..
             } => {
                 if !(waited && fenced) {
-                    return Err(TmemError::LoadBeforeCommit {
-                        role,
-                        op: s.name(op),
-                    }
-                    .into());
+                    return fail(op, TmemRule::LoadBeforeCommit);
                 }
                 if handed_back {
                     return Err(TmemError::LoadAfterHandBack(s.name(op)).into());
@@ -341,21 +312,9 @@ fn check_epilogue(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
             Op::TmemWaitLoad => pending = false,
             Op::Tcgen05FenceBefore => before_sync = true,
             Op::Run(Region::Epilogue(_)) | Op::Arrive { .. } if pending => {
-                return Err(TmemError::NotWaited {
-                    role,
-                    op: s.name(op),
-                    copy: "ld",
-                }
-                .into());
+                return fail(op, TmemRule::NotWaited("ld"));
             }
-            Op::Arrive { .. } if !before_sync => {
-                return Err(TmemError::Unfenced {
-                    role,
-                    op: s.name(op),
-                    fence: "before",
-                }
-                .into());
-            }
+            Op::Arrive { .. } if !before_sync => return fail(op, TmemRule::Unfenced("before")),
             Op::Arrive { .. } => {
                 handed_back = true;
                 hand_backs += 1;
@@ -371,12 +330,7 @@ fn check_epilogue(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
         }
     }
     if pending {
-        return Err(TmemError::NotWaited {
-            role,
-            op: "the code after the loop".into(),
-            copy: "ld",
-        }
-        .into());
+        return Err(broken(r, AFTER_LOOP.into(), TmemRule::NotWaited("ld")));
     }
     if hand_backs != 1 {
         return Err(TmemError::NoHandBack.into());
