@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::ProtocolError;
 use super::error::{ClusterError, Race};
 use super::rules::reads;
-use crate::sched::expand::{Section, Step, expand};
+use crate::sched::expand::{At, Section, Step, expand};
 use crate::sched::tmem::TmemTileId;
 use crate::sched::{
     BarrierId, BarrierKind, Index, LoadId, MmaPart, Op, Phase, Region, Role, Sched, Scope,
@@ -151,6 +151,12 @@ pub(crate) struct Actor {
 }
 
 impl Actor {
+    /// Closes the mmas issued since the last commit into a group.
+    fn commit(&mut self) {
+        let g = std::mem::take(&mut self.uncommitted);
+        self.groups.push(g);
+    }
+
     fn in_flight(&self, f: impl Fn(&Read) -> bool) -> bool {
         self.uncommitted.iter().any(&f) || self.groups[self.done..].iter().flatten().any(&f)
     }
@@ -366,11 +372,20 @@ impl<'s> Machine<'s> {
         Ok(())
     }
 
-    /// The stage and phase index of `bar` for iteration `i` of work tile `tile`.
-    fn slot(&self, bar: BarrierId, i: u32, tile: u32) -> (u32, u32) {
+    /// The iteration an op on `bar` at `at` serves, `lag` behind the loop's (the work tile,
+    /// for a per-tile barrier).
+    fn index(&self, bar: BarrierId, at: At, lag: u32) -> u32 {
+        match self.s.mbarrier(bar).map(|m| m.phase) {
+            Some(Phase::Tile) => at.tile,
+            _ => at.i.saturating_sub(lag),
+        }
+    }
+
+    /// The stage and phase index of `bar` for iteration (or tile) `x`.
+    fn slot(&self, bar: BarrierId, x: u32) -> (u32, u32) {
         match self.s.mbarrier(bar) {
-            Some(m) if m.phase == Phase::Iteration => (i % m.stages.max(1), i / m.stages.max(1)),
-            _ => (0, tile),
+            Some(m) if m.phase == Phase::Iteration => (x % m.stages.max(1), x / m.stages.max(1)),
+            _ => (0, x),
         }
     }
 
@@ -395,7 +410,8 @@ impl<'s> Machine<'s> {
         }
     }
 
-    /// `n` arrivals (and `tx` announced bytes) of actor `a` on CTA `cta`'s `bar[stage]`.
+    /// `n` arrivals of actor `a` on CTA `cta`'s `bar[stage]`, with `tx` transaction bytes:
+    /// announced (`expect_tx`) when positive, delivered by its TMA when negative.
     fn arrive(
         &mut self,
         a: usize,
@@ -403,36 +419,25 @@ impl<'s> Machine<'s> {
         bar: BarrierId,
         stage: u32,
         n: u32,
-        tx: u32,
+        tx: i64,
     ) -> Result<(), ProtocolError> {
         let clock = self.actors[a].clock.clone();
         let from = self.actors[a].cta;
-        let name = self.s.barriers[bar].to_string();
+        let s = self.s;
         let b = self.bar(cta, bar, stage);
         b.pending -= i64::from(n);
-        b.tx += i64::from(tx);
+        b.tx += tx;
         b.from |= 1 << from;
         join(&mut b.clock, &clock);
         if b.pending < 0 {
             return Err(ProtocolError::TooManyArrivals {
-                bar: name,
+                bar: s.barriers[bar].to_string(),
                 stage,
                 count: b.count,
             });
         }
         b.settle();
         Ok(())
-    }
-
-    /// `bytes` delivered by actor `a`'s TMA on CTA `cta`'s `bar[stage]`.
-    fn deliver(&mut self, a: usize, cta: u32, bar: BarrierId, stage: u32, bytes: u32) {
-        let clock = self.actors[a].clock.clone();
-        let from = self.actors[a].cta;
-        let b = self.bar(cta, bar, stage);
-        b.tx -= i64::from(bytes);
-        b.from |= 1 << from;
-        join(&mut b.clock, &clock);
-        b.settle();
     }
 
     /// Arrivals one op of actor `a` makes.
@@ -553,7 +558,8 @@ impl<'s> Machine<'s> {
         let role = self.actor_name(a);
         match step.op {
             Op::Wait { bar, start, lag } => {
-                let (stage, index) = self.slot(bar, at.i.saturating_sub(lag), at.tile);
+                let x = self.index(bar, at, lag);
+                let (stage, index) = self.slot(bar, x);
                 let needed = (index + 1).saturating_sub(start);
                 let b = self.bar(cta, bar, stage);
                 let completed = b.completed();
@@ -579,10 +585,6 @@ impl<'s> Machine<'s> {
                 if completed < needed {
                     return Ok(false);
                 }
-                let x = match s.mbarrier(bar).map(|m| m.phase) {
-                    Some(Phase::Iteration) => at.i.saturating_sub(lag),
-                    _ => at.tile,
-                };
                 let act = &mut self.actors[a];
                 join(&mut act.clock, &clock);
                 act.landed.insert((bar, x));
@@ -595,13 +597,13 @@ impl<'s> Machine<'s> {
                     // The 2-SM pair's leader announces every CTA's bytes on its own barrier.
                     return Ok(true);
                 }
-                let (stage, _) = self.slot(bar, at.i, at.tile);
-                self.arrive(a, cta, bar, stage, 1, bytes)?;
+                let (stage, _) = self.slot(bar, self.index(bar, at, 0));
+                self.arrive(a, cta, bar, stage, 1, i64::from(bytes))?;
                 Ok(true)
             }
             Op::Arrive { bar, lag } => {
                 let per_tile = s.mbarrier(bar).is_some_and(|m| m.phase == Phase::Tile);
-                let x = if per_tile { at.tile } else { at.i - lag };
+                let x = self.index(bar, at, lag);
                 if self.reads_freed_on(a, bar, x, per_tile) {
                     return Err(if per_tile {
                         ProtocolError::OnceReleasedEarly { tile: at.tile }
@@ -614,7 +616,7 @@ impl<'s> Machine<'s> {
                     });
                 }
                 self.released.entry((cta, bar, x)).or_default().insert(a);
-                let (stage, _) = self.slot(bar, x, at.tile);
+                let (stage, _) = self.slot(bar, x);
                 let home = self.home(bar, cta);
                 self.reaches(cta, home, step.op)?;
                 let n = self.arrivals(a);
@@ -630,7 +632,7 @@ impl<'s> Machine<'s> {
                         bar: s.barriers[bar].to_string(),
                     });
                 }
-                let (stage, _) = self.slot(bar, x, at.tile);
+                let (stage, _) = self.slot(bar, x);
                 let n = self.arrivals(a);
                 for to in (0..self.ctas).filter(|&to| to != cta) {
                     self.reaches(cta, to, step.op)?;
@@ -641,9 +643,7 @@ impl<'s> Machine<'s> {
             Op::Tma { load } => self.tma(a, load, step),
             Op::Wgmma(_) | Op::Tcgen05Mma { .. } => self.mma(a, step),
             Op::WgmmaCommit => {
-                let act = &mut self.actors[a];
-                let g = std::mem::take(&mut act.uncommitted);
-                act.groups.push(g);
+                self.actors[a].commit();
                 Ok(true)
             }
             Op::WgmmaWait(n) => {
@@ -684,12 +684,10 @@ impl<'s> Machine<'s> {
                 // The arrival comes once every mma the thread issued so far has completed:
                 // the machine completes them here, then arrives.
                 let act = &mut self.actors[a];
-                let g = std::mem::take(&mut act.uncommitted);
-                act.groups.push(g);
+                act.commit();
                 act.done = act.groups.len();
-                let per_tile = s.mbarrier(bar).is_some_and(|m| m.phase == Phase::Tile);
-                let x = if per_tile { at.tile } else { at.i - lag };
-                let (stage, _) = self.slot(bar, x, at.tile);
+                let x = self.index(bar, at, lag);
+                let (stage, _) = self.slot(bar, x);
                 let targets: Vec<u32> = match s.cluster.as_ref().and_then(|c| c.pair) {
                     Some(p) => (0..self.ctas)
                         .filter(|to| p.commit_mask & (1 << to) != 0)
@@ -775,7 +773,8 @@ impl<'s> Machine<'s> {
         let at = step.at;
         let cta = self.actors[a].cta;
         let l = &s.loads[load];
-        let bytes = l.tma.tile_bytes();
+        // Announced bytes count positive on a barrier, delivered ones negative.
+        let bytes = -i64::from(l.tma.tile_bytes());
         if s.once(load) {
             let tile = at.tile;
             if let Some(free) = l.free
@@ -787,7 +786,7 @@ impl<'s> Machine<'s> {
             for b in 0..l.tma.boxes.len() {
                 self.access(a, cta, Area::Buffer(load, 0, b), true, step.op)?;
             }
-            self.deliver(a, cta, l.barrier, 0, bytes);
+            self.arrive(a, cta, l.barrier, 0, 0, bytes)?;
             return Ok(true);
         }
         let stages = s.stages;
@@ -796,27 +795,26 @@ impl<'s> Machine<'s> {
         let shared = cluster.is_some_and(|c| c.shared == load.index());
         if let Some(p) = cluster.and_then(|c| c.pair) {
             // Its own half lands in its own stage, released by the leader's commit there.
-            let reading = |act: &Actor| act.in_flight(|r| i >= stages && r.i == i - stages);
-            let released = l.free.is_none_or(|free| {
-                i < stages
-                    || self
-                        .released
-                        .get(&(cta, free, i - stages))
-                        .is_some_and(|set| !set.is_empty())
-            });
-            if i >= stages && (!released || self.actors.iter().any(reading)) {
-                return Err(ClusterError::Refill {
-                    cta,
-                    iteration: i,
-                    previous: i - stages,
+            if let Some(previous) = i.checked_sub(stages) {
+                let released = |free| self.released.get(&(cta, free, previous));
+                let reading = |act: &Actor| act.in_flight(|r| r.i == previous);
+                if l.free
+                    .is_some_and(|free| released(free).is_none_or(BTreeSet::is_empty))
+                    || self.actors.iter().any(reading)
+                {
+                    return Err(ClusterError::Refill {
+                        cta,
+                        iteration: i,
+                        previous,
+                    }
+                    .into());
                 }
-                .into());
             }
             self.reaches(cta, p.leader, step.op)?;
             for b in 0..l.tma.boxes.len() {
                 self.access(a, cta, Area::Buffer(load, stage, b), true, step.op)?;
             }
-            self.deliver(a, p.leader, l.barrier, stage, bytes);
+            self.arrive(a, p.leader, l.barrier, stage, 0, bytes)?;
             return Ok(true);
         }
         // Per CTA the load lands in, the boxes that land there.
@@ -838,11 +836,6 @@ impl<'s> Machine<'s> {
             _ => vec![(cta, all)],
         };
         for (to, boxes) in landings {
-            let bytes = if shared && cluster.is_some() {
-                boxes.len() as u32 * l.tma.box_bytes()
-            } else {
-                bytes
-            };
             self.reaches(cta, to, step.op)?;
             if let Some(free) = l.free
                 && i >= stages
@@ -873,7 +866,8 @@ impl<'s> Machine<'s> {
             for &b in &boxes {
                 self.access(a, to, Area::Buffer(load, stage, b), true, step.op)?;
             }
-            self.deliver(a, to, l.barrier, stage, bytes);
+            let bytes = boxes.len() as u32 * l.tma.box_bytes();
+            self.arrive(a, to, l.barrier, stage, 0, -i64::from(bytes))?;
         }
         Ok(true)
     }
