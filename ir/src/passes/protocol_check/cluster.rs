@@ -5,7 +5,7 @@
 //! shared load's free barrier. The dynamic ones (a multicast refilling a peer's stage its
 //! readers have not released, a remote op reaching an exited CTA) are the machine's.
 
-use super::rules::{readers, wgmma_role};
+use super::rules::{in_order, readers, wgmma_role};
 use super::{ClusterError, ProtocolError};
 use crate::sched::{LoadId, Op, Phase, Sched};
 
@@ -22,14 +22,11 @@ pub(super) fn check(s: &Sched) -> Result<(), ProtocolError> {
             None => Ok(()),
         };
     };
-    let pos = |op: Op| s.setup.iter().position(|&x| x == op);
-    match (
-        pos(Op::InitBarriers),
-        pos(Op::FenceBarrierInit),
-        pos(Op::ClusterSync),
+    if !in_order(
+        &s.setup,
+        &[Op::InitBarriers, Op::FenceBarrierInit, Op::ClusterSync],
     ) {
-        (Some(a), Some(b), Some(c)) if a < b && b < c => {}
-        _ => return Err(ClusterError::Init(format!("[{}]", s.names(&s.setup))).into()),
+        return Err(ClusterError::Init(format!("[{}]", s.names(&s.setup))).into());
     }
     let once = s.loads.iter().any(|(h, _)| s.once(h));
     let data: std::collections::BTreeSet<_> = s.ring_loads().map(|(_, l)| l.barrier).collect();

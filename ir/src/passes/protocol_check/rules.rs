@@ -26,16 +26,23 @@ pub(super) fn check(s: &Sched) -> Result<(), ProtocolError> {
 }
 
 /// Set-up is `mbarrier.init`, then `fence.mbarrier_init`, then the set-up barrier.
-pub(super) fn check_init(s: &Sched) -> Result<(), ProtocolError> {
-    let pos = |op: Op| s.setup.iter().position(|&x| x == op);
-    match (
-        pos(Op::InitBarriers),
-        pos(Op::FenceBarrierInit),
-        pos(Op::CtaSync),
+fn check_init(s: &Sched) -> Result<(), ProtocolError> {
+    if in_order(
+        &s.setup,
+        &[Op::InitBarriers, Op::FenceBarrierInit, Op::CtaSync],
     ) {
-        (Some(a), Some(b), Some(c)) if a < b && b < c => Ok(()),
-        _ => Err(ProtocolError::Init(format!("[{}]", s.names(&s.setup)))),
+        return Ok(());
     }
+    Err(ProtocolError::Init(format!("[{}]", s.names(&s.setup))))
+}
+
+/// Whether every op of `seq` occurs in `ops`, the first of each after the previous one's.
+pub(super) fn in_order(ops: &[Op], seq: &[Op]) -> bool {
+    let at: Option<Vec<usize>> = seq
+        .iter()
+        .map(|op| ops.iter().position(|x| x == op))
+        .collect();
+    at.is_some_and(|at| at.is_sorted_by(|a, b| a < b))
 }
 
 /// The role issuing the loads.

@@ -2,6 +2,7 @@
 //! owner's lifecycle, how each role's tcgen05 ops are waited for and fenced, the epilogue's
 //! copies of the accumulator, and the 2-SM pair's.
 
+use super::rules::in_order;
 use super::{ProtocolError, TmemError, TmemRule};
 use crate::sched::tmem::TMEM_COLUMNS;
 use crate::sched::{BarrierId, MmaPart, Op, Phase, Region, Role, RoleKind, Sched};
@@ -95,18 +96,14 @@ fn check_release_by_commit(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
 /// and fences before its mmas overwrite it, and commits the accumulator once after them.
 fn check_owner(s: &Sched, columns: u32) -> Result<(), ProtocolError> {
     let err = |m: &str| Err(TmemError::Owner(m.to_string()).into());
-    let at = |op: Op| s.setup.iter().position(|&x| x == op);
-    let barrier = at(Op::CtaSync).or(at(Op::ClusterSync));
-    let published = match (
-        at(Op::TmemAlloc { columns }),
-        at(Op::TmemRelinquish),
-        at(Op::Tcgen05FenceBefore),
-        barrier,
-        at(Op::Tcgen05FenceAfter),
-    ) {
-        (Some(a), Some(r), Some(fb), Some(b), Some(fa)) => a < r && r < b && fb < b && b < fa,
-        _ => false,
-    };
+    let barrier = [Op::CtaSync, Op::ClusterSync]
+        .into_iter()
+        .find(|op| s.setup.contains(op));
+    let published = barrier.is_some_and(|b| {
+        let (alloc, fence_after) = (Op::TmemAlloc { columns }, Op::Tcgen05FenceAfter);
+        in_order(&s.setup, &[alloc, Op::TmemRelinquish, b, fence_after])
+            && in_order(&s.setup, &[Op::Tcgen05FenceBefore, b])
+    });
     let allocs = s
         .setup
         .iter()
@@ -461,12 +458,7 @@ fn check_pair(s: &Sched, columns: u32) -> Result<(), ProtocolError> {
                 .into());
             }
         }
-        let at = |op: Op| exit.iter().position(|&x| x == op);
-        let synced = matches!(
-            (at(Op::ClusterSync), at(Op::TmemDealloc { columns })),
-            (Some(sync), Some(free)) if sync < free
-        );
-        if !synced {
+        if !in_order(exit, &[Op::ClusterSync, Op::TmemDealloc { columns }]) {
             return Err(TmemError::PairExit {
                 cta: if leader { "leader" } else { "peer" },
             }
