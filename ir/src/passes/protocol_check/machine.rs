@@ -130,6 +130,7 @@ struct History {
 }
 
 /// One replica of a role in one CTA.
+#[derive(Default)]
 pub(crate) struct Actor {
     /// The role (index into the schedule's roles), the replica and the CTA.
     pub(crate) role: usize,
@@ -200,15 +201,7 @@ impl<'s> Machine<'s> {
                         replica,
                         cta,
                         steps: expand(r, replica, tiles),
-                        pc: 0,
-                        clock: Vec::new(),
-                        groups: Vec::new(),
-                        uncommitted: Vec::new(),
-                        done: 0,
-                        named_arrival: None,
-                        cluster_arrival: None,
-                        landed: BTreeSet::new(),
-                        heard: BTreeMap::new(),
+                        ..Actor::default()
                     });
                 }
             }
@@ -555,8 +548,8 @@ impl<'s> Machine<'s> {
         let s = self.s;
         let at = step.at;
         let cta = self.actors[a].cta;
-        let role = self.actor_name(a);
-        match step.op {
+        // Only waits and barriers block; every other op runs, or fails, at once.
+        let ran = match step.op {
             Op::Wait { bar, start, lag } => {
                 let x = self.index(bar, at, lag);
                 let (stage, index) = self.slot(bar, x);
@@ -574,7 +567,7 @@ impl<'s> Machine<'s> {
                 {
                     return Err(ProtocolError::Phase {
                         tiles: self.tiles.clone(),
-                        role,
+                        role: self.actor_name(a),
                         bar: s.barriers[bar].to_string(),
                         stage,
                         iteration: index,
@@ -589,17 +582,30 @@ impl<'s> Machine<'s> {
                 join(&mut act.clock, &clock);
                 act.landed.insert((bar, x));
                 act.heard.insert((bar, x), heard);
-                Ok(true)
+                return Ok(true);
             }
+            Op::Sync { bar, index, .. } => return self.named_sync(a, bar, index),
+            Op::ClusterSync => {
+                let g = self.cluster_generation;
+                let act = &mut self.actors[a];
+                return Ok(match act.cluster_arrival {
+                    Some(arrived) if arrived < g => {
+                        act.cluster_arrival = None;
+                        join(&mut act.clock, &self.cluster_clocks[arrived as usize]);
+                        true
+                    }
+                    Some(_) => false,
+                    None => {
+                        act.cluster_arrival = Some(g);
+                        false
+                    }
+                });
+            }
+            // The 2-SM pair's leader announces every CTA's bytes on its own barrier.
+            Op::ExpectTx { bar, .. } if self.home(bar, cta) != cta => Ok(()),
             Op::ExpectTx { bar, bytes } => {
-                let home = self.home(bar, cta);
-                if home != cta {
-                    // The 2-SM pair's leader announces every CTA's bytes on its own barrier.
-                    return Ok(true);
-                }
                 let (stage, _) = self.slot(bar, self.index(bar, at, 0));
-                self.arrive(a, cta, bar, stage, 1, i64::from(bytes))?;
-                Ok(true)
+                self.arrive(a, cta, bar, stage, 1, i64::from(bytes))
             }
             Op::Arrive { bar, lag } => {
                 let per_tile = s.mbarrier(bar).is_some_and(|m| m.phase == Phase::Tile);
@@ -619,9 +625,7 @@ impl<'s> Machine<'s> {
                 let (stage, _) = self.slot(bar, x);
                 let home = self.home(bar, cta);
                 self.reaches(cta, home, step.op)?;
-                let n = self.arrivals(a);
-                self.arrive(a, home, bar, stage, n, 0)?;
-                Ok(true)
+                self.arrive(a, home, bar, stage, self.arrivals(a), 0)
             }
             Op::ArrivePeer { bar, lag } => {
                 let x = at.i - lag;
@@ -638,47 +642,37 @@ impl<'s> Machine<'s> {
                     self.reaches(cta, to, step.op)?;
                     self.arrive(a, to, bar, stage, n, 0)?;
                 }
-                Ok(true)
+                Ok(())
             }
             Op::Tma { load } => self.tma(a, load, step),
             Op::Wgmma(_) | Op::Tcgen05Mma { .. } => self.mma(a, step),
             Op::WgmmaCommit => {
                 self.actors[a].commit();
-                Ok(true)
+                Ok(())
             }
             Op::WgmmaWait(n) => {
                 let act = &mut self.actors[a];
                 act.done = act.done.max(act.groups.len().saturating_sub(n as usize));
-                Ok(true)
+                Ok(())
             }
-            Op::Run(Region::Between) => {
-                if self.actors[a].in_flight(|&r| {
-                    r == Read {
-                        i: at.i,
-                        part: MmaPart::Head,
-                    }
-                }) {
-                    return Err(ProtocolError::InFlight {
-                        iteration: at.i,
-                        what: "the code between the mmas reads the head mma's products before the head wgmma completed",
-                    });
-                }
-                Ok(true)
+            Op::Run(Region::Between)
+                if self.actors[a].in_flight(|r| r.i == at.i && r.part == MmaPart::Head) =>
+            {
+                Err(ProtocolError::InFlight {
+                    iteration: at.i,
+                    what: "the code between the mmas reads the head mma's products before the head wgmma completed",
+                })
             }
-            Op::Run(Region::Handoff) => {
-                if self.actors[a].in_flight(|r| r.part == MmaPart::Tail) {
-                    return Err(ProtocolError::InFlight {
-                        iteration: at.i,
-                        what: "P is handed to the next tail while the tail wgmma reading the previous P may still run",
-                    });
-                }
-                Ok(true)
+            Op::Run(Region::Handoff) if self.actors[a].in_flight(|r| r.part == MmaPart::Tail) => {
+                Err(ProtocolError::InFlight {
+                    iteration: at.i,
+                    what: "P is handed to the next tail while the tail wgmma reading the previous P may still run",
+                })
             }
-            Op::Sync { bar, index, .. } => self.named_sync(a, bar, index),
             Op::Signal { bar, index, .. } => {
                 let element = self.element(a, bar, index);
                 self.named_arrive(a, bar, element, false)?;
-                Ok(true)
+                Ok(())
             }
             Op::Tcgen05Commit { bar, lag } => {
                 // The arrival comes once every mma the thread issued so far has completed:
@@ -699,50 +693,26 @@ impl<'s> Machine<'s> {
                     self.released.entry((to, bar, x)).or_default().insert(a);
                     self.arrive(a, to, bar, stage, 1, 0)?;
                 }
-                Ok(true)
+                Ok(())
             }
-            Op::TmemLoad { tile, .. } => {
-                // After a loop that ran no iteration the code after it reads the loop's
-                // initial value, not the tile.
-                let read = !matches!(at.section, Section::Drain | Section::End) || at.trips > 0;
-                if read {
-                    self.access(a, cta, Area::Tmem(tile), false, step.op)?;
-                }
-                Ok(true)
+            // After a loop that ran no iteration the code after it reads the loop's initial
+            // value, not the tile.
+            Op::TmemLoad { .. }
+                if matches!(at.section, Section::Drain | Section::End) && at.trips == 0 =>
+            {
+                Ok(())
             }
-            Op::TmemStore { tile } => {
-                self.access(a, cta, Area::Tmem(tile), true, step.op)?;
-                Ok(true)
-            }
+            Op::TmemLoad { tile, .. } => self.access(a, cta, Area::Tmem(tile), false, step.op),
+            Op::TmemStore { tile } => self.access(a, cta, Area::Tmem(tile), true, step.op),
             Op::TmemDealloc { .. } => {
                 let tiles = s.tmem.as_ref().map_or(0, |t| t.tiles.len());
-                for t in 0..tiles {
-                    self.access(a, cta, Area::Tmem(TmemTileId(t)), true, step.op)?;
-                }
-                Ok(true)
+                (0..tiles)
+                    .try_for_each(|t| self.access(a, cta, Area::Tmem(TmemTileId(t)), true, step.op))
             }
-            Op::FactorStore { tile } | Op::FactorLoad { tile } => {
-                let write = matches!(step.op, Op::FactorStore { .. });
-                self.access(a, cta, Area::Factors(tile), write, step.op)?;
-                Ok(true)
-            }
-            Op::ClusterSync => {
-                let g = self.cluster_generation;
-                let act = &mut self.actors[a];
-                match act.cluster_arrival {
-                    Some(arrived) if arrived < g => {
-                        act.cluster_arrival = None;
-                        join(&mut act.clock, &self.cluster_clocks[arrived as usize]);
-                        Ok(true)
-                    }
-                    Some(_) => Ok(false),
-                    None => {
-                        act.cluster_arrival = Some(g);
-                        Ok(false)
-                    }
-                }
-            }
-            Op::Run(Region::Epilogue(_))
+            Op::FactorStore { tile } => self.access(a, cta, Area::Factors(tile), true, step.op),
+            Op::FactorLoad { tile } => self.access(a, cta, Area::Factors(tile), false, step.op),
+            // The code between and the handoff when no wgmma they touch is in flight.
+            Op::Run(Region::Between | Region::Handoff | Region::Epilogue(_))
             | Op::GenericWrite { .. }
             | Op::FenceProxyAsync
             | Op::InitBarriers
@@ -761,14 +731,15 @@ impl<'s> Machine<'s> {
             | Op::StagingWrite
             | Op::BulkStore
             | Op::BulkCommit
-            | Op::BulkWaitAll => Ok(true),
-        }
+            | Op::BulkWaitAll => Ok(()),
+        };
+        ran.map(|()| true)
     }
 
     /// A TMA of `load`: refills only what its readers released, delivers its bytes where
     /// they land (a cluster's shared load in every CTA of its boxes' masks; the 2-SM pair's
     /// on the leader's barrier).
-    fn tma(&mut self, a: usize, load: LoadId, step: Step) -> Result<bool, ProtocolError> {
+    fn tma(&mut self, a: usize, load: LoadId, step: Step) -> Result<(), ProtocolError> {
         let s = self.s;
         let at = step.at;
         let cta = self.actors[a].cta;
@@ -786,8 +757,7 @@ impl<'s> Machine<'s> {
             for b in 0..l.tma.boxes.len() {
                 self.access(a, cta, Area::Buffer(load, 0, b), true, step.op)?;
             }
-            self.arrive(a, cta, l.barrier, 0, 0, bytes)?;
-            return Ok(true);
+            return self.arrive(a, cta, l.barrier, 0, 0, bytes);
         }
         let stages = s.stages;
         let (i, stage) = (at.i, at.i % stages);
@@ -814,8 +784,7 @@ impl<'s> Machine<'s> {
             for b in 0..l.tma.boxes.len() {
                 self.access(a, cta, Area::Buffer(load, stage, b), true, step.op)?;
             }
-            self.arrive(a, p.leader, l.barrier, stage, 0, bytes)?;
-            return Ok(true);
+            return self.arrive(a, p.leader, l.barrier, stage, 0, bytes);
         }
         // Per CTA the load lands in, the boxes that land there.
         let all: Vec<usize> = (0..l.tma.boxes.len()).collect();
@@ -869,19 +838,19 @@ impl<'s> Machine<'s> {
             let bytes = boxes.len() as u32 * l.tma.box_bytes();
             self.arrive(a, to, l.barrier, stage, 0, -i64::from(bytes))?;
         }
-        Ok(true)
+        Ok(())
     }
 
     /// An mma: its stages must have landed (for the iteration it reads); a tail wgmma may not
     /// start while the previous one may still write the accumulator; its reads go in flight
     /// until a commit group completes or a `tcgen05.commit`.
-    fn mma(&mut self, a: usize, step: Step) -> Result<bool, ProtocolError> {
+    fn mma(&mut self, a: usize, step: Step) -> Result<(), ProtocolError> {
         let s = self.s;
         let at = step.at;
         let (part, tile) = match step.op {
             Op::Wgmma(part) => (part, None),
             Op::Tcgen05Mma { part, tile } => (part, Some(tile)),
-            _ => return Ok(true),
+            _ => return Ok(()),
         };
         let x = at.i - step.op.lag().unwrap_or(0).min(at.i);
         for load in reads(s, step.op) {
@@ -925,7 +894,7 @@ impl<'s> Machine<'s> {
                 }
             }
         }
-        Ok(true)
+        Ok(())
     }
 
     /// The element of named barrier array `bar` that `index` names for actor `a`.
