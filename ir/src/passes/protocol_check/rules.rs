@@ -2,7 +2,7 @@
 //! order, start parities, loads after the waits that free their stage, announced bytes,
 //! once loads, proxy fences and the rotation's shape.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{OnceError, ProtocolError};
 use crate::sched::{BarrierId, LoadId, MmaPart, Op, Phase, Region, Role, Sched};
@@ -110,11 +110,9 @@ fn starts_at(
 fn check_producer(s: &Sched, p: &Role) -> Result<(), ProtocolError> {
     let role = p.kind.to_string();
     let it = &p.program.iteration;
-    if let Some(&op) =
-        p.program.ops().collect::<Vec<_>>().iter().find(|&&op| {
-            is_mma(op) || matches!(op, Op::Sync { .. } | Op::Signal { .. } | Op::Run(_))
-        })
-    {
+    let reader_op =
+        |op: &Op| is_mma(*op) || matches!(op, Op::Sync { .. } | Op::Signal { .. } | Op::Run(_));
+    if let Some(op) = p.program.ops().find(reader_op) {
         return Err(ProtocolError::Rotation(format!(
             "the producer cannot run `{}`",
             s.name(op)
@@ -145,14 +143,7 @@ fn check_producer(s: &Sched, p: &Role) -> Result<(), ProtocolError> {
         }
     }
     for (h, _) in s.ring_loads() {
-        let times = it.iter().filter(|&&op| op == Op::Tma { load: h }).count();
-        if times != 1 {
-            return Err(ProtocolError::LoadCount {
-                load: h.to_string(),
-                times,
-                per: "iteration",
-            });
-        }
+        issued_once(it, h, "iteration")?;
     }
     // In the 2-SM pair every CTA's loads complete on the leader's barrier, which announces
     // them all.
@@ -161,27 +152,17 @@ fn check_producer(s: &Sched, p: &Role) -> Result<(), ProtocolError> {
         .as_ref()
         .and_then(|c| c.pair.map(|_| c.ctas))
         .unwrap_or(1);
-    let mut announced_on: BTreeSet<BarrierId> = it
-        .iter()
-        .filter_map(|op| match *op {
-            Op::ExpectTx { bar, .. } => Some(bar),
-            _ => None,
-        })
-        .collect();
-    announced_on.extend(s.ring_loads().map(|(_, l)| l.barrier));
-    for bar in announced_on {
-        let announced: u32 = it
-            .iter()
-            .map(|op| match *op {
-                Op::ExpectTx { bar: b, bytes } if b == bar => bytes,
-                _ => 0,
-            })
-            .sum();
-        let boxes = ctas
-            * s.ring_loads()
-                .filter(|(_, l)| l.barrier == bar)
-                .map(|(_, l)| l.tma.tile_bytes())
-                .sum::<u32>();
+    // Per barrier, the bytes announced on it and those of the boxes completing on it.
+    let mut tx: BTreeMap<BarrierId, (u32, u32)> = BTreeMap::new();
+    for op in it {
+        if let Op::ExpectTx { bar, bytes } = *op {
+            tx.entry(bar).or_default().0 += bytes;
+        }
+    }
+    for (_, l) in s.ring_loads() {
+        tx.entry(l.barrier).or_default().1 += ctas * l.tma.tile_bytes();
+    }
+    for (bar, (announced, boxes)) in tx {
         if announced != boxes {
             return Err(ProtocolError::TxBytes {
                 bar: s.barriers[bar].to_string(),
@@ -191,6 +172,16 @@ fn check_producer(s: &Sched, p: &Role) -> Result<(), ProtocolError> {
         }
     }
     Ok(())
+}
+
+/// Fails unless `ops` issue `load` exactly once (per `per`: `iteration` or `tile`).
+fn issued_once(ops: &[Op], load: LoadId, per: &'static str) -> Result<(), ProtocolError> {
+    let times = ops.iter().filter(|&&op| op == Op::Tma { load }).count();
+    if times == 1 {
+        return Ok(());
+    }
+    let load = load.to_string();
+    Err(ProtocolError::LoadCount { load, times, per })
 }
 
 /// A reader's rules: its waits on a ring load's barrier start at parity 0 and come before
@@ -220,12 +211,7 @@ fn check_reader(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
             }
             Op::Wgmma(MmaPart::Tail) if r.program.rotated => {}
             Op::Wgmma(_) | Op::Tcgen05Mma { .. } | Op::Run(Region::Between) => {
-                let reads = if op == Op::Run(Region::Between) {
-                    Vec::new()
-                } else {
-                    reads(s, op)
-                };
-                for load in reads.into_iter().filter(|&l| !s.once(l)) {
+                for load in reads(s, op).into_iter().filter(|&l| !s.once(l)) {
                     let bar = s.loads[load].barrier;
                     if !waited.contains(&bar) {
                         return Err(ProtocolError::BeforeWait {
@@ -389,19 +375,7 @@ fn check_once(s: &Sched) -> Result<(), ProtocolError> {
     }
     let mut boxes = 0;
     for &l in &once {
-        let times = p
-            .program
-            .tile
-            .iter()
-            .filter(|&&op| op == Op::Tma { load: l })
-            .count();
-        if times != 1 {
-            return Err(ProtocolError::LoadCount {
-                load: l.to_string(),
-                times,
-                per: "tile",
-            });
-        }
+        issued_once(&p.program.tile, l, "tile")?;
         boxes += s.loads[l].tma.tile_bytes();
     }
     if announced != boxes {
