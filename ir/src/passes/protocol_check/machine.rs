@@ -344,17 +344,11 @@ impl<'s> Machine<'s> {
         waiting && all
     }
 
-    /// Whether every actor of CTA `cta` has finished (so the CTA exited).
-    fn exited(&self, cta: u32) -> bool {
-        self.actors
-            .iter()
-            .filter(|a| a.cta == cta)
-            .all(Actor::finished)
-    }
-
-    /// Fails when `op` of CTA `from` reaches CTA `to` after `to` exited.
+    /// Fails when `op` of CTA `from` reaches CTA `to` after `to` exited (every actor of it
+    /// finished).
     fn reaches(&self, from: u32, to: u32, op: Op) -> Result<(), ProtocolError> {
-        if to != from && self.exited(to) {
+        let mut actors_of_to = self.actors.iter().filter(|a| a.cta == to);
+        if to != from && actors_of_to.all(Actor::finished) {
             return Err(ClusterError::AfterExit {
                 cta: to,
                 from,
@@ -520,27 +514,16 @@ impl<'s> Machine<'s> {
         })
     }
 
-    /// The actors of CTA `cta` whose mmas read `load`.
-    fn readers(&self, cta: u32, load: LoadId) -> Vec<usize> {
-        (0..self.actors.len())
-            .filter(|&a| {
-                let act = &self.actors[a];
-                (act.cta == cta || self.mma_ctas(a).contains(&cta))
-                    && self
-                        .role(a)
-                        .program
-                        .ops()
-                        .any(|op| reads(self.s, op).contains(&load))
-            })
-            .collect()
-    }
-
-    /// Whether every reader of `load` in CTA `cta` released it for `x`.
+    /// Whether every actor whose mmas read `load` in CTA `cta` (its own, or both of a 2-SM
+    /// pair) released it there for `x`.
     fn all_released(&self, cta: u32, load: LoadId, free: BarrierId, x: u32) -> bool {
         let released = self.released.get(&(cta, free, x));
-        self.readers(cta, load)
-            .iter()
-            .all(|r| released.is_some_and(|set| set.contains(r)))
+        (0..self.actors.len()).all(|a| {
+            let program = &self.role(a).program;
+            let reader = self.mma_ctas(a).contains(&cta)
+                && program.ops().any(|op| reads(self.s, op).contains(&load));
+            !reader || released.is_some_and(|set| set.contains(&a))
+        })
     }
 
     /// Runs one step of actor `a`; `Ok(false)` when it blocks.

@@ -31,7 +31,7 @@ pub(super) fn check(s: &Sched) -> Result<(), ProtocolError> {
         }
         .into());
     }
-    for r in &s.roles {
+    for r in mma_roles(s) {
         check_release_by_commit(s, r)?;
     }
     // The epilogue first: a free or an allocation there names the role that should own it.
@@ -71,9 +71,6 @@ fn mma_roles(s: &Sched) -> impl Iterator<Item = &Role> {
 
 /// The MMA thread releases the ring's stages only with `tcgen05.commit`.
 fn check_release_by_commit(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
-    if r.kind != RoleKind::Mma {
-        return Ok(());
-    }
     let frees: Vec<BarrierId> = s.ring_loads().filter_map(|(_, l)| l.free).collect();
     let plain = r
         .program
