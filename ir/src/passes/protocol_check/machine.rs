@@ -49,7 +49,7 @@ pub(super) fn check(s: &Sched) -> Result<(), ProtocolError> {
 }
 
 /// One mbarrier stage of one CTA.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 struct Mbar {
     count: u32,
     /// Arrivals still missing in the current phase, and transaction bytes announced but not
@@ -69,11 +69,8 @@ impl Mbar {
         Mbar {
             count,
             pending: i64::from(count),
-            tx: 0,
             clock: vec![0; actors],
-            from: 0,
-            clocks: Vec::new(),
-            froms: Vec::new(),
+            ..Mbar::default()
         }
     }
 
@@ -94,7 +91,7 @@ impl Mbar {
 }
 
 /// One element of a named barrier array in one CTA.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 struct Named {
     /// Arrivals of the generation in progress, and how many of them wait.
     arrived: u32,
@@ -943,10 +940,8 @@ impl<'s> Machine<'s> {
             .named
             .entry((cta, bar, element))
             .or_insert_with(|| Named {
-                arrived: 0,
-                waiting: 0,
                 clock: vec![0; n_actors],
-                clocks: Vec::new(),
+                ..Named::default()
             });
         let generation = n.clocks.len() as u32;
         n.arrived += 1;

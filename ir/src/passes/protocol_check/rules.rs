@@ -405,7 +405,24 @@ fn check_once(s: &Sched) -> Result<(), ProtocolError> {
         if !waits {
             return Err(OnceError::NoWait { role }.into());
         }
-        check_release(s, r, persistent, &frees)?;
+        // A reader of once loads in a persistent schedule releases them once per tile on
+        // their free barrier (a commit, from an MMA thread); no other schedule releases them.
+        let expected: Vec<Op> = match frees.first() {
+            Some(&bar) if persistent => vec![if wgmma_role(r) {
+                Op::arrive(bar)
+            } else {
+                Op::commit(bar)
+            }],
+            _ => Vec::new(),
+        };
+        if r.program.release != expected {
+            return Err(OnceError::Release {
+                role,
+                got: s.names(&r.program.release),
+                expected: s.names(&expected),
+            }
+            .into());
+        }
     }
     let reload = p
         .program
@@ -414,33 +431,6 @@ fn check_once(s: &Sched) -> Result<(), ProtocolError> {
         .any(|op| matches!(*op, Op::Wait { bar, .. } if frees.contains(&bar)));
     if reload != persistent {
         return Err(OnceError::ReloadWait { waits: reload }.into());
-    }
-    Ok(())
-}
-
-/// A reader of once loads in a persistent schedule releases them once per tile on their
-/// free barrier (a commit, from an MMA thread); no other schedule releases them.
-fn check_release(
-    s: &Sched,
-    r: &Role,
-    persistent: bool,
-    frees: &BTreeSet<BarrierId>,
-) -> Result<(), ProtocolError> {
-    let expected: Vec<Op> = match frees.iter().next() {
-        Some(&bar) if persistent => vec![if wgmma_role(r) {
-            Op::arrive(bar)
-        } else {
-            Op::commit(bar)
-        }],
-        _ => Vec::new(),
-    };
-    if r.program.release != expected {
-        return Err(OnceError::Release {
-            role: r.kind.to_string(),
-            got: s.names(&r.program.release),
-            expected: s.names(&expected),
-        }
-        .into());
     }
     Ok(())
 }
