@@ -30,7 +30,8 @@ pub(super) fn check(s: &Sched) -> Result<(), ProtocolError> {
     }
     let once = s.loads.iter().any(|(h, _)| s.once(h));
     let data: std::collections::BTreeSet<_> = s.ring_loads().map(|(_, l)| l.barrier).collect();
-    let shape = if !s.persistent() {
+    let shape = |why: String| Err(ClusterError::Shape(why).into());
+    let why_not = if !s.persistent() {
         Some("it is not persistent")
     } else if s.overlap.is_some() {
         Some("it is rotated")
@@ -41,12 +42,12 @@ pub(super) fn check(s: &Sched) -> Result<(), ProtocolError> {
     } else {
         None
     };
-    if let Some(why) = shape {
-        return Err(ClusterError::Shape(why.to_string()).into());
+    if let Some(why) = why_not {
+        return shape(why.to_string());
     }
     let shared = LoadId::from_index(c.shared);
     let Some(empty) = s.loads[shared].free else {
-        return Err(ClusterError::Shape("its shared load is never released".into()).into());
+        return shape("its shared load is never released".into());
     };
     // The releases of one CTA's readers; the 2-SM pair's `empty` hears the leader's one
     // multicast commit.
@@ -69,24 +70,16 @@ pub(super) fn check(s: &Sched) -> Result<(), ProtocolError> {
     }
     if let Some(p) = c.pair {
         if p.leader >= c.ctas {
-            return Err(ClusterError::Shape(format!(
-                "its leader is CTA {} of {}",
-                p.leader, c.ctas
-            ))
-            .into());
+            return shape(format!("its leader is CTA {} of {}", p.leader, c.ctas));
         }
         if !c.multicast.is_empty() {
-            return Err(ClusterError::Shape(
-                "a 2-SM pair multicasts no boxes (each CTA loads its own half)".into(),
-            )
-            .into());
+            return shape("a 2-SM pair multicasts no boxes (each CTA loads its own half)".into());
         }
         if let Some(op) = peer {
-            return Err(ClusterError::Shape(format!(
+            return shape(format!(
                 "`{}` in a 2-SM pair, whose commits multicast",
                 s.name(op)
-            ))
-            .into());
+            ));
         }
         return Ok(());
     }
@@ -119,7 +112,7 @@ pub(super) fn check(s: &Sched) -> Result<(), ProtocolError> {
                 if bar != empty || s.mbarrier(bar).is_none_or(|m| m.phase != Phase::Iteration))
         });
     if let Some(op) = wrong {
-        return Err(ClusterError::Shape(format!("`{}` releases another array", s.name(op))).into());
+        return shape(format!("`{}` releases another array", s.name(op)));
     }
     Ok(())
 }

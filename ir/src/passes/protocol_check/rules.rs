@@ -286,7 +286,7 @@ const ROTATED: [Op; 4] = [
 /// has any; turn barriers only where the replicas take turns; a wgmma role runs only turn
 /// hand-overs once per CTA (and, at exit, its stores' and the cluster's waits).
 fn check_rotation(s: &Sched) -> Result<(), ProtocolError> {
-    let err = |m: String| Err(ProtocolError::Rotation(m));
+    let err = |op: Op, why: &str| Err(ProtocolError::Rotation(format!("`{}` {why}", s.name(op))));
     let turn = |op: &Op| matches!(op, Op::Sync { .. } | Op::Signal { .. });
     for r in s.roles.iter().filter(|r| wgmma_role(r)) {
         let p = &r.program;
@@ -296,40 +296,34 @@ fn check_rotation(s: &Sched) -> Result<(), ProtocolError> {
             .chain(&p.exit)
             .find(|op| !turn(op) && !matches!(op, Op::BulkWaitAll | Op::ClusterSync));
         if let Some(&op) = outside {
-            return err(format!(
-                "`{}` once per CTA: only turn hand-overs run outside the tiles",
-                s.name(op)
-            ));
+            return err(
+                op,
+                "once per CTA: only turn hand-overs run outside the tiles",
+            );
         }
         let body: Vec<Op> = p.ops_except(&["release", "end"]).collect();
         if !p.rotated {
             if let Some(&op) = body.iter().find(|op| turn(op) || ROTATED.contains(op)) {
-                return err(format!(
-                    "`{}` in a loop the overlap pass did not rotate",
-                    s.name(op)
-                ));
+                return err(op, "in a loop the overlap pass did not rotate");
             }
             continue;
         }
         for op in ROTATED {
             let n = p.iteration.iter().filter(|&&x| x == op).count();
             if n != 1 {
-                return err(format!(
-                    "`{}` runs {n} times per iteration; it must run once",
-                    s.name(op)
-                ));
+                return err(
+                    op,
+                    &format!("runs {n} times per iteration; it must run once"),
+                );
             }
         }
         if let Some(&op) = body.iter().find(|&&op| op == Op::Wgmma(MmaPart::Body)) {
-            return err(format!(
-                "`{}` in a rotated loop (its mmas are head and tail)",
-                s.name(op)
-            ));
+            return err(op, "in a rotated loop (its mmas are head and tail)");
         }
         if r.replicas < 2
             && let Some(&op) = body.iter().find(|op| turn(op))
         {
-            return err(format!("`{}` without ping-pong turn barriers", s.name(op)));
+            return err(op, "without ping-pong turn barriers");
         }
     }
     Ok(())
