@@ -188,7 +188,10 @@ fn issued_once(ops: &[Op], load: LoadId, per: &'static str) -> Result<(), Protoc
 /// the mmas of the iteration that read it (a rotated tail's reads, of the iteration before,
 /// the machine proves); a wgmma role waits on no per-iteration barrier no load lands on.
 fn check_reader(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
-    let role = r.kind.to_string();
+    let before_wait = |op: Op, bar: String| {
+        let (role, op) = (r.kind.to_string(), s.name(op));
+        Err(ProtocolError::BeforeWait { role, op, bar })
+    };
     let data: BTreeSet<BarrierId> = s.ring_loads().map(|(_, l)| l.barrier).collect();
     let frees: BTreeSet<BarrierId> = s.loads.iter().filter_map(|(_, l)| l.free).collect();
     let mut waited = BTreeSet::new();
@@ -214,11 +217,7 @@ fn check_reader(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
                 for load in reads(s, op).into_iter().filter(|&l| !s.once(l)) {
                     let bar = s.loads[load].barrier;
                     if !waited.contains(&bar) {
-                        return Err(ProtocolError::BeforeWait {
-                            role,
-                            op: s.name(op),
-                            bar: s.barriers[bar].to_string(),
-                        });
+                        return before_wait(op, s.barriers[bar].to_string());
                     }
                 }
                 if op == Op::Run(Region::Between)
@@ -229,11 +228,7 @@ fn check_reader(s: &Sched, r: &Role) -> Result<(), ProtocolError> {
                         .iter()
                         .next()
                         .map_or_else(String::new, |&b| s.barriers[b].to_string());
-                    return Err(ProtocolError::BeforeWait {
-                        role,
-                        op: s.name(op),
-                        bar,
-                    });
+                    return before_wait(op, bar);
                 }
             }
             _ => {}

@@ -104,9 +104,8 @@ fn check_owner(s: &Sched, columns: u32) -> Result<(), ProtocolError> {
     let allocs = s
         .setup
         .iter()
-        .filter(|op| matches!(op, Op::TmemAlloc { .. }))
-        .count();
-    if !published || allocs != 1 {
+        .filter(|op| matches!(op, Op::TmemAlloc { .. }));
+    if !published || allocs.count() != 1 {
         return err(
             "allocate the columns once, relinquish the allocation permit and publish the \
              address before the roles split",
@@ -154,22 +153,13 @@ fn check_owner(s: &Sched, columns: u32) -> Result<(), ProtocolError> {
                  tile's mmas overwrite it",
             );
         }
-        let body = p.iteration.iter().any(|op| {
-            matches!(
-                op,
-                Op::Tcgen05Mma {
-                    part: MmaPart::Body,
-                    ..
-                }
-            )
-        });
-        if body {
+        let body = |op: &Op| matches!(op, Op::Tcgen05Mma { part, .. } if *part == MmaPart::Body);
+        if p.iteration.iter().any(body) {
             let commits = p
                 .end
                 .iter()
-                .filter(|op| matches!(op, Op::Tcgen05Commit { .. }))
-                .count();
-            if commits != 1 {
+                .filter(|op| matches!(op, Op::Tcgen05Commit { .. }));
+            if commits.count() != 1 {
                 return err("commit the accumulator to acc_full once per tile, after the mainloop");
             }
         }
