@@ -180,41 +180,41 @@ impl<'p, 'k> Cta<'p, 'k> {
         joined: Option<(LoadId, &Value)>,
     ) -> Result<(), InterpError> {
         let mut env = self.iteration(k, 0, t);
-        self.load_operands(m, &mut env, (0, stage), ops, joined)?;
-        m.swap_env(&mut env);
-        let ran = ops.iter().try_for_each(|&op| self.run_op(m, t, op));
-        m.swap_env(&mut env);
-        m.unserve();
+        let run = |cta: &mut Self, m: &mut Machine<'k, '_, '_>, op| cta.run_op(m, t, op);
+        let ran = self.run_loaded(m, &mut env, (0, stage), ops, joined, run);
         self.iterations.insert((k, 0, t), env);
         ran
     }
 
-    /// Where the ops `ops` of a step of work tile `g` find the loads they read: the ring's
-    /// served from `stage` (load `joined.0` from the tile `joined.1` instead: the 2-SM pair's
-    /// B), the tile's once loads put in `env` from their buffers.
-    fn load_operands(
-        &self,
+    /// Runs `ops` of a step of work tile `g` in `env`, each by `run`, with the loads they
+    /// read served: the ring's from `stage` (load `joined.0` from the tile `joined.1`
+    /// instead: the 2-SM pair's B), the tile's once loads put in `env` from their buffers.
+    fn run_loaded(
+        &mut self,
         m: &mut Machine<'k, '_, '_>,
         env: &mut Env,
         (g, stage): (usize, u32),
         ops: &[OpId],
         joined: Option<(LoadId, &Value)>,
+        mut run: impl FnMut(&mut Self, &mut Machine<'k, '_, '_>, OpId) -> Result<(), InterpError>,
     ) -> Result<(), InterpError> {
         let s = self.plan.sched;
         for (h, l) in s.ring_loads() {
             if ops.contains(&l.tma.load) {
                 let tile = match joined {
                     Some((shared, b)) if shared == h => b.clone(),
-                    _ => self.mem.read(h, stage)?,
+                    _ => self.mem.read(h, stage, false)?,
                 };
                 m.serve(l.tma.load, tile);
             }
         }
         for h in s.once_loads().filter(|&h| s.loads[h].work_tile == g as u32) {
             let result = self.plan.kernel.ops[s.loads[h].tma.load].results[0];
-            env[result.index()] = Some(self.mem.read(h, 0)?);
+            env[result.index()] = Some(self.mem.read(h, 0, false)?);
         }
-        Ok(())
+        let ran = m.with_env(env, |m| ops.iter().try_for_each(|&op| run(self, m, op)));
+        m.unserve();
+        ran
     }
 
     /// Runs one op of a consumer step: the body's mma into tensor memory on sm_100a (the
@@ -311,20 +311,16 @@ impl<'p, 'k> Cta<'p, 'k> {
     /// loads read from `stage` and tile `g`'s once loads from their buffers; returns the
     /// environment.
     fn operands(
-        &self,
+        &mut self,
         m: &mut Machine<'k, '_, '_>,
         (k, g, t): (usize, usize, u32),
         stage: u32,
         ops: &[OpId],
     ) -> Result<Env, InterpError> {
-        let plan = self.plan;
         let mut env = self.scratch(k, g, t);
-        self.load_operands(m, &mut env, (g, stage), ops, None)?;
-        m.swap_env(&mut env);
-        let ran = ops.iter().try_for_each(|&op| run_checked(plan, m, op));
-        m.swap_env(&mut env);
-        m.unserve();
-        ran.map(|()| env)
+        let run = |cta: &mut Self, m: &mut Machine<'k, '_, '_>, op| run_checked(cta.plan, m, op);
+        self.run_loaded(m, &mut env, (g, stage), ops, None, run)?;
+        Ok(env)
     }
 
     /// An attention pair's `S_g = Q_g K^T` into tensor memory.
@@ -384,13 +380,11 @@ impl<'p, 'k> Cta<'p, 'k> {
         let plan = self.plan;
         let mut env = self.iteration(k, g, t);
         if self.groups[k].own(g, t) {
-            m.swap_env(&mut env);
-            let ran = body
-                .softmax
-                .iter()
-                .try_for_each(|&op| self.softmax_op(m, op, body));
-            m.swap_env(&mut env);
-            ran?;
+            m.with_env(&mut env, |m| {
+                body.softmax
+                    .iter()
+                    .try_for_each(|&op| self.softmax_op(m, op, body))
+            })?;
         } else {
             let carried = plan.sched.overlap.as_ref().map(|o| o.carried);
             for (c, &arg) in plan.body.args[1..].iter().enumerate() {
@@ -684,7 +678,7 @@ fn pair_mma<'k>(
     let stage = step.at.i % plan.sched.stages.max(1);
     let halves = ctas
         .iter()
-        .map(|c| c.mem.read_part(shared, stage))
+        .map(|c| c.mem.read(shared, stage, true))
         .collect::<Result<Vec<_>, _>>()?;
     // The halves lie along the axis of the pair's offset: rows of a B stored [N, K], columns
     // of one stored [K, N].

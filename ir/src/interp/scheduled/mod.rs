@@ -543,14 +543,13 @@ fn scalars(
     ops: &[OpId],
     values: &[ValueId],
 ) -> Result<Option<Vec<i32>>, InterpError> {
-    m.swap_env(env);
-    let ran = m.exec_ops(ops);
-    let scalars = values
-        .iter()
-        .map(|&v| m.value(v).and_then(Value::as_i32))
-        .collect();
-    m.swap_env(env);
-    ran.map(|_| scalars)
+    m.with_env(env, |m| {
+        m.exec_ops(ops)?;
+        Ok(values
+            .iter()
+            .map(|&v| m.value(v).and_then(Value::as_i32))
+            .collect())
+    })
 }
 
 /// Trips of `lo..hi` by `step` (positive).
@@ -709,22 +708,16 @@ impl<'p, 'k> Memory<'p, 'k> {
             .map_err(|e| self.plan.error(e))
     }
 
-    /// What `l`'s boxes hold in `stage`, the extent they cover (a 2-SM CTA's half of the
-    /// shared tile), as the pair's mma reads it now.
-    pub(super) fn read_part(&self, l: LoadId, stage: u32) -> Result<Value, InterpError> {
+    /// The tile `l` holds in `stage`, as an mma reads it now; with `part`, only the extent
+    /// its boxes cover (a 2-SM CTA's half of the shared tile, which the pair's mma joins).
+    pub(super) fn read(&self, l: LoadId, stage: u32, part: bool) -> Result<Value, InterpError> {
         let t = &self.plan.sched.loads[l].tma;
         let ty = self.plan.kernel.ty(self.plan.kernel.ops[t.load].results[0]);
-        let dims = t.tile_dims().map(|d| d as usize);
-        self.smem
-            .read_tile(&Boxes::load(t, stage), ty.dtype(), &dims)
-            .map_err(|e| self.plan.error(e))
-    }
-
-    /// The tile `l` holds in `stage`, as an mma reads it now.
-    pub(super) fn read(&self, l: LoadId, stage: u32) -> Result<Value, InterpError> {
-        let t = &self.plan.sched.loads[l].tma;
-        let ty = self.plan.kernel.ty(self.plan.kernel.ops[t.load].results[0]);
-        let dims = ty.shape().map(|s| s.dims().to_vec()).unwrap_or_default();
+        let dims = if part {
+            t.tile_dims().map(|d| d as usize).to_vec()
+        } else {
+            ty.shape().map(|s| s.dims().to_vec()).unwrap_or_default()
+        };
         self.smem
             .read_tile(&Boxes::load(t, stage), ty.dtype(), &dims)
             .map_err(|e| self.plan.error(e))
@@ -741,16 +734,14 @@ impl<'p, 'k> Memory<'p, 'k> {
     ) -> Result<(), InterpError> {
         let plan = self.plan;
         m.set_block(block);
-        m.swap_env(env);
-        let ran = plan
-            .epilogue
-            .iter()
-            .try_for_each(|&op| match plan.store(g, op) {
-                Some(st) => self.tma_store(m, st),
-                None => m.exec_ops(&[op]).map(drop),
-            });
-        m.swap_env(env);
-        ran
+        m.with_env(env, |m| {
+            plan.epilogue
+                .iter()
+                .try_for_each(|&op| match plan.store(g, op) {
+                    Some(st) => self.tma_store(m, st),
+                    None => m.exec_ops(&[op]).map(drop),
+                })
+        })
     }
 
     /// A store the `tma_store` pass lowered: per round, the bulk copies of the last one
