@@ -340,18 +340,12 @@ fn staging(s: &mut Sched, st: TmaStore, end: u32) -> Option<Vec<TmaStore>> {
         (0..Q_TILES)
             .map(|g| {
                 let barrier = s.add_named("store", Some(g), (FIRST_STORE_BARRIER + g, 1, threads));
-                let sync = Op::sync(barrier);
                 let mut x = fit.clone();
                 x.offset = end.next_multiple_of(SWIZZLE_ATOM) + g * each;
-                x.barrier = barrier;
+                x.set_barrier(barrier);
                 x.threads = threads;
                 x.groups = 1;
                 x.work_tile = g;
-                for op in &mut x.round {
-                    if matches!(op, Op::Sync { .. }) {
-                        *op = sync;
-                    }
-                }
                 x
             })
             .collect(),
