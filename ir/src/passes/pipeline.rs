@@ -55,6 +55,7 @@ use crate::schedule::Layout;
 use crate::target::Target;
 use crate::types::DType;
 
+use super::memory_plan::check_smem;
 use super::walk::{hoistable, sched_loc};
 
 /// Plans the schedule IR on sm_90a and sm_100a; does nothing on other targets.
@@ -152,16 +153,13 @@ pub fn place(kernel: &mut Kernel) -> Result<(), Diagnostic> {
         offset += store.bytes();
     }
     sched.sort_barriers();
-    if offset > super::memory_plan::SMEM_LIMIT {
-        return Err(Diagnostic::new(
-            loc,
-            format!(
-                "the TMA stage rings need {offset} bytes of shared memory; at most {} are available",
-                super::memory_plan::SMEM_LIMIT
-            ),
-        )
-        .note("use smaller tiles or fewer pipeline stages"));
-    }
+    let rings = "the TMA stage rings";
+    check_smem(
+        loc,
+        offset,
+        rings,
+        "use smaller tiles or fewer pipeline stages",
+    )?;
     schedule.smem_bytes = offset;
     Ok(())
 }

@@ -45,7 +45,8 @@
 //! both Q tiles' `S` and `O` fit TMEM's 512 columns (d = 256 does not).
 
 use crate::diag::Diagnostic;
-use crate::kernel::{Axis, Const, Kernel, Loc, OpId, OpKind, ValueDef, ValueId};
+use crate::kernel::{Axis, Const, Kernel, OpId, OpKind, ValueDef, ValueId};
+use crate::passes::memory_plan::check_smem;
 use crate::sched::tma::{Operand, SWIZZLE_ATOM};
 use crate::sched::tmem::{
     ACC_ROWS, Descriptor, TMEM_COLUMNS, Tmem, TmemMma, TmemTile, TmemTileId, instruction_descriptor,
@@ -219,7 +220,13 @@ pub(super) fn plan(kernel: &mut Kernel, options: AttentionOptions) -> Result<(),
     let bars_offset = slot_offset + 8;
     let scale_offset = bars_offset + 8 * 6 * Q_TILES;
     let mut smem_bytes = scale_offset + Q_TILES * ACC_ROWS * 4;
-    check_smem(loc, smem_bytes)?;
+    let needs = "the attention schedule's two Q tiles, K/V stages and barriers";
+    check_smem(
+        loc,
+        smem_bytes,
+        needs,
+        "use a smaller key block (`block_n`)",
+    )?;
     let columns = TMEM_COLUMNS.min(needed.next_power_of_two());
     let Some(s) = kernel.schedule.sched.as_mut() else {
         return Ok(());
@@ -542,20 +549,4 @@ fn reads_block_x(kernel: &Kernel, v: ValueId) -> bool {
 fn shape(kernel: &Kernel, mma: OpId) -> Option<(u32, u32)> {
     let s = kernel.ty(kernel.ops[mma].results[0]).shape()?;
     Some((s.rows() as u32, s.cols() as u32))
-}
-
-/// Fails when the schedule's shared memory exceeds the limit.
-fn check_smem(loc: Loc, bytes: u32) -> Result<(), Diagnostic> {
-    let limit = super::super::memory_plan::SMEM_LIMIT;
-    if bytes > limit {
-        return Err(Diagnostic::new(
-            loc,
-            format!(
-                "the attention schedule's two Q tiles, K/V stages and barriers need {bytes} bytes \
-                 of shared memory; at most {limit} are available"
-            ),
-        )
-        .note("use a smaller key block (`block_n`)"));
-    }
-    Ok(())
 }
