@@ -16,7 +16,7 @@ use super::super::error::InterpError;
 use super::super::eval;
 use super::super::exec::Machine;
 use super::super::value::{Elems, Value};
-use super::{Cluster, Env, Memory, PairBody, Parts, Plan, Stop, Tile, defer, run_checked, trips};
+use super::{Cluster, Env, Memory, PairBody, Parts, Plan, Stop, Tile, Walk, defer, run_checked};
 
 /// Runs the CTAs of one cluster: per CTA, the blocks of each work step it runs.
 pub(super) fn run<'k>(
@@ -31,11 +31,13 @@ pub(super) fn run<'k>(
     let Some(first) = ctas.first() else {
         return Ok(());
     };
-    let trips: Vec<u32> = first.groups.iter().map(|g| g.trips).collect();
-    if ctas
-        .iter()
-        .any(|c| c.groups.iter().map(|g| g.trips).ne(trips.iter().copied()))
-    {
+    let trips: Vec<u32> = first.groups.iter().map(|g| g.walk.trips).collect();
+    if ctas.iter().any(|c| {
+        c.groups
+            .iter()
+            .map(|g| g.walk.trips)
+            .ne(trips.iter().copied())
+    }) {
         return Err(plan.error("a cluster's CTAs walk tiles of different trip counts".into()));
     }
     let protocol = Protocol::new(plan.sched, &trips);
@@ -60,21 +62,14 @@ pub(super) fn run<'k>(
 /// The work tiles a CTA runs at once and the walk of the loop they share.
 struct Group {
     tiles: Vec<Tile>,
-    lo: i32,
-    step: i32,
-    trips: u32,
+    walk: Walk,
 }
 
 impl Group {
-    /// The loop index of the walk's iteration `t`.
-    fn index(&self, t: u32) -> i32 {
-        self.lo.wrapping_add((t as i32).wrapping_mul(self.step))
-    }
-
     /// Whether iteration `t` of the walk is one of work tile `g`'s own.
     fn own(&self, g: usize, t: u32) -> bool {
-        let (i, tile) = (self.index(t), &self.tiles[g]);
-        tile.lo <= i && i < tile.end()
+        let (i, own) = (self.walk.index(t), &self.tiles[g].walk);
+        own.lo <= i && i < own.index(own.trips)
     }
 }
 
@@ -109,19 +104,18 @@ impl<'p, 'k> Cta<'p, 'k> {
             let Some(first) = tiles.first() else {
                 return Err(plan.error("a work step without tiles".into()));
             };
-            if tiles.iter().any(|t| t.step != first.step) {
+            let step = first.walk.step;
+            if tiles.iter().any(|t| t.walk.step != step) {
                 return Err(plan.error("a CTA's work tiles step their loops differently".into()));
             }
-            let lo = tiles.iter().map(|t| t.lo).min().unwrap_or(first.lo);
-            let end = tiles.iter().map(Tile::end).max().unwrap_or(lo);
-            let step = first.step;
-            let trips = trips(lo, end, step).ok_or_else(|| plan.error("too many trips".into()))?;
-            groups.push(Group {
-                tiles,
-                lo,
-                step,
-                trips,
-            });
+            let lo = tiles
+                .iter()
+                .map(|t| t.walk.lo)
+                .min()
+                .unwrap_or(first.walk.lo);
+            let end = tiles.iter().map(|t| t.walk.index(t.walk.trips)).max();
+            let walk = Walk::new(plan, lo, end.unwrap_or(lo), step)?;
+            groups.push(Group { tiles, walk });
         }
         Ok(Cta {
             plan,
@@ -139,7 +133,7 @@ impl<'p, 'k> Cta<'p, 'k> {
     fn scratch(&self, k: usize, g: usize, t: u32) -> Env {
         let group = &self.groups[k];
         let mut env = group.tiles[g].env.clone();
-        env[self.plan.body.args[0].index()] = Some(Value::i32(group.index(t)));
+        env[self.plan.body.args[0].index()] = Some(Value::i32(group.walk.index(t)));
         env
     }
 
@@ -258,7 +252,7 @@ impl<'p, 'k> Cta<'p, 'k> {
         let plan = self.plan;
         let kernel = plan.kernel;
         let results = &kernel.ops[plan.sched.for_op].results;
-        let trips = self.groups[k].trips;
+        let trips = self.groups[k].walk.trips;
         let initial = self.groups[k].tiles[g].initial(plan);
         let last = trips
             .checked_sub(1)

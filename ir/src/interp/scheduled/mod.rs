@@ -476,13 +476,11 @@ pub(super) fn free_operands(kernel: &Kernel, op: OpId) -> Vec<ValueId> {
 pub(super) type Env = Vec<Option<Value>>;
 
 /// One work tile of a CTA: its block index, the values of the code before its loop, and the
-/// loop's start, step and trip count.
+/// loop's walk.
 pub(super) struct Tile {
     pub(super) block: [i32; 3],
     pub(super) env: Env,
-    pub(super) lo: i32,
-    pub(super) step: i32,
-    pub(super) trips: u32,
+    pub(super) walk: Walk,
 }
 
 impl Tile {
@@ -511,20 +509,8 @@ impl Tile {
                 step,
             });
         }
-        let trips = trips(lo, hi, step).ok_or_else(|| plan.error("too many trips".into()))?;
-        Ok(Tile {
-            block,
-            env,
-            lo,
-            step,
-            trips,
-        })
-    }
-
-    /// The loop's end (one step past its last iteration's index, or its start).
-    pub(super) fn end(&self) -> i32 {
-        self.lo
-            .wrapping_add((self.trips as i32).wrapping_mul(self.step))
+        let walk = Walk::new(plan, lo, hi, step)?;
+        Ok(Tile { block, env, walk })
     }
 
     /// The values the loop starts from (its `for`'s operands after the bounds).
@@ -552,10 +538,27 @@ fn scalars(
     })
 }
 
-/// Trips of `lo..hi` by `step` (positive).
-pub(super) fn trips(lo: i32, hi: i32, step: i32) -> Option<u32> {
-    let span = (i64::from(hi) - i64::from(lo)).max(0);
-    u32::try_from((span + i64::from(step) - 1) / i64::from(step)).ok()
+/// The iterations of a loop: its start, step (positive) and trip count.
+pub(super) struct Walk {
+    pub(super) lo: i32,
+    pub(super) step: i32,
+    pub(super) trips: u32,
+}
+
+impl Walk {
+    /// The walk of `lo..hi` by `step`.
+    pub(super) fn new(plan: &Plan<'_>, lo: i32, hi: i32, step: i32) -> Result<Walk, InterpError> {
+        let span = (i64::from(hi) - i64::from(lo)).max(0);
+        let trips = u32::try_from((span + i64::from(step) - 1) / i64::from(step))
+            .map_err(|_| plan.error("too many trips".into()))?;
+        Ok(Walk { lo, step, trips })
+    }
+
+    /// The loop index of iteration `t` (of `trips`: the loop's end, one step past its last
+    /// iteration's index, or its start).
+    pub(super) fn index(&self, t: u32) -> i32 {
+        self.lo.wrapping_add((t as i32).wrapping_mul(self.step))
+    }
 }
 
 /// Runs one op of a role's step, after checking that every value it reads exists (a value
