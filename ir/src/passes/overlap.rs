@@ -314,12 +314,7 @@ pub(crate) fn plan(kernel: &Kernel, id: OpId) -> Option<Overlap> {
     if kernel.ops[yield_op].kind != OpKind::Yield {
         return None;
     }
-    let mmas: Vec<OpId> = ops
-        .iter()
-        .copied()
-        .filter(|&o| kernel.ops[o].kind == OpKind::Mma)
-        .collect();
-    let [head, tail] = mmas[..] else {
+    let [head, tail] = super::walk::mmas(kernel, body)[..] else {
         return None;
     };
     let yields = &kernel.ops[yield_op].operands;

@@ -209,12 +209,7 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Sc
     let inside: BTreeSet<OpId> = super::walk::ops_in_block(kernel, body)
         .into_iter()
         .collect();
-    let mmas: Vec<OpId> = body
-        .ops
-        .iter()
-        .copied()
-        .filter(|&o| kernel.ops[o].kind == OpKind::Mma)
-        .collect();
+    let mmas = super::walk::mmas(kernel, body);
     if mmas.is_empty() {
         return None;
     }
@@ -489,12 +484,7 @@ fn tma_source(
 /// has a single `mma`, whose result only the loop's `yield` reads (the GEMM mainloop). In
 /// any other ring body the PTX writer waits for every wgmma right after issuing it.
 pub fn overlaps(kernel: &Kernel, for_op: OpId) -> bool {
-    let mmas: Vec<OpId> = kernel.ops[for_op].regions[0]
-        .ops
-        .iter()
-        .copied()
-        .filter(|&o| kernel.ops[o].kind == OpKind::Mma)
-        .collect();
+    let mmas = super::walk::mmas(kernel, &kernel.ops[for_op].regions[0]);
     matches!(mmas[..], [m] if !completes_in_body(kernel, for_op, m))
 }
 

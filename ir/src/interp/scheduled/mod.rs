@@ -190,8 +190,7 @@ impl<'k> Plan<'k> {
             (None, _) => None,
             (Some(_), Some(o)) => Some((o.carried, None)),
             (Some(_), None) => {
-                let mut mmas = ops.iter().filter(|&&o| kernel.ops[o].kind == OpKind::Mma);
-                let (Some(&mma), None) = (mmas.next(), mmas.next()) else {
+                let [mma] = walk::mmas(kernel, body)[..] else {
                     return Err(error("a tensor-memory ring loop has one mma"));
                 };
                 let result = kernel.ops[mma].results[0];
