@@ -66,8 +66,8 @@ pub fn run_with(
         return Ok(());
     };
     let id = s.for_op;
-    if attention::is_attention(kernel, s) {
-        return attention::plan(kernel, options);
+    if let Some(overlap) = attention::attention_overlap(kernel, s) {
+        return attention::plan(kernel, overlap, options);
     }
     let loc = sched_loc(kernel);
     let unsupported = |why: &str| {

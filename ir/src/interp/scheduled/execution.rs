@@ -447,12 +447,7 @@ impl<'p, 'k> Cta<'p, 'k> {
         let fill = if v == body.factor { 1.0 } else { 0.0 };
         let ty = self.plan.kernel.ty(v);
         let dims = ty.shape().map(|s| s.dims().to_vec()).unwrap_or_default();
-        let n = dims.iter().product();
-        Ok(Value {
-            dtype: ty.dtype(),
-            dims,
-            elems: Elems::F(vec![fill; n]),
-        })
+        Ok(eval::splat(&Value::float(ty.dtype(), fill), &dims))
     }
 
     /// The correction's rescale of `O_g` by the factors it read, row by row.

@@ -47,6 +47,7 @@
 use crate::diag::Diagnostic;
 use crate::kernel::{Axis, Const, Kernel, OpId, OpKind, ValueDef, ValueId};
 use crate::passes::memory_plan::check_smem;
+use crate::sched::overlap::Overlap;
 use crate::sched::tma::{Operand, SWIZZLE_ATOM};
 use crate::sched::tmem::{
     ACC_ROWS, Descriptor, TMEM_COLUMNS, Tmem, TmemMma, TmemTile, TmemTileId, instruction_descriptor,
@@ -88,10 +89,12 @@ const REGS: [u32; 3] = [192, 80, 48];
 /// takes the next.
 const FIRST_STORE_BARRIER: u32 = 1;
 
-/// Whether the schedule's loop is attention-shaped (see the module doc).
-pub(super) fn is_attention(kernel: &Kernel, s: &Sched) -> bool {
+/// The overlap of the schedule's loop when it is attention-shaped (see the module doc).
+pub(super) fn attention_overlap(kernel: &Kernel, s: &Sched) -> Option<Overlap> {
     let once = s.loads.iter().filter(|(h, _)| s.once(*h)).count();
-    once == 1 && super::super::overlap::plan(kernel, s.for_op).is_some()
+    (once == 1)
+        .then(|| super::super::overlap::plan(kernel, s.for_op))
+        .flatten()
 }
 
 /// The handoff barriers of one Q tile.
@@ -105,15 +108,17 @@ struct TileBars {
     o_empty: BarrierId,
 }
 
-/// Plans the attention schedule (see the module doc).
-pub(super) fn plan(kernel: &mut Kernel, options: AttentionOptions) -> Result<(), Diagnostic> {
+/// Plans the attention schedule (see the module doc) of the loop whose overlap is `overlap`.
+pub(super) fn plan(
+    kernel: &mut Kernel,
+    overlap: Overlap,
+    options: AttentionOptions,
+) -> Result<(), Diagnostic> {
     let Some(s) = kernel.schedule.sched.clone() else {
         return Ok(());
     };
     let id = s.for_op;
     let loc = kernel.ops[id].loc;
-    let overlap = super::super::overlap::plan(kernel, id)
-        .ok_or_else(|| Diagnostic::internal(loc, "an attention loop lost its shape"))?;
     let unsupported = |why: String| {
         Diagnostic::new(
             loc,
