@@ -83,9 +83,17 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
         self.block = block;
     }
 
-    /// Exchanges the environment (every SSA value's contents) with `env`.
-    pub(super) fn swap_env(&mut self, env: &mut Vec<Option<Value>>) {
+    /// Runs `f` with `env` as the environment (every SSA value's contents), then takes `env`
+    /// back with what `f` left in it.
+    pub(super) fn with_env<R>(
+        &mut self,
+        env: &mut Vec<Option<Value>>,
+        f: impl FnOnce(&mut Self) -> R,
+    ) -> R {
         std::mem::swap(&mut self.env, env);
+        let out = f(self);
+        std::mem::swap(&mut self.env, env);
+        out
     }
 
     /// Makes the `load` op `load` produce `tile` instead of reading global memory, until

@@ -8,7 +8,7 @@
 //! limit is a diagnostic at the first load, naming every buffer. Rewrites no op.
 
 use crate::diag::Diagnostic;
-use crate::kernel::{Kernel, OpKind};
+use crate::kernel::{Kernel, Loc, OpKind};
 use crate::schedule::SmemBuffer;
 use crate::target::Target;
 use crate::types::Shape;
@@ -17,6 +17,17 @@ use super::walk::ops_in_order;
 
 /// Shared memory a block may use on every supported target (227 KiB).
 pub const SMEM_LIMIT: u32 = 227 * 1024;
+
+/// Fails at `loc` when the `bytes` of shared memory that `what` need exceed [`SMEM_LIMIT`],
+/// with `advice` as a note.
+pub fn check_smem(loc: Loc, bytes: u32, what: &str, advice: &str) -> Result<(), Diagnostic> {
+    if bytes <= SMEM_LIMIT {
+        return Ok(());
+    }
+    let message =
+        format!("{what} need {bytes} bytes of shared memory; at most {SMEM_LIMIT} are available");
+    Err(Diagnostic::new(loc, message).note(advice))
+}
 
 /// Places the buffers and records the total.
 pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {

@@ -314,12 +314,7 @@ pub(crate) fn plan(kernel: &Kernel, id: OpId) -> Option<Overlap> {
     if kernel.ops[yield_op].kind != OpKind::Yield {
         return None;
     }
-    let mmas: Vec<OpId> = ops
-        .iter()
-        .copied()
-        .filter(|&o| kernel.ops[o].kind == OpKind::Mma)
-        .collect();
-    let [head, tail] = mmas[..] else {
+    let [head, tail] = super::walk::mmas(kernel, body)[..] else {
         return None;
     };
     let yields = &kernel.ops[yield_op].operands;
@@ -441,6 +436,11 @@ fn deferral(kernel: &Kernel, id: OpId, rescale: OpId, factor: ValueId) -> Option
     let users =
         |v: ValueId| -> BTreeSet<OpId> { uses.get(&v).into_iter().flatten().copied().collect() };
     let only = |v: ValueId, allowed: &[OpId]| users(v) == allowed.iter().copied().collect();
+    let sole_user = |v: ValueId| match users(v).into_iter().collect::<Vec<_>>()[..] {
+        [o] => Some(o),
+        _ => None,
+    };
+    let reduces = |o: OpId, r: ReduceOp| matches!(kind(o), OpKind::Reduce { op, .. } if *op == r);
     let is_float = |v: ValueId, x: f64| {
         def(v).is_some_and(|o| matches!(kind(o), OpKind::Const(Const::Float(c)) if *c == x))
     };
@@ -477,15 +477,7 @@ fn deferral(kernel: &Kernel, id: OpId, rescale: OpId, factor: ValueId) -> Option
     (*kind(max) == OpKind::Binary(BinaryOp::Max)).then_some(())?;
     let row_max = ops(max).iter().copied().find(|&v| v != m)?;
     (ops(max).contains(&m)
-        && def(row_max).is_some_and(|o| {
-            matches!(
-                kind(o),
-                OpKind::Reduce {
-                    op: ReduceOp::Max,
-                    ..
-                }
-            )
-        })
+        && def(row_max).is_some_and(|o| reduces(o, ReduceOp::Max))
         && yields.get(m_slot - 1) == Some(&result(max)))
     .then_some(())?;
     let m_new_users: Vec<OpId> = [Some(m_use), guard, Some(yield_op)]
@@ -500,40 +492,25 @@ fn deferral(kernel: &Kernel, id: OpId, rescale: OpId, factor: ValueId) -> Option
     (matches!(kind(reshape_m), OpKind::Reshape { .. })
         && only(m_use_v, &[alpha_exponent, reshape_m]))
     .then_some(())?;
-    let [p_exponent] = users(result(reshape_m)).into_iter().collect::<Vec<_>>()[..] else {
-        return None;
-    };
+    let p_exponent = sole_user(result(reshape_m))?;
     (*kind(p_exponent) == OpKind::Binary(BinaryOp::Sub) && ops(p_exponent)[1] == result(reshape_m))
         .then_some(())?;
-    let [p_op] = users(result(p_exponent)).into_iter().collect::<Vec<_>>()[..] else {
-        return None;
-    };
+    let p_op = sole_user(result(p_exponent))?;
     (*kind(p_op) == OpKind::Unary(UnaryOp::Exp2)).then_some(())?;
     // p: summed into l and, cast, the tail's A; alpha: into l and the rescale's factor.
     let p_users: Vec<OpId> = users(result(p_op)).into_iter().collect();
     let [first, second] = p_users[..] else {
         return None;
     };
-    let (row_sum, cast) = if matches!(
-        kind(first),
-        OpKind::Reduce {
-            op: ReduceOp::Sum,
-            ..
-        }
-    ) {
+    let (row_sum, cast) = if reduces(first, ReduceOp::Sum) {
         (first, second)
     } else {
         (second, first)
     };
     let tail = kernel.ops[rescale].results[0];
     let tail_mma = users(tail).into_iter().next()?;
-    (matches!(
-        kind(row_sum),
-        OpKind::Reduce {
-            op: ReduceOp::Sum,
-            ..
-        }
-    ) && matches!(kind(cast), OpKind::Cast { .. })
+    (reduces(row_sum, ReduceOp::Sum)
+        && matches!(kind(cast), OpKind::Cast { .. })
         && only(result(cast), &[tail_mma])
         && ops(tail_mma).first() == Some(&result(cast)))
     .then_some(())?;
@@ -542,9 +519,7 @@ fn deferral(kernel: &Kernel, id: OpId, rescale: OpId, factor: ValueId) -> Option
     let &[l, a] = ops(l_scale) else { return None };
     let l = if a == alpha { l } else { a };
     let l_slot = arg_slot(l)?;
-    let [l_new] = users(result(l_scale)).into_iter().collect::<Vec<_>>()[..] else {
-        return None;
-    };
+    let l_new = sole_user(result(l_scale))?;
     (*kind(l_scale) == OpKind::Binary(BinaryOp::Mul)
         && *kind(l_new) == OpKind::Binary(BinaryOp::Add)
         && ops(l_new).contains(&result(row_sum))
@@ -575,15 +550,9 @@ fn deferral(kernel: &Kernel, id: OpId, rescale: OpId, factor: ValueId) -> Option
         && is_float(one, 1.0)
         && ops(zero_test).iter().any(|&v| is_float(v, 0.0)))
     .then_some(())?;
-    let [recip] = users(result(safe)).into_iter().collect::<Vec<_>>()[..] else {
-        return None;
-    };
-    let [reshape_inv] = users(result(recip)).into_iter().collect::<Vec<_>>()[..] else {
-        return None;
-    };
-    let [normalise] = users(result(reshape_inv)).into_iter().collect::<Vec<_>>()[..] else {
-        return None;
-    };
+    let recip = sole_user(result(safe))?;
+    let reshape_inv = sole_user(result(recip))?;
+    let normalise = sole_user(result(reshape_inv))?;
     (*kind(recip) == OpKind::Unary(UnaryOp::Recip)
         && matches!(kind(reshape_inv), OpKind::Reshape { .. })
         && *kind(normalise) == OpKind::Binary(BinaryOp::Mul)

@@ -102,17 +102,11 @@ fn cluster_pairs(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> 
     if let Some(why) = why {
         return Err(fail(why));
     }
-    let reads_x = |load: OpId| {
-        kernel.ops[load]
-            .operands
-            .iter()
-            .any(|&v| depends_on(kernel, v, Axis::X))
-    };
     let ring: Vec<LoadId> = s.ring_loads().map(|(h, _)| h).collect();
     let shared: Vec<LoadId> = ring
         .iter()
         .copied()
-        .filter(|&l| !reads_x(s.loads[l].tma.load))
+        .filter(|&l| !load_reads(kernel, s.loads[l].tma.load, Axis::X))
         .collect();
     let [shared] = shared[..] else {
         return Err(fail(format!(
@@ -191,13 +185,10 @@ fn order(kernel: &Kernel, s: &Sched) -> TileScheduler {
     if trips.iter().any(|&v| depends_on(kernel, v, Axis::X)) {
         return TileScheduler::LongestFirst;
     }
-    let reads = |load: OpId, axis| {
-        kernel.ops[load]
-            .operands
-            .iter()
-            .any(|&v| depends_on(kernel, v, axis))
+    let misses = |axis| {
+        s.ring_loads()
+            .any(|(_, l)| !load_reads(kernel, l.tma.load, axis))
     };
-    let misses = |axis| s.ring_loads().any(|(_, l)| !reads(l.tma.load, axis));
     if misses(Axis::X) && misses(Axis::Y) {
         TileScheduler::Grouped { rows: GROUP_ROWS }
     } else {
@@ -321,6 +312,13 @@ fn pair(s: &mut Sched, shared: LoadId) -> Result<Pair, String> {
         half,
         commit_mask: ((1u32 << CTAS) - 1) as u16,
     })
+}
+
+/// Whether an operand of `load` (its coordinates) is computed from the block index along
+/// `axis`.
+fn load_reads(kernel: &Kernel, load: OpId, axis: Axis) -> bool {
+    let coords = &kernel.ops[load].operands;
+    coords.iter().any(|&v| depends_on(kernel, v, axis))
 }
 
 /// Whether `v` is computed from the block index along `axis`.

@@ -55,6 +55,7 @@ use crate::schedule::Layout;
 use crate::target::Target;
 use crate::types::DType;
 
+use super::memory_plan::check_smem;
 use super::walk::{hoistable, sched_loc};
 
 /// Plans the schedule IR on sm_90a and sm_100a; does nothing on other targets.
@@ -152,16 +153,13 @@ pub fn place(kernel: &mut Kernel) -> Result<(), Diagnostic> {
         offset += store.bytes();
     }
     sched.sort_barriers();
-    if offset > super::memory_plan::SMEM_LIMIT {
-        return Err(Diagnostic::new(
-            loc,
-            format!(
-                "the TMA stage rings need {offset} bytes of shared memory; at most {} are available",
-                super::memory_plan::SMEM_LIMIT
-            ),
-        )
-        .note("use smaller tiles or fewer pipeline stages"));
-    }
+    let rings = "the TMA stage rings";
+    check_smem(
+        loc,
+        offset,
+        rings,
+        "use smaller tiles or fewer pipeline stages",
+    )?;
     schedule.smem_bytes = offset;
     Ok(())
 }
@@ -211,12 +209,7 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Sc
     let inside: BTreeSet<OpId> = super::walk::ops_in_block(kernel, body)
         .into_iter()
         .collect();
-    let mmas: Vec<OpId> = body
-        .ops
-        .iter()
-        .copied()
-        .filter(|&o| kernel.ops[o].kind == OpKind::Mma)
-        .collect();
+    let mmas = super::walk::mmas(kernel, body);
     if mmas.is_empty() {
         return None;
     }
@@ -491,12 +484,7 @@ fn tma_source(
 /// has a single `mma`, whose result only the loop's `yield` reads (the GEMM mainloop). In
 /// any other ring body the PTX writer waits for every wgmma right after issuing it.
 pub fn overlaps(kernel: &Kernel, for_op: OpId) -> bool {
-    let mmas: Vec<OpId> = kernel.ops[for_op].regions[0]
-        .ops
-        .iter()
-        .copied()
-        .filter(|&o| kernel.ops[o].kind == OpKind::Mma)
-        .collect();
+    let mmas = super::walk::mmas(kernel, &kernel.ops[for_op].regions[0]);
     matches!(mmas[..], [m] if !completes_in_body(kernel, for_op, m))
 }
 

@@ -23,7 +23,7 @@ use crate::kernel::{Kernel, OpId, OpKind, Param};
 use crate::sched::overlap::NAMED_BARRIERS;
 use crate::sched::store::BOX_COLUMNS;
 use crate::sched::tma::TmaBox;
-use crate::sched::{BarrierKind, Op, RoleKind, TmaStore};
+use crate::sched::{BarrierId, BarrierKind, Op, RoleKind, TmaStore};
 use crate::schedule::{Distribution, Layout, Term};
 use crate::target::Target;
 use crate::tmem::epilogue;
@@ -68,7 +68,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         else {
             continue;
         };
-        place_store(kernel, store, whole)?;
+        place_store(kernel, store, whole, barrier)?;
     }
     if target == Target::Sm90a {
         let columns = epilogue_columns(kernel);
@@ -80,9 +80,14 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
 }
 
 /// Adds `store` to the schedule in the fewest rounds whose staging tile fits (a rotated
-/// ring's added stage given back first where that makes room, `whole`: one round); leaves the
-/// store as it is where none fits.
-fn place_store(kernel: &mut Kernel, store: Store, whole: bool) -> Result<(), Diagnostic> {
+/// ring's added stage given back first where that makes room, `whole`: one round), its groups'
+/// named barriers from id `barrier` on; leaves the store as it is where none fits.
+fn place_store(
+    kernel: &mut Kernel,
+    store: TmaStore,
+    whole: bool,
+    barrier: u32,
+) -> Result<(), Diagnostic> {
     let saved = kernel.schedule.clone();
     let boxes = if whole { 1 } else { store.boxes.len() as u32 };
     let counts = std::iter::successors(Some(1u32), |r| Some(r * 2)).take_while(|&r| r <= boxes);
@@ -93,7 +98,7 @@ fn place_store(kernel: &mut Kernel, store: Store, whole: bool) -> Result<(), Dia
                 super::overlap::undeepen(kernel)?;
             }
             if let Some(s) = kernel.schedule.sched.as_mut() {
-                add_store(s, &store, rounds);
+                add_store(s, &store, rounds, barrier);
             }
             if super::pipeline::place(kernel).is_ok() {
                 return Ok(());
@@ -104,36 +109,12 @@ fn place_store(kernel: &mut Kernel, store: Store, whole: bool) -> Result<(), Dia
     Ok(())
 }
 
-/// Adds `store` staged in `rounds` parts to `s`: its named barrier, its round program, and the
-/// storing role's wait for every store before it exits (before the cluster's barrier).
-fn add_store(s: &mut crate::sched::Sched, store: &Store, rounds: u32) {
-    let ids = (store.barrier, store.groups, store.threads);
-    let barrier = s.add_named("store", None, ids);
-    let sync = Op::sync(barrier);
-    let mut st = TmaStore {
-        store: store.store,
-        param: store.param,
-        lead_dims: store.lead_dims,
-        box_dims: store.box_dims,
-        swizzle: 128,
-        boxes: store.boxes.clone(),
-        rounds: 1,
-        offset: 0,
-        barrier,
-        threads: store.threads,
-        groups: store.groups,
-        // The staging tile is free, written, visible, stored.
-        round: vec![
-            Op::BulkWaitRead,
-            sync,
-            Op::StagingWrite,
-            Op::FenceProxyAsync,
-            sync,
-            Op::BulkStore,
-            Op::BulkCommit,
-        ],
-        work_tile: 0,
-    };
+/// Adds `store` staged in `rounds` parts to `s`: its named barrier (ids from `first` on), its
+/// round program, and the storing role's wait for every store before it exits (before the
+/// cluster's barrier).
+fn add_store(s: &mut crate::sched::Sched, store: &TmaStore, rounds: u32, first: u32) {
+    let mut st = store.clone();
+    st.set_barrier(s.add_named("store", None, (first, st.groups, st.threads)));
     st.set_rounds(rounds);
     s.stores.push(st);
     for r in s.roles.iter_mut().filter(|r| r.kind == RoleKind::Consumer) {
@@ -150,13 +131,15 @@ fn add_store(s: &mut crate::sched::Sched, store: &Store, rounds: u32) {
     s.sort_barriers();
 }
 
+/// The TMA store `op` lowers to when it qualifies (see the module doc), before its barrier
+/// and round program are in the schedule ([`add_store`]), and whether it is staged whole.
 fn candidate(
     kernel: &Kernel,
     op: OpId,
     threads: u32,
     barrier: u32,
     split: bool,
-) -> Option<(Store, bool)> {
+) -> Option<(TmaStore, bool)> {
     let o = &kernel.ops[op];
     // A bounded store clips at its limit, a tensor map only at the tensor's extent.
     let OpKind::Store {
@@ -203,20 +186,25 @@ fn candidate(
     } else {
         1
     };
-    let store = Store {
+    let store = TmaStore {
         store: op,
         param: tensor,
         lead_dims: u32::try_from(rank - 2).ok()?,
         box_dims: [rows, BOX_COLUMNS],
+        swizzle: 128,
         boxes: (0..cols / BOX_COLUMNS)
             .map(|j| TmaBox {
                 origin: [0, j * BOX_COLUMNS],
                 smem_offset: j * rows * 128,
             })
             .collect(),
-        barrier,
+        rounds: 1,
+        offset: 0,
+        barrier: BarrierId::from_index(0),
         threads: threads / groups,
         groups,
+        round: Vec::new(),
+        work_tile: 0,
     };
     Some((store, whole))
 }
@@ -240,19 +228,6 @@ fn warpgroup_bands(d: &Distribution, rows: u32, threads: u32, barrier: u32) -> u
             .all(|c| c[0] / band == t / WARPGROUP_THREADS)
     });
     if banded { groups } else { 1 }
-}
-
-/// A store the pass may lower, before its barrier is in the schedule.
-struct Store {
-    store: OpId,
-    param: usize,
-    lead_dims: u32,
-    box_dims: [u32; 2],
-    boxes: Vec<TmaBox>,
-    /// The first named barrier id of its groups.
-    barrier: u32,
-    threads: u32,
-    groups: u32,
 }
 
 /// Registers of a consumer thread kept for what the epilogue needs besides its tiles

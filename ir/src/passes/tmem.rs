@@ -45,6 +45,7 @@ use crate::sched::tmem::{ACC_ROWS, Descriptor, Tmem, TmemMma, TmemTile, instruct
 use crate::sched::{BarrierId, Issue, Mbarrier, MmaPart, Op, Phase, Role, RoleKind, Sched, Scope};
 use crate::target::Target;
 
+use super::memory_plan::check_smem;
 use super::walk::sched_loc;
 
 /// Plans the loop's TMEM accumulator; does nothing on other targets or without a schedule.
@@ -65,8 +66,8 @@ pub fn run_with(
         return Ok(());
     };
     let id = s.for_op;
-    if attention::is_attention(kernel, s) {
-        return attention::plan(kernel, options);
+    if let Some(overlap) = attention::attention_overlap(kernel, s) {
+        return attention::plan(kernel, overlap, options);
     }
     let loc = sched_loc(kernel);
     let unsupported = |why: &str| {
@@ -119,17 +120,13 @@ pub fn run_with(
     let (a, b) = (Descriptor::of(a), Descriptor::of(b));
     let slot_offset = kernel.schedule.smem_bytes.next_multiple_of(8);
     let smem_bytes = slot_offset + 24;
-    if smem_bytes > super::memory_plan::SMEM_LIMIT {
-        return Err(Diagnostic::new(
-            loc,
-            format!(
-                "the TMA stage rings and the TMEM barriers need {smem_bytes} bytes of shared \
-                 memory; at most {} are available",
-                super::memory_plan::SMEM_LIMIT
-            ),
-        )
-        .note("use smaller tiles or fewer pipeline stages"));
-    }
+    let rings = "the TMA stage rings and the TMEM barriers";
+    check_smem(
+        loc,
+        smem_bytes,
+        rings,
+        "use smaller tiles or fewer pipeline stages",
+    )?;
     // Every epilogue warpgroup reads all 128 lanes (a warp only its 32) of its column block.
     let epilogue_warps = kernel.options.num_warps;
     let block = n / (epilogue_warps / 4).max(1);

@@ -20,6 +20,12 @@ pub fn ops_in_block(kernel: &Kernel, block: &Block) -> Vec<OpId> {
     out
 }
 
+/// The `mma` ops directly in `block`, in order.
+pub fn mmas(kernel: &Kernel, block: &Block) -> Vec<OpId> {
+    let is_mma = |o: &OpId| kernel.ops[*o].kind == OpKind::Mma;
+    block.ops.iter().copied().filter(is_mma).collect()
+}
+
 /// Every op inside the regions of `op` (not `op` itself), in program order.
 pub fn ops_in_block_regions(kernel: &Kernel, op: OpId) -> Vec<OpId> {
     let mut out = Vec::new();

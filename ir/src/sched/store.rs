@@ -73,6 +73,22 @@ impl TmaStore {
         }
     }
 
+    /// Puts the store's groups on named barrier array `barrier`, with the round program that
+    /// meets there: the staging tile is free, written, visible, stored.
+    pub fn set_barrier(&mut self, barrier: BarrierId) {
+        let sync = Op::sync(barrier);
+        self.barrier = barrier;
+        self.round = vec![
+            Op::BulkWaitRead,
+            sync,
+            Op::StagingWrite,
+            Op::FenceProxyAsync,
+            sync,
+            Op::BulkStore,
+            Op::BulkCommit,
+        ];
+    }
+
     /// Rows of a box that one group stores.
     pub fn group_rows(&self) -> u32 {
         self.box_dims[0] / self.groups

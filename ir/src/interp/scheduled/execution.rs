@@ -16,7 +16,7 @@ use super::super::error::InterpError;
 use super::super::eval;
 use super::super::exec::Machine;
 use super::super::value::{Elems, Value};
-use super::{Cluster, Env, Memory, PairBody, Parts, Plan, Stop, Tile, defer, run_checked, trips};
+use super::{Cluster, Env, Memory, PairBody, Parts, Plan, Stop, Tile, Walk, defer, run_checked};
 
 /// Runs the CTAs of one cluster: per CTA, the blocks of each work step it runs.
 pub(super) fn run<'k>(
@@ -31,11 +31,13 @@ pub(super) fn run<'k>(
     let Some(first) = ctas.first() else {
         return Ok(());
     };
-    let trips: Vec<u32> = first.groups.iter().map(|g| g.trips).collect();
-    if ctas
-        .iter()
-        .any(|c| c.groups.iter().map(|g| g.trips).ne(trips.iter().copied()))
-    {
+    let trips: Vec<u32> = first.groups.iter().map(|g| g.walk.trips).collect();
+    if ctas.iter().any(|c| {
+        c.groups
+            .iter()
+            .map(|g| g.walk.trips)
+            .ne(trips.iter().copied())
+    }) {
         return Err(plan.error("a cluster's CTAs walk tiles of different trip counts".into()));
     }
     let protocol = Protocol::new(plan.sched, &trips);
@@ -60,21 +62,14 @@ pub(super) fn run<'k>(
 /// The work tiles a CTA runs at once and the walk of the loop they share.
 struct Group {
     tiles: Vec<Tile>,
-    lo: i32,
-    step: i32,
-    trips: u32,
+    walk: Walk,
 }
 
 impl Group {
-    /// The loop index of the walk's iteration `t`.
-    fn index(&self, t: u32) -> i32 {
-        self.lo.wrapping_add((t as i32).wrapping_mul(self.step))
-    }
-
     /// Whether iteration `t` of the walk is one of work tile `g`'s own.
     fn own(&self, g: usize, t: u32) -> bool {
-        let (i, tile) = (self.index(t), &self.tiles[g]);
-        tile.lo <= i && i < tile.end()
+        let (i, own) = (self.walk.index(t), &self.tiles[g].walk);
+        own.lo <= i && i < own.index(own.trips)
     }
 }
 
@@ -109,19 +104,18 @@ impl<'p, 'k> Cta<'p, 'k> {
             let Some(first) = tiles.first() else {
                 return Err(plan.error("a work step without tiles".into()));
             };
-            if tiles.iter().any(|t| t.step != first.step) {
+            let step = first.walk.step;
+            if tiles.iter().any(|t| t.walk.step != step) {
                 return Err(plan.error("a CTA's work tiles step their loops differently".into()));
             }
-            let lo = tiles.iter().map(|t| t.lo).min().unwrap_or(first.lo);
-            let end = tiles.iter().map(Tile::end).max().unwrap_or(lo);
-            let step = first.step;
-            let trips = trips(lo, end, step).ok_or_else(|| plan.error("too many trips".into()))?;
-            groups.push(Group {
-                tiles,
-                lo,
-                step,
-                trips,
-            });
+            let lo = tiles
+                .iter()
+                .map(|t| t.walk.lo)
+                .min()
+                .unwrap_or(first.walk.lo);
+            let end = tiles.iter().map(|t| t.walk.index(t.walk.trips)).max();
+            let walk = Walk::new(plan, lo, end.unwrap_or(lo), step)?;
+            groups.push(Group { tiles, walk });
         }
         Ok(Cta {
             plan,
@@ -139,7 +133,7 @@ impl<'p, 'k> Cta<'p, 'k> {
     fn scratch(&self, k: usize, g: usize, t: u32) -> Env {
         let group = &self.groups[k];
         let mut env = group.tiles[g].env.clone();
-        env[self.plan.body.args[0].index()] = Some(Value::i32(group.index(t)));
+        env[self.plan.body.args[0].index()] = Some(Value::i32(group.walk.index(t)));
         env
     }
 
@@ -180,41 +174,41 @@ impl<'p, 'k> Cta<'p, 'k> {
         joined: Option<(LoadId, &Value)>,
     ) -> Result<(), InterpError> {
         let mut env = self.iteration(k, 0, t);
-        self.load_operands(m, &mut env, (0, stage), ops, joined)?;
-        m.swap_env(&mut env);
-        let ran = ops.iter().try_for_each(|&op| self.run_op(m, t, op));
-        m.swap_env(&mut env);
-        m.unserve();
+        let run = |cta: &mut Self, m: &mut Machine<'k, '_, '_>, op| cta.run_op(m, t, op);
+        let ran = self.run_loaded(m, &mut env, (0, stage), ops, joined, run);
         self.iterations.insert((k, 0, t), env);
         ran
     }
 
-    /// Where the ops `ops` of a step of work tile `g` find the loads they read: the ring's
-    /// served from `stage` (load `joined.0` from the tile `joined.1` instead: the 2-SM pair's
-    /// B), the tile's once loads put in `env` from their buffers.
-    fn load_operands(
-        &self,
+    /// Runs `ops` of a step of work tile `g` in `env`, each by `run`, with the loads they
+    /// read served: the ring's from `stage` (load `joined.0` from the tile `joined.1`
+    /// instead: the 2-SM pair's B), the tile's once loads put in `env` from their buffers.
+    fn run_loaded(
+        &mut self,
         m: &mut Machine<'k, '_, '_>,
         env: &mut Env,
         (g, stage): (usize, u32),
         ops: &[OpId],
         joined: Option<(LoadId, &Value)>,
+        mut run: impl FnMut(&mut Self, &mut Machine<'k, '_, '_>, OpId) -> Result<(), InterpError>,
     ) -> Result<(), InterpError> {
         let s = self.plan.sched;
         for (h, l) in s.ring_loads() {
             if ops.contains(&l.tma.load) {
                 let tile = match joined {
                     Some((shared, b)) if shared == h => b.clone(),
-                    _ => self.mem.read(h, stage)?,
+                    _ => self.mem.read(h, stage, false)?,
                 };
                 m.serve(l.tma.load, tile);
             }
         }
         for h in s.once_loads().filter(|&h| s.loads[h].work_tile == g as u32) {
             let result = self.plan.kernel.ops[s.loads[h].tma.load].results[0];
-            env[result.index()] = Some(self.mem.read(h, 0)?);
+            env[result.index()] = Some(self.mem.read(h, 0, false)?);
         }
-        Ok(())
+        let ran = m.with_env(env, |m| ops.iter().try_for_each(|&op| run(self, m, op)));
+        m.unserve();
+        ran
     }
 
     /// Runs one op of a consumer step: the body's mma into tensor memory on sm_100a (the
@@ -258,7 +252,7 @@ impl<'p, 'k> Cta<'p, 'k> {
         let plan = self.plan;
         let kernel = plan.kernel;
         let results = &kernel.ops[plan.sched.for_op].results;
-        let trips = self.groups[k].trips;
+        let trips = self.groups[k].walk.trips;
         let initial = self.groups[k].tiles[g].initial(plan);
         let last = trips
             .checked_sub(1)
@@ -311,20 +305,16 @@ impl<'p, 'k> Cta<'p, 'k> {
     /// loads read from `stage` and tile `g`'s once loads from their buffers; returns the
     /// environment.
     fn operands(
-        &self,
+        &mut self,
         m: &mut Machine<'k, '_, '_>,
         (k, g, t): (usize, usize, u32),
         stage: u32,
         ops: &[OpId],
     ) -> Result<Env, InterpError> {
-        let plan = self.plan;
         let mut env = self.scratch(k, g, t);
-        self.load_operands(m, &mut env, (g, stage), ops, None)?;
-        m.swap_env(&mut env);
-        let ran = ops.iter().try_for_each(|&op| run_checked(plan, m, op));
-        m.swap_env(&mut env);
-        m.unserve();
-        ran.map(|()| env)
+        let run = |cta: &mut Self, m: &mut Machine<'k, '_, '_>, op| run_checked(cta.plan, m, op);
+        self.run_loaded(m, &mut env, (g, stage), ops, None, run)?;
+        Ok(env)
     }
 
     /// An attention pair's `S_g = Q_g K^T` into tensor memory.
@@ -384,13 +374,11 @@ impl<'p, 'k> Cta<'p, 'k> {
         let plan = self.plan;
         let mut env = self.iteration(k, g, t);
         if self.groups[k].own(g, t) {
-            m.swap_env(&mut env);
-            let ran = body
-                .softmax
-                .iter()
-                .try_for_each(|&op| self.softmax_op(m, op, body));
-            m.swap_env(&mut env);
-            ran?;
+            m.with_env(&mut env, |m| {
+                body.softmax
+                    .iter()
+                    .try_for_each(|&op| self.softmax_op(m, op, body))
+            })?;
         } else {
             let carried = plan.sched.overlap.as_ref().map(|o| o.carried);
             for (c, &arg) in plan.body.args[1..].iter().enumerate() {
@@ -459,12 +447,7 @@ impl<'p, 'k> Cta<'p, 'k> {
         let fill = if v == body.factor { 1.0 } else { 0.0 };
         let ty = self.plan.kernel.ty(v);
         let dims = ty.shape().map(|s| s.dims().to_vec()).unwrap_or_default();
-        let n = dims.iter().product();
-        Ok(Value {
-            dtype: ty.dtype(),
-            dims,
-            elems: Elems::F(vec![fill; n]),
-        })
+        Ok(eval::splat(&Value::float(ty.dtype(), fill), &dims))
     }
 
     /// The correction's rescale of `O_g` by the factors it read, row by row.
@@ -684,7 +667,7 @@ fn pair_mma<'k>(
     let stage = step.at.i % plan.sched.stages.max(1);
     let halves = ctas
         .iter()
-        .map(|c| c.mem.read_part(shared, stage))
+        .map(|c| c.mem.read(shared, stage, true))
         .collect::<Result<Vec<_>, _>>()?;
     // The halves lie along the axis of the pair's offset: rows of a B stored [N, K], columns
     // of one stored [K, N].

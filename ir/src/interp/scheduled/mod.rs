@@ -190,8 +190,7 @@ impl<'k> Plan<'k> {
             (None, _) => None,
             (Some(_), Some(o)) => Some((o.carried, None)),
             (Some(_), None) => {
-                let mut mmas = ops.iter().filter(|&&o| kernel.ops[o].kind == OpKind::Mma);
-                let (Some(&mma), None) = (mmas.next(), mmas.next()) else {
+                let [mma] = walk::mmas(kernel, body)[..] else {
                     return Err(error("a tensor-memory ring loop has one mma"));
                 };
                 let result = kernel.ops[mma].results[0];
@@ -476,13 +475,11 @@ pub(super) fn free_operands(kernel: &Kernel, op: OpId) -> Vec<ValueId> {
 pub(super) type Env = Vec<Option<Value>>;
 
 /// One work tile of a CTA: its block index, the values of the code before its loop, and the
-/// loop's start, step and trip count.
+/// loop's walk.
 pub(super) struct Tile {
     pub(super) block: [i32; 3],
     pub(super) env: Env,
-    pub(super) lo: i32,
-    pub(super) step: i32,
-    pub(super) trips: u32,
+    pub(super) walk: Walk,
 }
 
 impl Tile {
@@ -511,20 +508,8 @@ impl Tile {
                 step,
             });
         }
-        let trips = trips(lo, hi, step).ok_or_else(|| plan.error("too many trips".into()))?;
-        Ok(Tile {
-            block,
-            env,
-            lo,
-            step,
-            trips,
-        })
-    }
-
-    /// The loop's end (one step past its last iteration's index, or its start).
-    pub(super) fn end(&self) -> i32 {
-        self.lo
-            .wrapping_add((self.trips as i32).wrapping_mul(self.step))
+        let walk = Walk::new(plan, lo, hi, step)?;
+        Ok(Tile { block, env, walk })
     }
 
     /// The values the loop starts from (its `for`'s operands after the bounds).
@@ -543,20 +528,36 @@ fn scalars(
     ops: &[OpId],
     values: &[ValueId],
 ) -> Result<Option<Vec<i32>>, InterpError> {
-    m.swap_env(env);
-    let ran = m.exec_ops(ops);
-    let scalars = values
-        .iter()
-        .map(|&v| m.value(v).and_then(Value::as_i32))
-        .collect();
-    m.swap_env(env);
-    ran.map(|_| scalars)
+    m.with_env(env, |m| {
+        m.exec_ops(ops)?;
+        Ok(values
+            .iter()
+            .map(|&v| m.value(v).and_then(Value::as_i32))
+            .collect())
+    })
 }
 
-/// Trips of `lo..hi` by `step` (positive).
-pub(super) fn trips(lo: i32, hi: i32, step: i32) -> Option<u32> {
-    let span = (i64::from(hi) - i64::from(lo)).max(0);
-    u32::try_from((span + i64::from(step) - 1) / i64::from(step)).ok()
+/// The iterations of a loop: its start, step (positive) and trip count.
+pub(super) struct Walk {
+    pub(super) lo: i32,
+    pub(super) step: i32,
+    pub(super) trips: u32,
+}
+
+impl Walk {
+    /// The walk of `lo..hi` by `step`.
+    pub(super) fn new(plan: &Plan<'_>, lo: i32, hi: i32, step: i32) -> Result<Walk, InterpError> {
+        let span = (i64::from(hi) - i64::from(lo)).max(0);
+        let trips = u32::try_from((span + i64::from(step) - 1) / i64::from(step))
+            .map_err(|_| plan.error("too many trips".into()))?;
+        Ok(Walk { lo, step, trips })
+    }
+
+    /// The loop index of iteration `t` (of `trips`: the loop's end, one step past its last
+    /// iteration's index, or its start).
+    pub(super) fn index(&self, t: u32) -> i32 {
+        self.lo.wrapping_add((t as i32).wrapping_mul(self.step))
+    }
 }
 
 /// Runs one op of a role's step, after checking that every value it reads exists (a value
@@ -709,22 +710,16 @@ impl<'p, 'k> Memory<'p, 'k> {
             .map_err(|e| self.plan.error(e))
     }
 
-    /// What `l`'s boxes hold in `stage`, the extent they cover (a 2-SM CTA's half of the
-    /// shared tile), as the pair's mma reads it now.
-    pub(super) fn read_part(&self, l: LoadId, stage: u32) -> Result<Value, InterpError> {
+    /// The tile `l` holds in `stage`, as an mma reads it now; with `part`, only the extent
+    /// its boxes cover (a 2-SM CTA's half of the shared tile, which the pair's mma joins).
+    pub(super) fn read(&self, l: LoadId, stage: u32, part: bool) -> Result<Value, InterpError> {
         let t = &self.plan.sched.loads[l].tma;
         let ty = self.plan.kernel.ty(self.plan.kernel.ops[t.load].results[0]);
-        let dims = t.tile_dims().map(|d| d as usize);
-        self.smem
-            .read_tile(&Boxes::load(t, stage), ty.dtype(), &dims)
-            .map_err(|e| self.plan.error(e))
-    }
-
-    /// The tile `l` holds in `stage`, as an mma reads it now.
-    pub(super) fn read(&self, l: LoadId, stage: u32) -> Result<Value, InterpError> {
-        let t = &self.plan.sched.loads[l].tma;
-        let ty = self.plan.kernel.ty(self.plan.kernel.ops[t.load].results[0]);
-        let dims = ty.shape().map(|s| s.dims().to_vec()).unwrap_or_default();
+        let dims = if part {
+            t.tile_dims().map(|d| d as usize).to_vec()
+        } else {
+            ty.shape().map(|s| s.dims().to_vec()).unwrap_or_default()
+        };
         self.smem
             .read_tile(&Boxes::load(t, stage), ty.dtype(), &dims)
             .map_err(|e| self.plan.error(e))
@@ -741,16 +736,14 @@ impl<'p, 'k> Memory<'p, 'k> {
     ) -> Result<(), InterpError> {
         let plan = self.plan;
         m.set_block(block);
-        m.swap_env(env);
-        let ran = plan
-            .epilogue
-            .iter()
-            .try_for_each(|&op| match plan.store(g, op) {
-                Some(st) => self.tma_store(m, st),
-                None => m.exec_ops(&[op]).map(drop),
-            });
-        m.swap_env(env);
-        ran
+        m.with_env(env, |m| {
+            plan.epilogue
+                .iter()
+                .try_for_each(|&op| match plan.store(g, op) {
+                    Some(st) => self.tma_store(m, st),
+                    None => m.exec_ops(&[op]).map(drop),
+                })
+        })
     }
 
     /// A store the `tma_store` pass lowered: per round, the bulk copies of the last one

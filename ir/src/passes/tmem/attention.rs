@@ -45,7 +45,9 @@
 //! both Q tiles' `S` and `O` fit TMEM's 512 columns (d = 256 does not).
 
 use crate::diag::Diagnostic;
-use crate::kernel::{Axis, Const, Kernel, Loc, OpId, OpKind, ValueDef, ValueId};
+use crate::kernel::{Axis, Const, Kernel, OpId, OpKind, ValueDef, ValueId};
+use crate::passes::memory_plan::check_smem;
+use crate::sched::overlap::Overlap;
 use crate::sched::tma::{Operand, SWIZZLE_ATOM};
 use crate::sched::tmem::{
     ACC_ROWS, Descriptor, TMEM_COLUMNS, Tmem, TmemMma, TmemTile, TmemTileId, instruction_descriptor,
@@ -87,10 +89,12 @@ const REGS: [u32; 3] = [192, 80, 48];
 /// takes the next.
 const FIRST_STORE_BARRIER: u32 = 1;
 
-/// Whether the schedule's loop is attention-shaped (see the module doc).
-pub(super) fn is_attention(kernel: &Kernel, s: &Sched) -> bool {
+/// The overlap of the schedule's loop when it is attention-shaped (see the module doc).
+pub(super) fn attention_overlap(kernel: &Kernel, s: &Sched) -> Option<Overlap> {
     let once = s.loads.iter().filter(|(h, _)| s.once(*h)).count();
-    once == 1 && super::super::overlap::plan(kernel, s.for_op).is_some()
+    (once == 1)
+        .then(|| super::super::overlap::plan(kernel, s.for_op))
+        .flatten()
 }
 
 /// The handoff barriers of one Q tile.
@@ -104,15 +108,17 @@ struct TileBars {
     o_empty: BarrierId,
 }
 
-/// Plans the attention schedule (see the module doc).
-pub(super) fn plan(kernel: &mut Kernel, options: AttentionOptions) -> Result<(), Diagnostic> {
+/// Plans the attention schedule (see the module doc) of the loop whose overlap is `overlap`.
+pub(super) fn plan(
+    kernel: &mut Kernel,
+    overlap: Overlap,
+    options: AttentionOptions,
+) -> Result<(), Diagnostic> {
     let Some(s) = kernel.schedule.sched.clone() else {
         return Ok(());
     };
     let id = s.for_op;
     let loc = kernel.ops[id].loc;
-    let overlap = super::super::overlap::plan(kernel, id)
-        .ok_or_else(|| Diagnostic::internal(loc, "an attention loop lost its shape"))?;
     let unsupported = |why: String| {
         Diagnostic::new(
             loc,
@@ -219,7 +225,13 @@ pub(super) fn plan(kernel: &mut Kernel, options: AttentionOptions) -> Result<(),
     let bars_offset = slot_offset + 8;
     let scale_offset = bars_offset + 8 * 6 * Q_TILES;
     let mut smem_bytes = scale_offset + Q_TILES * ACC_ROWS * 4;
-    check_smem(loc, smem_bytes)?;
+    let needs = "the attention schedule's two Q tiles, K/V stages and barriers";
+    check_smem(
+        loc,
+        smem_bytes,
+        needs,
+        "use a smaller key block (`block_n`)",
+    )?;
     let columns = TMEM_COLUMNS.min(needed.next_power_of_two());
     let Some(s) = kernel.schedule.sched.as_mut() else {
         return Ok(());
@@ -340,18 +352,12 @@ fn staging(s: &mut Sched, st: TmaStore, end: u32) -> Option<Vec<TmaStore>> {
         (0..Q_TILES)
             .map(|g| {
                 let barrier = s.add_named("store", Some(g), (FIRST_STORE_BARRIER + g, 1, threads));
-                let sync = Op::sync(barrier);
                 let mut x = fit.clone();
                 x.offset = end.next_multiple_of(SWIZZLE_ATOM) + g * each;
-                x.barrier = barrier;
+                x.set_barrier(barrier);
                 x.threads = threads;
                 x.groups = 1;
                 x.work_tile = g;
-                for op in &mut x.round {
-                    if matches!(op, Op::Sync { .. }) {
-                        *op = sync;
-                    }
-                }
                 x
             })
             .collect(),
@@ -548,20 +554,4 @@ fn reads_block_x(kernel: &Kernel, v: ValueId) -> bool {
 fn shape(kernel: &Kernel, mma: OpId) -> Option<(u32, u32)> {
     let s = kernel.ty(kernel.ops[mma].results[0]).shape()?;
     Some((s.rows() as u32, s.cols() as u32))
-}
-
-/// Fails when the schedule's shared memory exceeds the limit.
-fn check_smem(loc: Loc, bytes: u32) -> Result<(), Diagnostic> {
-    let limit = super::super::memory_plan::SMEM_LIMIT;
-    if bytes > limit {
-        return Err(Diagnostic::new(
-            loc,
-            format!(
-                "the attention schedule's two Q tiles, K/V stages and barriers need {bytes} bytes \
-                 of shared memory; at most {limit} are available"
-            ),
-        )
-        .note("use a smaller key block (`block_n`)"));
-    }
-    Ok(())
 }
