@@ -109,15 +109,7 @@ impl Sm100a<'_, '_> {
         self.v.close_tile(self.e, &mut self.ops, walk.as_ref(), &c);
         for &op in &epilogue.program.exit {
             match op {
-                Op::BulkWaitAll => {
-                    let s = self.v.s;
-                    sched::finish_stores(self.e, s, &s.stores, None)?;
-                }
-                Op::ClusterSync => {
-                    self.e
-                        .comment("no CTA exits while the pair's mmas or copies may still use it");
-                    sched::cluster_barrier(self.e);
-                }
+                Op::BulkWaitAll | Op::ClusterSync => self.ops.exit(self.e, op)?,
                 other => self.tmem_op(other, base)?,
             }
         }

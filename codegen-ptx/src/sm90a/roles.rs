@@ -74,16 +74,7 @@ impl Sm90a<'_, '_> {
             match op {
                 Op::Sync { .. } | Op::Signal { .. } if persistent => self.turn_ops(&[op])?,
                 Op::Sync { .. } | Op::Signal { .. } => {}
-                Op::BulkWaitAll => {
-                    let s = self.v.s;
-                    sched::finish_stores(self.e, s, &s.stores, self.ops.warpgroup)?;
-                }
-                Op::ClusterSync => {
-                    self.e.comment(
-                        "no CTA exits while its peer may still write into it or arrive on it",
-                    );
-                    sched::cluster_barrier(self.e);
-                }
+                Op::BulkWaitAll | Op::ClusterSync => self.ops.exit(self.e, op)?,
                 other => return Err(self.v.misplaced(self.e, other, "at the consumers' exit")),
             }
         }

@@ -172,7 +172,7 @@ impl Sm100a<'_, '_> {
         self.close_pair(&pair, &c);
         for &op in &role.program.exit {
             match op {
-                Op::BulkWaitAll => sched::finish_stores(self.e, self.v.s, self.ops.stores, None)?,
+                Op::BulkWaitAll => self.ops.exit(self.e, op)?,
                 other => self.tmem_op(other, base)?,
             }
         }
