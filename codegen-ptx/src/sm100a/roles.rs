@@ -97,12 +97,7 @@ impl Sm100a<'_, '_> {
                     self.read_chunk(&regs, column..column + columns, [lo, hi], first)?;
                     first = false;
                 }
-                Op::Wait { .. } => {
-                    self.v.wait(self.e, &c, op, None, false)?;
-                    // Lanes may leave the wait loop apart; the `.sync.aligned` copies after it
-                    // need the whole warp.
-                    self.e.ins("bar.warp.sync -1");
-                }
+                Op::Wait { .. } => self.warp_wait(op, None, &c)?,
                 other => self.tmem_op(other, base)?,
             }
         }

@@ -159,29 +159,6 @@ impl Sm100a<'_, '_> {
         (base, lanes)
     }
 
-    /// A parity wait: on a ring barrier as the ring waits; on one of the schedule's own
-    /// barriers with the role's iteration count `it` (see the module doc), the warp
-    /// reconverging after it when `aligned` (lanes may leave the wait loop apart; the
-    /// `.sync.aligned` tcgen05 ops after it need the whole warp).
-    fn attn_wait(
-        &mut self,
-        op: Op,
-        it: Reg,
-        c: &Cursor,
-        aligned: bool,
-    ) -> Result<(), CodegenError> {
-        if let Op::Wait { bar, .. } = op
-            && self.v.in_ring(bar)
-        {
-            return self.v.wait(self.e, c, op, None, false);
-        }
-        self.v.wait(self.e, c, op, Some(it), false)?;
-        if aligned {
-            self.e.ins("bar.warp.sync -1");
-        }
-        Ok(())
-    }
-
     /// The load warp's thread: per pair of tiles its per-tile program (both Q tiles, each at
     /// its tile's coordinates), then its iteration program over the pair's iterations.
     fn load_warp(&mut self, load: &Role) -> Result<(), CodegenError> {
