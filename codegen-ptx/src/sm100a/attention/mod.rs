@@ -177,10 +177,8 @@ impl Sm100a<'_, '_> {
         let iv = self.e.new_reg(Class::B32);
         self.e.mov(iv, lo);
         let counted = self.e.open_counted_loop(iv, hi, step);
-        for &op in &load.program.iteration {
-            self.v.producer_op(self.e, &mut self.ops, &c, op, iv)?;
-        }
-        self.v.advance(self.e, &c);
+        self.v
+            .producer_iteration(self.e, &mut self.ops, load, &c, iv)?;
         self.e.close_counted_loop(&counted);
         self.close_pair(&pair, &c);
         Ok(())
