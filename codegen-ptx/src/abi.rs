@@ -162,10 +162,7 @@ pub fn slots_with_maps(
     });
     let roles = slot_roles(kinds, tma, persistent).map_err(|index| AbiError::ScalarType {
         name: params[index].name().to_string(),
-        dtype: match params[index] {
-            Param::Scalar { dtype, .. } => dtype,
-            Param::Tensor { dtype, .. } => dtype,
-        },
+        dtype: params[index].dtype(),
     })?;
     let names: Vec<String> = params
         .iter()

@@ -92,6 +92,25 @@ impl Param {
             Param::Tensor { name, .. } | Param::Scalar { name, .. } => name,
         }
     }
+
+    /// Whether the parameter is a tensor known to be 16-byte aligned (see
+    /// [`Param::Tensor::aligned16`]).
+    pub fn aligned16(&self) -> bool {
+        matches!(
+            self,
+            Param::Tensor {
+                aligned16: true,
+                ..
+            }
+        )
+    }
+
+    /// The parameter's dtype: a tensor's element type, or a scalar's type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Param::Tensor { dtype, .. } | Param::Scalar { dtype, .. } => *dtype,
+        }
+    }
 }
 
 /// What defines an SSA value.

@@ -3,7 +3,7 @@
 //! or the coordinate is not known to be 16-byte aligned, into a buffer's swizzled rows.
 
 use kiln_ir::schedule::SmemBuffer;
-use kiln_ir::{DType, OpId, OpKind, Param};
+use kiln_ir::{DType, OpId, OpKind};
 
 use super::Emitter;
 use super::memory::{TileOrigin, mem_ty};
@@ -41,13 +41,7 @@ impl Emitter<'_> {
             ));
         }
         let o = self.origin(tensor, coords, 2, None, id)?;
-        let aligned = matches!(
-            self.k.params[tensor],
-            Param::Tensor {
-                aligned16: true,
-                ..
-            }
-        );
+        let aligned = self.k.params[tensor].aligned16();
         let epc = 16 / o.esize;
         let col_coord = op.operands[op.operands.len() - 1];
         let fast = aligned && self.known_multiple(col_coord).is_multiple_of(epc);

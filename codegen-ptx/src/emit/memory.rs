@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use kiln_ir::{DType, OpId, OpKind, Param, ValueId};
+use kiln_ir::{DType, OpId, OpKind, ValueId};
 
 use super::{Emitter, ParamRegs, Val};
 use crate::error::CodegenError;
@@ -68,11 +68,7 @@ impl Emitter<'_> {
                 .get_mut(dim)
                 .ok_or_else(|| self.internal(at, "a bound past the tensor's rank"))? = extent;
         }
-        let dtype = match &self.k.params[tensor] {
-            Param::Tensor { dtype, .. } => *dtype,
-            Param::Scalar { dtype, .. } => *dtype,
-        };
-        let esize = dtype.size_bytes() as u32;
+        let esize = self.k.params[tensor].dtype().size_bytes() as u32;
         let rank = dims.len();
         let outer = rank - tile_rank;
         let mut base = ptr;
@@ -352,13 +348,7 @@ impl Emitter<'_> {
     ) -> Result<Option<(String, String)>, CodegenError> {
         let d = self.dist(v, id)?;
         let dtype = self.k.ty(v).dtype();
-        let aligned = matches!(
-            self.k.params[tensor],
-            Param::Tensor {
-                aligned16: true,
-                ..
-            }
-        );
+        let aligned = self.k.params[tensor].aligned16();
         let col_coord = self.k.ops[id].operands[coords.len() - 1];
         if !d.column_pairs()
             || !matches!(dtype, DType::Bf16 | DType::F16 | DType::F32)

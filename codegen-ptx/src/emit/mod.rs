@@ -314,17 +314,12 @@ impl<'k> Emitter<'k> {
             }
             OpKind::BlockId(a) => {
                 let r = result.ok_or_else(|| self.internal(id, "no result"))?;
-                let reg = self.block_index(*a as usize, lower);
+                let reg = self.special_reg(lower.block_id(*a as usize), "ctaid", *a as usize);
                 self.vals.insert(r, Val::Scalar(reg));
             }
             OpKind::GridDim(a) => {
                 let r = result.ok_or_else(|| self.internal(id, "no result"))?;
-                let reg = self.new_reg(Class::B32);
-                // A persistent kernel's grid is the logical one.
-                match lower.grid_dim(*a as usize) {
-                    Some(r) => self.mov(reg, r),
-                    None => self.ins(format!("mov.u32 {reg}, %nctaid.{}", a.name())),
-                }
+                let reg = self.special_reg(lower.grid_dim(*a as usize), "nctaid", *a as usize);
                 self.vals.insert(r, Val::Scalar(reg));
             }
             OpKind::Print { .. } => self.write_print(id, lower)?,
@@ -360,23 +355,12 @@ impl<'k> Emitter<'k> {
             }
             OpKind::Transpose => {
                 let r = result.ok_or_else(|| self.internal(id, "no result"))?;
-                let Val::Smem {
-                    base,
-                    buf,
-                    transposed,
-                } = self.val(op.operands[0], id)?
-                else {
+                let mut v = self.val(op.operands[0], id)?;
+                let Val::Smem { transposed, .. } = &mut v else {
                     return Err(self.unsupported(id, "a transpose not feeding mma"));
                 };
-                let transposed = !transposed;
-                self.vals.insert(
-                    r,
-                    Val::Smem {
-                        base,
-                        buf,
-                        transposed,
-                    },
-                );
+                *transposed = !*transposed;
+                self.vals.insert(r, v);
             }
             OpKind::Reduce { op: rop, dim } => self.write_reduce(id, *rop, *dim)?,
             OpKind::Mma => {
@@ -456,13 +440,17 @@ impl<'k> Emitter<'k> {
         label
     }
 
-    /// This block's index along `axis` (0 = x): a persistent kernel's blocks are its work
-    /// tiles.
-    pub(crate) fn block_index(&mut self, axis: usize, lower: &dyn Lower) -> Reg {
+    /// A register holding special register `%{special}` (`ctaid`, `nctaid`) along `axis`
+    /// (0 = x), or `given`, what [`Lower`] gives instead: a persistent kernel's blocks are
+    /// its work tiles, its grid the logical one.
+    pub(crate) fn special_reg(&mut self, given: Option<Reg>, special: &str, axis: usize) -> Reg {
         let reg = self.new_reg(Class::B32);
-        match lower.block_id(axis) {
+        match given {
             Some(r) => self.mov(reg, r),
-            None => self.ins(format!("mov.u32 {reg}, %ctaid.{}", ["x", "y", "z"][axis])),
+            None => self.ins(format!(
+                "mov.u32 {reg}, %{special}.{}",
+                ["x", "y", "z"][axis]
+            )),
         }
         reg
     }

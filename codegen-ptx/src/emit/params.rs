@@ -80,10 +80,7 @@ impl Emitter<'_> {
                     grid.get_or_insert([r; 3])[axis] = r;
                 }
                 SlotRole::Scalar { param } => {
-                    let dtype = match &self.k.params[param] {
-                        Param::Scalar { dtype, .. } => *dtype,
-                        Param::Tensor { dtype, .. } => *dtype,
-                    };
+                    let dtype = self.k.params[param].dtype();
                     let r = self.new_reg(Class::of(dtype));
                     let ty = if dtype == DType::F32 { "f32" } else { "s32" };
                     self.ins(format!("ld.param.{ty} {r}, [{}]", s.name));

@@ -62,7 +62,7 @@ impl Emitter<'_> {
         self.ins(format!("@!{prints} bra {skip}"));
         let mut at = 0u32;
         for axis in 0..3 {
-            let b = self.block_index(axis, lower);
+            let b = self.special_reg(lower.block_id(axis), "ctaid", axis);
             self.ins(format!("st.local.u32 [{BUFFER}+{at}], {b}"));
             at += 4;
         }

@@ -19,7 +19,7 @@ mod view;
 pub(crate) use barrier::{Cursor, cluster_barrier, cluster_rank, lane0};
 pub(crate) use ops::{Ops, RingMma};
 pub(crate) use split::{elect, set_registers};
-pub(crate) use store::{finish as finish_stores, write as write_store};
+pub(crate) use store::write as write_store;
 pub(crate) use tiles::TileLoop;
 pub(crate) use tma::{descriptor, stage_address};
 pub(crate) use view::{View, tensor_maps};

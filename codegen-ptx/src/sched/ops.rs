@@ -4,9 +4,11 @@
 
 use std::ops::Range;
 
-use kiln_ir::sched::{Sched, TmaStore};
+use kiln_ir::sched::op::Named;
+use kiln_ir::sched::{Op, Sched, TmaStore};
 use kiln_ir::{Kernel, OpId, OpKind, Type};
 
+use super::barrier::cluster_barrier;
 use super::store;
 use crate::emit::{Emitter, Lower};
 use crate::error::CodegenError;
@@ -63,6 +65,23 @@ impl<'k, M> Ops<'k, M> {
             warpgroup: None,
             columns: None,
             mma,
+        }
+    }
+
+    /// An op of the exit of a role that ran the code after the loop: the last wait for its
+    /// bulk stores, or the cluster's last barrier.
+    pub(crate) fn exit(&self, e: &mut Emitter<'_>, op: Op) -> Result<(), CodegenError> {
+        match op {
+            Op::BulkWaitAll => store::finish(e, self.s, self.stores, self.warpgroup),
+            Op::ClusterSync => {
+                e.comment("no CTA exits while a cluster peer may still use its shared memory");
+                cluster_barrier(e);
+                Ok(())
+            }
+            op => {
+                let named = Named { op, sched: self.s };
+                Err(e.internal(self.s.for_op, format!("`{named}` at a role's exit")))
+            }
         }
     }
 }

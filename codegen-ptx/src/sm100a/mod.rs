@@ -9,7 +9,7 @@
 //! producer's elected thread runs its program exactly as on sm_90a (TMA and mbarriers are
 //! the same on Blackwell); the MMA warp's elected thread runs its per-tile program and its
 //! iteration program as `tcgen05.mma` from shared-memory descriptors with each stage
-//! released by `tcgen05.commit` ([`tcgen05`]), and the warp frees the columns after the last
+//! released by `tcgen05.commit` ([`mma`]), and the warp frees the columns after the last
 //! tile; the epilogue warps copy each tile's accumulator to registers, the `for`'s result,
 //! and run the kernel's code after the loop (its store goes through the TMA-store epilogue)
 //! while the MMA warp already works on the next tile. Where the epilogue's program reads the
@@ -25,8 +25,8 @@
 //! An attention schedule (softmax, correction, load and MMA roles) is [`attention`].
 
 mod attention;
+mod mma;
 mod roles;
-mod tcgen05;
 mod tmem;
 
 use kiln_ir::OpId;

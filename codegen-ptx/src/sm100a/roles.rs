@@ -10,7 +10,7 @@ use kiln_ir::sched::{Op, Region, Role, RoleKind};
 use super::Sm100a;
 use crate::emit::Val;
 use crate::error::CodegenError;
-use crate::sched::{self, Cursor};
+use crate::sched;
 use crate::types::{Class, Reg};
 
 impl Sm100a<'_, '_> {
@@ -34,101 +34,11 @@ impl Sm100a<'_, '_> {
         self.v.close_tile(self.e, &mut self.ops, walk.as_ref(), &c);
         self.e.ins("exit");
         self.e.label(&mma_label);
-        self.e
-            .comment("mma warp: one thread issues the tcgen05.mmas; the warp owns TMEM");
         self.mma_warp(mma)?;
-        self.e.ins("exit");
         self.e.label(&epilogue_label);
         self.e
             .comment("epilogue warps: the accumulator from TMEM, then the kernel's code");
         self.epilogue(epilogue)
-    }
-
-    /// The MMA warp after the address is published: its elected lane 0 runs the per-tile
-    /// program over the work tiles and the exit's wait (it alone knows how many tiles ran);
-    /// the reconverged warp runs the rest of the exit (the dealloc is warp-wide). In the
-    /// 2-SM form the peer CTA's MMA role only runs its own exit.
-    fn mma_warp(&mut self, mma: &Role) -> Result<(), CodegenError> {
-        let s = self.v.s;
-        let base = self.tmem_base();
-        let other = self.e.setp("ne.u32", self.e.tid, 32 * mma.first_warp);
-        // The 2-SM form: the peer's MMA warp issues nothing; it only frees its columns.
-        let leader = s.cluster.as_ref().and_then(|c| c.pair).map(|p| p.leader);
-        let peer_role = s
-            .roles
-            .iter()
-            .find(|r| r.kind == RoleKind::Mma && r.rank.is_some_and(|rank| Some(rank) != leader));
-        let peer = match (leader, peer_role) {
-            (Some(leader), Some(role)) => {
-                let rank = sched::cluster_rank(self.e);
-                let peer = self.e.setp("ne.u32", rank, leader);
-                self.e.ins(format!("or.pred {other}, {other}, {peer}"));
-                Some((peer, role))
-            }
-            _ => None,
-        };
-        let join = self.e.new_label();
-        self.e.ins(format!("@{other} bra {join}"));
-        let mut c = self.v.cursor(self.e, &mma.program.iteration);
-        let walk = self
-            .v
-            .open_tile(self.e, &mut self.ops, &mut c, &self.before, true)?;
-        let bounds = self.v.loop_bounds(self.e)?;
-        let p = &mma.program;
-        for &op in &p.tile {
-            self.mma_op(&c, op, base)?;
-        }
-        if !p.iteration.is_empty() {
-            self.mainloop(mma, &c, base, bounds)?;
-        }
-        for &op in p.drain.iter().chain(&p.release).chain(&p.end) {
-            self.mma_op(&c, op, base)?;
-        }
-        self.v.close_tile(self.e, &mut self.ops, walk.as_ref(), &c);
-        let Some((&wait @ Op::Wait { .. }, rest)) = p.exit.split_first() else {
-            return Err(self.e.internal(
-                self.v.for_op(),
-                "an MMA warp exit that does not wait for the epilogue",
-            ));
-        };
-        self.v.wait(self.e, &c, wait, None, true)?;
-        self.e.label(&join);
-        self.e.ins("bar.warp.sync -1");
-        // The peer's warp runs its own exit, the leader's its role's.
-        let peer_exit = match peer {
-            Some((p, role)) => {
-                let (own, done) = (self.e.new_label(), self.e.new_label());
-                self.e.ins(format!("@{p} bra {own}"));
-                Some((own, done, role))
-            }
-            None => None,
-        };
-        for &op in rest {
-            self.tmem_op(op, base)?;
-        }
-        if let Some((own, done, role)) = peer_exit {
-            self.e.ins(format!("bra.uni {done}"));
-            self.e.label(&own);
-            for &op in &role.program.exit {
-                self.tmem_op(op, base)?;
-            }
-            self.e.label(&done);
-        }
-        Ok(())
-    }
-
-    /// One op of the MMA thread outside its loop: a wait on the epilogue's hand-back, the
-    /// accumulator's commit, a fence.
-    fn mma_op(&mut self, c: &Cursor, op: Op, base: Reg) -> Result<(), CodegenError> {
-        match op {
-            Op::Wait { .. } => self.v.wait(self.e, c, op, None, false),
-            Op::Tcgen05Commit { bar, .. } => {
-                let a = self.v.bar_addr(self.e, bar, c.stage)?;
-                self.commit(a);
-                Ok(())
-            }
-            other => self.tmem_op(other, base),
-        }
     }
 
     /// The epilogue warps, per work tile: warp `w` copies TMEM lanes `32 (w % 4) ..` (its
@@ -187,27 +97,14 @@ impl Sm100a<'_, '_> {
                     self.read_chunk(&regs, column..column + columns, [lo, hi], first)?;
                     first = false;
                 }
-                Op::Wait { .. } => {
-                    self.v.wait(self.e, &c, op, None, false)?;
-                    // Lanes may leave the wait loop apart; the `.sync.aligned` copies after it
-                    // need the whole warp.
-                    self.e.ins("bar.warp.sync -1");
-                }
+                Op::Wait { .. } => self.warp_wait(op, None, &c)?,
                 other => self.tmem_op(other, base)?,
             }
         }
         self.v.close_tile(self.e, &mut self.ops, walk.as_ref(), &c);
         for &op in &epilogue.program.exit {
             match op {
-                Op::BulkWaitAll => {
-                    let s = self.v.s;
-                    sched::finish_stores(self.e, s, &s.stores, None)?;
-                }
-                Op::ClusterSync => {
-                    self.e
-                        .comment("no CTA exits while the pair's mmas or copies may still use it");
-                    sched::cluster_barrier(self.e);
-                }
+                Op::BulkWaitAll | Op::ClusterSync => self.ops.exit(self.e, op)?,
                 other => self.tmem_op(other, base)?,
             }
         }

@@ -8,7 +8,7 @@ use kiln_ir::sched::tmem::LOAD_COLUMNS;
 
 use super::{Sm100a, cta_group, shared_at};
 use crate::error::CodegenError;
-use crate::sched;
+use crate::sched::{self, Cursor};
 use crate::types::{Class, Reg};
 
 impl Sm100a<'_, '_> {
@@ -57,6 +57,23 @@ impl Sm100a<'_, '_> {
                 ))
             }
             other => return Err(self.v.misplaced(self.e, other, "outside its role")),
+        }
+        Ok(())
+    }
+
+    /// A parity wait by every thread of warps whose `.sync.aligned` tcgen05 ops follow it:
+    /// lanes may leave the wait loop apart, so the warp reconverges after it, but for a wait
+    /// on the load ring (attention's softmax warps wait for Q). `it`: the role's iteration
+    /// count, the phase of attention's own barriers (see [`super::attention`]).
+    pub(super) fn warp_wait(
+        &mut self,
+        op: Op,
+        it: Option<Reg>,
+        c: &Cursor,
+    ) -> Result<(), CodegenError> {
+        self.v.wait(self.e, c, op, it, false)?;
+        if !matches!(op, Op::Wait { bar, .. } if self.v.in_ring(bar)) {
+            self.e.ins("bar.warp.sync -1");
         }
         Ok(())
     }

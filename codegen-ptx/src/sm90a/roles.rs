@@ -74,16 +74,7 @@ impl Sm90a<'_, '_> {
             match op {
                 Op::Sync { .. } | Op::Signal { .. } if persistent => self.turn_ops(&[op])?,
                 Op::Sync { .. } | Op::Signal { .. } => {}
-                Op::BulkWaitAll => {
-                    let s = self.v.s;
-                    sched::finish_stores(self.e, s, &s.stores, self.ops.warpgroup)?;
-                }
-                Op::ClusterSync => {
-                    self.e.comment(
-                        "no CTA exits while its peer may still write into it or arrive on it",
-                    );
-                    sched::cluster_barrier(self.e);
-                }
+                Op::BulkWaitAll | Op::ClusterSync => self.ops.exit(self.e, op)?,
                 other => return Err(self.v.misplaced(self.e, other, "at the consumers' exit")),
             }
         }
@@ -191,8 +182,7 @@ impl Sm90a<'_, '_> {
             }
             Op::FenceProxyAsync => self.e.ins("fence.proxy.async.shared::cta"),
             Op::Wait { .. } => self.v.wait(self.e, c, op, None, false)?,
-            Op::Sync { bar, index, who } => self.named_op(bar, index, who, true)?,
-            Op::Signal { bar, index, who } => self.named_op(bar, index, who, false)?,
+            Op::Sync { .. } | Op::Signal { .. } => self.named_op(op)?,
             other => return Err(self.v.misplaced(self.e, other, "in the consumers' program")),
         }
         Ok(())
@@ -216,11 +206,7 @@ impl Sm90a<'_, '_> {
     /// Writes the consumers' ops once per CTA around their tiles: turn hand-overs.
     pub(super) fn turn_ops(&mut self, ops: &[Op]) -> Result<(), CodegenError> {
         for &o in ops {
-            match o {
-                Op::Sync { bar, index, who } => self.named_op(bar, index, who, true)?,
-                Op::Signal { bar, index, who } => self.named_op(bar, index, who, false)?,
-                other => return Err(self.v.misplaced(self.e, other, "once per CTA")),
-            }
+            self.named_op(o)?;
         }
         Ok(())
     }
@@ -251,15 +237,12 @@ impl Sm90a<'_, '_> {
         })
     }
 
-    /// `bar.sync` (`sync`) or `bar.arrive` on element `index` of named barrier array `bar`,
-    /// by the warpgroups `who` names.
-    pub(super) fn named_op(
-        &mut self,
-        bar: BarrierId,
-        index: Index,
-        who: Who,
-        sync: bool,
-    ) -> Result<(), CodegenError> {
+    /// `bar.sync` ([`Op::Sync`]) or `bar.arrive` ([`Op::Signal`]) on element `index` of named
+    /// barrier array `bar`, by the warpgroups `who` names.
+    fn named_op(&mut self, op: Op) -> Result<(), CodegenError> {
+        let (Op::Sync { bar, index, who } | Op::Signal { bar, index, who }) = op else {
+            return Err(self.v.misplaced(self.e, op, "is not a turn op"));
+        };
         let e = &mut *self.e;
         let t = self
             .turns
@@ -278,8 +261,12 @@ impl Sm90a<'_, '_> {
         if let Some(guard) = &skip {
             e.ins(format!("{guard} bra {end}"));
         }
-        let op = if sync { "bar.sync" } else { "bar.arrive" };
-        e.ins(format!("{op} {id}, {}", t.threads));
+        let ins = if matches!(op, Op::Sync { .. }) {
+            "bar.sync"
+        } else {
+            "bar.arrive"
+        };
+        e.ins(format!("{ins} {id}, {}", t.threads));
         if skip.is_some() {
             e.label(&end);
         }

@@ -38,7 +38,7 @@ impl Sm100a<'_, '_> {
                     if let Some(l) = &after {
                         self.e.ins(format!("@{first} bra.uni {l}"));
                     }
-                    self.attn_wait(op, it, &c, true)?;
+                    self.warp_wait(op, Some(it), &c)?;
                     if let Some(l) = after {
                         self.e.label(&l);
                     }

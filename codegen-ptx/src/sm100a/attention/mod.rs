@@ -17,7 +17,6 @@
 //! with the bit flipped; a per-tile barrier uses the tile walk's parity.
 
 mod correction;
-mod mma;
 mod softmax;
 
 use kiln_ir::sched::tmem::{ACC_ROWS, TmemTileId};
@@ -29,8 +28,8 @@ use crate::sched::{self, Cursor, TileLoop};
 use crate::types::{Class, Reg};
 
 /// A role's walk over the CTA's pairs of work tiles.
-struct Pair {
-    walk: TileLoop,
+pub(super) struct Pair {
+    pub(super) walk: TileLoop,
     /// The pair's index along x (the tile walk's x).
     xp: Reg,
     y: Reg,
@@ -39,7 +38,7 @@ struct Pair {
 
 impl Sm100a<'_, '_> {
     /// The TMEM column of tile `name` (`S`, `O`) of Q tile `g`.
-    fn column(&self, name: &str, g: u32) -> Result<u32, CodegenError> {
+    pub(super) fn column(&self, name: &str, g: u32) -> Result<u32, CodegenError> {
         self.tmem
             .tile(name, Some(g))
             .map(|TmemTileId(t)| self.tmem.tiles[t].column)
@@ -81,10 +80,7 @@ impl Sm100a<'_, '_> {
         self.load_warp(load)?;
         self.e.ins("exit");
         self.e.label(&mma_label);
-        self.e
-            .comment("mma warp: one thread issues the tcgen05.mmas; the warp owns TMEM");
-        self.attention_mma(mma)?;
-        self.e.ins("exit");
+        self.mma_warp(mma)?;
         for (g, (label, role)) in labels.iter().zip(softmax).enumerate() {
             self.e.label(label);
             self.e.comment(&format!(
@@ -102,7 +98,7 @@ impl Sm100a<'_, '_> {
 
     /// Opens a role's walk over pairs of work tiles (the tile scheduler over the grid with
     /// x halved, rounded up).
-    fn open_pair(&mut self, c: &mut Cursor) -> Result<Pair, CodegenError> {
+    pub(super) fn open_pair(&mut self, c: &mut Cursor) -> Result<Pair, CodegenError> {
         let grid = self.ops.grid.ok_or_else(|| {
             self.e
                 .internal(self.v.for_op(), "a persistent kernel without its grid")
@@ -137,7 +133,7 @@ impl Sm100a<'_, '_> {
     /// starts, the later of their ends and the step they share (the `tmem` pass checked it
     /// does not depend on x, and is 1 where the starts may differ); a softmax warpgroup runs the
     /// iterations outside its own tile's range as no-ops.
-    fn pair_bounds(&mut self, pair: &Pair) -> Result<[Reg; 3], CodegenError> {
+    pub(super) fn pair_bounds(&mut self, pair: &Pair) -> Result<[Reg; 3], CodegenError> {
         self.enter_pair_tile(pair, 0, true)?;
         let [lo0, hi0, _] = self.v.loop_bounds(self.e)?;
         self.enter_pair_tile(pair, 1, true)?;
@@ -151,7 +147,7 @@ impl Sm100a<'_, '_> {
     /// The TMEM base address (lane 0, column 0), read from the shared slot, and the address
     /// of the executing thread's lane: warp `w` reaches lanes `32 (w % 4) ..`, thread `t` of
     /// it lane `32 (w % 4) + t`; returns `(base, lane address)`.
-    fn lanes(&mut self) -> (Reg, Reg) {
+    pub(super) fn lanes(&mut self) -> (Reg, Reg) {
         let base = self.tmem_base();
         let e = &mut *self.e;
         // TMEM address = (lane << 16) | column: lane 32 (w % 4) is `(w % 4) << 21`.
@@ -161,29 +157,6 @@ impl Sm100a<'_, '_> {
         e.ins(format!("shl.b32 {lanes}, {lanes}, 21"));
         e.ins(format!("add.u32 {lanes}, {lanes}, {base}"));
         (base, lanes)
-    }
-
-    /// A parity wait: on a ring barrier as the ring waits; on one of the schedule's own
-    /// barriers with the role's iteration count `it` (see the module doc), the warp
-    /// reconverging after it when `aligned` (lanes may leave the wait loop apart; the
-    /// `.sync.aligned` tcgen05 ops after it need the whole warp).
-    fn attn_wait(
-        &mut self,
-        op: Op,
-        it: Reg,
-        c: &Cursor,
-        aligned: bool,
-    ) -> Result<(), CodegenError> {
-        if let Op::Wait { bar, .. } = op
-            && self.v.in_ring(bar)
-        {
-            return self.v.wait(self.e, c, op, None, false);
-        }
-        self.v.wait(self.e, c, op, Some(it), false)?;
-        if aligned {
-            self.e.ins("bar.warp.sync -1");
-        }
-        Ok(())
     }
 
     /// The load warp's thread: per pair of tiles its per-tile program (both Q tiles, each at
@@ -204,10 +177,8 @@ impl Sm100a<'_, '_> {
         let iv = self.e.new_reg(Class::B32);
         self.e.mov(iv, lo);
         let counted = self.e.open_counted_loop(iv, hi, step);
-        for &op in &load.program.iteration {
-            self.v.producer_op(self.e, &mut self.ops, &c, op, iv)?;
-        }
-        self.v.advance(self.e, &c);
+        self.v
+            .producer_iteration(self.e, &mut self.ops, load, &c, iv)?;
         self.e.close_counted_loop(&counted);
         self.close_pair(&pair, &c);
         Ok(())

@@ -127,7 +127,7 @@ impl Sm100a<'_, '_> {
         let pair = self.open_pair(&mut c)?;
         for &op in &role.program.tile {
             match op {
-                Op::Wait { .. } => self.attn_wait(op, it, &c, true)?,
+                Op::Wait { .. } => self.warp_wait(op, Some(it), &c)?,
                 other => self.tmem_op(other, base)?,
             }
         }
@@ -172,7 +172,7 @@ impl Sm100a<'_, '_> {
         self.close_pair(&pair, &c);
         for &op in &role.program.exit {
             match op {
-                Op::BulkWaitAll => sched::finish_stores(self.e, self.v.s, self.ops.stores, None)?,
+                Op::BulkWaitAll => self.ops.exit(self.e, op)?,
                 other => self.tmem_op(other, base)?,
             }
         }
@@ -193,7 +193,7 @@ impl Sm100a<'_, '_> {
         let (id, o) = (self.v.for_op(), overlap(self.e, &self.v)?);
         for &op in &role.program.iteration {
             match op {
-                Op::Wait { .. } => self.attn_wait(op, r.it, c, true)?,
+                Op::Wait { .. } => self.warp_wait(op, Some(r.it), c)?,
                 Op::TmemLoad { .. } | Op::Run(Region::Between) if noop => {}
                 Op::TmemLoad { columns, .. } => {
                     let regs = self.tmem_load(r.s_at, columns);
@@ -273,7 +273,7 @@ impl Sm100a<'_, '_> {
         self.e.ins(format!("@{none} bra.uni {skip}"));
         for &step in &role.program.end {
             match step {
-                Op::Wait { .. } => self.attn_wait(step, it, c, true)?,
+                Op::Wait { .. } => self.warp_wait(step, Some(it), c)?,
                 Op::TmemLoad {
                     column, columns, ..
                 } => {
