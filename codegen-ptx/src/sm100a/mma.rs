@@ -49,12 +49,7 @@ impl<'k> Sm100a<'_, 'k> {
         let attention = s.role(RoleKind::Softmax(0)).is_some();
         self.e
             .comment("mma warp: one thread issues the tcgen05.mmas; the warp owns TMEM");
-        // Attention's MMA warp also computes its lane's address, which it does not read.
-        let base = if attention {
-            self.lanes().0
-        } else {
-            self.tmem_base()
-        };
+        let base = self.tmem_base();
         let other = self.e.setp("ne.u32", self.e.tid, 32 * mma.first_warp);
         // The 2-SM form: the peer's MMA warp issues nothing; it only frees its columns.
         let leader = s.cluster.as_ref().and_then(|c| c.pair).map(|p| p.leader);
