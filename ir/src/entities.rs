@@ -386,6 +386,10 @@ pub enum OpKind {
     },
     /// `(tile[R, C]) -> tile[C, R]`.
     Transpose,
+    /// `(tile) -> tile`: the same tile in the result's layout. The `layout` pass inserts it
+    /// where an op needs an operand in another layout than the one it was made in; a
+    /// backend moves the elements between threads through shared memory.
+    Convert,
     /// `(tile) -> tile`: reduce dimension `dim` away (`[R, C]` -> `[R]` for `dim = 1`).
     Reduce {
         /// The combining operator.

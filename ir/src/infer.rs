@@ -170,6 +170,11 @@ pub fn result_types(
                 shape: shape.clone(),
             }])
         }
+        OpKind::Convert => {
+            want(1)?;
+            tile_shape(&operands[0], "convert")?;
+            Ok(vec![operands[0].clone()])
+        }
         OpKind::Transpose => {
             want(1)?;
             let s = tile_shape(&operands[0], "transpose")?;

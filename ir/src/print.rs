@@ -174,6 +174,9 @@ fn print_op(kernel: &Kernel, id: OpId, level: usize, out: &mut String, regions: 
         OpKind::Transpose => {
             let _ = write!(line, "transpose {}", values(ops));
         }
+        OpKind::Convert => {
+            let _ = write!(line, "convert {}", values(ops));
+        }
         OpKind::Reduce { op: r, dim } => {
             let _ = write!(line, "reduce.{} {} dim {dim}", r.name(), values(ops));
         }

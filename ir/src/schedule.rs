@@ -150,8 +150,24 @@ impl Distribution {
     /// consecutive threads. `None` when a term spans more than a warp (a reduction across
     /// warps, which shuffles cannot do) or is no power-of-two group of lanes.
     pub fn lane_masks(&self, dim: usize) -> Option<Vec<u32>> {
+        match self.reduction_stages(dim)? {
+            (masks, warps) if warps.is_empty() => Some(masks),
+            _ => None,
+        }
+    }
+
+    /// How a reduction over dimension `dim` meets: the lane masks of its butterfly inside a
+    /// warp ([`Distribution::lane_masks`]), then the terms that spread `dim` over whole
+    /// warps, whose partial results meet through shared memory. `None` when a term
+    /// straddles lanes and warps or is no power-of-two group of lanes.
+    pub fn reduction_stages(&self, dim: usize) -> Option<(Vec<u32>, Vec<Term>)> {
         let mut masks = Vec::new();
+        let mut warps = Vec::new();
         for t in &self.terms[dim] {
+            if t.div.is_multiple_of(32) {
+                warps.push(*t);
+                continue;
+            }
             // A butterfly pairs lanes by XOR of one bit: only a power-of-two group of a
             // power-of-two stride is closed under it.
             if t.div * t.modulo > 32 || !t.div.is_power_of_two() || !t.modulo.is_power_of_two() {
@@ -163,7 +179,7 @@ impl Distribution {
                 m *= 2;
             }
         }
-        Some(masks)
+        Some((masks, warps))
     }
 }
 
@@ -418,6 +434,18 @@ pub struct Schedule {
     /// sm_90a, sm_100a: the schedule IR of the ring loop: roles, their programs, barriers
     /// and the transfers they order ([`crate::sched`]).
     pub sched: Option<crate::sched::Sched>,
+    /// Shared memory through which tiles change layout (`convert`) and reductions cross
+    /// warps; after every other buffer, reused by each such op in turn.
+    pub scratch: Option<Scratch>,
+}
+
+/// A shared-memory region for exchanging register tiles between threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scratch {
+    /// Offset in dynamic shared memory (128-byte aligned).
+    pub offset: u32,
+    /// Its size in bytes.
+    pub bytes: u32,
 }
 
 impl Schedule {

@@ -18,6 +18,7 @@
 mod arith;
 mod control;
 mod copy;
+mod exchange;
 mod memory;
 mod mma;
 mod params;
@@ -363,6 +364,7 @@ impl<'k> Emitter<'k> {
                 self.vals.insert(r, v);
             }
             OpKind::Reduce { op: rop, dim } => self.write_reduce(id, *rop, *dim)?,
+            OpKind::Convert => self.write_convert(id)?,
             OpKind::Mma => {
                 if !lower.mma(self, id)? {
                     self.write_mma(id)?;

@@ -80,10 +80,11 @@ impl Emitter<'_> {
                 acc.insert(key, v);
             }
         }
-        let masks = src.lane_masks(dim).ok_or_else(|| {
+        let (masks, warps) = src.reduction_stages(dim).ok_or_else(|| {
             self.unsupported(
                 id,
-                "a reduction across warps or over a lane group that is not a power of two",
+                "a reduction over a lane group that is not a power of two, or one straddling \
+                 lanes and warps",
             )
         })?;
         let mut out = Vec::with_capacity(dst.regs.len());
@@ -101,6 +102,15 @@ impl Emitter<'_> {
                 v = combine(self, v, o);
             }
             out.push(v);
+        }
+        if !warps.is_empty() {
+            let lanes: Vec<_> = src.terms[dim]
+                .iter()
+                .filter(|t| !warps.contains(t))
+                .copied()
+                .collect();
+            let mut combine = combine;
+            out = self.reduce_across_warps(id, r, &dst, &warps, &lanes, out, &mut combine)?;
         }
         self.vals.insert(r, Val::Tile(out));
         Ok(())

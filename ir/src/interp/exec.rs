@@ -251,6 +251,7 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
                 vec![v]
             }
             OpKind::Transpose => vec![eval::transpose(self.get(id, operand(0)?)?)],
+            OpKind::Convert => vec![self.get(id, operand(0)?)?.clone()],
             OpKind::Reduce { op: r, dim } => {
                 let x = self.get(id, operand(0)?)?;
                 vec![eval::reduce(*r, x, *dim).map_err(|f| self.fault(id, f))?]

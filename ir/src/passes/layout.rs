@@ -29,6 +29,8 @@ use crate::types::{Shape, Type};
 
 use super::walk::{all_aligned16, defining_op, ops_in_order, uses};
 
+mod conversions;
+
 /// Assigns layouts; fails only on a combination the backends cannot realise.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     let order = ops_in_order(kernel);
@@ -282,6 +284,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 | OpKind::Splat { .. }
                 | OpKind::Iota { .. }
                 | OpKind::Transpose
+                | OpKind::Convert
                 | OpKind::Store { .. }
                 | OpKind::Print { .. }
                 | OpKind::Yield => {}
@@ -332,6 +335,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             }
         }
     }
+    conversions::insert(kernel, &mut layouts);
     kernel.schedule.layouts = layouts;
     Ok(())
 }
@@ -443,8 +447,15 @@ fn blocked(ty: &Type, warps: u32, reduce_dims: [bool; 2]) -> Layout {
     if wr * wc < warps && !reduce_dims[1] && shape.rank() == 2 && reduce_dims[0] {
         wc = pow2_div(cols / (vec * tc), warps);
     }
-    // Leftover warps hold replicas along the rows (a row split would need a cross-warp
-    // exchange); `Distribution` wraps the warp index modulo the grid.
+    // Warps the other dimension cannot take split a reduced one: their partial results
+    // meet in shared memory (a one-row softmax uses every warp, not one). Any left hold
+    // replicas; `Distribution` wraps the warp index modulo the grid.
+    if wr * wc < warps {
+        wc *= pow2_div(cols / (vec * tc * wc), warps / (wr * wc));
+    }
+    if wr * wc < warps && shape.rank() == 2 {
+        wr *= pow2_div(rows / (tr * wr), warps / (wr * wc));
+    }
     Layout::Blocked {
         size_per_thread: [1, vec],
         threads_per_warp: [tr, tc],

@@ -14,8 +14,9 @@ use std::collections::BTreeSet;
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, OpId, OpKind};
-use crate::schedule::LoopPlan;
+use crate::schedule::{LoopPlan, Scratch};
 use crate::target::Target;
+use crate::types::Shape;
 
 use super::walk::{all_aligned16, hoistable, ops_in_order};
 
@@ -43,6 +44,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         )
         .note("ask for `cluster(1)`, or leave clusters to the autotuner, which skips this"));
     }
+    place_scratch(kernel, target)?;
     let mut loops = std::collections::BTreeMap::new();
     for id in ops_in_order(kernel) {
         let OpKind::For { stages: Some(n) } = kernel.ops[id].kind else {
@@ -127,4 +129,67 @@ fn check_covered(kernel: &Kernel, target: Target) -> Result<(), Diagnostic> {
             "compile for sm_80, which runs on Hopper"
         })),
     }
+}
+
+/// Places the shared scratch region that tiles changing layout (`convert`) and reductions
+/// across warps exchange elements through: after every other buffer, as large as the
+/// largest exchange. Role-specialised kernels have no block-wide barrier to order it, so a
+/// conversion in one is reported at the user's op.
+fn place_scratch(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
+    let mut bytes = 0u32;
+    let mut first = None;
+    for id in ops_in_order(kernel) {
+        let op = &kernel.ops[id];
+        let need = match op.kind {
+            OpKind::Convert => {
+                let ty = kernel.ty(op.results[0]);
+                let elems = ty.shape().map_or(1, Shape::numel);
+                elems as u32 * ty.dtype().size_bytes() as u32
+            }
+            OpKind::Reduce { dim, .. } => {
+                let Ok(d) = kernel.distribution(op.operands[0]) else {
+                    continue;
+                };
+                let warps: u32 = match d.reduction_stages(dim) {
+                    Some((_, w)) => w.iter().map(|t| t.modulo).product(),
+                    None => 1,
+                };
+                if warps <= 1 {
+                    continue;
+                }
+                let ty = kernel.ty(op.results[0]);
+                let elems = ty.shape().map_or(1, Shape::numel);
+                warps * elems as u32 * ty.dtype().size_bytes() as u32
+            }
+            _ => continue,
+        };
+        first.get_or_insert(id);
+        bytes = bytes.max(need);
+    }
+    let Some(first) = first else {
+        kernel.schedule.scratch = None;
+        return Ok(());
+    };
+    let loc = kernel.ops[first].loc;
+    if kernel.schedule.sched.is_some() {
+        return Err(Diagnostic::new(
+            loc,
+            format!(
+                "on {target}, this warp-specialised kernel cannot move a tile between threads \
+                 here (a layout change or a reduction across warps)"
+            ),
+        )
+        .note("compute this value in the layout the loop produces it in, or compile for sm_80"));
+    }
+    let offset = kernel.schedule.smem_bytes.next_multiple_of(128);
+    let total = offset + bytes;
+    super::memory_plan::check_smem(
+        loc,
+        total,
+        "the kernel's shared buffers and the exchange of this tile between threads",
+        "use smaller tiles",
+    )?;
+    kernel.schedule.scratch = Some(Scratch { offset, bytes });
+    kernel.schedule.smem_bytes = total;
+    Ok(())
 }

@@ -151,6 +151,7 @@ pub fn column_local(kernel: &Kernel, for_op: OpId) -> bool {
             | OpKind::Load { .. }
             | OpKind::Store { .. } => true,
             OpKind::Transpose
+            | OpKind::Convert
             | OpKind::Reduce { .. }
             | OpKind::Mma
             | OpKind::For { .. }

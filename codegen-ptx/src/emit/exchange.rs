@@ -1,0 +1,203 @@
+//! Elements changing threads through the kernel's shared scratch region
+//! ([`kiln_ir::schedule::Scratch`]): a `convert` writes every element of its operand at the
+//! element's row-major place and reads its result's elements back; a reduction spread over
+//! warps leaves one partial result per warp there and each thread combines them.
+//!
+//! Every exchange starts with `bar.sync` (readers of the previous exchange are done) and
+//! has one between its writes and its reads. The code is one instruction per register the
+//! thread holds: it grows with the per-thread tile, not with the tile.
+
+use kiln_ir::schedule::{Distribution, Scratch, Term};
+use kiln_ir::{DType, OpId, ValueId};
+
+use super::{Emitter, Val};
+use crate::error::CodegenError;
+use crate::types::{Class, Reg};
+
+/// Bytes an element takes in the scratch region.
+fn scratch_bytes(dtype: DType) -> u32 {
+    dtype.size_bytes() as u32
+}
+
+impl Emitter<'_> {
+    /// The scratch region, which the `lower` pass sized for every exchange of the kernel.
+    fn scratch(&self, at: OpId) -> Result<Scratch, CodegenError> {
+        self.k
+            .schedule
+            .scratch
+            .ok_or_else(|| self.internal(at, "an exchange between threads without scratch memory"))
+    }
+
+    /// `convert`: the operand's elements, in its layout, become the result's, in another.
+    pub(crate) fn write_convert(&mut self, id: OpId) -> Result<(), CodegenError> {
+        let op = self.k.ops[id].clone();
+        let (x, r) = (op.operands[0], op.results[0]);
+        let scratch = self.scratch(id)?;
+        let dtype = self.k.ty(x).dtype();
+        let strides = row_major_strides(self.k, x, id, self)?;
+        let (src, dst) = (self.dist(x, id)?, self.dist(r, id)?);
+        let esize = scratch_bytes(dtype);
+
+        self.comment("layout conversion through shared memory");
+        self.ins("bar.sync 0");
+        let base = self.element_address(&src, &strides, esize, scratch);
+        for offs in &src.regs {
+            let e = self.elem(x, offs, id)?;
+            let at = linear(offs, &strides) * esize;
+            self.store_scratch(dtype, base, at, e);
+        }
+        self.ins("bar.sync 0");
+        let base = self.element_address(&dst, &strides, esize, scratch);
+        let mut out = Vec::with_capacity(dst.regs.len());
+        for offs in &dst.regs {
+            let at = linear(offs, &strides) * esize;
+            out.push(self.load_scratch(dtype, base, at));
+        }
+        self.vals.insert(r, Val::Tile(out));
+        Ok(())
+    }
+
+    /// The last stage of a reduction whose dimension spans `warps` (terms of whole warps):
+    /// each warp's partial result for every element of the result (`partial`, in `dst`'s
+    /// register order) goes to shared memory, and each thread combines every warp's.
+    pub(crate) fn reduce_across_warps(
+        &mut self,
+        id: OpId,
+        r: ValueId,
+        dst: &Distribution,
+        warps: &[Term],
+        lane_terms: &[Term],
+        partial: Vec<Reg>,
+        combine: &mut dyn FnMut(&mut Self, Reg, Reg) -> Reg,
+    ) -> Result<Vec<Reg>, CodegenError> {
+        let scratch = self.scratch(id)?;
+        let dtype = self.k.ty(r).dtype();
+        let strides = row_major_strides(self.k, r, id, self)?;
+        let esize = scratch_bytes(dtype);
+        // Partials of one result element lie side by side: element e of warp w at
+        // `(e * count + w) * esize`.
+        let count: u32 = warps.iter().map(|t| t.modulo).product();
+        let mut radix = 1;
+        let dense: Vec<Term> = warps
+            .iter()
+            .map(|t| {
+                let d = Term {
+                    div: t.div,
+                    modulo: t.modulo,
+                    mul: radix,
+                };
+                radix *= t.modulo;
+                d
+            })
+            .collect();
+        let warp = self.thread_coord(&dense);
+
+        self.comment("reduction across warps through shared memory");
+        self.ins("bar.sync 0");
+        let base = self.element_address(dst, &strides, esize * count, scratch);
+        let slot = self.new_reg(Class::B32);
+        self.ins(format!("mad.lo.u32 {slot}, {warp}, {esize}, {base}"));
+        // After the butterflies every lane of a group holds the same partial: the first
+        // writes it.
+        let lane = self.thread_coord(lane_terms);
+        let first = self.setp("eq.u32", lane, 0);
+        let skip = self.new_label();
+        self.ins(format!("@!{first} bra {skip}"));
+        for (offs, &p) in dst.regs.iter().zip(&partial) {
+            let at = linear(offs, &strides) * esize * count;
+            self.store_scratch(dtype, slot, at, p);
+        }
+        self.label(&skip);
+        self.ins("bar.sync 0");
+        let mut out = Vec::with_capacity(partial.len());
+        for offs in &dst.regs {
+            let at = linear(offs, &strides) * esize * count;
+            let mut acc = self.load_scratch(dtype, base, at);
+            for w in 1..count {
+                let p = self.load_scratch(dtype, base, at + w * esize);
+                acc = combine(self, acc, p);
+            }
+            out.push(acc);
+        }
+        Ok(out)
+    }
+
+    /// A shared address: the scratch region's start plus `esize` times this thread's
+    /// row-major element index (its thread terms only; registers add their offsets).
+    fn element_address(
+        &mut self,
+        d: &Distribution,
+        strides: &[u32],
+        esize: u32,
+        scratch: Scratch,
+    ) -> Reg {
+        let index = self.new_reg(Class::B32);
+        self.ins(format!("mov.u32 {index}, 0"));
+        for (terms, &stride) in d.terms.iter().zip(strides) {
+            if terms.is_empty() {
+                continue;
+            }
+            let c = self.thread_coord(terms);
+            self.ins(format!("mad.lo.u32 {index}, {c}, {stride}, {index}"));
+        }
+        let addr = self.new_reg(Class::B32);
+        self.ins(format!(
+            "mad.lo.u32 {addr}, {index}, {esize}, {}",
+            self.smem
+        ));
+        self.ins(format!("add.u32 {addr}, {addr}, {}", scratch.offset));
+        addr
+    }
+
+    fn store_scratch(&mut self, dtype: DType, base: Reg, at: u32, e: Reg) {
+        match dtype {
+            DType::Bool => {
+                let b = self.new_reg(Class::B32);
+                self.ins(format!("selp.b32 {b}, 1, 0, {e}"));
+                self.ins(format!("st.shared.u8 [{base}+{at}], {b}"));
+            }
+            DType::Bf16 | DType::F16 => self.ins(format!("st.shared.b16 [{base}+{at}], {e}")),
+            DType::F32 => self.ins(format!("st.shared.f32 [{base}+{at}], {e}")),
+            DType::I32 => self.ins(format!("st.shared.b32 [{base}+{at}], {e}")),
+        }
+    }
+
+    fn load_scratch(&mut self, dtype: DType, base: Reg, at: u32) -> Reg {
+        let r = self.new_reg(Class::of(dtype));
+        match dtype {
+            DType::Bool => {
+                let b = self.new_reg(Class::B32);
+                self.ins(format!("ld.shared.u8 {b}, [{base}+{at}]"));
+                self.ins(format!("setp.ne.u32 {r}, {b}, 0"));
+            }
+            DType::Bf16 | DType::F16 => self.ins(format!("ld.shared.b16 {r}, [{base}+{at}]")),
+            DType::F32 => self.ins(format!("ld.shared.f32 {r}, [{base}+{at}]")),
+            DType::I32 => self.ins(format!("ld.shared.b32 {r}, [{base}+{at}]")),
+        }
+        r
+    }
+}
+
+/// Row-major strides, in elements, of tile `v`'s shape.
+fn row_major_strides(
+    k: &kiln_ir::Kernel,
+    v: ValueId,
+    at: OpId,
+    e: &Emitter<'_>,
+) -> Result<Vec<u32>, CodegenError> {
+    let shape = k
+        .ty(v)
+        .shape()
+        .ok_or_else(|| e.internal(at, "an exchange of a scalar"))?;
+    let dims = shape.dims();
+    let mut strides = vec![1u32; dims.len()];
+    for d in (0..dims.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * dims[d + 1] as u32;
+    }
+    Ok(strides)
+}
+
+/// The row-major index of the element at `offs`.
+fn linear(offs: &[u32], strides: &[u32]) -> u32 {
+    offs.iter().zip(strides).map(|(o, s)| o * s).sum()
+}

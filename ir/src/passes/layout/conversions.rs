@@ -1,0 +1,286 @@
+//! Layout conversions: where an op needs a tile in another layout than the one it was made
+//! in, a `convert` op gives it that layout (the backends move the elements between threads
+//! through shared memory). Layouts flow through the kernel as far as they can (the rules of
+//! the parent module); a conversion is left only where two of them meet:
+//! - an elementwise operand whose elements are in other threads than the result's (not
+//!   [`Distribution::broadcasts_to`] it) is converted to the result's layout (a broadcast
+//!   operand: to the result's layout sliced along the broadcast dimension);
+//! - `reshape` views its operand's registers in place, so the operand is converted to the
+//!   result's layout with the unit dimension added or removed;
+//! - a reduction's result must be its operand's layout sliced along the reduced dimension,
+//!   and a loop's (or branch's) carried values one layout throughout: the value made in
+//!   another layout is converted after it is made (a reduction's or a loop's result) or
+//!   before it is read (a loop's initial value, a yielded value);
+//! - an mma accumulates into its own result's layout.
+//!
+//! Every kernel whose layouts already agree is left exactly as it was.
+
+use std::collections::BTreeMap;
+
+use crate::kernel::{Block, Kernel, Op, OpId, OpKind, ValueData, ValueDef, ValueId};
+use crate::schedule::{Distribution, Layout};
+use crate::types::Shape;
+
+use super::super::walk::ops_in_order;
+use super::{broadcast_dim, reshape_layout};
+
+/// Where a converted value is made: before the op reading it, or after the op making it.
+#[derive(Clone, Copy)]
+enum At {
+    Before(OpId),
+    After(OpId),
+}
+
+/// Inserts the conversions (see the module doc); `layouts` gains the new values' layouts.
+pub(super) fn insert(kernel: &mut Kernel, layouts: &mut BTreeMap<ValueId, Layout>) {
+    for id in ops_in_order(kernel) {
+        let op = kernel.ops[id].clone();
+        match &op.kind {
+            OpKind::Unary(_) | OpKind::Binary(_) | OpKind::Select | OpKind::Cast { .. } => {
+                let r = op.results[0];
+                let (Some(rl), Some(rs)) = (layouts.get(&r).cloned(), shape(kernel, r)) else {
+                    continue;
+                };
+                let Ok(rd) = rl.distribution(&rs) else {
+                    continue;
+                };
+                for (i, &v) in op.operands.iter().enumerate() {
+                    let (Some(vl), Some(vs)) = (layouts.get(&v), shape(kernel, v)) else {
+                        continue;
+                    };
+                    if vl.is_shared()
+                        || vl
+                            .distribution(&vs)
+                            .is_ok_and(|vd| vd.broadcasts_to(&vs, &rd, &rs))
+                    {
+                        continue;
+                    }
+                    let want = if vs == rs {
+                        Some(rl.clone())
+                    } else {
+                        broadcast_dim(&vs, &rs).map(|dim| Layout::Slice {
+                            dim,
+                            keep_dim: true,
+                            parent: Box::new(rl.clone()),
+                            parent_shape: rs.clone(),
+                        })
+                    };
+                    if let Some(want) = want {
+                        convert_operand(kernel, layouts, id, i, want);
+                    }
+                }
+            }
+            OpKind::Reshape { .. } => {
+                let (x, r) = (op.operands[0], op.results[0]);
+                let (Some(rl), Some(rs), Some(xs)) =
+                    (layouts.get(&r).cloned(), shape(kernel, r), shape(kernel, x))
+                else {
+                    continue;
+                };
+                let adds = rs.rank() > xs.rank();
+                let unit = (0..rs.rank()).find(|&d| rs.dims()[d] == 1);
+                let want = reshape_layout(&rl, !adds).or_else(|| {
+                    // The result's layout with its unit dimension reduced away.
+                    (adds && unit.is_some()).then(|| Layout::Slice {
+                        dim: unit.unwrap_or(0),
+                        keep_dim: false,
+                        parent: Box::new(rl.clone()),
+                        parent_shape: rs.clone(),
+                    })
+                });
+                if let Some(want) = want
+                    && !same(layouts.get(&x), &want, &xs)
+                {
+                    convert_operand(kernel, layouts, id, 0, want);
+                }
+            }
+            OpKind::Reduce { dim, .. } => {
+                let (x, r) = (op.operands[0], op.results[0]);
+                let (Some(xl), Some(xs), Some(rs)) =
+                    (layouts.get(&x).cloned(), shape(kernel, x), shape(kernel, r))
+                else {
+                    continue;
+                };
+                if xl.is_shared() {
+                    continue;
+                }
+                let made = Layout::Slice {
+                    dim: *dim,
+                    keep_dim: false,
+                    parent: Box::new(xl),
+                    parent_shape: xs,
+                };
+                if !same(layouts.get(&r), &made, &rs) {
+                    convert_result(kernel, layouts, id, 0, made);
+                }
+            }
+            OpKind::Mma => {
+                if let (Some(&c), Some(&r)) = (op.operands.get(2), op.results.first())
+                    && let (Some(rl), Some(rs)) = (layouts.get(&r).cloned(), shape(kernel, r))
+                    && !same(layouts.get(&c), &rl, &rs)
+                {
+                    convert_operand(kernel, layouts, id, 2, rl);
+                }
+            }
+            OpKind::For { .. } => {
+                let body = &op.regions[0];
+                let yield_op = body.ops.last().copied();
+                for (i, &res) in op.results.iter().enumerate() {
+                    let arg = body.args[1 + i];
+                    let (Some(al), Some(s)) = (layouts.get(&arg).cloned(), shape(kernel, arg))
+                    else {
+                        continue;
+                    };
+                    if !same(layouts.get(&op.operands[3 + i]), &al, &s) {
+                        convert_operand(kernel, layouts, id, 3 + i, al.clone());
+                    }
+                    if let Some(y) = yield_op
+                        && !same(layouts.get(&kernel.ops[y].operands[i]), &al, &s)
+                    {
+                        convert_operand(kernel, layouts, y, i, al.clone());
+                    }
+                    if !same(layouts.get(&res), &al, &s) {
+                        convert_result(kernel, layouts, id, i, al);
+                    }
+                }
+            }
+            OpKind::If => {
+                for (i, &res) in op.results.iter().enumerate() {
+                    let (Some(rl), Some(s)) = (layouts.get(&res).cloned(), shape(kernel, res))
+                    else {
+                        continue;
+                    };
+                    for region in &op.regions {
+                        if let Some(&y) = region.ops.last()
+                            && !same(layouts.get(&kernel.ops[y].operands[i]), &rl, &s)
+                        {
+                            convert_operand(kernel, layouts, y, i, rl.clone());
+                        }
+                    }
+                }
+            }
+            OpKind::Const(_)
+            | OpKind::ScalarParam(_)
+            | OpKind::BlockId(_)
+            | OpKind::GridDim(_)
+            | OpKind::TensorDim { .. }
+            | OpKind::LoadScalar { .. }
+            | OpKind::Load { .. }
+            | OpKind::Store { .. }
+            | OpKind::Splat { .. }
+            | OpKind::Iota { .. }
+            | OpKind::Transpose
+            | OpKind::Convert
+            | OpKind::Print { .. }
+            | OpKind::Yield => {}
+        }
+    }
+}
+
+/// The shape of tile `v`.
+fn shape(kernel: &Kernel, v: ValueId) -> Option<Shape> {
+    kernel.ty(v).shape().cloned()
+}
+
+/// Whether a value in layout `have` holds its elements where `want` would, over `shape`.
+fn same(have: Option<&Layout>, want: &Layout, shape: &Shape) -> bool {
+    let dist = |l: &Layout| -> Option<Distribution> { l.distribution(shape).ok() };
+    match have {
+        Some(h) if h == want => true,
+        Some(h) if h.is_shared() || want.is_shared() => false,
+        Some(h) => dist(h).is_some() && dist(h) == dist(want),
+        None => false,
+    }
+}
+
+/// Reads operand `index` of `user` through a conversion to `want`, made just before it.
+fn convert_operand(
+    kernel: &mut Kernel,
+    layouts: &mut BTreeMap<ValueId, Layout>,
+    user: OpId,
+    index: usize,
+    want: Layout,
+) {
+    let v = kernel.ops[user].operands[index];
+    let loc = kernel.ops[user].loc;
+    let ty = kernel.ty(v).clone();
+    let converted = kernel.values.append(ValueData {
+        ty,
+        def: ValueDef::Op(user, 0),
+    });
+    let op = kernel.ops.append(Op {
+        kind: OpKind::Convert,
+        operands: vec![v],
+        results: vec![converted],
+        regions: Vec::new(),
+        loc,
+    });
+    kernel.values[converted].def = ValueDef::Op(op, 0);
+    kernel.ops[user].operands[index] = converted;
+    layouts.insert(converted, want);
+    place(kernel, op, At::Before(user));
+}
+
+/// Makes result `index` of `maker` in layout `made`, then converts it to the layout the
+/// value had, which its readers keep.
+fn convert_result(
+    kernel: &mut Kernel,
+    layouts: &mut BTreeMap<ValueId, Layout>,
+    maker: OpId,
+    index: usize,
+    made: Layout,
+) {
+    let r = kernel.ops[maker].results[index];
+    let loc = kernel.ops[maker].loc;
+    let ty = kernel.ty(r).clone();
+    let fresh = kernel.values.append(ValueData {
+        ty,
+        def: ValueDef::Op(maker, index),
+    });
+    kernel.ops[maker].results[index] = fresh;
+    layouts.insert(fresh, made);
+    let op = kernel.ops.append(Op {
+        kind: OpKind::Convert,
+        operands: vec![fresh],
+        results: vec![r],
+        regions: Vec::new(),
+        loc,
+    });
+    kernel.values[r].def = ValueDef::Op(op, 0);
+    place(kernel, op, At::After(maker));
+}
+
+/// Puts `op` into the block holding the op `at` names, before or after it.
+fn place(kernel: &mut Kernel, op: OpId, at: At) {
+    let target = match at {
+        At::Before(o) | At::After(o) => o,
+    };
+    let after = matches!(at, At::After(_));
+    if insert_in(&mut kernel.body, target, op, after) {
+        return;
+    }
+    let holders: Vec<OpId> = kernel
+        .ops
+        .iter()
+        .filter(|(_, o)| !o.regions.is_empty())
+        .map(|(h, _)| h)
+        .collect();
+    for h in holders {
+        for region in &mut kernel.ops[h].regions {
+            if insert_in(region, target, op, after) {
+                return;
+            }
+        }
+    }
+}
+
+/// Inserts `op` next to `target` if `block` holds it directly.
+fn insert_in(block: &mut Block, target: OpId, op: OpId, after: bool) -> bool {
+    match block.ops.iter().position(|&o| o == target) {
+        Some(at) => {
+            block.ops.insert(at + usize::from(after), op);
+            true
+        }
+        None => false,
+    }
+}
