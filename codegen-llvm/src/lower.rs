@@ -368,6 +368,13 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
                     return Err(self.unsupported(id, "a transpose not feeding mma"));
                 }
             },
+            OpKind::Convert => {
+                return Err(self.unsupported(
+                    id,
+                    "a tile changing layout between threads (the PTX backend moves it \
+                     through shared memory)",
+                ));
+            }
             OpKind::Reduce { op: rop, dim } => self.lower_reduce(id, *rop, *dim)?,
             OpKind::Mma => self.lower_mma(id)?,
             OpKind::Load { .. } => self.lower_load(id)?,

@@ -16,10 +16,10 @@ use lowering_kernels::*;
 /// and not; every module assembles without spills and contains `marker`.
 fn compiles<D: KernelDef>(def: &D, comptime: D::Comptime, tensors: &[&str], marker: &str)
 where
-    D::Comptime: Clone,
+    D::Comptime: Copy,
 {
     for aligned in [false, true] {
-        let mut spec = Spec::new(comptime.clone());
+        let mut spec = Spec::new(comptime);
         for t in tensors {
             spec.aligned16.insert((*t).to_string(), aligned);
         }
@@ -54,7 +54,7 @@ const ACROSS_WARPS: &str = "reduction across warps through shared memory";
 fn block_counts_compiles_and_matches_reference() {
     for (bn, bins) in [(64, 128), (128, 32)] {
         let c = BlockCountsComptime { BN: bn, BINS: bins };
-        compiles(&block_counts, c.clone(), &["data", "out"], CONVERSION);
+        compiles(&block_counts, c, &["data", "out"], CONVERSION);
         let mut rng = Rng::from_env();
         for n in [1, 100, 1000] {
             // Values mostly in range, some below and above it.
@@ -81,7 +81,7 @@ fn block_counts_compiles_and_matches_reference() {
 fn scale_rows_compiles_and_matches_reference() {
     for (bm, bn) in [(64, 64), (32, 128)] {
         let c = ScaleRowsComptime { BM: bm, BN: bn };
-        compiles(&scale_rows, c.clone(), &["x", "w", "y"], CONVERSION);
+        compiles(&scale_rows, c, &["x", "w", "y"], CONVERSION);
         let mut rng = Rng::from_env();
         for (m, n) in [(1, 1), (70, 130), (129, 64)] {
             for dist in Dist::ALL {
@@ -113,7 +113,7 @@ fn row_stats_compiles_and_matches_reference() {
         (4, 512, ""),
     ] {
         let c = RowStatsComptime { BM: bm, BN: bn };
-        compiles(&row_stats, c.clone(), &["x", "sum", "max_out"], marker);
+        compiles(&row_stats, c, &["x", "sum", "max_out"], marker);
         let mut rng = Rng::from_env();
         for (m, n) in [(1, 1), (3, 5000), (5, 2048)] {
             for dist in Dist::ALL {
@@ -142,7 +142,7 @@ fn row_stats_compiles_and_matches_reference() {
 fn col_sums_compiles_and_matches_reference() {
     for (bm, bn) in [(256, 32), (128, 8)] {
         let c = ColSumsComptime { BM: bm, BN: bn };
-        compiles(&col_sums, c.clone(), &["x", "out"], ACROSS_WARPS);
+        compiles(&col_sums, c, &["x", "out"], ACROSS_WARPS);
         let mut rng = Rng::from_env();
         for (m, n) in [(1, 1), (1000, 33), (256, 64)] {
             for dist in Dist::ALL {

@@ -57,19 +57,20 @@ impl Emitter<'_> {
         Ok(())
     }
 
-    /// The last stage of a reduction whose dimension spans `warps` (terms of whole warps):
-    /// each warp's partial result for every element of the result (`partial`, in `dst`'s
-    /// register order) goes to shared memory, and each thread combines every warp's.
+    /// The last stage of reduction `id` over a dimension whose thread terms `reduced` span
+    /// warps: each warp's partial result for every element of the result (`partial`, in
+    /// `dst`'s register order) goes to shared memory, and each thread combines every warp's.
     pub(crate) fn reduce_across_warps(
         &mut self,
         id: OpId,
-        r: ValueId,
         dst: &Distribution,
-        warps: &[Term],
-        lane_terms: &[Term],
+        reduced: &[Term],
         partial: Vec<Reg>,
         combine: &mut dyn FnMut(&mut Self, Reg, Reg) -> Reg,
     ) -> Result<Vec<Reg>, CodegenError> {
+        let r = self.k.ops[id].results[0];
+        let (warps, lane_terms): (Vec<Term>, Vec<Term>) =
+            reduced.iter().partition(|t| t.div.is_multiple_of(32));
         let scratch = self.scratch(id)?;
         let dtype = self.k.ty(r).dtype();
         let strides = row_major_strides(self.k, r, id, self)?;
@@ -99,7 +100,7 @@ impl Emitter<'_> {
         self.ins(format!("mad.lo.u32 {slot}, {warp}, {esize}, {base}"));
         // After the butterflies every lane of a group holds the same partial: the first
         // writes it.
-        let lane = self.thread_coord(lane_terms);
+        let lane = self.thread_coord(&lane_terms);
         let first = self.setp("eq.u32", lane, 0);
         let skip = self.new_label();
         self.ins(format!("@!{first} bra {skip}"));

@@ -104,13 +104,8 @@ impl Emitter<'_> {
             out.push(v);
         }
         if !warps.is_empty() {
-            let lanes: Vec<_> = src.terms[dim]
-                .iter()
-                .filter(|t| !warps.contains(t))
-                .copied()
-                .collect();
             let mut combine = combine;
-            out = self.reduce_across_warps(id, r, &dst, &warps, &lanes, out, &mut combine)?;
+            out = self.reduce_across_warps(id, &dst, &src.terms[dim], out, &mut combine)?;
         }
         self.vals.insert(r, Val::Tile(out));
         Ok(())
