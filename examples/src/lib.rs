@@ -7,8 +7,10 @@ use kiln::ir::Kernel;
 use kiln::ir::dsl::AnyKernelDef;
 
 pub mod attention;
+pub mod cross_entropy;
 pub mod gemm;
 pub mod gemm_epilogue;
+pub mod norm_backward;
 pub mod softmax;
 pub mod vector_add;
 

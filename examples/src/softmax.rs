@@ -44,6 +44,35 @@ pub fn softmax(
     }
 }
 
+/// Softmax's backward: `dx[r, :] = y[r, :] * (dy[r, :] - sum_c(dy[r, c] * y[r, c]))` for
+/// `y` (the forward's output), `dy`, `dx: [M, N]` of element type `dtype`, any `M` and `N`.
+/// Grid: `(cdiv(M, BM), 1, 1)`.
+#[kernel(grid = [BM, 1, 1])]
+pub fn softmax_backward(
+    y: Tensor<dtype, 2>,
+    dy: Tensor<dtype, 2>,
+    dx: TensorMut<dtype, 2>,
+    #[comptime(default = 4)] BM: usize,
+    #[comptime(default = 1024)] BN: usize,
+    #[comptime(default = DType::F32)] dtype: DType,
+) {
+    let row0 = block_id().x * BM;
+    let n = y.dim(1);
+    let mut s = zeros::<f32>([BM]);
+    for j in (0..n).step_by(BN) {
+        // Columns past `N` load as zeros and add nothing.
+        let yt = y.tile([BM, BN], [row0, j]).load().cast::<f32>();
+        let dt = dy.tile([BM, BN], [row0, j]).load().cast::<f32>();
+        s = s + row_sum(&(yt * dt));
+    }
+    for j in (0..n).step_by(BN) {
+        let yt = y.tile([BM, BN], [row0, j]).load().cast::<f32>();
+        let dt = dy.tile([BM, BN], [row0, j]).load().cast::<f32>();
+        dx.tile([BM, BN], [row0, j])
+            .store((yt * (dt - s.col())).cast_to(dtype));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use kiln::ir::print::print_kernel;

@@ -320,3 +320,106 @@ pub fn alpha_beta(ab: &[f64], c: &HostTensor, alpha: f64, beta: f64) -> Vec<f64>
         .map(|(&x, c)| alpha * x + beta * c)
         .collect()
 }
+
+/// Per-row cross-entropy of logits `x: [m, v]` against `target: [m]` (a negative target
+/// gives loss 0): `(loss, lse)`.
+pub fn cross_entropy(x: &HostTensor, target: &HostTensor) -> (Vec<f64>, Vec<f64>) {
+    let v = x.shape[1];
+    let xs = x.to_f64_vec();
+    let mut loss = Vec::new();
+    let mut lse = Vec::new();
+    for (r, row) in xs.chunks(v).enumerate() {
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let l = m + row.iter().map(|&a| (a - m).exp()).sum::<f64>().ln();
+        let t = target.data.get_f64(r);
+        loss.push(if t >= 0.0 { l - row[t as usize] } else { 0.0 });
+        lse.push(l);
+    }
+    (loss, lse)
+}
+
+/// The gradient of the summed [`cross_entropy`] loss weighted by `dloss: [m]` with respect
+/// to the logits: `(softmax(x) - onehot(target)) * dloss`, rows of negative targets 0.
+pub fn cross_entropy_backward(x: &HostTensor, target: &HostTensor, dloss: &HostTensor) -> Vec<f64> {
+    let v = x.shape[1];
+    let p = softmax_rows(x);
+    p.chunks(v)
+        .enumerate()
+        .flat_map(|(r, row)| {
+            let t = target.data.get_f64(r);
+            let d = if t >= 0.0 { dloss.data.get_f64(r) } else { 0.0 };
+            row.iter()
+                .enumerate()
+                .map(move |(c, &pc)| (pc - f64::from(u8::from(t == c as f64))) * d)
+        })
+        .collect()
+}
+
+/// Softmax's backward: `y * (dy - rowsum(dy * y))` for `y, dy: [m, n]`.
+pub fn softmax_backward(y: &HostTensor, dy: &HostTensor) -> Vec<f64> {
+    let n = y.shape[1];
+    let (ys, ds) = (y.to_f64_vec(), dy.to_f64_vec());
+    ys.chunks(n)
+        .zip(ds.chunks(n))
+        .flat_map(|(yr, dr)| {
+            let s: f64 = yr.iter().zip(dr).map(|(a, b)| a * b).sum();
+            yr.iter()
+                .zip(dr)
+                .map(move |(a, b)| a * (b - s))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Row statistics of layer norm over `x: [m, n]`: `(mean, rstd)` with `rstd =
+/// 1 / sqrt(var + eps)` (biased variance), or RMS norm's `rstd = 1 / sqrt(mean(x^2) + eps)`
+/// when `rms`.
+pub fn norm_stats(x: &HostTensor, eps: f64, rms: bool) -> (Vec<f64>, Vec<f64>) {
+    let n = x.shape[1];
+    let xs = x.to_f64_vec();
+    xs.chunks(n)
+        .map(|row| {
+            let mean = if rms {
+                0.0
+            } else {
+                row.iter().sum::<f64>() / n as f64
+            };
+            let var = row.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / n as f64;
+            (mean, 1.0 / (var + eps).sqrt())
+        })
+        .unzip()
+}
+
+/// Layer norm's (or, with `rms`, RMS norm's) backward for `y = xhat * w (+ b)`:
+/// `(dx [m, n], dw [n], db [n])` given the forward's `mean` and `rstd` (see [`norm_stats`];
+/// `mean` is ignored when `rms`).
+pub fn norm_backward(
+    x: &HostTensor,
+    w: &HostTensor,
+    mean: &[f64],
+    rstd: &[f64],
+    dy: &HostTensor,
+    rms: bool,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let n = x.shape[1];
+    let (xs, ws, ds) = (x.to_f64_vec(), w.to_f64_vec(), dy.to_f64_vec());
+    let mut dx = Vec::with_capacity(xs.len());
+    let (mut dw, mut db) = (vec![0.0; n], vec![0.0; n]);
+    for (r, (xr, dr)) in xs.chunks(n).zip(ds.chunks(n)).enumerate() {
+        let mu = if rms { 0.0 } else { mean[r] };
+        let xhat: Vec<f64> = xr.iter().map(|a| (a - mu) * rstd[r]).collect();
+        let g: Vec<f64> = dr.iter().zip(&ws).map(|(d, w)| d * w).collect();
+        let c1 = g.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / n as f64;
+        let c2 = if rms {
+            0.0
+        } else {
+            g.iter().sum::<f64>() / n as f64
+        };
+        for c in 0..n {
+            dx.push((g[c] - xhat[c] * c1 - c2) * rstd[r]);
+            dw[c] += dr[c] * xhat[c];
+            db[c] += dr[c];
+        }
+    }
+    (dx, dw, db)
+}

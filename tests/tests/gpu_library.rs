@@ -1,0 +1,254 @@
+//! The kernel library's losses and backward passes on the GPU (sm_80 code on any GPU, sm_90a
+//! on Hopper) against f64 references, and on the small shapes against the interpreter:
+//! every input distribution, shapes no multiple of the tiles, outputs poisoned with NaN,
+//! row-major inputs with padded rows. Skips itself without a GPU.
+
+mod gpu_common;
+mod library;
+
+use std::process::ExitCode;
+
+use gpu_common::{Needs, device, upload_padded};
+use kiln_examples::cross_entropy::{
+    CrossEntropyBackwardComptime, CrossEntropyComptime, cross_entropy, cross_entropy_backward,
+};
+use kiln_examples::norm_backward::{
+    LayerNormBackwardComptime, RmsNormBackwardComptime, SumPartialsComptime, layer_norm_backward,
+    rms_norm_backward, sum_partials,
+};
+use kiln_examples::softmax::{SoftmaxBackwardComptime, softmax_backward};
+use kiln_ir::dsl::KernelDef;
+use kiln_ir::{DType, Target};
+use kiln_runtime::{Device, DeviceTensor};
+use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::reference;
+use library::{GPU_SHAPES, SHAPES, norm_inputs, targets};
+
+/// sm_80 code on any GPU, and sm_90a code on Hopper.
+fn devices() -> Vec<Device> {
+    let Some(dev) = device() else {
+        return Vec::new();
+    };
+    let hopper = dev.compute_capability() == (9, 0);
+    let mut all = vec![dev];
+    if hopper {
+        all.push(
+            Device::new(0)
+                .expect("a driver and a GPU are present")
+                .with_target(Target::Sm90a),
+        );
+    }
+    all
+}
+
+fn output(dev: &Device, dtype: DType, shape: &[usize]) -> DeviceTensor {
+    let t = dev.alloc(dtype, shape).expect("alloc");
+    dev.fill_nan(&t).expect("poison");
+    t
+}
+
+fn shapes() -> impl Iterator<Item = ((usize, usize), bool)> {
+    SHAPES
+        .into_iter()
+        .map(|s| (s, true))
+        .chain(GPU_SHAPES.into_iter().map(|s| (s, false)))
+}
+
+fn case(kernel: String, dev: &Device, m: usize, n: usize, dist: Dist, rng: &Rng) -> Case {
+    Case {
+        kernel: format!("{kernel} on {}", dev.target()),
+        shape: format!("m={m} n={n}"),
+        dist,
+        seed: rng.seed(),
+    }
+}
+
+fn gpu_cross_entropy() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for dtype in [DType::Bf16, DType::F32] {
+            for (bm, bn) in [(1, 2048), (4, 512)] {
+                let c = CrossEntropyComptime {
+                    BM: bm,
+                    BN: bn,
+                    dtype,
+                };
+                let cb = CrossEntropyBackwardComptime {
+                    BM: bm,
+                    BN: bn,
+                    dtype,
+                };
+                for ((m, v), small) in shapes() {
+                    for dist in Dist::ALL {
+                        let x = tensor(&mut rng, &[m, v], dtype, dist);
+                        let t = targets(&mut rng, m, v);
+                        let dl = tensor(&mut rng, &[m], DType::F32, Dist::Normal);
+                        let grid = cross_entropy.grid(&c, [m, 1, 1]);
+                        let (dx_in, dt, ddl) = (
+                            upload_padded(&dev, &x, 8),
+                            dev.upload(&t).expect("upload"),
+                            dev.upload(&dl).expect("upload"),
+                        );
+                        let (loss, lse) = (
+                            output(&dev, DType::F32, &[m]),
+                            output(&dev, DType::F32, &[m]),
+                        );
+                        cross_entropy
+                            .launch(&dev, &c, grid, &dx_in, &dt, &loss, &lse)
+                            .expect("launch");
+                        let dx = output(&dev, dtype, &[m, v]);
+                        cross_entropy_backward
+                            .launch(&dev, &cb, grid, &dx_in, &dt, &lse, &ddl, &dx)
+                            .expect("launch");
+                        let (rl, rlse) = reference::cross_entropy(&x, &t);
+                        let k = format!("cross_entropy {dtype} BM={bm} BN={bn}");
+                        let cs = case(k, &dev, m, v, dist, &rng);
+                        let got_loss = loss.download().expect("download");
+                        assert_close(&cs, &got_loss, &rl, tolerance(DType::F32) * 10.0);
+                        let got_lse = lse.download().expect("download");
+                        assert_close(&cs, &got_lse, &rlse, tolerance(DType::F32));
+                        let rdx = reference::cross_entropy_backward(&x, &t, &dl);
+                        let got_dx = dx.download().expect("download");
+                        assert_close(&cs, &got_dx, &rdx, tolerance(dtype));
+                        if small {
+                            let mut li = poisoned(&[m], DType::F32);
+                            let mut lsei = poisoned(&[m], DType::F32);
+                            cross_entropy
+                                .interpret(&c, grid, &x, &t, &mut li, &mut lsei)
+                                .expect("interpret");
+                            let vs = Case {
+                                kernel: format!("{} (GPU vs interpreter)", cs.kernel),
+                                ..cs.clone()
+                            };
+                            assert_close(&vs, &got_loss, &li.to_f64_vec(), tolerance(DType::F32));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn gpu_softmax_backward() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for dtype in [DType::F32, DType::Bf16] {
+            for (bm, bn) in [(4, 1024), (1, 4096)] {
+                let c = SoftmaxBackwardComptime {
+                    BM: bm,
+                    BN: bn,
+                    dtype,
+                };
+                for ((m, n), _) in shapes() {
+                    for dist in Dist::ALL {
+                        let y = tensor(&mut rng, &[m, n], dtype, dist);
+                        let dy = tensor(&mut rng, &[m, n], dtype, Dist::Normal);
+                        let grid = softmax_backward.grid(&c, [m, 1, 1]);
+                        let dx = output(&dev, dtype, &[m, n]);
+                        let (a, b) = (upload_padded(&dev, &y, 3), upload_padded(&dev, &dy, 5));
+                        softmax_backward
+                            .launch(&dev, &c, grid, &a, &b, &dx)
+                            .expect("launch");
+                        let k = format!("softmax_backward {dtype} BM={bm} BN={bn}");
+                        let cs = case(k, &dev, m, n, dist, &rng);
+                        let r = reference::softmax_backward(&y, &dy);
+                        let got = dx.download().expect("download");
+                        assert_close(&cs, &got, &r, tolerance(dtype));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn gpu_norm_backwards() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for dtype in [DType::Bf16, DType::F32] {
+            for (bm, bn) in [(4, 1024), (1, 4096)] {
+                let c = LayerNormBackwardComptime {
+                    BM: bm,
+                    BN: bn,
+                    dtype,
+                };
+                let cr = RmsNormBackwardComptime {
+                    BM: bm,
+                    BN: bn,
+                    dtype,
+                };
+                let cs_sum = SumPartialsComptime {
+                    BM: 64,
+                    BN: 128,
+                    dtype,
+                };
+                for ((m, n), _) in shapes() {
+                    for dist in Dist::ALL {
+                        let grid = layer_norm_backward.grid(&c, [m, 1, 1]);
+                        let blocks = grid[0] as usize;
+                        // See `interp_library`: one-column RMS norm is all cancellation.
+                        for rms in [false, true].into_iter().filter(|&r| !(r && n == 1)) {
+                            let [x, w, mean, rstd, dy] =
+                                norm_inputs(&mut rng, m, n, dtype, dist, rms);
+                            let up = |t| dev.upload(t).expect("upload");
+                            let (dxi, dw, dmean, drstd) = (up(&x), up(&w), up(&mean), up(&rstd));
+                            let ddy = upload_padded(&dev, &dy, 2);
+                            let dx = output(&dev, dtype, &[m, n]);
+                            let dw_part = output(&dev, DType::F32, &[blocks, n]);
+                            let db_part = output(&dev, DType::F32, &[blocks, n]);
+                            if rms {
+                                rms_norm_backward
+                                    .launch(&dev, &cr, grid, &dxi, &dw, &drstd, &ddy, &dx, &dw_part)
+                                    .expect("launch");
+                            } else {
+                                layer_norm_backward
+                                    .launch(
+                                        &dev, &c, grid, &dxi, &dw, &dmean, &drstd, &ddy, &dx,
+                                        &dw_part, &db_part,
+                                    )
+                                    .expect("launch");
+                            }
+                            let sum = |part: &DeviceTensor| {
+                                let out = output(&dev, dtype, &[n]);
+                                let g = sum_partials.grid(&cs_sum, [n, 1, 1]);
+                                sum_partials
+                                    .launch(&dev, &cs_sum, g, part, &out)
+                                    .expect("launch");
+                                out.download().expect("download")
+                            };
+                            let (rdx, rdw, rdb) = reference::norm_backward(
+                                &x,
+                                &w,
+                                &mean.to_f64_vec(),
+                                &rstd.to_f64_vec(),
+                                &dy,
+                                rms,
+                            );
+                            let name = if rms { "rms_norm" } else { "layer_norm" };
+                            let k = format!("{name}_backward {dtype} BM={bm} BN={bn}");
+                            let cs = case(k, &dev, m, n, dist, &rng);
+                            let tol = tolerance(dtype) * 4.0;
+                            assert_close(&cs, &dx.download().expect("download"), &rdx, tol);
+                            assert_close(&cs, &sum(&dw_part), &rdw, tol);
+                            if !rms {
+                                assert_close(&cs, &sum(&db_part), &rdb, tol);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    gpu_common::run(&[
+        ("gpu_library_cross_entropy", Needs::Gpu, gpu_cross_entropy),
+        (
+            "gpu_library_softmax_backward",
+            Needs::Gpu,
+            gpu_softmax_backward,
+        ),
+        ("gpu_library_norm_backwards", Needs::Gpu, gpu_norm_backwards),
+    ])
+}

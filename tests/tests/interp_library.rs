@@ -1,0 +1,225 @@
+//! The kernel library's losses and backward passes (`kiln_examples::cross_entropy`,
+//! `softmax::softmax_backward`, `norm_backward`) on the interpreter against f64 references,
+//! every input distribution, shapes that are no multiple of the tiles, poisoned outputs; and
+//! each compiled for sm_80 and sm_90a into compact PTX that ptxas assembles without spills.
+
+mod library;
+
+use kiln_examples::cross_entropy::{
+    CrossEntropyBackwardComptime, CrossEntropyComptime, cross_entropy, cross_entropy_backward,
+};
+use kiln_examples::norm_backward::{
+    LayerNormBackwardComptime, RmsNormBackwardComptime, SumPartialsComptime, layer_norm_backward,
+    rms_norm_backward, sum_partials,
+};
+use kiln_examples::softmax::{SoftmaxBackwardComptime, softmax_backward};
+use kiln_ir::dsl::{KernelDef, Spec};
+use kiln_ir::{DType, HostTensor, Target};
+use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::reference;
+use library::{SHAPES, norm_inputs, targets};
+
+/// Compiles `def` for sm_80 and sm_90a with every tensor 16-byte aligned and not: compact PTX,
+/// no spills.
+fn compiles<D: KernelDef>(def: &D, comptime: D::Comptime)
+where
+    D::Comptime: Copy,
+{
+    for aligned in [false, true] {
+        let mut spec = Spec::new(comptime);
+        let k0 = def.build(&spec).expect("builds");
+        for p in &k0.params {
+            spec.aligned16.insert(p.name().to_string(), aligned);
+        }
+        let k = def.build(&spec).expect("builds");
+        for target in [Target::Sm80, Target::Sm90a] {
+            let what = format!("{} on {target}, aligned {aligned}", k.name);
+            let m = kiln_ptx::compile(&k, target).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let lines = m.ptx.lines().count();
+            assert!(lines < 4000, "{what}: {lines} lines of PTX");
+            let report =
+                kiln_ptx::ptxas::check(&m.ptx, target).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(!report.spills(), "{what} spills: {report}");
+        }
+    }
+}
+
+fn case(kernel: String, m: usize, n: usize, dist: Dist, rng: &Rng) -> Case {
+    Case {
+        kernel,
+        shape: format!("m={m} n={n}"),
+        dist,
+        seed: rng.seed(),
+    }
+}
+
+#[test]
+fn cross_entropy_forward_and_backward() {
+    let mut rng = Rng::from_env();
+    for dtype in [DType::Bf16, DType::F32] {
+        for (bm, bn) in [(1, 2048), (4, 512)] {
+            let c = CrossEntropyComptime {
+                BM: bm,
+                BN: bn,
+                dtype,
+            };
+            let cb = CrossEntropyBackwardComptime {
+                BM: bm,
+                BN: bn,
+                dtype,
+            };
+            compiles(&cross_entropy, c);
+            compiles(&cross_entropy_backward, cb);
+            for (m, v) in SHAPES {
+                for dist in Dist::ALL {
+                    let x = tensor(&mut rng, &[m, v], dtype, dist);
+                    let t = targets(&mut rng, m, v);
+                    let dl = tensor(&mut rng, &[m], DType::F32, Dist::Normal);
+                    let grid = cross_entropy.grid(&c, [m, 1, 1]);
+                    let (mut loss, mut lse) =
+                        (poisoned(&[m], DType::F32), poisoned(&[m], DType::F32));
+                    cross_entropy
+                        .interpret(&c, grid, &x, &t, &mut loss, &mut lse)
+                        .expect("interpret");
+                    let (rl, rlse) = reference::cross_entropy(&x, &t);
+                    let k = format!("cross_entropy {dtype} BM={bm} BN={bn}");
+                    let cs = case(k, m, v, dist, &rng);
+                    assert_close(&cs, &loss, &rl, tolerance(DType::F32) * 10.0);
+                    assert_close(&cs, &lse, &rlse, tolerance(DType::F32));
+                    let mut dx = poisoned(&[m, v], dtype);
+                    cross_entropy_backward
+                        .interpret(&cb, grid, &x, &t, &lse, &dl, &mut dx)
+                        .expect("interpret");
+                    let k = format!("cross_entropy_backward {dtype} BM={bm} BN={bn}");
+                    let rdx = reference::cross_entropy_backward(&x, &t, &dl);
+                    assert_close(&case(k, m, v, dist, &rng), &dx, &rdx, tolerance(dtype));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_backward_matches_reference() {
+    let mut rng = Rng::from_env();
+    for dtype in [DType::F32, DType::Bf16] {
+        for (bm, bn) in [(4, 1024), (1, 4096)] {
+            let c = SoftmaxBackwardComptime {
+                BM: bm,
+                BN: bn,
+                dtype,
+            };
+            compiles(&softmax_backward, c);
+            for (m, n) in SHAPES {
+                for dist in Dist::ALL {
+                    let y = tensor(&mut rng, &[m, n], dtype, dist);
+                    let dy = tensor(&mut rng, &[m, n], dtype, Dist::Normal);
+                    let grid = softmax_backward.grid(&c, [m, 1, 1]);
+                    let mut dx = poisoned(&[m, n], dtype);
+                    softmax_backward
+                        .interpret(&c, grid, &y, &dy, &mut dx)
+                        .expect("interpret");
+                    let k = format!("softmax_backward {dtype} BM={bm} BN={bn}");
+                    let r = reference::softmax_backward(&y, &dy);
+                    assert_close(&case(k, m, n, dist, &rng), &dx, &r, tolerance(dtype));
+                }
+            }
+        }
+    }
+}
+
+/// Adds up `part`'s rows with [`sum_partials`] into a `dtype` vector.
+fn summed(part: &HostTensor, dtype: DType) -> HostTensor {
+    let n = part.shape[1];
+    let c = SumPartialsComptime {
+        BM: 64,
+        BN: 128,
+        dtype,
+    };
+    let mut out = poisoned(&[n], dtype);
+    sum_partials
+        .interpret(&c, sum_partials.grid(&c, [n, 1, 1]), part, &mut out)
+        .expect("interpret");
+    out
+}
+
+#[test]
+fn norm_backwards_match_reference() {
+    let mut rng = Rng::from_env();
+    for dtype in [DType::Bf16, DType::F32] {
+        for (bm, bn) in [(4, 1024), (1, 4096)] {
+            let c = LayerNormBackwardComptime {
+                BM: bm,
+                BN: bn,
+                dtype,
+            };
+            let cr = RmsNormBackwardComptime {
+                BM: bm,
+                BN: bn,
+                dtype,
+            };
+            compiles(&layer_norm_backward, c);
+            compiles(&rms_norm_backward, cr);
+            compiles(
+                &sum_partials,
+                SumPartialsComptime {
+                    BM: 64,
+                    BN: 128,
+                    dtype,
+                },
+            );
+            for (m, n) in SHAPES {
+                for dist in Dist::ALL {
+                    let grid = layer_norm_backward.grid(&c, [m, 1, 1]);
+                    let blocks = grid[0] as usize;
+                    // With one column RMS norm's `dx = g (1 - xhat^2) rstd` is zero up to
+                    // `eps`: f32 cancellation there is no error of the kernel's.
+                    for rms in [false, true].into_iter().filter(|&r| !(r && n == 1)) {
+                        let [x, w, mean, rstd, dy] = norm_inputs(&mut rng, m, n, dtype, dist, rms);
+                        let mut dx = poisoned(&[m, n], dtype);
+                        let mut dw_part = poisoned(&[blocks, n], DType::F32);
+                        let mut db_part = poisoned(&[blocks, n], DType::F32);
+                        if rms {
+                            rms_norm_backward
+                                .interpret(&cr, grid, &x, &w, &rstd, &dy, &mut dx, &mut dw_part)
+                                .expect("interpret");
+                        } else {
+                            layer_norm_backward
+                                .interpret(
+                                    &c,
+                                    grid,
+                                    &x,
+                                    &w,
+                                    &mean,
+                                    &rstd,
+                                    &dy,
+                                    &mut dx,
+                                    &mut dw_part,
+                                    &mut db_part,
+                                )
+                                .expect("interpret");
+                        }
+                        let (rdx, rdw, rdb) = reference::norm_backward(
+                            &x,
+                            &w,
+                            &mean.to_f64_vec(),
+                            &rstd.to_f64_vec(),
+                            &dy,
+                            rms,
+                        );
+                        let name = if rms { "rms_norm" } else { "layer_norm" };
+                        let k = format!("{name}_backward {dtype} BM={bm} BN={bn}");
+                        let cs = case(k, m, n, dist, &rng);
+                        assert_close(&cs, &dx, &rdx, tolerance(dtype) * 4.0);
+                        assert_close(&cs, &summed(&dw_part, dtype), &rdw, tolerance(dtype) * 4.0);
+                        if !rms {
+                            let db = summed(&db_part, dtype);
+                            assert_close(&cs, &db, &rdb, tolerance(dtype) * 4.0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
