@@ -11,6 +11,7 @@ pub mod cross_entropy;
 pub mod gemm;
 pub mod gemm_epilogue;
 pub mod norm_backward;
+pub mod rotary;
 pub mod softmax;
 pub mod vector_add;
 

@@ -423,3 +423,29 @@ pub fn norm_backward(
     }
     (dx, dw, db)
 }
+
+/// Rotary embedding, rotate-half form, of `x: [b, s, h, d]` with `cos, sin: [s_ro, r / 2]`
+/// at positions `t + offset` (see `kiln_examples::rotary`).
+pub fn rotary(
+    x: &HostTensor,
+    cos: &HostTensor,
+    sin: &HostTensor,
+    r: usize,
+    offset: usize,
+) -> Vec<f64> {
+    let [_, s, h, d] = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
+    let half = r / 2;
+    let xs = x.to_f64_vec();
+    let (cs, ss) = (cos.to_f64_vec(), sin.to_f64_vec());
+    let mut out = xs.clone();
+    for (row, chunk) in xs.chunks(d).enumerate() {
+        let t = (row / h) % s + offset;
+        for i in 0..half {
+            let (c, sn) = (cs[t * half + i], ss[t * half + i]);
+            let (a, b) = (chunk[i], chunk[i + half]);
+            out[row * d + i] = a * c - b * sn;
+            out[row * d + i + half] = b * c + a * sn;
+        }
+    }
+    out
+}

@@ -16,6 +16,7 @@ use kiln_examples::norm_backward::{
     LayerNormBackwardComptime, RmsNormBackwardComptime, SumPartialsComptime, layer_norm_backward,
     rms_norm_backward, sum_partials,
 };
+use kiln_examples::rotary::{RotaryComptime, rotary};
 use kiln_examples::softmax::{SoftmaxBackwardComptime, softmax_backward};
 use kiln_ir::dsl::KernelDef;
 use kiln_ir::{DType, Target};
@@ -23,7 +24,7 @@ use kiln_runtime::{Device, DeviceTensor};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
-use library::{GPU_SHAPES, SHAPES, norm_inputs, targets};
+use library::{GPU_SHAPES, ROTARY_SHAPES, SHAPES, norm_inputs, rotary_tables, targets};
 
 /// sm_80 code on any GPU, and sm_90a code on Hopper.
 fn devices() -> Vec<Device> {
@@ -241,6 +242,50 @@ fn gpu_norm_backwards() {
     }
 }
 
+fn gpu_rotary() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for dtype in [DType::Bf16, DType::F16] {
+            for (d, r, bh) in [(128, 128, 8), (64, 32, 4), (256, 128, 2)] {
+                let c = RotaryComptime {
+                    D: d,
+                    R: r,
+                    BH: bh,
+                    dtype,
+                };
+                let shapes = ROTARY_SHAPES
+                    .into_iter()
+                    .chain([(4, 1000, 32, 0), (2, 333, 12, 77)]);
+                for (b, s, h, offset) in shapes {
+                    for dist in Dist::ALL {
+                        let x = tensor(&mut rng, &[b, s, h, d], dtype, dist);
+                        let (cos, sin) = rotary_tables(s + offset, r, dtype);
+                        let grid = rotary.grid(&c, [s, b, h]);
+                        let y = output(&dev, dtype, &[b, s, h, d]);
+                        let dx = upload_padded(&dev, &x, 8);
+                        let (dc, ds) = (
+                            dev.upload(&cos).expect("upload"),
+                            dev.upload(&sin).expect("upload"),
+                        );
+                        rotary
+                            .launch(&dev, &c, grid, &dx, &dc, &ds, &y, offset as i32)
+                            .expect("launch");
+                        let k = format!("rotary {dtype} D={d} R={r} BH={bh} offset={offset}");
+                        let cs = case(k, &dev, b * s, h * d, dist, &rng);
+                        let reference = reference::rotary(&x, &cos, &sin, r, offset);
+                        assert_close(
+                            &cs,
+                            &y.download().expect("download"),
+                            &reference,
+                            tolerance(dtype),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         ("gpu_library_cross_entropy", Needs::Gpu, gpu_cross_entropy),
@@ -250,5 +295,6 @@ fn main() -> ExitCode {
             gpu_softmax_backward,
         ),
         ("gpu_library_norm_backwards", Needs::Gpu, gpu_norm_backwards),
+        ("gpu_library_rotary", Needs::Gpu, gpu_rotary),
     ])
 }

@@ -12,13 +12,14 @@ use kiln_examples::norm_backward::{
     LayerNormBackwardComptime, RmsNormBackwardComptime, SumPartialsComptime, layer_norm_backward,
     rms_norm_backward, sum_partials,
 };
+use kiln_examples::rotary::{RotaryComptime, rotary};
 use kiln_examples::softmax::{SoftmaxBackwardComptime, softmax_backward};
 use kiln_ir::dsl::{KernelDef, Spec};
 use kiln_ir::{DType, HostTensor, Target};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
-use library::{SHAPES, norm_inputs, targets};
+use library::{ROTARY_SHAPES, SHAPES, norm_inputs, rotary_tables, targets};
 
 /// Compiles `def` for sm_80 and sm_90a with every tensor 16-byte aligned and not: compact PTX,
 /// no spills.
@@ -218,6 +219,37 @@ fn norm_backwards_match_reference() {
                             assert_close(&cs, &db, &rdb, tolerance(dtype) * 4.0);
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rotary_matches_reference() {
+    let mut rng = Rng::from_env();
+    for dtype in [DType::Bf16, DType::F32] {
+        for (d, r, bh) in [(128, 128, 8), (64, 32, 4), (256, 128, 2)] {
+            let c = RotaryComptime {
+                D: d,
+                R: r,
+                BH: bh,
+                dtype,
+            };
+            compiles(&rotary, c);
+            for (b, s, h, offset) in ROTARY_SHAPES {
+                for dist in Dist::ALL {
+                    let x = tensor(&mut rng, &[b, s, h, d], dtype, dist);
+                    let (cos, sin) = rotary_tables(s + offset, r, dtype);
+                    let grid = rotary.grid(&c, [s, b, h]);
+                    let mut y = poisoned(&[b, s, h, d], dtype);
+                    rotary
+                        .interpret(&c, grid, &x, &cos, &sin, &mut y, offset as i32)
+                        .expect("interpret");
+                    let k = format!("rotary {dtype} D={d} R={r} BH={bh} offset={offset}");
+                    let reference = reference::rotary(&x, &cos, &sin, r, offset);
+                    let cs = case(k, b * s, h * d, dist, &rng);
+                    assert_close(&cs, &y, &reference, tolerance(dtype));
                 }
             }
         }

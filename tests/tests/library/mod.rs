@@ -48,3 +48,21 @@ pub const SHAPES: [(usize, usize); 3] = [(1, 1), (5, 1000), (9, 4100)];
 /// Shapes the GPU checks them on besides [`SHAPES`]: more rows than blocks of rows, and a
 /// multiple of the tiles.
 pub const GPU_SHAPES: [(usize, usize); 3] = [(33, 4097), (64, 1024), (1000, 2050)];
+
+/// `(batch, seqlen, heads, offset)` of the rotary checks: heads no multiple of the head
+/// blocks, a position offset.
+pub const ROTARY_SHAPES: [(usize, usize, usize, usize); 3] =
+    [(1, 1, 1, 0), (2, 7, 9, 0), (1, 5, 16, 3)];
+
+/// The `cos, sin: [positions, r / 2]` tables of rotary dim `r` (base 10000), as `dtype`.
+pub fn rotary_tables(positions: usize, r: usize, dtype: DType) -> (HostTensor, HostTensor) {
+    let half = r / 2;
+    let angle = |i: usize| {
+        let (t, k) = (i / half, i % half);
+        t as f64 * 10000f64.powf(-2.0 * k as f64 / r as f64)
+    };
+    (
+        HostTensor::from_fn(&[positions, half], dtype, |i| angle(i).cos()),
+        HostTensor::from_fn(&[positions, half], dtype, |i| angle(i).sin()),
+    )
+}
