@@ -420,17 +420,50 @@ fn pow2_div(x: u32, cap: u32) -> u32 {
     p
 }
 
-/// A blocked layout for a tile of `ty`: 16-byte vectors along the contiguous dimension, lanes
-/// along it first, warps along the rows. A dimension that is reduced somewhere in the kernel
-/// is never split over warps.
+/// A blocked layout for a tile of `ty`: vectors of up to 16 bytes along the contiguous
+/// dimension, lanes along it first (a warp's accesses then cover one contiguous run of up to
+/// 512 bytes), warps along the rows. A dimension that is reduced somewhere in the kernel is
+/// never split over warps. The vector narrows (8, 4 bytes, ...) when that leaves fewer
+/// threads holding copies of what another holds (a tile too small for full vectors on every
+/// thread): loads then read each element once where the tile allows it.
 fn blocked(ty: &Type, warps: u32, reduce_dims: [bool; 2]) -> Layout {
     let shape = ty.shape().cloned().unwrap_or(Shape(Vec::new()));
+    let cols = if shape.rank() == 1 {
+        shape.rows() as u32
+    } else {
+        shape.cols() as u32
+    };
+    let mut vec = pow2_div(cols, (16 / ty.dtype().size_bytes().max(1)) as u32);
+    let mut best = blocked_with(&shape, vec, warps, reduce_dims);
+    while vec > 1 {
+        vec /= 2;
+        let l = blocked_with(&shape, vec, warps, reduce_dims);
+        if replicas(&l, warps) < replicas(&best, warps) {
+            best = l;
+        }
+    }
+    best
+}
+
+/// How many threads of layout `l` hold each element (1: none is replicated).
+fn replicas(l: &Layout, warps: u32) -> u32 {
+    match l {
+        Layout::Blocked {
+            threads_per_warp: t,
+            warps: w,
+            ..
+        } => 32 / (t[0] * t[1]).max(1) * (warps / (w[0] * w[1]).max(1)).max(1),
+        _ => 1,
+    }
+}
+
+/// [`blocked`] with `vec` elements per thread along the columns.
+fn blocked_with(shape: &Shape, vec: u32, warps: u32, reduce_dims: [bool; 2]) -> Layout {
     let (rows, cols) = if shape.rank() == 1 {
         (1, shape.rows() as u32)
     } else {
         (shape.rows() as u32, shape.cols() as u32)
     };
-    let vec = pow2_div(cols, (16 / ty.dtype().size_bytes().max(1)) as u32);
     let tc = pow2_div(cols / vec, 32);
     let tr = pow2_div(rows, 32 / tc);
     let (mut wr, mut wc) = (1, 1);
