@@ -12,7 +12,7 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// Each block owns `BM` rows. A first runtime loop walks the row in `BN`-wide column tiles
 /// keeping the running maximum `m` and the running sum `l` of `exp(x - m)` (rescaled when
 /// `m` grows); columns past `N` are masked to `-inf` so they add nothing. A second loop writes
-/// `exp2((x - m) * log2e) / l`.
+/// `exp2((x - m) * log2e) * (1 / l)`.
 ///
 /// Grid: `(cdiv(M, BM), 1, 1)`. Comptime: `BM` (rows per block, default 4), `BN` (columns
 /// per tile, default 512); both powers of two; `dtype` (default f32).
@@ -40,10 +40,12 @@ pub fn softmax(
         l = l * exp2(&((m - m_new) * LOG2E)) + row_sum(&p);
         m = m_new;
     }
+    // One reciprocal per row, not a division per element.
+    let inv = recip(&l);
     for j in (0..n).step_by(BN) {
         let t = to_f32(x.tile([BM, BN], [row0, j]).load(), dtype);
         y.tile([BM, BN], [row0, j])
-            .store(from_f32(exp2(&((t - m.col()) * LOG2E)) / l.col(), dtype));
+            .store(from_f32(exp2(&((t - m.col()) * LOG2E)) * inv.col(), dtype));
     }
 }
 

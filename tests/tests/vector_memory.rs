@@ -13,15 +13,18 @@ use kiln_tests::check::{Case, as_stored, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor, with_row_padding};
 use kiln_tests::reference;
 
-/// How often `needle` occurs in `ptx`, as a whole instruction mnemonic.
-fn count(ptx: &str, needle: &str) -> usize {
-    ptx.lines()
-        .filter(|l| {
-            l.split_whitespace()
-                .find(|w| !w.starts_with('@'))
-                .is_some_and(|w| w == needle)
-        })
-        .count()
+/// How often instruction `needle` occurs in `ptx`: `(unpredicated, predicated)`.
+fn count(ptx: &str, needle: &str) -> (usize, usize) {
+    let mut n = (0, 0);
+    for l in ptx.lines() {
+        let mut words = l.split_whitespace();
+        match words.next() {
+            Some(w) if w == needle => n.0 += 1,
+            Some(w) if w.starts_with('@') && words.next() == Some(needle) => n.1 += 1,
+            _ => {}
+        }
+    }
+    n
 }
 
 /// One kernel variant and the vector accesses its PTX must hold.
@@ -29,8 +32,9 @@ struct Expect {
     kernel: &'static str,
     defines: &'static [(&'static str, &'static str)],
     aligned: bool,
-    /// `(mnemonic, count)`: each vector access, how many times.
-    vectors: &'static [(&'static str, usize)],
+    /// `(mnemonic, unpredicated, predicated)`: each vector access, how many times on the
+    /// path where the thread's runs all lie inside the tensor, and on the edge path.
+    vectors: &'static [(&'static str, usize, usize)],
 }
 
 /// Per thread per tile: softmax's `4 x 512` f32 tile on 128 threads is 16 elements, four
@@ -43,62 +47,75 @@ const EXPECT: &[Expect] = &[
         kernel: "softmax",
         defines: &[],
         aligned: true,
-        vectors: &[("ld.global.nc.v4.f32", 8), ("st.global.v4.f32", 4)],
+        vectors: &[("ld.global.nc.v4.f32", 8, 8), ("st.global.v4.f32", 4, 4)],
     },
     Expect {
         kernel: "softmax",
         defines: &[],
         aligned: false,
-        vectors: &[("ld.global.nc.v4.f32", 8), ("st.global.v4.f32", 4)],
+        vectors: &[("ld.global.nc.v4.f32", 8, 8), ("st.global.v4.f32", 4, 4)],
     },
     Expect {
         kernel: "softmax",
         defines: &[("dtype", "bf16")],
         aligned: true,
-        vectors: &[("ld.global.nc.v4.b32", 4), ("st.global.v4.b32", 2)],
+        vectors: &[("ld.global.nc.v4.b32", 4, 4), ("st.global.v4.b32", 2, 2)],
     },
     Expect {
         kernel: "softmax",
         defines: &[("dtype", "bf16"), ("BM", "1"), ("BN", "64")],
         aligned: true,
-        // 64 bf16 on one warp: two per lane, one b32 each (no lane idle).
-        vectors: &[("ld.global.nc.b32", 2), ("st.global.b32", 1)],
+        // 64 bf16 on one warp: two per lane, one b32 each (no lane idle); the store of pairs
+        // takes the warp-wide fast path of column pairs, element-wise on the edge.
+        vectors: &[("ld.global.nc.b32", 2, 2), ("st.global.b32", 1, 0)],
     },
     Expect {
         kernel: "vector_add",
         defines: &[],
         aligned: true,
-        vectors: &[("ld.global.nc.v4.f32", 4), ("st.global.v4.f32", 2)],
+        vectors: &[("ld.global.nc.v4.f32", 4, 4), ("st.global.v4.f32", 2, 2)],
     },
     Expect {
         kernel: "vector_add",
         defines: &[],
         aligned: false,
-        vectors: &[("ld.global.nc.v4.f32", 4), ("st.global.v4.f32", 2)],
+        vectors: &[("ld.global.nc.v4.f32", 4, 4), ("st.global.v4.f32", 2, 2)],
     },
     Expect {
         kernel: "layer_norm",
         defines: &[("dtype", "bf16")],
         aligned: true,
-        vectors: &[("ld.global.nc.v4.b32", 4 + 4 + 8), ("st.global.v4.b32", 4)],
+        vectors: &[
+            ("ld.global.nc.v4.b32", 4 + 4 + 8, 4 + 4 + 8),
+            ("st.global.v4.b32", 4, 4),
+        ],
     },
     Expect {
         kernel: "layer_norm",
         defines: &[],
         aligned: false,
-        vectors: &[("ld.global.nc.v4.f32", 8 + 8 + 16), ("st.global.v4.f32", 8)],
+        vectors: &[
+            ("ld.global.nc.v4.f32", 8 + 8 + 16, 8 + 8 + 16),
+            ("st.global.v4.f32", 8, 8),
+        ],
     },
     Expect {
         kernel: "rms_norm",
         defines: &[],
         aligned: true,
-        vectors: &[("ld.global.nc.v4.f32", 8 + 8 + 8), ("st.global.v4.f32", 8)],
+        vectors: &[
+            ("ld.global.nc.v4.f32", 8 + 8 + 8, 8 + 8 + 8),
+            ("st.global.v4.f32", 8, 8),
+        ],
     },
     Expect {
         kernel: "rms_norm",
         defines: &[("dtype", "bf16")],
         aligned: false,
-        vectors: &[("ld.global.nc.v4.b32", 4 + 4 + 4), ("st.global.v4.b32", 4)],
+        vectors: &[
+            ("ld.global.nc.v4.b32", 4 + 4 + 4, 4 + 4 + 4),
+            ("st.global.v4.b32", 4, 4),
+        ],
     },
 ];
 
@@ -116,8 +133,12 @@ fn memory_bound_kernels_move_16_byte_vectors_and_assemble_without_spills() {
                 e.kernel, e.defines, e.aligned
             );
             let m = kiln_ptx::compile(&k, target).unwrap_or_else(|err| panic!("{name}: {err}"));
-            for &(mnemonic, n) in e.vectors {
-                assert_eq!(count(&m.ptx, mnemonic), n, "{name}: `{mnemonic}`s");
+            for &(mnemonic, inside, edge) in e.vectors {
+                assert_eq!(
+                    count(&m.ptx, mnemonic),
+                    (inside, edge),
+                    "{name}: `{mnemonic}`s"
+                );
             }
             // Unaligned tensors test each row's address; aligned ones need no test.
             assert_eq!(
@@ -126,8 +147,8 @@ fn memory_bound_kernels_move_16_byte_vectors_and_assemble_without_spills() {
                 "{name}: run-time alignment tests"
             );
             // Nothing reads an input through the coherent path.
-            assert_eq!(count(&m.ptx, "ld.global.f32"), 0, "{name}");
-            assert_eq!(count(&m.ptx, "ld.global.b16"), 0, "{name}");
+            assert_eq!(count(&m.ptx, "ld.global.f32"), (0, 0), "{name}");
+            assert_eq!(count(&m.ptx, "ld.global.b16"), (0, 0), "{name}");
             let report = kiln_ptx::ptxas::check(&m.ptx, target)
                 .unwrap_or_else(|err| panic!("{name}: {err}"));
             assert!(!report.spills(), "{name} spills: {report}");

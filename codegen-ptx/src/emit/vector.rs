@@ -7,7 +7,9 @@
 //! at compile time for a 16-byte aligned tensor and a column coordinate that is a multiple
 //! of `w`, else tested per row at run time); elsewhere (a tile's ragged edge, a row of an
 //! unaligned tensor that happens to be misaligned) each element is moved on its own under
-//! its own bounds check, so tails of any length stay exact.
+//! its own bounds check, so tails of any length stay exact. Those per-run checks live on an
+//! edge path: a warp whose runs are all whole (every tile but the edges) branches, uniformly,
+//! to unpredicated vector accesses with no per-element work at all.
 
 use std::collections::BTreeMap;
 
@@ -22,17 +24,28 @@ use crate::types::{Class, Reg};
 /// The widest access, in bytes.
 const MAX_BYTES: u32 = 16;
 
-/// One run of a thread's registers moved by one vector access.
-struct Run {
-    /// Row address (`.b64`) and byte offset of the run's first element.
-    addr: Reg,
-    off: u32,
-    /// Whether the whole run lies inside the tensor and is aligned: one vector access.
+/// Where a thread's runs of a tile sit, and whether all of them can move unchecked.
+struct Plan {
+    /// Per run: its row offset, first column offset and first register index in the tile.
+    runs: Vec<(u32, u32, usize)>,
+    /// Per row offset: the row's address (`.b64`, at the thread's first column), whether the
+    /// row is inside, and whether it is inside with an aligned address.
+    rows: BTreeMap<u32, (Reg, Reg, Reg)>,
+    /// The thread's first column in the tensor, and the columns' extent.
+    col0: Reg,
+    cols: Reg,
+    /// Element size in bytes.
+    esize: u32,
+    /// Every run of every lane of the warp whole: inside the tensor and aligned.
+    fast: Reg,
+}
+
+/// The predicates of one run on a tile's edge.
+struct EdgeRun {
+    /// The whole run inside and aligned: one vector access.
     whole: Reg,
-    /// Per element, where the run is not whole: whether the element lies inside.
+    /// Per element, where the run is not whole: whether the element is inside.
     parts: Vec<Reg>,
-    /// The run's first register index in the tile.
-    first: usize,
 }
 
 /// The number of elements `w` (a power of two, at most 16 bytes) each vector access moves for
@@ -74,10 +87,11 @@ impl Emitter<'_> {
         )
     }
 
-    /// The runs of `w` elements of register tile `v` at `coords` in `tensor` (`col_coord`: the
-    /// IR value of the column coordinate, for its known alignment), with their predicates.
+    /// Where the runs of `w` elements of a tile in distribution `d` at `coords` in `tensor` sit
+    /// (`col_coord`: the IR value of the column coordinate, for its known alignment), and
+    /// whether every one of them is whole.
     #[allow(clippy::too_many_arguments)]
-    fn runs(
+    fn plan(
         &mut self,
         tensor: usize,
         coords: &[Reg],
@@ -86,7 +100,7 @@ impl Emitter<'_> {
         d: &Distribution,
         w: u32,
         at: OpId,
-    ) -> Result<Vec<Run>, CodegenError> {
+    ) -> Result<Plan, CodegenError> {
         let tile_rank = d.terms.len();
         let o = self.origin(tensor, coords, tile_rank, clip, at)?;
         let col_dim = tile_rank - 1;
@@ -106,54 +120,93 @@ impl Emitter<'_> {
         } else {
             None
         };
-        // Per row offset: address, inside, inside and aligned. Per column offset: inside.
-        let mut rows: BTreeMap<u32, (Reg, Reg, Reg)> = BTreeMap::new();
-        let mut cols: BTreeMap<u32, Reg> = BTreeMap::new();
-        let mut out = Vec::with_capacity(d.regs.len() / w as usize);
-        for (i, run) in d.regs.chunks(w as usize).enumerate() {
-            let (ro, co) = if tile_rank == 2 {
-                (run[0][0], run[0][1])
-            } else {
-                (0, run[0][0])
-            };
-            if !rows.contains_key(&ro) {
-                let (addr, ok) = match row_base {
-                    Some(r0) => {
-                        let r = self.new_reg(Class::B32);
-                        self.ins(format!("add.s32 {r}, {r0}, {ro}"));
-                        let ok = self.in_bounds(r, o.dims[0], o.outer_ok);
-                        (self.element_addr(&o, Some(r), col0), ok)
-                    }
-                    None => {
-                        let ok = self.new_reg(Class::Pred);
-                        match o.outer_ok {
-                            Some(q) => self.mov(ok, q),
-                            None => self.ins(format!("setp.eq.u32 {ok}, 0, 0")),
-                        }
-                        (self.element_addr(&o, None, col0), ok)
-                    }
-                };
-                let vec_ok = if static_aligned {
-                    ok
+        let runs: Vec<(u32, u32, usize)> = d
+            .regs
+            .chunks(w as usize)
+            .enumerate()
+            .map(|(i, run)| {
+                let (ro, co) = if tile_rank == 2 {
+                    (run[0][0], run[0][1])
                 } else {
-                    let low = self.new_reg(Class::B64);
-                    self.ins(format!("and.b64 {low}, {addr}, {}", bytes - 1));
-                    let p = self.setp("eq.u64", low, 0);
-                    self.ins(format!("and.pred {p}, {p}, {ok}"));
-                    p
+                    (0, run[0][0])
                 };
-                rows.insert(ro, (addr, ok, vec_ok));
+                (ro, co, i * w as usize)
+            })
+            .collect();
+        let mut rows: BTreeMap<u32, (Reg, Reg, Reg)> = BTreeMap::new();
+        for &(ro, _, _) in &runs {
+            if rows.contains_key(&ro) {
+                continue;
             }
+            let (addr, ok) = match row_base {
+                Some(r0) => {
+                    let r = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {r}, {r0}, {ro}"));
+                    let ok = self.in_bounds(r, o.dims[0], o.outer_ok);
+                    (self.element_addr(&o, Some(r), col0), ok)
+                }
+                None => {
+                    let ok = self.new_reg(Class::Pred);
+                    match o.outer_ok {
+                        Some(q) => self.mov(ok, q),
+                        None => self.ins(format!("setp.eq.u32 {ok}, 0, 0")),
+                    }
+                    (self.element_addr(&o, None, col0), ok)
+                }
+            };
+            let vec_ok = if static_aligned {
+                ok
+            } else {
+                let low = self.new_reg(Class::B64);
+                self.ins(format!("and.b64 {low}, {addr}, {}", bytes - 1));
+                let p = self.setp("eq.u64", low, 0);
+                self.ins(format!("and.pred {p}, {p}, {ok}"));
+                p
+            };
+            rows.insert(ro, (addr, ok, vec_ok));
+        }
+        // The thread's first and last columns inside (unsigned compares: a negative column is
+        // outside) put every column between them inside.
+        let first = runs.iter().map(|r| r.1).min().unwrap_or(0);
+        let last = runs.iter().map(|r| r.1).max().unwrap_or(0) + w - 1;
+        let cols = o.dims[col_dim];
+        let fast = self.new_reg(Class::Pred);
+        self.ins(format!("setp.eq.u32 {fast}, 0, 0"));
+        for c in [first, last] {
+            let x = self.new_reg(Class::B32);
+            self.ins(format!("add.s32 {x}, {col0}, {c}"));
+            let ok = self.in_bounds(x, cols, None);
+            self.ins(format!("and.pred {fast}, {fast}, {ok}"));
+        }
+        for &(_, _, vec_ok) in rows.values() {
+            self.ins(format!("and.pred {fast}, {fast}, {vec_ok}"));
+        }
+        // Decided per warp, so the warp never diverges (the paths reconverge trivially
+        // before the shuffles, mma or barriers that follow).
+        self.ins(format!("vote.sync.all.pred {fast}, {fast}, 0xffffffff"));
+        Ok(Plan {
+            runs,
+            rows,
+            col0,
+            cols,
+            esize: o.esize,
+            fast,
+        })
+    }
+
+    /// The predicates of every run of `plan` on a tile's edge, in run order.
+    fn edge_runs(&mut self, plan: &Plan, w: u32) -> Vec<EdgeRun> {
+        let mut cols: BTreeMap<u32, Reg> = BTreeMap::new();
+        let mut out = Vec::with_capacity(plan.runs.len());
+        for &(ro, co, _) in &plan.runs {
             for c in co..co + w {
                 if let std::collections::btree_map::Entry::Vacant(e) = cols.entry(c) {
                     let x = self.new_reg(Class::B32);
-                    self.ins(format!("add.s32 {x}, {col0}, {c}"));
-                    e.insert(self.in_bounds(x, o.dims[col_dim], None));
+                    self.ins(format!("add.s32 {x}, {}, {c}", plan.col0));
+                    e.insert(self.in_bounds(x, plan.cols, None));
                 }
             }
-            let (addr, row_ok, vec_ok) = rows[&ro];
-            // The first and the last element inside (unsigned compares: a negative column
-            // is outside) put every element between them inside.
+            let (_, row_ok, vec_ok) = plan.rows[&ro];
             let whole = self.new_reg(Class::Pred);
             self.ins(format!("and.pred {whole}, {vec_ok}, {}", cols[&co]));
             self.ins(format!(
@@ -162,26 +215,23 @@ impl Emitter<'_> {
             ));
             let split = self.new_reg(Class::Pred);
             self.ins(format!("not.pred {split}, {whole}"));
-            let mut parts = Vec::with_capacity(w as usize);
-            for c in co..co + w {
-                let p = self.new_reg(Class::Pred);
-                self.ins(format!("and.pred {p}, {row_ok}, {}", cols[&c]));
-                self.ins(format!("and.pred {p}, {p}, {split}"));
-                parts.push(p);
-            }
-            out.push(Run {
-                addr,
-                off: co * o.esize,
-                whole,
-                parts,
-                first: i * w as usize,
-            });
+            let parts = (co..co + w)
+                .map(|c| {
+                    let p = self.new_reg(Class::Pred);
+                    self.ins(format!("and.pred {p}, {row_ok}, {}", cols[&c]));
+                    self.ins(format!("and.pred {p}, {p}, {split}"));
+                    p
+                })
+                .collect();
+            out.push(EdgeRun { whole, parts });
         }
-        Ok(out)
+        out
     }
 
-    /// Loads register tile `v` of `dtype` from `tensor` in vectors of `w` elements: the
-    /// tile's registers (0 outside the tensor).
+    /// Loads register tile `v` (distribution `d`, `dtype`) from `tensor` in vectors of `w`
+    /// elements: the tile's registers (0 outside the tensor). A warp whose runs are all whole
+    /// (every tile but the edges) takes unpredicated vector loads; on an edge each run is a
+    /// predicated vector or, where it is not whole, its elements one by one.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn vector_load(
         &mut self,
@@ -198,26 +248,60 @@ impl Emitter<'_> {
         } else {
             "global"
         };
-        let esize = dtype.size_bytes() as u32;
-        let mut regs = Vec::with_capacity(d.regs.len());
-        for run in self.runs(tensor, coords, col_coord, None, d, w, at)? {
-            let xs: Vec<Reg> = (0..w).map(|_| self.new_reg(Class::of(dtype))).collect();
-            let (addr, off) = (run.addr, run.off);
+        let plan = self.plan(tensor, coords, col_coord, None, d, w, at)?;
+        let esize = plan.esize;
+        let regs: Vec<Reg> = (0..d.regs.len())
+            .map(|_| self.new_reg(Class::of(dtype)))
+            .collect();
+        // 16-bit elements travel in pairs packed in b32 registers.
+        let packed: Vec<Reg> = if esize == 2 {
+            (0..d.regs.len() / 2)
+                .map(|_| self.new_reg(Class::B32))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let (edge, done) = (self.new_label(), self.new_label());
+        self.ins(format!("@!{} bra.uni {edge}", plan.fast));
+        for &(ro, co, first) in &plan.runs {
+            let addr = plan.rows[&ro].0;
+            let off = co * esize;
+            let xs = &regs[first..first + w as usize];
             if esize == 2 {
-                // Pairs of 16-bit elements travel packed in b32 registers.
-                let packed: Vec<Reg> = (0..w / 2).map(|_| self.new_reg(Class::B32)).collect();
-                for p in &packed {
+                let ps = &packed[first / 2..(first + w as usize) / 2];
+                self.ins(format!(
+                    "ld.{space}{} {}, [{addr}+{off}]",
+                    vec_suffix(ps.len(), "b32"),
+                    reg_list(ps)
+                ));
+                self.unpack(ps, xs);
+            } else {
+                self.ins(format!(
+                    "ld.{space}{} {}, [{addr}+{off}]",
+                    vec_suffix(xs.len(), mem_ty(dtype)),
+                    reg_list(xs)
+                ));
+            }
+        }
+        self.ins(format!("bra.uni {done}"));
+        self.label(&edge);
+        let edges = self.edge_runs(&plan, w);
+        for (&(ro, co, first), e) in plan.runs.iter().zip(&edges) {
+            let addr = plan.rows[&ro].0;
+            let off = co * esize;
+            let xs = &regs[first..first + w as usize];
+            if esize == 2 {
+                let ps = &packed[first / 2..(first + w as usize) / 2];
+                for p in ps {
                     self.ins(format!("mov.b32 {p}, 0"));
                 }
                 self.ins(format!(
                     "@{} ld.{space}{} {}, [{addr}+{off}]",
-                    run.whole,
-                    vec_suffix(packed.len(), "b32"),
-                    reg_list(&packed)
+                    e.whole,
+                    vec_suffix(ps.len(), "b32"),
+                    reg_list(ps)
                 ));
-                for (p, pair) in packed.iter().zip(xs.chunks(2)) {
-                    self.ins(format!("mov.b32 {{{}, {}}}, {p}", pair[0], pair[1]));
-                }
+                self.unpack(ps, xs);
             } else {
                 let ty = mem_ty(dtype);
                 let zero = if dtype == DType::F32 {
@@ -225,30 +309,49 @@ impl Emitter<'_> {
                 } else {
                     "0"
                 };
-                for x in &xs {
+                for x in xs {
                     self.ins(format!("mov.{ty} {x}, {zero}"));
                 }
                 self.ins(format!(
                     "@{} ld.{space}{} {}, [{addr}+{off}]",
-                    run.whole,
+                    e.whole,
                     vec_suffix(xs.len(), ty),
-                    reg_list(&xs)
+                    reg_list(xs)
                 ));
             }
-            for (k, (x, p)) in xs.iter().zip(&run.parts).enumerate() {
+            for (k, (x, p)) in xs.iter().zip(&e.parts).enumerate() {
                 self.ins(format!(
                     "@{p} ld.{space}.{} {x}, [{addr}+{}]",
                     mem_ty(dtype),
                     off + k as u32 * esize
                 ));
             }
-            regs.extend(xs);
         }
+        self.label(&done);
         Ok(regs)
     }
 
+    /// `xs` (16-bit registers) from the b32 pairs `packed`.
+    fn unpack(&mut self, packed: &[Reg], xs: &[Reg]) {
+        for (p, pair) in packed.iter().zip(xs.chunks(2)) {
+            self.ins(format!("mov.b32 {{{}, {}}}, {p}", pair[0], pair[1]));
+        }
+    }
+
+    /// `xs` (16-bit registers) packed in pairs into new b32 registers.
+    fn pack(&mut self, xs: &[Reg]) -> Vec<Reg> {
+        xs.chunks(2)
+            .map(|pair| {
+                let p = self.new_reg(Class::B32);
+                self.ins(format!("mov.b32 {p}, {{{}, {}}}", pair[0], pair[1]));
+                p
+            })
+            .collect()
+    }
+
     /// Stores register tile `regs` (distribution `d`, `dtype`) into `tensor` in vectors of
-    /// `w` elements, skipping elements outside it (clipped by `clip`).
+    /// `w` elements, skipping elements outside it (clipped by `clip`): as
+    /// [`Emitter::vector_load`], unpredicated vectors unless the thread is on an edge.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn vector_store(
         &mut self,
@@ -262,41 +365,49 @@ impl Emitter<'_> {
         w: u32,
         at: OpId,
     ) -> Result<(), CodegenError> {
-        let esize = dtype.size_bytes() as u32;
-        for run in self.runs(tensor, coords, col_coord, clip, d, w, at)? {
-            let xs = &regs[run.first..run.first + w as usize];
-            let (addr, off) = (run.addr, run.off);
-            if esize == 2 {
-                let packed: Vec<Reg> = xs
-                    .chunks(2)
-                    .map(|pair| {
-                        let p = self.new_reg(Class::B32);
-                        self.ins(format!("mov.b32 {p}, {{{}, {}}}", pair[0], pair[1]));
-                        p
-                    })
-                    .collect();
-                self.ins(format!(
-                    "@{} st.global{} [{addr}+{off}], {}",
-                    run.whole,
-                    vec_suffix(packed.len(), "b32"),
-                    reg_list(&packed)
-                ));
+        let plan = self.plan(tensor, coords, col_coord, clip, d, w, at)?;
+        let esize = plan.esize;
+        let (edge, done) = (self.new_label(), self.new_label());
+        self.ins(format!("@!{} bra.uni {edge}", plan.fast));
+        for guarded in [false, true] {
+            let edges = if guarded {
+                self.label(&edge);
+                self.edge_runs(&plan, w)
             } else {
+                Vec::new()
+            };
+            for (i, &(ro, co, first)) in plan.runs.iter().enumerate() {
+                let addr = plan.rows[&ro].0;
+                let off = co * esize;
+                let xs = &regs[first..first + w as usize];
+                let guard = edges
+                    .get(i)
+                    .map_or(String::new(), |e| format!("@{} ", e.whole));
+                let (n, ty, list) = if esize == 2 {
+                    let ps = self.pack(xs);
+                    (ps.len(), "b32", reg_list(&ps))
+                } else {
+                    (xs.len(), mem_ty(dtype), reg_list(xs))
+                };
                 self.ins(format!(
-                    "@{} st.global{} [{addr}+{off}], {}",
-                    run.whole,
-                    vec_suffix(xs.len(), mem_ty(dtype)),
-                    reg_list(xs)
+                    "{guard}st.global{} [{addr}+{off}], {list}",
+                    vec_suffix(n, ty)
                 ));
+                if let Some(e) = edges.get(i) {
+                    for (k, (x, p)) in xs.iter().zip(&e.parts).enumerate() {
+                        self.ins(format!(
+                            "@{p} st.global.{} [{addr}+{}], {x}",
+                            mem_ty(dtype),
+                            off + k as u32 * esize
+                        ));
+                    }
+                }
             }
-            for (k, (x, p)) in xs.iter().zip(&run.parts).enumerate() {
-                self.ins(format!(
-                    "@{p} st.global.{} [{addr}+{}], {x}",
-                    mem_ty(dtype),
-                    off + k as u32 * esize
-                ));
+            if !guarded {
+                self.ins(format!("bra.uni {done}"));
             }
         }
+        self.label(&done);
         Ok(())
     }
 }
