@@ -42,7 +42,7 @@ fn upload(dev: &Device, host: &HostTensor, pad: usize) -> DeviceTensor {
     if host.shape.len() > 1 {
         return upload_padded(dev, host, pad);
     }
-    if pad % 2 == 0 {
+    if pad.is_multiple_of(2) {
         return dev.upload(host).expect("upload");
     }
     let n = host.shape[0];
