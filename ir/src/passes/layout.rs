@@ -6,7 +6,8 @@
 //! backward into values that have none of their own (`splat`, `iota`, loop-carried initial
 //! values, register `load`s), until nothing changes; then the first register `load` still
 //! without one (in op order; else the first value) gets a blocked layout vectorised to 16
-//! bytes and the rules run again. A register `load` combined elementwise with an
+//! bytes (narrower where that spares threads holding copies: `blocked`) and the rules run
+//! again. A register `load` combined elementwise with an
 //! accumulator (a GEMM epilogue's `beta * c`) thus reads in the accumulator's layout instead
 //! of converting it, which keeps the epilogue's store in the layout the sm_90a TMA store
 //! takes.
@@ -482,5 +483,56 @@ fn blocked_with(shape: &Shape, vec: u32, warps: u32, reduce_dims: [bool; 2]) -> 
         size_per_thread: [1, vec],
         threads_per_warp: [tr, tc],
         warps: [wr.max(1), wc.max(1)],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Layout, blocked};
+    use crate::types::{DType, Shape, Type};
+
+    fn tile(dtype: DType, dims: &[usize]) -> Type {
+        Type::Tile {
+            dtype,
+            shape: Shape(dims.to_vec()),
+        }
+    }
+
+    fn layout(spt: u32, tpw: [u32; 2], warps: [u32; 2]) -> Layout {
+        Layout::Blocked {
+            size_per_thread: [1, spt],
+            threads_per_warp: tpw,
+            warps,
+        }
+    }
+
+    #[test]
+    fn blocked_layouts_take_16_byte_vectors_and_spare_replicas() {
+        // Row kernels (reductions along the rows): 16 bytes a thread, a warp per row.
+        let rows = [false, true];
+        assert_eq!(
+            blocked(&tile(DType::F32, &[4, 512]), 4, rows),
+            layout(4, [1, 32], [4, 1])
+        );
+        assert_eq!(
+            blocked(&tile(DType::Bf16, &[4, 1024]), 4, rows),
+            layout(8, [1, 32], [4, 1])
+        );
+        // A vector: warps side by side along it.
+        assert_eq!(
+            blocked(&tile(DType::F32, &[1024]), 4, [false; 2]),
+            layout(4, [1, 32], [1, 4])
+        );
+        // 64 bf16 in one row: eight a lane would leave 24 lanes copying; two a lane use all
+        // 32 (the warps still copy one another: the row is not split over warps).
+        assert_eq!(
+            blocked(&tile(DType::Bf16, &[1, 64]), 4, rows),
+            layout(2, [1, 32], [1, 1])
+        );
+        // 4 x 32 f32 without reductions: one element a thread covers it exactly.
+        assert_eq!(
+            blocked(&tile(DType::F32, &[4, 32]), 4, [false; 2]),
+            layout(1, [1, 32], [4, 1])
+        );
     }
 }
