@@ -79,10 +79,10 @@ pub(crate) fn vector_width(d: &Distribution, dtype: DType) -> u32 {
 
 impl Emitter<'_> {
     /// Whether loads of tensor parameter `tensor` may take the read-only (non-coherent) path:
-    /// the kernel never writes it (`Tensor`, not `TensorMut`). A `Tensor` argument that
-    /// aliases a `TensorMut` one is then read as it was when the kernel started wherever a
-    /// thread reads back what the kernel wrote through the other (an in-place row kernel,
-    /// which reads each element before writing it, is unaffected).
+    /// the kernel never writes it (`Tensor`, not `TensorMut`). Where a `Tensor` argument
+    /// aliases a `TensorMut` one, a read of an element the kernel already wrote through the
+    /// other may then see the old value (an in-place row kernel, which reads each element
+    /// before writing it, is unaffected).
     pub(super) fn read_only(&self, tensor: usize) -> bool {
         matches!(
             self.k.params.get(tensor),
