@@ -54,7 +54,11 @@ pub fn layer_norm(
     let r = rsqrt(&(m2 / n.cast::<f32>() + eps));
     mean.tile([BM], [row0]).store(mu);
     rstd.tile([BM], [row0]).store(r);
-    for j in (0..n).step_by(BN) {
+    // The second pass walks the row backwards: the tiles the first pass read last are the
+    // likeliest to be still in L2.
+    let last = (n - 1) / BN as i32 * BN as i32;
+    for back in (0..n).step_by(BN) {
+        let j = last - back;
         let t = to_f32(x.tile([BM, BN], [row0, j]).load(), dtype);
         let wt = to_f32(w.tile([BN], [j]).load(), dtype);
         let bt = to_f32(b.tile([BN], [j]).load(), dtype);

@@ -42,7 +42,11 @@ pub fn softmax(
     }
     // One reciprocal per row, not a division per element.
     let inv = recip(&l);
-    for j in (0..n).step_by(BN) {
+    // The second pass walks the row backwards: the tiles the first pass read last are the
+    // likeliest to be still in L2.
+    let last = (n - 1) / BN as i32 * BN as i32;
+    for back in (0..n).step_by(BN) {
+        let j = last - back;
         let t = to_f32(x.tile([BM, BN], [row0, j]).load(), dtype);
         y.tile([BM, BN], [row0, j])
             .store(from_f32(exp2(&((t - m.col()) * LOG2E)) * inv.col(), dtype));
