@@ -5,7 +5,8 @@
 # 2. the main job (.gpu/bin/attention);
 # 3. with --sanitize, compute-sanitizer memcheck, racecheck and synccheck over the GPU example
 #    and sm_90a tests;
-# 4. gemm vs cuBLAS and attention vs FlashAttention-2/cuDNN, on sm_80 and on sm_90a.
+# 4. gemm vs cuBLAS and attention vs FlashAttention-2/cuDNN, on sm_80 and on sm_90a;
+#    softmax, layer norm and RMS norm vs PyTorch (GB/s) on sm_80.
 # Results (JSON + PNG) land in OUT_DIR; a summary table is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +43,9 @@ for target in sm_80 sm_90a; do
   bench/run-attention.sh "$out/attention-$target.json" --target "$target" "${quick[@]}" > "$out/attention-$target.log" 2>&1
   summary+=("attention $target: rc=$?")
 done
-for f in "$out"/gemm-*.log "$out"/attention-*.log; do
+bench/run-rows.sh "$out/rows-sm_80.json" --target sm_80 "${quick[@]}" > "$out/rows-sm_80.log" 2>&1
+summary+=("rows sm_80: rc=$?")
+for f in "$out"/gemm-*.log "$out"/attention-*.log "$out"/rows-*.log; do
   echo "== $f"; grep -v $'\r' "$f" | tail -n 25
 done
 printf '%s\n' "${summary[@]}"

@@ -10,17 +10,21 @@ pub mod attention;
 pub mod cross_entropy;
 pub mod gemm;
 pub mod gemm_epilogue;
+pub mod layer_norm;
 pub mod norm_backward;
+pub mod rms_norm;
 pub mod rotary;
 pub mod softmax;
 pub mod vector_add;
 
-/// Every example kernel, by name: `vector_add`, `softmax`, `gemm`, `gemm_bias_act`,
-/// `gemm_alpha_beta`, `attention`, `attention_lse`, `attention_varlen`, `attention_varlen_lse`.
+/// Every example kernel, by name: `vector_add`, `softmax`, `layer_norm`, `rms_norm`, `gemm`,
+/// `gemm_bias_act`, `gemm_alpha_beta`, `attention`, `attention_lse`, `attention_varlen`, `attention_varlen_lse`.
 pub fn registry() -> &'static [&'static dyn AnyKernelDef] {
     &[
         &vector_add::vector_add,
         &softmax::softmax,
+        &layer_norm::layer_norm,
+        &rms_norm::rms_norm,
         &gemm::gemm,
         &gemm_epilogue::gemm_bias_act,
         &gemm_epilogue::gemm_alpha_beta,
@@ -66,6 +70,8 @@ mod tests {
             [
                 "vector_add",
                 "softmax",
+                "layer_norm",
+                "rms_norm",
                 "gemm",
                 "gemm_bias_act",
                 "gemm_alpha_beta",

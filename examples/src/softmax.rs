@@ -1,25 +1,28 @@
-//! Row-wise softmax of an `[M, N]` f32 tensor, any `N`, with an online max/sum pass.
+//! Row-wise softmax of an `[M, N]` f32, bf16 or f16 tensor, any `N`, with an online max/sum
+//! pass in f32.
 
 use kiln::prelude::*;
 
 /// `log2(e)`: softmax is computed with `exp2`, so exponents are scaled by it.
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 
-/// `y[r, :] = softmax(x[r, :])` for `x, y: [M, N]` f32, any `M` and `N`.
+/// `y[r, :] = softmax(x[r, :])` for `x, y: [M, N]` of element type `dtype` (f32, bf16 or f16;
+/// arithmetic in f32), any `M` and `N`.
 ///
 /// Each block owns `BM` rows. A first runtime loop walks the row in `BN`-wide column tiles
 /// keeping the running maximum `m` and the running sum `l` of `exp(x - m)` (rescaled when
 /// `m` grows); columns past `N` are masked to `-inf` so they add nothing. A second loop writes
-/// `exp2((x - m) * log2e) / l`.
+/// `exp2((x - m) * log2e) * (1 / l)`.
 ///
 /// Grid: `(cdiv(M, BM), 1, 1)`. Comptime: `BM` (rows per block, default 4), `BN` (columns
-/// per tile, default 512); both powers of two.
+/// per tile, default 512); both powers of two; `dtype` (default f32).
 #[kernel(grid = [BM, 1, 1])]
 pub fn softmax(
-    x: Tensor<f32, 2>,
-    y: TensorMut<f32, 2>,
+    x: Tensor<dtype, 2>,
+    y: TensorMut<dtype, 2>,
     #[comptime(default = 4)] BM: usize,
     #[comptime(default = 512)] BN: usize,
+    #[comptime(default = DType::F32)] dtype: DType,
 ) {
     let row0 = block_id().x * BM;
     let n = x.dim(1);
@@ -29,7 +32,7 @@ pub fn softmax(
         let cols = iota([BM, BN], 1) + j;
         let t = select(
             cols < n,
-            x.tile([BM, BN], [row0, j]).load(),
+            to_f32(x.tile([BM, BN], [row0, j]).load(), dtype),
             f32::NEG_INFINITY,
         );
         let m_new = max(&m, &row_max(&t));
@@ -37,10 +40,37 @@ pub fn softmax(
         l = l * exp2(&((m - m_new) * LOG2E)) + row_sum(&p);
         m = m_new;
     }
-    for j in (0..n).step_by(BN) {
-        let t = x.tile([BM, BN], [row0, j]).load();
+    // One reciprocal per row, not a division per element.
+    let inv = recip(&l);
+    // The second pass walks the row backwards: the tiles the first pass read last are the
+    // likeliest to be still in L2.
+    let last = (n - 1) / BN as i32 * BN as i32;
+    for back in (0..n).step_by(BN) {
+        let j = last - back;
+        let t = to_f32(x.tile([BM, BN], [row0, j]).load(), dtype);
         y.tile([BM, BN], [row0, j])
-            .store(exp2(&((t - m.col()) * LOG2E)) / l.col());
+            .store(from_f32(exp2(&((t - m.col()) * LOG2E)) * inv.col(), dtype));
+    }
+}
+
+/// `x` (of element type `dtype`) in f32: a cast unless it is f32 already. A plain function
+/// (a kernel's `==` compares IR values), so the cast keeps the caller's line.
+#[track_caller]
+pub(crate) fn to_f32(x: Value, dtype: DType) -> Value {
+    if matches!(dtype, DType::F32) {
+        x
+    } else {
+        x.cast::<f32>()
+    }
+}
+
+/// f32 `x` rounded to `dtype`: a cast unless `dtype` is f32.
+#[track_caller]
+pub(crate) fn from_f32(x: Value, dtype: DType) -> Value {
+    if matches!(dtype, DType::F32) {
+        x
+    } else {
+        x.cast_to(dtype)
     }
 }
 
@@ -77,15 +107,30 @@ pub fn softmax_backward(
 mod tests {
     use kiln::ir::print::print_kernel;
 
+    use kiln::prelude::DType;
+
     use super::{SoftmaxComptime, softmax};
     use crate::testing::{build, loop_stages};
 
     #[test]
     fn builds_for_defaults_and_variants() {
-        for (bm, bn) in [(4, 512), (1, 1024), (8, 128)] {
-            let k = build(&softmax, SoftmaxComptime { BM: bm, BN: bn });
+        for (bm, bn, dtype) in [
+            (4, 512, DType::F32),
+            (1, 1024, DType::F32),
+            (8, 128, DType::Bf16),
+        ] {
+            let k = build(
+                &softmax,
+                SoftmaxComptime {
+                    BM: bm,
+                    BN: bn,
+                    dtype,
+                },
+            );
             assert_eq!(loop_stages(&k).len(), 2, "two passes over the row");
-            assert!(print_kernel(&k).contains(&format!("rt<f32,{bm}x{bn}>")));
+            let text = print_kernel(&k);
+            assert!(text.contains(&format!("rt<f32,{bm}x{bn}>")));
+            assert_eq!(text.contains("cast"), dtype != DType::F32);
         }
     }
 }

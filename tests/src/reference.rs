@@ -449,3 +449,41 @@ pub fn rotary(
     }
     out
 }
+
+/// Layer norm of each row of `x: [rows, cols]` with weight and bias `w, b: [cols]`:
+/// `(y, mean, rstd)`, `y = (x - mean) * rstd * w + b`, `rstd = 1/sqrt(var + eps)` (biased
+/// variance, computed from the deviations).
+pub fn layer_norm_rows(
+    x: &HostTensor,
+    w: &HostTensor,
+    b: &HostTensor,
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let cols = x.shape[1];
+    let (v, w, b) = (x.to_f64_vec(), w.to_f64_vec(), b.to_f64_vec());
+    let (mut y, mut means, mut rstds) = (Vec::with_capacity(v.len()), Vec::new(), Vec::new());
+    for row in v.chunks(cols) {
+        let mean = row.iter().sum::<f64>() / cols as f64;
+        let var = row.iter().map(|a| (a - mean) * (a - mean)).sum::<f64>() / cols as f64;
+        let rstd = 1.0 / (var + eps).sqrt();
+        y.extend((0..cols).map(|c| (row[c] - mean) * rstd * w[c] + b[c]));
+        means.push(mean);
+        rstds.push(rstd);
+    }
+    (y, means, rstds)
+}
+
+/// RMS norm of each row of `x: [rows, cols]` with weight `w: [cols]`: `(y, rstd)`,
+/// `y = x * rstd * w`, `rstd = 1/sqrt(mean(x^2) + eps)`.
+pub fn rms_norm_rows(x: &HostTensor, w: &HostTensor, eps: f64) -> (Vec<f64>, Vec<f64>) {
+    let cols = x.shape[1];
+    let (v, w) = (x.to_f64_vec(), w.to_f64_vec());
+    let (mut y, mut rstds) = (Vec::with_capacity(v.len()), Vec::new());
+    for row in v.chunks(cols) {
+        let ms = row.iter().map(|a| a * a).sum::<f64>() / cols as f64;
+        let rstd = 1.0 / (ms + eps).sqrt();
+        y.extend((0..cols).map(|c| row[c] * rstd * w[c]));
+        rstds.push(rstd);
+    }
+    (y, rstds)
+}

@@ -82,7 +82,11 @@ fn gpu_softmax_matches_reference_and_interpreter() {
         for (m, n) in [(1, 1), (7, 100), (33, 513), (64, 1024)] {
             for dist in Dist::ALL {
                 let x = tensor(&mut rng, &[m, n], DType::F32, dist);
-                let c = SoftmaxComptime { BM: bm, BN: bn };
+                let c = SoftmaxComptime {
+                    BM: bm,
+                    BN: bn,
+                    ..Default::default()
+                };
                 let grid = softmax.grid(&c, [m, 1, 1]);
                 let dx = upload_padded(&dev, &x, 3);
                 let y = output(&dev, DType::F32, &[m, n]);

@@ -55,7 +55,11 @@ fn softmax_matches_reference() {
     let def = &kiln_examples::softmax::softmax;
     let mut rng = Rng::from_env();
     for (bm, bn) in [(4, 512), (8, 128)] {
-        let ct = SoftmaxComptime { BM: bm, BN: bn };
+        let ct = SoftmaxComptime {
+            BM: bm,
+            BN: bn,
+            ..Default::default()
+        };
         for (m, n) in [(1, 1), (7, 1000), (33, 513), (16, 1024)] {
             for dist in Dist::ALL {
                 let x = tensor(&mut rng, &[m, n], DType::F32, dist);
@@ -343,7 +347,11 @@ fn typed_interpret_methods_agree_with_references() {
     let x = tensor(&mut rng, &[m, n], DType::F32, Dist::Normal);
     let mut y = poisoned(&[m, n], DType::F32);
     let softmax = kiln_examples::softmax::softmax;
-    let c = SoftmaxComptime { BM: 4, BN: 256 };
+    let c = SoftmaxComptime {
+        BM: 4,
+        BN: 256,
+        ..Default::default()
+    };
     softmax
         .interpret(&c, softmax.grid(&c, [m, 1, 1]), &x, &mut y)
         .unwrap();

@@ -32,12 +32,20 @@ pub fn variants() -> Vec<(&'static str, Variant, bool)> {
         ("softmax", Variant::Softmax(rows), true),
         (
             "softmax_bm1_bn1024",
-            Variant::Softmax(SoftmaxComptime { BM: 1, BN: 1024 }),
+            Variant::Softmax(SoftmaxComptime {
+                BM: 1,
+                BN: 1024,
+                ..Default::default()
+            }),
             true,
         ),
         (
             "softmax_bm8_bn128",
-            Variant::Softmax(SoftmaxComptime { BM: 8, BN: 128 }),
+            Variant::Softmax(SoftmaxComptime {
+                BM: 8,
+                BN: 128,
+                ..Default::default()
+            }),
             false,
         ),
         ("gemm", Variant::Gemm(tile), true),

@@ -1,11 +1,14 @@
-//! Global memory: register-tile loads and stores with per-element bounds checks (a bounded
-//! store's against its clipped extent), scalar loads predicated on their index, and the
-//! shared stage of a staged load (copied by `copy`).
+//! Global memory: register-tile loads and stores, in vectors where the layout gives each
+//! thread runs of contiguous columns (`vector`), else with per-element bounds checks (a
+//! bounded store's against its clipped extent); tensors the kernel never writes are read
+//! through the read-only path (`ld.global.nc`); scalar loads predicated on their index, and
+//! the shared stage of a staged load (copied by `copy`).
 
 use std::collections::BTreeMap;
 
 use kiln_ir::{DType, OpId, OpKind, ValueId};
 
+use super::vector::vector_width;
 use super::{Emitter, ParamRegs, Val};
 use crate::error::CodegenError;
 use crate::types::{Class, Reg};
@@ -233,10 +236,23 @@ impl Emitter<'_> {
         }
         let coords = self.coord_regs(id, op.operands.len())?;
         let dtype = self.k.ty(r).dtype();
+        let d = self.dist(r, id)?;
+        let w = vector_width(&d, dtype);
+        if w > 1 {
+            let col_coord = op.operands[op.operands.len() - 1];
+            let regs = self.vector_load(tensor, &coords, col_coord, &d, dtype, w, id)?;
+            self.vals.insert(r, Val::Tile(regs));
+            return Ok(());
+        }
+        let space = if self.read_only(tensor) {
+            "global.nc"
+        } else {
+            "global"
+        };
         let accesses = self.element_accesses(tensor, &coords, None, r, id)?;
         let mut regs = Vec::with_capacity(accesses.len());
         for (addr, off, p) in accesses {
-            regs.push(self.guarded_load(dtype, p, &format!("{addr}+{off}")));
+            regs.push(self.guarded_load(dtype, p, &format!("{addr}+{off}"), space));
         }
         self.vals.insert(r, Val::Tile(regs));
         Ok(())
@@ -259,10 +275,21 @@ impl Emitter<'_> {
         };
         let regs = self.tile(v, id)?;
         let dtype = self.k.ty(v).dtype();
+        let d = self.dist(v, id)?;
+        let w = vector_width(&d, dtype);
+        let col_coord = parts.coords[parts.coords.len() - 1];
+        // Wider than a pair: per-vector checks beat the pairs' warp-wide fast path.
+        if w > 2 {
+            return self.vector_store(tensor, &coords, col_coord, clip, &d, &regs, dtype, w, id);
+        }
         let done = match self.paired_store(id, tensor, &coords, clip, v, &regs)? {
             Some(labels) => {
                 self.label(&labels.0);
                 Some(labels.1)
+            }
+            None if w > 1 => {
+                return self
+                    .vector_store(tensor, &coords, col_coord, clip, &d, &regs, dtype, w, id);
             }
             None => None,
         };
@@ -300,8 +327,8 @@ impl Emitter<'_> {
         Ok(r)
     }
 
-    /// Writes a `load_scalar`: one `ld.global` of the element, predicated on every coordinate
-    /// lying inside the tensor (0 otherwise).
+    /// Writes a `load_scalar`: one `ld.global` of the element (read-only path for a `Tensor`),
+    /// predicated on every coordinate lying inside the tensor (0 otherwise).
     pub(crate) fn write_load_scalar(&mut self, id: OpId) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
         let OpKind::LoadScalar { tensor } = op.kind else {
@@ -313,21 +340,27 @@ impl Emitter<'_> {
         let inside = o
             .outer_ok
             .ok_or_else(|| self.internal(id, "a scalar load from a rank-0 tensor"))?;
-        let x = self.guarded_load(self.k.ty(r).dtype(), inside, &o.base.to_string());
+        let space = if self.read_only(tensor) {
+            "global.nc"
+        } else {
+            "global"
+        };
+        let x = self.guarded_load(self.k.ty(r).dtype(), inside, &o.base.to_string(), space);
         self.vals.insert(r, Val::Scalar(x));
         Ok(())
     }
 
     /// A register of `dtype` holding the global element at `addr` where predicate `inside`
-    /// holds, else 0 (what a load outside its tensor reads).
-    fn guarded_load(&mut self, dtype: DType, inside: Reg, addr: &str) -> Reg {
+    /// holds, else 0 (what a load outside its tensor reads); `space`: `global` or the
+    /// read-only `global.nc`.
+    fn guarded_load(&mut self, dtype: DType, inside: Reg, addr: &str, space: &str) -> Reg {
         let x = self.new_reg(Class::of(dtype));
         match dtype {
             DType::F32 => self.ins(format!("mov.f32 {x}, 0f00000000")),
             _ => self.ins(format!("mov.{} {x}, 0", mem_ty(dtype))),
         }
         self.ins(format!(
-            "@{inside} ld.global.{} {x}, [{addr}]",
+            "@{inside} ld.{space}.{} {x}, [{addr}]",
             mem_ty(dtype)
         ));
         x

@@ -25,6 +25,7 @@ mod params;
 mod print;
 mod sync;
 mod values;
+mod vector;
 
 use std::collections::BTreeMap;
 use std::fmt::{Display, Write as _};

@@ -6,7 +6,8 @@
 //! backward into values that have none of their own (`splat`, `iota`, loop-carried initial
 //! values, register `load`s), until nothing changes; then the first register `load` still
 //! without one (in op order; else the first value) gets a blocked layout vectorised to 16
-//! bytes and the rules run again. A register `load` combined elementwise with an
+//! bytes (narrower where that spares threads holding copies: `blocked`) and the rules run
+//! again. A register `load` combined elementwise with an
 //! accumulator (a GEMM epilogue's `beta * c`) thus reads in the accumulator's layout instead
 //! of converting it, which keeps the epilogue's store in the layout the sm_90a TMA store
 //! takes.
@@ -424,17 +425,60 @@ fn pow2_div(x: u32, cap: u32) -> u32 {
     p
 }
 
-/// A blocked layout for a tile of `ty`: 16-byte vectors along the contiguous dimension, lanes
-/// along it first, warps along the rows. A dimension that is reduced somewhere in the kernel
-/// is never split over warps.
+/// A blocked layout for a tile of `ty`: vectors of up to 16 bytes along the contiguous
+/// dimension, lanes along it first (a warp's accesses then cover one contiguous run of up to
+/// 512 bytes), warps along the rows. A dimension that is reduced somewhere in the kernel is
+/// never split over warps. The vector narrows (8, 4 bytes, ...) when that leaves fewer
+/// threads holding copies of what another holds (a tile too small for full vectors on every
+/// thread): loads then read each element once where the tile allows it.
 fn blocked(ty: &Type, warps: u32, reduce_dims: [bool; 2]) -> Layout {
     let shape = ty.shape().cloned().unwrap_or(Shape(Vec::new()));
+    let cols = if shape.rank() == 1 {
+        shape.rows() as u32
+    } else {
+        shape.cols() as u32
+    };
+    let widest = pow2_div(cols, (16 / ty.dtype().size_bytes().max(1)) as u32);
+    // The vector is chosen on the layouts without split reductions: warps spread over a
+    // reduced dimension only take what the chosen vector leaves them.
+    let mut vec = widest;
+    let mut best = (vec, blocked_with(&shape, vec, warps, reduce_dims, false));
+    while vec > 1 {
+        vec /= 2;
+        let l = blocked_with(&shape, vec, warps, reduce_dims, false);
+        if replicas(&l, warps) < replicas(&best.1, warps) {
+            best = (vec, l);
+        }
+    }
+    blocked_with(&shape, best.0, warps, reduce_dims, true)
+}
+
+/// How many threads of layout `l` hold each element (1: none is replicated).
+fn replicas(l: &Layout, warps: u32) -> u32 {
+    match l {
+        Layout::Blocked {
+            threads_per_warp: t,
+            warps: w,
+            ..
+        } => 32 / (t[0] * t[1]).max(1) * (warps / (w[0] * w[1]).max(1)).max(1),
+        _ => 1,
+    }
+}
+
+/// [`blocked`] with `vec` elements per thread along the columns; `split_reduced`: warps the
+/// tile leaves over split a reduced dimension.
+fn blocked_with(
+    shape: &Shape,
+    vec: u32,
+    warps: u32,
+    reduce_dims: [bool; 2],
+    split_reduced: bool,
+) -> Layout {
     let (rows, cols) = if shape.rank() == 1 {
         (1, shape.rows() as u32)
     } else {
         (shape.rows() as u32, shape.cols() as u32)
     };
-    let vec = pow2_div(cols, (16 / ty.dtype().size_bytes().max(1)) as u32);
     let tc = pow2_div(cols / vec, 32);
     let tr = pow2_div(rows, 32 / tc);
     let (mut wr, mut wc) = (1, 1);
@@ -450,15 +494,71 @@ fn blocked(ty: &Type, warps: u32, reduce_dims: [bool; 2]) -> Layout {
     // Warps the other dimension cannot take split a reduced one: their partial results
     // meet in shared memory (a one-row softmax uses every warp, not one). Any left hold
     // replicas; `Distribution` wraps the warp index modulo the grid.
-    if wr * wc < warps {
+    if split_reduced && wr * wc < warps {
         wc *= pow2_div(cols / (vec * tc * wc), warps / (wr * wc));
     }
-    if wr * wc < warps && shape.rank() == 2 {
+    if split_reduced && wr * wc < warps && shape.rank() == 2 {
         wr *= pow2_div(rows / (tr * wr), warps / (wr * wc));
     }
     Layout::Blocked {
         size_per_thread: [1, vec],
         threads_per_warp: [tr, tc],
         warps: [wr.max(1), wc.max(1)],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Layout, blocked};
+    use crate::types::{DType, Shape, Type};
+
+    fn tile(dtype: DType, dims: &[usize]) -> Type {
+        Type::Tile {
+            dtype,
+            shape: Shape(dims.to_vec()),
+        }
+    }
+
+    fn layout(spt: u32, tpw: [u32; 2], warps: [u32; 2]) -> Layout {
+        Layout::Blocked {
+            size_per_thread: [1, spt],
+            threads_per_warp: tpw,
+            warps,
+        }
+    }
+
+    #[test]
+    fn blocked_layouts_take_16_byte_vectors_and_spare_replicas() {
+        // Row kernels (reductions along the rows): 16 bytes a thread, a warp per row.
+        let rows = [false, true];
+        assert_eq!(
+            blocked(&tile(DType::F32, &[4, 512]), 4, rows),
+            layout(4, [1, 32], [4, 1])
+        );
+        assert_eq!(
+            blocked(&tile(DType::Bf16, &[4, 1024]), 4, rows),
+            layout(8, [1, 32], [4, 1])
+        );
+        // A vector: warps side by side along it.
+        assert_eq!(
+            blocked(&tile(DType::F32, &[1024]), 4, [false; 2]),
+            layout(4, [1, 32], [1, 4])
+        );
+        // 64 bf16 in one row: eight a lane would leave 24 lanes copying; two a lane use all
+        // 32 (the warps copy one another: too few columns are left to split).
+        assert_eq!(
+            blocked(&tile(DType::Bf16, &[1, 64]), 4, rows),
+            layout(2, [1, 32], [1, 1])
+        );
+        // A long row: 16 bytes a lane, every warp on a quarter of it.
+        assert_eq!(
+            blocked(&tile(DType::F32, &[1, 4096]), 4, rows),
+            layout(4, [1, 32], [1, 4])
+        );
+        // 4 x 32 f32 without reductions: one element a thread covers it exactly.
+        assert_eq!(
+            blocked(&tile(DType::F32, &[4, 32]), 4, [false; 2]),
+            layout(1, [1, 32], [4, 1])
+        );
     }
 }

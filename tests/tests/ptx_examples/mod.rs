@@ -14,6 +14,10 @@ pub type Overrides = &'static [(&'static str, &'static str)];
 pub const VARIANTS: &[(&str, &str, Overrides)] = &[
     ("vector_add", "vector_add", &[]),
     ("softmax", "softmax", &[]),
+    // The memory-bound row kernels in bf16 and f32: 16-byte vector loads and stores.
+    ("softmax_bf16", "softmax", &[("dtype", "bf16")]),
+    ("layer_norm", "layer_norm", &[]),
+    ("rms_norm_bf16", "rms_norm", &[("dtype", "bf16")]),
     ("gemm", "gemm", &[]),
     ("gemm_bcol", "gemm", &[("b_col_major", "true")]),
     ("attention", "attention", &[]),
