@@ -48,6 +48,7 @@
 //! **Architecture invariant:** kiln-ir knows nothing of PTX text, of syn, or of the CUDA
 //! driver.
 
+pub mod access;
 pub mod arena;
 pub mod builder;
 pub mod device_print;
@@ -72,6 +73,7 @@ pub use builder::Builder;
 pub use diag::Diagnostic;
 pub use host::{HostTensor, TensorData};
 pub use kernel::{
+    Access, AccessOperands, Addr, AtomicOp, MemScope, MemSem,
     Axis, BinaryOp, Block, Const, Kernel, KernelOptions, Loc, Op, OpId, OpKind, Param, ReduceOp,
     StoreOperands, UnaryOp, ValueDef, ValueId,
 };

@@ -151,6 +151,9 @@ pub fn column_local(kernel: &Kernel, for_op: OpId) -> bool {
             | OpKind::Load { .. }
             | OpKind::Store { .. } => true,
             OpKind::Transpose
+            | OpKind::Gather { .. }
+            | OpKind::Scatter { .. }
+            | OpKind::Atomic { .. }
             | OpKind::Reduce { .. }
             | OpKind::Mma
             | OpKind::For { .. }

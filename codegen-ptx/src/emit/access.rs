@@ -1,0 +1,469 @@
+//! Addressed global accesses: masked loads with a fill value and gathers (`ld.global` under
+//! a per-element predicate), masked stores and scatters (`st.global`), and atomics
+//! (`atom`/`red`, or a `atom.cas` loop where the hardware has no such read-modify-write).
+//!
+//! Each thread addresses the elements its registers hold in the accessed tile's layout
+//! (the gather's result, the scatter's or atomic's values); index tiles and masks are read
+//! in the same layout, or broadcast along a dimension. An element is accessed only where
+//! every coordinate lies inside the tensor (unsigned compares, so negative indices are
+//! outside) and the mask holds. A layout may hold one element in several threads (a tile
+//! smaller than the block); an atomic then runs in one of them only, the one whose index
+//! has every replicating digit at zero, and the old values reach the others by shuffle.
+
+use std::collections::BTreeMap;
+
+use kiln_ir::schedule::{Distribution, Term};
+use kiln_ir::{Access, Addr, AtomicOp, DType, MemScope, MemSem, OpId, OpKind, Target, ValueId};
+
+use super::memory::mem_ty;
+use super::{Emitter, ParamRegs, Val};
+use crate::error::CodegenError;
+use crate::types::{Class, Reg};
+
+/// How one atomic element is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AtomicForm {
+    /// One `atom` (or `red`) instruction of this PTX type.
+    Native(&'static str),
+    /// A `atom.cas.b32` loop on the element (32-bit elements without the operation).
+    Cas32,
+    /// A `atom.cas.b32` loop on the aligned word holding a 16-bit element.
+    Cas16In32,
+}
+
+/// The instruction form of atomic `op` on `dtype` elements for `target`; `None` if the IR
+/// does not allow it (the verifier rejects it first). A new dtype is one more arm.
+fn atomic_form(op: AtomicOp, dtype: DType, target: Target) -> Option<AtomicForm> {
+    use AtomicForm::*;
+    Some(match (dtype, op) {
+        (DType::I32, AtomicOp::Add | AtomicOp::Max | AtomicOp::Min) => Native("s32"),
+        (DType::I32 | DType::F32, AtomicOp::Xchg | AtomicOp::Cas) => Native("b32"),
+        (DType::F32, AtomicOp::Add) => Native("f32"),
+        // A float max/min atom is sm_90 only and differs in NaN handling from the IR's
+        // NaN-ignoring max; the loop computes exactly the IR's.
+        (DType::F32, AtomicOp::Max | AtomicOp::Min) => Cas32,
+        (DType::F16, AtomicOp::Add) => Native("noftz.f16"),
+        (DType::Bf16, AtomicOp::Add) if target != Target::Sm80 => Native("noftz.bf16"),
+        (DType::Bf16, AtomicOp::Add) => Cas16In32,
+        _ => return None,
+    })
+}
+
+/// `.sem.scope` as PTX spells them on `atom`/`red`/`ld`.
+fn order(sem: MemSem, scope: MemScope) -> String {
+    format!(".{}.{}", sem.name(), scope.name())
+}
+
+/// Where the accessed tile's elements are, per register of its layout.
+struct Element {
+    /// The element's global address (`.b64`).
+    addr: Reg,
+    /// Whether it is accessed (inside the tensor, mask on, and for atomics owned).
+    on: Reg,
+}
+
+impl Emitter<'_> {
+    /// Writes a gather, scatter or atomic.
+    pub(crate) fn write_access(&mut self, id: OpId) -> Result<(), CodegenError> {
+        let op = self.k.ops[id].clone();
+        let parts = op
+            .access_operands()
+            .ok_or_else(|| self.internal(id, "malformed memory access"))?;
+        let (tensor, access) = match &op.kind {
+            OpKind::Gather { tensor, access, .. }
+            | OpKind::Scatter { tensor, access }
+            | OpKind::Atomic { tensor, access, .. } => (*tensor, access.clone()),
+            _ => return Err(self.internal(id, "not a memory access")),
+        };
+        let anchor = match op.kind {
+            OpKind::Gather { .. } => op.results[0],
+            _ => parts
+                .value
+                .ok_or_else(|| self.internal(id, "no value operand"))?,
+        };
+        let shape = self
+            .k
+            .ty(anchor)
+            .shape()
+            .cloned()
+            .ok_or_else(|| self.internal(id, "an access of a scalar"))?;
+        let d = self.dist(anchor, id)?;
+        let tiles: Vec<ValueId> = parts
+            .addr
+            .iter()
+            .copied()
+            .chain(parts.compare)
+            .chain(parts.mask)
+            .chain(parts.value)
+            .collect();
+        for v in tiles {
+            self.check_broadcast(v, &shape, &d, id)?;
+        }
+        let owner = match op.kind {
+            OpKind::Atomic { .. } => self.owner(&d),
+            _ => None,
+        };
+        let elements = self.elements(id, tensor, &access, parts.addr, parts.mask, &d, owner)?;
+        let dtype = self.k.params[tensor].dtype();
+        match &op.kind {
+            OpKind::Gather { .. } => {
+                let other = self.scalar(
+                    parts
+                        .other
+                        .ok_or_else(|| self.internal(id, "no fill value"))?,
+                    id,
+                )?;
+                let mut regs = Vec::with_capacity(elements.len());
+                for e in &elements {
+                    let x = self.new_reg(Class::of(dtype));
+                    self.mov(x, other);
+                    self.ins(format!("@{} ld.global.{} {x}, [{}]", e.on, mem_ty(dtype), e.addr));
+                    regs.push(x);
+                }
+                self.vals.insert(op.results[0], Val::Tile(regs));
+            }
+            OpKind::Scatter { .. } => {
+                for (e, offs) in elements.iter().zip(&d.regs) {
+                    let x = self.elem(anchor, offs, id)?;
+                    self.ins(format!("@{} st.global.{} [{}], {x}", e.on, mem_ty(dtype), e.addr));
+                }
+            }
+            OpKind::Atomic {
+                op: aop,
+                sem,
+                scope,
+                ..
+            } => {
+                let form = atomic_form(*aop, dtype, self.target)
+                    .ok_or_else(|| self.internal(id, "an atomic the verifier should reject"))?;
+                let used = self.uses.get(&op.results[0]).is_some_and(|u| !u.is_empty());
+                let mut old = Vec::with_capacity(elements.len());
+                for (e, offs) in elements.iter().zip(&d.regs) {
+                    let v = self.elem(anchor, offs, id)?;
+                    let cmp = match parts.compare {
+                        Some(c) => Some(self.elem(c, offs, id)?),
+                        None => None,
+                    };
+                    let o = self.atomic_element(*aop, form, (*sem, *scope), dtype, e, v, cmp, used);
+                    old.push(o);
+                }
+                if used && let Some((_, Some(lane))) = owner {
+                    for o in &mut old {
+                        *o = self.from_lane(*o, lane);
+                    }
+                } else if used && owner.is_some() {
+                    return Err(self.unsupported(
+                        id,
+                        "the old values of an atomic on a tile whose layout repeats it across \
+                         warps (fewer elements than threads); use a larger tile or drop the result",
+                    ));
+                }
+                self.vals.insert(op.results[0], Val::Tile(old));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// For a layout that holds some elements in several threads: a predicate true in exactly
+    /// one thread per element, and (when every copy is in the owner's warp) a register
+    /// holding the owner's lane. `None` when no element is repeated.
+    fn owner(&mut self, d: &Distribution) -> Option<(Reg, Option<Reg>)> {
+        let threads = 32 * self.k.options.num_warps;
+        let terms: Vec<Term> = d.terms.iter().flatten().copied().collect();
+        let covered: u32 = terms.iter().map(|t| t.modulo).product();
+        if covered >= threads {
+            return None;
+        }
+        // The layout's digits of the thread index, each in place: the owner has every other
+        // digit at zero.
+        let digits: Vec<Term> = terms
+            .iter()
+            .map(|t| Term {
+                div: t.div,
+                modulo: t.modulo,
+                mul: t.div,
+            })
+            .collect();
+        let canon = self.thread_coord(&digits);
+        let own = self.setp("eq.u32", canon, self.tid);
+        let warp_digits: u32 = terms
+            .iter()
+            .filter(|t| t.div >= 32)
+            .map(|t| t.modulo)
+            .product();
+        let lane = (warp_digits >= self.k.options.num_warps).then(|| {
+            let l = self.new_reg(Class::B32);
+            self.ins(format!("and.b32 {l}, {canon}, 31"));
+            l
+        });
+        Some((own, lane))
+    }
+
+    /// `x` as lane `lane` of the warp holds it.
+    fn from_lane(&mut self, x: Reg, lane: Reg) -> Reg {
+        let bits = match x.class {
+            Class::B32 => x,
+            Class::F32 => {
+                let b = self.new_reg(Class::B32);
+                self.ins(format!("mov.b32 {b}, {x}"));
+                b
+            }
+            _ => {
+                let b = self.new_reg(Class::B32);
+                self.ins(format!("cvt.u32.u16 {b}, {x}"));
+                b
+            }
+        };
+        let got = self.new_reg(Class::B32);
+        self.ins(format!("shfl.sync.idx.b32 {got}, {bits}, {lane}, 31, 0xffffffff"));
+        match x.class {
+            Class::B32 => got,
+            Class::F32 => {
+                let f = self.new_reg(Class::F32);
+                self.ins(format!("mov.b32 {f}, {got}"));
+                f
+            }
+            _ => {
+                let h = self.new_reg(Class::B16);
+                self.ins(format!("cvt.u16.u32 {h}, {got}"));
+                h
+            }
+        }
+    }
+
+    /// Per register of `d`, the element's address and whether it is accessed.
+    #[allow(clippy::too_many_arguments)]
+    fn elements(
+        &mut self,
+        id: OpId,
+        tensor: usize,
+        access: &Access,
+        addr: &[ValueId],
+        mask: Option<ValueId>,
+        d: &Distribution,
+        owner: Option<(Reg, Option<Reg>)>,
+    ) -> Result<Vec<Element>, CodegenError> {
+        let (ptr, dims, strides) = match self.params.get(tensor) {
+            Some(ParamRegs::Tensor {
+                ptr, dims, strides, ..
+            }) => (*ptr, dims.clone(), strides.clone()),
+            _ => return Err(self.internal(id, "not a tensor parameter")),
+        };
+        let esize = self.k.params[tensor].dtype().size_bytes();
+        let rank = dims.len();
+        let tile_rank = d.terms.len();
+        // The coordinates that do not vary over the tile: one address and predicate.
+        let mut base = ptr;
+        let mut fixed_ok: Option<Reg> = owner.map(|(o, _)| o);
+        // Per tile dimension addressed by a coordinate: the thread's first coordinate.
+        let mut starts: BTreeMap<usize, Reg> = BTreeMap::new();
+        for (dim, (a, &v)) in access.dims.iter().zip(addr).enumerate() {
+            if *a != Addr::Coord {
+                continue;
+            }
+            let c = self.scalar(v, id)?;
+            match kiln_ir::access::tile_dim(dim, rank, tile_rank) {
+                Some(t) => {
+                    let tc = self.thread_coord(&d.terms[t]);
+                    let s = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {s}, {c}, {tc}"));
+                    starts.insert(dim, s);
+                }
+                None => {
+                    let ok = self.setp("lt.u32", c, dims[dim]);
+                    base = self.add_scaled(base, c, strides[dim], esize);
+                    fixed_ok = Some(self.and(ok, fixed_ok));
+                }
+            }
+        }
+        // Per (tensor dimension, register offset): the coordinate's byte offset and predicate.
+        let mut along: BTreeMap<(usize, u32), (Reg, Reg)> = BTreeMap::new();
+        let mut out = Vec::with_capacity(d.regs.len());
+        for offs in &d.regs {
+            let mut a = base;
+            let mut on = fixed_ok;
+            for (dim, (kind, &v)) in access.dims.iter().zip(addr).enumerate() {
+                let (off, ok) = match (kind, starts.get(&dim)) {
+                    (Addr::Coord, Some(&s)) => {
+                        let t = kiln_ir::access::tile_dim(dim, rank, tile_rank)
+                            .ok_or_else(|| self.internal(id, "a tile dimension out of range"))?;
+                        let key = (dim, offs[t]);
+                        if let Some(&hit) = along.get(&key) {
+                            hit
+                        } else {
+                            let c = self.new_reg(Class::B32);
+                            self.ins(format!("add.s32 {c}, {s}, {}", offs[t]));
+                            let entry = self.coordinate(c, dims[dim], strides[dim], esize);
+                            along.insert(key, entry);
+                            entry
+                        }
+                    }
+                    (Addr::Coord, None) => continue,
+                    (Addr::Index, _) => {
+                        let c = self.elem(v, offs, id)?;
+                        self.coordinate(c, dims[dim], strides[dim], esize)
+                    }
+                };
+                let next = self.new_reg(Class::B64);
+                self.ins(format!("add.s64 {next}, {a}, {off}"));
+                a = next;
+                on = Some(self.and(ok, on));
+            }
+            if let Some(m) = mask {
+                let m = self.elem(m, offs, id)?;
+                on = Some(self.and(m, on));
+            }
+            let on = match on {
+                Some(p) => p,
+                None => {
+                    let p = self.new_reg(Class::Pred);
+                    self.ins(format!("setp.eq.u32 {p}, 0, 0"));
+                    p
+                }
+            };
+            out.push(Element { addr: a, on });
+        }
+        Ok(out)
+    }
+
+    /// A coordinate's byte offset (`c * stride * esize`, `.b64`) and whether it is inside
+    /// `extent`.
+    fn coordinate(&mut self, c: Reg, extent: Reg, stride: Reg, esize: usize) -> (Reg, Reg) {
+        let ok = self.setp("lt.u32", c, extent);
+        let c64 = self.new_reg(Class::B64);
+        self.ins(format!("cvt.s64.s32 {c64}, {c}"));
+        let off = self.new_reg(Class::B64);
+        self.ins(format!("mul.lo.s64 {off}, {c64}, {stride}"));
+        self.ins(format!("mul.lo.s64 {off}, {off}, {esize}"));
+        (off, ok)
+    }
+
+    /// `base + c * stride * esize` (`.b64`).
+    fn add_scaled(&mut self, base: Reg, c: Reg, stride: Reg, esize: usize) -> Reg {
+        let c64 = self.new_reg(Class::B64);
+        self.ins(format!("cvt.s64.s32 {c64}, {c}"));
+        let off = self.new_reg(Class::B64);
+        self.ins(format!("mul.lo.s64 {off}, {c64}, {stride}"));
+        let nb = self.new_reg(Class::B64);
+        self.ins(format!("mad.lo.s64 {nb}, {off}, {esize}, {base}"));
+        nb
+    }
+
+    /// `p && q` (just `p` without `q`), in a fresh predicate.
+    fn and(&mut self, p: Reg, q: Option<Reg>) -> Reg {
+        let r = self.new_reg(Class::Pred);
+        match q {
+            Some(q) => self.ins(format!("and.pred {r}, {p}, {q}")),
+            None => self.mov(r, p),
+        }
+        r
+    }
+
+    /// One atomic element: returns the register holding the value read (0 where skipped).
+    #[allow(clippy::too_many_arguments)]
+    fn atomic_element(
+        &mut self,
+        op: AtomicOp,
+        form: AtomicForm,
+        (sem, scope): (MemSem, MemScope),
+        dtype: DType,
+        e: &Element,
+        v: Reg,
+        cmp: Option<Reg>,
+        used: bool,
+    ) -> Reg {
+        let old = self.new_reg(Class::of(dtype));
+        match old.class {
+            Class::F32 => self.ins(format!("mov.f32 {old}, 0f00000000")),
+            Class::B16 => self.ins(format!("mov.b16 {old}, 0")),
+            _ => self.ins(format!("mov.b32 {old}, 0")),
+        }
+        let ord = order(sem, scope);
+        let (on, addr) = (e.on, e.addr);
+        match form {
+            AtomicForm::Native(ty) => {
+                // `red` has no result and no acquire: it only serves relaxed or release
+                // updates whose old values nobody reads.
+                let red = !used
+                    && matches!(sem, MemSem::Relaxed | MemSem::Release)
+                    && matches!(op, AtomicOp::Add | AtomicOp::Max | AtomicOp::Min);
+                let name = match op {
+                    AtomicOp::Xchg => "exch",
+                    other => other.name(),
+                };
+                if red {
+                    self.ins(format!("@{on} red{ord}.global.{name}.{ty} [{addr}], {v}"));
+                } else if let Some(c) = cmp {
+                    self.ins(format!(
+                        "@{on} atom{ord}.global.{name}.{ty} {old}, [{addr}], {c}, {v}"
+                    ));
+                } else {
+                    self.ins(format!("@{on} atom{ord}.global.{name}.{ty} {old}, [{addr}], {v}"));
+                }
+            }
+            AtomicForm::Cas32 => {
+                let skip = self.new_label();
+                self.ins(format!("@!{on} bra {skip}"));
+                let cur = self.new_reg(Class::B32);
+                self.ins(format!("ld.relaxed.{}.global.b32 {cur}, [{addr}]", scope.name()));
+                let top = self.new_label();
+                self.label(&top);
+                let (f, n) = (self.new_reg(Class::F32), self.new_reg(Class::F32));
+                self.ins(format!("mov.b32 {f}, {cur}"));
+                self.ins(format!("{}.f32 {n}, {f}, {v}", op.name()));
+                let new = self.new_reg(Class::B32);
+                self.ins(format!("mov.b32 {new}, {n}"));
+                self.cas_step(&ord, addr, cur, new, &top);
+                self.ins(format!("mov.b32 {old}, {cur}"));
+                self.label(&skip);
+            }
+            AtomicForm::Cas16In32 => {
+                let skip = self.new_label();
+                self.ins(format!("@!{on} bra {skip}"));
+                // The aligned word holding the element and the element's bit offset in it.
+                let word = self.new_reg(Class::B64);
+                self.ins(format!("and.b64 {word}, {addr}, -4"));
+                let [lo, sh, keep] = self.new_regs(Class::B32);
+                self.ins(format!("cvt.u32.u64 {lo}, {addr}"));
+                self.ins(format!("and.b32 {sh}, {lo}, 2"));
+                self.ins(format!("shl.b32 {sh}, {sh}, 3"));
+                self.ins(format!("shl.b32 {keep}, 65535, {sh}"));
+                self.ins(format!("not.b32 {keep}, {keep}"));
+                let cur = self.new_reg(Class::B32);
+                self.ins(format!("ld.relaxed.{}.global.b32 {cur}, [{word}]", scope.name()));
+                let vf = self.widen(v, dtype);
+                let top = self.new_label();
+                self.label(&top);
+                let [bits, fb] = self.new_regs(Class::B32);
+                self.ins(format!("shr.b32 {bits}, {cur}, {sh}"));
+                self.ins(format!("and.b32 {bits}, {bits}, 65535"));
+                // bf16 is the top half of an f32: widening is a shift.
+                self.ins(format!("shl.b32 {fb}, {bits}, 16"));
+                let [f, s] = [self.new_reg(Class::F32), self.new_reg(Class::F32)];
+                self.ins(format!("mov.b32 {f}, {fb}"));
+                self.ins(format!("add.f32 {s}, {f}, {vf}"));
+                let h = self.narrow(s, dtype);
+                let [h32, new] = self.new_regs(Class::B32);
+                self.ins(format!("cvt.u32.u16 {h32}, {h}"));
+                self.ins(format!("shl.b32 {h32}, {h32}, {sh}"));
+                self.ins(format!("and.b32 {new}, {cur}, {keep}"));
+                self.ins(format!("or.b32 {new}, {new}, {h32}"));
+                self.cas_step(&ord, word, cur, new, &top);
+                self.ins(format!("cvt.u16.u32 {old}, {bits}"));
+                self.label(&skip);
+            }
+        }
+        old
+    }
+
+    /// The end of a compare-and-swap loop: swaps `new` in where the word still holds
+    /// `cur`, else retries from `top` with what it holds now (left in `cur`).
+    fn cas_step(&mut self, ord: &str, addr: Reg, cur: Reg, new: Reg, top: &str) {
+        let prev = self.new_reg(Class::B32);
+        self.ins(format!("atom{ord}.global.cas.b32 {prev}, [{addr}], {cur}, {new}"));
+        let retry = self.setp("ne.b32", prev, cur);
+        self.ins(format!("mov.b32 {cur}, {prev}"));
+        self.ins(format!("@{retry} bra {top}"));
+    }
+}
