@@ -56,10 +56,20 @@ fn order(sem: MemSem, scope: MemScope) -> String {
 
 /// Where the accessed tile's elements are, per register of its layout.
 struct Element {
-    /// The element's global address (`.b64`).
+    /// The global address (`.b64`) of the element, less `imm` bytes.
     addr: Reg,
+    /// A constant byte offset: the element's offset along the contiguous dimension, so the
+    /// elements of one row share their address register.
+    imm: u32,
     /// Whether it is accessed (inside the tensor, mask on, and for atomics owned).
     on: Reg,
+}
+
+impl Element {
+    /// The address operand, `%rd+imm`.
+    fn at(&self) -> String {
+        format!("{}+{}", self.addr, self.imm)
+    }
 }
 
 impl Emitter<'_> {
@@ -117,7 +127,7 @@ impl Emitter<'_> {
                 for e in &elements {
                     let x = self.new_reg(Class::of(dtype));
                     self.mov(x, other);
-                    self.ins(format!("@{} ld.global.{} {x}, [{}]", e.on, mem_ty(dtype), e.addr));
+                    self.ins(format!("@{} ld.global.{} {x}, [{}]", e.on, mem_ty(dtype), e.at()));
                     regs.push(x);
                 }
                 self.vals.insert(op.results[0], Val::Tile(regs));
@@ -125,7 +135,7 @@ impl Emitter<'_> {
             OpKind::Scatter { .. } => {
                 for (e, offs) in elements.iter().zip(&d.regs) {
                     let x = self.elem(anchor, offs, id)?;
-                    self.ins(format!("@{} st.global.{} [{}], {x}", e.on, mem_ty(dtype), e.addr));
+                    self.ins(format!("@{} st.global.{} [{}], {x}", e.on, mem_ty(dtype), e.at()));
                 }
             }
             OpKind::Atomic {
@@ -277,39 +287,89 @@ impl Emitter<'_> {
                 }
             }
         }
-        // Per (tensor dimension, register offset): the coordinate's byte offset and predicate.
+        // Per (tensor dimension, register offset): the coordinate's byte offset and
+        // predicate. The contiguous dimension (stride 1, checked at launch) contributes its
+        // offset as an immediate, so only its predicate depends on the register.
+        let inner = rank - 1;
         let mut along: BTreeMap<(usize, u32), (Reg, Reg)> = BTreeMap::new();
+        let mut inner_ok: BTreeMap<u32, Reg> = BTreeMap::new();
+        let mut inner_off: Option<Reg> = None;
+        // Address registers by the coordinate offsets they combine (no index tile).
+        let mut rows: BTreeMap<Vec<u32>, Reg> = BTreeMap::new();
         let mut out = Vec::with_capacity(d.regs.len());
         for offs in &d.regs {
-            let mut a = base;
+            let mut parts: Vec<Reg> = Vec::new();
+            let mut key: Option<Vec<u32>> = Some(Vec::new());
+            let mut imm = 0;
             let mut on = fixed_ok;
             for (dim, (kind, &v)) in access.dims.iter().zip(addr).enumerate() {
                 let (off, ok) = match (kind, starts.get(&dim)) {
                     (Addr::Coord, Some(&s)) => {
                         let t = kiln_ir::access::tile_dim(dim, rank, tile_rank)
                             .ok_or_else(|| self.internal(id, "a tile dimension out of range"))?;
-                        let key = (dim, offs[t]);
-                        if let Some(&hit) = along.get(&key) {
-                            hit
+                        if dim == inner {
+                            imm = offs[t] * esize as u32;
+                            let ok = match inner_ok.get(&offs[t]) {
+                                Some(&p) => p,
+                                None => {
+                                    let c = self.new_reg(Class::B32);
+                                    self.ins(format!("add.s32 {c}, {s}, {}", offs[t]));
+                                    let p = self.setp("lt.u32", c, dims[dim]);
+                                    inner_ok.insert(offs[t], p);
+                                    p
+                                }
+                            };
+                            let off = match inner_off {
+                                Some(o) => o,
+                                None => {
+                                    let (o, _) = self.coordinate(s, dims[dim], strides[dim], esize);
+                                    inner_off = Some(o);
+                                    o
+                                }
+                            };
+                            (off, ok)
                         } else {
-                            let c = self.new_reg(Class::B32);
-                            self.ins(format!("add.s32 {c}, {s}, {}", offs[t]));
-                            let entry = self.coordinate(c, dims[dim], strides[dim], esize);
-                            along.insert(key, entry);
-                            entry
+                            if let Some(k) = &mut key {
+                                k.push(offs[t]);
+                            }
+                            let k = (dim, offs[t]);
+                            if let Some(&hit) = along.get(&k) {
+                                hit
+                            } else {
+                                let c = self.new_reg(Class::B32);
+                                self.ins(format!("add.s32 {c}, {s}, {}", offs[t]));
+                                let entry = self.coordinate(c, dims[dim], strides[dim], esize);
+                                along.insert(k, entry);
+                                entry
+                            }
                         }
                     }
                     (Addr::Coord, None) => continue,
                     (Addr::Index, _) => {
+                        key = None;
                         let c = self.elem(v, offs, id)?;
                         self.coordinate(c, dims[dim], strides[dim], esize)
                     }
                 };
-                let next = self.new_reg(Class::B64);
-                self.ins(format!("add.s64 {next}, {a}, {off}"));
-                a = next;
+                parts.push(off);
                 on = Some(self.and(ok, on));
             }
+            let cached = key.as_ref().and_then(|k| rows.get(k)).copied();
+            let a = match cached {
+                Some(a) => a,
+                None => {
+                    let mut a = base;
+                    for off in parts {
+                        let next = self.new_reg(Class::B64);
+                        self.ins(format!("add.s64 {next}, {a}, {off}"));
+                        a = next;
+                    }
+                    if let Some(k) = key {
+                        rows.insert(k, a);
+                    }
+                    a
+                }
+            };
             if let Some(m) = mask {
                 let m = self.elem(m, offs, id)?;
                 on = Some(self.and(m, on));
@@ -322,7 +382,7 @@ impl Emitter<'_> {
                     p
                 }
             };
-            out.push(Element { addr: a, on });
+            out.push(Element { addr: a, imm, on });
         }
         Ok(out)
     }
@@ -380,7 +440,7 @@ impl Emitter<'_> {
             _ => self.ins(format!("mov.b32 {old}, 0")),
         }
         let ord = order(sem, scope);
-        let (on, addr) = (e.on, e.addr);
+        let (on, addr) = (e.on, e.at());
         match form {
             AtomicForm::Native(ty) => {
                 // `red` has no result and no acquire: it only serves relaxed or release
@@ -422,10 +482,11 @@ impl Emitter<'_> {
                 let skip = self.new_label();
                 self.ins(format!("@!{on} bra {skip}"));
                 // The aligned word holding the element and the element's bit offset in it.
-                let word = self.new_reg(Class::B64);
-                self.ins(format!("and.b64 {word}, {addr}, -4"));
+                let (full, word) = (self.new_reg(Class::B64), self.new_reg(Class::B64));
+                self.ins(format!("add.s64 {full}, {}, {}", e.addr, e.imm));
+                self.ins(format!("and.b64 {word}, {full}, -4"));
                 let [lo, sh, keep] = self.new_regs(Class::B32);
-                self.ins(format!("cvt.u32.u64 {lo}, {addr}"));
+                self.ins(format!("cvt.u32.u64 {lo}, {full}"));
                 self.ins(format!("and.b32 {sh}, {lo}, 2"));
                 self.ins(format!("shl.b32 {sh}, {sh}, 3"));
                 self.ins(format!("shl.b32 {keep}, 65535, {sh}"));
@@ -459,7 +520,7 @@ impl Emitter<'_> {
 
     /// The end of a compare-and-swap loop: swaps `new` in where the word still holds
     /// `cur`, else retries from `top` with what it holds now (left in `cur`).
-    fn cas_step(&mut self, ord: &str, addr: Reg, cur: Reg, new: Reg, top: &str) {
+    fn cas_step(&mut self, ord: &str, addr: impl std::fmt::Display, cur: Reg, new: Reg, top: &str) {
         let prev = self.new_reg(Class::B32);
         self.ins(format!("atom{ord}.global.cas.b32 {prev}, [{addr}], {cur}, {new}"));
         let retry = self.setp("ne.b32", prev, cur);

@@ -1,0 +1,127 @@
+//! The memory-operation kernels (`memory_kernels`) through the PTX backend for sm_80 and
+//! sm_90a: every variant assembles with `ptxas` without spills, and the instructions are the
+//! ones the operation needs: `red` for an atomic whose old values are unused, `atom` with the
+//! requested order and scope when they are read, a compare-and-swap loop where the target has
+//! no such atomic (bf16 add on sm_80, float max/min), predicated loads and stores for masks
+//! and gathers.
+
+mod memory_kernels;
+
+use kiln::ir::dsl::{Comptime, KernelDef, Spec};
+use kiln::ir::{DType, Kernel, Target};
+use kiln::ptx::ptxas;
+use memory_kernels::*;
+
+/// `def` built for `comptime`, every tensor 16-byte aligned.
+fn build<K: KernelDef>(def: &K, comptime: K::Comptime) -> Kernel
+where
+    K::Comptime: Comptime,
+{
+    def.build(&Spec::uniform(comptime, def.signature(), true))
+        .unwrap_or_else(|d| panic!("{d}"))
+}
+
+/// The PTX of `k` for `target`, checked by ptxas (when it is installed) to have no spills.
+fn ptx(k: &Kernel, target: Target, what: &str) -> String {
+    let m = kiln::ptx::compile(k, target).unwrap_or_else(|e| panic!("{what} {target}: {e}"));
+    if ptxas::find_ptxas().is_ok() {
+        let r = ptxas::check(&m.ptx, target).unwrap_or_else(|e| panic!("{what} {target}: {e}"));
+        assert_eq!(
+            (r.spill_store_bytes, r.spill_load_bytes),
+            (0, 0),
+            "{what} {target}: spills"
+        );
+    }
+    m.ptx
+}
+
+const TARGETS: [Target; 2] = [Target::Sm80, Target::Sm90a];
+
+#[test]
+fn histogram_is_a_reduction_without_result() {
+    let k = build(&histogram, ());
+    for t in TARGETS {
+        let p = ptx(&k, t, "histogram");
+        assert!(p.contains("red.relaxed.gpu.global.add.s32"), "{t}:\n{p}");
+        assert!(!p.contains("atom."), "{t}: no atom where no result is read");
+    }
+}
+
+#[test]
+fn row_gathers_and_scatters_are_predicated_accesses() {
+    for dtype in [DType::F32, DType::Bf16, DType::F16, DType::I32] {
+        let g = build(&gather_rows, GatherRowsComptime { dtype });
+        let s = build(&scatter_rows, ScatterRowsComptime { dtype });
+        for t in TARGETS {
+            let p = ptx(&g, t, "gather_rows");
+            assert!(p.contains("ld.global."), "{t} {dtype}: gather loads");
+            let p = ptx(&s, t, "scatter_rows");
+            assert!(p.contains("st.global."), "{t} {dtype}: scatter stores");
+        }
+    }
+    let k = build(&gather_elems, ());
+    for t in TARGETS {
+        ptx(&k, t, "gather_elems");
+    }
+}
+
+#[test]
+fn atomics_use_the_requested_order_and_fall_back_to_cas_loops() {
+    let cases: &[(DType, &[usize])] = &[
+        (DType::I32, &[0, 1, 2, 3, 4]),
+        (DType::F32, &[0, 1, 2, 3, 4]),
+        (DType::Bf16, &[0]),
+        (DType::F16, &[0]),
+    ];
+    for &(dtype, ops) in cases {
+        for &op in ops {
+            for order in 0..12 {
+                let k = build(&atomic_rows, AtomicRowsComptime { op, dtype, order });
+                let (sem, scope) = (sem_of(order).name(), scope_of(order).name());
+                for t in TARGETS {
+                    let what = format!("atomic_rows op={op} {dtype} order={order}");
+                    let p = ptx(&k, t, &what);
+                    let cas = (dtype == DType::F32 && (op == 1 || op == 2))
+                        || (dtype == DType::Bf16 && t == Target::Sm80);
+                    let want = if cas {
+                        format!("atom.{sem}.{scope}.global.cas.b32")
+                    } else {
+                        let name = ["add", "max", "min", "exch", "cas"][op];
+                        format!("atom.{sem}.{scope}.global.{name}.")
+                    };
+                    assert!(p.contains(&want), "{what} {t}: `{want}` in\n{p}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn atomic_adds_without_result_are_reductions() {
+    for dtype in [DType::F32, DType::F16, DType::Bf16, DType::I32] {
+        let k = build(&atomic_add_tiles, AtomicAddTilesComptime { dtype });
+        for t in TARGETS {
+            let p = ptx(&k, t, "atomic_add_tiles");
+            let red = match (dtype, t) {
+                (DType::F32, _) => "red.relaxed.gpu.global.add.f32",
+                (DType::F16, _) => "red.relaxed.gpu.global.add.noftz.f16",
+                (DType::Bf16, Target::Sm80) => "atom.relaxed.gpu.global.cas.b32",
+                (DType::Bf16, _) => "red.relaxed.gpu.global.add.noftz.bf16",
+                _ => "red.relaxed.gpu.global.add.s32",
+            };
+            assert!(p.contains(red), "{dtype} {t}: `{red}`");
+        }
+    }
+}
+
+#[test]
+fn masked_loads_and_stores_assemble() {
+    let k = build(&masked_copy, ());
+    for t in TARGETS {
+        let p = ptx(&k, t, "masked_copy");
+        assert!(
+            p.contains("ld.global.f32") && p.contains("st.global.f32"),
+            "{t}"
+        );
+    }
+}
