@@ -93,7 +93,11 @@ pub(crate) fn result_types(
                     "the compare operand of `atomic_cas` is {c}, expected {dtype} broadcast to {shape}"
                 ));
             }
-            (shape, access.masked.then(|| &rest[rest.len() - 1]), Some(value))
+            (
+                shape,
+                access.masked.then(|| &rest[rest.len() - 1]),
+                Some(value),
+            )
         }
     };
     if let Some(m) = mask
@@ -129,7 +133,9 @@ fn check_addresses(access: &Access, addr: &[Type], shape: &Shape) -> Result<(), 
                 return Err(format!("coordinate {d} is {t}, expected a scalar i32"));
             }
             Addr::Index if t.dtype() != DType::I32 || t.shape().is_none() => {
-                return Err(format!("the index of dimension {d} is {t}, expected an i32 tile"));
+                return Err(format!(
+                    "the index of dimension {d} is {t}, expected an i32 tile"
+                ));
             }
             Addr::Index if !broadcasts(t, shape) => {
                 return Err(format!(

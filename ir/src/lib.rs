@@ -73,9 +73,9 @@ pub use builder::Builder;
 pub use diag::Diagnostic;
 pub use host::{HostTensor, TensorData};
 pub use kernel::{
-    Access, AccessOperands, Addr, AtomicOp, MemScope, MemSem,
-    Axis, BinaryOp, Block, Const, Kernel, KernelOptions, Loc, Op, OpId, OpKind, Param, ReduceOp,
-    StoreOperands, UnaryOp, ValueDef, ValueId,
+    Access, AccessOperands, Addr, AtomicOp, Axis, BinaryOp, Block, Const, Kernel, KernelOptions,
+    Loc, MemScope, MemSem, Op, OpId, OpKind, Param, ReduceOp, StoreOperands, UnaryOp, ValueDef,
+    ValueId,
 };
 pub use target::Target;
 pub use types::{DType, Shape, Type};

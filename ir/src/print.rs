@@ -333,12 +333,20 @@ fn access_str(op: &crate::kernel::Op, tensor_name: &dyn Fn(usize) -> String) -> 
         ),
         _ => return String::new(),
     };
-    let (Some(parts), OpKind::Gather { access, .. } | OpKind::Scatter { access, .. } | OpKind::Atomic { access, .. }) =
-        (op.access_operands(), &op.kind)
+    let (
+        Some(parts),
+        OpKind::Gather { access, .. }
+        | OpKind::Scatter { access, .. }
+        | OpKind::Atomic { access, .. },
+    ) = (op.access_operands(), &op.kind)
     else {
         // The verifier prints malformed ops too.
         let ops: Vec<String> = op.operands.iter().map(|v| v.to_string()).collect();
-        return format!("{head} {}[{}] (malformed)", tensor_name(tensor), ops.join(", "));
+        return format!(
+            "{head} {}[{}] (malformed)",
+            tensor_name(tensor),
+            ops.join(", ")
+        );
     };
     let addr: Vec<String> = access
         .dims

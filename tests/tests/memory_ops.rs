@@ -476,3 +476,40 @@ fn misused_memory_ops_are_diagnosed_at_their_line() {
         assert_eq!(got_line, line_of(at), "{msg}");
     }
 }
+
+#[test]
+fn memory_ops_print_their_addressing() {
+    let ct = AtomicRowsComptime {
+        op: 4,
+        dtype: DType::F32,
+        order: 7,
+    };
+    let k = atomic_rows
+        .build(&Spec::uniform(ct, atomic_rows.signature(), true))
+        .unwrap();
+    let text = kiln::ir::print::print_kernel(&k);
+    let line = text
+        .lines()
+        .find(|l| l.contains("atomic."))
+        .expect("an atomic line");
+    // cas, acq_rel (7 % 4 = 3), cta scope (7 % 3 = 1); rows through an index tile; the
+    // compare and the values; the mask.
+    assert!(
+        line.contains("atomic.cas.acq_rel.cta acc[idx %") && line.contains(" mask %"),
+        "{line}"
+    );
+    let k = histogram
+        .build(&Spec::uniform((), histogram.signature(), true))
+        .unwrap();
+    let text = kiln::ir::print::print_kernel(&k);
+    assert!(text.contains("atomic.add.relaxed.gpu hist[idx %"), "{text}");
+    let k = masked_copy
+        .build(&Spec::uniform((), masked_copy.signature(), true))
+        .unwrap();
+    let text = kiln::ir::print::print_kernel(&k);
+    assert!(
+        text.contains("gather x[%") && text.contains(" other %"),
+        "{text}"
+    );
+    assert!(text.contains("scatter y[%"), "{text}");
+}

@@ -72,6 +72,36 @@ impl Element {
     }
 }
 
+/// The per-access state of [`Emitter::address`]: the tensor's registers, what does not
+/// vary over the tile, and the coordinate offsets and addresses written so far (shared by
+/// the elements of one row).
+struct Addressing {
+    id: OpId,
+    /// How each tensor dimension is addressed.
+    dims_of: Vec<Addr>,
+    /// Per tensor dimension, its coordinate or index tile.
+    addr: Vec<ValueId>,
+    mask: Option<ValueId>,
+    /// The tensor's extents (`.b32`) and strides (`.b64`).
+    dims: Vec<Reg>,
+    strides: Vec<Reg>,
+    esize: usize,
+    tile_rank: usize,
+    /// The address of the outer (non-tile) coordinates and whether they are inside (and the
+    /// thread owns the elements).
+    base: Reg,
+    fixed_ok: Option<Reg>,
+    /// Per tensor dimension the tile covers by a coordinate: the thread's first coordinate.
+    starts: BTreeMap<usize, Reg>,
+    /// Per (dimension, register offset): byte offset and predicate.
+    along: BTreeMap<(usize, u32), (Reg, Reg)>,
+    /// Per contiguous-dimension offset: its predicate; and the dimension's byte offset.
+    inner_ok: BTreeMap<u32, Reg>,
+    inner_off: Option<Reg>,
+    /// Address registers by the outer coordinate offsets they combine.
+    rows: BTreeMap<Vec<u32>, Reg>,
+}
+
 impl Emitter<'_> {
     /// Writes a gather, scatter or atomic.
     pub(crate) fn write_access(&mut self, id: OpId) -> Result<(), CodegenError> {
@@ -113,7 +143,7 @@ impl Emitter<'_> {
             OpKind::Atomic { .. } => self.owner(&d),
             _ => None,
         };
-        let elements = self.elements(id, tensor, &access, parts.addr, parts.mask, &d, owner)?;
+        let mut ad = self.addressing(id, tensor, &access, parts.addr, parts.mask, &d, owner)?;
         let dtype = self.k.params[tensor].dtype();
         match &op.kind {
             OpKind::Gather { .. } => {
@@ -123,19 +153,31 @@ impl Emitter<'_> {
                         .ok_or_else(|| self.internal(id, "no fill value"))?,
                     id,
                 )?;
-                let mut regs = Vec::with_capacity(elements.len());
-                for e in &elements {
+                let mut regs = Vec::with_capacity(d.regs.len());
+                for offs in &d.regs {
+                    let e = self.address(&mut ad, offs)?;
                     let x = self.new_reg(Class::of(dtype));
                     self.mov(x, other);
-                    self.ins(format!("@{} ld.global.{} {x}, [{}]", e.on, mem_ty(dtype), e.at()));
+                    self.ins(format!(
+                        "@{} ld.global.{} {x}, [{}]",
+                        e.on,
+                        mem_ty(dtype),
+                        e.at()
+                    ));
                     regs.push(x);
                 }
                 self.vals.insert(op.results[0], Val::Tile(regs));
             }
             OpKind::Scatter { .. } => {
-                for (e, offs) in elements.iter().zip(&d.regs) {
+                for offs in &d.regs {
+                    let e = self.address(&mut ad, offs)?;
                     let x = self.elem(anchor, offs, id)?;
-                    self.ins(format!("@{} st.global.{} [{}], {x}", e.on, mem_ty(dtype), e.at()));
+                    self.ins(format!(
+                        "@{} st.global.{} [{}], {x}",
+                        e.on,
+                        mem_ty(dtype),
+                        e.at()
+                    ));
                 }
             }
             OpKind::Atomic {
@@ -147,14 +189,27 @@ impl Emitter<'_> {
                 let form = atomic_form(*aop, dtype, self.target)
                     .ok_or_else(|| self.internal(id, "an atomic the verifier should reject"))?;
                 let used = self.uses.get(&op.results[0]).is_some_and(|u| !u.is_empty());
-                let mut old = Vec::with_capacity(elements.len());
-                for (e, offs) in elements.iter().zip(&d.regs) {
+                let mut old = Vec::with_capacity(d.regs.len());
+                if let Some(x2) = self.packed_pairs(id, tensor, &access, parts.addr, &d, *aop, form)
+                {
+                    let mut elements = Vec::with_capacity(d.regs.len());
+                    let mut values = Vec::with_capacity(d.regs.len());
+                    for offs in &d.regs {
+                        elements.push(self.address(&mut ad, offs)?);
+                        values.push(self.elem(anchor, offs, id)?);
+                    }
+                    let order = (*sem, *scope);
+                    old = self.atomic_pairs(x2, form, order, dtype, &elements, &values, used);
+                }
+                for offs in d.regs.iter().skip(old.len()) {
+                    let e = self.address(&mut ad, offs)?;
                     let v = self.elem(anchor, offs, id)?;
                     let cmp = match parts.compare {
                         Some(c) => Some(self.elem(c, offs, id)?),
                         None => None,
                     };
-                    let o = self.atomic_element(*aop, form, (*sem, *scope), dtype, e, v, cmp, used);
+                    let o =
+                        self.atomic_element(*aop, form, (*sem, *scope), dtype, &e, v, cmp, used);
                     old.push(o);
                 }
                 if used && let Some((_, Some(lane))) = owner {
@@ -226,7 +281,9 @@ impl Emitter<'_> {
             }
         };
         let got = self.new_reg(Class::B32);
-        self.ins(format!("shfl.sync.idx.b32 {got}, {bits}, {lane}, 31, 0xffffffff"));
+        self.ins(format!(
+            "shfl.sync.idx.b32 {got}, {bits}, {lane}, 31, 0xffffffff"
+        ));
         match x.class {
             Class::B32 => got,
             Class::F32 => {
@@ -242,9 +299,10 @@ impl Emitter<'_> {
         }
     }
 
-    /// Per register of `d`, the element's address and whether it is accessed.
+    /// What addressing the elements of an access needs, computed once: see
+    /// [`Addressing`]; [`Emitter::address`] then addresses one register's element.
     #[allow(clippy::too_many_arguments)]
-    fn elements(
+    fn addressing(
         &mut self,
         id: OpId,
         tensor: usize,
@@ -253,7 +311,7 @@ impl Emitter<'_> {
         mask: Option<ValueId>,
         d: &Distribution,
         owner: Option<(Reg, Option<Reg>)>,
-    ) -> Result<Vec<Element>, CodegenError> {
+    ) -> Result<Addressing, CodegenError> {
         let (ptr, dims, strides) = match self.params.get(tensor) {
             Some(ParamRegs::Tensor {
                 ptr, dims, strides, ..
@@ -287,104 +345,121 @@ impl Emitter<'_> {
                 }
             }
         }
-        // Per (tensor dimension, register offset): the coordinate's byte offset and
-        // predicate. The contiguous dimension (stride 1, checked at launch) contributes its
-        // offset as an immediate, so only its predicate depends on the register.
+        Ok(Addressing {
+            id,
+            dims_of: access.dims.clone(),
+            addr: addr.to_vec(),
+            mask,
+            dims,
+            strides,
+            esize,
+            tile_rank,
+            base,
+            fixed_ok,
+            starts,
+            along: BTreeMap::new(),
+            inner_ok: BTreeMap::new(),
+            inner_off: None,
+            rows: BTreeMap::new(),
+        })
+    }
+
+    /// The element at register offsets `offs`: its address and whether it is accessed.
+    /// Written just before its access, so that only the registers of the rows in use live
+    /// (across an atomic's compare-and-swap loops too).
+    fn address(&mut self, ad: &mut Addressing, offs: &[u32]) -> Result<Element, CodegenError> {
+        let (id, esize, rank) = (ad.id, ad.esize, ad.dims.len());
+        // The contiguous dimension (stride 1, checked at launch) contributes its offset as
+        // an immediate, so only its predicate depends on the register.
         let inner = rank - 1;
-        let mut along: BTreeMap<(usize, u32), (Reg, Reg)> = BTreeMap::new();
-        let mut inner_ok: BTreeMap<u32, Reg> = BTreeMap::new();
-        let mut inner_off: Option<Reg> = None;
-        // Address registers by the coordinate offsets they combine (no index tile).
-        let mut rows: BTreeMap<Vec<u32>, Reg> = BTreeMap::new();
-        let mut out = Vec::with_capacity(d.regs.len());
-        for offs in &d.regs {
-            let mut parts: Vec<Reg> = Vec::new();
-            let mut key: Option<Vec<u32>> = Some(Vec::new());
-            let mut imm = 0;
-            let mut on = fixed_ok;
-            for (dim, (kind, &v)) in access.dims.iter().zip(addr).enumerate() {
-                let (off, ok) = match (kind, starts.get(&dim)) {
-                    (Addr::Coord, Some(&s)) => {
-                        let t = kiln_ir::access::tile_dim(dim, rank, tile_rank)
-                            .ok_or_else(|| self.internal(id, "a tile dimension out of range"))?;
-                        if dim == inner {
-                            imm = offs[t] * esize as u32;
-                            let ok = match inner_ok.get(&offs[t]) {
-                                Some(&p) => p,
-                                None => {
-                                    let c = self.new_reg(Class::B32);
-                                    self.ins(format!("add.s32 {c}, {s}, {}", offs[t]));
-                                    let p = self.setp("lt.u32", c, dims[dim]);
-                                    inner_ok.insert(offs[t], p);
-                                    p
-                                }
-                            };
-                            let off = match inner_off {
-                                Some(o) => o,
-                                None => {
-                                    let (o, _) = self.coordinate(s, dims[dim], strides[dim], esize);
-                                    inner_off = Some(o);
-                                    o
-                                }
-                            };
-                            (off, ok)
-                        } else {
-                            if let Some(k) = &mut key {
-                                k.push(offs[t]);
-                            }
-                            let k = (dim, offs[t]);
-                            if let Some(&hit) = along.get(&k) {
-                                hit
-                            } else {
+        let mut parts: Vec<Reg> = Vec::new();
+        // The coordinate offsets the address combines (none once an index tile is read).
+        let mut key: Option<Vec<u32>> = Some(Vec::new());
+        let mut imm = 0;
+        let mut on = ad.fixed_ok;
+        for dim in 0..rank {
+            let (kind, v) = (ad.dims_of[dim], ad.addr[dim]);
+            let (extent, stride) = (ad.dims[dim], ad.strides[dim]);
+            let (off, ok) = match (kind, ad.starts.get(&dim).copied()) {
+                (Addr::Coord, Some(s)) => {
+                    let t = kiln_ir::access::tile_dim(dim, rank, ad.tile_rank)
+                        .ok_or_else(|| self.internal(id, "a tile dimension out of range"))?;
+                    if dim == inner {
+                        imm = offs[t] * esize as u32;
+                        let ok = match ad.inner_ok.get(&offs[t]) {
+                            Some(&p) => p,
+                            None => {
                                 let c = self.new_reg(Class::B32);
                                 self.ins(format!("add.s32 {c}, {s}, {}", offs[t]));
-                                let entry = self.coordinate(c, dims[dim], strides[dim], esize);
-                                along.insert(k, entry);
+                                let p = self.setp("lt.u32", c, extent);
+                                ad.inner_ok.insert(offs[t], p);
+                                p
+                            }
+                        };
+                        let off = match ad.inner_off {
+                            Some(o) => o,
+                            None => {
+                                let (o, _) = self.coordinate(s, extent, stride, esize);
+                                ad.inner_off = Some(o);
+                                o
+                            }
+                        };
+                        (off, ok)
+                    } else {
+                        if let Some(k) = &mut key {
+                            k.push(offs[t]);
+                        }
+                        match ad.along.get(&(dim, offs[t])) {
+                            Some(&hit) => hit,
+                            None => {
+                                let c = self.new_reg(Class::B32);
+                                self.ins(format!("add.s32 {c}, {s}, {}", offs[t]));
+                                let entry = self.coordinate(c, extent, stride, esize);
+                                ad.along.insert((dim, offs[t]), entry);
                                 entry
                             }
                         }
                     }
-                    (Addr::Coord, None) => continue,
-                    (Addr::Index, _) => {
-                        key = None;
-                        let c = self.elem(v, offs, id)?;
-                        self.coordinate(c, dims[dim], strides[dim], esize)
-                    }
-                };
-                parts.push(off);
-                on = Some(self.and(ok, on));
-            }
-            let cached = key.as_ref().and_then(|k| rows.get(k)).copied();
-            let a = match cached {
-                Some(a) => a,
-                None => {
-                    let mut a = base;
-                    for off in parts {
-                        let next = self.new_reg(Class::B64);
-                        self.ins(format!("add.s64 {next}, {a}, {off}"));
-                        a = next;
-                    }
-                    if let Some(k) = key {
-                        rows.insert(k, a);
-                    }
-                    a
+                }
+                (Addr::Coord, None) => continue,
+                (Addr::Index, _) => {
+                    key = None;
+                    let c = self.elem(v, offs, id)?;
+                    self.coordinate(c, extent, stride, esize)
                 }
             };
-            if let Some(m) = mask {
-                let m = self.elem(m, offs, id)?;
-                on = Some(self.and(m, on));
-            }
-            let on = match on {
-                Some(p) => p,
-                None => {
-                    let p = self.new_reg(Class::Pred);
-                    self.ins(format!("setp.eq.u32 {p}, 0, 0"));
-                    p
-                }
-            };
-            out.push(Element { addr: a, imm, on });
+            parts.push(off);
+            on = Some(self.and(ok, on));
         }
-        Ok(out)
+        let cached = key.as_ref().and_then(|k| ad.rows.get(k)).copied();
+        let a = match cached {
+            Some(a) => a,
+            None => {
+                let mut a = ad.base;
+                for off in parts {
+                    let next = self.new_reg(Class::B64);
+                    self.ins(format!("add.s64 {next}, {a}, {off}"));
+                    a = next;
+                }
+                if let Some(k) = key {
+                    ad.rows.insert(k, a);
+                }
+                a
+            }
+        };
+        if let Some(m) = ad.mask {
+            let m = self.elem(m, offs, id)?;
+            on = Some(self.and(m, on));
+        }
+        let on = match on {
+            Some(p) => p,
+            None => {
+                let p = self.new_reg(Class::Pred);
+                self.ins(format!("setp.eq.u32 {p}, 0, 0"));
+                p
+            }
+        };
+        Ok(Element { addr: a, imm, on })
     }
 
     /// A coordinate's byte offset (`c * stride * esize`, `.b64`) and whether it is inside
@@ -418,6 +493,101 @@ impl Emitter<'_> {
             None => self.mov(r, p),
         }
         r
+    }
+
+    /// The packed type (`noftz.bf16x2`, `noftz.f16x2`) when a 16-bit float add's registers
+    /// come in pairs of adjacent, 4-byte aligned elements: the tensor is 16-byte aligned,
+    /// the tile's first column even, and each register pair holds columns `2j, 2j + 1` of
+    /// one row, so one packed atomic serves both.
+    #[allow(clippy::too_many_arguments)]
+    fn packed_pairs(
+        &self,
+        _id: OpId,
+        tensor: usize,
+        access: &Access,
+        addr: &[ValueId],
+        d: &Distribution,
+        op: AtomicOp,
+        form: AtomicForm,
+    ) -> Option<&'static str> {
+        let x2 = match form {
+            AtomicForm::Native("noftz.bf16") => "noftz.bf16x2",
+            AtomicForm::Native("noftz.f16") => "noftz.f16x2",
+            _ => return None,
+        };
+        let rank = access.dims.len();
+        let last = d.terms.len().checked_sub(1)?;
+        let inner_is_tile = kiln_ir::access::tile_dim(rank - 1, rank, d.terms.len()) == Some(last);
+        let pairs = d.regs.len().is_multiple_of(2)
+            && d.terms[last].iter().all(|t| t.mul.is_multiple_of(2))
+            && d.regs.chunks(2).all(|p| {
+                p[0][..last] == p[1][..last]
+                    && p[0][last].is_multiple_of(2)
+                    && p[1][last] == p[0][last] + 1
+            });
+        (op == AtomicOp::Add
+            && access.dims[rank - 1] == Addr::Coord
+            && inner_is_tile
+            && self.k.params[tensor].aligned16()
+            && self.known_multiple(addr[rank - 1]).is_multiple_of(2)
+            && pairs)
+            .then_some(x2)
+    }
+
+    /// Packed adds of adjacent element pairs when the thread accesses all its elements
+    /// (every tile but the edges), else one add per accessed element; returns the old
+    /// values. Two whole paths rather than a choice per pair: ptxas spilled on the mixture.
+    #[allow(clippy::too_many_arguments)]
+    fn atomic_pairs(
+        &mut self,
+        x2: &str,
+        form: AtomicForm,
+        (sem, scope): (MemSem, MemScope),
+        dtype: DType,
+        elements: &[Element],
+        values: &[Reg],
+        used: bool,
+    ) -> Vec<Reg> {
+        let all = self.new_reg(Class::Pred);
+        self.ins(format!("setp.eq.u32 {all}, 0, 0"));
+        for e in elements {
+            self.ins(format!("and.pred {all}, {all}, {}", e.on));
+        }
+        let out: Vec<Reg> = elements.iter().map(|_| self.new_reg(Class::B16)).collect();
+        let (singles, done) = (self.new_label(), self.new_label());
+        self.ins(format!("@!{all} bra {singles}"));
+        let ord = order(sem, scope);
+        let red = !used && matches!(sem, MemSem::Relaxed | MemSem::Release);
+        for (k, (e, v)) in elements.chunks(2).zip(values.chunks(2)).enumerate() {
+            let packed = self.new_reg(Class::B32);
+            self.ins(format!("mov.b32 {packed}, {{{}, {}}}", v[0], v[1]));
+            if red {
+                self.ins(format!(
+                    "red{ord}.global.add.{x2} [{}], {packed}",
+                    e[0].at()
+                ));
+            } else {
+                let o = self.new_reg(Class::B32);
+                self.ins(format!(
+                    "atom{ord}.global.add.{x2} {o}, [{}], {packed}",
+                    e[0].at()
+                ));
+                self.ins(format!(
+                    "mov.b32 {{{}, {}}}, {o}",
+                    out[2 * k],
+                    out[2 * k + 1]
+                ));
+            }
+        }
+        self.ins(format!("bra {done}"));
+        self.label(&singles);
+        for (k, (e, &v)) in elements.iter().zip(values).enumerate() {
+            let single =
+                self.atomic_element(AtomicOp::Add, form, (sem, scope), dtype, e, v, None, used);
+            self.mov(out[k], single);
+        }
+        self.label(&done);
+        out
     }
 
     /// One atomic element: returns the register holding the value read (0 where skipped).
@@ -459,14 +629,19 @@ impl Emitter<'_> {
                         "@{on} atom{ord}.global.{name}.{ty} {old}, [{addr}], {c}, {v}"
                     ));
                 } else {
-                    self.ins(format!("@{on} atom{ord}.global.{name}.{ty} {old}, [{addr}], {v}"));
+                    self.ins(format!(
+                        "@{on} atom{ord}.global.{name}.{ty} {old}, [{addr}], {v}"
+                    ));
                 }
             }
             AtomicForm::Cas32 => {
                 let skip = self.new_label();
                 self.ins(format!("@!{on} bra {skip}"));
                 let cur = self.new_reg(Class::B32);
-                self.ins(format!("ld.relaxed.{}.global.b32 {cur}, [{addr}]", scope.name()));
+                self.ins(format!(
+                    "ld.relaxed.{}.global.b32 {cur}, [{addr}]",
+                    scope.name()
+                ));
                 let top = self.new_label();
                 self.label(&top);
                 let (f, n) = (self.new_reg(Class::F32), self.new_reg(Class::F32));
@@ -492,7 +667,10 @@ impl Emitter<'_> {
                 self.ins(format!("shl.b32 {keep}, 65535, {sh}"));
                 self.ins(format!("not.b32 {keep}, {keep}"));
                 let cur = self.new_reg(Class::B32);
-                self.ins(format!("ld.relaxed.{}.global.b32 {cur}, [{word}]", scope.name()));
+                self.ins(format!(
+                    "ld.relaxed.{}.global.b32 {cur}, [{word}]",
+                    scope.name()
+                ));
                 let vf = self.widen(v, dtype);
                 let top = self.new_label();
                 self.label(&top);
@@ -522,7 +700,9 @@ impl Emitter<'_> {
     /// `cur`, else retries from `top` with what it holds now (left in `cur`).
     fn cas_step(&mut self, ord: &str, addr: impl std::fmt::Display, cur: Reg, new: Reg, top: &str) {
         let prev = self.new_reg(Class::B32);
-        self.ins(format!("atom{ord}.global.cas.b32 {prev}, [{addr}], {cur}, {new}"));
+        self.ins(format!(
+            "atom{ord}.global.cas.b32 {prev}, [{addr}], {cur}, {new}"
+        ));
         let retry = self.setp("ne.b32", prev, cur);
         self.ins(format!("mov.b32 {cur}, {prev}"));
         self.ins(format!("@{retry} bra {top}"));

@@ -78,7 +78,10 @@ impl Tensor {
         if self.rank < 2 {
             value::fail(Diagnostic::new(
                 loc,
-                format!("`rows` needs a tensor of rank 2 or more, found rank {}", self.rank),
+                format!(
+                    "`rows` needs a tensor of rank 2 or more, found rank {}",
+                    self.rank
+                ),
             ));
         }
         let shape = shape_of(&[super::Index::Const(r as i64), cols.into_index()], loc)
@@ -103,15 +106,19 @@ impl Tensor {
         // The macro writes the array's entries as indices; each must be a traced tile.
         let idx = idx.map(|i| match i {
             super::Index::Value(v) => v,
-            super::Index::Const(_) => {
-                value::fail(Diagnostic::new(loc, "`elems` takes one i32 tile per dimension, found a constant"))
-            }
+            super::Index::Const(_) => value::fail(Diagnostic::new(
+                loc,
+                "`elems` takes one i32 tile per dimension, found a constant",
+            )),
         });
         let mut shape: Option<Shape> = None;
         for v in &idx {
             let Some(s) = v.ty().and_then(|t| t.shape().cloned()) else {
                 if !v.is_poison() {
-                    value::fail(Diagnostic::new(loc, "`elems` takes one i32 tile per dimension"));
+                    value::fail(Diagnostic::new(
+                        loc,
+                        "`elems` takes one i32 tile per dimension",
+                    ));
                 }
                 continue;
             };
@@ -191,8 +198,7 @@ impl TileView {
     /// The tensor's element type, if it is known.
     fn dtype(&self) -> Option<DType> {
         let i = self.tensor.index;
-        context::with(|b| Ok(b.params().get(i).map(|p| p.dtype())))
-            .flatten()
+        context::with(|b| Ok(b.params().get(i).map(|p| p.dtype()))).flatten()
     }
 
     /// The address operands and their [`Access`] (`None` after an earlier diagnostic).
@@ -336,7 +342,13 @@ impl TileView {
     #[track_caller]
     pub fn atomic_add(self, values: impl IntoOperand) -> Value {
         let loc = Loc::caller();
-        self.atomic_at(AtomicOp::Add, values.into_operand(), None, AtomicOpts::new(), loc)
+        self.atomic_at(
+            AtomicOp::Add,
+            values.into_operand(),
+            None,
+            AtomicOpts::new(),
+            loc,
+        )
     }
 
     /// [`TileView::atomic_add`] where `mask` holds.
@@ -350,7 +362,13 @@ impl TileView {
     #[track_caller]
     pub fn atomic_max(self, values: impl IntoOperand) -> Value {
         let loc = Loc::caller();
-        self.atomic_at(AtomicOp::Max, values.into_operand(), None, AtomicOpts::new(), loc)
+        self.atomic_at(
+            AtomicOp::Max,
+            values.into_operand(),
+            None,
+            AtomicOpts::new(),
+            loc,
+        )
     }
 
     /// [`TileView::atomic_max`] where `mask` holds.
@@ -364,7 +382,13 @@ impl TileView {
     #[track_caller]
     pub fn atomic_min(self, values: impl IntoOperand) -> Value {
         let loc = Loc::caller();
-        self.atomic_at(AtomicOp::Min, values.into_operand(), None, AtomicOpts::new(), loc)
+        self.atomic_at(
+            AtomicOp::Min,
+            values.into_operand(),
+            None,
+            AtomicOpts::new(),
+            loc,
+        )
     }
 
     /// [`TileView::atomic_min`] where `mask` holds.
@@ -378,7 +402,13 @@ impl TileView {
     #[track_caller]
     pub fn atomic_xchg(self, values: impl IntoOperand) -> Value {
         let loc = Loc::caller();
-        self.atomic_at(AtomicOp::Xchg, values.into_operand(), None, AtomicOpts::new(), loc)
+        self.atomic_at(
+            AtomicOp::Xchg,
+            values.into_operand(),
+            None,
+            AtomicOpts::new(),
+            loc,
+        )
     }
 
     /// [`TileView::atomic_xchg`] where `mask` holds.
@@ -394,6 +424,12 @@ impl TileView {
     pub fn atomic_cas(self, compare: impl AsValue, values: impl IntoOperand) -> Value {
         let loc = Loc::caller();
         let compare = Some(compare.as_value());
-        self.atomic_at(AtomicOp::Cas, values.into_operand(), compare, AtomicOpts::new(), loc)
+        self.atomic_at(
+            AtomicOp::Cas,
+            values.into_operand(),
+            compare,
+            AtomicOpts::new(),
+            loc,
+        )
     }
 }

@@ -84,8 +84,18 @@ pub(crate) fn offsets(
 }
 
 /// A masked load or gather: each element from `t`, or `other` where it is skipped.
-pub(crate) fn gather(t: &HostTensor, offs: &[Option<usize>], dims: &[usize], other: &Value) -> Result<Value, Fault> {
-    fn pick<S: Copy, T: Copy>(data: &[S], offs: &[Option<usize>], other: T, conv: impl Fn(S) -> T) -> Vec<T> {
+pub(crate) fn gather(
+    t: &HostTensor,
+    offs: &[Option<usize>],
+    dims: &[usize],
+    other: &Value,
+) -> Result<Value, Fault> {
+    fn pick<S: Copy, T: Copy>(
+        data: &[S],
+        offs: &[Option<usize>],
+        other: T,
+        conv: impl Fn(S) -> T,
+    ) -> Vec<T> {
         offs.iter()
             .map(|o| o.and_then(|o| data.get(o)).map_or(other, |&x| conv(x)))
             .collect()

@@ -10,10 +10,10 @@ use crate::print::op_str;
 use crate::types::DType;
 
 use super::HostArg;
+use super::access;
 use super::error::InterpError;
 use super::eval::{self, Fault};
 use super::memory;
-use super::access;
 use super::value::{Elems, Value};
 
 /// The state of one run: the kernel, its arguments, the block being run and every SSA

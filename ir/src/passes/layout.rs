@@ -358,7 +358,11 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
 /// layout of the accessed tile (the result of a gather, the values of a scatter or atomic),
 /// or its slice where they broadcast along a dimension, so each thread addresses the
 /// elements it holds.
-fn access_layouts(kernel: &Kernel, op: &crate::kernel::Op, layouts: &mut BTreeMap<ValueId, Layout>) {
+fn access_layouts(
+    kernel: &Kernel,
+    op: &crate::kernel::Op,
+    layouts: &mut BTreeMap<ValueId, Layout>,
+) {
     let Some(parts) = op.access_operands() else {
         return;
     };
