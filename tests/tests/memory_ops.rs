@@ -436,6 +436,9 @@ fn diagnostic<K: KernelDef<Comptime = ()>>(def: &K) -> (u32, String) {
     }
 }
 
+/// Builds a kernel that should fail: the diagnostic's line and text.
+type Diagnose = dyn Fn() -> (u32, String);
+
 /// The 1-based line of this file holding `text`.
 fn line_of(text: &str) -> u32 {
     let src = include_str!("memory_ops.rs");
@@ -448,7 +451,7 @@ fn line_of(text: &str) -> u32 {
 
 #[test]
 fn misused_memory_ops_are_diagnosed_at_their_line() {
-    let cases: [(&dyn Fn() -> (u32, String), &str, &str); 4] = [
+    let cases: [(&Diagnose, &str, &str); 4] = [
         (
             &|| diagnostic(&bf16_atomic_max),
             "[0]).atomic_max(v);",

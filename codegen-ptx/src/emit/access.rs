@@ -214,7 +214,7 @@ impl Emitter<'_> {
                 }
                 if used && let Some((_, Some(lane))) = owner {
                     for o in &mut old {
-                        *o = self.from_lane(*o, lane);
+                        *o = self.read_lane(*o, lane);
                     }
                 } else if used && owner.is_some() {
                     return Err(self.unsupported(
@@ -266,7 +266,7 @@ impl Emitter<'_> {
     }
 
     /// `x` as lane `lane` of the warp holds it.
-    fn from_lane(&mut self, x: Reg, lane: Reg) -> Reg {
+    fn read_lane(&mut self, x: Reg, lane: Reg) -> Reg {
         let bits = match x.class {
             Class::B32 => x,
             Class::F32 => {
