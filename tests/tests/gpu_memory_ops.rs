@@ -473,6 +473,56 @@ fn gpu_masked_loads_and_stores_and_element_gathers() {
     }
 }
 
+fn gpu_split_k_gemm_accumulates_partial_tiles() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for (m, n, k) in [(130, 70, 300), (256, 384, 1024), (5, 200, 64)] {
+            for dist in [Dist::Uniform, Dist::Normal, Dist::Large] {
+                let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
+                let b = tensor(&mut rng, &[k, n], DType::Bf16, dist);
+                let init = tensor(&mut rng, &[m, n], DType::F32, Dist::Uniform);
+                let (da, db, dc) = (up(&dev, &a), up(&dev, &b), up(&dev, &init));
+                let grid = [cdiv(m, 128), cdiv(n, 128), cdiv(k, KSPLIT * 64)];
+                dev.launch(
+                    &splitk_gemm,
+                    &(),
+                    grid,
+                    &[
+                        KernelArg::Tensor(&da),
+                        KernelArg::Tensor(&db),
+                        KernelArg::Tensor(&dc),
+                    ],
+                )
+                .expect("launch");
+                let mut ci = init.clone();
+                let mut args = [
+                    HostArg::Tensor(&a),
+                    HostArg::Tensor(&b),
+                    HostArg::TensorMut(&mut ci),
+                ];
+                run_def(&splitk_gemm, &(), grid, &mut args).expect("interpret");
+                let (av, bv, iv) = (a.to_f64_vec(), b.to_f64_vec(), init.to_f64_vec());
+                let want: Vec<f64> = (0..m * n)
+                    .map(|e| {
+                        let (i, j) = (e / n, e % n);
+                        iv[e] + (0..k).map(|t| av[i * k + t] * bv[t * n + j]).sum::<f64>()
+                    })
+                    .collect();
+                let case = Case {
+                    kernel: format!("{} splitk_gemm", dev.target()),
+                    shape: format!("{m}x{n}x{k}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                let tol = 10.0 * tolerance(DType::F32);
+                let got = down(&dc);
+                assert_close(&case, &got, &want, tol);
+                assert_close(&case, &got, &ci.to_f64_vec(), tol);
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         (
@@ -494,6 +544,11 @@ fn main() -> ExitCode {
             "gpu_atomic_adds_from_several_blocks_sum",
             Needs::Gpu,
             gpu_atomic_adds_from_several_blocks_sum,
+        ),
+        (
+            "gpu_split_k_gemm_accumulates_partial_tiles",
+            Needs::Gpu,
+            gpu_split_k_gemm_accumulates_partial_tiles,
         ),
         (
             "gpu_masked_loads_and_stores_and_element_gathers",

@@ -516,3 +516,37 @@ fn memory_ops_print_their_addressing() {
     );
     assert!(text.contains("scatter y[%"), "{text}");
 }
+
+#[test]
+fn split_k_gemm_accumulates_its_partial_tiles() {
+    let mut rng = Rng::from_env();
+    for (m, n, k) in [(130, 70, 300), (128, 128, 128), (5, 200, 64)] {
+        for dist in [Dist::Uniform, Dist::Normal] {
+            let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
+            let b = tensor(&mut rng, &[k, n], DType::Bf16, dist);
+            let init = tensor(&mut rng, &[m, n], DType::F32, Dist::Uniform);
+            let mut c = init.clone();
+            let grid = [cdiv(m, 128), cdiv(n, 128), cdiv(k, KSPLIT * 64)];
+            let mut args = [
+                HostArg::Tensor(&a),
+                HostArg::Tensor(&b),
+                HostArg::TensorMut(&mut c),
+            ];
+            run_def(&splitk_gemm, &(), grid, &mut args).unwrap();
+            let (av, bv, iv) = (a.to_f64_vec(), b.to_f64_vec(), init.to_f64_vec());
+            let want: Vec<f64> = (0..m * n)
+                .map(|e| {
+                    let (i, j) = (e / n, e % n);
+                    iv[e] + (0..k).map(|t| av[i * k + t] * bv[t * n + j]).sum::<f64>()
+                })
+                .collect();
+            let case = Case {
+                kernel: "splitk_gemm".into(),
+                shape: format!("{m}x{n}x{k}"),
+                dist,
+                seed: rng.seed(),
+            };
+            assert_close(&case, &c, &want, tolerance(DType::F32) * 10.0);
+        }
+    }
+}

@@ -134,3 +134,19 @@ fn masked_loads_and_stores_assemble() {
         );
     }
 }
+
+#[test]
+fn split_k_gemm_adds_its_accumulator_atomically() {
+    let k = build(&splitk_gemm, ());
+    for t in TARGETS {
+        let p = ptx(&k, t, "splitk_gemm");
+        assert!(p.contains("red.relaxed.gpu.global.add.f32"), "{t}");
+        // On sm_90a the partial tile comes from the warp-specialised wgmma schedule.
+        let mma = if t == Target::Sm90a {
+            "wgmma.mma_async"
+        } else {
+            "mma.sync"
+        };
+        assert!(p.contains(mma), "{t}: {mma}");
+    }
+}

@@ -216,3 +216,25 @@ pub fn assert_same(got: &[f64], want: &[f64], what: &str) {
         );
     }
 }
+
+/// Split-K `c += a @ b` (bf16 inputs, f32 `c`): block `(mb, nb, z)` multiplies K blocks
+/// `z * KSPLIT..(z + 1) * KSPLIT` of `BK` and adds its partial tile into `c` atomically.
+///
+/// Grid: `(cdiv(m, 128), cdiv(n, 128), cdiv(k, KSPLIT * 64))`.
+#[kernel(num_warps = 4)]
+pub fn splitk_gemm(a: Tensor<bf16, 2>, b: Tensor<bf16, 2>, c: TensorMut<f32, 2>) {
+    const BM: usize = 128;
+    const BN: usize = 128;
+    const BK: usize = 64;
+    let (mb, nb, z) = (block_id().x, block_id().y, block_id().z);
+    let mut acc = zeros::<f32>([BM, BN]);
+    for kb in pipelined(z * KSPLIT..(z + 1) * KSPLIT, stages = 2) {
+        let x = a.tile([BM, BK], [mb * BM, kb * BK]).load();
+        let y = b.tile([BK, BN], [kb * BK, nb * BN]).load();
+        acc = mma_acc(&x, &y, &acc);
+    }
+    c.tile([BM, BN], [mb * BM, nb * BN]).atomic_add(acc);
+}
+
+/// K blocks per split of [`splitk_gemm`].
+pub const KSPLIT: usize = 2;
