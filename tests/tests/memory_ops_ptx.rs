@@ -138,14 +138,15 @@ fn masked_loads_and_stores_assemble() {
 #[test]
 fn split_k_gemm_adds_its_accumulator_atomically() {
     let k = build(&splitk_gemm, ());
-    for t in TARGETS {
+    for t in [Target::Sm80, Target::Sm90a, Target::Sm100a] {
         let p = ptx(&k, t, "splitk_gemm");
         assert!(p.contains("red.relaxed.gpu.global.add.f32"), "{t}");
-        // On sm_90a the partial tile comes from the warp-specialised wgmma schedule.
-        let mma = if t == Target::Sm90a {
-            "wgmma.mma_async"
-        } else {
-            "mma.sync"
+        // On sm_90a the partial tile comes from the warp-specialised wgmma schedule, on
+        // sm_100a from tcgen05 and tensor memory.
+        let mma = match t {
+            Target::Sm80 => "mma.sync",
+            Target::Sm90a => "wgmma.mma_async",
+            Target::Sm100a => "tcgen05.mma",
         };
         assert!(p.contains(mma), "{t}: {mma}");
     }
