@@ -523,6 +523,47 @@ fn gpu_split_k_gemm_accumulates_partial_tiles() {
     }
 }
 
+fn gpu_atomics_on_tiles_smaller_than_the_block() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for n in [16, 11] {
+            for dist in Dist::ALL {
+                let x = tensor(&mut rng, &[n], DType::F32, dist);
+                let y0 = tensor(&mut rng, &[n], DType::F32, Dist::Normal);
+                let (dx, dy) = (up(&dev, &x), up(&dev, &y0));
+                let dz = poisoned_on(&dev, DType::F32, &[n]);
+                dev.launch(
+                    &small_atomics,
+                    &(),
+                    [1, 1, 1],
+                    &[
+                        KernelArg::Tensor(&dx),
+                        KernelArg::Tensor(&dy),
+                        KernelArg::Tensor(&dz),
+                    ],
+                )
+                .expect("launch");
+                // One add and one exchange per element: exact.
+                let (xv, yv) = (x.to_f64_vec(), y0.to_f64_vec());
+                let sum: Vec<f64> = (0..n)
+                    .map(|i| f64::from(xv[i] as f32 + yv[i] as f32))
+                    .collect();
+                let what = format!(
+                    "{} small_atomics n={n} {dist:?} KILN_SEED={}",
+                    dev.target(),
+                    rng.seed()
+                );
+                assert_same(
+                    &down(&dz).to_f64_vec(),
+                    &sum,
+                    &format!("{what}: old values"),
+                );
+                assert_same(&down(&dy).to_f64_vec(), &xv, &format!("{what}: memory"));
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         (
@@ -544,6 +585,11 @@ fn main() -> ExitCode {
             "gpu_atomic_adds_from_several_blocks_sum",
             Needs::Gpu,
             gpu_atomic_adds_from_several_blocks_sum,
+        ),
+        (
+            "gpu_atomics_on_tiles_smaller_than_the_block",
+            Needs::Gpu,
+            gpu_atomics_on_tiles_smaller_than_the_block,
         ),
         (
             "gpu_split_k_gemm_accumulates_partial_tiles",

@@ -550,3 +550,25 @@ fn split_k_gemm_accumulates_its_partial_tiles() {
         }
     }
 }
+
+#[test]
+fn atomics_on_tiles_smaller_than_the_block_apply_once() {
+    let mut rng = Rng::from_env();
+    for n in [16, 11] {
+        let x = tensor(&mut rng, &[n], DType::F32, Dist::Normal);
+        let y0 = tensor(&mut rng, &[n], DType::F32, Dist::Normal);
+        let (mut y, mut z) = (y0.clone(), poisoned(&[n], DType::F32));
+        let mut args = [
+            HostArg::Tensor(&x),
+            HostArg::TensorMut(&mut y),
+            HostArg::TensorMut(&mut z),
+        ];
+        run_def(&small_atomics, &(), [1, 1, 1], &mut args).unwrap();
+        let (xv, yv) = (x.to_f64_vec(), y0.to_f64_vec());
+        let sum: Vec<f64> = (0..n)
+            .map(|i| f64::from(xv[i] as f32 + yv[i] as f32))
+            .collect();
+        assert_same(&z.to_f64_vec(), &sum, "old values");
+        assert_same(&y.to_f64_vec(), &xv, "memory");
+    }
+}

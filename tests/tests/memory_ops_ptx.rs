@@ -9,6 +9,7 @@ mod memory_kernels;
 
 use kiln::ir::dsl::{Comptime, KernelDef, Spec};
 use kiln::ir::{DType, Kernel, Target};
+use kiln::prelude::*;
 use kiln::ptx::ptxas;
 use memory_kernels::*;
 
@@ -149,5 +150,35 @@ fn split_k_gemm_adds_its_accumulator_atomically() {
             Target::Sm100a => "tcgen05.mma",
         };
         assert!(p.contains(mma), "{t}: {mma}");
+    }
+}
+
+/// An atomic whose tile is smaller than the block, reading its old values.
+#[kernel(num_warps = 4)]
+fn small_atomic_with_result(x: Tensor<f32, 1>, y: TensorMut<f32, 1>, z: TensorMut<f32, 1>) {
+    let v = x.tile([64], [0]).load();
+    let old = y.tile([64], [0]).atomic_max(v);
+    z.tile([64], [0]).store(old);
+}
+
+#[test]
+fn old_values_copied_across_warps_are_diagnosed_at_the_line() {
+    let k = build(&small_atomic_with_result, ());
+    let err = kiln::ptx::compile(&k, Target::Sm80).expect_err("copies across warps");
+    let kiln::ptx::CodegenError::Diagnostic(d) = &err else {
+        panic!("not a diagnostic: {err}");
+    };
+    let src = include_str!("memory_ops_ptx.rs");
+    let line = src
+        .lines()
+        .position(|l| l.contains("let old = y.tile([64], [0]).atomic_max(v);"))
+        .expect("line") as u32
+        + 1;
+    assert_eq!(d.loc.line, line, "{err}");
+    let k = build(&small_atomics, ());
+    for t in TARGETS {
+        let p = ptx(&k, t, "small_atomics");
+        // One owner per element, and its old value to the lanes holding copies.
+        assert!(p.contains("shfl.sync.idx.b32"), "{t}");
     }
 }

@@ -217,10 +217,15 @@ impl Emitter<'_> {
                         *o = self.read_lane(*o, lane);
                     }
                 } else if used && owner.is_some() {
-                    return Err(self.unsupported(
-                        id,
-                        "the old values of an atomic on a tile whose layout repeats it across \
-                         warps (fewer elements than threads); use a larger tile or drop the result",
+                    // One thread applies each element; copies of it in other warps would need
+                    // its old value through shared memory, which this lowering does not use.
+                    let msg = "the old values of this atomic are not available on the GPU: its \
+                               tile has fewer elements than the block has threads, so other \
+                               warps hold copies of them";
+                    return Err(CodegenError::Diagnostic(
+                        kiln_ir::Diagnostic::new(op.loc, msg).note(
+                            "use a tile of at least as many elements as threads, or drop the result",
+                        ),
                     ));
                 }
                 self.vals.insert(op.results[0], Val::Tile(old));
@@ -252,12 +257,10 @@ impl Emitter<'_> {
             .collect();
         let canon = self.thread_coord(&digits);
         let own = self.setp("eq.u32", canon, self.tid);
-        let warp_digits: u32 = terms
-            .iter()
-            .filter(|t| t.div >= 32)
-            .map(|t| t.modulo)
-            .product();
-        let lane = (warp_digits >= self.k.options.num_warps).then(|| {
+        // Whether every copy of an element is in its owner's warp: then the owner's lane
+        // shares the old values by shuffle.
+        let same_warp = (0..threads).all(|t| Term::sum(&digits, t) / 32 == t / 32);
+        let lane = same_warp.then(|| {
             let l = self.new_reg(Class::B32);
             self.ins(format!("and.b32 {l}, {canon}, 31"));
             l
@@ -706,5 +709,64 @@ impl Emitter<'_> {
         let retry = self.setp("ne.b32", prev, cur);
         self.ins(format!("mov.b32 {cur}, {prev}"));
         self.ins(format!("@{retry} bra {top}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_ir::Shape;
+    use kiln_ir::schedule::{Layout, Term};
+
+    /// Every element of a tile is owned by exactly one of `threads` threads: the one whose
+    /// index equals its layout digits in place ([`super::Emitter::owner`]).
+    fn owners_are_unique(layout: &Layout, shape: &[usize], threads: u32) {
+        let d = layout.distribution(&Shape(shape.to_vec())).unwrap();
+        let digits: Vec<Term> = d
+            .terms
+            .iter()
+            .flatten()
+            .map(|t| Term {
+                div: t.div,
+                modulo: t.modulo,
+                mul: t.div,
+            })
+            .collect();
+        let mut owner = std::collections::BTreeMap::new();
+        let mut holders = std::collections::BTreeMap::new();
+        for tid in 0..threads {
+            for c in d.coords(tid) {
+                *holders.entry(c.clone()).or_insert(0) += 1;
+                if Term::sum(&digits, tid) == tid {
+                    assert!(owner.insert(c.clone(), tid).is_none(), "{c:?} owned twice");
+                }
+            }
+        }
+        let n: usize = shape.iter().product();
+        assert_eq!(holders.len(), n, "{layout} over {shape:?}: every element held");
+        assert_eq!(owner.len(), n, "{layout} over {shape:?}: every element owned");
+    }
+
+    #[test]
+    fn replicated_layouts_have_one_owner_per_element() {
+        let blocked = |spt, tpw, warps| Layout::Blocked {
+            size_per_thread: spt,
+            threads_per_warp: tpw,
+            warps,
+        };
+        // A 256-element vector over 2 of 4 warps; 64 elements over half a warp.
+        owners_are_unique(&blocked([1, 4], [1, 32], [1, 2]), &[256], 128);
+        owners_are_unique(&blocked([1, 4], [1, 16], [1, 1]), &[64], 128);
+        owners_are_unique(&blocked([1, 4], [8, 4], [4, 1]), &[32, 16], 128);
+        // A row vector sliced out of an mma accumulator: four lanes and the column warps
+        // hold each row.
+        let acc = Layout::Mma { warps: [2, 2] };
+        let rows = Layout::Slice {
+            dim: 1,
+            keep_dim: false,
+            parent: Box::new(acc.clone()),
+            parent_shape: Shape(vec![64, 64]),
+        };
+        owners_are_unique(&rows, &[64], 128);
+        owners_are_unique(&acc, &[64, 64], 128);
     }
 }

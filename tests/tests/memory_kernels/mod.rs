@@ -238,3 +238,16 @@ pub fn splitk_gemm(a: Tensor<bf16, 2>, b: Tensor<bf16, 2>, c: TensorMut<f32, 2>)
 
 /// K blocks per split of [`splitk_gemm`].
 pub const KSPLIT: usize = 2;
+
+/// `y += x` then `z = y; y = x` (exchange) on a 16-element tile of a one-warp block: its
+/// layout holds each element in several lanes, so one lane applies it and shuffles the old
+/// value to the others.
+///
+/// Grid: `(1, 1, 1)`.
+#[kernel(num_warps = 1)]
+pub fn small_atomics(x: Tensor<f32, 1>, y: TensorMut<f32, 1>, z: TensorMut<f32, 1>) {
+    let v = x.tile([16], [0]).load();
+    y.tile([16], [0]).atomic_add(v);
+    let old = y.tile([16], [0]).atomic_xchg(v);
+    z.tile([16], [0]).store(old);
+}
