@@ -428,6 +428,13 @@ fn int_mask(x: Tensor<f32, 1>, i: Tensor<i32, 1>, y: TensorMut<f32, 1>) {
     y.tile([128], [0]).store(v);
 }
 
+#[kernel(num_warps = 4)]
+fn too_many_indices(x: Tensor<f32, 1>, i: Tensor<i32, 1>, y: TensorMut<f32, 1>) {
+    let j = i.tile([128], [0]).load();
+    let v = x.elems([&j, &j]).load();
+    y.tile([128], [0]).store(v);
+}
+
 /// The first diagnostic building `def` gives, with its line.
 fn diagnostic<K: KernelDef<Comptime = ()>>(def: &K) -> (u32, String) {
     match def.build(&Spec::uniform((), def.signature(), true)) {
@@ -451,7 +458,12 @@ fn line_of(text: &str) -> u32 {
 
 #[test]
 fn misused_memory_ops_are_diagnosed_at_their_line() {
-    let cases: [(&Diagnose, &str, &str); 4] = [
+    let cases: [(&Diagnose, &str, &str); 5] = [
+        (
+            &|| diagnostic(&too_many_indices),
+            "x.elems([&j, &j])",
+            "a rank-1 tensor needs 1 index tiles, found 2",
+        ),
         (
             &|| diagnostic(&bf16_atomic_max),
             "[0]).atomic_max(v);",

@@ -203,7 +203,10 @@ impl TileView {
 
     /// The address operands and their [`Access`] (`None` after an earlier diagnostic).
     fn access(&self, masked: bool) -> Option<(Vec<Value>, Access)> {
-        if self.coords.len() != self.tensor.rank {
+        // After a diagnostic (wrong coordinate or index count) there is nothing to emit.
+        if self.coords.len() != self.tensor.rank
+            || self.indices.iter().any(|&(d, _)| d >= self.tensor.rank)
+        {
             return None;
         }
         let mut addr = self.coords.clone();
