@@ -564,6 +564,57 @@ fn gpu_atomics_on_tiles_smaller_than_the_block() {
     }
 }
 
+fn gpu_gathered_gemm_multiplies_the_routed_rows() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for (na, rows, k, n) in [
+            (100, 70, 100, 70),
+            (4096, 1000, 512, 256),
+            (300, 5, 200, 130),
+        ] {
+            for dist in [Dist::Uniform, Dist::Normal, Dist::Large] {
+                let a = tensor(&mut rng, &[na, k], DType::Bf16, dist);
+                let b = tensor(&mut rng, &[k, n], DType::Bf16, dist);
+                let idx = ints(&mut rng, &[rows], -2, na as i64 + 2);
+                let (da, di, db) = (up(&dev, &a), up(&dev, &idx), up(&dev, &b));
+                let dc = poisoned_on(&dev, DType::F32, &[rows, n]);
+                let grid = [cdiv(rows, 64), cdiv(n, 64), 1];
+                dev.launch(
+                    &gathered_gemm,
+                    &(),
+                    grid,
+                    &[
+                        KernelArg::Tensor(&da),
+                        KernelArg::Tensor(&di),
+                        KernelArg::Tensor(&db),
+                        KernelArg::Tensor(&dc),
+                    ],
+                )
+                .expect("launch");
+                let mut ci = poisoned(&[rows, n], DType::F32);
+                let mut args = [
+                    HostArg::Tensor(&a),
+                    HostArg::Tensor(&idx),
+                    HostArg::Tensor(&b),
+                    HostArg::TensorMut(&mut ci),
+                ];
+                run_def(&gathered_gemm, &(), grid, &mut args).expect("interpret");
+                let want = gathered_gemm_ref(&a, &i32s(&idx), &b);
+                let case = Case {
+                    kernel: format!("{} gathered_gemm", dev.target()),
+                    shape: format!("{na}/{rows}x{k}x{n}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                let tol = 10.0 * tolerance(DType::F32);
+                let got = down(&dc);
+                assert_close(&case, &got, &want, tol);
+                assert_close(&case, &got, &ci.to_f64_vec(), tol);
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         (
@@ -590,6 +641,11 @@ fn main() -> ExitCode {
             "gpu_atomics_on_tiles_smaller_than_the_block",
             Needs::Gpu,
             gpu_atomics_on_tiles_smaller_than_the_block,
+        ),
+        (
+            "gpu_gathered_gemm_multiplies_the_routed_rows",
+            Needs::Gpu,
+            gpu_gathered_gemm_multiplies_the_routed_rows,
         ),
         (
             "gpu_split_k_gemm_accumulates_partial_tiles",

@@ -584,3 +584,32 @@ fn atomics_on_tiles_smaller_than_the_block_apply_once() {
         assert_same(&y.to_f64_vec(), &xv, "memory");
     }
 }
+
+#[test]
+fn gathered_gemm_multiplies_the_routed_rows() {
+    let mut rng = Rng::from_env();
+    for (na, rows, k, n) in [(100, 70, 100, 70), (16, 64, 32, 64), (300, 5, 200, 130)] {
+        for dist in [Dist::Uniform, Dist::Normal, Dist::Large] {
+            let a = tensor(&mut rng, &[na, k], DType::Bf16, dist);
+            let b = tensor(&mut rng, &[k, n], DType::Bf16, dist);
+            let idx = row_indices(&mut rng, rows, na);
+            let mut c = poisoned(&[rows, n], DType::F32);
+            let grid = [cdiv(rows, 64), cdiv(n, 64), 1];
+            let mut args = [
+                HostArg::Tensor(&a),
+                HostArg::Tensor(&idx),
+                HostArg::Tensor(&b),
+                HostArg::TensorMut(&mut c),
+            ];
+            run_def(&gathered_gemm, &(), grid, &mut args).unwrap();
+            let case = Case {
+                kernel: "gathered_gemm".into(),
+                shape: format!("{na}/{rows}x{k}x{n}"),
+                dist,
+                seed: rng.seed(),
+            };
+            let want = gathered_gemm_ref(&a, &i32s(&idx), &b);
+            assert_close(&case, &c, &want, tolerance(DType::F32) * 10.0);
+        }
+    }
+}

@@ -182,3 +182,18 @@ fn old_values_copied_across_warps_are_diagnosed_at_the_line() {
         assert!(p.contains("shfl.sync.idx.b32"), "{t}");
     }
 }
+
+#[test]
+fn gathered_rows_feed_mma_from_registers() {
+    let k = build(&gathered_gemm, ());
+    for t in TARGETS {
+        let p = ptx(&k, t, "gathered_gemm");
+        // The routed rows are register A operands: no shared-memory staging of them.
+        let mma = if t == Target::Sm90a {
+            "wgmma.mma_async"
+        } else {
+            "mma.sync"
+        };
+        assert!(p.contains(mma) && p.contains("ld.global.b16"), "{t}");
+    }
+}

@@ -742,8 +742,16 @@ mod tests {
             }
         }
         let n: usize = shape.iter().product();
-        assert_eq!(holders.len(), n, "{layout} over {shape:?}: every element held");
-        assert_eq!(owner.len(), n, "{layout} over {shape:?}: every element owned");
+        assert_eq!(
+            holders.len(),
+            n,
+            "{layout} over {shape:?}: every element held"
+        );
+        assert_eq!(
+            owner.len(),
+            n,
+            "{layout} over {shape:?}: every element owned"
+        );
     }
 
     #[test]

@@ -144,6 +144,24 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         }
     }
 
+    // A gather read only as an `mma` A operand (a MoE expert's routed rows) is loaded
+    // straight into the accumulator layout that a register A operand takes.
+    for &id in &order {
+        let op = &kernel.ops[id];
+        if !matches!(op.kind, OpKind::Gather { .. }) {
+            continue;
+        }
+        let r = op.results[0];
+        let only_a = uses.get(&r).is_some_and(|us| {
+            us.iter().all(|&u| {
+                kernel.ops[u].kind == OpKind::Mma && kernel.ops[u].operands.first() == Some(&r)
+            })
+        });
+        if only_a {
+            layouts.insert(r, Layout::Mma { warps: [warps, 1] });
+        }
+    }
+
     // Fixed point over forward and backward rules; then the first tile without a layout
     // gets a blocked one and the rules run again.
     loop {

@@ -251,3 +251,42 @@ pub fn small_atomics(x: Tensor<f32, 1>, y: TensorMut<f32, 1>, z: TensorMut<f32, 
     let old = y.tile([16], [0]).atomic_xchg(v);
     z.tile([16], [0]).store(old);
 }
+
+/// MoE expert GEMM: `c[r, :] = a[idx[r], :] @ b` (bf16 in, f32 out): the routed rows of `a`
+/// are gathered straight into the mma's register A operand, 64 rows and 32 of K at a time.
+/// Rows whose index is outside `a` are zero.
+///
+/// Grid: `(cdiv(rows, 64), cdiv(n, 64), 1)`.
+#[kernel(num_warps = 4)]
+pub fn gathered_gemm(
+    a: Tensor<bf16, 2>,
+    idx: Tensor<i32, 1>,
+    b: Tensor<bf16, 2>,
+    c: TensorMut<f32, 2>,
+) {
+    let (mb, nb) = (block_id().x, block_id().y);
+    let rows = idx.tile([64], [mb * 64]).load_masked(true, -1);
+    let mut acc = zeros::<f32>([64, 64]);
+    for kb in pipelined(0..cdiv(a.dim(1), 32), stages = 2) {
+        let x = a.rows(&rows, 32, [0, kb * 32]).load();
+        let y = b.tile([32, 64], [kb * 32, nb * 64]).load();
+        acc = mma_acc(&x, &y, &acc);
+    }
+    c.tile([64, 64], [mb * 64, nb * 64]).store(acc);
+}
+
+/// `a[idx[r], :] @ b` in f64 (zero rows for indices outside `a`).
+pub fn gathered_gemm_ref(a: &HostTensor, idx: &[i32], b: &HostTensor) -> Vec<f64> {
+    let (na, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
+    let (av, bv) = (a.to_f64_vec(), b.to_f64_vec());
+    let mut out = vec![0.0; idx.len() * n];
+    for (r, &i) in idx.iter().enumerate() {
+        let Some(i) = usize::try_from(i).ok().filter(|&i| i < na) else {
+            continue;
+        };
+        for j in 0..n {
+            out[r * n + j] = (0..k).map(|t| av[i * k + t] * bv[t * n + j]).sum();
+        }
+    }
+    out
+}
