@@ -374,7 +374,7 @@ impl Emitter<'_> {
         let (id, esize, rank) = (ad.id, ad.esize, ad.dims.len());
         // The contiguous dimension (stride 1, checked at launch) contributes its offset as
         // an immediate, so only its predicate depends on the register.
-        let inner = rank - 1;
+        let inner = rank.checked_sub(1);
         let mut parts: Vec<Reg> = Vec::new();
         // The coordinate offsets the address combines (none once an index tile is read).
         let mut key: Option<Vec<u32>> = Some(Vec::new());
@@ -387,7 +387,7 @@ impl Emitter<'_> {
                 (Addr::Coord, Some(s)) => {
                     let t = kiln_ir::access::tile_dim(dim, rank, ad.tile_rank)
                         .ok_or_else(|| self.internal(id, "a tile dimension out of range"))?;
-                    if dim == inner {
+                    if Some(dim) == inner {
                         imm = offs[t] * esize as u32;
                         let ok = match ad.inner_ok.get(&offs[t]) {
                             Some(&p) => p,
@@ -520,7 +520,8 @@ impl Emitter<'_> {
         };
         let rank = access.dims.len();
         let last = d.terms.len().checked_sub(1)?;
-        let inner_is_tile = kiln_ir::access::tile_dim(rank - 1, rank, d.terms.len()) == Some(last);
+        let inner = rank.checked_sub(1)?;
+        let inner_is_tile = kiln_ir::access::tile_dim(inner, rank, d.terms.len()) == Some(last);
         let pairs = d.regs.len().is_multiple_of(2)
             && d.terms[last].iter().all(|t| t.mul.is_multiple_of(2))
             && d.regs.chunks(2).all(|p| {
@@ -529,10 +530,10 @@ impl Emitter<'_> {
                     && p[1][last] == p[0][last] + 1
             });
         (op == AtomicOp::Add
-            && access.dims[rank - 1] == Addr::Coord
+            && access.dims.get(inner) == Some(&Addr::Coord)
             && inner_is_tile
             && self.k.params[tensor].aligned16()
-            && self.known_multiple(addr[rank - 1]).is_multiple_of(2)
+            && addr.get(inner).is_some_and(|&c| self.known_multiple(c).is_multiple_of(2))
             && pairs)
             .then_some(x2)
     }
