@@ -613,3 +613,29 @@ fn gathered_gemm_multiplies_the_routed_rows() {
         }
     }
 }
+
+#[kernel(num_warps = 4)]
+fn gathered_b(a: Tensor<bf16, 2>, idx: Tensor<i32, 1>, c: TensorMut<f32, 2>) {
+    let rows = idx.tile([32], [0]).load();
+    let x = a.tile([64, 32], [0, 0]).load();
+    let y = a.rows(&rows, 64, [0, 0]).load();
+    c.tile([64, 64], [0, 0]).store(mma(&x, &y));
+}
+
+#[test]
+fn a_gathered_mma_b_operand_is_diagnosed_at_the_mma() {
+    let k = gathered_b
+        .build(&Spec::uniform((), gathered_b.signature(), true))
+        .unwrap();
+    for target in [kiln::ir::Target::Sm80, kiln::ir::Target::Sm90a] {
+        let err = kiln::ptx::compile(&k, target).expect_err("gathered B");
+        let kiln::ptx::CodegenError::Diagnostic(d) = &err else {
+            panic!("not a diagnostic: {err}");
+        };
+        assert_eq!(
+            d.loc.line,
+            line_of("c.tile([64, 64], [0, 0]).store(mma(&x, &y));")
+        );
+        assert!(d.message.contains("B operand"), "{err}");
+    }
+}

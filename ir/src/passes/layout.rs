@@ -160,6 +160,18 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         if only_a {
             layouts.insert(r, Layout::Mma { warps: [warps, 1] });
         }
+        // B operands are read from shared memory, where only plain loads are staged.
+        let as_b = uses.get(&r).into_iter().flatten().find(|&&u| {
+            kernel.ops[u].kind == OpKind::Mma && kernel.ops[u].operands.get(1) == Some(&r)
+        });
+        if let Some(&u) = as_b {
+            return Err(Diagnostic::new(
+                kernel.ops[u].loc,
+                "the B operand of `mma` is a gathered or masked load; only a plain `load` can be \
+                 a B operand",
+            )
+            .note("gather into the A operand instead (transpose the product), or load B whole"));
+        }
     }
 
     // Fixed point over forward and backward rules; then the first tile without a layout
