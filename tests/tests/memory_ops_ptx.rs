@@ -27,9 +27,10 @@ fn ptx(k: &Kernel, target: Target, what: &str) -> String {
     ptx_spilling(k, target, what, 0)
 }
 
-/// [`ptx`], allowing `max` bytes of spill stores: ptxas keeps one value on the stack across
-/// the sixteen compare-and-swap loops of a float max/min tile on sm_90a (4 bytes, with 40 of
-/// the 255 registers used); every other kernel spills nothing.
+/// [`ptx`], allowing `max` bytes of spill stores: around compare-and-swap loops (ours for
+/// float max/min and sm_80's bf16 add; ptxas's own for a lone 16-bit float atomic, which it
+/// emulates, `EIATTR_ATOM16_EMUL_INSTR_REG_MAP`) ptxas keeps a value or two on the stack
+/// (4 to 8 bytes, with under 50 of the 255 registers used); every other kernel spills nothing.
 fn ptx_spilling(k: &Kernel, target: Target, what: &str, max: u32) -> String {
     let m = kiln::ptx::compile(k, target).unwrap_or_else(|e| panic!("{what} {target}: {e}"));
     if ptxas::find_ptxas().is_ok() {
@@ -43,6 +44,15 @@ fn ptx_spilling(k: &Kernel, target: Target, what: &str, max: u32) -> String {
 }
 
 const TARGETS: [Target; 2] = [Target::Sm80, Target::Sm90a];
+
+/// The PTX type one element of `dtype` moves as.
+fn mem(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::I32 => "b32",
+        _ => "b16",
+    }
+}
 
 #[test]
 fn histogram_is_a_reduction_without_result() {
@@ -60,10 +70,26 @@ fn row_gathers_and_scatters_are_predicated_accesses() {
         let g = build(&gather_rows, GatherRowsComptime { dtype });
         let s = build(&scatter_rows, ScatterRowsComptime { dtype });
         for t in TARGETS {
+            // Whole 16-byte pieces of each routed row where they lie inside, element by
+            // element at the edges.
             let p = ptx(&g, t, "gather_rows");
-            assert!(p.contains("ld.global."), "{t} {dtype}: gather loads");
+            assert!(
+                p.contains("ld.global.v4."),
+                "{t} {dtype}: vector gather loads"
+            );
+            assert!(
+                p.contains(&format!("ld.global.{} ", mem(dtype))),
+                "{t} {dtype}: edges"
+            );
             let p = ptx(&s, t, "scatter_rows");
-            assert!(p.contains("st.global."), "{t} {dtype}: scatter stores");
+            assert!(
+                p.contains("st.global.v4."),
+                "{t} {dtype}: vector scatter stores"
+            );
+            assert!(
+                p.contains(&format!("st.global.{} ", mem(dtype))),
+                "{t} {dtype}: edges"
+            );
         }
     }
     let k = build(&gather_elems, ());
@@ -89,7 +115,8 @@ fn atomics_use_the_requested_order_and_fall_back_to_cas_loops() {
                     let what = format!("atomic_rows op={op} {dtype} order={order}");
                     let cas = (dtype == DType::F32 && (op == 1 || op == 2))
                         || (dtype == DType::Bf16 && t == Target::Sm80);
-                    let p = ptx_spilling(&k, t, &what, if cas { 8 } else { 0 });
+                    let loops = cas || dtype.size_bytes() == 2;
+                    let p = ptx_spilling(&k, t, &what, if loops { 8 } else { 0 });
                     let want = if dtype.size_bytes() == 2 && !cas {
                         format!("atom.{sem}.{scope}.global.add.noftz.{dtype}x2")
                     } else if cas {

@@ -42,6 +42,8 @@ fn atomic_form(op: AtomicOp, dtype: DType, target: Target) -> Option<AtomicForm>
         // A float max/min atom is sm_90 only and differs in NaN handling from the IR's
         // NaN-ignoring max; the loop computes exactly the IR's.
         (DType::F32, AtomicOp::Max | AtomicOp::Min) => Cas32,
+        // A lone 16-bit add is emulated by ptxas with a 32-bit compare-and-swap loop; pairs
+        // take the packed form ([`Emitter::packed_pairs`]).
         (DType::F16, AtomicOp::Add) => Native("noftz.f16"),
         (DType::Bf16, AtomicOp::Add) if target != Target::Sm80 => Native("noftz.bf16"),
         (DType::Bf16, AtomicOp::Add) => Cas16In32,
@@ -98,8 +100,18 @@ struct Addressing {
     /// Per contiguous-dimension offset: its predicate; and the dimension's byte offset.
     inner_ok: BTreeMap<u32, Reg>,
     inner_off: Option<Reg>,
-    /// Address registers by the outer coordinate offsets they combine.
-    rows: BTreeMap<Vec<u32>, Reg>,
+    /// Address registers by the coordinates they combine (the contiguous one aside).
+    rows: BTreeMap<Vec<Part>, Reg>,
+    /// Per (dimension, index register): byte offset and predicate.
+    indexed: BTreeMap<(usize, Reg), (Reg, Reg)>,
+}
+
+/// What one dimension contributes to an address: a register offset along a coordinate, or
+/// the register of an index tile's element (the same for the elements it broadcasts to).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Part {
+    Off(u32),
+    Index(Reg),
 }
 
 impl Emitter<'_> {
@@ -153,31 +165,54 @@ impl Emitter<'_> {
                         .ok_or_else(|| self.internal(id, "no fill value"))?,
                     id,
                 )?;
+                let group = self.vector_group(tensor, &access, &parts, &d);
                 let mut regs = Vec::with_capacity(d.regs.len());
-                for offs in &d.regs {
-                    let e = self.address(&mut ad, offs)?;
-                    let x = self.new_reg(Class::of(dtype));
-                    self.mov(x, other);
-                    self.ins(format!(
-                        "@{} ld.global.{} {x}, [{}]",
-                        e.on,
-                        mem_ty(dtype),
-                        e.at()
-                    ));
-                    regs.push(x);
+                for chunk in d.regs.chunks(group) {
+                    let mut es = Vec::with_capacity(group);
+                    for offs in chunk {
+                        es.push(self.address(&mut ad, offs)?);
+                    }
+                    let xs: Vec<Reg> = es
+                        .iter()
+                        .map(|_| {
+                            let x = self.new_reg(Class::of(dtype));
+                            self.mov(x, other);
+                            x
+                        })
+                        .collect();
+                    let rest = self.whole_group(&es, |e, all| {
+                        e.vector_load(dtype, all, &es[0], &xs);
+                    });
+                    for ((e, x), on) in es.iter().zip(&xs).zip(rest) {
+                        self.ins(format!(
+                            "@{on} ld.global.{} {x}, [{}]",
+                            mem_ty(dtype),
+                            e.at()
+                        ));
+                    }
+                    regs.extend(xs);
                 }
                 self.vals.insert(op.results[0], Val::Tile(regs));
             }
             OpKind::Scatter { .. } => {
-                for offs in &d.regs {
-                    let e = self.address(&mut ad, offs)?;
-                    let x = self.elem(anchor, offs, id)?;
-                    self.ins(format!(
-                        "@{} st.global.{} [{}], {x}",
-                        e.on,
-                        mem_ty(dtype),
-                        e.at()
-                    ));
+                let group = self.vector_group(tensor, &access, &parts, &d);
+                for chunk in d.regs.chunks(group) {
+                    let mut es = Vec::with_capacity(group);
+                    let mut xs = Vec::with_capacity(group);
+                    for offs in chunk {
+                        es.push(self.address(&mut ad, offs)?);
+                        xs.push(self.elem(anchor, offs, id)?);
+                    }
+                    let rest = self.whole_group(&es, |e, all| {
+                        e.vector_store(dtype, all, &es[0], &xs);
+                    });
+                    for ((e, x), on) in es.iter().zip(&xs).zip(rest) {
+                        self.ins(format!(
+                            "@{on} st.global.{} [{}], {x}",
+                            mem_ty(dtype),
+                            e.at()
+                        ));
+                    }
                 }
             }
             OpKind::Atomic {
@@ -233,6 +268,148 @@ impl Emitter<'_> {
             _ => {}
         }
         Ok(())
+    }
+
+    /// How many consecutive registers of `d` one 16-byte access can move for a gather or
+    /// scatter (1: element by element): the tensor is 16-byte aligned, its contiguous
+    /// dimension is addressed by a coordinate known to be a multiple of the group, the
+    /// layout holds groups of that many consecutive columns at such multiples, and index
+    /// tiles and the mask do not vary along the columns (a row gather's, a row mask).
+    fn vector_group(
+        &self,
+        tensor: usize,
+        access: &Access,
+        parts: &kiln_ir::AccessOperands<'_>,
+        d: &Distribution,
+    ) -> usize {
+        let esize = self.k.params[tensor].dtype().size_bytes();
+        let g = 16 / esize.max(1);
+        let rank = access.dims.len();
+        let (Some(inner), Some(last)) = (rank.checked_sub(1), d.terms.len().checked_sub(1)) else {
+            return 1;
+        };
+        let gu = g as u32;
+        let layout_groups = d.terms[last].iter().all(|t| t.mul.is_multiple_of(gu))
+            && d.regs.len().is_multiple_of(g)
+            && d.regs.chunks(g).all(|c| {
+                c[0][last].is_multiple_of(gu)
+                    && c.iter()
+                        .enumerate()
+                        .all(|(k, o)| o[..last] == c[0][..last] && o[last] == c[0][last] + k as u32)
+            });
+        // A tile operand must hold one value per row of the group.
+        let along_rows = |v: ValueId| {
+            self.k
+                .ty(v)
+                .shape()
+                .is_none_or(|s| s.dims().last() == Some(&1))
+        };
+        let indexed = access
+            .dims
+            .iter()
+            .zip(parts.addr)
+            .filter(|(a, _)| **a == Addr::Index)
+            .all(|(_, &v)| along_rows(v));
+        let ok = g > 1
+            && self.k.params[tensor].aligned16()
+            && access.dims.get(inner) == Some(&Addr::Coord)
+            && kiln_ir::access::tile_dim(inner, rank, d.terms.len()) == Some(last)
+            && parts
+                .addr
+                .get(inner)
+                .is_some_and(|&c| self.known_multiple(c).is_multiple_of(gu))
+            && layout_groups
+            && indexed
+            && parts.mask.is_none_or(along_rows);
+        if ok { g } else { 1 }
+    }
+
+    /// For a group of consecutive elements: `whole(self, all)` writes the one vector access
+    /// made under predicate `all` (every element of the group accessed, which the first and
+    /// the last decide: the columns in between lie between them, and the row and mask are
+    /// the group's); returns, per element, the predicate of its own access where the group
+    /// is not whole. A single element is its own group.
+    fn whole_group(&mut self, es: &[Element], whole: impl FnOnce(&mut Self, Reg)) -> Vec<Reg> {
+        if es.len() == 1 {
+            return vec![es[0].on];
+        }
+        let all = self.new_reg(Class::Pred);
+        let (first, last) = (es[0].on, es[es.len() - 1].on);
+        self.ins(format!("and.pred {all}, {first}, {last}"));
+        whole(self, all);
+        let not_all = self.new_reg(Class::Pred);
+        self.ins(format!("not.pred {not_all}, {all}"));
+        es.iter()
+            .map(|e| {
+                let p = self.new_reg(Class::Pred);
+                self.ins(format!("and.pred {p}, {}, {not_all}", e.on));
+                p
+            })
+            .collect()
+    }
+
+    /// `@all ld.global.v4` of a 16-byte group at `at` into `xs` (16-bit elements arrive in
+    /// pairs and are split).
+    fn vector_load(&mut self, dtype: DType, all: Reg, at: &Element, xs: &[Reg]) {
+        match xs[0].class {
+            Class::B16 => {
+                let words = self.new_regs::<4>(Class::B32);
+                let w = words.map(|r| r.to_string()).join(", ");
+                self.ins(format!("@{all} ld.global.v4.b32 {{{w}}}, [{}]", at.at()));
+                for (k, word) in words.iter().enumerate() {
+                    self.ins(format!(
+                        "@{all} mov.b32 {{{}, {}}}, {word}",
+                        xs[2 * k],
+                        xs[2 * k + 1]
+                    ));
+                }
+            }
+            _ => {
+                let v = xs
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                self.ins(format!(
+                    "@{all} ld.global.v4.{} {{{v}}}, [{}]",
+                    mem_ty(dtype),
+                    at.at()
+                ));
+            }
+        }
+    }
+
+    /// `@all st.global.v4` of a 16-byte group from `xs` at `at`.
+    fn vector_store(&mut self, dtype: DType, all: Reg, at: &Element, xs: &[Reg]) {
+        match xs[0].class {
+            Class::B16 => {
+                let words: Vec<String> = xs
+                    .chunks(2)
+                    .map(|p| {
+                        let w = self.new_reg(Class::B32);
+                        self.ins(format!("mov.b32 {w}, {{{}, {}}}", p[0], p[1]));
+                        w.to_string()
+                    })
+                    .collect();
+                self.ins(format!(
+                    "@{all} st.global.v4.b32 [{}], {{{}}}",
+                    at.at(),
+                    words.join(", ")
+                ));
+            }
+            _ => {
+                let v = xs
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                self.ins(format!(
+                    "@{all} st.global.v4.{} [{}], {{{v}}}",
+                    mem_ty(dtype),
+                    at.at()
+                ));
+            }
+        }
     }
 
     /// For a layout that holds some elements in several threads: a predicate true in exactly
@@ -364,6 +541,7 @@ impl Emitter<'_> {
             inner_ok: BTreeMap::new(),
             inner_off: None,
             rows: BTreeMap::new(),
+            indexed: BTreeMap::new(),
         })
     }
 
@@ -376,8 +554,8 @@ impl Emitter<'_> {
         // an immediate, so only its predicate depends on the register.
         let inner = rank.checked_sub(1);
         let mut parts: Vec<Reg> = Vec::new();
-        // The coordinate offsets the address combines (none once an index tile is read).
-        let mut key: Option<Vec<u32>> = Some(Vec::new());
+        // What the address combines, to share it between elements.
+        let mut key: Vec<Part> = Vec::new();
         let mut imm = 0;
         let mut on = ad.fixed_ok;
         for dim in 0..rank {
@@ -409,9 +587,7 @@ impl Emitter<'_> {
                         };
                         (off, ok)
                     } else {
-                        if let Some(k) = &mut key {
-                            k.push(offs[t]);
-                        }
+                        key.push(Part::Off(offs[t]));
                         match ad.along.get(&(dim, offs[t])) {
                             Some(&hit) => hit,
                             None => {
@@ -426,15 +602,22 @@ impl Emitter<'_> {
                 }
                 (Addr::Coord, None) => continue,
                 (Addr::Index, _) => {
-                    key = None;
                     let c = self.elem(v, offs, id)?;
-                    self.coordinate(c, extent, stride, esize)
+                    key.push(Part::Index(c));
+                    match ad.indexed.get(&(dim, c)) {
+                        Some(&hit) => hit,
+                        None => {
+                            let entry = self.coordinate(c, extent, stride, esize);
+                            ad.indexed.insert((dim, c), entry);
+                            entry
+                        }
+                    }
                 }
             };
             parts.push(off);
             on = Some(self.and(ok, on));
         }
-        let cached = key.as_ref().and_then(|k| ad.rows.get(k)).copied();
+        let cached = ad.rows.get(&key).copied();
         let a = match cached {
             Some(a) => a,
             None => {
@@ -444,9 +627,7 @@ impl Emitter<'_> {
                     self.ins(format!("add.s64 {next}, {a}, {off}"));
                     a = next;
                 }
-                if let Some(k) = key {
-                    ad.rows.insert(k, a);
-                }
+                ad.rows.insert(key, a);
                 a
             }
         };
@@ -533,7 +714,9 @@ impl Emitter<'_> {
             && access.dims.get(inner) == Some(&Addr::Coord)
             && inner_is_tile
             && self.k.params[tensor].aligned16()
-            && addr.get(inner).is_some_and(|&c| self.known_multiple(c).is_multiple_of(2))
+            && addr
+                .get(inner)
+                .is_some_and(|&c| self.known_multiple(c).is_multiple_of(2))
             && pairs)
             .then_some(x2)
     }
