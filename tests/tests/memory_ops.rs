@@ -639,3 +639,80 @@ fn a_gathered_mma_b_operand_is_diagnosed_at_the_mma() {
         assert!(d.message.contains("B operand"), "{err}");
     }
 }
+
+/// The split-K and gathered GEMMs through the sm_90a and sm_100a passes, run by the CPU
+/// executor of their schedules (`run_scheduled`, 2 persistent CTAs where the schedule is
+/// persistent): the atomic epilogue and the gathered A operand inside the warp-specialised
+/// ring give the f64 reference's numbers.
+#[test]
+fn scheduled_gemms_with_memory_ops_match_the_reference() {
+    use kiln::ir::Target;
+    use kiln::ir::interp::run_scheduled;
+    use kiln::ir::passes::run_pipeline;
+    let mut rng = Rng::from_env();
+    for target in [Target::Sm90a, Target::Sm100a] {
+        let mut k = splitk_gemm
+            .build(&Spec::uniform((), splitk_gemm.signature(), true))
+            .unwrap();
+        run_pipeline(&mut k, target, &mut |_, _| {}).unwrap_or_else(|d| panic!("{d}"));
+        assert!(
+            k.schedule.sched.is_some(),
+            "{target}: split-K is warp-specialised"
+        );
+        let (m, n, kk) = (130, 200, 300);
+        let a = tensor(&mut rng, &[m, kk], DType::Bf16, Dist::Normal);
+        let b = tensor(&mut rng, &[kk, n], DType::Bf16, Dist::Normal);
+        let init = tensor(&mut rng, &[m, n], DType::F32, Dist::Uniform);
+        let mut c = init.clone();
+        let grid = [cdiv(m, 128), cdiv(n, 128), cdiv(kk, KSPLIT * 64)];
+        let mut args = [
+            HostArg::Tensor(&a),
+            HostArg::Tensor(&b),
+            HostArg::TensorMut(&mut c),
+        ];
+        run_scheduled(&k, grid, 2, &mut args).unwrap_or_else(|e| panic!("{target}: {e}"));
+        let (av, bv, iv) = (a.to_f64_vec(), b.to_f64_vec(), init.to_f64_vec());
+        let want: Vec<f64> = (0..m * n)
+            .map(|e| {
+                let (i, j) = (e / n, e % n);
+                iv[e] + (0..kk).map(|t| av[i * kk + t] * bv[t * n + j]).sum::<f64>()
+            })
+            .collect();
+        let case = Case {
+            kernel: format!("scheduled splitk_gemm on {target}"),
+            shape: format!("{m}x{n}x{kk}"),
+            dist: Dist::Normal,
+            seed: rng.seed(),
+        };
+        assert_close(&case, &c, &want, tolerance(DType::F32) * 10.0);
+    }
+    let mut k = gathered_gemm
+        .build(&Spec::uniform((), gathered_gemm.signature(), true))
+        .unwrap();
+    run_pipeline(&mut k, Target::Sm90a, &mut |_, _| {}).unwrap_or_else(|d| panic!("{d}"));
+    assert!(
+        k.schedule.sched.is_some(),
+        "the gathered GEMM is warp-specialised"
+    );
+    let (na, rows, kk, n) = (100, 130, 96, 70);
+    let a = tensor(&mut rng, &[na, kk], DType::Bf16, Dist::Normal);
+    let b = tensor(&mut rng, &[kk, n], DType::Bf16, Dist::Normal);
+    let idx = row_indices(&mut rng, rows, na);
+    let mut c = poisoned(&[rows, n], DType::F32);
+    let grid = [cdiv(rows, 64), cdiv(n, 64), 1];
+    let mut args = [
+        HostArg::Tensor(&a),
+        HostArg::Tensor(&idx),
+        HostArg::Tensor(&b),
+        HostArg::TensorMut(&mut c),
+    ];
+    run_scheduled(&k, grid, 2, &mut args).unwrap_or_else(|e| panic!("{e}"));
+    let case = Case {
+        kernel: "scheduled gathered_gemm on sm_90a".into(),
+        shape: format!("{na}/{rows}x{kk}x{n}"),
+        dist: Dist::Normal,
+        seed: rng.seed(),
+    };
+    let want = gathered_gemm_ref(&a, &i32s(&idx), &b);
+    assert_close(&case, &c, &want, tolerance(DType::F32) * 10.0);
+}
