@@ -6,9 +6,14 @@
 //! (the gather's result, the scatter's or atomic's values); index tiles and masks are read
 //! in the same layout, or broadcast along a dimension. An element is accessed only where
 //! every coordinate lies inside the tensor (unsigned compares, so negative indices are
-//! outside) and the mask holds. A layout may hold one element in several threads (a tile
-//! smaller than the block); an atomic then runs in one of them only, the one whose index
-//! has every replicating digit at zero, and the old values reach the others by shuffle.
+//! outside) and the mask holds. Where a thread's registers hold 16 consecutive bytes of a row
+//! (a row gather or scatter), one vector access moves them unless the group straddles an
+//! edge; adjacent 16-bit atomic adds pair into one packed `bf16x2`/`f16x2` add likewise.
+//!
+//! A layout may hold one element in several threads (a tile smaller than the block); an
+//! atomic then runs in one of them only, the one whose index has every replicating digit at
+//! zero, and the old values reach the others by shuffle (copies in other warps would need
+//! shared memory: a diagnostic).
 
 use std::collections::BTreeMap;
 
@@ -39,8 +44,8 @@ fn atomic_form(op: AtomicOp, dtype: DType, target: Target) -> Option<AtomicForm>
         (DType::I32, AtomicOp::Add | AtomicOp::Max | AtomicOp::Min) => Native("s32"),
         (DType::I32 | DType::F32, AtomicOp::Xchg | AtomicOp::Cas) => Native("b32"),
         (DType::F32, AtomicOp::Add) => Native("f32"),
-        // A float max/min atom is sm_90 only and differs in NaN handling from the IR's
-        // NaN-ignoring max; the loop computes exactly the IR's.
+        // A float max/min atom is sm_90 only, and its NaN handling is not documented to be
+        // the IR's NaN-ignoring max; the loop computes exactly the IR's with `max.f32`.
         (DType::F32, AtomicOp::Max | AtomicOp::Min) => Cas32,
         // A lone 16-bit add is emulated by ptxas with a 32-bit compare-and-swap loop; pairs
         // take the packed form ([`Emitter::packed_pairs`]).
@@ -225,8 +230,7 @@ impl Emitter<'_> {
                     .ok_or_else(|| self.internal(id, "an atomic the verifier should reject"))?;
                 let used = self.uses.get(&op.results[0]).is_some_and(|u| !u.is_empty());
                 let mut old = Vec::with_capacity(d.regs.len());
-                if let Some(x2) = self.packed_pairs(id, tensor, &access, parts.addr, &d, *aop, form)
-                {
+                if let Some(x2) = self.packed_pairs(tensor, &access, parts.addr, &d, *aop, form) {
                     let mut elements = Vec::with_capacity(d.regs.len());
                     let mut values = Vec::with_capacity(d.regs.len());
                     for offs in &d.regs {
@@ -686,7 +690,6 @@ impl Emitter<'_> {
     #[allow(clippy::too_many_arguments)]
     fn packed_pairs(
         &self,
-        _id: OpId,
         tensor: usize,
         access: &Access,
         addr: &[ValueId],
