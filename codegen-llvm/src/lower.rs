@@ -383,6 +383,21 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
             OpKind::For { .. } => self.lower_for(id)?,
             OpKind::If => self.lower_if(id)?,
             OpKind::Print { .. } => return Err(self.unsupported(id, "in-kernel print")),
+            OpKind::Gather { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => {
+                // Reported at the user's line, in the DSL's words.
+                let what = match &op.kind {
+                    OpKind::Gather { .. } => "masked loads and gathers",
+                    OpKind::Scatter { .. } => "masked stores and scatters",
+                    _ => "atomics",
+                };
+                return Err(LlvmError::Diagnostic(
+                    Diagnostic::new(
+                        self.k.ops[id].loc,
+                        format!("{what} are not supported by the LLVM backend"),
+                    )
+                    .note("compile this kernel with the PTX backend"),
+                ));
+            }
             OpKind::Yield => {}
         }
         Ok(())

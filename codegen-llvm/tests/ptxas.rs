@@ -137,3 +137,42 @@ fn both_backends_write_scalar_loads_and_bounded_stores() {
             .unwrap_or_else(|e| panic!("ptxas rejects {backend}'s PTX: {e}"));
     }
 }
+
+/// The kernel [`memory_ops_are_reported_at_the_users_line`] compiles.
+mod histogram {
+    use kiln::prelude::*;
+
+    /// `h[x[i]] += 1`: an atomic through an index tile, which this backend does not lower.
+    #[kernel]
+    pub fn histogram(x: Tensor<i32, 1>, h: TensorMut<i32, 1>) {
+        let bins = x.tile([128], [block_id().x * 128]).load();
+        h.elems([&bins]).atomic_add(1);
+    }
+}
+
+#[test]
+fn memory_ops_are_reported_at_the_users_line() {
+    use kiln::ir::dsl::{KernelDef, Spec};
+    let k = histogram::histogram.build(&Spec::new(())).expect("builds");
+    let err = match kiln_llvm::compile(&k) {
+        Ok(_) => panic!("kiln-llvm compiled an atomic"),
+        Err(e) => e,
+    };
+    let kiln_llvm::LlvmError::Diagnostic(d) = &err else {
+        panic!("not a diagnostic: {err}");
+    };
+    let src = include_str!("ptxas.rs");
+    let line = src
+        .lines()
+        .position(|l| l.contains("h.elems([&bins]).atomic_add(1);"))
+        .expect("the kernel's line") as u32
+        + 1;
+    assert_eq!(d.loc.line, line, "{err}");
+    assert!(
+        d.message
+            .contains("atomics are not supported by the LLVM backend"),
+        "{err}"
+    );
+    // The PTX backend writes it.
+    kiln_ptx::compile(&k, Target::Sm80).expect("kiln-ptx");
+}

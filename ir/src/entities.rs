@@ -335,6 +335,121 @@ impl fmt::Display for Const {
     }
 }
 
+/// How a memory op ([`OpKind::Gather`], [`OpKind::Scatter`], [`OpKind::Atomic`]) finds
+/// the tensor coordinate of each tile element along one tensor dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Addr {
+    /// A scalar i32 coordinate, as a tile's: along a tensor dimension the tile covers, the
+    /// element's offset in the tile is added to it.
+    Coord,
+    /// An i32 tile broadcast to the accessed tile's shape: each element's coordinate along
+    /// the dimension is its element of the index tile (a gather's row indices).
+    Index,
+}
+
+/// How a memory op addresses its tensor: per tensor dimension an [`Addr`], and whether a
+/// bool mask tile (broadcast to the tile) selects the elements accessed. Elements outside
+/// the tensor, or where the mask is false, are never accessed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Access {
+    /// One per tensor dimension, outermost first.
+    pub dims: Vec<Addr>,
+    /// Whether a mask operand follows (see each op's operand list).
+    pub masked: bool,
+}
+
+impl Access {
+    /// Plain tile coordinates on a rank-`rank` tensor, no mask.
+    pub fn coords(rank: usize) -> Access {
+        Access {
+            dims: vec![Addr::Coord; rank],
+            masked: false,
+        }
+    }
+
+    /// Whether any dimension is addressed through an index tile.
+    pub fn indexed(&self) -> bool {
+        self.dims.contains(&Addr::Index)
+    }
+}
+
+/// What an atomic read-modify-write does to a memory element `m` with value `v`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AtomicOp {
+    /// `m = m + v`.
+    Add,
+    /// `m = max(m, v)` (for floats, a NaN operand yields the other).
+    Max,
+    /// `m = min(m, v)`.
+    Min,
+    /// `m = v`.
+    Xchg,
+    /// `m = (m == compare) ? v : m` (bitwise equality).
+    Cas,
+}
+
+impl AtomicOp {
+    /// IR spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            AtomicOp::Add => "add",
+            AtomicOp::Max => "max",
+            AtomicOp::Min => "min",
+            AtomicOp::Xchg => "xchg",
+            AtomicOp::Cas => "cas",
+        }
+    }
+}
+
+/// The memory-ordering semantics of an atomic (PTX's `.sem`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum MemSem {
+    /// No ordering beyond the element itself.
+    #[default]
+    Relaxed,
+    /// Later accesses of the thread stay after it.
+    Acquire,
+    /// Earlier accesses of the thread stay before it.
+    Release,
+    /// Both.
+    AcqRel,
+}
+
+impl MemSem {
+    /// IR spelling (PTX's too).
+    pub fn name(self) -> &'static str {
+        match self {
+            MemSem::Relaxed => "relaxed",
+            MemSem::Acquire => "acquire",
+            MemSem::Release => "release",
+            MemSem::AcqRel => "acq_rel",
+        }
+    }
+}
+
+/// The threads an atomic's ordering is guaranteed to (PTX's `.scope`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum MemScope {
+    /// The thread block.
+    Cta,
+    /// Every thread of the device.
+    #[default]
+    Gpu,
+    /// The device and the host (and peer devices).
+    Sys,
+}
+
+impl MemScope {
+    /// IR spelling (PTX's too).
+    pub fn name(self) -> &'static str {
+        match self {
+            MemScope::Cta => "cta",
+            MemScope::Gpu => "gpu",
+            MemScope::Sys => "sys",
+        }
+    }
+}
+
 /// What an operation does. Operand and result conventions are given per variant; the
 /// verifier checks them.
 #[derive(Clone, Debug, PartialEq)]
@@ -429,6 +544,48 @@ pub enum OpKind {
         /// The tensor dimension clipped at `limit`, if any.
         bound: Option<usize>,
     },
+    /// `(addr_0, ..., addr_{rank-1}, mask?, other) -> tile`: a load of the tile of `shape`
+    /// addressed by `access` (a masked load when every dimension is a coordinate, a gather
+    /// when some are index tiles). Elements outside the tensor or masked off read the scalar
+    /// `other` (of the tensor's dtype). Without index tiles, the tile covers the tensor's last
+    /// `shape.rank()` dimensions as a `load`'s does. [`Op::access_operands`] splits the
+    /// operands.
+    Gather {
+        /// Parameter index of the tensor.
+        tensor: usize,
+        /// Tile shape.
+        shape: Shape,
+        /// How each dimension is addressed, and whether a mask follows.
+        access: Access,
+    },
+    /// `(addr_0, ..., addr_{rank-1}, value, mask?) -> ()`: stores tile `value` at the
+    /// elements `access` addresses (a scatter when some dimensions are index tiles),
+    /// skipping those outside the tensor or masked off. Where two elements of one tile
+    /// address the same memory element, which one lands is unspecified.
+    Scatter {
+        /// Parameter index of the tensor.
+        tensor: usize,
+        /// How each dimension is addressed, and whether a mask follows.
+        access: Access,
+    },
+    /// `(addr_0, ..., addr_{rank-1}, compare?, value, mask?) -> old`: applies `op` with each
+    /// element of tile `value` (for `cas`, also the matching element of `compare`) to the
+    /// element `access` addresses, atomically, with memory order `sem` at `scope`; `old` (the
+    /// value's shape and dtype) holds what each element read, `0` where it was outside the
+    /// tensor or masked off. Elements of one tile are applied in row-major order, so
+    /// duplicates accumulate.
+    Atomic {
+        /// Parameter index of the tensor.
+        tensor: usize,
+        /// The read-modify-write.
+        op: AtomicOp,
+        /// Memory-ordering semantics.
+        sem: MemSem,
+        /// Memory-ordering scope.
+        scope: MemScope,
+        /// How each dimension is addressed, and whether a mask follows.
+        access: Access,
+    },
     /// `(lo, hi, step, init...) -> (carried...)`: a counted loop over `lo..hi` by `step`
     /// (all i32, `step > 0`). Region 0 takes `(i, carried...)` and yields the next carried
     /// values. `stages` is the requested software-pipelining depth (`pipelined(.., stages)`).
@@ -498,6 +655,59 @@ impl Op {
             coords,
             value,
             limit,
+        })
+    }
+}
+
+/// The operands of a [`OpKind::Gather`], [`OpKind::Scatter`] or [`OpKind::Atomic`], split
+/// ([`Op::access_operands`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AccessOperands<'a> {
+    /// Per tensor dimension, its scalar coordinate or index tile.
+    pub addr: &'a [ValueId],
+    /// An atomic `cas`'s compare tile.
+    pub compare: Option<ValueId>,
+    /// The stored or applied tile (scatter, atomic).
+    pub value: Option<ValueId>,
+    /// The mask, when the access is masked.
+    pub mask: Option<ValueId>,
+    /// A gather's fill value.
+    pub other: Option<ValueId>,
+}
+
+impl Op {
+    /// A memory access op's operands by role; `None` for any other op, or one whose operands
+    /// do not fit its kind (which the verifier reports).
+    pub fn access_operands(&self) -> Option<AccessOperands<'_>> {
+        let (access, compare, value, other) = match &self.kind {
+            OpKind::Gather { access, .. } => (access, false, false, true),
+            OpKind::Scatter { access, .. } => (access, false, true, false),
+            OpKind::Atomic { access, op, .. } => (access, *op == AtomicOp::Cas, true, false),
+            _ => return None,
+        };
+        let rank = access.dims.len();
+        let want = rank
+            + usize::from(compare)
+            + usize::from(value)
+            + usize::from(access.masked)
+            + usize::from(other);
+        if self.operands.len() != want {
+            return None;
+        }
+        let mut rest = self.operands[rank..].iter().copied();
+        let compare = if compare { rest.next() } else { None };
+        let (value, mask, other) = if value {
+            (rest.next(), rest.next().filter(|_| access.masked), None)
+        } else {
+            let mask = if access.masked { rest.next() } else { None };
+            (None, mask, rest.next())
+        };
+        Some(AccessOperands {
+            addr: &self.operands[..rank],
+            compare,
+            value,
+            mask,
+            other,
         })
     }
 }

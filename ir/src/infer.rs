@@ -289,6 +289,9 @@ pub fn result_types(
             }
             Ok(vec![])
         }
+        OpKind::Gather { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => {
+            crate::access::result_types(kind, operands, params)
+        }
         OpKind::For { stages } => {
             if n < 3 {
                 return Err("`for` takes lo, hi and step".into());
@@ -352,7 +355,7 @@ pub fn result_types(
     }
 }
 
-fn tensor_param(params: &[Param], i: usize) -> Result<(DType, usize, bool), String> {
+pub(crate) fn tensor_param(params: &[Param], i: usize) -> Result<(DType, usize, bool), String> {
     match params.get(i) {
         Some(Param::Tensor {
             dtype,
@@ -387,7 +390,7 @@ const MAX_EXTENT: usize = 4096;
 /// boxes of 16-bit elements (64 bytes, the 64-byte swizzle's row) and whole 16-byte
 /// ldmatrix chunks. What a target cannot map beyond that (rows per warp, a box count) the
 /// passes reject at the op.
-fn check_shape(s: &Shape) -> Result<(), String> {
+pub(crate) fn check_shape(s: &Shape) -> Result<(), String> {
     if s.rank() == 0 || s.rank() > 2 {
         return Err(format!("tiles have 1 or 2 dimensions, found {}", s.rank()));
     }

@@ -48,6 +48,7 @@
 //! **Architecture invariant:** kiln-ir knows nothing of PTX text, of syn, or of the CUDA
 //! driver.
 
+pub mod access;
 pub mod arena;
 pub mod builder;
 pub mod device_print;
@@ -72,8 +73,9 @@ pub use builder::Builder;
 pub use diag::Diagnostic;
 pub use host::{HostTensor, TensorData};
 pub use kernel::{
-    Axis, BinaryOp, Block, Const, Kernel, KernelOptions, Loc, Op, OpId, OpKind, Param, ReduceOp,
-    StoreOperands, UnaryOp, ValueDef, ValueId,
+    Access, AccessOperands, Addr, AtomicOp, Axis, BinaryOp, Block, Const, Kernel, KernelOptions,
+    Loc, MemScope, MemSem, Op, OpId, OpKind, Param, ReduceOp, StoreOperands, UnaryOp, ValueDef,
+    ValueId,
 };
 pub use target::Target;
 pub use types::{DType, Shape, Type};

@@ -218,6 +218,9 @@ fn print_op(kernel: &Kernel, id: OpId, level: usize, out: &mut String, regions: 
                 );
             }
         }
+        OpKind::Gather { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => {
+            let _ = write!(line, "{}", access_str(op, &tensor_name));
+        }
         OpKind::For { stages } => {
             if !op.results.is_empty() {
                 let _ = write!(line, "{} = ", values(&op.results));
@@ -312,4 +315,63 @@ fn print_op(kernel: &Kernel, id: OpId, level: usize, out: &mut String, regions: 
         }
         let _ = writeln!(out, "{indent}}}");
     }
+}
+
+/// An addressed memory op's text: `gather x[%1, idx %2] mask %3 other %4 [64x32]`,
+/// `scatter y[..], %5`, `atomic.add.relaxed.gpu h[idx %2], %5 mask %3`.
+fn access_str(op: &crate::kernel::Op, tensor_name: &dyn Fn(usize) -> String) -> String {
+    use crate::kernel::Addr;
+    let (tensor, head) = match &op.kind {
+        OpKind::Gather { tensor, .. } => (*tensor, "gather".to_string()),
+        OpKind::Scatter { tensor, .. } => (*tensor, "scatter".to_string()),
+        OpKind::Atomic {
+            tensor,
+            op: a,
+            sem,
+            scope,
+            ..
+        } => (
+            *tensor,
+            format!("atomic.{}.{}.{}", a.name(), sem.name(), scope.name()),
+        ),
+        _ => return String::new(),
+    };
+    let (
+        Some(parts),
+        OpKind::Gather { access, .. }
+        | OpKind::Scatter { access, .. }
+        | OpKind::Atomic { access, .. },
+    ) = (op.access_operands(), &op.kind)
+    else {
+        // The verifier prints malformed ops too.
+        let ops: Vec<String> = op.operands.iter().map(|v| v.to_string()).collect();
+        return format!(
+            "{head} {}[{}] (malformed)",
+            tensor_name(tensor),
+            ops.join(", ")
+        );
+    };
+    let addr: Vec<String> = access
+        .dims
+        .iter()
+        .zip(parts.addr)
+        .map(|(a, v)| match a {
+            Addr::Coord => v.to_string(),
+            Addr::Index => format!("idx {v}"),
+        })
+        .collect();
+    let mut s = format!("{head} {}[{}]", tensor_name(tensor), addr.join(", "));
+    for v in [parts.compare, parts.value].into_iter().flatten() {
+        s.push_str(&format!(", {v}"));
+    }
+    if let Some(m) = parts.mask {
+        s.push_str(&format!(" mask {m}"));
+    }
+    if let Some(o) = parts.other {
+        s.push_str(&format!(" other {o}"));
+    }
+    if let OpKind::Gather { shape, .. } = &op.kind {
+        s.push_str(&format!(" [{shape}]"));
+    }
+    s
 }

@@ -81,7 +81,7 @@ impl Emitter<'_> {
 
     /// Checks that tile operand `v` of an op with result `shape` in distribution `d` can be
     /// matched to it by register offsets ([`Distribution::broadcasts_to`]).
-    fn check_broadcast(
+    pub(super) fn check_broadcast(
         &mut self,
         v: ValueId,
         shape: &Shape,

@@ -1,7 +1,8 @@
 //! The generic writer: one pass over the kernel's own ops, in program order, one `write_*`
 //! per kind of op, on the entry's registers. Instructions for other concerns live in the
 //! submodules as further `impl Emitter` blocks: `params` (the entry's parameters), `arith`,
-//! `memory` (global loads and stores), `copy` (`cp.async` staging), `mma` (`mma.sync`),
+//! `memory` (global loads and stores), `access` (masked loads and stores, gathers,
+//! scatters, atomics), `copy` (`cp.async` staging), `mma` (`mma.sync`),
 //! `sync` (reductions, the sm_80 software pipeline), `control`, `print`; `values` reads and
 //! materialises the registers of IR values. The submodules use this module's items; it uses
 //! none of theirs.
@@ -15,6 +16,7 @@
 //! **Architecture invariant:** the generic writer knows no target family's schedule: no
 //! role, barrier or ring state lives here, and nothing here names `kiln_ir::sched`.
 
+mod access;
 mod arith;
 mod control;
 mod copy;
@@ -377,6 +379,9 @@ impl<'k> Emitter<'k> {
                 if !lower.store(self, id)? {
                     self.write_store(id)?;
                 }
+            }
+            OpKind::Gather { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => {
+                self.write_access(id)?;
             }
             OpKind::For { .. } => self.write_for(id, lower)?,
             OpKind::If => self.write_if(id, lower)?,

@@ -342,7 +342,7 @@ impl Emitter<'_> {
     }
 
     /// `xs` (16-bit registers) packed in pairs into new b32 registers.
-    fn pack(&mut self, xs: &[Reg]) -> Vec<Reg> {
+    pub(super) fn pack(&mut self, xs: &[Reg]) -> Vec<Reg> {
         xs.chunks(2)
             .map(|pair| {
                 let p = self.new_reg(Class::B32);
@@ -416,7 +416,7 @@ impl Emitter<'_> {
 }
 
 /// `.v2.f32`, `.v4.b32`, or `.b32` for a single register.
-fn vec_suffix(n: usize, ty: &str) -> String {
+pub(super) fn vec_suffix(n: usize, ty: &str) -> String {
     if n == 1 {
         format!(".{ty}")
     } else {
@@ -425,7 +425,7 @@ fn vec_suffix(n: usize, ty: &str) -> String {
 }
 
 /// `{%r1, %r2}`, or `%r1` for a single register.
-fn reg_list(regs: &[Reg]) -> String {
+pub(super) fn reg_list(regs: &[Reg]) -> String {
     if let [one] = regs {
         return one.to_string();
     }

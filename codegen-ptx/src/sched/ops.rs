@@ -164,7 +164,13 @@ fn scalar_only(k: &Kernel, op: OpId) -> bool {
         .all(|&r| matches!(k.ty(r), Type::Scalar(_)));
     let no_memory = !matches!(
         o.kind,
-        OpKind::Load { .. } | OpKind::Store { .. } | OpKind::Print { .. } | OpKind::Mma
+        OpKind::Load { .. }
+            | OpKind::Store { .. }
+            | OpKind::Gather { .. }
+            | OpKind::Scatter { .. }
+            | OpKind::Atomic { .. }
+            | OpKind::Print { .. }
+            | OpKind::Mma
     );
     scalar_results
         && no_memory

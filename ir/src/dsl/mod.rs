@@ -36,6 +36,7 @@
 //! is recorded and a poison `Value` returned; ops reading poison are skipped, and `build`
 //! returns that first diagnostic. Nothing here panics.
 
+pub mod access;
 mod cleanup;
 pub mod compare;
 pub mod comptime;
@@ -51,6 +52,7 @@ pub mod print;
 pub mod tensor;
 pub mod value;
 
+pub use access::AtomicOpts;
 pub use compare::{Compare, Logic};
 pub use comptime::Comptime;
 pub use comptime_value::{ComptimeArg, ComptimeKind, ComptimeParam, ComptimeValue, declared_dtype};

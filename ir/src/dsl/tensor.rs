@@ -11,8 +11,8 @@ use super::value::{self, AsValue, Value};
 /// A tensor parameter (`Tensor<T, R>` or `TensorMut<T, R>` in the signature).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tensor {
-    index: usize,
-    rank: usize,
+    pub(super) index: usize,
+    pub(super) rank: usize,
 }
 
 impl Tensor {
@@ -36,6 +36,7 @@ impl Tensor {
             tensor: self,
             shape,
             coords,
+            indices: Vec::new(),
         }
     }
 
@@ -52,7 +53,7 @@ impl Tensor {
     }
 
     /// `coords` as values, or a diagnostic unless there is one per dimension.
-    fn coords(self, coords: &[Index], loc: Loc) -> Option<Vec<Value>> {
+    pub(super) fn coords(self, coords: &[Index], loc: Loc) -> Option<Vec<Value>> {
         if coords.len() == self.rank {
             Some(coords.iter().map(|c| c.to_value(loc)).collect())
         } else {
@@ -87,17 +88,23 @@ impl Tensor {
 /// tensor load as zero and are skipped by stores.
 #[derive(Clone, Debug)]
 pub struct TileView {
-    tensor: Tensor,
+    pub(super) tensor: Tensor,
     /// `None` after a shape diagnostic.
-    shape: Option<Shape>,
+    pub(super) shape: Option<Shape>,
     /// Empty after a coordinate diagnostic.
-    coords: Vec<Value>,
+    pub(super) coords: Vec<Value>,
+    /// Tensor dimensions addressed through an index tile instead of `coords`
+    /// ([`TileView::index`]).
+    pub(super) indices: Vec<(usize, Value)>,
 }
 
 impl TileView {
     /// Loads the tile.
     #[track_caller]
     pub fn load(self) -> Value {
+        if !self.indices.is_empty() {
+            return self.gather(None, None, Loc::caller());
+        }
         let (Some(shape), false) = (self.shape, self.coords.is_empty()) else {
             return Value::POISON;
         };
@@ -111,6 +118,9 @@ impl TileView {
     /// Stores `value` (whose shape should match the tile's) into the tile.
     #[track_caller]
     pub fn store(self, value: impl AsValue) {
+        if !self.indices.is_empty() {
+            return self.scatter(value.as_value(), None, Loc::caller());
+        }
         self.store_with(value.as_value(), None, Loc::caller());
     }
 
@@ -121,8 +131,16 @@ impl TileView {
     /// map clips at the tensor's extent, not at `limit`).
     #[track_caller]
     pub fn store_bounded(self, value: impl AsValue, dim: usize, limit: impl AsValue) {
+        let loc = Loc::caller();
+        if !self.indices.is_empty() {
+            value::fail(Diagnostic::new(
+                loc,
+                "`store_bounded` on a tile addressed through index tiles; mask it with `store_masked`",
+            ));
+            return;
+        }
         let limit = limit.as_value();
-        self.store_with(value.as_value(), Some((dim, limit)), Loc::caller());
+        self.store_with(value.as_value(), Some((dim, limit)), loc);
     }
 
     /// [`TileView::store`], bounded by `limit` when given.

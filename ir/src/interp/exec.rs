@@ -10,6 +10,7 @@ use crate::print::op_str;
 use crate::types::DType;
 
 use super::HostArg;
+use super::access;
 use super::error::InterpError;
 use super::eval::{self, Fault};
 use super::memory;
@@ -327,6 +328,9 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
                 }
                 Vec::new()
             }
+            OpKind::Gather { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => {
+                self.exec_access(id)?
+            }
             OpKind::For { .. } => self.run_for(id)?,
             OpKind::If => {
                 let cond = self.get(id, operand(0)?)?;
@@ -352,6 +356,61 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
             self.set(id, r, v)?;
         }
         Ok(None)
+    }
+
+    /// Runs a gather, scatter or atomic ([`access`]); returns its results.
+    fn exec_access(&mut self, id: OpId) -> Result<Vec<Value>, InterpError> {
+        let op = &self.kernel.ops[id];
+        let parts = op.access_operands().ok_or_else(|| self.internal(id))?;
+        let get = |v: Option<ValueId>| -> Result<Option<Value>, InterpError> {
+            v.map(|v| self.get(id, v).cloned()).transpose()
+        };
+        let addr = parts
+            .addr
+            .iter()
+            .map(|&v| self.get(id, v).cloned())
+            .collect::<Result<Vec<_>, _>>()?;
+        let (mask, value, compare, other) = (
+            get(parts.mask)?,
+            get(parts.value)?,
+            get(parts.compare)?,
+            get(parts.other)?,
+        );
+        let fault = |f| self.fault(id, f);
+        match &op.kind {
+            OpKind::Gather {
+                tensor,
+                shape,
+                access,
+            } => {
+                let t = self.tensor(id, *tensor)?;
+                let other = other.ok_or_else(|| self.internal(id))?;
+                let offs = access::offsets(t, access, &addr, mask.as_ref(), shape.dims())
+                    .map_err(fault)?;
+                Ok(vec![
+                    access::gather(t, &offs, shape.dims(), &other).map_err(fault)?,
+                ])
+            }
+            OpKind::Scatter { tensor, access } | OpKind::Atomic { tensor, access, .. } => {
+                let value = value.ok_or_else(|| self.internal(id))?;
+                let internal = self.internal(id);
+                let Some(HostArg::TensorMut(t)) = self.args.get_mut(*tensor) else {
+                    return Err(internal);
+                };
+                let result = access::offsets(t, access, &addr, mask.as_ref(), &value.dims)
+                    .and_then(|offs| match &op.kind {
+                        OpKind::Atomic { op: a, .. } => {
+                            access::atomic(t, *a, &offs, &value, compare.as_ref()).map(Some)
+                        }
+                        _ => access::scatter(t, &offs, &value).map(|()| None),
+                    });
+                match result {
+                    Ok(old) => Ok(old.into_iter().collect()),
+                    Err(f) => Err(self.fault(id, f)),
+                }
+            }
+            _ => Err(self.internal(id)),
+        }
     }
 
     fn coords(&self, id: OpId, vs: &[ValueId]) -> Result<Vec<i32>, InterpError> {

@@ -25,6 +25,7 @@
 //! invariants; where it meets IR that breaks them anyway it returns
 //! [`InterpError::Internal`], never panics.
 
+mod access;
 mod error;
 mod eval;
 mod exec;

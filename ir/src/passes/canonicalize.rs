@@ -55,6 +55,8 @@ pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {
                 let pure = !matches!(
                     o.kind,
                     OpKind::Store { .. }
+                        | OpKind::Scatter { .. }
+                        | OpKind::Atomic { .. }
                         | OpKind::Print { .. }
                         | OpKind::For { .. }
                         | OpKind::If

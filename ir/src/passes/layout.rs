@@ -147,6 +147,36 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         }
     }
 
+    // A gather read only as an `mma` A operand (a MoE expert's routed rows) is loaded
+    // straight into the accumulator layout that a register A operand takes.
+    for &id in &order {
+        let op = &kernel.ops[id];
+        if !matches!(op.kind, OpKind::Gather { .. }) {
+            continue;
+        }
+        let r = op.results[0];
+        let only_a = uses.get(&r).is_some_and(|us| {
+            us.iter().all(|&u| {
+                kernel.ops[u].kind == OpKind::Mma && kernel.ops[u].operands.first() == Some(&r)
+            })
+        });
+        if only_a {
+            layouts.insert(r, Layout::Mma { warps: [warps, 1] });
+        }
+        // B operands are read from shared memory, where only plain loads are staged.
+        let as_b = uses.get(&r).into_iter().flatten().find(|&&u| {
+            kernel.ops[u].kind == OpKind::Mma && kernel.ops[u].operands.get(1) == Some(&r)
+        });
+        if let Some(&u) = as_b {
+            return Err(Diagnostic::new(
+                kernel.ops[u].loc,
+                "the B operand of `mma` is a gathered or masked load; only a plain `load` can be \
+                 a B operand",
+            )
+            .note("gather into the A operand instead (transpose the product), or load B whole"));
+        }
+    }
+
     // Fixed point over forward and backward rules; then the first tile without a layout
     // gets a blocked one and the rules run again.
     loop {
@@ -219,6 +249,9 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                             }
                         }
                     }
+                }
+                OpKind::Gather { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => {
+                    access_layouts(kernel, &op, &mut layouts);
                 }
                 OpKind::Reduce { dim, .. } => {
                     let x = op.operands[0];
@@ -295,11 +328,26 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             // A register `load` first: it is the tile the others derive from (softmax's
             // row statistics are slices of its input's layout, not blocked of their own).
             let unset = |v: &ValueId| kernel.ty(*v).shape().is_some() && !layouts.contains_key(v);
-            let load = order.iter().find_map(|&id| {
+            // The tile an addressed access runs over comes before them: its index tiles and
+            // mask then follow its layout (a row gather's indices as its slice).
+            let accessed = order.iter().find_map(|&id| {
                 let op = &kernel.ops[id];
-                matches!(op.kind, OpKind::Load { .. })
-                    .then(|| op.results[0])
-                    .filter(unset)
+                match op.kind {
+                    OpKind::Gather { .. } => Some(op.results[0]),
+                    OpKind::Scatter { .. } | OpKind::Atomic { .. } => {
+                        op.access_operands().and_then(|p| p.value)
+                    }
+                    _ => None,
+                }
+                .filter(unset)
+            });
+            let load = accessed.or_else(|| {
+                order.iter().find_map(|&id| {
+                    let op = &kernel.ops[id];
+                    matches!(op.kind, OpKind::Load { .. })
+                        .then(|| op.results[0])
+                        .filter(unset)
+                })
             });
             let missing = load.or_else(|| {
                 order.iter().find_map(|&id| {
@@ -339,6 +387,71 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     conversions::insert(kernel, &mut layouts);
     kernel.schedule.layouts = layouts;
     Ok(())
+}
+
+/// An addressed memory op's tiles (index tiles, mask, compare, values, result) share the
+/// layout of the accessed tile (the result of a gather, the values of a scatter or atomic),
+/// or its slice where they broadcast along a dimension, so each thread addresses the
+/// elements it holds.
+fn access_layouts(
+    kernel: &Kernel,
+    op: &crate::kernel::Op,
+    layouts: &mut BTreeMap<ValueId, Layout>,
+) {
+    let Some(parts) = op.access_operands() else {
+        return;
+    };
+    let anchor = match op.kind {
+        OpKind::Gather { .. } => op.results[0],
+        _ => match parts.value {
+            Some(v) => v,
+            None => return,
+        },
+    };
+    let Some(shape) = kernel.ty(anchor).shape().cloned() else {
+        return;
+    };
+    let tiles: Vec<ValueId> = parts
+        .addr
+        .iter()
+        .copied()
+        .chain(parts.compare)
+        .chain(parts.mask)
+        .chain(op.results.iter().copied())
+        .chain(parts.value)
+        .filter(|v| *v != anchor && kernel.ty(*v).shape().is_some())
+        .collect();
+    if !layouts.contains_key(&anchor)
+        && let Some(l) = tiles
+            .iter()
+            .find(|v| kernel.ty(**v).shape() == Some(&shape) && layouts.contains_key(v))
+            .and_then(|v| layouts.get(v))
+            .cloned()
+    {
+        layouts.insert(anchor, l);
+    }
+    let Some(l) = layouts.get(&anchor).cloned() else {
+        return;
+    };
+    for v in tiles {
+        if layouts.contains_key(&v) {
+            continue;
+        }
+        let vs = kernel.ty(v).shape().cloned().unwrap_or(Shape(Vec::new()));
+        if vs == shape {
+            layouts.insert(v, l.clone());
+        } else if let Some(dim) = broadcast_dim(&vs, &shape) {
+            layouts.insert(
+                v,
+                Layout::Slice {
+                    dim,
+                    keep_dim: true,
+                    parent: Box::new(l.clone()),
+                    parent_shape: shape.clone(),
+                },
+            );
+        }
+    }
 }
 
 fn set(layouts: &mut BTreeMap<ValueId, Layout>, v: ValueId, l: Layout) {

@@ -45,7 +45,12 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     if before
         .iter()
         .flat_map(|&o| std::iter::once(o).chain(walk::ops_in_block_regions(kernel, o)))
-        .any(|o| matches!(kernel.ops[o].kind, OpKind::Store { .. }))
+        .any(|o| {
+            matches!(
+                kernel.ops[o].kind,
+                OpKind::Store { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. }
+            )
+        })
     {
         return Ok(());
     }

@@ -152,6 +152,9 @@ pub fn column_local(kernel: &Kernel, for_op: OpId) -> bool {
             | OpKind::Store { .. } => true,
             OpKind::Transpose
             | OpKind::Convert
+            | OpKind::Gather { .. }
+            | OpKind::Scatter { .. }
+            | OpKind::Atomic { .. }
             | OpKind::Reduce { .. }
             | OpKind::Mma
             | OpKind::For { .. }

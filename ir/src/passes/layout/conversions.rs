@@ -11,7 +11,9 @@
 //!   and a loop's (or branch's) carried values one layout throughout: the value made in
 //!   another layout is converted after it is made (a reduction's or a loop's result) or
 //!   before it is read (a loop's initial value, a yielded value);
-//! - an mma accumulates into its own result's layout.
+//! - an mma accumulates into its own result's layout;
+//! - an addressed access (gather, scatter, atomic) reads its index tiles, mask and values in
+//!   the layout of the tile it accesses, and gives its result in it.
 //!
 //! Every kernel whose layouts already agree is left exactly as it was.
 
@@ -37,37 +39,27 @@ pub(super) fn insert(kernel: &mut Kernel, layouts: &mut BTreeMap<ValueId, Layout
         let op = kernel.ops[id].clone();
         match &op.kind {
             OpKind::Unary(_) | OpKind::Binary(_) | OpKind::Select | OpKind::Cast { .. } => {
-                let r = op.results[0];
-                let (Some(rl), Some(rs)) = (layouts.get(&r).cloned(), shape(kernel, r)) else {
+                operands_to(kernel, layouts, id, op.results[0]);
+            }
+            OpKind::Gather { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => {
+                // Every tile of an addressed access is in its accessed tile's layout (the
+                // gather's result, the stored values).
+                let anchor = match op.kind {
+                    OpKind::Gather { .. } => op.results.first().copied(),
+                    _ => op.access_operands().and_then(|p| p.value),
+                };
+                let Some(anchor) = anchor else {
                     continue;
                 };
-                let Ok(rd) = rl.distribution(&rs) else {
-                    continue;
-                };
-                for (i, &v) in op.operands.iter().enumerate() {
-                    let (Some(vl), Some(vs)) = (layouts.get(&v), shape(kernel, v)) else {
-                        continue;
-                    };
-                    if vl.is_shared()
-                        || vl
-                            .distribution(&vs)
-                            .is_ok_and(|vd| vd.broadcasts_to(&vs, &rd, &rs))
-                    {
-                        continue;
-                    }
-                    let want = if vs == rs {
-                        Some(rl.clone())
-                    } else {
-                        broadcast_dim(&vs, &rs).map(|dim| Layout::Slice {
-                            dim,
-                            keep_dim: true,
-                            parent: Box::new(rl.clone()),
-                            parent_shape: rs.clone(),
-                        })
-                    };
-                    if let Some(want) = want {
-                        convert_operand(kernel, layouts, id, i, want);
-                    }
+                operands_to(kernel, layouts, id, anchor);
+                if let (Some(&r), Some(al), Some(s)) = (
+                    op.results.first(),
+                    layouts.get(&anchor).cloned(),
+                    shape(kernel, anchor),
+                ) && r != anchor
+                    && !same(layouts.get(&r), &al, &s)
+                {
+                    convert_result(kernel, layouts, id, 0, al);
                 }
             }
             OpKind::Reshape { .. } => {
@@ -173,6 +165,52 @@ pub(super) fn insert(kernel: &mut Kernel, layouts: &mut BTreeMap<ValueId, Layout
             | OpKind::Convert
             | OpKind::Print { .. }
             | OpKind::Yield => {}
+        }
+    }
+}
+
+/// Converts each tile operand of `id` other than `anchor` whose elements are not in the
+/// threads holding `anchor`'s (not [`Distribution::broadcasts_to`] it) to `anchor`'s layout,
+/// or its slice along the dimension it broadcasts.
+fn operands_to(
+    kernel: &mut Kernel,
+    layouts: &mut BTreeMap<ValueId, Layout>,
+    id: OpId,
+    anchor: ValueId,
+) {
+    let (Some(rl), Some(rs)) = (layouts.get(&anchor).cloned(), shape(kernel, anchor)) else {
+        return;
+    };
+    let Ok(rd) = rl.distribution(&rs) else {
+        return;
+    };
+    let operands = kernel.ops[id].operands.clone();
+    for (i, &v) in operands.iter().enumerate() {
+        if v == anchor {
+            continue;
+        }
+        let (Some(vl), Some(vs)) = (layouts.get(&v), shape(kernel, v)) else {
+            continue;
+        };
+        if vl.is_shared()
+            || vl
+                .distribution(&vs)
+                .is_ok_and(|vd| vd.broadcasts_to(&vs, &rd, &rs))
+        {
+            continue;
+        }
+        let want = if vs == rs {
+            Some(rl.clone())
+        } else {
+            broadcast_dim(&vs, &rs).map(|dim| Layout::Slice {
+                dim,
+                keep_dim: true,
+                parent: Box::new(rl.clone()),
+                parent_shape: rs.clone(),
+            })
+        };
+        if let Some(want) = want {
+            convert_operand(kernel, layouts, id, i, want);
         }
     }
 }
