@@ -11,7 +11,7 @@ pub enum Class {
     Pred,
     /// `.b16 %h`: bf16 and f16 elements.
     B16,
-    /// `.b32 %r`: i32 values, packed pairs, shared addresses.
+    /// `.b32 %r`: i32 and u32 values, packed pairs, shared addresses.
     B32,
     /// `.f32 %f`.
     F32,
@@ -48,7 +48,7 @@ impl Class {
         match dtype {
             DType::Bf16 | DType::F16 => Class::B16,
             DType::F32 => Class::F32,
-            DType::I32 => Class::B32,
+            DType::I32 | DType::U32 => Class::B32,
             DType::Bool => Class::Pred,
         }
     }
@@ -112,6 +112,7 @@ pub fn arith_ty(dtype: DType) -> &'static str {
     match dtype {
         DType::Bf16 | DType::F16 | DType::F32 => "f32",
         DType::I32 => "s32",
+        DType::U32 => "u32",
         DType::Bool => "pred",
     }
 }
@@ -122,6 +123,6 @@ pub fn half_ty(dtype: DType) -> Option<&'static str> {
     match dtype {
         DType::Bf16 => Some("bf16"),
         DType::F16 => Some("f16"),
-        DType::F32 | DType::I32 | DType::Bool => None,
+        DType::F32 | DType::I32 | DType::U32 | DType::Bool => None,
     }
 }

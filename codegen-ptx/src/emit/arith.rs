@@ -204,7 +204,7 @@ impl Emitter<'_> {
                 let d = self.new_reg(Class::of(out_dtype));
                 let ty = match out_dtype {
                     DType::F32 => "f32",
-                    DType::I32 => "b32",
+                    DType::I32 | DType::U32 => "b32",
                     DType::Bf16 | DType::F16 => "b16",
                     DType::Bool => {
                         let t = self.new_reg(Class::Pred);

@@ -29,6 +29,7 @@ impl Emitter<'_> {
         let ty = match dtype {
             DType::F32 => "f32",
             DType::I32 => "s32",
+            DType::U32 => "u32",
             DType::Bf16 | DType::F16 | DType::Bool => {
                 return Err(self.unsupported(id, "a reduction of a non-f32/i32 tile"));
             }

@@ -240,6 +240,8 @@ pub(crate) fn load(t: &HostTensor, coords: &[i32], dims: &[usize]) -> Value {
         TensorData::F16(d) => Elems::F(gather(d, a, n, f16::to_f32)),
         TensorData::F32(d) => Elems::F(gather(d, a, n, |x| x)),
         TensorData::I32(d) => Elems::I(gather(d, a, n, |x| x)),
+        // u32 elements travel as their bit patterns; the value's dtype says how to read them.
+        TensorData::U32(d) => Elems::I(gather(d, a, n, |x| x as i32)),
     };
     Value {
         dtype: t.dtype(),
@@ -272,6 +274,7 @@ pub(crate) fn store(
         (TensorData::F16(d), Elems::F(s)) => scatter(d, &addr, s, f16::from_f32),
         (TensorData::F32(d), Elems::F(s)) => scatter(d, &addr, s, |x| x),
         (TensorData::I32(d), Elems::I(s)) => scatter(d, &addr, s, |x| x),
+        (TensorData::U32(d), Elems::I(s)) => scatter(d, &addr, s, |x| x as u32),
         // The verifier guarantees the tile's dtype equals the tensor's.
         _ => return Err(Fault::Mistyped),
     }
