@@ -216,6 +216,7 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
             OpKind::ScalarParam(i) => vec![match self.args.get(*i) {
                 Some(HostArg::F32(x)) => Value::float(DType::F32, *x),
                 Some(HostArg::I32(x)) => Value::i32(*x),
+                Some(HostArg::U32(x)) => Value::u32(*x),
                 _ => return Err(self.internal(id)),
             }],
             OpKind::BlockId(a) => vec![Value::i32(self.block[axis_index(*a)])],
@@ -242,6 +243,12 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
             }
             OpKind::Cast { to } => {
                 vec![eval::cast(self.get(id, operand(0)?)?, *to).map_err(|f| self.fault(id, f))?]
+            }
+            OpKind::Bitcast { to } => {
+                vec![
+                    eval::bitcast(self.get(id, operand(0)?)?, *to)
+                        .map_err(|f| self.fault(id, f))?,
+                ]
             }
             OpKind::Splat { shape } => vec![eval::splat(self.get(id, operand(0)?)?, shape.dims())],
             OpKind::Iota { shape, dim } => vec![eval::iota(shape.dims(), *dim)],

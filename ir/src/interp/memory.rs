@@ -20,6 +20,7 @@ impl HostArg<'_> {
             HostArg::TensorMut(_) => "a mutable tensor",
             HostArg::F32(_) => "an f32 scalar",
             HostArg::I32(_) => "an i32 scalar",
+            HostArg::U32(_) => "a u32 scalar",
         }
     }
 
@@ -28,7 +29,7 @@ impl HostArg<'_> {
         match self {
             HostArg::Tensor(t) => Some(t),
             HostArg::TensorMut(t) => Some(t),
-            HostArg::F32(_) | HostArg::I32(_) => None,
+            HostArg::F32(_) | HostArg::I32(_) | HostArg::U32(_) => None,
         }
     }
 }
@@ -56,7 +57,9 @@ fn check_arg(p: &Param, a: &HostArg<'_>) -> Result<(), ArgProblem> {
     let found = a.kind_name();
     match p {
         Param::Scalar { dtype, .. } => match (dtype, a) {
-            (DType::F32, HostArg::F32(_)) | (DType::I32, HostArg::I32(_)) => Ok(()),
+            (DType::F32, HostArg::F32(_))
+            | (DType::I32, HostArg::I32(_))
+            | (DType::U32, HostArg::U32(_)) => Ok(()),
             _ => Err(ArgProblem::Kind {
                 expected: if *dtype == DType::F32 {
                     "an f32 scalar"
