@@ -17,11 +17,20 @@ pub enum Class {
     F32,
     /// `.b64 %rd`: global addresses and 64-bit offsets.
     B64,
+    /// `.f64 %fd`: the f64 steps of the transcendental functions.
+    F64,
 }
 
 impl Class {
     /// Every class, in declaration order.
-    pub const ALL: [Class; 5] = [Class::Pred, Class::B16, Class::B32, Class::F32, Class::B64];
+    pub const ALL: [Class; 6] = [
+        Class::Pred,
+        Class::B16,
+        Class::B32,
+        Class::F32,
+        Class::B64,
+        Class::F64,
+    ];
 
     fn prefix(self) -> &'static str {
         match self {
@@ -30,6 +39,7 @@ impl Class {
             Class::B32 => "r",
             Class::F32 => "f",
             Class::B64 => "rd",
+            Class::F64 => "fd",
         }
     }
 
@@ -40,6 +50,7 @@ impl Class {
             Class::B32 => ".b32",
             Class::F32 => ".f32",
             Class::B64 => ".b64",
+            Class::F64 => ".f64",
         }
     }
 
@@ -72,7 +83,7 @@ impl fmt::Display for Reg {
 /// Hands out registers in a fixed order, so the output is deterministic.
 #[derive(Debug, Default)]
 pub struct Regs {
-    counts: [u32; 5],
+    counts: [u32; 6],
 }
 
 impl Regs {

@@ -7,16 +7,18 @@ use kiln::ir::Kernel;
 use kiln::ir::dsl::AnyKernelDef;
 
 pub mod attention;
+pub mod dropout;
 pub mod gemm;
 pub mod gemm_epilogue;
 pub mod softmax;
 pub mod vector_add;
 
-/// Every example kernel, by name: `vector_add`, `softmax`, `gemm`, `gemm_bias_act`,
+/// Every example kernel, by name: `vector_add`, `dropout`, `softmax`, `gemm`, `gemm_bias_act`,
 /// `gemm_alpha_beta`, `attention`, `attention_lse`, `attention_varlen`, `attention_varlen_lse`.
 pub fn registry() -> &'static [&'static dyn AnyKernelDef] {
     &[
         &vector_add::vector_add,
+        &dropout::dropout,
         &softmax::softmax,
         &gemm::gemm,
         &gemm_epilogue::gemm_bias_act,

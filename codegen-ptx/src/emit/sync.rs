@@ -281,7 +281,11 @@ impl Emitter<'_> {
         };
         let elementwise = matches!(
             self.k.ops[def].kind,
-            OpKind::Unary(_) | OpKind::Binary(_) | OpKind::Select | OpKind::Cast { .. }
+            OpKind::Unary(_)
+                | OpKind::Binary(_)
+                | OpKind::Select
+                | OpKind::Cast { .. }
+                | OpKind::Bitcast { .. }
         );
         let mut at = def;
         while let Some(&(Some(owner), _)) = self.parents.get(&at) {
@@ -322,7 +326,11 @@ impl Emitter<'_> {
         };
         let op = self.k.ops[def].clone();
         let reg = match &op.kind {
-            OpKind::Unary(_) | OpKind::Binary(_) | OpKind::Select | OpKind::Cast { .. } => {
+            OpKind::Unary(_)
+            | OpKind::Binary(_)
+            | OpKind::Select
+            | OpKind::Cast { .. }
+            | OpKind::Bitcast { .. } => {
                 let srcs = op
                     .operands
                     .iter()
