@@ -13,6 +13,8 @@ pub type Overrides = &'static [(&'static str, &'static str)];
 /// `(snapshot name, kernel, comptime overrides)` of every tested variant.
 pub const VARIANTS: &[(&str, &str, Overrides)] = &[
     ("vector_add", "vector_add", &[]),
+    // Philox4x32-10 and a select per element: the random-number ops' code size.
+    ("dropout", "dropout", &[]),
     ("softmax", "softmax", &[]),
     ("gemm", "gemm", &[]),
     ("gemm_bcol", "gemm", &[("b_col_major", "true")]),
