@@ -64,6 +64,7 @@ mod tests {
             names,
             [
                 "vector_add",
+                "dropout",
                 "softmax",
                 "gemm",
                 "gemm_bias_act",

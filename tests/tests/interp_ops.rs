@@ -449,3 +449,69 @@ fn dropout_keeps_what_rand_says_and_scales_it() {
         }
     }
 }
+
+#[test]
+fn misuse_is_a_diagnostic_at_the_users_line() {
+    use kiln::ir::dsl::{KernelDef, Spec};
+    use kiln::prelude::*;
+
+    #[kernel(grid = [256, 1, 1])]
+    fn signed_umulhi(x: Tensor<i32, 1>, y: TensorMut<i32, 1>) {
+        let v = x.tile([256], [0]).load();
+        y.tile([256], [0]).store(umulhi(v, v));
+    }
+    #[kernel(grid = [256, 1, 1])]
+    fn tile_seed(x: Tensor<u32, 1>, y: TensorMut<u32, 1>) {
+        let v = x.tile([256], [0]).load();
+        y.tile([256], [0]).store(randint(v, v));
+    }
+    #[kernel(grid = [256, 1, 1])]
+    fn float_offsets(x: Tensor<f32, 1>, y: TensorMut<u32, 1>, seed: u32) {
+        let v = x.tile([256], [0]).load();
+        y.tile([256], [0]).store(randint(seed, v));
+    }
+    #[kernel(grid = [256, 1, 1])]
+    fn negative_u32(x: Tensor<u32, 1>, y: TensorMut<u32, 1>) {
+        let v = x.tile([256], [0]).load();
+        y.tile([256], [0]).store(v & -1);
+    }
+    #[kernel(grid = [256, 1, 1])]
+    fn int_sin(x: Tensor<i32, 1>, y: TensorMut<i32, 1>) {
+        let v = x.tile([256], [0]).load();
+        y.tile([256], [0]).store(sin(v));
+    }
+    #[kernel(grid = [256, 1, 1])]
+    fn float_shift(x: Tensor<f32, 1>, y: TensorMut<f32, 1>) {
+        let v = x.tile([256], [0]).load();
+        y.tile([256], [0]).store(v << 1);
+    }
+    #[kernel(grid = [256, 1, 1])]
+    fn wide_bitcast(x: Tensor<f32, 1>, y: TensorMut<f32, 1>) {
+        let v = x.tile([256], [0]).load();
+        y.tile([256], [0]).store(v.bitcast::<bf16>().cast::<f32>());
+    }
+    let cases: [(&dyn KernelDef<Comptime = ()>, &str); 7] = [
+        (&signed_umulhi, "`umulhi` takes u32 operands, found i32"),
+        (&tile_seed, "the seed of `randint` must be a scalar"),
+        (
+            &float_offsets,
+            "the offsets of `randint` must be i32 or u32",
+        ),
+        (&negative_u32, "integer constant -1 does not fit in u32"),
+        (&int_sin, "`sin` is not defined on i32"),
+        (&float_shift, "`shl` is not defined on f32"),
+        (&wide_bitcast, "cannot bitcast f32 to bf16"),
+    ];
+    for (def, want) in cases {
+        let err = match def.build(&Spec::uniform((), def.signature(), false)) {
+            Ok(k) => kiln::ir::verify::verify(&k).expect_err(want).to_string(),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(want), "{}: {err}", def.name());
+        assert!(
+            err.contains("tests/tests/interp_ops.rs:"),
+            "{}: {err}",
+            def.name()
+        );
+    }
+}
