@@ -190,7 +190,6 @@ fn shl(x: u64, n: u32) -> u64 {
 /// `sin(x)` (`quarter = 0`) or `cos(x)` (`quarter = 1`): `sin(x + quarter * pi/2)`.
 fn sin_quadrant(x: f32, quarter: u32) -> f32 {
     if !x.is_finite() {
-        // What the PTX's `sub.f32 x, x` gives for infinities and NaN.
         return f32::NAN;
     }
     let (q, r) = reduce_half_pi(x);
@@ -254,7 +253,11 @@ pub fn erf(x: f32) -> f32 {
     } else {
         mid
     };
-    v.copysign(f64::from(x)) as f32
+    if x.is_nan() {
+        x
+    } else {
+        v.copysign(f64::from(x)) as f32
+    }
 }
 
 #[cfg(test)]

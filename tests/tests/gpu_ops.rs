@@ -182,6 +182,41 @@ fn gpu_transcendentals_match_interpreter_bit_for_bit() {
     }
 }
 
+fn gpu_transcendentals_at_special_values_match_interpreter() {
+    let Some(dev) = device() else { return };
+    let special = [
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MAX,
+        -f32::MAX,
+        f32::MIN_POSITIVE,
+        1e-45,
+        0.781_25,
+        -0.781_25,
+        std::f32::consts::FRAC_PI_2,
+        1.0,
+        4.0,
+        -110.5,
+        1.0 / 4096.0,
+    ];
+    let n = special.len();
+    let x = HostTensor::new(&[n], TensorData::F32(special.to_vec())).expect("shape");
+    let ct = TranscendentalsComptime { BLOCK: 256 };
+    let y = output(&dev, DType::F32, &[MATH_ROWS, n]);
+    let dx = dev.upload(&x).expect("upload");
+    transcendentals
+        .launch(&dev, &ct, [1, 1, 1], &dx, &y)
+        .expect("launch");
+    let mut yi = poisoned(&[MATH_ROWS, n], DType::F32);
+    transcendentals
+        .interpret(&ct, [1, 1, 1], &x, &mut yi)
+        .expect("interpret");
+    same_bits("special values", &y, &yi, &format!("inputs {special:?}"));
+}
+
 fn gpu_integer_ops_and_casts_match_interpreter() {
     let Some(dev) = device() else { return };
     let mut rng = Rng::from_env();
@@ -284,6 +319,11 @@ fn main() -> ExitCode {
             "gpu_transcendentals_match_interpreter_bit_for_bit",
             Needs::Gpu,
             gpu_transcendentals_match_interpreter_bit_for_bit,
+        ),
+        (
+            "gpu_transcendentals_at_special_values_match_interpreter",
+            Needs::Gpu,
+            gpu_transcendentals_at_special_values_match_interpreter,
         ),
         (
             "gpu_integer_ops_and_casts_match_interpreter",

@@ -515,3 +515,92 @@ fn misuse_is_a_diagnostic_at_the_users_line() {
         );
     }
 }
+
+/// Values at the edges of f32 and of each function's ranges.
+pub const SPECIAL: [f32; 16] = [
+    0.0,
+    -0.0,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    f32::NAN,
+    f32::MAX,
+    -f32::MAX,
+    f32::MIN_POSITIVE,
+    1e-45,
+    0.781_25,
+    -0.781_25,
+    std::f32::consts::FRAC_PI_2,
+    1.0,
+    4.0,
+    -110.5,
+    1.0 / 4096.0,
+];
+
+#[test]
+fn transcendentals_at_special_values() {
+    let ct = TranscendentalsComptime { BLOCK: 256 };
+    let n = SPECIAL.len();
+    let x = HostTensor::new(&[n], TensorData::F32(SPECIAL.to_vec())).unwrap();
+    let mut y = poisoned(&[MATH_ROWS, n], DType::F32);
+    transcendentals
+        .interpret(&ct, [1, 1, 1], &x, &mut y)
+        .unwrap();
+    let refs: [fn(f64) -> f64; MATH_ROWS] = [f64::sin, f64::cos, f64::tanh, erf64, |v| {
+        1.0 / (1.0 + (-v).exp())
+    }];
+    for (i, &v) in SPECIAL.iter().enumerate() {
+        for (row, f) in refs.iter().enumerate() {
+            let (got, want) = (f32s(&y)[row * n + i], f(f64::from(v)));
+            if want.is_nan() {
+                assert!(got.is_nan(), "row {row} at {v:e}: {got:e}, want NaN");
+            } else {
+                assert!(
+                    ulps(got, want) <= 1.0,
+                    "row {row} at {v:e}: {got:e}, want {want:e}"
+                );
+                assert_eq!(
+                    got.is_sign_negative(),
+                    want.is_sign_negative(),
+                    "row {row} at {v:e}: sign of {got:e}, want {want:e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rust_integer_seeds_are_64_bit_keys() {
+    use kiln::prelude::*;
+
+    #[kernel(grid = [128, 1, 1])]
+    fn literal_seeds(offs: Tensor<u32, 1>, y: TensorMut<u32, 2>) {
+        let start = block_id().x * 128;
+        let o = offs.tile([128], [start]).load();
+        y.tile([128], [0, start])
+            .store(randint(0x0123_4567_89ab_cdef_u64, o));
+        y.tile([128], [1, start]).store(randint(-5, o));
+        y.tile([128], [2, start]).store(randint(7_u32, o));
+    }
+    let mut rng = Rng::from_env();
+    let n = 300;
+    let offs = tensor(&mut rng, &[n], DType::U32, Dist::Uniform);
+    let mut y = poisoned(&[3, n], DType::U32);
+    literal_seeds
+        .interpret(grid(n, 128), &offs, &mut y)
+        .unwrap();
+    let keys = [
+        [0x89ab_cdef, 0x0123_4567],
+        [(-5i32) as u32, u32::MAX],
+        [7, 0],
+    ];
+    for (row, key) in keys.iter().enumerate() {
+        for (i, &o) in u32s(&offs).iter().enumerate() {
+            assert_eq!(
+                u32s(&y)[row * n + i],
+                philox_reference([o, 0, 0, 0], *key)[0],
+                "seed row {row}, offset {o} (KILN_SEED={})",
+                rng.seed()
+            );
+        }
+    }
+}

@@ -154,12 +154,13 @@ impl Emitter<'_> {
         let v = self.f64_op("selp.f64", &[&vn, &v, &flip]);
         let out = self.new_reg(Class::F32);
         self.ins(format!("cvt.rn.f32.f64 {out}, {v}"));
-        // Infinities and NaN give NaN.
+        // Infinities and NaN give the interpreter's NaN.
         let [finite] = self.new_regs(Class::Pred);
         self.ins(format!("testp.finite.f32 {finite}, {x}"));
-        let nan = self.new_reg(Class::F32);
-        self.ins(format!("sub.f32 {nan}, {x}, {x}"));
-        self.ins(format!("selp.f32 {out}, {out}, {nan}, {finite}"));
+        self.ins(format!(
+            "selp.f32 {out}, {out}, 0f{:08X}, {finite}",
+            f32::NAN.to_bits()
+        ));
         out
     }
 
@@ -218,6 +219,9 @@ impl Emitter<'_> {
         let v = self.f64_op("copysign.f64", &[&xf, &v]);
         let out = self.new_reg(Class::F32);
         self.ins(format!("cvt.rn.f32.f64 {out}, {v}"));
+        // NaN in, the same NaN out (a conversion would choose its own bits).
+        let nan = self.setp("nan.f32", x, x);
+        self.ins(format!("selp.f32 {out}, {x}, {out}, {nan}"));
         out
     }
 
