@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use gpu_common::{Needs, device};
 use kiln_examples::dropout::{DropoutComptime, dropout};
-use kiln_ir::{DType, HostTensor, TensorData};
+use kiln_ir::{DType, HostTensor, Target, TensorData};
 use kiln_runtime::{Device, DeviceTensor};
 use kiln_tests::check::poisoned;
 use kiln_tests::inputs::{Dist, Rng, tensor};
@@ -303,6 +303,46 @@ fn gpu_dropout_matches_interpreter() {
     }
 }
 
+/// The sm_90a build of the same kernels (the writer is the generic one, under the sm_90a
+/// pipeline): dropout and the transcendentals, GPU vs interpreter bit for bit.
+fn gpu_sm90a_dropout_and_transcendentals_match_interpreter() {
+    let Some(dev) = device() else { return };
+    if dev.compute_capability() != (9, 0) {
+        println!("skipped: sm_90a needs a Hopper GPU, found {}", dev.name());
+        return;
+    }
+    let dev = dev.with_target(Target::Sm90a);
+    let mut rng = Rng::from_env();
+    for n in LENGTHS {
+        for dist in Dist::ALL {
+            let ctx = format!("sm_90a n={n} {dist} KILN_SEED={}", rng.seed());
+            let x = tensor(&mut rng, &[n], DType::F32, dist);
+            let dx = dev.upload(&x).expect("upload");
+            let (p, seed) = (rng.uniform(0.0, 0.9) as f32, rng.next_u64() as u32);
+            let ct = DropoutComptime { BLOCK: 1024 };
+            let y = output(&dev, DType::F32, &[n]);
+            dropout
+                .launch(&dev, &ct, grid(n, 1024), &dx, &y, p, seed)
+                .expect("launch");
+            let mut yi = poisoned(&[n], DType::F32);
+            dropout
+                .interpret(&ct, grid(n, 1024), &x, &mut yi, p, seed)
+                .expect("interpret");
+            same_bits("dropout", &y, &yi, &ctx);
+            let ct = TranscendentalsComptime { BLOCK: 256 };
+            let y = output(&dev, DType::F32, &[MATH_ROWS, n]);
+            transcendentals
+                .launch(&dev, &ct, grid(n, 256), &dx, &y)
+                .expect("launch");
+            let mut yi = poisoned(&[MATH_ROWS, n], DType::F32);
+            transcendentals
+                .interpret(&ct, grid(n, 256), &x, &mut yi)
+                .expect("interpret");
+            same_bits("sin/cos/tanh/erf/sigmoid", &y, &yi, &ctx);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         (
@@ -334,6 +374,11 @@ fn main() -> ExitCode {
             "gpu_dropout_matches_interpreter",
             Needs::Gpu,
             gpu_dropout_matches_interpreter,
+        ),
+        (
+            "gpu_sm90a_dropout_and_transcendentals_match_interpreter",
+            Needs::Hopper,
+            gpu_sm90a_dropout_and_transcendentals_match_interpreter,
         ),
     ])
 }
