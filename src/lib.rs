@@ -20,9 +20,10 @@ pub mod prelude {
     pub use kiln_ir::DType;
     pub use kiln_ir::dsl::AtomicOpts;
     pub use kiln_ir::dsl::{
-        Comptime, Dim3, KernelDecl, KernelDef, Value, abs, at, block_id, cdiv, cluster, col_max,
-        col_sum, exp, exp2, full, grid_dim, iota, log2, max, min, mma, mma_acc, pipelined, recip,
-        reject, row_max, row_min, row_sum, rsqrt, select, sqrt, unroll, zeros,
+        Comptime, Dim3, KernelDecl, KernelDef, Seed, Value, abs, at, bitcast, block_id, cdiv,
+        cluster, col_max, col_sum, cos, erf, exp, exp2, full, grid_dim, iota, log, log2, max, min,
+        mma, mma_acc, mulhi, pipelined, rand, randint, randint4x, randn, recip, reject, row_max,
+        row_min, row_sum, rsqrt, select, sigmoid, sin, sqrt, tanh, umulhi, unroll, zeros,
     };
     pub use kiln_ir::kprint;
     pub use kiln_ir::{AtomicOp, MemScope, MemSem};

@@ -42,6 +42,17 @@ pub enum LlvmError {
         /// What about it is unsupported.
         what: &'static str,
     },
+    /// An op of the PTX backend's u32, bit-operation or transcendental set, which this
+    /// backend does not lower; `loc` is where the user wrote it.
+    #[error("{loc}: `{op}`: {what} is not supported by the LLVM backend; use the PTX backend")]
+    UnsupportedAt {
+        /// Where the user wrote the op.
+        loc: kiln_ir::Loc,
+        /// The operation, as the IR prints it.
+        op: String,
+        /// What about it is unsupported.
+        what: &'static str,
+    },
     /// The scheduled kernel breaks an invariant the passes promise: a kiln bug.
     #[error("internal error in the LLVM backend at `{op}`: {what}")]
     Internal {
@@ -191,7 +202,7 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
             tys.push(match s.ty {
                 // Generic pointers, as CUDA passes them; cast to global below.
                 SlotType::U64 => cx.i8_type().ptr_type(AddressSpace::default()).into(),
-                SlotType::S32 => cx.i32_type().into(),
+                SlotType::S32 | SlotType::U32 => cx.i32_type().into(),
                 SlotType::S64 => cx.i64_type().into(),
                 SlotType::F32 => cx.f32_type().into(),
                 SlotType::TensorMap => {
@@ -304,6 +315,13 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
     }
 
     fn lower_op(&mut self, id: OpId) -> Result<(), LlvmError> {
+        if let Some(what) = beyond_subset(self.k, id) {
+            return Err(LlvmError::UnsupportedAt {
+                loc: self.k.ops[id].loc,
+                op: self.op_text(id),
+                what,
+            });
+        }
         let op = self.k.ops[id].clone();
         let result = op.results.first().copied();
         let set = |l: &mut Self, v: Val<'ctx>| -> Result<(), LlvmError> {
@@ -340,6 +358,7 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
                 .ok_or_else(|| self.internal(id, "bad tensor dimension"))?;
                 set(self, Val::Scalar(d.into()))?;
             }
+            OpKind::Bitcast { .. } => return Err(self.unsupported(id, "`bitcast`")),
             OpKind::Unary(_) | OpKind::Binary(_) | OpKind::Select | OpKind::Cast { .. } => {
                 self.lower_elementwise(id)?
             }
@@ -625,7 +644,7 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
     pub(crate) fn elem_type(&self, dtype: DType) -> BasicTypeEnum<'ctx> {
         match dtype {
             DType::F32 => self.cx.f32_type().into(),
-            DType::I32 => self.cx.i32_type().into(),
+            DType::I32 | DType::U32 => self.cx.i32_type().into(),
             DType::Bool => self.cx.bool_type().into(),
             DType::Bf16 | DType::F16 => self.cx.i16_type().into(),
         }
@@ -645,6 +664,11 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
                 .cx
                 .i32_type()
                 .const_int(x as i32 as u64, true)
+                .as_basic_value_enum(),
+            DType::U32 => self
+                .cx
+                .i32_type()
+                .const_int(u64::from(x as u32), false)
                 .as_basic_value_enum(),
             DType::Bool => self
                 .cx
@@ -710,5 +734,34 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
             .unwrap_or("")
             .trim_end()
             .to_string()
+    }
+}
+
+/// What op `id` uses that this backend does not lower (u32 values, bit operations other than
+/// `!`, `mulhi`, bitcasts, the transcendental functions), if anything: caught before any of it
+/// is lowered, so the user reads their line rather than an internal error.
+fn beyond_subset(k: &Kernel, id: OpId) -> Option<&'static str> {
+    use kiln_ir::{BinaryOp, UnaryOp};
+    let op = &k.ops[id];
+    let u32_value = op
+        .operands
+        .iter()
+        .chain(&op.results)
+        .any(|&v| k.ty(v).dtype() == DType::U32);
+    match &op.kind {
+        _ if u32_value => Some("a u32 value"),
+        OpKind::Bitcast { .. } => Some("`bitcast`"),
+        OpKind::Unary(
+            UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Tanh | UnaryOp::Erf | UnaryOp::Sigmoid,
+        ) => Some("sin, cos, tanh, erf and sigmoid"),
+        OpKind::Binary(
+            BinaryOp::BitAnd
+            | BinaryOp::BitOr
+            | BinaryOp::BitXor
+            | BinaryOp::Shl
+            | BinaryOp::Shr
+            | BinaryOp::MulHi,
+        ) => Some("a bit operation (`&`, `|`, `^`, `<<`, `>>`, `mulhi`)"),
+        _ => None,
     }
 }

@@ -180,10 +180,17 @@ impl<'ctx> Lower<'_, 'ctx> {
                     UnaryOp::Rsqrt => call("llvm.nvvm.rsqrt.approx.f", x)?,
                     UnaryOp::Recip => self.b.build_float_div(f32t.const_float(1.0), x, "")?,
                     UnaryOp::Not => return Err(self.internal(id, "not of a float")),
+                    UnaryOp::Sin
+                    | UnaryOp::Cos
+                    | UnaryOp::Tanh
+                    | UnaryOp::Erf
+                    | UnaryOp::Sigmoid => {
+                        return Err(self.unsupported(id, "sin, cos, tanh, erf and sigmoid"));
+                    }
                 };
                 self.narrow(y, dtype)
             }
-            DType::I32 | DType::Bool => {
+            DType::I32 | DType::U32 | DType::Bool => {
                 let x = x.into_int_value();
                 let ty = x.get_type();
                 let y = match u {
@@ -201,7 +208,12 @@ impl<'ctx> Lower<'_, 'ctx> {
                     | UnaryOp::Log2
                     | UnaryOp::Sqrt
                     | UnaryOp::Rsqrt
-                    | UnaryOp::Recip => {
+                    | UnaryOp::Recip
+                    | UnaryOp::Sin
+                    | UnaryOp::Cos
+                    | UnaryOp::Tanh
+                    | UnaryOp::Erf
+                    | UnaryOp::Sigmoid => {
                         return Err(self.internal(id, "a float function of an integer"));
                     }
                 };
@@ -245,13 +257,20 @@ impl<'ctx> Lower<'_, 'ctx> {
                     BinaryOp::Ge => return cmp(FloatPredicate::OGE),
                     BinaryOp::Eq => return cmp(FloatPredicate::OEQ),
                     BinaryOp::Ne => return cmp(FloatPredicate::UNE),
-                    BinaryOp::And | BinaryOp::Or => {
-                        return Err(self.internal(id, "a logical op on floats"));
+                    BinaryOp::And
+                    | BinaryOp::Or
+                    | BinaryOp::BitAnd
+                    | BinaryOp::BitOr
+                    | BinaryOp::BitXor
+                    | BinaryOp::Shl
+                    | BinaryOp::Shr
+                    | BinaryOp::MulHi => {
+                        return Err(self.internal(id, "a logical or bit op on floats"));
                     }
                 };
                 self.narrow(z, dtype)
             }
-            DType::I32 | DType::Bool => {
+            DType::I32 | DType::U32 | DType::Bool => {
                 let (x, y) = (x.into_int_value(), y.into_int_value());
                 let cmp = |p: IntPredicate| -> Result<IntValue<'ctx>, LlvmError> {
                     Ok(b.build_int_compare(p, x, y, "")?)
@@ -276,6 +295,14 @@ impl<'ctx> Lower<'_, 'ctx> {
                     BinaryOp::Ge => cmp(IntPredicate::SGE)?,
                     BinaryOp::Eq => cmp(IntPredicate::EQ)?,
                     BinaryOp::Ne => cmp(IntPredicate::NE)?,
+                    BinaryOp::BitAnd
+                    | BinaryOp::BitOr
+                    | BinaryOp::BitXor
+                    | BinaryOp::Shl
+                    | BinaryOp::Shr
+                    | BinaryOp::MulHi => {
+                        return Err(self.unsupported(id, "a bit operation"));
+                    }
                 };
                 Ok(z.into())
             }
@@ -299,6 +326,7 @@ impl<'ctx> Lower<'_, 'ctx> {
             DType::F32 | DType::Bf16 | DType::F16 => Some(self.widen(x, from)?),
             DType::I32 => None,
             DType::Bool => None,
+            DType::U32 => return Err(u32_cast()),
         };
         match to {
             DType::F32 | DType::Bf16 | DType::F16 => {
@@ -316,6 +344,7 @@ impl<'ctx> Lower<'_, 'ctx> {
                 None => b.build_int_z_extend(x.into_int_value(), self.cx.i32_type(), "")?,
             }
             .into()),
+            DType::U32 => Err(u32_cast()),
             DType::Bool => Ok(match f {
                 Some(v) => b.build_float_compare(FloatPredicate::UNE, v, f32t.const_zero(), "")?,
                 None => {
@@ -348,7 +377,7 @@ impl<'ctx> Lower<'_, 'ctx> {
                     .into_float_value();
                 b.build_float_ext(h, self.cx.f32_type(), "")?
             }
-            DType::F32 | DType::I32 | DType::Bool => x.into_float_value(),
+            DType::F32 | DType::I32 | DType::U32 | DType::Bool => x.into_float_value(),
         })
     }
 
@@ -362,7 +391,7 @@ impl<'ctx> Lower<'_, 'ctx> {
         match dtype {
             DType::Bf16 => self.intrinsic("llvm.nvvm.f2bf16.rn", i16t.into(), &[x.into()]),
             DType::F16 => self.intrinsic("llvm.nvvm.f2h.rn", i16t.into(), &[x.into()]),
-            DType::F32 | DType::I32 | DType::Bool => Ok(x.into()),
+            DType::F32 | DType::I32 | DType::U32 | DType::Bool => Ok(x.into()),
         }
     }
 
@@ -440,5 +469,13 @@ impl<'ctx> Lower<'_, 'ctx> {
             ReduceOp::Sum => BinaryOp::Add,
         };
         self.binary(id, op, dtype, a, b)
+    }
+}
+
+/// A conversion to or from u32, which `lower::beyond_subset` rejects at the user's op first.
+fn u32_cast() -> LlvmError {
+    LlvmError::Unsupported {
+        op: "cast".to_string(),
+        what: "a u32 value",
     }
 }

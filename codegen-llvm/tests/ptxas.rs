@@ -176,3 +176,38 @@ fn memory_ops_are_reported_at_the_users_line() {
     // The PTX backend writes it.
     kiln_ptx::compile(&k, Target::Sm80).expect("kiln-ptx");
 }
+
+#[test]
+fn ops_beyond_the_subset_are_errors_at_the_users_line() {
+    use kiln::ir::dsl::{KernelDef, Spec};
+    use kiln::prelude::*;
+
+    #[kernel(grid = [256, 1, 1])]
+    fn uses_sin(x: Tensor<f32, 1>, y: TensorMut<f32, 1>) {
+        let v = x.tile([256], [block_id().x * 256]).load();
+        y.tile([256], [block_id().x * 256]).store(sin(v));
+    }
+    #[kernel(grid = [256, 1, 1])]
+    fn uses_u32(x: Tensor<u32, 1>, y: TensorMut<u32, 1>) {
+        let v = x.tile([256], [block_id().x * 256]).load();
+        y.tile([256], [block_id().x * 256]).store(v ^ 7);
+    }
+    for (def, what) in [
+        (&uses_sin as &dyn KernelDef<Comptime = ()>, "sin, cos"),
+        (&uses_u32, "a u32 value"),
+    ] {
+        let k = def
+            .build(&Spec::uniform((), def.signature(), false))
+            .expect("builds");
+        let err = kiln_llvm::compile(&k)
+            .expect_err("beyond the subset")
+            .to_string();
+        assert!(err.contains(what), "{}: {err}", def.name());
+        assert!(
+            err.contains("codegen-llvm/tests/ptxas.rs:"),
+            "{}: {err}",
+            def.name()
+        );
+        assert!(err.contains("not supported by the LLVM backend"), "{err}");
+    }
+}

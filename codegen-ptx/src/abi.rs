@@ -48,6 +48,8 @@ pub enum SlotType {
     U64,
     /// `.s32`: an extent or an `i32` scalar.
     S32,
+    /// `.u32`: a `u32` scalar.
+    U32,
     /// `.s64`: a stride in elements.
     S64,
     /// `.f32`: an `f32` scalar.
@@ -62,6 +64,7 @@ impl SlotType {
         match self {
             SlotType::U64 => ".u64",
             SlotType::S32 => ".s32",
+            SlotType::U32 => ".u32",
             SlotType::S64 => ".s64",
             SlotType::F32 => ".f32",
             SlotType::TensorMap => ".align 64 .b8",
@@ -72,7 +75,7 @@ impl SlotType {
     pub fn size_bytes(self) -> usize {
         match self {
             SlotType::U64 | SlotType::S64 => 8,
-            SlotType::S32 | SlotType::F32 => 4,
+            SlotType::S32 | SlotType::U32 | SlotType::F32 => 4,
             SlotType::TensorMap => 128,
         }
     }
@@ -221,6 +224,7 @@ pub fn slot_roles(
                 let ty = match dtype {
                     DType::F32 => SlotType::F32,
                     DType::I32 => SlotType::S32,
+                    DType::U32 => SlotType::U32,
                     DType::Bf16 | DType::F16 | DType::Bool => return Err(index),
                 };
                 out.push((SlotRole::Scalar { param: index }, ty));

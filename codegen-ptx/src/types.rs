@@ -11,17 +11,26 @@ pub enum Class {
     Pred,
     /// `.b16 %h`: bf16 and f16 elements.
     B16,
-    /// `.b32 %r`: i32 values, packed pairs, shared addresses.
+    /// `.b32 %r`: i32 and u32 values, packed pairs, shared addresses.
     B32,
     /// `.f32 %f`.
     F32,
     /// `.b64 %rd`: global addresses and 64-bit offsets.
     B64,
+    /// `.f64 %fd`: the f64 steps of the transcendental functions.
+    F64,
 }
 
 impl Class {
     /// Every class, in declaration order.
-    pub const ALL: [Class; 5] = [Class::Pred, Class::B16, Class::B32, Class::F32, Class::B64];
+    pub const ALL: [Class; 6] = [
+        Class::Pred,
+        Class::B16,
+        Class::B32,
+        Class::F32,
+        Class::B64,
+        Class::F64,
+    ];
 
     fn prefix(self) -> &'static str {
         match self {
@@ -30,6 +39,7 @@ impl Class {
             Class::B32 => "r",
             Class::F32 => "f",
             Class::B64 => "rd",
+            Class::F64 => "fd",
         }
     }
 
@@ -40,6 +50,7 @@ impl Class {
             Class::B32 => ".b32",
             Class::F32 => ".f32",
             Class::B64 => ".b64",
+            Class::F64 => ".f64",
         }
     }
 
@@ -48,7 +59,7 @@ impl Class {
         match dtype {
             DType::Bf16 | DType::F16 => Class::B16,
             DType::F32 => Class::F32,
-            DType::I32 => Class::B32,
+            DType::I32 | DType::U32 => Class::B32,
             DType::Bool => Class::Pred,
         }
     }
@@ -72,7 +83,7 @@ impl fmt::Display for Reg {
 /// Hands out registers in a fixed order, so the output is deterministic.
 #[derive(Debug, Default)]
 pub struct Regs {
-    counts: [u32; 5],
+    counts: [u32; 6],
 }
 
 impl Regs {
@@ -112,6 +123,7 @@ pub fn arith_ty(dtype: DType) -> &'static str {
     match dtype {
         DType::Bf16 | DType::F16 | DType::F32 => "f32",
         DType::I32 => "s32",
+        DType::U32 => "u32",
         DType::Bool => "pred",
     }
 }
@@ -122,6 +134,6 @@ pub fn half_ty(dtype: DType) -> Option<&'static str> {
     match dtype {
         DType::Bf16 => Some("bf16"),
         DType::F16 => Some("f16"),
-        DType::F32 | DType::I32 | DType::Bool => None,
+        DType::F32 | DType::I32 | DType::U32 | DType::Bool => None,
     }
 }

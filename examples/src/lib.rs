@@ -8,6 +8,7 @@ use kiln::ir::dsl::AnyKernelDef;
 
 pub mod attention;
 pub mod cross_entropy;
+pub mod dropout;
 pub mod gemm;
 pub mod gemm_epilogue;
 pub mod layer_norm;
@@ -19,9 +20,12 @@ pub mod vector_add;
 
 /// Every example kernel, by name: `vector_add`, `softmax`, `layer_norm`, `rms_norm`, `gemm`,
 /// `gemm_bias_act`, `gemm_alpha_beta`, `attention`, `attention_lse`, `attention_varlen`, `attention_varlen_lse`.
+/// Every example kernel, by name: `vector_add`, `dropout`, `softmax`, `gemm`, `gemm_bias_act`,
+/// `gemm_alpha_beta`, `attention`, `attention_lse`, `attention_varlen`, `attention_varlen_lse`.
 pub fn registry() -> &'static [&'static dyn AnyKernelDef] {
     &[
         &vector_add::vector_add,
+        &dropout::dropout,
         &softmax::softmax,
         &layer_norm::layer_norm,
         &rms_norm::rms_norm,
@@ -69,6 +73,7 @@ mod tests {
             names,
             [
                 "vector_add",
+                "dropout",
                 "softmax",
                 "layer_norm",
                 "rms_norm",

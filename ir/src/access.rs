@@ -10,7 +10,7 @@ use crate::types::{DType, Shape, Type};
 /// hardware's packed and 16-bit float adds); a new integer dtype is one more arm.
 pub fn atomic_supported(op: AtomicOp, dtype: DType) -> bool {
     match dtype {
-        DType::F32 | DType::I32 => true,
+        DType::F32 | DType::I32 | DType::U32 => true,
         DType::Bf16 | DType::F16 => op == AtomicOp::Add,
         DType::Bool => false,
     }

@@ -70,6 +70,7 @@ pub fn c_conversion(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 | DType::Bf16 | DType::F16 => "%f",
         DType::I32 | DType::Bool => "%d",
+        DType::U32 => "%u",
     }
 }
 

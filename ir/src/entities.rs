@@ -179,8 +179,18 @@ pub enum UnaryOp {
     Rsqrt,
     /// `1/x`.
     Recip,
-    /// Logical not of a `bool`.
+    /// Logical not of a `bool`; bitwise not (`!x`) of an `i32` or `u32`.
     Not,
+    /// `sin(x)` with a full range reduction: accurate for every finite `x`.
+    Sin,
+    /// `cos(x)`, as [`UnaryOp::Sin`].
+    Cos,
+    /// `tanh(x)`.
+    Tanh,
+    /// The error function `erf(x)`.
+    Erf,
+    /// The logistic function `1 / (1 + e^-x)`.
+    Sigmoid,
 }
 
 impl UnaryOp {
@@ -196,6 +206,11 @@ impl UnaryOp {
             UnaryOp::Rsqrt => "rsqrt",
             UnaryOp::Recip => "recip",
             UnaryOp::Not => "not",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Erf => "erf",
+            UnaryOp::Sigmoid => "sigmoid",
         }
     }
 }
@@ -233,6 +248,21 @@ pub enum BinaryOp {
     Eq,
     /// `a != b`.
     Ne,
+    /// Bitwise and of `i32`s or `u32`s.
+    BitAnd,
+    /// Bitwise or.
+    BitOr,
+    /// Bitwise exclusive or.
+    BitXor,
+    /// `a << b`. The shift amount `b` is read as unsigned and clamped to 32, as PTX does: a
+    /// shift by 32 or more (or by a negative `i32`) gives 0.
+    Shl,
+    /// `a >> b`: arithmetic for `i32` (a shift by 32 or more, or by a negative amount, gives
+    /// 0 or -1 by `a`'s sign), logical for `u32` (0). The amount clamps as for [`BinaryOp::Shl`].
+    Shr,
+    /// The high 32 bits of the 64-bit product `a * b`: unsigned for `u32` (`umulhi`),
+    /// signed for `i32` (`mulhi`).
+    MulHi,
 }
 
 impl BinaryOp {
@@ -254,6 +284,12 @@ impl BinaryOp {
             BinaryOp::Ge => "ge",
             BinaryOp::Eq => "eq",
             BinaryOp::Ne => "ne",
+            BinaryOp::BitAnd => "bitand",
+            BinaryOp::BitOr => "bitor",
+            BinaryOp::BitXor => "bitxor",
+            BinaryOp::Shl => "shl",
+            BinaryOp::Shr => "shr",
+            BinaryOp::MulHi => "mulhi",
         }
     }
 
@@ -313,7 +349,7 @@ impl Axis {
 /// A compile-time constant.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Const {
-    /// An integer (stored wide; the value type says `i32`).
+    /// An integer (stored wide; the value type says `i32` or `u32`).
     Int(i64),
     /// A float (stored as f64; the value type says its precision).
     Float(f64),
@@ -478,6 +514,12 @@ pub enum OpKind {
     Select,
     /// `(x) -> y`: elementwise conversion to `to` (round to nearest even for narrowing floats).
     Cast {
+        /// Target element type.
+        to: DType,
+    },
+    /// `(x) -> y`: elementwise reinterpretation of the bits as `to`, a type of the same width
+    /// (f32, i32 and u32; bf16 and f16).
+    Bitcast {
         /// Target element type.
         to: DType,
     },

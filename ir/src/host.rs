@@ -16,6 +16,8 @@ pub enum TensorData {
     F32(Vec<f32>),
     /// 32-bit integers.
     I32(Vec<i32>),
+    /// 32-bit unsigned integers.
+    U32(Vec<u32>),
 }
 
 impl TensorData {
@@ -26,6 +28,7 @@ impl TensorData {
             TensorData::F16(_) => DType::F16,
             TensorData::F32(_) => DType::F32,
             TensorData::I32(_) => DType::I32,
+            TensorData::U32(_) => DType::U32,
         }
     }
 
@@ -36,6 +39,7 @@ impl TensorData {
             TensorData::F16(v) => v.len(),
             TensorData::F32(v) => v.len(),
             TensorData::I32(v) => v.len(),
+            TensorData::U32(v) => v.len(),
         }
     }
 
@@ -55,6 +59,7 @@ impl TensorData {
             TensorData::F16(v) => v[i].to_f64(),
             TensorData::F32(v) => v[i] as f64,
             TensorData::I32(v) => v[i] as f64,
+            TensorData::U32(v) => f64::from(v[i]),
         }
     }
 
@@ -69,6 +74,7 @@ impl TensorData {
             TensorData::F16(v) => v[i] = f16::from_f64(x),
             TensorData::F32(v) => v[i] = x as f32,
             TensorData::I32(v) => v[i] = x as i32,
+            TensorData::U32(v) => v[i] = x as u32,
         }
     }
 }
@@ -116,6 +122,7 @@ impl HostTensor {
             DType::F16 => TensorData::F16(vec![f16::from_f64(value); n]),
             DType::F32 => TensorData::F32(vec![value as f32; n]),
             DType::I32 | DType::Bool => TensorData::I32(vec![value as i32; n]),
+            DType::U32 => TensorData::U32(vec![value as u32; n]),
         };
         HostTensor {
             shape: shape.to_vec(),

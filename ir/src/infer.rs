@@ -29,6 +29,7 @@ pub fn result_types(
                 .ok_or("a constant needs a declared type")?;
             let ok = match (c, ty.dtype()) {
                 (Const::Int(_), DType::I32) => true,
+                (Const::Int(v), DType::U32) => u32::try_from(*v).is_ok(),
                 (Const::Float(_), d) => d.is_float(),
                 (Const::Bool(_), DType::Bool) => true,
                 _ => false,
@@ -63,7 +64,7 @@ pub fn result_types(
             want(1)?;
             let d = operands[0].dtype();
             let ok = match op {
-                UnaryOp::Not => d == DType::Bool,
+                UnaryOp::Not => d == DType::Bool || d.is_int(),
                 UnaryOp::Neg | UnaryOp::Abs => d != DType::Bool,
                 _ => d.is_float(),
             };
@@ -87,7 +88,13 @@ pub fn result_types(
             let ok = match op {
                 BinaryOp::And | BinaryOp::Or => d == DType::Bool,
                 BinaryOp::Eq | BinaryOp::Ne => true,
-                BinaryOp::Rem => d == DType::I32,
+                BinaryOp::Rem => d.is_int(),
+                BinaryOp::BitAnd
+                | BinaryOp::BitOr
+                | BinaryOp::BitXor
+                | BinaryOp::Shl
+                | BinaryOp::Shr
+                | BinaryOp::MulHi => d.is_int(),
                 _ => d != DType::Bool,
             };
             if !ok {
@@ -128,6 +135,17 @@ pub fn result_types(
                 return Err(
                     "casts to and from bool are not supported; compare or select instead".into(),
                 );
+            }
+            Ok(vec![operands[0].with_dtype(*to)])
+        }
+        OpKind::Bitcast { to } => {
+            want(1)?;
+            let from = operands[0].dtype();
+            if from == DType::Bool || *to == DType::Bool || from.size_bytes() != to.size_bytes() {
+                return Err(format!(
+                    "cannot bitcast {from} to {to}: bitcasts are between types of the same width \
+                     (f32, i32 and u32; bf16 and f16)"
+                ));
             }
             Ok(vec![operands[0].with_dtype(*to)])
         }

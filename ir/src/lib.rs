@@ -59,6 +59,7 @@ pub mod host;
 pub mod infer;
 pub mod interp;
 pub mod kernel;
+pub mod math;
 pub mod passes;
 pub mod print;
 pub mod sched;

@@ -13,6 +13,10 @@ pub enum DType {
     F32,
     /// 32-bit signed integer: indices, offsets, loop counters.
     I32,
+    /// 32-bit unsigned integer: bit patterns, hashes and random numbers. Arithmetic wraps;
+    /// division, remainder, comparisons, `min`/`max`, right shifts and conversions read it
+    /// as unsigned.
+    U32,
     /// A predicate.
     Bool,
 }
@@ -22,7 +26,7 @@ impl DType {
     pub fn size_bytes(self) -> usize {
         match self {
             DType::Bf16 | DType::F16 => 2,
-            DType::F32 | DType::I32 => 4,
+            DType::F32 | DType::I32 | DType::U32 => 4,
             DType::Bool => 1,
         }
     }
@@ -31,8 +35,13 @@ impl DType {
     pub fn is_float(self) -> bool {
         match self {
             DType::Bf16 | DType::F16 | DType::F32 => true,
-            DType::I32 | DType::Bool => false,
+            DType::I32 | DType::U32 | DType::Bool => false,
         }
+    }
+
+    /// Whether this is a 32-bit integer type (`i32` or `u32`).
+    pub fn is_int(self) -> bool {
+        matches!(self, DType::I32 | DType::U32)
     }
 
     /// The short name used in IR dumps and DSL type parameters.
@@ -42,6 +51,7 @@ impl DType {
             DType::F16 => "f16",
             DType::F32 => "f32",
             DType::I32 => "i32",
+            DType::U32 => "u32",
             DType::Bool => "bool",
         }
     }

@@ -32,6 +32,8 @@ pub enum KernelArg<'a> {
     F32(f32),
     /// An `i32` scalar.
     I32(i32),
+    /// A `u32` scalar.
+    U32(u32),
 }
 
 impl KernelArg<'_> {
@@ -45,6 +47,7 @@ impl KernelArg<'_> {
             },
             KernelArg::F32(v) => ArgView::F32(*v),
             KernelArg::I32(v) => ArgView::I32(*v),
+            KernelArg::U32(v) => ArgView::U32(*v),
         }
     }
 }

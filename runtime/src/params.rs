@@ -23,6 +23,8 @@ pub(crate) enum SlotValue<'m> {
     U64(u64),
     /// `.s32` extent or scalar.
     S32(i32),
+    /// `.u32` scalar.
+    U32(u32),
     /// `.s64` stride.
     S64(i64),
     /// `.f32` scalar.
@@ -97,6 +99,9 @@ impl<'m> ParamBuffer<'m> {
                 (SlotRole::Scalar { .. }, SlotType::S32, Some(ArgView::I32(v))) => {
                     Some(SlotValue::S32(*v))
                 }
+                (SlotRole::Scalar { .. }, SlotType::U32, Some(ArgView::U32(v))) => {
+                    Some(SlotValue::U32(*v))
+                }
                 _ => None,
             };
             values.push(value.ok_or_else(|| LaunchError::AbiMismatch {
@@ -120,6 +125,7 @@ impl<'m> ParamBuffer<'m> {
             .map(|s| match s {
                 SlotValue::U64(v) => (v as *mut u64).cast(),
                 SlotValue::S32(v) => (v as *mut i32).cast(),
+                SlotValue::U32(v) => (v as *mut u32).cast(),
                 SlotValue::S64(v) => (v as *mut i64).cast(),
                 SlotValue::F32(v) => (v as *mut f32).cast(),
                 // Read-only to the driver, like every parameter.

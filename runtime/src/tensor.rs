@@ -353,6 +353,9 @@ pub(crate) fn encode(host: &HostTensor) -> Result<Vec<u8>, RuntimeError> {
         TensorData::I32(v) => offsets
             .iter()
             .for_each(|&o| out.extend_from_slice(&v[o].to_le_bytes())),
+        TensorData::U32(v) => offsets
+            .iter()
+            .for_each(|&o| out.extend_from_slice(&v[o].to_le_bytes())),
     }
     Ok(out)
 }
@@ -375,10 +378,11 @@ pub(crate) fn decode(
         DType::F16 => TensorData::F16(offsets.iter().map(|&o| f16::from_bits(b2(o))).collect()),
         DType::F32 => TensorData::F32(offsets.iter().map(|&o| f32::from_le_bytes(b4(o))).collect()),
         DType::I32 => TensorData::I32(offsets.iter().map(|&o| i32::from_le_bytes(b4(o))).collect()),
+        DType::U32 => TensorData::U32(offsets.iter().map(|&o| u32::from_le_bytes(b4(o))).collect()),
         DType::Bool => {
             return Err(RuntimeError::Shape {
                 what: "download",
-                expected: "a bf16, f16, f32 or i32 tensor (host tensors hold no bool)".into(),
+                expected: "a bf16, f16, f32, i32 or u32 tensor (host tensors hold no bool)".into(),
                 got: "a bool tensor".into(),
             });
         }
@@ -391,7 +395,7 @@ pub(crate) fn nan_pattern(dtype: DType) -> Vec<u8> {
     match dtype {
         DType::Bf16 => 0x7FC0u16.to_le_bytes().to_vec(),
         DType::F16 => 0x7E00u16.to_le_bytes().to_vec(),
-        DType::F32 | DType::I32 => 0x7FC0_0000u32.to_le_bytes().to_vec(),
+        DType::F32 | DType::I32 | DType::U32 => 0x7FC0_0000u32.to_le_bytes().to_vec(),
         DType::Bool => vec![0xFF],
     }
 }
@@ -424,8 +428,8 @@ mod tests {
 
     #[test]
     fn decode_round_trips_every_dtype() {
-        for dtype in [DType::Bf16, DType::F16, DType::F32, DType::I32] {
-            let t = HostTensor::from_fn(&[5], dtype, |i| i as f64 * 1.5 - 2.0);
+        for dtype in [DType::Bf16, DType::F16, DType::F32, DType::I32, DType::U32] {
+            let t = HostTensor::from_fn(&[5], dtype, |i| i as f64 * 1.5 + 2.0);
             let bytes = encode(&t).expect("valid");
             let back = decode(dtype, &bytes, &[0, 1, 2, 3, 4]).expect("decodes");
             assert_eq!(back, t.data, "{dtype}");

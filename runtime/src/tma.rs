@@ -56,7 +56,7 @@ fn encode_args(
         DType::Bf16 => T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         DType::F16 => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         DType::F32 => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-        got @ (DType::I32 | DType::Bool) => return Err(TensorMapError::DType { got }),
+        got @ (DType::I32 | DType::U32 | DType::Bool) => return Err(TensorMapError::DType { got }),
     };
     let rank = layout.shape.len();
     if !(1..=MAX_RANK).contains(&rank) {

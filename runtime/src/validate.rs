@@ -31,6 +31,8 @@ pub(crate) enum ArgView<'a> {
     F32(f32),
     /// An `i32` scalar.
     I32(i32),
+    /// A `u32` scalar.
+    U32(u32),
 }
 
 impl ArgView<'_> {
@@ -42,6 +44,7 @@ impl ArgView<'_> {
             }
             ArgView::F32(_) => "an f32 scalar".to_string(),
             ArgView::I32(_) => "an i32 scalar".to_string(),
+            ArgView::U32(_) => "a u32 scalar".to_string(),
         }
     }
 }
@@ -91,6 +94,7 @@ pub(crate) fn check_args(
             }
             (ParamSig::Scalar { dtype, .. }, ArgView::F32(_)) if *dtype == kiln_ir::DType::F32 => {}
             (ParamSig::Scalar { dtype, .. }, ArgView::I32(_)) if *dtype == kiln_ir::DType::I32 => {}
+            (ParamSig::Scalar { dtype, .. }, ArgView::U32(_)) if *dtype == kiln_ir::DType::U32 => {}
             (sig, arg) => {
                 let expected = match sig {
                     ParamSig::Tensor { dtype, rank, .. } => {

@@ -30,19 +30,21 @@ pub fn tolerance(dtype: DType) -> f64 {
         DType::Bf16 => 1e-2,
         DType::F16 => 2e-3,
         DType::F32 => 1e-5,
-        DType::I32 | DType::Bool => 0.0,
+        DType::I32 | DType::U32 | DType::Bool => 0.0,
     }
 }
 
-/// Fills every element of `t` with NaN (i32 tensors with `i32::MIN`), so that an element the
-/// kernel fails to write cannot pass as a correct result.
+/// Fills every element of `t` with NaN (i32 tensors with `i32::MIN`, u32 tensors with
+/// `0xDEADBEEF`), so that an element the kernel fails to write cannot pass as a correct result.
 pub fn poison(t: &mut HostTensor) {
     let n = t.data.len();
     for i in 0..n {
         t.data.set_f64(i, f64::NAN);
     }
-    if let kiln_ir::TensorData::I32(v) = &mut t.data {
-        v.fill(i32::MIN);
+    match &mut t.data {
+        kiln_ir::TensorData::I32(v) => v.fill(i32::MIN),
+        kiln_ir::TensorData::U32(v) => v.fill(0xDEAD_BEEF),
+        _ => {}
     }
 }
 

@@ -102,11 +102,27 @@ impl fmt::Display for Dist {
 }
 
 /// A contiguous tensor of `shape` and `dtype` drawn from `dist`, rounded to the dtype (i32
-/// tensors round to the nearest integer).
+/// tensors round to the nearest integer). A u32 tensor holds bit patterns: `Uniform` draws
+/// all 32 bits, `Normal` and `AllEqual` small integers wrapped to u32 (a negative one lands
+/// just below 2^32), `Large` integers near 2^31, where signed and unsigned readings differ.
 pub fn tensor(rng: &mut Rng, shape: &[usize], dtype: DType, dist: Dist) -> HostTensor {
+    if dtype == DType::U32 {
+        let n = shape.iter().product();
+        let constant = (rng.normal() * 100.0).round() as i64 as u32;
+        let data = (0..n)
+            .map(|_| match dist {
+                Dist::Uniform => rng.next_u64() as u32,
+                Dist::Normal => (rng.normal() * 100.0).round() as i64 as u32,
+                Dist::Large => ((rng.normal() * 1e6).round() as i64 + (1 << 31)) as u32,
+                Dist::AllEqual => constant,
+            })
+            .collect();
+        return HostTensor::new(shape, kiln_ir::TensorData::U32(data))
+            .unwrap_or_else(|_| HostTensor::full(shape, dtype, 0.0));
+    }
     let large = match dtype {
         DType::Bf16 | DType::F16 => 10.0,
-        DType::F32 | DType::I32 | DType::Bool => 100.0,
+        DType::F32 | DType::I32 | DType::U32 | DType::Bool => 100.0,
     };
     let constant = rng.normal();
     HostTensor::from_fn(shape, dtype, |_| {

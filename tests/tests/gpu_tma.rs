@@ -600,6 +600,7 @@ fn elem_bytes(data: &TensorData, i: usize) -> Vec<u8> {
         TensorData::F16(v) => v[i].to_bits().to_le_bytes().to_vec(),
         TensorData::F32(v) => v[i].to_le_bytes().to_vec(),
         TensorData::I32(v) => v[i].to_le_bytes().to_vec(),
+        TensorData::U32(v) => v[i].to_le_bytes().to_vec(),
     }
 }
 

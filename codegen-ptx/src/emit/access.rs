@@ -43,7 +43,8 @@ fn atomic_form(op: AtomicOp, dtype: DType, target: Target) -> Option<AtomicForm>
     use AtomicForm::*;
     Some(match (dtype, op) {
         (DType::I32, AtomicOp::Add | AtomicOp::Max | AtomicOp::Min) => Native("s32"),
-        (DType::I32 | DType::F32, AtomicOp::Xchg | AtomicOp::Cas) => Native("b32"),
+        (DType::U32, AtomicOp::Add | AtomicOp::Max | AtomicOp::Min) => Native("u32"),
+        (DType::I32 | DType::U32 | DType::F32, AtomicOp::Xchg | AtomicOp::Cas) => Native("b32"),
         (DType::F32, AtomicOp::Add) => Native("f32"),
         // A float max/min atom is sm_90 only, and its NaN handling is not documented to be
         // the IR's NaN-ignoring max; the loop computes exactly the IR's with `max.f32`.

@@ -111,6 +111,7 @@ impl Emitter<'_> {
                 | OpKind::Binary(_)
                 | OpKind::Select
                 | OpKind::Cast { .. }
+                | OpKind::Bitcast { .. }
                 | OpKind::Reduce { .. }
         );
         elementwise && self.parents.get(u) == self.parents.get(&id)
@@ -204,7 +205,7 @@ impl Emitter<'_> {
                 let d = self.new_reg(Class::of(out_dtype));
                 let ty = match out_dtype {
                     DType::F32 => "f32",
-                    DType::I32 => "b32",
+                    DType::I32 | DType::U32 => "b32",
                     DType::Bf16 | DType::F16 => "b16",
                     DType::Bool => {
                         let t = self.new_reg(Class::Pred);
@@ -231,6 +232,7 @@ impl Emitter<'_> {
                 Ok(d)
             }
             OpKind::Cast { to } => self.cast(srcs[0], in_dtype, *to),
+            OpKind::Bitcast { to } => Ok(self.bitcast(srcs[0], in_dtype, *to)),
             _ => Err(self.internal(id, "not an elementwise op")),
         }
     }
@@ -246,12 +248,15 @@ impl Emitter<'_> {
                 _ => Err(self.unsupported(id, "this operator on bool")),
             };
         }
-        if dtype == DType::I32 {
+        if dtype.is_int() {
             let d = self.new_reg(Class::B32);
-            let opname = match u {
-                UnaryOp::Neg => "neg.s32",
-                UnaryOp::Abs => "abs.s32",
-                _ => return Err(self.unsupported(id, "this operator on i32")),
+            let opname = match (u, dtype) {
+                (UnaryOp::Neg, _) => "neg.s32",
+                // A u32 is its own absolute value.
+                (UnaryOp::Abs, DType::U32) => return Ok(x),
+                (UnaryOp::Abs, _) => "abs.s32",
+                (UnaryOp::Not, _) => "not.b32",
+                _ => return Err(self.unsupported(id, "this operator on an integer")),
             };
             self.ins(format!("{opname} {d}, {x}"));
             return Ok(d);
@@ -271,6 +276,10 @@ impl Emitter<'_> {
             UnaryOp::Sqrt => self.ins(format!("sqrt.rn.f32 {d}, {xf}")),
             UnaryOp::Rsqrt => self.ins(format!("rsqrt.approx.f32 {d}, {xf}")),
             UnaryOp::Recip => self.ins(format!("rcp.rn.f32 {d}, {xf}")),
+            UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Tanh | UnaryOp::Erf | UnaryOp::Sigmoid => {
+                let y = self.transcendental(u, xf);
+                return Ok(self.narrow(y, dtype));
+            }
             UnaryOp::Not => return Err(self.unsupported(id, "`not` on a float")),
         }
         Ok(self.narrow(d, dtype))
@@ -298,13 +307,18 @@ impl Emitter<'_> {
             }
             return Ok(d);
         }
-        let int = dtype == DType::I32;
+        let int = dtype.is_int();
         let (xs, ys) = if int {
             (x, y)
         } else {
             (self.widen(x, dtype), self.widen(y, dtype))
         };
-        let ty = if int { "s32" } else { "f32" };
+        // Signedness decides division, remainder, comparisons, min/max, `>>` and `mulhi`.
+        let ty = match dtype {
+            DType::I32 => "s32",
+            DType::U32 => "u32",
+            _ => "f32",
+        };
         if b.is_comparison() {
             let cmp = match b {
                 BinaryOp::Lt => "lt",
@@ -320,17 +334,35 @@ impl Emitter<'_> {
         let opname = match (b, int) {
             (BinaryOp::Add, _) => format!("add.{ty}"),
             (BinaryOp::Sub, _) => format!("sub.{ty}"),
-            (BinaryOp::Mul, true) => "mul.lo.s32".into(),
+            (BinaryOp::Mul, true) => format!("mul.lo.{ty}"),
             (BinaryOp::Mul, false) => "mul.f32".into(),
-            (BinaryOp::Div, true) => "div.s32".into(),
+            (BinaryOp::Div, true) => format!("div.{ty}"),
             (BinaryOp::Div, false) => "div.rn.f32".into(),
-            (BinaryOp::Rem, true) => "rem.s32".into(),
+            (BinaryOp::Rem, true) => format!("rem.{ty}"),
+            (BinaryOp::BitAnd, true) => "and.b32".into(),
+            (BinaryOp::BitOr, true) => "or.b32".into(),
+            (BinaryOp::BitXor, true) => "xor.b32".into(),
+            // PTX clamps the (unsigned) amount at 32, as the IR defines.
+            (BinaryOp::Shl, true) => "shl.b32".into(),
+            (BinaryOp::Shr, true) => format!("shr.{ty}"),
+            (BinaryOp::MulHi, true) => format!("mul.hi.{ty}"),
             (BinaryOp::Min, _) => format!("min.{ty}"),
             (BinaryOp::Max, _) => format!("max.{ty}"),
             _ => return Err(self.unsupported(id, "this operator on this type")),
         };
         self.ins(format!("{opname} {d}, {xs}, {ys}"));
         Ok(if int { d } else { self.narrow(d, dtype) })
+    }
+
+    /// Reinterprets element register `x` of `from` as `to` (same width).
+    pub(crate) fn bitcast(&mut self, x: Reg, from: DType, to: DType) -> Reg {
+        if Class::of(from) == Class::of(to) {
+            // i32 <-> u32, bf16 <-> f16: the same register bits.
+            return x;
+        }
+        let d = self.new_reg(Class::of(to));
+        self.ins(format!("mov.b32 {d}, {x}"));
+        d
     }
 
     /// Converts element register `x` from `from` to `to`.
@@ -340,7 +372,12 @@ impl Emitter<'_> {
         }
         let d = self.new_reg(Class::of(to));
         match (from, to) {
-            (DType::Bool, DType::I32) => self.ins(format!("selp.s32 {d}, 1, 0, {x}")),
+            (DType::Bool, DType::I32 | DType::U32) => {
+                self.ins(format!("selp.b32 {d}, 1, 0, {x}"));
+            }
+            // The bits stay: two's complement wrap, as Rust's `as`.
+            (DType::I32, DType::U32) | (DType::U32, DType::I32) => return Ok(x),
+            (DType::U32, DType::Bool) => self.ins(format!("setp.ne.u32 {d}, {x}, 0")),
             (DType::Bool, _) => {
                 let f = self.new_reg(Class::F32);
                 self.ins(format!("selp.f32 {f}, 0f3F800000, 0f00000000, {x}"));
@@ -351,14 +388,17 @@ impl Emitter<'_> {
                 let f = self.widen(x, from);
                 self.ins(format!("setp.neu.f32 {d}, {f}, 0f00000000"));
             }
-            (DType::I32, _) => {
+            (DType::I32 | DType::U32, _) => {
                 let f = self.new_reg(Class::F32);
-                self.ins(format!("cvt.rn.f32.s32 {f}, {x}"));
+                let ty = if from == DType::U32 { "u32" } else { "s32" };
+                self.ins(format!("cvt.rn.f32.{ty} {f}, {x}"));
                 return Ok(self.narrow(f, to));
             }
-            (_, DType::I32) => {
+            (_, DType::I32 | DType::U32) => {
                 let f = self.widen(x, from);
-                self.ins(format!("cvt.rzi.s32.f32 {d}, {f}"));
+                let ty = if to == DType::U32 { "u32" } else { "s32" };
+                // Saturating, NaN to 0.
+                self.ins(format!("cvt.rzi.{ty}.f32 {d}, {f}"));
             }
             (_, _) => {
                 let f = self.widen(x, from);

@@ -159,7 +159,7 @@ impl Emitter<'_> {
             }
             DType::Bf16 | DType::F16 => self.ins(format!("st.shared.b16 [{base}+{at}], {e}")),
             DType::F32 => self.ins(format!("st.shared.f32 [{base}+{at}], {e}")),
-            DType::I32 => self.ins(format!("st.shared.b32 [{base}+{at}], {e}")),
+            DType::I32 | DType::U32 => self.ins(format!("st.shared.b32 [{base}+{at}], {e}")),
         }
     }
 
@@ -173,7 +173,7 @@ impl Emitter<'_> {
             }
             DType::Bf16 | DType::F16 => self.ins(format!("ld.shared.b16 {r}, [{base}+{at}]")),
             DType::F32 => self.ins(format!("ld.shared.f32 {r}, [{base}+{at}]")),
-            DType::I32 => self.ins(format!("ld.shared.b32 {r}, [{base}+{at}]")),
+            DType::I32 | DType::U32 => self.ins(format!("ld.shared.b32 {r}, [{base}+{at}]")),
         }
         r
     }

@@ -18,7 +18,7 @@ pub(super) fn mem_ty(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => "f32",
         DType::Bf16 | DType::F16 => "b16",
-        DType::I32 => "b32",
+        DType::I32 | DType::U32 => "b32",
         DType::Bool => "u8",
     }
 }

@@ -21,6 +21,7 @@ mod arith;
 mod control;
 mod copy;
 mod exchange;
+mod math;
 mod memory;
 mod mma;
 mod params;
@@ -202,6 +203,8 @@ pub(crate) struct Emitter<'k> {
     columns: Option<Range<u32>>,
     /// Module-scope data the body refers to (print format strings).
     globals: Vec<String>,
+    /// Whether the body reads the bits of 2/pi (`sin`/`cos`'s reduction, `math`).
+    two_over_pi: bool,
     /// Bytes of the per-thread buffer that print arguments are packed into.
     print_buffer_bytes: u32,
     /// Labels handed out so far (`$Lk1`, `$Lk2`, ...).
@@ -231,6 +234,7 @@ impl<'k> Emitter<'k> {
             reg_index: BTreeMap::new(),
             columns: None,
             globals: Vec::new(),
+            two_over_pi: false,
             print_buffer_bytes: 0,
             labels: 0,
             target,
@@ -246,6 +250,9 @@ impl<'k> Emitter<'k> {
                 let _ = writeln!(module_scope, "{g}");
             }
             module_scope.push('\n');
+        }
+        if self.two_over_pi {
+            let _ = writeln!(module_scope, "{}\n", math::two_over_pi_decl());
         }
         let mut declarations = self.regs.declarations();
         if let Some(decl) = self.print_buffer_decl() {
@@ -336,7 +343,11 @@ impl<'k> Emitter<'k> {
                 .ok_or_else(|| self.internal(id, "bad tensor dimension"))?;
                 self.vals.insert(r, Val::Scalar(reg));
             }
-            OpKind::Unary(_) | OpKind::Binary(_) | OpKind::Select | OpKind::Cast { .. } => {
+            OpKind::Unary(_)
+            | OpKind::Binary(_)
+            | OpKind::Select
+            | OpKind::Cast { .. }
+            | OpKind::Bitcast { .. } => {
                 self.write_elementwise(id)?;
             }
             OpKind::Splat { .. } => {
@@ -498,6 +509,7 @@ impl<'k> Emitter<'k> {
             Class::B32 => "b32",
             Class::F32 => "f32",
             Class::B64 => "b64",
+            Class::F64 => "f64",
         };
         self.ins(format!("mov.{ty} {dst}, {src}"));
     }

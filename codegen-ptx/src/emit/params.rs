@@ -82,7 +82,11 @@ impl Emitter<'_> {
                 SlotRole::Scalar { param } => {
                     let dtype = self.k.params[param].dtype();
                     let r = self.new_reg(Class::of(dtype));
-                    let ty = if dtype == DType::F32 { "f32" } else { "s32" };
+                    let ty = match dtype {
+                        DType::F32 => "f32",
+                        DType::U32 => "u32",
+                        _ => "s32",
+                    };
                     self.ins(format!("ld.param.{ty} {r}, [{}]", s.name));
                     self.params[param] = ParamRegs::Scalar(r);
                 }

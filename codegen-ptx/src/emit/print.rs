@@ -68,7 +68,7 @@ impl Emitter<'_> {
         }
         for (r, dtype) in args {
             match dtype {
-                DType::I32 => {
+                DType::I32 | DType::U32 => {
                     at = at.next_multiple_of(4);
                     self.ins(format!("st.local.u32 [{BUFFER}+{at}], {r}"));
                     at += 4;

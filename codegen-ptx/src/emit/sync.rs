@@ -29,6 +29,7 @@ impl Emitter<'_> {
         let ty = match dtype {
             DType::F32 => "f32",
             DType::I32 => "s32",
+            DType::U32 => "u32",
             DType::Bf16 | DType::F16 | DType::Bool => {
                 return Err(self.unsupported(id, "a reduction of a non-f32/i32 tile"));
             }
@@ -285,7 +286,11 @@ impl Emitter<'_> {
         };
         let elementwise = matches!(
             self.k.ops[def].kind,
-            OpKind::Unary(_) | OpKind::Binary(_) | OpKind::Select | OpKind::Cast { .. }
+            OpKind::Unary(_)
+                | OpKind::Binary(_)
+                | OpKind::Select
+                | OpKind::Cast { .. }
+                | OpKind::Bitcast { .. }
         );
         let mut at = def;
         while let Some(&(Some(owner), _)) = self.parents.get(&at) {
@@ -326,7 +331,11 @@ impl Emitter<'_> {
         };
         let op = self.k.ops[def].clone();
         let reg = match &op.kind {
-            OpKind::Unary(_) | OpKind::Binary(_) | OpKind::Select | OpKind::Cast { .. } => {
+            OpKind::Unary(_)
+            | OpKind::Binary(_)
+            | OpKind::Select
+            | OpKind::Cast { .. }
+            | OpKind::Bitcast { .. } => {
                 let srcs = op
                     .operands
                     .iter()

@@ -151,6 +151,14 @@ impl Emitter<'_> {
         match dtype {
             DType::F32 => self.ins(format!("mov.f32 {r}, {}", f32_imm(x))),
             DType::I32 => self.ins(format!("mov.b32 {r}, {}", x as i32)),
+            // Unsigned constants up to u32::MAX are stored wide; they travel as their bits.
+            DType::U32 => {
+                let bits = match c {
+                    Const::Int(i) => i as u32,
+                    _ => x as u32,
+                };
+                self.ins(format!("mov.b32 {r}, {bits}"));
+            }
             DType::Bool => self.ins(format!("setp.ne.u32 {r}, {}, 0", x as u32)),
             DType::Bf16 => {
                 let bits = half::bf16::from_f64(x).to_bits();

@@ -49,6 +49,7 @@ pub mod index;
 pub mod ops;
 pub mod params;
 pub mod print;
+pub mod random;
 pub mod tensor;
 pub mod value;
 
@@ -64,10 +65,12 @@ pub use def::{
 pub use defines::{DefineError, split_define};
 pub use index::{Entries, Index, IntoIndex};
 pub use ops::{
-    Dim3, abs, block_id, cdiv, cluster, col_max, col_sum, exp, exp2, full, grid_dim, iota, log2,
-    max, min, mma, mma_acc, recip, reject, row_max, row_min, row_sum, rsqrt, select, sqrt, zeros,
+    Dim3, abs, bitcast, block_id, cdiv, cluster, col_max, col_sum, cos, erf, exp, exp2, full,
+    grid_dim, iota, log, log2, max, min, mma, mma_acc, mulhi, recip, reject, row_max, row_min,
+    row_sum, rsqrt, select, sigmoid, sin, sqrt, tanh, umulhi, zeros,
 };
 pub use params::{params_for, scalar_param};
 pub use print::{PrintArg, at};
+pub use random::{Seed, rand, randint, randint4x, randn};
 pub use tensor::{Tensor, TileView};
 pub use value::{AsValue, Element, IntoOperand, Operand, Value};

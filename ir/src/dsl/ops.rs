@@ -3,6 +3,7 @@
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Axis, BinaryOp, Loc, OpKind, ReduceOp, UnaryOp};
+use crate::types::DType;
 
 use super::context;
 use super::index::{Entries, Index, shape_of};
@@ -74,6 +75,86 @@ unary_fns! {
     abs => UnaryOp::Abs;
     /// `1/x`, elementwise.
     recip => UnaryOp::Recip;
+    /// `sin(x)`, elementwise, within about an f32 ulp for every finite `x` (the argument is
+    /// reduced exactly, so large `|x|` stay accurate); NaN for infinities.
+    sin => UnaryOp::Sin;
+    /// `cos(x)`, elementwise, as [`sin`].
+    cos => UnaryOp::Cos;
+    /// `tanh(x)`, elementwise, within about an f32 ulp.
+    tanh => UnaryOp::Tanh;
+    /// The error function `erf(x)`, elementwise, within about an f32 ulp.
+    erf => UnaryOp::Erf;
+    /// The logistic function `1 / (1 + e^-x)`, elementwise, within about an f32 ulp.
+    sigmoid => UnaryOp::Sigmoid;
+}
+
+/// The natural logarithm, elementwise: `log2(x) * ln 2`.
+#[track_caller]
+pub fn log(x: impl AsValue) -> Value {
+    let loc = Loc::caller();
+    let l2 = unary(UnaryOp::Log2, x.as_value(), loc);
+    binary(
+        BinaryOp::Mul,
+        Operand::Value(l2),
+        Operand::Float(std::f64::consts::LN_2),
+        loc,
+    )
+}
+
+/// Reinterprets the bits of every element of `x` as `T` (same width: f32, i32 and u32;
+/// bf16 and f16).
+#[track_caller]
+pub fn bitcast<T: Element>(x: impl AsValue) -> Value {
+    value::emit(
+        OpKind::Bitcast { to: T::DTYPE },
+        &[x.as_value()],
+        Loc::caller(),
+    )
+}
+
+/// The high 32 bits of the 64-bit product of two u32 values (scalars or tiles).
+#[track_caller]
+pub fn umulhi(a: impl IntoOperand, b: impl IntoOperand) -> Value {
+    mul_high(
+        a.into_operand(),
+        b.into_operand(),
+        DType::U32,
+        "umulhi",
+        Loc::caller(),
+    )
+}
+
+/// The high 32 bits of the 64-bit signed product of two i32 values.
+#[track_caller]
+pub fn mulhi(a: impl IntoOperand, b: impl IntoOperand) -> Value {
+    mul_high(
+        a.into_operand(),
+        b.into_operand(),
+        DType::I32,
+        "mulhi",
+        Loc::caller(),
+    )
+}
+
+fn mul_high(a: Operand, b: Operand, want: DType, name: &str, loc: Loc) -> Value {
+    let found = a.value_dtype().or_else(|| b.value_dtype()).unwrap_or(want);
+    if found != want {
+        let other = if want == DType::U32 {
+            "mulhi"
+        } else {
+            "umulhi"
+        };
+        return value::fail(
+            Diagnostic::new(
+                loc,
+                format!("`{name}` takes {want} operands, found {found}"),
+            )
+            .note(format!(
+                "use `{other}` for the other signedness, or `.bitcast::<{want}>()`"
+            )),
+        );
+    }
+    binary(BinaryOp::MulHi, a, b, loc)
 }
 
 /// Elementwise maximum (scalars or tiles, with broadcasting; NaN yields the other operand).

@@ -4,7 +4,10 @@
 //! Operators accept Rust numbers on either side (`i * B`, `2.0 * x`): an integer adopts the
 //! other operand's dtype (float too), a float next to an integer value is a diagnostic.
 
-use std::ops::{Add, AddAssign, Div, DivAssign, Mul, MulAssign, Neg, Not, Rem, Sub, SubAssign};
+use std::ops::{
+    Add, AddAssign, BitAnd, BitAndAssign, BitOr, BitOrAssign, BitXor, BitXorAssign, Div, DivAssign,
+    Mul, MulAssign, Neg, Not, Rem, Shl, ShlAssign, Shr, ShrAssign, Sub, SubAssign,
+};
 
 use crate::diag::Diagnostic;
 use crate::kernel::{BinaryOp, Const, Loc, OpKind, UnaryOp, ValueId};
@@ -54,6 +57,19 @@ impl Value {
     #[track_caller]
     pub fn cast_to(self, dtype: DType) -> Value {
         emit(OpKind::Cast { to: dtype }, &[self], Loc::caller())
+    }
+
+    /// Reinterprets the bits of every element as `T`, a type of the same width
+    /// (`x.bitcast::<u32>()` of an f32; f32, i32 and u32; bf16 and f16).
+    #[track_caller]
+    pub fn bitcast<T: Element>(self) -> Value {
+        self.bitcast_to(T::DTYPE)
+    }
+
+    /// [`Value::bitcast`] to an element type known while building.
+    #[track_caller]
+    pub fn bitcast_to(self, dtype: DType) -> Value {
+        emit(OpKind::Bitcast { to: dtype }, &[self], Loc::caller())
     }
 
     /// Transposes a 2-D tile.
@@ -112,10 +128,10 @@ impl AsValue for &Value {
     }
 }
 
-/// A Rust element type usable as a kiln dtype: `half::bf16`, `half::f16`, `f32`, `i32`.
+/// A Rust element type usable as a kiln dtype: `half::bf16`, `half::f16`, `f32`, `i32`, `u32`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a kiln element type",
-    note = "kiln element types are bf16, f16, f32 and i32"
+    note = "kiln element types are bf16, f16, f32, i32 and u32"
 )]
 pub trait Element {
     /// The IR element type.
@@ -134,13 +150,17 @@ impl Element for f32 {
 impl Element for i32 {
     const DTYPE: DType = DType::I32;
 }
+impl Element for u32 {
+    const DTYPE: DType = DType::U32;
+}
 
 /// An operand before it is placed in the IR: a traced value or a Rust constant.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Operand {
     /// A traced value.
     Value(Value),
-    /// A Rust integer; takes the dtype of the value it meets (i32 alone).
+    /// A Rust integer; takes the dtype of the value it meets (i32 alone). Next to a u32 value
+    /// it may be anything in `0..=u32::MAX`.
     Int(i64),
     /// A Rust float; takes the float dtype of the value it meets (f32 alone).
     Float(f64),
@@ -200,7 +220,7 @@ impl IntoOperand for f64 {
 
 impl Operand {
     /// The dtype this operand has if it is a traced value.
-    fn value_dtype(self) -> Option<DType> {
+    pub(crate) fn value_dtype(self) -> Option<DType> {
         match self {
             Operand::Value(v) => v.ty().map(|t| t.dtype()),
             _ => None,
@@ -218,6 +238,13 @@ impl Operand {
                     return fail(Diagnostic::new(
                         loc,
                         format!("integer constant {i} does not fit in i32"),
+                    ));
+                }
+                DType::U32 if u32::try_from(i).is_ok() => (Const::Int(i), DType::U32),
+                DType::U32 => {
+                    return fail(Diagnostic::new(
+                        loc,
+                        format!("integer constant {i} does not fit in u32"),
                     ));
                 }
                 d => return mismatch(loc, "an integer", d),
@@ -310,6 +337,24 @@ arith!(Add, add, AddAssign, add_assign, BinaryOp::Add);
 arith!(Sub, sub, SubAssign, sub_assign, BinaryOp::Sub);
 arith!(Mul, mul, MulAssign, mul_assign, BinaryOp::Mul);
 arith!(Div, div, DivAssign, div_assign, BinaryOp::Div);
+// Bit operations on i32 and u32 values (`>>` is arithmetic on i32, logical on u32).
+arith!(
+    BitAnd,
+    bitand,
+    BitAndAssign,
+    bitand_assign,
+    BinaryOp::BitAnd
+);
+arith!(BitOr, bitor, BitOrAssign, bitor_assign, BinaryOp::BitOr);
+arith!(
+    BitXor,
+    bitxor,
+    BitXorAssign,
+    bitxor_assign,
+    BinaryOp::BitXor
+);
+arith!(Shl, shl, ShlAssign, shl_assign, BinaryOp::Shl);
+arith!(Shr, shr, ShrAssign, shr_assign, BinaryOp::Shr);
 
 impl<R: IntoOperand> Rem<R> for Value {
     type Output = Value;
@@ -340,11 +385,20 @@ impl Neg for &Value {
     }
 }
 
+/// Logical not of a bool value, bitwise not of an i32 or u32 one.
 impl Not for Value {
     type Output = Value;
     #[track_caller]
     fn not(self) -> Value {
         unary(UnaryOp::Not, self, Loc::caller())
+    }
+}
+
+impl Not for &Value {
+    type Output = Value;
+    #[track_caller]
+    fn not(self) -> Value {
+        unary(UnaryOp::Not, *self, Loc::caller())
     }
 }
 

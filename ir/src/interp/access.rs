@@ -171,6 +171,17 @@ fn rmw_i(op: AtomicOp, m: i32, v: i32, c: i32) -> i32 {
     }
 }
 
+fn rmw_u(op: AtomicOp, m: u32, v: u32, c: u32) -> u32 {
+    match op {
+        AtomicOp::Add => m.wrapping_add(v),
+        AtomicOp::Max => m.max(v),
+        AtomicOp::Min => m.min(v),
+        AtomicOp::Xchg => v,
+        AtomicOp::Cas if m == c => v,
+        AtomicOp::Cas => m,
+    }
+}
+
 /// Applies atomic `op` element by element in row-major order; returns the values read (0
 /// where an element is skipped). 16-bit floats round each sum to their dtype, as the
 /// hardware's 16-bit adds do.
@@ -217,6 +228,11 @@ pub(crate) fn atomic(
         })?),
         TensorData::I32(d) => Elems::I(run(d, offs, &idxs, |m, idx| {
             Ok((rmw_i(op, m, elem_i(v, idx)?, cmp_i(idx)?), m))
+        })?),
+        // u32 values travel as their bit patterns in i32 lanes.
+        TensorData::U32(d) => Elems::I(run(d, offs, &idxs, |m, idx| {
+            let (x, c) = (elem_i(v, idx)? as u32, cmp_i(idx)? as u32);
+            Ok((rmw_u(op, m, x, c), m as i32))
         })?),
     };
     Ok(Value {

@@ -2,6 +2,8 @@
 //! and `mma`. Each function takes operands the verifier has already type-checked and returns
 //! the result, or [`Fault`] for a runtime fault that depends on data (division by zero).
 
+use half::{bf16, f16};
+
 use crate::kernel::{BinaryOp, ReduceOp, UnaryOp};
 use crate::types::DType;
 
@@ -39,6 +41,11 @@ pub(crate) fn unary(op: UnaryOp, x: &Value) -> Result<Value, Fault> {
                 UnaryOp::Sqrt => f32::sqrt,
                 UnaryOp::Rsqrt => |a| 1.0 / a.sqrt(),
                 UnaryOp::Recip => |a| 1.0 / a,
+                UnaryOp::Sin => crate::math::sin,
+                UnaryOp::Cos => crate::math::cos,
+                UnaryOp::Tanh => crate::math::tanh,
+                UnaryOp::Erf => crate::math::erf,
+                UnaryOp::Sigmoid => crate::math::sigmoid,
                 UnaryOp::Not => return Err(Fault::Mistyped),
             };
             let mut out: Vec<f32> = v.iter().map(|&a| f(a)).collect();
@@ -48,7 +55,10 @@ pub(crate) fn unary(op: UnaryOp, x: &Value) -> Result<Value, Fault> {
         Elems::I(v) => {
             let f: fn(i32) -> i32 = match op {
                 UnaryOp::Neg => i32::wrapping_neg,
+                // A u32 is its own absolute value.
+                UnaryOp::Abs if x.dtype == DType::U32 => |a| a,
                 UnaryOp::Abs => i32::wrapping_abs,
+                UnaryOp::Not => |a| !a,
                 _ => return Err(Fault::Mistyped),
             };
             Elems::I(v.iter().map(|&a| f(a)).collect())
@@ -99,6 +109,36 @@ pub(crate) fn binary(op: BinaryOp, a: &Value, b: &Value) -> Result<Value, Fault>
                 Elems::F(v)
             }
         }
+        (Elems::I(x), Elems::I(y)) if a.dtype == DType::U32 => {
+            let (x, y) = ((x.as_slice(), sa), (y.as_slice(), sb));
+            // u32 elements are stored as their bits: read them unsigned.
+            if op.is_comparison() {
+                let f = compare_fn::<u32>(op)?;
+                Elems::B(zip_with(x, y, rc, |p, q| f(p as u32, q as u32)))
+            } else {
+                let f: fn(u32, u32) -> Option<u32> = match op {
+                    BinaryOp::Add => |p, q| Some(p.wrapping_add(q)),
+                    BinaryOp::Sub => |p, q| Some(p.wrapping_sub(q)),
+                    BinaryOp::Mul => |p, q| Some(p.wrapping_mul(q)),
+                    BinaryOp::Div => |p, q| p.checked_div(q),
+                    BinaryOp::Rem => |p, q| p.checked_rem(q),
+                    BinaryOp::Max => |p, q| Some(p.max(q)),
+                    BinaryOp::Min => |p, q| Some(p.min(q)),
+                    BinaryOp::BitAnd => |p, q| Some(p & q),
+                    BinaryOp::BitOr => |p, q| Some(p | q),
+                    BinaryOp::BitXor => |p, q| Some(p ^ q),
+                    BinaryOp::Shl => |p, q| Some(p.checked_shl(q).unwrap_or(0)),
+                    BinaryOp::Shr => |p, q| Some(p.checked_shr(q).unwrap_or(0)),
+                    BinaryOp::MulHi => |p, q| Some(((u64::from(p) * u64::from(q)) >> 32) as u32),
+                    _ => return Err(Fault::Mistyped),
+                };
+                let v: Option<Vec<i32>> =
+                    zip_with(x, y, rc, |p, q| f(p as u32, q as u32).map(|r| r as i32))
+                        .into_iter()
+                        .collect();
+                Elems::I(v.ok_or(Fault::DivisionByZero)?)
+            }
+        }
         (Elems::I(x), Elems::I(y)) => {
             let (x, y) = ((x.as_slice(), sa), (y.as_slice(), sb));
             if op.is_comparison() {
@@ -113,6 +153,13 @@ pub(crate) fn binary(op: BinaryOp, a: &Value, b: &Value) -> Result<Value, Fault>
                     BinaryOp::Rem => |p, q| (q != 0).then(|| p.wrapping_rem(q)),
                     BinaryOp::Max => |p, q| Some(p.max(q)),
                     BinaryOp::Min => |p, q| Some(p.min(q)),
+                    BinaryOp::BitAnd => |p, q| Some(p & q),
+                    BinaryOp::BitOr => |p, q| Some(p | q),
+                    BinaryOp::BitXor => |p, q| Some(p ^ q),
+                    // The amount is read unsigned and clamps at 32, as PTX's shl/shr do.
+                    BinaryOp::Shl => |p, q| Some(p.checked_shl(q as u32).unwrap_or(0)),
+                    BinaryOp::Shr => |p, q| Some(p >> (q as u32).min(31)),
+                    BinaryOp::MulHi => |p, q| Some(((i64::from(p) * i64::from(q)) >> 32) as i32),
                     _ => return Err(Fault::Mistyped),
                 };
                 let v: Option<Vec<i32>> = zip_with(x, y, rc, f).into_iter().collect();
@@ -210,8 +257,46 @@ pub(crate) fn cast(x: &Value, to: DType) -> Result<Value, Fault> {
             Elems::F(out)
         }
         (Elems::F(v), false, DType::I32) => Elems::I(v.iter().map(|&a| a as i32).collect()),
+        // Saturating at 0 and u32::MAX, NaN to 0: PTX's `cvt.rzi.u32.f32`.
+        (Elems::F(v), false, DType::U32) => Elems::I(v.iter().map(|&a| a as u32 as i32).collect()),
+        (Elems::I(v), true, _) if x.dtype == DType::U32 => {
+            Elems::F(v.iter().map(|&a| round(to, a as u32 as f32)).collect())
+        }
         (Elems::I(v), true, _) => Elems::F(v.iter().map(|&a| round(to, a as f32)).collect()),
-        (Elems::I(v), false, DType::I32) => Elems::I(v.clone()),
+        // Between i32 and u32 the bits stay (two's complement wrap, as Rust's `as`).
+        (Elems::I(v), false, DType::I32 | DType::U32) => Elems::I(v.clone()),
+        _ => return Err(Fault::Mistyped),
+    };
+    Ok(Value {
+        dtype: to,
+        dims: x.dims.clone(),
+        elems,
+    })
+}
+
+/// Reinterprets the bits of every element as `to` (the verifier checks the widths agree).
+pub(crate) fn bitcast(x: &Value, to: DType) -> Result<Value, Fault> {
+    let half_bits = |dtype: DType, a: f32| match dtype {
+        DType::Bf16 => Some(bf16::from_f32(a).to_bits()),
+        DType::F16 => Some(f16::from_f32(a).to_bits()),
+        _ => None,
+    };
+    let elems = match (&x.elems, x.dtype, to) {
+        (Elems::F(v), DType::F32, DType::I32 | DType::U32) => {
+            Elems::I(v.iter().map(|&a| a.to_bits() as i32).collect())
+        }
+        (Elems::I(v), DType::I32 | DType::U32, DType::F32) => {
+            Elems::F(v.iter().map(|&a| f32::from_bits(a as u32)).collect())
+        }
+        (Elems::I(v), DType::I32 | DType::U32, DType::I32 | DType::U32) => Elems::I(v.clone()),
+        (Elems::F(v), from @ (DType::Bf16 | DType::F16), DType::Bf16 | DType::F16) => {
+            let bits: Option<Vec<u16>> = v.iter().map(|&a| half_bits(from, a)).collect();
+            let bits = bits.ok_or(Fault::Mistyped)?;
+            Elems::F(match to {
+                DType::Bf16 => bits.iter().map(|&b| bf16::from_bits(b).to_f32()).collect(),
+                _ => bits.iter().map(|&b| f16::from_bits(b).to_f32()).collect(),
+            })
+        }
         _ => return Err(Fault::Mistyped),
     };
     Ok(Value {
@@ -296,6 +381,15 @@ pub(crate) fn reduce(op: ReduceOp, x: &Value, dim: usize) -> Result<Value, Fault
             };
             round_elems(x.dtype, &mut out);
             Elems::F(out)
+        }
+        Elems::I(v) if x.dtype == DType::U32 => {
+            let v: Vec<u32> = v.iter().map(|&a| a as u32).collect();
+            let out = match op {
+                ReduceOp::Max => fold(&v, geom, 0, u32::max),
+                ReduceOp::Min => fold(&v, geom, u32::MAX, u32::min),
+                ReduceOp::Sum => fold(&v, geom, 0, u32::wrapping_add),
+            };
+            Elems::I(out.into_iter().map(|a| a as i32).collect())
         }
         Elems::I(v) => Elems::I(match op {
             ReduceOp::Max => fold(v, geom, i32::MIN, i32::max),

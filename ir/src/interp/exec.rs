@@ -217,6 +217,7 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
             OpKind::ScalarParam(i) => vec![match self.args.get(*i) {
                 Some(HostArg::F32(x)) => Value::float(DType::F32, *x),
                 Some(HostArg::I32(x)) => Value::i32(*x),
+                Some(HostArg::U32(x)) => Value::u32(*x),
                 _ => return Err(self.internal(id)),
             }],
             OpKind::BlockId(a) => vec![Value::i32(self.block[axis_index(*a)])],
@@ -243,6 +244,12 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
             }
             OpKind::Cast { to } => {
                 vec![eval::cast(self.get(id, operand(0)?)?, *to).map_err(|f| self.fault(id, f))?]
+            }
+            OpKind::Bitcast { to } => {
+                vec![
+                    eval::bitcast(self.get(id, operand(0)?)?, *to)
+                        .map_err(|f| self.fault(id, f))?,
+                ]
             }
             OpKind::Splat { shape } => vec![eval::splat(self.get(id, operand(0)?)?, shape.dims())],
             OpKind::Iota { shape, dim } => vec![eval::iota(shape.dims(), *dim)],
@@ -290,6 +297,9 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
                     values.push(
                         match &value.elems {
                             Elems::F(x) => x.get(flat).map(|&x| PrintValue::Float(f64::from(x))),
+                            Elems::I(x) if value.dtype == DType::U32 => {
+                                x.get(flat).map(|&x| PrintValue::Int(i64::from(x as u32)))
+                            }
                             Elems::I(x) => x.get(flat).map(|&x| PrintValue::Int(i64::from(x))),
                             Elems::B(x) => x.get(flat).map(|&x| PrintValue::Int(i64::from(x))),
                         }
@@ -467,6 +477,7 @@ fn constant(c: Const, dtype: DType) -> Option<Value> {
     Some(match (c, dtype) {
         // Integers are stored wide; the IR type is i32, so they wrap as i32 arithmetic does.
         (Const::Int(v), DType::I32) => Value::i32(v as i32),
+        (Const::Int(v), DType::U32) => Value::u32(v as u32),
         (Const::Float(v), DType::Bf16) => Value::float(dtype, bf16::from_f64(v).to_f32()),
         (Const::Float(v), DType::F16) => Value::float(dtype, f16::from_f64(v).to_f32()),
         (Const::Float(v), DType::F32) => Value::float(dtype, v as f32),

@@ -20,6 +20,7 @@ impl HostArg<'_> {
             HostArg::TensorMut(_) => "a mutable tensor",
             HostArg::F32(_) => "an f32 scalar",
             HostArg::I32(_) => "an i32 scalar",
+            HostArg::U32(_) => "a u32 scalar",
         }
     }
 
@@ -28,7 +29,7 @@ impl HostArg<'_> {
         match self {
             HostArg::Tensor(t) => Some(t),
             HostArg::TensorMut(t) => Some(t),
-            HostArg::F32(_) | HostArg::I32(_) => None,
+            HostArg::F32(_) | HostArg::I32(_) | HostArg::U32(_) => None,
         }
     }
 }
@@ -56,7 +57,9 @@ fn check_arg(p: &Param, a: &HostArg<'_>) -> Result<(), ArgProblem> {
     let found = a.kind_name();
     match p {
         Param::Scalar { dtype, .. } => match (dtype, a) {
-            (DType::F32, HostArg::F32(_)) | (DType::I32, HostArg::I32(_)) => Ok(()),
+            (DType::F32, HostArg::F32(_))
+            | (DType::I32, HostArg::I32(_))
+            | (DType::U32, HostArg::U32(_)) => Ok(()),
             _ => Err(ArgProblem::Kind {
                 expected: if *dtype == DType::F32 {
                     "an f32 scalar"
@@ -240,6 +243,8 @@ pub(crate) fn load(t: &HostTensor, coords: &[i32], dims: &[usize]) -> Value {
         TensorData::F16(d) => Elems::F(gather(d, a, n, f16::to_f32)),
         TensorData::F32(d) => Elems::F(gather(d, a, n, |x| x)),
         TensorData::I32(d) => Elems::I(gather(d, a, n, |x| x)),
+        // u32 elements travel as their bit patterns; the value's dtype says how to read them.
+        TensorData::U32(d) => Elems::I(gather(d, a, n, |x| x as i32)),
     };
     Value {
         dtype: t.dtype(),
@@ -272,6 +277,7 @@ pub(crate) fn store(
         (TensorData::F16(d), Elems::F(s)) => scatter(d, &addr, s, f16::from_f32),
         (TensorData::F32(d), Elems::F(s)) => scatter(d, &addr, s, |x| x),
         (TensorData::I32(d), Elems::I(s)) => scatter(d, &addr, s, |x| x),
+        (TensorData::U32(d), Elems::I(s)) => scatter(d, &addr, s, |x| x as u32),
         // The verifier guarantees the tile's dtype equals the tensor's.
         _ => return Err(Fault::Mistyped),
     }

@@ -53,6 +53,8 @@ pub enum HostArg<'a> {
     F32(f32),
     /// An `i32` scalar.
     I32(i32),
+    /// A `u32` scalar.
+    U32(u32),
 }
 
 /// Runs `kernel` over `grid` (blocks along x, y, z) with `args` in parameter order. The

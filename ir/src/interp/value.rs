@@ -9,12 +9,12 @@ use half::{bf16, f16};
 use crate::types::{DType, Shape, Type};
 
 /// Flat element storage. Which variant a value uses follows from its dtype: floats in `F`,
-/// `i32` in `I`, `bool` in `B`.
+/// `i32` and `u32` in `I` (a `u32` as its bit pattern), `bool` in `B`.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Elems {
     /// bf16, f16 and f32 elements, widened to f32.
     F(Vec<f32>),
-    /// i32 elements.
+    /// i32 elements, and u32 elements as their bit patterns.
     I(Vec<i32>),
     /// Predicates.
     B(Vec<bool>),
@@ -49,6 +49,15 @@ impl Value {
             dtype: DType::I32,
             dims: Vec::new(),
             elems: Elems::I(vec![v]),
+        }
+    }
+
+    /// A scalar u32 (stored as its bit pattern).
+    pub(crate) fn u32(v: u32) -> Value {
+        Value {
+            dtype: DType::U32,
+            dims: Vec::new(),
+            elems: Elems::I(vec![v as i32]),
         }
     }
 
@@ -115,7 +124,7 @@ pub(crate) fn round(dtype: DType, x: f32) -> f32 {
     match dtype {
         DType::Bf16 => bf16::from_f32(x).to_f32(),
         DType::F16 => f16::from_f32(x).to_f32(),
-        DType::F32 | DType::I32 | DType::Bool => x,
+        DType::F32 | DType::I32 | DType::U32 | DType::Bool => x,
     }
 }
 

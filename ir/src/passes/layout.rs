@@ -211,7 +211,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                     }
                     set(&mut layouts, op.results[0], l);
                 }
-                OpKind::Unary(_) | OpKind::Cast { .. } => {
+                OpKind::Unary(_) | OpKind::Cast { .. } | OpKind::Bitcast { .. } => {
                     flow_same(&mut layouts, op.operands[0], op.results[0]);
                 }
                 OpKind::Binary(_) | OpKind::Select => {

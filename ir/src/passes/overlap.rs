@@ -593,6 +593,7 @@ fn elementwise(kind: &OpKind) -> bool {
             | OpKind::Binary(_)
             | OpKind::Select
             | OpKind::Cast { .. }
+            | OpKind::Bitcast { .. }
             | OpKind::Splat { .. }
             | OpKind::Iota { .. }
             | OpKind::Reshape { .. }

@@ -104,6 +104,7 @@ pub fn hoistable(kernel: &Kernel, v: ValueId, for_op: OpId, inside: &BTreeSet<Op
             | OpKind::Unary(_)
             | OpKind::Select
             | OpKind::Cast { .. }
+            | OpKind::Bitcast { .. }
     );
     pure && kernel.ty(v).shape().is_none()
         && op

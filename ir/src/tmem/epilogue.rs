@@ -146,6 +146,7 @@ pub fn column_local(kernel: &Kernel, for_op: OpId) -> bool {
             | OpKind::Binary(_)
             | OpKind::Select
             | OpKind::Cast { .. }
+            | OpKind::Bitcast { .. }
             | OpKind::Splat { .. }
             | OpKind::Iota { .. }
             | OpKind::Load { .. }

@@ -13,6 +13,8 @@ pub type Overrides = &'static [(&'static str, &'static str)];
 /// `(snapshot name, kernel, comptime overrides)` of every tested variant.
 pub const VARIANTS: &[(&str, &str, Overrides)] = &[
     ("vector_add", "vector_add", &[]),
+    // Philox4x32-10 and a select per element: the random-number ops' code size.
+    ("dropout", "dropout", &[]),
     ("softmax", "softmax", &[]),
     // The memory-bound row kernels in bf16 and f32: 16-byte vector loads and stores.
     ("softmax_bf16", "softmax", &[("dtype", "bf16")]),

@@ -141,6 +141,7 @@ pub fn entry_args(sig: &Signature, entry: Entry) -> TokenStream {
         };
         let variant = match &p.kind {
             LaunchKind::Scalar(Dtype::I32) => "I32",
+            LaunchKind::Scalar(Dtype::U32) => "U32",
             LaunchKind::Scalar(_) => "F32",
             LaunchKind::Tensor { mutable: true, .. } if entry == Entry::Interpret => "TensorMut",
             LaunchKind::Tensor { .. } => "Tensor",
@@ -154,6 +155,7 @@ pub fn entry_args(sig: &Signature, entry: Entry) -> TokenStream {
 fn scalar_ty(d: Dtype) -> TokenStream {
     match d {
         Dtype::I32 => quote!(i32),
+        Dtype::U32 => quote!(u32),
         Dtype::Bf16 | Dtype::F16 | Dtype::F32 => quote!(f32),
     }
 }

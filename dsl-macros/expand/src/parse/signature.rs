@@ -73,6 +73,8 @@ pub enum Dtype {
     F32,
     /// `i32`.
     I32,
+    /// `u32`.
+    U32,
 }
 
 impl Dtype {
@@ -82,6 +84,7 @@ impl Dtype {
             "f16" => Some(Dtype::F16),
             "f32" => Some(Dtype::F32),
             "i32" => Some(Dtype::I32),
+            "u32" => Some(Dtype::U32),
             _ => None,
         }
     }
@@ -93,6 +96,7 @@ impl Dtype {
             Dtype::F16 => "F16",
             Dtype::F32 => "F32",
             Dtype::I32 => "I32",
+            Dtype::U32 => "U32",
         }
     }
 }
@@ -346,8 +350,7 @@ fn resolve_elems(sig: &mut Signature, errors: &mut Errors) {
 }
 
 /// What a tensor's element type may be.
-const ELEM_HINT: &str =
-    "tensor element types are bf16, f16, f32 and i32, or a `#[comptime] T: DType` parameter's name";
+const ELEM_HINT: &str = "tensor element types are bf16, f16, f32, i32 and u32, or a `#[comptime] T: DType` parameter's name";
 
 /// The options of a `#[comptime(..)]` attribute.
 #[derive(Default)]
@@ -409,7 +412,7 @@ pub fn comptime_attr(attrs: &[Attribute], errors: &mut Errors) -> Option<Comptim
 
 /// The kind of a launch parameter of type `ty`.
 fn launch_kind(ty: &Type, errors: &mut Errors) -> Option<LaunchKind> {
-    let hint = "kernel parameters are `Tensor<T, R>`, `TensorMut<T, R>`, `f32`, `i32`, or `#[comptime]` values";
+    let hint = "kernel parameters are `Tensor<T, R>`, `TensorMut<T, R>`, `f32`, `i32`, `u32`, or `#[comptime]` values";
     let Type::Path(p) = ty else {
         errors.at(
             ty,
@@ -426,6 +429,7 @@ fn launch_kind(ty: &Type, errors: &mut Errors) -> Option<LaunchKind> {
         "TensorMut" => true,
         "f32" => return Some(LaunchKind::Scalar(Dtype::F32)),
         "i32" => return Some(LaunchKind::Scalar(Dtype::I32)),
+        "u32" => return Some(LaunchKind::Scalar(Dtype::U32)),
         _ => {
             errors.at(
                 ty,

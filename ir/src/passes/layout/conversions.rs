@@ -38,7 +38,11 @@ pub(super) fn insert(kernel: &mut Kernel, layouts: &mut BTreeMap<ValueId, Layout
     for id in ops_in_order(kernel) {
         let op = kernel.ops[id].clone();
         match &op.kind {
-            OpKind::Unary(_) | OpKind::Binary(_) | OpKind::Select | OpKind::Cast { .. } => {
+            OpKind::Unary(_)
+            | OpKind::Binary(_)
+            | OpKind::Select
+            | OpKind::Cast { .. }
+            | OpKind::Bitcast { .. } => {
                 operands_to(kernel, layouts, id, op.results[0]);
             }
             OpKind::Gather { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => {

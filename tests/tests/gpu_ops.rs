@@ -1,0 +1,384 @@
+//! The integer, bit, transcendental and random-number ops on the GPU against the CPU
+//! interpreter (bit for bit: the writer emits the interpreter's exact sequences) and against
+//! independent references: Philox4x32-10 and Triton's float conversion written out, f64
+//! `std` maths. Lengths 1, 1000 and 4097, every input distribution, poisoned outputs.
+//! Skips itself ("skipped: no CUDA driver") without a GPU.
+
+mod gpu_common;
+mod ops_kernels;
+
+use std::process::ExitCode;
+
+use gpu_common::{Needs, device};
+use kiln_examples::dropout::{DropoutComptime, dropout};
+use kiln_ir::{DType, HostTensor, Target, TensorData};
+use kiln_runtime::{Device, DeviceTensor};
+use kiln_tests::check::poisoned;
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use ops_kernels::*;
+
+const LENGTHS: [usize; 3] = [1, 1000, 4097];
+
+fn output(dev: &Device, dtype: DType, shape: &[usize]) -> DeviceTensor {
+    let t = dev.alloc(dtype, shape).expect("alloc");
+    dev.fill_nan(&t).expect("poison");
+    t
+}
+
+fn grid(n: usize, block: usize) -> [u32; 3] {
+    [n.div_ceil(block) as u32, 1, 1]
+}
+
+/// Every element's bits, for a bit-for-bit comparison of any dtype.
+fn bits(t: &HostTensor) -> Vec<u32> {
+    match &t.data {
+        TensorData::U32(v) => v.clone(),
+        TensorData::I32(v) => v.iter().map(|&x| x as u32).collect(),
+        TensorData::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+        other => panic!("unexpected dtype {}", other.dtype()),
+    }
+}
+
+fn same_bits(what: &str, gpu: &DeviceTensor, interp: &HostTensor, ctx: &str) {
+    let got = bits(&gpu.download().expect("download"));
+    let want = bits(interp);
+    if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+        panic!(
+            "{what}: GPU and interpreter differ at flat element {i}: {:#x} vs {:#x} ({ctx})",
+            got[i], want[i]
+        );
+    }
+}
+
+/// Philox4x32-10 of `ctr` under `key` (as in `interp_ops`).
+fn philox_reference(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+    let (mut c, mut k) = (ctr, key);
+    for _ in 0..10 {
+        let p0 = u64::from(0xD251_1F53u32) * u64::from(c[0]);
+        let p1 = u64::from(0xCD9E_8D57u32) * u64::from(c[2]);
+        c = [
+            (p1 >> 32) as u32 ^ c[1] ^ k[0],
+            p1 as u32,
+            (p0 >> 32) as u32 ^ c[3] ^ k[1],
+            p0 as u32,
+        ];
+        k = [
+            k[0].wrapping_add(0x9E37_79B9),
+            k[1].wrapping_add(0xBB67_AE85),
+        ];
+    }
+    c
+}
+
+fn gpu_philox_words_match_interpreter_and_reference() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::from_env();
+    let ct = PhiloxWordsComptime { BLOCK: 512 };
+    for n in LENGTHS {
+        for dist in Dist::ALL {
+            let offs = tensor(&mut rng, &[n], DType::I32, dist);
+            let (lo, hi) = (rng.next_u64() as u32, rng.next_u64() as i32);
+            let w = output(&dev, DType::U32, &[4, n]);
+            let d_offs = dev.upload(&offs).expect("upload");
+            philox_words
+                .launch(&dev, &ct, grid(n, 512), &d_offs, &w, lo, hi)
+                .expect("launch");
+            let mut wi = poisoned(&[4, n], DType::U32);
+            philox_words
+                .interpret(&ct, grid(n, 512), &offs, &mut wi, lo, hi)
+                .expect("interpret");
+            let ctx = format!(
+                "n={n} {dist} key ({lo:#x}, {hi:#x}) KILN_SEED={}",
+                rng.seed()
+            );
+            same_bits("randint4x", &w, &wi, &ctx);
+            let got = bits(&w.download().expect("download"));
+            for (i, &o) in bits(&offs).iter().enumerate() {
+                let want = philox_reference([o, 0, 0, 0], [lo, hi as u32]);
+                for (k, &wk) in want.iter().enumerate() {
+                    assert_eq!(got[k * n + i], wk, "word {k} offset {o}: {ctx}");
+                }
+            }
+        }
+    }
+}
+
+fn gpu_rand_draws_match_interpreter() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::from_env();
+    let ct = RandDrawsComptime { BLOCK: 512 };
+    for n in LENGTHS {
+        for dist in Dist::ALL {
+            let offs = tensor(&mut rng, &[n], DType::U32, dist);
+            let seed = rng.next_u64() as i32;
+            let d_offs = dev.upload(&offs).expect("upload");
+            let (ri, ru, rn) = (
+                output(&dev, DType::U32, &[n]),
+                output(&dev, DType::F32, &[n]),
+                output(&dev, DType::F32, &[n]),
+            );
+            rand_draws
+                .launch(&dev, &ct, grid(n, 512), &d_offs, &ri, &ru, &rn, seed)
+                .expect("launch");
+            let mut hi = poisoned(&[n], DType::U32);
+            let mut hu = poisoned(&[n], DType::F32);
+            let mut hn = poisoned(&[n], DType::F32);
+            rand_draws
+                .interpret(&ct, grid(n, 512), &offs, &mut hi, &mut hu, &mut hn, seed)
+                .expect("interpret");
+            let ctx = format!("n={n} {dist} seed {seed} KILN_SEED={}", rng.seed());
+            same_bits("randint", &ri, &hi, &ctx);
+            same_bits("rand", &ru, &hu, &ctx);
+            // randn's logarithm is the GPU's lg2.approx: close to the interpreter, not equal.
+            let got = rn.download().expect("download").to_f64_vec();
+            for (i, (g, w)) in got.iter().zip(hn.to_f64_vec()).enumerate() {
+                assert!(
+                    (g - w).abs() <= 2e-6 * w.abs().max(1.0),
+                    "randn element {i}: GPU {g} vs interpreter {w} ({ctx})"
+                );
+            }
+        }
+    }
+}
+
+fn gpu_transcendentals_match_interpreter_bit_for_bit() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::from_env();
+    let ct = TranscendentalsComptime { BLOCK: 256 };
+    for n in LENGTHS {
+        for dist in Dist::ALL {
+            for scale in [1e-6f32, 1.0, 10.0, 1e4, 1e12, 1e30] {
+                let x = tensor(&mut rng, &[n], DType::F32, dist);
+                let x = HostTensor::new(
+                    &[n],
+                    TensorData::F32(x.to_f64_vec().iter().map(|&v| v as f32 * scale).collect()),
+                )
+                .expect("shape");
+                let y = output(&dev, DType::F32, &[MATH_ROWS, n]);
+                let dx = dev.upload(&x).expect("upload");
+                transcendentals
+                    .launch(&dev, &ct, grid(n, 256), &dx, &y)
+                    .expect("launch");
+                let mut yi = poisoned(&[MATH_ROWS, n], DType::F32);
+                transcendentals
+                    .interpret(&ct, grid(n, 256), &x, &mut yi)
+                    .expect("interpret");
+                let ctx = format!("n={n} {dist} scale {scale:e} KILN_SEED={}", rng.seed());
+                same_bits("sin/cos/tanh/erf/sigmoid", &y, &yi, &ctx);
+                // And against f64 std, independently of the interpreter.
+                let got = y.download().expect("download").to_f64_vec();
+                let refs: [fn(f64) -> f64; 3] = [f64::sin, f64::cos, f64::tanh];
+                for (row, f) in refs.iter().enumerate() {
+                    for (i, v) in x.to_f64_vec().into_iter().enumerate() {
+                        let (g, w) = (got[row * n + i], f(v));
+                        assert!(
+                            (g - w).abs() <= 1.2e-7 * w.abs().max(1e-30),
+                            "row {row} at x = {v:e}: {g:e} vs {w:e} ({ctx})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn gpu_transcendentals_at_special_values_match_interpreter() {
+    let Some(dev) = device() else { return };
+    let special = [
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MAX,
+        -f32::MAX,
+        f32::MIN_POSITIVE,
+        1e-45,
+        0.781_25,
+        -0.781_25,
+        std::f32::consts::FRAC_PI_2,
+        1.0,
+        4.0,
+        -110.5,
+        1.0 / 4096.0,
+    ];
+    let n = special.len();
+    let x = HostTensor::new(&[n], TensorData::F32(special.to_vec())).expect("shape");
+    let ct = TranscendentalsComptime { BLOCK: 256 };
+    let y = output(&dev, DType::F32, &[MATH_ROWS, n]);
+    let dx = dev.upload(&x).expect("upload");
+    transcendentals
+        .launch(&dev, &ct, [1, 1, 1], &dx, &y)
+        .expect("launch");
+    let mut yi = poisoned(&[MATH_ROWS, n], DType::F32);
+    transcendentals
+        .interpret(&ct, [1, 1, 1], &x, &mut yi)
+        .expect("interpret");
+    same_bits("special values", &y, &yi, &format!("inputs {special:?}"));
+}
+
+fn gpu_integer_ops_and_casts_match_interpreter() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::from_env();
+    for n in LENGTHS {
+        for dist in Dist::ALL {
+            let ctx = format!("n={n} {dist} KILN_SEED={}", rng.seed());
+            let (a, b) = (
+                tensor(&mut rng, &[n], DType::U32, dist),
+                tensor(&mut rng, &[n], DType::U32, Dist::Uniform),
+            );
+            let ct = U32OpsComptime { BLOCK: 256 };
+            let y = output(&dev, DType::U32, &[INT_ROWS, n]);
+            let (da, db) = (dev.upload(&a).expect("up"), dev.upload(&b).expect("up"));
+            u32_ops
+                .launch(&dev, &ct, grid(n, 256), &da, &db, &y)
+                .expect("launch");
+            let mut yi = poisoned(&[INT_ROWS, n], DType::U32);
+            u32_ops
+                .interpret(&ct, grid(n, 256), &a, &b, &mut yi)
+                .expect("interpret");
+            same_bits("u32 operators", &y, &yi, &ctx);
+
+            let (a, b) = (
+                tensor(&mut rng, &[n], DType::I32, dist),
+                tensor(&mut rng, &[n], DType::I32, Dist::Large),
+            );
+            let ct = I32OpsComptime { BLOCK: 256 };
+            let y = output(&dev, DType::I32, &[INT_ROWS, n]);
+            let (da, db) = (dev.upload(&a).expect("up"), dev.upload(&b).expect("up"));
+            i32_ops
+                .launch(&dev, &ct, grid(n, 256), &da, &db, &y)
+                .expect("launch");
+            let mut yi = poisoned(&[INT_ROWS, n], DType::I32);
+            i32_ops
+                .interpret(&ct, grid(n, 256), &a, &b, &mut yi)
+                .expect("interpret");
+            same_bits("i32 operators", &y, &yi, &ctx);
+
+            let x = tensor(&mut rng, &[n], DType::F32, dist);
+            let u = tensor(&mut rng, &[n], DType::U32, dist);
+            let ct = CastsComptime { BLOCK: 256 };
+            let (yu, yf) = (
+                output(&dev, DType::U32, &[4, n]),
+                output(&dev, DType::F32, &[4, n]),
+            );
+            let (dx, du) = (dev.upload(&x).expect("up"), dev.upload(&u).expect("up"));
+            casts
+                .launch(&dev, &ct, grid(n, 256), &dx, &du, &yu, &yf)
+                .expect("launch");
+            let mut hu = poisoned(&[4, n], DType::U32);
+            let mut hf = poisoned(&[4, n], DType::F32);
+            casts
+                .interpret(&ct, grid(n, 256), &x, &u, &mut hu, &mut hf)
+                .expect("interpret");
+            same_bits("casts to u32", &yu, &hu, &ctx);
+            same_bits("casts to f32", &yf, &hf, &ctx);
+        }
+    }
+}
+
+fn gpu_dropout_matches_interpreter() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::from_env();
+    for block in [256, 1024] {
+        let ct = DropoutComptime { BLOCK: block };
+        for n in LENGTHS {
+            for dist in Dist::ALL {
+                let x = tensor(&mut rng, &[n], DType::F32, dist);
+                let p = rng.uniform(0.0, 0.9) as f32;
+                let seed = rng.next_u64() as u32;
+                let y = output(&dev, DType::F32, &[n]);
+                let dx = dev.upload(&x).expect("upload");
+                dropout
+                    .launch(&dev, &ct, grid(n, block), &dx, &y, p, seed)
+                    .expect("launch");
+                let mut yi = poisoned(&[n], DType::F32);
+                dropout
+                    .interpret(&ct, grid(n, block), &x, &mut yi, p, seed)
+                    .expect("interpret");
+                let ctx = format!("n={n} block={block} p={p} {dist} KILN_SEED={}", rng.seed());
+                same_bits("dropout", &y, &yi, &ctx);
+            }
+        }
+    }
+}
+
+/// The sm_90a build of the same kernels (the writer is the generic one, under the sm_90a
+/// pipeline): dropout and the transcendentals, GPU vs interpreter bit for bit.
+fn gpu_sm90a_dropout_and_transcendentals_match_interpreter() {
+    let Some(dev) = device() else { return };
+    if dev.compute_capability() != (9, 0) {
+        println!("skipped: sm_90a needs a Hopper GPU, found {}", dev.name());
+        return;
+    }
+    let dev = dev.with_target(Target::Sm90a);
+    let mut rng = Rng::from_env();
+    for n in LENGTHS {
+        for dist in Dist::ALL {
+            let ctx = format!("sm_90a n={n} {dist} KILN_SEED={}", rng.seed());
+            let x = tensor(&mut rng, &[n], DType::F32, dist);
+            let dx = dev.upload(&x).expect("upload");
+            let (p, seed) = (rng.uniform(0.0, 0.9) as f32, rng.next_u64() as u32);
+            let ct = DropoutComptime { BLOCK: 1024 };
+            let y = output(&dev, DType::F32, &[n]);
+            dropout
+                .launch(&dev, &ct, grid(n, 1024), &dx, &y, p, seed)
+                .expect("launch");
+            let mut yi = poisoned(&[n], DType::F32);
+            dropout
+                .interpret(&ct, grid(n, 1024), &x, &mut yi, p, seed)
+                .expect("interpret");
+            same_bits("dropout", &y, &yi, &ctx);
+            let ct = TranscendentalsComptime { BLOCK: 256 };
+            let y = output(&dev, DType::F32, &[MATH_ROWS, n]);
+            transcendentals
+                .launch(&dev, &ct, grid(n, 256), &dx, &y)
+                .expect("launch");
+            let mut yi = poisoned(&[MATH_ROWS, n], DType::F32);
+            transcendentals
+                .interpret(&ct, grid(n, 256), &x, &mut yi)
+                .expect("interpret");
+            same_bits("sin/cos/tanh/erf/sigmoid", &y, &yi, &ctx);
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    gpu_common::run(&[
+        (
+            "gpu_philox_words_match_interpreter_and_reference",
+            Needs::Gpu,
+            gpu_philox_words_match_interpreter_and_reference,
+        ),
+        (
+            "gpu_rand_draws_match_interpreter",
+            Needs::Gpu,
+            gpu_rand_draws_match_interpreter,
+        ),
+        (
+            "gpu_transcendentals_match_interpreter_bit_for_bit",
+            Needs::Gpu,
+            gpu_transcendentals_match_interpreter_bit_for_bit,
+        ),
+        (
+            "gpu_transcendentals_at_special_values_match_interpreter",
+            Needs::Gpu,
+            gpu_transcendentals_at_special_values_match_interpreter,
+        ),
+        (
+            "gpu_integer_ops_and_casts_match_interpreter",
+            Needs::Gpu,
+            gpu_integer_ops_and_casts_match_interpreter,
+        ),
+        (
+            "gpu_dropout_matches_interpreter",
+            Needs::Gpu,
+            gpu_dropout_matches_interpreter,
+        ),
+        (
+            "gpu_sm90a_dropout_and_transcendentals_match_interpreter",
+            Needs::Hopper,
+            gpu_sm90a_dropout_and_transcendentals_match_interpreter,
+        ),
+    ])
+}
