@@ -1,10 +1,14 @@
-//! Kernels written in the kiln DSL. [`registry`] lists them for the CLI and the tests.
+//! Kernels written in the kiln DSL. [`registry`] lists them for the CLI and the tests: each
+//! `#[kernel]` registers itself, so a new example needs no list edited.
 //!
 //! **Architecture invariant:** an example uses only the public `kiln` facade, as a user's
 //! crate would; nothing here reaches into a member crate's internals.
 
+use std::sync::OnceLock;
+
 use kiln::ir::Kernel;
 use kiln::ir::dsl::AnyKernelDef;
+use kiln::ir::dsl::registry::registered;
 
 pub mod attention;
 pub mod gemm;
@@ -12,20 +16,18 @@ pub mod gemm_epilogue;
 pub mod softmax;
 pub mod vector_add;
 
-/// Every example kernel, by name: `vector_add`, `softmax`, `gemm`, `gemm_bias_act`,
-/// `gemm_alpha_beta`, `attention`, `attention_lse`, `attention_varlen`, `attention_varlen_lse`.
+/// Every example kernel, ordered by name: the kernels this crate registers (`attention`,
+/// `attention_lse`, `attention_varlen`, `attention_varlen_lse`, `gemm`, `gemm_alpha_beta`,
+/// `gemm_bias_act`, `softmax`, `vector_add`), and none of the other crates linked beside it.
 pub fn registry() -> &'static [&'static dyn AnyKernelDef] {
-    &[
-        &vector_add::vector_add,
-        &softmax::softmax,
-        &gemm::gemm,
-        &gemm_epilogue::gemm_bias_act,
-        &gemm_epilogue::gemm_alpha_beta,
-        &attention::attention,
-        &attention::attention_lse,
-        &attention::attention_varlen,
-        &attention::attention_varlen_lse,
-    ]
+    static EXAMPLES: OnceLock<Vec<&'static dyn AnyKernelDef>> = OnceLock::new();
+    EXAMPLES.get_or_init(|| {
+        registered()
+            .iter()
+            .filter(|k| k.crate_name() == module_path!())
+            .map(|k| k.def())
+            .collect()
+    })
 }
 
 /// The example kernel called `name`, if there is one.
@@ -61,15 +63,15 @@ mod tests {
         assert_eq!(
             names,
             [
-                "vector_add",
-                "softmax",
-                "gemm",
-                "gemm_bias_act",
-                "gemm_alpha_beta",
                 "attention",
                 "attention_lse",
                 "attention_varlen",
-                "attention_varlen_lse"
+                "attention_varlen_lse",
+                "gemm",
+                "gemm_alpha_beta",
+                "gemm_bias_act",
+                "softmax",
+                "vector_add",
             ]
         );
         assert!(find("gemm").is_some_and(|k| k.name() == "gemm"));

@@ -48,6 +48,7 @@ pub mod index;
 pub mod ops;
 pub mod params;
 pub mod print;
+pub mod registry;
 pub mod tensor;
 pub mod value;
 
@@ -67,5 +68,6 @@ pub use ops::{
 };
 pub use params::{params_for, scalar_param};
 pub use print::{PrintArg, at};
+pub use registry::{FindError, Registered, registered};
 pub use tensor::{Tensor, TileView};
 pub use value::{AsValue, Element, IntoOperand, Operand, Value};
