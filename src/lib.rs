@@ -14,6 +14,18 @@ pub use kiln_ptx as ptx;
 /// The runtime (crate `kiln-runtime`): devices, device tensors, compile cache, JIT load, launch.
 pub use kiln_runtime as runtime;
 
+/// The `kiln` command as a library (crate `kiln-cli-lib`, feature `cli`, on by default): a
+/// crate's `src/bin/kiln.rs` of one line lists, dumps and checks every kernel linked into it,
+/// `cargo run --bin kiln -- ptx my_kernel --target sm_90a`:
+///
+/// ```no_run
+/// fn main() -> std::process::ExitCode {
+///     kiln::cli::main()
+/// }
+/// ```
+#[cfg(feature = "cli")]
+pub use kiln_cli_lib as cli;
+
 /// Everything a kernel file needs: `use kiln::prelude::*;`.
 pub mod prelude {
     pub use half::{bf16, f16};
