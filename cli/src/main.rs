@@ -18,7 +18,38 @@ mod tests {
     use kiln::cli::{Cli, Command, KernelArgs};
     use kiln::ir::dsl::{Comptime, DefineError};
     use kiln::ir::{DType, Target};
+    use kiln::prelude::{block_id, kernel};
     use kiln_examples::attention::AttentionParams;
+
+    /// A kernel under `#[cfg(test)]`: registered in this test binary only.
+    #[kernel(grid = [128, 1, 1])]
+    fn negated_in_unit_tests(x: Tensor<f32, 1>, y: TensorMut<f32, 1>) {
+        let i = block_id().x * 128;
+        y.tile([128], [i]).store(-x.tile([128], [i]).load());
+    }
+
+    #[test]
+    fn a_kernel_under_cfg_test_is_seen_beside_the_examples() {
+        let run = |args: &[&str]| {
+            Cli::try_parse_from(["kiln"].iter().chain(args))
+                .map_err(|e| e.to_string())
+                .and_then(|cli| cli.run())
+        };
+        let list = run(&["list"]).expect("list");
+        assert!(list.contains("\nnegated_in_unit_tests\n"), "{list}");
+        assert!(list.contains("\ngemm\n"), "{list}");
+        let ptx = run(&["ptx", "negated_in_unit_tests", "--target", "sm_90a"]).expect("ptx");
+        assert!(
+            ptx.contains(".target sm_90a") && ptx.contains(".entry negated_in_unit_tests"),
+            "{ptx}"
+        );
+        // The examples' own list is the examples crate's kernels alone.
+        assert!(
+            !kiln_examples::registry()
+                .iter()
+                .any(|k| k.name() == "negated_in_unit_tests")
+        );
+    }
 
     /// The `-D` values of `kiln ptx attention ARGS..`, parsed into attention's comptime struct.
     fn attention_params(args: &[&str]) -> Result<AttentionParams, String> {
