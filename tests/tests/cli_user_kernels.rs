@@ -191,6 +191,10 @@ fn check_assembles_a_user_kernel_with_ptxas() {
         "{out}"
     );
     assert!(out.contains("spills 0 B stored / 0 B loaded"), "{out}");
+    let err = kiln(&["check", "user_nope"]).expect_err("no such kernel");
+    assert!(err.starts_with("no kernel named `user_nope`"), "{err}");
+    let err = kiln(&["check", "user_scale_relu", "-D", "BM=x"]).expect_err("not a usize");
+    assert!(err.contains("`BM` is a usize"), "{err}");
     let table = kiln(&["check", "user_scale_relu", "-D", "BM=8"]).expect("check");
     for target in ["sm_80", "sm_90a", "sm_100a"] {
         let row = table.lines().find(|l| l.starts_with(target));

@@ -198,6 +198,9 @@ fn ir(k: &KernelArgs, after: Option<&str>) -> Result<String, String> {
 
 fn check(k: &KernelArgs) -> Result<String, String> {
     let Some(target) = k.target else {
+        // An unknown kernel or a bad define fails on every target alike: say so once, and
+        // fail, rather than print a table of the same error.
+        k.build()?;
         return Ok(check_every_target(k));
     };
     let module = k.ptx(target)?;
