@@ -14,6 +14,38 @@ pub use kiln_ptx as ptx;
 /// The runtime (crate `kiln-runtime`): devices, device tensors, compile cache, JIT load, launch.
 pub use kiln_runtime as runtime;
 
+/// The `kiln` command as a library (crate `kiln-cli-lib`, feature `cli`, on by default): a
+/// crate's `src/bin/kiln.rs` of one line lists, dumps and checks every kernel linked into it,
+/// `cargo run --bin kiln -- ptx my_kernel --target sm_90a`:
+///
+/// ```no_run
+/// fn main() -> std::process::ExitCode {
+///     kiln::cli::main()
+/// }
+/// ```
+///
+/// Every `#[kernel]` linked into the program registers itself, wherever it is defined (this
+/// doc test's own kernel included); `run_args` runs the command in-process:
+///
+/// ```
+/// use kiln::prelude::*;
+///
+/// /// `y = 2x`.
+/// #[kernel(grid = [256, 1, 1])]
+/// fn doubled(x: Tensor<f32, 1>, y: TensorMut<f32, 1>) {
+///     let i = block_id().x * 256;
+///     y.tile([256], [i]).store(x.tile([256], [i]).load() * 2.0);
+/// }
+///
+/// let ir = kiln::cli::run_args(["kiln", "ir", "doubled", "--after", "build"])?;
+/// assert!(ir.starts_with("kernel doubled("), "{ir}");
+/// let ptx = kiln::cli::run_args(["kiln", "ptx", "doubled", "--target", "sm_90a"])?;
+/// assert!(ptx.contains(".entry doubled"), "{ptx}");
+/// # Ok::<(), String>(())
+/// ```
+#[cfg(feature = "cli")]
+pub use kiln_cli_lib as cli;
+
 /// Everything a kernel file needs: `use kiln::prelude::*;`.
 pub mod prelude {
     pub use half::{bf16, f16};

@@ -1,10 +1,14 @@
-//! Kernels written in the kiln DSL. [`registry`] lists them for the CLI and the tests.
+//! Kernels written in the kiln DSL. [`registry`] lists them for the CLI and the tests: each
+//! `#[kernel]` registers itself, so a new example needs no list edited.
 //!
 //! **Architecture invariant:** an example uses only the public `kiln` facade, as a user's
 //! crate would; nothing here reaches into a member crate's internals.
 
+use std::sync::OnceLock;
+
 use kiln::ir::Kernel;
 use kiln::ir::dsl::AnyKernelDef;
+use kiln::ir::dsl::registry::registered;
 
 pub mod attention;
 pub mod cross_entropy;
@@ -18,25 +22,17 @@ pub mod rotary;
 pub mod softmax;
 pub mod vector_add;
 
-/// Every example kernel, by name: `vector_add`, `softmax`, `layer_norm`, `rms_norm`, `gemm`,
-/// `gemm_bias_act`, `gemm_alpha_beta`, `attention`, `attention_lse`, `attention_varlen`, `attention_varlen_lse`.
-/// Every example kernel, by name: `vector_add`, `dropout`, `softmax`, `gemm`, `gemm_bias_act`,
-/// `gemm_alpha_beta`, `attention`, `attention_lse`, `attention_varlen`, `attention_varlen_lse`.
+/// Every example kernel, ordered by name: the kernels this crate registers (one per
+/// `#[kernel]` in its modules), and none of the other crates linked beside it.
 pub fn registry() -> &'static [&'static dyn AnyKernelDef] {
-    &[
-        &vector_add::vector_add,
-        &dropout::dropout,
-        &softmax::softmax,
-        &layer_norm::layer_norm,
-        &rms_norm::rms_norm,
-        &gemm::gemm,
-        &gemm_epilogue::gemm_bias_act,
-        &gemm_epilogue::gemm_alpha_beta,
-        &attention::attention,
-        &attention::attention_lse,
-        &attention::attention_varlen,
-        &attention::attention_varlen_lse,
-    ]
+    static EXAMPLES: OnceLock<Vec<&'static dyn AnyKernelDef>> = OnceLock::new();
+    EXAMPLES.get_or_init(|| {
+        registered()
+            .iter()
+            .filter(|k| k.crate_name() == module_path!())
+            .map(|k| k.def())
+            .collect()
+    })
 }
 
 /// The example kernel called `name`, if there is one.
@@ -66,27 +62,39 @@ pub fn owned(defines: &[(&str, &str)]) -> Vec<(String, String)> {
 mod tests {
     use super::{find, registry};
 
+    /// The kernels `#[kernel]` declares in `src/`, read from the source text: each
+    /// `#[kernel]` or `#[kernel(..)]` line and the `fn NAME` after it.
+    fn declared_in_source() -> Vec<String> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(dir).expect("src/") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("source");
+            let mut lines = text.lines().map(str::trim);
+            while let Some(line) = lines.next() {
+                if line == "#[kernel]" || line.starts_with("#[kernel(") {
+                    let name = lines
+                        .find_map(|l| l.split_once("fn ").map(|(_, rest)| rest))
+                        .and_then(|rest| rest.split(['(', '<']).next())
+                        .unwrap_or_else(|| panic!("no fn after {line} in {}", path.display()));
+                    names.push(name.to_string());
+                }
+            }
+        }
+        names.sort();
+        names
+    }
+
     #[test]
-    fn every_kernel_builds_with_its_defaults() {
+    fn the_registry_is_every_kernel_in_the_source_by_name_and_each_builds() {
         let names: Vec<&str> = registry().iter().map(|k| k.name()).collect();
-        assert_eq!(
-            names,
-            [
-                "vector_add",
-                "dropout",
-                "softmax",
-                "layer_norm",
-                "rms_norm",
-                "gemm",
-                "gemm_bias_act",
-                "gemm_alpha_beta",
-                "attention",
-                "attention_lse",
-                "attention_varlen",
-                "attention_varlen_lse"
-            ]
-        );
-        assert!(find("gemm").is_some_and(|k| k.name() == "gemm"));
+        assert_eq!(names, declared_in_source());
+        for name in ["attention", "gemm", "softmax", "vector_add"] {
+            assert!(find(name).is_some_and(|k| k.name() == name), "{name}");
+        }
         assert!(find("nope").is_none());
         for k in registry() {
             if let Err(e) = k.build_defines(&[], true) {

@@ -79,4 +79,9 @@ pub use kernel::{
     ValueId,
 };
 pub use target::Target;
+
+/// The link-time registry `#[kernel]` submits every kernel definition to
+/// ([`dsl::registry`]), re-exported so a crate writing kernels needs no dependency of its own.
+#[doc(hidden)]
+pub use inventory;
 pub use types::{DType, Shape, Type};

@@ -50,6 +50,7 @@ pub mod ops;
 pub mod params;
 pub mod print;
 pub mod random;
+pub mod registry;
 pub mod tensor;
 pub mod value;
 
@@ -72,5 +73,6 @@ pub use ops::{
 pub use params::{params_for, scalar_param};
 pub use print::{PrintArg, at};
 pub use random::{Seed, rand, randint, randint4x, randn};
+pub use registry::{FindError, Registered, registered};
 pub use tensor::{Tensor, TileView};
 pub use value::{AsValue, Element, IntoOperand, Operand, Value};

@@ -1,8 +1,9 @@
 //! What `#[kernel] fn NAME` becomes: a unit struct `NAME`; its comptime struct (`NAMEComptime`,
 //! generated from the const generics and `#[comptime]` arguments; the type of its
-//! `#[comptime]` struct parameter; or `()`); its `KernelDecl` and `KernelDef` impls (whose
-//! `build` traces the rewritten body and whose `grid` follows `grid = [..]`); and typed
-//! `launch`/`interpret` methods.
+//! `#[comptime]` struct parameter; or `()`); its entry in the link-time kernel registry
+//! (`kiln::ir::dsl::registry`); its `KernelDecl` and `KernelDef` impls (whose `build` traces
+//! the rewritten body and whose `grid` follows `grid = [..]`); and typed `launch`/`interpret`
+//! methods.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
@@ -57,6 +58,11 @@ pub fn generate_kernel(args: &KernelArgs, mut k: KernelFn) -> TokenStream {
         #vis struct #name;
 
         #comptime_item
+
+        // Registered at link time, so the CLI and the tests list the kernel with no hand list.
+        #ir::inventory::submit! {
+            #dsl::registry::Registered::new(&#name, ::core::module_path!())
+        }
 
         impl #dsl::KernelDecl for #name {
             fn name(&self) -> &'static str {
