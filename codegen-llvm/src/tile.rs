@@ -117,11 +117,25 @@ impl<'ctx> Lower<'_, 'ctx> {
                             .map(|(&o, &n)| if n == 1 { 0 } else { o })
                             .collect();
                         let j = map.get(&want).copied().ok_or_else(|| {
-                            self.internal(id, format!("{v} has no element at {want:?}"))
+                            self.internal(
+                                id,
+                                format!(
+                                    "{} has no element at {want:?}",
+                                    kiln_ir::diag::value_words(self.k, id, v)
+                                ),
+                            )
                         })?;
                         regs[j]
                     }
-                    _ => return Err(self.internal(id, format!("{v} is not a register tile"))),
+                    _ => {
+                        return Err(self.internal(
+                            id,
+                            format!(
+                                "{} is not a register tile",
+                                kiln_ir::diag::value_words(self.k, id, v)
+                            ),
+                        ));
+                    }
                 });
             }
             out.push(self.element(id, &op.kind, in_dtype, &srcs)?);

@@ -69,7 +69,7 @@ pub mod verify;
 
 pub use arena::{Arena, Handle};
 pub use builder::Builder;
-pub use diag::Diagnostic;
+pub use diag::{DiagKind, Diagnostic};
 pub use host::{HostTensor, TensorData};
 pub use kernel::{
     Axis, BinaryOp, Block, Const, Kernel, KernelOptions, Loc, Op, OpId, OpKind, Param, ReduceOp,
