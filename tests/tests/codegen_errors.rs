@@ -49,6 +49,19 @@ fn col_broadcast(x: Tensor<f32, 2>, b: Tensor<f32, 1>, out: TensorMut<f32, 2>) {
     out.tile([64, 64], [0, 0]).store(t + v.col()); // MARK-bcast
 }
 
+/// A loop-carried vector that starts as one tile's column sums and takes another tile's row
+/// maxima: the layout pass gives the row reduction the carried vector's layout.
+#[kernel(num_warps = 2)]
+fn carried_mixed_reductions(x: Tensor<f32, 2>, out: TensorMut<f32, 1>) {
+    let a = x.tile([64, 16], [0, 0]).load();
+    let mut acc = col_sum(&a);
+    for j in 0..2 {
+        let t = x.tile([16, 32], [j * 16, 0]).load();
+        acc = max(acc, row_max(&t)); // MARK-mixed
+    }
+    out.tile([16], [0]).store(acc);
+}
+
 /// Every target's answer for `k`: PTX that ptxas accepts (when `KILN_PTXAS` is set), or an
 /// error at `line` of this file that prints no IR.
 fn compiles_or_errs_at(k: &Kernel, line: u32) {
@@ -125,7 +138,15 @@ fn a_ptxas_error_names_the_users_line() {
         assert_eq!((ds[0].loc.file, ds[0].loc.line), (file!(), line), "{e}");
         assert_eq!(ds[0].kind, kiln::ir::DiagKind::Internal);
         let shown = e.to_string();
-        assert!(shown.contains(&format!("--> {}:{line}\n", file!())), "{shown}");
+        assert!(
+            shown.contains(&format!("--> {}:{line}\n", file!())),
+            "{shown}"
+        );
         assert!(shown.contains("bogus"), "{shown}");
     }
+}
+
+#[test]
+fn carried_mixed_reductions_err_at_the_users_line() {
+    compiles_or_errs_at(&build(&carried_mixed_reductions), line_of("MARK-mixed"));
 }

@@ -50,6 +50,80 @@ impl Emitter<'_> {
     }
 }
 
+impl Emitter<'_> {
+    /// Checks that reduction `at` over dimension `dim`, whose input is laid out as `src`,
+    /// leaves each element of its result in the threads and register the result's layout
+    /// `dst` expects. The layout pass may give the result the layout of a value it meets (a
+    /// vector carried through a loop, merged by an `if`) instead of the slice of its input:
+    /// that needs a layout conversion.
+    pub(crate) fn check_reduce(
+        &self,
+        src: &Distribution,
+        dst: &Distribution,
+        dim: usize,
+        at: OpId,
+    ) -> Result<(), CodegenError> {
+        if reduces_into(src, dst, dim) {
+            return Ok(());
+        }
+        Err(self
+            .unsupported(
+                at,
+                "its result is used in a register layout other than the one the reduction \
+                 leaves (it meets a vector reduced from another tile, in a loop or an `if`), \
+                 and kiln does not convert register layouts here yet",
+            )
+            .note(
+                "start the loop's vector from the same kind of reduction of a tile of the \
+                 same shape, or reduce each tile into its own vector",
+            ))
+    }
+}
+
+/// Whether reducing `src` along `dim` leaves, in every thread, the element register `k` of
+/// `dst` names in the register of that index: the kept dimensions' thread terms of both
+/// give each thread the same coordinates, and every register of `dst` has a source.
+fn reduces_into(src: &Distribution, dst: &Distribution, dim: usize) -> bool {
+    let rank = src.terms.len();
+    if dim >= rank {
+        return false;
+    }
+    let kept: Vec<usize> = (0..rank).filter(|&d| d != dim).collect();
+    // A kept dimension of extent 1 (`keep_dim`) has the reduced one's place in `dst`.
+    let dst_dims: Vec<usize> = if dst.terms.len() == rank {
+        kept.clone()
+    } else if dst.terms.len() == rank - 1 {
+        (0..rank - 1).collect()
+    } else {
+        return false;
+    };
+    let keys: std::collections::BTreeSet<Vec<u32>> = src
+        .regs
+        .iter()
+        .map(|o| kept.iter().map(|&d| o[d]).collect())
+        .collect();
+    if !dst
+        .regs
+        .iter()
+        .all(|o| keys.contains(&dst_dims.iter().map(|&d| o[d]).collect::<Vec<_>>()))
+    {
+        return false;
+    }
+    let period = src
+        .terms
+        .iter()
+        .chain(&dst.terms)
+        .flatten()
+        .fold(1u32, |p, t| lcm(p, t.div.saturating_mul(t.modulo)))
+        .min(MAX_THREADS);
+    (0..period).all(|tid| {
+        kept.iter().zip(&dst_dims).all(|(&s, &d)| {
+            kiln_ir::schedule::Term::sum(&src.terms[s], tid)
+                == kiln_ir::schedule::Term::sum(&dst.terms[d], tid)
+        })
+    })
+}
+
 /// Whether every thread's register `k` holds the element of the same row-major index in
 /// distribution `a` over `sa` and in `b` over `sb`.
 fn same_elements(a: &Distribution, sa: &Shape, b: &Distribution, sb: &Shape) -> bool {
