@@ -117,8 +117,9 @@ const ARITH: [BinaryOp; 5] = [
 
 const DTYPES: [DType; 5] = [DType::F32, DType::Bf16, DType::F16, DType::I32, DType::Bool];
 
-/// Warps per block: mostly the default 4, sometimes 1, 2 or 8.
-const WARPS: [u32; 6] = [4, 4, 4, 1, 2, 8];
+/// Warps per block: mostly the default 4, sometimes any other count `#[kernel(num_warps)]`
+/// accepts (1..=32), powers of two or not.
+const WARPS: [u32; 12] = [4, 4, 4, 4, 1, 2, 8, 3, 6, 12, 16, 32];
 
 /// The source file every generated op names.
 pub const FILE: &str = "random_kernel.rs";
