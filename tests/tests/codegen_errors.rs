@@ -188,10 +188,19 @@ fn small_mma(a: Tensor<bf16, 2>, c: TensorMut<f32, 2>) {
     c.tile([16, 16], [0, 0]).store(mma(&x, &x)); // MARK-small-mma
 }
 
+/// Column sums of an `mma` accumulator, whose rows are spread over the warps.
+#[kernel(num_warps = 4)]
+fn col_sum_of_mma(a: Tensor<bf16, 2>, b: Tensor<bf16, 2>, o: TensorMut<f32, 1>) {
+    let x = a.tile([64, 32], [0, 0]).load();
+    let y = b.tile([32, 64], [0, 0]).load();
+    o.tile([64], [0]).store(col_sum(&mma(&x, &y))); // MARK-col-sum-mma
+}
+
 #[test]
 fn what_kiln_does_not_lower_yet_errs_at_the_users_line() {
     compiles_or_errs_at(&build(&transpose_stored), line_of("MARK-transpose"));
     compiles_or_errs_at(&build(&register_b), line_of("MARK-register-b"));
     compiles_or_errs_at(&build(&bf16_row_sum), line_of("MARK-bf16-sum"));
     compiles_or_errs_at(&build(&small_mma), line_of("MARK-small-mma"));
+    compiles_or_errs_at(&build(&col_sum_of_mma), line_of("MARK-col-sum-mma"));
 }
