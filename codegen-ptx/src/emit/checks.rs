@@ -44,8 +44,8 @@ impl Emitter<'_> {
                  kiln does not convert register layouts here yet",
             )
             .note(
-                "a vector made by a reduction of the 2-D tile (`row_sum`, `col_max`) can be \
-                 viewed with `.col()`/`.row()`; a loaded vector cannot yet",
+                "a vector reduced from the tile it is combined with (`row_sum(&t).col()`, \
+                 `col_max(&t).row()`) is always held so that the view can reuse it",
             ))
     }
 }
