@@ -22,7 +22,8 @@
 //! and `mma` of shared-memory operands (`ldmatrix` + `mma.sync.m16n8k16` through LLVM 14's
 //! NVVM intrinsics, bf16 and f16). Loads staged in shared memory are copied synchronously
 //! (no cp.async pipeline: the `lower` pass's loop plans are a performance choice the checking
-//! backend does not need). Anything else is `LlvmError::Unsupported` (with the `llvm` feature).
+//! backend does not need). Anything else is an `LlvmError` whose kind is `DiagKind::Unsupported`, at the user's line
+//! (with the `llvm` feature).
 
 #[cfg(feature = "llvm")]
 mod lower;

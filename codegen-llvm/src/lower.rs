@@ -16,7 +16,9 @@ use inkwell::values::{
     ValueKind,
 };
 use inkwell::{AddressSpace, IntPredicate, OptimizationLevel};
-use kiln_ir::{Block, Const, DType, Diagnostic, Kernel, OpId, OpKind, Target, ValueId};
+use kiln_ir::{
+    Block, Const, DType, DiagKind, Diagnostic, Kernel, Loc, OpId, OpKind, Target, ValueId,
+};
 use kiln_ptx::PtxModule;
 use kiln_ptx::abi::{self, AbiError, SlotRole, SlotType};
 
@@ -28,42 +30,29 @@ pub(crate) const SHARED: u16 = 3;
 /// Why a kernel could not be lowered through LLVM.
 #[derive(Debug, thiserror::Error)]
 pub enum LlvmError {
-    /// The kernel is wrong or over a budget (from the pass pipeline).
+    /// A diagnostic at the user's source: the kernel is wrong or over a budget (from the pass
+    /// pipeline), uses something outside the subset this backend lowers, or broke an
+    /// invariant the passes promise (a kiln bug); its [`DiagKind`] says which.
     #[error("{0}")]
     Diagnostic(#[from] Diagnostic),
     /// A parameter the ABI cannot pass.
     #[error(transparent)]
     Abi(#[from] AbiError),
-    /// The kernel uses something outside the subset this backend lowers.
-    #[error("`{op}`: {what} is not supported by the LLVM backend")]
-    Unsupported {
-        /// The operation, as the IR prints it.
-        op: String,
-        /// What about it is unsupported.
-        what: &'static str,
-    },
-    /// An op of the PTX backend's u32, bit-operation or transcendental set, which this
-    /// backend does not lower; `loc` is where the user wrote it.
-    #[error("{loc}: `{op}`: {what} is not supported by the LLVM backend; use the PTX backend")]
-    UnsupportedAt {
-        /// Where the user wrote the op.
-        loc: kiln_ir::Loc,
-        /// The operation, as the IR prints it.
-        op: String,
-        /// What about it is unsupported.
-        what: &'static str,
-    },
-    /// The scheduled kernel breaks an invariant the passes promise: a kiln bug.
-    #[error("internal error in the LLVM backend at `{op}`: {what}")]
-    Internal {
-        /// The operation, as the IR prints it.
-        op: String,
-        /// What is wrong.
-        what: String,
-    },
     /// LLVM refused the module (builder, verifier, optimiser or code generator).
     #[error("LLVM: {0}")]
     Llvm(String),
+}
+
+impl LlvmError {
+    /// Whether the kernel is wrong, unsupported by this backend, or kiln (or LLVM, given
+    /// IR kiln wrote) has a bug.
+    pub fn kind(&self) -> DiagKind {
+        match self {
+            LlvmError::Diagnostic(d) => d.kind,
+            LlvmError::Abi(_) => DiagKind::Unsupported,
+            LlvmError::Llvm(_) => DiagKind::Internal,
+        }
+    }
 }
 
 impl From<BuilderError> for LlvmError {
@@ -206,10 +195,11 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
                 SlotType::S64 => cx.i64_type().into(),
                 SlotType::F32 => cx.f32_type().into(),
                 SlotType::TensorMap => {
-                    return Err(LlvmError::Unsupported {
-                        op: s.to_string(),
-                        what: "a TMA descriptor parameter (sm_90a)",
-                    });
+                    return Err(Diagnostic::unsupported(
+                        Loc::default(),
+                        format!("the LLVM backend cannot pass `{s}`, a TMA descriptor (sm_90a)"),
+                    )
+                    .into());
                 }
             });
         }
@@ -256,10 +246,11 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
                 }
                 SlotRole::Scalar { .. } => params.push(ParamVals::Scalar(arg)),
                 SlotRole::TensorMap { .. } | SlotRole::Grid { .. } => {
-                    return Err(LlvmError::Unsupported {
-                        op: s.to_string(),
-                        what: "an sm_90a parameter slot",
-                    });
+                    return Err(Diagnostic::unsupported(
+                        Loc::default(),
+                        format!("the LLVM backend cannot pass `{s}`, an sm_90a parameter slot"),
+                    )
+                    .into());
                 }
             }
         }
@@ -316,11 +307,7 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
 
     fn lower_op(&mut self, id: OpId) -> Result<(), LlvmError> {
         if let Some(what) = beyond_subset(self.k, id) {
-            return Err(LlvmError::UnsupportedAt {
-                loc: self.k.ops[id].loc,
-                op: self.op_text(id),
-                what,
-            });
+            return Err(self.unsupported(id, what));
         }
         let op = self.k.ops[id].clone();
         let result = op.results.first().copied();
@@ -410,7 +397,7 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
                     _ => "atomics",
                 };
                 return Err(LlvmError::Diagnostic(
-                    Diagnostic::new(
+                    Diagnostic::unsupported(
                         self.k.ops[id].loc,
                         format!("{what} are not supported by the LLVM backend"),
                     )
@@ -686,19 +673,28 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
 
     /// The lowered form of `v`.
     pub(crate) fn val(&self, v: ValueId, at: OpId) -> Result<Val<'ctx>, LlvmError> {
-        self.vals
-            .get(&v)
-            .cloned()
-            .ok_or_else(|| self.internal(at, format!("{v} used before it is written")))
+        self.vals.get(&v).cloned().ok_or_else(|| {
+            self.internal(
+                at,
+                format!(
+                    "{} is used before it is written",
+                    kiln_ir::diag::value_words(self.k, at, v)
+                ),
+            )
+        })
     }
 
     /// The value of scalar `v`.
     pub(crate) fn scalar(&self, v: ValueId, at: OpId) -> Result<BasicValueEnum<'ctx>, LlvmError> {
         match self.val(v, at)? {
             Val::Scalar(s) => Ok(s),
-            Val::Tile(_) | Val::Smem { .. } => {
-                Err(self.internal(at, format!("{v} is not a scalar")))
-            }
+            Val::Tile(_) | Val::Smem { .. } => Err(self.internal(
+                at,
+                format!(
+                    "{} is not a scalar",
+                    kiln_ir::diag::value_words(self.k, at, v)
+                ),
+            )),
         }
     }
 
@@ -706,34 +702,43 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
     pub(crate) fn int(&self, v: ValueId, at: OpId) -> Result<IntValue<'ctx>, LlvmError> {
         match self.scalar(v, at)? {
             BasicValueEnum::IntValue(i) => Ok(i),
-            _ => Err(self.internal(at, format!("{v} is not an integer"))),
+            _ => Err(self.internal(
+                at,
+                format!(
+                    "{} is not an integer",
+                    kiln_ir::diag::value_words(self.k, at, v)
+                ),
+            )),
         }
     }
 
-    /// An [`LlvmError::Internal`] at op `at`.
+    /// An internal error at op `at` (the passes promised otherwise), at the user's line.
     pub(crate) fn internal(&self, at: OpId, what: impl std::fmt::Display) -> LlvmError {
-        LlvmError::Internal {
-            op: self.op_text(at),
-            what: what.to_string(),
-        }
+        Diagnostic::internal(
+            self.loc(at),
+            format!(
+                "the LLVM backend failed on {}: {what}",
+                kiln_ir::diag::op_words(self.k, at)
+            ),
+        )
+        .into()
     }
 
-    /// An [`LlvmError::Unsupported`] at op `at`.
+    /// A form of op `at` this backend does not lower, at the user's line.
     pub(crate) fn unsupported(&self, at: OpId, what: &'static str) -> LlvmError {
-        LlvmError::Unsupported {
-            op: self.op_text(at),
-            what,
-        }
+        Diagnostic::unsupported(
+            self.loc(at),
+            format!(
+                "the LLVM backend cannot lower {} yet: {what}",
+                kiln_ir::diag::op_words(self.k, at)
+            ),
+        )
+        .note("the PTX backend (`kiln_ptx::compile`) may lower it")
+        .into()
     }
 
-    fn op_text(&self, at: OpId) -> String {
-        kiln_ir::print::op_str(self.k, at)
-            .lines()
-            .next()
-            .and_then(|l| l.split("//").next())
-            .unwrap_or("")
-            .trim_end()
-            .to_string()
+    fn loc(&self, at: OpId) -> Loc {
+        self.k.ops.get(at).map(|o| o.loc).unwrap_or_default()
     }
 }
 

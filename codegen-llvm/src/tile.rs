@@ -117,11 +117,25 @@ impl<'ctx> Lower<'_, 'ctx> {
                             .map(|(&o, &n)| if n == 1 { 0 } else { o })
                             .collect();
                         let j = map.get(&want).copied().ok_or_else(|| {
-                            self.internal(id, format!("{v} has no element at {want:?}"))
+                            self.internal(
+                                id,
+                                format!(
+                                    "{} has no element at {want:?}",
+                                    kiln_ir::diag::value_words(self.k, id, v)
+                                ),
+                            )
                         })?;
                         regs[j]
                     }
-                    _ => return Err(self.internal(id, format!("{v} is not a register tile"))),
+                    _ => {
+                        return Err(self.internal(
+                            id,
+                            format!(
+                                "{} is not a register tile",
+                                kiln_ir::diag::value_words(self.k, id, v)
+                            ),
+                        ));
+                    }
                 });
             }
             out.push(self.element(id, &op.kind, in_dtype, &srcs)?);
@@ -474,8 +488,9 @@ impl<'ctx> Lower<'_, 'ctx> {
 
 /// A conversion to or from u32, which `lower::beyond_subset` rejects at the user's op first.
 fn u32_cast() -> LlvmError {
-    LlvmError::Unsupported {
-        op: "cast".to_string(),
-        what: "a u32 value",
-    }
+    kiln_ir::Diagnostic::internal(
+        kiln_ir::Loc::default(),
+        "a u32 cast reached the LLVM backend past its subset check",
+    )
+    .into()
 }

@@ -29,6 +29,7 @@ pub mod ptxas;
 mod sched;
 mod sm100a;
 mod sm90a;
+pub mod source_map;
 pub mod types;
 pub mod writer;
 

@@ -18,7 +18,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use kiln_ir::Target;
+use kiln_ir::{Diagnostic, Target};
 
 /// The pinned ptxas release (pip `nvidia-cuda-nvcc`).
 pub const PTXAS_VERSION: &str = "13.5.37";
@@ -159,15 +159,23 @@ pub enum PtxasError {
         source: std::io::Error,
     },
     /// ptxas rejected the PTX, or nvdisasm the cubin.
-    #[error("{} for {arch} failed:\n{log}", tool.name())]
+    #[error("{} for {arch} failed:\n{}{log}", tool.name(), rendered(at))]
     Rejected {
         /// The tool.
         tool: Tool,
         /// The architecture.
         arch: String,
+        /// ptxas's errors at the user's lines their PTX was written for
+        /// ([`crate::source_map::map_log`]); empty for nvdisasm.
+        at: Vec<Diagnostic>,
         /// ptxas's output.
         log: String,
     },
+}
+
+/// Diagnostics, one after another, each ending in a newline.
+fn rendered(at: &[Diagnostic]) -> String {
+    at.iter().map(|d| format!("{d}\n")).collect()
 }
 
 /// The ptxas to use (see [`find`]).
@@ -282,6 +290,7 @@ pub fn sass(ptx: &str, target: Target) -> Result<String, PtxasError> {
         return Err(PtxasError::Rejected {
             tool: Tool::Nvdisasm,
             arch: target.name().to_string(),
+            at: Vec::new(),
             log: String::from_utf8_lossy(&out.stderr).into_owned(),
         });
     }
@@ -315,6 +324,7 @@ fn assemble(tool: Tool, ptx: &str, arch: &str, out_path: &Path) -> Result<String
         return Err(PtxasError::Rejected {
             tool,
             arch: arch.to_string(),
+            at: crate::source_map::map_log(ptx, &log),
             log,
         });
     }

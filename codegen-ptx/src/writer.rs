@@ -32,12 +32,8 @@ impl<'k> Writer<'k> {
         let maps = s.map(sched::tensor_maps).unwrap_or_default();
         let tma: Vec<usize> = maps.iter().map(|m| m.param).collect();
         let persistent = s.is_some_and(|s| s.persistent());
-        let slots = abi::slots_with_maps(&k.params, &tma, persistent).map_err(|e| {
-            CodegenError::Unsupported {
-                op: e.to_string(),
-                target,
-            }
-        })?;
+        let slots = abi::slots_with_maps(&k.params, &tma, persistent)
+            .map_err(|e| kiln_ir::Diagnostic::unsupported(abi_loc(k, &e), e.to_string()))?;
         // Roles that set their registers (`setmaxnreg`) are whole warpgroups.
         let budgets = s.is_some_and(|s| s.roles.iter().any(|r| r.regs.is_some()));
         let threads = match s {
@@ -107,4 +103,16 @@ impl<'k> Writer<'k> {
             persistent,
         })
     }
+}
+
+/// Where the user reads the parameter `e` is about (the kernel has no location of its own):
+/// the first op that reads it, else unknown.
+fn abi_loc(k: &Kernel, e: &abi::AbiError) -> kiln_ir::Loc {
+    let abi::AbiError::ScalarType { name, .. } = e;
+    let index = k.params.iter().position(|p| p.name() == name);
+    k.ops
+        .iter()
+        .find(|(_, op)| matches!(op.kind, kiln_ir::OpKind::ScalarParam(i) if Some(i) == index))
+        .map(|(_, op)| op.loc)
+        .unwrap_or_default()
 }

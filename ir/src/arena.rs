@@ -106,6 +106,11 @@ impl<T> Arena<T> {
         self.data.is_empty()
     }
 
+    /// The entity `h` names, or `None` for a handle of another arena (a malformed kernel).
+    pub fn get(&self, h: Handle<T>) -> Option<&T> {
+        self.data.get(h.index())
+    }
+
     /// Every handle with its entity, in insertion order.
     pub fn iter(&self) -> impl Iterator<Item = (Handle<T>, &T)> {
         self.data

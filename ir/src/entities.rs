@@ -38,7 +38,10 @@ impl Loc {
 
 impl fmt::Display for Loc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.is_known() {
+        if self.is_known() && self.column == 0 {
+            // A line without a column: recovered from a PTX comment (`kiln_ptx::ptxas`).
+            write!(f, "{}:{}", self.file, self.line)
+        } else if self.is_known() {
             write!(f, "{}:{}:{}", self.file, self.line, self.column)
         } else {
             f.write_str("<unknown>")

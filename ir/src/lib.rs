@@ -71,7 +71,7 @@ pub mod verify;
 
 pub use arena::{Arena, Handle};
 pub use builder::Builder;
-pub use diag::Diagnostic;
+pub use diag::{DiagKind, Diagnostic};
 pub use host::{HostTensor, TensorData};
 pub use kernel::{
     Access, AccessOperands, Addr, AtomicOp, Axis, BinaryOp, Block, Const, Kernel, KernelOptions,

@@ -429,7 +429,8 @@ fn jit(ptx: &PtxModule) -> Result<(sys::CUmodule, String), LaunchError> {
         Err(source) => Err(RuntimeError::Jit {
             entry: ptx.entry.clone(),
             source,
-            log: log_text(&error_log),
+            // The JIT is ptxas: its errors name PTX lines, which map to the user's.
+            log: kiln_ptx::source_map::annotate(&ptx.ptx, &log_text(&error_log)),
         }
         .into()),
     }

@@ -629,9 +629,7 @@ fn a_gathered_mma_b_operand_is_diagnosed_at_the_mma() {
         .unwrap();
     for target in [kiln::ir::Target::Sm80, kiln::ir::Target::Sm90a] {
         let err = kiln::ptx::compile(&k, target).expect_err("gathered B");
-        let kiln::ptx::CodegenError::Diagnostic(d) = &err else {
-            panic!("not a diagnostic: {err}");
-        };
+        let d = err.diagnostic();
         assert_eq!(
             d.loc.line,
             line_of("c.tile([64, 64], [0, 0]).store(mma(&x, &y));")

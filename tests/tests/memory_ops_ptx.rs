@@ -195,9 +195,7 @@ fn small_atomic_with_result(x: Tensor<f32, 1>, y: TensorMut<f32, 1>, z: TensorMu
 fn old_values_copied_across_warps_are_diagnosed_at_the_line() {
     let k = build(&small_atomic_with_result, ());
     let err = kiln::ptx::compile(&k, Target::Sm80).expect_err("copies across warps");
-    let kiln::ptx::CodegenError::Diagnostic(d) = &err else {
-        panic!("not a diagnostic: {err}");
-    };
+    let d = err.diagnostic();
     let src = include_str!("memory_ops_ptx.rs");
     let line = src
         .lines()

@@ -152,17 +152,31 @@ impl Emitter<'_> {
             .map(|(&o, &n)| if n == 1 { 0 } else { o })
             .collect();
         let j = self.reg_index(v, &want, at)?;
+        // The registers were written in the layout of the op that made them; fewer than
+        // `v`'s layout has means they were handed across a layout change unconverted.
+        let missing = || {
+            self.internal(
+                at,
+                format!(
+                    "{} holds fewer registers than its layout",
+                    self.value_words(at, v)
+                ),
+            )
+        };
         match val {
-            Val::Tile(regs) => Ok(regs[j]),
+            Val::Tile(regs) => regs.get(j).copied().ok_or_else(missing),
             Val::Affine { base, offs } => {
+                let o = *offs.get(j).ok_or_else(missing)?;
                 let x = self.new_reg(Class::B32);
-                self.ins(format!("add.s32 {x}, {base}, {}", offs[j]));
+                self.ins(format!("add.s32 {x}, {base}, {o}"));
                 Ok(x)
             }
             Val::Lazy(op) => self.lazy_element(op, &want),
-            Val::Scalar(_) | Val::Narrowed { .. } | Val::Packed(_) | Val::Smem { .. } => {
-                Err(self.internal(at, format!("{v} has no register elements")))
-            }
+            Val::Scalar(_) | Val::Narrowed { .. } | Val::Packed(_) | Val::Smem { .. } => Err(self
+                .internal(
+                    at,
+                    format!("{} has no register elements", self.value_words(at, v)),
+                )),
         }
     }
 

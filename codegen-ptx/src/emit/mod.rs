@@ -18,6 +18,7 @@
 
 mod access;
 mod arith;
+mod checks;
 mod control;
 mod copy;
 mod exchange;
@@ -209,7 +210,7 @@ pub(crate) struct Emitter<'k> {
     print_buffer_bytes: u32,
     /// Labels handed out so far (`$Lk1`, `$Lk2`, ...).
     labels: u32,
-    /// The target being written, named by `Unsupported` errors.
+    /// The target being written, named by unsupported and internal errors.
     target: Target,
 }
 
@@ -366,6 +367,7 @@ impl<'k> Emitter<'k> {
             OpKind::Reshape { .. } => {
                 let r = result.ok_or_else(|| self.internal(id, "no result"))?;
                 let v = self.val(op.operands[0], id)?;
+                self.check_reshape(op.operands[0], r, &v, id)?;
                 self.vals.insert(r, v);
             }
             OpKind::Transpose => {
@@ -514,20 +516,40 @@ impl<'k> Emitter<'k> {
         self.ins(format!("mov.{ty} {dst}, {src}"));
     }
 
-    /// An internal error at op `at`: the passes should have prevented it.
+    /// An internal error at op `at`: the passes should have prevented it. Reported at the
+    /// user's line of `at`, naming the op in the DSL's words.
     pub(crate) fn internal(&self, at: OpId, what: impl std::fmt::Display) -> CodegenError {
         CodegenError::Diagnostic(kiln_ir::Diagnostic::internal(
-            self.k.ops[at].loc,
-            format!("PTX writer: {what}"),
+            self.loc(at),
+            format!(
+                "the PTX writer for {} failed on {}: {what}",
+                self.target.name(),
+                kiln_ir::diag::op_words(self.k, at)
+            ),
         ))
     }
 
-    /// A construct this backend does not implement yet, at op `at`.
+    /// A construct this backend does not implement yet, at op `at`: `what` says which form
+    /// of the op, in the user's terms.
     pub(crate) fn unsupported(&self, at: OpId, what: &str) -> CodegenError {
-        CodegenError::Unsupported {
-            op: format!("{} ({what})", kiln_ir::print::op_str(self.k, at)),
-            target: self.target,
-        }
+        CodegenError::Diagnostic(kiln_ir::Diagnostic::unsupported(
+            self.loc(at),
+            format!(
+                "kiln cannot write {} for {} yet: {what}",
+                kiln_ir::diag::op_words(self.k, at),
+                self.target.name()
+            ),
+        ))
+    }
+
+    /// The user's source location of op `at` (unknown for a handle the kernel lacks).
+    pub(crate) fn loc(&self, at: OpId) -> kiln_ir::Loc {
+        self.k.ops.get(at).map(|o| o.loc).unwrap_or_default()
+    }
+
+    /// Value `v` in the words of an error at op `at` ([`kiln_ir::diag::value_words`]).
+    pub(crate) fn value_words(&self, at: OpId, v: ValueId) -> String {
+        kiln_ir::diag::value_words(self.k, at, v)
     }
 }
 

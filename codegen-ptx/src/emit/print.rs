@@ -145,6 +145,12 @@ impl Emitter<'_> {
                 }
             }
         }
-        Err(self.internal(at, format!("no thread holds element {idx:?} of {v}")))
+        Err(self.internal(
+            at,
+            format!(
+                "no thread holds element {idx:?} of {}",
+                self.value_words(at, v)
+            ),
+        ))
     }
 }

@@ -36,6 +36,7 @@ impl Emitter<'_> {
         };
         let src = self.dist(x, id)?;
         let dst = self.dist(r, id)?;
+        self.check_reduce(&src, &dst, dim, id)?;
 
         let combine = |w: &mut Self, a: Reg, b: Reg| {
             let d = w.new_reg(a.class);

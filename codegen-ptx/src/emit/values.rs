@@ -13,17 +13,19 @@ use crate::types::{Class, Reg, f32_imm};
 impl Emitter<'_> {
     /// The writer's form of `v`.
     pub(crate) fn val(&self, v: ValueId, at: OpId) -> Result<Val, CodegenError> {
-        self.vals
-            .get(&v)
-            .cloned()
-            .ok_or_else(|| self.internal(at, format!("{v} used before it is written")))
+        self.vals.get(&v).cloned().ok_or_else(|| {
+            self.internal(
+                at,
+                format!("{} is used before it is written", self.value_words(at, v)),
+            )
+        })
     }
 
     /// The register of scalar `v`.
     pub(crate) fn scalar(&self, v: ValueId, at: OpId) -> Result<Reg, CodegenError> {
         match self.val(v, at)? {
             Val::Scalar(r) => Ok(r),
-            _ => Err(self.internal(at, format!("{v} is not a scalar"))),
+            _ => Err(self.internal(at, format!("{} is not a scalar", self.value_words(at, v)))),
         }
     }
 
@@ -45,9 +47,11 @@ impl Emitter<'_> {
                 let d = self.dist(v, at)?;
                 d.regs.iter().map(|o| self.lazy_element(op, o)).collect()
             }
-            Val::Scalar(_) | Val::Narrowed { .. } | Val::Packed(_) | Val::Smem { .. } => {
-                Err(self.internal(at, format!("{v} is not a register tile")))
-            }
+            Val::Scalar(_) | Val::Narrowed { .. } | Val::Packed(_) | Val::Smem { .. } => Err(self
+                .internal(
+                    at,
+                    format!("{} is not a register tile", self.value_words(at, v)),
+                )),
         }
     }
 
@@ -98,7 +102,15 @@ impl Emitter<'_> {
             .get(&v)
             .and_then(|m| m.get(offs))
             .copied()
-            .ok_or_else(|| self.internal(at, format!("{v} has no element at {offs:?}")))
+            .ok_or_else(|| {
+                self.internal(
+                    at,
+                    format!(
+                        "{} has no element at register offsets {offs:?}",
+                        self.value_words(at, v)
+                    ),
+                )
+            })
     }
 
     /// The distribution of tile `v`'s layout over its shape (in an epilogue chunk, only the

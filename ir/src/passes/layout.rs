@@ -380,7 +380,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 .or_insert_with(|| blocked(&ty, warps, reduce_dims));
             if let (false, Some(shape)) = (l.is_shared(), ty.shape()) {
                 l.distribution(shape)
-                    .map_err(|e| Diagnostic::new(op.loc, e.to_string()))?;
+                    .map_err(|e| misfit(op.loc, e, warps))?;
             }
         }
     }
@@ -452,6 +452,17 @@ fn access_layouts(
             );
         }
     }
+}
+
+/// A tile kiln cannot spread over the block's warps, in the user's terms (the layout's
+/// name is kiln's): valid, but not lowered until layouts cover it.
+fn misfit(loc: crate::kernel::Loc, e: crate::schedule::LayoutError, warps: u32) -> Diagnostic {
+    let crate::schedule::LayoutError::Misfit { shape, why, .. } = e;
+    Diagnostic::unsupported(
+        loc,
+        format!("kiln cannot spread this {shape} tile over the block's {warps} warps yet: {why}"),
+    )
+    .note("a larger tile, or fewer warps (`#[kernel(num_warps = N)]`), fits")
 }
 
 fn set(layouts: &mut BTreeMap<ValueId, Layout>, v: ValueId, l: Layout) {

@@ -107,7 +107,7 @@ fn check_covered(kernel: &Kernel, target: Target) -> Result<(), Diagnostic> {
         .find(|&o| kernel.ops[o].kind == OpKind::Mma && !in_ring.contains(&o));
     match stray {
         None => Ok(()),
-        Some(o) => Err(Diagnostic::new(
+        Some(o) => Err(Diagnostic::unsupported(
             kernel.ops[o].loc,
             format!(
                 "target {target} is not implemented yet for this kernel: only an accumulating \

@@ -71,7 +71,7 @@ pub fn run_with(
     }
     let loc = sched_loc(kernel);
     let unsupported = |why: &str| {
-        Diagnostic::new(
+        Diagnostic::unsupported(
             loc,
             format!("target sm_100a is not implemented yet for this loop: {why}"),
         )

@@ -74,7 +74,11 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             format!("the schedule IR is malformed: {}", text.join("; ")),
         ));
     }
-    let wrong = |loc, what: String| Diagnostic::new(loc, format!("internal kiln error: {what}"));
+    // A schedule the passes wrote that fails its proof is kiln's bug, typed as such.
+    let wrong = |loc, what: String| Diagnostic {
+        kind: crate::diag::DiagKind::Internal,
+        ..Diagnostic::new(loc, format!("internal kiln error: {what}"))
+    };
     let loop_error = |e: ProtocolError| {
         wrong(
             loc,

@@ -120,7 +120,7 @@ pub(super) fn plan(
     let id = s.for_op;
     let loc = kernel.ops[id].loc;
     let unsupported = |why: String| {
-        Diagnostic::new(
+        Diagnostic::unsupported(
             loc,
             format!("target sm_100a cannot schedule this attention loop: {why}"),
         )
