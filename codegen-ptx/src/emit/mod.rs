@@ -22,6 +22,7 @@ mod memory;
 mod mma;
 mod params;
 mod print;
+mod stage;
 mod sync;
 mod values;
 
@@ -356,10 +357,13 @@ impl<'k> Emitter<'k> {
             OpKind::Transpose => {
                 let r = result.ok_or_else(|| self.internal(id, "no result"))?;
                 let mut v = self.val(op.operands[0], id)?;
-                let Val::Smem { transposed, .. } = &mut v else {
-                    return Err(self.unsupported(id, "a transpose not feeding mma"));
-                };
-                *transposed = !*transposed;
+                match &mut v {
+                    Val::Smem { transposed, .. } => *transposed = !*transposed,
+                    // Every user is an mma that stages the source transposed
+                    // (`stage_operand`): nothing to write here.
+                    _ if self.k.schedule.staged(r).is_some() => {}
+                    _ => return Err(self.unsupported(id, "a transpose not feeding mma")),
+                }
                 self.vals.insert(r, v);
             }
             OpKind::Reduce { op: rop, dim } => self.write_reduce(id, *rop, *dim)?,

@@ -1,0 +1,212 @@
+//! General mma lowering on the CPU: the kernels of `mma_kernels/` (an mma outside any loop,
+//! two mma loops with transposed register operands, a register B computed in the kernel, a
+//! masked operand, a persistent loop with a runtime stride, an mma in a runtime `if`) run on
+//! the interpreter against f64 references (shapes no multiple of the tiles, every input
+//! distribution, outputs poisoned), and compile for sm_80 and sm_90a to PTX that ptxas
+//! assembles without spills. Their GPU runs are in `gpu_mma_general.rs`.
+
+mod mma_kernels;
+
+use kiln_ir::dsl::{KernelDecl, KernelDef, Spec};
+use kiln_ir::interp::{HostArg, run_def};
+use kiln_ir::{DType, HostTensor, Kernel, Target};
+use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use mma_kernels::*;
+
+/// `(m, n, k)`: none a multiple of the 64 x 64 x 32 tiles, several blocks in each dimension.
+const SHAPES: [(usize, usize, usize); 3] = [(70, 130, 50), (129, 65, 100), (1, 3, 17)];
+
+fn case(kernel: &str, shape: String, dist: Dist, rng: &Rng) -> Case {
+    Case {
+        kernel: kernel.into(),
+        shape,
+        dist,
+        seed: rng.seed(),
+    }
+}
+
+/// Runs a kernel of signature `(a, b, c, ..)` on `(m, n, k)` operands and checks `c` against
+/// `want(a, b)`.
+fn check_gemm_like<D: KernelDef>(
+    def: &D,
+    ct: &D::Comptime,
+    grid: impl Fn(usize, usize) -> [u32; 3],
+    want: impl Fn(&HostTensor, &HostTensor) -> Vec<f64>,
+    shapes: &[(usize, usize, usize)],
+    extra: &[HostArg<'static>],
+) {
+    let mut rng = Rng::from_env();
+    for &(m, n, k) in shapes {
+        for dist in Dist::ALL {
+            let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
+            let b = tensor(&mut rng, &[k, n], DType::Bf16, dist);
+            let mut c = poisoned(&[m, n], DType::F32);
+            let mut args = vec![
+                HostArg::Tensor(&a),
+                HostArg::Tensor(&b),
+                HostArg::TensorMut(&mut c),
+            ];
+            for x in extra {
+                args.push(match x {
+                    HostArg::I32(v) => HostArg::I32(*v),
+                    HostArg::F32(v) => HostArg::F32(*v),
+                    _ => unreachable!("only scalars are extra"),
+                });
+            }
+            run_def(def, ct, grid(m, n), &mut args).unwrap();
+            let name = format!("{} {extra:?}", def.name());
+            let c_case = case(&name, format!("m={m} n={n} k={k}"), dist, &rng);
+            assert_close(&c_case, &c, &want(&a, &b), tolerance(DType::Bf16));
+        }
+    }
+}
+
+fn tiles(m: usize, n: usize) -> [u32; 3] {
+    [m.div_ceil(64) as u32, n.div_ceil(64) as u32, 1]
+}
+
+#[test]
+fn mma_once_matches_reference() {
+    // K at most one BK tile (32).
+    let shapes = [(70, 130, 32), (129, 65, 17), (1, 3, 1)];
+    let ct = MmaOnceComptime::default();
+    check_gemm_like(&mma_once, &ct, tiles, gemm, &shapes, &[]);
+}
+
+#[test]
+fn mma_register_b_matches_reference() {
+    let ct = MmaRegisterBComptime::default();
+    check_gemm_like(&mma_register_b, &ct, tiles, gemm_exp_b, &SHAPES, &[]);
+}
+
+#[test]
+fn mma_masked_matches_reference() {
+    let ct = MmaMaskedComptime::default();
+    check_gemm_like(&mma_masked, &ct, tiles, gemm_tril_a, &SHAPES, &[]);
+}
+
+#[test]
+fn mma_persistent_matches_reference() {
+    let ct = MmaPersistentComptime::default();
+    // Fewer blocks than tiles (several tiles per block, some blocks one more) and more.
+    for blocks in [3u32, 7, 64] {
+        check_gemm_like(
+            &mma_persistent,
+            &ct,
+            |_, _| [blocks, 1, 1],
+            gemm,
+            &SHAPES,
+            &[],
+        );
+    }
+}
+
+#[test]
+fn mma_in_if_matches_reference() {
+    let ct = MmaInIfComptime::default();
+    check_gemm_like(&mma_in_if, &ct, tiles, gemm, &SHAPES, &[HostArg::I32(1)]);
+    let negated = |a: &HostTensor, b: &HostTensor| gemm(a, b).iter().map(|x| -x).collect();
+    check_gemm_like(&mma_in_if, &ct, tiles, negated, &SHAPES, &[HostArg::I32(0)]);
+}
+
+#[test]
+fn mma_two_loops_matches_reference() {
+    let mut rng = Rng::from_env();
+    let ct = MmaTwoLoopsComptime::default();
+    for (sq, sk) in [(100, 70), (64, 129), (3, 5)] {
+        for dist in Dist::ALL {
+            let d = ct.D;
+            let q = tensor(&mut rng, &[sq, d], DType::Bf16, dist);
+            let k = tensor(&mut rng, &[sk, d], DType::Bf16, dist);
+            let scale = 1.0 / (d as f32).sqrt();
+            let mut dv = poisoned(&[sk, d], DType::F32);
+            let mut dk = poisoned(&[sk, d], DType::F32);
+            let mut args = [
+                HostArg::Tensor(&q),
+                HostArg::Tensor(&k),
+                HostArg::TensorMut(&mut dv),
+                HostArg::TensorMut(&mut dk),
+                HostArg::F32(scale),
+            ];
+            run_def(
+                &mma_two_loops,
+                &ct,
+                [sk.div_ceil(ct.BN) as u32, 1, 1],
+                &mut args,
+            )
+            .unwrap();
+            let (want_v, want_k) = two_loops(&q, &k, f64::from(scale));
+            let shape = format!("sq={sq} sk={sk} d={d}");
+            let tol = tolerance(DType::Bf16);
+            assert_close(
+                &case("mma_two_loops dv", shape.clone(), dist, &rng),
+                &dv,
+                &want_v,
+                tol,
+            );
+            assert_close(
+                &case("mma_two_loops dk", shape, dist, &rng),
+                &dk,
+                &want_k,
+                tol,
+            );
+        }
+    }
+}
+
+/// Every kernel of `mma_general/`, built with its defaults, tensors aligned or not.
+fn kernels(aligned: bool) -> Vec<Kernel> {
+    fn b<D: KernelDef>(def: &D, aligned: bool) -> Kernel
+    where
+        D::Comptime: Default,
+    {
+        let spec = Spec::uniform(D::Comptime::default(), def.signature(), aligned);
+        def.build(&spec)
+            .unwrap_or_else(|e| panic!("{} does not build: {e}", def.name()))
+    }
+    vec![
+        b(&mma_once, aligned),
+        b(&mma_register_b, aligned),
+        b(&mma_masked, aligned),
+        b(&mma_persistent, aligned),
+        b(&mma_in_if, aligned),
+        b(&mma_two_loops, aligned),
+    ]
+}
+
+fn assemble(target: Target) {
+    if let Err(e) = kiln_ptx::ptxas::find_ptxas() {
+        println!("skipped: {e}");
+        return;
+    }
+    let mut failures = Vec::new();
+    for aligned in [true, false] {
+        for k in kernels(aligned) {
+            let name = format!("{} (aligned16={aligned}) on {target}", k.name);
+            let m = match kiln_ptx::compile(&k, target) {
+                Ok(m) => m,
+                Err(e) => {
+                    failures.push(format!("{name}: {e}"));
+                    continue;
+                }
+            };
+            match kiln_ptx::ptxas::check(&m.ptx, target) {
+                Ok(r) if r.spills() => failures.push(format!("{name} spills: {r}")),
+                Ok(_) => {}
+                Err(e) => failures.push(format!("{name}: ptxas: {e}")),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn every_kernel_assembles_for_sm80_without_spills() {
+    assemble(Target::Sm80);
+}
+
+#[test]
+fn every_kernel_assembles_for_sm90a_without_spills() {
+    assemble(Target::Sm90a);
+}
