@@ -123,15 +123,22 @@ fn gpu_mma_register_b() {
 }
 
 fn gpu_mma_masked() {
-    let ct = MmaMaskedComptime::default();
-    gemm_like(
-        "mma_masked",
-        &SHAPES,
-        tiles,
-        gemm_tril_a,
-        |dev, g, a, b, c| mma_masked.launch(dev, &ct, g, a, b, c).expect("launch"),
-        |g, a, b, c| mma_masked.interpret(&ct, g, a, b, c).expect("interpret"),
-    );
+    // `(BM, NW)`: comptime warp counts, each launched with its own block size.
+    for (bm, nw) in [(64, 4), (64, 2), (128, 8)] {
+        let ct = MmaMaskedComptime {
+            BM: bm,
+            NW: nw,
+            ..MmaMaskedComptime::default()
+        };
+        gemm_like(
+            &format!("mma_masked BM={bm} NW={nw}"),
+            &SHAPES,
+            |m, n| [m.div_ceil(bm) as u32, n.div_ceil(64) as u32, 1],
+            gemm_tril_a,
+            |dev, g, a, b, c| mma_masked.launch(dev, &ct, g, a, b, c).expect("launch"),
+            |g, a, b, c| mma_masked.interpret(&ct, g, a, b, c).expect("interpret"),
+        );
+    }
 }
 
 fn gpu_mma_persistent() {

@@ -80,10 +80,55 @@ fn mma_register_b_matches_reference() {
     check_gemm_like(&mma_register_b, &ct, tiles, gemm_exp_b, &SHAPES, &[]);
 }
 
+/// `(BM, NW)`: the warp counts `mma_masked` is run with (comptime `num_warps`).
+const WARPS: [(usize, usize); 3] = [(64, 4), (64, 2), (128, 8)];
+
 #[test]
 fn mma_masked_matches_reference() {
-    let ct = MmaMaskedComptime::default();
-    check_gemm_like(&mma_masked, &ct, tiles, gemm_tril_a, &SHAPES, &[]);
+    for (bm, nw) in WARPS {
+        let ct = MmaMaskedComptime {
+            BM: bm,
+            NW: nw,
+            ..MmaMaskedComptime::default()
+        };
+        let grid = |m: usize, n: usize| [m.div_ceil(bm) as u32, n.div_ceil(64) as u32, 1];
+        check_gemm_like(&mma_masked, &ct, grid, gemm_tril_a, &SHAPES, &[]);
+    }
+}
+
+/// `#[kernel(num_warps = NW)]`: the comptime value is the kernel's warp count and the PTX's
+/// block size, for every value tried; one outside 1..=32 is a diagnostic at the attribute.
+#[test]
+fn num_warps_is_a_comptime_value() {
+    for (bm, nw) in WARPS {
+        let ct = MmaMaskedComptime {
+            BM: bm,
+            NW: nw,
+            ..MmaMaskedComptime::default()
+        };
+        let k = mma_masked
+            .build(&Spec::uniform(ct, mma_masked.signature(), true))
+            .expect("builds");
+        assert_eq!(k.options.num_warps, nw as u32);
+        let m = kiln_ptx::compile(&k, Target::Sm80).expect("compiles");
+        assert_eq!(m.threads_per_block, 32 * nw as u32, "NW={nw}");
+        if kiln_ptx::ptxas::find_ptxas().is_ok() {
+            let r = kiln_ptx::ptxas::check(&m.ptx, Target::Sm80).expect("assembles");
+            assert!(!r.spills(), "NW={nw} spills: {r}");
+        }
+    }
+    for nw in [0, 33] {
+        let ct = MmaMaskedComptime {
+            NW: nw,
+            ..MmaMaskedComptime::default()
+        };
+        let e = mma_masked.build(&Spec::new(ct)).expect_err("out of range");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("`num_warps` is {nw}")) && text.contains("mma_kernels/mod.rs"),
+            "{text}"
+        );
+    }
 }
 
 #[test]

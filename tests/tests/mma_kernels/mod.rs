@@ -47,8 +47,9 @@ pub fn mma_register_b(
     c.tile([BM, BN], [mb * BM, nb * BN]).store(acc);
 }
 
-/// `c = tril(a) @ b`: A masked by `select` (row >= column) before the mma.
-#[kernel(num_warps = 4, grid = [BM, BN, 1])]
+/// `c = tril(a) @ b`: A masked by `select` (row >= column) before the mma; `NW` warps (a
+/// comptime value the autotuner may vary; each warp needs 16 of the `BM` rows).
+#[kernel(num_warps = NW, grid = [BM, BN, 1])]
 pub fn mma_masked(
     a: Tensor<bf16, 2>,
     b: Tensor<bf16, 2>,
@@ -56,6 +57,7 @@ pub fn mma_masked(
     #[comptime(default = 64)] BM: usize,
     #[comptime(default = 64)] BN: usize,
     #[comptime(default = 32)] BK: usize,
+    #[comptime(default = 4, tune = [2, 4])] NW: usize,
 ) {
     let (mb, nb) = (block_id().x, block_id().y);
     let k = a.dim(1);
