@@ -826,7 +826,8 @@ fn unscheduled_kernels_are_lowered_the_plain_way_with_a_note() {
         );
         assert!(kiln_ir::print::print_kernel(&lowered).contains("note: sm_90a"));
         let m = kiln_ptx::compile(&k, Target::Sm90a).expect("compiles the plain way");
-        assert!(m.ptx.contains("mma.sync") && !m.ptx.contains("wgmma"));
+        assert!(m.ptx.contains("mma.sync") && !m.ptx.contains("wgmma.mma_async"));
+        assert!(m.ptx.contains("// note: sm_90a: lowered with mma.sync"));
     }
 }
 

@@ -48,7 +48,9 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                     .map(Shape::rows)
             })
             .max();
-        if let Some(rows) = mma_rows.filter(|r| r % 64 == 0) {
+        // More than three consumer warpgroups (192 rows) is no ring's: such a kernel is
+        // lowered the sm_80 way with the warps it declares.
+        if let Some(rows) = mma_rows.filter(|r| r % 64 == 0 && r / 16 <= 12) {
             kernel.options.num_warps = (rows / 16) as u32;
         }
     }
