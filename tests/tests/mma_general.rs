@@ -246,6 +246,82 @@ fn assemble(target: Target) {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// On sm_90a each kernel takes the sm_80 lowering with a note at its first mma saying why the
+/// warp-specialised schedule did not take it.
+#[test]
+fn sm90a_notes_say_why_each_kernel_is_lowered_with_mma_sync() {
+    let why = [
+        ("mma_once", "outside any loop"),
+        ("mma_register_b", "operands or shapes"),
+        ("mma_masked", "operands or shapes"),
+        ("mma_persistent", "not `pipelined`"),
+        ("mma_in_if", "not `pipelined`"),
+        ("mma_two_loops", "2 loops with mmas"),
+    ];
+    for mut k in kernels(true) {
+        kiln_ir::passes::run_pipeline(&mut k, Target::Sm90a, &mut |_, _| {}).expect("lowers");
+        let (_, reason) = why.iter().find(|(n, _)| *n == k.name).expect("listed");
+        let [note] = &k.schedule.notes[..] else {
+            panic!("{}: one note, got {:?}", k.name, k.schedule.notes);
+        };
+        assert!(
+            note.text.starts_with("sm_90a: lowered with mma.sync")
+                && note.text.contains(reason)
+                && note.loc.to_string().contains("mma_kernels/mod.rs"),
+            "{}: {note:?}",
+            k.name
+        );
+        assert!(k.schedule.sched.is_none(), "{}", k.name);
+    }
+    // No note on sm_80, where mma.sync is the only lowering.
+    for mut k in kernels(true) {
+        kiln_ir::passes::run_pipeline(&mut k, Target::Sm80, &mut |_, _| {}).expect("lowers");
+        assert!(k.schedule.notes.is_empty(), "{}", k.name);
+    }
+}
+
+/// Larger tiles than the defaults (128-row and 128-wide operands, a head dim of 128) still
+/// assemble without spills on both targets.
+#[test]
+fn larger_tiles_assemble_without_spills() {
+    if kiln_ptx::ptxas::find_ptxas().is_err() {
+        return;
+    }
+    let two_loops = MmaTwoLoopsComptime {
+        D: 128,
+        ..MmaTwoLoopsComptime::default()
+    };
+    let register_b = MmaRegisterBComptime {
+        BM: 128,
+        BN: 128,
+        BK: 32,
+    };
+    let masked = MmaMaskedComptime {
+        BM: 128,
+        BN: 128,
+        BK: 64,
+        NW: 8,
+    };
+    let kernels = [
+        mma_two_loops
+            .build(&Spec::uniform(two_loops, mma_two_loops.signature(), true))
+            .expect("builds"),
+        mma_register_b
+            .build(&Spec::uniform(register_b, mma_register_b.signature(), true))
+            .expect("builds"),
+        mma_masked
+            .build(&Spec::uniform(masked, mma_masked.signature(), true))
+            .expect("builds"),
+    ];
+    for k in &kernels {
+        for target in [Target::Sm80, Target::Sm90a] {
+            let m = kiln_ptx::compile(k, target).expect("compiles");
+            let r = kiln_ptx::ptxas::check(&m.ptx, target).expect("assembles");
+            assert!(!r.spills(), "{} on {target} spills: {r}", k.name);
+        }
+    }
+}
+
 #[test]
 fn every_kernel_assembles_for_sm80_without_spills() {
     assemble(Target::Sm80);
