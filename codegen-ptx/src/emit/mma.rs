@@ -41,6 +41,10 @@ struct Lanes {
     chunk: Reg,
     /// Per swizzle class of the chunk immediate, the lane's address.
     keyed: Vec<(u32, Reg)>,
+    /// Whether the lane's chunk and every fragment's chunk immediate share no bit, so one
+    /// `xor` moves between swizzle classes: a warp's first chunk is a multiple of a power
+    /// of two above the immediates, or every warp starts at chunk 0.
+    xor_ok: bool,
 }
 
 /// One k-step's fragments: A per m-fragment, B per pair of n-fragments.
@@ -250,6 +254,11 @@ impl Emitter<'_> {
             row,
             chunk,
             keyed: Vec::new(),
+            xor_ok: match which {
+                Operand::A | Operand::BRows => true,
+                Operand::ACols => (g.wm / 8).is_power_of_two() || g.warps[0] == 1,
+                Operand::BCols => (g.wn / 8).is_power_of_two() || g.warps[1] == 1,
+            },
         }
     }
 
@@ -362,7 +371,7 @@ impl Emitter<'_> {
         let swizzle = src.buf.swizzle();
         let mask = swizzle.map_or(0, |(_, m)| m);
         let key = chunk_imm & mask;
-        let addr = if swizzle == Some((0, 7)) {
+        let addr = if swizzle == Some((0, 7)) && src.xor_ok {
             // Stage bases and row offsets are multiples of 128 here, so bits 4-6 of the lane's
             // address are exactly its swizzled chunk: another chunk class is one `xor` away.
             // One lane address per operand, not one per class that ptxas would keep live
