@@ -2,6 +2,7 @@
 //! per kind of op, on the entry's registers. Instructions for other concerns live in the
 //! submodules as further `impl Emitter` blocks: `params` (the entry's parameters), `arith`,
 //! `memory` (global loads and stores), `copy` (`cp.async` staging), `mma` (`mma.sync`),
+//! `stage` (register mma operands written to shared memory for `ldmatrix`),
 //! `sync` (reductions, the sm_80 software pipeline), `control`, `print`; `values` reads and
 //! materialises the registers of IR values. The submodules use this module's items; it uses
 //! none of theirs.

@@ -3,6 +3,8 @@
 //! in the buffer's swizzle, packing runs of adjacent columns into 32-, 64- or 128-bit stores;
 //! the mma then reads the buffer with `ldmatrix` as it reads a staged load.
 
+use std::collections::BTreeMap;
+
 use kiln_ir::schedule::StagedOperand;
 use kiln_ir::{DType, OpId};
 
@@ -57,6 +59,8 @@ impl Emitter<'_> {
             .fold(8u32, |a, m| a.min(1 << m.trailing_zeros().min(3)));
         // Every thread is done reading the previous contents.
         self.ins("bar.sync 0");
+        let mut rows: BTreeMap<u32, (Reg, Option<Reg>)> = BTreeMap::new();
+        let mut cols: BTreeMap<u32, (Reg, Reg)> = BTreeMap::new();
         let mut i = 0;
         while i < d.regs.len() {
             let [r, c] = [d.regs[i][0], d.regs[i][1]];
@@ -73,17 +77,49 @@ impl Emitter<'_> {
                 return Err(self.internal(id, "a packed mma operand not in column pairs"));
             }
             let words = self.stage_words(&elements, i, len, dtype);
-            let row = self.new_reg(Class::B32);
-            self.ins(format!("add.s32 {row}, {row0}, {r}"));
-            let col = self.new_reg(Class::B32);
-            self.ins(format!("add.s32 {col}, {col0}, {c}"));
-            let (chunk, within) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-            self.ins(format!("shr.u32 {chunk}, {col}, 3"));
-            self.ins(format!("and.b32 {within}, {col}, 7"));
-            let off = self.smem_offset(row, chunk, &buf);
+            // Per row offset: the row's address and swizzle; per column offset: the chunk
+            // and the byte in it; per store, the swizzled chunk between them.
+            let (row_at, sw) = match rows.get(&r) {
+                Some(&x) => x,
+                None => {
+                    let row = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {row}, {row0}, {r}"));
+                    let sw = buf.swizzle().map(|(shift, mask)| {
+                        let t = self.new_reg(Class::B32);
+                        self.ins(format!("shr.u32 {t}, {row}, {shift}"));
+                        self.ins(format!("and.b32 {t}, {t}, {mask}"));
+                        t
+                    });
+                    let at = self.new_reg(Class::B32);
+                    self.ins(format!("mad.lo.u32 {at}, {row}, {}, {base}", buf.row_bytes));
+                    rows.insert(r, (at, sw));
+                    (at, sw)
+                }
+            };
+            let (chunk, byte) = match cols.get(&c) {
+                Some(&x) => x,
+                None => {
+                    let col = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {col}, {col0}, {c}"));
+                    let (chunk, byte) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+                    self.ins(format!("shr.u32 {chunk}, {col}, 3"));
+                    self.ins(format!("and.b32 {byte}, {col}, 7"));
+                    self.ins(format!("shl.b32 {byte}, {byte}, 1"));
+                    cols.insert(c, (chunk, byte));
+                    (chunk, byte)
+                }
+            };
+            let swizzled = match sw {
+                Some(t) => {
+                    let x = self.new_reg(Class::B32);
+                    self.ins(format!("xor.b32 {x}, {chunk}, {t}"));
+                    x
+                }
+                None => chunk,
+            };
             let addr = self.new_reg(Class::B32);
-            self.ins(format!("mad.lo.u32 {addr}, {within}, 2, {off}"));
-            self.ins(format!("add.s32 {addr}, {addr}, {base}"));
+            self.ins(format!("mad.lo.u32 {addr}, {swizzled}, 16, {row_at}"));
+            self.ins(format!("add.s32 {addr}, {addr}, {byte}"));
             match words.as_slice() {
                 [Word::Half(h)] => self.ins(format!("st.shared.b16 [{addr}], {h}")),
                 [Word::Full(w)] => self.ins(format!("st.shared.b32 [{addr}], {w}")),
