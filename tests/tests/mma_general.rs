@@ -246,6 +246,43 @@ fn assemble(target: Target) {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Exactly the register operands mma.sync cannot read in place are staged through shared
+/// memory: a register B, a masked A, the transposes `p.t()` and `s.t()` (stored as they
+/// are, read transposed); loads, their transposes, and the examples' operands (attention's
+/// P, an accumulator-layout A) are not.
+#[test]
+fn staging_covers_exactly_the_register_operands() {
+    let expect = [
+        ("mma_once", vec![]),
+        ("mma_register_b", vec![false]),
+        ("mma_masked", vec![false]),
+        ("mma_persistent", vec![]),
+        ("mma_in_if", vec![]),
+        ("mma_two_loops", vec![true, true]),
+    ];
+    for target in [Target::Sm80, Target::Sm90a] {
+        for mut k in kernels(true) {
+            kiln_ir::passes::run_pipeline(&mut k, target, &mut |_, _| {}).expect("lowers");
+            let (_, want) = expect.iter().find(|(n, _)| *n == k.name).expect("listed");
+            let got: Vec<bool> = k.schedule.staged.iter().map(|s| s.transposed).collect();
+            assert_eq!(&got, want, "{} on {target}", k.name);
+            for st in &k.schedule.staged {
+                let b = &st.buffer;
+                assert!(
+                    b.offset.is_multiple_of(128)
+                        && b.offset + b.stage_bytes <= k.schedule.smem_bytes
+                );
+            }
+        }
+        for example in ["gemm", "attention"] {
+            let mut k = kiln_examples::build(example, &[], true).expect("builds");
+            kiln_ir::passes::run_pipeline(&mut k, target, &mut |_, _| {}).expect("lowers");
+            assert!(k.schedule.staged.is_empty(), "{example} on {target}");
+            assert!(k.schedule.notes.is_empty(), "{example} on {target}");
+        }
+    }
+}
+
 /// On sm_90a each kernel takes the sm_80 lowering with a note at its first mma saying why the
 /// warp-specialised schedule did not take it.
 #[test]
