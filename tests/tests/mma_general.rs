@@ -310,6 +310,17 @@ fn sm90a_notes_say_why_each_kernel_is_lowered_with_mma_sync() {
         );
         assert!(k.schedule.sched.is_none(), "{}", k.name);
     }
+    // A kernel that cannot get a ring keeps the warps it declares (a 128-row mma would be
+    // two consumer warpgroups' in one).
+    let ct = MmaOnceComptime {
+        BM: 128,
+        ..MmaOnceComptime::default()
+    };
+    let mut k = mma_once
+        .build(&Spec::uniform(ct, mma_once.signature(), true))
+        .expect("builds");
+    kiln_ir::passes::run_pipeline(&mut k, Target::Sm90a, &mut |_, _| {}).expect("lowers");
+    assert_eq!(k.options.num_warps, 4);
     // No note on sm_80, where mma.sync is the only lowering.
     for mut k in kernels(true) {
         kiln_ir::passes::run_pipeline(&mut k, Target::Sm80, &mut |_, _| {}).expect("lowers");
