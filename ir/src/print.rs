@@ -46,6 +46,23 @@ pub fn print_kernel(kernel: &Kernel) -> String {
             b.load
         );
     }
+    for st in &kernel.schedule.staged {
+        let b = &st.buffer;
+        let _ = writeln!(
+            out,
+            "  smem @{} : {} B (row {} B{}) staging {}{} for {}",
+            b.offset,
+            b.stage_bytes,
+            b.row_bytes,
+            if b.swizzled { ", swizzled" } else { "" },
+            st.source,
+            if st.transposed { ".t" } else { "" },
+            b.load
+        );
+    }
+    for n in &kernel.schedule.notes {
+        let _ = writeln!(out, "  note: {} ({})", n.text, n.loc);
+    }
     for (op, plan) in &kernel.schedule.loops {
         let loads: Vec<String> = plan.prefetched.iter().map(|l| l.to_string()).collect();
         let _ = writeln!(

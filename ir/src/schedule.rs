@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::entities::{OpId, ValueId};
+use crate::entities::{Loc, OpId, ValueId};
 use crate::types::Shape;
 
 /// How a register tile is spread over the threads of a block.
@@ -411,6 +411,34 @@ impl SmemBuffer {
     }
 }
 
+/// A register tile an `mma` reads through shared memory (the `lower` pass,
+/// [`crate::passes::mma_operands`]): a register B, an A not in the accumulator layout the
+/// mma's warp grid gives, or the transpose of a register tile. Before each mma reading it,
+/// every thread writes its elements into the buffer, row-major and swizzled as a staged load;
+/// the mma then reads it with `ldmatrix` (`.trans` where the stored rows run along K for A or
+/// along N for B).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StagedOperand {
+    /// The operand as the mma reads it.
+    pub operand: ValueId,
+    /// The register tile written to shared memory: the operand, or the tile it transposes.
+    pub source: ValueId,
+    /// Whether the operand is the transpose of the stored tile.
+    pub transposed: bool,
+    /// Its buffer: one stage, `load` naming the first mma that reads it.
+    pub buffer: SmemBuffer,
+}
+
+/// A lowering decision the user may want to know about (a loop kept off the warp-specialised
+/// schedule, and why), printed with the IR (`kiln ir --after lower`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// Where in the user's source it applies.
+    pub loc: Loc,
+    /// What was decided and why.
+    pub text: String,
+}
+
 /// How a pipelined `for` is software-pipelined.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoopPlan {
@@ -434,8 +462,13 @@ pub struct Schedule {
     /// sm_90a, sm_100a: the schedule IR of the ring loop: roles, their programs, barriers
     /// and the transfers they order ([`crate::sched`]).
     pub sched: Option<crate::sched::Sched>,
+    /// Register tiles mmas read through shared memory, placed after every other buffer.
+    pub staged: Vec<StagedOperand>,
+    /// Lowering notes for the user.
+    pub notes: Vec<Note>,
     /// Shared memory through which tiles change layout (`convert`) and reductions cross
-    /// warps; after every other buffer, reused by each such op in turn.
+    /// warps; after every other buffer (the staged operands' too), reused by each such op in
+    /// turn.
     pub scratch: Option<Scratch>,
 }
 
@@ -452,6 +485,11 @@ impl Schedule {
     /// The buffer holding the tile loaded by `load`.
     pub fn buffer(&self, load: OpId) -> Option<&SmemBuffer> {
         self.buffers.iter().find(|b| b.load == load)
+    }
+
+    /// How `operand`, an mma operand in registers, is staged in shared memory, if it is.
+    pub fn staged(&self, operand: ValueId) -> Option<&StagedOperand> {
+        self.staged.iter().find(|s| s.operand == operand)
     }
 }
 

@@ -311,7 +311,8 @@ fn extents_neither_a_power_of_two_nor_a_multiple_of_32_are_diagnostics() {
 #[test]
 fn a_192_row_gemm_runs_on_sm80_and_sm90a() {
     // 192 rows: 12 warps on sm_80, three consumer warpgroups on sm_90a (whose schedule
-    // `sm90a_schedule` and `interp_scheduled` check); 256 rows are more than sm_90a's three.
+    // `sm90a_schedule` and `interp_scheduled` check); 256 rows are more than sm_90a's three
+    // warpgroups take, and run as mma.sync there.
     let v = [("BM", "192"), ("BN", "64")];
     let mut rng = Rng::from_env();
     let (mm, nn, kk) = (300, 130, 100);
@@ -345,13 +346,19 @@ fn a_192_row_gemm_runs_on_sm80_and_sm90a() {
         let report = kiln_ptx::ptxas::check(&m.ptx, target).expect("ptxas");
         assert!(!report.spills(), "{target}: {report}");
     }
+    // 256 rows are lowered the sm_80 way on sm_90a (mma.sync, 16 warps), with a note why.
     let wide = ptx_examples::build("gemm", &[("BM", "256"), ("BN", "64")]);
-    let e = kiln_ptx::compile(&wide, Target::Sm90a).expect_err("sm_90a rejects 256 rows");
-    let text = e.to_string();
+    let m = kiln_ptx::compile(&wide, Target::Sm90a).expect("compiles the plain way");
+    let note = m
+        .ptx
+        .lines()
+        .find(|l| l.starts_with("// note: sm_90a: lowered with mma.sync"))
+        .expect("a note");
     assert!(
-        text.contains("target sm_90a is not implemented yet for this kernel")
-            && text.contains("64, 128 or 192")
-            && text.contains("examples/src/gemm.rs"),
-        "{text}"
+        note.contains("64, 128 or 192") && note.contains("examples/src/gemm.rs"),
+        "{note}"
     );
+    assert!(m.ptx.contains("mma.sync") && !m.ptx.contains("wgmma.mma_async"));
+    let report = kiln_ptx::ptxas::check(&m.ptx, Target::Sm90a).expect("ptxas");
+    assert!(!report.spills(), "256 rows on sm_90a: {report}");
 }

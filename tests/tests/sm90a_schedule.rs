@@ -804,17 +804,30 @@ fn another_kernel_of_attention_shape_gets_the_same_schedule() {
 }
 
 #[test]
-fn unscheduled_kernels_get_a_diagnostic() {
+fn unscheduled_kernels_are_lowered_the_plain_way_with_a_note() {
     // wgmma's N is a multiple of 16 here (the narrowest swizzled TMA box of B); a 32-row
-    // tile is half a warpgroup's.
+    // tile is half a warpgroup's. Such kernels take the sm_80 lowering (mma.sync, cp.async)
+    // on sm_90a, with a note at the mma saying why.
     for (kernel, overrides) in [
         ("gemm", &[("BN", "8")][..]),
         ("gemm", &[("BN", "8"), ("b_col_major", "true")][..]),
         ("gemm", &[("BM", "32")][..]),
     ] {
         let k = ptx_examples::build(kernel, overrides);
-        let e = kiln_ptx::compile(&k, Target::Sm90a).expect_err("not scheduled on sm_90a yet");
-        assert!(e.to_string().contains("sm_90a"), "{kernel}: {e}");
+        let mut lowered = k.clone();
+        kiln_ir::passes::run_pipeline(&mut lowered, Target::Sm90a, &mut |_, _| {})
+            .expect("lowered");
+        assert!(lowered.schedule.sched.is_none(), "{kernel} {overrides:?}");
+        let note = lowered.schedule.notes.first().expect("a note");
+        assert!(
+            note.text.contains("sm_90a: lowered with mma.sync")
+                && note.loc.to_string().contains("examples/src/gemm.rs"),
+            "{kernel} {overrides:?}: {note:?}"
+        );
+        assert!(kiln_ir::print::print_kernel(&lowered).contains("note: sm_90a"));
+        let m = kiln_ptx::compile(&k, Target::Sm90a).expect("compiles the plain way");
+        assert!(m.ptx.contains("mma.sync") && !m.ptx.contains("wgmma.mma_async"));
+        assert!(m.ptx.contains("// note: sm_90a: lowered with mma.sync"));
     }
 }
 

@@ -1,7 +1,8 @@
 //! Tensor-core matrix multiply: `mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}` over the
 //! accumulator layout `#mma(wm x wn)`, with operands read from swizzled shared memory by
-//! `ldmatrix` (`.trans` for an N-contiguous B) or, for A, repacked in registers from an
-//! accumulator-layout tile (P in attention's P @ V).
+//! `ldmatrix` (`.trans` for an N-contiguous B or an M-contiguous A) or, for A, repacked in
+//! registers from an accumulator-layout tile (P in attention's P @ V). Other register
+//! operands are first written to shared memory (`stage`).
 
 use kiln_ir::schedule::{Layout, SmemBuffer};
 use kiln_ir::{DType, OpId, ValueId};
@@ -21,6 +22,8 @@ fn distinct(regs: &[Reg]) -> bool {
 enum Operand {
     /// A, stored `[M, K]`.
     A,
+    /// A stored `[K, M]` (the transpose of a staged register tile, `p.t()`): ldmatrix.trans.
+    ACols,
     /// B stored `[N, K]` (the transpose of a loaded tile, `k.t()`): plain ldmatrix.
     BRows,
     /// B stored `[K, N]`: ldmatrix.trans.
@@ -38,6 +41,10 @@ struct Lanes {
     chunk: Reg,
     /// Per swizzle class of the chunk immediate, the lane's address.
     keyed: Vec<(u32, Reg)>,
+    /// Whether the lane's chunk and every fragment's chunk immediate share no bit, so one
+    /// `xor` moves between swizzle classes: a warp's first chunk is a multiple of a power
+    /// of two above the immediates, or every warp starts at chunk 0.
+    xor_ok: bool,
 }
 
 /// One k-step's fragments: A per m-fragment, B per pair of n-fragments.
@@ -103,14 +110,31 @@ impl Emitter<'_> {
         self.ins(format!("div.u32 {wr}, {warp}, {}", g.warps[1]));
         self.ins(format!("rem.u32 {wr}, {wr}, {}", g.warps[0]));
         self.ins(format!("rem.u32 {wc}, {warp}, {}", g.warps[1]));
-        let a_val = self.val(a, id)?;
-        let b_val = self.val(b, id)?;
+        // Register operands mma.sync cannot read in place go through shared memory.
+        let a_val = match self.k.schedule.staged(a).cloned() {
+            Some(st) => self.stage_operand(id, &st)?,
+            None => match self.val(a, id)? {
+                Val::Affine { .. } | Val::Lazy(_) => Val::Tile(self.tile(a, id)?),
+                v => v,
+            },
+        };
+        let b_val = match self.k.schedule.staged(b).cloned() {
+            Some(st) => self.stage_operand(id, &st)?,
+            None => self.val(b, id)?,
+        };
         let mut a_src = match &a_val {
             Val::Smem {
                 base,
                 buf,
-                transposed: false,
-            } => Some(self.operand_lanes(*base, buf, Operand::A, &g, [lane, wr, wc])),
+                transposed,
+            } => {
+                let which = if *transposed {
+                    Operand::ACols
+                } else {
+                    Operand::A
+                };
+                Some(self.operand_lanes(*base, buf, which, &g, [lane, wr, wc]))
+            }
             _ => None,
         };
         let Val::Smem {
@@ -197,6 +221,16 @@ impl Emitter<'_> {
                 self.ins(format!("mad.lo.u32 {row}, {wr}, {}, {t}", g.wm));
                 self.ins(format!("shr.u32 {chunk}, {lane}, 4"));
             }
+            Operand::ACols => {
+                // Stored [K, M], read transposed: matrix i covers m 8*(i%2).., k 8*(i/2)..
+                // (a0..a3: rows 0-7 / 8-15 at k 0-7, then at k 8-15).
+                self.ins(format!("and.b32 {row}, {lane}, 7"));
+                self.ins(format!("shr.u32 {t}, {lane}, 4"));
+                self.ins(format!("mad.lo.u32 {row}, {t}, 8, {row}"));
+                self.ins(format!("shr.u32 {t}, {lane}, 3"));
+                self.ins(format!("and.b32 {t}, {t}, 1"));
+                self.ins(format!("mad.lo.u32 {chunk}, {wr}, {}, {t}", g.wm / 8));
+            }
             Operand::BRows => {
                 // Stored [N, K]: matrix i = lane / 8 covers n 8*(i/2).., k 8*(i%2)..
                 self.ins(format!("and.b32 {t}, {lane}, 7"));
@@ -220,6 +254,11 @@ impl Emitter<'_> {
             row,
             chunk,
             keyed: Vec::new(),
+            xor_ok: match which {
+                Operand::A | Operand::BRows => true,
+                Operand::ACols => (g.wm / 8).is_power_of_two() || g.warps[0] == 1,
+                Operand::BCols => (g.wn / 8).is_power_of_two() || g.warps[1] == 1,
+            },
         }
     }
 
@@ -237,6 +276,7 @@ impl Emitter<'_> {
         let mut frags = Vec::new();
         for mi in 0..g.wm / 16 {
             let frag = match a_src {
+                Some(src) if src.which == Operand::ACols => self.ldmatrix(src, 16 * s, 2 * mi),
                 Some(src) => self.ldmatrix(src, mi * 16, 2 * s),
                 None => self.a_from_registers(id, a_val, a, g, mi, s)?,
             };
@@ -321,7 +361,7 @@ impl Emitter<'_> {
     fn b_quad(&mut self, b_src: &mut Lanes, np: u32, s: u32) -> [Reg; 4] {
         match b_src.which {
             Operand::BRows => self.ldmatrix(b_src, np * 16, 2 * s),
-            Operand::A | Operand::BCols => self.ldmatrix(b_src, 16 * s, 2 * np),
+            Operand::A | Operand::ACols | Operand::BCols => self.ldmatrix(b_src, 16 * s, 2 * np),
         }
     }
 
@@ -331,7 +371,7 @@ impl Emitter<'_> {
         let swizzle = src.buf.swizzle();
         let mask = swizzle.map_or(0, |(_, m)| m);
         let key = chunk_imm & mask;
-        let addr = if swizzle == Some((0, 7)) {
+        let addr = if swizzle == Some((0, 7)) && src.xor_ok {
             // Stage bases and row offsets are multiples of 128 here, so bits 4-6 of the lane's
             // address are exactly its swizzled chunk: another chunk class is one `xor` away.
             // One lane address per operand, not one per class that ptxas would keep live
@@ -369,7 +409,7 @@ impl Emitter<'_> {
         };
         let imm = row_imm * src.buf.row_bytes + (chunk_imm - key) * 16;
         let r: [Reg; 4] = self.new_regs(Class::B32);
-        let trans = if src.which == Operand::BCols {
+        let trans = if matches!(src.which, Operand::BCols | Operand::ACols) {
             ".trans"
         } else {
             ""

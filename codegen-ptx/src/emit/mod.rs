@@ -1,8 +1,11 @@
 //! The generic writer: one pass over the kernel's own ops, in program order, one `write_*`
 //! per kind of op, on the entry's registers. Instructions for other concerns live in the
 //! submodules as further `impl Emitter` blocks: `params` (the entry's parameters), `arith`,
-//! `memory` (global loads and stores), `access` (masked loads and stores, gathers,
-//! scatters, atomics), `copy` (`cp.async` staging), `mma` (`mma.sync`),
+//! `memory` (global loads and stores), `vector` (their 16-byte forms), `access` (masked loads
+//! and stores, gathers, scatters, atomics), `copy` (`cp.async` staging), `mma` (`mma.sync`),
+//! `stage` (register mma operands written to shared memory for `ldmatrix`), `exchange`
+//! (elements changing threads through shared memory: layout conversions, reductions across
+//! warps), `math` (the transcendental sequences),
 //! `sync` (reductions, the sm_80 software pipeline), `control`, `print`; `values` reads and
 //! materialises the registers of IR values. The submodules use this module's items; it uses
 //! none of theirs.
@@ -27,6 +30,7 @@ mod memory;
 mod mma;
 mod params;
 mod print;
+mod stage;
 mod sync;
 mod values;
 mod vector;
@@ -373,10 +377,13 @@ impl<'k> Emitter<'k> {
             OpKind::Transpose => {
                 let r = result.ok_or_else(|| self.internal(id, "no result"))?;
                 let mut v = self.val(op.operands[0], id)?;
-                let Val::Smem { transposed, .. } = &mut v else {
-                    return Err(self.unsupported(id, "a transpose not feeding mma"));
-                };
-                *transposed = !*transposed;
+                match &mut v {
+                    Val::Smem { transposed, .. } => *transposed = !*transposed,
+                    // Every user is an mma that stages the source transposed
+                    // (`stage_operand`): nothing to write here.
+                    _ if self.k.schedule.staged(r).is_some() => {}
+                    _ => return Err(self.unsupported(id, "a transpose not feeding mma")),
+                }
                 self.vals.insert(r, v);
             }
             OpKind::Reduce { op: rop, dim } => self.write_reduce(id, *rop, *dim)?,

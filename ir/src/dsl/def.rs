@@ -221,6 +221,19 @@ pub trait KernelDef: KernelDecl {
     }
 }
 
+/// The warp count `#[kernel(num_warps = P)]` takes from comptime parameter `P`: `n` when it
+/// is in 1..=32 (a block of at most 1024 threads), else a diagnostic at the attribute.
+#[track_caller]
+pub fn warp_count(n: usize) -> Result<u32, Diagnostic> {
+    match u32::try_from(n) {
+        Ok(w) if (1..=32).contains(&w) => Ok(w),
+        _ => Err(Diagnostic::new(
+            crate::entities::Loc::caller(),
+            format!("`num_warps` is {n}; a block has 1 to 32 warps"),
+        )),
+    }
+}
+
 /// Blocks of `tile` units over `extent` (`cdiv`), saturated at `u32::MAX`; 0 for a 0 tile.
 pub fn grid_blocks(extent: usize, tile: usize) -> u32 {
     match tile {

@@ -62,6 +62,7 @@ pub use context::trace;
 pub use control::{Carry, Condition, LoopRange, for_loop, pipelined, range, unroll};
 pub use def::{
     AnyKernelDef, BuildError, KernelDecl, KernelDef, ParamSig, Spec, grid_blocks, specialise,
+    warp_count,
 };
 pub use defines::{DefineError, split_define};
 pub use index::{Entries, Index, IntoIndex};

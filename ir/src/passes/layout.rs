@@ -51,7 +51,21 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                     .map(Shape::rows)
             })
             .max();
-        if let Some(rows) = mma_rows.filter(|r| r % 64 == 0) {
+        // Only a kernel whose mmas all sit in one top-level pipelined loop can get a ring
+        // (the `pipeline` pass), and only of up to three consumer warpgroups (192 rows):
+        // any other is lowered the sm_80 way with the warps it declares.
+        let mmas: Vec<OpId> = order
+            .iter()
+            .copied()
+            .filter(|&id| kernel.ops[id].kind == OpKind::Mma)
+            .collect();
+        let one_loop = kernel.body.ops.iter().any(|&f| {
+            matches!(kernel.ops[f].kind, OpKind::For { stages: Some(n) } if n >= 2) && {
+                let inside = super::walk::ops_in_block_regions(kernel, f);
+                mmas.iter().all(|m| inside.contains(m))
+            }
+        });
+        if let Some(rows) = mma_rows.filter(|r| one_loop && r % 64 == 0 && r / 16 <= 12) {
             kernel.options.num_warps = (rows / 16) as u32;
         }
     }

@@ -3,11 +3,14 @@
 //! sm_80: for every `for` with `stages = Some(n)`, records in `kernel.schedule.loops` which
 //! loads of its body (those staged in shared memory, with coordinates computed from the
 //! induction variable and values defined before the loop) the writer issues `n - 1`
-//! iterations ahead as cp.async groups. sm_90a: the same, except for loops the `pipeline`
-//! pass scheduled as TMA rings; a kernel whose `mma`s are not all in rings is reported as not
-//! implemented unless a tensor is not 16-byte aligned (then the sm_80 lowering is the
-//! documented fallback). sm_100a: the same as sm_90a (its rings' mmas become tcgen05.mma,
-//! planned by the `tmem` pass).
+//! iterations ahead as cp.async groups, and which register mma operands are read through
+//! shared memory ([`super::mma_operands`]). sm_90a: the same, except for the loop the
+//! `pipeline` pass scheduled as a TMA ring; a kernel with an mma it did not take (an mma
+//! outside any loop, in a nested or unpipelined loop, in a second mma loop, with operands
+//! wgmma does not read from a ring) is lowered the sm_80 way (mma.sync, cp.async), with a
+//! note saying why ([`crate::schedule::Note`]). sm_100a: a kernel whose `mma`s are not all in
+//! rings (which the `tmem` pass lowers to tcgen05.mma) is reported as not implemented unless
+//! a tensor is not 16-byte aligned (then the sm_80 lowering is the documented fallback).
 //! Rewrites no op.
 
 use std::collections::BTreeSet;
@@ -24,8 +27,16 @@ use super::walk::{all_aligned16, hoistable, ops_in_order};
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     match target {
         Target::Sm80 => {}
-        Target::Sm90a | Target::Sm100a => check_covered(kernel, target)?,
+        Target::Sm90a => note_plain_lowering(kernel),
+        Target::Sm100a => check_covered(kernel, target)?,
     }
+    let ring: BTreeSet<OpId> = match &kernel.schedule.sched {
+        Some(s) => super::walk::ops_in_block_regions(kernel, s.for_op)
+            .into_iter()
+            .collect(),
+        None => BTreeSet::new(),
+    };
+    super::mma_operands::plan(kernel, &ring)?;
     // The `persistent` pass clusters the rings that can be; a request it did not meet (no
     // ring, or a target without the pass) is reported here.
     let clustered = kernel
@@ -90,7 +101,82 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     Ok(())
 }
 
-/// On sm_90a, every `mma` must sit in a ring unless some tensor is not 16-byte aligned (TMA
+/// sm_90a: when a kernel with tensors TMA could read has an mma but no ring, a note at its
+/// first mma saying why it is lowered with mma.sync and cp.async.
+fn note_plain_lowering(kernel: &mut Kernel) {
+    if !all_aligned16(kernel) || kernel.schedule.sched.is_some() {
+        return;
+    }
+    let order = ops_in_order(kernel);
+    let Some(&first) = order.iter().find(|&&o| kernel.ops[o].kind == OpKind::Mma) else {
+        return;
+    };
+    let text = format!(
+        "sm_90a: lowered with mma.sync and cp.async, not the warp-specialised wgmma schedule: {}",
+        why_no_ring(kernel, first)
+    );
+    let loc = kernel.ops[first].loc;
+    kernel
+        .schedule
+        .notes
+        .push(crate::schedule::Note { loc, text });
+}
+
+/// Why the `pipeline` pass gave the kernel of `mma` no ring, as far as its structure tells.
+fn why_no_ring(kernel: &Kernel, mma: OpId) -> String {
+    let top = kernel
+        .body
+        .ops
+        .iter()
+        .copied()
+        .find(|&o| o == mma || super::walk::ops_in_block_regions(kernel, o).contains(&mma));
+    let mma_loops = kernel
+        .body
+        .ops
+        .iter()
+        .filter(|&&o| {
+            matches!(kernel.ops[o].kind, OpKind::For { .. })
+                && super::walk::ops_in_block_regions(kernel, o)
+                    .iter()
+                    .any(|&i| kernel.ops[i].kind == OpKind::Mma)
+        })
+        .count();
+    let mmas_outside = |f: OpId| {
+        let inside = super::walk::ops_in_block_regions(kernel, f);
+        ops_in_order(kernel)
+            .into_iter()
+            .any(|o| kernel.ops[o].kind == OpKind::Mma && !inside.contains(&o))
+    };
+    match top.map(|t| (t, &kernel.ops[t].kind)) {
+        Some((t, _)) if t == mma => "the mma is outside any loop".into(),
+        Some((_, OpKind::For { stages: Some(n) })) if *n >= 2 && mma_loops > 1 => format!(
+            "the kernel has {mma_loops} loops with mmas; the warp-specialised schedule takes one"
+        ),
+        Some((t, OpKind::For { stages: Some(n) })) if *n >= 2 && mmas_outside(t) => {
+            "the kernel has an mma outside its pipelined loop".into()
+        }
+        Some((t, OpKind::For { stages: Some(n) }))
+            if *n >= 2 && !kernel.ops[t].regions[0].ops.contains(&mma) =>
+        {
+            "the mma is in a loop or `if` nested in the pipelined loop".into()
+        }
+        Some((_, OpKind::For { stages: Some(n) })) if *n >= 2 => {
+            "its operands or shapes are not what wgmma reads from a TMA ring (A and B tiles \
+             loaded in the loop, B possibly transposed, or A in registers in the accumulator \
+             layout; 64, 128 or 192 rows; K and N multiples of 16, N at most 256; column \
+             coordinates multiples of 8)"
+                .into()
+        }
+        Some((_, OpKind::For { .. })) => {
+            "its top-level loop is not `pipelined` with 2 or more stages (a persistent or \
+             strided loop around the pipelined one included)"
+                .into()
+        }
+        _ => "the mma is inside an `if`".into(),
+    }
+}
+
+/// On sm_100a, every `mma` must sit in a ring unless some tensor is not 16-byte aligned (TMA
 /// needs 16-byte strides; such kernels keep the sm_80 cp.async + mma.sync lowering).
 fn check_covered(kernel: &Kernel, target: Target) -> Result<(), Diagnostic> {
     if !all_aligned16(kernel) {

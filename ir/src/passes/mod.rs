@@ -9,6 +9,7 @@ pub mod canonicalize;
 pub mod layout;
 pub mod lower;
 pub mod memory_plan;
+pub mod mma_operands;
 pub mod occupancy;
 pub mod overlap;
 pub mod persistent;

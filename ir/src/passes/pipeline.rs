@@ -78,6 +78,16 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     if sched.loads.len() != kernel.schedule.buffers.len() {
         return Ok(());
     }
+    // An mma outside the ring runs as mma.sync, whose operands may go through shared memory
+    // with block-wide barriers the exited producer would never reach: the whole kernel then
+    // takes the sm_80 lowering (the `lower` pass notes why).
+    let ring = super::walk::ops_in_block_regions(kernel, sched.for_op);
+    if super::walk::ops_in_order(kernel)
+        .into_iter()
+        .any(|o| kernel.ops[o].kind == OpKind::Mma && !ring.contains(&o))
+    {
+        return Ok(());
+    }
     kernel.schedule.sched = Some(sched.clone());
     place(kernel)
 }
@@ -443,7 +453,12 @@ fn plan_mma(
     } else {
         layout == Some(&Layout::Mma { warps: [warps, 1] })
     };
-    let dtype_ok = matches!(kernel.ty(a_v).dtype(), DType::Bf16 | DType::F16)
+    // A register A (wgmma RS) is read in the accumulator layout; any other is no ring's.
+    let a_ok = a.is_some()
+        || target == Target::Sm100a
+        || kernel.schedule.layouts.get(&a_v) == Some(&Layout::Mma { warps: [warps, 1] });
+    let dtype_ok = a_ok
+        && matches!(kernel.ty(a_v).dtype(), DType::Bf16 | DType::F16)
         && kernel.ty(a_v).dtype() == kernel.ty(b_v).dtype();
     (shape_ok && layout_ok && dtype_ok).then_some(MmaPlan { a, b, k, n })
 }

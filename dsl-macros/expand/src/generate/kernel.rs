@@ -12,7 +12,7 @@ use syn::Ident;
 use super::body::rewrite_body;
 use super::comptime_struct::{Field, StructModel, field_doc, generate_struct};
 use super::signature::{Entry, bind_params, entry_args, entry_params, signature_table};
-use crate::parse::kernel::{GridTile, KernelArgs, KernelFn};
+use crate::parse::kernel::{GridTile, KernelArgs, KernelFn, Warps};
 use crate::paths;
 
 /// The generated items for a checked kernel.
@@ -34,8 +34,11 @@ pub fn generate_kernel(args: &KernelArgs, mut k: KernelFn) -> TokenStream {
         body,
     } = &k;
     let name_str = name.to_string();
-    let num_warps = args.num_warps;
     let spec = format_ident!("__kiln_spec", span = Span::mixed_site());
+    let num_warps = match &args.num_warps {
+        Warps::Literal(n) => quote!(#n),
+        Warps::Param(p) => quote_spanned!(p.span()=> #dsl::warp_count(#spec.comptime.#p)?),
+    };
     let (comptime, comptime_item) = comptime_struct(&k);
     let signature = signature_table(sig, &comptime);
     let binds = bind_params(sig, &spec, &comptime);

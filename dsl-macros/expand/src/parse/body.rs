@@ -227,7 +227,19 @@ impl<'ast> Visit<'ast> for Assigned {
                 self.visit_expr(&b.right);
             }
             Expr::ForLoop(f) => {
-                self.visit_expr(&f.expr);
+                match &*f.expr {
+                    // `pipelined(r, stages = n)`: `stages = n` names an argument, it assigns
+                    // nothing (a nested pipelined loop would otherwise carry `stages`).
+                    Expr::Call(c) if matches!(&*c.func, Expr::Path(p) if p.path.is_ident("pipelined")) => {
+                        for arg in &c.args {
+                            match arg {
+                                Expr::Assign(a) => self.visit_expr(&a.right),
+                                other => self.visit_expr(other),
+                            }
+                        }
+                    }
+                    other => self.visit_expr(other),
+                }
                 self.scopes.push(HashSet::new());
                 self.declare(&f.pat);
                 self.visit_block(&f.body);

@@ -10,8 +10,9 @@ use super::{Errors, int_literal};
 
 /// The options of `#[kernel(...)]`.
 pub struct KernelArgs {
-    /// Warps per thread block (`num_warps = N`, default 4).
-    pub num_warps: u32,
+    /// Warps per thread block (`num_warps = N` or `num_warps = P`, P a `usize` comptime
+    /// parameter; default 4).
+    pub num_warps: Warps,
     /// The tile of the problem each block covers along x, y and z (`grid = [block_m, 1, 1]`):
     /// the generated grid function launches `cdiv(extent, tile)` blocks per axis. `None`: one
     /// block per unit of extent.
@@ -22,6 +23,15 @@ pub struct KernelArgs {
 pub enum GridTile {
     /// An integer literal.
     Literal(syn::LitInt),
+    /// A comptime parameter (a field of the kernel's comptime struct), a `usize`.
+    Param(Ident),
+}
+
+/// `num_warps = ..`: a literal, or a comptime parameter's value (which the autotuner may
+/// vary; the build checks it is in 1..=32).
+pub enum Warps {
+    /// An integer literal in 1..=32.
+    Literal(u32),
     /// A comptime parameter (a field of the kernel's comptime struct), a `usize`.
     Param(Ident),
 }
@@ -63,13 +73,22 @@ impl Parse for KernelArgs {
     fn parse(input: ParseStream) -> syn::Result<KernelArgs> {
         let options = Punctuated::<MetaNameValue, Token![,]>::parse_terminated(input)?;
         let mut errors = Errors::default();
-        let mut num_warps = 4;
+        let mut num_warps = Warps::Literal(4);
         let mut grid = None;
         for o in &options {
             if o.path.is_ident("num_warps") {
-                match int_literal(&o.value) {
-                    Some(n) if (1..=32).contains(&n) => num_warps = n,
-                    _ => errors.at(&o.value, "`num_warps` must be an integer literal in 1..=32"),
+                match (&o.value, int_literal(&o.value)) {
+                    (_, Some(n)) if (1..=32).contains(&n) => num_warps = Warps::Literal(n),
+                    (Expr::Path(p), _) if p.qself.is_none() && p.path.get_ident().is_some() => {
+                        if let Some(id) = p.path.get_ident() {
+                            num_warps = Warps::Param(id.clone());
+                        }
+                    }
+                    _ => errors.at(
+                        &o.value,
+                        "`num_warps` must be an integer literal in 1..=32 or a `usize` comptime \
+                         parameter",
+                    ),
                 }
             } else if o.path.is_ident("grid") {
                 grid = grid_tiles(&o.value, &mut errors);
@@ -126,16 +145,21 @@ pub fn parse_kernel(item: ItemFn) -> syn::Result<KernelFn> {
     })
 }
 
-/// Checks that every comptime parameter `grid = [..]` names is one of `k`'s (a comptime
+/// Checks that every comptime parameter `grid = [..]` and `num_warps = ..` name is one of `k`'s (a comptime
 /// struct parameter's fields are checked by the compiler, at the same tokens).
 pub fn check_grid(args: &KernelArgs, k: &KernelFn) -> syn::Result<()> {
     let mut errors = Errors::default();
     let sig = &k.signature;
-    for t in args.grid.iter().flatten() {
-        if let GridTile::Param(p) = t
-            && sig.comptime_struct.is_none()
-            && !sig.comptime.iter().any(|c| c.name == *p)
-        {
+    let warps = match &args.num_warps {
+        Warps::Param(p) => Some(p),
+        Warps::Literal(_) => None,
+    };
+    let grid = args.grid.iter().flatten().filter_map(|t| match t {
+        GridTile::Param(p) => Some(p),
+        GridTile::Literal(_) => None,
+    });
+    for p in grid.chain(warps) {
+        if sig.comptime_struct.is_none() && !sig.comptime.iter().any(|c| c.name == *p) {
             let known: Vec<String> = sig.comptime.iter().map(|c| c.name.to_string()).collect();
             errors.at(
                 p,

@@ -1,0 +1,191 @@
+//! Register mma operands staged through shared memory (`kiln_ir::passes::mma_operands`):
+//! every thread writes its elements of the source tile into the operand's buffer, row-major
+//! in the buffer's swizzle, packing runs of adjacent columns into 32-, 64- or 128-bit stores;
+//! the mma then reads the buffer with `ldmatrix` as it reads a staged load.
+
+use std::collections::BTreeMap;
+
+use kiln_ir::schedule::StagedOperand;
+use kiln_ir::{DType, OpId};
+
+use super::{Emitter, Val};
+use crate::error::CodegenError;
+use crate::types::{Class, Reg};
+
+/// How the source tile's elements are held.
+enum Elements {
+    /// One `.b16` register per element.
+    Half(Vec<Reg>),
+    /// One `.f32` register per element, rounded to `DType` when stored.
+    Wide(Vec<Reg>, DType),
+    /// Two elements per `.b32` register (element `2k` in the low half).
+    Pairs(Vec<Reg>),
+}
+
+impl Emitter<'_> {
+    /// Writes `st`'s source into its buffer between two `bar.sync`s and returns the operand's
+    /// form for the mma at `id`: the buffer, transposed when the operand is.
+    pub(crate) fn stage_operand(
+        &mut self,
+        id: OpId,
+        st: &StagedOperand,
+    ) -> Result<Val, CodegenError> {
+        let dtype = self.k.ty(st.source).dtype();
+        let elements = match self.val(st.source, id)? {
+            Val::Narrowed { src, to } => Elements::Wide(src, to),
+            Val::Packed(pairs) => Elements::Pairs(pairs),
+            Val::Tile(_) | Val::Affine { .. } | Val::Lazy(_) => match dtype {
+                DType::Bf16 | DType::F16 => Elements::Half(self.tile(st.source, id)?),
+                _ => return Err(self.internal(id, "an mma operand that is not bf16 or f16")),
+            },
+            Val::Scalar(_) | Val::Smem { .. } => {
+                return Err(self.internal(id, "a staged mma operand that is not a register tile"));
+            }
+        };
+        let d = self.dist(st.source, id)?;
+        if d.terms.len() != 2 {
+            return Err(self.internal(id, "a staged mma operand that is not 2-D"));
+        }
+        let buf = st.buffer.clone();
+        let base = self.new_reg(Class::B32);
+        self.ins(format!("add.s32 {base}, {}, {}", self.smem, buf.offset));
+        let row0 = self.thread_coord(&d.terms[0]);
+        let col0 = self.thread_coord(&d.terms[1]);
+        // Runs of registers along a row, at most one 16-byte chunk, starting at a column that
+        // every thread's column offset keeps aligned to the run.
+        let col_align = d.terms[1]
+            .iter()
+            .map(|t| t.mul)
+            .fold(8u32, |a, m| a.min(1 << m.trailing_zeros().min(3)));
+        // Every thread is done reading the previous contents.
+        self.ins("bar.sync 0");
+        let mut rows: BTreeMap<u32, (Reg, Option<Reg>)> = BTreeMap::new();
+        let mut cols: BTreeMap<u32, (Reg, Reg)> = BTreeMap::new();
+        let mut i = 0;
+        while i < d.regs.len() {
+            let [r, c] = [d.regs[i][0], d.regs[i][1]];
+            let mut len = 1;
+            while len < 8
+                && i + 2 * len <= d.regs.len()
+                && (0..2 * len).all(|j| d.regs[i + j] == [r, c + j as u32])
+                && (c % (2 * len as u32)) == 0
+                && col_align >= 2 * len as u32
+            {
+                len *= 2;
+            }
+            if matches!(elements, Elements::Pairs(_)) && (len < 2 || i % 2 != 0) {
+                return Err(self.internal(id, "a packed mma operand not in column pairs"));
+            }
+            let words = self.stage_words(&elements, i, len, dtype);
+            // Per row offset: the row's address and swizzle; per column offset: the chunk
+            // and the byte in it; per store, the swizzled chunk between them.
+            let (row_at, sw) = match rows.get(&r) {
+                Some(&x) => x,
+                None => {
+                    let row = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {row}, {row0}, {r}"));
+                    let sw = buf.swizzle().map(|(shift, mask)| {
+                        let t = self.new_reg(Class::B32);
+                        self.ins(format!("shr.u32 {t}, {row}, {shift}"));
+                        self.ins(format!("and.b32 {t}, {t}, {mask}"));
+                        t
+                    });
+                    let at = self.new_reg(Class::B32);
+                    self.ins(format!("mad.lo.u32 {at}, {row}, {}, {base}", buf.row_bytes));
+                    rows.insert(r, (at, sw));
+                    (at, sw)
+                }
+            };
+            let (chunk, byte) = match cols.get(&c) {
+                Some(&x) => x,
+                None => {
+                    let col = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {col}, {col0}, {c}"));
+                    let (chunk, byte) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+                    self.ins(format!("shr.u32 {chunk}, {col}, 3"));
+                    self.ins(format!("and.b32 {byte}, {col}, 7"));
+                    self.ins(format!("shl.b32 {byte}, {byte}, 1"));
+                    cols.insert(c, (chunk, byte));
+                    (chunk, byte)
+                }
+            };
+            let swizzled = match sw {
+                Some(t) => {
+                    let x = self.new_reg(Class::B32);
+                    self.ins(format!("xor.b32 {x}, {chunk}, {t}"));
+                    x
+                }
+                None => chunk,
+            };
+            let addr = self.new_reg(Class::B32);
+            self.ins(format!("mad.lo.u32 {addr}, {swizzled}, 16, {row_at}"));
+            self.ins(format!("add.s32 {addr}, {addr}, {byte}"));
+            match words.as_slice() {
+                [Word::Half(h)] => self.ins(format!("st.shared.b16 [{addr}], {h}")),
+                [Word::Full(w)] => self.ins(format!("st.shared.b32 [{addr}], {w}")),
+                [Word::Full(a), Word::Full(b)] => {
+                    self.ins(format!("st.shared.v2.b32 [{addr}], {{{a}, {b}}}"))
+                }
+                [Word::Full(a), Word::Full(b), Word::Full(c), Word::Full(e)] => {
+                    self.ins(format!("st.shared.v4.b32 [{addr}], {{{a}, {b}, {c}, {e}}}"))
+                }
+                _ => return Err(self.internal(id, "a staged run of an unexpected length")),
+            }
+            i += len;
+        }
+        // The writes are visible to every warp's ldmatrix.
+        self.ins("bar.sync 0");
+        Ok(Val::Smem {
+            base,
+            buf,
+            transposed: st.transposed,
+        })
+    }
+
+    /// The words holding elements `i .. i + len` (`len` 1, 2, 4 or 8): one `.b16` register
+    /// for a single element, else one `.b32` per pair.
+    fn stage_words(
+        &mut self,
+        elements: &Elements,
+        i: usize,
+        len: usize,
+        dtype: DType,
+    ) -> Vec<Word> {
+        let cvt = if dtype == DType::F16 { "f16" } else { "bf16" };
+        match elements {
+            Elements::Half(regs) if len == 1 => vec![Word::Half(regs[i])],
+            Elements::Wide(regs, to) if len == 1 => {
+                let h = self.new_reg(Class::B16);
+                let t = if *to == DType::F16 { "f16" } else { "bf16" };
+                self.ins(format!("cvt.rn.{t}.f32 {h}, {}", regs[i]));
+                vec![Word::Half(h)]
+            }
+            Elements::Pairs(regs) => (0..len / 2).map(|j| Word::Full(regs[i / 2 + j])).collect(),
+            Elements::Half(regs) => (0..len / 2)
+                .map(|j| {
+                    let w = self.new_reg(Class::B32);
+                    let (lo, hi) = (regs[i + 2 * j], regs[i + 2 * j + 1]);
+                    self.ins(format!("mov.b32 {w}, {{{lo}, {hi}}}"));
+                    Word::Full(w)
+                })
+                .collect(),
+            Elements::Wide(regs, _) => (0..len / 2)
+                .map(|j| {
+                    let w = self.new_reg(Class::B32);
+                    let (lo, hi) = (regs[i + 2 * j], regs[i + 2 * j + 1]);
+                    // The first source lands in the upper half (ptx-notes section 6).
+                    self.ins(format!("cvt.rn.{cvt}x2.f32 {w}, {hi}, {lo}"));
+                    Word::Full(w)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A register holding staged elements.
+enum Word {
+    /// One element.
+    Half(Reg),
+    /// Two elements, the first in the low half.
+    Full(Reg),
+}

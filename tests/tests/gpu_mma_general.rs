@@ -1,0 +1,232 @@
+//! The kernels of `mma_kernels/` on the GPU, compiled for sm_80 and (on Hopper) sm_90a, each
+//! against the f64 reference and against the interpreter: an mma outside any loop, two mma
+//! loops with transposed register operands, a register B, a masked A, a persistent loop with
+//! a runtime stride, an mma in a runtime `if`; shapes no multiple of the tiles, every input
+//! distribution, outputs poisoned. Skips itself without a GPU.
+
+mod gpu_common;
+mod mma_kernels;
+
+use std::process::ExitCode;
+
+use gpu_common::{Needs, device};
+use kiln_ir::{DType, HostTensor, Target};
+use kiln_runtime::{Device, DeviceTensor};
+use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use mma_kernels::*;
+
+/// `(m, n, k)`: none a multiple of the 64 x 64 x 32 tiles.
+const SHAPES: [(usize, usize, usize); 3] = [(70, 130, 50), (129, 65, 100), (1, 3, 17)];
+
+/// The devices to run on: sm_80 code, and sm_90a code on a Hopper GPU.
+fn devices() -> Vec<Device> {
+    let Some(dev) = device() else {
+        return Vec::new();
+    };
+    let hopper = dev.compute_capability() == (9, 0);
+    let mut out = vec![dev];
+    if let (true, Some(d)) = (hopper, device()) {
+        out.push(d.with_target(Target::Sm90a));
+    }
+    out
+}
+
+/// A poisoned f32 output on the device.
+fn output(dev: &Device, shape: &[usize]) -> DeviceTensor {
+    let t = dev.alloc(DType::F32, shape).expect("alloc");
+    dev.fill_nan(&t).expect("poison");
+    t
+}
+
+/// Checks `gpu` against the f64 reference and the interpreter's `interp`.
+fn check(case: Case, gpu: &DeviceTensor, want: &[f64], interp: &HostTensor) {
+    let got = gpu.download().expect("download");
+    assert_close(&case, &got, want, tolerance(DType::Bf16));
+    let vs_interp = Case {
+        kernel: format!("{} (GPU vs interpreter)", case.kernel),
+        ..case
+    };
+    assert_close(
+        &vs_interp,
+        &got,
+        &interp.to_f64_vec(),
+        tolerance(DType::Bf16),
+    );
+}
+
+/// Runs `launch` and `interpret` of a kernel `(a, b, c)` over every shape and distribution.
+fn gemm_like(
+    name: &str,
+    shapes: &[(usize, usize, usize)],
+    grid: impl Fn(usize, usize) -> [u32; 3],
+    want: impl Fn(&HostTensor, &HostTensor) -> Vec<f64>,
+    launch: impl Fn(&Device, [u32; 3], &DeviceTensor, &DeviceTensor, &DeviceTensor),
+    interpret: impl Fn([u32; 3], &HostTensor, &HostTensor, &mut HostTensor),
+) {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for &(m, n, k) in shapes {
+            for dist in Dist::ALL {
+                let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
+                let b = tensor(&mut rng, &[k, n], DType::Bf16, dist);
+                let (da, db) = (
+                    dev.upload(&a).expect("upload"),
+                    dev.upload(&b).expect("upload"),
+                );
+                let c = output(&dev, &[m, n]);
+                launch(&dev, grid(m, n), &da, &db, &c);
+                let mut ci = poisoned(&[m, n], DType::F32);
+                interpret(grid(m, n), &a, &b, &mut ci);
+                let case = Case {
+                    kernel: format!("{name} on {}", dev.target()),
+                    shape: format!("m={m} n={n} k={k}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                check(case, &c, &want(&a, &b), &ci);
+            }
+        }
+    }
+}
+
+fn tiles(m: usize, n: usize) -> [u32; 3] {
+    [m.div_ceil(64) as u32, n.div_ceil(64) as u32, 1]
+}
+
+fn gpu_mma_once() {
+    let ct = MmaOnceComptime::default();
+    gemm_like(
+        "mma_once",
+        &[(70, 130, 32), (129, 65, 17), (1, 3, 1)],
+        tiles,
+        gemm,
+        |dev, g, a, b, c| mma_once.launch(dev, &ct, g, a, b, c).expect("launch"),
+        |g, a, b, c| mma_once.interpret(&ct, g, a, b, c).expect("interpret"),
+    );
+}
+
+fn gpu_mma_register_b() {
+    let ct = MmaRegisterBComptime::default();
+    gemm_like(
+        "mma_register_b",
+        &SHAPES,
+        tiles,
+        gemm_exp_b,
+        |dev, g, a, b, c| mma_register_b.launch(dev, &ct, g, a, b, c).expect("launch"),
+        |g, a, b, c| {
+            mma_register_b
+                .interpret(&ct, g, a, b, c)
+                .expect("interpret")
+        },
+    );
+}
+
+fn gpu_mma_masked() {
+    // `(BM, NW)`: comptime warp counts, each launched with its own block size.
+    for (bm, nw) in [(64, 4), (64, 2), (128, 8)] {
+        let ct = MmaMaskedComptime {
+            BM: bm,
+            NW: nw,
+            ..MmaMaskedComptime::default()
+        };
+        gemm_like(
+            &format!("mma_masked BM={bm} NW={nw}"),
+            &SHAPES,
+            |m, n| [m.div_ceil(bm) as u32, n.div_ceil(64) as u32, 1],
+            gemm_tril_a,
+            |dev, g, a, b, c| mma_masked.launch(dev, &ct, g, a, b, c).expect("launch"),
+            |g, a, b, c| mma_masked.interpret(&ct, g, a, b, c).expect("interpret"),
+        );
+    }
+}
+
+fn gpu_mma_persistent() {
+    let ct = MmaPersistentComptime::default();
+    for blocks in [3u32, 64] {
+        gemm_like(
+            &format!("mma_persistent ({blocks} blocks)"),
+            &SHAPES,
+            |_, _| [blocks, 1, 1],
+            gemm,
+            |dev, g, a, b, c| mma_persistent.launch(dev, &ct, g, a, b, c).expect("launch"),
+            |g, a, b, c| {
+                mma_persistent
+                    .interpret(&ct, g, a, b, c)
+                    .expect("interpret")
+            },
+        );
+    }
+}
+
+fn gpu_mma_in_if() {
+    let ct = MmaInIfComptime::default();
+    for flag in [1, 0] {
+        let sign = if flag > 0 { 1.0 } else { -1.0 };
+        gemm_like(
+            &format!("mma_in_if (flag {flag})"),
+            &SHAPES,
+            tiles,
+            |a, b| gemm(a, b).iter().map(|x| sign * x).collect(),
+            |dev, g, a, b, c| {
+                mma_in_if
+                    .launch(dev, &ct, g, a, b, c, flag)
+                    .expect("launch")
+            },
+            |g, a, b, c| {
+                mma_in_if
+                    .interpret(&ct, g, a, b, c, flag)
+                    .expect("interpret")
+            },
+        );
+    }
+}
+
+fn gpu_mma_two_loops() {
+    let mut rng = Rng::from_env();
+    let ct = MmaTwoLoopsComptime::default();
+    for dev in devices() {
+        for (sq, sk) in [(100, 70), (64, 129), (3, 5)] {
+            for dist in Dist::ALL {
+                let d = ct.D;
+                let q = tensor(&mut rng, &[sq, d], DType::Bf16, dist);
+                let k = tensor(&mut rng, &[sk, d], DType::Bf16, dist);
+                let scale = 1.0 / (d as f32).sqrt();
+                let grid = [sk.div_ceil(ct.BN) as u32, 1, 1];
+                let (dq, dk_in) = (
+                    dev.upload(&q).expect("upload"),
+                    dev.upload(&k).expect("upload"),
+                );
+                let (dv, dk) = (output(&dev, &[sk, d]), output(&dev, &[sk, d]));
+                mma_two_loops
+                    .launch(&dev, &ct, grid, &dq, &dk_in, &dv, &dk, scale)
+                    .expect("launch");
+                let mut dvi = poisoned(&[sk, d], DType::F32);
+                let mut dki = poisoned(&[sk, d], DType::F32);
+                mma_two_loops
+                    .interpret(&ct, grid, &q, &k, &mut dvi, &mut dki, scale)
+                    .expect("interpret");
+                let (want_v, want_k) = two_loops(&q, &k, f64::from(scale));
+                let case = |what: &str| Case {
+                    kernel: format!("mma_two_loops {what} on {}", dev.target()),
+                    shape: format!("sq={sq} sk={sk} d={d}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                check(case("dv"), &dv, &want_v, &dvi);
+                check(case("dk"), &dk, &want_k, &dki);
+            }
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    gpu_common::run(&[
+        ("gpu_mma_once", Needs::Gpu, gpu_mma_once),
+        ("gpu_mma_register_b", Needs::Gpu, gpu_mma_register_b),
+        ("gpu_mma_masked", Needs::Gpu, gpu_mma_masked),
+        ("gpu_mma_persistent", Needs::Gpu, gpu_mma_persistent),
+        ("gpu_mma_in_if", Needs::Gpu, gpu_mma_in_if),
+        ("gpu_mma_two_loops", Needs::Gpu, gpu_mma_two_loops),
+    ])
+}
