@@ -156,6 +156,46 @@ fn gpu_row_stats() {
     }
 }
 
+fn gpu_row_sums_half() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for dtype in [DType::Bf16, DType::F16] {
+            for (bm, bn) in [(1, 2048), (4, 512)] {
+                let c = RowSumsHalfComptime {
+                    BM: bm,
+                    BN: bn,
+                    dtype,
+                };
+                for (m, n) in [(1, 1), (3, bn - 5), (65, bn)] {
+                    for dist in Dist::ALL {
+                        let x = tensor(&mut rng, &[m, n], dtype, dist);
+                        let grid = row_sums_half.grid(&c, [m, 1, 1]);
+                        let out = output(&dev, dtype, &[m]);
+                        let dx = upload_padded(&dev, &x, 8);
+                        row_sums_half
+                            .launch(&dev, &c, grid, &dx, &out)
+                            .expect("launch");
+                        let mut oi = poisoned(&[m], dtype);
+                        row_sums_half
+                            .interpret(&c, grid, &x, &mut oi)
+                            .expect("interpret");
+                        let case = Case {
+                            kernel: format!(
+                                "row_sums_half {dtype} BM={bm} BN={bn} on {}",
+                                dev.target()
+                            ),
+                            shape: format!("m={m} n={n}"),
+                            dist,
+                            seed: rng.seed(),
+                        };
+                        check(&case, &out, &row_stats_ref(&x).0, &oi, tolerance(dtype));
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn gpu_col_sums() {
     let mut rng = Rng::from_env();
     for dev in devices() {
@@ -191,5 +231,6 @@ fn main() -> ExitCode {
         ("gpu_lowering_scale_rows", Needs::Gpu, gpu_scale_rows),
         ("gpu_lowering_row_stats", Needs::Gpu, gpu_row_stats),
         ("gpu_lowering_col_sums", Needs::Gpu, gpu_col_sums),
+        ("gpu_lowering_row_sums_half", Needs::Gpu, gpu_row_sums_half),
     ])
 }

@@ -139,6 +139,38 @@ fn row_stats_compiles_and_matches_reference() {
 }
 
 #[test]
+fn half_row_sums_compile_and_match_reference() {
+    for dtype in [DType::Bf16, DType::F16] {
+        for (bm, bn, marker) in [(1, 2048, ACROSS_WARPS), (4, 512, "")] {
+            let c = RowSumsHalfComptime {
+                BM: bm,
+                BN: bn,
+                dtype,
+            };
+            compiles(&row_sums_half, c, &["x", "out"], marker);
+            let mut rng = Rng::from_env();
+            for (m, n) in [(1, 1), (3, bn - 5), (5, bn)] {
+                for dist in Dist::ALL {
+                    let x = tensor(&mut rng, &[m, n], dtype, dist);
+                    let grid = row_sums_half.grid(&c, [m, 1, 1]);
+                    let mut out = poisoned(&[m], dtype);
+                    row_sums_half
+                        .interpret(&c, grid, &x, &mut out)
+                        .expect("interpret");
+                    let case = Case {
+                        kernel: format!("row_sums_half {dtype} BM={bm} BN={bn}"),
+                        shape: format!("m={m} n={n}"),
+                        dist,
+                        seed: rng.seed(),
+                    };
+                    assert_close(&case, &out, &row_stats_ref(&x).0, tolerance(dtype));
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn col_sums_compiles_and_matches_reference() {
     for (bm, bn) in [(256, 32), (128, 8)] {
         let c = ColSumsComptime { BM: bm, BN: bn };

@@ -69,10 +69,14 @@ impl Emitter<'_> {
         combine: &mut dyn FnMut(&mut Self, Reg, Reg) -> Reg,
     ) -> Result<Vec<Reg>, CodegenError> {
         let r = self.k.ops[id].results[0];
+        // 16-bit floats are reduced in f32.
+        let dtype = match self.k.ty(r).dtype() {
+            DType::Bf16 | DType::F16 => DType::F32,
+            d => d,
+        };
         let (warps, lane_terms): (Vec<Term>, Vec<Term>) =
             reduced.iter().partition(|t| t.div.is_multiple_of(32));
         let scratch = self.scratch(id)?;
-        let dtype = self.k.ty(r).dtype();
         let strides = row_major_strides(self.k, r, id, self)?;
         let esize = scratch_bytes(dtype);
         // Partials of one result element lie side by side: element e of warp w at

@@ -9,7 +9,7 @@ use kiln_ir::{DType, OpId, OpKind, ReduceOp, ValueDef, ValueId};
 
 use super::{Emitter, Lower, Pipeline, Val};
 use crate::error::CodegenError;
-use crate::types::{Class, Reg};
+use crate::types::{Class, Reg, half_ty};
 
 /// Independent partial results per output element of a reduction within a thread.
 const CHAINS: usize = 4;
@@ -26,12 +26,13 @@ impl Emitter<'_> {
         let op = self.k.ops[id].clone();
         let (x, r) = (op.operands[0], op.results[0]);
         let dtype = self.k.ty(x).dtype();
+        // 16-bit floats accumulate in f32 (as the interpreter does) and round once at the end.
         let ty = match dtype {
-            DType::F32 => "f32",
+            DType::F32 | DType::Bf16 | DType::F16 => "f32",
             DType::I32 => "s32",
             DType::U32 => "u32",
-            DType::Bf16 | DType::F16 | DType::Bool => {
-                return Err(self.unsupported(id, "a reduction of a non-f32/i32 tile"));
+            DType::Bool => {
+                return Err(self.unsupported(id, "a reduction of a bool tile"));
             }
         };
         let src = self.dist(x, id)?;
@@ -58,6 +59,7 @@ impl Emitter<'_> {
             let mut key = offs.clone();
             key.remove(dim);
             let x_k = self.elem(x, offs, id)?;
+            let x_k = self.widen(x_k, dtype);
             let n = seen.entry(key.clone()).or_insert(0);
             let chains = partial.entry(key).or_default();
             match chains.get(*n % CHAINS).copied() {
@@ -108,6 +110,16 @@ impl Emitter<'_> {
         if !warps.is_empty() {
             let mut combine = combine;
             out = self.reduce_across_warps(id, &dst, &src.terms[dim], out, &mut combine)?;
+        }
+        if let Some(half) = half_ty(dtype) {
+            out = out
+                .into_iter()
+                .map(|f| {
+                    let h = self.new_reg(Class::B16);
+                    self.ins(format!("cvt.rn.{half}.f32 {h}, {f}"));
+                    h
+                })
+                .collect();
         }
         self.vals.insert(r, Val::Tile(out));
         Ok(())

@@ -245,7 +245,8 @@ fn place_scratch(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> 
                 }
                 let ty = kernel.ty(op.results[0]);
                 let elems = ty.shape().map_or(1, Shape::numel);
-                warps * elems as u32 * ty.dtype().size_bytes() as u32
+                // 16-bit floats meet as their f32 partial sums.
+                warps * elems as u32 * ty.dtype().size_bytes().max(4) as u32
             }
             _ => continue,
         };

@@ -86,6 +86,22 @@ pub fn col_sums(
     out.tile([BN], [c0]).store(acc);
 }
 
+/// `out[r] = sum_c x[r, c]` for `x` of element type `dtype` (bf16 or f16) and at most `BN`
+/// columns, reduced in that type (f32 accumulation, one rounding): with one row a block,
+/// across the block's warps.
+#[kernel(grid = [BM, 1, 1])]
+pub fn row_sums_half(
+    x: Tensor<dtype, 2>,
+    out: TensorMut<dtype, 1>,
+    #[comptime(default = 1)] BM: usize,
+    #[comptime(default = 2048)] BN: usize,
+    #[comptime(default = DType::Bf16)] dtype: DType,
+) {
+    let r0 = block_id().x * BM;
+    out.tile([BM], [r0])
+        .store(row_sum(&x.tile([BM, BN], [r0, 0]).load()));
+}
+
 /// Reference of `block_counts`.
 pub fn block_counts_ref(data: &HostTensor, bn: usize, bins: usize) -> Vec<f64> {
     let n = data.shape[0];
