@@ -215,6 +215,8 @@ fn gpu_atomics_match_the_reference() {
                     .into_iter()
                     .enumerate()
                 {
+                    // Distinct targets need at least as many rows of `acc` as of `x`.
+                    let n = if repeat { n } else { n.max(rows) };
                     let dist = Dist::ALL[(op + i) % Dist::ALL.len()];
                     let x = tensor(&mut rng, &[rows, cols], dtype, dist);
                     let idx = if repeat {

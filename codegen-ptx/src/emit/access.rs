@@ -33,8 +33,8 @@ enum AtomicForm {
     Native(&'static str),
     /// A `atom.cas.b32` loop on the element (32-bit elements without the operation).
     Cas32,
-    /// A `atom.cas.b32` loop on the aligned word holding a 16-bit element.
-    Cas16In32,
+    /// An `atom.cas.b16` loop on a 16-bit element.
+    Cas16,
 }
 
 /// The instruction form of atomic `op` on `dtype` elements for `target`; `None` if the IR
@@ -53,7 +53,7 @@ fn atomic_form(op: AtomicOp, dtype: DType, target: Target) -> Option<AtomicForm>
         // take the packed form ([`Emitter::packed_pairs`]).
         (DType::F16, AtomicOp::Add) => Native("noftz.f16"),
         (DType::Bf16, AtomicOp::Add) if target != Target::Sm80 => Native("noftz.bf16"),
-        (DType::Bf16, AtomicOp::Add) => Cas16In32,
+        (DType::Bf16, AtomicOp::Add) => Cas16,
         _ => return None,
     })
 }
@@ -823,43 +823,33 @@ impl Emitter<'_> {
                 self.ins(format!("mov.b32 {old}, {cur}"));
                 self.label(&skip);
             }
-            AtomicForm::Cas16In32 => {
+            AtomicForm::Cas16 => {
+                // A 16-bit compare-and-swap on the element itself: a wider word could reach
+                // past the tensor's last element.
                 let skip = self.new_label();
                 self.ins(format!("@!{on} bra {skip}"));
-                // The aligned word holding the element and the element's bit offset in it.
-                let (full, word) = (self.new_reg(Class::B64), self.new_reg(Class::B64));
-                self.ins(format!("add.s64 {full}, {}, {}", e.addr, e.imm));
-                self.ins(format!("and.b64 {word}, {full}, -4"));
-                let [lo, sh, keep] = self.new_regs(Class::B32);
-                self.ins(format!("cvt.u32.u64 {lo}, {full}"));
-                self.ins(format!("and.b32 {sh}, {lo}, 2"));
-                self.ins(format!("shl.b32 {sh}, {sh}, 3"));
-                self.ins(format!("shl.b32 {keep}, 65535, {sh}"));
-                self.ins(format!("not.b32 {keep}, {keep}"));
-                let cur = self.new_reg(Class::B32);
+                let addr = self.new_reg(Class::B64);
+                self.ins(format!("add.s64 {addr}, {}, {}", e.addr, e.imm));
+                let cur = self.new_reg(Class::B16);
                 self.ins(format!(
-                    "ld.relaxed.{}.global.b32 {cur}, [{word}]",
+                    "ld.relaxed.{}.global.b16 {cur}, [{addr}]",
                     scope.name()
                 ));
                 let vf = self.widen(v, dtype);
                 let top = self.new_label();
                 self.label(&top);
-                let [bits, fb] = self.new_regs(Class::B32);
-                self.ins(format!("shr.b32 {bits}, {cur}, {sh}"));
-                self.ins(format!("and.b32 {bits}, {bits}, 65535"));
-                // bf16 is the top half of an f32: widening is a shift.
-                self.ins(format!("shl.b32 {fb}, {bits}, 16"));
-                let [f, s] = [self.new_reg(Class::F32), self.new_reg(Class::F32)];
-                self.ins(format!("mov.b32 {f}, {fb}"));
+                let s = self.new_reg(Class::F32);
+                let f = self.widen(cur, dtype);
                 self.ins(format!("add.f32 {s}, {f}, {vf}"));
                 let h = self.narrow(s, dtype);
-                let [h32, new] = self.new_regs(Class::B32);
-                self.ins(format!("cvt.u32.u16 {h32}, {h}"));
-                self.ins(format!("shl.b32 {h32}, {h32}, {sh}"));
-                self.ins(format!("and.b32 {new}, {cur}, {keep}"));
-                self.ins(format!("or.b32 {new}, {new}, {h32}"));
-                self.cas_step(&ord, word, cur, new, &top);
-                self.ins(format!("cvt.u16.u32 {old}, {bits}"));
+                let prev = self.new_reg(Class::B16);
+                self.ins(format!(
+                    "atom{ord}.global.cas.b16 {prev}, [{addr}], {cur}, {h}"
+                ));
+                let retry = self.setp("ne.b16", prev, cur);
+                self.ins(format!("mov.b16 {cur}, {prev}"));
+                self.ins(format!("@{retry} bra {top}"));
+                self.ins(format!("mov.b16 {old}, {cur}"));
                 self.label(&skip);
             }
         }

@@ -453,10 +453,18 @@ fn plan_mma(
     } else {
         layout == Some(&Layout::Mma { warps: [warps, 1] })
     };
-    // A register A (wgmma RS) is read in the accumulator layout; any other is no ring's.
-    let a_ok = a.is_some()
+    // A register A (wgmma RS) is read in the accumulator layout; any other is no ring's. A
+    // gathered A (MoE routed rows) gave wrong sums on the H200 under compute-sanitizer's
+    // timing, so it keeps the mma.sync lowering until the ring's ordering of its loads is
+    // proved.
+    let gathered = matches!(
+        kernel.values[a_v].def,
+        crate::kernel::ValueDef::Op(d, _) if matches!(kernel.ops[d].kind, OpKind::Gather { .. })
+    );
+    let a_ok = (a.is_some()
         || target == Target::Sm100a
-        || kernel.schedule.layouts.get(&a_v) == Some(&Layout::Mma { warps: [warps, 1] });
+        || kernel.schedule.layouts.get(&a_v) == Some(&Layout::Mma { warps: [warps, 1] }))
+        && !gathered;
     let dtype_ok = a_ok
         && matches!(kernel.ty(a_v).dtype(), DType::Bf16 | DType::F16)
         && kernel.ty(a_v).dtype() == kernel.ty(b_v).dtype();
