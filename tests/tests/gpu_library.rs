@@ -8,7 +8,7 @@ mod library;
 
 use std::process::ExitCode;
 
-use gpu_common::{Needs, device, upload_padded};
+use gpu_common::{Needs, devices, poisoned_output as output, upload_padded};
 use kiln_examples::cross_entropy::{
     CrossEntropyBackwardComptime, CrossEntropyComptime, cross_entropy, cross_entropy_backward,
 };
@@ -18,36 +18,13 @@ use kiln_examples::norm_backward::{
 };
 use kiln_examples::rotary::{RotaryComptime, rotary};
 use kiln_examples::softmax::{SoftmaxBackwardComptime, softmax_backward};
+use kiln_ir::DType;
 use kiln_ir::dsl::KernelDef;
-use kiln_ir::{DType, Target};
 use kiln_runtime::{Device, DeviceTensor};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 use library::{GPU_SHAPES, ROTARY_SHAPES, SHAPES, norm_inputs, rotary_tables, targets};
-
-/// sm_80 code on any GPU, and sm_90a code on Hopper.
-fn devices() -> Vec<Device> {
-    let Some(dev) = device() else {
-        return Vec::new();
-    };
-    let hopper = dev.compute_capability() == (9, 0);
-    let mut all = vec![dev];
-    if hopper {
-        all.push(
-            Device::new(0)
-                .expect("a driver and a GPU are present")
-                .with_target(Target::Sm90a),
-        );
-    }
-    all
-}
-
-fn output(dev: &Device, dtype: DType, shape: &[usize]) -> DeviceTensor {
-    let t = dev.alloc(dtype, shape).expect("alloc");
-    dev.fill_nan(&t).expect("poison");
-    t
-}
 
 fn shapes() -> impl Iterator<Item = ((usize, usize), bool)> {
     SHAPES

@@ -8,36 +8,13 @@ mod lowering_kernels;
 
 use std::process::ExitCode;
 
-use gpu_common::{Needs, device, upload_padded};
+use gpu_common::{Needs, devices, poisoned_output as output, upload_padded};
 use kiln_ir::dsl::KernelDef;
-use kiln_ir::{DType, HostTensor, Target};
-use kiln_runtime::{Device, DeviceTensor};
+use kiln_ir::{DType, HostTensor};
+use kiln_runtime::DeviceTensor;
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use lowering_kernels::*;
-
-/// The devices to run on: sm_80 code on any GPU, and sm_90a code on Hopper.
-fn devices() -> Vec<Device> {
-    let Some(dev) = device() else {
-        return Vec::new();
-    };
-    let hopper = dev.compute_capability() == (9, 0);
-    let mut all = vec![dev];
-    if hopper {
-        all.push(
-            Device::new(0)
-                .expect("a driver and a GPU are present")
-                .with_target(Target::Sm90a),
-        );
-    }
-    all
-}
-
-fn output(dev: &Device, dtype: DType, shape: &[usize]) -> DeviceTensor {
-    let t = dev.alloc(dtype, shape).expect("alloc");
-    dev.fill_nan(&t).expect("poison");
-    t
-}
 
 /// The GPU result against the reference and the interpreter's result.
 fn check(case: &Case, gpu: &DeviceTensor, reference: &[f64], interp: &HostTensor, tol: f64) {

@@ -6,7 +6,7 @@
 
 use std::process::ExitCode;
 
-use kiln_ir::HostTensor;
+use kiln_ir::{DType, HostTensor, Target};
 use kiln_runtime::{Device, DeviceTensor};
 use libtest_mimic::{Arguments, Trial};
 
@@ -95,4 +95,30 @@ pub fn upload_padded(dev: &Device, host: &HostTensor, pad: usize) -> DeviceTenso
     let view = wide.narrow(last, 0, host.shape[last]).expect("view");
     view.copy_from_host(host).expect("copy");
     view
+}
+
+/// The devices a test of portable and Hopper code runs on: sm_80 code on any GPU, and sm_90a
+/// code on a Hopper GPU (empty without a driver).
+pub fn devices() -> Vec<Device> {
+    let Some(dev) = device() else {
+        return Vec::new();
+    };
+    let hopper = dev.compute_capability() == (9, 0);
+    let mut all = vec![dev];
+    if hopper {
+        all.push(
+            Device::new(0)
+                .expect("a driver and a GPU are present")
+                .with_target(Target::Sm90a),
+        );
+    }
+    all
+}
+
+/// A device tensor of `dtype` and `shape` poisoned with NaN ([`Device::fill_nan`]), so an
+/// element a kernel forgets to write shows.
+pub fn poisoned_output(dev: &Device, dtype: DType, shape: &[usize]) -> DeviceTensor {
+    let t = dev.alloc(dtype, shape).expect("alloc");
+    dev.fill_nan(&t).expect("poison");
+    t
 }
