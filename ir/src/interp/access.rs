@@ -160,20 +160,10 @@ fn rmw_f(op: AtomicOp, m: f32, v: f32, c: f32) -> f32 {
     }
 }
 
-fn rmw_i(op: AtomicOp, m: i32, v: i32, c: i32) -> i32 {
+/// Atomic `op` of an integer element `m` with `v` (`c`: the compare value of a CAS).
+fn rmw_int<T: Ord + Copy>(op: AtomicOp, m: T, v: T, c: T, add: fn(T, T) -> T) -> T {
     match op {
-        AtomicOp::Add => m.wrapping_add(v),
-        AtomicOp::Max => m.max(v),
-        AtomicOp::Min => m.min(v),
-        AtomicOp::Xchg => v,
-        AtomicOp::Cas if m == c => v,
-        AtomicOp::Cas => m,
-    }
-}
-
-fn rmw_u(op: AtomicOp, m: u32, v: u32, c: u32) -> u32 {
-    match op {
-        AtomicOp::Add => m.wrapping_add(v),
+        AtomicOp::Add => add(m, v),
         AtomicOp::Max => m.max(v),
         AtomicOp::Min => m.min(v),
         AtomicOp::Xchg => v,
@@ -227,12 +217,15 @@ pub(crate) fn atomic(
             Ok((f16::from_f32(rmw_f(op, mf, elem_f(v, idx)?, c)), mf))
         })?),
         TensorData::I32(d) => Elems::I(run(d, offs, &idxs, |m, idx| {
-            Ok((rmw_i(op, m, elem_i(v, idx)?, cmp_i(idx)?), m))
+            Ok((
+                rmw_int(op, m, elem_i(v, idx)?, cmp_i(idx)?, i32::wrapping_add),
+                m,
+            ))
         })?),
         // u32 values travel as their bit patterns in i32 lanes.
         TensorData::U32(d) => Elems::I(run(d, offs, &idxs, |m, idx| {
             let (x, c) = (elem_i(v, idx)? as u32, cmp_i(idx)? as u32);
-            Ok((rmw_u(op, m, x, c), m as i32))
+            Ok((rmw_int(op, m, x, c, u32::wrapping_add), m as i32))
         })?),
     };
     Ok(Value {

@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::kernel::{Block, Kernel, Op, OpId, OpKind, ValueData, ValueDef, ValueId};
+use crate::kernel::{Block, Kernel, Loc, Op, OpId, OpKind, ValueData, ValueDef, ValueId};
 use crate::schedule::{Distribution, Layout};
 use crate::types::Shape;
 
@@ -244,20 +244,8 @@ fn convert_operand(
     want: Layout,
 ) {
     let v = kernel.ops[user].operands[index];
-    let loc = kernel.ops[user].loc;
-    let ty = kernel.ty(v).clone();
-    let converted = kernel.values.append(ValueData {
-        ty,
-        def: ValueDef::Op(user, 0),
-    });
-    let op = kernel.ops.append(Op {
-        kind: OpKind::Convert,
-        operands: vec![v],
-        results: vec![converted],
-        regions: Vec::new(),
-        loc,
-    });
-    kernel.values[converted].def = ValueDef::Op(op, 0);
+    let converted = value_like(kernel, v, ValueDef::Op(user, 0));
+    let op = convert_op(kernel, v, converted, kernel.ops[user].loc);
     kernel.ops[user].operands[index] = converted;
     layouts.insert(converted, want);
     place(kernel, op, At::Before(user));
@@ -273,23 +261,30 @@ fn convert_result(
     made: Layout,
 ) {
     let r = kernel.ops[maker].results[index];
-    let loc = kernel.ops[maker].loc;
-    let ty = kernel.ty(r).clone();
-    let fresh = kernel.values.append(ValueData {
-        ty,
-        def: ValueDef::Op(maker, index),
-    });
+    let fresh = value_like(kernel, r, ValueDef::Op(maker, index));
     kernel.ops[maker].results[index] = fresh;
     layouts.insert(fresh, made);
+    let op = convert_op(kernel, fresh, r, kernel.ops[maker].loc);
+    place(kernel, op, At::After(maker));
+}
+
+/// A new value of `v`'s type, defined by `def`.
+fn value_like(kernel: &mut Kernel, v: ValueId, def: ValueDef) -> ValueId {
+    let ty = kernel.ty(v).clone();
+    kernel.values.append(ValueData { ty, def })
+}
+
+/// A `convert` of `from` into `to` at `loc`, in no block yet; `to` becomes its result.
+fn convert_op(kernel: &mut Kernel, from: ValueId, to: ValueId, loc: Loc) -> OpId {
     let op = kernel.ops.append(Op {
         kind: OpKind::Convert,
-        operands: vec![fresh],
-        results: vec![r],
+        operands: vec![from],
+        results: vec![to],
         regions: Vec::new(),
         loc,
     });
-    kernel.values[r].def = ValueDef::Op(op, 0);
-    place(kernel, op, At::After(maker));
+    kernel.values[to].def = ValueDef::Op(op, 0);
+    op
 }
 
 /// Puts `op` into the block holding the op `at` names, before or after it.
