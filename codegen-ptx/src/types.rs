@@ -137,3 +137,13 @@ pub fn half_ty(dtype: DType) -> Option<&'static str> {
         DType::F32 | DType::I32 | DType::U32 | DType::Bool => None,
     }
 }
+
+/// The PTX type used to move one element of `dtype`.
+pub fn mem_ty(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::Bf16 | DType::F16 => "b16",
+        DType::I32 | DType::U32 => "b32",
+        DType::Bool => "u8",
+    }
+}

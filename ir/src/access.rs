@@ -2,8 +2,9 @@
 //! [`OpKind::Atomic`]): which tensor, how each dimension is addressed, the tile's shape, the
 //! mask's and the index tiles' broadcasting, and which atomics each dtype has.
 
-use crate::infer::{check_shape, tensor_param};
+use crate::entities::tensor_param;
 use crate::kernel::{Access, Addr, AtomicOp, OpKind, Param};
+use crate::types::check_shape;
 use crate::types::{DType, Shape, Type};
 
 /// Whether tensors of `dtype` support atomic `op`. bf16 and f16 have only `add` (the

@@ -756,3 +756,16 @@ impl Op {
         })
     }
 }
+
+/// Tensor parameter `i`'s element type, rank and whether the kernel may write it.
+pub(crate) fn tensor_param(params: &[Param], i: usize) -> Result<(DType, usize, bool), String> {
+    match params.get(i) {
+        Some(Param::Tensor {
+            dtype,
+            rank,
+            mutable,
+            ..
+        }) => Ok((*dtype, *rank, *mutable)),
+        _ => Err(format!("parameter {i} is not a tensor")),
+    }
+}

@@ -1,8 +1,9 @@
 //! Result-type rules of every operation. The builder uses them to type new operations and
 //! the verifier to re-check a kernel after a pass; one function serves both.
 
+use crate::entities::tensor_param;
 use crate::kernel::{BinaryOp, Const, OpKind, Param, UnaryOp};
-use crate::types::{DType, Shape, Type};
+use crate::types::{DType, Shape, Type, check_shape};
 
 /// The result types of an operation of `kind` applied to operands of types `operands`, or a
 /// sentence saying why the operands do not fit. `params` are the kernel's parameters and
@@ -373,18 +374,6 @@ pub fn result_types(
     }
 }
 
-pub(crate) fn tensor_param(params: &[Param], i: usize) -> Result<(DType, usize, bool), String> {
-    match params.get(i) {
-        Some(Param::Tensor {
-            dtype,
-            rank,
-            mutable,
-            ..
-        }) => Ok((*dtype, *rank, *mutable)),
-        _ => Err(format!("parameter {i} is not a tensor")),
-    }
-}
-
 fn check_coords(ops: &[Type]) -> Result<(), String> {
     for (i, t) in ops.iter().enumerate() {
         if *t != Type::Scalar(DType::I32) {
@@ -397,29 +386,6 @@ fn check_coords(ops: &[Type]) -> Result<(), String> {
 fn tile_shape<'a>(t: &'a Type, what: &str) -> Result<&'a Shape, String> {
     t.shape()
         .ok_or_else(|| format!("`{what}` needs a tile, found scalar {t}"))
-}
-
-/// Largest tile extent: a tile's registers and shared bytes stay within a block's budget.
-const MAX_EXTENT: usize = 4096;
-
-/// Tile extents are powers of two or multiples of 32, at most [`MAX_EXTENT`]. Either maps
-/// onto the hardware: a power of two splits evenly over lanes and warps; a multiple of 32
-/// (96, 192) is whole 16x8 mma fragments, whole k16 and n8 wgmma steps, whole 32-column TMA
-/// boxes of 16-bit elements (64 bytes, the 64-byte swizzle's row) and whole 16-byte
-/// ldmatrix chunks. What a target cannot map beyond that (rows per warp, a box count) the
-/// passes reject at the op.
-pub(crate) fn check_shape(s: &Shape) -> Result<(), String> {
-    if s.rank() == 0 || s.rank() > 2 {
-        return Err(format!("tiles have 1 or 2 dimensions, found {}", s.rank()));
-    }
-    for &d in s.dims() {
-        if d == 0 || d > MAX_EXTENT || !(d.is_power_of_two() || d.is_multiple_of(32)) {
-            return Err(format!(
-                "tile extent {d} must be a power of two or a multiple of 32, between 1 and {MAX_EXTENT}"
-            ));
-        }
-    }
-    Ok(())
 }
 
 fn broadcast(a: &Type, b: &Type) -> Result<Option<Shape>, String> {

@@ -186,3 +186,26 @@ impl fmt::Display for Type {
         }
     }
 }
+
+/// Largest tile extent: a tile's registers and shared bytes stay within a block's budget.
+const MAX_EXTENT: usize = 4096;
+
+/// Tile extents are powers of two or multiples of 32, at most [`MAX_EXTENT`]. Either maps
+/// onto the hardware: a power of two splits evenly over lanes and warps; a multiple of 32
+/// (96, 192) is whole 16x8 mma fragments, whole k16 and n8 wgmma steps, whole 32-column TMA
+/// boxes of 16-bit elements (64 bytes, the 64-byte swizzle's row) and whole 16-byte
+/// ldmatrix chunks. What a target cannot map beyond that (rows per warp, a box count) the
+/// passes reject at the op.
+pub(crate) fn check_shape(s: &Shape) -> Result<(), String> {
+    if s.rank() == 0 || s.rank() > 2 {
+        return Err(format!("tiles have 1 or 2 dimensions, found {}", s.rank()));
+    }
+    for &d in s.dims() {
+        if d == 0 || d > MAX_EXTENT || !(d.is_power_of_two() || d.is_multiple_of(32)) {
+            return Err(format!(
+                "tile extent {d} must be a power of two or a multiple of 32, between 1 and {MAX_EXTENT}"
+            ));
+        }
+    }
+    Ok(())
+}

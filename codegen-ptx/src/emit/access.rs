@@ -20,11 +20,10 @@ use std::collections::BTreeMap;
 use kiln_ir::schedule::{Distribution, Term};
 use kiln_ir::{Access, Addr, AtomicOp, DType, MemScope, MemSem, OpId, OpKind, Target, ValueId};
 
-use super::memory::mem_ty;
 use super::vector::{reg_list, vec_suffix};
 use super::{Emitter, ParamRegs, Val};
 use crate::error::CodegenError;
-use crate::types::{Class, Reg};
+use crate::types::{Class, Reg, mem_ty};
 
 /// How one atomic element is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

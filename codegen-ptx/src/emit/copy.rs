@@ -6,8 +6,9 @@ use kiln_ir::schedule::SmemBuffer;
 use kiln_ir::{DType, OpId, OpKind};
 
 use super::Emitter;
-use super::memory::{TileOrigin, mem_ty};
+use super::memory::TileOrigin;
 use crate::error::CodegenError;
+use crate::types::mem_ty;
 use crate::types::{Class, Reg};
 
 impl Emitter<'_> {

@@ -11,17 +11,7 @@ use kiln_ir::{DType, OpId, OpKind, ValueId};
 use super::vector::vector_width;
 use super::{Emitter, ParamRegs, Val};
 use crate::error::CodegenError;
-use crate::types::{Class, Reg};
-
-/// The PTX type used to move one element of `dtype`.
-pub(super) fn mem_ty(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F32 => "f32",
-        DType::Bf16 | DType::F16 => "b16",
-        DType::I32 | DType::U32 => "b32",
-        DType::Bool => "u8",
-    }
-}
+use crate::types::{Class, Reg, mem_ty};
 
 /// Where a tile sits in its tensor: the address of the tile's origin row/column base and
 /// the registers needed for bounds checks.

@@ -17,9 +17,8 @@ use kiln_ir::schedule::Distribution;
 use kiln_ir::{DType, OpId, Param, ValueId};
 
 use super::Emitter;
-use super::memory::mem_ty;
 use crate::error::CodegenError;
-use crate::types::{Class, Reg};
+use crate::types::{Class, Reg, mem_ty};
 
 /// The widest access, in bytes.
 const MAX_BYTES: u32 = 16;
