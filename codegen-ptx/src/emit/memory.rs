@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use kiln_ir::schedule::Distribution;
 use kiln_ir::{DType, OpId, OpKind, ValueId};
 
 use super::vector::vector_width;
@@ -31,6 +32,27 @@ pub(super) struct TileOrigin {
 }
 
 impl Emitter<'_> {
+    /// This thread's first column of tile `o` (distribution `d`) and, for a 2-D tile, its
+    /// first row: the tile's coordinates plus the thread's terms.
+    pub(super) fn thread_origin(
+        &mut self,
+        o: &TileOrigin,
+        d: &Distribution,
+        tile_rank: usize,
+    ) -> (Reg, Option<Reg>) {
+        let col_dim = tile_rank - 1;
+        let col_base = self.thread_coord(&d.terms[col_dim]);
+        let col0 = self.new_reg(Class::B32);
+        self.ins(format!("add.s32 {col0}, {}, {col_base}", o.coords[col_dim]));
+        let row_base = (tile_rank == 2).then(|| {
+            let rb = self.thread_coord(&d.terms[0]);
+            let r0 = self.new_reg(Class::B32);
+            self.ins(format!("add.s32 {r0}, {}, {rb}", o.coords[0]));
+            r0
+        });
+        (col0, row_base)
+    }
+
     fn tensor_regs(
         &self,
         tensor: usize,
@@ -127,20 +149,10 @@ impl Emitter<'_> {
         let tile_rank = d.terms.len();
         let o = self.origin(tensor, coords, tile_rank, clip, at)?;
         let col_dim = tile_rank - 1;
-        let col_base = self.thread_coord(&d.terms[col_dim]);
-        let col0 = self.new_reg(Class::B32);
-        self.ins(format!("add.s32 {col0}, {}, {col_base}", o.coords[col_dim]));
+        let (col0, row_base) = self.thread_origin(&o, &d, tile_rank);
         // One row pointer and predicate per distinct row offset, one predicate per distinct
         // column offset.
         let mut rows: BTreeMap<u32, (Reg, Reg)> = BTreeMap::new();
-        let row_base = if tile_rank == 2 {
-            let rb = self.thread_coord(&d.terms[0]);
-            let r0 = self.new_reg(Class::B32);
-            self.ins(format!("add.s32 {r0}, {}, {rb}", o.coords[0]));
-            Some(r0)
-        } else {
-            None
-        };
         let mut cols: BTreeMap<u32, Reg> = BTreeMap::new();
         let mut out = Vec::with_capacity(d.regs.len());
         for offs in &d.regs {

@@ -111,17 +111,7 @@ impl Emitter<'_> {
         // every run aligned; otherwise each row's address is tested.
         let static_aligned =
             self.k.params[tensor].aligned16() && self.known_multiple(col_coord).is_multiple_of(w);
-        let col_base = self.thread_coord(&d.terms[col_dim]);
-        let col0 = self.new_reg(Class::B32);
-        self.ins(format!("add.s32 {col0}, {}, {col_base}", o.coords[col_dim]));
-        let row_base = if tile_rank == 2 {
-            let rb = self.thread_coord(&d.terms[0]);
-            let r0 = self.new_reg(Class::B32);
-            self.ins(format!("add.s32 {r0}, {}, {rb}", o.coords[0]));
-            Some(r0)
-        } else {
-            None
-        };
+        let (col0, row_base) = self.thread_origin(&o, d, tile_rank);
         let runs: Vec<(u32, u32, usize)> = d
             .regs
             .chunks(w as usize)
