@@ -1,6 +1,7 @@
 //! kiln-tests: support shared by the cross-crate tests. Random inputs with a printed seed
 //! ([`inputs`]), f64 references computed from the already-rounded inputs ([`mod@reference`]), and
-//! relative-norm-error checks over poisoned outputs ([`check`]), and kernels built from
+//! relative-norm-error checks over poisoned outputs ([`check`]), compiling a kernel for every
+//! target into PTX ptxas assembles without spills ([`codegen`]), and kernels built from
 //! arbitrary bytes for the random-kernel test and the fuzz target ([`random_kernel`]), and the
 //! gemm run on the CPU execution of its schedule ([`scheduled`]), and packed variable-length
 //! attention batches with their per-sequence reference ([`varlen`]).
@@ -10,6 +11,7 @@
 //! them rather than keep their own.
 
 pub mod check;
+pub mod codegen;
 pub mod inputs;
 pub mod random_kernel;
 pub mod reference;

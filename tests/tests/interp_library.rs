@@ -14,37 +14,13 @@ use kiln_examples::norm_backward::{
 };
 use kiln_examples::rotary::{RotaryComptime, rotary};
 use kiln_examples::softmax::{SoftmaxBackwardComptime, softmax_backward};
-use kiln_ir::dsl::{KernelDef, Spec};
-use kiln_ir::{DType, HostTensor, Target};
+use kiln_ir::dsl::KernelDef;
+use kiln_ir::{DType, HostTensor};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::codegen::assembles_clean;
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 use library::{ROTARY_SHAPES, SHAPES, norm_inputs, rotary_tables, targets};
-
-/// Compiles `def` for sm_80 and sm_90a with every tensor 16-byte aligned and not: compact PTX,
-/// no spills.
-fn compiles<D: KernelDef>(def: &D, comptime: D::Comptime)
-where
-    D::Comptime: Copy,
-{
-    for aligned in [false, true] {
-        let mut spec = Spec::new(comptime);
-        let k0 = def.build(&spec).expect("builds");
-        for p in &k0.params {
-            spec.aligned16.insert(p.name().to_string(), aligned);
-        }
-        let k = def.build(&spec).expect("builds");
-        for target in [Target::Sm80, Target::Sm90a] {
-            let what = format!("{} on {target}, aligned {aligned}", k.name);
-            let m = kiln_ptx::compile(&k, target).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let lines = m.ptx.lines().count();
-            assert!(lines < 4000, "{what}: {lines} lines of PTX");
-            let report =
-                kiln_ptx::ptxas::check(&m.ptx, target).unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert!(!report.spills(), "{what} spills: {report}");
-        }
-    }
-}
 
 fn case(kernel: String, m: usize, n: usize, dist: Dist, rng: &Rng) -> Case {
     Case {
@@ -70,8 +46,8 @@ fn cross_entropy_forward_and_backward() {
                 BN: bn,
                 dtype,
             };
-            compiles(&cross_entropy, c);
-            compiles(&cross_entropy_backward, cb);
+            assembles_clean(&cross_entropy, c, "");
+            assembles_clean(&cross_entropy_backward, cb, "");
             for (m, v) in SHAPES {
                 for dist in Dist::ALL {
                     let x = tensor(&mut rng, &[m, v], dtype, dist);
@@ -111,7 +87,7 @@ fn softmax_backward_matches_reference() {
                 BN: bn,
                 dtype,
             };
-            compiles(&softmax_backward, c);
+            assembles_clean(&softmax_backward, c, "");
             for (m, n) in SHAPES {
                 for dist in Dist::ALL {
                     let y = tensor(&mut rng, &[m, n], dtype, dist);
@@ -160,16 +136,14 @@ fn norm_backwards_match_reference() {
                 BN: bn,
                 dtype,
             };
-            compiles(&layer_norm_backward, c);
-            compiles(&rms_norm_backward, cr);
-            compiles(
-                &sum_partials,
-                SumPartialsComptime {
-                    BM: 64,
-                    BN: 128,
-                    dtype,
-                },
-            );
+            assembles_clean(&layer_norm_backward, c, "");
+            assembles_clean(&rms_norm_backward, cr, "");
+            let cs = SumPartialsComptime {
+                BM: 64,
+                BN: 128,
+                dtype,
+            };
+            assembles_clean(&sum_partials, cs, "");
             for (m, n) in SHAPES {
                 for dist in Dist::ALL {
                     let grid = layer_norm_backward.grid(&c, [m, 1, 1]);
@@ -236,7 +210,7 @@ fn rotary_matches_reference() {
                 BH: bh,
                 dtype,
             };
-            compiles(&rotary, c);
+            assembles_clean(&rotary, c, "");
             for (b, s, h, offset) in ROTARY_SHAPES {
                 for dist in Dist::ALL {
                     let x = tensor(&mut rng, &[b, s, h, d], dtype, dist);

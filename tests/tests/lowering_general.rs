@@ -6,40 +6,12 @@
 
 mod lowering_kernels;
 
-use kiln_ir::dsl::{KernelDef, Spec};
-use kiln_ir::{DType, HostTensor, Target};
+use kiln_ir::dsl::KernelDef;
+use kiln_ir::{DType, HostTensor};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::codegen::assembles_clean;
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use lowering_kernels::*;
-
-/// Compiles `def` with `comptime` for sm_80 and sm_90a, with its tensors 16-byte aligned
-/// and not; every module assembles without spills and contains `marker`.
-fn compiles<D: KernelDef>(def: &D, comptime: D::Comptime, tensors: &[&str], marker: &str)
-where
-    D::Comptime: Copy,
-{
-    for aligned in [false, true] {
-        let mut spec = Spec::new(comptime);
-        for t in tensors {
-            spec.aligned16.insert((*t).to_string(), aligned);
-        }
-        let k = def.build(&spec).expect("builds");
-        for target in [Target::Sm80, Target::Sm90a] {
-            let what = format!("{} on {target}, aligned {aligned}", k.name);
-            let m = kiln_ptx::compile(&k, target).unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert!(
-                m.ptx.contains(marker),
-                "{what}: no `{marker}` in\n{}",
-                m.ptx
-            );
-            let lines = m.ptx.lines().count();
-            assert!(lines < 4000, "{what}: {lines} lines of PTX");
-            let report =
-                kiln_ptx::ptxas::check(&m.ptx, target).unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert!(!report.spills(), "{what} spills: {report}");
-        }
-    }
-}
 
 /// Relative error of an f32 sum of `n` terms: each addition rounds by up to 2^-24 (the
 /// f32 unit roundoff), so the bound grows with `n` (all-equal inputs come near it).
@@ -54,7 +26,7 @@ const ACROSS_WARPS: &str = "reduction across warps through shared memory";
 fn block_counts_compiles_and_matches_reference() {
     for (bn, bins) in [(64, 128), (128, 32)] {
         let c = BlockCountsComptime { BN: bn, BINS: bins };
-        compiles(&block_counts, c, &["data", "out"], CONVERSION);
+        assembles_clean(&block_counts, c, CONVERSION);
         let mut rng = Rng::from_env();
         for n in [1, 100, 1000] {
             // Values mostly in range, some below and above it.
@@ -81,7 +53,7 @@ fn block_counts_compiles_and_matches_reference() {
 fn scale_rows_compiles_and_matches_reference() {
     for (bm, bn) in [(64, 64), (32, 128)] {
         let c = ScaleRowsComptime { BM: bm, BN: bn };
-        compiles(&scale_rows, c, &["x", "w", "y"], CONVERSION);
+        assembles_clean(&scale_rows, c, CONVERSION);
         let mut rng = Rng::from_env();
         for (m, n) in [(1, 1), (70, 130), (129, 64)] {
             for dist in Dist::ALL {
@@ -113,7 +85,7 @@ fn row_stats_compiles_and_matches_reference() {
         (4, 512, ""),
     ] {
         let c = RowStatsComptime { BM: bm, BN: bn };
-        compiles(&row_stats, c, &["x", "sum", "max_out"], marker);
+        assembles_clean(&row_stats, c, marker);
         let mut rng = Rng::from_env();
         for (m, n) in [(1, 1), (3, 5000), (5, 2048)] {
             for dist in Dist::ALL {
@@ -147,7 +119,7 @@ fn half_row_sums_compile_and_match_reference() {
                 BN: bn,
                 dtype,
             };
-            compiles(&row_sums_half, c, &["x", "out"], marker);
+            assembles_clean(&row_sums_half, c, marker);
             let mut rng = Rng::from_env();
             for (m, n) in [(1, 1), (3, bn - 5), (5, bn)] {
                 for dist in Dist::ALL {
@@ -174,7 +146,7 @@ fn half_row_sums_compile_and_match_reference() {
 fn col_sums_compiles_and_matches_reference() {
     for (bm, bn) in [(256, 32), (128, 8)] {
         let c = ColSumsComptime { BM: bm, BN: bn };
-        compiles(&col_sums, c, &["x", "out"], ACROSS_WARPS);
+        assembles_clean(&col_sums, c, ACROSS_WARPS);
         let mut rng = Rng::from_env();
         for (m, n) in [(1, 1), (1000, 33), (256, 64)] {
             for dist in Dist::ALL {

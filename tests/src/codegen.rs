@@ -1,0 +1,39 @@
+//! Code generation checks shared by the test files: a kernel compiles for sm_80 and sm_90a,
+//! with its tensors 16-byte aligned and not, into compact PTX that ptxas assembles without
+//! spills.
+
+use kiln_ir::Target;
+use kiln_ir::dsl::{KernelDef, Spec};
+
+/// The most PTX lines a library kernel may take: code grows with the registers a thread
+/// holds, not with the tile.
+pub const MAX_PTX_LINES: usize = 4000;
+
+/// Compiles `def` with `comptime` for sm_80 and sm_90a, every tensor parameter 16-byte
+/// aligned and then none: each module contains `marker` (`""` for any), has fewer than
+/// [`MAX_PTX_LINES`] lines, and ptxas assembles it without spills.
+pub fn assembles_clean<D: KernelDef>(def: &D, comptime: D::Comptime, marker: &str)
+where
+    D::Comptime: Copy,
+{
+    for aligned in [false, true] {
+        let spec = Spec::uniform(comptime, def.signature(), aligned);
+        let k = def
+            .build(&spec)
+            .unwrap_or_else(|d| panic!("{}: {d}", def.name()));
+        for target in [Target::Sm80, Target::Sm90a] {
+            let what = format!("{} on {target}, aligned {aligned}", k.name);
+            let m = kiln_ptx::compile(&k, target).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(
+                m.ptx.contains(marker),
+                "{what}: no `{marker}` in\n{}",
+                m.ptx
+            );
+            let lines = m.ptx.lines().count();
+            assert!(lines < MAX_PTX_LINES, "{what}: {lines} lines of PTX");
+            let report =
+                kiln_ptx::ptxas::check(&m.ptx, target).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(!report.spills(), "{what} spills: {report}");
+        }
+    }
+}
