@@ -138,11 +138,8 @@ fn atomics_use_the_requested_order_and_fall_back_to_cas_loops() {
 fn atomic_adds_without_result_are_reductions() {
     for dtype in [DType::F32, DType::F16, DType::Bf16, DType::I32] {
         let k = build(&atomic_add_tiles, AtomicAddTilesComptime { dtype });
-        // A 16-bit element without its pair in the tensor (a ragged edge) is a lone 16-bit
-        // atomic, which ptxas emulates with a compare-and-swap loop (see `ptx_spilling`).
-        let spill = if dtype.size_bytes() == 2 { 8 } else { 0 };
         for t in TARGETS {
-            let p = ptx_spilling(&k, t, "atomic_add_tiles", spill);
+            let p = ptx(&k, t, "atomic_add_tiles");
             let red = match (dtype, t) {
                 (DType::F32, _) => "red.relaxed.gpu.global.add.f32",
                 // Adjacent 16-bit elements: one packed add per pair.

@@ -36,9 +36,9 @@ enum AtomicForm {
     Cas16,
 }
 
-/// The instruction form of atomic `op` on `dtype` elements for `target`; `None` if the IR
+/// The instruction form of atomic `op` on `dtype` elements; `None` if the IR
 /// does not allow it (the verifier rejects it first). A new dtype is one more arm.
-fn atomic_form(op: AtomicOp, dtype: DType, target: Target) -> Option<AtomicForm> {
+fn atomic_form(op: AtomicOp, dtype: DType) -> Option<AtomicForm> {
     use AtomicForm::*;
     Some(match (dtype, op) {
         (DType::I32, AtomicOp::Add | AtomicOp::Max | AtomicOp::Min) => Native("s32"),
@@ -48,11 +48,10 @@ fn atomic_form(op: AtomicOp, dtype: DType, target: Target) -> Option<AtomicForm>
         // A float max/min atom is sm_90 only, and its NaN handling is not documented to be
         // the IR's NaN-ignoring max; the loop computes exactly the IR's with `max.f32`.
         (DType::F32, AtomicOp::Max | AtomicOp::Min) => Cas32,
-        // A lone 16-bit add is emulated by ptxas with a 32-bit compare-and-swap loop; pairs
+        // A lone 16-bit add: ptxas would emulate `atom.add.noftz.{b,}f16` with a 32-bit
+        // compare-and-swap loop that spills; our own loop swaps the 16 bits in place. Pairs
         // take the packed form ([`Emitter::packed_pairs`]).
-        (DType::F16, AtomicOp::Add) => Native("noftz.f16"),
-        (DType::Bf16, AtomicOp::Add) if target != Target::Sm80 => Native("noftz.bf16"),
-        (DType::Bf16, AtomicOp::Add) => Cas16,
+        (DType::F16 | DType::Bf16, AtomicOp::Add) => Cas16,
         _ => return None,
     })
 }
@@ -227,7 +226,7 @@ impl Emitter<'_> {
                 scope,
                 ..
             } => {
-                let form = atomic_form(*aop, dtype, self.target)
+                let form = atomic_form(*aop, dtype)
                     .ok_or_else(|| self.internal(id, "an atomic the verifier should reject"))?;
                 let used = self.uses.get(&op.results[0]).is_some_and(|u| !u.is_empty());
                 let mut old = Vec::with_capacity(d.regs.len());
@@ -676,9 +675,11 @@ impl Emitter<'_> {
         op: AtomicOp,
         form: AtomicForm,
     ) -> Option<&'static str> {
-        let x2 = match form {
-            AtomicForm::Native("noftz.bf16") => "noftz.bf16x2",
-            AtomicForm::Native("noftz.f16") => "noftz.f16x2",
+        let x2 = match (form, op, self.k.params[tensor].dtype(), self.target) {
+            (AtomicForm::Cas16, AtomicOp::Add, DType::F16, _) => "noftz.f16x2",
+            (AtomicForm::Cas16, AtomicOp::Add, DType::Bf16, t) if t != Target::Sm80 => {
+                "noftz.bf16x2"
+            }
             _ => return None,
         };
         let rank = access.dims.len();
