@@ -19,6 +19,7 @@ pub mod layer_norm;
 pub mod norm_backward;
 pub mod rms_norm;
 pub mod rotary;
+pub mod rows;
 pub mod softmax;
 pub mod vector_add;
 
@@ -125,6 +126,14 @@ mod testing {
     /// The kinds of the ops of `k`'s top-level block, in order.
     pub(crate) fn top_level(k: &Kernel) -> Vec<&OpKind> {
         k.body.ops.iter().map(|&o| &k.ops[o].kind).collect()
+    }
+
+    /// How many `for`s `k` holds, at any depth.
+    pub(crate) fn loop_count(k: &Kernel) -> usize {
+        k.ops
+            .iter()
+            .filter(|(_, op)| matches!(op.kind, OpKind::For { .. }))
+            .count()
     }
 
     /// The `stages` of each top-level `for` of `k`.

@@ -9,12 +9,15 @@ use crate::softmax::{from_f32, to_f32};
 /// `x, y: [M, N]` and `w: [N]` of element type `dtype`, any `M` and `N`; `rstd[r]` (f32,
 /// `[M]`) receives the statistic.
 ///
-/// Each block owns `BM` rows (one per warp at the defaults): a first runtime loop sums the
-/// squares in `BN`-wide tiles (columns past `N` load as 0 and add nothing), a second scales.
+/// Each block owns `BM` rows over `NW` warps. A row that fits one `BN`-wide tile (`N <= BN`)
+/// is read once and kept in registers; a longer row takes two runtime loops over `BN`-wide
+/// tiles, the first summing the squares (columns past `N` load as 0 and add nothing), the
+/// second scaling.
 ///
 /// Grid: `(cdiv(M, BM), 1, 1)`. Comptime: `BM` (rows per block, default 4), `BN` (columns
-/// per tile, default 1024); both powers of two; `dtype` (default f32).
-#[kernel(grid = [BM, 1, 1])]
+/// per tile, default 1024), `NW` (warps per block, default 4); `BM` and `BN` powers of two;
+/// `dtype` (default f32). [`crate::rows::row_config`] picks them for a row length.
+#[kernel(num_warps = NW, grid = [BM, 1, 1])]
 pub fn rms_norm(
     x: Tensor<dtype, 2>,
     w: Tensor<dtype, 1>,
@@ -23,26 +26,36 @@ pub fn rms_norm(
     eps: f32,
     #[comptime(default = 4)] BM: usize,
     #[comptime(default = 1024)] BN: usize,
+    #[comptime(default = 4)] NW: usize,
     #[comptime(default = DType::F32)] dtype: DType,
 ) {
     let row0 = block_id().x * BM;
     let n = x.dim(1);
-    let mut ss = zeros::<f32>([BM]);
-    for j in (0..n).step_by(BN) {
-        let t = to_f32(x.tile([BM, BN], [row0, j]).load(), dtype);
-        ss = ss + row_sum(&(t * t));
-    }
-    let r = rsqrt(&(ss / n.cast::<f32>() + eps));
-    rstd.tile([BM], [row0]).store(r);
-    // The second pass walks the row backwards: the tiles the first pass read last are the
-    // likeliest to be still in L2.
-    let last = (n - 1) / BN as i32 * BN as i32;
-    for back in (0..n).step_by(BN) {
-        let j = last - back;
-        let t = to_f32(x.tile([BM, BN], [row0, j]).load(), dtype);
-        let wt = to_f32(w.tile([BN], [j]).load(), dtype);
-        y.tile([BM, BN], [row0, j])
+    if n <= BN as i32 {
+        let t = to_f32(x.tile([BM, BN], [row0, 0]).load(), dtype);
+        let r = rsqrt(&(row_sum(&(t * t)) / n.cast::<f32>() + eps));
+        rstd.tile([BM], [row0]).store(r);
+        let wt = to_f32(w.tile([BN], [0]).load(), dtype);
+        y.tile([BM, BN], [row0, 0])
             .store(from_f32(t * r.col() * wt.row(), dtype));
+    } else {
+        let mut ss = zeros::<f32>([BM]);
+        for j in (0..n).step_by(BN) {
+            let t = to_f32(x.tile([BM, BN], [row0, j]).load(), dtype);
+            ss = ss + row_sum(&(t * t));
+        }
+        let r = rsqrt(&(ss / n.cast::<f32>() + eps));
+        rstd.tile([BM], [row0]).store(r);
+        // The second pass walks the row backwards: the tiles the first pass read last are the
+        // likeliest to be still in L2.
+        let last = (n - 1) / BN as i32 * BN as i32;
+        for back in (0..n).step_by(BN) {
+            let j = last - back;
+            let t = to_f32(x.tile([BM, BN], [row0, j]).load(), dtype);
+            let wt = to_f32(w.tile([BN], [j]).load(), dtype);
+            y.tile([BM, BN], [row0, j])
+                .store(from_f32(t * r.col() * wt.row(), dtype));
+        }
     }
 }
 
@@ -52,7 +65,9 @@ mod tests {
     use kiln::prelude::DType;
 
     use super::{RmsNormComptime, rms_norm};
-    use crate::testing::{build, loop_stages};
+    use kiln::ir::OpKind;
+
+    use crate::testing::{build, loop_count, top_level};
 
     #[test]
     fn builds_for_defaults_and_variants() {
@@ -63,9 +78,18 @@ mod tests {
                     BM: bm,
                     BN: bn,
                     dtype,
+                    ..Default::default()
                 },
             );
-            assert_eq!(loop_stages(&k).len(), 2, "sum of squares, then the output");
+            // A row that fits one tile is read once (the `if`); a longer one in two loops.
+            assert_eq!(
+                top_level(&k)
+                    .iter()
+                    .filter(|o| matches!(o, OpKind::If))
+                    .count(),
+                1
+            );
+            assert_eq!(loop_count(&k), 2, "sum of squares, then the output");
             assert!(print_kernel(&k).contains(&format!("rt<f32,{bm}x{bn}>")));
         }
     }

@@ -9,47 +9,64 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// `y[r, :] = softmax(x[r, :])` for `x, y: [M, N]` of element type `dtype` (f32, bf16 or f16;
 /// arithmetic in f32), any `M` and `N`.
 ///
-/// Each block owns `BM` rows. A first runtime loop walks the row in `BN`-wide column tiles
-/// keeping the running maximum `m` and the running sum `l` of `exp(x - m)` (rescaled when
-/// `m` grows); columns past `N` are masked to `-inf` so they add nothing. A second loop writes
-/// `exp2((x - m) * log2e) * (1 / l)`.
+/// Each block owns `BM` rows over `NW` warps. A row that fits one `BN`-wide tile (`N <= BN`)
+/// is read once and kept in registers: its maximum, then the sum of `exp(x - max)`, then the
+/// scaled output. A longer row takes two runtime loops over `BN`-wide column tiles: the first
+/// keeps the running maximum `m` and the running sum `l` of `exp(x - m)` (rescaled when `m`
+/// grows), the second writes `exp2((x - m) * log2e) * (1 / l)`. Columns past `N` are masked
+/// to `-inf` so they add nothing.
 ///
 /// Grid: `(cdiv(M, BM), 1, 1)`. Comptime: `BM` (rows per block, default 4), `BN` (columns
-/// per tile, default 512); both powers of two; `dtype` (default f32).
-#[kernel(grid = [BM, 1, 1])]
+/// per tile, default 512), `NW` (warps per block, default 4); `BM` and `BN` powers of two;
+/// `dtype` (default f32). [`crate::rows::row_config`] picks them for a row length.
+#[kernel(num_warps = NW, grid = [BM, 1, 1])]
 pub fn softmax(
     x: Tensor<dtype, 2>,
     y: TensorMut<dtype, 2>,
     #[comptime(default = 4)] BM: usize,
     #[comptime(default = 512)] BN: usize,
+    #[comptime(default = 4)] NW: usize,
     #[comptime(default = DType::F32)] dtype: DType,
 ) {
     let row0 = block_id().x * BM;
     let n = x.dim(1);
-    let mut m = full::<f32>([BM], f32::NEG_INFINITY);
-    let mut l = zeros::<f32>([BM]);
-    for j in (0..n).step_by(BN) {
-        let cols = iota([BM, BN], 1) + j;
+    if n <= BN as i32 {
         let t = select(
-            cols < n,
-            to_f32(x.tile([BM, BN], [row0, j]).load(), dtype),
+            iota([BM, BN], 1) < n,
+            to_f32(x.tile([BM, BN], [row0, 0]).load(), dtype),
             f32::NEG_INFINITY,
         );
-        let m_new = max(&m, &row_max(&t));
-        let p = exp2(&((t - m_new.col()) * LOG2E));
-        l = l * exp2(&((m - m_new) * LOG2E)) + row_sum(&p);
-        m = m_new;
-    }
-    // One reciprocal per row, not a division per element.
-    let inv = recip(&l);
-    // The second pass walks the row backwards: the tiles the first pass read last are the
-    // likeliest to be still in L2.
-    let last = (n - 1) / BN as i32 * BN as i32;
-    for back in (0..n).step_by(BN) {
-        let j = last - back;
-        let t = to_f32(x.tile([BM, BN], [row0, j]).load(), dtype);
-        y.tile([BM, BN], [row0, j])
-            .store(from_f32(exp2(&((t - m.col()) * LOG2E)) * inv.col(), dtype));
+        let m = row_max(&t);
+        let p = exp2(&((t - m.col()) * LOG2E));
+        let inv = recip(&row_sum(&p));
+        y.tile([BM, BN], [row0, 0])
+            .store(from_f32(p * inv.col(), dtype));
+    } else {
+        let mut m = full::<f32>([BM], f32::NEG_INFINITY);
+        let mut l = zeros::<f32>([BM]);
+        for j in (0..n).step_by(BN) {
+            let cols = iota([BM, BN], 1) + j;
+            let t = select(
+                cols < n,
+                to_f32(x.tile([BM, BN], [row0, j]).load(), dtype),
+                f32::NEG_INFINITY,
+            );
+            let m_new = max(&m, &row_max(&t));
+            let p = exp2(&((t - m_new.col()) * LOG2E));
+            l = l * exp2(&((m - m_new) * LOG2E)) + row_sum(&p);
+            m = m_new;
+        }
+        // One reciprocal per row, not a division per element.
+        let inv = recip(&l);
+        // The second pass walks the row backwards: the tiles the first pass read last are the
+        // likeliest to be still in L2.
+        let last = (n - 1) / BN as i32 * BN as i32;
+        for back in (0..n).step_by(BN) {
+            let j = last - back;
+            let t = to_f32(x.tile([BM, BN], [row0, j]).load(), dtype);
+            y.tile([BM, BN], [row0, j])
+                .store(from_f32(exp2(&((t - m.col()) * LOG2E)) * inv.col(), dtype));
+        }
     }
 }
 
@@ -110,7 +127,9 @@ mod tests {
     use kiln::prelude::DType;
 
     use super::{SoftmaxComptime, softmax};
-    use crate::testing::{build, loop_stages};
+    use kiln::ir::OpKind;
+
+    use crate::testing::{build, loop_count, top_level};
 
     #[test]
     fn builds_for_defaults_and_variants() {
@@ -125,9 +144,18 @@ mod tests {
                     BM: bm,
                     BN: bn,
                     dtype,
+                    ..Default::default()
                 },
             );
-            assert_eq!(loop_stages(&k).len(), 2, "two passes over the row");
+            // A row that fits one tile is read once (the `if`); a longer one in two loops.
+            assert_eq!(
+                top_level(&k)
+                    .iter()
+                    .filter(|o| matches!(o, OpKind::If))
+                    .count(),
+                1
+            );
+            assert_eq!(loop_count(&k), 2, "two passes over the row");
             let text = print_kernel(&k);
             assert!(text.contains(&format!("rt<f32,{bm}x{bn}>")));
             assert_eq!(text.contains("cast"), dtype != DType::F32);

@@ -188,7 +188,7 @@ impl fmt::Display for Type {
 }
 
 /// Largest tile extent: a tile's registers and shared bytes stay within a block's budget.
-const MAX_EXTENT: usize = 4096;
+const MAX_EXTENT: usize = 16384;
 
 /// Tile extents are powers of two or multiples of 32, at most [`MAX_EXTENT`]. Either maps
 /// onto the hardware: a power of two splits evenly over lanes and warps; a multiple of 32

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use gpu_common::{Needs, device, upload_padded};
 use kiln_examples::layer_norm::{LayerNormComptime, layer_norm};
 use kiln_examples::rms_norm::{RmsNormComptime, rms_norm};
+use kiln_examples::rows::{RowConfig, row_config};
 use kiln_examples::softmax::{SoftmaxComptime, softmax};
 use kiln_examples::vector_add::vector_add;
 use kiln_ir::dsl::KernelDef;
@@ -23,8 +24,25 @@ use kiln_tests::check::{Case, as_stored, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 
-/// `(M, N)`: tails past a power of two, a row shorter than one vector, exact tiles.
-const SHAPES: &[(usize, usize)] = &[(5, 4097), (3, 3), (64, 1024), (17, 1000)];
+/// `(M, N)`: tails past a power of two, a row shorter than one vector, exact tiles, a row
+/// longer than the longest kept whole.
+const SHAPES: &[(usize, usize)] = &[(5, 4097), (3, 3), (64, 1024), (17, 1000), (3, 16500)];
+
+/// The row kernels' configurations: each dtype at a fixed `(BM, BN)` on four warps (rows
+/// longer than `BN` take the two-loop path) and at `row_config`'s choice for the row length.
+fn configs() -> [(Option<(usize, usize)>, DType); 4] {
+    [
+        (Some((4, 512)), DType::F32),
+        (Some((4, 512)), DType::Bf16),
+        (None, DType::F32),
+        (None, DType::Bf16),
+    ]
+}
+
+/// The comptime values of `configs`' entry `fixed` for rows of `n`.
+fn config(fixed: Option<(usize, usize)>, n: usize) -> RowConfig {
+    fixed.map_or(row_config(n), |(bm, bn)| RowConfig { bm, bn, nw: 4 })
+}
 
 /// Row paddings, in elements: none, odd (rows not 16-byte aligned), 16 bytes' worth of bf16.
 const PADS: &[usize] = &[0, 3, 8];
@@ -90,13 +108,15 @@ fn check_mean(case: &Case, got: &DeviceTensor, want: &[f64], x: &HostTensor) {
 fn gpu_softmax_vectors_match_reference() {
     let Some(dev) = device() else { return };
     let mut rng = Rng::from_env();
-    for dtype in [DType::F32, DType::Bf16] {
-        let c = SoftmaxComptime {
-            BM: 4,
-            BN: 512,
-            dtype,
-        };
+    for (fixed, dtype) in configs() {
         for &(m, n) in SHAPES {
+            let RowConfig { bm, bn, nw } = config(fixed, n);
+            let c = SoftmaxComptime {
+                BM: bm,
+                BN: bn,
+                NW: nw,
+                dtype,
+            };
             for &pad in PADS {
                 for dist in Dist::ALL {
                     let x = tensor(&mut rng, &[m, n], dtype, dist);
@@ -109,7 +129,7 @@ fn gpu_softmax_vectors_match_reference() {
                     let mut hargs = [HostArg::Tensor(&x), HostArg::TensorMut(&mut yi)];
                     run_def(&softmax, &c, grid, &mut hargs).expect("interpret");
                     let case = Case {
-                        kernel: format!("softmax {dtype}"),
+                        kernel: format!("softmax<BM={bm},BN={bn},NW={nw}> {dtype}"),
                         shape: format!("m={m} n={n}, x rows padded by {pad}"),
                         dist,
                         seed: rng.seed(),
@@ -125,12 +145,15 @@ fn gpu_layer_norm_matches_reference() {
     let Some(dev) = device() else { return };
     let mut rng = Rng::from_env();
     let eps = 1e-5;
-    for dtype in [DType::F32, DType::Bf16] {
-        let c = LayerNormComptime {
-            dtype,
-            ..Default::default()
-        };
+    for (fixed, dtype) in configs() {
         for &(m, n) in SHAPES {
+            let RowConfig { bm, bn, nw } = config(fixed, n);
+            let c = LayerNormComptime {
+                BM: bm,
+                BN: bn,
+                NW: nw,
+                dtype,
+            };
             for &pad in PADS {
                 for dist in Dist::ALL {
                     let x = tensor(&mut rng, &[m, n], dtype, dist);
@@ -170,7 +193,7 @@ fn gpu_layer_norm_matches_reference() {
                     ];
                     run_def(&layer_norm, &c, grid, &mut hargs).expect("interpret");
                     let case = Case {
-                        kernel: format!("layer_norm {dtype}"),
+                        kernel: format!("layer_norm<BM={bm},BN={bn},NW={nw}> {dtype}"),
                         shape: format!("m={m} n={n}, x rows padded by {pad}"),
                         dist,
                         seed: rng.seed(),
@@ -190,12 +213,15 @@ fn gpu_rms_norm_matches_reference() {
     let Some(dev) = device() else { return };
     let mut rng = Rng::from_env();
     let eps = 1e-6;
-    for dtype in [DType::F32, DType::Bf16] {
-        let c = RmsNormComptime {
-            dtype,
-            ..Default::default()
-        };
+    for (fixed, dtype) in configs() {
         for &(m, n) in SHAPES {
+            let RowConfig { bm, bn, nw } = config(fixed, n);
+            let c = RmsNormComptime {
+                BM: bm,
+                BN: bn,
+                NW: nw,
+                dtype,
+            };
             for &pad in PADS {
                 for dist in Dist::ALL {
                     let x = tensor(&mut rng, &[m, n], dtype, dist);
@@ -223,7 +249,7 @@ fn gpu_rms_norm_matches_reference() {
                     ];
                     run_def(&rms_norm, &c, grid, &mut hargs).expect("interpret");
                     let case = Case {
-                        kernel: format!("rms_norm {dtype}"),
+                        kernel: format!("rms_norm<BM={bm},BN={bn},NW={nw}> {dtype}"),
                         shape: format!("m={m} n={n}, x rows padded by {pad}"),
                         dist,
                         seed: rng.seed(),

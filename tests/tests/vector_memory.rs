@@ -6,6 +6,7 @@
 //! norm) under the interpreter against f64 references, on shapes no tile divides (N = 4097,
 //! 1000, 1), with padded (non-16-byte) row strides and outputs poisoned.
 
+use kiln_examples::rows::{RowConfig, row_config};
 use kiln_ir::Target;
 use kiln_ir::interp::{HostArg, run_def};
 use kiln_ir::{DType, HostTensor};
@@ -38,28 +39,28 @@ struct Expect {
 }
 
 /// Per thread per tile: softmax's `4 x 512` f32 tile on 128 threads is 16 elements, four
-/// 16-byte vectors (its two loads: 8); in bf16 two vectors of eight. vector_add's 1024
-/// elements are 8 per thread, two f32x4 per load. Layer norm's `4 x 1024` tiles (two loads of
-/// `x`, one store) with `w` and `b` (each warp reads the whole 1024-element rows: 32 per
-/// thread).
+/// 16-byte vectors; the row kernels load `x` three times (the one-pass branch, then the two
+/// loops) and store twice (each branch); in bf16 two vectors of eight. vector_add's 1024
+/// elements are 8 per thread, two f32x4 per load. Layer norm's `4 x 1024` tiles with `w` and
+/// `b` (each warp reads the whole 1024-element rows: 32 per thread), loaded in each branch.
 const EXPECT: &[Expect] = &[
     Expect {
         kernel: "softmax",
         defines: &[],
         aligned: true,
-        vectors: &[("ld.global.nc.v4.f32", 8, 8), ("st.global.v4.f32", 4, 4)],
+        vectors: &[("ld.global.nc.v4.f32", 12, 12), ("st.global.v4.f32", 8, 8)],
     },
     Expect {
         kernel: "softmax",
         defines: &[],
         aligned: false,
-        vectors: &[("ld.global.nc.v4.f32", 8, 8), ("st.global.v4.f32", 4, 4)],
+        vectors: &[("ld.global.nc.v4.f32", 12, 12), ("st.global.v4.f32", 8, 8)],
     },
     Expect {
         kernel: "softmax",
         defines: &[("dtype", "bf16")],
         aligned: true,
-        vectors: &[("ld.global.nc.v4.b32", 4, 4), ("st.global.v4.b32", 2, 2)],
+        vectors: &[("ld.global.nc.v4.b32", 6, 6), ("st.global.v4.b32", 4, 4)],
     },
     Expect {
         kernel: "softmax",
@@ -67,7 +68,7 @@ const EXPECT: &[Expect] = &[
         aligned: true,
         // 64 bf16 on one warp: two per lane, one b32 each (no lane idle); the store of pairs
         // takes the warp-wide fast path of column pairs, element-wise on the edge.
-        vectors: &[("ld.global.nc.b32", 2, 2), ("st.global.b32", 1, 0)],
+        vectors: &[("ld.global.nc.b32", 3, 3), ("st.global.b32", 2, 0)],
     },
     Expect {
         kernel: "vector_add",
@@ -86,8 +87,8 @@ const EXPECT: &[Expect] = &[
         defines: &[("dtype", "bf16")],
         aligned: true,
         vectors: &[
-            ("ld.global.nc.v4.b32", 4 + 4 + 8, 4 + 4 + 8),
-            ("st.global.v4.b32", 4, 4),
+            ("ld.global.nc.v4.b32", 3 * 4 + 2 * 8, 3 * 4 + 2 * 8),
+            ("st.global.v4.b32", 2 * 4, 2 * 4),
         ],
     },
     Expect {
@@ -95,8 +96,8 @@ const EXPECT: &[Expect] = &[
         defines: &[],
         aligned: false,
         vectors: &[
-            ("ld.global.nc.v4.f32", 8 + 8 + 16, 8 + 8 + 16),
-            ("st.global.v4.f32", 8, 8),
+            ("ld.global.nc.v4.f32", 3 * 8 + 2 * 16, 3 * 8 + 2 * 16),
+            ("st.global.v4.f32", 2 * 8, 2 * 8),
         ],
     },
     Expect {
@@ -104,8 +105,8 @@ const EXPECT: &[Expect] = &[
         defines: &[],
         aligned: true,
         vectors: &[
-            ("ld.global.nc.v4.f32", 8 + 8 + 8, 8 + 8 + 8),
-            ("st.global.v4.f32", 8, 8),
+            ("ld.global.nc.v4.f32", 3 * 8 + 2 * 8, 3 * 8 + 2 * 8),
+            ("st.global.v4.f32", 2 * 8, 2 * 8),
         ],
     },
     Expect {
@@ -113,8 +114,8 @@ const EXPECT: &[Expect] = &[
         defines: &[("dtype", "bf16")],
         aligned: false,
         vectors: &[
-            ("ld.global.nc.v4.b32", 4 + 4 + 4, 4 + 4 + 4),
-            ("st.global.v4.b32", 4, 4),
+            ("ld.global.nc.v4.b32", 3 * 4 + 2 * 4, 3 * 4 + 2 * 4),
+            ("st.global.v4.b32", 2 * 4, 2 * 4),
         ],
     },
 ];
@@ -160,8 +161,15 @@ fn cdiv(a: usize, b: usize) -> u32 {
     a.div_ceil(b) as u32
 }
 
-/// `(M, N)` shapes: one element, tails of one past a power of two, rows narrower than a tile.
-const SHAPES: &[(usize, usize)] = &[(1, 1), (3, 4097), (9, 1000), (5, 33)];
+/// `(M, N)` shapes: one element, tails of one past a power of two, rows narrower than a tile,
+/// a row longer than the longest kept whole.
+const SHAPES: &[(usize, usize)] = &[(1, 1), (3, 4097), (9, 1000), (5, 33), (2, 16500)];
+
+/// A row kernel's comptime values for rows of `n`: a fixed `(BM, BN)` on four warps (rows
+/// longer than `BN` take the two-loop path), or `row_config`'s, as the launchers pick them.
+fn config(fixed: Option<(usize, usize)>, n: usize) -> RowConfig {
+    fixed.map_or(row_config(n), |(bm, bn)| RowConfig { bm, bn, nw: 4 })
+}
 
 /// An input of `shape`: row-padded by an odd count (rows not 16-byte aligned) for the normal
 /// distribution.
@@ -178,20 +186,22 @@ fn input(rng: &mut Rng, shape: &[usize], dtype: DType, dist: Dist) -> HostTensor
 fn softmax_in_bf16_matches_reference() {
     let def = &kiln_examples::softmax::softmax;
     let mut rng = Rng::from_env();
-    for (bm, bn) in [(4, 512), (2, 128)] {
-        let ct = kiln_examples::softmax::SoftmaxComptime {
-            BM: bm,
-            BN: bn,
-            dtype: DType::Bf16,
-        };
+    for fixed in [Some((4, 512)), Some((2, 128)), None] {
         for &(m, n) in SHAPES {
+            let RowConfig { bm, bn, nw } = config(fixed, n);
+            let ct = kiln_examples::softmax::SoftmaxComptime {
+                BM: bm,
+                BN: bn,
+                NW: nw,
+                dtype: DType::Bf16,
+            };
             for dist in Dist::ALL {
                 let x = input(&mut rng, &[m, n], DType::Bf16, dist);
                 let mut y = poisoned(&[m, n], DType::Bf16);
                 let mut args = [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)];
                 run_def(def, &ct, [cdiv(m, bm), 1, 1], &mut args).unwrap();
                 let case = Case {
-                    kernel: format!("softmax<BM={bm},BN={bn},bf16>"),
+                    kernel: format!("softmax<BM={bm},BN={bn},NW={nw},bf16>"),
                     shape: format!("m={m} n={n}"),
                     dist,
                     seed: rng.seed(),
@@ -219,17 +229,21 @@ fn layer_norm_matches_reference() {
     let def = &kiln_examples::layer_norm::layer_norm;
     let mut rng = Rng::from_env();
     let eps = 1e-5;
-    for (bm, bn, dtype) in [
-        (4, 1024, DType::F32),
-        (4, 1024, DType::Bf16),
-        (2, 256, DType::F32),
+    for (fixed, dtype) in [
+        (Some((4, 1024)), DType::F32),
+        (Some((4, 1024)), DType::Bf16),
+        (Some((2, 256)), DType::F32),
+        (None, DType::F32),
+        (None, DType::Bf16),
     ] {
-        let ct = kiln_examples::layer_norm::LayerNormComptime {
-            BM: bm,
-            BN: bn,
-            dtype,
-        };
         for &(m, n) in SHAPES {
+            let RowConfig { bm, bn, nw } = config(fixed, n);
+            let ct = kiln_examples::layer_norm::LayerNormComptime {
+                BM: bm,
+                BN: bn,
+                NW: nw,
+                dtype,
+            };
             for dist in Dist::ALL {
                 let x = input(&mut rng, &[m, n], dtype, dist);
                 let w = tensor(&mut rng, &[n], dtype, Dist::Normal);
@@ -248,7 +262,7 @@ fn layer_norm_matches_reference() {
                 ];
                 run_def(def, &ct, [cdiv(m, bm), 1, 1], &mut args).unwrap();
                 let case = Case {
-                    kernel: format!("layer_norm<BM={bm},BN={bn},{dtype}>"),
+                    kernel: format!("layer_norm<BM={bm},BN={bn},NW={nw},{dtype}>"),
                     shape: format!("m={m} n={n}"),
                     dist,
                     seed: rng.seed(),
@@ -282,17 +296,21 @@ fn rms_norm_matches_reference() {
     let def = &kiln_examples::rms_norm::rms_norm;
     let mut rng = Rng::from_env();
     let eps = 1e-6;
-    for (bm, bn, dtype) in [
-        (4, 1024, DType::F32),
-        (4, 1024, DType::Bf16),
-        (2, 256, DType::Bf16),
+    for (fixed, dtype) in [
+        (Some((4, 1024)), DType::F32),
+        (Some((4, 1024)), DType::Bf16),
+        (Some((2, 256)), DType::Bf16),
+        (None, DType::F32),
+        (None, DType::Bf16),
     ] {
-        let ct = kiln_examples::rms_norm::RmsNormComptime {
-            BM: bm,
-            BN: bn,
-            dtype,
-        };
         for &(m, n) in SHAPES {
+            let RowConfig { bm, bn, nw } = config(fixed, n);
+            let ct = kiln_examples::rms_norm::RmsNormComptime {
+                BM: bm,
+                BN: bn,
+                NW: nw,
+                dtype,
+            };
             for dist in Dist::ALL {
                 let x = input(&mut rng, &[m, n], dtype, dist);
                 let w = tensor(&mut rng, &[n], dtype, Dist::Normal);
@@ -307,7 +325,7 @@ fn rms_norm_matches_reference() {
                 ];
                 run_def(def, &ct, [cdiv(m, bm), 1, 1], &mut args).unwrap();
                 let case = Case {
-                    kernel: format!("rms_norm<BM={bm},BN={bn},{dtype}>"),
+                    kernel: format!("rms_norm<BM={bm},BN={bn},NW={nw},{dtype}>"),
                     shape: format!("m={m} n={n}"),
                     dist,
                     seed: rng.seed(),

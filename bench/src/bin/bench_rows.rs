@@ -4,12 +4,13 @@
 //! `torch.softmax`, `F.layer_norm` and `F.rms_norm` the same way; `bench/run-rows.sh` runs both
 //! on one GPU and prints their ratio). The H200's HBM moves about 4.8 TB/s.
 //!
-//! Shapes `M x N`: 4096 x 8192, 8192 x 8192, 16384 x 4096 and the tail 4096 x 4097 (`--quick`:
-//! 4096 x 8192), each in f32 and bf16. Each configuration: one run checked against the f64
+//! Shapes `M x N`: 4096 x 8192, 8192 x 8192, 16384 x 4096, the tail 4096 x 4097 and the large
+//! 32768 x 8192 and 65536 x 4096 (`--quick`: 4096 x 8192), each in f32 and bf16; comptime
+//! values from `kiln_examples::rows::row_config`. Each configuration: one run checked against the f64
 //! reference on its first and last rows, warm-up, then `--iters` runs each timed alone with
 //! CUDA events behind a GPU hold, rotating over enough input sets to exceed twice the L2; the
 //! median is reported. `--set NAME=VALUE` overrides every kernel's comptime value of that name
-//! (`BM`, `BN`). `--out PATH` writes every figure as JSON.
+//! (`BM`, `BN`, `NW`). `--out PATH` writes every figure as JSON.
 //!
 //! Run on a GPU host: `bench/run-rows.sh [OUT.json] [--quick]`.
 
@@ -23,6 +24,7 @@ use kiln_bench::report::{Table, comptime_text, meta, write_json};
 use kiln_bench::{BenchError, kernels};
 use kiln_examples::layer_norm::{LayerNormComptime, layer_norm};
 use kiln_examples::rms_norm::{RmsNormComptime, rms_norm};
+use kiln_examples::rows::row_config;
 use kiln_examples::softmax::{SoftmaxComptime, softmax};
 use kiln_ir::dsl::{Comptime, KernelDef};
 use kiln_ir::{DType, HostTensor};
@@ -75,7 +77,14 @@ fn shapes(quick: bool) -> Vec<[usize; 2]> {
     if quick {
         return vec![[4096, 8192]];
     }
-    vec![[4096, 8192], [8192, 8192], [16384, 4096], [4096, 4097]]
+    vec![
+        [4096, 8192],
+        [8192, 8192],
+        [16384, 4096],
+        [4096, 4097],
+        [32768, 8192],
+        [65536, 4096],
+    ]
 }
 
 fn main() -> ExitCode {
@@ -240,23 +249,30 @@ fn run() -> Result<bool, BenchError> {
             stat0: alloc(DType::F32, &[m])?,
             stat1: alloc(DType::F32, &[m])?,
         };
+        let rc = row_config(n);
         let launcher = Launcher {
             device: &device,
             row,
             m,
             softmax: SoftmaxComptime {
+                BM: rc.bm,
+                BN: rc.bn,
+                NW: rc.nw,
                 dtype,
-                ..Default::default()
             }
             .with_defines(&args.set)?,
             layer_norm: LayerNormComptime {
+                BM: rc.bm,
+                BN: rc.bn,
+                NW: rc.nw,
                 dtype,
-                ..Default::default()
             }
             .with_defines(&args.set)?,
             rms_norm: RmsNormComptime {
+                BM: rc.bm,
+                BN: rc.bn,
+                NW: rc.nw,
                 dtype,
-                ..Default::default()
             }
             .with_defines(&args.set)?,
         };

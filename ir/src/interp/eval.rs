@@ -355,7 +355,9 @@ pub(crate) fn transpose(x: &Value) -> Value {
     }
 }
 
-/// Reduces dimension `dim` of a 2-D tile. Elements combine in index order; a float sum
+/// Reduces dimension `dim` of a 2-D tile. Elements combine in index order, a float sum
+/// pairwise (a balanced tree over the elements, as a GPU's threads, lanes and warps combine:
+/// its error grows with the logarithm of the length, not the length); a float sum
 /// accumulates in f32 and is rounded to the dtype once at the end; integer sums wrap.
 pub(crate) fn reduce(op: ReduceOp, x: &Value, dim: usize) -> Result<Value, Fault> {
     let (r, c) = x.rows_cols();
@@ -377,7 +379,13 @@ pub(crate) fn reduce(op: ReduceOp, x: &Value, dim: usize) -> Result<Value, Fault
             let mut out = match op {
                 ReduceOp::Max => fold(v, geom, f32::NEG_INFINITY, f32::max),
                 ReduceOp::Min => fold(v, geom, f32::INFINITY, f32::min),
-                ReduceOp::Sum => fold(v, geom, 0.0, |p, q| p + q),
+                ReduceOp::Sum => (0..outer)
+                    .map(|o| {
+                        let run: Vec<f32> =
+                            (0..len).map(|k| v[o * start_step + k * step]).collect();
+                        pairwise_sum(&run)
+                    })
+                    .collect(),
             };
             round_elems(x.dtype, &mut out);
             Elems::F(out)
@@ -403,6 +411,19 @@ pub(crate) fn reduce(op: ReduceOp, x: &Value, dim: usize) -> Result<Value, Fault
         dims: vec![outer],
         elems,
     })
+}
+
+/// The f32 sum of `v` as a balanced tree: the halves split at a power of two, each summed
+/// the same way.
+fn pairwise_sum(v: &[f32]) -> f32 {
+    match v.len() {
+        0 => 0.0,
+        1 => v[0],
+        n => {
+            let half = n.div_ceil(2).next_power_of_two().min(n - 1).max(1);
+            pairwise_sum(&v[..half]) + pairwise_sum(&v[half..])
+        }
+    }
 }
 
 /// `a[M, K] @ b[K, N] (+ c[M, N])` in f32. Each product of two bf16/f16 elements is exact in
