@@ -182,6 +182,9 @@ impl Emitter<'_> {
 
     /// The f32 value of a float element register.
     pub(crate) fn widen(&mut self, x: Reg, dtype: DType) -> Reg {
+        if let (DType::Bf16, Some(&f)) = (dtype, self.widened.get(&x)) {
+            return f;
+        }
         match half_ty(dtype) {
             Some(ty) => {
                 let f = self.new_reg(Class::F32);
@@ -198,6 +201,7 @@ impl Emitter<'_> {
             Some(ty) => {
                 let h = self.new_reg(Class::B16);
                 self.ins(format!("cvt.rn.{ty}.f32 {h}, {x}"));
+                self.rounded.insert(h, (x, dtype));
                 h
             }
             None => x,

@@ -216,6 +216,13 @@ pub(crate) struct Emitter<'k> {
     labels: u32,
     /// The target being written, named by unsupported and internal errors.
     target: Target,
+    /// bf16 elements a vector load also delivered as f32 (the load is the only writer of
+    /// both registers, so an entry stays true): widening one is then free.
+    pub(crate) widened: BTreeMap<Reg, Reg>,
+    /// 16-bit elements rounded from f32 in the straight-line code being written, with their
+    /// f32 source and type: a pair packed for a vector store rounds in one `cvt.rn.*x2.f32`.
+    /// Cleared at every label, since a loop's carried registers are rewritten before one.
+    pub(crate) rounded: BTreeMap<Reg, (Reg, DType)>,
 }
 
 impl<'k> Emitter<'k> {
@@ -243,6 +250,8 @@ impl<'k> Emitter<'k> {
             print_buffer_bytes: 0,
             labels: 0,
             target,
+            widened: BTreeMap::new(),
+            rounded: BTreeMap::new(),
         }
     }
 
@@ -507,6 +516,7 @@ impl<'k> Emitter<'k> {
 
     /// Emits `label:`.
     pub(crate) fn label(&mut self, l: &str) {
+        self.rounded.clear();
         let _ = writeln!(self.out, "{l}:");
     }
 
@@ -520,6 +530,9 @@ impl<'k> Emitter<'k> {
             Class::B64 => "b64",
             Class::F64 => "f64",
         };
+        // `dst` changes: what was rounded from it or into it no longer holds.
+        self.rounded
+            .retain(|&h, &mut (from, _)| h != dst && from != dst);
         self.ins(format!("mov.{ty} {dst}, {src}"));
     }
 

@@ -253,6 +253,13 @@ impl Emitter<'_> {
         } else {
             Vec::new()
         };
+        // bf16 elements also arrive widened to f32 (see `Emitter::widened`); unused, ptxas
+        // drops them.
+        let widened: Option<Vec<Reg>> = (dtype == DType::Bf16).then(|| {
+            (0..d.regs.len())
+                .map(|_| self.new_reg(Class::F32))
+                .collect()
+        });
         let (edge, done) = (self.new_label(), self.new_label());
         self.ins(format!("@!{} bra.uni {edge}", plan.fast));
         for &(ro, co, first) in &plan.runs {
@@ -267,6 +274,9 @@ impl Emitter<'_> {
                     reg_list(ps)
                 ));
                 self.unpack(ps, xs);
+                if let Some(fs) = &widened {
+                    self.widen_words(ps, &fs[first..first + w as usize]);
+                }
             } else {
                 self.ins(format!(
                     "ld.{space}{} {}, [{addr}+{off}]",
@@ -318,9 +328,27 @@ impl Emitter<'_> {
                     off + k as u32 * esize
                 ));
             }
+            if let Some(fs) = &widened {
+                for (f, x) in fs[first..first + w as usize].iter().zip(xs) {
+                    self.ins(format!("cvt.f32.bf16 {f}, {x}"));
+                }
+            }
         }
         self.label(&done);
+        if let Some(fs) = widened {
+            self.widened.extend(regs.iter().copied().zip(fs));
+        }
         Ok(regs)
+    }
+
+    /// A bf16 element is the high half of the f32 with its bits: from the words of a fast
+    /// vector load, `fs` (f32 registers) keep each word's high half or shift its low half
+    /// there, one instruction an element.
+    fn widen_words(&mut self, words: &[Reg], fs: &[Reg]) {
+        for (word, f) in words.iter().zip(fs.chunks(2)) {
+            self.ins(format!("shl.b32 {}, {word}, 16", f[0]));
+            self.ins(format!("and.b32 {}, {word}, -65536", f[1]));
+        }
     }
 
     /// `xs` (16-bit registers) from the b32 pairs `packed`.
@@ -330,12 +358,20 @@ impl Emitter<'_> {
         }
     }
 
-    /// `xs` (16-bit registers) packed in pairs into new b32 registers.
+    /// `xs` (16-bit registers) packed in pairs into new b32 registers; a pair both rounded
+    /// from f32 in this straight-line code (see `rounded`) rounds again in one instruction.
     pub(super) fn pack(&mut self, xs: &[Reg]) -> Vec<Reg> {
         xs.chunks(2)
             .map(|pair| {
                 let p = self.new_reg(Class::B32);
-                self.ins(format!("mov.b32 {p}, {{{}, {}}}", pair[0], pair[1]));
+                match (self.rounded.get(&pair[0]), self.rounded.get(&pair[1])) {
+                    (Some(&(lo, ty)), Some(&(hi, ty1))) if ty == ty1 => {
+                        // `d.hi` rounds the first source, `d.lo` the second.
+                        let ty = if ty == DType::Bf16 { "bf16x2" } else { "f16x2" };
+                        self.ins(format!("cvt.rn.{ty}.f32 {p}, {hi}, {lo}"));
+                    }
+                    _ => self.ins(format!("mov.b32 {p}, {{{}, {}}}", pair[0], pair[1])),
+                }
                 p
             })
             .collect()
