@@ -8,5 +8,10 @@
 //! exceptions; every rule lives here, unit-tested without an interpreter or a GPU.
 
 pub mod args;
+pub mod generic;
 pub mod launch;
 pub mod varlen;
+
+/// The kiln crate this package is built on (its IR, registry and runtime types), for the
+/// extension's conversions.
+pub use kiln;

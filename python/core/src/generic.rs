@@ -1,0 +1,626 @@
+//! Any registered `#[kernel]` from Python: its declaration ([`KernelInfo`]), a call's
+//! arguments and comptime values checked against it ([`plan`]), and the launch of the
+//! specialisation on the caller's stream ([`launch`]), compiled once per process.
+//!
+//! Comptime values arrive as Python values ([`Given`]); each becomes `-D NAME=VALUE` text
+//! and goes through the kernel's own comptime struct ([`AnyKernelDef::comptime_values`]), the
+//! one place text becomes comptime values, so an unknown name, a value of the wrong kind and
+//! a missing one are refused in the CLI's words. A `DType` parameter that a tensor's element
+//! type names (`x: Tensor<dtype, 2>`) and the call leaves out takes that tensor's dtype.
+//!
+//! Like [`crate::args`], nothing here knows Python: the extension turns objects into
+//! [`Arg`]s and [`Given`]s, and [`GenericError`]s into exceptions.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use kiln::ir::dsl::registry::display_names;
+use kiln::ir::dsl::{
+    AnyKernelDef, BuildError, ComptimeKind, ComptimeParam, ComptimeValue, DefineError, ParamSig,
+    Registered, registered,
+};
+use kiln::ir::{DType, Target};
+use kiln::runtime::{Device, DeviceTensor, ForeignStream, KernelArg, LaunchError, LoadedKernel};
+
+use crate::args::{ArgError, TensorInfo, TorchDType, TorchDevice};
+use crate::launch::{LaunchFailure, device};
+
+/// Every registered kernel's name (its path where two share a name), in the registry's
+/// order: what `kiln_attn.kernels()` lists and [`find`] accepts.
+pub fn kernel_names() -> Vec<String> {
+    display_names(registered())
+}
+
+/// The registered kernel `name` (a name, or a path `crate::module::name`); a `ValueError`
+/// listing the kernels otherwise.
+pub fn find(name: &str) -> Result<&'static Registered, ArgError> {
+    kiln::ir::dsl::registry::find(name).map_err(|e| ArgError::value_error(e.to_string()))
+}
+
+/// A kernel's declaration, as Python shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelInfo {
+    /// The kernel's name.
+    pub name: &'static str,
+    /// `crate::module::name`.
+    pub path: String,
+    /// Launch parameters, in order.
+    pub params: Vec<ParamSig>,
+    /// Comptime parameters, in order, with their kinds and declared defaults.
+    pub comptime: Vec<ComptimeParam>,
+}
+
+impl KernelInfo {
+    /// The declaration of `reg`.
+    pub fn of(reg: &'static Registered) -> KernelInfo {
+        let def = reg.def();
+        KernelInfo {
+            name: def.name(),
+            path: reg.path(),
+            params: def.signature().to_vec(),
+            comptime: def.comptime_params().to_vec(),
+        }
+    }
+
+    /// `name(x: Tensor<dtype, 2>, .., eps: f32; BM: usize = 4, ..)`: the signature as the
+    /// kernel declares it, comptime parameters after the `;`.
+    pub fn signature_text(&self) -> String {
+        let params: Vec<String> = self.params.iter().map(|p| p.to_string()).collect();
+        let comptime: Vec<String> = self
+            .comptime
+            .iter()
+            .map(|c| match c.default {
+                Some(d) => format!("{}: {} = {d}", c.name, c.kind.name()),
+                None => format!("{}: {}", c.name, c.kind.name()),
+            })
+            .collect();
+        format!(
+            "{}({}; {})",
+            self.name,
+            params.join(", "),
+            comptime.join(", ")
+        )
+    }
+}
+
+/// A comptime value as the caller gave it (a Python keyword argument).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Given {
+    /// A Python `int`.
+    Int(i64),
+    /// A Python `bool`.
+    Bool(bool),
+    /// A Python `float`.
+    Float(f64),
+    /// A `torch.dtype`.
+    DType(TorchDType),
+    /// A `str`: `-D` text (`"bf16"`, `"128"`).
+    Text(String),
+}
+
+impl Given {
+    /// What Python calls the value's type, for errors.
+    fn type_name(&self) -> &'static str {
+        match self {
+            Given::Int(_) => "int",
+            Given::Bool(_) => "bool",
+            Given::Float(_) => "float",
+            Given::DType(_) => "torch.dtype",
+            Given::Text(_) => "str",
+        }
+    }
+
+    /// The `-D` text of this value for a parameter of `kind`; a `TypeError` when a Python
+    /// value of this type is never one (text always goes to the parser).
+    fn define_text(&self, name: &str, kind: ComptimeKind) -> Result<String, ArgError> {
+        let text = match (self, kind) {
+            (Given::Text(t), _) => Some(t.clone()),
+            (Given::Int(n), ComptimeKind::Usize | ComptimeKind::I32) => Some(n.to_string()),
+            // An integral float is no size: `BM=4.0` is refused, `eps=1` is 1.0.
+            (Given::Int(n), ComptimeKind::F32) => Some(format!("{n}")),
+            (Given::Float(x), ComptimeKind::F32) => Some(format!("{x:?}")),
+            (Given::Bool(b), ComptimeKind::Bool) => Some(b.to_string()),
+            (Given::DType(d), ComptimeKind::DType) => {
+                Some(kiln_dtype(d).map(|d| d.name().to_string()).ok_or_else(|| {
+                    ArgError::type_error(format!(
+                        "{name}: kiln kernels take torch.bfloat16, torch.float16, \
+                             torch.float32 or torch.int32, got {d}"
+                    ))
+                })?)
+            }
+            _ => None,
+        };
+        text.ok_or_else(|| {
+            ArgError::type_error(format!(
+                "{name}: comptime parameter `{name}` is a {}, got {}",
+                kind.name(),
+                self.type_name()
+            ))
+        })
+    }
+}
+
+/// A launch argument as the caller gave it (a Python positional argument).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Arg {
+    /// Something that reads as a tensor.
+    Tensor(TensorInfo),
+    /// A Python `int` (not a `bool`).
+    Int(i64),
+    /// A Python `float`.
+    Float(f64),
+    /// Anything else, by its Python type name.
+    Other(String),
+}
+
+impl Arg {
+    fn type_name(&self) -> &str {
+        match self {
+            Arg::Tensor(_) => "torch.Tensor",
+            Arg::Int(_) => "int",
+            Arg::Float(_) => "float",
+            Arg::Other(t) => t,
+        }
+    }
+}
+
+/// The kiln element type of a PyTorch dtype, if kernels take it.
+pub fn kiln_dtype(d: &TorchDType) -> Option<DType> {
+    match d {
+        TorchDType::Bf16 => Some(DType::Bf16),
+        TorchDType::F16 => Some(DType::F16),
+        TorchDType::Other(name) => match name.as_str() {
+            "torch.float32" => Some(DType::F32),
+            "torch.int32" => Some(DType::I32),
+            _ => None,
+        },
+    }
+}
+
+/// PyTorch's name of a kiln element type.
+fn torch_name(d: DType) -> &'static str {
+    match d {
+        DType::Bf16 => "torch.bfloat16",
+        DType::F16 => "torch.float16",
+        DType::F32 => "torch.float32",
+        DType::I32 => "torch.int32",
+        DType::U32 => "torch.uint32",
+        DType::Bool => "torch.bool",
+    }
+}
+
+/// One checked launch argument.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Checked {
+    /// A CUDA tensor: its address, shape and strides in elements, element type.
+    Tensor {
+        /// `data_ptr()`.
+        ptr: u64,
+        /// Extents.
+        shape: Vec<usize>,
+        /// Strides, in elements.
+        strides: Vec<usize>,
+        /// Element type.
+        dtype: DType,
+    },
+    /// A scalar of the parameter's type.
+    Scalar(ScalarArg),
+}
+
+/// A scalar argument, converted to the parameter's type.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ScalarArg {
+    /// `f32`.
+    F32(f32),
+    /// `i32`.
+    I32(i32),
+    /// `u32`.
+    U32(u32),
+}
+
+/// A call checked against its kernel: the comptime values, the signature they specialise,
+/// the arguments, the device.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    /// The kernel.
+    pub reg: &'static Registered,
+    /// Comptime values in the kernel's order.
+    pub values: Vec<ComptimeValue>,
+    /// The signature with every tensor's element type resolved.
+    pub signature: Vec<ParamSig>,
+    /// The arguments, in signature order.
+    pub args: Vec<Checked>,
+    /// The CUDA ordinal of the tensors (0 when there are none).
+    pub device: usize,
+}
+
+/// Why a call failed: a bad argument (`TypeError`/`ValueError`), or past the checks.
+#[derive(Debug, thiserror::Error)]
+pub enum GenericError {
+    /// A bad argument or comptime value.
+    #[error("{0}")]
+    Arg(#[from] ArgError),
+    /// No device, a compile or driver failure.
+    #[error("{0}")]
+    Launch(#[from] LaunchFailure),
+}
+
+/// The comptime values of `def` for `given` (keyword name and value), a `DType` parameter
+/// not given taking the element type of the first tensor in `args` that names it.
+pub fn comptime_values(
+    def: &dyn AnyKernelDef,
+    args: &[Arg],
+    given: &[(String, Given)],
+) -> Result<Vec<ComptimeValue>, ArgError> {
+    let params = def.comptime_params();
+    let mut defines = Vec::with_capacity(given.len());
+    for (name, value) in given {
+        let Some(p) = params.iter().find(|p| p.name == name) else {
+            let known: Vec<&str> = params.iter().map(|p| p.name).collect();
+            return Err(ArgError::type_error(format!(
+                "{}() got an unexpected comptime parameter `{name}`; its comptime parameters \
+                 are: {}",
+                def.name(),
+                if known.is_empty() {
+                    "none".into()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        };
+        defines.push((name.clone(), value.define_text(name, p.kind)?));
+    }
+    for (sig, arg) in def.signature().iter().zip(args) {
+        if let (
+            ParamSig::Tensor {
+                dtype_param: Some(p),
+                ..
+            },
+            Arg::Tensor(t),
+        ) = (sig, arg)
+            && !defines.iter().any(|(n, _)| n == p)
+            && let Some(d) = kiln_dtype(&t.dtype)
+        {
+            defines.push((p.to_string(), d.name().to_string()));
+        }
+    }
+    def.comptime_values(&defines).map_err(|e| match e {
+        BuildError::Define {
+            source: DefineError::Missing { .. },
+            ..
+        } => ArgError::type_error(e.to_string()),
+        other => ArgError::value_error(other.to_string()),
+    })
+}
+
+/// `signature` with each tensor's element type that names a comptime parameter resolved by
+/// `values` (in `params` order).
+fn specialised(
+    signature: &[ParamSig],
+    params: &[ComptimeParam],
+    values: &[ComptimeValue],
+) -> Vec<ParamSig> {
+    signature
+        .iter()
+        .map(|p| match *p {
+            ParamSig::Tensor {
+                name,
+                dtype,
+                dtype_param: Some(param),
+                rank,
+                mutable,
+            } => {
+                let value = params
+                    .iter()
+                    .position(|c| c.name == param)
+                    .and_then(|i| values.get(i));
+                ParamSig::Tensor {
+                    name,
+                    dtype: match value {
+                        Some(ComptimeValue::DType(d)) => *d,
+                        _ => dtype,
+                    },
+                    dtype_param: None,
+                    rank,
+                    mutable,
+                }
+            }
+            ref other => other.clone(),
+        })
+        .collect()
+}
+
+/// The parameter list for errors: `(x, y)`.
+fn param_list(signature: &[ParamSig]) -> String {
+    let names: Vec<&str> = signature.iter().map(ParamSig::name).collect();
+    format!("({})", names.join(", "))
+}
+
+/// Checks a call of `reg` with `args` (positional, in signature order) and comptime values
+/// `given`: the count, each argument's kind, a tensor's device, dtype, rank and strides, a
+/// scalar's range, and the comptime values ([`comptime_values`]). Shapes against each other
+/// and bounds are the kernel's and the runtime's business.
+pub fn plan(
+    reg: &'static Registered,
+    args: &[Arg],
+    given: &[(String, Given)],
+) -> Result<Planned, ArgError> {
+    let def = reg.def();
+    let declared = def.signature();
+    if args.len() != declared.len() {
+        return Err(ArgError::type_error(format!(
+            "{}() takes {} launch argument(s) {}, got {}",
+            def.name(),
+            declared.len(),
+            param_list(declared),
+            args.len()
+        )));
+    }
+    let values = comptime_values(def, args, given)?;
+    let signature = specialised(declared, def.comptime_params(), &values);
+    let mut device = None;
+    let mut checked = Vec::with_capacity(args.len());
+    for (sig, arg) in signature.iter().zip(args) {
+        checked.push(match *sig {
+            ParamSig::Tensor {
+                name, dtype, rank, ..
+            } => {
+                let Arg::Tensor(t) = arg else {
+                    return Err(ArgError::type_error(format!(
+                        "{name}: expected a torch.Tensor, got {}",
+                        arg.type_name()
+                    )));
+                };
+                let ordinal = match t.device {
+                    TorchDevice::Cuda(i) => i,
+                    TorchDevice::Other(ref other) => {
+                        return Err(ArgError::value_error(format!(
+                            "{name}: expected a CUDA tensor, got one on {other}"
+                        )));
+                    }
+                };
+                match device {
+                    None => device = Some((ordinal, name)),
+                    Some((d, first)) if d != ordinal => {
+                        return Err(ArgError::value_error(format!(
+                            "{name}: expected a tensor on cuda:{d} (where {first} is), got one \
+                             on cuda:{ordinal}"
+                        )));
+                    }
+                    Some(_) => {}
+                }
+                if kiln_dtype(&t.dtype) != Some(dtype) {
+                    return Err(ArgError::type_error(format!(
+                        "{name}: expected a {} tensor, got {}",
+                        torch_name(dtype),
+                        t.dtype
+                    )));
+                }
+                if t.shape.len() != rank {
+                    return Err(ArgError::value_error(format!(
+                        "{name}: expected a {rank}-D tensor, got shape {:?}",
+                        t.shape
+                    )));
+                }
+                let nonneg = |v: &[i64], what: &str| {
+                    v.iter()
+                        .map(|&x| usize::try_from(x))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|_| {
+                            ArgError::value_error(format!(
+                                "{name}: expected non-negative {what}, got {v:?}"
+                            ))
+                        })
+                };
+                Checked::Tensor {
+                    ptr: t.ptr,
+                    shape: nonneg(&t.shape, "extents")?,
+                    strides: nonneg(&t.strides, "strides")?,
+                    dtype,
+                }
+            }
+            ParamSig::Scalar { name, dtype } => Checked::Scalar(scalar(name, dtype, arg)?),
+        });
+    }
+    Ok(Planned {
+        reg,
+        values,
+        signature,
+        args: checked,
+        device: device.map_or(0, |(d, _)| d),
+    })
+}
+
+/// `arg` as the scalar parameter `name` of type `dtype`.
+fn scalar(name: &str, dtype: DType, arg: &Arg) -> Result<ScalarArg, ArgError> {
+    let kind_error = || {
+        ArgError::type_error(format!(
+            "{name}: expected {} ({dtype}), got {}",
+            if dtype == DType::F32 {
+                "a number"
+            } else {
+                "an int"
+            },
+            arg.type_name()
+        ))
+    };
+    let range_error =
+        |n: i64| ArgError::value_error(format!("{name}: {n} does not fit the kernel's {dtype}"));
+    match (dtype, arg) {
+        (DType::F32, Arg::Float(x)) => Ok(ScalarArg::F32(*x as f32)),
+        (DType::F32, Arg::Int(n)) => Ok(ScalarArg::F32(*n as f32)),
+        (DType::I32, Arg::Int(n)) => i32::try_from(*n)
+            .map(ScalarArg::I32)
+            .map_err(|_| range_error(*n)),
+        (DType::U32, Arg::Int(n)) => u32::try_from(*n)
+            .map(ScalarArg::U32)
+            .map_err(|_| range_error(*n)),
+        _ => Err(kind_error()),
+    }
+}
+
+/// The launch grid from the caller's one to three block counts (missing ones are 1).
+pub fn grid(blocks: &[i64]) -> Result<[u32; 3], ArgError> {
+    if blocks.is_empty() || blocks.len() > 3 {
+        return Err(ArgError::value_error(format!(
+            "grid: expected 1 to 3 block counts, got {}",
+            blocks.len()
+        )));
+    }
+    let mut g = [1u32; 3];
+    for (slot, &b) in g.iter_mut().zip(blocks) {
+        *slot = u32::try_from(b).ok().filter(|&b| b > 0).ok_or_else(|| {
+            ArgError::value_error(format!(
+                "grid: block counts are 1 to 2^32 - 1, got {blocks:?}"
+            ))
+        })?;
+    }
+    Ok(g)
+}
+
+/// The kernel's own grid (`#[kernel(grid = [..])]`) over `extents` for comptime `values`.
+pub fn kernel_grid(
+    reg: &'static Registered,
+    values: &[ComptimeValue],
+    extents: &[usize],
+) -> Result<[u32; 3], ArgError> {
+    if extents.is_empty() || extents.len() > 3 {
+        return Err(ArgError::value_error(format!(
+            "extents: expected 1 to 3 extents, got {}",
+            extents.len()
+        )));
+    }
+    let mut e = [1usize; 3];
+    e[..extents.len()].copy_from_slice(extents);
+    reg.def()
+        .grid_values(values, e)
+        .map_err(|err| ArgError::value_error(err.to_string()))
+}
+
+/// What picks a loaded specialisation: the kernel, the device, the comptime values and
+/// each tensor argument's 16-byte alignment (bit `i` for tensor `i`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    path: String,
+    device: usize,
+    values: Vec<ComptimeValue>,
+    aligned: u64,
+}
+
+/// Builds and loads `p`'s kernel with the tensors' alignment `aligned16` (by name), or takes
+/// it from the process's cache.
+fn loaded(
+    dev: &Device,
+    p: &Planned,
+    aligned16: BTreeMap<String, bool>,
+) -> Result<Arc<LoadedKernel>, GenericError> {
+    static LOADED: OnceLock<Mutex<HashMap<Key, Arc<LoadedKernel>>>> = OnceLock::new();
+    let key = Key {
+        path: p.reg.path(),
+        device: p.device,
+        values: p.values.clone(),
+        aligned: aligned16
+            .values()
+            .enumerate()
+            .fold(0, |bits, (i, &a)| bits | (u64::from(a) << i)),
+    };
+    let cache = LOADED.get_or_init(Default::default);
+    // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
+    if let Some(k) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(k.clone());
+    }
+    let ptx = build(p.reg.def(), &p.values, aligned16, dev.target())?;
+    let loaded = Arc::new(dev.load_ptx(ptx).map_err(LaunchFailure::from)?);
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(cache.entry(key).or_insert(loaded).clone())
+}
+
+/// The PTX of `def`'s specialisation for `values` and `aligned16` on `target`. A kernel that
+/// does not build for these comptime values is the caller's `ValueError` (the diagnostic
+/// names the kernel's source line); a backend failure is kiln's.
+pub fn build(
+    def: &dyn AnyKernelDef,
+    values: &[ComptimeValue],
+    aligned16: BTreeMap<String, bool>,
+    target: Target,
+) -> Result<kiln::ptx::PtxModule, GenericError> {
+    let kernel = def
+        .build_values(values, aligned16)
+        .map_err(|e| ArgError::value_error(format!("{}: {e}", def.name())))?;
+    kiln::ptx::compile(&kernel, target)
+        .map_err(|e| GenericError::Launch(LaunchFailure::Launch(e.into())))
+}
+
+/// Whether a launch error is the caller's argument (a `ValueError` naming it) rather than a
+/// failure of kiln or the driver.
+pub fn is_argument_error(e: &LaunchError) -> bool {
+    matches!(
+        e,
+        LaunchError::ArgCount { .. }
+            | LaunchError::ArgKind { .. }
+            | LaunchError::DType { .. }
+            | LaunchError::Rank { .. }
+            | LaunchError::InnerStride { .. }
+            | LaunchError::Extent { .. }
+            | LaunchError::Stride { .. }
+            | LaunchError::OutOfBounds { .. }
+            | LaunchError::ForeignTensor { .. }
+            | LaunchError::Grid { .. }
+            | LaunchError::Build(_)
+            | LaunchError::TensorMapArg { .. }
+    )
+}
+
+/// Launches the planned call on `grid` on `stream` of its device.
+///
+/// # Safety
+/// Every tensor argument must address live device memory of the plan's device (its primary
+/// context) that stays allocated until the kernel has run, and `stream` must be 0 or a live
+/// stream of that context. Outputs overlapping inputs are the caller's affair.
+pub unsafe fn launch(p: &Planned, grid: [u32; 3], stream: u64) -> Result<(), GenericError> {
+    let dev = device(p.device).map_err(LaunchFailure::from)?;
+    /// An argument with its tensor borrowed.
+    enum Owned {
+        Tensor(DeviceTensor),
+        Scalar(ScalarArg),
+    }
+    let mut owned = Vec::with_capacity(p.args.len());
+    let mut aligned16 = BTreeMap::new();
+    for (sig, a) in p.signature.iter().zip(&p.args) {
+        owned.push(match a {
+            Checked::Tensor {
+                ptr,
+                shape,
+                strides,
+                dtype,
+            } => {
+                // SAFETY: the caller guarantees the memory behind every tensor argument.
+                let t = unsafe { dev.borrow_tensor(*ptr, *dtype, shape, strides) }
+                    .map_err(|e| ArgError::value_error(format!("{}: {e}", sig.name())))?;
+                aligned16.insert(sig.name().to_string(), t.aligned16());
+                Owned::Tensor(t)
+            }
+            Checked::Scalar(s) => Owned::Scalar(*s),
+        });
+    }
+    let kernel = loaded(&dev, p, aligned16)?;
+    let args: Vec<KernelArg<'_>> = owned
+        .iter()
+        .map(|a| match a {
+            Owned::Tensor(t) => KernelArg::Tensor(t),
+            Owned::Scalar(ScalarArg::F32(x)) => KernelArg::F32(*x),
+            Owned::Scalar(ScalarArg::I32(x)) => KernelArg::I32(*x),
+            Owned::Scalar(ScalarArg::U32(x)) => KernelArg::U32(*x),
+        })
+        .collect();
+    // SAFETY: the caller guarantees the stream.
+    let stream = unsafe { ForeignStream::from_raw(stream) };
+    dev.launch_loaded_on_stream(stream, &kernel, &p.signature, grid, &args)
+        .map_err(|e| {
+            if is_argument_error(&e) {
+                GenericError::Arg(ArgError::value_error(e.to_string()))
+            } else {
+                GenericError::Launch(e.into())
+            }
+        })
+}
