@@ -501,11 +501,12 @@ fn given(obj: &Bound<'_, PyAny>) -> PyResult<Given> {
     if let Ok(t) = obj.cast::<PyString>() {
         return Ok(Given::Text(t.to_str()?.to_string()));
     }
-    let ty = obj.get_type().name()?.to_string();
-    if ty == "dtype" {
-        return Ok(Given::DType(TorchDType::from_name(obj.str()?.to_str()?)));
+    // A torch.dtype prints as `torch.bfloat16` (torch itself is not imported to check).
+    let text = obj.str()?.to_str()?.to_string();
+    if text.starts_with("torch.") {
+        return Ok(Given::DType(TorchDType::from_name(&text)));
     }
-    Ok(Given::Text(format!("<{ty}>")))
+    Ok(Given::Other(obj.get_type().name()?.to_string()))
 }
 
 /// The comptime keyword arguments, in the order given.

@@ -19,6 +19,7 @@ use kiln::ir::dsl::{
     AnyKernelDef, BuildError, ComptimeKind, ComptimeParam, ComptimeValue, DefineError, ParamSig,
     Registered, registered,
 };
+use kiln::ir::interp::HostArg;
 use kiln::ir::{DType, Target};
 use kiln::runtime::{Device, DeviceTensor, ForeignStream, KernelArg, LaunchError, LoadedKernel};
 
@@ -96,17 +97,20 @@ pub enum Given {
     DType(TorchDType),
     /// A `str`: `-D` text (`"bf16"`, `"128"`).
     Text(String),
+    /// Anything else, by its Python type name: never a comptime value.
+    Other(String),
 }
 
 impl Given {
     /// What Python calls the value's type, for errors.
-    fn type_name(&self) -> &'static str {
+    fn type_name(&self) -> &str {
         match self {
             Given::Int(_) => "int",
             Given::Bool(_) => "bool",
             Given::Float(_) => "float",
             Given::DType(_) => "torch.dtype",
             Given::Text(_) => "str",
+            Given::Other(t) => t,
         }
     }
 
@@ -623,4 +627,392 @@ pub unsafe fn launch(p: &Planned, grid: [u32; 3], stream: u64) -> Result<(), Gen
                 GenericError::Launch(e.into())
             }
         })
+}
+
+/// Runs the planned call on kiln's CPU interpreter over host tensors `args` (in signature
+/// order, as the plan's tensors), the same specialisation a launch takes but with no tensor
+/// marked 16-byte aligned: the generic path's dispatch tested without a GPU.
+pub fn interpret(p: &Planned, grid: [u32; 3], args: &mut [HostArg<'_>]) -> Result<(), String> {
+    let aligned16 = p
+        .signature
+        .iter()
+        .filter_map(|s| match s {
+            ParamSig::Tensor { name, .. } => Some((name.to_string(), false)),
+            ParamSig::Scalar { .. } => None,
+        })
+        .collect();
+    let kernel = p
+        .reg
+        .def()
+        .build_values(&p.values, aligned16)
+        .map_err(|e| e.to_string())?;
+    kiln::ir::interp::run(&kernel, grid, args).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln::ir::HostTensor;
+    use kiln_tests::check::{poisoned, rel_error, tolerance};
+    use kiln_tests::inputs::{Dist, Rng, tensor};
+    use kiln_tests::reference;
+
+    /// What PyTorch would report for a contiguous tensor of `shape` and `dtype` on cuda:0.
+    fn info(shape: &[usize], dtype: &str) -> TensorInfo {
+        let dtype = match dtype {
+            "bf16" => TorchDType::Bf16,
+            "f16" => TorchDType::F16,
+            other => TorchDType::Other(format!("torch.{other}")),
+        };
+        TensorInfo::contiguous(shape, dtype, TorchDevice::Cuda(0), 0x7f00_0000_0000)
+    }
+
+    fn t(shape: &[usize], dtype: &str) -> Arg {
+        Arg::Tensor(info(shape, dtype))
+    }
+
+    fn reg(name: &str) -> &'static Registered {
+        find(name).expect("registered")
+    }
+
+    #[test]
+    fn the_library_kernels_are_registered_and_found_by_name_or_path() {
+        let names = kernel_names();
+        for k in [
+            "softmax",
+            "softmax_backward",
+            "layer_norm",
+            "layer_norm_backward",
+            "rms_norm",
+            "rms_norm_backward",
+            "sum_partials",
+            "cross_entropy",
+            "cross_entropy_backward",
+            "rotary",
+            "dropout",
+        ] {
+            assert!(names.iter().any(|n| n == k), "{k} in {names:?}");
+        }
+        assert_eq!(
+            find("kiln_examples::rms_norm::rms_norm").map(|r| r.name()),
+            Ok("rms_norm")
+        );
+        let e = find("nope").expect_err("unknown");
+        assert!(e.message.starts_with("no kernel named `nope`; one of: "));
+    }
+
+    #[test]
+    fn the_signature_text_shows_params_and_comptime_defaults() {
+        assert_eq!(
+            KernelInfo::of(reg("rms_norm")).signature_text(),
+            "rms_norm(x: Tensor<dtype, 2>, w: Tensor<dtype, 1>, y: TensorMut<dtype, 2>, \
+             rstd: TensorMut<f32, 1>, eps: f32; BM: usize = 4, BN: usize = 1024, \
+             dtype: DType = f32)"
+        );
+    }
+
+    #[test]
+    fn comptime_values_come_from_python_values_text_defaults_and_tensors() {
+        let def = reg("softmax").def();
+        let x = t(&[3, 5], "bf16");
+        let v = comptime_values(def, &[x.clone(), x.clone()], &[]).expect("ok");
+        assert_eq!(
+            v,
+            [
+                ComptimeValue::Usize(4),
+                ComptimeValue::Usize(512),
+                ComptimeValue::DType(DType::Bf16)
+            ]
+        );
+        let given = [
+            ("BM".to_string(), Given::Int(16)),
+            ("BN".to_string(), Given::Text("128".into())),
+            ("dtype".to_string(), Given::DType(TorchDType::F16)),
+        ];
+        let v = comptime_values(def, &[x], &given).expect("ok");
+        assert_eq!(
+            v,
+            [
+                ComptimeValue::Usize(16),
+                ComptimeValue::Usize(128),
+                ComptimeValue::DType(DType::F16)
+            ]
+        );
+        // An int is an f32 value (eps=1); a float never a usize.
+        let ln = reg("dropout").def();
+        assert!(comptime_values(ln, &[], &[("BLOCK".into(), Given::Int(256))]).is_ok());
+    }
+
+    #[test]
+    fn bad_comptime_values_are_type_or_value_errors_naming_the_parameter() {
+        let def = reg("softmax").def();
+        let check = |name: &str, g: Given, kind: ErrorKind, text: &str| {
+            let e = comptime_values(def, &[], &[(name.to_string(), g)]).expect_err("bad");
+            assert_eq!(e.kind, kind, "{}", e.message);
+            assert!(e.message.contains(text), "{} lacks {text}", e.message);
+        };
+        use crate::args::ErrorKind;
+        check(
+            "BX",
+            Given::Int(1),
+            ErrorKind::Type,
+            "unexpected comptime parameter `BX`",
+        );
+        check(
+            "BM",
+            Given::Float(4.0),
+            ErrorKind::Type,
+            "`BM` is a usize, got float",
+        );
+        check(
+            "BM",
+            Given::Bool(true),
+            ErrorKind::Type,
+            "`BM` is a usize, got bool",
+        );
+        check("BM", Given::Int(-2), ErrorKind::Value, "`-2` is not one");
+        check(
+            "dtype",
+            Given::Text("f64".into()),
+            ErrorKind::Value,
+            "`f64` is not one",
+        );
+        check(
+            "dtype",
+            Given::DType(TorchDType::Other("torch.float64".into())),
+            ErrorKind::Type,
+            "got torch.float64",
+        );
+        check(
+            "BM",
+            Given::Other("list".into()),
+            ErrorKind::Type,
+            "got list",
+        );
+    }
+
+    #[test]
+    fn a_plan_checks_count_kinds_devices_dtypes_ranks_and_scalars() {
+        let ln = reg("layer_norm");
+        let ok = || {
+            vec![
+                t(&[4, 8], "bf16"),
+                t(&[8], "bf16"),
+                t(&[8], "bf16"),
+                t(&[4, 8], "bf16"),
+                t(&[4], "float32"),
+                t(&[4], "float32"),
+                Arg::Float(1e-5),
+            ]
+        };
+        let p = plan(ln, &ok(), &[]).expect("valid");
+        assert_eq!(p.values[2], ComptimeValue::DType(DType::Bf16));
+        assert!(matches!(
+            p.signature[0],
+            ParamSig::Tensor {
+                dtype: DType::Bf16,
+                dtype_param: None,
+                ..
+            }
+        ));
+        assert_eq!(p.args[6], Checked::Scalar(ScalarArg::F32(1e-5)));
+        let err = |i: usize, a: Arg| {
+            let mut args = ok();
+            args[i] = a;
+            plan(ln, &args, &[]).expect_err("invalid").message
+        };
+        assert_eq!(err(1, Arg::Int(3)), "w: expected a torch.Tensor, got int");
+        assert_eq!(
+            err(2, t(&[8], "f16")),
+            "b: expected a torch.bfloat16 tensor, got torch.float16"
+        );
+        assert_eq!(
+            err(1, t(&[2, 4], "bf16")),
+            "w: expected a 1-D tensor, got shape [2, 4]"
+        );
+        let mut other = info(&[4, 8], "bf16");
+        other.device = TorchDevice::Cuda(1);
+        assert_eq!(
+            err(3, Arg::Tensor(other)),
+            "y: expected a tensor on cuda:0 (where x is), got one on cuda:1"
+        );
+        assert_eq!(
+            err(6, Arg::Other("str".into())),
+            "eps: expected a number (f32), got str"
+        );
+        let e = plan(ln, &ok()[..6], &[]).expect_err("count");
+        assert!(
+            e.message
+                .starts_with("layer_norm() takes 7 launch argument(s)")
+        );
+        let d = reg("dropout");
+        let x = t(&[10], "float32");
+        let e = plan(
+            d,
+            &[x.clone(), x.clone(), Arg::Float(0.5), Arg::Int(-1)],
+            &[],
+        );
+        assert_eq!(
+            e.expect_err("negative").message,
+            "seed: -1 does not fit the kernel's u32"
+        );
+        let p = plan(d, &[x.clone(), x, Arg::Int(1), Arg::Int(7)], &[]).expect("valid");
+        assert_eq!(p.args[3], Checked::Scalar(ScalarArg::U32(7)));
+    }
+
+    #[test]
+    fn grids_come_from_the_caller_or_the_kernels_rule() {
+        assert_eq!(grid(&[5]), Ok([5, 1, 1]));
+        assert_eq!(grid(&[5, 2, 3]), Ok([5, 2, 3]));
+        assert!(grid(&[0]).is_err());
+        assert!(grid(&[]).is_err());
+        assert!(grid(&[1, 1, 1, 1]).is_err());
+        assert!(grid(&[1 << 33]).is_err());
+        let sm = reg("softmax");
+        let v = comptime_values(sm.def(), &[], &[("BM".into(), Given::Int(8))]).expect("ok");
+        assert_eq!(kernel_grid(sm, &v, &[4097]), Ok([513, 1, 1]));
+        let r = reg("rotary");
+        let v = comptime_values(r.def(), &[], &[]).expect("ok");
+        assert_eq!(kernel_grid(r, &v, &[7, 3, 17]), Ok([7, 3, 3]));
+    }
+
+    /// The generic path's specialisations of softmax and layer norm, with the comptime values
+    /// the Python wrappers choose for rows of `n` (`kiln_attn.ops.config_rows`: `BN` the row
+    /// up to 1024 columns, `BM` 4096 / BN up to 16), run on the interpreter on odd shapes,
+    /// against f64 references, outputs poisoned.
+    #[test]
+    fn generic_launches_match_references_on_the_interpreter() {
+        let mut rng = Rng::new(0x6e6e);
+        for (m, n, dtype, name) in [
+            (5usize, 37usize, DType::F32, "float32"),
+            (9, 130, DType::Bf16, "bf16"),
+            (3, 1100, DType::F16, "f16"),
+        ] {
+            let bn = n.next_power_of_two().clamp(32, 1024);
+            let bm = (4096 / bn).clamp(1, 16);
+            let given = [
+                ("BM".to_string(), Given::Int(bm as i64)),
+                ("BN".to_string(), Given::Int(bn as i64)),
+            ];
+            for dist in [Dist::Uniform, Dist::Large] {
+                let x = tensor(&mut rng, &[m, n], dtype, dist);
+                let mut y = poisoned(&[m, n], dtype);
+                let sm = reg("softmax");
+                let p = plan(sm, &[t(&[m, n], name), t(&[m, n], name)], &given).expect("plan");
+                let g = kernel_grid(sm, &p.values, &[m]).expect("grid");
+                interpret(
+                    &p,
+                    g,
+                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
+                )
+                .expect("runs");
+                let e = rel_error(&y.to_f64_vec(), &reference::softmax_rows(&x));
+                assert!(
+                    e < tolerance(dtype) * 2.0,
+                    "softmax {m}x{n} {dtype} {dist}: {e}"
+                );
+
+                let w = tensor(&mut rng, &[n], dtype, Dist::Uniform);
+                let b = tensor(&mut rng, &[n], dtype, Dist::Uniform);
+                let mut y = poisoned(&[m, n], dtype);
+                let mut mean = poisoned(&[m], DType::F32);
+                let mut rstd = poisoned(&[m], DType::F32);
+                let ln = reg("layer_norm");
+                let args = [
+                    t(&[m, n], name),
+                    t(&[n], name),
+                    t(&[n], name),
+                    t(&[m, n], name),
+                    t(&[m], "float32"),
+                    t(&[m], "float32"),
+                    Arg::Float(1e-5),
+                ];
+                let p = plan(ln, &args, &given).expect("plan");
+                let g = kernel_grid(ln, &p.values, &[m]).expect("grid");
+                interpret(
+                    &p,
+                    g,
+                    &mut [
+                        HostArg::Tensor(&x),
+                        HostArg::Tensor(&w),
+                        HostArg::Tensor(&b),
+                        HostArg::TensorMut(&mut y),
+                        HostArg::TensorMut(&mut mean),
+                        HostArg::TensorMut(&mut rstd),
+                        HostArg::F32(1e-5),
+                    ],
+                )
+                .expect("runs");
+                let want = layer_norm_ref(&x, &w, &b, 1e-5);
+                let e = rel_error(&y.to_f64_vec(), &want);
+                assert!(
+                    e < tolerance(dtype) * 2.0,
+                    "layer_norm {m}x{n} {dtype} {dist}: {e}"
+                );
+            }
+        }
+    }
+
+    fn layer_norm_ref(x: &HostTensor, w: &HostTensor, b: &HostTensor, eps: f64) -> Vec<f64> {
+        let n = x.shape[1];
+        let (w, b) = (w.to_f64_vec(), b.to_f64_vec());
+        x.to_f64_vec()
+            .chunks(n)
+            .flat_map(|row| {
+                let mean = row.iter().sum::<f64>() / n as f64;
+                let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
+                let r = 1.0 / (var + eps).sqrt();
+                row.iter()
+                    .enumerate()
+                    .map(|(c, v)| (v - mean) * r * w[c] + b[c])
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// Every specialisation the wrappers pick for the benchmark's shapes compiles to PTX for
+    /// both targets, aligned and not.
+    #[test]
+    fn the_wrappers_specialisations_compile_for_both_targets() {
+        for (name, given) in [
+            ("softmax", vec![("BM", 4), ("BN", 1024)]),
+            ("softmax_backward", vec![("BM", 16), ("BN", 256)]),
+            ("layer_norm", vec![("BM", 4), ("BN", 1024)]),
+            ("rms_norm", vec![("BM", 16), ("BN", 128)]),
+            ("layer_norm_backward", vec![("BM", 4), ("BN", 1024)]),
+            ("rms_norm_backward", vec![("BM", 4), ("BN", 1024)]),
+            ("cross_entropy", vec![("BM", 1), ("BN", 2048)]),
+            ("cross_entropy_backward", vec![("BM", 1), ("BN", 2048)]),
+            ("sum_partials", vec![("BM", 64), ("BN", 128)]),
+            ("rotary", vec![("D", 128), ("R", 128), ("BH", 8)]),
+            ("dropout", vec![("BLOCK", 1024)]),
+        ] {
+            let def = reg(name).def();
+            let given: Vec<(String, Given)> = given
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), Given::Int(v)))
+                .chain(
+                    def.comptime_params()
+                        .iter()
+                        .any(|p| p.name == "dtype")
+                        .then(|| ("dtype".to_string(), Given::DType(TorchDType::Bf16))),
+                )
+                .collect();
+            let values = comptime_values(def, &[], &given).expect("values");
+            for target in [Target::Sm80, Target::Sm90a] {
+                for aligned in [false, true] {
+                    let a = def
+                        .signature()
+                        .iter()
+                        .filter_map(|p| match p {
+                            ParamSig::Tensor { name, .. } => Some((name.to_string(), aligned)),
+                            ParamSig::Scalar { .. } => None,
+                        })
+                        .collect();
+                    build(def, &values, a, target)
+                        .unwrap_or_else(|e| panic!("{name} on {target:?}: {e}"));
+                }
+            }
+        }
+    }
 }
