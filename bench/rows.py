@@ -400,9 +400,12 @@ def run(args):
         try:
             case = Case(torch, F, ops, p["kernel"], p["m"], p["n"], p["dtype"], p["input_sets"], step)
             case.ref = case.reference()
-        except torch.cuda.OutOfMemoryError as e:
-            row["error"] = f"setup: {str(e).splitlines()[0]}"
+        except Exception as e:  # inputs that do not fit, or a kiln call the setup makes
+            row["error"] = f"setup: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            failed |= not isinstance(e, torch.cuda.OutOfMemoryError)
             rows.append(row)
+            print("   " + row["error"], file=sys.stderr, flush=True)
+            case = None
             torch.cuda.empty_cache()
             continue
         sides = ("torch",) if p["kernel"] == "copy" else ("kiln", "torch")

@@ -29,6 +29,21 @@ def _k(name):
     return k
 
 
+_GRIDS = {}
+
+
+def _grid(k, extent, ct):
+    """The kernel's own grid over `extent` for comptime values `ct`, asked of the kernel once
+    per (kernel, extent, values): a wrapper's call then costs one dict lookup for it."""
+    key = (k.name, extent, tuple(ct.items()))
+    g = _GRIDS.get(key)
+    if g is None:
+        if len(_GRIDS) > 4096:
+            _GRIDS.clear()
+        g = _GRIDS[key] = k.grid(extent, **ct)
+    return g
+
+
 def _pow2_at_least(n):
     return 1 << max(0, int(n) - 1).bit_length()
 
@@ -141,6 +156,8 @@ def _rows(x):
 def _normalized(x, normalized_shape):
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
+    if isinstance(normalized_shape, (str, bytes)):
+        raise TypeError(f"normalized_shape: expected an int or a sequence of ints, got {type(normalized_shape).__name__}")
     try:
         shape = tuple(int(s) for s in normalized_shape)
     except TypeError:
@@ -172,7 +189,7 @@ def _softmax_fwd(x, dim):
     if m and n:
         ct = config_softmax(m, n, x.dtype)
         k = _k("softmax")
-        k.launch(k.grid(m, **ct), x2, y2, **ct)
+        k.launch(_grid(k, m, ct), x2, y2, **ct)
     y = y2.reshape(xt.shape)
     return y.movedim(-1, dim) if x.dim() else y.reshape(())
 
@@ -198,7 +215,7 @@ def softmax_backward(dy, y, dim=-1):
     if m and n:
         ct = config_softmax_backward(m, n, y.dtype)
         k = _k("softmax_backward")
-        k.launch(k.grid(m, **ct), y2, dy2, dx2, **ct)
+        k.launch(_grid(k, m, ct), y2, dy2, dx2, **ct)
     dx = dx2.reshape(yt.shape)
     return dx.movedim(-1, dim) if y.dim() else dx.reshape(())
 
@@ -213,7 +230,7 @@ def _layer_norm_fwd(x, shape, n, weight, bias, eps):
     if m and n:
         ct = config_layer_norm(m, n, x.dtype)
         k = _k("layer_norm")
-        k.launch(k.grid(m, **ct), x2, w, b, y2, mean, rstd, float(eps), **ct)
+        k.launch(_grid(k, m, ct), x2, w, b, y2, mean, rstd, float(eps), **ct)
     return y2.reshape(x.shape), mean, rstd
 
 
@@ -248,7 +265,7 @@ def _rms_norm_fwd(x, shape, n, weight, eps):
     if m and n:
         ct = config_rms_norm(m, n, x.dtype)
         k = _k("rms_norm")
-        k.launch(k.grid(m, **ct), x2, w, y2, rstd, float(eps), **ct)
+        k.launch(_grid(k, m, ct), x2, w, y2, rstd, float(eps), **ct)
     return y2.reshape(x.shape), rstd
 
 
@@ -279,7 +296,7 @@ def _sum_partials(part, n, dtype):
     out = torch.empty((n,), dtype=dtype, device=part.device)
     ct = config_sum_partials(part.shape[0], n, dtype)
     k = _k("sum_partials")
-    k.launch(k.grid(n, **ct), part, out, dtype=dtype, **ct)
+    k.launch(_grid(k, n, ct), part, out, dtype=dtype, **ct)
     return out
 
 
@@ -300,7 +317,7 @@ def layer_norm_backward(dy, x, normalized_shape, mean, rstd, weight=None):
         return dx2.reshape(x.shape), z, z.clone()
     ct = config_norm_backward(m, n, x.dtype)
     k = _k("layer_norm_backward")
-    grid = k.grid(m, **ct)
+    grid = _grid(k, m, ct)
     dw_part = torch.empty((grid[0], n), dtype=torch.float32, device=x.device)
     db_part = torch.empty((grid[0], n), dtype=torch.float32, device=x.device)
     k.launch(grid, x2, w, mean, rstd, dy2, dx2, dw_part, db_part, **ct)
@@ -321,7 +338,7 @@ def rms_norm_backward(dy, x, normalized_shape, rstd, weight=None):
         return dx2.reshape(x.shape), torch.zeros((n,), dtype=x.dtype, device=x.device)
     ct = config_norm_backward(m, n, x.dtype)
     k = _k("rms_norm_backward")
-    grid = k.grid(m, **ct)
+    grid = _grid(k, m, ct)
     dw_part = torch.empty((grid[0], n), dtype=torch.float32, device=x.device)
     k.launch(grid, x2, w, rstd, dy2, dx2, dw_part, **ct)
     return dx2.reshape(x.shape), _sum_partials(dw_part, n, x.dtype)
@@ -360,7 +377,7 @@ def _cross_entropy_fwd(logits, t32):
     if m and v:
         ct = config_cross_entropy(m, v, x.dtype)
         k = _k("cross_entropy")
-        k.launch(k.grid(m, **ct), x, t32, loss, lse, **ct)
+        k.launch(_grid(k, m, ct), x, t32, loss, lse, **ct)
     return loss, lse
 
 
@@ -421,7 +438,7 @@ def _cross_entropy_bwd(dloss, logits, t32, lse, reduction):
     if m and v:
         ct = config_cross_entropy(m, v, x.dtype)
         k = _k("cross_entropy_backward")
-        k.launch(k.grid(m, **ct), x, t32, lse, g, dx, **ct)
+        k.launch(_grid(k, m, ct), x, t32, lse, g, dx, **ct)
     return dx
 
 
@@ -481,7 +498,7 @@ def _dropout_fwd(x, p, seed):
     if n:
         ct = config_dropout(n, x.dtype)
         k = _k("dropout")
-        k.launch(k.grid(n, **ct), flat, y, p, seed, **ct)
+        k.launch(_grid(k, n, ct), flat, y, p, seed, **ct)
     return y.reshape(x.shape)
 
 

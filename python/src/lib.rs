@@ -701,6 +701,34 @@ impl Kernel {
         unsafe { generic::launch(&planned, grid, stream) }.map_err(generic_err)
     }
 
+    /// `launch` on kiln's CPU interpreter instead of the GPU, over PyTorch CPU tensors: the
+    /// same checks, kernel and comptime values, the kernel's outputs written into the
+    /// tensors in place. Slow (an interpreter): for tests on small shapes without a GPU.
+    #[pyo3(signature = (grid, *args, **comptime))]
+    fn interpret(
+        &self,
+        grid: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyTuple>,
+        comptime: Option<&Bound<'_, pyo3::types::PyDict>>,
+    ) -> PyResult<()> {
+        let blocks: Vec<i64> = if let Ok(n) = grid.extract::<i64>() {
+            vec![n]
+        } else {
+            grid.extract().map_err(|_| {
+                PyTypeError::new_err("grid: expected an int or a tuple of one to three ints")
+            })?
+        };
+        let grid = generic::grid(&blocks).map_err(arg_err)?;
+        let args = launch_args(self.reg, args)?;
+        let planned =
+            generic::plan_at(self.reg, &args, &given_all(comptime)?, generic::Place::Host)
+                .map_err(arg_err)?;
+        // SAFETY: the tensors are live PyTorch CPU tensors (checked to be on the CPU) that
+        // the caller holds until this returns; nothing else runs on them meanwhile (the GIL is
+        // held throughout).
+        unsafe { generic::interpret_host(&planned, grid) }.map_err(generic_err)
+    }
+
     fn __repr__(&self) -> String {
         format!("<kiln kernel {}>", self.signature())
     }

@@ -43,7 +43,11 @@ def rel(out, ref):
 
 
 def tol(dtype, dist):
-        return TOL[dtype] * (2 if dist == "offset" else 1)
+    # An offset row's f32 mean (about 1000) is stored to its ulp, 6e-5, against a spread of
+    # 0.5: the normalised values carry that error (PyTorch's f32 layer norm as well).
+    if dist == "offset" and dtype == torch.float32:
+        return 5e-4
+    return TOL[dtype]
 
 
 def poisoned(shape, dtype):
@@ -85,7 +89,8 @@ def test_layer_norm_and_stats(m, n, dtype, dist):
     y, mean, rstd = ops.layer_norm(x, (n,), w, b, 1e-5, return_stats=True)
     xd = x.double()
     assert rel(y, F.layer_norm(xd, (n,), w.double(), b.double(), 1e-5)) < tol(dtype, dist)
-    assert rel(mean, xd.mean(-1)) < 1e-6
+    # The mean is an f32 sum's: its error scales with the values, not with the mean.
+    assert (mean.double() - xd.mean(-1)).abs().max().item() <= 1e-5 * xd.abs().max().item()
     var = xd.var(-1, unbiased=False)
     assert rel(rstd, (var + 1e-5).rsqrt()) < (1e-4 if dist != "offset" else 1e-2)
 
@@ -152,7 +157,7 @@ def test_cross_entropy_and_backward(m, v, dtype, reduction):
         assert rel(loss, want.detach()) < 1e-5
     elif reduction != "mean":
         assert rel(loss, want.detach()) < 1e-5
-    assert rel(lse, torch.logsumexp(xd.detach(), -1)) < 1e-6
+    assert rel(lse, torch.logsumexp(xd.detach(), -1)) < 1e-5
     dloss = torch.ones_like(want) if reduction != "none" else torch.rand(m, device=DEV, dtype=torch.float64)
     if reduction == "mean" and not bool((t >= 0).any()):
         return

@@ -20,7 +20,7 @@ use kiln::ir::dsl::{
     Registered, registered,
 };
 use kiln::ir::interp::HostArg;
-use kiln::ir::{DType, Target};
+use kiln::ir::{DType, HostTensor, Target};
 use kiln::runtime::{Device, DeviceTensor, ForeignStream, KernelArg, LaunchError, LoadedKernel};
 
 use crate::args::{ArgError, TensorInfo, TorchDType, TorchDevice};
@@ -349,6 +349,26 @@ pub fn plan(
     args: &[Arg],
     given: &[(String, Given)],
 ) -> Result<Planned, ArgError> {
+    plan_at(reg, args, given, Place::Cuda)
+}
+
+/// Where a call's tensors must live: on a CUDA device for a launch, in host memory (PyTorch
+/// CPU tensors) for [`interpret_host`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// CUDA tensors, all on one device.
+    Cuda,
+    /// CPU tensors.
+    Host,
+}
+
+/// [`plan`] for tensors at `place`.
+pub fn plan_at(
+    reg: &'static Registered,
+    args: &[Arg],
+    given: &[(String, Given)],
+    place: Place,
+) -> Result<Planned, ArgError> {
     let def = reg.def();
     let declared = def.signature();
     if args.len() != declared.len() {
@@ -375,11 +395,18 @@ pub fn plan(
                         arg.type_name()
                     )));
                 };
-                let ordinal = match t.device {
-                    TorchDevice::Cuda(i) => i,
-                    TorchDevice::Other(ref other) => {
+                let ordinal = match (place, &t.device) {
+                    (Place::Cuda, TorchDevice::Cuda(i)) => *i,
+                    (Place::Host, TorchDevice::Other(cpu)) if cpu == "cpu" => 0,
+                    (Place::Cuda, other) => {
                         return Err(ArgError::value_error(format!(
                             "{name}: expected a CUDA tensor, got one on {other}"
+                        )));
+                    }
+                    (Place::Host, other) => {
+                        return Err(ArgError::value_error(format!(
+                            "{name}: expected a CPU tensor (the interpreter runs on the host), \
+                             got one on {other}"
                         )));
                     }
                 };
@@ -649,10 +676,133 @@ pub fn interpret(p: &Planned, grid: [u32; 3], args: &mut [HostArg<'_>]) -> Resul
     kiln::ir::interp::run(&kernel, grid, args).map_err(|e| e.to_string())
 }
 
+/// Runs the planned call ([`plan_at`] with [`Place::Host`]) on kiln's CPU interpreter over the
+/// caller's host memory: each tensor is read from its address and strides, and each tensor the
+/// kernel writes (`TensorMut`) is written back in place. The same kernel, comptime values and
+/// checks as a launch, without a GPU.
+///
+/// # Safety
+/// Every tensor argument must address live host memory of its dtype that is not written
+/// elsewhere during the call (a PyTorch CPU tensor the caller holds).
+pub unsafe fn interpret_host(p: &Planned, grid: [u32; 3]) -> Result<(), GenericError> {
+    let mut host: Vec<Option<HostTensor>> = Vec::with_capacity(p.args.len());
+    for a in &p.args {
+        host.push(match a {
+            Checked::Tensor {
+                ptr,
+                shape,
+                strides,
+                dtype,
+            } => Some(unsafe { read_host(*ptr, shape, strides, *dtype) }),
+            Checked::Scalar(_) => None,
+        });
+    }
+    {
+        let mut args: Vec<HostArg<'_>> = Vec::with_capacity(p.args.len());
+        for ((a, t), sig) in p.args.iter().zip(host.iter_mut()).zip(&p.signature) {
+            args.push(match (a, t) {
+                (_, Some(t)) => match sig {
+                    ParamSig::Tensor { mutable: true, .. } => HostArg::TensorMut(t),
+                    _ => HostArg::Tensor(t),
+                },
+                (Checked::Scalar(ScalarArg::F32(x)), None) => HostArg::F32(*x),
+                (Checked::Scalar(ScalarArg::I32(x)), None) => HostArg::I32(*x),
+                (Checked::Scalar(ScalarArg::U32(x)), None) => HostArg::U32(*x),
+                (Checked::Tensor { .. }, None) => {
+                    return Err(ArgError::value_error("internal: an unread tensor").into());
+                }
+            });
+        }
+        interpret(p, grid, &mut args).map_err(|e| {
+            GenericError::Arg(ArgError::value_error(format!("{}: {e}", p.reg.name())))
+        })?;
+    }
+    for ((a, t), sig) in p.args.iter().zip(&host).zip(&p.signature) {
+        if let (
+            Checked::Tensor {
+                ptr,
+                shape,
+                strides,
+                ..
+            },
+            Some(t),
+            ParamSig::Tensor { mutable: true, .. },
+        ) = (a, t, sig)
+        {
+            // SAFETY: the caller guarantees the memory, as for the read.
+            unsafe { write_host(*ptr, shape, strides, t) };
+        }
+    }
+    Ok(())
+}
+
+/// The element offsets (in elements) of a `shape` view with `strides`, in row-major order.
+fn offsets(shape: &[usize], strides: &[usize]) -> Vec<usize> {
+    let mut out = vec![0usize];
+    for (&n, &s) in shape.iter().zip(strides) {
+        out = out
+            .iter()
+            .flat_map(|&o| (0..n).map(move |i| o + i * s))
+            .collect();
+    }
+    out
+}
+
+/// A contiguous host copy of the view at `ptr`.
+///
+/// # Safety
+/// As [`interpret_host`].
+unsafe fn read_host(ptr: u64, shape: &[usize], strides: &[usize], dtype: DType) -> HostTensor {
+    let offs = offsets(shape, strides);
+    let size = dtype.size_bytes() as u64;
+    let at = |i: usize| (ptr + offs[i] as u64 * size) as usize;
+    // SAFETY (each read): the caller guarantees the view's elements are readable.
+    HostTensor::from_fn(shape, dtype, |i| unsafe {
+        match dtype {
+            DType::F32 => f64::from(std::ptr::read_unaligned(at(i) as *const f32)),
+            DType::Bf16 => {
+                half::bf16::from_bits(std::ptr::read_unaligned(at(i) as *const u16)).to_f64()
+            }
+            DType::F16 => {
+                half::f16::from_bits(std::ptr::read_unaligned(at(i) as *const u16)).to_f64()
+            }
+            DType::I32 => f64::from(std::ptr::read_unaligned(at(i) as *const i32)),
+            DType::U32 => f64::from(std::ptr::read_unaligned(at(i) as *const u32)),
+            DType::Bool => f64::from(std::ptr::read_unaligned(at(i) as *const u8)),
+        }
+    })
+}
+
+/// Writes host tensor `t` back into the view at `ptr`.
+///
+/// # Safety
+/// As [`interpret_host`], the view writable.
+unsafe fn write_host(ptr: u64, shape: &[usize], strides: &[usize], t: &HostTensor) {
+    let size = t.dtype().size_bytes() as u64;
+    for (i, o) in offsets(shape, strides).into_iter().enumerate() {
+        let at = (ptr + o as u64 * size) as usize;
+        let v = t.data.get_f64(i);
+        // SAFETY: the caller guarantees the view's elements are writable.
+        unsafe {
+            match t.dtype() {
+                DType::F32 => std::ptr::write_unaligned(at as *mut f32, v as f32),
+                DType::Bf16 => {
+                    std::ptr::write_unaligned(at as *mut u16, half::bf16::from_f64(v).to_bits())
+                }
+                DType::F16 => {
+                    std::ptr::write_unaligned(at as *mut u16, half::f16::from_f64(v).to_bits())
+                }
+                DType::I32 => std::ptr::write_unaligned(at as *mut i32, v as i32),
+                DType::U32 => std::ptr::write_unaligned(at as *mut u32, v as u32),
+                DType::Bool => std::ptr::write_unaligned(at as *mut u8, u8::from(v != 0.0)),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kiln::ir::HostTensor;
     use kiln_tests::check::{poisoned, rel_error, tolerance};
     use kiln_tests::inputs::{Dist, Rng, tensor};
     use kiln_tests::reference;
@@ -950,6 +1100,46 @@ mod tests {
                     "layer_norm {m}x{n} {dtype} {dist}: {e}"
                 );
             }
+        }
+    }
+
+    /// `interpret_host` reads strided host memory the way PyTorch CPU tensors lay it out and
+    /// writes the outputs back in place, NaN-poisoned elements outside the view untouched.
+    #[test]
+    fn interpreting_over_host_memory_reads_and_writes_the_views_in_place() {
+        let (m, n, pitch) = (3usize, 45usize, 50usize);
+        let mut rng = Rng::new(7);
+        let x: Vec<f32> = (0..m * pitch)
+            .map(|_| rng.uniform(-4.0, 4.0) as f32)
+            .collect();
+        let mut y = vec![f32::NAN; m * pitch];
+        let view = |ptr: u64| {
+            Arg::Tensor(TensorInfo {
+                shape: vec![m as i64, n as i64],
+                strides: vec![pitch as i64, 1],
+                dtype: TorchDType::Other("torch.float32".into()),
+                device: TorchDevice::Other("cpu".into()),
+                ptr,
+            })
+        };
+        let sm = reg("softmax");
+        let args = [view(x.as_ptr() as u64 + 4), view(y.as_mut_ptr() as u64 + 4)];
+        let given = [("BN".to_string(), Given::Int(32))];
+        assert!(
+            plan(sm, &args, &given).is_err(),
+            "a launch wants CUDA tensors"
+        );
+        let p = plan_at(sm, &args, &given, Place::Host).expect("plan");
+        let g = kernel_grid(sm, &p.values, &[m]).expect("grid");
+        // SAFETY: the views lie inside `x` and `y`, which outlive the call.
+        unsafe { interpret_host(&p, g) }.expect("runs");
+        for r in 0..m {
+            let row: Vec<f64> = (0..n).map(|c| f64::from(x[r * pitch + 1 + c])).collect();
+            let want =
+                reference::softmax_rows(&HostTensor::from_fn(&[1, n], DType::F32, |c| row[c]));
+            let got: Vec<f64> = (0..n).map(|c| f64::from(y[r * pitch + 1 + c])).collect();
+            assert!(rel_error(&got, &want) < 1e-5, "row {r}");
+            assert!(y[r * pitch].is_nan() && y[r * pitch + 1 + n].is_nan());
         }
     }
 
