@@ -152,10 +152,10 @@ def driver():
 class Case:
     """One point's inputs (`sets` of them), its two calls and its float64 reference."""
 
-    def __init__(self, torch, F, ops, kernel, m, n, dtype, sets, seed):
+    def __init__(self, torch, F, ops, kernel, m, n, dtype, sets, seed, device="cuda"):
         self.torch, self.F, self.ops = torch, F, ops
         self.kernel, self.m, self.n, self.sets = kernel, m, n, sets
-        dev = torch.device("cuda")
+        dev = torch.device(device)
         self.dt = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
         gen = torch.Generator(device=dev).manual_seed(seed)
 

@@ -36,10 +36,12 @@ def make(shape, dtype, dist, seed):
     return x.to(dtype)
 
 
-def rel(out, ref):
+def rel(out, ref, floor=1e-30):
+    """Relative Frobenius error; `floor` bounds the norm it is relative to from below: a
+    gradient that cancels to nearly 0 (a norm's dx over one column) is compared absolutely."""
     out, ref = out.double(), ref.double()
     assert bool(out.isfinite().all()), "non-finite output (a poisoned element left unwritten?)"
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    return ((out - ref).norm() / ref.norm().clamp_min(floor)).item()
 
 
 def tol(dtype, dist):
@@ -134,12 +136,12 @@ def test_norm_backwards(m, n, dtype):
     got = ops.layer_norm_backward(dy, x, (n,), mean, rstd, w)
     want = ref_grads(lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5), (x, w, b), dy)
     for g, r in zip(got, want):
-        assert rel(g, r) < t
+        assert rel(g, r, floor=1e-4) < t
     _, rstd = ops.rms_norm(x, (n,), w, 1e-5, return_rstd=True)
     got = ops.rms_norm_backward(dy, x, (n,), rstd, w)
     want = ref_grads(lambda x, w: F.rms_norm(x, (n,), w, 1e-5), (x, w), dy)
     for g, r in zip(got, want):
-        assert rel(g, r) < t
+        assert rel(g, r, floor=1e-4) < t
 
 
 @pytest.mark.parametrize("m,v", [(1, 5), (7, 1000), (33, 4097), (9, 50257)])
@@ -218,7 +220,7 @@ def test_autograd_matches_torch(dtype):
         leaves = [i.detach().requires_grad_() for i in inputs]
         got = torch.autograd.grad(fn(*leaves), leaves, dy)
         for g, r in zip(got, ref_grads(ref, inputs, dy)):
-            assert rel(g, r) < t
+            assert rel(g, r, floor=1e-4) < t
     logits = (make((m, n), dtype, "uniform", 4) * 5).requires_grad_()
     tgt = torch.randint(0, n, (m,), device=DEV)
     loss = ops.cross_entropy(logits, tgt)

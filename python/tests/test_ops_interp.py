@@ -52,10 +52,12 @@ def make(shape, dtype, seed, scale=1.0, offset=0.0):
     return (offset + (torch.rand(shape, generator=g) * 2 - 1) * scale).to(dtype)
 
 
-def rel(out, ref):
+def rel(out, ref, floor=1e-30):
+    """Relative Frobenius error; `floor` bounds the norm it is relative to from below: a
+    gradient that cancels to nearly 0 (a norm's dx over one column) is compared absolutely."""
     out, ref = out.double(), ref.double()
     assert bool(out.isfinite().all()), "non-finite output"
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    return ((out - ref).norm() / ref.norm().clamp_min(floor)).item()
 
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -91,13 +93,13 @@ def test_norms_and_their_backwards(interp, m, n, dtype):
     leaves = [t.double().requires_grad_() for t in (x, w, b)]
     want = torch.autograd.grad(F.layer_norm(leaves[0], (n,), leaves[1], leaves[2], 1e-5), leaves, dy.double())
     for g, r in zip(ops.layer_norm_backward(dy, x, (n,), mean, rstd, w), want):
-        assert rel(g, r) < 4 * TOL[dtype]
+        assert rel(g, r, floor=1e-4) < 4 * TOL[dtype]
     y, rstd = ops.rms_norm(x, (n,), w, 1e-5, return_rstd=True)
     assert rel(y, F.rms_norm(xd, (n,), w.double(), 1e-5)) < TOL[dtype]
     leaves = [t.double().requires_grad_() for t in (x, w)]
     want = torch.autograd.grad(F.rms_norm(leaves[0], (n,), leaves[1], 1e-5), leaves, dy.double())
     for g, r in zip(ops.rms_norm_backward(dy, x, (n,), rstd, w), want):
-        assert rel(g, r) < 4 * TOL[dtype]
+        assert rel(g, r, floor=1e-4) < 4 * TOL[dtype]
 
 
 def test_norms_over_several_dims_without_affine(interp):
