@@ -9,6 +9,8 @@
 #                           --dtypes, --shapes, --iters]
 #       only the row-kernel library beside PyTorch (bench/rows.py), in this process: rows-py.json,
 #       rows-py.png, rows-py.md (the table) and rows-bench.log under $OUT
+#   python/run-gpu-tests.sh --ops-tests
+#       only the pytest files of kernel() / kiln_attn.ops and bench/rows.py (pytest-ops.log)
 # (the matrix alone took four to five minutes on the H200: --tests-only and --bench-only fit the
 # halves in separate jobs of a shorter limit).
 # Without --rust, the Rust benchmark (bench_attention, bundled in .gpu/bin by gpu-bundle) runs
@@ -35,6 +37,14 @@ if [ "${1:-}" = --rows-bench ]; then
   [ -f "$out/rows-py.json" ] && python3 bench/table.py "$out/rows-py.json" | tee "$out/rows-py.md"
   echo "rows bench exit $rows; results in $out"
   exit "$rows"
+fi
+if [ "${1:-}" = --ops-tests ]; then
+  # Only the tests of kernels() / kernel() and kiln_attn.ops (GPU, interpreter, CPU-side
+  # checks) and of bench/rows.py: a minute or two, without the attention matrix.
+  python3 -m pytest -p no:cacheprovider -q -rs python/tests/test_kernels_args.py \
+    python/tests/test_ops_gpu.py python/tests/test_ops_interp.py python/tests/test_rows_bench.py \
+    --junitxml "$out/pytest-ops.xml" 2>&1 | tee "$out/pytest-ops.log"
+  exit "${PIPESTATUS[0]}"
 fi
 tests=0
 if [ "${1:-}" = --bench-only ]; then
