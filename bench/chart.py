@@ -88,7 +88,8 @@ def rows_chart(plt, data, title):
         ax.set_ylabel("GB/s")
         ax.set_title(f"{kernel} (labels: kiln/PyTorch sustained; dashed: HBM peak, dotted: 80%)", fontsize=9)
     axes[0, 0].legend(fontsize=7, ncol=5)
-    fig.suptitle(title)
+    # The run's title above the first panel's (a suptitle would overlap it after tight_layout).
+    axes[0, 0].set_title(f"{title}\n{axes[0, 0].get_title()}", fontsize=9)
     return fig
 
 
