@@ -256,3 +256,14 @@ def test_generic_errors_name_the_argument_on_real_tensors():
         k.launch(1, x, w, w, x, s, s, "1e-5")
     with pytest.raises(ValueError, match="^grid: "):
         k.launch(0, x, w, w, x, s, s, 1e-5)
+
+
+@pytest.mark.parametrize("m,n,k", [(300, 200, 136), (129, 201, 77)])
+def test_generic_launch_of_gemm(m, n, k):
+    """Any registered kernel launches by name: gemm at its defaults (on sm_90a the TMA +
+    wgmma schedule where the tensors are 16-byte aligned, the sm_80 lowering where not)."""
+    a, b = make((m, k), torch.bfloat16, "uniform", 1), make((k, n), torch.bfloat16, "uniform", 2)
+    c = poisoned((m, n), torch.bfloat16)
+    g = kiln_attn.kernel("gemm")
+    g.launch(g.grid((m, n)), a, b, c)
+    assert rel(c, a.double() @ b.double()) < TOL[torch.bfloat16]

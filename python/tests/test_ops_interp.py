@@ -220,3 +220,22 @@ def test_a_cpu_tensor_is_refused_by_name():
 def test_wrapper_argument_errors_name_the_argument(interp, call, exc, msg):
     with pytest.raises(exc, match=msg):
         call()
+
+
+# Any registered kernel, not only the library's rows: through Kernel.interpret as through launch.
+
+
+def test_any_registered_kernel_interprets_vector_add_and_gemm():
+    a, b = make((1000,), torch.float32, 1), make((1000,), torch.float32, 2)
+    c = torch.full((1000,), float("nan"))
+    k = kiln_attn.kernel("vector_add")
+    assert k.signature == "vector_add(a: Tensor<f32, 1>, b: Tensor<f32, 1>, c: TensorMut<f32, 1>)"
+    k.interpret(k.grid(1000), a, b, c)
+    assert torch.equal(c, a + b)
+    m, n, kk = 70, 50, 40
+    x, w = make((m, kk), torch.bfloat16, 3), make((kk, n), torch.bfloat16, 4)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    g = kiln_attn.kernel("gemm")
+    ct = {"BM": 64, "BN": 64, "BK": 32}
+    g.interpret(g.grid((m, n), **ct), x, w, out, **ct)
+    assert rel(out, x.double() @ w.double()) < 1e-2

@@ -64,7 +64,7 @@ impl KernelInfo {
     }
 
     /// `name(x: Tensor<dtype, 2>, .., eps: f32; BM: usize = 4, ..)`: the signature as the
-    /// kernel declares it, comptime parameters after the `;`.
+    /// kernel declares it, comptime parameters (if any) after the `;`.
     pub fn signature_text(&self) -> String {
         let params: Vec<String> = self.params.iter().map(|p| p.to_string()).collect();
         let comptime: Vec<String> = self
@@ -75,6 +75,9 @@ impl KernelInfo {
                 None => format!("{}: {}", c.name, c.kind.name()),
             })
             .collect();
+        if comptime.is_empty() {
+            return format!("{}({})", self.name, params.join(", "));
+        }
         format!(
             "{}({}; {})",
             self.name,
