@@ -43,8 +43,8 @@ for target in sm_80 sm_90a; do
   bench/run-attention.sh "$out/attention-$target.json" --target "$target" "${quick[@]}" > "$out/attention-$target.log" 2>&1
   summary+=("attention $target: rc=$?")
 done
-bench/run-rows.sh "$out/rows-sm_80.json" --target sm_80 "${quick[@]}" > "$out/rows-sm_80.log" 2>&1
-summary+=("rows sm_80: rc=$?")
+bench/run-rows.sh "$out/rows-py.json" "${quick[@]}" > "$out/rows-py.log" 2>&1
+summary+=("rows (kiln_attn.ops beside PyTorch): rc=$?")
 for f in "$out"/gemm-*.log "$out"/attention-*.log "$out"/rows-*.log; do
   echo "== $f"; grep -v $'\r' "$f" | tail -n 25
 done

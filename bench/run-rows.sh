@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
-# Runs kiln's row kernels (softmax, layer norm, RMS norm) and PyTorch's on the same GPU, then
-# merges them into one table (GB/s, kiln / PyTorch) and one JSON.
-#   bench/run-rows.sh [OUT.json] [--quick] [--iters N] [--warmup N] [--target NAME] [--set K=V]
-# OUT defaults to bench/results/rows-<UTC date>.json. Run from anywhere on the GPU host.
+# Runs kiln's row-kernel library beside PyTorch in one process on one GPU (bench/rows.py: each
+# kernel through kiln_attn.ops beside its PyTorch peer, GB/s sustained and held, ratios, the
+# copy_ row), then draws the PNG beside the JSON and prints the table.
+#   bench/run-rows.sh [OUT.json] [bench/rows.py options: --quick, --only K,.., --dtypes,
+#                     --shapes MxN,.., --iters N, --warmup N]
+# OUT defaults to bench/results/rows-py-<UTC date>-<commit>.json. Needs PyTorch and the kiln_attn
+# wheel: importable as it is, else installed from .gpu-py/ (python/build-wheel.sh) into
+# .gpu-py/site. kiln's figures from Rust alone (no peer) are bench_rows's (.gpu/bin/bench_rows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. bench/env.sh
-out=bench/results/rows-$(date -u +%Y%m%dT%H%M%SZ).json
-if [ $# -gt 0 ] && [[ $1 != --* ]]; then out=$1; shift; fi
-mkdir -p "$(dirname "$out")"
-tmp=$(mktemp -d)
-kiln_status=0
-"$(bench_bin bench_rows)" --out "$tmp/kiln.json" "$@" || kiln_status=$?
-[ -f "$tmp/kiln.json" ] || { echo "kiln benchmark failed before writing results" >&2; exit 1; }
-peer_args=()
-while [ $# -gt 0 ]; do
-  case $1 in
-    --target|--set) shift 2 ;;
-    *) peer_args+=("$1"); shift ;;
-  esac
-done
-python3 bench/rows_peers.py run --out "$tmp/peers.json" "${peer_args[@]}"
-python3 bench/rows_peers.py merge "$tmp/kiln.json" "$tmp/peers.json" --out "$out"
-exit $kiln_status
+out=()
+if [ $# -gt 0 ] && [[ $1 != --* ]]; then out=(--out "$1"); shift; fi
+if ! python3 -c 'import kiln_attn.ops' 2>/dev/null; then
+  site=.gpu-py/site
+  rm -rf "$site"
+  python3 -m pip install --quiet --no-index --no-deps --target "$site" .gpu-py/kiln_attn-*.whl
+  export PYTHONPATH="$PWD/$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+log=$(mktemp)
+status=0
+python3 bench/rows.py "${out[@]}" "$@" 2>&1 | tee "$log" || status=$?
+json=$(sed -n 's/^wrote //p' "$log" | tail -n 1)
+rm -f "$log"
+[ -n "$json" ] || { echo "bench/rows.py wrote no results" >&2; exit 1; }
+python3 bench/chart.py "$json"
+python3 bench/table.py "$json"
+exit $status

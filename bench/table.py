@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints a merged benchmark JSON (bench/run-attention.sh, bench/run-gemm.sh or python/bench.py)
+"""Prints a merged benchmark JSON (bench/run-attention.sh, bench/run-gemm.sh, python/bench.py or bench/rows.py)
 as the README's markdown table: python3 bench/table.py RESULT.json. With --against BASE.json,
 prints instead each point both files measured: kiln's ratio to its peer (cuDNN, cuBLAS) in
 each, and the change, so a schedule change is judged by ratios from same-run peers, not by
@@ -40,6 +40,32 @@ def gemm(rows, commit):
               f"{c.get('CLUSTER_M', 1)} | {commit} |")
 
 
+def rows_table(rows, commit):
+    """bench/rows.py: GB/s sustained (held) per side, the ratios, the fraction of copy_."""
+    print("| kernel | dtype | M x N | kiln GB/s | PyTorch GB/s | kiln/PyTorch | of copy_ | kiln err | commit |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        shape = f"{r['m']} x {r['n']}"
+        if r.get("skip"):
+            print(f"| {r['kernel']} | {r['dtype']} | {shape} | - | - | - | - | {r['skip']} | {commit} |")
+            continue
+
+        def gbs(side):
+            s = r.get(side) or {}
+            if "error" in s:
+                return "error"
+            if "sustained_gbs" not in s:
+                return "-"
+            return f"{s['sustained_gbs']:.0f} ({s['held_gbs']:.0f})"
+
+        ratio = (f"{r['ratio_sustained']:.2f} ({r['ratio_held']:.2f})" if "ratio_sustained" in r else "-")
+        frac = f"{r['frac_of_copy']:.2f}" if "frac_of_copy" in r else "-"
+        err = (r.get("kiln") or {}).get("rel_err")
+        err = "-" if err is None else f"{err:.1e}" + ("" if r.get("correct", True) else " WRONG")
+        print(f"| {r['kernel']} | {r['dtype']} | {shape} | {gbs('kiln')} | {gbs('torch')} | {ratio} | {frac} "
+              f"| {err} | {commit} |")
+
+
 def point(r):
     """A row's sweep point: (M, N, K) for gemm, (s, d, causal) for attention."""
     return (r["m"], r["n"], r["k"]) if "m" in r else (r["s"], r["d"], r["causal"])
@@ -78,6 +104,9 @@ def main():
     if args.against:
         base, _, base_commit = load(args.against)
         against(d["rows"], commit, base["rows"], base_commit)
+        return
+    if meta.get("benchmark") == "rows-py":
+        rows_table(d["rows"], commit)
         return
     (gemm if meta.get("benchmark") == "gemm" else attention)(d["rows"], commit)
 

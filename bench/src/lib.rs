@@ -5,8 +5,8 @@
 //! - on the GPU: `bench/run-gemm.sh [OUT.json] [--quick]` (kiln gemm vs cuBLAS) and
 //!   `bench/run-attention.sh [OUT.json] [--quick]` (kiln attention, then PyTorch SDPA with the
 //!   FlashAttention-2 and cuDNN backends via `bench/peers.py`, merged into one table);
-//!   `bench/run-rows.sh [OUT.json] [--quick]` (kiln softmax, layer norm and RMS norm in GB/s,
-//!   then PyTorch's via `bench/rows_peers.py`, merged into one table);
+//!   `bench/run-rows.sh [OUT.json] [--quick]` (the row-kernel library through the Python
+//!   package beside PyTorch in one process, `bench/rows.py`; `bench_rows` times kiln's alone);
 //! - results default to `bench/results/<bench>-<UTC date>.json`.
 //!
 //! **Architecture invariant:** no benchmark is a test and no test runs a benchmark; a

@@ -13,6 +13,8 @@
 use kiln_attn_core::args::{
     self, ArgError, ErrorKind, Options, TensorInfo, TorchDType, TorchDevice,
 };
+use kiln_attn_core::generic::{self, Arg, Given};
+use kiln_attn_core::kiln::ir::dsl::{ComptimeValue, ParamSig, Registered};
 use kiln_attn_core::launch::{self, LaunchFailure};
 use kiln_attn_core::varlen;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -441,14 +443,319 @@ fn _target(py: Python<'_>, device: usize) -> PyResult<Bound<'_, PyString>> {
     Ok(PyString::new(py, &dev.target().to_string()))
 }
 
-/// kiln's DSL attention for PyTorch: `flash_attn_func` with FlashAttention's interface.
-#[pymodule]
-fn kiln_attn(m: &Bound<'_, PyModule>) -> PyResult<()> {
+/// Every kernel registered in the package (`#[kernel]`s of kiln's library: softmax, layer
+/// norm, RMS norm, their backward passes, cross-entropy, rotary, dropout, gemm, attention, ..),
+/// by name (by path where two share a name): what `kernel()` takes.
+#[pyfunction]
+fn kernels() -> Vec<String> {
+    generic::kernel_names()
+}
+
+/// `(BM, BN, NW)` of the row kernels (softmax, layer norm, RMS norm) for rows of `n`
+/// elements: Rust's one choice (`kiln_examples::rows::row_config`), which `kiln_attn.ops`
+/// takes.
+#[pyfunction]
+fn _row_config(n: usize) -> (usize, usize, usize) {
+    let c = kiln_attn_core::rows::row_config(n);
+    (c.bm, c.bn, c.nw)
+}
+
+/// The registered kernel `name` (or its path, `kiln_examples::softmax::softmax`), to inspect
+/// and launch; `ValueError` listing the kernels for an unknown name.
+#[pyfunction]
+fn kernel(name: &str) -> PyResult<Kernel> {
+    Ok(Kernel {
+        reg: generic::find(name).map_err(arg_err)?,
+    })
+}
+
+/// A registered `#[kernel]`: its declaration and its launch on PyTorch's current stream.
+///
+/// `launch(grid, *args, **comptime)` passes `args` in the kernel's parameter order (tensors
+/// and Python numbers for its scalars), comptime values by name (int, bool, float, a
+/// torch.dtype, or `-D` text such as "bf16"); a `DType` parameter that names a tensor's
+/// element type and is not given takes that tensor's dtype, every other one not given its
+/// declared default. Each specialisation (comptime values and each tensor's 16-byte
+/// alignment) is compiled on its first launch and kept for the process. Outputs are written
+/// in place; nothing is returned.
+#[pyclass(frozen, module = "kiln_attn")]
+struct Kernel {
+    reg: &'static kiln_attn_core::kiln::ir::dsl::Registered,
+}
+
+/// A comptime value as Python shows it: `int`, `bool`, `float`, or a dtype's kiln name.
+fn comptime_py<'py>(py: Python<'py>, v: &ComptimeValue) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match *v {
+        ComptimeValue::Usize(n) => n.into_pyobject(py)?.into_any(),
+        ComptimeValue::I32(n) => n.into_pyobject(py)?.into_any(),
+        ComptimeValue::Bool(b) => pyo3::types::PyBool::new(py, b).to_owned().into_any(),
+        ComptimeValue::F32(x) => f64::from(x).into_pyobject(py)?.into_any(),
+        ComptimeValue::DType(d) => PyString::new(py, d.name()).into_any(),
+    })
+}
+
+/// The value a keyword argument gives a comptime parameter.
+fn given(obj: &Bound<'_, PyAny>) -> PyResult<Given> {
+    if let Ok(b) = obj.cast::<pyo3::types::PyBool>() {
+        return Ok(Given::Bool(b.is_true()));
+    }
+    if obj.is_instance_of::<pyo3::types::PyInt>() {
+        return obj.extract().map(Given::Int).map_err(|_| {
+            PyValueError::new_err(format!("comptime value {obj} does not fit in 64 bits"))
+        });
+    }
+    if let Ok(x) = obj.cast::<pyo3::types::PyFloat>() {
+        return Ok(Given::Float(x.value()));
+    }
+    if let Ok(t) = obj.cast::<PyString>() {
+        return Ok(Given::Text(t.to_str()?.to_string()));
+    }
+    // A torch.dtype prints as `torch.bfloat16` (torch itself is not imported to check).
+    let text = obj.str()?.to_str()?.to_string();
+    if text.starts_with("torch.") {
+        return Ok(Given::DType(TorchDType::from_name(&text)));
+    }
+    Ok(Given::Other(obj.get_type().name()?.to_string()))
+}
+
+/// The comptime keyword arguments, in the order given.
+fn given_all(kwargs: Option<&Bound<'_, pyo3::types::PyDict>>) -> PyResult<Vec<(String, Given)>> {
+    let mut all = Vec::new();
+    if let Some(kw) = kwargs {
+        for (k, v) in kw.iter() {
+            all.push((k.extract::<String>()?, given(&v)?));
+        }
+    }
+    Ok(all)
+}
+
+/// The launch arguments, tensors read as `flash_attn_func` reads them.
+fn launch_args(reg: &Registered, args: &Bound<'_, PyTuple>) -> PyResult<Vec<Arg>> {
+    let names: Vec<&str> = reg.def().signature().iter().map(|p| p.name()).collect();
+    let mut out = Vec::with_capacity(args.len());
+    for (i, a) in args.iter().enumerate() {
+        out.push(if a.is_instance_of::<pyo3::types::PyBool>() {
+            Arg::Other("bool".into())
+        } else if a.is_instance_of::<pyo3::types::PyInt>() {
+            a.extract()
+                .map(Arg::Int)
+                .unwrap_or_else(|_| Arg::Other("int (out of range)".into()))
+        } else if let Ok(x) = a.cast::<pyo3::types::PyFloat>() {
+            Arg::Float(x.value())
+        } else if a.hasattr(pyo3::intern!(a.py(), "data_ptr"))? {
+            let name = names
+                .get(i)
+                .map_or_else(|| format!("argument {i}"), |n| n.to_string());
+            Arg::Tensor(tensor_info(&name, &a)?)
+        } else {
+            Arg::Other(a.get_type().name()?.to_string())
+        });
+    }
+    Ok(out)
+}
+
+/// A [`generic::GenericError`] as the exception it is.
+fn generic_err(e: generic::GenericError) -> PyErr {
+    match e {
+        generic::GenericError::Arg(a) => arg_err(a),
+        generic::GenericError::Launch(l) => runtime_err(l),
+    }
+}
+
+#[pymethods]
+impl Kernel {
+    /// The kernel's name.
+    #[getter]
+    fn name(&self) -> &'static str {
+        self.reg.name()
+    }
+
+    /// `crate::module::name`.
+    #[getter]
+    fn path(&self) -> String {
+        self.reg.path()
+    }
+
+    /// The declaration: `softmax(x: Tensor<dtype, 2>, y: TensorMut<dtype, 2>; BM: usize = 4,
+    /// ..)`.
+    #[getter]
+    fn signature(&self) -> String {
+        generic::KernelInfo::of(self.reg).signature_text()
+    }
+
+    /// The launch parameters in order: dicts with `name`, `kind` ("tensor" or "scalar"),
+    /// `dtype` (kiln's name, or the comptime parameter naming it), and for a tensor `rank`
+    /// and `mutable` (written by the kernel).
+    #[getter]
+    fn params<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, pyo3::types::PyDict>>> {
+        let info = generic::KernelInfo::of(self.reg);
+        info.params
+            .iter()
+            .map(|p| {
+                let d = pyo3::types::PyDict::new(py);
+                d.set_item("name", p.name())?;
+                match p {
+                    ParamSig::Tensor {
+                        dtype,
+                        dtype_param,
+                        rank,
+                        mutable,
+                        ..
+                    } => {
+                        d.set_item("kind", "tensor")?;
+                        d.set_item("dtype", dtype_param.unwrap_or(dtype.name()))?;
+                        d.set_item("rank", rank)?;
+                        d.set_item("mutable", mutable)?;
+                    }
+                    ParamSig::Scalar { dtype, .. } => {
+                        d.set_item("kind", "scalar")?;
+                        d.set_item("dtype", dtype.name())?;
+                    }
+                }
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// The comptime parameters in order: dicts with `name`, `kind` ("usize", "i32", "bool",
+    /// "f32", "DType") and `default` (None where none is declared).
+    #[getter]
+    fn comptime<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, pyo3::types::PyDict>>> {
+        self.reg
+            .def()
+            .comptime_params()
+            .iter()
+            .map(|c| {
+                let d = pyo3::types::PyDict::new(py);
+                d.set_item("name", c.name)?;
+                d.set_item("kind", c.kind.name())?;
+                match &c.default {
+                    Some(v) => d.set_item("default", comptime_py(py, v)?)?,
+                    None => d.set_item("default", py.None())?,
+                }
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// The comptime values a launch with these arguments would take, as a dict by name
+    /// (checked as `launch` checks them; nothing is compiled).
+    #[pyo3(signature = (*args, **comptime))]
+    fn comptime_values<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        comptime: Option<&Bound<'py, pyo3::types::PyDict>>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let args = launch_args(self.reg, args)?;
+        let values = generic::comptime_values(self.reg.def(), &args, &given_all(comptime)?)
+            .map_err(arg_err)?;
+        let d = pyo3::types::PyDict::new(py);
+        for (p, v) in self.reg.def().comptime_params().iter().zip(&values) {
+            d.set_item(p.name, comptime_py(py, v)?)?;
+        }
+        Ok(d)
+    }
+
+    /// The kernel's own grid (`#[kernel(grid = [..])]`: `cdiv(extent, tile)` per axis) over
+    /// one to three `extents`, with comptime values as `launch` takes them.
+    #[pyo3(signature = (extents, **comptime))]
+    fn grid(
+        &self,
+        extents: &Bound<'_, PyAny>,
+        comptime: Option<&Bound<'_, pyo3::types::PyDict>>,
+    ) -> PyResult<(u32, u32, u32)> {
+        let extents: Vec<usize> = if let Ok(n) = extents.extract::<usize>() {
+            vec![n]
+        } else {
+            extents.extract().map_err(|_| {
+                PyTypeError::new_err("extents: expected a non-negative int or a tuple of them")
+            })?
+        };
+        let values = generic::comptime_values(self.reg.def(), &[], &given_all(comptime)?)
+            .map_err(arg_err)?;
+        let [x, y, z] = generic::kernel_grid(self.reg, &values, &extents).map_err(arg_err)?;
+        Ok((x, y, z))
+    }
+
+    /// Launches the kernel over `grid` (an int or a tuple of one to three block counts) with
+    /// `args` in its parameter order and comptime values by name, on PyTorch's current CUDA
+    /// stream of the tensors' device. Asynchronous; returns None.
+    #[pyo3(signature = (grid, *args, **comptime))]
+    fn launch(
+        &self,
+        grid: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyTuple>,
+        comptime: Option<&Bound<'_, pyo3::types::PyDict>>,
+    ) -> PyResult<()> {
+        let py = args.py();
+        let blocks: Vec<i64> = if let Ok(n) = grid.extract::<i64>() {
+            vec![n]
+        } else {
+            grid.extract().map_err(|_| {
+                PyTypeError::new_err("grid: expected an int or a tuple of one to three ints")
+            })?
+        };
+        let grid = generic::grid(&blocks).map_err(arg_err)?;
+        let args = launch_args(self.reg, args)?;
+        let planned = generic::plan(self.reg, &args, &given_all(comptime)?).map_err(arg_err)?;
+        // The device first: without a driver this is the error (not a failed torch import).
+        launch::device(planned.device).map_err(|e| runtime_err(e.into()))?;
+        let stream = current_stream(py, planned.device)?;
+        // SAFETY: the tensors are live PyTorch CUDA tensors (checked to be on one device,
+        // whose primary context PyTorch allocates in) that the caller holds until this
+        // returns; PyTorch's caching allocator keeps their memory for work queued on its
+        // current stream, which is `stream`. Overlapping outputs are the caller's affair, as
+        // with any kernel.
+        unsafe { generic::launch(&planned, grid, stream) }.map_err(generic_err)
+    }
+
+    /// `launch` on kiln's CPU interpreter instead of the GPU, over PyTorch CPU tensors: the
+    /// same checks, kernel and comptime values, the kernel's outputs written into the
+    /// tensors in place. Slow (an interpreter): for tests on small shapes without a GPU.
+    #[pyo3(signature = (grid, *args, **comptime))]
+    fn interpret(
+        &self,
+        grid: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyTuple>,
+        comptime: Option<&Bound<'_, pyo3::types::PyDict>>,
+    ) -> PyResult<()> {
+        let blocks: Vec<i64> = if let Ok(n) = grid.extract::<i64>() {
+            vec![n]
+        } else {
+            grid.extract().map_err(|_| {
+                PyTypeError::new_err("grid: expected an int or a tuple of one to three ints")
+            })?
+        };
+        let grid = generic::grid(&blocks).map_err(arg_err)?;
+        let args = launch_args(self.reg, args)?;
+        let planned =
+            generic::plan_at(self.reg, &args, &given_all(comptime)?, generic::Place::Host)
+                .map_err(arg_err)?;
+        // SAFETY: the tensors are live PyTorch CPU tensors (checked to be on the CPU) that
+        // the caller holds until this returns; nothing else runs on them meanwhile (the GIL is
+        // held throughout).
+        unsafe { generic::interpret_host(&planned, grid) }.map_err(generic_err)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<kiln kernel {}>", self.signature())
+    }
+}
+
+/// The extension under the `kiln_attn` package: `flash_attn_func` with FlashAttention's
+/// interface, and every registered kernel (`kernels`, `kernel`).
+#[pymodule(name = "_native")]
+fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(flash_attn_func, m)?)?;
     m.add_function(wrap_pyfunction!(flash_attn_varlen_func, m)?)?;
     m.add_function(wrap_pyfunction!(_context_handle, m)?)?;
     m.add_function(wrap_pyfunction!(_target, m)?)?;
     m.add_function(wrap_pyfunction!(_empty_launch, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels, m)?)?;
+    m.add_function(wrap_pyfunction!(_row_config, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel, m)?)?;
+    m.add_class::<Kernel>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -270,6 +270,30 @@ pub trait AnyKernelDef: KernelDecl {
         defines: &[(String, String)],
         aligned16: bool,
     ) -> Result<Kernel, BuildError>;
+
+    /// The comptime values (in [`KernelDecl::comptime_params`] order) that `-D` text
+    /// `defines` makes over the declared defaults: what a caller without the kernel's type
+    /// (the Python package) keys its specialisations by and hands back to
+    /// [`AnyKernelDef::build_values`] and [`AnyKernelDef::grid_values`].
+    fn comptime_values(
+        &self,
+        defines: &[(String, String)],
+    ) -> Result<Vec<ComptimeValue>, BuildError>;
+
+    /// Builds the specialisation of comptime `values` ([`AnyKernelDef::comptime_values`]'s),
+    /// each tensor parameter 16-byte aligned as `aligned16` says (a launch's own facts).
+    fn build_values(
+        &self,
+        values: &[ComptimeValue],
+        aligned16: BTreeMap<String, bool>,
+    ) -> Result<Kernel, BuildError>;
+
+    /// [`KernelDef::grid`] for comptime `values` over `extents`.
+    fn grid_values(
+        &self,
+        values: &[ComptimeValue],
+        extents: [usize; 3],
+    ) -> Result<[u32; 3], BuildError>;
 }
 
 impl<K: KernelDef> AnyKernelDef for K {
@@ -284,6 +308,50 @@ impl<K: KernelDef> AnyKernelDef for K {
         })?;
         Ok(self.build(&Spec::uniform(comptime, self.signature(), aligned16))?)
     }
+
+    fn comptime_values(
+        &self,
+        defines: &[(String, String)],
+    ) -> Result<Vec<ComptimeValue>, BuildError> {
+        K::Comptime::from_defines(defines)
+            .map(|c| c.values())
+            .map_err(|source| BuildError::Define {
+                kernel: self.name(),
+                source,
+            })
+    }
+
+    fn build_values(
+        &self,
+        values: &[ComptimeValue],
+        aligned16: BTreeMap<String, bool>,
+    ) -> Result<Kernel, BuildError> {
+        let comptime = typed::<K>(self.name(), values)?;
+        Ok(self.build(&Spec {
+            comptime,
+            aligned16,
+        })?)
+    }
+
+    fn grid_values(
+        &self,
+        values: &[ComptimeValue],
+        extents: [usize; 3],
+    ) -> Result<[u32; 3], BuildError> {
+        Ok(self.grid(&typed::<K>(self.name(), values)?, extents))
+    }
+}
+
+/// The comptime struct of `K` whose fields are `values`; values of other kinds or count are
+/// [`DefineError::Inconsistent`] (they never came from [`AnyKernelDef::comptime_values`]).
+fn typed<K: KernelDef>(
+    kernel: &'static str,
+    values: &[ComptimeValue],
+) -> Result<K::Comptime, BuildError> {
+    K::Comptime::from_values(values).ok_or(BuildError::Define {
+        kernel,
+        source: DefineError::Inconsistent,
+    })
 }
 
 /// `signature` in the specialisation whose comptime values are `comptime`: every tensor's
