@@ -759,6 +759,8 @@ fn beyond_subset(k: &Kernel, id: OpId) -> Option<&'static str> {
         OpKind::Unary(
             UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Tanh | UnaryOp::Erf | UnaryOp::Sigmoid,
         ) => Some("sin, cos, tanh, erf and sigmoid"),
+        // kiln's logarithms are accurate f64 sequences this backend does not write.
+        OpKind::Unary(UnaryOp::Log2 | UnaryOp::Log) => Some("log and log2"),
         OpKind::Binary(
             BinaryOp::BitAnd
             | BinaryOp::BitOr

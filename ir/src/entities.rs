@@ -172,8 +172,10 @@ pub enum UnaryOp {
     Exp2,
     /// `e^x`.
     Exp,
-    /// `log2(x)`.
+    /// `log2(x)`, within about an f32 ulp ([`crate::math::log2`]).
     Log2,
+    /// The natural logarithm `ln(x)`, within about an f32 ulp ([`crate::math::log`]).
+    Log,
     /// `|x|`.
     Abs,
     /// `sqrt(x)`.
@@ -204,6 +206,7 @@ impl UnaryOp {
             UnaryOp::Exp2 => "exp2",
             UnaryOp::Exp => "exp",
             UnaryOp::Log2 => "log2",
+            UnaryOp::Log => "log",
             UnaryOp::Abs => "abs",
             UnaryOp::Sqrt => "sqrt",
             UnaryOp::Rsqrt => "rsqrt",

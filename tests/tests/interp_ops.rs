@@ -223,19 +223,34 @@ fn erf64(x: f64) -> f64 {
     (std::f64::consts::FRAC_2_SQRT_PI * (-a * a).exp() * sum).copysign(x)
 }
 
-/// `|got - want|` in units of the f32 spacing at `want`.
+/// `|got - want|` in units of the f32 spacing at `want`: 0 where both are the same infinity
+/// or both NaN.
 fn ulps(got: f32, want: f64) -> f64 {
+    if (want.is_nan() && got.is_nan()) || (want.is_infinite() && f64::from(got) == want) {
+        return 0.0;
+    }
     let w = (want as f32).abs();
     let spacing = f64::from(f32::from_bits(w.to_bits() + 1) - w).max(1e-45);
     (f64::from(got) - want).abs() / spacing
 }
 
+/// The f64 references of [`transcendentals`]' rows.
+const MATH_REFS: [fn(f64) -> f64; MATH_ROWS] = [
+    f64::sin,
+    f64::cos,
+    f64::tanh,
+    erf64,
+    |v| 1.0 / (1.0 + (-v).exp()),
+    f64::log2,
+    |v| v.abs().ln(),
+];
+
 #[test]
 fn transcendentals_are_within_an_ulp_of_f64() {
     let mut rng = Rng::from_env();
     let ct = TranscendentalsComptime { BLOCK: 256 };
-    // Magnitudes from 1e-6 to 1e30 (sin and cos reduce exactly at every one of them).
-    let scales = [1e-6, 1.0, 10.0, 1e4, 1e12, 1e30];
+    // Magnitudes from subnormal to 1e30 (sin and cos reduce exactly at every one of them).
+    let scales = [1e-40, 1e-6, 1.0, 10.0, 1e4, 1e12, 1e30];
     for n in LENGTHS {
         for dist in Dist::ALL {
             for scale in scales {
@@ -249,12 +264,8 @@ fn transcendentals_are_within_an_ulp_of_f64() {
                 transcendentals
                     .interpret(&ct, grid(n, 256), &x, &mut y)
                     .unwrap();
-                let refs: [fn(f64) -> f64; MATH_ROWS] =
-                    [f64::sin, f64::cos, f64::tanh, erf64, |v| {
-                        1.0 / (1.0 + (-v).exp())
-                    }];
                 for (i, &v) in f32s(&x).iter().enumerate() {
-                    for (row, f) in refs.iter().enumerate() {
+                    for (row, f) in MATH_REFS.iter().enumerate() {
                         let (got, want) = (f32s(&y)[row * n + i], f(f64::from(v)));
                         assert!(
                             ulps(got, want) <= 1.0,
@@ -517,7 +528,7 @@ fn misuse_is_a_diagnostic_at_the_users_line() {
 }
 
 /// Values at the edges of f32 and of each function's ranges.
-pub const SPECIAL: [f32; 16] = [
+pub const SPECIAL: [f32; 21] = [
     0.0,
     -0.0,
     f32::INFINITY,
@@ -534,6 +545,12 @@ pub const SPECIAL: [f32; 16] = [
     4.0,
     -110.5,
     1.0 / 4096.0,
+    // The logarithms' split points, and next to 1 where their results are tiny.
+    std::f32::consts::FRAC_1_SQRT_2,
+    std::f32::consts::SQRT_2,
+    1.000_000_1,
+    0.999_999_94,
+    -1e-45,
 ];
 
 #[test]
@@ -545,11 +562,8 @@ fn transcendentals_at_special_values() {
     transcendentals
         .interpret(&ct, [1, 1, 1], &x, &mut y)
         .unwrap();
-    let refs: [fn(f64) -> f64; MATH_ROWS] = [f64::sin, f64::cos, f64::tanh, erf64, |v| {
-        1.0 / (1.0 + (-v).exp())
-    }];
     for (i, &v) in SPECIAL.iter().enumerate() {
-        for (row, f) in refs.iter().enumerate() {
+        for (row, f) in MATH_REFS.iter().enumerate() {
             let (got, want) = (f32s(&y)[row * n + i], f(f64::from(v)));
             if want.is_nan() {
                 assert!(got.is_nan(), "row {row} at {v:e}: {got:e}, want NaN");

@@ -95,6 +95,8 @@ fn transcendentals_are_branch_free_f64_sequences() {
     let ptx = kiln::ptx::compile(&k, Target::Sm80).unwrap().ptx;
     assert!(ptx.contains(".const .align 4 .b32 kiln_two_over_pi[9]"));
     assert!(!ptx.contains("sin.approx") && !ptx.contains("cos.approx"));
+    // The logarithms are f64 sequences too: lg2.approx's error near 1 is absolute.
+    assert!(!ptx.contains("lg2.approx"), "{ptx}");
     // The kernel has no control flow of its own and the functions add none: the only
     // branches are the vector accesses' warp-uniform ones (fast path or edge).
     let divergent = ptx

@@ -8,8 +8,8 @@ use kiln::prelude::*;
 
 /// Rows of [`u32_ops`]'s and [`i32_ops`]'s output.
 pub const INT_ROWS: usize = 15;
-/// Rows of [`transcendentals`]' output: sin, cos, tanh, erf, sigmoid.
-pub const MATH_ROWS: usize = 5;
+/// Rows of [`transcendentals`]' output: sin, cos, tanh, erf, sigmoid, log2, log of `|x|`.
+pub const MATH_ROWS: usize = 7;
 
 /// The four Philox4x32-10 words of counter `(offs[i], 0, 0, 0)` under the key `(lo, hi)`,
 /// into rows 0..4 of `w`.
@@ -46,7 +46,8 @@ pub fn rand_draws(
     rn.tile([BLOCK], [start]).store(randn(seed, o));
 }
 
-/// `sin`, `cos`, `tanh`, `erf`, `sigmoid` of `x` into rows 0..5 of `y`.
+/// `sin`, `cos`, `tanh`, `erf`, `sigmoid`, `log2` of `x` and `log` of `|x|` into rows 0..7
+/// of `y`.
 #[kernel(grid = [BLOCK, 1, 1])]
 pub fn transcendentals(
     x: Tensor<f32, 1>,
@@ -60,6 +61,8 @@ pub fn transcendentals(
     y.tile([BLOCK], [2, start]).store(tanh(v));
     y.tile([BLOCK], [3, start]).store(erf(v));
     y.tile([BLOCK], [4, start]).store(sigmoid(v));
+    y.tile([BLOCK], [5, start]).store(log2(v));
+    y.tile([BLOCK], [6, start]).store(log(abs(v)));
 }
 
 /// The u32 operators, one per row of `y` (see `interp_ops::u32_reference`).
