@@ -66,3 +66,62 @@ pub fn rotary_tables(positions: usize, r: usize, dtype: DType) -> (HostTensor, H
         HostTensor::from_fn(&[positions, half], dtype, |i| angle(i).sin()),
     )
 }
+
+/// The unit roundoff of `dtype`'s floats (half the spacing at 1).
+fn unit_roundoff(dtype: DType) -> f64 {
+    match dtype {
+        DType::Bf16 => 2f64.powi(-9),
+        DType::F16 => 2f64.powi(-11),
+        _ => 2f64.powi(-24),
+    }
+}
+
+/// RMS norm's `dx` for one column (`n = 1`), element by element against the f64 reference
+/// `rdx`, with an absolute bound. There `xhat^2 = x^2 / (x^2 + eps)` is 1 up to `eps`, and
+/// `dx = g (1 - xhat^2) rstd` (`g = w dy`) is all cancellation: the kernel's f32 `xhat`
+/// (one rounding of `x * rstd`), `c1 = g xhat` and `xhat c1` carry relative errors of
+/// `u = 2^-24` each, so `xhat c1` is `g xhat^2 (1 + d)` with `|d| <= 4u` to first order, and
+/// `g - xhat c1` is off by up to `4u |g| xhat^2` before it is scaled by `rstd`. The products
+/// `w dy`, `(..) * rstd` and the store's rounding to `dtype` (unit roundoff `u_out`) add
+/// `(2u + u_out)` relative to the result; elements below f32's normal range may flush to 0.
+/// A kernel that dropped or mis-scaled the `xhat c1` term is off by about `|g| rstd`, far
+/// outside the bound.
+#[allow(clippy::too_many_arguments)]
+pub fn assert_one_column_rms_dx(
+    case: &kiln_tests::check::Case,
+    dx: &HostTensor,
+    rdx: &[f64],
+    x: &HostTensor,
+    w: &HostTensor,
+    rstd: &HostTensor,
+    dy: &HostTensor,
+) {
+    assert_eq!(x.shape[1], 1, "{case}: one column only");
+    let u = 2f64.powi(-24);
+    let uo = unit_roundoff(dx.dtype());
+    let (got, xs, ws, rs, ds) = (
+        dx.to_f64_vec(),
+        x.to_f64_vec(),
+        w.to_f64_vec(),
+        rstd.to_f64_vec(),
+        dy.to_f64_vec(),
+    );
+    assert_eq!(got.len(), rdx.len(), "{case}: element count");
+    for r in 0..rdx.len() {
+        let g = ds[r] * ws[0];
+        let xhat = xs[r] * rs[r];
+        let bound = 4.0 * u * g.abs() * xhat * xhat * rs[r] * (1.0 + uo)
+            + (2.0 * u + uo) * rdx[r].abs()
+            + f64::from(f32::MIN_POSITIVE);
+        let err = (got[r] - rdx[r]).abs();
+        assert!(
+            err <= bound,
+            "{case}: dx[{r}] = {:e}, reference {:e}: error {err:e} above the bound {bound:e} \
+             (x {:e}, rstd {:e}, g {g:e})",
+            got[r],
+            rdx[r],
+            xs[r],
+            rs[r]
+        );
+    }
+}
