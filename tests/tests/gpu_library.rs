@@ -12,6 +12,7 @@ use gpu_common::{Needs, devices, poisoned_output as output, upload_padded};
 use kiln_examples::cross_entropy::{
     CrossEntropyBackwardComptime, CrossEntropyComptime, cross_entropy, cross_entropy_backward,
 };
+use kiln_examples::moe::{MoeExpertsComptime, moe_experts};
 use kiln_examples::norm_backward::{
     LayerNormBackwardComptime, RmsNormBackwardComptime, SumPartialsComptime, layer_norm_backward,
     rms_norm_backward, sum_partials,
@@ -25,8 +26,8 @@ use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 use library::{
-    GPU_SHAPES, ROTARY_SHAPES, SHAPES, assert_one_column_rms_dx, norm_inputs, rotary_tables,
-    targets,
+    GPU_SHAPES, ROTARY_SHAPES, SHAPES, assert_one_column_rms_dx, moe_reference, moe_routes,
+    norm_inputs, rotary_tables, targets,
 };
 
 fn shapes() -> impl Iterator<Item = ((usize, usize), bool)> {
@@ -271,6 +272,59 @@ fn gpu_rotary() {
     }
 }
 
+/// The MoE expert layer against f64 (the atomic accumulation's order varies from run to run,
+/// so no bit comparison with the interpreter): a one-token case, uneven experts (one with
+/// none, one with about half the routes), and a layer of realistic proportions; one and
+/// several row-block splits.
+fn gpu_moe_experts() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for (bm, bn, bk, dtype) in [(64, 64, 32, DType::Bf16), (64, 32, 16, DType::F16)] {
+            let c = MoeExpertsComptime {
+                BM: bm,
+                BN: bn,
+                BK: bk,
+                dtype,
+            };
+            let shapes = [
+                (1, 1, 1, 1, 1),
+                (37, 5, 2, 100, 70),
+                (600, 8, 2, 300, 200),
+                (513, 16, 4, 129, 260),
+            ];
+            for (t, e, topk, h, n) in shapes {
+                for dist in [Dist::Uniform, Dist::Normal, Dist::Large] {
+                    for split in [1, 4] {
+                        let x = tensor(&mut rng, &[t, h], dtype, dist);
+                        let w = tensor(&mut rng, &[e, h, n], dtype, dist);
+                        let routes = moe_routes(&mut rng, t, e, topk);
+                        let init = tensor(&mut rng, &[t, n], DType::F32, Dist::Normal);
+                        let up = |t| dev.upload(t).expect("upload");
+                        let (dxi, dw, doff, dtok, dgate, dout) = (
+                            upload_padded(&dev, &x, 8),
+                            up(&w),
+                            up(&routes.0),
+                            up(&routes.1),
+                            up(&routes.2),
+                            up(&init),
+                        );
+                        let grid = [e as u32, n.div_ceil(bn) as u32, split];
+                        moe_experts
+                            .launch(&dev, &c, grid, &dxi, &dw, &doff, &dtok, &dgate, &dout)
+                            .expect("launch");
+                        let want = moe_reference(&x, &w, &routes, &init);
+                        let k =
+                            format!("moe_experts {dtype} BM={bm} BN={bn} BK={bk} split={split}");
+                        let cs = case(k, &dev, t * topk, h * n, dist, &rng);
+                        let got = dout.download().expect("download");
+                        assert_close(&cs, &got, &want, tolerance(DType::F32) * 10.0);
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         ("gpu_library_cross_entropy", Needs::Gpu, gpu_cross_entropy),
@@ -281,5 +335,6 @@ fn main() -> ExitCode {
         ),
         ("gpu_library_norm_backwards", Needs::Gpu, gpu_norm_backwards),
         ("gpu_library_rotary", Needs::Gpu, gpu_rotary),
+        ("gpu_library_moe_experts", Needs::Gpu, gpu_moe_experts),
     ])
 }

@@ -62,7 +62,7 @@ fn gpu_histogram_counts_exactly() {
                 let grid = [cdiv(n, HIST_BLOCK), 1, 1];
                 dev.launch(
                     &histogram,
-                    &(),
+                    &HIST,
                     grid,
                     &[KernelArg::Tensor(&dx), KernelArg::Tensor(&dh)],
                 )
@@ -70,7 +70,7 @@ fn gpu_histogram_counts_exactly() {
                 let mut hi = init.clone();
                 run_def(
                     &histogram,
-                    &(),
+                    &HIST,
                     grid,
                     &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut hi)],
                 )

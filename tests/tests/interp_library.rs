@@ -8,6 +8,8 @@ mod library;
 use kiln_examples::cross_entropy::{
     CrossEntropyBackwardComptime, CrossEntropyComptime, cross_entropy, cross_entropy_backward,
 };
+use kiln_examples::histogram::{HistogramComptime, histogram};
+use kiln_examples::moe::{MoeExpertsComptime, moe_experts};
 use kiln_examples::norm_backward::{
     LayerNormBackwardComptime, RmsNormBackwardComptime, SumPartialsComptime, layer_norm_backward,
     rms_norm_backward, sum_partials,
@@ -21,7 +23,8 @@ use kiln_tests::codegen::assembles_clean;
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 use library::{
-    ROTARY_SHAPES, SHAPES, assert_one_column_rms_dx, norm_inputs, rotary_tables, targets,
+    ROTARY_SHAPES, SHAPES, assert_one_column_rms_dx, moe_reference, moe_routes, norm_inputs,
+    rotary_tables, targets,
 };
 
 fn case(kernel: String, m: usize, n: usize, dist: Dist, rng: &Rng) -> Case {
@@ -231,6 +234,89 @@ fn rotary_matches_reference() {
                     let cs = case(k, b * s, h * d, dist, &rng);
                     assert_close(&cs, &y, &reference, tolerance(dtype));
                 }
+            }
+        }
+    }
+}
+
+/// `(tokens, experts, top-k, hidden, out)` of the MoE checks: none a multiple of the tiles,
+/// one token, every expert chosen, experts left without tokens.
+pub const MOE_SHAPES: [(usize, usize, usize, usize, usize); 4] = [
+    (1, 1, 1, 1, 1),
+    (37, 5, 2, 100, 70),
+    (130, 6, 3, 40, 130),
+    (5, 3, 3, 33, 65),
+];
+
+#[test]
+fn moe_experts_match_reference() {
+    let mut rng = Rng::from_env();
+    for (bm, bn, bk, dtype) in [(64, 64, 32, DType::Bf16), (64, 32, 16, DType::F16)] {
+        let c = MoeExpertsComptime {
+            BM: bm,
+            BN: bn,
+            BK: bk,
+            dtype,
+        };
+        assembles_clean(&moe_experts, c, "red.");
+        for (t, e, topk, h, n) in MOE_SHAPES {
+            for dist in Dist::ALL {
+                for split in [1, 3] {
+                    let x = tensor(&mut rng, &[t, h], dtype, dist);
+                    let w = tensor(&mut rng, &[e, h, n], dtype, dist);
+                    let routes = moe_routes(&mut rng, t, e, topk);
+                    // `out` accumulates: random contents stand in for poison, since an
+                    // element left unwritten keeps them and misses its contributions.
+                    let init = tensor(&mut rng, &[t, n], DType::F32, Dist::Normal);
+                    let mut out = init.clone();
+                    let grid = [e as u32, n.div_ceil(bn) as u32, split];
+                    let (offsets, tokens, gates) = &routes;
+                    moe_experts
+                        .interpret(&c, grid, &x, &w, offsets, tokens, gates, &mut out)
+                        .expect("interpret");
+                    let want = moe_reference(&x, &w, &routes, &init);
+                    let cs = Case {
+                        kernel: format!(
+                            "moe_experts {dtype} BM={bm} BN={bn} BK={bk} split={split}"
+                        ),
+                        shape: format!("tokens={t} experts={e} top{topk} h={h} n={n}"),
+                        dist,
+                        seed: rng.seed(),
+                    };
+                    assert_close(&cs, &out, &want, tolerance(DType::F32) * 10.0);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn histogram_counts_exactly() {
+    let mut rng = Rng::from_env();
+    for block in [256, 1024] {
+        let c = HistogramComptime { BLOCK: block };
+        assembles_clean(&histogram, c, "red.");
+        for n in [1, 255, 1000, 4097] {
+            for bins in [1, 37, 300] {
+                let x =
+                    HostTensor::from_fn(&[n], DType::I32, |_| rng.range(0, bins + 6) as f64 - 3.0);
+                let init = HostTensor::from_fn(&[bins], DType::I32, |_| rng.range(0, 10) as f64);
+                let mut h = init.clone();
+                histogram
+                    .interpret(&c, histogram.grid(&c, [n, 1, 1]), &x, &mut h)
+                    .expect("interpret");
+                let (xv, mut want) = (x.to_f64_vec(), init.to_f64_vec());
+                for v in xv {
+                    if (0.0..bins as f64).contains(&v) {
+                        want[v as usize] += 1.0;
+                    }
+                }
+                assert_eq!(
+                    h.to_f64_vec(),
+                    want,
+                    "histogram BLOCK={block} n={n} bins={bins} (KILN_SEED={})",
+                    rng.seed()
+                );
             }
         }
     }

@@ -31,7 +31,7 @@ fn histogram_counts_every_in_range_value_exactly() {
             let grid = [cdiv(n, HIST_BLOCK), 1, 1];
             run_def(
                 &histogram,
-                &(),
+                &HIST,
                 grid,
                 &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut h)],
             )
@@ -514,7 +514,7 @@ fn memory_ops_print_their_addressing() {
         "{line}"
     );
     let k = histogram
-        .build(&Spec::uniform((), histogram.signature(), true))
+        .build(&Spec::uniform(HIST, histogram.signature(), true))
         .unwrap();
     let text = kiln::ir::print::print_kernel(&k);
     assert!(text.contains("atomic.add.relaxed.gpu hist[idx %"), "{text}");

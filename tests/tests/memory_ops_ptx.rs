@@ -56,7 +56,7 @@ fn mem(dtype: DType) -> &'static str {
 
 #[test]
 fn histogram_is_a_reduction_without_result() {
-    let k = build(&histogram, ());
+    let k = build(&histogram, HIST);
     for t in TARGETS {
         let p = ptx(&k, t, "histogram");
         assert!(p.contains("red.relaxed.gpu.global.add.s32"), "{t}:\n{p}");

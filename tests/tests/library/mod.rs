@@ -125,3 +125,78 @@ pub fn assert_one_column_rms_dx(
         );
     }
 }
+
+/// The routes of a MoE layer sorted by expert, as `moe_experts` takes them: `offsets`
+/// (`[E + 1]`, i32), `tokens` and `gates` (`[S]`, i32 and f32) for `t` tokens each routed to
+/// `topk` distinct experts of `e`. Expert 0 gets no token whenever `e > topk` and expert 1
+/// about half of them, so the experts own none, a few and many row blocks.
+pub fn moe_routes(
+    rng: &mut Rng,
+    t: usize,
+    e: usize,
+    topk: usize,
+) -> (HostTensor, HostTensor, HostTensor) {
+    assert!(topk <= e, "top-{topk} of {e} experts");
+    let first = usize::from(e > topk);
+    let mut routes: Vec<(usize, usize, f64)> = Vec::new();
+    for tok in 0..t {
+        let mut picked: Vec<usize> = Vec::new();
+        while picked.len() < topk {
+            let pick = if picked.is_empty() && e > first + 1 && rng.uniform(0.0, 1.0) < 0.5 {
+                first.max(1).min(e - 1)
+            } else {
+                first + rng.range(0, e - first)
+            };
+            if !picked.contains(&pick) {
+                picked.push(pick);
+            }
+        }
+        for ex in picked {
+            routes.push((ex, tok, rng.uniform(0.05, 1.0)));
+        }
+    }
+    routes.sort_by_key(|&(ex, tok, _)| (ex, tok));
+    let mut offsets = vec![0.0; e + 1];
+    for &(ex, _, _) in &routes {
+        offsets[ex + 1] += 1.0;
+    }
+    for i in 0..e {
+        offsets[i + 1] += offsets[i];
+    }
+    let s = routes.len();
+    (
+        HostTensor::from_fn(&[e + 1], DType::I32, |i| offsets[i]),
+        HostTensor::from_fn(&[s], DType::I32, |i| routes[i].1 as f64),
+        HostTensor::from_fn(&[s], DType::F32, |i| routes[i].2),
+    )
+}
+
+/// `init[t, :] + sum_{slots s of token t} gates[s] * x[t, :] @ w[e(s)]` in f64: what
+/// `moe_experts` leaves in `out`.
+pub fn moe_reference(
+    x: &HostTensor,
+    w: &HostTensor,
+    routes: &(HostTensor, HostTensor, HostTensor),
+    init: &HostTensor,
+) -> Vec<f64> {
+    let (h, n) = (x.shape[1], w.shape[2]);
+    let (xv, wv) = (x.to_f64_vec(), w.to_f64_vec());
+    let (offsets, tokens, gates) = (
+        routes.0.to_f64_vec(),
+        routes.1.to_f64_vec(),
+        routes.2.to_f64_vec(),
+    );
+    let mut out = init.to_f64_vec();
+    for ex in 0..w.shape[0] {
+        for s in offsets[ex] as usize..offsets[ex + 1] as usize {
+            let tok = tokens[s] as usize;
+            for j in 0..n {
+                let dot: f64 = (0..h)
+                    .map(|k| xv[tok * h + k] * wv[(ex * h + k) * n + j])
+                    .sum();
+                out[tok * n + j] += gates[s] * dot;
+            }
+        }
+    }
+    out
+}

@@ -17,16 +17,12 @@ pub const COLS: usize = 64;
 /// Tile of the masked-load kernel.
 pub const MASK_TILE: [usize; 2] = [32, 32];
 
-/// `hist[b] += 1` for every element `b` of `x` with `0 <= b < bins` (others are skipped).
-///
-/// Grid: `(cdiv(n, HIST_BLOCK), 1, 1)`.
-#[kernel(num_warps = 4)]
-pub fn histogram(x: Tensor<i32, 1>, hist: TensorMut<i32, 1>) {
-    let i = block_id().x;
-    let bins = x.tile([HIST_BLOCK], [i * HIST_BLOCK]).load();
-    let inside = iota([HIST_BLOCK], 0) + i * HIST_BLOCK < x.dim(0);
-    hist.elems([bins]).atomic_add_masked(1, inside);
-}
+/// The library's histogram (`kiln_examples::histogram`), at [`HIST_BLOCK`] elements per
+/// block.
+pub use kiln_examples::histogram::{HistogramComptime, histogram};
+
+/// [`histogram`]'s comptime at [`HIST_BLOCK`].
+pub const HIST: HistogramComptime = HistogramComptime { BLOCK: HIST_BLOCK };
 
 /// `y[r, :] = x[idx[r], :]` (MoE token gather): rows whose index is outside `x` read `fill`.
 ///
