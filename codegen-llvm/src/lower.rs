@@ -389,7 +389,10 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
             OpKind::For { .. } => self.lower_for(id)?,
             OpKind::If => self.lower_if(id)?,
             OpKind::Print { .. } => return Err(self.unsupported(id, "in-kernel print")),
-            OpKind::Gather { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => {
+            OpKind::Gather { .. }
+            | OpKind::Scatter { .. }
+            | OpKind::Atomic { .. }
+            | OpKind::ScalarAtomic { .. } => {
                 // Reported at the user's line, in the DSL's words.
                 let what = match &op.kind {
                     OpKind::Gather { .. } => "masked loads and gathers",

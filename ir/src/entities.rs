@@ -634,6 +634,23 @@ pub enum OpKind {
         /// How each dimension is addressed, and whether a mask follows.
         access: Access,
     },
+    /// `(coord_0, ..., coord_{rank-1}, compare?, value) -> old`: applies `op` with the scalar
+    /// `value` (for `cas`, compared with the scalar `compare`) to the element at `coords` of
+    /// tensor parameter `tensor`, atomically, with memory order `sem` at `scope`, once per
+    /// block: every thread of the block has finished its earlier memory accesses when one
+    /// thread applies it (so a release orders all of them before it), and every thread gets
+    /// `old`, what it read, after it (so an acquire orders it before every thread's later
+    /// accesses). A coordinate outside the tensor applies nothing and reads `0`.
+    ScalarAtomic {
+        /// Parameter index of the tensor.
+        tensor: usize,
+        /// The read-modify-write.
+        op: AtomicOp,
+        /// Memory-ordering semantics.
+        sem: MemSem,
+        /// Memory-ordering scope.
+        scope: MemScope,
+    },
     /// `(lo, hi, step, init...) -> (carried...)`: a counted loop over `lo..hi` by `step`
     /// (all i32, `step > 0`). Region 0 takes `(i, carried...)` and yields the next carried
     /// values. `stages` is the requested software-pipelining depth (`pipelined(.., stages)`).

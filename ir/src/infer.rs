@@ -311,6 +311,9 @@ pub fn result_types(
         OpKind::Gather { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => {
             crate::access::result_types(kind, operands, params)
         }
+        OpKind::ScalarAtomic { tensor, op, .. } => {
+            crate::access::scalar_atomic_types(params, *tensor, *op, operands)
+        }
         OpKind::For { stages } => {
             if n < 3 {
                 return Err("`for` takes lo, hi and step".into());

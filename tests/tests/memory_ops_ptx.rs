@@ -223,3 +223,64 @@ fn gathered_rows_feed_mma_from_registers() {
         );
     }
 }
+
+#[test]
+fn scalar_atomics_are_one_thread_s_atomic_between_barriers() {
+    let k = build(&last_block_sum, ());
+    for t in TARGETS {
+        let p = ptx(&k, t, "last_block_sum");
+        // The ticket: acq_rel, applied by thread 0 and read back by every thread.
+        assert!(p.contains("atom.acq_rel.gpu.global.add.s32"), "{t}:\n{p}");
+        assert!(
+            p.contains("st.shared.b32") && p.contains("ld.shared.b32"),
+            "{t}"
+        );
+        // The reset's old value is unused: no result, no broadcast.
+        assert!(p.contains("atom.relaxed.gpu.global.exch.b32"), "{t}");
+    }
+    let k = build(&scalar_atomics, ());
+    for t in TARGETS {
+        // sm_80's 16-bit compare-and-swap loop may keep a value on the stack (see
+        // `ptx_spilling`).
+        let p = ptx_spilling(&k, t, "scalar_atomics", 8);
+        for form in [
+            "atom.relaxed.gpu.global.add.s32",
+            "atom.relaxed.gpu.global.max.s32",
+            "atom.relaxed.gpu.global.min.s32",
+            "atom.relaxed.gpu.global.exch.b32",
+            "atom.relaxed.gpu.global.cas.b32",
+            "atom.relaxed.gpu.global.add.f32",
+            "atom.relaxed.gpu.global.cas.b16",
+        ] {
+            assert!(p.contains(form), "{t}: no {form}");
+        }
+        // One barrier before each of the nine atomics and one before each broadcast.
+        let barriers = p.lines().filter(|l| l.trim() == "bar.sync 0;").count();
+        assert!(barriers >= 17, "{t}: {barriers} barriers");
+    }
+}
+
+/// A scalar atomic with a mask or a tile value is diagnosed at the user's line.
+#[kernel(num_warps = 4)]
+fn scalar_atomic_misuse(x: Tensor<i32, 1>, c: TensorMut<i32, 1>) {
+    let v = x.tile([128], [0]).load();
+    c.at([0]).atomic_add(v);
+}
+
+#[test]
+fn a_scalar_atomic_of_a_tile_is_diagnosed_at_its_line() {
+    let err = scalar_atomic_misuse
+        .build(&Spec::uniform((), scalar_atomic_misuse.signature(), true))
+        .expect_err("a tile value");
+    let src = include_str!("memory_ops_ptx.rs");
+    let line = src
+        .lines()
+        .position(|l| l.contains("c.at([0]).atomic_add(v);"))
+        .expect("line") as u32
+        + 1;
+    assert_eq!(err.loc.line, line, "{err}");
+    assert!(
+        err.message.contains("scalar atomic takes scalar values"),
+        "{err}"
+    );
+}

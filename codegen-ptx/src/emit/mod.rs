@@ -30,6 +30,7 @@ mod memory;
 mod mma;
 mod params;
 mod print;
+mod scalar_atomic;
 mod stage;
 mod sync;
 mod values;
@@ -395,6 +396,7 @@ impl<'k> Emitter<'k> {
             }
             OpKind::Load { .. } => self.write_load(id)?,
             OpKind::LoadScalar { .. } => self.write_load_scalar(id)?,
+            OpKind::ScalarAtomic { .. } => self.write_scalar_atomic(id)?,
             OpKind::Store { .. } => {
                 if !lower.store(self, id)? {
                     self.write_store(id)?;

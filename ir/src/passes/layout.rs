@@ -328,6 +328,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 | OpKind::GridDim(_)
                 | OpKind::TensorDim { .. }
                 | OpKind::LoadScalar { .. }
+                | OpKind::ScalarAtomic { .. }
                 | OpKind::Load { .. }
                 | OpKind::Splat { .. }
                 | OpKind::Iota { .. }

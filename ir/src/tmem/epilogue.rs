@@ -156,6 +156,7 @@ pub fn column_local(kernel: &Kernel, for_op: OpId) -> bool {
             | OpKind::Gather { .. }
             | OpKind::Scatter { .. }
             | OpKind::Atomic { .. }
+            | OpKind::ScalarAtomic { .. }
             | OpKind::Reduce { .. }
             | OpKind::Mma
             | OpKind::For { .. }

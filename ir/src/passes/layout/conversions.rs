@@ -161,6 +161,7 @@ pub(super) fn insert(kernel: &mut Kernel, layouts: &mut BTreeMap<ValueId, Layout
             | OpKind::GridDim(_)
             | OpKind::TensorDim { .. }
             | OpKind::LoadScalar { .. }
+            | OpKind::ScalarAtomic { .. }
             | OpKind::Load { .. }
             | OpKind::Store { .. }
             | OpKind::Splat { .. }
