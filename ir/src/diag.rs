@@ -141,6 +141,7 @@ pub fn op_words(kernel: &Kernel, op: OpId) -> String {
         OpKind::Mma => "`mma`".into(),
         OpKind::Load { tensor: t, .. } => format!("`{}.tile(..).load()`", tensor(*t)),
         OpKind::LoadScalar { tensor: t } => format!("`{}.scalar(..)`", tensor(*t)),
+        OpKind::Take { .. } => "`take`".into(),
         OpKind::ScalarAtomic {
             tensor: t, op: a, ..
         } => {

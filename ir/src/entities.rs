@@ -553,6 +553,15 @@ pub enum OpKind {
     /// where an op needs an operand in another layout than the one it was made in; a
     /// backend moves the elements between threads through shared memory.
     Convert,
+    /// `(x, idx, other) -> y`: a gather inside a register tile along dimension `dim`:
+    /// `y` has `idx`'s shape (an i32 tile of `x`'s rank, equal to `x`'s shape but along
+    /// `dim`) and `x`'s dtype, and `y[e] = x[e with its coordinate along dim replaced by
+    /// idx[e]]`, or the scalar `other` where `idx[e]` is outside `0..x.shape[dim]`. The
+    /// backends move the elements between threads through shared memory, as a `convert`.
+    Take {
+        /// The gathered dimension.
+        dim: usize,
+    },
     /// `(tile) -> tile`: reduce dimension `dim` away (`[R, C]` -> `[R]` for `dim = 1`).
     Reduce {
         /// The combining operator.

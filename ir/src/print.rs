@@ -179,6 +179,9 @@ fn print_op(kernel: &Kernel, id: OpId, level: usize, out: &mut String, regions: 
         OpKind::Cast { to } => {
             let _ = write!(line, "cast {} to {to}", values(ops));
         }
+        OpKind::Take { dim } => {
+            let _ = write!(line, "take dim {dim} {}", values(ops));
+        }
         OpKind::Bitcast { to } => {
             let _ = write!(line, "bitcast {} to {to}", values(ops));
         }

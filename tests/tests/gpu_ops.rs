@@ -311,6 +311,92 @@ fn gpu_dropout_matches_interpreter() {
     }
 }
 
+/// `take` along both dimensions and along a vector (indices outside the tile included),
+/// for sm_80 code and, on Hopper, sm_90a code: GPU vs interpreter bit for bit, and vs the
+/// f64 reference.
+fn gpu_take_matches_interpreter() {
+    let Some(dev) = device() else { return };
+    let hopper = dev.compute_capability() == (9, 0);
+    let mut devs = vec![dev];
+    if hopper && let Ok(d) = Device::new(0) {
+        devs.push(d.with_target(Target::Sm90a));
+    }
+    let mut rng = Rng::from_env();
+    for dev in devs {
+        for c in [
+            TakesComptime {
+                R: 32,
+                C: 64,
+                K: 16,
+            },
+            TakesComptime {
+                R: 64,
+                C: 32,
+                K: 128,
+            },
+        ] {
+            for blocks in [1, 5, 300] {
+                let inputs = take_inputs(&mut rng, &c, blocks);
+                let (r, cc, k) = (c.R, c.C, c.K);
+                let nv = inputs[3].shape[0];
+                let d: Vec<DeviceTensor> = inputs
+                    .iter()
+                    .map(|t| dev.upload(t).expect("upload"))
+                    .collect();
+                let (y0, y1, yv) = (
+                    output(&dev, DType::F32, &[blocks * k, cc]),
+                    output(&dev, DType::F32, &[blocks * r, k]),
+                    output(&dev, DType::Bf16, &[nv]),
+                );
+                takes
+                    .launch(
+                        &dev,
+                        &c,
+                        [blocks as u32, 1, 1],
+                        &d[0],
+                        &d[1],
+                        &d[2],
+                        &d[3],
+                        &d[4],
+                        &y0,
+                        &y1,
+                        &yv,
+                    )
+                    .expect("launch");
+                let mut h0 = poisoned(&[blocks * k, cc], DType::F32);
+                let mut h1 = poisoned(&[blocks * r, k], DType::F32);
+                let mut hv = poisoned(&[nv], DType::Bf16);
+                let [x, i0, i1, v, order] = &inputs;
+                takes
+                    .interpret(
+                        &c,
+                        [blocks as u32, 1, 1],
+                        x,
+                        i0,
+                        i1,
+                        v,
+                        order,
+                        &mut h0,
+                        &mut h1,
+                        &mut hv,
+                    )
+                    .expect("interpret");
+                let ctx = format!(
+                    "{} R={r} C={cc} K={k} blocks={blocks} KILN_SEED={}",
+                    dev.target(),
+                    rng.seed()
+                );
+                same_bits("take dim 0", &y0, &h0, &ctx);
+                same_bits("take dim 1", &y1, &h1, &ctx);
+                same_bits("take of a vector", &yv, &hv, &ctx);
+                let want = take_reference(&c, blocks, &inputs);
+                let got = y1.download().expect("download").to_f64_vec();
+                assert_eq!(got, want[1], "take dim 1 vs reference: {ctx}");
+            }
+        }
+    }
+}
+
 /// The sm_90a build of the same kernels (the writer is the generic one, under the sm_90a
 /// pipeline): dropout and the transcendentals, GPU vs interpreter bit for bit.
 fn gpu_sm90a_dropout_and_transcendentals_match_interpreter() {
@@ -382,6 +468,11 @@ fn main() -> ExitCode {
             "gpu_dropout_matches_interpreter",
             Needs::Gpu,
             gpu_dropout_matches_interpreter,
+        ),
+        (
+            "gpu_take_matches_interpreter",
+            Needs::Gpu,
+            gpu_take_matches_interpreter,
         ),
         (
             "gpu_sm90a_dropout_and_transcendentals_match_interpreter",

@@ -501,7 +501,18 @@ fn misuse_is_a_diagnostic_at_the_users_line() {
         let v = x.tile([256], [0]).load();
         y.tile([256], [0]).store(v.bitcast::<bf16>().cast::<f32>());
     }
-    let cases: [(&dyn KernelDef<Comptime = ()>, &str); 7] = [
+    #[kernel(grid = [256, 1, 1])]
+    fn take_of_other_rank(x: Tensor<f32, 1>, y: TensorMut<f32, 1>) {
+        let v = x.tile([256], [0]).load();
+        let idx = iota([2, 256], 1);
+        y.tile([256], [0]).store(v.take(0, &idx));
+    }
+    #[kernel(grid = [256, 1, 1])]
+    fn take_of_float_indices(x: Tensor<f32, 1>, y: TensorMut<f32, 1>) {
+        let v = x.tile([256], [0]).load();
+        y.tile([256], [0]).store(v.take(0, &v));
+    }
+    let cases: [(&dyn KernelDef<Comptime = ()>, &str); 9] = [
         (&signed_umulhi, "`umulhi` takes u32 operands, found i32"),
         (&tile_seed, "the seed of `randint` must be a scalar"),
         (
@@ -512,6 +523,11 @@ fn misuse_is_a_diagnostic_at_the_users_line() {
         (&int_sin, "`sin` is not defined on i32"),
         (&float_shift, "`shl` is not defined on f32"),
         (&wide_bitcast, "cannot bitcast f32 to bf16"),
+        (
+            &take_of_other_rank,
+            "needs indices of the same rank and extents but along 0",
+        ),
+        (&take_of_float_indices, "the indices of `take` are rt<f32"),
     ];
     for (def, want) in cases {
         let err = match def.build(&Spec::uniform((), def.signature(), false)) {
@@ -615,6 +631,58 @@ fn rust_integer_seeds_are_64_bit_keys() {
                 "seed row {row}, offset {o} (KILN_SEED={})",
                 rng.seed()
             );
+        }
+    }
+}
+
+#[test]
+fn take_gathers_inside_the_tile_along_each_dimension() {
+    let mut rng = Rng::from_env();
+    for c in [
+        TakesComptime {
+            R: 32,
+            C: 64,
+            K: 16,
+        },
+        TakesComptime {
+            R: 64,
+            C: 32,
+            K: 128,
+        },
+    ] {
+        for blocks in [1, 3] {
+            let inputs = take_inputs(&mut rng, &c, blocks);
+            let (r, cc, k) = (c.R, c.C, c.K);
+            let mut y0 = poisoned(&[blocks * k, cc], DType::F32);
+            let mut y1 = poisoned(&[blocks * r, k], DType::F32);
+            let mut yv = poisoned(&[inputs[3].shape[0]], DType::Bf16);
+            let [x, i0, i1, v, order] = &inputs;
+            takes
+                .interpret(
+                    &c,
+                    [blocks as u32, 1, 1],
+                    x,
+                    i0,
+                    i1,
+                    v,
+                    order,
+                    &mut y0,
+                    &mut y1,
+                    &mut yv,
+                )
+                .unwrap();
+            let want = take_reference(&c, blocks, &inputs);
+            let ctx = format!(
+                "R={r} C={cc} K={k} blocks={blocks} KILN_SEED={}",
+                rng.seed()
+            );
+            for (name, got, want) in [
+                ("y0", &y0, &want[0]),
+                ("y1", &y1, &want[1]),
+                ("yv", &yv, &want[2]),
+            ] {
+                assert_eq!(&got.to_f64_vec(), want, "{name}: {ctx}");
+            }
         }
     }
 }

@@ -36,6 +36,28 @@ fn kernels() -> Vec<(&'static str, Kernel)> {
         ("i32_ops", build(&i32_ops, I32OpsComptime { BLOCK: 256 })),
         ("casts", build(&casts, CastsComptime { BLOCK: 256 })),
         ("dropout", build(&dropout, DropoutComptime { BLOCK: 1024 })),
+        (
+            "takes",
+            build(
+                &takes,
+                TakesComptime {
+                    R: 32,
+                    C: 64,
+                    K: 16,
+                },
+            ),
+        ),
+        (
+            "takes 64x32",
+            build(
+                &takes,
+                TakesComptime {
+                    R: 64,
+                    C: 32,
+                    K: 128,
+                },
+            ),
+        ),
     ]
 }
 

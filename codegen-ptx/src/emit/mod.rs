@@ -33,6 +33,7 @@ mod print;
 mod scalar_atomic;
 mod stage;
 mod sync;
+mod take;
 mod values;
 mod vector;
 
@@ -389,6 +390,7 @@ impl<'k> Emitter<'k> {
             }
             OpKind::Reduce { op: rop, dim } => self.write_reduce(id, *rop, *dim)?,
             OpKind::Convert => self.write_convert(id)?,
+            OpKind::Take { dim } => self.write_take(id, *dim)?,
             OpKind::Mma => {
                 if !lower.mma(self, id)? {
                     self.write_mma(id)?;

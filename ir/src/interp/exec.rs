@@ -259,6 +259,14 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
                 vec![v]
             }
             OpKind::Transpose => vec![eval::transpose(self.get(id, operand(0)?)?)],
+            OpKind::Take { dim } => {
+                let (x, idx, other) = (
+                    self.get(id, operand(0)?)?,
+                    self.get(id, operand(1)?)?,
+                    self.get(id, operand(2)?)?,
+                );
+                vec![eval::take(x, idx, other, *dim).map_err(|f| self.fault(id, f))?]
+            }
             OpKind::Convert => vec![self.get(id, operand(0)?)?.clone()],
             OpKind::Reduce { op: r, dim } => {
                 let x = self.get(id, operand(0)?)?;

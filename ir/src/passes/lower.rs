@@ -227,6 +227,12 @@ fn place_scratch(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> 
     for id in ops_in_order(kernel) {
         let op = &kernel.ops[id];
         let need = match op.kind {
+            // `take` writes its whole operand there, as a conversion does.
+            OpKind::Take { .. } => {
+                let ty = kernel.ty(op.operands[0]);
+                let elems = ty.shape().map_or(1, Shape::numel);
+                elems as u32 * ty.dtype().size_bytes() as u32
+            }
             OpKind::Convert => {
                 let ty = kernel.ty(op.results[0]);
                 let elems = ty.shape().map_or(1, Shape::numel);

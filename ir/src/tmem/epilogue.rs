@@ -153,6 +153,7 @@ pub fn column_local(kernel: &Kernel, for_op: OpId) -> bool {
             | OpKind::Store { .. } => true,
             OpKind::Transpose
             | OpKind::Convert
+            | OpKind::Take { .. }
             | OpKind::Gather { .. }
             | OpKind::Scatter { .. }
             | OpKind::Atomic { .. }

@@ -4,7 +4,9 @@
 //! stores skip it.
 #![allow(dead_code)]
 
+use kiln::ir::{DType, HostTensor};
 use kiln::prelude::*;
+use kiln_tests::inputs::{Dist, Rng, tensor};
 
 /// Rows of [`u32_ops`]'s and [`i32_ops`]'s output.
 pub const INT_ROWS: usize = 15;
@@ -148,4 +150,107 @@ pub fn casts(
         .store(u.cast::<bf16>().cast::<f32>());
     yf.tile([BLOCK], [3, start])
         .store(v.cast::<bf16>().bitcast::<f16>().cast::<f32>());
+}
+
+/// `take` along both dimensions of a register tile and along a vector. Block `b` loads the
+/// tile `t = x[bR.., 0..C]` (zeros past `x`) and writes `y0[bK + k, j] = t[i0[bK + k, j],
+/// j]` (-1 where the index is outside `0..R`), `y1[bR + i, k] = t[i, i1[bR + i, k]]` (0
+/// outside `0..C`) and `yv[bC + c] = v_b[order[bC + c]]` for the bf16 vector tile `v_b =
+/// v[bC..]`: any index tile, in-tile gathers through shared memory.
+///
+/// Grid: `(blocks, 1, 1)`.
+#[kernel(num_warps = 4)]
+#[allow(clippy::too_many_arguments)]
+pub fn takes(
+    x: Tensor<f32, 2>,
+    i0: Tensor<i32, 2>,
+    i1: Tensor<i32, 2>,
+    v: Tensor<bf16, 1>,
+    order: Tensor<i32, 1>,
+    y0: TensorMut<f32, 2>,
+    y1: TensorMut<f32, 2>,
+    yv: TensorMut<bf16, 1>,
+    #[comptime(default = 32)] R: usize,
+    #[comptime(default = 64)] C: usize,
+    #[comptime(default = 16)] K: usize,
+) {
+    let b = block_id().x;
+    let t = x.tile([R, C], [b * R, 0]).load();
+    let rows = i0.tile([K, C], [b * K, 0]).load();
+    y0.tile([K, C], [b * K, 0]).store(t.take_or(0, &rows, -1.0));
+    let cols = i1.tile([R, K], [b * R, 0]).load();
+    y1.tile([R, K], [b * R, 0]).store(t.take(1, &cols));
+    let vb = v.tile([C], [b * C]).load();
+    let o = order.tile([C], [b * C]).load();
+    yv.tile([C], [b * C]).store(vb.take(0, &o));
+}
+
+/// `takes`' inputs for `blocks` blocks of comptime `c`: `x: [m, n]` (`m` rows short of the
+/// last block's tile, `n <= C`), indices that reach two past each end of their dimension.
+pub fn take_inputs(rng: &mut Rng, c: &TakesComptime, blocks: usize) -> [HostTensor; 5] {
+    let (r, cc, k) = (c.R, c.C, c.K);
+    let m = blocks * r - r / 2;
+    let n = cc - 3;
+    let index = |rng: &mut Rng, shape: &[usize], extent: usize| {
+        HostTensor::from_fn(shape, DType::I32, |_| {
+            rng.uniform(-2.0, extent as f64 + 2.0).floor()
+        })
+    };
+    [
+        tensor(rng, &[m, n], DType::F32, Dist::Normal),
+        index(rng, &[blocks * k, cc], r),
+        index(rng, &[blocks * r, k], cc),
+        tensor(rng, &[blocks * cc - 5], DType::Bf16, Dist::Normal),
+        index(rng, &[blocks * cc], cc),
+    ]
+}
+
+/// `takes`' outputs `[y0, y1, yv]` for `inputs`, element by element in f64.
+pub fn take_reference(c: &TakesComptime, blocks: usize, inputs: &[HostTensor; 5]) -> [Vec<f64>; 3] {
+    let (r, cc, k) = (c.R, c.C, c.K);
+    let [x, i0, i1, v, order] = inputs;
+    let (m, n) = (x.shape[0], x.shape[1]);
+    let (xv, i0v, i1v, vv, ov) = (
+        x.to_f64_vec(),
+        i0.to_f64_vec(),
+        i1.to_f64_vec(),
+        v.to_f64_vec(),
+        order.to_f64_vec(),
+    );
+    // Block b's tile of x, zeros past the tensor.
+    let t = |b: usize, i: usize, j: usize| {
+        let row = b * r + i;
+        if row < m && j < n {
+            xv[row * n + j]
+        } else {
+            0.0
+        }
+    };
+    let inside = |ix: f64, extent: usize| (ix >= 0.0 && ix < extent as f64).then_some(ix as usize);
+    let mut y0 = vec![0.0; blocks * k * cc];
+    let mut y1 = vec![0.0; blocks * r * k];
+    let mut yv = vec![0.0; v.shape[0]];
+    for b in 0..blocks {
+        for kk in 0..k {
+            for j in 0..cc {
+                let e = (b * k + kk) * cc + j;
+                y0[e] = inside(i0v[e], r).map_or(-1.0, |i| t(b, i, j));
+            }
+        }
+        for i in 0..r {
+            for kk in 0..k {
+                let e = (b * r + i) * k + kk;
+                y1[e] = inside(i1v[e], cc).map_or(0.0, |j| t(b, i, j));
+            }
+        }
+        for cix in 0..cc {
+            let e = b * cc + cix;
+            if e < yv.len() {
+                yv[e] = inside(ov[e], cc)
+                    .and_then(|j| vv.get(b * cc + j).copied())
+                    .unwrap_or(0.0);
+            }
+        }
+    }
+    [y0, y1, yv]
 }
