@@ -1,7 +1,8 @@
 //! The expert computation of a mixture-of-experts layer: the tokens routed to each expert
 //! gathered, multiplied by that expert's weights (a grouped GEMM, one GEMM per expert over
 //! its own rows) and added back into each token's output scaled by its routing weight, in
-//! one kernel.
+//! one kernel ([`moe_experts`]); and the routing it reads, the router's top-k choices
+//! grouped by expert on the GPU ([`moe_count`], then [`moe_scatter`]).
 
 use kiln::prelude::*;
 
@@ -63,10 +64,98 @@ pub fn moe_experts(
     }
 }
 
+/// The first half of grouping a router's choices by expert: `counts[e] += ` the number of
+/// routes to expert `e` among `experts` (each token's top-k expert indices, `[T, K]`
+/// flattened row-major to `[S]`, i32; an index outside `0..E` is no route), and the block
+/// that finishes last writes `offsets` (`[E + 1]`, i32): the exclusive prefix sum of the
+/// counts, where [`moe_scatter`] and [`moe_experts`] find each expert's slots.
+///
+/// Each block counts its `BLOCK` routes with one atomic add through an index tile, then
+/// takes a ticket (an acq_rel scalar atomic on `ticket[0]`, so every block's counts are
+/// visible to the one that draws the last ticket); that block sums the counts `BE` at a
+/// time (a lower-triangular mask and a row sum give a chunk's inclusive prefix, a carried
+/// total joins the chunks) and resets `ticket[0]` to 0 for the next launch.
+///
+/// Grid: `(cdiv(S, BLOCK), 1, 1)`. `counts` and `ticket` start at 0. Comptime: `BLOCK`
+/// (routes per block, default 256), `BE` (experts per prefix step, default 64).
+#[kernel(grid = [BLOCK, 1, 1])]
+pub fn moe_count(
+    experts: Tensor<i32, 1>,
+    counts: TensorMut<i32, 1>,
+    offsets: TensorMut<i32, 1>,
+    ticket: TensorMut<i32, 1>,
+    #[comptime(default = 256)] BLOCK: usize,
+    #[comptime(default = 64)] BE: usize,
+) {
+    let b = block_id().x;
+    let e = experts.tile([BLOCK], [b * BLOCK]).load();
+    let inside = iota([BLOCK], 0) + b * BLOCK < experts.dim(0);
+    // Indices outside `counts` are skipped by the atomic itself.
+    counts.elems([e]).atomic_add_masked(1, inside);
+    let order = AtomicOpts::new().sem(MemSem::AcqRel);
+    let done = ticket.at([0]).atomic(AtomicOp::Add, 1, None, order);
+    if done == grid_dim().x - 1 {
+        let ne = counts.dim(0);
+        let below = iota([BE, BE], 1) <= iota([BE, BE], 0);
+        let mut total = zeros::<i32>([1]);
+        for c0 in (0..ne).step_by(BE) {
+            // Past `E` the counts load as 0, and the stores past `offsets` are skipped.
+            let cnt = counts.tile([BE], [c0]).load();
+            let inclusive = row_sum(&select(below, cnt.row(), 0));
+            offsets.tile([BE], [c0 + 1]).store(inclusive + total);
+            total = total + row_sum(&cnt.row());
+        }
+        offsets.tile([1], [0]).store(zeros::<i32>([1]));
+        ticket.at([0]).atomic_xchg(0);
+    }
+}
+
+/// The second half: each route `s` (expert `experts[s]`, weight `weights[s]`, token
+/// `s / topk`) gets a slot among its expert's, `offsets[e] + ` a rank from an atomic add on
+/// `cursor[e]`, and writes `tokens[slot] = s / topk` and `gates[slot] = weights[s]`: the
+/// routes grouped by expert as [`moe_experts`] reads them. Routes of one expert land in the
+/// order their atomics apply (which varies from run to run on the GPU; the expert GEMM's
+/// sum does not depend on it beyond rounding); routes to an expert outside `0..E` are
+/// dropped.
+///
+/// Grid: `(cdiv(S, BLOCK), 1, 1)`. `cursor` (`[E]`, i32) starts at 0. Comptime: `BLOCK`
+/// (routes per block, default 256).
+#[kernel(grid = [BLOCK, 1, 1])]
+#[allow(clippy::too_many_arguments)]
+pub fn moe_scatter(
+    experts: Tensor<i32, 1>,
+    weights: Tensor<f32, 1>,
+    offsets: Tensor<i32, 1>,
+    cursor: TensorMut<i32, 1>,
+    tokens: TensorMut<i32, 1>,
+    gates: TensorMut<f32, 1>,
+    topk: i32,
+    #[comptime(default = 256)] BLOCK: usize,
+) {
+    let b = block_id().x;
+    let s = iota([BLOCK], 0) + b * BLOCK;
+    let e = experts.tile([BLOCK], [b * BLOCK]).load();
+    let routed = s < experts.dim(0) && e >= 0 && e < cursor.dim(0);
+    let rank = cursor.elems([e]).atomic_add_masked(1, routed);
+    let base = offsets.elems([e]).load();
+    // Slot -1 addresses nothing: a dropped route writes nowhere.
+    let slot = select(routed, base + rank, -1);
+    tokens.elems([slot]).store(s / topk);
+    gates
+        .elems([slot])
+        .store(weights.tile([BLOCK], [b * BLOCK]).load());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::build;
+
+    #[test]
+    fn the_routing_kernels_build() {
+        build(&moe_count, MoeCountComptime { BLOCK: 256, BE: 64 });
+        build(&moe_scatter, MoeScatterComptime { BLOCK: 256 });
+    }
 
     #[test]
     fn builds_with_its_defaults_and_small_tiles() {

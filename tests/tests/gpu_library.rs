@@ -12,22 +12,24 @@ use gpu_common::{Needs, devices, poisoned_output as output, upload_padded};
 use kiln_examples::cross_entropy::{
     CrossEntropyBackwardComptime, CrossEntropyComptime, cross_entropy, cross_entropy_backward,
 };
-use kiln_examples::moe::{MoeExpertsComptime, moe_experts};
+use kiln_examples::moe::{
+    MoeCountComptime, MoeExpertsComptime, MoeScatterComptime, moe_count, moe_experts, moe_scatter,
+};
 use kiln_examples::norm_backward::{
     LayerNormBackwardComptime, RmsNormBackwardComptime, SumPartialsComptime, layer_norm_backward,
     rms_norm_backward, sum_partials,
 };
 use kiln_examples::rotary::{RotaryComptime, rotary};
 use kiln_examples::softmax::{SoftmaxBackwardComptime, softmax_backward};
-use kiln_ir::DType;
 use kiln_ir::dsl::KernelDef;
+use kiln_ir::{DType, HostTensor};
 use kiln_runtime::{Device, DeviceTensor};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 use library::{
-    GPU_SHAPES, ROTARY_SHAPES, SHAPES, assert_one_column_rms_dx, moe_reference, moe_routes,
-    norm_inputs, rotary_tables, targets,
+    GPU_SHAPES, ROTARY_SHAPES, SHAPES, assert_one_column_rms_dx, assert_same_routes, moe_choices,
+    moe_grouped, moe_reference, moe_routes, norm_inputs, rotary_tables, targets,
 };
 
 fn shapes() -> impl Iterator<Item = ((usize, usize), bool)> {
@@ -325,6 +327,104 @@ fn gpu_moe_experts() {
     }
 }
 
+/// The routing on the GPU: `moe_count` (atomics, then the last block's prefix sum behind an
+/// acq_rel ticket) and `moe_scatter` group a router's choices exactly as the host does (up
+/// to the order within an expert), twice in a row (the ticket resets), and `moe_experts` on
+/// them matches the f64 layer.
+fn gpu_moe_routing() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        let cc = MoeCountComptime { BLOCK: 256, BE: 64 };
+        let cs = MoeScatterComptime { BLOCK: 256 };
+        let ce = MoeExpertsComptime {
+            BM: 64,
+            BN: 64,
+            BK: 32,
+            dtype: DType::Bf16,
+        };
+        let ticket = dev
+            .upload(&HostTensor::full(&[1], DType::I32, 0.0))
+            .expect("upload");
+        for (t, e, topk, h, n) in [
+            (1, 1, 1, 5, 3),
+            (5000, 64, 2, 96, 130),
+            (777, 200, 8, 40, 20),
+        ] {
+            let (experts, weights) = moe_choices(&mut rng, t, e, topk);
+            let s = t * topk;
+            let up = |x: &HostTensor| dev.upload(x).expect("upload");
+            let (dex, dwt) = (up(&experts), up(&weights));
+            let zeros = HostTensor::full(&[e], DType::I32, 0.0);
+            let (counts, cursor) = (up(&zeros), up(&zeros));
+            let offsets = output(&dev, DType::I32, &[e + 1]);
+            let tokens = output(&dev, DType::I32, &[s]);
+            let gates = output(&dev, DType::F32, &[s]);
+            moe_count
+                .launch(
+                    &dev,
+                    &cc,
+                    moe_count.grid(&cc, [s, 1, 1]),
+                    &dex,
+                    &counts,
+                    &offsets,
+                    &ticket,
+                )
+                .expect("launch");
+            let g = moe_scatter.grid(&cs, [s, 1, 1]);
+            moe_scatter
+                .launch(
+                    &dev,
+                    &cs,
+                    g,
+                    &dex,
+                    &dwt,
+                    &offsets,
+                    &cursor,
+                    &tokens,
+                    &gates,
+                    topk as i32,
+                )
+                .expect("launch");
+            let want = moe_grouped(&experts, &weights, e, topk);
+            let what = format!(
+                "{} tokens={t} experts={e} top{topk} KILN_SEED={}",
+                dev.target(),
+                rng.seed()
+            );
+            let (ho, ht, hg) = (
+                offsets.download().expect("download"),
+                tokens.download().expect("download"),
+                gates.download().expect("download"),
+            );
+            assert_same_routes(&what, (&ho, &ht, &hg), &want);
+            assert_eq!(
+                ticket.download().expect("download").to_f64_vec(),
+                [0.0],
+                "{what}"
+            );
+            let x = tensor(&mut rng, &[t, h], DType::Bf16, Dist::Normal);
+            let w = tensor(&mut rng, &[e, h, n], DType::Bf16, Dist::Normal);
+            let init = tensor(&mut rng, &[t, n], DType::F32, Dist::Normal);
+            let (dx, dw, dout) = (up(&x), up(&w), up(&init));
+            let grid = [e as u32, n.div_ceil(64) as u32, 3];
+            moe_experts
+                .launch(&dev, &ce, grid, &dx, &dw, &offsets, &tokens, &gates, &dout)
+                .expect("launch");
+            let reference = moe_reference(&x, &w, &want, &init);
+            let cs_case = case(
+                "moe routing + experts".into(),
+                &dev,
+                t,
+                n,
+                Dist::Normal,
+                &rng,
+            );
+            let got = dout.download().expect("download");
+            assert_close(&cs_case, &got, &reference, tolerance(DType::F32) * 10.0);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         ("gpu_library_cross_entropy", Needs::Gpu, gpu_cross_entropy),
@@ -336,5 +436,6 @@ fn main() -> ExitCode {
         ("gpu_library_norm_backwards", Needs::Gpu, gpu_norm_backwards),
         ("gpu_library_rotary", Needs::Gpu, gpu_rotary),
         ("gpu_library_moe_experts", Needs::Gpu, gpu_moe_experts),
+        ("gpu_library_moe_routing", Needs::Gpu, gpu_moe_routing),
     ])
 }

@@ -9,7 +9,9 @@ use kiln_examples::cross_entropy::{
     CrossEntropyBackwardComptime, CrossEntropyComptime, cross_entropy, cross_entropy_backward,
 };
 use kiln_examples::histogram::{HistogramComptime, histogram};
-use kiln_examples::moe::{MoeExpertsComptime, moe_experts};
+use kiln_examples::moe::{
+    MoeCountComptime, MoeExpertsComptime, MoeScatterComptime, moe_count, moe_experts, moe_scatter,
+};
 use kiln_examples::norm_backward::{
     LayerNormBackwardComptime, RmsNormBackwardComptime, SumPartialsComptime, layer_norm_backward,
     rms_norm_backward, sum_partials,
@@ -23,8 +25,8 @@ use kiln_tests::codegen::assembles_clean;
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 use library::{
-    ROTARY_SHAPES, SHAPES, assert_one_column_rms_dx, moe_reference, moe_routes, norm_inputs,
-    rotary_tables, targets,
+    ROTARY_SHAPES, SHAPES, assert_one_column_rms_dx, assert_same_routes, moe_choices, moe_grouped,
+    moe_reference, moe_routes, norm_inputs, rotary_tables, targets,
 };
 
 fn case(kernel: String, m: usize, n: usize, dist: Dist, rng: &Rng) -> Case {
@@ -319,5 +321,75 @@ fn histogram_counts_exactly() {
                 );
             }
         }
+    }
+}
+
+/// The router's choices grouped by expert on the device's kernels (`moe_count`, then
+/// `moe_scatter`), exactly the host's grouping up to the order within an expert, and fed to
+/// `moe_experts`: the layer against f64 from the choices alone.
+#[test]
+fn moe_routing_groups_the_choices_by_expert() {
+    let mut rng = Rng::from_env();
+    let cc = MoeCountComptime { BLOCK: 256, BE: 64 };
+    let cs = MoeScatterComptime { BLOCK: 256 };
+    assembles_clean(&moe_count, cc, "atom.acq_rel.gpu");
+    assembles_clean(&moe_scatter, cs, "");
+    let ce = MoeExpertsComptime {
+        BM: 64,
+        BN: 64,
+        BK: 32,
+        dtype: DType::Bf16,
+    };
+    for (t, e, topk, h, n) in [(1, 1, 1, 5, 3), (300, 70, 2, 40, 33), (97, 5, 5, 20, 70)] {
+        let (experts, weights) = moe_choices(&mut rng, t, e, topk);
+        let s = t * topk;
+        let mut counts = HostTensor::full(&[e], DType::I32, 0.0);
+        let mut offsets = poisoned(&[e + 1], DType::I32);
+        let mut ticket = HostTensor::full(&[1], DType::I32, 0.0);
+        let grid = moe_count.grid(&cc, [s, 1, 1]);
+        moe_count
+            .interpret(&cc, grid, &experts, &mut counts, &mut offsets, &mut ticket)
+            .expect("interpret");
+        assert_eq!(ticket.to_f64_vec(), [0.0], "the ticket is reset");
+        let mut cursor = HostTensor::full(&[e], DType::I32, 0.0);
+        let mut tokens = poisoned(&[s], DType::I32);
+        let mut gates = poisoned(&[s], DType::F32);
+        let grid = moe_scatter.grid(&cs, [s, 1, 1]);
+        moe_scatter
+            .interpret(
+                &cs,
+                grid,
+                &experts,
+                &weights,
+                &offsets,
+                &mut cursor,
+                &mut tokens,
+                &mut gates,
+                topk as i32,
+            )
+            .expect("interpret");
+        let want = moe_grouped(&experts, &weights, e, topk);
+        let what = format!(
+            "tokens={t} experts={e} top{topk} (KILN_SEED={})",
+            rng.seed()
+        );
+        assert_same_routes(&what, (&offsets, &tokens, &gates), &want);
+        assert_eq!(cursor.to_f64_vec(), counts.to_f64_vec(), "{what}: cursors");
+        let x = tensor(&mut rng, &[t, h], DType::Bf16, Dist::Normal);
+        let w = tensor(&mut rng, &[e, h, n], DType::Bf16, Dist::Normal);
+        let init = tensor(&mut rng, &[t, n], DType::F32, Dist::Normal);
+        let mut out = init.clone();
+        let grid = [e as u32, n.div_ceil(64) as u32, 2];
+        moe_experts
+            .interpret(&ce, grid, &x, &w, &offsets, &tokens, &gates, &mut out)
+            .expect("interpret");
+        let reference = moe_reference(&x, &w, &want, &init);
+        let case = Case {
+            kernel: "moe_count + moe_scatter + moe_experts".into(),
+            shape: what.clone(),
+            dist: Dist::Normal,
+            seed: rng.seed(),
+        };
+        assert_close(&case, &out, &reference, tolerance(DType::F32) * 10.0);
     }
 }

@@ -200,3 +200,88 @@ pub fn moe_reference(
     }
     out
 }
+
+/// A router's choices as `moe_count` and `moe_scatter` take them: `experts` and `weights`
+/// (`[t * topk]`, token-major), `topk` distinct experts of `e` per token, except every
+/// eleventh route, dropped (expert -1).
+pub fn moe_choices(rng: &mut Rng, t: usize, e: usize, topk: usize) -> (HostTensor, HostTensor) {
+    let mut ex = Vec::with_capacity(t * topk);
+    for _ in 0..t {
+        let mut picked: Vec<usize> = Vec::new();
+        while picked.len() < topk {
+            let p = rng.range(0, e);
+            if !picked.contains(&p) {
+                picked.push(p);
+            }
+        }
+        ex.extend(picked);
+    }
+    let experts = HostTensor::from_fn(&[t * topk], DType::I32, |s| {
+        if s % 11 == 10 { -1.0 } else { ex[s] as f64 }
+    });
+    let weights = HostTensor::from_fn(&[t * topk], DType::F32, |_| rng.uniform(0.05, 1.0));
+    (experts, weights)
+}
+
+/// The routes of `moe_choices` grouped by expert as `moe_experts` takes them (tokens in
+/// order within an expert), for the reference.
+pub fn moe_grouped(
+    experts: &HostTensor,
+    weights: &HostTensor,
+    e: usize,
+    topk: usize,
+) -> (HostTensor, HostTensor, HostTensor) {
+    let (ev, wv) = (experts.to_f64_vec(), weights.to_f64_vec());
+    let mut routes: Vec<(usize, usize, f64)> = (0..ev.len())
+        .filter(|&s| ev[s] >= 0.0)
+        .map(|s| (ev[s] as usize, s / topk, wv[s]))
+        .collect();
+    routes.sort_by_key(|&(ex, tok, _)| (ex, tok));
+    let mut offsets = vec![0.0; e + 1];
+    for &(ex, _, _) in &routes {
+        offsets[ex + 1] += 1.0;
+    }
+    for i in 0..e {
+        offsets[i + 1] += offsets[i];
+    }
+    let s = routes.len();
+    (
+        HostTensor::from_fn(&[e + 1], DType::I32, |i| offsets[i]),
+        HostTensor::from_fn(&[s.max(1)], DType::I32, |i| {
+            routes.get(i).map_or(-1.0, |r| r.1 as f64)
+        }),
+        HostTensor::from_fn(&[s.max(1)], DType::F32, |i| {
+            routes.get(i).map_or(0.0, |r| r.2)
+        }),
+    )
+}
+
+/// Asserts that `(offsets, tokens, gates)` from `moe_count` and `moe_scatter` hold exactly
+/// the routes of `want` (from [`moe_grouped`]): the same offsets, and per expert the same
+/// (token, gate) pairs in any order.
+pub fn assert_same_routes(
+    what: &str,
+    got: (&HostTensor, &HostTensor, &HostTensor),
+    want: &(HostTensor, HostTensor, HostTensor),
+) {
+    let offsets = got.0.to_f64_vec();
+    assert_eq!(offsets, want.0.to_f64_vec(), "{what}: offsets");
+    let (gt, gg) = (got.1.to_f64_vec(), got.2.to_f64_vec());
+    let (wt, wg) = (want.1.to_f64_vec(), want.2.to_f64_vec());
+    for ex in 0..offsets.len() - 1 {
+        let range = offsets[ex] as usize..offsets[ex + 1] as usize;
+        let pairs = |t: &[f64], g: &[f64]| {
+            let mut p: Vec<(i64, u64)> = range
+                .clone()
+                .map(|i| (t[i] as i64, g[i].to_bits()))
+                .collect();
+            p.sort_unstable();
+            p
+        };
+        assert_eq!(
+            pairs(&gt, &gg),
+            pairs(&wt, &wg),
+            "{what}: expert {ex}'s routes"
+        );
+    }
+}
