@@ -381,6 +381,13 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
                      through shared memory)",
                 ));
             }
+            OpKind::Take { .. } => {
+                return Err(self.unsupported(
+                    id,
+                    "an in-tile gather (`take`), which moves elements between threads (the \
+                     PTX backend moves them through shared memory)",
+                ));
+            }
             OpKind::Reduce { op: rop, dim } => self.lower_reduce(id, *rop, *dim)?,
             OpKind::Mma => self.lower_mma(id)?,
             OpKind::Load { .. } => self.lower_load(id)?,
