@@ -397,6 +397,44 @@ fn gpu_take_matches_interpreter() {
     }
 }
 
+/// A tile sorted by key with `take` (ranks and their inverse from `[N, N]` comparisons whose
+/// vectors come out of reductions, so `take` reads indices in a reduction's layout): GPU vs
+/// interpreter bit for bit, and the keys vs a host sort.
+fn gpu_sort_by_key_matches_interpreter() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::from_env();
+    for n in [64, 128] {
+        let c = SortByKeyComptime { N: n };
+        for len in [1, n - 3, 1000 * n + 7] {
+            let keys = HostTensor::from_fn(&[len], DType::I32, |_| rng.uniform(0.0, 8.0).floor());
+            let vals = tensor(&mut rng, &[len], DType::F32, Dist::Normal);
+            let (dk, dv) = (
+                dev.upload(&keys).expect("upload"),
+                dev.upload(&vals).expect("upload"),
+            );
+            let (sk, sv) = (
+                output(&dev, DType::I32, &[len]),
+                output(&dev, DType::F32, &[len]),
+            );
+            let grid = [len.div_ceil(n) as u32, 1, 1];
+            sort_by_key
+                .launch(&dev, &c, grid, &dk, &dv, &sk, &sv)
+                .expect("launch");
+            let mut hk = poisoned(&[len], DType::I32);
+            let mut hv = poisoned(&[len], DType::F32);
+            sort_by_key
+                .interpret(&c, grid, &keys, &vals, &mut hk, &mut hv)
+                .expect("interpret");
+            let ctx = format!("N={n} len={len} KILN_SEED={}", rng.seed());
+            same_bits("sorted keys", &sk, &hk, &ctx);
+            same_bits("sorted values", &sv, &hv, &ctx);
+            let got = sk.download().expect("download").to_f64_vec();
+            let ok = got.chunks(n).all(|c| c.windows(2).all(|w| w[0] <= w[1]));
+            assert!(ok, "keys not sorted within each tile: {ctx}");
+        }
+    }
+}
+
 /// The sm_90a build of the same kernels (the writer is the generic one, under the sm_90a
 /// pipeline): dropout and the transcendentals, GPU vs interpreter bit for bit.
 fn gpu_sm90a_dropout_and_transcendentals_match_interpreter() {
@@ -468,6 +506,11 @@ fn main() -> ExitCode {
             "gpu_dropout_matches_interpreter",
             Needs::Gpu,
             gpu_dropout_matches_interpreter,
+        ),
+        (
+            "gpu_sort_by_key_matches_interpreter",
+            Needs::Gpu,
+            gpu_sort_by_key_matches_interpreter,
         ),
         (
             "gpu_take_matches_interpreter",

@@ -686,3 +686,38 @@ fn take_gathers_inside_the_tile_along_each_dimension() {
         }
     }
 }
+
+/// Each block's keys and values sorted by key, stably, on the host.
+fn sorted_blocks(keys: &[i32], vals: &[f32], n: usize) -> (Vec<i32>, Vec<f32>) {
+    let (mut sk, mut sv) = (Vec::new(), Vec::new());
+    for (kc, vc) in keys.chunks(n).zip(vals.chunks(n)) {
+        let mut pairs: Vec<(i32, f32)> = kc.iter().copied().zip(vc.iter().copied()).collect();
+        pairs.sort_by_key(|p| p.0);
+        sk.extend(pairs.iter().map(|p| p.0));
+        sv.extend(pairs.iter().map(|p| p.1));
+    }
+    (sk, sv)
+}
+
+#[test]
+fn a_tile_sorts_by_key_with_take() {
+    let mut rng = Rng::from_env();
+    for n in [64, 128] {
+        let c = SortByKeyComptime { N: n };
+        for len in [1, n - 3, 5 * n + 7] {
+            // Few distinct keys (experts), so ties are common and stability matters.
+            let keys = HostTensor::from_fn(&[len], DType::I32, |_| rng.uniform(0.0, 8.0).floor());
+            let vals = tensor(&mut rng, &[len], DType::F32, Dist::Normal);
+            let mut sk = poisoned(&[len], DType::I32);
+            let mut sv = poisoned(&[len], DType::F32);
+            let grid = [len.div_ceil(n) as u32, 1, 1];
+            sort_by_key
+                .interpret(&c, grid, &keys, &vals, &mut sk, &mut sv)
+                .unwrap();
+            let (wk, wv) = sorted_blocks(i32s(&keys), f32s(&vals), n);
+            let ctx = format!("N={n} len={len} KILN_SEED={}", rng.seed());
+            assert_eq!(i32s(&sk), &wk[..], "keys: {ctx}");
+            assert_eq!(f32s(&sv), &wv[..], "values: {ctx}");
+        }
+    }
+}

@@ -48,6 +48,10 @@ fn kernels() -> Vec<(&'static str, Kernel)> {
             ),
         ),
         (
+            "sort_by_key",
+            build(&sort_by_key, SortByKeyComptime { N: 64 }),
+        ),
+        (
             "takes 64x32",
             build(
                 &takes,

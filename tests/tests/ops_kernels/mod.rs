@@ -185,6 +185,37 @@ pub fn takes(
     yv.tile([C], [b * C]).store(vb.take(0, &o));
 }
 
+/// Sorts each block's `N` routes by expert, stably, inside the tile (MoE routing within a
+/// tile): `rank[i]` counts the routes before route `i` (a smaller key, or an equal key at a
+/// smaller index) over an `[N, N]` comparison, its inverse `perm[k]` is the route of rank
+/// `k`, and `take` moves route `perm[k]` to place `k`. Past the end of `keys` the key is
+/// `i32::MAX`, so those places sort last (and their stores are skipped).
+///
+/// Grid: `(cdiv(n, N), 1, 1)`.
+#[kernel(num_warps = 4)]
+pub fn sort_by_key(
+    keys: Tensor<i32, 1>,
+    vals: Tensor<f32, 1>,
+    sorted_keys: TensorMut<i32, 1>,
+    sorted_vals: TensorMut<f32, 1>,
+    #[comptime(default = 64)] N: usize,
+) {
+    let b = block_id().x;
+    let inside = iota([N], 0) + b * N < keys.dim(0);
+    let k = keys.tile([N], [b * N]).load_masked(inside, i32::MAX);
+    let v = vals.tile([N], [b * N]).load();
+    // Row i, column j: whether route j sorts before route i.
+    let (ki, kj) = (k.col(), k.row());
+    let (i, j) = (iota([N, N], 0), iota([N, N], 1));
+    let before = select(kj < ki, true, select(kj == ki, j < i, false));
+    let rank = row_sum(&select(before, 1, 0));
+    // Row i, column r: whether route i has rank r; the route of rank r sums down column r.
+    let placed = rank.col() == j;
+    let perm = col_sum(&select(placed, i, 0));
+    sorted_keys.tile([N], [b * N]).store(k.take(0, &perm));
+    sorted_vals.tile([N], [b * N]).store(v.take(0, &perm));
+}
+
 /// `takes`' inputs for `blocks` blocks of comptime `c`: `x: [m, n]` (`m` rows short of the
 /// last block's tile, `n <= C`), indices that reach two past each end of their dimension.
 pub fn take_inputs(rng: &mut Rng, c: &TakesComptime, blocks: usize) -> [HostTensor; 5] {
