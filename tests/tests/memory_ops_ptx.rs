@@ -284,3 +284,39 @@ fn a_scalar_atomic_of_a_tile_is_diagnosed_at_its_line() {
         "{err}"
     );
 }
+
+/// Split-K with a completion counter: on sm_90a the GEMM loop is warp-specialised, whose
+/// roles share no block-wide barrier for a once-per-block atomic.
+#[kernel(num_warps = 4)]
+fn splitk_with_counter(
+    a: Tensor<bf16, 2>,
+    b: Tensor<bf16, 2>,
+    c: TensorMut<f32, 2>,
+    done: TensorMut<i32, 1>,
+) {
+    let (mb, nb) = (block_id().x, block_id().y);
+    let mut acc = zeros::<f32>([128, 128]);
+    for kb in pipelined(0..cdiv(a.dim(1), 64), stages = 2) {
+        let x = a.tile([128, 64], [mb * 128, kb * 64]).load();
+        let y = b.tile([64, 128], [kb * 64, nb * 128]).load();
+        acc = mma_acc(&x, &y, &acc);
+    }
+    c.tile([128, 128], [mb * 128, nb * 128]).atomic_add(acc);
+    done.at([0]).atomic_add(1);
+}
+
+#[test]
+fn a_scalar_atomic_in_a_warp_specialised_kernel_is_diagnosed_at_its_line() {
+    let k = build(&splitk_with_counter, ());
+    // sm_80 has the block-wide barrier it needs.
+    ptx(&k, Target::Sm80, "splitk_with_counter");
+    let err = kiln::ptx::compile(&k, Target::Sm90a).expect_err("no block-wide barrier");
+    let d = err.diagnostic();
+    let line = include_str!("memory_ops_ptx.rs")
+        .lines()
+        .position(|l| l.contains("done.at([0]).atomic_add(1);"))
+        .expect("line") as u32
+        + 1;
+    assert_eq!(d.loc.line, line, "{err}");
+    assert!(d.message.contains("scalar atomic"), "{err}");
+}
