@@ -381,6 +381,13 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
                      through shared memory)",
                 ));
             }
+            OpKind::Take { .. } => {
+                return Err(self.unsupported(
+                    id,
+                    "an in-tile gather (`take`), which moves elements between threads (the \
+                     PTX backend moves them through shared memory)",
+                ));
+            }
             OpKind::Reduce { op: rop, dim } => self.lower_reduce(id, *rop, *dim)?,
             OpKind::Mma => self.lower_mma(id)?,
             OpKind::Load { .. } => self.lower_load(id)?,
@@ -389,7 +396,10 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
             OpKind::For { .. } => self.lower_for(id)?,
             OpKind::If => self.lower_if(id)?,
             OpKind::Print { .. } => return Err(self.unsupported(id, "in-kernel print")),
-            OpKind::Gather { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => {
+            OpKind::Gather { .. }
+            | OpKind::Scatter { .. }
+            | OpKind::Atomic { .. }
+            | OpKind::ScalarAtomic { .. } => {
                 // Reported at the user's line, in the DSL's words.
                 let what = match &op.kind {
                     OpKind::Gather { .. } => "masked loads and gathers",
@@ -759,6 +769,8 @@ fn beyond_subset(k: &Kernel, id: OpId) -> Option<&'static str> {
         OpKind::Unary(
             UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Tanh | UnaryOp::Erf | UnaryOp::Sigmoid,
         ) => Some("sin, cos, tanh, erf and sigmoid"),
+        // kiln's logarithms are accurate f64 sequences this backend does not write.
+        OpKind::Unary(UnaryOp::Log2 | UnaryOp::Log) => Some("log and log2"),
         OpKind::Binary(
             BinaryOp::BitAnd
             | BinaryOp::BitOr

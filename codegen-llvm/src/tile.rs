@@ -188,7 +188,9 @@ impl<'ctx> Lower<'_, 'ctx> {
                         let s = self.b.build_float_mul(x, f32t.const_float(LOG2_E), "")?;
                         call("llvm.nvvm.ex2.approx.f", s)?
                     }
-                    UnaryOp::Log2 => call("llvm.nvvm.lg2.approx.f", x)?,
+                    UnaryOp::Log2 | UnaryOp::Log => {
+                        return Err(self.unsupported(id, "log and log2"));
+                    }
                     UnaryOp::Abs => call("llvm.fabs.f32", x)?,
                     UnaryOp::Sqrt => call("llvm.sqrt.f32", x)?,
                     UnaryOp::Rsqrt => call("llvm.nvvm.rsqrt.approx.f", x)?,
@@ -220,6 +222,7 @@ impl<'ctx> Lower<'_, 'ctx> {
                     UnaryOp::Exp2
                     | UnaryOp::Exp
                     | UnaryOp::Log2
+                    | UnaryOp::Log
                     | UnaryOp::Sqrt
                     | UnaryOp::Rsqrt
                     | UnaryOp::Recip

@@ -17,6 +17,50 @@ pub fn atomic_supported(op: AtomicOp, dtype: DType) -> bool {
     }
 }
 
+/// The result type of a [`OpKind::ScalarAtomic`] on tensor `tensor`: scalar i32 coordinates,
+/// one per dimension, then (for `cas`) the compare value and the value, scalars of the
+/// tensor's dtype; the result is the old value, of that dtype too.
+pub(crate) fn scalar_atomic_types(
+    params: &[Param],
+    tensor: usize,
+    op: AtomicOp,
+    operands: &[Type],
+) -> Result<Vec<Type>, String> {
+    let (dtype, rank, mutable) = tensor_param(params, tensor)?;
+    let want = rank + 1 + usize::from(op == AtomicOp::Cas);
+    if operands.len() != want {
+        return Err(format!(
+            "expects {want} operand(s), found {}",
+            operands.len()
+        ));
+    }
+    if !mutable {
+        return Err(format!(
+            "tensor `{}` is read-only; declare it `TensorMut` to write it",
+            params[tensor].name()
+        ));
+    }
+    for (d, t) in operands[..rank].iter().enumerate() {
+        if *t != Type::Scalar(DType::I32) {
+            return Err(format!("coordinate {d} is {t}, expected a scalar i32"));
+        }
+    }
+    for t in &operands[rank..] {
+        if *t != Type::Scalar(dtype) {
+            return Err(format!(
+                "a scalar atomic on a {dtype} tensor takes scalar {dtype} values, found {t}"
+            ));
+        }
+    }
+    if !atomic_supported(op, dtype) {
+        return Err(format!(
+            "atomic {} is not available on {dtype} tensors",
+            op.name()
+        ));
+    }
+    Ok(vec![Type::Scalar(dtype)])
+}
+
 /// The result types of an addressed memory op (see [`crate::infer::result_types`]).
 pub(crate) fn result_types(
     kind: &OpKind,

@@ -141,6 +141,12 @@ pub fn op_words(kernel: &Kernel, op: OpId) -> String {
         OpKind::Mma => "`mma`".into(),
         OpKind::Load { tensor: t, .. } => format!("`{}.tile(..).load()`", tensor(*t)),
         OpKind::LoadScalar { tensor: t } => format!("`{}.scalar(..)`", tensor(*t)),
+        OpKind::Take { .. } => "`take`".into(),
+        OpKind::ScalarAtomic {
+            tensor: t, op: a, ..
+        } => {
+            format!("`{}.at(..).atomic_{}(..)`", tensor(*t), a.name())
+        }
         OpKind::Store { tensor: t, .. } => format!("`{}.tile(..).store(..)`", tensor(*t)),
         OpKind::For { .. } => "this `for` loop".into(),
         OpKind::If => "this `if`".into(),

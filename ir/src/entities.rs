@@ -172,8 +172,10 @@ pub enum UnaryOp {
     Exp2,
     /// `e^x`.
     Exp,
-    /// `log2(x)`.
+    /// `log2(x)`, within about an f32 ulp ([`crate::math::log2`]).
     Log2,
+    /// The natural logarithm `ln(x)`, within about an f32 ulp ([`crate::math::log`]).
+    Log,
     /// `|x|`.
     Abs,
     /// `sqrt(x)`.
@@ -204,6 +206,7 @@ impl UnaryOp {
             UnaryOp::Exp2 => "exp2",
             UnaryOp::Exp => "exp",
             UnaryOp::Log2 => "log2",
+            UnaryOp::Log => "log",
             UnaryOp::Abs => "abs",
             UnaryOp::Sqrt => "sqrt",
             UnaryOp::Rsqrt => "rsqrt",
@@ -550,6 +553,15 @@ pub enum OpKind {
     /// where an op needs an operand in another layout than the one it was made in; a
     /// backend moves the elements between threads through shared memory.
     Convert,
+    /// `(x, idx, other) -> y`: a gather inside a register tile along dimension `dim`:
+    /// `y` has `idx`'s shape (an i32 tile of `x`'s rank, equal to `x`'s shape but along
+    /// `dim`) and `x`'s dtype, and `y[e] = x[e with its coordinate along dim replaced by
+    /// idx[e]]`, or the scalar `other` where `idx[e]` is outside `0..x.shape[dim]`. The
+    /// backends move the elements between threads through shared memory, as a `convert`.
+    Take {
+        /// The gathered dimension.
+        dim: usize,
+    },
     /// `(tile) -> tile`: reduce dimension `dim` away (`[R, C]` -> `[R]` for `dim = 1`).
     Reduce {
         /// The combining operator.
@@ -630,6 +642,23 @@ pub enum OpKind {
         scope: MemScope,
         /// How each dimension is addressed, and whether a mask follows.
         access: Access,
+    },
+    /// `(coord_0, ..., coord_{rank-1}, compare?, value) -> old`: applies `op` with the scalar
+    /// `value` (for `cas`, compared with the scalar `compare`) to the element at `coords` of
+    /// tensor parameter `tensor`, atomically, with memory order `sem` at `scope`, once per
+    /// block: every thread of the block has finished its earlier memory accesses when one
+    /// thread applies it (so a release orders all of them before it), and every thread gets
+    /// `old`, what it read, after it (so an acquire orders it before every thread's later
+    /// accesses). A coordinate outside the tensor applies nothing and reads `0`.
+    ScalarAtomic {
+        /// Parameter index of the tensor.
+        tensor: usize,
+        /// The read-modify-write.
+        op: AtomicOp,
+        /// Memory-ordering semantics.
+        sem: MemSem,
+        /// Memory-ordering scope.
+        scope: MemScope,
     },
     /// `(lo, hi, step, init...) -> (carried...)`: a counted loop over `lo..hi` by `step`
     /// (all i32, `step > 0`). Region 0 takes `(i, carried...)` and yields the next carried

@@ -202,6 +202,42 @@ pub fn result_types(
             }
             Ok(vec![Type::tile(operands[0].dtype(), &[s.0[1], s.0[0]])])
         }
+        OpKind::Take { dim } => {
+            want(3)?;
+            let xs = tile_shape(&operands[0], "take")?;
+            let is = tile_shape(&operands[1], "take")?;
+            let dtype = operands[0].dtype();
+            if dtype == DType::Bool {
+                return Err("`take` of a bool tile; cast it to i32 first".into());
+            }
+            if operands[1].dtype() != DType::I32 {
+                return Err(format!(
+                    "the indices of `take` are {}, expected an i32 tile",
+                    operands[1]
+                ));
+            }
+            if *dim >= xs.rank() {
+                return Err(format!("`take` along dimension {dim} of a {xs} tile"));
+            }
+            let agree =
+                is.rank() == xs.rank() && (0..xs.rank()).all(|d| d == *dim || is.0[d] == xs.0[d]);
+            if !agree {
+                return Err(format!(
+                    "`take` along dimension {dim} of a {xs} tile needs indices of the same \
+                     rank and extents but along {dim}, found a {is} tile"
+                ));
+            }
+            if operands[2] != Type::Scalar(dtype) {
+                return Err(format!(
+                    "the fill value of `take` is {}, expected a scalar {dtype}",
+                    operands[2]
+                ));
+            }
+            Ok(vec![Type::Tile {
+                dtype,
+                shape: is.clone(),
+            }])
+        }
         OpKind::Reduce { op: _, dim } => {
             want(1)?;
             let s = tile_shape(&operands[0], "reduce")?;
@@ -310,6 +346,9 @@ pub fn result_types(
         }
         OpKind::Gather { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => {
             crate::access::result_types(kind, operands, params)
+        }
+        OpKind::ScalarAtomic { tensor, op, .. } => {
+            crate::access::scalar_atomic_types(params, *tensor, *op, operands)
         }
         OpKind::For { stages } => {
             if n < 3 {

@@ -1,4 +1,4 @@
-//! The transcendental functions `sin`, `cos`, `tanh`, `erf` and `sigmoid` as kiln computes
+//! The transcendental functions `sin`, `cos`, `tanh`, `erf`, `sigmoid`, `log` and `log2` as kiln computes
 //! them: one fixed, branch-free sequence per element in f64, rounded once to f32. The PTX
 //! writer emits these exact steps (the same constants, the same fused multiply-adds, in the
 //! same order) and the interpreter runs these functions, so the two agree bit for bit.
@@ -9,6 +9,10 @@
 //! - `tanh` and `sigmoid` use an f64 exponential ([`exp64`]: `2^k * e^r`, `|r| <= ln2/2`).
 //! - `erf` is a Taylor polynomial below 1, a degree-18 Chebyshev interpolant of `erf` on
 //!   `[1, 4]`, and 1 above (where `erf` rounds to 1 in f32).
+//! - `log` and `log2` split `x` (exact in f64, subnormals included) into `2^k * m` with `m` in
+//!   `[sqrt(1/2), sqrt(2))` by integer arithmetic on its bits, then `ln m = 2 atanh(s)` with
+//!   `s = (m - 1) / (m + 1)`, `|s| <= 0.172`, an odd polynomial; `k` is added in one fused
+//!   multiply-add, so near `x = 1` the error stays relative (no `k` to cancel against).
 //!
 //! Every result is within an f32 rounding (about 1 ulp) of the exact value.
 
@@ -116,6 +120,20 @@ pub const ERF_CHEBYSHEV: [f64; 19] = [
     5.035_960_449_820_277e-10,
     -1.241_937_955_984_589_6e-10,
 ];
+
+/// The bits of `sqrt(1/2)` in f64: subtracting them from `x`'s bits leaves `k` in the
+/// exponent field exactly when `x = 2^k * m` with `m` in `[sqrt(1/2), sqrt(2))`.
+pub const LOG_SPLIT_BITS: u64 = 0x3fe6_a09e_667f_3bcd;
+
+/// `ln m = 2s P(s^2)` with `s = (m - 1) / (m + 1)`: the series of `atanh`, `1 / (2n + 1)`,
+/// n = 0..=7; with `s^2 <= 0.0295` the first term left out is below `4e-14` of the sum.
+pub fn log_coeffs() -> [f64; 8] {
+    let mut out = [0.0; 8];
+    for (n, c) in out.iter_mut().enumerate() {
+        *c = 1.0 / (2 * n + 1) as f64;
+    }
+    out
+}
 
 /// Where `tanh` is `x` itself in f32 (`x^3/3` is below half an ulp of `x`).
 pub const TANH_LINEAR_BELOW: f64 = 1.0 / 4096.0;
@@ -260,6 +278,46 @@ pub fn erf(x: f32) -> f32 {
     }
 }
 
+/// `x = 2^k * m`, `m` in `[sqrt(1/2), sqrt(2))`, as `(k, ln m)`, for a positive finite `x`
+/// (anything else gives values [`log_special`] replaces).
+pub fn log_parts(x: f32) -> (f64, f64) {
+    let bits = f64::from(x).to_bits();
+    let k = (bits.wrapping_sub(LOG_SPLIT_BITS) as i64) >> 52;
+    let m = f64::from_bits(bits.wrapping_sub((k as u64) << 52));
+    // m - 1 is exact (Sterbenz); the quotient is rounded once.
+    let s = (m - 1.0) / (m + 1.0);
+    let p = horner(&log_coeffs(), s * s);
+    (k as f64, (s + s) * p)
+}
+
+/// `v` rounded to f32 for a positive finite `x`; IEEE's answers elsewhere: NaN for a NaN
+/// (the same bits) or a negative `x`, `-inf` at `+-0`, `+inf` at `+inf`.
+pub fn log_special(x: f32, v: f64) -> f32 {
+    if x.is_nan() {
+        x
+    } else if x < 0.0 {
+        f32::NAN
+    } else if x == 0.0 {
+        f32::NEG_INFINITY
+    } else if x == f32::INFINITY {
+        x
+    } else {
+        v as f32
+    }
+}
+
+/// The natural logarithm `ln x`.
+pub fn log(x: f32) -> f32 {
+    let (k, lnm) = log_parts(x);
+    log_special(x, k.mul_add(LN_2, lnm))
+}
+
+/// `log2 x`.
+pub fn log2(x: f32) -> f32 {
+    let (k, lnm) = log_parts(x);
+    log_special(x, lnm.mul_add(LOG2_E, k))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -316,6 +374,54 @@ mod tests {
                 cos(x)
             );
         }
+    }
+
+    #[test]
+    fn log_and_log2_are_within_an_ulp_everywhere() {
+        let check = |x: f32| {
+            let xf = f64::from(x);
+            assert!(ulps(log(x), xf.ln()) <= 1.0, "log({x:e}) = {:e}", log(x));
+            assert!(
+                ulps(log2(x), xf.log2()) <= 1.0,
+                "log2({x:e}) = {:e}",
+                log2(x)
+            );
+        };
+        // Every positive finite f32 bit pattern at a stride: subnormals, near 1, huge.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..300_000 {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            let x = f32::from_bits((state >> 33) as u32 % 0x7f80_0000);
+            if x > 0.0 {
+                check(x);
+            }
+        }
+        // Each side of 1, where the result is tiny and only a relative error is acceptable.
+        for i in 1..20_000u32 {
+            check(f32::from_bits(1.0f32.to_bits() + i));
+            check(f32::from_bits(1.0f32.to_bits() - i));
+        }
+        for x in [
+            f32::MIN_POSITIVE,
+            f32::from_bits(1),
+            f32::MAX,
+            0.5,
+            2.0,
+            0.707_106_77,
+        ] {
+            check(x);
+        }
+        assert_eq!(log(1.0).to_bits(), 0.0f32.to_bits());
+        assert_eq!(log2(8.0), 3.0);
+        assert_eq!(log2(f32::from_bits(1)), -149.0);
+        assert_eq!(log(0.0), f32::NEG_INFINITY);
+        assert_eq!(log2(-0.0), f32::NEG_INFINITY);
+        assert_eq!(log(f32::INFINITY), f32::INFINITY);
+        assert!(log(-1.0).is_nan() && log2(f32::NEG_INFINITY).is_nan());
+        let nan = f32::from_bits(0x7fc0_1234);
+        assert_eq!(log2(nan).to_bits(), nan.to_bits());
     }
 
     #[test]

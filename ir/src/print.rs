@@ -179,6 +179,9 @@ fn print_op(kernel: &Kernel, id: OpId, level: usize, out: &mut String, regions: 
         OpKind::Cast { to } => {
             let _ = write!(line, "cast {} to {to}", values(ops));
         }
+        OpKind::Take { dim } => {
+            let _ = write!(line, "take dim {dim} {}", values(ops));
+        }
         OpKind::Bitcast { to } => {
             let _ = write!(line, "bitcast {} to {to}", values(ops));
         }
@@ -240,6 +243,28 @@ fn print_op(kernel: &Kernel, id: OpId, level: usize, out: &mut String, regions: 
         }
         OpKind::Gather { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => {
             let _ = write!(line, "{}", access_str(op, &tensor_name));
+        }
+        OpKind::ScalarAtomic {
+            tensor,
+            op: a,
+            sem,
+            scope,
+        } => {
+            // `scalar_atomic.add.relaxed.gpu c[%1], %2`; the verifier prints malformed ops
+            // too, so the split is only by what is there.
+            let rank = crate::entities::tensor_param(&kernel.params, *tensor)
+                .map_or(0, |(_, r, _)| r)
+                .min(ops.len());
+            let _ = write!(
+                line,
+                "scalar_atomic.{}.{}.{} {}[{}], {}",
+                a.name(),
+                sem.name(),
+                scope.name(),
+                tensor_name(*tensor),
+                values(&ops[..rank]),
+                values(&ops[rank..])
+            );
         }
         OpKind::For { stages } => {
             if !op.results.is_empty() {

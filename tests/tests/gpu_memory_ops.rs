@@ -62,7 +62,7 @@ fn gpu_histogram_counts_exactly() {
                 let grid = [cdiv(n, HIST_BLOCK), 1, 1];
                 dev.launch(
                     &histogram,
-                    &(),
+                    &HIST,
                     grid,
                     &[KernelArg::Tensor(&dx), KernelArg::Tensor(&dh)],
                 )
@@ -70,7 +70,7 @@ fn gpu_histogram_counts_exactly() {
                 let mut hi = init.clone();
                 run_def(
                     &histogram,
-                    &(),
+                    &HIST,
                     grid,
                     &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut hi)],
                 )
@@ -617,6 +617,71 @@ fn gpu_gathered_gemm_multiplies_the_routed_rows() {
     }
 }
 
+/// Scalar atomics from many blocks: each block's atomics apply once (the reads and final
+/// values form one chain of per-block updates), and the last block to draw a ticket sums
+/// every block's partial (visible to it through the acq_rel ticket), run twice to see the
+/// counter reset.
+fn gpu_scalar_atomics_apply_once_per_block() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for blocks in [1, 7, 1000] {
+            let v = scalar_atomic_inputs(&mut rng, blocks);
+            let init = scalar_atomic_targets(&mut rng);
+            let dv: Vec<DeviceTensor> = v.iter().map(|t| up(&dev, t)).collect();
+            let dt: Vec<DeviceTensor> = init.iter().map(|t| up(&dev, t)).collect();
+            let dold = poisoned_on(&dev, DType::F32, &[SCALAR_ATOMIC_ROWS, blocks]);
+            let args: Vec<KernelArg> = dv
+                .iter()
+                .chain(&dt)
+                .chain([&dold])
+                .map(KernelArg::Tensor)
+                .collect();
+            dev.launch(&scalar_atomics, &(), [blocks as u32, 1, 1], &args)
+                .expect("launch");
+            let fin = [down(&dt[0]), down(&dt[1]), down(&dt[2])];
+            let what = format!("{} blocks={blocks} KILN_SEED={}", dev.target(), rng.seed());
+            check_scalar_atomics(&what, &v, &init, &fin, &down(&dold));
+        }
+        for n in [1usize, 4097, 1_000_000] {
+            let blocks = n.div_ceil(SUM_BLOCK);
+            let x = tensor(&mut rng, &[n], DType::F32, Dist::Normal);
+            let (dx, partial, total, tickets) = (
+                up(&dev, &x),
+                poisoned_on(&dev, DType::F32, &[blocks]),
+                poisoned_on(&dev, DType::F32, &[1]),
+                poisoned_on(&dev, DType::I32, &[blocks]),
+            );
+            let counter = up(&dev, &HostTensor::full(&[1], DType::I32, 0.0));
+            for launch in 0..2 {
+                let args = [&dx, &partial, &counter, &total, &tickets].map(KernelArg::Tensor);
+                dev.launch(&last_block_sum, &(), [blocks as u32, 1, 1], &args)
+                    .expect("launch");
+                let what = format!(
+                    "{} last_block_sum n={n} launch {launch} KILN_SEED={}",
+                    dev.target(),
+                    rng.seed()
+                );
+                let xs = x.to_f64_vec();
+                let want: f64 = xs.iter().sum();
+                // f32 rounding along the longest chain of additions: the block's tree over
+                // 256 elements, the last block's tree over a chunk of 256 partials, and its
+                // running sum over the chunks, each addition off by 2^-24 of the magnitudes.
+                let depth = 18.0 + blocks.div_ceil(SUM_BLOCK) as f64;
+                let scale: f64 = xs.iter().map(|v| v.abs()).sum::<f64>() * depth * 2f64.powi(-24);
+                let got = down(&total).to_f64_vec()[0];
+                assert!(
+                    (got - want).abs() <= scale.max(1e-30),
+                    "{what}: total {got}, want {want}"
+                );
+                let mut t = i32s(&down(&tickets));
+                t.sort_unstable();
+                assert_eq!(t, (0..blocks as i32).collect::<Vec<_>>(), "{what}: tickets");
+                assert_eq!(i32s(&down(&counter)), [0], "{what}: counter reset");
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         (
@@ -658,6 +723,11 @@ fn main() -> ExitCode {
             "gpu_masked_loads_and_stores_and_element_gathers",
             Needs::Gpu,
             gpu_masked_loads_and_stores_and_element_gathers,
+        ),
+        (
+            "gpu_scalar_atomics_apply_once_per_block",
+            Needs::Gpu,
+            gpu_scalar_atomics_apply_once_per_block,
         ),
     ])
 }

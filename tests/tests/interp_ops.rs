@@ -223,19 +223,34 @@ fn erf64(x: f64) -> f64 {
     (std::f64::consts::FRAC_2_SQRT_PI * (-a * a).exp() * sum).copysign(x)
 }
 
-/// `|got - want|` in units of the f32 spacing at `want`.
+/// `|got - want|` in units of the f32 spacing at `want`: 0 where both are the same infinity
+/// or both NaN.
 fn ulps(got: f32, want: f64) -> f64 {
+    if (want.is_nan() && got.is_nan()) || (want.is_infinite() && f64::from(got) == want) {
+        return 0.0;
+    }
     let w = (want as f32).abs();
     let spacing = f64::from(f32::from_bits(w.to_bits() + 1) - w).max(1e-45);
     (f64::from(got) - want).abs() / spacing
 }
 
+/// The f64 references of [`transcendentals`]' rows.
+const MATH_REFS: [fn(f64) -> f64; MATH_ROWS] = [
+    f64::sin,
+    f64::cos,
+    f64::tanh,
+    erf64,
+    |v| 1.0 / (1.0 + (-v).exp()),
+    f64::log2,
+    |v| v.abs().ln(),
+];
+
 #[test]
 fn transcendentals_are_within_an_ulp_of_f64() {
     let mut rng = Rng::from_env();
     let ct = TranscendentalsComptime { BLOCK: 256 };
-    // Magnitudes from 1e-6 to 1e30 (sin and cos reduce exactly at every one of them).
-    let scales = [1e-6, 1.0, 10.0, 1e4, 1e12, 1e30];
+    // Magnitudes from subnormal to 1e30 (sin and cos reduce exactly at every one of them).
+    let scales = [1e-40, 1e-6, 1.0, 10.0, 1e4, 1e12, 1e30];
     for n in LENGTHS {
         for dist in Dist::ALL {
             for scale in scales {
@@ -249,12 +264,8 @@ fn transcendentals_are_within_an_ulp_of_f64() {
                 transcendentals
                     .interpret(&ct, grid(n, 256), &x, &mut y)
                     .unwrap();
-                let refs: [fn(f64) -> f64; MATH_ROWS] =
-                    [f64::sin, f64::cos, f64::tanh, erf64, |v| {
-                        1.0 / (1.0 + (-v).exp())
-                    }];
                 for (i, &v) in f32s(&x).iter().enumerate() {
-                    for (row, f) in refs.iter().enumerate() {
+                    for (row, f) in MATH_REFS.iter().enumerate() {
                         let (got, want) = (f32s(&y)[row * n + i], f(f64::from(v)));
                         assert!(
                             ulps(got, want) <= 1.0,
@@ -490,7 +501,18 @@ fn misuse_is_a_diagnostic_at_the_users_line() {
         let v = x.tile([256], [0]).load();
         y.tile([256], [0]).store(v.bitcast::<bf16>().cast::<f32>());
     }
-    let cases: [(&dyn KernelDef<Comptime = ()>, &str); 7] = [
+    #[kernel(grid = [256, 1, 1])]
+    fn take_of_other_rank(x: Tensor<f32, 1>, y: TensorMut<f32, 1>) {
+        let v = x.tile([256], [0]).load();
+        let idx = iota([2, 256], 1);
+        y.tile([256], [0]).store(v.take(0, &idx));
+    }
+    #[kernel(grid = [256, 1, 1])]
+    fn take_of_float_indices(x: Tensor<f32, 1>, y: TensorMut<f32, 1>) {
+        let v = x.tile([256], [0]).load();
+        y.tile([256], [0]).store(v.take(0, &v));
+    }
+    let cases: [(&dyn KernelDef<Comptime = ()>, &str); 9] = [
         (&signed_umulhi, "`umulhi` takes u32 operands, found i32"),
         (&tile_seed, "the seed of `randint` must be a scalar"),
         (
@@ -501,6 +523,11 @@ fn misuse_is_a_diagnostic_at_the_users_line() {
         (&int_sin, "`sin` is not defined on i32"),
         (&float_shift, "`shl` is not defined on f32"),
         (&wide_bitcast, "cannot bitcast f32 to bf16"),
+        (
+            &take_of_other_rank,
+            "needs indices of the same rank and extents but along 0",
+        ),
+        (&take_of_float_indices, "the indices of `take` are rt<f32"),
     ];
     for (def, want) in cases {
         let err = match def.build(&Spec::uniform((), def.signature(), false)) {
@@ -517,7 +544,7 @@ fn misuse_is_a_diagnostic_at_the_users_line() {
 }
 
 /// Values at the edges of f32 and of each function's ranges.
-pub const SPECIAL: [f32; 16] = [
+pub const SPECIAL: [f32; 21] = [
     0.0,
     -0.0,
     f32::INFINITY,
@@ -534,6 +561,12 @@ pub const SPECIAL: [f32; 16] = [
     4.0,
     -110.5,
     1.0 / 4096.0,
+    // The logarithms' split points, and next to 1 where their results are tiny.
+    std::f32::consts::FRAC_1_SQRT_2,
+    std::f32::consts::SQRT_2,
+    1.000_000_1,
+    0.999_999_94,
+    -1e-45,
 ];
 
 #[test]
@@ -545,11 +578,8 @@ fn transcendentals_at_special_values() {
     transcendentals
         .interpret(&ct, [1, 1, 1], &x, &mut y)
         .unwrap();
-    let refs: [fn(f64) -> f64; MATH_ROWS] = [f64::sin, f64::cos, f64::tanh, erf64, |v| {
-        1.0 / (1.0 + (-v).exp())
-    }];
     for (i, &v) in SPECIAL.iter().enumerate() {
-        for (row, f) in refs.iter().enumerate() {
+        for (row, f) in MATH_REFS.iter().enumerate() {
             let (got, want) = (f32s(&y)[row * n + i], f(f64::from(v)));
             if want.is_nan() {
                 assert!(got.is_nan(), "row {row} at {v:e}: {got:e}, want NaN");
@@ -601,6 +631,93 @@ fn rust_integer_seeds_are_64_bit_keys() {
                 "seed row {row}, offset {o} (KILN_SEED={})",
                 rng.seed()
             );
+        }
+    }
+}
+
+#[test]
+fn take_gathers_inside_the_tile_along_each_dimension() {
+    let mut rng = Rng::from_env();
+    for c in [
+        TakesComptime {
+            R: 32,
+            C: 64,
+            K: 16,
+        },
+        TakesComptime {
+            R: 64,
+            C: 32,
+            K: 128,
+        },
+    ] {
+        for blocks in [1, 3] {
+            let inputs = take_inputs(&mut rng, &c, blocks);
+            let (r, cc, k) = (c.R, c.C, c.K);
+            let mut y0 = poisoned(&[blocks * k, cc], DType::F32);
+            let mut y1 = poisoned(&[blocks * r, k], DType::F32);
+            let mut yv = poisoned(&[inputs[3].shape[0]], DType::Bf16);
+            let [x, i0, i1, v, order] = &inputs;
+            takes
+                .interpret(
+                    &c,
+                    [blocks as u32, 1, 1],
+                    x,
+                    i0,
+                    i1,
+                    v,
+                    order,
+                    &mut y0,
+                    &mut y1,
+                    &mut yv,
+                )
+                .unwrap();
+            let want = take_reference(&c, blocks, &inputs);
+            let ctx = format!(
+                "R={r} C={cc} K={k} blocks={blocks} KILN_SEED={}",
+                rng.seed()
+            );
+            for (name, got, want) in [
+                ("y0", &y0, &want[0]),
+                ("y1", &y1, &want[1]),
+                ("yv", &yv, &want[2]),
+            ] {
+                assert_eq!(&got.to_f64_vec(), want, "{name}: {ctx}");
+            }
+        }
+    }
+}
+
+/// Each block's keys and values sorted by key, stably, on the host.
+fn sorted_blocks(keys: &[i32], vals: &[f32], n: usize) -> (Vec<i32>, Vec<f32>) {
+    let (mut sk, mut sv) = (Vec::new(), Vec::new());
+    for (kc, vc) in keys.chunks(n).zip(vals.chunks(n)) {
+        let mut pairs: Vec<(i32, f32)> = kc.iter().copied().zip(vc.iter().copied()).collect();
+        pairs.sort_by_key(|p| p.0);
+        sk.extend(pairs.iter().map(|p| p.0));
+        sv.extend(pairs.iter().map(|p| p.1));
+    }
+    (sk, sv)
+}
+
+#[test]
+fn a_tile_sorts_by_key_with_take() {
+    let mut rng = Rng::from_env();
+    for n in [64, 128] {
+        let c = SortByKeyComptime { N: n };
+        for len in [1, n - 3, 5 * n + 7] {
+            // Few distinct keys (experts), so ties are common and stability matters.
+            let keys = HostTensor::from_fn(&[len], DType::I32, |_| rng.uniform(0.0, 8.0).floor());
+            let vals = tensor(&mut rng, &[len], DType::F32, Dist::Normal);
+            let mut sk = poisoned(&[len], DType::I32);
+            let mut sv = poisoned(&[len], DType::F32);
+            let grid = [len.div_ceil(n) as u32, 1, 1];
+            sort_by_key
+                .interpret(&c, grid, &keys, &vals, &mut sk, &mut sv)
+                .unwrap();
+            let (wk, wv) = sorted_blocks(i32s(&keys), f32s(&vals), n);
+            let ctx = format!("N={n} len={len} KILN_SEED={}", rng.seed());
+            assert_eq!(i32s(&sk), &wk[..], "keys: {ctx}");
+            assert_eq!(f32s(&sv), &wv[..], "values: {ctx}");
         }
     }
 }

@@ -31,7 +31,7 @@ fn histogram_counts_every_in_range_value_exactly() {
             let grid = [cdiv(n, HIST_BLOCK), 1, 1];
             run_def(
                 &histogram,
-                &(),
+                &HIST,
                 grid,
                 &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut h)],
             )
@@ -514,7 +514,7 @@ fn memory_ops_print_their_addressing() {
         "{line}"
     );
     let k = histogram
-        .build(&Spec::uniform((), histogram.signature(), true))
+        .build(&Spec::uniform(HIST, histogram.signature(), true))
         .unwrap();
     let text = kiln::ir::print::print_kernel(&k);
     assert!(text.contains("atomic.add.relaxed.gpu hist[idx %"), "{text}");
@@ -715,4 +715,81 @@ fn scheduled_gemms_with_memory_ops_match_the_reference() {
     };
     let want = gathered_gemm_ref(&a, &i32s(&idx), &b);
     assert_close(&case, &c, &want, tolerance(DType::F32) * 10.0);
+}
+
+#[test]
+fn scalar_atomics_apply_once_per_block_and_return_the_old_value() {
+    let mut rng = Rng::from_env();
+    for blocks in [1, 7, 100] {
+        let v = scalar_atomic_inputs(&mut rng, blocks);
+        let init = scalar_atomic_targets(&mut rng);
+        let mut fin = init.clone();
+        let mut old = poisoned(&[SCALAR_ATOMIC_ROWS, blocks], DType::F32);
+        let [ai, af, ah] = &mut fin;
+        let mut args = [
+            HostArg::Tensor(&v[0]),
+            HostArg::Tensor(&v[1]),
+            HostArg::Tensor(&v[2]),
+            HostArg::TensorMut(ai),
+            HostArg::TensorMut(af),
+            HostArg::TensorMut(ah),
+            HostArg::TensorMut(&mut old),
+        ];
+        run_def(&scalar_atomics, &(), [blocks as u32, 1, 1], &mut args).unwrap();
+        let what = format!("blocks={blocks} KILN_SEED={}", rng.seed());
+        check_scalar_atomics(&what, &v, &init, &fin, &old);
+        // The interpreter runs the blocks in order: block 0 reads the initial values.
+        let olds = old.to_f64_vec();
+        let ii = init[0].to_f64_vec();
+        assert_eq!(olds[0], ii[0], "{what}");
+        assert_eq!(olds[4 * blocks], 0.0, "{what}: block 0 wins the cas");
+    }
+}
+
+#[test]
+fn the_last_block_to_draw_a_ticket_sums_the_partials() {
+    let mut rng = Rng::from_env();
+    for n in [1usize, 255, 4097, 100_000] {
+        for dist in [Dist::Uniform, Dist::Normal] {
+            let blocks = n.div_ceil(SUM_BLOCK);
+            let x = tensor(&mut rng, &[n], DType::F32, dist);
+            let mut partial = poisoned(&[blocks], DType::F32);
+            let mut counter = HostTensor::full(&[1], DType::I32, 0.0);
+            let mut total = poisoned(&[1], DType::F32);
+            let mut tickets = poisoned(&[blocks], DType::I32);
+            // Twice: the last block resets the counter for the next launch.
+            for launch in 0..2 {
+                let mut args = [
+                    HostArg::Tensor(&x),
+                    HostArg::TensorMut(&mut partial),
+                    HostArg::TensorMut(&mut counter),
+                    HostArg::TensorMut(&mut total),
+                    HostArg::TensorMut(&mut tickets),
+                ];
+                run_def(&last_block_sum, &(), [blocks as u32, 1, 1], &mut args).unwrap();
+                let case = Case {
+                    kernel: format!("last_block_sum launch {launch}"),
+                    shape: format!("n={n}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                let xs = x.to_f64_vec();
+                let want: f64 = xs.iter().sum();
+                // f32 rounding along the longest chain of additions: the block's tree over
+                // 256 elements, the last block's tree over a chunk of 256 partials, and its
+                // running sum over the chunks, each addition off by 2^-24 of the magnitudes.
+                let depth = 18.0 + blocks.div_ceil(SUM_BLOCK) as f64;
+                let scale: f64 = xs.iter().map(|v| v.abs()).sum::<f64>() * depth * 2f64.powi(-24);
+                let got = total.to_f64_vec()[0];
+                assert!(
+                    (got - want).abs() <= scale.max(1e-30),
+                    "{case}: total {got}, want {want}"
+                );
+                let mut t = i32s(&tickets);
+                t.sort_unstable();
+                assert_eq!(t, (0..blocks as i32).collect::<Vec<_>>(), "{case}: tickets");
+                assert_eq!(i32s(&counter), [0], "{case}: the counter is reset");
+            }
+        }
+    }
 }

@@ -58,7 +58,7 @@ fn mem(dtype: DType) -> &'static str {
 
 #[test]
 fn histogram_is_a_reduction_without_result() {
-    let k = build(&histogram, ());
+    let k = build(&histogram, HIST);
     for t in TARGETS {
         let p = ptx(&k, t, "histogram");
         assert!(p.contains("red.relaxed.gpu.global.add.s32"), "{t}:\n{p}");
@@ -224,4 +224,101 @@ fn gathered_rows_feed_mma_from_registers() {
             "{t}"
         );
     }
+}
+
+#[test]
+fn scalar_atomics_are_one_thread_s_atomic_between_barriers() {
+    let k = build(&last_block_sum, ());
+    for t in TARGETS {
+        let p = ptx(&k, t, "last_block_sum");
+        // The ticket: acq_rel, applied by thread 0 and read back by every thread.
+        assert!(p.contains("atom.acq_rel.gpu.global.add.s32"), "{t}:\n{p}");
+        assert!(
+            p.contains("st.shared.b32") && p.contains("ld.shared.b32"),
+            "{t}"
+        );
+        // The reset's old value is unused: no result, no broadcast.
+        assert!(p.contains("atom.relaxed.gpu.global.exch.b32"), "{t}");
+    }
+    let k = build(&scalar_atomics, ());
+    for t in TARGETS {
+        // sm_80's 16-bit compare-and-swap loop may keep a value on the stack (see
+        // `ptx_spilling`).
+        let p = ptx_spilling(&k, t, "scalar_atomics", 8);
+        for form in [
+            "atom.relaxed.gpu.global.add.s32",
+            "atom.relaxed.gpu.global.max.s32",
+            "atom.relaxed.gpu.global.min.s32",
+            "atom.relaxed.gpu.global.exch.b32",
+            "atom.relaxed.gpu.global.cas.b32",
+            "atom.relaxed.gpu.global.add.f32",
+            "atom.relaxed.gpu.global.cas.b16",
+        ] {
+            assert!(p.contains(form), "{t}: no {form}");
+        }
+        // One barrier before each of the nine atomics and one before each broadcast.
+        let barriers = p.lines().filter(|l| l.trim() == "bar.sync 0;").count();
+        assert!(barriers >= 17, "{t}: {barriers} barriers");
+    }
+}
+
+/// A scalar atomic with a mask or a tile value is diagnosed at the user's line.
+#[kernel(num_warps = 4)]
+fn scalar_atomic_misuse(x: Tensor<i32, 1>, c: TensorMut<i32, 1>) {
+    let v = x.tile([128], [0]).load();
+    c.at([0]).atomic_add(v);
+}
+
+#[test]
+fn a_scalar_atomic_of_a_tile_is_diagnosed_at_its_line() {
+    let err = scalar_atomic_misuse
+        .build(&Spec::uniform((), scalar_atomic_misuse.signature(), true))
+        .expect_err("a tile value");
+    let src = include_str!("memory_ops_ptx.rs");
+    let line = src
+        .lines()
+        .position(|l| l.contains("c.at([0]).atomic_add(v);"))
+        .expect("line") as u32
+        + 1;
+    assert_eq!(err.loc.line, line, "{err}");
+    assert!(
+        err.message.contains("scalar atomic takes scalar values"),
+        "{err}"
+    );
+}
+
+/// Split-K with a completion counter: on sm_90a the GEMM loop is warp-specialised, whose
+/// roles share no block-wide barrier for a once-per-block atomic.
+#[kernel(num_warps = 4)]
+fn splitk_with_counter(
+    a: Tensor<bf16, 2>,
+    b: Tensor<bf16, 2>,
+    c: TensorMut<f32, 2>,
+    done: TensorMut<i32, 1>,
+) {
+    let (mb, nb) = (block_id().x, block_id().y);
+    let mut acc = zeros::<f32>([128, 128]);
+    for kb in pipelined(0..cdiv(a.dim(1), 64), stages = 2) {
+        let x = a.tile([128, 64], [mb * 128, kb * 64]).load();
+        let y = b.tile([64, 128], [kb * 64, nb * 128]).load();
+        acc = mma_acc(&x, &y, &acc);
+    }
+    c.tile([128, 128], [mb * 128, nb * 128]).atomic_add(acc);
+    done.at([0]).atomic_add(1);
+}
+
+#[test]
+fn a_scalar_atomic_in_a_warp_specialised_kernel_is_diagnosed_at_its_line() {
+    let k = build(&splitk_with_counter, ());
+    // sm_80 has the block-wide barrier it needs.
+    ptx(&k, Target::Sm80, "splitk_with_counter");
+    let err = kiln::ptx::compile(&k, Target::Sm90a).expect_err("no block-wide barrier");
+    let d = err.diagnostic();
+    let line = include_str!("memory_ops_ptx.rs")
+        .lines()
+        .position(|l| l.contains("done.at([0]).atomic_add(1);"))
+        .expect("line") as u32
+        + 1;
+    assert_eq!(d.loc.line, line, "{err}");
+    assert!(d.message.contains("scalar atomic"), "{err}");
 }

@@ -36,6 +36,32 @@ fn kernels() -> Vec<(&'static str, Kernel)> {
         ("i32_ops", build(&i32_ops, I32OpsComptime { BLOCK: 256 })),
         ("casts", build(&casts, CastsComptime { BLOCK: 256 })),
         ("dropout", build(&dropout, DropoutComptime { BLOCK: 1024 })),
+        (
+            "takes",
+            build(
+                &takes,
+                TakesComptime {
+                    R: 32,
+                    C: 64,
+                    K: 16,
+                },
+            ),
+        ),
+        (
+            "sort_by_key",
+            build(&sort_by_key, SortByKeyComptime { N: 64 }),
+        ),
+        (
+            "takes 64x32",
+            build(
+                &takes,
+                TakesComptime {
+                    R: 64,
+                    C: 32,
+                    K: 128,
+                },
+            ),
+        ),
     ]
 }
 
@@ -95,6 +121,8 @@ fn transcendentals_are_branch_free_f64_sequences() {
     let ptx = kiln::ptx::compile(&k, Target::Sm80).unwrap().ptx;
     assert!(ptx.contains(".const .align 4 .b32 kiln_two_over_pi[9]"));
     assert!(!ptx.contains("sin.approx") && !ptx.contains("cos.approx"));
+    // The logarithms are f64 sequences too: lg2.approx's error near 1 is absolute.
+    assert!(!ptx.contains("lg2.approx"), "{ptx}");
     // The kernel has no control flow of its own and the functions add none: the only
     // branches are the vector accesses' warp-uniform ones (fast path or edge).
     let divergent = ptx

@@ -27,7 +27,7 @@ use crate::types::{Class, Reg, mem_ty};
 
 /// How one atomic element is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum AtomicForm {
+pub(super) enum AtomicForm {
     /// One `atom` (or `red`) instruction of this PTX type.
     Native(&'static str),
     /// A `atom.cas.b32` loop on the element (32-bit elements without the operation).
@@ -38,7 +38,7 @@ enum AtomicForm {
 
 /// The instruction form of atomic `op` on `dtype` elements; `None` if the IR
 /// does not allow it (the verifier rejects it first). A new dtype is one more arm.
-fn atomic_form(op: AtomicOp, dtype: DType) -> Option<AtomicForm> {
+pub(super) fn atomic_form(op: AtomicOp, dtype: DType) -> Option<AtomicForm> {
     use AtomicForm::*;
     Some(match (dtype, op) {
         (DType::I32, AtomicOp::Add | AtomicOp::Max | AtomicOp::Min) => Native("s32"),
@@ -62,14 +62,14 @@ fn order(sem: MemSem, scope: MemScope) -> String {
 }
 
 /// Where the accessed tile's elements are, per register of its layout.
-struct Element {
+pub(super) struct Element {
     /// The global address (`.b64`) of the element, less `imm` bytes.
-    addr: Reg,
+    pub(super) addr: Reg,
     /// A constant byte offset: the element's offset along the contiguous dimension, so the
     /// elements of one row share their address register.
-    imm: u32,
+    pub(super) imm: u32,
     /// Whether it is accessed (inside the tensor, mask on, and for atomics owned).
-    on: Reg,
+    pub(super) on: Reg,
 }
 
 impl Element {
@@ -762,7 +762,7 @@ impl Emitter<'_> {
 
     /// One atomic element: returns the register holding the value read (0 where skipped).
     #[allow(clippy::too_many_arguments)]
-    fn atomic_element(
+    pub(super) fn atomic_element(
         &mut self,
         op: AtomicOp,
         form: AtomicForm,

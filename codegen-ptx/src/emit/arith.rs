@@ -289,12 +289,17 @@ impl Emitter<'_> {
                 self.ins(format!("mul.f32 {t}, {xf}, {}", f32_imm(LOG2_E)));
                 self.ins(format!("ex2.approx.ftz.f32 {d}, {t}"));
             }
-            UnaryOp::Log2 => self.ins(format!("lg2.approx.f32 {d}, {xf}")),
             UnaryOp::Abs => self.ins(format!("abs.f32 {d}, {xf}")),
             UnaryOp::Sqrt => self.ins(format!("sqrt.rn.f32 {d}, {xf}")),
             UnaryOp::Rsqrt => self.ins(format!("rsqrt.approx.f32 {d}, {xf}")),
             UnaryOp::Recip => self.ins(format!("rcp.rn.f32 {d}, {xf}")),
-            UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Tanh | UnaryOp::Erf | UnaryOp::Sigmoid => {
+            UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Tanh
+            | UnaryOp::Erf
+            | UnaryOp::Sigmoid
+            | UnaryOp::Log2
+            | UnaryOp::Log => {
                 let y = self.transcendental(u, xf);
                 return Ok(self.narrow(y, dtype));
             }

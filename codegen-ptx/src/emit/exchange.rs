@@ -15,7 +15,7 @@ use crate::error::CodegenError;
 use crate::types::{Class, Reg};
 
 /// Bytes an element takes in the scratch region.
-fn scratch_bytes(dtype: DType) -> u32 {
+pub(super) fn scratch_bytes(dtype: DType) -> u32 {
     dtype.size_bytes() as u32
 }
 
@@ -129,7 +129,7 @@ impl Emitter<'_> {
 
     /// A shared address: the scratch region's start plus `esize` times this thread's
     /// row-major element index (its thread terms only; registers add their offsets).
-    fn element_address(
+    pub(super) fn element_address(
         &mut self,
         d: &Distribution,
         strides: &[u32],
@@ -154,7 +154,7 @@ impl Emitter<'_> {
         addr
     }
 
-    fn store_scratch(&mut self, dtype: DType, base: Reg, at: u32, e: Reg) {
+    pub(super) fn store_scratch(&mut self, dtype: DType, base: Reg, at: u32, e: Reg) {
         match dtype {
             DType::Bool => {
                 let b = self.new_reg(Class::B32);
@@ -184,7 +184,7 @@ impl Emitter<'_> {
 }
 
 /// Row-major strides, in elements, of tile `v`'s shape.
-fn row_major_strides(
+pub(super) fn row_major_strides(
     k: &kiln_ir::Kernel,
     v: ValueId,
     at: OpId,
@@ -203,6 +203,6 @@ fn row_major_strides(
 }
 
 /// The row-major index of the element at `offs`.
-fn linear(offs: &[u32], strides: &[u32]) -> u32 {
+pub(super) fn linear(offs: &[u32], strides: &[u32]) -> u32 {
     offs.iter().zip(strides).map(|(o, s)| o * s).sum()
 }

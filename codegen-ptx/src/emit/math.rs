@@ -38,6 +38,8 @@ impl Emitter<'_> {
             UnaryOp::Cos => self.sin_quadrant(x, 1),
             UnaryOp::Tanh => self.tanh(x),
             UnaryOp::Sigmoid => self.sigmoid(x),
+            UnaryOp::Log2 => self.log(x, true),
+            UnaryOp::Log => self.log(x, false),
             _ => self.erf(x),
         }
     }
@@ -222,6 +224,51 @@ impl Emitter<'_> {
         // NaN in, the same NaN out (a conversion would choose its own bits).
         let nan = self.setp("nan.f32", x, x);
         self.ins(format!("selp.f32 {out}, {x}, {out}, {nan}"));
+        out
+    }
+
+    /// `log2(x)` (`base2`) or `ln(x)` ([`math::log2`], [`math::log`]).
+    fn log(&mut self, x: Reg, base2: bool) -> Reg {
+        let xd = self.f64_op("cvt.f64.f32", &[&x]);
+        let [bits, t, k, kk, mb] = self.new_regs(Class::B64);
+        self.ins(format!("mov.b64 {bits}, {xd}"));
+        self.ins(format!(
+            "sub.s64 {t}, {bits}, {}",
+            math::LOG_SPLIT_BITS as i64
+        ));
+        self.ins(format!("shr.s64 {k}, {t}, 52"));
+        self.ins(format!("shl.b64 {kk}, {k}, 52"));
+        self.ins(format!("sub.s64 {mb}, {bits}, {kk}"));
+        let m = self.f64_op("mov.b64", &[&mb]);
+        let num = self.f64_op("sub.rn.f64", &[&m, &f64_imm(1.0)]);
+        let den = self.f64_op("add.rn.f64", &[&m, &f64_imm(1.0)]);
+        let s = self.f64_op("div.rn.f64", &[&num, &den]);
+        let s2 = self.f64_op("mul.rn.f64", &[&s, &s]);
+        let p = self.horner(&math::log_coeffs(), s2);
+        let twos = self.f64_op("add.rn.f64", &[&s, &s]);
+        let lnm = self.f64_op("mul.rn.f64", &[&twos, &p]);
+        let kf = self.f64_op("cvt.rn.f64.s64", &[&k]);
+        let v = if base2 {
+            let l2e = f64_imm(std::f64::consts::LOG2_E);
+            self.f64_op("fma.rn.f64", &[&lnm, &l2e, &kf])
+        } else {
+            let ln2 = f64_imm(std::f64::consts::LN_2);
+            self.f64_op("fma.rn.f64", &[&kf, &ln2, &lnm])
+        };
+        let out = self.new_reg(Class::F32);
+        self.ins(format!("cvt.rn.f32.f64 {out}, {v}"));
+        // IEEE's answers off the positive finite numbers, in [`math::log_special`]'s order
+        // (last select wins).
+        let inf = self.setp("eq.f32", x, format!("0f{:08X}", f32::INFINITY.to_bits()));
+        self.ins(format!("selp.f32 {out}, {x}, {out}, {inf}"));
+        let zero = self.setp("eq.f32", x, f32_imm(0.0));
+        let ninf = f32::NEG_INFINITY.to_bits();
+        self.ins(format!("selp.f32 {out}, 0f{ninf:08X}, {out}, {zero}"));
+        let neg = self.setp("lt.f32", x, f32_imm(0.0));
+        let nan = f32::NAN.to_bits();
+        self.ins(format!("selp.f32 {out}, 0f{nan:08X}, {out}, {neg}"));
+        let isnan = self.setp("nan.f32", x, x);
+        self.ins(format!("selp.f32 {out}, {x}, {out}, {isnan}"));
         out
     }
 

@@ -196,7 +196,7 @@ impl Emitter<'_> {
         Ok(out)
     }
 
-    fn coord_regs(&self, id: OpId, n: usize) -> Result<Vec<Reg>, CodegenError> {
+    pub(super) fn coord_regs(&self, id: OpId, n: usize) -> Result<Vec<Reg>, CodegenError> {
         self.k.ops[id].operands[..n]
             .iter()
             .map(|&c| self.scalar(c, id))

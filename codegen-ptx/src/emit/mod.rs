@@ -30,8 +30,10 @@ mod memory;
 mod mma;
 mod params;
 mod print;
+mod scalar_atomic;
 mod stage;
 mod sync;
+mod take;
 mod values;
 mod vector;
 
@@ -397,6 +399,7 @@ impl<'k> Emitter<'k> {
             }
             OpKind::Reduce { op: rop, dim } => self.write_reduce(id, *rop, *dim)?,
             OpKind::Convert => self.write_convert(id)?,
+            OpKind::Take { dim } => self.write_take(id, *dim)?,
             OpKind::Mma => {
                 if !lower.mma(self, id)? {
                     self.write_mma(id)?;
@@ -404,6 +407,7 @@ impl<'k> Emitter<'k> {
             }
             OpKind::Load { .. } => self.write_load(id)?,
             OpKind::LoadScalar { .. } => self.write_load_scalar(id)?,
+            OpKind::ScalarAtomic { .. } => self.write_scalar_atomic(id)?,
             OpKind::Store { .. } => {
                 if !lower.store(self, id)? {
                     self.write_store(id)?;

@@ -169,6 +169,7 @@ fn scalar_only(k: &Kernel, op: OpId) -> bool {
             | OpKind::Gather { .. }
             | OpKind::Scatter { .. }
             | OpKind::Atomic { .. }
+            | OpKind::ScalarAtomic { .. }
             | OpKind::Print { .. }
             | OpKind::Mma
     );

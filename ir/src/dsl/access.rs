@@ -1,8 +1,9 @@
 //! Addressed memory accesses on a [`TileView`]: masked loads with a fill value and masked
 //! stores, gathers and scatters through index tiles ([`TileView::index`],
 //! [`Tensor::rows`], [`Tensor::elems`]), and atomics ([`TileView::atomic_add`] and the
-//! others, [`TileView::atomic`] with [`AtomicOpts`]). They build
-//! [`OpKind::Gather`], [`OpKind::Scatter`] and [`OpKind::Atomic`].
+//! others, [`TileView::atomic`] with [`AtomicOpts`]), and scalar atomics on one element
+//! ([`Tensor::at`], [`ElementView`]). They build [`OpKind::Gather`], [`OpKind::Scatter`],
+//! [`OpKind::Atomic`] and [`OpKind::ScalarAtomic`].
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Access, Addr, AtomicOp, Loc, MemScope, MemSem, OpKind};
@@ -430,6 +431,175 @@ impl TileView {
         self.atomic_at(
             AtomicOp::Cas,
             values.into_operand(),
+            compare,
+            AtomicOpts::new(),
+            loc,
+        )
+    }
+}
+
+/// One element of a tensor addressed by scalar coordinates ([`Tensor::at`]): the target of a
+/// scalar atomic, which the block applies once (see [`ElementView::atomic`]).
+#[derive(Clone, Debug)]
+pub struct ElementView {
+    tensor: Tensor,
+    /// Empty after a coordinate diagnostic.
+    coords: Vec<Value>,
+}
+
+impl Tensor {
+    /// The element at `coords` (one scalar i32 per tensor dimension), for a scalar atomic:
+    /// `let done = counter.at([0]).atomic_add(1);`.
+    #[track_caller]
+    pub fn at<const C: usize>(self, coords: [super::Index; C]) -> ElementView {
+        let coords = self.coords(&coords, Loc::caller()).unwrap_or_default();
+        ElementView {
+            tensor: self,
+            coords,
+        }
+    }
+}
+
+impl ElementView {
+    /// `op` applied atomically with the scalar `value` (for `cas`, when the element equals
+    /// `compare` bitwise) to the element, with the ordering and scope of `opts`; returns the
+    /// value it read (0, and nothing applied, where the coordinates are outside the tensor).
+    ///
+    /// A scalar is the block's, so the block applies the atomic **once**, not once per
+    /// thread: every thread of the block first finishes its earlier memory accesses, one
+    /// thread applies the atomic, and every thread receives the old value. With
+    /// [`MemSem::Release`] (or `AcqRel`) the block's earlier writes are therefore visible to
+    /// whoever acquires the element after it, and with [`MemSem::Acquire`] what the block
+    /// reads afterwards sees what was released before: the "last block finishes the
+    /// reduction" pattern, `if counter.at([0]).atomic(AtomicOp::Add, 1, None, acq_rel) ==
+    /// grid_dim().x - 1 { .. }`. `opts` takes no mask: put the atomic under a runtime `if`
+    /// (whose scalar condition is the same in every thread) instead.
+    #[track_caller]
+    pub fn atomic(
+        self,
+        op: AtomicOp,
+        value: impl IntoOperand,
+        compare: Option<Value>,
+        opts: AtomicOpts,
+    ) -> Value {
+        self.atomic_at(op, value.into_operand(), compare, opts, Loc::caller())
+    }
+
+    fn atomic_at(
+        self,
+        op: AtomicOp,
+        value: value::Operand,
+        compare: Option<Value>,
+        opts: AtomicOpts,
+        loc: Loc,
+    ) -> Value {
+        if (op == AtomicOp::Cas) != compare.is_some() {
+            return value::fail(Diagnostic::new(
+                loc,
+                "a compare operand is taken by `atomic_cas`, and only by it",
+            ));
+        }
+        if opts.mask.is_some() {
+            return value::fail(
+                Diagnostic::new(loc, "a scalar atomic takes no mask")
+                    .note("put it under a runtime `if` on the condition instead"),
+            );
+        }
+        if self.coords.is_empty() && self.tensor.rank > 0 {
+            return Value::POISON;
+        }
+        let dtype =
+            context::with(|b| Ok(b.params().get(self.tensor.index).map(|p| p.dtype()))).flatten();
+        let v = value.place(dtype, loc);
+        for s in compare.iter().chain([&v]) {
+            if let Some(ty) = s.ty()
+                && ty.shape().is_some()
+            {
+                return value::fail(
+                    Diagnostic::new(
+                        loc,
+                        format!("a scalar atomic takes scalar values, found a {ty} tile"),
+                    )
+                    .note("an atomic on a tile's elements is `tensor.tile(..).atomic_add(..)`"),
+                );
+            }
+        }
+        let mut operands = self.coords;
+        operands.extend(compare);
+        operands.push(v);
+        let kind = OpKind::ScalarAtomic {
+            tensor: self.tensor.index,
+            op,
+            sem: opts.sem,
+            scope: opts.scope,
+        };
+        value::emit(kind, &operands, loc)
+    }
+
+    /// Atomically adds the scalar `value` to the element, once per block; returns the old
+    /// value (see [`ElementView::atomic`]).
+    #[track_caller]
+    pub fn atomic_add(self, value: impl IntoOperand) -> Value {
+        let loc = Loc::caller();
+        self.atomic_at(
+            AtomicOp::Add,
+            value.into_operand(),
+            None,
+            AtomicOpts::new(),
+            loc,
+        )
+    }
+
+    /// Atomic maximum, once per block; returns the old value.
+    #[track_caller]
+    pub fn atomic_max(self, value: impl IntoOperand) -> Value {
+        let loc = Loc::caller();
+        self.atomic_at(
+            AtomicOp::Max,
+            value.into_operand(),
+            None,
+            AtomicOpts::new(),
+            loc,
+        )
+    }
+
+    /// Atomic minimum, once per block; returns the old value.
+    #[track_caller]
+    pub fn atomic_min(self, value: impl IntoOperand) -> Value {
+        let loc = Loc::caller();
+        self.atomic_at(
+            AtomicOp::Min,
+            value.into_operand(),
+            None,
+            AtomicOpts::new(),
+            loc,
+        )
+    }
+
+    /// Atomic exchange, once per block; returns the old value.
+    #[track_caller]
+    pub fn atomic_xchg(self, value: impl IntoOperand) -> Value {
+        let loc = Loc::caller();
+        self.atomic_at(
+            AtomicOp::Xchg,
+            value.into_operand(),
+            None,
+            AtomicOpts::new(),
+            loc,
+        )
+    }
+
+    /// Atomic compare-and-swap, once per block: the element becomes `value` if it equals
+    /// `compare` (bitwise); returns the old value (equal to `compare` where it swapped).
+    #[track_caller]
+    pub fn atomic_cas(self, compare: impl IntoOperand, value: impl IntoOperand) -> Value {
+        let loc = Loc::caller();
+        let dtype =
+            context::with(|b| Ok(b.params().get(self.tensor.index).map(|p| p.dtype()))).flatten();
+        let compare = Some(compare.into_operand().place(dtype, loc));
+        self.atomic_at(
+            AtomicOp::Cas,
+            value.into_operand(),
             compare,
             AtomicOpts::new(),
             loc,

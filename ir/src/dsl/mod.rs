@@ -54,7 +54,7 @@ pub mod registry;
 pub mod tensor;
 pub mod value;
 
-pub use access::AtomicOpts;
+pub use access::{AtomicOpts, ElementView};
 pub use compare::{Compare, Logic};
 pub use comptime::Comptime;
 pub use comptime_value::{ComptimeArg, ComptimeKind, ComptimeParam, ComptimeValue, declared_dtype};

@@ -284,14 +284,9 @@ pub fn randn(seed: impl Seed, offsets: impl AsValue) -> Value {
         Operand::Float(std::f64::consts::TAU),
         loc,
     );
-    // -2 ln u1 = -2 ln2 * log2 u1, one multiply.
-    let l2 = unary(UnaryOp::Log2, u1, loc);
-    let m2 = binary(
-        BinaryOp::Mul,
-        Operand::Value(l2),
-        Operand::Float(-2.0 * std::f64::consts::LN_2),
-        loc,
-    );
+    // -2 ln u1: the accurate logarithm, times -2 (exact).
+    let l = unary(UnaryOp::Log, u1, loc);
+    let m2 = binary(BinaryOp::Mul, Operand::Value(l), Operand::Float(-2.0), loc);
     let r = unary(UnaryOp::Sqrt, m2, loc);
     let c = unary(UnaryOp::Cos, theta, loc);
     binary(BinaryOp::Mul, Operand::Value(r), Operand::Value(c), loc)

@@ -46,6 +46,30 @@ impl Value {
         ty(self)
     }
 
+    /// A gather inside the tile along dimension `dim`: the result has the shape of `idx` (an
+    /// i32 tile of this tile's rank and extents, but any extent along `dim`) and element `e`
+    /// is this tile's element at `e`'s coordinates with the one along `dim` replaced by
+    /// `idx[e]`: `x.take(1, &perm)` permutes each row's columns, `v.take(0, &order)` reorders
+    /// a vector (tokens sorted by expert). An index outside `0..extent` gives 0; see
+    /// [`Value::take_or`] for another value. The elements move between threads through
+    /// shared memory.
+    #[track_caller]
+    pub fn take(self, dim: usize, idx: impl AsValue) -> Value {
+        self.take_at(dim, idx.as_value(), Operand::Int(0), Loc::caller())
+    }
+
+    /// [`Value::take`] with `other` (a scalar of this tile's dtype) where an index is outside
+    /// the tile.
+    #[track_caller]
+    pub fn take_or(self, dim: usize, idx: impl AsValue, other: impl IntoOperand) -> Value {
+        self.take_at(dim, idx.as_value(), other.into_operand(), Loc::caller())
+    }
+
+    fn take_at(self, dim: usize, idx: Value, other: Operand, loc: Loc) -> Value {
+        let other = other.place(self.ty().map(|t| t.dtype()), loc);
+        emit(OpKind::Take { dim }, &[self, idx, other], loc)
+    }
+
     /// Converts every element to `T` (`x.cast::<bf16>()`).
     #[track_caller]
     pub fn cast<T: Element>(self) -> Value {

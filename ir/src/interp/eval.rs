@@ -36,7 +36,8 @@ pub(crate) fn unary(op: UnaryOp, x: &Value) -> Result<Value, Fault> {
                 UnaryOp::Neg => |a| -a,
                 UnaryOp::Exp2 => |a| flush_subnormal(a.exp2()),
                 UnaryOp::Exp => |a| flush_subnormal(a.exp()),
-                UnaryOp::Log2 => f32::log2,
+                UnaryOp::Log2 => crate::math::log2,
+                UnaryOp::Log => crate::math::log,
                 UnaryOp::Abs => f32::abs,
                 UnaryOp::Sqrt => f32::sqrt,
                 UnaryOp::Rsqrt => |a| 1.0 / a.sqrt(),
@@ -353,6 +354,57 @@ pub(crate) fn transpose(x: &Value) -> Value {
         dims: vec![c, r],
         elems,
     }
+}
+
+/// `x` gathered along `dim` at the indices `idx` ([`crate::kernel::OpKind::Take`]); `other`
+/// where an index is outside `x`.
+pub(crate) fn take(x: &Value, idx: &Value, other: &Value, dim: usize) -> Result<Value, Fault> {
+    let Elems::I(iv) = &idx.elems else {
+        return Err(Fault::Mistyped);
+    };
+    if dim >= x.dims.len() || idx.dims.len() != x.dims.len() {
+        return Err(Fault::Mistyped);
+    }
+    let extent = x.dims[dim];
+    // Row-major strides of x, and each result element's source position (None: `other`).
+    let mut strides = vec![1usize; x.dims.len()];
+    for d in (0..x.dims.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * x.dims[d + 1];
+    }
+    let src: Vec<Option<usize>> = (0..iv.len())
+        .map(|flat| {
+            let (mut rest, mut pos) = (flat, 0usize);
+            for d in (0..idx.dims.len()).rev() {
+                let c = rest % idx.dims[d];
+                rest /= idx.dims[d];
+                let c = if d == dim {
+                    usize::try_from(iv[flat]).ok().filter(|&i| i < extent)?
+                } else {
+                    c
+                };
+                pos += c * strides[d];
+            }
+            Some(pos)
+        })
+        .collect();
+    fn pick<T: Copy>(v: &[T], src: &[Option<usize>], other: T) -> Result<Vec<T>, Fault> {
+        src.iter()
+            .map(|s| match s {
+                Some(p) => v.get(*p).copied().ok_or(Fault::Mistyped),
+                None => Ok(other),
+            })
+            .collect()
+    }
+    let elems = match (&x.elems, &other.elems) {
+        (Elems::F(v), Elems::F(o)) => Elems::F(pick(v, &src, *o.first().ok_or(Fault::Mistyped)?)?),
+        (Elems::I(v), Elems::I(o)) => Elems::I(pick(v, &src, *o.first().ok_or(Fault::Mistyped)?)?),
+        _ => return Err(Fault::Mistyped),
+    };
+    Ok(Value {
+        dtype: x.dtype,
+        dims: idx.dims.clone(),
+        elems,
+    })
 }
 
 /// Reduces dimension `dim` of a 2-D tile. Elements combine in index order, a float sum

@@ -259,6 +259,14 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
                 vec![v]
             }
             OpKind::Transpose => vec![eval::transpose(self.get(id, operand(0)?)?)],
+            OpKind::Take { dim } => {
+                let (x, idx, other) = (
+                    self.get(id, operand(0)?)?,
+                    self.get(id, operand(1)?)?,
+                    self.get(id, operand(2)?)?,
+                );
+                vec![eval::take(x, idx, other, *dim).map_err(|f| self.fault(id, f))?]
+            }
             OpKind::Convert => vec![self.get(id, operand(0)?)?.clone()],
             OpKind::Reduce { op: r, dim } => {
                 let x = self.get(id, operand(0)?)?;
@@ -340,6 +348,29 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
             }
             OpKind::Gather { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => {
                 self.exec_access(id)?
+            }
+            OpKind::ScalarAtomic { tensor, op: a, .. } => {
+                // Blocks run one after another here, so the block's single application is
+                // just this read-modify-write.
+                let rank = self.tensor(id, *tensor)?.shape.len();
+                let (coords, rest) = op.operands.split_at(rank.min(op.operands.len()));
+                let addr = coords
+                    .iter()
+                    .map(|&v| self.get(id, v).cloned())
+                    .collect::<Result<Vec<_>, _>>()?;
+                let (compare, value) = match rest {
+                    [c, v] => (Some(self.get(id, *c)?.clone()), self.get(id, *v)?.clone()),
+                    [v] => (None, self.get(id, *v)?.clone()),
+                    _ => return Err(self.internal(id)),
+                };
+                let internal = self.internal(id);
+                let Some(HostArg::TensorMut(t)) = self.args.get_mut(*tensor) else {
+                    return Err(internal);
+                };
+                let access = crate::kernel::Access::coords(rank);
+                let result = access::offsets(t, &access, &addr, None, &[])
+                    .and_then(|offs| access::atomic(t, *a, &offs, &value, compare.as_ref()));
+                vec![result.map_err(|f| self.fault(id, f))?]
             }
             OpKind::For { .. } => self.run_for(id)?,
             OpKind::If => {

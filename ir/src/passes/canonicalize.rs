@@ -57,6 +57,7 @@ pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {
                     OpKind::Store { .. }
                         | OpKind::Scatter { .. }
                         | OpKind::Atomic { .. }
+                        | OpKind::ScalarAtomic { .. }
                         | OpKind::Print { .. }
                         | OpKind::For { .. }
                         | OpKind::If

@@ -228,6 +228,10 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 OpKind::Unary(_) | OpKind::Cast { .. } | OpKind::Bitcast { .. } => {
                     flow_same(&mut layouts, op.operands[0], op.results[0]);
                 }
+                // The result is in its indices' layout; the gathered tile keeps its own.
+                OpKind::Take { .. } => {
+                    flow_same(&mut layouts, op.operands[1], op.results[0]);
+                }
                 OpKind::Binary(_) | OpKind::Select => {
                     let r = op.results[0];
                     if !tile(&r) {
@@ -328,6 +332,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 | OpKind::GridDim(_)
                 | OpKind::TensorDim { .. }
                 | OpKind::LoadScalar { .. }
+                | OpKind::ScalarAtomic { .. }
                 | OpKind::Load { .. }
                 | OpKind::Splat { .. }
                 | OpKind::Iota { .. }

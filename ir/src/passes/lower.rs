@@ -227,6 +227,12 @@ fn place_scratch(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> 
     for id in ops_in_order(kernel) {
         let op = &kernel.ops[id];
         let need = match op.kind {
+            // `take` writes its whole operand there, as a conversion does.
+            OpKind::Take { .. } => {
+                let ty = kernel.ty(op.operands[0]);
+                let elems = ty.shape().map_or(1, Shape::numel);
+                elems as u32 * ty.dtype().size_bytes() as u32
+            }
             OpKind::Convert => {
                 let ty = kernel.ty(op.results[0]);
                 let elems = ty.shape().map_or(1, Shape::numel);
@@ -248,6 +254,8 @@ fn place_scratch(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> 
                 // 16-bit floats meet as their f32 partial sums.
                 warps * elems as u32 * ty.dtype().size_bytes().max(4) as u32
             }
+            // The one thread that applies it hands the old value to the others.
+            OpKind::ScalarAtomic { .. } => 4,
             _ => continue,
         };
         first.get_or_insert(id);
@@ -259,6 +267,16 @@ fn place_scratch(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> 
     };
     let loc = kernel.ops[first].loc;
     if kernel.schedule.sched.is_some() {
+        if let OpKind::ScalarAtomic { .. } = kernel.ops[first].kind {
+            return Err(Diagnostic::new(
+                loc,
+                format!(
+                    "on {target}, this warp-specialised kernel cannot apply a scalar atomic \
+                     once for the whole block here"
+                ),
+            )
+            .note("apply it after the kernel's main loop, or compile for sm_80"));
+        }
         return Err(Diagnostic::new(
             loc,
             format!(

@@ -48,7 +48,10 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         .any(|o| {
             matches!(
                 kernel.ops[o].kind,
-                OpKind::Store { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. }
+                OpKind::Store { .. }
+                    | OpKind::Scatter { .. }
+                    | OpKind::Atomic { .. }
+                    | OpKind::ScalarAtomic { .. }
             )
         })
     {

@@ -153,9 +153,11 @@ pub fn column_local(kernel: &Kernel, for_op: OpId) -> bool {
             | OpKind::Store { .. } => true,
             OpKind::Transpose
             | OpKind::Convert
+            | OpKind::Take { .. }
             | OpKind::Gather { .. }
             | OpKind::Scatter { .. }
             | OpKind::Atomic { .. }
+            | OpKind::ScalarAtomic { .. }
             | OpKind::Reduce { .. }
             | OpKind::Mma
             | OpKind::For { .. }

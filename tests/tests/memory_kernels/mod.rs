@@ -7,6 +7,7 @@
 
 use kiln::ir::{DType, HostTensor, TensorData};
 use kiln::prelude::*;
+use kiln_tests::inputs::Rng;
 
 /// Elements of `x` per histogram block.
 pub const HIST_BLOCK: usize = 256;
@@ -17,16 +18,12 @@ pub const COLS: usize = 64;
 /// Tile of the masked-load kernel.
 pub const MASK_TILE: [usize; 2] = [32, 32];
 
-/// `hist[b] += 1` for every element `b` of `x` with `0 <= b < bins` (others are skipped).
-///
-/// Grid: `(cdiv(n, HIST_BLOCK), 1, 1)`.
-#[kernel(num_warps = 4)]
-pub fn histogram(x: Tensor<i32, 1>, hist: TensorMut<i32, 1>) {
-    let i = block_id().x;
-    let bins = x.tile([HIST_BLOCK], [i * HIST_BLOCK]).load();
-    let inside = iota([HIST_BLOCK], 0) + i * HIST_BLOCK < x.dim(0);
-    hist.elems([bins]).atomic_add_masked(1, inside);
-}
+/// The library's histogram (`kiln_examples::histogram`), at [`HIST_BLOCK`] elements per
+/// block.
+pub use kiln_examples::histogram::{HistogramComptime, histogram};
+
+/// [`histogram`]'s comptime at [`HIST_BLOCK`].
+pub const HIST: HistogramComptime = HistogramComptime { BLOCK: HIST_BLOCK };
 
 /// `y[r, :] = x[idx[r], :]` (MoE token gather): rows whose index is outside `x` read `fill`.
 ///
@@ -175,7 +172,7 @@ pub fn gather_elems(
 }
 
 /// Integer data of `shape`: uniform in `lo..hi`.
-pub fn ints(rng: &mut kiln_tests::inputs::Rng, shape: &[usize], lo: i64, hi: i64) -> HostTensor {
+pub fn ints(rng: &mut Rng, shape: &[usize], lo: i64, hi: i64) -> HostTensor {
     HostTensor::from_fn(shape, DType::I32, |_| {
         (lo + rng.range(0, (hi - lo) as usize) as i64) as f64
     })
@@ -289,4 +286,168 @@ pub fn gathered_gemm_ref(a: &HostTensor, idx: &[i32], b: &HostTensor) -> Vec<f64
         }
     }
     out
+}
+
+/// Elements per block of [`last_block_sum`], and partials the last block adds per step.
+pub const SUM_BLOCK: usize = 256;
+
+/// `total[0] = sum(x)` in one launch: each block stores its partial sum to
+/// `partial[block]`, then draws a ticket from `counter[0]` with one acq_rel scalar atomic;
+/// the block that draws the last ticket (every other block's partial is then visible to it)
+/// adds the partials and resets the counter for the next launch. `counter` starts at 0.
+///
+/// Grid: `(cdiv(n, SUM_BLOCK), 1, 1)`.
+#[kernel(num_warps = 4)]
+pub fn last_block_sum(
+    x: Tensor<f32, 1>,
+    partial: TensorMut<f32, 1>,
+    counter: TensorMut<i32, 1>,
+    total: TensorMut<f32, 1>,
+    tickets: TensorMut<i32, 1>,
+) {
+    let b = block_id().x;
+    let v = x.tile([SUM_BLOCK], [b * SUM_BLOCK]).load().row();
+    partial.tile([1], [b]).store(row_sum(&v));
+    let order = AtomicOpts::new().sem(MemSem::AcqRel);
+    let ticket = counter.at([0]).atomic(AtomicOp::Add, 1, None, order);
+    tickets.tile([1], [b]).store(full::<i32>([1], ticket));
+    if ticket == grid_dim().x - 1 {
+        let mut acc = zeros::<f32>([1]);
+        for j in (0..grid_dim().x).step_by(SUM_BLOCK) {
+            let p = partial
+                .tile([SUM_BLOCK], [j])
+                .load_masked(iota([SUM_BLOCK], 0) + j < grid_dim().x, 0.0);
+            acc = acc + row_sum(&p.row());
+        }
+        total.tile([1], [0]).store(acc);
+        counter.at([0]).atomic_xchg(0);
+    }
+}
+
+/// Rows of [`scalar_atomics`]' `old`: one per atomic it applies.
+pub const SCALAR_ATOMIC_ROWS: usize = 8;
+
+/// Every scalar atomic, once per block `b` with the values `vi[b]` (i32), `vf[b]` (f32)
+/// and `vh[b]` (bf16): `ai[0] += vi`, `ai[1] = max`, `ai[2] = min`, `ai[3] <-> vi`,
+/// `ai[4] = cas(0 -> b + 1)`, `af[0] += vf`, `af[1] = max(af[1], vf)` (a CAS loop), and
+/// `ah[0] += vh` (a 16-bit CAS loop); `old[k, b]` gets what atomic `k` read. Then an add at
+/// `ai[5]`, outside `ai` (5 elements): nothing applied, and the 0 it reads goes to `af[2]`.
+///
+/// Grid: `(blocks, 1, 1)`.
+#[kernel(num_warps = 4)]
+pub fn scalar_atomics(
+    vi: Tensor<i32, 1>,
+    vf: Tensor<f32, 1>,
+    vh: Tensor<bf16, 1>,
+    ai: TensorMut<i32, 1>,
+    af: TensorMut<f32, 1>,
+    ah: TensorMut<bf16, 1>,
+    old: TensorMut<f32, 2>,
+) {
+    let b = block_id().x;
+    let i = vi.scalar([b]);
+    let f = vf.scalar([b]);
+    let h = vh.scalar([b]);
+    // One atomic per row of `old`: what it read, as f32.
+    let o0 = ai.at([0]).atomic_add(i).cast::<f32>();
+    old.tile([1, 1], [0, b]).store(full::<f32>([1, 1], o0));
+    let o1 = ai.at([1]).atomic_max(i).cast::<f32>();
+    old.tile([1, 1], [1, b]).store(full::<f32>([1, 1], o1));
+    let o2 = ai.at([2]).atomic_min(i).cast::<f32>();
+    old.tile([1, 1], [2, b]).store(full::<f32>([1, 1], o2));
+    let o3 = ai.at([3]).atomic_xchg(i).cast::<f32>();
+    old.tile([1, 1], [3, b]).store(full::<f32>([1, 1], o3));
+    let o4 = ai.at([4]).atomic_cas(0, b + 1).cast::<f32>();
+    old.tile([1, 1], [4, b]).store(full::<f32>([1, 1], o4));
+    let o5 = af.at([0]).atomic_add(f);
+    old.tile([1, 1], [5, b]).store(full::<f32>([1, 1], o5));
+    let o6 = af.at([1]).atomic_max(f);
+    old.tile([1, 1], [6, b]).store(full::<f32>([1, 1], o6));
+    let o7 = ah.at([0]).atomic_add(h).cast::<f32>();
+    old.tile([1, 1], [7, b]).store(full::<f32>([1, 1], o7));
+    // Outside `ai` (5 elements): nothing applied; the 0 it reads lands in `af[2]`.
+    let none = ai.at([5]).atomic_add(1);
+    af.tile([1], [2])
+        .store(full::<f32>([1], none.cast::<f32>()));
+}
+
+/// Inputs of [`scalar_atomics`] for `blocks` blocks: `(vi, vf, vh)`, small integers (every
+/// sum of them exact in f32 and bf16, whatever the order).
+pub fn scalar_atomic_inputs(rng: &mut Rng, blocks: usize) -> [HostTensor; 3] {
+    let vi = ints(rng, &[blocks], -50, 50);
+    let vf = HostTensor::from_fn(&[blocks], DType::F32, |_| rng.range(0, 100) as f64 - 50.0);
+    let vh = HostTensor::from_fn(&[blocks], DType::Bf16, |_| rng.range(0, 5) as f64 - 2.0);
+    [vi, vf, vh]
+}
+
+/// The initial `(ai, af, ah)` of [`scalar_atomics`]: `ai[4]` (the cas target) is 0, `af[2]`
+/// poisoned (the skipped atomic writes its 0 there).
+pub fn scalar_atomic_targets(rng: &mut Rng) -> [HostTensor; 3] {
+    let mut ai = ints(rng, &[5], -20, 20);
+    ai.data.set_f64(4, 0.0);
+    let af = HostTensor::from_fn(&[3], DType::F32, |i| {
+        if i == 2 {
+            f64::NAN
+        } else {
+            rng.range(0, 40) as f64 - 20.0
+        }
+    });
+    let ah = HostTensor::from_fn(&[1], DType::Bf16, |_| rng.range(0, 9) as f64 - 4.0);
+    [ai, af, ah]
+}
+
+/// Checks [`scalar_atomics`]' results in an order-free way: for each atomic, the values it
+/// read and the value it left are a chain of its blocks' updates in *some* order (each
+/// block's update turns what it read into what the next read), i.e. the multiset of reads
+/// plus the final value equals the initial value plus the multiset of `update(read, value)`.
+/// Applying an atomic once per thread instead of once per block breaks the chain.
+pub fn check_scalar_atomics(
+    what: &str,
+    v: &[HostTensor; 3],
+    init: &[HostTensor; 3],
+    fin: &[HostTensor; 3],
+    old: &HostTensor,
+) {
+    let blocks = v[0].shape[0];
+    let olds = old.to_f64_vec();
+    let (vi, vf, vh) = (v[0].to_f64_vec(), v[1].to_f64_vec(), v[2].to_f64_vec());
+    let (ii, fi, hi) = (
+        init[0].to_f64_vec(),
+        init[1].to_f64_vec(),
+        init[2].to_f64_vec(),
+    );
+    let (iff, ff, hf) = (
+        fin[0].to_f64_vec(),
+        fin[1].to_f64_vec(),
+        fin[2].to_f64_vec(),
+    );
+    type Update = fn(f64, f64, usize) -> f64;
+    let rows: [(f64, f64, &[f64], Update); SCALAR_ATOMIC_ROWS] = [
+        (ii[0], iff[0], &vi, |o, v, _| o + v),
+        (ii[1], iff[1], &vi, |o, v, _| o.max(v)),
+        (ii[2], iff[2], &vi, |o, v, _| o.min(v)),
+        (ii[3], iff[3], &vi, |_, v, _| v),
+        (ii[4], iff[4], &vi, |o, _, b| {
+            if o == 0.0 { b as f64 + 1.0 } else { o }
+        }),
+        (fi[0], ff[0], &vf, |o, v, _| o + v),
+        (fi[1], ff[1], &vf, |o, v, _| o.max(v)),
+        (hi[0], hf[0], &vh, |o, v, _| o + v),
+    ];
+    for (k, (start, end, vals, update)) in rows.into_iter().enumerate() {
+        let reads = &olds[k * blocks..(k + 1) * blocks];
+        let mut lhs: Vec<f64> = reads.iter().copied().chain([end]).collect();
+        let mut rhs: Vec<f64> = (0..blocks)
+            .map(|b| update(reads[b], vals[b], b))
+            .chain([start])
+            .collect();
+        lhs.sort_by(f64::total_cmp);
+        rhs.sort_by(f64::total_cmp);
+        assert_eq!(
+            lhs, rhs,
+            "{what}: scalar atomic {k} is no chain of one update per block (reads {reads:?}, \
+             start {start}, end {end})"
+        );
+    }
+    assert_eq!(ff[2], 0.0, "{what}: an atomic outside its tensor reads 0");
 }

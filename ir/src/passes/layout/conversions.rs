@@ -12,6 +12,7 @@
 //!   another layout is converted after it is made (a reduction's or a loop's result) or
 //!   before it is read (a loop's initial value, a yielded value);
 //! - an mma accumulates into its own result's layout;
+//! - a `take` reads its indices in its result's layout;
 //! - an addressed access (gather, scatter, atomic) reads its index tiles, mask and values in
 //!   the layout of the tile it accesses, and gives its result in it.
 //!
@@ -64,6 +65,16 @@ pub(super) fn insert(kernel: &mut Kernel, layouts: &mut BTreeMap<ValueId, Layout
                     && !same(layouts.get(&r), &al, &s)
                 {
                     convert_result(kernel, layouts, id, 0, al);
+                }
+            }
+            // The indices in the result's layout; the gathered tile is read in whatever
+            // layout it has (it goes through shared memory whole).
+            OpKind::Take { .. } => {
+                let (idx, r) = (op.operands[1], op.results[0]);
+                if let (Some(rl), Some(rs)) = (layouts.get(&r).cloned(), shape(kernel, r))
+                    && !same(layouts.get(&idx), &rl, &rs)
+                {
+                    convert_operand(kernel, layouts, id, 1, rl);
                 }
             }
             OpKind::Reshape { .. } => {
@@ -161,6 +172,7 @@ pub(super) fn insert(kernel: &mut Kernel, layouts: &mut BTreeMap<ValueId, Layout
             | OpKind::GridDim(_)
             | OpKind::TensorDim { .. }
             | OpKind::LoadScalar { .. }
+            | OpKind::ScalarAtomic { .. }
             | OpKind::Load { .. }
             | OpKind::Store { .. }
             | OpKind::Splat { .. }
