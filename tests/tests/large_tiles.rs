@@ -358,3 +358,72 @@ fn a_large_tile_carried_around_a_loop_is_an_error_at_its_line() {
     let small = build(&carried_row, CarriedRowComptime { BN: 4096 });
     kiln_ptx::compile(&small, Target::Sm80).expect("fits");
 }
+
+#[test]
+fn kiln_ir_after_strip_mine_shows_the_chunk_loops() {
+    let ir = |after: &str| {
+        kiln::cli::run_args([
+            "kiln",
+            "ir",
+            "whole_row_softmax",
+            "--after",
+            after,
+            "-D",
+            "BN=65536",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let before = ir("canonicalize");
+    assert!(before.contains("rt<f32,1x65536>"), "{before}");
+    assert!(!before.contains(" for "), "{before}");
+    let after = ir("strip_mine");
+    assert_eq!(after.matches(" for ").count(), 3, "{after}");
+    assert!(!after.contains("rt<f32,1x65536>"), "{after}");
+    // The chunks keep the user's lines.
+    assert!(after.contains("large_tiles_kernels/mod.rs:"), "{after}");
+}
+
+/// An in-place elementwise update streams (each chunk touches only its own elements); an
+/// in-place update that needs a reduction of the row first would re-read the row after
+/// writing part of it, so it keeps its whole tile, which no thread holds: an error at the
+/// load's line saying why.
+#[test]
+fn in_place_updates_stream_only_where_chunks_cannot_see_each_others_writes() {
+    let mut rng = Rng::from_env();
+    let c = AffineInPlaceComptime::default();
+    let k = build(&affine_in_place, c);
+    let s = stripped(&k, Target::Sm80);
+    assert_eq!(loops(&s), 1, "{}", print_kernel(&s));
+    for (m, n) in [(1, 1), (3, 50000), (2, 65536)] {
+        let x = tensor(&mut rng, &[m, n], DType::F32, Dist::Normal);
+        let want: Vec<f64> = x
+            .to_f64_vec()
+            .iter()
+            .map(|&v| f64::from(v as f32 * 2.0 + 1.0))
+            .collect();
+        let mut y = x.clone();
+        run(&s, [m as u32, 1, 1], &mut [HostArg::TensorMut(&mut y)]).expect("interpret");
+        assert_eq!(y.to_f64_vec(), want, "m={m} n={n} KILN_SEED={}", rng.seed());
+    }
+    compact(&affine_in_place, c);
+
+    let line = include_str!("large_tiles_kernels/mod.rs")
+        .lines()
+        .position(|l| l.contains("MARK-in-place"))
+        .expect("marker") as u32
+        + 1;
+    let k = build(&normalise_in_place, NormaliseInPlaceComptime::default());
+    let d = kiln_ptx::compile(&k, Target::Sm80).expect_err("too large");
+    let text = d.to_string();
+    assert!(
+        text.contains(&format!("large_tiles_kernels/mod.rs:{line}:")),
+        "{text}"
+    );
+    assert!(
+        text.contains("re-read a tensor the kernel writes"),
+        "{text}"
+    );
+    // The same kernel on a row a thread can hold compiles whole.
+    let small = build(&normalise_in_place, NormaliseInPlaceComptime { BN: 4096 });
+    kiln_ptx::compile(&small, Target::Sm80).expect("fits");
+}

@@ -211,3 +211,22 @@ pub fn carried_row(
     }
     y.tile([1, BN], [0, 0]).store(acc);
 }
+
+/// `x[r, :] = x[r, :] / max(|x[r, :]|)` in place over whole rows (`N <= BN`): the row is
+/// read twice (the maximum, then the scaled store) from the tensor the kernel writes.
+#[kernel(grid = [1, 1, 1])]
+pub fn normalise_in_place(x: TensorMut<f32, 2>, #[comptime(default = 65536)] BN: usize) {
+    let r = block_id().x;
+    let t = x.tile([1, BN], [r, 0]).load(); // MARK-in-place
+    let inv = recip(&row_max(&abs(&t)));
+    x.tile([1, BN], [r, 0]).store(t * inv.col());
+}
+
+/// `x[r, :] = 2 x[r, :] + 1` in place over whole rows: each chunk reads and writes only its
+/// own elements.
+#[kernel(grid = [1, 1, 1])]
+pub fn affine_in_place(x: TensorMut<f32, 2>, #[comptime(default = 65536)] BN: usize) {
+    let r = block_id().x;
+    let t = x.tile([1, BN], [r, 0]).load();
+    x.tile([1, BN], [r, 0]).store(t * 2.0 + 1.0);
+}
