@@ -275,6 +275,8 @@ fn component(
         .shape()
         .cloned()
         .unwrap_or(Shape(Vec::new()));
+    // The widest dimension; of two equal ones the outer (the last maximum of the reversed
+    // order), so chunks of whole rows keep each row's contiguous run.
     let d0 = (0..shape.rank())
         .rev()
         .max_by_key(|&i| shape.dims()[i])
