@@ -86,6 +86,7 @@ where
                 kiln_ptx::ptxas::check(&m.ptx, target).unwrap_or_else(|e| panic!("{what}: {e}"));
             let took = start.elapsed();
             assert!(!report.spills(), "{what} spills: {report}");
+            println!("{what}: {lines} PTX lines, ptxas {took:.1?}: {report}");
             // Generous for a shared, loaded machine; unrolled, these took minutes.
             assert!(
                 took < Duration::from_secs(20),

@@ -16,7 +16,11 @@
 //! becomes a `[.., CH, ..]` tile in a loop `for c in (0..E).step_by(CH)`; loads and stores
 //! shift their coordinate along `d` by `c` (elements outside the tensor still read 0 and are
 //! still skipped, so a chunk's bounds are the original tile's), and an `iota` along `d`
-//! adds `c`. `CH` is a power of two dividing `E`, so the chunks tile `E` exactly.
+//! adds `c`. `CH` is a power of two dividing `E`, so the chunks tile `E` exactly; it is
+//! halved while the loop body's per-element code (the long math sequences of
+//! `ir/src/math.rs` weighing more, `code_weight`) would pass [`CODE_PER_LOOP`], so a
+//! dropout, `randn` or `sin` over a huge tile stays a few thousand PTX lines. Each block
+//! (the kernel's body, a loop's body, a branch) is rewritten on its own.
 //!
 //! **Reductions** along `d` are the component's exits: a loop-carried partial accumulator
 //! (the reduction's identity, then `acc = combine(acc, reduce(chunk))`); its value after the
@@ -29,11 +33,14 @@
 //! value of an earlier phase that a later one reads is recomputed there from its loads
 //! (rematerialisation), which is legal because the pass proves from the IR that no op of the
 //! kernel writes a tensor read that way; where that fails the component keeps its whole
-//! tiles. The other ops of the block (scalars, small tiles) move between the loops by the
+//! tiles (staging the chunk values in shared memory instead is not done). A loop makes only
+//! the chunk values its phase's reductions and stores need. The other ops of the block (scalars, small tiles) move between the loops by the
 //! reductions they depend on: those depending on no reduction of phase `k` or later come
 //! before loop `k`. The pass checks that this reordering keeps the order of every two ops
-//! that touch the same tensor (a write and a read or two writes) or both print; else the
-//! component keeps its whole tiles.
+//! that touch the same tensor (a write and a read or two writes) or both print, and that
+//! no two such ops share a loop, where chunks would interleave them, unless they are a load
+//! and a store of the same elements (an in-place update: each chunk touches only its own);
+//! else the component keeps its whole tiles.
 //!
 //! **What keeps its whole tile**: a component with an `mma` operand or result, a value read
 //! inside a nested loop or branch or carried by one, an indexed (gather/scatter) access, a
@@ -66,7 +73,7 @@ pub const TRIGGER_PER_THREAD: usize = 64;
 /// The most elements a thread holds of the largest chunk of a component.
 pub const CHUNK_PER_THREAD: usize = 16;
 
-/// A bound on a chunk loop's body, in element operations a thread (see [`code_weight`]).
+/// A bound on a chunk loop's body, in element operations a thread (see `code_weight`).
 pub const CODE_PER_LOOP: usize = 1536;
 
 /// Roughly how many instructions an op takes per element a thread holds: the math
