@@ -251,6 +251,30 @@ fn gpu_double_center() {
     }
 }
 
+fn gpu_softmax_rows_loop() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        let c = SoftmaxRowsLoopComptime::default();
+        for (m, n) in [(1, 1), (3, 20001), (2, 32768)] {
+            for dist in Dist::ALL {
+                let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+                let y = output(&dev, DType::F32, &[m, n]);
+                let dx = upload_padded(&dev, &x, 6);
+                softmax_rows_loop
+                    .launch(&dev, &c, [1, 1, 1], &dx, &y)
+                    .expect("launch");
+                let mut yi = poisoned(&[m, n], DType::F32);
+                softmax_rows_loop
+                    .interpret(&c, [1, 1, 1], &x, &mut yi)
+                    .expect("interpret");
+                let what = format!("softmax_rows_loop on {}", dev.target());
+                let cs = case(what, format!("m={m} n={n}"), dist, &rng);
+                check(&cs, &y, &softmax_ref(&x), &yi, sum_tolerance(n));
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         ("gpu_large_tiles_softmax", Needs::Gpu, gpu_softmax),
@@ -262,6 +286,11 @@ fn main() -> ExitCode {
             "gpu_large_tiles_double_center",
             Needs::Gpu,
             gpu_double_center,
+        ),
+        (
+            "gpu_large_tiles_softmax_rows_loop",
+            Needs::Gpu,
+            gpu_softmax_rows_loop,
         ),
     ])
 }

@@ -428,3 +428,69 @@ fn in_place_updates_stream_only_where_chunks_cannot_see_each_others_writes() {
     let small = build(&normalise_in_place, NormaliseInPlaceComptime { BN: 4096 });
     kiln_ptx::compile(&small, Target::Sm80).expect("fits");
 }
+
+#[test]
+fn whole_row_tiles_inside_a_loop_of_the_users_stream_inside_it() {
+    let mut rng = Rng::from_env();
+    let c = SoftmaxRowsLoopComptime::default();
+    let k = build(&softmax_rows_loop, c);
+    let s = stripped(&k, Target::Sm80);
+    // The user's loop, and the three chunk loops in its body.
+    assert_eq!(loops(&k), 1);
+    assert_eq!(loops(&s), 4, "{}", print_kernel(&s));
+    for (m, n) in [(1, 1), (3, 20001), (2, 32768)] {
+        for dist in Dist::ALL {
+            let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+            let want = softmax_ref(&x);
+            for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
+                let mut y = poisoned(&[m, n], DType::F32);
+                run(
+                    kernel,
+                    [1, 1, 1],
+                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
+                )
+                .expect("interpret");
+                let case = Case {
+                    kernel: format!("softmax_rows_loop {what}"),
+                    shape: format!("m={m} n={n}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                assert_close(&case, &y, &want, sum_tolerance(n));
+            }
+        }
+    }
+    compact(&softmax_rows_loop, c);
+}
+
+#[test]
+fn a_users_loop_carries_what_a_chunk_loop_reduces() {
+    let mut rng = Rng::from_env();
+    let c = TotalByRowsComptime::default();
+    let k = build(&total_by_rows, c);
+    let s = stripped(&k, Target::Sm80);
+    assert_eq!(loops(&s), 2, "{}", print_kernel(&s));
+    for (m, n) in [(1, 1), (3, 40000), (2, 65536)] {
+        for dist in Dist::ALL {
+            let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+            let want = vec![x.to_f64_vec().iter().sum::<f64>()];
+            for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
+                let mut y = poisoned(&[1], DType::F32);
+                run(
+                    kernel,
+                    [1, 1, 1],
+                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
+                )
+                .expect("interpret");
+                let case = Case {
+                    kernel: format!("total_by_rows {what}"),
+                    shape: format!("m={m} n={n}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                assert_close(&case, &y, &want, sum_tolerance(m * n));
+            }
+        }
+    }
+    compact(&total_by_rows, c);
+}

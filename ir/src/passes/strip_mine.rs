@@ -667,9 +667,15 @@ fn rewrite(
         ops: Vec::new(),
     };
     let mut subst: BTreeMap<ValueId, ValueId> = BTreeMap::new();
+    // A region's `yield` ends it whatever it depends on.
+    let end = block
+        .ops
+        .last()
+        .copied()
+        .filter(|&y| kernel.ops[y].kind == OpKind::Yield);
     for l in 0..=phases {
         for &op in &block.ops {
-            if !phase.contains_key(&op) && small_level.get(&op) == Some(&l) {
+            if Some(op) != end && !phase.contains_key(&op) && small_level.get(&op) == Some(&l) {
                 substitute(kernel, op, &subst);
                 out.ops.push(op);
             }
@@ -677,6 +683,10 @@ fn rewrite(
         if let Some(ops) = loops.get(l).filter(|o| !o.is_empty()) {
             emit_loop(kernel, c, ops, &mut out.ops, &mut subst)?;
         }
+    }
+    if let Some(y) = end {
+        substitute(kernel, y, &subst);
+        out.ops.push(y);
     }
     Ok(Ok(out))
 }

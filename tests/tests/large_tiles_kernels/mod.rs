@@ -230,3 +230,39 @@ pub fn affine_in_place(x: TensorMut<f32, 2>, #[comptime(default = 65536)] BN: us
     let t = x.tile([1, BN], [r, 0]).load();
     x.tile([1, BN], [r, 0]).store(t * 2.0 + 1.0);
 }
+
+/// [`whole_row_softmax`] of every row by one block, in a loop of the user's over the rows:
+/// the whole-row tiles live inside that loop's body.
+#[kernel(grid = [1, 1, 1])]
+pub fn softmax_rows_loop(
+    x: Tensor<f32, 2>,
+    y: TensorMut<f32, 2>,
+    #[comptime(default = 32768)] BN: usize,
+) {
+    let n = x.dim(1);
+    for r in 0..x.dim(0) {
+        let t = select(
+            iota([1, BN], 1) < n,
+            x.tile([1, BN], [r, 0]).load(),
+            f32::NEG_INFINITY,
+        );
+        let p = exp2(&((t - row_max(&t).col()) * LOG2E));
+        y.tile([1, BN], [r, 0]).store(p * recip(&row_sum(&p)).col());
+    }
+}
+
+/// `out[0] = sum(x)`: a loop of the user's over the rows carries the running total, each
+/// row summed from one whole-row tile (the chunk loop's result is what the user's loop
+/// yields).
+#[kernel(grid = [1, 1, 1])]
+pub fn total_by_rows(
+    x: Tensor<f32, 2>,
+    out: TensorMut<f32, 1>,
+    #[comptime(default = 65536)] BN: usize,
+) {
+    let mut total = zeros::<f32>([1]);
+    for r in 0..x.dim(0) {
+        total = total + row_sum(&x.tile([1, BN], [r, 0]).load());
+    }
+    out.tile([1], [0]).store(total);
+}
