@@ -36,6 +36,10 @@ fn build<D: KernelDef>(def: &D, c: D::Comptime) -> Kernel {
         .unwrap_or_else(|d| panic!("{}: {d}", def.name()))
 }
 
+fn try_build<D: KernelDef>(def: &D, c: D::Comptime) -> Result<Kernel, kiln_ir::Diagnostic> {
+    def.build(&Spec::uniform(c, def.signature(), false))
+}
+
 /// How many `for` loops the IR prints.
 fn loops(k: &Kernel) -> usize {
     print_kernel(k).matches(" for ").count()
@@ -493,4 +497,24 @@ fn a_users_loop_carries_what_a_chunk_loop_reduces() {
         }
     }
     compact(&total_by_rows, c);
+}
+
+#[test]
+fn extents_reach_a_million_and_a_tile_at_most_sixteen_million_elements() {
+    // 1 x 2^20 builds (and streams); 4096 x 8192 is past the element bound.
+    let k = build(
+        &whole_row_sums,
+        WholeRowSumsComptime {
+            BN: 1 << 20,
+            ..WholeRowSumsComptime::default()
+        },
+    );
+    assert_eq!(loops(&stripped(&k, Target::Sm90a)), 1);
+    let d = try_build(&double_center, DoubleCenterComptime { BM: 4096, BN: 8192 })
+        .expect_err("too many elements");
+    assert_eq!(
+        d.message, "a 4096x8192 tile has 33554432 elements; a tile holds at most 16777216",
+        "{d}"
+    );
+    assert!(d.loc.file.ends_with("large_tiles_kernels/mod.rs"), "{d}");
 }
