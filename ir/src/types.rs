@@ -187,8 +187,13 @@ impl fmt::Display for Type {
     }
 }
 
-/// Largest tile extent: a tile's registers and shared bytes stay within a block's budget.
-const MAX_EXTENT: usize = 16384;
+/// Largest tile extent. A tile too large for registers is streamed in chunks (the
+/// `strip_mine` pass), so the bound is what the budget checks there and the interpreter
+/// can hold, not a thread's registers.
+const MAX_EXTENT: usize = 1 << 20;
+
+/// Most elements of one tile (64 MiB of f32): what the interpreter allocates for it.
+const MAX_NUMEL: usize = 1 << 24;
 
 /// Tile extents are powers of two or multiples of 32, at most [`MAX_EXTENT`]. Either maps
 /// onto the hardware: a power of two splits evenly over lanes and warps; a multiple of 32
@@ -206,6 +211,12 @@ pub(crate) fn check_shape(s: &Shape) -> Result<(), String> {
                 "tile extent {d} must be a power of two or a multiple of 32, between 1 and {MAX_EXTENT}"
             ));
         }
+    }
+    if s.numel() > MAX_NUMEL {
+        return Err(format!(
+            "a {s} tile has {} elements; a tile holds at most {MAX_NUMEL}",
+            s.numel()
+        ));
     }
     Ok(())
 }

@@ -15,6 +15,7 @@ pub mod overlap;
 pub mod persistent;
 pub mod pipeline;
 pub mod protocol_check;
+pub mod strip_mine;
 pub mod tma_store;
 pub mod tmem;
 pub mod verify;
@@ -38,6 +39,13 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
         "canonicalize",
         "fold accumulating adds into mma and drop dead ops",
         canonicalize::run,
+    ),
+    // After canonicalize (which decides the mma accumulators, whose tiles stay whole);
+    // before layout, which then lays out the chunks.
+    (
+        "strip_mine",
+        "stream tiles too large for registers through loops over chunks of them",
+        strip_mine::run,
     ),
     // Needs the final op set; everything after it reads the layouts.
     (

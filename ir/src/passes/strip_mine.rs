@@ -1,0 +1,1172 @@
+//! The `strip_mine` pass: a tile too large for a thread's registers becomes a runtime loop
+//! over chunks of it, so the code a backend writes grows with the kernel, not with its tiles.
+//!
+//! The generic PTX writer gives each thread the registers of the elements it holds and
+//! unrolls every tile op over them. A `[1, 65536]` f32 row over 4 warps is 512 elements a
+//! thread: PTX in the tens of thousands of lines and spills. This pass runs on the semantic
+//! IR, before `layout`, and rewrites such a computation into loops over `[.., CH, ..]`
+//! chunks of it, each holding at most [`CHUNK_PER_THREAD`] elements a thread.
+//!
+//! **Components.** Starting from a tile whose footprint exceeds [`TRIGGER_PER_THREAD`]
+//! elements a thread, the pass follows every op that reads or makes a tile with the same
+//! extent `E` along the chunked dimension `d` (the seed's widest): loads, masked gathers,
+//! stores, masked scatters and atomics, element-wise ops, casts, `splat`, `iota`, reshapes,
+//! transposes and reductions along the other dimension. An operand of extent 1 along `d`
+//! broadcasts and stays whole. The values found (the component) are chunked together: each
+//! becomes a `[.., CH, ..]` tile in a loop `for c in (0..E).step_by(CH)`; loads and stores
+//! shift their coordinate along `d` by `c` (elements outside the tensor still read 0 and are
+//! still skipped, so a chunk's bounds are the original tile's), and an `iota` along `d`
+//! adds `c`. `CH` is a power of two dividing `E`, so the chunks tile `E` exactly; it is
+//! halved while the loop body's per-element code (the long math sequences of
+//! `ir/src/math.rs` weighing more, `code_weight`) would pass [`CODE_PER_LOOP`], so a
+//! dropout, `randn` or `sin` over a huge tile stays a few thousand PTX lines. Each block
+//! (the kernel's body, a loop's body, a branch) is rewritten on its own.
+//!
+//! **Reductions** along `d` are the component's exits: a loop-carried partial accumulator
+//! (the reduction's identity, then `acc = combine(acc, reduce(chunk))`); its value after the
+//! loop replaces the reduction's result. A 16-bit float sum accumulates in f32 and rounds
+//! once after the loop, as the whole-tile reduction does.
+//!
+//! **Phases.** An op of the component that reads a reduction's result (softmax's
+//! `x - max(x)`) cannot run in the loop making it: the ops are split into phases, phase `k+1`
+//! holding the ops that depend on a reduction of phase `k`; each phase is one loop. A chunk
+//! value of an earlier phase that a later one reads is recomputed there from its loads
+//! (rematerialisation), which is legal because the pass proves from the IR that no op of the
+//! kernel writes a tensor read that way; where that fails the component keeps its whole
+//! tiles (staging the chunk values in shared memory instead is not done). A loop makes only
+//! the chunk values its phase's reductions and stores need. The other ops of the block (scalars, small tiles) move between the loops by the
+//! reductions they depend on: those depending on no reduction of phase `k` or later come
+//! before loop `k`. The pass checks that this reordering keeps the order of every two ops
+//! that touch the same tensor (a write and a read or two writes) or both print, and that
+//! no two such ops share a loop, where chunks would interleave them, unless they are a load
+//! and a store of the same elements (an in-place update: each chunk touches only its own);
+//! else the component keeps its whole tiles.
+//!
+//! **What keeps its whole tile**: a component with an `mma` operand or result, a value read
+//! inside a nested loop or branch or carried by one, an indexed (gather/scatter) access, a
+//! `print` of a tile element, a value defined outside the block. After chunking, a register
+//! tile that still exceeds what a thread can hold ([`REGISTER_BYTES`]), or a tile staged in
+//! shared memory for `mma` that exceeds the target's shared memory, is an error at the op
+//! that makes it, naming the tile, its bytes, the budget and why it was not streamed.
+//!
+//! In: canonicalized IR. Out: the same semantics; no tile outside an `mma`'s reach holds
+//! more than [`TRIGGER_PER_THREAD`] elements a thread unless it could not be chunked.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::diag::Diagnostic;
+use crate::infer::result_types;
+use crate::kernel::{
+    BinaryOp, Block, Const, Kernel, Loc, Op, OpId, OpKind, ReduceOp, ValueData, ValueDef, ValueId,
+};
+use crate::target::Target;
+use crate::types::{DType, Shape, Type};
+
+use super::walk::ops_in_order;
+
+/// A tile holding more elements than this per thread is chunked. Small enough that a
+/// kernel with a few such tiles live fits the register file; large enough that every tile
+/// kiln's kernels were written with before (at most `[1, 4096]` over 4 warps: 32) stays
+/// whole.
+pub const TRIGGER_PER_THREAD: usize = 64;
+
+/// The most elements a thread holds of the largest chunk of a component.
+pub const CHUNK_PER_THREAD: usize = 16;
+
+/// A bound on a chunk loop's body, in element operations a thread (see `code_weight`).
+pub const CODE_PER_LOOP: usize = 1536;
+
+/// Roughly how many instructions an op takes per element a thread holds: the math
+/// sequences of `ir/src/math.rs` (sine's range reduction, erf's polynomial) are long.
+fn code_weight(kind: &OpKind) -> usize {
+    use crate::kernel::UnaryOp;
+    match kind {
+        OpKind::Unary(UnaryOp::Sin | UnaryOp::Cos) => 40,
+        OpKind::Unary(UnaryOp::Tanh | UnaryOp::Erf | UnaryOp::Sigmoid) => 20,
+        OpKind::Unary(UnaryOp::Exp | UnaryOp::Log2 | UnaryOp::Sqrt | UnaryOp::Rsqrt) => 4,
+        OpKind::Binary(BinaryOp::Div | BinaryOp::Rem) => 8,
+        _ => 1,
+    }
+}
+
+/// The register bytes a thread can give one tile: 255 32-bit registers.
+pub const REGISTER_BYTES: usize = 255 * 4;
+
+/// Chunks every component that can be and checks the remaining tiles against the budgets.
+pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
+    let threads = 32 * kernel.options.num_warps.max(1) as usize;
+    let written = written_tensors(kernel);
+    let mut failed = Vec::new();
+    let body = std::mem::take(&mut kernel.body);
+    let body = process_block(kernel, body, threads, &written, &mut failed)?;
+    kernel.body = body;
+    crate::verify::verify(kernel).map_err(|errs| {
+        Diagnostic::internal(Loc::default(), "strip_mine broke the IR").note(errs.to_string())
+    })?;
+    check_budgets(kernel, target, threads, &failed)
+}
+
+/// Why a component keeps its whole tiles.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Keep {
+    /// It feeds or is an `mma` (whose operands and accumulators have their own lowering).
+    Mma,
+    /// Any other reason, in the DSL's words.
+    Other(String),
+}
+
+/// A component that could not be chunked: its values and why.
+struct Failed {
+    values: BTreeSet<ValueId>,
+    why: Keep,
+}
+
+/// A component to chunk: its values with their chunked dimension, its ops, extent and chunk.
+struct Component {
+    dims: BTreeMap<ValueId, usize>,
+    ops: BTreeSet<OpId>,
+    extent: usize,
+    chunk: usize,
+}
+
+fn process_block(
+    kernel: &mut Kernel,
+    mut block: Block,
+    threads: usize,
+    written: &BTreeSet<usize>,
+    failed: &mut Vec<Failed>,
+) -> Result<Block, Diagnostic> {
+    for &op in &block.ops {
+        let regions = std::mem::take(&mut kernel.ops[op].regions);
+        let mut done = Vec::with_capacity(regions.len());
+        for r in regions {
+            done.push(process_block(kernel, r, threads, written, failed)?);
+        }
+        kernel.ops[op].regions = done;
+    }
+    let mut tried: BTreeSet<ValueId> = BTreeSet::new();
+    loop {
+        let seed = block.ops.iter().find_map(|&op| {
+            kernel.ops[op].results.iter().copied().find(|&v| {
+                !tried.contains(&v) && per_thread(kernel, v, threads) > TRIGGER_PER_THREAD
+            })
+        });
+        let Some(seed) = seed else {
+            return Ok(block);
+        };
+        match component(kernel, &block, seed, threads) {
+            Ok(c) if c.extent / c.chunk <= 1 => {
+                tried.extend(c.dims.keys().copied());
+            }
+            Ok(c) => match rewrite(kernel, &block, &c, written)? {
+                Ok(b) => block = b,
+                Err(why) => {
+                    tried.extend(c.dims.keys().copied());
+                    failed.push(Failed {
+                        values: c.dims.keys().copied().collect(),
+                        why: Keep::Other(why),
+                    });
+                }
+            },
+            Err((values, why)) => {
+                tried.extend(values.iter().copied());
+                tried.insert(seed);
+                failed.push(Failed { values, why });
+            }
+        }
+    }
+}
+
+/// Elements of tile `v` a thread holds when the block's threads share it evenly.
+fn per_thread(kernel: &Kernel, v: ValueId, threads: usize) -> usize {
+    kernel
+        .ty(v)
+        .shape()
+        .map_or(0, |s| s.numel().div_ceil(threads))
+}
+
+/// Tensors some op of the kernel writes.
+fn written_tensors(kernel: &Kernel) -> BTreeSet<usize> {
+    ops_in_order(kernel)
+        .into_iter()
+        .filter_map(|o| match kernel.ops[o].kind {
+            OpKind::Store { tensor, .. }
+            | OpKind::Scatter { tensor, .. }
+            | OpKind::Atomic { tensor, .. } => Some(tensor),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Per op of `block`, the values it reads, those of its regions included.
+fn captured(kernel: &Kernel, op: OpId, out: &mut Vec<ValueId>) {
+    out.extend(kernel.ops[op].operands.iter().copied());
+    for r in &kernel.ops[op].regions {
+        for &o in &r.ops {
+            captured(kernel, o, out);
+        }
+    }
+}
+
+/// The tensors an op (and its regions) reads and writes, and whether it prints.
+#[derive(Default)]
+struct Effects {
+    reads: BTreeSet<usize>,
+    writes: BTreeSet<usize>,
+    prints: bool,
+}
+
+impl Effects {
+    fn of(kernel: &Kernel, op: OpId) -> Effects {
+        let mut e = Effects::default();
+        e.add(kernel, op);
+        e
+    }
+
+    fn add(&mut self, kernel: &Kernel, op: OpId) {
+        match kernel.ops[op].kind {
+            OpKind::Load { tensor, .. }
+            | OpKind::LoadScalar { tensor }
+            | OpKind::Gather { tensor, .. } => {
+                self.reads.insert(tensor);
+            }
+            OpKind::Store { tensor, .. } | OpKind::Scatter { tensor, .. } => {
+                self.writes.insert(tensor);
+            }
+            OpKind::Atomic { tensor, .. } => {
+                self.reads.insert(tensor);
+                self.writes.insert(tensor);
+            }
+            OpKind::Print { .. } => self.prints = true,
+            _ => {}
+        }
+        for r in &kernel.ops[op].regions {
+            for &o in &r.ops {
+                self.add(kernel, o);
+            }
+        }
+    }
+
+    fn conflicts(&self, other: &Effects) -> bool {
+        (self.prints && other.prints)
+            || self
+                .writes
+                .iter()
+                .any(|t| other.writes.contains(t) || other.reads.contains(t))
+            || self.reads.iter().any(|t| other.writes.contains(t))
+    }
+}
+
+type Found = (BTreeSet<ValueId>, Keep);
+
+/// The component of `seed` (see the module doc), or its values so far and why it cannot be
+/// chunked.
+fn component(
+    kernel: &Kernel,
+    block: &Block,
+    seed: ValueId,
+    threads: usize,
+) -> Result<Component, Found> {
+    let in_block: BTreeSet<OpId> = block.ops.iter().copied().collect();
+    let mut uses: BTreeMap<ValueId, Vec<OpId>> = BTreeMap::new();
+    // Uses anywhere under an op of the block count as that op's.
+    for &op in &block.ops {
+        let mut vs = Vec::new();
+        captured(kernel, op, &mut vs);
+        for v in vs {
+            uses.entry(v).or_default().push(op);
+        }
+    }
+    let shape = kernel
+        .ty(seed)
+        .shape()
+        .cloned()
+        .unwrap_or(Shape(Vec::new()));
+    // The widest dimension; of two equal ones the outer (the last maximum of the reversed
+    // order), so chunks of whole rows keep each row's contiguous run.
+    let d0 = (0..shape.rank())
+        .rev()
+        .max_by_key(|&i| shape.dims()[i])
+        .unwrap_or(0);
+    let extent = shape.dims().get(d0).copied().unwrap_or(1);
+    let mut dims: BTreeMap<ValueId, usize> = BTreeMap::new();
+    let mut ops: BTreeSet<OpId> = BTreeSet::new();
+    let mut work = vec![(seed, d0)];
+    let fail = |dims: &BTreeMap<ValueId, usize>, why: Keep| -> Found {
+        let mut vs: BTreeSet<ValueId> = dims.keys().copied().collect();
+        vs.insert(seed);
+        (vs, why)
+    };
+    let other = |s: &str| Keep::Other(s.to_string());
+    while let Some((v, d)) = work.pop() {
+        match dims.get(&v) {
+            Some(&e) if e == d => continue,
+            Some(_) => {
+                return Err(fail(
+                    &dims,
+                    other("the tile is reshaped or transposed so that its long dimension changes"),
+                ));
+            }
+            None => {}
+        }
+        if kernel.ty(v).shape().and_then(|s| s.dims().get(d).copied()) != Some(extent) {
+            return Err(fail(&dims, other("its tiles do not share the long extent")));
+        }
+        dims.insert(v, d);
+        let def = match kernel.values[v].def {
+            ValueDef::Op(op, _) if in_block.contains(&op) => op,
+            ValueDef::Op(..) => {
+                return Err(fail(
+                    &dims,
+                    other("a tile made outside the loop or branch reading it"),
+                ));
+            }
+            ValueDef::BlockArg { .. } => {
+                return Err(fail(&dims, other("a tile carried around a loop")));
+            }
+        };
+        let mut visit: Vec<OpId> = vec![def];
+        visit.extend(uses.get(&v).into_iter().flatten().copied());
+        for op in visit {
+            if !kernel.ops[op].regions.is_empty() {
+                return Err(fail(
+                    &dims,
+                    other("a tile read inside a nested loop or branch"),
+                ));
+            }
+            match members(kernel, op, v, d, extent) {
+                Ok(ms) => {
+                    ops.insert(op);
+                    work.extend(ms);
+                }
+                Err(why) => return Err(fail(&dims, why)),
+            }
+        }
+    }
+    let largest = dims
+        .keys()
+        .filter_map(|&v| kernel.ty(v).shape().map(Shape::numel))
+        .max()
+        .unwrap_or(1);
+    // Elements a thread holds of the largest chunk: CHUNK_PER_THREAD, halved while the loop
+    // body's code (its ops, the long math sequences weighing more) would exceed
+    // CODE_PER_LOOP instructions a thread.
+    let weight: usize = ops.iter().map(|&o| code_weight(&kernel.ops[o].kind)).sum();
+    let mut per = CHUNK_PER_THREAD;
+    while per > 1 && per * weight > CODE_PER_LOOP {
+        per /= 2;
+    }
+    // The chunk: the largest power of two dividing the extent whose largest chunk tile has
+    // at most `per` elements a thread.
+    let bound = (per * threads * extent / largest).max(1);
+    let mut chunk = 1;
+    while chunk * 2 <= bound && extent.is_multiple_of(chunk * 2) {
+        chunk *= 2;
+    }
+    Ok(Component {
+        dims,
+        ops,
+        extent,
+        chunk,
+    })
+}
+
+/// The values of `op` chunked with `v` (chunked along `d`), with their dimensions; or why
+/// `op` cannot run on chunks.
+fn members(
+    kernel: &Kernel,
+    op: OpId,
+    v: ValueId,
+    d: usize,
+    extent: usize,
+) -> Result<Vec<(ValueId, usize)>, Keep> {
+    let o = &kernel.ops[op];
+    let long = |x: ValueId, dim: usize| {
+        kernel
+            .ty(x)
+            .shape()
+            .and_then(|s| s.dims().get(dim).copied())
+            == Some(extent)
+    };
+    let rank = |x: ValueId| kernel.ty(x).shape().map_or(0, Shape::rank);
+    // Tiles of the op that are long along `dim` in the result's space (equal ranks).
+    let same_space = |vals: &[ValueId], dim: usize| -> Result<Vec<(ValueId, usize)>, Keep> {
+        let mut out = Vec::new();
+        for &x in vals {
+            if rank(x) == 0 {
+                continue;
+            }
+            if rank(x) != rank(v) {
+                return Err(Keep::Other(
+                    "an operand of another rank than the tile it is combined with".into(),
+                ));
+            }
+            if long(x, dim) {
+                out.push((x, dim));
+            }
+        }
+        Ok(out)
+    };
+    let other = |s: &str| Keep::Other(s.to_string());
+    match &o.kind {
+        OpKind::Unary(_)
+        | OpKind::Binary(_)
+        | OpKind::Select
+        | OpKind::Cast { .. }
+        | OpKind::Bitcast { .. }
+        | OpKind::Splat { .. }
+        | OpKind::Iota { .. }
+        | OpKind::Load { .. } => {
+            let all: Vec<ValueId> = o.operands.iter().chain(&o.results).copied().collect();
+            same_space(&all, d)
+        }
+        OpKind::Store { .. } => {
+            let value = o.store_operands().map(|p| p.value);
+            Ok(value
+                .filter(|&x| long(x, d))
+                .map(|x| (x, d))
+                .into_iter()
+                .collect())
+        }
+        OpKind::Gather { access, .. }
+        | OpKind::Scatter { access, .. }
+        | OpKind::Atomic { access, .. } => {
+            if access.indexed() {
+                return Err(other("a gather or scatter through an index tile"));
+            }
+            let parts = o
+                .access_operands()
+                .ok_or_else(|| other("malformed access"))?;
+            let tiles: Vec<ValueId> = parts
+                .compare
+                .into_iter()
+                .chain(parts.value)
+                .chain(parts.mask)
+                .chain(o.results.iter().copied())
+                .collect();
+            same_space(&tiles, d)
+        }
+        OpKind::Reshape { .. } => {
+            let (x, r) = (o.operands[0], o.results[0]);
+            let (from, to, dd) = if v == x { (x, r, d) } else { (r, x, d) };
+            let ordinal = non_unit(kernel, from).iter().position(|&i| i == dd);
+            match ordinal.and_then(|k| non_unit(kernel, to).get(k).copied()) {
+                Some(td) => Ok(vec![
+                    (x, if v == x { d } else { td }),
+                    (r, if v == x { td } else { d }),
+                ]),
+                None => Err(other("a reshape of the long dimension")),
+            }
+        }
+        OpKind::Transpose => Ok(
+            vec![(o.operands[0], 1 - d.min(1)), (o.results[0], 1 - d.min(1))]
+                .into_iter()
+                .map(|(x, dd)| if x == v { (x, d) } else { (x, dd) })
+                .collect(),
+        ),
+        OpKind::Reduce { dim, .. } => {
+            let (x, r) = (o.operands[0], o.results[0]);
+            if v == x {
+                if *dim == d {
+                    Ok(vec![(x, d)])
+                } else {
+                    Ok(vec![(x, d), (r, d - usize::from(*dim < d))])
+                }
+            } else {
+                // The result is long: the operand is long along the kept dimension.
+                Ok(vec![(x, 1 - *dim), (r, d)])
+            }
+        }
+        OpKind::Mma => Err(Keep::Mma),
+        OpKind::Print { .. } => Err(other("a `print` of one of its elements")),
+        OpKind::Yield => Err(other("a tile passed out of a loop or branch")),
+        OpKind::For { .. } | OpKind::If => Err(other("a tile read inside a nested loop or branch")),
+        OpKind::Convert => Err(other("a layout conversion")),
+        OpKind::Const(_)
+        | OpKind::ScalarParam(_)
+        | OpKind::BlockId(_)
+        | OpKind::GridDim(_)
+        | OpKind::TensorDim { .. }
+        | OpKind::LoadScalar { .. } => Err(other("an op that makes no tile")),
+    }
+}
+
+/// The dimensions of tile `v` whose extent is not 1.
+fn non_unit(kernel: &Kernel, v: ValueId) -> Vec<usize> {
+    kernel.ty(v).shape().map_or(Vec::new(), |s| {
+        (0..s.rank()).filter(|&i| s.dims()[i] != 1).collect()
+    })
+}
+
+/// A reduction of the component along its chunked dimension: an exit.
+fn is_exit(kernel: &Kernel, c: &Component, op: OpId) -> bool {
+    let o = &kernel.ops[op];
+    matches!(o.kind, OpKind::Reduce { dim, .. }
+        if c.dims.get(&o.operands[0]) == Some(&dim) && !c.dims.contains_key(&o.results[0]))
+}
+
+/// Whether `a` and `b` are a `load` and a `store` of the same elements (the same tensor,
+/// coordinates and shape: an in-place update). In one chunk loop each chunk then reads and
+/// writes only its own elements, in the order the whole tile did.
+fn same_elements(kernel: &Kernel, a: OpId, b: OpId) -> bool {
+    let io = |x: OpId, y: OpId| {
+        let (l, s) = (&kernel.ops[x], &kernel.ops[y]);
+        let (OpKind::Load { tensor, shape }, Some(p)) = (&l.kind, s.store_operands()) else {
+            return false;
+        };
+        matches!(s.kind, OpKind::Store { tensor: t, bound: None } if t == *tensor)
+            && p.coords.len() == l.operands.len()
+            && p.coords
+                .iter()
+                .zip(&l.operands)
+                .all(|(&u, &v)| same_scalar(kernel, u, v))
+            && kernel.ty(p.value).shape() == Some(shape)
+    };
+    io(a, b) || io(b, a)
+}
+
+/// Whether scalars `u` and `v` are one value: the same, or equal constants of one type.
+fn same_scalar(kernel: &Kernel, u: ValueId, v: ValueId) -> bool {
+    let konst = |x: ValueId| match kernel.values[x].def {
+        ValueDef::Op(op, _) => match kernel.ops[op].kind {
+            OpKind::Const(c) => Some(c),
+            _ => None,
+        },
+        ValueDef::BlockArg { .. } => None,
+    };
+    u == v || (kernel.ty(u) == kernel.ty(v) && konst(u).is_some() && konst(u) == konst(v))
+}
+
+/// Whether `op` can be recomputed in a later loop: it writes nothing and reads only tensors
+/// no op of the kernel writes.
+fn rematerialisable(kernel: &Kernel, op: OpId, written: &BTreeSet<usize>) -> bool {
+    match kernel.ops[op].kind {
+        OpKind::Store { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => false,
+        OpKind::Load { tensor, .. } | OpKind::Gather { tensor, .. } => !written.contains(&tensor),
+        _ => true,
+    }
+}
+
+/// Rewrites `block` with component `c` in loops; the new block, or why it must stay whole.
+#[allow(clippy::type_complexity)]
+fn rewrite(
+    kernel: &mut Kernel,
+    block: &Block,
+    c: &Component,
+    written: &BTreeSet<usize>,
+) -> Result<Result<Block, String>, Diagnostic> {
+    // Phases of the component's ops, levels of the others (see the module doc).
+    let mut phase: BTreeMap<OpId, usize> = BTreeMap::new();
+    let mut level: BTreeMap<ValueId, usize> = BTreeMap::new();
+    let mut small_level: BTreeMap<OpId, usize> = BTreeMap::new();
+    let def_of = |kernel: &Kernel, v: ValueId| match kernel.values[v].def {
+        ValueDef::Op(op, _) => Some(op),
+        ValueDef::BlockArg { .. } => None,
+    };
+    for &op in &block.ops {
+        if c.ops.contains(&op) {
+            let mut p = 1;
+            for &x in &kernel.ops[op].operands {
+                if c.dims.contains_key(&x) {
+                    if let Some(q) = def_of(kernel, x).and_then(|d| phase.get(&d)) {
+                        p = p.max(*q);
+                    }
+                } else {
+                    p = p.max(level.get(&x).copied().unwrap_or(0) + 1);
+                }
+            }
+            phase.insert(op, p);
+            for &r in &kernel.ops[op].results {
+                if !c.dims.contains_key(&r) {
+                    level.insert(r, p);
+                }
+            }
+        } else {
+            let mut vs = Vec::new();
+            captured(kernel, op, &mut vs);
+            let l = vs
+                .iter()
+                .map(|v| level.get(v).copied().unwrap_or(0))
+                .max()
+                .unwrap_or(0);
+            small_level.insert(op, l);
+            for &r in &kernel.ops[op].results {
+                level.insert(r, l);
+            }
+        }
+    }
+    let phases = phase.values().copied().max().unwrap_or(1);
+    // Where each op lands: 2L for the other ops of level L, 2k-1 for loop k.
+    let major = |op: OpId| match phase.get(&op) {
+        Some(&k) => 2 * k - 1,
+        None => 2 * small_level.get(&op).copied().unwrap_or(0),
+    };
+    let effects: Vec<Effects> = block.ops.iter().map(|&o| Effects::of(kernel, o)).collect();
+    for (i, &a) in block.ops.iter().enumerate() {
+        for (j, &b) in block.ops.iter().enumerate().skip(i + 1) {
+            if !effects[i].conflicts(&effects[j]) {
+                continue;
+            }
+            let (ma, mb) = (major(a), major(b));
+            if ma == mb && ma % 2 == 1 && same_elements(kernel, a, b) {
+                continue;
+            }
+            if ma > mb || (ma == mb && ma % 2 == 1) {
+                return Ok(Err(
+                    "streaming it in chunks would reorder accesses to one tensor".into(),
+                ));
+            }
+        }
+    }
+    // Each loop's ops: what its phase's exits and writes need, earlier chunk values
+    // recomputed (a chunk value only a later phase reads is made there, not here).
+    let mut loops: Vec<Vec<OpId>> = vec![Vec::new(); phases];
+    for k in 1..=phases {
+        let mut need: BTreeSet<OpId> = phase
+            .iter()
+            .filter(|&(&o, &p)| {
+                p == k
+                    && (is_exit(kernel, c, o)
+                        || matches!(
+                            kernel.ops[o].kind,
+                            OpKind::Store { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. }
+                        ))
+            })
+            .map(|(&o, _)| o)
+            .collect();
+        let mut work: Vec<OpId> = need.iter().copied().collect();
+        while let Some(op) = work.pop() {
+            for &x in &kernel.ops[op].operands {
+                if !c.dims.contains_key(&x) {
+                    continue;
+                }
+                let Some(d) = def_of(kernel, x) else { continue };
+                if need.insert(d) {
+                    if phase.get(&d).is_some_and(|&p| p < k)
+                        && !rematerialisable(kernel, d, written)
+                    {
+                        return Ok(Err(
+                            "a later loop over it would re-read a tensor the kernel writes, or \
+                             repeat an atomic"
+                                .into(),
+                        ));
+                    }
+                    work.push(d);
+                }
+            }
+        }
+        loops[k - 1] = block
+            .ops
+            .iter()
+            .copied()
+            .filter(|o| need.contains(o))
+            .collect();
+    }
+    let mut out = Block {
+        args: block.args.clone(),
+        ops: Vec::new(),
+    };
+    let mut subst: BTreeMap<ValueId, ValueId> = BTreeMap::new();
+    // A region's `yield` ends it whatever it depends on.
+    let end = block
+        .ops
+        .last()
+        .copied()
+        .filter(|&y| kernel.ops[y].kind == OpKind::Yield);
+    for l in 0..=phases {
+        for &op in &block.ops {
+            if Some(op) != end && !phase.contains_key(&op) && small_level.get(&op) == Some(&l) {
+                substitute(kernel, op, &subst);
+                out.ops.push(op);
+            }
+        }
+        if let Some(ops) = loops.get(l).filter(|o| !o.is_empty()) {
+            emit_loop(kernel, c, ops, &mut out.ops, &mut subst)?;
+        }
+    }
+    if let Some(y) = end {
+        substitute(kernel, y, &subst);
+        out.ops.push(y);
+    }
+    Ok(Ok(out))
+}
+
+/// Replaces, in `op` and its regions, every operand found in `subst`.
+fn substitute(kernel: &mut Kernel, op: OpId, subst: &BTreeMap<ValueId, ValueId>) {
+    for x in kernel.ops[op].operands.iter_mut() {
+        if let Some(&n) = subst.get(x) {
+            *x = n;
+        }
+    }
+    let inner: Vec<OpId> = kernel.ops[op]
+        .regions
+        .iter()
+        .flat_map(|r| r.ops.iter().copied())
+        .collect();
+    for o in inner {
+        substitute(kernel, o, subst);
+    }
+}
+
+/// Adds an op typed from its operands to `out`; its results.
+fn add(
+    kernel: &mut Kernel,
+    out: &mut Vec<OpId>,
+    kind: OpKind,
+    operands: Vec<ValueId>,
+    loc: Loc,
+    const_ty: Option<&Type>,
+) -> Result<Vec<ValueId>, Diagnostic> {
+    let tys: Vec<Type> = operands.iter().map(|&v| kernel.ty(v).clone()).collect();
+    let results = result_types(&kind, &tys, &kernel.params, const_ty)
+        .map_err(|e| Diagnostic::internal(loc, format!("strip_mine: {e}")))?;
+    let op = kernel.ops.append(Op {
+        kind,
+        operands,
+        results: Vec::new(),
+        regions: Vec::new(),
+        loc,
+    });
+    let rs: Vec<ValueId> = results
+        .into_iter()
+        .enumerate()
+        .map(|(i, ty)| {
+            kernel.values.append(ValueData {
+                ty,
+                def: ValueDef::Op(op, i),
+            })
+        })
+        .collect();
+    kernel.ops[op].results = rs.clone();
+    out.push(op);
+    Ok(rs)
+}
+
+fn add1(
+    kernel: &mut Kernel,
+    out: &mut Vec<OpId>,
+    kind: OpKind,
+    operands: Vec<ValueId>,
+    loc: Loc,
+) -> Result<ValueId, Diagnostic> {
+    add(kernel, out, kind, operands, loc, None)?
+        .first()
+        .copied()
+        .ok_or_else(|| Diagnostic::internal(loc, "strip_mine: an op without a result"))
+}
+
+fn constant(
+    kernel: &mut Kernel,
+    out: &mut Vec<OpId>,
+    c: Const,
+    dtype: DType,
+    loc: Loc,
+) -> Result<ValueId, Diagnostic> {
+    let ty = Type::Scalar(dtype);
+    add(kernel, out, OpKind::Const(c), Vec::new(), loc, Some(&ty))?
+        .first()
+        .copied()
+        .ok_or_else(|| Diagnostic::internal(loc, "strip_mine: a constant without a value"))
+}
+
+/// `shape` with `dim` cut to `chunk`.
+fn chunked(shape: &Shape, dim: usize, chunk: usize) -> Shape {
+    let mut s = shape.clone();
+    s.0[dim] = chunk;
+    s
+}
+
+/// A reduction's identity and the binary op combining two partial results.
+fn identity(op: ReduceOp, dtype: DType) -> (Const, BinaryOp) {
+    let float = dtype.is_float();
+    let u32 = dtype == DType::U32;
+    match op {
+        ReduceOp::Sum if float => (Const::Float(0.0), BinaryOp::Add),
+        ReduceOp::Sum => (Const::Int(0), BinaryOp::Add),
+        ReduceOp::Max if float => (Const::Float(f64::NEG_INFINITY), BinaryOp::Max),
+        ReduceOp::Max if u32 => (Const::Int(0), BinaryOp::Max),
+        ReduceOp::Max => (Const::Int(i64::from(i32::MIN)), BinaryOp::Max),
+        ReduceOp::Min if float => (Const::Float(f64::INFINITY), BinaryOp::Min),
+        ReduceOp::Min if u32 => (Const::Int(i64::from(u32::MAX)), BinaryOp::Min),
+        ReduceOp::Min => (Const::Int(i64::from(i32::MAX)), BinaryOp::Min),
+    }
+}
+
+/// One exit of a loop: the reduction, its accumulator's dtype and combining op.
+struct Exit {
+    op: OpId,
+    acc: DType,
+    combine: BinaryOp,
+}
+
+/// Emits `for c in (0..E).step_by(CH)` running `ops` on chunks; maps each exit's result to
+/// its final accumulator in `subst`.
+fn emit_loop(
+    kernel: &mut Kernel,
+    c: &Component,
+    ops: &[OpId],
+    out: &mut Vec<OpId>,
+    subst: &mut BTreeMap<ValueId, ValueId>,
+) -> Result<(), Diagnostic> {
+    let loc = ops.first().map_or(Loc::default(), |&o| kernel.ops[o].loc);
+    let lo = constant(kernel, out, Const::Int(0), DType::I32, loc)?;
+    let hi = constant(kernel, out, Const::Int(c.extent as i64), DType::I32, loc)?;
+    let step = constant(kernel, out, Const::Int(c.chunk as i64), DType::I32, loc)?;
+    let mut exits = Vec::new();
+    let mut inits = Vec::new();
+    let exit_ops: Vec<OpId> = ops
+        .iter()
+        .copied()
+        .filter(|&o| is_exit(kernel, c, o))
+        .collect();
+    for op in exit_ops {
+        let OpKind::Reduce { op: rop, .. } = kernel.ops[op].kind else {
+            continue;
+        };
+        let r = kernel.ops[op].results[0];
+        let dtype = kernel.ty(r).dtype();
+        let acc = match (rop, dtype) {
+            (ReduceOp::Sum, DType::Bf16 | DType::F16) => DType::F32,
+            _ => dtype,
+        };
+        let (id, combine) = identity(rop, acc);
+        let oloc = kernel.ops[op].loc;
+        let k = constant(kernel, out, id, acc, oloc)?;
+        let shape = kernel.ty(r).shape().cloned().unwrap_or(Shape(Vec::new()));
+        inits.push(add1(kernel, out, OpKind::Splat { shape }, vec![k], oloc)?);
+        exits.push(Exit { op, acc, combine });
+    }
+    let mut operands = vec![lo, hi, step];
+    operands.extend(&inits);
+    let for_op = kernel.ops.append(Op {
+        kind: OpKind::For { stages: None },
+        operands,
+        results: Vec::new(),
+        regions: Vec::new(),
+        loc,
+    });
+    let mut arg_tys = vec![Type::Scalar(DType::I32)];
+    arg_tys.extend(inits.iter().map(|&v| kernel.ty(v).clone()));
+    let args: Vec<ValueId> = arg_tys
+        .into_iter()
+        .enumerate()
+        .map(|(index, ty)| {
+            kernel.values.append(ValueData {
+                ty,
+                def: ValueDef::BlockArg {
+                    op: for_op,
+                    region: 0,
+                    index,
+                },
+            })
+        })
+        .collect();
+    let iv = args[0];
+    let mut body: Vec<OpId> = Vec::new();
+    let mut map: BTreeMap<ValueId, ValueId> = BTreeMap::new();
+    let mut next = Vec::new();
+    for &op in ops {
+        let o = kernel.ops[op].clone();
+        let m = |x: &ValueId| map.get(x).copied().unwrap_or(*x);
+        if let Some(i) = exits.iter().position(|e| e.op == op) {
+            let OpKind::Reduce { op: rop, dim } = o.kind else {
+                continue;
+            };
+            let mut x = m(&o.operands[0]);
+            if kernel.ty(x).dtype() != exits[i].acc {
+                x = add1(
+                    kernel,
+                    &mut body,
+                    OpKind::Cast { to: exits[i].acc },
+                    vec![x],
+                    o.loc,
+                )?;
+            }
+            let part = add1(
+                kernel,
+                &mut body,
+                OpKind::Reduce { op: rop, dim },
+                vec![x],
+                o.loc,
+            )?;
+            next.push(add1(
+                kernel,
+                &mut body,
+                OpKind::Binary(exits[i].combine),
+                vec![args[1 + i], part],
+                o.loc,
+            )?);
+            continue;
+        }
+        let mut operands: Vec<ValueId> = o.operands.iter().map(m).collect();
+        let dim_of = |v: ValueId| c.dims.get(&v).copied();
+        let shift = |kernel: &mut Kernel,
+                     body: &mut Vec<OpId>,
+                     operands: &mut Vec<ValueId>,
+                     coords: usize,
+                     tile: ValueId|
+         -> Result<(), Diagnostic> {
+            let (Some(d), Some(rank)) = (dim_of(tile), kernel.ty(tile).shape().map(Shape::rank))
+            else {
+                return Ok(());
+            };
+            let at = coords - rank + d;
+            operands[at] = add1(
+                kernel,
+                body,
+                OpKind::Binary(BinaryOp::Add),
+                vec![operands[at], iv],
+                o.loc,
+            )?;
+            Ok(())
+        };
+        let kind = match &o.kind {
+            OpKind::Load { tensor, shape } => {
+                let n = operands.len();
+                shift(kernel, &mut body, &mut operands, n, o.results[0])?;
+                let d = dim_of(o.results[0]).unwrap_or(0);
+                OpKind::Load {
+                    tensor: *tensor,
+                    shape: chunked(shape, d, c.chunk),
+                }
+            }
+            OpKind::Gather {
+                tensor,
+                shape,
+                access,
+            } => {
+                let n = access.dims.len();
+                shift(kernel, &mut body, &mut operands, n, o.results[0])?;
+                let d = dim_of(o.results[0]).unwrap_or(0);
+                OpKind::Gather {
+                    tensor: *tensor,
+                    shape: chunked(shape, d, c.chunk),
+                    access: access.clone(),
+                }
+            }
+            OpKind::Store { .. } => {
+                if let Some(p) = o.store_operands() {
+                    let n = p.coords.len();
+                    shift(kernel, &mut body, &mut operands, n, p.value)?;
+                }
+                o.kind.clone()
+            }
+            OpKind::Scatter { access, .. } | OpKind::Atomic { access, .. } => {
+                if let Some(v) = o.access_operands().and_then(|p| p.value) {
+                    shift(kernel, &mut body, &mut operands, access.dims.len(), v)?;
+                }
+                o.kind.clone()
+            }
+            OpKind::Splat { shape } => OpKind::Splat {
+                shape: chunked(shape, dim_of(o.results[0]).unwrap_or(0), c.chunk),
+            },
+            OpKind::Iota { shape, dim } => OpKind::Iota {
+                shape: chunked(shape, dim_of(o.results[0]).unwrap_or(0), c.chunk),
+                dim: *dim,
+            },
+            OpKind::Reshape { shape } => OpKind::Reshape {
+                shape: chunked(shape, dim_of(o.results[0]).unwrap_or(0), c.chunk),
+            },
+            k => k.clone(),
+        };
+        let rs = add(kernel, &mut body, kind.clone(), operands, o.loc, None)?;
+        for (&old, &new) in o.results.iter().zip(&rs) {
+            map.insert(old, new);
+        }
+        // An iota along the chunked dimension counts from the chunk's first element.
+        if let OpKind::Iota { dim, .. } = kind
+            && dim_of(o.results[0]) == Some(dim)
+        {
+            let shifted = add1(
+                kernel,
+                &mut body,
+                OpKind::Binary(BinaryOp::Add),
+                vec![rs[0], iv],
+                o.loc,
+            )?;
+            map.insert(o.results[0], shifted);
+        }
+    }
+    add(kernel, &mut body, OpKind::Yield, next, loc, None)?;
+    kernel.ops[for_op].regions.push(Block { args, ops: body });
+    let tys: Vec<Type> = inits.iter().map(|&v| kernel.ty(v).clone()).collect();
+    let results: Vec<ValueId> = tys
+        .into_iter()
+        .enumerate()
+        .map(|(i, ty)| {
+            kernel.values.append(ValueData {
+                ty,
+                def: ValueDef::Op(for_op, i),
+            })
+        })
+        .collect();
+    kernel.ops[for_op].results = results.clone();
+    out.push(for_op);
+    for (e, &res) in exits.iter().zip(&results) {
+        let old = kernel.ops[e.op].results[0];
+        let want = kernel.ty(old).dtype();
+        let oloc = kernel.ops[e.op].loc;
+        let v = if want != e.acc {
+            add1(kernel, out, OpKind::Cast { to: want }, vec![res], oloc)?
+        } else {
+            res
+        };
+        subst.insert(old, v);
+    }
+    Ok(())
+}
+
+/// Every tile left is within its budget: registers for a register tile, the target's
+/// shared memory for one staged for `mma`. The error names the tile, its bytes, the budget
+/// and why it was not streamed.
+fn check_budgets(
+    kernel: &Kernel,
+    target: Target,
+    threads: usize,
+    failed: &[Failed],
+) -> Result<(), Diagnostic> {
+    let order = ops_in_order(kernel);
+    let uses = super::walk::uses(kernel);
+    let smem = target.sm_limits().shared_bytes as usize;
+    let with_mma = mma_connected(kernel, &order);
+    for &id in &order {
+        let op = &kernel.ops[id];
+        for &v in &op.results {
+            let Some(shape) = kernel.ty(v).shape() else {
+                continue;
+            };
+            let dtype = kernel.ty(v).dtype();
+            let bytes = shape.numel() * dtype.size_bytes();
+            let why = failed
+                .iter()
+                .find(|f| f.values.contains(&v))
+                .map(|f| &f.why);
+            let staged = matches!(op.kind, OpKind::Load { .. })
+                && uses.get(&v).is_some_and(|us| {
+                    us.iter()
+                        .all(|&u| matches!(kernel.ops[u].kind, OpKind::Mma | OpKind::Transpose))
+                });
+            if staged {
+                if bytes > smem {
+                    return Err(Diagnostic::new(
+                        op.loc,
+                        format!(
+                            "this {shape} {dtype} tile takes {bytes} bytes of shared memory; \
+                             {target} has {smem}"
+                        ),
+                    )
+                    .note("load the `mma` operand in smaller tiles inside a loop over its K dimension"));
+                }
+                continue;
+            }
+            // mma accumulators, their operands and what flows into or out of them are
+            // spread over the warps the mma lowering picks (the `layout` pass), not the
+            // declared ones: their budget is the mma lowering's.
+            if why == Some(&Keep::Mma) || with_mma.contains(&v) {
+                continue;
+            }
+            let per = shape.numel().div_ceil(threads) * dtype.size_bytes().max(4);
+            if per > REGISTER_BYTES {
+                let mut d = Diagnostic::new(
+                    op.loc,
+                    format!(
+                        "this {shape} {dtype} tile takes {bytes} bytes: {per} bytes a thread \
+                         over the block's {threads} threads, more than the {REGISTER_BYTES} \
+                         bytes (255 registers) a thread holds"
+                    ),
+                );
+                if let Some(Keep::Other(w)) = why {
+                    d = d.note(format!(
+                        "kiln streams a large tile in chunks, but not this one: {w}"
+                    ));
+                }
+                return Err(d.note(
+                    "use a smaller tile in a loop over the rest, or more warps \
+                     (`#[kernel(num_warps = N)]`)",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The tiles connected to an `mma` through any chain of ops (operands and results of one op,
+/// a loop's initial, carried, yielded and final values, a branch's yields and results).
+fn mma_connected(kernel: &Kernel, order: &[OpId]) -> BTreeSet<ValueId> {
+    let mut parent: BTreeMap<ValueId, ValueId> = BTreeMap::new();
+    fn root(parent: &mut BTreeMap<ValueId, ValueId>, v: ValueId) -> ValueId {
+        let mut r = v;
+        while let Some(&p) = parent.get(&r) {
+            if p == r {
+                break;
+            }
+            r = p;
+        }
+        parent.insert(v, r);
+        r
+    }
+    let join = |parent: &mut BTreeMap<ValueId, ValueId>, group: &[ValueId]| {
+        let tiles: Vec<ValueId> = group
+            .iter()
+            .copied()
+            .filter(|&v| kernel.ty(v).shape().is_some())
+            .collect();
+        if let Some((&first, rest)) = tiles.split_first() {
+            let r = root(parent, first);
+            for &v in rest {
+                let rv = root(parent, v);
+                parent.insert(rv, r);
+            }
+        }
+    };
+    let yields = |b: &Block| -> Vec<ValueId> {
+        b.ops
+            .last()
+            .map(|&y| kernel.ops[y].operands.clone())
+            .unwrap_or_default()
+    };
+    let mut mma = Vec::new();
+    for &id in order {
+        let op = &kernel.ops[id];
+        match op.kind {
+            OpKind::For { .. } => {
+                let body = &op.regions[0];
+                let ys = yields(body);
+                for (i, &res) in op.results.iter().enumerate() {
+                    let group: Vec<ValueId> = [
+                        op.operands.get(3 + i),
+                        body.args.get(1 + i),
+                        ys.get(i),
+                        Some(&res),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .copied()
+                    .collect();
+                    join(&mut parent, &group);
+                }
+            }
+            OpKind::If => {
+                for (i, &res) in op.results.iter().enumerate() {
+                    let mut group = vec![res];
+                    group.extend(op.regions.iter().filter_map(|r| yields(r).get(i).copied()));
+                    join(&mut parent, &group);
+                }
+            }
+            OpKind::Yield => {}
+            _ => {
+                let all: Vec<ValueId> = op.operands.iter().chain(&op.results).copied().collect();
+                join(&mut parent, &all);
+                if op.kind == OpKind::Mma {
+                    mma.extend(op.results.iter().copied());
+                }
+            }
+        }
+    }
+    let roots: BTreeSet<ValueId> = mma.into_iter().map(|v| root(&mut parent, v)).collect();
+    let values: Vec<ValueId> = parent.keys().copied().collect();
+    values
+        .into_iter()
+        .filter(|&v| roots.contains(&root(&mut parent, v)))
+        .collect()
+}

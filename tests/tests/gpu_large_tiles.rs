@@ -1,0 +1,296 @@
+//! The `large_tiles_kernels` (one tile of up to 65536 elements a row, streamed in chunks by
+//! the `strip_mine` pass) on the GPU, for sm_80 and, on Hopper, sm_90a: against the f64
+//! reference and the interpreter, shapes no multiple of the tiles, every input
+//! distribution, outputs poisoned with NaN, inputs with padded row strides. Skips itself
+//! without a GPU.
+
+mod gpu_common;
+mod large_tiles_kernels;
+
+use std::process::ExitCode;
+
+use gpu_common::{Needs, devices, poisoned_output as output, upload_padded};
+use kiln_ir::dsl::KernelDef;
+use kiln_ir::{DType, HostTensor};
+use kiln_runtime::DeviceTensor;
+use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use large_tiles_kernels::*;
+
+/// The GPU result against the reference and the interpreter's result.
+fn check(case: &Case, gpu: &DeviceTensor, reference: &[f64], interp: &HostTensor, tol: f64) {
+    let got = gpu.download().expect("download");
+    assert_close(case, &got, reference, tol);
+    let vs = Case {
+        kernel: format!("{} (GPU vs interpreter)", case.kernel),
+        ..case.clone()
+    };
+    assert_close(&vs, &got, &interp.to_f64_vec(), tol);
+}
+
+/// `out` against `reference` relative to the input's norm: a centred matrix can be all but
+/// zero (an all-equal input), so the error of its means is measured against `x`.
+fn assert_centered(case: &Case, out: &HostTensor, reference: &[f64], x: &HostTensor, tol: f64) {
+    let o = out.to_f64_vec();
+    let diff: f64 = o
+        .iter()
+        .zip(reference)
+        .map(|(a, b)| (a - b) * (a - b))
+        .sum::<f64>()
+        .sqrt();
+    let norm = x.to_f64_vec().iter().map(|a| a * a).sum::<f64>().sqrt();
+    let err = if norm == 0.0 { diff } else { diff / norm };
+    assert!(
+        err <= tol,
+        "{case}: error {err:e} relative to the input exceeds {tol:e}"
+    );
+}
+
+/// An f32 sum of `n` terms: its rounding grows with `n`.
+fn sum_tolerance(n: usize) -> f64 {
+    tolerance(DType::F32).max(n as f64 * f64::from(f32::EPSILON) / 2.0)
+}
+
+fn case(kernel: String, shape: String, dist: Dist, rng: &Rng) -> Case {
+    Case {
+        kernel,
+        shape,
+        dist,
+        seed: rng.seed(),
+    }
+}
+
+fn gpu_softmax() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for (bm, bn) in [(1, 16384), (2, 32768), (1, 65536)] {
+            let c = WholeRowSoftmaxComptime { BM: bm, BN: bn };
+            for (m, n) in [(1, 1), (3, bn / 2 + 77), (bm + 5, bn)] {
+                for dist in Dist::ALL {
+                    let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+                    let grid = whole_row_softmax.grid(&c, [m, 1, 1]);
+                    let y = output(&dev, DType::F32, &[m, n]);
+                    let dx = upload_padded(&dev, &x, 3);
+                    whole_row_softmax
+                        .launch(&dev, &c, grid, &dx, &y)
+                        .expect("launch");
+                    let mut yi = poisoned(&[m, n], DType::F32);
+                    whole_row_softmax
+                        .interpret(&c, grid, &x, &mut yi)
+                        .expect("interpret");
+                    let what = format!("whole_row_softmax BM={bm} BN={bn} on {}", dev.target());
+                    let cs = case(what, format!("m={m} n={n}"), dist, &rng);
+                    check(&cs, &y, &softmax_ref(&x), &yi, sum_tolerance(n));
+                }
+            }
+        }
+    }
+}
+
+fn gpu_layer_norm() {
+    let mut rng = Rng::from_env();
+    let eps = 1e-5;
+    for dev in devices() {
+        let c = WholeRowLayerNormComptime::default();
+        for (m, n) in [(1, 1), (3, 20000), (5, 32768)] {
+            for dist in Dist::ALL {
+                let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+                let w = tensor(&mut rng, &[n], DType::F32, Dist::Normal);
+                let b = tensor(&mut rng, &[n], DType::F32, Dist::Normal);
+                let grid = whole_row_layer_norm.grid(&c, [m, 1, 1]);
+                let (y, mu, rs) = (
+                    output(&dev, DType::F32, &[m, n]),
+                    output(&dev, DType::F32, &[m]),
+                    output(&dev, DType::F32, &[m]),
+                );
+                let dx = upload_padded(&dev, &x, 1);
+                let dw = dev.upload(&w).expect("upload");
+                let db = dev.upload(&b).expect("upload");
+                whole_row_layer_norm
+                    .launch(&dev, &c, grid, &dx, &dw, &db, &y, &mu, &rs, eps as f32)
+                    .expect("launch");
+                let mut yi = poisoned(&[m, n], DType::F32);
+                let mut mi = poisoned(&[m], DType::F32);
+                let mut ri = poisoned(&[m], DType::F32);
+                whole_row_layer_norm
+                    .interpret(&c, grid, &x, &w, &b, &mut yi, &mut mi, &mut ri, eps as f32)
+                    .expect("interpret");
+                let (yr, mr, rr) = layer_norm_ref(&x, &w, &b, eps);
+                let what = format!("whole_row_layer_norm on {}", dev.target());
+                let cs = case(what, format!("m={m} n={n}"), dist, &rng);
+                // See `large_tiles`: the mean's rounding is about four sums' worth.
+                let tol = sum_tolerance(4 * n);
+                check(&cs, &y, &yr, &yi, tol);
+                check(&cs, &mu, &mr, &mi, tol);
+                check(&cs, &rs, &rr, &ri, tol);
+            }
+        }
+    }
+}
+
+fn gpu_row_sums() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for dtype in [DType::F32, DType::Bf16, DType::F16] {
+            let c = WholeRowSumsComptime {
+                dtype,
+                ..WholeRowSumsComptime::default()
+            };
+            // f16 rows stay where their sum fits f16 (see `large_tiles`).
+            let (ns, dists) = match dtype {
+                DType::F16 => ([1, 1000, 20000], &[Dist::Uniform, Dist::Normal][..]),
+                _ => ([1, 1000, 65536], &Dist::ALL[..]),
+            };
+            for n in ns {
+                for &dist in dists {
+                    let m = 3;
+                    let x = tensor(&mut rng, &[m, n], dtype, dist);
+                    let grid = whole_row_sums.grid(&c, [m, 1, 1]);
+                    let out = output(&dev, dtype, &[m]);
+                    let dx = upload_padded(&dev, &x, 8);
+                    whole_row_sums
+                        .launch(&dev, &c, grid, &dx, &out)
+                        .expect("launch");
+                    let mut oi = poisoned(&[m], dtype);
+                    whole_row_sums
+                        .interpret(&c, grid, &x, &mut oi)
+                        .expect("interpret");
+                    let what = format!("whole_row_sums {dtype} on {}", dev.target());
+                    let cs = case(what, format!("n={n}"), dist, &rng);
+                    let tol = sum_tolerance(n).max(tolerance(dtype));
+                    check(&cs, &out, &row_sums_ref(&x), &oi, tol);
+                }
+            }
+        }
+    }
+}
+
+fn gpu_dropout() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        let c = BigDropoutComptime::default();
+        for n in [1, 70000, 200_000] {
+            let x = tensor(&mut rng, &[n], DType::F32, Dist::Normal);
+            let (p, seed) = (0.3f32, rng.next_u64() as u32);
+            let grid = big_dropout.grid(&c, [n, 1, 1]);
+            let y = output(&dev, DType::F32, &[n]);
+            let dx = dev.upload(&x).expect("upload");
+            big_dropout
+                .launch(&dev, &c, grid, &dx, &y, p, seed)
+                .expect("launch");
+            let mut yi = poisoned(&[n], DType::F32);
+            big_dropout
+                .interpret(&c, grid, &x, &mut yi, p, seed)
+                .expect("interpret");
+            // The mask is a function of (seed, index): the GPU draws exactly the
+            // interpreter's.
+            let got = y.download().expect("download").to_f64_vec();
+            assert_eq!(
+                got,
+                yi.to_f64_vec(),
+                "big_dropout n={n} on {}",
+                dev.target()
+            );
+        }
+    }
+}
+
+fn gpu_randn_sin() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        let c = BigRandnSinComptime::default();
+        for (m, n) in [(1, 1), (70, 9000), (64, 8192)] {
+            for dist in [Dist::Normal, Dist::Large] {
+                let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+                let seed = rng.next_u64() as u32;
+                let grid = big_randn_sin.grid(&c, [m, n, 1]);
+                let y = output(&dev, DType::F32, &[m, n]);
+                let dx = upload_padded(&dev, &x, 2);
+                big_randn_sin
+                    .launch(&dev, &c, grid, &dx, &y, seed)
+                    .expect("launch");
+                let mut yi = poisoned(&[m, n], DType::F32);
+                big_randn_sin
+                    .interpret(&c, grid, &x, &mut yi, seed)
+                    .expect("interpret");
+                // randn's logarithm is the hardware's approximation: the interpreter is the
+                // reference, within f32's tolerance.
+                let what = format!("big_randn_sin on {}", dev.target());
+                let cs = case(what, format!("m={m} n={n}"), dist, &rng);
+                let got = y.download().expect("download");
+                assert_close(&cs, &got, &yi.to_f64_vec(), tolerance(DType::F32));
+            }
+        }
+    }
+}
+
+fn gpu_double_center() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        let c = DoubleCenterComptime::default();
+        for (m, n) in [(1, 1), (50, 5000), (64, 8192), (7, 8000)] {
+            for dist in Dist::ALL {
+                let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+                let y = output(&dev, DType::F32, &[m, n]);
+                let dx = upload_padded(&dev, &x, 4);
+                double_center
+                    .launch(&dev, &c, [1, 1, 1], &dx, &y)
+                    .expect("launch");
+                let mut yi = poisoned(&[m, n], DType::F32);
+                double_center
+                    .interpret(&c, [1, 1, 1], &x, &mut yi)
+                    .expect("interpret");
+                let what = format!("double_center on {}", dev.target());
+                let cs = case(what, format!("m={m} n={n}"), dist, &rng);
+                let got = y.download().expect("download");
+                let tol = sum_tolerance(n.max(m));
+                assert_centered(&cs, &got, &double_center_ref(&x), &x, tol);
+                assert_centered(&cs, &got, &yi.to_f64_vec(), &x, tol);
+            }
+        }
+    }
+}
+
+fn gpu_softmax_rows_loop() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        let c = SoftmaxRowsLoopComptime::default();
+        for (m, n) in [(1, 1), (3, 20001), (2, 32768)] {
+            for dist in Dist::ALL {
+                let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+                let y = output(&dev, DType::F32, &[m, n]);
+                let dx = upload_padded(&dev, &x, 6);
+                softmax_rows_loop
+                    .launch(&dev, &c, [1, 1, 1], &dx, &y)
+                    .expect("launch");
+                let mut yi = poisoned(&[m, n], DType::F32);
+                softmax_rows_loop
+                    .interpret(&c, [1, 1, 1], &x, &mut yi)
+                    .expect("interpret");
+                let what = format!("softmax_rows_loop on {}", dev.target());
+                let cs = case(what, format!("m={m} n={n}"), dist, &rng);
+                check(&cs, &y, &softmax_ref(&x), &yi, sum_tolerance(n));
+            }
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    gpu_common::run(&[
+        ("gpu_large_tiles_softmax", Needs::Gpu, gpu_softmax),
+        ("gpu_large_tiles_layer_norm", Needs::Gpu, gpu_layer_norm),
+        ("gpu_large_tiles_row_sums", Needs::Gpu, gpu_row_sums),
+        ("gpu_large_tiles_dropout", Needs::Gpu, gpu_dropout),
+        ("gpu_large_tiles_randn_sin", Needs::Gpu, gpu_randn_sin),
+        (
+            "gpu_large_tiles_double_center",
+            Needs::Gpu,
+            gpu_double_center,
+        ),
+        (
+            "gpu_large_tiles_softmax_rows_loop",
+            Needs::Gpu,
+            gpu_softmax_rows_loop,
+        ),
+    ])
+}

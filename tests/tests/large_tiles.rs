@@ -1,0 +1,520 @@
+//! Tiles larger than a thread's registers (`large_tiles_kernels`: whole rows of 16384 to
+//! 65536 elements, 64 x 8192 blocks, no loop of the user's): the `strip_mine` pass streams
+//! them in chunks. Each kernel runs on the interpreter as written and after the pass
+//! against its f64 reference (shapes no multiple of any tile, several input distributions,
+//! outputs poisoned); its PTX stays under a few thousand lines and ptxas assembles it in
+//! seconds without spills, for sm_80 and sm_90a. A tile the pass cannot stream and no
+//! thread can hold is an error at the user's line.
+
+mod large_tiles_kernels;
+
+use std::time::{Duration, Instant};
+
+use kiln_ir::dsl::{KernelDef, Spec};
+use kiln_ir::interp::{HostArg, run};
+use kiln_ir::print::print_kernel;
+use kiln_ir::{DType, HostTensor, Kernel, Target};
+use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::codegen::MAX_PTX_LINES;
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use large_tiles_kernels::*;
+
+/// The kernel as `strip_mine` leaves it (the passes before it, then it).
+fn stripped(k: &Kernel, target: Target) -> Kernel {
+    let mut k = k.clone();
+    for (name, _, pass) in kiln_ir::passes::PASSES {
+        pass(&mut k, target).unwrap_or_else(|d| panic!("{name}: {d}"));
+        if *name == "strip_mine" {
+            return k;
+        }
+    }
+    panic!("no strip_mine pass");
+}
+
+fn build<D: KernelDef>(def: &D, c: D::Comptime) -> Kernel {
+    def.build(&Spec::uniform(c, def.signature(), false))
+        .unwrap_or_else(|d| panic!("{}: {d}", def.name()))
+}
+
+fn try_build<D: KernelDef>(def: &D, c: D::Comptime) -> Result<Kernel, kiln_ir::Diagnostic> {
+    def.build(&Spec::uniform(c, def.signature(), false))
+}
+
+/// How many `for` loops the IR prints.
+fn loops(k: &Kernel) -> usize {
+    print_kernel(k).matches(" for ").count()
+}
+
+/// `out` against `reference` relative to the input's norm: a centred matrix can be all but
+/// zero (an all-equal input), so the error of its means is measured against `x`.
+fn assert_centered(case: &Case, out: &HostTensor, reference: &[f64], x: &HostTensor, tol: f64) {
+    let o = out.to_f64_vec();
+    let diff: f64 = o
+        .iter()
+        .zip(reference)
+        .map(|(a, b)| (a - b) * (a - b))
+        .sum::<f64>()
+        .sqrt();
+    let norm = x.to_f64_vec().iter().map(|a| a * a).sum::<f64>().sqrt();
+    let err = if norm == 0.0 { diff } else { diff / norm };
+    assert!(
+        err <= tol,
+        "{case}: error {err:e} relative to the input exceeds {tol:e}"
+    );
+}
+
+/// An f32 sum of `n` terms: its rounding grows with `n`.
+fn sum_tolerance(n: usize) -> f64 {
+    tolerance(DType::F32).max(n as f64 * f64::from(f32::EPSILON) / 2.0)
+}
+
+/// Compiles for sm_80 and sm_90a, aligned and not: fewer than [`MAX_PTX_LINES`] lines, no
+/// spills, ptxas done in seconds. Returns the largest line count.
+fn compact<D: KernelDef>(def: &D, c: D::Comptime) -> usize
+where
+    D::Comptime: Copy,
+{
+    let mut most = 0;
+    for aligned in [false, true] {
+        let k = def
+            .build(&Spec::uniform(c, def.signature(), aligned))
+            .unwrap_or_else(|d| panic!("{}: {d}", def.name()));
+        for target in [Target::Sm80, Target::Sm90a] {
+            let what = format!("{} on {target}, aligned {aligned}", k.name);
+            let m = kiln_ptx::compile(&k, target).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let lines = m.ptx.lines().count();
+            assert!(lines < MAX_PTX_LINES, "{what}: {lines} lines of PTX");
+            most = most.max(lines);
+            let start = Instant::now();
+            let report =
+                kiln_ptx::ptxas::check(&m.ptx, target).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let took = start.elapsed();
+            assert!(!report.spills(), "{what} spills: {report}");
+            println!("{what}: {lines} PTX lines, ptxas {took:.1?}: {report}");
+            // Generous for a shared, loaded machine; unrolled, these took minutes.
+            assert!(
+                took < Duration::from_secs(20),
+                "{what}: ptxas took {took:?}"
+            );
+        }
+    }
+    most
+}
+
+#[test]
+fn whole_row_softmax_streams_in_three_loops_and_matches_reference() {
+    let mut rng = Rng::from_env();
+    for (bm, bn) in [(1, 16384), (2, 32768), (1, 65536)] {
+        let c = WholeRowSoftmaxComptime { BM: bm, BN: bn };
+        let k = build(&whole_row_softmax, c);
+        let s = stripped(&k, Target::Sm80);
+        // max, sum, then the normalised store (which recomputes the exponentials).
+        assert_eq!(loops(&k), 0);
+        assert_eq!(loops(&s), 3, "{}", print_kernel(&s));
+        for (m, n) in [(1, 1), (3, bn / 2 + 77), (bm + 1, bn)] {
+            for dist in Dist::ALL {
+                let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+                let grid = whole_row_softmax.grid(&c, [m, 1, 1]);
+                let want = softmax_ref(&x);
+                for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
+                    let mut y = poisoned(&[m, n], DType::F32);
+                    run(
+                        kernel,
+                        grid,
+                        &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
+                    )
+                    .expect("interpret");
+                    let case = Case {
+                        kernel: format!("whole_row_softmax BM={bm} BN={bn} {what}"),
+                        shape: format!("m={m} n={n}"),
+                        dist,
+                        seed: rng.seed(),
+                    };
+                    assert_close(&case, &y, &want, sum_tolerance(n));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn whole_row_layer_norm_matches_reference_before_and_after_the_pass() {
+    let mut rng = Rng::from_env();
+    let c = WholeRowLayerNormComptime::default();
+    let k = build(&whole_row_layer_norm, c);
+    let s = stripped(&k, Target::Sm80);
+    // The maximum, the mean, the variance, then the normalised store.
+    assert_eq!(loops(&s), 4, "{}", print_kernel(&s));
+    let eps = 1e-5;
+    for (m, n) in [(1, 1), (3, 20000), (5, 32768)] {
+        for dist in Dist::ALL {
+            let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+            let w = tensor(&mut rng, &[n], DType::F32, Dist::Normal);
+            let b = tensor(&mut rng, &[n], DType::F32, Dist::Normal);
+            let (yr, mr, rr) = layer_norm_ref(&x, &w, &b, eps);
+            let grid = whole_row_layer_norm.grid(&c, [m, 1, 1]);
+            for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
+                let mut y = poisoned(&[m, n], DType::F32);
+                let mut mu = poisoned(&[m], DType::F32);
+                let mut rs = poisoned(&[m], DType::F32);
+                run(
+                    kernel,
+                    grid,
+                    &mut [
+                        HostArg::Tensor(&x),
+                        HostArg::Tensor(&w),
+                        HostArg::Tensor(&b),
+                        HostArg::TensorMut(&mut y),
+                        HostArg::TensorMut(&mut mu),
+                        HostArg::TensorMut(&mut rs),
+                        HostArg::F32(eps as f32),
+                    ],
+                )
+                .expect("interpret");
+                let case = Case {
+                    kernel: format!("whole_row_layer_norm {what}"),
+                    shape: format!("m={m} n={n}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                // The mean sums the offsets from the row's maximum, some four standard
+                // deviations each for normal rows: its f32 rounding, relative to the spread
+                // that the output is scaled by, is about four sums' worth.
+                let tol = sum_tolerance(4 * n);
+                assert_close(&case, &y, &yr, tol);
+                assert_close(&case, &mu, &mr, tol);
+                assert_close(&case, &rs, &rr, tol);
+            }
+        }
+    }
+}
+
+#[test]
+fn half_precision_row_sums_accumulate_in_f32_across_chunks() {
+    let mut rng = Rng::from_env();
+    for dtype in [DType::F32, DType::Bf16, DType::F16] {
+        let c = WholeRowSumsComptime {
+            dtype,
+            ..WholeRowSumsComptime::default()
+        };
+        let k = build(&whole_row_sums, c);
+        let s = stripped(&k, Target::Sm80);
+        assert_eq!(loops(&s), 1, "{}", print_kernel(&s));
+        // An f16 sum of 65536 large or equal values overflows f16 (65504) in the reference
+        // too: f16 rows stay where the sum fits.
+        let (ns, dists) = match dtype {
+            DType::F16 => ([1, 1000, 20000], &[Dist::Uniform, Dist::Normal][..]),
+            _ => ([1, 1000, 65536], &Dist::ALL[..]),
+        };
+        for n in ns {
+            for &dist in dists {
+                let x = tensor(&mut rng, &[2, n], dtype, dist);
+                let grid = whole_row_sums.grid(&c, [2, 1, 1]);
+                for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
+                    let mut y = poisoned(&[2], dtype);
+                    run(
+                        kernel,
+                        grid,
+                        &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
+                    )
+                    .expect("interpret");
+                    let case = Case {
+                        kernel: format!("whole_row_sums {dtype} {what}"),
+                        shape: format!("n={n}"),
+                        dist,
+                        seed: rng.seed(),
+                    };
+                    // One rounding to the dtype at the end, f32 sums before it.
+                    assert_close(
+                        &case,
+                        &y,
+                        &row_sums_ref(&x),
+                        sum_tolerance(n).max(tolerance(dtype)),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn double_centering_reduces_both_dimensions_of_one_large_tile() {
+    let mut rng = Rng::from_env();
+    let c = DoubleCenterComptime::default();
+    let k = build(&double_center, c);
+    let s = stripped(&k, Target::Sm80);
+    assert_eq!(loops(&s), 2, "{}", print_kernel(&s));
+    for (m, n) in [(1, 1), (50, 5000), (64, 8192), (7, 8000)] {
+        for dist in Dist::ALL {
+            let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+            let want = double_center_ref(&x);
+            for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
+                let mut y = poisoned(&[m, n], DType::F32);
+                run(
+                    kernel,
+                    [1, 1, 1],
+                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
+                )
+                .expect("interpret");
+                let case = Case {
+                    kernel: format!("double_center {what}"),
+                    shape: format!("m={m} n={n}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                assert_centered(&case, &y, &want, &x, sum_tolerance(n.max(m)));
+            }
+        }
+    }
+}
+
+/// Dropout's Philox stream is a function of the element index, so the chunks must draw
+/// exactly what the whole tile draws.
+#[test]
+fn dropout_on_a_huge_tile_is_bit_identical_after_the_pass() {
+    let mut rng = Rng::from_env();
+    let c = BigDropoutComptime::default();
+    let k = build(&big_dropout, c);
+    let s = stripped(&k, Target::Sm80);
+    assert_eq!(loops(&s), 1, "{}", print_kernel(&s));
+    for n in [1, 70000, 131072] {
+        let x = tensor(&mut rng, &[n], DType::F32, Dist::Normal);
+        let seed = rng.next_u64() as u32;
+        let p = 0.3f32;
+        let grid = big_dropout.grid(&c, [n, 1, 1]);
+        let mut outs = Vec::new();
+        for kernel in [&k, &s] {
+            let mut y = poisoned(&[n], DType::F32);
+            run(
+                kernel,
+                grid,
+                &mut [
+                    HostArg::Tensor(&x),
+                    HostArg::TensorMut(&mut y),
+                    HostArg::F32(p),
+                    HostArg::U32(seed),
+                ],
+            )
+            .expect("interpret");
+            outs.push(y.to_f64_vec());
+        }
+        assert_eq!(outs[0], outs[1], "n={n} KILN_SEED={}", rng.seed());
+        let xv = x.to_f64_vec();
+        let kept = outs[1].iter().filter(|&&v| v != 0.0).count();
+        for (i, &v) in outs[1].iter().enumerate() {
+            let scaled = f64::from(xv[i] as f32 * (1.0 / (1.0 - p)));
+            assert!(v == 0.0 || v == scaled, "element {i}: {v} vs {scaled}");
+        }
+        if n > 10000 {
+            let frac = kept as f64 / n as f64;
+            assert!((frac - 0.7).abs() < 0.02, "kept {frac} of {n}");
+        }
+    }
+}
+
+#[test]
+fn large_tile_kernels_compile_to_compact_ptx_without_spills() {
+    let softmax = compact(
+        &whole_row_softmax,
+        WholeRowSoftmaxComptime { BM: 1, BN: 65536 },
+    );
+    compact(
+        &whole_row_softmax,
+        WholeRowSoftmaxComptime { BM: 2, BN: 32768 },
+    );
+    compact(&whole_row_layer_norm, WholeRowLayerNormComptime::default());
+    compact(
+        &whole_row_sums,
+        WholeRowSumsComptime {
+            dtype: DType::Bf16,
+            ..WholeRowSumsComptime::default()
+        },
+    );
+    compact(&big_dropout, BigDropoutComptime::default());
+    compact(&big_randn_sin, BigRandnSinComptime::default());
+    compact(&double_center, DoubleCenterComptime::default());
+    // Three loops of a few vectors a thread each: far from the bound.
+    assert!(softmax < 2000, "{softmax} lines");
+}
+
+#[test]
+fn a_large_tile_carried_around_a_loop_is_an_error_at_its_line() {
+    let line = include_str!("large_tiles_kernels/mod.rs")
+        .lines()
+        .position(|l| l.contains("MARK-carried") && l.contains("let mut acc"))
+        .expect("marker") as u32
+        + 1;
+    let k = build(&carried_row, CarriedRowComptime::default());
+    for target in [Target::Sm80, Target::Sm90a] {
+        let d = kiln_ptx::compile(&k, target).expect_err("too large");
+        let text = d.to_string();
+        assert!(text.contains("large_tiles_kernels/mod.rs"), "{text}");
+        assert!(text.contains(&format!(":{line}:")), "{text}");
+        assert!(
+            text.contains("1x65536 f32 tile takes 262144 bytes"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kiln streams a large tile in chunks, but not this one"),
+            "{text}"
+        );
+    }
+    // A smaller row fits a thread's registers and compiles as before.
+    let small = build(&carried_row, CarriedRowComptime { BN: 4096 });
+    kiln_ptx::compile(&small, Target::Sm80).expect("fits");
+}
+
+#[test]
+fn kiln_ir_after_strip_mine_shows_the_chunk_loops() {
+    let ir = |after: &str| {
+        kiln::cli::run_args([
+            "kiln",
+            "ir",
+            "whole_row_softmax",
+            "--after",
+            after,
+            "-D",
+            "BN=65536",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let before = ir("canonicalize");
+    assert!(before.contains("rt<f32,1x65536>"), "{before}");
+    assert!(!before.contains(" for "), "{before}");
+    let after = ir("strip_mine");
+    assert_eq!(after.matches(" for ").count(), 3, "{after}");
+    assert!(!after.contains("rt<f32,1x65536>"), "{after}");
+    // The chunks keep the user's lines.
+    assert!(after.contains("large_tiles_kernels/mod.rs:"), "{after}");
+}
+
+/// An in-place elementwise update streams (each chunk touches only its own elements); an
+/// in-place update that needs a reduction of the row first would re-read the row after
+/// writing part of it, so it keeps its whole tile, which no thread holds: an error at the
+/// load's line saying why.
+#[test]
+fn in_place_updates_stream_only_where_chunks_cannot_see_each_others_writes() {
+    let mut rng = Rng::from_env();
+    let c = AffineInPlaceComptime::default();
+    let k = build(&affine_in_place, c);
+    let s = stripped(&k, Target::Sm80);
+    assert_eq!(loops(&s), 1, "{}", print_kernel(&s));
+    for (m, n) in [(1, 1), (3, 50000), (2, 65536)] {
+        let x = tensor(&mut rng, &[m, n], DType::F32, Dist::Normal);
+        let want: Vec<f64> = x
+            .to_f64_vec()
+            .iter()
+            .map(|&v| f64::from(v as f32 * 2.0 + 1.0))
+            .collect();
+        let mut y = x.clone();
+        run(&s, [m as u32, 1, 1], &mut [HostArg::TensorMut(&mut y)]).expect("interpret");
+        assert_eq!(y.to_f64_vec(), want, "m={m} n={n} KILN_SEED={}", rng.seed());
+    }
+    compact(&affine_in_place, c);
+
+    let line = include_str!("large_tiles_kernels/mod.rs")
+        .lines()
+        .position(|l| l.contains("MARK-in-place"))
+        .expect("marker") as u32
+        + 1;
+    let k = build(&normalise_in_place, NormaliseInPlaceComptime::default());
+    let d = kiln_ptx::compile(&k, Target::Sm80).expect_err("too large");
+    let text = d.to_string();
+    assert!(
+        text.contains(&format!("large_tiles_kernels/mod.rs:{line}:")),
+        "{text}"
+    );
+    assert!(
+        text.contains("re-read a tensor the kernel writes"),
+        "{text}"
+    );
+    // The same kernel on a row a thread can hold compiles whole.
+    let small = build(&normalise_in_place, NormaliseInPlaceComptime { BN: 4096 });
+    kiln_ptx::compile(&small, Target::Sm80).expect("fits");
+}
+
+#[test]
+fn whole_row_tiles_inside_a_loop_of_the_users_stream_inside_it() {
+    let mut rng = Rng::from_env();
+    let c = SoftmaxRowsLoopComptime::default();
+    let k = build(&softmax_rows_loop, c);
+    let s = stripped(&k, Target::Sm80);
+    // The user's loop, and the three chunk loops in its body.
+    assert_eq!(loops(&k), 1);
+    assert_eq!(loops(&s), 4, "{}", print_kernel(&s));
+    for (m, n) in [(1, 1), (3, 20001), (2, 32768)] {
+        for dist in Dist::ALL {
+            let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+            let want = softmax_ref(&x);
+            for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
+                let mut y = poisoned(&[m, n], DType::F32);
+                run(
+                    kernel,
+                    [1, 1, 1],
+                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
+                )
+                .expect("interpret");
+                let case = Case {
+                    kernel: format!("softmax_rows_loop {what}"),
+                    shape: format!("m={m} n={n}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                assert_close(&case, &y, &want, sum_tolerance(n));
+            }
+        }
+    }
+    compact(&softmax_rows_loop, c);
+}
+
+#[test]
+fn a_users_loop_carries_what_a_chunk_loop_reduces() {
+    let mut rng = Rng::from_env();
+    let c = TotalByRowsComptime::default();
+    let k = build(&total_by_rows, c);
+    let s = stripped(&k, Target::Sm80);
+    assert_eq!(loops(&s), 2, "{}", print_kernel(&s));
+    for (m, n) in [(1, 1), (3, 40000), (2, 65536)] {
+        for dist in Dist::ALL {
+            let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+            let want = vec![x.to_f64_vec().iter().sum::<f64>()];
+            for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
+                let mut y = poisoned(&[1], DType::F32);
+                run(
+                    kernel,
+                    [1, 1, 1],
+                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
+                )
+                .expect("interpret");
+                let case = Case {
+                    kernel: format!("total_by_rows {what}"),
+                    shape: format!("m={m} n={n}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                assert_close(&case, &y, &want, sum_tolerance(m * n));
+            }
+        }
+    }
+    compact(&total_by_rows, c);
+}
+
+#[test]
+fn extents_reach_a_million_and_a_tile_at_most_sixteen_million_elements() {
+    // 1 x 2^20 builds (and streams); 4096 x 8192 is past the element bound.
+    let k = build(
+        &whole_row_sums,
+        WholeRowSumsComptime {
+            BN: 1 << 20,
+            ..WholeRowSumsComptime::default()
+        },
+    );
+    assert_eq!(loops(&stripped(&k, Target::Sm90a)), 1);
+    let d = try_build(&double_center, DoubleCenterComptime { BM: 4096, BN: 8192 })
+        .expect_err("too many elements");
+    assert_eq!(
+        d.message, "a 4096x8192 tile has 33554432 elements; a tile holds at most 16777216",
+        "{d}"
+    );
+    assert!(d.loc.file.ends_with("large_tiles_kernels/mod.rs"), "{d}");
+}

@@ -1,0 +1,268 @@
+//! Kernels written with one tile far larger than a thread's registers (a whole row of up to
+//! 65536 elements, a 64 x 8192 block) and no loop of their own: the `strip_mine` pass
+//! streams them in chunks. With their f64 references. Shared by the CPU test
+//! (`large_tiles`: interpreter before and after the pass, PTX size, ptxas) and the GPU test
+//! (`gpu_large_tiles`).
+
+#![allow(dead_code)]
+
+use kiln::prelude::*;
+use kiln_ir::HostTensor;
+
+/// `log2(e)`: exponentials are computed with `exp2`.
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+
+/// `y[r, :] = softmax(x[r, :])` for `x, y: [M, N]` f32, `N <= BN`: each block's `[BM, BN]`
+/// tile holds its rows whole; columns past `N` are masked to `-inf`.
+#[kernel(grid = [BM, 1, 1])]
+pub fn whole_row_softmax(
+    x: Tensor<f32, 2>,
+    y: TensorMut<f32, 2>,
+    #[comptime(default = 1)] BM: usize,
+    #[comptime(default = 16384)] BN: usize,
+) {
+    let row0 = block_id().x * BM;
+    let n = x.dim(1);
+    let t = select(
+        iota([BM, BN], 1) < n,
+        x.tile([BM, BN], [row0, 0]).load(), // MARK-softmax-load
+        f32::NEG_INFINITY,
+    );
+    let m = row_max(&t);
+    let p = exp2(&((t - m.col()) * LOG2E));
+    let inv = recip(&row_sum(&p));
+    y.tile([BM, BN], [row0, 0]).store(p * inv.col());
+}
+
+pub fn softmax_ref(x: &HostTensor) -> Vec<f64> {
+    let (m, n) = (x.shape[0], x.shape[1]);
+    let v = x.to_f64_vec();
+    let mut out = vec![0.0; m * n];
+    for r in 0..m {
+        let row = &v[r * n..(r + 1) * n];
+        let mx = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let s: f64 = row.iter().map(|&a| (a - mx).exp()).sum();
+        for c in 0..n {
+            out[r * n + c] = (row[c] - mx).exp() / s;
+        }
+    }
+    out
+}
+
+/// Layer norm over whole rows: `y = (x - mean) * rstd * w + b` with the biased variance,
+/// `mean[r]` and `rstd[r]` kept; `x, y: [M, N]`, `w, b: [N]` f32, `N <= BN`.
+#[kernel(grid = [BM, 1, 1])]
+pub fn whole_row_layer_norm(
+    x: Tensor<f32, 2>,
+    w: Tensor<f32, 1>,
+    b: Tensor<f32, 1>,
+    y: TensorMut<f32, 2>,
+    mean: TensorMut<f32, 1>,
+    rstd: TensorMut<f32, 1>,
+    eps: f32,
+    #[comptime(default = 2)] BM: usize,
+    #[comptime(default = 32768)] BN: usize,
+) {
+    let row0 = block_id().x * BM;
+    let n = x.dim(1);
+    let count = n.cast::<f32>();
+    let inside = iota([BM, BN], 1) < n;
+    let t = x.tile([BM, BN], [row0, 0]).load();
+    // The mean as the row's maximum plus the mean offset from it: exact for a constant row,
+    // whose deviations are then exactly 0.
+    let shift = row_max(&select(inside, t, f32::NEG_INFINITY));
+    let mu = shift + row_sum(&select(inside, t - shift.col(), 0.0)) / count;
+    let dev = select(inside, t - mu.col(), 0.0);
+    let r = rsqrt(&(row_sum(&(dev * dev)) / count + eps));
+    mean.tile([BM], [row0]).store(mu);
+    rstd.tile([BM], [row0]).store(r);
+    let wt = w.tile([BN], [0]).load().row();
+    let bt = b.tile([BN], [0]).load().row();
+    y.tile([BM, BN], [row0, 0]).store(dev * r.col() * wt + bt);
+}
+
+/// `(y, mean, rstd)` of [`whole_row_layer_norm`].
+pub fn layer_norm_ref(
+    x: &HostTensor,
+    w: &HostTensor,
+    b: &HostTensor,
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (m, n) = (x.shape[0], x.shape[1]);
+    let (v, wv, bv) = (x.to_f64_vec(), w.to_f64_vec(), b.to_f64_vec());
+    let (mut y, mut mu, mut rs) = (vec![0.0; m * n], vec![0.0; m], vec![0.0; m]);
+    for r in 0..m {
+        let row = &v[r * n..(r + 1) * n];
+        let mean = row.iter().sum::<f64>() / n as f64;
+        let var = row.iter().map(|a| (a - mean) * (a - mean)).sum::<f64>() / n as f64;
+        let rstd = 1.0 / (var + eps).sqrt();
+        mu[r] = mean;
+        rs[r] = rstd;
+        for c in 0..n {
+            y[r * n + c] = (row[c] - mean) * rstd * wv[c] + bv[c];
+        }
+    }
+    (y, mu, rs)
+}
+
+/// `out[r] = sum(x[r, :])` in `dtype` (a 16-bit float sum accumulates in f32), `N <= BN`.
+#[kernel(grid = [BM, 1, 1])]
+pub fn whole_row_sums(
+    x: Tensor<dtype, 2>,
+    out: TensorMut<dtype, 1>,
+    #[comptime(default = 1)] BM: usize,
+    #[comptime(default = 65536)] BN: usize,
+    #[comptime(default = DType::F32)] dtype: DType,
+) {
+    let row0 = block_id().x * BM;
+    out.tile([BM], [row0])
+        .store(row_sum(&x.tile([BM, BN], [row0, 0]).load()));
+}
+
+pub fn row_sums_ref(x: &HostTensor) -> Vec<f64> {
+    let (m, n) = (x.shape[0], x.shape[1]);
+    let v = x.to_f64_vec();
+    (0..m).map(|r| v[r * n..(r + 1) * n].iter().sum()).collect()
+}
+
+/// Dropout over one `[BLOCK]` tile a block: `y = rand(seed, i) > p ? x / (1 - p) : 0`.
+#[kernel(grid = [BLOCK, 1, 1])]
+pub fn big_dropout(
+    x: Tensor<f32, 1>,
+    y: TensorMut<f32, 1>,
+    p: f32,
+    seed: u32,
+    #[comptime(default = 65536)] BLOCK: usize,
+) {
+    let start = block_id().x * BLOCK;
+    let offsets = iota([BLOCK], 0) + start;
+    let v = x.tile([BLOCK], [start]).load();
+    let r = rand(seed, offsets);
+    let scale = 1.0 / (1.0 - p);
+    y.tile([BLOCK], [start])
+        .store(select(r > p, v * scale, 0.0));
+}
+
+/// `y = randn(seed, i) + sin(x)` over `[BM, BN]` tiles: the long per-element sequences
+/// (Philox rounds, Box-Muller, sine's range reduction) on a tile of 512 elements a thread.
+#[kernel(grid = [BM, BN, 1])]
+pub fn big_randn_sin(
+    x: Tensor<f32, 2>,
+    y: TensorMut<f32, 2>,
+    seed: u32,
+    #[comptime(default = 64)] BM: usize,
+    #[comptime(default = 8192)] BN: usize,
+) {
+    let (r0, c0) = (block_id().x * BM, block_id().y * BN);
+    let n = x.dim(1);
+    let offsets = (iota([BM, BN], 0) + r0) * n + iota([BM, BN], 1) + c0;
+    let t = x.tile([BM, BN], [r0, c0]).load();
+    y.tile([BM, BN], [r0, c0])
+        .store(randn(seed, offsets) + sin(&t));
+}
+
+/// Double centering of a whole `[M, N]` matrix in one `[BM, BN]` tile (`M <= BM`,
+/// `N <= BN`): `y = x - colmean(x) - rowmean(x) + mean(x)`. The column sums reduce the
+/// dimension the pass does not chunk, the row sums the one it does; both broadcast back.
+#[kernel(grid = [BM, 1, 1])]
+pub fn double_center(
+    x: Tensor<f32, 2>,
+    y: TensorMut<f32, 2>,
+    #[comptime(default = 64)] BM: usize,
+    #[comptime(default = 8192)] BN: usize,
+) {
+    let (m, n) = (x.dim(0), x.dim(1));
+    let t = x.tile([BM, BN], [0, 0]).load();
+    let cm = col_sum(&t) / m.cast::<f32>();
+    let rm = row_sum(&t) / n.cast::<f32>();
+    // The grand mean: the mean of the row means (rows past `M` hold zeros).
+    let all = col_sum(&rm.col()) / m.cast::<f32>();
+    y.tile([BM, BN], [0, 0])
+        .store(t - cm.row() - rm.col() + all.row());
+}
+
+pub fn double_center_ref(x: &HostTensor) -> Vec<f64> {
+    let (m, n) = (x.shape[0], x.shape[1]);
+    let v = x.to_f64_vec();
+    let rm: Vec<f64> = (0..m)
+        .map(|r| v[r * n..(r + 1) * n].iter().sum::<f64>() / n as f64)
+        .collect();
+    let cm: Vec<f64> = (0..n)
+        .map(|c| (0..m).map(|r| v[r * n + c]).sum::<f64>() / m as f64)
+        .collect();
+    let all = rm.iter().sum::<f64>() / m as f64;
+    (0..m * n)
+        .map(|e| v[e] - cm[e % n] - rm[e / n] + all)
+        .collect()
+}
+
+/// `y[0, :] = sum_j x[j, :]` with the whole `[1, BN]` row carried around a loop over the
+/// rows: a tile the pass does not stream (it crosses a loop) and no thread can hold at
+/// `BN = 65536`.
+#[kernel(grid = [1, 1, 1])]
+pub fn carried_row(
+    x: Tensor<f32, 2>,
+    y: TensorMut<f32, 2>,
+    #[comptime(default = 65536)] BN: usize,
+) {
+    let mut acc = zeros::<f32>([1, BN]); // MARK-carried
+    for j in 0..x.dim(0) {
+        acc = acc + x.tile([1, BN], [j, 0]).load();
+    }
+    y.tile([1, BN], [0, 0]).store(acc);
+}
+
+/// `x[r, :] = x[r, :] / max(|x[r, :]|)` in place over whole rows (`N <= BN`): the row is
+/// read twice (the maximum, then the scaled store) from the tensor the kernel writes.
+#[kernel(grid = [1, 1, 1])]
+pub fn normalise_in_place(x: TensorMut<f32, 2>, #[comptime(default = 65536)] BN: usize) {
+    let r = block_id().x;
+    let t = x.tile([1, BN], [r, 0]).load(); // MARK-in-place
+    let inv = recip(&row_max(&abs(&t)));
+    x.tile([1, BN], [r, 0]).store(t * inv.col());
+}
+
+/// `x[r, :] = 2 x[r, :] + 1` in place over whole rows: each chunk reads and writes only its
+/// own elements.
+#[kernel(grid = [1, 1, 1])]
+pub fn affine_in_place(x: TensorMut<f32, 2>, #[comptime(default = 65536)] BN: usize) {
+    let r = block_id().x;
+    let t = x.tile([1, BN], [r, 0]).load();
+    x.tile([1, BN], [r, 0]).store(t * 2.0 + 1.0);
+}
+
+/// [`whole_row_softmax`] of every row by one block, in a loop of the user's over the rows:
+/// the whole-row tiles live inside that loop's body.
+#[kernel(grid = [1, 1, 1])]
+pub fn softmax_rows_loop(
+    x: Tensor<f32, 2>,
+    y: TensorMut<f32, 2>,
+    #[comptime(default = 32768)] BN: usize,
+) {
+    let n = x.dim(1);
+    for r in 0..x.dim(0) {
+        let t = select(
+            iota([1, BN], 1) < n,
+            x.tile([1, BN], [r, 0]).load(),
+            f32::NEG_INFINITY,
+        );
+        let p = exp2(&((t - row_max(&t).col()) * LOG2E));
+        y.tile([1, BN], [r, 0]).store(p * recip(&row_sum(&p)).col());
+    }
+}
+
+/// `out[0] = sum(x)`: a loop of the user's over the rows carries the running total, each
+/// row summed from one whole-row tile (the chunk loop's result is what the user's loop
+/// yields).
+#[kernel(grid = [1, 1, 1])]
+pub fn total_by_rows(
+    x: Tensor<f32, 2>,
+    out: TensorMut<f32, 1>,
+    #[comptime(default = 65536)] BN: usize,
+) {
+    let mut total = zeros::<f32>([1]);
+    for r in 0..x.dim(0) {
+        total = total + row_sum(&x.tile([1, BN], [r, 0]).load());
+    }
+    out.tile([1], [0]).store(total);
+}
