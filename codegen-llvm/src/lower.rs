@@ -356,6 +356,20 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
                 set(self, Val::Tile(vec![s; n]))?;
             }
             OpKind::Iota { dim, .. } => self.lower_iota(id, *dim)?,
+            OpKind::Reshape { .. } if !kiln_ir::passes::lower::reshape_is_free(self.k, &op) => {
+                return Err(self.unsupported(
+                    id,
+                    "a reshape that moves elements between threads (the PTX backend moves \
+                     them through shared memory)",
+                ));
+            }
+            OpKind::Permute { .. } => {
+                return Err(self.unsupported(
+                    id,
+                    "a permutation of a tile's dimensions (the PTX backend moves its \
+                     elements through shared memory)",
+                ));
+            }
             OpKind::Reshape { .. } => {
                 // [R] <-> [R, 1] and [C] <-> [1, C] keep every register (the slice layouts
                 // the layout pass gives both list them in the same order).

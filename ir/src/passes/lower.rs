@@ -217,6 +217,23 @@ fn check_covered(kernel: &Kernel, target: Target) -> Result<(), Diagnostic> {
     }
 }
 
+/// Whether reshape `op` leaves every element in the register it was in (a view that adds
+/// or removes extents of 1, or a reshape between layouts that agree): it exchanges nothing.
+/// The PTX writer moves the elements of any other through the scratch region.
+pub fn reshape_is_free(kernel: &Kernel, op: &crate::kernel::Op) -> bool {
+    let (x, r) = (op.operands[0], op.results[0]);
+    if super::layout::is_view(kernel, op) {
+        return true;
+    }
+    let (Some(xs), Some(rs)) = (kernel.ty(x).shape(), kernel.ty(r).shape()) else {
+        return true;
+    };
+    match (kernel.distribution(x), kernel.distribution(r)) {
+        (Ok(a), Ok(b)) => a.same_elements(xs, &b, rs),
+        _ => false,
+    }
+}
+
 /// Places the shared scratch region that tiles changing layout (`convert`) and reductions
 /// across warps exchange elements through: after every other buffer, as large as the
 /// largest exchange. Role-specialised kernels have no block-wide barrier to order it, so a
@@ -227,7 +244,9 @@ fn place_scratch(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> 
     for id in ops_in_order(kernel) {
         let op = &kernel.ops[id];
         let need = match op.kind {
-            OpKind::Convert => {
+            // A general reshape whose elements stay in their registers moves nothing.
+            OpKind::Reshape { .. } if reshape_is_free(kernel, op) => continue,
+            OpKind::Convert | OpKind::Permute { .. } | OpKind::Reshape { .. } => {
                 let ty = kernel.ty(op.results[0]);
                 let elems = ty.shape().map_or(1, Shape::numel);
                 elems as u32 * ty.dtype().size_bytes() as u32

@@ -15,6 +15,7 @@ pub mod overlap;
 pub mod persistent;
 pub mod pipeline;
 pub mod protocol_check;
+mod tiles_nd;
 pub mod tma_store;
 pub mod tmem;
 pub mod verify;
