@@ -721,4 +721,72 @@ mod tests {
         assert!(l.distribution(&Shape(vec![4, 96])).is_err());
         assert!(l.distribution(&Shape(vec![4, 128])).is_ok());
     }
+
+    /// A tile of rank 3 or 4 is laid out as its leading dimensions folded into rows: every
+    /// thread holds the same elements as in the folded 2-D tile, coordinates split per
+    /// dimension.
+    #[test]
+    fn blocked_layouts_of_rank_3_and_4_tiles_unfold_the_rows() {
+        let layouts = [
+            ([1, 4], [4, 8], [4, 1]),
+            ([1, 2], [8, 4], [2, 2]),
+            ([1, 1], [32, 1], [1, 4]),
+            ([1, 8], [2, 16], [4, 1]),
+        ];
+        let shapes: [&[usize]; 5] = [
+            &[2, 8, 32],
+            &[4, 4, 64],
+            &[8, 2, 2, 32],
+            &[1, 32, 32],
+            &[32, 1, 64],
+        ];
+        for (spt, tpw, warps) in layouts {
+            let l = Layout::Blocked {
+                size_per_thread: spt,
+                threads_per_warp: tpw,
+                warps,
+            };
+            for dims in shapes {
+                let (lead, last) = dims.split_at(dims.len() - 1);
+                let rows: usize = lead.iter().product();
+                let flat = Shape(vec![rows, last[0]]);
+                let (Ok(d2), Ok(dn)) =
+                    (l.distribution(&flat), l.distribution(&Shape(dims.to_vec())))
+                else {
+                    continue;
+                };
+                assert_eq!(dn.terms.len(), dims.len());
+                for tid in 0..32 * warps[0] * warps[1] {
+                    let folded: Vec<Vec<u32>> = dn
+                        .coords(tid)
+                        .into_iter()
+                        .map(|c| {
+                            let row = lead
+                                .iter()
+                                .zip(&c)
+                                .fold(0u32, |acc, (&n, &x)| acc * n as u32 + x);
+                            vec![row, c[dims.len() - 1]]
+                        })
+                        .collect();
+                    assert_eq!(folded, d2.coords(tid), "{l} over {dims:?}, thread {tid}");
+                }
+            }
+        }
+    }
+
+    /// A split that per-dimension thread terms cannot express is a misfit, not a wrong map.
+    #[test]
+    fn a_leading_extent_the_terms_cannot_split_is_a_misfit() {
+        let l = Layout::Blocked {
+            size_per_thread: [1, 1],
+            threads_per_warp: [32, 1],
+            warps: [2, 1],
+        };
+        // 64 rows per repetition: whole repetitions per leading index split evenly.
+        assert!(l.distribution(&Shape(vec![3, 64, 1])).is_ok());
+        // Warp 1's rows 32..64 of the second repetition are rows 96..128: across the
+        // boundary at 96 of `[2, 96, 1]`, which no term per dimension can say.
+        assert!(l.distribution(&Shape(vec![2, 96, 1])).is_err());
+        assert!(l.distribution(&Shape(vec![4, 48, 1])).is_err());
+    }
 }

@@ -262,6 +262,45 @@ fn gpu_center_seq() {
     }
 }
 
+fn gpu_sub_max_mid() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for (bb, bs, bd) in [(2, 96, 32), (4, 96, 8), (1, 192, 16)] {
+            let c = SubMaxMidComptime {
+                BB: bb,
+                BS: bs,
+                BD: bd,
+            };
+            for (b, s, d) in [
+                (1, 1, 1),
+                (3, 50, 7),
+                (2 * bb + 1, bs, bd),
+                (129, bs - 1, bd),
+            ] {
+                let (s, d) = (s.min(bs), d.min(bd));
+                for dist in Dist::ALL {
+                    let x = tensor(&mut rng, &[b, s, d], DType::F32, dist);
+                    let grid = sub_max_mid.grid(&c, [b, 1, 1]);
+                    let y = output(&dev, DType::F32, &[b, s, d]);
+                    let dx = upload_padded(&dev, &x, 2);
+                    sub_max_mid.launch(&dev, &c, grid, &dx, &y).expect("launch");
+                    let mut yi = poisoned(&[b, s, d], DType::F32);
+                    sub_max_mid
+                        .interpret(&c, grid, &x, &mut yi)
+                        .expect("interpret");
+                    let case = Case {
+                        kernel: format!("sub_max_mid BB={bb} BS={bs} BD={bd} on {}", dev.target()),
+                        shape: format!("[{b}, {s}, {d}]"),
+                        dist,
+                        seed: rng.seed(),
+                    };
+                    check(&case, &y, &sub_max_mid_ref(&x), &yi, tolerance(DType::F32));
+                }
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         ("gpu_tiles_3d_qk_norm", Needs::Gpu, gpu_qk_norm),
@@ -273,5 +312,6 @@ fn main() -> ExitCode {
         ("gpu_tiles_3d_permute_heads", Needs::Gpu, gpu_permute_heads),
         ("gpu_tiles_3d_reduce_dims", Needs::Gpu, gpu_reduce_dims),
         ("gpu_tiles_3d_center_seq", Needs::Gpu, gpu_center_seq),
+        ("gpu_tiles_3d_sub_max_mid", Needs::Gpu, gpu_sub_max_mid),
     ])
 }

@@ -222,6 +222,37 @@ fn rank_4_tiles_compile_and_match_reference() {
     }
 }
 
+#[test]
+fn leading_extents_that_are_no_power_of_two_compile_and_match_reference() {
+    for (bb, bs, bd) in [(2, 96, 32), (4, 96, 8), (1, 192, 16)] {
+        let c = SubMaxMidComptime {
+            BB: bb,
+            BS: bs,
+            BD: bd,
+        };
+        assembles_clean(&sub_max_mid, c, "");
+        let mut rng = Rng::from_env();
+        for (b, s, d) in [(1, 1, 1), (3, 50, 7), (2 * bb + 1, bs, bd)] {
+            let (s, d) = (s.min(bs), d.min(bd));
+            for dist in Dist::ALL {
+                let x = tensor(&mut rng, &[b, s, d], DType::F32, dist);
+                let mut y = poisoned(&[b, s, d], DType::F32);
+                let grid = sub_max_mid.grid(&c, [b, 1, 1]);
+                sub_max_mid
+                    .interpret(&c, grid, &x, &mut y)
+                    .expect("interpret");
+                let case = Case {
+                    kernel: format!("sub_max_mid BB={bb} BS={bs} BD={bd}"),
+                    shape: format!("[{b}, {s}, {d}]"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                assert_close(&case, &y, &sub_max_mid_ref(&x), tolerance(DType::F32));
+            }
+        }
+    }
+}
+
 /// A 3-D tile whose reshape keeps its last dimension keeps every element in its register:
 /// no exchange.
 #[test]

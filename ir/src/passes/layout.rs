@@ -292,7 +292,10 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                     };
                     let same_last = xs.dims().last() == rs.dims().last();
                     let carry = |l: &Layout, from: &Shape, to: &Shape| {
-                        if same_last && matches!(l, Layout::Blocked { .. }) {
+                        if same_last
+                            && matches!(l, Layout::Blocked { .. })
+                            && l.distribution(to).is_ok()
+                        {
                             Some(l.clone())
                         } else {
                             drop_units(l, from, to)
@@ -698,7 +701,16 @@ fn blocked(ty: &Type, warps: u32, reduce_dims: [bool; 2]) -> Layout {
             best = (vec, l);
         }
     }
-    blocked_with(&shape, best.0, warps, reduce_dims, true)
+    let l = blocked_with(&shape, best.0, warps, reduce_dims, true);
+    // A tile of rank 3 or more whose folded rows the threads cannot split per dimension
+    // (`[2, 96, D]`): the threads' rows stay inside the largest power of two dividing the
+    // innermost leading extent, and repetitions cover the rest.
+    if shape.rank() >= 3 && l.distribution(&shape).is_err() {
+        let inner = shape.dims()[shape.rank() - 2] as u32;
+        let within = Shape(vec![pow2_div(inner, inner) as usize, cols as usize]);
+        return blocked(&Type::tile(ty.dtype(), within.dims()), warps, reduce_dims);
+    }
+    l
 }
 
 /// How many threads of layout `l` hold each element (1: none is replicated).
@@ -722,7 +734,7 @@ fn blocked_with(
     reduce_dims: [bool; 2],
     split_reduced: bool,
 ) -> Layout {
-    let (rows, cols) = fold2(&shape);
+    let (rows, cols) = fold2(shape);
     let tc = pow2_div(cols / vec, 32);
     let tr = pow2_div(rows, 32 / tc);
     let (mut wr, mut wc) = (1, 1);

@@ -235,3 +235,41 @@ pub fn center_seq_ref(x: &HostTensor) -> Vec<f64> {
     }
     out
 }
+
+/// `y[b, :, d] = x[b, :, d] - max_s x[b, s, d]` for `x, y: [B, S, D]`, the `[BB, BS, BD]`
+/// tile's middle extent a multiple of 32 that is no power of two (96): the layout keeps each
+/// thread's rows inside whole leading indices.
+#[kernel(grid = [BB, 1, 1])]
+pub fn sub_max_mid(
+    x: Tensor<f32, 3>,
+    y: TensorMut<f32, 3>,
+    #[comptime(default = 2)] BB: usize,
+    #[comptime(default = 96)] BS: usize,
+    #[comptime(default = 32)] BD: usize,
+) {
+    let b0 = block_id().x * BB;
+    let inside = iota([BB, BS, BD], 1) < x.dim(1);
+    let t = x
+        .tile([BB, BS, BD], [b0, 0, 0])
+        .load_masked(inside, f32::NEG_INFINITY);
+    let m = reduce_max(&t, 1).unsqueeze(1);
+    y.tile([BB, BS, BD], [b0, 0, 0]).store(t - m);
+}
+
+/// The f64 reference of [`sub_max_mid`].
+pub fn sub_max_mid_ref(x: &HostTensor) -> Vec<f64> {
+    let (b, s, d) = (x.shape[0], x.shape[1], x.shape[2]);
+    let xs = x.to_f64_vec();
+    let mut out = vec![0.0; xs.len()];
+    for i in 0..b {
+        for k in 0..d {
+            let m = (0..s)
+                .map(|j| xs[(i * s + j) * d + k])
+                .fold(f64::NEG_INFINITY, f64::max);
+            for j in 0..s {
+                out[(i * s + j) * d + k] = xs[(i * s + j) * d + k] - m;
+            }
+        }
+    }
+    out
+}
