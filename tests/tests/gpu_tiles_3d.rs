@@ -301,6 +301,58 @@ fn gpu_sub_max_mid() {
     }
 }
 
+fn gpu_transpose_tile() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for (bm, bn, dtype) in [
+            (32, 64, DType::F32),
+            (64, 16, DType::Bf16),
+            (8, 128, DType::F32),
+        ] {
+            let c = TransposeTileComptime {
+                BM: bm,
+                BN: bn,
+                dtype,
+            };
+            for (m, n) in [
+                (1, 1),
+                (3, 5),
+                (2 * bm + 1, bn + 3),
+                (bm, 3 * bn),
+                (1000, 777),
+            ] {
+                for dist in Dist::ALL {
+                    let x = tensor(&mut rng, &[m, n], dtype, dist);
+                    let grid = transpose_tile.grid(&c, [m, n, 1]);
+                    let y = output(&dev, dtype, &[n, m]);
+                    let z = output(&dev, dtype, &[n, 1, m]);
+                    let dx = upload_padded(&dev, &x, 8);
+                    transpose_tile
+                        .launch(&dev, &c, grid, &dx, &y, &z)
+                        .expect("launch");
+                    let mut yi = poisoned(&[n, m], dtype);
+                    let mut zi = poisoned(&[n, 1, m], dtype);
+                    transpose_tile
+                        .interpret(&c, grid, &x, &mut yi, &mut zi)
+                        .expect("interpret");
+                    let case = Case {
+                        kernel: format!(
+                            "transpose_tile BM={bm} BN={bn} {dtype} on {}",
+                            dev.target()
+                        ),
+                        shape: format!("[{m}, {n}]"),
+                        dist,
+                        seed: rng.seed(),
+                    };
+                    let (ry, rz) = transpose_tile_ref(&x);
+                    check(&case, &y, &as_stored(&ry, dtype), &yi, tolerance(dtype));
+                    check(&case, &z, &rz, &zi, 0.0);
+                }
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         ("gpu_tiles_3d_qk_norm", Needs::Gpu, gpu_qk_norm),
@@ -313,5 +365,10 @@ fn main() -> ExitCode {
         ("gpu_tiles_3d_reduce_dims", Needs::Gpu, gpu_reduce_dims),
         ("gpu_tiles_3d_center_seq", Needs::Gpu, gpu_center_seq),
         ("gpu_tiles_3d_sub_max_mid", Needs::Gpu, gpu_sub_max_mid),
+        (
+            "gpu_tiles_3d_transpose_tile",
+            Needs::Gpu,
+            gpu_transpose_tile,
+        ),
     ])
 }

@@ -253,6 +253,43 @@ fn leading_extents_that_are_no_power_of_two_compile_and_match_reference() {
     }
 }
 
+#[test]
+fn register_transposes_compile_and_match_reference() {
+    for (bm, bn, dtype) in [
+        (32, 64, DType::F32),
+        (64, 16, DType::Bf16),
+        (8, 128, DType::F32),
+    ] {
+        let c = TransposeTileComptime {
+            BM: bm,
+            BN: bn,
+            dtype,
+        };
+        assembles_clean(&transpose_tile, c, EXCHANGE);
+        let mut rng = Rng::from_env();
+        for (m, n) in [(1, 1), (3, 5), (2 * bm + 1, bn + 3), (bm, 3 * bn)] {
+            for dist in Dist::ALL {
+                let x = tensor(&mut rng, &[m, n], dtype, dist);
+                let mut y = poisoned(&[n, m], dtype);
+                let mut z = poisoned(&[n, 1, m], dtype);
+                let grid = transpose_tile.grid(&c, [m, n, 1]);
+                transpose_tile
+                    .interpret(&c, grid, &x, &mut y, &mut z)
+                    .expect("interpret");
+                let case = Case {
+                    kernel: format!("transpose_tile BM={bm} BN={bn} {dtype}"),
+                    shape: format!("[{m}, {n}]"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                let (ry, rz) = transpose_tile_ref(&x);
+                assert_close(&case, &y, &as_stored(&ry, dtype), tolerance(dtype));
+                assert_close(&case, &z, &rz, 0.0);
+            }
+        }
+    }
+}
+
 /// A 3-D tile whose reshape keeps its last dimension keeps every element in its register:
 /// no exchange.
 #[test]

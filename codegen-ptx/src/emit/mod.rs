@@ -388,6 +388,11 @@ impl<'k> Emitter<'k> {
                     // Every user is an mma that stages the source transposed
                     // (`stage_operand`): nothing to write here.
                     _ if self.k.schedule.staged(r).is_some() => {}
+                    // A register tile: its elements move (the `lower` pass sized the scratch
+                    // region by the same test).
+                    _ if kiln_ir::passes::lower::transpose_moves(self.k, &op) => {
+                        return self.write_convert(id, Some(&[1, 0]));
+                    }
                     _ => return Err(self.unsupported(id, "a transpose not feeding mma")),
                 }
                 self.vals.insert(r, v);

@@ -273,3 +273,38 @@ pub fn sub_max_mid_ref(x: &HostTensor) -> Vec<f64> {
     }
     out
 }
+
+/// `y[j, i] = x[i, j] + 1` for `x: [M, N]`, `y: [N, M]`: a register tile transposed with
+/// `.t()` (not feeding `mma`), its elements exchanged between threads; and
+/// `z[j, b, i] = x[i, j]`-style permutes of a 3-D view, `z: [N, 1, M]`.
+#[kernel(grid = [BM, BN, 1])]
+pub fn transpose_tile(
+    x: Tensor<dtype, 2>,
+    y: TensorMut<dtype, 2>,
+    z: TensorMut<dtype, 3>,
+    #[comptime(default = 32)] BM: usize,
+    #[comptime(default = 64)] BN: usize,
+    #[comptime(default = DType::F32)] dtype: DType,
+) {
+    let (i0, j0) = (block_id().x * BM, block_id().y * BN);
+    let t = x.tile([BM, BN], [i0, j0]).load();
+    let one = full::<f32>([BN, BM], 1.0).cast_to(dtype);
+    y.tile([BN, BM], [j0, i0]).store(t.t() + one);
+    z.tile([BN, 1, BM], [j0, 0, i0])
+        .store(t.reshape([BM, 1, BN]).permute([2, 1, 0]));
+}
+
+/// The f64 references of [`transpose_tile`]: `(y, z)`.
+pub fn transpose_tile_ref(x: &HostTensor) -> (Vec<f64>, Vec<f64>) {
+    let (m, n) = (x.shape[0], x.shape[1]);
+    let xs = x.to_f64_vec();
+    let mut y = vec![0.0; m * n];
+    let mut z = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            y[j * m + i] = xs[i * n + j] + 1.0;
+            z[j * m + i] = xs[i * n + j];
+        }
+    }
+    (y, z)
+}
