@@ -405,7 +405,18 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
             OpKind::Print { .. } => return Err(self.unsupported(id, "in-kernel print")),
             OpKind::Gather { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => {
                 // Reported at the user's line, in the DSL's words.
+                // Loads and stores of tiles of rank 3 or more are addressed accesses too
+                // (`canonicalize`); the user wrote a plain `load` or `store`.
+                let tile_rank = match &op.kind {
+                    OpKind::Gather { shape, .. } => shape.rank(),
+                    _ => op
+                        .access_operands()
+                        .and_then(|p| p.value)
+                        .and_then(|v| self.k.ty(v).shape().map(|s| s.rank()))
+                        .unwrap_or(0),
+                };
                 let what = match &op.kind {
+                    _ if tile_rank >= 3 => "tiles of 3 or more dimensions",
                     OpKind::Gather { .. } => "masked loads and gathers",
                     OpKind::Scatter { .. } => "masked stores and scatters",
                     _ => "atomics",
