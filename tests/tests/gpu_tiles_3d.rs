@@ -353,6 +353,57 @@ fn gpu_transpose_tile() {
     }
 }
 
+fn gpu_broadcast_ranks() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for (bt, bh, bd) in [(2, 8, 32), (4, 2, 128), (1, 16, 8)] {
+            let c = BroadcastRanksComptime {
+                BT: bt,
+                BH: bh,
+                BD: bd,
+            };
+            for (t, h, d) in [
+                (1, 1, 1),
+                (3, 5, 7),
+                (2 * bt + 1, bh, bd),
+                (333, bh - 1, bd),
+            ] {
+                let (h, d) = (h.min(bh), d.min(bd));
+                for dist in Dist::ALL {
+                    let x = tensor(&mut rng, &[t, h, d], DType::F32, dist);
+                    let b = tensor(&mut rng, &[d], DType::F32, dist);
+                    let g = tensor(&mut rng, &[h, d], DType::F32, dist);
+                    let grid = broadcast_ranks.grid(&c, [t, 1, 1]);
+                    let y = output(&dev, DType::F32, &[t, h, d]);
+                    let (dx, db, dg) = (
+                        upload_padded(&dev, &x, 4),
+                        dev.upload(&b).expect("upload"),
+                        upload_padded(&dev, &g, 1),
+                    );
+                    broadcast_ranks
+                        .launch(&dev, &c, grid, &dx, &db, &dg, &y)
+                        .expect("launch");
+                    let mut yi = poisoned(&[t, h, d], DType::F32);
+                    broadcast_ranks
+                        .interpret(&c, grid, &x, &b, &g, &mut yi)
+                        .expect("interpret");
+                    let case = Case {
+                        kernel: format!(
+                            "broadcast_ranks BT={bt} BH={bh} BD={bd} on {}",
+                            dev.target()
+                        ),
+                        shape: format!("[{t}, {h}, {d}]"),
+                        dist,
+                        seed: rng.seed(),
+                    };
+                    let want = broadcast_ranks_ref(&x, &b, &g);
+                    check(&case, &y, &want, &yi, tolerance(DType::F32));
+                }
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         ("gpu_tiles_3d_qk_norm", Needs::Gpu, gpu_qk_norm),
@@ -369,6 +420,11 @@ fn main() -> ExitCode {
             "gpu_tiles_3d_transpose_tile",
             Needs::Gpu,
             gpu_transpose_tile,
+        ),
+        (
+            "gpu_tiles_3d_broadcast_ranks",
+            Needs::Gpu,
+            gpu_broadcast_ranks,
         ),
     ])
 }

@@ -67,7 +67,11 @@ fn merge_and_split_heads_compile_and_match_reference() {
         // `[b, h, d] -> [b, h * d]` changes the last dimension: the elements move unless
         // the two layouts happen to agree.
         // `[8, 4, 64]`: 16-byte vectors of `[8, 256]` rows are not those of `[8, 4, 64]`.
-        let marker = if (bb, h, d) == (8, 4, 64) { EXCHANGE } else { "" };
+        let marker = if (bb, h, d) == (8, 4, 64) {
+            EXCHANGE
+        } else {
+            ""
+        };
         assembles_clean(&merge_heads, c, marker);
         let s = SplitHeadsComptime { BB: bb, H: h, D: d };
         assembles_clean(&split_heads, s, "");
@@ -287,6 +291,40 @@ fn register_transposes_compile_and_match_reference() {
                 let (ry, rz) = transpose_tile_ref(&x);
                 assert_close(&case, &y, &as_stored(&ry, dtype), tolerance(dtype));
                 assert_close(&case, &z, &rz, 0.0);
+            }
+        }
+    }
+}
+
+#[test]
+fn lower_ranks_broadcast_by_numpys_rule() {
+    for (bt, bh, bd) in [(2, 8, 32), (4, 2, 128), (1, 16, 8)] {
+        let c = BroadcastRanksComptime {
+            BT: bt,
+            BH: bh,
+            BD: bd,
+        };
+        assembles_clean(&broadcast_ranks, c, "");
+        let mut rng = Rng::from_env();
+        for (t, h, d) in [(1, 1, 1), (3, 5, 7), (2 * bt + 1, bh, bd)] {
+            let (h, d) = (h.min(bh), d.min(bd));
+            for dist in Dist::ALL {
+                let x = tensor(&mut rng, &[t, h, d], DType::F32, dist);
+                let b = tensor(&mut rng, &[d], DType::F32, dist);
+                let g = tensor(&mut rng, &[h, d], DType::F32, dist);
+                let mut y = poisoned(&[t, h, d], DType::F32);
+                let grid = broadcast_ranks.grid(&c, [t, 1, 1]);
+                broadcast_ranks
+                    .interpret(&c, grid, &x, &b, &g, &mut y)
+                    .expect("interpret");
+                let case = Case {
+                    kernel: format!("broadcast_ranks BT={bt} BH={bh} BD={bd}"),
+                    shape: format!("[{t}, {h}, {d}]"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                let want = broadcast_ranks_ref(&x, &b, &g);
+                assert_close(&case, &y, &want, tolerance(DType::F32));
             }
         }
     }

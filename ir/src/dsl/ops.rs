@@ -256,7 +256,8 @@ pub fn select(cond: impl AsValue, a: impl IntoOperand, b: impl IntoOperand) -> V
         _ => None,
     });
     let (a, b) = (a.place(like, loc), b.place(like, loc));
-    value::emit(OpKind::Select, &[cond.as_value(), a, b], loc)
+    let operands = value::promote_ranks(&[cond.as_value(), a, b], loc);
+    value::emit(OpKind::Select, &operands, loc)
 }
 
 /// `ceil(a / b)` for positive integers: the number of `b`-sized blocks covering `a`.

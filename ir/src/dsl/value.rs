@@ -337,7 +337,27 @@ pub(crate) fn binary(op: BinaryOp, a: Operand, b: Operand, loc: Loc) -> Value {
         return Value::POISON;
     }
     let (a, b) = (a.place(like, loc), b.place(like, loc));
-    emit(OpKind::Binary(op), &[a, b], loc)
+    let ab = promote_ranks(&[a, b], loc);
+    emit(OpKind::Binary(op), &ab, loc)
+}
+
+/// Numpy's broadcasting between ranks, for tiles of 3 or more dimensions: a tile of lower
+/// rank gains leading extents of 1 (`[D]` against `[T, H, D]` reads as `[1, 1, D]`). Tiles
+/// of at most 2 dimensions keep the explicit `.row()`/`.col()`.
+pub(crate) fn promote_ranks(values: &[Value], loc: Loc) -> Vec<Value> {
+    let rank = |v: &Value| v.ty().and_then(|t| t.shape().map(Shape::rank));
+    let top = values.iter().filter_map(rank).max().unwrap_or(0);
+    values
+        .iter()
+        .map(|&v| match (rank(&v), v.ty()) {
+            (Some(r), Some(ty)) if top >= 3 && r < top => {
+                let mut dims = vec![1; top - r];
+                dims.extend(ty.shape().map(Shape::dims).unwrap_or_default());
+                emit(OpKind::Reshape { shape: Shape(dims) }, &[v], loc)
+            }
+            _ => v,
+        })
+        .collect()
 }
 
 /// Emits a unary op.

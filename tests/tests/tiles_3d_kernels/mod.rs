@@ -12,7 +12,7 @@ use kiln_ir::HostTensor;
 /// `y[t, h, :] = x[t, h, :] * w / sqrt(mean(x[t, h, :]^2) + eps)`, each head of each token
 /// normalised on its own. A block owns `BT` tokens with all their heads (`BH >= H`,
 /// `BD >= D`): one `[BT, BH, BD]` tile, a sum over its last dimension, the statistic
-/// broadcast back with `.unsqueeze(2)` and the weight with `.reshape([1, 1, BD])`.
+/// broadcast back with `.unsqueeze(2)` and the `[BD]` weight by numpy's rule.
 #[kernel(grid = [BT, 1, 1])]
 pub fn qk_norm(
     x: Tensor<dtype, 3>,
@@ -29,7 +29,8 @@ pub fn qk_norm(
     let xt = x.tile([BT, BH, BD], [t0, 0, 0]).load().cast::<f32>();
     let ms = reduce_sum(&(xt * xt), 2) / d;
     let inv = rsqrt(&(ms + eps)).unsqueeze(2);
-    let wt = w.tile([BD], [0]).load().cast::<f32>().reshape([1, 1, BD]);
+    // `[BD]` against `[BT, BH, BD]`: numpy's rule reads it as `[1, 1, BD]`.
+    let wt = w.tile([BD], [0]).load().cast::<f32>();
     y.tile([BT, BH, BD], [t0, 0, 0])
         .store((xt * inv * wt).cast_to(dtype));
 }
@@ -307,4 +308,40 @@ pub fn transpose_tile_ref(x: &HostTensor) -> (Vec<f64>, Vec<f64>) {
         }
     }
     (y, z)
+}
+
+/// `y[t, h, d] = select(x[t, h, d] > b[d], x[t, h, d], 0) + g[h, d]` for `x, y: [T, H, D]`,
+/// `b: [D]` and `g: [H, D]`: operands of lower rank broadcast by numpy's rule (leading
+/// extents of 1) in arithmetic, comparisons and `select`; `full` and `zeros` of rank 3.
+#[kernel(grid = [BT, 1, 1])]
+pub fn broadcast_ranks(
+    x: Tensor<f32, 3>,
+    b: Tensor<f32, 1>,
+    g: Tensor<f32, 2>,
+    y: TensorMut<f32, 3>,
+    #[comptime(default = 2)] BT: usize,
+    #[comptime(default = 8)] BH: usize,
+    #[comptime(default = 32)] BD: usize,
+) {
+    let t0 = block_id().x * BT;
+    let xt = x.tile([BT, BH, BD], [t0, 0, 0]).load();
+    let bt = b.tile([BD], [0]).load();
+    let gt = g.tile([BH, BD], [0, 0]).load();
+    let kept = select(xt > bt, xt, zeros::<f32>([BT, BH, BD]));
+    y.tile([BT, BH, BD], [t0, 0, 0])
+        .store(kept * full::<f32>([BT, BH, BD], 1.0) + gt);
+}
+
+/// The f64 reference of [`broadcast_ranks`].
+pub fn broadcast_ranks_ref(x: &HostTensor, b: &HostTensor, g: &HostTensor) -> Vec<f64> {
+    let (h, d) = (x.shape[1], x.shape[2]);
+    let (bs, gs) = (b.to_f64_vec(), g.to_f64_vec());
+    x.to_f64_vec()
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let (j, k) = ((i / d) % h, i % d);
+            (if v > bs[k] { v } else { 0.0 }) + gs[j * d + k]
+        })
+        .collect()
 }
