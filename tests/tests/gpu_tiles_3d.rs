@@ -404,6 +404,53 @@ fn gpu_broadcast_ranks() {
     }
 }
 
+fn gpu_keep_heads() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for (bt, bh, bd) in [(2, 8, 32), (4, 4, 64)] {
+            let c = KeepHeadsComptime {
+                BT: bt,
+                BH: bh,
+                BD: bd,
+            };
+            for (t, h, d, keep) in [(3, 3, 7, 2), (101, bh, bd, bh as i32 - 1), (9, bh, 30, -1)] {
+                let x = tensor(&mut rng, &[t, h, d], DType::F32, Dist::Normal);
+                let init = tensor(&mut rng, &[t, h, d], DType::F32, Dist::Uniform);
+                let grid = keep_heads.grid(&c, [t, 1, 1]);
+                let y = dev.upload(&init).expect("upload");
+                let dx = upload_padded(&dev, &x, 4);
+                keep_heads
+                    .launch(&dev, &c, grid, &dx, &y, keep)
+                    .expect("launch");
+                let mut yi = init.clone();
+                keep_heads
+                    .interpret(&c, grid, &x, &mut yi, keep)
+                    .expect("interpret");
+                let old = init.to_f64_vec();
+                let want: Vec<f64> = x
+                    .to_f64_vec()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| {
+                        if (i / d) % h < keep.max(0) as usize {
+                            v * 3.0
+                        } else {
+                            old[i]
+                        }
+                    })
+                    .collect();
+                let case = Case {
+                    kernel: format!("keep_heads BT={bt} BH={bh} BD={bd} on {}", dev.target()),
+                    shape: format!("[{t}, {h}, {d}] keep={keep}"),
+                    dist: Dist::Normal,
+                    seed: rng.seed(),
+                };
+                check(&case, &y, &want, &yi, tolerance(DType::F32));
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         ("gpu_tiles_3d_qk_norm", Needs::Gpu, gpu_qk_norm),
@@ -426,5 +473,6 @@ fn main() -> ExitCode {
             Needs::Gpu,
             gpu_broadcast_ranks,
         ),
+        ("gpu_tiles_3d_keep_heads", Needs::Gpu, gpu_keep_heads),
     ])
 }

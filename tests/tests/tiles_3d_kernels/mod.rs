@@ -345,3 +345,19 @@ pub fn broadcast_ranks_ref(x: &HostTensor, b: &HostTensor, g: &HostTensor) -> Ve
         })
         .collect()
 }
+
+/// `y[t, h, :] = x[t, h, :] * 3` for the heads `h < keep` only (a bounded store along the
+/// tile's middle dimension): `y`'s other heads keep what they held.
+#[kernel(grid = [BT, 1, 1])]
+pub fn keep_heads(
+    x: Tensor<f32, 3>,
+    y: TensorMut<f32, 3>,
+    keep: i32,
+    #[comptime(default = 2)] BT: usize,
+    #[comptime(default = 8)] BH: usize,
+    #[comptime(default = 32)] BD: usize,
+) {
+    let t0 = block_id().x * BT;
+    let v = x.tile([BT, BH, BD], [t0, 0, 0]).load() * 3.0;
+    y.tile([BT, BH, BD], [t0, 0, 0]).store_bounded(v, 1, keep);
+}
