@@ -451,6 +451,51 @@ fn gpu_keep_heads() {
     }
 }
 
+fn gpu_chunk_stats() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for (bt, bh, bd) in [(2, 8, 64), (4, 4, 32), (1, 2, 128)] {
+            let c = ChunkStatsComptime {
+                BT: bt,
+                BH: bh,
+                BD: bd,
+            };
+            for (t, h, d) in [
+                (1, 1, 1),
+                (3, 5, 7),
+                (2 * bt + 1, bh, 3 * bd + 5),
+                (500, bh, 1000),
+            ] {
+                let h = h.min(bh);
+                for dist in Dist::ALL {
+                    let x = tensor(&mut rng, &[t, h, d], DType::F32, dist);
+                    let grid = chunk_stats.grid(&c, [t, 1, 1]);
+                    let s = output(&dev, DType::F32, &[t, h]);
+                    let mx = output(&dev, DType::F32, &[t, h]);
+                    let dx = upload_padded(&dev, &x, 3);
+                    chunk_stats
+                        .launch(&dev, &c, grid, &dx, &s, &mx)
+                        .expect("launch");
+                    let mut si = poisoned(&[t, h], DType::F32);
+                    let mut mxi = poisoned(&[t, h], DType::F32);
+                    chunk_stats
+                        .interpret(&c, grid, &x, &mut si, &mut mxi)
+                        .expect("interpret");
+                    let case = Case {
+                        kernel: format!("chunk_stats BT={bt} BH={bh} BD={bd} on {}", dev.target()),
+                        shape: format!("[{t}, {h}, {d}]"),
+                        dist,
+                        seed: rng.seed(),
+                    };
+                    let (rs, rm) = chunk_stats_ref(&x);
+                    check(&case, &s, &rs, &si, sum_tolerance(d));
+                    check(&case, &mx, &rm, &mxi, 0.0);
+                }
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         ("gpu_tiles_3d_qk_norm", Needs::Gpu, gpu_qk_norm),
@@ -474,5 +519,6 @@ fn main() -> ExitCode {
             gpu_broadcast_ranks,
         ),
         ("gpu_tiles_3d_keep_heads", Needs::Gpu, gpu_keep_heads),
+        ("gpu_tiles_3d_chunk_stats", Needs::Gpu, gpu_chunk_stats),
     ])
 }

@@ -407,6 +407,40 @@ fn the_pipeline_keeps_the_semantics_of_3d_loads_and_stores() {
     }
 }
 
+#[test]
+fn loop_carried_3d_tiles_compile_and_match_reference() {
+    for (bt, bh, bd) in [(2, 8, 64), (4, 4, 32), (1, 2, 128)] {
+        let c = ChunkStatsComptime {
+            BT: bt,
+            BH: bh,
+            BD: bd,
+        };
+        assembles_clean(&chunk_stats, c, "");
+        let mut rng = Rng::from_env();
+        for (t, h, d) in [(1, 1, 1), (3, 5, 7), (2 * bt + 1, bh, 3 * bd + 5)] {
+            let h = h.min(bh);
+            for dist in Dist::ALL {
+                let x = tensor(&mut rng, &[t, h, d], DType::F32, dist);
+                let mut s = poisoned(&[t, h], DType::F32);
+                let mut mx = poisoned(&[t, h], DType::F32);
+                let grid = chunk_stats.grid(&c, [t, 1, 1]);
+                chunk_stats
+                    .interpret(&c, grid, &x, &mut s, &mut mx)
+                    .expect("interpret");
+                let case = Case {
+                    kernel: format!("chunk_stats BT={bt} BH={bh} BD={bd}"),
+                    shape: format!("[{t}, {h}, {d}]"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                let (rs, rm) = chunk_stats_ref(&x);
+                assert_close(&case, &s, &rs, sum_tolerance(d));
+                assert_close(&case, &mx, &rm, 0.0);
+            }
+        }
+    }
+}
+
 /// A 3-D tile whose reshape keeps its last dimension keeps every element in its register:
 /// no exchange.
 #[test]

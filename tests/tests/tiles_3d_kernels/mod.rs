@@ -361,3 +361,43 @@ pub fn keep_heads(
     let v = x.tile([BT, BH, BD], [t0, 0, 0]).load() * 3.0;
     y.tile([BT, BH, BD], [t0, 0, 0]).store_bounded(v, 1, keep);
 }
+
+/// Per token and head of `x: [T, H, D]`, any `D`: `sum[t, h]` and `max[t, h]` over `d`,
+/// walking `d` in `BD`-wide chunks with a 3-D accumulator and a 2-D running maximum carried
+/// through the loop.
+#[kernel(grid = [BT, 1, 1])]
+pub fn chunk_stats(
+    x: Tensor<f32, 3>,
+    sum: TensorMut<f32, 2>,
+    max_out: TensorMut<f32, 2>,
+    #[comptime(default = 2)] BT: usize,
+    #[comptime(default = 8)] BH: usize,
+    #[comptime(default = 64)] BD: usize,
+) {
+    let t0 = block_id().x * BT;
+    let n = x.dim(2);
+    let mut acc = zeros::<f32>([BT, BH, BD]);
+    let mut m = full::<f32>([BT, BH], f32::NEG_INFINITY);
+    for j in (0..n).step_by(BD) {
+        let inside = iota([BT, BH, BD], 2) + j < n;
+        let t = x.tile([BT, BH, BD], [t0, 0, j]).load();
+        acc = acc + t;
+        m = max(&m, &reduce_max(&select(inside, t, f32::NEG_INFINITY), 2));
+    }
+    sum.tile([BT, BH], [t0, 0]).store(reduce_sum(&acc, 2));
+    max_out.tile([BT, BH], [t0, 0]).store(m);
+}
+
+/// The f64 references of [`chunk_stats`]: `(sum, max)`.
+pub fn chunk_stats_ref(x: &HostTensor) -> (Vec<f64>, Vec<f64>) {
+    let d = x.shape[2];
+    let xs = x.to_f64_vec();
+    xs.chunks(d)
+        .map(|r| {
+            (
+                r.iter().sum::<f64>(),
+                r.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            )
+        })
+        .unzip()
+}
