@@ -214,5 +214,14 @@ pub(crate) fn check_shape(s: &Shape) -> Result<(), String> {
             ));
         }
     }
+    // Leading dimensions fold into a 2-D tile's rows: no more elements than one holds (the
+    // extents are checked first, so their product cannot overflow).
+    if s.rank() > 2 && s.numel() > MAX_EXTENT * MAX_EXTENT {
+        return Err(format!(
+            "a {s} tile has {} elements; a tile holds at most {}",
+            s.numel(),
+            MAX_EXTENT * MAX_EXTENT
+        ));
+    }
     Ok(())
 }

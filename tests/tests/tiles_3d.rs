@@ -516,12 +516,27 @@ fn misuse_is_reported_at_the_users_line() {
         y.tile([2, 2, 2], [0, 0, 0]).store(a);
         let _ = x;
     }
-    let cases: [(&dyn Fn() -> String, &str); 5] = [
+    #[kernel(grid = [4, 1, 1])]
+    fn too_many_elements(y: TensorMut<f32, 3>) {
+        let a = zeros::<f32>([4096, 4096, 2]);
+        y.tile([4096, 4096, 2], [0, 0, 0]).store(a);
+    }
+    #[kernel(grid = [4, 1, 1])]
+    fn too_wide(y: TensorMut<f32, 3>) {
+        let a = zeros::<f32>([1usize << 40, 1usize << 40, 1usize << 40]);
+        y.tile([2, 2, 2], [0, 0, 0]).store(a);
+    }
+    let cases: [(&dyn Fn() -> String, &str); 7] = [
         (&|| err(&bad_mma), "`mma` multiplies 2-D tiles"),
         (&|| err(&bad_reshape), "keeps the element count"),
         (&|| err(&bad_permute), "must name each of"),
         (&|| err(&bad_reduce), "along dimension 3"),
         (&|| err(&too_many_dims), "tiles have 1 to 4 dimensions"),
+        (&|| err(&too_many_elements), "a tile holds at most"),
+        (
+            &|| err(&too_wide),
+            "must be a power of two or a multiple of 32",
+        ),
     ];
     for (e, want) in cases {
         let e = e();
