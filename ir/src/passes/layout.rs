@@ -281,15 +281,16 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                     }
                 }
                 OpKind::Reshape { .. } if !is_view(kernel, &op) => {
-                    // A blocked layout folds every dimension but the last into rows: a reshape
-                    // keeping the last dimension keeps every element where it was.
                     let (x, r) = (op.operands[0], op.results[0]);
                     let (xs, rs) = (kernel.ty(x).shape(), kernel.ty(r).shape());
-                    // Removing extents of 1 slices them away (a reshape back from
-                    // `.unsqueeze(d)` and the like).
                     let (Some(xs), Some(rs)) = (xs.cloned(), rs.cloned()) else {
                         continue;
                     };
+                    // A blocked layout folds every dimension but the last into rows: a
+                    // reshape keeping the last dimension keeps every element where it was.
+                    // Removing extents of 1 slices them away (the way back from
+                    // `.unsqueeze(d)`). Any other reshape takes the layouts its neighbours
+                    // give it and moves its elements where they differ.
                     let same_last = xs.dims().last() == rs.dims().last();
                     let carry = |l: &Layout, from: &Shape, to: &Shape| {
                         if same_last
