@@ -461,13 +461,15 @@ fn a_reshape_keeping_the_last_dimension_moves_nothing() {
     }
     let c = FoldRowsComptime { BB: 4, H: 8, D: 64 };
     assembles_clean(&fold_rows, c, "");
-    let k = fold_rows.build(&kiln_ir::dsl::Spec::new(c)).expect("build");
+    let spec = kiln_ir::dsl::Spec::uniform(c, fold_rows.signature(), true);
+    let k = fold_rows.build(&spec).expect("build");
     for target in [kiln_ir::Target::Sm80, kiln_ir::Target::Sm90a] {
         let m = kiln_ptx::compile(&k, target).expect("compile");
         assert!(!m.ptx.contains(EXCHANGE), "{target}: {}", m.ptx);
         assert!(!m.ptx.contains("bar.sync"), "{target}");
-        // 16-byte accesses along the contiguous last dimension.
-        assert!(m.ptx.contains("v4.f32"), "{target}");
+        // The 3-D load reads 16 bytes a thread along the contiguous last dimension (as an
+        // addressed access: `ld.global`, where plain 2-D loads read through `.nc`).
+        assert!(m.ptx.contains("ld.global.v4.f32"), "{target}: {}", m.ptx);
     }
     let mut rng = Rng::from_env();
     let x = tensor(&mut rng, &[5, 8, 64], DType::F32, Dist::Normal);
