@@ -356,6 +356,20 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
                 set(self, Val::Tile(vec![s; n]))?;
             }
             OpKind::Iota { dim, .. } => self.lower_iota(id, *dim)?,
+            OpKind::Reshape { .. } if !kiln_ir::passes::lower::reshape_is_free(self.k, &op) => {
+                return Err(self.unsupported(
+                    id,
+                    "a reshape that moves elements between threads (the PTX backend moves \
+                     them through shared memory)",
+                ));
+            }
+            OpKind::Permute { .. } => {
+                return Err(self.unsupported(
+                    id,
+                    "a permutation of a tile's dimensions (the PTX backend moves its \
+                     elements through shared memory)",
+                ));
+            }
             OpKind::Reshape { .. } => {
                 // [R] <-> [R, 1] and [C] <-> [1, C] keep every register (the slice layouts
                 // the layout pass gives both list them in the same order).
@@ -401,7 +415,18 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
             | OpKind::Atomic { .. }
             | OpKind::ScalarAtomic { .. } => {
                 // Reported at the user's line, in the DSL's words.
+                // Loads and stores of tiles of rank 3 or more are addressed accesses too
+                // (`canonicalize`); the user wrote a plain `load` or `store`.
+                let tile_rank = match &op.kind {
+                    OpKind::Gather { shape, .. } => shape.rank(),
+                    _ => op
+                        .access_operands()
+                        .and_then(|p| p.value)
+                        .and_then(|v| self.k.ty(v).shape().map(|s| s.rank()))
+                        .unwrap_or(0),
+                };
                 let what = match &op.kind {
+                    _ if tile_rank >= 3 => "tiles of 3 or more dimensions",
                     OpKind::Gather { .. } => "masked loads and gathers",
                     OpKind::Scatter { .. } => "masked stores and scatters",
                     _ => "atomics",

@@ -212,3 +212,102 @@ fn ops_beyond_the_subset_are_errors_at_the_users_line() {
         assert!(err.contains("the LLVM backend cannot lower"), "{err}");
     }
 }
+
+#[test]
+fn tiles_of_more_dimensions_and_moving_reshapes_are_errors_at_the_users_line() {
+    use kiln::ir::dsl::{KernelDef, Spec};
+    use kiln::prelude::*;
+
+    #[kernel(grid = [4, 1, 1])]
+    fn loads_3d(x: Tensor<f32, 3>, y: TensorMut<f32, 3>) {
+        let v = x.tile([4, 8, 32], [block_id().x * 4, 0, 0]).load();
+        y.tile([4, 8, 32], [block_id().x * 4, 0, 0]).store(v);
+    }
+    #[kernel(grid = [64, 1, 1])]
+    fn permutes(x: Tensor<f32, 2>, y: TensorMut<f32, 2>) {
+        let v = x.tile([64, 32], [block_id().x * 64, 0]).load();
+        y.tile([32, 64], [0, block_id().x * 64])
+            .store(v.permute([1, 0]));
+    }
+    for (def, what) in [
+        (
+            &loads_3d as &dyn KernelDef<Comptime = ()>,
+            "tiles of 3 or more dimensions",
+        ),
+        (&permutes, "a permutation of a tile's dimensions"),
+    ] {
+        let k = def
+            .build(&Spec::uniform((), def.signature(), false))
+            .expect("builds");
+        let err = kiln_llvm::compile(&k)
+            .expect_err("beyond the subset")
+            .to_string();
+        assert!(err.contains(what), "{}: {err}", def.name());
+        assert!(
+            err.contains("codegen-llvm/tests/ptxas.rs:"),
+            "{}: {err}",
+            def.name()
+        );
+        // The PTX backend writes it.
+        kiln_ptx::compile(&k, Target::Sm80).expect("kiln-ptx");
+    }
+}
+
+/// A reshape both backends agree on: where the layouts keep every element in its register
+/// the LLVM backend hands them on as the PTX backend does; where the PTX backend moves them
+/// through shared memory the LLVM backend reports it at the user's line.
+#[test]
+fn reshapes_lower_alike_or_are_errors_at_the_users_line() {
+    use kiln::ir::dsl::{KernelDef, Spec};
+    use kiln::prelude::*;
+
+    #[kernel(grid = [64, 1, 1])]
+    fn to_wide(x: Tensor<f32, 2>, y: TensorMut<f32, 2>) {
+        let v = x.tile([64, 32], [block_id().x * 64, 0]).load();
+        y.tile([32, 64], [block_id().x * 32, 0])
+            .store(v.reshape([32, 64]));
+    }
+    #[kernel(grid = [64, 1, 1])]
+    fn to_narrow(x: Tensor<f32, 2>, y: TensorMut<f32, 2>) {
+        let v = x.tile([64, 32], [block_id().x * 64, 0]).load();
+        y.tile([1024, 2], [block_id().x * 1024, 0])
+            .store(v.reshape([1024, 2]));
+    }
+    #[kernel(grid = [8, 1, 1])]
+    fn to_flat(x: Tensor<f32, 2>, y: TensorMut<f32, 1>) {
+        let v = x.tile([8, 128], [block_id().x * 8, 0]).load();
+        y.tile([1024], [block_id().x * 1024])
+            .store(v.reshape([1024]));
+    }
+    let mut moved = 0;
+    for def in [
+        &to_wide as &dyn KernelDef<Comptime = ()>,
+        &to_narrow,
+        &to_flat,
+    ] {
+        let k = def
+            .build(&Spec::uniform((), def.signature(), false))
+            .expect("builds");
+        let ptx = kiln_ptx::compile(&k, Target::Sm80).expect("kiln-ptx").ptx;
+        let moves = ptx.contains("layout conversion through shared memory");
+        match kiln_llvm::compile(&k) {
+            Ok(m) => {
+                assert!(
+                    !moves,
+                    "{}: LLVM handed on a reshape that moves",
+                    def.name()
+                );
+                ptxas::check(&m.ptx.ptx, Target::Sm80).expect("ptxas");
+            }
+            Err(e) => {
+                let e = e.to_string();
+                assert!(moves, "{}: {e}", def.name());
+                assert!(e.contains("a reshape that moves elements"), "{e}");
+                assert!(e.contains("codegen-llvm/tests/ptxas.rs:"), "{e}");
+                moved += 1;
+            }
+        }
+    }
+    // `[64, 32] -> [1024, 2]`: two elements a thread instead of four.
+    assert!(moved >= 1, "no reshape moved its elements");
+}

@@ -132,6 +132,7 @@ pub fn op_words(kernel: &Kernel, op: OpId) -> String {
             _ => format!("a reshape to [{shape}]"),
         },
         OpKind::Transpose => "`.t()`".into(),
+        OpKind::Permute { perm } => format!("`.permute({perm:?})`"),
         OpKind::Reduce { op: r, dim } => match (dims(o.operands.first()).map(|d| d.len()), dim) {
             (Some(2), 1) => format!("`row_{}`", r.name()),
             (Some(2), 0) => format!("`col_{}`", r.name()),

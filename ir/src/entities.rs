@@ -541,14 +541,23 @@ pub enum OpKind {
         /// Which dimension's index.
         dim: usize,
     },
-    /// `(tile) -> tile`: the same elements viewed with another shape of equal element count
-    /// where only extents of 1 are added or removed (`[R] <-> [R, 1]`, `[C] <-> [1, C]`).
+    /// `(tile) -> tile`: the same elements in row-major order with another shape of equal
+    /// element count (`[B, H, D] -> [B, H * D]`). A reshape that only adds or removes
+    /// extents of 1 (`[R] <-> [R, 1]`, `.col()`) is a view of the same registers; any other
+    /// keeps them where the layouts allow and otherwise moves elements between threads.
     Reshape {
         /// Result shape.
         shape: Shape,
     },
     /// `(tile[R, C]) -> tile[C, R]`.
     Transpose,
+    /// `(tile) -> tile`: dimension `i` of the result is dimension `perm[i]` of the operand
+    /// (`permute([0, 2, 1])` of `[B, H, D]` is `[B, D, H]`); `perm` is a permutation of the
+    /// operand's dimensions.
+    Permute {
+        /// Per result dimension, the operand dimension it comes from.
+        perm: Vec<usize>,
+    },
     /// `(tile) -> tile`: the same tile in the result's layout. The `layout` pass inserts it
     /// where an op needs an operand in another layout than the one it was made in; a
     /// backend moves the elements between threads through shared memory.
@@ -562,7 +571,8 @@ pub enum OpKind {
         /// The gathered dimension.
         dim: usize,
     },
-    /// `(tile) -> tile`: reduce dimension `dim` away (`[R, C]` -> `[R]` for `dim = 1`).
+    /// `(tile) -> tile`: reduce dimension `dim` away (`[R, C]` -> `[R]` for `dim = 1`,
+    /// `[T, H, D]` -> `[T, D]` for `dim = 1`).
     Reduce {
         /// The combining operator.
         op: ReduceOp,

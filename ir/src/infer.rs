@@ -177,13 +177,15 @@ pub fn result_types(
         OpKind::Reshape { shape } => {
             want(1)?;
             let from = tile_shape(&operands[0], "reshape")?;
-            let squeeze = |s: &Shape| s.0.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
-            if squeeze(from) != squeeze(shape) {
+            check_shape(shape)?;
+            if from.numel() != shape.numel() {
                 return Err(format!(
-                    "cannot view a {from} tile as {shape}: only extents of 1 may be added or removed"
+                    "cannot reshape a {from} tile ({} elements) to {shape} ({} elements): a \
+                     reshape keeps the element count",
+                    from.numel(),
+                    shape.numel()
                 ));
             }
-            check_shape(shape)?;
             Ok(vec![Type::Tile {
                 dtype: operands[0].dtype(),
                 shape: shape.clone(),
@@ -238,18 +240,48 @@ pub fn result_types(
                 shape: is.clone(),
             }])
         }
+        OpKind::Permute { perm } => {
+            want(1)?;
+            let s = tile_shape(&operands[0], "permute")?;
+            let mut seen = vec![false; s.rank()];
+            for &p in perm {
+                match seen.get_mut(p) {
+                    Some(x) if !*x => *x = true,
+                    _ => {
+                        return Err(format!(
+                            "`permute({perm:?})` of a {s} tile: the order must name each of \
+                             its {} dimensions (0..{}) once",
+                            s.rank(),
+                            s.rank()
+                        ));
+                    }
+                }
+            }
+            if perm.len() != s.rank() {
+                return Err(format!(
+                    "`permute({perm:?})` of a {s} tile: the order must name each of its {} \
+                     dimensions once",
+                    s.rank()
+                ));
+            }
+            let dims: Vec<usize> = perm.iter().map(|&p| s.0[p]).collect();
+            Ok(vec![Type::tile(operands[0].dtype(), &dims)])
+        }
         OpKind::Reduce { op: _, dim } => {
             want(1)?;
             let s = tile_shape(&operands[0], "reduce")?;
-            if s.rank() != 2 || *dim > 1 {
+            if s.rank() < 2 || *dim >= s.rank() {
                 return Err(format!(
-                    "row/column reductions need a 2-D tile, found shape {s}"
+                    "a reduction along dimension {dim} needs a tile of at least 2 dimensions \
+                     that has it, found shape {s}"
                 ));
             }
             if operands[0].dtype() == DType::Bool {
                 return Err("cannot reduce a bool tile".into());
             }
-            Ok(vec![Type::tile(operands[0].dtype(), &[s.0[1 - dim]])])
+            let mut dims = s.0.clone();
+            dims.remove(*dim);
+            Ok(vec![Type::tile(operands[0].dtype(), &dims)])
         }
         OpKind::Mma => {
             if n != 2 && n != 3 {
@@ -263,7 +295,13 @@ pub fn result_types(
                     "`mma` operands must both be bf16 or both f16, found {da} and {db}; cast with `.cast::<bf16>()`"
                 ));
             }
-            if a.rank() != 2 || b.rank() != 2 || a.0[1] != b.0[0] {
+            if a.rank() != 2 || b.rank() != 2 {
+                return Err(format!(
+                    "`mma` multiplies 2-D tiles, found a {a} and a {b} operand; reshape a tile \
+                     of more dimensions to 2-D first (`.reshape([rows, cols])`)"
+                ));
+            }
+            if a.0[1] != b.0[0] {
                 return Err(format!(
                     "`mma` shapes do not agree: a is {a}, b is {b}; a's columns must equal b's rows"
                 ));

@@ -197,6 +197,9 @@ fn print_op(kernel: &Kernel, id: OpId, level: usize, out: &mut String, regions: 
         OpKind::Transpose => {
             let _ = write!(line, "transpose {}", values(ops));
         }
+        OpKind::Permute { perm } => {
+            let _ = write!(line, "permute {} {perm:?}", values(ops));
+        }
         OpKind::Convert => {
             let _ = write!(line, "convert {}", values(ops));
         }

@@ -19,7 +19,8 @@ use crate::types::Shape;
 pub enum Layout {
     /// Triton-style blocked layout, row-major order: each thread holds `size_per_thread`
     /// contiguous elements, a warp covers `threads_per_warp`, the block `warps`, and the
-    /// pattern repeats over the tile. Rank-1 tiles use only the column entries.
+    /// pattern repeats over the tile. Rank-1 tiles use only the column entries; tiles of
+    /// rank 3 and more fold every dimension but the last into the rows.
     Blocked {
         /// Elements per thread per repetition, `[rows, cols]`.
         size_per_thread: [u32; 2],
@@ -119,6 +120,38 @@ impl Distribution {
             .collect()
     }
 
+    /// Whether every thread's register `k` holds the element of the same row-major index in
+    /// this distribution over `shape` and in `other` over `other_shape`: a reshape between
+    /// them moves nothing.
+    pub fn same_elements(&self, shape: &Shape, other: &Distribution, other_shape: &Shape) -> bool {
+        if self.regs.len() != other.regs.len()
+            || self.terms.len() != shape.rank()
+            || other.terms.len() != other_shape.rank()
+        {
+            return false;
+        }
+        let linear = |c: &[u32], s: &Shape| {
+            c.iter()
+                .zip(s.dims())
+                .fold(0u64, |i, (&c, &n)| i * n as u64 + u64::from(c))
+        };
+        let period = self
+            .terms
+            .iter()
+            .chain(&other.terms)
+            .flatten()
+            .map(|t| t.div.saturating_mul(t.modulo))
+            .max()
+            .unwrap_or(1)
+            .min(1024);
+        (0..period).all(|tid| {
+            let (a, b) = (self.coords(tid), other.coords(tid));
+            a.iter()
+                .zip(&b)
+                .all(|(x, y)| linear(x, shape) == linear(y, other_shape))
+        })
+    }
+
     /// The thread-independent part of coordinates in dimension `dim`, one per register.
     pub fn offsets(&self, dim: usize) -> impl Iterator<Item = u32> + '_ {
         self.regs.iter().map(move |r| r[dim])
@@ -212,10 +245,12 @@ impl Layout {
                 threads_per_warp: tpw,
                 warps,
             } => {
-                let (rows, cols) = if shape.rank() == 1 {
-                    (1, shape.rows() as u32)
-                } else {
-                    (shape.rows() as u32, shape.cols() as u32)
+                // Rank 3 and more: every dimension but the last folds into the rows.
+                let (rows, cols) = match shape.dims().split_last() {
+                    Some((&c, lead)) if !lead.is_empty() => {
+                        (lead.iter().product::<usize>() as u32, c as u32)
+                    }
+                    _ => (1, shape.rows() as u32),
                 };
                 let cover = [spt[0] * tpw[0] * warps[0], spt[1] * tpw[1] * warps[1]];
                 if rows % cover[0] != 0 || cols % cover[1] != 0 {
@@ -243,6 +278,14 @@ impl Layout {
                     Ok(Distribution {
                         terms: vec![clean(col_terms)],
                         regs: regs.into_iter().map(|r| vec![r[1]]).collect(),
+                    })
+                } else if shape.rank() > 2 {
+                    let lead: Vec<u32> = shape.dims()[..shape.rank() - 1]
+                        .iter()
+                        .map(|&d| d as u32)
+                        .collect();
+                    unfold_rows(clean(row_terms), clean(col_terms), regs, &lead).ok_or_else(|| {
+                        misfit("its leading extents do not split the layout's rows evenly".into())
                     })
                 } else {
                     Ok(Distribution {
@@ -329,6 +372,87 @@ impl Layout {
     pub fn is_shared(&self) -> bool {
         matches!(self, Layout::Shared { .. })
     }
+}
+
+/// The distribution of a tile whose leading dimensions `lead` were folded into the rows of a
+/// 2-D one (`row_terms`, `col_terms`, registers `[row, col]`): the row coordinate split
+/// into one per leading dimension (row-major). `None` when a thread term straddles a
+/// leading dimension's boundary in a way per-dimension terms cannot express.
+fn unfold_rows(
+    row_terms: Vec<Term>,
+    col_terms: Vec<Term>,
+    regs: Vec<Vec<u32>>,
+    lead: &[u32],
+) -> Option<Distribution> {
+    let n = lead.len();
+    let mut per_dim: Vec<Vec<Term>> = vec![Vec::new(); n];
+    let mut rest = row_terms.clone();
+    for k in (1..n).rev() {
+        let b = lead[k];
+        let (mut low, mut high) = (Vec::new(), Vec::new());
+        for t in rest {
+            if t.mul.is_multiple_of(b) {
+                high.push(term(t.div, t.modulo, t.mul / b));
+            } else if b.is_multiple_of(t.mul.checked_mul(t.modulo)?) {
+                low.push(t);
+            } else if b.is_multiple_of(t.mul) && (t.mul * t.modulo).is_multiple_of(b) {
+                let q = b / t.mul;
+                low.push(term(t.div, q, t.mul));
+                high.push(term(t.div * q, t.modulo / q, 1));
+            } else {
+                return None;
+            }
+        }
+        per_dim[k] = clean(low);
+        rest = high;
+    }
+    per_dim[0] = clean(rest);
+    let split = |mut r: u32| {
+        let mut c = vec![0; n];
+        for k in (1..n).rev() {
+            c[k] = r % lead[k];
+            r /= lead[k];
+        }
+        c[0] = r;
+        c
+    };
+    let regs: Vec<Vec<u32>> = regs
+        .iter()
+        .map(|r| {
+            let mut c = split(r[0]);
+            c.push(r[1]);
+            c
+        })
+        .collect();
+    // Carries between a register's offset and a thread's terms would make the split wrong:
+    // check it on every thread of a period of the terms.
+    let period = row_terms
+        .iter()
+        .map(|t| t.div.saturating_mul(t.modulo))
+        .max()
+        .unwrap_or(1)
+        .min(1024);
+    for tid in 0..period {
+        let base = Term::sum(&row_terms, tid);
+        for (r2, r) in regs.iter().zip(&regs2d(&regs, lead)) {
+            let want = split(base + r);
+            if (0..n).any(|k| r2[k] + Term::sum(&per_dim[k], tid) != want[k]) {
+                return None;
+            }
+        }
+    }
+    per_dim.push(col_terms);
+    Some(Distribution {
+        terms: per_dim,
+        regs,
+    })
+}
+
+/// The folded row offset of each register of an unfolded distribution.
+fn regs2d(regs: &[Vec<u32>], lead: &[u32]) -> Vec<u32> {
+    regs.iter()
+        .map(|r| lead.iter().zip(r).fold(0u32, |acc, (&n, &c)| acc * n + c))
+        .collect()
 }
 
 fn term(div: u32, modulo: u32, mul: u32) -> Term {
@@ -596,5 +720,73 @@ mod tests {
         };
         assert!(l.distribution(&Shape(vec![4, 96])).is_err());
         assert!(l.distribution(&Shape(vec![4, 128])).is_ok());
+    }
+
+    /// A tile of rank 3 or 4 is laid out as its leading dimensions folded into rows: every
+    /// thread holds the same elements as in the folded 2-D tile, coordinates split per
+    /// dimension.
+    #[test]
+    fn blocked_layouts_of_rank_3_and_4_tiles_unfold_the_rows() {
+        let layouts = [
+            ([1, 4], [4, 8], [4, 1]),
+            ([1, 2], [8, 4], [2, 2]),
+            ([1, 1], [32, 1], [1, 4]),
+            ([1, 8], [2, 16], [4, 1]),
+        ];
+        let shapes: [&[usize]; 5] = [
+            &[2, 8, 32],
+            &[4, 4, 64],
+            &[8, 2, 2, 32],
+            &[1, 32, 32],
+            &[32, 1, 64],
+        ];
+        for (spt, tpw, warps) in layouts {
+            let l = Layout::Blocked {
+                size_per_thread: spt,
+                threads_per_warp: tpw,
+                warps,
+            };
+            for dims in shapes {
+                let (lead, last) = dims.split_at(dims.len() - 1);
+                let rows: usize = lead.iter().product();
+                let flat = Shape(vec![rows, last[0]]);
+                let (Ok(d2), Ok(dn)) =
+                    (l.distribution(&flat), l.distribution(&Shape(dims.to_vec())))
+                else {
+                    continue;
+                };
+                assert_eq!(dn.terms.len(), dims.len());
+                for tid in 0..32 * warps[0] * warps[1] {
+                    let folded: Vec<Vec<u32>> = dn
+                        .coords(tid)
+                        .into_iter()
+                        .map(|c| {
+                            let row = lead
+                                .iter()
+                                .zip(&c)
+                                .fold(0u32, |acc, (&n, &x)| acc * n as u32 + x);
+                            vec![row, c[dims.len() - 1]]
+                        })
+                        .collect();
+                    assert_eq!(folded, d2.coords(tid), "{l} over {dims:?}, thread {tid}");
+                }
+            }
+        }
+    }
+
+    /// A split that per-dimension thread terms cannot express is a misfit, not a wrong map.
+    #[test]
+    fn a_leading_extent_the_terms_cannot_split_is_a_misfit() {
+        let l = Layout::Blocked {
+            size_per_thread: [1, 1],
+            threads_per_warp: [32, 1],
+            warps: [2, 1],
+        };
+        // 64 rows per repetition: whole repetitions per leading index split evenly.
+        assert!(l.distribution(&Shape(vec![3, 64, 1])).is_ok());
+        // Warp 1's rows 32..64 of the second repetition are rows 96..128: across the
+        // boundary at 96 of `[2, 96, 1]`, which no term per dimension can say.
+        assert!(l.distribution(&Shape(vec![2, 96, 1])).is_err());
+        assert!(l.distribution(&Shape(vec![4, 48, 1])).is_err());
     }
 }

@@ -63,14 +63,14 @@ impl fmt::Display for DType {
     }
 }
 
-/// A compile-time tile shape of rank 1 or 2, outermost dimension first.
+/// A compile-time tile shape of rank 1 to 4, outermost dimension first.
 ///
 /// A dimension of extent 1 broadcasts in elementwise operations (`[R, 1]` against `[R, C]`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Shape(pub Vec<usize>);
 
 impl Shape {
-    /// The number of dimensions (1 or 2).
+    /// The number of dimensions (1 to 4).
     pub fn rank(&self) -> usize {
         self.0.len()
     }
@@ -187,6 +187,10 @@ impl fmt::Display for Type {
     }
 }
 
+/// Most dimensions a tile has: a rank-3 or rank-4 tile's leading dimensions fold into the
+/// rows of a 2-D register layout (`passes::layout`), so more would only add bookkeeping.
+pub const MAX_RANK: usize = 4;
+
 /// Largest tile extent. A tile too large for registers is streamed in chunks (the
 /// `strip_mine` pass), so the bound is what the budget checks there and the interpreter
 /// can hold, not a thread's registers.
@@ -202,8 +206,11 @@ const MAX_NUMEL: usize = 1 << 24;
 /// ldmatrix chunks. What a target cannot map beyond that (rows per warp, a box count) the
 /// passes reject at the op.
 pub(crate) fn check_shape(s: &Shape) -> Result<(), String> {
-    if s.rank() == 0 || s.rank() > 2 {
-        return Err(format!("tiles have 1 or 2 dimensions, found {}", s.rank()));
+    if s.rank() == 0 || s.rank() > MAX_RANK {
+        return Err(format!(
+            "tiles have 1 to {MAX_RANK} dimensions, found {}",
+            s.rank()
+        ));
     }
     for &d in s.dims() {
         if d == 0 || d > MAX_EXTENT || !(d.is_power_of_two() || d.is_multiple_of(32)) {
@@ -212,6 +219,7 @@ pub(crate) fn check_shape(s: &Shape) -> Result<(), String> {
             ));
         }
     }
+    // The extents are checked first, so their product cannot overflow.
     if s.numel() > MAX_NUMEL {
         return Err(format!(
             "a {s} tile has {} elements; a tile holds at most {MAX_NUMEL}",

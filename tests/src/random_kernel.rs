@@ -335,6 +335,25 @@ impl Gen<'_> {
         }
     }
 
+    /// A shape of `s`'s element count and 1 to 4 dimensions (`[32, 16]` as `[4, 8, 16]`,
+    /// `[512]`, `[2, 16, 16]`): power-of-two factors split off the count.
+    fn same_count(&mut self, s: &Shape) -> Shape {
+        let rank = 1 + self.bytes.below(4);
+        let mut rest = s.numel();
+        let mut dims = Vec::with_capacity(rank);
+        for _ in 1..rank {
+            let f = [1, 2, 4, 8, 16][self.bytes.below(5)];
+            if rest.is_multiple_of(f) {
+                dims.push(f);
+                rest /= f;
+            } else {
+                dims.push(1);
+            }
+        }
+        dims.push(rest);
+        Shape(dims)
+    }
+
     fn shape(&mut self) -> Shape {
         if self.bytes.one_in(5) {
             Shape(vec![LENGTHS[self.bytes.below(LENGTHS.len())]])
@@ -395,7 +414,8 @@ impl Gen<'_> {
             9 | 10 => {
                 if let Some(v) = self.such(|t| t.shape().is_some()) {
                     let op = [ReduceOp::Max, ReduceOp::Sum, ReduceOp::Min][self.bytes.below(3)];
-                    let dim = self.bytes.below(2);
+                    let rank = self.b.ty(v).shape().map_or(2, Shape::rank).max(2);
+                    let dim = self.bytes.below(rank);
                     self.add(OpKind::Reduce { op, dim }, &[v]);
                 }
             }
@@ -425,12 +445,25 @@ impl Gen<'_> {
             }
             15 => {
                 if let Some(v) = self.any() {
-                    self.add(OpKind::Transpose, &[v]);
+                    let rank = self.b.ty(v).shape().map_or(0, Shape::rank);
+                    if rank >= 2 && self.bytes.one_in(2) {
+                        // A permutation of the tile's dimensions.
+                        let mut perm: Vec<usize> = (0..rank).collect();
+                        for i in (1..rank).rev() {
+                            perm.swap(i, self.bytes.below(i + 1));
+                        }
+                        self.add(OpKind::Permute { perm }, &[v]);
+                    } else {
+                        self.add(OpKind::Transpose, &[v]);
+                    }
                 }
             }
             16 => {
                 if let Some(v) = self.any() {
-                    let shape = self.shape();
+                    let shape = match self.b.ty(v).shape().cloned() {
+                        Some(s) if self.bytes.one_in(2) => self.same_count(&s),
+                        _ => self.shape(),
+                    };
                     self.add(OpKind::Reshape { shape }, &[v]);
                 }
             }

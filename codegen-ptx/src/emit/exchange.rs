@@ -29,12 +29,28 @@ impl Emitter<'_> {
     }
 
     /// `convert`: the operand's elements, in its layout, become the result's, in another.
-    pub(crate) fn write_convert(&mut self, id: OpId) -> Result<(), CodegenError> {
+    /// Also a `reshape` between layouts that hold its elements in other threads (the result
+    /// reads each element at its row-major index, which a reshape keeps) and a `permute`
+    /// (`perm`: the result reads each element at its operand's row-major index, through the
+    /// operand's strides permuted).
+    pub(crate) fn write_convert(
+        &mut self,
+        id: OpId,
+        perm: Option<&[usize]>,
+    ) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
         let (x, r) = (op.operands[0], op.results[0]);
         let scratch = self.scratch(id)?;
         let dtype = self.k.ty(x).dtype();
         let strides = row_major_strides(self.k, x, id, self)?;
+        let read_strides = match perm {
+            Some(p) => p
+                .iter()
+                .map(|&d| strides.get(d).copied())
+                .collect::<Option<Vec<u32>>>()
+                .ok_or_else(|| self.internal(id, "a permutation past the tile's rank"))?,
+            None => row_major_strides(self.k, r, id, self)?,
+        };
         let (src, dst) = (self.dist(x, id)?, self.dist(r, id)?);
         let esize = scratch_bytes(dtype);
 
@@ -47,10 +63,10 @@ impl Emitter<'_> {
             self.store_scratch(dtype, base, at, e);
         }
         self.ins("bar.sync 0");
-        let base = self.element_address(&dst, &strides, esize, scratch);
+        let base = self.element_address(&dst, &read_strides, esize, scratch);
         let mut out = Vec::with_capacity(dst.regs.len());
         for offs in &dst.regs {
-            let at = linear(offs, &strides) * esize;
+            let at = linear(offs, &read_strides) * esize;
             out.push(self.load_scratch(dtype, base, at));
         }
         self.vals.insert(r, Val::Tile(out));

@@ -379,12 +379,18 @@ impl<'k> Emitter<'k> {
                 let offs = d.offsets(*dim).collect();
                 self.vals.insert(r, Val::Affine { base, offs });
             }
+            // A reshape that leaves its elements in other threads moves them (the `lower`
+            // pass sized the scratch region by the same test).
+            OpKind::Reshape { .. } if !kiln_ir::passes::lower::reshape_is_free(self.k, &op) => {
+                self.write_convert(id, None)?;
+            }
             OpKind::Reshape { .. } => {
                 let r = result.ok_or_else(|| self.internal(id, "no result"))?;
                 let v = self.val(op.operands[0], id)?;
                 self.check_reshape(op.operands[0], r, &v, id)?;
                 self.vals.insert(r, v);
             }
+            OpKind::Permute { perm } => self.write_convert(id, Some(perm))?,
             OpKind::Transpose => {
                 let r = result.ok_or_else(|| self.internal(id, "no result"))?;
                 let mut v = self.val(op.operands[0], id)?;
@@ -393,12 +399,17 @@ impl<'k> Emitter<'k> {
                     // Every user is an mma that stages the source transposed
                     // (`stage_operand`): nothing to write here.
                     _ if self.k.schedule.staged(r).is_some() => {}
+                    // A register tile: its elements move (the `lower` pass sized the scratch
+                    // region by the same test).
+                    _ if kiln_ir::passes::lower::transpose_moves(self.k, &op) => {
+                        return self.write_convert(id, Some(&[1, 0]));
+                    }
                     _ => return Err(self.unsupported(id, "a transpose not feeding mma")),
                 }
                 self.vals.insert(r, v);
             }
             OpKind::Reduce { op: rop, dim } => self.write_reduce(id, *rop, *dim)?,
-            OpKind::Convert => self.write_convert(id)?,
+            OpKind::Convert => self.write_convert(id, None)?,
             OpKind::Take { dim } => self.write_take(id, *dim)?,
             OpKind::Mma => {
                 if !lower.mma(self, id)? {

@@ -193,6 +193,28 @@ reduce_fns! {
     col_sum => ReduceOp::Sum, 0;
 }
 
+/// Defines reductions along a dimension the caller names.
+macro_rules! reduce_dim_fns {
+    ($($(#[$doc:meta])* $name:ident => $op:expr;)*) => {$(
+        $(#[$doc])*
+        #[track_caller]
+        pub fn $name(x: impl AsValue, dim: usize) -> Value {
+            value::emit(OpKind::Reduce { op: $op, dim }, &[x.as_value()], Loc::caller())
+        }
+    )*};
+}
+
+reduce_dim_fns! {
+    /// Sum along dimension `dim` of a tile of 2 or more dimensions, which it removes:
+    /// `reduce_sum(&x, 1)` of `[T, H, D]` is `[T, D]` (`row_sum` is `reduce_sum(.., 1)` of
+    /// a 2-D tile). Floats accumulate in f32.
+    reduce_sum => ReduceOp::Sum;
+    /// Maximum along dimension `dim`, which it removes (see [`reduce_sum`]).
+    reduce_max => ReduceOp::Max;
+    /// Minimum along dimension `dim`, which it removes (see [`reduce_sum`]).
+    reduce_min => ReduceOp::Min;
+}
+
 /// `a @ b` for bf16/f16 tiles `a[M, K]`, `b[K, N]`, accumulated in f32: an f32 `[M, N]` tile.
 #[track_caller]
 pub fn mma(a: impl AsValue, b: impl AsValue) -> Value {
@@ -224,7 +246,8 @@ pub fn select(cond: impl AsValue, a: impl IntoOperand, b: impl IntoOperand) -> V
         _ => None,
     });
     let (a, b) = (a.place(like, loc), b.place(like, loc));
-    value::emit(OpKind::Select, &[cond.as_value(), a, b], loc)
+    let operands = value::promote_ranks(&[cond.as_value(), a, b], loc);
+    value::emit(OpKind::Select, &operands, loc)
 }
 
 /// `ceil(a / b)` for positive integers: the number of `b`-sized blocks covering `a`.

@@ -79,6 +79,14 @@ pub(crate) fn unary(op: UnaryOp, x: &Value) -> Result<Value, Fault> {
 /// `a op b` with broadcasting; float results are rounded to the operands' dtype.
 pub(crate) fn binary(op: BinaryOp, a: &Value, b: &Value) -> Result<Value, Fault> {
     let dims = broadcast_dims(&[a, b]).ok_or(Fault::Mistyped)?;
+    if dims.len() > 2 {
+        // Tiles of rank 3 and more broadcast element by element: both are spread to the
+        // result's shape and combined as flat vectors.
+        let (a, b) = (flat_to(a, &dims), flat_to(b, &dims));
+        let mut out = binary(op, &a, &b)?;
+        out.dims = dims;
+        return Ok(out);
+    }
     let out = Value {
         dtype: a.dtype,
         dims,
@@ -206,6 +214,12 @@ fn compare_fn<T: PartialOrd>(op: BinaryOp) -> Result<fn(T, T) -> bool, Fault> {
 /// `cond ? a : b` elementwise, with all three broadcast together.
 pub(crate) fn select(cond: &Value, a: &Value, b: &Value) -> Result<Value, Fault> {
     let dims = broadcast_dims(&[cond, a, b]).ok_or(Fault::Mistyped)?;
+    if dims.len() > 2 {
+        let (c, x, y) = (flat_to(cond, &dims), flat_to(a, &dims), flat_to(b, &dims));
+        let mut out = select(&c, &x, &y)?;
+        out.dims = dims;
+        return Ok(out);
+    }
     let mut out = Value {
         dtype: a.dtype,
         dims,
@@ -407,34 +421,43 @@ pub(crate) fn take(x: &Value, idx: &Value, other: &Value, dim: usize) -> Result<
     })
 }
 
-/// Reduces dimension `dim` of a 2-D tile. Elements combine in index order, a float sum
+/// Reduces dimension `dim` of a tile. Elements combine in index order, a float sum
 /// pairwise (a balanced tree over the elements, as a GPU's threads, lanes and warps combine:
 /// its error grows with the logarithm of the length, not the length); a float sum
 /// accumulates in f32 and is rounded to the dtype once at the end; integer sums wrap.
 pub(crate) fn reduce(op: ReduceOp, x: &Value, dim: usize) -> Result<Value, Fault> {
-    let (r, c) = x.rows_cols();
-    // `outer` results, each combining `len` elements spaced `step` apart from `start(o)`.
-    let (outer, len, start_step, step) = if dim == 1 { (r, c, c, 1) } else { (c, r, 1, c) };
+    if dim >= x.dims.len() {
+        return Err(Fault::Mistyped);
+    }
+    // Row-major: `outer` blocks of `len` slices of `inner` elements; result `(o, i)` combines
+    // elements `(o, k, i)` for k in order (a float sum pairwise).
+    let outer: usize = x.dims[..dim].iter().product();
+    let len = x.dims[dim];
+    let inner: usize = x.dims[dim + 1..].iter().product();
     fn fold<T: Copy>(
         v: &[T],
-        (outer, len, start_step, step): (usize, usize, usize, usize),
+        (outer, len, inner): (usize, usize, usize),
         init: T,
         f: impl Fn(T, T) -> T,
     ) -> Vec<T> {
         (0..outer)
-            .map(|o| (0..len).fold(init, |acc, k| f(acc, v[o * start_step + k * step])))
+            .flat_map(|o| (0..inner).map(move |i| (o, i)))
+            .map(|(o, i)| (0..len).fold(init, |acc, k| f(acc, v[(o * len + k) * inner + i])))
             .collect()
     }
-    let geom = (outer, len, start_step, step);
+    let geom = (outer, len, inner);
+    let mut dims = x.dims.clone();
+    dims.remove(dim);
     let elems = match &x.elems {
         Elems::F(v) => {
             let mut out = match op {
                 ReduceOp::Max => fold(v, geom, f32::NEG_INFINITY, f32::max),
                 ReduceOp::Min => fold(v, geom, f32::INFINITY, f32::min),
                 ReduceOp::Sum => (0..outer)
-                    .map(|o| {
+                    .flat_map(|o| (0..inner).map(move |i| (o, i)))
+                    .map(|(o, i)| {
                         let run: Vec<f32> =
-                            (0..len).map(|k| v[o * start_step + k * step]).collect();
+                            (0..len).map(|k| v[(o * len + k) * inner + i]).collect();
                         pairwise_sum(&run)
                     })
                     .collect(),
@@ -460,7 +483,7 @@ pub(crate) fn reduce(op: ReduceOp, x: &Value, dim: usize) -> Result<Value, Fault
     };
     Ok(Value {
         dtype: x.dtype,
-        dims: vec![outer],
+        dims,
         elems,
     })
 }
@@ -475,6 +498,85 @@ fn pairwise_sum(v: &[f32]) -> f32 {
             let half = n.div_ceil(2).next_power_of_two().min(n - 1).max(1);
             pairwise_sum(&v[..half]) + pairwise_sum(&v[half..])
         }
+    }
+}
+
+/// `x` permuted: result dimension `i` is `x`'s dimension `perm[i]`.
+pub(crate) fn permute(x: &Value, perm: &[usize]) -> Result<Value, Fault> {
+    let rank = x.dims.len();
+    if perm.len() != rank || perm.iter().any(|&p| p >= rank) {
+        return Err(Fault::Mistyped);
+    }
+    let dims: Vec<usize> = perm.iter().map(|&p| x.dims[p]).collect();
+    let mut src_strides = vec![1usize; rank];
+    for d in (0..rank.saturating_sub(1)).rev() {
+        src_strides[d] = src_strides[d + 1] * x.dims[d + 1];
+    }
+    // Each result element's flat index in `x`, in the result's row-major order.
+    let n: usize = dims.iter().product();
+    let from: Vec<usize> = (0..n)
+        .map(|mut flat| {
+            let mut at = 0;
+            for i in (0..rank).rev() {
+                at += (flat % dims[i]) * src_strides[perm[i]];
+                flat /= dims[i];
+            }
+            at
+        })
+        .collect();
+    fn pick<T: Copy>(v: &[T], from: &[usize]) -> Vec<T> {
+        from.iter().map(|&i| v[i]).collect()
+    }
+    let elems = match &x.elems {
+        Elems::F(v) => Elems::F(pick(v, &from)),
+        Elems::I(v) => Elems::I(pick(v, &from)),
+        Elems::B(v) => Elems::B(pick(v, &from)),
+    };
+    Ok(Value {
+        dtype: x.dtype,
+        dims,
+        elems,
+    })
+}
+
+/// `v` (a scalar, or a tile broadcasting to `dims`) spread to `dims` and viewed as a flat
+/// vector; a scalar stays a scalar.
+fn flat_to(v: &Value, dims: &[usize]) -> Value {
+    if v.dims.is_empty() {
+        return v.clone();
+    }
+    let rank = dims.len();
+    // `v` has `dims`' rank (the verifier's broadcasting rule); an extent of 1 repeats.
+    let mut strides = vec![0usize; rank];
+    let mut s = 1;
+    for d in (0..rank).rev() {
+        let n = v.dims.get(d).copied().unwrap_or(1);
+        strides[d] = if n == 1 { 0 } else { s };
+        s *= n;
+    }
+    let n: usize = dims.iter().product();
+    let from: Vec<usize> = (0..n)
+        .map(|mut flat| {
+            let mut at = 0;
+            for d in (0..rank).rev() {
+                at += (flat % dims[d]) * strides[d];
+                flat /= dims[d];
+            }
+            at
+        })
+        .collect();
+    fn pick<T: Copy>(v: &[T], from: &[usize]) -> Vec<T> {
+        from.iter().map(|&i| v[i]).collect()
+    }
+    let elems = match &v.elems {
+        Elems::F(x) => Elems::F(pick(x, &from)),
+        Elems::I(x) => Elems::I(pick(x, &from)),
+        Elems::B(x) => Elems::B(pick(x, &from)),
+    };
+    Value {
+        dtype: v.dtype,
+        dims: vec![n],
+        elems,
     }
 }
 

@@ -267,6 +267,10 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
                 );
                 vec![eval::take(x, idx, other, *dim).map_err(|f| self.fault(id, f))?]
             }
+            OpKind::Permute { perm } => {
+                let x = self.get(id, operand(0)?)?;
+                vec![eval::permute(x, perm).map_err(|f| self.fault(id, f))?]
+            }
             OpKind::Convert => vec![self.get(id, operand(0)?)?.clone()],
             OpKind::Reduce { op: r, dim } => {
                 let x = self.get(id, operand(0)?)?;

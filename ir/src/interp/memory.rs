@@ -196,12 +196,23 @@ impl TileAddr {
                 })
                 .collect()
         };
-        let (rows, cols) = match dims {
-            [] => (vec![Some(0)], vec![Some(0)]),
-            [c] => (vec![Some(0)], axis(rank - 1, *c)),
-            [r, c] => (axis(rank - 2, *r), axis(rank - 1, *c)),
-            _ => return None,
+        let Some((&c, lead)) = dims.split_last() else {
+            return Some(TileAddr {
+                base,
+                rows: vec![Some(0)],
+                cols: vec![Some(0)],
+            });
         };
+        // Every tile dimension but the last folds into the rows, in row-major order.
+        let mut rows = vec![Some(0usize)];
+        for (k, &n) in lead.iter().enumerate() {
+            let along = axis(outer + k, n);
+            rows = rows
+                .iter()
+                .flat_map(|r| along.iter().map(move |a| Some((*r)? + (*a)?)))
+                .collect();
+        }
+        let cols = axis(rank - 1, c);
         Some(TileAddr { base, rows, cols })
     }
 

@@ -3,7 +3,8 @@
 //! place by the tensor cores.
 //!
 //! The `add` op becomes the `mma` (its result, and so every use, is kept); the old `mma` op
-//! is unlinked from its block. Then ops without side effects whose results are never read
+//! is unlinked from its block. Before that, loads and stores of tiles of rank 3 and more
+//! become the addressed accesses of the same elements ([`super::tiles_nd`]). Then ops without side effects whose results are never read
 //! are unlinked (repeatedly), so no later pass or writer sees dead tiles. In: verified IR.
 //! Out: verified IR with no such `add` and no dead pure op.
 
@@ -15,6 +16,7 @@ use super::walk::{defining_op, ops_in_order, uses};
 
 /// Applies the fold everywhere.
 pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {
+    super::tiles_nd::run(kernel);
     let uses = uses(kernel);
     let mut dead: Vec<OpId> = Vec::new();
     for id in ops_in_order(kernel) {

@@ -107,7 +107,9 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         match op.kind {
             OpKind::Reduce { dim, .. } => {
                 let rank = kernel.ty(op.operands[0]).shape().map_or(1, Shape::rank);
-                reduce_dims[if rank == 1 { 1 } else { dim.min(1) }] = true;
+                // The last dimension is the blocked layout's columns; every other one
+                // folds into its rows.
+                reduce_dims[usize::from(dim + 1 >= rank)] = true;
             }
             OpKind::Mma => {
                 let (a_def, _) = defining_op(kernel, op.operands[0]);
@@ -254,16 +256,8 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                             }
                             if vs == shape {
                                 layouts.insert(*v, l.clone());
-                            } else if let Some(dim) = broadcast_dim(&vs, &shape) {
-                                layouts.insert(
-                                    *v,
-                                    Layout::Slice {
-                                        dim,
-                                        keep_dim: true,
-                                        parent: Box::new(l.clone()),
-                                        parent_shape: shape.clone(),
-                                    },
-                                );
+                            } else if let Some(bl) = broadcast_layout(&vs, &shape, &l) {
+                                layouts.insert(*v, bl);
                             }
                         }
                     }
@@ -288,6 +282,42 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                                 parent_shape,
                             },
                         );
+                    }
+                }
+                OpKind::Reshape { .. } if !is_view(kernel, &op) => {
+                    let (x, r) = (op.operands[0], op.results[0]);
+                    let (xs, rs) = (kernel.ty(x).shape(), kernel.ty(r).shape());
+                    let (Some(xs), Some(rs)) = (xs.cloned(), rs.cloned()) else {
+                        continue;
+                    };
+                    // A blocked layout folds every dimension but the last into rows: a
+                    // reshape keeping the last dimension keeps every element where it was.
+                    // Removing extents of 1 slices them away (the way back from
+                    // `.unsqueeze(d)`). Any other reshape takes the layouts its neighbours
+                    // give it and moves its elements where they differ.
+                    let same_last = xs.dims().last() == rs.dims().last();
+                    let carry = |l: &Layout, from: &Shape, to: &Shape| {
+                        if same_last
+                            && matches!(l, Layout::Blocked { .. })
+                            && l.distribution(to).is_ok()
+                        {
+                            Some(l.clone())
+                        } else {
+                            drop_units(l, from, to)
+                        }
+                    };
+                    match (layouts.get(&x).cloned(), layouts.get(&r).cloned()) {
+                        (Some(l), None) => {
+                            if let Some(nl) = carry(&l, &xs, &rs) {
+                                layouts.insert(r, nl);
+                            }
+                        }
+                        (None, Some(l)) => {
+                            if let Some(nl) = carry(&l, &rs, &xs) {
+                                layouts.insert(x, nl);
+                            }
+                        }
+                        _ => {}
                     }
                 }
                 OpKind::Reshape { .. } => {
@@ -337,6 +367,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 | OpKind::Splat { .. }
                 | OpKind::Iota { .. }
                 | OpKind::Transpose
+                | OpKind::Permute { .. }
                 | OpKind::Convert
                 | OpKind::Store { .. }
                 | OpKind::Print { .. }
@@ -459,16 +490,8 @@ fn access_layouts(
         let vs = kernel.ty(v).shape().cloned().unwrap_or(Shape(Vec::new()));
         if vs == shape {
             layouts.insert(v, l.clone());
-        } else if let Some(dim) = broadcast_dim(&vs, &shape) {
-            layouts.insert(
-                v,
-                Layout::Slice {
-                    dim,
-                    keep_dim: true,
-                    parent: Box::new(l.clone()),
-                    parent_shape: shape.clone(),
-                },
-            );
+        } else if let Some(bl) = broadcast_layout(&vs, &shape, &l) {
+            layouts.insert(v, bl);
         }
     }
 }
@@ -515,6 +538,101 @@ fn broadcast_dim(small: &Shape, full: &Shape) -> Option<usize> {
         return None;
     }
     (0..2).find(|&d| small.dims()[d] == 1 && full.dims()[d] != 1)
+}
+
+/// The layout in which `small` broadcasts to `full` in layout `l` without moving: `l` sliced
+/// (keeping the unit dimension) along each dimension `small` broadcasts along. A 2-D tile
+/// broadcasts along one dimension ([`broadcast_dim`]); one of rank 3 or more along any.
+pub(super) fn broadcast_layout(small: &Shape, full: &Shape, l: &Layout) -> Option<Layout> {
+    if full.rank() < 3 {
+        let dim = broadcast_dim(small, full)?;
+        return Some(Layout::Slice {
+            dim,
+            keep_dim: true,
+            parent: Box::new(l.clone()),
+            parent_shape: full.clone(),
+        });
+    }
+    if small.rank() != full.rank() {
+        return None;
+    }
+    let mut layout = l.clone();
+    let mut shape = full.clone();
+    for d in 0..full.rank() {
+        if small.dims()[d] == 1 && full.dims()[d] != 1 {
+            let parent_shape = shape.clone();
+            shape.0[d] = 1;
+            layout = Layout::Slice {
+                dim: d,
+                keep_dim: true,
+                parent: Box::new(layout),
+                parent_shape,
+            };
+        } else if small.dims()[d] != full.dims()[d] {
+            return None;
+        }
+    }
+    (shape != *full).then_some(layout)
+}
+
+/// Whether reshape `op` is a view of the same registers between tiles of at most 2
+/// dimensions that only adds or removes extents of 1 (`.col()`), as opposed to a general
+/// reshape (any other, and every one of a tile of rank 3 or more), which keeps the
+/// registers where the layouts agree and otherwise moves the elements.
+pub(crate) fn is_view(kernel: &Kernel, op: &crate::kernel::Op) -> bool {
+    let squeeze = |v: ValueId| {
+        kernel
+            .ty(v)
+            .shape()
+            .filter(|s| s.rank() <= 2)
+            .map(|s| s.0.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>())
+    };
+    let (a, b) = (squeeze(op.operands[0]), squeeze(op.results[0]));
+    a.is_some() && a == b
+}
+
+/// Layout `l` of a tile of shape `from` with the extents of 1 that `to` lacks sliced away,
+/// when `to` is `from` without some of its extents of 1.
+fn drop_units(l: &Layout, from: &Shape, to: &Shape) -> Option<Layout> {
+    if to.rank() >= from.rank() {
+        return None;
+    }
+    let mut removed = Vec::new();
+    let mut j = 0;
+    for (i, &n) in from.dims().iter().enumerate() {
+        if to.dims().get(j) == Some(&n) {
+            j += 1;
+        } else if n == 1 {
+            removed.push(i);
+        } else {
+            return None;
+        }
+    }
+    if j != to.rank() || l.is_shared() {
+        return None;
+    }
+    let mut layout = l.clone();
+    let mut shape = from.clone();
+    for &d in removed.iter().rev() {
+        let parent_shape = shape.clone();
+        shape.0.remove(d);
+        layout = Layout::Slice {
+            dim: d,
+            keep_dim: false,
+            parent: Box::new(layout),
+            parent_shape,
+        };
+    }
+    Some(layout)
+}
+
+/// A shape seen as the blocked layout's `(rows, cols)`: a 1-D tile is one row; every
+/// dimension but the last folds into the rows.
+fn fold2(shape: &Shape) -> (u32, u32) {
+    match shape.dims().split_last() {
+        Some((&c, lead)) => (lead.iter().product::<usize>() as u32, c as u32),
+        None => (1, 1),
+    }
 }
 
 /// Layout after `reshape`: `to_keep` adds the unit dimension of a slice (`.col()`/`.row()`),
@@ -576,11 +694,7 @@ fn pow2_div(x: u32, cap: u32) -> u32 {
 /// thread): loads then read each element once where the tile allows it.
 fn blocked(ty: &Type, warps: u32, reduce_dims: [bool; 2]) -> Layout {
     let shape = ty.shape().cloned().unwrap_or(Shape(Vec::new()));
-    let cols = if shape.rank() == 1 {
-        shape.rows() as u32
-    } else {
-        shape.cols() as u32
-    };
+    let (_, cols) = fold2(&shape);
     let widest = pow2_div(cols, (16 / ty.dtype().size_bytes().max(1)) as u32);
     // The vector is chosen on the layouts without split reductions: warps spread over a
     // reduced dimension only take what the chosen vector leaves them.
@@ -593,7 +707,16 @@ fn blocked(ty: &Type, warps: u32, reduce_dims: [bool; 2]) -> Layout {
             best = (vec, l);
         }
     }
-    blocked_with(&shape, best.0, warps, reduce_dims, true)
+    let l = blocked_with(&shape, best.0, warps, reduce_dims, true);
+    // A tile of rank 3 or more whose folded rows the threads cannot split per dimension
+    // (`[2, 96, D]`): the threads' rows stay inside the largest power of two dividing the
+    // innermost leading extent, and repetitions cover the rest.
+    if shape.rank() >= 3 && l.distribution(&shape).is_err() {
+        let inner = shape.dims()[shape.rank() - 2] as u32;
+        let within = Shape(vec![pow2_div(inner, inner) as usize, cols as usize]);
+        return blocked(&Type::tile(ty.dtype(), within.dims()), warps, reduce_dims);
+    }
+    l
 }
 
 /// How many threads of layout `l` hold each element (1: none is replicated).
@@ -617,21 +740,17 @@ fn blocked_with(
     reduce_dims: [bool; 2],
     split_reduced: bool,
 ) -> Layout {
-    let (rows, cols) = if shape.rank() == 1 {
-        (1, shape.rows() as u32)
-    } else {
-        (shape.rows() as u32, shape.cols() as u32)
-    };
+    let (rows, cols) = fold2(shape);
     let tc = pow2_div(cols / vec, 32);
     let tr = pow2_div(rows, 32 / tc);
     let (mut wr, mut wc) = (1, 1);
-    if !(reduce_dims[0] && shape.rank() == 2) {
+    if !(reduce_dims[0] && shape.rank() >= 2) {
         wr = pow2_div(rows / tr, warps);
     }
     if !reduce_dims[1] {
         wc = pow2_div(cols / (vec * tc), warps / wr);
     }
-    if wr * wc < warps && !reduce_dims[1] && shape.rank() == 2 && reduce_dims[0] {
+    if wr * wc < warps && !reduce_dims[1] && shape.rank() >= 2 && reduce_dims[0] {
         wc = pow2_div(cols / (vec * tc), warps);
     }
     // Warps the other dimension cannot take split a reduced one: their partial results
@@ -640,7 +759,7 @@ fn blocked_with(
     if split_reduced && wr * wc < warps {
         wc *= pow2_div(cols / (vec * tc * wc), warps / (wr * wc));
     }
-    if split_reduced && wr * wc < warps && shape.rank() == 2 {
+    if split_reduced && wr * wc < warps && shape.rank() >= 2 {
         wr *= pow2_div(rows / (tr * wr), warps / (wr * wc));
     }
     Layout::Blocked {

@@ -217,6 +217,36 @@ fn check_covered(kernel: &Kernel, target: Target) -> Result<(), Diagnostic> {
     }
 }
 
+/// Whether reshape `op` leaves every element in the register it was in (a view that adds
+/// or removes extents of 1, or a reshape between layouts that agree): it exchanges nothing.
+/// The PTX writer moves the elements of any other through the scratch region.
+pub fn reshape_is_free(kernel: &Kernel, op: &crate::kernel::Op) -> bool {
+    let (x, r) = (op.operands[0], op.results[0]);
+    if super::layout::is_view(kernel, op) {
+        return true;
+    }
+    let (Some(xs), Some(rs)) = (kernel.ty(x).shape(), kernel.ty(r).shape()) else {
+        return true;
+    };
+    match (kernel.distribution(x), kernel.distribution(r)) {
+        (Ok(a), Ok(b)) => a.same_elements(xs, &b, rs),
+        _ => false,
+    }
+}
+
+/// Whether transpose `op` moves a register tile's elements between threads (the PTX writer
+/// exchanges them through the scratch region): neither its operand is in shared memory
+/// (the transposed view of a staged load) nor its result staged for `mma`.
+pub fn transpose_moves(kernel: &Kernel, op: &crate::kernel::Op) -> bool {
+    let (x, r) = (op.operands[0], op.results[0]);
+    let shared = kernel
+        .schedule
+        .layouts
+        .get(&x)
+        .is_some_and(crate::schedule::Layout::is_shared);
+    !shared && kernel.schedule.staged(r).is_none()
+}
+
 /// Places the shared scratch region that tiles changing layout (`convert`) and reductions
 /// across warps exchange elements through: after every other buffer, as large as the
 /// largest exchange. Role-specialised kernels have no block-wide barrier to order it, so a
@@ -233,7 +263,13 @@ fn place_scratch(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> 
                 let elems = ty.shape().map_or(1, Shape::numel);
                 elems as u32 * ty.dtype().size_bytes() as u32
             }
-            OpKind::Convert => {
+            // A general reshape whose elements stay in their registers moves nothing.
+            OpKind::Reshape { .. } if reshape_is_free(kernel, op) => continue,
+            OpKind::Transpose if !transpose_moves(kernel, op) => continue,
+            OpKind::Convert
+            | OpKind::Permute { .. }
+            | OpKind::Reshape { .. }
+            | OpKind::Transpose => {
                 let ty = kernel.ty(op.results[0]);
                 let elems = ty.shape().map_or(1, Shape::numel);
                 elems as u32 * ty.dtype().size_bytes() as u32

@@ -16,6 +16,7 @@ pub mod persistent;
 pub mod pipeline;
 pub mod protocol_check;
 pub mod strip_mine;
+mod tiles_nd;
 pub mod tma_store;
 pub mod tmem;
 pub mod verify;

@@ -408,6 +408,11 @@ fn members(
         Ok(out)
     };
     let other = |s: &str| Keep::Other(s.to_string());
+    // Chunks are cut along a dimension of a 1-D or 2-D tile; a tile of more dimensions keeps
+    // its whole extent (its reshapes and permutes may move any dimension).
+    if rank(v) > 2 {
+        return Err(other("a tile of more than two dimensions"));
+    }
     match &o.kind {
         OpKind::Unary(_)
         | OpKind::Binary(_)
@@ -477,6 +482,9 @@ fn members(
                 Ok(vec![(x, 1 - *dim), (r, d)])
             }
         }
+        OpKind::Take { .. } => Err(other("a gather inside a tile (`take`)")),
+        OpKind::Permute { .. } => Err(other("a permute")),
+        OpKind::ScalarAtomic { .. } => Err(other("a scalar atomic")),
         OpKind::Mma => Err(Keep::Mma),
         OpKind::Print { .. } => Err(other("a `print` of one of its elements")),
         OpKind::Yield => Err(other("a tile passed out of a loop or branch")),

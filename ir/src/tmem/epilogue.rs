@@ -152,6 +152,7 @@ pub fn column_local(kernel: &Kernel, for_op: OpId) -> bool {
             | OpKind::Load { .. }
             | OpKind::Store { .. } => true,
             OpKind::Transpose
+            | OpKind::Permute { .. }
             | OpKind::Convert
             | OpKind::Take { .. }
             | OpKind::Gather { .. }

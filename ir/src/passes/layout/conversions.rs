@@ -25,7 +25,7 @@ use crate::schedule::{Distribution, Layout};
 use crate::types::Shape;
 
 use super::super::walk::ops_in_order;
-use super::{broadcast_dim, reshape_layout};
+use super::{broadcast_layout, is_view, reshape_layout};
 
 /// Where a converted value is made: before the op reading it, or after the op making it.
 #[derive(Clone, Copy)]
@@ -77,7 +77,8 @@ pub(super) fn insert(kernel: &mut Kernel, layouts: &mut BTreeMap<ValueId, Layout
                     convert_operand(kernel, layouts, id, 1, rl);
                 }
             }
-            OpKind::Reshape { .. } => {
+            // A general reshape moves its elements itself where their threads differ.
+            OpKind::Reshape { .. } if is_view(kernel, &op) => {
                 let (x, r) = (op.operands[0], op.results[0]);
                 let (Some(rl), Some(rs), Some(xs)) =
                     (layouts.get(&r).cloned(), shape(kernel, r), shape(kernel, x))
@@ -178,6 +179,8 @@ pub(super) fn insert(kernel: &mut Kernel, layouts: &mut BTreeMap<ValueId, Layout
             | OpKind::Splat { .. }
             | OpKind::Iota { .. }
             | OpKind::Transpose
+            | OpKind::Permute { .. }
+            | OpKind::Reshape { .. }
             | OpKind::Convert
             | OpKind::Print { .. }
             | OpKind::Yield => {}
@@ -218,12 +221,7 @@ fn operands_to(
         let want = if vs == rs {
             Some(rl.clone())
         } else {
-            broadcast_dim(&vs, &rs).map(|dim| Layout::Slice {
-                dim,
-                keep_dim: true,
-                parent: Box::new(rl.clone()),
-                parent_shape: rs.clone(),
-            })
+            broadcast_layout(&vs, &rs, &rl)
         };
         if let Some(want) = want {
             convert_operand(kernel, layouts, id, i, want);
