@@ -71,12 +71,46 @@ impl Emitter<'_> {
             self.vals.insert(r, Val::Lazy(id));
             return Ok(());
         }
+        self.rounded.clear();
         let mut out = Vec::with_capacity(d.regs.len());
         for offs in &d.regs {
             out.push(self.lazy_element(id, offs)?);
         }
+        if let OpKind::Cast {
+            to: to @ (DType::Bf16 | DType::F16),
+        } = op.kind
+            && in_dtype == DType::F32
+            && self.uses.get(&r).is_some_and(|us| {
+                us.iter()
+                    .all(|&u| matches!(self.k.ops[u].kind, OpKind::Store { .. }))
+            })
+        {
+            self.round_in_pairs(&mut out, to);
+        }
         self.vals.insert(r, Val::Tile(out));
         Ok(())
+    }
+
+    /// A stored tile's 16-bit elements rounded from f32, re-rounded in register pairs with
+    /// one `cvt.rn.{bf16,f16}x2.f32` each: the pairs a vector store packs (its runs start at
+    /// even registers), so the store's packing `mov` folds away. The elements' own
+    /// conversions are left unused.
+    fn round_in_pairs(&mut self, out: &mut [Reg], to: DType) {
+        let ty = if to == DType::Bf16 { "bf16x2" } else { "f16x2" };
+        for pair in out.chunks_exact_mut(2) {
+            let (Some(&(lo, _)), Some(&(hi, _))) =
+                (self.rounded.get(&pair[0]), self.rounded.get(&pair[1]))
+            else {
+                continue;
+            };
+            let word = self.new_reg(Class::B32);
+            let (a, b) = (self.new_reg(Class::B16), self.new_reg(Class::B16));
+            // `d.hi` rounds the first source, `d.lo` the second.
+            self.ins(format!("cvt.rn.{ty}.f32 {word}, {hi}, {lo}"));
+            self.ins(format!("mov.b32 {{{a}, {b}}}, {word}"));
+            pair[0] = a;
+            pair[1] = b;
+        }
     }
 
     /// Checks that tile operand `v` of an op with result `shape` in distribution `d` can be

@@ -221,9 +221,9 @@ pub(crate) struct Emitter<'k> {
     /// bf16 elements a vector load also delivered as f32 (the load is the only writer of
     /// both registers, so an entry stays true): widening one is then free.
     pub(crate) widened: BTreeMap<Reg, Reg>,
-    /// 16-bit elements rounded from f32 in the straight-line code being written, with their
-    /// f32 source and type: a pair packed for a vector store rounds in one `cvt.rn.*x2.f32`.
-    /// Cleared at every label, since a loop's carried registers are rewritten before one.
+    /// 16-bit elements rounded from f32 by the op being written, with their f32 source and
+    /// type: a cast's pairs round again in one `cvt.rn.*x2.f32` (`Emitter::round_in_pairs`).
+    /// Cleared per op: only that op's own registers are known unchanged.
     pub(crate) rounded: BTreeMap<Reg, (Reg, DType)>,
 }
 
@@ -531,7 +531,6 @@ impl<'k> Emitter<'k> {
 
     /// Emits `label:`.
     pub(crate) fn label(&mut self, l: &str) {
-        self.rounded.clear();
         let _ = writeln!(self.out, "{l}:");
     }
 
@@ -545,9 +544,6 @@ impl<'k> Emitter<'k> {
             Class::B64 => "b64",
             Class::F64 => "f64",
         };
-        // `dst` changes: what was rounded from it or into it no longer holds.
-        self.rounded
-            .retain(|&h, &mut (from, _)| h != dst && from != dst);
         self.ins(format!("mov.{ty} {dst}, {src}"));
     }
 

@@ -362,20 +362,12 @@ impl Emitter<'_> {
         }
     }
 
-    /// `xs` (16-bit registers) packed in pairs into new b32 registers; a pair both rounded
-    /// from f32 in this straight-line code (see `rounded`) rounds again in one instruction.
+    /// `xs` (16-bit registers) packed in pairs into new b32 registers.
     pub(super) fn pack(&mut self, xs: &[Reg]) -> Vec<Reg> {
         xs.chunks(2)
             .map(|pair| {
                 let p = self.new_reg(Class::B32);
-                match (self.rounded.get(&pair[0]), self.rounded.get(&pair[1])) {
-                    (Some(&(lo, ty)), Some(&(hi, ty1))) if ty == ty1 => {
-                        // `d.hi` rounds the first source, `d.lo` the second.
-                        let ty = if ty == DType::Bf16 { "bf16x2" } else { "f16x2" };
-                        self.ins(format!("cvt.rn.{ty}.f32 {p}, {hi}, {lo}"));
-                    }
-                    _ => self.ins(format!("mov.b32 {p}, {{{}, {}}}", pair[0], pair[1])),
-                }
+                self.ins(format!("mov.b32 {p}, {{{}, {}}}", pair[0], pair[1]));
                 p
             })
             .collect()
