@@ -94,6 +94,11 @@ impl AttentionBwdParams {
         key_block(self.block_n, self.d)
     }
 
+    /// Columns of dK and dV one `attention_bwd_dkdv` block accumulates ([`key_columns`]).
+    pub fn key_cols(&self) -> usize {
+        key_columns(self.d)
+    }
+
     /// The grid of [`attention_bwd_preprocess`], [`attention_bwd_dq`] and
     /// [`attention_bwd_dq_convert`] (and their varlen forms, `sq` the longest sequence):
     /// `(cdiv(sq, rows), heads, batch)`.
@@ -102,10 +107,11 @@ impl AttentionBwdParams {
     }
 
     /// The grid of [`attention_bwd_dkdv`] (and its varlen form, `sk` the longest sequence):
-    /// `(cdiv(sk, keys), kv_heads, batch)`.
+    /// `(cdiv(sk, keys) * d / key_cols, kv_heads, batch)`.
     pub fn key_grid(&self, [sk, kv_heads, batch]: [usize; 3]) -> [u32; 3] {
+        let splits = self.d / self.key_cols();
         [
-            sk.div_ceil(self.keys()) as u32,
+            (sk.div_ceil(self.keys()) * splits) as u32,
             kv_heads as u32,
             batch as u32,
         ]
@@ -119,15 +125,23 @@ pub fn query_block(block_m: usize, _d: usize) -> usize {
     if block_m == 0 { 64 } else { block_m }
 }
 
-/// Keys per block of `attention_bwd_dkdv` when `block_n` is 0: 64, or 32 for `d > 128`
-/// (two `[block_n, d]` f32 accumulators per block: at d = 256 and 64 keys they alone are 256
-/// registers a thread).
-pub fn key_block(block_n: usize, d: usize) -> usize {
-    match block_n {
-        0 if d > 128 => 32,
-        0 => 64,
-        n => n,
+/// The columns of dK and dV one `attention_bwd_dkdv` block accumulates: all `d` up to 64,
+/// else 64, or 32 of a `d` no multiple of 64 (96): a key block's whole `[block_n,
+/// d]` f32 dK and dV (64 registers a thread each at d = 128 with four warps) spill beside
+/// the rest of the loop's state. Blocks of the same keys split the columns, each
+/// recomputing `P` and `dS` (`2 bm bn d` products of the `5 bm bn d` a block pair costs).
+pub fn key_columns(d: usize) -> usize {
+    match d {
+        ..=64 => d,
+        _ if d % 64 == 0 => 64,
+        _ if d % 32 == 0 => 32,
+        _ => d,
     }
+}
+
+/// Keys per block of `attention_bwd_dkdv` when `block_n` is 0: 64 (four warps of 16 rows).
+pub fn key_block(block_n: usize, _d: usize) -> usize {
+    if block_n == 0 { 64 } else { block_n }
 }
 
 /// `delta[b, h, i] = sum_x dout[b, h, i, x] * o[b, h, i, x]` (f32) for `o, dout: [batch,
@@ -177,14 +191,20 @@ fn preprocess(
     let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
     let rows = Rows::of(o, o, b, packed);
     let q0 = mb * bm;
-    let at = [rows.batch, h, rows.query(q0), 0];
-    let os = o.tile([bm, d], at).load().cast::<f32>();
-    let dos = dout.tile([bm, d], at).load().cast::<f32>();
-    let rows_at = [rows.batch, h, rows.query(q0)];
-    rows.store(delta.tile([bm], rows_at), row_sum(&(os * dos)), 2);
-    if !p.deterministic {
-        rows.store(dq_accum.tile([bm, d], at), zeros::<f32>([bm, d]), 2);
+    // In column chunks of at most 64: two whole f32 [bm, 256] tiles would spill.
+    let w = dq_chunk(d);
+    let mut sum = zeros::<f32>([bm]);
+    for c in unroll(0..d / w) {
+        let at = [rows.batch, h, rows.query(q0), c * w];
+        let os = o.tile([bm, w], at).load().cast::<f32>();
+        let dos = dout.tile([bm, w], at).load().cast::<f32>();
+        sum = sum + row_sum(&(os * dos));
+        if !p.deterministic {
+            rows.store(dq_accum.tile([bm, w], at), zeros::<f32>([bm, w]), 2);
+        }
     }
+    let rows_at = [rows.batch, h, rows.query(q0)];
+    rows.store(delta.tile([bm], rows_at), sum, 2);
 }
 
 /// dK and dV, and (unless `deterministic`) dQ's shares added into `dq_accum`, for `q, dout:
@@ -324,6 +344,46 @@ pub fn attention_bwd_dq_varlen(
     dq_walk(io, dq, Some(packed), scale, p);
 }
 
+/// Loads `tile` of `shape` whose first row is row `first` of a sequence of `len`: in a packed
+/// batch the rows past `len` (the next sequence's, or rows no sequence owns, which may hold
+/// anything, NaN included) read as 0, so that a masked score's `P = 0` times them is 0, as
+/// the dense kernels' rows past the tensor are.
+#[track_caller]
+fn load_seq<const R: usize>(
+    tile: kiln::ir::dsl::TileView,
+    rows: Rows,
+    (first, len): (Value, Value),
+    shape: [Index; R],
+) -> Value {
+    use kiln::ir::dsl::Compare;
+    match rows.packed {
+        Some(_) => tile.load_masked(Compare::lt(iota(shape, 0) + first, len), 0),
+        None => tile.load(),
+    }
+}
+
+/// Query block `q0..q0 + bm` of head `h`: its Q and dO (`[bm, d]`), and the forward's `lse`
+/// and `delta` of its rows (`[bm]`), rows past the sequence 0 ([`load_seq`]).
+#[kernel_fn]
+fn load_queries(
+    io: BwdTensors,
+    rows: Rows,
+    (h, q0): (Value, Value),
+    (bm, d): (usize, usize),
+) -> (Value, Value, Value, Value) {
+    let (at, row_at) = (
+        [rows.batch, h, rows.query(q0), 0],
+        [rows.batch, h, rows.query(q0)],
+    );
+    let seq = (q0, rows.sq);
+    (
+        load_seq(io.q.tile([bm, d], at), rows, seq, [bm, d]),
+        load_seq(io.dout.tile([bm, d], at), rows, seq, [bm, d]),
+        load_seq(io.lse.tile([bm], row_at), rows, seq, [bm]),
+        load_seq(io.delta.tile([bm], row_at), rows, seq, [bm]),
+    )
+}
+
 /// The inputs every gradient kernel reads.
 #[derive(Clone, Copy, Debug)]
 struct BwdTensors {
@@ -387,17 +447,19 @@ fn probs_and_grad(
     let probs = exp2(&(masked - (lse_t * LOG2E).col()));
     let dp = mma(&dos, &vs.t());
     let ds = probs * (dp - delta_t.col());
-    (probs, cap_grad(ds, s, softcap))
+    (probs, cap_grad(ds, masked, softcap))
 }
 
 /// `ds` times the soft-cap's derivative `1 - tanh^2(s_raw / softcap)`, read from the capped
-/// base-2 scores `s = softcap * log2(e) * tanh(..)` (before the mask: a masked score is
-/// `-inf`, whose `P` is 0 anyway); `ds` itself without a cap.
+/// base-2 scores `s = softcap * log2(e) * tanh(..)` as masked (a masked score is `-inf`, its
+/// factor clamped to 0 as its `P` is; the clamp also keeps a rounded `|tanh|` a hair above
+/// 1 from flipping the sign); `ds` itself without a cap. The masked scores, not the capped
+/// ones before the mask, so that only one `[bm, bn]` score tile stays live.
 #[kernel_fn]
 fn cap_grad(ds: Value, s: Value, softcap: f32) -> Value {
     if softcap > 0.0 {
         let t = s * (1.0 / (softcap * LOG2E));
-        ds * (1.0 - t * t)
+        ds * max(&(1.0 - t * t), 0.0)
     } else {
         ds
     }
@@ -485,30 +547,30 @@ fn dkdv(
     let (d, dtype, group) = (p.d, p.dtype, p.kv_group);
     let (bm, bn) = (p.rows(), p.keys());
     let w = Window::new(p.causal, p.window_left, p.window_right);
-    let (nb, hk, b) = (block_id().x, block_id().y, block_id().z);
+    let cols = p.key_cols();
+    let (hk, b) = (block_id().y, block_id().z);
+    // Block x owns key block x / splits and its columns (x % splits) * cols.. of dK and dV.
+    let (nb, c0) = key_block_and_columns(block_id().x, d / cols, cols);
     let rows = Rows::of(io.q, io.k, b, packed);
     let (sq, sk, batch) = (rows.sq, rows.sk, rows.batch);
     let k0 = nb * bn;
     let kv_at = [batch, hk, rows.key(k0), 0];
-    let ks = io.k.tile([bn, d], kv_at).load();
-    let vs = io.v.tile([bn, d], kv_at).load();
-    let k_chunks = dq_key_chunks(io.k, kv_at, bn, d, p.deterministic);
+    let keys = (k0, sk);
+    let ks = load_seq(io.k.tile([bn, d], kv_at), rows, keys, [bn, d]);
+    let vs = load_seq(io.v.tile([bn, d], kv_at), rows, keys, [bn, d]);
+    let cols_at = [batch, hk, rows.key(k0), c0];
+    let k_chunks = dq_key_chunks(io.k, cols_at, (rows, keys), (bn, cols), p.deterministic);
     let walk = QueryWalk::of(k0, sq, sk, (bm, bn), w);
     // A block past its sequence's keys (the grid covers the longest) walks nothing.
     let n_m = key_walk_end(rows, k0, walk.count());
     let keys_partial = k0 + bn > sk;
     let qk_scale = scale * score_factor(p.softcap);
-    let mut acc_k = zeros::<f32>([bn, d]);
-    let mut acc_v = zeros::<f32>([bn, d]);
+    let mut acc_k = zeros::<f32>([bn, cols]);
+    let mut acc_v = zeros::<f32>([bn, cols]);
     for t in pipelined(0..n_m * group, stages = 2) {
         let (h, mb) = head_and_block(t, n_m, (walk.lo, hk), group);
         let q0 = mb * bm;
-        let q_at = [batch, h, rows.query(q0), 0];
-        let qs = io.q.tile([bm, d], q_at).load();
-        let dos = io.dout.tile([bm, d], q_at).load();
-        let row_at = [batch, h, rows.query(q0)];
-        let lse_t = io.lse.tile([bm], row_at).load();
-        let delta_t = io.delta.tile([bm], row_at).load();
+        let (qs, dos, lse_t, delta_t) = load_queries(io, rows, (h, q0), (bm, d));
         let mask_it = walk.masks(mb, keys_partial);
         let mask_it = with_rows_bound(mask_it, rows, q0 + bm > sq);
         let (probs, ds) = probs_and_grad(
@@ -522,23 +584,60 @@ fn dkdv(
             w,
             p.softcap,
         );
+        // The block's columns of Q and dO: the B operands of its dK and dV columns.
+        let (qs, dos) = if cols == d {
+            (qs, dos)
+        } else {
+            let at = [batch, h, rows.query(q0), c0];
+            let seq = (q0, sq);
+            (
+                load_seq(io.q.tile([bm, cols], at), rows, seq, [bm, cols]),
+                load_seq(io.dout.tile([bm, cols], at), rows, seq, [bm, cols]),
+            )
+        };
         acc_v = mma_acc(&probs.cast_to(dtype).t(), &dos, &acc_v);
         let ds = ds.cast_to(dtype);
         for c in unroll(0..k_chunks.len()) {
-            let cols = (c * dq_chunk(d), dq_chunk(d));
-            add_dq(dq_accum, mma(&ds, &k_chunks[c]), rows, (h, q0), (bm, cols));
+            let w = dq_chunk(cols);
+            let at = (shifted(c0, c * w), (bm, w));
+            add_dq(dq_accum, mma(&ds, &k_chunks[c]), rows, (h, q0), at);
         }
         acc_k = mma_acc(&ds.t(), &qs, &acc_k);
     }
     let k_end = rows.key(sk);
-    let out_at = [batch, hk, rows.key(k0), 0];
+    let out_at = [batch, hk, rows.key(k0), c0];
     store_keys(
-        dk.tile([bn, d], out_at),
+        dk.tile([bn, cols], out_at),
         (acc_k * scale).cast_to(dtype),
         rows,
         k_end,
     );
-    store_keys(dv.tile([bn, d], out_at), acc_v.cast_to(dtype), rows, k_end);
+    store_keys(
+        dv.tile([bn, cols], out_at),
+        acc_v.cast_to(dtype),
+        rows,
+        k_end,
+    );
+}
+
+/// Key block and first dK/dV column of block `x` of [`attention_bwd_dkdv`]'s grid: `(x, 0)`
+/// when one block takes all `splits x cols` columns, else `(x / splits, (x % splits) cols)`.
+#[track_caller]
+fn key_block_and_columns(x: Value, splits: usize, cols: usize) -> (Value, Index) {
+    if splits == 1 {
+        (x, Index::Const(0))
+    } else {
+        (x / splits, Index::Value(x % splits * cols))
+    }
+}
+
+/// Column `c0 + n`.
+#[track_caller]
+fn shifted(c0: Index, n: usize) -> Index {
+    match c0 {
+        Index::Const(c) => Index::Const(c + n as i64),
+        Index::Value(c) => Index::Value(c + n),
+    }
 }
 
 /// The query head and query block of step `t` of the dK/dV walk of key/value head `hk`:
@@ -583,11 +682,15 @@ fn with_rows_bound(mask_it: Value, rows: Rows, past_rows: Value) -> Value {
     }
 }
 
-/// Columns of the dQ share [`attention_bwd_dkdv`] computes and adds at a time, 64 (32 when
-/// they do not divide `d`): a whole `[bm, d]` f32 product at d = 128 would take 64 more
-/// registers a thread (and spill).
-fn dq_chunk(d: usize) -> usize {
-    if d % 64 == 0 { 64 } else { 32 }
+/// Columns of the dQ share [`attention_bwd_dkdv`] computes and adds at a time out of a
+/// block's `cols`: all up to 64, else 64 or 32 (whichever divides them): a whole `[bm, d]`
+/// f32 product at d = 128 would take 64 more registers a thread (and spill).
+fn dq_chunk(cols: usize) -> usize {
+    match cols {
+        ..=64 => cols,
+        _ if cols % 64 == 0 => 64,
+        _ => 32,
+    }
 }
 
 /// The key block's [`dq_chunk`]-column slices (`[bn, dq_chunk(d)]` each), the B operands of the
@@ -596,8 +699,8 @@ fn dq_chunk(d: usize) -> usize {
 fn dq_key_chunks(
     k: Tensor,
     at: [Index; 4],
-    bn: usize,
-    d: usize,
+    (rows, keys): (Rows, (Value, Value)),
+    (bn, d): (usize, usize),
     deterministic: bool,
 ) -> Vec<Value> {
     if deterministic {
@@ -607,9 +710,13 @@ fn dq_key_chunks(
     (0..d.div_ceil(w))
         .map(|c| {
             let mut at = at;
-            at[3] = Index::Const((c * w) as i64);
-            k.tile([Index::Const(bn as i64), Index::Const(w as i64)], at)
-                .load()
+            at[3] = shifted(at[3], c * w);
+            load_seq(
+                k.tile([Index::Const(bn as i64), Index::Const(w as i64)], at),
+                rows,
+                keys,
+                [Index::Const(bn as i64), Index::Const(w as i64)],
+            )
         })
         .collect()
 }
@@ -622,7 +729,7 @@ fn add_dq(
     dq: Value,
     rows: Rows,
     (h, q0): (Value, Value),
-    (bm, (c0, d)): (usize, (usize, usize)),
+    (c0, (bm, d)): (Index, (usize, usize)),
 ) {
     let at = [rows.batch, h, rows.query(q0), c0];
     if rows.packed.is_some() {
@@ -662,11 +769,7 @@ fn dq_walk(
     let (sq, sk, batch) = (rows.sq, rows.sk, rows.batch);
     let q0 = mb * bm;
     let q_at = [batch, h, rows.query(q0), 0];
-    let qs = io.q.tile([bm, d], q_at).load();
-    let dos = io.dout.tile([bm, d], q_at).load();
-    let row_at = [batch, h, rows.query(q0)];
-    let lse_t = io.lse.tile([bm], row_at).load();
-    let delta_t = io.delta.tile([bm], row_at).load();
+    let (qs, dos, lse_t, delta_t) = load_queries(io, rows, (h, q0), (bm, d));
     let (j0, j_unmasked) = left_blocks(q0, sq, sk, (bm, bn), w);
     let all_blocks = cdiv(sk, bn);
     let (n_blocks, n_unmasked) = if w.right >= 0 {
@@ -682,8 +785,8 @@ fn dq_walk(
     for j in pipelined(j0..n_blocks, stages = 2) {
         let k0 = j * bn;
         let kv_at = [batch, kv_head(h, p.kv_group), rows.key(k0), 0];
-        let ks = io.k.tile([bn, d], kv_at).load();
-        let vs = io.v.tile([bn, d], kv_at).load();
+        let ks = load_seq(io.k.tile([bn, d], kv_at), rows, (k0, sk), [bn, d]);
+        let vs = load_seq(io.v.tile([bn, d], kv_at), rows, (k0, sk), [bn, d]);
         let mask_it = needs_mask(j >= n_unmasked, j, j_unmasked);
         let mask_it = with_rows_bound(mask_it, rows, q0 + bm > sq);
         let (_, ds) = probs_and_grad(
