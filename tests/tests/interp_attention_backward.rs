@@ -16,7 +16,7 @@ use kiln_examples::attention_backward::{
     attention_bwd_preprocess, attention_bwd_preprocess_varlen,
 };
 use kiln_ir::{DType, HostTensor};
-use kiln_tests::check::{Case, poisoned, rel_error};
+use kiln_tests::check::{Case, assert_within_rule, poisoned, rel_error};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference::{
     self, AttentionDims, AttentionGrads, AttentionMath, Rounding, attention_backward_f64,
@@ -191,34 +191,6 @@ fn references(c: &Call, x: &Inputs) -> (AttentionGrads, AttentionGrads) {
     (at(Rounding::Exact), at(Rounding::Stored(c.dtype)))
 }
 
-/// Asserts FlashAttention's rule for one gradient: no NaN, and its relative error against the
-/// exact one within twice the rounded computation's, plus a floor of a tenth of the dtype's
-/// unit roundoff.
-fn check_grad(
-    case: &Case,
-    name: &str,
-    got: &HostTensor,
-    exact: &[f64],
-    rounded: &[f64],
-    dtype: DType,
-) {
-    let got = got.to_f64_vec();
-    if let Some(i) = got.iter().position(|x| !x.is_finite()) {
-        panic!("{case}: {name}[{i}] = {} (not finite)", got[i]);
-    }
-    let err = rel_error(&got, exact);
-    let yardstick = rel_error(rounded, exact);
-    let floor = match dtype {
-        DType::F16 => 1e-4,
-        _ => 1e-3,
-    };
-    println!("{name}: err {err:.3e} yardstick {yardstick:.3e}");
-    assert!(
-        err <= 2.0 * yardstick + floor,
-        "{case}: {name} relative error {err:.3e} > 2 x {yardstick:.3e} + {floor:.0e}"
-    );
-}
-
 /// Runs `c` on inputs drawn from `dist`, checks dq, dk and dv, and returns the kernels'.
 fn run(rng: &mut Rng, c: Call, dist: Dist) -> Got {
     let x = inputs(rng, &c, dist);
@@ -230,9 +202,9 @@ fn run(rng: &mut Rng, c: Call, dist: Dist) -> Got {
         dist,
         seed: rng.seed(),
     };
-    check_grad(&case, "dq", &got.dq, &exact.dq, &rounded.dq, c.dtype);
-    check_grad(&case, "dk", &got.dk, &exact.dk, &rounded.dk, c.dtype);
-    check_grad(&case, "dv", &got.dv, &exact.dv, &rounded.dv, c.dtype);
+    assert_within_rule(&case, "dq", &got.dq, &exact.dq, &rounded.dq, c.dtype);
+    assert_within_rule(&case, "dk", &got.dk, &exact.dk, &rounded.dk, c.dtype);
+    assert_within_rule(&case, "dv", &got.dv, &exact.dv, &rounded.dv, c.dtype);
     got
 }
 
@@ -316,8 +288,9 @@ fn sliding_windows_match_reference() {
         ((-1, 40), false),
         ((70, -1), false),
     ];
-    for (window, causal) in windows {
-        for (sq, sk) in [(150, 150), (70, 150), (150, 70)] {
+    for (i, (window, causal)) in windows.into_iter().enumerate() {
+        // Every window on sq = sk, and on sq < sk or sq > sk in turn.
+        for (sq, sk) in [(150, 150), [(70, 150), (150, 70)][i % 2]] {
             let c = Call {
                 window,
                 causal,
@@ -409,9 +382,9 @@ fn deterministic_mode_matches_reference_and_repeats_its_bits() {
             dist: Dist::Normal,
             seed: rng.seed(),
         };
-        check_grad(&case, "dq", &first.dq, &exact.dq, &rounded.dq, c.dtype);
-        check_grad(&case, "dk", &first.dk, &exact.dk, &rounded.dk, c.dtype);
-        check_grad(&case, "dv", &first.dv, &exact.dv, &rounded.dv, c.dtype);
+        assert_within_rule(&case, "dq", &first.dq, &exact.dq, &rounded.dq, c.dtype);
+        assert_within_rule(&case, "dk", &first.dk, &exact.dk, &rounded.dk, c.dtype);
+        assert_within_rule(&case, "dv", &first.dv, &exact.dv, &rounded.dv, c.dtype);
         let again = backward(&c, &x);
         for (name, a, b) in [
             ("dq", &first.dq, &again.dq),
@@ -566,7 +539,7 @@ fn varlen_matches_each_sequence_on_its_own() {
     // backward's; the pad rows stay poisoned.
     let mut rng = Rng::from_env();
     let packed = Packed {
-        seqs: vec![(70, 50), (40, 0), (0, 30), (130, 90), (20, 75)],
+        seqs: vec![(70, 50), (40, 0), (0, 30), (100, 75), (20, 60)],
         pad: (3, 5),
     };
     let (total_q, total_k) = packed.totals();
@@ -578,7 +551,7 @@ fn varlen_matches_each_sequence_on_its_own() {
         (true, (40, -1), 0.0, true),
         (false, (20, 10), 15.0, false),
     ] {
-        let (h, h_kv, d, dtype) = (4, 2, 64, DType::Bf16);
+        let (h, h_kv, d, dtype) = (2, 1, 64, DType::Bf16);
         let call = |sq, sk| {
             let mut c = Call {
                 causal,
@@ -711,7 +684,7 @@ fn varlen_matches_each_sequence_on_its_own() {
             };
             let kept = keep(&got);
             let got = HostTensor::from_fn(&[kept.len()], DType::F32, |j| kept[j]);
-            check_grad(&case, name, &got, &keep(&exact), &keep(&rounded), dtype);
+            assert_within_rule(&case, name, &got, &keep(&exact), &keep(&rounded), dtype);
         }
     }
 }
