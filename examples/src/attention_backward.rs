@@ -118,9 +118,8 @@ impl AttentionBwdParams {
     }
 }
 
-/// Query rows per block when `block_m` is 0: 64 (four warps of 16 rows; the dK and dV
-/// accumulators of a key block and the query block's Q and dO fit sm_80's registers and
-/// shared memory at every head dim).
+/// Query rows per block when `block_m` is 0: 64 (four warps of 16 rows, the fewest rows the
+/// lowering spreads a tile over).
 pub fn query_block(block_m: usize, _d: usize) -> usize {
     if block_m == 0 { 64 } else { block_m }
 }
@@ -132,10 +131,24 @@ pub fn query_block(block_m: usize, _d: usize) -> usize {
 /// recomputing `P` and `dS` (`2 bm bn d` products of the `5 bm bn d` a block pair costs).
 pub fn key_columns(d: usize) -> usize {
     match d {
-        ..=64 => d,
-        _ if d % 64 == 0 => 64,
-        _ if d % 32 == 0 => 32,
+        ..=64 => d.max(1),
+        _ if d.is_multiple_of(64) => 64,
+        _ if d.is_multiple_of(32) => 32,
         _ => d,
+    }
+}
+
+/// Rejects (a diagnostic at the caller, the kernel's line) the parameters the backward does
+/// not compute: a head dim that is neither a power of two up to 64 nor a multiple of 32 (the
+/// column chunks would miss columns), no query head per key/value head.
+#[track_caller]
+fn validate(p: &AttentionBwdParams) {
+    let d = p.d;
+    if d == 0 || !(d <= 64 && d.is_power_of_two() || d.is_multiple_of(32)) {
+        reject("attention backward: `d` must be a power of two up to 64 or a multiple of 32");
+    }
+    if p.kv_group == 0 {
+        reject("attention backward: `kv_group` must be at least 1");
     }
 }
 
@@ -187,6 +200,7 @@ fn preprocess(
     packed: Option<Varlen>,
     p: AttentionBwdParams,
 ) {
+    validate(&p);
     let (bm, d) = (p.rows(), p.d);
     let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
     let rows = Rows::of(o, o, b, packed);
@@ -294,6 +308,7 @@ fn dq_convert(
     scale: Value,
     p: AttentionBwdParams,
 ) {
+    validate(&p);
     let (bm, d) = (p.rows(), p.d);
     let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
     let rows = Rows::of(dq_accum, dq_accum, b, packed);
@@ -544,6 +559,7 @@ fn dkdv(
     scale: Value,
     p: AttentionBwdParams,
 ) {
+    validate(&p);
     let (d, dtype, group) = (p.d, p.dtype, p.kv_group);
     let (bm, bn) = (p.rows(), p.keys());
     let w = Window::new(p.causal, p.window_left, p.window_right);
@@ -687,8 +703,8 @@ fn with_rows_bound(mask_it: Value, rows: Rows, past_rows: Value) -> Value {
 /// f32 product at d = 128 would take 64 more registers a thread (and spill).
 fn dq_chunk(cols: usize) -> usize {
     match cols {
-        ..=64 => cols,
-        _ if cols % 64 == 0 => 64,
+        ..=64 => cols.max(1),
+        _ if cols.is_multiple_of(64) => 64,
         _ => 32,
     }
 }
@@ -761,6 +777,7 @@ fn dq_walk(
     scale: Value,
     p: AttentionBwdParams,
 ) {
+    validate(&p);
     let (d, dtype) = (p.d, p.dtype);
     let (bm, bn) = (p.rows(), p.keys());
     let w = Window::new(p.causal, p.window_left, p.window_right);

@@ -163,3 +163,34 @@ fn head_dim_256_deterministic_dkdv_assembles_without_spills() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+#[test]
+fn parameters_the_backward_does_not_compute_are_diagnostics() {
+    // A head dim whose column chunks would miss columns, and no query head per key/value
+    // head: a diagnostic naming the kernel's source line, never a panic.
+    for (d, kv_group) in [(80, 1), (0, 1), (64, 0)] {
+        let p = AttentionBwdParams {
+            d,
+            kv_group,
+            ..AttentionBwdParams::default()
+        };
+        for e in [
+            attention_bwd_dkdv
+                .build(&Spec::uniform(p, attention_bwd_dkdv.signature(), true))
+                .err(),
+            attention_bwd_preprocess
+                .build(&Spec::uniform(
+                    p,
+                    attention_bwd_preprocess.signature(),
+                    true,
+                ))
+                .err(),
+        ] {
+            let text = e.map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                text.contains("attention backward:") && text.contains("attention_backward.rs"),
+                "d = {d}, kv_group = {kv_group}: {text}"
+            );
+        }
+    }
+}
