@@ -360,9 +360,11 @@ pub fn attention_bwd_dq_varlen(
 }
 
 /// Loads `tile` of `shape` whose first row is row `first` of a sequence of `len`: in a packed
-/// batch the rows past `len` (the next sequence's, or rows no sequence owns, which may hold
-/// anything, NaN included) read as 0, so that a masked score's `P = 0` times them is 0, as
-/// the dense kernels' rows past the tensor are.
+/// batch the rows past `len` (rows no sequence owns may hold anything, NaN included) read as
+/// 0. For the row statistics `lse` and `delta`, whose NaN would survive the mask (`-inf -
+/// NaN`). The `mma` operands are loaded whole (the lowering takes B operands only so): their
+/// rows past a sequence meet `P = 0` and `dS = 0`, which keeps them out of every gradient
+/// while they are finite, as the forward needs of them too.
 #[track_caller]
 fn load_seq<const R: usize>(
     tile: kiln::ir::dsl::TileView,
@@ -378,7 +380,7 @@ fn load_seq<const R: usize>(
 }
 
 /// Query block `q0..q0 + bm` of head `h`: its Q and dO (`[bm, d]`), and the forward's `lse`
-/// and `delta` of its rows (`[bm]`), rows past the sequence 0 ([`load_seq`]).
+/// and `delta` of its rows (`[bm]`, rows past the sequence 0: [`load_seq`]).
 #[kernel_fn]
 fn load_queries(
     io: BwdTensors,
@@ -392,8 +394,8 @@ fn load_queries(
     );
     let seq = (q0, rows.sq);
     (
-        load_seq(io.q.tile([bm, d], at), rows, seq, [bm, d]),
-        load_seq(io.dout.tile([bm, d], at), rows, seq, [bm, d]),
+        io.q.tile([bm, d], at).load(),
+        io.dout.tile([bm, d], at).load(),
         load_seq(io.lse.tile([bm], row_at), rows, seq, [bm]),
         load_seq(io.delta.tile([bm], row_at), rows, seq, [bm]),
     )
@@ -571,11 +573,10 @@ fn dkdv(
     let (sq, sk, batch) = (rows.sq, rows.sk, rows.batch);
     let k0 = nb * bn;
     let kv_at = [batch, hk, rows.key(k0), 0];
-    let keys = (k0, sk);
-    let ks = load_seq(io.k.tile([bn, d], kv_at), rows, keys, [bn, d]);
-    let vs = load_seq(io.v.tile([bn, d], kv_at), rows, keys, [bn, d]);
+    let ks = io.k.tile([bn, d], kv_at).load();
+    let vs = io.v.tile([bn, d], kv_at).load();
     let cols_at = [batch, hk, rows.key(k0), c0];
-    let k_chunks = dq_key_chunks(io.k, cols_at, (rows, keys), (bn, cols), p.deterministic);
+    let k_chunks = dq_key_chunks(io.k, cols_at, (bn, cols), p.deterministic);
     let walk = QueryWalk::of(k0, sq, sk, (bm, bn), w);
     // A block past its sequence's keys (the grid covers the longest) walks nothing.
     let n_m = key_walk_end(rows, k0, walk.count());
@@ -605,10 +606,9 @@ fn dkdv(
             (qs, dos)
         } else {
             let at = [batch, h, rows.query(q0), c0];
-            let seq = (q0, sq);
             (
-                load_seq(io.q.tile([bm, cols], at), rows, seq, [bm, cols]),
-                load_seq(io.dout.tile([bm, cols], at), rows, seq, [bm, cols]),
+                io.q.tile([bm, cols], at).load(),
+                io.dout.tile([bm, cols], at).load(),
             )
         };
         acc_v = mma_acc(&probs.cast_to(dtype).t(), &dos, &acc_v);
@@ -715,7 +715,6 @@ fn dq_chunk(cols: usize) -> usize {
 fn dq_key_chunks(
     k: Tensor,
     at: [Index; 4],
-    (rows, keys): (Rows, (Value, Value)),
     (bn, d): (usize, usize),
     deterministic: bool,
 ) -> Vec<Value> {
@@ -727,12 +726,8 @@ fn dq_key_chunks(
         .map(|c| {
             let mut at = at;
             at[3] = shifted(at[3], c * w);
-            load_seq(
-                k.tile([Index::Const(bn as i64), Index::Const(w as i64)], at),
-                rows,
-                keys,
-                [Index::Const(bn as i64), Index::Const(w as i64)],
-            )
+            k.tile([Index::Const(bn as i64), Index::Const(w as i64)], at)
+                .load()
         })
         .collect()
 }
@@ -802,8 +797,8 @@ fn dq_walk(
     for j in pipelined(j0..n_blocks, stages = 2) {
         let k0 = j * bn;
         let kv_at = [batch, kv_head(h, p.kv_group), rows.key(k0), 0];
-        let ks = load_seq(io.k.tile([bn, d], kv_at), rows, (k0, sk), [bn, d]);
-        let vs = load_seq(io.v.tile([bn, d], kv_at), rows, (k0, sk), [bn, d]);
+        let ks = io.k.tile([bn, d], kv_at).load();
+        let vs = io.v.tile([bn, d], kv_at).load();
         let mask_it = needs_mask(j >= n_unmasked, j, j_unmasked);
         let mask_it = with_rows_bound(mask_it, rows, q0 + bm > sq);
         let (_, ds) = probs_and_grad(

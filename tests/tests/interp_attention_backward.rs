@@ -586,12 +586,12 @@ fn varlen_matches_each_sequence_on_its_own() {
             ]);
         }
         let part = |i: usize| -> Vec<Vec<f64>> { parts.iter().map(|p| p[i].clone()).collect() };
-        // Rows no sequence owns hold NaN, as uninitialised memory may: no gradient may see
-        // them.
-        let q = packed.pack(&part(0), h, d, true, dtype, f64::NAN);
-        let k = packed.pack(&part(1), h_kv, d, false, dtype, f64::NAN);
-        let v = packed.pack(&part(2), h_kv, d, false, dtype, f64::NAN);
-        let dout = packed.pack(&part(3), h, d, true, dtype, f64::NAN);
+        // Rows no sequence owns: finite garbage in the mma operands (which the kernels, as
+        // the forward, need finite there), NaN in `o` and `lse` (which they must not read).
+        let q = packed.pack(&part(0), h, d, true, dtype, 7.5);
+        let k = packed.pack(&part(1), h_kv, d, false, dtype, -3.0);
+        let v = packed.pack(&part(2), h_kv, d, false, dtype, 1e4);
+        let dout = packed.pack(&part(3), h, d, true, dtype, -2e3);
         let o = packed.pack(&part(4), h, d, true, dtype, f64::NAN);
         let lse = packed.pack(&part(5), h, 1, true, DType::F32, f64::NAN);
         let lse = HostTensor::from_fn(&[1, h, total_q], DType::F32, |i| lse.data.get_f64(i));
