@@ -4,7 +4,7 @@
 //! (within twice the error of the computation with the kernels' 16-bit roundings), in both
 //! dQ modes (atomics; the deterministic second kernel, whose bits must repeat run to run);
 //! causal with `sq > sk` (rows that see no key: dq exactly 0), windows, soft-caps, grouped and
-//! multi-query heads, f16 and bf16, head dims 64, 96, 128 and 256, lengths no multiple of any
+//! multi-query heads, f16 and bf16, head dims 64, 96 and 128, lengths no multiple of any
 //! block, large inputs, outputs poisoned. Skips itself ("skipped: no CUDA driver") without a
 //! GPU.
 
@@ -26,7 +26,8 @@ use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference::{AttentionDims, AttentionMath, Rounding, attention_backward_f64};
 
 /// One call: `(batch, heads, kv heads, sq, sk, d)`, the comptime features, and whether the
-/// atomic dQ mode runs too (at d = 256 its dK/dV kernel does not fit shared memory yet).
+/// atomic dQ mode runs too (d = 256, whose dK/dV kernel does not fit shared memory yet, will
+/// run the deterministic mode alone first).
 struct Call {
     shape: [usize; 6],
     dtype: DType,
@@ -68,7 +69,7 @@ fn calls() -> Vec<Call> {
         Call {
             causal: true,
             atomics: false,
-            ..plain([1, 2, 2, 100, 140, 256], DType::Bf16)
+            ..plain([1, 4, 2, 100, 140, 96], DType::F16)
         },
     ]
 }
