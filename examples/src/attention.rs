@@ -7,14 +7,14 @@ use kiln::prelude::*;
 /// Query rows per block unless `block_m` says otherwise: two consumer warpgroups on sm_90a.
 pub const BLOCK_M: usize = 128;
 /// `log2(e)`: the softmax runs in base 2.
-const LOG2E: f32 = std::f32::consts::LOG2_E;
+pub(crate) const LOG2E: f32 = std::f32::consts::LOG2_E;
 
 /// Masks the `bm x bn` score tile `s` (rows `q0..`, keys `k0..`) to `-inf` where a key lies
 /// past `sk` or outside the row's [`Window`] `w`: query `i` sees key `j` iff
 /// `i + sk - sq - left <= j` and `j <= i + sk - sq + right` (bottom-right aligned, as
 /// FlashAttention-2).
 #[kernel_fn]
-fn mask(
+pub(crate) fn mask(
     s: Value,
     q0: Value,
     k0: Value,
@@ -151,14 +151,14 @@ pub fn attention_varlen(
 
 /// What `scale` is multiplied by before the softmax: `log2(e)` (it runs in base 2), or with a
 /// soft-cap `1 / softcap` (the cap's tanh takes `s / softcap`; [`soft_cap`] applies `log2(e)`).
-fn score_factor(softcap: f32) -> f32 {
+pub(crate) fn score_factor(softcap: f32) -> f32 {
     if softcap > 0.0 { 1.0 / softcap } else { LOG2E }
 }
 
 /// Whether key block `j` needs the mask: `past_unmasked` (keys past some row's right bound or
 /// `sk`), or it lies before `first_unmasked` (keys before some row's left bound, if any).
 #[track_caller]
-fn needs_mask(past_unmasked: Value, j: Value, first_unmasked: Option<Value>) -> Value {
+pub(crate) fn needs_mask(past_unmasked: Value, j: Value, first_unmasked: Option<Value>) -> Value {
     use kiln::ir::dsl::{Compare, Logic};
     match first_unmasked {
         Some(lo) => Logic::or(past_unmasked, Compare::lt(j, lo)),
@@ -226,7 +226,7 @@ impl Window {
     /// `x + right` (for `right >= 0`), or `x` itself when `right` is 0, so the causal mask
     /// adds no instruction.
     #[track_caller]
-    fn ahead(self, x: Value) -> Value {
+    pub(crate) fn ahead(self, x: Value) -> Value {
         if self.right == 0 { x } else { x + self.right }
     }
 }
@@ -339,14 +339,14 @@ fn write_lse(lse: Tensor, m: Value, l: Value, bm: usize, (rows, h, q0): (Rows, V
 /// The offsets of a packed varlen batch ([`attention_varlen`]): sequence `b`'s query rows are
 /// `cu_q[b]..cu_q[b + 1]`, its keys `cu_k[b]..cu_k[b + 1]`.
 #[derive(Clone, Copy, Debug)]
-struct Varlen {
+pub(crate) struct Varlen {
     cu_q: Tensor,
     cu_k: Tensor,
 }
 
 impl Varlen {
     /// The offsets `cu_seqlens_q`, `cu_seqlens_k` (`i32`, `[batch + 1]`).
-    fn new(cu_q: Tensor, cu_k: Tensor) -> Varlen {
+    pub(crate) fn new(cu_q: Tensor, cu_k: Tensor) -> Varlen {
         Varlen { cu_q, cu_k }
     }
 }
@@ -355,20 +355,20 @@ impl Varlen {
 /// `block_id().z` of dense tensors, or in a packed batch ([`Varlen`]) the rows its offsets
 /// give, in batch 0.
 #[derive(Clone, Copy, Debug)]
-struct Rows {
+pub(crate) struct Rows {
     /// The batch coordinate.
-    batch: Index,
+    pub(crate) batch: Index,
     /// The sequence's query rows and keys.
-    sq: Value,
-    sk: Value,
+    pub(crate) sq: Value,
+    pub(crate) sk: Value,
     /// In a packed batch: the sequence's first query row and first key, and the row past its
     /// last query (where its stores stop).
-    packed: Option<(Value, Value, Value)>,
+    pub(crate) packed: Option<(Value, Value, Value)>,
 }
 
 impl Rows {
     /// Batch `b`'s rows: the whole of `q`'s and `k`'s, or the sequence's of `packed`.
-    fn of(q: Tensor, k: Tensor, b: Value, packed: Option<Varlen>) -> Rows {
+    pub(crate) fn of(q: Tensor, k: Tensor, b: Value, packed: Option<Varlen>) -> Rows {
         match packed {
             None => Rows {
                 batch: Index::Value(b),
@@ -390,13 +390,13 @@ impl Rows {
 
     /// The tensor row of the sequence's query row `i`.
     #[track_caller]
-    fn query(self, i: Value) -> Value {
+    pub(crate) fn query(self, i: Value) -> Value {
         self.packed.map_or(i, |(q_start, _, _)| q_start + i)
     }
 
     /// The tensor row of the sequence's key `j`.
     #[track_caller]
-    fn key(self, j: Value) -> Value {
+    pub(crate) fn key(self, j: Value) -> Value {
         self.packed.map_or(j, |(_, k_start, _)| k_start + j)
     }
 
@@ -404,7 +404,7 @@ impl Rows {
     /// when the block starts at or past the sequence's last row (the grid covers the longest
     /// sequence), so the walk is empty but the loop stays the kernel's top-level ring.
     #[track_caller]
-    fn walk_end(self, q0: Value, n_blocks: Value) -> Value {
+    pub(crate) fn walk_end(self, q0: Value, n_blocks: Value) -> Value {
         use kiln::ir::dsl::Compare;
         match self.packed {
             Some(_) => select(Compare::lt(q0, self.sq), n_blocks, 0),
@@ -415,7 +415,7 @@ impl Rows {
     /// Stores `value` into `tile`, in a packed batch only the sequence's rows (along tensor
     /// dimension `dim`).
     #[track_caller]
-    fn store(self, tile: kiln::ir::dsl::TileView, value: Value, dim: usize) {
+    pub(crate) fn store(self, tile: kiln::ir::dsl::TileView, value: Value, dim: usize) {
         match self.packed {
             Some((_, _, q_end)) => tile.store_bounded(value, dim, q_end),
             None => tile.store(value),
@@ -434,7 +434,7 @@ fn offsets(p: Varlen, b: Value) -> ((Value, Value), (Value, Value)) {
 /// query attention; `kv_group = heads` is multi-query): `h / kv_group`. Resolved while
 /// building, so `kv_group = 1` (every query head has its own) adds no instruction.
 #[kernel_fn]
-fn kv_head(h: Value, kv_group: usize) -> Value {
+pub(crate) fn kv_head(h: Value, kv_group: usize) -> Value {
     if kv_group == 1 { h } else { h / kv_group }
 }
 
@@ -463,7 +463,7 @@ fn keep_left(
 /// left edge of its window (blocks before it need the mask). Without a left bound the walk
 /// starts at block 0 (a constant, as for the full and causal masks) and no block is masked on
 /// the left.
-fn left_blocks(
+pub(crate) fn left_blocks(
     q0: Value,
     sq: Value,
     sk: Value,
@@ -486,7 +486,7 @@ fn left_blocks(
 /// giving -1), and within about 1e-7 of tanh near 0 (the cancellation in `1 - ..`), so the
 /// capped score is off by at most ~1e-7 * softcap, far below bf16's and f16's rounding.
 #[kernel_fn]
-fn soft_cap(s: Value, softcap: f32) -> Value {
+pub(crate) fn soft_cap(s: Value, softcap: f32) -> Value {
     if softcap == 0.0 {
         s
     } else if softcap > 0.0 && softcap.is_finite() {

@@ -11,6 +11,7 @@ use kiln::ir::dsl::AnyKernelDef;
 use kiln::ir::dsl::registry::registered;
 
 pub mod attention;
+pub mod attention_backward;
 pub mod cross_entropy;
 pub mod dropout;
 pub mod gemm;

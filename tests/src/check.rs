@@ -117,3 +117,33 @@ pub fn as_stored(reference: &[f64], dtype: DType) -> Vec<f64> {
     };
     HostTensor::from_fn(&[reference.len()], dtype, |i| flushed(reference[i])).to_f64_vec()
 }
+
+/// Asserts FlashAttention's test rule for a gradient `got` (named `name`) of a 16-bit kernel:
+/// every element finite, and its relative norm error against the `exact` gradient within
+/// twice the error of `rounded` (the same computation with the kernel's 16-bit roundings),
+/// plus a floor about a quarter of `dtype`'s unit roundoff (1e-3 for bf16, 1e-4 for f16)
+/// for gradients whose rounded computation happens to be nearly exact.
+pub fn assert_within_rule(
+    case: &Case,
+    name: &str,
+    got: &HostTensor,
+    exact: &[f64],
+    rounded: &[f64],
+    dtype: DType,
+) {
+    let got = got.to_f64_vec();
+    if let Some(i) = got.iter().position(|x| !x.is_finite()) {
+        panic!("{case}: {name}[{i}] = {} (not finite)", got[i]);
+    }
+    let err = rel_error(&got, exact);
+    let yardstick = rel_error(rounded, exact);
+    let floor = match dtype {
+        DType::F16 => 1e-4,
+        _ => 1e-3,
+    };
+    println!("{name}: error {err:.3e}, rounded computation's {yardstick:.3e}");
+    assert!(
+        err <= 2.0 * yardstick + floor,
+        "{case}: {name} relative error {err:.3e} > 2 x {yardstick:.3e} + {floor:.0e}"
+    );
+}

@@ -487,3 +487,218 @@ pub fn rms_norm_rows(x: &HostTensor, w: &HostTensor, eps: f64) -> (Vec<f64>, Vec
     }
     (y, rstds)
 }
+
+/// The shape of one attention problem over flat row-major f64 data: `q, o, do: [b, h, sq, d]`,
+/// `k, v: [b, h_kv, sk, d]`, query head `x` reading key/value head `x / (h / h_kv)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionDims {
+    /// Batch.
+    pub b: usize,
+    /// Query heads.
+    pub h: usize,
+    /// Key/value heads (dividing `h`).
+    pub h_kv: usize,
+    /// Query rows.
+    pub sq: usize,
+    /// Keys.
+    pub sk: usize,
+    /// Head dim.
+    pub d: usize,
+}
+
+/// What an attention problem computes beside its shape: scores `scale * q.k`, soft-capped to
+/// `cap * tanh(s / cap)` when `cap` is given, masked to the `(left, right)` window of
+/// [`attention_window`] (negative: unbounded; causal is `(-1, 0)`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionMath {
+    /// The score scale.
+    pub scale: f64,
+    /// The window, `(left, right)`.
+    pub window: (i64, i64),
+    /// The soft-cap, if any.
+    pub cap: Option<f64>,
+}
+
+/// Where [`attention_backward_f64`] rounds, as a 16-bit kernel stores its operands: nowhere
+/// (the exact gradient), or to `dtype` at the output `o` the forward stores (which `delta`
+/// is computed from), at `P` and `dS` before their products, and at the gradients stored. The rounded gradient's error
+/// against the exact one is the yardstick of FlashAttention's test rule: a kernel passes
+/// within twice it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rounding {
+    /// f64 throughout.
+    Exact,
+    /// `o`, `P`, `dS` and the gradients rounded to this dtype.
+    Stored(kiln_ir::DType),
+}
+
+impl Rounding {
+    fn apply(self, x: f64) -> f64 {
+        match self {
+            Rounding::Exact => x,
+            Rounding::Stored(dtype) => HostTensor::from_fn(&[1], dtype, |_| x).data.get_f64(0),
+        }
+    }
+}
+
+/// The gradients of attention's inputs, flat row-major: `dq: [b, h, sq, d]`, `dk, dv: [b,
+/// h_kv, sk, d]` (a key/value head's summed over the query heads of its group).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionGrads {
+    /// `dL/dq`.
+    pub dq: Vec<f64>,
+    /// `dL/dk`.
+    pub dk: Vec<f64>,
+    /// `dL/dv`.
+    pub dv: Vec<f64>,
+}
+
+/// Attention's output over f64 data (see [`AttentionDims`], [`AttentionMath`]): `[b, h, sq,
+/// d]`, a row that sees no key 0. [`attention_window`] over slices, for finite differences.
+pub fn attention_forward_f64(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    dims: AttentionDims,
+    math: AttentionMath,
+) -> Vec<f64> {
+    let AttentionDims {
+        b,
+        h,
+        h_kv,
+        sq,
+        sk,
+        d,
+    } = dims;
+    let group = h / h_kv;
+    let mut out = Vec::with_capacity(b * h * sq * d);
+    for bh in 0..b * h {
+        let kvh = bh / h * h_kv + bh % h / group;
+        let (qb, kb, vb) = (&q[bh * sq * d..], &k[kvh * sk * d..], &v[kvh * sk * d..]);
+        for i in 0..sq {
+            out.extend(attention_row_by(
+                |j, x| qb[j * d + x],
+                |j, x| kb[j * d + x],
+                |j, x| vb[j * d + x],
+                [sq, sk, d],
+                (math.scale, math.cap),
+                math.window,
+                i,
+            ));
+        }
+    }
+    out
+}
+
+/// The gradients of `L = sum(o * dout)` for attention's output `o` (the backward pass, given
+/// `dout = dL/do`), derived directly: per row, `P = softmax(s)`, `dV += P^T dO`, `dP = dO
+/// V^T`, `delta = rowsum(dO * O)`, `dS = P (dP - delta)`, times `1 - tanh^2(s_raw / cap)`
+/// under a soft-cap, then `dQ = scale dS K` and `dK += scale dS^T Q`. A row that sees no key
+/// contributes nothing (its `dq` is 0). `rounding` says where 16-bit values are rounded.
+pub fn attention_backward_f64(
+    [q, k, v, dout]: [&[f64]; 4],
+    dims: AttentionDims,
+    math: AttentionMath,
+    rounding: Rounding,
+) -> AttentionGrads {
+    let AttentionDims {
+        b,
+        h,
+        h_kv,
+        sq,
+        sk,
+        d,
+    } = dims;
+    let group = h / h_kv;
+    let mut g = AttentionGrads {
+        dq: vec![0.0; b * h * sq * d],
+        dk: vec![0.0; b * h_kv * sk * d],
+        dv: vec![0.0; b * h_kv * sk * d],
+    };
+    for bh in 0..b * h {
+        let kvh = bh / h * h_kv + bh % h / group;
+        let (qb, kb, vb) = (&q[bh * sq * d..], &k[kvh * sk * d..], &v[kvh * sk * d..]);
+        let dob = &dout[bh * sq * d..];
+        for i in 0..sq {
+            let (keys, scores) = row_scores(
+                |j, x| qb[j * d + x],
+                |j, x| kb[j * d + x],
+                [sq, sk, d],
+                (math.scale, math.cap),
+                math.window,
+                i,
+            );
+            if keys.is_empty() {
+                continue;
+            }
+            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+            let l: f64 = e.iter().sum();
+            let p: Vec<f64> = e.iter().map(|x| x / l).collect();
+            let do_i = &dob[i * d..(i + 1) * d];
+            // The output row as the forward stores it, and delta from it.
+            let delta: f64 = (0..d)
+                .map(|x| {
+                    let o: f64 = keys.clone().zip(&p).map(|(j, pj)| pj * vb[j * d + x]).sum();
+                    do_i[x] * rounding.apply(o)
+                })
+                .sum();
+            for ((j, &pj), &s) in keys.clone().zip(&p).zip(&scores) {
+                let dp: f64 = (0..d).map(|x| do_i[x] * vb[j * d + x]).sum();
+                let ds = pj * (dp - delta);
+                let ds = math.cap.map_or(ds, |c| ds * (1.0 - (s / c).powi(2)));
+                let (pr, dsr) = (rounding.apply(pj), rounding.apply(ds));
+                for x in 0..d {
+                    g.dv[(kvh * sk + j) * d + x] += pr * do_i[x];
+                    g.dk[(kvh * sk + j) * d + x] += math.scale * dsr * qb[i * d + x];
+                    g.dq[(bh * sq + i) * d + x] += math.scale * dsr * kb[j * d + x];
+                }
+            }
+        }
+    }
+    for x in g.dq.iter_mut().chain(&mut g.dk).chain(&mut g.dv) {
+        *x = rounding.apply(*x);
+    }
+    g
+}
+
+/// The log-sum-exp of every score row of [`attention_forward_f64`], `[b, h, sq]`: natural log,
+/// `+inf` for a row that sees no key ([`attention_lse`] over slices).
+pub fn attention_lse_f64(
+    q: &[f64],
+    k: &[f64],
+    dims: AttentionDims,
+    math: AttentionMath,
+) -> Vec<f64> {
+    let AttentionDims {
+        b,
+        h,
+        h_kv,
+        sq,
+        sk,
+        d,
+    } = dims;
+    let group = h / h_kv;
+    let mut out = Vec::with_capacity(b * h * sq);
+    for bh in 0..b * h {
+        let kvh = bh / h * h_kv + bh % h / group;
+        let (qb, kb) = (&q[bh * sq * d..], &k[kvh * sk * d..]);
+        for i in 0..sq {
+            let (keys, scores) = row_scores(
+                |j, x| qb[j * d + x],
+                |j, x| kb[j * d + x],
+                [sq, sk, d],
+                (math.scale, math.cap),
+                math.window,
+                i,
+            );
+            out.push(if keys.is_empty() {
+                f64::INFINITY
+            } else {
+                let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                m + scores.iter().map(|s| (s - m).exp()).sum::<f64>().ln()
+            });
+        }
+    }
+    out
+}

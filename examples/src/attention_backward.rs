@@ -1,0 +1,818 @@
+//! FlashAttention-2's backward pass: the gradients `dq`, `dk`, `dv` of [`attention`]'s inputs
+//! given `dout = dL/do`, its output `o` and the log-sum-exp `lse` [`attention_lse`] writes,
+//! with every mask and cap of the forward.
+//!
+//! Three steps, each a kernel over the forward's `[batch, heads, seq, d]` views (a `[b, s, h,
+//! d]` tensor is read in place through its strides):
+//! 1. [`attention_bwd_preprocess`]: `delta = rowsum(dout * o)` per query row, and the f32 dQ
+//!    accumulator zeroed (unless `deterministic`).
+//! 2. [`attention_bwd_dkdv`]: a block owns `block_n` keys of one key/value head and walks the
+//!    query blocks that see them (for each query head of its group), recomputing `P` from
+//!    `lse`; it writes `dk` and `dv`, and adds each query block's share of `dq` into the f32
+//!    accumulator with atomics (unless `deterministic`).
+//! 3. [`attention_bwd_dq_convert`] scales the accumulator into `dq`; or, `deterministic`,
+//!    [`attention_bwd_dq`] computes `dq` itself, each block walking the key blocks its
+//!    queries see (no atomics: the same bits every run).
+//!
+//! [`attention`]: crate::attention::attention
+//! [`attention_lse`]: crate::attention::attention_lse
+
+use kiln::ir::dsl::{Index, Tensor};
+use kiln::prelude::*;
+
+use crate::attention::{
+    LOG2E, Rows, Varlen, Window, kv_head, left_blocks, mask, needs_mask, score_factor, soft_cap,
+};
+
+/// The comptime parameters of the backward kernels; the first seven mean what
+/// [`AttentionParams`](crate::attention::AttentionParams)'s do (the forward's call must have
+/// had the same, [`AttentionBwdParams::of_forward`]).
+#[comptime]
+pub struct AttentionBwdParams {
+    /// Head dim: 64, 96, 128 or 256 (a multiple of 32).
+    #[comptime(default = 128)]
+    pub d: usize,
+    /// Whether each query sees only the keys up to its diagonal (aligned bottom-right).
+    #[comptime(default = false)]
+    pub causal: bool,
+    /// Query heads per key/value head.
+    #[comptime(default = 1)]
+    pub kv_group: usize,
+    /// The element type of `q`, `k`, `v`, `o`, `dout` and the gradients: bf16 or f16.
+    #[comptime(default = DType::Bf16)]
+    pub dtype: DType,
+    /// Keys before its diagonal a query sees; -1: all of them.
+    #[comptime(default = -1)]
+    pub window_left: i32,
+    /// Keys after its diagonal a query sees; -1: all of them (`causal` makes it 0).
+    #[comptime(default = -1)]
+    pub window_right: i32,
+    /// The soft-cap of the scores; 0: off.
+    #[comptime(default = 0.0)]
+    pub softcap: f32,
+    /// Query rows per block (a multiple of 16; 0: [`query_block`]'s choice for `d`).
+    #[comptime(default = 0)]
+    pub block_m: usize,
+    /// Keys per block of `attention_bwd_dkdv` (a multiple of 16; 0: [`key_block`]'s choice).
+    #[comptime(default = 0)]
+    pub block_n: usize,
+    /// dQ by [`attention_bwd_dq`] (reproducible bits) instead of atomics.
+    #[comptime(default = false)]
+    pub deterministic: bool,
+    /// Warps per block of every backward kernel (each takes 16 or more rows of every tile:
+    /// `block_m` and `block_n` at least `16 num_warps`).
+    #[comptime(default = 4)]
+    pub num_warps: usize,
+}
+
+impl AttentionBwdParams {
+    /// The backward of a forward call with `p`'s mask, cap, heads and dtype, in the kernels'
+    /// own blocks.
+    pub fn of_forward(p: &crate::attention::AttentionParams, deterministic: bool) -> Self {
+        AttentionBwdParams {
+            d: p.d,
+            causal: p.causal,
+            kv_group: p.kv_group,
+            dtype: p.dtype,
+            window_left: p.window_left,
+            window_right: p.window_right,
+            softcap: p.softcap,
+            block_m: 0,
+            block_n: 0,
+            deterministic,
+            num_warps: 4,
+        }
+    }
+
+    /// Query rows per block: `block_m`, or [`query_block`]'s choice.
+    pub fn rows(&self) -> usize {
+        query_block(self.block_m, self.d)
+    }
+
+    /// Keys per block of `attention_bwd_dkdv`: `block_n`, or [`key_block`]'s choice.
+    pub fn keys(&self) -> usize {
+        key_block(self.block_n, self.d)
+    }
+
+    /// Columns of dK and dV one `attention_bwd_dkdv` block accumulates ([`key_columns`]).
+    pub fn key_cols(&self) -> usize {
+        key_columns(self.d)
+    }
+
+    /// The grid of [`attention_bwd_preprocess`], [`attention_bwd_dq`] and
+    /// [`attention_bwd_dq_convert`] (and their varlen forms, `sq` the longest sequence):
+    /// `(cdiv(sq, rows), heads, batch)`.
+    pub fn query_grid(&self, [sq, heads, batch]: [usize; 3]) -> [u32; 3] {
+        [sq.div_ceil(self.rows()) as u32, heads as u32, batch as u32]
+    }
+
+    /// The grid of [`attention_bwd_dkdv`] (and its varlen form, `sk` the longest sequence):
+    /// `(cdiv(sk, keys) * d / key_cols, kv_heads, batch)`.
+    pub fn key_grid(&self, [sk, kv_heads, batch]: [usize; 3]) -> [u32; 3] {
+        let splits = self.d / self.key_cols();
+        [
+            (sk.div_ceil(self.keys()) * splits) as u32,
+            kv_heads as u32,
+            batch as u32,
+        ]
+    }
+}
+
+/// Query rows per block when `block_m` is 0: 64 (four warps of 16 rows, the fewest rows the
+/// lowering spreads a tile over).
+pub fn query_block(block_m: usize, _d: usize) -> usize {
+    if block_m == 0 { 64 } else { block_m }
+}
+
+/// The columns of dK and dV one `attention_bwd_dkdv` block accumulates: all `d` up to 64,
+/// else 64, or 32 of a `d` no multiple of 64 (96): a key block's whole `[block_n,
+/// d]` f32 dK and dV (64 registers a thread each at d = 128 with four warps) spill beside
+/// the rest of the loop's state. Blocks of the same keys split the columns, each
+/// recomputing `P` and `dS` (`2 bm bn d` products of the `5 bm bn d` a block pair costs).
+pub fn key_columns(d: usize) -> usize {
+    match d {
+        ..=64 => d.max(1),
+        _ if d.is_multiple_of(64) => 64,
+        _ if d.is_multiple_of(32) => 32,
+        _ => d,
+    }
+}
+
+/// Rejects (a diagnostic at the caller, the kernel's line) the parameters the backward does
+/// not compute: a head dim that is neither a power of two up to 64 nor a multiple of 32 (the
+/// column chunks would miss columns), no query head per key/value head.
+#[track_caller]
+fn validate(p: &AttentionBwdParams) {
+    let d = p.d;
+    if d == 0 || !(d <= 64 && d.is_power_of_two() || d.is_multiple_of(32)) {
+        reject("attention backward: `d` must be a power of two up to 64 or a multiple of 32");
+    }
+    if p.kv_group == 0 {
+        reject("attention backward: `kv_group` must be at least 1");
+    }
+}
+
+/// Keys per block of `attention_bwd_dkdv` when `block_n` is 0: 64 (four warps of 16 rows).
+pub fn key_block(block_n: usize, _d: usize) -> usize {
+    if block_n == 0 { 64 } else { block_n }
+}
+
+/// `delta[b, h, i] = sum_x dout[b, h, i, x] * o[b, h, i, x]` (f32) for `o, dout: [batch,
+/// heads, sq, d]` into `delta: [batch, heads, sq]`, and `dq_accum: [batch, heads, sq, d]`
+/// (f32) zeroed for [`attention_bwd_dkdv`]'s atomics (untouched when `deterministic`).
+/// Grid: [`AttentionBwdParams::query_grid`].
+#[kernel(num_warps = num_warps)]
+pub fn attention_bwd_preprocess(
+    o: Tensor<dtype, 4>,
+    dout: Tensor<dtype, 4>,
+    delta: TensorMut<f32, 3>,
+    dq_accum: TensorMut<f32, 4>,
+    #[comptime] p: AttentionBwdParams,
+) {
+    preprocess(o, dout, delta, dq_accum, None, p);
+}
+
+/// [`attention_bwd_preprocess`] over a packed varlen batch (as
+/// [`attention_varlen`](crate::attention::attention_varlen) reads it): `o`, `dout`,
+/// `dq_accum` are `[1, heads, total_q, d]`, `delta` `[1, heads, total_q]`. Grid:
+/// [`AttentionBwdParams::query_grid`] of the longest sequence.
+#[kernel(num_warps = num_warps)]
+pub fn attention_bwd_preprocess_varlen(
+    o: Tensor<dtype, 4>,
+    dout: Tensor<dtype, 4>,
+    delta: TensorMut<f32, 3>,
+    dq_accum: TensorMut<f32, 4>,
+    cu_seqlens_q: Tensor<i32, 1>,
+    cu_seqlens_k: Tensor<i32, 1>,
+    #[comptime] p: AttentionBwdParams,
+) {
+    let packed = Varlen::new(cu_seqlens_q, cu_seqlens_k);
+    preprocess(o, dout, delta, dq_accum, Some(packed), p);
+}
+
+/// The body of [`attention_bwd_preprocess`] and its varlen form.
+#[kernel_fn]
+fn preprocess(
+    o: Tensor,
+    dout: Tensor,
+    delta: Tensor,
+    dq_accum: Tensor,
+    packed: Option<Varlen>,
+    p: AttentionBwdParams,
+) {
+    validate(&p);
+    let (bm, d) = (p.rows(), p.d);
+    let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
+    let rows = Rows::of(o, o, b, packed);
+    let q0 = mb * bm;
+    // In column chunks of at most 64: two whole f32 [bm, 256] tiles would spill.
+    let w = dq_chunk(d);
+    let mut sum = zeros::<f32>([bm]);
+    for c in unroll(0..d / w) {
+        let at = [rows.batch, h, rows.query(q0), c * w];
+        let os = o.tile([bm, w], at).load().cast::<f32>();
+        let dos = dout.tile([bm, w], at).load().cast::<f32>();
+        sum = sum + row_sum(&(os * dos));
+        if !p.deterministic {
+            rows.store(dq_accum.tile([bm, w], at), zeros::<f32>([bm, w]), 2);
+        }
+    }
+    let rows_at = [rows.batch, h, rows.query(q0)];
+    rows.store(delta.tile([bm], rows_at), sum, 2);
+}
+
+/// dK and dV, and (unless `deterministic`) dQ's shares added into `dq_accum`, for `q, dout:
+/// [batch, heads, sq, d]`, `k, v, dk, dv: [batch, heads / kv_group, sk, d]` (`dtype`), the
+/// forward's `lse: [batch, heads, sq]` and [`attention_bwd_preprocess`]'s `delta` and zeroed
+/// `dq_accum` (f32; untouched when `deterministic`), `scale` the forward's. A key/value
+/// head's dK and dV sum over the query heads of its group. Grid:
+/// [`AttentionBwdParams::key_grid`].
+#[kernel(num_warps = num_warps)]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_bwd_dkdv(
+    q: Tensor<dtype, 4>,
+    k: Tensor<dtype, 4>,
+    v: Tensor<dtype, 4>,
+    dout: Tensor<dtype, 4>,
+    lse: Tensor<f32, 3>,
+    delta: Tensor<f32, 3>,
+    dq_accum: TensorMut<f32, 4>,
+    dk: TensorMut<dtype, 4>,
+    dv: TensorMut<dtype, 4>,
+    scale: f32,
+    #[comptime] p: AttentionBwdParams,
+) {
+    let io = BwdTensors::new((q, k, v, dout), (lse, delta));
+    dkdv(io, dq_accum, (dk, dv), None, scale, p);
+}
+
+/// [`attention_bwd_dkdv`] over a packed varlen batch: `q`, `dout`, `dq_accum` `[1, heads,
+/// total_q, d]`, `k`, `v`, `dk`, `dv` `[1, heads / kv_group, total_k, d]`, `lse`, `delta`
+/// `[1, heads, total_q]`, sequence `b`'s rows and keys given by `cu_seqlens_q/k` (as
+/// [`attention_varlen`](crate::attention::attention_varlen)). Grid:
+/// [`AttentionBwdParams::key_grid`] of the longest sequence.
+#[kernel(num_warps = num_warps)]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_bwd_dkdv_varlen(
+    q: Tensor<dtype, 4>,
+    k: Tensor<dtype, 4>,
+    v: Tensor<dtype, 4>,
+    dout: Tensor<dtype, 4>,
+    lse: Tensor<f32, 3>,
+    delta: Tensor<f32, 3>,
+    dq_accum: TensorMut<f32, 4>,
+    dk: TensorMut<dtype, 4>,
+    dv: TensorMut<dtype, 4>,
+    cu_seqlens_q: Tensor<i32, 1>,
+    cu_seqlens_k: Tensor<i32, 1>,
+    scale: f32,
+    #[comptime] p: AttentionBwdParams,
+) {
+    let io = BwdTensors::new((q, k, v, dout), (lse, delta));
+    let packed = Varlen::new(cu_seqlens_q, cu_seqlens_k);
+    dkdv(io, dq_accum, (dk, dv), Some(packed), scale, p);
+}
+
+/// `dq = dq_accum * scale` in `dtype`, `dq_accum: [batch, heads, sq, d]` (f32) as
+/// [`attention_bwd_dkdv`] left it. Grid: [`AttentionBwdParams::query_grid`].
+#[kernel(num_warps = num_warps)]
+pub fn attention_bwd_dq_convert(
+    dq_accum: Tensor<f32, 4>,
+    dq: TensorMut<dtype, 4>,
+    scale: f32,
+    #[comptime] p: AttentionBwdParams,
+) {
+    dq_convert(dq_accum, dq, None, scale, p);
+}
+
+/// [`attention_bwd_dq_convert`] over a packed varlen batch (`[1, heads, total_q, d]`).
+#[kernel(num_warps = num_warps)]
+pub fn attention_bwd_dq_convert_varlen(
+    dq_accum: Tensor<f32, 4>,
+    dq: TensorMut<dtype, 4>,
+    cu_seqlens_q: Tensor<i32, 1>,
+    cu_seqlens_k: Tensor<i32, 1>,
+    scale: f32,
+    #[comptime] p: AttentionBwdParams,
+) {
+    let packed = Varlen::new(cu_seqlens_q, cu_seqlens_k);
+    dq_convert(dq_accum, dq, Some(packed), scale, p);
+}
+
+/// The body of [`attention_bwd_dq_convert`] and its varlen form.
+#[kernel_fn]
+fn dq_convert(
+    dq_accum: Tensor,
+    dq: Tensor,
+    packed: Option<Varlen>,
+    scale: Value,
+    p: AttentionBwdParams,
+) {
+    validate(&p);
+    let (bm, d) = (p.rows(), p.d);
+    let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
+    let rows = Rows::of(dq_accum, dq_accum, b, packed);
+    let at = [rows.batch, h, rows.query(mb * bm), 0];
+    let acc = dq_accum.tile([bm, d], at).load();
+    rows.store(dq.tile([bm, d], at), (acc * scale).cast_to(p.dtype), 2);
+}
+
+/// dQ without atomics (`deterministic`): for `q, dout, dq: [batch, heads, sq, d]`, `k, v:
+/// [batch, heads / kv_group, sk, d]`, the forward's `lse` and [`attention_bwd_preprocess`]'s
+/// `delta` (`[batch, heads, sq]`), each block owns `block_m` query rows and walks the key
+/// blocks they see, as the forward does. Grid: [`AttentionBwdParams::query_grid`].
+#[kernel(num_warps = num_warps)]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_bwd_dq(
+    q: Tensor<dtype, 4>,
+    k: Tensor<dtype, 4>,
+    v: Tensor<dtype, 4>,
+    dout: Tensor<dtype, 4>,
+    lse: Tensor<f32, 3>,
+    delta: Tensor<f32, 3>,
+    dq: TensorMut<dtype, 4>,
+    scale: f32,
+    #[comptime] p: AttentionBwdParams,
+) {
+    let io = BwdTensors::new((q, k, v, dout), (lse, delta));
+    dq_walk(io, dq, None, scale, p);
+}
+
+/// [`attention_bwd_dq`] over a packed varlen batch (shapes as [`attention_bwd_dkdv_varlen`]'s).
+#[kernel(num_warps = num_warps)]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_bwd_dq_varlen(
+    q: Tensor<dtype, 4>,
+    k: Tensor<dtype, 4>,
+    v: Tensor<dtype, 4>,
+    dout: Tensor<dtype, 4>,
+    lse: Tensor<f32, 3>,
+    delta: Tensor<f32, 3>,
+    dq: TensorMut<dtype, 4>,
+    cu_seqlens_q: Tensor<i32, 1>,
+    cu_seqlens_k: Tensor<i32, 1>,
+    scale: f32,
+    #[comptime] p: AttentionBwdParams,
+) {
+    let io = BwdTensors::new((q, k, v, dout), (lse, delta));
+    let packed = Varlen::new(cu_seqlens_q, cu_seqlens_k);
+    dq_walk(io, dq, Some(packed), scale, p);
+}
+
+/// Loads `tile` of `shape` whose first row is row `first` of a sequence of `len`: in a packed
+/// batch the rows past `len` (rows no sequence owns may hold anything, NaN included) read as
+/// 0. For the row statistics `lse` and `delta`, whose NaN would survive the mask (`-inf -
+/// NaN`). The `mma` operands are loaded whole (the lowering takes B operands only so): their
+/// rows past a sequence meet `P = 0` and `dS = 0`, which keeps them out of every gradient
+/// while they are finite, as the forward needs of them too.
+#[track_caller]
+fn load_seq<const R: usize>(
+    tile: kiln::ir::dsl::TileView,
+    rows: Rows,
+    (first, len): (Value, Value),
+    shape: [Index; R],
+) -> Value {
+    use kiln::ir::dsl::Compare;
+    match rows.packed {
+        Some(_) => tile.load_masked(Compare::lt(iota(shape, 0) + first, len), 0),
+        None => tile.load(),
+    }
+}
+
+/// Query block `q0..q0 + bm` of head `h`: its Q and dO (`[bm, d]`), and the forward's `lse`
+/// and `delta` of its rows (`[bm]`, rows past the sequence 0: [`load_seq`]).
+#[kernel_fn]
+fn load_queries(
+    io: BwdTensors,
+    rows: Rows,
+    (h, q0): (Value, Value),
+    (bm, d): (usize, usize),
+) -> (Value, Value, Value, Value) {
+    let (at, row_at) = (
+        [rows.batch, h, rows.query(q0), 0],
+        [rows.batch, h, rows.query(q0)],
+    );
+    let seq = (q0, rows.sq);
+    (
+        io.q.tile([bm, d], at).load(),
+        io.dout.tile([bm, d], at).load(),
+        load_seq(io.lse.tile([bm], row_at), rows, seq, [bm]),
+        load_seq(io.delta.tile([bm], row_at), rows, seq, [bm]),
+    )
+}
+
+/// The inputs every gradient kernel reads.
+#[derive(Clone, Copy, Debug)]
+struct BwdTensors {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dout: Tensor,
+    lse: Tensor,
+    delta: Tensor,
+}
+
+impl BwdTensors {
+    /// `q, k, v, dout` and `lse, delta`.
+    fn new(
+        (q, k, v, dout): (Tensor, Tensor, Tensor, Tensor),
+        (lse, delta): (Tensor, Tensor),
+    ) -> BwdTensors {
+        BwdTensors {
+            q,
+            k,
+            v,
+            dout,
+            lse,
+            delta,
+        }
+    }
+}
+
+/// One block pair's recomputed probabilities and score gradient: for query rows `q0..` and
+/// keys `k0..` with Q `qs`, dO `dos`, K `ks`, V `vs` (`[bm, d]`, `[bn, d]`), `P = exp2(S *
+/// log2(e) - lse * log2(e))` masked as the forward, and `dS = P (dP - delta)`, `dP = dO V^T`,
+/// times the soft-cap's derivative `1 - tanh^2`. Returns `(P, dS)` as `[bm, bn]` f32 tiles.
+/// `mask_it` (a block-uniform flag) applies the mask, and in a packed batch the bound of the
+/// sequence's rows (`rows_bound`): rows past it belong to the next sequence.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+fn probs_and_grad(
+    (qs, dos, ks, vs): (Value, Value, Value, Value),
+    (lse_t, delta_t): (Value, Value),
+    (q0, k0, sq, sk): (Value, Value, Value, Value),
+    mask_it: Value,
+    rows_bound: bool,
+    qk_scale: Value,
+    (bm, bn): (usize, usize),
+    w: Window,
+    softcap: f32,
+) -> (Value, Value) {
+    // Scores in base 2 (soft-capped: `softcap * log2(e) * tanh`), as the forward's.
+    let s = soft_cap(mma(&qs, &ks.t()) * qk_scale, softcap);
+    let masked = if mask_it {
+        let s = mask(s, q0, k0, sq, sk, (bm, bn), w);
+        if rows_bound {
+            select(iota([bm, bn], 0) + q0 < sq, s, f32::NEG_INFINITY)
+        } else {
+            s
+        }
+    } else {
+        s
+    };
+    // A row that sees no key has lse = +inf: every term is exp2(-inf) = 0.
+    let probs = exp2(&(masked - (lse_t * LOG2E).col()));
+    let dp = mma(&dos, &vs.t());
+    let ds = probs * (dp - delta_t.col());
+    (probs, cap_grad(ds, masked, softcap))
+}
+
+/// `ds` times the soft-cap's derivative `1 - tanh^2(s_raw / softcap)`, read from the capped
+/// base-2 scores `s = softcap * log2(e) * tanh(..)` as masked (a masked score is `-inf`, its
+/// factor clamped to 0 as its `P` is; the clamp also keeps a rounded `|tanh|` a hair above
+/// 1 from flipping the sign); `ds` itself without a cap. The masked scores, not the capped
+/// ones before the mask, so that only one `[bm, bn]` score tile stays live.
+#[kernel_fn]
+fn cap_grad(ds: Value, s: Value, softcap: f32) -> Value {
+    if softcap > 0.0 {
+        let t = s * (1.0 / (softcap * LOG2E));
+        ds * max(&(1.0 - t * t), 0.0)
+    } else {
+        ds
+    }
+}
+
+/// The query blocks that see key block `k0..k0 + bn` (of `sk` keys, `sq` queries, window
+/// `w`): `lo..hi`, and the blocks in which every row sees every key of it, `unmasked_lo..
+/// unmasked_hi` (`None`: unbounded on that side). Query `i` sees key `j` iff `i + sk - sq -
+/// left <= j <= i + sk - sq + right`.
+struct QueryWalk {
+    lo: Option<Value>,
+    hi: Value,
+    unmasked_lo: Option<Value>,
+    unmasked_hi: Option<Value>,
+}
+
+impl QueryWalk {
+    #[track_caller]
+    fn of(k0: Value, sq: Value, sk: Value, (bm, bn): (usize, usize), w: Window) -> QueryWalk {
+        let all = cdiv(sq, bm);
+        let (lo, unmasked_lo) = if w.right >= 0 {
+            // Row i sees key j from i >= j - (sk - sq) - right on: the block's first key
+            // from row k0 - (sk - sq) - right, its last from bn - 1 rows later.
+            let first = k0 - (sk - sq) - w.right;
+            let lo = max(first, 0) / bm;
+            (Some(lo), Some(cdiv(max(first + (bn - 1), 0), bm)))
+        } else {
+            (None, None)
+        };
+        let (hi, unmasked_hi) = if w.left >= 0 {
+            // Row i sees key j up to i <= j - (sk - sq) + left: the block's last key up to
+            // row k0 + bn - 1 - (sk - sq) + left, its first up to bn - 1 rows before.
+            let last = k0 - (sk - sq) + w.left;
+            let hi = min(all, max(cdiv(last + bn, bm), 0));
+            (hi, Some(max(last + 1, 0) / bm))
+        } else {
+            (all, None)
+        };
+        QueryWalk {
+            lo,
+            hi,
+            unmasked_lo,
+            unmasked_hi,
+        }
+    }
+
+    /// How many query blocks the walk visits.
+    #[track_caller]
+    fn count(&self) -> Value {
+        match self.lo {
+            Some(lo) => max(self.hi - lo, 0),
+            None => max(self.hi, 0),
+        }
+    }
+
+    /// Whether query block `mb` needs the mask: it lies outside `unmasked_lo..unmasked_hi`,
+    /// or `outside` holds already.
+    #[track_caller]
+    fn masks(&self, mb: Value, outside: Value) -> Value {
+        use kiln::ir::dsl::{Compare, Logic};
+        let m = match self.unmasked_lo {
+            Some(lo) => Logic::or(outside, Compare::lt(mb, lo)),
+            None => outside,
+        };
+        match self.unmasked_hi {
+            Some(hi) => Logic::or(m, Compare::ge(mb, hi)),
+            None => m,
+        }
+    }
+}
+
+/// The body of [`attention_bwd_dkdv`] and its varlen form: see the module's step 2. The
+/// query blocks of all `kv_group` heads are one loop (`kv_group x` the blocks that see the
+/// key block), so the pipeline runs across heads.
+#[kernel_fn]
+#[allow(clippy::too_many_arguments)]
+fn dkdv(
+    io: BwdTensors,
+    dq_accum: Tensor,
+    (dk, dv): (Tensor, Tensor),
+    packed: Option<Varlen>,
+    scale: Value,
+    p: AttentionBwdParams,
+) {
+    validate(&p);
+    let (d, dtype, group) = (p.d, p.dtype, p.kv_group);
+    let (bm, bn) = (p.rows(), p.keys());
+    let w = Window::new(p.causal, p.window_left, p.window_right);
+    let cols = p.key_cols();
+    let (hk, b) = (block_id().y, block_id().z);
+    // Block x owns key block x / splits and its columns (x % splits) * cols.. of dK and dV.
+    let (nb, c0) = key_block_and_columns(block_id().x, d / cols, cols);
+    let rows = Rows::of(io.q, io.k, b, packed);
+    let (sq, sk, batch) = (rows.sq, rows.sk, rows.batch);
+    let k0 = nb * bn;
+    let kv_at = [batch, hk, rows.key(k0), 0];
+    let ks = io.k.tile([bn, d], kv_at).load();
+    let vs = io.v.tile([bn, d], kv_at).load();
+    let cols_at = [batch, hk, rows.key(k0), c0];
+    let k_chunks = dq_key_chunks(io.k, cols_at, (bn, cols), p.deterministic);
+    let walk = QueryWalk::of(k0, sq, sk, (bm, bn), w);
+    // A block past its sequence's keys (the grid covers the longest) walks nothing.
+    let n_m = key_walk_end(rows, k0, walk.count());
+    let keys_partial = k0 + bn > sk;
+    let qk_scale = scale * score_factor(p.softcap);
+    let mut acc_k = zeros::<f32>([bn, cols]);
+    let mut acc_v = zeros::<f32>([bn, cols]);
+    for t in pipelined(0..n_m * group, stages = 2) {
+        let (h, mb) = head_and_block(t, n_m, (walk.lo, hk), group);
+        let q0 = mb * bm;
+        let (qs, dos, lse_t, delta_t) = load_queries(io, rows, (h, q0), (bm, d));
+        let mask_it = walk.masks(mb, keys_partial);
+        let mask_it = with_rows_bound(mask_it, rows, q0 + bm > sq);
+        let (probs, ds) = probs_and_grad(
+            (qs, dos, ks, vs),
+            (lse_t, delta_t),
+            (q0, k0, sq, sk),
+            mask_it,
+            packed.is_some(),
+            qk_scale,
+            (bm, bn),
+            w,
+            p.softcap,
+        );
+        // The block's columns of Q and dO: the B operands of its dK and dV columns.
+        let (qs, dos) = if cols == d {
+            (qs, dos)
+        } else {
+            let at = [batch, h, rows.query(q0), c0];
+            (
+                io.q.tile([bm, cols], at).load(),
+                io.dout.tile([bm, cols], at).load(),
+            )
+        };
+        acc_v = mma_acc(&probs.cast_to(dtype).t(), &dos, &acc_v);
+        let ds = ds.cast_to(dtype);
+        for c in unroll(0..k_chunks.len()) {
+            let w = dq_chunk(cols);
+            let at = (shifted(c0, c * w), (bm, w));
+            add_dq(dq_accum, mma(&ds, &k_chunks[c]), rows, (h, q0), at);
+        }
+        acc_k = mma_acc(&ds.t(), &qs, &acc_k);
+    }
+    let k_end = rows.key(sk);
+    let out_at = [batch, hk, rows.key(k0), c0];
+    store_keys(
+        dk.tile([bn, cols], out_at),
+        (acc_k * scale).cast_to(dtype),
+        rows,
+        k_end,
+    );
+    store_keys(
+        dv.tile([bn, cols], out_at),
+        acc_v.cast_to(dtype),
+        rows,
+        k_end,
+    );
+}
+
+/// Key block and first dK/dV column of block `x` of [`attention_bwd_dkdv`]'s grid: `(x, 0)`
+/// when one block takes all `splits x cols` columns, else `(x / splits, (x % splits) cols)`.
+#[track_caller]
+fn key_block_and_columns(x: Value, splits: usize, cols: usize) -> (Value, Index) {
+    if splits == 1 {
+        (x, Index::Const(0))
+    } else {
+        (x / splits, Index::Value(x % splits * cols))
+    }
+}
+
+/// Column `c0 + n`.
+#[track_caller]
+fn shifted(c0: Index, n: usize) -> Index {
+    match c0 {
+        Index::Const(c) => Index::Const(c + n as i64),
+        Index::Value(c) => Index::Value(c + n),
+    }
+}
+
+/// The query head and query block of step `t` of the dK/dV walk of key/value head `hk`:
+/// `n_m` blocks from `lo` (0 when `None`) for each of the `group` heads `hk * group..`.
+#[track_caller]
+fn head_and_block(
+    t: Value,
+    n_m: Value,
+    (lo, hk): (Option<Value>, Value),
+    group: usize,
+) -> (Value, Value) {
+    let (h, step) = if group == 1 {
+        (hk, t)
+    } else {
+        (hk * group + t / n_m, t % n_m)
+    };
+    match lo {
+        Some(lo) => (h, lo + step),
+        None => (h, step),
+    }
+}
+
+/// The end of the dK/dV walk of key block `k0`: `n_m`, or in a packed batch 0 when the block
+/// starts at or past the sequence's last key.
+#[track_caller]
+fn key_walk_end(rows: Rows, k0: Value, n_m: Value) -> Value {
+    use kiln::ir::dsl::Compare;
+    match rows.packed {
+        Some(_) => select(Compare::lt(k0, rows.sk), n_m, 0),
+        None => n_m,
+    }
+}
+
+/// `mask_it`, or in a packed batch also when `past_rows` (the query block reaches past the
+/// sequence's last row: rows of the next sequence, which the mask must drop).
+#[track_caller]
+fn with_rows_bound(mask_it: Value, rows: Rows, past_rows: Value) -> Value {
+    use kiln::ir::dsl::Logic;
+    match rows.packed {
+        Some(_) => Logic::or(mask_it, past_rows),
+        None => mask_it,
+    }
+}
+
+/// Columns of the dQ share [`attention_bwd_dkdv`] computes and adds at a time out of a
+/// block's `cols`: all up to 64, else 64 or 32 (whichever divides them): a whole `[bm, d]`
+/// f32 product at d = 128 would take 64 more registers a thread (and spill).
+fn dq_chunk(cols: usize) -> usize {
+    match cols {
+        ..=64 => cols.max(1),
+        _ if cols.is_multiple_of(64) => 64,
+        _ => 32,
+    }
+}
+
+/// The key block's [`dq_chunk`]-column slices (`[bn, dq_chunk(d)]` each), the B operands of the
+/// dQ share's column chunks; none when `deterministic` (dQ is [`attention_bwd_dq`]'s).
+#[track_caller]
+fn dq_key_chunks(
+    k: Tensor,
+    at: [Index; 4],
+    (bn, d): (usize, usize),
+    deterministic: bool,
+) -> Vec<Value> {
+    if deterministic {
+        return Vec::new();
+    }
+    let w = dq_chunk(d);
+    (0..d.div_ceil(w))
+        .map(|c| {
+            let mut at = at;
+            at[3] = shifted(at[3], c * w);
+            k.tile([Index::Const(bn as i64), Index::Const(w as i64)], at)
+                .load()
+        })
+        .collect()
+}
+
+/// Adds columns `c0..c0 + w` of one query block's dQ share `dq` (`[bm, w]`, unscaled) into
+/// `dq_accum`, in a packed batch only the sequence's rows.
+#[kernel_fn]
+fn add_dq(
+    dq_accum: Tensor,
+    dq: Value,
+    rows: Rows,
+    (h, q0): (Value, Value),
+    (c0, (bm, d)): (Index, (usize, usize)),
+) {
+    let at = [rows.batch, h, rows.query(q0), c0];
+    if rows.packed.is_some() {
+        let inside = iota([bm, d], 0) + q0 < rows.sq;
+        dq_accum.tile([bm, d], at).atomic_add_masked(dq, inside);
+    } else {
+        dq_accum.tile([bm, d], at).atomic_add(dq);
+    }
+}
+
+/// Stores a key block's gradient, in a packed batch only the sequence's keys (up to
+/// `k_end`).
+#[track_caller]
+fn store_keys(tile: kiln::ir::dsl::TileView, value: Value, rows: Rows, k_end: Value) {
+    match rows.packed {
+        Some(_) => tile.store_bounded(value, 2, k_end),
+        None => tile.store(value),
+    }
+}
+
+/// The body of [`attention_bwd_dq`] and its varlen form: a block owns `bm` query rows of one
+/// head and walks the key blocks they see (the forward's walk: [`left_blocks`] and the
+/// right bound), accumulating `dQ = scale dS K`.
+#[kernel_fn]
+fn dq_walk(
+    io: BwdTensors,
+    dq: Tensor,
+    packed: Option<Varlen>,
+    scale: Value,
+    p: AttentionBwdParams,
+) {
+    validate(&p);
+    let (d, dtype) = (p.d, p.dtype);
+    let (bm, bn) = (p.rows(), p.keys());
+    let w = Window::new(p.causal, p.window_left, p.window_right);
+    let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
+    let rows = Rows::of(io.q, io.k, b, packed);
+    let (sq, sk, batch) = (rows.sq, rows.sk, rows.batch);
+    let q0 = mb * bm;
+    let q_at = [batch, h, rows.query(q0), 0];
+    let (qs, dos, lse_t, delta_t) = load_queries(io, rows, (h, q0), (bm, d));
+    let (j0, j_unmasked) = left_blocks(q0, sq, sk, (bm, bn), w);
+    let all_blocks = cdiv(sk, bn);
+    let (n_blocks, n_unmasked) = if w.right >= 0 {
+        // The block's last row sees keys up to (q0 + bm - 1) + sk - sq + right.
+        let n = min(all_blocks, max(cdiv(w.ahead(q0 + bm + sk - sq), bn), 0));
+        (n, min(sk / bn, max(w.ahead(q0 + 1 + sk - sq) / bn, 0)))
+    } else {
+        (all_blocks, sk / bn)
+    };
+    let n_blocks = rows.walk_end(q0, n_blocks);
+    let qk_scale = scale * score_factor(p.softcap);
+    let mut acc = zeros::<f32>([bm, d]);
+    for j in pipelined(j0..n_blocks, stages = 2) {
+        let k0 = j * bn;
+        let kv_at = [batch, kv_head(h, p.kv_group), rows.key(k0), 0];
+        let ks = io.k.tile([bn, d], kv_at).load();
+        let vs = io.v.tile([bn, d], kv_at).load();
+        let mask_it = needs_mask(j >= n_unmasked, j, j_unmasked);
+        let mask_it = with_rows_bound(mask_it, rows, q0 + bm > sq);
+        let (_, ds) = probs_and_grad(
+            (qs, dos, ks, vs),
+            (lse_t, delta_t),
+            (q0, k0, sq, sk),
+            mask_it,
+            packed.is_some(),
+            qk_scale,
+            (bm, bn),
+            w,
+            p.softcap,
+        );
+        acc = mma_acc(&ds.cast_to(dtype), &ks, &acc);
+    }
+    rows.store(dq.tile([bm, d], q_at), (acc * scale).cast_to(dtype), 2);
+}

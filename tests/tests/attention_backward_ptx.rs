@@ -1,0 +1,217 @@
+//! Attention's backward kernels (`kiln_examples::attention_backward`) through the compiler:
+//! every kernel and feature compiles for sm_80 and sm_90a (the general lowering: mma.sync and
+//! cp.async), with its tensors 16-byte aligned and not, into PTX that ptxas assembles without
+//! spills. The register counts are printed (`--nocapture`). Their numbers are checked on the
+//! interpreter (`interp_attention_backward`) and on the GPU (`gpu_attention_backward`).
+
+use kiln_examples::attention_backward::{
+    AttentionBwdParams, attention_bwd_dkdv, attention_bwd_dkdv_varlen, attention_bwd_dq,
+    attention_bwd_dq_convert, attention_bwd_dq_convert_varlen, attention_bwd_dq_varlen,
+    attention_bwd_preprocess, attention_bwd_preprocess_varlen,
+};
+use kiln_ir::DType;
+use kiln_ir::Target;
+use kiln_ir::dsl::{KernelDecl, KernelDef, Spec};
+
+/// Compiles `def` with `p` for both targets, aligned and not: `Err` naming the first compile
+/// that fails or spills, else the most registers a compile used.
+fn assemble<D: KernelDef<Comptime = AttentionBwdParams>>(
+    def: &D,
+    p: AttentionBwdParams,
+) -> Result<u32, String> {
+    let mut most = 0;
+    for aligned in [true, false] {
+        let spec = Spec::uniform(p, def.signature(), aligned);
+        let k = def
+            .build(&spec)
+            .map_err(|d| format!("{} {p:?}: {d}", def.name()))?;
+        for target in [Target::Sm80, Target::Sm90a] {
+            let what = format!("{} {p:?} on {target}, aligned {aligned}", def.name());
+            let m = kiln_ptx::compile(&k, target).map_err(|e| format!("{what}: {e}"))?;
+            let r = kiln_ptx::ptxas::check(&m.ptx, target).map_err(|e| format!("{what}: {e}"))?;
+            println!("{what}: {r}");
+            if r.spills() {
+                return Err(format!("{what} spills: {r}"));
+            }
+            most = most.max(r.registers);
+        }
+    }
+    Ok(most)
+}
+
+/// Every backward kernel (dense and varlen) of `p` assembles without spills; `Err` lists
+/// those that do not.
+fn all_kernels(p: AttentionBwdParams) -> Vec<String> {
+    let results = [
+        assemble(&attention_bwd_preprocess, p),
+        assemble(&attention_bwd_dkdv, p),
+        assemble(&attention_bwd_dq, p),
+        assemble(&attention_bwd_dq_convert, p),
+        assemble(&attention_bwd_preprocess_varlen, p),
+        assemble(&attention_bwd_dkdv_varlen, p),
+        assemble(&attention_bwd_dq_varlen, p),
+        assemble(&attention_bwd_dq_convert_varlen, p),
+    ];
+    results.into_iter().filter_map(Result::err).collect()
+}
+
+/// The features one at a time and together, at head dims 64 and 128.
+fn variants(d: usize) -> Vec<AttentionBwdParams> {
+    let base = AttentionBwdParams {
+        d,
+        ..AttentionBwdParams::default()
+    };
+    vec![
+        base,
+        AttentionBwdParams {
+            causal: true,
+            ..base
+        },
+        AttentionBwdParams {
+            dtype: DType::F16,
+            kv_group: 4,
+            ..base
+        },
+        AttentionBwdParams {
+            window_left: 100,
+            window_right: 30,
+            ..base
+        },
+        AttentionBwdParams {
+            softcap: 30.0,
+            causal: true,
+            ..base
+        },
+        AttentionBwdParams {
+            dtype: DType::F16,
+            causal: true,
+            window_left: 64,
+            softcap: 20.0,
+            kv_group: 2,
+            ..base
+        },
+    ]
+}
+
+/// Every variant of head dim `d`, both dQ modes: the compiles that fail or spill.
+fn failures(d: usize) -> Vec<String> {
+    let mut failures = Vec::new();
+    for p in variants(d) {
+        for deterministic in [false, true] {
+            failures.extend(all_kernels(AttentionBwdParams { deterministic, ..p }));
+        }
+    }
+    failures
+}
+
+/// The compiles known to spill a few bytes (ptxas at 21:48 UTC 2026-12-04), each an open
+/// bug of the general lowering's register use, reported with the slice: the dQ kernel at d =
+/// 64 with a soft-cap on sm_90a (128 registers, 4 bytes), and the deterministic varlen dK/dV
+/// kernel on sm_90a with unaligned tensors (d = 128: 255 registers, 4 bytes; d = 96 with
+/// every feature: 168 registers, 8 bytes). ptxas stops below 255 registers in two of them
+/// unasked. A failure not in this list fails the test, and so does a listed one that no
+/// longer fails.
+fn known(failure: &str) -> bool {
+    let dq_cap = failure.starts_with("attention_bwd_dq AttentionBwdParams { d: 64")
+        && !failure.contains("softcap: 0.0")
+        && failure.contains("on sm_90a, aligned true spills");
+    let dkdv_varlen = failure.starts_with("attention_bwd_dkdv_varlen")
+        && failure.contains("deterministic: true")
+        && failure.contains("on sm_90a, aligned false spills");
+    dq_cap || dkdv_varlen
+}
+
+/// Asserts that the failures of head dim `d` are the known ones, and that some are if
+/// `expect_known`.
+fn assert_only_known(d: usize, expect_known: bool) {
+    let (known, unknown): (Vec<String>, Vec<String>) =
+        failures(d).into_iter().partition(|f| known(f));
+    for f in &known {
+        println!("known: {f}");
+    }
+    assert!(unknown.is_empty(), "{}", unknown.join("\n"));
+    assert_eq!(
+        !known.is_empty(),
+        expect_known,
+        "the known failures changed: {known:?}"
+    );
+}
+
+#[test]
+fn head_dim_64_assembles_without_spills() {
+    assert_only_known(64, true);
+}
+
+#[test]
+fn head_dim_128_assembles_without_spills() {
+    assert_only_known(128, true);
+}
+
+#[test]
+fn head_dim_96_assembles_without_spills() {
+    // Every kernel, plain and with every feature (three blocks of 32 columns per key block).
+    let mut failures = Vec::new();
+    for p in variants(96).into_iter().step_by(5) {
+        for deterministic in [false, true] {
+            failures.extend(all_kernels(AttentionBwdParams { deterministic, ..p }));
+        }
+    }
+    let unknown: Vec<&String> = failures.iter().filter(|f| !known(f)).collect();
+    assert!(unknown.is_empty(), "{unknown:?}");
+}
+
+#[test]
+fn head_dim_256_row_kernels_assemble_without_spills() {
+    // What assembles cleanly at d = 256: the preprocess and the conversion. Not yet: the
+    // dK/dV kernel (245760 bytes of shared memory deterministic, 237568 with atomics: the
+    // four 64-column blocks of a key block still stage whole [64, 256] Q and dO tiles, two
+    // stages), the dQ kernel with unaligned tensors on sm_80 (spills 528 bytes). Both are
+    // correct on the interpreter (`interp_attention_backward`).
+    let mut failures = Vec::new();
+    for p in variants(256).into_iter().step_by(5) {
+        let p = AttentionBwdParams {
+            deterministic: true,
+            ..p
+        };
+        for r in [
+            assemble(&attention_bwd_preprocess, p),
+            assemble(&attention_bwd_dq_convert, p),
+            assemble(&attention_bwd_preprocess_varlen, p),
+            assemble(&attention_bwd_dq_convert_varlen, p),
+        ] {
+            failures.extend(r.err());
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn parameters_the_backward_does_not_compute_are_diagnostics() {
+    // A head dim whose column chunks would miss columns, and no query head per key/value
+    // head: a diagnostic naming the kernel's source line, never a panic.
+    for (d, kv_group) in [(80, 1), (0, 1), (64, 0)] {
+        let p = AttentionBwdParams {
+            d,
+            kv_group,
+            ..AttentionBwdParams::default()
+        };
+        for e in [
+            attention_bwd_dkdv
+                .build(&Spec::uniform(p, attention_bwd_dkdv.signature(), true))
+                .err(),
+            attention_bwd_preprocess
+                .build(&Spec::uniform(
+                    p,
+                    attention_bwd_preprocess.signature(),
+                    true,
+                ))
+                .err(),
+        ] {
+            let text = e.map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                text.contains("attention backward:") && text.contains("attention_backward.rs"),
+                "d = {d}, kv_group = {kv_group}: {text}"
+            );
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! Attention's backward kernels (`kiln_examples::attention_backward`) on the GPU, compiled
+//! for sm_80 and (on a Hopper GPU) sm_90a, after kiln's own forward (`attention_lse`) as in
+//! training: dq, dk and dv against the f64 reference gradients with FlashAttention's rule
+//! (within twice the error of the computation with the kernels' 16-bit roundings), in both
+//! dQ modes (atomics; the deterministic second kernel, whose bits must repeat run to run);
+//! causal with `sq > sk` (rows that see no key: dq exactly 0), windows, soft-caps, grouped and
+//! multi-query heads, f16 and bf16, head dims 64, 96 and 128, lengths no multiple of any
+//! block, large inputs, outputs poisoned. Skips itself ("skipped: no CUDA driver") without a
+//! GPU.
+
+mod gpu_common;
+
+use std::process::ExitCode;
+
+use gpu_common::{Needs, device};
+use kiln_examples::attention::{AttentionParams, attention_lse};
+use kiln_examples::attention_backward::{
+    AttentionBwdParams, attention_bwd_dkdv, attention_bwd_dq, attention_bwd_dq_convert,
+    attention_bwd_preprocess,
+};
+use kiln_ir::dsl::KernelDef;
+use kiln_ir::{DType, HostTensor, Target};
+use kiln_runtime::{Device, DeviceTensor};
+use kiln_tests::check::{Case, assert_within_rule};
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::reference::{AttentionDims, AttentionMath, Rounding, attention_backward_f64};
+
+/// One call: `(batch, heads, kv heads, sq, sk, d)`, the comptime features, and whether the
+/// atomic dQ mode runs too (d = 256, whose dK/dV kernel does not fit shared memory yet, will
+/// run the deterministic mode alone first).
+struct Call {
+    shape: [usize; 6],
+    dtype: DType,
+    causal: bool,
+    window: (i32, i32),
+    softcap: f32,
+    atomics: bool,
+}
+
+fn calls() -> Vec<Call> {
+    let plain = |shape, dtype| Call {
+        shape,
+        dtype,
+        causal: false,
+        window: (-1, -1),
+        softcap: 0.0,
+        atomics: true,
+    };
+    vec![
+        plain([1, 2, 2, 257, 300, 64], DType::Bf16),
+        Call {
+            causal: true,
+            ..plain([2, 2, 2, 300, 190, 128], DType::F16)
+        },
+        Call {
+            causal: true,
+            ..plain([1, 4, 2, 200, 333, 64], DType::Bf16)
+        },
+        Call {
+            window: (33, 17),
+            softcap: 20.0,
+            ..plain([1, 4, 1, 150, 270, 128], DType::Bf16)
+        },
+        Call {
+            window: (10, 5),
+            ..plain([1, 1, 1, 300, 100, 64], DType::F16)
+        },
+        plain([1, 2, 2, 130, 200, 96], DType::Bf16),
+        Call {
+            causal: true,
+            atomics: false,
+            ..plain([1, 4, 2, 100, 140, 96], DType::F16)
+        },
+    ]
+}
+
+/// A poisoned tensor on the device.
+fn output(dev: &Device, dtype: DType, shape: &[usize]) -> DeviceTensor {
+    let t = dev.alloc(dtype, shape).expect("alloc");
+    dev.fill_nan(&t).expect("poison");
+    t
+}
+
+/// The backward's gradients `(dq, dk, dv)` on the device for the forward's `o` and `lse`.
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    dev: &Device,
+    p: &AttentionBwdParams,
+    c: &Call,
+    [q, k, v, dout, o, lse]: [&DeviceTensor; 6],
+    scale: f32,
+) -> [HostTensor; 3] {
+    let [b, h, h_kv, sq, sk, d] = c.shape;
+    let delta = output(dev, DType::F32, &[b, h, sq]);
+    let dq_accum = output(dev, DType::F32, &[b, h, sq, d]);
+    let dq = output(dev, c.dtype, &[b, h, sq, d]);
+    let dk = output(dev, c.dtype, &[b, h_kv, sk, d]);
+    let dv = output(dev, c.dtype, &[b, h_kv, sk, d]);
+    let qgrid = p.query_grid([sq, h, b]);
+    attention_bwd_preprocess
+        .launch(dev, p, qgrid, o, dout, &delta, &dq_accum)
+        .expect("preprocess");
+    let kgrid = p.key_grid([sk, h_kv, b]);
+    attention_bwd_dkdv
+        .launch(
+            dev, p, kgrid, q, k, v, dout, lse, &delta, &dq_accum, &dk, &dv, scale,
+        )
+        .expect("dkdv");
+    if p.deterministic {
+        attention_bwd_dq
+            .launch(dev, p, qgrid, q, k, v, dout, lse, &delta, &dq, scale)
+            .expect("dq");
+    } else {
+        attention_bwd_dq_convert
+            .launch(dev, p, qgrid, &dq_accum, &dq, scale)
+            .expect("dq convert");
+    }
+    dev.synchronize().expect("kernels ran");
+    [dq, dk, dv].map(|t| t.download().expect("download"))
+}
+
+/// Runs every call on `dev` (compiling for `target`) in both dQ modes.
+fn run_calls(dev: &Device, target: Target) {
+    let mut rng = Rng::from_env();
+    for c in calls() {
+        let [b, h, h_kv, sq, sk, d] = c.shape;
+        let fwd = AttentionParams {
+            d,
+            causal: c.causal,
+            kv_group: h / h_kv,
+            dtype: c.dtype,
+            window_left: c.window.0,
+            window_right: c.window.1,
+            softcap: c.softcap,
+            ..AttentionParams::default()
+        };
+        for dist in [Dist::Normal, Dist::Large] {
+            let q = tensor(&mut rng, &[b, h, sq, d], c.dtype, dist);
+            let k = tensor(&mut rng, &[b, h_kv, sk, d], c.dtype, dist);
+            let v = tensor(&mut rng, &[b, h_kv, sk, d], c.dtype, dist);
+            let dout = tensor(&mut rng, &[b, h, sq, d], c.dtype, dist);
+            let scale = (rng.uniform(0.5, 1.5) / (d as f64).sqrt()) as f32;
+            let up = |t: &HostTensor| dev.upload(t).expect("upload");
+            let (dq_in, dk_in, dv_in, ddo) = (up(&q), up(&k), up(&v), up(&dout));
+            let o = output(dev, c.dtype, &[b, h, sq, d]);
+            let lse = output(dev, DType::F32, &[b, h, sq]);
+            attention_lse
+                .launch(
+                    dev,
+                    &fwd,
+                    attention_lse.grid(&fwd, [sq, h, b]),
+                    &dq_in,
+                    &dk_in,
+                    &dv_in,
+                    &o,
+                    &lse,
+                    scale,
+                )
+                .expect("forward");
+            let right = if c.causal { 0 } else { c.window.1 };
+            let math = AttentionMath {
+                scale: f64::from(scale),
+                window: (i64::from(c.window.0), i64::from(right)),
+                cap: (c.softcap > 0.0).then_some(f64::from(c.softcap)),
+            };
+            let dims = AttentionDims {
+                b,
+                h,
+                h_kv,
+                sq,
+                sk,
+                d,
+            };
+            let [qv, kv, vv, dov] = [&q, &k, &v, &dout].map(HostTensor::to_f64_vec);
+            let at = |r| attention_backward_f64([&qv, &kv, &vv, &dov], dims, math, r);
+            let (exact, rounded) = (at(Rounding::Exact), at(Rounding::Stored(c.dtype)));
+            let inputs = [&dq_in, &dk_in, &dv_in, &ddo, &o, &lse];
+            let modes: &[bool] = if c.atomics { &[false, true] } else { &[true] };
+            for &deterministic in modes {
+                let p = AttentionBwdParams::of_forward(&fwd, deterministic);
+                let got = backward(dev, &p, &c, inputs, scale);
+                let case = Case {
+                    kernel: format!("attention backward@{target} {p:?}"),
+                    shape: format!("{dims:?} scale={scale}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                let names = ["dq", "dk", "dv"];
+                let wants = [
+                    (&exact.dq, &rounded.dq),
+                    (&exact.dk, &rounded.dk),
+                    (&exact.dv, &rounded.dv),
+                ];
+                for ((name, g), (e, r)) in names.iter().zip(&got).zip(wants) {
+                    assert_within_rule(&case, name, g, e, r, c.dtype);
+                }
+                // Rows that see no key (a right bound with sq > sk): dq exactly 0.
+                let shift = sk as i64 - sq as i64 + i64::from(right);
+                if right >= 0 && shift < 0 {
+                    let blind = (-shift) as usize * d;
+                    let dq = got[0].to_f64_vec();
+                    for head in dq.chunks(sq * d) {
+                        assert!(
+                            head[..blind].iter().all(|&x| x == 0.0),
+                            "{case}: rows that see no key must have dq = 0"
+                        );
+                    }
+                }
+                if deterministic {
+                    let again = backward(dev, &p, &c, inputs, scale);
+                    for ((name, a), b) in names.iter().zip(&got).zip(&again) {
+                        assert!(a.data == b.data, "{case}: {name} differs between runs");
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn gpu_attention_backward_on_sm80() {
+    let Some(dev) = device() else { return };
+    run_calls(&dev, Target::Sm80);
+}
+
+fn gpu_attention_backward_on_sm90a() {
+    let Some(dev) = device() else { return };
+    if dev.compute_capability() != (9, 0) {
+        println!("skipped: sm_90a needs a Hopper GPU");
+        return;
+    }
+    run_calls(&dev.with_target(Target::Sm90a), Target::Sm90a);
+}
+
+fn main() -> ExitCode {
+    gpu_common::run(&[
+        (
+            "gpu_attention_backward_on_sm80",
+            Needs::Gpu,
+            gpu_attention_backward_on_sm80,
+        ),
+        (
+            "gpu_attention_backward_on_sm90a",
+            Needs::Gpu,
+            gpu_attention_backward_on_sm90a,
+        ),
+    ])
+}

@@ -1,0 +1,690 @@
+//! Attention's backward kernels (`kiln_examples::attention_backward`) on the CPU interpreter
+//! against the f64 reference gradients (`reference::attention_backward_f64`, itself checked
+//! by finite differences here): dense and causal (bottom-right, `sq != sk`), grouped and
+//! multi-query heads, bf16 and f16, sliding windows, soft-caps, head dims 64 and 128, lengths
+//! no multiple of any block, rows that see no key (their dq 0, nothing NaN), large inputs,
+//! outputs poisoned; the deterministic mode's dq bitwise reproducible.
+//!
+//! The rule is FlashAttention's: a gradient passes when its error against the exact one is
+//! within twice the error of the same computation with its 16-bit roundings (the stored `o`,
+//! `P` and `dS` rounded to the dtype, `Rounding::Stored`), plus a floor far below the dtype's
+//! rounding for gradients whose rounded computation happens to be nearly exact.
+
+use kiln_examples::attention_backward::{
+    AttentionBwdParams, attention_bwd_dkdv, attention_bwd_dkdv_varlen, attention_bwd_dq,
+    attention_bwd_dq_convert, attention_bwd_dq_convert_varlen, attention_bwd_dq_varlen,
+    attention_bwd_preprocess, attention_bwd_preprocess_varlen,
+};
+use kiln_ir::{DType, HostTensor};
+use kiln_tests::check::{Case, assert_within_rule, poisoned, rel_error};
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::reference::{
+    self, AttentionDims, AttentionGrads, AttentionMath, Rounding, attention_backward_f64,
+};
+
+/// One backward call: shapes and the comptime features.
+#[derive(Clone, Copy, Debug)]
+struct Call {
+    dims: AttentionDims,
+    dtype: DType,
+    causal: bool,
+    window: (i32, i32),
+    softcap: f32,
+    deterministic: bool,
+}
+
+impl Call {
+    /// `d = 64`, bf16, one batch of two heads, no mask, no cap, atomics: what each test changes.
+    fn new(sq: usize, sk: usize) -> Call {
+        Call {
+            dims: AttentionDims {
+                b: 1,
+                h: 2,
+                h_kv: 2,
+                sq,
+                sk,
+                d: 64,
+            },
+            dtype: DType::Bf16,
+            causal: false,
+            window: (-1, -1),
+            softcap: 0.0,
+            deterministic: false,
+        }
+    }
+
+    fn params(&self) -> AttentionBwdParams {
+        AttentionBwdParams {
+            d: self.dims.d,
+            causal: self.causal,
+            kv_group: self.dims.h / self.dims.h_kv,
+            dtype: self.dtype,
+            window_left: self.window.0,
+            window_right: self.window.1,
+            softcap: self.softcap,
+            block_m: 0,
+            block_n: 0,
+            deterministic: self.deterministic,
+            num_warps: 4,
+        }
+    }
+
+    /// The reference's math: FlashAttention's window, where causal makes `right` 0.
+    fn math(&self, scale: f32) -> AttentionMath {
+        let right = if self.causal { 0 } else { self.window.1 };
+        AttentionMath {
+            scale: f64::from(scale),
+            window: (i64::from(self.window.0), i64::from(right)),
+            cap: (self.softcap > 0.0).then_some(f64::from(self.softcap)),
+        }
+    }
+}
+
+/// The kernels' inputs: `q, k, v, dout`, the forward's stored `o` (rounded to the dtype) and
+/// `lse` (f32), as the reference computes them, and the scale.
+struct Inputs {
+    q: HostTensor,
+    k: HostTensor,
+    v: HostTensor,
+    dout: HostTensor,
+    o: HostTensor,
+    lse: HostTensor,
+    scale: f32,
+}
+
+fn inputs(rng: &mut Rng, c: &Call, dist: Dist) -> Inputs {
+    let AttentionDims {
+        b,
+        h,
+        h_kv,
+        sq,
+        sk,
+        d,
+    } = c.dims;
+    let q = tensor(rng, &[b, h, sq, d], c.dtype, dist);
+    let k = tensor(rng, &[b, h_kv, sk, d], c.dtype, dist);
+    let v = tensor(rng, &[b, h_kv, sk, d], c.dtype, dist);
+    let dout = tensor(rng, &[b, h, sq, d], c.dtype, dist);
+    // The usual 1/sqrt(d), perturbed so that no test depends on one exact scale.
+    let scale = (rng.uniform(0.5, 1.5) / (d as f64).sqrt()) as f32;
+    let math = c.math(scale);
+    let [qv, kv, vv] = [&q, &k, &v].map(HostTensor::to_f64_vec);
+    let o = reference::attention_forward_f64(&qv, &kv, &vv, c.dims, math);
+    let o = HostTensor::from_fn(&[b, h, sq, d], c.dtype, |i| o[i]);
+    let lse = reference::attention_lse_f64(&qv, &kv, c.dims, math);
+    let lse = HostTensor::from_fn(&[b, h, sq], DType::F32, |i| lse[i]);
+    Inputs {
+        q,
+        k,
+        v,
+        dout,
+        o,
+        lse,
+        scale,
+    }
+}
+
+/// The kernels' gradients, `(dq, dk, dv)`.
+struct Got {
+    dq: HostTensor,
+    dk: HostTensor,
+    dv: HostTensor,
+}
+
+/// Runs the backward kernels of `c` on the interpreter over `x`, every output poisoned.
+fn backward(c: &Call, x: &Inputs) -> Got {
+    let AttentionDims {
+        b,
+        h,
+        h_kv,
+        sq,
+        sk,
+        d,
+    } = c.dims;
+    let p = c.params();
+    let mut delta = poisoned(&[b, h, sq], DType::F32);
+    let mut dq_accum = poisoned(&[b, h, sq, d], DType::F32);
+    let mut dq = poisoned(&[b, h, sq, d], c.dtype);
+    let mut dk = poisoned(&[b, h_kv, sk, d], c.dtype);
+    let mut dv = poisoned(&[b, h_kv, sk, d], c.dtype);
+    let qgrid = p.query_grid([sq, h, b]);
+    attention_bwd_preprocess
+        .interpret(&p, qgrid, &x.o, &x.dout, &mut delta, &mut dq_accum)
+        .unwrap();
+    attention_bwd_dkdv
+        .interpret(
+            &p,
+            p.key_grid([sk, h_kv, b]),
+            &x.q,
+            &x.k,
+            &x.v,
+            &x.dout,
+            &x.lse,
+            &delta,
+            &mut dq_accum,
+            &mut dk,
+            &mut dv,
+            x.scale,
+        )
+        .unwrap();
+    if c.deterministic {
+        // The accumulator is the atomics' alone: still poisoned.
+        assert!(dq_accum.to_f64_vec().iter().all(|x| x.is_nan()));
+        attention_bwd_dq
+            .interpret(
+                &p, qgrid, &x.q, &x.k, &x.v, &x.dout, &x.lse, &delta, &mut dq, x.scale,
+            )
+            .unwrap();
+    } else {
+        attention_bwd_dq_convert
+            .interpret(&p, qgrid, &dq_accum, &mut dq, x.scale)
+            .unwrap();
+    }
+    Got { dq, dk, dv }
+}
+
+/// The exact gradients of `x` and those of the rounded computation (the rule's yardstick).
+fn references(c: &Call, x: &Inputs) -> (AttentionGrads, AttentionGrads) {
+    let [q, k, v, dout] = [&x.q, &x.k, &x.v, &x.dout].map(HostTensor::to_f64_vec);
+    let math = c.math(x.scale);
+    let at = |r| attention_backward_f64([&q, &k, &v, &dout], c.dims, math, r);
+    (at(Rounding::Exact), at(Rounding::Stored(c.dtype)))
+}
+
+/// Runs `c` on inputs drawn from `dist`, checks dq, dk and dv, and returns the kernels'.
+fn run(rng: &mut Rng, c: Call, dist: Dist) -> Got {
+    let x = inputs(rng, &c, dist);
+    let got = backward(&c, &x);
+    let (exact, rounded) = references(&c, &x);
+    let case = Case {
+        kernel: format!("attention backward {:?}", c.params()),
+        shape: format!("{:?} scale={}", c.dims, x.scale),
+        dist,
+        seed: rng.seed(),
+    };
+    assert_within_rule(&case, "dq", &got.dq, &exact.dq, &rounded.dq, c.dtype);
+    assert_within_rule(&case, "dk", &got.dk, &exact.dk, &rounded.dk, c.dtype);
+    assert_within_rule(&case, "dv", &got.dv, &exact.dv, &rounded.dv, c.dtype);
+    got
+}
+
+#[test]
+fn dense_and_causal_match_reference() {
+    // Lengths no multiple of the 64-row blocks, sq = sk, sq > sk (the first causal rows see
+    // no key) and sq < sk; every input distribution on one shape.
+    let mut rng = Rng::from_env();
+    for (sq, sk, causal) in [
+        (100, 100, false),
+        (150, 90, true),
+        (70, 130, true),
+        (1, 3, false),
+    ] {
+        let c = Call {
+            causal,
+            ..Call::new(sq, sk)
+        };
+        run(&mut rng, c, Dist::Normal);
+    }
+    for dist in Dist::ALL {
+        let c = Call {
+            causal: true,
+            ..Call::new(90, 110)
+        };
+        run(&mut rng, c, dist);
+    }
+}
+
+#[test]
+fn grouped_and_multi_query_heads_sum_over_the_group() {
+    // 4 query heads over 2 key/value heads and over 1, batch 2: each key/value head's dK and
+    // dV are the sums over the query heads of its group.
+    let mut rng = Rng::from_env();
+    for (h_kv, causal) in [(2, false), (1, true)] {
+        let mut c = Call {
+            causal,
+            ..Call::new(80, 70)
+        };
+        c.dims.b = 2;
+        c.dims.h = 4;
+        c.dims.h_kv = h_kv;
+        run(&mut rng, c, Dist::Normal);
+    }
+}
+
+#[test]
+fn f16_and_head_dims_96_128_256_match_reference() {
+    let mut rng = Rng::from_env();
+    // d = 128 splits dK and dV into two blocks of 64 columns, d = 96 into three of 32, d = 256
+    // into four of 64.
+    for (dtype, d, causal, dist) in [
+        (DType::F16, 64, true, Dist::Normal),
+        (DType::F16, 64, false, Dist::Large),
+        (DType::Bf16, 128, true, Dist::Normal),
+        (DType::F16, 128, false, Dist::Uniform),
+        (DType::Bf16, 96, true, Dist::Normal),
+        (DType::Bf16, 256, false, Dist::Normal),
+    ] {
+        let mut c = Call {
+            dtype,
+            causal,
+            ..Call::new(90, 75)
+        };
+        c.dims.d = d;
+        run(&mut rng, c, dist);
+    }
+}
+
+#[test]
+fn sliding_windows_match_reference() {
+    // 64-key blocks over 150 keys: windows narrower than a block (the walk starts past the
+    // first query block and stops before the last), windows straddling block edges, one-sided
+    // windows, causal with a left bound; sq < sk and sq > sk.
+    let mut rng = Rng::from_env();
+    let windows: [((i32, i32), bool); 6] = [
+        ((20, 0), false),
+        ((10, 5), true),
+        ((7, 9), false),
+        ((0, 0), false),
+        ((-1, 40), false),
+        ((70, -1), false),
+    ];
+    for (i, (window, causal)) in windows.into_iter().enumerate() {
+        // Every window on sq = sk, and on sq < sk or sq > sk in turn.
+        for (sq, sk) in [(150, 150), [(70, 150), (150, 70)][i % 2]] {
+            let c = Call {
+                window,
+                causal,
+                ..Call::new(sq, sk)
+            };
+            run(&mut rng, c, Dist::Normal);
+        }
+    }
+}
+
+#[test]
+fn softcap_matches_reference() {
+    // Caps inside the scores' range (large inputs saturate tanh) and above it, with masks,
+    // f16 and grouped heads.
+    let mut rng = Rng::from_env();
+    for (softcap, causal, dtype, dist) in [
+        (5.0, false, DType::Bf16, Dist::Normal),
+        (30.0, true, DType::Bf16, Dist::Large),
+        (1.5, true, DType::F16, Dist::Uniform),
+    ] {
+        let c = Call {
+            softcap,
+            causal,
+            dtype,
+            ..Call::new(100, 80)
+        };
+        run(&mut rng, c, dist);
+    }
+    let mut c = Call {
+        softcap: 20.0,
+        window: (30, 10),
+        ..Call::new(90, 100)
+    };
+    c.dims.h = 4;
+    c.dims.h_kv = 1;
+    run(&mut rng, c, Dist::Normal);
+}
+
+#[test]
+fn rows_that_see_no_key_get_zero_dq() {
+    // sq = 200 > sk = 60: row i's diagonal key is i - 140, so causal rows 0..140 see no key
+    // (two whole query blocks and part of a third); with right bound 5, rows 0..135. Their dq
+    // must be exactly 0, and no gradient NaN (their lse is +inf).
+    let mut rng = Rng::from_env();
+    let (sq, sk, d) = (200, 60, 64);
+    for (window, causal, blind) in [((-1, -1), true, 140), ((10, 5), false, 135)] {
+        for deterministic in [false, true] {
+            let c = Call {
+                window,
+                causal,
+                deterministic,
+                ..Call::new(sq, sk)
+            };
+            let got = run(&mut rng, c, Dist::Large);
+            for head in got.dq.to_f64_vec().chunks(sq * d) {
+                assert!(
+                    head[..blind * d].iter().all(|&x| x == 0.0),
+                    "{c:?}: rows that see no key must have dq = 0, KILN_SEED={}",
+                    rng.seed()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn deterministic_mode_matches_reference_and_repeats_its_bits() {
+    let mut rng = Rng::from_env();
+    for (sq, sk, causal, window, softcap) in [
+        (130, 100, false, (-1, -1), 0.0),
+        (100, 130, true, (-1, -1), 0.0),
+        (120, 120, false, (25, 15), 10.0),
+    ] {
+        let mut c = Call {
+            causal,
+            window,
+            softcap,
+            deterministic: true,
+            ..Call::new(sq, sk)
+        };
+        c.dims.h = 4;
+        c.dims.h_kv = 2;
+        let x = inputs(&mut rng, &c, Dist::Normal);
+        let first = backward(&c, &x);
+        let (exact, rounded) = references(&c, &x);
+        let case = Case {
+            kernel: format!("attention backward {:?}", c.params()),
+            shape: format!("{:?} scale={}", c.dims, x.scale),
+            dist: Dist::Normal,
+            seed: rng.seed(),
+        };
+        assert_within_rule(&case, "dq", &first.dq, &exact.dq, &rounded.dq, c.dtype);
+        assert_within_rule(&case, "dk", &first.dk, &exact.dk, &rounded.dk, c.dtype);
+        assert_within_rule(&case, "dv", &first.dv, &exact.dv, &rounded.dv, c.dtype);
+        let again = backward(&c, &x);
+        for (name, a, b) in [
+            ("dq", &first.dq, &again.dq),
+            ("dk", &first.dk, &again.dk),
+            ("dv", &first.dv, &again.dv),
+        ] {
+            assert!(a.data == b.data, "{case}: {name} differs between two runs");
+        }
+    }
+}
+
+/// `dL/dx` of `f` at `x` by central differences, one element at a time.
+fn finite_differences(x: &[f64], f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
+    let h = 1e-5;
+    let mut y = x.to_vec();
+    (0..x.len())
+        .map(|i| {
+            y[i] = x[i] + h;
+            let up = f(&y);
+            y[i] = x[i] - h;
+            let down = f(&y);
+            y[i] = x[i];
+            (up - down) / (2.0 * h)
+        })
+        .collect()
+}
+
+#[test]
+fn the_reference_gradients_are_finite_differences_of_the_forward() {
+    // Tiny shapes in f64, every feature: the reference backward is derived by hand, so it is
+    // checked here against differences of the reference forward's loss `sum(o * dout)`.
+    let mut rng = Rng::from_env();
+    let dims = AttentionDims {
+        b: 1,
+        h: 2,
+        h_kv: 1,
+        sq: 5,
+        sk: 4,
+        d: 3,
+    };
+    let mut draw = |n: usize| -> Vec<f64> { (0..n).map(|_| rng.normal()).collect() };
+    let (nq, nk) = (
+        dims.b * dims.h * dims.sq * dims.d,
+        dims.b * dims.h_kv * dims.sk * dims.d,
+    );
+    let (q, k, v, dout) = (draw(nq), draw(nk), draw(nk), draw(nq));
+    for (window, cap) in [
+        ((-1, -1), None),
+        ((-1, 0), None),
+        ((1, 0), Some(0.7)),
+        ((0, 1), Some(3.0)),
+    ] {
+        let math = AttentionMath {
+            scale: 0.8,
+            window,
+            cap,
+        };
+        let loss = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
+            let o = reference::attention_forward_f64(q, k, v, dims, math);
+            o.iter().zip(&dout).map(|(a, b)| a * b).sum()
+        };
+        let g = attention_backward_f64([&q, &k, &v, &dout], dims, math, Rounding::Exact);
+        let fd = [
+            finite_differences(&q, |x| loss(x, &k, &v)),
+            finite_differences(&k, |x| loss(&q, x, &v)),
+            finite_differences(&v, |x| loss(&q, &k, x)),
+        ];
+        for (name, got, want) in [
+            ("dq", &g.dq, &fd[0]),
+            ("dk", &g.dk, &fd[1]),
+            ("dv", &g.dv, &fd[2]),
+        ] {
+            let err = rel_error(got, want);
+            assert!(
+                err < 1e-7,
+                "window {window:?} cap {cap:?}: {name} off finite differences by {err:.3e}"
+            );
+        }
+    }
+}
+
+/// A packed varlen batch: each sequence's `(query rows, keys)`, and rows past the last one
+/// in the packed tensors (poisoned in the outputs: no block may write them).
+struct Packed {
+    seqs: Vec<(usize, usize)>,
+    pad: (usize, usize),
+}
+
+impl Packed {
+    fn totals(&self) -> (usize, usize) {
+        let (q, k): (Vec<usize>, Vec<usize>) = self.seqs.iter().copied().unzip();
+        (
+            q.iter().sum::<usize>() + self.pad.0,
+            k.iter().sum::<usize>() + self.pad.1,
+        )
+    }
+
+    /// The offsets `cu_seqlens_q`, `cu_seqlens_k` as i32 tensors.
+    fn offsets(&self) -> (HostTensor, HostTensor) {
+        let cu = |len: fn(&(usize, usize)) -> usize| {
+            let mut at = 0;
+            let v: Vec<f64> = std::iter::once(0.0)
+                .chain(self.seqs.iter().map(|s| {
+                    at += len(s);
+                    at as f64
+                }))
+                .collect();
+            HostTensor::from_fn(&[v.len()], DType::I32, |i| v[i])
+        };
+        (cu(|s| s.0), cu(|s| s.1))
+    }
+
+    /// `[1, heads, total, d]` holding sequence `i`'s `[heads, len_i, d]` part at its rows
+    /// (`query` rows or keys), the pad rows `fill`.
+    fn pack(
+        &self,
+        parts: &[Vec<f64>],
+        heads: usize,
+        d: usize,
+        query: bool,
+        dtype: DType,
+        fill: f64,
+    ) -> HostTensor {
+        let total = if query {
+            self.totals().0
+        } else {
+            self.totals().1
+        };
+        let len = |s: &(usize, usize)| if query { s.0 } else { s.1 };
+        let mut data = vec![fill; heads * total * d];
+        let mut start = 0;
+        for (s, part) in self.seqs.iter().zip(parts) {
+            let n = len(s);
+            for h in 0..heads {
+                for r in 0..n {
+                    for x in 0..d {
+                        data[(h * total + start + r) * d + x] = part[(h * n + r) * d + x];
+                    }
+                }
+            }
+            start += n;
+        }
+        HostTensor::from_fn(&[1, heads, total, d], dtype, |i| data[i])
+    }
+}
+
+#[test]
+fn varlen_matches_each_sequence_on_its_own() {
+    // Sequences of odd lengths, one with no keys (its rows see none: dq 0), one with no
+    // queries (its keys get dk = dv = 0), sq > sk and sq < sk, causal with a window and
+    // grouped heads; both dQ modes. Every gradient of a sequence must equal its dense
+    // backward's; the pad rows stay poisoned.
+    let mut rng = Rng::from_env();
+    let packed = Packed {
+        seqs: vec![(70, 50), (40, 0), (0, 30), (100, 75), (20, 60)],
+        pad: (3, 5),
+    };
+    let (total_q, total_k) = packed.totals();
+    let (cu_q, cu_k) = packed.offsets();
+    let max_q = packed.seqs.iter().map(|s| s.0).max().unwrap_or(0);
+    let max_k = packed.seqs.iter().map(|s| s.1).max().unwrap_or(0);
+    for (causal, window, softcap, deterministic) in [
+        (false, (-1, -1), 0.0, false),
+        (true, (40, -1), 0.0, true),
+        (false, (20, 10), 15.0, false),
+    ] {
+        let (h, h_kv, d, dtype) = (2, 1, 64, DType::Bf16);
+        let call = |sq, sk| {
+            let mut c = Call {
+                causal,
+                window,
+                softcap,
+                deterministic,
+                ..Call::new(sq, sk)
+            };
+            c.dims.h = h;
+            c.dims.h_kv = h_kv;
+            c.dims.d = d;
+            c
+        };
+        // Each sequence's dense problem, its inputs and reference gradients.
+        let scale = (rng.uniform(0.5, 1.5) / (d as f64).sqrt()) as f32;
+        let mut parts: Vec<[Vec<f64>; 6]> = Vec::new();
+        let mut want: Vec<[Vec<f64>; 6]> = Vec::new();
+        for &(sq, sk) in &packed.seqs {
+            let c = call(sq, sk);
+            let mut x = inputs(&mut rng, &c, Dist::Normal);
+            x.scale = scale;
+            // o and lse for this scale (inputs drew its own).
+            let math = c.math(scale);
+            let [qv, kv, vv] = [&x.q, &x.k, &x.v].map(HostTensor::to_f64_vec);
+            let o = reference::attention_forward_f64(&qv, &kv, &vv, c.dims, math);
+            let o = HostTensor::from_fn(&[1, h, sq, d], dtype, |i| o[i]).to_f64_vec();
+            let lse = reference::attention_lse_f64(&qv, &kv, c.dims, math);
+            let (exact, rounded) = references(&c, &x);
+            parts.push([qv, kv, vv, x.dout.to_f64_vec(), o, lse]);
+            want.push([
+                exact.dq, exact.dk, exact.dv, rounded.dq, rounded.dk, rounded.dv,
+            ]);
+        }
+        let part = |i: usize| -> Vec<Vec<f64>> { parts.iter().map(|p| p[i].clone()).collect() };
+        // Rows no sequence owns: finite garbage in the mma operands (which the kernels, as
+        // the forward, need finite there), NaN in `o` and `lse` (which they must not read).
+        let q = packed.pack(&part(0), h, d, true, dtype, 7.5);
+        let k = packed.pack(&part(1), h_kv, d, false, dtype, -3.0);
+        let v = packed.pack(&part(2), h_kv, d, false, dtype, 1e4);
+        let dout = packed.pack(&part(3), h, d, true, dtype, -2e3);
+        let o = packed.pack(&part(4), h, d, true, dtype, f64::NAN);
+        let lse = packed.pack(&part(5), h, 1, true, DType::F32, f64::NAN);
+        let lse = HostTensor::from_fn(&[1, h, total_q], DType::F32, |i| lse.data.get_f64(i));
+        let c = call(0, 0);
+        let p = c.params();
+        let mut delta = poisoned(&[1, h, total_q], DType::F32);
+        let mut dq_accum = poisoned(&[1, h, total_q, d], DType::F32);
+        let mut dq = poisoned(&[1, h, total_q, d], dtype);
+        let mut dk = poisoned(&[1, h_kv, total_k, d], dtype);
+        let mut dv = poisoned(&[1, h_kv, total_k, d], dtype);
+        let b = packed.seqs.len();
+        let qgrid = p.query_grid([max_q, h, b]);
+        attention_bwd_preprocess_varlen
+            .interpret(
+                &p,
+                qgrid,
+                &o,
+                &dout,
+                &mut delta,
+                &mut dq_accum,
+                &cu_q,
+                &cu_k,
+            )
+            .unwrap();
+        attention_bwd_dkdv_varlen
+            .interpret(
+                &p,
+                p.key_grid([max_k, h_kv, b]),
+                &q,
+                &k,
+                &v,
+                &dout,
+                &lse,
+                &delta,
+                &mut dq_accum,
+                &mut dk,
+                &mut dv,
+                &cu_q,
+                &cu_k,
+                scale,
+            )
+            .unwrap();
+        if deterministic {
+            attention_bwd_dq_varlen
+                .interpret(
+                    &p, qgrid, &q, &k, &v, &dout, &lse, &delta, &mut dq, &cu_q, &cu_k, scale,
+                )
+                .unwrap();
+        } else {
+            attention_bwd_dq_convert_varlen
+                .interpret(&p, qgrid, &dq_accum, &mut dq, &cu_q, &cu_k, scale)
+                .unwrap();
+        }
+        let case = Case {
+            kernel: format!("attention backward varlen {p:?}"),
+            shape: format!(
+                "seqs {:?} h={h} h_kv={h_kv} d={d} scale={scale}",
+                packed.seqs
+            ),
+            dist: Dist::Normal,
+            seed: rng.seed(),
+        };
+        // The expected packed gradients (pad rows NaN: still poisoned) and the check.
+        for (name, got, i, heads, query) in [
+            ("dq", &dq, 0, h, true),
+            ("dk", &dk, 1, h_kv, false),
+            ("dv", &dv, 2, h_kv, false),
+        ] {
+            let exact: Vec<Vec<f64>> = want.iter().map(|w| w[i].clone()).collect();
+            let rounded: Vec<Vec<f64>> = want.iter().map(|w| w[i + 3].clone()).collect();
+            let exact = packed
+                .pack(&exact, heads, d, query, DType::F32, f64::NAN)
+                .to_f64_vec();
+            let rounded = packed
+                .pack(&rounded, heads, d, query, DType::F32, f64::NAN)
+                .to_f64_vec();
+            let got = got.to_f64_vec();
+            let pad_untouched = got
+                .iter()
+                .zip(&exact)
+                .filter(|(_, e)| e.is_nan())
+                .all(|(g, _)| g.is_nan());
+            assert!(pad_untouched, "{case}: {name} wrote a pad row");
+            let keep = |v: &[f64]| -> Vec<f64> {
+                v.iter()
+                    .zip(&exact)
+                    .filter(|(_, e)| !e.is_nan())
+                    .map(|(x, _)| *x)
+                    .collect()
+            };
+            let kept = keep(&got);
+            let got = HostTensor::from_fn(&[kept.len()], DType::F32, |j| kept[j]);
+            assert_within_rule(&case, name, &got, &keep(&exact), &keep(&rounded), dtype);
+        }
+    }
+}
