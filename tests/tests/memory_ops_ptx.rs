@@ -29,10 +29,8 @@ fn ptx(k: &Kernel, target: Target, what: &str) -> String {
 
 /// [`ptx`], allowing `max` bytes of spill stores: around compare-and-swap loops (ours for
 /// float max/min and sm_80's bf16 add; ptxas's own for a lone 16-bit float atomic, which it
-/// emulates, `EIATTR_ATOM16_EMUL_INSTR_REG_MAP`) ptxas keeps a value or three on the stack
-/// (4 to 12 bytes, with under 50 of the 255 registers used: not for want of registers; the
-/// third came with the vector accesses' per-run skips on a tile's edge); every other kernel
-/// spills nothing.
+/// emulates, `EIATTR_ATOM16_EMUL_INSTR_REG_MAP`) ptxas keeps a value or two on the stack
+/// (4 to 8 bytes, with under 50 of the 255 registers used); every other kernel spills nothing.
 fn ptx_spilling(k: &Kernel, target: Target, what: &str, max: u32) -> String {
     let m = kiln::ptx::compile(k, target).unwrap_or_else(|e| panic!("{what} {target}: {e}"));
     if ptxas::find_ptxas().is_ok() {
@@ -118,7 +116,7 @@ fn atomics_use_the_requested_order_and_fall_back_to_cas_loops() {
                     let cas = (dtype == DType::F32 && (op == 1 || op == 2))
                         || (dtype == DType::Bf16 && t == Target::Sm80);
                     let loops = cas || dtype.size_bytes() == 2;
-                    let p = ptx_spilling(&k, t, &what, if loops { 12 } else { 0 });
+                    let p = ptx_spilling(&k, t, &what, if loops { 8 } else { 0 });
                     let want = if dtype.size_bytes() == 2 && !cas {
                         format!("atom.{sem}.{scope}.global.add.noftz.{dtype}x2")
                     } else if cas {

@@ -7,12 +7,9 @@
 //! at compile time for a 16-byte aligned tensor and a column coordinate that is a multiple
 //! of `w`, else tested per row at run time); elsewhere (a tile's ragged edge, a row of an
 //! unaligned tensor that happens to be misaligned) each element is moved on its own under
-//! its own bounds check, so tails of any length stay exact. Those checks live on an edge
-//! path: a warp whose runs are all whole (every tile but the edges) branches, uniformly, to
-//! unpredicated vector accesses with no per-element work at all; on the edge path each run
-//! is a predicated vector, and the per-element part of a run is skipped, uniformly, where
-//! every lane's run is whole, so only the runs that reach a ragged edge (the last of a row of
-//! 4097, say) or a misaligned row move element by element.
+//! its own bounds check, so tails of any length stay exact. Those per-run checks live on an
+//! edge path: a warp whose runs are all whole (every tile but the edges) branches, uniformly,
+//! to unpredicated vector accesses with no per-element work at all.
 
 use std::collections::BTreeMap;
 
@@ -40,6 +37,14 @@ struct Plan {
     esize: u32,
     /// Every run of every lane of the warp whole: inside the tensor and aligned.
     fast: Reg,
+}
+
+/// The predicates of one run on a tile's edge.
+struct EdgeRun {
+    /// The whole run inside and aligned: one vector access.
+    whole: Reg,
+    /// Per element, where the run is not whole: whether the element is inside.
+    parts: Vec<Reg>,
 }
 
 /// The number of elements `w` (a power of two, at most 16 bytes) each vector access moves for
@@ -181,36 +186,38 @@ impl Emitter<'_> {
         })
     }
 
-    /// Whether column `c` of `plan`'s tile (relative to the tile's first) is inside.
-    fn column_ok(&mut self, plan: &Plan, c: u32) -> Reg {
-        let x = self.new_reg(Class::B32);
-        self.ins(format!("add.s32 {x}, {}, {c}", plan.col0));
-        self.in_bounds(x, plan.cols, None)
-    }
-
-    /// Whether run `(ro, co)` of `w` elements is whole: inside (its first and last columns,
-    /// and its row) and aligned, so one vector moves it.
-    fn whole_run(&mut self, plan: &Plan, ro: u32, co: u32, w: u32) -> Reg {
-        let (first, last) = (self.column_ok(plan, co), self.column_ok(plan, co + w - 1));
-        let whole = self.new_reg(Class::Pred);
-        self.ins(format!("and.pred {whole}, {}, {first}", plan.rows[&ro].2));
-        self.ins(format!("and.pred {whole}, {whole}, {last}"));
-        whole
-    }
-
-    /// Per element of run `(ro, co)` that is not `whole`: whether it is inside.
-    fn element_parts(&mut self, plan: &Plan, ro: u32, co: u32, w: u32, whole: Reg) -> Vec<Reg> {
-        let row_ok = plan.rows[&ro].1;
-        let split = self.new_reg(Class::Pred);
-        self.ins(format!("not.pred {split}, {whole}"));
-        (co..co + w)
-            .map(|c| {
-                let p = self.column_ok(plan, c);
-                self.ins(format!("and.pred {p}, {p}, {row_ok}"));
-                self.ins(format!("and.pred {p}, {p}, {split}"));
-                p
-            })
-            .collect()
+    /// The predicates of every run of `plan` on a tile's edge, in run order.
+    fn edge_runs(&mut self, plan: &Plan, w: u32) -> Vec<EdgeRun> {
+        let mut cols: BTreeMap<u32, Reg> = BTreeMap::new();
+        let mut out = Vec::with_capacity(plan.runs.len());
+        for &(ro, co, _) in &plan.runs {
+            for c in co..co + w {
+                if let std::collections::btree_map::Entry::Vacant(e) = cols.entry(c) {
+                    let x = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {x}, {}, {c}", plan.col0));
+                    e.insert(self.in_bounds(x, plan.cols, None));
+                }
+            }
+            let (_, row_ok, vec_ok) = plan.rows[&ro];
+            let whole = self.new_reg(Class::Pred);
+            self.ins(format!("and.pred {whole}, {vec_ok}, {}", cols[&co]));
+            self.ins(format!(
+                "and.pred {whole}, {whole}, {}",
+                cols[&(co + w - 1)]
+            ));
+            let split = self.new_reg(Class::Pred);
+            self.ins(format!("not.pred {split}, {whole}"));
+            let parts = (co..co + w)
+                .map(|c| {
+                    let p = self.new_reg(Class::Pred);
+                    self.ins(format!("and.pred {p}, {row_ok}, {}", cols[&c]));
+                    self.ins(format!("and.pred {p}, {p}, {split}"));
+                    p
+                })
+                .collect();
+            out.push(EdgeRun { whole, parts });
+        }
+        out
     }
 
     /// Loads register tile `v` (distribution `d`, `dtype`) from `tensor` in vectors of `w`
@@ -280,30 +287,23 @@ impl Emitter<'_> {
         }
         self.ins(format!("bra.uni {done}"));
         self.label(&edge);
-        // On the edge, each run is a predicated vector where it is whole; its elements one by
-        // one where it is not, a part the warp skips (uniformly) when every lane's run is
-        // whole. A row just past a power of two (4097) steps through only the runs at its end.
-        for &(ro, co, first) in &plan.runs {
+        let edges = self.edge_runs(&plan, w);
+        for (&(ro, co, first), e) in plan.runs.iter().zip(&edges) {
             let addr = plan.rows[&ro].0;
             let off = co * esize;
             let xs = &regs[first..first + w as usize];
-            let fs = widened.as_ref().map(|fs| &fs[first..first + w as usize]);
-            let next = self.new_label();
-            let whole = self.whole_run(&plan, ro, co, w);
             if esize == 2 {
                 let ps = &packed[first / 2..(first + w as usize) / 2];
                 for p in ps {
                     self.ins(format!("mov.b32 {p}, 0"));
                 }
                 self.ins(format!(
-                    "@{whole} ld.{space}{} {}, [{addr}+{off}]",
+                    "@{} ld.{space}{} {}, [{addr}+{off}]",
+                    e.whole,
                     vec_suffix(ps.len(), "b32"),
                     reg_list(ps)
                 ));
                 self.unpack(ps, xs);
-                if let Some(fs) = fs {
-                    self.widen_words(ps, fs);
-                }
             } else {
                 let ty = mem_ty(dtype);
                 let zero = if dtype == DType::F32 {
@@ -315,28 +315,24 @@ impl Emitter<'_> {
                     self.ins(format!("mov.{ty} {x}, {zero}"));
                 }
                 self.ins(format!(
-                    "@{whole} ld.{space}{} {}, [{addr}+{off}]",
+                    "@{} ld.{space}{} {}, [{addr}+{off}]",
+                    e.whole,
                     vec_suffix(xs.len(), ty),
                     reg_list(xs)
                 ));
             }
-            let all = self.new_reg(Class::Pred);
-            self.ins(format!("vote.sync.all.pred {all}, {whole}, 0xffffffff"));
-            self.ins(format!("@{all} bra.uni {next}"));
-            let parts = self.element_parts(&plan, ro, co, w, whole);
-            for (k, (x, p)) in xs.iter().zip(&parts).enumerate() {
+            for (k, (x, p)) in xs.iter().zip(&e.parts).enumerate() {
                 self.ins(format!(
                     "@{p} ld.{space}.{} {x}, [{addr}+{}]",
                     mem_ty(dtype),
                     off + k as u32 * esize
                 ));
             }
-            if let Some(fs) = fs {
-                for (f, x) in fs.iter().zip(xs) {
+            if let Some(fs) = &widened {
+                for (f, x) in fs[first..first + w as usize].iter().zip(xs) {
                     self.ins(format!("cvt.f32.bf16 {f}, {x}"));
                 }
             }
-            self.label(&next);
         }
         self.label(&done);
         if let Some(fs) = widened {
@@ -393,53 +389,43 @@ impl Emitter<'_> {
         let esize = plan.esize;
         let (edge, done) = (self.new_label(), self.new_label());
         self.ins(format!("@!{} bra.uni {edge}", plan.fast));
-        for &(ro, co, first) in &plan.runs {
-            let addr = plan.rows[&ro].0;
-            let off = co * esize;
-            let xs = &regs[first..first + w as usize];
-            let (n, ty, list) = if esize == 2 {
-                let ps = self.pack(xs);
-                (ps.len(), "b32", reg_list(&ps))
+        for guarded in [false, true] {
+            let edges = if guarded {
+                self.label(&edge);
+                self.edge_runs(&plan, w)
             } else {
-                (xs.len(), mem_ty(dtype), reg_list(xs))
+                Vec::new()
             };
-            self.ins(format!(
-                "st.global{} [{addr}+{off}], {list}",
-                vec_suffix(n, ty)
-            ));
-        }
-        self.ins(format!("bra.uni {done}"));
-        self.label(&edge);
-        // On the edge, each run as `vector_load`'s: a predicated vector, and the elements of a
-        // run that is not whole, a part skipped when every lane's run is whole.
-        for &(ro, co, first) in &plan.runs {
-            let addr = plan.rows[&ro].0;
-            let off = co * esize;
-            let xs = &regs[first..first + w as usize];
-            let next = self.new_label();
-            let whole = self.whole_run(&plan, ro, co, w);
-            let (n, ty, list) = if esize == 2 {
-                let ps = self.pack(xs);
-                (ps.len(), "b32", reg_list(&ps))
-            } else {
-                (xs.len(), mem_ty(dtype), reg_list(xs))
-            };
-            self.ins(format!(
-                "@{whole} st.global{} [{addr}+{off}], {list}",
-                vec_suffix(n, ty)
-            ));
-            let all = self.new_reg(Class::Pred);
-            self.ins(format!("vote.sync.all.pred {all}, {whole}, 0xffffffff"));
-            self.ins(format!("@{all} bra.uni {next}"));
-            let parts = self.element_parts(&plan, ro, co, w, whole);
-            for (k, (x, p)) in xs.iter().zip(&parts).enumerate() {
+            for (i, &(ro, co, first)) in plan.runs.iter().enumerate() {
+                let addr = plan.rows[&ro].0;
+                let off = co * esize;
+                let xs = &regs[first..first + w as usize];
+                let guard = edges
+                    .get(i)
+                    .map_or(String::new(), |e| format!("@{} ", e.whole));
+                let (n, ty, list) = if esize == 2 {
+                    let ps = self.pack(xs);
+                    (ps.len(), "b32", reg_list(&ps))
+                } else {
+                    (xs.len(), mem_ty(dtype), reg_list(xs))
+                };
                 self.ins(format!(
-                    "@{p} st.global.{} [{addr}+{}], {x}",
-                    mem_ty(dtype),
-                    off + k as u32 * esize
+                    "{guard}st.global{} [{addr}+{off}], {list}",
+                    vec_suffix(n, ty)
                 ));
+                if let Some(e) = edges.get(i) {
+                    for (k, (x, p)) in xs.iter().zip(&e.parts).enumerate() {
+                        self.ins(format!(
+                            "@{p} st.global.{} [{addr}+{}], {x}",
+                            mem_ty(dtype),
+                            off + k as u32 * esize
+                        ));
+                    }
+                }
             }
-            self.label(&next);
+            if !guarded {
+                self.ins(format!("bra.uni {done}"));
+            }
         }
         self.label(&done);
         Ok(())
