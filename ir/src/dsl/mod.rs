@@ -51,6 +51,7 @@ pub mod params;
 pub mod print;
 pub mod random;
 pub mod registry;
+mod reshape;
 pub mod tensor;
 pub mod value;
 
