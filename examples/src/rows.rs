@@ -27,9 +27,9 @@ const MIN_WARPS: usize = 8;
 const MAX_WARPS: usize = 16;
 
 /// The configuration for rows of `n` elements: a row up to [`ONE_PASS_MAX`] is one tile
-/// (`bn` the next power of two) over at least [`MIN_WARPS`] warps, more where a thread would
-/// hold over [`MAX_PER_THREAD`] elements; short rows share a block, `bm` of them, until each
-/// thread holds [`MIN_PER_THREAD`].
+/// (`bn` the next power of two) over at least `MIN_WARPS` warps, more where a thread would
+/// hold over `MAX_PER_THREAD` elements; short rows share a block, `bm` of them, until each
+/// thread holds `MIN_PER_THREAD`.
 pub fn row_config(n: usize) -> RowConfig {
     let bn = if n <= ONE_PASS_MAX {
         n.max(32).next_power_of_two()

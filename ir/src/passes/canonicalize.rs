@@ -4,7 +4,7 @@
 //!
 //! The `add` op becomes the `mma` (its result, and so every use, is kept); the old `mma` op
 //! is unlinked from its block. Before that, loads and stores of tiles of rank 3 and more
-//! become the addressed accesses of the same elements ([`super::tiles_nd`]). Then ops without side effects whose results are never read
+//! become the addressed accesses of the same elements (`passes::tiles_nd`). Then ops without side effects whose results are never read
 //! are unlinked (repeatedly), so no later pass or writer sees dead tiles. In: verified IR.
 //! Out: verified IR with no such `add` and no dead pure op.
 
