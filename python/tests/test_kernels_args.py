@@ -25,7 +25,7 @@ def test_a_kernel_shows_its_declaration():
     k = kiln_attn.kernel("softmax")
     assert k.name == "softmax"
     assert k.path == "kiln_examples::softmax::softmax"
-    assert k.signature == "softmax(x: Tensor<dtype, 2>, y: TensorMut<dtype, 2>; BM: usize = 4, BN: usize = 512, dtype: DType = f32)"
+    assert k.signature == "softmax(x: Tensor<dtype, 2>, y: TensorMut<dtype, 2>; BM: usize = 4, BN: usize = 512, NW: usize = 4, dtype: DType = f32)"
     assert k.params == [
         {"name": "x", "kind": "tensor", "dtype": "dtype", "rank": 2, "mutable": False},
         {"name": "y", "kind": "tensor", "dtype": "dtype", "rank": 2, "mutable": True},
@@ -33,6 +33,7 @@ def test_a_kernel_shows_its_declaration():
     assert k.comptime == [
         {"name": "BM", "kind": "usize", "default": 4},
         {"name": "BN", "kind": "usize", "default": 512},
+        {"name": "NW", "kind": "usize", "default": 4},
         {"name": "dtype", "kind": "DType", "default": "f32"},
     ]
     assert kiln_attn.kernel("kiln_examples::softmax::softmax").name == "softmax"
@@ -49,7 +50,7 @@ def test_an_unknown_kernel_lists_the_known_ones():
 @pytest.mark.parametrize("dtype,name", [(F32, "f32"), (BF16, "bf16"), (F16, "f16")])
 def test_a_dtype_parameter_comes_from_its_tensor(dtype, name):
     x = FakeTensor((10, 20), dtype=dtype)
-    assert kiln_attn.kernel("softmax").comptime_values(x, x) == {"BM": 4, "BN": 512, "dtype": name}
+    assert kiln_attn.kernel("softmax").comptime_values(x, x) == {"BM": 4, "BN": 512, "NW": 4, "dtype": name}
 
 
 def test_comptime_values_take_python_values_and_text():
@@ -57,13 +58,13 @@ def test_comptime_values_take_python_values_and_text():
     x = FakeTensor((10, 20), dtype=BF16)
     s = FakeTensor((10,), dtype=F32)
     args = (x, x, x, x, s, s, 1e-5)
-    assert k.comptime_values(*args, BM=8, BN="256") == {"BM": 8, "BN": 256, "dtype": "bf16"}
-    assert k.comptime_values(BM=2, dtype="f16") == {"BM": 2, "BN": 1024, "dtype": "f16"}
-    assert k.comptime_values(dtype=FakeDType("torch.float32")) == {"BM": 4, "BN": 1024, "dtype": "f32"}
+    assert k.comptime_values(*args, BM=8, BN="256") == {"BM": 8, "BN": 256, "NW": 4, "dtype": "bf16"}
+    assert k.comptime_values(BM=2, dtype="f16") == {"BM": 2, "BN": 1024, "NW": 4, "dtype": "f16"}
+    assert k.comptime_values(dtype=FakeDType("torch.float32")) == {"BM": 4, "BN": 1024, "NW": 4, "dtype": "f32"}
 
 
 @pytest.mark.parametrize("kw,exc,msg", [
-    ({"BX": 4}, TypeError, r"^softmax\(\) got an unexpected comptime parameter `BX`; its comptime parameters are: BM, BN, dtype$"),
+    ({"BX": 4}, TypeError, r"^softmax\(\) got an unexpected comptime parameter `BX`; its comptime parameters are: BM, BN, NW, dtype$"),
     ({"BM": 4.0}, TypeError, r"^BM: comptime parameter `BM` is a usize, got float$"),
     ({"BM": True}, TypeError, r"^BM: comptime parameter `BM` is a usize, got bool$"),
     ({"BM": -1}, ValueError, r"comptime parameter `BM` is a usize, and `-1` is not one"),

@@ -860,7 +860,7 @@ mod tests {
             KernelInfo::of(reg("rms_norm")).signature_text(),
             "rms_norm(x: Tensor<dtype, 2>, w: Tensor<dtype, 1>, y: TensorMut<dtype, 2>, \
              rstd: TensorMut<f32, 1>, eps: f32; BM: usize = 4, BN: usize = 1024, \
-             dtype: DType = f32)"
+             NW: usize = 4, dtype: DType = f32)"
         );
     }
 
@@ -874,6 +874,7 @@ mod tests {
             [
                 ComptimeValue::Usize(4),
                 ComptimeValue::Usize(512),
+                ComptimeValue::Usize(4),
                 ComptimeValue::DType(DType::Bf16)
             ]
         );
@@ -888,6 +889,7 @@ mod tests {
             [
                 ComptimeValue::Usize(16),
                 ComptimeValue::Usize(128),
+                ComptimeValue::Usize(4),
                 ComptimeValue::DType(DType::F16)
             ]
         );
@@ -959,7 +961,7 @@ mod tests {
             ]
         };
         let p = plan(ln, &ok(), &[]).expect("valid");
-        assert_eq!(p.values[2], ComptimeValue::DType(DType::Bf16));
+        assert_eq!(p.values[3], ComptimeValue::DType(DType::Bf16));
         assert!(matches!(
             p.signature[0],
             ParamSig::Tensor {
