@@ -34,6 +34,12 @@ pub fn tolerance(dtype: DType) -> f64 {
     }
 }
 
+/// The relative error allowed an f32 sum of `n` terms: each addition rounds by up to 2^-24
+/// (the f32 unit roundoff), so the bound grows with `n` (all-equal inputs come near it).
+pub fn sum_tolerance(n: usize) -> f64 {
+    tolerance(DType::F32).max(n as f64 * f64::from(f32::EPSILON) / 2.0)
+}
+
 /// Fills every element of `t` with NaN (i32 tensors with `i32::MIN`, u32 tensors with
 /// `0xDEADBEEF`), so that an element the kernel fails to write cannot pass as a correct result.
 pub fn poison(t: &mut HostTensor) {

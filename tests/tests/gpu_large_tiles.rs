@@ -9,24 +9,12 @@ mod large_tiles_kernels;
 
 use std::process::ExitCode;
 
-use gpu_common::{Needs, devices, poisoned_output as output, upload_padded};
+use gpu_common::{Needs, check, devices, poisoned_output as output, upload_padded};
 use kiln_ir::dsl::KernelDef;
 use kiln_ir::{DType, HostTensor};
-use kiln_runtime::DeviceTensor;
-use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::check::{Case, assert_close, poisoned, sum_tolerance, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use large_tiles_kernels::*;
-
-/// The GPU result against the reference and the interpreter's result.
-fn check(case: &Case, gpu: &DeviceTensor, reference: &[f64], interp: &HostTensor, tol: f64) {
-    let got = gpu.download().expect("download");
-    assert_close(case, &got, reference, tol);
-    let vs = Case {
-        kernel: format!("{} (GPU vs interpreter)", case.kernel),
-        ..case.clone()
-    };
-    assert_close(&vs, &got, &interp.to_f64_vec(), tol);
-}
 
 /// `out` against `reference` relative to the input's norm: a centred matrix can be all but
 /// zero (an all-equal input), so the error of its means is measured against `x`.
@@ -44,11 +32,6 @@ fn assert_centered(case: &Case, out: &HostTensor, reference: &[f64], x: &HostTen
         err <= tol,
         "{case}: error {err:e} relative to the input exceeds {tol:e}"
     );
-}
-
-/// An f32 sum of `n` terms: its rounding grows with `n`.
-fn sum_tolerance(n: usize) -> f64 {
-    tolerance(DType::F32).max(n as f64 * f64::from(f32::EPSILON) / 2.0)
 }
 
 fn case(kernel: String, shape: String, dist: Dist, rng: &Rng) -> Case {

@@ -9,28 +9,12 @@ mod tiles_3d_kernels;
 
 use std::process::ExitCode;
 
-use gpu_common::{Needs, devices, poisoned_output as output, upload_padded};
+use gpu_common::{Needs, check, devices, poisoned_output as output, upload_padded};
+use kiln_ir::DType;
 use kiln_ir::dsl::KernelDef;
-use kiln_ir::{DType, HostTensor};
-use kiln_runtime::DeviceTensor;
-use kiln_tests::check::{Case, as_stored, assert_close, poisoned, tolerance};
+use kiln_tests::check::{Case, as_stored, poisoned, sum_tolerance, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use tiles_3d_kernels::*;
-
-/// The GPU result against the reference and the interpreter's result.
-fn check(case: &Case, gpu: &DeviceTensor, reference: &[f64], interp: &HostTensor, tol: f64) {
-    let got = gpu.download().expect("download");
-    assert_close(case, &got, reference, tol);
-    let vs = Case {
-        kernel: format!("{} (GPU vs interpreter)", case.kernel),
-        ..case.clone()
-    };
-    assert_close(&vs, &got, &interp.to_f64_vec(), tol);
-}
-
-fn sum_tolerance(n: usize) -> f64 {
-    tolerance(DType::F32).max(n as f64 * f64::from(f32::EPSILON) / 2.0)
-}
 
 fn gpu_qk_norm() {
     let mut rng = Rng::from_env();

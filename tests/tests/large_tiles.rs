@@ -14,7 +14,7 @@ use kiln_ir::dsl::{KernelDef, Spec};
 use kiln_ir::interp::{HostArg, run};
 use kiln_ir::print::print_kernel;
 use kiln_ir::{DType, HostTensor, Kernel, Target};
-use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::check::{Case, assert_close, poisoned, sum_tolerance, tolerance};
 use kiln_tests::codegen::MAX_PTX_LINES;
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use large_tiles_kernels::*;
@@ -61,11 +61,6 @@ fn assert_centered(case: &Case, out: &HostTensor, reference: &[f64], x: &HostTen
         err <= tol,
         "{case}: error {err:e} relative to the input exceeds {tol:e}"
     );
-}
-
-/// An f32 sum of `n` terms: its rounding grows with `n`.
-fn sum_tolerance(n: usize) -> f64 {
-    tolerance(DType::F32).max(n as f64 * f64::from(f32::EPSILON) / 2.0)
 }
 
 /// Compiles for sm_80 and sm_90a, aligned and not: fewer than [`MAX_PTX_LINES`] lines, no

@@ -8,16 +8,10 @@ mod lowering_kernels;
 
 use kiln_ir::dsl::KernelDef;
 use kiln_ir::{DType, HostTensor};
-use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::check::{Case, assert_close, poisoned, sum_tolerance, tolerance};
 use kiln_tests::codegen::assembles_clean;
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use lowering_kernels::*;
-
-/// Relative error of an f32 sum of `n` terms: each addition rounds by up to 2^-24 (the
-/// f32 unit roundoff), so the bound grows with `n` (all-equal inputs come near it).
-fn sum_tolerance(n: usize) -> f64 {
-    tolerance(DType::F32).max(n as f64 * f64::from(f32::EPSILON) / 2.0)
-}
 
 const CONVERSION: &str = "layout conversion through shared memory";
 const ACROSS_WARPS: &str = "reduction across warps through shared memory";

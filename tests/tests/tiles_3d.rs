@@ -9,17 +9,13 @@ mod tiles_3d_kernels;
 
 use kiln_ir::dsl::{KernelDecl, KernelDef};
 use kiln_ir::{DType, HostTensor};
-use kiln_tests::check::{Case, as_stored, assert_close, poisoned, tolerance};
+use kiln_tests::check::{Case, as_stored, assert_close, poisoned, sum_tolerance, tolerance};
 use kiln_tests::codegen::assembles_clean;
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use tiles_3d_kernels::*;
 
 /// The marker of an exchange of elements between threads in the PTX.
 const EXCHANGE: &str = "layout conversion through shared memory";
-
-fn sum_tolerance(n: usize) -> f64 {
-    tolerance(DType::F32).max(n as f64 * f64::from(f32::EPSILON) / 2.0)
-}
 
 #[test]
 fn qk_norm_compiles_and_matches_reference() {

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use kiln_ir::{DType, HostTensor, Target};
 use kiln_runtime::{Device, DeviceTensor};
+use kiln_tests::check::{Case, assert_close};
 use libtest_mimic::{Arguments, Trial};
 
 /// What a test needs from the machine.
@@ -121,4 +122,16 @@ pub fn poisoned_output(dev: &Device, dtype: DType, shape: &[usize]) -> DeviceTen
     let t = dev.alloc(dtype, shape).expect("alloc");
     dev.fill_nan(&t).expect("poison");
     t
+}
+
+/// The GPU result `gpu` against the reference and against the interpreter's result, each
+/// within relative norm error `tol`.
+pub fn check(case: &Case, gpu: &DeviceTensor, reference: &[f64], interp: &HostTensor, tol: f64) {
+    let got = gpu.download().expect("download");
+    assert_close(case, &got, reference, tol);
+    let vs = Case {
+        kernel: format!("{} (GPU vs interpreter)", case.kernel),
+        ..case.clone()
+    };
+    assert_close(&vs, &got, &interp.to_f64_vec(), tol);
 }
