@@ -67,6 +67,10 @@ pub mod prelude {
 /// (`cargo test -p kiln --doc`), so that what the documentation shows stays true of the code.
 #[cfg(doctest)]
 pub mod doc_examples {
+    #[doc = include_str!("../README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../docs/own-crate.md")]
+    pub struct OwnCrate;
     #[doc = include_str!("../docs/dsl.md")]
     pub struct DslReference;
 }
