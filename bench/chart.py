@@ -4,7 +4,8 @@
   chart.py RESULT.json [--out RESULT.png]
 
 Accepts bench_gemm's JSON (kiln vs cuBLAS TFLOP/s per shape), run-attention.sh's merged
-JSON (kiln, FlashAttention-2 and cuDNN TFLOP/s over s, one panel per head dim and mask) and
+JSON (kiln, FlashAttention-2 and cuDNN TFLOP/s over s, one panel per head dim measured and
+mask) and
 bench/rows.py's (kiln vs PyTorch GB/s per kernel, shape and dtype, sustained and held, the
 copy row and the HBM peak as lines).
 Needs matplotlib; without it, prints a note and exits 0 (the JSON is the record).
@@ -34,8 +35,11 @@ def gemm_chart(plt, data, title):
 
 
 def attention_chart(plt, data, title):
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
-    for ai, d in enumerate((64, 128)):
+    # One row of panels per head dim the run measured (non-causal, causal), so no measured
+    # point is left out of the picture.
+    dims = sorted({r["d"] for r in data["rows"]})
+    fig, axes = plt.subplots(len(dims), 2, figsize=(11, 4 * len(dims)), sharex=True, squeeze=False)
+    for ai, d in enumerate(dims):
         for ci, causal in enumerate((False, True)):
             ax = axes[ai][ci]
             rows = sorted((r for r in data["rows"] if r["d"] == d and r["causal"] == causal),

@@ -62,3 +62,15 @@ pub mod prelude {
     pub use kiln_ir::{AtomicOp, MemScope, MemSem};
     pub use kiln_macros::{comptime, kernel, kernel_fn};
 }
+
+/// The Rust examples of the README and of `docs/`, compiled and run as doc tests
+/// (`cargo test -p kiln --doc`), so that what the documentation shows stays true of the code.
+#[cfg(doctest)]
+pub mod doc_examples {
+    #[doc = include_str!("../README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../docs/own-crate.md")]
+    pub struct OwnCrate;
+    #[doc = include_str!("../docs/dsl.md")]
+    pub struct DslReference;
+}

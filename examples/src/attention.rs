@@ -512,11 +512,11 @@ pub struct TileCandidate {
 /// rotated wgmma schedule has the registers and shared memory for them:
 /// - `d <= 64`: 128 or 192 query rows (three consumer warpgroups, whose S and O accumulators
 ///   fit the 160 registers each gets; FlashAttention-3's d = 64 tile), 128 keys. Per product
-///   192 rows run 1.19-1.27x faster (s = 1k and 2k, non-causal, at c3099e3:
-///   `bench/results/attention-small-s-tiles-20261202T1858Z-c3099e3.txt`).
+///   192 rows run 1.19-1.27x faster (s = 1k and 2k, non-causal, on the H200).
 /// - `96 < d <= 128`: 128 rows, 128 or 160 keys (2 stages). Per product 160 keys run 1.03-1.05x
-///   faster (s = 1k and 2k at c3099e3, 4k and 16k at 223731a:
-///   `bench/results/attention-sm90a-d128-bn*-20261201T1958Z-223731a.json`).
+///   faster (s = 1k to 16k on the H200).
+///
+/// `bench/results/README.md` names the runs these rates come from.
 /// - `d <= 96` otherwise: 128 rows and keys.
 ///
 /// A wider head's O does not fit beside S in three warpgroups' registers, and its key block

@@ -70,18 +70,17 @@ pub(crate) fn mainloop(
 /// nothing chose one (`BM`, `BN`, `BK` and `STAGES`; the rest, `dtype` included, is `base`'s),
 /// for a GPU of `sms` multiprocessors. On sm_90a:
 /// - a row stride of `a`, `b` or `c` that is not a multiple of 16 bytes (no TMA: elementwise
-///   loads) gets `64 x 128`, 3 stages, best on both odd shapes of the autotuned sweep
-///   (`bench/results/gemm-sm90a-autotuned-20261202T0917Z-1aa51a4.json`);
+///   loads) gets `64 x 128`, 3 stages, best on both odd shapes of the autotuned sweep;
 /// - enough `128 x 256` tiles for every multiprocessor gets `128 x 256`, 4 stages: on the 11
-///   shapes from 4096^3 up it ran 1.00-1.10x faster than `128 x 128` in two same-job A/B runs
-///   (`bench/results/gemm-sm90a-tile-ab-20261202T1625Z-86b7510.txt`): half the operand traffic per
-///   flop of the narrower tile;
+///   shapes from 4096^3 up it ran 1.00-1.10x faster than `128 x 128` in two same-job A/B runs:
+///   half the operand traffic per flop of the narrower tile;
 /// - else enough `128 x 128` tiles gets those, 4 stages (2048^3: 128 wide tiles would leave 4
 ///   SMs idle);
 /// - otherwise `64 x 128`, 5 stages, so every SM has a tile (1024^3: 1.31x faster than
 ///   `128 x 128`).
 ///
-/// Other targets keep `base` (sm_80's default 3 stages fit two CTAs per SM).
+/// Other targets keep `base` (sm_80's default 3 stages fit two CTAs per SM). The H200 runs
+/// behind these choices are named in `bench/results/README.md`.
 pub fn tuned_tile(
     target: kiln::ir::Target,
     [m, n, k]: [usize; 3],

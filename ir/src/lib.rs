@@ -5,9 +5,10 @@
 //!
 //! - **scalars**: one element, uniform across the block (block ids, loop counters, offsets,
 //!   scalar parameters);
-//! - **register tiles** (`rt<dtype,RxC>`): arrays of compile-time shape, rank 1 or 2,
-//!   distributed over the block's threads. How a tile is distributed (its *layout*) is not part
-//!   of the semantic IR: the `layout` pass chooses it.
+//! - **register tiles** (`rt<dtype,RxC>`): arrays of compile-time shape, rank 1 to 4 (the
+//!   `canonicalize` pass folds the leading dimensions of ranks 3 and 4 into 2-D tiles),
+//!   distributed over the block's threads. How a tile is distributed (its *layout*) is not
+//!   part of the semantic IR: the `layout` pass chooses it.
 //!
 //! Global memory is reached only through tensor parameters ([`kernel::Param::Tensor`]), whose
 //! shape and strides are runtime values and whose innermost dimension is contiguous. `load`

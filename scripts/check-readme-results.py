@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Checks that every results table in README.md matches the committed JSON it cites.
+
+A table is cited by an HTML comment on the line before its caption:
+
+    <!-- results: bench/results/FILE.json -->
+    Caption naming the run's commit (7 hex digits) and UTC date (YYYY-MM-DD).
+
+    | s | d | causal | kiln | ... |
+
+Each row is looked up in the JSON by its point (attention: s, d, causal; GEMM: M, N, K; row
+kernels: kernel, dtype, M x N) and every figure is compared with the JSON's, rounded as the
+table writes it (bench/table.py's format). The caption must name the JSON's commit and date.
+Exits 1, naming the README line, on the first kind of mismatch it finds; python3 stdlib only.
+
+  scripts/check-readme-results.py [README.md]
+"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MARKER = re.compile(r"<!--\s*results:\s*(\S+)\s*-->")
+
+
+def cells(line):
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def fmt(x, digits):
+    return f"{x:.{digits}f}"
+
+
+def attention_expected(rows):
+    """s, d, causal -> the table's cells after the point: kiln, cuDNN, kiln/cuDNN, FA2, kiln/FA2."""
+    out = {}
+    for r in rows:
+        cudnn, fa2 = r.get("cudnn") or {}, r.get("fa2") or {}
+        out[(str(r["s"]), str(r["d"]), str(r["causal"]).lower())] = [
+            fmt(r["kiln_tflops"], 0),
+            fmt(cudnn.get("tflops", float("nan")), 0),
+            fmt(r.get("ratio_vs_cudnn", float("nan")), 2),
+            fmt(fa2.get("tflops", float("nan")), 0),
+            fmt(r.get("ratio_vs_fa2", float("nan")), 2),
+        ]
+    return out, 3
+
+
+def gemm_expected(rows):
+    """M, N, K -> kiln, cuBLAS, kiln/cuBLAS."""
+    out = {}
+    for r in rows:
+        out[(str(r["m"]), str(r["n"]), str(r["k"]))] = [
+            fmt(r["kiln_tflops"], 0),
+            fmt(r["cublas_tflops"], 0),
+            fmt(r["ratio"], 2),
+        ]
+    return out, 3
+
+
+def rows_expected(rows):
+    """kernel, dtype, M x N -> kiln GB/s, PyTorch GB/s, kiln/PyTorch."""
+    out = {}
+    for r in rows:
+        torch = r.get("torch") or {}
+        if "kiln_gbs" not in r or "gbs" not in torch:
+            continue
+        out[(r["kernel"], r["dtype"], f"{r['m']} x {r['n']}")] = [
+            fmt(r["kiln_gbs"], 0),
+            fmt(torch["gbs"], 0),
+            fmt(r["ratio"], 2),
+        ]
+    return out, 3
+
+
+KINDS = {
+    "s": ("attention", attention_expected),
+    "M": ("gemm", gemm_expected),
+    "kernel": ("rows", rows_expected),
+}
+
+
+def check(readme):
+    lines = readme.read_text().splitlines()
+    errors, tables = [], 0
+    for i, line in enumerate(lines):
+        m = MARKER.search(line)
+        if not m:
+            continue
+        rel = m.group(1)
+        path = ROOT / rel
+        where = f"{readme.name}:{i + 1}"
+        if not path.is_file():
+            errors.append(f"{where}: cites {rel}, which is not in the repository")
+            continue
+        data = json.loads(path.read_text())
+        meta = data["meta"].get("kiln", data["meta"])
+        commit, date = meta.get("commit", "")[:7], meta.get("date_utc", "")[:10]
+        # The caption: the text between the marker and the table.
+        j = i + 1
+        caption = []
+        while j < len(lines) and not lines[j].lstrip().startswith("|"):
+            caption.append(lines[j])
+            j += 1
+        caption = " ".join(caption)
+        if commit not in caption or date not in caption:
+            errors.append(f"{where}: the caption must name {rel}'s commit {commit} and date {date}")
+        if j >= len(lines):
+            errors.append(f"{where}: no table follows the citation of {rel}")
+            continue
+        header = cells(lines[j])
+        kind = KINDS.get(header[0])
+        if kind is None:
+            errors.append(f"{readme.name}:{j + 1}: a table whose first column is `{header[0]}` "
+                          f"(expected one of {', '.join(KINDS)})")
+            continue
+        name, expected_of = kind
+        expected, key_len = expected_of(data["rows"])
+        tables += 1
+        k = j + 2  # past the header and its |---| line
+        count = 0
+        while k < len(lines) and lines[k].lstrip().startswith("|"):
+            row = cells(lines[k])
+            key = tuple(row[:key_len])
+            want = expected.get(key)
+            if want is None:
+                errors.append(f"{readme.name}:{k + 1}: {name} point {' '.join(key)} is not in {rel}")
+            else:
+                have = row[key_len:key_len + len(want)]
+                if have != want:
+                    cols = header[key_len:key_len + len(want)]
+                    diff = ", ".join(f"{c}: README {h}, JSON {w}"
+                                     for c, h, w in zip(cols, have, want) if h != w)
+                    errors.append(f"{readme.name}:{k + 1}: {name} point {' '.join(key)} "
+                                  f"differs from {rel} ({diff})")
+            count += 1
+            k += 1
+        if count == 0:
+            errors.append(f"{where}: the {name} table citing {rel} has no rows")
+    return errors, tables
+
+
+def main():
+    readme = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "README.md"
+    errors, tables = check(readme)
+    if errors:
+        print("README results do not match the JSON they cite:", file=sys.stderr)
+        for e in errors:
+            print(f"  {e}", file=sys.stderr)
+        sys.exit(1)
+    if tables == 0:
+        print(f"{readme.name}: no results table cites a JSON (`<!-- results: FILE -->`)",
+              file=sys.stderr)
+        sys.exit(1)
+    print(f"{readme.name}: {tables} results tables match their JSON")
+
+
+if __name__ == "__main__":
+    main()
