@@ -494,6 +494,14 @@ fn decode(
     for j in pipelined(j0..j1, stages = 2) {
         let k0 = j * bn;
         let (ks, vs) = key_tiles(c, (hk, b), k0, (bn, d, p.page_size));
+        // Rows outside lp..sk may hold anything (a cache is often allocated uninitialised):
+        // their zero weights would still carry a NaN or inf through the mma. Only the blocks
+        // on the two edges pay for the select (a block-uniform branch).
+        let vs = if k0 < lp || k0 + bn > sk {
+            keys_only(vs, k0, (lp, sk), bn)
+        } else {
+            vs
+        };
         let s = soft_cap(mma(&qs, &ks.t()) * qk_scale, p.softcap);
         let s = decode_mask(s, rows.t, k0, (sq, sk, lp), (bm, bn), (left, right));
         let m_new = max(&m, &row_max(&s));
@@ -561,6 +569,13 @@ fn key_tiles(
                 .load();
         (ks, vs)
     }
+}
+
+/// The `[bn, d]` value tile `vs` of keys `k0..` with 0 in the rows of keys outside `lp..sk`.
+#[kernel_fn]
+fn keys_only(vs: Value, k0: Value, (lp, sk): (Value, Value), bn: usize) -> Value {
+    let j = iota([bn], 0) + k0;
+    select((j >= lp && j < sk).col(), vs, 0.0)
 }
 
 /// The score tile `s` with `-inf` where packed row `r` (query token `t[r]` of `sq`) may not
@@ -633,7 +648,9 @@ pub fn attention_decode_combine(
     o.tile([bh, d], [b, t, h0, 0])
         .store((acc * inv_l.col()).cast_to(p.dtype));
     let log_sum = (m + log2(&l)) * std::f32::consts::LN_2;
-    lse.tile([bh], [b, 0, t])
+    // `lse` is `[batch, heads, seqlen_q]`: the block's heads run along dimension 1.
+    lse.tile([bh], [b, 0, 0])
         .index(1, iota([bh], 0) + h0)
+        .index(2, full::<i32>([bh], t))
         .store(select(l == 0.0, f32::INFINITY, log_sum));
 }
