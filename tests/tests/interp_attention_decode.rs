@@ -126,26 +126,27 @@ fn calls() -> Vec<Call> {
             leftpad: vec![0, 0, 17],
             ..Call::new(2, 1, 96, 5, &[1, 300, 290])
         },
-        // Dense rows through cache_batch_idx, GQA 4, 5 new queries not causal (all at one
-        // rotary position), interleaved rotary of part of the head, a two-sided window, 3
+        // Dense rows through cache_batch_idx, GQA 4, 5 new queries neither causal nor
+        // windowed (so all at one rotary position), interleaved rotary of part of the head, 3
         // splits, d = 256.
         Call {
             s_new: 5,
             batch_idx: true,
-            window: (50, 3),
             rotary: Some((64, true)),
             splits: 3,
             ..Call::new(1, 4, 256, 5, &[33, 0, 111])
         },
-        // Paged by 16 with a leftpad and a soft-cap, one pass, f16, 7 splits.
+        // Paged by 16 with a leftpad, a two-sided window and a soft-cap, f16, 7 splits, fewer
+        // new keys than queries.
         Call {
             s_new: 3,
             page: Some(16),
             leftpad: vec![5, 0, 40],
+            window: (30, 2),
             softcap: 15.0,
             splits: 7,
             dtype: DType::F16,
-            ..Call::new(2, 4, 64, 1, &[18, 1, 231])
+            ..Call::new(2, 4, 64, 5, &[18, 1, 231])
         },
     ]
 }
