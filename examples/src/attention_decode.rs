@@ -11,7 +11,7 @@
 //!    log-sum-exp): a block owns one key/value head of one sequence and packs the query heads
 //!    of its group into the tile's rows (`pack_gqa`: row `r` is query token `r / kv_group` of
 //!    head `r % kv_group` of the group), so a single query token still fills the tile's rows.
-//!    The queries are rotated in registers when a rotary dim is given.
+//!    With a rotary dim the queries are rotated first, by [`rotary_q`].
 //! 3. [`attention_decode_combine`] merges the splits by their log-sum-exps.
 //!
 //! [`num_splits`] is the split heuristic for `num_splits = 0`.
@@ -68,7 +68,8 @@ pub struct DecodeParams {
     /// Packed query rows per block of the attention kernels (64 per warpgroup on sm_90a).
     #[comptime(default = 64)]
     pub block_m: usize,
-    /// Keys per block of the attention kernels (a multiple of 16; 0: [`decode_key_block`]).
+    /// Keys per block of the attention kernels (a multiple of 16; 0: [`decode_key_block`]'s
+    /// choice).
     #[comptime(default = 0)]
     pub block_n: usize,
     /// Rows per block of [`kv_cache_append`] and heads per block of
@@ -77,12 +78,27 @@ pub struct DecodeParams {
     pub block_rows: usize,
 }
 
-/// `block_n`, or when it is 0 the decode kernels' own choice: 64 keys up to d = 128, 32
-/// beyond (whose output tile takes a thread's registers).
-pub fn decode_key_block(block_n: usize, d: usize) -> usize {
+/// How many blocks share the value columns of head dim `d` (the grid's y is `heads_k *
+/// value_blocks(d)`): 1 up to d = 128; beyond, blocks of 64 columns (d = 256: four), since a
+/// row of 128 or more f32 output columns does not fit a thread's registers beside the
+/// query's d = 256 (ptxas spills). Each block reads all of the keys and its share of the
+/// values, so a wide head reads its keys once per value block (from L2 when the blocks run
+/// side by side; not measured).
+pub fn value_blocks(d: usize) -> usize {
+    if d <= 128 { 1 } else { d.div_ceil(64) }
+}
+
+/// `block_n`, or when it is 0 the decode kernels' own choice for head dim `d` and pages of
+/// `page_size` keys (0: a dense cache): the most keys whose tiles fit sm_80's registers
+/// without a spill (ptxas, 4 warps). Tiles read straight from a page (a dense cache, or pages
+/// holding whole blocks) are staged in shared memory: 64 keys up to d = 128, 16 beyond.
+/// Tiles gathered row by row through the page table (smaller pages) are held in registers:
+/// half as many.
+pub fn decode_key_block(block_n: usize, d: usize, page_size: usize) -> usize {
+    let whole = if d <= 128 { 64 } else { 16 };
     match block_n {
-        0 if d <= 128 => 64,
-        0 => 32,
+        0 if page_size == 0 || page_size.is_multiple_of(whole) => whole,
+        0 => (whole / 2).max(16),
         n => n,
     }
 }
@@ -193,6 +209,45 @@ pub fn kv_cache_append(
         .store_masked(vs, keep.col());
 }
 
+/// Heads per block of [`rotary_q`]: with 8 or 16, ptxas spills a few bytes at some head dims
+/// (f16, d = 96 to 256) though the kernel holds little.
+pub const ROTARY_HEADS: usize = 4;
+
+/// Rotates the queries `q: [batch, seqlen_q, heads, d]` (FlashAttention's layout) into
+/// `q_rot` (alike) for [`attention_decode`] when the call has a rotary dim: query token `t` of
+/// sequence `b` at table row `cache_seqlens[b] + t` of `cos`, `sin` when the call is causal
+/// or windowed, else every token at row `cache_seqlens[b]` (FlashAttention's positions). A
+/// kernel of its own, not the attention's prologue: the rotation's registers would stay live
+/// through the attention's key loop. Grid: `(seqlen_q, batch, cdiv(heads, ROTARY_HEADS))`.
+#[kernel(num_warps = 4)]
+pub fn rotary_q(
+    q: Tensor<dtype, 4>,
+    cos: Tensor<dtype, 2>,
+    sin: Tensor<dtype, 2>,
+    cache_seqlens: Tensor<i32, 1>,
+    q_rot: TensorMut<dtype, 4>,
+    #[comptime] p: DecodeParams,
+) {
+    let (d, br) = (p.d, ROTARY_HEADS);
+    let (t, b, h0) = (block_id().x, block_id().y, block_id().z * br);
+    let start = cache_seqlens.scalar([b]);
+    // One position for the block's heads: the table rows are read once, as a `[1, d]` row.
+    let pos = if p.local() {
+        full::<i32>([1], t + start)
+    } else {
+        full::<i32>([1], start)
+    };
+    let xs = q.tile([br, d], [b, t, h0, 0]).load();
+    let partner = q
+        .tile([br, d], [b, t, h0, 0])
+        .index(3, partner_cols(d, p.rotary_dim, p.rotary_interleaved))
+        .load();
+    let rope = Rope::new(cos, sin, (d, p.rotary_dim, p.rotary_interleaved));
+    q_rot
+        .tile([br, d], [b, t, h0, 0])
+        .store(rope.apply(xs, partner, pos).cast_to(p.dtype));
+}
+
 /// Key position `pos` of a sequence as (its entry of the page table, its row in that page):
 /// pages of `page_size` keys, or for a dense cache (`page_size` 0) one page as long as
 /// `cache` (a position past it lands on the page table's second entry, which a dense cache's
@@ -243,7 +298,8 @@ impl Rope {
         }
     }
 
-    /// `x` (a `[rows, d]` tile) rotated, row `r` by the angle of table row `pos[r]`, in f32:
+    /// `x` (a `[rows, d]` tile) rotated, row `r` by the angle of table row `pos[r]` (`pos` of
+    /// `rows` or 1 entries, the one then for every row), in f32:
     /// `x[c] cos - x[partner] sin` for the first element of each pair, `x[c] cos +
     /// x[partner] sin` for the second, where `partner` is `x` read through
     /// [`partner_cols`]; columns past the rotary dim are `x` itself. Both layouts are this
@@ -289,10 +345,10 @@ fn rope_apply(r: Rope, x: Value, partner: Value, pos: Value) -> Value {
 /// `seqlen_new` keys per sequence); sequence `b` holds keys `cache_leftpad[b] ..
 /// cache_seqlens[b] + seqlen_new` (`cache_seqlens` is the length before the append, as
 /// FlashAttention's). Causal and window masks are aligned bottom-right against that end;
-/// `softcap` caps the scores; a rotary dim rotates `q` in registers (position
-/// `cache_seqlens[b] + t` when causal or windowed, else `cache_seqlens[b]` for every token).
+/// `softcap` caps the scores. With a rotary dim, `q` is [`rotary_q`]'s output.
 ///
-/// Grid: `(cdiv(seqlen_q * kv_group, block_m), heads_k, batch)`.
+/// Grid: `(cdiv(seqlen_q * kv_group, block_m), heads_k * value_blocks(d), batch)`
+/// ([`value_blocks`]).
 #[kernel(num_warps = 4)]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode(
@@ -302,8 +358,6 @@ pub fn attention_decode(
     page_table: Tensor<i32, 2>,
     cache_seqlens: Tensor<i32, 1>,
     cache_leftpad: Tensor<i32, 1>,
-    cos: Tensor<dtype, 2>,
-    sin: Tensor<dtype, 2>,
     o: TensorMut<dtype, 4>,
     lse: TensorMut<f32, 3>,
     scale: f32,
@@ -315,7 +369,7 @@ pub fn attention_decode(
         (cache_seqlens, cache_leftpad),
         seqlen_new,
     );
-    decode(q, cache, (cos, sin), (o, lse, false), scale, p);
+    decode(q, cache, (o, lse, false), scale, p);
 }
 
 /// [`attention_decode`] split over the keys (flash-decoding): block `x = split *
@@ -327,8 +381,8 @@ pub fn attention_decode(
 /// the row sees), which [`attention_decode_combine`] merges. Other arguments as
 /// [`attention_decode`]'s.
 ///
-/// Grid: `(num_splits * cdiv(seqlen_q * kv_group, block_m), heads_k, batch)`; the kernel
-/// reads `num_splits` from the grid.
+/// Grid: `(num_splits * cdiv(seqlen_q * kv_group, block_m), heads_k * value_blocks(d),
+/// batch)`; the kernel reads `num_splits` from the grid.
 #[kernel(num_warps = 4)]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode_split(
@@ -338,8 +392,6 @@ pub fn attention_decode_split(
     page_table: Tensor<i32, 2>,
     cache_seqlens: Tensor<i32, 1>,
     cache_leftpad: Tensor<i32, 1>,
-    cos: Tensor<dtype, 2>,
-    sin: Tensor<dtype, 2>,
     o_partial: TensorMut<f32, 4>,
     lse_partial: TensorMut<f32, 3>,
     scale: f32,
@@ -351,14 +403,7 @@ pub fn attention_decode_split(
         (cache_seqlens, cache_leftpad),
         seqlen_new,
     );
-    decode(
-        q,
-        cache,
-        (cos, sin),
-        (o_partial, lse_partial, true),
-        scale,
-        p,
-    );
+    decode(q, cache, (o_partial, lse_partial, true), scale, p);
 }
 
 /// The cache a decode block reads.
@@ -421,15 +466,21 @@ impl Packed {
 fn decode(
     q: Tensor,
     c: Cache,
-    tables: (Tensor, Tensor),
     (o, lse, split): (Tensor, Tensor, bool),
     scale: Value,
     p: DecodeParams,
 ) {
     let (d, bm, g) = (p.d, p.block_m, p.kv_group);
-    let bn = decode_key_block(p.block_n, d);
+    let bn = decode_key_block(p.block_n, d, p.page_size);
     let (left, right) = p.window();
-    let (bx, hk, b) = (block_id().x, block_id().y, block_id().z);
+    // Block y is `hk * value_blocks + cb`: the block computes value columns `cb * dv ..`.
+    let (vb, dv) = (value_blocks(d), d / value_blocks(d));
+    let (bx, by, b) = (block_id().x, block_id().y, block_id().z);
+    let (hk, cb) = if vb == 1 {
+        (by, by * 0)
+    } else {
+        (by / vb, by % vb)
+    };
     let sq = q.dim(1);
     let row_blocks = cdiv(sq * g, bm);
     // The split kernel's block x is `share * row_blocks + m`.
@@ -447,23 +498,6 @@ fn decode(
         .index(1, rows.t.col())
         .index(2, rows.h)
         .load();
-    let qs = if p.rotary_dim > 0 {
-        let partner = q
-            .tile([bm, d], [b, 0, 0, 0])
-            .index(1, rows.t.col())
-            .index(2, rows.h)
-            .index(3, partner_cols(d, p.rotary_dim, p.rotary_interleaved))
-            .load();
-        let pos = if p.local() {
-            rows.t + start
-        } else {
-            full::<i32>([bm], start)
-        };
-        let rope = Rope::new(tables.0, tables.1, (d, p.rotary_dim, p.rotary_interleaved));
-        rope.apply(qs, partner, pos).cast_to(p.dtype)
-    } else {
-        qs
-    };
     // The keys the block's rows may see: from the leftpad (or the first row's window) to the
     // end (or the last row's window), in key blocks.
     let t_first = min(mb * bm / g, max(sq - 1, 0));
@@ -488,12 +522,12 @@ fn decode(
         (first_block, end_block)
     };
     let qk_scale = scale * score_factor(p.softcap);
-    let mut acc = zeros::<f32>([bm, d]);
+    let mut acc = zeros::<f32>([bm, dv]);
     let mut m = full::<f32>([bm], f32::NEG_INFINITY);
     let mut l = zeros::<f32>([bm]);
     for j in pipelined(j0..j1, stages = 2) {
         let k0 = j * bn;
-        let (ks, vs) = key_tiles(c, (hk, b), k0, (bn, d, p.page_size));
+        let (ks, vs) = key_tiles(c, (hk, b), (k0, cb * dv), (bn, (d, dv), p.page_size));
         // Rows outside lp..sk may hold anything (a cache is often allocated uninitialised):
         // their zero weights would still carry a NaN or inf through the mma. Only the blocks
         // on the two edges pay for the select (a block-uniform branch).
@@ -516,43 +550,52 @@ fn decode(
     }
     let inv_l = recip(&select(l == 0.0, 1.0, l));
     let log_sum = (m + log2(&l)) * std::f32::consts::LN_2;
+    // Every column block has the row's log-sum-exp; the first writes it.
+    let lse_rows = rows.valid && cb == 0;
     if split {
         let at = share * q.dim(0) + b;
-        store_rows(o, acc * inv_l.col(), rows, at, (bm, d));
-        let lse_rows = lse.tile([bm], [at, 0, 0]).index(1, rows.t).index(2, rows.h);
-        lse_rows.store_masked(select(l == 0.0, f32::NEG_INFINITY, log_sum), rows.valid);
+        store_rows(o, acc * inv_l.col(), rows, (at, cb * dv), (bm, dv));
+        let lse_at = lse.tile([bm], [at, 0, 0]).index(1, rows.t).index(2, rows.h);
+        lse_at.store_masked(select(l == 0.0, f32::NEG_INFINITY, log_sum), lse_rows);
     } else {
         let y = (acc * inv_l.col()).cast_to(p.dtype);
-        store_rows(o, y, rows, b, (bm, d));
-        let lse_rows = lse.tile([bm], [b, 0, 0]).index(1, rows.h).index(2, rows.t);
-        lse_rows.store_masked(select(l == 0.0, f32::INFINITY, log_sum), rows.valid);
+        store_rows(o, y, rows, (b, cb * dv), (bm, dv));
+        let lse_at = lse.tile([bm], [b, 0, 0]).index(1, rows.h).index(2, rows.t);
+        lse_at.store_masked(select(l == 0.0, f32::INFINITY, log_sum), lse_rows);
     }
 }
 
-/// Stores the packed `[bm, d]` tile `y` into `o: [.., seqlen_q, heads, d]` at batch `b`, row
-/// `r` at token `t[r]`, head `h[r]`, the valid rows only.
+/// Stores the packed `[bm, dv]` tile `y` into `o: [.., seqlen_q, heads, d]` at batch `b`,
+/// columns `c0..`, row `r` at token `t[r]`, head `h[r]`, the valid rows only.
 #[kernel_fn]
-fn store_rows(o: Tensor, y: Value, rows: Packed, b: Value, (bm, d): (usize, usize)) {
-    o.tile([bm, d], [b, 0, 0, 0])
+fn store_rows(
+    o: Tensor,
+    y: Value,
+    rows: Packed,
+    (b, c0): (Value, Value),
+    (bm, dv): (usize, usize),
+) {
+    o.tile([bm, dv], [b, 0, 0, c0])
         .index(1, rows.t.col())
         .index(2, rows.h)
         .store_masked(y, rows.valid.col());
 }
 
-/// The `[bn, d]` key and value tiles of keys `k0..` of sequence `b`, key/value head `hk`: one
-/// page's rows when a page holds whole key blocks, else each row through the page table.
+/// The `[bn, d]` key tile and `[bn, dv]` value tile (columns `c0..`) of keys `k0..` of
+/// sequence `b`, key/value head `hk`: one page's rows when a page holds whole key blocks, else
+/// each row through the page table.
 #[kernel_fn]
 fn key_tiles(
     c: Cache,
     (hk, b): (Value, Value),
-    k0: Value,
-    (bn, d, page_size): (usize, usize, usize),
+    (k0, c0): (Value, Value),
+    (bn, (d, dv), page_size): (usize, (usize, usize), usize),
 ) -> (Value, Value) {
     if page_size == 0 || page_size.is_multiple_of(bn) {
         let (slot, row) = page_of(k0, c.k, page_size);
         let page = c.page_table.scalar([b, slot]);
         let ks = c.k.tile([bn, d], [page, hk, row, 0]).load();
-        let vs = c.v.tile([bn, d], [page, hk, row, 0]).load();
+        let vs = c.v.tile([bn, dv], [page, hk, row, c0]).load();
         (ks, vs)
     } else {
         let (slot, row) = page_of(iota([bn], 0) + k0, c.k, page_size);
@@ -563,7 +606,7 @@ fn key_tiles(
                 .index(2, row)
                 .load();
         let vs =
-            c.v.tile([bn, d], [0, hk, 0, 0])
+            c.v.tile([bn, dv], [0, hk, 0, c0])
                 .index(0, page.col())
                 .index(2, row)
                 .load();

@@ -14,7 +14,7 @@ mod decode_cases;
 use decode_cases::{Call, Inputs, Results, heads_first, seq_first};
 use kiln::ir::interp::{HostArg, run_def};
 use kiln_examples::attention_decode::{
-    attention_decode, attention_decode_combine, attention_decode_split, kv_cache_append,
+    attention_decode, attention_decode_combine, attention_decode_split, kv_cache_append, rotary_q,
 };
 use kiln_ir::{DType, HostTensor};
 use kiln_tests::check::poisoned;
@@ -42,21 +42,31 @@ fn run(c: &Call, x: &Inputs) -> Results {
         run_def(&kv_cache_append, &p, c.append_grid(), &mut args)
             .unwrap_or_else(|e| panic!("{c:?}: kv_cache_append: {e}"));
     }
+    let q = if c.rotary.is_some() {
+        let mut q_rot = poisoned(&[b, sq, heads, d], c.dtype);
+        let mut args = [
+            HostArg::Tensor(&x.q),
+            HostArg::Tensor(&x.cos),
+            HostArg::Tensor(&x.sin),
+            HostArg::Tensor(&x.seqlens),
+            HostArg::TensorMut(&mut q_rot),
+        ];
+        run_def(&rotary_q, &p, c.rotary_grid(), &mut args)
+            .unwrap_or_else(|e| panic!("{c:?}: rotary_q: {e}"));
+        q_rot
+    } else {
+        x.q.clone()
+    };
     let mut out = poisoned(&[b, sq, heads, d], c.dtype);
     let mut lse = poisoned(&[b, heads, sq], DType::F32);
-    let cache_args = |k: &HostTensor, v: &HostTensor| -> Vec<HostTensor> {
-        vec![
-            x.q.clone(),
-            k.clone(),
-            v.clone(),
-            x.page_table.clone(),
-            x.seqlens.clone(),
-            x.leftpad.clone(),
-            x.cos.clone(),
-            x.sin.clone(),
-        ]
-    };
-    let inputs = cache_args(&k_cache, &v_cache);
+    let inputs: [HostTensor; 6] = [
+        q,
+        k_cache.clone(),
+        v_cache.clone(),
+        x.page_table.clone(),
+        x.seqlens.clone(),
+        x.leftpad.clone(),
+    ];
     let scalars = [HostArg::F32(x.scale), HostArg::I32(c.s_new as i32)];
     if c.splits == 1 {
         let mut args: Vec<HostArg> = inputs.iter().map(HostArg::Tensor).collect();

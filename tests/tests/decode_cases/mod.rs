@@ -5,7 +5,7 @@
 
 #![allow(dead_code)]
 
-use kiln_examples::attention_decode::{DecodeParams, decode_key_block};
+use kiln_examples::attention_decode::{DecodeParams, ROTARY_HEADS, decode_key_block, value_blocks};
 use kiln_ir::{DType, HostTensor, TensorData};
 use kiln_tests::check::{Case, as_stored, assert_close, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
@@ -135,8 +135,16 @@ impl Call {
     pub fn attention_grid(&self) -> [u32; 3] {
         [
             (self.splits * self.row_blocks()) as u32,
-            self.heads_k as u32,
+            (self.heads_k * value_blocks(self.d)) as u32,
             self.batch() as u32,
+        ]
+    }
+
+    pub fn rotary_grid(&self) -> [u32; 3] {
+        [
+            self.sq as u32,
+            self.batch() as u32,
+            self.heads().div_ceil(ROTARY_HEADS) as u32,
         ]
     }
 
@@ -374,7 +382,7 @@ impl Call {
 
     /// The key block of the attention kernels.
     pub fn block_n(&self) -> usize {
-        decode_key_block(0, self.d)
+        decode_key_block(0, self.d, self.page.unwrap_or(0))
     }
 }
 
