@@ -103,6 +103,34 @@ pub fn decode_key_block(block_n: usize, d: usize, page_size: usize) -> usize {
     }
 }
 
+/// Rejects (a diagnostic at the caller, the kernel's line) the parameters the decode
+/// kernels do not compute: a head dim that is not a multiple of 16 up to 128 or of 64 beyond
+/// (the mma's K step; the value blocks of [`value_blocks`]), no query head per key/value
+/// head, a rotary dim that is odd or wider than the head, a query block that is not whole
+/// warps of 16 rows (64 per 4 warps), no rows per block.
+#[track_caller]
+fn validate(p: &DecodeParams) {
+    let d = p.d;
+    if d == 0 || !(d <= 128 && d.is_multiple_of(16) || d.is_multiple_of(64)) {
+        reject("decode: `d` must be a multiple of 16 up to 128, or of 64 beyond");
+    }
+    if p.kv_group == 0 {
+        reject("decode: `kv_group` must be at least 1");
+    }
+    if p.rotary_dim % 2 == 1 || p.rotary_dim > d {
+        reject("decode: `rotary_dim` must be even and at most `d`");
+    }
+    if p.block_m == 0 || !p.block_m.is_multiple_of(64) {
+        reject("decode: `block_m` must be a multiple of 64 (16 rows for each of 4 warps)");
+    }
+    if p.block_rows == 0 {
+        reject("decode: `block_rows` must be at least 1");
+    }
+    if p.block_n != 0 && !p.block_n.is_multiple_of(16) {
+        reject("decode: `block_n` must be a multiple of 16 (0: the kernels' choice)");
+    }
+}
+
 impl DecodeParams {
     /// The sliding window of these parameters (`causal` making `right` 0).
     fn window(&self) -> (i32, i32) {
@@ -169,15 +197,17 @@ pub fn kv_cache_append(
     sin: Tensor<dtype, 2>,
     #[comptime] p: DecodeParams,
 ) {
+    validate(&p);
     let DecodeParams {
         d,
         dtype,
         page_size,
         rotary_dim,
         rotary_interleaved,
-        block_rows: br,
+        block_rows,
         ..
     } = p;
+    let br = block_rows.max(1);
     let (tb, hk, b) = (block_id().x, block_id().y, block_id().z);
     let t = iota([br], 0) + tb * br;
     let start = cache_seqlens.scalar([b]);
@@ -228,6 +258,7 @@ pub fn rotary_q(
     q_rot: TensorMut<dtype, 4>,
     #[comptime] p: DecodeParams,
 ) {
+    validate(&p);
     let (d, br) = (p.d, ROTARY_HEADS);
     let (t, b, h0) = (block_id().x, block_id().y, block_id().z * br);
     let start = cache_seqlens.scalar([b]);
@@ -364,6 +395,7 @@ pub fn attention_decode(
     seqlen_new: i32,
     #[comptime] p: DecodeParams,
 ) {
+    validate(&p);
     let cache = Cache::new(
         (k_cache, v_cache, page_table),
         (cache_seqlens, cache_leftpad),
@@ -398,6 +430,7 @@ pub fn attention_decode_split(
     seqlen_new: i32,
     #[comptime] p: DecodeParams,
 ) {
+    validate(&p);
     let cache = Cache::new(
         (k_cache, v_cache, page_table),
         (cache_seqlens, cache_leftpad),
@@ -470,7 +503,7 @@ fn decode(
     scale: Value,
     p: DecodeParams,
 ) {
-    let (d, bm, g) = (p.d, p.block_m, p.kv_group);
+    let (d, bm, g) = (p.d, p.block_m.max(64), p.kv_group.max(1));
     let bn = decode_key_block(p.block_n, d, p.page_size);
     let (left, right) = p.window();
     // Block y is `hk * value_blocks + cb`: the block computes value columns `cb * dv ..`.
@@ -667,7 +700,8 @@ pub fn attention_decode_combine(
     lse: TensorMut<f32, 3>,
     #[comptime] p: DecodeParams,
 ) {
-    let (d, bh) = (p.d, p.block_rows);
+    validate(&p);
+    let (d, bh) = (p.d, p.block_rows.max(1));
     let (hb, t, b) = (block_id().x, block_id().y, block_id().z);
     let h0 = hb * bh;
     let batch = o.dim(0);
@@ -696,4 +730,68 @@ pub fn attention_decode_combine(
         .index(1, iota([bh], 0) + h0)
         .index(2, full::<i32>([bh], t))
         .store(select(l == 0.0, f32::INFINITY, log_sum));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DecodeParams, attention_decode, decode_key_block, num_splits, value_blocks};
+    use crate::testing::build;
+
+    #[test]
+    fn splits_fill_the_gpu_only_when_the_blocks_do_not() {
+        // 64 sequences of 8 key/value heads are 512 blocks: more than the 132 SMs hold.
+        assert_eq!(num_splits((64, 8, 1), (32768, 64), 132), 1);
+        // One sequence of 8 heads: 15 splits fill 120 of 132 SMs (91%), the first count
+        // within 85% of the best (33 splits, two whole waves).
+        assert_eq!(num_splits((1, 8, 1), (32768, 64), 132), 15);
+        // Too few keys to split: each split takes at least two key blocks.
+        assert_eq!(num_splits((1, 8, 1), (64, 64), 132), 1);
+        assert_eq!(num_splits((1, 8, 1), (300, 64), 132), 2);
+        for (batch, keys) in [(1, 1 << 17), (2, 5000), (3, 999), (0, 100)] {
+            let s = num_splits((batch, 4, 2), (keys, 64), 132);
+            assert!(
+                (1..=128).contains(&s),
+                "batch {batch} keys {keys}: {s} splits"
+            );
+            assert!(s == 1 || s <= keys.div_ceil(64) / 2);
+        }
+        assert_eq!(num_splits((1, 1, 1), (1 << 20, 64), 0), 1);
+    }
+
+    #[test]
+    fn blocks_follow_the_head_dim_and_the_page() {
+        assert_eq!(decode_key_block(0, 128, 0), 64);
+        assert_eq!(decode_key_block(0, 128, 256), 64);
+        assert_eq!(decode_key_block(0, 128, 16), 32);
+        assert_eq!(decode_key_block(0, 256, 16), 16);
+        assert_eq!(decode_key_block(0, 256, 1), 16);
+        assert_eq!(decode_key_block(48, 64, 1), 48);
+        assert_eq!([64, 96, 128, 256].map(value_blocks), [1, 1, 1, 4]);
+    }
+
+    #[test]
+    fn builds_for_its_defaults_and_rejects_what_it_does_not_compute() {
+        use kiln::ir::dsl::{KernelDecl, KernelDef, Spec};
+        build(&attention_decode, DecodeParams::default());
+        let base = DecodeParams::default();
+        for p in [
+            DecodeParams { d: 72, ..base },
+            DecodeParams {
+                kv_group: 0,
+                ..base
+            },
+            DecodeParams {
+                rotary_dim: 130,
+                ..base
+            },
+            DecodeParams {
+                block_m: 48,
+                ..base
+            },
+        ] {
+            let spec = Spec::uniform(p, attention_decode.signature(), true);
+            let e = attention_decode.build(&spec).expect_err("rejected");
+            assert!(e.to_string().contains("decode: `"), "{e}");
+        }
+    }
 }
