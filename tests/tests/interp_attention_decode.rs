@@ -102,69 +102,10 @@ fn run(c: &Call, x: &Inputs) -> Results {
     }
 }
 
-/// The calls: each feature of the brief in at least one, most of them together.
-fn calls() -> Vec<Call> {
-    vec![
-        // Dense, one query, no append: a sequence of 0 keys (no key at all) and one of 1.
-        Call::new(2, 1, 64, 1, &[0, 1, 203]),
-        // Paged by 16, GQA 4, 5 queries, causal, the append rotated half-split, 3 splits.
-        Call {
-            s_new: 5,
-            page: Some(16),
-            causal: true,
-            rotary: Some((64, false)),
-            splits: 3,
-            dtype: DType::F16,
-            ..Call::new(2, 4, 128, 5, &[77, 1, 130])
-        },
-        // Pages of one key, GQA 8, a left window, a soft-cap, interleaved rotary, 7 splits.
-        Call {
-            s_new: 1,
-            page: Some(1),
-            window: (20, -1),
-            softcap: 30.0,
-            rotary: Some((64, true)),
-            splits: 7,
-            ..Call::new(1, 8, 64, 1, &[0, 45, 150])
-        },
-        // Pages of 256, 5 queries, causal with a window (keyless rows: 1 key, 5 queries), a
-        // leftpad, one pass.
-        Call {
-            page: Some(256),
-            causal: true,
-            window: (40, -1),
-            leftpad: vec![0, 0, 17],
-            ..Call::new(2, 1, 96, 5, &[1, 300, 290])
-        },
-        // Dense rows through cache_batch_idx, GQA 4, 5 new queries neither causal nor
-        // windowed (so all at one rotary position), interleaved rotary of part of the head, 3
-        // splits, d = 256.
-        Call {
-            s_new: 5,
-            batch_idx: true,
-            rotary: Some((64, true)),
-            splits: 3,
-            ..Call::new(1, 4, 256, 5, &[33, 0, 111])
-        },
-        // Paged by 16 with a leftpad, a two-sided window and a soft-cap, f16, 7 splits, fewer
-        // new keys than queries.
-        Call {
-            s_new: 3,
-            page: Some(16),
-            leftpad: vec![5, 0, 40],
-            window: (30, 2),
-            softcap: 15.0,
-            splits: 7,
-            dtype: DType::F16,
-            ..Call::new(2, 4, 64, 5, &[18, 1, 231])
-        },
-    ]
-}
-
 #[test]
 fn decode_matches_reference() {
     let mut rng = Rng::from_env();
-    for c in calls() {
+    for c in decode_cases::calls() {
         for dist in Dist::ALL {
             let x = c.inputs(&mut rng, dist);
             let want = c.reference(&x);
