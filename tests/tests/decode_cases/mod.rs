@@ -248,9 +248,9 @@ impl Call {
                 for h in 0..hk {
                     let kx: Vec<f64> = (0..d).map(|c| at(&x.k_new, [s, t, h, c])).collect();
                     let kr = as_stored(&self.rope(&kx, pos, x), self.dtype);
-                    for c in 0..d {
+                    for (c, &k) in kr.iter().enumerate() {
                         let o = k_cache.offset(&[page, row, h, c]);
-                        k_cache.data.set_f64(o, kr[c]);
+                        k_cache.data.set_f64(o, k);
                         let o = v_cache.offset(&[page, row, h, c]);
                         v_cache.data.set_f64(o, at(&x.v_new, [s, t, h, c]));
                     }
