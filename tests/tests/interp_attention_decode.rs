@@ -114,3 +114,48 @@ fn decode_matches_reference() {
         }
     }
 }
+
+#[test]
+fn page_tables_and_lengths_of_any_value() {
+    // Spare page-table entries (past the pages a sequence holds) of any value change
+    // nothing: the gathered rows past a sequence's end read them, and must add no NaN.
+    let mut rng = Rng::from_env();
+    let c = Call {
+        s_new: 2,
+        page: Some(16),
+        splits: 3,
+        ..Call::new(1, 4, 64, 2, &[40, 3, 70])
+    };
+    let mut x = c.inputs(&mut rng, Dist::Normal);
+    let pps = x.page_table.shape[1];
+    let want = c.reference(&x);
+    for (s, &n) in c.lens.iter().enumerate() {
+        let used = (n + c.s_new).div_ceil(16);
+        for (i, e) in (used..pps).enumerate() {
+            let junk = [-7.0, f64::from(i32::MAX), 1e6][i % 3];
+            x.page_table.data.set_f64(s * pps + e, junk);
+        }
+    }
+    let got = run(&c, &x);
+    c.check(
+        &c.case("decode, junk spare pages", Dist::Normal, &rng),
+        &want,
+        &got,
+    );
+    // Every entry junk, lengths past the cache or negative: the kernels build and run (the
+    // interpreter clips every access at its tensor, as the GPU's bounds checks do; on the
+    // GPU compute-sanitizer is the check), whatever they compute.
+    for (i, e) in (0..x.page_table.data.len()).enumerate() {
+        let junk = [-1.0, 1e9, f64::from(i32::MIN), 5.0][i % 4];
+        x.page_table.data.set_f64(e, junk);
+    }
+    for s in 0..c.batch() {
+        x.seqlens.data.set_f64(s, [700.0, -50.0, 1000.0][s % 3]);
+    }
+    x.leftpad.data.set_f64(1, 9.0);
+    let c = Call {
+        lens: vec![0; 3],
+        ..c
+    };
+    run(&c, &x);
+}
