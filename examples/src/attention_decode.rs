@@ -2,16 +2,15 @@
 //! `flash_attn_combine`: a few new query tokens per sequence attend to a long cache, dense or
 //! paged, into which the new keys and values were first appended in place.
 //!
-//! Three kernels:
+//! The kernels, in launch order:
 //! 1. [`kv_cache_append`] writes the new keys and values of each sequence into its cache at
 //!    positions `cache_seqlens[b]..`, through the page table, rotating the keys (RoPE, either
-//!    layout) when a rotary dim is given.
+//!    layout) when a rotary dim is given; [`rotary_q`] rotates the queries.
 //! 2. [`attention_decode`] (one pass) or [`attention_decode_split`] (flash-decoding: the keys of
 //!    a sequence split over several blocks, each writing an f32 partial output and its
 //!    log-sum-exp): a block owns one key/value head of one sequence and packs the query heads
 //!    of its group into the tile's rows (`pack_gqa`: row `r` is query token `r / kv_group` of
 //!    head `r % kv_group` of the group), so a single query token still fills the tile's rows.
-//!    With a rotary dim the queries are rotated first, by [`rotary_q`].
 //! 3. [`attention_decode_combine`] merges the splits by their log-sum-exps.
 //!
 //! [`num_splits`] is the split heuristic for `num_splits = 0`.
@@ -22,6 +21,12 @@
 //! `(batch_cache, seqlen_cache, nheads_k, d)` is the same with one page per sequence: its page
 //! table is `cache_batch_idx` as a `[batch, 1]` column (or `0..batch`), its page size
 //! `seqlen_cache`.
+//!
+//! Cache slots outside a sequence's keys (before its leftpad, past its length, in pages it
+//! does not hold) may hold anything, NaN included: no output reads them. Every access stays
+//! inside its tensor whatever the page table and lengths hold. On sm_90a the attention
+//! kernels take the general lowering (mma.sync and cp.async): their gathered query rows and
+//! register value tiles are not what the wgmma schedule reads.
 
 use kiln::ir::dsl::Tensor;
 use kiln::prelude::*;
