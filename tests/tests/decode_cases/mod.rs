@@ -446,6 +446,15 @@ pub fn calls() -> Vec<Call> {
             splits: 3,
             ..Call::new(1, 4, 256, 5, &[33, 0, 111])
         },
+        // Multi-query: 16 heads on one key/value head, 5 queries, so 80 packed rows over two
+        // row blocks whose windows differ; causal with a left window, dense, 3 splits.
+        Call {
+            s_new: 4,
+            causal: true,
+            window: (25, -1),
+            splits: 3,
+            ..Call::new(1, 16, 64, 5, &[60, 2, 140])
+        },
         // Paged by 16 with a leftpad, a two-sided window and a soft-cap, f16, 7 splits, fewer
         // new keys than queries.
         Call {
