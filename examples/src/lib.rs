@@ -12,6 +12,7 @@ use kiln::ir::dsl::registry::registered;
 
 pub mod attention;
 pub mod attention_backward;
+pub mod attention_decode;
 pub mod cross_entropy;
 pub mod dropout;
 pub mod gemm;
