@@ -512,9 +512,9 @@ fn cap_grad(ds: Value, s: Value, softcap: f32) -> Value {
 /// tiles: their product `a b^T` (one mma when one chunk holds every column).
 #[track_caller]
 fn product_nt(a: &[Value], b: &[Value]) -> Value {
-    let mut acc = mma(&a[0], &b[0].t());
+    let mut acc = mma(a[0], b[0].t());
     for (x, y) in a.iter().zip(b).skip(1) {
-        acc = mma_acc(x, &y.t(), &acc);
+        acc = mma_acc(x, y.t(), acc);
     }
     acc
 }
