@@ -99,11 +99,26 @@ impl AttentionBwdParams {
         key_columns(self.d)
     }
 
-    /// The grid of [`attention_bwd_preprocess`], [`attention_bwd_dq`] and
-    /// [`attention_bwd_dq_convert`] (and their varlen forms, `sq` the longest sequence):
-    /// `(cdiv(sq, rows), heads, batch)`.
+    /// Columns of dQ one [`attention_bwd_dq`] block accumulates ([`dq_columns`]).
+    pub fn dq_cols(&self) -> usize {
+        dq_columns(self.d)
+    }
+
+    /// The grid of [`attention_bwd_preprocess`] and [`attention_bwd_dq_convert`] (and their
+    /// varlen forms, `sq` the longest sequence): `(cdiv(sq, rows), heads, batch)`.
     pub fn query_grid(&self, [sq, heads, batch]: [usize; 3]) -> [u32; 3] {
         [sq.div_ceil(self.rows()) as u32, heads as u32, batch as u32]
+    }
+
+    /// The grid of [`attention_bwd_dq`] (and its varlen form, `sq` the longest sequence):
+    /// `(cdiv(sq, rows) * d / dq_cols, heads, batch)`.
+    pub fn dq_grid(&self, [sq, heads, batch]: [usize; 3]) -> [u32; 3] {
+        let splits = self.d / self.dq_cols();
+        [
+            (sq.div_ceil(self.rows()) * splits) as u32,
+            heads as u32,
+            batch as u32,
+        ]
     }
 
     /// The grid of [`attention_bwd_dkdv`] (and its varlen form, `sk` the longest sequence):
@@ -132,6 +147,20 @@ pub fn query_block(block_m: usize, _d: usize) -> usize {
 pub fn key_columns(d: usize) -> usize {
     match d {
         ..=64 => d.max(1),
+        _ if d.is_multiple_of(64) => 64,
+        _ if d.is_multiple_of(32) => 32,
+        _ => d,
+    }
+}
+
+/// The columns of dQ one [`attention_bwd_dq`] block accumulates: all `d` up to 128, else
+/// 128 (or 64, 32: what divides `d`): a whole `[block_m, 256]` f32 accumulator (128 registers
+/// a thread with four warps) spills beside the scores. Blocks of the same queries split the
+/// columns, each recomputing `P` and `dS`.
+pub fn dq_columns(d: usize) -> usize {
+    match d {
+        ..=128 => d.max(1),
+        _ if d.is_multiple_of(128) => 128,
         _ if d.is_multiple_of(64) => 64,
         _ if d.is_multiple_of(32) => 32,
         _ => d,
@@ -319,8 +348,9 @@ fn dq_convert(
 
 /// dQ without atomics (`deterministic`): for `q, dout, dq: [batch, heads, sq, d]`, `k, v:
 /// [batch, heads / kv_group, sk, d]`, the forward's `lse` and [`attention_bwd_preprocess`]'s
-/// `delta` (`[batch, heads, sq]`), each block owns `block_m` query rows and walks the key
-/// blocks they see, as the forward does. Grid: [`AttentionBwdParams::query_grid`].
+/// `delta` (`[batch, heads, sq]`), each block owns `block_m` query rows (and
+/// [`dq_columns`] of their dQ) and walks the key blocks they see, as the forward does. Grid:
+/// [`AttentionBwdParams::dq_grid`].
 #[kernel(num_warps = num_warps)]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_bwd_dq(
@@ -360,11 +390,11 @@ pub fn attention_bwd_dq_varlen(
 }
 
 /// Loads `tile` of `shape` whose first row is row `first` of a sequence of `len`: in a packed
-/// batch the rows past `len` (rows no sequence owns may hold anything, NaN included) read as
-/// 0. For the row statistics `lse` and `delta`, whose NaN would survive the mask (`-inf -
-/// NaN`). The `mma` operands are loaded whole (the lowering takes B operands only so): their
-/// rows past a sequence meet `P = 0` and `dS = 0`, which keeps them out of every gradient
-/// while they are finite, as the forward needs of them too.
+/// batch the rows past `len` (the next sequence's, or rows no sequence owns, which may hold
+/// anything, NaN included) read as 0 and are never read from memory. For the row statistics
+/// `lse` and `delta`, whose NaN would survive the mask (`-inf - NaN`), and for the `mma`
+/// operands, whose NaN or infinity would survive `P = 0` (`0 * inf`); the lowering copies the
+/// latter into shared memory clipped at the bound.
 #[track_caller]
 fn load_seq<const R: usize>(
     tile: kiln::ir::dsl::TileView,
@@ -379,23 +409,18 @@ fn load_seq<const R: usize>(
     }
 }
 
-/// Query block `q0..q0 + bm` of head `h`: its Q and dO (`[bm, d]`), and the forward's `lse`
-/// and `delta` of its rows (`[bm]`, rows past the sequence 0: [`load_seq`]).
+/// The forward's `lse` and `delta` of query rows `q0..q0 + bm` of head `h` (`[bm]`, rows past
+/// the sequence 0: [`load_seq`]).
 #[kernel_fn]
-fn load_queries(
+fn load_row_stats(
     io: BwdTensors,
     rows: Rows,
     (h, q0): (Value, Value),
-    (bm, d): (usize, usize),
-) -> (Value, Value, Value, Value) {
-    let (at, row_at) = (
-        [rows.batch, h, rows.query(q0), 0],
-        [rows.batch, h, rows.query(q0)],
-    );
+    bm: usize,
+) -> (Value, Value) {
+    let row_at = [rows.batch, h, rows.query(q0)];
     let seq = (q0, rows.sq);
     (
-        io.q.tile([bm, d], at).load(),
-        io.dout.tile([bm, d], at).load(),
         load_seq(io.lse.tile([bm], row_at), rows, seq, [bm]),
         load_seq(io.delta.tile([bm], row_at), rows, seq, [bm]),
     )
@@ -430,15 +455,16 @@ impl BwdTensors {
 }
 
 /// One block pair's recomputed probabilities and score gradient: for query rows `q0..` and
-/// keys `k0..` with Q `qs`, dO `dos`, K `ks`, V `vs` (`[bm, d]`, `[bn, d]`), `P = exp2(S *
-/// log2(e) - lse * log2(e))` masked as the forward, and `dS = P (dP - delta)`, `dP = dO V^T`,
-/// times the soft-cap's derivative `1 - tanh^2`. Returns `(P, dS)` as `[bm, bn]` f32 tiles.
+/// keys `k0..` with Q `qs`, dO `dos`, K `ks`, V `vs` in the same column chunks (`[bm, w]`,
+/// `[bn, w]`; one chunk of all `d` columns, or several: [`product_nt`]), `P = exp2(S log2(e)
+/// - lse log2(e))` masked as the forward, and `dS = P (dP - delta)`, `dP = dO V^T`, times the
+/// soft-cap's derivative `1 - tanh^2`. Returns `(P, dS)` as `[bm, bn]` f32 tiles.
 /// `mask_it` (a block-uniform flag) applies the mask, and in a packed batch the bound of the
 /// sequence's rows (`rows_bound`): rows past it belong to the next sequence.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 fn probs_and_grad(
-    (qs, dos, ks, vs): (Value, Value, Value, Value),
+    (qs, dos, ks, vs): (&[Value], &[Value], &[Value], &[Value]),
     (lse_t, delta_t): (Value, Value),
     (q0, k0, sq, sk): (Value, Value, Value, Value),
     mask_it: Value,
@@ -449,7 +475,7 @@ fn probs_and_grad(
     softcap: f32,
 ) -> (Value, Value) {
     // Scores in base 2 (soft-capped: `softcap * log2(e) * tanh`), as the forward's.
-    let s = soft_cap(mma(&qs, &ks.t()) * qk_scale, softcap);
+    let s = soft_cap(product_nt(qs, ks) * qk_scale, softcap);
     let masked = if mask_it {
         let s = mask(s, q0, k0, sq, sk, (bm, bn), w);
         if rows_bound {
@@ -462,7 +488,7 @@ fn probs_and_grad(
     };
     // A row that sees no key has lse = +inf: every term is exp2(-inf) = 0.
     let probs = exp2(&(masked - (lse_t * LOG2E).col()));
-    let dp = mma(&dos, &vs.t());
+    let dp = product_nt(dos, vs);
     let ds = probs * (dp - delta_t.col());
     (probs, cap_grad(ds, masked, softcap))
 }
@@ -480,6 +506,17 @@ fn cap_grad(ds: Value, s: Value, softcap: f32) -> Value {
     } else {
         ds
     }
+}
+
+/// `sum_j a[j] b[j]^T` over the column chunks `a[j]` (`[m, w]`) and `b[j]` (`[n, w]`) of two
+/// tiles: their product `a b^T` (one mma when one chunk holds every column).
+#[track_caller]
+fn product_nt(a: &[Value], b: &[Value]) -> Value {
+    let mut acc = mma(a[0], b[0].t());
+    for (x, y) in a.iter().zip(b).skip(1) {
+        acc = mma_acc(x, y.t(), acc);
+    }
+    acc
 }
 
 /// The query blocks that see key block `k0..k0 + bn` (of `sk` keys, `sq` queries, window
@@ -567,16 +604,17 @@ fn dkdv(
     let w = Window::new(p.causal, p.window_left, p.window_right);
     let cols = p.key_cols();
     let (hk, b) = (block_id().y, block_id().z);
-    // Block x owns key block x / splits and its columns (x % splits) * cols.. of dK and dV.
-    let (nb, c0) = key_block_and_columns(block_id().x, d / cols, cols);
+    // Block x owns key block x / splits and the columns of its first chunk of dK and dV.
+    let (nb, chunks) = block_and_chunks(block_id().x, d / cols, cols);
     let rows = Rows::of(io.q, io.k, b, packed);
     let (sq, sk, batch) = (rows.sq, rows.sk, rows.batch);
     let k0 = nb * bn;
-    let kv_at = [batch, hk, rows.key(k0), 0];
-    let ks = io.k.tile([bn, d], kv_at).load();
-    let vs = io.v.tile([bn, d], kv_at).load();
-    let cols_at = [batch, hk, rows.key(k0), c0];
-    let k_chunks = dq_key_chunks(io.k, cols_at, (bn, cols), p.deterministic);
+    let keys = (k0, sk);
+    // Every operand in the same column chunks: the products over all `d` columns sum over
+    // them, and chunk 0 (the block's own columns) is also the B operand of its dK, dV and
+    // dQ columns, so no column is staged twice.
+    let ks = key_chunks(io.k, rows, (hk, keys), (bn, cols), &chunks);
+    let vs = key_chunks(io.v, rows, (hk, keys), (bn, cols), &chunks);
     let walk = QueryWalk::of(k0, sq, sk, (bm, bn), w);
     // A block past its sequence's keys (the grid covers the longest) walks nothing.
     let n_m = key_walk_end(rows, k0, walk.count());
@@ -587,11 +625,12 @@ fn dkdv(
     for t in pipelined(0..n_m * group, stages = 2) {
         let (h, mb) = head_and_block(t, n_m, (walk.lo, hk), group);
         let q0 = mb * bm;
-        let (qs, dos, lse_t, delta_t) = load_queries(io, rows, (h, q0), (bm, d));
+        let (qs, dos) = query_chunks(io, rows, (h, q0), (bm, cols), &chunks);
+        let (lse_t, delta_t) = load_row_stats(io, rows, (h, q0), bm);
         let mask_it = walk.masks(mb, keys_partial);
         let mask_it = with_rows_bound(mask_it, rows, q0 + bm > sq);
         let (probs, ds) = probs_and_grad(
-            (qs, dos, ks, vs),
+            (&qs, &dos, &ks, &vs),
             (lse_t, delta_t),
             (q0, k0, sq, sk),
             mask_it,
@@ -601,25 +640,20 @@ fn dkdv(
             w,
             p.softcap,
         );
-        // The block's columns of Q and dO: the B operands of its dK and dV columns.
-        let (qs, dos) = if cols == d {
-            (qs, dos)
-        } else {
-            let at = [batch, h, rows.query(q0), c0];
-            (
-                io.q.tile([bm, cols], at).load(),
-                io.dout.tile([bm, cols], at).load(),
-            )
-        };
-        acc_v = mma_acc(&probs.cast_to(dtype).t(), &dos, &acc_v);
+        acc_v = mma_acc(&probs.cast_to(dtype).t(), &dos[0], &acc_v);
         let ds = ds.cast_to(dtype);
-        for c in unroll(0..k_chunks.len()) {
-            let w = dq_chunk(cols);
-            let at = (shifted(c0, c * w), (bm, w));
-            add_dq(dq_accum, mma(&ds, &k_chunks[c]), rows, (h, q0), at);
+        if !p.deterministic {
+            add_dq(
+                dq_accum,
+                mma(&ds, &ks[0]),
+                rows,
+                (h, q0),
+                (chunks[0], (bm, cols)),
+            );
         }
-        acc_k = mma_acc(&ds.t(), &qs, &acc_k);
+        acc_k = mma_acc(&ds.t(), &qs[0], &acc_k);
     }
+    let c0 = chunks[0];
     let k_end = rows.key(sk);
     let out_at = [batch, hk, rows.key(k0), c0];
     store_keys(
@@ -636,24 +670,67 @@ fn dkdv(
     );
 }
 
-/// Key block and first dK/dV column of block `x` of [`attention_bwd_dkdv`]'s grid: `(x, 0)`
-/// when one block takes all `splits x cols` columns, else `(x / splits, (x % splits) cols)`.
+/// Key block of block `x` of [`attention_bwd_dkdv`]'s grid (query block of
+/// [`attention_bwd_dq`]'s) and the first columns of its `splits` column chunks of `cols`:
+/// `(x, [0])` when one block takes all columns, else `x / splits` and chunk `j` at `((x + j)
+/// % splits) cols`, chunk 0 the block's own gradient columns.
 #[track_caller]
-fn key_block_and_columns(x: Value, splits: usize, cols: usize) -> (Value, Index) {
-    if splits == 1 {
-        (x, Index::Const(0))
-    } else {
-        (x / splits, Index::Value(x % splits * cols))
+fn block_and_chunks(x: Value, splits: usize, cols: usize) -> (Value, Vec<Index>) {
+    if splits <= 1 {
+        return (x, vec![Index::Const(0)]);
     }
+    let chunk = |j: usize| Index::Value((x + j) % splits * cols);
+    (x / splits, (0..splits).map(chunk).collect())
 }
 
-/// Column `c0 + n`.
+/// Key block `k0..k0 + bn` (`keys = (k0, sk)`) of key/value head `hk` of `t` in the column
+/// chunks `[bn, w]` that start at `chunks` (keys past the sequence 0: [`load_seq`]).
 #[track_caller]
-fn shifted(c0: Index, n: usize) -> Index {
-    match c0 {
-        Index::Const(c) => Index::Const(c + n as i64),
-        Index::Value(c) => Index::Value(c + n),
-    }
+fn key_chunks(
+    t: Tensor,
+    rows: Rows,
+    (hk, keys): (Value, (Value, Value)),
+    (bn, w): (usize, usize),
+    chunks: &[Index],
+) -> Vec<Value> {
+    let shape = [Index::Const(bn as i64), Index::Const(w as i64)];
+    let load = |c: Index| {
+        let tile = t.tile(
+            shape,
+            [
+                rows.batch,
+                Index::Value(hk),
+                Index::Value(rows.key(keys.0)),
+                c,
+            ],
+        );
+        load_seq(tile, rows, keys, shape)
+    };
+    chunks.iter().map(|&c| load(c)).collect()
+}
+
+/// Query block `q0..q0 + bm` of head `h`: its Q and dO in the column chunks `[bm, w]` that
+/// start at `chunks` (rows past the sequence 0: [`load_seq`]).
+#[track_caller]
+fn query_chunks(
+    io: BwdTensors,
+    rows: Rows,
+    (h, q0): (Value, Value),
+    (bm, w): (usize, usize),
+    chunks: &[Index],
+) -> (Vec<Value>, Vec<Value>) {
+    let shape = [Index::Const(bm as i64), Index::Const(w as i64)];
+    let load = |t: Tensor, c: Index| {
+        let tile = t.tile(
+            shape,
+            [rows.batch, Index::Value(h), Index::Value(rows.query(q0)), c],
+        );
+        load_seq(tile, rows, (q0, rows.sq), shape)
+    };
+    chunks
+        .iter()
+        .map(|&c| (load(io.q, c), load(io.dout, c)))
+        .unzip()
 }
 
 /// The query head and query block of step `t` of the dK/dV walk of key/value head `hk`:
@@ -698,38 +775,14 @@ fn with_rows_bound(mask_it: Value, rows: Rows, past_rows: Value) -> Value {
     }
 }
 
-/// Columns of the dQ share [`attention_bwd_dkdv`] computes and adds at a time out of a
-/// block's `cols`: all up to 64, else 64 or 32 (whichever divides them): a whole `[bm, d]`
-/// f32 product at d = 128 would take 64 more registers a thread (and spill).
+/// Columns [`attention_bwd_preprocess`] reads at a time: all up to 64, else 64 or 32
+/// (whichever divides them): two whole f32 `[bm, 256]` tiles would spill.
 fn dq_chunk(cols: usize) -> usize {
     match cols {
         ..=64 => cols.max(1),
         _ if cols.is_multiple_of(64) => 64,
         _ => 32,
     }
-}
-
-/// The key block's [`dq_chunk`]-column slices (`[bn, dq_chunk(d)]` each), the B operands of the
-/// dQ share's column chunks; none when `deterministic` (dQ is [`attention_bwd_dq`]'s).
-#[track_caller]
-fn dq_key_chunks(
-    k: Tensor,
-    at: [Index; 4],
-    (bn, d): (usize, usize),
-    deterministic: bool,
-) -> Vec<Value> {
-    if deterministic {
-        return Vec::new();
-    }
-    let w = dq_chunk(d);
-    (0..d.div_ceil(w))
-        .map(|c| {
-            let mut at = at;
-            at[3] = shifted(at[3], c * w);
-            k.tile([Index::Const(bn as i64), Index::Const(w as i64)], at)
-                .load()
-        })
-        .collect()
 }
 
 /// Adds columns `c0..c0 + w` of one query block's dQ share `dq` (`[bm, w]`, unscaled) into
@@ -776,12 +829,15 @@ fn dq_walk(
     let (d, dtype) = (p.d, p.dtype);
     let (bm, bn) = (p.rows(), p.keys());
     let w = Window::new(p.causal, p.window_left, p.window_right);
-    let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
+    let cols = p.dq_cols();
+    let (h, b) = (block_id().y, block_id().z);
+    // Block x owns query block x / splits and the columns of its first chunk of dQ.
+    let (mb, chunks) = block_and_chunks(block_id().x, d / cols, cols);
     let rows = Rows::of(io.q, io.k, b, packed);
     let (sq, sk, batch) = (rows.sq, rows.sk, rows.batch);
     let q0 = mb * bm;
-    let q_at = [batch, h, rows.query(q0), 0];
-    let (qs, dos, lse_t, delta_t) = load_queries(io, rows, (h, q0), (bm, d));
+    let (qs, dos) = query_chunks(io, rows, (h, q0), (bm, cols), &chunks);
+    let (lse_t, delta_t) = load_row_stats(io, rows, (h, q0), bm);
     let (j0, j_unmasked) = left_blocks(q0, sq, sk, (bm, bn), w);
     let all_blocks = cdiv(sk, bn);
     let (n_blocks, n_unmasked) = if w.right >= 0 {
@@ -793,16 +849,16 @@ fn dq_walk(
     };
     let n_blocks = rows.walk_end(q0, n_blocks);
     let qk_scale = scale * score_factor(p.softcap);
-    let mut acc = zeros::<f32>([bm, d]);
+    let hk = kv_head(h, p.kv_group);
+    let mut acc = zeros::<f32>([bm, cols]);
     for j in pipelined(j0..n_blocks, stages = 2) {
         let k0 = j * bn;
-        let kv_at = [batch, kv_head(h, p.kv_group), rows.key(k0), 0];
-        let ks = io.k.tile([bn, d], kv_at).load();
-        let vs = io.v.tile([bn, d], kv_at).load();
+        let ks = key_chunks(io.k, rows, (hk, (k0, sk)), (bn, cols), &chunks);
+        let vs = key_chunks(io.v, rows, (hk, (k0, sk)), (bn, cols), &chunks);
         let mask_it = needs_mask(j >= n_unmasked, j, j_unmasked);
         let mask_it = with_rows_bound(mask_it, rows, q0 + bm > sq);
         let (_, ds) = probs_and_grad(
-            (qs, dos, ks, vs),
+            (&qs, &dos, &ks, &vs),
             (lse_t, delta_t),
             (q0, k0, sq, sk),
             mask_it,
@@ -812,7 +868,8 @@ fn dq_walk(
             w,
             p.softcap,
         );
-        acc = mma_acc(&ds.cast_to(dtype), &ks, &acc);
+        acc = mma_acc(&ds.cast_to(dtype), &ks[0], &acc);
     }
-    rows.store(dq.tile([bm, d], q_at), (acc * scale).cast_to(dtype), 2);
+    let q_at = [batch, h, rows.query(q0), chunks[0]];
+    rows.store(dq.tile([bm, cols], q_at), (acc * scale).cast_to(dtype), 2);
 }

@@ -104,21 +104,30 @@ fn failures(d: usize) -> Vec<String> {
     failures
 }
 
-/// The compiles known to spill a few bytes (ptxas at 21:48 UTC 2026-12-04), each an open
-/// bug of the general lowering's register use, reported with the slice: the dQ kernel at d =
-/// 64 with a soft-cap on sm_90a (128 registers, 4 bytes), and the deterministic varlen dK/dV
-/// kernel on sm_90a with unaligned tensors (d = 128: 255 registers, 4 bytes; d = 96 with
-/// every feature: 168 registers, 8 bytes). ptxas stops below 255 registers in two of them
-/// unasked. A failure not in this list fails the test, and so does a listed one that no
-/// longer fails.
+/// The compiles known to spill a few bytes (ptxas 13.0 at 23:45 UTC 2026-12-04), each an open
+/// bug: (1) where ptxas stops below 255 registers unasked (128, 168 or 96 registers: the
+/// counts that let 4, 3 or 5 blocks of 128 threads share a multiprocessor) and spills 4 to
+/// 16 bytes rather than take more: the dQ kernel at d = 64 with a soft-cap on sm_90a, the
+/// varlen dK/dV kernel on sm_90a with unaligned tensors at d = 128, the varlen preprocess at
+/// d = 256 with every feature. The PTX asks for no occupancy (`.maxntid` alone); the same PTX
+/// with `.minnctapersm 1` assembles at 156 registers without spills (the dQ kernel), a
+/// choice for the writer of every kernel. (2) The varlen dK/dV kernel at d = 256 on sm_90a,
+/// aligned: 255 registers and 8 bytes. A failure not in this list fails the test, and so
+/// does a listed one that no longer fails (`assert_only_known`).
 fn known(failure: &str) -> bool {
-    let dq_cap = failure.starts_with("attention_bwd_dq AttentionBwdParams { d: 64")
-        && !failure.contains("softcap: 0.0")
-        && failure.contains("on sm_90a, aligned true spills");
-    let dkdv_varlen = failure.starts_with("attention_bwd_dkdv_varlen")
-        && failure.contains("deterministic: true")
-        && failure.contains("on sm_90a, aligned false spills");
-    dq_cap || dkdv_varlen
+    let registers = |n: u32| failure.contains(&format!("spills: registers {n},"));
+    let below_the_file = [128, 168, 96].into_iter().any(registers)
+        && failure.contains("on sm_90a")
+        && [
+            "attention_bwd_dq AttentionBwdParams { d: 64",
+            "attention_bwd_dkdv_varlen AttentionBwdParams { d: 128",
+            "attention_bwd_preprocess_varlen AttentionBwdParams { d: 256",
+        ]
+        .iter()
+        .any(|k| failure.starts_with(k));
+    let dkdv_256 = failure.starts_with("attention_bwd_dkdv_varlen AttentionBwdParams { d: 256")
+        && failure.contains("on sm_90a, aligned true spills: registers 255,");
+    below_the_file || dkdv_256
 }
 
 /// Asserts that the failures of head dim `d` are the known ones, and that some are if
@@ -149,40 +158,35 @@ fn head_dim_128_assembles_without_spills() {
 
 #[test]
 fn head_dim_96_assembles_without_spills() {
-    // Every kernel, plain and with every feature (three blocks of 32 columns per key block).
+    // Every kernel, plain and with every feature (three blocks of 32 columns per key block),
+    // without a single spill.
     let mut failures = Vec::new();
     for p in variants(96).into_iter().step_by(5) {
         for deterministic in [false, true] {
             failures.extend(all_kernels(AttentionBwdParams { deterministic, ..p }));
         }
     }
-    let unknown: Vec<&String> = failures.iter().filter(|f| !known(f)).collect();
-    assert!(unknown.is_empty(), "{unknown:?}");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]
-fn head_dim_256_row_kernels_assemble_without_spills() {
-    // What assembles cleanly at d = 256: the preprocess and the conversion. Not yet: the
-    // dK/dV kernel (245760 bytes of shared memory deterministic, 237568 with atomics: the
-    // four 64-column blocks of a key block still stage whole [64, 256] Q and dO tiles, two
-    // stages), the dQ kernel with unaligned tensors on sm_80 (spills 528 bytes). Both are
-    // correct on the interpreter (`interp_attention_backward`).
+fn head_dim_256_assembles_without_spills() {
+    // Every kernel, plain and with every feature, both dQ modes: the dK/dV kernel within
+    // shared memory (its four 64-column blocks stage Q, dO, K and V in 64-column chunks, the
+    // block's own chunk first, no column twice), the deterministic dQ kernel in two blocks of
+    // 128 columns.
     let mut failures = Vec::new();
     for p in variants(256).into_iter().step_by(5) {
-        let p = AttentionBwdParams {
-            deterministic: true,
-            ..p
-        };
-        for r in [
-            assemble(&attention_bwd_preprocess, p),
-            assemble(&attention_bwd_dq_convert, p),
-            assemble(&attention_bwd_preprocess_varlen, p),
-            assemble(&attention_bwd_dq_convert_varlen, p),
-        ] {
-            failures.extend(r.err());
+        for deterministic in [false, true] {
+            failures.extend(all_kernels(AttentionBwdParams { deterministic, ..p }));
         }
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let (known, unknown): (Vec<&String>, Vec<&String>) = failures.iter().partition(|f| known(f));
+    for f in &known {
+        println!("known: {f}");
+    }
+    assert!(unknown.is_empty(), "{unknown:?}");
+    assert!(!known.is_empty(), "the known failures changed");
 }
 
 #[test]

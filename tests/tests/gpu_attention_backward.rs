@@ -4,19 +4,23 @@
 //! (within twice the error of the computation with the kernels' 16-bit roundings), in both
 //! dQ modes (atomics; the deterministic second kernel, whose bits must repeat run to run);
 //! causal with `sq > sk` (rows that see no key: dq exactly 0), windows, soft-caps, grouped and
-//! multi-query heads, f16 and bf16, head dims 64, 96 and 128, lengths no multiple of any
-//! block, large inputs, outputs poisoned. Skips itself ("skipped: no CUDA driver") without a
-//! GPU.
+//! multi-query heads, f16 and bf16, head dims 64, 96, 128 and 256, lengths no multiple of any
+//! block, large inputs, outputs poisoned; and the varlen kernels over packed batches whose
+//! rows past each sequence are NaN where a block must not read them. Skips itself
+//! ("skipped: no CUDA driver") without a GPU.
 
+mod bwd_varlen;
 mod gpu_common;
 
 use std::process::ExitCode;
 
+use bwd_varlen::{Packed, Problem};
 use gpu_common::{Needs, device};
 use kiln_examples::attention::{AttentionParams, attention_lse};
 use kiln_examples::attention_backward::{
-    AttentionBwdParams, attention_bwd_dkdv, attention_bwd_dq, attention_bwd_dq_convert,
-    attention_bwd_preprocess,
+    AttentionBwdParams, attention_bwd_dkdv, attention_bwd_dkdv_varlen, attention_bwd_dq,
+    attention_bwd_dq_convert, attention_bwd_dq_convert_varlen, attention_bwd_dq_varlen,
+    attention_bwd_preprocess, attention_bwd_preprocess_varlen,
 };
 use kiln_ir::dsl::KernelDef;
 use kiln_ir::{DType, HostTensor, Target};
@@ -26,8 +30,7 @@ use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference::{AttentionDims, AttentionMath, Rounding, attention_backward_f64};
 
 /// One call: `(batch, heads, kv heads, sq, sk, d)`, the comptime features, and whether the
-/// atomic dQ mode runs too (d = 256, whose dK/dV kernel does not fit shared memory yet, will
-/// run the deterministic mode alone first).
+/// atomic dQ mode runs too.
 struct Call {
     shape: [usize; 6],
     dtype: DType,
@@ -71,6 +74,11 @@ fn calls() -> Vec<Call> {
             atomics: false,
             ..plain([1, 4, 2, 100, 140, 96], DType::F16)
         },
+        plain([1, 2, 1, 150, 130, 256], DType::Bf16),
+        Call {
+            causal: true,
+            ..plain([1, 2, 2, 77, 200, 256], DType::F16)
+        },
     ]
 }
 
@@ -108,7 +116,19 @@ fn backward(
         .expect("dkdv");
     if p.deterministic {
         attention_bwd_dq
-            .launch(dev, p, qgrid, q, k, v, dout, lse, &delta, &dq, scale)
+            .launch(
+                dev,
+                p,
+                p.dq_grid([sq, h, b]),
+                q,
+                k,
+                v,
+                dout,
+                lse,
+                &delta,
+                &dq,
+                scale,
+            )
             .expect("dq");
     } else {
         attention_bwd_dq_convert
@@ -217,6 +237,90 @@ fn run_calls(dev: &Device, target: Target) {
     }
 }
 
+/// The varlen kernels on `dev` over packed batches whose sequences' lengths are no multiple
+/// of any block and whose neighbouring rows a block must not read are NaN (the pad rows, the
+/// inputs of a sequence without keys and of one without queries, right after the first
+/// sequence's): a copy reading past a sequence's end shows as NaN. Both dQ modes, masks,
+/// caps and grouped heads, head dims 64 and 128, large inputs; checked against each
+/// sequence's reference gradients.
+fn run_varlen(dev: &Device, target: Target) {
+    let mut rng = Rng::from_env();
+    let packed = Packed {
+        seqs: vec![(70, 50), (40, 0), (0, 30), (100, 75), (20, 60), (129, 131)],
+        pad: (3, 5),
+    };
+    for (d, causal, window, softcap, deterministic) in [
+        (64, false, (-1, -1), 0.0, false),
+        (128, true, (40, -1), 0.0, true),
+        (64, false, (20, 10), 15.0, true),
+        (128, false, (-1, -1), 0.0, false),
+    ] {
+        let p = AttentionBwdParams {
+            d,
+            causal,
+            kv_group: 2,
+            dtype: DType::Bf16,
+            window_left: window.0,
+            window_right: window.1,
+            softcap,
+            deterministic,
+            ..AttentionBwdParams::default()
+        };
+        for dist in [Dist::Normal, Dist::Large] {
+            let x = Problem::new(&mut rng, packed.clone(), p, (4, 2), dist);
+            let up = |t: &HostTensor| dev.upload(t).expect("upload");
+            let [q, k, v, dout, o, lse] = x.inputs.each_ref().map(up);
+            let (cu_q, cu_k) = (up(&x.cu_q), up(&x.cu_k));
+            let (rows, acc_shape, kv_shape) = x.output_shapes();
+            let delta = output(dev, DType::F32, &rows);
+            let dq_accum = output(dev, DType::F32, &acc_shape);
+            let dq = output(dev, p.dtype, &acc_shape);
+            let dk = output(dev, p.dtype, &kv_shape);
+            let dv = output(dev, p.dtype, &kv_shape);
+            let [qgrid, kgrid, dq_grid] = x.grids();
+            let scale = x.scale;
+            attention_bwd_preprocess_varlen
+                .launch(dev, &p, qgrid, &o, &dout, &delta, &dq_accum, &cu_q, &cu_k)
+                .expect("preprocess");
+            attention_bwd_dkdv_varlen
+                .launch(
+                    dev, &p, kgrid, &q, &k, &v, &dout, &lse, &delta, &dq_accum, &dk, &dv, &cu_q,
+                    &cu_k, scale,
+                )
+                .expect("dkdv");
+            if deterministic {
+                attention_bwd_dq_varlen
+                    .launch(
+                        dev, &p, dq_grid, &q, &k, &v, &dout, &lse, &delta, &dq, &cu_q, &cu_k, scale,
+                    )
+                    .expect("dq");
+            } else {
+                attention_bwd_dq_convert_varlen
+                    .launch(dev, &p, qgrid, &dq_accum, &dq, &cu_q, &cu_k, scale)
+                    .expect("dq convert");
+            }
+            dev.synchronize().expect("kernels ran");
+            let [dq, dk, dv] = [dq, dk, dv].map(|t| t.download().expect("download"));
+            let name = format!("attention backward varlen@{target}");
+            x.check(&name, &rng, dist, [&dq, &dk, &dv]);
+        }
+    }
+}
+
+fn gpu_attention_backward_varlen_on_sm80() {
+    let Some(dev) = device() else { return };
+    run_varlen(&dev, Target::Sm80);
+}
+
+fn gpu_attention_backward_varlen_on_sm90a() {
+    let Some(dev) = device() else { return };
+    if dev.compute_capability() != (9, 0) {
+        println!("skipped: sm_90a needs a Hopper GPU");
+        return;
+    }
+    run_varlen(&dev.with_target(Target::Sm90a), Target::Sm90a);
+}
+
 fn gpu_attention_backward_on_sm80() {
     let Some(dev) = device() else { return };
     run_calls(&dev, Target::Sm80);
@@ -242,6 +346,16 @@ fn main() -> ExitCode {
             "gpu_attention_backward_on_sm90a",
             Needs::Gpu,
             gpu_attention_backward_on_sm90a,
+        ),
+        (
+            "gpu_attention_backward_varlen_on_sm80",
+            Needs::Gpu,
+            gpu_attention_backward_varlen_on_sm80,
+        ),
+        (
+            "gpu_attention_backward_varlen_on_sm90a",
+            Needs::Gpu,
+            gpu_attention_backward_varlen_on_sm90a,
         ),
     ])
 }

@@ -1,7 +1,8 @@
 //! The kernels of `mma_kernels/` on the GPU, compiled for sm_80 and (on Hopper) sm_90a, each
 //! against the f64 reference and against the interpreter: an mma outside any loop, two mma
-//! loops with transposed register operands, a register B, a masked A, a persistent loop with
-//! a runtime stride, an mma in a runtime `if`; shapes no multiple of the tiles, every input
+//! loops with transposed register operands, a register B, a masked A, operands masked at a
+//! bound and a B masked or gathered (what they must not read NaN), a persistent loop with a
+//! runtime stride, an mma in a runtime `if`; shapes no multiple of the tiles, every input
 //! distribution, outputs poisoned. Skips itself without a GPU.
 
 mod gpu_common;
@@ -220,6 +221,88 @@ fn gpu_mma_two_loops() {
     }
 }
 
+/// Poisons (NaN) the elements of `t` (`[rows, cols]`) that `keep(row, col)` rejects: what a
+/// masked load must never read.
+fn poison_outside(t: &mut HostTensor, keep: impl Fn(usize, usize) -> bool) {
+    let cols = t.shape[1];
+    for i in 0..t.data.len() {
+        if !keep(i / cols, i % cols) {
+            t.data.set_f64(i, f64::NAN);
+        }
+    }
+}
+
+/// `mma_bounded` (A and B loaded masked at `klim` along K: copied into shared memory clipped
+/// at the bound) and `mma_masked_b` (B masked along both dimensions: staged from registers),
+/// every element past the bounds NaN, so a read past them shows.
+fn gpu_mma_masked_operands() {
+    let mut rng = Rng::from_env();
+    let (bounded, masked_b) = (MmaBoundedComptime::default(), MmaMaskedBComptime::default());
+    for dev in devices() {
+        for &(m, n, k) in &SHAPES {
+            for dist in Dist::ALL {
+                for klim in [k * 3 / 4 + 1, k + 9, 0] {
+                    let nlim = n * 2 / 3 + 1;
+                    let a_all = tensor(&mut rng, &[m, k], DType::Bf16, dist);
+                    let mut a = a_all.clone();
+                    poison_outside(&mut a, |_, p| p < klim);
+                    let mut b_k = tensor(&mut rng, &[k, n], DType::Bf16, dist);
+                    let mut b_kn = b_k.clone();
+                    poison_outside(&mut b_k, |p, _| p < klim);
+                    poison_outside(&mut b_kn, |p, j| p < klim && j < nlim);
+                    let up = |t: &HostTensor| dev.upload(t).expect("upload");
+                    let (da, da_all, db_k, db_kn) = (up(&a), up(&a_all), up(&b_k), up(&b_kn));
+                    let g = tiles(m, n);
+                    let case = |what: &str| Case {
+                        kernel: format!("{what} on {}", dev.target()),
+                        shape: format!("m={m} n={n} k={k} klim={klim} nlim={nlim}"),
+                        dist,
+                        seed: rng.seed(),
+                    };
+                    let kl = klim as i32;
+                    let c = output(&dev, &[m, n]);
+                    mma_bounded
+                        .launch(&dev, &bounded, g, &da, &db_k, &c, kl)
+                        .expect("launch");
+                    let mut ci = poisoned(&[m, n], DType::F32);
+                    mma_bounded
+                        .interpret(&bounded, g, &a, &b_k, &mut ci, kl)
+                        .expect("interpret");
+                    let want = gemm_bounded(&a, &b_k, klim, n);
+                    check(case("mma_bounded"), &c, &want, &ci);
+                    let c = output(&dev, &[m, n]);
+                    let nl = nlim as i32;
+                    mma_masked_b
+                        .launch(&dev, &masked_b, g, &da_all, &db_kn, &c, kl, nl)
+                        .expect("launch");
+                    let mut ci = poisoned(&[m, n], DType::F32);
+                    mma_masked_b
+                        .interpret(&masked_b, g, &a_all, &b_kn, &mut ci, kl, nl)
+                        .expect("interpret");
+                    let want = gemm_bounded(&a_all, &b_kn, klim, nlim);
+                    check(case("mma_masked_b"), &c, &want, &ci);
+                }
+            }
+        }
+    }
+}
+
+fn gpu_mma_gathered_b() {
+    let ct = MmaGatheredBComptime::default();
+    gemm_like(
+        "mma_gathered_b",
+        &SHAPES,
+        tiles,
+        gemm_gathered_b,
+        |dev, g, a, b, c| mma_gathered_b.launch(dev, &ct, g, a, b, c).expect("launch"),
+        |g, a, b, c| {
+            mma_gathered_b
+                .interpret(&ct, g, a, b, c)
+                .expect("interpret")
+        },
+    );
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         ("gpu_mma_once", Needs::Gpu, gpu_mma_once),
@@ -228,5 +311,11 @@ fn main() -> ExitCode {
         ("gpu_mma_persistent", Needs::Gpu, gpu_mma_persistent),
         ("gpu_mma_in_if", Needs::Gpu, gpu_mma_in_if),
         ("gpu_mma_two_loops", Needs::Gpu, gpu_mma_two_loops),
+        (
+            "gpu_mma_masked_operands",
+            Needs::Gpu,
+            gpu_mma_masked_operands,
+        ),
+        ("gpu_mma_gathered_b", Needs::Gpu, gpu_mma_gathered_b),
     ])
 }

@@ -10,6 +10,9 @@
 //! `P` and `dS` rounded to the dtype, `Rounding::Stored`), plus a floor far below the dtype's
 //! rounding for gradients whose rounded computation happens to be nearly exact.
 
+mod bwd_varlen;
+
+use bwd_varlen::{Packed, Problem};
 use kiln_examples::attention_backward::{
     AttentionBwdParams, attention_bwd_dkdv, attention_bwd_dkdv_varlen, attention_bwd_dq,
     attention_bwd_dq_convert, attention_bwd_dq_convert_varlen, attention_bwd_dq_varlen,
@@ -172,7 +175,16 @@ fn backward(c: &Call, x: &Inputs) -> Got {
         assert!(dq_accum.to_f64_vec().iter().all(|x| x.is_nan()));
         attention_bwd_dq
             .interpret(
-                &p, qgrid, &x.q, &x.k, &x.v, &x.dout, &x.lse, &delta, &mut dq, x.scale,
+                &p,
+                p.dq_grid([sq, h, b]),
+                &x.q,
+                &x.k,
+                &x.v,
+                &x.dout,
+                &x.lse,
+                &delta,
+                &mut dq,
+                x.scale,
             )
             .unwrap();
     } else {
@@ -255,18 +267,20 @@ fn grouped_and_multi_query_heads_sum_over_the_group() {
 fn f16_and_head_dims_96_128_256_match_reference() {
     let mut rng = Rng::from_env();
     // d = 128 splits dK and dV into two blocks of 64 columns, d = 96 into three of 32, d = 256
-    // into four of 64.
-    for (dtype, d, causal, dist) in [
-        (DType::F16, 64, true, Dist::Normal),
-        (DType::F16, 64, false, Dist::Large),
-        (DType::Bf16, 128, true, Dist::Normal),
-        (DType::F16, 128, false, Dist::Uniform),
-        (DType::Bf16, 96, true, Dist::Normal),
-        (DType::Bf16, 256, false, Dist::Normal),
+    // into four of 64 (and the deterministic dQ into two of 128).
+    for (dtype, d, causal, dist, deterministic) in [
+        (DType::F16, 64, true, Dist::Normal, false),
+        (DType::F16, 64, false, Dist::Large, true),
+        (DType::Bf16, 128, true, Dist::Normal, true),
+        (DType::F16, 128, false, Dist::Uniform, false),
+        (DType::Bf16, 96, true, Dist::Normal, true),
+        (DType::Bf16, 256, false, Dist::Normal, false),
+        (DType::Bf16, 256, true, Dist::Large, true),
     ] {
         let mut c = Call {
             dtype,
             causal,
+            deterministic,
             ..Call::new(90, 75)
         };
         c.dims.d = d;
@@ -466,225 +480,81 @@ fn the_reference_gradients_are_finite_differences_of_the_forward() {
     }
 }
 
-/// A packed varlen batch: each sequence's `(query rows, keys)`, and rows past the last one
-/// in the packed tensors (poisoned in the outputs: no block may write them).
-struct Packed {
-    seqs: Vec<(usize, usize)>,
-    pad: (usize, usize),
-}
-
-impl Packed {
-    fn totals(&self) -> (usize, usize) {
-        let (q, k): (Vec<usize>, Vec<usize>) = self.seqs.iter().copied().unzip();
-        (
-            q.iter().sum::<usize>() + self.pad.0,
-            k.iter().sum::<usize>() + self.pad.1,
-        )
-    }
-
-    /// The offsets `cu_seqlens_q`, `cu_seqlens_k` as i32 tensors.
-    fn offsets(&self) -> (HostTensor, HostTensor) {
-        let cu = |len: fn(&(usize, usize)) -> usize| {
-            let mut at = 0;
-            let v: Vec<f64> = std::iter::once(0.0)
-                .chain(self.seqs.iter().map(|s| {
-                    at += len(s);
-                    at as f64
-                }))
-                .collect();
-            HostTensor::from_fn(&[v.len()], DType::I32, |i| v[i])
-        };
-        (cu(|s| s.0), cu(|s| s.1))
-    }
-
-    /// `[1, heads, total, d]` holding sequence `i`'s `[heads, len_i, d]` part at its rows
-    /// (`query` rows or keys), the pad rows `fill`.
-    fn pack(
-        &self,
-        parts: &[Vec<f64>],
-        heads: usize,
-        d: usize,
-        query: bool,
-        dtype: DType,
-        fill: f64,
-    ) -> HostTensor {
-        let total = if query {
-            self.totals().0
-        } else {
-            self.totals().1
-        };
-        let len = |s: &(usize, usize)| if query { s.0 } else { s.1 };
-        let mut data = vec![fill; heads * total * d];
-        let mut start = 0;
-        for (s, part) in self.seqs.iter().zip(parts) {
-            let n = len(s);
-            for h in 0..heads {
-                for r in 0..n {
-                    for x in 0..d {
-                        data[(h * total + start + r) * d + x] = part[(h * n + r) * d + x];
-                    }
-                }
-            }
-            start += n;
-        }
-        HostTensor::from_fn(&[1, heads, total, d], dtype, |i| data[i])
-    }
-}
-
 #[test]
 fn varlen_matches_each_sequence_on_its_own() {
     // Sequences of odd lengths, one with no keys (its rows see none: dq 0), one with no
     // queries (its keys get dk = dv = 0), sq > sk and sq < sk, causal with a window and
     // grouped heads; both dQ modes. Every gradient of a sequence must equal its dense
-    // backward's; the pad rows stay poisoned.
+    // backward's; the pad rows stay poisoned. Rows no block may read are NaN: the pad rows,
+    // and the unread inputs of the second and third sequences, right after the first's.
     let mut rng = Rng::from_env();
     let packed = Packed {
         seqs: vec![(70, 50), (40, 0), (0, 30), (100, 75), (20, 60)],
         pad: (3, 5),
     };
-    let (total_q, total_k) = packed.totals();
-    let (cu_q, cu_k) = packed.offsets();
-    let max_q = packed.seqs.iter().map(|s| s.0).max().unwrap_or(0);
-    let max_k = packed.seqs.iter().map(|s| s.1).max().unwrap_or(0);
     for (causal, window, softcap, deterministic) in [
         (false, (-1, -1), 0.0, false),
         (true, (40, -1), 0.0, true),
         (false, (20, 10), 15.0, false),
     ] {
-        let (h, h_kv, d, dtype) = (2, 1, 64, DType::Bf16);
-        let call = |sq, sk| {
-            let mut c = Call {
-                causal,
-                window,
-                softcap,
-                deterministic,
-                ..Call::new(sq, sk)
-            };
-            c.dims.h = h;
-            c.dims.h_kv = h_kv;
-            c.dims.d = d;
-            c
+        let p = AttentionBwdParams {
+            d: 64,
+            causal,
+            kv_group: 2,
+            dtype: DType::Bf16,
+            window_left: window.0,
+            window_right: window.1,
+            softcap,
+            deterministic,
+            ..AttentionBwdParams::default()
         };
-        // Each sequence's dense problem, its inputs and reference gradients.
-        let scale = (rng.uniform(0.5, 1.5) / (d as f64).sqrt()) as f32;
-        let mut parts: Vec<[Vec<f64>; 6]> = Vec::new();
-        let mut want: Vec<[Vec<f64>; 6]> = Vec::new();
-        for &(sq, sk) in &packed.seqs {
-            let c = call(sq, sk);
-            let mut x = inputs(&mut rng, &c, Dist::Normal);
-            x.scale = scale;
-            // o and lse for this scale (inputs drew its own).
-            let math = c.math(scale);
-            let [qv, kv, vv] = [&x.q, &x.k, &x.v].map(HostTensor::to_f64_vec);
-            let o = reference::attention_forward_f64(&qv, &kv, &vv, c.dims, math);
-            let o = HostTensor::from_fn(&[1, h, sq, d], dtype, |i| o[i]).to_f64_vec();
-            let lse = reference::attention_lse_f64(&qv, &kv, c.dims, math);
-            let (exact, rounded) = references(&c, &x);
-            parts.push([qv, kv, vv, x.dout.to_f64_vec(), o, lse]);
-            want.push([
-                exact.dq, exact.dk, exact.dv, rounded.dq, rounded.dk, rounded.dv,
-            ]);
-        }
-        let part = |i: usize| -> Vec<Vec<f64>> { parts.iter().map(|p| p[i].clone()).collect() };
-        // Rows no sequence owns: finite garbage in the mma operands (which the kernels, as
-        // the forward, need finite there), NaN in `o` and `lse` (which they must not read).
-        let q = packed.pack(&part(0), h, d, true, dtype, 7.5);
-        let k = packed.pack(&part(1), h_kv, d, false, dtype, -3.0);
-        let v = packed.pack(&part(2), h_kv, d, false, dtype, 1e4);
-        let dout = packed.pack(&part(3), h, d, true, dtype, -2e3);
-        let o = packed.pack(&part(4), h, d, true, dtype, f64::NAN);
-        let lse = packed.pack(&part(5), h, 1, true, DType::F32, f64::NAN);
-        let lse = HostTensor::from_fn(&[1, h, total_q], DType::F32, |i| lse.data.get_f64(i));
-        let c = call(0, 0);
-        let p = c.params();
-        let mut delta = poisoned(&[1, h, total_q], DType::F32);
-        let mut dq_accum = poisoned(&[1, h, total_q, d], DType::F32);
-        let mut dq = poisoned(&[1, h, total_q, d], dtype);
-        let mut dk = poisoned(&[1, h_kv, total_k, d], dtype);
-        let mut dv = poisoned(&[1, h_kv, total_k, d], dtype);
-        let b = packed.seqs.len();
-        let qgrid = p.query_grid([max_q, h, b]);
+        let x = Problem::new(&mut rng, packed.clone(), p, (2, 1), Dist::Normal);
+        let [q, k, v, dout, o, lse] = &x.inputs;
+        let (rows, acc_shape, kv_shape) = x.output_shapes();
+        let mut delta = poisoned(&rows, DType::F32);
+        let mut dq_accum = poisoned(&acc_shape, DType::F32);
+        let mut dq = poisoned(&acc_shape, p.dtype);
+        let mut dk = poisoned(&kv_shape, p.dtype);
+        let mut dv = poisoned(&kv_shape, p.dtype);
+        let [qgrid, kgrid, dq_grid] = x.grids();
+        let (cu_q, cu_k, scale) = (&x.cu_q, &x.cu_k, x.scale);
         attention_bwd_preprocess_varlen
-            .interpret(
-                &p,
-                qgrid,
-                &o,
-                &dout,
-                &mut delta,
-                &mut dq_accum,
-                &cu_q,
-                &cu_k,
-            )
+            .interpret(&p, qgrid, o, dout, &mut delta, &mut dq_accum, cu_q, cu_k)
             .unwrap();
         attention_bwd_dkdv_varlen
             .interpret(
                 &p,
-                p.key_grid([max_k, h_kv, b]),
-                &q,
-                &k,
-                &v,
-                &dout,
-                &lse,
+                kgrid,
+                q,
+                k,
+                v,
+                dout,
+                lse,
                 &delta,
                 &mut dq_accum,
                 &mut dk,
                 &mut dv,
-                &cu_q,
-                &cu_k,
+                cu_q,
+                cu_k,
                 scale,
             )
             .unwrap();
         if deterministic {
             attention_bwd_dq_varlen
                 .interpret(
-                    &p, qgrid, &q, &k, &v, &dout, &lse, &delta, &mut dq, &cu_q, &cu_k, scale,
+                    &p, dq_grid, q, k, v, dout, lse, &delta, &mut dq, cu_q, cu_k, scale,
                 )
                 .unwrap();
         } else {
             attention_bwd_dq_convert_varlen
-                .interpret(&p, qgrid, &dq_accum, &mut dq, &cu_q, &cu_k, scale)
+                .interpret(&p, qgrid, &dq_accum, &mut dq, cu_q, cu_k, scale)
                 .unwrap();
         }
-        let case = Case {
-            kernel: format!("attention backward varlen {p:?}"),
-            shape: format!(
-                "seqs {:?} h={h} h_kv={h_kv} d={d} scale={scale}",
-                packed.seqs
-            ),
-            dist: Dist::Normal,
-            seed: rng.seed(),
-        };
-        // The expected packed gradients (pad rows NaN: still poisoned) and the check.
-        for (name, got, i, heads, query) in [
-            ("dq", &dq, 0, h, true),
-            ("dk", &dk, 1, h_kv, false),
-            ("dv", &dv, 2, h_kv, false),
-        ] {
-            let exact: Vec<Vec<f64>> = want.iter().map(|w| w[i].clone()).collect();
-            let rounded: Vec<Vec<f64>> = want.iter().map(|w| w[i + 3].clone()).collect();
-            let exact = packed
-                .pack(&exact, heads, d, query, DType::F32, f64::NAN)
-                .to_f64_vec();
-            let rounded = packed
-                .pack(&rounded, heads, d, query, DType::F32, f64::NAN)
-                .to_f64_vec();
-            let got = got.to_f64_vec();
-            let pad_untouched = got
-                .iter()
-                .zip(&exact)
-                .filter(|(_, e)| e.is_nan())
-                .all(|(g, _)| g.is_nan());
-            assert!(pad_untouched, "{case}: {name} wrote a pad row");
-            let keep = |v: &[f64]| -> Vec<f64> {
-                v.iter()
-                    .zip(&exact)
-                    .filter(|(_, e)| !e.is_nan())
-                    .map(|(x, _)| *x)
-                    .collect()
-            };
-            let kept = keep(&got);
-            let got = HostTensor::from_fn(&[kept.len()], DType::F32, |j| kept[j]);
-            assert_within_rule(&case, name, &got, &keep(&exact), &keep(&rounded), dtype);
-        }
+        x.check(
+            "attention backward varlen",
+            &rng,
+            Dist::Normal,
+            [&dq, &dk, &dv],
+        );
     }
 }

@@ -131,6 +131,87 @@ fn num_warps_is_a_comptime_value() {
     }
 }
 
+/// Poisons (NaN) the elements of `t` (`[rows, cols]`) that `keep(row, col)` rejects: what a
+/// masked load must never read.
+fn poison_outside(t: &mut HostTensor, keep: impl Fn(usize, usize) -> bool) {
+    let cols = t.shape[1];
+    for i in 0..t.data.len() {
+        if !keep(i / cols, i % cols) {
+            t.data.set_f64(i, f64::NAN);
+        }
+    }
+}
+
+/// `mma_bounded` (A and B masked at `klim` along K) and `mma_masked_b` (B masked in two
+/// dimensions) with the elements past their bounds NaN: bounds inside a tile, at the tensor's
+/// edge, past it and at 0.
+#[test]
+fn masked_operands_match_reference() {
+    let mut rng = Rng::from_env();
+    for &(m, n, k) in &SHAPES {
+        for dist in Dist::ALL {
+            for klim in [k * 3 / 4 + 1, k, k + 9, 0] {
+                let nlim = n * 2 / 3 + 1;
+                // A for each kernel: `mma_masked_b` reads all of it.
+                let a_all = tensor(&mut rng, &[m, k], DType::Bf16, dist);
+                let mut a = a_all.clone();
+                poison_outside(&mut a, |_, p| p < klim);
+                // B for each kernel, NaN past what it reads.
+                let mut b_k = tensor(&mut rng, &[k, n], DType::Bf16, dist);
+                let mut b_kn = b_k.clone();
+                poison_outside(&mut b_k, |p, _| p < klim);
+                poison_outside(&mut b_kn, |p, j| p < klim && j < nlim);
+                let shape = format!("m={m} n={n} k={k} klim={klim} nlim={nlim}");
+                let tol = tolerance(DType::Bf16);
+                let mut c = poisoned(&[m, n], DType::F32);
+                let mut args = [
+                    HostArg::Tensor(&a),
+                    HostArg::Tensor(&b_k),
+                    HostArg::TensorMut(&mut c),
+                    HostArg::I32(klim as i32),
+                ];
+                run_def(
+                    &mma_bounded,
+                    &MmaBoundedComptime::default(),
+                    tiles(m, n),
+                    &mut args,
+                )
+                .unwrap();
+                let want = gemm_bounded(&a, &b_k, klim, n);
+                assert_close(
+                    &case("mma_bounded", shape.clone(), dist, &rng),
+                    &c,
+                    &want,
+                    tol,
+                );
+                let mut c = poisoned(&[m, n], DType::F32);
+                let mut args = [
+                    HostArg::Tensor(&a_all),
+                    HostArg::Tensor(&b_kn),
+                    HostArg::TensorMut(&mut c),
+                    HostArg::I32(klim as i32),
+                    HostArg::I32(nlim as i32),
+                ];
+                run_def(
+                    &mma_masked_b,
+                    &MmaMaskedBComptime::default(),
+                    tiles(m, n),
+                    &mut args,
+                )
+                .unwrap();
+                let want = gemm_bounded(&a_all, &b_kn, klim, nlim);
+                assert_close(&case("mma_masked_b", shape, dist, &rng), &c, &want, tol);
+            }
+        }
+    }
+}
+
+#[test]
+fn mma_gathered_b_matches_reference() {
+    let ct = MmaGatheredBComptime::default();
+    check_gemm_like(&mma_gathered_b, &ct, tiles, gemm_gathered_b, &SHAPES, &[]);
+}
+
 #[test]
 fn mma_persistent_matches_reference() {
     let ct = MmaPersistentComptime::default();
@@ -217,6 +298,9 @@ fn kernels(aligned: bool) -> Vec<Kernel> {
         b(&mma_persistent, aligned),
         b(&mma_in_if, aligned),
         b(&mma_two_loops, aligned),
+        b(&mma_bounded, aligned),
+        b(&mma_masked_b, aligned),
+        b(&mma_gathered_b, aligned),
     ]
 }
 
@@ -259,6 +343,9 @@ fn staging_covers_exactly_the_register_operands() {
         ("mma_persistent", vec![]),
         ("mma_in_if", vec![]),
         ("mma_two_loops", vec![true, true]),
+        ("mma_bounded", vec![]),
+        ("mma_masked_b", vec![false]),
+        ("mma_gathered_b", vec![false]),
     ];
     for target in [Target::Sm80, Target::Sm90a] {
         for mut k in kernels(true) {
@@ -283,6 +370,34 @@ fn staging_covers_exactly_the_register_operands() {
     }
 }
 
+/// A masked load bounded along one dimension is copied into shared memory (a buffer, staged
+/// `n - 1` iterations ahead in its pipelined loop), as a plain load is: `mma_bounded`'s A
+/// and B both, on both targets.
+#[test]
+fn bounded_masked_loads_are_copied_ahead_into_shared_memory() {
+    for target in [Target::Sm80, Target::Sm90a] {
+        for aligned in [true, false] {
+            let spec = Spec::uniform(
+                MmaBoundedComptime::default(),
+                mma_bounded.signature(),
+                aligned,
+            );
+            let mut k = mma_bounded.build(&spec).expect("builds");
+            kiln_ir::passes::run_pipeline(&mut k, target, &mut |_, _| {}).expect("lowers");
+            let what = format!("{target} aligned {aligned}");
+            let buffers = &k.schedule.buffers;
+            assert_eq!(buffers.len(), 2, "{what}");
+            let plan = k.schedule.loops.values().next().expect("a pipelined loop");
+            for b in buffers {
+                let masked = matches!(k.ops[b.load].kind, kiln_ir::OpKind::Gather { .. });
+                assert!(masked && b.stages == 3, "{what}");
+                assert!(plan.prefetched.contains(&b.load), "{what}");
+            }
+            assert!(k.schedule.staged.is_empty());
+        }
+    }
+}
+
 /// On sm_90a each kernel takes the sm_80 lowering with a note at its first mma saying why the
 /// warp-specialised schedule did not take it.
 #[test]
@@ -294,6 +409,9 @@ fn sm90a_notes_say_why_each_kernel_is_lowered_with_mma_sync() {
         ("mma_persistent", "not `pipelined`"),
         ("mma_in_if", "not `pipelined`"),
         ("mma_two_loops", "2 loops with mmas"),
+        ("mma_bounded", "operands or shapes"),
+        ("mma_masked_b", "operands or shapes"),
+        ("mma_gathered_b", "operands or shapes"),
     ];
     for mut k in kernels(true) {
         kiln_ir::passes::run_pipeline(&mut k, Target::Sm90a, &mut |_, _| {}).expect("lowers");

@@ -122,6 +122,9 @@ enum Part {
 impl Emitter<'_> {
     /// Writes a gather, scatter or atomic.
     pub(crate) fn write_access(&mut self, id: OpId) -> Result<(), CodegenError> {
+        if self.write_staged_load(id)? {
+            return Ok(());
+        }
         let op = self.k.ops[id].clone();
         let parts = op
             .access_operands()

@@ -1,9 +1,10 @@
 //! Tiles staged in shared memory by `cp.async`: 16-byte chunks, zero-filled past the
-//! tensor's edge through the src-size operand, with an element-wise fallback when the tensor
+//! tensor's edge (or a masked load's bound, `staged_load`) through the src-size operand, with an element-wise fallback when the tensor
 //! or the coordinate is not known to be 16-byte aligned, into a buffer's swizzled rows.
 
+use kiln_ir::passes::staged_load::{self, StagedLoad};
 use kiln_ir::schedule::SmemBuffer;
-use kiln_ir::{DType, OpId, OpKind};
+use kiln_ir::{DType, OpId};
 
 use super::Emitter;
 use super::memory::TileOrigin;
@@ -12,8 +13,9 @@ use crate::types::mem_ty;
 use crate::types::{Class, Reg};
 
 impl Emitter<'_> {
-    /// Issues the cp.async copies (or element copies) of load `id`'s tile at `coords` into
-    /// shared memory at `dst`. Does not commit. `whole_chunks`: test at run time whether
+    /// Issues the cp.async copies (or element copies) of load `id`'s tile into shared memory
+    /// at `dst`, `scalars` holding its `StagedLoad::scalars` (the coordinates, then a masked
+    /// load's bound). Does not commit. `whole_chunks`: test at run time whether
     /// the warp's chunks all lie inside the tensor's columns and, if so, copy without a
     /// register src-size (GEMM mainloops: fewer instructions, a few more live registers).
     ///
@@ -23,15 +25,15 @@ impl Emitter<'_> {
     pub(crate) fn issue_copy(
         &mut self,
         id: OpId,
-        coords: &[Reg],
+        scalars: &[Reg],
         dst: Reg,
         buf: &SmemBuffer,
         whole_chunks: bool,
     ) -> Result<(), CodegenError> {
-        let op = self.k.ops[id].clone();
-        let OpKind::Load { tensor, shape } = op.kind else {
+        let Some(staged) = staged_load::of(self.k, id) else {
             return Err(self.internal(id, "not a load"));
         };
+        let (tensor, shape) = (staged.tensor, staged.shape.clone());
         if shape.rank() != 2 {
             return Err(self.unsupported(id, "a 1-D tile staged in shared memory"));
         }
@@ -41,12 +43,17 @@ impl Emitter<'_> {
                 "a shared tile whose rows are not a multiple of 16 bytes",
             ));
         }
-        let o = self.origin(tensor, coords, 2, None, id)?;
+        let rank = staged.coords.len();
+        let coords = scalars
+            .get(..rank)
+            .ok_or_else(|| self.internal(id, "a staged load without its coordinates"))?;
+        let clip = self.copy_clip(&staged, scalars, id)?;
+        let o = self.origin(tensor, coords, 2, clip, id)?;
         let aligned = self.k.params[tensor].aligned16();
         let epc = 16 / o.esize;
-        let col_coord = op.operands[op.operands.len() - 1];
+        let col_coord = staged.coords[rank - 1];
         let fast = aligned && self.known_multiple(col_coord).is_multiple_of(epc);
-        let dtype = self.k.ty(op.results[0]).dtype();
+        let dtype = self.k.params[tensor].dtype();
         let cpr = buf.row_bytes / 16;
         let total = shape.rows() as u32 * cpr;
         let threads = 32 * self.k.options.num_warps;
@@ -142,6 +149,36 @@ impl Emitter<'_> {
         }
         self.label(&done);
         Ok(())
+    }
+
+    /// A masked load's bound as the clipped extent of its tensor dimension (`origin`'s
+    /// `clip`): element `i` is kept iff `i + shift < limit`, so tensor coordinates from
+    /// `coord + limit - shift` on are cut, and never past the tensor's own extent.
+    fn copy_clip(
+        &mut self,
+        staged: &StagedLoad,
+        scalars: &[Reg],
+        id: OpId,
+    ) -> Result<Option<(usize, Reg)>, CodegenError> {
+        let (Some(b), Some(dim)) = (staged.bound, staged.bound_dim(staged.coords.len())) else {
+            return Ok(None);
+        };
+        let rank = staged.coords.len();
+        let rest = &scalars[rank..];
+        let (shift, limit) = match (b.shift, rest) {
+            (Some(_), [s, l]) => (Some(*s), *l),
+            (None, [l]) => (None, *l),
+            _ => return Err(self.internal(id, "a bounded load without its bound")),
+        };
+        let (_, dims, _) = self.tensor_regs(staged.tensor, id)?;
+        let end = self.new_reg(Class::B32);
+        self.ins(format!("add.s32 {end}, {}, {limit}", scalars[dim]));
+        if let Some(s) = shift {
+            self.ins(format!("sub.s32 {end}, {end}, {s}"));
+        }
+        self.ins(format!("max.s32 {end}, {end}, 0"));
+        self.ins(format!("min.s32 {end}, {end}, {}", dims[dim]));
+        Ok(Some((dim, end)))
     }
 
     /// One 16-byte cp.async of `bytes` bytes (zero-filled), none when `row_ok` is false.

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use kiln_ir::passes::staged_load;
 use kiln_ir::schedule::Distribution;
 use kiln_ir::{DType, OpId, OpKind, ValueId};
 
@@ -53,7 +54,7 @@ impl Emitter<'_> {
         (col0, row_base)
     }
 
-    fn tensor_regs(
+    pub(super) fn tensor_regs(
         &self,
         tensor: usize,
         at: OpId,
@@ -203,6 +204,45 @@ impl Emitter<'_> {
             .collect()
     }
 
+    /// Writes load `id` (a `load`, or a masked load `staged_load` bounds) staged in shared
+    /// memory for `mma`, when it has a buffer; `false` when it has none.
+    pub(crate) fn write_staged_load(&mut self, id: OpId) -> Result<bool, CodegenError> {
+        let Some(buf) = self.k.schedule.buffer(id).cloned() else {
+            return Ok(false);
+        };
+        let r = self.k.ops[id].results[0];
+        let base = match self.pipelined_stage(id) {
+            Some(base) => base,
+            None => {
+                let base = self.new_reg(Class::B32);
+                self.ins(format!("add.s32 {base}, {}, {}", self.smem, buf.offset));
+                let staged = staged_load::of(self.k, id)
+                    .ok_or_else(|| self.internal(id, "a shared tile of no load"))?;
+                let scalars = staged
+                    .scalars()
+                    .into_iter()
+                    .map(|c| self.scalar(c, id))
+                    .collect::<Result<Vec<_>, _>>()?;
+                // Every thread is done reading the previous contents.
+                self.ins("bar.sync 0");
+                self.issue_copy(id, &scalars, base, &buf, false)?;
+                self.ins("cp.async.commit_group");
+                self.ins("cp.async.wait_group 0");
+                self.ins("bar.sync 0");
+                base
+            }
+        };
+        self.vals.insert(
+            r,
+            Val::Smem {
+                base,
+                buf,
+                transposed: false,
+            },
+        );
+        Ok(true)
+    }
+
     /// Writes a `load`: into registers, or staged in shared memory for `mma`.
     pub(crate) fn write_load(&mut self, id: OpId) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
@@ -210,30 +250,7 @@ impl Emitter<'_> {
             return Err(self.internal(id, "not a load"));
         };
         let r = op.results[0];
-        if let Some(buf) = self.k.schedule.buffer(id).cloned() {
-            let base = match self.pipelined_stage(id) {
-                Some(base) => base,
-                None => {
-                    let base = self.new_reg(Class::B32);
-                    self.ins(format!("add.s32 {base}, {}, {}", self.smem, buf.offset));
-                    let coords = self.coord_regs(id, op.operands.len())?;
-                    // Every thread is done reading the previous contents.
-                    self.ins("bar.sync 0");
-                    self.issue_copy(id, &coords, base, &buf, false)?;
-                    self.ins("cp.async.commit_group");
-                    self.ins("cp.async.wait_group 0");
-                    self.ins("bar.sync 0");
-                    base
-                }
-            };
-            self.vals.insert(
-                r,
-                Val::Smem {
-                    base,
-                    buf,
-                    transposed: false,
-                },
-            );
+        if self.write_staged_load(id)? {
             return Ok(());
         }
         let coords = self.coord_regs(id, op.operands.len())?;

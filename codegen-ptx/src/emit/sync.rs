@@ -277,9 +277,10 @@ impl Emitter<'_> {
         let gemm = self.single_mma(p.iv);
         for (l, buf) in &p.loads {
             let mut memo = BTreeMap::new();
-            let coords = self.k.ops[*l]
-                .operands
-                .clone()
+            let staged = kiln_ir::passes::staged_load::of(self.k, *l)
+                .ok_or_else(|| self.internal(*l, "a prefetched tile of no load"))?;
+            let coords = staged
+                .scalars()
                 .into_iter()
                 .map(|c| self.remat(c, p.iv, at, &mut memo, *l, lower))
                 .collect::<Result<Vec<_>, _>>()?;

@@ -1,7 +1,8 @@
 //! The `layout` pass: gives every tile value a [`Layout`] in `kernel.schedule.layouts`.
 //!
 //! Anchors: an `mma` result gets the accumulator layout of the kernel's warp grid; a `load`
-//! read only by `mma` (directly or through `transpose`) is staged in shared memory. Layouts
+//! (or a masked load whose mask a copy can bound, `staged_load`) read only by `mma`
+//! (directly or through `transpose`) is staged in shared memory. Layouts
 //! then flow forward through elementwise ops, reductions (slice layouts) and reshapes, and
 //! backward into values that have none of their own (`splat`, `iota`, loop-carried initial
 //! values, register `load`s), until nothing changes; then the first register `load` still
@@ -112,8 +113,8 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 reduce_dims[usize::from(dim + 1 >= rank)] = true;
             }
             OpKind::Mma => {
-                let (a_def, _) = defining_op(kernel, op.operands[0]);
-                if !matches!(kernel.ops[a_def].kind, OpKind::Load { .. }) {
+                let (a_def, is_result) = defining_op(kernel, op.operands[0]);
+                if !is_result || super::staged_load::of(kernel, a_def).is_none() {
                     register_a = true;
                 }
             }
@@ -123,10 +124,11 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     let rows_per_warp = register_a || reduce_dims[1];
     let mut layouts: BTreeMap<ValueId, Layout> = BTreeMap::new();
 
-    // Shared-memory operands.
+    // Shared-memory operands: plain loads, and masked loads the copy can bound
+    // (`staged_load`).
     for &id in &order {
         let op = &kernel.ops[id];
-        if !matches!(op.kind, OpKind::Load { .. }) {
+        if super::staged_load::of(kernel, id).is_none() {
             continue;
         }
         let r = op.results[0];
@@ -164,13 +166,18 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     }
 
     // A gather read only as an `mma` A operand (a MoE expert's routed rows) is loaded
-    // straight into the accumulator layout that a register A operand takes.
+    // straight into the accumulator layout that a register A operand takes. One read as a B
+    // operand (or a masked load no copy can bound) is loaded into registers in the layout
+    // the rules give it, and `mma_operands` stages it in shared memory from there.
     for &id in &order {
         let op = &kernel.ops[id];
         if !matches!(op.kind, OpKind::Gather { .. }) {
             continue;
         }
         let r = op.results[0];
+        if layouts.get(&r).is_some_and(Layout::is_shared) {
+            continue;
+        }
         let only_a = uses.get(&r).is_some_and(|us| {
             us.iter().all(|&u| {
                 kernel.ops[u].kind == OpKind::Mma && kernel.ops[u].operands.first() == Some(&r)
@@ -178,18 +185,6 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         });
         if only_a {
             layouts.insert(r, Layout::Mma { warps: [warps, 1] });
-        }
-        // B operands are read from shared memory, where only plain loads are staged.
-        let as_b = uses.get(&r).into_iter().flatten().find(|&&u| {
-            kernel.ops[u].kind == OpKind::Mma && kernel.ops[u].operands.get(1) == Some(&r)
-        });
-        if let Some(&u) = as_b {
-            return Err(Diagnostic::new(
-                kernel.ops[u].loc,
-                "the B operand of `mma` is a gathered or masked load; only a plain `load` can be \
-                 a B operand",
-            )
-            .note("gather into the A operand instead (transpose the product), or load B whole"));
         }
     }
 
@@ -458,6 +453,10 @@ fn access_layouts(
             None => return,
         },
     };
+    // A masked load staged in shared memory is copied, bounded, without its mask tile.
+    if layouts.get(&anchor).is_some_and(Layout::is_shared) {
+        return;
+    }
     let Some(shape) = kernel.ty(anchor).shape().cloned() else {
         return;
     };

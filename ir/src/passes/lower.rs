@@ -79,12 +79,12 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             .iter()
             .copied()
             .filter(|&l| {
-                matches!(kernel.ops[l].kind, OpKind::Load { .. })
-                    && kernel.schedule.buffer(l).is_some()
-                    && kernel.ops[l]
-                        .operands
-                        .iter()
-                        .all(|&c| hoistable(kernel, c, id, &inside))
+                kernel.schedule.buffer(l).is_some()
+                    && super::staged_load::of(kernel, l).is_some_and(|s| {
+                        s.scalars()
+                            .iter()
+                            .all(|&c| hoistable(kernel, c, id, &inside))
+                    })
             })
             .collect();
         if !prefetched.is_empty() {

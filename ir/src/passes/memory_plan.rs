@@ -1,5 +1,5 @@
 //! The `memory_plan` pass: places one shared-memory buffer per tile staged in shared memory
-//! (layout `#smem`), with `stages` copies for a load directly inside a pipelined loop.
+//! (layout `#smem`: a load or a bounded masked load, `staged_load`), with `stages` copies for a load directly inside a pipelined loop.
 //!
 //! Buffers are laid out one after another at 128-byte alignment (no reuse yet: every staged
 //! tile of the example kernels is live across the main loop). Rows of a multiple of 32 bytes
@@ -36,7 +36,7 @@ pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {
     let order = ops_in_order(kernel);
     for &id in &order {
         let op = &kernel.ops[id];
-        if !matches!(op.kind, OpKind::Load { .. }) {
+        if super::staged_load::of(kernel, id).is_none() {
             continue;
         }
         let r = op.results[0];

@@ -15,6 +15,7 @@ pub mod overlap;
 pub mod persistent;
 pub mod pipeline;
 pub mod protocol_check;
+pub mod staged_load;
 pub mod strip_mine;
 mod tiles_nd;
 pub mod tma_store;

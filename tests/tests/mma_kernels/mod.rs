@@ -2,7 +2,8 @@
 //! the CPU tests (`mma_general.rs`: interpreter vs f64, PTX through ptxas) and the GPU tests
 //! (`gpu_mma_general.rs`): an mma outside any loop, two mma loops with transposed register
 //! operands (attention's backward shape), a register B computed in the kernel, a masked
-//! operand, a persistent loop with a runtime stride, an mma in a runtime `if`; and the f64
+//! operand, operands loaded masked at a bound along K, a B masked in two dimensions and a
+//! gathered B, a persistent loop with a runtime stride, an mma in a runtime `if`; and the f64
 //! references they are checked against.
 
 #![allow(dead_code)]
@@ -71,6 +72,87 @@ pub fn mma_masked(
             0.0,
         );
         let y = b.tile([BK, BN], [kb * BK, nb * BN]).load();
+        acc = mma_acc(&x, &y, &acc);
+    }
+    c.tile([BM, BN], [mb * BM, nb * BN]).store(acc);
+}
+
+/// `c = a[:, :klim] @ b[:klim, :]`: both operands masked loads bounded at `klim` along K (A's
+/// columns, B's rows), which the lowering copies into shared memory clipped at the bound,
+/// never reading `a[:, klim..]` or `b[klim.., :]`.
+#[kernel(num_warps = 4, grid = [BM, BN, 1])]
+pub fn mma_bounded(
+    a: Tensor<bf16, 2>,
+    b: Tensor<bf16, 2>,
+    c: TensorMut<f32, 2>,
+    klim: i32,
+    #[comptime(default = 64)] BM: usize,
+    #[comptime(default = 64)] BN: usize,
+    #[comptime(default = 32)] BK: usize,
+) {
+    let (mb, nb) = (block_id().x, block_id().y);
+    let k = a.dim(1);
+    let mut acc = zeros::<f32>([BM, BN]);
+    for kb in pipelined(0..cdiv(k, BK), stages = 3) {
+        let x = a
+            .tile([BM, BK], [mb * BM, kb * BK])
+            .load_masked(iota([BM, BK], 1) + kb * BK < klim, 0.0);
+        let y = b
+            .tile([BK, BN], [kb * BK, nb * BN])
+            .load_masked(iota([BK, BN], 0) + kb * BK < klim, 0.0);
+        acc = mma_acc(&x, &y, &acc);
+    }
+    c.tile([BM, BN], [mb * BM, nb * BN]).store(acc);
+}
+
+/// `c = a @ (b masked)`: B's elements kept where its row is below `klim` and its column
+/// below `nlim`, a mask no copy can bound (two dimensions): B is read into registers and
+/// staged from there.
+#[kernel(num_warps = 4, grid = [BM, BN, 1])]
+pub fn mma_masked_b(
+    a: Tensor<bf16, 2>,
+    b: Tensor<bf16, 2>,
+    c: TensorMut<f32, 2>,
+    klim: i32,
+    nlim: i32,
+    #[comptime(default = 64)] BM: usize,
+    #[comptime(default = 64)] BN: usize,
+    #[comptime(default = 32)] BK: usize,
+) {
+    let (mb, nb) = (block_id().x, block_id().y);
+    let k = a.dim(1);
+    let mut acc = zeros::<f32>([BM, BN]);
+    for kb in pipelined(0..cdiv(k, BK), stages = 2) {
+        let x = a.tile([BM, BK], [mb * BM, kb * BK]).load();
+        let inside = kiln_ir::dsl::Logic::and(
+            iota([BK, BN], 0) + kb * BK < klim,
+            iota([BK, BN], 1) + nb * BN < nlim,
+        );
+        let y = b
+            .tile([BK, BN], [kb * BK, nb * BN])
+            .load_masked(inside, 0.0);
+        acc = mma_acc(&x, &y, &acc);
+    }
+    c.tile([BM, BN], [mb * BM, nb * BN]).store(acc);
+}
+
+/// `c[i, j] = sum_p a[i, p] b[(7 p) % k, j]`: B's rows gathered through an index tile.
+#[kernel(num_warps = 4, grid = [BM, BN, 1])]
+pub fn mma_gathered_b(
+    a: Tensor<bf16, 2>,
+    b: Tensor<bf16, 2>,
+    c: TensorMut<f32, 2>,
+    #[comptime(default = 64)] BM: usize,
+    #[comptime(default = 64)] BN: usize,
+    #[comptime(default = 32)] BK: usize,
+) {
+    let (mb, nb) = (block_id().x, block_id().y);
+    let k = a.dim(1);
+    let mut acc = zeros::<f32>([BM, BN]);
+    for kb in pipelined(0..cdiv(k, BK), stages = 2) {
+        let x = a.tile([BM, BK], [mb * BM, kb * BK]).load();
+        let rows = (iota([BK], 0) + kb * BK) * 7 % k;
+        let y = b.rows(&rows, BN, [0, nb * BN]).load();
         acc = mma_acc(&x, &y, &acc);
     }
     c.tile([BM, BN], [mb * BM, nb * BN]).store(acc);
@@ -194,6 +276,37 @@ pub fn gemm_exp_b(a: &HostTensor, b: &HostTensor) -> Vec<f64> {
     gemm_with(a, b, |_, _, y| {
         f64::from(half::bf16::from_f64((-y.abs()).exp()).to_f32())
     })
+}
+
+/// `a[:, :klim] @ b[:klim, :]` with `b`'s columns from `nlim` on zero.
+pub fn gemm_bounded(a: &HostTensor, b: &HostTensor, klim: usize, nlim: usize) -> Vec<f64> {
+    let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
+    let (av, bv) = (f64s(a), f64s(b));
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for p in 0..k.min(klim) {
+            for j in 0..n.min(nlim) {
+                c[i * n + j] += av[i * k + p] * bv[p * n + j];
+            }
+        }
+    }
+    c
+}
+
+/// `c[i, j] = sum_p a[i, p] b[(7 p) % k, j]`.
+pub fn gemm_gathered_b(a: &HostTensor, b: &HostTensor) -> Vec<f64> {
+    let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
+    let (av, bv) = (f64s(a), f64s(b));
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for p in 0..k {
+            let r = (7 * p) % k;
+            for j in 0..n {
+                c[i * n + j] += av[i * k + p] * bv[r * n + j];
+            }
+        }
+    }
+    c
 }
 
 /// `tril(a) @ b` (`a[i, p]` kept where `i >= p`).

@@ -56,6 +56,10 @@ pub(super) fn insert(kernel: &mut Kernel, layouts: &mut BTreeMap<ValueId, Layout
                 let Some(anchor) = anchor else {
                     continue;
                 };
+                // A masked load staged in shared memory reads no mask tile.
+                if layouts.get(&anchor).is_some_and(Layout::is_shared) {
+                    continue;
+                }
                 operands_to(kernel, layouts, id, anchor);
                 if let (Some(&r), Some(al), Some(s)) = (
                     op.results.first(),
