@@ -11,6 +11,7 @@
 //! exceptions; every rule lives here, unit-tested without an interpreter or a GPU.
 
 pub mod args;
+pub mod backward;
 pub mod generic;
 pub mod launch;
 pub mod varlen;
