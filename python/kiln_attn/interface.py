@@ -14,6 +14,7 @@ kernels. This module does not import torch: called with tensors, torch is alread
 """
 
 import contextlib
+import operator
 import sys
 
 from . import _native
@@ -67,11 +68,13 @@ def window_pair(window_size):
         raise ValueError(f"window_size: expected a pair (left, right), got {n} values")
     out = []
     for x in window_size:
+        # operator.index takes ints and integer tensor elements, never a float or a bool's
+        # accident.
         if isinstance(x, bool):
             raise TypeError("window_size: expected ints, got a bool")
         try:
-            out.append(int(x))
-        except (TypeError, ValueError):
+            out.append(operator.index(x))
+        except TypeError:
             raise TypeError(f"window_size: expected ints, got {type(x).__name__}") from None
     return out[0], out[1]
 
