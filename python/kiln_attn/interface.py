@@ -216,7 +216,10 @@ def flash_attn_varlen_func(
 
     Returns out (total_q, nheads, headdim), with softmax_lse (nheads, total_q) torch.float32
     as asked (return_lse, or return_attn_probs with S_dmask FlashAttention's empty tensor).
-    Differentiable in q, k and v; rows that no sequence owns get gradient 0.
+    Differentiable in q, k and v; rows that no sequence owns get gradient 0. Rows of q, k, v
+    and the output gradient that no sequence owns must hold finite values when gradients are
+    computed: the backward kernels read them whole into products that mask them to 0, and a
+    NaN or inf there would reach dq, dk or dv.
     """
     check_unsupported(dropout_p, alibi_slopes)
     if block_table is not None:
