@@ -1,5 +1,8 @@
-//! The `kiln_attn` Python module: FlashAttention's `flash_attn_func` over PyTorch CUDA tensors,
-//! run by kiln's DSL attention with no copy, on the caller's current CUDA stream.
+//! The `kiln_attn._native` Python module: attention's forward and backward over PyTorch
+//! tensors (CUDA tensors in place on the caller's current stream, or CPU tensors on kiln's
+//! interpreter), run by kiln's DSL kernels with no copy, and every registered kernel by name.
+//! The package's Python layer (`kiln_attn/interface.py`, `autograd.py`, `fa3.py`) adds
+//! FlashAttention's argument orders, autograd and the `torch.library` custom ops on top.
 //!
 //! Tensors are read through the attributes every `torch.Tensor` has (`shape`, `stride()`,
 //! `dtype`, `device`, `data_ptr()`), not through DLPack: that is a few attribute reads per
@@ -998,8 +1001,8 @@ impl Kernel {
     }
 }
 
-/// The extension under the `kiln_attn` package: `flash_attn_func` with FlashAttention's
-/// interface, and every registered kernel (`kernels`, `kernel`).
+/// The extension under the `kiln_attn` package: attention's forward and backward (`_fwd`,
+/// `_varlen_fwd`, `_bwd`, `_varlen_bwd`), and every registered kernel (`kernels`, `kernel`).
 #[pymodule(name = "_native")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_fwd, m)?)?;

@@ -763,7 +763,6 @@ mod tests {
 
     #[test]
     fn each_gradient_tensor_is_checked_by_name() {
-        let f32t = TorchDType::Other("torch.float32".into());
         type Edit = fn(&mut Call);
         let cases: [(Edit, &str); 10] = [
             (
@@ -814,7 +813,6 @@ mod tests {
             assert_eq!(e.kind, crate::args::ErrorKind::Value, "{want}");
             assert!(e.message.starts_with(want), "{} !~ {want}", e.message);
         }
-        let _ = f32t;
     }
 
     #[test]
@@ -827,6 +825,89 @@ mod tests {
                 "{sq} {sk}"
             );
         }
+    }
+
+    #[test]
+    fn a_varlen_call_plans_the_varlen_kernels_over_the_longest_sequences() {
+        let bf = TorchDType::Bf16;
+        let f32t = TorchDType::Other("torch.float32".into());
+        let i32t = TorchDType::Other("torch.int32".into());
+        let packed = |rows: usize, heads: usize, ptr| {
+            TensorInfo::contiguous(&[rows, heads, 96], bf.clone(), CUDA, ptr)
+        };
+        let (q, k) = (packed(300, 4, 0x1000), packed(500, 2, 0x2000));
+        let (dout, out, dq) = (
+            packed(300, 4, 0x3000),
+            packed(300, 4, 0x4000),
+            packed(300, 4, 0x5000),
+        );
+        let (dk, dv) = (packed(500, 2, 0x6000), packed(500, 2, 0x7000));
+        let lse = TensorInfo::contiguous(&[4, 300], f32t.clone(), CUDA, 0x8000);
+        let cu = TensorInfo::contiguous(&[3], i32t, CUDA, 0x9000);
+        let g = Grads {
+            dout: &dout,
+            out: &out,
+            lse: &lse,
+            dq: &dq,
+            dk: &dk,
+            dv: &dv,
+        };
+        let opts = Options {
+            causal: true,
+            ..Options::default()
+        };
+        let p = plan_varlen_backward(
+            (&q, &k, &k),
+            g,
+            (&cu, &cu),
+            (200, 250),
+            &opts,
+            true,
+            Place::Cuda,
+        )
+        .expect("valid");
+        assert_eq!(p.delta_shape(), vec![4, 300]);
+        assert_eq!(p.accum_shape(), [1, 4, 300, 96]);
+        assert_eq!(p.lse.shape, [1, 4, 300]);
+        let delta = TensorInfo::contiguous(&[4, 300], f32t.clone(), CUDA, 0xa000);
+        let accum = TensorInfo::contiguous(&[1, 4, 300, 96], f32t, CUDA, 0xb000);
+        let steps = p.steps(&delta, &accum).expect("steps");
+        let names: Vec<_> = steps.iter().map(|s| s.kernel).collect();
+        assert_eq!(
+            names,
+            [
+                "attention_bwd_preprocess_varlen",
+                "attention_bwd_dkdv_varlen",
+                "attention_bwd_dq_varlen"
+            ]
+        );
+        // Query blocks of the longest sequence (200 rows: 4 of 64); key blocks of the longest
+        // (250 keys: 4 of 64), d = 96 split into 3 column chunks of 32.
+        assert_eq!(steps[0].grid, StepGrid::Fixed([4, 4, 2]));
+        assert_eq!(steps[1].grid, StepGrid::Fixed([12, 2, 2]));
+        for s in &steps {
+            let reg = generic::find(s.kernel).expect("registered");
+            generic::plan_at(reg, &s.args, &p.given(), Place::Cuda)
+                .unwrap_or_else(|e| panic!("{}: {e}", s.kernel));
+        }
+        let bad = packed(299, 4, 0x3000);
+        let g = Grads { dout: &bad, ..g };
+        let e = plan_varlen_backward(
+            (&q, &k, &k),
+            g,
+            (&cu, &cu),
+            (200, 250),
+            &opts,
+            true,
+            Place::Cuda,
+        )
+        .unwrap_err();
+        assert!(
+            e.message
+                .starts_with("dout: expected shape [300, 4, 96] (q's)"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
