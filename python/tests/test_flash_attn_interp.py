@@ -384,7 +384,7 @@ class Block(torch.nn.Module):
         return self.o(y.reshape(b, s, -1))
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 def test_torch_compile_traces_a_model_without_a_graph_break(backend):
     torch.manual_seed(SEED)
     model = Block()
@@ -398,6 +398,30 @@ def test_torch_compile_traces_a_model_without_a_graph_break(backend):
         model.zero_grad()
         y_eager = model(x)
         y_eager.float().square().sum().backward()
-    assert torch.equal(y, y_eager)
+    # Inductor may fuse the projections differently from eager; the attention is the same.
+    torch.testing.assert_close(y, y_eager, rtol=2e-2, atol=1e-2)
     for a, b in zip(grads, (p.grad for p in model.parameters())):
-        assert torch.equal(a, b)
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=1e-2)
+
+
+def test_fa3_varlen_matches_flash_attention_2s_where_the_rules_agree():
+    g = gen(12)
+    lengths_q, lengths_k = [19, 0, 33], [25, 8, 14]
+    q, k, v, cu_q, cu_k = varlen_case(g, lengths_q, lengths_k, 2, 1, 64)
+    mq, mk = max(lengths_q), max(lengths_k)
+    with kiln_attn.interpreter():
+        two, lse2 = kiln_attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=True, window_size=(5, -1), return_lse=True)
+        three, lse3 = fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=True, window_size=(5, -1), return_attn_probs=True)
+    total = int(cu_q[-1])
+    assert torch.equal(two[:total], three[:total]) and torch.equal(lse2[:, :total], lse3[:, :total])
+
+
+def test_the_interpreter_context_nests_and_restores():
+    from kiln_attn.interface import interpreting
+
+    assert not interpreting()
+    with kiln_attn.interpreter():
+        with kiln_attn.interpreter():
+            assert interpreting()
+        assert interpreting()
+    assert not interpreting()
