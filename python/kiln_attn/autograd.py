@@ -374,6 +374,20 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
+def _distinct(*tensors):
+    """`tensors` with each repeat of an earlier one replaced by a view of it (no copy):
+    torch.compile does not trace an autograd.Function given one tensor twice, as
+    self-attention's q = k = v or a shared cu_seqlens_q = cu_seqlens_k give it."""
+    seen = []
+    out = []
+    for t in tensors:
+        if any(t is s for s in seen):
+            t = t.view_as(t)
+        seen.append(t)
+        out.append(t)
+    return out
+
+
 def _finish(q, o, lse, out, probs, return_lse):
     """What flash_attn_func returns, `o` copied into the caller's `out` when given (only
     without gradients: torch's functions with `out=` do not differentiate either)."""
@@ -394,6 +408,7 @@ def _finish(q, o, lse, out, probs, return_lse):
 
 def flash_attn(q, k, v, softmax_scale, causal, window, softcap, deterministic, return_attn_probs, return_lse, out, fa3_window=False):
     """flash_attn_func through the autograd Function (arguments already normalised)."""
+    q, k, v = _distinct(q, k, v)
     o, lse = FlashAttnFunc.apply(q, k, v, softmax_scale, causal, window, softcap, deterministic, fa3_window)
     probs = ("fa3" if fa3_window else "fa2") if return_attn_probs else None
     return _finish(q, o, lse, out, probs, return_lse)
@@ -418,6 +433,7 @@ def flash_attn_varlen(
     fa3_window=False,
 ):
     """flash_attn_varlen_func through the autograd Function."""
+    q, k, v, cu_q, cu_k = _distinct(q, k, v, cu_q, cu_k)
     o, lse = FlashAttnVarlenFunc.apply(
         q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window, softcap, deterministic, fa3_window
     )

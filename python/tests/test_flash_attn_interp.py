@@ -425,3 +425,28 @@ def test_the_interpreter_context_nests_and_restores():
             assert interpreting()
         assert interpreting()
     assert not interpreting()
+
+
+def test_torch_compile_takes_one_tensor_as_q_k_and_v_and_shared_offsets():
+    # Self-attention's q = k = v, and varlen's cu_seqlens_q = cu_seqlens_k, hand the autograd
+    # Function one tensor twice, which torch.compile would refuse without the views kiln makes.
+    g = gen(13)
+    x = draw((1, 21, 2, 64), torch.bfloat16, "normal", g).requires_grad_()
+    lengths = [9, 12]
+    xv, _, _, cu, _ = varlen_case(g, lengths, lengths, 2, 2, 64, pad=0)
+    xv.requires_grad_()
+
+    def dense(x):
+        return kiln_attn.flash_attn_func(x, x, x, causal=True).float().sum()
+
+    def packed(x):
+        return kiln_attn.flash_attn_varlen_func(x, x, x, cu, cu, 12, 12, causal=True).float().sum()
+
+    torch._dynamo.reset()
+    with kiln_attn.interpreter():
+        for fn, t in ((dense, x), (packed, xv)):
+            torch.compile(fn, backend="aot_eager", fullgraph=True)(t).backward()
+            want = t.grad.clone()
+            t.grad = None
+            fn(t).backward()
+            assert torch.equal(t.grad, want)
