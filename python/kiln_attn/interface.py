@@ -58,6 +58,11 @@ def check_unsupported(dropout_p, alibi_slopes):
 
 def window_pair(window_size):
     """`window_size` as two ints: any pair (tuple, list, a 2-element tensor)."""
+    # The common spelling, a tuple of two ints, costs no more than this test.
+    if window_size.__class__ is tuple and len(window_size) == 2:
+        left, right = window_size
+        if left.__class__ is int and right.__class__ is int:
+            return window_size
     try:
         n = len(window_size)
     except TypeError:
@@ -85,11 +90,14 @@ def _torch_path(q, k, v):
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(q, torch.Tensor):
         return False
-    if torch.compiler.is_compiling():
+    try:
+        wants_grad = q.requires_grad or k.requires_grad or v.requires_grad
+    except AttributeError:
+        # k or v is no tensor: the native call names it.
+        return False
+    if wants_grad and torch.is_grad_enabled():
         return True
-    return torch.is_grad_enabled() and any(
-        getattr(t, "requires_grad", False) for t in (q, k, v)
-    )
+    return torch.compiler.is_compiling()
 
 
 def _empty_probs(q):
