@@ -163,7 +163,7 @@ pub fn plan_varlen_backward(
         ("dk", g.dk, k),
         ("dv", g.dv, v),
     ] {
-        if t.shape != like.shape {
+        if t.shape != like.shape || t.strides.len() != like.shape.len() {
             return Err(ArgError::value_error(format!(
                 "{name}: expected shape {:?} ({}'s), got {:?}",
                 like.shape,
@@ -296,6 +296,7 @@ fn bhsd(t: &TensorInfo) -> View {
     }
 }
 
+/// The plan of a call whose tensors are all checked.
 fn assemble(
     fwd: Plan,
     [dout, out, dq, dk, dv]: [View; 5],
@@ -373,7 +374,7 @@ impl BwdPlan {
     /// q's device).
     pub fn steps(&self, delta: &TensorInfo, dq_accum: &TensorInfo) -> Result<Vec<Step>, ArgError> {
         let want = self.delta_shape();
-        let q_dev = &self.lse_device();
+        let q_dev = &self.device();
         for (name, t, shape) in [
             ("delta", delta, want.clone()),
             ("dq_accum", dq_accum, self.accum_shape().to_vec()),
@@ -507,7 +508,7 @@ impl BwdPlan {
     }
 
     /// The device every tensor is on (q's).
-    fn lse_device(&self) -> TorchDevice {
+    fn device(&self) -> TorchDevice {
         match self.place {
             Place::Cuda => TorchDevice::Cuda(self.fwd.device),
             Place::Host => TorchDevice::Other("cpu".into()),
