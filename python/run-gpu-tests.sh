@@ -9,6 +9,9 @@
 #                           --dtypes, --shapes, --iters]
 #       only the row-kernel library beside PyTorch (bench/rows.py), in this process: rows-py.json,
 #       rows-py.png, rows-py.md (the table) and rows-bench.log under $OUT
+#   python/run-gpu-tests.sh --train [train_compare.py options: --steps, --layers, ..]
+#       only the training comparison (python/train_compare.py, kiln's attention beside SDPA):
+#       train-cuda.json, train-cuda.svg and train.log under $OUT
 #   python/run-gpu-tests.sh --ops-tests
 #       only the pytest files of kernel() / kiln_attn.ops and bench/rows.py (pytest-ops.log)
 # (the matrix alone took four to five minutes on the H200: --tests-only and --bench-only fit the
@@ -37,6 +40,11 @@ if [ "${1:-}" = --rows-bench ]; then
   [ -f "$out/rows-py.json" ] && python3 bench/table.py "$out/rows-py.json" | tee "$out/rows-py.md"
   echo "rows bench exit $rows; results in $out"
   exit "$rows"
+fi
+if [ "${1:-}" = --train ]; then
+  shift
+  python3 python/train_compare.py --device cuda --out "$out" "$@" 2>&1 | tee "$out/train.log"
+  exit "${PIPESTATUS[0]}"
 fi
 if [ "${1:-}" = --ops-tests ]; then
   # Only the tests of kernels() / kernel() and kiln_attn.ops (GPU, interpreter, CPU-side

@@ -4,7 +4,7 @@ import torch
 
 __version__: str
 
-def flash_attn_func(
+def _fwd(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -15,8 +15,10 @@ def flash_attn_func(
     return_lse: bool = False,
     *,
     out: torch.Tensor | None = None,
+    fa3_window: bool = False,
+    interpret: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
-def flash_attn_varlen_func(
+def _varlen_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -31,7 +33,51 @@ def flash_attn_varlen_func(
     return_lse: bool = False,
     *,
     out: torch.Tensor | None = None,
+    fa3_window: bool = False,
+    interpret: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+def _bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    softmax_lse: torch.Tensor,
+    dq: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    *,
+    fa3_window: bool = False,
+    interpret: bool = False,
+) -> torch.Tensor: ...
+def _varlen_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    softmax_lse: torch.Tensor,
+    dq: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    *,
+    fa3_window: bool = False,
+    interpret: bool = False,
+) -> torch.Tensor: ...
 def _context_handle(device: int) -> int: ...
 def _target(device: int) -> str: ...
 def _empty_launch(device: int) -> None: ...

@@ -1,5 +1,8 @@
-//! The `kiln_attn` Python module: FlashAttention's `flash_attn_func` over PyTorch CUDA tensors,
-//! run by kiln's DSL attention with no copy, on the caller's current CUDA stream.
+//! The `kiln_attn._native` Python module: attention's forward and backward over PyTorch
+//! tensors (CUDA tensors in place on the caller's current stream, or CPU tensors on kiln's
+//! interpreter), run by kiln's DSL kernels with no copy, and every registered kernel by name.
+//! The package's Python layer (`kiln_attn/interface.py`, `autograd.py`, `fa3.py`) adds
+//! FlashAttention's argument orders, autograd and the `torch.library` custom ops on top.
 //!
 //! Tensors are read through the attributes every `torch.Tensor` has (`shape`, `stride()`,
 //! `dtype`, `device`, `data_ptr()`), not through DLPack: that is a few attribute reads per
@@ -11,8 +14,10 @@
 //! `kiln-attn-core`; this file only converts between Python and Rust.
 
 use kiln_attn_core::args::{
-    self, ArgError, ErrorKind, Options, TensorInfo, TorchDType, TorchDevice,
+    self, ArgError, ErrorKind, Options, TensorInfo, TorchDType, TorchDevice, WindowRule,
 };
+use kiln_attn_core::backward;
+use kiln_attn_core::generic::Place;
 use kiln_attn_core::generic::{self, Arg, Given};
 use kiln_attn_core::kiln::ir::dsl::{ComptimeValue, ParamSig, Registered};
 use kiln_attn_core::launch::{self, LaunchFailure};
@@ -194,38 +199,27 @@ fn current_stream(py: Python<'_>, device: usize) -> PyResult<u64> {
     }
 }
 
-/// Attention in FlashAttention's forward interface, computed by kiln's DSL kernel.
+/// The forward under `kiln_attn.flash_attn_func` (which adds FlashAttention 2's argument
+/// order, its checks of dropout and ALiBi, and autograd): attention by kiln's DSL kernel.
 ///
 /// q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim); all
-/// torch.bfloat16 or all torch.float16 CUDA tensors on one device, each with a contiguous last
-/// dimension (other strides free: a transposed (batch, nheads, seqlen, headdim) tensor is read
-/// in place). headdim is 64, 96, 128 or 256; nheads_k divides nheads (grouped-query
-/// attention; 1 is multi-query). softmax_scale defaults to 1/sqrt(headdim). causal and
-/// window_size=(left, right) mask as FlashAttention does, aligned bottom-right: query i sees
-/// key j iff i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right, -1
-/// unbounded, causal being (-1, 0) (with a window, causal makes right 0); a query row that
-/// sees no key outputs 0. softcap > 0 caps the scores to softcap * tanh(scores / softcap).
-/// out, a kiln extension, is an optional (batch, seqlen_q, nheads, headdim) tensor to write
-/// instead of allocating one.
-///
-/// Returns out, (batch, seqlen_q, nheads, headdim), q's dtype; with return_lse=True the
-/// pair (out, lse), lse the (batch, nheads, seqlen_q) torch.float32 log-sum-exp of each
-/// score row (natural log, +inf for a row that sees no key, as FlashAttention-2). Runs asynchronously on the
-/// current CUDA stream (torch.cuda.current_stream()); the first call of each specialisation
-/// (dtype, headdim, mask, softcap, nheads / nheads_k, 16-byte alignment) compiles it (kept in
-/// memory and in kiln's disk cache).
+/// torch.bfloat16 or all torch.float16 tensors on one CUDA device (CPU tensors with
+/// interpret=True: kiln's interpreter, for tests), each with a contiguous last dimension.
+/// headdim is 64, 96, 128 or 256; nheads_k divides nheads. window_size=(left, right) is
+/// normalised by FlashAttention 2's rule, or 3's with fa3_window=True. Returns out, or (out,
+/// lse) with return_lse=True, lse (batch, nheads, seqlen_q) torch.float32 (+inf for a row
+/// that sees no key, as FlashAttention writes it).
 #[pyfunction]
 #[pyo3(signature = (
     q, k, v, softmax_scale=None, causal=false, window_size=(-1, -1), softcap=0.0,
-    return_lse=false, *, out=None
+    return_lse=false, *, out=None, fa3_window=false, interpret=false
 ))]
-// Spelled out because pyo3 writes a tuple default as `...`.
 #[pyo3(
     text_signature = "(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), \
-    softcap=0.0, return_lse=False, *, out=None)"
+    softcap=0.0, return_lse=False, *, out=None, fa3_window=False, interpret=False)"
 )]
 #[allow(clippy::too_many_arguments)]
-fn flash_attn_func<'py>(
+fn _fwd<'py>(
     q: &Bound<'py, PyAny>,
     k: &Bound<'py, PyAny>,
     v: &Bound<'py, PyAny>,
@@ -235,45 +229,59 @@ fn flash_attn_func<'py>(
     softcap: f64,
     return_lse: bool,
     out: Option<Bound<'py, PyAny>>,
+    fa3_window: bool,
+    interpret: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = q.py();
     let qi = tensor_info("q", q)?;
     let ki = tensor_info("k", k)?;
     let vi = tensor_info("v", v)?;
-    let opts = Options {
+    let opts = options(
         softmax_scale,
         causal,
         window_size,
         softcap,
         return_lse,
-    };
-    let plan = args::plan(&qi, &ki, &vi, &opts).map_err(arg_err)?;
+        fa3_window,
+    );
+    let place = place(interpret);
+    let plan = args::plan_at(&qi, &ki, &vi, &opts, place).map_err(arg_err)?;
     let (out, oi) = out_or_new(out, q, &qi, &plan.out_shape())?;
     let out_view = args::check_out(&plan, &qi, &oi).map_err(arg_err)?;
-    // The log-sum-exp when asked for, allocated by each path once it is past every check.
-    let plan_lse = || {
-        plan.return_lse
-            .then(|| new_lse(q, &plan.lse_shape()))
+    // The log-sum-exp when asked for, allocated by each path once it is past every check
+    // (the interpreter's kernel always writes one).
+    let plan_lse = |always: bool| {
+        (plan.return_lse || always)
+            .then(|| new_f32(q, &plan.lse_shape()))
             .transpose()
     };
     if plan.is_empty() {
-        return with_lse(out, plan_lse()?);
+        return with_lse(out, plan_lse(false)?);
     }
     if plan.seqlen_k == 0 {
         // Every row sees no key, so the output is 0 and the log-sum-exp +inf; no launch (a
         // tensor map cannot have an extent of 0). torch's zero_ and fill_ run on the current
         // stream.
         out.call_method0(pyo3::intern!(py, "zero_"))?;
-        let lse = plan_lse()?;
+        let lse = plan_lse(false)?;
         if let Some(l) = &lse {
             l.call_method1(pyo3::intern!(py, "fill_"), (f64::INFINITY,))?;
         }
         return with_lse(out, lse);
     }
+    if interpret {
+        let lse = plan_lse(true)?.expect("allocated when asked for");
+        let lse_view = launch::Lse::of(&tensor_info("lse", &lse)?);
+        let (step, given) = backward::forward_steps(&plan, &out_view, &lse_view, None);
+        // SAFETY: every tensor is a CPU tensor (checked) the caller holds, or one allocated
+        // above; the interpreter reads and writes them with the GIL held.
+        unsafe { backward::run(&[step], &given, Place::Host, 0) }.map_err(generic_err)?;
+        return with_lse(out, plan.return_lse.then_some(lse));
+    }
     // The device first: without a driver this is the error (not a failed torch import).
     launch::device(plan.device).map_err(|e| runtime_err(e.into()))?;
     let stream = current_stream(py, plan.device)?;
-    let lse = plan_lse()?;
+    let lse = plan_lse(false)?;
     let lse_view = lse_view(lse.as_ref())?;
     // SAFETY: the views come from live PyTorch CUDA tensors (checked to be on plan.device,
     // whose primary context PyTorch allocates in) that the caller holds until the call
@@ -284,8 +292,37 @@ fn flash_attn_func<'py>(
     with_lse(out, lse)
 }
 
-/// A new torch.float32 tensor of `shape` on q's device for the log-sum-exp.
-fn new_lse<'py>(q: &Bound<'py, PyAny>, shape: &[usize]) -> PyResult<Bound<'py, PyAny>> {
+/// The options of a call.
+fn options(
+    softmax_scale: Option<f64>,
+    causal: bool,
+    window_size: (i64, i64),
+    softcap: f64,
+    return_lse: bool,
+    fa3_window: bool,
+) -> Options {
+    Options {
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        return_lse,
+        window_rule: if fa3_window {
+            WindowRule::Fa3
+        } else {
+            WindowRule::Fa2
+        },
+    }
+}
+
+/// Where a call's tensors must be: CUDA, or the host for the interpreter.
+fn place(interpret: bool) -> Place {
+    if interpret { Place::Host } else { Place::Cuda }
+}
+
+/// A new torch.float32 tensor of `shape` on q's device (the log-sum-exp, the backward's
+/// workspaces).
+fn new_f32<'py>(q: &Bound<'py, PyAny>, shape: &[usize]) -> PyResult<Bound<'py, PyAny>> {
     let py = q.py();
     let kwargs = pyo3::types::PyDict::new(py);
     kwargs.set_item("dtype", py.import("torch")?.getattr("float32")?)?;
@@ -296,7 +333,7 @@ fn new_lse<'py>(q: &Bound<'py, PyAny>, shape: &[usize]) -> PyResult<Bound<'py, P
     )
 }
 
-/// The view the kernel writes of the log-sum-exp `lse` allocated by [`new_lse`], if any.
+/// The view the kernel writes of the log-sum-exp `lse` allocated by [`new_f32`], if any.
 fn lse_view(lse: Option<&Bound<'_, PyAny>>) -> PyResult<Option<launch::Lse>> {
     lse.map(|t| Ok(launch::Lse::of(&tensor_info("lse", t)?)))
         .transpose()
@@ -314,42 +351,26 @@ fn with_lse<'py>(
     }
 }
 
-/// FlashAttention's variable-length attention, computed by kiln's DSL kernel.
-///
-/// q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim), the sequences of a batch
-/// packed one after another; cu_seqlens_q, cu_seqlens_k: (batch + 1,) torch.int32 offsets of
-/// each sequence's first row (from 0, non-decreasing, ending within the packed tensor);
-/// max_seqlen_q, max_seqlen_k: at least every sequence's length (window bounds of at least
-/// max_seqlen_k are unbounded, as FlashAttention normalises them). Sequence i's queries attend
-/// to its own keys only, with flash_attn_func's options and checks; each sequence's output
-/// rows are written and no others. out, a kiln extension: an optional (total_q, nheads,
-/// headdim) tensor to write instead of allocating.
-///
-/// The offsets are checked as tensors (1-D, contiguous, int32, on q's device, both of
-/// batch + 1 entries), not their values, which stay on the device: the kernel reads them, and
-/// whatever they hold it reads and writes only inside q, k, v, out and softmax_lse (offsets
-/// that are not FlashAttention's give undefined outputs, never a fault; so do sequences
-/// longer than max_seqlen_q, whose rows past it are not written).
-///
-/// Returns out, (total_q, nheads, headdim), q's dtype; with return_lse=True the pair (out,
-/// softmax_lse), softmax_lse the (nheads, total_q) torch.float32 log-sum-exp of each score
-/// row, as FlashAttention-2's varlen forward (total_q being q's rows; sequence i's rows are
-/// columns cu_seqlens_q[i]:cu_seqlens_q[i + 1], +inf for a row that sees no key, every row
-/// of a sequence without keys included, as flash_attn_func; columns past the last offset are
-/// not written). One launch for the whole batch on the current CUDA stream, with no device
-/// synchronisation, as FlashAttention's.
+/// The varlen forward under `kiln_attn.flash_attn_varlen_func`: q (total_q, nheads,
+/// headdim), k, v (total_k, nheads_k, headdim), the sequences packed one after another, their
+/// starts in cu_seqlens_q / cu_seqlens_k ((batch + 1,) torch.int32 on q's device, read by the
+/// kernel, never by the host); max_seqlen_q / max_seqlen_k at least every sequence's length.
+/// Returns out, or (out, softmax_lse) with return_lse=True, softmax_lse (nheads, total_q)
+/// torch.float32 as FlashAttention 2's varlen forward. Window bounds of at least
+/// max_seqlen_k are unbounded (FlashAttention 2's rule; fa3_window=True takes 3's).
 #[pyfunction]
 #[pyo3(signature = (
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
-    causal=false, window_size=(-1, -1), softcap=0.0, return_lse=false, *, out=None
+    causal=false, window_size=(-1, -1), softcap=0.0, return_lse=false, *, out=None,
+    fa3_window=false, interpret=false
 ))]
 #[pyo3(
     text_signature = "(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, \
     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, return_lse=False, *, \
-    out=None)"
+    out=None, fa3_window=False, interpret=False)"
 )]
 #[allow(clippy::too_many_arguments)]
-fn flash_attn_varlen_func<'py>(
+fn _varlen_fwd<'py>(
     q: &Bound<'py, PyAny>,
     k: &Bound<'py, PyAny>,
     v: &Bound<'py, PyAny>,
@@ -363,6 +384,8 @@ fn flash_attn_varlen_func<'py>(
     softcap: f64,
     return_lse: bool,
     out: Option<Bound<'py, PyAny>>,
+    fa3_window: bool,
+    interpret: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = q.py();
     let (qi, ki, vi) = (
@@ -372,29 +395,34 @@ fn flash_attn_varlen_func<'py>(
     );
     let cu_qi = tensor_info("cu_seqlens_q", cu_seqlens_q)?;
     let cu_ki = tensor_info("cu_seqlens_k", cu_seqlens_k)?;
-    let opts = Options {
+    let opts = options(
         softmax_scale,
         causal,
         window_size,
         softcap,
         return_lse,
-    };
+        fa3_window,
+    );
     let shape: Vec<usize> = qi.shape.iter().map(|&n| n.max(0) as usize).collect();
     let (out, oi) = out_or_new(out, q, &qi, &shape)?;
-    let vp = varlen::plan_varlen(
+    let vp = varlen::plan_varlen_at(
         (&qi, &ki, &vi),
         &oi,
         (&cu_qi, &cu_ki),
         (max_seqlen_q, max_seqlen_k),
         &opts,
+        place(interpret),
     )
     .map_err(arg_err)?;
-    if vp.launches() {
+    if vp.launches() && !interpret {
         // The device first: without a driver this is the error (not a failed torch import),
         // raised before anything is written.
         launch::device(vp.plan.device).map_err(|e| runtime_err(e.into()))?;
     }
-    let lse = vp.lse_shape.map(|shape| new_lse(q, &shape)).transpose()?;
+    let lse_shape = [vp.plan.nheads, vp.plan.seqlen_q];
+    let lse = (vp.lse_shape.is_some() || (interpret && vp.launches()))
+        .then(|| new_f32(q, &lse_shape))
+        .transpose()?;
     if vp.keyless() {
         // No sequence has a key: every row outputs 0 and its log-sum-exp is +inf, as
         // flash_attn_func's rows that see no key (torch's zero_ and fill_, on the current
@@ -407,14 +435,244 @@ fn flash_attn_varlen_func<'py>(
     if !vp.launches() {
         return with_lse(out, lse);
     }
+    if interpret {
+        let li = tensor_info("lse", lse.as_ref().expect("allocated for the interpreter"))?;
+        let lse_view = launch::Lse::packed(
+            li.ptr,
+            lse_shape,
+            [li.strides[0] as usize, li.strides[1] as usize],
+        );
+        let packed = backward::Packed {
+            cu_q: vp.cu_q,
+            cu_k: vp.cu_k,
+            batch: vp.batch,
+            max_seqlen_q: vp.max_seqlen_q,
+            max_seqlen_k: max_seqlen_k as usize,
+        };
+        let (step, given) = backward::forward_steps(&vp.plan, &vp.out, &lse_view, Some(packed));
+        // SAFETY: every tensor is a checked CPU tensor the caller holds, or one allocated
+        // above; the interpreter reads and writes them with the GIL held.
+        unsafe { backward::run(&[step], &given, Place::Host, 0) }.map_err(generic_err)?;
+        return with_lse(out, vp.lse_shape.and(lse));
+    }
     let stream = current_stream(py, vp.plan.device)?;
     let lse_view = lse_view(lse.as_ref())?;
-    // SAFETY: as in flash_attn_func; the packed views are the checked tensors, the offsets
+    // SAFETY: as in _fwd; the packed views are the checked tensors, the offsets
     // checked int32 tensors of batch + 1 entries on q's device, and `lse` was allocated above
     // on it, so they address live CUDA memory. The kernel keeps every access inside them
     // whatever the offsets hold (crate::varlen).
     unsafe { launch::launch_varlen(&vp, lse_view.as_ref(), stream) }.map_err(runtime_err)?;
     with_lse(out, lse)
+}
+
+/// The gradients dq, dk, dv of the forward's q, k, v written into the caller's buffers, under
+/// `kiln_attn._flash_attn_backward`: dout, out and dq of q's shape and dtype, dk and dv of
+/// k's, softmax_lse the forward's (batch, nheads, seqlen_q) torch.float32; options as the
+/// forward took them. Each is checked (a ValueError naming it) before any kernel runs.
+/// deterministic=True computes dq in a second pass (the same bits every run) instead of f32
+/// atomics. Returns softmax_d, rowsum(dout * out) per row, (batch, nheads, seqlen_q)
+/// torch.float32.
+#[pyfunction]
+#[pyo3(signature = (
+    dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale=None, causal=false,
+    window_size=(-1, -1), softcap=0.0, deterministic=false, *, fa3_window=false,
+    interpret=false
+))]
+#[pyo3(
+    text_signature = "(dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale=None, \
+    causal=False, window_size=(-1, -1), softcap=0.0, deterministic=False, *, \
+    fa3_window=False, interpret=False)"
+)]
+#[allow(clippy::too_many_arguments)]
+fn _bwd<'py>(
+    dout: &Bound<'py, PyAny>,
+    q: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    v: &Bound<'py, PyAny>,
+    out: &Bound<'py, PyAny>,
+    softmax_lse: &Bound<'py, PyAny>,
+    dq: &Bound<'py, PyAny>,
+    dk: &Bound<'py, PyAny>,
+    dv: &Bound<'py, PyAny>,
+    softmax_scale: Option<f64>,
+    causal: bool,
+    window_size: (i64, i64),
+    softcap: f64,
+    deterministic: bool,
+    fa3_window: bool,
+    interpret: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let [qi, ki, vi] = [("q", q), ("k", k), ("v", v)].map(|(n, t)| tensor_info(n, t));
+    let (qi, ki, vi) = (qi?, ki?, vi?);
+    let infos = [
+        ("dout", dout),
+        ("out", out),
+        ("softmax_lse", softmax_lse),
+        ("dq", dq),
+        ("dk", dk),
+        ("dv", dv),
+    ]
+    .map(|(n, t)| tensor_info(n, t));
+    let [doi, oi, li, dqi, dki, dvi] = unwrap_all(infos)?;
+    let grads = backward::Grads {
+        dout: &doi,
+        out: &oi,
+        lse: &li,
+        dq: &dqi,
+        dk: &dki,
+        dv: &dvi,
+    };
+    let opts = options(
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        false,
+        fa3_window,
+    );
+    let bp = backward::plan_backward(
+        (&qi, &ki, &vi),
+        grads,
+        &opts,
+        deterministic,
+        place(interpret),
+    )
+    .map_err(arg_err)?;
+    run_backward(q, &bp, [dq, dk, dv])
+}
+
+/// [`_bwd`] over a packed varlen batch: dout, out, dq (total_q, nheads, headdim), dk, dv
+/// (total_k, nheads_k, headdim), softmax_lse (nheads, total_q), the offsets and longest
+/// lengths as the varlen forward took them. Rows that no sequence owns are not written.
+/// Returns softmax_d (nheads, total_q) torch.float32.
+#[pyfunction]
+#[pyo3(signature = (
+    dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    max_seqlen_k, softmax_scale=None, causal=false, window_size=(-1, -1), softcap=0.0,
+    deterministic=false, *, fa3_window=false, interpret=false
+))]
+#[pyo3(
+    text_signature = "(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, \
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None, causal=False, \
+    window_size=(-1, -1), softcap=0.0, deterministic=False, *, fa3_window=False, \
+    interpret=False)"
+)]
+#[allow(clippy::too_many_arguments)]
+fn _varlen_bwd<'py>(
+    dout: &Bound<'py, PyAny>,
+    q: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    v: &Bound<'py, PyAny>,
+    out: &Bound<'py, PyAny>,
+    softmax_lse: &Bound<'py, PyAny>,
+    dq: &Bound<'py, PyAny>,
+    dk: &Bound<'py, PyAny>,
+    dv: &Bound<'py, PyAny>,
+    cu_seqlens_q: &Bound<'py, PyAny>,
+    cu_seqlens_k: &Bound<'py, PyAny>,
+    max_seqlen_q: i64,
+    max_seqlen_k: i64,
+    softmax_scale: Option<f64>,
+    causal: bool,
+    window_size: (i64, i64),
+    softcap: f64,
+    deterministic: bool,
+    fa3_window: bool,
+    interpret: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let [qi, ki, vi] = [("q", q), ("k", k), ("v", v)].map(|(n, t)| tensor_info(n, t));
+    let (qi, ki, vi) = (qi?, ki?, vi?);
+    let infos = [
+        ("dout", dout),
+        ("out", out),
+        ("softmax_lse", softmax_lse),
+        ("dq", dq),
+        ("dk", dk),
+        ("dv", dv),
+    ]
+    .map(|(n, t)| tensor_info(n, t));
+    let [doi, oi, li, dqi, dki, dvi] = unwrap_all(infos)?;
+    let cu_qi = tensor_info("cu_seqlens_q", cu_seqlens_q)?;
+    let cu_ki = tensor_info("cu_seqlens_k", cu_seqlens_k)?;
+    let grads = backward::Grads {
+        dout: &doi,
+        out: &oi,
+        lse: &li,
+        dq: &dqi,
+        dk: &dki,
+        dv: &dvi,
+    };
+    let opts = options(
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        false,
+        fa3_window,
+    );
+    let bp = backward::plan_varlen_backward(
+        (&qi, &ki, &vi),
+        grads,
+        (&cu_qi, &cu_ki),
+        (max_seqlen_q, max_seqlen_k),
+        &opts,
+        deterministic,
+        place(interpret),
+    )
+    .map_err(arg_err)?;
+    run_backward(q, &bp, [dq, dk, dv])
+}
+
+/// The first error of `all`, else their values.
+fn unwrap_all<const N: usize>(all: [PyResult<TensorInfo>; N]) -> PyResult<[TensorInfo; N]> {
+    let mut out = Vec::with_capacity(N);
+    for r in all {
+        out.push(r?);
+    }
+    Ok(out.try_into().unwrap_or_else(|_| unreachable!("N values")))
+}
+
+/// Runs a checked backward: its workspaces allocated on q's device, then its steps on the GPU
+/// (the current stream) or the interpreter. Returns softmax_d (the `delta` workspace).
+fn run_backward<'py>(
+    q: &Bound<'py, PyAny>,
+    bp: &backward::BwdPlan,
+    grads: [&Bound<'py, PyAny>; 3],
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = q.py();
+    let delta = new_f32(q, &bp.delta_shape())?;
+    if bp.work() == backward::Work::Zero {
+        // No score reaches a gradient: each is 0 (torch's zero_, on the current stream).
+        for t in grads.into_iter().chain([&delta]) {
+            t.call_method0(pyo3::intern!(py, "zero_"))?;
+        }
+        return Ok(delta);
+    }
+    if bp.place == Place::Cuda {
+        // The device first: without a driver this is the error, raised before anything is
+        // written.
+        launch::device(bp.fwd.device).map_err(|e| runtime_err(e.into()))?;
+    }
+    let accum = new_f32(q, &bp.accum_shape())?;
+    let steps = bp
+        .steps(
+            &tensor_info("delta", &delta)?,
+            &tensor_info("dq_accum", &accum)?,
+        )
+        .map_err(arg_err)?;
+    let stream = match bp.place {
+        Place::Cuda => current_stream(py, bp.fwd.device)?,
+        Place::Host => 0,
+    };
+    // SAFETY: every tensor of the steps is a checked tensor the caller holds (on bp.fwd.device
+    // or the host, as bp.place says) or a workspace allocated above on q's device; PyTorch's
+    // caching allocator keeps their memory for work queued on its current stream, `stream`.
+    // On the host the interpreter runs with the GIL held.
+    unsafe { backward::run(&steps, &bp.given(), bp.place, stream) }.map_err(generic_err)?;
+    // The workspace stays allocated until the kernels that use it have run: PyTorch's caching
+    // allocator only reuses its block for work queued after them on the same stream.
+    drop(accum);
+    Ok(delta)
 }
 
 /// The driver handle of the CUDA context kiln launches in on device `device` (for tests that
@@ -743,12 +1001,14 @@ impl Kernel {
     }
 }
 
-/// The extension under the `kiln_attn` package: `flash_attn_func` with FlashAttention's
-/// interface, and every registered kernel (`kernels`, `kernel`).
+/// The extension under the `kiln_attn` package: attention's forward and backward (`_fwd`,
+/// `_varlen_fwd`, `_bwd`, `_varlen_bwd`), and every registered kernel (`kernels`, `kernel`).
 #[pymodule(name = "_native")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(flash_attn_func, m)?)?;
-    m.add_function(wrap_pyfunction!(flash_attn_varlen_func, m)?)?;
+    m.add_function(wrap_pyfunction!(_fwd, m)?)?;
+    m.add_function(wrap_pyfunction!(_varlen_fwd, m)?)?;
+    m.add_function(wrap_pyfunction!(_bwd, m)?)?;
+    m.add_function(wrap_pyfunction!(_varlen_bwd, m)?)?;
     m.add_function(wrap_pyfunction!(_context_handle, m)?)?;
     m.add_function(wrap_pyfunction!(_target, m)?)?;
     m.add_function(wrap_pyfunction!(_empty_launch, m)?)?;

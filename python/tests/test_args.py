@@ -10,7 +10,7 @@ import inspect
 import pytest
 
 import kiln_attn
-from fakes import F16, F32, FakeTensor, bshd, offsets
+from fakes import F16, F32, I32, FakeTensor, bshd, offsets
 
 
 def driver_present():
@@ -33,17 +33,74 @@ def call(q, k=None, v=None, **kw):
     return kiln_attn.flash_attn_func(q, k, v, **kw)
 
 
-def test_signature_is_flash_attentions():
+def test_signature_is_flash_attention_2s():
     params = inspect.signature(kiln_attn.flash_attn_func).parameters
-    assert list(params)[:8] == [
-        "q", "k", "v", "softmax_scale", "causal", "window_size", "softcap", "return_lse",
+    assert list(params)[:11] == [
+        "q", "k", "v", "dropout_p", "softmax_scale", "causal", "window_size", "softcap",
+        "alibi_slopes", "deterministic", "return_attn_probs",
     ]
+    assert params["dropout_p"].default == 0.0
     assert params["softmax_scale"].default is None
     assert params["causal"].default is False
     assert params["window_size"].default == (-1, -1)
     assert params["softcap"].default == 0.0
-    assert params["return_lse"].default is False
+    assert params["alibi_slopes"].default is None
+    assert params["deterministic"].default is False
+    assert params["return_attn_probs"].default is False
+    # kiln's extras come after FlashAttention's, keyword-only.
     assert params["out"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params["return_lse"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_a_fourth_positional_argument_is_dropout_not_the_scale():
+    # FlashAttention 2 code passes dropout_p fourth; kiln once took softmax_scale there, so
+    # flash_attn_func(q, k, v, 0.1) meant a scale. Both spellings of a dropout now fail by name.
+    q = bshd(1, 64, 2, 64)
+    with pytest.raises(ValueError, match=r"^dropout_p: kiln_attn does not implement attention dropout \(got 0.1\)"):
+        kiln_attn.flash_attn_func(q, q, q, 0.1)
+    with pytest.raises(ValueError, match=r"^dropout_p: "):
+        kiln_attn.flash_attn_func(q, q, q, dropout_p=0.5, causal=True)
+    with pytest.raises(TypeError, match=r"^dropout_p: expected a float, got NoneType$"):
+        kiln_attn.flash_attn_func(q, q, q, None)
+
+
+@without_gpu
+def test_dropout_zero_positionally_gets_past_every_check():
+    q = bshd(1, 64, 2, 64)
+    with pytest.raises(RuntimeError, match=r"^kiln_attn: no CUDA driver: "):
+        kiln_attn.flash_attn_func(q, q, q, 0.0, 0.125, True)
+
+
+def test_alibi_slopes_are_refused_by_name():
+    q = bshd(1, 64, 2, 64)
+    slopes = FakeTensor((2,), dtype=F32)
+    with pytest.raises(ValueError, match=r"^alibi_slopes: kiln_attn does not implement ALiBi"):
+        kiln_attn.flash_attn_func(q, q, q, alibi_slopes=slopes)
+    with pytest.raises(ValueError, match=r"^alibi_slopes: "):
+        varlen(alibi_slopes=slopes)
+
+
+@without_gpu
+@pytest.mark.parametrize("window", [(3, 4), [3, 4], (-1, 0)])
+def test_window_size_is_any_pair(window):
+    q = bshd(1, 64, 2, 64)
+    with pytest.raises(RuntimeError, match=r"^kiln_attn: no CUDA driver: "):
+        kiln_attn.flash_attn_func(q, q, q, window_size=window)
+
+
+@pytest.mark.parametrize(
+    "window, error, message",
+    [
+        ((1, 2, 3), ValueError, r"^window_size: expected a pair \(left, right\), got 3 values$"),
+        (5, TypeError, r"^window_size: expected a pair \(left, right\), got int$"),
+        ((1.5, 0), TypeError, r"^window_size: expected ints, got float$"),
+        ((True, 0), TypeError, r"^window_size: expected ints, got a bool$"),
+    ],
+)
+def test_bad_window_pairs_name_window_size(window, error, message):
+    q = bshd(1, 64, 2, 64)
+    with pytest.raises(error, match=message):
+        kiln_attn.flash_attn_func(q, q, q, window_size=window)
 
 
 @pytest.mark.parametrize("arg", ["q", "k", "v"])
@@ -215,14 +272,23 @@ def varlen(total_q=300, total_k=500, h=4, h_k=2, d=64, cu_q=(0, 100, 300), cu_k=
     return kiln_attn.flash_attn_varlen_func(q, k, k, offsets(list(cu_q)), offsets(list(cu_k)), max_q, max_k, **kw)
 
 
-def test_varlen_signature_is_flash_attentions():
+def test_varlen_signature_is_flash_attention_2s():
     params = inspect.signature(kiln_attn.flash_attn_varlen_func).parameters
-    assert list(params)[:12] == [
+    assert list(params)[:16] == [
         "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
-        "softmax_scale", "causal", "window_size", "softcap", "return_lse",
+        "dropout_p", "softmax_scale", "causal", "window_size", "softcap", "alibi_slopes",
+        "deterministic", "return_attn_probs", "block_table",
     ]
     assert params["window_size"].default == (-1, -1)
     assert params["out"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params["return_lse"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_varlen_refuses_dropout_and_paged_caches_by_name():
+    with pytest.raises(ValueError, match=r"^dropout_p: "):
+        varlen(dropout_p=0.1)
+    with pytest.raises(ValueError, match=r"^block_table: "):
+        varlen(block_table=FakeTensor((2, 4), dtype=I32))
 
 
 @without_gpu

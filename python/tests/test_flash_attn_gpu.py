@@ -483,3 +483,205 @@ def test_varlen_offsets_of_any_value_never_fault(cu_q, cu_k):
     )
     torch.cuda.synchronize()
     assert torch.isnan(buf[63:]).all(), "rows past out were written"
+
+
+# ---------------------------------------------------------------------------------------------
+# The backward: flash_attn_func as a torch.autograd.Function (kiln's backward kernels).
+
+
+def attention_in(q, k, v, scale, causal, window_size=(-1, -1), softcap=0.0):
+    """Attention computed by PyTorch in q's own dtype: over f32 inputs the reference, over
+    bf16 / fp16 ones FlashAttention's `attention_ref` with upcast=False, the low-precision
+    reference whose error kiln's must stay within twice of. A row that sees no key outputs 0
+    with gradient 0 (no NaN through the softmax of an all -inf row)."""
+    group = q.shape[2] // k.shape[2]
+    kk = k.repeat_interleave(group, dim=2).transpose(1, 2)
+    vv = v.repeat_interleave(group, dim=2).transpose(1, 2)
+    s = torch.matmul(q.transpose(1, 2) * scale, kk.transpose(-1, -2))
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    sq, sk = q.shape[1], k.shape[1]
+    left, right = window_size
+    if causal:
+        right = 0
+    rows = torch.arange(sq, device=q.device)[:, None]
+    cols = torch.arange(sk, device=q.device)[None, :]
+    diag = rows + (sk - sq)
+    seen = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if right >= 0:
+        seen &= cols <= diag + right
+    if left >= 0:
+        seen &= cols >= diag - left
+    any_key = seen.any(-1, keepdim=True)
+    s = torch.where(any_key, s.masked_fill(~seen, float("-inf")), torch.zeros_like(s))
+    p = (torch.softmax(s.float(), dim=-1) * any_key).to(q.dtype)
+    return torch.matmul(p, vv).transpose(1, 2)
+
+
+def gradients(fn, q, k, v, dout):
+    """fn's output and the gradients of q, k, v for the output gradient dout."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves)
+    out.backward(dout)
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def assert_within_twice(name, got, ref, low, context):
+    """FlashAttention's backward rule: kiln's largest error against the f32 reference within
+    twice that of PyTorch computing in the inputs' dtype, plus a small atol."""
+    assert not torch.isnan(got).any(), f"{context}: {name} has NaN"
+    err = (got.float() - ref).abs().max().item()
+    err_pt = (low.float() - ref).abs().max().item()
+    atol = 1e-4 + 1e-3 * ref.abs().max().item()
+    assert err <= 2 * err_pt + atol, f"{context}: {name} error {err:.3e} > 2 x {err_pt:.3e} + {atol:.1e}"
+
+
+# FlashAttention 2's backward test lengths (odd ones, seqlen_q > seqlen_k, several blocks).
+BWD_SEQLENS = [
+    (113, 203),
+    (128, 217),
+    (113, 211),
+    (108, 256),
+    (256, 512),
+    (512, 256),
+    (1024, 1024),
+    (1023, 1024),
+    (1024, 1023),
+    (2048, 2048),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("seqlen_q, seqlen_k", BWD_SEQLENS)
+def test_backward_matches_the_f32_reference(seqlen_q, seqlen_k, d, causal, dtype):
+    batch = batch_for(seqlen_q, seqlen_k)
+    seed = seqlen_q * 7919 + seqlen_k * 31 + d + 5
+    q, k, v = inputs(batch, seqlen_q, seqlen_k, NHEADS, d, seed, dtype=dtype)
+    dout = torch.randn_like(q)
+    scale = 1.0 / math.sqrt(d)
+    got = gradients(lambda q, k, v: kiln_attn.flash_attn_func(q, k, v, causal=causal), q, k, v, dout)
+    ref = gradients(lambda q, k, v: attention_in(q, k, v, scale, causal), q.float(), k.float(), v.float(), dout.float())
+    low = gradients(lambda q, k, v: attention_in(q, k, v, scale, causal), q, k, v, dout)
+    context = f"b={batch} sq={seqlen_q} sk={seqlen_k} d={d} causal={causal} {dtype}"
+    for name, g, r, lo in zip(("out", "dq", "dk", "dv"), got, ref, low):
+        assert_within_twice(name, g, r, lo, context)
+
+
+@pytest.mark.parametrize("nheads_k", [3, 1], ids=["gqa", "mqa"])
+@pytest.mark.parametrize(
+    "causal, window, softcap",
+    [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0), (False, (100, 20), 0.0), (True, (-1, -1), 30.0)],
+)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_grouped_heads_windows_and_softcap_backward(nheads_k, causal, window, softcap, d):
+    q, k, v = inputs(2, 333, 517, NHEADS, d, d * 13 + nheads_k, nheads_k=nheads_k)
+    dout = torch.randn_like(q)
+    scale = 0.8 / math.sqrt(d)
+
+    def kiln(q, k, v):
+        return kiln_attn.flash_attn_func(q, k, v, 0.0, scale, causal, window, softcap)
+
+    got = gradients(kiln, q, k, v, dout)
+    ref = gradients(lambda q, k, v: attention_in(q, k, v, scale, causal, window, softcap), q.float(), k.float(), v.float(), dout.float())
+    low = gradients(lambda q, k, v: attention_in(q, k, v, scale, causal, window, softcap), q, k, v, dout)
+    context = f"nheads_k={nheads_k} d={d} causal={causal} window={window} softcap={softcap}"
+    assert got[2].shape == k.shape
+    for name, g, r, lo in zip(("out", "dq", "dk", "dv"), got, ref, low):
+        assert_within_twice(name, g, r, lo, context)
+
+
+def test_rows_that_see_no_key_have_zero_gradients_on_the_gpu():
+    q, k, v = inputs(1, 300, 100, 4, 128, 77)
+    q.requires_grad_()
+    out = kiln_attn.flash_attn_func(q, k, v, causal=True)
+    out.backward(torch.randn_like(out))
+    assert (q.grad[:, :200] == 0).all() and torch.isfinite(q.grad.float()).all()
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_deterministic_backward_is_bitwise_reproducible_on_the_gpu(d):
+    q, k, v = inputs(2, 1023, 1500, NHEADS, d, 3 * d, nheads_k=2)
+    dout = torch.randn_like(q)
+    fn = lambda q, k, v: kiln_attn.flash_attn_func(q, k, v, causal=True, deterministic=True)  # noqa: E731
+    first = gradients(fn, q, k, v, dout)
+    for _ in range(3):
+        again = gradients(fn, q, k, v, dout)
+        for a, b in zip(first[1:], again[1:]):
+            assert torch.equal(a, b)
+
+
+def test_the_low_level_backward_writes_poisoned_buffers():
+    q, k, v = inputs(2, 257, 300, 4, 64, 91, nheads_k=2)
+    dout = torch.randn_like(q)
+    out, lse, _, _ = kiln_attn._flash_attn_forward(q, k, v, 0.0, 0.125, False, -1, -1, 0.0, None, False)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    kiln_attn._flash_attn_backward(dout, q, k, v, out, lse, dq, dk, dv, 0.0, 0.125, False, -1, -1, 0.0, None, False)
+    ref = gradients(lambda q, k, v: attention_in(q, k, v, 0.125, False), q.float(), k.float(), v.float(), dout.float())
+    low = gradients(lambda q, k, v: attention_in(q, k, v, 0.125, False), q, k, v, dout)
+    for name, g, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref[1:], low[1:]):
+        assert_within_twice(name, g, r, lo, "low-level backward")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_backward_matches_each_sequence_alone(causal):
+    lens_q, lens_k = [113, 0, 45, 300, 1], [203, 25, 0, 100, 239]
+    nheads, nheads_k, d = 6, 3, 128
+    q, cu_q = packed_batch(lens_q, nheads, d, 5, torch.bfloat16, pad=7)
+    # Pad rows finite: the backward kernels read rows no sequence owns whole into their
+    # products (masked to 0 there), so a NaN in them would reach dk and dv.
+    q = q.nan_to_num(0.25)
+    k, cu_k = packed_batch(lens_k, nheads_k, d, 6, torch.bfloat16)
+    v, _ = packed_batch(lens_k, nheads_k, d, 7, torch.bfloat16)
+    dout = torch.randn_like(q)
+    mq, mk = max(lens_q), max(lens_k)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = kiln_attn.flash_attn_varlen_func(*leaves, cu_q, cu_k, mq, mk, causal=causal)
+    out.backward(dout)
+    dq, dk, dv = (t.grad for t in leaves)
+    assert (dq[sum(lens_q):] == 0).all(), "rows past the last sequence have gradient 0"
+    scale = 1.0 / math.sqrt(d)
+    for i in range(len(lens_q)):
+        q0, q1, k0, k1 = cu_q[i].item(), cu_q[i + 1].item(), cu_k[i].item(), cu_k[i + 1].item()
+        if q1 == q0 or k1 == k0:
+            continue
+        parts = (q[None, q0:q1], k[None, k0:k1], v[None, k0:k1])
+        ref = gradients(lambda q, k, v: attention_in(q, k, v, scale, causal), *(t.float() for t in parts), dout[None, q0:q1].float())
+        low = gradients(lambda q, k, v: attention_in(q, k, v, scale, causal), *parts, dout[None, q0:q1])
+        for name, g, r, lo in zip(("dq", "dk", "dv"), (dq[None, q0:q1], dk[None, k0:k1], dv[None, k0:k1]), ref[1:], low[1:]):
+            assert_within_twice(name, g, r, lo, f"varlen sequence {i} causal={causal}")
+
+
+def test_bad_gradients_are_value_errors_on_the_gpu():
+    q, k, v = inputs(1, 100, 80, 4, 64, 5)
+    out, lse, _, _ = kiln_attn._flash_attn_forward(q, k, v, 0.0, None, False, -1, -1, 0.0, None, False)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    with pytest.raises(ValueError, match=r"^dout: expected shape"):
+        kiln_attn._flash_attn_backward(q[:, :99], q, k, v, out, lse, dq, dk, dv, 0.0, None, False, -1, -1, 0.0, None, False)
+    with pytest.raises(ValueError, match=r"^dk: expected dtype"):
+        kiln_attn._flash_attn_backward(q, q, k, v, out, lse, dq, dk.float(), dv, 0.0, None, False, -1, -1, 0.0, None, False)
+    with pytest.raises(ValueError, match=r"^softmax_lse: expected a tensor on cuda"):
+        kiln_attn._flash_attn_backward(q, q, k, v, out, lse.cpu(), dq, dk, dv, 0.0, None, False, -1, -1, 0.0, None, False)
+    with pytest.raises(ValueError, match=r"^dropout_p: "):
+        kiln_attn.flash_attn_func(q, k, v, 0.1)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_fullgraph_trains_through_flash_attn_func(backend):
+    torch.manual_seed(0)
+    dim, heads = 256, 2
+    proj = torch.nn.Linear(dim, 3 * dim, device="cuda", dtype=torch.bfloat16)
+
+    def step(x):
+        q, k, v = proj(x).view(x.shape[0], x.shape[1], 3, heads, dim // heads).unbind(2)
+        return kiln_attn.flash_attn_func(q, k, v, causal=True).float().square().mean()
+
+    x = torch.randn(2, 333, dim, device="cuda", dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=backend, fullgraph=True)
+    compiled(x).backward()
+    got = proj.weight.grad.clone()
+    proj.zero_grad()
+    step(x).backward()
+    torch.testing.assert_close(got, proj.weight.grad, rtol=2e-2, atol=1e-3)

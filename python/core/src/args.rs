@@ -10,6 +10,8 @@ use std::fmt;
 
 use kiln::ir::DType;
 
+use crate::generic::Place;
+
 /// Head dims the kernel is built and tested for.
 pub const HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
 
@@ -109,6 +111,22 @@ pub struct Options {
     pub softcap: f64,
     /// Also return the log-sum-exp of each score row.
     pub return_lse: bool,
+    /// Which FlashAttention's window bounds the call follows.
+    pub window_rule: WindowRule,
+}
+
+/// How a window bound too large to mask anything is read: FlashAttention 2 and 3 differ when
+/// `right` lies between `seqlen_k` and `seqlen_q - 1` (a bound that still masks the first
+/// rows when `seqlen_q > seqlen_k`, bottom-right aligned).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WindowRule {
+    /// FlashAttention 2: a bound of at least `seqlen_k` is unbounded, whatever it would
+    /// have masked.
+    #[default]
+    Fa2,
+    /// FlashAttention 3: `left >= seqlen_k - 1` and `right >= seqlen_q - 1` are unbounded,
+    /// which masks nothing either way; every smaller bound masks as given.
+    Fa3,
 }
 
 impl Default for Options {
@@ -119,6 +137,7 @@ impl Default for Options {
             window_size: (-1, -1),
             softcap: 0.0,
             return_lse: false,
+            window_rule: WindowRule::Fa2,
         }
     }
 }
@@ -279,6 +298,30 @@ pub(crate) fn plan_windowed(
     opts: &Options,
     window_len: Option<i64>,
 ) -> Result<Plan, ArgError> {
+    plan_windowed_at(q, k, v, opts, window_len, Place::Cuda)
+}
+
+/// [`plan`] for tensors at `place`: CUDA tensors for a launch, CPU tensors for a run on the
+/// interpreter (the plan's `device` is then 0).
+pub fn plan_at(
+    q: &TensorInfo,
+    k: &TensorInfo,
+    v: &TensorInfo,
+    opts: &Options,
+    place: Place,
+) -> Result<Plan, ArgError> {
+    plan_windowed_at(q, k, v, opts, None, place)
+}
+
+/// [`plan_windowed`] for tensors at `place`.
+pub(crate) fn plan_windowed_at(
+    q: &TensorInfo,
+    k: &TensorInfo,
+    v: &TensorInfo,
+    opts: &Options,
+    window_len: Option<i64>,
+    place: Place,
+) -> Result<Plan, ArgError> {
     let named = [("q", q), ("k", k), ("v", v)];
     for (name, t) in named {
         check_rank(name, t, if name == "q" { "seqlen_q" } else { "seqlen_k" })?;
@@ -286,9 +329,16 @@ pub(crate) fn plan_windowed(
     check_dtype("q", q, None)?;
     check_dtype("k", k, Some(&q.dtype))?;
     check_dtype("v", v, Some(&q.dtype))?;
-    let device = match &q.device {
-        TorchDevice::Cuda(i) => *i,
-        other => {
+    let device = match (place, &q.device) {
+        (Place::Cuda, TorchDevice::Cuda(i)) => *i,
+        (Place::Host, TorchDevice::Other(cpu)) if cpu == "cpu" => 0,
+        (Place::Host, other) => {
+            return Err(ArgError::value_error(format!(
+                "q: expected a CPU tensor (the interpreter runs on the host), got a tensor on \
+                 {other}"
+            )));
+        }
+        (Place::Cuda, other) => {
             return Err(ArgError::value_error(format!(
                 "q: expected a CUDA tensor, got a tensor on {other}"
             )));
@@ -349,7 +399,7 @@ pub(crate) fn plan_windowed(
             )));
         }
     }
-    let checked = check_options(opts, head_dim, window_len.unwrap_or(seqlen_k))?;
+    let checked = check_options(opts, head_dim, seqlen_q, window_len.unwrap_or(seqlen_k))?;
     Ok(Plan {
         device,
         batch: batch as usize,
@@ -412,7 +462,11 @@ fn check_rank(name: &str, t: &TensorInfo, seq: &str) -> Result<(), ArgError> {
 }
 
 /// `q` must be bfloat16 or float16; the others must match it.
-fn check_dtype(name: &str, t: &TensorInfo, like: Option<&TorchDType>) -> Result<(), ArgError> {
+pub(crate) fn check_dtype(
+    name: &str,
+    t: &TensorInfo,
+    like: Option<&TorchDType>,
+) -> Result<(), ArgError> {
     match like {
         Some(want) if &t.dtype != want => Err(ArgError::type_error(format!(
             "{name}: expected dtype {want} (q's), got {}",
@@ -430,7 +484,7 @@ fn check_dtype(name: &str, t: &TensorInfo, like: Option<&TorchDType>) -> Result<
 
 /// The last dimension must be contiguous (as FlashAttention requires); the others may have
 /// any non-negative stride (a transposed BHSD tensor is fine).
-fn check_strides(name: &str, t: &TensorInfo) -> Result<(), ArgError> {
+pub(crate) fn check_strides(name: &str, t: &TensorInfo) -> Result<(), ArgError> {
     if t.strides.iter().any(|&s| s < 0) {
         return Err(ArgError::value_error(format!(
             "{name}: expected non-negative strides, got {:?}",
@@ -458,7 +512,12 @@ struct Checked {
 /// Checks the options and normalises them as FlashAttention does: a window bound of at least
 /// `seqlen_k` is unbounded (-1), causal makes the right bound 0, and the window `(-1, 0)` is
 /// the causal mask (so every spelling of it runs one specialisation).
-fn check_options(opts: &Options, head_dim: i64, seqlen_k: i64) -> Result<Checked, ArgError> {
+fn check_options(
+    opts: &Options,
+    head_dim: i64,
+    seqlen_q: i64,
+    seqlen_k: i64,
+) -> Result<Checked, ArgError> {
     let (left, right) = opts.window_size;
     if left < -1 || right < -1 {
         return Err(ArgError::value_error(format!(
@@ -466,10 +525,18 @@ fn check_options(opts: &Options, head_dim: i64, seqlen_k: i64) -> Result<Checked
              {right})"
         )));
     }
-    // Below seqlen_k <= i32::MAX (checked by the caller), so the bounds fit an i32.
-    let bound = |b: i64| if b >= seqlen_k { -1 } else { b as i32 };
-    let left = bound(left);
-    let right = if opts.causal { 0 } else { bound(right) };
+    // Below seqlen_q, seqlen_k <= i32::MAX (checked by the caller), so the bounds fit an i32.
+    let bound = |b: i64, len: i64| if b >= len { -1 } else { b as i32 };
+    let (left_len, right_len) = match opts.window_rule {
+        WindowRule::Fa2 => (seqlen_k, seqlen_k),
+        WindowRule::Fa3 => (seqlen_k - 1, seqlen_q - 1),
+    };
+    let left = bound(left, left_len);
+    let right = if opts.causal {
+        0
+    } else {
+        bound(right, right_len)
+    };
     let causal = left == -1 && right == 0;
     let window = if causal { (-1, -1) } else { (left, right) };
     let cap = opts.softcap;
@@ -714,6 +781,29 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn a_right_bound_between_seqlen_k_and_seqlen_q_follows_each_flash_attentions_rule() {
+        // seqlen_q = 300 > seqlen_k = 100: right = 150 still masks query rows below 49
+        // (bottom-right aligned, row i sees keys up to i - 200 + 150). FlashAttention 2 reads
+        // it as unbounded (>= seqlen_k); FlashAttention 3 keeps it (< seqlen_q - 1).
+        let (q, k) = (bshd(1, 300, 2, 64), bshd(1, 100, 2, 64));
+        let with = |window_rule, window_size| {
+            let o = Options {
+                window_size,
+                window_rule,
+                ..Options::default()
+            };
+            plan(&q, &k, &k, &o).expect("valid window").window
+        };
+        assert_eq!(with(WindowRule::Fa2, (-1, 150)), (-1, -1));
+        assert_eq!(with(WindowRule::Fa3, (-1, 150)), (-1, 150));
+        assert_eq!(with(WindowRule::Fa3, (-1, 299)), (-1, -1));
+        assert_eq!(with(WindowRule::Fa3, (-1, 298)), (-1, 298));
+        assert_eq!(with(WindowRule::Fa3, (99, 5)), (-1, 5));
+        assert_eq!(with(WindowRule::Fa3, (98, 5)), (98, 5));
+        assert_eq!(with(WindowRule::Fa2, (99, 5)), (99, 5));
     }
 
     #[test]

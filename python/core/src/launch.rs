@@ -36,8 +36,8 @@ pub enum LaunchFailure {
 
 /// The comptime values of the kernel for `plan` on `target`: the example's tuned blocks for
 /// its head dim, mask and lengths (a packed varlen batch's are its totals), and its features.
-/// The four attention kernels share them, so one struct serves whichever [`kernel`] the call
-/// takes.
+/// The four attention kernels share them, so one struct serves whichever kernel (`kernel`)
+/// the call takes.
 pub fn comptime(plan: &Plan, target: Target) -> AttentionParams {
     let lengths = (plan.seqlen_q, plan.seqlen_k);
     AttentionParams {

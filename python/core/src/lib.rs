@@ -4,13 +4,15 @@
 //! so nothing is copied: the kernel reads PyTorch's memory in place and writes its output.
 //! [`generic`] does the same for any registered kernel by name (`kiln_attn.kernel`): its
 //! arguments and comptime values checked against its declaration, the launch on the caller's
-//! stream, or a run on the CPU interpreter over host memory.
+//! stream, or a run on the CPU interpreter over host memory. [`backward`] checks a backward
+//! call's gradients and buffers against the forward's plan and runs the backward kernels.
 //!
 //! **Architecture invariant:** this crate knows nothing of Python. The extension (the
 //! `kiln-attn` crate) only turns Python objects into [`args::TensorInfo`] and errors into
 //! exceptions; every rule lives here, unit-tested without an interpreter or a GPU.
 
 pub mod args;
+pub mod backward;
 pub mod generic;
 pub mod launch;
 pub mod varlen;

@@ -24,8 +24,9 @@
 //! sees no key, every row of a sequence without keys included, as `flash_attn_func` gives).
 
 use crate::args::{
-    ArgError, GRID_YZ_MAX, Options, Plan, TensorInfo, TorchDType, View, check_out, plan_windowed,
+    ArgError, GRID_YZ_MAX, Options, Plan, TensorInfo, TorchDType, View, check_out, plan_windowed_at,
 };
+use crate::generic::Place;
 
 /// A checked varlen call: the one launch's plan and the offsets it reads.
 #[derive(Clone, Debug, PartialEq)]
@@ -86,6 +87,25 @@ pub fn plan_varlen(
     (max_seqlen_q, max_seqlen_k): (i64, i64),
     opts: &Options,
 ) -> Result<VarlenPlan, ArgError> {
+    plan_varlen_at(
+        (q, k, v),
+        out,
+        (cu_q, cu_k),
+        (max_seqlen_q, max_seqlen_k),
+        opts,
+        Place::Cuda,
+    )
+}
+
+/// [`plan_varlen`] for tensors at `place` (CPU tensors for a run on the interpreter).
+pub fn plan_varlen_at(
+    (q, k, v): (&TensorInfo, &TensorInfo, &TensorInfo),
+    out: &TensorInfo,
+    (cu_q, cu_k): (&TensorInfo, &TensorInfo),
+    (max_seqlen_q, max_seqlen_k): (i64, i64),
+    opts: &Options,
+    place: Place,
+) -> Result<VarlenPlan, ArgError> {
     for (name, t, total) in [
         ("q", q, "total_q"),
         ("k", k, "total_k"),
@@ -137,7 +157,7 @@ pub fn plan_varlen(
         )));
     }
     let [qb, kb, vb, ob] = [q, k, v, out].map(one_batch);
-    let plan = plan_windowed(&qb, &kb, &vb, opts, Some(max_seqlen_k))?;
+    let plan = plan_windowed_at(&qb, &kb, &vb, opts, Some(max_seqlen_k), place)?;
     let out = check_out(&plan, &qb, &ob)?;
     Ok(VarlenPlan {
         lse_shape: opts
@@ -188,7 +208,7 @@ fn check_offsets_tensor(name: &str, t: &TensorInfo, q: &TensorInfo) -> Result<Of
 
 /// The packed `[total, heads, headdim]` tensor `t` as one batch, `[1, total, heads, headdim]`
 /// of the same memory (the BSHD tensor `flash_attn_func` takes).
-fn one_batch(t: &TensorInfo) -> TensorInfo {
+pub(crate) fn one_batch(t: &TensorInfo) -> TensorInfo {
     let s = &t.strides;
     TensorInfo {
         shape: vec![1, t.shape[0], t.shape[1], t.shape[2]],

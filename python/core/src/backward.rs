@@ -1,0 +1,970 @@
+//! Attention's backward pass from PyTorch (`_flash_attn_backward` and its varlen form), and the
+//! forward on kiln's CPU interpreter: every gradient tensor checked against the forward's
+//! [`Plan`] (an [`ArgError`] naming the argument, so no kernel sees a shape it would read or
+//! write past), then the steps `kiln_examples::attention_backward` defines, each a registered
+//! kernel run through [`crate::generic`] on the GPU or on the interpreter:
+//!
+//! 1. `attention_bwd_preprocess`: `delta = rowsum(dout * out)`, the f32 dQ accumulator zeroed;
+//! 2. `attention_bwd_dkdv`: dK and dV (a key/value head's summed over the query heads of its
+//!    group), dQ's shares added into the accumulator with atomics unless deterministic;
+//! 3. `attention_bwd_dq_convert` (the accumulator scaled into dq), or, deterministic,
+//!    `attention_bwd_dq` (dQ in a second pass, the same bits every run).
+//!
+//! The workspaces (`delta`, the softmax_d FlashAttention returns, and the f32 dQ accumulator)
+//! are allocated by the caller in the shapes [`BwdPlan::delta_shape`] and
+//! [`BwdPlan::accum_shape`] give, contiguous, and passed to [`BwdPlan::steps`].
+
+use kiln::ir::DType;
+use kiln_examples::attention_backward::AttentionBwdParams;
+
+use crate::args::{
+    ArgError, Options, Plan, TensorInfo, TorchDType, TorchDevice, View, check_strides, plan_at,
+};
+use crate::generic::{self, Arg, GenericError, Given, Place};
+use crate::launch::Lse;
+use crate::varlen::{Offsets, one_batch, plan_varlen_at};
+
+/// The tensors of a backward call besides q, k and v, as PyTorch describes them.
+#[derive(Clone, Copy, Debug)]
+pub struct Grads<'a> {
+    /// `dout`, the gradient of the forward's output: q's shape and dtype.
+    pub dout: &'a TensorInfo,
+    /// The forward's output: q's shape and dtype.
+    pub out: &'a TensorInfo,
+    /// The forward's log-sum-exp (`[batch, nheads, seqlen_q]`, or `[nheads, total_q]` packed),
+    /// torch.float32.
+    pub lse: &'a TensorInfo,
+    /// Written: q's shape and dtype.
+    pub dq: &'a TensorInfo,
+    /// Written: k's shape and dtype.
+    pub dk: &'a TensorInfo,
+    /// Written: v's shape and dtype.
+    pub dv: &'a TensorInfo,
+}
+
+/// A packed varlen batch's extras: the offsets and the longest sequences (the grids).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Packed {
+    /// `cu_seqlens_q`.
+    pub cu_q: Offsets,
+    /// `cu_seqlens_k`.
+    pub cu_k: Offsets,
+    /// The sequences.
+    pub batch: usize,
+    /// `max_seqlen_q`.
+    pub max_seqlen_q: usize,
+    /// `max_seqlen_k`.
+    pub max_seqlen_k: usize,
+}
+
+/// A checked backward call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BwdPlan {
+    /// The forward's plan (over a packed batch: one batch of `total_q` rows).
+    pub fwd: Plan,
+    /// dQ by the second pass instead of atomics.
+    pub deterministic: bool,
+    /// Where the tensors are.
+    pub place: Place,
+    /// The BHSD views of `dout`, `out`, `dq`, `dk`, `dv`.
+    pub dout: View,
+    /// `out`.
+    pub out: View,
+    /// `dq`.
+    pub dq: View,
+    /// `dk`.
+    pub dk: View,
+    /// `dv`.
+    pub dv: View,
+    /// The log-sum-exp as the kernels read it, `[batch, nheads, seqlen_q]`.
+    pub lse: Lse,
+    /// The offsets of a packed batch.
+    pub packed: Option<Packed>,
+}
+
+/// What a checked call needs done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Work {
+    /// Nothing to compute: no query row, head or key. The caller zeroes dq, dk, dv and delta
+    /// (a gradient through no score is 0; a tensor map cannot have an extent of 0).
+    Zero,
+    /// Run [`BwdPlan::steps`].
+    Run,
+}
+
+/// One kernel run: the registered kernel, its arguments in order, its grid.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    /// The registered kernel's name.
+    pub kernel: &'static str,
+    /// Launch arguments in signature order.
+    pub args: Vec<Arg>,
+    /// The grid: fixed, or the kernel's own grid function over `[x, y, z]` extents.
+    pub grid: StepGrid,
+}
+
+/// How a [`Step`]'s grid is found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepGrid {
+    /// These block counts.
+    Fixed([u32; 3]),
+    /// The kernel's own grid (`#[kernel(grid = ..)]`) over these extents.
+    Own([usize; 3]),
+}
+
+/// Checks a dense backward call: q, k, v and the options as the forward took them, then every
+/// tensor of `g` against them.
+pub fn plan_backward(
+    (q, k, v): (&TensorInfo, &TensorInfo, &TensorInfo),
+    g: Grads<'_>,
+    opts: &Options,
+    deterministic: bool,
+    place: Place,
+) -> Result<BwdPlan, ArgError> {
+    let fwd = plan_at(q, k, v, opts, place)?;
+    let lse = check_lse(
+        g.lse,
+        q,
+        &[fwd.batch, fwd.nheads, fwd.seqlen_q],
+        "[batch, nheads, seqlen_q]",
+    )?;
+    let lse = Lse {
+        ptr: lse.ptr,
+        shape: [0, 1, 2].map(|i| lse.shape[i] as usize),
+        strides: [0, 1, 2].map(|i| lse.strides[i] as usize),
+    };
+    let views = check_grads(g, (q, k))?;
+    Ok(assemble(fwd, views, lse, None, deterministic, place))
+}
+
+/// Checks a varlen backward call: the packed q, k, v, out and offsets as the varlen forward
+/// took them, then `dout`, `dq`, `dk`, `dv` (packed, `[total, heads, headdim]`) and the packed
+/// `[nheads, total_q]` log-sum-exp.
+pub fn plan_varlen_backward(
+    (q, k, v): (&TensorInfo, &TensorInfo, &TensorInfo),
+    g: Grads<'_>,
+    (cu_q, cu_k): (&TensorInfo, &TensorInfo),
+    (max_seqlen_q, max_seqlen_k): (i64, i64),
+    opts: &Options,
+    deterministic: bool,
+    place: Place,
+) -> Result<BwdPlan, ArgError> {
+    let vp = plan_varlen_at(
+        (q, k, v),
+        g.out,
+        (cu_q, cu_k),
+        (max_seqlen_q, max_seqlen_k),
+        opts,
+        place,
+    )?;
+    for (name, t, like) in [
+        ("dout", g.dout, q),
+        ("dq", g.dq, q),
+        ("dk", g.dk, k),
+        ("dv", g.dv, v),
+    ] {
+        if t.shape != like.shape || t.strides.len() != like.shape.len() {
+            return Err(ArgError::value_error(format!(
+                "{name}: expected shape {:?} ({}'s), got {:?}",
+                like.shape,
+                if name == "dout" || name == "dq" {
+                    "q"
+                } else {
+                    &name[1..]
+                },
+                t.shape
+            )));
+        }
+    }
+    let (nheads, total_q) = (vp.plan.nheads, vp.plan.seqlen_q);
+    let lse = check_lse(g.lse, q, &[nheads, total_q], "[nheads, total_q]")?;
+    let lse = Lse::packed(
+        lse.ptr,
+        [nheads, total_q],
+        [lse.strides[0] as usize, lse.strides[1] as usize],
+    );
+    let [dout, dq, dk, dv, out] = [g.dout, g.dq, g.dk, g.dv, g.out].map(one_batch);
+    let grads = Grads {
+        dout: &dout,
+        out: &out,
+        lse: g.lse,
+        dq: &dq,
+        dk: &dk,
+        dv: &dv,
+    };
+    let [qb, kb] = [q, k].map(one_batch);
+    let views = check_grads(grads, (&qb, &kb))?;
+    let packed = Packed {
+        cu_q: vp.cu_q,
+        cu_k: vp.cu_k,
+        batch: vp.batch,
+        max_seqlen_q: vp.max_seqlen_q,
+        max_seqlen_k: max_seqlen_k as usize,
+    };
+    Ok(assemble(
+        vp.plan,
+        views,
+        lse,
+        Some(packed),
+        deterministic,
+        place,
+    ))
+}
+
+/// The BHSD views of `dout`, `out`, `dq`, `dk`, `dv` (4-D BSHD tensors), each checked to have
+/// the shape, dtype and device of q (k for dk and dv) and a contiguous last dimension. A
+/// mismatch is a `ValueError`: these are buffers of a call already checked, not inputs whose
+/// element type picks a kernel.
+fn check_grads(g: Grads<'_>, (q, k): (&TensorInfo, &TensorInfo)) -> Result<[View; 5], ArgError> {
+    let named = [
+        ("dout", g.dout, q, "q"),
+        ("out", g.out, q, "q"),
+        ("dq", g.dq, q, "q"),
+        ("dk", g.dk, k, "k"),
+        ("dv", g.dv, k, "v"),
+    ];
+    for (name, t, like, whose) in named {
+        if t.shape != like.shape || t.strides.len() != like.shape.len() {
+            return Err(ArgError::value_error(format!(
+                "{name}: expected shape {:?} ({whose}'s), got {:?}",
+                like.shape, t.shape
+            )));
+        }
+        if t.dtype != q.dtype {
+            return Err(ArgError::value_error(format!(
+                "{name}: expected dtype {} (q's), got {}",
+                q.dtype, t.dtype
+            )));
+        }
+        same_device(name, t, q)?;
+        check_strides(name, t)?;
+    }
+    Ok(named.map(|(_, t, _, _)| bhsd(t)))
+}
+
+/// `t` must be on q's device.
+fn same_device(name: &str, t: &TensorInfo, q: &TensorInfo) -> Result<(), ArgError> {
+    if t.device != q.device {
+        return Err(ArgError::value_error(format!(
+            "{name}: expected a tensor on {} (q's device), got a tensor on {}",
+            q.device, t.device
+        )));
+    }
+    Ok(())
+}
+
+/// The log-sum-exp `lse` must be a torch.float32 tensor of `shape` on q's device with
+/// non-negative strides and a contiguous last dimension.
+fn check_lse<'a>(
+    lse: &'a TensorInfo,
+    q: &TensorInfo,
+    shape: &[usize],
+    layout: &str,
+) -> Result<&'a TensorInfo, ArgError> {
+    let want: Vec<i64> = shape.iter().map(|&n| n as i64).collect();
+    if lse.shape != want || lse.strides.len() != want.len() {
+        return Err(ArgError::value_error(format!(
+            "softmax_lse: expected shape {want:?} ({layout}, the forward's), got {:?}",
+            lse.shape
+        )));
+    }
+    if lse.dtype != TorchDType::Other("torch.float32".into()) {
+        return Err(ArgError::value_error(format!(
+            "softmax_lse: expected dtype torch.float32, got {}",
+            lse.dtype
+        )));
+    }
+    same_device("softmax_lse", lse, q)?;
+    let last = lse.strides.len() - 1;
+    if lse.strides.iter().any(|&s| s < 0) || (lse.strides[last] != 1 && lse.shape[last] > 1) {
+        return Err(ArgError::value_error(format!(
+            "softmax_lse: expected non-negative strides and a contiguous last dimension, got \
+             strides {:?}",
+            lse.strides
+        )));
+    }
+    Ok(lse)
+}
+
+/// The BHSD view of a checked 4-D BSHD tensor.
+fn bhsd(t: &TensorInfo) -> View {
+    let at = |v: &[i64], i: usize| v[i] as usize;
+    View {
+        ptr: t.ptr,
+        shape: [0, 2, 1, 3].map(|i| at(&t.shape, i)),
+        strides: [0, 2, 1, 3].map(|i| at(&t.strides, i)),
+    }
+}
+
+/// The plan of a call whose tensors are all checked.
+fn assemble(
+    fwd: Plan,
+    [dout, out, dq, dk, dv]: [View; 5],
+    lse: Lse,
+    packed: Option<Packed>,
+    deterministic: bool,
+    place: Place,
+) -> BwdPlan {
+    BwdPlan {
+        fwd,
+        deterministic,
+        place,
+        dout,
+        out,
+        dq,
+        dk,
+        dv,
+        lse,
+        packed,
+    }
+}
+
+impl BwdPlan {
+    /// Whether there is anything to launch ([`Work::Zero`]: the caller zeroes the gradients).
+    pub fn work(&self) -> Work {
+        let p = &self.fwd;
+        let no_rows = match &self.packed {
+            Some(pk) => pk.max_seqlen_q == 0 || pk.max_seqlen_k == 0,
+            None => false,
+        };
+        if p.batch == 0 || p.nheads == 0 || p.seqlen_q == 0 || p.seqlen_k == 0 || no_rows {
+            Work::Zero
+        } else {
+            Work::Run
+        }
+    }
+
+    /// The shape of `delta` (FlashAttention's softmax_d), f32: `[batch, nheads, seqlen_q]`,
+    /// or `[nheads, total_q]` over a packed batch.
+    pub fn delta_shape(&self) -> Vec<usize> {
+        let p = &self.fwd;
+        match self.packed {
+            Some(_) => vec![p.nheads, p.seqlen_q],
+            None => vec![p.batch, p.nheads, p.seqlen_q],
+        }
+    }
+
+    /// The shape of the f32 dQ accumulator, contiguous `[batch, nheads, seqlen_q, headdim]`
+    /// (BHSD; one batch of `total_q` rows over a packed batch).
+    pub fn accum_shape(&self) -> [usize; 4] {
+        let p = &self.fwd;
+        [p.batch, p.nheads, p.seqlen_q, p.head_dim]
+    }
+
+    /// The backward kernels' comptime values: the forward's mask, cap, heads and dtype.
+    pub fn params(&self) -> AttentionBwdParams {
+        let p = &self.fwd;
+        AttentionBwdParams {
+            d: p.head_dim,
+            causal: p.causal,
+            kv_group: p.kv_group,
+            dtype: p.dtype,
+            window_left: p.window.0,
+            window_right: p.window.1,
+            softcap: p.softcap,
+            block_m: 0,
+            block_n: 0,
+            deterministic: self.deterministic,
+            num_warps: 4,
+        }
+    }
+
+    /// The kernel runs, in order, given the caller's `delta` and `dq_accum` (allocated in
+    /// [`BwdPlan::delta_shape`] and [`BwdPlan::accum_shape`], torch.float32, contiguous, on
+    /// q's device).
+    pub fn steps(&self, delta: &TensorInfo, dq_accum: &TensorInfo) -> Result<Vec<Step>, ArgError> {
+        let want = self.delta_shape();
+        let q_dev = &self.device();
+        for (name, t, shape) in [
+            ("delta", delta, want.clone()),
+            ("dq_accum", dq_accum, self.accum_shape().to_vec()),
+        ] {
+            let contiguous =
+                TensorInfo::contiguous(&shape, t.dtype.clone(), t.device.clone(), t.ptr);
+            if t.shape != contiguous.shape
+                || t.strides != contiguous.strides
+                || t.dtype != TorchDType::Other("torch.float32".into())
+                || &t.device != q_dev
+            {
+                return Err(ArgError::value_error(format!(
+                    "internal: the workspace {name} is not a contiguous torch.float32 tensor of \
+                     shape {shape:?} on {q_dev}"
+                )));
+            }
+        }
+        let p = &self.fwd;
+        let dt = match p.dtype {
+            DType::F16 => TorchDType::F16,
+            _ => TorchDType::Bf16,
+        };
+        let f32t = TorchDType::Other("torch.float32".into());
+        let dev = q_dev.clone();
+        let t = |v: &View, dtype: &TorchDType| {
+            Arg::Tensor(TensorInfo {
+                shape: v.shape.iter().map(|&n| n as i64).collect(),
+                strides: v.strides.iter().map(|&n| n as i64).collect(),
+                dtype: dtype.clone(),
+                device: dev.clone(),
+                ptr: v.ptr,
+            })
+        };
+        let (q, k, v) = (t(&p.q, &dt), t(&p.k, &dt), t(&p.v, &dt));
+        let (dout, out) = (t(&self.dout, &dt), t(&self.out, &dt));
+        let (dq, dk, dv) = (t(&self.dq, &dt), t(&self.dk, &dt), t(&self.dv, &dt));
+        let lse = Arg::Tensor(TensorInfo {
+            shape: self.lse.shape.iter().map(|&n| n as i64).collect(),
+            strides: self.lse.strides.iter().map(|&n| n as i64).collect(),
+            dtype: f32t.clone(),
+            device: dev.clone(),
+            ptr: self.lse.ptr,
+        });
+        let [b, h, sq] = self.lse.shape;
+        let delta = Arg::Tensor(TensorInfo::contiguous(
+            &[b, h, sq],
+            f32t.clone(),
+            dev.clone(),
+            delta.ptr,
+        ));
+        let accum = Arg::Tensor(dq_accum.clone());
+        let scale = Arg::Float(f64::from(p.scale));
+        let offsets = |o: &Offsets| {
+            Arg::Tensor(TensorInfo::contiguous(
+                &[o.len],
+                TorchDType::Other("torch.int32".into()),
+                dev.clone(),
+                o.ptr,
+            ))
+        };
+        let cu = self.packed.map(|pk| [offsets(&pk.cu_q), offsets(&pk.cu_k)]);
+        let with_cu = |mut args: Vec<Arg>, before_scale: bool| {
+            if let Some(cu) = &cu {
+                let at = if before_scale {
+                    args.len() - 1
+                } else {
+                    args.len()
+                };
+                for (i, c) in cu.iter().enumerate() {
+                    args.insert(at + i, c.clone());
+                }
+            }
+            args
+        };
+        let name = |dense: &'static str, varlen: &'static str| {
+            if self.packed.is_some() { varlen } else { dense }
+        };
+        let bp = self.params();
+        let (rows_q, rows_k, batch) = match self.packed {
+            Some(pk) => (pk.max_seqlen_q, pk.max_seqlen_k, pk.batch),
+            None => (p.seqlen_q, p.seqlen_k, p.batch),
+        };
+        let qgrid = StepGrid::Fixed(bp.query_grid([rows_q, p.nheads, batch]));
+        let kgrid = StepGrid::Fixed(bp.key_grid([rows_k, p.nheads_k, batch]));
+        let mut steps = vec![
+            Step {
+                kernel: name(
+                    "attention_bwd_preprocess",
+                    "attention_bwd_preprocess_varlen",
+                ),
+                args: with_cu(vec![out, dout.clone(), delta.clone(), accum.clone()], false),
+                grid: qgrid,
+            },
+            Step {
+                kernel: name("attention_bwd_dkdv", "attention_bwd_dkdv_varlen"),
+                args: with_cu(
+                    vec![
+                        q.clone(),
+                        k.clone(),
+                        v.clone(),
+                        dout.clone(),
+                        lse.clone(),
+                        delta.clone(),
+                        accum.clone(),
+                        dk,
+                        dv,
+                        scale.clone(),
+                    ],
+                    true,
+                ),
+                grid: kgrid,
+            },
+        ];
+        steps.push(if self.deterministic {
+            Step {
+                kernel: name("attention_bwd_dq", "attention_bwd_dq_varlen"),
+                args: with_cu(vec![q, k, v, dout, lse, delta, dq, scale], true),
+                grid: qgrid,
+            }
+        } else {
+            Step {
+                kernel: name(
+                    "attention_bwd_dq_convert",
+                    "attention_bwd_dq_convert_varlen",
+                ),
+                args: with_cu(vec![accum, dq, scale], true),
+                grid: qgrid,
+            }
+        });
+        Ok(steps)
+    }
+
+    /// The device every tensor is on (q's).
+    fn device(&self) -> TorchDevice {
+        match self.place {
+            Place::Cuda => TorchDevice::Cuda(self.fwd.device),
+            Place::Host => TorchDevice::Other("cpu".into()),
+        }
+    }
+
+    /// The comptime values every step takes, by name.
+    pub fn given(&self) -> Vec<(String, Given)> {
+        bwd_given(&self.params())
+    }
+}
+
+/// `p` as the comptime keyword values the generic path takes.
+fn bwd_given(p: &AttentionBwdParams) -> Vec<(String, Given)> {
+    let mut g = forward_given(&Semantic {
+        d: p.d,
+        causal: p.causal,
+        kv_group: p.kv_group,
+        dtype: p.dtype,
+        window: (p.window_left, p.window_right),
+        softcap: p.softcap,
+    });
+    g.push(("deterministic".into(), Given::Bool(p.deterministic)));
+    g
+}
+
+/// What the forward and backward kernels' comptime values share: the call's semantics.
+struct Semantic {
+    d: usize,
+    causal: bool,
+    kv_group: usize,
+    dtype: DType,
+    window: (i32, i32),
+    softcap: f32,
+}
+
+fn forward_given(s: &Semantic) -> Vec<(String, Given)> {
+    vec![
+        ("d".into(), Given::Int(s.d as i64)),
+        ("causal".into(), Given::Bool(s.causal)),
+        ("kv_group".into(), Given::Int(s.kv_group as i64)),
+        ("dtype".into(), Given::Text(s.dtype.name().to_string())),
+        ("window_left".into(), Given::Int(i64::from(s.window.0))),
+        ("window_right".into(), Given::Int(i64::from(s.window.1))),
+        ("softcap".into(), Given::Float(f64::from(s.softcap))),
+    ]
+}
+
+/// The forward on the interpreter (`attention_lse`, or `attention_varlen_lse` with `packed`):
+/// the plan's q, k, v, `out` and the log-sum-exp `lse` (the kernel's `[batch, nheads,
+/// seqlen_q]` view), with the kernel's default blocks.
+pub fn forward_steps(
+    plan: &Plan,
+    out: &View,
+    lse: &Lse,
+    packed: Option<Packed>,
+) -> (Step, Vec<(String, Given)>) {
+    let dev = TorchDevice::Other("cpu".into());
+    let dt = match plan.dtype {
+        DType::F16 => TorchDType::F16,
+        _ => TorchDType::Bf16,
+    };
+    let t = |v: &View| {
+        Arg::Tensor(TensorInfo {
+            shape: v.shape.iter().map(|&n| n as i64).collect(),
+            strides: v.strides.iter().map(|&n| n as i64).collect(),
+            dtype: dt.clone(),
+            device: dev.clone(),
+            ptr: v.ptr,
+        })
+    };
+    let mut args = vec![t(&plan.q), t(&plan.k), t(&plan.v), t(out)];
+    args.push(Arg::Tensor(TensorInfo {
+        shape: lse.shape.iter().map(|&n| n as i64).collect(),
+        strides: lse.strides.iter().map(|&n| n as i64).collect(),
+        dtype: TorchDType::Other("torch.float32".into()),
+        device: dev.clone(),
+        ptr: lse.ptr,
+    }));
+    let (kernel, extents) = match packed {
+        Some(pk) => {
+            for o in [pk.cu_q, pk.cu_k] {
+                args.push(Arg::Tensor(TensorInfo::contiguous(
+                    &[o.len],
+                    TorchDType::Other("torch.int32".into()),
+                    dev.clone(),
+                    o.ptr,
+                )));
+            }
+            (
+                "attention_varlen_lse",
+                [pk.max_seqlen_q, plan.nheads, pk.batch],
+            )
+        }
+        None => ("attention_lse", [plan.seqlen_q, plan.nheads, plan.batch]),
+    };
+    args.push(Arg::Float(f64::from(plan.scale)));
+    let given = forward_given(&Semantic {
+        d: plan.head_dim,
+        causal: plan.causal,
+        kv_group: plan.kv_group,
+        dtype: plan.dtype,
+        window: plan.window,
+        softcap: plan.softcap,
+    });
+    let step = Step {
+        kernel,
+        args,
+        grid: StepGrid::Own(extents),
+    };
+    (step, given)
+}
+
+/// Runs `steps` in order with the comptime values `given`, each checked against its kernel
+/// by the generic path: launched on `stream` (`Place::Cuda`) or run on the interpreter
+/// (`Place::Host`).
+///
+/// # Safety
+/// Every tensor of the steps must address live memory at `place` (device memory of the plan's
+/// device, or host memory) that stays allocated until the kernels have run; `stream` must be
+/// 0 or a live stream of that device's primary context.
+pub unsafe fn run(
+    steps: &[Step],
+    given: &[(String, Given)],
+    place: Place,
+    stream: u64,
+) -> Result<(), GenericError> {
+    for s in steps {
+        let reg = generic::find(s.kernel)?;
+        let planned = generic::plan_at(reg, &s.args, given, place)?;
+        let grid = match s.grid {
+            StepGrid::Fixed(g) => g,
+            StepGrid::Own(e) => generic::kernel_grid(reg, &planned.values, &e)?,
+        };
+        match place {
+            // SAFETY: the caller's guarantees, passed on.
+            Place::Cuda => unsafe { generic::launch(&planned, grid, stream) }?,
+            // SAFETY: the caller's guarantees, passed on.
+            Place::Host => unsafe { generic::interpret_host(&planned, grid) }?,
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CUDA: TorchDevice = TorchDevice::Cuda(0);
+
+    fn bshd(shape: [i64; 4], dtype: TorchDType, ptr: u64) -> TensorInfo {
+        let s: Vec<usize> = shape.iter().map(|&n| n as usize).collect();
+        TensorInfo::contiguous(&s, dtype, CUDA, ptr)
+    }
+
+    struct Call {
+        q: TensorInfo,
+        k: TensorInfo,
+        v: TensorInfo,
+        dout: TensorInfo,
+        out: TensorInfo,
+        lse: TensorInfo,
+        dq: TensorInfo,
+        dk: TensorInfo,
+        dv: TensorInfo,
+    }
+
+    fn call(b: i64, sq: i64, sk: i64, h: i64, hk: i64, d: i64) -> Call {
+        let bf = TorchDType::Bf16;
+        let q = bshd([b, sq, h, d], bf.clone(), 0x1000);
+        let k = bshd([b, sk, hk, d], bf.clone(), 0x2000);
+        Call {
+            v: bshd([b, sk, hk, d], bf.clone(), 0x3000),
+            dout: bshd([b, sq, h, d], bf.clone(), 0x4000),
+            out: bshd([b, sq, h, d], bf.clone(), 0x5000),
+            lse: TensorInfo::contiguous(
+                &[b as usize, h as usize, sq as usize],
+                TorchDType::Other("torch.float32".into()),
+                CUDA,
+                0x6000,
+            ),
+            dq: q.clone(),
+            dk: k.clone(),
+            dv: k.clone(),
+            q,
+            k,
+        }
+    }
+
+    fn plan(c: &Call, deterministic: bool) -> Result<BwdPlan, ArgError> {
+        let g = Grads {
+            dout: &c.dout,
+            out: &c.out,
+            lse: &c.lse,
+            dq: &c.dq,
+            dk: &c.dk,
+            dv: &c.dv,
+        };
+        plan_backward(
+            (&c.q, &c.k, &c.v),
+            g,
+            &Options::default(),
+            deterministic,
+            Place::Cuda,
+        )
+    }
+
+    #[test]
+    fn a_valid_call_plans_three_steps_in_the_kernels_layouts() {
+        let c = call(2, 130, 77, 4, 2, 64);
+        let p = plan(&c, false).expect("valid");
+        assert_eq!(p.work(), Work::Run);
+        assert_eq!(p.delta_shape(), vec![2, 4, 130]);
+        assert_eq!(p.accum_shape(), [2, 4, 130, 64]);
+        assert_eq!(p.dk.shape, [2, 2, 77, 64]);
+        assert_eq!(p.dq.strides, [130 * 4 * 64, 64, 4 * 64, 1]);
+        let f32t = TorchDType::Other("torch.float32".into());
+        let delta = TensorInfo::contiguous(&[2, 4, 130], f32t.clone(), CUDA, 0x7000);
+        let accum = TensorInfo::contiguous(&[2, 4, 130, 64], f32t.clone(), CUDA, 0x8000);
+        let steps = p.steps(&delta, &accum).expect("steps");
+        let names: Vec<_> = steps.iter().map(|s| s.kernel).collect();
+        assert_eq!(
+            names,
+            [
+                "attention_bwd_preprocess",
+                "attention_bwd_dkdv",
+                "attention_bwd_dq_convert"
+            ]
+        );
+        // Query blocks of 64 rows; key blocks of 64 keys, one column split at d = 64.
+        assert_eq!(steps[0].grid, StepGrid::Fixed([3, 4, 2]));
+        assert_eq!(steps[1].grid, StepGrid::Fixed([2, 2, 2]));
+        let det = plan(&c, true)
+            .expect("valid")
+            .steps(&delta, &accum)
+            .expect("steps");
+        assert_eq!(det[2].kernel, "attention_bwd_dq");
+        // Every step's arguments pass the generic checks against its kernel.
+        for s in steps.iter().chain(&det) {
+            let reg = generic::find(s.kernel).expect("registered");
+            let given = if s.kernel == "attention_bwd_dq" {
+                plan(&c, true).unwrap().given()
+            } else {
+                p.given()
+            };
+            generic::plan_at(reg, &s.args, &given, Place::Cuda)
+                .unwrap_or_else(|e| panic!("{}: {e}", s.kernel));
+        }
+        // A bad workspace is refused.
+        let e = p.steps(&accum, &delta).unwrap_err();
+        assert!(e.message.contains("workspace delta"), "{}", e.message);
+    }
+
+    #[test]
+    fn each_gradient_tensor_is_checked_by_name() {
+        type Edit = fn(&mut Call);
+        let cases: [(Edit, &str); 10] = [
+            (
+                |c| c.dout.shape[1] = 99,
+                "dout: expected shape [1, 100, 4, 64] (q's)",
+            ),
+            (
+                |c| c.dout.dtype = TorchDType::F16,
+                "dout: expected dtype torch.bfloat16 (q's)",
+            ),
+            (
+                |c| c.dout.device = TorchDevice::Cuda(1),
+                "dout: expected a tensor on cuda:0",
+            ),
+            (
+                |c| c.out.shape[3] = 32,
+                "out: expected shape [1, 100, 4, 64]",
+            ),
+            (
+                |c| c.lse.shape[2] = 128,
+                "softmax_lse: expected shape [1, 4, 100]",
+            ),
+            (
+                |c| c.lse.dtype = TorchDType::Bf16,
+                "softmax_lse: expected dtype torch.float32",
+            ),
+            (
+                |c| c.dq.dtype = TorchDType::Other("torch.float32".into()),
+                "dq: expected dtype",
+            ),
+            (
+                |c| c.dk.shape[2] = 4,
+                "dk: expected shape [1, 50, 2, 64] (k's)",
+            ),
+            (
+                |c| c.dv.strides[3] = 2,
+                "dv: expected a contiguous last dimension",
+            ),
+            (
+                |c| c.dv.shape = vec![1, 50, 2],
+                "dv: expected shape [1, 50, 2, 64]",
+            ),
+        ];
+        for (edit, want) in cases {
+            let mut c = call(1, 100, 50, 4, 2, 64);
+            edit(&mut c);
+            let e = plan(&c, false).unwrap_err();
+            assert_eq!(e.kind, crate::args::ErrorKind::Value, "{want}");
+            assert!(e.message.starts_with(want), "{} !~ {want}", e.message);
+        }
+    }
+
+    #[test]
+    fn empty_calls_zero_the_gradients_without_a_launch() {
+        for (sq, sk) in [(0, 10), (10, 0), (0, 0)] {
+            let c = call(1, sq, sk, 2, 2, 64);
+            assert_eq!(
+                plan(&c, false).expect("valid").work(),
+                Work::Zero,
+                "{sq} {sk}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_varlen_call_plans_the_varlen_kernels_over_the_longest_sequences() {
+        let bf = TorchDType::Bf16;
+        let f32t = TorchDType::Other("torch.float32".into());
+        let i32t = TorchDType::Other("torch.int32".into());
+        let packed = |rows: usize, heads: usize, ptr| {
+            TensorInfo::contiguous(&[rows, heads, 96], bf.clone(), CUDA, ptr)
+        };
+        let (q, k) = (packed(300, 4, 0x1000), packed(500, 2, 0x2000));
+        let (dout, out, dq) = (
+            packed(300, 4, 0x3000),
+            packed(300, 4, 0x4000),
+            packed(300, 4, 0x5000),
+        );
+        let (dk, dv) = (packed(500, 2, 0x6000), packed(500, 2, 0x7000));
+        let lse = TensorInfo::contiguous(&[4, 300], f32t.clone(), CUDA, 0x8000);
+        let cu = TensorInfo::contiguous(&[3], i32t, CUDA, 0x9000);
+        let g = Grads {
+            dout: &dout,
+            out: &out,
+            lse: &lse,
+            dq: &dq,
+            dk: &dk,
+            dv: &dv,
+        };
+        let opts = Options {
+            causal: true,
+            ..Options::default()
+        };
+        let p = plan_varlen_backward(
+            (&q, &k, &k),
+            g,
+            (&cu, &cu),
+            (200, 250),
+            &opts,
+            true,
+            Place::Cuda,
+        )
+        .expect("valid");
+        assert_eq!(p.delta_shape(), vec![4, 300]);
+        assert_eq!(p.accum_shape(), [1, 4, 300, 96]);
+        assert_eq!(p.lse.shape, [1, 4, 300]);
+        let delta = TensorInfo::contiguous(&[4, 300], f32t.clone(), CUDA, 0xa000);
+        let accum = TensorInfo::contiguous(&[1, 4, 300, 96], f32t, CUDA, 0xb000);
+        let steps = p.steps(&delta, &accum).expect("steps");
+        let names: Vec<_> = steps.iter().map(|s| s.kernel).collect();
+        assert_eq!(
+            names,
+            [
+                "attention_bwd_preprocess_varlen",
+                "attention_bwd_dkdv_varlen",
+                "attention_bwd_dq_varlen"
+            ]
+        );
+        // Query blocks of the longest sequence (200 rows: 4 of 64); key blocks of the longest
+        // (250 keys: 4 of 64), d = 96 split into 3 column chunks of 32.
+        assert_eq!(steps[0].grid, StepGrid::Fixed([4, 4, 2]));
+        assert_eq!(steps[1].grid, StepGrid::Fixed([12, 2, 2]));
+        for s in &steps {
+            let reg = generic::find(s.kernel).expect("registered");
+            generic::plan_at(reg, &s.args, &p.given(), Place::Cuda)
+                .unwrap_or_else(|e| panic!("{}: {e}", s.kernel));
+        }
+        let bad = packed(299, 4, 0x3000);
+        let g = Grads { dout: &bad, ..g };
+        let e = plan_varlen_backward(
+            (&q, &k, &k),
+            g,
+            (&cu, &cu),
+            (200, 250),
+            &opts,
+            true,
+            Place::Cuda,
+        )
+        .unwrap_err();
+        assert!(
+            e.message
+                .starts_with("dout: expected shape [300, 4, 96] (q's)"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn host_plans_take_cpu_tensors_only() {
+        let mut c = call(1, 10, 10, 2, 2, 64);
+        let g = Grads {
+            dout: &c.dout,
+            out: &c.out,
+            lse: &c.lse,
+            dq: &c.dq,
+            dk: &c.dk,
+            dv: &c.dv,
+        };
+        let e = plan_backward(
+            (&c.q, &c.k, &c.v),
+            g,
+            &Options::default(),
+            false,
+            Place::Host,
+        )
+        .unwrap_err();
+        assert!(
+            e.message.starts_with("q: expected a CPU tensor"),
+            "{}",
+            e.message
+        );
+        let cpu = TorchDevice::Other("cpu".into());
+        for t in [
+            &mut c.q,
+            &mut c.k,
+            &mut c.v,
+            &mut c.dout,
+            &mut c.out,
+            &mut c.lse,
+            &mut c.dq,
+            &mut c.dk,
+            &mut c.dv,
+        ] {
+            t.device = cpu.clone();
+        }
+        let g = Grads {
+            dout: &c.dout,
+            out: &c.out,
+            lse: &c.lse,
+            dq: &c.dq,
+            dk: &c.dk,
+            dv: &c.dv,
+        };
+        let p = plan_backward(
+            (&c.q, &c.k, &c.v),
+            g,
+            &Options::default(),
+            false,
+            Place::Host,
+        )
+        .expect("host plan");
+        assert_eq!(p.place, Place::Host);
+    }
+}

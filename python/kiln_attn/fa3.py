@@ -1,0 +1,159 @@
+"""FlashAttention 3's `flash_attn_func` and `flash_attn_varlen_func` (its `hopper` interface),
+argument for argument, over kiln's kernels: code written for FlashAttention 3 imports these
+instead (`from kiln_attn.fa3 import flash_attn_func`).
+
+FlashAttention 3's order differs from 2's: no `dropout_p`, `softmax_scale` fourth. Its window
+rule differs too: a bound is unbounded only when it masks nothing (`left >= seqlen_k - 1`,
+`right >= seqlen_q - 1`), so a right bound between seqlen_k and seqlen_q - 1 still masks the
+first rows when seqlen_q > seqlen_k (FlashAttention 2 drops it). `return_attn_probs=True`
+returns `(out, softmax_lse)`, as FlashAttention 3.
+
+What kiln does not compute raises a ValueError naming the argument: `qv`, the FP8 descales
+`q_descale` / `k_descale` / `v_descale`, `attention_chunk` other than 0, and (varlen)
+`seqused_q` / `seqused_k`. `num_splits`, `pack_gqa` and `sm_margin` are FlashAttention 3's
+performance hints, which change no result: accepted, with kiln choosing its own schedule.
+"""
+
+from . import _native
+from .interface import _INTERPRET, _torch_path, window_pair
+
+
+def _unsupported(**given):
+    for name, value in given.items():
+        if value is not None:
+            raise ValueError(f"{name}: kiln_attn does not implement {name}; pass {name}=None")
+
+
+def _hints(attention_chunk, num_splits, sm_margin):
+    if attention_chunk != 0:
+        raise ValueError(
+            f"attention_chunk: kiln_attn does not implement chunked attention (got "
+            f"{attention_chunk}); pass attention_chunk=0"
+        )
+    if num_splits < 0:
+        raise ValueError(f"num_splits: expected >= 0, got {num_splits}")
+    if sm_margin < 0:
+        raise ValueError(f"sm_margin: expected >= 0, got {sm_margin}")
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    softmax_scale=None,
+    causal=False,
+    qv=None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+    window_size=(-1, -1),
+    attention_chunk=0,
+    softcap=0.0,
+    num_splits=1,
+    pack_gqa=None,
+    deterministic=False,
+    sm_margin=0,
+    return_attn_probs=False,
+):
+    """FlashAttention 3's flash_attn_func: kiln_attn.flash_attn_func's attention (the same
+    tensors, masks, soft-cap, GQA and autograd) with FlashAttention 3's arguments and window
+    rule. Returns out, or (out, softmax_lse) with return_attn_probs=True."""
+    _unsupported(qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    _hints(attention_chunk, num_splits, sm_margin)
+    window = window_pair(window_size)
+    if _torch_path(q, k, v):
+        from . import autograd
+
+        return autograd.flash_attn(
+            q, k, v, softmax_scale, causal, window, softcap, deterministic, return_attn_probs, False, None, True
+        )
+    return _native._fwd(
+        q,
+        k,
+        v,
+        softmax_scale,
+        causal,
+        window,
+        softcap,
+        return_attn_probs,
+        fa3_window=True,
+        interpret=_INTERPRET[0],
+    )
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    seqused_q=None,
+    seqused_k=None,
+    softmax_scale=None,
+    causal=False,
+    qv=None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+    window_size=(-1, -1),
+    attention_chunk=0,
+    softcap=0.0,
+    num_splits=1,
+    pack_gqa=None,
+    deterministic=False,
+    sm_margin=0,
+    return_attn_probs=False,
+):
+    """FlashAttention 3's flash_attn_varlen_func: kiln_attn.flash_attn_varlen_func's
+    attention with FlashAttention 3's arguments and window rule (bounds read against
+    max_seqlen_q and max_seqlen_k). Returns out, or (out, softmax_lse) with
+    return_attn_probs=True."""
+    _unsupported(
+        seqused_q=seqused_q,
+        seqused_k=seqused_k,
+        qv=qv,
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
+    )
+    _hints(attention_chunk, num_splits, sm_margin)
+    window = window_pair(window_size)
+    if _torch_path(q, k, v):
+        from . import autograd
+
+        return autograd.flash_attn_varlen(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            softmax_scale,
+            causal,
+            window,
+            softcap,
+            deterministic,
+            return_attn_probs,
+            False,
+            None,
+            True,
+        )
+    return _native._varlen_fwd(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale,
+        causal,
+        window,
+        softcap,
+        return_attn_probs,
+        fa3_window=True,
+        interpret=_INTERPRET[0],
+    )

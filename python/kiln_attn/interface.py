@@ -1,0 +1,277 @@
+"""FlashAttention 2's `flash_attn_func` and `flash_attn_varlen_func`, argument for argument.
+
+The functions take FlashAttention 2's arguments in its order (`dropout_p` fourth, then
+`softmax_scale`), so code written for `flash_attn` runs unchanged, and differ only where kiln
+does not compute what was asked: `dropout_p` other than 0 and `alibi_slopes` raise a
+`ValueError` naming the argument instead of being ignored. kiln's extras are keyword-only:
+`out=` (a tensor to write instead of allocating; not with autograd, as torch's own `out=`
+functions) and `return_lse=True` (returns `(out, softmax_lse)`).
+
+Without gradients (no input requires grad, or under `torch.no_grad()`) a call goes straight
+to the native forward; with them, or under `torch.compile`, through the autograd Function and
+the `torch.library` custom ops of `kiln_attn.autograd`, whose backward runs kiln's backward
+kernels. This module does not import torch: called with tensors, torch is already imported.
+"""
+
+import contextlib
+import operator
+import sys
+
+from . import _native
+
+_INTERPRET = [False]
+
+
+@contextlib.contextmanager
+def interpreter():
+    """Inside this context, attention (forward and backward, and the custom ops) runs on
+    kiln's CPU interpreter over PyTorch CPU tensors instead of launching on the GPU: the same
+    kernels, argument checks and comptime values. Slow (an interpreter): for tests on small
+    shapes without a GPU."""
+    before = _INTERPRET[0]
+    _INTERPRET[0] = True
+    try:
+        yield
+    finally:
+        _INTERPRET[0] = before
+
+
+def interpreting():
+    """Whether calls run on the interpreter (inside `interpreter()`)."""
+    return _INTERPRET[0]
+
+
+def check_unsupported(dropout_p, alibi_slopes):
+    """FlashAttention's arguments kiln does not compute: a `ValueError` naming each, never
+    silently ignored (a dropout probability passed where kiln once took `softmax_scale` fails
+    here too)."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p: expected a float, got {type(dropout_p).__name__}")
+    if dropout_p != 0.0:
+        raise ValueError(
+            f"dropout_p: kiln_attn does not implement attention dropout (got {dropout_p}); pass "
+            "dropout_p=0.0 (FlashAttention's value for evaluation), or softmax_scale by keyword"
+        )
+    if alibi_slopes is not None:
+        raise ValueError("alibi_slopes: kiln_attn does not implement ALiBi; pass alibi_slopes=None")
+
+
+def window_pair(window_size):
+    """`window_size` as two ints: any pair (tuple, list, a 2-element tensor)."""
+    # The common spelling, a tuple of two ints, costs no more than this test.
+    if window_size.__class__ is tuple and len(window_size) == 2:
+        left, right = window_size
+        if left.__class__ is int and right.__class__ is int:
+            return window_size
+    try:
+        n = len(window_size)
+    except TypeError:
+        raise TypeError(
+            f"window_size: expected a pair (left, right), got {type(window_size).__name__}"
+        ) from None
+    if n != 2:
+        raise ValueError(f"window_size: expected a pair (left, right), got {n} values")
+    out = []
+    for x in window_size:
+        # operator.index takes ints and integer tensor elements, never a float or a bool's
+        # accident.
+        if isinstance(x, bool):
+            raise TypeError("window_size: expected ints, got a bool")
+        try:
+            out.append(operator.index(x))
+        except TypeError:
+            raise TypeError(f"window_size: expected ints, got {type(x).__name__}") from None
+    return out[0], out[1]
+
+
+def _torch_path(q, k, v):
+    """Whether the call must go through the autograd Function and custom ops: a torch tensor
+    with gradients wanted, or a call being traced by torch.compile."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(q, torch.Tensor):
+        return False
+    try:
+        wants_grad = q.requires_grad or k.requires_grad or v.requires_grad
+    except AttributeError:
+        # k or v is no tensor: the native call names it.
+        return False
+    if wants_grad and torch.is_grad_enabled():
+        return True
+    return torch.compiler.is_compiling()
+
+
+def _empty_probs(q):
+    """FlashAttention 2's S_dmask without dropout: an empty tensor of q's dtype and device."""
+    return q.new_empty((0,))
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    out=None,
+    return_lse=False,
+):
+    """Attention with FlashAttention 2's interface, computed by kiln's DSL kernels, forward
+    and backward.
+
+    q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim); all
+    torch.bfloat16 or all torch.float16 CUDA tensors on one device, each with a contiguous
+    last dimension (other strides free). headdim is 64, 96, 128 or 256; nheads_k divides
+    nheads (grouped-query attention: query head h reads key/value head h // (nheads //
+    nheads_k), and dk, dv sum over the query heads of a group).
+
+    dropout_p: must be 0.0 (kiln has no attention dropout: anything else is a ValueError).
+    softmax_scale: scores are q.k * softmax_scale; default 1 / sqrt(headdim).
+    causal, window_size=(left, right): FlashAttention's masks, aligned bottom-right: query i
+    sees key j iff i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right,
+    -1 unbounded, causal meaning right = 0; a bound of at least seqlen_k is unbounded
+    (FlashAttention 2's rule, which keeps nothing of a right bound between seqlen_k and
+    seqlen_q - 1; `kiln_attn.fa3` follows FlashAttention 3's). window_size is any pair (tuple,
+    list, tensor). A query row that sees no key outputs 0, its log-sum-exp is +inf and its
+    gradients are 0.
+    softcap > 0: scores become softcap * tanh(scores / softcap).
+    alibi_slopes: must be None (a ValueError otherwise).
+    deterministic: the backward computes dq in a second pass instead of f32 atomics, giving
+    the same bits every run.
+    return_attn_probs: return (out, softmax_lse, S_dmask) as FlashAttention 2 does; S_dmask
+    is its empty tensor (FlashAttention returns probabilities only with dropout).
+    out (kiln, keyword-only): a (batch, seqlen_q, nheads, headdim) tensor to write instead of
+    allocating; not allowed when an input requires grad.
+    return_lse (kiln, keyword-only): return (out, softmax_lse).
+
+    Returns out (q's shape and dtype), with softmax_lse (batch, nheads, seqlen_q)
+    torch.float32 (natural log) as asked. Differentiable in q, k and v: with an input that
+    requires grad, the output does, and backward runs kiln's backward kernels on the saved
+    output and log-sum-exp (nothing recomputed in the forward). Runs asynchronously on the
+    current CUDA stream; each specialisation compiles on its first call. Traceable by
+    torch.compile(fullgraph=True) (torch.ops.kiln_attn custom ops).
+    """
+    check_unsupported(dropout_p, alibi_slopes)
+    window = window_pair(window_size)
+    if _torch_path(q, k, v):
+        from . import autograd
+
+        return autograd.flash_attn(
+            q,
+            k,
+            v,
+            softmax_scale,
+            causal,
+            window,
+            softcap,
+            deterministic,
+            return_attn_probs,
+            return_lse,
+            out,
+        )
+    res = _native._fwd(
+        q,
+        k,
+        v,
+        softmax_scale,
+        causal,
+        window,
+        softcap,
+        return_lse or return_attn_probs,
+        out=out,
+        interpret=_INTERPRET[0],
+    )
+    if return_attn_probs:
+        return (*res, _empty_probs(q))
+    return res
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+    *,
+    out=None,
+    return_lse=False,
+):
+    """FlashAttention 2's variable-length attention, forward and backward by kiln's kernels.
+
+    q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim), the sequences of a
+    batch packed one after another; cu_seqlens_q, cu_seqlens_k: (batch + 1,) torch.int32
+    offsets of each sequence's first row on q's device (read by the kernels, never by the
+    host); max_seqlen_q, max_seqlen_k: at least every sequence's length (window bounds of at
+    least max_seqlen_k are unbounded, FlashAttention 2's rule). Sequence i's queries attend
+    to its own keys only; the other arguments are flash_attn_func's. block_table (a paged KV
+    cache) must be None: a ValueError otherwise.
+
+    Returns out (total_q, nheads, headdim), with softmax_lse (nheads, total_q) torch.float32
+    as asked (return_lse, or return_attn_probs with S_dmask FlashAttention's empty tensor).
+    Differentiable in q, k and v; rows that no sequence owns get gradient 0. Rows of q, k, v
+    and the output gradient that no sequence owns must hold finite values when gradients are
+    computed: the backward kernels read them whole into products that mask them to 0, and a
+    NaN or inf there would reach dq, dk or dv.
+    """
+    check_unsupported(dropout_p, alibi_slopes)
+    if block_table is not None:
+        raise ValueError(
+            "block_table: kiln_attn's flash_attn_varlen_func does not read paged KV caches; "
+            "pass block_table=None"
+        )
+    window = window_pair(window_size)
+    if _torch_path(q, k, v):
+        from . import autograd
+
+        return autograd.flash_attn_varlen(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            softmax_scale,
+            causal,
+            window,
+            softcap,
+            deterministic,
+            return_attn_probs,
+            return_lse,
+            out,
+        )
+    res = _native._varlen_fwd(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale,
+        causal,
+        window,
+        softcap,
+        return_lse or return_attn_probs,
+        out=out,
+        interpret=_INTERPRET[0],
+    )
+    if return_attn_probs:
+        return (*res, _empty_probs(q))
+    return res
