@@ -25,6 +25,7 @@
 //! on the other CTA's `empty`, which the producer waits on with cluster scope, and the
 //! consumers meet at a cluster barrier before they exit.
 
+pub(crate) mod plain;
 mod roles;
 mod rotated;
 mod wgmma;
