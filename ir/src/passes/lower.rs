@@ -37,8 +37,9 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     };
     super::mma_operands::plan(kernel, &ring)?;
     if target == Target::Sm90a {
+        let first_note = kernel.schedule.notes.len();
         super::wgmma_plain::plan(kernel, &ring);
-        note_plain_lowering(kernel);
+        note_plain_lowering(kernel, first_note);
     }
     // The `persistent` pass clusters the rings that can be; a request it did not meet (no
     // ring, or a target without the pass) is reported here.
@@ -105,8 +106,9 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
 }
 
 /// sm_90a: when a kernel with tensors TMA could read has an mma but no ring, a note at its
-/// first mma saying why it is lowered with mma.sync and cp.async.
-fn note_plain_lowering(kernel: &mut Kernel) {
+/// first mma saying why it is lowered without warp roles (and how), placed at `at`, before
+/// the notes of its mmas.
+fn note_plain_lowering(kernel: &mut Kernel, at: usize) {
     if !all_aligned16(kernel) || kernel.schedule.sched.is_some() {
         return;
     }
@@ -124,10 +126,11 @@ fn note_plain_lowering(kernel: &mut Kernel) {
         why_no_ring(kernel, first)
     );
     let loc = kernel.ops[first].loc;
+    let at = at.min(kernel.schedule.notes.len());
     kernel
         .schedule
         .notes
-        .push(crate::schedule::Note { loc, text });
+        .insert(at, crate::schedule::Note { loc, text });
 }
 
 /// Why the `pipeline` pass gave the kernel of `mma` no ring, as far as its structure tells.
