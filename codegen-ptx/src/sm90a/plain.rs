@@ -328,4 +328,66 @@ mod tests {
             }
         }
     }
+
+    /// Runs the integer instructions the writer emits for shared addresses (`shr`, `and`,
+    /// `xor`, `mul.lo`, `mad.lo`, `add`) on register values `regs`.
+    fn run(text: &str, regs: &mut std::collections::BTreeMap<String, u64>) {
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let line = line.trim_end_matches(';');
+            let (op, rest) = line.split_once(' ').expect("an instruction");
+            let args: Vec<&str> = rest.split(", ").collect();
+            let val = |a: &str| -> u64 {
+                regs.get(a)
+                    .copied()
+                    .unwrap_or_else(|| a.parse().unwrap_or_else(|_| panic!("operand {a}")))
+            };
+            let r = match op.split('.').next().expect("opcode") {
+                "shr" => val(args[1]) >> val(args[2]),
+                "and" => val(args[1]) & val(args[2]),
+                "xor" => val(args[1]) ^ val(args[2]),
+                "mul" => val(args[1]) * val(args[2]),
+                "mad" => val(args[1]) * val(args[2]) + val(args[3]),
+                "add" => val(args[1]) + val(args[2]),
+                other => panic!("unexpected `{other}` in `{line}`"),
+            };
+            regs.insert(args[0].to_string(), r);
+        }
+    }
+
+    /// The writer's shared offsets (cp.async destinations, ldmatrix and staging rows) are the
+    /// layout the descriptors were checked against: for every row and chunk of boxed and
+    /// plain buffers, the emitted arithmetic gives [`SmemBuffer::boxed_offset`]; and a cp.async
+    /// thread's later rows (a multiple of 8 rows on) are `pitch` bytes a row further.
+    #[test]
+    fn emitted_offsets_are_the_buffer_layout() {
+        use crate::emit::Emitter;
+        use crate::types::Class;
+        use kiln_ir::Target;
+        use kiln_ir::kernel::{Kernel, KernelOptions};
+        let k = Kernel::new("offsets", Vec::new(), KernelOptions::default());
+        for (rows, cols) in [(64, 64), (64, 128), (32, 256), (64, 96), (16, 48), (8, 16)] {
+            for boxed in [false, true] {
+                let mut b = buffer(rows, cols);
+                b.boxed = boxed && b.boxed;
+                let mut e = Emitter::new(&k, Target::Sm90a);
+                let (row, chunk) = (e.new_reg(Class::B32), e.new_reg(Class::B32));
+                let off = e.smem_offset(row, chunk, &b);
+                let text = e.finish().text;
+                for r in 0..rows {
+                    for c in 0..2 * cols / 16 {
+                        let mut regs = std::collections::BTreeMap::new();
+                        regs.insert(row.to_string(), u64::from(r));
+                        regs.insert(chunk.to_string(), u64::from(c));
+                        run(&text, &mut regs);
+                        let want = b.boxed_offset(r, c);
+                        assert_eq!(regs[&off.to_string()], u64::from(want), "{b:?} ({r}, {c})");
+                        if r + 8 < rows {
+                            let later = b.boxed_offset(r + 8, c);
+                            assert_eq!(later, want + 8 * b.pitch(), "{b:?} ({r}, {c})");
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
