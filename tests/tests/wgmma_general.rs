@@ -366,3 +366,36 @@ fn wgmma_chain_ptx_snapshot() {
     s.set_snapshot_path("../snapshots/ptx");
     s.bind(|| insta::assert_snapshot!("wgmma_chain@sm_90a", m.ptx));
 }
+
+/// `kiln check` on sm_90a says how the backward's dK/dV kernel is lowered (wgmma without
+/// warp roles, and why no warp roles) and, for a gemm whose accumulator is spread 1x4, why
+/// its mma stays on mma.sync, at the user's lines.
+#[test]
+fn kiln_check_prints_the_lowering_notes() {
+    if ptxas::find_ptxas().is_err() {
+        return;
+    }
+    let check = |args: &[&str]| -> String {
+        let all = ["kiln", "check"].into_iter().chain(args.iter().copied());
+        kiln::cli::run_args(all).unwrap_or_else(|e| panic!("kiln check {args:?}: {e}"))
+    };
+    let out = check(&[
+        "attention_bwd_dkdv",
+        "--target",
+        "sm_90a",
+        "-D",
+        "dtype=bf16",
+    ]);
+    assert!(
+        out.contains("note: sm_90a: lowered with cp.async and wgmma")
+            && out.contains("examples/src/attention_backward.rs:"),
+        "{out}"
+    );
+    let out = check(&["gemm", "--target", "sm_90a", "-D", "BM=32"]);
+    assert!(
+        out.contains("note: sm_90a: this mma is lowered with mma.sync, not wgmma")
+            && out.contains("warp grid is 1x4")
+            && out.contains("examples/src/gemm.rs:"),
+        "{out}"
+    );
+}
