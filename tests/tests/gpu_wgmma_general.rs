@@ -33,6 +33,13 @@ fn gpu_wgmma_transposed() {
             BK: 32,
             NW: 4,
         },
+        // B's rows of 32 bytes: the 32-byte swizzle.
+        WgmmaTransposedComptime {
+            BM: 64,
+            BN: 64,
+            BK: 16,
+            NW: 4,
+        },
     ];
     for dev in devices() {
         for ct in configs {
@@ -71,7 +78,7 @@ fn gpu_wgmma_transposed() {
 fn gpu_wgmma_chain() {
     let mut rng = Rng::from_env();
     for dev in devices() {
-        for d in [64, 128] {
+        for d in [64, 96, 128] {
             let ct = WgmmaChainComptime {
                 D: d,
                 ..WgmmaChainComptime::default()

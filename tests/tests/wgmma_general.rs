@@ -26,8 +26,9 @@ fn build<D: KernelDef>(def: &D, ct: D::Comptime) -> Kernel {
 }
 
 /// `wgmma_transposed` in its one- and two-warpgroup forms, the second with 256-byte rows of
-/// A's tile (column boxes) and a K of 128 (B's rows boxed too).
-fn transposed_configs() -> [WgmmaTransposedComptime; 3] {
+/// A's tile (column boxes) and a K of 128 (B's rows boxed too); B's rows of 64 and 32 bytes
+/// (the 64- and 32-byte swizzles).
+fn transposed_configs() -> [WgmmaTransposedComptime; 4] {
     [
         WgmmaTransposedComptime::default(),
         WgmmaTransposedComptime {
@@ -40,6 +41,13 @@ fn transposed_configs() -> [WgmmaTransposedComptime; 3] {
             BM: 64,
             BN: 128,
             BK: 32,
+            NW: 4,
+        },
+        // B's rows of 32 bytes: the 32-byte swizzle.
+        WgmmaTransposedComptime {
+            BM: 64,
+            BN: 64,
+            BK: 16,
             NW: 4,
         },
     ]
@@ -77,7 +85,7 @@ fn wgmma_transposed_matches_reference() {
 #[test]
 fn wgmma_chain_matches_reference() {
     let mut rng = Rng::from_env();
-    for d in [64, 128] {
+    for d in [64, 96, 128] {
         let ct = WgmmaChainComptime {
             D: d,
             ..WgmmaChainComptime::default()
@@ -123,7 +131,7 @@ fn all_wgmma_kernels() -> Vec<Kernel> {
         .into_iter()
         .map(|ct| build(&wgmma_transposed, ct))
         .collect();
-    for d in [64, 128] {
+    for d in [64, 96, 128] {
         let ct = WgmmaChainComptime {
             D: d,
             ..WgmmaChainComptime::default()
