@@ -46,6 +46,9 @@ impl<'k> Writer<'k> {
         match (target, s) {
             (Target::Sm90a, Some(s)) => sm90a::write(&mut e, s, grid)?,
             (Target::Sm100a, Some(s)) => sm100a::write(&mut e, s, grid)?,
+            (Target::Sm90a, None) if !k.schedule.wgmma.is_empty() => {
+                e.write_block(&k.body, &mut sm90a::plain::Wgmma)?;
+            }
             (Target::Sm80 | Target::Sm90a | Target::Sm100a, _) => {
                 e.write_block(&k.body, &mut Plain)?;
             }
@@ -73,7 +76,11 @@ impl<'k> Writer<'k> {
         let smem_bytes = k.schedule.smem_bytes;
         if smem_bytes > 0 {
             // TMA's 128-byte swizzle repeats every 1024 bytes; stages sit on that atom.
-            let align = if s.is_none() { 128 } else { 1024 };
+            let align = if s.is_none() && k.schedule.wgmma.is_empty() {
+                128
+            } else {
+                1024
+            };
             let _ = writeln!(ptx, ".extern .shared .align {align} .b8 kiln_smem[];\n");
         }
         let _ = writeln!(ptx, ".visible .entry {}(", k.name);

@@ -510,6 +510,10 @@ pub struct SmemBuffer {
     pub row_bytes: u32,
     /// Whether 16-byte chunks are XOR-swizzled (see [`SmemBuffer::swizzle`]).
     pub swizzled: bool,
+    /// Whether rows wider than the swizzle span are stored in column boxes (see
+    /// [`SmemBuffer::boxed_offset`]): the layout sm_90a's wgmma descriptors read. Only mmas
+    /// lowered to wgmma read a boxed buffer.
+    pub boxed: bool,
 }
 
 impl SmemBuffer {
@@ -532,6 +536,37 @@ impl SmemBuffer {
             b if b.is_multiple_of(32) => Some((2, 1)),
             _ => None,
         }
+    }
+
+    /// The bytes one swizzle pattern spans along a row (128, 64 or 32): the XOR mixes the
+    /// chunks of `span` consecutive bytes, the swizzle modes of TMA and wgmma of that name.
+    pub fn span(&self) -> Option<u32> {
+        self.swizzle().map(|(_, mask)| 16 * (mask + 1))
+    }
+
+    /// Bytes from one row to the next inside a box (the whole row when not boxed).
+    pub fn pitch(&self) -> u32 {
+        match (self.boxed, self.span()) {
+            (true, Some(span)) => span,
+            _ => self.row_bytes,
+        }
+    }
+
+    /// Bytes of one column box: every row's `span` bytes (the whole stage when not boxed).
+    pub fn box_bytes(&self) -> u32 {
+        self.stage_bytes / (self.row_bytes / self.pitch()).max(1)
+    }
+
+    /// Byte offset in a stage of 16-byte chunk `chunk` of row `row`, swizzled. Boxed: the
+    /// row is cut into boxes of `span` bytes, box `b` holding those bytes of every row
+    /// (`span` bytes apart) at `b * box_bytes`; inside a box the chunk is XOR-swizzled with
+    /// the row, so a box is exactly the swizzled canonical layout a wgmma descriptor reads
+    /// (and TMA writes). Not boxed: rows of `row_bytes`, swizzled alike.
+    pub fn boxed_offset(&self, row: u32, chunk: u32) -> u32 {
+        let (shift, mask) = self.swizzle().unwrap_or((0, 0));
+        let per_box = self.pitch() / 16;
+        let (b, c) = (chunk / per_box, chunk % per_box);
+        b * self.box_bytes() + row * self.pitch() + 16 * (c ^ ((row >> shift) & mask))
     }
 }
 
@@ -590,6 +625,9 @@ pub struct Schedule {
     pub staged: Vec<StagedOperand>,
     /// Lowering notes for the user.
     pub notes: Vec<Note>,
+    /// sm_90a: the mmas outside any ring lowered to wgmma by every thread of the block, no
+    /// warp roles ([`crate::passes::wgmma_plain`]).
+    pub wgmma: std::collections::BTreeSet<OpId>,
     /// Shared memory through which tiles change layout (`convert`) and reductions cross
     /// warps; after every other buffer (the staged operands' too), reused by each such op in
     /// turn.

@@ -398,10 +398,10 @@ fn bounded_masked_loads_are_copied_ahead_into_shared_memory() {
     }
 }
 
-/// On sm_90a each kernel takes the sm_80 lowering with a note at its first mma saying why the
-/// warp-specialised schedule did not take it.
+/// On sm_90a no kernel gets the warp-specialised schedule: each carries a note at its first
+/// mma saying why, and runs its mmas on wgmma without warp roles (`wgmma_general.rs`).
 #[test]
-fn sm90a_notes_say_why_each_kernel_is_lowered_with_mma_sync() {
+fn sm90a_notes_say_why_each_kernel_is_lowered_plainly() {
     let why = [
         ("mma_once", "outside any loop"),
         ("mma_register_b", "operands or shapes"),
@@ -420,13 +420,15 @@ fn sm90a_notes_say_why_each_kernel_is_lowered_with_mma_sync() {
             panic!("{}: one note, got {:?}", k.name, k.schedule.notes);
         };
         assert!(
-            note.text.starts_with("sm_90a: lowered with mma.sync")
+            note.text
+                .starts_with("sm_90a: lowered with cp.async and wgmma")
                 && note.text.contains(reason)
                 && note.loc.to_string().contains("mma_kernels/mod.rs"),
             "{}: {note:?}",
             k.name
         );
         assert!(k.schedule.sched.is_none(), "{}", k.name);
+        assert!(!k.schedule.wgmma.is_empty(), "{}", k.name);
     }
     // A kernel that cannot get a ring keeps the warps it declares (a 128-row mma would be
     // two consumer warpgroups' in one).

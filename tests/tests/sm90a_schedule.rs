@@ -806,12 +806,18 @@ fn another_kernel_of_attention_shape_gets_the_same_schedule() {
 #[test]
 fn unscheduled_kernels_are_lowered_the_plain_way_with_a_note() {
     // wgmma's N is a multiple of 16 here (the narrowest swizzled TMA box of B); a 32-row
-    // tile is half a warpgroup's. Such kernels take the sm_80 lowering (mma.sync, cp.async)
-    // on sm_90a, with a note at the mma saying why.
-    for (kernel, overrides) in [
-        ("gemm", &[("BN", "8")][..]),
-        ("gemm", &[("BN", "8"), ("b_col_major", "true")][..]),
-        ("gemm", &[("BM", "32")][..]),
+    // tile is half a warpgroup's. Such kernels get no warp roles on sm_90a, with a note at
+    // the mma saying why; their mma runs as wgmma where its operands allow (B stored
+    // `[N, K]`: 8 rows of swizzled K), else on mma.sync with a second note saying why not
+    // (B's 16-byte rows are not swizzled; a 1x4 warp grid is no stack of warpgroups).
+    for (kernel, overrides, why_not) in [
+        (
+            "gemm",
+            &[("BN", "8")][..],
+            Some("not a multiple of 32 bytes"),
+        ),
+        ("gemm", &[("BN", "8"), ("b_col_major", "true")][..], None),
+        ("gemm", &[("BM", "32")][..], Some("warp grid is 1x4")),
     ] {
         let k = ptx_examples::build(kernel, overrides);
         let mut lowered = k.clone();
@@ -819,15 +825,28 @@ fn unscheduled_kernels_are_lowered_the_plain_way_with_a_note() {
             .expect("lowered");
         assert!(lowered.schedule.sched.is_none(), "{kernel} {overrides:?}");
         let note = lowered.schedule.notes.first().expect("a note");
+        let how = match why_not {
+            Some(_) => "sm_90a: lowered with mma.sync and cp.async",
+            None => "sm_90a: lowered with cp.async and wgmma",
+        };
         assert!(
-            note.text.contains("sm_90a: lowered with mma.sync")
-                && note.loc.to_string().contains("examples/src/gemm.rs"),
+            note.text.starts_with(how) && note.loc.to_string().contains("examples/src/gemm.rs"),
             "{kernel} {overrides:?}: {note:?}"
         );
         assert!(kiln_ir::print::print_kernel(&lowered).contains("note: sm_90a"));
         let m = kiln_ptx::compile(&k, Target::Sm90a).expect("compiles the plain way");
-        assert!(m.ptx.contains("mma.sync") && !m.ptx.contains("wgmma.mma_async"));
-        assert!(m.ptx.contains("// note: sm_90a: lowered with mma.sync"));
+        assert!(m.ptx.contains(&format!("// note: {how}")));
+        match why_not {
+            Some(why) => {
+                assert!(m.ptx.contains("mma.sync") && !m.ptx.contains("wgmma.mma_async"));
+                let mma_note = &lowered.schedule.notes[1];
+                assert!(
+                    mma_note.text.contains("not wgmma") && mma_note.text.contains(why),
+                    "{kernel} {overrides:?}: {mma_note:?}"
+                );
+            }
+            None => assert!(!m.ptx.contains("mma.sync") && m.ptx.contains("wgmma.mma_async")),
+        }
     }
 }
 

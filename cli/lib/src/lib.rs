@@ -223,6 +223,15 @@ fn check(k: &KernelArgs) -> Result<String, String> {
             "ptxas {JIT_PTXAS_VERSION} (the driver's JIT): {jit}\n"
         ));
     }
+    // How the passes lowered it where that is a choice (a loop kept off the warp-specialised
+    // schedule, an mma left on mma.sync), each at the user's line.
+    for note in module
+        .ptx
+        .lines()
+        .filter_map(|l| l.strip_prefix("// note: "))
+    {
+        out.push_str(&format!("note: {note}\n"));
+    }
     Ok(out)
 }
 

@@ -116,7 +116,8 @@ impl Emitter<'_> {
                 }
             };
             prev = Some(g);
-            let soff = q * rstep * buf.row_bytes;
+            // The thread's chunk stays in its box: rows are `pitch` bytes apart in it.
+            let soff = q * rstep * buf.pitch();
             match col_bytes {
                 Some(_) if whole_chunks => chunks.push((g, row_ok, soff)),
                 Some(cb) => self.copy_sized(cb, row_ok, saddr, soff, g),
@@ -280,8 +281,21 @@ impl Emitter<'_> {
     }
 
     /// Byte offset in a buffer stage of 16-byte chunk `chunk` of row `row`, after the
-    /// buffer's XOR swizzle.
+    /// buffer's XOR swizzle (and its column boxes, [`SmemBuffer::boxed_offset`]).
     pub(crate) fn smem_offset(&mut self, row: Reg, chunk: Reg, buf: &SmemBuffer) -> Reg {
+        let per_box = buf.pitch() / 16;
+        let (chunk, box_off) = if buf.boxed && per_box < buf.row_bytes / 16 {
+            let (c, b) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
+            self.ins(format!("and.b32 {c}, {chunk}, {}", per_box - 1));
+            self.ins(format!(
+                "shr.u32 {b}, {chunk}, {}",
+                per_box.trailing_zeros()
+            ));
+            self.ins(format!("mul.lo.u32 {b}, {b}, {}", buf.box_bytes()));
+            (c, Some(b))
+        } else {
+            (chunk, None)
+        };
         let c = match buf.swizzle() {
             Some((shift, mask)) => {
                 let (t, c) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
@@ -293,7 +307,10 @@ impl Emitter<'_> {
             None => chunk,
         };
         let (a, off) = (self.new_reg(Class::B32), self.new_reg(Class::B32));
-        self.ins(format!("mul.lo.u32 {a}, {row}, {}", buf.row_bytes));
+        match box_off {
+            Some(b) => self.ins(format!("mad.lo.u32 {a}, {row}, {}, {b}", buf.pitch())),
+            None => self.ins(format!("mul.lo.u32 {a}, {row}, {}", buf.row_bytes)),
+        }
         self.ins(format!("mad.lo.u32 {off}, {c}, 16, {a}"));
         off
     }

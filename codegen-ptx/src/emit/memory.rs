@@ -228,6 +228,7 @@ impl Emitter<'_> {
                 self.issue_copy(id, &scalars, base, &buf, false)?;
                 self.ins("cp.async.commit_group");
                 self.ins("cp.async.wait_group 0");
+                self.async_proxy_fence();
                 self.ins("bar.sync 0");
                 base
             }

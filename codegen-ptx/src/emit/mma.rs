@@ -122,6 +122,13 @@ impl Emitter<'_> {
             Some(st) => self.stage_operand(id, &st)?,
             None => self.val(b, id)?,
         };
+        // Column-boxed buffers are laid out for wgmma's descriptors, not ldmatrix rows.
+        if [&a_val, &b_val]
+            .iter()
+            .any(|v| matches!(v, Val::Smem { buf, .. } if buf.boxed))
+        {
+            return Err(self.internal(id, "an mma.sync operand in a column-boxed buffer"));
+        }
         let mut a_src = match &a_val {
             Val::Smem {
                 base,

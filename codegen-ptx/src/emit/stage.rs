@@ -91,7 +91,7 @@ impl Emitter<'_> {
                         t
                     });
                     let at = self.new_reg(Class::B32);
-                    self.ins(format!("mad.lo.u32 {at}, {row}, {}, {base}", buf.row_bytes));
+                    self.ins(format!("mad.lo.u32 {at}, {row}, {}, {base}", buf.pitch()));
                     rows.insert(r, (at, sw));
                     (at, sw)
                 }
@@ -105,6 +105,21 @@ impl Emitter<'_> {
                     self.ins(format!("shr.u32 {chunk}, {col}, 3"));
                     self.ins(format!("and.b32 {byte}, {col}, 7"));
                     self.ins(format!("shl.b32 {byte}, {byte}, 1"));
+                    // A boxed buffer (read by wgmma): the chunk's box is a byte offset, the
+                    // chunk inside it is what the row swizzles.
+                    let per_box = buf.pitch() / 16;
+                    if buf.boxed && per_box < buf.row_bytes / 16 {
+                        let b = self.new_reg(Class::B32);
+                        self.ins(format!(
+                            "shr.u32 {b}, {chunk}, {}",
+                            per_box.trailing_zeros()
+                        ));
+                        self.ins(format!(
+                            "mad.lo.u32 {byte}, {b}, {}, {byte}",
+                            buf.box_bytes()
+                        ));
+                        self.ins(format!("and.b32 {chunk}, {chunk}, {}", per_box - 1));
+                    }
                     cols.insert(c, (chunk, byte));
                     (chunk, byte)
                 }
@@ -133,7 +148,9 @@ impl Emitter<'_> {
             }
             i += len;
         }
-        // The writes are visible to every warp's ldmatrix.
+        // The writes are visible to every warp's ldmatrix (and, through the proxy fence, to
+        // a wgmma's reads).
+        self.async_proxy_fence();
         self.ins("bar.sync 0");
         Ok(Val::Smem {
             base,

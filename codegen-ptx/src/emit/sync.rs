@@ -125,6 +125,16 @@ impl Emitter<'_> {
         Ok(())
     }
 
+    /// Where shared memory written by this thread's generic-proxy stores (st.shared,
+    /// completed cp.async) is next read by a wgmma, which reads through the async proxy:
+    /// the writer's `fence.proxy.async`, before the barrier the readers wait at. Only in
+    /// kernels with wgmmas outside a ring (`kiln_ir::passes::wgmma_plain`).
+    pub(crate) fn async_proxy_fence(&mut self) {
+        if !self.k.schedule.wgmma.is_empty() {
+            self.ins("fence.proxy.async.shared::cta");
+        }
+    }
+
     /// The shared stage holding prefetched load `id` in the current iteration, if any.
     pub(crate) fn pipelined_stage(&self, id: OpId) -> Option<Reg> {
         self.stage_bases.get(&id).copied()
@@ -183,6 +193,7 @@ impl Emitter<'_> {
     ) -> Result<(), CodegenError> {
         let Some(p) = p else { return Ok(()) };
         self.ins(format!("cp.async.wait_group {}", p.stages - 2));
+        self.async_proxy_fence();
         self.ins("bar.sync 0");
         let ahead = self.new_reg(Class::B32);
         self.ins(format!(

@@ -24,7 +24,12 @@
 //! predicated off by `%cluster_ctarank`), the consumers' peer releases arrive through `mapa`
 //! on the other CTA's `empty`, which the producer waits on with cluster scope, and the
 //! consumers meet at a cluster barrier before they exit.
+//!
+//! A kernel without a ring keeps the generic writer's code (cp.async, register staging, no
+//! warp roles); the mmas `kiln_ir::passes::wgmma_plain` took are written as wgmma issued by
+//! every warpgroup in program order ([`plain`]).
 
+pub(crate) mod plain;
 mod roles;
 mod rotated;
 mod wgmma;

@@ -73,7 +73,7 @@ fn swizzle_bits(span: u32) -> u64 {
 }
 
 /// The constant part of a descriptor: LBO, SBO and swizzle fields.
-fn template(lbo: u32, sbo: u32, span: u32) -> u64 {
+pub(super) fn template(lbo: u32, sbo: u32, span: u32) -> u64 {
     (swizzle_bits(span) << 62) | (u64::from(sbo >> 4) << 32) | (u64::from(lbo >> 4) << 16)
 }
 
@@ -173,7 +173,7 @@ impl Geometry {
 /// `desc` with `units` (16-byte units) added to its start address: a 32-bit add on the low
 /// word, which holds the 14-bit address field; shared addresses stay below 256 KiB, so the
 /// sum never carries into the next field.
-fn advance_descriptor(e: &mut Emitter<'_>, desc: Reg, units: u32) -> Reg {
+pub(super) fn advance_descriptor(e: &mut Emitter<'_>, desc: Reg, units: u32) -> Reg {
     if units == 0 {
         return desc;
     }

@@ -8,9 +8,10 @@
 //! `pipeline` pass scheduled as a TMA ring; a kernel with an mma it did not take (an mma
 //! outside any loop, in a nested or unpipelined loop, in a second mma loop, with operands
 //! wgmma does not read from a ring) is lowered the sm_80 way (mma.sync, cp.async), with a
-//! note saying why ([`crate::schedule::Note`]). sm_100a: a kernel whose `mma`s are not all in
-//! rings (which the `tmem` pass lowers to tcgen05.mma) is reported as not implemented unless
-//! a tensor is not 16-byte aligned (then the sm_80 lowering is the documented fallback).
+//! note saying why ([`crate::schedule::Note`]); its mmas whose shapes and operands wgmma
+//! reads run on wgmma without warp roles ([`super::wgmma_plain`]), each other one is noted.
+//! sm_100a: a kernel whose `mma`s are not all in rings (which the `tmem` pass lowers to
+//! tcgen05.mma) is reported as not implemented unless a tensor is not 16-byte aligned (then the sm_80 lowering is the documented fallback).
 //! Rewrites no op.
 
 use std::collections::BTreeSet;
@@ -25,10 +26,8 @@ use super::walk::{all_aligned16, hoistable, ops_in_order};
 
 /// Records pipelining plans for sm_80; fails for targets without a backend.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
-    match target {
-        Target::Sm80 => {}
-        Target::Sm90a => note_plain_lowering(kernel),
-        Target::Sm100a => check_covered(kernel, target)?,
+    if target == Target::Sm100a {
+        check_covered(kernel, target)?;
     }
     let ring: BTreeSet<OpId> = match &kernel.schedule.sched {
         Some(s) => super::walk::ops_in_block_regions(kernel, s.for_op)
@@ -37,6 +36,11 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         None => BTreeSet::new(),
     };
     super::mma_operands::plan(kernel, &ring)?;
+    if target == Target::Sm90a {
+        let first_note = kernel.schedule.notes.len();
+        super::wgmma_plain::plan(kernel, &ring);
+        note_plain_lowering(kernel, first_note);
+    }
     // The `persistent` pass clusters the rings that can be; a request it did not meet (no
     // ring, or a target without the pass) is reported here.
     let clustered = kernel
@@ -102,8 +106,9 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
 }
 
 /// sm_90a: when a kernel with tensors TMA could read has an mma but no ring, a note at its
-/// first mma saying why it is lowered with mma.sync and cp.async.
-fn note_plain_lowering(kernel: &mut Kernel) {
+/// first mma saying why it is lowered without warp roles (and how), placed at `at`, before
+/// the notes of its mmas.
+fn note_plain_lowering(kernel: &mut Kernel, at: usize) {
     if !all_aligned16(kernel) || kernel.schedule.sched.is_some() {
         return;
     }
@@ -111,15 +116,21 @@ fn note_plain_lowering(kernel: &mut Kernel) {
     let Some(&first) = order.iter().find(|&&o| kernel.ops[o].kind == OpKind::Mma) else {
         return;
     };
+    let how = if kernel.schedule.wgmma.is_empty() {
+        "mma.sync and cp.async"
+    } else {
+        "cp.async and wgmma issued by every warpgroup (no warp roles)"
+    };
     let text = format!(
-        "sm_90a: lowered with mma.sync and cp.async, not the warp-specialised wgmma schedule: {}",
+        "sm_90a: lowered with {how}, not the warp-specialised wgmma schedule: {}",
         why_no_ring(kernel, first)
     );
     let loc = kernel.ops[first].loc;
+    let at = at.min(kernel.schedule.notes.len());
     kernel
         .schedule
         .notes
-        .push(crate::schedule::Note { loc, text });
+        .insert(at, crate::schedule::Note { loc, text });
 }
 
 /// Why the `pipeline` pass gave the kernel of `mma` no ring, as far as its structure tells.

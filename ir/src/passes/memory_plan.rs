@@ -72,6 +72,7 @@ pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {
             stages,
             row_bytes,
             swizzled: row_bytes.is_multiple_of(32),
+            boxed: false,
         });
         offset += (stage_bytes * stages).next_multiple_of(128);
     }

@@ -68,6 +68,7 @@ pub fn plan(kernel: &mut Kernel, ring: &BTreeSet<OpId>) -> Result<(), Diagnostic
                     stages: 1,
                     row_bytes,
                     swizzled: row_bytes.is_multiple_of(32),
+                    boxed: false,
                 },
             });
             offset = (offset + bytes).next_multiple_of(128);

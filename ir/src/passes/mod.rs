@@ -22,6 +22,7 @@ pub mod tma_store;
 pub mod tmem;
 pub mod verify;
 pub mod warp_specialise;
+pub mod wgmma_plain;
 
 pub(crate) mod walk;
 

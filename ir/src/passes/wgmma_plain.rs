@@ -1,0 +1,282 @@
+//! Part of the `lower` pass on sm_90a: which `mma`s outside a warp-specialised ring still run
+//! on wgmma, issued by every warpgroup of the block in program order (no warp roles, no
+//! mbarrier ring: the operands arrive by cp.async or by the register staging of
+//! [`super::mma_operands`], exactly as for mma.sync).
+//!
+//! An mma is taken when its shape and operands are what `wgmma.mma_async.m64nNk16` reads:
+//! - its accumulator is laid out `#mma(W x 1)` with `W` a multiple of 4 and 16 rows per
+//!   warp (`M = 16 W`), which is the wgmma accumulator layout of each warpgroup, so the
+//!   accumulator stays in its registers, carried across loops as it is for mma.sync;
+//! - `N` is a multiple of 8 up to 256, `K` a multiple of 16, the operands bf16 or f16 and the
+//!   accumulator f32;
+//! - B is a shared tile (a staged load, its transpose, or a staged register tile), A a shared
+//!   tile or a register tile in the accumulator layout (the RS form, attention's `P` or
+//!   `dS`); either orientation of a shared operand is read (K-major, or MN-major with the
+//!   descriptor's transpose bit);
+//! - each shared operand's buffer is swizzled, with rows in multiples of 8. Rows wider than
+//!   the swizzle span (a 128-column bf16 tile) are stored in column boxes
+//!   ([`crate::schedule::SmemBuffer::boxed_offset`]), which only wgmma reads, so every mma
+//!   reading such a buffer must be taken.
+//!
+//! Buffers wgmma reads start on 1024 bytes (the 128-byte swizzle repeats every 1024 bytes of
+//! address). An mma not taken stays on mma.sync with a note at its line saying why.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::kernel::{Kernel, OpId, OpKind, ValueId};
+use crate::schedule::{Layout, Note};
+use crate::types::DType;
+
+use super::memory_plan::SMEM_LIMIT;
+use super::walk::{defining_op, ops_in_order};
+
+/// Where a shared mma operand lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Buffer {
+    /// The buffer of a load (the operand is the load or its transpose).
+    Load(OpId),
+    /// The buffer of a register operand staged through shared memory.
+    Staged(ValueId),
+}
+
+/// Decides which mmas outside `ring` are lowered to wgmma, boxes and re-places the buffers
+/// they read, and notes at each other mma why it stays on mma.sync.
+pub fn plan(kernel: &mut Kernel, ring: &BTreeSet<OpId>) {
+    kernel.schedule.wgmma.clear();
+    let mmas: Vec<OpId> = ops_in_order(kernel)
+        .into_iter()
+        .filter(|&o| kernel.ops[o].kind == OpKind::Mma && !ring.contains(&o))
+        .collect();
+    if mmas.is_empty() {
+        return;
+    }
+    let mut notes: BTreeMap<OpId, String> = BTreeMap::new();
+    let mut taken: BTreeSet<OpId> = BTreeSet::new();
+    let mut reads: BTreeMap<OpId, Vec<Buffer>> = BTreeMap::new();
+    for &id in &mmas {
+        let buffers = shared_operands(kernel, id);
+        let verdict = if kernel.schedule.sched.is_some() {
+            Err(
+                "the kernel's warp-specialised loop runs on its own warp roles; mmas outside it \
+                 stay on mma.sync"
+                    .to_string(),
+            )
+        } else {
+            takes(kernel, id)
+        };
+        match verdict {
+            Ok(()) => {
+                taken.insert(id);
+            }
+            Err(why) => {
+                notes.insert(id, why);
+            }
+        }
+        reads.insert(id, buffers);
+    }
+    // A boxed buffer is read by wgmma only: drop every mma reading one that an mma on
+    // mma.sync reads too, until none is left.
+    loop {
+        let on_sync: BTreeSet<Buffer> = mmas
+            .iter()
+            .filter(|m| !taken.contains(m))
+            .flat_map(|m| reads[m].iter().copied())
+            .collect();
+        let dropped: Vec<OpId> = taken
+            .iter()
+            .copied()
+            .filter(|m| {
+                reads[m]
+                    .iter()
+                    .any(|b| on_sync.contains(b) && needs_boxes(kernel, *b))
+            })
+            .collect();
+        if dropped.is_empty() {
+            break;
+        }
+        for m in dropped {
+            taken.remove(&m);
+            notes.insert(
+                m,
+                "an operand tile wider than one 128-byte swizzle row is also read by an mma \
+                 that stays on mma.sync, and wgmma needs it stored in column boxes"
+                    .into(),
+            );
+        }
+    }
+    for (id, why) in notes {
+        let loc = kernel.ops[id].loc;
+        kernel.schedule.notes.push(Note {
+            loc,
+            text: format!("sm_90a: this mma is lowered with mma.sync, not wgmma: {why}"),
+        });
+    }
+    if taken.is_empty() {
+        return;
+    }
+    let boxed: BTreeSet<Buffer> = taken
+        .iter()
+        .flat_map(|m| reads[m].iter().copied())
+        .filter(|&b| needs_boxes(kernel, b))
+        .collect();
+    if !replace_buffers(kernel, &boxed) {
+        // The 1024-byte alignment would not fit: the buffers stay as they were.
+        for &id in &taken {
+            let loc = kernel.ops[id].loc;
+            kernel.schedule.notes.push(Note {
+                loc,
+                text: "sm_90a: this mma is lowered with mma.sync, not wgmma: the shared tiles \
+                       wgmma reads, each aligned to 1024 bytes, would not fit in shared memory"
+                    .into(),
+            });
+        }
+        return;
+    }
+    kernel.schedule.wgmma = taken;
+}
+
+/// Why `id` cannot be a wgmma, if it cannot (its own shape and operands; the buffers'
+/// sharing is judged by [`plan`]).
+fn takes(kernel: &Kernel, id: OpId) -> Result<(), String> {
+    let op = &kernel.ops[id];
+    let (a, b, r) = (op.operands[0], op.operands[1], op.results[0]);
+    let warps = match kernel.schedule.layouts.get(&r) {
+        Some(Layout::Mma { warps }) => *warps,
+        _ => return Err("its accumulator is not in an mma layout".into()),
+    };
+    if warps[1] != 1 || !warps[0].is_multiple_of(4) {
+        return Err(format!(
+            "its accumulator's warp grid is {}x{}; wgmma needs whole warpgroups stacked along \
+             the rows (4, 8 or 12 warps by 1)",
+            warps[0], warps[1]
+        ));
+    }
+    let (Some(rs), Some(as_)) = (kernel.ty(r).shape(), kernel.ty(a).shape()) else {
+        return Err("a scalar mma".into());
+    };
+    let (m, n, k) = (rs.rows() as u32, rs.cols() as u32, as_.cols() as u32);
+    if m != 16 * warps[0] {
+        return Err(format!(
+            "its {m} rows are not 16 per warp of its {} warps (wgmma gives each warp 16 rows \
+             of its warpgroup's 64)",
+            warps[0]
+        ));
+    }
+    if !n.is_multiple_of(8) || !(8..=256).contains(&n) {
+        return Err(format!("its {n} columns are not a multiple of 8 up to 256"));
+    }
+    if !k.is_multiple_of(16) {
+        return Err(format!("its depth K = {k} is not a multiple of 16"));
+    }
+    let (da, db) = (kernel.ty(a).dtype(), kernel.ty(b).dtype());
+    if da != db || !matches!(da, DType::Bf16 | DType::F16) || kernel.ty(r).dtype() != DType::F32 {
+        return Err("its operands are not both bf16 or both f16 with an f32 accumulator".into());
+    }
+    let b_buf = shared_buffer(kernel, b).ok_or("its B operand is not a tile in shared memory")?;
+    check_buffer(kernel, b_buf, "B")?;
+    match shared_buffer(kernel, a) {
+        Some(a_buf) => check_buffer(kernel, a_buf, "A")?,
+        None if kernel.schedule.layouts.get(&a) == Some(&Layout::Mma { warps }) => {}
+        None => {
+            return Err(
+                "its A operand is neither in shared memory nor in the accumulator layout".into(),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Whether a buffer's stage is something a swizzled wgmma descriptor addresses.
+fn check_buffer(kernel: &Kernel, buffer: Buffer, which: &str) -> Result<(), String> {
+    let Some(buf) = buffer_of(kernel, buffer) else {
+        return Err(format!("its {which} operand has no shared buffer"));
+    };
+    let Some(span) = buf.span() else {
+        return Err(format!(
+            "its {which} tile's rows ({} bytes) are not a multiple of 32 bytes, so not swizzled",
+            buf.row_bytes
+        ));
+    };
+    let rows = buf.stage_bytes / buf.row_bytes.max(1);
+    if !rows.is_multiple_of(8) || !buf.row_bytes.is_multiple_of(span) {
+        return Err(format!(
+            "its {which} tile has {rows} rows, not a multiple of 8"
+        ));
+    }
+    Ok(())
+}
+
+/// The shared buffer operand `v` is read from, if it is a shared tile.
+fn shared_buffer(kernel: &Kernel, v: ValueId) -> Option<Buffer> {
+    if kernel.schedule.staged(v).is_some() {
+        return Some(Buffer::Staged(v));
+    }
+    let mut v = v;
+    loop {
+        if !kernel
+            .schedule
+            .layouts
+            .get(&v)
+            .is_some_and(Layout::is_shared)
+        {
+            return None;
+        }
+        let (def, is_result) = defining_op(kernel, v);
+        if !is_result {
+            return None;
+        }
+        match kernel.ops[def].kind {
+            OpKind::Transpose => v = kernel.ops[def].operands[0],
+            OpKind::Load { .. } if kernel.schedule.buffer(def).is_some() => {
+                return Some(Buffer::Load(def));
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// The buffers `id`'s operands are read from.
+fn shared_operands(kernel: &Kernel, id: OpId) -> Vec<Buffer> {
+    kernel.ops[id].operands[..2]
+        .iter()
+        .filter_map(|&v| shared_buffer(kernel, v))
+        .collect()
+}
+
+fn buffer_of(kernel: &Kernel, b: Buffer) -> Option<&crate::schedule::SmemBuffer> {
+    match b {
+        Buffer::Load(l) => kernel.schedule.buffer(l),
+        Buffer::Staged(v) => kernel.schedule.staged(v).map(|s| &s.buffer),
+    }
+}
+
+/// Whether wgmma can read `b` only once it is stored in column boxes.
+fn needs_boxes(kernel: &Kernel, b: Buffer) -> bool {
+    buffer_of(kernel, b).is_some_and(|buf| buf.span().is_some_and(|s| buf.row_bytes > s))
+}
+
+/// Marks the `boxed` buffers and lays every buffer out again in its order (loads, then
+/// staged operands), each on 1024 bytes; `false`, changing nothing, when they no longer fit.
+fn replace_buffers(kernel: &mut Kernel, boxed: &BTreeSet<Buffer>) -> bool {
+    let mut sched = kernel.schedule.clone();
+    let mut offset = 0u32;
+    for buf in &mut sched.buffers {
+        buf.boxed = boxed.contains(&Buffer::Load(buf.load));
+        offset = offset.next_multiple_of(1024);
+        buf.offset = offset;
+        offset += buf.stage_bytes * buf.stages;
+    }
+    for st in &mut sched.staged {
+        st.buffer.boxed = boxed.contains(&Buffer::Staged(st.operand));
+        offset = offset.next_multiple_of(1024);
+        st.buffer.offset = offset;
+        offset += st.buffer.stage_bytes * st.buffer.stages;
+    }
+    let offset = offset.next_multiple_of(128);
+    if offset > SMEM_LIMIT {
+        return false;
+    }
+    sched.smem_bytes = offset;
+    kernel.schedule = sched;
+    true
+}

@@ -1,0 +1,125 @@
+//! The kernels of `wgmma_kernels/` on the GPU: sm_80 code on any GPU and, on Hopper, sm_90a
+//! code whose mmas run as wgmma without warp roles (transposed loaded operands in one and
+//! two warpgroups with boxed 256-byte rows, a chained mma with a register A and an MN-major
+//! B), each against the f64 reference and the interpreter; shapes no multiple of the tiles,
+//! every input distribution, outputs poisoned. The kernels of `mma_kernels/` and attention's
+//! backward take the same lowering on sm_90a in `gpu_mma_general.rs` and
+//! `gpu_attention_backward.rs`. Skips itself without a GPU.
+
+mod gpu_common;
+mod wgmma_kernels;
+
+use std::process::ExitCode;
+
+use gpu_common::{Needs, check, devices, poisoned_output};
+use kiln_ir::DType;
+use kiln_tests::check::{Case, poisoned, tolerance};
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use wgmma_kernels::*;
+
+fn gpu_wgmma_transposed() {
+    let mut rng = Rng::from_env();
+    let configs = [
+        WgmmaTransposedComptime::default(),
+        WgmmaTransposedComptime {
+            BM: 128,
+            BN: 64,
+            BK: 128,
+            NW: 8,
+        },
+        WgmmaTransposedComptime {
+            BM: 64,
+            BN: 128,
+            BK: 32,
+            NW: 4,
+        },
+        // B's rows of 32 bytes: the 32-byte swizzle.
+        WgmmaTransposedComptime {
+            BM: 64,
+            BN: 64,
+            BK: 16,
+            NW: 4,
+        },
+    ];
+    for dev in devices() {
+        for ct in configs {
+            for (m, n, k) in [(70, 130, 150), (129, 65, 33), (3, 5, 7), (256, 192, 320)] {
+                for dist in Dist::ALL {
+                    let a = tensor(&mut rng, &[k, m], DType::Bf16, dist);
+                    let b = tensor(&mut rng, &[n, k], DType::Bf16, dist);
+                    let grid = [m.div_ceil(ct.BM) as u32, n.div_ceil(ct.BN) as u32, 1];
+                    let (da, db) = (dev.upload(&a).expect("up"), dev.upload(&b).expect("up"));
+                    let c = poisoned_output(&dev, DType::F32, &[m, n]);
+                    wgmma_transposed
+                        .launch(&dev, &ct, grid, &da, &db, &c)
+                        .expect("launch");
+                    let mut ci = poisoned(&[m, n], DType::F32);
+                    wgmma_transposed
+                        .interpret(&ct, grid, &a, &b, &mut ci)
+                        .expect("interpret");
+                    let case = Case {
+                        kernel: format!(
+                            "wgmma_transposed BM={} BK={} on {}",
+                            ct.BM,
+                            ct.BK,
+                            dev.target()
+                        ),
+                        shape: format!("m={m} n={n} k={k}"),
+                        dist,
+                        seed: rng.seed(),
+                    };
+                    check(&case, &c, &gemm_tt(&a, &b), &ci, tolerance(DType::Bf16));
+                }
+            }
+        }
+    }
+}
+
+fn gpu_wgmma_chain() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for d in [64, 96, 128] {
+            let ct = WgmmaChainComptime {
+                D: d,
+                ..WgmmaChainComptime::default()
+            };
+            for (sq, sk) in [(100, 70), (64, 129), (3, 5), (200, 600)] {
+                for dist in Dist::ALL {
+                    let q = tensor(&mut rng, &[sq, d], DType::Bf16, dist);
+                    let k = tensor(&mut rng, &[sk, d], DType::Bf16, dist);
+                    let v = tensor(&mut rng, &[sk, d], DType::Bf16, dist);
+                    let scale = 1.0 / (d as f32).sqrt();
+                    let grid = [sq.div_ceil(ct.BM) as u32, 1, 1];
+                    let (dq, dk, dv) = (
+                        dev.upload(&q).expect("up"),
+                        dev.upload(&k).expect("up"),
+                        dev.upload(&v).expect("up"),
+                    );
+                    let o = poisoned_output(&dev, DType::F32, &[sq, d]);
+                    wgmma_chain
+                        .launch(&dev, &ct, grid, &dq, &dk, &dv, &o, scale)
+                        .expect("launch");
+                    let mut oi = poisoned(&[sq, d], DType::F32);
+                    wgmma_chain
+                        .interpret(&ct, grid, &q, &k, &v, &mut oi, scale)
+                        .expect("interpret");
+                    let case = Case {
+                        kernel: format!("wgmma_chain d={d} on {}", dev.target()),
+                        shape: format!("sq={sq} sk={sk}"),
+                        dist,
+                        seed: rng.seed(),
+                    };
+                    let want = chain(&q, &k, &v, f64::from(scale));
+                    check(&case, &o, &want, &oi, tolerance(DType::Bf16));
+                }
+            }
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    gpu_common::run(&[
+        ("gpu_wgmma_transposed", Needs::Gpu, gpu_wgmma_transposed),
+        ("gpu_wgmma_chain", Needs::Gpu, gpu_wgmma_chain),
+    ])
+}

@@ -1,0 +1,409 @@
+//! sm_90a's wgmma outside a warp-specialised ring, checked on the CPU: the kernels of
+//! `wgmma_kernels/` (transposed loaded operands in one and two warpgroups, a chained mma with
+//! a register A) against f64 references on the interpreter; which mmas the plan takes (every
+//! mma of those kernels, of `mma_kernels/` and of attention's backward at head dims 64 and
+//! 128, bf16 and f16) and the note at each one it does not; the PTX's structure (no
+//! mma.sync, each group of wgmmas fenced, committed and waited for before the accumulator is
+//! touched, shared stores fenced into the async proxy before the barrier wgmma reads after),
+//! through ptxas (the pinned one and the driver JIT's) with no spill; sm_80 unchanged; and a
+//! snapshot of one kernel's PTX. The GPU runs are in `gpu_wgmma_general.rs`.
+
+mod mma_kernels;
+mod wgmma_kernels;
+
+use kiln_ir::dsl::{KernelDef, Spec};
+use kiln_ir::interp::{HostArg, run_def};
+use kiln_ir::passes::run_pipeline;
+use kiln_ir::{DType, Kernel, OpKind, Target};
+use kiln_ptx::ptxas::{self, Tool};
+use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::inputs::{Dist, Rng, tensor};
+use wgmma_kernels::*;
+
+fn build<D: KernelDef>(def: &D, ct: D::Comptime) -> Kernel {
+    def.build(&Spec::uniform(ct, def.signature(), true))
+        .unwrap_or_else(|e| panic!("{} does not build: {e}", def.name()))
+}
+
+/// `wgmma_transposed` in its one- and two-warpgroup forms, the second with 256-byte rows of
+/// A's tile (column boxes) and a K of 128 (B's rows boxed too); B's rows of 64 and 32 bytes
+/// (the 64- and 32-byte swizzles).
+fn transposed_configs() -> [WgmmaTransposedComptime; 4] {
+    [
+        WgmmaTransposedComptime::default(),
+        WgmmaTransposedComptime {
+            BM: 128,
+            BN: 64,
+            BK: 128,
+            NW: 8,
+        },
+        WgmmaTransposedComptime {
+            BM: 64,
+            BN: 128,
+            BK: 32,
+            NW: 4,
+        },
+        // B's rows of 32 bytes: the 32-byte swizzle.
+        WgmmaTransposedComptime {
+            BM: 64,
+            BN: 64,
+            BK: 16,
+            NW: 4,
+        },
+    ]
+}
+
+#[test]
+fn wgmma_transposed_matches_reference() {
+    let mut rng = Rng::from_env();
+    for ct in transposed_configs() {
+        // (m, n, k): none a multiple of the tiles, several blocks each way.
+        for (m, n, k) in [(70, 130, 150), (129, 65, 33), (3, 5, 7)] {
+            for dist in Dist::ALL {
+                let a = tensor(&mut rng, &[k, m], DType::Bf16, dist);
+                let b = tensor(&mut rng, &[n, k], DType::Bf16, dist);
+                let mut c = poisoned(&[m, n], DType::F32);
+                let grid = [m.div_ceil(ct.BM) as u32, n.div_ceil(ct.BN) as u32, 1];
+                let mut args = [
+                    HostArg::Tensor(&a),
+                    HostArg::Tensor(&b),
+                    HostArg::TensorMut(&mut c),
+                ];
+                run_def(&wgmma_transposed, &ct, grid, &mut args).unwrap();
+                let case = Case {
+                    kernel: format!("wgmma_transposed BM={} BK={}", ct.BM, ct.BK),
+                    shape: format!("m={m} n={n} k={k}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                assert_close(&case, &c, &gemm_tt(&a, &b), tolerance(DType::Bf16));
+            }
+        }
+    }
+}
+
+#[test]
+fn wgmma_chain_matches_reference() {
+    let mut rng = Rng::from_env();
+    for d in [64, 96, 128] {
+        let ct = WgmmaChainComptime {
+            D: d,
+            ..WgmmaChainComptime::default()
+        };
+        for (sq, sk) in [(100, 70), (64, 129), (3, 5)] {
+            for dist in Dist::ALL {
+                let q = tensor(&mut rng, &[sq, d], DType::Bf16, dist);
+                let k = tensor(&mut rng, &[sk, d], DType::Bf16, dist);
+                let v = tensor(&mut rng, &[sk, d], DType::Bf16, dist);
+                let scale = 1.0 / (d as f32).sqrt();
+                let mut o = poisoned(&[sq, d], DType::F32);
+                let mut args = [
+                    HostArg::Tensor(&q),
+                    HostArg::Tensor(&k),
+                    HostArg::Tensor(&v),
+                    HostArg::TensorMut(&mut o),
+                    HostArg::F32(scale),
+                ];
+                run_def(
+                    &wgmma_chain,
+                    &ct,
+                    [sq.div_ceil(ct.BM) as u32, 1, 1],
+                    &mut args,
+                )
+                .unwrap();
+                let case = Case {
+                    kernel: format!("wgmma_chain d={d}"),
+                    shape: format!("sq={sq} sk={sk}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                let want = chain(&q, &k, &v, f64::from(scale));
+                assert_close(&case, &o, &want, tolerance(DType::Bf16));
+            }
+        }
+    }
+}
+
+/// Every kernel whose mmas sm_90a should all run as wgmma without warp roles.
+fn all_wgmma_kernels() -> Vec<Kernel> {
+    use mma_kernels::*;
+    let mut out: Vec<Kernel> = transposed_configs()
+        .into_iter()
+        .map(|ct| build(&wgmma_transposed, ct))
+        .collect();
+    for d in [64, 96, 128] {
+        let ct = WgmmaChainComptime {
+            D: d,
+            ..WgmmaChainComptime::default()
+        };
+        out.push(build(&wgmma_chain, ct));
+    }
+    out.push(build(&mma_once, MmaOnceComptime::default()));
+    out.push(build(&mma_register_b, MmaRegisterBComptime::default()));
+    out.push(build(&mma_masked, MmaMaskedComptime::default()));
+    out.push(build(&mma_persistent, MmaPersistentComptime::default()));
+    out.push(build(&mma_in_if, MmaInIfComptime::default()));
+    out.push(build(&mma_two_loops, MmaTwoLoopsComptime::default()));
+    out.push(build(
+        &mma_two_loops,
+        MmaTwoLoopsComptime {
+            D: 128,
+            ..MmaTwoLoopsComptime::default()
+        },
+    ));
+    for name in ["attention_bwd_dkdv", "attention_bwd_dq"] {
+        for d in ["64", "128"] {
+            for dtype in ["bf16", "f16"] {
+                let k = kiln_examples::build(name, &[("d", d), ("dtype", dtype)], true)
+                    .unwrap_or_else(|e| panic!("{name} d={d} {dtype}: {e}"));
+                out.push(k);
+            }
+        }
+    }
+    out
+}
+
+/// Every mma of `k`, nested ones included.
+fn mmas(k: &Kernel) -> Vec<kiln_ir::OpId> {
+    fn walk(k: &Kernel, ops: &[kiln_ir::OpId], out: &mut Vec<kiln_ir::OpId>) {
+        for &o in ops {
+            if k.ops[o].kind == OpKind::Mma {
+                out.push(o);
+            }
+            for r in &k.ops[o].regions {
+                walk(k, &r.ops, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(k, &k.body.ops, &mut out);
+    out
+}
+
+/// The plan takes every mma of these kernels on sm_90a and none on sm_80, where no buffer is
+/// boxed and no note is added.
+#[test]
+fn the_plan_takes_every_mma_on_sm90a_only() {
+    for k in all_wgmma_kernels() {
+        let mut on90 = k.clone();
+        run_pipeline(&mut on90, Target::Sm90a, &mut |_, _| {}).expect("lowers");
+        let all: std::collections::BTreeSet<_> = mmas(&on90).into_iter().collect();
+        assert!(!all.is_empty(), "{}", k.name);
+        assert_eq!(
+            on90.schedule.wgmma, all,
+            "{}: {:?}",
+            k.name, on90.schedule.notes
+        );
+        assert!(on90.schedule.sched.is_none(), "{}", k.name);
+        // Every buffer wgmma reads starts on the 128-byte swizzle's 1024-byte atom.
+        for b in on90
+            .schedule
+            .buffers
+            .iter()
+            .chain(on90.schedule.staged.iter().map(|s| &s.buffer))
+        {
+            assert!(b.offset.is_multiple_of(1024), "{}: {b:?}", k.name);
+            assert!(b.offset + b.stage_bytes * b.stages <= on90.schedule.smem_bytes);
+        }
+        let mut on80 = k.clone();
+        run_pipeline(&mut on80, Target::Sm80, &mut |_, _| {}).expect("lowers");
+        assert!(on80.schedule.wgmma.is_empty(), "{}", k.name);
+        assert!(on80.schedule.buffers.iter().all(|b| !b.boxed));
+        assert!(on80.schedule.notes.is_empty(), "{}", k.name);
+    }
+}
+
+/// Operands with rows wider than the 128-byte swizzle are boxed: `wgmma_transposed` with
+/// 128-column tiles of `a` (256-byte rows, staged from registers as the transposed A) and a
+/// K of 128 (B's loaded rows).
+#[test]
+fn wide_rows_are_stored_in_column_boxes() {
+    let mut k = build(&wgmma_transposed, transposed_configs()[1]);
+    run_pipeline(&mut k, Target::Sm90a, &mut |_, _| {}).expect("lowers");
+    let rows = |bufs: Vec<&kiln_ir::schedule::SmemBuffer>| -> Vec<(u32, bool)> {
+        bufs.iter().map(|b| (b.row_bytes, b.boxed)).collect()
+    };
+    assert_eq!(rows(k.schedule.buffers.iter().collect()), [(256, true)]);
+    let staged = k.schedule.staged.iter().map(|s| &s.buffer).collect();
+    assert_eq!(rows(staged), [(256, true)]);
+    assert!(k.schedule.staged[0].transposed);
+}
+
+/// Where the plan cannot take an mma, it stays on mma.sync with a note at its line saying why
+/// (in the DSL's words), and the kernel still compiles and assembles.
+#[test]
+fn an_mma_the_plan_cannot_take_is_noted_at_its_line() {
+    // The gemm example on unaligned tensors (no TMA ring): its accumulator spreads over a
+    // 2x2 warp grid.
+    let mut k = kiln_examples::build("gemm", &[], false).expect("builds");
+    run_pipeline(&mut k, Target::Sm90a, &mut |_, _| {}).expect("lowers");
+    assert!(k.schedule.wgmma.is_empty());
+    let note = k
+        .schedule
+        .notes
+        .iter()
+        .find(|n| n.text.contains("not wgmma"))
+        .unwrap_or_else(|| panic!("no note: {:?}", k.schedule.notes));
+    assert!(
+        note.text.contains("warp grid is 2x2") && note.loc.to_string().contains("gemm.rs"),
+        "{note:?}"
+    );
+    let m = kiln_ptx::compile(&k, Target::Sm90a).expect("compiles");
+    assert!(m.ptx.contains("mma.sync") && !m.ptx.contains("wgmma.mma_async"));
+    assert!(m.ptx.contains("warp grid is 2x2"), "the note is in the PTX");
+}
+
+/// What must hold of a kernel's PTX where wgmma runs without warp roles.
+fn check_structure(name: &str, ptx: &str) {
+    let lines: Vec<&str> = ptx
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("//"))
+        .collect();
+    assert!(!ptx.contains("mma.sync"), "{name}: mma.sync left");
+    let mut groups = 0;
+    let mut i = 0;
+    while i < lines.len() {
+        if lines[i] != "wgmma.fence.sync.aligned;" {
+            assert!(
+                !lines[i].starts_with("wgmma.mma_async") && !lines[i].starts_with("wgmma.commit"),
+                "{name}: a wgmma outside a fenced group at line {i}: {}",
+                lines[i]
+            );
+            i += 1;
+            continue;
+        }
+        groups += 1;
+        // The publishing barrier before the group follows a proxy fence.
+        let bar = (0..i)
+            .rev()
+            .find(|&j| lines[j].starts_with("bar.sync"))
+            .unwrap_or_else(|| panic!("{name}: no barrier before the wgmma at line {i}"));
+        assert_eq!(
+            lines[bar - 1],
+            "fence.proxy.async.shared::cta;",
+            "{name}: the barrier before the wgmma at line {i} publishes no async-proxy writes"
+        );
+        // Inside the group: only wgmmas and their descriptors' advance; no instruction
+        // writes an accumulator register; then commit and wait for all.
+        let mut acc: Vec<String> = Vec::new();
+        let mut j = i + 1;
+        let mut steps = 0;
+        while !lines[j].starts_with("wgmma.commit_group") {
+            let l = lines[j];
+            if l.starts_with("wgmma.mma_async") {
+                steps += 1;
+                let regs = &l[l.find('{').expect("registers") + 1..l.find('}').expect("end")];
+                let regs: Vec<String> = regs.split(", ").map(str::to_string).collect();
+                if acc.is_empty() {
+                    acc = regs;
+                } else {
+                    assert_eq!(acc, regs, "{name}: one accumulator per group");
+                }
+            } else {
+                assert!(
+                    l.starts_with("mov.b64") || l.starts_with("add.u32"),
+                    "{name}: `{l}` inside a wgmma group"
+                );
+                let dest = l.split_whitespace().nth(1).unwrap_or("");
+                assert!(
+                    !acc.iter().any(|r| dest.contains(r.as_str())),
+                    "{name}: `{l}` writes the accumulator"
+                );
+            }
+            j += 1;
+        }
+        assert!(steps > 0, "{name}: an empty wgmma group");
+        assert_eq!(
+            lines[j + 1],
+            "wgmma.wait_group.sync.aligned 0;",
+            "{name}: a group not waited for at once"
+        );
+        i = j + 2;
+    }
+    assert!(groups > 0, "{name}: no wgmma");
+    // Every cp.async wait that publishes a stage fences it into the async proxy.
+    for w in lines.windows(2) {
+        if w[0].starts_with("cp.async.wait_group") {
+            assert!(!w[1].starts_with("bar.sync"), "{name}: `{}` unfenced", w[0]);
+        }
+    }
+}
+
+#[test]
+fn sm90a_ptx_runs_every_mma_on_fenced_wgmma_groups() {
+    for k in all_wgmma_kernels() {
+        let m = kiln_ptx::compile(&k, Target::Sm90a).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+        check_structure(&k.name, &m.ptx);
+        assert!(m.ptx.contains(".extern .shared .align 1024"), "{}", k.name);
+    }
+}
+
+/// Each kernel assembles for sm_90a with no spill under the pinned ptxas and the driver
+/// JIT's (CUDA 13.0), with no advisory (a serialised wgmma is one).
+#[test]
+fn sm90a_ptx_assembles_without_spills() {
+    for tool in [Tool::Ptxas, Tool::JitPtxas] {
+        if let Err(e) = ptxas::find(tool) {
+            println!("skipped {}: {e}", tool.name());
+            continue;
+        }
+        for k in all_wgmma_kernels() {
+            let m = kiln_ptx::compile(&k, Target::Sm90a).expect("compiles");
+            let r = ptxas::check_with(tool, &m.ptx, Target::Sm90a)
+                .unwrap_or_else(|e| panic!("{} ({}): {e}", k.name, tool.name()));
+            assert!(!r.spills(), "{} ({}) spills: {r}", k.name, tool.name());
+            assert!(
+                r.warnings.is_empty(),
+                "{} ({}): advisories: {r}",
+                k.name,
+                tool.name()
+            );
+        }
+    }
+}
+
+/// The PTX of the chained kernel at a head dim of 128: register A, boxed K-major and
+/// MN-major descriptors, the proxy fences.
+#[test]
+fn wgmma_chain_ptx_snapshot() {
+    let k = build(&wgmma_chain, WgmmaChainComptime::default());
+    let m = kiln_ptx::compile(&k, Target::Sm90a).expect("compiles");
+    let mut s = insta::Settings::clone_current();
+    s.set_prepend_module_to_snapshot(false);
+    s.set_snapshot_path("../snapshots/ptx");
+    s.bind(|| insta::assert_snapshot!("wgmma_chain@sm_90a", m.ptx));
+}
+
+/// `kiln check` on sm_90a says how the backward's dK/dV kernel is lowered (wgmma without
+/// warp roles, and why no warp roles) and, for a gemm whose accumulator is spread 1x4, why
+/// its mma stays on mma.sync, at the user's lines.
+#[test]
+fn kiln_check_prints_the_lowering_notes() {
+    if ptxas::find_ptxas().is_err() {
+        return;
+    }
+    let check = |args: &[&str]| -> String {
+        let all = ["kiln", "check"].into_iter().chain(args.iter().copied());
+        kiln::cli::run_args(all).unwrap_or_else(|e| panic!("kiln check {args:?}: {e}"))
+    };
+    let out = check(&[
+        "attention_bwd_dkdv",
+        "--target",
+        "sm_90a",
+        "-D",
+        "dtype=bf16",
+    ]);
+    assert!(
+        out.contains("note: sm_90a: lowered with cp.async and wgmma")
+            && out.contains("examples/src/attention_backward.rs:"),
+        "{out}"
+    );
+    let out = check(&["gemm", "--target", "sm_90a", "-D", "BM=32"]);
+    assert!(
+        out.contains("note: sm_90a: this mma is lowered with mma.sync, not wgmma")
+            && out.contains("warp grid is 1x4")
+            && out.contains("examples/src/gemm.rs:"),
+        "{out}"
+    );
+}

@@ -1,0 +1,97 @@
+//! Kernels whose mmas sm_90a runs as wgmma without warp roles (outside a warp-specialised
+//! ring), shared by the CPU tests (`wgmma_general.rs`: interpreter vs f64, the PTX's
+//! structure, ptxas) and the GPU tests (`gpu_wgmma_general.rs`): both operands read
+//! transposed from loaded tiles (A MN-major, B K-major), in one or two warpgroups; two
+//! chained mmas whose second A is the first's result in registers (the RS form) and whose
+//! B is read untransposed (MN-major); and the f64 references they are checked against.
+
+#![allow(dead_code)]
+
+use kiln::prelude::*;
+use kiln_ir::HostTensor;
+
+/// `c = a^T @ b^T` for `a: [K, M]`, `b: [N, K]`, a pipelined loop over K: A is the transpose
+/// of its loaded tile (read MN-major), B too (read K-major); `NW` warps hold `BM = 16 NW`
+/// rows, so 8 warps are two warpgroups, each reading its own 64 columns of `a`'s tile.
+#[kernel(num_warps = NW, grid = [BM, BN, 1])]
+pub fn wgmma_transposed(
+    a: Tensor<bf16, 2>,
+    b: Tensor<bf16, 2>,
+    c: TensorMut<f32, 2>,
+    #[comptime(default = 64)] BM: usize,
+    #[comptime(default = 64)] BN: usize,
+    #[comptime(default = 64)] BK: usize,
+    #[comptime(default = 4)] NW: usize,
+) {
+    let (mb, nb) = (block_id().x, block_id().y);
+    let k = a.dim(0);
+    let mut acc = zeros::<f32>([BM, BN]);
+    for kb in pipelined(0..cdiv(k, BK), stages = 2) {
+        let x = a.tile([BK, BM], [kb * BK, mb * BM]).load();
+        let y = b.tile([BN, BK], [nb * BN, kb * BK]).load();
+        acc = mma_acc(&x.t(), &y.t(), &acc);
+    }
+    c.tile([BM, BN], [mb * BM, nb * BN]).store(acc);
+}
+
+/// `o = sum_j bf16(scale * q k_j^T) v_j` over blocks `j` of `BN` keys: attention's forward
+/// without the softmax, in a loop that is not pipelined (no TMA ring: each load waits for
+/// its copies). The first mma reads `q` (loaded once) and `k_j.t()`, the second takes the
+/// first's result from registers as A and `v_j` as B, its accumulator carried across the
+/// loop; with `D = 128` every operand's rows span two 128-byte swizzle rows.
+#[kernel(num_warps = 4, grid = [BM, 1, 1])]
+pub fn wgmma_chain(
+    q: Tensor<bf16, 2>,
+    k: Tensor<bf16, 2>,
+    v: Tensor<bf16, 2>,
+    o: TensorMut<f32, 2>,
+    scale: f32,
+    #[comptime(default = 64)] BM: usize,
+    #[comptime(default = 64)] BN: usize,
+    #[comptime(default = 128)] D: usize,
+) {
+    let mb = block_id().x;
+    let sk = k.dim(0);
+    let qt = q.tile([BM, D], [mb * BM, 0]).load();
+    let mut acc = zeros::<f32>([BM, D]);
+    for j in 0..cdiv(sk, BN) {
+        let kt = k.tile([BN, D], [j * BN, 0]).load();
+        let vt = v.tile([BN, D], [j * BN, 0]).load();
+        let s = mma(&qt, &kt.t()) * scale;
+        acc = mma_acc(&s.cast::<bf16>(), &vt, &acc);
+    }
+    o.tile([BM, D], [mb * BM, 0]).store(acc);
+}
+
+/// `a^T @ b^T` in f64 for `a: [K, M]`, `b: [N, K]`.
+pub fn gemm_tt(a: &HostTensor, b: &HostTensor) -> Vec<f64> {
+    let (k, m, n) = (a.shape[0], a.shape[1], b.shape[0]);
+    let (av, bv) = (a.to_f64_vec(), b.to_f64_vec());
+    let mut c = vec![0.0; m * n];
+    for p in 0..k {
+        for i in 0..m {
+            let x = av[p * m + i];
+            for j in 0..n {
+                c[i * n + j] += x * bv[j * k + p];
+            }
+        }
+    }
+    c
+}
+
+/// [`wgmma_chain`] in f64, the scores rounded to bf16 as the kernel's A operand holds them.
+pub fn chain(q: &HostTensor, k: &HostTensor, v: &HostTensor, scale: f64) -> Vec<f64> {
+    let (sq, d, sk) = (q.shape[0], q.shape[1], k.shape[0]);
+    let (qv, kv, vv) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
+    let mut o = vec![0.0; sq * d];
+    for i in 0..sq {
+        for j in 0..sk {
+            let s = scale * (0..d).map(|c| qv[i * d + c] * kv[j * d + c]).sum::<f64>();
+            let s = f64::from(half::bf16::from_f64(s).to_f32());
+            for c in 0..d {
+                o[i * d + c] += s * vv[j * d + c];
+            }
+        }
+    }
+    o
+}
