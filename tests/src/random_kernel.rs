@@ -1888,6 +1888,8 @@ pub struct Tally {
     /// the backend writes it), and of them those that every target compiled: what the run
     /// covered.
     pub ops: BTreeMap<&'static str, (usize, usize)>,
+    /// The kernel that took longest to check, in seconds, and its bytes.
+    pub slowest: (f64, Vec<u8>),
 }
 
 /// The [`op_name`]s of the ops of `block` and the regions in it.
@@ -2021,6 +2023,10 @@ impl Tally {
             "{} kernels from {} byte strings, {} of them through ptxas\n",
             self.kernels, self.attempts, self.assembled
         );
+        out.push_str(&format!(
+            "slowest kernel: {:.1} s, bytes {:?}\n",
+            self.slowest.0, self.slowest.1
+        ));
         out.push_str("kernels holding each kind of op (of them, compiled for every target):\n");
         for (name, (n, ok)) in &self.ops {
             out.push_str(&format!("{n:7} ({ok:6})  {name}\n"));
@@ -2063,6 +2069,7 @@ pub fn fuzz(
         let len = 16 + (rng.uniform(0.0, 240.0) as usize);
         let bytes: Vec<u8> = (0..len).map(|_| rng.uniform(0.0, 256.0) as u8).collect();
         tally.attempts += 1;
+        let started = std::time::Instant::now();
         let built = catch_unwind(|| kernel(&bytes));
         let k = match built {
             Ok(Some(k)) => k,
@@ -2109,6 +2116,10 @@ pub fn fuzz(
             if let Some(o) = outcome {
                 tally.add(Target::Sm80, &o, &bytes);
             }
+        }
+        let took = started.elapsed().as_secs_f64();
+        if took > tally.slowest.0 {
+            tally.slowest = (took, bytes);
         }
     }
     tally

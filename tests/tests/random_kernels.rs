@@ -139,3 +139,50 @@ fn a_bitcast_to_its_own_type_keeps_the_bits() {
     }
     no_bug_on_any_target(&k);
 }
+
+/// Replays one kernel of a fuzz report: `KILN_FUZZ_BYTES="[118, 113, ...]" cargo test -p
+/// kiln-tests --test random_kernels replay -- --ignored --nocapture` prints its IR, and each
+/// target's outcome and the interpreter's with the time each took.
+#[test]
+#[ignore = "a tool: replays the kernel of KILN_FUZZ_BYTES"]
+fn replay() {
+    let text = std::env::var("KILN_FUZZ_BYTES").expect("set KILN_FUZZ_BYTES to a report's bytes");
+    let bytes: Vec<u8> = text
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .map(|b| b.trim().parse().expect("a byte"))
+        .collect();
+    let Some(k) = kiln_tests::random_kernel::kernel(&bytes) else {
+        println!("the builder refuses these bytes");
+        return;
+    };
+    println!("{}", kiln_ir::print::print_kernel(&k));
+    // Where the time goes on sm_80: each pass, then the PTX writer.
+    let mut p = k.clone();
+    let mut last = std::time::Instant::now();
+    let ran = kiln_ir::passes::run_pipeline(&mut p, Target::Sm80, &mut |pass, _| {
+        println!("  pass {pass}: {:.2} s", last.elapsed().as_secs_f64());
+        last = std::time::Instant::now();
+    });
+    if ran.is_ok() {
+        let _ = kiln_ptx::writer::Writer::new(&p, Target::Sm80).write();
+        println!("  PTX writer: {:.2} s", last.elapsed().as_secs_f64());
+    }
+    let ptxas = std::env::var_os("KILN_PTXAS").is_some();
+    for t in Target::ALL {
+        let start = std::time::Instant::now();
+        let outcome = check(&k, t, ptxas);
+        println!(
+            "{}: {:.2} s: {}",
+            t.name(),
+            start.elapsed().as_secs_f64(),
+            outcome.category()
+        );
+    }
+    let start = std::time::Instant::now();
+    let answer = kiln_tests::random_kernel::interpret(&k);
+    println!(
+        "interpreter: {:.2} s: {answer:?}",
+        start.elapsed().as_secs_f64()
+    );
+}
