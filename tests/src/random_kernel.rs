@@ -1114,7 +1114,8 @@ impl Gen<'_> {
     /// (`umulhi`, `*`, `^` and the key's Weyl steps) on a u32 counter tile, the first words
     /// mapped to `[0, 1)` and, for `randn`, through Box-Muller.
     fn random(&mut self) -> Option<ValueId> {
-        let shape = if self.bytes.one_in(6) {
+        let big = self.bytes.one_in(6);
+        let shape = if big {
             Shape(BIG[self.bytes.below(BIG.len())].to_vec())
         } else {
             self.shape()
@@ -1131,7 +1132,12 @@ impl Gen<'_> {
             self.word(w)?
         };
         let mut k1 = self.word(0)?;
-        let rounds = if self.bytes.one_in(2) {
+        // A tile too large for registers gets a round or two: the passes' and the
+        // interpreter's time grows with its elements times the ops on it, and a debug build
+        // takes seconds per round there.
+        let rounds = if big {
+            1 + self.bytes.below(2)
+        } else if self.bytes.one_in(2) {
             10
         } else {
             1 + self.bytes.below(10)
@@ -2049,13 +2055,14 @@ impl Tally {
     }
 }
 
-/// A fuzz run: kernels from random bytes drawn from `rng` until `cases` byte strings or
-/// `budget` is spent, each checked on every target ([`check`]; ptxas on every
-/// `ptxas_every`-th kernel, none when `None`) and, when `interpret_too` is set, run on the
-/// interpreter (which must not panic either).
+/// A fuzz run: kernels from random byte strings of 16 to `max_len` bytes (the longer, the
+/// larger the kernel) drawn from `rng` until `cases` byte strings or `budget` is spent, each
+/// checked on every target ([`check`]; ptxas on every `ptxas_every`-th kernel, none when
+/// `None`) and, when `interpret_too` is set, run on the interpreter ([`interpret`]).
 pub fn fuzz(
     rng: &mut crate::inputs::Rng,
     cases: usize,
+    max_len: usize,
     budget: std::time::Duration,
     ptxas_every: Option<usize>,
     interpret_too: bool,
@@ -2066,7 +2073,7 @@ pub fn fuzz(
         if start.elapsed() > budget {
             break;
         }
-        let len = 16 + (rng.uniform(0.0, 240.0) as usize);
+        let len = 16 + (rng.uniform(0.0, max_len.saturating_sub(16) as f64) as usize);
         let bytes: Vec<u8> = (0..len).map(|_| rng.uniform(0.0, 256.0) as u8).collect();
         tally.attempts += 1;
         let started = std::time::Instant::now();
