@@ -175,8 +175,13 @@ fn replay() {
         last = std::time::Instant::now();
     });
     if ran.is_ok() {
-        let _ = kiln_ptx::writer::Writer::new(&p, Target::Sm80).write();
-        println!("  PTX writer: {:.2} s", last.elapsed().as_secs_f64());
+        let lines = kiln_ptx::writer::Writer::new(&p, Target::Sm80)
+            .write()
+            .map_or(0, |m| m.ptx.lines().count());
+        println!(
+            "  PTX writer: {:.2} s, {lines} lines",
+            last.elapsed().as_secs_f64()
+        );
     }
     let ptxas = std::env::var_os("KILN_PTXAS").is_some();
     for t in Target::ALL {
