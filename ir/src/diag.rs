@@ -120,6 +120,12 @@ pub fn op_words(kernel: &Kernel, op: OpId) -> String {
             "ge" => "`>=`".into(),
             "eq" => "`==`".into(),
             "ne" => "`!=`".into(),
+            "bitand" => "`&`".into(),
+            "bitor" => "`|`".into(),
+            "bitxor" => "`^`".into(),
+            "shl" => "`<<`".into(),
+            "shr" => "`>>`".into(),
+            "mulhi" => "`umulhi`/`mulhi`".into(),
             f => format!("`{f}`"),
         },
         OpKind::Select => "`select`".into(),
@@ -143,6 +149,41 @@ pub fn op_words(kernel: &Kernel, op: OpId) -> String {
         OpKind::Load { tensor: t, .. } => format!("`{}.tile(..).load()`", tensor(*t)),
         OpKind::LoadScalar { tensor: t } => format!("`{}.scalar(..)`", tensor(*t)),
         OpKind::Take { .. } => "`take`".into(),
+        OpKind::Bitcast { to } => format!("`.bitcast::<{to}>()`"),
+        OpKind::Convert => "a layout conversion".into(),
+        OpKind::Gather {
+            tensor: t, access, ..
+        } => format!(
+            "`{}.{}.{}`",
+            tensor(*t),
+            view_words(access),
+            if access.masked {
+                "load_masked(..)"
+            } else {
+                "load()"
+            }
+        ),
+        OpKind::Scatter { tensor: t, access } => format!(
+            "`{}.{}.{}`",
+            tensor(*t),
+            view_words(access),
+            if access.masked {
+                "store_masked(..)"
+            } else {
+                "store(..)"
+            }
+        ),
+        OpKind::Atomic {
+            tensor: t,
+            op: a,
+            access,
+            ..
+        } => format!(
+            "`{}.{}.atomic_{}(..)`",
+            tensor(*t),
+            view_words(access),
+            a.name()
+        ),
         OpKind::ScalarAtomic {
             tensor: t, op: a, ..
         } => {
@@ -163,6 +204,18 @@ pub fn op_words(kernel: &Kernel, op: OpId) -> String {
                 .and_then(|s| s.split_whitespace().next())
                 .unwrap_or("this operation")
         ),
+    }
+}
+
+/// How the user picked the elements an addressed memory op reads or writes: `elems(..)`
+/// when index tiles address every dimension, `rows(..)` when some, else `tile(..)`.
+fn view_words(access: &crate::kernel::Access) -> &'static str {
+    if access.dims.iter().all(|&d| d == crate::kernel::Addr::Index) {
+        "elems(..)"
+    } else if access.indexed() {
+        "rows(..)"
+    } else {
+        "tile(..)"
     }
 }
 

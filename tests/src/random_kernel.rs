@@ -5,20 +5,28 @@
 //! Each byte picks what comes next (an op, its operands among the values built so far, a
 //! shape, a loop or branch, or one of the shapes users write: a vector broadcast over a tile
 //! with `.col()`/`.row()`, an accumulator carried through a loop into a reduction or `mma`,
-//! a bounded store); an op the builder rejects is left out, so the IR is always what a front
+//! a bounded store; bit and integer ops on i32 and u32, bitcasts, Philox `rand`/`randn`
+//! chains, `sin`/`cos`/`tanh`/`erf`/`sigmoid`/`log`, masked loads with a fill value, row
+//! and element gathers and scatters, tile and scalar atomics of every op and memory order,
+//! in-tile `take`, reshapes and permutes to 3-D and 4-D tiles, tiles too large for
+//! registers, reductions over any dimension, strided and persistent loops, any
+//! `num_warps`); an op the builder rejects is left out, so the IR is always what a front
 //! end could have built. Every op gets its own source line (`random_kernel.rs:<n>`), so an
 //! error that names no line is caught.
 //!
 //! [`exercise`] runs the verifier, the pass pipeline and the PTX writer for every target and
 //! the interpreter on small inputs: any of them may refuse the kernel with an error, none
 //! may panic or hang (loops run at most 3 times). [`check`] is the stricter judge of the
-//! backend: per target, the PTX or the error's kind ([`Outcome`]), with ptxas run on every
-//! module when asked; [`Tally`] counts outcomes by category with one example each.
+//! backend: per target, the PTX or the error's kind ([`Outcome`]), with the verifier run
+//! after every pass and ptxas on every module when asked; [`interpret`] judges the
+//! interpreter's errors; [`Tally`] counts outcomes by category with one example each, and
+//! the kinds of op the kernels held.
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use kiln_ir::interp::{HostArg, run};
+use kiln_ir::interp::{HostArg, InterpError, run};
+use kiln_ir::kernel::{Access, Addr, AtomicOp, MemScope, MemSem};
 use kiln_ir::{
     Axis, BinaryOp, Builder, Const, DType, DiagKind, Diagnostic, HostTensor, Kernel, KernelOptions,
     Loc, OpKind, Param, ReduceOp, Shape, Target, UnaryOp, ValueId,
@@ -76,7 +84,13 @@ const SHAPES: [[usize; 2]; 12] = [
 /// Vector (1-D tile) lengths.
 const LENGTHS: [usize; 6] = [16, 32, 64, 128, 96, 8];
 
-const UNARY: [UnaryOp; 9] = [
+const UNARY: [UnaryOp; 15] = [
+    UnaryOp::Sin,
+    UnaryOp::Cos,
+    UnaryOp::Tanh,
+    UnaryOp::Erf,
+    UnaryOp::Sigmoid,
+    UnaryOp::Log,
     UnaryOp::Neg,
     UnaryOp::Exp2,
     UnaryOp::Exp,
@@ -88,7 +102,13 @@ const UNARY: [UnaryOp; 9] = [
     UnaryOp::Not,
 ];
 
-const BINARY: [BinaryOp; 15] = [
+const BINARY: [BinaryOp; 21] = [
+    BinaryOp::BitAnd,
+    BinaryOp::BitOr,
+    BinaryOp::BitXor,
+    BinaryOp::Shl,
+    BinaryOp::Shr,
+    BinaryOp::MulHi,
     BinaryOp::Add,
     BinaryOp::Sub,
     BinaryOp::Mul,
@@ -115,7 +135,59 @@ const ARITH: [BinaryOp; 5] = [
     BinaryOp::Min,
 ];
 
-const DTYPES: [DType; 5] = [DType::F32, DType::Bf16, DType::F16, DType::I32, DType::Bool];
+const DTYPES: [DType; 6] = [
+    DType::F32,
+    DType::Bf16,
+    DType::F16,
+    DType::I32,
+    DType::Bool,
+    DType::U32,
+];
+
+/// Integer and bit operators.
+const BITS: [BinaryOp; 9] = [
+    BinaryOp::BitAnd,
+    BinaryOp::BitOr,
+    BinaryOp::BitXor,
+    BinaryOp::Shl,
+    BinaryOp::Shr,
+    BinaryOp::MulHi,
+    BinaryOp::Mul,
+    BinaryOp::Add,
+    BinaryOp::Rem,
+];
+
+/// Tiles too large for a thread's registers (more than 64 elements a thread at 4 warps): the
+/// `strip_mine` pass streams them in chunks.
+const BIG: [&[usize]; 8] = [
+    &[256, 128],
+    &[128, 256],
+    &[512, 64],
+    &[64, 512],
+    &[256, 256],
+    &[1024, 32],
+    &[8192],
+    &[4, 64, 128],
+];
+
+/// 3-D and 4-D tile shapes.
+const SHAPES_ND: [&[usize]; 7] = [
+    &[2, 16, 32],
+    &[4, 8, 16],
+    &[2, 4, 64],
+    &[8, 16, 8],
+    &[2, 2, 16, 16],
+    &[2, 4, 8, 32],
+    &[1, 2, 32, 16],
+];
+
+const ATOMICS: [AtomicOp; 5] = [
+    AtomicOp::Add,
+    AtomicOp::Max,
+    AtomicOp::Min,
+    AtomicOp::Xchg,
+    AtomicOp::Cas,
+];
 
 /// Warps per block: mostly the default 4, sometimes any other count `#[kernel(num_warps)]`
 /// accepts (1..=32), powers of two or not.
@@ -131,6 +203,16 @@ const OUT: usize = 2;
 const V: usize = 4;
 const OUT1: usize = 5;
 const W: usize = 6;
+/// i32 indices (some negative or past the end).
+const IDX: usize = 7;
+/// A mutable i32 vector: histograms and counters.
+const CNT: usize = 8;
+/// A rank-3 f32 tensor.
+const X3: usize = 9;
+/// A mutable rank-4 f32 tensor.
+const OUT4: usize = 10;
+/// A u32 scalar: a random stream's seed.
+const SEED: usize = 11;
 
 /// The generator's state: the builder, every value built so far, the loop depth and the
 /// next op's source line.
@@ -172,6 +254,14 @@ fn params(aligned: bool) -> Vec<Param> {
         Param::tensor("v", DType::F32, 1, false),
         Param::tensor("out1", DType::F32, 1, true),
         tensor("w", DType::Bf16, false),
+        Param::tensor("idx", DType::I32, 1, false),
+        Param::tensor("cnt", DType::I32, 1, true),
+        Param::tensor("x3", DType::F32, 3, false),
+        Param::tensor("out4", DType::F32, 4, true),
+        Param::Scalar {
+            name: "seed".into(),
+            dtype: DType::U32,
+        },
     ]
 }
 
@@ -211,6 +301,9 @@ pub fn kernel(data: &[u8]) -> Option<Kernel> {
         g.store_value(OUT, acc);
     }
     g.store();
+    // What the steps computed, stored, so that the passes keep it and the backend writes
+    // it (the bytes have run out here: no choice is left to make).
+    g.sink_unused();
     g.b.finish().ok()
 }
 
@@ -363,7 +456,7 @@ impl Gen<'_> {
     }
 
     fn step(&mut self) {
-        match self.bytes.below(27) {
+        match self.bytes.below(40) {
             0 => {
                 self.scalar(DType::I32);
             }
@@ -414,8 +507,10 @@ impl Gen<'_> {
             9 | 10 => {
                 if let Some(v) = self.such(|t| t.shape().is_some()) {
                     let op = [ReduceOp::Max, ReduceOp::Sum, ReduceOp::Min][self.bytes.below(3)];
-                    let rank = self.b.ty(v).shape().map_or(2, Shape::rank).max(2);
-                    let dim = self.bytes.below(rank);
+                    // Any dimension of the operand; now and then one past its last.
+                    let rank = self.b.ty(v).shape().map_or(2, Shape::rank);
+                    let past = usize::from(self.bytes.one_in(16));
+                    let dim = self.bytes.below(rank + past);
                     self.add(OpKind::Reduce { op, dim }, &[v]);
                 }
             }
@@ -485,7 +580,47 @@ impl Gen<'_> {
                 }
             }
             25 => self.store_vector(),
-            _ => self.store(),
+            26 => self.store(),
+            27 => {
+                if let Some(v) = self.such(|t| t.dtype() == DType::F32) {
+                    let op = UNARY[self.bytes.below(6)];
+                    self.add(OpKind::Unary(op), &[v]);
+                }
+            }
+            28 => {
+                self.bits();
+            }
+            29 => {
+                self.bitcast();
+            }
+            30 => {
+                self.random();
+            }
+            31 => {
+                self.masked_load();
+            }
+            32 => {
+                self.gather();
+            }
+            33 => {
+                self.scatter();
+            }
+            34 => {
+                self.atomic();
+            }
+            35 => {
+                self.scalar_atomic();
+            }
+            36 => {
+                self.take();
+            }
+            37 => {
+                self.tile_nd();
+            }
+            38 => {
+                self.big_tile();
+            }
+            _ => self.for_loop(),
         }
     }
 
@@ -747,7 +882,15 @@ impl Gen<'_> {
     fn store_value(&mut self, tensor: usize, v: ValueId) -> Option<()> {
         let dims = self.b.ty(v).shape()?.dims().to_vec();
         let bid = self.add(OpKind::BlockId(Axis::X), &[])?;
-        let mut operands = Vec::with_capacity(dims.len() + 1);
+        let rank = match self.b.params().get(tensor) {
+            Some(Param::Tensor { rank, .. }) => *rank,
+            _ => dims.len(),
+        };
+        let mut operands = Vec::with_capacity(rank + 1);
+        // The tensor's dimensions the tile does not cover, at 0.
+        for _ in dims.len()..rank {
+            operands.push(self.int(0)?);
+        }
         for n in dims {
             let n = self.constant(Const::Int(n as i64), DType::I32)?;
             operands.push(self.add(OpKind::Binary(BinaryOp::Mul), &[bid, n])?);
@@ -795,7 +938,12 @@ impl Gen<'_> {
         let trips = i64::from(self.bytes.byte() % 4);
         let init: Vec<ValueId> = self.any().into_iter().collect();
         let stages = (self.bytes.one_in(3)).then_some(2);
-        let Some(scope) = self.begin_for(trips, &init, stages) else {
+        let scope = match self.bytes.below(4) {
+            0 => self.strided_for(trips, &init, stages),
+            1 => self.persistent_for(&init, stages),
+            _ => self.begin_for(trips, &init, stages),
+        };
+        let Some(scope) = scope else {
             return;
         };
         let outer = self.values.clone();
@@ -855,23 +1003,665 @@ impl Gen<'_> {
     }
 }
 
+/// The operations added since the first generator: bit and integer arithmetic, bitcasts,
+/// counter-based random numbers, masked loads, gathers, scatters, atomics, in-tile `take`,
+/// 3-D and 4-D tiles, tiles streamed in chunks, strided and persistent loops.
+impl Gen<'_> {
+    /// Stores the values at hand no op reads (the last 16 tiles and 2 scalars of them): a
+    /// tile into the tensor of its rank (cast to f32), a scalar through a scalar atomic
+    /// exchange.
+    fn sink_unused(&mut self) {
+        let k = self.b.kernel();
+        let read: std::collections::HashSet<ValueId> = k
+            .ops
+            .iter()
+            .flat_map(|(_, op)| op.operands.iter().copied())
+            .collect();
+        let unused = |tiles: bool| -> Vec<ValueId> {
+            self.values
+                .iter()
+                .copied()
+                .filter(|v| !read.contains(v) && self.b.ty(*v).shape().is_some() == tiles)
+                .collect()
+        };
+        // Tiles first (the ops worth writing make them), then a few scalars.
+        let mut sinks: Vec<ValueId> = unused(true).into_iter().rev().take(16).collect();
+        sinks.extend(unused(false).into_iter().rev().take(2));
+        for v in sinks {
+            let ty = self.b.ty(v).clone();
+            let Some(v) = self.as_dtype(v, DType::F32) else {
+                continue;
+            };
+            match ty.shape().map(Shape::rank) {
+                None => {
+                    let Some(at) = self.int(i64::from(self.line % 48)) else {
+                        continue;
+                    };
+                    self.add(
+                        OpKind::ScalarAtomic {
+                            tensor: OUT,
+                            op: AtomicOp::Xchg,
+                            sem: MemSem::Relaxed,
+                            scope: MemScope::Gpu,
+                        },
+                        &[at, at, v],
+                    );
+                }
+                Some(rank) => {
+                    let tensor = match rank {
+                        1 => OUT1,
+                        2 => OUT,
+                        _ => OUT4,
+                    };
+                    self.store_value(tensor, v);
+                }
+            }
+        }
+    }
+
+    /// A u32 constant.
+    fn word(&mut self, w: u32) -> Option<ValueId> {
+        self.constant(Const::Int(i64::from(w)), DType::U32)
+    }
+
+    /// An i32 constant.
+    fn int(&mut self, v: i64) -> Option<ValueId> {
+        self.constant(Const::Int(v), DType::I32)
+    }
+
+    /// `a op b` on an integer value at hand (cast to i32 or u32 if it is not one) and a
+    /// scalar or a value of its type: `& | ^ << >> mulhi * + %`.
+    fn bits(&mut self) -> Option<ValueId> {
+        let a = self.such(|t| matches!(t.dtype(), DType::I32 | DType::U32))?;
+        let dtype = if self.bytes.one_in(2) {
+            DType::U32
+        } else {
+            DType::I32
+        };
+        let a = match self.b.ty(a).dtype() {
+            DType::I32 | DType::U32 => a,
+            _ => self.as_dtype(a, dtype)?,
+        };
+        let dtype = self.b.ty(a).dtype();
+        let op = BITS[self.bytes.below(BITS.len())];
+        let ty = self.b.ty(a).clone();
+        let b = match self.bytes.below(3) {
+            // A shift amount or a mask, some of them past 31.
+            0 => {
+                let c = [1, 7, 13, 31, 32, 40, 0xFFFF][self.bytes.below(7)];
+                self.constant(Const::Int(c), dtype)?
+            }
+            1 => self.such(|t| *t == ty)?,
+            _ => self.scalar(dtype)?,
+        };
+        let operands = if self.bytes.one_in(3) { [b, a] } else { [a, b] };
+        self.add(OpKind::Binary(op), &operands)
+    }
+
+    /// A bitcast between types of one width (f32, i32, u32; bf16, f16), sometimes to one
+    /// of another width (which the builder refuses).
+    fn bitcast(&mut self) -> Option<ValueId> {
+        let v = self.any()?;
+        let to = match self.b.ty(v).dtype() {
+            DType::Bf16 => DType::F16,
+            DType::F16 => DType::Bf16,
+            _ => [DType::F32, DType::I32, DType::U32, DType::Bf16][self.bytes.below(4)],
+        };
+        self.add(OpKind::Bitcast { to }, &[v])
+    }
+
+    /// `rand(seed, offsets)` or `randn(seed, offsets)` as the DSL writes them: Philox rounds
+    /// (`umulhi`, `*`, `^` and the key's Weyl steps) on a u32 counter tile, the first words
+    /// mapped to `[0, 1)` and, for `randn`, through Box-Muller.
+    fn random(&mut self) -> Option<ValueId> {
+        let big = self.bytes.one_in(6);
+        let shape = if big {
+            Shape(BIG[self.bytes.below(BIG.len())].to_vec())
+        } else {
+            self.shape()
+        };
+        let dim = self.bytes.below(shape.rank());
+        let iota = self.add(OpKind::Iota { shape, dim }, &[])?;
+        let base = self.scalar(DType::I32)?;
+        let offsets = self.add(OpKind::Binary(BinaryOp::Add), &[iota, base])?;
+        let c0 = self.add(OpKind::Bitcast { to: DType::U32 }, &[offsets])?;
+        let mut k0 = if self.bytes.one_in(2) {
+            self.add(OpKind::ScalarParam(SEED), &[])?
+        } else {
+            let w = u32::from(self.bytes.byte()) * 0x0101_0101;
+            self.word(w)?
+        };
+        let mut k1 = self.word(0)?;
+        // A tile too large for registers gets a round or two: the passes' and the
+        // interpreter's time grows with its elements times the ops on it, and a debug build
+        // takes seconds per round there.
+        let rounds = if big {
+            1 + self.bytes.below(2)
+        } else if self.bytes.one_in(2) {
+            10
+        } else {
+            1 + self.bytes.below(10)
+        };
+        // `None` is a word known to be zero, as the DSL folds it.
+        let mut c: [Option<ValueId>; 4] = [Some(c0), None, None, None];
+        for round in 0..rounds {
+            let times = |g: &mut Self, w: Option<ValueId>, m: u32, op| -> Option<Option<ValueId>> {
+                match w {
+                    None => Some(None),
+                    Some(w) => {
+                        let m = g.word(m)?;
+                        Some(Some(g.add(OpKind::Binary(op), &[m, w])?))
+                    }
+                }
+            };
+            let xor = |g: &mut Self, a: Option<ValueId>, b: Option<ValueId>| match (a, b) {
+                (None, w) | (w, None) => Some(w),
+                (Some(a), Some(b)) => Some(Some(g.add(OpKind::Binary(BinaryOp::BitXor), &[a, b])?)),
+            };
+            let hi_b = times(self, c[2], 0xCD9E_8D57, BinaryOp::MulHi)?;
+            let hi_a = times(self, c[0], 0xD251_1F53, BinaryOp::MulHi)?;
+            let x0 = xor(self, hi_b, c[1])?;
+            let n0 = xor(self, x0, Some(k0))?;
+            let n1 = times(self, c[2], 0xCD9E_8D57, BinaryOp::Mul)?;
+            let x2 = xor(self, hi_a, c[3])?;
+            let n2 = xor(self, x2, Some(k1))?;
+            let n3 = times(self, c[0], 0xD251_1F53, BinaryOp::Mul)?;
+            c = [n0, n1, n2, n3];
+            if round + 1 < rounds {
+                let (a, b) = (self.word(0x9E37_79B9)?, self.word(0xBB67_AE85)?);
+                k0 = self.add(OpKind::Binary(BinaryOp::Add), &[k0, a])?;
+                k1 = self.add(OpKind::Binary(BinaryOp::Add), &[k1, b])?;
+            }
+        }
+        let w0 = c[0].unwrap_or(c0);
+        let u1 = self.uniform(w0)?;
+        if self.bytes.one_in(2) {
+            return Some(u1);
+        }
+        // randn: sqrt(-2 ln max(u1, 1e-7)) * cos(2 pi u2).
+        let w1 = c[1].or(c[2]).unwrap_or(c0);
+        let u2 = self.uniform(w1)?;
+        let floor = self.constant(Const::Float(1.0e-7), DType::F32)?;
+        let u1 = self.add(OpKind::Binary(BinaryOp::Max), &[u1, floor])?;
+        let l = self.add(OpKind::Unary(UnaryOp::Log), &[u1])?;
+        let m2 = self.constant(Const::Float(-2.0), DType::F32)?;
+        let l = self.add(OpKind::Binary(BinaryOp::Mul), &[l, m2])?;
+        let r = self.add(OpKind::Unary(UnaryOp::Sqrt), &[l])?;
+        let tau = self.constant(Const::Float(std::f64::consts::TAU), DType::F32)?;
+        let theta = self.add(OpKind::Binary(BinaryOp::Mul), &[u2, tau])?;
+        let cos = self.add(OpKind::Unary(UnaryOp::Cos), &[theta])?;
+        self.add(OpKind::Binary(BinaryOp::Mul), &[r, cos])
+    }
+
+    /// u32 bits `x` as an f32 in `[0, 1)`, as `rand` maps them.
+    fn uniform(&mut self, x: ValueId) -> Option<ValueId> {
+        let s = self.add(OpKind::Bitcast { to: DType::I32 }, &[x])?;
+        let zero = self.int(0)?;
+        let negative = self.add(OpKind::Binary(BinaryOp::Lt), &[s, zero])?;
+        let flipped = self.add(OpKind::Unary(UnaryOp::Not), &[s])?;
+        let v = self.add(OpKind::Select, &[negative, flipped, s])?;
+        let f = self.add(OpKind::Cast { to: DType::F32 }, &[v])?;
+        let scale = self.constant(Const::Float(4.656_612_734_2e-10), DType::F32)?;
+        self.add(OpKind::Binary(BinaryOp::Mul), &[f, scale])
+    }
+
+    /// A tensor to read a tile of `rank` from, with its rank and dtype.
+    fn readable(&mut self, rank: usize) -> (usize, usize, DType) {
+        let of: &[(usize, usize, DType)] = match rank {
+            1 => &[(V, 1, DType::F32), (IDX, 1, DType::I32), (X, 2, DType::F32)],
+            2 => &[(X, 2, DType::F32), (Y, 2, DType::Bf16), (X3, 3, DType::F32)],
+            3 => &[(X3, 3, DType::F32), (OUT4, 4, DType::F32)],
+            _ => &[(OUT4, 4, DType::F32)],
+        };
+        of[self.bytes.below(of.len())]
+    }
+
+    /// A bool mask broadcasting to `shape`: an `iota` compared with a scalar (the tail of a
+    /// row), a comparison of a tile at hand, or a scalar.
+    fn mask(&mut self, shape: &Shape) -> Option<ValueId> {
+        match self.bytes.below(4) {
+            0 | 1 => {
+                let dim = self.bytes.below(shape.rank());
+                // Along one dimension only: `cols.row() < n`.
+                let mut dims = vec![1; shape.rank()];
+                dims[dim] = shape.dims()[dim];
+                let along = if self.bytes.one_in(2) {
+                    Shape(dims)
+                } else {
+                    shape.clone()
+                };
+                let iota = self.add(OpKind::Iota { shape: along, dim }, &[])?;
+                let n = self.scalar(DType::I32)?;
+                let op = [BinaryOp::Lt, BinaryOp::Ge, BinaryOp::Ne][self.bytes.below(3)];
+                self.add(OpKind::Binary(op), &[iota, n])
+            }
+            2 => {
+                let want = shape.clone();
+                let b = self.all(|t| t.dtype() == DType::Bool && t.shape() == Some(&want));
+                match self.bytes.pick(&b) {
+                    Some(b) => Some(b),
+                    None => self.scalar(DType::Bool),
+                }
+            }
+            _ => self.scalar(DType::Bool),
+        }
+    }
+
+    /// A fill value of `dtype`: zero, a large magnitude or minus infinity.
+    fn fill(&mut self, dtype: DType) -> Option<ValueId> {
+        let c = match dtype {
+            DType::I32 | DType::U32 => Const::Int([0, 7, 0x7FFF_FFFF][self.bytes.below(3)]),
+            DType::Bool => Const::Bool(false),
+            _ => Const::Float([0.0, -1.0e30, f64::NEG_INFINITY][self.bytes.below(3)]),
+        };
+        self.constant(c, dtype)
+    }
+
+    /// `t.tile(..).load_masked(mask, other)` of a 1-D to 4-D tile.
+    fn masked_load(&mut self) -> Option<ValueId> {
+        let shape = match self.bytes.below(4) {
+            0 => Shape(SHAPES_ND[self.bytes.below(SHAPES_ND.len())].to_vec()),
+            1 => Shape(vec![LENGTHS[self.bytes.below(LENGTHS.len())]]),
+            _ => Shape(SHAPES[self.bytes.below(SHAPES.len())].to_vec()),
+        };
+        let (tensor, rank, dtype) = self.readable(shape.rank());
+        let mut operands = self.coords(rank, &shape)?;
+        let mask = self.mask(&shape)?;
+        operands.push(mask);
+        operands.push(self.fill(dtype)?);
+        self.add(
+            OpKind::Gather {
+                tensor,
+                shape,
+                access: Access {
+                    dims: vec![Addr::Coord; rank],
+                    masked: true,
+                },
+            },
+            &operands,
+        )
+    }
+
+    /// An i32 index tile of `shape`: loaded indices, a permutation-like `iota` expression,
+    /// or an integer value at hand cast to i32; some out of range.
+    fn indices(&mut self, shape: &Shape, bound: i64) -> Option<ValueId> {
+        match self.bytes.below(3) {
+            0 if shape.rank() == 1 => self.load(IDX, shape.clone()),
+            0 | 1 => {
+                let dim = self.bytes.below(shape.rank());
+                let iota = self.add(
+                    OpKind::Iota {
+                        shape: shape.clone(),
+                        dim,
+                    },
+                    &[],
+                )?;
+                let k = [1, 3, 5, -1][self.bytes.below(4)];
+                let (a, b) = (self.int(k)?, self.scalar(DType::I32)?);
+                let t = self.add(OpKind::Binary(BinaryOp::Mul), &[iota, a])?;
+                let t = self.add(OpKind::Binary(BinaryOp::Add), &[t, b])?;
+                if self.bytes.one_in(4) {
+                    return Some(t);
+                }
+                let n = self.int(bound)?;
+                self.add(OpKind::Binary(BinaryOp::Rem), &[t, n])
+            }
+            _ => {
+                let want = shape.clone();
+                let v = self.such(|t| t.shape() == Some(&want))?;
+                let v = self.as_dtype(v, DType::I32)?;
+                let n = self.int(bound)?;
+                self.add(OpKind::Binary(BinaryOp::Rem), &[v, n])
+            }
+        }
+    }
+
+    /// A gather: rows of `x` through a row-index tile (`x.rows(&idx, C, [0, c])`), or the
+    /// elements of `v` at an index tile of any rank (`v.elems([&i])`), masked or not.
+    fn gather(&mut self) -> Option<ValueId> {
+        let masked = self.bytes.one_in(3);
+        let (tensor, shape, mut operands, dims, dtype) = if self.bytes.one_in(2) {
+            let [r, c] = SHAPES[self.bytes.below(SHAPES.len())];
+            let shape = Shape(vec![r, c]);
+            let idx = self.indices(&Shape(vec![r]), 48)?;
+            let col = self.add(
+                OpKind::Reshape {
+                    shape: Shape(vec![r, 1]),
+                },
+                &[idx],
+            )?;
+            let c0 = self.scalar(DType::I32)?;
+            let (tensor, dtype) = [(X, DType::F32), (Y, DType::Bf16)][self.bytes.below(2)];
+            (
+                tensor,
+                shape,
+                vec![col, c0],
+                vec![Addr::Index, Addr::Coord],
+                dtype,
+            )
+        } else {
+            let shape = self.shape();
+            let idx = self.indices(&shape, 100)?;
+            (V, shape, vec![idx], vec![Addr::Index], DType::F32)
+        };
+        if masked {
+            operands.push(self.mask(&shape)?);
+        }
+        operands.push(self.fill(dtype)?);
+        self.add(
+            OpKind::Gather {
+                tensor,
+                shape,
+                access: Access { dims, masked },
+            },
+            &operands,
+        )
+    }
+
+    /// A scatter: an f32 tile stored to rows of `out` through a row-index tile, to the
+    /// elements of `out1` at an index tile, or to `out` at coordinates under a mask.
+    fn scatter(&mut self) -> Option<()> {
+        let v = self.such(|t| t.dtype() == DType::F32 && t.shape().is_some())?;
+        let v = self.as_dtype(v, DType::F32)?;
+        let shape = self.b.ty(v).shape()?.clone();
+        let masked = self.bytes.one_in(2);
+        let (tensor, mut operands, dims) = match (shape.rank(), self.bytes.below(3)) {
+            (2, 0) => {
+                let idx = self.indices(&Shape(vec![shape.dims()[0]]), 48)?;
+                let col = self.add(
+                    OpKind::Reshape {
+                        shape: Shape(vec![shape.dims()[0], 1]),
+                    },
+                    &[idx],
+                )?;
+                let c0 = self.scalar(DType::I32)?;
+                (OUT, vec![col, c0], vec![Addr::Index, Addr::Coord])
+            }
+            (r, 1) if r <= 2 => {
+                let c = self.coords(2, &shape)?;
+                (OUT, c, vec![Addr::Coord; 2])
+            }
+            _ => {
+                let idx = self.indices(&shape, 100)?;
+                (OUT1, vec![idx], vec![Addr::Index])
+            }
+        };
+        operands.push(v);
+        if masked {
+            operands.push(self.mask(&shape)?);
+        }
+        self.add(
+            OpKind::Scatter {
+                tensor,
+                access: Access { dims, masked },
+            },
+            &operands,
+        )
+        .map(|_| ())
+    }
+
+    fn order(&mut self) -> (MemSem, MemScope) {
+        let sem = [
+            MemSem::Relaxed,
+            MemSem::Acquire,
+            MemSem::Release,
+            MemSem::AcqRel,
+        ][self.bytes.below(4)];
+        let scope = [MemScope::Gpu, MemScope::Cta, MemScope::Sys][self.bytes.below(3)];
+        (sem, scope)
+    }
+
+    /// A tile atomic: a histogram into `cnt` through an index tile
+    /// (`cnt.elems([&bins]).atomic_add(1)`), or an f32 tile applied to a tile of `out`; any
+    /// op, order and scope, sometimes masked.
+    fn atomic(&mut self) -> Option<ValueId> {
+        let op = ATOMICS[self.bytes.below(ATOMICS.len())];
+        let (sem, scope) = self.order();
+        let masked = self.bytes.one_in(3);
+        let (tensor, shape, mut operands, dims, dtype) = if self.bytes.one_in(2) {
+            let shape = self.shape();
+            let idx = self.indices(&shape, 64)?;
+            (CNT, shape, vec![idx], vec![Addr::Index], DType::I32)
+        } else {
+            let shape = Shape(SHAPES[self.bytes.below(SHAPES.len())].to_vec());
+            let c = self.coords(2, &shape)?;
+            (OUT, shape, c, vec![Addr::Coord; 2], DType::F32)
+        };
+        if op == AtomicOp::Cas {
+            let cmp = self.fill(dtype)?;
+            operands.push(cmp);
+        }
+        let value = if self.bytes.one_in(2) {
+            let one = match dtype {
+                DType::I32 => self.int(1)?,
+                _ => self.constant(Const::Float(1.5), dtype)?,
+            };
+            self.add(
+                OpKind::Splat {
+                    shape: shape.clone(),
+                },
+                &[one],
+            )?
+        } else {
+            self.tile_of(shape.dims(), dtype)?
+        };
+        operands.push(value);
+        if masked {
+            operands.push(self.mask(&shape)?);
+        }
+        self.add(
+            OpKind::Atomic {
+                tensor,
+                op,
+                sem,
+                scope,
+                access: Access { dims, masked },
+            },
+            &operands,
+        )
+    }
+
+    /// `t.at([..]).atomic_*(v)`: a scalar atomic on `cnt` or `out`.
+    fn scalar_atomic(&mut self) -> Option<ValueId> {
+        let op = ATOMICS[self.bytes.below(ATOMICS.len())];
+        let (sem, scope) = self.order();
+        let (tensor, rank, dtype) =
+            [(CNT, 1, DType::I32), (OUT, 2, DType::F32)][self.bytes.below(2)];
+        let mut operands = Vec::new();
+        for _ in 0..rank {
+            operands.push(self.scalar(DType::I32)?);
+        }
+        if op == AtomicOp::Cas {
+            operands.push(self.fill(dtype)?);
+        }
+        operands.push(self.scalar(dtype)?);
+        self.add(
+            OpKind::ScalarAtomic {
+                tensor,
+                op,
+                sem,
+                scope,
+            },
+            &operands,
+        )
+    }
+
+    /// `x.take(dim, idx)` or `take_or`: a gather inside a register tile.
+    fn take(&mut self) -> Option<ValueId> {
+        let x = self.such(|t| t.shape().is_some() && t.dtype() != DType::Bool)?;
+        let xs = self.b.ty(x).shape()?.clone();
+        let dtype = self.b.ty(x).dtype();
+        let dim = self.bytes.below(xs.rank());
+        let mut is = xs.dims().to_vec();
+        if self.bytes.one_in(3) {
+            is[dim] = [1, 16, 32, 64][self.bytes.below(4)];
+        }
+        let idx = self.indices(&Shape(is), xs.dims()[dim] as i64)?;
+        let other = self.fill(dtype)?;
+        self.add(OpKind::Take { dim }, &[x, idx, other])
+    }
+
+    /// A 3-D or 4-D tile: loaded from `x3` or `out4`, or a tile at hand reshaped; combined
+    /// and stored to `out4` at block coordinates.
+    fn tile_nd(&mut self) -> Option<()> {
+        let v = if self.bytes.one_in(2) {
+            let shape = Shape(SHAPES_ND[self.bytes.below(SHAPES_ND.len())].to_vec());
+            let (tensor, _, _) = self.readable(shape.rank());
+            self.load(tensor, shape)?
+        } else {
+            let v = self.such(|t| t.shape().is_some())?;
+            let s = self.b.ty(v).shape()?.clone();
+            let mut to = self.same_count(&s);
+            while to.rank() < 3 && to.dims()[0] > 1 && to.dims()[0].is_multiple_of(2) {
+                let mut d = to.dims().to_vec();
+                d[0] /= 2;
+                d.insert(0, 2);
+                to = Shape(d);
+            }
+            self.add(OpKind::Reshape { shape: to }, &[v])?
+        };
+        if self.bytes.one_in(2) {
+            self.step();
+        }
+        let v = self.as_dtype(v, DType::F32)?;
+        let rank = self.b.ty(v).shape()?.rank();
+        if rank > 4 {
+            return None;
+        }
+        let shape = self.b.ty(v).shape()?.clone();
+        let mut operands = self.coords(4, &shape)?;
+        operands.push(v);
+        self.add(
+            OpKind::Store {
+                tensor: OUT4,
+                bound: None,
+            },
+            &operands,
+        )
+        .map(|_| ())
+    }
+
+    /// A tile too large for registers: loaded, combined with a scalar or put through a
+    /// function, then reduced or stored.
+    fn big_tile(&mut self) -> Option<()> {
+        let shape = Shape(BIG[self.bytes.below(BIG.len())].to_vec());
+        let (tensor, _, _) = self.readable(shape.rank());
+        let t = if self.bytes.one_in(4) {
+            let (tensor, rank, dtype) = self.readable(shape.rank());
+            let mut operands = self.coords(rank, &shape)?;
+            operands.push(self.mask(&shape)?);
+            operands.push(self.fill(dtype)?);
+            self.add(
+                OpKind::Gather {
+                    tensor,
+                    shape: shape.clone(),
+                    access: Access {
+                        dims: vec![Addr::Coord; rank],
+                        masked: true,
+                    },
+                },
+                &operands,
+            )?
+        } else {
+            self.load(tensor, shape.clone())?
+        };
+        let t = self.as_dtype(t, DType::F32)?;
+        let t = match self.bytes.below(3) {
+            0 => {
+                let op = UNARY[self.bytes.below(UNARY.len())];
+                self.add(OpKind::Unary(op), &[t])?
+            }
+            1 => {
+                let s = self.scalar(DType::F32)?;
+                let op = ARITH[self.bytes.below(ARITH.len())];
+                self.add(OpKind::Binary(op), &[t, s])?
+            }
+            _ => t,
+        };
+        match self.bytes.below(3) {
+            0 => {
+                let op = [ReduceOp::Max, ReduceOp::Sum, ReduceOp::Min][self.bytes.below(3)];
+                let dim = self.bytes.below(shape.rank());
+                self.add(OpKind::Reduce { op, dim }, &[t]).map(|_| ())
+            }
+            1 if shape.rank() == 2 => {
+                let c = self.coords(2, &shape)?;
+                let mut operands = c;
+                operands.push(t);
+                self.add(
+                    OpKind::Store {
+                        tensor: OUT,
+                        bound: None,
+                    },
+                    &operands,
+                )
+                .map(|_| ())
+            }
+            _ => Some(()),
+        }
+    }
+
+    /// `for i in (lo..hi).step_by(s)`: a strided loop of `trips` trips from a value at hand.
+    fn strided_for(
+        &mut self,
+        trips: i64,
+        init: &[ValueId],
+        stages: Option<u32>,
+    ) -> Option<kiln_ir::builder::ForScope> {
+        let step = 2 + self.bytes.below(3) as i64;
+        let lo = if self.bytes.one_in(2) {
+            self.int(0)?
+        } else {
+            self.add(OpKind::BlockId(Axis::X), &[])?
+        };
+        let span = self.int(trips * step)?;
+        let hi = self.add(OpKind::Binary(BinaryOp::Add), &[lo, span])?;
+        let step = self.int(step)?;
+        let loc = self.loc();
+        self.b.begin_for(lo, hi, step, init, stages, loc).ok()
+    }
+
+    /// `for t in (block_id().x..n).step_by(grid_dim().x)`: a persistent loop over work
+    /// tiles.
+    fn persistent_for(
+        &mut self,
+        init: &[ValueId],
+        stages: Option<u32>,
+    ) -> Option<kiln_ir::builder::ForScope> {
+        let lo = self.add(OpKind::BlockId(Axis::X), &[])?;
+        let n = 1 + self.bytes.below(5) as i64;
+        let hi = self.int(n)?;
+        let step = self.add(OpKind::GridDim(Axis::X), &[])?;
+        let loc = self.loc();
+        self.b.begin_for(lo, hi, step, init, stages, loc).ok()
+    }
+}
+
 /// Runs the compiler over `kernel`: the pass pipeline and the PTX writer for every target,
 /// then the interpreter on small random inputs. Errors are answers; a panic is a bug.
 pub fn exercise(kernel: &Kernel) {
     for target in Target::ALL {
         let _ = kiln_ptx::compile(kernel, target);
     }
-    interpret(kernel);
+    let _ = interpret(kernel);
 }
 
-/// Runs `kernel` on the interpreter over small inputs (two blocks); its answer is ignored.
-pub fn interpret(kernel: &Kernel) {
+/// Runs `kernel` on the interpreter over small inputs (two blocks): `Err` with the
+/// interpreter's error when that error is a kiln bug (the kernel failed to verify, an op
+/// the verifier should have rejected, a wrong schedule, an argument the harness passes
+/// wrongly, a message quoting the IR); a runtime error of the kernel (a division by zero)
+/// is an answer.
+pub fn interpret(kernel: &Kernel) -> Result<(), String> {
     let x = HostTensor::from_fn(&[48, 40], DType::F32, |i| (i % 7) as f64 - 3.0);
     let y = HostTensor::from_fn(&[40, 48], DType::Bf16, |i| (i % 5) as f64 * 0.5);
     let mut out = HostTensor::from_fn(&[48, 48], DType::F32, |_| f64::NAN);
     let v = HostTensor::from_fn(&[100], DType::F32, |i| (i % 9) as f64 - 4.0);
     let mut out1 = HostTensor::from_fn(&[100], DType::F32, |_| f64::NAN);
     let w = HostTensor::from_fn(&[40, 48], DType::Bf16, |i| (i % 3) as f64 - 1.0);
+    let idx = HostTensor::from_fn(&[100], DType::I32, |i| ((i * 37) % 53) as f64 - 3.0);
+    let mut cnt = HostTensor::from_fn(&[64], DType::I32, |_| 0.0);
+    let x3 = HostTensor::from_fn(&[3, 20, 24], DType::F32, |i| (i % 11) as f64 - 5.0);
+    let mut out4 = HostTensor::from_fn(&[2, 3, 16, 20], DType::F32, |_| f64::NAN);
     let mut args = [
         HostArg::Tensor(&x),
         HostArg::Tensor(&y),
@@ -880,8 +1670,24 @@ pub fn interpret(kernel: &Kernel) {
         HostArg::Tensor(&v),
         HostArg::TensorMut(&mut out1),
         HostArg::Tensor(&w),
+        HostArg::Tensor(&idx),
+        HostArg::TensorMut(&mut cnt),
+        HostArg::Tensor(&x3),
+        HostArg::TensorMut(&mut out4),
+        HostArg::U32(0x1234_5678),
     ];
-    let _ = run(kernel, [2, 1, 1], &mut args);
+    match run(kernel, [2, 1, 1], &mut args) {
+        Ok(()) => Ok(()),
+        Err(e @ (InterpError::DivisionByZero { .. } | InterpError::NonPositiveStep { .. })) => {
+            let shown = e.to_string();
+            if quotes_ir(&shown) {
+                Err(shown)
+            } else {
+                Ok(())
+            }
+        }
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// What the backend made of a kernel for one target.
@@ -897,8 +1703,16 @@ pub enum Outcome {
     Internal(Diagnostic),
     /// An error that names no source line although every op has one.
     Unlocated(Diagnostic),
+    /// An error of kind invalid or unsupported whose text reads as kiln's, not the DSL's:
+    /// it quotes the IR (`%12 = ...`, `rt<f32,64x64>`) or calls itself internal.
+    QuotesIr(Diagnostic),
+    /// The kernel after a pass breaks an invariant the verifier checks: the pass's name and
+    /// the verifier's first error.
+    BrokenAfter(&'static str, String),
     /// PTX that ptxas rejected: its message, mapped to the op's line.
     PtxasRejected(String),
+    /// An interpreter error that is a kiln bug ([`interpret`]).
+    Interpreter(String),
     /// A panic, with its message.
     Panic(String),
 }
@@ -911,7 +1725,10 @@ impl Outcome {
             self,
             Outcome::Internal(_)
                 | Outcome::Unlocated(_)
+                | Outcome::QuotesIr(_)
+                | Outcome::BrokenAfter(..)
                 | Outcome::PtxasRejected(_)
+                | Outcome::Interpreter(_)
                 | Outcome::Panic(_)
         )
     }
@@ -925,7 +1742,12 @@ impl Outcome {
             Outcome::Unsupported(d) => ("unsupported", d.message.as_str()),
             Outcome::Internal(d) => ("INTERNAL", d.message.as_str()),
             Outcome::Unlocated(d) => ("UNLOCATED", d.message.as_str()),
+            Outcome::QuotesIr(d) => ("QUOTES-IR", d.message.as_str()),
+            Outcome::BrokenAfter(pass, m) => {
+                return format!("BROKEN-AFTER-{pass}: {}", m.lines().next().unwrap_or(""));
+            }
             Outcome::PtxasRejected(m) => ("PTXAS", m.as_str()),
+            Outcome::Interpreter(m) => ("INTERPRETER", m.as_str()),
             Outcome::Panic(m) => ("PANIC", m.as_str()),
         };
         let first = text.lines().next().unwrap_or("");
@@ -951,27 +1773,74 @@ impl Outcome {
     }
 }
 
-/// Compiles `kernel` for `target` (the pass pipeline and the PTX writer), catching panics,
-/// and with `ptxas` assembles the PTX: the [`Outcome`].
-pub fn check(kernel: &Kernel, target: Target, ptxas: bool) -> Outcome {
-    let compiled = catch_unwind(AssertUnwindSafe(|| kiln_ptx::compile(kernel, target)));
-    match compiled {
-        Err(payload) => Outcome::Panic(
-            payload
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "a panic without a message".into()),
-        ),
-        Ok(Err(e)) => {
-            let d = e.diagnostic().clone();
-            match d.kind {
-                _ if !d.loc.is_known() => Outcome::Unlocated(d),
-                DiagKind::Invalid => Outcome::Invalid(d),
-                DiagKind::Unsupported => Outcome::Unsupported(d),
-                DiagKind::Internal => Outcome::Internal(d),
-            }
+/// Whether `text`, from an error meant for a kernel author, reads as kiln's own: it quotes
+/// the IR (a value number `%12`, a tile type `rt<f32,64x64>`), names the PTX writer, or
+/// calls itself internal.
+pub fn quotes_ir(text: &str) -> bool {
+    let value_number = text
+        .as_bytes()
+        .windows(2)
+        .any(|w| w[0] == b'%' && w[1].is_ascii_digit());
+    value_number
+        || text.contains("rt<")
+        || text.contains("PTX writer")
+        || text.to_ascii_lowercase().contains("internal")
+}
+
+/// The pipeline for `target` over a copy of `kernel` with the verifier run after every pass,
+/// then the PTX writer: the module, the first pass after which the kernel no longer
+/// verifies, or the error.
+fn compile_verified(kernel: &Kernel, target: Target) -> Result<kiln_ptx::PtxModule, Outcome> {
+    let mut k = kernel.clone();
+    let mut broken: Option<(&'static str, String)> = None;
+    let ran = kiln_ir::passes::run_pipeline(&mut k, target, &mut |pass, k| {
+        if broken.is_none()
+            && let Err(e) = kiln_ir::verify::verify(k)
+        {
+            let first = e.errors.first().map_or(e.to_string(), |e| e.to_string());
+            let pass = kiln_ir::passes::PASSES
+                .iter()
+                .map(|p| p.0)
+                .find(|&p| p == pass)
+                .unwrap_or("a pass");
+            broken = Some((pass, first));
         }
+    });
+    if let Some((pass, m)) = broken {
+        return Err(Outcome::BrokenAfter(pass, m));
+    }
+    let module = ran
+        .map_err(kiln_ptx::CodegenError::from)
+        .and_then(|()| kiln_ptx::writer::Writer::new(&k, target).write());
+    module.map_err(|e| {
+        let d = e.diagnostic().clone();
+        let shown = d.to_string();
+        match d.kind {
+            _ if !d.loc.is_known() => Outcome::Unlocated(d),
+            DiagKind::Internal => Outcome::Internal(d),
+            _ if quotes_ir(&shown) => Outcome::QuotesIr(d),
+            DiagKind::Invalid => Outcome::Invalid(d),
+            DiagKind::Unsupported => Outcome::Unsupported(d),
+        }
+    })
+}
+
+/// The message of a caught panic.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// Compiles `kernel` for `target` (the pass pipeline, the verifier after each pass, and the
+/// PTX writer), catching panics, and with `ptxas` assembles the PTX: the [`Outcome`].
+pub fn check(kernel: &Kernel, target: Target, ptxas: bool) -> Outcome {
+    let compiled = catch_unwind(AssertUnwindSafe(|| compile_verified(kernel, target)));
+    match compiled {
+        Err(payload) => Outcome::Panic(panic_message(&*payload)),
+        Ok(Err(outcome)) => outcome,
         Ok(Ok(m)) if ptxas => match kiln_ptx::ptxas::check(&m.ptx, target) {
             Ok(_) => Outcome::Ptx,
             Err(kiln_ptx::ptxas::PtxasError::Rejected { at, log, .. }) => {
@@ -1021,6 +1890,102 @@ pub struct Tally {
     pub assembled: usize,
     /// Every category seen.
     pub counts: BTreeMap<Category, Seen>,
+    /// Per kind of op ([`op_name`]), the kernels holding one after dead-code removal (so
+    /// the backend writes it), and of them those that every target compiled: what the run
+    /// covered.
+    pub ops: BTreeMap<&'static str, (usize, usize)>,
+    /// The kernel that took longest to check, in seconds, and its bytes.
+    pub slowest: (f64, Vec<u8>),
+}
+
+/// The [`op_name`]s of the ops of `block` and the regions in it.
+fn live_ops(
+    kernel: &Kernel,
+    block: &kiln_ir::kernel::Block,
+    names: &mut std::collections::BTreeSet<&'static str>,
+) {
+    for &id in &block.ops {
+        let op = &kernel.ops[id];
+        names.insert(op_name(kernel, op));
+        for r in &op.regions {
+            live_ops(kernel, r, names);
+        }
+    }
+}
+
+/// The name an op kind is counted under in [`Tally::ops`]: the IR mnemonic, with the forms
+/// of the addressed memory ops and loops told apart.
+pub fn op_name(kernel: &Kernel, op: &kiln_ir::kernel::Op) -> &'static str {
+    match &op.kind {
+        OpKind::Const(_) | OpKind::ScalarParam(_) | OpKind::Yield => "const/param/yield",
+        OpKind::BlockId(_) | OpKind::GridDim(_) | OpKind::TensorDim { .. } => "grid/dim query",
+        OpKind::Unary(UnaryOp::Sin | UnaryOp::Cos) => "sin/cos",
+        OpKind::Unary(UnaryOp::Tanh | UnaryOp::Erf | UnaryOp::Sigmoid) => "tanh/erf/sigmoid",
+        OpKind::Unary(UnaryOp::Log | UnaryOp::Log2) => "log/log2",
+        OpKind::Unary(_) => "other unary",
+        OpKind::Binary(
+            BinaryOp::BitAnd | BinaryOp::BitOr | BinaryOp::BitXor | BinaryOp::Shl | BinaryOp::Shr,
+        ) => "bit op",
+        OpKind::Binary(BinaryOp::MulHi) => "mulhi",
+        OpKind::Binary(_) => "other binary",
+        OpKind::Select => "select",
+        OpKind::Cast { .. } => "cast",
+        OpKind::Bitcast { .. } => "bitcast",
+        OpKind::Splat { .. } => "splat",
+        OpKind::Iota { .. } => "iota",
+        OpKind::Reshape { shape } if shape.rank() >= 3 => "reshape to 3-D/4-D",
+        OpKind::Reshape { .. } => "reshape",
+        OpKind::Transpose | OpKind::Permute { .. } => "transpose/permute",
+        OpKind::Convert => "convert",
+        OpKind::Take { .. } => "take",
+        OpKind::Reduce { dim, .. } => {
+            let rank = op
+                .operands
+                .first()
+                .and_then(|&v| kernel.values.get(v))
+                .and_then(|d| d.ty.shape().map(Shape::rank))
+                .unwrap_or(0);
+            match (rank, dim) {
+                (0..=2, 0) => "reduce dim 0",
+                (0..=2, _) => "reduce dim 1",
+                _ => "reduce of a 3-D/4-D tile",
+            }
+        }
+        OpKind::Mma => "mma",
+        OpKind::Load { shape, .. } if shape.numel() > 64 * 128 => "load of a big tile",
+        OpKind::Load { shape, .. } if shape.rank() >= 3 => "load of a 3-D/4-D tile",
+        OpKind::Load { .. } => "load",
+        OpKind::LoadScalar { .. } => "scalar load",
+        OpKind::Store { tensor, .. } if *tensor == OUT4 => "store to a rank-4 tensor",
+        OpKind::Store { bound: Some(_), .. } => "bounded store",
+        OpKind::Store { .. } => "store",
+        OpKind::Gather { access, .. } if access.indexed() => "gather",
+        OpKind::Gather { .. } => "masked load",
+        OpKind::Scatter { access, .. } if access.indexed() => "scatter",
+        OpKind::Scatter { .. } => "masked store",
+        OpKind::Atomic { access, .. } if access.indexed() => "atomic through indices",
+        OpKind::Atomic { .. } => "tile atomic",
+        OpKind::ScalarAtomic { .. } => "scalar atomic",
+        OpKind::For { stages: Some(_) } => "pipelined loop",
+        OpKind::For { .. } => {
+            // Strided and persistent loops step by a constant other than 1 or by grid_dim.
+            let unit = op
+                .operands
+                .get(2)
+                .and_then(|&v| kernel.values.get(v))
+                .is_some_and(|d| {
+                    matches!(d.def, kiln_ir::kernel::ValueDef::Op(c, 0)
+                    if kernel.ops[c].kind == OpKind::Const(Const::Int(1)))
+                });
+            if unit {
+                "loop"
+            } else {
+                "strided/persistent loop"
+            }
+        }
+        OpKind::If => "if",
+        OpKind::Print { .. } => "print",
+    }
 }
 
 impl Tally {
@@ -1036,8 +2001,12 @@ impl Tally {
             Outcome::Invalid(d)
             | Outcome::Unsupported(d)
             | Outcome::Internal(d)
-            | Outcome::Unlocated(d) => d.to_string(),
-            Outcome::PtxasRejected(m) | Outcome::Panic(m) => m.clone(),
+            | Outcome::Unlocated(d)
+            | Outcome::QuotesIr(d) => d.to_string(),
+            Outcome::BrokenAfter(_, m)
+            | Outcome::PtxasRejected(m)
+            | Outcome::Interpreter(m)
+            | Outcome::Panic(m) => m.clone(),
         };
         self.counts
             .entry(key)
@@ -1060,6 +2029,14 @@ impl Tally {
             "{} kernels from {} byte strings, {} of them through ptxas\n",
             self.kernels, self.attempts, self.assembled
         );
+        out.push_str(&format!(
+            "slowest kernel: {:.1} s, bytes {:?}\n",
+            self.slowest.0, self.slowest.1
+        ));
+        out.push_str("kernels holding each kind of op (of them, compiled for every target):\n");
+        for (name, (n, ok)) in &self.ops {
+            out.push_str(&format!("{n:7} ({ok:6})  {name}\n"));
+        }
         for (c, seen) in &self.counts {
             out.push_str(&format!(
                 "{:7}  {:8} {}\n",
@@ -1078,13 +2055,14 @@ impl Tally {
     }
 }
 
-/// A fuzz run: kernels from random bytes drawn from `rng` until `cases` byte strings or
-/// `budget` is spent, each checked on every target ([`check`]; ptxas on every
-/// `ptxas_every`-th kernel, none when `None`) and, when `interpret_too` is set, run on the
-/// interpreter (which must not panic either).
+/// A fuzz run: kernels from random byte strings of 16 to `max_len` bytes (the longer, the
+/// larger the kernel) drawn from `rng` until `cases` byte strings or `budget` is spent, each
+/// checked on every target ([`check`]; ptxas on every `ptxas_every`-th kernel, none when
+/// `None`) and, when `interpret_too` is set, run on the interpreter ([`interpret`]).
 pub fn fuzz(
     rng: &mut crate::inputs::Rng,
     cases: usize,
+    max_len: usize,
     budget: std::time::Duration,
     ptxas_every: Option<usize>,
     interpret_too: bool,
@@ -1095,9 +2073,10 @@ pub fn fuzz(
         if start.elapsed() > budget {
             break;
         }
-        let len = 16 + (rng.uniform(0.0, 240.0) as usize);
+        let len = 16 + (rng.uniform(0.0, max_len.saturating_sub(16) as f64) as usize);
         let bytes: Vec<u8> = (0..len).map(|_| rng.uniform(0.0, 256.0) as u8).collect();
         tally.attempts += 1;
+        let started = std::time::Instant::now();
         let built = catch_unwind(|| kernel(&bytes));
         let k = match built {
             Ok(Some(k)) => k,
@@ -1116,15 +2095,38 @@ pub fn fuzz(
         let ptxas = ptxas_every.is_some_and(|n| tally.kernels.is_multiple_of(n.max(1)));
         tally.kernels += 1;
         tally.assembled += usize::from(ptxas);
+        let mut compiled = true;
         for t in Target::ALL {
-            tally.add(t, &check(&k, t, ptxas), &bytes);
+            let outcome = check(&k, t, ptxas);
+            compiled &= matches!(outcome, Outcome::Ptx);
+            tally.add(t, &outcome, &bytes);
         }
-        if interpret_too && catch_unwind(AssertUnwindSafe(|| interpret(&k))).is_err() {
-            tally.add(
-                Target::Sm80,
-                &Outcome::Panic("the interpreter panicked".into()),
-                &bytes,
-            );
+        // The ops that survive dead-code removal: those the backend writes.
+        let mut live = k.clone();
+        let _ = kiln_ir::passes::canonicalize::run(&mut live, Target::Sm80);
+        let mut names = std::collections::BTreeSet::new();
+        live_ops(&live, &live.body, &mut names);
+        for n in names {
+            let e = tally.ops.entry(n).or_default();
+            e.0 += 1;
+            e.1 += usize::from(compiled);
+        }
+        if interpret_too {
+            let outcome = match catch_unwind(AssertUnwindSafe(|| interpret(&k))) {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(Outcome::Interpreter(e)),
+                Err(payload) => Some(Outcome::Panic(format!(
+                    "the interpreter panicked: {}",
+                    panic_message(&*payload)
+                ))),
+            };
+            if let Some(o) = outcome {
+                tally.add(Target::Sm80, &o, &bytes);
+            }
+        }
+        let took = started.elapsed().as_secs_f64();
+        if took > tally.slowest.0 {
+            tally.slowest = (took, bytes);
         }
     }
     tally

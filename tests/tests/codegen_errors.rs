@@ -204,3 +204,56 @@ fn what_kiln_does_not_lower_yet_errs_at_the_users_line() {
     compiles_or_errs_at(&build(&small_mma), line_of("MARK-small-mma"));
     compiles_or_errs_at(&build(&col_sum_of_mma), line_of("MARK-col-sum-mma"));
 }
+
+/// The memory operations added with gathers and atomics, and a bitcast: each op a later
+/// stage may have to name.
+#[kernel(num_warps = 4)]
+fn memory_op_words(
+    x: Tensor<f32, 2>,
+    idx: Tensor<i32, 1>,
+    hist: TensorMut<i32, 1>,
+    o: TensorMut<f32, 2>,
+) {
+    let rows = idx.tile([64], [0]).load();
+    let a = x
+        .tile([64, 32], [0, 0])
+        .load_masked(iota([64, 32], 1) < 20, 0.0);
+    let g = x.rows(&rows, 32, [0, 0]).load();
+    o.rows(&rows, 32, [0, 0]).store(a + g);
+    o.tile([64, 32], [0, 0]).atomic_max(a);
+    hist.elems([&(rows & 15)]).atomic_add(1);
+    hist.at([0]).atomic_add(1);
+    o.tile([64, 32], [0, 0])
+        .store(g.bitcast::<i32>().bitcast::<f32>());
+}
+
+/// Every op, as an error names it ([`kiln::ir::diag::op_words`]), in the DSL's words: the
+/// memory ops by the call that wrote them, none by the IR's mnemonic or value numbers.
+#[test]
+fn later_stage_errors_name_memory_ops_in_the_dsls_words() {
+    let k = build(&memory_op_words);
+    let words: Vec<String> = k
+        .ops
+        .iter()
+        .map(|(id, _)| kiln::ir::diag::op_words(&k, id))
+        .collect();
+    for w in &words {
+        assert!(!w.contains('%') && !w.contains("rt<"), "prints IR: {w}");
+    }
+    for want in [
+        "`x.tile(..).load_masked(..)`",
+        "`x.rows(..).load()`",
+        "`o.rows(..).store(..)`",
+        "`o.tile(..).atomic_max(..)`",
+        "`hist.elems(..).atomic_add(..)`",
+        "`hist.at(..).atomic_add(..)`",
+        "`.bitcast::<i32>()`",
+        "`.bitcast::<f32>()`",
+        "`&`",
+    ] {
+        assert!(
+            words.iter().any(|w| w == want),
+            "no {want} among {words:#?}"
+        );
+    }
+}

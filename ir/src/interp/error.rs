@@ -40,11 +40,11 @@ pub enum InterpError {
         extent: u32,
     },
     /// Integer division or remainder by zero.
-    #[error("{loc}: integer division by zero in `{op}`")]
+    #[error("{loc}: integer division by zero in {op}")]
     DivisionByZero {
         /// Where the user wrote the division.
         loc: Loc,
-        /// The printed op.
+        /// The op in the DSL's words (`` `/` ``, `` `%` ``).
         op: String,
     },
     /// A `for` loop ran with a step that is zero or negative.

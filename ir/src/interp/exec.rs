@@ -162,7 +162,7 @@ impl<'k, 'a, 'b> Machine<'k, 'a, 'b> {
         match f {
             Fault::DivisionByZero => InterpError::DivisionByZero {
                 loc: self.kernel.ops[id].loc,
-                op: op_str(self.kernel, id),
+                op: crate::diag::op_words(self.kernel, id),
             },
             Fault::Mistyped => self.internal(id),
         }

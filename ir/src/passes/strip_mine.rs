@@ -101,7 +101,13 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     let body = process_block(kernel, body, threads, &written, &mut failed)?;
     kernel.body = body;
     crate::verify::verify(kernel).map_err(|errs| {
-        Diagnostic::internal(Loc::default(), "strip_mine broke the IR").note(errs.to_string())
+        // At the user's op the first broken invariant names, as the verify pass reports.
+        let loc = errs
+            .errors
+            .first()
+            .and_then(|e| kernel.ops.get(e.op))
+            .map_or(Loc::default(), |o| o.loc);
+        Diagnostic::internal(loc, "strip_mine broke the IR").note(errs.to_string())
     })?;
     check_budgets(kernel, target, threads, &failed)
 }
