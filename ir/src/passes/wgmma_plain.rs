@@ -227,7 +227,11 @@ fn shared_buffer(kernel: &Kernel, v: ValueId) -> Option<Buffer> {
         }
         match kernel.ops[def].kind {
             OpKind::Transpose => v = kernel.ops[def].operands[0],
-            OpKind::Load { .. } if kernel.schedule.buffer(def).is_some() => {
+            // A masked load bounded along one dimension is copied like a plain one
+            // (`staged_load`), into the same buffer layouts.
+            OpKind::Load { .. } | OpKind::Gather { .. }
+                if kernel.schedule.buffer(def).is_some() =>
+            {
                 return Some(Buffer::Load(def));
             }
             _ => return None,
