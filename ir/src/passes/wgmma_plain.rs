@@ -28,7 +28,7 @@ use crate::schedule::{Layout, Note};
 use crate::types::DType;
 
 use super::memory_plan::SMEM_LIMIT;
-use super::walk::{defining_op, ops_in_order};
+use super::walk::{defining_op, ops_in_block_regions, ops_in_order};
 
 /// Where a shared mma operand lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -176,7 +176,24 @@ fn takes(kernel: &Kernel, id: OpId) -> Result<(), String> {
     check_buffer(kernel, b_buf, "B")?;
     match shared_buffer(kernel, a) {
         Some(a_buf) => check_buffer(kernel, a_buf, "A")?,
-        None if kernel.schedule.layouts.get(&a) == Some(&Layout::Mma { warps }) => {}
+        None if kernel.schedule.layouts.get(&a) == Some(&Layout::Mma { warps }) => {
+            // A tile loaded into registers before a loop stays live there for every wgmma of
+            // the loop that reads it (a decode block's queries across its key loop), which
+            // ptxas pays for in spills; wgmma would read it from shared memory, not staged
+            // here yet. Loaded inside the loop (routed rows per k-step), it is not held.
+            let def = defining_op(kernel, a).0;
+            if matches!(
+                kernel.ops[def].kind,
+                OpKind::Load { .. } | OpKind::Gather { .. }
+            ) && held_across_a_loop(kernel, def, id)
+            {
+                return Err(
+                    "its A operand is a tile loaded into registers before its loop; wgmma would \
+                     read it from shared memory, which this lowering does not stage yet"
+                        .into(),
+                );
+            }
+        }
         None => {
             return Err(
                 "its A operand is neither in shared memory nor in the accumulator layout".into(),
@@ -204,6 +221,17 @@ fn check_buffer(kernel: &Kernel, buffer: Buffer, which: &str) -> Result<(), Stri
         ));
     }
     Ok(())
+}
+
+/// Whether `mma` runs in a loop that `def` is outside of, so `def`'s result is read by every
+/// iteration.
+fn held_across_a_loop(kernel: &Kernel, def: OpId, mma: OpId) -> bool {
+    ops_in_order(kernel).into_iter().any(|l| {
+        matches!(kernel.ops[l].kind, OpKind::For { .. }) && {
+            let inside = ops_in_block_regions(kernel, l);
+            inside.contains(&mma) && !inside.contains(&def)
+        }
+    })
 }
 
 /// The shared buffer operand `v` is read from, if it is a shared tile.
