@@ -459,6 +459,8 @@ impl BwdPlan {
         };
         let qgrid = StepGrid::Fixed(bp.query_grid([rows_q, p.nheads, batch]));
         let kgrid = StepGrid::Fixed(bp.key_grid([rows_k, p.nheads_k, batch]));
+        // The dQ pass splits a wide head's columns over blocks (d = 256: two of 128).
+        let dq_grid = StepGrid::Fixed(bp.dq_grid([rows_q, p.nheads, batch]));
         let mut steps = vec![
             Step {
                 kernel: name(
@@ -492,7 +494,7 @@ impl BwdPlan {
             Step {
                 kernel: name("attention_bwd_dq", "attention_bwd_dq_varlen"),
                 args: with_cu(vec![q, k, v, dout, lse, delta, dq, scale], true),
-                grid: qgrid,
+                grid: dq_grid,
             }
         } else {
             Step {
@@ -746,6 +748,8 @@ mod tests {
             .steps(&delta, &accum)
             .expect("steps");
         assert_eq!(det[2].kernel, "attention_bwd_dq");
+        // One column block up to d = 128: the query grid.
+        assert_eq!(det[2].grid, StepGrid::Fixed([3, 4, 2]));
         // Every step's arguments pass the generic checks against its kernel.
         for s in steps.iter().chain(&det) {
             let reg = generic::find(s.kernel).expect("registered");
