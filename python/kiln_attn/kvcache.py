@@ -225,8 +225,8 @@ def kvcache(
     if dk != d:
         raise ValueError(f"k_cache: expected headdim {d} (as q), got {dk}")
     _check_d(d)
-    if hk == 0 or h % hk:
-        raise ValueError(f"k_cache: nheads_k {hk} must divide q's nheads {h}")
+    if hk == 0 or h == 0 or h % hk:
+        raise ValueError(f"k_cache: nheads_k {hk} must divide q's nheads {h} (both at least 1)")
     group = h // hk
 
     # The page table: FlashAttention's paged cache, or a dense cache as one page per sequence.

@@ -248,6 +248,12 @@ CASES = {
     # Left padding, causal, four queries, fp16, MHA, split.
     "leftpad_causal_fp16": Case(lens=[3, 4, 30], leftpad=[0, 2, 5], sq=4, causal=True, dtype=torch.float16,
                                 group=1, splits=2),
+    # Forty query heads of one key/value head, three tokens: two packed row blocks, split.
+    "gqa40_two_row_blocks_split3": Case(lens=[7, 0, 50], heads_k=1, group=40, sq=3, s_new=3, page=16, splits=3,
+                                        rotary=(32, True), causal=True),
+    # Head dim 256 (four value blocks), a left window only, kiln's choice of splits.
+    "d256_left_window": Case(lens=[1, 33, 70], d=256, heads_k=1, group=3, sq=2, s_new=2, window=(20, -1),
+                             splits=0),
     # An int cache_seqlens, rotary on a causal call (queries at their own positions).
     "int_seqlens_rotary_causal": Case(lens=[17, 17, 17], s_new=2, sq=2, int_seqlens=True, causal=True,
                                       rotary=(32, True), splits=0),
