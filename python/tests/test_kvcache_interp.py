@@ -70,6 +70,8 @@ class Case:
     dist: str = "normal"
     int_seqlens: bool = False
     block_table: bool = False
+    # k_cache and v_cache as views into one (pages, page, 2, nheads_k, d) buffer.
+    packed: bool = False
 
     @property
     def b(self):
@@ -114,6 +116,9 @@ def make_inputs(c, g):
             held[rows[i][j]] = True
     kc[~held] = float("nan")
     vc[~held] = float("nan")
+    if c.packed:
+        both = torch.stack([kc, vc], dim=2)
+        kc, vc = both[:, :, 0], both[:, :, 1]
     x["k_cache"], x["v_cache"] = kc, vc
     x["cache_seqlens"] = c.lens[0] if c.int_seqlens else torch.tensor(c.lens, dtype=torch.int32)
     if c.leftpad:
@@ -208,8 +213,15 @@ def run(c, x, fn=None):
                   num_splits=c.splits, return_softmax_lse=True, **kw)
 
 
-def check(c, x, rows, capacity, got):
-    want_k, want_v, want_out, want_lse = reference(c, x, rows, capacity)
+def snapshot(x):
+    """The inputs before a call (which appends into the caches in place)."""
+    return {k: (t.clone() if isinstance(t, torch.Tensor) else t) for k, t in x.items()}
+
+
+def check(c, x, rows, capacity, got, before):
+    """`got` (out, lse) and the caches of `x` after the call against the reference run on the
+    inputs as they were `before` it."""
+    want_k, want_v, want_out, want_lse = reference(c, before, rows, capacity)
     out, lse = got
     what = f"{c} seed {SEED}"
     # The cache after the call: the appended (rotated) keys in the cache's dtype, rounding of
@@ -254,6 +266,9 @@ CASES = {
     # Head dim 256 (four value blocks), a left window only, kiln's choice of splits.
     "d256_left_window": Case(lens=[1, 33, 70], d=256, heads_k=1, group=3, sq=2, s_new=2, window=(20, -1),
                              splits=0),
+    # Caches that are strided views into one key/value buffer: appended in place there.
+    "packed_kv_buffer": Case(lens=[7, 0, 30], s_new=2, sq=2, page=16, packed=True, rotary=(16, False), causal=True,
+                             splits=2),
     # An int cache_seqlens, rotary on a causal call (queries at their own positions).
     "int_seqlens_rotary_causal": Case(lens=[17, 17, 17], s_new=2, sq=2, int_seqlens=True, causal=True,
                                       rotary=(32, True), splits=0),
@@ -265,16 +280,17 @@ def test_matches_the_f64_reference(name, poisoned):
     c = CASES[name]
     g = torch.Generator().manual_seed(SEED + list(CASES).index(name))
     x, rows, capacity = make_inputs(c, g)
-    check(c, x, rows, capacity, run(c, x))
+    before = snapshot(x)
+    check(c, x, rows, capacity, run(c, x), before)
 
 
 def test_return_without_lse_and_fa3s_entry(poisoned):
     c = Case(lens=[2, 9, 0], s_new=1, page=16, sq=1)
     g = torch.Generator().manual_seed(SEED + 7)
     x, rows, capacity = make_inputs(c, g)
-    x2 = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in x.items()}
+    x2 = snapshot(x)
     got = run(c, x, fa3.flash_attn_with_kvcache)
-    check(c, x, rows, capacity, got)
+    check(c, x, rows, capacity, got, x2)
     with kiln_attn.interpreter():
         out = kiln_attn.flash_attn_with_kvcache(x2["q"], x2["k_cache"], x2["v_cache"], x2["k"], x2["v"],
                                                 cache_seqlens=x2["cache_seqlens"], page_table=x2["page_table"])
