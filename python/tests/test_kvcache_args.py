@@ -190,6 +190,9 @@ def test_the_split_heuristic_is_the_kernels():
         assert 1 <= s <= 128
         assert s == 1 or s <= -(-keys // 64) // 2
     assert num_splits_heuristic(1, 1, 1, 1 << 20, 64, 0) == 1
+    # The interpreter's automatic choice (132 SMs) for test_kvcache_interp's head-dim-256 case
+    # (3 sequences of one key/value head, a dense cache of 77 keys in blocks of 16): 2 splits.
+    assert num_splits_heuristic(3, 1, 1, 77, decode_key_block(256, 0), 132) == 2
     assert [decode_key_block(128, 0), decode_key_block(128, 256), decode_key_block(128, 16),
             decode_key_block(256, 16), decode_key_block(256, 1)] == [64, 64, 32, 16, 16]
     assert [value_blocks(d) for d in (64, 96, 128, 256)] == [1, 1, 1, 4]
