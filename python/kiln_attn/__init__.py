@@ -11,6 +11,9 @@
   (`kiln_attn.autograd`; these need torch).
 - `kiln_attn.fa3`: FlashAttention 3's `flash_attn_func` / `flash_attn_varlen_func` argument
   order and window rule.
+- `flash_attn_with_kvcache`, `flash_attn_combine`: FlashAttention's decoding against a
+  key/value cache (dense or paged, new keys appended in place, rotary, split-KV) and its
+  split combine (`kiln_attn.kvcache`; FlashAttention 3's argument order in `kiln_attn.fa3`).
 - `interpreter()`: a context in which attention runs on kiln's CPU interpreter over CPU
   tensors (tests without a GPU).
 - `kernels()`, `kernel(name)`: any registered `#[kernel]` of kiln's library, inspected and
@@ -32,11 +35,14 @@ from ._native import (  # noqa: F401
     kernels,
 )
 from .interface import flash_attn_func, flash_attn_varlen_func, interpreter  # noqa: F401
+from .kvcache import flash_attn_combine, flash_attn_with_kvcache  # noqa: F401
 
 __all__ = [
     "Kernel",
     "flash_attn_func",
     "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
+    "flash_attn_combine",
     "interpreter",
     "kernel",
     "kernels",

@@ -1,4 +1,5 @@
-"""FlashAttention 3's `flash_attn_func` and `flash_attn_varlen_func` (its `hopper` interface),
+"""FlashAttention 3's `flash_attn_func`, `flash_attn_varlen_func`, `flash_attn_with_kvcache` and
+`flash_attn_combine` (its `hopper` interface),
 argument for argument, over kiln's kernels: code written for FlashAttention 3 imports these
 instead (`from kiln_attn.fa3 import flash_attn_func`).
 
@@ -10,12 +11,16 @@ returns `(out, softmax_lse)`, as FlashAttention 3.
 
 What kiln does not compute raises a ValueError naming the argument: `qv`, the FP8 descales
 `q_descale` / `k_descale` / `v_descale`, `attention_chunk` other than 0, and (varlen)
-`seqused_q` / `seqused_k`. `num_splits`, `pack_gqa` and `sm_margin` are FlashAttention 3's
+`seqused_q` / `seqused_k`; in `flash_attn_with_kvcache`, `qv`, `cu_seqlens_q`,
+`cu_seqlens_k_new`, `max_seqlen_q`, `rotary_seqlens` and `scheduler_metadata`. `num_splits`, `pack_gqa` and `sm_margin` are FlashAttention 3's
 performance hints, which change no result: accepted, with kiln choosing its own schedule.
 """
 
 from . import _native
 from .interface import _INTERPRET, _torch_path, window_pair
+from .kvcache import flash_attn_combine, kvcache
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_combine"]
 
 
 def _unsupported(**given):
@@ -156,4 +161,77 @@ def flash_attn_varlen_func(
         return_attn_probs,
         fa3_window=True,
         interpret=_INTERPRET[0],
+    )
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    qv=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    page_table=None,
+    cu_seqlens_q=None,
+    cu_seqlens_k_new=None,
+    max_seqlen_q=None,
+    rotary_seqlens=None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    attention_chunk=0,
+    softcap=0.0,
+    rotary_interleaved=True,
+    scheduler_metadata=None,
+    num_splits=0,
+    pack_gqa=None,
+    sm_margin=0,
+    return_softmax_lse=False,
+):
+    """FlashAttention 3's flash_attn_with_kvcache: kiln_attn.flash_attn_with_kvcache's decode
+    (the same caches, append, rotary, page table, masks, splits) with FlashAttention 3's
+    arguments and window rule (a bound is unbounded from seqlen_k - 1 on the left, seqlen_q -
+    1 on the right, seqlen_k the cache's length). `num_splits` is honoured (0: kiln
+    chooses); `pack_gqa` and `sm_margin` change no result. Returns out, or (out,
+    softmax_lse) with return_softmax_lse=True."""
+    _unsupported(
+        qv=qv,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k_new=cu_seqlens_k_new,
+        max_seqlen_q=max_seqlen_q,
+        rotary_seqlens=rotary_seqlens,
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
+        scheduler_metadata=scheduler_metadata,
+    )
+    _hints(attention_chunk, 0, sm_margin)
+    return kvcache(
+        q,
+        k_cache,
+        v_cache,
+        k,
+        v,
+        rotary_cos,
+        rotary_sin,
+        cache_seqlens,
+        cache_batch_idx,
+        cache_leftpad,
+        page_table,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        rotary_interleaved,
+        num_splits,
+        return_softmax_lse,
+        True,
     )

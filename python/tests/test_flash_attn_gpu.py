@@ -685,3 +685,217 @@ def test_torch_compile_fullgraph_trains_through_flash_attn_func(backend):
     proj.zero_grad()
     step(x).backward()
     torch.testing.assert_close(got, proj.weight.grad, rtol=2e-2, atol=1e-3)
+
+
+# flash_attn_with_kvcache and flash_attn_combine: decode against a cache at serving sizes,
+# against FlashAttention's semantics computed in f32 (append, rotary, page lookup,
+# bottom-right masks, soft-cap, GQA), every cache slot no sequence holds NaN.
+
+
+def rotate(x, cos, sin, interleaved):
+    """x (..., d) rotated in f32 by cos, sin (..., r / 2): FlashAttention's two layouts."""
+    r = 2 * cos.shape[-1]
+    x = x.float().clone()
+    cos, sin = cos.float(), sin.float()
+    if interleaved:
+        a, b = x[..., 0:r:2].clone(), x[..., 1:r:2].clone()
+        x[..., 0:r:2], x[..., 1:r:2] = a * cos - b * sin, b * cos + a * sin
+    else:
+        a, b = x[..., : r // 2].clone(), x[..., r // 2 : r].clone()
+        x[..., : r // 2], x[..., r // 2 : r] = a * cos - b * sin, b * cos + a * sin
+    return x
+
+
+def decode_case(seed, b, lens, sq, h, hk, d, s_new, page, rotary, dtype=torch.bfloat16):
+    """A decode call's tensors: lens (b,) cache lengths before the append; page 0 for a dense
+    cache with rows picked by a random cache_batch_idx, else pages of `page` keys through a
+    random page table; caches NaN wherever no sequence holds a key."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dev = "cuda"
+    longest = int(lens.max()) + s_new
+    x = {"q": torch.randn((b, sq, h, d), generator=gen, device=dev).to(dtype)}
+    if s_new:
+        x["k"] = torch.randn((b, s_new, hk, d), generator=gen, device=dev).to(dtype)
+        x["v"] = torch.randn((b, s_new, hk, d), generator=gen, device=dev).to(dtype)
+    if page:
+        pps = -(-longest // page) + 1
+        pages, page_len = b * pps + 3, page
+        table = torch.randperm(pages, generator=gen, device=dev)[: b * pps].reshape(b, pps).to(torch.int32)
+        x["page_table"] = table
+        cap = pps * page
+        j = torch.arange(cap, device=dev)
+        slots = (table[:, j // page].long(), (j % page).expand(b, cap))
+    else:
+        pages, page_len = b + 2, longest + 19
+        idx = torch.randperm(pages, generator=gen, device=dev)[:b].to(torch.int32)
+        x["cache_batch_idx"] = idx
+        cap = page_len
+        slots = (idx.long()[:, None].expand(b, cap), torch.arange(cap, device=dev).expand(b, cap))
+    held = torch.arange(cap, device=dev)[None, :] < lens[:, None]
+    k_cache = torch.full((pages, page_len, hk, d), float("nan"), device=dev, dtype=dtype)
+    v_cache = k_cache.clone()
+    n = int(held.sum())
+    k_cache[slots[0][held], slots[1][held]] = torch.randn((n, hk, d), generator=gen, device=dev).to(dtype)
+    v_cache[slots[0][held], slots[1][held]] = torch.randn((n, hk, d), generator=gen, device=dev).to(dtype)
+    x.update(k_cache=k_cache, v_cache=v_cache, cache_seqlens=lens.to(torch.int32))
+    if rotary:
+        angle = torch.rand((cap, rotary[0] // 2), generator=gen, device=dev) * 2 * math.pi
+        x["rotary_cos"], x["rotary_sin"] = angle.cos().to(dtype), angle.sin().to(dtype)
+    return x, slots, cap
+
+
+def decode_reference(x, slots, cap, causal, window, softcap, rotary):
+    """FlashAttention's flash_attn_with_kvcache in f32: (k_cache, v_cache after the append,
+    out, lse)."""
+    q = x["q"]
+    b, sq, h, d = q.shape
+    hk = x["k_cache"].shape[2]
+    lens = x["cache_seqlens"].long()
+    k_cache, v_cache = x["k_cache"].clone(), x["v_cache"].clone()
+    s_new = x["k"].shape[1] if "k" in x else 0
+    left, right = window
+    left, right = (-1 if left >= cap else left), (-1 if right >= cap else right)
+    if causal:
+        right = 0
+    local = left >= 0 or right >= 0
+    bi = torch.arange(b, device=q.device)[:, None]
+    if s_new:
+        pos = lens[:, None] + torch.arange(s_new, device=q.device)
+        kn = x["k"]
+        if rotary:
+            kn = rotate(kn, x["rotary_cos"][pos][:, :, None], x["rotary_sin"][pos][:, :, None], rotary[1]).to(q.dtype)
+        k_cache[slots[0][bi, pos], slots[1][bi, pos]] = kn
+        v_cache[slots[0][bi, pos], slots[1][bi, pos]] = x["v"]
+    if rotary:
+        pos = lens[:, None] + (torch.arange(sq, device=q.device) if local else torch.zeros(sq, dtype=torch.long, device=q.device))
+        q = rotate(q, x["rotary_cos"][pos][:, :, None], x["rotary_sin"][pos][:, :, None], rotary[1]).to(q.dtype)
+    keys = k_cache[slots[0], slots[1]].float()  # (b, cap, hk, d)
+    vals = v_cache[slots[0], slots[1]].float().nan_to_num(0.0)
+    g = h // hk
+    keys = keys.repeat_interleave(g, dim=2).transpose(1, 2)  # (b, h, cap, d)
+    vals = vals.repeat_interleave(g, dim=2).transpose(1, 2)
+    s = torch.matmul(q.float().transpose(1, 2), keys.transpose(-1, -2)) * d ** -0.5  # (b, h, sq, cap)
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    sk = (lens + s_new)[:, None, None, None]
+    t = torch.arange(sq, device=q.device)[None, None, :, None]
+    j = torch.arange(cap, device=q.device)[None, None, None, :]
+    keep = j < sk
+    diag = t + sk - sq
+    if left >= 0:
+        keep = keep & (j >= diag - left)
+    if right >= 0:
+        keep = keep & (j <= diag + right)
+    s = s.masked_fill(~keep, -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    out = torch.matmul(p, vals).transpose(1, 2)
+    return k_cache, v_cache, out, lse.masked_fill(torch.isneginf(lse), math.inf)
+
+
+DECODE_CASES = [
+    # (batch, longest cache, seqlen_q, nheads, nheads_k, d, seqlen_new, page, causal, window, softcap, rotary, splits)
+    (4, 1024, 1, 32, 8, 128, 1, 256, False, (-1, -1), 0.0, None, 0),
+    (16, 2048, 1, 32, 8, 128, 1, 16, False, (-1, -1), 0.0, (128, False), 0),
+    (8, 8192, 1, 32, 8, 128, 0, 256, False, (-1, -1), 0.0, None, 0),
+    (4, 4096, 4, 32, 8, 64, 4, 16, True, (-1, -1), 0.0, (64, True), 3),
+    (16, 1024, 2, 16, 1, 64, 2, 0, True, (-1, -1), 30.0, None, 1),
+    (4, 8000, 1, 16, 16, 128, 1, 0, False, (512, 0), 0.0, (64, True), 0),
+    (12, 3000, 3, 32, 4, 128, 3, 256, False, (-1, -1), 0.0, None, 7),
+    (4, 2047, 1, 8, 2, 256, 1, 16, False, (-1, -1), 0.0, None, 0),
+]
+
+
+@pytest.mark.parametrize("b, longest, sq, h, hk, d, s_new, page, causal, window, softcap, rotary, splits", DECODE_CASES)
+def test_kvcache_matches_flash_attentions_semantics(b, longest, sq, h, hk, d, s_new, page, causal, window, softcap, rotary, splits):
+    gen = torch.Generator().manual_seed(longest + b)
+    lens = torch.randint(0, longest - s_new + 1, (b,), generator=gen)
+    lens[0], lens[-1] = longest - s_new, 1
+    x, slots, cap = decode_case(b * 1000 + longest, b, lens.cuda(), sq, h, hk, d, s_new, page, rotary)
+    want_k, want_v, want_out, want_lse = decode_reference(x, slots, cap, causal, window, softcap, rotary)
+    kw = {k: t for k, t in x.items() if k not in ("q", "k_cache", "v_cache")}
+    out, lse = kiln_attn.flash_attn_with_kvcache(
+        x["q"], x["k_cache"], x["v_cache"], causal=causal, window_size=window, softcap=softcap,
+        rotary_interleaved=rotary[1] if rotary else True, num_splits=splits, return_softmax_lse=True, **kw)
+    torch.cuda.synchronize()
+    what = f"b={b} longest={longest} sq={sq} h={h}/{hk} d={d} new={s_new} page={page} splits={splits}"
+    torch.testing.assert_close(x["k_cache"].float(), want_k.float(), equal_nan=True, atol=2e-2, rtol=1e-2, msg=what)
+    torch.testing.assert_close(x["v_cache"], want_v, equal_nan=True, atol=0, rtol=0, msg=what)
+    assert rel_error(out, want_out) < TOLERANCE, what
+    torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-3, msg=what)
+
+
+def test_kvcache_splits_agree_and_combine_is_flash_attention_3s():
+    lens = torch.tensor([4000, 1, 0, 2500], device="cuda")
+    x, slots, cap = decode_case(3, 4, lens, 1, 32, 8, 128, 0, 256, None)
+    want = decode_reference(x, slots, cap, False, (-1, -1), 0.0, None)[2]
+    outs = [kiln_attn.flash_attn_with_kvcache(x["q"], x["k_cache"], x["v_cache"], cache_seqlens=x["cache_seqlens"],
+                                              page_table=x["page_table"], num_splits=n) for n in (1, 2, 5, 0, 64)]
+    for out in outs:
+        assert rel_error(out, want) < TOLERANCE
+    # flash_attn_combine on partials of FlashAttention 3's layout: each split's share of the keys.
+    n, b, s, h, d = 4, 3, 2, 8, 128
+    op = torch.randn((n, b, s, h, d), device="cuda")
+    lp = torch.randn((n, b, s, h), device="cuda") * 5
+    lp[2, 1] = -math.inf
+    out, lse = kiln_attn.flash_attn_combine(op, lp, out_dtype=torch.bfloat16)
+    w = torch.softmax(lp, dim=0)
+    torch.testing.assert_close(out.float(), (op * w[..., None]).sum(0), atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(lse, torch.logsumexp(lp, dim=0), atol=1e-4, rtol=1e-5)
+
+
+def test_a_decode_step_captures_and_replays_in_a_cuda_graph():
+    b, h, hk, d, page, cap_pages = 8, 32, 8, 128, 16, 64
+    lens = torch.randint(1, page * (cap_pages - 2), (b,), device="cuda")
+    x, slots, cap = decode_case(11, b, lens, 1, h, hk, d, 1, page, (64, True))
+    static = {k: t.clone() for k, t in x.items()}
+
+    def step():
+        return kiln_attn.flash_attn_with_kvcache(
+            static["q"], static["k_cache"], static["v_cache"], static["k"], static["v"], static["rotary_cos"],
+            static["rotary_sin"], static["cache_seqlens"], page_table=static["page_table"], num_splits=0)
+
+    # Warm up (each specialisation compiles on its first call) on a side stream, then capture.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    static["k_cache"].copy_(x["k_cache"])
+    static["v_cache"].copy_(x["v_cache"])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    # Two decode steps replayed: new q, k, v and lengths copied into the captured tensors.
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for _ in range(2):
+        for name in ("q", "k", "v"):
+            static[name].copy_(torch.randn(static[name].shape, generator=gen, device="cuda"))
+        expect = {k: t.clone() for k, t in static.items()}
+        want_k, want_v, want_out, _ = decode_reference(expect, slots, cap, False, (-1, -1), 0.0, (64, True))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_error(static_out, want_out) < TOLERANCE
+        torch.testing.assert_close(static["v_cache"], want_v, equal_nan=True, atol=0, rtol=0)
+        torch.testing.assert_close(static["k_cache"].float(), want_k.float(), equal_nan=True, atol=2e-2, rtol=1e-2)
+        static["cache_seqlens"].add_(1)
+
+
+def test_kvcache_bad_arguments_are_value_errors_on_the_gpu():
+    x, _, _ = decode_case(1, 2, torch.tensor([5, 9], device="cuda"), 1, 8, 2, 64, 1, 16, None)
+    with pytest.raises(TypeError, match=r"^page_table: expected torch.int32"):
+        kiln_attn.flash_attn_with_kvcache(x["q"], x["k_cache"], x["v_cache"], x["k"], x["v"],
+                                          cache_seqlens=x["cache_seqlens"], page_table=x["page_table"].long())
+    with pytest.raises(TypeError, match=r"^cache_seqlens: expected torch.int32"):
+        kiln_attn.flash_attn_with_kvcache(x["q"], x["k_cache"], x["v_cache"], x["k"], x["v"],
+                                          cache_seqlens=x["cache_seqlens"].long(), page_table=x["page_table"])
+    with pytest.raises(ValueError, match=r"^k_cache: expected a contiguous last dimension"):
+        kiln_attn.flash_attn_with_kvcache(x["q"], x["k_cache"].transpose(2, 3), x["v_cache"].transpose(2, 3),
+                                          cache_seqlens=x["cache_seqlens"], page_table=x["page_table"])
+    # A page table pointing past the cache and lengths beyond it: no fault (the kernels skip
+    # or clamp those accesses); the call's values are then unspecified, as FlashAttention's.
+    bad = x["page_table"].clone()
+    bad[0, 0] = 1 << 20
+    kiln_attn.flash_attn_with_kvcache(x["q"], x["k_cache"], x["v_cache"], cache_seqlens=x["cache_seqlens"] + 4000,
+                                      page_table=bad)
+    torch.cuda.synchronize()

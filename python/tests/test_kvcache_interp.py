@@ -1,0 +1,350 @@
+"""flash_attn_with_kvcache and flash_attn_combine through PyTorch on kiln's CPU interpreter
+(`kiln_attn.interpreter()`): the same argument handling, kernels, grids and comptime values a
+GPU call takes, over small CPU tensors, against a float64 reference of FlashAttention's
+semantics written out below (append, rotary, page lookup, bottom-right masks, soft-cap, GQA).
+
+Inputs are fresh random tensors (a seed per run, printed on failure; KILN_SEED fixes it) of
+several distributions; batches of 3 with different cache lengths (0 and 1 among them); every
+cache slot no sequence holds is NaN (the kernels must not read it); the outputs the call
+allocates are NaN before the kernels run. The cache after the call must equal the
+reference's appended cache. Skipped without torch.
+"""
+
+import math
+import os
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import kiln_attn  # noqa: E402
+from kiln_attn import fa3  # noqa: E402
+
+SEED = int(os.environ.get("KILN_SEED", random.randrange(1 << 31)))
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """torch.empty and torch.empty_like return NaN-filled float tensors during the test: an
+    output element no kernel writes stays NaN."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poison(t):
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(empty_like(*a, **k)))
+
+
+def draw(shape, dtype, dist, g):
+    if dist == "normal":
+        x = torch.randn(shape, generator=g, dtype=torch.float64)
+    elif dist == "uniform":
+        x = torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1
+    else:  # large magnitudes: scores in the hundreds, softmax rows nearly one-hot
+        x = torch.randn(shape, generator=g, dtype=torch.float64) * 6
+    return x.to(dtype)
+
+
+@dataclass
+class Case:
+    lens: list
+    heads_k: int = 2
+    group: int = 2
+    d: int = 32
+    sq: int = 1
+    s_new: int = 0
+    page: int = 0  # 0: a dense cache
+    batch_idx: bool = False
+    leftpad: list = field(default_factory=list)
+    causal: bool = False
+    window: tuple = (-1, -1)
+    softcap: float = 0.0
+    rotary: tuple = None  # (rotary_dim, interleaved)
+    splits: int = 1
+    dtype: torch.dtype = torch.bfloat16
+    dist: str = "normal"
+    int_seqlens: bool = False
+    block_table: bool = False
+    # k_cache and v_cache as views into one (pages, page, 2, nheads_k, d) buffer.
+    packed: bool = False
+
+    @property
+    def b(self):
+        return len(self.lens)
+
+    def longest(self):
+        return max(self.lens) + self.s_new
+
+
+def make_inputs(c, g):
+    """FlashAttention's tensors for case `c`: the caches NaN wherever no sequence holds a key,
+    a random page table (one spare entry per sequence pointing at a NaN page) or a random
+    cache_batch_idx."""
+    b, hk, d, dt = c.b, c.heads_k, c.d, c.dtype
+    h = hk * c.group
+    x = {"q": draw((b, c.sq, h, d), dt, c.dist, g)}
+    if c.s_new:
+        x["k"] = draw((b, c.s_new, hk, d), dt, c.dist, g)
+        x["v"] = draw((b, c.s_new, hk, d), dt, c.dist, g)
+    if c.page:
+        pps = -(-c.longest() // c.page) + 1
+        pages = b * pps + 2
+        page_len = c.page
+        table = torch.randperm(pages, generator=g)[: b * pps].reshape(b, pps).to(torch.int32)
+        x["page_table"] = table
+        rows = [[(int(table[i, j // c.page]), j % c.page) for j in range(pps * c.page)] for i in range(b)]
+        capacity = pps * c.page
+    else:
+        page_len = c.longest() + 5
+        capacity = page_len
+        pages = b + 2 if c.batch_idx else b
+        idx = torch.randperm(pages, generator=g)[:b].to(torch.int32) if c.batch_idx else torch.arange(b, dtype=torch.int32)
+        if c.batch_idx:
+            x["cache_batch_idx"] = idx
+        rows = [[(int(idx[i]), j) for j in range(page_len)] for i in range(b)]
+    kc = draw((pages, page_len, hk, d), dt, c.dist, g)
+    vc = draw((pages, page_len, hk, d), dt, c.dist, g)
+    held = torch.zeros((pages, page_len), dtype=torch.bool)
+    for i, n in enumerate(c.lens):
+        lp = c.leftpad[i] if c.leftpad else 0
+        for j in range(lp, n):
+            held[rows[i][j]] = True
+    kc[~held] = float("nan")
+    vc[~held] = float("nan")
+    if c.packed:
+        both = torch.stack([kc, vc], dim=2)
+        kc, vc = both[:, :, 0], both[:, :, 1]
+    x["k_cache"], x["v_cache"] = kc, vc
+    x["cache_seqlens"] = c.lens[0] if c.int_seqlens else torch.tensor(c.lens, dtype=torch.int32)
+    if c.leftpad:
+        x["cache_leftpad"] = torch.tensor(c.leftpad, dtype=torch.int32)
+    if c.rotary:
+        r = c.rotary[0]
+        angle = torch.rand((capacity, r // 2), generator=g, dtype=torch.float64) * 2 * math.pi
+        x["rotary_cos"], x["rotary_sin"] = angle.cos().to(dt), angle.sin().to(dt)
+    return x, rows, capacity
+
+
+def rotate(x, cos, sin, interleaved):
+    """x (..., d) rotated by cos, sin (..., r / 2) in f64, FlashAttention's two layouts."""
+    r = 2 * cos.shape[-1]
+    x = x.double().clone()
+    if interleaved:
+        a, b = x[..., 0:r:2].clone(), x[..., 1:r:2].clone()
+        x[..., 0:r:2], x[..., 1:r:2] = a * cos - b * sin, b * cos + a * sin
+    else:
+        a, b = x[..., : r // 2].clone(), x[..., r // 2 : r].clone()
+        x[..., : r // 2], x[..., r // 2 : r] = a * cos - b * sin, b * cos + a * sin
+    return x
+
+
+def reference(c, x, rows, capacity):
+    """FlashAttention's flash_attn_with_kvcache in f64: (appended k_cache, v_cache, out, lse)."""
+    kc, vc = x["k_cache"].clone(), x["v_cache"].clone()
+    h, g = c.heads_k * c.group, c.group
+    scale = c.d ** -0.5
+    left, right = c.window
+    left = -1 if left >= capacity else left
+    right = -1 if right >= capacity else right
+    if c.causal:
+        right = 0
+    local = left >= 0 or right >= 0
+    out = torch.zeros((c.b, c.sq, h, c.d), dtype=torch.float64)
+    lse = torch.full((c.b, h, c.sq), math.inf, dtype=torch.float64)
+    lens = [c.lens[0]] * c.b if c.int_seqlens else c.lens
+    for i in range(c.b):
+        n = lens[i]
+        lp = c.leftpad[i] if c.leftpad else 0
+        q = x["q"][i].double()
+        if c.s_new:
+            kn, vn = x["k"][i].double(), x["v"][i].double()
+            if c.rotary:
+                pos = torch.arange(n, n + c.s_new)
+                kn = rotate(kn, x["rotary_cos"][pos].double()[:, None], x["rotary_sin"][pos].double()[:, None], c.rotary[1])
+            for t in range(c.s_new):
+                kc[rows[i][n + t]] = kn[t].to(c.dtype)
+                vc[rows[i][n + t]] = vn[t].to(c.dtype)
+        if c.rotary:
+            pos = torch.arange(n, n + c.sq) if local else torch.full((c.sq,), n)
+            q = rotate(q, x["rotary_cos"][pos].double()[:, None], x["rotary_sin"][pos].double()[:, None], c.rotary[1])
+            # The kernels attend with the rotated queries stored in q's dtype.
+            q = q.to(c.dtype).double()
+        sk = n + c.s_new
+        keys = torch.stack([kc[rows[i][j]] for j in range(sk)]).double() if sk else torch.zeros((0, c.heads_k, c.d), dtype=torch.float64)
+        vals = torch.stack([vc[rows[i][j]] for j in range(sk)]).double() if sk else torch.zeros((0, c.heads_k, c.d), dtype=torch.float64)
+        keys = keys.repeat_interleave(g, dim=1)  # (sk, h, d)
+        vals = vals.repeat_interleave(g, dim=1)
+        s = torch.einsum("thd,jhd->htj", q, keys.double()) * scale
+        if c.softcap > 0:
+            s = c.softcap * torch.tanh(s / c.softcap)
+        t = torch.arange(c.sq)[:, None]
+        j = torch.arange(sk)[None, :]
+        keep = j >= lp
+        diag = t + sk - c.sq
+        if left >= 0:
+            keep = keep & (j >= diag - left)
+        if right >= 0:
+            keep = keep & (j <= diag + right)
+        s = s.masked_fill(~keep, -math.inf)
+        m = s.amax(dim=-1, keepdim=True) if sk else torch.full((h, c.sq, 1), -math.inf)
+        seen = torch.isfinite(m)
+        p = torch.exp(s - torch.where(seen, m, 0.0))
+        den = p.sum(-1, keepdim=True)
+        o = torch.einsum("htj,jhd->thd", p, torch.nan_to_num(vals)) / torch.where(seen, den, 1.0).permute(1, 0, 2)
+        out[i] = torch.where(seen.permute(1, 0, 2), o, 0.0)
+        lse[i] = torch.where(seen[..., 0], (m + den.log())[..., 0], math.inf)
+    return kc, vc, out, lse
+
+
+def run(c, x, fn=None):
+    fn = fn or kiln_attn.flash_attn_with_kvcache
+    kw = {k: v for k, v in x.items() if k not in ("q", "k_cache", "v_cache")}
+    if c.block_table:
+        kw["block_table"] = kw.pop("page_table")
+    if c.rotary:
+        kw["rotary_interleaved"] = c.rotary[1]
+    with kiln_attn.interpreter():
+        return fn(x["q"], x["k_cache"], x["v_cache"], causal=c.causal, window_size=c.window, softcap=c.softcap,
+                  num_splits=c.splits, return_softmax_lse=True, **kw)
+
+
+def snapshot(x):
+    """The inputs before a call (which appends into the caches in place)."""
+    return {k: (t.clone() if isinstance(t, torch.Tensor) else t) for k, t in x.items()}
+
+
+def check(c, x, rows, capacity, got, before):
+    """`got` (out, lse) and the caches of `x` after the call against the reference run on the
+    inputs as they were `before` it."""
+    want_k, want_v, want_out, want_lse = reference(c, before, rows, capacity)
+    out, lse = got
+    what = f"{c} seed {SEED}"
+    # The cache after the call: the appended (rotated) keys in the cache's dtype, rounding of
+    # the f32 rotation aside; every other slot (NaN included) untouched.
+    tol = 1e-2 if c.dtype == torch.bfloat16 else 1e-3
+    torch.testing.assert_close(x["k_cache"].double(), want_k.double(), equal_nan=True, atol=tol * 4, rtol=tol, msg=what)
+    torch.testing.assert_close(x["v_cache"], want_v, equal_nan=True, atol=0, rtol=0, msg=what)
+    assert out.dtype == c.dtype and out.shape == want_out.shape, what
+    assert lse.dtype == torch.float32 and lse.shape == want_lse.shape, what
+    assert not out.isnan().any(), f"output left unwritten (NaN): {what}"
+    scale = max(1.0, float(torch.nan_to_num(x["v_cache"].double()).abs().max()))
+    if "v" in x:
+        scale = max(scale, float(x["v"].double().abs().max()))
+    err = float((out.double() - want_out).abs().max())
+    assert err <= 2e-2 * scale, f"max |out - ref| = {err} (scale {scale}): {what}"
+    assert torch.equal(torch.isinf(lse), torch.isinf(want_lse)), f"rows without keys: {what}"
+    finite = torch.isfinite(want_lse)
+    lerr = float((lse.double()[finite] - want_lse[finite]).abs().max()) if finite.any() else 0.0
+    assert lerr <= 1e-2 * max(1.0, float(want_lse[finite].abs().max()) if finite.any() else 1.0), f"lse error {lerr}: {what}"
+
+
+CASES = {
+    # Dense cache, no append, lengths 0 and 1 (a row with no key), GQA, one pass.
+    "dense": Case(lens=[0, 1, 37]),
+    # Dense rows picked by cache_batch_idx, three new keys, four queries, causal, 3 splits.
+    "batch_idx_append_causal_split3": Case(lens=[0, 1, 20], s_new=3, sq=4, batch_idx=True, causal=True, splits=3,
+                                           dist="large"),
+    # Pages of 16 keys, a random page table, rotary (interleaved), kiln's choice of splits.
+    "page16_rotary_auto": Case(lens=[5, 0, 40], s_new=2, page=16, rotary=(16, True), splits=0, dist="uniform"),
+    # Pages of one key, GPT-NeoX rotary on 4 queries with a window, 3 splits.
+    "page1_window_neox_split3": Case(lens=[3, 1, 9], s_new=4, sq=4, page=1, window=(3, 1), rotary=(32, False),
+                                     splits=3),
+    # Pages of 256 keys (one holding the whole sequence), soft-cap, head dim 64, MQA.
+    "page256_softcap": Case(lens=[0, 100, 254], s_new=1, page=256, softcap=30.0, d=64, heads_k=1, group=4,
+                            block_table=True, dist="large"),
+    # Left padding, causal, four queries, fp16, MHA, split.
+    "leftpad_causal_fp16": Case(lens=[3, 4, 30], leftpad=[0, 2, 5], sq=4, causal=True, dtype=torch.float16,
+                                group=1, splits=2),
+    # Forty query heads of one key/value head, three tokens: two packed row blocks, split.
+    "gqa40_two_row_blocks_split3": Case(lens=[7, 0, 50], heads_k=1, group=40, sq=3, s_new=3, page=16, splits=3,
+                                        rotary=(32, True), causal=True),
+    # Head dim 256 (four value blocks), a left window only, kiln's choice of splits.
+    "d256_left_window": Case(lens=[1, 33, 70], d=256, heads_k=1, group=3, sq=2, s_new=2, window=(20, -1),
+                             splits=0),
+    # Caches that are strided views into one key/value buffer: appended in place there.
+    "packed_kv_buffer": Case(lens=[7, 0, 30], s_new=2, sq=2, page=16, packed=True, rotary=(16, False), causal=True,
+                             splits=2),
+    # An int cache_seqlens, rotary on a causal call (queries at their own positions).
+    "int_seqlens_rotary_causal": Case(lens=[17, 17, 17], s_new=2, sq=2, int_seqlens=True, causal=True,
+                                      rotary=(32, True), splits=0),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_matches_the_f64_reference(name, poisoned):
+    c = CASES[name]
+    g = torch.Generator().manual_seed(SEED + list(CASES).index(name))
+    x, rows, capacity = make_inputs(c, g)
+    before = snapshot(x)
+    check(c, x, rows, capacity, run(c, x), before)
+
+
+def test_return_without_lse_and_fa3s_entry(poisoned):
+    c = Case(lens=[2, 9, 0], s_new=1, page=16, sq=1)
+    g = torch.Generator().manual_seed(SEED + 7)
+    x, rows, capacity = make_inputs(c, g)
+    x2 = snapshot(x)
+    got = run(c, x, fa3.flash_attn_with_kvcache)
+    check(c, x, rows, capacity, got, x2)
+    with kiln_attn.interpreter():
+        out = kiln_attn.flash_attn_with_kvcache(x2["q"], x2["k_cache"], x2["v_cache"], x2["k"], x2["v"],
+                                                cache_seqlens=x2["cache_seqlens"], page_table=x2["page_table"])
+    assert isinstance(out, torch.Tensor)
+    torch.testing.assert_close(out, got[0], atol=0, rtol=0)
+
+
+def test_window_spellings_and_both_rules_agree_below_seqlen_q():
+    # Four queries against a cache of 40 keys (the cache's length being FlashAttention's
+    # seqlen_k): right = 2 lies below seqlen_q - 1 = 3 and masks the last key for the first
+    # query under both rules; right = 40 is unbounded under both.
+    c = Case(lens=[6, 6, 6], sq=4, window=(-1, 2))
+    g = torch.Generator().manual_seed(SEED + 11)
+    x, rows, capacity = make_inputs(c, g)
+    with kiln_attn.interpreter():
+        a = fa3.flash_attn_with_kvcache(x["q"], x["k_cache"], x["v_cache"], cache_seqlens=x["cache_seqlens"],
+                                        window_size=[-1, 2])
+        b = kiln_attn.flash_attn_with_kvcache(x["q"], x["k_cache"], x["v_cache"], cache_seqlens=x["cache_seqlens"],
+                                              window_size=torch.tensor([-1, 2]))
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+    want = reference(c, x, rows, capacity)[2]
+    assert float((a.double() - want).abs().max()) <= 2e-2 * max(1.0, float(torch.nan_to_num(x["v_cache"].double()).abs().max()))
+
+
+def combine_reference(op, lp):
+    m = lp.amax(0)
+    seen = torch.isfinite(m)
+    w = torch.exp(lp - torch.where(seen, m, 0.0)[None])
+    den = w.sum(0)
+    out = (op * w[..., None]).sum(0) / torch.where(seen, den, 1.0)[..., None]
+    lse = torch.where(seen, m + den.log(), math.inf)
+    return torch.where(seen[..., None], out, 0.0), lse
+
+
+@pytest.mark.parametrize("out_dtype", [None, torch.bfloat16, "out"])
+def test_combine_matches_the_f64_reference(out_dtype, poisoned):
+    g = torch.Generator().manual_seed(SEED + 13)
+    n, b, s, h, d = 3, 2, 3, 5, 32
+    op = draw((n, b, s, h, d), torch.float32, "normal", g)
+    lp = draw((n, b, s, h), torch.float32, "large", g)
+    lp[1, 0, 1] = -math.inf  # a split that saw no key
+    lp[:, 1, 2, 3] = -math.inf  # a row no split saw a key for
+    lp[0, 1, 0, :] = 80.0  # magnitudes exp() overflows in f32
+    want_out, want_lse = combine_reference(op.double(), lp.double())
+    with kiln_attn.interpreter():
+        if out_dtype == "out":
+            dst = torch.full((b, s, h, d), float("nan"), dtype=torch.float16)
+            out, lse = kiln_attn.flash_attn_combine(op, lp, out=dst)
+            assert out is dst
+        else:
+            out, lse = kiln_attn.flash_attn_combine(op, lp, out_dtype=out_dtype)
+    assert out.dtype == (torch.float16 if out_dtype == "out" else out_dtype or torch.float32)
+    assert lse.shape == (b, s, h) and lse.dtype == torch.float32
+    tol = 1e-5 if out.dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out.double(), want_out, atol=tol * 4, rtol=tol)
+    assert torch.isinf(lse[1, 2, 3]) and lse[1, 2, 3] > 0
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-5)
