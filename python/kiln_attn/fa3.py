@@ -18,7 +18,7 @@ performance hints, which change no result: accepted, with kiln choosing its own 
 
 from . import _native
 from .interface import _INTERPRET, _torch_path, window_pair
-from .kvcache import flash_attn_combine, kvcache
+from .kvcache import flash_attn_combine, traced_or_direct
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_combine"]
 
@@ -214,7 +214,7 @@ def flash_attn_with_kvcache(
         scheduler_metadata=scheduler_metadata,
     )
     _hints(attention_chunk, 0, sm_margin)
-    return kvcache(
+    return traced_or_direct(
         q,
         k_cache,
         v_cache,

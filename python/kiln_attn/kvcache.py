@@ -18,6 +18,7 @@ torch is imported only once the checks have passed, so the checks run on fake te
 """
 
 import operator
+import sys
 
 from . import kernel
 from .interface import _INTERPRET, window_pair
@@ -466,7 +467,7 @@ def flash_attn_with_kvcache(
         if page_table is not None:
             raise ValueError("block_table: pass the page table once, as page_table or block_table")
         page_table = block_table
-    return kvcache(
+    return traced_or_direct(
         q,
         k_cache,
         v_cache,
@@ -487,6 +488,26 @@ def flash_attn_with_kvcache(
         return_softmax_lse,
         False,
     )
+
+
+def traced_or_direct(*args):
+    """`kvcache(*args)`, through the custom op `torch.ops.kiln_attn._flash_attn_with_kvcache`
+    while torch.compile traces the call (`kiln_attn.kvcache_op`), else directly."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.compiler.is_compiling():
+        return kvcache(*args)
+    from . import kvcache_op
+
+    (q, k_cache, v_cache, k, v, cos, sin, seqlens, batch_idx, leftpad, pages) = args[:11]
+    (scale, causal, window, softcap, interleaved, splits, return_lse, fa3_window) = args[11:]
+    seqlens_t = seqlens if isinstance(seqlens, torch.Tensor) else None
+    seqlens_int = None if seqlens_t is not None or seqlens is None else int(seqlens)
+    left, right = window_pair(window)
+    out, lse = kvcache_op._flash_attn_with_kvcache(
+        q, k_cache, v_cache, k, v, cos, sin, seqlens_t, seqlens_int, batch_idx, leftpad, pages,
+        scale, causal, left, right, softcap, interleaved, splits, fa3_window,
+    )
+    return (out, lse) if return_lse else out
 
 
 def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):

@@ -201,16 +201,21 @@ def reference(c, x, rows, capacity):
     return kc, vc, out, lse
 
 
-def run(c, x, fn=None):
+def call(c, x, fn=None):
+    """The case's call of `fn` (flash_attn_with_kvcache) on the inputs `x`."""
     fn = fn or kiln_attn.flash_attn_with_kvcache
     kw = {k: v for k, v in x.items() if k not in ("q", "k_cache", "v_cache")}
     if c.block_table:
         kw["block_table"] = kw.pop("page_table")
     if c.rotary:
         kw["rotary_interleaved"] = c.rotary[1]
+    return fn(x["q"], x["k_cache"], x["v_cache"], causal=c.causal, window_size=c.window, softcap=c.softcap,
+              num_splits=c.splits, return_softmax_lse=True, **kw)
+
+
+def run(c, x, fn=None):
     with kiln_attn.interpreter():
-        return fn(x["q"], x["k_cache"], x["v_cache"], causal=c.causal, window_size=c.window, softcap=c.softcap,
-                  num_splits=c.splits, return_softmax_lse=True, **kw)
+        return call(c, x, fn)
 
 
 def snapshot(x):
@@ -348,3 +353,36 @@ def test_combine_matches_the_f64_reference(out_dtype, poisoned):
     torch.testing.assert_close(out.double(), want_out, atol=tol * 4, rtol=tol)
     assert torch.isinf(lse[1, 2, 3]) and lse[1, 2, 3] > 0
     torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("name", ["page16_rotary_auto", "int_seqlens_rotary_causal"])
+def test_torch_compile_traces_a_decode_step_without_a_graph_break(backend, name):
+    # The custom op torch.ops.kiln_attn._flash_attn_with_kvcache: traced with fullgraph=True,
+    # the step appends into the caches in place and gives the eager call's bits.
+    c = CASES[name]
+    g = torch.Generator().manual_seed(SEED + 11)
+    x, rows, capacity = make_inputs(c, g)
+    before = snapshot(x)
+    eager_x = snapshot(x)
+    torch._dynamo.reset()
+    step = torch.compile(lambda x: call(c, x), backend=backend, fullgraph=True)
+    with kiln_attn.interpreter():
+        got = step(x)
+    check(c, x, rows, capacity, got, before)
+    want = run(c, eager_x)
+    torch.testing.assert_close(got[0], want[0], atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(x["k_cache"], eager_x["k_cache"], atol=0, rtol=0, equal_nan=True)
+
+
+def test_the_decode_custom_op_passes_opcheck():
+    from kiln_attn import kvcache_op
+
+    c = CASES["page16_rotary_auto"]
+    g = torch.Generator().manual_seed(SEED + 12)
+    x, _, _ = make_inputs(c, g)
+    args = (x["q"], x["k_cache"], x["v_cache"], x["k"], x["v"], x["rotary_cos"], x["rotary_sin"],
+            x["cache_seqlens"], None, None, None, x["page_table"], None, False, -1, -1, 0.0, True, 2, False)
+    with kiln_attn.interpreter():
+        torch.library.opcheck(kvcache_op._flash_attn_with_kvcache, args,
+                              test_utils=("test_schema", "test_faketensor"))
