@@ -1,4 +1,4 @@
-//! The dynamic rules of the schedule protocol (see the parent module's doc): every role of
+//! The dynamic rules of the schedule protocol (see `docs/pipeline.md`): every role of
 //! the schedule, each replica of it in each CTA of the cluster (one CTA without a cluster),
 //! runs its expanded program ([`crate::sched::expand`]) on an abstract machine for a run of
 //! work tiles with given trip counts.
