@@ -1,41 +1,10 @@
 //! The kernel parameter ABI: how a kernel's [`Param`]s become `.entry` parameters.
 //!
 //! Every kiln entry takes its parameters in [`Kernel::params`](kiln_ir::Kernel) order, each
-//! one expanded into one or more PTX parameter *slots*:
-//!
-//! | kiln parameter                 | slots, in order                                           |
-//! | ------------------------------ | --------------------------------------------------------- |
-//! | `Tensor { rank: r, .. }`       | `.u64` base address (device pointer, bytes),              |
-//! |                                | then `r` x `.s32` extents, outermost dimension first,     |
-//! |                                | then `r` x `.s64` strides **in elements**, outermost first |
-//! | `Scalar { dtype: F32 }`        | one `.f32`                                                |
-//! | `Scalar { dtype: I32 }`        | one `.s32`                                                |
-//!
-//! Every tensor passes all `r` strides, including the innermost one, which must be 1 (the IR
-//! assumes it; the runtime checks it and the kernel never reads it). Extents must fit in an
-//! `i32` and be non-negative. For a tensor marked `aligned16` the base address and every stride
-//! but the innermost, times the element size, must be multiples of 16 bytes: the kernel then
-//! uses 16-byte vector accesses and cp.async, and a misaligned argument would fault.
-//!
-//! On sm_90a a tensor loaded through TMA also takes a `.param .align 64 .b8 <name>_tmap[128]`
-//! slot right after its strides ([`SlotRole::TensorMap`]): a `CUtensorMap` the runtime encodes
-//! from the module's [`TensorMapSpec`](crate::TensorMapSpec) over the same tensor and passes by
-//! value (`kernelParams[i]` points at the 128 bytes).
-//!
-//! A persistent kernel (sm_90a, `kiln_ir::sched::tiles`) takes three more `.s32` slots at the
-//! end, `kiln_grid_x`, `kiln_grid_y` and `kiln_grid_z` ([`SlotRole::Grid`]): the logical grid
-//! the caller asked for, whose blocks its CTAs walk as work tiles.
-//!
-//! With the driver's `cuLaunchKernel(.., kernelParams, ..)` the runtime passes one pointer per
-//! slot, in slot order, to a value of the slot's width (`u64`, `i32`, `i64`, `f32`); the driver
-//! lays them out. [`slots`] lists the slots so the runtime need not re-derive this table.
-//!
-//! Launch geometry is not part of the parameter list (but for a persistent kernel's logical
-//! grid): the grid is chosen by the caller (for a persistent kernel, by the runtime: at most
-//! as many CTAs as fit on the GPU at once, in x), the block is
-//! `PtxModule::threads_per_block` threads in x, and the launch must request
-//! `PtxModule::dynamic_smem_bytes` of dynamic shared memory (setting
-//! `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` first when it exceeds 48 KiB).
+//! expanded into one or more PTX parameter *slots* ([`Slot`]): a tensor's base address,
+//! extents and strides (in elements), a scalar's value, and on sm_90a a TMA tensor map and a
+//! persistent kernel's logical grid. [`slots`] lists them, with the slot table, the alignment
+//! rules and the launch contract, so the runtime need not re-derive them.
 
 use std::fmt;
 
@@ -146,7 +115,43 @@ pub enum AbiError {
     },
 }
 
-/// The entry's parameter slots for `params`, in launch order. See the module doc.
+/// The entry's parameter slots for `params`, in launch order.
+///
+/// Each parameter expands into these slots:
+///
+/// | kiln parameter                 | slots, in order                                           |
+/// | ------------------------------ | --------------------------------------------------------- |
+/// | `Tensor { rank: r, .. }`       | `.u64` base address (device pointer, bytes),              |
+/// |                                | then `r` x `.s32` extents, outermost dimension first,     |
+/// |                                | then `r` x `.s64` strides **in elements**, outermost first |
+/// | `Scalar { dtype: F32 }`        | one `.f32`                                                |
+/// | `Scalar { dtype: I32 }`        | one `.s32`                                                |
+///
+/// Every tensor passes all `r` strides, including the innermost one, which must be 1 (the IR
+/// assumes it; the runtime checks it and the kernel never reads it). Extents must fit in an
+/// `i32` and be non-negative. For a tensor marked `aligned16` the base address and every stride
+/// but the innermost, times the element size, must be multiples of 16 bytes: the kernel then
+/// uses 16-byte vector accesses and cp.async, and a misaligned argument would fault.
+///
+/// On sm_90a a tensor loaded through TMA also takes a `.param .align 64 .b8 <name>_tmap[128]`
+/// slot right after its strides ([`SlotRole::TensorMap`]): a `CUtensorMap` the runtime encodes
+/// from the module's [`TensorMapSpec`](crate::TensorMapSpec) over the same tensor and passes by
+/// value (`kernelParams[i]` points at the 128 bytes).
+///
+/// A persistent kernel (sm_90a, `kiln_ir::sched::tiles`) takes three more `.s32` slots at the
+/// end, `kiln_grid_x`, `kiln_grid_y` and `kiln_grid_z` ([`SlotRole::Grid`]): the logical grid
+/// the caller asked for, whose blocks its CTAs walk as work tiles.
+///
+/// With the driver's `cuLaunchKernel(.., kernelParams, ..)` the runtime passes one pointer per
+/// slot, in slot order, to a value of the slot's width (`u64`, `i32`, `i64`, `f32`); the driver
+/// lays them out.
+///
+/// Launch geometry is not part of the parameter list (but for a persistent kernel's logical
+/// grid): the grid is chosen by the caller (for a persistent kernel, by the runtime: at most
+/// as many CTAs as fit on the GPU at once, in x), the block is
+/// `PtxModule::threads_per_block` threads in x, and the launch must request
+/// `PtxModule::dynamic_smem_bytes` of dynamic shared memory (setting
+/// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` first when it exceeds 48 KiB).
 pub fn slots(params: &[Param]) -> Result<Vec<Slot>, AbiError> {
     slots_with_maps(params, &[], false)
 }

@@ -2,31 +2,10 @@
 //! `flash_attn_combine`: a few new query tokens per sequence attend to a long cache, dense or
 //! paged, into which the new keys and values were first appended in place.
 //!
-//! The kernels, in launch order:
-//! 1. [`kv_cache_append`] writes the new keys and values of each sequence into its cache at
-//!    positions `cache_seqlens[b]..`, through the page table, rotating the keys (RoPE, either
-//!    layout) when a rotary dim is given; [`rotary_q`] rotates the queries.
-//! 2. [`attention_decode`] (one pass) or [`attention_decode_split`] (flash-decoding: the keys of
-//!    a sequence split over several blocks, each writing an f32 partial output and its
-//!    log-sum-exp): a block owns one key/value head of one sequence and packs the query heads
-//!    of its group into the tile's rows (`pack_gqa`: row `r` is query token `r / kv_group` of
-//!    head `r % kv_group` of the group), so a single query token still fills the tile's rows.
-//! 3. [`attention_decode_combine`] merges the splits by their log-sum-exps.
-//!
-//! [`num_splits`] is the split heuristic for `num_splits = 0`.
-//!
-//! The cache is one layout for dense and paged caches: `[pages, heads_k, page, d]` (a view of
-//! FlashAttention's `(num_blocks, page_block_size, nheads_k, d)` through its strides), key `j`
-//! of sequence `b` at page `page_table[b, j / page]`, row `j % page`. A dense cache
-//! `(batch_cache, seqlen_cache, nheads_k, d)` is the same with one page per sequence: its page
-//! table is `cache_batch_idx` as a `[batch, 1]` column (or `0..batch`), its page size
-//! `seqlen_cache`.
-//!
-//! Cache slots outside a sequence's keys (before its leftpad, past its length, in pages it
-//! does not hold) may hold anything, NaN included: no output reads them. Every access stays
-//! inside its tensor whatever the page table and lengths hold. On sm_90a the attention
-//! kernels take the general lowering (mma.sync and cp.async): their gathered query rows and
-//! register value tiles are not what the wgmma schedule reads.
+//! In launch order: [`kv_cache_append`] (and [`rotary_q`]), then [`attention_decode`] or
+//! [`attention_decode_split`] (split-KV, [`num_splits`] choosing the split), then
+//! [`attention_decode_combine`]. Each kernel's doc says what it does; the cache layout, shared
+//! by dense and paged caches, and the sm_90a lowering: `docs/kernels.md`.
 
 use kiln::ir::dsl::Tensor;
 use kiln::prelude::*;
@@ -183,7 +162,7 @@ pub fn num_splits(
 
 /// Appends the new keys `k_new` and values `v_new` (`[batch, heads_k, seqlen_new, d]`, a
 /// view of FlashAttention's `(batch, seqlen_new, nheads_k, d)`) into the caches `k_cache`,
-/// `v_cache` (`[pages, heads_k, page, d]`, the module doc's layout) at positions
+/// `v_cache` (`[pages, heads_k, page, d]`, layout in `docs/kernels.md`) at positions
 /// `cache_seqlens[b]..` of each sequence, through `page_table` (`[batch, pages per
 /// sequence]`, i32). The keys are rotated first when `rotary_dim > 0`: token `t` by the
 /// angle of row `cache_seqlens[b] + t` of `cos`, `sin` (`[seqlen_ro, rotary_dim / 2]`).
@@ -377,7 +356,7 @@ fn rope_apply(r: Rope, x: Value, partner: Value, pos: Value) -> Value {
 /// query that sees no key) into `lse: [batch, heads, seqlen_q]`.
 ///
 /// `q: [batch, seqlen_q, heads, d]` and `o` alike (FlashAttention's layout); `k_cache`,
-/// `v_cache` and `page_table` as the module doc says (after [`kv_cache_append`], which wrote
+/// `v_cache` and `page_table` as `docs/kernels.md` says (after [`kv_cache_append`], which wrote
 /// `seqlen_new` keys per sequence); sequence `b` holds keys `cache_leftpad[b] ..
 /// cache_seqlens[b] + seqlen_new` (`cache_seqlens` is the length before the append, as
 /// FlashAttention's). Causal and window masks are aligned bottom-right against that end;

@@ -1,20 +1,9 @@
-//! The transcendental functions `sin`, `cos`, `tanh`, `erf`, `sigmoid`, `log` and `log2` as kiln computes
-//! them: one fixed, branch-free sequence per element in f64, rounded once to f32. The PTX
-//! writer emits these exact steps (the same constants, the same fused multiply-adds, in the
-//! same order) and the interpreter runs these functions, so the two agree bit for bit.
-//!
-//! - `sin`/`cos` reduce `x` modulo `pi/2` exactly for every finite f32 (Payne-Hanek: the
-//!   24-bit mantissa times a 128-bit window of the bits of `2/pi`, in integers), then evaluate
-//!   Taylor polynomials of `sin` and `cos` on `|r| <= pi/4` in f64.
-//! - `tanh` and `sigmoid` use an f64 exponential ([`exp64`]: `2^k * e^r`, `|r| <= ln2/2`).
-//! - `erf` is a Taylor polynomial below 1, a degree-18 Chebyshev interpolant of `erf` on
-//!   `[1, 4]`, and 1 above (where `erf` rounds to 1 in f32).
-//! - `log` and `log2` split `x` (exact in f64, subnormals included) into `2^k * m` with `m` in
-//!   `[sqrt(1/2), sqrt(2))` by integer arithmetic on its bits, then `ln m = 2 atanh(s)` with
-//!   `s = (m - 1) / (m + 1)`, `|s| <= 0.172`, an odd polynomial; `k` is added in one fused
-//!   multiply-add, so near `x = 1` the error stays relative (no `k` to cancel against).
-//!
-//! Every result is within an f32 rounding (about 1 ulp) of the exact value.
+//! The transcendental functions `sin`, `cos`, `tanh`, `erf`, `sigmoid`, `log` and `log2` as
+//! kiln computes them: one fixed, branch-free sequence per element in f64, rounded once to f32.
+//! The PTX writer emits these exact steps (the same constants, the same fused multiply-adds,
+//! in the same order) and the interpreter runs these functions, so the two agree bit for bit.
+//! Every result is within an f32 rounding (about 1 ulp) of the exact value; each function's
+//! doc says how it is computed.
 
 use std::f64::consts::{FRAC_2_SQRT_PI, FRAC_PI_2, LN_2, LOG2_E};
 
@@ -219,12 +208,14 @@ fn sin_quadrant(x: f32, quarter: u32) -> f32 {
     (if n & 2 == 0 { v } else { -v }) as f32
 }
 
-/// `sin(x)`.
+/// `sin(x)`: `x` reduced modulo `pi/2` exactly for every finite f32 ([`reduce_half_pi`],
+/// Payne-Hanek: the 24-bit mantissa times a 128-bit window of the bits of `2/pi`, in
+/// integers), then Taylor polynomials of `sin` and `cos` on `|r| <= pi/4` in f64.
 pub fn sin(x: f32) -> f32 {
     sin_quadrant(x, 0)
 }
 
-/// `cos(x)`.
+/// `cos(x)`, reduced and evaluated as [`sin`] is.
 pub fn cos(x: f32) -> f32 {
     sin_quadrant(x, 1)
 }
@@ -239,7 +230,7 @@ pub fn exp64(y: f64) -> f64 {
     horner(&exp_coeffs(), r) * scale
 }
 
-/// `tanh(x)`.
+/// `tanh(x)`, through an f64 exponential ([`exp64`]: `2^k * e^r`, `|r| <= ln2/2`).
 pub fn tanh(x: f32) -> f32 {
     let a = f64::from(x).abs().min(TANH_CLAMP);
     let e = exp64(a + a);
@@ -251,14 +242,15 @@ pub fn tanh(x: f32) -> f32 {
     }
 }
 
-/// `1 / (1 + e^-x)`.
+/// `1 / (1 + e^-x)`, through an f64 exponential ([`exp64`]).
 pub fn sigmoid(x: f32) -> f32 {
     let y = (-f64::from(x)).clamp(-SIGMOID_CLAMP, SIGMOID_CLAMP);
     let s = (1.0 / (1.0 + exp64(y))) as f32;
     if x.is_nan() { x } else { s }
 }
 
-/// `erf(x)`.
+/// `erf(x)`: a Taylor polynomial below 1, a degree-18 Chebyshev interpolant of `erf` on
+/// `[1, 4]`, and 1 above (where `erf` rounds to 1 in f32).
 pub fn erf(x: f32) -> f32 {
     let a = f64::from(x).abs();
     let small = a * horner(&erf_taylor(), a * a);
@@ -306,13 +298,17 @@ pub fn log_special(x: f32, v: f64) -> f32 {
     }
 }
 
-/// The natural logarithm `ln x`.
+/// The natural logarithm `ln x`: `x` (exact in f64, subnormals included) split into
+/// `2^k * m` with `m` in `[sqrt(1/2), sqrt(2))` by integer arithmetic on its bits, then
+/// `ln m = 2 atanh(s)` with `s = (m - 1) / (m + 1)`, `|s| <= 0.172`, an odd polynomial; `k`
+/// is added in one fused multiply-add, so near `x = 1` the error stays relative (no `k` to
+/// cancel against).
 pub fn log(x: f32) -> f32 {
     let (k, lnm) = log_parts(x);
     log_special(x, k.mul_add(LN_2, lnm))
 }
 
-/// `log2 x`.
+/// `log2 x`, computed as [`log`] is.
 pub fn log2(x: f32) -> f32 {
     let (k, lnm) = log_parts(x);
     log_special(x, lnm.mul_add(LOG2_E, k))

@@ -1,27 +1,8 @@
 //! The verifier: checks that a kernel is well formed, collecting every error.
 //!
-//! Invariants checked, for every op reachable from the kernel's body:
-//! - every handle (op, operand, result, block argument) names an entity of the kernel, and
-//!   each op appears in exactly one block;
-//! - every operand is defined before its use by an op or block argument that dominates it:
-//!   a value defined inside a region is visible only in that region (and regions nested in
-//!   it) and leaves it only through the owner's results; block arguments are used only
-//!   inside their region;
-//! - every value records the op (or block argument position) that defines it, and is
-//!   defined once;
-//! - operand and result types agree with [`crate::infer::result_types`] (which covers tensor
-//!   parameter indices, ranks and mutability of `load`/`store`, and the scalar i32 bounds of
-//!   `for`);
-//! - `for` has one region whose arguments are the i32 induction variable then the carried
-//!   values, typed as the init operands and the results, and whose yield passes values of
-//!   those types; `if` has two argument-less regions whose yields both match its declared
-//!   results; other ops own no region;
-//! - every region ends with exactly one `yield`, and `yield` appears nowhere else (not in
-//!   the kernel's top-level block).
-//!
-//! Not yet checked: that the top-level block takes no arguments; ops left in the arena but
-//! unreachable from the body (passes may leave them); scopes, layouts and memory spaces
-//! introduced by later passes.
+//! It is the first entry of the pass list. The invariants it checks (handles, dominance,
+//! types as [`crate::infer::result_types`] gives them, region shapes, `yield` placement) and
+//! what it does not check yet are listed at [`verify`].
 
 use std::fmt;
 
@@ -64,7 +45,30 @@ impl fmt::Display for VerifyErrors {
 
 impl std::error::Error for VerifyErrors {}
 
-/// Checks `kernel` against the invariants in the module doc.
+/// Checks `kernel`, collecting every error.
+///
+/// Invariants checked, for every op reachable from the kernel's body:
+/// - every handle (op, operand, result, block argument) names an entity of the kernel, and
+///   each op appears in exactly one block;
+/// - every operand is defined before its use by an op or block argument that dominates it:
+///   a value defined inside a region is visible only in that region (and regions nested in
+///   it) and leaves it only through the owner's results; block arguments are used only
+///   inside their region;
+/// - every value records the op (or block argument position) that defines it, and is
+///   defined once;
+/// - operand and result types agree with [`crate::infer::result_types`] (which covers tensor
+///   parameter indices, ranks and mutability of `load`/`store`, and the scalar i32 bounds of
+///   `for`);
+/// - `for` has one region whose arguments are the i32 induction variable then the carried
+///   values, typed as the init operands and the results, and whose yield passes values of
+///   those types; `if` has two argument-less regions whose yields both match its declared
+///   results; other ops own no region;
+/// - every region ends with exactly one `yield`, and `yield` appears nowhere else (not in
+///   the kernel's top-level block).
+///
+/// Not yet checked: that the top-level block takes no arguments; ops left in the arena but
+/// unreachable from the body (passes may leave them); scopes, layouts and memory spaces
+/// introduced by later passes.
 pub fn verify(kernel: &Kernel) -> Result<(), VerifyErrors> {
     let mut v = Verifier {
         kernel,

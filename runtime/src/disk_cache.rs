@@ -1,24 +1,11 @@
 //! The disk compile cache: ptxas's output (a cubin) and its log for each compiled
 //! specialisation, so a new process loads a kernel without compiling it again.
 //!
-//! An entry is keyed by a BLAKE3 hash of everything that decides the cubin ([`CacheKey`]): the
-//! PTX text (which the IR, the target and kiln's code generation determine), the target, kiln's
-//! version, the driver's version and how the cubin was assembled. The directory is
-//! `$KILN_CACHE_DIR`, else `kiln/` under the platform cache directory; `KILN_CACHE_DIR=off`
-//! turns the cache off.
-//!
-//! An entry file is `KILNCUB1`, the BLAKE3 hash of the payload, the cubin's and the log's
-//! lengths (little-endian `u64`), then the cubin and the log. It is verified before use: a
-//! truncated, corrupt or foreign file is removed and reported as a miss, never loaded. Writes go
-//! to a temporary file in the same directory that is renamed into place, so concurrent
-//! processes never see half an entry; the last writer of a key wins with a whole entry.
-//!
-//! Beside the cubins, a *module entry* maps a kernel as built (its IR text before the passes,
-//! which names every comptime value and alignment) to the PTX module the passes and the PTX
-//! writer made of it ([`ModuleKey`], `KILNMOD1` files of the same layout holding the module as
-//! JSON), so a warm start skips both and goes straight to the cubin. Its key includes a
-//! fingerprint of the compiler's sources (`build.rs`), so a changed compiler never reuses a
-//! stale module.
+//! An entry is keyed by a BLAKE3 hash of everything that decides the cubin ([`CacheKey`]); a
+//! *module entry* ([`ModuleKey`]) maps a kernel as built to the PTX module the passes made of
+//! it, so a warm start skips both. Entries are verified before use and written atomically. The
+//! directory is `$KILN_CACHE_DIR`, else `kiln/` under the platform cache directory;
+//! `KILN_CACHE_DIR=off` turns the cache off. Layout and keys in full: [`DiskCache`].
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -41,7 +28,7 @@ const MODULE_SUFFIX: &str = ".module";
 /// A hash of the compiler's sources (kiln-ir and kiln-ptx), from `build.rs`.
 const COMPILER: &str = env!("KILN_COMPILER_FINGERPRINT");
 
-/// What identifies a cached cubin: a hex BLAKE3 hash (see the module doc).
+/// What identifies a cached cubin: a hex BLAKE3 hash (see [`DiskCache`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CacheKey(String);
 
@@ -170,7 +157,26 @@ pub struct EntryInfo {
     pub modified: Option<SystemTime>,
 }
 
-/// A cache directory (see the module doc).
+/// A cache directory.
+///
+/// An entry is keyed by a BLAKE3 hash of everything that decides the cubin ([`CacheKey`]): the
+/// PTX text (which the IR, the target and kiln's code generation determine), the target, kiln's
+/// version, the driver's version and how the cubin was assembled. The directory is
+/// `$KILN_CACHE_DIR`, else `kiln/` under the platform cache directory; `KILN_CACHE_DIR=off`
+/// turns the cache off.
+///
+/// An entry file is `KILNCUB1`, the BLAKE3 hash of the payload, the cubin's and the log's
+/// lengths (little-endian `u64`), then the cubin and the log. It is verified before use: a
+/// truncated, corrupt or foreign file is removed and reported as a miss, never loaded. Writes go
+/// to a temporary file in the same directory that is renamed into place, so concurrent
+/// processes never see half an entry; the last writer of a key wins with a whole entry.
+///
+/// Beside the cubins, a *module entry* maps a kernel as built (its IR text before the passes,
+/// which names every comptime value and alignment) to the PTX module the passes and the PTX
+/// writer made of it ([`ModuleKey`], `KILNMOD1` files of the same layout holding the module as
+/// JSON), so a warm start skips both and goes straight to the cubin. Its key includes a
+/// fingerprint of the compiler's sources (`build.rs`), so a changed compiler never reuses a
+/// stale module.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DiskCache {
     dir: PathBuf,
@@ -232,7 +238,7 @@ impl DiskCache {
         })
     }
 
-    /// Stores `entry` under `key` atomically (see the module doc).
+    /// Stores `entry` under `key` atomically (see [`DiskCache`]).
     pub fn put(&self, key: &CacheKey, entry: &CachedCubin) -> io::Result<()> {
         write_atomic(
             &self.path(key),

@@ -2,26 +2,21 @@
 //!
 //! Opens a GPU ([`Device`]), moves tensors to and from it ([`DeviceTensor`], with strided
 //! views), and launches kernels: [`Device::launch`] validates every argument against the
-//! kernel's signature, specialises the kernel (comptime values plus each tensor's 16-byte
-//! alignment), compiles it through `kiln_ptx::compile` unless the in-memory cache holds it,
-//! JIT-loads the PTX with the driver's error log, and launches it.
-//!
-//! The CUDA driver is loaded at run time (cudarc's dynamic loading), so the crate builds on a
-//! machine without CUDA; there, [`Device::new`] returns [`RuntimeError::NoDriver`] and
-//! [`Device::is_available`] is false. Nothing panics for want of a GPU.
-//!
-//! **Architecture invariant:** only kiln-runtime touches the driver. The IR, the backend and
-//! the macro never see a CUDA handle; everything device-side goes through this crate.
-//!
-//! **Architecture invariant:** no launch reads or writes outside its tensors' allocations
-//! because of a wrong argument: shapes, strides, ranks and dtypes are checked on the host
-//! before every launch (module `validate`), and the kernels mask against the extents passed.
-//!
-//! Memory and streams of other libraries (PyTorch's) are borrowed, not copied:
-//! [`Device::borrow_tensor`] and [`Device::launch_on_stream`] (module `foreign`).
-//!
-//! `KILN_DUMP=ir,ptx` writes each specialisation's IR and PTX to `KILN_DUMP_DIR` (see
-//! [`dump`]).
+//! kernel's signature, specialises the kernel, compiles it through `kiln_ptx::compile` unless a
+//! cache holds it, JIT-loads the PTX with the driver's error log, and launches it. Memory and
+//! streams of other libraries (PyTorch's) are borrowed, not copied ([`Device::borrow_tensor`],
+//! [`Device::launch_on_stream`]). `KILN_DUMP=ir,ptx` dumps each specialisation ([`dump`]).
+//! The driver is loaded at run time, so the crate builds and runs without CUDA: there
+//! [`Device::new`] returns [`RuntimeError::NoDriver`]; nothing panics for want of a GPU.
+
+// The driver is loaded through cudarc's dynamic loading; without one
+// `Device::is_available` is false.
+//
+// Architecture invariants: only kiln-runtime touches the driver (the IR, the backend and the
+// macro never see a CUDA handle; everything device-side goes through this crate), and no
+// launch reads or writes outside its tensors' allocations because of a wrong argument:
+// shapes, strides, ranks and dtypes are checked on the host before every launch (`validate`),
+// and the kernels mask against the extents passed. Foreign memory and streams: `foreign`.
 
 pub mod autotune;
 mod cluster;

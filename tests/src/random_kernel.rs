@@ -2,25 +2,11 @@
 //! run over them: the generator behind the random-kernel test (`tests/random_kernels.rs`)
 //! and the `ir` and `pipeline` fuzz targets (`fuzz/`).
 //!
-//! Each byte picks what comes next (an op, its operands among the values built so far, a
-//! shape, a loop or branch, or one of the shapes users write: a vector broadcast over a tile
-//! with `.col()`/`.row()`, an accumulator carried through a loop into a reduction or `mma`,
-//! a bounded store; bit and integer ops on i32 and u32, bitcasts, Philox `rand`/`randn`
-//! chains, `sin`/`cos`/`tanh`/`erf`/`sigmoid`/`log`, masked loads with a fill value, row
-//! and element gathers and scatters, tile and scalar atomics of every op and memory order,
-//! in-tile `take`, reshapes and permutes to 3-D and 4-D tiles, tiles too large for
-//! registers, reductions over any dimension, strided and persistent loops, any
-//! `num_warps`); an op the builder rejects is left out, so the IR is always what a front
-//! end could have built. Every op gets its own source line (`random_kernel.rs:<n>`), so an
-//! error that names no line is caught.
-//!
-//! [`exercise`] runs the verifier, the pass pipeline and the PTX writer for every target and
-//! the interpreter on small inputs: any of them may refuse the kernel with an error, none
-//! may panic or hang (loops run at most 3 times). [`check`] is the stricter judge of the
-//! backend: per target, the PTX or the error's kind ([`Outcome`]), with the verifier run
-//! after every pass and ptxas on every module when asked; [`interpret`] judges the
-//! interpreter's errors; [`Tally`] counts outcomes by category with one example each, and
-//! the kinds of op the kernels held.
+//! [`kernel`] builds a kernel from bytes (what each byte picks: there); [`exercise`] runs the
+//! verifier, the pass pipeline and the PTX writer for every target and the interpreter on
+//! small inputs: any of them may refuse the kernel with an error, none may panic or hang
+//! (loops run at most 3 times). [`check`] is the stricter judge of the backend ([`Outcome`]),
+//! [`interpret`] the interpreter's, and [`Tally`] counts outcomes by category.
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -265,8 +251,19 @@ fn params(aligned: bool) -> Vec<Param> {
     ]
 }
 
-/// A kernel built from `data` (see the module doc), or `None` when the builder refuses to
-/// finish it.
+/// A kernel built from `data`, or `None` when the builder refuses to finish it.
+///
+/// Each byte picks what comes next (an op, its operands among the values built so far, a
+/// shape, a loop or branch, or one of the shapes users write: a vector broadcast over a tile
+/// with `.col()`/`.row()`, an accumulator carried through a loop into a reduction or `mma`,
+/// a bounded store; bit and integer ops on i32 and u32, bitcasts, Philox `rand`/`randn`
+/// chains, `sin`/`cos`/`tanh`/`erf`/`sigmoid`/`log`, masked loads with a fill value, row
+/// and element gathers and scatters, tile and scalar atomics of every op and memory order,
+/// in-tile `take`, reshapes and permutes to 3-D and 4-D tiles, tiles too large for
+/// registers, reductions over any dimension, strided and persistent loops, any
+/// `num_warps`); an op the builder rejects is left out, so the IR is always what a front
+/// end could have built. Every op gets its own source line (`random_kernel.rs:<n>`), so an
+/// error that names no line is caught.
 pub fn kernel(data: &[u8]) -> Option<Kernel> {
     let mut bytes = Bytes { data, at: 0 };
     let options = KernelOptions {
@@ -1835,7 +1832,8 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Compiles `kernel` for `target` (the pass pipeline, the verifier after each pass, and the
-/// PTX writer), catching panics, and with `ptxas` assembles the PTX: the [`Outcome`].
+/// PTX writer), catching panics, and with `ptxas` assembles the PTX: the [`Outcome`], per
+/// target the PTX or the error's kind.
 pub fn check(kernel: &Kernel, target: Target, ptxas: bool) -> Outcome {
     let compiled = catch_unwind(AssertUnwindSafe(|| compile_verified(kernel, target)));
     match compiled {

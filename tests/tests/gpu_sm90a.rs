@@ -1,22 +1,8 @@
-//! The DSL gemm compiled for sm_90a (TMA stage rings, warp specialisation, wgmma) on the GPU
-//! against the f64 reference, with B row-major (MN-major wgmma operand) and column-major
-//! (`b_col_major`: K-major, `imm-trans-b = 0`): several shapes including non-multiples of the tile (TMA fills
-//! the out-of-bounds parts of boxes with zeros, the epilogue masks its stores), K shorter than
-//! one stage ring and longer than several wraps, every input distribution, outputs poisoned
-//! with NaN before each run, 16-byte-aligned inputs with padded rows (the TMA path; the test
-//! checks the compiled module really takes tensor maps), and a view that is not 16-byte
-//! aligned (the documented cp.async + mma.sync fallback under `.target sm_90a`). A first test
-//! uses small random integers, for which the result is exact, and names the first wrong
-//! elements: a wrong descriptor, swizzle or box shows up as a pattern of coordinates.
-//! The attention example on sm_90a (Q once and K, V through a TMA ring, S = Q K^T with wgmma
-//! SS, P V with wgmma RS, the loop rotated and the warpgroups in ping-pong) against the f64
-//! reference: d = 64, 128 and 256, key blocks of 64 and 128, causal or not, shapes
-//! that are not multiples of the 128-query block or of the key block, several batches and
-//! heads, K with padded rows, fully masked rows (causal with sq > sk, including a query block
-//! that sees no key) and enough key blocks for several wraps of the 2-stage ring.
-//! The gemm in 2-CTA clusters (`CLUSTER_M = 2`, B multicast to the M-adjacent pair): exact
-//! on small integers, against the reference on odd shapes, and persistent with 1, 3 and 7
-//! clusters walking many tile pairs (written before any GPU ran them).
+//! The DSL gemm (B row- and column-major, and in 2-CTA clusters) and the attention example
+//! compiled for sm_90a (TMA stage rings, warp specialisation, wgmma) on the GPU against the
+//! f64 reference: odd shapes, every input distribution, outputs poisoned with NaN, exact
+//! small-integer runs that name the first wrong elements, fully masked rows, unaligned views
+//! on the cp.async fallback. What each test covers: `docs/testing.md`, "GPU tests".
 //! Skips itself without a driver ("skipped: no CUDA driver") or on a GPU that is not sm_90.
 
 mod gpu_common;

@@ -1,24 +1,8 @@
 //! kiln's `gemm` example against cuBLAS (`cublasGemmEx`, bf16 in, f32 compute, bf16 out) in
-//! the same process on the same GPU and stream.
-//!
-//! Shapes: square 1024..8192, M = 16384 with N, K in {4096, 8192, 14336}, and the odd shapes
-//! 1000x3000x777 and 127x4095x4096 (`--quick`: 1024 and 4096 square; `--shapes M:N:K,...`:
-//! those). Each configuration: one run of each checked against the other on
-//! sampled rows, warm-up, then `--iters` runs each timed alone with CUDA events (behind a GPU
-//! hold: GPU time without the launch latency), rotating over
-//! enough input sets to exceed twice the L2; the median is reported as TFLOP/s (2MNK) with
-//! `ratio` = kiln / cuBLAS throughput. `--out PATH` writes every figure as JSON.
-//!
-//! Without `--autotune` each shape runs the gemm's tuned tile for the device
-//! (`kiln_examples::gemm::tuned_tile`: on sm_90a 128x128, 4 stages, smaller where the tiles
-//! would not fill the GPU or a row stride rules out TMA), `--set` values winning; the table's
-//! `tile` column and the JSON's `comptime` say which ran.
-//!
-//! `--b-col-major` stores B column-major (`b: [N, K]`; the kernel's `b_col_major`, cuBLAS
-//! with `transb`). `--autotune` times the kernel's declared candidates per shape, its 2-CTA
-//! clusters among them (`CLUSTER_M` in {1, 2}: on sm_90a M-adjacent CTAs share B's tiles by
-//! TMA multicast); `--set CLUSTER_M=2` forces them (the JSON's `comptime` says which ran), and
-//! each row's `autotune_timings` holds every candidate's median ms (or why it was skipped).
+//! the same process on the same GPU and stream: each shape checked against cuBLAS on sampled
+//! rows, then timed with CUDA events (the median, as TFLOP/s and kiln / cuBLAS). Options
+//! (`--quick`, `--shapes`, `--iters`, `--set`, `--autotune`, `--b-col-major`, `--out`), the
+//! shape list and the method: `docs/benchmarking.md`, "GEMM".
 //!
 //! Run on a GPU host: `bench_gemm --out bench/results/gemm.json [--target sm_90a]
 //! [--b-col-major]`.

@@ -1,27 +1,16 @@
 //! The `kiln` command as a library: list the kernels linked into the program, print their
-//! IR after any pass, their PTX for a target, and check the PTX with ptxas. `kiln --help`
-//! (and `kiln COMMAND --help`) says how.
-//!
-//! A crate inspects its own kernels with a one-line binary, `src/bin/kiln.rs` (the facade's
-//! documentation of `kiln::cli` compiles it):
-//!
-//! ```ignore
-//! fn main() -> std::process::ExitCode {
-//!     kiln::cli::main()
-//! }
-//! ```
-//!
-//! then `cargo run --bin kiln -- ptx my_kernel --target sm_90a`. The kernels are the ones
-//! `#[kernel]` registered in that binary ([`kiln_ir::dsl::registry`]): the crate's own, and
-//! those of every library it links (the bundled `kiln` binary is this line over
-//! `kiln-examples`).
-//!
-//! With no `-D`, each comptime parameter takes its declared default (attention: d=128,
-//! causal=false, block_n=0) and every tensor is taken as 16-byte aligned.
-//!
-//! **Architecture invariant:** the CLI never needs a GPU: it builds, schedules and writes
-//! PTX on the host, and `check` runs ptxas, not the driver. It depends on the member crates,
-//! not on the `kiln` facade, which re-exports it as `kiln::cli`.
+//! IR after any pass, their PTX for a target, and check the PTX with ptxas, all without a GPU
+//! (`check` runs ptxas, not the driver). `kiln --help` (and `kiln COMMAND --help`) says how.
+//! A crate inspects its own kernels, and those of every library it links
+//! ([`kiln_ir::dsl::registry`]), with a one-line binary `src/bin/kiln.rs`,
+//! `fn main() -> std::process::ExitCode { kiln::cli::main() }`, then
+//! `cargo run --bin kiln -- ptx my_kernel --target sm_90a`. With no `-D`, each comptime
+//! parameter takes its declared default (attention: d=128, causal=false, block_n=0) and every
+//! tensor is taken as 16-byte aligned.
+
+// The bundled `kiln` binary is the one-line `main` over `kiln-examples`; the facade's
+// documentation of `kiln::cli` compiles that line. This crate depends on the member crates,
+// not on the `kiln` facade, which re-exports it as `kiln::cli`.
 
 use std::ffi::OsString;
 use std::io::{ErrorKind, Write};

@@ -1,23 +1,20 @@
 //! The generic writer: one pass over the kernel's own ops, in program order, one `write_*`
-//! per kind of op, on the entry's registers. Instructions for other concerns live in the
-//! submodules as further `impl Emitter` blocks: `params` (the entry's parameters), `arith`,
-//! `memory` (global loads and stores), `vector` (their 16-byte forms), `access` (masked loads
-//! and stores, gathers, scatters, atomics), `copy` (`cp.async` staging), `mma` (`mma.sync`),
-//! `stage` (register mma operands written to shared memory for `ldmatrix`), `exchange`
-//! (elements changing threads through shared memory: layout conversions, reductions across
-//! warps), `math` (the transcendental sequences),
-//! `sync` (reductions, the sm_80 software pipeline), `control`, `print`; `values` reads and
-//! materialises the registers of IR values. The submodules use this module's items; it uses
-//! none of theirs.
-//!
-//! It writes every op the way sm_80 runs it (`mma.sync`, `ldmatrix`, `cp.async`, warp
-//! shuffles). A target family whose schedule changes how some of the kernel's ops are
-//! written (a persistent kernel's block index, a ring body's `mma` as wgmma, a store through
-//! TMA) says so through a [`Lower`] value passed down with the ops it has the generic writer
-//! write.
-//!
-//! **Architecture invariant:** the generic writer knows no target family's schedule: no
-//! role, barrier or ring state lives here, and nothing here names `kiln_ir::sched`.
+//! per kind of op, on the entry's registers, each written the way sm_80 runs it (`mma.sync`,
+//! `ldmatrix`, `cp.async`, warp shuffles). A target family whose schedule changes how some of
+//! the kernel's ops are written (a persistent kernel's block index, a ring body's `mma` as
+//! wgmma, a store through TMA) says so through a [`Lower`] value passed down with the ops it
+//! has the generic writer write. It knows no target family's schedule: no role, barrier or
+//! ring state lives here, and nothing here names `kiln_ir::sched`.
+
+// Instructions for other concerns live in the submodules as further `impl Emitter` blocks:
+// `params` (the entry's parameters), `arith`, `memory` (global loads and stores), `vector`
+// (their 16-byte forms), `access` (masked loads and stores, gathers, scatters, atomics),
+// `copy` (`cp.async` staging), `mma` (`mma.sync`), `stage` (register mma operands written to
+// shared memory for `ldmatrix`), `exchange` (elements changing threads through shared memory:
+// layout conversions, reductions across warps), `math` (the transcendental sequences), `sync`
+// (reductions, the sm_80 software pipeline), `control`, `print`; `values` reads and
+// materialises the registers of IR values. The submodules use this module's items; it uses
+// none of theirs.
 
 mod access;
 mod arith;

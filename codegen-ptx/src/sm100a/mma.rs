@@ -7,18 +7,6 @@
 //! thread issues, every tcgen05 op is `cta_group::2` (ptxas rejects a kernel that mixes the
 //! two), each commit multicasts its arrival to both CTAs, and the peer's warp only runs its
 //! own exit.
-//!
-//! A GEMM's stage is `K / 16` mmas; the shared-memory descriptors are the schedule's
-//! templates with the start address of each k16 step, so A (K-major) and B (K- or MN-major)
-//! are read where TMA wrote them. Attention issues `S_g = Q_g K^T` the same way and
-//! `O_g += P_g V` with A (`P_g`) read from TMEM. The first accumulating mma of a tile's loop
-//! overwrites its tile (enable-input-d false), every later one accumulates.
-//!
-//! The tcgen05.mmas of one thread execute in issue order (PTX ISA, tcgen05 memory
-//! consistency: they form one pipeline; FlashAttention-4 relies on the same), so attention's
-//! `S_g` of the next iteration, written over the `P_g` the previous `O_g += P_g V` reads, is
-//! issued after it and needs no wait of its own. (Not checked on hardware: no Blackwell
-//! here.)
 
 use std::fmt::Display;
 
@@ -44,6 +32,18 @@ struct MmaRegs<'k> {
 
 impl<'k> Sm100a<'_, 'k> {
     /// The MMA warp, from its label on (see the module doc); it ends in `exit`.
+    ///
+    /// A GEMM's stage is `K / 16` mmas; the shared-memory descriptors are the schedule's
+    /// templates with the start address of each k16 step, so A (K-major) and B (K- or MN-major)
+    /// are read where TMA wrote them. Attention issues `S_g = Q_g K^T` the same way and
+    /// `O_g += P_g V` with A (`P_g`) read from TMEM. The first accumulating mma of a tile's loop
+    /// overwrites its tile (enable-input-d false), every later one accumulates.
+    ///
+    /// The tcgen05.mmas of one thread execute in issue order (PTX ISA, tcgen05 memory
+    /// consistency: they form one pipeline; FlashAttention-4 relies on the same), so attention's
+    /// `S_g` of the next iteration, written over the `P_g` the previous `O_g += P_g V` reads, is
+    /// issued after it and needs no wait of its own. (Not checked on hardware: no Blackwell
+    /// here.)
     pub(super) fn mma_warp(&mut self, mma: &Role) -> Result<(), CodegenError> {
         let s = self.v.s;
         let attention = s.role(RoleKind::Softmax(0)).is_some();

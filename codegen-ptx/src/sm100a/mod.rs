@@ -1,28 +1,12 @@
 //! sm_100a: the schedule IR's roles (`kiln_ir::sched`) as a Blackwell warp-specialised loop,
 //! with the accumulators in tensor memory (`kiln_ir::sched::tmem`).
 //!
-//! A GEMM's block is the kernel's epilogue warps (threads `0..32 * epilogue_warps`), a TMA
-//! producer warp and an MMA warp. Before the roles split, the MMA warp allocates the TMEM
-//! columns under the set-up barrier, which publishes their address. Then each role runs
-//! its side for one work tile, or, in a persistent kernel, walks the work tiles as on
-//! sm_90a (`crate::sched`: the same tile order, block index and per-tile scalars): the
-//! producer's elected thread runs its program exactly as on sm_90a (TMA and mbarriers are
-//! the same on Blackwell); the MMA warp's elected thread runs its per-tile program and its
-//! iteration program as `tcgen05.mma` from shared-memory descriptors with each stage
-//! released by `tcgen05.commit` ([`mma`]), and the warp frees the columns after the last
-//! tile; the epilogue warps copy each tile's accumulator to registers, the `for`'s result,
-//! and run the kernel's code after the loop (its store goes through the TMA-store epilogue)
-//! while the MMA warp already works on the next tile. Where the epilogue's program reads the
-//! accumulator in chunks of columns, that code is written once per chunk, on the chunk's
-//! registers ([`roles`]).
-//!
-//! The 2-SM form (`kiln_ir::sched::cluster::Pair`, `CLUSTER_M = 2`): both CTAs of the
-//! cluster run these roles on their tile of a pair; the producers' TMA completes on the
-//! leader's `full`, only the leader's MMA thread issues (`cta_group::2`, commits multicast to
-//! both CTAs), both epilogues hand TMEM back to the leader, and the MMA and epilogue warps
-//! meet at a cluster barrier before they exit.
-//!
-//! An attention schedule (softmax, correction, load and MMA roles) is [`attention`].
+//! A GEMM's block is the kernel's epilogue warps, a TMA producer warp and an MMA warp: the
+//! producer runs its program as on sm_90a, the MMA thread issues `tcgen05.mma` from
+//! shared-memory descriptors ([`mma`]), and the epilogue warps copy each tile's accumulator out
+//! of TMEM and run the kernel's code after the loop ([`roles`]) while the next tile's mmas run.
+//! An attention schedule (softmax, correction, load and MMA roles) is [`attention`]. The 2-SM
+//! form and the persistent walk: `docs/targets.md`, sm_100a.
 
 mod attention;
 mod mma;

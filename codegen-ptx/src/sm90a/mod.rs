@@ -1,33 +1,12 @@
 //! sm_90a: the schedule IR's roles (`kiln_ir::sched`) as a warp-specialised loop.
 //!
-//! The block is the kernel's consumer warps (threads `0..32 * consumer_warps`, which run the
-//! kernel's code unchanged) plus one producer warpgroup after them. At the ring's `for`, the
-//! producer warpgroup gives registers back (`setmaxnreg.dec`), one elected thread runs the
-//! producer's program (wait `empty`, `arrive.expect_tx` on `full`, `cp.async.bulk.tensor`
-//! boxes) over the loop's iteration space and exits; the consumers take the registers
-//! (`setmaxnreg.inc`) and run their program around the loop body, whose `mma`s become
-//! wgmmas ([`wgmma`]) reading the stage. Tiles loaded once per work tile (attention's `Q`) are
-//! issued by the producer before its loop and waited for by the consumers before theirs; the
-//! load op itself, earlier in the kernel, only names the tile's shared address. Every op
-//! comes from the role programs ([`roles`] walks them; a rotated consumer program,
-//! [`rotated`]), the data the `protocol_check` pass proved.
-//!
-//! A persistent kernel (`kiln_ir::sched::tiles`) splits the roles at the start; each walks
-//! the work tiles and, per tile, runs the ops before the ring loop (the producer only those
-//! computing scalars: its TMA coordinates and trip count need nothing else) and its side of
-//! the ring; the consumers then run the ops after the loop (the epilogue) while the producer
-//! already loads the next tile.
-//!
-//! A clustered schedule (`kiln_ir::sched::cluster`): the entry requires clusters of 2
-//! (`.reqnctapercluster`), the set-up ends on a cluster barrier instead of `bar.sync`, each
-//! CTA issues its boxes of the shared load with `.multicast::cluster` (the others' are
-//! predicated off by `%cluster_ctarank`), the consumers' peer releases arrive through `mapa`
-//! on the other CTA's `empty`, which the producer waits on with cluster scope, and the
-//! consumers meet at a cluster barrier before they exit.
-//!
-//! A kernel without a ring keeps the generic writer's code (cp.async, register staging, no
-//! warp roles); the mmas `kiln_ir::passes::wgmma_plain` took are written as wgmma issued by
-//! every warpgroup in program order ([`plain`]).
+//! The block is the kernel's consumer warps plus one producer warpgroup after them; at the
+//! ring's `for` the producer gives registers back and one elected thread issues the TMA boxes,
+//! while the consumers run the loop body with its `mma`s as wgmmas ([`wgmma`]). Every op comes
+//! from the role programs ([`roles`] walks them; a rotated consumer program, [`rotated`]), as
+//! the `protocol_check` pass proved them. A kernel without a ring keeps the generic writer's
+//! code, with wgmma issued in program order where it applies ([`plain`]). Persistent and
+//! clustered schedules: `docs/targets.md`, sm_90a.
 
 pub(crate) mod plain;
 mod roles;

@@ -5,18 +5,6 @@
 //! loop carries them). The operands sit where the sm_80 lowering puts them: loads staged by
 //! cp.async, register tiles staged by every thread (`stage_operand`), or, for A, registers in
 //! the accumulator layout (the RS form).
-//!
-//! A shared operand is read by a swizzled descriptor straight from its buffer: a stage is
-//! column boxes of `span` bytes (one box when the row is no wider), each box `rows x span`
-//! with the chunks of row `r` XOR-swizzled by `r`, which is the canonical swizzled layout
-//! (ptx-notes §4). Stored along K (A `[M, K]`, B `[N, K]` read as `k.t()`) it is K-major:
-//! SBO = 8 rows, and k16 step `s` starts `32 s` bytes along the row (in box `32 s / span`).
-//! Stored along M or N (B `[K, N]`, A `[K, M]` read as `p.t()`) it is MN-major with the
-//! transpose bit: LBO = the box stride, SBO = 8 K-rows, k16 step `s` starting 16 rows down.
-//!
-//! Every thread's stores into those buffers were fenced into the async proxy before the
-//! barrier that published them (`async_proxy_fence`). The group is committed and waited for
-//! here, before any other instruction touches the accumulator or a buffer is written again.
 
 use kiln_ir::schedule::SmemBuffer;
 use kiln_ir::{OpId, ValueId};
@@ -116,6 +104,18 @@ fn operand(e: &mut Emitter<'_>, id: OpId, v: ValueId, slot: usize) -> Result<Sou
 }
 
 /// Writes `d = a @ b (+ c)` as wgmmas of every warpgroup, committed and waited for.
+///
+/// A shared operand is read by a swizzled descriptor straight from its buffer: a stage is
+/// column boxes of `span` bytes (one box when the row is no wider), each box `rows x span`
+/// with the chunks of row `r` XOR-swizzled by `r`, which is the canonical swizzled layout
+/// (ptx-notes §4). Stored along K (A `[M, K]`, B `[N, K]` read as `k.t()`) it is K-major:
+/// SBO = 8 rows, and k16 step `s` starts `32 s` bytes along the row (in box `32 s / span`).
+/// Stored along M or N (B `[K, N]`, A `[K, M]` read as `p.t()`) it is MN-major with the
+/// transpose bit: LBO = the box stride, SBO = 8 K-rows, k16 step `s` starting 16 rows down.
+///
+/// Every thread's stores into those buffers were fenced into the async proxy before the
+/// barrier that published them (`async_proxy_fence`). The group is committed and waited for
+/// here, before any other instruction touches the accumulator or a buffer is written again.
 pub(crate) fn write(e: &mut Emitter<'_>, id: OpId) -> Result<(), CodegenError> {
     let op = e.k.ops[id].clone();
     let (a, b, r) = (op.operands[0], op.operands[1], op.results[0]);

@@ -3,18 +3,7 @@
 //! accumulator, whose `#mma(num_warps x 1)` layout is exactly the wgmma accumulator layout of
 //! each warpgroup (row `16 w + l / 4 + 8 v1`, column `8 v2 + 2 (l % 4) + v0` for register
 //! `4 v2 + 2 v1 + v0`), so the registers are passed in layout order.
-//!
-//! A is K-major: box `c` of the stage holds columns `chunk c ..` of every row (`chunk` = 64,
-//! 32 or 16, [`kiln_ir::sched::tma::box_columns`]), rows of `swizzle = 2 chunk` bytes; warpgroup
-//! `g` starts `64 g` rows in, SBO = 8 rows, and each k16 step moves the start address by 32
-//! bytes inside a box. B stored `[K, N]` is MN-major: one box of `BK` rows x `chunk` columns
-//! per `chunk` columns of N, swizzled by its `span = 2 chunk`-byte rows (128 B for N a
-//! multiple of 64; 96 takes three 64-B boxes), LBO = the box stride, SBO = 8 K-rows
-//! (`8 span`), each k16 step is 16 rows (`16 span` bytes), and `imm-trans-b = 1`. B
-//! stored `[N, K]` (the body's `y.t()`) is K-major exactly like A, all `BN` rows in one
-//! descriptor, and `imm-trans-b = 0`. A register A (attention's `P`, in the accumulator
-//! layout) is packed into the RS form's four bf16-pair registers per k16 step, the same
-//! fragment `mma.sync` takes.
+//! How each operand's descriptor walks its stage: [`RingBody`].
 
 use kiln_ir::passes::pipeline::overlaps;
 use kiln_ir::sched::Sched;
@@ -29,6 +18,18 @@ use crate::types::{Class, Reg, half_ty};
 
 /// The ring loop's body as its wgmmas read it: the loads whose stages they read, and whether
 /// each is committed and waited for where it is issued.
+///
+/// A is K-major: box `c` of the stage holds columns `chunk c ..` of every row (`chunk` = 64,
+/// 32 or 16, [`kiln_ir::sched::tma::box_columns`]), rows of `swizzle = 2 chunk` bytes; warpgroup
+/// `g` starts `64 g` rows in, SBO = 8 rows, and each k16 step moves the start address by 32
+/// bytes inside a box. B stored `[K, N]` is MN-major: one box of `BK` rows x `chunk` columns
+/// per `chunk` columns of N, swizzled by its `span = 2 chunk`-byte rows (128 B for N a
+/// multiple of 64; 96 takes three 64-B boxes), LBO = the box stride, SBO = 8 K-rows
+/// (`8 span`), each k16 step is 16 rows (`16 span` bytes), and `imm-trans-b = 1`. B
+/// stored `[N, K]` (the body's `y.t()`) is K-major exactly like A, all `BN` rows in one
+/// descriptor, and `imm-trans-b = 0`. A register A (attention's `P`, in the accumulator
+/// layout) is packed into the RS form's four bf16-pair registers per k16 step, the same
+/// fragment `mma.sync` takes.
 #[derive(Clone, Debug)]
 pub(crate) struct RingBody {
     /// Every TMA load of the schedule (ring and once loads).

@@ -27,6 +27,36 @@ thread_local! {
 
 /// Runs `body` with a fresh builder for a kernel `name(params)` and returns the kernel, or
 /// the first diagnostic raised while tracing (or returned by `body`).
+///
+/// # What the macro rewrites in a kernel body (and in a `#[kernel_fn]`)
+///
+/// | written | traced as |
+/// | --- | --- |
+/// | `[e0, e1]` | `[IntoIndex::into_index(e0), ..]`: shapes and coordinates ([`Index`](crate::dsl::Index)) |
+/// | `a < b`, `<=`, `>`, `>=`, `==`, `!=` | [`Compare`](crate::dsl::Compare): `bool` on Rust values, a bool [`Value`](crate::dsl::Value) otherwise |
+/// | `a && b`, `a \|\| b` | [`Logic`](crate::dsl::Logic) (both sides are evaluated) |
+/// | `if c { .. } else { .. }` | [`Condition::branch`](crate::dsl::Condition::branch): a Rust `if` for `c: bool`, an IR `if` for a `Value` |
+/// | `for i in a..b`, `(a..b).step_by(s)`, `pipelined(a..b, stages = n)` | [`for_loop`](crate::dsl::for_loop): an IR `for`, `i` an i32 `Value` |
+/// | `for i in unroll(a..b)` | a Rust loop, `i` a `usize` |
+///
+/// Outer variables assigned inside a runtime `if` or `for` are passed in and returned by
+/// value ([`Carry`](crate::dsl::Carry)); they must be `Value`s (or tuples of them). Items
+/// inside the body (`const B: usize = 128;`) are left alone: they are plain Rust, so they cannot name
+/// comptime parameters (const generics become ordinary locals while tracing); write
+/// `let bn = d / 2;` instead.
+///
+/// # Comptime values
+///
+/// A kernel's comptime parameters are one typed struct ([`Comptime`](crate::dsl::Comptime)),
+/// which `build` reads from its [`Spec`](crate::dsl::Spec) and binds as locals (or, for a
+/// `#[comptime]` struct parameter, as that struct); see [`comptime`](crate::dsl::comptime)
+/// and [`defines`](crate::dsl::defines) for the text the CLI takes.
+///
+/// # Errors
+///
+/// Operators cannot return `Result`, so the first [`crate::Diagnostic`] raised while tracing
+/// is recorded and a poison `Value` returned; ops reading poison are skipped, and `build`
+/// returns that first diagnostic. Nothing here panics.
 pub fn trace(
     name: &str,
     params: Vec<Param>,

@@ -3,38 +3,9 @@
 //! Kernels are *traced*: the generated `build` runs the (rewritten) kernel body once inside
 //! [`trace`], and every DSL call on a [`Value`] adds an op to the kernel through a
 //! thread-local [`crate::Builder`], recording its caller's source location
-//! (`#[track_caller]`), so every op and every diagnostic points at the user's line and
-//! column. Rust values (consts, comptime parameters, `unroll` counters) stay Rust values:
-//! the IR only sees what they computed.
-//!
-//! ## What the macro rewrites in a kernel body (and in a `#[kernel_fn]`)
-//!
-//! | written | traced as |
-//! | --- | --- |
-//! | `[e0, e1]` | `[IntoIndex::into_index(e0), ..]`: shapes and coordinates ([`Index`]) |
-//! | `a < b`, `<=`, `>`, `>=`, `==`, `!=` | [`Compare`]: `bool` on Rust values, a bool [`Value`] otherwise |
-//! | `a && b`, `a \|\| b` | [`Logic`] (both sides are evaluated) |
-//! | `if c { .. } else { .. }` | [`Condition::branch`]: a Rust `if` for `c: bool`, an IR `if` for a `Value` |
-//! | `for i in a..b`, `(a..b).step_by(s)`, `pipelined(a..b, stages = n)` | [`for_loop`]: an IR `for`, `i` an i32 `Value` |
-//! | `for i in unroll(a..b)` | a Rust loop, `i` a `usize` |
-//!
-//! Outer variables assigned inside a runtime `if` or `for` are passed in and returned by
-//! value ([`Carry`]); they must be `Value`s (or tuples of them). Items inside the body
-//! (`const B: usize = 128;`) are left alone: they are plain Rust, so they cannot name
-//! comptime parameters (const generics become ordinary locals while tracing); write
-//! `let bn = d / 2;` instead.
-//!
-//! ## Comptime values
-//!
-//! A kernel's comptime parameters are one typed struct ([`Comptime`]), which `build` reads
-//! from its [`Spec`] and binds as locals (or, for a `#[comptime]` struct parameter, as that
-//! struct); see [`comptime`] and [`defines`] for the text the CLI takes.
-//!
-//! ## Errors
-//!
-//! Operators cannot return `Result`, so the first [`crate::Diagnostic`] raised while tracing
-//! is recorded and a poison `Value` returned; ops reading poison are skipped, and `build`
-//! returns that first diagnostic. Nothing here panics.
+//! (`#[track_caller]`), so every op and every diagnostic points at the user's line. Rust values
+//! (consts, comptime parameters ([`Comptime`], [`Spec`]), `unroll` counters) stay Rust values.
+//! What the macro rewrites in a body, and how errors surface: [`trace`].
 
 pub mod access;
 mod cleanup;

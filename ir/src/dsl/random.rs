@@ -1,22 +1,10 @@
 //! Counter-based random numbers: Philox4x32-10 (Salmon et al., "Parallel random numbers: as
 //! easy as 1, 2, 3", SC'11), with the conventions of Triton's `tl.randint4x`, `tl.randint`,
-//! `tl.rand` and `tl.randn`, so a kernel ported from Triton draws the same numbers.
-//!
-//! - The **key** is a 64-bit seed split into two 32-bit words `(lo, hi)`. A [`Seed`] is a
-//!   scalar `u32` value (`hi = 0`), a scalar `i32` value (sign-extended to 64 bits, as
-//!   Triton widens an `int32` seed), a pair `(lo, hi)` of scalar i32/u32 values for a full
-//!   64-bit seed passed as two kernel arguments, or a Rust integer (`u64`, `u32`, `i32`).
-//! - The **counter** is `(offset, 0, 0, 0)`, one per element of the `offsets` tile (i32 or
-//!   u32; an i32 offset is taken as its bits).
-//! - [`rand`] maps a u32 `x` to `[0, 1)` as Triton does: read `x` as i32, replace a negative
-//!   `v` by `-v - 1` (that is `!v`), convert to f32 and multiply by [`UNIFORM_SCALE`].
-//! - [`randn`] is Box-Muller on the first two words: `sqrt(-2 ln max(u1, 1e-7)) * cos(2 pi u2)`,
-//!   with `ln` as `ln 2 * log2` (the GPU's `lg2.approx`, so `randn` matches a reference to
-//!   about 1e-6, not bit for bit).
-//!
-//! Philox is written in the DSL's own ops (`umulhi`, `*`, `^`, `+`): about 80 integer
-//! instructions per element, with the key schedule computed once per block as scalars, and
-//! the words that start at zero folded away.
+//! `tl.rand` and `tl.randn`, so a kernel ported from Triton draws the same numbers. The key is
+//! a 64-bit [`Seed`], the counter `(offset, 0, 0, 0)` per element of the `offsets` tile (i32 or
+//! u32; an i32 offset is taken as its bits). Philox is written in the DSL's own ops (`umulhi`,
+//! `*`, `^`, `+`): about 80 integer instructions per element, with the key schedule computed
+//! once per block as scalars, and the words that start at zero folded away.
 
 use crate::diag::Diagnostic;
 use crate::kernel::{BinaryOp, Loc, OpKind, UnaryOp};
@@ -40,7 +28,10 @@ pub const UNIFORM_SCALE: f64 = 4.656_612_734_2e-10;
 /// The smallest uniform `randn` takes the logarithm of.
 pub const RANDN_MIN_UNIFORM: f64 = 1.0e-7;
 
-/// What [`randint`] and friends take as the seed (see the module doc).
+/// What [`randint`] and friends take as the seed: a 64-bit key split into two 32-bit words
+/// `(lo, hi)`. A scalar `u32` value (`hi = 0`), a scalar `i32` value (sign-extended to 64
+/// bits, as Triton widens an `int32` seed), a pair `(lo, hi)` of scalar i32/u32 values for a
+/// full 64-bit seed passed as two kernel arguments, or a Rust integer (`u64`, `u32`, `i32`).
 pub trait Seed {
     /// The two u32 key words `(lo, hi)`, or `None` after recording a diagnostic.
     fn key(&self, what: &str, loc: Loc) -> Option<(Value, Value)>;
@@ -250,8 +241,9 @@ pub fn randint(seed: impl Seed, offsets: impl AsValue) -> Value {
     }
 }
 
-/// An f32 tile uniform in `[0, 1)` (Triton's `tl.rand`): [`randint`] mapped as the module
-/// doc says.
+/// An f32 tile uniform in `[0, 1)` (Triton's `tl.rand`): [`randint`]'s u32 `x` mapped as
+/// Triton does: read `x` as i32, replace a negative `v` by `-v - 1` (that is `!v`), convert to
+/// f32 and multiply by [`UNIFORM_SCALE`].
 #[track_caller]
 pub fn rand(seed: impl Seed, offsets: impl AsValue) -> Value {
     let loc = Loc::caller();
@@ -262,7 +254,9 @@ pub fn rand(seed: impl Seed, offsets: impl AsValue) -> Value {
 }
 
 /// An f32 tile of standard normal samples (Triton's `tl.randn`): Box-Muller on the first two
-/// words of [`randint4x`].
+/// words of [`randint4x`], `sqrt(-2 ln max(u1, 1e-7)) * cos(2 pi u2)`, with `ln` as
+/// `ln 2 * log2` (the GPU's `lg2.approx`, so `randn` matches a reference to about 1e-6, not
+/// bit for bit).
 #[track_caller]
 pub fn randn(seed: impl Seed, offsets: impl AsValue) -> Value {
     let loc = Loc::caller();

@@ -1,29 +1,9 @@
 //! A CPU interpreter of the semantic tile IR (as built, before any pass), with the GPU's
-//! numeric types. It is the reference every GPU result is checked against.
-//!
-//! Semantics, beyond the [`crate::kernel::OpKind`] docs:
-//! - Grid blocks run one after another, z outermost, then y, then x innermost; within a
-//!   block, ops run in program order. A kernel whose blocks race on the same output elements
-//!   therefore sees one particular order here, which the GPU does not promise.
-//! - i32 arithmetic wraps; integer division or remainder by zero is a runtime fault
-//!   ([`InterpError::DivisionByZero`]), as is a `for` step that is not positive.
-//! - Float ops compute in f32 and round the result to the value's dtype (bf16 and f16 round
-//!   to nearest even after every op). `exp2` is f32 `exp2` (exact to within 1 ulp), which
-//!   is within the hardware `ex2.approx` error bound; `exp2` and `exp` results below f32's
-//!   normal range are 0, as the hardware's (`.ftz`) are. Float `max`/`min` ignore a NaN operand.
-//! - Casts between floats, and from i32 to float, round to nearest even; float to i32
-//!   truncates toward zero, saturates, and maps NaN to 0 (PTX `cvt.rzi.sat.s32.f32`).
-//! - `mma` multiplies exactly (a product of two bf16 or f16 values is exact in f32) and
-//!   accumulates in f32 starting from the accumulator operand (or 0), adding k = 0..K in
-//!   order. Tensor cores add in another order, so GPU results differ by f32 rounding only.
-//! - Reductions combine in index order; `sum` accumulates in f32 and rounds to the dtype
-//!   once; identities are `-inf` (max), `+inf` (min) and 0 (sum).
-//! - Loads read 0 outside the tensor and stores skip elements outside it; no access leaves
-//!   a tensor's data whatever the coordinates.
-//!
-//! Both entry points verify the kernel first, so the walker can rely on the verifier's
-//! invariants; where it meets IR that breaks them anyway it returns
-//! [`InterpError::Internal`], never panics.
+//! numeric types. It is the reference every GPU result is checked against. Its semantics, where
+//! the [`crate::kernel::OpKind`] docs leave a choice (block order, integer faults, rounding,
+//! `mma` and reduction order), are listed at [`run`]. Both entry points verify the kernel
+//! first, so the walker can rely on the verifier's invariants; where it meets IR that breaks
+//! them anyway it returns [`InterpError::Internal`], never panics.
 
 mod access;
 mod error;
@@ -60,6 +40,26 @@ pub enum HostArg<'a> {
 /// Runs `kernel` over `grid` (blocks along x, y, z) with `args` in parameter order. The
 /// kernel is verified first and every argument checked against its parameter.
 /// Its `print` ops write their lines to stdout.
+///
+/// Semantics, beyond the [`crate::kernel::OpKind`] docs:
+/// - Grid blocks run one after another, z outermost, then y, then x innermost; within a
+///   block, ops run in program order. A kernel whose blocks race on the same output elements
+///   therefore sees one particular order here, which the GPU does not promise.
+/// - i32 arithmetic wraps; integer division or remainder by zero is a runtime fault
+///   ([`InterpError::DivisionByZero`]), as is a `for` step that is not positive.
+/// - Float ops compute in f32 and round the result to the value's dtype (bf16 and f16 round
+///   to nearest even after every op). `exp2` is f32 `exp2` (exact to within 1 ulp), which
+///   is within the hardware `ex2.approx` error bound; `exp2` and `exp` results below f32's
+///   normal range are 0, as the hardware's (`.ftz`) are. Float `max`/`min` ignore a NaN operand.
+/// - Casts between floats, and from i32 to float, round to nearest even; float to i32
+///   truncates toward zero, saturates, and maps NaN to 0 (PTX `cvt.rzi.sat.s32.f32`).
+/// - `mma` multiplies exactly (a product of two bf16 or f16 values is exact in f32) and
+///   accumulates in f32 starting from the accumulator operand (or 0), adding k = 0..K in
+///   order. Tensor cores add in another order, so GPU results differ by f32 rounding only.
+/// - Reductions combine in index order; `sum` accumulates in f32 and rounds to the dtype
+///   once; identities are `-inf` (max), `+inf` (min) and 0 (sum).
+/// - Loads read 0 outside the tensor and stores skip elements outside it; no access leaves
+///   a tensor's data whatever the coordinates.
 pub fn run(kernel: &Kernel, grid: [u32; 3], args: &mut [HostArg<'_>]) -> Result<(), InterpError> {
     run_with(kernel, grid, args, false).map(drop)
 }

@@ -1,25 +1,11 @@
 //! The `layout` pass: gives every tile value a [`Layout`] in `kernel.schedule.layouts`.
 //!
-//! Anchors: an `mma` result gets the accumulator layout of the kernel's warp grid; a `load`
-//! (or a masked load whose mask a copy can bound, `staged_load`) read only by `mma`
-//! (directly or through `transpose`) is staged in shared memory. Layouts
-//! then flow forward through elementwise ops, reductions (slice layouts) and reshapes, and
-//! backward into values that have none of their own (`splat`, `iota`, loop-carried initial
-//! values, register `load`s), until nothing changes; then the first register `load` still
-//! without one (in op order; else the first value) gets a blocked layout vectorised to 16
-//! bytes (narrower where that spares threads holding copies: `blocked`) and the rules run
-//! again. A register `load` combined elementwise with an
-//! accumulator (a GEMM epilogue's `beta * c`) thus reads in the accumulator's layout instead
-//! of converting it, which keeps the epilogue's store in the layout the sm_90a TMA store
-//! takes.
-//!
-//! Warp grid: when a reduction or a register-resident `mma` A operand exists (attention's
-//! `P @ V`), every warp owns whole rows (`num_warps x 1`), so row reductions stay inside a
-//! warp and the accumulator converts to an A operand in registers. Otherwise (GEMM) the grid
-//! is the most square split of the tile. Likewise, blocked layouts of kernels with a reduction
-//! along a dimension never spread that dimension over warps.
-//!
-//! In: canonicalized IR. Out: the same ops; every tile value has a layout.
+//! Anchors (an `mma` result's accumulator layout; a `load` read only by `mma` staged in shared
+//! memory) propagate forward and backward through the ops until nothing changes; a register
+//! `load` still without one gets a blocked layout vectorised to 16 bytes, and the rules run
+//! again. The warp grid gives every warp whole rows where a reduction or a register `mma` A
+//! operand needs it, else the most square split. In: canonicalized IR. Out: the same ops;
+//! every tile value has a layout. The rules in full: `docs/pipeline.md`, "Inside the passes".
 
 use std::collections::BTreeMap;
 

@@ -1,19 +1,11 @@
 //! Part of the `lower` pass: which `mma` operands the sm_80 lowering (mma.sync) reads through
 //! shared memory, and where.
 //!
-//! mma.sync reads A and B fragments in fixed thread patterns. A tile staged in shared memory
-//! by its load (layout `#smem`, or `#smem.t` for its transpose) is read with `ldmatrix`; an A
-//! in the accumulator layout of the mma's own `wm x 1` warp grid (attention's `P` in `P V`)
-//! is repacked in registers. Every other register operand (a B computed in the kernel, a
-//! masked A, an A whose layout is blocked, the transpose `p.t()` of a register tile) is
-//! written by every thread into a buffer of its own, row-major and swizzled as a staged load,
-//! and read back with `ldmatrix` like one: the writer's route for any layout, with one
-//! `bar.sync` before the writes (earlier readers are done) and one after (the writes are
-//! visible). A transpose is staged only when every user of it is an mma operand; its source
-//! is stored as it is and the mma reads it transposed.
-//!
-//! Buffers go after every other one at 128-byte alignment; mmas of a schedule IR's ring
-//! (sm_90a wgmma, sm_100a tcgen05) are not lowered here and stage nothing.
+//! An operand staged by its load is read with `ldmatrix`, an A in the accumulator layout is
+//! repacked in registers, and every other register operand is written through a swizzled
+//! buffer of its own: the route is listed at [`plan`]. Buffers go after every other one at
+//! 128-byte alignment; mmas of a schedule IR's ring (sm_90a wgmma, sm_100a tcgen05) are not
+//! lowered here and stage nothing.
 
 use std::collections::BTreeSet;
 
@@ -27,6 +19,17 @@ use super::walk::{defining_op, ops_in_order, uses};
 
 /// Plans the staged operands of every mma outside `ring` (the ops of the schedule IR's loop
 /// body) into `kernel.schedule.staged`, growing `smem_bytes`.
+///
+/// mma.sync reads A and B fragments in fixed thread patterns. A tile staged in shared memory
+/// by its load (layout `#smem`, or `#smem.t` for its transpose) is read with `ldmatrix`; an A
+/// in the accumulator layout of the mma's own `wm x 1` warp grid (attention's `P` in `P V`)
+/// is repacked in registers. Every other register operand (a B computed in the kernel, a
+/// masked A, an A whose layout is blocked, the transpose `p.t()` of a register tile) is
+/// written by every thread into a buffer of its own, row-major and swizzled as a staged load,
+/// and read back with `ldmatrix` like one: the writer's route for any layout, with one
+/// `bar.sync` before the writes (earlier readers are done) and one after (the writes are
+/// visible). A transpose is staged only when every user of it is an mma operand; its source
+/// is stored as it is and the mma reads it transposed.
 pub fn plan(kernel: &mut Kernel, ring: &BTreeSet<OpId>) -> Result<(), Diagnostic> {
     let uses = uses(kernel);
     let mut staged: Vec<StagedOperand> = Vec::new();

@@ -4,24 +4,10 @@
 //! and softmax run under the other's wgmmas (the overlap that two ping-ponging consumer
 //! warpgroups give within a CTA, across CTAs).
 //!
-//! Two CTAs share the 64K registers: each thread gets at most half the file's share at entry
-//! (`.minnctapersm 2`, a multiple of 8: 128 for 256 threads, 80 for 384), then the producer
-//! warpgroup gives back down to 24 and the consumer warpgroups share the rest
-//! ([`shared_split`]: 232 for one consumer warpgroup, 104 for two), which `setmaxnreg.inc`
-//! finds in the CTA's own pool: what its warps hold from launch, never more (a larger split
-//! hangs the consumers in `setmaxnreg.inc`, as 112 for two did on the H200). The consumers
-//! must fit that count: their mma accumulators (counted per thread from their layouts; a
-//! rotated head's one and a half times, as the `overlap` pass keeps the next block's product
-//! in flight while the current one is read as a 16-bit operand) and a fixed allowance for
-//! addresses, row statistics and the loop's state; and ptxas places each wgmma's accumulator
-//! within the registers a thread has at entry, so the largest accumulator and the allowance
-//! must fit those too.
-//! Every other kernel keeps one CTA per multiprocessor.
-//!
 //! In: the final shared-memory plan (`tma_store`'s staging tile included), the roles and the
-//! layouts. Out: the schedule's CTAs per multiprocessor and the register split, or an error at
-//! the user's loop where the consumers' accumulators do not fit even one CTA's split (three
-//! consumer warpgroups of attention at d = 128, or of a 192 x 256 gemm tile).
+//! layouts. Out: the schedule's CTAs per multiprocessor and the register split (see [`run`]),
+//! or an error at the user's loop where the consumers' accumulators do not fit even one CTA's
+//! split (three consumer warpgroups of attention at d = 128, or of a 192 x 256 gemm tile).
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, OpKind};
@@ -46,6 +32,20 @@ const SHARED_PRODUCER_REGS: u32 = 24;
 const NON_ACCUMULATOR_REGS: u32 = 32;
 
 /// Builds kernels for two CTAs per multiprocessor where they fit.
+///
+/// Two CTAs share the 64K registers: each thread gets at most half the file's share at entry
+/// (`.minnctapersm 2`, a multiple of 8: 128 for 256 threads, 80 for 384), then the producer
+/// warpgroup gives back down to 24 and the consumer warpgroups share the rest
+/// ([`shared_split`]: 232 for one consumer warpgroup, 104 for two), which `setmaxnreg.inc`
+/// finds in the CTA's own pool: what its warps hold from launch, never more (a larger split
+/// hangs the consumers in `setmaxnreg.inc`, as 112 for two did on the H200). The consumers
+/// must fit that count: their mma accumulators (counted per thread from their layouts; a
+/// rotated head's one and a half times, as the `overlap` pass keeps the next block's product
+/// in flight while the current one is read as a 16-bit operand) and a fixed allowance for
+/// addresses, row statistics and the loop's state; and ptxas places each wgmma's accumulator
+/// within the registers a thread has at entry, so the largest accumulator and the allowance
+/// must fit those too.
+/// Every other kernel keeps one CTA per multiprocessor.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     if target != Target::Sm90a {
         return Ok(());

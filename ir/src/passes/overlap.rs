@@ -1,40 +1,11 @@
 //! The `overlap` pass (sm_90a): overlaps a ring body's register code with its tensor-core work.
 //!
-//! It looks for a ring loop whose body has, by structure (never by kernel name), the shape of
-//! an attention step: a *head* `mma` whose products feed register code (the online softmax),
-//! which feeds a *tail* `mma` accumulating into a loop-carried value (`O += P V`), rescaled in
-//! registers before it. Such a loop is rotated ([`crate::sched::Program::rotated`]): iteration `t` waits for stage
-//! `t`, issues the head mma of block `t`, rescales the accumulator and issues the tail mma of
-//! block `t - 1`, then waits for the head only (`wgmma.wait_group 1`) and runs the code
-//! between for block `t` while the tail still runs on the tensor cores; it then waits for the
-//! tail, releases stage `t - 1` and hands block `t`'s `P` and rescale factors to the next
-//! tail. With two or three consumer warpgroups they also take turns to issue their wgmmas
-//! (ping-pong, in a fixed round-robin order on a named barrier per warpgroup, [`Turns`]), so
-//! one warpgroup's softmax runs under the others' mmas.
-//! When the tail rescales the accumulator by a factor of the code between (`acc * alpha`), a
-//! warp whose factors are all 1 skips the multiplications (exact: its rows' maximum did not
-//! grow). When the code between is an online softmax and the kernel reads its results only as
-//! `acc / l`, the growth of the maximum is also deferred while it stays under a threshold
-//! ([`crate::sched::overlap::Deferral`]: the reference maximum stays, so the factors are exactly 1). The
-//! deeper schedule needs registers: the split becomes 24 for the producer warpgroup and 240 for
-//! each of two consumer warpgroups (160 for each of three). It also holds one stage more (the
-//! tail's) while waiting for the next, so the ring gets one more stage where shared memory
-//! allows. Where it does not (attention at d = 256), the loads only the tail reads (`V`) get
-//! barrier arrays of their own instead (`tail_full`, `tail_empty`): the other loads'
-//! stage (`K`) is released when the head completes, a block before the tail's, and the
-//! consumers wait for the tail's loads at the end of the iteration before the one that reads
-//! them, so TMA runs a block ahead with two stages.
-//!
-//! The body qualifies when (with `T` the ops reading the carried accumulator, the tail mma and
-//! the ops reading those; `H` the head mma and the ops reading its products or any other
-//! carried value, outside `T`; and `F` everything else):
-//! - it has exactly two top-level mmas, the head before the tail, and the tail's result is
-//!   yielded as a carried value that nothing else in the body reads except `T`;
-//! - `F` is pure and iteration-local (constants, scalar arithmetic on the induction variable,
-//!   the ring's stage loads and their transposes), so it may be written once per section;
-//! - `T` is elementwise apart from the tail mma, reads no carried value but its accumulator
-//!   and no head product directly, and takes its register `A` operand from `H`;
-//! - `H` holds no other mma, no store and no loop; every other yielded value comes from `H`.
+//! A ring loop whose body has, by structure, the shape of an attention step (a head `mma`
+//! feeding register code, which feeds a tail `mma` accumulating into a carried value) is
+//! rotated ([`crate::sched::Program::rotated`]) so the code between runs for block `t` while
+//! the tail mma of block `t - 1` runs; two or three consumer warpgroups take turns ([`Turns`])
+//! and the running maximum's growth may be deferred ([`crate::sched::overlap::Deferral`]).
+//! The schedule, its register split and when a body qualifies: `docs/pipeline.md`.
 
 use std::collections::BTreeSet;
 
@@ -243,7 +214,7 @@ pub(crate) fn only_read_by(
     read
 }
 
-/// The consumers' rotated program of `s` (see the module doc), with turn barriers around
+/// The consumers' rotated program of `s` (see `docs/pipeline.md`), with turn barriers around
 /// the wgmma issue when the warpgroups ping-pong (`turn`). A split ring (the tail's loads on
 /// barriers of their own) releases the head's stage after the head, the tail's after the
 /// tail, and waits for the tail's loads of block `t` at the end of iteration `t`.
@@ -307,7 +278,7 @@ fn reads(kernel: &Kernel, op: OpId) -> BTreeSet<ValueId> {
     out
 }
 
-/// The overlap of ring loop `id`, when its body has the shape of the module doc.
+/// The overlap of ring loop `id`, when its body has the shape `docs/pipeline.md` gives.
 pub(crate) fn plan(kernel: &Kernel, id: OpId) -> Option<Overlap> {
     let body = &kernel.ops[id].regions[0];
     let (&yield_op, ops) = body.ops.split_last()?;

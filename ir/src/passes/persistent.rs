@@ -1,22 +1,11 @@
-//! sm_90a, sm_100a: persistent CTAs. A warp-specialised kernel whose stage ring is a loop of its top
-//! level becomes persistent: the launch runs as many CTAs as fit on the GPU, and each walks
-//! work tiles (blocks of the kernel's logical grid) in the order of [`TileScheduler`]. The
-//! producer issues the next tile's loads while the consumers finish the current one (its
-//! epilogue), instead of a new CTA starting cold.
-//!
-//! Per tile the producer recomputes the scalars it needs from the ops before the loop, so
-//! those may not write memory. The ring's stages and phases continue across tiles; once loads
-//! get the `once_free` barrier, which the consumers arrive on when no wgmma reads them any
-//! more and the producer waits on before reloading (see [`crate::sched::tma::Load::free`]).
-//!
-//! A kernel that asks for clusters of 2 ([`crate::dsl::cluster`]) gets them here when its
-//! ring has the structure [`crate::sched::cluster`] needs, decided from the loads alone: a
-//! persistent sm_90a or sm_100a ring of two loads in the grouped tile order (no once loads, not rotated,
-//! not split), of which exactly one reads no `block_id().x`, so the pair of tiles `(2p, y)`,
-//! `(2p + 1, y)` reads the same tile of it; that load is multicast (sm_100a: split between
-//! the pair of one 2-SM mma, `pair`) and the tile scheduler
-//! deals pairs (its groups of x blocks counted in pairs). Any other kernel asking for a
-//! cluster is a diagnostic at the request.
+//! sm_90a, sm_100a: persistent CTAs. A warp-specialised kernel whose stage ring is a loop of
+//! its top level becomes persistent: the launch runs as many CTAs as fit on the GPU, and each
+//! walks work tiles (blocks of the kernel's logical grid) in the order of [`TileScheduler`].
+//! The producer issues the next tile's loads while the consumers finish the current one (its
+//! epilogue), instead of a new CTA starting cold. A kernel that asks for clusters of 2
+//! ([`crate::dsl::cluster`]) gets them here when its ring has the structure
+//! [`crate::sched::cluster`] needs. Ring state across tiles and the cluster conditions:
+//! `docs/pipeline.md`, "Inside the passes".
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Axis, Kernel, OpId, OpKind, ValueId};
@@ -28,7 +17,7 @@ use crate::target::Target;
 
 use super::walk;
 
-/// Makes the schedule's loop persistent when it qualifies (see the module doc); clusters it
+/// Makes the schedule's loop persistent when it qualifies (see `docs/pipeline.md`); clusters it
 /// when the kernel asks and the schedule can share a load.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     if !matches!(target, Target::Sm90a | Target::Sm100a) {
@@ -73,7 +62,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     Ok(())
 }
 
-/// Clusters the schedule when the kernel asks for clusters (see the module doc); a request
+/// Clusters the schedule when the kernel asks for clusters (see `docs/pipeline.md`); a request
 /// it cannot meet is a diagnostic at the request.
 fn cluster_pairs(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     let (ctas, loc) = (kernel.options.cluster, kernel.options.cluster_loc);
@@ -187,7 +176,7 @@ pub(crate) fn persist(s: &mut Sched, order: TileScheduler) {
 /// x blocks per group of the grouped tile order.
 const GROUP_ROWS: u32 = 8;
 
-/// How the schedule's CTAs walk the work tiles (see the module doc).
+/// How the schedule's CTAs walk the work tiles (see `docs/pipeline.md`).
 fn order(kernel: &Kernel, s: &Sched) -> TileScheduler {
     let trips = &kernel.ops[s.for_op].operands[..2];
     if trips.iter().any(|&v| depends_on(kernel, v, Axis::X)) {

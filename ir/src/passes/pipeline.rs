@@ -2,46 +2,10 @@
 //! into the kernel's schedule IR ([`crate::sched`]): a TMA stage ring of `full`/`empty`
 //! mbarrier arrays, its loads, and the producer's and the consumers' programs.
 //!
-//! sm_100a takes the same rings for a kernel whose mma tile has 128 rows and 4 warps (the
-//! epilogue warps of `crate::tmem`, one per 32 accumulator rows): its consumer program is one
-//! thread's `tcgen05.mma`s, each stage released by a `tcgen05.commit` to its `empty` barrier
-//! (count 1), with no drain.
-//!
-//! In a kernel whose mma tiles have 64, 128 or 192 rows (one to three consumer warpgroups of
-//! 4 warps, the count the layout pass sets on sm_90a; 128 rows on sm_100a), a top-level `for`
-//! with `stages >= 2` becomes a ring when every `mma(x, y[, acc])` at the top of its body has
-//! a shape and operands wgmma takes:
-//! - `x` is `[64 * warpgroups, K]` in the accumulator layout: either a tile staged in shared
-//!   memory (K-major, one TMA box per 64, 32 or 16 columns, the widest that tiles K:
-//!   [`crate::sched::tma::box_columns`], swizzled by the box row's bytes), loaded in the body or once
-//!   before the loop (a *once* load: attention's `Q`), or registers (wgmma RS: attention's
-//!   `P`);
-//! - `y` is a tile staged in the body, `[K, N]` (MN-major, one box of all K rows per 64, 32 or
-//!   16 columns of N, likewise swizzled, K <= 256) or the transpose `t.t()` of a `[N, K]` tile
-//!   `t` (B stored column-major, attention's `K`: K-major, boxed like `x`);
-//! - `K % 16 == 0`, `N % 16 == 0`, `N <= 256` (sm_100a: `N % 64 == 0`, and a K-major K of 16,
-//!   32 or a multiple of 64, the boxes its tcgen05 descriptors take);
-//! - each load is a 2-D tile of a rank 2..=5 `aligned16` tensor (outer dimensions become box
-//!   extents of 1), with coordinates computable for any iteration and a column coordinate
-//!   that is a provable multiple of 8 elements (TMA's innermost coordinate must be a whole
-//!   number of 16-byte chunks, or the load dies with an illegal-instruction error on the
-//!   H200; see `kiln_runtime::TensorMap`).
-//!
-//! Any other loop keeps the sm_80 cp.async lowering (the `lower` pass plans it), so tensors
-//! that are not 16-byte aligned still compile. Every shared buffer is then re-placed at
-//! 1024-byte alignment (the SW128 atom), and the barriers follow the buffers.
-//!
-//! The kernel gets a ring only when exactly one loop qualifies and every shared buffer is
-//! one of its stages or once loads: the producer warpgroup exits after the ring, so no later
-//! code may synchronise the whole block.
-//!
-//! The producer first announces the once loads' bytes on `once` and issues them; per
-//! iteration it waits on `empty` (parity from 1), announces the stage's bytes on `full` and
-//! issues the boxes. The consumers wait on `once` (parity 0), then per iteration on `full`
-//! (parity from 0) and run the body's wgmmas. A GEMM mainloop (one mma, its result only
-//! carried; [`overlaps`]) commits, keeps one group in flight and releases the previous
-//! iteration's stage; any other body waits for each wgmma where it is issued (its products
-//! are read) and releases the stage it just used.
+//! It runs after `memory_plan`. Exactly one top-level `for` with `stages >= 2`, whose mmas take
+//! shapes and operands wgmma (or `tcgen05.mma`) takes from TMA-loaded tiles, becomes a ring;
+//! any other loop keeps the sm_80 `cp.async` lowering. The operand conditions and the
+//! producer's and consumers' programs: `docs/pipeline.md`, "Inside the passes".
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -197,7 +161,7 @@ fn acc_rows(target: Target, warps: u32) -> u32 {
     }
 }
 
-/// The ring of loop `id`, when it has the shape described in the module doc.
+/// The ring of loop `id`, when it has the shape described in `docs/pipeline.md`.
 fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Sched> {
     let OpKind::For {
         stages: Some(stages),
@@ -403,7 +367,7 @@ fn ring_sched(
 }
 
 /// How `mma` reads its operands, when wgmma (or, on sm_100a, tcgen05.mma) can run it (see
-/// the module doc).
+/// `docs/pipeline.md`).
 fn plan_mma(
     kernel: &Kernel,
     mma: OpId,

@@ -1,56 +1,11 @@
 //! The `strip_mine` pass: a tile too large for a thread's registers becomes a runtime loop
 //! over chunks of it, so the code a backend writes grows with the kernel, not with its tiles.
 //!
-//! The generic PTX writer gives each thread the registers of the elements it holds and
-//! unrolls every tile op over them. A `[1, 65536]` f32 row over 4 warps is 512 elements a
-//! thread: PTX in the tens of thousands of lines and spills. This pass runs on the semantic
-//! IR, before `layout`, and rewrites such a computation into loops over `[.., CH, ..]`
-//! chunks of it, each holding at most [`CHUNK_PER_THREAD`] elements a thread.
-//!
-//! **Components.** Starting from a tile whose footprint exceeds [`TRIGGER_PER_THREAD`]
-//! elements a thread, the pass follows every op that reads or makes a tile with the same
-//! extent `E` along the chunked dimension `d` (the seed's widest): loads, masked gathers,
-//! stores, masked scatters and atomics, element-wise ops, casts, `splat`, `iota`, reshapes,
-//! transposes and reductions along the other dimension. An operand of extent 1 along `d`
-//! broadcasts and stays whole. The values found (the component) are chunked together: each
-//! becomes a `[.., CH, ..]` tile in a loop `for c in (0..E).step_by(CH)`; loads and stores
-//! shift their coordinate along `d` by `c` (elements outside the tensor still read 0 and are
-//! still skipped, so a chunk's bounds are the original tile's), and an `iota` along `d`
-//! adds `c`. `CH` is a power of two dividing `E`, so the chunks tile `E` exactly; it is
-//! halved while the loop body's per-element code (the long math sequences of
-//! `ir/src/math.rs` weighing more, `code_weight`) would pass [`CODE_PER_LOOP`], so a
-//! dropout, `randn` or `sin` over a huge tile stays a few thousand PTX lines. Each block
-//! (the kernel's body, a loop's body, a branch) is rewritten on its own.
-//!
-//! **Reductions** along `d` are the component's exits: a loop-carried partial accumulator
-//! (the reduction's identity, then `acc = combine(acc, reduce(chunk))`); its value after the
-//! loop replaces the reduction's result. A 16-bit float sum accumulates in f32 and rounds
-//! once after the loop, as the whole-tile reduction does.
-//!
-//! **Phases.** An op of the component that reads a reduction's result (softmax's
-//! `x - max(x)`) cannot run in the loop making it: the ops are split into phases, phase `k+1`
-//! holding the ops that depend on a reduction of phase `k`; each phase is one loop. A chunk
-//! value of an earlier phase that a later one reads is recomputed there from its loads
-//! (rematerialisation), which is legal because the pass proves from the IR that no op of the
-//! kernel writes a tensor read that way; where that fails the component keeps its whole
-//! tiles (staging the chunk values in shared memory instead is not done). A loop makes only
-//! the chunk values its phase's reductions and stores need. The other ops of the block (scalars, small tiles) move between the loops by the
-//! reductions they depend on: those depending on no reduction of phase `k` or later come
-//! before loop `k`. The pass checks that this reordering keeps the order of every two ops
-//! that touch the same tensor (a write and a read or two writes) or both print, and that
-//! no two such ops share a loop, where chunks would interleave them, unless they are a load
-//! and a store of the same elements (an in-place update: each chunk touches only its own);
-//! else the component keeps its whole tiles.
-//!
-//! **What keeps its whole tile**: a component with an `mma` operand or result, a value read
-//! inside a nested loop or branch or carried by one, an indexed (gather/scatter) access, a
-//! `print` of a tile element, a value defined outside the block. After chunking, a register
-//! tile that still exceeds what a thread can hold ([`REGISTER_BYTES`]), or a tile staged in
-//! shared memory for `mma` that exceeds the target's shared memory, is an error at the op
-//! that makes it, naming the tile, its bytes, the budget and why it was not streamed.
-//!
-//! In: canonicalized IR. Out: the same semantics; no tile outside an `mma`'s reach holds
-//! more than [`TRIGGER_PER_THREAD`] elements a thread unless it could not be chunked.
+//! It runs on the semantic IR, after `canonicalize` and before `layout`. A tile over
+//! [`TRIGGER_PER_THREAD`] elements a thread, with every op reading or making a tile of its
+//! extent along the chunked dimension, is rewritten into loops over chunks of at most
+//! [`CHUNK_PER_THREAD`] elements a thread; reductions along it become loop-carried partials.
+//! What is chunked, what keeps its whole tile and why: `docs/pipeline.md`, "Inside the passes".
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -265,7 +220,7 @@ impl Effects {
 
 type Found = (BTreeSet<ValueId>, Keep);
 
-/// The component of `seed` (see the module doc), or its values so far and why it cannot be
+/// The component of `seed` (see `docs/pipeline.md`), or its values so far and why it cannot be
 /// chunked.
 fn component(
     kernel: &Kernel,
@@ -569,7 +524,7 @@ fn rewrite(
     c: &Component,
     written: &BTreeSet<usize>,
 ) -> Result<Result<Block, String>, Diagnostic> {
-    // Phases of the component's ops, levels of the others (see the module doc).
+    // Phases of the component's ops, levels of the others (see `docs/pipeline.md`).
     let mut phase: BTreeMap<OpId, usize> = BTreeMap::new();
     let mut level: BTreeMap<ValueId, usize> = BTreeMap::new();
     let mut small_level: BTreeMap<OpId, usize> = BTreeMap::new();

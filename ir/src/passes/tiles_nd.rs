@@ -1,42 +1,11 @@
 //! Tiles of rank 3 and 4: how they lower (run at the start of `canonicalize`).
 //!
-//! Design. A rank-3 or rank-4 register tile keeps its shape in the IR; every pass and
-//! backend sees it as it is. What makes that work:
-//! - **Layouts.** A blocked layout ([`crate::schedule::Layout::Blocked`]) of a tile of rank
-//!   3 or more spreads the tile's leading dimensions folded into its rows (`[T, H, D]` is laid
-//!   out as `[T * H, D]`: lanes and 16-byte vectors along the contiguous last dimension,
-//!   warps and lanes down the folded rows). Its distribution splits the folded row coordinate
-//!   back into one coordinate per leading dimension ([`crate::schedule::Distribution`] is
-//!   already per dimension), so reductions, broadcasts and element addressing work per
-//!   dimension as they do for 2-D tiles. A split that the per-dimension thread terms cannot
-//!   express (a leading extent like 96 cut by a power-of-two thread group) is avoided when
-//!   the layout pass chooses the layout (each thread's rows then stay inside the largest
-//!   power of two dividing the innermost leading extent, repetitions cover the rest), and is
-//!   reported at the user's op as a layout misfit where it would be forced. A tile of rank 3
-//!   or 4 holds at most as many elements as a 2-D one.
-//! - **Memory.** The generic writer's plain `load`/`store` walk rows and columns; a rank-3 or
-//!   rank-4 tile's load or store is rewritten here into the addressed access of the same
-//!   elements (`gather`/`scatter` with a coordinate per dimension and no index tile), whose
-//!   writer addresses every tensor dimension, checks bounds per dimension, and vectorises to
-//!   16 bytes along the contiguous last dimension where the layout and alignment allow. A
-//!   bounded store becomes a masked scatter (`coordinate < limit` along the bounded
-//!   dimension).
-//! - **Reductions** over any dimension are slices of the operand's layout; the writer's
-//!   register, butterfly and cross-warp stages are per dimension already.
-//! - **Broadcasting** follows numpy's rule: an extent of 1 repeats, and next to a tile of
-//!   rank 3 or more an operand of lower rank gains leading extents of 1 (the DSL inserts
-//!   the reshape; tiles of at most 2 dimensions keep the explicit `.row()`/`.col()`);
-//!   `.unsqueeze(d)` adds a unit dimension anywhere. An operand broadcast along several
-//!   dimensions is in the result's layout sliced along each.
-//! - **`reshape`** between any shapes of equal element count: one that keeps the last
-//!   dimension keeps a blocked layout (the folded rows are the same), so each element stays
-//!   in its thread's register and the reshape is free; any other moves the elements through
-//!   the shared scratch (written at their row-major index, read back in the result's
-//!   layout). **`permute`** moves them the same way, reading each result element at its
-//!   operand's row-major index; so does `.t()` of a register tile (one not staged for
-//!   `mma`). The `lower` pass sizes the scratch region by the same tests the writer uses
-//!   (`reshape_is_free`, `transpose_moves`).
-//! - `mma` stays 2-D: the verifier rejects a 3-D operand at the user's line.
+//! A rank-3 or rank-4 register tile keeps its shape in the IR; every pass and backend sees it
+//! as it is. Its blocked layout folds the leading dimensions into rows and its distribution
+//! splits them back per dimension, so reductions, broadcasts and addressing work per dimension;
+//! this module rewrites its plain loads and stores into addressed accesses (`gather`/`scatter`
+//! with a coordinate per dimension). `mma` stays 2-D. The design in full (layouts, memory,
+//! broadcasting, `reshape`/`permute`): `docs/pipeline.md`, "Inside the passes".
 
 use crate::access::tile_dim;
 use crate::kernel::{

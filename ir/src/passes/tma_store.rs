@@ -3,20 +3,9 @@
 //! (the kernel's warps, `crate::tmem`) each hold whole accumulator rows, which stored
 //! directly would scatter every warp's store over 32 rows.
 //!
-//! A `store` after the ring loop qualifies when it has no runtime bound (TMA clips only at the
-//! tensor's extent), its tensor is 16-byte aligned (TMA's
-//! requirement), its elements are 2 bytes, and its tile is `rows x cols` with `rows <= 256`,
-//! `cols` a multiple of 64 (128-byte boxes), laid out in registers as the mma accumulator
-//! is: every register's row a multiple of 8 from the thread's (so a thread's rows share one
-//! swizzle phase), register pairs on adjacent even columns, and a thread's columns inside one
-//! 16-byte chunk of each 8 but for whole boxes (the second of two sm_100a epilogue
-//! warpgroups starts its columns a block of boxes further; such a tile is staged whole, so each
-//! round's boxes stay those of one thread-independent range). Its staging tile goes after the rings when shared memory has room,
-//! if need be in place of the stage `overlap` added to a rotated ring (which is then split
-//! instead), else staged in parts; otherwise the store stays as it is. On sm_90a, when each
-//! consumer warpgroup holds a band of whole 8-row groups of the tile's rows (the accumulator
-//! of several warpgroups), each warpgroup stores its band itself, on a named barrier of its
-//! own after the ping-pong's turn barriers.
+//! A `store` after the ring loop qualifies when TMA can write its tile as the accumulator's
+//! registers hold it (no runtime bound, 16-byte aligned 2-byte elements, whole 128-byte boxes);
+//! otherwise it stays as it is. The conditions in full: `docs/pipeline.md`, "Inside the passes".
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, OpId, OpKind, Param};
@@ -131,7 +120,7 @@ fn add_store(s: &mut crate::sched::Sched, store: &TmaStore, rounds: u32, first: 
     s.sort_barriers();
 }
 
-/// The TMA store `op` lowers to when it qualifies (see the module doc), before its barrier
+/// The TMA store `op` lowers to when it qualifies (see `docs/pipeline.md`), before its barrier
 /// and round program are in the schedule ([`add_store`]), and whether it is staged whole.
 fn candidate(
     kernel: &Kernel,

@@ -1,37 +1,11 @@
 //! The `tmem` pass (sm_100a): plans the Blackwell roles, the tensor-memory accumulator and the
 //! tcgen05 descriptors of the schedule's loop ([`crate::sched::tmem`]).
 //!
-//! The block is the kernel's epilogue warps (threads `0..32 * epilogue_warps`, which run the
-//! kernel's code before and after the loop), then one TMA producer warp and one MMA warp.
-//! The MMA warp allocates the accumulator's columns before the roles split; the set-up
-//! barrier, between `tcgen05.fence::before_thread_sync` and `after_thread_sync`, publishes
-//! their address through shared memory. Per work tile the MMA thread waits until the epilogue
-//! has copied the previous tile's accumulator out (`acc_empty`), runs the loop's mmas (each
-//! stage released by a `tcgen05.commit` to its `empty` barrier) and commits the finished
-//! accumulator to `acc_full`; after the last tile it waits for the last copy and the warp
-//! frees the columns. Per tile the epilogue warps wait on `acc_full`, copy the accumulator to
-//! registers (`tcgen05.ld`, shape `32x32b`: warp `w` reads TMEM lanes `32 (w % 4) ..`, the
-//! only lanes it may reach, and the columns of warpgroup `w / 4`'s block, thread `t` one row,
-//! exactly [`crate::tmem::accumulator_layout`]), wait for the copies and hand TMEM back on
-//! `acc_empty` before the registers are used ([`crate::tmem::epilogue::program`]), so the next
-//! tile's mmas run under this tile's stores. Both barriers have one phase per tile.
-//!
-//! A loop (persistent or not) qualifies when it carries exactly one value, the accumulator
-//! of its single mma (`acc = mma(x, y, acc)`, the GEMM mainloop), which starts as zeros (the
-//! first `tcgen05.mma` of a tile overwrites instead of accumulating) and has 128 rows (and at
-//! most 256 columns), and has no once loads. The accumulator takes the next power of 2 of its
-//! columns (at least 32) of the 512; the TMEM address slot and the `acc_full` / `acc_empty`
-//! barriers go after the rest of shared memory. A loop with a once load whose body is
-//! attention-shaped gets the FlashAttention-4-style schedule instead (`attention`). Any
-//! other loop is reported as not implemented on sm_100a.
-//!
-//! A schedule the `persistent` pass paired in the 2-SM form ([`crate::sched::cluster::Pair`])
-//! gets the pair's: an mma of M = 256 over both CTAs' rows issued by the leader's MMA warp,
-//! the `acc_full` commit multicast to both, `acc_empty` on the leader counting both CTAs'
-//! epilogue warps, and a cluster barrier before each CTA's MMA warp frees its columns.
-//!
-//! In: the final shared-memory plan (`pipeline`, `tma_store`). Out: the same ops; the
-//! schedule's roles, TMEM and accumulator barriers. Leaves kernels without a schedule alone.
+//! A GEMM mainloop (one carried accumulator of a single 128-row mma) gets epilogue warps, one
+//! TMA producer warp and one MMA warp, the accumulator in TMEM handed between them per work
+//! tile on `acc_full` / `acc_empty`; an attention-shaped loop gets the FlashAttention-4-style
+//! schedule (`attention`); any other loop is reported as not implemented on sm_100a. Runs on
+//! the final shared-memory plan. The roles, the 2-SM form and the conditions: `docs/targets.md`.
 
 mod attention;
 
@@ -204,7 +178,7 @@ fn tmem_setup(setup: &[Op], columns: u32) -> Vec<Op> {
 }
 
 /// The roles of a TMEM gemm: the epilogue warps first (the kernel's), then the producer and
-/// MMA warps the `pipeline` pass planned after them (see the module doc).
+/// MMA warps the `pipeline` pass planned after them (see `docs/targets.md`).
 fn roles(
     s: &mut Sched,
     epilogue_warps: u32,

@@ -3,23 +3,8 @@
 //! mbarrier ring: the operands arrive by cp.async or by the register staging of
 //! [`super::mma_operands`], exactly as for mma.sync).
 //!
-//! An mma is taken when its shape and operands are what `wgmma.mma_async.m64nNk16` reads:
-//! - its accumulator is laid out `#mma(W x 1)` with `W` a multiple of 4 and 16 rows per
-//!   warp (`M = 16 W`), which is the wgmma accumulator layout of each warpgroup, so the
-//!   accumulator stays in its registers, carried across loops as it is for mma.sync;
-//! - `N` is a multiple of 8 up to 256, `K` a multiple of 16, the operands bf16 or f16 and the
-//!   accumulator f32;
-//! - B is a shared tile (a staged load, its transpose, or a staged register tile), A a shared
-//!   tile or a register tile in the accumulator layout (the RS form, attention's `P` or
-//!   `dS`); either orientation of a shared operand is read (K-major, or MN-major with the
-//!   descriptor's transpose bit);
-//! - each shared operand's buffer is swizzled, with rows in multiples of 8. Rows wider than
-//!   the swizzle span (a 128-column bf16 tile) are stored in column boxes
-//!   ([`crate::schedule::SmemBuffer::boxed_offset`]), which only wgmma reads, so every mma
-//!   reading such a buffer must be taken.
-//!
-//! Buffers wgmma reads start on 1024 bytes (the 128-byte swizzle repeats every 1024 bytes of
-//! address). An mma not taken stays on mma.sync with a note at its line saying why.
+//! An mma not taken stays on mma.sync with a note at its line saying why; the conditions for
+//! taking one are listed at [`plan`].
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -41,6 +26,24 @@ enum Buffer {
 
 /// Decides which mmas outside `ring` are lowered to wgmma, boxes and re-places the buffers
 /// they read, and notes at each other mma why it stays on mma.sync.
+///
+/// An mma is taken when its shape and operands are what `wgmma.mma_async.m64nNk16` reads:
+/// - its accumulator is laid out `#mma(W x 1)` with `W` a multiple of 4 and 16 rows per
+///   warp (`M = 16 W`), which is the wgmma accumulator layout of each warpgroup, so the
+///   accumulator stays in its registers, carried across loops as it is for mma.sync;
+/// - `N` is a multiple of 8 up to 256, `K` a multiple of 16, the operands bf16 or f16 and the
+///   accumulator f32;
+/// - B is a shared tile (a staged load, its transpose, or a staged register tile), A a shared
+///   tile or a register tile in the accumulator layout (the RS form, attention's `P` or
+///   `dS`); either orientation of a shared operand is read (K-major, or MN-major with the
+///   descriptor's transpose bit);
+/// - each shared operand's buffer is swizzled, with rows in multiples of 8. Rows wider than
+///   the swizzle span (a 128-column bf16 tile) are stored in column boxes
+///   ([`crate::schedule::SmemBuffer::boxed_offset`]), which only wgmma reads, so every mma
+///   reading such a buffer must be taken.
+///
+/// Buffers wgmma reads start on 1024 bytes (the 128-byte swizzle repeats every 1024 bytes of
+/// address). An mma not taken stays on mma.sync with a note at its line saying why.
 pub fn plan(kernel: &mut Kernel, ring: &BTreeSet<OpId>) {
     kernel.schedule.wgmma.clear();
     let mmas: Vec<OpId> = ops_in_order(kernel)

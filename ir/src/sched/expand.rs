@@ -2,18 +2,7 @@
 //! counts: the one reading of the execution model ([`super`]) that the protocol check and
 //! the CPU execution share (the writers emit the same order as loops).
 //!
-//! Per CTA: the start section; per work tile `k` with `trips` iterations, the program's first
-//! `lead` iterations, the tile section, the remaining iterations (a rotated program: its
-//! rounds `0 ..= trips`, the release section before the last), the drain, the release (an
-//! unrotated program) and the end; then the exit section. An op is dropped where it has
-//! nothing to do:
-//! - a `Sync`/`Signal` whose [`Who`](super::Who) excludes the replica;
-//! - a wait with a lag when the lagged iteration is not in the tile (its first iterations,
-//!   or after a loop that ran fewer);
-//! - an arrival or commit with a lag when the lagged iteration was never run (in a rotated
-//!   program: not in the tile);
-//! - the correction's rescale (`RescaleBegin ..= RescaleEnd`) in a tile's first iteration,
-//!   which has no product to rescale yet.
+//! The order, and where an op is dropped for having nothing to do: [`expand`].
 
 use super::op::Op;
 use super::role::{Program, Role};
@@ -64,7 +53,20 @@ pub struct Step {
 }
 
 /// The ops replica `replica` of `role` runs, in order, over work tiles with trip counts
-/// `tiles` (see the module doc).
+/// `tiles`.
+///
+/// Per CTA: the start section; per work tile `k` with `trips` iterations, the program's first
+/// `lead` iterations, the tile section, the remaining iterations (a rotated program: its
+/// rounds `0 ..= trips`, the release section before the last), the drain, the release (an
+/// unrotated program) and the end; then the exit section. An op is dropped where it has
+/// nothing to do:
+/// - a `Sync`/`Signal` whose [`Who`](super::Who) excludes the replica;
+/// - a wait with a lag when the lagged iteration is not in the tile (its first iterations,
+///   or after a loop that ran fewer);
+/// - an arrival or commit with a lag when the lagged iteration was never run (in a rotated
+///   program: not in the tile);
+/// - the correction's rescale (`RescaleBegin ..= RescaleEnd`) in a tile's first iteration,
+///   which has no product to rescale yet.
 pub fn expand(role: &Role, replica: u32, tiles: &[u32]) -> Vec<Step> {
     let p = &role.program;
     let mut out = Expansion {
@@ -155,7 +157,7 @@ impl Expansion<'_> {
         }
     }
 
-    /// Whether `op` has something to do at `at` (see the module doc).
+    /// Whether `op` has something to do at `at` (see [`expand`]).
     fn runs(&self, op: Op, at: At) -> bool {
         match op {
             Op::Sync { who, .. } | Op::Signal { who, .. } => {

@@ -2,33 +2,13 @@
 //!
 //! The expert layer under the semantic IR. The scheduling passes (`pipeline`,
 //! `warp_specialise`, `overlap`, `persistent`, `tma_store`, `occupancy`, `tmem`) write one
-//! [`Sched`] for a kernel's pipelined loop; the `protocol_check` pass proves it, the CPU
-//! execution of scheduled kernels runs it, and each target family's writer walks it. A new
-//! kernel family is a pass that writes this IR, not a new language.
-//!
-//! ## Vocabulary
-//! - **Barriers** ([`barrier`]) live in one arena: mbarrier arrays (arrival count,
-//!   transaction bytes, stages, a phase per loop iteration or per work tile, CTA or cluster
-//!   scope) and named barrier arrays (`bar.sync` ids and the threads meeting at each).
-//! - **Resources**: TMA loads into stage buffers and once buffers ([`tma`]), TMA stores from
-//!   staging tiles ([`store`]), the tensor-memory allocation and its tiles ([`tmem`]), the cluster
-//!   sharing a load ([`cluster`]), the persistent tile order ([`tiles`]).
-//! - **Roles** ([`role`]): warps, a register budget, who issues, and a program of
-//!   [`op::Op`]s in sections of the CTA's life (start, per tile, per iteration, after the
-//!   loop, exit). The set-up ops before the roles split are [`Sched::setup`].
-//! - **Regions**: ops that run the kernel's own code name its part ([`region::MmaPart`],
-//!   [`region::Region`]) as the loop's structure defines it ([`overlap`]).
-//!
-//! ## Execution model
-//! A CTA runs work tiles `k = 0, 1, ..` (one, unless [`Sched::tiles`] makes it persistent);
-//! tile `k` runs its loop's `trips(k)` iterations, numbered `i` across the CTA's tiles. Every
-//! role runs its program's sections in the order [`role::Program`] gives. A wait on an
-//! mbarrier with per-iteration phases names the stage and phase of iteration `i - lag`; one
-//! with per-tile phases the phase of the tile (or, after the tiles, the phase past the
-//! last). An op is asynchronous where the instruction is ([`op`]).
-//!
-//! **Architecture invariant:** the schedule IR names the semantic IR's ops by handle and
-//! knows nothing of the kernel container, of layouts, or of PTX text.
+//! [`Sched`] for a kernel's pipelined loop: barriers ([`barrier`]), resources (TMA loads and
+//! stores, tensor memory, clusters, the tile order) and role programs ([`role`]) of
+//! [`op::Op`]s. The `protocol_check` pass proves it, the CPU execution of scheduled kernels
+//! runs it, and each target family's writer walks it. A new kernel family is a pass that writes
+//! this IR, not a new language. It names the semantic IR's ops by handle and knows nothing of
+//! the kernel container, of layouts, or of PTX text. Its vocabulary and execution model:
+//! `docs/pipeline.md`.
 
 pub mod barrier;
 pub mod cluster;
@@ -54,7 +34,7 @@ pub use role::{Issue, Program, Role, RoleKind};
 pub use store::TmaStore;
 pub use tma::{Load, LoadId};
 
-/// A kernel's schedule: see the module doc.
+/// A kernel's schedule: see the module doc, and `docs/pipeline.md` for its execution model.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Sched {
     /// The pipelined `for` whose iterations the programs run.

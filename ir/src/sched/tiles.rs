@@ -4,40 +4,44 @@
 //! per tile.
 //!
 //! CTA `c` of `C` runs its `k`-th tile in wave `k` (tiles `k C .. (k + 1) C` of the order).
-//! The order depends on whether the work of a tile varies with its x block index (the
-//! kernel's loop trip count depends on it, as a causal attention's query blocks):
-//! - [`TileScheduler::Strided`]: every tile has the same work. Tiles are numbered
-//!   `t = x + nx (y + ny z)`, x fastest, so the tiles running at once share y and z
-//!   (attention's head and batch: the same keys and values, warm in L2); CTA `c` runs tiles
-//!   `c, c + C, c + 2C, ...`.
-//! - [`TileScheduler::LongestFirst`]: tiles in order of decreasing x, the longest first
-//!   (`t = (nx - 1 - x) ny nz + y + ny z`), dealt out wave by wave in a snake: in even waves
-//!   CTA `c` takes position `c`, in odd waves position `C - 1 - c`, so a CTA that took a longer
-//!   tile in one wave takes a shorter one in the next and the CTAs finish together. A fixed
-//!   stride would not: with 132 CTAs and 128 query blocks it walks x by 4, and the CTAs that
-//!   start on the longest blocks keep the longest ones.
-//! - [`TileScheduler::Grouped`]: equal tiles whose loads reuse data along both x and y (a
-//!   GEMM: a row of tiles reads one panel of `A`, a column one panel of `B`). Tiles run in
-//!   groups of `rows` x blocks: within a group x is fastest, then y; then the next group (z
-//!   slowest). A wave then reads `rows` panels of one operand and about `C / rows` of the
-//!   other, fewer than x fastest over all of x, so more of them stay in L2 (Triton's grouped
-//!   order). CTA `c` runs tiles `c, c + C, ...` as in `Strided`.
-//!
-//! A clustered schedule ([`super::cluster`]) deals tile pairs: the order runs over the grid of
-//! `cdiv(nx, 2)` x pairs with a cluster in the place of a CTA, and CTA `r` of the pair takes
-//! x block `2 px + r`.
+//! The order ([`TileScheduler`]) depends on whether the work of a tile varies with its x block
+//! index and whether its loads reuse data along x and y. A clustered schedule
+//! ([`super::cluster`]) deals tile pairs.
 
 use std::fmt;
 
-/// How a persistent kernel's CTAs walk its logical grid (see the module doc).
+/// How a persistent kernel's CTAs walk its logical grid (see the module doc). The order
+/// depends on whether the work of a tile varies with its x block index (the kernel's loop
+/// trip count depends on it, as a causal attention's query blocks).
+///
+/// A clustered schedule ([`super::cluster`]) deals tile pairs: the order runs over the grid
+/// of `cdiv(nx, 2)` x pairs with a cluster in the place of a CTA, and CTA `r` of the pair
+/// takes x block `2 px + r`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TileScheduler {
     /// Equal tiles, x fastest, CTA `c` takes every `C`-th from `c`.
+    ///
+    /// Tiles are numbered `t = x + nx (y + ny z)`, x fastest, so the tiles running at once
+    /// share y and z (attention's head and batch: the same keys and values, warm in L2); CTA
+    /// `c` runs tiles `c, c + C, c + 2C, ...`.
     Strided,
     /// Tiles whose work grows with x: decreasing x, dealt in a snake.
+    ///
+    /// Tiles in order of decreasing x, the longest first (`t = (nx - 1 - x) ny nz + y + ny
+    /// z`), dealt out wave by wave in a snake: in even waves CTA `c` takes position `c`, in
+    /// odd waves position `C - 1 - c`, so a CTA that took a longer tile in one wave takes a
+    /// shorter one in the next and the CTAs finish together. A fixed stride would not: with
+    /// 132 CTAs and 128 query blocks it walks x by 4, and the CTAs that start on the longest
+    /// blocks keep the longest ones.
     LongestFirst,
     /// Equal tiles that share data along x and along y: groups of `rows` x blocks, x fastest
     /// within a group, then y.
+    ///
+    /// For a GEMM a row of tiles reads one panel of `A`, a column one panel of `B`. Within a
+    /// group x is fastest, then y; then the next group (z slowest). A wave then reads `rows`
+    /// panels of one operand and about `C / rows` of the other, fewer than x fastest over all
+    /// of x, so more of them stay in L2 (Triton's grouped order). CTA `c` runs tiles `c, c +
+    /// C, ...` as in `Strided`.
     Grouped {
         /// x blocks per group.
         rows: u32,

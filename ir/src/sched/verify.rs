@@ -1,25 +1,9 @@
 //! The schedule IR's structural verifier: what must hold of any [`Sched`] before the
 //! protocol check proves its barrier protocol or a writer walks it.
 //!
-//! Checked:
-//! - every barrier, load and TMEM tile an op names exists, and each op names the kind of
-//!   barrier it needs (waits, arrivals and commits an mbarrier; `bar.sync`/`bar.arrive` a
-//!   named barrier);
-//! - mbarriers have a count and stages, 8-byte aligned slots inside shared memory, and no
-//!   two overlap; named barrier arrays use ids 1..16 (that stores and turns do not share
-//!   them is a protocol rule);
-//! - set-up ops only in [`Sched::setup`], and the set-up holds nothing else that needs a
-//!   role; lagged waits, arrivals and commits only on per-iteration barriers; per-tile
-//!   barriers' ops only outside the iteration section, except the TMA loads and commits
-//!   that fill and release them;
-//! - a load's barrier is an mbarrier; a once load (per-tile barrier) has one stage;
-//! - a store's barrier is a named array with one element per group and its threads;
-//! - roles hold disjoint warps, register budgets are multiples of 8 in 24..=256, replicas
-//!   divide a role into whole warpgroups.
-//!
-//! Not checked here (the `protocol_check` pass proves them): that waits have their
-//! arrivals, phases agree, asynchronous results are waited for before use, the TMEM
-//! allocation holds its tiles.
+//! The checks (references, barrier kinds and placement, set-up and section rules, roles'
+//! warps and register budgets) are listed at [`verify`]; the protocol itself (waits, phases,
+//! completions, TMEM) is the `protocol_check` pass's to prove.
 
 use std::fmt;
 
@@ -40,7 +24,27 @@ pub struct VerifyError {
     pub message: String,
 }
 
-/// Every broken invariant of a schedule (see the module doc), in order.
+/// Every broken invariant of a schedule, in order.
+///
+/// Checked:
+/// - every barrier, load and TMEM tile an op names exists, and each op names the kind of
+///   barrier it needs (waits, arrivals and commits an mbarrier; `bar.sync`/`bar.arrive` a
+///   named barrier);
+/// - mbarriers have a count and stages, 8-byte aligned slots inside shared memory, and no
+///   two overlap; named barrier arrays use ids 1..16 (that stores and turns do not share
+///   them is a protocol rule);
+/// - set-up ops only in [`Sched::setup`], and the set-up holds nothing else that needs a
+///   role; lagged waits, arrivals and commits only on per-iteration barriers; per-tile
+///   barriers' ops only outside the iteration section, except the TMA loads and commits
+///   that fill and release them;
+/// - a load's barrier is an mbarrier; a once load (per-tile barrier) has one stage;
+/// - a store's barrier is a named array with one element per group and its threads;
+/// - roles hold disjoint warps, register budgets are multiples of 8 in 24..=256, replicas
+///   divide a role into whole warpgroups.
+///
+/// Not checked here (the `protocol_check` pass proves them): that waits have their
+/// arrivals, phases agree, asynchronous results are waited for before use, the TMEM
+/// allocation holds its tiles.
 pub fn verify(s: &Sched) -> Result<(), Vec<VerifyError>> {
     let mut errs = Vec::new();
     let mut fail = |place: &dyn fmt::Display, message: String| {

@@ -5,28 +5,7 @@
 //! the kernel's code after the ring loop (a fused epilogue's bias row, its activation's
 //! temporaries). One warpgroup holds whole rows; two split the columns in halves (warp `w`:
 //! TMEM lanes `32 (w % 4) ..`, columns `(w / 4) n / 2 ..`), which halves every thread's
-//! share but adds 128 threads to the block, so each thread may use fewer registers. The
-//! layout pass takes the fewest warpgroups whose estimated need fits a thread's registers,
-//! else the most there may be ([`epilogue_warps`]).
-//!
-//! The need is estimated on the IR, in op order: the most accumulator-wide tile values live
-//! at once after the loop (a constant's splat costs nothing), times the columns of each a
-//! thread holds. ptxas interleaves elementwise chains, so this overestimates; it is
-//! calibrated by ptxas 13.5 (`-arch=sm_100a`) on `gemm_epilogue.rs` at BN = 128: the gemm's
-//! copy-convert-store (one value) assembles without spills on one warpgroup, gelu and silu
-//! (four values: `x`, `e^u`, `min(e^u, 1)`, `1 / e^u`) spill there and not on two. Beside
-//! a bias row (two values) two warpgroups are taken too, which also assemble clean.
-//!
-//! Two warpgroups are the most, so at BN = 256 a thread's half row (128 columns in the 168
-//! registers a 320-thread block leaves it) still does not fit beside an activation's
-//! temporaries (ptxas 13.5 spilled relu and alpha/beta a little, gelu and silu about 920 B).
-//! Where the code after the loop computes each column from the same column alone
-//! ([`column_local`]), the thread then holds its block in chunks ([`chunk_columns`]): per
-//! chunk it copies the chunk's columns out of TMEM, waits for them and runs the code after
-//! the loop on them (which loads the chunk's bias, converts it and writes it to the store's
-//! staging tile), so the estimate counts a chunk's columns of each live value, not the
-//! block's. TMEM is handed back once the last chunk is copied ([`program`]), so a thread
-//! whose whole block fits keeps it whole and hands TMEM back before its code runs.
+//! share but adds 128 threads to the block, so each thread may use fewer registers.
 
 use std::ops::Range;
 
@@ -45,7 +24,16 @@ const MAX_THREAD_REGISTERS: u32 = 255;
 const OTHER_WARPS: u32 = 2;
 
 /// The epilogue warps (4 or 8) for the `n`-column accumulator carried out of ring loop
-/// `for_op` (see the module doc).
+/// `for_op`: the layout pass takes the fewest warpgroups whose estimated need fits a thread's
+/// registers, else the most there may be.
+///
+/// The need is estimated on the IR, in op order: the most accumulator-wide tile values live
+/// at once after the loop (a constant's splat costs nothing), times the columns of each a
+/// thread holds. ptxas interleaves elementwise chains, so this overestimates; it is
+/// calibrated by ptxas 13.5 (`-arch=sm_100a`) on `gemm_epilogue.rs` at BN = 128: the gemm's
+/// copy-convert-store (one value) assembles without spills on one warpgroup, gelu and silu
+/// (four values: `x`, `e^u`, `min(e^u, 1)`, `1 / e^u`) spill there and not on two. Beside
+/// a bias row (two values) two warpgroups are taken too, which also assemble clean.
 pub fn epilogue_warps(kernel: &Kernel, for_op: OpId, n: u32) -> u32 {
     let need = live_columns(kernel, for_op);
     // Two blocks of whole TMA-store boxes, so each staged box is one warpgroup's.
@@ -59,10 +47,21 @@ pub fn epilogue_warps(kernel: &Kernel, for_op: OpId, n: u32) -> u32 {
 }
 
 /// The columns of its block an epilogue thread of `warps` holds at once, for the `n`-column
-/// accumulator carried out of ring loop `for_op` (see the module doc): the block in the
+/// accumulator carried out of ring loop `for_op`: the block in the
 /// fewest equal chunks of whole `tcgen05.ld`s whose share of the estimated need fits a
 /// thread's registers, else in chunks of one load each; the whole block where the code after
 /// the loop is not [`column_local`].
+///
+/// Two warpgroups are the most, so at BN = 256 a thread's half row (128 columns in the 168
+/// registers a 320-thread block leaves it) still does not fit beside an activation's
+/// temporaries (ptxas 13.5 spilled relu and alpha/beta a little, gelu and silu about 920 B).
+/// Where the code after the loop computes each column from the same column alone
+/// ([`column_local`]), the thread then holds its block in chunks: per
+/// chunk it copies the chunk's columns out of TMEM, waits for them and runs the code after
+/// the loop on them (which loads the chunk's bias, converts it and writes it to the store's
+/// staging tile), so the estimate counts a chunk's columns of each live value, not the
+/// block's. TMEM is handed back once the last chunk is copied ([`program`]), so a thread
+/// whose whole block fits keeps it whole and hands TMEM back before its code runs.
 pub fn chunk_columns(kernel: &Kernel, for_op: OpId, n: u32, warps: u32) -> u32 {
     let groups = (warps / 4).max(1);
     let block = n / groups;

@@ -1,20 +1,8 @@
-//! sm_100a attention: the FlashAttention-4-style schedule (`kiln_ir::tmem::attention`
+//! sm_100a attention: the FlashAttention-4-style schedule (`docs/targets.md`
 //! explains it) as the schedule IR gives it, every role following its program op by op.
 //!
-//! Before the roles split, thread 0 inits the schedule's barriers and the MMA warp allocates
-//! TMEM (under the ring's set-up barrier, which publishes the address). Then the warpgroups
-//! take their registers (`setmaxnreg`) and each role walks the CTA's pairs of work tiles
-//! ([`Pair`]): a pair is the kernel's tiles `2 p` and `2 p + 1` along x, so the tile scheduler
-//! walks a grid of half the x extent. Per pair, each role decodes the block index the
-//! kernel's `block_id()` reads for the tile it serves: the load warp for each Q tile in turn,
-//! every role for both tiles to learn the pair's walk (from the earlier start to the later
-//! end), a softmax warpgroup for its own tile (its scalars, its mask, its own range) before
-//! it runs the pair's walk, the iterations outside its own range as no-ops (no score copied,
-//! `P = 0`, factors 1: the tile's result is its own loop's).
-//!
-//! Every role counts its loop iterations across tiles (`it`): phase `it` of a per-iteration
-//! barrier of one stage is waited with parity `start ^ (it & 1)`, the previous iteration's
-//! with the bit flipped; a per-tile barrier uses the tile walk's parity.
+//! Before the roles split, thread 0 inits the barriers and the MMA warp allocates TMEM; then
+//! each role walks the CTA's pairs of work tiles ([`Pair`]).
 
 mod correction;
 mod softmax;
@@ -28,6 +16,21 @@ use crate::sched::{self, Cursor, TileLoop};
 use crate::types::{Class, Reg};
 
 /// A role's walk over the CTA's pairs of work tiles.
+///
+/// Before the roles split, thread 0 inits the schedule's barriers and the MMA warp allocates
+/// TMEM (under the ring's set-up barrier, which publishes the address). Then the warpgroups
+/// take their registers (`setmaxnreg`) and each role walks the CTA's pairs of work tiles
+/// ([`Pair`]): a pair is the kernel's tiles `2 p` and `2 p + 1` along x, so the tile scheduler
+/// walks a grid of half the x extent. Per pair, each role decodes the block index the
+/// kernel's `block_id()` reads for the tile it serves: the load warp for each Q tile in turn,
+/// every role for both tiles to learn the pair's walk (from the earlier start to the later
+/// end), a softmax warpgroup for its own tile (its scalars, its mask, its own range) before
+/// it runs the pair's walk, the iterations outside its own range as no-ops (no score copied,
+/// `P = 0`, factors 1: the tile's result is its own loop's).
+///
+/// Every role counts its loop iterations across tiles (`it`): phase `it` of a per-iteration
+/// barrier of one stage is waited with parity `start ^ (it & 1)`, the previous iteration's
+/// with the bit flipped; a per-tile barrier uses the tile walk's parity.
 pub(super) struct Pair {
     pub(super) walk: TileLoop,
     /// The pair's index along x (the tile walk's x).

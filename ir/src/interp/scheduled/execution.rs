@@ -1,6 +1,6 @@
 //! One execution of the CTAs of a cluster (one CTA without a cluster): every role's program
 //! runs on the protocol machine, and each op it reports moves the data it moves on the GPU
-//! (see the parent module's doc). A role's replicas compute the same tiles, so the first
+//! (see `docs/pipeline.md`). A role's replicas compute the same tiles, so the first
 //! moves the data for all.
 
 use std::collections::BTreeMap;

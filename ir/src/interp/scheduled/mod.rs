@@ -2,42 +2,10 @@
 //! schedule IR ([`crate::sched`]) says it runs on the GPU, with the data moving where the
 //! schedule moves it. One execution for every target family: the roles' programs run on the
 //! protocol check's machine ([`crate::passes::protocol_check`]), which reports each op a
-//! role runs, in its order, and [`execution`] moves the data of that op.
-//!
-//! - **Work.** A persistent schedule runs `ctas` CTAs, each walking the work tiles its
-//!   [`TileScheduler`] deals it (so a walk that skips or repeats a tile shows in the
-//!   output); another runs one CTA per grid block. A CTA that runs two work tiles at once (an
-//!   sm_100a attention pair: blocks `2p` and `2p + 1` along x) walks the loop from the
-//!   earlier start to the later end, each tile's own iterations computed and the others
-//!   no-ops. A cluster's CTAs walk pairs of x blocks in lockstep. Per tile the code before
-//!   the loop runs with the tile's block index, the code after it where the role's program
-//!   runs it.
-//! - **Shared memory.** TMA loads write their boxes, read from the tensor with TMA's zero
-//!   fill, into the stage's swizzled cells ([`smem`]); a multicast box into every CTA of its
-//!   mask; a 2-SM pair's half into its own CTA. An mma reads every tile it multiplies back
-//!   from those cells when it runs, so a stage refilled before its last read, a buffer
-//!   overlapping another, or boxes that miss their tile give wrong or NaN results.
-//! - **The kernel's code.** An unrotated body runs whole at its mma op. A rotated one (the
-//!   `overlap` pass's, [`Overlap`]) runs in three parts: at the head mma the ops before the
-//!   code between, at the code between the code between, at the tail mma the tail section
-//!   of the iteration before. Each iteration keeps its own values (the registers the
-//!   handoff moves); a part reading a value no earlier part of its iteration computed is a
-//!   schedule error, not a silent recomputation.
-//! - **Tensor memory** (sm_100a). The mmas write TMEM tiles (the first of a walk overwrites);
-//!   a role's `tcgen05.ld` copies a tile out when it runs, so what it reads is what the
-//!   protocol let it see; an attention pair's softmax writes `P` over `S`, its factors through
-//!   shared memory to the correction, which rescales `O` in place.
-//! - **Deferred maximum.** Where the `overlap` pass defers the running maximum
-//!   ([`Deferral`]), each group of rows keeps its reference while all of its rows grew by at
-//!   most the threshold, as the writers' vote does (a warp's rows on sm_90a, a thread's row on
-//!   sm_100a), so the code between runs on the same maximum the GPU's does.
-//! - **Epilogues and TMA stores.** A store the `tma_store` pass lowered writes its rounds into
-//!   the swizzled staging tile, and its boxes reach global memory (clipped as TMA clips them)
-//!   only when the next round, the next tile's store or the CTA's exit waits for the bulk
-//!   copies: a staging tile that overlaps a stage, or a stage written over it, shows.
-//!
-//! The orders the execution takes for granted are the protocol check's to prove; this
-//! execution checks where the data goes and what the roles compute from it.
+//! role runs, in its order, and [`execution`] moves the data of that op. The orders it takes
+//! for granted are the protocol check's to prove; it checks where the data goes and what the
+//! roles compute from it. What it models (work, shared and tensor memory, rotated bodies,
+//! deferred maxima, TMA stores): `docs/pipeline.md`, "The schedule, executed on the CPU".
 
 mod execution;
 mod smem;
@@ -60,7 +28,7 @@ use super::value::{Elems, Value};
 use smem::{Boxes, SharedMemory};
 
 /// Runs the scheduled `kernel` (after the pass pipeline) over its logical `grid` with `args`
-/// in parameter order, a persistent kernel on `ctas` CTAs (see the module doc). A kernel
+/// in parameter order, a persistent kernel on `ctas` CTAs (see `docs/pipeline.md`). A kernel
 /// without a schedule IR runs as [`super::run`] runs it.
 pub fn run_scheduled(
     kernel: &Kernel,
@@ -91,7 +59,7 @@ pub(super) type Cluster = Vec<Vec<Vec<[i32; 3]>>>;
 pub(super) enum Parts {
     /// An unrotated body: every op at the body's mma.
     Whole(Vec<OpId>),
-    /// A rotated body (see the module doc).
+    /// A rotated body (see `docs/pipeline.md`).
     Rotated {
         head: Vec<OpId>,
         between: Vec<OpId>,
@@ -318,7 +286,7 @@ impl<'k> Plan<'k> {
     }
 }
 
-/// The ops of a rotated body in its three parts (see the module doc): the code between and
+/// The ops of a rotated body in its three parts (see `docs/pipeline.md`): the code between and
 /// the tail section as the `overlap` pass chose them, the loads only the tail reads with
 /// the tail, and everything else with the head.
 fn rotated_parts(kernel: &Kernel, sched: &Sched, o: &Overlap, ops: &[OpId]) -> Parts {

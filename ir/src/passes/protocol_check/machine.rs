@@ -1,22 +1,10 @@
-//! The dynamic rules of the schedule protocol (see the parent module's doc): every role of
+//! The dynamic rules of the schedule protocol (see `docs/pipeline.md`): every role of
 //! the schedule, each replica of it in each CTA of the cluster (one CTA without a cluster),
 //! runs its expanded program ([`crate::sched::expand`]) on an abstract machine for a run of
 //! work tiles with given trip counts.
 //!
-//! The machine has mbarriers (arrival counts, transaction bytes, completed phases, parity
-//! waits, the CTAs each phase heard from), named barriers (generations of the threads that
-//! meet at them), per role the mmas in flight (wgmma commit groups; a `tcgen05.commit`
-//! completes every mma its thread issued) and a vector clock: an arrival carries the
-//! arriving role's clock into the phase it completes, a wait that passes joins it. Every
-//! access to a region (a stage of a load's buffer, a TMEM tile, the rescale factors) is
-//! checked against the previous conflicting access of another role: it must be ordered after
-//! it by the clocks.
-//!
-//! The machine is also the clock of the schedule's CPU execution
-//! ([`crate::interp::run_scheduled`]): [`Machine::run_observed`] reports every op a role runs,
-//! in the order the machine runs them, to an observer that moves the data. Each round every
-//! role runs as far as it can, in role order (the producer first): the producer refills a
-//! stage the moment its release lets it, the order that exposes a release that comes early.
+//! The abstract machine ([`Machine`]) also clocks the schedule's CPU execution
+//! ([`crate::interp::run_scheduled`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -164,7 +152,22 @@ impl Actor {
     }
 }
 
-/// The abstract machine (see the module doc).
+/// The abstract machine.
+///
+/// The machine has mbarriers (arrival counts, transaction bytes, completed phases, parity
+/// waits, the CTAs each phase heard from), named barriers (generations of the threads that
+/// meet at them), per role the mmas in flight (wgmma commit groups; a `tcgen05.commit`
+/// completes every mma its thread issued) and a vector clock: an arrival carries the
+/// arriving role's clock into the phase it completes, a wait that passes joins it. Every
+/// access to a region (a stage of a load's buffer, a TMEM tile, the rescale factors) is
+/// checked against the previous conflicting access of another role: it must be ordered after
+/// it by the clocks.
+///
+/// The machine is also the clock of the schedule's CPU execution
+/// ([`crate::interp::run_scheduled`]): [`Machine::run_observed`] reports every op a role runs,
+/// in the order the machine runs them, to an observer that moves the data. Each round every
+/// role runs as far as it can, in role order (the producer first): the producer refills a
+/// stage the moment its release lets it, the order that exposes a release that comes early.
 pub(crate) struct Machine<'s> {
     s: &'s Sched,
     tiles: Vec<u32>,

@@ -1,4 +1,4 @@
-//! The static rules of the stage rings and once loads (see the parent module's doc): set-up
+//! The static rules of the stage rings and once loads (see `docs/pipeline.md`): set-up
 //! order, start parities, loads after the waits that free their stage, announced bytes,
 //! once loads, proxy fences and the rotation's shape.
 
@@ -324,7 +324,7 @@ fn check_rotation(s: &Sched) -> Result<(), ProtocolError> {
     Ok(())
 }
 
-/// The once loads' rules (see the parent module's doc).
+/// The once loads' rules (see `docs/pipeline.md`).
 fn check_once(s: &Sched) -> Result<(), ProtocolError> {
     let once: Vec<LoadId> = s.once_loads().collect();
     let Some(p) = producer(s) else {

@@ -1,4 +1,4 @@
-//! The static tensor-memory rules (sm_100a; see the parent module's doc): the allocation, its
+//! The static tensor-memory rules (sm_100a; see `docs/pipeline.md`): the allocation, its
 //! owner's lifecycle, how each role's tcgen05 ops are waited for and fenced, the epilogue's
 //! copies of the accumulator, and the 2-SM pair's.
 

@@ -2,47 +2,10 @@
 //! with one once load (Q) whose body the `overlap` analysis finds attention-shaped (head mma
 //! `S = Q K^T`, an online softmax, rescale, tail mma `O = O * alpha + P V`).
 //!
-//! **Work.** A CTA runs pairs of work tiles: tiles `2 p` and `2 p + 1` along x of the kernel's
-//! grid (two 128-row query tiles of one head, so 256 query rows) share every K/V block the
-//! ring loads. The pair walks the key blocks from the earlier of the two tiles' starts to the
-//! later of their ends; a softmax warpgroup runs the iterations outside its own tile's range
-//! as no-ops (no score copied, `P = 0`, factors 1, its running values kept), so each tile's
-//! result is that of its own loop, whatever the kernel's mask (but for `0 x V` where V is not
-//! finite, which the tile's own loop would never read). So the loop's step may not depend on
-//! `block_id().x`, and its start only with a step of 1.
-//!
-//! **Roles** (16 warps): two softmax warpgroups (warpgroup `g` owns Q tile `g`: thread `t` one
-//! query row, TMEM lane `t`), a correction warpgroup, then a warpgroup whose first warp issues
-//! the TMA loads, whose second owns TMEM and issues every `tcgen05.mma` from one thread, and
-//! whose last two only give their registers back.
-//!
-//! **TMEM** (one allocation of up to 512 columns): per Q tile `g`, `O_g` (`d` f32 columns) and
-//! `S_g` (`block_n` f32 columns). The softmax overwrites `S_g` with `P_g` (bf16, two a
-//! column), which the PV mma reads as its A operand from TMEM.
-//!
-//! **Handoffs**, per loop iteration (phase `i` of every per-iteration barrier is iteration
-//! `i`, counted across the CTA's tiles): the MMA thread waits for the stage, issues
-//! `S_g = Q_g K^T` and commits it to `s_full[g]`; softmax `g` copies `S_g` to registers, runs
-//! the loop's code between the mmas, writes its rows' rescale factors to shared memory
-//! (`scale_full[g]`) and `P_g` over `S_g` (`p_full[g]`); the correction warpgroup waits for
-//! the previous `O_g += P V` (`o_full[g]`) and rescales `O_g` in TMEM, then hands `O_g` to the
-//! MMA thread (`o_ready[g]`), which issues `O_g += P_g V` and commits it to `o_full[g]`; the
-//! stage is released by a `tcgen05.commit` after the last mma reading it. After its loop,
-//! softmax `g` waits for the last `o_full[g]`, copies `O_g` out, hands TMEM back (`o_empty[g]`,
-//! one phase per tile) and runs the kernel's code after the loop; its store goes through a
-//! staging tile of its own and TMA where shared memory has room for both warpgroups' (in as
-//! few rounds as fit), else from registers.
-//!
-//! **Conditional rescale** (FlashAttention-4's): a row keeps its reference maximum while its
-//! running maximum exceeds it by at most [`crate::sched::overlap::Deferral::THRESHOLD`] (in
-//! the base-2 exponent), so `p <= 2^8` and its factor is exactly 1; a correction warp whose 32
-//! rows all have factor 1 skips the rescale. This is exact: `O` and `l` of a row are both
-//! accumulated against the same stale reference, and only `O / l` is read after the loop.
-//!
-//! It checks what the schedule needs and says why where it cannot: both mmas have 128 rows,
-//! Q and K are K-major and V MN-major, the key block is 32, 64 or 128 keys (one `tcgen05.ld`
-//! of a score row) and the head dimension a multiple of 32 (the correction's copies), and
-//! both Q tiles' `S` and `O` fit TMEM's 512 columns (d = 256 does not).
+//! A CTA runs a pair of 128-row query tiles over one key walk with 16 warps (two softmax
+//! warpgroups, a correction warpgroup, load and MMA warps); `S`, `P` and `O` live in tensor
+//! memory, and the rescale is conditional as in FlashAttention-4. Work split, roles, TMEM
+//! columns, handoffs and the checks it makes: `docs/targets.md`, sm_100a.
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Axis, Const, Kernel, OpId, OpKind, ValueDef, ValueId};
