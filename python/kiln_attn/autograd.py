@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from . import _native
-from .interface import check_unsupported, interpreting
+from .options import check_unsupported, interpreting
 
 _F32 = torch.float32
 

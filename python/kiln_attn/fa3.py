@@ -17,7 +17,8 @@ performance hints, which change no result: accepted, with kiln choosing its own 
 """
 
 from . import _native
-from .interface import _INTERPRET, _torch_path, window_pair
+from .interface import _torch_path
+from .options import _INTERPRET, window_pair
 from .kvcache import flash_attn_combine, traced_or_direct
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_combine"]

@@ -13,76 +13,10 @@ the `torch.library` custom ops of `kiln_attn.autograd`, whose backward runs kiln
 kernels. This module does not import torch: called with tensors, torch is already imported.
 """
 
-import contextlib
-import operator
 import sys
 
 from . import _native
-
-_INTERPRET = [False]
-
-
-@contextlib.contextmanager
-def interpreter():
-    """Inside this context, attention (forward and backward, and the custom ops) runs on
-    kiln's CPU interpreter over PyTorch CPU tensors instead of launching on the GPU: the same
-    kernels, argument checks and comptime values. Slow (an interpreter): for tests on small
-    shapes without a GPU."""
-    before = _INTERPRET[0]
-    _INTERPRET[0] = True
-    try:
-        yield
-    finally:
-        _INTERPRET[0] = before
-
-
-def interpreting():
-    """Whether calls run on the interpreter (inside `interpreter()`)."""
-    return _INTERPRET[0]
-
-
-def check_unsupported(dropout_p, alibi_slopes):
-    """FlashAttention's arguments kiln does not compute: a `ValueError` naming each, never
-    silently ignored (a dropout probability passed where kiln once took `softmax_scale` fails
-    here too)."""
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
-        raise TypeError(f"dropout_p: expected a float, got {type(dropout_p).__name__}")
-    if dropout_p != 0.0:
-        raise ValueError(
-            f"dropout_p: kiln_attn does not implement attention dropout (got {dropout_p}); pass "
-            "dropout_p=0.0 (FlashAttention's value for evaluation), or softmax_scale by keyword"
-        )
-    if alibi_slopes is not None:
-        raise ValueError("alibi_slopes: kiln_attn does not implement ALiBi; pass alibi_slopes=None")
-
-
-def window_pair(window_size):
-    """`window_size` as two ints: any pair (tuple, list, a 2-element tensor)."""
-    # The common spelling, a tuple of two ints, costs no more than this test.
-    if window_size.__class__ is tuple and len(window_size) == 2:
-        left, right = window_size
-        if left.__class__ is int and right.__class__ is int:
-            return window_size
-    try:
-        n = len(window_size)
-    except TypeError:
-        raise TypeError(
-            f"window_size: expected a pair (left, right), got {type(window_size).__name__}"
-        ) from None
-    if n != 2:
-        raise ValueError(f"window_size: expected a pair (left, right), got {n} values")
-    out = []
-    for x in window_size:
-        # operator.index takes ints and integer tensor elements, never a float or a bool's
-        # accident.
-        if isinstance(x, bool):
-            raise TypeError("window_size: expected ints, got a bool")
-        try:
-            out.append(operator.index(x))
-        except TypeError:
-            raise TypeError(f"window_size: expected ints, got {type(x).__name__}") from None
-    return out[0], out[1]
-
+from .options import _INTERPRET, check_unsupported, interpreter, interpreting, window_pair  # noqa: F401
 
 def _torch_path(q, k, v):
     """Whether the call must go through the autograd Function and custom ops: a torch tensor

@@ -1,6 +1,6 @@
 """`flash_attn_with_kvcache` as a torch.library custom op (imports torch).
 
-`torch.ops.kiln_attn._flash_attn_with_kvcache` runs `kiln_attn.kvcache.kvcache` (every check,
+`torch.ops.kiln_attn._flash_attn_with_kvcache` runs `kiln_attn.decode.kvcache` (every check,
 then the launches) and returns `(out, softmax_lse)`; it declares that it writes `k_cache` and
 `v_cache` (the append), and its fake implementation gives the outputs' shapes, so
 `torch.compile(fullgraph=True)` traces a decode step that calls `flash_attn_with_kvcache`
@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .kvcache import kvcache
+from .decode import kvcache
 
 
 @torch.library.custom_op("kiln_attn::_flash_attn_with_kvcache", mutates_args=("k_cache", "v_cache"))

@@ -13,11 +13,11 @@
 //! **Architecture invariant:** no rule lives here. Checks and launch planning are in
 //! `kiln-attn-core`; this file only converts between Python and Rust.
 
+use kiln_attn_core::args::Place;
 use kiln_attn_core::args::{
     self, ArgError, ErrorKind, Options, TensorInfo, TorchDType, TorchDevice, WindowRule,
 };
 use kiln_attn_core::backward;
-use kiln_attn_core::generic::Place;
 use kiln_attn_core::generic::{self, Arg, Given};
 use kiln_attn_core::kiln::ir::dsl::{ComptimeValue, ParamSig, Registered};
 use kiln_attn_core::launch::{self, LaunchFailure};
@@ -987,9 +987,8 @@ impl Kernel {
         };
         let grid = generic::grid(&blocks).map_err(arg_err)?;
         let args = launch_args(self.reg, args)?;
-        let planned =
-            generic::plan_at(self.reg, &args, &given_all(comptime)?, generic::Place::Host)
-                .map_err(arg_err)?;
+        let planned = generic::plan_at(self.reg, &args, &given_all(comptime)?, Place::Host)
+            .map_err(arg_err)?;
         // SAFETY: the tensors are live PyTorch CPU tensors (checked to be on the CPU) that
         // the caller holds until this returns; nothing else runs on them meanwhile (the GIL is
         // held throughout).

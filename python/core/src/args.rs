@@ -10,7 +10,15 @@ use std::fmt;
 
 use kiln::ir::DType;
 
-use crate::generic::Place;
+/// Where a call's tensors must live: on a CUDA device for a launch, in host memory (PyTorch
+/// CPU tensors) for the interpreter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// CUDA tensors, all on one device.
+    Cuda,
+    /// CPU tensors.
+    Host,
+}
 
 /// Head dims the kernel is built and tested for.
 pub const HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];

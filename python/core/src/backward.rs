@@ -17,10 +17,11 @@
 use kiln::ir::DType;
 use kiln_examples::attention_backward::AttentionBwdParams;
 
+use crate::args::Place;
 use crate::args::{
     ArgError, Options, Plan, TensorInfo, TorchDType, TorchDevice, View, check_strides, plan_at,
 };
-use crate::generic::{self, Arg, GenericError, Given, Place};
+use crate::generic::{self, Arg, GenericError, Given};
 use crate::launch::Lse;
 use crate::varlen::{Offsets, one_batch, plan_varlen_at};
 

@@ -23,7 +23,7 @@ use kiln::ir::interp::HostArg;
 use kiln::ir::{DType, HostTensor, Target};
 use kiln::runtime::{Device, DeviceTensor, ForeignStream, KernelArg, LaunchError, LoadedKernel};
 
-use crate::args::{ArgError, TensorInfo, TorchDType, TorchDevice};
+use crate::args::{ArgError, Place, TensorInfo, TorchDType, TorchDevice};
 use crate::launch::{LaunchFailure, device};
 
 /// Every registered kernel's name (its path where two share a name), in the registry's
@@ -353,16 +353,6 @@ pub fn plan(
     given: &[(String, Given)],
 ) -> Result<Planned, ArgError> {
     plan_at(reg, args, given, Place::Cuda)
-}
-
-/// Where a call's tensors must live: on a CUDA device for a launch, in host memory (PyTorch
-/// CPU tensors) for [`interpret_host`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Place {
-    /// CUDA tensors, all on one device.
-    Cuda,
-    /// CPU tensors.
-    Host,
 }
 
 /// [`plan`] for tensors at `place`.

@@ -23,10 +23,10 @@
 //! f32 tensor, sequence `i`'s rows being columns `cu_q[i]..cu_q[i + 1]` (`+inf` for a row that
 //! sees no key, every row of a sequence without keys included, as `flash_attn_func` gives).
 
+use crate::args::Place;
 use crate::args::{
     ArgError, GRID_YZ_MAX, Options, Plan, TensorInfo, TorchDType, View, check_out, plan_windowed_at,
 };
-use crate::generic::Place;
 
 /// A checked varlen call: the one launch's plan and the offsets it reads.
 #[derive(Clone, Debug, PartialEq)]

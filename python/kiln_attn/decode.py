@@ -1,0 +1,459 @@
+"""The decode path's checks and launches (`kvcache`, `flash_attn_combine`), over kiln's decode
+kernels (`kiln_examples::attention_decode`); `kiln_attn.kvcache` holds the public entry.
+
+A call launches, on PyTorch's current stream (or the interpreter inside
+`kiln_attn.interpreter()`), in order: `kv_cache_append` (the new keys and values written into
+the cache in place, keys rotated), `rotary_q` (with rotary tables), then `attention_decode`,
+or `attention_decode_split` and `attention_decode_combine` (flash-decoding). The caches are
+passed to the kernels as views (`[pages, heads_k, page, d]` through the strides), never
+copied, so the append lands in the caller's tensors.
+
+Every argument is checked before anything is allocated or launched, by reading shapes,
+strides, dtypes and devices only: nothing here reads a tensor's values on the host (no
+synchronisation; a decode step is capturable in a CUDA graph). Values the host cannot see (a
+page table pointing past the cache, lengths beyond it) make the kernels skip or clamp the
+accesses, never read or write outside a tensor.
+
+torch is imported only once the checks have passed, so the checks run on fake tensors.
+"""
+
+import operator
+
+from . import kernel
+from .options import _INTERPRET, window_pair
+
+_HALF = ("torch.float16", "torch.bfloat16")
+_I32 = "torch.int32"
+
+# The decode kernels' fixed comptime choices (`DecodeParams`'s defaults, which the grids
+# below depend on).
+_BLOCK_M = 64
+_BLOCK_ROWS = 16
+_ROTARY_HEADS = 4
+
+# The multiprocessors the interpreter plans splits for when `num_splits=0`: an H100's or
+# H200's 132, so the interpreter runs the split a GPU of that class would.
+_INTERPRETER_SMS = 132
+
+_KERNELS = {}
+_SMS = {}
+
+
+def _k(name):
+    k = _KERNELS.get(name)
+    if k is None:
+        k = _KERNELS[name] = kernel(name)
+    return k
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def value_blocks(d):
+    """Blocks sharing a head's value columns (the attention grid's y is `heads_k *
+    value_blocks(d)`): 1 up to d = 128, else blocks of 64 columns."""
+    return 1 if d <= 128 else _cdiv(d, 64)
+
+
+def decode_key_block(d, page_size):
+    """Keys per block the decode kernels choose for head dim `d` and pages of `page_size`
+    keys (0: a dense cache): 64 up to d = 128 (16 beyond) when a page holds whole blocks,
+    else half as many, at least 16."""
+    whole = 64 if d <= 128 else 16
+    if page_size == 0 or page_size % whole == 0:
+        return whole
+    return max(whole // 2, 16)
+
+
+def num_splits_heuristic(batch, heads_k, row_blocks, keys, block_n, sms):
+    """How many splits of the keys `attention_decode_split` runs with when `num_splits=0`
+    (the kernels' own rule, `kiln_examples::attention_decode::num_splits`): 1 when the
+    `batch * heads_k * row_blocks` blocks fill 80% of the `sms` multiprocessors, else the
+    fewest splits whose last wave keeps 85% of the best count's use of the SMs, each split at
+    least two key blocks, at most 128 splits."""
+    blocks = batch * heads_k * row_blocks
+    sms = max(sms, 1)
+    if blocks == 0 or blocks * 10 >= sms * 8:
+        return 1
+    key_blocks = _cdiv(keys, max(block_n, 1))
+    most = min(max(key_blocks // 2, 1), 128)
+
+    def efficiency(splits):
+        n = blocks * splits
+        return n / (sms * _cdiv(n, sms))
+
+    best = max(efficiency(s) for s in range(1, most + 1))
+    for s in range(1, most + 1):
+        if efficiency(s) >= 0.85 * best:
+            return s
+    return 1
+
+
+def _sms(device):
+    n = _SMS.get(device)
+    if n is None:
+        import torch
+
+        n = _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
+
+
+# Argument checks: shapes, strides, dtypes and devices only (fake tensors pass through).
+
+
+def _place(name, t):
+    """`t` is a tensor where the call runs (CUDA, or the CPU inside `interpreter()`)."""
+    if not (hasattr(t, "shape") and hasattr(t, "stride") and hasattr(t, "dtype")):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if _INTERPRET[0]:
+        if str(t.device) != "cpu":
+            raise ValueError(f"{name}: expected a CPU tensor (the interpreter runs on the host), got one on {t.device}")
+    elif not getattr(t, "is_cuda", False):
+        raise ValueError(f"{name}: expected a CUDA tensor, got one on {t.device}")
+    return t
+
+
+def _same_device(name, t, q):
+    if str(t.device) != str(q.device):
+        raise ValueError(f"{name}: expected a tensor on {q.device} (as q), got {t.device}")
+
+
+def _rank(name, t, n, what):
+    if len(t.shape) != n:
+        raise ValueError(f"{name}: expected a {n}-D tensor {what}, got shape {tuple(t.shape)}")
+
+
+def _shape(name, t, want, what):
+    if tuple(t.shape) != tuple(want):
+        raise ValueError(f"{name}: expected shape {tuple(want)} {what}, got {tuple(t.shape)}")
+
+
+def _half(name, t, q=None):
+    dt = str(t.dtype)
+    if q is None:
+        if dt not in _HALF:
+            raise TypeError(f"{name}: expected torch.float16 or torch.bfloat16, got {dt}")
+    elif dt != str(q.dtype):
+        raise TypeError(f"{name}: expected {q.dtype} (as q), got {dt}")
+
+
+def _index(name, t, q, shape, what):
+    """An int32 index tensor (`cache_seqlens`, `cache_batch_idx`, ...) of `shape`."""
+    _place(name, t)
+    _same_device(name, t, q)
+    if str(t.dtype) != _I32:
+        raise TypeError(f"{name}: expected torch.int32, got {t.dtype}")
+    _rank(name, t, len(shape), what)
+    _shape(name, t, shape, what)
+    return t
+
+
+def _last_contiguous(name, t):
+    if t.shape[-1] > 1 and t.stride()[-1] != 1:
+        raise ValueError(
+            f"{name}: expected a contiguous last dimension (stride 1), got strides "
+            f"{tuple(t.stride())}; the cache is written in place, so kiln_attn does not copy it"
+        )
+
+
+def _int(name, x):
+    if isinstance(x, bool):
+        raise TypeError(f"{name}: expected an int, got bool")
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {type(x).__name__}") from None
+
+
+def _maybe_contiguous(t):
+    """FlashAttention's rule for the tensors only read: a copy when the last dimension is
+    strided (the kernels read rows of contiguous elements)."""
+    return t.contiguous() if t is not None and t.shape[-1] > 1 and t.stride()[-1] != 1 else t
+
+
+def _launch(name, grid, *args, **ct):
+    k = _k(name)
+    if _INTERPRET[0]:
+        k.interpret(grid, *args, **ct)
+    else:
+        k.launch(grid, *args, **ct)
+
+
+def _check_d(d):
+    if not (0 < d <= 128 and d % 16 == 0 or d in (192, 256)):
+        raise ValueError(
+            f"q: kiln_attn's decode kernels take head dims 16, 32, ..., 128, 192 and 256, got {d}"
+        )
+
+
+def kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k,
+    v,
+    rotary_cos,
+    rotary_sin,
+    cache_seqlens,
+    cache_batch_idx,
+    cache_leftpad,
+    page_table,
+    softmax_scale,
+    causal,
+    window_size,
+    softcap,
+    rotary_interleaved,
+    num_splits,
+    return_softmax_lse,
+    fa3_window,
+):
+    """`flash_attn_with_kvcache` after the version's own arguments: every check, then the
+    launches. `fa3_window`: FlashAttention 3's window rule (else 2's)."""
+    _place("q", q)
+    _half("q", q)
+    _rank("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
+    b, sq, h, d = q.shape
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _place(name, t)
+        _same_device(name, t, q)
+        _half(name, t, q)
+        _rank(name, t, 4, "(batch_cache or num_blocks, seqlen_cache or page_block_size, nheads_k, headdim)")
+        _last_contiguous(name, t)
+    _shape("v_cache", v_cache, k_cache.shape, "(as k_cache; kiln_attn's decode takes headdim_v == headdim)")
+    pages, page_len, hk, dk = k_cache.shape
+    if dk != d:
+        raise ValueError(f"k_cache: expected headdim {d} (as q), got {dk}")
+    _check_d(d)
+    if hk == 0 or h == 0 or h % hk:
+        raise ValueError(f"k_cache: nheads_k {hk} must divide q's nheads {h} (both at least 1)")
+    group = h // hk
+
+    # The page table: FlashAttention's paged cache, or a dense cache as one page per sequence.
+    if page_table is not None:
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx: a paged cache (page_table) takes no cache_batch_idx; pass None")
+        _place("page_table", page_table)
+        _same_device("page_table", page_table, q)
+        if str(page_table.dtype) != _I32:
+            raise TypeError(f"page_table: expected torch.int32, got {page_table.dtype}")
+        _rank("page_table", page_table, 2, "(batch, max_num_blocks_per_seq)")
+        if page_table.shape[0] != b:
+            raise ValueError(f"page_table: expected {b} rows (q's batch), got shape {tuple(page_table.shape)}")
+        if page_len == 0:
+            raise ValueError("k_cache: a paged cache's page_block_size must be at least 1")
+        page_size = page_len
+        capacity = page_table.shape[1] * page_len
+    else:
+        if cache_batch_idx is not None:
+            _index("cache_batch_idx", cache_batch_idx, q, (b,), "(batch,)")
+        elif pages < b:
+            raise ValueError(
+                f"k_cache: expected at least {b} sequences (q's batch) without cache_batch_idx, got {pages}"
+            )
+        page_size = 0
+        capacity = page_len
+
+    if isinstance(cache_seqlens, bool):
+        raise TypeError("cache_seqlens: expected an int or a torch.int32 tensor, got bool")
+    seqlens_int = None
+    if cache_seqlens is None:
+        seqlens_int = capacity
+    elif isinstance(cache_seqlens, int):
+        seqlens_int = cache_seqlens
+    else:
+        if not hasattr(cache_seqlens, "dtype"):
+            raise TypeError(f"cache_seqlens: expected an int or a torch.int32 tensor, got {type(cache_seqlens).__name__}")
+        _index("cache_seqlens", cache_seqlens, q, (b,), "(batch,)")
+    if cache_leftpad is not None:
+        _index("cache_leftpad", cache_leftpad, q, (b,), "(batch,)")
+
+    # New keys and values.
+    if (k is None) != (v is None):
+        raise ValueError(f"{'v' if k is not None else 'k'}: k and v are appended together; pass both or neither")
+    s_new = 0
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            _place(name, t)
+            _same_device(name, t, q)
+            _half(name, t, q)
+            _rank(name, t, 4, "(batch, seqlen_new, nheads_k, headdim)")
+        s_new = k.shape[1]
+        _shape("k", k, (b, s_new, hk, d), "(batch, seqlen_new, nheads_k, headdim)")
+        _shape("v", v, (b, s_new, hk, d), "(as k)")
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens: appending k and v needs each sequence's cache length; pass cache_seqlens")
+    if seqlens_int is not None and not 0 <= seqlens_int <= capacity - s_new:
+        raise ValueError(
+            f"cache_seqlens: {seqlens_int} keys plus {s_new} new ones do not fit the cache's {capacity}"
+        )
+
+    # Rotary tables.
+    rotary_dim = 0
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError(f"{'rotary_sin' if rotary_cos is not None else 'rotary_cos'}: pass rotary_cos and rotary_sin together")
+    if rotary_cos is not None:
+        if k is None:
+            raise ValueError("rotary_cos: the rotary embedding applies to new keys; pass k and v with it")
+        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            _place(name, t)
+            _same_device(name, t, q)
+            _half(name, t, q)
+            _rank(name, t, 2, "(seqlen_ro, rotary_dim / 2)")
+        _shape("rotary_sin", rotary_sin, rotary_cos.shape, "(as rotary_cos)")
+        rotary_dim = 2 * rotary_cos.shape[1]
+        if not 0 < rotary_dim <= d:
+            raise ValueError(f"rotary_cos: rotary_dim {rotary_dim} (twice its columns) must be at least 1 and at most headdim {d}")
+        if rotary_cos.shape[0] < capacity:
+            raise ValueError(
+                f"rotary_cos: expected at least {capacity} rows (the cache's length), got {rotary_cos.shape[0]}"
+            )
+
+    # Scalars.
+    if softmax_scale is None:
+        softmax_scale = d ** -0.5
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"softmax_scale: expected a float, got {type(softmax_scale).__name__}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap: expected a float, got {type(softcap).__name__}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    if not isinstance(rotary_interleaved, bool):
+        raise TypeError(f"rotary_interleaved: expected a bool, got {type(rotary_interleaved).__name__}")
+    splits = _int("num_splits", num_splits)
+    if splits < 0:
+        raise ValueError(f"num_splits: expected >= 0 (0: kiln chooses), got {splits}")
+    left, right = window_pair(window_size)
+    # A bound that masks nothing is unbounded: FlashAttention 2 against the cache's length,
+    # 3 against seqlen_k - 1 and seqlen_q - 1.
+    if fa3_window:
+        left = -1 if left >= capacity - 1 else left
+        right = -1 if right >= sq - 1 else right
+    else:
+        left = -1 if left >= capacity else left
+        right = -1 if right >= capacity else right
+    left, right = max(left, -1), max(right, -1)
+    if causal:
+        right = 0
+    softcap = float(softcap) if softcap > 0 else 0.0
+
+    # Past the checks: allocate and launch.
+    import torch
+
+    dev = q.device
+    q = _maybe_contiguous(q)
+    if k is not None:
+        k, v = _maybe_contiguous(k), _maybe_contiguous(v)
+    if seqlens_int is not None:
+        cache_seqlens = torch.full((b,), seqlens_int, dtype=torch.int32, device=dev)
+    if cache_leftpad is None:
+        cache_leftpad = torch.zeros((b,), dtype=torch.int32, device=dev)
+    if page_table is None:
+        if cache_batch_idx is not None:
+            page_table = cache_batch_idx.reshape(b, 1)
+        else:
+            page_table = torch.arange(b, dtype=torch.int32, device=dev).reshape(b, 1)
+    if rotary_cos is None:
+        rotary_cos = rotary_sin = torch.zeros((1, 1), dtype=q.dtype, device=dev)
+
+    ct = {
+        "d": d,
+        "dtype": q.dtype,
+        "kv_group": group,
+        "page_size": page_size,
+        "causal": causal,
+        "window_left": left,
+        "window_right": right,
+        "softcap": softcap,
+        "rotary_dim": rotary_dim,
+        "rotary_interleaved": rotary_interleaved,
+    }
+    out = torch.empty((b, sq, h, d), dtype=q.dtype, device=dev)
+    lse = torch.empty((b, h, sq), dtype=torch.float32, device=dev)
+    # `[pages, page, heads_k, d]` read as `[pages, heads_k, page, d]`.
+    k_view, v_view = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    if b and s_new and hk:
+        grid = (_cdiv(s_new, _BLOCK_ROWS), hk, b)
+        _launch("kv_cache_append", grid, k.transpose(1, 2), v.transpose(1, 2), k_view, v_view, page_table,
+                cache_seqlens, rotary_cos, rotary_sin, **ct)
+    if not (b and sq and h):
+        return (out, lse) if return_softmax_lse else out
+    if rotary_dim:
+        q_rot = torch.empty_like(q)
+        _launch("rotary_q", (sq, b, _cdiv(h, _ROTARY_HEADS)), q, rotary_cos, rotary_sin, cache_seqlens, q_rot, **ct)
+        q = q_rot
+    row_blocks = _cdiv(sq * group, _BLOCK_M)
+    if splits == 0:
+        sms = _INTERPRETER_SMS if _INTERPRET[0] else _sms(dev)
+        splits = num_splits_heuristic(b, hk, row_blocks, capacity, decode_key_block(d, page_size), sms)
+    scale = float(softmax_scale)
+    cache = (q, k_view, v_view, page_table, cache_seqlens, cache_leftpad)
+    grid = (splits * row_blocks, hk * value_blocks(d), b)
+    if splits == 1:
+        _launch("attention_decode", grid, *cache, out, lse, scale, s_new, **ct)
+    else:
+        o_partial = torch.empty((splits * b, sq, h, d), dtype=torch.float32, device=dev)
+        lse_partial = torch.empty((splits * b, sq, h), dtype=torch.float32, device=dev)
+        _launch("attention_decode_split", grid, *cache, o_partial, lse_partial, scale, s_new, **ct)
+        _launch("attention_decode_combine", (_cdiv(h, _BLOCK_ROWS), sq, b), o_partial, lse_partial, out, lse, **ct)
+    return (out, lse) if return_softmax_lse else out
+
+def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
+    """FlashAttention 3's flash_attn_combine: merges split-KV partial results by their
+    log-sum-exps.
+
+    out_partial: (num_splits, batch, seqlen, nheads, headdim) torch.float32; lse_partial:
+    (num_splits, batch, seqlen, nheads) torch.float32 (natural log, -inf for a split that saw
+    no key); headdim 16, 32, ..., 128, 192 or 256. out: (batch, seqlen, nheads, headdim) to
+    write, or None; out_dtype: its dtype (default out's, else torch.float32); float32,
+    float16 or bfloat16.
+
+    Returns (out, softmax_lse): out[b, s, h] = sum_i exp(lse_i - lse) out_partial[i, b, s, h]
+    with lse = log sum_i exp(lse_i), and softmax_lse (batch, seqlen, nheads) torch.float32
+    (a view of a (batch, nheads, seqlen) tensor, as FlashAttention 3's); a row no split saw a
+    key for gets out = 0 and lse = +inf.
+    """
+    _place("out_partial", out_partial)
+    if str(out_partial.dtype) != "torch.float32":
+        raise TypeError(f"out_partial: expected torch.float32, got {out_partial.dtype}")
+    _rank("out_partial", out_partial, 5, "(num_splits, batch, seqlen, nheads, headdim)")
+    n, b, s, h, d = out_partial.shape
+    _place("lse_partial", lse_partial)
+    _same_device("lse_partial", lse_partial, out_partial)
+    if str(lse_partial.dtype) != "torch.float32":
+        raise TypeError(f"lse_partial: expected torch.float32, got {lse_partial.dtype}")
+    _rank("lse_partial", lse_partial, 4, "(num_splits, batch, seqlen, nheads)")
+    _shape("lse_partial", lse_partial, (n, b, s, h), "(num_splits, batch, seqlen, nheads)")
+    if n == 0:
+        raise ValueError("out_partial: expected at least one split, got 0")
+    if not (0 < d <= 128 and d % 16 == 0 or d in (192, 256)):
+        raise ValueError(f"out_partial: kiln_attn's combine takes head dims 16, 32, ..., 128, 192 and 256, got {d}")
+    allowed = ("torch.float32", "torch.float16", "torch.bfloat16")
+    if out_dtype is not None and str(out_dtype) not in allowed:
+        raise TypeError(f"out_dtype: expected torch.float32, torch.float16 or torch.bfloat16, got {out_dtype}")
+    if out is not None:
+        _place("out", out)
+        _same_device("out", out, out_partial)
+        _shape("out", out, (b, s, h, d), "(batch, seqlen, nheads, headdim)")
+        if str(out.dtype) not in allowed:
+            raise TypeError(f"out: expected torch.float32, torch.float16 or torch.bfloat16, got {out.dtype}")
+        if out_dtype is not None and str(out_dtype) != str(out.dtype):
+            raise TypeError(f"out: expected out_dtype {out_dtype}, got {out.dtype}")
+
+    import torch
+
+    dev = out_partial.device
+    if out is None:
+        out = torch.empty((b, s, h, d), dtype=out_dtype or torch.float32, device=dev)
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=dev)
+    if b and s and h:
+        # The kernel reads the splits and the batch as one dimension: a view when the strides
+        # allow it, else a copy of the inputs (never of `out`).
+        op = _maybe_contiguous(out_partial).reshape(n * b, s, h, d)
+        lp = lse_partial.reshape(n * b, s, h)
+        ct = {"d": d, "dtype": out.dtype}
+        _launch("attention_decode_combine", (_cdiv(h, _BLOCK_ROWS), s, b), op, lp, out, lse, **ct)
+    return out, lse.transpose(1, 2)
+
+
+__all__ = ["flash_attn_with_kvcache", "flash_attn_combine", "num_splits_heuristic"]
