@@ -49,7 +49,7 @@ def attention_chart(plt, data, title):
                 continue
             s = [r["s"] for r in rows]
             ax.plot(s, [r["kiln_tflops"] for r in rows], "o-", label="kiln")
-            for name, label in (("fa2", "FlashAttention-2"), ("cudnn", "cuDNN")):
+            for name, label in (("fa4", "FlashAttention-4"), ("fa2", "FlashAttention-2"), ("cudnn", "cuDNN")):
                 pts = [(r["s"], r[name]["tflops"]) for r in rows if r.get(name) and "tflops" in r[name]]
                 if pts:
                     ax.plot(*zip(*pts), "s--", label=label)

@@ -1,17 +1,25 @@
 #!/usr/bin/env python3
-"""kiln_attn.flash_attn_func beside PyTorch SDPA, in one process, on the standard sweep.
+"""kiln_attn.flash_attn_func beside FlashAttention-4 and PyTorch SDPA, in one process, on the
+standard sweep.
 
   python/bench.py [--out RESULT.json] [--quick] [--iters N] [--warmup N] [--only S:D:CAUSAL,..]
-                  [--rust KILN.json] [--overhead-only]
+                  [--rust KILN.json] [--overhead-only] [--backward]
 
 The sweep is bench/peers.py's (design.md section 8): bf16, b*s = 16384, h = 2048/d,
 s in {1k..16k}, d in {64, 128, 256}, causal and not. kiln gets FlashAttention's layout
-(b, s, h, d); SDPA (FLASH_ATTENTION = FlashAttention-2, and cuDNN) gets its own (b, h, s, d).
-Each call is timed alone with CUDA events after warm-up, behind a GPU hold (GPU time without
-the launch latency), rotating over input sets that together exceed twice the L2; the median
-is reported. Each configuration's kiln output is
+(b, s, h, d), as does FlashAttention-4 (`flash_attn.cute`, timed when it imports); SDPA
+(FLASH_ATTENTION = FlashAttention-2, and cuDNN) gets its own (b, h, s, d).
+Each point is timed two ways, rotating over input sets that together exceed twice the L2:
+each call alone with CUDA events after warm-up, behind a GPU hold (GPU time without the launch
+latency; `tflops`, `ratio_vs_<peer>`), and back-to-back with the L2 flushed between calls, as
+triton.testing.do_bench (`tflops_sustained`, `ratio_vs_<peer>_sustained`); medians. Each configuration's kiln output is
 checked against the first SDPA backend that ran (FlashAttention-2, else cuDNN: relative norm
 error below 2e-2; the script exits 1 otherwise).
+
+With --backward, each library's backward alone is timed instead: one forward per input set
+under autograd, then `torch.autograd.grad` of its output (retained graph) per timed call; FLOPs
+are 2.5x the forward's (five matmuls to two), and dQ, dK, dV are checked against the first
+peer's.
 
 The JSON has bench/peers.py merge's shape, so bench/chart.py draws it (the PNG is written
 beside it); with --rust, each row also gets kiln's TFLOP/s from a bench_attention JSON (the
@@ -50,6 +58,14 @@ def commit():
         return os.environ.get("KILN_COMMIT", "")
 
 
+def package_version(name):
+    from importlib import metadata
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def time_calls(torch, once, warmup, iters):
     """Median and min of `iters` timed calls (CUDA events), after `warmup` calls. Each call
     is enqueued behind a GPU hold (peers.hold), so its interval is GPU time alone, not the
@@ -70,6 +86,21 @@ def time_calls(torch, once, warmup, iters):
     return statistics.median(times), min(times), times
 
 
+def time_sustained(torch, once, iters, flush):
+    """Median of `iters` back-to-back calls (CUDA events), L2 flushed before each by writing
+    `flush` (a buffer larger than the L2), as triton.testing.do_bench times: the clocks stay
+    where sustained load puts them, unlike a call after a GPU hold."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        flush.zero_()
+        starts[i].record()
+        once(i)
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends))
+
+
 def rel_error(out, ref):
     """Relative norm error of `out` against `ref`; NaN if `out` has a non-finite element."""
     out, ref = out.float(), ref.float()
@@ -78,67 +109,128 @@ def rel_error(out, ref):
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def sweep_rows(args, torch, kiln_attn):
+def fa4_forward():
+    """FlashAttention-4's flash_attn_func (CuTe DSL), or None where it does not import."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as e:  # ImportError, and the CuTe DSL's own failures as it loads
+        print(f"FlashAttention-4 not timed: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+    return flash_attn_func
+
+
+def sides_of(torch, kiln_attn, fa4, causal):
+    """(name, layout, forward) for kiln and each peer, peers in the order they are checked
+    against: forward(q, k, v) returns the output in the side's layout, (b, s, h, d) or
+    (b, h, s, d)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
+    def sdpa(backend):
+        def forward(q, k, v):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return forward
+
+    sides = [("kiln", "bshd", lambda q, k, v: kiln_attn.flash_attn_func(q, k, v, causal=causal))]
+    if fa4 is not None:
+        sides.append(("fa4", "bshd", lambda q, k, v: fa4(q, k, v, causal=causal)[0]))
+    sides += [("fa2", "bhsd", sdpa(SDPBackend.FLASH_ATTENTION)),
+              ("cudnn", "bhsd", sdpa(SDPBackend.CUDNN_ATTENTION))]
+    return sides
+
+
+def backward_calls(torch, forward, inputs, douts):
+    """One timed-call function over the input sets: the gradients of one retained forward per
+    set, for the output gradient `douts[set]` (the same values for every side)."""
+    graphs = []
+    for (q, k, v), dout in zip(inputs, douts):
+        q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        graphs.append((forward(q, k, v), (q, k, v), dout))
+
+    def once(i):
+        out, leaves, dout = graphs[i % len(graphs)]
+        return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+    return once
+
+
+def sweep_rows(args, torch, kiln_attn):
     dev = torch.device("cuda")
     l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 60 << 20)
     configs = [c for c in sweep(args.quick) if not args.only or c in parse_only(args.only)]
+    fa4 = fa4_forward()
+    work = 2.5 if args.backward else 1.0
+    flush = torch.empty(2 * l2, dtype=torch.int8, device=dev)
     rows = []
     for n, (s, d, causal) in enumerate(configs, 1):
         print(f"\r\x1b[2K[{n}/{len(configs)}] s={s} d={d} causal={causal}", end="", file=sys.stderr, flush=True)
         b, h = TOKENS // s, WIDTH // d
-        set_bytes = 4 * b * h * s * d * 2
+        set_bytes = 4 * b * h * s * d * 2 * (2 if args.backward else 1)
         sets = max(2, min(8, math.ceil(2 * l2 / set_bytes)))
         gen = torch.Generator(device=dev).manual_seed(s * 1000 + d * 10 + int(causal))
         # One (b, h, s, d) set per rotation for SDPA, and the same values as (b, s, h, d)
-        # contiguous tensors for kiln (FlashAttention's layout).
-        bhsd = [
+        # contiguous tensors for kiln and FlashAttention-4 (FlashAttention's layout).
+        inputs = {"bhsd": [
             tuple((torch.rand((b, h, s, d), generator=gen, device=dev) * 2 - 1).to(torch.bfloat16)
                   for _ in range(3))
             for _ in range(sets)
-        ]
-        bshd = [tuple(t.transpose(1, 2).contiguous() for t in qkv) for qkv in bhsd]
-        outs = [torch.empty_like(qkv[0]) for qkv in bshd]
-        row = {"s": s, "d": d, "causal": causal, "b": b, "h": h, "flops": flops(b, h, s, d, causal),
-               "input_sets": sets}
-
-        def kiln_once(i):
-            q, k, v = bshd[i % sets]
-            kiln_attn.flash_attn_func(q, k, v, causal=causal, out=outs[i % sets])
-
-        med, lo, times = time_calls(torch, kiln_once, args.warmup, args.iters)
-        row.update(kiln_ms_median=med, kiln_ms_min=lo, kiln_ms_all=times,
-                   kiln_tflops=row["flops"] / (med * 1e-3) / 1e12)
-        for name, backend in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        ]}
+        inputs["bshd"] = [tuple(t.transpose(1, 2).contiguous() for t in qkv) for qkv in inputs["bhsd"]]
+        outs = [torch.empty_like(qkv[0]) for qkv in inputs["bshd"]]
+        douts = {}
+        if args.backward:
+            douts["bshd"] = [(torch.rand(q.shape, generator=gen, device=dev) * 2 - 1).to(q.dtype)
+                             for q, _, _ in inputs["bshd"]]
+            douts["bhsd"] = [t.transpose(1, 2) for t in douts["bshd"]]
+        row = {"s": s, "d": d, "causal": causal, "b": b, "h": h,
+               "flops": work * flops(b, h, s, d, causal), "input_sets": sets}
+        reference = None  # (peer name, its result in (b, s, h, d) order)
+        for name, layout, forward in sides_of(torch, kiln_attn, fa4, causal):
             try:
-                with sdpa_kernel([backend]):
-                    def sdpa_once(i):
-                        q, k, v = bhsd[i % sets]
-                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-                    med, lo, times = time_calls(torch, sdpa_once, args.warmup, args.iters)
-                    tflops = row["flops"] / (med * 1e-3) / 1e12
-                    row[name] = {"ms_median": med, "ms_min": lo, "tflops": tflops, "input_sets": sets,
-                                 "ms_all": times}
-                    row[f"ratio_vs_{name}"] = row["kiln_tflops"] / tflops
-                    if "checked_against" not in row:
-                        # kiln's output against the first peer that ran.
-                        q, k, v = bshd[0]
-                        kiln_attn.flash_attn_func(q, k, v, causal=causal, out=outs[0])
-                        ref = sdpa_once(0).transpose(1, 2)
-                        row["checked_against"] = name
-                        row["rel_error"] = rel_error(outs[0], ref)
-            except RuntimeError as e:
-                row[name] = {"error": str(e).splitlines()[0] if str(e) else repr(e)}
+                if args.backward:
+                    once = backward_calls(torch, forward, inputs[layout], douts[layout])
+                elif name == "kiln":
+                    def once(i, forward=forward):
+                        q, k, v = inputs["bshd"][i % sets]
+                        kiln_attn.flash_attn_func(q, k, v, causal=causal, out=outs[i % sets])
+                        return outs[i % sets]
+                else:
+                    def once(i, forward=forward, layout=layout):
+                        return forward(*inputs[layout][i % sets])
+                med, lo, times = time_calls(torch, once, args.warmup, args.iters)
+                sustained = time_sustained(torch, once, args.iters, flush)
+                result = once(0)
+                result = [t.transpose(1, 2) if layout == "bhsd" else t
+                          for t in (result if args.backward else (result,))]
+            except Exception as e:  # a peer that refuses a configuration is recorded, not fatal
+                if name == "kiln":
+                    raise
+                row[name] = {"error": (str(e).splitlines() or [repr(e)])[0]}
+                continue
+            tflops = row["flops"] / (med * 1e-3) / 1e12
+            tflops_sustained = row["flops"] / (sustained * 1e-3) / 1e12
+            if name == "kiln":
+                row.update(kiln_ms_median=med, kiln_ms_min=lo, kiln_ms_all=times, kiln_tflops=tflops,
+                           kiln_ms_sustained=sustained, kiln_tflops_sustained=tflops_sustained)
+                mine = [t.clone() for t in result]
+                continue
+            row[name] = {"ms_median": med, "ms_min": lo, "tflops": tflops, "input_sets": sets, "ms_all": times,
+                         "ms_sustained": sustained, "tflops_sustained": tflops_sustained}
+            row[f"ratio_vs_{name}"] = row["kiln_tflops"] / tflops
+            row[f"ratio_vs_{name}_sustained"] = row["kiln_tflops_sustained"] / tflops_sustained
+            if reference is None:
+                reference = (name, result)
+                row["checked_against"] = name
+                # Gradients: the worst of dQ, dK, dV.
+                row["rel_error"] = max(rel_error(a, r) for a, r in zip(mine, result))
+            del result
         # bench/peers.py merge's names, so bench/chart.py and readers of those files work;
         # `correct` is None when no peer ran to check against.
         err = row.get("rel_error", float("nan"))
         row["rel_error_sampled_rows"] = err
         row["correct"] = err < TOLERANCE if "checked_against" in row else None
         rows.append(row)
-        bhsd = bshd = outs = None  # freed before the next configuration allocates
+        inputs = outs = douts = mine = reference = None  # freed before the next configuration allocates
         torch.cuda.empty_cache()
     print(file=sys.stderr)
     return rows
@@ -217,14 +309,16 @@ def add_rust(rows, path):
 
 
 def print_table(rows):
-    header = ["s", "d", "causal", "kiln TF/s", "FA2 TF/s", "kiln/FA2", "cuDNN TF/s", "kiln/cuDNN",
-              "py/rust", "err"]
+    header = ["s", "d", "causal", "kiln TF/s", "FA4 TF/s", "kiln/FA4", "sustained", "FA2 TF/s", "kiln/FA2",
+              "cuDNN TF/s", "kiln/cuDNN", "py/rust", "err"]
     table = [header]
     for r in rows:
         cells = [str(r["s"]), str(r["d"]), str(r["causal"]).lower(), f"{r['kiln_tflops']:.1f}"]
-        for name in ("fa2", "cudnn"):
+        for name in ("fa4", "fa2", "cudnn"):
             p = r.get(name, {})
             cells += [f"{p['tflops']:.1f}", f"{r[f'ratio_vs_{name}']:.3f}"] if "tflops" in p else ["-", "-"]
+            if name == "fa4":
+                cells.append(f"{r['ratio_vs_fa4_sustained']:.3f}" if "tflops" in p else "-")
         cells.append(f"{r['python_vs_rust']:.3f}" if "python_vs_rust" in r else "-")
         flag = {True: "", False: " WRONG", None: " unchecked"}[r["correct"]]
         cells.append(f"{r['rel_error_sampled_rows']:.1e}" + flag)
@@ -243,6 +337,7 @@ def main():
     p.add_argument("--only", help="run only these S:D:CAUSAL points, comma-separated")
     p.add_argument("--rust", help="a bench_attention (or merged) JSON to compare kiln's TFLOP/s with")
     p.add_argument("--overhead-only", action="store_true", help="only the call-overhead measurement")
+    p.add_argument("--backward", action="store_true", help="time each library's backward instead")
     args = p.parse_args()
 
     import torch
@@ -253,7 +348,7 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     dev = torch.device("cuda")
     meta = {
-        "benchmark": "attention-python",
+        "benchmark": "attention-backward-python" if args.backward else "attention-python",
         "gpu": torch.cuda.get_device_name(dev),
         "compute_capability": "%d.%d" % torch.cuda.get_device_capability(dev),
         "target": kiln_attn._target(torch.cuda.current_device()),
@@ -261,12 +356,15 @@ def main():
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
+        "flash_attn_4": package_version("flash-attn-4"),
         "python": sys.version.split()[0],
         "commit": commit(),
         "date_utc": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     result = {"meta": {"kiln": meta, "peers": meta}, "iters": {"kiln": args.iters, "peers": args.iters},
-              "warmup": args.warmup, "overhead": overhead(torch, kiln_attn), "rows": []}
+              "warmup": args.warmup, "rows": []}
+    if not args.backward:
+        result["overhead"] = overhead(torch, kiln_attn)
     if not args.overhead_only:
         rows = sweep_rows(args, torch, kiln_attn)
         if args.rust:

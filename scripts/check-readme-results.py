@@ -33,22 +33,33 @@ def fmt(x, digits):
     return f"{x:.{digits}f}"
 
 
-def attention_expected(rows):
-    """s, d, causal -> the table's cells after the point: kiln, cuDNN, kiln/cuDNN, FA2, kiln/FA2."""
+ATTENTION_PEERS = {"FA4": "fa4", "cuDNN": "cudnn", "FA2": "fa2"}
+
+
+def attention_expected(rows, header):
+    """s, d, causal -> the table's cells after the point: kiln, then each peer's column and
+    ratio in the order the header names them (FA4 with its sustained ratio, cuDNN, FA2)."""
+    cols = []
+    for name in header[3:]:
+        if name in ATTENTION_PEERS:
+            cols.append(("tflops", ATTENTION_PEERS[name]))
+        elif name.startswith("kiln/") and name[5:] in ATTENTION_PEERS:
+            cols.append(("ratio", "ratio_vs_" + ATTENTION_PEERS[name[5:]]))
+        elif name == "kiln/FA4 sustained":
+            cols.append(("ratio", "ratio_vs_fa4_sustained"))
     out = {}
     for r in rows:
-        cudnn, fa2 = r.get("cudnn") or {}, r.get("fa2") or {}
-        out[(str(r["s"]), str(r["d"]), str(r["causal"]).lower())] = [
-            fmt(r["kiln_tflops"], 0),
-            fmt(cudnn.get("tflops", float("nan")), 0),
-            fmt(r.get("ratio_vs_cudnn", float("nan")), 2),
-            fmt(fa2.get("tflops", float("nan")), 0),
-            fmt(r.get("ratio_vs_fa2", float("nan")), 2),
-        ]
+        want = [fmt(r["kiln_tflops"], 0)]
+        for what, key in cols:
+            if what == "tflops":
+                want.append(fmt((r.get(key) or {}).get("tflops", float("nan")), 0))
+            else:
+                want.append(fmt(r.get(key, float("nan")), 2))
+        out[(str(r["s"]), str(r["d"]), str(r["causal"]).lower())] = want
     return out, 3
 
 
-def gemm_expected(rows):
+def gemm_expected(rows, header):
     """M, N, K -> kiln, cuBLAS, kiln/cuBLAS."""
     out = {}
     for r in rows:
@@ -60,7 +71,7 @@ def gemm_expected(rows):
     return out, 3
 
 
-def rows_expected(rows):
+def rows_expected(rows, header):
     """kernel, dtype, M x N -> kiln GB/s, PyTorch GB/s, kiln/PyTorch."""
     out = {}
     for r in rows:
@@ -117,7 +128,7 @@ def check(readme):
                           f"(expected one of {', '.join(KINDS)})")
             continue
         name, expected_of = kind
-        expected, key_len = expected_of(data["rows"])
+        expected, key_len = expected_of(data["rows"], header)
         tables += 1
         k = j + 2  # past the header and its |---| line
         count = 0

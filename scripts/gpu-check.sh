@@ -4,6 +4,9 @@
 #   OUT=$OUT scripts/gpu-check.sh python   # the package's GPU tests (attention forward, backward,
 #                                          # ops), then the training comparison if time is left
 #   OUT=$OUT scripts/gpu-check.sh rows     # the row library beside PyTorch in one process
+#   OUT=$OUT scripts/gpu-check.sh attention [--backward]  # python/bench.py: kiln_attn beside
+#                                          # FlashAttention-4 (when installed in /tmp/fa4-site by
+#                                          # ../shared/tools/fa4-wheels' two calls), FA2 and cuDNN
 # summary.log says what ran and how it ended. Needs .gpu/tests/kiln-tests-NAME (release test
 # binaries, stripped), .gpu/commit and the wheel in .gpu-py/ (python/build-wheel.sh).
 cd "$(dirname "$0")/.."
@@ -23,6 +26,9 @@ run_test() {  # name, limit
 }
 py_setup() {
   export PYTHONPATH=$PWD/.gpu-py/site
+  if [ -d /tmp/fa4-site ]; then
+    PYTHONPATH=$PYTHONPATH:/tmp/fa4-site/nvidia_cutlass_dsl/dsl_packages:/tmp/fa4-site
+  fi
   python3 -m pip install --quiet --no-index --no-deps --target .gpu-py/site .gpu-py/kiln_attn-*.whl > "$OUT/pip.log" 2>&1
 }
 case $part in
@@ -54,6 +60,14 @@ case $part in
     [ -f "$OUT/rows-py.json" ] && python3 bench/table.py "$OUT/rows-py.json" > "$OUT/rows-py.md" 2>&1
     [ -f "$OUT/rows-py.json" ] && python3 bench/chart.py "$OUT/rows-py.json" --out "$OUT/rows-py.png" > /dev/null 2>&1
     ;;
-  *) echo "gpu-check: unknown part $part (tests, python or rows)" >&2; exit 2 ;;
+  attention)
+    py_setup
+    t0=$SECONDS
+    name=attention-py$([ "${2:-}" = --backward ] && echo -bwd)
+    timeout $(($(left) - 20)) python3 python/bench.py --out "$OUT/$name.json" ${2:-} > "$OUT/$name.log" 2>&1
+    echo "$name rc=$? $((SECONDS - t0))s" | tee -a "$S"
+    [ -f "$OUT/$name.json" ] && python3 bench/table.py "$OUT/$name.json" > "$OUT/$name.md" 2>&1
+    ;;
+  *) echo "gpu-check: unknown part $part (tests, python, rows or attention)" >&2; exit 2 ;;
 esac
 echo "done at ${SECONDS}s" | tee -a "$S"
