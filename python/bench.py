@@ -154,7 +154,7 @@ def backward_calls(torch, forward, inputs, douts):
     return once
 
 
-def sweep_rows(args, torch, kiln_attn):
+def sweep_rows(args, torch, kiln_attn, on_row=lambda rows: None):
     dev = torch.device("cuda")
     l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 60 << 20)
     configs = [c for c in sweep(args.quick) if not args.only or c in parse_only(args.only)]
@@ -230,6 +230,7 @@ def sweep_rows(args, torch, kiln_attn):
         row["rel_error_sampled_rows"] = err
         row["correct"] = err < TOLERANCE if "checked_against" in row else None
         rows.append(row)
+        on_row(rows)
         inputs = outs = douts = mine = reference = None  # freed before the next configuration allocates
         torch.cuda.empty_cache()
     print(file=sys.stderr)
@@ -366,7 +367,11 @@ def main():
     if not args.backward:
         result["overhead"] = overhead(torch, kiln_attn)
     if not args.overhead_only:
-        rows = sweep_rows(args, torch, kiln_attn)
+        def save(rows):  # after each point, so a run cut short keeps what it measured
+            with open(out, "w") as f:
+                json.dump(dict(result, rows=rows), f, indent=1)
+
+        rows = sweep_rows(args, torch, kiln_attn, save)
         if args.rust:
             add_rust(rows, args.rust)
         print_table(rows)

@@ -15,7 +15,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 S=$OUT/summary.log
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 echo "commit $(cat .gpu/commit 2>/dev/null) part $part" | tee -a "$S"
-left() { echo $((575 - SECONDS)); }
+# GPU_CHECK_SECONDS: the part's time budget (default 575, inside one call's 600 s).
+left() { echo $((${GPU_CHECK_SECONDS:-575} - SECONDS)); }
 run_test() {  # name, limit
   local lim=$2; [ "$(left)" -lt "$lim" ] && lim=$(left)
   if [ "$lim" -lt 15 ]; then echo "$1 skipped (time)" | tee -a "$S"; return; fi
