@@ -65,7 +65,7 @@ case $part in
     py_setup
     t0=$SECONDS
     name=attention-py$([ "${2:-}" = --backward ] && echo -bwd)
-    timeout $(($(left) - 20)) python3 python/bench.py --out "$OUT/$name.json" ${2:-} > "$OUT/$name.log" 2>&1
+    timeout $(($(left) - 20)) python3 -P python/bench.py --out "$OUT/$name.json" ${2:-} > "$OUT/$name.log" 2>&1
     echo "$name rc=$? $((SECONDS - t0))s" | tee -a "$S"
     [ -f "$OUT/$name.json" ] && python3 bench/table.py "$OUT/$name.json" > "$OUT/$name.md" 2>&1
     ;;

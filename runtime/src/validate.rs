@@ -153,9 +153,11 @@ fn check_tensor(
             got: layout.shape.len(),
         });
     }
-    // A rank-0 tensor has no innermost dimension to check.
-    if let Some(&stride) = layout.strides.last()
+    // A rank-0 tensor has no innermost dimension to check, and one of extent 1 is never
+    // stepped along (PyTorch gives such a dimension any stride, 0 after `expand`).
+    if let (Some(&stride), Some(&extent)) = (layout.strides.last(), layout.shape.last())
         && stride != 1
+        && extent > 1
     {
         return Err(LaunchError::InnerStride { param, stride });
     }
@@ -321,6 +323,23 @@ mod tests {
             }
         ));
         assert!(err.to_string().contains("innermost stride must be 1"));
+    }
+
+    #[test]
+    fn innermost_extent_one_takes_any_stride() {
+        // A [5, 1] column expanded from [5] (`expand` gives the size-1 dimension stride 0).
+        let a = Layout {
+            strides: vec![64, 0],
+            ..Layout::contiguous(DType::Bf16, &[5, 64]).narrow(1, 0, 1).expect("in range")
+        };
+        let out = Layout::contiguous(DType::F32, &[5, 3]);
+        check(&[tensor(&a), tensor(&out), ArgView::F32(0.5)]).expect("valid");
+        let b = Layout {
+            strides: vec![64, 0],
+            ..Layout::contiguous(DType::Bf16, &[5, 64]).narrow(1, 0, 2).expect("in range")
+        };
+        let err = check(&[tensor(&b), tensor(&out), ArgView::F32(0.5)]).expect_err("stride 0");
+        assert!(matches!(err, LaunchError::InnerStride { param: "a", stride: 0 }));
     }
 
     #[test]

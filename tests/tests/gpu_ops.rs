@@ -35,7 +35,8 @@ fn bits(t: &HostTensor) -> Vec<u32> {
         TensorData::U32(v) => v.clone(),
         TensorData::I32(v) => v.iter().map(|&x| x as u32).collect(),
         TensorData::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
-        other => panic!("unexpected dtype {}", other.dtype()),
+        TensorData::Bf16(v) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
+        TensorData::F16(v) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
     }
 }
 

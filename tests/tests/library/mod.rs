@@ -70,7 +70,7 @@ pub fn rotary_tables(positions: usize, r: usize, dtype: DType) -> (HostTensor, H
 /// The unit roundoff of `dtype`'s floats (half the spacing at 1).
 fn unit_roundoff(dtype: DType) -> f64 {
     match dtype {
-        DType::Bf16 => 2f64.powi(-9),
+        DType::Bf16 => 2f64.powi(-8),
         DType::F16 => 2f64.powi(-11),
         _ => 2f64.powi(-24),
     }
