@@ -216,13 +216,12 @@ fn half_precision_row_sums_accumulate_in_f32_across_chunks() {
             DType::F16 => ([1, 1000, 20000], &[Dist::Uniform, Dist::Normal][..]),
             _ => ([1, 1000, 65536], &Dist::ALL[..]),
         };
-        let shapes = ns;
         let kernel = format!("whole_row_sums {dtype}");
         sweep(
             &mut rng,
             &kernel,
-            shapes,
-            &dists,
+            ns,
+            dists,
             |n: usize| format!("n={n}"),
             |rng, n, case| {
                 let x = tensor(rng, &[2, n], dtype, case.dist);
