@@ -1,13 +1,6 @@
 //! Shared parts of kiln's benchmark binaries: timing loops with CUDA events and rotated
-//! inputs, random device inputs, cuBLAS, the run's metadata as JSON (serde_json) and a text table. Benchmarks are never tests; they run by hand on a GPU host:
-//!
-//! - build here: `../shared/tools/gpu-bundle -p kiln-bench` (binaries land in `.gpu/bin/`);
-//! - on the GPU: `bench/run-gemm.sh [OUT.json] [--quick]` (kiln gemm vs cuBLAS) and
-//!   `bench/run-attention.sh [OUT.json] [--quick]` (kiln attention, then PyTorch SDPA with the
-//!   FlashAttention-2 and cuDNN backends via `bench/peers.py`, merged into one table);
-//!   `bench/run-rows.sh [OUT.json] [--quick]` (the row-kernel library through the Python
-//!   package beside PyTorch in one process, `bench/rows.py`; `bench_rows` times kiln's alone);
-//! - results default to `bench/results/<bench>-<UTC date>.json`.
+//! inputs, random device inputs, cuBLAS, the run's metadata as JSON (serde_json) and a text
+//! table. Benchmarks are never tests; they run by hand on a GPU host (docs/benchmarking.md).
 //!
 //! **Architecture invariant:** no benchmark is a test and no test runs a benchmark; a
 //! benchmark checks its own output (against the peer or an f64 reference from `kiln-tests`)

@@ -1,17 +1,7 @@
 //! Runs NVIDIA's offline assembler `ptxas` on generated PTX and reads its resource report, and
-//! `nvdisasm` on the assembled cubin to show its SASS.
-//!
-//! Neither is needed to compile or launch (the driver JIT-compiles PTX); they are the offline
-//! checks used by `kiln check`, `kiln ptx --sass`, the snapshot tests and CI, and ptxas makes
-//! the cubins the runtime's disk cache keeps when it is installed. They come from
-//! the pip packages `nvidia-cuda-nvcc` and `nvidia-cuda-nvdisasm` (version [`PTXAS_VERSION`]),
-//! installed by `scripts/ensure-cuda-tool ptxas|nvdisasm`.
-//!
-//! A second ptxas, [`Tool::JitPtxas`] ([`JIT_PTXAS_VERSION`], `scripts/ensure-cuda-tool
-//! ptxas-jit`), is the assembler of the CUDA release whose driver runs the GPU tests: the
-//! driver JIT-compiles PTX as that release's ptxas does, which allocates registers and reports
-//! advisories differently from a newer one. The tests check the kernels kiln launches with it
-//! too, so what is clean offline is clean on the GPU.
+//! `nvdisasm` on the assembled cubin to show its SASS: the offline checks of `kiln check`,
+//! `kiln ptx --sass`, the snapshot tests and CI (the driver JIT-compiles PTX, so neither is
+//! needed to compile or launch).
 
 use std::fmt;
 use std::io::Write;
@@ -70,11 +60,19 @@ impl fmt::Display for PtxasReport {
 }
 
 /// An offline CUDA tool kiln runs.
+///
+/// ptxas also makes the cubins the runtime's disk cache keeps when it is installed. The
+/// tools come from the pip packages `nvidia-cuda-nvcc` and `nvidia-cuda-nvdisasm` (version
+/// [`PTXAS_VERSION`]), installed by `scripts/ensure-cuda-tool ptxas|nvdisasm`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tool {
     /// The assembler.
     Ptxas,
-    /// The assembler of the GPU host's driver release ([`JIT_PTXAS_VERSION`]).
+    /// The assembler of the GPU host's driver release ([`JIT_PTXAS_VERSION`],
+    /// `scripts/ensure-cuda-tool ptxas-jit`): the driver JIT-compiles PTX as that release's
+    /// ptxas does, which allocates registers and reports advisories differently from a newer
+    /// one. The tests check the kernels kiln launches with it too, so what is clean offline is
+    /// clean on the GPU.
     JitPtxas,
     /// The cubin disassembler.
     Nvdisasm,

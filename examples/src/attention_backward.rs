@@ -1,18 +1,7 @@
 //! FlashAttention-2's backward pass: the gradients `dq`, `dk`, `dv` of [`attention`]'s inputs
 //! given `dout = dL/do`, its output `o` and the log-sum-exp `lse` [`attention_lse`] writes,
-//! with every mask and cap of the forward.
-//!
-//! Three steps, each a kernel over the forward's `[batch, heads, seq, d]` views (a `[b, s, h,
-//! d]` tensor is read in place through its strides):
-//! 1. [`attention_bwd_preprocess`]: `delta = rowsum(dout * o)` per query row, and the f32 dQ
-//!    accumulator zeroed (unless `deterministic`).
-//! 2. [`attention_bwd_dkdv`]: a block owns `block_n` keys of one key/value head and walks the
-//!    query blocks that see them (for each query head of its group), recomputing `P` from
-//!    `lse`; it writes `dk` and `dv`, and adds each query block's share of `dq` into the f32
-//!    accumulator with atomics (unless `deterministic`).
-//! 3. [`attention_bwd_dq_convert`] scales the accumulator into `dq`; or, `deterministic`,
-//!    [`attention_bwd_dq`] computes `dq` itself, each block walking the key blocks its
-//!    queries see (no atomics: the same bits every run).
+//! with every mask and cap of the forward, in three kernels (docs/kernels.md says how they
+//! divide the work).
 //!
 //! [`attention`]: crate::attention::attention
 //! [`attention_lse`]: crate::attention::attention_lse

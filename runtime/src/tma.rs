@@ -1,18 +1,6 @@
 //! TMA tensor maps: the 128-byte `CUtensorMap` descriptor a Hopper/Blackwell kernel passes to
-//! `cp.async.bulk.tensor`, encoded by the driver's `cuTensorMapEncodeTiled`.
-//!
-//! Every rule the driver imposes (`cuda.h`, summarised in `shared/ptx-notes.md` §3) is checked
-//! here first (the limits and the error live in `crate::tma_rules`), so a bad argument is a
-//! [`TensorMapError`] naming the argument and the rule rather
-//! than the driver's bare `CUDA_ERROR_INVALID_VALUE`. The checks are pure functions of the
-//! tensor's layout and address, so they are unit-tested without a GPU.
-//!
-//! Conventions: like [`DeviceTensor::shape`], `box_dims` are given **outermost first**. The
-//! driver (and the PTX coordinates of `cp.async.bulk.tensor`) count dimensions **innermost
-//! first**; [`Device::tensor_map`] does the translation. A map keeps its tensor's allocation
-//! alive, so the global address inside it never dangles.
-//!
-//! [`Device::tensor_map`]: crate::Device::tensor_map
+//! `cp.async.bulk.tensor`, encoded by the driver's `cuTensorMapEncodeTiled` after kiln has
+//! checked every rule the driver imposes.
 
 use cudarc::driver::sys;
 use kiln_ir::DType;
@@ -44,6 +32,13 @@ struct EncodeArgs {
 
 /// Checks every rule of `cuTensorMapEncodeTiled` for the view `layout` whose allocation starts
 /// at `alloc_base` and holds `alloc_bytes`, and translates it to the driver's order.
+///
+/// The rules are `cuda.h`'s, summarised in `shared/ptx-notes.md` §3 (the limits and the
+/// error live in `crate::tma_rules`), so a bad argument is a [`TensorMapError`] naming the
+/// argument and the rule rather than the driver's bare `CUDA_ERROR_INVALID_VALUE`. The checks
+/// are pure functions of the tensor's layout and address, so they are unit-tested without a
+/// GPU. Like [`DeviceTensor::shape`], `box_dims` are given **outermost first**; the driver
+/// (and the PTX coordinates of `cp.async.bulk.tensor`) count dimensions **innermost first**.
 fn encode_args(
     layout: &Layout,
     alloc_base: u64,
@@ -141,7 +136,8 @@ fn encode_args(
 }
 
 /// A tiled TMA descriptor (`CUtensorMap`: 128 bytes, aligned to 128 in memory, at least the
-/// 64 the driver requires) over a device tensor, which it keeps alive.
+/// 64 the driver requires) over a device tensor, which it keeps alive, so the global address
+/// inside it never dangles.
 ///
 /// Pass it to a kernel **by value**: the entry declares `.param .align 64 .b8 name[128]`, and
 /// the launch's `kernelParams` slot points at [`TensorMap::as_raw`] (see

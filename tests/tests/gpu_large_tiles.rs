@@ -14,6 +14,7 @@ use kiln_ir::dsl::KernelDef;
 use kiln_ir::{DType, HostTensor};
 use kiln_tests::check::{Case, assert_close, poisoned, sum_tolerance, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::sweep::sweep;
 use large_tiles_kernels::*;
 
 /// `out` against `reference` relative to the input's norm: a centred matrix can be all but
@@ -34,13 +35,9 @@ fn assert_centered(case: &Case, out: &HostTensor, reference: &[f64], x: &HostTen
     );
 }
 
-fn case(kernel: String, shape: String, dist: Dist, rng: &Rng) -> Case {
-    Case {
-        kernel,
-        shape,
-        dist,
-        seed: rng.seed(),
-    }
+/// A shape `(m, n)` as the failure messages write it.
+fn m_n((m, n): (usize, usize)) -> String {
+    format!("m={m} n={n}")
 }
 
 fn gpu_softmax() {
@@ -48,9 +45,16 @@ fn gpu_softmax() {
     for dev in devices() {
         for (bm, bn) in [(1, 16384), (2, 32768), (1, 65536)] {
             let c = WholeRowSoftmaxComptime { BM: bm, BN: bn };
-            for (m, n) in [(1, 1), (3, bn / 2 + 77), (bm + 5, bn)] {
-                for dist in Dist::ALL {
-                    let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+            let shapes = [(1, 1), (3, bn / 2 + 77), (bm + 5, bn)];
+            let kernel = format!("whole_row_softmax BM={bm} BN={bn} on {}", dev.target());
+            sweep(
+                &mut rng,
+                &kernel,
+                shapes,
+                &Dist::ALL,
+                m_n,
+                |rng, (m, n), case| {
+                    let x = tensor(rng, &[m, n], DType::F32, case.dist);
                     let grid = whole_row_softmax.grid(&c, [m, 1, 1]);
                     let y = output(&dev, DType::F32, &[m, n]);
                     let dx = upload_padded(&dev, &x, 3);
@@ -61,11 +65,9 @@ fn gpu_softmax() {
                     whole_row_softmax
                         .interpret(&c, grid, &x, &mut yi)
                         .expect("interpret");
-                    let what = format!("whole_row_softmax BM={bm} BN={bn} on {}", dev.target());
-                    let cs = case(what, format!("m={m} n={n}"), dist, &rng);
-                    check(&cs, &y, &softmax_ref(&x), &yi, sum_tolerance(n));
-                }
-            }
+                    check(case, &y, &softmax_ref(&x), &yi, sum_tolerance(n));
+                },
+            );
         }
     }
 }
@@ -75,11 +77,18 @@ fn gpu_layer_norm() {
     let eps = 1e-5;
     for dev in devices() {
         let c = WholeRowLayerNormComptime::default();
-        for (m, n) in [(1, 1), (3, 20000), (5, 32768)] {
-            for dist in Dist::ALL {
-                let x = tensor(&mut rng, &[m, n], DType::F32, dist);
-                let w = tensor(&mut rng, &[n], DType::F32, Dist::Normal);
-                let b = tensor(&mut rng, &[n], DType::F32, Dist::Normal);
+        let shapes = [(1, 1), (3, 20000), (5, 32768)];
+        let kernel = format!("whole_row_layer_norm on {}", dev.target());
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes,
+            &Dist::ALL,
+            m_n,
+            |rng, (m, n), case| {
+                let x = tensor(rng, &[m, n], DType::F32, case.dist);
+                let w = tensor(rng, &[n], DType::F32, Dist::Normal);
+                let b = tensor(rng, &[n], DType::F32, Dist::Normal);
                 let grid = whole_row_layer_norm.grid(&c, [m, 1, 1]);
                 let (y, mu, rs) = (
                     output(&dev, DType::F32, &[m, n]),
@@ -99,15 +108,13 @@ fn gpu_layer_norm() {
                     .interpret(&c, grid, &x, &w, &b, &mut yi, &mut mi, &mut ri, eps as f32)
                     .expect("interpret");
                 let (yr, mr, rr) = layer_norm_ref(&x, &w, &b, eps);
-                let what = format!("whole_row_layer_norm on {}", dev.target());
-                let cs = case(what, format!("m={m} n={n}"), dist, &rng);
                 // See `large_tiles`: the mean's rounding is about four sums' worth.
                 let tol = sum_tolerance(4 * n);
-                check(&cs, &y, &yr, &yi, tol);
-                check(&cs, &mu, &mr, &mi, tol);
-                check(&cs, &rs, &rr, &ri, tol);
-            }
-        }
+                check(case, &y, &yr, &yi, tol);
+                check(case, &mu, &mr, &mi, tol);
+                check(case, &rs, &rr, &ri, tol);
+            },
+        );
     }
 }
 
@@ -124,26 +131,24 @@ fn gpu_row_sums() {
                 DType::F16 => ([1, 1000, 20000], &[Dist::Uniform, Dist::Normal][..]),
                 _ => ([1, 1000, 65536], &Dist::ALL[..]),
             };
-            for n in ns {
-                for &dist in dists {
-                    let m = 3;
-                    let x = tensor(&mut rng, &[m, n], dtype, dist);
-                    let grid = whole_row_sums.grid(&c, [m, 1, 1]);
-                    let out = output(&dev, dtype, &[m]);
-                    let dx = upload_padded(&dev, &x, 8);
-                    whole_row_sums
-                        .launch(&dev, &c, grid, &dx, &out)
-                        .expect("launch");
-                    let mut oi = poisoned(&[m], dtype);
-                    whole_row_sums
-                        .interpret(&c, grid, &x, &mut oi)
-                        .expect("interpret");
-                    let what = format!("whole_row_sums {dtype} on {}", dev.target());
-                    let cs = case(what, format!("n={n}"), dist, &rng);
-                    let tol = sum_tolerance(n).max(tolerance(dtype));
-                    check(&cs, &out, &row_sums_ref(&x), &oi, tol);
-                }
-            }
+            let kernel = format!("whole_row_sums {dtype} on {}", dev.target());
+            let label = |n: usize| format!("n={n}");
+            sweep(&mut rng, &kernel, ns, dists, label, |rng, n, case| {
+                let m = 3;
+                let x = tensor(rng, &[m, n], dtype, case.dist);
+                let grid = whole_row_sums.grid(&c, [m, 1, 1]);
+                let out = output(&dev, dtype, &[m]);
+                let dx = upload_padded(&dev, &x, 8);
+                whole_row_sums
+                    .launch(&dev, &c, grid, &dx, &out)
+                    .expect("launch");
+                let mut oi = poisoned(&[m], dtype);
+                whole_row_sums
+                    .interpret(&c, grid, &x, &mut oi)
+                    .expect("interpret");
+                let tol = sum_tolerance(n).max(tolerance(dtype));
+                check(case, &out, &row_sums_ref(&x), &oi, tol);
+            });
         }
     }
 }
@@ -182,9 +187,16 @@ fn gpu_randn_sin() {
     let mut rng = Rng::from_env();
     for dev in devices() {
         let c = BigRandnSinComptime::default();
-        for (m, n) in [(1, 1), (70, 9000), (64, 8192)] {
-            for dist in [Dist::Normal, Dist::Large] {
-                let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+        let shapes = [(1, 1), (70, 9000), (64, 8192)];
+        let kernel = format!("big_randn_sin on {}", dev.target());
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes,
+            &[Dist::Normal, Dist::Large],
+            m_n,
+            |rng, (m, n), case| {
+                let x = tensor(rng, &[m, n], DType::F32, case.dist);
                 let seed = rng.next_u64() as u32;
                 let grid = big_randn_sin.grid(&c, [m, n, 1]);
                 let y = output(&dev, DType::F32, &[m, n]);
@@ -198,12 +210,10 @@ fn gpu_randn_sin() {
                     .expect("interpret");
                 // randn's logarithm is the hardware's approximation: the interpreter is the
                 // reference, within f32's tolerance.
-                let what = format!("big_randn_sin on {}", dev.target());
-                let cs = case(what, format!("m={m} n={n}"), dist, &rng);
                 let got = y.download().expect("download");
-                assert_close(&cs, &got, &yi.to_f64_vec(), tolerance(DType::F32));
-            }
-        }
+                assert_close(case, &got, &yi.to_f64_vec(), tolerance(DType::F32));
+            },
+        );
     }
 }
 
@@ -211,9 +221,16 @@ fn gpu_double_center() {
     let mut rng = Rng::from_env();
     for dev in devices() {
         let c = DoubleCenterComptime::default();
-        for (m, n) in [(1, 1), (50, 5000), (64, 8192), (7, 8000)] {
-            for dist in Dist::ALL {
-                let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+        let shapes = [(1, 1), (50, 5000), (64, 8192), (7, 8000)];
+        let kernel = format!("double_center on {}", dev.target());
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes,
+            &Dist::ALL,
+            m_n,
+            |rng, (m, n), case| {
+                let x = tensor(rng, &[m, n], DType::F32, case.dist);
                 let y = output(&dev, DType::F32, &[m, n]);
                 let dx = upload_padded(&dev, &x, 4);
                 double_center
@@ -223,14 +240,12 @@ fn gpu_double_center() {
                 double_center
                     .interpret(&c, [1, 1, 1], &x, &mut yi)
                     .expect("interpret");
-                let what = format!("double_center on {}", dev.target());
-                let cs = case(what, format!("m={m} n={n}"), dist, &rng);
                 let got = y.download().expect("download");
                 let tol = sum_tolerance(n.max(m));
-                assert_centered(&cs, &got, &double_center_ref(&x), &x, tol);
-                assert_centered(&cs, &got, &yi.to_f64_vec(), &x, tol);
-            }
-        }
+                assert_centered(case, &got, &double_center_ref(&x), &x, tol);
+                assert_centered(case, &got, &yi.to_f64_vec(), &x, tol);
+            },
+        );
     }
 }
 
@@ -238,9 +253,16 @@ fn gpu_softmax_rows_loop() {
     let mut rng = Rng::from_env();
     for dev in devices() {
         let c = SoftmaxRowsLoopComptime::default();
-        for (m, n) in [(1, 1), (3, 20001), (2, 32768)] {
-            for dist in Dist::ALL {
-                let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+        let shapes = [(1, 1), (3, 20001), (2, 32768)];
+        let kernel = format!("softmax_rows_loop on {}", dev.target());
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes,
+            &Dist::ALL,
+            m_n,
+            |rng, (m, n), case| {
+                let x = tensor(rng, &[m, n], DType::F32, case.dist);
                 let y = output(&dev, DType::F32, &[m, n]);
                 let dx = upload_padded(&dev, &x, 6);
                 softmax_rows_loop
@@ -250,11 +272,9 @@ fn gpu_softmax_rows_loop() {
                 softmax_rows_loop
                     .interpret(&c, [1, 1, 1], &x, &mut yi)
                     .expect("interpret");
-                let what = format!("softmax_rows_loop on {}", dev.target());
-                let cs = case(what, format!("m={m} n={n}"), dist, &rng);
-                check(&cs, &y, &softmax_ref(&x), &yi, sum_tolerance(n));
-            }
-        }
+                check(case, &y, &softmax_ref(&x), &yi, sum_tolerance(n));
+            },
+        );
     }
 }
 

@@ -10,51 +10,16 @@ mod mma_kernels;
 
 use std::process::ExitCode;
 
-use gpu_common::{Needs, device};
-use kiln_ir::{DType, HostTensor, Target};
+use gpu_common::{Needs, check, devices, poisoned_output as output};
+use kiln_ir::{DType, HostTensor};
 use kiln_runtime::{Device, DeviceTensor};
-use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::check::{Case, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::sweep::sweep;
 use mma_kernels::*;
 
 /// `(m, n, k)`: none a multiple of the 64 x 64 x 32 tiles.
 const SHAPES: [(usize, usize, usize); 3] = [(70, 130, 50), (129, 65, 100), (1, 3, 17)];
-
-/// The devices to run on: sm_80 code, and sm_90a code on a Hopper GPU.
-fn devices() -> Vec<Device> {
-    let Some(dev) = device() else {
-        return Vec::new();
-    };
-    let hopper = dev.compute_capability() == (9, 0);
-    let mut out = vec![dev];
-    if let (true, Some(d)) = (hopper, device()) {
-        out.push(d.with_target(Target::Sm90a));
-    }
-    out
-}
-
-/// A poisoned f32 output on the device.
-fn output(dev: &Device, shape: &[usize]) -> DeviceTensor {
-    let t = dev.alloc(DType::F32, shape).expect("alloc");
-    dev.fill_nan(&t).expect("poison");
-    t
-}
-
-/// Checks `gpu` against the f64 reference and the interpreter's `interp`.
-fn check(case: Case, gpu: &DeviceTensor, want: &[f64], interp: &HostTensor) {
-    let got = gpu.download().expect("download");
-    assert_close(&case, &got, want, tolerance(DType::Bf16));
-    let vs_interp = Case {
-        kernel: format!("{} (GPU vs interpreter)", case.kernel),
-        ..case
-    };
-    assert_close(
-        &vs_interp,
-        &got,
-        &interp.to_f64_vec(),
-        tolerance(DType::Bf16),
-    );
-}
 
 /// Runs `launch` and `interpret` of a kernel `(a, b, c)` over every shape and distribution.
 fn gemm_like(
@@ -67,27 +32,28 @@ fn gemm_like(
 ) {
     let mut rng = Rng::from_env();
     for dev in devices() {
-        for &(m, n, k) in shapes {
-            for dist in Dist::ALL {
-                let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
-                let b = tensor(&mut rng, &[k, n], DType::Bf16, dist);
+        let kernel = format!("{name} on {}", dev.target());
+        let label = |(m, n, k)| format!("m={m} n={n} k={k}");
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes.iter().copied(),
+            &Dist::ALL,
+            label,
+            |rng, (m, n, k), case| {
+                let a = tensor(rng, &[m, k], DType::Bf16, case.dist);
+                let b = tensor(rng, &[k, n], DType::Bf16, case.dist);
                 let (da, db) = (
                     dev.upload(&a).expect("upload"),
                     dev.upload(&b).expect("upload"),
                 );
-                let c = output(&dev, &[m, n]);
+                let c = output(&dev, DType::F32, &[m, n]);
                 launch(&dev, grid(m, n), &da, &db, &c);
                 let mut ci = poisoned(&[m, n], DType::F32);
                 interpret(grid(m, n), &a, &b, &mut ci);
-                let case = Case {
-                    kernel: format!("{name} on {}", dev.target()),
-                    shape: format!("m={m} n={n} k={k}"),
-                    dist,
-                    seed: rng.seed(),
-                };
-                check(case, &c, &want(&a, &b), &ci);
-            }
-        }
+                check(case, &c, &want(&a, &b), &ci, tolerance(DType::Bf16));
+            },
+        );
     }
 }
 
@@ -198,7 +164,10 @@ fn gpu_mma_two_loops() {
                     dev.upload(&q).expect("upload"),
                     dev.upload(&k).expect("upload"),
                 );
-                let (dv, dk) = (output(&dev, &[sk, d]), output(&dev, &[sk, d]));
+                let (dv, dk) = (
+                    output(&dev, DType::F32, &[sk, d]),
+                    output(&dev, DType::F32, &[sk, d]),
+                );
                 mma_two_loops
                     .launch(&dev, &ct, grid, &dq, &dk_in, &dv, &dk, scale)
                     .expect("launch");
@@ -214,8 +183,8 @@ fn gpu_mma_two_loops() {
                     dist,
                     seed: rng.seed(),
                 };
-                check(case("dv"), &dv, &want_v, &dvi);
-                check(case("dk"), &dk, &want_k, &dki);
+                check(&case("dv"), &dv, &want_v, &dvi, tolerance(DType::Bf16));
+                check(&case("dk"), &dk, &want_k, &dki, tolerance(DType::Bf16));
             }
         }
     }
@@ -260,7 +229,7 @@ fn gpu_mma_masked_operands() {
                         seed: rng.seed(),
                     };
                     let kl = klim as i32;
-                    let c = output(&dev, &[m, n]);
+                    let c = output(&dev, DType::F32, &[m, n]);
                     mma_bounded
                         .launch(&dev, &bounded, g, &da, &db_k, &c, kl)
                         .expect("launch");
@@ -269,8 +238,8 @@ fn gpu_mma_masked_operands() {
                         .interpret(&bounded, g, &a, &b_k, &mut ci, kl)
                         .expect("interpret");
                     let want = gemm_bounded(&a, &b_k, klim, n);
-                    check(case("mma_bounded"), &c, &want, &ci);
-                    let c = output(&dev, &[m, n]);
+                    check(&case("mma_bounded"), &c, &want, &ci, tolerance(DType::Bf16));
+                    let c = output(&dev, DType::F32, &[m, n]);
                     let nl = nlim as i32;
                     mma_masked_b
                         .launch(&dev, &masked_b, g, &da_all, &db_kn, &c, kl, nl)
@@ -280,7 +249,13 @@ fn gpu_mma_masked_operands() {
                         .interpret(&masked_b, g, &a_all, &b_kn, &mut ci, kl, nl)
                         .expect("interpret");
                     let want = gemm_bounded(&a_all, &b_kn, klim, nlim);
-                    check(case("mma_masked_b"), &c, &want, &ci);
+                    check(
+                        &case("mma_masked_b"),
+                        &c,
+                        &want,
+                        &ci,
+                        tolerance(DType::Bf16),
+                    );
                 }
             }
         }

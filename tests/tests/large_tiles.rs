@@ -17,6 +17,7 @@ use kiln_ir::{DType, HostTensor, Kernel, Target};
 use kiln_tests::check::{Case, assert_close, poisoned, sum_tolerance, tolerance};
 use kiln_tests::codegen::MAX_PTX_LINES;
 use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::sweep::sweep;
 use large_tiles_kernels::*;
 
 /// The kernel as `strip_mine` leaves it (the passes before it, then it).
@@ -96,6 +97,11 @@ where
     most
 }
 
+/// A shape `(m, n)` as the failure messages write it.
+fn m_n((m, n): (usize, usize)) -> String {
+    format!("m={m} n={n}")
+}
+
 #[test]
 fn whole_row_softmax_streams_in_three_loops_and_matches_reference() {
     let mut rng = Rng::from_env();
@@ -106,9 +112,16 @@ fn whole_row_softmax_streams_in_three_loops_and_matches_reference() {
         // max, sum, then the normalised store (which recomputes the exponentials).
         assert_eq!(loops(&k), 0);
         assert_eq!(loops(&s), 3, "{}", print_kernel(&s));
-        for (m, n) in [(1, 1), (3, bn / 2 + 77), (bm + 1, bn)] {
-            for dist in Dist::ALL {
-                let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+        let shapes = [(1, 1), (3, bn / 2 + 77), (bm + 1, bn)];
+        let kernel = format!("whole_row_softmax BM={bm} BN={bn}");
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes,
+            &Dist::ALL,
+            m_n,
+            |rng, (m, n), case| {
+                let x = tensor(rng, &[m, n], DType::F32, case.dist);
                 let grid = whole_row_softmax.grid(&c, [m, 1, 1]);
                 let want = softmax_ref(&x);
                 for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
@@ -120,15 +133,13 @@ fn whole_row_softmax_streams_in_three_loops_and_matches_reference() {
                     )
                     .expect("interpret");
                     let case = Case {
-                        kernel: format!("whole_row_softmax BM={bm} BN={bn} {what}"),
-                        shape: format!("m={m} n={n}"),
-                        dist,
-                        seed: rng.seed(),
+                        kernel: format!("{} {what}", case.kernel),
+                        ..case.clone()
                     };
                     assert_close(&case, &y, &want, sum_tolerance(n));
                 }
-            }
-        }
+            },
+        );
     }
 }
 
@@ -141,11 +152,17 @@ fn whole_row_layer_norm_matches_reference_before_and_after_the_pass() {
     // The maximum, the mean, the variance, then the normalised store.
     assert_eq!(loops(&s), 4, "{}", print_kernel(&s));
     let eps = 1e-5;
-    for (m, n) in [(1, 1), (3, 20000), (5, 32768)] {
-        for dist in Dist::ALL {
-            let x = tensor(&mut rng, &[m, n], DType::F32, dist);
-            let w = tensor(&mut rng, &[n], DType::F32, Dist::Normal);
-            let b = tensor(&mut rng, &[n], DType::F32, Dist::Normal);
+    let shapes = [(1, 1), (3, 20000), (5, 32768)];
+    sweep(
+        &mut rng,
+        "whole_row_layer_norm",
+        shapes,
+        &Dist::ALL,
+        m_n,
+        |rng, (m, n), case| {
+            let x = tensor(rng, &[m, n], DType::F32, case.dist);
+            let w = tensor(rng, &[n], DType::F32, Dist::Normal);
+            let b = tensor(rng, &[n], DType::F32, Dist::Normal);
             let (yr, mr, rr) = layer_norm_ref(&x, &w, &b, eps);
             let grid = whole_row_layer_norm.grid(&c, [m, 1, 1]);
             for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
@@ -167,10 +184,8 @@ fn whole_row_layer_norm_matches_reference_before_and_after_the_pass() {
                 )
                 .expect("interpret");
                 let case = Case {
-                    kernel: format!("whole_row_layer_norm {what}"),
-                    shape: format!("m={m} n={n}"),
-                    dist,
-                    seed: rng.seed(),
+                    kernel: format!("{} {what}", case.kernel),
+                    ..case.clone()
                 };
                 // The mean sums the offsets from the row's maximum, some four standard
                 // deviations each for normal rows: its f32 rounding, relative to the spread
@@ -180,8 +195,8 @@ fn whole_row_layer_norm_matches_reference_before_and_after_the_pass() {
                 assert_close(&case, &mu, &mr, tol);
                 assert_close(&case, &rs, &rr, tol);
             }
-        }
-    }
+        },
+    );
 }
 
 #[test]
@@ -201,9 +216,15 @@ fn half_precision_row_sums_accumulate_in_f32_across_chunks() {
             DType::F16 => ([1, 1000, 20000], &[Dist::Uniform, Dist::Normal][..]),
             _ => ([1, 1000, 65536], &Dist::ALL[..]),
         };
-        for n in ns {
-            for &dist in dists {
-                let x = tensor(&mut rng, &[2, n], dtype, dist);
+        let kernel = format!("whole_row_sums {dtype}");
+        sweep(
+            &mut rng,
+            &kernel,
+            ns,
+            dists,
+            |n: usize| format!("n={n}"),
+            |rng, n, case| {
+                let x = tensor(rng, &[2, n], dtype, case.dist);
                 let grid = whole_row_sums.grid(&c, [2, 1, 1]);
                 for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
                     let mut y = poisoned(&[2], dtype);
@@ -214,10 +235,8 @@ fn half_precision_row_sums_accumulate_in_f32_across_chunks() {
                     )
                     .expect("interpret");
                     let case = Case {
-                        kernel: format!("whole_row_sums {dtype} {what}"),
-                        shape: format!("n={n}"),
-                        dist,
-                        seed: rng.seed(),
+                        kernel: format!("{} {what}", case.kernel),
+                        ..case.clone()
                     };
                     // One rounding to the dtype at the end, f32 sums before it.
                     assert_close(
@@ -227,8 +246,8 @@ fn half_precision_row_sums_accumulate_in_f32_across_chunks() {
                         sum_tolerance(n).max(tolerance(dtype)),
                     );
                 }
-            }
-        }
+            },
+        );
     }
 }
 
@@ -239,9 +258,15 @@ fn double_centering_reduces_both_dimensions_of_one_large_tile() {
     let k = build(&double_center, c);
     let s = stripped(&k, Target::Sm80);
     assert_eq!(loops(&s), 2, "{}", print_kernel(&s));
-    for (m, n) in [(1, 1), (50, 5000), (64, 8192), (7, 8000)] {
-        for dist in Dist::ALL {
-            let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+    let shapes = [(1, 1), (50, 5000), (64, 8192), (7, 8000)];
+    sweep(
+        &mut rng,
+        "double_center",
+        shapes,
+        &Dist::ALL,
+        m_n,
+        |rng, (m, n), case| {
+            let x = tensor(rng, &[m, n], DType::F32, case.dist);
             let want = double_center_ref(&x);
             for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
                 let mut y = poisoned(&[m, n], DType::F32);
@@ -252,15 +277,13 @@ fn double_centering_reduces_both_dimensions_of_one_large_tile() {
                 )
                 .expect("interpret");
                 let case = Case {
-                    kernel: format!("double_center {what}"),
-                    shape: format!("m={m} n={n}"),
-                    dist,
-                    seed: rng.seed(),
+                    kernel: format!("{} {what}", case.kernel),
+                    ..case.clone()
                 };
                 assert_centered(&case, &y, &want, &x, sum_tolerance(n.max(m)));
             }
-        }
-    }
+        },
+    );
 }
 
 /// Dropout's Philox stream is a function of the element index, so the chunks must draw
@@ -437,9 +460,15 @@ fn whole_row_tiles_inside_a_loop_of_the_users_stream_inside_it() {
     // The user's loop, and the three chunk loops in its body.
     assert_eq!(loops(&k), 1);
     assert_eq!(loops(&s), 4, "{}", print_kernel(&s));
-    for (m, n) in [(1, 1), (3, 20001), (2, 32768)] {
-        for dist in Dist::ALL {
-            let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+    let shapes = [(1, 1), (3, 20001), (2, 32768)];
+    sweep(
+        &mut rng,
+        "softmax_rows_loop",
+        shapes,
+        &Dist::ALL,
+        m_n,
+        |rng, (m, n), case| {
+            let x = tensor(rng, &[m, n], DType::F32, case.dist);
             let want = softmax_ref(&x);
             for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
                 let mut y = poisoned(&[m, n], DType::F32);
@@ -450,15 +479,13 @@ fn whole_row_tiles_inside_a_loop_of_the_users_stream_inside_it() {
                 )
                 .expect("interpret");
                 let case = Case {
-                    kernel: format!("softmax_rows_loop {what}"),
-                    shape: format!("m={m} n={n}"),
-                    dist,
-                    seed: rng.seed(),
+                    kernel: format!("{} {what}", case.kernel),
+                    ..case.clone()
                 };
                 assert_close(&case, &y, &want, sum_tolerance(n));
             }
-        }
-    }
+        },
+    );
     compact(&softmax_rows_loop, c);
 }
 
@@ -469,9 +496,15 @@ fn a_users_loop_carries_what_a_chunk_loop_reduces() {
     let k = build(&total_by_rows, c);
     let s = stripped(&k, Target::Sm80);
     assert_eq!(loops(&s), 2, "{}", print_kernel(&s));
-    for (m, n) in [(1, 1), (3, 40000), (2, 65536)] {
-        for dist in Dist::ALL {
-            let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+    let shapes = [(1, 1), (3, 40000), (2, 65536)];
+    sweep(
+        &mut rng,
+        "total_by_rows",
+        shapes,
+        &Dist::ALL,
+        m_n,
+        |rng, (m, n), case| {
+            let x = tensor(rng, &[m, n], DType::F32, case.dist);
             let want = vec![x.to_f64_vec().iter().sum::<f64>()];
             for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
                 let mut y = poisoned(&[1], DType::F32);
@@ -482,15 +515,13 @@ fn a_users_loop_carries_what_a_chunk_loop_reduces() {
                 )
                 .expect("interpret");
                 let case = Case {
-                    kernel: format!("total_by_rows {what}"),
-                    shape: format!("m={m} n={n}"),
-                    dist,
-                    seed: rng.seed(),
+                    kernel: format!("{} {what}", case.kernel),
+                    ..case.clone()
                 };
                 assert_close(&case, &y, &want, sum_tolerance(m * n));
             }
-        }
-    }
+        },
+    );
     compact(&total_by_rows, c);
 }
 

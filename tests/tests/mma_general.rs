@@ -12,6 +12,7 @@ use kiln_ir::interp::{HostArg, run_def};
 use kiln_ir::{DType, HostTensor, Kernel, Target};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::sweep::sweep;
 use mma_kernels::*;
 
 /// `(m, n, k)`: none a multiple of the 64 x 64 x 32 tiles, several blocks in each dimension.
@@ -37,10 +38,17 @@ fn check_gemm_like<D: KernelDef>(
     extra: &[HostArg<'static>],
 ) {
     let mut rng = Rng::from_env();
-    for &(m, n, k) in shapes {
-        for dist in Dist::ALL {
-            let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
-            let b = tensor(&mut rng, &[k, n], DType::Bf16, dist);
+    let kernel = format!("{} {extra:?}", def.name());
+    let label = |(m, n, k)| format!("m={m} n={n} k={k}");
+    sweep(
+        &mut rng,
+        &kernel,
+        shapes.iter().copied(),
+        &Dist::ALL,
+        label,
+        |rng, (m, n, k), case| {
+            let a = tensor(rng, &[m, k], DType::Bf16, case.dist);
+            let b = tensor(rng, &[k, n], DType::Bf16, case.dist);
             let mut c = poisoned(&[m, n], DType::F32);
             let mut args = vec![
                 HostArg::Tensor(&a),
@@ -55,11 +63,9 @@ fn check_gemm_like<D: KernelDef>(
                 });
             }
             run_def(def, ct, grid(m, n), &mut args).unwrap();
-            let name = format!("{} {extra:?}", def.name());
-            let c_case = case(&name, format!("m={m} n={n} k={k}"), dist, &rng);
-            assert_close(&c_case, &c, &want(&a, &b), tolerance(DType::Bf16));
-        }
-    }
+            assert_close(case, &c, &want(&a, &b), tolerance(DType::Bf16));
+        },
+    );
 }
 
 fn tiles(m: usize, n: usize) -> [u32; 3] {

@@ -1,21 +1,7 @@
 //! Random kernels through the whole compiler (`kiln_tests::random_kernel`): programs built
-//! from fresh random bytes (seed printed) covering elementwise ops, `.col()`/`.row()`
-//! broadcasts, reductions, loops carrying accumulators, `if`, bounded loads and stores,
-//! `mma` and casts, bit ops, random numbers, masked loads, gathers, scatters, atomics,
-//! `take`, 3-D and 4-D tiles and tiles streamed in chunks, each verified, scheduled (the
-//! verifier run after every pass) and written for every target (and assembled by ptxas when
-//! `KILN_PTXAS` is set) and interpreted.
-//!
-//! The contract: no panic anywhere, no internal error, no error without the user's line or
-//! quoting the IR, no pass leaving a kernel the verifier rejects, no interpreter error that
-//! is kiln's, and ptxas accepts every PTX written. An "unsupported at your line" error is an
-//! answer; the test prints the count of each kind with an example, and how many kernels
-//! held each kind of op.
-//!
-//! In CI it runs for about 30 seconds. For a longer run (the lead's 10-minute soak):
-//! `KILN_FUZZ_SECONDS=600 KILN_PTXAS=$(scripts/ensure-cuda-tool ptxas) cargo test -p
-//! kiln-tests --test random_kernels -- --nocapture`; `KILN_SEED=<seed>` replays a run. The
-//! `ir` and `pipeline` fuzz targets (`fuzz/`) drive the same code from libFuzzer.
+//! from fresh random bytes (seed printed), each verified, scheduled, written for every target
+//! and interpreted, must end in PTX or in an error at the user's line, never in a bug.
+//! `KILN_FUZZ_SECONDS` and `KILN_SEED` lengthen and replay a run (docs/testing.md).
 
 use std::time::Duration;
 
@@ -24,6 +10,20 @@ use kiln_ir::{Const, DType, HostTensor, Kernel, KernelOptions, Loc, OpKind, Para
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::random_kernel::{FILE, check, fuzz};
 
+/// Kernels from fresh random bytes covering elementwise ops, `.col()`/`.row()` broadcasts,
+/// reductions, loops carrying accumulators, `if`, bounded loads and stores, `mma` and casts,
+/// bit ops, random numbers, masked loads, gathers, scatters, atomics, `take`, 3-D and 4-D
+/// tiles and tiles streamed in chunks, each verified, scheduled (the verifier run after
+/// every pass), written for every target (assembled by ptxas when `KILN_PTXAS` is set) and
+/// interpreted.
+///
+/// The contract: no panic anywhere, no internal error, no error without the user's line or
+/// quoting the IR, no pass leaving a kernel the verifier rejects, no interpreter error that
+/// is kiln's, and ptxas accepts every PTX written. An "unsupported at your line" error is an
+/// answer; the test prints the count of each kind with an example, and how many kernels
+/// held each kind of op. In CI it runs for about 30 seconds; `KILN_FUZZ_SECONDS=600` is the
+/// 10-minute soak, `KILN_SEED=<seed>` replays a run. The `ir` and `pipeline` fuzz targets
+/// (`fuzz/`) drive the same code from libFuzzer.
 #[test]
 fn random_kernels_compile_or_fail_cleanly() {
     let mut rng = Rng::from_env();

@@ -12,6 +12,7 @@ use kiln_ir::{DType, HostTensor};
 use kiln_tests::check::{Case, as_stored, assert_close, poisoned, sum_tolerance, tolerance};
 use kiln_tests::codegen::assembles_clean;
 use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::sweep::{dims, sweep};
 use tiles_3d_kernels::*;
 
 /// The marker of an exchange of elements between threads in the PTX.
@@ -32,27 +33,28 @@ fn qk_norm_compiles_and_matches_reference() {
             dtype,
         };
         assembles_clean(&qk_norm, c, "");
+        let shapes = [[1, 1, 1], [3, 5, 7], [9, bh, bd], [7, bh - 1, bd - 28]]
+            .map(|[t, h, d]| [t, h.min(bh), d.min(bd)]);
+        let kernel = format!("qk_norm BT={bt} BH={bh} BD={bd} {dtype}");
         let mut rng = Rng::from_env();
-        for (t, h, d) in [(1, 1, 1), (3, 5, 7), (9, bh, bd), (7, bh - 1, bd - 28)] {
-            let (h, d) = (h.min(bh), d.min(bd));
-            for dist in Dist::ALL {
-                let x = tensor(&mut rng, &[t, h, d], dtype, dist);
-                let w = tensor(&mut rng, &[d], dtype, Dist::Normal);
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes,
+            &Dist::ALL,
+            dims,
+            |rng, [t, h, d], case| {
+                let x = tensor(rng, &[t, h, d], dtype, case.dist);
+                let w = tensor(rng, &[d], dtype, Dist::Normal);
                 let mut y = poisoned(&[t, h, d], dtype);
                 let grid = qk_norm.grid(&c, [t, 1, 1]);
                 qk_norm
                     .interpret(&c, grid, &x, &w, &mut y, eps)
                     .expect("interpret");
-                let case = Case {
-                    kernel: format!("qk_norm BT={bt} BH={bh} BD={bd} {dtype}"),
-                    shape: format!("[{t}, {h}, {d}]"),
-                    dist,
-                    seed: rng.seed(),
-                };
                 let want = as_stored(&qk_norm_ref(&x, &w, f64::from(eps)), dtype);
-                assert_close(&case, &y, &want, tolerance(dtype).max(sum_tolerance(d)));
-            }
-        }
+                assert_close(case, &y, &want, tolerance(dtype).max(sum_tolerance(d)));
+            },
+        );
     }
 }
 
@@ -71,35 +73,36 @@ fn merge_and_split_heads_compile_and_match_reference() {
         assembles_clean(&merge_heads, c, marker);
         let s = SplitHeadsComptime { BB: bb, H: h, D: d };
         assembles_clean(&split_heads, s, "");
+        let kernel = format!("merge_heads BB={bb} H={h} D={d}");
+        let label = |b: usize| format!("b={b}");
         let mut rng = Rng::from_env();
-        for b in [1, 3, 2 * bb + 1] {
-            for dist in Dist::ALL {
-                let x = tensor(&mut rng, &[b, h, d], DType::F32, dist);
+        sweep(
+            &mut rng,
+            &kernel,
+            [1, 3, 2 * bb + 1],
+            &Dist::ALL,
+            label,
+            |rng, b, case| {
+                let x = tensor(rng, &[b, h, d], DType::F32, case.dist);
                 let mut y = poisoned(&[b, h * d], DType::F32);
                 let grid = merge_heads.grid(&c, [b, 1, 1]);
                 merge_heads
                     .interpret(&c, grid, &x, &mut y)
                     .expect("interpret");
-                let case = Case {
-                    kernel: format!("merge_heads BB={bb} H={h} D={d}"),
-                    shape: format!("b={b}"),
-                    dist,
-                    seed: rng.seed(),
-                };
-                assert_close(&case, &y, &merge_heads_ref(&x), tolerance(DType::F32));
+                assert_close(case, &y, &merge_heads_ref(&x), tolerance(DType::F32));
 
-                let x2 = tensor(&mut rng, &[b, h * d], DType::F32, dist);
+                let x2 = tensor(rng, &[b, h * d], DType::F32, case.dist);
                 let mut y2 = poisoned(&[b, h, d], DType::F32);
                 split_heads
                     .interpret(&s, grid, &x2, &mut y2)
                     .expect("interpret");
                 let case = Case {
                     kernel: format!("split_heads BB={bb} H={h} D={d}"),
-                    ..case
+                    ..case.clone()
                 };
                 assert_close(&case, &y2, &split_heads_ref(&x2, d), tolerance(DType::F32));
-            }
-        }
+            },
+        );
     }
 }
 
@@ -123,33 +126,34 @@ fn permute_heads_compiles_and_matches_reference() {
         let ir = kiln_ir::print::print_kernel(&k);
         assert!(ir.contains("[1, 0, 2]") && ir.contains("permute %"), "{ir}");
         assert!(ir.contains(&format!("rt<{dtype},{bb}x{bh}x{bd}>")), "{ir}");
+        let shapes = [
+            [1, 1, 1],
+            [3, 5, 7],
+            [2 * bb + 3, bh, bd],
+            [bb, bh - 1, bd - 1],
+        ]
+        .map(|[b, h, d]| [b, h.min(bh), d.min(bd)]);
+        let kernel = format!("permute_heads BB={bb} BH={bh} BD={bd} {dtype}");
         let mut rng = Rng::from_env();
-        for (b, h, d) in [
-            (1, 1, 1),
-            (3, 5, 7),
-            (2 * bb + 3, bh, bd),
-            (bb, bh - 1, bd - 1),
-        ] {
-            let (h, d) = (h.min(bh), d.min(bd));
-            for dist in Dist::ALL {
-                let x = tensor(&mut rng, &[b, h, d], dtype, dist);
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes,
+            &Dist::ALL,
+            dims,
+            |rng, [b, h, d], case| {
+                let x = tensor(rng, &[b, h, d], dtype, case.dist);
                 let mut hb = poisoned(&[h, b, d], dtype);
                 let mut bdh = poisoned(&[b, d, h], dtype);
                 let grid = permute_heads.grid(&c, [b, 1, 1]);
                 permute_heads
                     .interpret(&c, grid, &x, &mut hb, &mut bdh)
                     .expect("interpret");
-                let case = Case {
-                    kernel: format!("permute_heads BB={bb} BH={bh} BD={bd} {dtype}"),
-                    shape: format!("[{b}, {h}, {d}]"),
-                    dist,
-                    seed: rng.seed(),
-                };
                 let (rhb, rbdh) = permute_heads_ref(&x);
-                assert_close(&case, &hb, &rhb, 0.0);
-                assert_close(&case, &bdh, &rbdh, 0.0);
-            }
-        }
+                assert_close(case, &hb, &rhb, 0.0);
+                assert_close(case, &bdh, &rbdh, 0.0);
+            },
+        );
     }
 }
 
@@ -162,16 +166,23 @@ fn reductions_over_every_dimension_compile_and_match_reference() {
             BD: bd,
         };
         assembles_clean(&reduce_dims, c, "");
+        let shapes = [
+            [1, 1, 1],
+            [3, 5, 7],
+            [2 * bt + 1, bh, bd],
+            [bt, bh - 1, bd - 3],
+        ]
+        .map(|[t, h, d]| [t, h.min(bh), d.min(bd)]);
+        let kernel = format!("reduce_dims BT={bt} BH={bh} BD={bd}");
         let mut rng = Rng::from_env();
-        for (t, h, d) in [
-            (1, 1, 1),
-            (3, 5, 7),
-            (2 * bt + 1, bh, bd),
-            (bt, bh - 1, bd - 3),
-        ] {
-            let (h, d) = (h.min(bh), d.min(bd));
-            for dist in Dist::ALL {
-                let x = tensor(&mut rng, &[t, h, d], DType::F32, dist);
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes,
+            &Dist::ALL,
+            dims,
+            |rng, [t, h, d], case| {
+                let x = tensor(rng, &[t, h, d], DType::F32, case.dist);
                 let blocks = t.div_ceil(bt);
                 let mut s = poisoned(&[blocks, h, d], DType::F32);
                 let mut mx = poisoned(&[t, d], DType::F32);
@@ -180,18 +191,12 @@ fn reductions_over_every_dimension_compile_and_match_reference() {
                 reduce_dims
                     .interpret(&c, grid, &x, &mut s, &mut mx, &mut mn)
                     .expect("interpret");
-                let case = Case {
-                    kernel: format!("reduce_dims BT={bt} BH={bh} BD={bd}"),
-                    shape: format!("[{t}, {h}, {d}]"),
-                    dist,
-                    seed: rng.seed(),
-                };
                 let (rs, rmx, rmn) = reduce_dims_ref(&x, bt);
-                assert_close(&case, &s, &rs, sum_tolerance(bt));
-                assert_close(&case, &mx, &rmx, 0.0);
-                assert_close(&case, &mn, &rmn, 0.0);
-            }
-        }
+                assert_close(case, &s, &rs, sum_tolerance(bt));
+                assert_close(case, &mx, &rmx, 0.0);
+                assert_close(case, &mn, &rmn, 0.0);
+            },
+        );
     }
 }
 
@@ -204,29 +209,30 @@ fn rank_4_tiles_compile_and_match_reference() {
             BD: bd,
         };
         assembles_clean(&center_seq, c, "");
+        let shapes = [[1, 1, 1, 1], [3, 3, 5, 7], [2, bh, bs, bd]]
+            .map(|[b, h, s, d]| [b, h.min(bh), s.min(bs), d.min(bd)]);
+        let kernel = format!("center_seq BH={bh} BS={bs} BD={bd}");
         let mut rng = Rng::from_env();
-        for (b, h, s, d) in [(1, 1, 1, 1), (3, 3, 5, 7), (2, bh, bs, bd)] {
-            let (h, s, d) = (h.min(bh), s.min(bs), d.min(bd));
-            for dist in Dist::ALL {
-                let x = tensor(&mut rng, &[b, h, s, d], DType::F32, dist);
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes,
+            &Dist::ALL,
+            dims,
+            |rng, [b, h, s, d], case| {
+                let x = tensor(rng, &[b, h, s, d], DType::F32, case.dist);
                 let mut y = poisoned(&[b, h, s, d], DType::F32);
                 let grid = center_seq.grid(&c, [b, 1, 1]);
                 center_seq
                     .interpret(&c, grid, &x, &mut y)
                     .expect("interpret");
-                let case = Case {
-                    kernel: format!("center_seq BH={bh} BS={bs} BD={bd}"),
-                    shape: format!("[{b}, {h}, {s}, {d}]"),
-                    dist,
-                    seed: rng.seed(),
-                };
                 // Cancellation: the error is relative to the inputs, not the centred result.
                 let xn = x.to_f64_vec().iter().map(|v| v * v).sum::<f64>().sqrt();
                 let rn = center_seq_ref(&x).iter().map(|v| v * v).sum::<f64>().sqrt();
                 let tol = sum_tolerance(s) * (xn / rn.max(f64::MIN_POSITIVE)).max(1.0);
-                assert_close(&case, &y, &center_seq_ref(&x), tol);
-            }
-        }
+                assert_close(case, &y, &center_seq_ref(&x), tol);
+            },
+        );
     }
 }
 
@@ -239,25 +245,26 @@ fn leading_extents_that_are_no_power_of_two_compile_and_match_reference() {
             BD: bd,
         };
         assembles_clean(&sub_max_mid, c, "");
+        let shapes = [[1, 1, 1], [3, 50, 7], [2 * bb + 1, bs, bd]]
+            .map(|[b, s, d]| [b, s.min(bs), d.min(bd)]);
+        let kernel = format!("sub_max_mid BB={bb} BS={bs} BD={bd}");
         let mut rng = Rng::from_env();
-        for (b, s, d) in [(1, 1, 1), (3, 50, 7), (2 * bb + 1, bs, bd)] {
-            let (s, d) = (s.min(bs), d.min(bd));
-            for dist in Dist::ALL {
-                let x = tensor(&mut rng, &[b, s, d], DType::F32, dist);
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes,
+            &Dist::ALL,
+            dims,
+            |rng, [b, s, d], case| {
+                let x = tensor(rng, &[b, s, d], DType::F32, case.dist);
                 let mut y = poisoned(&[b, s, d], DType::F32);
                 let grid = sub_max_mid.grid(&c, [b, 1, 1]);
                 sub_max_mid
                     .interpret(&c, grid, &x, &mut y)
                     .expect("interpret");
-                let case = Case {
-                    kernel: format!("sub_max_mid BB={bb} BS={bs} BD={bd}"),
-                    shape: format!("[{b}, {s}, {d}]"),
-                    dist,
-                    seed: rng.seed(),
-                };
-                assert_close(&case, &y, &sub_max_mid_ref(&x), tolerance(DType::F32));
-            }
-        }
+                assert_close(case, &y, &sub_max_mid_ref(&x), tolerance(DType::F32));
+            },
+        );
     }
 }
 
@@ -274,27 +281,28 @@ fn register_transposes_compile_and_match_reference() {
             dtype,
         };
         assembles_clean(&transpose_tile, c, EXCHANGE);
+        let shapes = [[1, 1], [3, 5], [2 * bm + 1, bn + 3], [bm, 3 * bn]];
+        let kernel = format!("transpose_tile BM={bm} BN={bn} {dtype}");
         let mut rng = Rng::from_env();
-        for (m, n) in [(1, 1), (3, 5), (2 * bm + 1, bn + 3), (bm, 3 * bn)] {
-            for dist in Dist::ALL {
-                let x = tensor(&mut rng, &[m, n], dtype, dist);
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes,
+            &Dist::ALL,
+            dims,
+            |rng, [m, n], case| {
+                let x = tensor(rng, &[m, n], dtype, case.dist);
                 let mut y = poisoned(&[n, m], dtype);
                 let mut z = poisoned(&[n, 1, m], dtype);
                 let grid = transpose_tile.grid(&c, [m, n, 1]);
                 transpose_tile
                     .interpret(&c, grid, &x, &mut y, &mut z)
                     .expect("interpret");
-                let case = Case {
-                    kernel: format!("transpose_tile BM={bm} BN={bn} {dtype}"),
-                    shape: format!("[{m}, {n}]"),
-                    dist,
-                    seed: rng.seed(),
-                };
                 let (ry, rz) = transpose_tile_ref(&x);
-                assert_close(&case, &y, &as_stored(&ry, dtype), tolerance(dtype));
-                assert_close(&case, &z, &rz, 0.0);
-            }
-        }
+                assert_close(case, &y, &as_stored(&ry, dtype), tolerance(dtype));
+                assert_close(case, &z, &rz, 0.0);
+            },
+        );
     }
 }
 
@@ -307,28 +315,29 @@ fn lower_ranks_broadcast_by_numpys_rule() {
             BD: bd,
         };
         assembles_clean(&broadcast_ranks, c, "");
+        let shapes =
+            [[1, 1, 1], [3, 5, 7], [2 * bt + 1, bh, bd]].map(|[t, h, d]| [t, h.min(bh), d.min(bd)]);
+        let kernel = format!("broadcast_ranks BT={bt} BH={bh} BD={bd}");
         let mut rng = Rng::from_env();
-        for (t, h, d) in [(1, 1, 1), (3, 5, 7), (2 * bt + 1, bh, bd)] {
-            let (h, d) = (h.min(bh), d.min(bd));
-            for dist in Dist::ALL {
-                let x = tensor(&mut rng, &[t, h, d], DType::F32, dist);
-                let b = tensor(&mut rng, &[d], DType::F32, dist);
-                let g = tensor(&mut rng, &[h, d], DType::F32, dist);
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes,
+            &Dist::ALL,
+            dims,
+            |rng, [t, h, d], case| {
+                let x = tensor(rng, &[t, h, d], DType::F32, case.dist);
+                let b = tensor(rng, &[d], DType::F32, case.dist);
+                let g = tensor(rng, &[h, d], DType::F32, case.dist);
                 let mut y = poisoned(&[t, h, d], DType::F32);
                 let grid = broadcast_ranks.grid(&c, [t, 1, 1]);
                 broadcast_ranks
                     .interpret(&c, grid, &x, &b, &g, &mut y)
                     .expect("interpret");
-                let case = Case {
-                    kernel: format!("broadcast_ranks BT={bt} BH={bh} BD={bd}"),
-                    shape: format!("[{t}, {h}, {d}]"),
-                    dist,
-                    seed: rng.seed(),
-                };
                 let want = broadcast_ranks_ref(&x, &b, &g);
-                assert_close(&case, &y, &want, tolerance(DType::F32));
-            }
-        }
+                assert_close(case, &y, &want, tolerance(DType::F32));
+            },
+        );
     }
 }
 
@@ -412,28 +421,29 @@ fn loop_carried_3d_tiles_compile_and_match_reference() {
             BD: bd,
         };
         assembles_clean(&chunk_stats, c, "");
+        let shapes =
+            [[1, 1, 1], [3, 5, 7], [2 * bt + 1, bh, 3 * bd + 5]].map(|[t, h, d]| [t, h.min(bh), d]);
+        let kernel = format!("chunk_stats BT={bt} BH={bh} BD={bd}");
         let mut rng = Rng::from_env();
-        for (t, h, d) in [(1, 1, 1), (3, 5, 7), (2 * bt + 1, bh, 3 * bd + 5)] {
-            let h = h.min(bh);
-            for dist in Dist::ALL {
-                let x = tensor(&mut rng, &[t, h, d], DType::F32, dist);
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes,
+            &Dist::ALL,
+            dims,
+            |rng, [t, h, d], case| {
+                let x = tensor(rng, &[t, h, d], DType::F32, case.dist);
                 let mut s = poisoned(&[t, h], DType::F32);
                 let mut mx = poisoned(&[t, h], DType::F32);
                 let grid = chunk_stats.grid(&c, [t, 1, 1]);
                 chunk_stats
                     .interpret(&c, grid, &x, &mut s, &mut mx)
                     .expect("interpret");
-                let case = Case {
-                    kernel: format!("chunk_stats BT={bt} BH={bh} BD={bd}"),
-                    shape: format!("[{t}, {h}, {d}]"),
-                    dist,
-                    seed: rng.seed(),
-                };
                 let (rs, rm) = chunk_stats_ref(&x);
-                assert_close(&case, &s, &rs, sum_tolerance(d));
-                assert_close(&case, &mx, &rm, 0.0);
-            }
-        }
+                assert_close(case, &s, &rs, sum_tolerance(d));
+                assert_close(case, &mx, &rm, 0.0);
+            },
+        );
     }
 }
 

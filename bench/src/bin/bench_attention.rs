@@ -1,16 +1,6 @@
-//! kiln's `attention` example over the standard sweep (design.md §8): bf16, b*s = 16384
-//! tokens, h = 2048/d heads, s in {1k, 2k, 4k, 8k, 16k}, d in {64, 128} (and 256), causal and
-//! not (`--quick`: s in {1k, 4k}). FLOPs are 4*b*h*s*s*d, halved when causal.
-//!
-//! For each configuration: one run whose output (poisoned first) is checked on sampled query
-//! rows against an f64 reference, warm-up, then `--iters` runs each timed alone with CUDA
-//! events (behind a GPU hold: GPU time without the launch latency) over rotated input sets;
-//! the median is reported. For each (d, causal) it also reports the time from specialisation to PTX text (build + codegen) and to a loaded module
-//! (+ driver JIT), uncached, and the warm start: the same through a disk cache that holds the
-//! cubin (no JIT). The PyTorch peers run from `bench/peers.py`;
-//! `bench/run-attention.sh` runs both on the same GPU and merges them into one table.
-//! With `--autotune` each row's `autotune_timings` holds every candidate's median ms (or why it
-//! was skipped), from the autotuner's disk record.
+//! kiln's `attention` example over the standard sweep (design.md §8), each point checked
+//! against an f64 reference and timed alone behind a GPU hold, with the time to compile and
+//! load each specialisation; docs/benchmarking.md has the sweep, method and options.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;

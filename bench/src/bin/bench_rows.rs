@@ -1,18 +1,6 @@
 //! kiln's memory-bound row kernels, softmax, layer norm and RMS norm (`kiln_examples`), in
-//! GB/s: what each call must move (its inputs read once, its outputs written once) over its
-//! GPU time, kiln's alone from Rust (the comparison with PyTorch's kernels runs both in one
-//! process through the Python package: `bench/rows.py`, `bench/run-rows.sh`). The H200's HBM
-//! moves about 4.8 TB/s.
-//!
-//! Shapes `M x N`: 4096 x 8192, 8192 x 8192, 16384 x 4096, the tail 4096 x 4097 and the large
-//! 32768 x 8192 and 65536 x 4096 (`--quick`: 4096 x 8192), each in f32 and bf16; comptime
-//! values from `kiln_examples::rows::row_config`. Each configuration: one run checked against the f64
-//! reference on its first and last rows, warm-up, then `--iters` runs each timed alone with
-//! CUDA events behind a GPU hold, rotating over enough input sets to exceed twice the L2; the
-//! median is reported. `--set NAME=VALUE` overrides every kernel's comptime value of that name
-//! (`BM`, `BN`, `NW`). `--out PATH` writes every figure as JSON.
-//!
-//! Run on a GPU host: `.gpu/bin/bench_rows [--out OUT.json] [--quick]`.
+//! GB/s from Rust, each call timed alone behind a GPU hold; shapes, method and options are in
+//! docs/benchmarking.md. Run on a GPU host: `.gpu/bin/bench_rows [--out OUT.json] [--quick]`.
 
 use std::process::ExitCode;
 

@@ -1,19 +1,6 @@
 //! Addressed global accesses: masked loads with a fill value and gathers (`ld.global` under
 //! a per-element predicate), masked stores and scatters (`st.global`), and atomics
 //! (`atom`/`red`, or a `atom.cas` loop where the hardware has no such read-modify-write).
-//!
-//! Each thread addresses the elements its registers hold in the accessed tile's layout
-//! (the gather's result, the scatter's or atomic's values); index tiles and masks are read
-//! in the same layout, or broadcast along a dimension. An element is accessed only where
-//! every coordinate lies inside the tensor (unsigned compares, so negative indices are
-//! outside) and the mask holds. Where a thread's registers hold 16 consecutive bytes of a row
-//! (a row gather or scatter), one vector access moves them unless the group straddles an
-//! edge; adjacent 16-bit atomic adds pair into one packed `bf16x2`/`f16x2` add likewise.
-//!
-//! A layout may hold one element in several threads (a tile smaller than the block); an
-//! atomic then runs in one of them only, the one whose index has every replicating digit at
-//! zero, and the old values reach the others by shuffle (copies in other warps would need
-//! shared memory: a diagnostic).
 
 use std::collections::BTreeMap;
 
@@ -121,6 +108,19 @@ enum Part {
 
 impl Emitter<'_> {
     /// Writes a gather, scatter or atomic.
+    ///
+    /// Each thread addresses the elements its registers hold in the accessed tile's layout
+    /// (the gather's result, the scatter's or atomic's values); index tiles and masks are read
+    /// in the same layout, or broadcast along a dimension. An element is accessed only where
+    /// every coordinate lies inside the tensor (unsigned compares, so negative indices are
+    /// outside) and the mask holds. Where a thread's registers hold 16 consecutive bytes of a
+    /// row (a row gather or scatter), one vector access moves them unless the group straddles
+    /// an edge; adjacent 16-bit atomic adds pair into one packed `bf16x2`/`f16x2` add likewise.
+    ///
+    /// A layout may hold one element in several threads (a tile smaller than the block); an
+    /// atomic then runs in one of them only, the one whose index has every replicating digit
+    /// at zero, and the old values reach the others by shuffle (copies in other warps would
+    /// need shared memory: a diagnostic).
     pub(crate) fn write_access(&mut self, id: OpId) -> Result<(), CodegenError> {
         if self.write_staged_load(id)? {
             return Ok(());

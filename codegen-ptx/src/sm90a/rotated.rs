@@ -1,18 +1,6 @@
 //! sm_90a: the consumers' side of a ring loop the `overlap` pass rotated
-//! ([`kiln_ir::sched::Program::rotated`]).
-//!
-//! The loop is written as a prologue (iteration `t = 0`: block 0's head mma and code between),
-//! a steady loop (`t` in `1..trips`: block `t`'s head mma, block `t - 1`'s tail mma, block
-//! `t`'s code between under the tail) and an epilogue (`t = trips`: the last block's tail).
-//! Each section writes the ops of the consumers' iteration program that run in it
-//! ([`Op::runs_rotated`]), so the PTX is the program the `protocol_check` pass proved.
-//!
-//! The body's other ops (constants, index arithmetic on the induction variable, the stage
-//! loads) are written again in each part that reads them, bound to that part's iteration and
-//! stage. A warp skips the tail's rescale of the accumulator when all its factors are 1. The
-//! values of the code between that the tail reads (`P`, packed two elements per
-//! register, and the rescale factors) are handed to the next section's tail in registers of
-//! their own, after the tail that read the previous ones has completed.
+//! ([`kiln_ir::sched::Program::rotated`]): a prologue, a steady loop and an epilogue, each
+//! writing the ops of the consumers' iteration program that run in it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -75,8 +63,21 @@ struct Rotation<'s> {
 }
 
 impl Sm90a<'_, '_> {
-    /// Writes the consumers' rotated loop (see the module doc) with cursor `cursor`; hands
-    /// the cursor back.
+    /// Writes the consumers' rotated loop with cursor `cursor`; hands the cursor back.
+    ///
+    /// The loop is written as a prologue (iteration `t = 0`: block 0's head mma and code
+    /// between), a steady loop (`t` in `1..trips`: block `t`'s head mma, block `t - 1`'s tail
+    /// mma, block `t`'s code between under the tail) and an epilogue (`t = trips`: the last
+    /// block's tail). Each section writes the ops of the consumers' iteration program that run
+    /// in it ([`Op::runs_rotated`]), so the PTX is the program the `protocol_check` pass
+    /// proved.
+    ///
+    /// The body's other ops (constants, index arithmetic on the induction variable, the stage
+    /// loads) are written again in each part that reads them, bound to that part's iteration
+    /// and stage. A warp skips the tail's rescale of the accumulator when all its factors
+    /// are 1. The values of the code between that the tail reads (`P`, packed two elements
+    /// per register, and the rescale factors) are handed to the next section's tail in
+    /// registers of their own, after the tail that read the previous ones has completed.
     pub(super) fn rotated_loop(
         &mut self,
         consumer: &Role,

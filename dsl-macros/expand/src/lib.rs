@@ -1,14 +1,7 @@
-//! kiln-macros-expand: what kiln's attribute macros do, on `proc_macro2` token streams, so
-//! tests and the fuzzer can call it (`kiln-macros` is the proc-macro shell around it).
-//! `#[kernel]` turns a Rust function into a kiln kernel definition, and `#[kernel_fn]` makes
-//! a helper callable from kernels.
-//!
-//! The macro does not compile anything: it rewrites the body so that running it *traces* the
-//! kernel through `kiln::ir::dsl` (see that module), and generates a unit struct implementing
-//! `KernelDef` with typed `launch`/`interpret` methods, and the kernel's comptime struct.
-//! `#[comptime]` on a struct declares comptime parameters once for several kernels.
-//! `parse/` reads and checks the item, `generate/` writes tokens; the two mirror each other by
-//! file name.
+//! kiln-macros-expand: what kiln's attribute macros (`#[kernel]`, `#[kernel_fn]`,
+//! `#[comptime]`) do, on `proc_macro2` token streams, so tests and the fuzzer can call it
+//! (`kiln-macros` is the proc-macro shell around it). `parse/` reads and checks the item,
+//! `generate/` writes tokens; the two mirror each other by file name.
 //!
 //! **Architecture invariant:** the macro never panics on user input. Every unsupported
 //! construct is a `syn::Error` at its token; all are reported at once.
@@ -23,6 +16,10 @@ mod paths;
 
 /// The expansion of `#[kernel(args)] item` (see `kiln_macros::kernel`): the kernel
 /// definition, or spanned errors and a placeholder struct. Never panics.
+///
+/// The macro does not compile anything: it rewrites the body so that running it *traces* the
+/// kernel through `kiln::ir::dsl`, and generates a unit struct implementing `KernelDef` with
+/// typed `launch`/`interpret` methods, and the kernel's comptime struct.
 pub fn kernel(args: TokenStream, item: TokenStream) -> TokenStream {
     let args_result = syn::parse2::<parse::kernel::KernelArgs>(args);
     let item = match syn::parse2::<ItemFn>(item) {
@@ -52,7 +49,7 @@ pub fn kernel(args: TokenStream, item: TokenStream) -> TokenStream {
 
 /// The expansion of `#[comptime(args)] struct ..` (see `kiln_macros::comptime`): the struct
 /// with its comptime impls, or spanned errors and the struct as written (so code naming it
-/// keeps resolving). Never panics.
+/// keeps resolving). Never panics. It declares comptime parameters once for several kernels.
 pub fn comptime(args: TokenStream, item: TokenStream) -> TokenStream {
     let item = match syn::parse2::<ItemStruct>(item) {
         Ok(i) => i,
@@ -68,7 +65,8 @@ pub fn comptime(args: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
-/// The expansion of `#[kernel_fn(args)] item` (see `kiln_macros::kernel_fn`). Never panics.
+/// The expansion of `#[kernel_fn(args)] item` (see `kiln_macros::kernel_fn`), which makes a
+/// helper callable from kernels. Never panics.
 pub fn kernel_fn(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut item = match syn::parse2::<ItemFn>(item) {
         Ok(i) => i,

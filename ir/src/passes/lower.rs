@@ -1,18 +1,6 @@
-//! The `lower` pass: target-specific lowering plans.
-//!
-//! sm_80: for every `for` with `stages = Some(n)`, records in `kernel.schedule.loops` which
-//! loads of its body (those staged in shared memory, with coordinates computed from the
-//! induction variable and values defined before the loop) the writer issues `n - 1`
-//! iterations ahead as cp.async groups, and which register mma operands are read through
-//! shared memory ([`super::mma_operands`]). sm_90a: the same, except for the loop the
-//! `pipeline` pass scheduled as a TMA ring; a kernel with an mma it did not take (an mma
-//! outside any loop, in a nested or unpipelined loop, in a second mma loop, with operands
-//! wgmma does not read from a ring) is lowered the sm_80 way (mma.sync, cp.async), with a
-//! note saying why ([`crate::schedule::Note`]); its mmas whose shapes and operands wgmma
-//! reads run on wgmma without warp roles ([`super::wgmma_plain`]), each other one is noted.
-//! sm_100a: a kernel whose `mma`s are not all in rings (which the `tmem` pass lowers to
-//! tcgen05.mma) is reported as not implemented unless a tensor is not 16-byte aligned (then the sm_80 lowering is the documented fallback).
-//! Rewrites no op.
+//! The `lower` pass: target-specific lowering plans (which loads a loop issues ahead, which
+//! mma operands go through shared memory, which mmas run on which instruction), recorded in
+//! `kernel.schedule`. Rewrites no op.
 
 use std::collections::BTreeSet;
 
@@ -24,7 +12,21 @@ use crate::types::Shape;
 
 use super::walk::{all_aligned16, hoistable, ops_in_order};
 
-/// Records pipelining plans for sm_80; fails for targets without a backend.
+/// Records the lowering plans of `target`; fails for targets without a backend.
+///
+/// sm_80: for every `for` with `stages = Some(n)`, records in `kernel.schedule.loops` which
+/// loads of its body (those staged in shared memory, with coordinates computed from the
+/// induction variable and values defined before the loop) the writer issues `n - 1`
+/// iterations ahead as cp.async groups, and which register mma operands are read through
+/// shared memory ([`super::mma_operands`]). sm_90a: the same, except for the loop the
+/// `pipeline` pass scheduled as a TMA ring; a kernel with an mma it did not take (an mma
+/// outside any loop, in a nested or unpipelined loop, in a second mma loop, with operands
+/// wgmma does not read from a ring) is lowered the sm_80 way (mma.sync, cp.async), with a
+/// note saying why ([`crate::schedule::Note`]); its mmas whose shapes and operands wgmma
+/// reads run on wgmma without warp roles ([`super::wgmma_plain`]), each other one is noted.
+/// sm_100a: a kernel whose `mma`s are not all in rings (which the `tmem` pass lowers to
+/// tcgen05.mma) is reported as not implemented unless a tensor is not 16-byte aligned (then
+/// the sm_80 lowering is the documented fallback).
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     if target == Target::Sm100a {
         check_covered(kernel, target)?;

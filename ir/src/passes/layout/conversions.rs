@@ -1,22 +1,6 @@
 //! Layout conversions: where an op needs a tile in another layout than the one it was made
 //! in, a `convert` op gives it that layout (the backends move the elements between threads
-//! through shared memory). Layouts flow through the kernel as far as they can (the rules of
-//! the parent module); a conversion is left only where two of them meet:
-//! - an elementwise operand whose elements are in other threads than the result's (not
-//!   [`Distribution::broadcasts_to`] it) is converted to the result's layout (a broadcast
-//!   operand: to the result's layout sliced along the broadcast dimension);
-//! - `reshape` views its operand's registers in place, so the operand is converted to the
-//!   result's layout with the unit dimension added or removed;
-//! - a reduction's result must be its operand's layout sliced along the reduced dimension,
-//!   and a loop's (or branch's) carried values one layout throughout: the value made in
-//!   another layout is converted after it is made (a reduction's or a loop's result) or
-//!   before it is read (a loop's initial value, a yielded value);
-//! - an mma accumulates into its own result's layout;
-//! - a `take` reads its indices in its result's layout;
-//! - an addressed access (gather, scatter, atomic) reads its index tiles, mask and values in
-//!   the layout of the tile it accesses, and gives its result in it.
-//!
-//! Every kernel whose layouts already agree is left exactly as it was.
+//! through shared memory). Every kernel whose layouts already agree is left as it was.
 
 use std::collections::BTreeMap;
 
@@ -34,7 +18,25 @@ enum At {
     After(OpId),
 }
 
-/// Inserts the conversions (see the module doc); `layouts` gains the new values' layouts.
+/// Inserts the conversions; `layouts` gains the new values' layouts.
+///
+/// Layouts flow through the kernel as far as they can (the rules of the parent module); a
+/// conversion is left only where two of them meet:
+/// - an elementwise operand whose elements are in other threads than the result's (not
+///   [`Distribution::broadcasts_to`] it) is converted to the result's layout (a broadcast
+///   operand: to the result's layout sliced along the broadcast dimension);
+/// - `reshape` views its operand's registers in place, so the operand is converted to the
+///   result's layout with the unit dimension added or removed;
+/// - a reduction's result must be its operand's layout sliced along the reduced dimension,
+///   and a loop's (or branch's) carried values one layout throughout: the value made in
+///   another layout is converted after it is made (a reduction's or a loop's result) or
+///   before it is read (a loop's initial value, a yielded value);
+/// - an mma accumulates into its own result's layout;
+/// - a `take` reads its indices in its result's layout;
+/// - an addressed access (gather, scatter, atomic) reads its index tiles, mask and values in
+///   the layout of the tile it accesses, and gives its result in it.
+///
+/// Every kernel whose layouts already agree is left exactly as it was.
 pub(super) fn insert(kernel: &mut Kernel, layouts: &mut BTreeMap<ValueId, Layout>) {
     for id in ops_in_order(kernel) {
         let op = kernel.ops[id].clone();
