@@ -178,6 +178,31 @@ impl Type {
     }
 }
 
+impl Type {
+    /// The type in the DSL's words, for messages: `a 64x64 f32 tile`, `an i32 scalar` (the
+    /// IR's `rt<f32,64x64>` is for dumps).
+    pub fn words(&self) -> String {
+        let (lead, text) = match self {
+            Type::Scalar(d) => (d.to_string(), format!("{d} scalar")),
+            Type::Tile { dtype, shape } => (shape.to_string(), format!("{shape} {dtype} tile")),
+        };
+        format!("{} {text}", article(&lead))
+    }
+}
+
+/// `a` or `an` before `word` read aloud: "an f32", "an i32", "an 8x8", "an 11x64", "an
+/// 18x32"; "a u32", "a bf16", "a 64x64".
+fn article(word: &str) -> &'static str {
+    let digits: String = word.chars().take_while(char::is_ascii_digit).collect();
+    // Eleven and eighteen, alone or as thousands, millions (11, 18, 11000, ...).
+    let eleven = digits.len() % 3 == 2 && (digits.starts_with("11") || digits.starts_with("18"));
+    if eleven || word.starts_with(['f', 'i', '8']) {
+        "an"
+    } else {
+        "a"
+    }
+}
+
 impl fmt::Display for Type {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -257,3 +257,49 @@ fn later_stage_errors_name_memory_ops_in_the_dsls_words() {
         );
     }
 }
+
+/// An mma accumulated into a tile of the wrong shape: the builder's error.
+#[kernel(num_warps = 4)]
+fn mma_wrong_accumulator(a: Tensor<bf16, 2>, b: Tensor<bf16, 2>, out: TensorMut<f32, 2>) {
+    let x = a.tile([64, 32], [0, 0]).load();
+    let y = b.tile([32, 64], [0, 0]).load();
+    let acc = zeros::<f32>([64, 32]);
+    out.tile([64, 32], [0, 0]).store(mma_acc(&x, &y, &acc)); // MARK-acc
+}
+
+/// A tile stored into a tile view of another shape.
+#[kernel(num_warps = 4)]
+fn store_wrong_shape(x: Tensor<f32, 2>, out: TensorMut<f32, 2>) {
+    let t = x.tile([8, 64], [0, 0]).load();
+    out.tile([64, 64], [0, 0]).store(t); // MARK-store
+}
+
+/// A type error the builder finds is reported at the user's line in the DSL's words
+/// ("a 64x32 f32 tile"), not as an IR type (`rt<f32,64x32>`).
+#[test]
+fn builder_errors_name_types_in_the_dsls_words() {
+    for (text, line, words) in [
+        (
+            mma_wrong_accumulator
+                .build(&Spec::uniform((), mma_wrong_accumulator.signature(), true))
+                .map(drop)
+                .map_err(|d| (d.to_string(), d.loc)),
+            line_of("MARK-acc"),
+            "`mma` accumulator is a 64x32 f32 tile, expected a 64x64 f32 tile",
+        ),
+        (
+            store_wrong_shape
+                .build(&Spec::uniform((), store_wrong_shape.signature(), true))
+                .map(drop)
+                .map_err(|d| (d.to_string(), d.loc)),
+            line_of("MARK-store"),
+            "storing an 8x64 f32 tile into a 64x64 tile",
+        ),
+    ] {
+        let (shown, loc) = text.expect_err("the build fails");
+        eprintln!("{shown}");
+        assert_eq!((loc.file, loc.line), (file!(), line), "{shown}");
+        assert!(shown.contains(words), "expected `{words}` in: {shown}");
+        assert!(!shown.contains("rt<") && !shown.contains('%'), "prints IR: {shown}");
+    }
+}
