@@ -300,6 +300,57 @@ fn builder_errors_name_types_in_the_dsls_words() {
         eprintln!("{shown}");
         assert_eq!((loc.file, loc.line), (file!(), line), "{shown}");
         assert!(shown.contains(words), "expected `{words}` in: {shown}");
-        assert!(!shown.contains("rt<") && !shown.contains('%'), "prints IR: {shown}");
+        assert!(
+            !shown.contains("rt<") && !shown.contains('%'),
+            "prints IR: {shown}"
+        );
+    }
+}
+
+/// A 128x256 f32 accumulator on one warp: 1024 registers a thread.
+#[kernel(num_warps = 1)]
+fn one_warp_wide_accumulator(a: Tensor<bf16, 2>, b: Tensor<bf16, 2>, out: TensorMut<f32, 2>) {
+    let mut acc = zeros::<f32>([128, 256]);
+    for k in 0..cdiv(a.dim(1), 32) {
+        let x = a.tile([128, 32], [0, k * 32]).load();
+        let y = b.tile([32, 256], [k * 32, 0]).load();
+        acc = mma_acc(&x, &y, &acc); // MARK-wide-acc
+    }
+    out.tile([128, 256], [0, 0]).store(acc);
+}
+
+/// An accumulator no thread can hold is an error at the mma's line, naming the tile,
+/// `num_warps` and the limit, on sm_80 and sm_90a, at once (not a ptxas run of minutes).
+/// (sm_100a keeps accumulators in tensor memory and lowers only TMA rings.)
+#[test]
+fn an_accumulator_beyond_a_threads_registers_errs_at_the_mma() {
+    let k = build(&one_warp_wide_accumulator);
+    for t in [Target::Sm80, Target::Sm90a] {
+        let start = std::time::Instant::now();
+        let e = kiln_ptx::compile(&k, t).expect_err("no thread holds it");
+        assert!(
+            start.elapsed().as_secs() < 10,
+            "{}: took {:?}",
+            t.name(),
+            start.elapsed()
+        );
+        let shown = e.to_string();
+        eprintln!("{}: {shown}", t.name());
+        let d = e.diagnostic();
+        assert_eq!(
+            (d.loc.file, d.loc.line),
+            (file!(), line_of("MARK-wide-acc")),
+            "{shown}"
+        );
+        for words in [
+            "a 128x256 f32 tile",
+            "1024 registers a thread over its one warp",
+            "num_warps = 1",
+            "255 registers",
+            "`num_warps = 8`",
+        ] {
+            assert!(shown.contains(words), "expected `{words}` in: {shown}");
+        }
+        assert_ne!(e.kind(), kiln::ir::DiagKind::Internal, "{shown}");
     }
 }

@@ -169,7 +169,11 @@ fn wrong_result_type_is_reported() {
     k.values[s.add].ty = Type::tile(DType::F32, &[8]);
     let e = errors(&k);
     let add_op = k.ops[s.if_op].regions[0].ops[0];
-    assert_has(&e, add_op, "results are (an 8 f32 tile), expected (a 16 f32 tile)");
+    assert_has(
+        &e,
+        add_op,
+        "results are (an 8 f32 tile), expected (a 16 f32 tile)",
+    );
     // The changed value also flows into the then-branch's yield.
     let then_yield = *k.ops[s.if_op].regions[0].ops.last().unwrap();
     assert_has(&e, then_yield, "yields (an 8 f32 tile)");
