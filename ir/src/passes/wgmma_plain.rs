@@ -91,8 +91,63 @@ pub fn plan(kernel: &mut Kernel, ring: &BTreeSet<OpId>) {
         }
         reads.insert(id, buffers);
     }
-    // A boxed buffer is read by wgmma only: drop every mma reading one that an mma on
-    // mma.sync reads too, until none is left.
+    drop_boxed_conflicts(kernel, &mmas, &reads, &mut taken, &mut notes);
+    held.retain(|m, _| taken.contains(m));
+    drop_unread_held(kernel, &held);
+    if !held.is_empty() && !place(kernel, &taken, &reads) {
+        // The held operands' buffers are what does not fit: their mmas keep A in registers
+        // on mma.sync, and the others are placed without them.
+        for &m in held.keys() {
+            taken.remove(&m);
+            notes.insert(
+                m,
+                "its A operand, a tile loaded into registers before its loop, would be staged \
+                 once in shared memory for wgmma, which does not fit beside the other shared \
+                 tiles"
+                    .into(),
+            );
+        }
+        held.clear();
+        drop_unread_held(kernel, &held);
+        drop_boxed_conflicts(kernel, &mmas, &reads, &mut taken, &mut notes);
+    }
+    for (id, why) in notes {
+        let loc = kernel.ops[id].loc;
+        kernel.schedule.notes.push(Note {
+            loc,
+            text: format!("sm_90a: this mma is lowered with mma.sync, not wgmma: {why}"),
+        });
+    }
+    if taken.is_empty() {
+        return;
+    }
+    if !place(kernel, &taken, &reads) {
+        // The 1024-byte alignment would not fit: the buffers stay as they were, and no
+        // operand is staged for a wgmma.
+        drop_unread_held(kernel, &BTreeMap::new());
+        for &id in &taken {
+            let loc = kernel.ops[id].loc;
+            kernel.schedule.notes.push(Note {
+                loc,
+                text: "sm_90a: this mma is lowered with mma.sync, not wgmma: the shared tiles \
+                       wgmma reads, each aligned to 1024 bytes, would not fit in shared memory"
+                    .into(),
+            });
+        }
+        return;
+    }
+    kernel.schedule.wgmma = taken;
+}
+
+/// A boxed buffer is read by wgmma only: drops from `taken` every mma reading one that an
+/// mma on mma.sync reads too, until none is left, noting why.
+fn drop_boxed_conflicts(
+    kernel: &Kernel,
+    mmas: &[OpId],
+    reads: &BTreeMap<OpId, Vec<Buffer>>,
+    taken: &mut BTreeSet<OpId>,
+    notes: &mut BTreeMap<OpId, String>,
+) {
     loop {
         let on_sync: BTreeSet<Buffer> = mmas
             .iter()
@@ -109,7 +164,7 @@ pub fn plan(kernel: &mut Kernel, ring: &BTreeSet<OpId>) {
             })
             .collect();
         if dropped.is_empty() {
-            break;
+            return;
         }
         for m in dropped {
             taken.remove(&m);
@@ -121,48 +176,6 @@ pub fn plan(kernel: &mut Kernel, ring: &BTreeSet<OpId>) {
             );
         }
     }
-    held.retain(|m, _| taken.contains(m));
-    drop_unread_held(kernel, &held);
-    if !held.is_empty() && !place(kernel, &taken, &reads) {
-        // The held operands' buffers are what does not fit: their mmas keep A in registers
-        // on mma.sync, and the others are placed without them.
-        for (&m, _) in &held {
-            taken.remove(&m);
-            notes.insert(
-                m,
-                "its A operand, a tile loaded into registers before its loop, would be staged \
-                 once in shared memory for wgmma, which does not fit beside the other shared \
-                 tiles"
-                    .into(),
-            );
-        }
-        held.clear();
-        drop_unread_held(kernel, &held);
-    }
-    for (id, why) in notes {
-        let loc = kernel.ops[id].loc;
-        kernel.schedule.notes.push(Note {
-            loc,
-            text: format!("sm_90a: this mma is lowered with mma.sync, not wgmma: {why}"),
-        });
-    }
-    if taken.is_empty() {
-        return;
-    }
-    if !place(kernel, &taken, &reads) {
-        // The 1024-byte alignment would not fit: the buffers stay as they were.
-        for &id in &taken {
-            let loc = kernel.ops[id].loc;
-            kernel.schedule.notes.push(Note {
-                loc,
-                text: "sm_90a: this mma is lowered with mma.sync, not wgmma: the shared tiles \
-                       wgmma reads, each aligned to 1024 bytes, would not fit in shared memory"
-                    .into(),
-            });
-        }
-        return;
-    }
-    kernel.schedule.wgmma = taken;
 }
 
 /// Boxes the buffers the `taken` mmas read that need it and lays every buffer out again
