@@ -34,7 +34,11 @@ fn assemble<D: KernelDef<Comptime = DecodeParams>>(
         let jit = target == Target::Sm90a && ptxas::find(Tool::JitPtxas).is_ok();
         let tools = [Some(Tool::Ptxas), jit.then_some(Tool::JitPtxas)];
         for tool in tools.into_iter().flatten() {
-            let what = format!("{} {p:?} on {target} ({})", def.name(), tool.name());
+            let by = match tool {
+                Tool::JitPtxas => "the driver JIT's ptxas",
+                _ => "ptxas",
+            };
+            let what = format!("{} {p:?} on {target} ({by})", def.name());
             let r = ptxas::check_with(tool, &m.ptx, target).map_err(|e| format!("{what}: {e}"))?;
             println!("{what}: {r}");
             if r.spills() {
