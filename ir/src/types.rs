@@ -253,3 +253,27 @@ pub(crate) fn check_shape(s: &Shape) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{DType, Type};
+
+    /// Types in messages read as the DSL's words, with the article their spoken form takes.
+    #[test]
+    fn types_read_in_the_dsls_words() {
+        for (ty, words) in [
+            (Type::tile(DType::F32, &[64, 64]), "a 64x64 f32 tile"),
+            (Type::tile(DType::Bf16, &[8, 64]), "an 8x64 bf16 tile"),
+            (Type::tile(DType::I32, &[128]), "a 128 i32 tile"),
+            (Type::tile(DType::F16, &[11, 32]), "an 11x32 f16 tile"),
+            (Type::tile(DType::F16, &[18]), "an 18 f16 tile"),
+            (Type::tile(DType::F32, &[1100]), "a 1100 f32 tile"),
+            (Type::Scalar(DType::I32), "an i32 scalar"),
+            (Type::Scalar(DType::F32), "an f32 scalar"),
+            (Type::Scalar(DType::U32), "a u32 scalar"),
+            (Type::Scalar(DType::Bool), "a bool scalar"),
+        ] {
+            assert_eq!(ty.words(), words);
+        }
+    }
+}
