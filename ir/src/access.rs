@@ -42,13 +42,17 @@ pub(crate) fn scalar_atomic_types(
     }
     for (d, t) in operands[..rank].iter().enumerate() {
         if *t != Type::Scalar(DType::I32) {
-            return Err(format!("coordinate {d} is {t}, expected a scalar i32"));
+            return Err(format!(
+                "coordinate {d} is {}, expected an i32 scalar",
+                t.words()
+            ));
         }
     }
     for t in &operands[rank..] {
         if *t != Type::Scalar(dtype) {
             return Err(format!(
-                "a scalar atomic on a {dtype} tensor takes scalar {dtype} values, found {t}"
+                "a scalar atomic on a {dtype} tensor takes {dtype} scalars, found {}",
+                t.words()
             ));
         }
     }
@@ -120,10 +124,9 @@ pub(crate) fn result_types(
         }
         _ => {
             let value = &rest[usize::from(cas)];
-            let shape = value
-                .shape()
-                .cloned()
-                .ok_or_else(|| format!("`{what}` needs a tile of values, found scalar {value}"))?;
+            let shape = value.shape().cloned().ok_or_else(|| {
+                format!("`{what}` needs a tile of values, found {}", value.words())
+            })?;
             if value.dtype() != dtype {
                 return Err(format!(
                     "writing a {} tile into a {dtype} tensor; cast it with `.cast::<{dtype}>()` first",
@@ -135,7 +138,8 @@ pub(crate) fn result_types(
                 && (c.dtype() != dtype || !broadcasts(c, &shape))
             {
                 return Err(format!(
-                    "the compare operand of `atomic_cas` is {c}, expected {dtype} broadcast to {shape}"
+                    "the compare operand of `atomic_cas` is {}, expected {dtype} broadcast to {shape}",
+                    c.words()
                 ));
             }
             (
@@ -149,7 +153,8 @@ pub(crate) fn result_types(
         && (m.dtype() != DType::Bool || !broadcasts(m, &shape))
     {
         return Err(format!(
-            "the mask is {m}, expected a bool scalar or tile that broadcasts to the {shape} tile"
+            "the mask is {}, expected a bool scalar or tile that broadcasts to the {shape} tile",
+            m.words()
         ));
     }
     check_addresses(access, &operands[..rank], &shape)?;
@@ -175,16 +180,21 @@ fn check_addresses(access: &Access, addr: &[Type], shape: &Shape) -> Result<(), 
     for (d, (a, t)) in access.dims.iter().zip(addr).enumerate() {
         match a {
             Addr::Coord if *t != Type::Scalar(DType::I32) => {
-                return Err(format!("coordinate {d} is {t}, expected a scalar i32"));
+                return Err(format!(
+                    "coordinate {d} is {}, expected an i32 scalar",
+                    t.words()
+                ));
             }
             Addr::Index if t.dtype() != DType::I32 || t.shape().is_none() => {
                 return Err(format!(
-                    "the index of dimension {d} is {t}, expected an i32 tile"
+                    "the index of dimension {d} is {}, expected an i32 tile",
+                    t.words()
                 ));
             }
             Addr::Index if !broadcasts(t, shape) => {
                 return Err(format!(
-                    "the index tile of dimension {d} is {t}, which does not broadcast to the {shape} tile"
+                    "the index tile of dimension {d} is {}, which does not broadcast to the {shape} tile",
+                    t.words()
                 ));
             }
             _ => {}

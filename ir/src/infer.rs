@@ -36,7 +36,7 @@ pub fn result_types(
                 _ => false,
             };
             if !ok || ty.shape().is_some() {
-                return Err(format!("constant {c} cannot have type {ty}"));
+                return Err(format!("constant {c} cannot be {}", ty.words()));
             }
             Ok(vec![ty])
         }
@@ -158,7 +158,7 @@ pub fn result_types(
                     dtype: *d,
                     shape: shape.clone(),
                 }]),
-                t => Err(format!("`splat` takes a scalar, found {t}")),
+                t => Err(format!("`splat` takes a scalar, found {}", t.words())),
             }
         }
         OpKind::Iota { shape, dim } => {
@@ -215,7 +215,7 @@ pub fn result_types(
             if operands[1].dtype() != DType::I32 {
                 return Err(format!(
                     "the indices of `take` are {}, expected an i32 tile",
-                    operands[1]
+                    operands[1].words()
                 ));
             }
             if *dim >= xs.rank() {
@@ -231,8 +231,8 @@ pub fn result_types(
             }
             if operands[2] != Type::Scalar(dtype) {
                 return Err(format!(
-                    "the fill value of `take` is {}, expected a scalar {dtype}",
-                    operands[2]
+                    "the fill value of `take` is {}, expected a {dtype} scalar",
+                    operands[2].words()
                 ));
             }
             Ok(vec![Type::Tile {
@@ -309,8 +309,9 @@ pub fn result_types(
             let out = Type::tile(DType::F32, &[a.0[0], b.0[1]]);
             if n == 3 && operands[2] != out {
                 return Err(format!(
-                    "`mma` accumulator is {}, expected {out}",
-                    operands[2]
+                    "`mma` accumulator is {}, expected {} (the product's rows by its columns)",
+                    operands[2].words(),
+                    out.words()
                 ));
             }
             Ok(vec![out])
@@ -375,8 +376,8 @@ pub fn result_types(
                 }
                 check_coords(&operands[rank + 1..]).map_err(|_| {
                     format!(
-                        "the store's limit is {}, expected a scalar i32",
-                        operands[rank + 1]
+                        "the store's limit is {}, expected an i32 scalar",
+                        operands[rank + 1].words()
                     )
                 })?;
             }
@@ -404,8 +405,8 @@ pub fn result_types(
             want(1)?;
             if operands[0] != Type::Scalar(DType::Bool) {
                 return Err(format!(
-                    "the condition of `if` is {}, expected a scalar bool",
-                    operands[0]
+                    "the condition of `if` is {}, expected a bool scalar",
+                    operands[0].words()
                 ));
             }
             // The results are the yielded values' types; the builder declares them and the
@@ -433,12 +434,14 @@ pub fn result_types(
                                 .all(|(&x, &n)| (x as usize) < n) => {}
                     (Some(_), Some(idx)) => {
                         return Err(format!(
-                            "print argument {i}: element {idx:?} is outside the {ty} tile"
+                            "print argument {i}: element {idx:?} is outside {}",
+                            ty.words()
                         ));
                     }
                     (Some(_), None) => {
                         return Err(format!(
-                            "print argument {i} is a {ty} tile: print one element with `at(&tile, [..])`"
+                            "print argument {i} is {}: print one element with `at(&tile, [..])`",
+                            ty.words()
                         ));
                     }
                     (None, Some(_)) => {
@@ -454,7 +457,10 @@ pub fn result_types(
 fn check_coords(ops: &[Type]) -> Result<(), String> {
     for (i, t) in ops.iter().enumerate() {
         if *t != Type::Scalar(DType::I32) {
-            return Err(format!("index {i} is {t}, expected a scalar i32"));
+            return Err(format!(
+                "index {i} is {}, expected an i32 scalar",
+                t.words()
+            ));
         }
     }
     Ok(())
@@ -462,7 +468,7 @@ fn check_coords(ops: &[Type]) -> Result<(), String> {
 
 fn tile_shape<'a>(t: &'a Type, what: &str) -> Result<&'a Shape, String> {
     t.shape()
-        .ok_or_else(|| format!("`{what}` needs a tile, found scalar {t}"))
+        .ok_or_else(|| format!("`{what}` needs a tile, found {}", t.words()))
 }
 
 fn broadcast(a: &Type, b: &Type) -> Result<Option<Shape>, String> {

@@ -50,14 +50,19 @@ pub fn print_kernel(kernel: &Kernel) -> String {
         let b = &st.buffer;
         let _ = writeln!(
             out,
-            "  smem @{} : {} B (row {} B{}) staging {}{} for {}",
+            "  smem @{} : {} B (row {} B{}) staging {}{} for {}{}",
             b.offset,
             b.stage_bytes,
             b.row_bytes,
             if b.swizzled { ", swizzled" } else { "" },
             st.source,
             if st.transposed { ".t" } else { "" },
-            b.load
+            b.load,
+            if st.at_source {
+                ", once where loaded"
+            } else {
+                ""
+            }
         );
     }
     for n in &kernel.schedule.notes {

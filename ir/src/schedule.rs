@@ -575,7 +575,8 @@ impl SmemBuffer {
 /// mma's warp grid gives, or the transpose of a register tile. Before each mma reading it,
 /// every thread writes its elements into the buffer, row-major and swizzled as a staged load;
 /// the mma then reads it with `ldmatrix` (`.trans` where the stored rows run along K for A or
-/// along N for B).
+/// along N for B). Written once where it is loaded instead (`at_source`): an sm_90a wgmma's
+/// A loaded into registers before the loop of its wgmmas ([`crate::passes::wgmma_plain`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StagedOperand {
     /// The operand as the mma reads it.
@@ -586,6 +587,10 @@ pub struct StagedOperand {
     pub transposed: bool,
     /// Its buffer: one stage, `load` naming the first mma that reads it.
     pub buffer: SmemBuffer,
+    /// Written once, right after the op defining `source`, and read from there by every
+    /// wgmma of `wgmma` reading `operand` (other readers keep reading the registers); else
+    /// written before each mma reading it.
+    pub at_source: bool,
 }
 
 /// A lowering decision the user may want to know about (a loop kept off the warp-specialised
@@ -649,9 +654,20 @@ impl Schedule {
         self.buffers.iter().find(|b| b.load == load)
     }
 
-    /// How `operand`, an mma operand in registers, is staged in shared memory, if it is.
+    /// How `operand`, an mma operand in registers, is staged in shared memory before each
+    /// mma reading it, if it is.
     pub fn staged(&self, operand: ValueId) -> Option<&StagedOperand> {
-        self.staged.iter().find(|s| s.operand == operand)
+        self.staged
+            .iter()
+            .find(|s| s.operand == operand && !s.at_source)
+    }
+
+    /// How `operand`, a register tile, is written once into shared memory where it is
+    /// defined, for the wgmmas that read it, if it is ([`StagedOperand::at_source`]).
+    pub fn staged_at_source(&self, operand: ValueId) -> Option<&StagedOperand> {
+        self.staged
+            .iter()
+            .find(|s| s.operand == operand && s.at_source)
     }
 }
 

@@ -178,6 +178,31 @@ impl Type {
     }
 }
 
+impl Type {
+    /// The type in the DSL's words, for messages: `a 64x64 f32 tile`, `an i32 scalar` (the
+    /// IR's `rt<f32,64x64>` is for dumps).
+    pub fn words(&self) -> String {
+        let (lead, text) = match self {
+            Type::Scalar(d) => (d.to_string(), format!("{d} scalar")),
+            Type::Tile { dtype, shape } => (shape.to_string(), format!("{shape} {dtype} tile")),
+        };
+        format!("{} {text}", article(&lead))
+    }
+}
+
+/// `a` or `an` before `word` read aloud: "an f32", "an i32", "an 8x8", "an 11x64", "an
+/// 18x32"; "a u32", "a bf16", "a 64x64".
+fn article(word: &str) -> &'static str {
+    let digits: String = word.chars().take_while(char::is_ascii_digit).collect();
+    // Eleven and eighteen, alone or as thousands, millions (11, 18, 11000, ...).
+    let eleven = digits.len() % 3 == 2 && (digits.starts_with("11") || digits.starts_with("18"));
+    if eleven || word.starts_with(['f', 'i', '8']) {
+        "an"
+    } else {
+        "a"
+    }
+}
+
 impl fmt::Display for Type {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -227,4 +252,28 @@ pub(crate) fn check_shape(s: &Shape) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DType, Type};
+
+    /// Types in messages read as the DSL's words, with the article their spoken form takes.
+    #[test]
+    fn types_read_in_the_dsls_words() {
+        for (ty, words) in [
+            (Type::tile(DType::F32, &[64, 64]), "a 64x64 f32 tile"),
+            (Type::tile(DType::Bf16, &[8, 64]), "an 8x64 bf16 tile"),
+            (Type::tile(DType::I32, &[128]), "a 128 i32 tile"),
+            (Type::tile(DType::F16, &[11, 32]), "an 11x32 f16 tile"),
+            (Type::tile(DType::F16, &[18]), "an 18 f16 tile"),
+            (Type::tile(DType::F32, &[1100]), "a 1100 f32 tile"),
+            (Type::Scalar(DType::I32), "an i32 scalar"),
+            (Type::Scalar(DType::F32), "an f32 scalar"),
+            (Type::Scalar(DType::U32), "a u32 scalar"),
+            (Type::Scalar(DType::Bool), "a bool scalar"),
+        ] {
+            assert_eq!(ty.words(), words);
+        }
+    }
 }

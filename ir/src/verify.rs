@@ -333,10 +333,7 @@ impl Verifier<'_> {
 }
 
 fn list(tys: &[Type]) -> String {
-    tys.iter()
-        .map(|t| t.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
+    tys.iter().map(Type::words).collect::<Vec<_>>().join(", ")
 }
 
 /// The printed kernel with each error on a line of its own under its op's line.

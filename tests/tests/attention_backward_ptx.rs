@@ -12,6 +12,7 @@ use kiln_examples::attention_backward::{
 use kiln_ir::DType;
 use kiln_ir::Target;
 use kiln_ir::dsl::{KernelDecl, KernelDef, Spec};
+use kiln_tests::codegen;
 
 /// Compiles `def` with `p` for both targets, aligned and not: `Err` naming the first compile
 /// that fails or spills, else the most registers a compile used.
@@ -104,11 +105,13 @@ fn failures(d: usize) -> Vec<String> {
     failures
 }
 
-/// The compile known to spill, an open bug: the varlen preprocess at d = 256 with every
-/// feature on sm_90a, where ptxas stops at 96 registers unasked (five blocks of 128 threads)
-/// and spills 4 bytes. Every dK/dV and dQ kernel assembles without a spill (on sm_90a their
-/// mmas run on wgmma). A failure not in this list fails the test, and so does a listed one
-/// that no longer fails.
+/// The compile known to spill, an open bug: the varlen preprocess at d = 256 in f16 with dQ
+/// accumulated (not deterministic) on sm_90a, where ptxas stops at 96 registers unasked and
+/// spills 4 bytes. It is no local array: ptxas's own occupancy choice for a kernel that
+/// declares only `.maxntid 128` (the same PTX with `.minnctapersm 1` or `.maxnreg 128`
+/// assembles in 100 registers without a spill; the bf16 form takes 102 unasked). Every
+/// dK/dV and dQ kernel assembles without a spill (on sm_90a their mmas run on wgmma). A
+/// failure not in this list fails the test, and so does a listed one that no longer fails.
 fn known(failure: &str) -> bool {
     failure.starts_with("attention_bwd_preprocess_varlen AttentionBwdParams { d: 256")
         && failure.contains("on sm_90a, aligned true spills: registers 96,")
@@ -117,17 +120,7 @@ fn known(failure: &str) -> bool {
 /// Asserts that the failures of head dim `d` are the known ones, and that some are if
 /// `expect_known`.
 fn assert_only_known(d: usize, expect_known: bool) {
-    let (known, unknown): (Vec<String>, Vec<String>) =
-        failures(d).into_iter().partition(|f| known(f));
-    for f in &known {
-        println!("known: {f}");
-    }
-    assert!(unknown.is_empty(), "{}", unknown.join("\n"));
-    assert_eq!(
-        !known.is_empty(),
-        expect_known,
-        "the known failures changed: {known:?}"
-    );
+    codegen::assert_only_known(failures(d), known, expect_known);
 }
 
 #[test]
@@ -165,12 +158,7 @@ fn head_dim_256_assembles_without_spills() {
             failures.extend(all_kernels(AttentionBwdParams { deterministic, ..p }));
         }
     }
-    let (known, unknown): (Vec<&String>, Vec<&String>) = failures.iter().partition(|f| known(f));
-    for f in &known {
-        println!("known: {f}");
-    }
-    assert!(unknown.is_empty(), "{unknown:?}");
-    assert!(!known.is_empty(), "the known failures changed");
+    codegen::assert_only_known(failures, known, true);
 }
 
 #[test]

@@ -257,3 +257,100 @@ fn later_stage_errors_name_memory_ops_in_the_dsls_words() {
         );
     }
 }
+
+/// An mma accumulated into a tile of the wrong shape: the builder's error.
+#[kernel(num_warps = 4)]
+fn mma_wrong_accumulator(a: Tensor<bf16, 2>, b: Tensor<bf16, 2>, out: TensorMut<f32, 2>) {
+    let x = a.tile([64, 32], [0, 0]).load();
+    let y = b.tile([32, 64], [0, 0]).load();
+    let acc = zeros::<f32>([64, 32]);
+    out.tile([64, 32], [0, 0]).store(mma_acc(&x, &y, &acc)); // MARK-acc
+}
+
+/// A tile stored into a tile view of another shape.
+#[kernel(num_warps = 4)]
+fn store_wrong_shape(x: Tensor<f32, 2>, out: TensorMut<f32, 2>) {
+    let t = x.tile([8, 64], [0, 0]).load();
+    out.tile([64, 64], [0, 0]).store(t); // MARK-store
+}
+
+/// A type error the builder finds is reported at the user's line in the DSL's words
+/// ("a 64x32 f32 tile"), not as an IR type (`rt<f32,64x32>`).
+#[test]
+fn builder_errors_name_types_in_the_dsls_words() {
+    for (text, line, words) in [
+        (
+            mma_wrong_accumulator
+                .build(&Spec::uniform((), mma_wrong_accumulator.signature(), true))
+                .map(drop)
+                .map_err(|d| (d.to_string(), d.loc)),
+            line_of("MARK-acc"),
+            "`mma` accumulator is a 64x32 f32 tile, expected a 64x64 f32 tile",
+        ),
+        (
+            store_wrong_shape
+                .build(&Spec::uniform((), store_wrong_shape.signature(), true))
+                .map(drop)
+                .map_err(|d| (d.to_string(), d.loc)),
+            line_of("MARK-store"),
+            "storing an 8x64 f32 tile into a 64x64 tile",
+        ),
+    ] {
+        let (shown, loc) = text.expect_err("the build fails");
+        eprintln!("{shown}");
+        assert_eq!((loc.file, loc.line), (file!(), line), "{shown}");
+        assert!(shown.contains(words), "expected `{words}` in: {shown}");
+        assert!(
+            !shown.contains("rt<") && !shown.contains('%'),
+            "prints IR: {shown}"
+        );
+    }
+}
+
+/// A 128x256 f32 accumulator on one warp: 1024 registers a thread.
+#[kernel(num_warps = 1)]
+fn one_warp_wide_accumulator(a: Tensor<bf16, 2>, b: Tensor<bf16, 2>, out: TensorMut<f32, 2>) {
+    let mut acc = zeros::<f32>([128, 256]);
+    for k in 0..cdiv(a.dim(1), 32) {
+        let x = a.tile([128, 32], [0, k * 32]).load();
+        let y = b.tile([32, 256], [k * 32, 0]).load();
+        acc = mma_acc(&x, &y, &acc); // MARK-wide-acc
+    }
+    out.tile([128, 256], [0, 0]).store(acc);
+}
+
+/// An accumulator no thread can hold is an error at the mma's line, naming the tile,
+/// `num_warps` and the limit, on sm_80 and sm_90a, at once (not a ptxas run of minutes).
+/// (sm_100a keeps accumulators in tensor memory and lowers only TMA rings.)
+#[test]
+fn an_accumulator_beyond_a_threads_registers_errs_at_the_mma() {
+    let k = build(&one_warp_wide_accumulator);
+    for t in [Target::Sm80, Target::Sm90a] {
+        let start = std::time::Instant::now();
+        let e = kiln_ptx::compile(&k, t).expect_err("no thread holds it");
+        assert!(
+            start.elapsed().as_secs() < 10,
+            "{}: took {:?}",
+            t.name(),
+            start.elapsed()
+        );
+        let shown = e.to_string();
+        eprintln!("{}: {shown}", t.name());
+        let d = e.diagnostic();
+        assert_eq!(
+            (d.loc.file, d.loc.line),
+            (file!(), line_of("MARK-wide-acc")),
+            "{shown}"
+        );
+        for words in [
+            "a 128x256 f32 tile",
+            "1024 registers a thread over its one warp",
+            "num_warps = 1",
+            "255 registers",
+            "`num_warps = 8`",
+        ] {
+            assert!(shown.contains(words), "expected `{words}` in: {shown}");
+        }
+        assert_ne!(e.kind(), kiln::ir::DiagKind::Internal, "{shown}");
+    }
+}

@@ -138,7 +138,7 @@ fn bounded_stores_and_scalar_loads_report_misuse_at_the_call() {
             &bounded_by_a_float,
             "MARK-float-limit",
             "store_bounded",
-            "limit is f32, expected a scalar i32",
+            "limit is an f32 scalar, expected an i32 scalar",
         ),
         (
             &scalar_of_two_coordinates,

@@ -1,7 +1,8 @@
 //! The kernels of `wgmma_kernels/` on the GPU: sm_80 code on any GPU and, on Hopper, sm_90a
 //! code whose mmas run as wgmma without warp roles (transposed loaded operands in one and
 //! two warpgroups with boxed 256-byte rows, a chained mma with a register A and an MN-major
-//! B), each against the f64 reference and the interpreter; shapes no multiple of the tiles,
+//! B, an A gathered once before a loop of mmas and read from shared memory), each against
+//! the f64 reference and the interpreter; shapes no multiple of the tiles,
 //! every input distribution, outputs poisoned. The kernels of `mma_kernels/` and attention's
 //! backward take the same lowering on sm_90a in `gpu_mma_general.rs` and
 //! `gpu_attention_backward.rs`. Skips itself without a GPU.
@@ -12,7 +13,7 @@ mod wgmma_kernels;
 use std::process::ExitCode;
 
 use gpu_common::{Needs, check, devices, poisoned_output};
-use kiln_ir::DType;
+use kiln_ir::{DType, HostTensor};
 use kiln_tests::check::{Case, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use wgmma_kernels::*;
@@ -117,9 +118,75 @@ fn gpu_wgmma_chain() {
     }
 }
 
+/// `wgmma_held_a`: the gathered A written once into shared memory before the loop (sm_90a),
+/// in one and two warpgroups, boxed rows; rows outside `a` read zeros.
+fn gpu_wgmma_held_a() {
+    let mut rng = Rng::from_env();
+    let configs = [
+        WgmmaHeldAComptime::default(),
+        WgmmaHeldAComptime {
+            BM: 128,
+            BN: 64,
+            D: 128,
+            NW: 8,
+        },
+        WgmmaHeldAComptime {
+            BM: 64,
+            BN: 128,
+            D: 128,
+            NW: 4,
+        },
+    ];
+    for dev in devices() {
+        for ct in configs {
+            for (m, r, j, n) in [
+                (100, 37, 3, 70),
+                (3, 5, 1, 9),
+                (130, 200, 2, 129),
+                (300, 64, 5, 200),
+            ] {
+                for dist in Dist::ALL {
+                    let a = tensor(&mut rng, &[r, ct.D], DType::Bf16, dist);
+                    let rows = held_rows(&mut rng, m, r);
+                    let rows_t = HostTensor::from_fn(&[m], DType::I32, |i| f64::from(rows[i]));
+                    let b = tensor(&mut rng, &[j * ct.D, n], DType::Bf16, dist);
+                    let grid = [m.div_ceil(ct.BM) as u32, n.div_ceil(ct.BN) as u32, 1];
+                    let (da, dr, db) = (
+                        dev.upload(&a).expect("up"),
+                        dev.upload(&rows_t).expect("up"),
+                        dev.upload(&b).expect("up"),
+                    );
+                    let c = poisoned_output(&dev, DType::F32, &[m, n]);
+                    wgmma_held_a
+                        .launch(&dev, &ct, grid, &da, &dr, &db, &c)
+                        .expect("launch");
+                    let mut ci = poisoned(&[m, n], DType::F32);
+                    wgmma_held_a
+                        .interpret(&ct, grid, &a, &rows_t, &b, &mut ci)
+                        .expect("interpret");
+                    let case = Case {
+                        kernel: format!("wgmma_held_a {ct:?} on {}", dev.target()),
+                        shape: format!("m={m} r={r} j={j} n={n}"),
+                        dist,
+                        seed: rng.seed(),
+                    };
+                    check(
+                        &case,
+                        &c,
+                        &held_a(&a, &rows, &b),
+                        &ci,
+                        tolerance(DType::Bf16),
+                    );
+                }
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         ("gpu_wgmma_transposed", Needs::Gpu, gpu_wgmma_transposed),
         ("gpu_wgmma_chain", Needs::Gpu, gpu_wgmma_chain),
+        ("gpu_wgmma_held_a", Needs::Gpu, gpu_wgmma_held_a),
     ])
 }

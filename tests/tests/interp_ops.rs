@@ -527,7 +527,10 @@ fn misuse_is_a_diagnostic_at_the_users_line() {
             &take_of_other_rank,
             "needs indices of the same rank and extents but along 0",
         ),
-        (&take_of_float_indices, "the indices of `take` are rt<f32"),
+        (
+            &take_of_float_indices,
+            "the indices of `take` are a 256 f32 tile",
+        ),
     ];
     for (def, want) in cases {
         let err = match def.build(&Spec::uniform((), def.signature(), false)) {

@@ -482,7 +482,7 @@ fn misused_memory_ops_are_diagnosed_at_their_line() {
         (
             &|| diagnostic(&int_mask),
             ".load_masked(m, 0.0)",
-            "the mask is rt<i32,128>",
+            "the mask is a 128 i32 tile",
         ),
     ];
     for (f, at, text) in cases {

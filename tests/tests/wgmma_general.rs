@@ -1,6 +1,7 @@
 //! sm_90a's wgmma outside a warp-specialised ring, checked on the CPU: the kernels of
 //! `wgmma_kernels/` (transposed loaded operands in one and two warpgroups, a chained mma with
-//! a register A) against f64 references on the interpreter; which mmas the plan takes (every
+//! a register A, an A gathered once before a loop of mmas) against f64 references on the
+//! interpreter; where that gathered A is written to shared memory (once, before the loop); which mmas the plan takes (every
 //! mma of those kernels, of `mma_kernels/` and of attention's backward at head dims 64 and
 //! 128, bf16 and f16) and the note at each one it does not; the PTX's structure (no
 //! mma.sync, each group of wgmmas fenced, committed and waited for before the accumulator is
@@ -14,7 +15,7 @@ mod wgmma_kernels;
 use kiln_ir::dsl::{KernelDef, Spec};
 use kiln_ir::interp::{HostArg, run_def};
 use kiln_ir::passes::run_pipeline;
-use kiln_ir::{DType, Kernel, OpKind, Target};
+use kiln_ir::{DType, HostTensor, Kernel, OpKind, Target};
 use kiln_ptx::ptxas::{self, Tool};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
@@ -124,6 +125,143 @@ fn wgmma_chain_matches_reference() {
     }
 }
 
+/// `wgmma_held_a` in one and two warpgroups, rows of 128 and 256 bytes (the second boxed),
+/// 64 and 128 columns of B.
+fn held_a_configs() -> [WgmmaHeldAComptime; 3] {
+    [
+        WgmmaHeldAComptime::default(),
+        WgmmaHeldAComptime {
+            BM: 128,
+            BN: 64,
+            D: 128,
+            NW: 8,
+        },
+        WgmmaHeldAComptime {
+            BM: 64,
+            BN: 128,
+            D: 128,
+            NW: 4,
+        },
+    ]
+}
+
+/// The inputs of `wgmma_held_a` for `m` rows gathered from `r`, `j` blocks of B, `n`
+/// columns: `(a, rows as a tensor, rows, b)`.
+fn held_a_inputs(
+    rng: &mut Rng,
+    (m, r, j, n): (usize, usize, usize, usize),
+    d: usize,
+    dist: Dist,
+) -> (HostTensor, HostTensor, Vec<i32>, HostTensor) {
+    let a = tensor(rng, &[r, d], DType::Bf16, dist);
+    let rows = held_rows(rng, m, r);
+    let rows_t = HostTensor::from_fn(&[m], DType::I32, |i| f64::from(rows[i]));
+    let b = tensor(rng, &[j * d, n], DType::Bf16, dist);
+    (a, rows_t, rows, b)
+}
+
+/// Shapes of `wgmma_held_a`: `(m, r, j, n)`, none a multiple of the tiles.
+const HELD_A_SHAPES: [(usize, usize, usize, usize); 3] =
+    [(100, 37, 3, 70), (3, 5, 1, 9), (130, 200, 2, 129)];
+
+#[test]
+fn wgmma_held_a_matches_reference() {
+    let mut rng = Rng::from_env();
+    for ct in held_a_configs() {
+        for shape in HELD_A_SHAPES {
+            for dist in Dist::ALL {
+                let (a, rows_t, rows, b) = held_a_inputs(&mut rng, shape, ct.D, dist);
+                let (m, n) = (shape.0, shape.3);
+                let mut c = poisoned(&[m, n], DType::F32);
+                let mut args = [
+                    HostArg::Tensor(&a),
+                    HostArg::Tensor(&rows_t),
+                    HostArg::Tensor(&b),
+                    HostArg::TensorMut(&mut c),
+                ];
+                let grid = [m.div_ceil(ct.BM) as u32, n.div_ceil(ct.BN) as u32, 1];
+                run_def(&wgmma_held_a, &ct, grid, &mut args).unwrap();
+                let case = Case {
+                    kernel: format!("wgmma_held_a {ct:?}"),
+                    shape: format!("{shape:?}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                assert_close(&case, &c, &held_a(&a, &rows, &b), tolerance(DType::Bf16));
+            }
+        }
+    }
+}
+
+/// An A gathered into registers before the loop of its wgmmas is written into shared memory
+/// once, where it is loaded: the plan stages it at its source (swizzled, on the 1024-byte
+/// atom, boxed for 256-byte rows), and in the PTX every shared store precedes the loop, the
+/// writes are fenced into the async proxy and published by a barrier before the loop, and
+/// every wgmma reads A through a descriptor (no register A). sm_80 keeps it in registers.
+#[test]
+fn an_a_loaded_before_its_loop_is_staged_once_where_it_is_loaded() {
+    for ct in held_a_configs() {
+        let k = build(&wgmma_held_a, ct);
+        let mut on90 = k.clone();
+        run_pipeline(&mut on90, Target::Sm90a, &mut |_, _| {}).expect("lowers");
+        let staged: Vec<_> = on90.schedule.staged.iter().collect();
+        assert_eq!(staged.len(), 1, "{ct:?}: {staged:?}");
+        let st = staged[0];
+        assert!(st.at_source && !st.transposed, "{ct:?}: {st:?}");
+        assert!(on90.schedule.staged(st.operand).is_none());
+        let buf = &st.buffer;
+        assert_eq!(buf.row_bytes, 2 * ct.D as u32);
+        assert_eq!(buf.stage_bytes, buf.row_bytes * ct.BM as u32);
+        assert!(buf.swizzled && buf.offset.is_multiple_of(1024), "{buf:?}");
+        assert_eq!(buf.boxed, ct.D == 128, "{buf:?}");
+        let printed = kiln_ir::print::print_kernel(&on90);
+        assert!(printed.contains("once where loaded"), "{printed}");
+        let m = kiln_ptx::compile(&k, Target::Sm90a).expect("compiles");
+        let lines: Vec<&str> = m
+            .ptx
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with("//"))
+            .collect();
+        let loop_head = lines
+            .iter()
+            .position(|l| l.starts_with("$L") && l.ends_with(':'))
+            .or_else(|| lines.iter().position(|l| l.starts_with("$L")))
+            .expect("a loop");
+        let stores: Vec<usize> = (0..lines.len())
+            .filter(|&i| lines[i].starts_with("st.shared"))
+            .collect();
+        assert!(
+            !stores.is_empty(),
+            "{ct:?}: A is not written to shared memory"
+        );
+        assert!(
+            stores.iter().all(|&i| i < loop_head),
+            "{ct:?}: a shared store in the loop"
+        );
+        let last = *stores.last().expect("stores");
+        let fence = (last..loop_head)
+            .find(|&i| lines[i] == "fence.proxy.async.shared::cta;")
+            .expect("the staged A is not fenced into the async proxy");
+        assert!(
+            (fence..loop_head).any(|i| lines[i] == "bar.sync 0;"),
+            "{ct:?}: the staged A is not published before the loop"
+        );
+        let wgmmas: Vec<&&str> = lines
+            .iter()
+            .filter(|l| l.starts_with("wgmma.mma_async"))
+            .collect();
+        assert_eq!(wgmmas.len(), ct.D / 16, "{ct:?}: one wgmma per k16 step");
+        for w in wgmmas {
+            assert_eq!(w.matches('{').count(), 1, "{ct:?}: a register A in `{w}`");
+        }
+        check_structure(&k.name, &m.ptx);
+        let mut on80 = k.clone();
+        run_pipeline(&mut on80, Target::Sm80, &mut |_, _| {}).expect("lowers");
+        assert!(on80.schedule.staged.is_empty() && on80.schedule.wgmma.is_empty());
+    }
+}
+
 /// Every kernel whose mmas sm_90a should all run as wgmma without warp roles.
 fn all_wgmma_kernels() -> Vec<Kernel> {
     use mma_kernels::*;
@@ -137,6 +275,9 @@ fn all_wgmma_kernels() -> Vec<Kernel> {
             ..WgmmaChainComptime::default()
         };
         out.push(build(&wgmma_chain, ct));
+    }
+    for ct in held_a_configs() {
+        out.push(build(&wgmma_held_a, ct));
     }
     out.push(build(&mma_once, MmaOnceComptime::default()));
     out.push(build(&mma_register_b, MmaRegisterBComptime::default()));

@@ -428,6 +428,14 @@ impl<'k> Emitter<'k> {
             OpKind::If => self.write_if(id, lower)?,
             OpKind::Yield => {}
         }
+        // A register tile the wgmmas of a later loop read from shared memory is written
+        // there once, where it is loaded.
+        if let Some(st) = result
+            .and_then(|r| self.k.schedule.staged_at_source(r))
+            .cloned()
+        {
+            self.stage_operand(id, &st)?;
+        }
         Ok(())
     }
 

@@ -159,6 +159,21 @@ impl Emitter<'_> {
         })
     }
 
+    /// The buffer of `st`, written where its source was loaded ([`StagedOperand::at_source`]),
+    /// as an mma reads it.
+    pub(crate) fn staged_buffer(&mut self, st: &StagedOperand) -> Val {
+        let base = self.new_reg(Class::B32);
+        self.ins(format!(
+            "add.s32 {base}, {}, {}",
+            self.smem, st.buffer.offset
+        ));
+        Val::Smem {
+            base,
+            buf: st.buffer.clone(),
+            transposed: st.transposed,
+        }
+    }
+
     /// The words holding elements `i .. i + len` (`len` 1, 2, 4 or 8): one `.b16` register
     /// for a single element, else one `.b32` per pair.
     fn stage_words(

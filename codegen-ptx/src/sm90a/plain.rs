@@ -3,8 +3,9 @@
 //! warpgroup `g` computing rows `64 g ..` of the `#mma(W x 1)` accumulator (16 rows a warp:
 //! exactly wgmma's accumulator layout, so the registers pass in layout order and stay where a
 //! loop carries them). The operands sit where the sm_80 lowering puts them: loads staged by
-//! cp.async, register tiles staged by every thread (`stage_operand`), or, for A, registers in
-//! the accumulator layout (the RS form).
+//! cp.async, register tiles staged by every thread (`stage_operand`; an A loaded before the
+//! loop once, where it is loaded), or, for A, registers in the accumulator layout (the RS
+//! form).
 
 use kiln_ir::schedule::SmemBuffer;
 use kiln_ir::{OpId, ValueId};
@@ -81,9 +82,12 @@ enum Source {
 
 /// The operand `v` (slot 0: A, 1: B) of mma `id`: staged first when the lowering staged it.
 fn operand(e: &mut Emitter<'_>, id: OpId, v: ValueId, slot: usize) -> Result<Source, CodegenError> {
-    let val = match e.k.schedule.staged(v).cloned() {
-        Some(st) => e.stage_operand(id, &st)?,
-        None => e.in_registers(v, id)?,
+    let val = if let Some(st) = e.k.schedule.staged(v).cloned() {
+        e.stage_operand(id, &st)?
+    } else if let Some(st) = e.k.schedule.staged_at_source(v).cloned() {
+        e.staged_buffer(&st)
+    } else {
+        e.in_registers(v, id)?
     };
     match val {
         Val::Smem {

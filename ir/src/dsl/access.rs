@@ -286,7 +286,7 @@ impl TileView {
             Some(_) => {
                 value::fail(Diagnostic::new(
                     loc,
-                    format!("writing a {ty} value into a {shape} tile"),
+                    format!("writing {} into a {shape} tile", ty.words()),
                 ));
                 None
             }
@@ -518,7 +518,7 @@ impl ElementView {
                 return value::fail(
                     Diagnostic::new(
                         loc,
-                        format!("a scalar atomic takes scalar values, found a {ty} tile"),
+                        format!("a scalar atomic takes scalar values, found {}", ty.words()),
                     )
                     .note("an atomic on a tile's elements is `tensor.tile(..).atomic_add(..)`"),
                 );

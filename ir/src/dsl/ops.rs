@@ -31,7 +31,7 @@ fn splat<T: Element>(shape: &[Index], x: Operand, loc: Loc) -> Value {
     {
         return value::fail(Diagnostic::new(
             loc,
-            format!("filling a {} tile with a {ty} value", T::DTYPE),
+            format!("filling a {} tile with {}", T::DTYPE, ty.words()),
         ));
     }
     value::emit(OpKind::Splat { shape }, &[x], loc)

@@ -64,7 +64,7 @@ impl Seed for (Value, Value) {
             let ty = w.ty()?;
             match (ty.shape(), ty.dtype()) {
                 (None, DType::U32 | DType::I32) => *w = as_u32(*w, loc),
-                _ => return bad_seed(what, &format!("a pair holding {ty}"), loc),
+                _ => return bad_seed(what, &format!("a pair holding {}", ty.words()), loc),
             }
         }
         Some((words[0], words[1]))
@@ -209,7 +209,10 @@ fn inputs(
     if !matches!(ty.dtype(), DType::I32 | DType::U32) {
         value::fail(Diagnostic::new(
             loc,
-            format!("the offsets of `{what}` must be i32 or u32, found {ty}"),
+            format!(
+                "the offsets of `{what}` must be i32 or u32, found {}",
+                ty.words()
+            ),
         ));
         return None;
     }

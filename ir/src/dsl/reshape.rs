@@ -59,7 +59,8 @@ impl Value {
             _ => fail(Diagnostic::new(
                 loc,
                 format!(
-                    "`.unsqueeze({dim})` needs a tile of at least {dim} dimensions, found {ty}"
+                    "`.unsqueeze({dim})` needs a tile of at least {dim} dimensions, found {}",
+                    ty.words()
                 ),
             )),
         }

@@ -154,7 +154,7 @@ impl TileView {
         {
             value::fail(Diagnostic::new(
                 loc,
-                format!("storing a {ty} value into a {shape} tile"),
+                format!("storing {} into a {shape} tile", ty.words()),
             ));
             return;
         }

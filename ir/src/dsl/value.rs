@@ -128,7 +128,7 @@ impl Value {
             ),
             _ => fail(Diagnostic::new(
                 loc,
-                format!("`.{what}()` needs a 1-D tile, found {ty}"),
+                format!("`.{what}()` needs a 1-D tile, found {}", ty.words()),
             )),
         }
     }

@@ -31,6 +31,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     if target == Target::Sm100a {
         check_covered(kernel, target)?;
     }
+    super::accumulators::check(kernel)?;
     let ring: BTreeSet<OpId> = match &kernel.schedule.sched {
         Some(s) => super::walk::ops_in_block_regions(kernel, s.for_op)
             .into_iter()

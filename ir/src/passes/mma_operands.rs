@@ -73,6 +73,7 @@ pub fn plan(kernel: &mut Kernel, ring: &BTreeSet<OpId>) -> Result<(), Diagnostic
                     swizzled: row_bytes.is_multiple_of(32),
                     boxed: false,
                 },
+                at_source: false,
             });
             offset = (offset + bytes).next_multiple_of(128);
         }

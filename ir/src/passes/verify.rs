@@ -13,7 +13,10 @@ pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {
         let loc = first
             .filter(|e| e.op.index() < kernel.ops.len())
             .map_or(Loc::default(), |e| kernel.ops[e.op].loc);
-        let what = first.map_or("the verifier failed".to_string(), |e| e.to_string());
-        Diagnostic::internal(loc, what).note(errs.to_string())
+        // The headline names the user's op; the IR listing is for a bug report.
+        let what = first.map_or("the verifier failed".to_string(), |e| {
+            format!("{}: {}", crate::diag::op_words(kernel, e.op), e.message)
+        });
+        Diagnostic::internal(loc, what).note(format!("the kernel's IR, for a bug report:\n{errs}"))
     })
 }

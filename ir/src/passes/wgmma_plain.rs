@@ -42,6 +42,14 @@ enum Buffer {
 ///   ([`crate::schedule::SmemBuffer::boxed_offset`]), which only wgmma reads, so every mma
 ///   reading such a buffer must be taken.
 ///
+/// A register A loaded (or gathered) before a loop the wgmma runs in would stay live in
+/// registers for every iteration (a decode block's queries across its key loop, which costs
+/// ptxas spills): it is written once into a swizzled buffer right after its load
+/// ([`crate::schedule::StagedOperand::at_source`]), and every wgmma reading it takes it
+/// from there (the SS form); any other reader keeps its registers. A gathered tile's rows
+/// are routed through index tiles held in the registers' layout, so the copy goes through
+/// the registers rather than cp.async; masked rows are already the load's fill there.
+///
 /// Buffers wgmma reads start on 1024 bytes (the 128-byte swizzle repeats every 1024 bytes of
 /// address). An mma not taken stays on mma.sync with a note at its line saying why.
 pub fn plan(kernel: &mut Kernel, ring: &BTreeSet<OpId>) {
@@ -56,8 +64,10 @@ pub fn plan(kernel: &mut Kernel, ring: &BTreeSet<OpId>) {
     let mut notes: BTreeMap<OpId, String> = BTreeMap::new();
     let mut taken: BTreeSet<OpId> = BTreeSet::new();
     let mut reads: BTreeMap<OpId, Vec<Buffer>> = BTreeMap::new();
+    // The taken mmas whose A is staged once where it is loaded.
+    let mut held: BTreeMap<OpId, ValueId> = BTreeMap::new();
     for &id in &mmas {
-        let buffers = shared_operands(kernel, id);
+        let mut buffers = shared_operands(kernel, id);
         let verdict = if kernel.schedule.sched.is_some() {
             Err(
                 "the kernel's warp-specialised loop runs on its own warp roles; mmas outside it \
@@ -67,9 +77,13 @@ pub fn plan(kernel: &mut Kernel, ring: &BTreeSet<OpId>) {
         } else {
             takes(kernel, id)
         };
-        match verdict {
-            Ok(()) => {
+        match verdict.and_then(|a| stage_held(kernel, id, a).map(|()| a)) {
+            Ok(a) => {
                 taken.insert(id);
+                if let Some(a) = a {
+                    held.insert(id, a);
+                    buffers.push(Buffer::Staged(a));
+                }
             }
             Err(why) => {
                 notes.insert(id, why);
@@ -77,8 +91,63 @@ pub fn plan(kernel: &mut Kernel, ring: &BTreeSet<OpId>) {
         }
         reads.insert(id, buffers);
     }
-    // A boxed buffer is read by wgmma only: drop every mma reading one that an mma on
-    // mma.sync reads too, until none is left.
+    drop_boxed_conflicts(kernel, &mmas, &reads, &mut taken, &mut notes);
+    held.retain(|m, _| taken.contains(m));
+    drop_unread_held(kernel, &held);
+    if !held.is_empty() && !place(kernel, &taken, &reads) {
+        // The held operands' buffers are what does not fit: their mmas keep A in registers
+        // on mma.sync, and the others are placed without them.
+        for &m in held.keys() {
+            taken.remove(&m);
+            notes.insert(
+                m,
+                "its A operand, a tile loaded into registers before its loop, would be staged \
+                 once in shared memory for wgmma, which does not fit beside the other shared \
+                 tiles"
+                    .into(),
+            );
+        }
+        held.clear();
+        drop_unread_held(kernel, &held);
+        drop_boxed_conflicts(kernel, &mmas, &reads, &mut taken, &mut notes);
+    }
+    for (id, why) in notes {
+        let loc = kernel.ops[id].loc;
+        kernel.schedule.notes.push(Note {
+            loc,
+            text: format!("sm_90a: this mma is lowered with mma.sync, not wgmma: {why}"),
+        });
+    }
+    if taken.is_empty() {
+        return;
+    }
+    if !place(kernel, &taken, &reads) {
+        // The 1024-byte alignment would not fit: the buffers stay as they were, and no
+        // operand is staged for a wgmma.
+        drop_unread_held(kernel, &BTreeMap::new());
+        for &id in &taken {
+            let loc = kernel.ops[id].loc;
+            kernel.schedule.notes.push(Note {
+                loc,
+                text: "sm_90a: this mma is lowered with mma.sync, not wgmma: the shared tiles \
+                       wgmma reads, each aligned to 1024 bytes, would not fit in shared memory"
+                    .into(),
+            });
+        }
+        return;
+    }
+    kernel.schedule.wgmma = taken;
+}
+
+/// A boxed buffer is read by wgmma only: drops from `taken` every mma reading one that an
+/// mma on mma.sync reads too, until none is left, noting why.
+fn drop_boxed_conflicts(
+    kernel: &Kernel,
+    mmas: &[OpId],
+    reads: &BTreeMap<OpId, Vec<Buffer>>,
+    taken: &mut BTreeSet<OpId>,
+    notes: &mut BTreeMap<OpId, String>,
+) {
     loop {
         let on_sync: BTreeSet<Buffer> = mmas
             .iter()
@@ -95,7 +164,7 @@ pub fn plan(kernel: &mut Kernel, ring: &BTreeSet<OpId>) {
             })
             .collect();
         if dropped.is_empty() {
-            break;
+            return;
         }
         for m in dropped {
             taken.remove(&m);
@@ -107,40 +176,72 @@ pub fn plan(kernel: &mut Kernel, ring: &BTreeSet<OpId>) {
             );
         }
     }
-    for (id, why) in notes {
-        let loc = kernel.ops[id].loc;
-        kernel.schedule.notes.push(Note {
-            loc,
-            text: format!("sm_90a: this mma is lowered with mma.sync, not wgmma: {why}"),
-        });
-    }
-    if taken.is_empty() {
-        return;
-    }
+}
+
+/// Boxes the buffers the `taken` mmas read that need it and lays every buffer out again
+/// (see [`replace_buffers`]).
+fn place(kernel: &mut Kernel, taken: &BTreeSet<OpId>, reads: &BTreeMap<OpId, Vec<Buffer>>) -> bool {
     let boxed: BTreeSet<Buffer> = taken
         .iter()
         .flat_map(|m| reads[m].iter().copied())
         .filter(|&b| needs_boxes(kernel, b))
         .collect();
-    if !replace_buffers(kernel, &boxed) {
-        // The 1024-byte alignment would not fit: the buffers stay as they were.
-        for &id in &taken {
-            let loc = kernel.ops[id].loc;
-            kernel.schedule.notes.push(Note {
-                loc,
-                text: "sm_90a: this mma is lowered with mma.sync, not wgmma: the shared tiles \
-                       wgmma reads, each aligned to 1024 bytes, would not fit in shared memory"
-                    .into(),
-            });
-        }
-        return;
+    replace_buffers(kernel, &boxed)
+}
+
+/// Removes the operands staged once where they are loaded that no mma of `held` reads.
+fn drop_unread_held(kernel: &mut Kernel, held: &BTreeMap<OpId, ValueId>) {
+    kernel
+        .schedule
+        .staged
+        .retain(|s| !s.at_source || held.values().any(|&a| a == s.operand));
+}
+
+/// For mma `id`, taken with `a` its A operand to stage once where it is loaded: adds the
+/// operand's buffer (shared by every mma reading it) unless it has one, and checks that wgmma
+/// can read it.
+fn stage_held(kernel: &mut Kernel, id: OpId, a: Option<ValueId>) -> Result<(), String> {
+    let Some(a) = a else {
+        return Ok(());
+    };
+    if kernel.schedule.staged_at_source(a).is_none() {
+        let ty = kernel.ty(a);
+        let Some(shape) = ty.shape() else {
+            return Err("a scalar A operand".into());
+        };
+        let row_bytes = (shape.cols() * ty.dtype().size_bytes()) as u32;
+        let buffer = crate::schedule::SmemBuffer {
+            load: id,
+            offset: 0,
+            stage_bytes: row_bytes * shape.rows() as u32,
+            stages: 1,
+            row_bytes,
+            swizzled: row_bytes.is_multiple_of(32),
+            boxed: false,
+        };
+        kernel.schedule.staged.push(crate::schedule::StagedOperand {
+            operand: a,
+            source: a,
+            transposed: false,
+            buffer,
+            at_source: true,
+        });
     }
-    kernel.schedule.wgmma = taken;
+    // The check depends on the buffer alone: failing, it fails for every mma reading it.
+    let checked = check_buffer(kernel, Buffer::Staged(a), "A");
+    if checked.is_err() {
+        kernel
+            .schedule
+            .staged
+            .retain(|s| !(s.at_source && s.operand == a));
+    }
+    checked
 }
 
 /// Why `id` cannot be a wgmma, if it cannot (its own shape and operands; the buffers'
-/// sharing is judged by [`plan`]).
-fn takes(kernel: &Kernel, id: OpId) -> Result<(), String> {
+/// sharing is judged by [`plan`]); else its A operand when that is a register tile loaded
+/// before a loop the mma runs in, to stage once in shared memory where it is loaded.
+fn takes(kernel: &Kernel, id: OpId) -> Result<Option<ValueId>, String> {
     let op = &kernel.ops[id];
     let (a, b, r) = (op.operands[0], op.operands[1], op.results[0]);
     let warps = match kernel.schedule.layouts.get(&r) {
@@ -180,21 +281,17 @@ fn takes(kernel: &Kernel, id: OpId) -> Result<(), String> {
     match shared_buffer(kernel, a) {
         Some(a_buf) => check_buffer(kernel, a_buf, "A")?,
         None if kernel.schedule.layouts.get(&a) == Some(&Layout::Mma { warps }) => {
-            // A tile loaded into registers before a loop stays live there for every wgmma of
-            // the loop that reads it (a decode block's queries across its key loop), which
-            // ptxas pays for in spills; wgmma would read it from shared memory, not staged
-            // here yet. Loaded inside the loop (routed rows per k-step), it is not held.
-            let def = defining_op(kernel, a).0;
-            if matches!(
-                kernel.ops[def].kind,
-                OpKind::Load { .. } | OpKind::Gather { .. }
-            ) && held_across_a_loop(kernel, def, id)
+            // Loaded inside the loop (routed rows per k-step), A is not held: read from
+            // registers (RS).
+            let (def, is_result) = defining_op(kernel, a);
+            if is_result
+                && matches!(
+                    kernel.ops[def].kind,
+                    OpKind::Load { .. } | OpKind::Gather { .. }
+                )
+                && held_across_a_loop(kernel, def, id)
             {
-                return Err(
-                    "its A operand is a tile loaded into registers before its loop; wgmma would \
-                     read it from shared memory, which this lowering does not stage yet"
-                        .into(),
-                );
+                return Ok(Some(a));
             }
         }
         None => {
@@ -203,7 +300,7 @@ fn takes(kernel: &Kernel, id: OpId) -> Result<(), String> {
             );
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Whether a buffer's stage is something a swizzled wgmma descriptor addresses.
@@ -281,7 +378,12 @@ fn shared_operands(kernel: &Kernel, id: OpId) -> Vec<Buffer> {
 fn buffer_of(kernel: &Kernel, b: Buffer) -> Option<&crate::schedule::SmemBuffer> {
     match b {
         Buffer::Load(l) => kernel.schedule.buffer(l),
-        Buffer::Staged(v) => kernel.schedule.staged(v).map(|s| &s.buffer),
+        Buffer::Staged(v) => kernel
+            .schedule
+            .staged
+            .iter()
+            .find(|s| s.operand == v)
+            .map(|s| &s.buffer),
     }
 }
 

@@ -159,7 +159,7 @@ fn wrong_yield_count_is_reported() {
     let then_yield = *k.ops[s.if_op].regions[0].ops.last().unwrap();
     k.ops[then_yield].operands.push(s.iv);
     let e = errors(&k);
-    assert_has(&e, then_yield, "yields (rt<f32,16>, i32), but");
+    assert_has(&e, then_yield, "yields (a 16 f32 tile, an i32 scalar), but");
 }
 
 #[test]
@@ -169,10 +169,14 @@ fn wrong_result_type_is_reported() {
     k.values[s.add].ty = Type::tile(DType::F32, &[8]);
     let e = errors(&k);
     let add_op = k.ops[s.if_op].regions[0].ops[0];
-    assert_has(&e, add_op, "results are (rt<f32,8>), expected (rt<f32,16>)");
+    assert_has(
+        &e,
+        add_op,
+        "results are (an 8 f32 tile), expected (a 16 f32 tile)",
+    );
     // The changed value also flows into the then-branch's yield.
     let then_yield = *k.ops[s.if_op].regions[0].ops.last().unwrap();
-    assert_has(&e, then_yield, "yields (rt<f32,8>)");
+    assert_has(&e, then_yield, "yields (an 8 f32 tile)");
 }
 
 #[test]

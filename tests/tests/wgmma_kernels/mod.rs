@@ -3,7 +3,7 @@
 //! structure, ptxas) and the GPU tests (`gpu_wgmma_general.rs`): both operands read
 //! transposed from loaded tiles (A MN-major, B K-major), in one or two warpgroups; two
 //! chained mmas whose second A is the first's result in registers (the RS form) and whose
-//! B is read untransposed (MN-major); and the f64 references they are checked against.
+//! B is read untransposed (MN-major); an A gathered before a loop; the f64 references.
 
 #![allow(dead_code)]
 
@@ -61,6 +61,72 @@ pub fn wgmma_chain(
         acc = mma_acc(&s.cast::<bf16>(), &vt, &acc);
     }
     o.tile([BM, D], [mb * BM, 0]).store(acc);
+}
+
+/// `c = a[rows] @ (b_0 + b_1 + ..)` for `a: [R, D]`, `rows: [M]`, `b: [J D, N]` (blocks
+/// `b_j` of `D` rows), `c: [M, N]`: block `(mb, nb)` gathers its `BM` rows of `a` through
+/// the index tile of `rows` once, before a pipelined loop over the `b_j` whose every mma
+/// reads them (a decode block's queries across its key loop). A row whose index lies
+/// outside `a` (a negative one) reads zeros. sm_90a writes the gathered tile once into
+/// shared memory where it is loaded and every wgmma of the loop reads it there (the SS
+/// form); `NW = 8` is two warpgroups, `D = 128` rows of 256 bytes (column boxes).
+#[kernel(num_warps = NW, grid = [BM, BN, 1])]
+pub fn wgmma_held_a(
+    a: Tensor<bf16, 2>,
+    rows: Tensor<i32, 1>,
+    b: Tensor<bf16, 2>,
+    c: TensorMut<f32, 2>,
+    #[comptime(default = 64)] BM: usize,
+    #[comptime(default = 64)] BN: usize,
+    #[comptime(default = 64)] D: usize,
+    #[comptime(default = 4)] NW: usize,
+) {
+    let (mb, nb) = (block_id().x, block_id().y);
+    let idx = rows.tile([BM], [mb * BM]).load();
+    let x = a.tile([BM, D], [0, 0]).index(0, idx).load();
+    let mut acc = zeros::<f32>([BM, BN]);
+    for j in pipelined(0..b.dim(0) / D, stages = 2) {
+        let y = b.tile([D, BN], [j * D, nb * BN]).load();
+        acc = mma_acc(&x, &y, &acc);
+    }
+    c.tile([BM, BN], [mb * BM, nb * BN]).store(acc);
+}
+
+/// [`wgmma_held_a`] in f64.
+pub fn held_a(a: &HostTensor, rows: &[i32], b: &HostTensor) -> Vec<f64> {
+    let (r, d, n) = (a.shape[0], a.shape[1], b.shape[1]);
+    let (av, bv) = (a.to_f64_vec(), b.to_f64_vec());
+    let blocks = b.shape[0] / d;
+    let mut c = vec![0.0; rows.len() * n];
+    for (i, &ri) in rows.iter().enumerate() {
+        let Ok(ri) = usize::try_from(ri) else {
+            continue;
+        };
+        if ri >= r {
+            continue;
+        }
+        for j in 0..blocks {
+            for k in 0..d {
+                let x = av[ri * d + k];
+                for col in 0..n {
+                    c[i * n + col] += x * bv[(j * d + k) * n + col];
+                }
+            }
+        }
+    }
+    c
+}
+
+/// The row indices of [`wgmma_held_a`]'s `m` rows into `a` of `r` rows: a shuffle with
+/// repeats, every seventh row outside `a` (fully masked: negative or past the end).
+pub fn held_rows(rng: &mut kiln_tests::inputs::Rng, m: usize, r: usize) -> Vec<i32> {
+    (0..m)
+        .map(|i| match i % 7 {
+            3 => -1 - (i as i32),
+            6 => (r + i) as i32,
+            _ => rng.range(0, r) as i32,
+        })
+        .collect()
 }
 
 /// `a^T @ b^T` in f64 for `a: [K, M]`, `b: [N, K]`.
