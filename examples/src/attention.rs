@@ -49,8 +49,9 @@ fn online_update(s: Value, vs: Value, acc: Value, m: Value, l: Value) -> (Value,
     (acc, m_new, l)
 }
 
-/// Attention over `q: [batch, heads, sq, d]` and `k, v: [batch, heads / kv_group, sk, d]`
-/// (`dtype`, bf16 or f16; `sq`, `sk` may differ) into `o: [batch, heads, sq, d]`, scores
+/// Attention over `q: [batch, heads, sq, d]`, `k: [batch, heads / kv_group, sk, d]` and `v:
+/// [batch, heads / kv_group, sk, dv]` (`dtype`, bf16 or f16; `sq`, `sk` may differ; `dv` is
+/// `d` unless [`AttentionParams::dv`] says otherwise) into `o: [batch, heads, sq, dv]`, scores
 /// `s = q.k * scale`, soft-capped when `softcap > 0` (`forward` says how), with comptime
 /// [`AttentionParams`]. Grid: `(cdiv(sq, block_m), heads, batch)` (`grid = [block_m, 1, 1]`):
 /// ```no_run
@@ -79,9 +80,14 @@ pub fn attention(
 /// NAME=VALUE` sets a field on the command line. Each distinct value compiles once.
 #[comptime]
 pub struct AttentionParams {
-    /// Head dim: a power of two or a multiple of 32 (the tiles' width).
+    /// Head dim of `q` and `k`: a power of two or a multiple of 32 (the tiles' width; a
+    /// tensor narrower than the tile reads 0 past its last column).
     #[comptime(default = 128)]
     pub d: usize,
+    /// Head dim of `v` and `o` when it differs from `d` (`headdim_v`, MLA's 128 beside a
+    /// `d` of 192), the same rules; 0: `d`.
+    #[comptime(default = 0)]
+    pub dv: usize,
     /// Whether each query sees only the keys up to its diagonal (aligned bottom-right).
     #[comptime(default = false)]
     pub causal: bool,
@@ -260,6 +266,7 @@ fn forward(
     scale: Value,
     p: AttentionParams,
 ) {
+    let dv = p.value_dim();
     let AttentionParams {
         d,
         causal,
@@ -270,16 +277,17 @@ fn forward(
         window_left,
         window_right,
         softcap,
+        ..
     } = p;
     let w = Window::new(causal, window_left, window_right);
-    let bn = key_block(block_n, d, (w, softcap), packed.is_some());
+    let bn = key_block(block_n, d.max(dv), (w, softcap), packed.is_some());
     let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
     let rows = Rows::of(q, k, b, packed);
     let (sq, sk, batch) = (rows.sq, rows.sk, rows.batch);
     let q0 = mb * bm;
     let qs = q.tile([bm, d], [batch, h, rows.query(q0), 0]).load();
     let qk_scale = scale * score_factor(softcap);
-    let mut acc = zeros::<f32>([bm, d]);
+    let mut acc = zeros::<f32>([bm, dv]);
     let mut m = full::<f32>([bm], f32::NEG_INFINITY);
     let mut l = zeros::<f32>([bm]);
     // Walk key blocks j0..n_blocks; those before j_unmasked or from n_unmasked on are masked.
@@ -299,7 +307,7 @@ fn forward(
             .tile([bn, d], [batch, kv_head(h, kv_group), rows.key(k0), 0])
             .load();
         let vs = v
-            .tile([bn, d], [batch, kv_head(h, kv_group), rows.key(k0), 0])
+            .tile([bn, dv], [batch, kv_head(h, kv_group), rows.key(k0), 0])
             .load();
         let s = soft_cap(mma(&qs, &ks.t()) * qk_scale, softcap);
         // Uniform across the block: only the blocks on a window's edges and sk's pay for it.
@@ -313,7 +321,7 @@ fn forward(
     // Fully masked rows have l = 0 and acc = 0: scale by 1 so they output 0. One reciprocal
     // per row, then a product per element (not a division per element).
     let inv_l = recip(&select(l == 0.0, 1.0, l));
-    let out = o.tile([bm, d], [batch, h, rows.query(q0), 0]);
+    let out = o.tile([bm, dv], [batch, h, rows.query(q0), 0]);
     rows.store(out, (acc * inv_l.col()).cast_to(dtype), 2);
     store_lse(lse, m, l, bm, (rows, h, q0));
 }
@@ -562,6 +570,11 @@ pub fn tuned_blocks(
 }
 
 impl AttentionParams {
+    /// The head dim of `v` and `o`: `dv`, or `d` when it is 0.
+    pub fn value_dim(&self) -> usize {
+        if self.dv == 0 { self.d } else { self.dv }
+    }
+
     /// Head dim `d`, `causal` or not, in the blocks [`tuned_blocks`] picks on `target` for
     /// `sq` queries and `sk` keys; the other fields at their defaults (bf16, no window, no
     /// soft-cap, one query head per key head).
@@ -578,6 +591,36 @@ impl AttentionParams {
             block_n,
             block_m,
             ..AttentionParams::default()
+        }
+    }
+}
+
+impl AttentionParams {
+    /// [`AttentionParams::tuned`] for a value head dim `dv` beside the key head dim `d`
+    /// (`headdim_v`; the same as `tuned` when they are equal): the blocks of the wider head,
+    /// and on sm_80 64 query rows when the values are 128 or more wide (then a 128-row
+    /// block's f32 output beside the query tile spills, ptxas, 4 warps; 64 rows do not up to
+    /// d = dv = 256).
+    pub fn tuned_pair(
+        target: kiln::ir::Target,
+        (d, dv): (usize, usize),
+        causal: bool,
+        lengths: (usize, usize),
+    ) -> AttentionParams {
+        if dv == d || dv == 0 {
+            return AttentionParams::tuned(target, d, causal, lengths);
+        }
+        let wide = AttentionParams::tuned(target, d.max(dv), causal, lengths);
+        let block_m = if target == kiln::ir::Target::Sm80 && dv >= 128 {
+            64
+        } else {
+            wide.block_m
+        };
+        AttentionParams {
+            d,
+            dv,
+            block_m,
+            ..wide
         }
     }
 }
