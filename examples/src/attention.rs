@@ -49,9 +49,8 @@ fn online_update(s: Value, vs: Value, acc: Value, m: Value, l: Value) -> (Value,
     (acc, m_new, l)
 }
 
-/// Attention over `q: [batch, heads, sq, d]`, `k: [batch, heads / kv_group, sk, d]` and `v:
-/// [batch, heads / kv_group, sk, dv]` (`dtype`, bf16 or f16; `sq`, `sk` may differ; `dv` is
-/// `d` unless [`AttentionParams::dv`] says otherwise) into `o: [batch, heads, sq, dv]`, scores
+/// Attention over `q: [batch, heads, sq, d]`, `k: [batch, heads / kv_group, sk, d]` and `v`
+/// (k's but `dv` wide; `dtype`: bf16, f16; `sq`, `sk` may differ) into `o: [.., sq, dv]`, scores
 /// `s = q.k * scale`, soft-capped when `softcap > 0` (`forward` says how), with comptime
 /// [`AttentionParams`]. Grid: `(cdiv(sq, block_m), heads, batch)` (`grid = [block_m, 1, 1]`):
 /// ```no_run
@@ -80,12 +79,13 @@ pub fn attention(
 /// NAME=VALUE` sets a field on the command line. Each distinct value compiles once.
 #[comptime]
 pub struct AttentionParams {
-    /// Head dim of `q` and `k`: a power of two or a multiple of 32 (the tiles' width; a
-    /// tensor narrower than the tile reads 0 past its last column).
+    /// Head dim of `q` and `k`: a power of two or a multiple of 32 (the tiles' width; a tensor
+    /// narrower than its tile reads 0 past its last column, and nothing is stored there).
     #[comptime(default = 128)]
     pub d: usize,
-    /// Head dim of `v` and `o` when it differs from `d` (`headdim_v`, MLA's 128 beside a
-    /// `d` of 192), the same rules; 0: `d`.
+    /// Head dim of `v` and `o` when it differs from `d` (FlashAttention 3's `headdim_v`,
+    /// MLA's 128 beside a `d` of 192), by the same rules; 0: `d`
+    /// ([`AttentionParams::value_dim`]).
     #[comptime(default = 0)]
     pub dv: usize,
     /// Whether each query sees only the keys up to its diagonal (aligned bottom-right).
@@ -115,16 +115,10 @@ pub struct AttentionParams {
     pub block_m: usize,
 }
 
-/// `block_n`, or when it is 0 the kernel's own choice, what fits sm_80's registers best
-/// (ptxas, 4 warps): 128 keys for `d <= 64` with no mask but causal's and no soft-cap (255
-/// registers, no spill), else 64 (at 128 keys a window's or a cap's registers spill at d = 64,
-/// and so do a `packed` varlen batch's sequence offsets: 16 bytes).
-fn key_block(block_n: usize, d: usize, (w, softcap): (Window, f32), packed: bool) -> usize {
-    let plain = w.left < 0 && w.right <= 0 && softcap == 0.0 && !packed;
-    match block_n {
-        0 if d <= 64 && plain => 128,
-        0 => 64,
-        n => n,
+impl AttentionParams {
+    /// The head dim of `v` and `o`: `dv`, or `d` when it is 0.
+    pub fn value_dim(&self) -> usize {
+        if self.dv == 0 { self.d } else { self.dv }
     }
 }
 
@@ -266,12 +260,10 @@ fn forward(
     scale: Value,
     p: AttentionParams,
 ) {
-    let dv = p.value_dim();
     let AttentionParams {
         d,
         causal,
         block_m: bm,
-        block_n,
         kv_group,
         dtype,
         window_left,
@@ -280,11 +272,11 @@ fn forward(
         ..
     } = p;
     let w = Window::new(causal, window_left, window_right);
-    let bn = key_block(block_n, d.max(dv), (w, softcap), packed.is_some());
+    let bn = key_block(&p, (w, softcap), packed.is_some());
     let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
     let rows = Rows::of(q, k, b, packed);
     let (sq, sk, batch) = (rows.sq, rows.sk, rows.batch);
-    let q0 = mb * bm;
+    let (q0, dv) = (mb * bm, p.value_dim());
     let qs = q.tile([bm, d], [batch, h, rows.query(q0), 0]).load();
     let qk_scale = scale * score_factor(softcap);
     let mut acc = zeros::<f32>([bm, dv]);
@@ -570,11 +562,6 @@ pub fn tuned_blocks(
 }
 
 impl AttentionParams {
-    /// The head dim of `v` and `o`: `dv`, or `d` when it is 0.
-    pub fn value_dim(&self) -> usize {
-        if self.dv == 0 { self.d } else { self.dv }
-    }
-
     /// Head dim `d`, `causal` or not, in the blocks [`tuned_blocks`] picks on `target` for
     /// `sq` queries and `sk` keys; the other fields at their defaults (bf16, no window, no
     /// soft-cap, one query head per key head).
@@ -592,6 +579,21 @@ impl AttentionParams {
             block_m,
             ..AttentionParams::default()
         }
+    }
+}
+
+/// `p.block_n`, or when it is 0 the kernel's own choice, what fits sm_80's registers best
+/// (ptxas, 4 warps): 128 keys when the wider of `d` and `dv` is at most 64 with no mask but
+/// causal's and no soft-cap (255 registers, no spill), else 64 (at 128 keys a window's or a
+/// cap's registers spill at d = 64, and so do a `packed` varlen batch's sequence offsets: 16
+/// bytes).
+fn key_block(p: &AttentionParams, (w, softcap): (Window, f32), packed: bool) -> usize {
+    let (block_n, d) = (p.block_n, p.d.max(p.value_dim()));
+    let plain = w.left < 0 && w.right <= 0 && softcap == 0.0 && !packed;
+    match block_n {
+        0 if d <= 64 && plain => 128,
+        0 => 64,
+        n => n,
     }
 }
 
