@@ -79,9 +79,16 @@ pub fn value_blocks(d: usize) -> usize {
 
 /// [`value_blocks`] for a key head dim `d` and a value head dim `dv`: 1 while the query's
 /// and the output's columns together are at most 256 (the widest pair that fits beside each
-/// other without a spill, d = dv = 128), else blocks of at most 64 value columns.
+/// other without a spill, d = dv = 128), else the fewest blocks of at most 64 value columns
+/// each as wide as a tile may be (a power of two or a multiple of 32: 96 in three of 32).
 pub fn value_split(d: usize, dv: usize) -> usize {
-    if d + dv <= 256 { 1 } else { dv.div_ceil(64) }
+    if d + dv <= 256 {
+        return 1;
+    }
+    let tile = |w: usize| w.is_power_of_two() || w.is_multiple_of(32);
+    (dv.div_ceil(64)..=dv.max(1))
+        .find(|&n| dv.is_multiple_of(n) && tile(dv / n))
+        .unwrap_or(1)
 }
 
 /// `block_n`, or when it is 0 the decode kernels' own choice for head dim `d` and pages of
@@ -756,7 +763,9 @@ pub fn attention_decode_combine(
 
 #[cfg(test)]
 mod tests {
-    use super::{DecodeParams, attention_decode, decode_key_block, num_splits, value_blocks};
+    use super::{
+        DecodeParams, attention_decode, decode_key_block, num_splits, value_blocks, value_split,
+    };
     use crate::testing::build;
 
     #[test]
@@ -789,6 +798,11 @@ mod tests {
         assert_eq!(decode_key_block(0, 256, 1), 16);
         assert_eq!(decode_key_block(48, 64, 1), 48);
         assert_eq!([64, 96, 128, 256].map(value_blocks), [1, 1, 1, 4]);
+        assert_eq!(value_split(192, 128), 2);
+        assert_eq!(value_split(128, 64), 1);
+        assert_eq!(value_split(64, 128), 1);
+        assert_eq!(value_split(192, 96), 3);
+        assert_eq!(value_split(256, 192), 3);
     }
 
     #[test]

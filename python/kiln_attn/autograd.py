@@ -7,7 +7,8 @@ its outputs' shapes and dtypes):
 
 - `_flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left,
   window_size_right, softcap, alibi_slopes, return_softmax) -> (out, softmax_lse, S_dmask,
-  rng_state)`: softmax_lse (batch, nheads, seqlen_q) float32; S_dmask FlashAttention's empty
+  rng_state)`: out (batch, seqlen_q, nheads, headdim_v) (v's head dim, which may differ from
+  q's and k's, as FlashAttention 3's); softmax_lse (batch, nheads, seqlen_q) float32; S_dmask FlashAttention's empty
   tensor (it returns probabilities only with dropout); rng_state a (2,) int64 tensor of zeros
   (no dropout, no random state).
 - `_flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale,
@@ -15,7 +16,8 @@ its outputs' shapes and dtypes):
   rng_state=None) -> softmax_d`: writes dq, dk, dv (the caller's buffers; None allocates one
   whose result is dropped, as FlashAttention) and returns softmax_d = rowsum(dout * out),
   (batch, nheads, seqlen_q) float32 (FlashAttention pads its last dimension to a multiple
-  of 128; kiln's is seqlen_q).
+  of 128; kiln's is seqlen_q). A forward whose v's head dim differs from q's has no backward
+  yet: a ValueError naming v.
 - `_flash_attn_varlen_forward` and `_flash_attn_varlen_backward`: the same over packed
   batches (FlashAttention 2's varlen arguments; softmax_lse and softmax_d (nheads, total_q)).
   `block_table`, `leftpad_k` and `seqused_k` must be None.
@@ -83,7 +85,7 @@ def _flash_attn_forward(
 def _flash_attn_forward_fake(q, k, v, dropout_p, softmax_scale, causal, wl, wr, softcap, alibi_slopes, return_softmax, fa3_window=False):
     b, sq, h, _ = q.shape
     return (
-        q.new_empty(q.shape),
+        q.new_empty((b, sq, h, v.shape[-1])),
         q.new_empty((b, h, sq), dtype=_F32),
         q.new_empty((0,)),
         q.new_empty((2,), dtype=torch.int64),
@@ -189,7 +191,7 @@ def _flash_attn_varlen_forward(
 def _flash_attn_varlen_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, *rest, **kw):
     total_q, h, _ = q.shape
     return (
-        q.new_empty(q.shape),
+        q.new_empty((total_q, h, v.shape[-1])),
         q.new_empty((h, total_q), dtype=_F32),
         q.new_empty((0,)),
         q.new_empty((2,), dtype=torch.int64),

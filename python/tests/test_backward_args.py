@@ -98,7 +98,7 @@ def varlen_bwd(total_q=300, total_k=500, h=4, hk=2, d=64, **over):
         ({"dk": FakeTensor((500, 4, 64))}, r"^dk: expected shape \[500, 2, 64\] \(k's\)"),
         ({"softmax_lse": FakeTensor((4, 301), dtype=F32)}, r"^softmax_lse: expected shape \[4, 300\] \(\[nheads, total_q\], the forward's\)"),
         ({"softmax_lse": FakeTensor((2, 4, 300), dtype=F32)}, r"^softmax_lse: expected shape \[4, 300\]"),
-        ({"out": FakeTensor((300, 4, 96))}, r"^out: expected shape \[300, 4, 64\] \(q's\)"),
+        ({"out": FakeTensor((300, 4, 96))}, r"^out: expected shape \[300, 4, 64\] \(q's, v's head dim\)"),
     ],
 )
 def test_varlen_gradients_are_checked_by_name(over, message):

@@ -46,7 +46,7 @@ pub fn comptime(plan: &Plan, target: Target) -> AttentionParams {
         window_left: plan.window.0,
         window_right: plan.window.1,
         softcap: plan.softcap,
-        ..AttentionParams::tuned(target, plan.head_dim, plan.causal, lengths)
+        ..AttentionParams::tuned_pair(target, plan.tile_dims(), plan.causal, lengths)
     }
 }
 
@@ -347,7 +347,7 @@ pub fn interpret(
 ) -> Result<(), InterpError> {
     let out_view = View {
         ptr: 0,
-        shape: [plan.batch, plan.nheads, plan.seqlen_q, plan.head_dim],
+        shape: [plan.batch, plan.nheads, plan.seqlen_q, plan.head_dim_v],
         strides: [
             out.strides[0],
             out.strides[2],

@@ -150,10 +150,11 @@ pub fn plan_varlen_at(
             )));
         }
     }
-    if out.shape != q.shape {
+    let want = [q.shape[0], q.shape[1], v.shape[2]];
+    if out.shape != want {
         return Err(ArgError::value_error(format!(
-            "out: expected shape {:?} (q's), got {:?}",
-            q.shape, out.shape
+            "out: expected shape {want:?} (q's, v's head dim), got {:?}",
+            out.shape
         )));
     }
     let [qb, kb, vb, ob] = [q, k, v, out].map(one_batch);
@@ -384,7 +385,7 @@ mod tests {
         let e = plan_varlen((&q, &k, &k), &k, (&cu, &cu), (100, 80), &o).expect_err("out");
         assert_eq!(
             e.message,
-            "out: expected shape [100, 2, 64] (q's), got [80, 2, 64]"
+            "out: expected shape [100, 2, 64] (q's, v's head dim), got [80, 2, 64]"
         );
         // The packed tensors' other checks are flash_attn_func's.
         let k3 = packed(80, 3, 64);
