@@ -342,18 +342,18 @@ fn write_lse(lse: Tensor, m: Value, l: Value, bm: usize, (rows, h, q0): (Rows, V
 pub(crate) struct Varlen {
     cu_q: Tensor,
     cu_k: Tensor,
+    used: Option<(Tensor, Tensor)>,
 }
 
 impl Varlen {
     /// The offsets `cu_seqlens_q`, `cu_seqlens_k` (`i32`, `[batch + 1]`).
     pub(crate) fn new(cu_q: Tensor, cu_k: Tensor) -> Varlen {
-        Varlen { cu_q, cu_k }
+        Varlen::of(cu_q, cu_k, None)
     }
 }
 
-/// Where the sequence a block works on lies in `q`, `k`, `v`, `o` (and `lse`): batch
-/// `block_id().z` of dense tensors, or in a packed batch ([`Varlen`]) the rows its offsets
-/// give, in batch 0.
+/// Where a block's sequence lies in `q`, `k`, `v`, `o` (and `lse`): batch `block_id().z` of
+/// dense tensors, or in a packed batch ([`Varlen`]) the rows its offsets give, in batch 0.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Rows {
     /// The batch coordinate.
@@ -427,7 +427,7 @@ impl Rows {
 #[kernel_fn]
 fn offsets(p: Varlen, b: Value) -> ((Value, Value), (Value, Value)) {
     let q = (p.cu_q.scalar([b]), p.cu_q.scalar([b + 1]));
-    (q, (p.cu_k.scalar([b]), p.cu_k.scalar([b + 1])))
+    used_ends(p, b, (q, (p.cu_k.scalar([b]), p.cu_k.scalar([b + 1]))))
 }
 
 /// The key/value head query head `h` reads when `kv_group` query heads share one (grouped-
@@ -643,6 +643,77 @@ pub fn padded_products(causal: bool, (sq, sk): (usize, usize), (bm, bn): (usize,
             key_blocks(last.saturating_sub(sq).min(sk)) * tile
         })
         .sum()
+}
+
+impl Varlen {
+    /// The offsets and, when given, FlashAttention 3's `seqused_q` and `seqused_k` (`i32`,
+    /// `[batch]`): sequence `b` then uses only its first `seqused_q[b]` query rows and
+    /// `seqused_k[b]` keys (each capped at its length by the offsets).
+    pub(crate) fn of(cu_q: Tensor, cu_k: Tensor, used: Option<(Tensor, Tensor)>) -> Varlen {
+        Varlen { cu_q, cu_k, used }
+    }
+}
+
+/// The `((q_start, q_end), (k_start, k_end))` of sequence `b` read from the offsets, each end
+/// brought down to `start + used[b]` where `p` has used lengths and they are shorter (a
+/// negative one leaves the sequence no rows); unchanged, with no op, otherwise.
+#[track_caller]
+fn used_ends(
+    p: Varlen,
+    b: Value,
+    ((q_start, q_end), (k_start, k_end)): ((Value, Value), (Value, Value)),
+) -> ((Value, Value), (Value, Value)) {
+    let Some((used_q, used_k)) = p.used else {
+        return ((q_start, q_end), (k_start, k_end));
+    };
+    let q_end = min(q_end, q_start + used_q.scalar([Index::Value(b)]));
+    let k_end = min(k_end, k_start + used_k.scalar([Index::Value(b)]));
+    ((q_start, q_end), (k_start, k_end))
+}
+
+/// [`attention_varlen`] with FlashAttention 3's `seqused_q` and `seqused_k` (`[batch]`, i32,
+/// read in the kernel): sequence `b` attends with its first `seqused_q[b]` query rows to its
+/// first `seqused_k[b]` keys (each at most the length its offsets give: a longer one is
+/// capped there), its masks aligned to those lengths; its rows past `seqused_q[b]` are not
+/// written. Same grid and comptime parameters.
+#[kernel(num_warps = 4, grid = [block_m, 1, 1])]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_varlen_used(
+    q: Tensor<dtype, 4>,
+    k: Tensor<dtype, 4>,
+    v: Tensor<dtype, 4>,
+    o: TensorMut<dtype, 4>,
+    cu_seqlens_q: Tensor<i32, 1>,
+    cu_seqlens_k: Tensor<i32, 1>,
+    seqused_q: Tensor<i32, 1>,
+    seqused_k: Tensor<i32, 1>,
+    scale: f32,
+    #[comptime] p: AttentionParams,
+) {
+    let packed = Varlen::of(cu_seqlens_q, cu_seqlens_k, Some((seqused_q, seqused_k)));
+    forward(q, k, v, o, None, Some(packed), scale, p);
+}
+
+/// [`attention_varlen_used`] which also writes the log-sum-exp of each used query row into
+/// `lse: [1, heads, total_q]` ([`attention_varlen_lse`]'s layout; rows past `seqused_q[b]`
+/// not written).
+#[kernel(num_warps = 4, grid = [block_m, 1, 1])]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_varlen_used_lse(
+    q: Tensor<dtype, 4>,
+    k: Tensor<dtype, 4>,
+    v: Tensor<dtype, 4>,
+    o: TensorMut<dtype, 4>,
+    lse: TensorMut<f32, 3>,
+    cu_seqlens_q: Tensor<i32, 1>,
+    cu_seqlens_k: Tensor<i32, 1>,
+    seqused_q: Tensor<i32, 1>,
+    seqused_k: Tensor<i32, 1>,
+    scale: f32,
+    #[comptime] p: AttentionParams,
+) {
+    let packed = Varlen::of(cu_seqlens_q, cu_seqlens_k, Some((seqused_q, seqused_k)));
+    forward(q, k, v, o, Some(lse), Some(packed), scale, p);
 }
 
 #[cfg(test)]

@@ -1,15 +1,19 @@
-//! `headdim_v != headdim` (FlashAttention 3's value head dim, MLA's 192 / 128 among the pairs):
-//! the dense and varlen forward kernels with a value head dim `dv` beside the key head dim `d`
+//! FlashAttention 3's forward features beyond 2's. `headdim_v != headdim` (its value head dim,
+//! MLA's 192 / 128 among the pairs): the dense and varlen forward kernels with a value head dim `dv` beside the key head dim `d`
 //! on the CPU interpreter against an f64 reference (tensors narrower than their tiles,
 //! lengths no multiple of any tile, causal and windowed masks with rows that see no key,
 //! grouped heads, outputs poisoned before the run); and the PTX of the forward and decode
 //! kernels for the pairs FlashAttention users run assembling with ptxas without a spill on
 //! sm_80 and sm_90a, the sm_90a forward keeping its warp-specialised schedule. The decode
 //! kernels' numbers with `dv != d` are checked by `interp_attention_decode` (its calls).
+//! `seqused_q` / `seqused_k` (`attention_varlen_used`, `attention_varlen_used_lse`): each
+//! sequence attends with its first used rows to its first used keys, rows past them unwritten.
 
 mod ptx_examples;
 
-use kiln_examples::attention::{AttentionParams, attention_lse, attention_varlen_lse};
+use kiln_examples::attention::{
+    AttentionParams, attention_lse, attention_varlen_lse, attention_varlen_used_lse,
+};
 use kiln_ir::dsl::{KernelDecl, KernelDef};
 use kiln_ir::{DType, HostTensor, Target, TensorData};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
@@ -407,4 +411,130 @@ fn sm80_takes_64_query_rows_for_wide_values_only() {
     let p = AttentionParams::tuned_pair(Target::Sm90a, (64, 128), false, (4096, 4096));
     // The wider head's tiles: d = 64's three-warpgroup block does not hold 128 columns of O.
     assert_eq!((p.d, p.dv, p.block_m), (64, 128, 128));
+}
+
+#[test]
+fn seqused_varlen_matches_reference_on_the_used_rows_and_keys() {
+    // (queries, keys, used queries, used keys): fewer used than given, all used, none used,
+    // more used than given (capped), causal alignment to the used lengths.
+    let seqs = [
+        (37, 50, 20, 31),
+        (64, 64, 64, 64),
+        (20, 10, 0, 10),
+        (9, 30, 9, 0),
+        (131, 90, 100, 200),
+    ];
+    let mut rng = Rng::from_env();
+    let (h, h_kv, d, dv, dtype) = (4, 2, 64, 64, DType::Bf16);
+    for causal in [false, true] {
+        let mut cu = (vec![0i32], vec![0i32]);
+        for &(sq, sk, _, _) in &seqs {
+            cu.0.push(cu.0.last().copied().unwrap_or(0) + sq as i32);
+            cu.1.push(cu.1.last().copied().unwrap_or(0) + sk as i32);
+        }
+        let used_q: Vec<i32> = seqs.iter().map(|s| s.2 as i32).collect();
+        let used_k: Vec<i32> = seqs.iter().map(|s| s.3 as i32).collect();
+        let (tq, tk) = (
+            *cu.0.last().unwrap() as usize,
+            *cu.1.last().unwrap() as usize,
+        );
+        let max_q = seqs.iter().map(|s| s.0).max().unwrap_or(0);
+        for dist in Dist::ALL {
+            let q = tensor(&mut rng, &[1, h, tq, d], dtype, dist);
+            let k = tensor(&mut rng, &[1, h_kv, tk, d], dtype, dist);
+            let v = tensor(&mut rng, &[1, h_kv, tk, dv], dtype, dist);
+            let mut o = poisoned(&[1, h, tq, dv], dtype);
+            let mut lse = poisoned(&[1, h, tq], DType::F32);
+            let scale = 1.0 / (d as f32).sqrt();
+            let p = AttentionParams {
+                kv_group: h / h_kv,
+                dtype,
+                ..AttentionParams::tuned(Target::Sm90a, d, causal, (tq, tk))
+            };
+            let grid = attention_varlen_used_lse.grid(&p, [max_q, h, seqs.len()]);
+            let t = |v: &[i32]| i32_tensor(v);
+            let (cu_q, cu_k, uq, uk) = (t(&cu.0), t(&cu.1), t(&used_q), t(&used_k));
+            attention_varlen_used_lse
+                .interpret(
+                    &p, grid, &q, &k, &v, &mut o, &mut lse, &cu_q, &cu_k, &uq, &uk, scale,
+                )
+                .unwrap_or_else(|e| panic!("{p:?}: {e}"));
+            let (qv, kv, vv) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
+            let (ov, lv) = (o.to_f64_vec(), lse.to_f64_vec());
+            let case = Case {
+                kernel: format!("attention_varlen_used_lse<{p:?}>"),
+                shape: format!("seqs {seqs:?}"),
+                dist,
+                seed: rng.seed(),
+            };
+            for hh in 0..h {
+                let kvh = hh / (h / h_kv);
+                for (s, &(sq, sk, uq, uk)) in seqs.iter().enumerate() {
+                    let (uq, uk) = (uq.min(sq), uk.min(sk));
+                    let (q0, k0) = (cu.0[s] as usize, cu.1[s] as usize);
+                    let (mut want_o, mut want_l) = (Vec::new(), Vec::new());
+                    reference_head(
+                        |i, x| qv[(hh * tq + q0 + i) * d + x],
+                        |j, x| kv[(kvh * tk + k0 + j) * d + x],
+                        |j, x| vv[(kvh * tk + k0 + j) * dv + x],
+                        (uq, uk),
+                        (d, dv),
+                        f64::from(scale),
+                        if causal { (-1, 0) } else { (-1, -1) },
+                        (&mut want_o, &mut want_l),
+                    );
+                    let at = (hh * tq + q0) * dv;
+                    let got = &ov[at..at + uq * dv];
+                    let err = kiln_tests::check::rel_error(got, &want_o);
+                    assert!(
+                        err <= tolerance(dtype) || want_o.iter().all(|&w| w == 0.0),
+                        "{case}: head {hh} sequence {s}: error {err}"
+                    );
+                    for (i, &w) in want_l.iter().enumerate() {
+                        let g = lv[hh * tq + q0 + i];
+                        let ok = if w.is_finite() {
+                            (g - w).abs() <= 1e-4 * w.abs().max(1.0)
+                        } else {
+                            g == w
+                        };
+                        assert!(
+                            ok,
+                            "{case}: head {hh} sequence {s} row {i}: lse {g}, want {w}"
+                        );
+                    }
+                    if want_l.iter().all(|w| w.is_infinite()) {
+                        assert!(
+                            got.iter().all(|&y| y == 0.0),
+                            "{case}: keyless rows output 0"
+                        );
+                    }
+                    // The rows past the used ones keep their poison (NaN): never written.
+                    let past = &ov[at + uq * dv..at + sq * dv];
+                    assert!(
+                        past.iter().all(|y| y.is_nan()),
+                        "{case}: rows past seqused_q written"
+                    );
+                    let past = &lv[hh * tq + q0 + uq..hh * tq + q0 + sq];
+                    assert!(
+                        past.iter().all(|y| y.is_nan()),
+                        "{case}: lse past seqused_q written"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn seqused_kernels_assemble_without_spills_and_keep_the_sm90a_schedule() {
+    for kernel in ["attention_varlen_used", "attention_varlen_used_lse"] {
+        for pair in [(64, 64), (192, 128)] {
+            let m = assemble(kernel, &forward_overrides(Target::Sm90a, pair), Target::Sm90a);
+            assert!(
+                m.ptx.contains("rotated loop: steady state"),
+                "{kernel} {pair:?}: not the rotated schedule"
+            );
+            assemble(kernel, &forward_overrides(Target::Sm80, pair), Target::Sm80);
+        }
+    }
 }
