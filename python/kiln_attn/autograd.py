@@ -20,7 +20,8 @@ its outputs' shapes and dtypes):
   yet: a ValueError naming v.
 - `_flash_attn_varlen_forward` and `_flash_attn_varlen_backward`: the same over packed
   batches (FlashAttention 2's varlen arguments; softmax_lse and softmax_d (nheads, total_q)).
-  `block_table`, `leftpad_k` and `seqused_k` must be None.
+  `block_table` and `leftpad_k` must be None; `seqused_k` (and kiln's keyword `seqused_q`,
+  last) are FlashAttention 3's used lengths (forward only).
 
 Every op takes one argument more than FlashAttention's, last and defaulted: `fa3_window=False`
 (True: FlashAttention 3's window rule, used by `kiln_attn.fa3`). `dropout_p` other than 0 and
@@ -44,8 +45,8 @@ from .options import check_unsupported, interpreting
 _F32 = torch.float32
 
 
-def _no_paging(block_table, leftpad_k, seqused_k):
-    for name, t in (("block_table", block_table), ("leftpad_k", leftpad_k), ("seqused_k", seqused_k)):
+def _no_paging(block_table, leftpad_k):
+    for name, t in (("block_table", block_table), ("leftpad_k", leftpad_k)):
         if t is not None:
             raise ValueError(f"{name}: kiln_attn's varlen attention does not take {name}; pass None")
 
@@ -165,9 +166,16 @@ def _flash_attn_varlen_forward(
     leftpad_k: Optional[Tensor] = None,
     seqused_k: Optional[Tensor] = None,
     fa3_window: bool = False,
+    seqused_q: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     check_unsupported(dropout_p, alibi_slopes)
-    _no_paging(block_table, leftpad_k, seqused_k)
+    _no_paging(block_table, leftpad_k)
+    if (seqused_q is None) != (seqused_k is None):
+        # The kernel takes both: a missing one is the offsets' lengths.
+        if seqused_q is None:
+            seqused_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+        else:
+            seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
     out, lse = _native._varlen_fwd(
         q,
         k,
@@ -183,6 +191,8 @@ def _flash_attn_varlen_forward(
         True,
         fa3_window=fa3_window,
         interpret=interpreting(),
+        seqused_q=seqused_q,
+        seqused_k=seqused_k,
     )
     return out, lse, q.new_empty((0,)), torch.zeros((2,), dtype=torch.int64, device=q.device)
 
@@ -312,7 +322,8 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
     """flash_attn_varlen_func's autograd: returns (out, softmax_lse)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window, softcap, deterministic, fa3_window):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window, softcap, deterministic, fa3_window,
+                seqused_q=None, seqused_k=None):
         if softmax_scale is None:
             softmax_scale = q.shape[-1] ** (-0.5)
         out, lse, _, _ = torch.ops.kiln_attn._flash_attn_varlen_forward(
@@ -333,16 +344,23 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
             False,
             None,
             None,
-            None,
+            seqused_k,
             fa3_window,
+            seqused_q,
         )
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
         ctx.args = (max_q, max_k, softmax_scale, causal, window, softcap, deterministic, fa3_window)
+        ctx.used = seqused_q is not None or seqused_k is not None
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        if ctx.used:
+            raise ValueError(
+                "seqused_q: kiln_attn's varlen backward does not take seqused_q / seqused_k yet (the "
+                "forward runs; call it under torch.no_grad() or with inputs that do not require grad)"
+            )
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
         max_q, max_k, scale, causal, window, softcap, deterministic, fa3_window = ctx.args
         # Zeroed: the kernels write the rows of the sequences only, and rows that no sequence
@@ -373,7 +391,7 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
             None,
             fa3_window,
         )
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None
 
 
 def _distinct(*tensors):
@@ -433,11 +451,17 @@ def flash_attn_varlen(
     return_lse,
     out,
     fa3_window=False,
+    used=None,
 ):
-    """flash_attn_varlen_func through the autograd Function."""
+    """flash_attn_varlen_func through the autograd Function; `used`: FlashAttention 3's
+    (seqused_q, seqused_k), both given, or None."""
     q, k, v, cu_q, cu_k = _distinct(q, k, v, cu_q, cu_k)
+    used_q, used_k = used if used is not None else (None, None)
+    if used is not None:
+        used_q, used_k = _distinct(q, k, v, cu_q, cu_k, used_q, used_k)[5:]
     o, lse = FlashAttnVarlenFunc.apply(
-        q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window, softcap, deterministic, fa3_window
+        q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window, softcap, deterministic, fa3_window,
+        used_q, used_k
     )
     probs = ("fa3" if fa3_window else "fa2") if return_attn_probs else None
     return _finish(q, o, lse, out, probs, return_lse)

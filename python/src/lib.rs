@@ -359,16 +359,19 @@ fn with_lse<'py>(
 /// Returns out, or (out, softmax_lse) with return_lse=True, softmax_lse (nheads, total_q)
 /// torch.float32 as FlashAttention 2's varlen forward. Window bounds of at least
 /// max_seqlen_k are unbounded (FlashAttention 2's rule; fa3_window=True takes 3's).
+/// seqused_q, seqused_k: FlashAttention 3's used lengths ((batch,) torch.int32 on q's device,
+/// both or neither): sequence b attends with its first seqused_q[b] rows to its first
+/// seqused_k[b] keys; its rows past seqused_q[b] are not written.
 #[pyfunction]
 #[pyo3(signature = (
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
     causal=false, window_size=(-1, -1), softcap=0.0, return_lse=false, *, out=None,
-    fa3_window=false, interpret=false
+    fa3_window=false, interpret=false, seqused_q=None, seqused_k=None
 ))]
 #[pyo3(
     text_signature = "(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, \
     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, return_lse=False, *, \
-    out=None, fa3_window=False, interpret=False)"
+    out=None, fa3_window=False, interpret=False, seqused_q=None, seqused_k=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 fn _varlen_fwd<'py>(
@@ -387,8 +390,22 @@ fn _varlen_fwd<'py>(
     out: Option<Bound<'py, PyAny>>,
     fa3_window: bool,
     interpret: bool,
+    seqused_q: Option<Bound<'py, PyAny>>,
+    seqused_k: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = q.py();
+    let used = match (&seqused_q, &seqused_k) {
+        (Some(uq), Some(uk)) => {
+            Some((tensor_info("seqused_q", uq)?, tensor_info("seqused_k", uk)?))
+        }
+        (None, None) => None,
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(PyValueError::new_err(
+                "seqused_k: pass seqused_q and seqused_k together (kiln_attn.fa3 fills a missing \
+                 one with the offsets' lengths)",
+            ));
+        }
+    };
     let (qi, ki, vi) = (
         tensor_info("q", q)?,
         tensor_info("k", k)?,
@@ -410,10 +427,11 @@ fn _varlen_fwd<'py>(
         *o = dv.max(0) as usize;
     }
     let (out, oi) = out_or_new(out, q, &qi, &shape)?;
-    let vp = varlen::plan_varlen_at(
+    let vp = varlen::plan_varlen_used_at(
         (&qi, &ki, &vi),
         &oi,
         (&cu_qi, &cu_ki),
+        used.as_ref().map(|(q, k)| (q, k)),
         (max_seqlen_q, max_seqlen_k),
         &opts,
         place(interpret),
@@ -453,6 +471,7 @@ fn _varlen_fwd<'py>(
             batch: vp.batch,
             max_seqlen_q: vp.max_seqlen_q,
             max_seqlen_k: max_seqlen_k as usize,
+            used: vp.used,
         };
         let (step, given) = backward::forward_steps(&vp.plan, &vp.out, &lse_view, Some(packed));
         // SAFETY: every tensor is a checked CPU tensor the caller holds, or one allocated

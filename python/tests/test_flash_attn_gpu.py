@@ -971,3 +971,30 @@ def test_value_head_dims_have_no_backward_yet_on_the_gpu():
     out = kiln_attn.flash_attn_func(q, k, v, causal=True)
     with pytest.raises(ValueError, match=r"^v: headdim_v 128 != headdim 192 has no backward yet"):
         out.sum().backward()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_seqused_matches_each_sequence_on_its_used_rows_and_keys(causal):
+    from kiln_attn import fa3
+
+    lens = [(37, 50), (300, 211), (20, 10), (9, 30), (129, 129)]
+    used = [(20, 31), (300, 150), (0, 10), (9, 0), (100, 129)]
+    gen = torch.Generator(device="cuda").manual_seed(31 + causal)
+    tq, tk = sum(a for a, _ in lens), sum(b for _, b in lens)
+    q = torch.randn((tq, 4, 128), generator=gen, device="cuda").to(torch.bfloat16)
+    k = torch.randn((tk, 2, 128), generator=gen, device="cuda").to(torch.bfloat16)
+    v = torch.randn((tk, 2, 128), generator=gen, device="cuda").to(torch.bfloat16)
+    cu_q = torch.tensor([0] + list(itertools.accumulate(a for a, _ in lens)), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + list(itertools.accumulate(b for _, b in lens)), dtype=torch.int32, device="cuda")
+    uq = torch.tensor([a for a, _ in used], dtype=torch.int32, device="cuda")
+    uk = torch.tensor([b for _, b in used], dtype=torch.int32, device="cuda")
+    out = fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 300, 211, seqused_q=uq, seqused_k=uk, causal=causal)
+    for i, (nq, nk) in enumerate(used):
+        if nq == 0:
+            continue
+        q0, k0 = int(cu_q[i]), int(cu_k[i])
+        ref = reference(q[None, q0 : q0 + nq], k[None, k0 : k0 + nk], v[None, k0 : k0 + nk], 128 ** -0.5, causal)
+        if nk == 0:
+            assert (out[q0 : q0 + nq] == 0).all(), f"sequence {i}"
+            continue
+        assert rel_error(out[None, q0 : q0 + nq], ref) < TOLERANCE, f"sequence {i} causal={causal}"

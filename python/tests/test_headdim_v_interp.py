@@ -159,3 +159,66 @@ def test_the_split_count_is_the_kernels_own(monkeypatch):
     assert calls == [(1, 8, 1, 32768, 64, 132)]
     # The Rust unit test's values.
     assert [real(64, 8, 1, 32768, 64, 132), real(1, 8, 1, 64, 64, 132), real(1, 8, 1, 300, 64, 132)] == [1, 1, 2]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("which", ["both", "q", "k"])
+def test_seqused_uses_the_first_rows_and_keys_and_leaves_the_rest_unwritten(causal, which):
+    # FlashAttention 3's seqused_q / seqused_k: sequence b attends with its first seqused_q[b]
+    # rows to its first seqused_k[b] keys; a missing one is the whole sequence.
+    g = gen(900 + causal)
+    lens = [(37, 50), (64, 64), (20, 10), (9, 30), (131, 90)]
+    used = [(20, 31), (64, 64), (0, 10), (9, 0), (100, 90)]
+    h, hk, d, dv, dtype = 4, 2, 64, 128, torch.bfloat16
+    tq, tk = sum(a for a, _ in lens), sum(b for _, b in lens)
+    q = draw((tq, h, d), dtype, "normal", g)
+    k = draw((tk, hk, d), dtype, "normal", g)
+    v = draw((tk, hk, dv), dtype, "large", g)
+    cu_q = torch.tensor([0] + [sum(a for a, _ in lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32)
+    cu_k = torch.tensor([0] + [sum(b for _, b in lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32)
+    uq = torch.tensor([a for a, _ in used], dtype=torch.int32) if which in ("both", "q") else None
+    uk = torch.tensor([b for _, b in used], dtype=torch.int32) if which in ("both", "k") else None
+    with kiln_attn.interpreter():
+        out, lse = fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 131, 90, seqused_q=uq, seqused_k=uk,
+                                              causal=causal, return_attn_probs=True)
+    # The same call into a NaN output of the caller's: rows past seqused_q must stay NaN.
+    poisoned = torch.full((tq, h, dv), float("nan"), dtype=dtype)
+    both = fa3._used_lengths(uq, uk, cu_q, cu_k)
+    from kiln_attn import _native
+
+    _native._varlen_fwd(q, k, v, cu_q, cu_k, 131, 90, None, causal, out=poisoned, fa3_window=True, interpret=True,
+                        seqused_q=both[0], seqused_k=both[1])
+    assert torch.equal(poisoned[~poisoned.isnan()], out[~poisoned.isnan()])
+    assert out.shape == (tq, h, dv)
+    for i, ((sq, sk), (nq, nk)) in enumerate(zip(lens, used)):
+        nq = nq if uq is not None else sq
+        nk = nk if uk is not None else sk
+        q0, k0 = int(cu_q[i]), int(cu_k[i])
+        qs, ks, vs = q[None, q0 : q0 + nq], k[None, k0 : k0 + nk], v[None, k0 : k0 + nk]
+        seen = visible(nq, nk, causal, (-1, -1))
+        ref, ref_lse = attention(qs.double(), ks.double(), vs.double(), d ** -0.5, seen)
+        low, _ = attention(qs, ks, vs, d ** -0.5, seen)
+        check_rule(f"sequence {i}", out[None, q0 : q0 + nq], ref, low)
+        got_lse = lse[:, q0 : q0 + nq]
+        assert torch.equal(torch.isinf(got_lse), torch.isinf(ref_lse[0])), f"sequence {i} (seed {SEED})"
+        assert not poisoned[q0 : q0 + nq].isnan().any(), f"sequence {i}: a used row left unwritten"
+        assert poisoned[q0 + nq : q0 + sq].isnan().all(), f"sequence {i}: rows past seqused_q written"
+
+
+def test_seqused_has_no_backward_yet_and_bad_lengths_name_themselves():
+    g = gen(950)
+    q = draw((30, 2, 64), torch.bfloat16, "normal", g).requires_grad_()
+    k = draw((40, 2, 64), torch.bfloat16, "normal", g).requires_grad_()
+    v = draw((40, 2, 64), torch.bfloat16, "normal", g).requires_grad_()
+    cu_q = torch.tensor([0, 10, 30], dtype=torch.int32)
+    cu_k = torch.tensor([0, 25, 40], dtype=torch.int32)
+    used = torch.tensor([5, 20], dtype=torch.int32)
+    with kiln_attn.interpreter():
+        out = fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 20, 25, seqused_k=used)
+        with pytest.raises(ValueError, match=r"^seqused_q: kiln_attn's varlen backward does not take"):
+            out.sum().backward()
+        with torch.no_grad():
+            with pytest.raises(ValueError, match=r"^seqused_q: expected 2 lengths \(one per sequence\), got 3$"):
+                fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 20, 25, seqused_q=cu_q)
+            with pytest.raises(TypeError, match=r"^seqused_k: expected dtype torch.int32, got torch.int64$"):
+                fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 20, 25, seqused_k=used.long())

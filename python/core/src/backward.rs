@@ -56,6 +56,8 @@ pub struct Packed {
     pub max_seqlen_q: usize,
     /// `max_seqlen_k`.
     pub max_seqlen_k: usize,
+    /// FlashAttention 3's `seqused_q` and `seqused_k` of a forward (the backward takes none).
+    pub used: Option<(Offsets, Offsets)>,
 }
 
 /// A checked backward call.
@@ -203,6 +205,7 @@ pub fn plan_varlen_backward(
         batch: vp.batch,
         max_seqlen_q: vp.max_seqlen_q,
         max_seqlen_k: max_seqlen_k as usize,
+        used: None,
     };
     Ok(assemble(
         vp.plan,
@@ -608,7 +611,11 @@ pub fn forward_steps(
     }));
     let (kernel, extents) = match packed {
         Some(pk) => {
-            for o in [pk.cu_q, pk.cu_k] {
+            let used = pk.used.map(|(q, k)| [q, k]);
+            for o in [pk.cu_q, pk.cu_k]
+                .into_iter()
+                .chain(used.into_iter().flatten())
+            {
                 args.push(Arg::Tensor(TensorInfo::contiguous(
                     &[o.len],
                     TorchDType::Other("torch.int32".into()),
@@ -616,10 +623,11 @@ pub fn forward_steps(
                     o.ptr,
                 )));
             }
-            (
-                "attention_varlen_lse",
-                [pk.max_seqlen_q, plan.nheads, pk.batch],
-            )
+            let kernel = match pk.used {
+                Some(_) => "attention_varlen_used_lse",
+                None => "attention_varlen_lse",
+            };
+            (kernel, [pk.max_seqlen_q, plan.nheads, pk.batch])
         }
         None => ("attention_lse", [plan.seqlen_q, plan.nheads, plan.batch]),
     };
