@@ -14,7 +14,7 @@ mod ptx_examples;
 use kiln_examples::attention::{
     AttentionParams, attention_lse, attention_varlen_lse, attention_varlen_used_lse,
 };
-use kiln_ir::dsl::{KernelDecl, KernelDef};
+use kiln_ir::dsl::KernelDef;
 use kiln_ir::{DType, HostTensor, Target, TensorData};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
@@ -529,7 +529,11 @@ fn seqused_varlen_matches_reference_on_the_used_rows_and_keys() {
 fn seqused_kernels_assemble_without_spills_and_keep_the_sm90a_schedule() {
     for kernel in ["attention_varlen_used", "attention_varlen_used_lse"] {
         for pair in [(64, 64), (192, 128)] {
-            let m = assemble(kernel, &forward_overrides(Target::Sm90a, pair), Target::Sm90a);
+            let m = assemble(
+                kernel,
+                &forward_overrides(Target::Sm90a, pair),
+                Target::Sm90a,
+            );
             assert!(
                 m.ptx.contains("rotated loop: steady state"),
                 "{kernel} {pair:?}: not the rotated schedule"

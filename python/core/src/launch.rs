@@ -75,6 +75,10 @@ pub fn device(ordinal: usize) -> Result<Arc<Device>, RuntimeError> {
     Ok(d)
 }
 
+/// Two device tensors of sequence lengths a varlen launch reads: `cu_seqlens_q` and
+/// `cu_seqlens_k`, or `seqused_q` and `seqused_k`.
+type OffsetPair<'a> = (&'a Offsets, &'a Offsets);
+
 /// Which attention kernel a call takes: dense, packed varlen, or packed varlen with
 /// FlashAttention 3's used lengths (`seqused_q`, `seqused_k`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,7 +155,7 @@ pub unsafe fn launch_varlen(
 unsafe fn launch_kernel(
     plan: &Plan,
     (out, lse): (&View, Option<&Lse>),
-    (offsets, used): (Option<(&Offsets, &Offsets)>, Option<(&Offsets, &Offsets)>),
+    (offsets, used): (Option<OffsetPair<'_>>, Option<OffsetPair<'_>>),
     dims: [usize; 3],
     stream: u64,
 ) -> Result<(), LaunchFailure> {
