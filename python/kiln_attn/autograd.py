@@ -426,10 +426,35 @@ def _finish(q, o, lse, out, probs, return_lse):
     return o
 
 
+def _padded(q, k, v, softmax_scale):
+    """q, k, v with each head dim padded with zeros to a multiple of 8 (FlashAttention 2's
+    rule: the kernels read rows of 16-byte units; zero columns change no score and no kept
+    output column), the scale the unpadded head dim gives when none is, and v's head dim to
+    cut the output back to (None when nothing was padded). Differentiable: the padding's
+    gradient is dropped."""
+    dv = v.shape[-1]
+    # Past 256 nothing is padded: the native check names the head dim as given.
+    if (q.shape[-1] % 8 == 0 and dv % 8 == 0) or max(q.shape[-1], dv) > 256:
+        return q, k, v, softmax_scale, None
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** (-0.5)
+
+    def pad(t):
+        extra = -t.shape[-1] % 8
+        return torch.nn.functional.pad(t, (0, extra)) if extra else t
+
+    return pad(q), pad(k), pad(v), softmax_scale, dv
+
+
 def flash_attn(q, k, v, softmax_scale, causal, window, softcap, deterministic, return_attn_probs, return_lse, out, fa3_window=False):
     """flash_attn_func through the autograd Function (arguments already normalised)."""
+    q0 = q
+    q, k, v, softmax_scale, cut = _padded(q, k, v, softmax_scale)
     q, k, v = _distinct(q, k, v)
     o, lse = FlashAttnFunc.apply(q, k, v, softmax_scale, causal, window, softcap, deterministic, fa3_window)
+    if cut is not None:
+        o = o[..., :cut]
+    q = q0
     probs = ("fa3" if fa3_window else "fa2") if return_attn_probs else None
     return _finish(q, o, lse, out, probs, return_lse)
 
@@ -455,6 +480,8 @@ def flash_attn_varlen(
 ):
     """flash_attn_varlen_func through the autograd Function; `used`: FlashAttention 3's
     (seqused_q, seqused_k), both given, or None."""
+    q0 = q
+    q, k, v, softmax_scale, cut = _padded(q, k, v, softmax_scale)
     q, k, v, cu_q, cu_k = _distinct(q, k, v, cu_q, cu_k)
     used_q, used_k = used if used is not None else (None, None)
     if used is not None:
@@ -463,5 +490,8 @@ def flash_attn_varlen(
         q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window, softcap, deterministic, fa3_window,
         used_q, used_k
     )
+    if cut is not None:
+        o = o[..., :cut]
+    q = q0
     probs = ("fa3" if fa3_window else "fa2") if return_attn_probs else None
     return _finish(q, o, lse, out, probs, return_lse)

@@ -20,15 +20,19 @@ from .options import _INTERPRET, check_unsupported, interpreter, interpreting, w
 
 def _torch_path(q, k, v):
     """Whether the call must go through the autograd Function and custom ops: a torch tensor
-    with gradients wanted, or a call being traced by torch.compile."""
+    with gradients wanted, a head dim to pad to a multiple of 8 (which that path does), or a
+    call being traced by torch.compile."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(q, torch.Tensor):
         return False
     try:
         wants_grad = q.requires_grad or k.requires_grad or v.requires_grad
-    except AttributeError:
+        dims = (q.shape[-1], v.shape[-1])
+    except (AttributeError, IndexError):
         # k or v is no tensor: the native call names it.
         return False
+    if any(d % 8 for d in dims) and max(dims) <= 256:
+        return True
     if wants_grad and torch.is_grad_enabled():
         return True
     return torch.compiler.is_compiling()
@@ -63,7 +67,8 @@ def flash_attn_func(
     FlashAttention 3: MLA's 192 / 128; the output is headdim_v wide, and such a call has no
     backward yet: a ValueError naming v when one is asked for); all torch.bfloat16 or all
     torch.float16 CUDA tensors on one device, each with a contiguous last dimension (other
-    strides free). headdim and headdim_v are multiples of 8 up to 256; nheads_k divides
+    strides free). headdim and headdim_v are at most 256 (a head dim that is no multiple of 8
+    is padded with zeros to one, as FlashAttention 2 does: a copy); nheads_k divides
     nheads (grouped-query attention: query head h reads key/value head h // (nheads //
     nheads_k), and dk, dv sum over the query heads of a group).
 

@@ -222,3 +222,35 @@ def test_seqused_has_no_backward_yet_and_bad_lengths_name_themselves():
                 fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 20, 25, seqused_q=cu_q)
             with pytest.raises(TypeError, match=r"^seqused_k: expected dtype torch.int32, got torch.int64$"):
                 fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 20, 25, seqused_k=used.long())
+
+
+@pytest.mark.parametrize("d, dv", [(36, 36), (20, 100), (250, 13)])
+def test_head_dims_that_are_no_multiple_of_8_are_padded_and_differentiate(d, dv):
+    # FlashAttention 2's rule: zero columns to a multiple of 8, the output cut back to dv; the
+    # default scale is the unpadded head dim's.
+    g = gen(1000 + d)
+    b, sq, sk, h, hk = 1, 29, 41, 2, 1
+    q = draw((b, sq, h, d), torch.float16, "normal", g)
+    k = draw((b, sk, hk, d), torch.float16, "normal", g)
+    v = draw((b, sk, hk, dv), torch.float16, "normal", g)
+    dout = draw((b, sq, h, dv), torch.float16, "normal", g)
+    seen = visible(sq, sk, True, (-1, -1))
+    with kiln_attn.interpreter():
+        if d == dv:
+            out, grads = grads_of(lambda q, k, v: kiln_attn.flash_attn_func(q, k, v, causal=True), (q, k, v), dout)
+        else:
+            with torch.no_grad():
+                out, grads = kiln_attn.flash_attn_func(q, k, v, causal=True), None
+    ref, ref_grads = grads_of(lambda q, k, v: attention(q, k, v, d ** -0.5, seen)[0], [t.double() for t in (q, k, v)],
+                              dout.double())
+    low, low_grads = grads_of(lambda q, k, v: attention(q, k, v, d ** -0.5, seen)[0], (q, k, v), dout)
+    assert out.shape == (b, sq, h, dv)
+    check_rule("out", out, ref, low)
+    if grads is not None:
+        for name, got, r, lo in zip(("dq", "dk", "dv"), grads, ref_grads, low_grads):
+            assert got.shape == r.shape
+            check_rule(name, got, r, lo)
+    with kiln_attn.interpreter(), pytest.raises(ValueError, match=r"^q: headdim 260 is not supported"):
+        kiln_attn.flash_attn_func(draw((1, 4, 1, 260), torch.float16, "normal", g),
+                                  draw((1, 4, 1, 260), torch.float16, "normal", g),
+                                  draw((1, 4, 1, 260), torch.float16, "normal", g))
