@@ -49,8 +49,8 @@ fn online_update(s: Value, vs: Value, acc: Value, m: Value, l: Value) -> (Value,
     (acc, m_new, l)
 }
 
-/// Attention over `q: [batch, heads, sq, d]` and `k, v: [batch, heads / kv_group, sk, d]`
-/// (`dtype`, bf16 or f16; `sq`, `sk` may differ) into `o: [batch, heads, sq, d]`, scores
+/// Attention over `q: [batch, heads, sq, d]`, `k: [batch, heads / kv_group, sk, d]` and `v`
+/// (k's but `dv` wide; `dtype`: bf16, f16; `sq`, `sk` may differ) into `o: [.., sq, dv]`, scores
 /// `s = q.k * scale`, soft-capped when `softcap > 0` (`forward` says how), with comptime
 /// [`AttentionParams`]. Grid: `(cdiv(sq, block_m), heads, batch)` (`grid = [block_m, 1, 1]`):
 /// ```no_run
@@ -79,9 +79,15 @@ pub fn attention(
 /// NAME=VALUE` sets a field on the command line. Each distinct value compiles once.
 #[comptime]
 pub struct AttentionParams {
-    /// Head dim: a power of two or a multiple of 32 (the tiles' width).
+    /// Head dim of `q` and `k`: a power of two or a multiple of 32 (the tiles' width; a tensor
+    /// narrower than its tile reads 0 past its last column, and nothing is stored there).
     #[comptime(default = 128)]
     pub d: usize,
+    /// Head dim of `v` and `o` when it differs from `d` (FlashAttention 3's `headdim_v`,
+    /// MLA's 128 beside a `d` of 192), by the same rules; 0: `d`
+    /// ([`AttentionParams::value_dim`]).
+    #[comptime(default = 0)]
+    pub dv: usize,
     /// Whether each query sees only the keys up to its diagonal (aligned bottom-right).
     #[comptime(default = false)]
     pub causal: bool,
@@ -109,16 +115,10 @@ pub struct AttentionParams {
     pub block_m: usize,
 }
 
-/// `block_n`, or when it is 0 the kernel's own choice, what fits sm_80's registers best
-/// (ptxas, 4 warps): 128 keys for `d <= 64` with no mask but causal's and no soft-cap (255
-/// registers, no spill), else 64 (at 128 keys a window's or a cap's registers spill at d = 64,
-/// and so do a `packed` varlen batch's sequence offsets: 16 bytes).
-fn key_block(block_n: usize, d: usize, (w, softcap): (Window, f32), packed: bool) -> usize {
-    let plain = w.left < 0 && w.right <= 0 && softcap == 0.0 && !packed;
-    match block_n {
-        0 if d <= 64 && plain => 128,
-        0 => 64,
-        n => n,
+impl AttentionParams {
+    /// The head dim of `v` and `o`: `dv`, or `d` when it is 0.
+    pub fn value_dim(&self) -> usize {
+        if self.dv == 0 { self.d } else { self.dv }
     }
 }
 
@@ -264,22 +264,22 @@ fn forward(
         d,
         causal,
         block_m: bm,
-        block_n,
         kv_group,
         dtype,
         window_left,
         window_right,
         softcap,
+        ..
     } = p;
     let w = Window::new(causal, window_left, window_right);
-    let bn = key_block(block_n, d, (w, softcap), packed.is_some());
+    let bn = key_block(&p, (w, softcap), packed.is_some());
     let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
     let rows = Rows::of(q, k, b, packed);
     let (sq, sk, batch) = (rows.sq, rows.sk, rows.batch);
-    let q0 = mb * bm;
+    let (q0, dv) = (mb * bm, p.value_dim());
     let qs = q.tile([bm, d], [batch, h, rows.query(q0), 0]).load();
     let qk_scale = scale * score_factor(softcap);
-    let mut acc = zeros::<f32>([bm, d]);
+    let mut acc = zeros::<f32>([bm, dv]);
     let mut m = full::<f32>([bm], f32::NEG_INFINITY);
     let mut l = zeros::<f32>([bm]);
     // Walk key blocks j0..n_blocks; those before j_unmasked or from n_unmasked on are masked.
@@ -299,7 +299,7 @@ fn forward(
             .tile([bn, d], [batch, kv_head(h, kv_group), rows.key(k0), 0])
             .load();
         let vs = v
-            .tile([bn, d], [batch, kv_head(h, kv_group), rows.key(k0), 0])
+            .tile([bn, dv], [batch, kv_head(h, kv_group), rows.key(k0), 0])
             .load();
         let s = soft_cap(mma(&qs, &ks.t()) * qk_scale, softcap);
         // Uniform across the block: only the blocks on a window's edges and sk's pay for it.
@@ -313,7 +313,7 @@ fn forward(
     // Fully masked rows have l = 0 and acc = 0: scale by 1 so they output 0. One reciprocal
     // per row, then a product per element (not a division per element).
     let inv_l = recip(&select(l == 0.0, 1.0, l));
-    let out = o.tile([bm, d], [batch, h, rows.query(q0), 0]);
+    let out = o.tile([bm, dv], [batch, h, rows.query(q0), 0]);
     rows.store(out, (acc * inv_l.col()).cast_to(dtype), 2);
     store_lse(lse, m, l, bm, (rows, h, q0));
 }
@@ -342,18 +342,18 @@ fn write_lse(lse: Tensor, m: Value, l: Value, bm: usize, (rows, h, q0): (Rows, V
 pub(crate) struct Varlen {
     cu_q: Tensor,
     cu_k: Tensor,
+    used: Option<(Tensor, Tensor)>,
 }
 
 impl Varlen {
     /// The offsets `cu_seqlens_q`, `cu_seqlens_k` (`i32`, `[batch + 1]`).
     pub(crate) fn new(cu_q: Tensor, cu_k: Tensor) -> Varlen {
-        Varlen { cu_q, cu_k }
+        Varlen::of(cu_q, cu_k, None)
     }
 }
 
-/// Where the sequence a block works on lies in `q`, `k`, `v`, `o` (and `lse`): batch
-/// `block_id().z` of dense tensors, or in a packed batch ([`Varlen`]) the rows its offsets
-/// give, in batch 0.
+/// Where a block's sequence lies in `q`, `k`, `v`, `o` (and `lse`): batch `block_id().z` of
+/// dense tensors, or in a packed batch ([`Varlen`]) the rows its offsets give, in batch 0.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Rows {
     /// The batch coordinate.
@@ -427,7 +427,7 @@ impl Rows {
 #[kernel_fn]
 fn offsets(p: Varlen, b: Value) -> ((Value, Value), (Value, Value)) {
     let q = (p.cu_q.scalar([b]), p.cu_q.scalar([b + 1]));
-    (q, (p.cu_k.scalar([b]), p.cu_k.scalar([b + 1])))
+    used_ends(p, b, (q, (p.cu_k.scalar([b]), p.cu_k.scalar([b + 1]))))
 }
 
 /// The key/value head query head `h` reads when `kv_group` query heads share one (grouped-
@@ -582,6 +582,51 @@ impl AttentionParams {
     }
 }
 
+/// `p.block_n`, or when it is 0 the kernel's own choice, what fits sm_80's registers best
+/// (ptxas, 4 warps): 128 keys when the wider of `d` and `dv` is at most 64 with no mask but
+/// causal's and no soft-cap (255 registers, no spill), else 64 (at 128 keys a window's or a
+/// cap's registers spill at d = 64, and so do a `packed` varlen batch's sequence offsets: 16
+/// bytes).
+fn key_block(p: &AttentionParams, (w, softcap): (Window, f32), packed: bool) -> usize {
+    let (block_n, d) = (p.block_n, p.d.max(p.value_dim()));
+    let plain = w.left < 0 && w.right <= 0 && softcap == 0.0 && !packed;
+    match block_n {
+        0 if d <= 64 && plain => 128,
+        0 => 64,
+        n => n,
+    }
+}
+
+impl AttentionParams {
+    /// [`AttentionParams::tuned`] for a value head dim `dv` beside the key head dim `d`
+    /// (`headdim_v`; the same as `tuned` when they are equal): the blocks of the wider head,
+    /// and on sm_80 64 query rows when the values are 128 or more wide (then a 128-row
+    /// block's f32 output beside the query tile spills, ptxas, 4 warps; 64 rows do not up to
+    /// d = dv = 256).
+    pub fn tuned_pair(
+        target: kiln::ir::Target,
+        (d, dv): (usize, usize),
+        causal: bool,
+        lengths: (usize, usize),
+    ) -> AttentionParams {
+        if dv == d || dv == 0 {
+            return AttentionParams::tuned(target, d, causal, lengths);
+        }
+        let wide = AttentionParams::tuned(target, d.max(dv), causal, lengths);
+        let block_m = if target == kiln::ir::Target::Sm80 && dv >= 128 {
+            64
+        } else {
+            wide.block_m
+        };
+        AttentionParams {
+            d,
+            dv,
+            block_m,
+            ..wide
+        }
+    }
+}
+
 /// The query-key products `attention` computes in `(bm, bn)` blocks, padding included: per
 /// query block, `bm * bn` for each key block it visits (every one of `sk`, or when `causal`
 /// those up to its last row's diagonal, aligned bottom-right).
@@ -598,6 +643,77 @@ pub fn padded_products(causal: bool, (sq, sk): (usize, usize), (bm, bn): (usize,
             key_blocks(last.saturating_sub(sq).min(sk)) * tile
         })
         .sum()
+}
+
+impl Varlen {
+    /// The offsets and, when given, FlashAttention 3's `seqused_q` and `seqused_k` (`i32`,
+    /// `[batch]`): sequence `b` then uses only its first `seqused_q[b]` query rows and
+    /// `seqused_k[b]` keys (each capped at its length by the offsets).
+    pub(crate) fn of(cu_q: Tensor, cu_k: Tensor, used: Option<(Tensor, Tensor)>) -> Varlen {
+        Varlen { cu_q, cu_k, used }
+    }
+}
+
+/// The `((q_start, q_end), (k_start, k_end))` of sequence `b` read from the offsets, each end
+/// brought down to `start + used[b]` where `p` has used lengths and they are shorter (a
+/// negative one leaves the sequence no rows); unchanged, with no op, otherwise.
+#[track_caller]
+fn used_ends(
+    p: Varlen,
+    b: Value,
+    ((q_start, q_end), (k_start, k_end)): ((Value, Value), (Value, Value)),
+) -> ((Value, Value), (Value, Value)) {
+    let Some((used_q, used_k)) = p.used else {
+        return ((q_start, q_end), (k_start, k_end));
+    };
+    let q_end = min(q_end, q_start + used_q.scalar([Index::Value(b)]));
+    let k_end = min(k_end, k_start + used_k.scalar([Index::Value(b)]));
+    ((q_start, q_end), (k_start, k_end))
+}
+
+/// [`attention_varlen`] with FlashAttention 3's `seqused_q` and `seqused_k` (`[batch]`, i32,
+/// read in the kernel): sequence `b` attends with its first `seqused_q[b]` query rows to its
+/// first `seqused_k[b]` keys (each at most the length its offsets give: a longer one is
+/// capped there), its masks aligned to those lengths; its rows past `seqused_q[b]` are not
+/// written. Same grid and comptime parameters.
+#[kernel(num_warps = 4, grid = [block_m, 1, 1])]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_varlen_used(
+    q: Tensor<dtype, 4>,
+    k: Tensor<dtype, 4>,
+    v: Tensor<dtype, 4>,
+    o: TensorMut<dtype, 4>,
+    cu_seqlens_q: Tensor<i32, 1>,
+    cu_seqlens_k: Tensor<i32, 1>,
+    seqused_q: Tensor<i32, 1>,
+    seqused_k: Tensor<i32, 1>,
+    scale: f32,
+    #[comptime] p: AttentionParams,
+) {
+    let packed = Varlen::of(cu_seqlens_q, cu_seqlens_k, Some((seqused_q, seqused_k)));
+    forward(q, k, v, o, None, Some(packed), scale, p);
+}
+
+/// [`attention_varlen_used`] which also writes the log-sum-exp of each used query row into
+/// `lse: [1, heads, total_q]` ([`attention_varlen_lse`]'s layout; rows past `seqused_q[b]`
+/// not written).
+#[kernel(num_warps = 4, grid = [block_m, 1, 1])]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_varlen_used_lse(
+    q: Tensor<dtype, 4>,
+    k: Tensor<dtype, 4>,
+    v: Tensor<dtype, 4>,
+    o: TensorMut<dtype, 4>,
+    lse: TensorMut<f32, 3>,
+    cu_seqlens_q: Tensor<i32, 1>,
+    cu_seqlens_k: Tensor<i32, 1>,
+    seqused_q: Tensor<i32, 1>,
+    seqused_k: Tensor<i32, 1>,
+    scale: f32,
+    #[comptime] p: AttentionParams,
+) {
+    let packed = Varlen::of(cu_seqlens_q, cu_seqlens_k, Some((seqused_q, seqused_k)));
+    forward(q, k, v, o, Some(lse), Some(packed), scale, p);
 }
 
 #[cfg(test)]

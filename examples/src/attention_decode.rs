@@ -17,9 +17,14 @@ use crate::attention::{LOG2E, score_factor, soft_cap};
 /// command line.
 #[comptime]
 pub struct DecodeParams {
-    /// Head dim of `q`, `k` and `v`: 64, 96, 128 or 256 (any multiple of 32).
+    /// Head dim of `q` and `k` (and of `v` unless `dv` says otherwise): 64, 96, 128 or 256
+    /// (any multiple of 32; a tensor narrower than the tile reads 0 past its last column).
     #[comptime(default = 128)]
     pub d: usize,
+    /// Head dim of `v` and `o` when it differs from `d` (`headdim_v`), the same rules; 0:
+    /// `d`.
+    #[comptime(default = 0)]
+    pub dv: usize,
     /// The element type of `q`, the cache, the new keys and values, `cos`, `sin` and `o`.
     #[comptime(default = DType::Bf16)]
     pub dtype: DType,
@@ -69,7 +74,21 @@ pub struct DecodeParams {
 /// values, so a wide head reads its keys once per value block (from L2 when the blocks run
 /// side by side; not measured).
 pub fn value_blocks(d: usize) -> usize {
-    if d <= 128 { 1 } else { d.div_ceil(64) }
+    value_split(d, d)
+}
+
+/// [`value_blocks`] for a key head dim `d` and a value head dim `dv`: 1 while the query's
+/// and the output's columns together are at most 256 (the widest pair that fits beside each
+/// other without a spill, d = dv = 128), else the fewest blocks of at most 64 value columns
+/// each as wide as a tile may be (a power of two or a multiple of 32: 96 in three of 32).
+pub fn value_split(d: usize, dv: usize) -> usize {
+    if d + dv <= 256 {
+        return 1;
+    }
+    let tile = |w: usize| w.is_power_of_two() || w.is_multiple_of(32);
+    (dv.div_ceil(64)..=dv.max(1))
+        .find(|&n| dv.is_multiple_of(n) && tile(dv / n))
+        .unwrap_or(1)
 }
 
 /// `block_n`, or when it is 0 the decode kernels' own choice for head dim `d` and pages of
@@ -94,9 +113,14 @@ pub fn decode_key_block(block_n: usize, d: usize, page_size: usize) -> usize {
 /// warps of 16 rows (64 per 4 warps), no rows per block.
 #[track_caller]
 fn validate(p: &DecodeParams) {
+    let head = |d: usize| d != 0 && (d <= 128 && d.is_multiple_of(16) || d.is_multiple_of(64));
     let d = p.d;
-    if d == 0 || !(d <= 128 && d.is_multiple_of(16) || d.is_multiple_of(64)) {
+    if !head(d) {
         reject("decode: `d` must be a multiple of 16 up to 128, or of 64 beyond");
+    }
+    let dv = p.value_dim();
+    if !head(dv) || !dv.is_multiple_of(8 * value_split(d, dv)) {
+        reject("decode: `dv` must be 0 (`d`), or a multiple of 16 up to 128, or of 64 beyond");
     }
     if p.kv_group == 0 {
         reject("decode: `kv_group` must be at least 1");
@@ -116,6 +140,23 @@ fn validate(p: &DecodeParams) {
 }
 
 impl DecodeParams {
+    /// The head dim of `v` and `o`: `dv`, or `d` when it is 0.
+    pub fn value_dim(&self) -> usize {
+        if self.dv == 0 { self.d } else { self.dv }
+    }
+
+    /// How many blocks share a head's value columns ([`value_split`]): the attention grid's y
+    /// is `heads_k * value_blocks()`.
+    pub fn value_blocks(&self) -> usize {
+        value_split(self.d, self.value_dim())
+    }
+
+    /// The keys per block of the attention kernels ([`decode_key_block`], for the wider of
+    /// the two head dims).
+    pub fn key_block(&self) -> usize {
+        decode_key_block(self.block_n, self.d.max(self.value_dim()), self.page_size)
+    }
+
     /// The sliding window of these parameters (`causal` making `right` 0).
     fn window(&self) -> (i32, i32) {
         let right = if self.causal { 0 } else { self.window_right };
@@ -160,7 +201,8 @@ pub fn num_splits(
         .unwrap_or(1)
 }
 
-/// Appends the new keys `k_new` and values `v_new` (`[batch, heads_k, seqlen_new, d]`, a
+/// Appends the new keys `k_new` and values `v_new` (`[batch, heads_k, seqlen_new, d]`, `v_new`
+/// and `v_cache` `dv` wide when `DecodeParams::dv` says so; a
 /// view of FlashAttention's `(batch, seqlen_new, nheads_k, d)`) into the caches `k_cache`,
 /// `v_cache` (`[pages, heads_k, page, d]`, layout in `docs/kernels.md`) at positions
 /// `cache_seqlens[b]..` of each sequence, through `page_table` (`[batch, pages per
@@ -182,6 +224,7 @@ pub fn kv_cache_append(
     #[comptime] p: DecodeParams,
 ) {
     validate(&p);
+    let dv = p.value_dim();
     let DecodeParams {
         d,
         dtype,
@@ -210,14 +253,14 @@ pub fn kv_cache_append(
     } else {
         ks
     };
-    let vs = v_new.tile([br, d], [b, hk, tb * br, 0]).load();
+    let vs = v_new.tile([br, dv], [b, hk, tb * br, 0]).load();
     k_cache
         .tile([br, d], [0, hk, 0, 0])
         .index(0, page.col())
         .index(2, row)
         .store_masked(ks, keep.col());
     v_cache
-        .tile([br, d], [0, hk, 0, 0])
+        .tile([br, dv], [0, hk, 0, 0])
         .index(0, page.col())
         .index(2, row)
         .store_masked(vs, keep.col());
@@ -355,15 +398,16 @@ fn rope_apply(r: Rope, x: Value, partner: Value, pos: Value) -> Value {
 /// keys sequence `b` sees in its cache, with the log-sum-exp (natural log, `+inf` for a
 /// query that sees no key) into `lse: [batch, heads, seqlen_q]`.
 ///
-/// `q: [batch, seqlen_q, heads, d]` and `o` alike (FlashAttention's layout); `k_cache`,
+/// `q: [batch, seqlen_q, heads, d]` and `o: [batch, seqlen_q, heads, dv]` (FlashAttention's
+/// layout; `dv` is `DecodeParams::value_dim`, `v_cache`'s last extent); `k_cache`,
 /// `v_cache` and `page_table` as `docs/kernels.md` says (after [`kv_cache_append`], which wrote
 /// `seqlen_new` keys per sequence); sequence `b` holds keys `cache_leftpad[b] ..
 /// cache_seqlens[b] + seqlen_new` (`cache_seqlens` is the length before the append, as
 /// FlashAttention's). Causal and window masks are aligned bottom-right against that end;
 /// `softcap` caps the scores. With a rotary dim, `q` is [`rotary_q`]'s output.
 ///
-/// Grid: `(cdiv(seqlen_q * kv_group, block_m), heads_k * value_blocks(d), batch)`
-/// ([`value_blocks`]).
+/// Grid: `(cdiv(seqlen_q * kv_group, block_m), heads_k * value_split(d, dv), batch)`
+/// ([`value_split`]).
 #[kernel(num_warps = 4)]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode(
@@ -391,13 +435,13 @@ pub fn attention_decode(
 /// [`attention_decode`] split over the keys (flash-decoding): block `x = split *
 /// row_blocks + m` (`row_blocks = cdiv(seqlen_q * kv_group, block_m)`) walks the `split`-th of
 /// `num_splits` equal shares of the key blocks its rows see, and writes its unnormalised
-/// share as an f32 partial output `o_partial: [num_splits * batch, seqlen_q, heads, d]`
+/// share as an f32 partial output `o_partial: [num_splits * batch, seqlen_q, heads, dv]`
 /// (FlashAttention's `(num_splits, batch, seqlen_q, nheads, d)`) and its log-sum-exp
 /// `lse_partial: [num_splits * batch, seqlen_q, heads]` (`-inf` where the share holds no key
 /// the row sees), which [`attention_decode_combine`] merges. Other arguments as
 /// [`attention_decode`]'s.
 ///
-/// Grid: `(num_splits * cdiv(seqlen_q * kv_group, block_m), heads_k * value_blocks(d),
+/// Grid: `(num_splits * cdiv(seqlen_q * kv_group, block_m), heads_k * value_split(d, dv),
 /// batch)`; the kernel reads `num_splits` from the grid.
 #[kernel(num_warps = 4)]
 #[allow(clippy::too_many_arguments)]
@@ -488,10 +532,10 @@ fn decode(
     p: DecodeParams,
 ) {
     let (d, bm, g) = (p.d, p.block_m.max(64), p.kv_group.max(1));
-    let bn = decode_key_block(p.block_n, d, p.page_size);
+    let bn = p.key_block();
     let (left, right) = p.window();
     // Block y is `hk * value_blocks + cb`: the block computes value columns `cb * dv ..`.
-    let (vb, dv) = (value_blocks(d), d / value_blocks(d));
+    let (vb, dv) = (p.value_blocks(), p.value_dim() / p.value_blocks());
     let (bx, by, b) = (block_id().x, block_id().y, block_id().z);
     let (hk, cb) = if vb == 1 {
         (by, by * 0)
@@ -670,8 +714,9 @@ fn decode_mask(
 /// Merges the splits of [`attention_decode_split`]: for each query row, with `lse_s` the
 /// log-sum-exp of split `s`, `lse = ln sum_s e^(lse_s)` and `o = sum_s e^(lse_s - lse)
 /// o_s` (FlashAttention's `flash_attn_combine`). `o_partial: [num_splits * batch, seqlen_q,
-/// heads, d]` and `lse_partial: [num_splits * batch, seqlen_q, heads]` (f32) as the split
-/// kernel writes them; `o: [batch, seqlen_q, heads, d]` (`dtype`), `lse: [batch, heads,
+/// heads, dv]` and `lse_partial: [num_splits * batch, seqlen_q, heads]` (f32) as the split
+/// kernel writes them; `o: [batch, seqlen_q, heads, dv]` (`dtype`; `dv` the value head dim,
+/// `DecodeParams::value_dim`), `lse: [batch, heads,
 /// seqlen_q]`; `num_splits` is `o_partial`'s first extent over `o`'s. A row no split saw a
 /// key for gets `o = 0` and `lse = +inf`, as [`attention_decode`] writes it.
 ///
@@ -685,7 +730,7 @@ pub fn attention_decode_combine(
     #[comptime] p: DecodeParams,
 ) {
     validate(&p);
-    let (d, bh) = (p.d, p.block_rows.max(1));
+    let (d, bh) = (p.value_dim(), p.block_rows.max(1));
     let (hb, t, b) = (block_id().x, block_id().y, block_id().z);
     let h0 = hb * bh;
     let batch = o.dim(0);
@@ -718,7 +763,9 @@ pub fn attention_decode_combine(
 
 #[cfg(test)]
 mod tests {
-    use super::{DecodeParams, attention_decode, decode_key_block, num_splits, value_blocks};
+    use super::{
+        DecodeParams, attention_decode, decode_key_block, num_splits, value_blocks, value_split,
+    };
     use crate::testing::build;
 
     #[test]
@@ -751,6 +798,11 @@ mod tests {
         assert_eq!(decode_key_block(0, 256, 1), 16);
         assert_eq!(decode_key_block(48, 64, 1), 48);
         assert_eq!([64, 96, 128, 256].map(value_blocks), [1, 1, 1, 4]);
+        assert_eq!(value_split(192, 128), 2);
+        assert_eq!(value_split(128, 64), 1);
+        assert_eq!(value_split(64, 128), 1);
+        assert_eq!(value_split(192, 96), 3);
+        assert_eq!(value_split(256, 192), 3);
     }
 
     #[test]

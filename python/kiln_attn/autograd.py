@@ -7,7 +7,8 @@ its outputs' shapes and dtypes):
 
 - `_flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left,
   window_size_right, softcap, alibi_slopes, return_softmax) -> (out, softmax_lse, S_dmask,
-  rng_state)`: softmax_lse (batch, nheads, seqlen_q) float32; S_dmask FlashAttention's empty
+  rng_state)`: out (batch, seqlen_q, nheads, headdim_v) (v's head dim, which may differ from
+  q's and k's, as FlashAttention 3's); softmax_lse (batch, nheads, seqlen_q) float32; S_dmask FlashAttention's empty
   tensor (it returns probabilities only with dropout); rng_state a (2,) int64 tensor of zeros
   (no dropout, no random state).
 - `_flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale,
@@ -15,10 +16,12 @@ its outputs' shapes and dtypes):
   rng_state=None) -> softmax_d`: writes dq, dk, dv (the caller's buffers; None allocates one
   whose result is dropped, as FlashAttention) and returns softmax_d = rowsum(dout * out),
   (batch, nheads, seqlen_q) float32 (FlashAttention pads its last dimension to a multiple
-  of 128; kiln's is seqlen_q).
+  of 128; kiln's is seqlen_q). A forward whose v's head dim differs from q's has no backward
+  yet: a ValueError naming v.
 - `_flash_attn_varlen_forward` and `_flash_attn_varlen_backward`: the same over packed
   batches (FlashAttention 2's varlen arguments; softmax_lse and softmax_d (nheads, total_q)).
-  `block_table`, `leftpad_k` and `seqused_k` must be None.
+  `block_table` and `leftpad_k` must be None; `seqused_k` (and kiln's keyword `seqused_q`,
+  last) are FlashAttention 3's used lengths (forward only).
 
 Every op takes one argument more than FlashAttention's, last and defaulted: `fa3_window=False`
 (True: FlashAttention 3's window rule, used by `kiln_attn.fa3`). `dropout_p` other than 0 and
@@ -42,8 +45,8 @@ from .options import check_unsupported, interpreting
 _F32 = torch.float32
 
 
-def _no_paging(block_table, leftpad_k, seqused_k):
-    for name, t in (("block_table", block_table), ("leftpad_k", leftpad_k), ("seqused_k", seqused_k)):
+def _no_paging(block_table, leftpad_k):
+    for name, t in (("block_table", block_table), ("leftpad_k", leftpad_k)):
         if t is not None:
             raise ValueError(f"{name}: kiln_attn's varlen attention does not take {name}; pass None")
 
@@ -83,7 +86,7 @@ def _flash_attn_forward(
 def _flash_attn_forward_fake(q, k, v, dropout_p, softmax_scale, causal, wl, wr, softcap, alibi_slopes, return_softmax, fa3_window=False):
     b, sq, h, _ = q.shape
     return (
-        q.new_empty(q.shape),
+        q.new_empty((b, sq, h, v.shape[-1])),
         q.new_empty((b, h, sq), dtype=_F32),
         q.new_empty((0,)),
         q.new_empty((2,), dtype=torch.int64),
@@ -163,9 +166,16 @@ def _flash_attn_varlen_forward(
     leftpad_k: Optional[Tensor] = None,
     seqused_k: Optional[Tensor] = None,
     fa3_window: bool = False,
+    seqused_q: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     check_unsupported(dropout_p, alibi_slopes)
-    _no_paging(block_table, leftpad_k, seqused_k)
+    _no_paging(block_table, leftpad_k)
+    if (seqused_q is None) != (seqused_k is None):
+        # The kernel takes both: a missing one is the offsets' lengths.
+        if seqused_q is None:
+            seqused_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+        else:
+            seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
     out, lse = _native._varlen_fwd(
         q,
         k,
@@ -181,6 +191,8 @@ def _flash_attn_varlen_forward(
         True,
         fa3_window=fa3_window,
         interpret=interpreting(),
+        seqused_q=seqused_q,
+        seqused_k=seqused_k,
     )
     return out, lse, q.new_empty((0,)), torch.zeros((2,), dtype=torch.int64, device=q.device)
 
@@ -189,7 +201,7 @@ def _flash_attn_varlen_forward(
 def _flash_attn_varlen_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, *rest, **kw):
     total_q, h, _ = q.shape
     return (
-        q.new_empty(q.shape),
+        q.new_empty((total_q, h, v.shape[-1])),
         q.new_empty((h, total_q), dtype=_F32),
         q.new_empty((0,)),
         q.new_empty((2,), dtype=torch.int64),
@@ -310,7 +322,8 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
     """flash_attn_varlen_func's autograd: returns (out, softmax_lse)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window, softcap, deterministic, fa3_window):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window, softcap, deterministic, fa3_window,
+                seqused_q=None, seqused_k=None):
         if softmax_scale is None:
             softmax_scale = q.shape[-1] ** (-0.5)
         out, lse, _, _ = torch.ops.kiln_attn._flash_attn_varlen_forward(
@@ -331,16 +344,23 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
             False,
             None,
             None,
-            None,
+            seqused_k,
             fa3_window,
+            seqused_q,
         )
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
         ctx.args = (max_q, max_k, softmax_scale, causal, window, softcap, deterministic, fa3_window)
+        ctx.used = seqused_q is not None or seqused_k is not None
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        if ctx.used:
+            raise ValueError(
+                "seqused_q: kiln_attn's varlen backward does not take seqused_q / seqused_k yet (the "
+                "forward runs; call it under torch.no_grad() or with inputs that do not require grad)"
+            )
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
         max_q, max_k, scale, causal, window, softcap, deterministic, fa3_window = ctx.args
         # Zeroed: the kernels write the rows of the sequences only, and rows that no sequence
@@ -371,7 +391,7 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
             None,
             fa3_window,
         )
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None
 
 
 def _distinct(*tensors):
@@ -406,10 +426,35 @@ def _finish(q, o, lse, out, probs, return_lse):
     return o
 
 
+def _padded(q, k, v, softmax_scale):
+    """q, k, v with each head dim padded with zeros to a multiple of 8 (FlashAttention 2's
+    rule: the kernels read rows of 16-byte units; zero columns change no score and no kept
+    output column), the scale the unpadded head dim gives when none is, and v's head dim to
+    cut the output back to (None when nothing was padded). Differentiable: the padding's
+    gradient is dropped."""
+    dv = v.shape[-1]
+    # Past 256 nothing is padded: the native check names the head dim as given.
+    if (q.shape[-1] % 8 == 0 and dv % 8 == 0) or max(q.shape[-1], dv) > 256:
+        return q, k, v, softmax_scale, None
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** (-0.5)
+
+    def pad(t):
+        extra = -t.shape[-1] % 8
+        return torch.nn.functional.pad(t, (0, extra)) if extra else t
+
+    return pad(q), pad(k), pad(v), softmax_scale, dv
+
+
 def flash_attn(q, k, v, softmax_scale, causal, window, softcap, deterministic, return_attn_probs, return_lse, out, fa3_window=False):
     """flash_attn_func through the autograd Function (arguments already normalised)."""
+    q0 = q
+    q, k, v, softmax_scale, cut = _padded(q, k, v, softmax_scale)
     q, k, v = _distinct(q, k, v)
     o, lse = FlashAttnFunc.apply(q, k, v, softmax_scale, causal, window, softcap, deterministic, fa3_window)
+    if cut is not None:
+        o = o[..., :cut]
+    q = q0
     probs = ("fa3" if fa3_window else "fa2") if return_attn_probs else None
     return _finish(q, o, lse, out, probs, return_lse)
 
@@ -431,11 +476,22 @@ def flash_attn_varlen(
     return_lse,
     out,
     fa3_window=False,
+    used=None,
 ):
-    """flash_attn_varlen_func through the autograd Function."""
+    """flash_attn_varlen_func through the autograd Function; `used`: FlashAttention 3's
+    (seqused_q, seqused_k), both given, or None."""
+    q0 = q
+    q, k, v, softmax_scale, cut = _padded(q, k, v, softmax_scale)
     q, k, v, cu_q, cu_k = _distinct(q, k, v, cu_q, cu_k)
+    used_q, used_k = used if used is not None else (None, None)
+    if used is not None:
+        used_q, used_k = _distinct(q, k, v, cu_q, cu_k, used_q, used_k)[5:]
     o, lse = FlashAttnVarlenFunc.apply(
-        q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window, softcap, deterministic, fa3_window
+        q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window, softcap, deterministic, fa3_window,
+        used_q, used_k
     )
+    if cut is not None:
+        o = o[..., :cut]
+    q = q0
     probs = ("fa3" if fa3_window else "fa2") if return_attn_probs else None
     return _finish(q, o, lse, out, probs, return_lse)

@@ -50,10 +50,13 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
-def value_blocks(d):
+def value_blocks(d, dv=None):
     """Blocks sharing a head's value columns (the attention grid's y is `heads_k *
-    value_blocks(d)`): 1 up to d = 128, else blocks of 64 columns."""
-    return 1 if d <= 128 else _cdiv(d, 64)
+    value_blocks(d, dv)`): the kernels' own rule, `kiln_examples::attention_decode::
+    value_split`, through the native module (`dv` None: `d`)."""
+    from . import _native
+
+    return _native._value_split(d, d if dv is None else dv)
 
 
 def decode_key_block(d, page_size):
@@ -67,27 +70,14 @@ def decode_key_block(d, page_size):
 
 
 def num_splits_heuristic(batch, heads_k, row_blocks, keys, block_n, sms):
-    """How many splits of the keys `attention_decode_split` runs with when `num_splits=0`
-    (the kernels' own rule, `kiln_examples::attention_decode::num_splits`): 1 when the
-    `batch * heads_k * row_blocks` blocks fill 80% of the `sms` multiprocessors, else the
-    fewest splits whose last wave keeps 85% of the best count's use of the SMs, each split at
-    least two key blocks, at most 128 splits."""
-    blocks = batch * heads_k * row_blocks
-    sms = max(sms, 1)
-    if blocks == 0 or blocks * 10 >= sms * 8:
-        return 1
-    key_blocks = _cdiv(keys, max(block_n, 1))
-    most = min(max(key_blocks // 2, 1), 128)
+    """How many splits of the keys `attention_decode_split` runs with when `num_splits=0`:
+    the kernels' own rule, `kiln_examples::attention_decode::num_splits`, called through the
+    native module (1 when the `batch * heads_k * row_blocks` blocks fill 80% of the `sms`
+    multiprocessors, else the fewest splits whose last wave keeps 85% of the best count's use
+    of the SMs, each split at least two key blocks, at most 128 splits)."""
+    from . import _native
 
-    def efficiency(splits):
-        n = blocks * splits
-        return n / (sms * _cdiv(n, sms))
-
-    best = max(efficiency(s) for s in range(1, most + 1))
-    for s in range(1, most + 1):
-        if efficiency(s) >= 0.85 * best:
-            return s
-    return 1
+    return _native._num_splits(batch, heads_k, row_blocks, keys, block_n, sms)
 
 
 def _sms(device):
@@ -180,11 +170,16 @@ def _launch(name, grid, *args, **ct):
         k.launch(grid, *args, **ct)
 
 
-def _check_d(d):
-    if not (0 < d <= 128 and d % 16 == 0 or d in (192, 256)):
-        raise ValueError(
-            f"q: kiln_attn's decode kernels take head dims 16, 32, ..., 128, 192 and 256, got {d}"
-        )
+# The tile widths the decode kernels run a head dim in (a tensor narrower than its tile reads
+# 0 past its last column and is not written there).
+_DECODE_TILES = (16, 32, 64, 96, 128, 192, 256)
+
+
+def _tile(name, what, d):
+    """The narrowest decode tile holding head dim `d` (a multiple of 8 up to 256)."""
+    if not (0 < d <= 256 and d % 8 == 0):
+        raise ValueError(f"{name}: {what} {d} is not supported (kiln_attn takes multiples of 8 up to 256)")
+    return next(w for w in _DECODE_TILES if w >= d)
 
 
 def kvcache(
@@ -220,11 +215,13 @@ def kvcache(
         _half(name, t, q)
         _rank(name, t, 4, "(batch_cache or num_blocks, seqlen_cache or page_block_size, nheads_k, headdim)")
         _last_contiguous(name, t)
-    _shape("v_cache", v_cache, k_cache.shape, "(as k_cache; kiln_attn's decode takes headdim_v == headdim)")
     pages, page_len, hk, dk = k_cache.shape
+    dv = v_cache.shape[-1]
+    _shape("v_cache", v_cache, (pages, page_len, hk, dv), "(as k_cache but for headdim_v)")
     if dk != d:
         raise ValueError(f"k_cache: expected headdim {d} (as q), got {dk}")
-    _check_d(d)
+    d_tile = _tile("q", "headdim", d)
+    dv_tile = _tile("v_cache", "headdim_v", dv)
     if hk == 0 or h == 0 or h % hk:
         raise ValueError(f"k_cache: nheads_k {hk} must divide q's nheads {h} (both at least 1)")
     group = h // hk
@@ -280,7 +277,7 @@ def kvcache(
             _rank(name, t, 4, "(batch, seqlen_new, nheads_k, headdim)")
         s_new = k.shape[1]
         _shape("k", k, (b, s_new, hk, d), "(batch, seqlen_new, nheads_k, headdim)")
-        _shape("v", v, (b, s_new, hk, d), "(as k)")
+        _shape("v", v, (b, s_new, hk, dv), "(as k but for v_cache's headdim_v)")
         if cache_seqlens is None:
             raise ValueError("cache_seqlens: appending k and v needs each sequence's cache length; pass cache_seqlens")
     if seqlens_int is not None and not 0 <= seqlens_int <= capacity - s_new:
@@ -357,7 +354,8 @@ def kvcache(
         rotary_cos = rotary_sin = torch.zeros((1, 1), dtype=q.dtype, device=dev)
 
     ct = {
-        "d": d,
+        "d": d_tile,
+        "dv": dv_tile,
         "dtype": q.dtype,
         "kv_group": group,
         "page_size": page_size,
@@ -368,7 +366,7 @@ def kvcache(
         "rotary_dim": rotary_dim,
         "rotary_interleaved": rotary_interleaved,
     }
-    out = torch.empty((b, sq, h, d), dtype=q.dtype, device=dev)
+    out = torch.empty((b, sq, h, dv), dtype=q.dtype, device=dev)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=dev)
     # `[pages, page, heads_k, d]` read as `[pages, heads_k, page, d]`.
     k_view, v_view = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
@@ -385,14 +383,15 @@ def kvcache(
     row_blocks = _cdiv(sq * group, _BLOCK_M)
     if splits == 0:
         sms = _INTERPRETER_SMS if _INTERPRET[0] else _sms(dev)
-        splits = num_splits_heuristic(b, hk, row_blocks, capacity, decode_key_block(d, page_size), sms)
+        key_block = decode_key_block(max(d_tile, dv_tile), page_size)
+        splits = num_splits_heuristic(b, hk, row_blocks, capacity, key_block, sms)
     scale = float(softmax_scale)
     cache = (q, k_view, v_view, page_table, cache_seqlens, cache_leftpad)
-    grid = (splits * row_blocks, hk * value_blocks(d), b)
+    grid = (splits * row_blocks, hk * value_blocks(d_tile, dv_tile), b)
     if splits == 1:
         _launch("attention_decode", grid, *cache, out, lse, scale, s_new, **ct)
     else:
-        o_partial = torch.empty((splits * b, sq, h, d), dtype=torch.float32, device=dev)
+        o_partial = torch.empty((splits * b, sq, h, dv), dtype=torch.float32, device=dev)
         lse_partial = torch.empty((splits * b, sq, h), dtype=torch.float32, device=dev)
         _launch("attention_decode_split", grid, *cache, o_partial, lse_partial, scale, s_new, **ct)
         _launch("attention_decode_combine", (_cdiv(h, _BLOCK_ROWS), sq, b), o_partial, lse_partial, out, lse, **ct)
@@ -404,7 +403,7 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
 
     out_partial: (num_splits, batch, seqlen, nheads, headdim) torch.float32; lse_partial:
     (num_splits, batch, seqlen, nheads) torch.float32 (natural log, -inf for a split that saw
-    no key); headdim 16, 32, ..., 128, 192 or 256. out: (batch, seqlen, nheads, headdim) to
+    no key); headdim a multiple of 8 up to 256. out: (batch, seqlen, nheads, headdim) to
     write, or None; out_dtype: its dtype (default out's, else torch.float32); float32,
     float16 or bfloat16.
 
@@ -426,8 +425,7 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
     _shape("lse_partial", lse_partial, (n, b, s, h), "(num_splits, batch, seqlen, nheads)")
     if n == 0:
         raise ValueError("out_partial: expected at least one split, got 0")
-    if not (0 < d <= 128 and d % 16 == 0 or d in (192, 256)):
-        raise ValueError(f"out_partial: kiln_attn's combine takes head dims 16, 32, ..., 128, 192 and 256, got {d}")
+    d_tile = _tile("out_partial", "headdim", d)
     allowed = ("torch.float32", "torch.float16", "torch.bfloat16")
     if out_dtype is not None and str(out_dtype) not in allowed:
         raise TypeError(f"out_dtype: expected torch.float32, torch.float16 or torch.bfloat16, got {out_dtype}")
@@ -451,7 +449,7 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
         # allow it, else a copy of the inputs (never of `out`).
         op = _maybe_contiguous(out_partial).reshape(n * b, s, h, d)
         lp = lse_partial.reshape(n * b, s, h)
-        ct = {"d": d, "dtype": out.dtype}
+        ct = {"d": d_tile, "dtype": out.dtype}
         _launch("attention_decode_combine", (_cdiv(h, _BLOCK_ROWS), s, b), op, lp, out, lse, **ct)
     return out, lse.transpose(1, 2)
 

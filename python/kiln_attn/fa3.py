@@ -10,8 +10,7 @@ first rows when seqlen_q > seqlen_k (FlashAttention 2 drops it). `return_attn_pr
 returns `(out, softmax_lse)`, as FlashAttention 3.
 
 What kiln does not compute raises a ValueError naming the argument: `qv`, the FP8 descales
-`q_descale` / `k_descale` / `v_descale`, `attention_chunk` other than 0, and (varlen)
-`seqused_q` / `seqused_k`; in `flash_attn_with_kvcache`, `qv`, `cu_seqlens_q`,
+`q_descale` / `k_descale` / `v_descale`, `attention_chunk` other than 0; in `flash_attn_with_kvcache`, `qv`, `cu_seqlens_q`,
 `cu_seqlens_k_new`, `max_seqlen_q`, `rotary_seqlens` and `scheduler_metadata`. `num_splits`, `pack_gqa` and `sm_margin` are FlashAttention 3's
 performance hints, which change no result: accepted, with kiln choosing its own schedule.
 """
@@ -114,11 +113,14 @@ def flash_attn_varlen_func(
 ):
     """FlashAttention 3's flash_attn_varlen_func: kiln_attn.flash_attn_varlen_func's
     attention with FlashAttention 3's arguments and window rule (bounds read against
-    max_seqlen_q and max_seqlen_k). Returns out, or (out, softmax_lse) with
-    return_attn_probs=True."""
+    max_seqlen_q and max_seqlen_k). seqused_q, seqused_k: (batch,) torch.int32 on q's device
+    or None, FlashAttention 3's used lengths: sequence b attends with its first seqused_q[b]
+    query rows to its first seqused_k[b] keys (each at most its length in the offsets), its
+    masks aligned to those lengths; its output rows past seqused_q[b] are not written (they
+    hold what the allocation held, as in FlashAttention 3) and such a call has no backward
+    yet (a ValueError naming seqused_q when one is asked for). Returns out, or (out,
+    softmax_lse) with return_attn_probs=True."""
     _unsupported(
-        seqused_q=seqused_q,
-        seqused_k=seqused_k,
         qv=qv,
         q_descale=q_descale,
         k_descale=k_descale,
@@ -126,6 +128,7 @@ def flash_attn_varlen_func(
     )
     _hints(attention_chunk, num_splits, sm_margin)
     window = window_pair(window_size)
+    used = _used_lengths(seqused_q, seqused_k, cu_seqlens_q, cu_seqlens_k)
     if _torch_path(q, k, v):
         from . import autograd
 
@@ -146,6 +149,7 @@ def flash_attn_varlen_func(
             False,
             None,
             True,
+            used,
         )
     return _native._varlen_fwd(
         q,
@@ -162,6 +166,19 @@ def flash_attn_varlen_func(
         return_attn_probs,
         fa3_window=True,
         interpret=_INTERPRET[0],
+        seqused_q=used[0] if used else None,
+        seqused_k=used[1] if used else None,
+    )
+
+
+def _used_lengths(seqused_q, seqused_k, cu_seqlens_q, cu_seqlens_k):
+    """(seqused_q, seqused_k) for the kernel, which takes both or neither: a missing one is
+    its offsets' lengths (computed on the device, no synchronisation); None without either."""
+    if seqused_q is None and seqused_k is None:
+        return None
+    return (
+        cu_seqlens_q[1:] - cu_seqlens_q[:-1] if seqused_q is None else seqused_q,
+        cu_seqlens_k[1:] - cu_seqlens_k[:-1] if seqused_k is None else seqused_k,
     )
 
 

@@ -20,15 +20,19 @@ from .options import _INTERPRET, check_unsupported, interpreter, interpreting, w
 
 def _torch_path(q, k, v):
     """Whether the call must go through the autograd Function and custom ops: a torch tensor
-    with gradients wanted, or a call being traced by torch.compile."""
+    with gradients wanted, a head dim to pad to a multiple of 8 (which that path does), or a
+    call being traced by torch.compile."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(q, torch.Tensor):
         return False
     try:
         wants_grad = q.requires_grad or k.requires_grad or v.requires_grad
-    except AttributeError:
+        dims = (q.shape[-1], v.shape[-1])
+    except (AttributeError, IndexError):
         # k or v is no tensor: the native call names it.
         return False
+    if any(d % 8 for d in dims) and max(dims) <= 256:
+        return True
     if wants_grad and torch.is_grad_enabled():
         return True
     return torch.compiler.is_compiling()
@@ -58,9 +62,13 @@ def flash_attn_func(
     """Attention with FlashAttention 2's interface, computed by kiln's DSL kernels, forward
     and backward.
 
-    q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim); all
-    torch.bfloat16 or all torch.float16 CUDA tensors on one device, each with a contiguous
-    last dimension (other strides free). headdim is 64, 96, 128 or 256; nheads_k divides
+    q: (batch, seqlen_q, nheads, headdim); k: (batch, seqlen_k, nheads_k, headdim); v:
+    (batch, seqlen_k, nheads_k, headdim_v) (headdim_v may differ from headdim, as in
+    FlashAttention 3: MLA's 192 / 128; the output is headdim_v wide, and such a call has no
+    backward yet: a ValueError naming v when one is asked for); all torch.bfloat16 or all
+    torch.float16 CUDA tensors on one device, each with a contiguous last dimension (other
+    strides free). headdim and headdim_v are at most 256 (a head dim that is no multiple of 8
+    is padded with zeros to one, as FlashAttention 2 does: a copy); nheads_k divides
     nheads (grouped-query attention: query head h reads key/value head h // (nheads //
     nheads_k), and dk, dv sum over the query heads of a group).
 
@@ -79,12 +87,12 @@ def flash_attn_func(
     the same bits every run.
     return_attn_probs: return (out, softmax_lse, S_dmask) as FlashAttention 2 does; S_dmask
     is its empty tensor (FlashAttention returns probabilities only with dropout).
-    out (kiln, keyword-only): a (batch, seqlen_q, nheads, headdim) tensor to write instead of
+    out (kiln, keyword-only): a (batch, seqlen_q, nheads, headdim_v) tensor to write instead of
     allocating; not allowed when an input requires grad.
     return_lse (kiln, keyword-only): return (out, softmax_lse).
 
-    Returns out (q's shape and dtype), with softmax_lse (batch, nheads, seqlen_q)
-    torch.float32 (natural log) as asked. Differentiable in q, k and v: with an input that
+    Returns out ((batch, seqlen_q, nheads, headdim_v), q's dtype), with softmax_lse (batch,
+    nheads, seqlen_q) torch.float32 (natural log) as asked. Differentiable in q, k and v: with an input that
     requires grad, the output does, and backward runs kiln's backward kernels on the saved
     output and log-sum-exp (nothing recomputed in the forward). Runs asynchronously on the
     current CUDA stream; each specialisation compiles on its first call. Traceable by
@@ -148,7 +156,8 @@ def flash_attn_varlen_func(
 ):
     """FlashAttention 2's variable-length attention, forward and backward by kiln's kernels.
 
-    q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim), the sequences of a
+    q: (total_q, nheads, headdim); k: (total_k, nheads_k, headdim); v: (total_k, nheads_k,
+    headdim_v) (as flash_attn_func, the output headdim_v wide), the sequences of a
     batch packed one after another; cu_seqlens_q, cu_seqlens_k: (batch + 1,) torch.int32
     offsets of each sequence's first row on q's device (read by the kernels, never by the
     host); max_seqlen_q, max_seqlen_k: at least every sequence's length (window bounds of at
@@ -156,7 +165,7 @@ def flash_attn_varlen_func(
     to its own keys only; the other arguments are flash_attn_func's. block_table (a paged KV
     cache) must be None: a ValueError otherwise.
 
-    Returns out (total_q, nheads, headdim), with softmax_lse (nheads, total_q) torch.float32
+    Returns out (total_q, nheads, headdim_v), with softmax_lse (nheads, total_q) torch.float32
     as asked (return_lse, or return_attn_probs with S_dmask FlashAttention's empty tensor).
     Differentiable in q, k and v; rows that no sequence owns get gradient 0. Rows of q, k, v
     and the output gradient that no sequence owns must hold finite values when gradients are

@@ -36,14 +36,16 @@ def flash_attn_with_kvcache(
     """FlashAttention 2's flash_attn_with_kvcache (decoding against a key/value cache) by
     kiln's decode kernels; no autograd (inference).
 
-    q: (batch, seqlen_q, nheads, headdim), torch.float16 or torch.bfloat16; headdim 16, 32,
-    ..., 128, 192 or 256.
+    q: (batch, seqlen_q, nheads, headdim), torch.float16 or torch.bfloat16; headdim a
+    multiple of 8 up to 256.
     k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim) for a dense cache, or
-    (num_blocks, page_block_size, nheads_k, headdim) with a page table (any page size),
+    (num_blocks, page_block_size, nheads_k, headdim) with a page table (any page size);
+    v_cache's last dim may differ (headdim_v, a multiple of 8 up to 256, as FlashAttention 3;
+    then v and the output are headdim_v wide);
     q's dtype and device, a contiguous last dimension (other strides free). Written in place
     when k and v are given. nheads_k divides nheads (GQA: query head i reads key/value head
     i // (nheads // nheads_k)).
-    k, v: (batch, seqlen_new, nheads_k, headdim) or None: appended into the cache at positions
+    k, v: (batch, seqlen_new, nheads_k, headdim / headdim_v) or None: appended into the cache at positions
     cache_seqlens[i].. of sequence i (k rotated first with rotary tables), before the
     attention, which sees them.
     rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2), q's dtype, seqlen_ro at least the
@@ -67,7 +69,7 @@ def flash_attn_with_kvcache(
     return_softmax_lse: also return the log-sum-exp (batch, nheads, seqlen_q) torch.float32
     (+inf for a query that sees no key, whose output is 0).
 
-    Returns out (batch, seqlen_q, nheads, headdim), with softmax_lse as asked. Runs
+    Returns out (batch, seqlen_q, nheads, headdim_v), with softmax_lse as asked. Runs
     asynchronously on the current CUDA stream without reading any tensor on the host, so it
     can be captured in a CUDA graph.
     """

@@ -67,4 +67,5 @@ def _flash_attn_with_kvcache(
 @_flash_attn_with_kvcache.register_fake
 def _flash_attn_with_kvcache_fake(q, k_cache, v_cache, *rest):
     b, sq, h, _ = q.shape
-    return torch.empty_like(q), q.new_empty((b, h, sq), dtype=torch.float32)
+    out = q.new_empty((b, sq, h, v_cache.shape[-1]))
+    return out, q.new_empty((b, h, sq), dtype=torch.float32)

@@ -202,10 +202,11 @@ fn current_stream(py: Python<'_>, device: usize) -> PyResult<u64> {
 /// The forward under `kiln_attn.flash_attn_func` (which adds FlashAttention 2's argument
 /// order, its checks of dropout and ALiBi, and autograd): attention by kiln's DSL kernel.
 ///
-/// q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim); all
-/// torch.bfloat16 or all torch.float16 tensors on one CUDA device (CPU tensors with
-/// interpret=True: kiln's interpreter, for tests), each with a contiguous last dimension.
-/// headdim is 64, 96, 128 or 256; nheads_k divides nheads. window_size=(left, right) is
+/// q: (batch, seqlen_q, nheads, headdim); k: (batch, seqlen_k, nheads_k, headdim), v:
+/// (batch, seqlen_k, nheads_k, headdim_v); all torch.bfloat16 or all torch.float16 tensors
+/// on one CUDA device (CPU tensors with interpret=True: kiln's interpreter, for tests), each
+/// with a contiguous last dimension. headdim and headdim_v are multiples of 8 up to 256 (out
+/// is headdim_v wide); nheads_k divides nheads. window_size=(left, right) is
 /// normalised by FlashAttention 2's rule, or 3's with fa3_window=True. Returns out, or (out,
 /// lse) with return_lse=True, lse (batch, nheads, seqlen_q) torch.float32 (+inf for a row
 /// that sees no key, as FlashAttention writes it).
@@ -358,16 +359,19 @@ fn with_lse<'py>(
 /// Returns out, or (out, softmax_lse) with return_lse=True, softmax_lse (nheads, total_q)
 /// torch.float32 as FlashAttention 2's varlen forward. Window bounds of at least
 /// max_seqlen_k are unbounded (FlashAttention 2's rule; fa3_window=True takes 3's).
+/// seqused_q, seqused_k: FlashAttention 3's used lengths ((batch,) torch.int32 on q's device,
+/// both or neither): sequence b attends with its first seqused_q[b] rows to its first
+/// seqused_k[b] keys; its rows past seqused_q[b] are not written.
 #[pyfunction]
 #[pyo3(signature = (
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
     causal=false, window_size=(-1, -1), softcap=0.0, return_lse=false, *, out=None,
-    fa3_window=false, interpret=false
+    fa3_window=false, interpret=false, seqused_q=None, seqused_k=None
 ))]
 #[pyo3(
     text_signature = "(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, \
     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, return_lse=False, *, \
-    out=None, fa3_window=False, interpret=False)"
+    out=None, fa3_window=False, interpret=False, seqused_q=None, seqused_k=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 fn _varlen_fwd<'py>(
@@ -386,8 +390,22 @@ fn _varlen_fwd<'py>(
     out: Option<Bound<'py, PyAny>>,
     fa3_window: bool,
     interpret: bool,
+    seqused_q: Option<Bound<'py, PyAny>>,
+    seqused_k: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = q.py();
+    let used = match (&seqused_q, &seqused_k) {
+        (Some(uq), Some(uk)) => {
+            Some((tensor_info("seqused_q", uq)?, tensor_info("seqused_k", uk)?))
+        }
+        (None, None) => None,
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(PyValueError::new_err(
+                "seqused_k: pass seqused_q and seqused_k together (kiln_attn.fa3 fills a missing \
+                 one with the offsets' lengths)",
+            ));
+        }
+    };
     let (qi, ki, vi) = (
         tensor_info("q", q)?,
         tensor_info("k", k)?,
@@ -403,12 +421,17 @@ fn _varlen_fwd<'py>(
         return_lse,
         fa3_window,
     );
-    let shape: Vec<usize> = qi.shape.iter().map(|&n| n.max(0) as usize).collect();
+    // The output is q's rows and heads in v's head dim (which the plan checks).
+    let mut shape: Vec<usize> = qi.shape.iter().map(|&n| n.max(0) as usize).collect();
+    if let (Some(o), Some(&dv)) = (shape.get_mut(2), vi.shape.get(2)) {
+        *o = dv.max(0) as usize;
+    }
     let (out, oi) = out_or_new(out, q, &qi, &shape)?;
-    let vp = varlen::plan_varlen_at(
+    let vp = varlen::plan_varlen_used_at(
         (&qi, &ki, &vi),
         &oi,
         (&cu_qi, &cu_ki),
+        used.as_ref().map(|(q, k)| (q, k)),
         (max_seqlen_q, max_seqlen_k),
         &opts,
         place(interpret),
@@ -448,6 +471,7 @@ fn _varlen_fwd<'py>(
             batch: vp.batch,
             max_seqlen_q: vp.max_seqlen_q,
             max_seqlen_k: max_seqlen_k as usize,
+            used: vp.used,
         };
         let (step, given) = backward::forward_steps(&vp.plan, &vp.out, &lse_view, Some(packed));
         // SAFETY: every tensor is a checked CPU tensor the caller holds, or one allocated
@@ -502,26 +526,7 @@ fn _bwd<'py>(
     fa3_window: bool,
     interpret: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let [qi, ki, vi] = [("q", q), ("k", k), ("v", v)].map(|(n, t)| tensor_info(n, t));
-    let (qi, ki, vi) = (qi?, ki?, vi?);
-    let infos = [
-        ("dout", dout),
-        ("out", out),
-        ("softmax_lse", softmax_lse),
-        ("dq", dq),
-        ("dk", dk),
-        ("dv", dv),
-    ]
-    .map(|(n, t)| tensor_info(n, t));
-    let [doi, oi, li, dqi, dki, dvi] = unwrap_all(infos)?;
-    let grads = backward::Grads {
-        dout: &doi,
-        out: &oi,
-        lse: &li,
-        dq: &dqi,
-        dk: &dki,
-        dv: &dvi,
-    };
+    let t = BwdTensors::read([q, k, v, dout, out, softmax_lse, dq, dk, dv])?;
     let opts = options(
         softmax_scale,
         causal,
@@ -530,14 +535,8 @@ fn _bwd<'py>(
         false,
         fa3_window,
     );
-    let bp = backward::plan_backward(
-        (&qi, &ki, &vi),
-        grads,
-        &opts,
-        deterministic,
-        place(interpret),
-    )
-    .map_err(arg_err)?;
+    let bp = backward::plan_backward(t.qkv(), t.grads(), &opts, deterministic, place(interpret))
+        .map_err(arg_err)?;
     run_backward(q, &bp, [dq, dk, dv])
 }
 
@@ -580,28 +579,9 @@ fn _varlen_bwd<'py>(
     fa3_window: bool,
     interpret: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let [qi, ki, vi] = [("q", q), ("k", k), ("v", v)].map(|(n, t)| tensor_info(n, t));
-    let (qi, ki, vi) = (qi?, ki?, vi?);
-    let infos = [
-        ("dout", dout),
-        ("out", out),
-        ("softmax_lse", softmax_lse),
-        ("dq", dq),
-        ("dk", dk),
-        ("dv", dv),
-    ]
-    .map(|(n, t)| tensor_info(n, t));
-    let [doi, oi, li, dqi, dki, dvi] = unwrap_all(infos)?;
+    let t = BwdTensors::read([q, k, v, dout, out, softmax_lse, dq, dk, dv])?;
     let cu_qi = tensor_info("cu_seqlens_q", cu_seqlens_q)?;
     let cu_ki = tensor_info("cu_seqlens_k", cu_seqlens_k)?;
-    let grads = backward::Grads {
-        dout: &doi,
-        out: &oi,
-        lse: &li,
-        dq: &dqi,
-        dk: &dki,
-        dv: &dvi,
-    };
     let opts = options(
         softmax_scale,
         causal,
@@ -611,8 +591,8 @@ fn _varlen_bwd<'py>(
         fa3_window,
     );
     let bp = backward::plan_varlen_backward(
-        (&qi, &ki, &vi),
-        grads,
+        t.qkv(),
+        t.grads(),
         (&cu_qi, &cu_ki),
         (max_seqlen_q, max_seqlen_k),
         &opts,
@@ -623,13 +603,51 @@ fn _varlen_bwd<'py>(
     run_backward(q, &bp, [dq, dk, dv])
 }
 
-/// The first error of `all`, else their values.
-fn unwrap_all<const N: usize>(all: [PyResult<TensorInfo>; N]) -> PyResult<[TensorInfo; N]> {
-    let mut out = Vec::with_capacity(N);
-    for r in all {
-        out.push(r?);
+/// The nine tensors a backward call reads, dense or varlen, as PyTorch describes them.
+struct BwdTensors {
+    q: TensorInfo,
+    k: TensorInfo,
+    v: TensorInfo,
+    dout: TensorInfo,
+    out: TensorInfo,
+    lse: TensorInfo,
+    dq: TensorInfo,
+    dk: TensorInfo,
+    dv: TensorInfo,
+}
+
+impl BwdTensors {
+    /// Reads `q, k, v, dout, out, softmax_lse, dq, dk, dv` in that order; the first that is
+    /// not a tensor is the error, named.
+    fn read(t: [&Bound<'_, PyAny>; 9]) -> PyResult<BwdTensors> {
+        let [q, k, v, dout, out, lse, dq, dk, dv] = t;
+        Ok(BwdTensors {
+            q: tensor_info("q", q)?,
+            k: tensor_info("k", k)?,
+            v: tensor_info("v", v)?,
+            dout: tensor_info("dout", dout)?,
+            out: tensor_info("out", out)?,
+            lse: tensor_info("softmax_lse", lse)?,
+            dq: tensor_info("dq", dq)?,
+            dk: tensor_info("dk", dk)?,
+            dv: tensor_info("dv", dv)?,
+        })
     }
-    Ok(out.try_into().unwrap_or_else(|_| unreachable!("N values")))
+
+    fn qkv(&self) -> (&TensorInfo, &TensorInfo, &TensorInfo) {
+        (&self.q, &self.k, &self.v)
+    }
+
+    fn grads(&self) -> backward::Grads<'_> {
+        backward::Grads {
+            dout: &self.dout,
+            out: &self.out,
+            lse: &self.lse,
+            dq: &self.dq,
+            dk: &self.dk,
+            dv: &self.dv,
+        }
+    }
 }
 
 /// Runs a checked backward: its workspaces allocated on q's device, then its steps on the GPU
@@ -1000,6 +1018,30 @@ impl Kernel {
     }
 }
 
+/// How many splits of the keys the split-KV decode runs with when kiln chooses
+/// (`num_splits=0`): `kiln_examples::attention_decode::num_splits` for `batch` sequences of
+/// `heads_k` key/value heads, `row_blocks` packed query blocks each, `keys` keys (the longest
+/// sequence) in blocks of `block_n`, on `sms` multiprocessors.
+#[pyfunction]
+fn _num_splits(
+    batch: usize,
+    heads_k: usize,
+    row_blocks: usize,
+    keys: usize,
+    block_n: usize,
+    sms: usize,
+) -> usize {
+    kiln_attn_core::decode::num_splits((batch, heads_k, row_blocks), (keys, block_n), sms)
+}
+
+/// How many blocks share a head's value columns in the decode kernels for key head dim `d`
+/// and value head dim `dv` (their grid's y is `heads_k` times this):
+/// `kiln_examples::attention_decode::value_split`.
+#[pyfunction]
+fn _value_split(d: usize, dv: usize) -> usize {
+    kiln_attn_core::decode::value_split(d, dv)
+}
+
 /// The extension under the `kiln_attn` package: attention's forward and backward (`_fwd`,
 /// `_varlen_fwd`, `_bwd`, `_varlen_bwd`), and every registered kernel (`kernels`, `kernel`).
 #[pymodule(name = "_native")]
@@ -1013,6 +1055,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_empty_launch, m)?)?;
     m.add_function(wrap_pyfunction!(kernels, m)?)?;
     m.add_function(wrap_pyfunction!(_row_config, m)?)?;
+    m.add_function(wrap_pyfunction!(_num_splits, m)?)?;
+    m.add_function(wrap_pyfunction!(_value_split, m)?)?;
     m.add_function(wrap_pyfunction!(kernel, m)?)?;
     m.add_class::<Kernel>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -120,7 +120,9 @@ def test_rank_is_checked_with_the_expected_layout():
 
 def test_shapes_of_k_and_v_must_agree_with_q():
     q = bshd(2, 64, 2, 64)
-    with pytest.raises(ValueError, match=r"^v: expected the shape of k \[2, 64, 2, 64\], got \[2, 65, 2, 64\]$"):
+    with pytest.raises(
+        ValueError, match=r"^v: expected shape \[2, 64, 2, headdim_v\] \(k's but for the head dim\), got \[2, 65, 2, 64\]$"
+    ):
         call(q, q, bshd(2, 65, 2, 64))
     with pytest.raises(ValueError, match=r"^k: expected batch 2 \(q's\), got 1$"):
         call(q, bshd(1, 64, 2, 64))
@@ -164,10 +166,21 @@ def test_grouped_and_multi_query_heads_pass_every_check(nheads_k):
         call(bshd(1, 64, 6, 64), bshd(1, 80, nheads_k, 64))
 
 
-@pytest.mark.parametrize("d", [32, 80, 192, 512])
+@pytest.mark.parametrize("d", [12, 100, 264, 512])
 def test_unsupported_head_dims(d):
-    with pytest.raises(ValueError, match=rf"^q: headdim {d} is not supported yet \(supported: 64, 96, 128, 256\)$"):
+    want = rf"^q: headdim {d} is not supported \(kiln_attn takes multiples of 8 up to 256, as FlashAttention 3\)$"
+    with pytest.raises(ValueError, match=want):
         call(bshd(1, 64, 2, d))
+    with pytest.raises(ValueError, match=rf"^v: headdim_v {d} is not supported"):
+        call(bshd(1, 64, 2, 64), bshd(1, 64, 2, 64), bshd(1, 64, 2, d))
+
+
+@without_gpu
+@pytest.mark.parametrize("d, dv", [(192, 128), (64, 128), (128, 64), (256, 128), (40, 72)])
+def test_value_head_dims_apart_from_the_key_head_dim_pass_every_check(d, dv):
+    # FlashAttention 3's headdim_v: only v's last extent differs from k's.
+    with pytest.raises(RuntimeError, match=r"^kiln_attn: no CUDA driver: "):
+        call(bshd(1, 64, 4, d), bshd(1, 80, 2, d), bshd(1, 80, 2, dv))
 
 
 @without_gpu
@@ -337,7 +350,7 @@ def test_a_varlen_batch_of_empty_query_sequences_launches_nothing():
         ({"max_k": -1}, ValueError, r"^max_seqlen_k: expected a length"),
         ({"max_q": 2**31}, ValueError, r"^max_seqlen_q: expected a length in 0..=2147483647"),
         ({"h_k": 3}, ValueError, r"must be a multiple of the number of heads in k and v \(3\)"),
-        ({"d": 80}, ValueError, r"^q: headdim 80 is not supported yet"),
+        ({"d": 84}, ValueError, r"^q: headdim 84 is not supported \(kiln_attn takes multiples of 8"),
         ({"softcap": -2.0}, ValueError, r"^softcap: expected a finite number >= 0"),
     ],
 )
@@ -362,7 +375,7 @@ def test_varlen_tensors_are_checked_like_flash_attn_funcs():
         f(q, k, k, cu_q, FakeTensor((3,), dtype=offsets([0]).dtype, strides=(2,)), 200, 250)
     with pytest.raises(TypeError, match=r"^cu_seqlens_q: expected a torch.Tensor, got list$"):
         f(q, k, k, [0, 100, 300], cu_k, 200, 250)
-    with pytest.raises(ValueError, match=r"^out: expected shape \[300, 4, 64\] \(q's\), got \[500, 2, 64\]$"):
+    with pytest.raises(ValueError, match=r"^out: expected shape \[300, 4, 64\] \(q's, v's head dim\), got \[500, 2, 64\]$"):
         f(q, k, k, cu_q, cu_k, 200, 250, out=FakeTensor((500, 2, 64)))
     with pytest.raises(TypeError, match=r"^k: expected dtype torch.bfloat16 \(q's\), got torch.float16$"):
         f(q, FakeTensor((500, 2, 64), dtype=F16), k, cu_q, cu_k, 200, 250)

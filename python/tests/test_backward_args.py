@@ -98,7 +98,7 @@ def varlen_bwd(total_q=300, total_k=500, h=4, hk=2, d=64, **over):
         ({"dk": FakeTensor((500, 4, 64))}, r"^dk: expected shape \[500, 2, 64\] \(k's\)"),
         ({"softmax_lse": FakeTensor((4, 301), dtype=F32)}, r"^softmax_lse: expected shape \[4, 300\] \(\[nheads, total_q\], the forward's\)"),
         ({"softmax_lse": FakeTensor((2, 4, 300), dtype=F32)}, r"^softmax_lse: expected shape \[4, 300\]"),
-        ({"out": FakeTensor((300, 4, 96))}, r"^out: expected shape \[300, 4, 64\] \(q's\)"),
+        ({"out": FakeTensor((300, 4, 96))}, r"^out: expected shape \[300, 4, 64\] \(q's, v's head dim\)"),
     ],
 )
 def test_varlen_gradients_are_checked_by_name(over, message):
@@ -138,11 +138,14 @@ def test_fa3_arguments_kiln_does_not_compute_are_refused_by_name(kw, message):
         fa3.flash_attn_func(q, q, q, **kw)
 
 
-def test_fa3_varlen_refuses_seqused_by_name():
+def test_fa3_varlen_checks_seqused_by_name():
     q = FakeTensor((300, 4, 64))
     cu = offsets([0, 100, 300])
-    with pytest.raises(ValueError, match=r"^seqused_k: "):
-        fa3.flash_attn_varlen_func(q, q, q, cu, cu, 200, 200, seqused_k=FakeTensor((2,), dtype=I32))
+    two, three = FakeTensor((2,), dtype=I32), FakeTensor((3,), dtype=I32)
+    with pytest.raises(ValueError, match=r"^seqused_k: expected 2 lengths \(one per sequence\), got 3$"):
+        fa3.flash_attn_varlen_func(q, q, q, cu, cu, 200, 200, seqused_q=two, seqused_k=three)
+    with pytest.raises(ValueError, match=r"^seqused_q: expected a 1-D tensor \[batch\], got shape \[2, 1\]$"):
+        fa3.flash_attn_varlen_func(q, q, q, cu, cu, 200, 200, seqused_q=FakeTensor((2, 1), dtype=I32), seqused_k=two)
 
 
 def test_fa3_takes_the_scale_fourth():

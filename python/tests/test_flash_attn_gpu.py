@@ -706,17 +706,19 @@ def rotate(x, cos, sin, interleaved):
     return x
 
 
-def decode_case(seed, b, lens, sq, h, hk, d, s_new, page, rotary, dtype=torch.bfloat16):
+def decode_case(seed, b, lens, sq, h, hk, d, s_new, page, rotary, dtype=torch.bfloat16, dv=None):
     """A decode call's tensors: lens (b,) cache lengths before the append; page 0 for a dense
     cache with rows picked by a random cache_batch_idx, else pages of `page` keys through a
-    random page table; caches NaN wherever no sequence holds a key."""
+    random page table; caches NaN wherever no sequence holds a key; v and v_cache `dv` wide
+    (None: d)."""
+    dv = d if dv is None else dv
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dev = "cuda"
     longest = int(lens.max()) + s_new
     x = {"q": torch.randn((b, sq, h, d), generator=gen, device=dev).to(dtype)}
     if s_new:
         x["k"] = torch.randn((b, s_new, hk, d), generator=gen, device=dev).to(dtype)
-        x["v"] = torch.randn((b, s_new, hk, d), generator=gen, device=dev).to(dtype)
+        x["v"] = torch.randn((b, s_new, hk, dv), generator=gen, device=dev).to(dtype)
     if page:
         pps = -(-longest // page) + 1
         pages, page_len = b * pps + 3, page
@@ -733,10 +735,10 @@ def decode_case(seed, b, lens, sq, h, hk, d, s_new, page, rotary, dtype=torch.bf
         slots = (idx.long()[:, None].expand(b, cap), torch.arange(cap, device=dev).expand(b, cap))
     held = torch.arange(cap, device=dev)[None, :] < lens[:, None]
     k_cache = torch.full((pages, page_len, hk, d), float("nan"), device=dev, dtype=dtype)
-    v_cache = k_cache.clone()
+    v_cache = torch.full((pages, page_len, hk, dv), float("nan"), device=dev, dtype=dtype)
     n = int(held.sum())
     k_cache[slots[0][held], slots[1][held]] = torch.randn((n, hk, d), generator=gen, device=dev).to(dtype)
-    v_cache[slots[0][held], slots[1][held]] = torch.randn((n, hk, d), generator=gen, device=dev).to(dtype)
+    v_cache[slots[0][held], slots[1][held]] = torch.randn((n, hk, dv), generator=gen, device=dev).to(dtype)
     x.update(k_cache=k_cache, v_cache=v_cache, cache_seqlens=lens.to(torch.int32))
     if rotary:
         angle = torch.rand((cap, rotary[0] // 2), generator=gen, device=dev) * 2 * math.pi
@@ -899,3 +901,100 @@ def test_kvcache_bad_arguments_are_value_errors_on_the_gpu():
     kiln_attn.flash_attn_with_kvcache(x["q"], x["k_cache"], x["v_cache"], cache_seqlens=x["cache_seqlens"] + 4000,
                                       page_table=bad)
     torch.cuda.synchronize()
+
+
+# headdim_v != headdim (FlashAttention 3's value head dim; MLA's 192 / 128) and head dims in no
+# tile width (40 runs in 64-wide tiles, 72 in 96).
+VALUE_HEAD_DIMS = [(192, 128), (128, 64), (64, 128), (256, 128), (40, 72)]
+
+
+@pytest.mark.parametrize("d, dv", VALUE_HEAD_DIMS)
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 203), (512, 256), (1023, 1024)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_value_head_dims_match_the_f32_reference(d, dv, seqlen_q, seqlen_k, causal):
+    batch = batch_for(seqlen_q, seqlen_k)
+    q, k, _ = inputs(batch, seqlen_q, seqlen_k, NHEADS, d, seed=d * 7 + dv, nheads_k=2)
+    _, _, v = inputs(batch, seqlen_q, seqlen_k, NHEADS, dv, seed=dv * 11 + d, nheads_k=2)
+    out = torch.full((batch, seqlen_q, NHEADS, dv), float("nan"), device="cuda", dtype=q.dtype)
+    got, lse = kiln_attn.flash_attn_func(q, k, v, causal=causal, out=out, return_lse=True)
+    ref = reference(q, k, v, d ** -0.5, causal)
+    what = f"d={d} dv={dv} sq={seqlen_q} sk={seqlen_k} causal={causal}"
+    assert got.shape == (batch, seqlen_q, NHEADS, dv), what
+    assert rel_error(got, ref) < TOLERANCE, what
+    want_lse = torch.logsumexp(masked_scores(q, k, d ** -0.5, causal), dim=-1)
+    torch.testing.assert_close(lse, want_lse.masked_fill(torch.isneginf(want_lse), math.inf), atol=1e-3, rtol=1e-3,
+                               msg=what)
+
+
+@pytest.mark.parametrize("d, dv", VALUE_HEAD_DIMS)
+def test_varlen_value_head_dims_match_each_sequence(d, dv):
+    lens = [(37, 50), (0, 10), (300, 211), (129, 129), (9, 3)]
+    gen = torch.Generator(device="cuda").manual_seed(d + dv)
+    tq, tk = sum(a for a, _ in lens), sum(b for _, b in lens)
+    q = torch.randn((tq, 4, d), generator=gen, device="cuda").to(torch.bfloat16)
+    k = torch.randn((tk, 2, d), generator=gen, device="cuda").to(torch.bfloat16)
+    v = torch.randn((tk, 2, dv), generator=gen, device="cuda").to(torch.bfloat16)
+    cu_q = torch.tensor([0] + list(itertools.accumulate(a for a, _ in lens)), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + list(itertools.accumulate(b for _, b in lens)), dtype=torch.int32, device="cuda")
+    out = kiln_attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 300, 211, causal=True)
+    assert out.shape == (tq, 4, dv)
+    for i, (sq, sk) in enumerate(lens):
+        if sq == 0:
+            continue
+        q0, k0 = int(cu_q[i]), int(cu_k[i])
+        ref = reference(q[None, q0 : q0 + sq], k[None, k0 : k0 + sk], v[None, k0 : k0 + sk], d ** -0.5, True)
+        assert rel_error(out[None, q0 : q0 + sq], ref) < TOLERANCE, f"d={d} dv={dv} sequence {i}"
+
+
+@pytest.mark.parametrize("d, dv", VALUE_HEAD_DIMS)
+@pytest.mark.parametrize("page, splits", [(0, 1), (16, 3), (256, 0)])
+def test_kvcache_value_head_dims_match_flash_attentions_semantics(d, dv, page, splits):
+    b, longest, sq, h, hk, s_new = 4, 1500, 2, 16, 4, 2
+    lens = torch.tensor([longest - s_new, 1, 700, 0], device="cuda")
+    x, slots, cap = decode_case(d * 3 + dv, b, lens, sq, h, hk, d, s_new, page, None, dv=dv)
+    want_k, want_v, want_out, want_lse = decode_reference(x, slots, cap, True, (-1, -1), 0.0, None)
+    kw = {k: t for k, t in x.items() if k not in ("q", "k_cache", "v_cache")}
+    out, lse = kiln_attn.flash_attn_with_kvcache(
+        x["q"], x["k_cache"], x["v_cache"], causal=True, num_splits=splits, return_softmax_lse=True, **kw)
+    torch.cuda.synchronize()
+    what = f"d={d} dv={dv} page={page} splits={splits}"
+    assert out.shape == (b, sq, h, dv), what
+    torch.testing.assert_close(x["v_cache"], want_v, equal_nan=True, atol=0, rtol=0, msg=what)
+    assert rel_error(out, want_out) < TOLERANCE, what
+    torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-3, msg=what)
+
+
+def test_value_head_dims_have_no_backward_yet_on_the_gpu():
+    q, k, _ = inputs(1, 64, 64, 4, 192, seed=5)
+    _, _, v = inputs(1, 64, 64, 4, 128, seed=6)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = kiln_attn.flash_attn_func(q, k, v, causal=True)
+    with pytest.raises(ValueError, match=r"^v: headdim_v 128 != headdim 192 has no backward yet"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_seqused_matches_each_sequence_on_its_used_rows_and_keys(causal):
+    from kiln_attn import fa3
+
+    lens = [(37, 50), (300, 211), (20, 10), (9, 30), (129, 129)]
+    used = [(20, 31), (300, 150), (0, 10), (9, 0), (100, 129)]
+    gen = torch.Generator(device="cuda").manual_seed(31 + causal)
+    tq, tk = sum(a for a, _ in lens), sum(b for _, b in lens)
+    q = torch.randn((tq, 4, 128), generator=gen, device="cuda").to(torch.bfloat16)
+    k = torch.randn((tk, 2, 128), generator=gen, device="cuda").to(torch.bfloat16)
+    v = torch.randn((tk, 2, 128), generator=gen, device="cuda").to(torch.bfloat16)
+    cu_q = torch.tensor([0] + list(itertools.accumulate(a for a, _ in lens)), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + list(itertools.accumulate(b for _, b in lens)), dtype=torch.int32, device="cuda")
+    uq = torch.tensor([a for a, _ in used], dtype=torch.int32, device="cuda")
+    uk = torch.tensor([b for _, b in used], dtype=torch.int32, device="cuda")
+    out = fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 300, 211, seqused_q=uq, seqused_k=uk, causal=causal)
+    for i, (nq, nk) in enumerate(used):
+        if nq == 0:
+            continue
+        q0, k0 = int(cu_q[i]), int(cu_k[i])
+        ref = reference(q[None, q0 : q0 + nq], k[None, k0 : k0 + nk], v[None, k0 : k0 + nk], 128 ** -0.5, causal)
+        if nk == 0:
+            assert (out[q0 : q0 + nq] == 0).all(), f"sequence {i}"
+            continue
+        assert rel_error(out[None, q0 : q0 + nq], ref) < TOLERANCE, f"sequence {i} causal={causal}"

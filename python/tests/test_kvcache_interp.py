@@ -56,6 +56,8 @@ class Case:
     heads_k: int = 2
     group: int = 2
     d: int = 32
+    # v's head dim (headdim_v, FlashAttention 3's); 0: d.
+    dv: int = 0
     sq: int = 1
     s_new: int = 0
     page: int = 0  # 0: a dense cache
@@ -77,6 +79,10 @@ class Case:
     def b(self):
         return len(self.lens)
 
+    @property
+    def d_v(self):
+        return self.dv or self.d
+
     def longest(self):
         return max(self.lens) + self.s_new
 
@@ -90,7 +96,7 @@ def make_inputs(c, g):
     x = {"q": draw((b, c.sq, h, d), dt, c.dist, g)}
     if c.s_new:
         x["k"] = draw((b, c.s_new, hk, d), dt, c.dist, g)
-        x["v"] = draw((b, c.s_new, hk, d), dt, c.dist, g)
+        x["v"] = draw((b, c.s_new, hk, c.d_v), dt, c.dist, g)
     if c.page:
         pps = -(-c.longest() // c.page) + 1
         pages = b * pps + 2
@@ -108,7 +114,7 @@ def make_inputs(c, g):
             x["cache_batch_idx"] = idx
         rows = [[(int(idx[i]), j) for j in range(page_len)] for i in range(b)]
     kc = draw((pages, page_len, hk, d), dt, c.dist, g)
-    vc = draw((pages, page_len, hk, d), dt, c.dist, g)
+    vc = draw((pages, page_len, hk, c.d_v), dt, c.dist, g)
     held = torch.zeros((pages, page_len), dtype=torch.bool)
     for i, n in enumerate(c.lens):
         lp = c.leftpad[i] if c.leftpad else 0
@@ -154,7 +160,7 @@ def reference(c, x, rows, capacity):
     if c.causal:
         right = 0
     local = left >= 0 or right >= 0
-    out = torch.zeros((c.b, c.sq, h, c.d), dtype=torch.float64)
+    out = torch.zeros((c.b, c.sq, h, c.d_v), dtype=torch.float64)
     lse = torch.full((c.b, h, c.sq), math.inf, dtype=torch.float64)
     lens = [c.lens[0]] * c.b if c.int_seqlens else c.lens
     for i in range(c.b):
@@ -176,7 +182,7 @@ def reference(c, x, rows, capacity):
             q = q.to(c.dtype).double()
         sk = n + c.s_new
         keys = torch.stack([kc[rows[i][j]] for j in range(sk)]).double() if sk else torch.zeros((0, c.heads_k, c.d), dtype=torch.float64)
-        vals = torch.stack([vc[rows[i][j]] for j in range(sk)]).double() if sk else torch.zeros((0, c.heads_k, c.d), dtype=torch.float64)
+        vals = torch.stack([vc[rows[i][j]] for j in range(sk)]).double() if sk else torch.zeros((0, c.heads_k, c.d_v), dtype=torch.float64)
         keys = keys.repeat_interleave(g, dim=1)  # (sk, h, d)
         vals = vals.repeat_interleave(g, dim=1)
         s = torch.einsum("thd,jhd->htj", q, keys.double()) * scale
@@ -271,6 +277,15 @@ CASES = {
     # Head dim 256 (four value blocks), a left window only, kiln's choice of splits.
     "d256_left_window": Case(lens=[1, 33, 70], d=256, heads_k=1, group=3, sq=2, s_new=2, window=(20, -1),
                              splits=0),
+    # MLA's head dims (keys 192, values 128: two value blocks), pages of 16, an append,
+    # causal, 3 splits.
+    "mla_192_128_page16_split3": Case(lens=[9, 0, 40], d=192, dv=128, heads_k=1, group=4, sq=2, s_new=2, page=16,
+                                      causal=True, splits=3),
+    # Values wider than keys, dense, rotary on the keys, one pass.
+    "dv_wider_dense_rotary": Case(lens=[0, 12, 31], d=32, dv=64, s_new=1, rotary=(16, True), dist="large"),
+    # Head dims in no tile width (72 runs in 80, 40 in 48), a window, kiln's choice of splits.
+    "d72_dv40_window_auto": Case(lens=[5, 60, 1], d=72, dv=40, sq=3, s_new=1, window=(10, 0), splits=0,
+                                 dtype=torch.float16),
     # Caches that are strided views into one key/value buffer: appended in place there.
     "packed_kv_buffer": Case(lens=[7, 0, 30], s_new=2, sq=2, page=16, packed=True, rotary=(16, False), causal=True,
                              splits=2),

@@ -27,6 +27,7 @@ use kiln_tests::inputs::{Dist, Rng};
 fn run(dev: &Device, c: &Call, x: &Inputs) -> Results {
     let p = c.params();
     let (b, sq, heads, d) = (c.batch(), c.sq, c.heads(), c.d);
+    let dv = c.dv();
     let up = |t| dev.upload(t).expect("upload");
     let (k_cache, v_cache) = (up(&x.k_cache), up(&x.v_cache));
     // `[pages, page, heads_k, d]` read as `[pages, heads_k, page, d]`.
@@ -66,7 +67,7 @@ fn run(dev: &Device, c: &Call, x: &Inputs) -> Results {
     } else {
         q
     };
-    let out = poisoned_output(dev, c.dtype, &[b, sq, heads, d]);
+    let out = poisoned_output(dev, c.dtype, &[b, sq, heads, dv]);
     let lse = poisoned_output(dev, DType::F32, &[b, heads, sq]);
     let cache = [&q, &k_view, &v_view, &table, &seqlens, &leftpad].map(KernelArg::Tensor);
     let scalars = [KernelArg::F32(x.scale), KernelArg::I32(c.s_new as i32)];
@@ -77,7 +78,7 @@ fn run(dev: &Device, c: &Call, x: &Inputs) -> Results {
         dev.launch(&attention_decode, &p, c.attention_grid(), &args)
             .unwrap_or_else(|e| panic!("{c:?}: attention_decode: {e}"));
     } else {
-        let o_partial = poisoned_output(dev, DType::F32, &[c.splits * b, sq, heads, d]);
+        let o_partial = poisoned_output(dev, DType::F32, &[c.splits * b, sq, heads, dv]);
         let lse_partial = poisoned_output(dev, DType::F32, &[c.splits * b, sq, heads]);
         let mut args = cache.to_vec();
         args.extend([

@@ -25,6 +25,7 @@ use kiln_tests::inputs::{Dist, Rng};
 fn run(c: &Call, x: &Inputs) -> Results {
     let p = c.params();
     let (b, sq, heads, d) = (c.batch(), c.sq, c.heads(), c.d);
+    let dv = c.dv();
     let mut k_cache = heads_first(x.k_cache.clone());
     let mut v_cache = heads_first(x.v_cache.clone());
     if c.s_new > 0 {
@@ -57,7 +58,7 @@ fn run(c: &Call, x: &Inputs) -> Results {
     } else {
         x.q.clone()
     };
-    let mut out = poisoned(&[b, sq, heads, d], c.dtype);
+    let mut out = poisoned(&[b, sq, heads, dv], c.dtype);
     let mut lse = poisoned(&[b, heads, sq], DType::F32);
     let inputs: [HostTensor; 6] = [
         q,
@@ -76,7 +77,7 @@ fn run(c: &Call, x: &Inputs) -> Results {
         run_def(&attention_decode, &p, c.attention_grid(), &mut args)
             .unwrap_or_else(|e| panic!("{c:?}: attention_decode: {e}"));
     } else {
-        let mut o_partial = poisoned(&[c.splits * b, sq, heads, d], DType::F32);
+        let mut o_partial = poisoned(&[c.splits * b, sq, heads, dv], DType::F32);
         let mut lse_partial = poisoned(&[c.splits * b, sq, heads], DType::F32);
         let mut args: Vec<HostArg> = inputs.iter().map(HostArg::Tensor).collect();
         args.push(HostArg::TensorMut(&mut o_partial));

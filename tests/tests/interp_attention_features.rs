@@ -76,6 +76,7 @@ fn run(rng: &mut Rng, c: Call, dist: Dist) -> Vec<f64> {
     let group = c.h / c.h_kv;
     let p = AttentionParams {
         d: c.d,
+        dv: 0,
         causal: c.causal,
         block_n: 0,
         kv_group: group,

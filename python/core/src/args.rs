@@ -20,8 +20,18 @@ pub enum Place {
     Host,
 }
 
-/// Head dims the kernel is built and tested for.
-pub const HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
+/// The tile widths the attention kernels run a head dim in: the narrowest that holds it
+/// ([`tile_width`]; the columns past the tensor's read 0 and are never written).
+pub const TILE_WIDTHS: [usize; 5] = [64, 96, 128, 192, 256];
+
+/// The most head dim (of q and k, or of v) a call may have.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The tile width head dim `d` runs in: the narrowest of [`TILE_WIDTHS`] at least `d` wide
+/// (`None` past [`MAX_HEAD_DIM`]).
+pub fn tile_width(d: usize) -> Option<usize> {
+    TILE_WIDTHS.iter().copied().find(|&w| w >= d)
+}
 
 /// The element types PyTorch tensors can have, as far as kiln cares.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -241,8 +251,11 @@ pub struct Plan {
     /// above 1, multi-query when `nheads_k` is 1): query head `h` reads k and v head
     /// `h / kv_group`.
     pub kv_group: usize,
-    /// `headdim`.
+    /// `headdim` (of q and k).
     pub head_dim: usize,
+    /// `headdim_v`, v's and the output's head dim (FlashAttention 3's; `head_dim` unless v's
+    /// last extent differs).
+    pub head_dim_v: usize,
     /// The score scale.
     pub scale: f32,
     /// Causal mask, aligned to the bottom-right corner of the score matrix (the window
@@ -262,14 +275,21 @@ pub struct Plan {
     pub q: View,
     /// `k` as `[batch, nheads_k, seqlen_k, d]`.
     pub k: View,
-    /// `v` as `[batch, nheads_k, seqlen_k, d]`.
+    /// `v` as `[batch, nheads_k, seqlen_k, headdim_v]`.
     pub v: View,
 }
 
 impl Plan {
-    /// The output's shape, `[batch, seqlen_q, nheads, headdim]` (q's).
+    /// The output's shape, `[batch, seqlen_q, nheads, headdim_v]`.
     pub fn out_shape(&self) -> [usize; 4] {
-        [self.batch, self.seqlen_q, self.nheads, self.head_dim]
+        [self.batch, self.seqlen_q, self.nheads, self.head_dim_v]
+    }
+
+    /// The kernels' tile widths for `(headdim, headdim_v)` ([`tile_width`]; both checked to
+    /// have one).
+    pub fn tile_dims(&self) -> (usize, usize) {
+        let tile = |d| tile_width(d).unwrap_or(MAX_HEAD_DIM);
+        (tile(self.head_dim), tile(self.head_dim_v))
     }
 
     /// The log-sum-exp's shape, `[batch, nheads, seqlen_q]`.
@@ -362,10 +382,12 @@ pub(crate) fn plan_windowed_at(
     }
     let [batch, seqlen_q, nheads, head_dim] = dims(q);
     let [kb, seqlen_k, nheads_k, kd] = dims(k);
-    if k.shape != v.shape {
+    let head_dim_v = v.shape[3];
+    if k.shape[..3] != v.shape[..3] {
         return Err(ArgError::value_error(format!(
-            "v: expected the shape of k {:?}, got {:?}",
-            k.shape, v.shape
+            "v: expected shape [{kb}, {seqlen_k}, {nheads_k}, headdim_v] (k's but for the head \
+             dim), got {:?}",
+            v.shape
         )));
     }
     if kb != batch {
@@ -384,10 +406,13 @@ pub(crate) fn plan_windowed_at(
              k and v ({nheads_k})"
         )));
     }
-    if !HEAD_DIMS.contains(&(head_dim as usize)) {
-        return Err(ArgError::value_error(format!(
-            "q: headdim {head_dim} is not supported yet (supported: 64, 96, 128, 256)"
-        )));
+    for (name, what, d) in [("q", "headdim", head_dim), ("v", "headdim_v", head_dim_v)] {
+        if d == 0 || d as usize > MAX_HEAD_DIM || d % 8 != 0 {
+            return Err(ArgError::value_error(format!(
+                "{name}: {what} {d} is not supported (kiln_attn takes multiples of 8 up to \
+                 {MAX_HEAD_DIM}, as FlashAttention 3)"
+            )));
+        }
     }
     for (name, t) in named {
         check_strides(name, t)?;
@@ -417,6 +442,7 @@ pub(crate) fn plan_windowed_at(
         nheads_k: nheads_k as usize,
         kv_group: (nheads / nheads_k) as usize,
         head_dim: head_dim as usize,
+        head_dim_v: head_dim_v as usize,
         scale: checked.scale,
         causal: checked.causal,
         dtype: match q.dtype {
@@ -634,7 +660,11 @@ mod tests {
             "q: expected a 4-D tensor [batch, seqlen_q, nheads, headdim], got shape [2, 128, 4]"
         );
         let e = err(&q, &q, &bshd(2, 127, 4, 64), Options::default());
-        assert!(e.message.starts_with("v: expected the shape of k"), "{e}");
+        assert!(
+            e.message
+                .starts_with("v: expected shape [2, 128, 4, headdim_v]"),
+            "{e}"
+        );
         let e = err(
             &q,
             &bshd(3, 128, 4, 64),
@@ -670,14 +700,50 @@ mod tests {
 
     #[test]
     fn unsupported_head_dims_are_value_errors() {
-        for d in [32, 80, 512] {
+        for d in [12, 264, 512] {
             let q = bshd(1, 64, 2, d);
             let e = err(&q, &q, &q, Options::default());
             assert_eq!(
                 e.message,
-                format!("q: headdim {d} is not supported yet (supported: 64, 96, 128, 256)")
+                format!(
+                    "q: headdim {d} is not supported (kiln_attn takes multiples of 8 up to 256, \
+                     as FlashAttention 3)"
+                )
             );
         }
+        let (q, v) = (bshd(1, 64, 2, 64), bshd(1, 64, 2, 300));
+        let e = err(&q, &q, &v, Options::default());
+        assert!(
+            e.message.starts_with("v: headdim_v 300 is not supported"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn head_dims_run_in_the_next_tile_width() {
+        // Any multiple of 8 up to 256, in the narrowest tile that holds it; v's head dim
+        // apart from q's and k's (MLA's 192 / 128), the output as wide as v.
+        for (d, dv, tiles) in [
+            (8, 8, (64, 64)),
+            (72, 72, (96, 96)),
+            (192, 128, (192, 128)),
+            (64, 136, (64, 192)),
+            (256, 40, (256, 64)),
+        ] {
+            let (q, v) = (bshd(2, 33, 4, d), bshd(2, 33, 4, dv));
+            let p = plan(&q, &q, &v, &Options::default()).expect("plans");
+            assert_eq!(p.tile_dims(), tiles);
+            assert_eq!((p.head_dim, p.head_dim_v), (d as usize, dv as usize));
+            assert_eq!(p.out_shape(), [2, 33, 4, dv as usize]);
+            assert_eq!(p.v.shape, [2, 4, 33, dv as usize]);
+        }
+        // Only the head dim may differ between k and v.
+        let (q, v) = (bshd(2, 33, 4, 64), bshd(2, 32, 4, 128));
+        let e = err(&q, &q, &v, Options::default());
+        assert_eq!(
+            e.message,
+            "v: expected shape [2, 33, 4, headdim_v] (k's but for the head dim), got [2, 32, 4, 128]"
+        );
     }
 
     #[test]

@@ -56,6 +56,8 @@ pub struct Packed {
     pub max_seqlen_q: usize,
     /// `max_seqlen_k`.
     pub max_seqlen_k: usize,
+    /// FlashAttention 3's `seqused_q` and `seqused_k` of a forward (the backward takes none).
+    pub used: Option<(Offsets, Offsets)>,
 }
 
 /// A checked backward call.
@@ -123,6 +125,7 @@ pub fn plan_backward(
     place: Place,
 ) -> Result<BwdPlan, ArgError> {
     let fwd = plan_at(q, k, v, opts, place)?;
+    check_same_head_dims(&fwd)?;
     let lse = check_lse(
         g.lse,
         q,
@@ -158,6 +161,7 @@ pub fn plan_varlen_backward(
         opts,
         place,
     )?;
+    check_same_head_dims(&vp.plan)?;
     for (name, t, like) in [
         ("dout", g.dout, q),
         ("dq", g.dq, q),
@@ -201,6 +205,7 @@ pub fn plan_varlen_backward(
         batch: vp.batch,
         max_seqlen_q: vp.max_seqlen_q,
         max_seqlen_k: max_seqlen_k as usize,
+        used: None,
     };
     Ok(assemble(
         vp.plan,
@@ -210,6 +215,19 @@ pub fn plan_varlen_backward(
         deterministic,
         place,
     ))
+}
+
+/// The backward kernels take one head dim for q, k and v: a forward with `headdim_v !=
+/// headdim` has no backward yet (a `ValueError` naming v, raised before anything runs).
+fn check_same_head_dims(fwd: &Plan) -> Result<(), ArgError> {
+    if fwd.head_dim_v != fwd.head_dim {
+        return Err(ArgError::value_error(format!(
+            "v: headdim_v {} != headdim {} has no backward yet in kiln_attn (the forward runs; \
+             call it under torch.no_grad() or with inputs that do not require grad)",
+            fwd.head_dim_v, fwd.head_dim
+        )));
+    }
+    Ok(())
 }
 
 /// The BHSD views of `dout`, `out`, `dq`, `dk`, `dv` (4-D BSHD tensors), each checked to have
@@ -356,7 +374,7 @@ impl BwdPlan {
     pub fn params(&self) -> AttentionBwdParams {
         let p = &self.fwd;
         AttentionBwdParams {
-            d: p.head_dim,
+            d: p.tile_dims().0,
             causal: p.causal,
             kv_group: p.kv_group,
             dtype: p.dtype,
@@ -593,7 +611,11 @@ pub fn forward_steps(
     }));
     let (kernel, extents) = match packed {
         Some(pk) => {
-            for o in [pk.cu_q, pk.cu_k] {
+            let used = pk.used.map(|(q, k)| [q, k]);
+            for o in [pk.cu_q, pk.cu_k]
+                .into_iter()
+                .chain(used.into_iter().flatten())
+            {
                 args.push(Arg::Tensor(TensorInfo::contiguous(
                     &[o.len],
                     TorchDType::Other("torch.int32".into()),
@@ -601,22 +623,25 @@ pub fn forward_steps(
                     o.ptr,
                 )));
             }
-            (
-                "attention_varlen_lse",
-                [pk.max_seqlen_q, plan.nheads, pk.batch],
-            )
+            let kernel = match pk.used {
+                Some(_) => "attention_varlen_used_lse",
+                None => "attention_varlen_lse",
+            };
+            (kernel, [pk.max_seqlen_q, plan.nheads, pk.batch])
         }
         None => ("attention_lse", [plan.seqlen_q, plan.nheads, plan.batch]),
     };
     args.push(Arg::Float(f64::from(plan.scale)));
-    let given = forward_given(&Semantic {
-        d: plan.head_dim,
+    let (d, dv) = plan.tile_dims();
+    let mut given = forward_given(&Semantic {
+        d,
         causal: plan.causal,
         kv_group: plan.kv_group,
         dtype: plan.dtype,
         window: plan.window,
         softcap: plan.softcap,
     });
+    given.push(("dv".into(), Given::Int(dv as i64)));
     let step = Step {
         kernel,
         args,
@@ -717,6 +742,23 @@ mod tests {
             deterministic,
             Place::Cuda,
         )
+    }
+
+    #[test]
+    fn a_value_head_dim_apart_from_the_key_one_has_no_backward_yet() {
+        let mut c = call(1, 16, 16, 2, 2, 192);
+        c.v = bshd([1, 16, 2, 128], TorchDType::Bf16, 0x3000);
+        let e = plan(&c, false).expect_err("headdim_v != headdim");
+        assert_eq!(e.kind, crate::args::ErrorKind::Value);
+        assert!(
+            e.message
+                .starts_with("v: headdim_v 128 != headdim 192 has no backward yet"),
+            "{e}"
+        );
+        // Equal head dims in no built width run in the next one up.
+        let p = plan(&call(1, 16, 16, 2, 2, 72), false).expect("72 runs in 96");
+        assert_eq!(p.params().d, 96);
+        assert_eq!(p.accum_shape(), [1, 2, 16, 72]);
     }
 
     #[test]

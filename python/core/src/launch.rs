@@ -18,6 +18,7 @@ use kiln::runtime::{
 };
 use kiln_examples::attention::{
     AttentionParams, attention, attention_lse, attention_varlen, attention_varlen_lse,
+    attention_varlen_used, attention_varlen_used_lse,
 };
 
 use crate::args::{Plan, TensorInfo, View};
@@ -46,7 +47,7 @@ pub fn comptime(plan: &Plan, target: Target) -> AttentionParams {
         window_left: plan.window.0,
         window_right: plan.window.1,
         softcap: plan.softcap,
-        ..AttentionParams::tuned(target, plan.head_dim, plan.causal, lengths)
+        ..AttentionParams::tuned_pair(target, plan.tile_dims(), plan.causal, lengths)
     }
 }
 
@@ -74,14 +75,29 @@ pub fn device(ordinal: usize) -> Result<Arc<Device>, RuntimeError> {
     Ok(d)
 }
 
-/// The kernel for a call: `attention` or, over a packed varlen batch, `attention_varlen`; their
-/// log-sum-exp forms when `lse`.
-fn kernel(lse: bool, varlen: bool) -> &'static AttentionKernel {
-    match (lse, varlen) {
-        (false, false) => &attention,
-        (true, false) => &attention_lse,
-        (false, true) => &attention_varlen,
-        (true, true) => &attention_varlen_lse,
+/// Two device tensors of sequence lengths a varlen launch reads: `cu_seqlens_q` and
+/// `cu_seqlens_k`, or `seqused_q` and `seqused_k`.
+type OffsetPair<'a> = (&'a Offsets, &'a Offsets);
+
+/// Which attention kernel a call takes: dense, packed varlen, or packed varlen with
+/// FlashAttention 3's used lengths (`seqused_q`, `seqused_k`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Form {
+    Dense,
+    Varlen,
+    VarlenUsed,
+}
+
+/// The kernel for a call of `form`: `attention`, `attention_varlen` or
+/// `attention_varlen_used`; their log-sum-exp forms when `lse`.
+fn kernel(lse: bool, form: Form) -> &'static AttentionKernel {
+    match (lse, form) {
+        (false, Form::Dense) => &attention,
+        (true, Form::Dense) => &attention_lse,
+        (false, Form::Varlen) => &attention_varlen,
+        (true, Form::Varlen) => &attention_varlen_lse,
+        (false, Form::VarlenUsed) => &attention_varlen_used,
+        (true, Form::VarlenUsed) => &attention_varlen_used_lse,
     }
 }
 
@@ -105,7 +121,7 @@ pub unsafe fn launch(
 ) -> Result<(), LaunchFailure> {
     let dims = [plan.seqlen_q, plan.nheads, plan.batch];
     // SAFETY: the caller's guarantees, passed on.
-    unsafe { launch_kernel(plan, (out, lse), None, dims, stream) }
+    unsafe { launch_kernel(plan, (out, lse), (None, None), dims, stream) }
 }
 
 /// Launches the varlen plan `vp` on `stream`: one launch of `attention_varlen` (or
@@ -126,8 +142,9 @@ pub unsafe fn launch_varlen(
     }
     let dims = [vp.max_seqlen_q, vp.plan.nheads, vp.batch];
     let offsets = Some((&vp.cu_q, &vp.cu_k));
-    // SAFETY: the caller's guarantees, passed on.
-    unsafe { launch_kernel(&vp.plan, (&vp.out, lse), offsets, dims, stream) }
+    let used = vp.used.as_ref().map(|(q, k)| (q, k));
+    // SAFETY: the caller's guarantees, passed on (the used lengths as the offsets).
+    unsafe { launch_kernel(&vp.plan, (&vp.out, lse), (offsets, used), dims, stream) }
 }
 
 /// [`launch`] and [`launch_varlen`]: the kernel of `plan` (its varlen form when `offsets`
@@ -138,7 +155,7 @@ pub unsafe fn launch_varlen(
 unsafe fn launch_kernel(
     plan: &Plan,
     (out, lse): (&View, Option<&Lse>),
-    offsets: Option<(&Offsets, &Offsets)>,
+    (offsets, used): (Option<OffsetPair<'_>>, Option<OffsetPair<'_>>),
     dims: [usize; 3],
     stream: u64,
 ) -> Result<(), LaunchFailure> {
@@ -163,12 +180,22 @@ unsafe fn launch_kernel(
         Some((q, k)) => Some([borrow_offsets(q)?, borrow_offsets(k)?]),
         None => None,
     };
+    let used = match used {
+        Some((q, k)) => Some([borrow_offsets(q)?, borrow_offsets(k)?]),
+        None => None,
+    };
     let tensors = [&q, &k, &v, &o];
     let mut args: Vec<KernelArg<'_>> = tensors.iter().map(|&t| KernelArg::Tensor(t)).collect();
     args.extend(lse.as_ref().map(KernelArg::Tensor));
     args.extend(cu.iter().flatten().map(KernelArg::Tensor));
+    args.extend(used.iter().flatten().map(KernelArg::Tensor));
     args.push(KernelArg::F32(plan.scale));
-    let def = kernel(lse.is_some(), cu.is_some());
+    let form = match (&cu, &used) {
+        (None, _) => Form::Dense,
+        (Some(_), None) => Form::Varlen,
+        (Some(_), Some(_)) => Form::VarlenUsed,
+    };
+    let def = kernel(lse.is_some(), form);
     let prepared = prepared(&dev, def, plan, &args)?;
     // SAFETY: the caller guarantees the stream.
     let stream = unsafe { ForeignStream::from_raw(stream) };
@@ -347,7 +374,7 @@ pub fn interpret(
 ) -> Result<(), InterpError> {
     let out_view = View {
         ptr: 0,
-        shape: [plan.batch, plan.nheads, plan.seqlen_q, plan.head_dim],
+        shape: [plan.batch, plan.nheads, plan.seqlen_q, plan.head_dim_v],
         strides: [
             out.strides[0],
             out.strides[2],
@@ -421,7 +448,12 @@ fn run_kernel(
     let (qv, kv, vv) = (view(q, &plan.q), view(k, &plan.k), view(v, &plan.v));
     let mut ov = view(out, out_view);
     let ct = comptime(plan, target);
-    let def = kernel(lse.is_some(), offsets.is_some());
+    let form = if offsets.is_some() {
+        Form::Varlen
+    } else {
+        Form::Dense
+    };
+    let def = kernel(lse.is_some(), form);
     let grid = def.grid(&ct, dims);
     let mut args = vec![
         HostArg::Tensor(&qv),

@@ -20,5 +20,8 @@ pub mod varlen;
 /// The kiln crate this package is built on (its IR, registry and runtime types), for the
 /// extension's conversions.
 pub use kiln;
+/// The decode kernels' choices the Python decode path makes the same way (the split-KV
+/// count).
+pub use kiln_examples::attention_decode as decode;
 /// How the row kernels split a row over a block, for the Python ops' choice.
 pub use kiln_examples::rows;

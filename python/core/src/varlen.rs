@@ -46,6 +46,9 @@ pub struct VarlenPlan {
     pub cu_k: Offsets,
     /// `[nheads, total_q]`, the log-sum-exp's shape, when the call returns it.
     pub lse_shape: Option<[usize; 2]>,
+    /// FlashAttention 3's `seqused_q` and `seqused_k` on the device (`batch` values each), when
+    /// the call gives them: the launch takes `attention_varlen_used`.
+    pub used: Option<(Offsets, Offsets)>,
 }
 
 /// A checked offsets tensor: `batch + 1` contiguous int32 values at `ptr`.
@@ -106,6 +109,24 @@ pub fn plan_varlen_at(
     opts: &Options,
     place: Place,
 ) -> Result<VarlenPlan, ArgError> {
+    let lengths = (max_seqlen_q, max_seqlen_k);
+    plan_varlen_used_at((q, k, v), out, (cu_q, cu_k), None, lengths, opts, place)
+}
+
+/// [`plan_varlen_at`] with FlashAttention 3's `seqused_q` and `seqused_k` when `used` gives
+/// them (both: the caller fills a missing one with the offsets' lengths): each a 1-D
+/// contiguous torch.int32 tensor of `batch` values on q's device, read by the kernel. Sequence
+/// `b` then uses its first `seqused_q[b]` query rows and `seqused_k[b]` keys (capped at its
+/// lengths); its rows past `seqused_q[b]` are not written.
+pub fn plan_varlen_used_at(
+    (q, k, v): (&TensorInfo, &TensorInfo, &TensorInfo),
+    out: &TensorInfo,
+    (cu_q, cu_k): (&TensorInfo, &TensorInfo),
+    used: Option<(&TensorInfo, &TensorInfo)>,
+    (max_seqlen_q, max_seqlen_k): (i64, i64),
+    opts: &Options,
+    place: Place,
+) -> Result<VarlenPlan, ArgError> {
     for (name, t, total) in [
         ("q", q, "total_q"),
         ("k", k, "total_k"),
@@ -124,8 +145,8 @@ pub fn plan_varlen_at(
             )));
         }
     }
-    let cu_q = check_offsets_tensor("cu_seqlens_q", cu_q, q)?;
-    let cu_k = check_offsets_tensor("cu_seqlens_k", cu_k, q)?;
+    let cu_q = check_offsets_tensor("cu_seqlens_q", cu_q, q, "[batch + 1]")?;
+    let cu_k = check_offsets_tensor("cu_seqlens_k", cu_k, q, "[batch + 1]")?;
     if cu_q.len != cu_k.len || cu_q.len < 2 {
         return Err(ArgError::value_error(format!(
             "cu_seqlens_k: expected batch + 1 offsets, as many as cu_seqlens_q ({}), at least 2, \
@@ -134,6 +155,22 @@ pub fn plan_varlen_at(
         )));
     }
     let batch = cu_q.len - 1;
+    let used = match used {
+        Some((uq, uk)) => {
+            let check = |name: &str, t: &TensorInfo| {
+                let o = check_offsets_tensor(name, t, q, "[batch]")?;
+                if o.len != batch {
+                    return Err(ArgError::value_error(format!(
+                        "{name}: expected {batch} lengths (one per sequence), got {}",
+                        o.len
+                    )));
+                }
+                Ok(o)
+            };
+            Some((check("seqused_q", uq)?, check("seqused_k", uk)?))
+        }
+        None => None,
+    };
     if batch as i64 > GRID_YZ_MAX {
         return Err(ArgError::value_error(format!(
             "cu_seqlens_q: batch {batch} is above the most kiln launches ({GRID_YZ_MAX})"
@@ -150,10 +187,11 @@ pub fn plan_varlen_at(
             )));
         }
     }
-    if out.shape != q.shape {
+    let want = [q.shape[0], q.shape[1], v.shape[2]];
+    if out.shape != want {
         return Err(ArgError::value_error(format!(
-            "out: expected shape {:?} (q's), got {:?}",
-            q.shape, out.shape
+            "out: expected shape {want:?} (q's, v's head dim), got {:?}",
+            out.shape
         )));
     }
     let [qb, kb, vb, ob] = [q, k, v, out].map(one_batch);
@@ -169,12 +207,18 @@ pub fn plan_varlen_at(
         max_seqlen_q: max_seqlen_q as usize,
         cu_q,
         cu_k,
+        used,
     })
 }
 
 /// The offsets tensor `t` (argument `name`) must be a 1-D contiguous torch.int32 tensor on
 /// q's device.
-fn check_offsets_tensor(name: &str, t: &TensorInfo, q: &TensorInfo) -> Result<Offsets, ArgError> {
+fn check_offsets_tensor(
+    name: &str,
+    t: &TensorInfo,
+    q: &TensorInfo,
+    shape: &str,
+) -> Result<Offsets, ArgError> {
     if t.dtype != TorchDType::Other("torch.int32".into()) {
         return Err(ArgError::type_error(format!(
             "{name}: expected dtype torch.int32, got {}",
@@ -183,7 +227,7 @@ fn check_offsets_tensor(name: &str, t: &TensorInfo, q: &TensorInfo) -> Result<Of
     }
     if t.shape.len() != 1 || t.strides.len() != 1 {
         return Err(ArgError::value_error(format!(
-            "{name}: expected a 1-D tensor [batch + 1], got shape {:?}",
+            "{name}: expected a 1-D tensor {shape}, got shape {:?}",
             t.shape
         )));
     }
@@ -254,6 +298,47 @@ mod tests {
         opts: &Options,
     ) -> Result<VarlenPlan, ArgError> {
         plan_varlen((q, k, k), q, cu, max, opts)
+    }
+
+    #[test]
+    fn used_lengths_are_one_per_sequence_and_pick_the_used_kernel() {
+        let (q, k, cu) = (packed(300, 4, 64), packed(500, 2, 64), offsets(3));
+        let opts = Options::default();
+        let plan = |uq: &TensorInfo, uk: &TensorInfo| {
+            let used = Some((uq, uk));
+            plan_varlen_used_at(
+                (&q, &k, &k),
+                &q,
+                (&cu, &cu),
+                used,
+                (200, 250),
+                &opts,
+                Place::Cuda,
+            )
+        };
+        let p = plan(&offsets(2), &offsets(2)).expect("two sequences, two lengths each");
+        let (uq, uk) = p.used.expect("used lengths");
+        assert_eq!((uq.len, uk.len), (2, 2));
+        assert_eq!(
+            call(&q, &k, (&cu, &cu), (200, 250), &opts)
+                .expect("plain")
+                .used,
+            None
+        );
+        let e = plan(&offsets(3), &offsets(2)).expect_err("one per sequence");
+        assert_eq!(
+            e.message,
+            "seqused_q: expected 2 lengths (one per sequence), got 3"
+        );
+        let mut wide = offsets(2);
+        wide.dtype = TorchDType::Other("torch.int64".into());
+        let e = plan(&offsets(2), &wide).expect_err("int32");
+        assert_eq!(e.kind, ErrorKind::Type);
+        assert!(
+            e.message
+                .starts_with("seqused_k: expected dtype torch.int32"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -384,7 +469,7 @@ mod tests {
         let e = plan_varlen((&q, &k, &k), &k, (&cu, &cu), (100, 80), &o).expect_err("out");
         assert_eq!(
             e.message,
-            "out: expected shape [100, 2, 64] (q's), got [80, 2, 64]"
+            "out: expected shape [100, 2, 64] (q's, v's head dim), got [80, 2, 64]"
         );
         // The packed tensors' other checks are flash_attn_func's.
         let k3 = packed(80, 3, 64);

@@ -5,7 +5,7 @@
 
 #![allow(dead_code)]
 
-use kiln_examples::attention_decode::{DecodeParams, ROTARY_HEADS, decode_key_block, value_blocks};
+use kiln_examples::attention_decode::{DecodeParams, ROTARY_HEADS};
 use kiln_ir::{DType, HostTensor, TensorData};
 use kiln_tests::check::{Case, as_stored, assert_close, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
@@ -17,6 +17,8 @@ pub struct Call {
     /// Query heads per key/value head.
     pub group: usize,
     pub d: usize,
+    /// The value head dim (`headdim_v`) when it differs from `d`; 0: `d`.
+    pub dv: usize,
     /// Query tokens per sequence.
     pub sq: usize,
     /// New keys and values per sequence, appended before the attention (0: none).
@@ -47,6 +49,7 @@ impl Call {
             heads_k,
             group,
             d,
+            dv: 0,
             sq,
             s_new: 0,
             lens: lens.to_vec(),
@@ -68,6 +71,11 @@ impl Call {
 
     pub fn heads(&self) -> usize {
         self.heads_k * self.group
+    }
+
+    /// The head dim of the values and the output.
+    pub fn dv(&self) -> usize {
+        if self.dv == 0 { self.d } else { self.dv }
     }
 
     fn leftpad(&self, b: usize) -> usize {
@@ -105,6 +113,7 @@ impl Call {
         let (rotary_dim, rotary_interleaved) = self.rotary.unwrap_or((0, true));
         DecodeParams {
             d: self.d,
+            dv: self.dv,
             dtype: self.dtype,
             kv_group: self.group,
             page_size: self.page.unwrap_or(0),
@@ -135,7 +144,7 @@ impl Call {
     pub fn attention_grid(&self) -> [u32; 3] {
         [
             (self.splits * self.row_blocks()) as u32,
-            (self.heads_k * value_blocks(self.d)) as u32,
+            (self.heads_k * self.params().value_blocks()) as u32,
             self.batch() as u32,
         ]
     }
@@ -170,12 +179,13 @@ impl Call {
     /// the page table is a random permutation of the pages.
     pub fn inputs(&self, rng: &mut Rng, dist: Dist) -> Inputs {
         let (b, hk, d, dt) = (self.batch(), self.heads_k, self.d, self.dtype);
+        let dv = self.dv();
         let q = tensor(rng, &[b, self.sq, self.heads(), d], dt, dist);
         let k_new = tensor(rng, &[b, self.s_new, hk, d], dt, dist);
-        let v_new = tensor(rng, &[b, self.s_new, hk, d], dt, dist);
+        let v_new = tensor(rng, &[b, self.s_new, hk, dv], dt, dist);
         let (pages, len) = (self.pages(), self.page_len());
         let mut k_cache = tensor(rng, &[pages, len, hk, d], dt, dist);
-        let mut v_cache = tensor(rng, &[pages, len, hk, d], dt, dist);
+        let mut v_cache = tensor(rng, &[pages, len, hk, dv], dt, dist);
         let mut order: Vec<usize> = (0..pages).collect();
         for i in (1..order.len()).rev() {
             order.swap(i, rng.range(0, i + 1));
@@ -196,10 +206,10 @@ impl Call {
                 held[page * len + row] = true;
             }
         }
-        for cache in [&mut k_cache, &mut v_cache] {
+        for (cache, width) in [(&mut k_cache, d), (&mut v_cache, dv)] {
             for (slot, _) in held.iter().enumerate().filter(|(_, h)| !**h) {
-                for i in 0..hk * d {
-                    cache.data.set_f64(slot * hk * d + i, f64::NAN);
+                for i in 0..hk * width {
+                    cache.data.set_f64(slot * hk * width + i, f64::NAN);
                 }
             }
         }
@@ -235,6 +245,7 @@ impl Call {
     /// that sees no key).
     pub fn reference(&self, x: &Inputs) -> Reference {
         let (b, hk, d, g) = (self.batch(), self.heads_k, self.d, self.group);
+        let dv = self.dv();
         let (len, pps) = (self.page_len(), self.pages_per_seq());
         let slot = |s: usize, j: usize| (x.table[s * pps + j / len], j % len);
         let at = |t: &HostTensor, i: [usize; 4]| t.data.get_f64(t.offset(&i));
@@ -251,6 +262,8 @@ impl Call {
                     for (c, &k) in kr.iter().enumerate() {
                         let o = k_cache.offset(&[page, row, h, c]);
                         k_cache.data.set_f64(o, k);
+                    }
+                    for c in 0..dv {
                         let o = v_cache.offset(&[page, row, h, c]);
                         v_cache.data.set_f64(o, at(&x.v_new, [s, t, h, c]));
                     }
@@ -258,7 +271,7 @@ impl Call {
             }
         }
         let heads = self.heads();
-        let mut out = vec![0.0; b * self.sq * heads * d];
+        let mut out = vec![0.0; b * self.sq * heads * dv];
         let mut lse = vec![f64::INFINITY; b * heads * self.sq];
         let (left, right) = (self.window.0, if self.causal { 0 } else { self.window.1 });
         let local = left >= 0 || right >= 0;
@@ -303,7 +316,7 @@ impl Call {
                     let w: Vec<f64> = scores.iter().map(|z| (z - m).exp()).collect();
                     let sum: f64 = w.iter().sum();
                     lse[(s * heads + h) * self.sq + t] = m + sum.ln();
-                    for c in 0..d {
+                    for c in 0..dv {
                         let y: f64 = seen
                             .iter()
                             .zip(&w)
@@ -312,7 +325,7 @@ impl Call {
                                 wj * at(&v_cache, [page, row, h / g, c])
                             })
                             .sum();
-                        out[((s * self.sq + t) * heads + h) * d + c] = y / sum;
+                        out[((s * self.sq + t) * heads + h) * dv + c] = y / sum;
                     }
                 }
             }
@@ -362,7 +375,7 @@ impl Call {
         }
         // A query that sees no key outputs exactly 0.
         let out = got.out.to_f64_vec();
-        let d = self.d;
+        let d = self.dv();
         for (row, &w) in want.lse.iter().enumerate() {
             if w.is_infinite() {
                 let (s, rest) = (
@@ -382,7 +395,7 @@ impl Call {
 
     /// The key block of the attention kernels.
     pub fn block_n(&self) -> usize {
-        decode_key_block(0, self.d, self.page.unwrap_or(0))
+        self.params().key_block()
     }
 }
 
@@ -454,6 +467,39 @@ pub fn calls() -> Vec<Call> {
             window: (25, -1),
             splits: 3,
             ..Call::new(1, 16, 64, 5, &[60, 2, 140])
+        },
+        // MLA's head dims (keys 192, values 128: two value blocks of 64 columns), paged by
+        // 16, GQA 4, causal, new keys rotated, 3 splits.
+        Call {
+            dv: 128,
+            s_new: 3,
+            page: Some(16),
+            causal: true,
+            rotary: Some((64, true)),
+            splits: 3,
+            ..Call::new(1, 4, 192, 4, &[50, 0, 97])
+        },
+        // Values wider than keys (64 / 128), dense with an append, one pass, f16.
+        Call {
+            dv: 128,
+            s_new: 2,
+            dtype: DType::F16,
+            ..Call::new(2, 2, 64, 3, &[0, 21, 140])
+        },
+        // Values narrower than keys (256 / 128, two value blocks; 128 / 64), pages of one
+        // key, a window, 5 splits.
+        Call {
+            dv: 128,
+            page: Some(1),
+            window: (30, -1),
+            splits: 5,
+            ..Call::new(1, 2, 256, 2, &[9, 66, 1])
+        },
+        Call {
+            dv: 64,
+            leftpad: vec![3, 0, 0],
+            softcap: 20.0,
+            ..Call::new(2, 1, 128, 5, &[40, 2, 100])
         },
         // Paged by 16 with a leftpad, a two-sided window and a soft-cap, f16, 7 splits, fewer
         // new keys than queries.

@@ -8,6 +8,7 @@ use kiln_tests::varlen::Varlen;
 pub fn params(c: &Varlen, block_n: usize, block_m: usize) -> AttentionParams {
     AttentionParams {
         d: c.d,
+        dv: 0,
         causal: c.causal,
         block_n,
         kv_group: c.h / c.h_kv,
