@@ -118,10 +118,12 @@ fn gpu_softmax_backward() {
     let mut rng = Rng::from_env();
     for dev in devices() {
         for dtype in [DType::F32, DType::Bf16] {
-            for (bm, bn) in [(4, 1024), (1, 4096)] {
+            // A row in one tile (read once) and rows longer than a tile (two loops).
+            for (bm, bn, nw) in [(4, 1024, 4), (1, 4096, 4), (1, 8192, 8)] {
                 let c = SoftmaxBackwardComptime {
                     BM: bm,
                     BN: bn,
+                    NW: nw,
                     dtype,
                 };
                 for ((m, n), _) in shapes() {
@@ -134,7 +136,7 @@ fn gpu_softmax_backward() {
                         softmax_backward
                             .launch(&dev, &c, grid, &a, &b, &dx)
                             .expect("launch");
-                        let k = format!("softmax_backward {dtype} BM={bm} BN={bn}");
+                        let k = format!("softmax_backward {dtype} BM={bm} BN={bn} NW={nw}");
                         let cs = case(k, &dev, m, n, dist, &rng);
                         let r = reference::softmax_backward(&y, &dy);
                         let got = dx.download().expect("download");

@@ -88,10 +88,12 @@ fn cross_entropy_forward_and_backward() {
 fn softmax_backward_matches_reference() {
     let mut rng = Rng::from_env();
     for dtype in [DType::F32, DType::Bf16] {
-        for (bm, bn) in [(4, 1024), (1, 4096)] {
+        // A row in one tile (read once) and rows longer than a tile (two loops).
+        for (bm, bn, nw) in [(4, 1024, 4), (1, 4096, 4), (1, 8192, 8)] {
             let c = SoftmaxBackwardComptime {
                 BM: bm,
                 BN: bn,
+                NW: nw,
                 dtype,
             };
             assembles_clean(&softmax_backward, c, "");
@@ -104,7 +106,7 @@ fn softmax_backward_matches_reference() {
                     softmax_backward
                         .interpret(&c, grid, &y, &dy, &mut dx)
                         .expect("interpret");
-                    let k = format!("softmax_backward {dtype} BM={bm} BN={bn}");
+                    let k = format!("softmax_backward {dtype} BM={bm} BN={bn} NW={nw}");
                     let r = reference::softmax_backward(&y, &dy);
                     assert_close(&case(k, m, n, dist, &rng), &dx, &r, tolerance(dtype));
                 }
