@@ -152,15 +152,21 @@ fn gpu_norm_backwards() {
     let mut rng = Rng::from_env();
     for dev in devices() {
         for dtype in [DType::Bf16, DType::F32] {
-            for (bm, bn) in [(4, 1024), (1, 4096)] {
+            // Rows longer than a tile (all of a block's rows per column tile), rows in one
+            // tile walked in groups, and a group taller than the block's rows.
+            for (bm, bn, rb, nw) in [(4, 1024, 16, 8), (8, 1024, 4, 8), (1, 8192, 4, 16)] {
                 let c = LayerNormBackwardComptime {
                     BM: bm,
                     BN: bn,
+                    RB: rb,
+                    NW: nw,
                     dtype,
                 };
                 let cr = RmsNormBackwardComptime {
                     BM: bm,
                     BN: bn,
+                    RB: rb,
+                    NW: nw,
                     dtype,
                 };
                 let cs_sum = SumPartialsComptime {
@@ -210,7 +216,8 @@ fn gpu_norm_backwards() {
                                 rms,
                             );
                             let name = if rms { "rms_norm" } else { "layer_norm" };
-                            let k = format!("{name}_backward {dtype} BM={bm} BN={bn}");
+                            let k =
+                                format!("{name}_backward {dtype} BM={bm} BN={bn} RB={rb} NW={nw}");
                             let cs = case(k, &dev, m, n, dist, &rng);
                             let tol = tolerance(dtype) * 4.0;
                             let dxh = dx.download().expect("download");

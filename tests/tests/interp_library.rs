@@ -134,15 +134,21 @@ fn summed(part: &HostTensor, dtype: DType) -> HostTensor {
 fn norm_backwards_match_reference() {
     let mut rng = Rng::from_env();
     for dtype in [DType::Bf16, DType::F32] {
-        for (bm, bn) in [(4, 1024), (1, 4096)] {
+        // Rows longer than a tile (all of a block's rows per column tile), rows in one
+        // tile walked in groups, and a group taller than the block's rows.
+        for (bm, bn, rb, nw) in [(4, 1024, 16, 8), (8, 1024, 4, 8), (1, 8192, 4, 16)] {
             let c = LayerNormBackwardComptime {
                 BM: bm,
                 BN: bn,
+                RB: rb,
+                NW: nw,
                 dtype,
             };
             let cr = RmsNormBackwardComptime {
                 BM: bm,
                 BN: bn,
+                RB: rb,
+                NW: nw,
                 dtype,
             };
             assembles_clean(&layer_norm_backward, c, "");
@@ -191,7 +197,7 @@ fn norm_backwards_match_reference() {
                             rms,
                         );
                         let name = if rms { "rms_norm" } else { "layer_norm" };
-                        let k = format!("{name}_backward {dtype} BM={bm} BN={bn}");
+                        let k = format!("{name}_backward {dtype} BM={bm} BN={bn} RB={rb} NW={nw}");
                         let cs = case(k, m, n, dist, &rng);
                         if rms && n == 1 {
                             // One column: `dx` is eps-sized, all f32 cancellation; an
