@@ -17,6 +17,7 @@ use kiln_examples::norm_backward::{
     rms_norm_backward, sum_partials,
 };
 use kiln_examples::rotary::{RotaryComptime, rotary};
+use kiln_examples::rows::{norm_backward_config, row_config};
 use kiln_examples::softmax::{SoftmaxBackwardComptime, softmax_backward};
 use kiln_ir::dsl::KernelDef;
 use kiln_ir::{DType, HostTensor};
@@ -111,6 +112,48 @@ fn softmax_backward_matches_reference() {
                     assert_close(&case(k, m, n, dist, &rng), &dx, &r, tolerance(dtype));
                 }
             }
+        }
+    }
+}
+
+/// The backward configurations the row-length choices give at the benchmark's shapes compile
+/// compact and without spills on both targets.
+#[test]
+fn backward_configs_assemble_clean() {
+    for (m, n) in [
+        (1, 1),
+        (4096, 1000),
+        (4096, 4097),
+        (32768, 8192),
+        (65536, 4096),
+        (16384, 16384),
+    ] {
+        for dtype in [DType::F32, DType::Bf16] {
+            let r = row_config(n);
+            let c = SoftmaxBackwardComptime {
+                BM: r.bm,
+                BN: r.bn,
+                NW: r.nw,
+                dtype,
+            };
+            assembles_clean(&softmax_backward, c, "");
+            let b = norm_backward_config(m, n);
+            let c = LayerNormBackwardComptime {
+                BM: b.bm,
+                BN: b.bn,
+                RB: b.rb,
+                NW: b.nw,
+                dtype,
+            };
+            assembles_clean(&layer_norm_backward, c, "");
+            let c = RmsNormBackwardComptime {
+                BM: b.bm,
+                BN: b.bn,
+                RB: b.rb,
+                NW: b.nw,
+                dtype,
+            };
+            assembles_clean(&rms_norm_backward, c, "");
         }
     }
 }
