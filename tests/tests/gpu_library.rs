@@ -243,11 +243,12 @@ fn gpu_rotary() {
     let mut rng = Rng::from_env();
     for dev in devices() {
         for dtype in [DType::Bf16, DType::F16] {
-            for (d, r, bh) in [(128, 128, 8), (64, 32, 4), (256, 128, 2)] {
+            for (d, r, bh, nw) in [(128, 128, 8, 2), (64, 32, 4, 4), (256, 128, 2, 1)] {
                 let c = RotaryComptime {
                     D: d,
                     R: r,
                     BH: bh,
+                    NW: nw,
                     dtype,
                 };
                 let shapes = ROTARY_SHAPES
@@ -267,7 +268,8 @@ fn gpu_rotary() {
                         rotary
                             .launch(&dev, &c, grid, &dx, &dc, &ds, &y, offset as i32)
                             .expect("launch");
-                        let k = format!("rotary {dtype} D={d} R={r} BH={bh} offset={offset}");
+                        let k =
+                            format!("rotary {dtype} D={d} R={r} BH={bh} NW={nw} offset={offset}");
                         let cs = case(k, &dev, b * s, h * d, dist, &rng);
                         let reference = reference::rotary(&x, &cos, &sin, r, offset);
                         assert_close(

@@ -265,11 +265,12 @@ fn norm_backwards_match_reference() {
 fn rotary_matches_reference() {
     let mut rng = Rng::from_env();
     for dtype in [DType::Bf16, DType::F32] {
-        for (d, r, bh) in [(128, 128, 8), (64, 32, 4), (256, 128, 2)] {
+        for (d, r, bh, nw) in [(128, 128, 8, 2), (64, 32, 4, 4), (256, 128, 2, 1)] {
             let c = RotaryComptime {
                 D: d,
                 R: r,
                 BH: bh,
+                NW: nw,
                 dtype,
             };
             assembles_clean(&rotary, c, "");
@@ -282,7 +283,7 @@ fn rotary_matches_reference() {
                     rotary
                         .interpret(&c, grid, &x, &cos, &sin, &mut y, offset as i32)
                         .expect("interpret");
-                    let k = format!("rotary {dtype} D={d} R={r} BH={bh} offset={offset}");
+                    let k = format!("rotary {dtype} D={d} R={r} BH={bh} NW={nw} offset={offset}");
                     let reference = reference::rotary(&x, &cos, &sin, r, offset);
                     let cs = case(k, b * s, h * d, dist, &rng);
                     assert_close(&cs, &y, &reference, tolerance(dtype));
