@@ -273,6 +273,10 @@ impl Emitter<'_> {
                     vec_suffix(ps.len(), "b32"),
                     reg_list(ps)
                 ));
+                self.unpack(ps, xs);
+                if let Some(fs) = &widened {
+                    self.widen_words(ps, &fs[first..first + w as usize]);
+                }
             } else {
                 self.ins(format!(
                     "ld.{space}{} {}, [{addr}+{off}]",
@@ -324,24 +328,13 @@ impl Emitter<'_> {
                     off + k as u32 * esize
                 ));
             }
-            if esize == 2 {
-                let ps = &packed[first / 2..(first + w as usize) / 2];
-                for (p, pair) in ps.iter().zip(xs.chunks(2)) {
-                    self.ins(format!("mov.b32 {p}, {{{}, {}}}", pair[0], pair[1]));
+            if let Some(fs) = &widened {
+                for (f, x) in fs[first..first + w as usize].iter().zip(xs) {
+                    self.ins(format!("cvt.f32.bf16 {f}, {x}"));
                 }
             }
         }
         self.label(&done);
-        // 16-bit elements cross the join packed, two to a register, and are split (and bf16
-        // widened) only after it: values defined on both paths stay live from the join on,
-        // and a tile loaded late (layer norm's weight and bias) would otherwise hold every
-        // element in its own 32-bit register.
-        if esize == 2 {
-            self.unpack(&packed, &regs);
-            if let Some(fs) = &widened {
-                self.widen_words(&packed, fs);
-            }
-        }
         if let Some(fs) = widened {
             self.widened.extend(regs.iter().copied().zip(fs));
         }
