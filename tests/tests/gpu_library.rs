@@ -52,15 +52,17 @@ fn gpu_cross_entropy() {
     let mut rng = Rng::from_env();
     for dev in devices() {
         for dtype in [DType::Bf16, DType::F32] {
-            for (bm, bn) in [(1, 2048), (4, 512)] {
+            for (bm, bn, nw) in [(1, 2048, 2), (4, 512, 4)] {
                 let c = CrossEntropyComptime {
                     BM: bm,
                     BN: bn,
+                    NW: nw,
                     dtype,
                 };
                 let cb = CrossEntropyBackwardComptime {
                     BM: bm,
                     BN: bn,
+                    NW: nw,
                     dtype,
                 };
                 for ((m, v), small) in shapes() {
@@ -86,7 +88,7 @@ fn gpu_cross_entropy() {
                             .launch(&dev, &cb, grid, &dx_in, &dt, &lse, &ddl, &dx)
                             .expect("launch");
                         let (rl, rlse) = reference::cross_entropy(&x, &t);
-                        let k = format!("cross_entropy {dtype} BM={bm} BN={bn}");
+                        let k = format!("cross_entropy {dtype} BM={bm} BN={bn} NW={nw}");
                         let cs = case(k, &dev, m, v, dist, &rng);
                         let got_loss = loss.download().expect("download");
                         assert_close(&cs, &got_loss, &rl, tolerance(DType::F32) * 10.0);

@@ -43,15 +43,17 @@ fn case(kernel: String, m: usize, n: usize, dist: Dist, rng: &Rng) -> Case {
 fn cross_entropy_forward_and_backward() {
     let mut rng = Rng::from_env();
     for dtype in [DType::Bf16, DType::F32] {
-        for (bm, bn) in [(1, 2048), (4, 512)] {
+        for (bm, bn, nw) in [(1, 2048, 2), (4, 512, 4)] {
             let c = CrossEntropyComptime {
                 BM: bm,
                 BN: bn,
+                NW: nw,
                 dtype,
             };
             let cb = CrossEntropyBackwardComptime {
                 BM: bm,
                 BN: bn,
+                NW: nw,
                 dtype,
             };
             assembles_clean(&cross_entropy, c, "");
@@ -68,7 +70,7 @@ fn cross_entropy_forward_and_backward() {
                         .interpret(&c, grid, &x, &t, &mut loss, &mut lse)
                         .expect("interpret");
                     let (rl, rlse) = reference::cross_entropy(&x, &t);
-                    let k = format!("cross_entropy {dtype} BM={bm} BN={bn}");
+                    let k = format!("cross_entropy {dtype} BM={bm} BN={bn} NW={nw}");
                     let cs = case(k, m, v, dist, &rng);
                     assert_close(&cs, &loss, &rl, tolerance(DType::F32) * 10.0);
                     assert_close(&cs, &lse, &rlse, tolerance(DType::F32));
@@ -76,7 +78,7 @@ fn cross_entropy_forward_and_backward() {
                     cross_entropy_backward
                         .interpret(&cb, grid, &x, &t, &lse, &dl, &mut dx)
                         .expect("interpret");
-                    let k = format!("cross_entropy_backward {dtype} BM={bm} BN={bn}");
+                    let k = format!("cross_entropy_backward {dtype} BM={bm} BN={bn} NW={nw}");
                     let rdx = reference::cross_entropy_backward(&x, &t, &dl);
                     assert_close(&case(k, m, v, dist, &rng), &dx, &rdx, tolerance(dtype));
                 }
