@@ -39,7 +39,8 @@ and the kept fraction). Two timings per point and side, CUDA events, medians:
 GB/s = bytes / time; ratio = kiln's GB/s over PyTorch's; frac_of_copy = kiln's sustained GB/s
 over the copy row's at the same shape and dtype; frac_of_peak over 4.8 TB/s (the H200's HBM3e).
 
-The JSON (commit, GPU, driver, torch, date, every figure) goes to --out (default
+The JSON (commit, GPU, driver, torch, date, every figure, and per row the comptime values
+kiln_attn.ops picked for it) goes to --out (default
 bench/results/rows-py-<UTC>-<commit>.json); bench/chart.py draws it, bench/table.py prints it.
 Exits 1 if a kiln output was wrong (rel_err above the dtype's bound) or a kiln call failed.
 """
@@ -376,6 +377,29 @@ def measure(torch, case, side, point, args):
     return r
 
 
+# The ops.config_* function that picks each kernel's comptime values, by kernel.
+CONFIG_OF = {
+    "softmax": "softmax", "softmax_backward": "softmax_backward", "layer_norm": "layer_norm",
+    "layer_norm_backward": "norm_backward", "rms_norm": "rms_norm",
+    "rms_norm_backward": "norm_backward", "cross_entropy": "cross_entropy",
+    "cross_entropy_fwd_bwd": "cross_entropy",
+}
+
+
+def wrapper_config(torch, ops, p):
+    """The comptime values kiln_attn.ops picks for point `p` (what a row was measured with), or
+    None where the kernel has no shape-keyed choice or the package lacks the function."""
+    name = CONFIG_OF.get(p["kernel"])
+    f = getattr(ops, "config_" + name, None) if name else None
+    if f is None:
+        return None
+    dt = torch.float32 if p["dtype"] == "f32" else torch.bfloat16
+    try:
+        return dict(f(p["m"], p["n"], dt))
+    except Exception:  # a package whose config takes other arguments: the row goes without
+        return None
+
+
 def run(args):
     import torch
     import torch.nn.functional as F
@@ -397,6 +421,9 @@ def run(args):
             rows.append(row)
             continue
         del row["skip"]
+        cfg = wrapper_config(torch, ops, p)
+        if cfg is not None:
+            row["config"] = cfg
         try:
             case = Case(torch, F, ops, p["kernel"], p["m"], p["n"], p["dtype"], p["input_sets"], step)
             case.ref = case.reference()

@@ -4,13 +4,24 @@
 
 use kiln::prelude::*;
 
+use crate::softmax::{from_f32, to_f32};
+
 /// Layer norm's backward for `y = (x - mean) * rstd * w + b` over rows of `x: [M, N]`:
 /// with `xhat = (x - mean) * rstd` and `g = w * dy`,
 /// `dx = (g - mean_c(g * xhat) * xhat - mean_c(g)) * rstd`; block `i` (rows
-/// `BM i .. BM (i + 1)`) writes `dw_part[i, :] = sum_r dy * xhat` and
+/// `RB i .. RB (i + 1)`) writes `dw_part[i, :] = sum_r dy * xhat` and
 /// `db_part[i, :] = sum_r dy`. `x`, `dy`, `dx` and `w` are of element type `dtype`; `mean`,
-/// `rstd` (from the forward) and the partials f32. Grid: `(cdiv(M, BM), 1, 1)`.
-#[kernel(grid = [BM, 1, 1])]
+/// `rstd` (from the forward) and the partials f32.
+///
+/// A row that fits one `BN`-wide tile (`N <= BN`) is read once: the block walks its `RB` rows
+/// in tiles of `BM` rows (see [`group_rows`]), keeps each tile of `x` and `dy` in registers
+/// from the row sums to `dx`, and adds its column sums into `dw` and `db` held in registers
+/// across the walk, so the partials are written once per `RB` rows. A longer row takes two
+/// runtime loops over tiles of all `RB` rows by [`loop_cols`] columns.
+///
+/// Grid: `(cdiv(M, RB), 1, 1)`. Comptime: `BM`, `BN`, `RB` (rows per block, default 16), `NW`
+/// (warps per block, default 8), powers of two.
+#[kernel(num_warps = NW, grid = [RB, 1, 1])]
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_backward(
     x: Tensor<dtype, 2>,
@@ -23,45 +34,77 @@ pub fn layer_norm_backward(
     db_part: TensorMut<f32, 2>,
     #[comptime(default = 4)] BM: usize,
     #[comptime(default = 1024)] BN: usize,
+    #[comptime(default = 16)] RB: usize,
+    #[comptime(default = 8)] NW: usize,
     #[comptime(default = DType::Bf16)] dtype: DType,
 ) {
     let blk = block_id().x;
-    let r0 = blk * BM;
+    let b0 = blk * RB;
     let n = x.dim(1);
     let nf = n.cast::<f32>();
-    let mu = mean.tile([BM], [r0]).load().col();
-    let rs = rstd.tile([BM], [r0]).load().col();
-    let mut c1 = zeros::<f32>([BM]);
-    let mut c2 = zeros::<f32>([BM]);
-    for j in (0..n).step_by(BN) {
-        let xhat = (x.tile([BM, BN], [r0, j]).load().cast::<f32>() - mu) * rs;
-        let wt = w.tile([BN], [j]).load().cast::<f32>().row();
-        // Columns past `N` load as zeros, so `g` is zero there.
-        let g = dy.tile([BM, BN], [r0, j]).load().cast::<f32>() * wt;
-        c1 = c1 + row_sum(&(g * xhat));
-        c2 = c2 + row_sum(&g);
-    }
-    let c1 = (c1 / nf).col();
-    let c2 = (c2 / nf).col();
-    for j in (0..n).step_by(BN) {
-        let xhat = (x.tile([BM, BN], [r0, j]).load().cast::<f32>() - mu) * rs;
-        let wt = w.tile([BN], [j]).load().cast::<f32>().row();
-        let d = dy.tile([BM, BN], [r0, j]).load().cast::<f32>();
-        let g = d * wt;
-        dx.tile([BM, BN], [r0, j])
-            .store(((g - xhat * c1 - c2) * rs).cast_to(dtype));
-        // Rows past `M` load `dy` as zeros: they add nothing.
-        dw_part
-            .tile([1, BN], [blk, j])
-            .store(col_sum(&(d * xhat)).row());
-        db_part.tile([1, BN], [blk, j]).store(col_sum(&d).row());
+    if n <= BN as i32 {
+        let bm = group_rows(BM, RB);
+        let mut dw = zeros::<f32>([BN]);
+        let mut db = zeros::<f32>([BN]);
+        for g in (0..RB as i32).step_by(bm) {
+            let r0 = b0 + g;
+            let mu = mean.tile([bm], [r0]).load().col();
+            let rs = rstd.tile([bm], [r0]).load().col();
+            // Rows past `M` and columns past `N` load as zeros: they add nothing.
+            let xhat = (to_f32(x.tile([bm, BN], [r0, 0]).load(), dtype) - mu) * rs;
+            let d = to_f32(dy.tile([bm, BN], [r0, 0]).load(), dtype);
+            // Read again each group (from L1/L2, not HBM): one more tile held across the
+            // walk would cost the registers that keep more bytes in flight.
+            let wt = to_f32(w.tile([BN], [0]).load(), dtype).row();
+            let gw = d * wt;
+            let c1 = (row_sum(&(gw * xhat)) / nf).col();
+            let c2 = (row_sum(&gw) / nf).col();
+            dx.tile([bm, BN], [r0, 0])
+                .store(from_f32((gw - xhat * c1 - c2) * rs, dtype));
+            dw = dw + col_sum(&(d * xhat));
+            db = db + col_sum(&d);
+        }
+        dw_part.tile([1, BN], [blk, 0]).store(dw.row());
+        db_part.tile([1, BN], [blk, 0]).store(db.row());
+    } else {
+        let lc = loop_cols(BM, BN, RB);
+        let mu = mean.tile([RB], [b0]).load().col();
+        let rs = rstd.tile([RB], [b0]).load().col();
+        let mut c1 = zeros::<f32>([RB]);
+        let mut c2 = zeros::<f32>([RB]);
+        for j in (0..n).step_by(lc) {
+            let xhat = (to_f32(x.tile([RB, lc], [b0, j]).load(), dtype) - mu) * rs;
+            let wt = to_f32(w.tile([lc], [j]).load(), dtype).row();
+            let g = to_f32(dy.tile([RB, lc], [b0, j]).load(), dtype) * wt;
+            c1 = c1 + row_sum(&(g * xhat));
+            c2 = c2 + row_sum(&g);
+        }
+        let c1 = (c1 / nf).col();
+        let c2 = (c2 / nf).col();
+        // Backwards: the tiles the first loop read last are the likeliest to be in L2.
+        let last = (n - 1) / lc as i32 * lc as i32;
+        for back in (0..n).step_by(lc) {
+            let j = last - back;
+            let xhat = (to_f32(x.tile([RB, lc], [b0, j]).load(), dtype) - mu) * rs;
+            let wt = to_f32(w.tile([lc], [j]).load(), dtype).row();
+            let d = to_f32(dy.tile([RB, lc], [b0, j]).load(), dtype);
+            let g = d * wt;
+            dx.tile([RB, lc], [b0, j])
+                .store(from_f32((g - xhat * c1 - c2) * rs, dtype));
+            dw_part
+                .tile([1, lc], [blk, j])
+                .store(col_sum(&(d * xhat)).row());
+            db_part.tile([1, lc], [blk, j]).store(col_sum(&d).row());
+        }
     }
 }
 
 /// RMS norm's backward for `y = x * rstd * w`: with `xhat = x * rstd` and `g = w * dy`,
-/// `dx = (g - mean_c(g * xhat) * xhat) * rstd`; block `i` writes
-/// `dw_part[i, :] = sum_r dy * xhat`. Grid: `(cdiv(M, BM), 1, 1)`.
-#[kernel(grid = [BM, 1, 1])]
+/// `dx = (g - mean_c(g * xhat) * xhat) * rstd`; block `i` (rows `RB i .. RB (i + 1)`) writes
+/// `dw_part[i, :] = sum_r dy * xhat`. Walks its rows as [`layer_norm_backward`] does.
+/// Grid: `(cdiv(M, RB), 1, 1)`.
+#[kernel(num_warps = NW, grid = [RB, 1, 1])]
+#[allow(clippy::too_many_arguments)]
 pub fn rms_norm_backward(
     x: Tensor<dtype, 2>,
     w: Tensor<dtype, 1>,
@@ -71,31 +114,70 @@ pub fn rms_norm_backward(
     dw_part: TensorMut<f32, 2>,
     #[comptime(default = 4)] BM: usize,
     #[comptime(default = 1024)] BN: usize,
+    #[comptime(default = 16)] RB: usize,
+    #[comptime(default = 8)] NW: usize,
     #[comptime(default = DType::Bf16)] dtype: DType,
 ) {
     let blk = block_id().x;
-    let r0 = blk * BM;
+    let b0 = blk * RB;
     let n = x.dim(1);
     let nf = n.cast::<f32>();
-    let rs = rstd.tile([BM], [r0]).load().col();
-    let mut c1 = zeros::<f32>([BM]);
-    for j in (0..n).step_by(BN) {
-        let xhat = x.tile([BM, BN], [r0, j]).load().cast::<f32>() * rs;
-        let wt = w.tile([BN], [j]).load().cast::<f32>().row();
-        let g = dy.tile([BM, BN], [r0, j]).load().cast::<f32>() * wt;
-        c1 = c1 + row_sum(&(g * xhat));
+    if n <= BN as i32 {
+        let bm = group_rows(BM, RB);
+        let mut dw = zeros::<f32>([BN]);
+        for g in (0..RB as i32).step_by(bm) {
+            let r0 = b0 + g;
+            let rs = rstd.tile([bm], [r0]).load().col();
+            let xhat = to_f32(x.tile([bm, BN], [r0, 0]).load(), dtype) * rs;
+            let d = to_f32(dy.tile([bm, BN], [r0, 0]).load(), dtype);
+            // Read again each group (from L1/L2, not HBM): one more tile held across the
+            // walk would cost the registers that keep more bytes in flight.
+            let wt = to_f32(w.tile([BN], [0]).load(), dtype).row();
+            let gw = d * wt;
+            let c1 = (row_sum(&(gw * xhat)) / nf).col();
+            dx.tile([bm, BN], [r0, 0])
+                .store(from_f32((gw - xhat * c1) * rs, dtype));
+            dw = dw + col_sum(&(d * xhat));
+        }
+        dw_part.tile([1, BN], [blk, 0]).store(dw.row());
+    } else {
+        let lc = loop_cols(BM, BN, RB);
+        let rs = rstd.tile([RB], [b0]).load().col();
+        let mut c1 = zeros::<f32>([RB]);
+        for j in (0..n).step_by(lc) {
+            let xhat = to_f32(x.tile([RB, lc], [b0, j]).load(), dtype) * rs;
+            let wt = to_f32(w.tile([lc], [j]).load(), dtype).row();
+            let g = to_f32(dy.tile([RB, lc], [b0, j]).load(), dtype) * wt;
+            c1 = c1 + row_sum(&(g * xhat));
+        }
+        let c1 = (c1 / nf).col();
+        let last = (n - 1) / lc as i32 * lc as i32;
+        for back in (0..n).step_by(lc) {
+            let j = last - back;
+            let xhat = to_f32(x.tile([RB, lc], [b0, j]).load(), dtype) * rs;
+            let wt = to_f32(w.tile([lc], [j]).load(), dtype).row();
+            let d = to_f32(dy.tile([RB, lc], [b0, j]).load(), dtype);
+            dx.tile([RB, lc], [b0, j])
+                .store(from_f32((d * wt - xhat * c1) * rs, dtype));
+            dw_part
+                .tile([1, lc], [blk, j])
+                .store(col_sum(&(d * xhat)).row());
+        }
     }
-    let c1 = (c1 / nf).col();
-    for j in (0..n).step_by(BN) {
-        let xhat = x.tile([BM, BN], [r0, j]).load().cast::<f32>() * rs;
-        let wt = w.tile([BN], [j]).load().cast::<f32>().row();
-        let d = dy.tile([BM, BN], [r0, j]).load().cast::<f32>();
-        dx.tile([BM, BN], [r0, j])
-            .store(((d * wt - xhat * c1) * rs).cast_to(dtype));
-        dw_part
-            .tile([1, BN], [blk, j])
-            .store(col_sum(&(d * xhat)).row());
-    }
+}
+
+/// Rows per tile of the one-tile walk: `BM`, unless that does not divide the block's `RB`
+/// rows, then their largest common power of two (a tile never reaches the next block's rows,
+/// whose column sums are that block's).
+pub fn group_rows(bm: usize, rb: usize) -> usize {
+    1 << bm.max(1).trailing_zeros().min(rb.max(1).trailing_zeros())
+}
+
+/// Columns per tile of a row longer than `BN`, walked with all `RB` rows of the block at
+/// once: as many elements per tile as a one-tile group's (`group_rows x BN`, at least 32
+/// columns), so the block's column sums are written once per column tile.
+pub fn loop_cols(bm: usize, bn: usize, rb: usize) -> usize {
+    (group_rows(bm, rb) * bn / rb.max(1)).max(32)
 }
 
 /// `out[c] = sum_i part[i, c]` (f32 partials; `out` of element type `dtype`): the second

@@ -10,8 +10,10 @@ use kiln::prelude::*;
 /// `y = rope(x)` (see the module doc) for `x`, `y` of element type `dtype`, `cos`, `sin` of
 /// element type `dtype` too. Each block rotates `BH` heads of one token of one sequence;
 /// `offset` shifts the positions (decoding a continuation). Grid:
-/// `(seqlen, batch, cdiv(heads, BH))`.
-#[kernel(grid = [1, 1, BH])]
+/// `(seqlen, batch, cdiv(heads, BH))`. `NW` warps per block (default 2): at 8 heads of 128,
+/// each thread then holds 8 elements of each half, one 16-byte vector in bf16 (4 warps
+/// held 4, 8-byte vectors, and half the bytes in flight).
+#[kernel(num_warps = NW, grid = [1, 1, BH])]
 #[allow(clippy::too_many_arguments)]
 pub fn rotary(
     x: Tensor<dtype, 4>,
@@ -22,6 +24,7 @@ pub fn rotary(
     #[comptime(default = 128)] D: usize,
     #[comptime(default = 128)] R: usize,
     #[comptime(default = 8)] BH: usize,
+    #[comptime(default = 2)] NW: usize,
     #[comptime(default = DType::Bf16)] dtype: DType,
 ) {
     let t = block_id().x;

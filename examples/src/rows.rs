@@ -41,9 +41,58 @@ pub fn row_config(n: usize) -> RowConfig {
     RowConfig { bm, bn, nw }
 }
 
+/// Comptime values of the norm backwards (`layer_norm_backward`, `rms_norm_backward`) for `m`
+/// rows of `n` elements: `bm` rows per tile, `bn` columns per tile, `rb` rows per block,
+/// `nw` warps per block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NormBackwardConfig {
+    /// Rows per tile (`BM`).
+    pub bm: usize,
+    /// Columns per tile (`BN`).
+    pub bn: usize,
+    /// Rows per block (`RB`): the block writes its weight-gradient partials once for them.
+    pub rb: usize,
+    /// Warps per block (`NW`).
+    pub nw: usize,
+}
+
+/// The longest row the norm backwards keep in one tile: besides a tile each of `x` and `dy`,
+/// a thread holds its columns' `dw` and `db` sums across the block's rows (16384 columns
+/// spill at 512 threads).
+pub const NORM_BACKWARD_ONE_PASS_MAX: usize = 8192;
+/// Elements of each tile a norm-backward thread holds (8192 columns: 16). At 16 a thread,
+/// 4096 columns over 8 warps made ptxas spill a few bytes (RMS norm, bf16, unaligned rows).
+const NORM_BACKWARD_PER_THREAD: usize = 8;
+/// Multiprocessors of the GPUs the row kernels are tuned on (H100, H200): blocks enough for
+/// two per multiprocessor before rows per block grow.
+const MULTIPROCESSORS: usize = 132;
+/// Rows per tile at most (short rows): more made ptxas spill a few bytes of the per-row values.
+const MAX_TILE_ROWS: usize = 4;
+/// Rows per block at most: past it the partials are a few percent of the bytes.
+const MAX_BLOCK_ROWS: usize = 32;
+
+/// The configuration of the norm backwards for `m` rows of `n` elements: a row up to
+/// [`NORM_BACKWARD_ONE_PASS_MAX`] is one tile (read once), 8 elements a thread (16 at 8192
+/// columns, 16 warps at most); a longer row loops over [`LOOP_TILE`]-element tiles of all the block's rows. A
+/// block walks `rb` rows: as many as leave about two blocks per multiprocessor (the power of
+/// two at or above `m / 264`), at least 4 and at most 32.
+pub fn norm_backward_config(m: usize, n: usize) -> NormBackwardConfig {
+    let (bm, bn, nw) = if n <= NORM_BACKWARD_ONE_PASS_MAX {
+        let bn = n.max(32).next_power_of_two();
+        let nw = (bn / (32 * NORM_BACKWARD_PER_THREAD)).clamp(MIN_WARPS, MAX_WARPS);
+        let bm = (32 * nw * NORM_BACKWARD_PER_THREAD / bn).clamp(1, MAX_TILE_ROWS);
+        (bm, bn, nw)
+    } else {
+        (1, LOOP_TILE, MAX_WARPS)
+    };
+    let per_block = (m / (2 * MULTIPROCESSORS)).max(1).next_power_of_two();
+    let rb = per_block.clamp(bm.max(4), MAX_BLOCK_ROWS.max(bm));
+    NormBackwardConfig { bm, bn, rb, nw }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{RowConfig, row_config};
+    use super::{NormBackwardConfig, RowConfig, norm_backward_config, row_config};
 
     #[test]
     fn rows_are_spread_over_the_block() {
@@ -54,5 +103,16 @@ mod tests {
         assert_eq!(row_config(4097), c(1, 8192, 8));
         assert_eq!(row_config(16384), c(1, 16384, 16));
         assert_eq!(row_config(16385), c(1, 4096, 8));
+    }
+
+    #[test]
+    fn norm_backwards_read_rows_once_up_to_8192_columns() {
+        let c = |bm, bn, rb, nw| NormBackwardConfig { bm, bn, rb, nw };
+        assert_eq!(norm_backward_config(1, 1), c(4, 32, 4, 8));
+        assert_eq!(norm_backward_config(4096, 1000), c(2, 1024, 16, 8));
+        assert_eq!(norm_backward_config(4096, 4097), c(1, 8192, 16, 16));
+        assert_eq!(norm_backward_config(32768, 8192), c(1, 8192, 32, 16));
+        assert_eq!(norm_backward_config(65536, 4096), c(1, 4096, 32, 16));
+        assert_eq!(norm_backward_config(16384, 16384), c(1, 4096, 32, 16));
     }
 }

@@ -93,30 +93,47 @@ pub(crate) fn from_f32(x: Value, dtype: DType) -> Value {
 
 /// Softmax's backward: `dx[r, :] = y[r, :] * (dy[r, :] - sum_c(dy[r, c] * y[r, c]))` for
 /// `y` (the forward's output), `dy`, `dx: [M, N]` of element type `dtype`, any `M` and `N`.
-/// Grid: `(cdiv(M, BM), 1, 1)`.
-#[kernel(grid = [BM, 1, 1])]
+///
+/// A row that fits one `BN`-wide tile (`N <= BN`) is read once: both inputs are loaded
+/// before the row sum and kept in registers for `dx` (three tensors' bytes, where two passes
+/// over the row move five). A longer row takes two runtime loops over `BN`-wide tiles.
+/// Grid: `(cdiv(M, BM), 1, 1)`. Comptime: `BM` rows per block, `BN` columns per tile, `NW`
+/// warps per block (default 4); [`crate::rows::row_config`] suits it as it does the forward.
+#[kernel(num_warps = NW, grid = [BM, 1, 1])]
 pub fn softmax_backward(
     y: Tensor<dtype, 2>,
     dy: Tensor<dtype, 2>,
     dx: TensorMut<dtype, 2>,
     #[comptime(default = 4)] BM: usize,
     #[comptime(default = 1024)] BN: usize,
+    #[comptime(default = 4)] NW: usize,
     #[comptime(default = DType::F32)] dtype: DType,
 ) {
     let row0 = block_id().x * BM;
     let n = y.dim(1);
-    let mut s = zeros::<f32>([BM]);
-    for j in (0..n).step_by(BN) {
+    if n <= BN as i32 {
         // Columns past `N` load as zeros and add nothing.
-        let yt = y.tile([BM, BN], [row0, j]).load().cast::<f32>();
-        let dt = dy.tile([BM, BN], [row0, j]).load().cast::<f32>();
-        s = s + row_sum(&(yt * dt));
-    }
-    for j in (0..n).step_by(BN) {
-        let yt = y.tile([BM, BN], [row0, j]).load().cast::<f32>();
-        let dt = dy.tile([BM, BN], [row0, j]).load().cast::<f32>();
-        dx.tile([BM, BN], [row0, j])
-            .store((yt * (dt - s.col())).cast_to(dtype));
+        let yt = to_f32(y.tile([BM, BN], [row0, 0]).load(), dtype);
+        let dt = to_f32(dy.tile([BM, BN], [row0, 0]).load(), dtype);
+        let s = row_sum(&(yt * dt));
+        dx.tile([BM, BN], [row0, 0])
+            .store(from_f32(yt * (dt - s.col()), dtype));
+    } else {
+        let mut s = zeros::<f32>([BM]);
+        for j in (0..n).step_by(BN) {
+            let yt = to_f32(y.tile([BM, BN], [row0, j]).load(), dtype);
+            let dt = to_f32(dy.tile([BM, BN], [row0, j]).load(), dtype);
+            s = s + row_sum(&(yt * dt));
+        }
+        // Backwards: the tiles the first loop read last are the likeliest to be in L2.
+        let last = (n - 1) / BN as i32 * BN as i32;
+        for back in (0..n).step_by(BN) {
+            let j = last - back;
+            let yt = to_f32(y.tile([BM, BN], [row0, j]).load(), dtype);
+            let dt = to_f32(dy.tile([BM, BN], [row0, j]).load(), dtype);
+            dx.tile([BM, BN], [row0, j])
+                .store(from_f32(yt * (dt - s.col()), dtype));
+        }
     }
 }
 

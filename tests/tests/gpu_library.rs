@@ -52,15 +52,17 @@ fn gpu_cross_entropy() {
     let mut rng = Rng::from_env();
     for dev in devices() {
         for dtype in [DType::Bf16, DType::F32] {
-            for (bm, bn) in [(1, 2048), (4, 512)] {
+            for (bm, bn, nw) in [(1, 2048, 2), (4, 512, 4)] {
                 let c = CrossEntropyComptime {
                     BM: bm,
                     BN: bn,
+                    NW: nw,
                     dtype,
                 };
                 let cb = CrossEntropyBackwardComptime {
                     BM: bm,
                     BN: bn,
+                    NW: nw,
                     dtype,
                 };
                 for ((m, v), small) in shapes() {
@@ -86,7 +88,7 @@ fn gpu_cross_entropy() {
                             .launch(&dev, &cb, grid, &dx_in, &dt, &lse, &ddl, &dx)
                             .expect("launch");
                         let (rl, rlse) = reference::cross_entropy(&x, &t);
-                        let k = format!("cross_entropy {dtype} BM={bm} BN={bn}");
+                        let k = format!("cross_entropy {dtype} BM={bm} BN={bn} NW={nw}");
                         let cs = case(k, &dev, m, v, dist, &rng);
                         let got_loss = loss.download().expect("download");
                         assert_close(&cs, &got_loss, &rl, tolerance(DType::F32) * 10.0);
@@ -118,10 +120,12 @@ fn gpu_softmax_backward() {
     let mut rng = Rng::from_env();
     for dev in devices() {
         for dtype in [DType::F32, DType::Bf16] {
-            for (bm, bn) in [(4, 1024), (1, 4096)] {
+            // A row in one tile (read once) and rows longer than a tile (two loops).
+            for (bm, bn, nw) in [(4, 1024, 4), (1, 4096, 4), (1, 8192, 8)] {
                 let c = SoftmaxBackwardComptime {
                     BM: bm,
                     BN: bn,
+                    NW: nw,
                     dtype,
                 };
                 for ((m, n), _) in shapes() {
@@ -134,7 +138,7 @@ fn gpu_softmax_backward() {
                         softmax_backward
                             .launch(&dev, &c, grid, &a, &b, &dx)
                             .expect("launch");
-                        let k = format!("softmax_backward {dtype} BM={bm} BN={bn}");
+                        let k = format!("softmax_backward {dtype} BM={bm} BN={bn} NW={nw}");
                         let cs = case(k, &dev, m, n, dist, &rng);
                         let r = reference::softmax_backward(&y, &dy);
                         let got = dx.download().expect("download");
@@ -150,15 +154,21 @@ fn gpu_norm_backwards() {
     let mut rng = Rng::from_env();
     for dev in devices() {
         for dtype in [DType::Bf16, DType::F32] {
-            for (bm, bn) in [(4, 1024), (1, 4096)] {
+            // Rows longer than a tile (all of a block's rows per column tile), rows in one
+            // tile walked in groups, and a group taller than the block's rows.
+            for (bm, bn, rb, nw) in [(4, 1024, 16, 8), (8, 1024, 4, 8), (1, 8192, 4, 16)] {
                 let c = LayerNormBackwardComptime {
                     BM: bm,
                     BN: bn,
+                    RB: rb,
+                    NW: nw,
                     dtype,
                 };
                 let cr = RmsNormBackwardComptime {
                     BM: bm,
                     BN: bn,
+                    RB: rb,
+                    NW: nw,
                     dtype,
                 };
                 let cs_sum = SumPartialsComptime {
@@ -208,7 +218,8 @@ fn gpu_norm_backwards() {
                                 rms,
                             );
                             let name = if rms { "rms_norm" } else { "layer_norm" };
-                            let k = format!("{name}_backward {dtype} BM={bm} BN={bn}");
+                            let k =
+                                format!("{name}_backward {dtype} BM={bm} BN={bn} RB={rb} NW={nw}");
                             let cs = case(k, &dev, m, n, dist, &rng);
                             let tol = tolerance(dtype) * 4.0;
                             let dxh = dx.download().expect("download");
@@ -234,11 +245,12 @@ fn gpu_rotary() {
     let mut rng = Rng::from_env();
     for dev in devices() {
         for dtype in [DType::Bf16, DType::F16] {
-            for (d, r, bh) in [(128, 128, 8), (64, 32, 4), (256, 128, 2)] {
+            for (d, r, bh, nw) in [(128, 128, 8, 2), (64, 32, 4, 4), (256, 128, 2, 1)] {
                 let c = RotaryComptime {
                     D: d,
                     R: r,
                     BH: bh,
+                    NW: nw,
                     dtype,
                 };
                 let shapes = ROTARY_SHAPES
@@ -258,7 +270,8 @@ fn gpu_rotary() {
                         rotary
                             .launch(&dev, &c, grid, &dx, &dc, &ds, &y, offset as i32)
                             .expect("launch");
-                        let k = format!("rotary {dtype} D={d} R={r} BH={bh} offset={offset}");
+                        let k =
+                            format!("rotary {dtype} D={d} R={r} BH={bh} NW={nw} offset={offset}");
                         let cs = case(k, &dev, b * s, h * d, dist, &rng);
                         let reference = reference::rotary(&x, &cos, &sin, r, offset);
                         assert_close(

@@ -17,6 +17,7 @@ use kiln_examples::norm_backward::{
     rms_norm_backward, sum_partials,
 };
 use kiln_examples::rotary::{RotaryComptime, rotary};
+use kiln_examples::rows::{norm_backward_config, row_config};
 use kiln_examples::softmax::{SoftmaxBackwardComptime, softmax_backward};
 use kiln_ir::dsl::KernelDef;
 use kiln_ir::{DType, HostTensor};
@@ -42,15 +43,17 @@ fn case(kernel: String, m: usize, n: usize, dist: Dist, rng: &Rng) -> Case {
 fn cross_entropy_forward_and_backward() {
     let mut rng = Rng::from_env();
     for dtype in [DType::Bf16, DType::F32] {
-        for (bm, bn) in [(1, 2048), (4, 512)] {
+        for (bm, bn, nw) in [(1, 2048, 2), (4, 512, 4)] {
             let c = CrossEntropyComptime {
                 BM: bm,
                 BN: bn,
+                NW: nw,
                 dtype,
             };
             let cb = CrossEntropyBackwardComptime {
                 BM: bm,
                 BN: bn,
+                NW: nw,
                 dtype,
             };
             assembles_clean(&cross_entropy, c, "");
@@ -67,7 +70,7 @@ fn cross_entropy_forward_and_backward() {
                         .interpret(&c, grid, &x, &t, &mut loss, &mut lse)
                         .expect("interpret");
                     let (rl, rlse) = reference::cross_entropy(&x, &t);
-                    let k = format!("cross_entropy {dtype} BM={bm} BN={bn}");
+                    let k = format!("cross_entropy {dtype} BM={bm} BN={bn} NW={nw}");
                     let cs = case(k, m, v, dist, &rng);
                     assert_close(&cs, &loss, &rl, tolerance(DType::F32) * 10.0);
                     assert_close(&cs, &lse, &rlse, tolerance(DType::F32));
@@ -75,7 +78,7 @@ fn cross_entropy_forward_and_backward() {
                     cross_entropy_backward
                         .interpret(&cb, grid, &x, &t, &lse, &dl, &mut dx)
                         .expect("interpret");
-                    let k = format!("cross_entropy_backward {dtype} BM={bm} BN={bn}");
+                    let k = format!("cross_entropy_backward {dtype} BM={bm} BN={bn} NW={nw}");
                     let rdx = reference::cross_entropy_backward(&x, &t, &dl);
                     assert_close(&case(k, m, v, dist, &rng), &dx, &rdx, tolerance(dtype));
                 }
@@ -88,10 +91,12 @@ fn cross_entropy_forward_and_backward() {
 fn softmax_backward_matches_reference() {
     let mut rng = Rng::from_env();
     for dtype in [DType::F32, DType::Bf16] {
-        for (bm, bn) in [(4, 1024), (1, 4096)] {
+        // A row in one tile (read once) and rows longer than a tile (two loops).
+        for (bm, bn, nw) in [(4, 1024, 4), (1, 4096, 4), (1, 8192, 8)] {
             let c = SoftmaxBackwardComptime {
                 BM: bm,
                 BN: bn,
+                NW: nw,
                 dtype,
             };
             assembles_clean(&softmax_backward, c, "");
@@ -104,11 +109,53 @@ fn softmax_backward_matches_reference() {
                     softmax_backward
                         .interpret(&c, grid, &y, &dy, &mut dx)
                         .expect("interpret");
-                    let k = format!("softmax_backward {dtype} BM={bm} BN={bn}");
+                    let k = format!("softmax_backward {dtype} BM={bm} BN={bn} NW={nw}");
                     let r = reference::softmax_backward(&y, &dy);
                     assert_close(&case(k, m, n, dist, &rng), &dx, &r, tolerance(dtype));
                 }
             }
+        }
+    }
+}
+
+/// The backward configurations the row-length choices give at the benchmark's shapes compile
+/// compact and without spills on both targets.
+#[test]
+fn backward_configs_assemble_clean() {
+    for (m, n) in [
+        (1, 1),
+        (4096, 1000),
+        (4096, 4097),
+        (32768, 8192),
+        (65536, 4096),
+        (16384, 16384),
+    ] {
+        for dtype in [DType::F32, DType::Bf16] {
+            let r = row_config(n);
+            let c = SoftmaxBackwardComptime {
+                BM: r.bm,
+                BN: r.bn,
+                NW: r.nw,
+                dtype,
+            };
+            assembles_clean(&softmax_backward, c, "");
+            let b = norm_backward_config(m, n);
+            let c = LayerNormBackwardComptime {
+                BM: b.bm,
+                BN: b.bn,
+                RB: b.rb,
+                NW: b.nw,
+                dtype,
+            };
+            assembles_clean(&layer_norm_backward, c, "");
+            let c = RmsNormBackwardComptime {
+                BM: b.bm,
+                BN: b.bn,
+                RB: b.rb,
+                NW: b.nw,
+                dtype,
+            };
+            assembles_clean(&rms_norm_backward, c, "");
         }
     }
 }
@@ -132,15 +179,21 @@ fn summed(part: &HostTensor, dtype: DType) -> HostTensor {
 fn norm_backwards_match_reference() {
     let mut rng = Rng::from_env();
     for dtype in [DType::Bf16, DType::F32] {
-        for (bm, bn) in [(4, 1024), (1, 4096)] {
+        // Rows longer than a tile (all of a block's rows per column tile), rows in one
+        // tile walked in groups, and a group taller than the block's rows.
+        for (bm, bn, rb, nw) in [(4, 1024, 16, 8), (8, 1024, 4, 8), (1, 8192, 4, 16)] {
             let c = LayerNormBackwardComptime {
                 BM: bm,
                 BN: bn,
+                RB: rb,
+                NW: nw,
                 dtype,
             };
             let cr = RmsNormBackwardComptime {
                 BM: bm,
                 BN: bn,
+                RB: rb,
+                NW: nw,
                 dtype,
             };
             assembles_clean(&layer_norm_backward, c, "");
@@ -189,7 +242,7 @@ fn norm_backwards_match_reference() {
                             rms,
                         );
                         let name = if rms { "rms_norm" } else { "layer_norm" };
-                        let k = format!("{name}_backward {dtype} BM={bm} BN={bn}");
+                        let k = format!("{name}_backward {dtype} BM={bm} BN={bn} RB={rb} NW={nw}");
                         let cs = case(k, m, n, dist, &rng);
                         if rms && n == 1 {
                             // One column: `dx` is eps-sized, all f32 cancellation; an
@@ -214,11 +267,12 @@ fn norm_backwards_match_reference() {
 fn rotary_matches_reference() {
     let mut rng = Rng::from_env();
     for dtype in [DType::Bf16, DType::F32] {
-        for (d, r, bh) in [(128, 128, 8), (64, 32, 4), (256, 128, 2)] {
+        for (d, r, bh, nw) in [(128, 128, 8, 2), (64, 32, 4, 4), (256, 128, 2, 1)] {
             let c = RotaryComptime {
                 D: d,
                 R: r,
                 BH: bh,
+                NW: nw,
                 dtype,
             };
             assembles_clean(&rotary, c, "");
@@ -231,7 +285,7 @@ fn rotary_matches_reference() {
                     rotary
                         .interpret(&c, grid, &x, &cos, &sin, &mut y, offset as i32)
                         .expect("interpret");
-                    let k = format!("rotary {dtype} D={d} R={r} BH={bh} offset={offset}");
+                    let k = format!("rotary {dtype} D={d} R={r} BH={bh} NW={nw} offset={offset}");
                     let reference = reference::rotary(&x, &cos, &sin, r, offset);
                     let cs = case(k, b * s, h * d, dist, &rng);
                     assert_close(&cs, &y, &reference, tolerance(dtype));
