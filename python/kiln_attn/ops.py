@@ -55,15 +55,6 @@ def _cdiv(a, b):
 # One comptime choice per kernel, from the problem's shape.
 
 
-def config_rows(m, n, dtype):
-    """The backward passes of softmax, layer_norm and rms_norm: `BN` columns per tile (the row
-    in one tile up to 1024 columns), `BM` rows per block so a block holds about 4096
-    elements (at most 16 rows)."""
-    bn = min(_pow2_at_least(max(n, 32)), 1024)
-    bm = max(1, min(16, 4096 // bn))
-    return {"BM": bm, "BN": bn}
-
-
 def config_forward_rows(m, n, dtype):
     """softmax, layer_norm and rms_norm: Rust's choice for the row length
     (`kiln_examples::rows::row_config`: a row up to 16384 columns read once, in one tile)."""
@@ -76,7 +67,8 @@ def config_softmax(m, n, dtype):
 
 
 def config_softmax_backward(m, n, dtype):
-    return config_rows(m, n, dtype)
+    # Both inputs of a row that fits one tile are read once (Rust's forward choice).
+    return config_forward_rows(m, n, dtype)
 
 
 def config_layer_norm(m, n, dtype):
@@ -88,7 +80,11 @@ def config_rms_norm(m, n, dtype):
 
 
 def config_norm_backward(m, n, dtype):
-    return config_rows(m, n, dtype)
+    """layer_norm_backward and rms_norm_backward: Rust's choice
+    (`kiln_examples::rows::norm_backward_config`: a row up to 8192 columns read once, each block
+    walking RB rows and writing its weight-gradient partials once)."""
+    bm, bn, rb, nw = _native._norm_backward_config(m, n)
+    return {"BM": bm, "BN": bn, "RB": rb, "NW": nw}
 
 
 def config_sum_partials(p, n, dtype):

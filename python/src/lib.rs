@@ -736,6 +736,14 @@ fn _row_config(n: usize) -> (usize, usize, usize) {
     (c.bm, c.bn, c.nw)
 }
 
+/// `(BM, BN, RB, NW)` of the layer norm and RMS norm backwards for `m` rows of `n` elements:
+/// Rust's one choice (`kiln_examples::rows::norm_backward_config`).
+#[pyfunction]
+fn _norm_backward_config(m: usize, n: usize) -> (usize, usize, usize, usize) {
+    let c = kiln_attn_core::rows::norm_backward_config(m, n);
+    (c.bm, c.bn, c.rb, c.nw)
+}
+
 /// The registered kernel `name` (or its path, `kiln_examples::softmax::softmax`), to inspect
 /// and launch; `ValueError` listing the kernels for an unknown name.
 #[pyfunction]
@@ -1055,6 +1063,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_empty_launch, m)?)?;
     m.add_function(wrap_pyfunction!(kernels, m)?)?;
     m.add_function(wrap_pyfunction!(_row_config, m)?)?;
+    m.add_function(wrap_pyfunction!(_norm_backward_config, m)?)?;
     m.add_function(wrap_pyfunction!(_num_splits, m)?)?;
     m.add_function(wrap_pyfunction!(_value_split, m)?)?;
     m.add_function(wrap_pyfunction!(kernel, m)?)?;
