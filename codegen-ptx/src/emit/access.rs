@@ -122,7 +122,7 @@ enum Part {
 impl Emitter<'_> {
     /// Writes a gather, scatter or atomic.
     pub(crate) fn write_access(&mut self, id: OpId) -> Result<(), CodegenError> {
-        if self.write_staged_load(id)? {
+        if self.write_staged_load(id)? || self.write_bulk_add(id)? {
             return Ok(());
         }
         let op = self.k.ops[id].clone();

@@ -60,6 +60,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         .note("ask for `cluster(1)`, or leave clusters to the autotuner, which skips this"));
     }
     place_scratch(kernel, target)?;
+    super::bulk_add::plan(kernel, target)?;
     let mut loops = std::collections::BTreeMap::new();
     for id in ops_in_order(kernel) {
         let OpKind::For { stages: Some(n) } = kernel.ops[id].kind else {

@@ -5,6 +5,7 @@
 //! [`run_pipeline`] runs them in [`PASSES`] order and lets a caller observe the kernel after
 //! each one (`kiln ir --after PASS`, `KILN_DUMP=ir`).
 
+pub mod bulk_add;
 pub mod canonicalize;
 pub mod layout;
 pub mod lower;
