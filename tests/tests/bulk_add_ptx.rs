@@ -172,16 +172,38 @@ fn adds_a_bulk_copy_cannot_make_stay_per_element_with_a_note() {
 }
 
 #[test]
-fn attention_backward_adds_dq_in_bulk_where_unmasked() {
+fn attention_backward_adds_dq_in_bulk_where_it_keeps_its_occupancy() {
     use kiln_examples::attention_backward::*;
-    for d in [64, 128, 256] {
+    // sm_90a's tiles at d = 64 and the defaults at d = 256 hold one block a multiprocessor
+    // anyway: bulk. The varlen kernel's add is masked: per element.
+    for d in [64, 256] {
         let p = AttentionBwdParams {
             d,
             ..Default::default()
-        };
+        }
+        .tuned(Target::Sm90a);
         let dense = ptx(&build(&attention_bwd_dkdv, p, true), Target::Sm90a);
         assert!(dense.contains(BULK), "d {d}");
         let varlen = ptx(&build(&attention_bwd_dkdv_varlen, p, true), Target::Sm90a);
         assert!(!varlen.contains(BULK), "varlen d {d}: its dQ add is masked");
+        assert!(varlen.contains("stays one red.global.add per element: it is masked"));
+    }
+    // d = 128, default tiles and sm_90a's, holds two blocks a multiprocessor, which the
+    // staging buffer would make one: per-element adds, and the note says why.
+    for p in [
+        AttentionBwdParams::default(),
+        AttentionBwdParams::default().tuned(Target::Sm90a),
+    ] {
+        let dense = ptx(&build(&attention_bwd_dkdv, p, true), Target::Sm90a);
+        assert!(!dense.contains(BULK), "{p:?}");
+        assert!(
+            dense.contains("would leave 1 block(s) a multiprocessor instead of 2"),
+            "{p:?}: {}",
+            dense
+                .lines()
+                .filter(|l| l.contains("note"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
     }
 }

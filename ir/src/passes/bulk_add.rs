@@ -20,6 +20,9 @@ use crate::{AtomicOp, DType, MemScope, MemSem};
 
 use super::walk::{ops_in_order, uses};
 
+/// Shared memory the driver reserves for each block (sm_90a).
+const SMEM_RESERVED_PER_BLOCK: u32 = 1024;
+
 /// Records the bulk-reduced adds and places their staging region after every other shared
 /// buffer. Runs in `lower`, after the scratch region is placed.
 pub fn plan(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
@@ -69,16 +72,30 @@ pub fn plan(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     if !ops.is_empty() {
         let offset = kernel.schedule.smem_bytes.next_multiple_of(128);
         let total = offset + bytes;
-        if total <= super::memory_plan::SMEM_LIMIT {
+        // Blocks an SM holds by threads and shared memory, before and after the staging
+        // region: a kernel that would fall to one block a multiprocessor (nothing left to
+        // run during its barriers and waits) keeps its per-element adds.
+        let fit = |smem: u32| {
+            let threads = 32 * kernel.options.num_warps;
+            target
+                .sm_limits()
+                .blocks_per_sm(threads, 1, smem + SMEM_RESERVED_PER_BLOCK)
+        };
+        let (before, after) = (fit(kernel.schedule.smem_bytes), fit(total));
+        if total <= super::memory_plan::SMEM_LIMIT && after >= before.min(2) {
             kernel.schedule.bulk_adds = Some(BulkAdds { ops, offset, bytes });
             kernel.schedule.smem_bytes = total;
         } else {
+            let why = if total > super::memory_plan::SMEM_LIMIT {
+                format!("does not fit beside the kernel's {offset} bytes of shared memory")
+            } else {
+                format!("would leave {after} block(s) a multiprocessor instead of {before}")
+            };
             for n in &mut notes {
                 if !n.text.contains("stays") {
                     n.text = format!(
                         "sm_90a: this f32 atomic add stays one red.global.add per element: its \
-                         {bytes}-byte staging buffer does not fit beside the kernel's other \
-                         shared memory"
+                         {bytes}-byte staging buffer {why}"
                     );
                 }
             }

@@ -12,6 +12,8 @@
 //! reads run on wgmma without warp roles ([`super::wgmma_plain`]), each other one is noted.
 //! sm_100a: a kernel whose `mma`s are not all in rings (which the `tmem` pass lowers to
 //! tcgen05.mma) is reported as not implemented unless a tensor is not 16-byte aligned (then the sm_80 lowering is the documented fallback).
+//! sm_90a also decides which whole-tile f32 atomic adds go through shared memory and bulk
+//! reductions ([`super::bulk_add`]).
 //! Rewrites no op.
 
 use std::collections::BTreeSet;
