@@ -53,6 +53,7 @@ impl<'k> Writer<'k> {
                 e.write_block(&k.body, &mut Plain)?;
             }
         }
+        e.write_bulk_drain();
         let body = e.finish();
 
         let mut ptx = String::new();

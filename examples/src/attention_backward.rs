@@ -52,6 +52,10 @@ pub struct AttentionBwdParams {
     /// `block_m` and `block_n` at least `16 num_warps`).
     #[comptime(default = 4)]
     pub num_warps: usize,
+    /// Columns of dK and dV one `attention_bwd_dkdv` block accumulates (a divisor of `d`, a
+    /// multiple of 16; 0: [`key_columns`]'s choice). Blocks of the same keys split the rest.
+    #[comptime(default = 0)]
+    pub key_cols: usize,
 }
 
 impl AttentionBwdParams {
@@ -70,6 +74,65 @@ impl AttentionBwdParams {
             block_n: 0,
             deterministic,
             num_warps: 4,
+            key_cols: 0,
+        }
+    }
+
+    /// These parameters with the dK/dV tiles measured best for `target` where `self` leaves
+    /// them to the defaults (0; `num_warps` 4): on sm_90a up to `d = 128`, one block
+    /// accumulates every column of its keys (no block recomputes `P` and `dS` for another's columns) and, at
+    /// `d = 64`, 128 keys against 128-row query blocks with eight warps, which halves the
+    /// dQ adds and the query reloads; other targets keep the defaults (their column
+    /// splits avoid spills). `kiln check attention_bwd_dkdv --target sm_90a -D d=D
+    /// -D key_cols=C ...` (ptxas 13.5, bf16 and f16 alike):
+    ///
+    /// | d | blocks (m, n, warps) | key_cols | registers | shared, dQ adds | blocks/SM |
+    /// |---|---|---|---|---|---|
+    /// | 64 | 64, 64, 4 (default) | 64 | 160 | 81 KiB, bulk | 2 |
+    /// | 64 | **128, 128, 8** | 64 | 255 (driver's ptxas 245) | 194 KiB, bulk | 1 |
+    /// | 96 | 64, 64, 4 (default) | 32 | 128 | 97 KiB, bulk | 2 |
+    /// | 96 | **64, 64, 4** | **96** | 203 | 113 KiB, bulk | 2 |
+    /// | 96 | 128, 128, 8 | 96 | 255, spills 68 B | 208 KiB | 1 |
+    /// | 128 | 64, 64, 4 (default) | 64 | 167 | 112 KiB, per element | 2 |
+    /// | 128 | **64, 64, 4** | **128** | 252 | 112 KiB, per element | 2 |
+    /// | 128 | 64, 64, 4 | 128 | 234 | 145 KiB with the staging (not taken: 1 block) | 1 |
+    /// | 128 | 128, 128, 8 | 64 or 128 | needs 256 KiB of shared memory | | |
+    /// | 256 | **64, 64, 4 (default)** | **64** | 160 | 225 KiB, bulk | 1 |
+    /// | 256 | 64, 64, 4 | 128 | 250 (varlen, causal: spills 40 B) | 208 KiB | 1 |
+    /// | 256 | 64, 64, 4 | 256 | 255, spills 2252 B | 208 KiB | 1 |
+    ///
+    /// With a soft-cap or a window the unsplit tiles reach 255 registers and spill (d = 128
+    /// with every feature: 4 to 16 bytes; d = 64: up to 228), so those keep the defaults.
+    /// 128 keys need 128-row query blocks: every tile takes 16 rows a warp and sm_90a runs
+    /// `max rows / 16` warps. With sm_80's `mma.sync`, `d = 96` and `128` unsplit spill (28,
+    /// 60 bytes).
+    pub fn tuned(self, target: kiln::ir::Target) -> Self {
+        // A soft-cap (its gradient keeps the scores) or a window's masks take the registers
+        // these tiles leave: 4 to 228 bytes of spills; such calls keep the defaults.
+        let windowed = self.window_left >= 0 || self.window_right >= 0;
+        if target != kiln::ir::Target::Sm90a || self.softcap != 0.0 || windowed {
+            return self;
+        }
+        let (bm, bn, warps, cols) = match self.d {
+            64 => (128, 128, 8, 64),
+            96 | 128 => (64, 64, 4, self.d),
+            _ => return self,
+        };
+        let blocks_default = self.block_m == 0 && self.block_n == 0 && self.num_warps == 4;
+        AttentionBwdParams {
+            block_m: if blocks_default { bm } else { self.block_m },
+            block_n: if blocks_default { bn } else { self.block_n },
+            num_warps: if blocks_default {
+                warps
+            } else {
+                self.num_warps
+            },
+            key_cols: if self.key_cols == 0 {
+                cols
+            } else {
+                self.key_cols
+            },
+            ..self
         }
     }
 
@@ -85,7 +148,10 @@ impl AttentionBwdParams {
 
     /// Columns of dK and dV one `attention_bwd_dkdv` block accumulates ([`key_columns`]).
     pub fn key_cols(&self) -> usize {
-        key_columns(self.d)
+        match self.key_cols {
+            0 => key_columns(self.d),
+            c => c,
+        }
     }
 
     /// Columns of dQ one [`attention_bwd_dq`] block accumulates ([`dq_columns`]).
@@ -167,6 +233,13 @@ fn validate(p: &AttentionBwdParams) {
     }
     if p.kv_group == 0 {
         reject("attention backward: `kv_group` must be at least 1");
+    }
+    let c = p.key_cols;
+    if c != 0 && (c > d || !d.is_multiple_of(c) || c != d && !c.is_multiple_of(16)) {
+        reject(
+            "attention backward: `key_cols` must divide `d` and be a multiple of 16 (or 0: \
+             the default)",
+        );
     }
 }
 

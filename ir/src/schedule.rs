@@ -637,6 +637,30 @@ pub struct Schedule {
     /// warps; after every other buffer (the staged operands' too), reused by each such op in
     /// turn.
     pub scratch: Option<Scratch>,
+    /// sm_90a: the whole-tile f32 atomic adds applied through shared memory with bulk
+    /// reductions ([`crate::passes::bulk_add`]), and their staging region.
+    pub bulk_adds: Option<BulkAdds>,
+}
+
+/// The atomic adds lowered to `cp.reduce.async.bulk` and the shared region they stage their
+/// tiles in (after every other buffer, reused by each in turn).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BulkAdds {
+    /// The `Atomic` ops so lowered.
+    pub ops: std::collections::BTreeSet<OpId>,
+    /// Offset of the staging region in dynamic shared memory (128-byte aligned).
+    pub offset: u32,
+    /// Its size in bytes: the largest staged tile.
+    pub bytes: u32,
+}
+
+impl BulkAdds {
+    /// The staging buffer's row pitch for rows of `cols` f32 elements: 16-byte aligned (what
+    /// a bulk copy's source needs) plus 16 bytes, so the eight rows of an accumulator
+    /// fragment's store start on different banks.
+    pub fn pitch(cols: usize) -> u32 {
+        (cols as u32 * 4).next_multiple_of(16) + 16
+    }
 }
 
 /// A shared-memory region for exchanging register tiles between threads.

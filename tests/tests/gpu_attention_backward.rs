@@ -5,7 +5,8 @@
 //! dQ modes (atomics; the deterministic second kernel, whose bits must repeat run to run);
 //! causal with `sq > sk` (rows that see no key: dq exactly 0), windows, soft-caps, grouped and
 //! multi-query heads, f16 and bf16, head dims 64, 96, 128 and 256, lengths no multiple of any
-//! block, large inputs, outputs poisoned; and the varlen kernels over packed batches whose
+//! block, large inputs, outputs poisoned; on sm_90a both the default tiles and its measured
+//! ones (`AttentionBwdParams::tuned`: dQ added by bulk reductions); and the varlen kernels over packed batches whose
 //! rows past each sequence are NaN where a block must not read them. Skips itself
 //! ("skipped: no CUDA driver") without a GPU.
 
@@ -196,8 +197,21 @@ fn run_calls(dev: &Device, target: Target) {
             let (exact, rounded) = (at(Rounding::Exact), at(Rounding::Stored(c.dtype)));
             let inputs = [&dq_in, &dk_in, &dv_in, &ddo, &o, &lse];
             let modes: &[bool] = if c.atomics { &[false, true] } else { &[true] };
-            for &deterministic in modes {
+            // The default tiles, and on sm_90a also its measured ones (every dK/dV column
+            // in one block; 128 keys at d = 64).
+            let tiles: &[bool] = if target == Target::Sm90a {
+                &[false, true]
+            } else {
+                &[false]
+            };
+            let params = modes.iter().flat_map(|&deterministic| {
                 let p = AttentionBwdParams::of_forward(&fwd, deterministic);
+                tiles
+                    .iter()
+                    .map(move |&tuned| if tuned { p.tuned(target) } else { p })
+            });
+            for p in params {
+                let deterministic = p.deterministic;
                 let got = backward(dev, &p, &c, inputs, scale);
                 let case = Case {
                     kernel: format!("attention backward@{target} {p:?}"),

@@ -34,6 +34,8 @@ struct Call {
     window: (i32, i32),
     softcap: f32,
     deterministic: bool,
+    /// With sm_90a's measured tiles ([`AttentionBwdParams::tuned`]), not the defaults.
+    tuned: bool,
 }
 
 impl Call {
@@ -53,11 +55,12 @@ impl Call {
             window: (-1, -1),
             softcap: 0.0,
             deterministic: false,
+            tuned: false,
         }
     }
 
     fn params(&self) -> AttentionBwdParams {
-        AttentionBwdParams {
+        let p = AttentionBwdParams {
             d: self.dims.d,
             causal: self.causal,
             kv_group: self.dims.h / self.dims.h_kv,
@@ -69,6 +72,12 @@ impl Call {
             block_n: 0,
             deterministic: self.deterministic,
             num_warps: 4,
+            key_cols: 0,
+        };
+        if self.tuned {
+            p.tuned(kiln_ir::Target::Sm90a)
+        } else {
+            p
         }
     }
 
@@ -284,6 +293,37 @@ fn f16_and_head_dims_96_128_256_match_reference() {
             ..Call::new(90, 75)
         };
         c.dims.d = d;
+        run(&mut rng, c, dist);
+    }
+}
+
+#[test]
+fn sm90a_tiles_match_reference() {
+    // The sm_90a choices: d = 64 in 128-key blocks against 128-row query blocks (lengths
+    // past one and two blocks, causal walks with rows that see no key, a group), d = 96
+    // and 128 with every dK/dV column in one block; each case's tiles differ from the
+    // defaults.
+    let mut rng = Rng::from_env();
+    for (d, sq, sk, causal, window, h_kv, deterministic, dist) in [
+        (64, 200, 150, true, (-1, -1), 2, false, Dist::Normal),
+        (64, 130, 260, true, (-1, -1), 1, true, Dist::Large),
+        (64, 100, 100, false, (-1, -1), 2, false, Dist::Uniform),
+        (96, 90, 75, true, (-1, -1), 2, false, Dist::Normal),
+        (128, 90, 140, false, (-1, -1), 1, true, Dist::Normal),
+        (128, 70, 70, true, (-1, -1), 2, false, Dist::Large),
+    ] {
+        let mut c = Call {
+            causal,
+            window,
+            deterministic,
+            tuned: true,
+            ..Call::new(sq, sk)
+        };
+        c.dims.d = d;
+        c.dims.h = 2;
+        c.dims.h_kv = h_kv;
+        let p = c.params();
+        assert_ne!(p, Call { tuned: false, ..c }.params(), "{p:?}");
         run(&mut rng, c, dist);
     }
 }

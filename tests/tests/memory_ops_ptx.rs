@@ -141,6 +141,10 @@ fn atomic_adds_without_result_are_reductions() {
         for t in TARGETS {
             let p = ptx(&k, t, "atomic_add_tiles");
             let red = match (dtype, t) {
+                // Whole rows in bulk from shared memory (`bulk_add_ptx`).
+                (DType::F32, Target::Sm90a) => {
+                    "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
+                }
                 (DType::F32, _) => "red.relaxed.gpu.global.add.f32",
                 // Adjacent 16-bit elements: one packed add per pair.
                 (DType::F16, _) => "red.relaxed.gpu.global.add.noftz.f16x2",

@@ -122,7 +122,7 @@ impl Emitter<'_> {
     /// at zero, and the old values reach the others by shuffle (copies in other warps would
     /// need shared memory: a diagnostic).
     pub(crate) fn write_access(&mut self, id: OpId) -> Result<(), CodegenError> {
-        if self.write_staged_load(id)? {
+        if self.write_staged_load(id)? || self.write_bulk_add(id)? {
             return Ok(());
         }
         let op = self.k.ops[id].clone();

@@ -18,6 +18,7 @@
 
 mod access;
 mod arith;
+mod bulk_add;
 mod checks;
 mod control;
 mod copy;

@@ -1,5 +1,6 @@
 //! The `lower` pass: target-specific lowering plans (which loads a loop issues ahead, which
-//! mma operands go through shared memory, which mmas run on which instruction), recorded in
+//! mma operands go through shared memory, which mmas run on which instruction, which whole-tile
+//! f32 atomic adds go through shared memory and bulk reductions), recorded in
 //! `kernel.schedule`. Rewrites no op.
 
 use std::collections::BTreeSet;
@@ -63,6 +64,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         .note("ask for `cluster(1)`, or leave clusters to the autotuner, which skips this"));
     }
     place_scratch(kernel, target)?;
+    super::bulk_add::plan(kernel, target)?;
     let mut loops = std::collections::BTreeMap::new();
     for id in ops_in_order(kernel) {
         let OpKind::For { stages: Some(n) } = kernel.ops[id].kind else {

@@ -6,6 +6,7 @@
 //! each one (`kiln ir --after PASS`, `KILN_DUMP=ir`).
 
 pub mod accumulators;
+pub mod bulk_add;
 pub mod canonicalize;
 pub mod layout;
 pub mod lower;

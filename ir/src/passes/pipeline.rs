@@ -488,7 +488,7 @@ fn completes_in_body(kernel: &Kernel, for_op: OpId, mma: OpId) -> bool {
 
 /// A number that statically divides scalar `v` (1 when nothing is known; zero divides by
 /// anything, capped at 2^16).
-fn known_multiple(kernel: &Kernel, v: ValueId) -> u32 {
+pub(crate) fn known_multiple(kernel: &Kernel, v: ValueId) -> u32 {
     const ANY: u32 = 1 << 16;
     match kernel.values[v].def {
         ValueDef::Op(op, _) => {

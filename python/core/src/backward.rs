@@ -385,6 +385,7 @@ impl BwdPlan {
             block_n: 0,
             deterministic: self.deterministic,
             num_warps: 4,
+            key_cols: 0,
         }
     }
 

@@ -1,0 +1,234 @@
+//! sm_90a: an f32 atomic add of a whole register tile applied with bulk reductions
+//! ([`kiln_ir::passes::bulk_add`] decides which): every thread writes its elements into the
+//! staging region (rows [`BulkAdds::pitch`] bytes apart), the writes are fenced for the async
+//! proxy, and after a barrier thread 0 issues one
+//! `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32` per row inside the tensor,
+//! the row's last `< 4` columns (a bulk size is a multiple of 16 bytes) as `red.global.add`,
+//! then commits the group. Before the region is written again (and before the kernel exits)
+//! thread 0 waits for the group to have read it.
+
+use kiln_ir::schedule::{BulkAdds, Scratch};
+use kiln_ir::{OpId, OpKind};
+
+use super::exchange::linear;
+use super::{Emitter, ParamRegs};
+use crate::error::CodegenError;
+use crate::types::{Class, Reg};
+
+impl Emitter<'_> {
+    /// Writes atomic `id` through bulk reductions when the schedule says so; `false` when it
+    /// is an ordinary per-element atomic.
+    pub(super) fn write_bulk_add(&mut self, id: OpId) -> Result<bool, CodegenError> {
+        let Some(region) = self
+            .k
+            .schedule
+            .bulk_adds
+            .as_ref()
+            .filter(|b| b.ops.contains(&id))
+            .map(|b| Scratch {
+                offset: b.offset,
+                bytes: b.bytes,
+            })
+        else {
+            return Ok(false);
+        };
+        let op = self.k.ops[id].clone();
+        let OpKind::Atomic { tensor, .. } = op.kind else {
+            return Err(self.internal(id, "a bulk add that is not an atomic"));
+        };
+        let parts = op
+            .access_operands()
+            .ok_or_else(|| self.internal(id, "malformed memory access"))?;
+        let value = parts
+            .value
+            .ok_or_else(|| self.internal(id, "no value operand"))?;
+        let dims: Vec<usize> = self
+            .k
+            .ty(value)
+            .shape()
+            .map(|s| s.dims().to_vec())
+            .ok_or_else(|| self.internal(id, "a bulk add of a scalar"))?;
+        let (rows, cols) = match dims[..] {
+            [c] => (1, c),
+            [r, c] => (r, c),
+            _ => return Err(self.internal(id, "a bulk add of a tile of rank > 2")),
+        };
+        let (ptr, extents, gstrides) = match self.params.get(tensor) {
+            Some(ParamRegs::Tensor {
+                ptr, dims, strides, ..
+            }) => (*ptr, dims.clone(), strides.clone()),
+            _ => return Err(self.internal(id, "not a tensor parameter")),
+        };
+        let rank = extents.len();
+        let pitch = BulkAdds::pitch(cols);
+        let strides: Vec<u32> = if dims.len() == 1 {
+            vec![1]
+        } else {
+            vec![pitch / 4, 1]
+        };
+        let d = self.dist(value, id)?;
+
+        self.comment("f32 atomic add of a whole tile: staged, one bulk reduction a row");
+        let tid = self.tid;
+        let first = self.setp("eq.u32", tid, 0);
+        // The previous bulk add has read the staging region.
+        self.ins(format!("@{first} cp.async.bulk.wait_group.read 0"));
+        self.ins("bar.sync 0");
+        let base = self.element_address(&d, &strides, 4, region);
+        if d.column_pairs() {
+            for pair in d.regs.chunks(2) {
+                let at = linear(&pair[0], &strides) * 4;
+                let lo = self.elem(value, &pair[0], id)?;
+                let hi = self.elem(value, &pair[1], id)?;
+                self.ins(format!("st.shared.v2.f32 [{base}+{at}], {{{lo}, {hi}}}"));
+            }
+        } else {
+            for offs in &d.regs {
+                let at = linear(offs, &strides) * 4;
+                let e = self.elem(value, offs, id)?;
+                self.ins(format!("st.shared.f32 [{base}+{at}], {e}"));
+            }
+        }
+        // The bulk copies read the region through the async proxy.
+        self.ins("fence.proxy.async.shared::cta");
+        self.ins("bar.sync 0");
+        let done = self.new_label();
+        self.ins(format!("@!{first} bra {done}"));
+
+        // The tile's origin (possibly outside the tensor: only the rows and columns inside
+        // are added) and whether the coordinates the tile does not cover are inside.
+        let mut g = ptr;
+        let tile_rank = dims.len();
+        for (dim, &v) in parts.addr.iter().enumerate() {
+            let c = self.scalar(v, id)?;
+            if kiln_ir::access::tile_dim(dim, rank, tile_rank).is_none() {
+                let out = self.setp("ge.u32", c, extents[dim]);
+                self.ins(format!("@{out} bra {done}"));
+            }
+            g = self.offset_by(g, c, gstrides[dim]);
+        }
+        let (lo_c, hi_c) = self.clip(parts.addr[rank - 1], extents[rank - 1], cols, id)?;
+        let none = self.setp("ge.s32", lo_c, hi_c);
+        self.ins(format!("@{none} bra {done}"));
+        let (lo_r, hi_r, row_stride) = if tile_rank == 2 {
+            let (lo, hi) = self.clip(parts.addr[rank - 2], extents[rank - 2], rows, id)?;
+            let none = self.setp("ge.s32", lo, hi);
+            self.ins(format!("@{none} bra {done}"));
+            (lo, hi, gstrides[rank - 2])
+        } else {
+            let [lo, hi] = self.new_regs(Class::B32);
+            self.ins(format!("mov.u32 {lo}, 0"));
+            self.ins(format!("mov.u32 {hi}, 1"));
+            let s = self.new_reg(Class::B64);
+            self.ins(format!("mov.u64 {s}, 0"));
+            (lo, hi, s)
+        };
+        // Columns lo_c.. of each row: a multiple of 4 in bulk, the rest element by element.
+        let [n, bulk, bytes] = self.new_regs(Class::B32);
+        self.ins(format!("sub.s32 {n}, {hi_c}, {lo_c}"));
+        self.ins(format!("and.b32 {bulk}, {n}, -4"));
+        self.ins(format!("shl.b32 {bytes}, {bulk}, 2"));
+        let whole = self.setp("gt.s32", bulk, 0);
+        let tail: Vec<Reg> = (0..3)
+            .map(|t| {
+                let c = self.new_reg(Class::B32);
+                self.ins(format!("add.s32 {c}, {bulk}, {t}"));
+                self.setp("lt.s32", c, n)
+            })
+            .collect();
+        let tail_bytes = self.new_reg(Class::B64);
+        self.ins(format!("cvt.u64.u32 {tail_bytes}, {bytes}"));
+        // Global and shared addresses of row lo_r, column lo_c.
+        let one = one64(self);
+        let gaddr = self.offset_by(g, lo_c, one);
+        let row_off = self.new_reg(Class::B64);
+        let lo_r64 = self.new_reg(Class::B64);
+        self.ins(format!("cvt.s64.s32 {lo_r64}, {lo_r}"));
+        self.ins(format!("mul.lo.s64 {row_off}, {lo_r64}, {row_stride}"));
+        self.ins(format!("mad.lo.s64 {gaddr}, {row_off}, 4, {gaddr}"));
+        let gstep = self.new_reg(Class::B64);
+        self.ins(format!("shl.b64 {gstep}, {row_stride}, 2"));
+        let saddr = self.new_reg(Class::B32);
+        self.ins(format!(
+            "mad.lo.u32 {saddr}, {lo_r}, {pitch}, {}",
+            self.smem
+        ));
+        self.ins(format!("mad.lo.u32 {saddr}, {lo_c}, 4, {saddr}"));
+        self.ins(format!("add.u32 {saddr}, {saddr}, {}", region.offset));
+        let r = self.new_reg(Class::B32);
+        self.mov(r, lo_r);
+        let top = self.new_label();
+        self.label(&top);
+        self.ins(format!(
+            "@{whole} cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [{gaddr}], \
+             [{saddr}], {bytes}"
+        ));
+        let (gt, st) = (self.new_reg(Class::B64), self.new_reg(Class::B32));
+        self.ins(format!("add.u64 {gt}, {gaddr}, {tail_bytes}"));
+        self.ins(format!("add.u32 {st}, {saddr}, {bytes}"));
+        for (t, on) in tail.iter().enumerate() {
+            let x = self.new_reg(Class::F32);
+            self.ins(format!("@{on} ld.shared.f32 {x}, [{st}+{}]", 4 * t));
+            self.ins(format!(
+                "@{on} red.relaxed.gpu.global.add.f32 [{gt}+{}], {x}",
+                4 * t
+            ));
+        }
+        self.ins(format!("add.u64 {gaddr}, {gaddr}, {gstep}"));
+        self.ins(format!("add.u32 {saddr}, {saddr}, {pitch}"));
+        self.ins(format!("add.s32 {r}, {r}, 1"));
+        let more = self.setp("lt.s32", r, hi_r);
+        self.ins(format!("@{more} bra {top}"));
+        self.ins("cp.async.bulk.commit_group");
+        self.label(&done);
+        Ok(true)
+    }
+
+    /// Before the kernel exits: thread 0 waits for its bulk reductions to complete (their
+    /// source is the block's shared memory).
+    pub(crate) fn write_bulk_drain(&mut self) {
+        if self.k.schedule.bulk_adds.is_none() {
+            return;
+        }
+        let tid = self.tid;
+        let first = self.setp("eq.u32", tid, 0);
+        self.ins(format!("@{first} cp.async.bulk.wait_group 0"));
+    }
+
+    /// `base + c * stride * 4` (`.b64`; `c` a signed 32-bit coordinate, `stride` in
+    /// elements).
+    fn offset_by(&mut self, base: Reg, c: Reg, stride: Reg) -> Reg {
+        let c64 = self.new_reg(Class::B64);
+        self.ins(format!("cvt.s64.s32 {c64}, {c}"));
+        let off = self.new_reg(Class::B64);
+        self.ins(format!("mul.lo.s64 {off}, {c64}, {stride}"));
+        let out = self.new_reg(Class::B64);
+        self.ins(format!("mad.lo.s64 {out}, {off}, 4, {base}"));
+        out
+    }
+
+    /// The tile positions `lo..hi` (`.s32`) along a dimension of `len` whose coordinate `v`
+    /// starts the tile and whose extent is `extent`: those inside `0..extent`.
+    fn clip(
+        &mut self,
+        v: kiln_ir::ValueId,
+        extent: Reg,
+        len: usize,
+        id: OpId,
+    ) -> Result<(Reg, Reg), CodegenError> {
+        let c = self.scalar(v, id)?;
+        let [lo, hi] = self.new_regs(Class::B32);
+        self.ins(format!("neg.s32 {lo}, {c}"));
+        self.ins(format!("max.s32 {lo}, {lo}, 0"));
+        self.ins(format!("sub.s32 {hi}, {extent}, {c}"));
+        self.ins(format!("min.s32 {hi}, {hi}, {len}"));
+        Ok((lo, hi))
+    }
+}
+
+/// A `.b64` register holding 1 (the contiguous dimension's stride, checked at launch).
+fn one64(e: &mut Emitter<'_>) -> Reg {
+    let r = e.new_reg(Class::B64);
+    e.ins(format!("mov.u64 {r}, 1"));
+    r
+}

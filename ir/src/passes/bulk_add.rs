@@ -1,0 +1,161 @@
+//! sm_90a: which f32 atomic adds of a whole register tile the PTX writer applies with bulk
+//! reductions instead of one `red.global.add.f32` per element.
+//!
+//! Such an add is staged in shared memory and one thread issues a
+//! `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32` per tile row: the L2 then
+//! sees one request per row instead of one per element (attention backward's dQ
+//! accumulation was bound by them). The copy needs 16-byte aligned global rows, so the
+//! tensor must be specialised as 16-byte aligned and the tile's first column a known
+//! multiple of 4; it returns no old values and orders nothing beyond the elements, so the
+//! add must be relaxed, unmasked, addressed by plain coordinates, with its result unused.
+//! Every decision, either way, is a note at the user's line.
+
+use std::collections::BTreeSet;
+
+use crate::diag::Diagnostic;
+use crate::kernel::{Kernel, OpId, OpKind};
+use crate::schedule::{BulkAdds, Note};
+use crate::target::Target;
+use crate::{AtomicOp, DType, MemScope, MemSem};
+
+use super::walk::{ops_in_order, uses};
+
+/// Shared memory the driver reserves for each block (sm_90a).
+const SMEM_RESERVED_PER_BLOCK: u32 = 1024;
+
+/// Records the bulk-reduced adds and places their staging region after every other shared
+/// buffer. Runs in `lower`, after the scratch region is placed.
+pub fn plan(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
+    kernel.schedule.bulk_adds = None;
+    // Warp-specialised kernels have no block-wide barrier to order the staging buffer.
+    if target != Target::Sm90a || kernel.schedule.sched.is_some() {
+        return Ok(());
+    }
+    let used = uses(kernel);
+    let mut ops = BTreeSet::new();
+    let mut bytes = 0u32;
+    let mut notes = Vec::new();
+    for id in ops_in_order(kernel) {
+        let op = &kernel.ops[id];
+        let OpKind::Atomic {
+            tensor,
+            op: AtomicOp::Add,
+            ..
+        } = op.kind
+        else {
+            continue;
+        };
+        if kernel.params[tensor].dtype() != DType::F32 {
+            continue;
+        }
+        let read = used.get(&op.results[0]).is_some_and(|u| !u.is_empty());
+        match staged_tile(kernel, id, read) {
+            Ok((rows, cols)) => {
+                ops.insert(id);
+                bytes = bytes.max(rows as u32 * BulkAdds::pitch(cols));
+                notes.push(Note {
+                    loc: op.loc,
+                    text: format!(
+                        "sm_90a: this f32 atomic add of a [{rows}, {cols}] tile goes through \
+                         shared memory, one bulk reduction a row (cp.reduce.async.bulk .add.f32)"
+                    ),
+                });
+            }
+            Err(why) => notes.push(Note {
+                loc: op.loc,
+                text: format!(
+                    "sm_90a: this f32 atomic add stays one red.global.add per element: {why}"
+                ),
+            }),
+        }
+    }
+    if !ops.is_empty() {
+        let offset = kernel.schedule.smem_bytes.next_multiple_of(128);
+        let total = offset + bytes;
+        // Blocks an SM holds by threads and shared memory, before and after the staging
+        // region: a kernel that would fall to one block a multiprocessor (nothing left to
+        // run during its barriers and waits) keeps its per-element adds.
+        let fit = |smem: u32| {
+            let threads = 32 * kernel.options.num_warps;
+            target
+                .sm_limits()
+                .blocks_per_sm(threads, 1, smem + SMEM_RESERVED_PER_BLOCK)
+        };
+        let (before, after) = (fit(kernel.schedule.smem_bytes), fit(total));
+        if total <= super::memory_plan::SMEM_LIMIT && after >= before.min(2) {
+            kernel.schedule.bulk_adds = Some(BulkAdds { ops, offset, bytes });
+            kernel.schedule.smem_bytes = total;
+        } else {
+            let why = if total > super::memory_plan::SMEM_LIMIT {
+                format!("does not fit beside the kernel's {offset} bytes of shared memory")
+            } else {
+                format!("would leave {after} block(s) a multiprocessor instead of {before}")
+            };
+            for n in &mut notes {
+                if !n.text.contains("stays") {
+                    n.text = format!(
+                        "sm_90a: this f32 atomic add stays one red.global.add per element: its \
+                         {bytes}-byte staging buffer {why}"
+                    );
+                }
+            }
+        }
+    }
+    kernel.schedule.notes.extend(notes);
+    Ok(())
+}
+
+/// The `[rows, cols]` a bulk-reduced add `id` stages, or why it cannot be (`read`: its old
+/// values are used).
+fn staged_tile(kernel: &Kernel, id: OpId, read: bool) -> Result<(usize, usize), &'static str> {
+    let op = &kernel.ops[id];
+    let OpKind::Atomic {
+        tensor,
+        sem,
+        scope,
+        access,
+        ..
+    } = &op.kind
+    else {
+        return Err("not an atomic");
+    };
+    if read {
+        return Err("its old values are read");
+    }
+    if *sem != MemSem::Relaxed || *scope == MemScope::Sys {
+        return Err("a bulk reduction has no memory order or system scope");
+    }
+    if access.masked {
+        return Err("it is masked");
+    }
+    if access.indexed() {
+        return Err("it is addressed through index tiles");
+    }
+    if !kernel.params[*tensor].aligned16() {
+        return Err("its tensor is not known to be 16-byte aligned");
+    }
+    let parts = op.access_operands().ok_or("malformed")?;
+    let value = parts.value.ok_or("malformed")?;
+    let dims = kernel
+        .ty(value)
+        .shape()
+        .map(|s| s.dims().to_vec())
+        .ok_or("it adds a scalar")?;
+    let (rows, cols) = match dims[..] {
+        [c] => (1, c),
+        [r, c] => (r, c),
+        _ => return Err("its tile has more than two dimensions"),
+    };
+    let rank = access.dims.len();
+    if rank < dims.len() {
+        return Err("its tile has more dimensions than its tensor");
+    }
+    if cols < 4 {
+        return Err("its rows are shorter than 16 bytes");
+    }
+    let inner = *parts.addr.get(rank - 1).ok_or("malformed")?;
+    if !super::pipeline::known_multiple(kernel, inner).is_multiple_of(4) {
+        return Err("its first column is not known to be a multiple of 4 (16-byte aligned)");
+    }
+    Ok((rows, cols))
+}

@@ -1,0 +1,209 @@
+//! sm_90a applies an f32 atomic add of a whole tile through shared memory and one
+//! `cp.reduce.async.bulk ... .add.f32` per row (the `bulk_add` decision in `lower`), and
+//! keeps per-element `red.global.add` where that cannot hold: on the PTX text, in the
+//! order the hardware needs (wait for the previous group's reads, barrier, stores, proxy
+//! fence, barrier, bulk reductions, commit; the last group waited for before `ret`), with
+//! the decision as a note at the user's line, assembled by ptxas and the driver's ptxas
+//! with no spills. The interpreter's results are the GPU test's (`gpu_bulk_add`).
+
+mod bulk_add_kernels;
+
+use bulk_add_kernels::*;
+use kiln::ir::dsl::{Comptime, KernelDef, Spec};
+use kiln::ir::{Kernel, Target};
+use kiln::prelude::*;
+use kiln::ptx::ptxas::{self, Tool};
+
+fn build<K: KernelDef>(def: &K, comptime: K::Comptime, aligned: bool) -> Kernel
+where
+    K::Comptime: Comptime,
+{
+    def.build(&Spec::uniform(comptime, def.signature(), aligned))
+        .unwrap_or_else(|d| panic!("{d}"))
+}
+
+/// The PTX of `k` for `target`, assembled by both ptxas releases (where installed) with no
+/// spills.
+fn ptx(k: &Kernel, target: Target) -> String {
+    let m = kiln::ptx::compile(k, target).unwrap_or_else(|e| panic!("{} {target}: {e}", k.name));
+    if ptxas::find_ptxas().is_ok() {
+        let r = ptxas::check(&m.ptx, target).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+        assert_eq!(
+            r.spill_store_bytes + r.spill_load_bytes,
+            0,
+            "{}: {r:?}",
+            k.name
+        );
+    }
+    if ptxas::find(Tool::JitPtxas).is_ok() {
+        let r = ptxas::check_with(Tool::JitPtxas, &m.ptx, target)
+            .unwrap_or_else(|e| panic!("{} (driver's ptxas): {e}", k.name));
+        assert_eq!(
+            r.spill_store_bytes + r.spill_load_bytes,
+            0,
+            "{}: {r:?}",
+            k.name
+        );
+    }
+    m.ptx
+}
+
+const BULK: &str = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32";
+
+/// Line numbers of the first line containing each of `steps`, in order, each after the last.
+fn in_order(p: &str, steps: &[&str]) -> Vec<usize> {
+    let lines: Vec<&str> = p.lines().collect();
+    let mut at = 0;
+    let mut out = Vec::new();
+    for s in steps {
+        let i = lines[at..]
+            .iter()
+            .position(|l| l.contains(s))
+            .unwrap_or_else(|| panic!("`{s}` after line {at} in\n{p}"));
+        at += i + 1;
+        out.push(at);
+    }
+    out
+}
+
+#[test]
+fn whole_tile_adds_are_bulk_reductions_on_sm90a() {
+    for k in [
+        build(&overlapping_adds, (), true),
+        build(&overlapping_row_adds, (), true),
+    ] {
+        let p = ptx(&k, Target::Sm90a);
+        let at = in_order(
+            &p,
+            &[
+                "cp.async.bulk.wait_group.read 0",
+                "bar.sync 0",
+                "st.shared",
+                "fence.proxy.async.shared::cta",
+                "bar.sync 0",
+                BULK,
+                "cp.async.bulk.commit_group",
+                "cp.async.bulk.wait_group 0",
+                "ret;",
+            ],
+        );
+        let lines: Vec<&str> = p.lines().collect();
+        // Nothing but the staging stores between the first barrier and the fence, and no
+        // per-element add of the tile's values outside the row tail.
+        let stores = &lines[at[1]..at[3] - 1];
+        assert!(
+            stores.iter().all(|l| !l.contains("global")),
+            "{}: a global access between the staging stores",
+            k.name
+        );
+        assert_eq!(
+            p.matches("red.relaxed").count(),
+            3,
+            "{}: only the 3-column tail:\n{p}",
+            k.name
+        );
+        assert!(
+            p.contains("// note: sm_90a: this f32 atomic add of a ["),
+            "{}",
+            k.name
+        );
+        // The other targets keep per-element reductions.
+        for t in [Target::Sm80, Target::Sm100a] {
+            let q = ptx(&k, t);
+            assert!(!q.contains("cp.reduce.async.bulk"), "{} {t}", k.name);
+            assert!(
+                q.contains("red.relaxed.gpu.global.add.f32"),
+                "{} {t}",
+                k.name
+            );
+        }
+    }
+}
+
+/// A masked add, whose mask leaves the staged row's elements out one by one.
+#[kernel(num_warps = 4)]
+fn masked_add(x: Tensor<f32, 2>, acc: TensorMut<f32, 2>, limit: i32) {
+    let v = x.tile([64, 64], [0, 0]).load();
+    let inside = iota([64, 64], 1) < limit;
+    acc.tile([64, 64], [0, 0]).atomic_add_masked(v, inside);
+}
+
+/// An add at a column the compiler cannot prove 16-byte aligned.
+#[kernel(num_warps = 4)]
+fn unaligned_column_add(x: Tensor<f32, 2>, acc: TensorMut<f32, 2>, c: i32) {
+    let v = x.tile([64, 64], [0, c]).load();
+    acc.tile([64, 64], [0, c]).atomic_add(v);
+}
+
+/// An add whose old values are read.
+#[kernel(num_warps = 4)]
+fn add_with_result(x: Tensor<f32, 2>, acc: TensorMut<f32, 2>, old: TensorMut<f32, 2>) {
+    let v = x.tile([64, 64], [0, 0]).load();
+    let o = acc.tile([64, 64], [0, 0]).atomic_add(v);
+    old.tile([64, 64], [0, 0]).store(o);
+}
+
+#[test]
+fn adds_a_bulk_copy_cannot_make_stay_per_element_with_a_note() {
+    let cases: [(Kernel, &str); 4] = [
+        (build(&masked_add, (), true), "it is masked"),
+        (
+            build(&unaligned_column_add, (), true),
+            "not known to be a multiple of 4",
+        ),
+        (build(&add_with_result, (), true), "its old values are read"),
+        (
+            build(&overlapping_adds, (), false),
+            "not known to be 16-byte aligned",
+        ),
+    ];
+    for (k, why) in cases {
+        let p = ptx(&k, Target::Sm90a);
+        assert!(!p.contains("cp.reduce.async.bulk"), "{}", k.name);
+        assert!(!p.contains("cp.async.bulk.wait_group"), "{}", k.name);
+        assert!(p.contains("global.add.f32"), "{}", k.name);
+        let note = p
+            .lines()
+            .find(|l| l.contains("stays one red.global.add per element"))
+            .unwrap_or_else(|| panic!("{}: no note in\n{p}", k.name));
+        assert!(note.contains(why), "{}: {note}", k.name);
+        assert!(note.contains("bulk_add"), "{}: {note}", k.name);
+    }
+}
+
+#[test]
+fn attention_backward_adds_dq_in_bulk_where_it_keeps_its_occupancy() {
+    use kiln_examples::attention_backward::*;
+    // sm_90a's tiles at d = 64 and the defaults at d = 256 hold one block a multiprocessor
+    // anyway: bulk. The varlen kernel's add is masked: per element.
+    for d in [64, 256] {
+        let p = AttentionBwdParams {
+            d,
+            ..Default::default()
+        }
+        .tuned(Target::Sm90a);
+        let dense = ptx(&build(&attention_bwd_dkdv, p, true), Target::Sm90a);
+        assert!(dense.contains(BULK), "d {d}");
+        let varlen = ptx(&build(&attention_bwd_dkdv_varlen, p, true), Target::Sm90a);
+        assert!(!varlen.contains(BULK), "varlen d {d}: its dQ add is masked");
+        assert!(varlen.contains("stays one red.global.add per element: it is masked"));
+    }
+    // d = 128, default tiles and sm_90a's, holds two blocks a multiprocessor, which the
+    // staging buffer would make one: per-element adds, and the note says why.
+    for p in [
+        AttentionBwdParams::default(),
+        AttentionBwdParams::default().tuned(Target::Sm90a),
+    ] {
+        let dense = ptx(&build(&attention_bwd_dkdv, p, true), Target::Sm90a);
+        assert!(!dense.contains(BULK), "{p:?}");
+        assert!(
+            dense.contains("would leave 1 block(s) a multiprocessor instead of 2"),
+            "{p:?}: {}",
+            dense
+                .lines()
+                .filter(|l| l.contains("note"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+}
