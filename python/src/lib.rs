@@ -537,7 +537,7 @@ fn _bwd<'py>(
     );
     let bp = backward::plan_backward(t.qkv(), t.grads(), &opts, deterministic, place(interpret))
         .map_err(arg_err)?;
-    run_backward(q, &bp, [dq, dk, dv])
+    run_backward(q, bp, [dq, dk, dv])
 }
 
 /// [`_bwd`] over a packed varlen batch: dout, out, dq (total_q, nheads, headdim), dk, dv
@@ -600,7 +600,7 @@ fn _varlen_bwd<'py>(
         place(interpret),
     )
     .map_err(arg_err)?;
-    run_backward(q, &bp, [dq, dk, dv])
+    run_backward(q, bp, [dq, dk, dv])
 }
 
 /// The nine tensors a backward call reads, dense or varlen, as PyTorch describes them.
@@ -654,7 +654,7 @@ impl BwdTensors {
 /// (the current stream) or the interpreter. Returns softmax_d (the `delta` workspace).
 fn run_backward<'py>(
     q: &Bound<'py, PyAny>,
-    bp: &backward::BwdPlan,
+    mut bp: backward::BwdPlan,
     grads: [&Bound<'py, PyAny>; 3],
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = q.py();
@@ -669,7 +669,8 @@ fn run_backward<'py>(
     if bp.place == Place::Cuda {
         // The device first: without a driver this is the error, raised before anything is
         // written.
-        launch::device(bp.fwd.device).map_err(|e| runtime_err(e.into()))?;
+        let dev = launch::device(bp.fwd.device).map_err(|e| runtime_err(e.into()))?;
+        bp.target = Some(dev.target());
     }
     let accum = new_f32(q, &bp.accum_shape())?;
     let steps = bp

@@ -330,16 +330,26 @@ mod tests {
         // A [5, 1] column expanded from [5] (`expand` gives the size-1 dimension stride 0).
         let a = Layout {
             strides: vec![64, 0],
-            ..Layout::contiguous(DType::Bf16, &[5, 64]).narrow(1, 0, 1).expect("in range")
+            ..Layout::contiguous(DType::Bf16, &[5, 64])
+                .narrow(1, 0, 1)
+                .expect("in range")
         };
         let out = Layout::contiguous(DType::F32, &[5, 3]);
         check(&[tensor(&a), tensor(&out), ArgView::F32(0.5)]).expect("valid");
         let b = Layout {
             strides: vec![64, 0],
-            ..Layout::contiguous(DType::Bf16, &[5, 64]).narrow(1, 0, 2).expect("in range")
+            ..Layout::contiguous(DType::Bf16, &[5, 64])
+                .narrow(1, 0, 2)
+                .expect("in range")
         };
         let err = check(&[tensor(&b), tensor(&out), ArgView::F32(0.5)]).expect_err("stride 0");
-        assert!(matches!(err, LaunchError::InnerStride { param: "a", stride: 0 }));
+        assert!(matches!(
+            err,
+            LaunchError::InnerStride {
+                param: "a",
+                stride: 0
+            }
+        ));
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! are allocated by the caller in the shapes [`BwdPlan::delta_shape`] and
 //! [`BwdPlan::accum_shape`] give, contiguous, and passed to [`BwdPlan::steps`].
 
-use kiln::ir::DType;
+use kiln::ir::{DType, Target};
 use kiln_examples::attention_backward::AttentionBwdParams;
 
 use crate::args::Place;
@@ -83,6 +83,9 @@ pub struct BwdPlan {
     pub lse: Lse,
     /// The offsets of a packed batch.
     pub packed: Option<Packed>,
+    /// The target the kernels are built for, whose tuned tiles they take
+    /// ([`AttentionBwdParams::tuned`]); `None` (the interpreter) keeps the defaults.
+    pub target: Option<Target>,
 }
 
 /// What a checked call needs done.
@@ -335,6 +338,7 @@ fn assemble(
         dv,
         lse,
         packed,
+        target: None,
     }
 }
 
@@ -370,10 +374,11 @@ impl BwdPlan {
         [p.batch, p.nheads, p.seqlen_q, p.head_dim]
     }
 
-    /// The backward kernels' comptime values: the forward's mask, cap, heads and dtype.
+    /// The backward kernels' comptime values: the forward's mask, cap, heads and dtype, and
+    /// the tiles tuned for [`BwdPlan::target`].
     pub fn params(&self) -> AttentionBwdParams {
         let p = &self.fwd;
-        AttentionBwdParams {
+        let params = AttentionBwdParams {
             d: p.tile_dims().0,
             causal: p.causal,
             kv_group: p.kv_group,
@@ -386,6 +391,10 @@ impl BwdPlan {
             deterministic: self.deterministic,
             num_warps: 4,
             key_cols: 0,
+        };
+        match self.target {
+            Some(target) => params.tuned(target),
+            None => params,
         }
     }
 
@@ -554,6 +563,15 @@ fn bwd_given(p: &AttentionBwdParams) -> Vec<(String, Given)> {
         softcap: p.softcap,
     });
     g.push(("deterministic".into(), Given::Bool(p.deterministic)));
+    // The tiles too: the launch grids the steps compute from them must be the built kernel's.
+    for (name, value) in [
+        ("block_m", p.block_m),
+        ("block_n", p.block_n),
+        ("num_warps", p.num_warps),
+        ("key_cols", p.key_cols),
+    ] {
+        g.push((name.into(), Given::Int(value as i64)));
+    }
     g
 }
 
@@ -760,6 +778,41 @@ mod tests {
         let p = plan(&call(1, 16, 16, 2, 2, 72), false).expect("72 runs in 96");
         assert_eq!(p.params().d, 96);
         assert_eq!(p.accum_shape(), [1, 2, 16, 72]);
+    }
+
+    #[test]
+    fn sm90a_plans_take_the_tuned_tiles_in_grid_and_kernel_alike() {
+        let f32t = TorchDType::Other("torch.float32".into());
+        // d = 64: 128 keys a block (2 key blocks of 200); d = 128: 64 keys, no column split.
+        for (d, key_blocks) in [(64usize, 2), (128, 4)] {
+            let c = call(2, 130, 200, 4, 2, d as i64);
+            let mut p = plan(&c, false).expect("valid");
+            p.target = Some(Target::Sm90a);
+            let tuned = p.params();
+            assert_eq!(tuned.key_cols, d, "d = {d}: no column split");
+            let delta = TensorInfo::contiguous(&[2, 4, 130], f32t.clone(), CUDA, 0x7000);
+            let accum = TensorInfo::contiguous(&[2, 4, 130, d], f32t.clone(), CUDA, 0x8000);
+            let steps = p.steps(&delta, &accum).expect("steps");
+            assert_eq!(
+                steps[1].grid,
+                StepGrid::Fixed([key_blocks, 2, 2]),
+                "d = {d}"
+            );
+            let given = p.given();
+            let int = |name: &str| {
+                given
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, g)| g.clone())
+            };
+            assert_eq!(int("key_cols"), Some(Given::Int(d as i64)));
+            assert_eq!(int("block_n"), Some(Given::Int(tuned.block_n as i64)));
+            for s in &steps {
+                let reg = generic::find(s.kernel).expect("registered");
+                generic::plan_at(reg, &s.args, &given, Place::Cuda)
+                    .unwrap_or_else(|e| panic!("d = {d}: {}: {e}", s.kernel));
+            }
+        }
     }
 
     #[test]
