@@ -123,7 +123,9 @@ mod tests {
             }
             .to_string()
         );
-        assert!(err.starts_with("no comptime parameter `heads`; the parameters are: d, dv, causal"));
+        assert!(
+            err.starts_with("no comptime parameter `heads`; the parameters are: d, dv, causal")
+        );
         let err = attention_params(&["-D", "d"]).expect_err("no `=`");
         assert!(err.contains("`d`: expected NAME=VALUE"), "{err}");
     }

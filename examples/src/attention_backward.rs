@@ -80,16 +80,18 @@ impl AttentionBwdParams {
 
     /// These parameters with the dK/dV tiles measured best for `target` where `self` leaves
     /// them to the defaults (0; `num_warps` 4): on sm_90a up to `d = 128`, one block
-    /// accumulates every column of its keys (no block recomputes `P` and `dS` for another's columns) and, at
-    /// `d = 64`, 128 keys against 128-row query blocks with eight warps, which halves the
-    /// dQ adds and the query reloads; other targets keep the defaults (their column
-    /// splits avoid spills). `kiln check attention_bwd_dkdv --target sm_90a -D d=D
+    /// accumulates every column of its keys (no block recomputes `P` and `dS` for another's
+    /// columns); other targets keep the defaults (their column splits avoid spills). At
+    /// `d = 64`, 128 keys against 128-row query blocks with eight warps (half the dQ adds and
+    /// query reloads, but one block a multiprocessor) measured 0.67x the default tiles on the
+    /// H200 (103 against 153 TFLOP/s at s = 4096), so `d = 64` keeps the defaults.
+    /// `kiln check attention_bwd_dkdv --target sm_90a -D d=D
     /// -D key_cols=C ...` (ptxas 13.5, bf16 and f16 alike):
     ///
     /// | d | blocks (m, n, warps) | key_cols | registers | shared, dQ adds | blocks/SM |
     /// |---|---|---|---|---|---|
     /// | 64 | 64, 64, 4 (default) | 64 | 160 | 81 KiB, bulk | 2 |
-    /// | 64 | **128, 128, 8** | 64 | 255 (driver's ptxas 245) | 194 KiB, bulk | 1 |
+    /// | 64 | 128, 128, 8 (slower) | 64 | 255 (driver's ptxas 245) | 194 KiB, bulk | 1 |
     /// | 96 | 64, 64, 4 (default) | 32 | 128 | 97 KiB, bulk | 2 |
     /// | 96 | **64, 64, 4** | **96** | 203 | 113 KiB, bulk | 2 |
     /// | 96 | 128, 128, 8 | 96 | 255, spills 68 B | 208 KiB | 1 |
@@ -114,7 +116,6 @@ impl AttentionBwdParams {
             return self;
         }
         let (bm, bn, warps, cols) = match self.d {
-            64 => (128, 128, 8, 64),
             96 | 128 => (64, 64, 4, self.d),
             _ => return self,
         };

@@ -201,20 +201,25 @@ fn parameters_the_backward_does_not_compute_are_diagnostics() {
     }
 }
 
-/// sm_90a's measured tiles ([`AttentionBwdParams::tuned`]: every dK/dV column in one block,
-/// 128 keys at d = 64) for every kernel, plain, causal and grouped f16, both dQ modes,
+/// sm_90a's tiles ([`AttentionBwdParams::tuned`]: every dK/dV column in one block at d = 96
+/// and 128) for every kernel, plain, causal and grouped f16, both dQ modes,
 /// aligned or not, assemble without spills.
 #[test]
 fn sm90a_tiles_assemble_without_spills() {
     let mut failures = Vec::new();
     for d in [64, 96, 128, 256] {
         // The variants it changes: no soft-cap, no window (those keep the defaults), and
-        // none at d = 256 (128 columns spill in the varlen causal kernel).
+        // none at d = 64 (its defaults measured faster) or d = 256 (128 columns spill in the
+        // varlen causal kernel).
         let changed = variants(d)
             .into_iter()
             .filter(|&p| p.tuned(Target::Sm90a) != p)
             .collect::<Vec<_>>();
-        assert_eq!(changed.len(), if d == 256 { 0 } else { 3 }, "d {d}");
+        assert_eq!(
+            changed.len(),
+            if d == 64 || d == 256 { 0 } else { 3 },
+            "d {d}"
+        );
         for p in changed {
             for deterministic in [false, true] {
                 let p = AttentionBwdParams { deterministic, ..p }.tuned(Target::Sm90a);

@@ -319,6 +319,39 @@ fn one_warp_wide_accumulator(a: Tensor<bf16, 2>, b: Tensor<bf16, 2>, out: Tensor
     out.tile([128, 256], [0, 0]).store(acc);
 }
 
+/// The same accumulator over four warps: 256 registers a thread.
+#[kernel(num_warps = 4)]
+fn four_warp_wide_accumulator(a: Tensor<bf16, 2>, b: Tensor<bf16, 2>, out: TensorMut<f32, 2>) {
+    let mut acc = zeros::<f32>([128, 256]);
+    for k in 0..cdiv(a.dim(1), 32) {
+        let x = a.tile([128, 32], [0, k * 32]).load();
+        let y = b.tile([32, 256], [k * 32, 0]).load();
+        acc = mma_acc(&x, &y, &acc); // MARK-spilled-acc
+    }
+    out.tile([128, 256], [0, 0]).store(acc);
+}
+
+/// An accumulator a little beyond a thread's registers compiles (ptxas spills it, as a kernel
+/// that ran before this check did) with a note at the mma's line saying so and what to change.
+#[test]
+fn an_accumulator_a_little_beyond_the_registers_compiles_with_a_note() {
+    let k = build(&four_warp_wide_accumulator);
+    for t in [Target::Sm80, Target::Sm90a] {
+        kiln_ptx::compile(&k, t).unwrap_or_else(|e| panic!("{}: {e}", t.name()));
+        let mut lowered = k.clone();
+        kiln::ir::passes::run_pipeline(&mut lowered, t, &mut |_, _| {}).expect("lowers");
+        let note = lowered
+            .schedule
+            .notes
+            .iter()
+            .find(|n| n.text.contains("256 registers a thread over its 4 warps"))
+            .unwrap_or_else(|| panic!("{}: no note in {:?}", t.name(), lowered.schedule.notes));
+        assert_eq!(note.loc.line, line_of("MARK-spilled-acc"));
+        assert!(note.text.contains("ptxas spills it"), "{}", note.text);
+        assert!(note.text.contains("`num_warps = 8`"), "{}", note.text);
+    }
+}
+
 /// An accumulator no thread can hold is an error at the mma's line, naming the tile,
 /// `num_warps` and the limit, on sm_80 and sm_90a, at once (not a ptxas run of minutes).
 /// (sm_100a keeps accumulators in tensor memory and lowers only TMA rings.)

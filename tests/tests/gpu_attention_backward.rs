@@ -197,8 +197,8 @@ fn run_calls(dev: &Device, target: Target) {
             let (exact, rounded) = (at(Rounding::Exact), at(Rounding::Stored(c.dtype)));
             let inputs = [&dq_in, &dk_in, &dv_in, &ddo, &o, &lse];
             let modes: &[bool] = if c.atomics { &[false, true] } else { &[true] };
-            // The default tiles, and on sm_90a also its measured ones (every dK/dV column
-            // in one block; 128 keys at d = 64).
+            // The default tiles, and on sm_90a also its tuned ones (every dK/dV column in
+            // one block at d = 96 and 128).
             let tiles: &[bool] = if target == Target::Sm90a {
                 &[false, true]
             } else {

@@ -299,15 +299,14 @@ fn f16_and_head_dims_96_128_256_match_reference() {
 
 #[test]
 fn sm90a_tiles_match_reference() {
-    // The sm_90a choices: d = 64 in 128-key blocks against 128-row query blocks (lengths
-    // past one and two blocks, causal walks with rows that see no key, a group), d = 96
-    // and 128 with every dK/dV column in one block; each case's tiles differ from the
-    // defaults.
+    // The sm_90a choices: d = 96 and 128 with every dK/dV column in one block (lengths past
+    // one and two blocks, causal walks with rows that see no key, a group); each case's
+    // tiles differ from the defaults.
     let mut rng = Rng::from_env();
     for (d, sq, sk, causal, window, h_kv, deterministic, dist) in [
-        (64, 200, 150, true, (-1, -1), 2, false, Dist::Normal),
-        (64, 130, 260, true, (-1, -1), 1, true, Dist::Large),
-        (64, 100, 100, false, (-1, -1), 2, false, Dist::Uniform),
+        (96, 200, 150, true, (-1, -1), 2, false, Dist::Normal),
+        (128, 130, 260, true, (-1, -1), 1, true, Dist::Large),
+        (96, 100, 100, false, (-1, -1), 2, false, Dist::Uniform),
         (96, 90, 75, true, (-1, -1), 2, false, Dist::Normal),
         (128, 90, 140, false, (-1, -1), 1, true, Dist::Normal),
         (128, 70, 70, true, (-1, -1), 2, false, Dist::Large),

@@ -783,8 +783,8 @@ mod tests {
     #[test]
     fn sm90a_plans_take_the_tuned_tiles_in_grid_and_kernel_alike() {
         let f32t = TorchDType::Other("torch.float32".into());
-        // d = 64: 128 keys a block (2 key blocks of 200); d = 128: 64 keys, no column split.
-        for (d, key_blocks) in [(64usize, 2), (128, 4)] {
+        // d = 96 and 128: 64 keys a block (4 key blocks of 200), no column split.
+        for (d, key_blocks) in [(96usize, 4), (128, 4)] {
             let c = call(2, 130, 200, 4, 2, d as i64);
             let mut p = plan(&c, false).expect("valid");
             p.target = Some(Target::Sm90a);
