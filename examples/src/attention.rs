@@ -12,7 +12,7 @@ pub(crate) const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// Masks the `bm x bn` score tile `s` (rows `q0..`, keys `k0..`) to `-inf` where a key lies
 /// past `sk` or outside the row's [`Window`] `w`: query `i` sees key `j` iff
 /// `i + sk - sq - left <= j` and `j <= i + sk - sq + right` (bottom-right aligned, as
-/// FlashAttention-2).
+/// FlashAttention-2), and with `chunk` also in the chunk of `i + sk - sq`.
 #[kernel_fn]
 pub(crate) fn mask(
     s: Value,
@@ -24,12 +24,18 @@ pub(crate) fn mask(
     w: Window,
 ) -> Value {
     let cols = iota([bm, bn], 1) + k0;
-    let keep = keep_left(cols < sk, cols, q0, sq, sk, (bm, bn), w);
-    let keep = if w.right >= 0 {
-        let rows = iota([bm, bn], 0) + q0;
-        keep && cols <= rows + w.ahead(sk - sq)
+    let keep = if w.chunk > 0 {
+        let diag = iota([bm, bn], 0) + q0 + (sk - sq);
+        let keep = cols < sk && cols >= w.first_key(diag, None);
+        keep && cols <= w.last_key(diag, None)
     } else {
-        keep
+        let keep = keep_left(cols < sk, cols, q0, sq, sk, (bm, bn), w);
+        if w.right >= 0 {
+            let rows = iota([bm, bn], 0) + q0;
+            keep && cols <= rows + w.ahead(sk - sq)
+        } else {
+            keep
+        }
     };
     select(keep, s, f32::NEG_INFINITY)
 }
@@ -106,6 +112,10 @@ pub struct AttentionParams {
     /// Keys after its diagonal a query sees; -1: all of them (`causal` makes it 0).
     #[comptime(default = -1)]
     pub window_right: i32,
+    /// Keys per chunk (FlashAttention 3's `attention_chunk`): a query sees only the keys of
+    /// its diagonal's chunk, within its window ([`Window`]); 0: no chunks.
+    #[comptime(default = 0)]
+    pub attention_chunk: i32,
     /// The soft-cap of the scores, `softcap * tanh(s / softcap)`; 0: off.
     #[comptime(default = 0.0)]
     pub softcap: f32,
@@ -204,7 +214,9 @@ pub fn attention_lse(
 
 /// A sliding-window mask with FlashAttention's semantics: query `i` of `sq` sees key `j` of
 /// `sk` iff `i + sk - sq - left <= j <= i + sk - sq + right` (aligned bottom-right, as the
-/// causal mask), a negative bound being unbounded; causal is `(-1, 0)`. The key-block walk
+/// causal mask), a negative bound being unbounded; causal is `(-1, 0)`. With `chunk > 0`
+/// (FlashAttention 3's `attention_chunk`) the query also sees only the keys of its chunk: `j`
+/// and its diagonal `p = i + sk - sq` in the same `floor(. / chunk)`. The key-block walk
 /// starts at the first block a row of the query block may see (`left_blocks`) and stops
 /// after the last; blocks every row sees whole skip the mask.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -213,14 +225,40 @@ pub struct Window {
     pub left: i32,
     /// Keys after the diagonal a row sees; negative: all of them.
     pub right: i32,
+    /// Keys per chunk; 0: no chunks.
+    pub chunk: i32,
 }
 
 impl Window {
     /// The window of `attention`'s comptime values: `(left, right)`, where `causal` makes
-    /// `right` 0 (FlashAttention's rule for a causal call with a window).
-    pub fn new(causal: bool, left: i32, right: i32) -> Window {
+    /// `right` 0 (FlashAttention's rule for a causal call with a window), and `chunk`.
+    pub fn new(causal: bool, left: i32, right: i32, chunk: i32) -> Window {
         let right = if causal { 0 } else { right };
-        Window { left, right }
+        Window {
+            left,
+            right,
+            chunk: chunk.max(0),
+        }
+    }
+
+    /// Whether some row's first visible key is bounded (by `left` or its chunk).
+    pub(crate) fn bounds_left(self) -> bool {
+        self.left >= 0 || self.chunk > 0
+    }
+
+    /// Whether some row's last visible key is bounded (by `right` or its chunk).
+    pub(crate) fn bounds_right(self) -> bool {
+        self.right >= 0 || self.chunk > 0
+    }
+
+    /// The window seen from the keys: the rows that see key `j` are the diagonals `p` with
+    /// `j - right <= p <= j + left` in `j`'s chunk (`p` sees `j` iff `j` sees `p` under it).
+    pub(crate) fn transposed(self) -> Window {
+        Window {
+            left: self.right,
+            right: self.left,
+            chunk: self.chunk,
+        }
     }
 
     /// `x + right` (for `right >= 0`), or `x` itself when `right` is 0, so the causal mask
@@ -228,6 +266,54 @@ impl Window {
     #[track_caller]
     pub(crate) fn ahead(self, x: Value) -> Value {
         if self.right == 0 { x } else { x + self.right }
+    }
+
+    /// The first key diagonal `p` (a scalar or a tile) sees when [`Window::bounds_left`]:
+    /// `p - left`, or the start of its chunk (chunks counted from key `origin`, else 0), the
+    /// later.
+    #[track_caller]
+    pub(crate) fn first_key(self, p: Value, origin: Option<Value>) -> Value {
+        if self.chunk <= 0 {
+            return p - self.left;
+        }
+        let start = chunk_start(p, origin, self.chunk);
+        if self.left >= 0 {
+            max(p - self.left, start)
+        } else {
+            start
+        }
+    }
+
+    /// The last key diagonal `p` sees when [`Window::bounds_right`]: `p + right`, or the last
+    /// of its chunk, the earlier.
+    #[track_caller]
+    pub(crate) fn last_key(self, p: Value, origin: Option<Value>) -> Value {
+        if self.chunk <= 0 {
+            return self.ahead(p);
+        }
+        let end = chunk_start(p, origin, self.chunk) + (self.chunk - 1);
+        if self.right >= 0 {
+            min(self.ahead(p), end)
+        } else {
+            end
+        }
+    }
+}
+
+/// The first key of the chunk of `chunk` keys holding key `p` (a scalar or a tile), chunks
+/// counted from key `origin` (0 when `None`): `origin + floor((p - origin) / chunk) chunk`,
+/// rounding down below `origin` too (integer division truncates toward 0).
+#[track_caller]
+fn chunk_start(p: Value, origin: Option<Value>, chunk: i32) -> Value {
+    use kiln::ir::dsl::Compare;
+    let x = match origin {
+        Some(o) => p - o,
+        None => p,
+    };
+    let start = select(Compare::lt(x, 0), (x + 1) / chunk - 1, x / chunk) * chunk;
+    match origin {
+        Some(o) => start + o,
+        None => start,
     }
 }
 
@@ -271,7 +357,7 @@ fn forward(
         softcap,
         ..
     } = p;
-    let w = Window::new(causal, window_left, window_right);
+    let w = Window::new(causal, window_left, window_right, p.attention_chunk);
     let bn = key_block(&p, (w, softcap), packed.is_some());
     let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
     let rows = Rows::of(q, k, b, packed);
@@ -283,15 +369,12 @@ fn forward(
     let mut m = full::<f32>([bm], f32::NEG_INFINITY);
     let mut l = zeros::<f32>([bm]);
     // Walk key blocks j0..n_blocks; those before j_unmasked or from n_unmasked on are masked.
-    let (j0, j_unmasked) = left_blocks(q0, sq, sk, (bm, bn), w);
-    let all_blocks = cdiv(sk, bn);
-    let (n_blocks, n_unmasked) = if w.right >= 0 {
-        // The last row of this block sees keys up to (q0 + bm - 1) + sk - sq + right.
-        let n = min(all_blocks, max(cdiv(w.ahead(q0 + bm + sk - sq), bn), 0));
-        (n, min(sk / bn, max(w.ahead(q0 + 1 + sk - sq) / bn, 0)))
-    } else {
-        (all_blocks, sk / bn)
-    };
+    let KeyWalk {
+        first: j0,
+        first_unmasked: j_unmasked,
+        end: n_blocks,
+        end_unmasked: n_unmasked,
+    } = KeyWalk::of(q0, sq, sk, (bm, bn), w);
     let n_blocks = rows.walk_end(q0, n_blocks);
     for j in pipelined(j0..n_blocks, stages = 2) {
         let k0 = j * bn;
@@ -458,20 +541,68 @@ fn keep_left(
     }
 }
 
+/// The key blocks query block `q0..q0 + bm` (of `sq` queries against `sk` keys, window `w`)
+/// walks, `first..end`, and those every row of it sees whole, `first_unmasked..end_unmasked`
+/// (the others need the mask).
+pub(crate) struct KeyWalk {
+    /// The first key block its first row may see (a constant 0 without a left bound).
+    pub(crate) first: Index,
+    /// The first key block no row sees past its left bound (`None`: no left bound).
+    pub(crate) first_unmasked: Option<Value>,
+    /// The block past the last one its last row may see.
+    pub(crate) end: Value,
+    /// The first key block some row sees past its right bound, or past `sk`.
+    pub(crate) end_unmasked: Value,
+}
+
+impl KeyWalk {
+    /// The walk of the query block at `q0`. A row's window is monotone in the row (so is its
+    /// chunk), so the first row bounds the start and the last the end.
+    #[track_caller]
+    pub(crate) fn of(q0: Value, sq: Value, sk: Value, (bm, bn): (usize, usize), w: Window) -> Self {
+        let (first, first_unmasked) = left_blocks(q0, sq, sk, (bm, bn), w);
+        let all_blocks = cdiv(sk, bn);
+        let (end, end_unmasked) = if w.chunk > 0 {
+            let last = w.last_key(q0 + (bm - 1) + (sk - sq), None) + 1;
+            let end = min(all_blocks, max(cdiv(last, bn), 0));
+            let first_row_last = w.last_key(q0 + (sk - sq), None) + 1;
+            (end, min(sk / bn, max(first_row_last / bn, 0)))
+        } else if w.right >= 0 {
+            // The last row of this block sees keys up to (q0 + bm - 1) + sk - sq + right.
+            let end = min(all_blocks, max(cdiv(w.ahead(q0 + bm + sk - sq), bn), 0));
+            (end, min(sk / bn, max(w.ahead(q0 + 1 + sk - sq) / bn, 0)))
+        } else {
+            (all_blocks, sk / bn)
+        };
+        KeyWalk {
+            first,
+            first_unmasked,
+            end,
+            end_unmasked,
+        }
+    }
+}
+
 /// For the query block at `q0` and a window with a left bound: the first key block its first
 /// row may see (where the walk starts) and the first key block no row of it sees past the
 /// left edge of its window (blocks before it need the mask). Without a left bound the walk
 /// starts at block 0 (a constant, as for the full and causal masks) and no block is masked on
 /// the left.
-pub(crate) fn left_blocks(
+fn left_blocks(
     q0: Value,
     sq: Value,
     sk: Value,
     (bm, bn): (usize, usize),
     w: Window,
 ) -> (Index, Option<Value>) {
-    if w.left < 0 {
+    if !w.bounds_left() {
         return (Index::Const(0), None);
+    }
+    if w.chunk > 0 {
+        let first = w.first_key(q0 + (sk - sq), None);
+        let last_row_first = w.first_key(q0 + (bm - 1) + (sk - sq), None);
+        let unmasked = max(cdiv(last_row_first, bn), 0);
+        return (Index::Value(max(first, 0) / bn), Some(unmasked));
     }
     // Row q0's first key; the block's last row, q0 + bm - 1, starts bm - 1 keys later.
     let first = q0 + sk - sq - w.left;
@@ -589,7 +720,7 @@ impl AttentionParams {
 /// bytes).
 fn key_block(p: &AttentionParams, (w, softcap): (Window, f32), packed: bool) -> usize {
     let (block_n, d) = (p.block_n, p.d.max(p.value_dim()));
-    let plain = w.left < 0 && w.right <= 0 && softcap == 0.0 && !packed;
+    let plain = w.left < 0 && w.right <= 0 && w.chunk == 0 && softcap == 0.0 && !packed;
     match block_n {
         0 if d <= 64 && plain => 128,
         0 => 64,

@@ -10,7 +10,7 @@ use kiln::ir::dsl::{Index, Tensor};
 use kiln::prelude::*;
 
 use crate::attention::{
-    LOG2E, Rows, Varlen, Window, kv_head, left_blocks, mask, needs_mask, score_factor, soft_cap,
+    KeyWalk, LOG2E, Rows, Varlen, Window, kv_head, mask, needs_mask, score_factor, soft_cap,
 };
 
 /// The comptime parameters of the backward kernels; the first seven mean what
@@ -36,6 +36,9 @@ pub struct AttentionBwdParams {
     /// Keys after its diagonal a query sees; -1: all of them (`causal` makes it 0).
     #[comptime(default = -1)]
     pub window_right: i32,
+    /// Keys per chunk a query sees (FlashAttention 3's `attention_chunk`); 0: no chunks.
+    #[comptime(default = 0)]
+    pub attention_chunk: i32,
     /// The soft-cap of the scores; 0: off.
     #[comptime(default = 0.0)]
     pub softcap: f32,
@@ -69,6 +72,7 @@ impl AttentionBwdParams {
             dtype: p.dtype,
             window_left: p.window_left,
             window_right: p.window_right,
+            attention_chunk: p.attention_chunk,
             softcap: p.softcap,
             block_m: 0,
             block_n: 0,
@@ -111,7 +115,7 @@ impl AttentionBwdParams {
     pub fn tuned(self, target: kiln::ir::Target) -> Self {
         // A soft-cap (its gradient keeps the scores) or a window's masks take the registers
         // these tiles leave: 4 to 228 bytes of spills; such calls keep the defaults.
-        let windowed = self.window_left >= 0 || self.window_right >= 0;
+        let windowed = self.window_left >= 0 || self.window_right >= 0 || self.attention_chunk > 0;
         if target != kiln::ir::Target::Sm90a || self.softcap != 0.0 || windowed {
             return self;
         }
@@ -596,6 +600,9 @@ struct QueryWalk {
 impl QueryWalk {
     #[track_caller]
     fn of(k0: Value, sq: Value, sk: Value, (bm, bn): (usize, usize), w: Window) -> QueryWalk {
+        if w.chunk > 0 {
+            return QueryWalk::chunked(k0, (sq, sk), (bm, bn), w);
+        }
         let all = cdiv(sq, bm);
         let (lo, unmasked_lo) = if w.right >= 0 {
             // Row i sees key j from i >= j - (sk - sq) - right on: the block's first key
@@ -620,6 +627,24 @@ impl QueryWalk {
             hi,
             unmasked_lo,
             unmasked_hi,
+        }
+    }
+
+    /// [`QueryWalk::of`] with chunks: the rows that see key `j` are the diagonals the
+    /// transposed window gives `j` ([`Window::transposed`]), less `sk - sq`; the first key
+    /// bounds the start and the last the end, as a query block's rows bound its key walk.
+    #[track_caller]
+    fn chunked(k0: Value, (sq, sk): (Value, Value), (bm, bn): (usize, usize), w: Window) -> Self {
+        let t = w.transposed();
+        let shift = sk - sq;
+        let last_key = k0 + (bn - 1);
+        let first = t.first_key(k0, None) - shift;
+        let last = t.last_key(last_key, None) - shift;
+        QueryWalk {
+            lo: Some(max(first, 0) / bm),
+            hi: min(cdiv(sq, bm), max(cdiv(last + 1, bm), 0)),
+            unmasked_lo: Some(cdiv(max(t.first_key(last_key, None) - shift, 0), bm)),
+            unmasked_hi: Some(max(t.last_key(k0, None) - shift + 1, 0) / bm),
         }
     }
 
@@ -664,7 +689,7 @@ fn dkdv(
     validate(&p);
     let (d, dtype, group) = (p.d, p.dtype, p.kv_group);
     let (bm, bn) = (p.rows(), p.keys());
-    let w = Window::new(p.causal, p.window_left, p.window_right);
+    let w = Window::new(p.causal, p.window_left, p.window_right, p.attention_chunk);
     let cols = p.key_cols();
     let (hk, b) = (block_id().y, block_id().z);
     // Block x owns key block x / splits and the columns of its first chunk of dK and dV.
@@ -878,8 +903,8 @@ fn store_keys(tile: kiln::ir::dsl::TileView, value: Value, rows: Rows, k_end: Va
 }
 
 /// The body of [`attention_bwd_dq`] and its varlen form: a block owns `bm` query rows of one
-/// head and walks the key blocks they see (the forward's walk: [`left_blocks`] and the
-/// right bound), accumulating `dQ = scale dS K`.
+/// head and walks the key blocks they see (the forward's walk, [`KeyWalk`]), accumulating
+/// `dQ = scale dS K`.
 #[kernel_fn]
 fn dq_walk(
     io: BwdTensors,
@@ -891,7 +916,7 @@ fn dq_walk(
     validate(&p);
     let (d, dtype) = (p.d, p.dtype);
     let (bm, bn) = (p.rows(), p.keys());
-    let w = Window::new(p.causal, p.window_left, p.window_right);
+    let w = Window::new(p.causal, p.window_left, p.window_right, p.attention_chunk);
     let cols = p.dq_cols();
     let (h, b) = (block_id().y, block_id().z);
     // Block x owns query block x / splits and the columns of its first chunk of dQ.
@@ -901,15 +926,12 @@ fn dq_walk(
     let q0 = mb * bm;
     let (qs, dos) = query_chunks(io, rows, (h, q0), (bm, cols), &chunks);
     let (lse_t, delta_t) = load_row_stats(io, rows, (h, q0), bm);
-    let (j0, j_unmasked) = left_blocks(q0, sq, sk, (bm, bn), w);
-    let all_blocks = cdiv(sk, bn);
-    let (n_blocks, n_unmasked) = if w.right >= 0 {
-        // The block's last row sees keys up to (q0 + bm - 1) + sk - sq + right.
-        let n = min(all_blocks, max(cdiv(w.ahead(q0 + bm + sk - sq), bn), 0));
-        (n, min(sk / bn, max(w.ahead(q0 + 1 + sk - sq) / bn, 0)))
-    } else {
-        (all_blocks, sk / bn)
-    };
+    let KeyWalk {
+        first: j0,
+        first_unmasked: j_unmasked,
+        end: n_blocks,
+        end_unmasked: n_unmasked,
+    } = KeyWalk::of(q0, sq, sk, (bm, bn), w);
     let n_blocks = rows.walk_end(q0, n_blocks);
     let qk_scale = scale * score_factor(p.softcap);
     let hk = kv_head(h, p.kv_group);

@@ -10,7 +10,7 @@
 use kiln::ir::dsl::Tensor;
 use kiln::prelude::*;
 
-use crate::attention::{LOG2E, score_factor, soft_cap};
+use crate::attention::{LOG2E, Window, score_factor, soft_cap};
 
 /// The comptime parameters the decode kernels share (`DecodeParams::default()`: head dim
 /// 128, bf16, a dense cache, no mask, no rotary); `-D NAME=VALUE` sets a field on the
@@ -44,6 +44,10 @@ pub struct DecodeParams {
     /// Keys after its diagonal a query sees; -1: all of them (`causal` makes it 0).
     #[comptime(default = -1)]
     pub window_right: i32,
+    /// Keys per chunk a query sees (FlashAttention 3's `attention_chunk`, chunks counted
+    /// from the sequence's leftpad); 0: no chunks.
+    #[comptime(default = 0)]
+    pub attention_chunk: i32,
     /// The soft-cap of the scores, `softcap * tanh(s / softcap)`; 0: off.
     #[comptime(default = 0.0)]
     pub softcap: f32,
@@ -157,18 +161,22 @@ impl DecodeParams {
         decode_key_block(self.block_n, self.d.max(self.value_dim()), self.page_size)
     }
 
-    /// The sliding window of these parameters (`causal` making `right` 0).
-    fn window(&self) -> (i32, i32) {
-        let right = if self.causal { 0 } else { self.window_right };
-        (self.window_left, right)
+    /// The window and chunks of these parameters (`causal` making `right` 0).
+    fn window(&self) -> Window {
+        Window::new(
+            self.causal,
+            self.window_left,
+            self.window_right,
+            self.attention_chunk,
+        )
     }
 
-    /// Whether the queries carry their own positions (causal or a window) for the rotary
-    /// embedding; otherwise every query of a sequence sits at `cache_seqlens[b]`, as
+    /// Whether the queries carry their own positions (causal, a window or chunks) for the
+    /// rotary embedding; otherwise every query of a sequence sits at `cache_seqlens[b]`, as
     /// FlashAttention rotates them.
     fn local(&self) -> bool {
-        let (left, right) = self.window();
-        left >= 0 || right >= 0
+        let w = self.window();
+        w.bounds_left() || w.bounds_right()
     }
 }
 
@@ -533,7 +541,7 @@ fn decode(
 ) {
     let (d, bm, g) = (p.d, p.block_m.max(64), p.kv_group.max(1));
     let bn = p.key_block();
-    let (left, right) = p.window();
+    let w = p.window();
     // Block y is `hk * value_blocks + cb`: the block computes value columns `cb * dv ..`.
     let (vb, dv) = (p.value_blocks(), p.value_dim() / p.value_blocks());
     let (bx, by, b) = (block_id().x, block_id().y, block_id().z);
@@ -563,13 +571,17 @@ fn decode(
     // end (or the last row's window), in key blocks.
     let t_first = min(mb * bm / g, max(sq - 1, 0));
     let t_last = min((mb * bm + bm - 1) / g, max(sq - 1, 0));
-    let lo = if left >= 0 {
-        max(lp, t_first + sk - sq - left)
+    let lo = if w.chunk > 0 {
+        max(lp, w.first_key(t_first + (sk - sq), Some(lp)))
+    } else if w.left >= 0 {
+        max(lp, t_first + sk - sq - w.left)
     } else {
         lp
     };
-    let hi = if right >= 0 {
-        min(sk, t_last + sk - sq + right + 1)
+    let hi = if w.chunk > 0 {
+        min(sk, w.last_key(t_last + (sk - sq), Some(lp)) + 1)
+    } else if w.right >= 0 {
+        min(sk, t_last + sk - sq + w.right + 1)
     } else {
         sk
     };
@@ -598,7 +610,7 @@ fn decode(
             vs
         };
         let s = soft_cap(mma(&qs, &ks.t()) * qk_scale, p.softcap);
-        let s = decode_mask(s, rows.t, k0, (sq, sk, lp), (bm, bn), (left, right));
+        let s = decode_mask(s, rows.t, k0, (sq, sk, lp), (bm, bn), w);
         let m_new = max(&m, &row_max(&s));
         // A row with no visible key so far has m_new = -inf; exponentiate against 0 so its
         // terms are exp2(-inf) = 0 rather than NaN.
@@ -684,8 +696,8 @@ fn keys_only(vs: Value, k0: Value, (lp, sk): (Value, Value), bn: usize) -> Value
 
 /// The score tile `s` with `-inf` where packed row `r` (query token `t[r]` of `sq`) may not
 /// see key `k0 + c`: before the leftpad `lp`, at or past the end `sk`, or outside the
-/// bottom-right aligned window `(left, right)` (a negative bound unbounded): `t + sk - sq -
-/// left <= j <= t + sk - sq + right`.
+/// bottom-right aligned window `w` (a negative bound unbounded): `t + sk - sq - left <= j <=
+/// t + sk - sq + right`, and with chunks in the chunk of `t + sk - sq` (counted from `lp`).
 #[kernel_fn]
 fn decode_mask(
     s: Value,
@@ -693,20 +705,27 @@ fn decode_mask(
     k0: Value,
     (sq, sk, lp): (Value, Value, Value),
     (bm, bn): (usize, usize),
-    (left, right): (i32, i32),
+    w: Window,
 ) -> Value {
     let cols = iota([bm, bn], 1) + k0;
     let keep = cols < sk && cols >= lp;
-    let diag = t.col() + (sk - sq);
-    let keep = if left >= 0 {
-        keep && cols >= diag - left
+    let keep = if w.chunk > 0 {
+        // Each row's bounds once ([bm]), then broadcast along the keys.
+        let diag = t + (sk - sq);
+        let first = w.first_key(diag, Some(lp));
+        keep && cols >= first.col() && cols <= w.last_key(diag, Some(lp)).col()
     } else {
-        keep
-    };
-    let keep = if right >= 0 {
-        keep && cols <= diag + right
-    } else {
-        keep
+        let diag = t.col() + (sk - sq);
+        let keep = if w.left >= 0 {
+            keep && cols >= diag - w.left
+        } else {
+            keep
+        };
+        if w.right >= 0 {
+            keep && cols <= diag + w.right
+        } else {
+            keep
+        }
     };
     select(keep, s, f32::NEG_INFINITY)
 }

@@ -79,15 +79,56 @@ pub fn attention_window(
     k: &HostTensor,
     v: &HostTensor,
     scale: f64,
-    window: (i64, i64),
+    window: impl Into<Window>,
     cap: Option<f64>,
 ) -> Vec<f64> {
-    attention_all(q, k, v, scale, window, cap)
+    attention_all(q, k, v, scale, window.into(), cap)
 }
 
 /// The window of a causal (`(-1, 0)`) or unmasked (`(-1, -1)`) call.
-fn causal_window(causal: bool) -> (i64, i64) {
-    if causal { (-1, 0) } else { (-1, -1) }
+fn causal_window(causal: bool) -> Window {
+    Window::from(if causal { (-1, 0) } else { (-1, -1) })
+}
+
+/// The keys a query row sees: `left` before and `right` after its diagonal key `i + sk - sq`
+/// (a negative bound unbounded; causal is `(-1, 0)`), and with `chunk > 0` (FlashAttention
+/// 3's `attention_chunk`) only the keys `j` with `floor(j / chunk) = floor(diag / chunk)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Keys before the diagonal; negative: all.
+    pub left: i64,
+    /// Keys after the diagonal; negative: all.
+    pub right: i64,
+    /// Keys per chunk; 0: no chunks.
+    pub chunk: i64,
+}
+
+impl From<(i64, i64)> for Window {
+    fn from((left, right): (i64, i64)) -> Window {
+        Window {
+            left,
+            right,
+            chunk: 0,
+        }
+    }
+}
+
+impl Window {
+    /// The keys (of `sk`) the row with diagonal key `diag` sees.
+    pub fn keys(self, diag: i64, sk: usize) -> std::ops::Range<usize> {
+        let mut lo = if self.left >= 0 { diag - self.left } else { 0 };
+        let mut hi = if self.right >= 0 {
+            diag + self.right + 1
+        } else {
+            sk as i64
+        };
+        if self.chunk > 0 {
+            let start = diag.div_euclid(self.chunk) * self.chunk;
+            (lo, hi) = (lo.max(start), hi.min(start + self.chunk));
+        }
+        let (lo, hi) = (lo.max(0), hi.min(sk as i64));
+        lo as usize..hi.max(lo) as usize
+    }
 }
 
 /// Attention with the logit soft-cap of Gemma 2: scores `cap * tanh(scale * q.k / cap)`,
@@ -99,7 +140,7 @@ pub fn attention_softcap(
     scale: f64,
     cap: f64,
 ) -> Vec<f64> {
-    attention_all(q, k, v, scale, (-1, -1), Some(cap))
+    attention_all(q, k, v, scale, Window::from((-1, -1)), Some(cap))
 }
 
 /// Every output row of [`attention_window`].
@@ -108,7 +149,7 @@ fn attention_all(
     k: &HostTensor,
     v: &HostTensor,
     scale: f64,
-    window: (i64, i64),
+    window: Window,
     cap: Option<f64>,
 ) -> Vec<f64> {
     let [b, h, sq, d] = [q.shape[0], q.shape[1], q.shape[2], q.shape[3]];
@@ -154,25 +195,17 @@ pub fn attention_row(
     )
 }
 
-/// The keys query `i` sees (`lo..hi` around its diagonal key `i + sk - sq`, within the
-/// `(left, right)` window, a negative bound unbounded) and their scores, `scale * q.k`
-/// soft-capped to `cap * tanh(s / cap)` when a cap is given.
+/// The keys query `i` sees ([`Window::keys`] of its diagonal key `i + sk - sq`) and their
+/// scores, `scale * q.k` soft-capped to `cap * tanh(s / cap)` when a cap is given.
 fn row_scores(
     q: impl Fn(usize, usize) -> f64,
     k: impl Fn(usize, usize) -> f64,
     [sq, sk, d]: [usize; 3],
     (scale, cap): (f64, Option<f64>),
-    (left, right): (i64, i64),
+    window: Window,
     i: usize,
 ) -> (std::ops::Range<usize>, Vec<f64>) {
-    let diag = i as i64 + sk as i64 - sq as i64;
-    let lo = if left >= 0 { (diag - left).max(0) } else { 0 };
-    let hi = if right >= 0 {
-        (diag + right + 1).min(sk as i64)
-    } else {
-        sk as i64
-    };
-    let keys = lo.max(0) as usize..hi.max(lo).max(0) as usize;
+    let keys = window.keys(i as i64 + sk as i64 - sq as i64, sk);
     let scores = keys
         .clone()
         .map(|j| scale * (0..d).map(|x| q(i, x) * k(j, x)).sum::<f64>())
@@ -191,7 +224,7 @@ fn attention_row_by(
     v: impl Fn(usize, usize) -> f64,
     dims: [usize; 3],
     scaling: (f64, Option<f64>),
-    window: (i64, i64),
+    window: Window,
     i: usize,
 ) -> Vec<f64> {
     let d = dims[2];
@@ -219,9 +252,10 @@ pub fn attention_lse(
     q: &HostTensor,
     k: &HostTensor,
     scale: f64,
-    window: (i64, i64),
+    window: impl Into<Window>,
     cap: Option<f64>,
 ) -> Vec<f64> {
+    let window = window.into();
     let [b, h, sq, d] = [q.shape[0], q.shape[1], q.shape[2], q.shape[3]];
     let sk = k.shape[2];
     let (qv, kv) = (q.to_f64_vec(), k.to_f64_vec());
@@ -513,8 +547,8 @@ pub struct AttentionDims {
 pub struct AttentionMath {
     /// The score scale.
     pub scale: f64,
-    /// The window, `(left, right)`.
-    pub window: (i64, i64),
+    /// The window (and chunks).
+    pub window: Window,
     /// The soft-cap, if any.
     pub cap: Option<f64>,
 }

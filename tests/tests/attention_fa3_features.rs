@@ -62,6 +62,7 @@ impl Call {
             dtype: self.dtype,
             window_left: self.window.0,
             window_right: self.window.1,
+            attention_chunk: 0,
             ..AttentionParams::tuned_pair(self.target, self.tiles, self.causal, (self.sq, self.sk))
         }
     }

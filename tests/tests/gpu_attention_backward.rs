@@ -152,6 +152,7 @@ fn run_calls(dev: &Device, target: Target) {
             dtype: c.dtype,
             window_left: c.window.0,
             window_right: c.window.1,
+            attention_chunk: 0,
             softcap: c.softcap,
             ..AttentionParams::default()
         };
@@ -181,7 +182,7 @@ fn run_calls(dev: &Device, target: Target) {
             let right = if c.causal { 0 } else { c.window.1 };
             let math = AttentionMath {
                 scale: f64::from(scale),
-                window: (i64::from(c.window.0), i64::from(right)),
+                window: (i64::from(c.window.0), i64::from(right)).into(),
                 cap: (c.softcap > 0.0).then_some(f64::from(c.softcap)),
             };
             let dims = AttentionDims {
@@ -275,6 +276,7 @@ fn run_varlen(dev: &Device, target: Target) {
             kv_group: 2,
             dtype: DType::Bf16,
             window_left: window.0,
+            attention_chunk: 0,
             window_right: window.1,
             softcap,
             deterministic,

@@ -113,6 +113,7 @@ fn run_calls(dev: &Device, target: Target) {
             dtype: c.dtype,
             window_left: c.window.0,
             window_right: c.window.1,
+            attention_chunk: 0,
             softcap: c.softcap,
             ..AttentionParams::tuned(target, d, c.causal, (sq, sk))
         };

@@ -1,7 +1,8 @@
 //! Attention's backward kernels (`kiln_examples::attention_backward`) on the CPU interpreter
 //! against the f64 reference gradients (`reference::attention_backward_f64`, itself checked
 //! by finite differences here): dense and causal (bottom-right, `sq != sk`), grouped and
-//! multi-query heads, bf16 and f16, sliding windows, soft-caps, head dims 64 and 128, lengths
+//! multi-query heads, bf16 and f16, sliding windows, chunks (`attention_chunk`), soft-caps,
+//! head dims 64 and 128, lengths
 //! no multiple of any block, rows that see no key (their dq 0, nothing NaN), large inputs,
 //! outputs poisoned; the deterministic mode's dq bitwise reproducible.
 //!
@@ -32,6 +33,8 @@ struct Call {
     dtype: DType,
     causal: bool,
     window: (i32, i32),
+    /// Keys per chunk (`attention_chunk`); 0: none.
+    chunk: i32,
     softcap: f32,
     deterministic: bool,
     /// With sm_90a's measured tiles ([`AttentionBwdParams::tuned`]), not the defaults.
@@ -53,6 +56,7 @@ impl Call {
             dtype: DType::Bf16,
             causal: false,
             window: (-1, -1),
+            chunk: 0,
             softcap: 0.0,
             deterministic: false,
             tuned: false,
@@ -67,6 +71,7 @@ impl Call {
             dtype: self.dtype,
             window_left: self.window.0,
             window_right: self.window.1,
+            attention_chunk: self.chunk,
             softcap: self.softcap,
             block_m: 0,
             block_n: 0,
@@ -86,7 +91,11 @@ impl Call {
         let right = if self.causal { 0 } else { self.window.1 };
         AttentionMath {
             scale: f64::from(scale),
-            window: (i64::from(self.window.0), i64::from(right)),
+            window: reference::Window {
+                left: i64::from(self.window.0),
+                right: i64::from(right),
+                chunk: i64::from(self.chunk),
+            },
             cap: (self.softcap > 0.0).then_some(f64::from(self.softcap)),
         }
     }
@@ -355,6 +364,34 @@ fn sliding_windows_match_reference() {
 }
 
 #[test]
+fn chunks_match_reference() {
+    // FlashAttention 3's `attention_chunk`: chunks narrower than a 64-key block, straddling
+    // block edges and wider than a block, alone, causal, with a window inside the chunk and
+    // one wider than it; sq = sk, sq < sk (the diagonal shifted into a later chunk) and
+    // sq > sk (rows before key 0, in chunks below 0); both dQ modes.
+    let mut rng = Rng::from_env();
+    let cases: [(i32, (i32, i32), bool); 5] = [
+        (40, (-1, -1), false),
+        (24, (-1, -1), true),
+        (96, (30, -1), false),
+        (50, (5, 70), false),
+        (128, (-1, 3), true),
+    ];
+    for (i, (chunk, window, causal)) in cases.into_iter().enumerate() {
+        for (sq, sk) in [(150, 150), [(70, 150), (150, 70)][i % 2]] {
+            let c = Call {
+                window,
+                chunk,
+                causal,
+                deterministic: i % 2 == 1,
+                ..Call::new(sq, sk)
+            };
+            run(&mut rng, c, Dist::Normal);
+        }
+    }
+}
+
+#[test]
 fn softcap_matches_reference() {
     // Caps inside the scores' range (large inputs saturate tanh) and above it, with masks,
     // f16 and grouped heads.
@@ -484,15 +521,20 @@ fn the_reference_gradients_are_finite_differences_of_the_forward() {
         dims.b * dims.h_kv * dims.sk * dims.d,
     );
     let (q, k, v, dout) = (draw(nq), draw(nk), draw(nk), draw(nq));
-    for (window, cap) in [
-        ((-1, -1), None),
-        ((-1, 0), None),
-        ((1, 0), Some(0.7)),
-        ((0, 1), Some(3.0)),
+    for (window, chunk, cap) in [
+        ((-1, -1), 0, None),
+        ((-1, 0), 0, None),
+        ((1, 0), 0, Some(0.7)),
+        ((0, 1), 0, Some(3.0)),
+        ((-1, -1), 2, None),
+        ((1, -1), 3, Some(2.0)),
     ] {
         let math = AttentionMath {
             scale: 0.8,
-            window,
+            window: reference::Window {
+                chunk,
+                ..window.into()
+            },
             cap,
         };
         let loss = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
@@ -513,7 +555,8 @@ fn the_reference_gradients_are_finite_differences_of_the_forward() {
             let err = rel_error(got, want);
             assert!(
                 err < 1e-7,
-                "window {window:?} cap {cap:?}: {name} off finite differences by {err:.3e}"
+                "window {window:?} chunk {chunk} cap {cap:?}: {name} off finite differences by \
+                 {err:.3e}"
             );
         }
     }
@@ -522,8 +565,8 @@ fn the_reference_gradients_are_finite_differences_of_the_forward() {
 #[test]
 fn varlen_matches_each_sequence_on_its_own() {
     // Sequences of odd lengths, one with no keys (its rows see none: dq 0), one with no
-    // queries (its keys get dk = dv = 0), sq > sk and sq < sk, causal with a window and
-    // grouped heads; both dQ modes. Every gradient of a sequence must equal its dense
+    // queries (its keys get dk = dv = 0), sq > sk and sq < sk, causal with a window, chunks
+    // (counted per sequence) and grouped heads; both dQ modes. Every gradient of a sequence must equal its dense
     // backward's; the pad rows stay poisoned. Rows no block may read are NaN: the pad rows,
     // and the unread inputs of the second and third sequences, right after the first's.
     let mut rng = Rng::from_env();
@@ -531,10 +574,12 @@ fn varlen_matches_each_sequence_on_its_own() {
         seqs: vec![(70, 50), (40, 0), (0, 30), (100, 75), (20, 60)],
         pad: (3, 5),
     };
-    for (causal, window, softcap, deterministic) in [
-        (false, (-1, -1), 0.0, false),
-        (true, (40, -1), 0.0, true),
-        (false, (20, 10), 15.0, false),
+    for (causal, window, chunk, softcap, deterministic) in [
+        (false, (-1, -1), 0, 0.0, false),
+        (true, (40, -1), 0, 0.0, true),
+        (false, (20, 10), 0, 15.0, false),
+        (true, (-1, -1), 24, 0.0, false),
+        (false, (-1, -1), 33, 0.0, true),
     ] {
         let p = AttentionBwdParams {
             d: 64,
@@ -543,6 +588,7 @@ fn varlen_matches_each_sequence_on_its_own() {
             dtype: DType::Bf16,
             window_left: window.0,
             window_right: window.1,
+            attention_chunk: chunk,
             softcap,
             deterministic,
             ..AttentionBwdParams::default()

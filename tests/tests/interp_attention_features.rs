@@ -1,6 +1,6 @@
 //! The attention example's FlashAttention features on the CPU interpreter against the f64
 //! reference: f16 beside bf16, sliding windows `(left, right)` (bottom-right aligned, causal
-//! being `(-1, 0)`), logit soft-capping, head dim 96, the log-sum-exp output
+//! being `(-1, 0)`), chunks (`attention_chunk`), logit soft-capping, head dim 96, the log-sum-exp output
 //! (`attention_lse`), and their combinations with grouped heads; shapes that are not multiples of the tiles, `sq != sk`, rows that see no key, every
 //! input distribution, outputs poisoned before the run.
 
@@ -23,6 +23,8 @@ struct Call {
     dtype: DType,
     causal: bool,
     window: (i32, i32),
+    /// Keys per chunk (`attention_chunk`); 0: none.
+    chunk: i32,
     softcap: f32,
     /// Run `attention_lse` and check its log-sum-exp too.
     lse: bool,
@@ -41,15 +43,20 @@ impl Call {
             dtype: DType::Bf16,
             causal: false,
             window: (-1, -1),
+            chunk: 0,
             softcap: 0.0,
             lse: false,
         }
     }
 
     /// The window the reference applies: FlashAttention's, where causal makes `right` 0.
-    fn reference_window(&self) -> (i64, i64) {
+    fn reference_window(&self) -> reference::Window {
         let right = if self.causal { 0 } else { self.window.1 };
-        (i64::from(self.window.0), i64::from(right))
+        reference::Window {
+            left: i64::from(self.window.0),
+            right: i64::from(right),
+            chunk: i64::from(self.chunk),
+        }
     }
 }
 
@@ -83,6 +90,7 @@ fn run(rng: &mut Rng, c: Call, dist: Dist) -> Vec<f64> {
         dtype: c.dtype,
         window_left: c.window.0,
         window_right: c.window.1,
+        attention_chunk: c.chunk,
         softcap: c.softcap,
         block_m: BLOCK_M,
     };
@@ -99,8 +107,8 @@ fn run(rng: &mut Rng, c: Call, dist: Dist) -> Vec<f64> {
     }
     let case = Case {
         kernel: format!(
-            "attention<d={},{:?},causal={},window={:?},softcap={},kv_group={group}>",
-            c.d, c.dtype, c.causal, c.window, c.softcap
+            "attention<d={},{:?},causal={},window={:?},chunk={},softcap={},kv_group={group}>",
+            c.d, c.dtype, c.causal, c.window, c.chunk, c.softcap
         ),
         shape: format!(
             "b={} h={} h_kv={} sq={} sk={} scale={scale}",
@@ -205,6 +213,48 @@ fn sliding_windows_match_reference() {
         let c = Call {
             window: (33, 17),
             ..Call::new(200, 260)
+        };
+        run(&mut rng, c, dist);
+    }
+}
+
+#[test]
+fn chunks_match_reference() {
+    // FlashAttention 3's `attention_chunk` (128-key blocks at d = 64 over 300 keys): chunks
+    // narrower than a block, straddling block edges and wider than a block; alone, causal,
+    // with a left window inside the chunk and a two-sided one wider than it; sq = sk, sq < sk
+    // (the diagonals shifted into later chunks) and sq > sk (diagonals below key 0, in
+    // negative chunks); the log-sum-exp on every other case.
+    let mut rng = Rng::from_env();
+    let cases: [(i32, (i32, i32), bool); 6] = [
+        (48, (-1, -1), false),
+        (100, (-1, -1), true),
+        (200, (30, -1), false),
+        (64, (90, 90), false),
+        (17, (-1, 2), true),
+        (256, (-1, -1), false),
+    ];
+    for (i, (chunk, window, causal)) in cases.into_iter().enumerate() {
+        for (sq, sk) in [(300, 300), [(130, 300), (300, 130)][i % 2]] {
+            let c = Call {
+                window,
+                chunk,
+                causal,
+                lse: i % 2 == 0,
+                ..Call::new(sq, sk)
+            };
+            run(&mut rng, c, Dist::Normal);
+        }
+    }
+    // Every distribution, f16 and grouped heads on one chunked call.
+    for dist in Dist::ALL {
+        let c = Call {
+            chunk: 40,
+            causal: true,
+            dtype: DType::F16,
+            h: 4,
+            h_kv: 1,
+            ..Call::new(150, 170)
         };
         run(&mut rng, c, dist);
     }

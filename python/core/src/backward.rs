@@ -385,6 +385,7 @@ impl BwdPlan {
             dtype: p.dtype,
             window_left: p.window.0,
             window_right: p.window.1,
+            attention_chunk: 0,
             softcap: p.softcap,
             block_m: 0,
             block_n: 0,

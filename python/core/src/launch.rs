@@ -46,6 +46,7 @@ pub fn comptime(plan: &Plan, target: Target) -> AttentionParams {
         dtype: plan.dtype,
         window_left: plan.window.0,
         window_right: plan.window.1,
+        attention_chunk: 0,
         softcap: plan.softcap,
         ..AttentionParams::tuned_pair(target, plan.tile_dims(), plan.causal, lengths)
     }

@@ -118,7 +118,11 @@ impl Problem {
         let scale = (rng.uniform(0.5, 1.5) / (d as f64).sqrt()) as f32;
         let math = AttentionMath {
             scale: f64::from(scale),
-            window: (i64::from(p.window_left), i64::from(right)),
+            window: reference::Window {
+                left: i64::from(p.window_left),
+                right: i64::from(right),
+                chunk: i64::from(p.attention_chunk),
+            },
             cap: (p.softcap > 0.0).then_some(f64::from(p.softcap)),
         };
         let mut parts: Vec<[Vec<f64>; 6]> = Vec::new();

@@ -34,6 +34,8 @@ pub struct Call {
     pub batch_idx: bool,
     pub causal: bool,
     pub window: (i32, i32),
+    /// Keys per chunk (`attention_chunk`, counted from the leftpad); 0: none.
+    pub chunk: i32,
     pub softcap: f32,
     /// `(rotary_dim, interleaved)`.
     pub rotary: Option<(usize, bool)>,
@@ -58,6 +60,7 @@ impl Call {
             batch_idx: false,
             causal: false,
             window: (-1, -1),
+            chunk: 0,
             softcap: 0.0,
             rotary: None,
             splits: 1,
@@ -120,6 +123,7 @@ impl Call {
             causal: self.causal,
             window_left: self.window.0,
             window_right: self.window.1,
+            attention_chunk: self.chunk,
             softcap: self.softcap,
             rotary_dim,
             rotary_interleaved,
@@ -274,16 +278,22 @@ impl Call {
         let mut out = vec![0.0; b * self.sq * heads * dv];
         let mut lse = vec![f64::INFINITY; b * heads * self.sq];
         let (left, right) = (self.window.0, if self.causal { 0 } else { self.window.1 });
-        let local = left >= 0 || right >= 0;
+        let chunk = i64::from(self.chunk);
+        let local = left >= 0 || right >= 0 || chunk > 0;
         for s in 0..b {
             let sk = (self.lens[s] + self.s_new) as i64;
             let lp = self.leftpad(s) as i64;
             for t in 0..self.sq {
                 let pos = self.lens[s] + if local { t } else { 0 };
                 let diag = t as i64 + sk - self.sq as i64;
+                // Chunks are counted from the leftpad (FlashAttention 3's keys start there).
+                let same_chunk = |j: i64| {
+                    chunk <= 0 || (j - lp).div_euclid(chunk) == (diag - lp).div_euclid(chunk)
+                };
                 let seen: Vec<usize> = (lp..sk)
                     .filter(|&j| left < 0 || j >= diag - i64::from(left))
                     .filter(|&j| right < 0 || j <= diag + i64::from(right))
+                    .filter(|&j| same_chunk(j))
                     .map(|j| j as usize)
                     .collect();
                 for h in 0..heads {
@@ -500,6 +510,25 @@ pub fn calls() -> Vec<Call> {
             leftpad: vec![3, 0, 0],
             softcap: 20.0,
             ..Call::new(2, 1, 128, 5, &[40, 2, 100])
+        },
+        // Chunks (`attention_chunk`) counted from each sequence's leftpad: 5 causal queries
+        // with an append, paged by 16, GQA 4, rotary at the queries' own positions, 3 splits;
+        // then chunks with a left window wider than them, dense, one pass.
+        Call {
+            s_new: 2,
+            page: Some(16),
+            causal: true,
+            chunk: 24,
+            leftpad: vec![0, 7, 30],
+            rotary: Some((64, false)),
+            splits: 3,
+            ..Call::new(2, 4, 64, 5, &[50, 3, 160])
+        },
+        Call {
+            chunk: 40,
+            window: (60, -1),
+            leftpad: vec![0, 11],
+            ..Call::new(1, 2, 128, 3, &[130, 95])
         },
         // Paged by 16 with a leftpad, a two-sided window and a soft-cap, f16, 7 splits, fewer
         // new keys than queries.

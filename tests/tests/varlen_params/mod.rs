@@ -15,6 +15,7 @@ pub fn params(c: &Varlen, block_n: usize, block_m: usize) -> AttentionParams {
         dtype: c.dtype,
         window_left: c.window.0,
         window_right: c.window.1,
+        attention_chunk: 0,
         softcap: c.softcap,
         block_m,
     }
