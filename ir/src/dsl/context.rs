@@ -1,9 +1,8 @@
 //! The tracing context: the [`Builder`] that the `#[kernel]` macro's generated code drives, kept
-//! in a thread-local stack while [`trace`] runs the kernel body. Operator impls cannot return
-//! errors, so the first [`Diagnostic`] raised while tracing is recorded here, every later
-//! operation that reads a poison [`Value`](super::Value) is skipped, and `trace` returns that
-//! diagnostic. The helpers that turn builder calls into values live with the type, in
-//! `super::value`, so this stack knows nothing of values.
+//! in a thread-local stack while [`trace`] runs the kernel body, with the first [`Diagnostic`]
+//! raised (why only the first: [`trace`], "Errors"). The helpers that turn builder calls into
+//! [`Value`](super::Value)s live with the type, in `super::value`, so this stack knows nothing
+//! of values.
 
 use std::cell::RefCell;
 

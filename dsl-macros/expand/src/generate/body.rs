@@ -11,15 +11,10 @@ use syn::{BinOp, Block, Expr, ExprForLoop, ExprIf, Ident};
 use crate::parse::body::{assigned_outer, assigned_outer_expr, pat_idents};
 use crate::paths;
 
-/// Rewrites `block` in place:
-///
-/// - `[e0, e1]` -> `[IntoIndex::into_index(e0), ..]` (shapes and coordinates);
-/// - `a < b` (and `<= > >= == !=`) -> `Compare::lt(a, b)`; `a && b` -> `Logic::and(a, b)`;
-/// - `if c { .. } else { .. }` -> `Condition::branch(c, vars, |vars| .., |vars| ..)`;
-/// - `for i in a..b { .. }` -> `for_loop(range(a, b), vars, |i, vars| ..)`, except
-///   `for i in unroll(a..b)`, which stays a Rust loop.
-///
-/// `vars` are the outer variables the construct assigns, passed in and returned by value.
+/// Rewrites `block` in place: index lists, comparisons, `&&` and `||`, and runtime `if` and
+/// `for` become calls of the DSL's traits (the table on `kiln_ir::dsl::trace`); `for i in
+/// unroll(a..b)` stays a Rust loop. Outer variables a construct assigns are passed in and
+/// returned by value.
 pub fn rewrite_body(block: &mut Block) {
     Rewriter.visit_block_mut(block);
 }
