@@ -3,9 +3,8 @@
 FlashAttention 2's low-level functions (`_flash_attn_forward`, `_flash_attn_backward` and
 their varlen forms), with its names, arguments and meanings, registered as custom ops in the
 `kiln_attn` namespace with fake implementations, so `torch.compile(fullgraph=True)` traces
-them without a graph break; `FlashAttnFunc` and `FlashAttnVarlenFunc` are the autograd
-Functions `flash_attn_func` and `flash_attn_varlen_func` use. Signatures and what each
-returns: `docs/python.md`, "Training".
+them; `FlashAttnFunc` and `FlashAttnVarlenFunc` are the autograd Functions `flash_attn_func`
+and `flash_attn_varlen_func` use. What each returns: `docs/python.md`, "Training".
 """
 
 from typing import Optional, Tuple
