@@ -3,9 +3,9 @@
 //! every registered kernel by name; `kiln_attn/*.py` adds FlashAttention's argument orders,
 //! autograd and the custom ops. Tensors are read through `shape`, `stride()`, `dtype`, `device`
 //! and `data_ptr()`, not DLPack: a few attribute reads, no capsule or stream handshake, and the
-//! CPU tests may pass tensor-like objects. torch is imported once, at the first launch (the stream).
+//! CPU tests may pass tensor-like objects. torch is imported once, at the first launch.
 //!
-//! **Architecture invariant:** no rule lives here; checks and launch planning are `kiln-attn-core`'s.
+//! **Architecture invariant:** no rule lives here; checks and launch plans are `kiln-attn-core`'s.
 
 use kiln_attn_core::args::Place;
 use kiln_attn_core::args::{
