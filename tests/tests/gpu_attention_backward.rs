@@ -4,7 +4,7 @@
 //! deterministic second kernel, whose bits must repeat), over the features and shapes of
 //! `interp_attention_backward`; on sm_90a both the default tiles and the measured ones
 //! (`AttentionBwdParams::tuned`: dQ added by bulk reductions); and the varlen kernels over packed
-//! batches whose rows past each sequence are NaN where no block may read them. Skips without a GPU.
+//! batches whose rows past each sequence are NaN where no block may read them.
 
 mod bwd_varlen;
 mod gpu_common;

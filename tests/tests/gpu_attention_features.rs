@@ -3,7 +3,7 @@
 //! grouped-query heads, over ragged lengths, `sq > sk` (rows outside every window must be 0),
 //! every input distribution, NaN-poisoned outputs and K read through padded rows; then the
 //! single-launch varlen kernels over packed ragged batches with empty sequences, against each
-//! sequence's reference, and with offsets of any value, which must not fault. Skips without a GPU.
+//! sequence's reference, and with offsets of any value, which must not fault.
 
 mod gpu_common;
 mod varlen_params;

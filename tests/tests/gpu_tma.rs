@@ -1,9 +1,8 @@
 //! Hopper runtime groundwork on a real GPU, with hand-written sm_90a PTX: TMA tensor maps passed
 //! by value (SW128 boxes of 64x64 bf16 completed on an mbarrier), a wgmma m64n64k16 chain over
 //! K = 64 reading them, and thread-block cluster launches through `cuLaunchKernelEx`
-//! (distributed shared memory). Without a GPU the tests print "skipped: no CUDA driver", on
-//! other GPUs "skipped: needs an sm_90 GPU"; each case runs in its own child process
-//! ([`isolated`]).
+//! (distributed shared memory). Without a Hopper GPU its GPU tests are reported ignored, with the
+//! reason; each case runs in its own child process ([`isolated`]).
 
 mod gpu_common;
 
