@@ -2,10 +2,10 @@
 //!
 //! Opens a GPU ([`Device`]), moves tensors to and from it ([`DeviceTensor`], with strided views)
 //! and launches kernels ([`Device::launch`]: arguments checked against the signature, compiled
-//! through `kiln_ptx::compile` unless cached, JIT-loaded with the driver's error log). Memory and
-//! streams of other libraries (PyTorch's) are borrowed, not copied ([`Device::borrow_tensor`],
-//! [`Device::launch_on_stream`]); `KILN_DUMP=ir,ptx` dumps each specialisation ([`dump`]).
-//! Without a CUDA driver [`Device::new`] returns [`RuntimeError::NoDriver`]; nothing panics.
+//! unless cached, JIT-loaded with the driver's error log). Other libraries' memory and streams
+//! are borrowed ([`Device::borrow_tensor`], [`Device::launch_on_stream`]); `KILN_DUMP=ir,ptx`
+//! dumps each specialisation ([`dump`]). The driver is loaded at run time, so the crate builds
+//! and runs without CUDA: [`Device::new`] returns [`RuntimeError::NoDriver`]; nothing panics.
 
 // The driver is loaded through cudarc's dynamic loading; without one
 // `Device::is_available` is false.
