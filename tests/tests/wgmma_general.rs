@@ -1,10 +1,11 @@
 //! sm_90a's wgmma outside a warp-specialised ring, checked on the CPU: the kernels of
 //! `wgmma_kernels/` (transposed operands in one and two warpgroups, a chained mma with a register
-//! A, an A gathered once before a loop of mmas) against f64 references on the interpreter; which
-//! mmas the plan takes, with a note at each one it does not; the PTX's structure (wgmma groups
-//! fenced, committed and waited for before the accumulator is touched, shared stores fenced into
-//! the async proxy), assembled by both ptxas with no spill; sm_80 unchanged; one PTX snapshot.
-//! The GPU runs are in `gpu_wgmma_general.rs`.
+//! A, an A gathered once before a loop of mmas and written once to shared memory) against f64
+//! references on the interpreter; which mmas the plan takes (those kernels', `mma_kernels/`' and
+//! attention's backward's) and the note at each it does not; the PTX's structure (no mma.sync,
+//! wgmma groups fenced, committed and waited for before the accumulator is touched, shared
+//! stores fenced into the async proxy), through both ptxas with no spill; sm_80 unchanged; one
+//! PTX snapshot. The GPU runs: `gpu_wgmma_general.rs`.
 
 mod mma_kernels;
 mod wgmma_kernels;
