@@ -1,13 +1,9 @@
-//! `mma` of shared-memory operands: per 16-wide step of K, `ldmatrix` fragments of A and B
-//! from their buffers and one `mma.sync.m16n8k16` per 16x8 fragment of the warp's accumulator
-//! sub-tile, through LLVM 14's NVVM intrinsics (`llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4[.trans].b16`,
-//! `llvm.nvvm.mma.m16n8k16.row.col.bf16` and, for f16, `.f32.f32`); no inline asm.
-//!
-//! The accumulator is the result's `#mma` layout. Its distribution says where each register
-//! is: a fragment's C/D elements `c0..c3` of lane `4g + q` are at `(g, 2q)`, `(g, 2q + 1)`,
-//! `(g + 8, 2q)`, `(g + 8, 2q + 1)` of the fragment (the lane part of the thread terms,
-//! fixed by the hardware), so a register's offsets name its fragment and element; the warp's
-//! origin in the tile is the warp-level part (`div >= 32`) of the thread terms.
+//! `mma` of shared-memory operands: per 16-wide step of K, `ldmatrix` fragments of A and B from
+//! their buffers and one `mma.sync.m16n8k16` per 16x8 fragment of the warp's accumulator
+//! sub-tile, through LLVM 14's NVVM intrinsics
+//! (`llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4[.trans].b16`, `llvm.nvvm.mma.m16n8k16.row.col.bf16`
+//! and, for f16, `.f32.f32`); no inline asm. The accumulator is the result's `#mma` layout
+//! ([`fragment_registers`]).
 
 use std::collections::HashMap;
 
@@ -208,6 +204,11 @@ impl<'ctx> Lower<'_, 'ctx> {
 
 /// Per 16x8 fragment of the warp's sub-tile (row-major), the indices of its four C/D
 /// elements among the accumulator's registers; `None` if the distribution lacks one.
+///
+/// Elements `c0..c3` of lane `4g + q` are at `(g, 2q)`, `(g, 2q + 1)`, `(g + 8, 2q)`,
+/// `(g + 8, 2q + 1)` of the fragment (the lane part of the thread terms, fixed by the
+/// hardware), so a register's offsets name its fragment and element; the warp's origin in
+/// the tile is the warp-level part (`div >= 32`) of the thread terms.
 fn fragment_registers(d: &Distribution, fm: u32, fn_: u32) -> Option<Vec<[usize; 4]>> {
     let index: HashMap<&[u32], usize> = d
         .regs

@@ -1,12 +1,11 @@
 //! # kiln-ptx: the PTX backend
 //!
 //! Turns a verified kernel into PTX text for a [`Target`]: [`compile`] runs the pass pipeline
-//! (`kiln_ir::passes`) on a copy of the kernel, then [`writer::Writer`] writes the module: the
-//! generic writer as sm_80 runs it (`mma.sync`, `ldmatrix`, `cp.async`), or, for a kernel with
-//! a schedule IR, its target family's writer (sm_90a TMA/wgmma, sm_100a `tcgen05.mma` with
-//! tensor memory). The launch ABI is specified in [`abi`] ([`abi::slots`] lists an entry's
-//! parameters for the runtime). Output is deterministic: registers are numbered in writing
-//! order, and every IR op is preceded by a comment with its source location and printed form.
+//! (`kiln_ir::passes`) on a copy of the kernel, then [`writer::Writer`] writes the module with the
+//! generic writer as sm_80 runs it (`mma.sync`, `ldmatrix`, `cp.async`) or, for a kernel with a
+//! schedule IR, its target family's writer (sm_90a TMA/wgmma, sm_100a `tcgen05.mma` with tensor
+//! memory). The launch ABI: [`abi`]. Output is deterministic: registers numbered in writing order,
+//! every IR op preceded by a comment with its source location and printed form.
 
 // The generic writer (`emit`) writes the kernel's own ops (warp shuffles included). A
 // family writer (`sm90a`, `sm100a`) walks the schedule's roles and has the generic writer

@@ -1,15 +1,11 @@
-//! GEMMs with fused epilogues: `act(a @ b + bias)` and `alpha * (a @ b) + beta * c`, bf16
-//! or f16 tensors (the comptime `dtype`), f32 accumulation and epilogue arithmetic.
+//! GEMMs with fused epilogues, `act(a @ b + bias)` and `alpha * (a @ b) + beta * c`: bf16 or
+//! f16 tensors, f32 accumulation and epilogue arithmetic. Both share
+//! [`gemm`](crate::gemm::gemm)'s tile parameters, grid and pipelined `mainloop`, so the sm_90a
+//! passes schedule them as the gemm; only what happens to `acc` after the loop differs.
 //!
-//! Both share [`gemm`](crate::gemm::gemm)'s tile parameters, grid and mainloop (one
-//! pipelined loop into an f32 accumulator, `mainloop`), so the sm_90a passes schedule them
-//! as they schedule the gemm (warp specialisation, TMA ring, persistent tiles, the TMA-store
-//! epilogue); only what happens to `acc` after the loop differs.
-//!
-//! Both declare 8 warps, the sm_80 schedule (each warp a 64x32 sub-tile, where the gemm has
-//! 4 of 64x64): the epilogue's tiles beside the accumulator (`c`, or the activation's
-//! temporaries) take 4 warps past 255 registers into spills. On sm_90a wgmma fixes the
-//! warps, as for the gemm.
+//! Both declare 8 warps for sm_80, each a 64x32 sub-tile: the gemm's 4 of 64x64 would take the
+//! epilogue's tiles (`c`, an activation's temporaries) past 255 registers into spills. On sm_90a
+//! wgmma fixes the warps, as for the gemm.
 
 use kiln::prelude::*;
 

@@ -1,14 +1,9 @@
 //! Random kernels from the fuzzer's bytes (`kiln_tests::random_kernel`) through the whole
-//! pipeline for every target: passes (the verifier after each), PTX writer and, when
-//! `KILN_PTXAS` is set, ptxas; then the interpreter. Unlike `ir`, which only looks for
-//! panics, this target fails on every kiln bug the checker sees: an internal error, an error
-//! that names no source line or quotes the IR, a kernel a pass leaves unverifiable, PTX that
-//! ptxas rejects, an interpreter error that is kiln's. An "unsupported at your line" error is
-//! an answer.
-//!
-//! `KILN_PTXAS=$(scripts/ensure-cuda-tool ptxas) RUSTC_BOOTSTRAP=1 cargo fuzz run pipeline`.
-//! On the stable toolchain, the same judge runs for a given time from a seed:
-//! `KILN_FUZZ_SECONDS=600 KILN_SEED=N cargo test -p kiln-tests --test random_kernels`.
+//! pipeline for every target (passes with the verifier after each, PTX writer, ptxas when
+//! `KILN_PTXAS` is set), then the interpreter. Unlike `ir`, which looks only for panics, this
+//! target fails on every kiln bug the checker sees (`random_kernel::Outcome`); an "unsupported
+//! at your line" error is an answer. How to run it, and its stable-toolchain twin:
+//! `docs/testing.md`, "Fuzzing".
 
 #![no_main]
 

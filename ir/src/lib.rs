@@ -1,12 +1,11 @@
 //! # kiln-ir: the tile IR
 //!
 //! A kiln kernel is a program of SSA scalars and register tiles ([`types::Type`]) run by every
-//! thread block of a grid, reaching global memory only through bounds-checked tensor parameters.
-//! The `#[kernel]` macro builds it through [`dsl`] and [`builder::Builder`]; [`verify`] checks
-//! it; the pass list in [`passes`] rewrites it for a [`target::Target`] (on sm_90a and sm_100a
-//! into the schedule IR, [`sched`]); crate `kiln-ptx` writes it as PTX. [`interp`] runs it on
-//! the CPU as the reference for every GPU result. kiln-ir knows nothing of PTX text, syn or the
-//! CUDA driver. The IR's semantics: `docs/pipeline.md`, "The tile IR".
+//! thread block of a grid, reaching global memory only through bounds-checked tensor parameters
+//! (semantics: `docs/pipeline.md`, "The tile IR"). `#[kernel]` builds it ([`dsl`],
+//! [`builder::Builder`]); [`verify`] checks it; [`passes`] rewrite it for a [`target::Target`]
+//! (into the schedule IR, [`sched`], on sm_90a and sm_100a); `kiln-ptx` writes it as PTX;
+//! [`interp`] runs it on the CPU as the reference. It knows nothing of PTX text, syn or CUDA.
 
 pub mod access;
 pub mod arena;

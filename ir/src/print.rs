@@ -1,14 +1,6 @@
-//! The IR's text form, used in dumps, snapshots and diagnostics.
-//!
-//! ```text
-//! kernel softmax(x: tensor<f32,2>, y: tensor_mut<f32,2,a16>) num_warps=4 {
-//!   %0 = block_id.x : i32                                   // examples/src/softmax.rs:14:13
-//!   %1 = load x[%0, %2] : rt<f32,4x1024>
-//!   %5 = for %3 = %a to %b step %c iter(%4 = %1) stages=2 -> (rt<f32,4x1024>) { ... }
-//! }
-//! ```
-//! Every op is one line ending with a comment naming the user's source location. Values
-//! print by handle (`%12`), so verifier errors and PTX comments refer to the same names.
+//! The IR's text form, used in dumps, snapshots and diagnostics: one line per op, ending
+//! with a comment naming the user's source location. Values print by handle (`%12`), so
+//! verifier errors and PTX comments refer to the same names.
 
 use std::fmt::Write;
 
@@ -17,7 +9,15 @@ use crate::kernel::{Block, Kernel, OpId, OpKind, Param, ValueId};
 /// Column at which the source-location comment starts.
 const LOC_COLUMN: usize = 64;
 
-/// Prints a whole kernel.
+/// Prints a whole kernel:
+///
+/// ```text
+/// kernel softmax(x: tensor<f32,2>, y: tensor_mut<f32,2,a16>) num_warps=4 {
+///   %0 = block_id.x : i32                                   // examples/src/softmax.rs:14:13
+///   %1 = load x[%0, %2] : rt<f32,4x1024>
+///   %5 = for %3 = %a to %b step %c iter(%4 = %1) stages=2 -> (rt<f32,4x1024>) { ... }
+/// }
+/// ```
 pub fn print_kernel(kernel: &Kernel) -> String {
     let mut out = String::new();
     let params: Vec<String> = kernel.params.iter().map(param_str).collect();

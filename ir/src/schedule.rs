@@ -1,12 +1,8 @@
 //! Scheduling annotations the passes attach to a kernel: register-tile layouts, shared-memory
-//! buffers and per-loop pipeline plans.
-//!
-//! They live in side tables ([`Schedule`]) so the semantic ops stay untouched and the
-//! interpreter keeps working on a scheduled kernel. A layout says which thread holds which
-//! element of a register tile; [`Layout::distribution`] turns it into the one form every
-//! consumer (reductions, broadcasts, the PTX writer) works with: per dimension, a coordinate
-//! `sum_t ((tid / div_t) % modulo_t) * mul_t` that depends on the thread, plus a compile-time
-//! offset per register.
+//! buffers and per-loop pipeline plans. They live in side tables ([`Schedule`]) so the semantic
+//! ops stay untouched and the interpreter keeps working on a scheduled kernel. A layout says
+//! which thread holds which element of a register tile; [`Layout::distribution`] turns it into
+//! the one form every consumer works with ([`Distribution`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -84,7 +80,10 @@ impl Term {
     }
 }
 
-/// A layout made concrete for one shape: see the module doc.
+/// A layout made concrete for one shape, the one form every consumer of a layout
+/// (reductions, broadcasts, the PTX writer) works with: per dimension, a coordinate
+/// `sum_t ((tid / div_t) % modulo_t) * mul_t` that depends on the thread, plus a compile-time
+/// offset per register.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Distribution {
     /// Per dimension, the thread-dependent terms of the coordinate.

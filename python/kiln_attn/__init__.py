@@ -1,26 +1,10 @@
-"""kiln's kernels for PyTorch, on PyTorch's CUDA tensors in place and its current stream.
-
-- `flash_attn_func`, `flash_attn_varlen_func`: FlashAttention 2's interface, argument for
-  argument (`dropout_p` fourth; `dropout_p` > 0 and `alibi_slopes` raise a ValueError), over
-  kiln's DSL attention, forward and backward: differentiable in q, k, v (the backward runs
-  kiln's backward kernels on the saved log-sum-exp; `deterministic=True` gives the same bits
-  every run), traceable by `torch.compile(fullgraph=True)`.
-- `_flash_attn_forward`, `_flash_attn_backward` and their varlen forms: FlashAttention 2's
-  low-level functions (the backward writes the caller's dq, dk, dv buffers and returns
-  softmax_d), `torch.library` custom ops `torch.ops.kiln_attn.*` with fake implementations
-  (`kiln_attn.autograd`; these need torch).
-- `kiln_attn.fa3`: FlashAttention 3's `flash_attn_func` / `flash_attn_varlen_func` argument
-  order and window rule.
-- `flash_attn_with_kvcache`, `flash_attn_combine`: FlashAttention's decoding against a
-  key/value cache (dense or paged, new keys appended in place, rotary, split-KV) and its
-  split combine (`kiln_attn.kvcache`; FlashAttention 3's argument order in `kiln_attn.fa3`).
-- `interpreter()`: a context in which attention runs on kiln's CPU interpreter over CPU
-  tensors (tests without a GPU).
-- `kernels()`, `kernel(name)`: any registered `#[kernel]` of kiln's library, inspected and
-  launched by name (`kernel("layer_norm").launch(grid, x, w, b, y, mean, rstd, 1e-5)`).
-- `kiln_attn.ops`: the library kernels as PyTorch-style functions (`ops.softmax(x, dim=-1)`,
-  `ops.layer_norm`, `ops.rms_norm`, `ops.cross_entropy`, their backward passes, `ops.rotary`,
-  `ops.dropout`), imported on first use since it needs torch (this module does not).
+"""kiln's kernels for PyTorch, on PyTorch's CUDA tensors in place and its current stream:
+FlashAttention 2's `flash_attn_func`, `flash_attn_varlen_func` (differentiable, traceable by
+`torch.compile`) and low-level `_flash_attn_*` ops, FlashAttention 3's interface in
+`kiln_attn.fa3`, `flash_attn_with_kvcache` and `flash_attn_combine` for decoding,
+`interpreter()` (the same calls on CPU tensors), `kernels()` and `kernel(name)` for any
+registered kernel, and `kiln_attn.ops` (imported on first use: it needs torch; this module
+does not). Each is described in `docs/python.md`.
 """
 
 import sys

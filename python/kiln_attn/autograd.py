@@ -1,37 +1,10 @@
 """Attention's autograd and torch.library custom ops (imports torch).
 
-FlashAttention 2's low-level functions, with its names, arguments and meanings, registered as
-custom ops in the `kiln_attn` namespace (so `torch.compile(fullgraph=True)` traces a model that
-calls them, or `flash_attn_func`, without a graph break; each has a fake implementation giving
-its outputs' shapes and dtypes):
-
-- `_flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left,
-  window_size_right, softcap, alibi_slopes, return_softmax) -> (out, softmax_lse, S_dmask,
-  rng_state)`: out (batch, seqlen_q, nheads, headdim_v) (v's head dim, which may differ from
-  q's and k's, as FlashAttention 3's); softmax_lse (batch, nheads, seqlen_q) float32; S_dmask FlashAttention's empty
-  tensor (it returns probabilities only with dropout); rng_state a (2,) int64 tensor of zeros
-  (no dropout, no random state).
-- `_flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale,
-  causal, window_size_left, window_size_right, softcap, alibi_slopes, deterministic,
-  rng_state=None) -> softmax_d`: writes dq, dk, dv (the caller's buffers; None allocates one
-  whose result is dropped, as FlashAttention) and returns softmax_d = rowsum(dout * out),
-  (batch, nheads, seqlen_q) float32 (FlashAttention pads its last dimension to a multiple
-  of 128; kiln's is seqlen_q). A forward whose v's head dim differs from q's has no backward
-  yet: a ValueError naming v.
-- `_flash_attn_varlen_forward` and `_flash_attn_varlen_backward`: the same over packed
-  batches (FlashAttention 2's varlen arguments; softmax_lse and softmax_d (nheads, total_q)).
-  `block_table` and `leftpad_k` must be None; `seqused_k` (and kiln's keyword `seqused_q`,
-  last) are FlashAttention 3's used lengths (forward only).
-
-Every op takes one argument more than FlashAttention's, last and defaulted: `fa3_window=False`
-(True: FlashAttention 3's window rule, used by `kiln_attn.fa3`). `dropout_p` other than 0 and
-`alibi_slopes` raise a ValueError naming them. Each tensor is checked natively (a ValueError
-naming it: a gradient or buffer of the wrong shape, dtype or device) before any kernel runs.
-Inside `kiln_attn.interpreter()` the ops run on kiln's CPU interpreter over CPU tensors.
-
-`FlashAttnFunc` and `FlashAttnVarlenFunc` are the autograd Functions flash_attn_func and
-flash_attn_varlen_func use: the forward saves q, k, v, out and the log-sum-exp; the backward
-calls the backward op.
+FlashAttention 2's low-level functions (`_flash_attn_forward`, `_flash_attn_backward` and
+their varlen forms), with its names, arguments and meanings, registered as custom ops in the
+`kiln_attn` namespace with fake implementations, so `torch.compile(fullgraph=True)` traces
+them; `FlashAttnFunc` and `FlashAttnVarlenFunc` are the autograd Functions `flash_attn_func`
+and `flash_attn_varlen_func` use. What each returns: `docs/python.md`, "Training".
 """
 
 from typing import Optional, Tuple

@@ -1,20 +1,9 @@
-"""The decode path's checks and launches (`kvcache`, `flash_attn_combine`), over kiln's decode
+"""The decode path's checks and launches (`kvcache`, `flash_attn_combine`) over kiln's decode
 kernels (`kiln_examples::attention_decode`); `kiln_attn.kvcache` holds the public entry.
-
-A call launches, on PyTorch's current stream (or the interpreter inside
-`kiln_attn.interpreter()`), in order: `kv_cache_append` (the new keys and values written into
-the cache in place, keys rotated), `rotary_q` (with rotary tables), then `attention_decode`,
-or `attention_decode_split` and `attention_decode_combine` (flash-decoding). The caches are
-passed to the kernels as views (`[pages, heads_k, page, d]` through the strides), never
-copied, so the append lands in the caller's tensors.
-
-Every argument is checked before anything is allocated or launched, by reading shapes,
-strides, dtypes and devices only: nothing here reads a tensor's values on the host (no
-synchronisation; a decode step is capturable in a CUDA graph). Values the host cannot see (a
-page table pointing past the cache, lengths beyond it) make the kernels skip or clamp the
-accesses, never read or write outside a tensor.
-
-torch is imported only once the checks have passed, so the checks run on fake tensors.
+Every argument is checked from shapes, strides, dtypes and devices alone, before anything is
+allocated or launched (no tensor value is read on the host, so a decode step is capturable in
+a CUDA graph), and torch is imported only after the checks, so they run on fake tensors. The
+launches and the caches' views: `docs/python.md`, decoding.
 """
 
 import operator

@@ -1,18 +1,8 @@
 """FlashAttention 3's `flash_attn_func`, `flash_attn_varlen_func`, `flash_attn_with_kvcache` and
-`flash_attn_combine` (its `hopper` interface),
-argument for argument, over kiln's kernels: code written for FlashAttention 3 imports these
-instead (`from kiln_attn.fa3 import flash_attn_func`).
-
-FlashAttention 3's order differs from 2's: no `dropout_p`, `softmax_scale` fourth. Its window
-rule differs too: a bound is unbounded only when it masks nothing (`left >= seqlen_k - 1`,
-`right >= seqlen_q - 1`), so a right bound between seqlen_k and seqlen_q - 1 still masks the
-first rows when seqlen_q > seqlen_k (FlashAttention 2 drops it). `return_attn_probs=True`
-returns `(out, softmax_lse)`, as FlashAttention 3.
-
-What kiln does not compute raises a ValueError naming the argument: `qv`, the FP8 descales
-`q_descale` / `k_descale` / `v_descale`, `attention_chunk` other than 0; in `flash_attn_with_kvcache`, `qv`, `cu_seqlens_q`,
-`cu_seqlens_k_new`, `max_seqlen_q`, `rotary_seqlens` and `scheduler_metadata`. `num_splits`, `pack_gqa` and `sm_margin` are FlashAttention 3's
-performance hints, which change no result: accepted, with kiln choosing its own schedule.
+`flash_attn_combine` (its `hopper` interface), argument for argument, over kiln's kernels:
+code written for FlashAttention 3 imports these instead (`from kiln_attn.fa3 import
+flash_attn_func`). How its order, window rule and refused arguments differ from
+FlashAttention 2's: `docs/python.md`, `kiln_attn.fa3`.
 """
 
 from . import _native

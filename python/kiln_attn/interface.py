@@ -1,16 +1,9 @@
 """FlashAttention 2's `flash_attn_func` and `flash_attn_varlen_func`, argument for argument.
 
-The functions take FlashAttention 2's arguments in its order (`dropout_p` fourth, then
-`softmax_scale`), so code written for `flash_attn` runs unchanged, and differ only where kiln
-does not compute what was asked: `dropout_p` other than 0 and `alibi_slopes` raise a
-`ValueError` naming the argument instead of being ignored. kiln's extras are keyword-only:
-`out=` (a tensor to write instead of allocating; not with autograd, as torch's own `out=`
-functions) and `return_lse=True` (returns `(out, softmax_lse)`).
-
 Without gradients (no input requires grad, or under `torch.no_grad()`) a call goes straight
 to the native forward; with them, or under `torch.compile`, through the autograd Function and
-the `torch.library` custom ops of `kiln_attn.autograd`, whose backward runs kiln's backward
-kernels. This module does not import torch: called with tensors, torch is already imported.
+the custom ops of `kiln_attn.autograd`. This module does not import torch: called with
+tensors, torch is already imported. Arguments and extras: `docs/python.md`.
 """
 
 import sys

@@ -1,14 +1,9 @@
 """kiln's library kernels as PyTorch-style functions over CUDA tensors.
 
-Each function checks its arguments (TypeError / ValueError naming the argument), allocates
-its outputs with torch, picks the kernel's comptime values from the shape through one
-`config_*` function per kernel (the place to retune), and launches the registered kernel on
-PyTorch's current stream (`kiln_attn.kernel`). `softmax`, `layer_norm`, `rms_norm`,
-`cross_entropy` and `dropout` are differentiable (torch.autograd.Function over the backward
-kernels) when called with gradients enabled on an input that requires them.
-
-Arithmetic is in f32 whatever the storage type; statistics (layer norm's mean / rstd, RMS
-norm's rstd, cross-entropy's loss and log-sum-exp) are f32.
+Each checks its arguments (TypeError / ValueError naming the argument), allocates its outputs
+with torch, picks the kernel's comptime values from the shape in one `config_*` function per
+kernel (the place to retune), and launches the registered kernel on PyTorch's current stream.
+Arithmetic is in f32 whatever the storage type, and statistics are f32 (`docs/python.md`).
 """
 
 import math

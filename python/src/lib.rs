@@ -1,17 +1,11 @@
-//! The `kiln_attn._native` Python module: attention's forward and backward over PyTorch
-//! tensors (CUDA tensors in place on the caller's current stream, or CPU tensors on kiln's
-//! interpreter), run by kiln's DSL kernels with no copy, and every registered kernel by name.
-//! The package's Python layer (`kiln_attn/interface.py`, `autograd.py`, `fa3.py`) adds
-//! FlashAttention's argument orders, autograd and the `torch.library` custom ops on top.
+//! The `kiln_attn._native` Python module: attention's forward and backward over PyTorch tensors
+//! (CUDA tensors in place on the caller's current stream, CPU tensors on kiln's interpreter) and
+//! every registered kernel by name; `kiln_attn/*.py` adds FlashAttention's argument orders,
+//! autograd and the custom ops. Tensors are read through `shape`, `stride()`, `dtype`, `device`
+//! and `data_ptr()`, not DLPack: a few attribute reads, no capsule or stream handshake, and the
+//! CPU tests may pass tensor-like objects. torch is imported once, at the first launch.
 //!
-//! Tensors are read through the attributes every `torch.Tensor` has (`shape`, `stride()`,
-//! `dtype`, `device`, `data_ptr()`), not through DLPack: that is a few attribute reads per
-//! tensor, no capsule and no stream handshake, and it lets the CPU-side tests pass plain
-//! Python objects that look like tensors. The extension does not import torch to check
-//! arguments; it imports it once, on the first launch, to find the current stream.
-//!
-//! **Architecture invariant:** no rule lives here. Checks and launch planning are in
-//! `kiln-attn-core`; this file only converts between Python and Rust.
+//! **Architecture invariant:** no rule lives here; checks and launch plans are `kiln-attn-core`'s.
 
 use kiln_attn_core::args::Place;
 use kiln_attn_core::args::{

@@ -1,13 +1,10 @@
-//! Autotuning: a kernel declares candidates for comptime parameters
-//! (`#[comptime(tune = [64, 128])]`); on first use per shape bucket, [`Device::autotune`] times
-//! every combination of them (CUDA events, after warm-up, the median of several runs), keeps
-//! the fastest in memory and in the disk cache (`autotune/<key>.json` under its directory), and
-//! reuses it. A candidate that does not compile (over a shared-memory or register budget) is
-//! skipped. `KILN_AUTOTUNE=0` turns it off: the spec is used as given. A progress bar shows
-//! the search.
-//!
-//! The key hashes everything the choice depends on: kiln's version, the kernel, its spec
-//! without the tuned values, the caller's shape bucket, the target, the GPU and the driver.
+//! Autotuning: a kernel declares candidates for comptime parameters (`#[comptime(tune = [64,
+//! 128])]`); on first use per shape bucket, [`Device::autotune`] times every combination under a
+//! progress bar (CUDA events after warm-up, the median), skips one that does not compile (over a
+//! shared-memory or register budget), keeps the fastest in memory and in the disk cache
+//! (`autotune/<key>.json`) and reuses it. `KILN_AUTOTUNE=0` uses the spec as given. The key
+//! hashes all the choice depends on: kiln's version, the kernel, its spec without the tuned
+//! values, the shape bucket, the target, the GPU and the driver.
 
 use std::collections::BTreeMap;
 

@@ -1,15 +1,10 @@
-//! Memory and streams that kiln does not own: tensors over device memory another library
-//! allocated (PyTorch's caching allocator, for one) and launches on that library's stream, so
-//! a kiln kernel joins the caller's work with no copy and no synchronisation.
-//!
-//! Both rest on sharing one CUDA context. [`Device::new`] retains the device's *primary*
-//! context (cudarc's `CudaContext::new` calls `cuDevicePrimaryCtxRetain`), which is the
-//! context the CUDA runtime, and so PyTorch, creates its allocations and streams in; a pointer
-//! or stream from such a library is therefore valid in the device's context as it is.
-//!
-//! Nothing here can check that a raw address or stream handle is what the caller says, so the
-//! constructors are `unsafe`; everything checkable (element alignment, extents, the launch's
-//! arguments against the kernel's signature) is checked as for kiln's own tensors.
+//! Memory and streams kiln does not own: tensors over device memory another library allocated
+//! (PyTorch's caching allocator) and launches on that library's stream, so a kiln kernel joins
+//! the caller's work with no copy and no synchronisation. Both rest on one CUDA context:
+//! [`Device::new`] retains the device's *primary* context (`cuDevicePrimaryCtxRetain`), the one
+//! the CUDA runtime, and so PyTorch, allocates and creates streams in. Nothing can check that a
+//! raw address or stream is what the caller says, so the constructors are `unsafe`; the rest
+//! (alignment, extents, arguments against the signature) is checked as for kiln's own tensors.
 
 use cudarc::driver::sys;
 use kiln_ir::DType;

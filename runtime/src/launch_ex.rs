@@ -1,12 +1,9 @@
-//! Launches through `cuLaunchKernelEx`: thread-block clusters (`CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`)
-//! and parameter lists with TMA descriptors passed by value ([`KernelParams`]).
-//!
-//! This is the launch path for Hopper kernels whose parameters the kiln ABI's [`KernelArg`]
-//! cannot yet express. The cluster shape is checked on the host ([`ClusterError`]); the
-//! parameters are not checked against the entry, so [`launch_ex`] is `unsafe`.
-//!
-//! [`KernelArg`]: crate::KernelArg
-//! [`ClusterError`]: crate::ClusterError
+//! Launches through `cuLaunchKernelEx`: thread-block clusters
+//! (`CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`) and parameter lists with TMA descriptors passed by
+//! value ([`KernelParams`]), for Hopper kernels whose parameters the kiln ABI's
+//! [`KernelArg`](crate::KernelArg) cannot yet express. The cluster shape is checked on the host
+//! ([`ClusterError`](crate::ClusterError)); the parameters are not checked against the entry, so
+//! [`launch_ex`] is `unsafe`.
 
 use std::ffi::c_void;
 

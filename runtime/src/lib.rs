@@ -1,13 +1,11 @@
 //! # kiln-runtime: the CUDA side of kiln
 //!
-//! Opens a GPU ([`Device`]), moves tensors to and from it ([`DeviceTensor`], with strided
-//! views), and launches kernels: [`Device::launch`] validates every argument against the
-//! kernel's signature, specialises the kernel, compiles it through `kiln_ptx::compile` unless a
-//! cache holds it, JIT-loads the PTX with the driver's error log, and launches it. Memory and
-//! streams of other libraries (PyTorch's) are borrowed, not copied ([`Device::borrow_tensor`],
-//! [`Device::launch_on_stream`]). `KILN_DUMP=ir,ptx` dumps each specialisation ([`dump`]).
-//! The driver is loaded at run time, so the crate builds and runs without CUDA: there
-//! [`Device::new`] returns [`RuntimeError::NoDriver`]; nothing panics for want of a GPU.
+//! Opens a GPU ([`Device`]), moves tensors to and from it ([`DeviceTensor`], with strided views)
+//! and launches kernels ([`Device::launch`]: arguments checked against the signature, compiled
+//! unless cached, JIT-loaded with the driver's error log). Other libraries' memory and streams
+//! are borrowed ([`Device::borrow_tensor`], [`Device::launch_on_stream`]); `KILN_DUMP=ir,ptx`
+//! dumps each specialisation ([`dump`]). The driver is loaded at run time, so the crate builds
+//! and runs without CUDA: [`Device::new`] returns [`RuntimeError::NoDriver`]; nothing panics.
 
 // The driver is loaded through cudarc's dynamic loading; without one
 // `Device::is_available` is false.

@@ -1,12 +1,7 @@
 //! Loading: PTX text to a loaded module and its entry function. A module comes from the disk
 //! cache's cubin when it holds one; else from ptxas's cubin, which the disk cache then keeps
 //! (see [`crate::disk_cache`]); else from the driver JIT (`cuModuleLoadDataEx`), whose error
-//! log a rejected module reports.
-//!
-//! The cubin is not taken from the driver's `cuLink*` JIT: that compiles PTX as relocatable
-//! code, where ptxas ignores the register budget `setmaxnreg` raises and spills (268 bytes in
-//! the sm_90a attention at d=128, measured at half the speed). ptxas and the JIT both compile
-//! whole-program, to the same code.
+//! log a rejected module reports ([`Origin`]).
 
 use std::ffi::{CString, c_void};
 use std::sync::Arc;
@@ -42,7 +37,10 @@ pub struct CompileTimes {
 pub enum Origin {
     /// A cubin from the disk cache: nothing was compiled.
     DiskCache,
-    /// ptxas's cubin, now also in the disk cache.
+    /// ptxas's cubin, now also in the disk cache. Not the driver's `cuLink*` JIT's: that
+    /// compiles PTX as relocatable code, where ptxas ignores the register budget `setmaxnreg`
+    /// raises and spills (268 bytes in the sm_90a attention at d=128, measured at half the
+    /// speed); ptxas and the module JIT both compile whole-program, to the same code.
     Ptxas,
     /// The driver JIT.
     DriverJit {

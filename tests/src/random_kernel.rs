@@ -1,12 +1,9 @@
-//! Kernels built from arbitrary bytes through the [`Builder`] API, and the whole compiler
-//! run over them: the generator behind the random-kernel test (`tests/random_kernels.rs`)
-//! and the `ir` and `pipeline` fuzz targets (`fuzz/`).
-//!
-//! [`kernel`] builds a kernel from bytes (what each byte picks: there); [`exercise`] runs the
-//! verifier, the pass pipeline and the PTX writer for every target and the interpreter on
-//! small inputs: any of them may refuse the kernel with an error, none may panic or hang
-//! (loops run at most 3 times). [`check`] is the stricter judge of the backend ([`Outcome`]),
-//! [`interpret`] the interpreter's, and [`Tally`] counts outcomes by category.
+//! Kernels built from arbitrary bytes through the [`Builder`] API, and the whole compiler run
+//! over them: the generator behind the random-kernel test (`tests/random_kernels.rs`) and the
+//! `ir` and `pipeline` fuzz targets. [`kernel`] builds a kernel from bytes; [`exercise`] runs
+//! every stage on it, where any may refuse the kernel with an error but none may panic or hang;
+//! [`check`] is the stricter judge of the backend ([`Outcome`]), [`interpret`] the
+//! interpreter's, and [`Tally`] counts outcomes by category.
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -1635,7 +1632,8 @@ impl Gen<'_> {
 }
 
 /// Runs the compiler over `kernel`: the pass pipeline and the PTX writer for every target,
-/// then the interpreter on small random inputs. Errors are answers; a panic is a bug.
+/// then the interpreter on small random inputs. Errors are answers; a panic is a bug, and so
+/// is a hang (the generated loops run at most 3 times).
 pub fn exercise(kernel: &Kernel) {
     for target in Target::ALL {
         let _ = kiln_ptx::compile(kernel, target);

@@ -1,12 +1,10 @@
-//! FlashAttention 3's forward features beyond 2's. `headdim_v != headdim` (its value head dim,
-//! MLA's 192 / 128 among the pairs): the dense and varlen forward kernels with a value head dim `dv` beside the key head dim `d`
-//! on the CPU interpreter against an f64 reference (tensors narrower than their tiles,
-//! lengths no multiple of any tile, causal and windowed masks with rows that see no key,
-//! grouped heads, outputs poisoned before the run); and the PTX of the forward and decode
-//! kernels for the pairs FlashAttention users run assembling with ptxas without a spill on
-//! sm_80 and sm_90a, the sm_90a forward keeping its warp-specialised schedule. The decode
-//! kernels' numbers with `dv != d` are checked by `interp_attention_decode` (its calls).
-//! `seqused_q` / `seqused_k` (`attention_varlen_used`, `attention_varlen_used_lse`): each
+//! FlashAttention 3's forward features beyond 2's. `headdim_v != headdim` (MLA's 192 / 128 among
+//! the pairs): the dense and varlen forward kernels on the CPU interpreter against an f64
+//! reference (tensors narrower than their tiles, ragged lengths, causal and windowed masks with
+//! rows that see no key, grouped heads, outputs poisoned), and the forward and decode kernels'
+//! PTX for the pairs FlashAttention users run assembling without a spill on sm_80 and sm_90a,
+//! the sm_90a forward keeping its warp-specialised schedule (the decode numbers:
+//! `interp_attention_decode`). `seqused_q` / `seqused_k` (`attention_varlen_used[_lse]`): each
 //! sequence attends with its first used rows to its first used keys, rows past them unwritten.
 
 mod ptx_examples;

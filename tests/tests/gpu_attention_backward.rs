@@ -1,14 +1,10 @@
-//! Attention's backward kernels (`kiln_examples::attention_backward`) on the GPU, compiled
-//! for sm_80 and (on a Hopper GPU) sm_90a, after kiln's own forward (`attention_lse`) as in
-//! training: dq, dk and dv against the f64 reference gradients with FlashAttention's rule
-//! (within twice the error of the computation with the kernels' 16-bit roundings), in both
-//! dQ modes (atomics; the deterministic second kernel, whose bits must repeat run to run);
-//! causal with `sq > sk` (rows that see no key: dq exactly 0), windows, soft-caps, grouped and
-//! multi-query heads, f16 and bf16, head dims 64, 96, 128 and 256, lengths no multiple of any
-//! block, large inputs, outputs poisoned; on sm_90a both the default tiles and its measured
-//! ones (`AttentionBwdParams::tuned`: dQ added by bulk reductions); and the varlen kernels over packed batches whose
-//! rows past each sequence are NaN where a block must not read them. Skips itself
-//! ("skipped: no CUDA driver") without a GPU.
+//! Attention's backward kernels on the GPU (sm_80, and sm_90a on a Hopper GPU) after kiln's own
+//! forward (`attention_lse`), as in training: dq, dk and dv against the f64 reference gradients
+//! by FlashAttention's rule (`check::assert_within_rule`), in both dQ modes (atomics; the
+//! deterministic second kernel, whose bits must repeat), over the features and shapes of
+//! `interp_attention_backward`; on sm_90a both the default tiles and the measured ones
+//! (`AttentionBwdParams::tuned`: dQ added by bulk reductions); and the varlen kernels over packed
+//! batches whose rows past each sequence are NaN where no block may read them.
 
 mod bwd_varlen;
 mod gpu_common;

@@ -1,12 +1,9 @@
-//! The attention example's FlashAttention features on the GPU, on sm_80 and (on a Hopper GPU)
-//! sm_90a, against the f64 reference: f16, sliding windows (one- and two-sided, causal with
-//! a left bound), soft-capping, head dim 96, together with grouped-query heads; lengths that
-//! are not multiples of the tiles, `sq > sk` (rows outside every window, which must be 0),
-//! every input distribution, outputs poisoned with NaN and K read through padded rows. Then
-//! the single-launch varlen kernels (`attention_varlen`, `attention_varlen_lse`) over packed
-//! ragged batches with zero-length sequences, against each sequence's reference, and with
-//! offsets of any value, which must not fault. Skips itself ("skipped: no CUDA driver")
-//! without a GPU.
+//! The attention example's FlashAttention features on the GPU (sm_80, and sm_90a on a Hopper
+//! GPU) against the f64 reference: f16, sliding windows, soft-capping, head dim 96 and
+//! grouped-query heads, over ragged lengths, `sq > sk` (rows outside every window must be 0),
+//! every input distribution, NaN-poisoned outputs and K read through padded rows; then the
+//! single-launch varlen kernels over packed ragged batches with empty sequences, against each
+//! sequence's reference, and with offsets of any value, which must not fault.
 
 mod gpu_common;
 mod varlen_params;

@@ -4,7 +4,7 @@
 //! fully masked rows (sq > sk), outputs poisoned with NaN before each run, and inputs with
 //! non-contiguous outer strides; views whose base or outer stride is not 16-byte aligned
 //! (their own specialisation); the compile cache; and the typed GPU path's validation errors.
-//! Skips itself ("skipped: no CUDA driver") without a GPU.
+//! Without a GPU the tests are reported ignored, with the reason.
 
 mod gemm_family;
 mod gpu_common;

@@ -2,7 +2,7 @@
 //! interpreter (bit for bit: the writer emits the interpreter's exact sequences) and against
 //! independent references: Philox4x32-10 and Triton's float conversion written out, f64
 //! `std` maths. Lengths 1, 1000 and 4097, every input distribution, poisoned outputs.
-//! Skips itself ("skipped: no CUDA driver") without a GPU.
+//! Without a GPU the tests are reported ignored, with the reason.
 
 mod gpu_common;
 mod ops_kernels;

@@ -3,7 +3,7 @@
 //! f64 reference: odd shapes, every input distribution, outputs poisoned with NaN, exact
 //! small-integer runs that name the first wrong elements, fully masked rows, unaligned views
 //! on the cp.async fallback. What each test covers: `docs/testing.md`, "GPU tests".
-//! Skips itself without a driver ("skipped: no CUDA driver") or on a GPU that is not sm_90.
+//! Without a Hopper GPU the tests are reported ignored, with the reason.
 
 mod gpu_common;
 mod softcap;

@@ -1,15 +1,8 @@
-//! Hopper runtime groundwork on a real GPU, with hand-written sm_90a PTX: TMA tensor maps
-//! passed by value (SW128 boxes of 64x64 bf16 into shared memory, completed on an mbarrier),
-//! a wgmma m64n64k16 chain over K = 64 reading them, and thread-block cluster launches through
-//! `cuLaunchKernelEx` (distributed shared memory between the CTAs of a cluster).
-//!
-//! GPU tests (names contain `gpu`) print "skipped: no CUDA driver" and return without a GPU,
-//! and "skipped: needs an sm_90 GPU" on other GPUs. Every case that launches hand-written PTX
-//! runs in its own child process of this test binary ([`isolated`]): a kernel fault is sticky
-//! for the whole CUDA context, so in a shared process one faulting case would fail every later
-//! test at `Device::new`; this way each failure names its own case and the rest still run. `ptxas_assembles_the_sm90a_kernels` needs
-//! no GPU: it assembles the three kernels with ptxas (`$KILN_PTXAS`, else the pinned copy at
-//! `/work/.tools-ptxas/nvidia/cu13/bin/ptxas`), so CI checks the PTX.
+//! Hopper runtime groundwork on a real GPU, with hand-written sm_90a PTX: TMA tensor maps passed
+//! by value (SW128 boxes of 64x64 bf16 completed on an mbarrier), a wgmma m64n64k16 chain over
+//! K = 64 reading them, and thread-block cluster launches through `cuLaunchKernelEx`
+//! (distributed shared memory). Without a Hopper GPU its GPU tests are reported ignored, with the
+//! reason; each case runs in its own child process ([`isolated`]).
 
 mod gpu_common;
 
@@ -317,7 +310,9 @@ const CASE_DONE: &str = "isolated-case-done:";
 /// Runs `body` as case `case` of the test function `test` in a child process of this test
 /// binary (`test --exact`, with [`CASE_ENV`] naming the case), and fails if the child fails
 /// or never reached the case. In the child, every other case is skipped. Without a driver
-/// nothing is spawned; the body's own skip checks (sm_90) run in the child.
+/// nothing is spawned; the body's own skip checks (sm_90) run in the child. A kernel fault
+/// is sticky for the whole CUDA context, so in a shared process one faulting case would fail
+/// every later test at `Device::new`; this way each failure names its own case.
 fn isolated(test: &str, case: &str, body: impl FnOnce()) {
     let id = format!("{test}/{case}");
     if let Ok(only) = std::env::var(CASE_ENV) {
@@ -936,6 +931,8 @@ fn gpu_cluster_launch_ranks_and_distributed_shared_memory() {
     );
 }
 
+/// Needs no GPU: assembles the three kernels with ptxas (`$KILN_PTXAS`, else [`FALLBACK_PTXAS`]),
+/// so CI checks the PTX.
 fn ptxas_assembles_the_sm90a_kernels() {
     if std::env::var_os("KILN_PTXAS").is_none() && std::path::Path::new(FALLBACK_PTXAS).is_file() {
         // SAFETY: set before this test spawns anything; other tests read the environment only

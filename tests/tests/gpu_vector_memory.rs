@@ -3,8 +3,8 @@
 //! the interpreter: tails of one past a power of two (4097) and shorter than a vector, rows
 //! padded by an odd count (not 16-byte aligned: the run-time alignment test, rows alternating
 //! between aligned and not) and by a multiple of 16 bytes (the aligned specialisation), views
-//! starting one element into their allocation, outputs poisoned with NaN. Skips itself
-//! ("skipped: no CUDA driver") without a GPU.
+//! starting one element into their allocation, outputs poisoned with NaN. Without a GPU the
+//! tests are reported ignored, with the reason.
 
 mod gpu_common;
 

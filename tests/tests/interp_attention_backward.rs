@@ -1,15 +1,10 @@
 //! Attention's backward kernels (`kiln_examples::attention_backward`) on the CPU interpreter
-//! against the f64 reference gradients (`reference::attention_backward_f64`, itself checked
-//! by finite differences here): dense and causal (bottom-right, `sq != sk`), grouped and
-//! multi-query heads, bf16 and f16, sliding windows, chunks (`attention_chunk`), soft-caps,
-//! head dims 64 and 128, lengths
-//! no multiple of any block, rows that see no key (their dq 0, nothing NaN), large inputs,
-//! outputs poisoned; the deterministic mode's dq bitwise reproducible.
-//!
-//! The rule is FlashAttention's: a gradient passes when its error against the exact one is
-//! within twice the error of the same computation with its 16-bit roundings (the stored `o`,
-//! `P` and `dS` rounded to the dtype, `Rounding::Stored`), plus a floor far below the dtype's
-//! rounding for gradients whose rounded computation happens to be nearly exact.
+//! against the f64 reference gradients (`reference::attention_backward_f64`, itself checked by
+//! finite differences here), by FlashAttention's rule (`check::assert_within_rule`): dense and
+//! causal (bottom-right, `sq != sk`), grouped and multi-query heads, bf16 and f16, sliding
+//! windows, chunks (`attention_chunk`), soft-caps, head dims 64, 96, 128 and 256 and sm_90a's
+//! tiles, lengths no multiple of any block, rows that see no key (their dq 0, nothing NaN),
+//! large inputs, outputs poisoned; the deterministic mode's dq bitwise reproducible.
 
 mod bwd_varlen;
 

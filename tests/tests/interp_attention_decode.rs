@@ -1,13 +1,11 @@
-//! The decode kernels (`kv_cache_append`, `attention_decode`, `attention_decode_split` and
+//! The decode kernels (`kv_cache_append`, `attention_decode`, `attention_decode_split`,
 //! `attention_decode_combine`) on the CPU interpreter against the f64 reference of
-//! FlashAttention's `flash_attn_with_kvcache`: batches of 3 whose cache lengths differ and are
-//! no multiple of any tile (0 and 1 among them), dense caches (with `cache_batch_idx`) and
-//! paged ones (pages of 1, 16 and 256 keys, a random page table), new keys appended in place
-//! and rotated (both layouts), grouped heads packed into a block's rows (groups of 1, 4 and
-//! 8), causal masks, sliding windows, soft-caps, leftpads, 1, 3 and 7 splits, 1 and 5 query
-//! tokens, every head dim, f16 and bf16. The cache is NaN wherever no sequence holds a key,
-//! and every output NaN before the run: the cache after the append must equal the
-//! reference's, and no NaN may leak into an output.
+//! `flash_attn_with_kvcache` (`decode_cases`): batches of 3 with ragged cache lengths (0 and 1
+//! among them), dense caches (with `cache_batch_idx`) and paged ones (pages of 1, 16 and 256
+//! keys, a random page table), appends rotated in both layouts, groups of 1, 4 and 8 heads,
+//! causal, windows, soft-caps, leftpads, 1, 3 and 7 splits, 1 and 5 query tokens, every head
+//! dim, f16 and bf16. Cache slots no sequence holds and every output start as NaN: the cache
+//! after the append must equal the reference's, and no NaN may leak into an output.
 
 mod decode_cases;
 

@@ -1,12 +1,9 @@
-//! Snapshots of the IR after every pass and of the sm_80 PTX of every test kernel, and each
-//! PTX assembled by `ptxas -arch=sm_80` with its spills checked; likewise for the kernels
-//! scheduled on sm_90a ([`SM90A`]), which must also assemble without spills and without any
-//! ptxas advisory (no C75xx wgmma serialisation); and for the kernels scheduled on sm_100a
-//! ([`SM100A`]), assembled by `ptxas -arch=sm_100a` without spills or advisories (never run:
-//! no Blackwell GPU here).
-//!
-//! ptxas comes from `$KILN_PTXAS`, else `.tools/cuda/bin/ptxas` under the repository root
-//! (`scripts/ensure-cuda-tool ptxas` installs it). Without it the test fails and says how to install it.
+//! Snapshots of the IR after every pass and of the PTX of every test kernel, each PTX assembled
+//! by ptxas for its target with its spills checked: on sm_80 none but [`KNOWN_SPILLS`]; on
+//! sm_90a ([`SM90A`]) and sm_100a ([`SM100A`], never run: no Blackwell GPU here) no spill and no
+//! ptxas advisory (no C75xx wgmma serialisation). ptxas comes from `$KILN_PTXAS`, else
+//! `.tools/cuda/bin/ptxas` (`scripts/ensure-cuda-tool ptxas` installs it); without it the test
+//! fails and says how to install it.
 
 mod ptx_examples;
 

@@ -1,16 +1,11 @@
 //! The sm_90a specialisations kiln launches, assembled by the ptxas of the GPU host's driver
-//! release ([`Tool::JitPtxas`], CUDA 13.0): the driver JIT-compiles kiln's PTX as that ptxas
-//! does, and it allocates registers and reports advisories unlike the pinned newer one the
-//! snapshot tests use. Each must assemble with no spill and no warning or advisory (a C7519
-//! injected fence, a C75xx serialised wgmma).
-//!
-//! The attention specialisations are those `kiln_attn` and the benchmark may launch (every
-//! tile of `tile_candidates`, which `tuned_blocks` picks from) for every head dim, causal or
-//! not, plain and with the features that add registers; the gemms are the tiles the
-//! autotuner has chosen on the H200 (README) and the cluster and column-major variants.
-//!
-//! The JIT's ptxas comes from `$KILN_PTXAS_JIT`, else `.tools/cuda-jit/bin/ptxas`
-//! (`scripts/ensure-cuda-tool ptxas-jit` installs it).
+//! release ([`Tool::JitPtxas`], CUDA 13.0), which allocates registers and reports advisories
+//! unlike the pinned one of the snapshot tests: each must assemble with no spill, warning or
+//! advisory (a C7519 injected fence, a C75xx serialised wgmma). Attention: every tile of
+//! `tile_candidates` (which `tuned_blocks` picks from) for every head dim, causal or not, plain
+//! and with the features that add registers; gemm: the autotuner's tiles on the H200 and the
+//! cluster and column-major variants. The ptxas: `$KILN_PTXAS_JIT`, else
+//! `.tools/cuda-jit/bin/ptxas` (`scripts/ensure-cuda-tool ptxas-jit` installs it).
 
 mod gemm_family;
 

@@ -1,13 +1,11 @@
 //! sm_90a's wgmma outside a warp-specialised ring, checked on the CPU: the kernels of
-//! `wgmma_kernels/` (transposed loaded operands in one and two warpgroups, a chained mma with
-//! a register A, an A gathered once before a loop of mmas) against f64 references on the
-//! interpreter; where that gathered A is written to shared memory (once, before the loop); which mmas the plan takes (every
-//! mma of those kernels, of `mma_kernels/` and of attention's backward at head dims 64 and
-//! 128, bf16 and f16) and the note at each one it does not; the PTX's structure (no
-//! mma.sync, each group of wgmmas fenced, committed and waited for before the accumulator is
-//! touched, shared stores fenced into the async proxy before the barrier wgmma reads after),
-//! through ptxas (the pinned one and the driver JIT's) with no spill; sm_80 unchanged; and a
-//! snapshot of one kernel's PTX. The GPU runs are in `gpu_wgmma_general.rs`.
+//! `wgmma_kernels/` (transposed operands in one and two warpgroups, a chained mma with a register
+//! A, an A gathered once before a loop of mmas and written once to shared memory) against f64
+//! references on the interpreter; which mmas the plan takes (those kernels', `mma_kernels/`' and
+//! attention's backward's) and the note at each it does not; the PTX's structure (no mma.sync,
+//! wgmma groups fenced, committed and waited for before the accumulator is touched, shared
+//! stores fenced into the async proxy), through both ptxas with no spill; sm_80 unchanged; one
+//! PTX snapshot. The GPU runs: `gpu_wgmma_general.rs`.
 
 mod mma_kernels;
 mod wgmma_kernels;

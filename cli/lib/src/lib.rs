@@ -1,12 +1,10 @@
-//! The `kiln` command as a library: list the kernels linked into the program, print their
-//! IR after any pass, their PTX for a target, and check the PTX with ptxas, all without a GPU
-//! (`check` runs ptxas, not the driver). `kiln --help` (and `kiln COMMAND --help`) says how.
-//! A crate inspects its own kernels, and those of every library it links
-//! ([`kiln_ir::dsl::registry`]), with a one-line binary `src/bin/kiln.rs`,
-//! `fn main() -> std::process::ExitCode { kiln::cli::main() }`, then
-//! `cargo run --bin kiln -- ptx my_kernel --target sm_90a`. With no `-D`, each comptime
-//! parameter takes its declared default (attention: d=128, causal=false, block_n=0) and every
-//! tensor is taken as 16-byte aligned.
+//! The `kiln` command as a library: list the kernels linked into the program, print their IR
+//! after any pass, their PTX for a target, and check the PTX with ptxas, all without a GPU
+//! (`kiln --help` says how). A crate inspects its own kernels, and those of every library it
+//! links ([`kiln_ir::dsl::registry`]), with a one-line binary `src/bin/kiln.rs`,
+//! `fn main() -> std::process::ExitCode { kiln::cli::main() }` (`docs/own-crate.md`). With no
+//! `-D`, each comptime parameter takes its declared default and every tensor is taken as
+//! 16-byte aligned.
 
 // The bundled `kiln` binary is the one-line `main` over `kiln-examples`; the facade's
 // documentation of `kiln::cli` compiles that line. This crate depends on the member crates,

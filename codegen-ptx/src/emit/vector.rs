@@ -1,15 +1,9 @@
 //! Register tiles moved to and from global memory in vectors of up to 16 bytes per thread
-//! (`ld.global.v4.f32`, eight bf16 as `v4.b32`, ...).
-//!
-//! A thread's registers are grouped into runs of `w` consecutive columns of one row, the
-//! first at a multiple of `w` ([`vector_width`]). Each run is one vector access where the
-//! whole run lies inside the tensor and its address is aligned to the vector's size (known
-//! at compile time for a 16-byte aligned tensor and a column coordinate that is a multiple
-//! of `w`, else tested per row at run time); elsewhere (a tile's ragged edge, a row of an
-//! unaligned tensor that happens to be misaligned) each element is moved on its own under
-//! its own bounds check, so tails of any length stay exact. Those per-run checks live on an
-//! edge path: a warp whose runs are all whole (every tile but the edges) branches, uniformly,
-//! to unpredicated vector accesses with no per-element work at all.
+//! (`ld.global.v4.f32`, eight bf16 as `v4.b32`, ...). A thread's registers are grouped into runs
+//! of `w` consecutive columns of one row ([`vector_width`]); a run inside the tensor at an
+//! aligned address (known at compile time for a 16-byte aligned tensor and a column coordinate
+//! that is a multiple of `w`, else tested per row at run time) is one vector access, and any
+//! other element moves on its own under its own bounds check, so tails of any length stay exact.
 
 use std::collections::BTreeMap;
 
@@ -35,7 +29,9 @@ struct Plan {
     cols: Reg,
     /// Element size in bytes.
     esize: u32,
-    /// Every run of every lane of the warp whole: inside the tensor and aligned.
+    /// Every run of every lane of the warp whole: inside the tensor and aligned. Such a warp
+    /// (every tile but the edges) branches, uniformly, to unpredicated vector accesses with no
+    /// per-element work; the per-run checks ([`EdgeRun`]) live on the edge path.
     fast: Reg,
 }
 

@@ -1,15 +1,9 @@
-//! The tile scheduler's walk of a persistent kernel (`kiln_ir::sched::tiles`).
-//!
-//! Each role walks the work tiles of the logical grid (its `kiln_grid_*` parameters) in the
-//! scheduler's order and, per tile, decodes the block index the kernel's `block_id()` reads.
-//! A role's cursor is made once, before the tile loop, so stages and phases carry over; each
-//! tile flips the per-tile barriers' parity and, in a rotated loop, restarts the iteration
-//! count its release lags test.
-//!
-//! A clustered schedule (`kiln_ir::sched::cluster`) walks tile pairs: the scheduler's order
-//! runs over the grid of `cdiv(nx, 2)` x pairs, cluster `%clusterid.x` of `%nclusterid.x`
-//! taking the places a CTA would, and CTA `r` of the pair runs x block `2 px + r` (past the
-//! grid in a ragged last pair: its loads read zeros, its stores are masked off).
+//! The tile scheduler's walk of a persistent kernel (`kiln_ir::sched::tiles`): each role walks
+//! the work tiles of the logical grid (its `kiln_grid_*` parameters) in the scheduler's order
+//! and decodes, per tile, the block index the kernel's `block_id()` reads. A role's cursor is
+//! made once, before the tile loop, so stages and phases carry over; each tile flips the
+//! per-tile barriers' parity and, in a rotated loop, restarts the iteration count its release
+//! lags test.
 
 use kiln_ir::OpId;
 use kiln_ir::sched::tiles::TileScheduler;
@@ -70,6 +64,11 @@ impl View<'_> {
     /// wave `k`, see `kiln_ir::sched::tiles`); the loop ends past the last tile. Returns the
     /// walk and the tile's block index. The cursor gets the wave's parity (which also flips
     /// the per-tile barriers' phase).
+    ///
+    /// A clustered schedule (`kiln_ir::sched::cluster`) walks tile pairs: the order runs over
+    /// the grid of `cdiv(nx, 2)` x pairs, cluster `%clusterid.x` of `%nclusterid.x` taking the
+    /// places a CTA would, and CTA `r` of the pair runs x block `2 px + r` (past the grid in a
+    /// ragged last pair: its loads read zeros, its stores are masked off).
     pub(crate) fn open_tile_loop(
         &self,
         e: &mut Emitter<'_>,

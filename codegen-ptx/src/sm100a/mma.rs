@@ -1,12 +1,6 @@
-//! The MMA warp (ptx-notes §7). Its elected lane 0 walks the work tiles (attention's: pairs
-//! of them, [`super::attention`]) and issues its role's program as `tcgen05.mma`s into TMEM,
-//! each stage or hand-over released by `tcgen05.commit` to its barrier (an arrival once every
-//! earlier tcgen05 op of the thread has completed); it alone knows how many tiles ran, so it
-//! runs the exit's waits, and the reconverged warp the rest of the exit (the dealloc is
-//! warp-wide). In the 2-SM form (`kiln_ir::sched::cluster::Pair`) only the leader CTA's
-//! thread issues, every tcgen05 op is `cta_group::2` (ptxas rejects a kernel that mixes the
-//! two), each commit multicasts its arrival to both CTAs, and the peer's warp only runs its
-//! own exit.
+//! The MMA warp of the sm_100a schedules (ptx-notes §7): its elected lane 0 walks the work tiles
+//! (attention's: pairs of them, [`super::attention`]) and issues its role's program as
+//! `tcgen05.mma`s into TMEM, each stage or hand-over released by `tcgen05.commit` to its barrier.
 
 use std::fmt::Display;
 
@@ -32,6 +26,13 @@ struct MmaRegs<'k> {
 
 impl<'k> Sm100a<'_, 'k> {
     /// The MMA warp, from its label on (see the module doc); it ends in `exit`.
+    ///
+    /// A commit arrives once every earlier tcgen05 op of the thread has completed. Lane 0
+    /// alone knows how many tiles ran, so it runs the exit's waits, and the reconverged warp
+    /// the rest of the exit (the dealloc is warp-wide). In the 2-SM form
+    /// (`kiln_ir::sched::cluster::Pair`) only the leader CTA's thread issues, every tcgen05 op
+    /// is `cta_group::2` (ptxas rejects a kernel that mixes the two), each commit multicasts its
+    /// arrival to both CTAs, and the peer's warp only runs its own exit.
     ///
     /// A GEMM's stage is `K / 16` mmas; the shared-memory descriptors are the schedule's
     /// templates with the start address of each k16 step, so A (K-major) and B (K- or MN-major)

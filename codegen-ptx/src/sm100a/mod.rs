@@ -1,12 +1,10 @@
 //! sm_100a: the schedule IR's roles (`kiln_ir::sched`) as a Blackwell warp-specialised loop,
-//! with the accumulators in tensor memory (`kiln_ir::sched::tmem`).
-//!
-//! A GEMM's block is the kernel's epilogue warps, a TMA producer warp and an MMA warp: the
-//! producer runs its program as on sm_90a, the MMA thread issues `tcgen05.mma` from
-//! shared-memory descriptors ([`mma`]), and the epilogue warps copy each tile's accumulator out
-//! of TMEM and run the kernel's code after the loop ([`roles`]) while the next tile's mmas run.
-//! An attention schedule (softmax, correction, load and MMA roles) is [`attention`]. The 2-SM
-//! form and the persistent walk: `docs/targets.md`, sm_100a.
+//! with the accumulators in tensor memory (`kiln_ir::sched::tmem`). A GEMM's block is its
+//! epilogue warps, a TMA producer warp (as on sm_90a) and an MMA warp issuing `tcgen05.mma` from
+//! shared-memory descriptors ([`mma`]); the epilogue warps copy each tile's accumulator out of
+//! TMEM and run the kernel's code after the loop ([`roles`]) while the next tile's mmas run.
+//! Attention's schedule: [`attention`]. The 2-SM form and the persistent walk:
+//! `docs/targets.md`, sm_100a.
 
 mod attention;
 mod mma;

@@ -1,12 +1,10 @@
-//! sm_90a: the schedule IR's roles (`kiln_ir::sched`) as a warp-specialised loop.
-//!
-//! The block is the kernel's consumer warps plus one producer warpgroup after them; at the
-//! ring's `for` the producer gives registers back and one elected thread issues the TMA boxes,
-//! while the consumers run the loop body with its `mma`s as wgmmas ([`wgmma`]). Every op comes
-//! from the role programs ([`roles`] walks them; a rotated consumer program, [`rotated`]), as
-//! the `protocol_check` pass proved them. A kernel without a ring keeps the generic writer's
-//! code, with wgmma issued in program order where it applies ([`plain`]). Persistent and
-//! clustered schedules: `docs/targets.md`, sm_90a.
+//! sm_90a: the schedule IR's roles (`kiln_ir::sched`) as a warp-specialised loop: the kernel's
+//! consumer warps plus one producer warpgroup, which gives registers back at the ring's `for`
+//! while one elected thread issues the TMA boxes; the consumers run the body with its `mma`s as
+//! wgmmas ([`wgmma`]). Every op comes from the role programs `protocol_check` proved ([`roles`];
+//! a rotated consumer program, [`rotated`]). A kernel without a ring keeps the generic writer's
+//! code, with wgmma in program order where it applies ([`plain`]). Persistent and clustered
+//! schedules: `docs/targets.md`, sm_90a.
 
 pub(crate) mod plain;
 mod roles;

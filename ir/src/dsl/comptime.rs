@@ -1,13 +1,9 @@
-//! Comptime values: what a kernel is specialised on besides its tensors' alignment.
-//!
-//! Each kernel's comptime parameters are one typed struct implementing [`Comptime`]: the
-//! struct `#[kernel]` generates from the const generics and `#[comptime]` arguments, or a
-//! struct under `#[comptime]` that several kernels take as their one comptime parameter.
-//! Launches, the compile cache, the autotuner and the interpreter pass that struct, so a
-//! renamed parameter is a compile error. [`ComptimeValue`] is the untyped form of one
-//! field, used where code must walk a struct's fields without knowing its type (the
-//! autotuner's candidates, cache keys, `-D NAME=VALUE` text in [`super::defines`]); only
-//! code `#[kernel]` and `#[comptime]` generate turns those back into a struct.
+//! Comptime values: what a kernel is specialised on besides its tensors' alignment. Each
+//! kernel's comptime parameters are one typed struct implementing [`Comptime`]; launches, the
+//! compile cache, the autotuner and the interpreter pass that struct, so a renamed parameter is
+//! a compile error. [`ComptimeValue`] is the untyped form of one field, for code that walks a
+//! struct's fields without knowing its type (the autotuner's candidates, cache keys,
+//! `-D NAME=VALUE` text in [`super::defines`]).
 
 use std::fmt;
 use std::hash::Hash;

@@ -1,12 +1,8 @@
-//! The tracing context: the [`Builder`] that the `#[kernel]` macro's generated code drives,
-//! kept in a thread-local stack while [`trace`] runs the kernel body.
-//!
-//! Operator impls cannot return errors, so the first [`Diagnostic`] raised while tracing is
-//! recorded here and every later operation that reads a poison [`Value`] is skipped; `trace`
-//! returns that first diagnostic. The helpers that turn builder calls into [`Value`]s live
-//! with the type, in `super::value`, so this stack knows nothing of values.
-//!
-//! [`Value`]: super::Value
+//! The tracing context: the [`Builder`] that the `#[kernel]` macro's generated code drives, kept
+//! in a thread-local stack while [`trace`] runs the kernel body, with the first [`Diagnostic`]
+//! raised (why only the first: [`trace`], "Errors"). The helpers that turn builder calls into
+//! [`Value`](super::Value)s live with the type, in `super::value`, so this stack knows nothing
+//! of values.
 
 use std::cell::RefCell;
 

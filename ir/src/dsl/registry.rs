@@ -1,13 +1,7 @@
 //! Every kernel linked into the program, without a hand-kept list: the code `#[kernel]`
-//! generates submits each definition here at link time (through the `inventory` crate), so
-//! the CLI library, the tests and a user's own tools reach the user's kernels exactly as they
-//! reach the bundled examples.
-//!
-//! A kernel is registered when the object code defining it is linked into the program: a
-//! binary sees the kernels of its own crate and of every library crate it uses (a library
-//! linked only through `Cargo.toml`, never named in code, is not linked at all: name it, e.g.
-//! `use my_kernels as _;`). Kernels under `#[cfg(test)]`, in integration tests and in doc
-//! tests register in the test binaries that compile them.
+//! generates submits each definition here at link time (through the `inventory` crate), so the
+//! CLI library, the tests and a user's own tools reach the user's kernels exactly as they reach
+//! the bundled examples ([`registered`] says which kernels a program sees).
 
 use std::fmt;
 use std::sync::OnceLock;
@@ -66,6 +60,12 @@ inventory::collect!(Registered);
 
 /// Every kernel registered in this program, ordered by name, then by module path: the same
 /// order on every run and every platform, whatever order the linker laid them in.
+///
+/// A kernel is registered when the object code defining it is linked into the program: a
+/// binary sees the kernels of its own crate and of every library crate it uses (a library
+/// linked only through `Cargo.toml`, never named in code, is not linked at all: name it, e.g.
+/// `use my_kernels as _;`). Kernels under `#[cfg(test)]`, in integration tests and in doc
+/// tests register in the test binaries that compile them.
 pub fn registered() -> &'static [&'static Registered] {
     // The set is fixed once `main` runs (the entries are submitted before it), so it is
     // sorted once.

@@ -1,14 +1,9 @@
 //! sm_90a: which f32 atomic adds of a whole register tile the PTX writer applies with bulk
-//! reductions instead of one `red.global.add.f32` per element.
-//!
-//! Such an add is staged in shared memory and one thread issues a
-//! `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32` per tile row: the L2 then
-//! sees one request per row instead of one per element (attention backward's dQ
-//! accumulation was bound by them). The copy needs 16-byte aligned global rows, so the
-//! tensor must be specialised as 16-byte aligned and the tile's first column a known
-//! multiple of 4; it returns no old values and orders nothing beyond the elements, so the
-//! add must be relaxed, unmasked, addressed by plain coordinates, with its result unused.
-//! Every decision, either way, is a note at the user's line.
+//! reductions instead of one `red.global.add.f32` per element. Such an add is staged in shared
+//! memory and one thread issues a `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32`
+//! per tile row, so the L2 sees one request per row instead of one per element (attention
+//! backward's dQ accumulation was bound by them). Every decision, either way, is a note at the
+//! user's line.
 
 use std::collections::BTreeSet;
 
@@ -106,7 +101,10 @@ pub fn plan(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
 }
 
 /// The `[rows, cols]` a bulk-reduced add `id` stages, or why it cannot be (`read`: its old
-/// values are used).
+/// values are used). The copy needs 16-byte aligned global rows, so the tensor must be
+/// specialised as 16-byte aligned and the tile's first column a known multiple of 4; it
+/// returns no old values and orders nothing beyond the elements, so the add must be relaxed,
+/// unmasked, addressed by plain coordinates, with its result unused.
 fn staged_tile(kernel: &Kernel, id: OpId, read: bool) -> Result<(usize, usize), &'static str> {
     let op = &kernel.ops[id];
     let OpKind::Atomic {

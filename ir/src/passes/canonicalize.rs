@@ -1,12 +1,7 @@
 //! The `canonicalize` pass: folds `add(c, mma(a, b))`, where the mma result has no other use
-//! and `c` has the result's type, into `mma(a, b, c)`, so the accumulator is updated in
-//! place by the tensor cores.
-//!
-//! The `add` op becomes the `mma` (its result, and so every use, is kept); the old `mma` op
-//! is unlinked from its block. Before that, loads and stores of tiles of rank 3 and more
-//! become the addressed accesses of the same elements (`passes::tiles_nd`). Then ops without side effects whose results are never read
-//! are unlinked (repeatedly), so no later pass or writer sees dead tiles. In: verified IR.
-//! Out: verified IR with no such `add` and no dead pure op.
+//! and `c` has the result's type, into `mma(a, b, c)`, so the tensor cores update the
+//! accumulator in place. In: verified IR. Out: verified IR with no such `add` and no dead pure
+//! op (the steps: [`run`]).
 
 use crate::diag::Diagnostic;
 use crate::kernel::{BinaryOp, Block, Kernel, OpId, OpKind};
@@ -14,7 +9,11 @@ use crate::target::Target;
 
 use super::walk::{defining_op, ops_in_order, uses};
 
-/// Applies the fold everywhere.
+/// Applies the fold everywhere. First, loads and stores of tiles of rank 3 and more become
+/// the addressed accesses of the same elements (`passes::tiles_nd`). Each folded `add` op
+/// becomes the `mma` (its result, and so every use, is kept) and the old `mma` op is unlinked
+/// from its block; then ops without side effects whose results are never read are unlinked,
+/// repeatedly, so no later pass or writer sees dead tiles.
 pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {
     super::tiles_nd::run(kernel);
     let uses = uses(kernel);

@@ -1,13 +1,11 @@
 //! The `occupancy` pass (sm_90a): a warp-specialised kernel is built for two CTAs per
-//! multiprocessor when their shared memory fits beside each other and the consumers'
-//! registers fit what half the register file leaves them, so one CTA's epilogue, ring start
-//! and softmax run under the other's wgmmas (the overlap that two ping-ponging consumer
-//! warpgroups give within a CTA, across CTAs).
-//!
-//! In: the final shared-memory plan (`tma_store`'s staging tile included), the roles and the
-//! layouts. Out: the schedule's CTAs per multiprocessor and the register split (see [`run`]),
-//! or an error at the user's loop where the consumers' accumulators do not fit even one CTA's
-//! split (three consumer warpgroups of attention at d = 128, or of a 192 x 256 gemm tile).
+//! multiprocessor where their shared memory and the consumers' registers fit, so one CTA's
+//! epilogue, ring start and softmax run under the other's wgmmas (what two ping-ponging consumer
+//! warpgroups give within a CTA, across CTAs). In: the final shared-memory plan (`tma_store`'s
+//! staging tile included), the roles and the layouts. Out: the CTAs per multiprocessor and the
+//! register split ([`run`]), or an error at the user's loop where the consumers' accumulators fit
+//! not even one CTA's split (three consumer warpgroups of attention at d = 128, or of a 192 x 256
+//! gemm tile).
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, OpKind};
@@ -158,7 +156,7 @@ impl AccumulatorRegs {
 }
 
 /// The mma accumulators' registers per consumer thread, from their register layouts (a
-/// rotated head's one and a half times: see the module doc).
+/// rotated head's one and a half times: see [`run`]).
 fn accumulator_regs(kernel: &Kernel, s: &Sched) -> AccumulatorRegs {
     let mut acc = AccumulatorRegs {
         total: 0,

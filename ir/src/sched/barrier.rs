@@ -1,13 +1,6 @@
-//! The schedule's barriers, kept in one arena: mbarriers (arrival counts, transaction bytes,
-//! phases) and named barriers (`bar.sync` ids).
-//!
-//! An mbarrier is an array of `stages` barriers at consecutive 8-byte slots of shared memory
-//! (a single barrier has one stage). Its phases advance either per loop iteration (iteration
-//! `i` uses stage `i % stages`, whose phase is `i / stages`: the stage rings and the
-//! handoffs inside an iteration) or per work tile (tile `k` uses phase `k`: the tiles loaded
-//! once per tile and the accumulators handed over once per tile). A named barrier array is
-//! `ids` consecutive hardware barrier ids; the ops name an element relative to the role's
-//! replica that runs them ([`Index`]).
+//! The schedule's barriers, kept in one arena: mbarrier arrays ([`Mbarrier`]: arrival counts,
+//! transaction bytes, phases) and named barrier arrays (`bar.sync` ids, whose element an op
+//! names relative to the role's replica that runs it, [`Index`]).
 
 use std::fmt;
 
@@ -48,7 +41,10 @@ pub enum BarrierKind {
     },
 }
 
-/// An mbarrier array: see the module doc.
+/// An mbarrier array: `stages` barriers at consecutive 8-byte slots of shared memory (a
+/// single barrier has one stage). Its phases advance per loop iteration (the stage rings and
+/// the handoffs inside an iteration) or per work tile (the tiles loaded once per tile and the
+/// accumulators handed over once per tile): [`Phase`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Mbarrier {
     /// Arrivals that complete a phase (the `mbarrier.init` count).

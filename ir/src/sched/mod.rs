@@ -1,14 +1,10 @@
 //! # The schedule IR: role programs over barriers
 //!
-//! The expert layer under the semantic IR. The scheduling passes (`pipeline`,
-//! `warp_specialise`, `overlap`, `persistent`, `tma_store`, `occupancy`, `tmem`) write one
-//! [`Sched`] for a kernel's pipelined loop: barriers ([`barrier`]), resources (TMA loads and
-//! stores, tensor memory, clusters, the tile order) and role programs ([`role`]) of
-//! [`op::Op`]s. The `protocol_check` pass proves it, the CPU execution of scheduled kernels
-//! runs it, and each target family's writer walks it. A new kernel family is a pass that writes
-//! this IR, not a new language. It names the semantic IR's ops by handle and knows nothing of
-//! the kernel container, of layouts, or of PTX text. Its vocabulary and execution model:
-//! `docs/pipeline.md`.
+//! The expert layer under the semantic IR: one [`Sched`] per kernel's pipelined loop, holding
+//! barriers ([`barrier`]), resources and role programs ([`role`]) of [`op::Op`]s, written by the
+//! scheduling passes, proved by `protocol_check`, run by the CPU execution of scheduled kernels
+//! and walked by each target family's writer. A new kernel family is a pass that writes this IR,
+//! not a new language. Vocabulary, execution model and invariants: `docs/pipeline.md`.
 
 pub mod barrier;
 pub mod cluster;

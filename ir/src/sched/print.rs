@@ -1,20 +1,21 @@
-//! The schedule IR's text form, part of the kernel's IR dump:
-//!
-//! ```text
-//!   sched op7: 4 stages
-//!     bar0 full: mbarrier @65536 count 1 x4 stages, phase per iteration
-//!     bar1 empty: mbarrier @65568 count 8 x4 stages, phase per iteration
-//!     tma0 = op3 param0 KMajorA @0 stride 16384 B -> full: 2 box(es) 128x64 sw128
-//!     setup: mbarrier.init; fence.mbarrier_init; bar.sync 0
-//!     role producer: warps 8..12, setmaxnreg 40, one thread
-//!       iteration: wait empty(phase from 1); arrive.expect_tx full 32768B; tma tma0; tma tma1
-//! ```
+//! The schedule IR's text form, part of the kernel's IR dump.
 
 use std::fmt;
 
 use super::Sched;
 use super::role::{Issue, Role};
 
+/// A schedule prints as:
+///
+/// ```text
+///   sched op7: 4 stages
+///     bar0 full: mbarrier @65536 count 1 x4 stages, phase per iteration
+///     bar1 empty: mbarrier @65568 count 8 x4 stages, phase per iteration
+///     tma0 = op3 param0 KMajorA @0 stride 16384 B -> full: 2 box(es) 128x64 sw128
+///     setup: mbarrier.init; fence.mbarrier_init; bar.sync 0
+///     role producer: warps 8..12, setmaxnreg 40, one thread
+///       iteration: wait empty(phase from 1); arrive.expect_tx full 32768B; tma tma0; tma tma1
+/// ```
 impl fmt::Display for Sched {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "  sched {}: {} stages", self.for_op, self.stages)?;

@@ -1,18 +1,15 @@
 //! The tile scheduler of persistent kernels: a launch runs as many CTAs as fit on the GPU at
-//! once, and each walks work tiles (the blocks of the kernel's logical grid) until none is
-//! left, so the next tile's loads overlap the current tile's epilogue and no CTA pays a launch
-//! per tile.
-//!
-//! CTA `c` of `C` runs its `k`-th tile in wave `k` (tiles `k C .. (k + 1) C` of the order).
-//! The order ([`TileScheduler`]) depends on whether the work of a tile varies with its x block
-//! index and whether its loads reuse data along x and y. A clustered schedule
-//! ([`super::cluster`]) deals tile pairs.
+//! once, and each walks work tiles (the blocks of the kernel's logical grid) until none is left,
+//! so the next tile's loads overlap the current tile's epilogue and no CTA pays a launch per
+//! tile. CTA `c` of `C` runs its `k`-th tile in wave `k` (tiles `k C .. (k + 1) C` of the order
+//! [`TileScheduler`] gives).
 
 use std::fmt;
 
 /// How a persistent kernel's CTAs walk its logical grid (see the module doc). The order
 /// depends on whether the work of a tile varies with its x block index (the kernel's loop
-/// trip count depends on it, as a causal attention's query blocks).
+/// trip count depends on it, as a causal attention's query blocks) and whether its loads
+/// reuse data along x and y.
 ///
 /// A clustered schedule ([`super::cluster`]) deals tile pairs: the order runs over the grid
 /// of `cdiv(nx, 2)` x pairs with a cluster in the place of a CTA, and CTA `r` of the pair

@@ -1,24 +1,23 @@
 //! `exp2` on the FMA pipes: the polynomial the sm_100a softmax uses for a share of its
-//! exponentials, so the multi-function unit (`ex2.approx`, 16 results per clock per SM
-//! quarter) is not the only pipe computing them (FlashAttention-4's idea).
-//!
-//! `2^x = 2^j * 2^f` with `j = floor(x)` and `f = x - j` in `[0, 1)`; `2^f` is the cubic
-//! [`EXP2_POLY`] (Horner, three FMAs) and `2^j` is added to the result's exponent field with
-//! an integer shift and add. The cubic interpolates `2^f` at three nodes chosen so its
-//! relative error equioscillates (our own fit, not a published table); its largest relative
-//! error on `[0, 1)` is below `4.5e-4`, under a quarter of a bf16 half-ulp (`2^-9`), so the
-//! bf16 `P` the tail mma reads rounds as from the exact value but for ties. Inputs below
-//! [`EXP2_POLY_MIN`] give 0, as `ex2.approx.ftz` does for results below f32's normal range.
+//! exponentials, so the multi-function unit (`ex2.approx`, 16 results per clock per SM quarter)
+//! is not the only pipe computing them (FlashAttention-4's idea).
 
 /// Coefficients of `f`, `f^2`, `f^3` of the cubic for `2^f` on `[0, 1)`; its constant term
 /// is exactly 1 (so `2^0 = 1` exactly, as the row maximum's own term must be).
+///
+/// The cubic interpolates `2^f` at three nodes chosen so its relative error equioscillates
+/// (our own fit, not a published table): at most `4.5e-4` on `[0, 1)`, under a quarter of a
+/// bf16 half-ulp (`2^-9`), so the bf16 `P` the tail mma reads rounds as from the exact value
+/// but for ties.
 pub const EXP2_POLY: [f32; 3] = [0.693_905_4, 0.232_864_59, 0.072_357_684];
 
-/// Below this input the result is 0 (`2^x` is not a normal f32).
+/// Below this input the result is 0 (`2^x` is not a normal f32), as `ex2.approx.ftz` gives.
 pub const EXP2_POLY_MIN: f32 = -126.0;
 
 /// The polynomial exponential exactly as the PTX computes it (f32 operations in the same
-/// order), for tests and for the CPU model of the schedule.
+/// order), for tests and for the CPU model of the schedule: `2^x = 2^j * 2^f` with
+/// `j = floor(x)` and `f = x - j`, `2^f` the cubic [`EXP2_POLY`] (Horner, three FMAs) and `2^j`
+/// added to the result's exponent field with an integer shift and add.
 pub fn exp2_poly(x: f32) -> f32 {
     if x.is_nan() {
         return x;

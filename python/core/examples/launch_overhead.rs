@@ -1,17 +1,8 @@
-//! The Rust half of `flash_attn_func`'s call overhead, on a GPU: host time per call of the
-//! core's checks and launch (`args::plan`, `args::check_out`, `launch::launch`) beside an
-//! empty launch through the same stream path, timed as `python/bench.py` times the Python
-//! call (rounds of back-to-back calls, each round timed up to its last enqueue, median). The
-//! difference to the Python figure is what pyo3 and the tensors' attribute reads cost. A
-//! second line times the stages on their own: borrowing the four tensors, the compile-cache
-//! hit, a launch of the already loaded kernel (argument checks, tensor maps, parameter packing,
-//! `cuLaunchKernel`), the whole `Device::launch`, the same entry with an empty body through
-//! kiln, and that hollow entry launched by a bare `cuLaunchKernel` with parameters packed once
-//! (what the driver alone costs for this parameter block and geometry).
-//!
-//! Build here with `(cd python && cargo build --release -p kiln-attn-core --example
-//! launch_overhead)` and run `python/target/release/examples/launch_overhead` on the GPU host
-//! (it needs no Rust there).
+//! The Rust half of `flash_attn_func`'s call overhead on a GPU: host time per call of the core's
+//! checks and launch beside an empty launch through the same stream path, then each stage alone
+//! (what is timed and how: `docs/benchmarking.md`, "From Python"). Build here with `(cd python &&
+//! cargo build --release -p kiln-attn-core --example launch_overhead)` and run
+//! `python/target/release/examples/launch_overhead` on the GPU host (it needs no Rust there).
 
 use std::process::ExitCode;
 use std::time::Instant;

@@ -1,18 +1,8 @@
 //! Attention's backward pass from PyTorch (`_flash_attn_backward` and its varlen form), and the
-//! forward on kiln's CPU interpreter: every gradient tensor checked against the forward's
-//! [`Plan`] (an [`ArgError`] naming the argument, so no kernel sees a shape it would read or
-//! write past), then the steps `kiln_examples::attention_backward` defines, each a registered
-//! kernel run through [`crate::generic`] on the GPU or on the interpreter:
-//!
-//! 1. `attention_bwd_preprocess`: `delta = rowsum(dout * out)`, the f32 dQ accumulator zeroed;
-//! 2. `attention_bwd_dkdv`: dK and dV (a key/value head's summed over the query heads of its
-//!    group), dQ's shares added into the accumulator with atomics unless deterministic;
-//! 3. `attention_bwd_dq_convert` (the accumulator scaled into dq), or, deterministic,
-//!    `attention_bwd_dq` (dQ in a second pass, the same bits every run).
-//!
-//! The workspaces (`delta`, the softmax_d FlashAttention returns, and the f32 dQ accumulator)
-//! are allocated by the caller in the shapes [`BwdPlan::delta_shape`] and
-//! [`BwdPlan::accum_shape`] give, contiguous, and passed to [`BwdPlan::steps`].
+//! forward on kiln's CPU interpreter: every gradient and workspace tensor checked against the
+//! forward's [`Plan`] (an [`ArgError`] naming the argument), then the steps of
+//! `kiln_examples::attention_backward` (`docs/kernels.md`, "Attention backward and decode"),
+//! each a registered kernel run through [`crate::generic`] on the GPU or on the interpreter.
 
 use kiln::ir::{DType, Target};
 use kiln_examples::attention_backward::AttentionBwdParams;

@@ -1,15 +1,9 @@
-//! Any registered `#[kernel]` from Python: its declaration ([`KernelInfo`]), a call's
-//! arguments and comptime values checked against it ([`plan`]), and the launch of the
-//! specialisation on the caller's stream ([`launch`]), compiled once per process.
-//!
-//! Comptime values arrive as Python values ([`Given`]); each becomes `-D NAME=VALUE` text
-//! and goes through the kernel's own comptime struct ([`AnyKernelDef::comptime_values`]), the
-//! one place text becomes comptime values, so an unknown name, a value of the wrong kind and
-//! a missing one are refused in the CLI's words. A `DType` parameter that a tensor's element
-//! type names (`x: Tensor<dtype, 2>`) and the call leaves out takes that tensor's dtype.
-//!
-//! Like [`crate::args`], nothing here knows Python: the extension turns objects into
-//! [`Arg`]s and [`Given`]s, and [`GenericError`]s into exceptions.
+//! Any registered `#[kernel]` from Python: its declaration ([`KernelInfo`]), a call's arguments
+//! and comptime values checked against it ([`plan`]), and the launch on the caller's stream
+//! ([`launch`]), compiled once per process. Comptime values ([`Given`]) become `-D NAME=VALUE`
+//! text parsed by the kernel's own comptime struct ([`AnyKernelDef::comptime_values`]), so they
+//! are refused in the CLI's words; a `DType` parameter a tensor's element type names and the
+//! call leaves out takes that tensor's dtype. Like [`crate::args`], nothing here knows Python.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};

@@ -1,11 +1,7 @@
 //! kiln_attn without Python: FlashAttention's `flash_attn_func` arguments checked and mapped
-//! onto kiln's DSL attention (`kiln_examples::attention`), which takes `[batch, heads, seq, d]`
-//! tensors. FlashAttention's BSHD tensors are the same memory seen through swapped strides,
-//! so nothing is copied: the kernel reads PyTorch's memory in place and writes its output.
-//! [`generic`] does the same for any registered kernel by name (`kiln_attn.kernel`): its
-//! arguments and comptime values checked against its declaration, the launch on the caller's
-//! stream, or a run on the CPU interpreter over host memory. [`backward`] checks a backward
-//! call's gradients and buffers against the forward's plan and runs the backward kernels.
+//! onto kiln's DSL attention (`kiln_examples::attention`, `[batch, heads, seq, d]`): the BSHD
+//! tensors are the same memory through swapped strides, so nothing is copied. [`generic`] does
+//! the same for any registered kernel by name; [`backward`] plans and runs the backward kernels.
 //!
 //! **Architecture invariant:** this crate knows nothing of Python. The extension (the
 //! `kiln-attn` crate) only turns Python objects into [`args::TensorInfo`] and errors into

@@ -1,27 +1,9 @@
-//! `flash_attn_varlen_func`'s arguments: packed `[total, heads, headdim]` tensors and the
-//! `cu_seqlens_q` / `cu_seqlens_k` offsets, checked and planned as one launch of the example's
-//! `attention_varlen` (`attention_varlen_lse` for the log-sum-exp) over the whole batch: the
-//! packed tensors are one batch of `total` rows (`[1, total, heads, headdim]` views of the same
-//! memory, no copy), and the kernel reads each sequence's offsets itself, so nothing is read
-//! to the host (no device synchronisation). Grid: `(cdiv(max_seqlen_q, block_m), nheads,
-//! batch)`.
-//!
-//! **Checked here** (each error naming its argument): q, k, v and out as `flash_attn_func`
-//! checks them, packed (3-D, dtypes, devices, heads, head dim, strides); each offsets tensor a
-//! 1-D, contiguous torch.int32 tensor on q's device, the two of one length `batch + 1 >= 2`,
-//! `batch` at most a grid's z; `max_seqlen_q` and `max_seqlen_k` in `0..=i32::MAX`.
-//!
-//! **Not checked: the offsets' values**, which stay on the device. The kernel is safe for any:
-//! every load and store stays inside its packed tensor (rows outside it read 0 and are not
-//! written), a block reads offsets `b` and `b + 1` only (`b < batch`), a pair that decreases is
-//! a sequence of no rows, and a sequence writes only its own rows `cu_q[b]..cu_q[b + 1]` (and
-//! those only up to `max_seqlen_q` of them: FlashAttention leaves longer sequences undefined).
-//! Offsets that are not FlashAttention's (not from 0, decreasing, past the tensors) give
-//! outputs FlashAttention does not define, never a fault.
-//!
-//! The log-sum-exp, when asked for, is FlashAttention-2's varlen one: a `[nheads, total_q]`
-//! f32 tensor, sequence `i`'s rows being columns `cu_q[i]..cu_q[i + 1]` (`+inf` for a row that
-//! sees no key, every row of a sequence without keys included, as `flash_attn_func` gives).
+//! `flash_attn_varlen_func`'s arguments (packed `[total, heads, headdim]` tensors and the
+//! `cu_seqlens_q` / `cu_seqlens_k` offsets), checked with each error naming its argument, and
+//! planned as one launch of `attention_varlen` (`attention_varlen_lse`) over the whole batch:
+//! the packed tensors as a `[1, total, heads, headdim]` view of the same memory, the offsets
+//! read by the kernel on the device, so nothing is copied or read to the host. What is checked,
+//! and why offsets of any value are safe: `docs/python.md`, `flash_attn_varlen_func`.
 
 use crate::args::Place;
 use crate::args::{

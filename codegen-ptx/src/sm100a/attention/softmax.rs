@@ -1,12 +1,10 @@
-//! A softmax warpgroup of the attention schedule: per iteration it copies its Q tile's score
-//! rows from TMEM (thread `t`: row `t`, so the row maximum and sum need no shuffle), runs the
-//! loop's code between the two mmas (the mask, the online softmax) with the deferred
-//! maximum, hands the rows' rescale factors to the correction warpgroup through shared memory
-//! and writes `P` (bf16 pairs) over `S` in TMEM; after the loop it copies `O` out and runs the
-//! kernel's code after the loop (the normalisation and the store) for its tile.
-//!
-//! A share of the score tile's exponentials ([`kiln_ir::sched::Sched::poly_share`]) is the FMA
-//! polynomial of [`kiln_ir::tmem::exp2`]; the rest `ex2.approx.ftz`.
+//! A softmax warpgroup of the attention schedule. Per iteration it copies its Q tile's score
+//! rows from TMEM (thread `t`: row `t`, so row maxima and sums need no shuffle), runs the loop's
+//! code between the two mmas (mask, online softmax) with the deferred maximum, hands the rows'
+//! rescale factors to the correction warpgroup through shared memory and writes `P` (bf16 pairs)
+//! over `S` in TMEM; after the loop it copies `O` out and runs the kernel's code after the loop.
+//! A share of the exponentials ([`kiln_ir::sched::Sched::poly_share`]) is the FMA polynomial of
+//! [`kiln_ir::tmem::exp2`]; the rest `ex2.approx.ftz`.
 
 use std::collections::BTreeSet;
 

@@ -1,14 +1,6 @@
-//! Rewrites a kernel body for tracing. User tokens keep their spans and every generated call
-//! is spanned at the construct it replaces, so `Location::caller()` in the DSL lands on the
-//! user's source:
-//!
-//! - `[e0, e1]` -> `[IntoIndex::into_index(e0), ..]` (shapes and coordinates);
-//! - `a < b` (and `<= > >= == !=`) -> `Compare::lt(a, b)`; `a && b` -> `Logic::and(a, b)`;
-//! - `if c { .. } else { .. }` -> `Condition::branch(c, vars, |vars| .., |vars| ..)`;
-//! - `for i in a..b { .. }` -> `for_loop(range(a, b), vars, |i, vars| ..)`, except
-//!   `for i in unroll(a..b)`, which stays a Rust loop.
-//!
-//! `vars` are the outer variables the construct assigns, passed in and returned by value.
+//! Rewrites a kernel body for tracing ([`rewrite_body`]). User tokens keep their spans and
+//! every generated call is spanned at the construct it replaces, so `Location::caller()` in
+//! the DSL lands on the user's source.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
@@ -19,7 +11,10 @@ use syn::{BinOp, Block, Expr, ExprForLoop, ExprIf, Ident};
 use crate::parse::body::{assigned_outer, assigned_outer_expr, pat_idents};
 use crate::paths;
 
-/// Rewrites `block` in place.
+/// Rewrites `block` in place: index lists, comparisons, `&&` and `||`, and runtime `if` and
+/// `for` become calls of the DSL's traits (the table on `kiln_ir::dsl::trace`); `for i in
+/// unroll(a..b)` stays a Rust loop. Outer variables a construct assigns are passed in and
+/// returned by value.
 pub fn rewrite_body(block: &mut Block) {
     Rewriter.visit_block_mut(block);
 }

@@ -1,13 +1,9 @@
-//! Shared memory of the scheduled execution: the block's dynamic shared memory as 2-byte
-//! cells, written and read in TMA boxes.
-//!
-//! A box lands at its buffer's base plus its own shared offset ([`Boxes`]), its rows
-//! `swizzle` bytes apart, each 16-byte chunk of a row moved by the address's swizzle (CUDA's
-//! 32/64/128-byte swizzles: bits 4.. of the address XOR bits 7..). Reading inverts the same
-//! map. So what the execution checks is the plan itself: the boxes cover their tile exactly,
-//! stay inside the block's shared memory, and nothing else is written over a buffer between
-//! its write and its last read. Cells start as NaN, so a tile read from cells no box wrote is
-//! NaN, not zero.
+//! Shared memory of the scheduled execution: the block's dynamic shared memory as 2-byte cells,
+//! written and read in TMA boxes at their buffer's base plus their own offset ([`Boxes`]), with
+//! CUDA's swizzles. So what the execution checks is the plan itself: the boxes cover their tile
+//! exactly, stay inside the block's shared memory, and nothing else is written over a buffer
+//! between its write and its last read. Cells start as NaN, so a tile read from cells no box
+//! wrote is NaN, not zero.
 
 use std::ops::Range;
 
@@ -237,7 +233,9 @@ impl SharedMemory {
         Ok(())
     }
 
-    /// The cell of element `[r, c]` of box `b`, swizzled.
+    /// The cell of element `[r, c]` of box `b`, swizzled: the box's rows are `swizzle` bytes
+    /// apart and each 16-byte chunk of a row moves by the address's swizzle (CUDA's
+    /// 32/64/128-byte swizzles: bits 4.. of the address XOR bits 7..); reading inverts the map.
     fn cell(&self, boxes: &Boxes, b: usize, r: usize, c: usize) -> Result<usize, PlanError> {
         let span = boxes.box_dims[1] * 2;
         if span != boxes.swizzle {
