@@ -2,8 +2,9 @@
 kernels (`kiln_examples::attention_decode`); `kiln_attn.kvcache` holds the public entry.
 Every argument is checked from shapes, strides, dtypes and devices alone, before anything is
 allocated or launched (no tensor value is read on the host, so a decode step is capturable in
-a CUDA graph), and torch is imported only after the checks, so they run on fake tensors. The
-launches and the caches' views: `docs/python.md`, decoding.
+a CUDA graph), and torch is imported only after the checks, so they run on fake tensors. A
+head dim that is no multiple of 8 runs on zero-padded copies (`_pad8`), as FlashAttention 2's.
+The launches and the caches' views: `docs/python.md`, decoding.
 """
 
 import operator
@@ -165,10 +166,43 @@ _DECODE_TILES = (16, 32, 64, 96, 128, 192, 256)
 
 
 def _tile(name, what, d):
-    """The narrowest decode tile holding head dim `d` (a multiple of 8 up to 256)."""
-    if not (0 < d <= 256 and d % 8 == 0):
-        raise ValueError(f"{name}: {what} {d} is not supported (kiln_attn takes multiples of 8 up to 256)")
+    """The narrowest decode tile holding head dim `d` (1 to 256; one that is no multiple of 8
+    runs padded to the next, which the same tile holds)."""
+    if not 0 < d <= 256:
+        raise ValueError(f"{name}: {what} {d} is not supported (kiln_attn takes head dims from 1 to 256)")
     return next(w for w in _DECODE_TILES if w >= d)
+
+
+def _pad8(t):
+    """`t` (or None) with its last dimension padded with zeros to a multiple of 8: the kernels
+    read rows of 16-byte units (FlashAttention 2's rule); zero columns add nothing to a score
+    and give output columns that are cut off. A copy when padded, else `t` itself."""
+    import torch
+
+    extra = 0 if t is None else -t.shape[-1] % 8
+    return torch.nn.functional.pad(t, (0, extra)) if extra else t
+
+
+def _write_back_appended(cache, padded, page_table, cache_seqlens, s_new):
+    """Copies the rows `kv_cache_append` wrote into `padded` (the zero-padded copy of the
+    caller's `cache`) back into `cache`, cut to its head dim: key `t` of the `s_new` new ones of
+    sequence `i` lies at position `cache_seqlens[i] + t`, in page `page_table[i, pos // page]`
+    at row `pos % page` (a dense cache: one page per sequence, as the kernels read it).
+
+    Exact without knowing which positions the kernel skipped (past the page table, negative):
+    such an index is clamped into the cache, and any row copied back that the kernel did not
+    write holds the caller's own values. Device-side index arithmetic only: nothing is read on
+    the host."""
+    import torch
+
+    if cache.numel() == 0:
+        return
+    pages, page = cache.shape[0], cache.shape[1]
+    pos = cache_seqlens.long()[:, None] + torch.arange(s_new, device=cache.device)
+    pos = pos.clamp(min=0)
+    slot = (pos // page).clamp(max=page_table.shape[1] - 1)
+    at = (page_table.long().gather(1, slot).clamp(0, pages - 1), pos % page)
+    cache[at] = padded[at][..., : cache.shape[-1]]
 
 
 def kvcache(
@@ -330,6 +364,11 @@ def kvcache(
     q = _maybe_contiguous(q)
     if k is not None:
         k, v = _maybe_contiguous(k), _maybe_contiguous(v)
+    # A head dim that is no multiple of 8: the kernels run on zero-padded copies (only of the
+    # tensors whose head dim needs it), the output is cut back, the appended rows written back.
+    callers_caches = (k_cache, v_cache)
+    q, k, v = _pad8(q), _pad8(k), _pad8(v)
+    k_cache, v_cache = _pad8(k_cache), _pad8(v_cache)
     if seqlens_int is not None:
         cache_seqlens = torch.full((b,), seqlens_int, dtype=torch.int32, device=dev)
     if cache_leftpad is None:
@@ -355,7 +394,7 @@ def kvcache(
         "rotary_dim": rotary_dim,
         "rotary_interleaved": rotary_interleaved,
     }
-    out = torch.empty((b, sq, h, dv), dtype=q.dtype, device=dev)
+    out = torch.empty((b, sq, h, v_cache.shape[-1]), dtype=q.dtype, device=dev)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=dev)
     # `[pages, page, heads_k, d]` read as `[pages, heads_k, page, d]`.
     k_view, v_view = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
@@ -363,8 +402,11 @@ def kvcache(
         grid = (_cdiv(s_new, _BLOCK_ROWS), hk, b)
         _launch("kv_cache_append", grid, k.transpose(1, 2), v.transpose(1, 2), k_view, v_view, page_table,
                 cache_seqlens, rotary_cos, rotary_sin, **ct)
+        for mine, padded in zip(callers_caches, (k_cache, v_cache)):
+            if padded is not mine:
+                _write_back_appended(mine, padded, page_table, cache_seqlens, s_new)
     if not (b and sq and h):
-        return (out, lse) if return_softmax_lse else out
+        return _result(out, lse, dv, return_softmax_lse)
     if rotary_dim:
         q_rot = torch.empty_like(q)
         _launch("rotary_q", (sq, b, _cdiv(h, _ROTARY_HEADS)), q, rotary_cos, rotary_sin, cache_seqlens, q_rot, **ct)
@@ -380,11 +422,20 @@ def kvcache(
     if splits == 1:
         _launch("attention_decode", grid, *cache, out, lse, scale, s_new, **ct)
     else:
-        o_partial = torch.empty((splits * b, sq, h, dv), dtype=torch.float32, device=dev)
+        o_partial = torch.empty((splits * b, sq, h, out.shape[-1]), dtype=torch.float32, device=dev)
         lse_partial = torch.empty((splits * b, sq, h), dtype=torch.float32, device=dev)
         _launch("attention_decode_split", grid, *cache, o_partial, lse_partial, scale, s_new, **ct)
         _launch("attention_decode_combine", (_cdiv(h, _BLOCK_ROWS), sq, b), o_partial, lse_partial, out, lse, **ct)
+    return _result(out, lse, dv, return_softmax_lse)
+
+
+def _result(out, lse, dv, return_softmax_lse):
+    """The call's result: `out` cut back to the caller's head dim `dv` when it was padded
+    (contiguous, as the unpadded call's and the custom op's fake output)."""
+    if out.shape[-1] != dv:
+        out = out[..., :dv].contiguous()
     return (out, lse) if return_softmax_lse else out
+
 
 def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
     """FlashAttention 3's flash_attn_combine: merges split-KV partial results by their
@@ -392,7 +443,8 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
 
     out_partial: (num_splits, batch, seqlen, nheads, headdim) torch.float32; lse_partial:
     (num_splits, batch, seqlen, nheads) torch.float32 (natural log, -inf for a split that saw
-    no key); headdim a multiple of 8 up to 256. out: (batch, seqlen, nheads, headdim) to
+    no key); headdim up to 256 (one that is no multiple of 8 runs on a zero-padded copy of
+    out_partial, as FlashAttention 3 pads it). out: (batch, seqlen, nheads, headdim) to
     write, or None; out_dtype: its dtype (default out's, else torch.float32); float32,
     float16 or bfloat16.
 
@@ -435,11 +487,16 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
     lse = torch.empty((b, h, s), dtype=torch.float32, device=dev)
     if b and s and h:
         # The kernel reads the splits and the batch as one dimension: a view when the strides
-        # allow it, else a copy of the inputs (never of `out`).
-        op = _maybe_contiguous(out_partial).reshape(n * b, s, h, d)
+        # allow it, else a copy of the inputs (never of `out`, unless its head dim is padded).
+        op = _pad8(_maybe_contiguous(out_partial))
+        dp = op.shape[-1]
+        op = op.reshape(n * b, s, h, dp)
         lp = lse_partial.reshape(n * b, s, h)
+        dst = out if dp == d else torch.empty((b, s, h, dp), dtype=out.dtype, device=dev)
         ct = {"d": d_tile, "dtype": out.dtype}
-        _launch("attention_decode_combine", (_cdiv(h, _BLOCK_ROWS), s, b), op, lp, out, lse, **ct)
+        _launch("attention_decode_combine", (_cdiv(h, _BLOCK_ROWS), s, b), op, lp, dst, lse, **ct)
+        if dst is not out:
+            out.copy_(dst[..., :d])
     return out, lse.transpose(1, 2)
 
 

@@ -208,8 +208,10 @@ def flash_attn_with_kvcache(
     (the same caches, append, rotary, page table, masks, splits) with FlashAttention 3's
     arguments and window rule (a bound is unbounded from seqlen_k - 1 on the left, seqlen_q -
     1 on the right, seqlen_k the cache's length). `num_splits` is honoured (0: kiln
-    chooses); `pack_gqa` and `sm_margin` change no result. Returns out, or (out,
-    softmax_lse) with return_softmax_lse=True."""
+    chooses); `pack_gqa` and `sm_margin` change no result. A head dim that is no multiple of 8
+    runs on zero-padded copies of the tensors and caches (FlashAttention 2's way: see
+    kiln_attn.flash_attn_with_kvcache). Returns out, or (out, softmax_lse) with
+    return_softmax_lse=True."""
     _unsupported(
         qv=qv,
         cu_seqlens_q=cu_seqlens_q,

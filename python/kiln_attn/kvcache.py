@@ -36,12 +36,12 @@ def flash_attn_with_kvcache(
     """FlashAttention 2's flash_attn_with_kvcache (decoding against a key/value cache) by
     kiln's decode kernels; no autograd (inference).
 
-    q: (batch, seqlen_q, nheads, headdim), torch.float16 or torch.bfloat16; headdim a
-    multiple of 8 up to 256.
+    q: (batch, seqlen_q, nheads, headdim), torch.float16 or torch.bfloat16; headdim up to
+    256.
     k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim) for a dense cache, or
     (num_blocks, page_block_size, nheads_k, headdim) with a page table (any page size);
-    v_cache's last dim may differ (headdim_v, a multiple of 8 up to 256, as FlashAttention 3;
-    then v and the output are headdim_v wide);
+    v_cache's last dim may differ (headdim_v, up to 256, as FlashAttention 3; then v and the
+    output are headdim_v wide);
     q's dtype and device, a contiguous last dimension (other strides free). Written in place
     when k and v are given. nheads_k divides nheads (GQA: query head i reads key/value head
     i // (nheads // nheads_k)).
@@ -68,6 +68,13 @@ def flash_attn_with_kvcache(
     combines them; 0 lets kiln choose from the shape and the GPU's multiprocessor count.
     return_softmax_lse: also return the log-sum-exp (batch, nheads, seqlen_q) torch.float32
     (+inf for a query that sees no key, whose output is 0).
+
+    A headdim or headdim_v that is no multiple of 8 runs as FlashAttention 2 runs it, for
+    correctness rather than speed: q, k, v and the cache of that head dim are copied with
+    zeros padded to the next multiple of 8 (a copy of the whole cache on every call), the
+    kernels run on the copies, the output is cut back, and the appended keys and values are
+    written back into the caller's k_cache and v_cache (the appended rows: nothing else in the
+    caches changes). softmax_scale's default takes the unpadded headdim.
 
     Returns out (batch, seqlen_q, nheads, headdim_v), with softmax_lse as asked. Runs
     asynchronously on the current CUDA stream without reading any tensor on the host, so it

@@ -5,7 +5,9 @@ then the launches) and returns `(out, softmax_lse)`; it declares that it writes 
 `v_cache` (the append), and its fake implementation gives the outputs' shapes, so
 `torch.compile(fullgraph=True)` traces a decode step that calls `flash_attn_with_kvcache`
 without a graph break. `cache_seqlens` reaches the op as a tensor or, for FlashAttention's
-int, as `cache_seqlens_int`.
+int, as `cache_seqlens_int`. A head dim padded to a multiple of 8 changes neither: the
+appended rows are written back into the caller's caches, and the output is cut to headdim_v
+(contiguous, as the fake output).
 """
 
 from typing import Optional, Tuple

@@ -846,8 +846,11 @@ def test_kvcache_splits_agree_and_combine_is_flash_attention_3s():
     torch.testing.assert_close(lse, torch.logsumexp(lp, dim=0), atol=1e-4, rtol=1e-5)
 
 
-def test_a_decode_step_captures_and_replays_in_a_cuda_graph():
-    b, h, hk, d, page, cap_pages = 8, 32, 8, 128, 16, 64
+# d = 100: the padded path (copies of q, k, v and the caches, the appended rows written back)
+# is captured too: it allocates and indexes on the device, and reads nothing on the host.
+@pytest.mark.parametrize("d", [128, 100])
+def test_a_decode_step_captures_and_replays_in_a_cuda_graph(d):
+    b, h, hk, page, cap_pages = 8, 32, 8, 16, 64
     lens = torch.randint(1, page * (cap_pages - 2), (b,), device="cuda")
     x, slots, cap = decode_case(11, b, lens, 1, h, hk, d, 1, page, (64, True))
     static = {k: t.clone() for k, t in x.items()}
@@ -946,7 +949,8 @@ def test_varlen_value_head_dims_match_each_sequence(d, dv):
         assert rel_error(out[None, q0 : q0 + sq], ref) < TOLERANCE, f"d={d} dv={dv} sequence {i}"
 
 
-@pytest.mark.parametrize("d, dv", VALUE_HEAD_DIMS)
+# Head dims that are no multiple of 8 run on zero-padded copies (FlashAttention 2's rule).
+@pytest.mark.parametrize("d, dv", VALUE_HEAD_DIMS + [(100, 72), (72, 100), (36, 36), (200, 3)])
 @pytest.mark.parametrize("page, splits", [(0, 1), (16, 3), (256, 0)])
 def test_kvcache_value_head_dims_match_flash_attentions_semantics(d, dv, page, splits):
     b, longest, sq, h, hk, s_new = 4, 1500, 2, 16, 4, 2
@@ -959,6 +963,7 @@ def test_kvcache_value_head_dims_match_flash_attentions_semantics(d, dv, page, s
     torch.cuda.synchronize()
     what = f"d={d} dv={dv} page={page} splits={splits}"
     assert out.shape == (b, sq, h, dv), what
+    torch.testing.assert_close(x["k_cache"], want_k, equal_nan=True, atol=0, rtol=0, msg=what)
     torch.testing.assert_close(x["v_cache"], want_v, equal_nan=True, atol=0, rtol=0, msg=what)
     assert rel_error(out, want_out) < TOLERANCE, what
     torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-3, msg=what)

@@ -66,8 +66,12 @@ def test_signatures_are_flash_attentions():
      r"^k_cache: expected a contiguous last dimension .* does not copy it"),
     ({"v_cache": cache(page=41)}, ValueError, r"^v_cache: expected shape \(3, 40, 2, 64\)"),
     ({"k_cache": cache(d=32), "v_cache": cache(d=32)}, ValueError, r"^k_cache: expected headdim 64 \(as q\), got 32"),
-    ({"q": q_(d=76), "k_cache": cache(d=76), "v_cache": cache(d=76)}, ValueError, r"^q: headdim 76 is not supported \(kiln_attn takes multiples of 8"),
+    ({"q": q_(d=264), "k_cache": cache(d=264), "v_cache": cache(d=264)}, ValueError,
+     r"^q: headdim 264 is not supported \(kiln_attn takes head dims from 1 to 256\)"),
+    ({"q": q_(d=0), "k_cache": cache(d=0), "v_cache": cache(d=0)}, ValueError, r"^q: headdim 0 is not supported"),
     ({"v_cache": cache(d=300)}, ValueError, r"^v_cache: headdim_v 300 is not supported"),
+    ({"v_cache": cache(d=0)}, ValueError, r"^v_cache: headdim_v 0 is not supported"),
+    ({"q": q_(d=257), "k_cache": cache(d=257), "v_cache": cache(d=100)}, ValueError, r"^q: headdim 257 is not supported"),
     ({"k": FakeTensor((B, 1, HK, D)), "v": FakeTensor((B, 1, HK, 32))}, ValueError, r"^v: expected shape \(3, 1, 2, 64\) \(as k but for v_cache's headdim_v\)"),
     ({"k_cache": cache(hk=3), "v_cache": cache(hk=3)}, ValueError, r"^k_cache: nheads_k 3 must divide q's nheads 8"),
     ({"k_cache": cache(pages=2), "v_cache": cache(pages=2)}, ValueError, r"^k_cache: expected at least 3 sequences"),
@@ -141,16 +145,26 @@ def test_fa3s_extras_are_refused_by_name(kw, msg):
         call(fa3.flash_attn_with_kvcache, **kw)
 
 
-def test_checks_come_before_anything_is_allocated():
+# Head dims the kernels take as they are (multiples of 8) and ones padded to the next (FlashAttention
+# 2's rule), keys and values alike or apart, up to 256.
+HEAD_DIMS = [(D, D), (8, 8), (40, 40), (72, 72), (100, 100), (200, 200), (100, 72), (72, 100), (1, 1), (1, 256),
+             (256, 3), (255, 255)]
+
+
+@pytest.mark.parametrize("d,dv", HEAD_DIMS)
+def test_checks_come_before_anything_is_allocated(d, dv):
     # A valid call reaches torch only to allocate; without torch that is the first failure.
     try:
         import torch  # noqa: F401
     except ModuleNotFoundError:
         with pytest.raises(ModuleNotFoundError, match="torch"):
-            call(k=FakeTensor((B, 1, HK, D)), v=FakeTensor((B, 1, HK, D)), cache_seqlens=FakeTensor((B,), dtype=I32),
-                 block_table=FakeTensor((B, 1), dtype=I32))
+            call(q=q_(d=d), k_cache=cache(d=d), v_cache=cache(d=dv), k=FakeTensor((B, 1, HK, d)),
+                 v=FakeTensor((B, 1, HK, dv)), cache_seqlens=FakeTensor((B,), dtype=I32),
+                 block_table=FakeTensor((B, 1), dtype=I32),
+                 rotary_cos=FakeTensor((40, d // 2 or 1)) if d > 1 else None,
+                 rotary_sin=FakeTensor((40, d // 2 or 1)) if d > 1 else None)
         with pytest.raises(ModuleNotFoundError, match="torch"):
-            kiln_attn.flash_attn_combine(FakeTensor((3, B, SQ, H, D), dtype=F32), FakeTensor((3, B, SQ, H), dtype=F32))
+            kiln_attn.flash_attn_combine(FakeTensor((3, B, SQ, H, dv), dtype=F32), FakeTensor((3, B, SQ, H), dtype=F32))
     else:
         pytest.skip("torch is installed: the interpreter and GPU tests run valid calls")
 
@@ -164,8 +178,12 @@ def test_checks_come_before_anything_is_allocated():
     ((FakeTensor((3, B, SQ, H, D), dtype=F32), FakeTensor((3, B, SQ, H))), {}, TypeError, r"^lse_partial: expected torch.float32"),
     ((FakeTensor((0, B, SQ, H, D), dtype=F32), FakeTensor((0, B, SQ, H), dtype=F32)), {}, ValueError,
      r"^out_partial: expected at least one split"),
-    ((FakeTensor((3, B, SQ, H, 44), dtype=F32), FakeTensor((3, B, SQ, H), dtype=F32)), {}, ValueError,
-     r"^out_partial: headdim 44 is not supported"),
+    ((FakeTensor((3, B, SQ, H, 260), dtype=F32), FakeTensor((3, B, SQ, H), dtype=F32)), {}, ValueError,
+     r"^out_partial: headdim 260 is not supported \(kiln_attn takes head dims from 1 to 256\)"),
+    ((FakeTensor((3, B, SQ, H, 0), dtype=F32), FakeTensor((3, B, SQ, H), dtype=F32)), {}, ValueError,
+     r"^out_partial: headdim 0 is not supported"),
+    ((FakeTensor((3, B, SQ, H, 44), dtype=F32), FakeTensor((3, B, SQ, H), dtype=F32)), {"out": FakeTensor((B, SQ, H, 48))},
+     ValueError, r"^out: expected shape \(3, 2, 8, 44\)"),
     ((FakeTensor((3, B, SQ, H, D), dtype=F32), FakeTensor((3, B, SQ, H), dtype=F32)), {"out_dtype": I32}, TypeError,
      r"^out_dtype: expected torch.float32, torch.float16 or torch.bfloat16, got torch.int32"),
     ((FakeTensor((3, B, SQ, H, D), dtype=F32), FakeTensor((3, B, SQ, H), dtype=F32)), {"out": FakeTensor((B, SQ, H, D + 16))},

@@ -10,6 +10,7 @@ allocates are NaN before the kernels run. The cache after the call must equal th
 reference's appended cache. Skipped without torch.
 """
 
+import functools
 import math
 import os
 import random
@@ -292,6 +293,29 @@ CASES = {
     # An int cache_seqlens, rotary on a causal call (queries at their own positions).
     "int_seqlens_rotary_causal": Case(lens=[17, 17, 17], s_new=2, sq=2, int_seqlens=True, causal=True,
                                       rotary=(32, True), splits=0),
+    # Head dims off the 16-byte grid run on zero-padded copies (FlashAttention 2's rule): the
+    # appended rows written back into the caller's caches, the output cut back, the scale from
+    # the unpadded head dim. Keys 100 wide (rotated over all 100 columns), values 72: only q,
+    # k and k_cache padded; paged, causal, 3 splits.
+    "d100_dv72_page16_rotary_split3": Case(lens=[9, 0, 40], d=100, dv=72, sq=2, s_new=3, page=16,
+                                           rotary=(100, True), causal=True, splits=3),
+    # Values 100 wide, keys 72: only v and v_cache padded; dense rows by cache_batch_idx,
+    # GPT-NeoX rotary on part of the keys.
+    "d72_dv100_batch_idx_neox": Case(lens=[3, 20, 1], d=72, dv=100, s_new=2, batch_idx=True, rotary=(40, False),
+                                     dist="large"),
+    # Both padded, no append (the copies are only read), paged, kiln's choice of splits.
+    "d100_page16_no_append": Case(lens=[5, 0, 40], d=100, sq=2, page=16, causal=True, splits=0),
+    # Head dim 3 (padded to 8, the narrowest tile), pages of one key, rotary, 2 splits.
+    "d3_page1_rotary_split2": Case(lens=[3, 1, 9], d=3, s_new=2, page=1, rotary=(2, False), splits=2,
+                                   dtype=torch.float16),
+    # Multiples of 8 as they are: 40 (tile 64) dense with rotary, 200 (tile 256, four value
+    # blocks) paged; and 202 / 36 padded, keys in the widest tile.
+    "d40_dense_rotary": Case(lens=[0, 12, 31], d=40, s_new=1, rotary=(40, True)),
+    "d200_page16_rotary": Case(lens=[2, 30, 0], d=200, heads_k=1, group=2, s_new=2, page=16, rotary=(64, False),
+                               splits=2),
+    "d202_dv36_dense_append": Case(lens=[2, 30, 0], d=202, dv=36, heads_k=1, group=2, s_new=2, splits=0),
+    # Padded caches that are strided views into one key/value buffer.
+    "packed_d36": Case(lens=[7, 0, 30], d=36, s_new=2, sq=2, page=16, packed=True, rotary=(16, True), causal=True),
 }
 
 
@@ -335,6 +359,40 @@ def test_window_spellings_and_both_rules_agree_below_seqlen_q():
     assert float((a.double() - want).abs().max()) <= 2e-2 * max(1.0, float(torch.nan_to_num(x["v_cache"].double()).abs().max()))
 
 
+def test_a_padded_call_runs_the_kernels_on_padded_copies_bit_for_bit(poisoned):
+    # Head dims 100 / 36 against the same call on the tensors padded by hand to 104 / 40 (the
+    # kernels' own path, given the scale of 100): the same output and lse bit for bit, and the
+    # caller's caches equal to the hand-padded ones cut back, every slot, NaN ones included.
+    # The last sequence's length puts two of its new keys past its pages (dense: past its row),
+    # which the kernels skip: the write-back must not invent them.
+    for page in (0, 16):
+        c = Case(lens=[4, 0, 13], d=100, dv=36, s_new=3, sq=2, page=page, rotary=(100, True), splits=2)
+        g = torch.Generator().manual_seed(SEED + 17 + page)
+        x, _, capacity = make_inputs(c, g)
+        x["cache_seqlens"][2] = capacity - 1
+        # Table rows for the skipped positions too (the kernels rotate before they skip).
+        x["rotary_cos"], x["rotary_sin"] = (torch.cat([t, t[:2]]) for t in (x["rotary_cos"], x["rotary_sin"]))
+        by_hand = snapshot(x)
+        for name in ("q", "k", "v", "k_cache", "v_cache"):
+            by_hand[name] = torch.nn.functional.pad(by_hand[name], (0, -by_hand[name].shape[-1] % 8))
+        before = snapshot(x)
+        got = run(c, x)
+        with kiln_attn.interpreter():
+            want = call(c, by_hand, functools.partial(kiln_attn.flash_attn_with_kvcache, softmax_scale=c.d ** -0.5))
+        what = f"page {page} seed {SEED}"
+        # (The last sequence's attention reads the NaN slots between its keys: NaN both ways.)
+        torch.testing.assert_close(got[0], want[0][..., : c.d_v], atol=0, rtol=0, equal_nan=True, msg=what)
+        torch.testing.assert_close(got[1], want[1], atol=0, rtol=0, equal_nan=True, msg=what)
+        for name in ("k_cache", "v_cache"):
+            mine = x[name]
+            torch.testing.assert_close(mine, by_hand[name][..., : mine.shape[-1]], atol=0, rtol=0, equal_nan=True,
+                                       msg=what)
+            # Exactly the appended slots changed (all NaN before): three new keys of sequences 0
+            # and 1, one of sequence 2.
+            changed = ~((mine == before[name]) | (mine.isnan() & before[name].isnan())).all(-1).all(-1)
+            assert int(changed.sum()) == 2 * c.s_new + 1, what
+
+
 def combine_reference(op, lp):
     m = lp.amax(0)
     seen = torch.isfinite(m)
@@ -345,10 +403,12 @@ def combine_reference(op, lp):
     return torch.where(seen[..., None], out, 0.0), lse
 
 
+@pytest.mark.parametrize("d", [32, 36, 3])
 @pytest.mark.parametrize("out_dtype", [None, torch.bfloat16, "out"])
-def test_combine_matches_the_f64_reference(out_dtype, poisoned):
+def test_combine_matches_the_f64_reference(out_dtype, d, poisoned):
+    # Head dims 36 and 3 run on a zero-padded copy of out_partial (FlashAttention 3's rule).
     g = torch.Generator().manual_seed(SEED + 13)
-    n, b, s, h, d = 3, 2, 3, 5, 32
+    n, b, s, h = 3, 2, 3, 5
     op = draw((n, b, s, h, d), torch.float32, "normal", g)
     lp = draw((n, b, s, h), torch.float32, "large", g)
     lp[1, 0, 1] = -math.inf  # a split that saw no key
@@ -371,7 +431,7 @@ def test_combine_matches_the_f64_reference(out_dtype, poisoned):
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-@pytest.mark.parametrize("name", ["page16_rotary_auto", "int_seqlens_rotary_causal"])
+@pytest.mark.parametrize("name", ["page16_rotary_auto", "int_seqlens_rotary_causal", "d100_dv72_page16_rotary_split3"])
 def test_torch_compile_traces_a_decode_step_without_a_graph_break(backend, name):
     # The custom op torch.ops.kiln_attn._flash_attn_with_kvcache: traced with fullgraph=True,
     # the step appends into the caches in place and gives the eager call's bits.
@@ -390,10 +450,12 @@ def test_torch_compile_traces_a_decode_step_without_a_graph_break(backend, name)
     torch.testing.assert_close(x["k_cache"], eager_x["k_cache"], atol=0, rtol=0, equal_nan=True)
 
 
-def test_the_decode_custom_op_passes_opcheck():
+@pytest.mark.parametrize("name", ["page16_rotary_auto", "d100_dv72_page16_rotary_split3"])
+def test_the_decode_custom_op_passes_opcheck(name):
+    # The padded path too: its write-back is the op's declared mutation, its output no alias.
     from kiln_attn import kvcache_op
 
-    c = CASES["page16_rotary_auto"]
+    c = CASES[name]
     g = torch.Generator().manual_seed(SEED + 12)
     x, _, _ = make_inputs(c, g)
     args = (x["q"], x["k_cache"], x["v_cache"], x["k"], x["v"], x["rotary_cos"], x["rotary_sin"],
