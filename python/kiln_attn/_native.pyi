@@ -16,6 +16,7 @@ def _fwd(
     *,
     out: torch.Tensor | None = None,
     fa3_window: bool = False,
+    attention_chunk: int = 0,
     interpret: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 def _varlen_fwd(
@@ -34,6 +35,7 @@ def _varlen_fwd(
     *,
     out: torch.Tensor | None = None,
     fa3_window: bool = False,
+    attention_chunk: int = 0,
     interpret: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 def _bwd(
@@ -53,6 +55,7 @@ def _bwd(
     deterministic: bool = False,
     *,
     fa3_window: bool = False,
+    attention_chunk: int = 0,
     interpret: bool = False,
 ) -> torch.Tensor: ...
 def _varlen_bwd(
@@ -76,6 +79,7 @@ def _varlen_bwd(
     deterministic: bool = False,
     *,
     fa3_window: bool = False,
+    attention_chunk: int = 0,
     interpret: bool = False,
 ) -> torch.Tensor: ...
 def _context_handle(device: int) -> int: ...

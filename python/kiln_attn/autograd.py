@@ -38,6 +38,7 @@ def _flash_attn_forward(
     alibi_slopes: Optional[Tensor],
     return_softmax: bool,
     fa3_window: bool = False,
+    attention_chunk: int = 0,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     check_unsupported(dropout_p, alibi_slopes)
     out, lse = _native._fwd(
@@ -50,13 +51,14 @@ def _flash_attn_forward(
         softcap,
         True,
         fa3_window=fa3_window,
+        attention_chunk=attention_chunk,
         interpret=interpreting(),
     )
     return out, lse, q.new_empty((0,)), torch.zeros((2,), dtype=torch.int64, device=q.device)
 
 
 @_flash_attn_forward.register_fake
-def _flash_attn_forward_fake(q, k, v, dropout_p, softmax_scale, causal, wl, wr, softcap, alibi_slopes, return_softmax, fa3_window=False):
+def _flash_attn_forward_fake(q, k, v, dropout_p, softmax_scale, causal, wl, wr, softcap, alibi_slopes, return_softmax, fa3_window=False, attention_chunk=0):
     b, sq, h, _ = q.shape
     return (
         q.new_empty((b, sq, h, v.shape[-1])),
@@ -87,6 +89,7 @@ def _flash_attn_backward(
     deterministic: bool,
     rng_state: Optional[Tensor] = None,
     fa3_window: bool = False,
+    attention_chunk: int = 0,
 ) -> Tensor:
     check_unsupported(dropout_p, alibi_slopes)
     dq = torch.empty_like(q) if dq is None else dq
@@ -108,6 +111,7 @@ def _flash_attn_backward(
         softcap,
         deterministic,
         fa3_window=fa3_window,
+        attention_chunk=attention_chunk,
         interpret=interpreting(),
     )
 
@@ -140,6 +144,7 @@ def _flash_attn_varlen_forward(
     seqused_k: Optional[Tensor] = None,
     fa3_window: bool = False,
     seqused_q: Optional[Tensor] = None,
+    attention_chunk: int = 0,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     check_unsupported(dropout_p, alibi_slopes)
     _no_paging(block_table, leftpad_k)
@@ -163,6 +168,7 @@ def _flash_attn_varlen_forward(
         softcap,
         True,
         fa3_window=fa3_window,
+        attention_chunk=attention_chunk,
         interpret=interpreting(),
         seqused_q=seqused_q,
         seqused_k=seqused_k,
@@ -206,6 +212,7 @@ def _flash_attn_varlen_backward(
     deterministic: bool,
     rng_state: Optional[Tensor] = None,
     fa3_window: bool = False,
+    attention_chunk: int = 0,
 ) -> Tensor:
     check_unsupported(dropout_p, alibi_slopes)
     dq = torch.empty_like(q) if dq is None else dq
@@ -231,6 +238,7 @@ def _flash_attn_varlen_backward(
         softcap,
         deterministic,
         fa3_window=fa3_window,
+        attention_chunk=attention_chunk,
         interpret=interpreting(),
     )
 
@@ -255,7 +263,7 @@ class FlashAttnFunc(torch.autograd.Function):
         if softmax_scale is None:
             softmax_scale = q.shape[-1] ** (-0.5)
         out, lse, _, _ = torch.ops.kiln_attn._flash_attn_forward(
-            q, k, v, 0.0, softmax_scale, causal, window[0], window[1], softcap, None, False, fa3_window
+            q, k, v, 0.0, softmax_scale, causal, window[0], window[1], softcap, None, False, fa3_window, window[2]
         )
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (softmax_scale, causal, window, softcap, deterministic, fa3_window)
@@ -287,6 +295,7 @@ class FlashAttnFunc(torch.autograd.Function):
             deterministic,
             None,
             fa3_window,
+            window[2],
         )
         return dq, dk, dv, None, None, None, None, None, None
 
@@ -320,6 +329,7 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
             seqused_k,
             fa3_window,
             seqused_q,
+            window[2],
         )
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
         ctx.args = (max_q, max_k, softmax_scale, causal, window, softcap, deterministic, fa3_window)
@@ -363,6 +373,7 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
             deterministic,
             None,
             fa3_window,
+            window[2],
         )
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None
 
@@ -419,8 +430,11 @@ def _padded(q, k, v, softmax_scale):
     return pad(q), pad(k), pad(v), softmax_scale, dv
 
 
-def flash_attn(q, k, v, softmax_scale, causal, window, softcap, deterministic, return_attn_probs, return_lse, out, fa3_window=False):
-    """flash_attn_func through the autograd Function (arguments already normalised)."""
+def flash_attn(q, k, v, softmax_scale, causal, window, softcap, deterministic, return_attn_probs, return_lse, out, fa3_window=False,
+               attention_chunk=0):
+    """flash_attn_func through the autograd Function (arguments already normalised;
+    `attention_chunk`: FlashAttention 3's, 0 off)."""
+    window = (window[0], window[1], attention_chunk)
     q0 = q
     q, k, v, softmax_scale, cut = _padded(q, k, v, softmax_scale)
     q, k, v = _distinct(q, k, v)
@@ -450,9 +464,11 @@ def flash_attn_varlen(
     out,
     fa3_window=False,
     used=None,
+    attention_chunk=0,
 ):
     """flash_attn_varlen_func through the autograd Function; `used`: FlashAttention 3's
-    (seqused_q, seqused_k), both given, or None."""
+    (seqused_q, seqused_k), both given, or None; `attention_chunk`: FlashAttention 3's."""
+    window = (window[0], window[1], attention_chunk)
     q0 = q
     q, k, v, softmax_scale, cut = _padded(q, k, v, softmax_scale)
     q, k, v, cu_q, cu_k = _distinct(q, k, v, cu_q, cu_k)

@@ -225,9 +225,11 @@ def kvcache(
     num_splits,
     return_softmax_lse,
     fa3_window,
+    attention_chunk=0,
 ):
     """`flash_attn_with_kvcache` after the version's own arguments: every check, then the
-    launches. `fa3_window`: FlashAttention 3's window rule (else 2's)."""
+    launches. `fa3_window`: FlashAttention 3's window rule (else 2's); `attention_chunk`:
+    FlashAttention 3's chunks (0 off; checked by the caller), counted from `cache_leftpad`."""
     _place("q", q)
     _half("q", q)
     _rank("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
@@ -390,6 +392,7 @@ def kvcache(
         "causal": causal,
         "window_left": left,
         "window_right": right,
+        "attention_chunk": attention_chunk,
         "softcap": softcap,
         "rotary_dim": rotary_dim,
         "rotary_interleaved": rotary_interleaved,

@@ -20,11 +20,11 @@ def _unsupported(**given):
 
 
 def _hints(attention_chunk, num_splits, sm_margin):
-    if attention_chunk != 0:
-        raise ValueError(
-            f"attention_chunk: kiln_attn does not implement chunked attention (got "
-            f"{attention_chunk}); pass attention_chunk=0"
-        )
+    """Checks FlashAttention 3's scheduling hints; returns `attention_chunk` as an int."""
+    if isinstance(attention_chunk, bool) or not isinstance(attention_chunk, int):
+        raise TypeError(f"attention_chunk: expected an int, got {type(attention_chunk).__name__}")
+    if not 0 <= attention_chunk <= 2**31 - 1:
+        raise ValueError(f"attention_chunk: expected 0 (off) or a chunk length up to 2**31 - 1, got {attention_chunk}")
     if num_splits < 0:
         raise ValueError(f"num_splits: expected >= 0, got {num_splits}")
     if sm_margin < 0:
@@ -60,7 +60,8 @@ def flash_attn_func(
         from . import autograd
 
         return autograd.flash_attn(
-            q, k, v, softmax_scale, causal, window, softcap, deterministic, return_attn_probs, False, None, True
+            q, k, v, softmax_scale, causal, window, softcap, deterministic, return_attn_probs, False, None, True,
+            attention_chunk,
         )
     return _native._fwd(
         q,
@@ -72,6 +73,7 @@ def flash_attn_func(
         softcap,
         return_attn_probs,
         fa3_window=True,
+        attention_chunk=attention_chunk,
         interpret=_INTERPRET[0],
     )
 
@@ -140,6 +142,7 @@ def flash_attn_varlen_func(
             None,
             True,
             used,
+            attention_chunk,
         )
     return _native._varlen_fwd(
         q,
@@ -155,6 +158,7 @@ def flash_attn_varlen_func(
         softcap,
         return_attn_probs,
         fa3_window=True,
+        attention_chunk=attention_chunk,
         interpret=_INTERPRET[0],
         seqused_q=used[0] if used else None,
         seqused_k=used[1] if used else None,
@@ -244,4 +248,5 @@ def flash_attn_with_kvcache(
         num_splits,
         return_softmax_lse,
         True,
+        attention_chunk,
     )

@@ -118,13 +118,14 @@ def traced_or_direct(*args):
     from . import kvcache_op
 
     (q, k_cache, v_cache, k, v, cos, sin, seqlens, batch_idx, leftpad, pages) = args[:11]
-    (scale, causal, window, softcap, interleaved, splits, return_lse, fa3_window) = args[11:]
+    (scale, causal, window, softcap, interleaved, splits, return_lse, fa3_window) = args[11:19]
+    chunk = args[19] if len(args) > 19 else 0
     seqlens_t = seqlens if isinstance(seqlens, torch.Tensor) else None
     seqlens_int = None if seqlens_t is not None or seqlens is None else int(seqlens)
     left, right = window_pair(window)
     out, lse = kvcache_op._flash_attn_with_kvcache(
         q, k_cache, v_cache, k, v, cos, sin, seqlens_t, seqlens_int, batch_idx, leftpad, pages,
-        scale, causal, left, right, softcap, interleaved, splits, fa3_window,
+        scale, causal, left, right, softcap, interleaved, splits, fa3_window, chunk,
     )
     return (out, lse) if return_lse else out
 

@@ -40,6 +40,7 @@ def _flash_attn_with_kvcache(
     rotary_interleaved: bool,
     num_splits: int,
     fa3_window: bool,
+    attention_chunk: int = 0,
 ) -> Tuple[Tensor, Tensor]:
     seqlens = cache_seqlens if cache_seqlens is not None else cache_seqlens_int
     out, lse = kvcache(
@@ -62,6 +63,7 @@ def _flash_attn_with_kvcache(
         num_splits,
         True,
         fa3_window,
+        attention_chunk,
     )
     return out, lse
 

@@ -201,17 +201,18 @@ fn current_stream(py: Python<'_>, device: usize) -> PyResult<u64> {
 /// on one CUDA device (CPU tensors with interpret=True: kiln's interpreter, for tests), each
 /// with a contiguous last dimension. headdim and headdim_v are multiples of 8 up to 256 (out
 /// is headdim_v wide); nheads_k divides nheads. window_size=(left, right) is
-/// normalised by FlashAttention 2's rule, or 3's with fa3_window=True. Returns out, or (out,
+/// normalised by FlashAttention 2's rule, or 3's with fa3_window=True; attention_chunk > 0
+/// (FlashAttention 3's) limits each query to its diagonal's chunk of keys. Returns out, or (out,
 /// lse) with return_lse=True, lse (batch, nheads, seqlen_q) torch.float32 (+inf for a row
 /// that sees no key, as FlashAttention writes it).
 #[pyfunction]
 #[pyo3(signature = (
     q, k, v, softmax_scale=None, causal=false, window_size=(-1, -1), softcap=0.0,
-    return_lse=false, *, out=None, fa3_window=false, interpret=false
+    return_lse=false, *, out=None, fa3_window=false, attention_chunk=0, interpret=false
 ))]
 #[pyo3(
     text_signature = "(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), \
-    softcap=0.0, return_lse=False, *, out=None, fa3_window=False, interpret=False)"
+    softcap=0.0, return_lse=False, *, out=None, fa3_window=False, attention_chunk=0, interpret=False)"
 )]
 #[allow(clippy::too_many_arguments)]
 fn _fwd<'py>(
@@ -225,6 +226,7 @@ fn _fwd<'py>(
     return_lse: bool,
     out: Option<Bound<'py, PyAny>>,
     fa3_window: bool,
+    attention_chunk: i64,
     interpret: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = q.py();
@@ -237,7 +239,7 @@ fn _fwd<'py>(
         window_size,
         softcap,
         return_lse,
-        fa3_window,
+        (fa3_window, attention_chunk),
     );
     let place = place(interpret);
     let plan = args::plan_at(&qi, &ki, &vi, &opts, place).map_err(arg_err)?;
@@ -294,7 +296,7 @@ fn options(
     window_size: (i64, i64),
     softcap: f64,
     return_lse: bool,
-    fa3_window: bool,
+    (fa3_window, attention_chunk): (bool, i64),
 ) -> Options {
     Options {
         softmax_scale,
@@ -307,6 +309,7 @@ fn options(
         } else {
             WindowRule::Fa2
         },
+        attention_chunk,
     }
 }
 
@@ -360,12 +363,12 @@ fn with_lse<'py>(
 #[pyo3(signature = (
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
     causal=false, window_size=(-1, -1), softcap=0.0, return_lse=false, *, out=None,
-    fa3_window=false, interpret=false, seqused_q=None, seqused_k=None
+    fa3_window=false, attention_chunk=0, interpret=false, seqused_q=None, seqused_k=None
 ))]
 #[pyo3(
     text_signature = "(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, \
     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, return_lse=False, *, \
-    out=None, fa3_window=False, interpret=False, seqused_q=None, seqused_k=None)"
+    out=None, fa3_window=False, attention_chunk=0, interpret=False, seqused_q=None, seqused_k=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 fn _varlen_fwd<'py>(
@@ -383,6 +386,7 @@ fn _varlen_fwd<'py>(
     return_lse: bool,
     out: Option<Bound<'py, PyAny>>,
     fa3_window: bool,
+    attention_chunk: i64,
     interpret: bool,
     seqused_q: Option<Bound<'py, PyAny>>,
     seqused_k: Option<Bound<'py, PyAny>>,
@@ -413,7 +417,7 @@ fn _varlen_fwd<'py>(
         window_size,
         softcap,
         return_lse,
-        fa3_window,
+        (fa3_window, attention_chunk),
     );
     // The output is q's rows and heads in v's head dim (which the plan checks).
     let mut shape: Vec<usize> = qi.shape.iter().map(|&n| n.max(0) as usize).collect();
@@ -493,13 +497,13 @@ fn _varlen_fwd<'py>(
 #[pyfunction]
 #[pyo3(signature = (
     dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale=None, causal=false,
-    window_size=(-1, -1), softcap=0.0, deterministic=false, *, fa3_window=false,
+    window_size=(-1, -1), softcap=0.0, deterministic=false, *, fa3_window=false, attention_chunk=0,
     interpret=false
 ))]
 #[pyo3(
     text_signature = "(dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale=None, \
     causal=False, window_size=(-1, -1), softcap=0.0, deterministic=False, *, \
-    fa3_window=False, interpret=False)"
+    fa3_window=False, attention_chunk=0, interpret=False)"
 )]
 #[allow(clippy::too_many_arguments)]
 fn _bwd<'py>(
@@ -518,6 +522,7 @@ fn _bwd<'py>(
     softcap: f64,
     deterministic: bool,
     fa3_window: bool,
+    attention_chunk: i64,
     interpret: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let t = BwdTensors::read([q, k, v, dout, out, softmax_lse, dq, dk, dv])?;
@@ -527,7 +532,7 @@ fn _bwd<'py>(
         window_size,
         softcap,
         false,
-        fa3_window,
+        (fa3_window, attention_chunk),
     );
     let bp = backward::plan_backward(t.qkv(), t.grads(), &opts, deterministic, place(interpret))
         .map_err(arg_err)?;
@@ -542,7 +547,7 @@ fn _bwd<'py>(
 #[pyo3(signature = (
     dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     max_seqlen_k, softmax_scale=None, causal=false, window_size=(-1, -1), softcap=0.0,
-    deterministic=false, *, fa3_window=false, interpret=false
+    deterministic=false, *, fa3_window=false, attention_chunk=0, interpret=false
 ))]
 #[pyo3(
     text_signature = "(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, \
@@ -571,6 +576,7 @@ fn _varlen_bwd<'py>(
     softcap: f64,
     deterministic: bool,
     fa3_window: bool,
+    attention_chunk: i64,
     interpret: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let t = BwdTensors::read([q, k, v, dout, out, softmax_lse, dq, dk, dv])?;
@@ -582,7 +588,7 @@ fn _varlen_bwd<'py>(
         window_size,
         softcap,
         false,
-        fa3_window,
+        (fa3_window, attention_chunk),
     );
     let bp = backward::plan_varlen_backward(
         t.qkv(),

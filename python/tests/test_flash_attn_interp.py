@@ -416,6 +416,65 @@ def test_fa3_varlen_matches_flash_attention_2s_where_the_rules_agree():
     assert torch.equal(two[:total], three[:total]) and torch.equal(lse2[:, :total], lse3[:, :total])
 
 
+def chunked(seen, sq, sk, chunk):
+    """`seen` narrowed to FlashAttention 3's `attention_chunk`: query i sees key j only in the
+    chunk of its diagonal key i + sk - sq (floor division, also below key 0)."""
+    diag = torch.arange(sq)[:, None] + sk - sq
+    j = torch.arange(sk)[None, :]
+    return seen & (torch.div(j, chunk, rounding_mode="floor") == torch.div(diag, chunk, rounding_mode="floor"))
+
+
+@pytest.mark.parametrize(
+    "sq, sk, causal, window, chunk",
+    [(70, 70, True, (-1, -1), 16), (45, 90, False, (-1, -1), 32), (90, 45, False, (20, 5), 24), (64, 100, True, (30, -1), 50)],
+)
+def test_fa3_attention_chunk_forward_and_backward_match_the_f64_reference(sq, sk, causal, window, chunk):
+    g = gen(900 + sq + chunk)
+    dtype, d = torch.bfloat16, 64
+    q = draw((2, sq, 4, d), dtype, "normal", g)
+    k = draw((2, sk, 2, d), dtype, "normal", g)
+    v = draw((2, sk, 2, d), dtype, "normal", g)
+    dout = draw((2, sq, 4, d), dtype, "normal", g)
+    scale = 0.7 / math.sqrt(d)
+    seen = chunked(visible(sq, sk, causal, window, "fa3"), sq, sk, chunk)
+
+    def kiln(q, k, v):
+        return fa3.flash_attn_func(q, k, v, scale, causal, window_size=window, attention_chunk=chunk)
+
+    with kiln_attn.interpreter():
+        out, grads = grads_of(kiln, (q, k, v), dout)
+    ref, ref_grads = grads_of(
+        lambda q, k, v: attention(q, k, v, scale, seen)[0], [t.double() for t in (q, k, v)], dout.double()
+    )
+    low, low_grads = grads_of(lambda q, k, v: attention(q, k, v, scale, seen)[0], (q, k, v), dout)
+    check_rule("out", out, ref, low)
+    for name, got, r, lo in zip(("dq", "dk", "dv"), grads, ref_grads, low_grads):
+        check_rule(name, got, r, lo)
+    # The chunk matters here: without it the output differs.
+    unchunked = attention(q.double(), k.double(), v.double(), scale, visible(sq, sk, causal, window, "fa3"))[0]
+    assert err(unchunked, ref) > 10 * (err(out, ref) + 1e-3)
+
+
+def test_fa3_varlen_attention_chunk_is_each_sequences_own():
+    # Chunks count from each sequence's first key: the packed call equals each sequence alone.
+    g = gen(950)
+    lens = [(40, 70), (65, 33), (1, 90)]
+    h, hk, d, chunk = 4, 2, 64, 24
+    qs = [draw((1, a, h, d), torch.bfloat16, "normal", g) for a, _ in lens]
+    ks = [draw((1, b, hk, d), torch.bfloat16, "normal", g) for _, b in lens]
+    vs = [draw((1, b, hk, d), torch.bfloat16, "normal", g) for _, b in lens]
+    cu_q = torch.tensor([0] + list(itertools_accumulate([a for a, _ in lens])), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(itertools_accumulate([b for _, b in lens])), dtype=torch.int32)
+    with kiln_attn.interpreter():
+        packed = fa3.flash_attn_varlen_func(
+            torch.cat(qs, 1)[0], torch.cat(ks, 1)[0], torch.cat(vs, 1)[0], cu_q, cu_k, 65, 90,
+            causal=True, attention_chunk=chunk,
+        )
+        for i, (a, _) in enumerate(lens):
+            alone = fa3.flash_attn_func(qs[i], ks[i], vs[i], causal=True, attention_chunk=chunk)
+            assert torch.equal(packed[cu_q[i] : cu_q[i] + a], alone[0]), f"sequence {i} (seed {SEED})"
+
+
 def test_the_interpreter_context_nests_and_restores():
     from kiln_attn.interface import interpreting
 

@@ -136,7 +136,7 @@ def test_bad_arguments_are_refused_by_name(kw, exc, msg):
     ({"rotary_seqlens": FakeTensor((B,), dtype=I32)}, r"^rotary_seqlens: "),
     ({"q_descale": FakeTensor((B, HK), dtype=F32)}, r"^q_descale: "),
     ({"scheduler_metadata": FakeTensor((4,), dtype=I32)}, r"^scheduler_metadata: "),
-    ({"attention_chunk": 128}, r"^attention_chunk: kiln_attn does not implement chunked attention"),
+    ({"attention_chunk": -1}, r"^attention_chunk: expected 0 \(off\) or a chunk length"),
     ({"sm_margin": -1}, r"^sm_margin: expected >= 0"),
     ({"page_table": FakeTensor((B, 2), dtype=I32), "cache_batch_idx": FakeTensor((B,), dtype=I32)}, r"^cache_batch_idx: "),
 ])

@@ -66,6 +66,8 @@ class Case:
     leftpad: list = field(default_factory=list)
     causal: bool = False
     window: tuple = (-1, -1)
+    # FlashAttention 3's attention_chunk (through kiln_attn.fa3), counted from the leftpad.
+    chunk: int = 0
     softcap: float = 0.0
     rotary: tuple = None  # (rotary_dim, interleaved)
     splits: int = 1
@@ -160,7 +162,7 @@ def reference(c, x, rows, capacity):
     right = -1 if right >= capacity else right
     if c.causal:
         right = 0
-    local = left >= 0 or right >= 0
+    local = left >= 0 or right >= 0 or c.chunk > 0
     out = torch.zeros((c.b, c.sq, h, c.d_v), dtype=torch.float64)
     lse = torch.full((c.b, h, c.sq), math.inf, dtype=torch.float64)
     lens = [c.lens[0]] * c.b if c.int_seqlens else c.lens
@@ -197,6 +199,9 @@ def reference(c, x, rows, capacity):
             keep = keep & (j >= diag - left)
         if right >= 0:
             keep = keep & (j <= diag + right)
+        if c.chunk > 0:
+            same = torch.div(j - lp, c.chunk, rounding_mode="floor") == torch.div(diag - lp, c.chunk, rounding_mode="floor")
+            keep = keep & same
         s = s.masked_fill(~keep, -math.inf)
         m = s.amax(dim=-1, keepdim=True) if sk else torch.full((h, c.sq, 1), -math.inf)
         seen = torch.isfinite(m)
@@ -216,6 +221,9 @@ def call(c, x, fn=None):
         kw["block_table"] = kw.pop("page_table")
     if c.rotary:
         kw["rotary_interleaved"] = c.rotary[1]
+    if c.chunk:
+        fn = fa3.flash_attn_with_kvcache
+        kw["attention_chunk"] = c.chunk
     return fn(x["q"], x["k_cache"], x["v_cache"], causal=c.causal, window_size=c.window, softcap=c.softcap,
               num_splits=c.splits, return_softmax_lse=True, **kw)
 
@@ -315,6 +323,12 @@ CASES = {
                                splits=2),
     "d202_dv36_dense_append": Case(lens=[2, 30, 0], d=202, dv=36, heads_k=1, group=2, s_new=2, splits=0),
     # Padded caches that are strided views into one key/value buffer.
+    # FlashAttention 3's attention_chunk, counted from each leftpad: causal, paged by 16, an
+    # append, rotary at the queries' own positions, 3 splits; then dense with a left window
+    # wider than the chunk and kiln's choice of splits.
+    "chunk24_leftpad_causal_paged": Case(lens=[40, 3, 70], leftpad=[0, 5, 30], s_new=2, sq=5, page=16, causal=True,
+                                         chunk=24, rotary=(16, False), splits=3),
+    "chunk16_window_dense_auto": Case(lens=[9, 50], leftpad=[2, 0], sq=3, window=(20, -1), chunk=16, splits=0),
     "packed_d36": Case(lens=[7, 0, 30], d=36, s_new=2, sq=2, page=16, packed=True, rotary=(16, True), causal=True),
 }
 
@@ -431,7 +445,8 @@ def test_combine_matches_the_f64_reference(out_dtype, d, poisoned):
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-@pytest.mark.parametrize("name", ["page16_rotary_auto", "int_seqlens_rotary_causal", "d100_dv72_page16_rotary_split3"])
+@pytest.mark.parametrize("name", ["page16_rotary_auto", "int_seqlens_rotary_causal", "d100_dv72_page16_rotary_split3",
+                                  "chunk24_leftpad_causal_paged"])
 def test_torch_compile_traces_a_decode_step_without_a_graph_break(backend, name):
     # The custom op torch.ops.kiln_attn._flash_attn_with_kvcache: traced with fullgraph=True,
     # the step appends into the caches in place and gives the eager call's bits.

@@ -131,6 +131,9 @@ pub struct Options {
     pub return_lse: bool,
     /// Which FlashAttention's window bounds the call follows.
     pub window_rule: WindowRule,
+    /// Keys per chunk (FlashAttention 3's `attention_chunk`): a query sees only the keys of
+    /// its diagonal's chunk; 0 is off.
+    pub attention_chunk: i64,
 }
 
 /// How a window bound too large to mask anything is read: FlashAttention 2 and 3 differ when
@@ -156,6 +159,7 @@ impl Default for Options {
             softcap: 0.0,
             return_lse: false,
             window_rule: WindowRule::Fa2,
+            attention_chunk: 0,
         }
     }
 }
@@ -267,6 +271,8 @@ pub struct Plan {
     /// normalises it: a bound of at least `seqlen_k` is unbounded, causal makes `right` 0,
     /// and the causal window itself is `causal` with `(-1, -1)` here.
     pub window: (i32, i32),
+    /// Keys per chunk (`attention_chunk`); 0 is off.
+    pub chunk: i32,
     /// Logit soft-cap (scores `softcap * tanh(s / softcap)`); 0 is off.
     pub softcap: f32,
     /// Whether the call also returns the log-sum-exp, `[batch, nheads, seqlen_q]` f32.
@@ -450,6 +456,7 @@ pub(crate) fn plan_windowed_at(
             _ => DType::Bf16,
         },
         window: checked.window,
+        chunk: checked.chunk,
         softcap: checked.softcap,
         return_lse: opts.return_lse,
         q: View::bhsd(q),
@@ -540,6 +547,7 @@ struct Checked {
     scale: f32,
     causal: bool,
     window: (i32, i32),
+    chunk: i32,
     softcap: f32,
 }
 
@@ -573,6 +581,16 @@ fn check_options(
     };
     let causal = left == -1 && right == 0;
     let window = if causal { (-1, -1) } else { (left, right) };
+    let chunk = i32::try_from(opts.attention_chunk)
+        .ok()
+        .filter(|&c| c >= 0)
+        .ok_or_else(|| {
+            ArgError::value_error(format!(
+                "attention_chunk: expected 0 (off) or a chunk length up to {}, got {}",
+                i32::MAX,
+                opts.attention_chunk
+            ))
+        })?;
     let cap = opts.softcap;
     if !(cap.is_finite() && cap >= 0.0 && (cap as f32).is_finite()) {
         return Err(ArgError::value_error(format!(
@@ -589,6 +607,7 @@ fn check_options(
         scale: scale as f32,
         causal,
         window,
+        chunk,
         softcap: cap as f32,
     })
 }
@@ -810,6 +829,29 @@ mod tests {
             e.message.starts_with("v: expected non-negative strides"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn attention_chunk_is_a_length_or_zero() {
+        let q = bshd(1, 16, 2, 64);
+        let with = |attention_chunk| {
+            let opts = Options {
+                attention_chunk,
+                ..Options::default()
+            };
+            plan(&q, &q, &q, &opts).map(|p| p.chunk)
+        };
+        assert_eq!(with(0).expect("off"), 0);
+        assert_eq!(with(8192).expect("a chunk"), 8192);
+        for bad in [-1, i64::from(i32::MAX) + 1] {
+            let e = with(bad).expect_err("refused");
+            assert_eq!(e.kind, ErrorKind::Value);
+            assert!(
+                e.message.starts_with("attention_chunk: expected 0 (off)"),
+                "{}",
+                e.message
+            );
+        }
     }
 
     #[test]

@@ -375,7 +375,7 @@ impl BwdPlan {
             dtype: p.dtype,
             window_left: p.window.0,
             window_right: p.window.1,
-            attention_chunk: 0,
+            attention_chunk: p.chunk,
             softcap: p.softcap,
             block_m: 0,
             block_n: 0,
@@ -551,6 +551,7 @@ fn bwd_given(p: &AttentionBwdParams) -> Vec<(String, Given)> {
         kv_group: p.kv_group,
         dtype: p.dtype,
         window: (p.window_left, p.window_right),
+        chunk: p.attention_chunk,
         softcap: p.softcap,
     });
     g.push(("deterministic".into(), Given::Bool(p.deterministic)));
@@ -573,6 +574,7 @@ struct Semantic {
     kv_group: usize,
     dtype: DType,
     window: (i32, i32),
+    chunk: i32,
     softcap: f32,
 }
 
@@ -584,6 +586,7 @@ fn forward_given(s: &Semantic) -> Vec<(String, Given)> {
         ("dtype".into(), Given::Text(s.dtype.name().to_string())),
         ("window_left".into(), Given::Int(i64::from(s.window.0))),
         ("window_right".into(), Given::Int(i64::from(s.window.1))),
+        ("attention_chunk".into(), Given::Int(i64::from(s.chunk))),
         ("softcap".into(), Given::Float(f64::from(s.softcap))),
     ]
 }
@@ -649,6 +652,7 @@ pub fn forward_steps(
         kv_group: plan.kv_group,
         dtype: plan.dtype,
         window: plan.window,
+        chunk: plan.chunk,
         softcap: plan.softcap,
     });
     given.push(("dv".into(), Given::Int(dv as i64)));

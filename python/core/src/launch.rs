@@ -46,7 +46,7 @@ pub fn comptime(plan: &Plan, target: Target) -> AttentionParams {
         dtype: plan.dtype,
         window_left: plan.window.0,
         window_right: plan.window.1,
-        attention_chunk: 0,
+        attention_chunk: plan.chunk,
         softcap: plan.softcap,
         ..AttentionParams::tuned_pair(target, plan.tile_dims(), plan.causal, lengths)
     }
@@ -579,18 +579,20 @@ mod tests {
     }
 
     /// FlashAttention's options through the plan to the interpreter: f16, a sliding window
-    /// (FlashAttention's normalisation: causal with a left bound), a soft-cap and head dim
-    /// 96, with the log-sum-exp, against the f64 reference with the same window and cap
+    /// (FlashAttention's normalisation: causal with a left bound), chunks, a soft-cap and
+    /// head dim 96, with the log-sum-exp, against the f64 reference with the same window and cap
     /// (every row sees a key here: rows that see none are `interp_attention_features`').
     #[test]
     fn options_run_on_the_interpreter_to_the_reference() {
         let mut rng = Rng::new(96);
         let (b, sq, sk, h) = (1, 150, 210, 2);
-        for (target, d, dtype, causal, window_size, softcap) in [
-            (Target::Sm90a, 64, DType::F16, false, (-1, -1), 0.0),
-            (Target::Sm80, 64, DType::Bf16, true, (40, -1), 0.0),
-            (Target::Sm90a, 96, DType::Bf16, false, (30, 20), 10.0),
-            (Target::Sm90a, 64, DType::F16, true, (-1, -1), 25.0),
+        for (target, d, dtype, causal, window_size, chunk, softcap) in [
+            (Target::Sm90a, 64, DType::F16, false, (-1, -1), 0, 0.0),
+            (Target::Sm80, 64, DType::Bf16, true, (40, -1), 0, 0.0),
+            (Target::Sm90a, 96, DType::Bf16, false, (30, 20), 0, 10.0),
+            (Target::Sm90a, 64, DType::F16, true, (-1, -1), 0, 25.0),
+            (Target::Sm90a, 64, DType::Bf16, true, (-1, -1), 50, 0.0),
+            (Target::Sm80, 96, DType::F16, false, (20, -1), 70, 0.0),
         ] {
             let make = |rng: &mut Rng, s| tensor(rng, &[b, s, h, d], dtype, Dist::Normal);
             let q = make(&mut rng, sq);
@@ -600,6 +602,7 @@ mod tests {
                 window_size,
                 softcap,
                 return_lse: true,
+                attention_chunk: chunk,
                 ..Options::default()
             };
             let p = plan(&info(&q), &info(&k), &info(&v), &opts).expect("valid");
@@ -607,12 +610,17 @@ mod tests {
             let mut lse = HostTensor::full(&p.lse_shape(), DType::F32, f64::NAN);
             interpret(&p, target, (&q, &k, &v), &mut out, Some(&mut lse)).expect("interprets");
             let right = if causal { 0 } else { window_size.1 };
+            let window = reference::Window {
+                left: window_size.0,
+                right,
+                chunk,
+            };
             let want = reference::attention_window(
                 &as_bhsd(&q),
                 &as_bhsd(&k),
                 &as_bhsd(&v),
                 f64::from(p.scale),
-                (window_size.0, right),
+                window,
                 (softcap > 0.0).then_some(softcap),
             );
             let err = rel_error(&as_bhsd(&out).to_f64_vec(), &want);
@@ -620,14 +628,14 @@ mod tests {
                 &as_bhsd(&q),
                 &as_bhsd(&k),
                 f64::from(p.scale),
-                (window_size.0, right),
+                window,
                 (softcap > 0.0).then_some(softcap),
             );
             let lse_err = rel_error(&lse.to_f64_vec(), &want_lse);
             assert!(
                 err < tolerance(dtype) && lse_err < tolerance(DType::F32),
                 "{target:?} d={d} {dtype:?} causal={causal} window={window_size:?} \
-                 softcap={softcap}: error {err:.2e}, lse error {lse_err:.2e}"
+                 chunk={chunk} softcap={softcap}: error {err:.2e}, lse error {lse_err:.2e}"
             );
         }
     }
