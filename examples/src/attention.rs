@@ -25,9 +25,10 @@ pub(crate) fn mask(
 ) -> Value {
     let cols = iota([bm, bn], 1) + k0;
     let keep = if w.chunk > 0 {
-        let diag = iota([bm, bn], 0) + q0 + (sk - sq);
-        let keep = cols < sk && cols >= w.first_key(diag, None);
-        keep && cols <= w.last_key(diag, None)
+        // Each row's bounds once ([bm]: a division per row, not per score), then broadcast.
+        let diag = iota([bm], 0) + q0 + (sk - sq);
+        let first = w.first_key(diag, None);
+        cols < sk && cols >= first.col() && cols <= w.last_key(diag, None).col()
     } else {
         let keep = keep_left(cols < sk, cols, q0, sq, sk, (bm, bn), w);
         if w.right >= 0 {

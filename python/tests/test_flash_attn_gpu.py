@@ -489,7 +489,7 @@ def test_varlen_offsets_of_any_value_never_fault(cu_q, cu_k):
 # The backward: flash_attn_func as a torch.autograd.Function (kiln's backward kernels).
 
 
-def attention_in(q, k, v, scale, causal, window_size=(-1, -1), softcap=0.0):
+def attention_in(q, k, v, scale, causal, window_size=(-1, -1), softcap=0.0, chunk=0):
     """Attention computed by PyTorch in q's own dtype: over f32 inputs the reference, over
     bf16 / fp16 ones FlashAttention's `attention_ref` with upcast=False, the low-precision
     reference whose error kiln's must stay within twice of. A row that sees no key outputs 0
@@ -512,6 +512,9 @@ def attention_in(q, k, v, scale, causal, window_size=(-1, -1), softcap=0.0):
         seen &= cols <= diag + right
     if left >= 0:
         seen &= cols >= diag - left
+    if chunk > 0:
+        # FlashAttention 3's attention_chunk: only the keys of the diagonal's chunk.
+        seen &= torch.div(cols, chunk, rounding_mode="floor") == torch.div(diag, chunk, rounding_mode="floor")
     any_key = seen.any(-1, keepdim=True)
     s = torch.where(any_key, s.masked_fill(~seen, float("-inf")), torch.zeros_like(s))
     p = (torch.softmax(s.float(), dim=-1) * any_key).to(q.dtype)
@@ -588,6 +591,32 @@ def test_grouped_heads_windows_and_softcap_backward(nheads_k, causal, window, so
     low = gradients(lambda q, k, v: attention_in(q, k, v, scale, causal, window, softcap), q, k, v, dout)
     context = f"nheads_k={nheads_k} d={d} causal={causal} window={window} softcap={softcap}"
     assert got[2].shape == k.shape
+    for name, g, r, lo in zip(("out", "dq", "dk", "dv"), got, ref, low):
+        assert_within_twice(name, g, r, lo, context)
+
+
+@pytest.mark.parametrize(
+    "seqlen_q, seqlen_k, causal, window, chunk",
+    [(1024, 1024, True, (-1, -1), 256), (333, 517, False, (-1, -1), 100), (700, 450, False, (50, 10), 128)],
+)
+@pytest.mark.parametrize("d", [64, 128])
+def test_fa3_attention_chunk_forward_and_backward(seqlen_q, seqlen_k, causal, window, chunk, d):
+    from kiln_attn import fa3
+
+    q, k, v = inputs(2, seqlen_q, seqlen_k, NHEADS, d, seqlen_q + chunk + d, nheads_k=3)
+    dout = torch.randn_like(q)
+    scale = 0.8 / math.sqrt(d)
+
+    def kiln(q, k, v):
+        return fa3.flash_attn_func(q, k, v, scale, causal, window_size=window, attention_chunk=chunk)
+
+    def torch_ref(q, k, v):
+        return attention_in(q, k, v, scale, causal, window, 0.0, chunk)
+
+    got = gradients(kiln, q, k, v, dout)
+    ref = gradients(torch_ref, q.float(), k.float(), v.float(), dout.float())
+    low = gradients(torch_ref, q, k, v, dout)
+    context = f"d={d} sq={seqlen_q} sk={seqlen_k} causal={causal} window={window} chunk={chunk}"
     for name, g, r, lo in zip(("out", "dq", "dk", "dv"), got, ref, low):
         assert_within_twice(name, g, r, lo, context)
 

@@ -100,6 +100,11 @@ fn variants(d: usize) -> Vec<AttentionBwdParams> {
             kv_group: 2,
             ..base
         },
+        AttentionBwdParams {
+            attention_chunk: 200,
+            causal: true,
+            ..base
+        },
     ]
 }
 

@@ -52,7 +52,7 @@ fn assemble<D: KernelDef<Comptime = DecodeParams>>(
 
 /// The attention variants of head dim `d` and `dtype`: dense and unmasked; paged by 256
 /// (whole blocks per page) with GQA 8, causal, a window and a soft-cap; paged by 16 and by 1
-/// (gathered rows) with GQA 4 and a two-sided window.
+/// (gathered rows) with GQA 4 and a two-sided window; paged by 16, causal with chunks.
 fn attention_variants(d: usize, dtype: DType) -> Vec<DecodeParams> {
     let base = DecodeParams {
         d,
@@ -80,6 +80,13 @@ fn attention_variants(d: usize, dtype: DType) -> Vec<DecodeParams> {
             page_size: 1,
             kv_group: 4,
             softcap: 10.0,
+            ..base
+        },
+        DecodeParams {
+            page_size: 16,
+            kv_group: 4,
+            causal: true,
+            attention_chunk: 256,
             ..base
         },
     ]

@@ -1,5 +1,5 @@
-//! The attention example's FlashAttention features (f16, sliding windows, soft-capping, head
-//! dim 96) through the compiler: on sm_90a the passes find the same schedule as for the
+//! The attention example's FlashAttention features (f16, sliding windows, chunks,
+//! soft-capping, head dim 96) through the compiler: on sm_90a the passes find the same schedule as for the
 //! default kernel (one TMA ring, the rotated loop with ping-ponging warpgroups, persistent
 //! tiles, the TMA-store epilogue), its protocol is proved and its CPU execution
 //! (`run_scheduled`) matches the f64 reference; on both targets the PTX assembles with
@@ -55,6 +55,17 @@ const SM90A: &[Variant] = &[
         ("kv_group", "4"),
     ],
     &[("d", "256"), ("window_left", "1024"), ("window_right", "0")],
+    &[
+        ("attention_chunk", "1024"),
+        ("causal", "true"),
+        ("block_n", "128"),
+    ],
+    &[
+        ("attention_chunk", "200"),
+        ("window_left", "64"),
+        ("d", "64"),
+        ("block_n", "128"),
+    ],
 ];
 
 /// The variants compiled for sm_80 with the kernel's own key blocks, and the spill stores
@@ -102,6 +113,16 @@ const SM80: &[(&str, Variant, u32)] = &[
         0,
     ),
     ("attention_lse", &[("d", "64"), ("window_left", "30")], 0),
+    (
+        "attention",
+        &[("d", "64"), ("attention_chunk", "200"), ("causal", "true")],
+        0,
+    ),
+    (
+        "attention_lse",
+        &[("d", "96"), ("attention_chunk", "512")],
+        0,
+    ),
     ("attention_lse", &[("dtype", "f16")], 40),
 ];
 

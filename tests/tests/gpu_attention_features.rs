@@ -1,5 +1,5 @@
 //! The attention example's FlashAttention features on the GPU (sm_80, and sm_90a on a Hopper
-//! GPU) against the f64 reference: f16, sliding windows, soft-capping, head dim 96 and
+//! GPU) against the f64 reference: f16, sliding windows, chunks, soft-capping, head dim 96 and
 //! grouped-query heads, over ragged lengths, `sq > sk` (rows outside every window must be 0),
 //! every input distribution, NaN-poisoned outputs and K read through padded rows; then the
 //! single-launch varlen kernels over packed ragged batches with empty sequences, against each
@@ -28,6 +28,8 @@ struct Call {
     dtype: DType,
     causal: bool,
     window: (i32, i32),
+    /// Keys per chunk (`attention_chunk`); 0: none.
+    chunk: i32,
     softcap: f32,
 }
 
@@ -38,6 +40,7 @@ fn calls() -> Vec<Call> {
         dtype,
         causal: false,
         window: (-1, -1),
+        chunk: 0,
         softcap: 0.0,
     };
     vec![
@@ -79,6 +82,16 @@ fn calls() -> Vec<Call> {
             causal: true,
             ..plain([2, 4, 1, 300, 517, 96], DType::F16)
         },
+        Call {
+            chunk: 200,
+            causal: true,
+            ..plain([1, 2, 2, 650, 650, 128], DType::Bf16)
+        },
+        Call {
+            chunk: 96,
+            window: (40, -1),
+            ..plain([1, 4, 2, 300, 420, 64], DType::F16)
+        },
     ]
 }
 
@@ -110,13 +123,14 @@ fn run_calls(dev: &Device, target: Target) {
             dtype: c.dtype,
             window_left: c.window.0,
             window_right: c.window.1,
-            attention_chunk: 0,
+            attention_chunk: c.chunk,
             softcap: c.softcap,
             ..AttentionParams::tuned(target, d, c.causal, (sq, sk))
         };
         let name = format!(
-            "attention@{target} d={d} {} causal={} window={:?} softcap={} kv_group={group}",
-            c.dtype, c.causal, c.window, c.softcap
+            "attention@{target} d={d} {} causal={} window={:?} chunk={} softcap={} \
+             kv_group={group}",
+            c.dtype, c.causal, c.window, c.chunk, c.softcap
         );
         for dist in Dist::ALL {
             let q = tensor(&mut rng, &[b, h, sq, d], c.dtype, dist);
@@ -147,7 +161,11 @@ fn run_calls(dev: &Device, target: Target) {
                 &repeat_heads(&k, group),
                 &repeat_heads(&v, group),
                 f64::from(scale),
-                (i64::from(c.window.0), i64::from(right)),
+                reference::Window {
+                    left: i64::from(c.window.0),
+                    right: i64::from(right),
+                    chunk: i64::from(c.chunk),
+                },
                 (c.softcap > 0.0).then_some(f64::from(c.softcap)),
             );
             assert_close(&case, &got, &want, tolerance(c.dtype));
