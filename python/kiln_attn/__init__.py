@@ -33,6 +33,8 @@ __all__ = [
     "ops",
     "fa3",
     "autograd",
+    "ring",
+    "ring_attention",
 ]
 
 # The custom ops exist once kiln_attn.autograd is imported. With torch already imported it is
@@ -52,8 +54,10 @@ def __getattr__(name):
     # without it.
     import importlib
 
-    if name in ("ops", "autograd", "fa3"):
+    if name in ("ops", "autograd", "fa3", "ring"):
         return importlib.import_module(f".{name}", __name__)
+    if name == "ring_attention":
+        return importlib.import_module(".ring", __name__).ring_attention
     if name in _TORCH_NAMES:
         return getattr(importlib.import_module(".autograd", __name__), name)
     raise AttributeError(f"module 'kiln_attn' has no attribute {name!r}")

@@ -1,0 +1,131 @@
+"""Ring attention (`kiln_attn.ring_attention`) across processes on the CPU: gloo point-to-point
+between 2 and 3 ranks, kiln's interpreter for each block, against single-device attention in
+float64 by FlashAttention's rule (kiln's error within twice a bf16 PyTorch reference's):
+outputs, log-sum-exp and dq, dk, dv, causal with the zigzag and the contiguous split and not
+causal, grouped-query heads. Skipped without torch or torch.distributed's gloo."""
+
+import math
+import os
+import random
+import socket
+import tempfile
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed without gloo", allow_module_level=True)
+
+import kiln_attn  # noqa: E402
+
+SEED = int(os.environ.get("KILN_SEED", random.randrange(1 << 31)))
+
+# (causal, zigzag, nheads, nheads_k, head dim, chunk length: the sequence is 2 * world chunks)
+CONFIGS = [
+    (True, True, 4, 2, 32, 9),
+    (True, False, 2, 2, 64, 7),
+    (False, False, 2, 1, 32, 8),
+]
+
+
+def inputs(world, config, seed):
+    causal, zigzag, h, hk, d, chunk = config
+    g = torch.Generator().manual_seed(seed)
+    s = 2 * world * chunk
+    q = torch.randn((2, s, h, d), generator=g, dtype=torch.float64)
+    k = torch.randn((2, s, hk, d), generator=g, dtype=torch.float64)
+    v = torch.randn((2, s, hk, d), generator=g, dtype=torch.float64)
+    dout = torch.randn((2, s, h, d), generator=g, dtype=torch.float64)
+    return q, k, v, dout
+
+
+def shard(x, rank, world, zigzag):
+    if zigzag:
+        return kiln_attn.ring.zigzag_shard(x, rank, world)
+    return x.chunk(world, dim=1)[rank]
+
+
+def unshard(shards, zigzag):
+    return kiln_attn.ring.zigzag_unshard(shards) if zigzag else torch.cat(shards, dim=1)
+
+
+def worker(rank, world, port, out_dir, configs, seed):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        for i, config in enumerate(configs):
+            causal, zigzag = config[0], config[1]
+            q, k, v, dout = (shard(t, rank, world, zigzag).to(torch.bfloat16) for t in inputs(world, config, seed + i))
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            with kiln_attn.interpreter():
+                out, lse = kiln_attn.ring_attention(*leaves, causal=causal, zigzag=zigzag, return_lse=True)
+                out.backward(dout)
+            torch.save(
+                {"out": out.detach(), "lse": lse, "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad},
+                os.path.join(out_dir, f"{i}-{rank}.pt"),
+            )
+    finally:
+        dist.destroy_process_group()
+
+
+def attention(q, k, v, causal):
+    """Attention in q's dtype over whole sequences ([b, s, h, d]); returns (out, lse)."""
+    group = q.shape[2] // k.shape[2]
+    k = k.repeat_interleave(group, dim=2)
+    v = v.repeat_interleave(group, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+    if causal:
+        n = q.shape[1]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    lse = torch.logsumexp(s.double(), dim=-1)
+    return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), v), lse
+
+
+def grads(q, k, v, dout, causal):
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = attention(*leaves, causal)
+    out.backward(dout)
+    return [out.detach()] + [t.grad for t in leaves], lse
+
+
+def err(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ring_attention_matches_single_device_attention(world):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out_dir:
+        torch.multiprocessing.spawn(worker, args=(world, port, out_dir, CONFIGS, SEED), nprocs=world, join=True)
+        for i, config in enumerate(CONFIGS):
+            causal, zigzag = config[0], config[1]
+            q, k, v, dout = inputs(world, config, SEED + i)
+            ref, ref_lse = grads(q, k, v, dout, causal)
+            low, _ = grads(*(t.to(torch.bfloat16) for t in (q, k, v, dout)), causal)
+            parts = [torch.load(os.path.join(out_dir, f"{i}-{r}.pt")) for r in range(world)]
+            what = f"world {world} causal={causal} zigzag={zigzag} {config[2:]} (seed {SEED})"
+            for j, name in enumerate(("out", "dq", "dk", "dv")):
+                got = unshard([p[name] for p in parts], zigzag)
+                assert got.dtype == torch.bfloat16 and got.shape == ref[j].shape, f"{name}: {what}"
+                atol = 1e-3 * max(1.0, ref[j].abs().max().item())
+                assert err(got, ref[j]) <= 2 * err(low[j], ref[j]) + atol, (
+                    f"{name}: kiln's ring error {err(got, ref[j]):.3g} > 2 x PyTorch's "
+                    f"{err(low[j], ref[j]):.3g} + {atol:.3g}: {what}"
+                )
+            lse = [p["lse"] for p in parts]
+            lse = kiln_attn.ring.zigzag_unshard(lse, dim=-1) if zigzag else torch.cat(lse, dim=-1)
+            assert err(lse, ref_lse) < 1e-2 * max(1.0, ref_lse.abs().max().item()), f"lse: {what}"
+
+
+def test_zigzag_shards_round_trip_and_balance_causal_work():
+    world = 4
+    x = torch.arange(2 * world * 3).reshape(1, -1)
+    shards = [kiln_attn.ring.zigzag_shard(x, r, world) for r in range(world)]
+    assert torch.equal(kiln_attn.ring.zigzag_unshard(shards), x)
+    # Causal work of a shard: the keys each of its positions sees.
+    work = [int((s + 1).sum()) for s in shards]
+    assert len(set(work)) == 1, work
+    with pytest.raises(ValueError, match="divisible by 2 \\* world"):
+        kiln_attn.ring.zigzag_shard(torch.zeros(1, 10), 0, 3)
