@@ -1,14 +1,19 @@
-"""Ring attention (`kiln_attn.ring_attention`) across processes on the CPU: gloo point-to-point
-between 2 and 3 ranks, kiln's interpreter for each block, against single-device attention in
-float64 by FlashAttention's rule (kiln's error within twice a bf16 PyTorch reference's):
-outputs, log-sum-exp and dq, dk, dv, causal with the zigzag and the contiguous split and not
-causal, grouped-query heads. Skipped without torch or torch.distributed's gloo."""
+"""Ring attention across processes on the CPU: gloo point-to-point between 2 and 3 ranks, kiln's
+interpreter for each block, against single-device attention in float64 by FlashAttention's rule
+(kiln's error within twice a bf16 PyTorch reference's): `kiln_attn.ring_attention` (outputs,
+log-sum-exp and dq, dk, dv; causal with the zigzag and the contiguous split, and not causal;
+grouped-query heads), and ring-flash-attention's own `ring_flash_attn_func` and
+`zigzag_ring_flash_attn_func` running unchanged on kiln (`kiln_attn.flash_attn_compat`) where
+that package is installed. Skipped without torch or torch.distributed's gloo."""
 
-import math
+import importlib
+import importlib.util
 import os
 import random
 import socket
+import sys
 import tempfile
+import types
 
 import pytest
 
@@ -50,7 +55,37 @@ def unshard(shards, zigzag):
     return kiln_attn.ring.zigzag_unshard(shards) if zigzag else torch.cat(shards, dim=1)
 
 
-def worker(rank, world, port, out_dir, configs, seed):
+def ring_flash_attn_modules():
+    """ring-flash-attention's `ring_flash_attn` and `zigzag_ring_flash_attn` modules, loaded
+    without the package's `__init__` (which imports transformers and triton, neither needed
+    here), or None when the package is not installed."""
+    if "ring_flash_attn" not in sys.modules:
+        spec = importlib.util.find_spec("ring_flash_attn")
+        if spec is None:
+            return None
+        pkg = types.ModuleType("ring_flash_attn")
+        pkg.__path__ = list(spec.submodule_search_locations)
+        sys.modules["ring_flash_attn"] = pkg
+    return (
+        importlib.import_module("ring_flash_attn.ring_flash_attn"),
+        importlib.import_module("ring_flash_attn.zigzag_ring_flash_attn"),
+    )
+
+
+def run_ring(which, q, k, v, causal, zigzag):
+    """(out, lse or None) of one ring call: kiln_attn.ring_attention, or ring-flash-attention's
+    function on kiln's low-level ops."""
+    if which == "kiln":
+        return kiln_attn.ring_attention(q, k, v, causal=causal, zigzag=zigzag, return_lse=True)
+    from kiln_attn import flash_attn_compat
+
+    flash_attn_compat.install()
+    ring, zig = ring_flash_attn_modules()
+    fn = zig.zigzag_ring_flash_attn_func if zigzag else ring.ring_flash_attn_func
+    return fn(q, k, v, causal=causal), None
+
+
+def worker(rank, world, port, out_dir, configs, seed, which):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         for i, config in enumerate(configs):
@@ -58,7 +93,7 @@ def worker(rank, world, port, out_dir, configs, seed):
             q, k, v, dout = (shard(t, rank, world, zigzag).to(torch.bfloat16) for t in inputs(world, config, seed + i))
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
             with kiln_attn.interpreter():
-                out, lse = kiln_attn.ring_attention(*leaves, causal=causal, zigzag=zigzag, return_lse=True)
+                out, lse = run_ring(which, *leaves, causal, zigzag)
                 out.backward(dout)
             torch.save(
                 {"out": out.detach(), "lse": lse, "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad},
@@ -92,31 +127,54 @@ def err(a, b):
     return (a.double() - b.double()).abs().max().item()
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_ring_attention_matches_single_device_attention(world):
+def check_ring(world, which):
+    """Runs CONFIGS on `world` spawned ranks through `which` ring and checks every rank's
+    shards against single-device attention."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as out_dir:
-        torch.multiprocessing.spawn(worker, args=(world, port, out_dir, CONFIGS, SEED), nprocs=world, join=True)
+        torch.multiprocessing.spawn(worker, args=(world, port, out_dir, CONFIGS, SEED, which), nprocs=world, join=True)
         for i, config in enumerate(CONFIGS):
             causal, zigzag = config[0], config[1]
             q, k, v, dout = inputs(world, config, SEED + i)
             ref, ref_lse = grads(q, k, v, dout, causal)
             low, _ = grads(*(t.to(torch.bfloat16) for t in (q, k, v, dout)), causal)
             parts = [torch.load(os.path.join(out_dir, f"{i}-{r}.pt")) for r in range(world)]
-            what = f"world {world} causal={causal} zigzag={zigzag} {config[2:]} (seed {SEED})"
+            what = f"{which} world {world} causal={causal} zigzag={zigzag} {config[2:]} (seed {SEED})"
             for j, name in enumerate(("out", "dq", "dk", "dv")):
                 got = unshard([p[name] for p in parts], zigzag)
                 assert got.dtype == torch.bfloat16 and got.shape == ref[j].shape, f"{name}: {what}"
                 atol = 1e-3 * max(1.0, ref[j].abs().max().item())
                 assert err(got, ref[j]) <= 2 * err(low[j], ref[j]) + atol, (
-                    f"{name}: kiln's ring error {err(got, ref[j]):.3g} > 2 x PyTorch's "
+                    f"{name}: the ring's error {err(got, ref[j]):.3g} > 2 x PyTorch's "
                     f"{err(low[j], ref[j]):.3g} + {atol:.3g}: {what}"
                 )
-            lse = [p["lse"] for p in parts]
-            lse = kiln_attn.ring.zigzag_unshard(lse, dim=-1) if zigzag else torch.cat(lse, dim=-1)
-            assert err(lse, ref_lse) < 1e-2 * max(1.0, ref_lse.abs().max().item()), f"lse: {what}"
+            if parts[0]["lse"] is not None:
+                lse = [p["lse"] for p in parts]
+                lse = kiln_attn.ring.zigzag_unshard(lse, dim=-1) if zigzag else torch.cat(lse, dim=-1)
+                assert err(lse, ref_lse) < 1e-2 * max(1.0, ref_lse.abs().max().item()), f"lse: {what}"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ring_attention_matches_single_device_attention(world):
+    check_ring(world, "kiln")
+
+
+def test_ring_flash_attention_runs_unchanged_on_kiln():
+    if importlib.util.find_spec("ring_flash_attn") is None:
+        pytest.skip("ring-flash-attn is not installed")
+    if importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("a FlashAttention package is installed: kiln's would shadow it")
+    check_ring(2, "ring-flash-attn")
+
+
+def test_the_compat_module_refuses_to_shadow_a_real_flash_attn(monkeypatch):
+    from kiln_attn import flash_attn_compat
+
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    with pytest.raises(RuntimeError, match="would shadow it"):
+        flash_attn_compat.install()
 
 
 def test_zigzag_shards_round_trip_and_balance_causal_work():
