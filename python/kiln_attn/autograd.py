@@ -118,8 +118,9 @@ def _flash_attn_backward(
 
 @_flash_attn_backward.register_fake
 def _flash_attn_backward_fake(dout, q, k, v, out, softmax_lse, dq, dk, dv, *rest, **kw):
+    # softmax_d as FlashAttention 2 pads it: seqlen_q rounded up to 128.
     b, sq, h, _ = q.shape
-    return q.new_empty((b, h, sq), dtype=_F32)
+    return q.new_empty((b, h, -(-sq // 128) * 128), dtype=_F32)
 
 
 @torch.library.custom_op("kiln_attn::_flash_attn_varlen_forward", mutates_args=())
@@ -244,9 +245,10 @@ def _flash_attn_varlen_backward(
 
 
 @_flash_attn_varlen_backward.register_fake
-def _flash_attn_varlen_backward_fake(dout, q, k, v, out, softmax_lse, dq, dk, dv, *rest, **kw):
+def _flash_attn_varlen_backward_fake(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, *rest, **kw):
+    # softmax_d as FlashAttention 2 pads it: 128 more columns a sequence.
     total_q, h, _ = q.shape
-    return q.new_empty((h, total_q), dtype=_F32)
+    return q.new_empty((h, total_q + 128 * (cu_seqlens_q.shape[0] - 1)), dtype=_F32)
 
 
 def _contiguous_last(t):

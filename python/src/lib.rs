@@ -492,7 +492,8 @@ fn _varlen_fwd<'py>(
 /// k's, softmax_lse the forward's (batch, nheads, seqlen_q) torch.float32; options as the
 /// forward took them. Each is checked (a ValueError naming it) before any kernel runs.
 /// deterministic=True computes dq in a second pass (the same bits every run) instead of f32
-/// atomics. Returns softmax_d, rowsum(dout * out) per row, (batch, nheads, seqlen_q)
+/// atomics. Returns softmax_d, rowsum(dout * out) per row, (batch, nheads, seqlen_q rounded
+/// up to 128; FlashAttention 2's padding, zero past seqlen_q)
 /// torch.float32.
 #[pyfunction]
 #[pyo3(signature = (
@@ -542,7 +543,8 @@ fn _bwd<'py>(
 /// [`_bwd`] over a packed varlen batch: dout, out, dq (total_q, nheads, headdim), dk, dv
 /// (total_k, nheads_k, headdim), softmax_lse (nheads, total_q), the offsets and longest
 /// lengths as the varlen forward took them. Rows that no sequence owns are not written.
-/// Returns softmax_d (nheads, total_q) torch.float32.
+/// Returns softmax_d (nheads, total_q + 128 * batch) torch.float32 (FlashAttention 2's
+/// padding, zero past total_q).
 #[pyfunction]
 #[pyo3(signature = (
     dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -658,7 +660,9 @@ fn run_backward<'py>(
     grads: [&Bound<'py, PyAny>; 3],
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = q.py();
+    // FlashAttention 2's padded softmax_d: zeroed, the kernels write each row's first entries.
     let delta = new_f32(q, &bp.delta_shape())?;
+    delta.call_method0(pyo3::intern!(py, "zero_"))?;
     if bp.work() == backward::Work::Zero {
         // No score reaches a gradient: each is 0 (torch's zero_, on the current stream).
         for t in grads.into_iter().chain([&delta]) {

@@ -191,8 +191,29 @@ def test_the_low_level_backward_writes_the_callers_buffers_and_returns_softmax_d
     assert lse.shape == (b, h, sq) and lse.dtype == torch.float32
     assert torch.equal(dq, gq) and torch.equal(dk, gk) and torch.equal(dv, gv)
     want = (dout.float() * out.float()).sum(-1).transpose(1, 2)
-    assert softmax_d.shape == (b, h, sq) and softmax_d.dtype == torch.float32
-    assert torch.allclose(softmax_d, want, rtol=1e-3, atol=1e-3)
+    # FlashAttention 2's padding: seqlen_q rounded up to 128, zero past it.
+    assert softmax_d.shape == (b, h, 128) and softmax_d.dtype == torch.float32
+    assert torch.allclose(softmax_d[..., :sq], want, rtol=1e-3, atol=1e-3)
+    assert (softmax_d[..., sq:] == 0).all()
+
+
+def test_the_low_level_varlen_backward_returns_flash_attention_2s_padded_softmax_d():
+    g = gen(3)
+    lengths_q, lengths_k = [19, 0, 33], [25, 8, 14]
+    q, k, v, cu_q, cu_k = varlen_case(g, lengths_q, lengths_k, 2, 1, 64)
+    dout = torch.randn_like(q)
+    mq, mk = max(lengths_q), max(lengths_k)
+    with kiln_attn.interpreter():
+        out, lse, _, _ = kiln_attn._flash_attn_varlen_forward(q, k, v, cu_q, cu_k, mq, mk, 0.0, 0.125, True)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        softmax_d = kiln_attn._flash_attn_varlen_backward(
+            dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, mq, mk, 0.0, 0.125, True, -1, -1, 0.0, None, False
+        )
+    total = int(cu_q[-1])
+    assert softmax_d.shape == (2, q.shape[0] + 128 * 3) and softmax_d.dtype == torch.float32
+    want = (dout.float() * out.float()).sum(-1).transpose(0, 1)[:, :total]
+    assert torch.allclose(softmax_d[:, :total], want, rtol=1e-3, atol=1e-3)
+    assert (softmax_d[:, q.shape[0]:] == 0).all()
 
 
 @pytest.mark.parametrize(
@@ -358,7 +379,7 @@ def test_fake_implementations_give_shapes_on_meta_tensors():
     assert out.shape == q.shape and out.dtype == q.dtype and out.device.type == "meta"
     assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32
     d = torch.ops.kiln_attn._flash_attn_backward(q, q, k, k, out, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(k), 0.0, None, False, -1, -1, 0.0, None, False)
-    assert d.shape == (2, 8, 100) and d.dtype == torch.float32
+    assert d.shape == (2, 8, 128) and d.dtype == torch.float32  # FlashAttention 2 pads seqlen_q to 128
     qv = torch.empty(300, 8, 64, dtype=torch.bfloat16, device="meta")
     kv = torch.empty(500, 2, 64, dtype=torch.bfloat16, device="meta")
     cu = torch.empty(3, dtype=torch.int32, device="meta")

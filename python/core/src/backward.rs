@@ -347,13 +347,15 @@ impl BwdPlan {
         }
     }
 
-    /// The shape of `delta` (FlashAttention's softmax_d), f32: `[batch, nheads, seqlen_q]`,
-    /// or `[nheads, total_q]` over a packed batch.
+    /// The shape of `delta` (FlashAttention's softmax_d), f32, padded as FlashAttention 2
+    /// allocates it: `[batch, nheads, seqlen_q rounded up to 128]`, or `[nheads, total_q + 128
+    /// batch]` over a packed batch. The kernels write the first `seqlen_q` (`total_q`) entries
+    /// of each row; the caller zeroes the whole.
     pub fn delta_shape(&self) -> Vec<usize> {
         let p = &self.fwd;
         match self.packed {
-            Some(_) => vec![p.nheads, p.seqlen_q],
-            None => vec![p.batch, p.nheads, p.seqlen_q],
+            Some(pk) => vec![p.nheads, p.seqlen_q + 128 * pk.batch],
+            None => vec![p.batch, p.nheads, p.seqlen_q.next_multiple_of(128)],
         }
     }
 
@@ -438,13 +440,16 @@ impl BwdPlan {
             device: dev.clone(),
             ptr: self.lse.ptr,
         });
+        // The kernels' `[batch, nheads, seqlen_q]` view of the padded rows.
         let [b, h, sq] = self.lse.shape;
-        let delta = Arg::Tensor(TensorInfo::contiguous(
-            &[b, h, sq],
-            f32t.clone(),
-            dev.clone(),
-            delta.ptr,
-        ));
+        let row = *want.last().expect("a row length") as i64;
+        let delta = Arg::Tensor(TensorInfo {
+            shape: vec![b as i64, h as i64, sq as i64],
+            strides: vec![h as i64 * row, row, 1],
+            dtype: f32t.clone(),
+            device: dev.clone(),
+            ptr: delta.ptr,
+        });
         let accum = Arg::Tensor(dq_accum.clone());
         let scale = Arg::Float(f64::from(p.scale));
         let offsets = |o: &Offsets| {
@@ -785,7 +790,7 @@ mod tests {
             p.target = Some(Target::Sm90a);
             let tuned = p.params();
             assert_eq!(tuned.key_cols, d, "d = {d}: no column split");
-            let delta = TensorInfo::contiguous(&[2, 4, 130], f32t.clone(), CUDA, 0x7000);
+            let delta = TensorInfo::contiguous(&[2, 4, 256], f32t.clone(), CUDA, 0x7000);
             let accum = TensorInfo::contiguous(&[2, 4, 130, d], f32t.clone(), CUDA, 0x8000);
             let steps = p.steps(&delta, &accum).expect("steps");
             assert_eq!(
@@ -815,12 +820,12 @@ mod tests {
         let c = call(2, 130, 77, 4, 2, 64);
         let p = plan(&c, false).expect("valid");
         assert_eq!(p.work(), Work::Run);
-        assert_eq!(p.delta_shape(), vec![2, 4, 130]);
+        assert_eq!(p.delta_shape(), vec![2, 4, 256]);
         assert_eq!(p.accum_shape(), [2, 4, 130, 64]);
         assert_eq!(p.dk.shape, [2, 2, 77, 64]);
         assert_eq!(p.dq.strides, [130 * 4 * 64, 64, 4 * 64, 1]);
         let f32t = TorchDType::Other("torch.float32".into());
-        let delta = TensorInfo::contiguous(&[2, 4, 130], f32t.clone(), CUDA, 0x7000);
+        let delta = TensorInfo::contiguous(&[2, 4, 256], f32t.clone(), CUDA, 0x7000);
         let accum = TensorInfo::contiguous(&[2, 4, 130, 64], f32t.clone(), CUDA, 0x8000);
         let steps = p.steps(&delta, &accum).expect("steps");
         let names: Vec<_> = steps.iter().map(|s| s.kernel).collect();
@@ -963,10 +968,10 @@ mod tests {
             Place::Cuda,
         )
         .expect("valid");
-        assert_eq!(p.delta_shape(), vec![4, 300]);
+        assert_eq!(p.delta_shape(), vec![4, 300 + 128 * 2]);
         assert_eq!(p.accum_shape(), [1, 4, 300, 96]);
         assert_eq!(p.lse.shape, [1, 4, 300]);
-        let delta = TensorInfo::contiguous(&[4, 300], f32t.clone(), CUDA, 0xa000);
+        let delta = TensorInfo::contiguous(&[4, 300 + 128 * 2], f32t.clone(), CUDA, 0xa000);
         let accum = TensorInfo::contiguous(&[1, 4, 300, 96], f32t, CUDA, 0xb000);
         let steps = p.steps(&delta, &accum).expect("steps");
         let names: Vec<_> = steps.iter().map(|s| s.kernel).collect();
