@@ -169,7 +169,7 @@ pub(crate) fn score_factor(softcap: f32) -> f32 {
 /// Whether key block `j` needs the mask: `past_unmasked` (keys past some row's right bound or
 /// `sk`), or it lies before `first_unmasked` (keys before some row's left bound, if any).
 #[track_caller]
-pub(crate) fn needs_mask(past_unmasked: Value, j: Value, first_unmasked: Option<Value>) -> Value {
+fn needs_mask(past_unmasked: Value, j: Value, first_unmasked: Option<Value>) -> Value {
     use kiln::ir::dsl::{Compare, Logic};
     match first_unmasked {
         Some(lo) => Logic::or(past_unmasked, Compare::lt(j, lo)),
@@ -369,15 +369,8 @@ fn forward(
     let mut acc = zeros::<f32>([bm, dv]);
     let mut m = full::<f32>([bm], f32::NEG_INFINITY);
     let mut l = zeros::<f32>([bm]);
-    // Walk key blocks j0..n_blocks; those before j_unmasked or from n_unmasked on are masked.
-    let KeyWalk {
-        first: j0,
-        first_unmasked: j_unmasked,
-        end: n_blocks,
-        end_unmasked: n_unmasked,
-    } = KeyWalk::of(q0, sq, sk, (bm, bn), w);
-    let n_blocks = rows.walk_end(q0, n_blocks);
-    for j in pipelined(j0..n_blocks, stages = 2) {
+    let walk = KeyWalk::of(rows, q0, (bm, bn), w);
+    for j in pipelined(walk.first..walk.end, stages = 2) {
         let k0 = j * bn;
         let ks = k
             .tile([bn, d], [batch, kv_head(h, kv_group), rows.key(k0), 0])
@@ -387,7 +380,7 @@ fn forward(
             .load();
         let s = soft_cap(mma(&qs, &ks.t()) * qk_scale, softcap);
         // Uniform across the block: only the blocks on a window's edges and sk's pay for it.
-        let s = if needs_mask(j >= n_unmasked, j, j_unmasked) {
+        let s = if walk.masks(j) {
             mask(s, q0, k0, sq, sk, (bm, bn), w)
         } else {
             s
@@ -542,25 +535,27 @@ fn keep_left(
     }
 }
 
-/// The key blocks query block `q0..q0 + bm` (of `sq` queries against `sk` keys, window `w`)
-/// walks, `first..end`, and those every row of it sees whole, `first_unmasked..end_unmasked`
-/// (the others need the mask).
+/// The key blocks query block `q0..q0 + bm` (of its sequence's `sq` queries against `sk`
+/// keys, window `w`) walks, `first..end`, and those every row of it sees whole,
+/// `first_unmasked..end_unmasked` (the others need the mask).
 pub(crate) struct KeyWalk {
     /// The first key block its first row may see (a constant 0 without a left bound).
     pub(crate) first: Index,
     /// The first key block no row sees past its left bound (`None`: no left bound).
     pub(crate) first_unmasked: Option<Value>,
-    /// The block past the last one its last row may see.
+    /// The block past the last one its last row may see (0 for a block past its sequence's
+    /// rows: [`Rows::walk_end`]).
     pub(crate) end: Value,
     /// The first key block some row sees past its right bound, or past `sk`.
     pub(crate) end_unmasked: Value,
 }
 
 impl KeyWalk {
-    /// The walk of the query block at `q0`. A row's window is monotone in the row (so is its
-    /// chunk), so the first row bounds the start and the last the end.
+    /// The walk of the query block at `q0` of `rows`'s sequence. A row's window is monotone
+    /// in the row (so is its chunk), so the first row bounds the start and the last the end.
     #[track_caller]
-    pub(crate) fn of(q0: Value, sq: Value, sk: Value, (bm, bn): (usize, usize), w: Window) -> Self {
+    pub(crate) fn of(rows: Rows, q0: Value, (bm, bn): (usize, usize), w: Window) -> Self {
+        let (sq, sk) = (rows.sq, rows.sk);
         let (first, first_unmasked) = left_blocks(q0, sq, sk, (bm, bn), w);
         let all_blocks = cdiv(sk, bn);
         let (end, end_unmasked) = if w.chunk > 0 {
@@ -578,9 +573,16 @@ impl KeyWalk {
         KeyWalk {
             first,
             first_unmasked,
-            end,
+            end: rows.walk_end(q0, end),
             end_unmasked,
         }
+    }
+
+    /// Whether key block `j` of the walk needs the mask (a block-uniform flag).
+    #[track_caller]
+    pub(crate) fn masks(&self, j: Value) -> Value {
+        use kiln::ir::dsl::Compare;
+        needs_mask(Compare::ge(j, self.end_unmasked), j, self.first_unmasked)
     }
 }
 

@@ -10,7 +10,7 @@ use kiln::ir::dsl::{Index, Tensor};
 use kiln::prelude::*;
 
 use crate::attention::{
-    KeyWalk, LOG2E, Rows, Varlen, Window, kv_head, mask, needs_mask, score_factor, soft_cap,
+    KeyWalk, LOG2E, Rows, Varlen, Window, kv_head, mask, score_factor, soft_cap,
 };
 
 /// The comptime parameters of the backward kernels; the first seven mean what
@@ -926,21 +926,15 @@ fn dq_walk(
     let q0 = mb * bm;
     let (qs, dos) = query_chunks(io, rows, (h, q0), (bm, cols), &chunks);
     let (lse_t, delta_t) = load_row_stats(io, rows, (h, q0), bm);
-    let KeyWalk {
-        first: j0,
-        first_unmasked: j_unmasked,
-        end: n_blocks,
-        end_unmasked: n_unmasked,
-    } = KeyWalk::of(q0, sq, sk, (bm, bn), w);
-    let n_blocks = rows.walk_end(q0, n_blocks);
+    let walk = KeyWalk::of(rows, q0, (bm, bn), w);
     let qk_scale = scale * score_factor(p.softcap);
     let hk = kv_head(h, p.kv_group);
     let mut acc = zeros::<f32>([bm, cols]);
-    for j in pipelined(j0..n_blocks, stages = 2) {
+    for j in pipelined(walk.first..walk.end, stages = 2) {
         let k0 = j * bn;
         let ks = key_chunks(io.k, rows, (hk, (k0, sk)), (bn, cols), &chunks);
         let vs = key_chunks(io.v, rows, (hk, (k0, sk)), (bn, cols), &chunks);
-        let mask_it = needs_mask(j >= n_unmasked, j, j_unmasked);
+        let mask_it = walk.masks(j);
         let mask_it = with_rows_bound(mask_it, rows, q0 + bm > sq);
         let (_, ds) = probs_and_grad(
             (&qs, &dos, &ks, &vs),
