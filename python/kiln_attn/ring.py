@@ -38,7 +38,9 @@ def zigzag_unshard(shards, dim=1):
 
 class _Ring:
     """This rank's place in `group` and the point-to-point exchange with its neighbours: each
-    rank sends to the next and receives from the previous."""
+    rank sends to the next and receives from the previous. Over gloo, which sends host
+    memory only, CUDA tensors go through host copies (so processes sharing one GPU can run a
+    ring); NCCL sends them as they are."""
 
     def __init__(self, group):
         self.group = group
@@ -47,16 +49,37 @@ class _Ring:
         peer = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
         self.next = peer((self.rank + 1) % self.world)
         self.prev = peer((self.rank - 1) % self.world)
+        self.host_only = dist.get_backend(group) == dist.Backend.GLOO
 
     def exchange(self, tensors):
         """Starts sending `tensors` to the next rank and receiving their counterparts from
-        the previous one; returns `(requests, received)`."""
-        received = [torch.empty_like(t) for t in tensors]
+        the previous one; returns `(pending, received)`: `_Pending.wait()` completes it."""
+        staged = self.host_only and any(t.is_cuda for t in tensors)
+        send = [t.cpu() if staged else t.contiguous() for t in tensors]
+        received = [torch.empty_like(t) for t in send]
         reqs = []
-        for tag, (t, r) in enumerate(zip(tensors, received)):
-            reqs.append(dist.isend(t.contiguous(), self.next, group=self.group, tag=tag))
+        for tag, (t, r) in enumerate(zip(send, received)):
+            reqs.append(dist.isend(t, self.next, group=self.group, tag=tag))
             reqs.append(dist.irecv(r, self.prev, group=self.group, tag=tag))
-        return reqs, received
+        if not staged:
+            return _Pending(reqs, received, None), received
+        out = [torch.empty_like(t) for t in tensors]
+        return _Pending(reqs, received, out), out
+
+
+class _Pending:
+    """Point-to-point requests in flight; `wait()` completes them (and copies host-staged
+    receptions into `staged`, their device tensors)."""
+
+    def __init__(self, reqs, received, staged):
+        self.reqs, self.received, self.staged = reqs, received, staged
+
+    def wait(self):
+        for r in self.reqs:
+            r.wait()
+        if self.staged is not None:
+            for o, r in zip(self.staged, self.received):
+                o.copy_(r)
 
 
 def _blocks(ring, step, causal, zigzag, s_q, s_k):
@@ -101,7 +124,7 @@ def _forward(q, k, v, scale, causal, zigzag, ring):
     for step in range(ring.world):
         last = step + 1 == ring.world
         if not last:
-            reqs, (k_next, v_next) = ring.exchange([k_cur, v_cur])
+            pending, (k_next, v_next) = ring.exchange([k_cur, v_cur])
         block = _blocks(ring, step, causal, zigzag, s_q, k.shape[1])
         if block is not None:
             rows, keys, blk_causal = block
@@ -111,8 +134,7 @@ def _forward(q, k, v, scale, causal, zigzag, ring):
             )
             _merge(out, lse, rows, o_b, lse_b)
         if not last:
-            for r in reqs:
-                r.wait()
+            pending.wait()
             k_cur, v_cur = k_next, v_next
     # FlashAttention's value for a row that saw no key: +inf.
     lse = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)
@@ -128,7 +150,7 @@ def _backward(dout, q, k, v, out, lse, scale, causal, zigzag, ring, deterministi
     for step in range(ring.world):
         last = step + 1 == ring.world
         if not last:
-            kv_reqs, (k_next, v_next) = ring.exchange([k_cur, v_cur])
+            kv_pending, (k_next, v_next) = ring.exchange([k_cur, v_cur])
         block = _blocks(ring, step, causal, zigzag, s_q, s_k)
         if block is not None:
             rows, keys, blk_causal = block
@@ -145,12 +167,10 @@ def _backward(dout, q, k, v, out, lse, scale, causal, zigzag, ring, deterministi
             dv[:, keys] += dv_b
         # dK and dV travel with the keys and values they belong to: after the last exchange
         # each rank holds its own shard's, summed over every rank's queries.
-        reqs, (dk, dv) = ring.exchange([dk, dv])
-        for r in reqs:
-            r.wait()
+        d_pending, (dk, dv) = ring.exchange([dk, dv])
+        d_pending.wait()
         if not last:
-            for r in kv_reqs:
-                r.wait()
+            kv_pending.wait()
             k_cur, v_cur = k_next, v_next
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
