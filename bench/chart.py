@@ -116,7 +116,9 @@ def main():
         fig = rows_chart(plt, data, f"row kernels on {meta.get('gpu')} ({meta.get('commit', '')[:12]}, {meta.get('date_utc')})")
     elif "kiln" in meta:  # merged attention results
         m = meta["kiln"]
-        fig = attention_chart(plt, data, f"attention on {m.get('gpu')} ({m.get('commit', '')[:12]}, {m.get('date_utc')})")
+        what = {"attention-backward-python": "attention backward",
+                "attention-fwd-bwd-python": "attention forward + backward"}.get(m.get("benchmark"), "attention")
+        fig = attention_chart(plt, data, f"{what} on {m.get('gpu')} ({m.get('commit', '')[:12]}, {m.get('date_utc')})")
     else:
         fig = gemm_chart(plt, data, f"gemm on {meta.get('gpu')} ({meta.get('commit', '')[:12]}, {meta.get('date_utc')})")
     out = args.out or args.result.rsplit(".", 1)[0] + ".png"

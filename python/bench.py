@@ -3,7 +3,7 @@
 standard sweep.
 
   python/bench.py [--out RESULT.json] [--quick] [--iters N] [--warmup N] [--only S:D:CAUSAL,..]
-                  [--rust KILN.json] [--overhead-only] [--backward]
+                  [--rust KILN.json] [--overhead-only] [--backward | --fwd-bwd]
 
 The sweep is bench/peers.py's (design.md section 8): bf16, b*s = 16384, h = 2048/d,
 s in {1k..16k}, d in {64, 128, 256}, causal and not. kiln gets FlashAttention's layout
@@ -19,7 +19,8 @@ error below 2e-2; the script exits 1 otherwise).
 With --backward, each library's backward alone is timed instead: one forward per input set
 under autograd, then `torch.autograd.grad` of its output (retained graph) per timed call; FLOPs
 are 2.5x the forward's (five matmuls to two), and dQ, dK, dV are checked against the first
-peer's.
+peer's. With --fwd-bwd each timed call is a forward and its backward (`torch.autograd.grad`),
+as training runs them: FLOPs 3.5x the forward's.
 
 The JSON has bench/peers.py merge's shape, so bench/chart.py draws it (the PNG is written
 beside it); with --rust, each row also gets kiln's TFLOP/s from a bench_attention JSON (the
@@ -154,18 +155,30 @@ def backward_calls(torch, forward, inputs, douts):
     return once
 
 
+def fwd_bwd_calls(torch, forward, inputs, douts):
+    """One timed-call function over the input sets: a forward and the gradients of its output
+    for `douts[set]`, as a training step runs them."""
+    leaves = [tuple(t.detach().clone().requires_grad_() for t in qkv) for qkv in inputs]
+
+    def once(i):
+        q, k, v = leaves[i % len(leaves)]
+        return torch.autograd.grad(forward(q, k, v), (q, k, v), douts[i % len(douts)])
+    return once
+
+
 def sweep_rows(args, torch, kiln_attn, on_row=lambda rows: None):
     dev = torch.device("cuda")
     l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 60 << 20)
     configs = [c for c in sweep(args.quick) if not args.only or c in parse_only(args.only)]
     fa4 = fa4_forward()
-    work = 2.5 if args.backward else 1.0
+    grads = args.backward or args.fwd_bwd
+    work = 2.5 if args.backward else 3.5 if args.fwd_bwd else 1.0
     flush = torch.empty(2 * l2, dtype=torch.int8, device=dev)
     rows = []
     for n, (s, d, causal) in enumerate(configs, 1):
         print(f"\r\x1b[2K[{n}/{len(configs)}] s={s} d={d} causal={causal}", end="", file=sys.stderr, flush=True)
         b, h = TOKENS // s, WIDTH // d
-        set_bytes = 4 * b * h * s * d * 2 * (2 if args.backward else 1)
+        set_bytes = 4 * b * h * s * d * 2 * (2 if grads else 1)
         sets = max(2, min(8, math.ceil(2 * l2 / set_bytes)))
         gen = torch.Generator(device=dev).manual_seed(s * 1000 + d * 10 + int(causal))
         # One (b, h, s, d) set per rotation for SDPA, and the same values as (b, s, h, d)
@@ -178,7 +191,7 @@ def sweep_rows(args, torch, kiln_attn, on_row=lambda rows: None):
         inputs["bshd"] = [tuple(t.transpose(1, 2).contiguous() for t in qkv) for qkv in inputs["bhsd"]]
         outs = [torch.empty_like(qkv[0]) for qkv in inputs["bshd"]]
         douts = {}
-        if args.backward:
+        if grads:
             douts["bshd"] = [(torch.rand(q.shape, generator=gen, device=dev) * 2 - 1).to(q.dtype)
                              for q, _, _ in inputs["bshd"]]
             douts["bhsd"] = [t.transpose(1, 2) for t in douts["bshd"]]
@@ -189,6 +202,8 @@ def sweep_rows(args, torch, kiln_attn, on_row=lambda rows: None):
             try:
                 if args.backward:
                     once = backward_calls(torch, forward, inputs[layout], douts[layout])
+                elif args.fwd_bwd:
+                    once = fwd_bwd_calls(torch, forward, inputs[layout], douts[layout])
                 elif name == "kiln":
                     def once(i, forward=forward):
                         q, k, v = inputs["bshd"][i % sets]
@@ -201,7 +216,7 @@ def sweep_rows(args, torch, kiln_attn, on_row=lambda rows: None):
                 sustained = time_sustained(torch, once, args.iters, flush)
                 result = once(0)
                 result = [t.transpose(1, 2) if layout == "bhsd" else t
-                          for t in (result if args.backward else (result,))]
+                          for t in (result if grads else (result,))]
             except Exception as e:  # a peer that refuses a configuration is recorded, not fatal
                 if name == "kiln":
                     raise
@@ -339,6 +354,7 @@ def main():
     p.add_argument("--rust", help="a bench_attention (or merged) JSON to compare kiln's TFLOP/s with")
     p.add_argument("--overhead-only", action="store_true", help="only the call-overhead measurement")
     p.add_argument("--backward", action="store_true", help="time each library's backward instead")
+    p.add_argument("--fwd-bwd", action="store_true", help="time each library's forward + backward instead")
     args = p.parse_args()
 
     import torch
@@ -349,7 +365,8 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     dev = torch.device("cuda")
     meta = {
-        "benchmark": "attention-backward-python" if args.backward else "attention-python",
+        "benchmark": ("attention-backward-python" if args.backward
+                      else "attention-fwd-bwd-python" if args.fwd_bwd else "attention-python"),
         "gpu": torch.cuda.get_device_name(dev),
         "compute_capability": "%d.%d" % torch.cuda.get_device_capability(dev),
         "target": kiln_attn._target(torch.cuda.current_device()),
@@ -364,7 +381,9 @@ def main():
     }
     result = {"meta": {"kiln": meta, "peers": meta}, "iters": {"kiln": args.iters, "peers": args.iters},
               "warmup": args.warmup, "rows": []}
-    if not args.backward:
+    if args.backward and args.fwd_bwd:
+        p.error("--backward and --fwd-bwd time different things: pass one")
+    if not (args.backward or args.fwd_bwd):
         result["overhead"] = overhead(torch, kiln_attn)
     if not args.overhead_only:
         def save(rows):  # after each point, so a run cut short keeps what it measured

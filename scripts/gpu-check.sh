@@ -4,7 +4,7 @@
 #   OUT=$OUT scripts/gpu-check.sh python   # the package's GPU tests (attention forward, backward,
 #                                          # ops), then the training comparison if time is left
 #   OUT=$OUT scripts/gpu-check.sh rows     # the row library beside PyTorch in one process
-#   OUT=$OUT scripts/gpu-check.sh attention [--backward]  # python/bench.py: kiln_attn beside
+#   OUT=$OUT scripts/gpu-check.sh attention [--backward|--fwd-bwd] # python/bench.py: kiln_attn beside
 #                                          # FlashAttention-4 (when installed in /tmp/fa4-site by
 #                                          # ../shared/tools/fa4-wheels' two calls), FA2 and cuDNN
 # summary.log says what ran and how it ended. Needs .gpu/tests/kiln-tests-NAME (release test
@@ -69,7 +69,7 @@ case $part in
   attention)
     py_setup
     t0=$SECONDS
-    name=attention-py$([ "${2:-}" = --backward ] && echo -bwd)
+    case "${2:-}" in --backward) name=attention-py-bwd ;; --fwd-bwd) name=attention-py-fwdbwd ;; *) name=attention-py ;; esac
     timeout $(($(left) - 20)) python3 -P python/bench.py --out "$OUT/$name.json" ${2:-} > "$OUT/$name.log" 2>&1
     echo "$name rc=$? $((SECONDS - t0))s" | tee -a "$S"
     [ -f "$OUT/$name.json" ] && python3 bench/table.py "$OUT/$name.json" > "$OUT/$name.md" 2>&1
