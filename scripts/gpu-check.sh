@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One H200 job inside a device call's 600 s, in one of three parts:
+# One H200 job inside a device call's 600 s, in one of its parts:
 #   OUT=$OUT scripts/gpu-check.sh tests    # the GPU test binaries by priority, each under a timeout
 #   OUT=$OUT scripts/gpu-check.sh python   # the package's GPU tests (attention forward, backward,
 #                                          # ops), then the training comparison if time is left
 #   OUT=$OUT scripts/gpu-check.sh rows     # the row library beside PyTorch in one process
+#   OUT=$OUT scripts/gpu-check.sh decode [--quick]  # python/bench_decode.py: decode beside FA4's paged path
 #   OUT=$OUT scripts/gpu-check.sh attention [--backward|--fwd-bwd] # python/bench.py: kiln_attn beside
 #                                          # FlashAttention-4 (when installed in /tmp/fa4-site by
 #                                          # ../shared/tools/fa4-wheels' two calls), FA2 and cuDNN
@@ -74,6 +75,12 @@ case $part in
     echo "$name rc=$? $((SECONDS - t0))s" | tee -a "$S"
     [ -f "$OUT/$name.json" ] && python3 bench/table.py "$OUT/$name.json" > "$OUT/$name.md" 2>&1
     ;;
-  *) echo "gpu-check: unknown part $part (tests, python, rows or attention)" >&2; exit 2 ;;
+  decode)
+    py_setup
+    t0=$SECONDS
+    timeout $(($(left) - 20)) python3 -P python/bench_decode.py --out "$OUT/decode-py.json" ${2:-} > "$OUT/decode-py.log" 2>&1
+    echo "decode rc=$? $((SECONDS - t0))s" | tee -a "$S"
+    ;;
+  *) echo "gpu-check: unknown part $part (tests, python, rows, attention or decode)" >&2; exit 2 ;;
 esac
 echo "done at ${SECONDS}s" | tee -a "$S"
