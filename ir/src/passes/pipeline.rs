@@ -189,26 +189,31 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Sc
     }
     let plans = mmas
         .iter()
-        .map(|&m| plan_mma(kernel, m, warps, target, &inside))
+        .map(|&m| plan_mma(kernel, m, warps, target))
         .collect::<Option<Vec<MmaPlan>>>()?;
-    // Ring loads in order of use (A before B), `[rows, cols]` as stored; once loads are A
-    // tiles loaded before the loop.
+    // Ring loads in order of use (A before B), `[rows, cols]` as stored; once loads are
+    // tiles loaded before the loop (attention's `Q` as A, a weight held across the loop as B).
     let mut ring_loads: Vec<(OpId, Operand, u32, u32)> = Vec::new();
-    let mut once_loads: Vec<(OpId, u32, u32)> = Vec::new();
+    let mut once_loads: Vec<(OpId, Operand, u32, u32)> = Vec::new();
     for p in &plans {
         if let Some(a) = p.a {
-            let rows = acc_rows(target, warps);
+            let load = (a, Operand::KMajorA, acc_rows(target, warps), p.k);
             if inside.contains(&a) {
-                ring_loads.push((a, Operand::KMajorA, rows, p.k));
+                ring_loads.push(load);
             } else {
-                once_loads.push((a, rows, p.k));
+                once_loads.push(load);
             }
         }
         // As stored: `[N, K]` when K-major, else `[K, N]`.
-        ring_loads.push(match p.b {
+        let load = match p.b {
             (b, true) => (b, Operand::KMajorB, p.n, p.k),
             (b, false) => (b, Operand::MnMajorB, p.k, p.n),
-        });
+        };
+        if inside.contains(&load.0) {
+            ring_loads.push(load);
+        } else {
+            once_loads.push(load);
+        }
     }
     // Every tile staged in the body is a ring load, read by exactly one operand.
     let staged = body
@@ -218,6 +223,9 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Sc
         .count();
     let distinct: BTreeSet<OpId> = ring_loads.iter().map(|l| l.0).collect();
     let once_distinct: BTreeSet<OpId> = once_loads.iter().map(|l| l.0).collect();
+    if ring_loads.is_empty() {
+        return None;
+    }
     if distinct.len() != ring_loads.len()
         || staged != ring_loads.len()
         || once_distinct.len() != once_loads.len()
@@ -236,8 +244,8 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Sc
         .collect::<Option<Vec<_>>>()?;
     let once = once_loads
         .iter()
-        .map(|&(l, rows, cols)| {
-            let mut t = tma(l, rows, cols, Operand::KMajorA)?;
+        .map(|&(l, operand, rows, cols)| {
+            let mut t = tma(l, rows, cols, operand)?;
             t.stage_stride = 0;
             Some(t)
         })
@@ -368,13 +376,7 @@ fn ring_sched(
 
 /// How `mma` reads its operands, when wgmma (or, on sm_100a, tcgen05.mma) can run it (see
 /// `docs/pipeline.md`).
-fn plan_mma(
-    kernel: &Kernel,
-    mma: OpId,
-    warps: u32,
-    target: Target,
-    inside: &BTreeSet<OpId>,
-) -> Option<MmaPlan> {
+fn plan_mma(kernel: &Kernel, mma: OpId, warps: u32, target: Target) -> Option<MmaPlan> {
     let op = &kernel.ops[mma];
     let (a_v, b_v) = (*op.operands.first()?, *op.operands.get(1)?);
     let staged = |v: ValueId| match kernel.values[v].def {
@@ -387,17 +389,14 @@ fn plan_mma(
         }
         _ => None,
     };
-    // B is a staged tile of the body (`[K, N]`, MN-major) or the transposed view of one
-    // (`[N, K]` stored, K-major).
+    // B is a staged tile (`[K, N]`, MN-major) or the transposed view of one (`[N, K]`
+    // stored, K-major), of the body or loaded once before the loop.
     let b = match kernel.values[b_v].def {
-        ValueDef::Op(t, 0) if kernel.ops[t].kind == OpKind::Transpose && inside.contains(&t) => {
+        ValueDef::Op(t, 0) if kernel.ops[t].kind == OpKind::Transpose => {
             (staged(kernel.ops[t].operands[0])?, true)
         }
         _ => (staged(b_v)?, false),
     };
-    if !inside.contains(&b.0) {
-        return None;
-    }
     let a_shape = kernel.ty(a_v).shape()?;
     let b_shape = kernel.ty(b_v).shape()?;
     let (m, k, n) = (

@@ -161,3 +161,60 @@ pub fn chain(q: &HostTensor, k: &HostTensor, v: &HostTensor, scale: f64) -> Vec<
     }
     o
 }
+
+/// `c = sum_i a_i w` over the `BM`-row tiles `a_i` of `a: [rows, K]` (rows past `rows` read
+/// as 0): the tiles stream through a pipelined loop while the weight tile is loaded once
+/// before it, `w: [K, N]` (read MN-major) or, with `WT`, `w: [N, K]` read as `w.t()`
+/// (K-major). On sm_90a a warp-specialised ring whose B is a once load, held in shared memory
+/// for every iteration. One block per `BN` columns of `c: [BM, N]`.
+#[kernel(num_warps = NW, grid = [BN, 1, 1])]
+pub fn ring_held_b(
+    a: Tensor<bf16, 2>,
+    w: Tensor<bf16, 2>,
+    c: TensorMut<f32, 2>,
+    #[comptime(default = 64)] BM: usize,
+    #[comptime(default = 64)] BN: usize,
+    #[comptime(default = 64)] K: usize,
+    #[comptime(default = 4)] NW: usize,
+    #[comptime(default = false)] WT: bool,
+) {
+    let nb = block_id().x;
+    let rows = a.dim(0);
+    let mut acc = zeros::<f32>([BM, BN]);
+    if WT {
+        let wt = w.tile([BN, K], [nb * BN, 0]).load();
+        for i in pipelined(0..cdiv(rows, BM), stages = 2) {
+            let x = a.tile([BM, K], [i * BM, 0]).load();
+            acc = mma_acc(&x, &wt.t(), &acc);
+        }
+    } else {
+        let wt = w.tile([K, BN], [0, nb * BN]).load();
+        for i in pipelined(0..cdiv(rows, BM), stages = 2) {
+            let x = a.tile([BM, K], [i * BM, 0]).load();
+            acc = mma_acc(&x, &wt, &acc);
+        }
+    }
+    c.tile([BM, BN], [0, nb * BN]).store(acc);
+}
+
+/// [`ring_held_b`]'s result in f64: `sum_i a_i w` for `a: [rows, K]` in tiles of `bm` rows,
+/// `w: [K, N]` (or `[N, K]` when `transposed`), as `[bm, N]`.
+pub fn held_b(a: &HostTensor, w: &HostTensor, bm: usize, transposed: bool) -> Vec<f64> {
+    let (rows, k) = (a.shape[0], a.shape[1]);
+    let n = if transposed { w.shape[0] } else { w.shape[1] };
+    let (av, wv) = (a.to_f64_vec(), w.to_f64_vec());
+    let weight = |x: usize, j: usize| {
+        if transposed {
+            wv[j * k + x]
+        } else {
+            wv[x * n + j]
+        }
+    };
+    let mut c = vec![0.0; bm * n];
+    for r in 0..rows {
+        for j in 0..n {
+            c[(r % bm) * n + j] += (0..k).map(|x| av[r * k + x] * weight(x, j)).sum::<f64>();
+        }
+    }
+    c
+}
