@@ -1,7 +1,8 @@
 //! The kernels of `wgmma_kernels/` on the GPU: sm_80 code on any GPU and, on Hopper, sm_90a
 //! code whose mmas run as wgmma without warp roles (transposed loaded operands in one and
 //! two warpgroups with boxed 256-byte rows, a chained mma with a register A and an MN-major
-//! B, an A gathered once before a loop of mmas and read from shared memory), each against
+//! B, an A gathered once before a loop of mmas and read from shared memory; a warp-specialised
+//! ring whose B is loaded once and held, `ring_held_b`), each against
 //! the f64 reference and the interpreter; shapes no multiple of the tiles,
 //! every input distribution, outputs poisoned. The kernels of `mma_kernels/` and attention's
 //! backward take the same lowering on sm_90a in `gpu_mma_general.rs` and
@@ -183,10 +184,66 @@ fn gpu_wgmma_held_a() {
     }
 }
 
+fn gpu_ring_held_b() {
+    let mut rng = Rng::from_env();
+    let base = RingHeldBComptime::default();
+    let configs = [
+        base,
+        RingHeldBComptime { WT: true, ..base },
+        RingHeldBComptime {
+            BM: 128,
+            NW: 8,
+            K: 128,
+            ..base
+        },
+        RingHeldBComptime {
+            BN: 128,
+            K: 128,
+            WT: true,
+            ..base
+        },
+    ];
+    for dev in devices() {
+        for ct in configs {
+            for (rows, n) in [(300, 130), (64, 64), (5, 200), (4000, 256)] {
+                for dist in Dist::ALL {
+                    let a = tensor(&mut rng, &[rows, ct.K], DType::Bf16, dist);
+                    let w_shape = if ct.WT { [n, ct.K] } else { [ct.K, n] };
+                    let w = tensor(&mut rng, &w_shape, DType::Bf16, dist);
+                    let grid = [n.div_ceil(ct.BN) as u32, 1, 1];
+                    let (da, dw) = (dev.upload(&a).expect("up"), dev.upload(&w).expect("up"));
+                    let c = poisoned_output(&dev, DType::F32, &[ct.BM, n]);
+                    ring_held_b
+                        .launch(&dev, &ct, grid, &da, &dw, &c)
+                        .expect("launch");
+                    let mut ci = poisoned(&[ct.BM, n], DType::F32);
+                    ring_held_b
+                        .interpret(&ct, grid, &a, &w, &mut ci)
+                        .expect("interpret");
+                    let case = Case {
+                        kernel: format!("ring_held_b {ct:?} on {}", dev.target()),
+                        shape: format!("rows={rows} n={n}"),
+                        dist,
+                        seed: rng.seed(),
+                    };
+                    check(
+                        &case,
+                        &c,
+                        &held_b(&a, &w, ct.BM, ct.WT),
+                        &ci,
+                        tolerance(DType::Bf16),
+                    );
+                }
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         ("gpu_wgmma_transposed", Needs::Gpu, gpu_wgmma_transposed),
         ("gpu_wgmma_chain", Needs::Gpu, gpu_wgmma_chain),
         ("gpu_wgmma_held_a", Needs::Gpu, gpu_wgmma_held_a),
+        ("gpu_ring_held_b", Needs::Gpu, gpu_ring_held_b),
     ])
 }
