@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draws a benchmark result JSON as a PNG beside it (design.md section 8).
+"""Draws a benchmark result JSON as a PNG beside it (docs/benchmarking.md).
 
   chart.py RESULT.json [--out RESULT.png]
 

@@ -3,8 +3,8 @@
 
   peers.py run --out peers.json [--quick] [--iters N] [--warmup N]
       PyTorch SDPA with the FLASH_ATTENTION backend (FlashAttention-2) and the cuDNN backend
-      over the standard sweep (design.md section 8): bf16, b*s = 16384, h = 2048/d,
-      s in {1k..16k}, d in {64, 128} (and 256), causal and not. Each run is timed alone with
+      over the standard sweep (docs/benchmarking.md): bf16, b*s = 16384, h = 2048/d,
+      s in {1k..16k}, d in {64, 128, 256}, causal and not. Each run is timed alone with
       CUDA events after warm-up, behind a GPU hold so the interval is GPU time without the
       launch latency, rotating over input sets that together exceed twice the L2; the median
       is reported. A backend that refuses a configuration is recorded with its error.

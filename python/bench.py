@@ -5,7 +5,7 @@ standard sweep.
   python/bench.py [--out RESULT.json] [--quick] [--iters N] [--warmup N] [--only S:D:CAUSAL,..]
                   [--rust KILN.json] [--overhead-only] [--backward | --fwd-bwd]
 
-The sweep is bench/peers.py's (design.md section 8): bf16, b*s = 16384, h = 2048/d,
+The sweep is bench/peers.py's (docs/benchmarking.md): bf16, b*s = 16384, h = 2048/d,
 s in {1k..16k}, d in {64, 128, 256}, causal and not. kiln gets FlashAttention's layout
 (b, s, h, d), as does FlashAttention-4 (`flash_attn.cute`, timed when it imports); SDPA
 (FLASH_ATTENTION = FlashAttention-2, and cuDNN) gets its own (b, h, s, d).

@@ -6,8 +6,8 @@
 #   OUT=$OUT scripts/gpu-check.sh rows     # the row library beside PyTorch in one process
 #   OUT=$OUT scripts/gpu-check.sh decode [--quick]  # python/bench_decode.py: decode beside FA4's paged path
 #   OUT=$OUT scripts/gpu-check.sh attention [--backward|--fwd-bwd] # python/bench.py: kiln_attn beside
-#                                          # FlashAttention-4 (when installed in /tmp/fa4-site by
-#                                          # ../shared/tools/fa4-wheels' two calls), FA2 and cuDNN
+#                                          # FlashAttention-4 (when its wheels are installed in
+#                                          # /tmp/fa4-site), FA2 and cuDNN
 # summary.log says what ran and how it ended. Needs .gpu/tests/kiln-tests-NAME (release test
 # binaries, stripped), .gpu/commit and the wheel in .gpu-py/ (python/build-wheel.sh).
 cd "$(dirname "$0")/.."

@@ -65,7 +65,7 @@ impl<'k> Writer<'k> {
         let _ = writeln!(
             ptx,
             ".version {}\n.target {}\n.address_size 64\n",
-            // tcgen05 and `.target sm_100a` need PTX ISA 8.6 (ptx-notes §1).
+            // tcgen05 and `.target sm_100a` need PTX ISA 8.6 (docs/ptx.md §1).
             if target == Target::Sm100a {
                 "8.6"
             } else {
@@ -92,7 +92,7 @@ impl<'k> Writer<'k> {
             && budgets
         {
             // With `.maxntid`, lets ptxas know the register count at entry, which
-            // `setmaxnreg` needs (ptx-notes §5, C7508).
+            // `setmaxnreg` needs (docs/ptx.md §5, C7508).
             let _ = writeln!(ptx, ".minnctapersm {}", s.ctas_per_sm);
         }
         // A clustered schedule's CTAs run in clusters along x; the directive makes every

@@ -33,7 +33,7 @@ struct EncodeArgs {
 /// Checks every rule of `cuTensorMapEncodeTiled` for the view `layout` whose allocation starts
 /// at `alloc_base` and holds `alloc_bytes`, and translates it to the driver's order.
 ///
-/// The rules are `cuda.h`'s, summarised in `shared/ptx-notes.md` §3 (the limits and the
+/// The rules are `cuda.h`'s, summarised in `docs/ptx.md` §3 (the limits and the
 /// error live in `crate::tma_rules`), so a bad argument is a [`TensorMapError`] naming the
 /// argument and the rule rather than the driver's bare `CUDA_ERROR_INVALID_VALUE`. The checks
 /// are pure functions of the tensor's layout and address, so they are unit-tested without a
@@ -350,7 +350,7 @@ mod tests {
 
     #[test]
     fn stride_rules() {
-        // 60 bf16 columns: a 120-B row stride (the driver refuses it, ptx-notes §3).
+        // 60 bf16 columns: a 120-B row stride (the driver refuses it, docs/ptx.md §3).
         let l = Layout::contiguous(DType::Bf16, &[8, 60]);
         assert_eq!(
             check(&l, &[8, 8], Swizzle::None),
@@ -391,7 +391,7 @@ mod tests {
                 dtype: DType::Bf16
             })
         );
-        // 128 bf16 = 256 B does not fit the 128-B swizzle span (driver error 1, ptx-notes §3).
+        // 128 bf16 = 256 B does not fit the 128-B swizzle span (driver error 1, docs/ptx.md §3).
         assert_eq!(
             check(&l, &[64, 128], Swizzle::B128),
             Err(TensorMapError::SwizzleSpan {

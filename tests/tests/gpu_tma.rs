@@ -33,7 +33,7 @@ const BOX_BYTES: u32 = 64 * 64 * 2;
 /// with a {64 k, 64 rows} SW128 box (K <= 64; columns past K and rows past M or N arrive as
 /// zeros). Thread 0 initialises the mbarrier, arms it with `expect_tx` of both boxes and issues
 /// both loads; everyone waits for phase 0. Four SS wgmmas (K-major SW128 descriptors, +2 per
-/// k16 step, ptx-notes §4) accumulate in f32, and each thread stores its 32 accumulators
+/// k16 step, docs/ptx.md §4) accumulate in f32, and each thread stores its 32 accumulators
 /// (row = 16w + l/4 + 8v1, col = 8v2 + 2(l%4) + v0) masked to `c_rows x c_cols` with row
 /// stride `c_stride` elements. `{ACC}` and `{STORES}` are filled in by [`tma_wgmma_ptx`].
 const TMA_WGMMA_TEMPLATE: &str = r#"
@@ -577,7 +577,7 @@ fn gpu_tensor_map_rule_violations_are_typed_before_the_driver() {
 
 /// The byte offset TMA gives byte `addr` of a box image under `swizzle`: the 16-byte chunk
 /// index (address bits 4..) XORed with the row-of-128-bytes index (bits 7..), over 1, 2 or 3
-/// bits for 32-, 64- and 128-byte swizzles (CUTLASS `Swizzle<B, 4, 3>`; ptx-notes §3).
+/// bits for 32-, 64- and 128-byte swizzles (CUTLASS `Swizzle<B, 4, 3>`; docs/ptx.md §3).
 fn swizzled(addr: usize, swizzle: Swizzle) -> usize {
     let bits = match swizzle {
         Swizzle::None => 0,

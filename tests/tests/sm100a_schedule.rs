@@ -103,7 +103,7 @@ fn gemm(b_col_major: &str) -> Sched {
 #[test]
 fn gemm_ring_and_tmem_plan() {
     // bf16 x bf16 -> f32, M = 128 (bits 24-28: 8), N = 128 (bits 17-22: 16); B row-major is
-    // MN-major (transpose-B bit 16), column-major B K-major like A (ptx-notes §7).
+    // MN-major (transpose-B bit 16), column-major B K-major like A (docs/ptx.md §7).
     for (b_col_major, operand, idesc, b_template) in [
         (
             "false",

@@ -1,6 +1,6 @@
-//! kiln's `attention` example over the standard sweep (design.md §8), each point checked
-//! against an f64 reference and timed alone behind a GPU hold, with the time to compile and
-//! load each specialisation; docs/benchmarking.md has the sweep, method and options.
+//! kiln's `attention` example over the standard sweep (docs/benchmarking.md, which also has the
+//! method and options), each point checked against an f64 reference and timed alone behind a
+//! GPU hold, with the time to compile and load each specialisation.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;

@@ -317,7 +317,7 @@ impl Emitter<'_> {
 
     /// The four A registers (bf16 pairs) of k16 step `s` of m-fragment `mi`, from a tile in
     /// the accumulator layout with `kn` fragments of 8 columns per m-fragment: the same for
-    /// `mma.sync` and the wgmma RS form (ptx-notes §4 "RS A-fragment").
+    /// `mma.sync` and the wgmma RS form (docs/ptx.md §4 "The RS A fragment").
     pub(crate) fn pack_a_fragment(
         &mut self,
         id: OpId,
@@ -354,7 +354,7 @@ impl Emitter<'_> {
             let p = self.new_reg(Class::B32);
             let (lo, hi) = (at(ni, v), at(ni, v + 1));
             match narrow {
-                // The first source lands in the upper half (ptx-notes section 6).
+                // The first source lands in the upper half (docs/ptx.md §6).
                 Some(DType::F16) => self.ins(format!("cvt.rn.f16x2.f32 {p}, {hi}, {lo}")),
                 Some(_) => self.ins(format!("cvt.rn.bf16x2.f32 {p}, {hi}, {lo}")),
                 None => self.ins(format!("mov.b32 {p}, {{{lo}, {hi}}}")),

@@ -67,7 +67,7 @@ impl Emitter<'_> {
                 SlotRole::TensorMap { param } => {
                     let raw = self.new_reg(Class::B64);
                     let map = self.new_reg(Class::B64);
-                    // Without cvta.param the TMA faults at run time (ptx-notes §1).
+                    // Without cvta.param the TMA faults at run time (docs/ptx.md §1).
                     self.ins(format!("mov.b64 {raw}, {}", s.name));
                     self.ins(format!("cvta.param.u64 {map}, {raw}"));
                     if let ParamRegs::Tensor { map: m, .. } = &mut self.params[param] {

@@ -205,7 +205,7 @@ impl Emitter<'_> {
                 .map(|j| {
                     let w = self.new_reg(Class::B32);
                     let (lo, hi) = (regs[i + 2 * j], regs[i + 2 * j + 1]);
-                    // The first source lands in the upper half (ptx-notes section 6).
+                    // The first source lands in the upper half (docs/ptx.md §6).
                     self.ins(format!("cvt.rn.{cvt}x2.f32 {w}, {hi}, {lo}"));
                     Word::Full(w)
                 })

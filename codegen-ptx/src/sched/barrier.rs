@@ -1,5 +1,5 @@
 //! The schedule's mbarriers: their shared addresses, their inits in the set-up, the roles'
-//! cursors over the ring's stages and phases, parity waits and arrivals (ptx-notes §2).
+//! cursors over the ring's stages and phases, parity waits and arrivals (docs/ptx.md §2).
 
 use std::fmt::Display;
 
@@ -184,7 +184,7 @@ impl View<'_> {
         };
         let addr = self.bar_addr(e, bar, c.stage)?;
         // A clustered ring's `empty` also counts the peer's consumers: acquire at cluster
-        // scope what their releases published (ptx-notes §2). The 2-SM form's `full` hears
+        // scope what their releases published (docs/ptx.md §2). The 2-SM form's `full` hears
         // the peer's TMA, its `empty` the leader's commit.
         let scope = if m.scope == Scope::Cta {
             ""

@@ -1,4 +1,4 @@
-//! The MMA warp of the sm_100a schedules (ptx-notes §7): its elected lane 0 walks the work tiles
+//! The MMA warp of the sm_100a schedules (docs/ptx.md §7): its elected lane 0 walks the work tiles
 //! (attention's: pairs of them, [`super::attention`]) and issues its role's program as
 //! `tcgen05.mma`s into TMEM, each stage or hand-over released by `tcgen05.commit` to its barrier.
 

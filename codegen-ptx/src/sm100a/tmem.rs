@@ -1,4 +1,4 @@
-//! Tensor memory (ptx-notes §7): the address the MMA warp published, the copies between TMEM
+//! Tensor memory (docs/ptx.md §7): the address the MMA warp published, the copies between TMEM
 //! and registers (`tcgen05.ld` / `tcgen05.st`, shape `32x32b`, 32 columns an instruction),
 //! and the ops the roles share: the hand-back of TMEM, the fences and waits, the owner's
 //! `tcgen05.dealloc`.

@@ -112,7 +112,7 @@ fn operand(e: &mut Emitter<'_>, id: OpId, v: ValueId, slot: usize) -> Result<Sou
 /// A shared operand is read by a swizzled descriptor straight from its buffer: a stage is
 /// column boxes of `span` bytes (one box when the row is no wider), each box `rows x span`
 /// with the chunks of row `r` XOR-swizzled by `r`, which is the canonical swizzled layout
-/// (ptx-notes §4). Stored along K (A `[M, K]`, B `[N, K]` read as `k.t()`) it is K-major:
+/// (docs/ptx.md §4). Stored along K (A `[M, K]`, B `[N, K]` read as `k.t()`) it is K-major:
 /// SBO = 8 rows, and k16 step `s` starts `32 s` bytes along the row (in box `32 s / span`).
 /// Stored along M or N (B `[K, N]`, A `[K, M]` read as `p.t()`) it is MN-major with the
 /// transpose bit: LBO = the box stride, SBO = 8 K-rows, k16 step `s` starting 16 rows down.

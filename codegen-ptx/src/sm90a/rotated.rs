@@ -363,7 +363,7 @@ impl Sm90a<'_, '_> {
                         _ => "cvt.rn.bf16x2.f32",
                     };
                     for (k, p) in pairs.iter().enumerate() {
-                        // The first source lands in the upper half (ptx-notes section 6).
+                        // The first source lands in the upper half (docs/ptx.md §6).
                         self.e
                             .ins(format!("{cvt} {p}, {}, {}", src[2 * k + 1], src[2 * k]));
                     }

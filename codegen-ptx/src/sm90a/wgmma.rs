@@ -1,5 +1,5 @@
 //! `mma` inside a ring's body as `wgmma.mma_async.m64nNk16` with shared-memory descriptors
-//! (ptx-notes §4). Each consumer warpgroup `g` computes rows `64 g .. 64 g + 63` of the
+//! (docs/ptx.md §4). Each consumer warpgroup `g` computes rows `64 g .. 64 g + 63` of the
 //! accumulator, whose `#mma(num_warps x 1)` layout is exactly the wgmma accumulator layout of
 //! each warpgroup (row `16 w + l / 4 + 8 v1`, column `8 v2 + 2 (l % 4) + v0` for register
 //! `4 v2 + 2 v1 + v0`), so the registers are passed in layout order.
@@ -219,7 +219,7 @@ fn ring_operand(
 
 /// Writes `d = a @ b (+ c)` as one wgmma per k16 step and warpgroup, accumulating in
 /// place (from zeros without `c`); A is a shared stage (SS) or the registers of an
-/// accumulator-layout tile (RS, ptx-notes §4 "RS A-fragment"). Outside the GEMM mainloop
+/// accumulator-layout tile (RS, docs/ptx.md §4 "The RS A fragment"). Outside the GEMM mainloop
 /// ([`overlaps`]) the wgmmas are committed and waited for here, before any other
 /// instruction reads their registers.
 fn write(
@@ -307,7 +307,7 @@ fn write(
     let shape = format!("m64n{bn}k16.f32.{elem}.{elem}");
     for s in 0..g.bk / 16 {
         let scale_d = u32::from(!(zero_init && s == 0));
-        // Only the start address moves (base offset stays 0, ptx-notes §4).
+        // Only the start address moves (base offset stays 0, docs/ptx.md §4).
         let dbs = advance_descriptor(e, db, g.b_start(s) >> 4);
         match (da, a_frags.get(s as usize)) {
             (Some((da, av)), _) => {
@@ -459,7 +459,7 @@ mod tests {
         }
     }
 
-    /// The descriptor constants ptx-notes §4 verified on the H200.
+    /// The descriptor constants of docs/ptx.md §4, as run on an H200.
     #[test]
     fn templates_match_the_verified_descriptors() {
         // K-major SW128 bf16: LBO field 1, SBO 1024, swizzle 1.

@@ -41,7 +41,7 @@ pub(crate) fn set_registers(s: &mut Sched, (producer, consumer): (u32, u32)) {
 
 /// The `setmaxnreg` targets of the producer warpgroup and of each of `consumer_warps`'
 /// warpgroups (one to three): CUTLASS's 40 / 232, or 24 / 240 for the `overlap` pass's deeper
-/// schedule (`rotated`), which keeps more of the consumers' values live (ptx-notes §5); with
+/// schedule (`rotated`), which keeps more of the consumers' values live (docs/ptx.md §5); with
 /// three consumer warpgroups each gets what the block's registers leave them, a multiple of 8
 /// as `setmaxnreg` takes (160 rotated, FlashAttention-3's count for its three warpgroups).
 pub fn register_split(rotated: bool, consumer_warps: u32) -> (u32, u32) {

@@ -1,6 +1,6 @@
 //! Tensor memory (sm_100a): the CTA's one allocation of TMEM columns, the tiles placed in it
 //! (an accumulator; an attention pair's `S`/`P` and `O` per Q tile), and the descriptors the
-//! `tcgen05.mma`s read their operands with (ptx-notes §7).
+//! `tcgen05.mma`s read their operands with (docs/ptx.md §7).
 //!
 //! The MMA warp allocates the columns before the roles split and publishes their address
 //! through a 4-byte shared slot; it frees them after its last tile. A tile is a range of
@@ -37,7 +37,7 @@ pub struct Descriptor {
 }
 
 impl Descriptor {
-    /// The descriptor of ring load `l` (ptx-notes §7: the Hopper fields plus bit 46, the
+    /// The descriptor of ring load `l` (docs/ptx.md §7: the Hopper fields plus bit 46, the
     /// swizzle code in bits 61..=63). K-major tiles (A, B stored `[N, K]`) are boxes of
     /// `chunk` K columns; SBO is 8 rows, LBO unused (16 B), and a k16 step moves 32 bytes
     /// inside a box. An MN-major B (stored `[K, N]`) is one box of all K rows per `span / 2`
@@ -81,7 +81,7 @@ impl Descriptor {
     }
 }
 
-/// The 32-bit instruction descriptor of `tcgen05.mma.kind::f16` (ptx-notes §7): f32 D,
+/// The 32-bit instruction descriptor of `tcgen05.mma.kind::f16` (docs/ptx.md §7): f32 D,
 /// `dtype` A and B, K-major A, B transposed when it is MN-major, `N >> 3`, `M >> 4`.
 pub fn instruction_descriptor(dtype: DType, m: u32, n: u32, b_mn_major: bool) -> u32 {
     let ab = u32::from(dtype == DType::Bf16);
@@ -184,7 +184,7 @@ mod tests {
 
     #[test]
     fn descriptors_match_ptx_notes() {
-        // ptx-notes §7: bf16 x bf16 -> f32, K-major A and B.
+        // docs/ptx.md §7: bf16 x bf16 -> f32, K-major A and B.
         assert_eq!(
             instruction_descriptor(DType::Bf16, 128, 128, false),
             0x0820_0490

@@ -230,7 +230,7 @@ impl Sm100a<'_, '_> {
                             // Column j of P holds keys 2j (low half) and 2j + 1, as a K-major
                             // bf16 row sits in memory; that the PV mma's A operand reads TMEM
                             // in this order is UNVERIFIED on hardware (no Blackwell here). The
-                            // first source lands in the upper half (ptx-notes §6).
+                            // first source lands in the upper half (docs/ptx.md §6).
                             self.e
                                 .ins(format!("cvt.rn.{ty}.f32 {x}, {}, {}", pair[1], pair[0]));
                             x
