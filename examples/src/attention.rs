@@ -850,6 +850,16 @@ pub fn attention_varlen_used_lse(
     forward(q, k, v, o, Some(lse), Some(packed), scale, p);
 }
 
+impl Varlen {
+    /// With used lengths, the tensor rows past sequence `b`'s last query row and last key by
+    /// the offsets alone (the used ones may end sooner); `None` without them.
+    #[track_caller]
+    pub(crate) fn full_ends(self, b: Value) -> Option<(Value, Value)> {
+        let end = |cu: Tensor| cu.scalar([Index::Value(b + 1)]);
+        self.used.map(|_| (end(self.cu_q), end(self.cu_k)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use kiln::ir::print::print_kernel;

@@ -21,6 +21,10 @@ pub struct AttentionBwdParams {
     /// Head dim: 64, 96, 128 or 256 (a multiple of 32).
     #[comptime(default = 128)]
     pub d: usize,
+    /// Head dim of `v`, `o`, `dout` and `dv` when it differs from `d` (the forward's
+    /// [`AttentionParams::dv`](crate::attention::AttentionParams::dv), by `d`'s rules); 0: `d`.
+    #[comptime(default = 0)]
+    pub dv: usize,
     /// Whether each query sees only the keys up to its diagonal (aligned bottom-right).
     #[comptime(default = false)]
     pub causal: bool,
@@ -57,6 +61,7 @@ pub struct AttentionBwdParams {
     pub num_warps: usize,
     /// Columns of dK and dV one `attention_bwd_dkdv` block accumulates (a divisor of `d`, a
     /// multiple of 16; 0: [`key_columns`]'s choice). Blocks of the same keys split the rest.
+    /// With a `dv` of its own, the columns of dK; dV is split into as many chunks.
     #[comptime(default = 0)]
     pub key_cols: usize,
 }
@@ -67,6 +72,7 @@ impl AttentionBwdParams {
     pub fn of_forward(p: &crate::attention::AttentionParams, deterministic: bool) -> Self {
         AttentionBwdParams {
             d: p.d,
+            dv: p.dv,
             causal: p.causal,
             kv_group: p.kv_group,
             dtype: p.dtype,
@@ -116,7 +122,9 @@ impl AttentionBwdParams {
         // A soft-cap (its gradient keeps the scores) or a window's masks take the registers
         // these tiles leave: 4 to 228 bytes of spills; such calls keep the defaults.
         let windowed = self.window_left >= 0 || self.window_right >= 0 || self.attention_chunk > 0;
-        if target != kiln::ir::Target::Sm90a || self.softcap != 0.0 || windowed {
+        // A `dv` of its own was not measured: its tiles keep the defaults' register budget.
+        let own_dv = self.value_dim() != self.d;
+        if target != kiln::ir::Target::Sm90a || self.softcap != 0.0 || windowed || own_dv {
             return self;
         }
         let (bm, bn, warps, cols) = match self.d {
@@ -141,6 +149,11 @@ impl AttentionBwdParams {
         }
     }
 
+    /// The head dim of `v`, `o`, `dout` and `dv`: `dv`, or `d` when it is 0.
+    pub fn value_dim(&self) -> usize {
+        if self.dv == 0 { self.d } else { self.dv }
+    }
+
     /// Query rows per block: `block_m`, or [`query_block`]'s choice.
     pub fn rows(&self) -> usize {
         query_block(self.block_m, self.d)
@@ -151,12 +164,46 @@ impl AttentionBwdParams {
         key_block(self.block_n, self.d)
     }
 
-    /// Columns of dK and dV one `attention_bwd_dkdv` block accumulates ([`key_columns`]).
+    /// Columns of dK (and of dV when `dv = d`) one `attention_bwd_dkdv` block accumulates
+    /// (`key_cols`, or [`key_columns`]'s choice; with a wider `dv`, `d` in as many chunks as
+    /// [`AttentionBwdParams::value_cols`] makes of `dv` where those are tiles, so that every
+    /// block owns a chunk of each: d = 64 beside dv = 128 in two of 32).
     pub fn key_cols(&self) -> usize {
-        match self.key_cols {
-            0 => key_columns(self.d),
-            c => c,
+        if self.key_cols != 0 {
+            return self.key_cols;
         }
+        let (d, dv) = (self.d, self.value_dim());
+        let cols = key_columns(d);
+        let splits_v = dv / key_columns(dv);
+        let w = d / splits_v.max(1);
+        let tile = w >= 16 && (w.is_power_of_two() || w.is_multiple_of(32));
+        if dv > d && splits_v > d / cols && d.is_multiple_of(splits_v) && tile {
+            w
+        } else {
+            cols
+        }
+    }
+
+    /// Columns of dV one `attention_bwd_dkdv` block accumulates: [`AttentionBwdParams::
+    /// key_cols`] when `dv = d`, else [`key_columns`]'s choice for `dv`, so that a block's f32
+    /// dK and dV (a thread's largest state) are no wider than at `dv = d`.
+    pub fn value_cols(&self) -> usize {
+        let dv = self.value_dim();
+        if dv == self.d {
+            self.key_cols()
+        } else {
+            key_columns(dv)
+        }
+    }
+
+    /// How many blocks of `attention_bwd_dkdv` share one key block: the column chunks of dK
+    /// or of dV, whichever are more (with a `dv` of its own, block `j` of a key block owns
+    /// chunk `j` of each that has one; the others' products are recomputed and not stored).
+    pub fn column_splits(&self) -> usize {
+        let of = |n: usize, w: usize| n / w.max(1);
+        of(self.d, self.key_cols())
+            .max(of(self.value_dim(), self.value_cols()))
+            .max(1)
     }
 
     /// Columns of dQ one [`attention_bwd_dq`] block accumulates ([`dq_columns`]).
@@ -182,9 +229,9 @@ impl AttentionBwdParams {
     }
 
     /// The grid of [`attention_bwd_dkdv`] (and its varlen form, `sk` the longest sequence):
-    /// `(cdiv(sk, keys) * d / key_cols, kv_heads, batch)`.
+    /// `(cdiv(sk, keys) * column_splits, kv_heads, batch)`.
     pub fn key_grid(&self, [sk, kv_heads, batch]: [usize; 3]) -> [u32; 3] {
-        let splits = self.d / self.key_cols();
+        let splits = self.column_splits();
         [
             (sk.div_ceil(self.keys()) * splits) as u32,
             kv_heads as u32,
@@ -233,8 +280,12 @@ pub fn dq_columns(d: usize) -> usize {
 #[track_caller]
 fn validate(p: &AttentionBwdParams) {
     let d = p.d;
-    if d == 0 || !(d <= 64 && d.is_power_of_two() || d.is_multiple_of(32)) {
+    let head_dim = |d: usize| d != 0 && (d <= 64 && d.is_power_of_two() || d.is_multiple_of(32));
+    if !head_dim(d) {
         reject("attention backward: `d` must be a power of two up to 64 or a multiple of 32");
+    }
+    if !head_dim(p.value_dim()) {
+        reject("attention backward: `dv` must be a power of two up to 64 or a multiple of 32");
     }
     if p.kv_group == 0 {
         reject("attention backward: `kv_group` must be at least 1");
@@ -297,24 +348,38 @@ fn preprocess(
     p: AttentionBwdParams,
 ) {
     validate(&p);
-    let (bm, d) = (p.rows(), p.d);
+    let (bm, d, dv) = (p.rows(), p.d, p.value_dim());
     let (mb, h, b) = (block_id().x, block_id().y, block_id().z);
     let rows = Rows::of(o, o, b, packed);
     let q0 = mb * bm;
-    // In column chunks of at most 64: two whole f32 [bm, 256] tiles would spill.
-    let w = dq_chunk(d);
+    // In column chunks of at most 64: two whole f32 [bm, 256] tiles would spill. `o` and
+    // `dout` are `dv` wide, `dq_accum` `d`: one loop zeroes the latter when they match.
+    let w = dq_chunk(dv);
     let mut sum = zeros::<f32>([bm]);
-    for c in unroll(0..d / w) {
+    for c in unroll(0..dv / w) {
         let at = [rows.batch, h, rows.query(q0), c * w];
         let os = o.tile([bm, w], at).load().cast::<f32>();
         let dos = dout.tile([bm, w], at).load().cast::<f32>();
         sum = sum + row_sum(&(os * dos));
-        if !p.deterministic {
-            rows.store(dq_accum.tile([bm, w], at), zeros::<f32>([bm, w]), 2);
+        if !p.deterministic && dv == d {
+            zero_dq(dq_accum.tile([bm, w], at), rows, (bm, w));
+        }
+    }
+    if !p.deterministic && dv != d {
+        let w = dq_chunk(d);
+        for c in unroll(0..d / w) {
+            let at = [rows.batch, h, rows.query(q0), c * w];
+            zero_dq(dq_accum.tile([bm, w], at), rows, (bm, w));
         }
     }
     let rows_at = [rows.batch, h, rows.query(q0)];
     rows.store(delta.tile([bm], rows_at), sum, 2);
+}
+
+/// Zeroes `tile` (`[bm, w]` of `dq_accum`), in a packed batch only the sequence's rows.
+#[track_caller]
+fn zero_dq(tile: kiln::ir::dsl::TileView, rows: Rows, (bm, w): (usize, usize)) {
+    rows.store(tile, zeros::<f32>([bm, w]), 2);
 }
 
 /// dK and dV, and (unless `deterministic`) dQ's shares added into `dq_accum`, for `q, dout:
@@ -366,6 +431,38 @@ pub fn attention_bwd_dkdv_varlen(
 ) {
     let io = BwdTensors::new((q, k, v, dout), (lse, delta));
     let packed = Varlen::new(cu_seqlens_q, cu_seqlens_k);
+    dkdv(io, dq_accum, (dk, dv), Some(packed), scale, p);
+}
+
+/// [`attention_bwd_dkdv_varlen`] of [`attention_varlen_used`]'s call (`seqused_q`,
+/// `seqused_k`: `[batch]`, i32): sequence `b`'s first `seqused_q[b]` rows and
+/// `seqused_k[b]` keys, its keys past those get dK = dV = 0 (FlashAttention 3's: the
+/// forward never read them). [`attention_bwd_preprocess_varlen`] and
+/// [`attention_bwd_dq_convert_varlen`] serve it as they are: they zero and convert every
+/// row of the sequences, and no row past `seqused_q[b]` adds into `dq_accum`.
+///
+/// [`attention_varlen_used`]: crate::attention::attention_varlen_used
+#[kernel(num_warps = num_warps)]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_bwd_dkdv_varlen_used(
+    q: Tensor<dtype, 4>,
+    k: Tensor<dtype, 4>,
+    v: Tensor<dtype, 4>,
+    dout: Tensor<dtype, 4>,
+    lse: Tensor<f32, 3>,
+    delta: Tensor<f32, 3>,
+    dq_accum: TensorMut<f32, 4>,
+    dk: TensorMut<dtype, 4>,
+    dv: TensorMut<dtype, 4>,
+    cu_seqlens_q: Tensor<i32, 1>,
+    cu_seqlens_k: Tensor<i32, 1>,
+    seqused_q: Tensor<i32, 1>,
+    seqused_k: Tensor<i32, 1>,
+    scale: f32,
+    #[comptime] p: AttentionBwdParams,
+) {
+    let io = BwdTensors::new((q, k, v, dout), (lse, delta));
+    let packed = Varlen::of(cu_seqlens_q, cu_seqlens_k, Some((seqused_q, seqused_k)));
     dkdv(io, dq_accum, (dk, dv), Some(packed), scale, p);
 }
 
@@ -453,6 +550,30 @@ pub fn attention_bwd_dq_varlen(
 ) {
     let io = BwdTensors::new((q, k, v, dout), (lse, delta));
     let packed = Varlen::new(cu_seqlens_q, cu_seqlens_k);
+    dq_walk(io, dq, Some(packed), scale, p);
+}
+
+/// [`attention_bwd_dq_varlen`] with used lengths, as [`attention_bwd_dkdv_varlen_used`]:
+/// rows past `seqused_q[b]` get dQ = 0.
+#[kernel(num_warps = num_warps)]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_bwd_dq_varlen_used(
+    q: Tensor<dtype, 4>,
+    k: Tensor<dtype, 4>,
+    v: Tensor<dtype, 4>,
+    dout: Tensor<dtype, 4>,
+    lse: Tensor<f32, 3>,
+    delta: Tensor<f32, 3>,
+    dq: TensorMut<dtype, 4>,
+    cu_seqlens_q: Tensor<i32, 1>,
+    cu_seqlens_k: Tensor<i32, 1>,
+    seqused_q: Tensor<i32, 1>,
+    seqused_k: Tensor<i32, 1>,
+    scale: f32,
+    #[comptime] p: AttentionBwdParams,
+) {
+    let io = BwdTensors::new((q, k, v, dout), (lse, delta));
+    let packed = Varlen::of(cu_seqlens_q, cu_seqlens_k, Some((seqused_q, seqused_k)));
     dq_walk(io, dq, Some(packed), scale, p);
 }
 
@@ -687,33 +808,34 @@ fn dkdv(
     p: AttentionBwdParams,
 ) {
     validate(&p);
-    let (d, dtype, group) = (p.d, p.dtype, p.kv_group);
+    let (d, dv_dim, dtype, group) = (p.d, p.value_dim(), p.dtype, p.kv_group);
     let (bm, bn) = (p.rows(), p.keys());
     let w = Window::new(p.causal, p.window_left, p.window_right, p.attention_chunk);
-    let cols = p.key_cols();
+    let (cols, vcols) = (p.key_cols(), p.value_cols());
     let (hk, b) = (block_id().y, block_id().z);
     // Block x owns key block x / splits and the columns of its first chunk of dK and dV.
-    let (nb, chunks) = block_and_chunks(block_id().x, d / cols, cols);
+    let split = ColumnSplit::of(block_id().x, (d, cols), (dv_dim, vcols));
+    let (nb, chunks, vchunks) = (split.block, split.chunks_k, split.chunks_v);
     let rows = Rows::of(io.q, io.k, b, packed);
     let (sq, sk, batch) = (rows.sq, rows.sk, rows.batch);
     let k0 = nb * bn;
     let keys = (k0, sk);
-    // Every operand in the same column chunks: the products over all `d` columns sum over
-    // them, and chunk 0 (the block's own columns) is also the B operand of its dK, dV and
-    // dQ columns, so no column is staged twice.
+    // Every operand in the same column chunks (V and dO in `dv`'s): the products over all
+    // columns sum over them, and chunk 0 (the block's own columns) is also the B operand of
+    // its dK, dV and dQ columns, so no column is staged twice.
     let ks = key_chunks(io.k, rows, (hk, keys), (bn, cols), &chunks);
-    let vs = key_chunks(io.v, rows, (hk, keys), (bn, cols), &chunks);
+    let vs = key_chunks(io.v, rows, (hk, keys), (bn, vcols), &vchunks);
     let walk = QueryWalk::of(k0, sq, sk, (bm, bn), w);
     // A block past its sequence's keys (the grid covers the longest) walks nothing.
     let n_m = key_walk_end(rows, k0, walk.count());
     let keys_partial = k0 + bn > sk;
     let qk_scale = scale * score_factor(p.softcap);
     let mut acc_k = zeros::<f32>([bn, cols]);
-    let mut acc_v = zeros::<f32>([bn, cols]);
+    let mut acc_v = zeros::<f32>([bn, vcols]);
     for t in pipelined(0..n_m * group, stages = 2) {
         let (h, mb) = head_and_block(t, n_m, (walk.lo, hk), group);
         let q0 = mb * bm;
-        let (qs, dos) = query_chunks(io, rows, (h, q0), (bm, cols), &chunks);
+        let (qs, dos) = query_chunks(io, rows, (h, q0), bm, ((cols, &chunks), (vcols, &vchunks)));
         let (lse_t, delta_t) = load_row_stats(io, rows, (h, q0), bm);
         let mask_it = walk.masks(mb, keys_partial);
         let mask_it = with_rows_bound(mask_it, rows, q0 + bm > sq);
@@ -731,30 +853,33 @@ fn dkdv(
         acc_v = mma_acc(&probs.cast_to(dtype).t(), &dos[0], &acc_v);
         let ds = ds.cast_to(dtype);
         if !p.deterministic {
-            add_dq(
+            add_dq_owned(
                 dq_accum,
                 mma(&ds, &ks[0]),
                 rows,
                 (h, q0),
                 (chunks[0], (bm, cols)),
+                split.owns_k,
             );
         }
         acc_k = mma_acc(&ds.t(), &qs[0], &acc_k);
     }
     let c0 = chunks[0];
-    let k_end = rows.key(sk);
-    let out_at = [batch, hk, rows.key(k0), c0];
+    let (_, k_end) = grad_ends(rows, packed, b);
+    let key_row = rows.key(k0);
+    let out_at = [batch, hk, key_row, c0];
     store_keys(
         dk.tile([bn, cols], out_at),
         (acc_k * scale).cast_to(dtype),
         rows,
-        k_end,
+        (k_end, split.owns_k),
     );
+    let v_at = [batch, hk, key_row, vchunks[0]];
     store_keys(
-        dv.tile([bn, cols], out_at),
+        dv.tile([bn, vcols], v_at),
         acc_v.cast_to(dtype),
         rows,
-        k_end,
+        (k_end, split.owns_v),
     );
 }
 
@@ -769,6 +894,82 @@ fn block_and_chunks(x: Value, splits: usize, cols: usize) -> (Value, Vec<Index>)
     }
     let chunk = |j: usize| Index::Value((x + j) % splits * cols);
     (x / splits, (0..splits).map(chunk).collect())
+}
+
+/// How block `x` of [`attention_bwd_dkdv`]'s grid splits dK's and dV's columns with the
+/// other blocks of its key block: the key block, the column chunks of `d` (`cols` wide) and of
+/// `dv` (`vcols` wide) its products sum over, its own first ([`block_and_chunks`]), and,
+/// where one of them has fewer chunks than the key block has blocks, whether the block owns
+/// one of them (`None`: every block does).
+struct ColumnSplit {
+    block: Value,
+    chunks_k: Vec<Index>,
+    chunks_v: Vec<Index>,
+    owns_k: Option<Value>,
+    owns_v: Option<Value>,
+}
+
+impl ColumnSplit {
+    #[track_caller]
+    fn of(x: Value, (d, cols): (usize, usize), (dv, vcols): (usize, usize)) -> ColumnSplit {
+        use kiln::ir::dsl::Compare;
+        let (splits_k, splits_v) = (d / cols, dv / vcols);
+        if splits_k == splits_v {
+            // `dv = d` among them: the one split, its chunks shared when the widths match.
+            let (block, chunks_k) = block_and_chunks(x, splits_k, cols);
+            let chunks_v = if dv == d {
+                chunks_k.clone()
+            } else {
+                block_and_chunks(x, splits_v, vcols).1
+            };
+            return ColumnSplit {
+                block,
+                chunks_k,
+                chunks_v,
+                owns_k: None,
+                owns_v: None,
+            };
+        }
+        let splits = splits_k.max(splits_v);
+        let j = x % splits;
+        let rotated = |n: usize, w: usize| -> Vec<Index> {
+            if n == 1 {
+                return vec![Index::Const(0)];
+            }
+            (0..n).map(|i| Index::Value((j + i) % n * w)).collect()
+        };
+        let owns = |n: usize| (n < splits).then(|| Compare::lt(j, n));
+        ColumnSplit {
+            block: x / splits,
+            chunks_k: rotated(splits_k, cols),
+            chunks_v: rotated(splits_v, vcols),
+            owns_k: owns(splits_k),
+            owns_v: owns(splits_v),
+        }
+    }
+}
+
+/// The column chunks `0, w, 2w, ..` of `n` columns.
+fn plain_chunks(n: usize, w: usize) -> Vec<Index> {
+    (0..n / w).map(|j| Index::Const((j * w) as i64)).collect()
+}
+
+/// Where a block's gradient stores end, as `(rows, k_end)`: the rows [`Rows::store`] stops
+/// at and the tensor row past the sequence's last key. With used lengths (FlashAttention 3's
+/// `seqused_q`, `seqused_k`) the ends the offsets give: the rows and keys past the used ones
+/// read as 0 and are masked, so their gradients are 0 and are stored as such.
+#[track_caller]
+fn grad_ends(rows: Rows, packed: Option<Varlen>, b: Value) -> (Rows, Value) {
+    match (rows.packed, packed.and_then(|p| p.full_ends(b))) {
+        (Some((q_start, k_start, _)), Some((q_end, k_end))) => (
+            Rows {
+                packed: Some((q_start, k_start, q_end)),
+                ..rows
+            },
+            k_end,
+        ),
+        _ => (rows, rows.key(rows.sk)),
+    }
 }
 
 /// Key block `k0..k0 + bn` (`keys = (k0, sk)`) of key/value head `hk` of `t` in the column
@@ -797,28 +998,38 @@ fn key_chunks(
     chunks.iter().map(|&c| load(c)).collect()
 }
 
-/// Query block `q0..q0 + bm` of head `h`: its Q and dO in the column chunks `[bm, w]` that
-/// start at `chunks` (rows past the sequence 0: [`load_seq`]).
+/// Column chunks of one width: the width and each chunk's first column.
+type Chunks<'a> = (usize, &'a [Index]);
+
+/// Query block `q0..q0 + bm` of head `h`: its Q in the column chunks `[bm, w]` that start at
+/// `q_chunks`, its dO in `[bm, wv]` at `v_chunks` (rows past the sequence 0: [`load_seq`]),
+/// loaded a chunk of each in turn.
 #[track_caller]
 fn query_chunks(
     io: BwdTensors,
     rows: Rows,
     (h, q0): (Value, Value),
-    (bm, w): (usize, usize),
-    chunks: &[Index],
+    bm: usize,
+    ((w, q_chunks), (wv, v_chunks)): (Chunks<'_>, Chunks<'_>),
 ) -> (Vec<Value>, Vec<Value>) {
-    let shape = [Index::Const(bm as i64), Index::Const(w as i64)];
-    let load = |t: Tensor, c: Index| {
+    let load = |t: Tensor, w: usize, c: Index| {
+        let shape = [Index::Const(bm as i64), Index::Const(w as i64)];
         let tile = t.tile(
             shape,
             [rows.batch, Index::Value(h), Index::Value(rows.query(q0)), c],
         );
         load_seq(tile, rows, (q0, rows.sq), shape)
     };
-    chunks
-        .iter()
-        .map(|&c| (load(io.q, c), load(io.dout, c)))
-        .unzip()
+    let (mut qs, mut dos) = (Vec::new(), Vec::new());
+    for j in 0..q_chunks.len().max(v_chunks.len()) {
+        if let Some(&c) = q_chunks.get(j) {
+            qs.push(load(io.q, w, c));
+        }
+        if let Some(&c) = v_chunks.get(j) {
+            dos.push(load(io.dout, wv, c));
+        }
+    }
+    (qs, dos)
 }
 
 /// The query head and query block of step `t` of the dK/dV walk of key/value head `hk`:
@@ -873,6 +1084,38 @@ fn dq_chunk(cols: usize) -> usize {
     }
 }
 
+/// [`add_dq`], and nothing unless `owns` (when given) holds: a block that owns no dK columns
+/// ([`ColumnSplit`]) adds no dQ either.
+#[track_caller]
+fn add_dq_owned(
+    dq_accum: Tensor,
+    dq: Value,
+    rows: Rows,
+    (h, q0): (Value, Value),
+    (c0, (bm, w)): (Index, (usize, usize)),
+    owns: Option<Value>,
+) {
+    match owns {
+        Some(owns) => add_dq_if(dq_accum, dq, rows, (h, q0), (c0, (bm, w)), owns),
+        None => add_dq(dq_accum, dq, rows, (h, q0), (c0, (bm, w))),
+    }
+}
+
+/// [`add_dq`] of the rows below `sq` only where `owns` holds, none elsewhere.
+#[kernel_fn]
+fn add_dq_if(
+    dq_accum: Tensor,
+    dq: Value,
+    rows: Rows,
+    (h, q0): (Value, Value),
+    (c0, (bm, d)): (Index, (usize, usize)),
+    owns: Value,
+) {
+    let at = [rows.batch, h, rows.query(q0), c0];
+    let inside = iota([bm, d], 0) + q0 < select(owns, rows.sq, 0);
+    dq_accum.tile([bm, d], at).atomic_add_masked(dq, inside);
+}
+
 /// Adds columns `c0..c0 + w` of one query block's dQ share `dq` (`[bm, w]`, unscaled) into
 /// `dq_accum`, in a packed batch only the sequence's rows.
 #[kernel_fn]
@@ -893,12 +1136,18 @@ fn add_dq(
 }
 
 /// Stores a key block's gradient, in a packed batch only the sequence's keys (up to
-/// `k_end`).
+/// `k_end`), and nothing unless `owns` (when given) holds ([`ColumnSplit`]).
 #[track_caller]
-fn store_keys(tile: kiln::ir::dsl::TileView, value: Value, rows: Rows, k_end: Value) {
-    match rows.packed {
-        Some(_) => tile.store_bounded(value, 2, k_end),
-        None => tile.store(value),
+fn store_keys(
+    tile: kiln::ir::dsl::TileView,
+    value: Value,
+    rows: Rows,
+    (k_end, owns): (Value, Option<Value>),
+) {
+    match (owns, rows.packed) {
+        (Some(owns), _) => tile.store_bounded(value, 2, select(owns, k_end, 0)),
+        (None, Some(_)) => tile.store_bounded(value, 2, k_end),
+        (None, None) => tile.store(value),
     }
 }
 
@@ -914,17 +1163,24 @@ fn dq_walk(
     p: AttentionBwdParams,
 ) {
     validate(&p);
-    let (d, dtype) = (p.d, p.dtype);
+    let (d, dv, dtype) = (p.d, p.value_dim(), p.dtype);
     let (bm, bn) = (p.rows(), p.keys());
     let w = Window::new(p.causal, p.window_left, p.window_right, p.attention_chunk);
     let cols = p.dq_cols();
     let (h, b) = (block_id().y, block_id().z);
     // Block x owns query block x / splits and the columns of its first chunk of dQ.
     let (mb, chunks) = block_and_chunks(block_id().x, d / cols, cols);
+    // dP = dO V^T sums over all of `dv`'s columns, whichever block: plain chunks of them.
+    let vcols = if dv == d { cols } else { dq_columns(dv) };
+    let vchunks = if dv == d {
+        chunks.clone()
+    } else {
+        plain_chunks(dv, vcols)
+    };
     let rows = Rows::of(io.q, io.k, b, packed);
     let (sq, sk, batch) = (rows.sq, rows.sk, rows.batch);
     let q0 = mb * bm;
-    let (qs, dos) = query_chunks(io, rows, (h, q0), (bm, cols), &chunks);
+    let (qs, dos) = query_chunks(io, rows, (h, q0), bm, ((cols, &chunks), (vcols, &vchunks)));
     let (lse_t, delta_t) = load_row_stats(io, rows, (h, q0), bm);
     let walk = KeyWalk::of(rows, q0, (bm, bn), w);
     let qk_scale = scale * score_factor(p.softcap);
@@ -933,7 +1189,7 @@ fn dq_walk(
     for j in pipelined(walk.first..walk.end, stages = 2) {
         let k0 = j * bn;
         let ks = key_chunks(io.k, rows, (hk, (k0, sk)), (bn, cols), &chunks);
-        let vs = key_chunks(io.v, rows, (hk, (k0, sk)), (bn, cols), &chunks);
+        let vs = key_chunks(io.v, rows, (hk, (k0, sk)), (bn, vcols), &vchunks);
         let mask_it = walk.masks(j);
         let mask_it = with_rows_bound(mask_it, rows, q0 + bm > sq);
         let (_, ds) = probs_and_grad(
@@ -950,5 +1206,6 @@ fn dq_walk(
         acc = mma_acc(&ds.cast_to(dtype), &ks[0], &acc);
     }
     let q_at = [batch, h, rows.query(q0), chunks[0]];
-    rows.store(dq.tile([bm, cols], q_at), (acc * scale).cast_to(dtype), 2);
+    let (store_rows, _) = grad_ends(rows, packed, b);
+    store_rows.store(dq.tile([bm, cols], q_at), (acc * scale).cast_to(dtype), 2);
 }

@@ -149,12 +149,7 @@ def _flash_attn_varlen_forward(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     check_unsupported(dropout_p, alibi_slopes)
     _no_paging(block_table, leftpad_k)
-    if (seqused_q is None) != (seqused_k is None):
-        # The kernel takes both: a missing one is the offsets' lengths.
-        if seqused_q is None:
-            seqused_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
-        else:
-            seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    seqused_q, seqused_k = _both_used(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     out, lse = _native._varlen_fwd(
         q,
         k,
@@ -214,8 +209,11 @@ def _flash_attn_varlen_backward(
     rng_state: Optional[Tensor] = None,
     fa3_window: bool = False,
     attention_chunk: int = 0,
+    seqused_q: Optional[Tensor] = None,
+    seqused_k: Optional[Tensor] = None,
 ) -> Tensor:
     check_unsupported(dropout_p, alibi_slopes)
+    seqused_q, seqused_k = _both_used(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
@@ -241,6 +239,8 @@ def _flash_attn_varlen_backward(
         fa3_window=fa3_window,
         attention_chunk=attention_chunk,
         interpret=interpreting(),
+        seqused_q=seqused_q,
+        seqused_k=seqused_k,
     )
 
 
@@ -249,6 +249,17 @@ def _flash_attn_varlen_backward_fake(dout, q, k, v, out, softmax_lse, dq, dk, dv
     # softmax_d as FlashAttention 2 pads it: 128 more columns a sequence.
     total_q, h, _ = q.shape
     return q.new_empty((h, total_q + 128 * (cu_seqlens_q.shape[0] - 1)), dtype=_F32)
+
+
+def _both_used(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k):
+    """FlashAttention 3's used lengths as the kernels take them, both or neither: a missing
+    one of a pair is the offsets' lengths."""
+    if (seqused_q is None) != (seqused_k is None):
+        if seqused_q is None:
+            seqused_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+        else:
+            seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    return seqused_q, seqused_k
 
 
 def _contiguous_last(t):
@@ -333,23 +344,18 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
             seqused_q,
             window[2],
         )
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_q, seqused_k)
         ctx.args = (max_q, max_k, softmax_scale, causal, window, softcap, deterministic, fa3_window)
-        ctx.used = seqused_q is not None or seqused_k is not None
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        if ctx.used:
-            raise ValueError(
-                "seqused_q: kiln_attn's varlen backward does not take seqused_q / seqused_k yet (the "
-                "forward runs; call it under torch.no_grad() or with inputs that do not require grad)"
-            )
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        q, k, v, out, lse, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
         max_q, max_k, scale, causal, window, softcap, deterministic, fa3_window = ctx.args
         # Zeroed: the kernels write the rows of the sequences only, and rows that no sequence
-        # owns have gradient 0.
+        # owns have gradient 0 (a sequence's rows and keys past its used lengths the kernels
+        # write as 0: FlashAttention 3's).
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         torch.ops.kiln_attn._flash_attn_varlen_backward(
             _contiguous_last(dout),
@@ -376,6 +382,8 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
             None,
             fa3_window,
             window[2],
+            used_q,
+            used_k,
         )
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None
 

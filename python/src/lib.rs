@@ -337,6 +337,24 @@ fn lse_view(lse: Option<&Bound<'_, PyAny>>) -> PyResult<Option<launch::Lse>> {
         .transpose()
 }
 
+/// FlashAttention 3's `seqused_q` and `seqused_k` as given: both, or neither.
+fn used_lengths(
+    seqused_q: Option<&Bound<'_, PyAny>>,
+    seqused_k: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<(TensorInfo, TensorInfo)>> {
+    match (seqused_q, seqused_k) {
+        (Some(uq), Some(uk)) => Ok(Some((
+            tensor_info("seqused_q", uq)?,
+            tensor_info("seqused_k", uk)?,
+        ))),
+        (None, None) => Ok(None),
+        (Some(_), None) | (None, Some(_)) => Err(PyValueError::new_err(
+            "seqused_k: pass seqused_q and seqused_k together (kiln_attn.fa3 fills a missing \
+             one with the offsets' lengths)",
+        )),
+    }
+}
+
 /// What both functions return: `out`, or `(out, lse)` when the call asked for the
 /// log-sum-exp.
 fn with_lse<'py>(
@@ -392,18 +410,7 @@ fn _varlen_fwd<'py>(
     seqused_k: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = q.py();
-    let used = match (&seqused_q, &seqused_k) {
-        (Some(uq), Some(uk)) => {
-            Some((tensor_info("seqused_q", uq)?, tensor_info("seqused_k", uk)?))
-        }
-        (None, None) => None,
-        (Some(_), None) | (None, Some(_)) => {
-            return Err(PyValueError::new_err(
-                "seqused_k: pass seqused_q and seqused_k together (kiln_attn.fa3 fills a missing \
-                 one with the offsets' lengths)",
-            ));
-        }
-    };
+    let used = used_lengths(seqused_q.as_ref(), seqused_k.as_ref())?;
     let (qi, ki, vi) = (
         tensor_info("q", q)?,
         tensor_info("k", k)?,
@@ -488,8 +495,8 @@ fn _varlen_fwd<'py>(
 }
 
 /// The gradients dq, dk, dv of the forward's q, k, v written into the caller's buffers, under
-/// `kiln_attn._flash_attn_backward`: dout, out and dq of q's shape and dtype, dk and dv of
-/// k's, softmax_lse the forward's (batch, nheads, seqlen_q) torch.float32; options as the
+/// `kiln_attn._flash_attn_backward`: dout and out of q's shape in v's head dim, dq of q's,
+/// dk of k's, dv of v's (all q's dtype), softmax_lse the forward's (batch, nheads, seqlen_q) torch.float32; options as the
 /// forward took them. Each is checked (a ValueError naming it) before any kernel runs.
 /// deterministic=True computes dq in a second pass (the same bits every run) instead of f32
 /// atomics. Returns softmax_d, rowsum(dout * out) per row, (batch, nheads, seqlen_q rounded
@@ -540,22 +547,25 @@ fn _bwd<'py>(
     run_backward(q, bp, [dq, dk, dv])
 }
 
-/// [`_bwd`] over a packed varlen batch: dout, out, dq (total_q, nheads, headdim), dk, dv
-/// (total_k, nheads_k, headdim), softmax_lse (nheads, total_q), the offsets and longest
-/// lengths as the varlen forward took them. Rows that no sequence owns are not written.
-/// Returns softmax_d (nheads, total_q + 128 * batch) torch.float32 (FlashAttention 2's
-/// padding, zero past total_q).
+/// [`_bwd`] over a packed varlen batch: dout, out (total_q, nheads, headdim_v), dq (total_q,
+/// nheads, headdim), dk (total_k, nheads_k, headdim), dv (total_k, nheads_k, headdim_v),
+/// softmax_lse (nheads, total_q), the offsets, longest lengths and used lengths (seqused_q,
+/// seqused_k: both or neither) as the varlen forward took them. Rows that no sequence owns
+/// are not written; with used lengths, a sequence's rows past seqused_q[b] get dq = 0 and its
+/// keys past seqused_k[b] dk = dv = 0 (FlashAttention 3's). Returns softmax_d (nheads,
+/// total_q + 128 * batch) torch.float32 (FlashAttention 2's padding, zero past total_q).
 #[pyfunction]
 #[pyo3(signature = (
     dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     max_seqlen_k, softmax_scale=None, causal=false, window_size=(-1, -1), softcap=0.0,
-    deterministic=false, *, fa3_window=false, attention_chunk=0, interpret=false
+    deterministic=false, *, fa3_window=false, attention_chunk=0, interpret=false,
+    seqused_q=None, seqused_k=None
 ))]
 #[pyo3(
     text_signature = "(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, \
     cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None, causal=False, \
     window_size=(-1, -1), softcap=0.0, deterministic=False, *, fa3_window=False, \
-    interpret=False)"
+    attention_chunk=0, interpret=False, seqused_q=None, seqused_k=None)"
 )]
 #[allow(clippy::too_many_arguments)]
 fn _varlen_bwd<'py>(
@@ -580,10 +590,13 @@ fn _varlen_bwd<'py>(
     fa3_window: bool,
     attention_chunk: i64,
     interpret: bool,
+    seqused_q: Option<Bound<'py, PyAny>>,
+    seqused_k: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let t = BwdTensors::read([q, k, v, dout, out, softmax_lse, dq, dk, dv])?;
     let cu_qi = tensor_info("cu_seqlens_q", cu_seqlens_q)?;
     let cu_ki = tensor_info("cu_seqlens_k", cu_seqlens_k)?;
+    let used = used_lengths(seqused_q.as_ref(), seqused_k.as_ref())?;
     let opts = options(
         softmax_scale,
         causal,
@@ -596,6 +609,7 @@ fn _varlen_bwd<'py>(
         t.qkv(),
         t.grads(),
         (&cu_qi, &cu_ki),
+        used.as_ref().map(|(q, k)| (q, k)),
         (max_seqlen_q, max_seqlen_k),
         &opts,
         deterministic,

@@ -998,13 +998,73 @@ def test_kvcache_value_head_dims_match_flash_attentions_semantics(d, dv, page, s
     torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-3, msg=what)
 
 
-def test_value_head_dims_have_no_backward_yet_on_the_gpu():
-    q, k, _ = inputs(1, 64, 64, 4, 192, seed=5)
-    _, _, v = inputs(1, 64, 64, 4, 128, seed=6)
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    out = kiln_attn.flash_attn_func(q, k, v, causal=True)
-    with pytest.raises(ValueError, match=r"^v: headdim_v 128 != headdim 192 has no backward yet"):
-        out.sum().backward()
+@pytest.mark.parametrize("d, dv", VALUE_HEAD_DIMS)
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 203), (512, 256)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_value_head_dims_backward_matches_the_f32_reference(d, dv, seqlen_q, seqlen_k, causal, deterministic):
+    # dq, dk of q's and k's head dim, dv of v's, by FlashAttention's backward rule; GQA.
+    q, k, _ = inputs(2, seqlen_q, seqlen_k, NHEADS, d, seed=d * 5 + dv, nheads_k=2)
+    _, _, v = inputs(2, seqlen_q, seqlen_k, NHEADS, dv, seed=dv * 13 + d, nheads_k=2)
+    dout = torch.randn((2, seqlen_q, NHEADS, dv), device="cuda").to(q.dtype)
+    scale = d ** -0.5
+
+    def kiln(q, k, v):
+        return kiln_attn.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
+
+    got = gradients(kiln, q, k, v, dout)
+    ref = gradients(lambda q, k, v: attention_in(q, k, v, scale, causal), q.float(), k.float(), v.float(), dout.float())
+    low = gradients(lambda q, k, v: attention_in(q, k, v, scale, causal), q, k, v, dout)
+    context = f"d={d} dv={dv} sq={seqlen_q} sk={seqlen_k} causal={causal} deterministic={deterministic}"
+    assert got[3].shape == v.shape, context
+    for name, g, r, lo in zip(("out", "dq", "dk", "dv"), got, ref, low):
+        assert_within_twice(name, g, r, lo, context)
+
+
+@pytest.mark.parametrize("dv", [128, 64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_seqused_backward_matches_each_sequence_and_zeroes_the_rest(dv, causal, deterministic):
+    # FlashAttention 3's semantics: each sequence's gradients are its dense backward's over
+    # its used rows and keys; its rows past seqused_q get dq = 0 and its keys past seqused_k
+    # dk = dv = 0.
+    from kiln_attn import fa3
+
+    lens = [(37, 50), (300, 211), (20, 10), (9, 30), (129, 129)]
+    used = [(20, 31), (300, 150), (0, 10), (9, 0), (100, 129)]
+    gen = torch.Generator(device="cuda").manual_seed(41 + causal + 2 * deterministic + dv)
+    tq, tk = sum(a for a, _ in lens), sum(b for _, b in lens)
+    q = torch.randn((tq, 4, 64), generator=gen, device="cuda").to(torch.bfloat16)
+    k = torch.randn((tk, 2, 64), generator=gen, device="cuda").to(torch.bfloat16)
+    v = torch.randn((tk, 2, dv), generator=gen, device="cuda").to(torch.bfloat16)
+    dout = torch.randn((tq, 4, dv), generator=gen, device="cuda").to(torch.bfloat16)
+    cu_q = torch.tensor([0] + list(itertools.accumulate(a for a, _ in lens)), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + list(itertools.accumulate(b for _, b in lens)), dtype=torch.int32, device="cuda")
+    uq = torch.tensor([a for a, _ in used], dtype=torch.int32, device="cuda")
+    uk = torch.tensor([b for _, b in used], dtype=torch.int32, device="cuda")
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = fa3.flash_attn_varlen_func(*leaves, cu_q, cu_k, 300, 211, seqused_q=uq, seqused_k=uk, causal=causal,
+                                     deterministic=deterministic)
+    out = out[0] if isinstance(out, tuple) else out
+    out.backward(dout)
+    dq, dk, dv_ = (t.grad for t in leaves)
+    for i, ((sq, sk), (nq, nk)) in enumerate(zip(lens, used)):
+        q0, k0 = int(cu_q[i]), int(cu_k[i])
+        context = f"sequence {i} dv={dv} causal={causal} deterministic={deterministic}"
+        assert (dq[q0 + nq : q0 + sq] == 0).all(), f"{context}: dq past seqused_q"
+        assert (dk[k0 + nk : k0 + sk] == 0).all(), f"{context}: dk past seqused_k"
+        assert (dv_[k0 + nk : k0 + sk] == 0).all(), f"{context}: dv past seqused_k"
+        if nq == 0 or nk == 0:
+            assert (dq[q0 : q0 + nq] == 0).all() and (dk[k0 : k0 + nk] == 0).all(), context
+            continue
+        part = [q[None, q0 : q0 + nq], k[None, k0 : k0 + nk], v[None, k0 : k0 + nk]]
+        dos = dout[None, q0 : q0 + nq]
+        fn = lambda q, k, v: attention_in(q, k, v, 64 ** -0.5, causal)  # noqa: E731
+        ref = gradients(fn, *(t.float() for t in part), dos.float())
+        low = gradients(fn, *part, dos)
+        got = [dq[None, q0 : q0 + nq], dk[None, k0 : k0 + nk], dv_[None, k0 : k0 + nk]]
+        for name, g, r, lo in zip(("dq", "dk", "dv"), got, ref[1:], low[1:]):
+            assert_within_twice(name, g, r, lo, context)
 
 
 @pytest.mark.parametrize("causal", [False, True])

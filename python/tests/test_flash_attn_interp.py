@@ -221,7 +221,7 @@ def test_the_low_level_varlen_backward_returns_flash_attention_2s_padded_softmax
     [
         ("dq", torch.float32, r"^dq: expected dtype torch.bfloat16 \(q's\), got torch.float32$"),
         ("dk", (1, 29, 4, 64), r"^dk: expected shape \[1, 29, 2, 64\] \(k's\)"),
-        ("dout", (1, 40, 4, 64), r"^dout: expected shape \[1, 41, 4, 64\] \(q's\)"),
+        ("dout", (1, 40, 4, 64), r"^dout: expected shape \[1, 41, 4, 64\] \(q's in v's head dim\)"),
         ("dout", torch.float16, r"^dout: expected dtype torch.bfloat16"),
         ("lse", (1, 4, 128), r"^softmax_lse: expected shape \[1, 4, 41\]"),
         ("out", (1, 41, 4, 32), r"^out: expected shape \[1, 41, 4, 64\]"),

@@ -2,8 +2,8 @@
 head dims in no tile width, through PyTorch on kiln's CPU interpreter
 (`kiln_attn.interpreter()`): flash_attn_func, kiln_attn.fa3's, flash_attn_varlen_func against
 f64 references (shapes no multiple of any block, rows that see no key, GQA, windows, large
-magnitudes), the backward's ValueError for a value head dim apart from the key one, and the
-backward of a padded head dim against the reference. Skipped without torch.
+magnitudes), the backward of a value head dim apart from the key one, of a padded head dim
+and of seqused_q / seqused_k against f64 autograd. Skipped without torch.
 """
 
 import math
@@ -89,24 +89,62 @@ def test_varlen_forward_matches_each_sequence_alone(d, dv):
         assert torch.equal(torch.isinf(got_lse), torch.isinf(ref_lse[0])), f"sequence {i} (seed {SEED})"
 
 
-def test_the_backward_of_a_value_head_dim_apart_is_a_value_error_naming_v():
-    g = gen(700)
-    q = draw((1, 20, 2, 192), torch.bfloat16, "normal", g).requires_grad_()
-    k = draw((1, 30, 2, 192), torch.bfloat16, "normal", g).requires_grad_()
-    v = draw((1, 30, 2, 128), torch.bfloat16, "normal", g).requires_grad_()
+BACKWARD_CASES = [
+    # (dtype, sq, sk, h, hk, d, dv, causal, window)
+    (torch.bfloat16, 70, 45, 4, 2, 192, 128, True, (-1, -1)),
+    (torch.float16, 33, 71, 2, 1, 64, 128, False, (12, 3)),
+    (torch.bfloat16, 50, 50, 2, 2, 128, 64, False, (-1, -1)),
+    # Head dims in no tile width: 40 runs in 64 beside 72 in 96.
+    (torch.float16, 40, 37, 2, 1, 40, 72, True, (-1, -1)),
+]
+
+
+@pytest.mark.parametrize("case", BACKWARD_CASES, ids=lambda c: f"{str(c[0])[6:]}-{c[1:7]}-causal{c[7]}-w{c[8]}")
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_the_backward_of_a_value_head_dim_apart_matches_the_f64_reference(case, deterministic):
+    # FlashAttention 3's headdim_v (MLA's 192 / 128): dq, dk of q's and k's head dim, dv of
+    # v's, against f64 autograd by FlashAttention's rule.
+    dtype, sq, sk, h, hk, d, dv, causal, window = case
+    g = gen(700 + BACKWARD_CASES.index(case))
+    q = draw((1, sq, h, d), dtype, "normal", g)
+    k = draw((1, sk, hk, d), dtype, "normal", g)
+    v = draw((1, sk, hk, dv), dtype, "normal", g)
+    dout = draw((1, sq, h, dv), dtype, "normal", g)
+    scale = 0.8 / math.sqrt(d)
+    seen = visible(sq, sk, causal, window)
     with kiln_attn.interpreter():
-        out = kiln_attn.flash_attn_func(q, k, v, causal=True)
-        assert out.shape == (1, 20, 2, 128) and out.requires_grad
-        with pytest.raises(ValueError, match=r"^v: headdim_v 128 != headdim 192 has no backward yet"):
-            out.sum().backward()
-    # The low-level op too, before it writes anything.
+        out, grads = grads_of(
+            lambda q, k, v: kiln_attn.flash_attn_func(q, k, v, 0.0, scale, causal, window,
+                                                      deterministic=deterministic),
+            (q, k, v), dout)
+    ref, ref_grads = grads_of(lambda q, k, v: attention(q, k, v, scale, seen)[0], [t.double() for t in (q, k, v)],
+                              dout.double())
+    low, low_grads = grads_of(lambda q, k, v: attention(q, k, v, scale, seen)[0], (q, k, v), dout)
+    check_rule("out", out, ref, low)
+    for name, got, r, lo in zip(("dq", "dk", "dv"), grads, ref_grads, low_grads):
+        assert got.shape == r.shape, name
+        check_rule(name, got, r, lo)
+
+
+def test_the_low_level_backward_takes_a_value_head_dim_apart_and_checks_its_shapes():
+    g = gen(710)
+    q = draw((1, 20, 2, 192), torch.bfloat16, "normal", g)
+    k = draw((1, 30, 2, 192), torch.bfloat16, "normal", g)
+    v = draw((1, 30, 2, 128), torch.bfloat16, "normal", g)
     dq, dk, dv = (torch.full_like(t, 7.0) for t in (q, k, v))
     with kiln_attn.interpreter(), torch.no_grad():
         o, lse, _, _ = kiln_attn._flash_attn_forward(q, k, v, 0.0, None, False, -1, -1, 0.0, None, False)
-        with pytest.raises(ValueError, match=r"^v: headdim_v 128 != headdim 192"):
-            kiln_attn._flash_attn_backward(torch.ones_like(o), q, k, v, o, lse, dq, dk, dv, 0.0, None, False,
+        assert o.shape == (1, 20, 2, 128)
+        # dv in k's head dim: refused, named, before anything is written.
+        bad = torch.full_like(k, 7.0)
+        with pytest.raises(ValueError, match=r"^dv: expected shape \[1, 30, 2, 128\] \(v's\)"):
+            kiln_attn._flash_attn_backward(torch.ones_like(o), q, k, v, o, lse, dq, dk, bad, 0.0, None, False,
                                            -1, -1, 0.0, None, False)
-    assert (dq == 7.0).all() and (dk == 7.0).all() and (dv == 7.0).all()
+        assert (dq == 7.0).all() and (dk == 7.0).all() and (bad == 7.0).all()
+        kiln_attn._flash_attn_backward(torch.ones_like(o), q, k, v, o, lse, dq, dk, dv, 0.0, None, False,
+                                       -1, -1, 0.0, None, False)
+    for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert not (t == 7.0).any() and not t.isnan().any(), name
 
 
 @pytest.mark.parametrize("d", [40, 72])
@@ -205,18 +243,57 @@ def test_seqused_uses_the_first_rows_and_keys_and_leaves_the_rest_unwritten(caus
         assert poisoned[q0 + nq : q0 + sq].isnan().all(), f"sequence {i}: rows past seqused_q written"
 
 
-def test_seqused_has_no_backward_yet_and_bad_lengths_name_themselves():
-    g = gen(950)
-    q = draw((30, 2, 64), torch.bfloat16, "normal", g).requires_grad_()
-    k = draw((40, 2, 64), torch.bfloat16, "normal", g).requires_grad_()
-    v = draw((40, 2, 64), torch.bfloat16, "normal", g).requires_grad_()
+@pytest.mark.parametrize("causal, dv, deterministic", [(False, 64, False), (True, 128, True), (True, 64, False)])
+@pytest.mark.parametrize("which", ["both", "k"])
+def test_seqused_backward_is_each_sequences_over_its_used_rows_and_zero_past_them(causal, dv, deterministic, which):
+    # FlashAttention 3's semantics: sequence b's gradients are its dense backward's over its
+    # first seqused_q[b] rows and seqused_k[b] keys; its rows past them get dq = 0 and its keys
+    # past them dk = dv = 0 (the forward never read them). A missing one is the whole sequence.
+    g = gen(950 + causal + 2 * (dv == 128) + 4 * (which == "k"))
+    lens = [(37, 50), (20, 10), (9, 30), (70, 45)]
+    used = [(20, 31), (0, 10), (9, 0), (64, 45)]
+    h, hk, d, dtype = 4, 2, 64, torch.bfloat16
+    tq, tk = sum(a for a, _ in lens), sum(b for _, b in lens)
+    q = draw((tq, h, d), dtype, "normal", g)
+    k = draw((tk, hk, d), dtype, "normal", g)
+    v = draw((tk, hk, dv), dtype, "normal", g)
+    dout = draw((tq, h, dv), dtype, "normal", g)
+    cu_q = torch.tensor([0] + [sum(a for a, _ in lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32)
+    cu_k = torch.tensor([0] + [sum(b for _, b in lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32)
+    uq = torch.tensor([a for a, _ in used], dtype=torch.int32) if which == "both" else None
+    uk = torch.tensor([b for _, b in used], dtype=torch.int32)
+    with kiln_attn.interpreter():
+        _, (dq, dk, dv_) = grads_of(
+            lambda q, k, v: fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 70, 50, seqused_q=uq, seqused_k=uk,
+                                                       causal=causal, deterministic=deterministic),
+            (q, k, v), dout)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv_.shape == v.shape
+    for i, ((sq, sk), (nq, nk)) in enumerate(zip(lens, used)):
+        nq = nq if uq is not None else sq
+        q0, k0 = int(cu_q[i]), int(cu_k[i])
+        qs, ks, vs = q[None, q0 : q0 + nq], k[None, k0 : k0 + nk], v[None, k0 : k0 + nk]
+        seen = visible(nq, nk, causal, (-1, -1))
+        dos = dout[None, q0 : q0 + nq]
+        _, ref = grads_of(lambda q, k, v: attention(q, k, v, d ** -0.5, seen)[0], [t.double() for t in (qs, ks, vs)],
+                          dos.double())
+        _, low = grads_of(lambda q, k, v: attention(q, k, v, d ** -0.5, seen)[0], (qs, ks, vs), dos)
+        got = (dq[None, q0 : q0 + nq], dk[None, k0 : k0 + nk], dv_[None, k0 : k0 + nk])
+        for name, t, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
+            check_rule(f"sequence {i} {name}", t, r, lo)
+        assert (dq[q0 + nq : q0 + sq] == 0).all(), f"sequence {i}: dq past seqused_q"
+        assert (dk[k0 + nk : k0 + sk] == 0).all(), f"sequence {i}: dk past seqused_k"
+        assert (dv_[k0 + nk : k0 + sk] == 0).all(), f"sequence {i}: dv past seqused_k"
+
+
+def test_bad_used_lengths_name_themselves():
+    g = gen(960)
+    q = draw((30, 2, 64), torch.bfloat16, "normal", g)
+    k = draw((40, 2, 64), torch.bfloat16, "normal", g)
+    v = draw((40, 2, 64), torch.bfloat16, "normal", g)
     cu_q = torch.tensor([0, 10, 30], dtype=torch.int32)
     cu_k = torch.tensor([0, 25, 40], dtype=torch.int32)
     used = torch.tensor([5, 20], dtype=torch.int32)
     with kiln_attn.interpreter():
-        out = fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 20, 25, seqused_k=used)
-        with pytest.raises(ValueError, match=r"^seqused_q: kiln_attn's varlen backward does not take"):
-            out.sum().backward()
         with torch.no_grad():
             with pytest.raises(ValueError, match=r"^seqused_q: expected 2 lengths \(one per sequence\), got 3$"):
                 fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 20, 25, seqused_q=cu_q)
@@ -236,20 +313,15 @@ def test_head_dims_that_are_no_multiple_of_8_are_padded_and_differentiate(d, dv)
     dout = draw((b, sq, h, dv), torch.float16, "normal", g)
     seen = visible(sq, sk, True, (-1, -1))
     with kiln_attn.interpreter():
-        if d == dv:
-            out, grads = grads_of(lambda q, k, v: kiln_attn.flash_attn_func(q, k, v, causal=True), (q, k, v), dout)
-        else:
-            with torch.no_grad():
-                out, grads = kiln_attn.flash_attn_func(q, k, v, causal=True), None
+        out, grads = grads_of(lambda q, k, v: kiln_attn.flash_attn_func(q, k, v, causal=True), (q, k, v), dout)
     ref, ref_grads = grads_of(lambda q, k, v: attention(q, k, v, d ** -0.5, seen)[0], [t.double() for t in (q, k, v)],
                               dout.double())
     low, low_grads = grads_of(lambda q, k, v: attention(q, k, v, d ** -0.5, seen)[0], (q, k, v), dout)
     assert out.shape == (b, sq, h, dv)
     check_rule("out", out, ref, low)
-    if grads is not None:
-        for name, got, r, lo in zip(("dq", "dk", "dv"), grads, ref_grads, low_grads):
-            assert got.shape == r.shape
-            check_rule(name, got, r, lo)
+    for name, got, r, lo in zip(("dq", "dk", "dv"), grads, ref_grads, low_grads):
+        assert got.shape == r.shape
+        check_rule(name, got, r, lo)
     with kiln_attn.interpreter(), pytest.raises(ValueError, match=r"^q: headdim 260 is not supported"):
         kiln_attn.flash_attn_func(draw((1, 4, 1, 260), torch.float16, "normal", g),
                                   draw((1, 4, 1, 260), torch.float16, "normal", g),

@@ -624,14 +624,73 @@ pub fn attention_forward_f64(
     out
 }
 
+/// [`attention_forward_f64`] with `v` and the output `dv` wide (`[b, h_kv, sk, dv]`, `[b, h,
+/// sq, dv]`; FlashAttention 3's `headdim_v`) beside `dims.d` for `q` and `k`.
+pub fn attention_forward_f64_dv(
+    [q, k, v]: [&[f64]; 3],
+    dims: AttentionDims,
+    dv: usize,
+    math: AttentionMath,
+) -> Vec<f64> {
+    let AttentionDims {
+        b,
+        h,
+        h_kv,
+        sq,
+        sk,
+        d,
+    } = dims;
+    let group = h / h_kv;
+    let mut out = vec![0.0; b * h * sq * dv];
+    for bh in 0..b * h {
+        let kvh = bh / h * h_kv + bh % h / group;
+        let (qb, kb, vb) = (&q[bh * sq * d..], &k[kvh * sk * d..], &v[kvh * sk * dv..]);
+        for i in 0..sq {
+            let (keys, scores) = row_scores(
+                |j, x| qb[j * d + x],
+                |j, x| kb[j * d + x],
+                [sq, sk, d],
+                (math.scale, math.cap),
+                math.window,
+                i,
+            );
+            if keys.is_empty() {
+                continue;
+            }
+            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+            let l: f64 = e.iter().sum();
+            let row = &mut out[(bh * sq + i) * dv..(bh * sq + i + 1) * dv];
+            for (j, ej) in keys.zip(&e) {
+                for (x, o) in row.iter_mut().enumerate() {
+                    *o += ej / l * vb[j * dv + x];
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The gradients of `L = sum(o * dout)` for attention's output `o` (the backward pass, given
 /// `dout = dL/do`), derived directly: per row, `P = softmax(s)`, `dV += P^T dO`, `dP = dO
 /// V^T`, `delta = rowsum(dO * O)`, `dS = P (dP - delta)`, times `1 - tanh^2(s_raw / cap)`
 /// under a soft-cap, then `dQ = scale dS K` and `dK += scale dS^T Q`. A row that sees no key
 /// contributes nothing (its `dq` is 0). `rounding` says where 16-bit values are rounded.
 pub fn attention_backward_f64(
+    qkvo: [&[f64]; 4],
+    dims: AttentionDims,
+    math: AttentionMath,
+    rounding: Rounding,
+) -> AttentionGrads {
+    attention_backward_f64_dv(qkvo, dims, dims.d, math, rounding)
+}
+
+/// [`attention_backward_f64`] with `v`, `dout` and `dv` `dv` wide (`[.., dv]`; FlashAttention
+/// 3's `headdim_v`) beside `dims.d` for `q`, `k` and their gradients.
+pub fn attention_backward_f64_dv(
     [q, k, v, dout]: [&[f64]; 4],
     dims: AttentionDims,
+    dv: usize,
     math: AttentionMath,
     rounding: Rounding,
 ) -> AttentionGrads {
@@ -647,12 +706,12 @@ pub fn attention_backward_f64(
     let mut g = AttentionGrads {
         dq: vec![0.0; b * h * sq * d],
         dk: vec![0.0; b * h_kv * sk * d],
-        dv: vec![0.0; b * h_kv * sk * d],
+        dv: vec![0.0; b * h_kv * sk * dv],
     };
     for bh in 0..b * h {
         let kvh = bh / h * h_kv + bh % h / group;
-        let (qb, kb, vb) = (&q[bh * sq * d..], &k[kvh * sk * d..], &v[kvh * sk * d..]);
-        let dob = &dout[bh * sq * d..];
+        let (qb, kb, vb) = (&q[bh * sq * d..], &k[kvh * sk * d..], &v[kvh * sk * dv..]);
+        let dob = &dout[bh * sq * dv..];
         for i in 0..sq {
             let (keys, scores) = row_scores(
                 |j, x| qb[j * d + x],
@@ -669,21 +728,28 @@ pub fn attention_backward_f64(
             let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
             let l: f64 = e.iter().sum();
             let p: Vec<f64> = e.iter().map(|x| x / l).collect();
-            let do_i = &dob[i * d..(i + 1) * d];
+            let do_i = &dob[i * dv..(i + 1) * dv];
             // The output row as the forward stores it, and delta from it.
-            let delta: f64 = (0..d)
+            let delta: f64 = (0..dv)
                 .map(|x| {
-                    let o: f64 = keys.clone().zip(&p).map(|(j, pj)| pj * vb[j * d + x]).sum();
+                    let o: f64 = keys
+                        .clone()
+                        .zip(&p)
+                        .map(|(j, pj)| pj * vb[j * dv + x])
+                        .sum();
                     do_i[x] * rounding.apply(o)
                 })
                 .sum();
             for ((j, &pj), &s) in keys.clone().zip(&p).zip(&scores) {
-                let dp: f64 = (0..d).map(|x| do_i[x] * vb[j * d + x]).sum();
+                let dp: f64 = (0..dv).map(|x| do_i[x] * vb[j * dv + x]).sum();
                 let ds = pj * (dp - delta);
                 let ds = math.cap.map_or(ds, |c| ds * (1.0 - (s / c).powi(2)));
                 let (pr, dsr) = (rounding.apply(pj), rounding.apply(ds));
+                let dv_row = &mut g.dv[(kvh * sk + j) * dv..(kvh * sk + j + 1) * dv];
+                for (g, o) in dv_row.iter_mut().zip(do_i) {
+                    *g += pr * o;
+                }
                 for x in 0..d {
-                    g.dv[(kvh * sk + j) * d + x] += pr * do_i[x];
                     g.dk[(kvh * sk + j) * d + x] += math.scale * dsr * qb[i * d + x];
                     g.dq[(bh * sq + i) * d + x] += math.scale * dsr * kb[j * d + x];
                 }

@@ -4,7 +4,9 @@
 //! deterministic second kernel, whose bits must repeat), over the features and shapes of
 //! `interp_attention_backward`; on sm_90a both the default tiles and the measured ones
 //! (`AttentionBwdParams::tuned`: dQ added by bulk reductions); and the varlen kernels over packed
-//! batches whose rows past each sequence are NaN where no block may read them.
+//! batches whose rows past each sequence are NaN where no block may read them; a value head
+//! dim apart from the key one (`dv`, MLA's 192 / 128), dense and varlen, and the varlen
+//! kernels of used lengths (`seqused_q`, `seqused_k`: gradients 0 past them).
 
 mod bwd_varlen;
 mod gpu_common;
@@ -15,8 +17,9 @@ use bwd_varlen::{Packed, Problem};
 use gpu_common::{Needs, device};
 use kiln_examples::attention::{AttentionParams, attention_lse};
 use kiln_examples::attention_backward::{
-    AttentionBwdParams, attention_bwd_dkdv, attention_bwd_dkdv_varlen, attention_bwd_dq,
-    attention_bwd_dq_convert, attention_bwd_dq_convert_varlen, attention_bwd_dq_varlen,
+    AttentionBwdParams, attention_bwd_dkdv, attention_bwd_dkdv_varlen,
+    attention_bwd_dkdv_varlen_used, attention_bwd_dq, attention_bwd_dq_convert,
+    attention_bwd_dq_convert_varlen, attention_bwd_dq_varlen, attention_bwd_dq_varlen_used,
     attention_bwd_preprocess, attention_bwd_preprocess_varlen,
 };
 use kiln_ir::dsl::KernelDef;
@@ -24,12 +27,14 @@ use kiln_ir::{DType, HostTensor, Target};
 use kiln_runtime::{Device, DeviceTensor};
 use kiln_tests::check::{Case, assert_within_rule};
 use kiln_tests::inputs::{Dist, Rng, tensor};
-use kiln_tests::reference::{AttentionDims, AttentionMath, Rounding, attention_backward_f64};
+use kiln_tests::reference::{AttentionDims, AttentionMath, Rounding, attention_backward_f64_dv};
 
 /// One call: `(batch, heads, kv heads, sq, sk, d)`, the comptime features, and whether the
 /// atomic dQ mode runs too.
 struct Call {
     shape: [usize; 6],
+    /// Head dim of `v`, `o`, `dout`; 0: `d`.
+    dv: usize,
     dtype: DType,
     causal: bool,
     window: (i32, i32),
@@ -40,6 +45,7 @@ struct Call {
 fn calls() -> Vec<Call> {
     let plain = |shape, dtype| Call {
         shape,
+        dv: 0,
         dtype,
         causal: false,
         window: (-1, -1),
@@ -76,7 +82,28 @@ fn calls() -> Vec<Call> {
             causal: true,
             ..plain([1, 2, 2, 77, 200, 256], DType::F16)
         },
+        Call {
+            dv: 128,
+            causal: true,
+            ..plain([1, 4, 2, 200, 333, 192], DType::Bf16)
+        },
+        Call {
+            dv: 128,
+            ..plain([2, 2, 1, 130, 257, 64], DType::F16)
+        },
+        Call {
+            dv: 64,
+            window: (40, 20),
+            ..plain([1, 2, 2, 150, 190, 128], DType::Bf16)
+        },
     ]
+}
+
+impl Call {
+    /// The head dim of `v`, `o`, `dout`.
+    fn value_dim(&self) -> usize {
+        if self.dv == 0 { self.shape[5] } else { self.dv }
+    }
 }
 
 /// A poisoned tensor on the device.
@@ -100,7 +127,7 @@ fn backward(
     let dq_accum = output(dev, DType::F32, &[b, h, sq, d]);
     let dq = output(dev, c.dtype, &[b, h, sq, d]);
     let dk = output(dev, c.dtype, &[b, h_kv, sk, d]);
-    let dv = output(dev, c.dtype, &[b, h_kv, sk, d]);
+    let dv = output(dev, c.dtype, &[b, h_kv, sk, c.value_dim()]);
     let qgrid = p.query_grid([sq, h, b]);
     attention_bwd_preprocess
         .launch(dev, p, qgrid, o, dout, &delta, &dq_accum)
@@ -141,8 +168,10 @@ fn run_calls(dev: &Device, target: Target) {
     let mut rng = Rng::from_env();
     for c in calls() {
         let [b, h, h_kv, sq, sk, d] = c.shape;
+        let dvd = c.value_dim();
         let fwd = AttentionParams {
             d,
+            dv: c.dv,
             causal: c.causal,
             kv_group: h / h_kv,
             dtype: c.dtype,
@@ -155,12 +184,12 @@ fn run_calls(dev: &Device, target: Target) {
         for dist in [Dist::Normal, Dist::Large] {
             let q = tensor(&mut rng, &[b, h, sq, d], c.dtype, dist);
             let k = tensor(&mut rng, &[b, h_kv, sk, d], c.dtype, dist);
-            let v = tensor(&mut rng, &[b, h_kv, sk, d], c.dtype, dist);
-            let dout = tensor(&mut rng, &[b, h, sq, d], c.dtype, dist);
+            let v = tensor(&mut rng, &[b, h_kv, sk, dvd], c.dtype, dist);
+            let dout = tensor(&mut rng, &[b, h, sq, dvd], c.dtype, dist);
             let scale = (rng.uniform(0.5, 1.5) / (d as f64).sqrt()) as f32;
             let up = |t: &HostTensor| dev.upload(t).expect("upload");
             let (dq_in, dk_in, dv_in, ddo) = (up(&q), up(&k), up(&v), up(&dout));
-            let o = output(dev, c.dtype, &[b, h, sq, d]);
+            let o = output(dev, c.dtype, &[b, h, sq, dvd]);
             let lse = output(dev, DType::F32, &[b, h, sq]);
             attention_lse
                 .launch(
@@ -190,7 +219,7 @@ fn run_calls(dev: &Device, target: Target) {
                 d,
             };
             let [qv, kv, vv, dov] = [&q, &k, &v, &dout].map(HostTensor::to_f64_vec);
-            let at = |r| attention_backward_f64([&qv, &kv, &vv, &dov], dims, math, r);
+            let at = |r| attention_backward_f64_dv([&qv, &kv, &vv, &dov], dims, dvd, math, r);
             let (exact, rounded) = (at(Rounding::Exact), at(Rounding::Stored(c.dtype)));
             let inputs = [&dq_in, &dk_in, &dv_in, &ddo, &o, &lse];
             let modes: &[bool] = if c.atomics { &[false, true] } else { &[true] };
@@ -212,7 +241,7 @@ fn run_calls(dev: &Device, target: Target) {
                 let got = backward(dev, &p, &c, inputs, scale);
                 let case = Case {
                     kernel: format!("attention backward@{target} {p:?}"),
-                    shape: format!("{dims:?} scale={scale}"),
+                    shape: format!("{dims:?} dv={dvd} scale={scale}"),
                     dist,
                     seed: rng.seed(),
                 };
@@ -252,22 +281,29 @@ fn run_calls(dev: &Device, target: Target) {
 /// of any block and whose neighbouring rows a block must not read are NaN (the pad rows, the
 /// inputs of a sequence without keys and of one without queries, right after the first
 /// sequence's): a copy reading past a sequence's end shows as NaN. Both dQ modes, masks,
-/// caps and grouped heads, head dims 64 and 128, large inputs; checked against each
-/// sequence's reference gradients.
+/// caps and grouped heads, head dims 64 and 128 (and `dv` apart: 192 / 128, 64 / 128), large
+/// inputs, used lengths (the `_used` kernels); checked against each sequence's reference
+/// gradients (with used lengths: over its used rows and keys, 0 past them).
 fn run_varlen(dev: &Device, target: Target) {
     let mut rng = Rng::from_env();
     let packed = Packed {
         seqs: vec![(70, 50), (40, 0), (0, 30), (100, 75), (20, 60), (129, 131)],
         pad: (3, 5),
     };
-    for (d, causal, window, softcap, deterministic) in [
-        (64, false, (-1, -1), 0.0, false),
-        (128, true, (40, -1), 0.0, true),
-        (64, false, (20, 10), 15.0, true),
-        (128, false, (-1, -1), 0.0, false),
+    let used = vec![(70, 33), (0, 0), (0, 30), (64, 75), (20, 60), (100, 131)];
+    for (d, dv, causal, window, softcap, deterministic, used) in [
+        (64, 0, false, (-1, -1), 0.0, false, None),
+        (128, 0, true, (40, -1), 0.0, true, None),
+        (64, 0, false, (20, 10), 15.0, true, None),
+        (128, 0, false, (-1, -1), 0.0, false, None),
+        (192, 128, true, (-1, -1), 0.0, false, None),
+        (64, 128, false, (-1, -1), 0.0, true, Some(used.clone())),
+        (128, 0, true, (-1, -1), 0.0, false, Some(used.clone())),
+        (64, 0, false, (30, 10), 0.0, true, Some(used.clone())),
     ] {
         let p = AttentionBwdParams {
             d,
+            dv,
             causal,
             kv_group: 2,
             dtype: DType::Bf16,
@@ -279,33 +315,44 @@ fn run_varlen(dev: &Device, target: Target) {
             ..AttentionBwdParams::default()
         };
         for dist in [Dist::Normal, Dist::Large] {
-            let x = Problem::new(&mut rng, packed.clone(), p, (4, 2), dist);
+            let x = Problem::with_used(&mut rng, packed.clone(), used.clone(), p, (4, 2), dist);
             let up = |t: &HostTensor| dev.upload(t).expect("upload");
             let [q, k, v, dout, o, lse] = x.inputs.each_ref().map(up);
             let (cu_q, cu_k) = (up(&x.cu_q), up(&x.cu_k));
+            let used_on = x.used.as_ref().map(|(uq, uk)| (up(uq), up(uk)));
             let (rows, acc_shape, kv_shape) = x.output_shapes();
             let delta = output(dev, DType::F32, &rows);
             let dq_accum = output(dev, DType::F32, &acc_shape);
             let dq = output(dev, p.dtype, &acc_shape);
             let dk = output(dev, p.dtype, &kv_shape);
-            let dv = output(dev, p.dtype, &kv_shape);
+            let dv = output(dev, p.dtype, &x.value_shape());
             let [qgrid, kgrid, dq_grid] = x.grids();
             let scale = x.scale;
             attention_bwd_preprocess_varlen
                 .launch(dev, &p, qgrid, &o, &dout, &delta, &dq_accum, &cu_q, &cu_k)
                 .expect("preprocess");
-            attention_bwd_dkdv_varlen
-                .launch(
+            match &used_on {
+                None => attention_bwd_dkdv_varlen.launch(
                     dev, &p, kgrid, &q, &k, &v, &dout, &lse, &delta, &dq_accum, &dk, &dv, &cu_q,
                     &cu_k, scale,
-                )
-                .expect("dkdv");
+                ),
+                Some((uq, uk)) => attention_bwd_dkdv_varlen_used.launch(
+                    dev, &p, kgrid, &q, &k, &v, &dout, &lse, &delta, &dq_accum, &dk, &dv, &cu_q,
+                    &cu_k, uq, uk, scale,
+                ),
+            }
+            .expect("dkdv");
             if deterministic {
-                attention_bwd_dq_varlen
-                    .launch(
+                match &used_on {
+                    None => attention_bwd_dq_varlen.launch(
                         dev, &p, dq_grid, &q, &k, &v, &dout, &lse, &delta, &dq, &cu_q, &cu_k, scale,
-                    )
-                    .expect("dq");
+                    ),
+                    Some((uq, uk)) => attention_bwd_dq_varlen_used.launch(
+                        dev, &p, dq_grid, &q, &k, &v, &dout, &lse, &delta, &dq, &cu_q, &cu_k, uq,
+                        uk, scale,
+                    ),
+                }
+                .expect("dq");
             } else {
                 attention_bwd_dq_convert_varlen
                     .launch(dev, &p, qgrid, &dq_accum, &dq, &cu_q, &cu_k, scale)

@@ -10,8 +10,9 @@ mod bwd_varlen;
 
 use bwd_varlen::{Packed, Problem};
 use kiln_examples::attention_backward::{
-    AttentionBwdParams, attention_bwd_dkdv, attention_bwd_dkdv_varlen, attention_bwd_dq,
-    attention_bwd_dq_convert, attention_bwd_dq_convert_varlen, attention_bwd_dq_varlen,
+    AttentionBwdParams, attention_bwd_dkdv, attention_bwd_dkdv_varlen,
+    attention_bwd_dkdv_varlen_used, attention_bwd_dq, attention_bwd_dq_convert,
+    attention_bwd_dq_convert_varlen, attention_bwd_dq_varlen, attention_bwd_dq_varlen_used,
     attention_bwd_preprocess, attention_bwd_preprocess_varlen,
 };
 use kiln_ir::{DType, HostTensor};
@@ -19,12 +20,15 @@ use kiln_tests::check::{Case, assert_within_rule, poisoned, rel_error};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference::{
     self, AttentionDims, AttentionGrads, AttentionMath, Rounding, attention_backward_f64,
+    attention_backward_f64_dv,
 };
 
 /// One backward call: shapes and the comptime features.
 #[derive(Clone, Copy, Debug)]
 struct Call {
     dims: AttentionDims,
+    /// Head dim of `v`, `o`, `dout`; 0: `dims.d`.
+    dv: usize,
     dtype: DType,
     causal: bool,
     window: (i32, i32),
@@ -48,6 +52,7 @@ impl Call {
                 sk,
                 d: 64,
             },
+            dv: 0,
             dtype: DType::Bf16,
             causal: false,
             window: (-1, -1),
@@ -61,6 +66,7 @@ impl Call {
     fn params(&self) -> AttentionBwdParams {
         let p = AttentionBwdParams {
             d: self.dims.d,
+            dv: self.dv,
             causal: self.causal,
             kv_group: self.dims.h / self.dims.h_kv,
             dtype: self.dtype,
@@ -79,6 +85,11 @@ impl Call {
         } else {
             p
         }
+    }
+
+    /// The head dim of `v`, `o`, `dout`.
+    fn value_dim(&self) -> usize {
+        if self.dv == 0 { self.dims.d } else { self.dv }
     }
 
     /// The reference's math: FlashAttention's window, where causal makes `right` 0.
@@ -117,16 +128,17 @@ fn inputs(rng: &mut Rng, c: &Call, dist: Dist) -> Inputs {
         sk,
         d,
     } = c.dims;
+    let dv = c.value_dim();
     let q = tensor(rng, &[b, h, sq, d], c.dtype, dist);
     let k = tensor(rng, &[b, h_kv, sk, d], c.dtype, dist);
-    let v = tensor(rng, &[b, h_kv, sk, d], c.dtype, dist);
-    let dout = tensor(rng, &[b, h, sq, d], c.dtype, dist);
+    let v = tensor(rng, &[b, h_kv, sk, dv], c.dtype, dist);
+    let dout = tensor(rng, &[b, h, sq, dv], c.dtype, dist);
     // The usual 1/sqrt(d), perturbed so that no test depends on one exact scale.
     let scale = (rng.uniform(0.5, 1.5) / (d as f64).sqrt()) as f32;
     let math = c.math(scale);
     let [qv, kv, vv] = [&q, &k, &v].map(HostTensor::to_f64_vec);
-    let o = reference::attention_forward_f64(&qv, &kv, &vv, c.dims, math);
-    let o = HostTensor::from_fn(&[b, h, sq, d], c.dtype, |i| o[i]);
+    let o = reference::attention_forward_f64_dv([&qv, &kv, &vv], c.dims, dv, math);
+    let o = HostTensor::from_fn(&[b, h, sq, dv], c.dtype, |i| o[i]);
     let lse = reference::attention_lse_f64(&qv, &kv, c.dims, math);
     let lse = HostTensor::from_fn(&[b, h, sq], DType::F32, |i| lse[i]);
     Inputs {
@@ -162,7 +174,7 @@ fn backward(c: &Call, x: &Inputs) -> Got {
     let mut dq_accum = poisoned(&[b, h, sq, d], DType::F32);
     let mut dq = poisoned(&[b, h, sq, d], c.dtype);
     let mut dk = poisoned(&[b, h_kv, sk, d], c.dtype);
-    let mut dv = poisoned(&[b, h_kv, sk, d], c.dtype);
+    let mut dv = poisoned(&[b, h_kv, sk, c.value_dim()], c.dtype);
     let qgrid = p.query_grid([sq, h, b]);
     attention_bwd_preprocess
         .interpret(&p, qgrid, &x.o, &x.dout, &mut delta, &mut dq_accum)
@@ -212,7 +224,8 @@ fn backward(c: &Call, x: &Inputs) -> Got {
 fn references(c: &Call, x: &Inputs) -> (AttentionGrads, AttentionGrads) {
     let [q, k, v, dout] = [&x.q, &x.k, &x.v, &x.dout].map(HostTensor::to_f64_vec);
     let math = c.math(x.scale);
-    let at = |r| attention_backward_f64([&q, &k, &v, &dout], c.dims, math, r);
+    let dv = c.value_dim();
+    let at = |r| attention_backward_f64_dv([&q, &k, &v, &dout], c.dims, dv, math, r);
     (at(Rounding::Exact), at(Rounding::Stored(c.dtype)))
 }
 
@@ -223,7 +236,7 @@ fn run(rng: &mut Rng, c: Call, dist: Dist) -> Got {
     let (exact, rounded) = references(&c, &x);
     let case = Case {
         kernel: format!("attention backward {:?}", c.params()),
-        shape: format!("{:?} scale={}", c.dims, x.scale),
+        shape: format!("{:?} dv={} scale={}", c.dims, c.value_dim(), x.scale),
         dist,
         seed: rng.seed(),
     };
@@ -558,6 +571,47 @@ fn the_reference_gradients_are_finite_differences_of_the_forward() {
 }
 
 #[test]
+fn the_reference_gradients_with_a_value_head_dim_are_finite_differences() {
+    // `dv` wider and narrower than `d`, causal and soft-capped: the reference forward and
+    // backward with their own `dv` agree by differences of `sum(o * dout)`.
+    let mut rng = Rng::from_env();
+    let dims = AttentionDims {
+        b: 1,
+        h: 2,
+        h_kv: 1,
+        sq: 4,
+        sk: 5,
+        d: 3,
+    };
+    for (dv, window, cap) in [(5, (-1, 0), None), (2, (-1, -1), Some(1.5))] {
+        let mut draw = |n: usize| -> Vec<f64> { (0..n).map(|_| rng.normal()).collect() };
+        let (q, k) = (draw(2 * 4 * 3), draw(5 * 3));
+        let (v, dout) = (draw(5 * dv), draw(2 * 4 * dv));
+        let math = AttentionMath {
+            scale: 0.7,
+            window: window.into(),
+            cap,
+        };
+        let loss = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
+            let o = reference::attention_forward_f64_dv([q, k, v], dims, dv, math);
+            o.iter().zip(&dout).map(|(a, b)| a * b).sum()
+        };
+        let g = attention_backward_f64_dv([&q, &k, &v, &dout], dims, dv, math, Rounding::Exact);
+        for (name, got, want) in [
+            ("dq", &g.dq, finite_differences(&q, |x| loss(x, &k, &v))),
+            ("dk", &g.dk, finite_differences(&k, |x| loss(&q, x, &v))),
+            ("dv", &g.dv, finite_differences(&v, |x| loss(&q, &k, x))),
+        ] {
+            let err = rel_error(got, &want);
+            assert!(
+                err < 1e-7,
+                "dv {dv}: {name} off finite differences by {err:.3e}"
+            );
+        }
+    }
+}
+
+#[test]
 fn varlen_matches_each_sequence_on_its_own() {
     // Sequences of odd lengths, one with no keys (its rows see none: dq 0), one with no
     // queries (its keys get dk = dv = 0), sq > sk and sq < sk, causal with a window, chunks
@@ -589,49 +643,189 @@ fn varlen_matches_each_sequence_on_its_own() {
             ..AttentionBwdParams::default()
         };
         let x = Problem::new(&mut rng, packed.clone(), p, (2, 1), Dist::Normal);
-        let [q, k, v, dout, o, lse] = &x.inputs;
-        let (rows, acc_shape, kv_shape) = x.output_shapes();
-        let mut delta = poisoned(&rows, DType::F32);
-        let mut dq_accum = poisoned(&acc_shape, DType::F32);
-        let mut dq = poisoned(&acc_shape, p.dtype);
-        let mut dk = poisoned(&kv_shape, p.dtype);
-        let mut dv = poisoned(&kv_shape, p.dtype);
-        let [qgrid, kgrid, dq_grid] = x.grids();
-        let (cu_q, cu_k, scale) = (&x.cu_q, &x.cu_k, x.scale);
-        attention_bwd_preprocess_varlen
-            .interpret(&p, qgrid, o, dout, &mut delta, &mut dq_accum, cu_q, cu_k)
-            .unwrap();
-        attention_bwd_dkdv_varlen
-            .interpret(
-                &p,
-                kgrid,
-                q,
-                k,
-                v,
-                dout,
-                lse,
-                &delta,
-                &mut dq_accum,
-                &mut dk,
-                &mut dv,
-                cu_q,
-                cu_k,
-                scale,
-            )
-            .unwrap();
-        if deterministic {
-            attention_bwd_dq_varlen
-                .interpret(
-                    &p, dq_grid, q, k, v, dout, lse, &delta, &mut dq, cu_q, cu_k, scale,
-                )
-                .unwrap();
-        } else {
-            attention_bwd_dq_convert_varlen
-                .interpret(&p, qgrid, &dq_accum, &mut dq, cu_q, cu_k, scale)
-                .unwrap();
-        }
+        let [dq, dk, dv] = varlen_backward(&x);
         x.check(
             "attention backward varlen",
+            &rng,
+            Dist::Normal,
+            [&dq, &dk, &dv],
+        );
+    }
+}
+
+/// Runs the varlen backward kernels of `x` on the interpreter (with `x`'s used lengths, the
+/// `_used` kernels), every output poisoned: `[dq, dk, dv]`.
+fn varlen_backward(x: &Problem) -> [HostTensor; 3] {
+    let p = x.p;
+    let [q, k, v, dout, o, lse] = &x.inputs;
+    let (rows, acc_shape, kv_shape) = x.output_shapes();
+    let mut delta = poisoned(&rows, DType::F32);
+    let mut dq_accum = poisoned(&acc_shape, DType::F32);
+    let mut dq = poisoned(&acc_shape, p.dtype);
+    let mut dk = poisoned(&kv_shape, p.dtype);
+    let mut dv = poisoned(&x.value_shape(), p.dtype);
+    let [qgrid, kgrid, dq_grid] = x.grids();
+    let (cu_q, cu_k, scale) = (&x.cu_q, &x.cu_k, x.scale);
+    attention_bwd_preprocess_varlen
+        .interpret(&p, qgrid, o, dout, &mut delta, &mut dq_accum, cu_q, cu_k)
+        .unwrap();
+    match &x.used {
+        None => attention_bwd_dkdv_varlen.interpret(
+            &p,
+            kgrid,
+            q,
+            k,
+            v,
+            dout,
+            lse,
+            &delta,
+            &mut dq_accum,
+            &mut dk,
+            &mut dv,
+            cu_q,
+            cu_k,
+            scale,
+        ),
+        Some((used_q, used_k)) => attention_bwd_dkdv_varlen_used.interpret(
+            &p,
+            kgrid,
+            q,
+            k,
+            v,
+            dout,
+            lse,
+            &delta,
+            &mut dq_accum,
+            &mut dk,
+            &mut dv,
+            cu_q,
+            cu_k,
+            used_q,
+            used_k,
+            scale,
+        ),
+    }
+    .unwrap();
+    if p.deterministic {
+        match &x.used {
+            None => attention_bwd_dq_varlen.interpret(
+                &p, dq_grid, q, k, v, dout, lse, &delta, &mut dq, cu_q, cu_k, scale,
+            ),
+            Some((used_q, used_k)) => attention_bwd_dq_varlen_used.interpret(
+                &p, dq_grid, q, k, v, dout, lse, &delta, &mut dq, cu_q, cu_k, used_q, used_k, scale,
+            ),
+        }
+        .unwrap();
+    } else {
+        attention_bwd_dq_convert_varlen
+            .interpret(&p, qgrid, &dq_accum, &mut dq, cu_q, cu_k, scale)
+            .unwrap();
+    }
+    [dq, dk, dv]
+}
+
+#[test]
+fn value_head_dims_of_their_own_match_reference() {
+    // FlashAttention 3's `headdim_v`: MLA's d = 192 beside dv = 128 (dK in three column chunks
+    // of 64, dV in two: three blocks a key block, the third storing no dV; dQ in three of 64),
+    // dv narrower than d (128 / 64: the second block stores no dV) and wider (64 / 128: dK in
+    // two chunks of 32 beside dV's two of 64; 32 / 256: dK's one chunk against dV's four, so
+    // three blocks store no dK and add no dQ), dv = 32 beside d = 64 (one block); causal,
+    // grouped heads, both dQ modes.
+    let mut rng = Rng::from_env();
+    for (d, dv, splits, causal, h_kv, deterministic) in [
+        (192, 128, 3, false, 2, false),
+        (192, 128, 3, true, 1, true),
+        (64, 128, 2, true, 2, false),
+        (64, 128, 2, false, 1, true),
+        (128, 64, 2, true, 1, false),
+        (128, 64, 2, false, 2, true),
+        (64, 32, 1, true, 2, false),
+        (32, 256, 4, true, 2, false),
+        (32, 256, 4, false, 1, true),
+    ] {
+        let mut c = Call {
+            dv,
+            causal,
+            deterministic,
+            ..Call::new(90, 75)
+        };
+        c.dims.d = d;
+        c.dims.h = 2;
+        c.dims.h_kv = h_kv;
+        let p = c.params();
+        assert_eq!(p.column_splits(), splits, "{p:?}");
+        run(&mut rng, c, Dist::Normal);
+    }
+}
+
+#[test]
+fn varlen_with_value_head_dims_of_their_own_matches_each_sequence() {
+    let mut rng = Rng::from_env();
+    let packed = Packed {
+        seqs: vec![(70, 50), (40, 0), (0, 30), (100, 75)],
+        pad: (3, 5),
+    };
+    for (d, dv, causal, deterministic) in [(64, 128, true, false), (128, 64, false, true)] {
+        let p = AttentionBwdParams {
+            d,
+            dv,
+            causal,
+            kv_group: 2,
+            deterministic,
+            ..AttentionBwdParams::default()
+        };
+        let x = Problem::new(&mut rng, packed.clone(), p, (2, 1), Dist::Normal);
+        let [dq, dk, dv] = varlen_backward(&x);
+        x.check(
+            "attention backward varlen dv",
+            &rng,
+            Dist::Normal,
+            [&dq, &dk, &dv],
+        );
+    }
+}
+
+#[test]
+fn varlen_with_used_lengths_matches_each_sequence_over_its_used_rows() {
+    // FlashAttention 3's `seqused_q`, `seqused_k`: each sequence's gradients are its dense
+    // backward's over its used rows and keys; its rows past them get dq = 0 and its keys
+    // dk = dv = 0; the inputs past them (never written by the forward) are NaN; pad rows stay
+    // poisoned. Used lengths shorter than, equal to and 0 against the offsets; causal (aligned
+    // to the used lengths), a window, grouped heads, a dv of its own; both dQ modes.
+    let mut rng = Rng::from_env();
+    let packed = Packed {
+        seqs: vec![(70, 50), (40, 30), (30, 30), (100, 75), (20, 60)],
+        pad: (3, 5),
+    };
+    let used = vec![(45, 50), (40, 0), (0, 20), (100, 66), (13, 33)];
+    for (causal, window, dv, deterministic) in [
+        (false, (-1, -1), 0, false),
+        (true, (-1, -1), 0, true),
+        (false, (20, 10), 0, true),
+        (true, (-1, -1), 128, false),
+    ] {
+        let p = AttentionBwdParams {
+            d: 64,
+            dv,
+            causal,
+            kv_group: 2,
+            window_left: window.0,
+            window_right: window.1,
+            deterministic,
+            ..AttentionBwdParams::default()
+        };
+        let x = Problem::with_used(
+            &mut rng,
+            packed.clone(),
+            Some(used.clone()),
+            p,
+            (2, 1),
+            Dist::Normal,
+        );
+        let [dq, dk, dv] = varlen_backward(&x);
+        x.check(
+            "attention backward varlen used",
             &rng,
             Dist::Normal,
             [&dq, &dk, &dv],

@@ -13,14 +13,14 @@ use crate::args::{
 };
 use crate::generic::{self, Arg, GenericError, Given};
 use crate::launch::Lse;
-use crate::varlen::{Offsets, one_batch, plan_varlen_at};
+use crate::varlen::{Offsets, one_batch, plan_varlen_used_at};
 
 /// The tensors of a backward call besides q, k and v, as PyTorch describes them.
 #[derive(Clone, Copy, Debug)]
 pub struct Grads<'a> {
-    /// `dout`, the gradient of the forward's output: q's shape and dtype.
+    /// `dout`, the gradient of the forward's output: q's shape in v's head dim, q's dtype.
     pub dout: &'a TensorInfo,
-    /// The forward's output: q's shape and dtype.
+    /// The forward's output: as `dout`.
     pub out: &'a TensorInfo,
     /// The forward's log-sum-exp (`[batch, nheads, seqlen_q]`, or `[nheads, total_q]` packed),
     /// torch.float32.
@@ -29,7 +29,7 @@ pub struct Grads<'a> {
     pub dq: &'a TensorInfo,
     /// Written: k's shape and dtype.
     pub dk: &'a TensorInfo,
-    /// Written: v's shape and dtype.
+    /// Written: v's shape, q's dtype.
     pub dv: &'a TensorInfo,
 }
 
@@ -46,7 +46,7 @@ pub struct Packed {
     pub max_seqlen_q: usize,
     /// `max_seqlen_k`.
     pub max_seqlen_k: usize,
-    /// FlashAttention 3's `seqused_q` and `seqused_k` of a forward (the backward takes none).
+    /// FlashAttention 3's `seqused_q` and `seqused_k`, when the call gives them.
     pub used: Option<(Offsets, Offsets)>,
 }
 
@@ -118,7 +118,6 @@ pub fn plan_backward(
     place: Place,
 ) -> Result<BwdPlan, ArgError> {
     let fwd = plan_at(q, k, v, opts, place)?;
-    check_same_head_dims(&fwd)?;
     let lse = check_lse(
         g.lse,
         q,
@@ -130,46 +129,44 @@ pub fn plan_backward(
         shape: [0, 1, 2].map(|i| lse.shape[i] as usize),
         strides: [0, 1, 2].map(|i| lse.strides[i] as usize),
     };
-    let views = check_grads(g, (q, k))?;
+    let views = check_grads(g, (q, k, v))?;
     Ok(assemble(fwd, views, lse, None, deterministic, place))
 }
 
-/// Checks a varlen backward call: the packed q, k, v, out and offsets as the varlen forward
-/// took them, then `dout`, `dq`, `dk`, `dv` (packed, `[total, heads, headdim]`) and the packed
+/// Checks a varlen backward call: the packed q, k, v, out, offsets and used lengths
+/// (FlashAttention 3's `seqused_q`, `seqused_k`, both or neither) as the varlen forward took
+/// them, then `dout`, `dq`, `dk`, `dv` (packed, `[total, heads, headdim]`) and the packed
 /// `[nheads, total_q]` log-sum-exp.
+#[allow(clippy::too_many_arguments)]
 pub fn plan_varlen_backward(
     (q, k, v): (&TensorInfo, &TensorInfo, &TensorInfo),
     g: Grads<'_>,
     (cu_q, cu_k): (&TensorInfo, &TensorInfo),
+    used: Option<(&TensorInfo, &TensorInfo)>,
     (max_seqlen_q, max_seqlen_k): (i64, i64),
     opts: &Options,
     deterministic: bool,
     place: Place,
 ) -> Result<BwdPlan, ArgError> {
-    let vp = plan_varlen_at(
+    let vp = plan_varlen_used_at(
         (q, k, v),
         g.out,
         (cu_q, cu_k),
+        used,
         (max_seqlen_q, max_seqlen_k),
         opts,
         place,
     )?;
-    check_same_head_dims(&vp.plan)?;
-    for (name, t, like) in [
-        ("dout", g.dout, q),
-        ("dq", g.dq, q),
-        ("dk", g.dk, k),
-        ("dv", g.dv, v),
+    let out_shape = with_value_dim(q, v);
+    for (name, t, like, whose) in [
+        ("dout", g.dout, &out_shape, "q's in v's head dim"),
+        ("dq", g.dq, &q.shape, "q's"),
+        ("dk", g.dk, &k.shape, "k's"),
+        ("dv", g.dv, &v.shape, "v's"),
     ] {
-        if t.shape != like.shape || t.strides.len() != like.shape.len() {
+        if &t.shape != like || t.strides.len() != like.len() {
             return Err(ArgError::value_error(format!(
-                "{name}: expected shape {:?} ({}'s), got {:?}",
-                like.shape,
-                if name == "dout" || name == "dq" {
-                    "q"
-                } else {
-                    &name[1..]
-                },
+                "{name}: expected shape {like:?} ({whose}), got {:?}",
                 t.shape
             )));
         }
@@ -190,15 +187,15 @@ pub fn plan_varlen_backward(
         dk: &dk,
         dv: &dv,
     };
-    let [qb, kb] = [q, k].map(one_batch);
-    let views = check_grads(grads, (&qb, &kb))?;
+    let [qb, kb, vb] = [q, k, v].map(one_batch);
+    let views = check_grads(grads, (&qb, &kb, &vb))?;
     let packed = Packed {
         cu_q: vp.cu_q,
         cu_k: vp.cu_k,
         batch: vp.batch,
         max_seqlen_q: vp.max_seqlen_q,
         max_seqlen_k: max_seqlen_k as usize,
-        used: None,
+        used: vp.used,
     };
     Ok(assemble(
         vp.plan,
@@ -210,36 +207,37 @@ pub fn plan_varlen_backward(
     ))
 }
 
-/// The backward kernels take one head dim for q, k and v: a forward with `headdim_v !=
-/// headdim` has no backward yet (a `ValueError` naming v, raised before anything runs).
-fn check_same_head_dims(fwd: &Plan) -> Result<(), ArgError> {
-    if fwd.head_dim_v != fwd.head_dim {
-        return Err(ArgError::value_error(format!(
-            "v: headdim_v {} != headdim {} has no backward yet in kiln_attn (the forward runs; \
-             call it under torch.no_grad() or with inputs that do not require grad)",
-            fwd.head_dim_v, fwd.head_dim
-        )));
+/// `q`'s shape with `v`'s head dim (the last): the shape of the forward's output and of
+/// `dout`.
+fn with_value_dim(q: &TensorInfo, v: &TensorInfo) -> Vec<i64> {
+    let mut shape = q.shape.clone();
+    if let (Some(o), Some(&dv)) = (shape.last_mut(), v.shape.last()) {
+        *o = dv;
     }
-    Ok(())
+    shape
 }
 
 /// The BHSD views of `dout`, `out`, `dq`, `dk`, `dv` (4-D BSHD tensors), each checked to have
-/// the shape, dtype and device of q (k for dk and dv) and a contiguous last dimension. A
-/// mismatch is a `ValueError`: these are buffers of a call already checked, not inputs whose
-/// element type picks a kernel.
-fn check_grads(g: Grads<'_>, (q, k): (&TensorInfo, &TensorInfo)) -> Result<[View; 5], ArgError> {
+/// the shape of q (`dout` and `out` in v's head dim, dk k's, dv v's), q's dtype and device,
+/// and a contiguous last dimension. A mismatch is a `ValueError`: these are buffers of a
+/// call already checked, not inputs whose element type picks a kernel.
+fn check_grads(
+    g: Grads<'_>,
+    (q, k, v): (&TensorInfo, &TensorInfo, &TensorInfo),
+) -> Result<[View; 5], ArgError> {
+    let out_shape = with_value_dim(q, v);
     let named = [
-        ("dout", g.dout, q, "q"),
-        ("out", g.out, q, "q"),
-        ("dq", g.dq, q, "q"),
-        ("dk", g.dk, k, "k"),
-        ("dv", g.dv, k, "v"),
+        ("dout", g.dout, &out_shape, "q's in v's head dim"),
+        ("out", g.out, &out_shape, "q's in v's head dim"),
+        ("dq", g.dq, &q.shape, "q's"),
+        ("dk", g.dk, &k.shape, "k's"),
+        ("dv", g.dv, &v.shape, "v's"),
     ];
     for (name, t, like, whose) in named {
-        if t.shape != like.shape || t.strides.len() != like.shape.len() {
+        if &t.shape != like || t.strides.len() != like.len() {
             return Err(ArgError::value_error(format!(
-                "{name}: expected shape {:?} ({whose}'s), got {:?}",
-                like.shape, t.shape
+                "{name}: expected shape {like:?} ({whose}), got {:?}",
+                t.shape
             )));
         }
         if t.dtype != q.dtype {
@@ -366,12 +364,15 @@ impl BwdPlan {
         [p.batch, p.nheads, p.seqlen_q, p.head_dim]
     }
 
-    /// The backward kernels' comptime values: the forward's mask, cap, heads and dtype, and
-    /// the tiles tuned for [`BwdPlan::target`].
+    /// The backward kernels' comptime values: the forward's head dims (in their tiles'
+    /// widths, `dv` 0 when they match), mask, cap, heads and dtype, and the tiles tuned for
+    /// [`BwdPlan::target`].
     pub fn params(&self) -> AttentionBwdParams {
         let p = &self.fwd;
+        let (d, dv) = p.tile_dims();
         let params = AttentionBwdParams {
-            d: p.tile_dims().0,
+            d,
+            dv: if dv == d { 0 } else { dv },
             causal: p.causal,
             kv_group: p.kv_group,
             dtype: p.dtype,
@@ -477,6 +478,29 @@ impl BwdPlan {
         let name = |dense: &'static str, varlen: &'static str| {
             if self.packed.is_some() { varlen } else { dense }
         };
+        // The dK/dV and dQ kernels of used lengths take them after the offsets; the
+        // preprocess and the dQ conversion cover every row of the offsets as they are.
+        let used = self
+            .packed
+            .and_then(|pk| pk.used)
+            .map(|(uq, uk)| [offsets(&uq), offsets(&uk)]);
+        let with_used = |args: Vec<Arg>| {
+            let mut args = with_cu(args, true);
+            if let Some(used) = &used {
+                let at = args.len() - 1;
+                for (i, u) in used.iter().enumerate() {
+                    args.insert(at + i, u.clone());
+                }
+            }
+            args
+        };
+        let walk_name = |dense: &'static str, varlen: &'static str, used_form: &'static str| {
+            if used.is_some() {
+                used_form
+            } else {
+                name(dense, varlen)
+            }
+        };
         let bp = self.params();
         let (rows_q, rows_k, batch) = match self.packed {
             Some(pk) => (pk.max_seqlen_q, pk.max_seqlen_k, pk.batch),
@@ -496,29 +520,34 @@ impl BwdPlan {
                 grid: qgrid,
             },
             Step {
-                kernel: name("attention_bwd_dkdv", "attention_bwd_dkdv_varlen"),
-                args: with_cu(
-                    vec![
-                        q.clone(),
-                        k.clone(),
-                        v.clone(),
-                        dout.clone(),
-                        lse.clone(),
-                        delta.clone(),
-                        accum.clone(),
-                        dk,
-                        dv,
-                        scale.clone(),
-                    ],
-                    true,
+                kernel: walk_name(
+                    "attention_bwd_dkdv",
+                    "attention_bwd_dkdv_varlen",
+                    "attention_bwd_dkdv_varlen_used",
                 ),
+                args: with_used(vec![
+                    q.clone(),
+                    k.clone(),
+                    v.clone(),
+                    dout.clone(),
+                    lse.clone(),
+                    delta.clone(),
+                    accum.clone(),
+                    dk,
+                    dv,
+                    scale.clone(),
+                ]),
                 grid: kgrid,
             },
         ];
         steps.push(if self.deterministic {
             Step {
-                kernel: name("attention_bwd_dq", "attention_bwd_dq_varlen"),
-                args: with_cu(vec![q, k, v, dout, lse, delta, dq, scale], true),
+                kernel: walk_name(
+                    "attention_bwd_dq",
+                    "attention_bwd_dq_varlen",
+                    "attention_bwd_dq_varlen_used",
+                ),
+                args: with_used(vec![q, k, v, dout, lse, delta, dq, scale]),
                 grid: dq_grid,
             }
         } else {
@@ -559,6 +588,7 @@ fn bwd_given(p: &AttentionBwdParams) -> Vec<(String, Given)> {
         chunk: p.attention_chunk,
         softcap: p.softcap,
     });
+    g.push(("dv".into(), Given::Int(p.dv as i64)));
     g.push(("deterministic".into(), Given::Bool(p.deterministic)));
     // The tiles too: the launch grids the steps compute from them must be the built kernel's.
     for (name, value) in [
@@ -764,16 +794,37 @@ mod tests {
     }
 
     #[test]
-    fn a_value_head_dim_apart_from_the_key_one_has_no_backward_yet() {
-        let mut c = call(1, 16, 16, 2, 2, 192);
-        c.v = bshd([1, 16, 2, 128], TorchDType::Bf16, 0x3000);
-        let e = plan(&c, false).expect_err("headdim_v != headdim");
-        assert_eq!(e.kind, crate::args::ErrorKind::Value);
+    fn a_value_head_dim_apart_from_the_key_one_plans_its_own_widths() {
+        // MLA's d = 192 beside dv = 128: dout, out and dv in v's head dim, the kernels told
+        // both, three blocks a key block (dK's three 64-column chunks, dV's two).
+        let f32t = TorchDType::Other("torch.float32".into());
+        let mut c = call(1, 16, 100, 2, 2, 192);
+        c.v = bshd([1, 100, 2, 128], TorchDType::Bf16, 0x3000);
+        c.dv = c.v.clone();
+        let e = plan(&c, false).expect_err("dout in q's head dim");
         assert!(
             e.message
-                .starts_with("v: headdim_v 128 != headdim 192 has no backward yet"),
+                .starts_with("dout: expected shape [1, 16, 2, 128] (q's in v's head dim)"),
             "{e}"
         );
+        c.dout = bshd([1, 16, 2, 128], TorchDType::Bf16, 0x4000);
+        c.out = bshd([1, 16, 2, 128], TorchDType::Bf16, 0x5000);
+        for deterministic in [false, true] {
+            let p = plan(&c, deterministic).expect("headdim_v != headdim");
+            let bp = p.params();
+            assert_eq!((bp.d, bp.dv), (192, 128));
+            assert_eq!(p.dv.shape, [1, 2, 100, 128]);
+            assert_eq!(p.accum_shape(), [1, 2, 16, 192]);
+            let delta = TensorInfo::contiguous(&[1, 2, 128], f32t.clone(), CUDA, 0x7000);
+            let accum = TensorInfo::contiguous(&[1, 2, 16, 192], f32t.clone(), CUDA, 0x8000);
+            let steps = p.steps(&delta, &accum).expect("steps");
+            assert_eq!(steps[1].grid, StepGrid::Fixed([2 * 3, 2, 1]));
+            for s in &steps {
+                let reg = generic::find(s.kernel).expect("registered");
+                generic::plan_at(reg, &s.args, &p.given(), Place::Cuda)
+                    .unwrap_or_else(|e| panic!("{}: {e}", s.kernel));
+            }
+        }
         // Equal head dims in no built width run in the next one up.
         let p = plan(&call(1, 16, 16, 2, 2, 72), false).expect("72 runs in 96");
         assert_eq!(p.params().d, 96);
@@ -869,7 +920,7 @@ mod tests {
         let cases: [(Edit, &str); 10] = [
             (
                 |c| c.dout.shape[1] = 99,
-                "dout: expected shape [1, 100, 4, 64] (q's)",
+                "dout: expected shape [1, 100, 4, 64] (q's in v's head dim)",
             ),
             (
                 |c| c.dout.dtype = TorchDType::F16,
@@ -962,6 +1013,7 @@ mod tests {
             (&q, &k, &k),
             g,
             (&cu, &cu),
+            None,
             (200, 250),
             &opts,
             true,
@@ -998,6 +1050,7 @@ mod tests {
             (&q, &k, &k),
             g,
             (&cu, &cu),
+            None,
             (200, 250),
             &opts,
             true,
@@ -1006,7 +1059,92 @@ mod tests {
         .unwrap_err();
         assert!(
             e.message
-                .starts_with("dout: expected shape [300, 4, 96] (q's)"),
+                .starts_with("dout: expected shape [300, 4, 96] (q's in v's head dim)"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn used_lengths_take_the_used_walks_and_name_themselves() {
+        // seqused_q / seqused_k: the dK/dV and dQ walks of used lengths, given them after the
+        // offsets; the preprocess and the dQ conversion as they are (every row of the offsets).
+        let bf = TorchDType::Bf16;
+        let f32t = TorchDType::Other("torch.float32".into());
+        let i32t = TorchDType::Other("torch.int32".into());
+        let packed = |rows: usize, heads: usize, ptr| {
+            TensorInfo::contiguous(&[rows, heads, 64], bf.clone(), CUDA, ptr)
+        };
+        let (q, k, v) = (
+            packed(300, 4, 0x1000),
+            packed(500, 2, 0x2000),
+            packed(500, 2, 0x2800),
+        );
+        let (dout, out, dq) = (
+            packed(300, 4, 0x3000),
+            packed(300, 4, 0x4000),
+            packed(300, 4, 0x5000),
+        );
+        let (dk, dv) = (packed(500, 2, 0x6000), packed(500, 2, 0x7000));
+        let lse = TensorInfo::contiguous(&[4, 300], f32t.clone(), CUDA, 0x8000);
+        let cu = TensorInfo::contiguous(&[3], i32t.clone(), CUDA, 0x9000);
+        let used = TensorInfo::contiguous(&[2], i32t.clone(), CUDA, 0x9100);
+        let g = Grads {
+            dout: &dout,
+            out: &out,
+            lse: &lse,
+            dq: &dq,
+            dk: &dk,
+            dv: &dv,
+        };
+        let delta = TensorInfo::contiguous(&[4, 300 + 128 * 2], f32t.clone(), CUDA, 0xa000);
+        let accum = TensorInfo::contiguous(&[1, 4, 300, 64], f32t.clone(), CUDA, 0xb000);
+        for (deterministic, last) in [
+            (false, "attention_bwd_dq_convert_varlen"),
+            (true, "attention_bwd_dq_varlen_used"),
+        ] {
+            let p = plan_varlen_backward(
+                (&q, &k, &v),
+                g,
+                (&cu, &cu),
+                Some((&used, &used)),
+                (200, 250),
+                &Options::default(),
+                deterministic,
+                Place::Cuda,
+            )
+            .expect("valid");
+            let steps = p.steps(&delta, &accum).expect("steps");
+            let names: Vec<_> = steps.iter().map(|s| s.kernel).collect();
+            assert_eq!(
+                names,
+                [
+                    "attention_bwd_preprocess_varlen",
+                    "attention_bwd_dkdv_varlen_used",
+                    last
+                ]
+            );
+            for s in &steps {
+                let reg = generic::find(s.kernel).expect("registered");
+                generic::plan_at(reg, &s.args, &p.given(), Place::Cuda)
+                    .unwrap_or_else(|e| panic!("{}: {e}", s.kernel));
+            }
+        }
+        let three = TensorInfo::contiguous(&[3], i32t, CUDA, 0x9200);
+        let e = plan_varlen_backward(
+            (&q, &k, &v),
+            g,
+            (&cu, &cu),
+            Some((&three, &used)),
+            (200, 250),
+            &Options::default(),
+            false,
+            Place::Cuda,
+        )
+        .unwrap_err();
+        assert!(
+            e.message
+                .starts_with("seqused_q: expected 2 lengths (one per sequence), got 3"),
             "{}",
             e.message
         );

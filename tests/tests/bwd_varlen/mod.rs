@@ -2,7 +2,8 @@
 //! (`interp_attention_backward.rs`) and the GPU tests (`gpu_attention_backward.rs`): each
 //! sequence's dense problem and reference gradients, the packed `[1, heads, total, d]`
 //! inputs with every row no block may read NaN, and the check of the packed gradients
-//! against each sequence's own.
+//! against each sequence's own (with used lengths, `seqused_q` and `seqused_k`: its dense
+//! backward over the used rows and keys, the rest of its gradients 0).
 
 #![allow(dead_code)]
 
@@ -97,6 +98,8 @@ pub struct Problem {
     pub inputs: [HostTensor; 6],
     pub cu_q: HostTensor,
     pub cu_k: HostTensor,
+    /// `seqused_q`, `seqused_k` (`[batch]`, i32) when the problem has used lengths.
+    pub used: Option<(HostTensor, HostTensor)>,
     /// Per sequence: exact `dq, dk, dv`, then those of the rounded computation.
     want: Vec<[Vec<f64>; 6]>,
 }
@@ -110,10 +113,25 @@ impl Problem {
         rng: &mut Rng,
         packed: Packed,
         p: AttentionBwdParams,
+        heads: (usize, usize),
+        dist: Dist,
+    ) -> Problem {
+        Problem::with_used(rng, packed, None, p, heads, dist)
+    }
+
+    /// [`Problem::new`] where sequence `i` uses only its first `used[i]` `(query rows, keys)`
+    /// (FlashAttention 3's `seqused_q`, `seqused_k`; at most its lengths): its reference is the
+    /// dense backward over those, its other rows' and keys' gradients 0, and its inputs past
+    /// them (which the forward never wrote or read) NaN.
+    pub fn with_used(
+        rng: &mut Rng,
+        packed: Packed,
+        used: Option<Vec<(usize, usize)>>,
+        p: AttentionBwdParams,
         (h, h_kv): (usize, usize),
         dist: Dist,
     ) -> Problem {
-        let (d, dtype) = (p.d, p.dtype);
+        let (d, dv, dtype) = (p.d, p.value_dim(), p.dtype);
         let right = if p.causal { 0 } else { p.window_right };
         let scale = (rng.uniform(0.5, 1.5) / (d as f64).sqrt()) as f32;
         let math = AttentionMath {
@@ -127,26 +145,46 @@ impl Problem {
         };
         let mut parts: Vec<[Vec<f64>; 6]> = Vec::new();
         let mut want = Vec::new();
-        for &(sq, sk) in &packed.seqs {
+        for (i, &(sq, sk)) in packed.seqs.iter().enumerate() {
+            let (uq, uk) = used.as_ref().map_or((sq, sk), |u| u[i]);
             let dims = AttentionDims {
                 b: 1,
                 h,
                 h_kv,
-                sq,
-                sk,
+                sq: uq,
+                sk: uk,
                 d,
             };
-            let [q, dout] = [0; 2].map(|_| tensor(rng, &[1, h, sq, d], dtype, dist).to_f64_vec());
-            let [k, v] = [0; 2].map(|_| tensor(rng, &[1, h_kv, sk, d], dtype, dist).to_f64_vec());
-            let o = reference::attention_forward_f64(&q, &k, &v, dims, math);
-            let o = HostTensor::from_fn(&[1, h, sq, d], dtype, |i| o[i]).to_f64_vec();
+            let q = tensor(rng, &[1, h, uq, d], dtype, dist).to_f64_vec();
+            let dout = tensor(rng, &[1, h, uq, dv], dtype, dist).to_f64_vec();
+            let k = tensor(rng, &[1, h_kv, uk, d], dtype, dist).to_f64_vec();
+            let v = tensor(rng, &[1, h_kv, uk, dv], dtype, dist).to_f64_vec();
+            let o = reference::attention_forward_f64_dv([&q, &k, &v], dims, dv, math);
+            let o = HostTensor::from_fn(&[1, h, uq, dv], dtype, |i| o[i]).to_f64_vec();
             let lse = reference::attention_lse_f64(&q, &k, dims, math);
-            let at = |r| reference::attention_backward_f64([&q, &k, &v, &dout], dims, math, r);
+            let at =
+                |r| reference::attention_backward_f64_dv([&q, &k, &v, &dout], dims, dv, math, r);
             let (exact, rounded) = (at(Rounding::Exact), at(Rounding::Stored(dtype)));
+            // Rows and keys past the used ones: inputs NaN, gradients 0.
+            let rows = |x: &[f64], w, fill| grow(x, (h, uq, sq), w, fill);
+            let keys = |x: &[f64], w, fill| grow(x, (h_kv, uk, sk), w, fill);
             want.push([
-                exact.dq, exact.dk, exact.dv, rounded.dq, rounded.dk, rounded.dv,
+                rows(&exact.dq, d, 0.0),
+                keys(&exact.dk, d, 0.0),
+                keys(&exact.dv, dv, 0.0),
+                rows(&rounded.dq, d, 0.0),
+                keys(&rounded.dk, d, 0.0),
+                keys(&rounded.dv, dv, 0.0),
             ]);
-            parts.push([q, k, v, dout, o, lse]);
+            let nan = f64::NAN;
+            parts.push([
+                rows(&q, d, nan),
+                keys(&k, d, nan),
+                keys(&v, dv, nan),
+                rows(&dout, dv, nan),
+                rows(&o, dv, nan),
+                rows(&lse, 1, nan),
+            ]);
         }
         poison_unread(&packed, &mut parts);
         let part = |i: usize| -> Vec<Vec<f64>> { parts.iter().map(|p| p[i].clone()).collect() };
@@ -156,12 +194,18 @@ impl Problem {
         let inputs = [
             packed.pack(&part(0), h, d, true, dtype, nan),
             packed.pack(&part(1), h_kv, d, false, dtype, nan),
-            packed.pack(&part(2), h_kv, d, false, dtype, nan),
-            packed.pack(&part(3), h, d, true, dtype, nan),
-            packed.pack(&part(4), h, d, true, dtype, nan),
+            packed.pack(&part(2), h_kv, dv, false, dtype, nan),
+            packed.pack(&part(3), h, dv, true, dtype, nan),
+            packed.pack(&part(4), h, dv, true, dtype, nan),
             HostTensor::from_fn(&[1, h, total_q], DType::F32, |i| lse.data.get_f64(i)),
         ];
         let (cu_q, cu_k) = packed.offsets();
+        let used = used.map(|u| {
+            let lens = |f: fn(&(usize, usize)) -> usize| {
+                HostTensor::from_fn(&[u.len()], DType::I32, |i| f(&u[i]) as f64)
+            };
+            (lens(|x| x.0), lens(|x| x.1))
+        });
         Problem {
             packed,
             p,
@@ -171,6 +215,7 @@ impl Problem {
             inputs,
             cu_q,
             cu_k,
+            used,
             want,
         }
     }
@@ -187,7 +232,12 @@ impl Problem {
         ]
     }
 
-    /// Shapes of `delta`, `dq_accum` and `dq` (as q), and `dk`, `dv` (as k).
+    /// Shape of `dv` (as v: `dv` wide).
+    pub fn value_shape(&self) -> [usize; 4] {
+        [1, self.h_kv, self.packed.totals().1, self.p.value_dim()]
+    }
+
+    /// Shapes of `delta`, `dq_accum` and `dq` (as q), and `dk` (as k).
     pub fn output_shapes(&self) -> ([usize; 3], [usize; 4], [usize; 4]) {
         let (tq, tk) = self.packed.totals();
         let d = self.p.d;
@@ -197,7 +247,7 @@ impl Problem {
     /// Checks the packed gradients against each sequence's, with FlashAttention's rule; the
     /// pad rows must still be poisoned (NaN).
     pub fn check(&self, kernel: &str, rng: &Rng, dist: Dist, [dq, dk, dv]: [&HostTensor; 3]) {
-        let (h, h_kv, d) = (self.h, self.h_kv, self.p.d);
+        let (h, h_kv, d, d_v) = (self.h, self.h_kv, self.p.d, self.p.value_dim());
         let case = Case {
             kernel: format!("{kernel} {:?}", self.p),
             shape: format!(
@@ -207,15 +257,15 @@ impl Problem {
             dist,
             seed: rng.seed(),
         };
-        for (name, got, i, heads, query) in [
-            ("dq", dq, 0, h, true),
-            ("dk", dk, 1, h_kv, false),
-            ("dv", dv, 2, h_kv, false),
+        for (name, got, i, heads, width, query) in [
+            ("dq", dq, 0, h, d, true),
+            ("dk", dk, 1, h_kv, d, false),
+            ("dv", dv, 2, h_kv, d_v, false),
         ] {
             let pack = |j: usize| {
                 let parts: Vec<Vec<f64>> = self.want.iter().map(|w| w[j].clone()).collect();
                 self.packed
-                    .pack(&parts, heads, d, query, DType::F32, f64::NAN)
+                    .pack(&parts, heads, width, query, DType::F32, f64::NAN)
                     .to_f64_vec()
             };
             let (exact, rounded) = (pack(i), pack(i + 3));
@@ -245,6 +295,16 @@ impl Problem {
             );
         }
     }
+}
+
+/// `[heads, used, w]` data `x` as `[heads, len, w]`, the rows past `used` `fill`.
+fn grow(x: &[f64], (heads, used, len): (usize, usize, usize), w: usize, fill: f64) -> Vec<f64> {
+    let mut out = vec![fill; heads * len * w];
+    for hd in 0..heads {
+        let (from, to) = (hd * used * w, hd * len * w);
+        out[to..to + used * w].copy_from_slice(&x[from..from + used * w]);
+    }
+    out
 }
 
 /// Makes NaN the inputs of each sequence that no gradient reads (`[q, k, v, dout, o, lse]`
