@@ -109,9 +109,9 @@ def flash_attn_varlen_func(
     or None, FlashAttention 3's used lengths: sequence b attends with its first seqused_q[b]
     query rows to its first seqused_k[b] keys (each at most its length in the offsets), its
     masks aligned to those lengths; its output rows past seqused_q[b] are not written (they
-    hold what the allocation held, as in FlashAttention 3) and such a call has no backward
-    yet (a ValueError naming seqused_q when one is asked for). Returns out, or (out,
-    softmax_lse) with return_attn_probs=True."""
+    hold what the allocation held, as in FlashAttention 3); in the backward their dq is 0,
+    as is the dk and dv of keys past seqused_k[b]. Returns out, or (out, softmax_lse) with
+    return_attn_probs=True."""
     _unsupported(
         qv=qv,
         q_descale=q_descale,
