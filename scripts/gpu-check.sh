@@ -48,7 +48,7 @@ case $part in
     # What has never run on a GPU first: chunks, padded decode head dims, the ring.
     t0=$SECONDS
     timeout $(($(left) - 240)) python3 -m pytest -q -p no:cacheprovider python/tests/test_ring_gpu.py \
-      python/tests/test_flash_attn_gpu.py -k "ring or chunk or pad or value_head or captures" > "$OUT/pytest-new.log" 2>&1
+      python/tests/test_flash_attn_gpu.py -k "ring or chunk or pad or value_head or seqused or captures" > "$OUT/pytest-new.log" 2>&1
     echo "pytest new rc=$? $((SECONDS - t0))s $(tail -1 "$OUT/pytest-new.log")" | tee -a "$S"
     t0=$SECONDS
     timeout $(($(left) - 120)) python3 -m pytest -q -x -p no:cacheprovider python/tests/test_flash_attn_gpu.py \
