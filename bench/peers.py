@@ -20,11 +20,32 @@ import argparse
 import datetime
 import json
 import math
+import os
 import statistics
+import subprocess
 import sys
 
 TOKENS = 16384
 WIDTH = 2048
+
+
+def commit():
+    """The checkout's commit (KILN_COMMIT where git cannot tell: the GPU host's copy)."""
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("KILN_COMMIT", "")
+
+
+def rel_error(out, ref):
+    """Relative norm error of tensor `out` against `ref`; NaN if `out` has a non-finite
+    element."""
+    out, ref = out.float(), ref.float()
+    if not bool(out.isfinite().all()):
+        return float("nan")
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def sweep(quick):

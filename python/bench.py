@@ -46,17 +46,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.join(HERE, "..", "bench")
 sys.path.insert(0, BENCH)
 
-from peers import TOKENS, WIDTH, flops, hold, parse_only, sweep  # noqa: E402
+from peers import TOKENS, WIDTH, commit, flops, hold, parse_only, rel_error, sweep  # noqa: E402
 
 TOLERANCE = 2e-2
-
-
-def commit():
-    try:
-        return subprocess.run(["git", "-C", HERE, "rev-parse", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("KILN_COMMIT", "")
 
 
 def package_version(name):
@@ -100,14 +92,6 @@ def time_sustained(torch, once, iters, flush):
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends))
-
-
-def rel_error(out, ref):
-    """Relative norm error of `out` against `ref`; NaN if `out` has a non-finite element."""
-    out, ref = out.float(), ref.float()
-    if not bool(out.isfinite().all()):
-        return float("nan")
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def fa4_forward():

@@ -29,6 +29,9 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+from peers import commit, rel_error  # noqa: E402
+
 HBM_BYTES_PER_S = 4.8e12
 TOLERANCE = 2e-2
 D = 128
@@ -37,14 +40,6 @@ HEADS = [(32, 8), (32, 1)]
 BATCHES = [1, 4, 16, 64, 256]
 CACHES = [1024, 4096, 16384, 32768, 65536, 131072]
 Q_TOKENS = [1, 4]
-
-
-def commit():
-    try:
-        return subprocess.run(["git", "-C", HERE, "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("KILN_COMMIT", "")
 
 
 def points(quick, max_bytes):
@@ -107,13 +102,6 @@ def timed(torch, once, iters, warmup, flush, interpret):
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends))
-
-
-def rel_error(out, ref):
-    out, ref = out.float(), ref.float()
-    if not bool(out.isfinite().all()):
-        return float("nan")
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def main():

@@ -32,19 +32,13 @@ import torch.distributed as dist
 # The installed package, not its sources beside this script (which lack the native module).
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
+sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+from peers import commit  # noqa: E402
 import kiln_attn  # noqa: E402
 from kiln_attn.ring import zigzag_shard  # noqa: E402
 
 HEADS, HEAD_DIM = 16, 128
 SEQLENS = [32768, 65536, 131072, 262144, 524288, 1048576]
-
-
-def commit():
-    try:
-        return subprocess.run(["git", "-C", HERE, "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("KILN_COMMIT", "")
 
 
 def flops(s, causal, backward):

@@ -646,29 +646,44 @@ pub fn attention_forward_f64_dv(
         let kvh = bh / h * h_kv + bh % h / group;
         let (qb, kb, vb) = (&q[bh * sq * d..], &k[kvh * sk * d..], &v[kvh * sk * dv..]);
         for i in 0..sq {
-            let (keys, scores) = row_scores(
-                |j, x| qb[j * d + x],
-                |j, x| kb[j * d + x],
-                [sq, sk, d],
-                (math.scale, math.cap),
-                math.window,
-                i,
-            );
-            if keys.is_empty() {
+            let Some((keys, _, p)) = row_probs((qb, kb), [sq, sk, d], math, i) else {
                 continue;
-            }
-            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-            let l: f64 = e.iter().sum();
+            };
             let row = &mut out[(bh * sq + i) * dv..(bh * sq + i + 1) * dv];
-            for (j, ej) in keys.zip(&e) {
+            for (j, pj) in keys.zip(&p) {
                 for (x, o) in row.iter_mut().enumerate() {
-                    *o += ej / l * vb[j * dv + x];
+                    *o += pj * vb[j * dv + x];
                 }
             }
         }
     }
     out
+}
+
+/// Row `i`'s keys ([`row_scores`] over `q` and `k` rows `qb`, `kb`), their scores and their
+/// probabilities (the softmax over them), or None for a row that sees no key.
+fn row_probs(
+    (qb, kb): (&[f64], &[f64]),
+    [sq, sk, d]: [usize; 3],
+    math: AttentionMath,
+    i: usize,
+) -> Option<(std::ops::Range<usize>, Vec<f64>, Vec<f64>)> {
+    let (keys, scores) = row_scores(
+        |j, x| qb[j * d + x],
+        |j, x| kb[j * d + x],
+        [sq, sk, d],
+        (math.scale, math.cap),
+        math.window,
+        i,
+    );
+    if keys.is_empty() {
+        return None;
+    }
+    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+    let l: f64 = e.iter().sum();
+    let p = e.iter().map(|x| x / l).collect();
+    Some((keys, scores, p))
 }
 
 /// The gradients of `L = sum(o * dout)` for attention's output `o` (the backward pass, given
@@ -713,21 +728,9 @@ pub fn attention_backward_f64_dv(
         let (qb, kb, vb) = (&q[bh * sq * d..], &k[kvh * sk * d..], &v[kvh * sk * dv..]);
         let dob = &dout[bh * sq * dv..];
         for i in 0..sq {
-            let (keys, scores) = row_scores(
-                |j, x| qb[j * d + x],
-                |j, x| kb[j * d + x],
-                [sq, sk, d],
-                (math.scale, math.cap),
-                math.window,
-                i,
-            );
-            if keys.is_empty() {
+            let Some((keys, scores, p)) = row_probs((qb, kb), [sq, sk, d], math, i) else {
                 continue;
-            }
-            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-            let l: f64 = e.iter().sum();
-            let p: Vec<f64> = e.iter().map(|x| x / l).collect();
+            };
             let do_i = &dob[i * dv..(i + 1) * dv];
             // The output row as the forward stores it, and delta from it.
             let delta: f64 = (0..dv)

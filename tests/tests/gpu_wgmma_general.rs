@@ -186,25 +186,8 @@ fn gpu_wgmma_held_a() {
 
 fn gpu_ring_held_b() {
     let mut rng = Rng::from_env();
-    let base = RingHeldBComptime::default();
-    let configs = [
-        base,
-        RingHeldBComptime { WT: true, ..base },
-        RingHeldBComptime {
-            BM: 128,
-            NW: 8,
-            K: 128,
-            ..base
-        },
-        RingHeldBComptime {
-            BN: 128,
-            K: 128,
-            WT: true,
-            ..base
-        },
-    ];
     for dev in devices() {
-        for ct in configs {
+        for ct in ring_held_b_configs() {
             for (rows, n) in [(300, 130), (64, 64), (5, 200), (4000, 256)] {
                 for dist in Dist::ALL {
                     let a = tensor(&mut rng, &[rows, ct.K], DType::Bf16, dist);

@@ -16,29 +16,7 @@ use kiln_ir::{DType, Kernel, Target};
 use kiln_ptx::ptxas::{self, Tool};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
-use wgmma_kernels::{RingHeldBComptime, held_b, ring_held_b};
-
-/// The weight read MN-major and K-major, with K of 64 and 128 (boxed), one and two consumer
-/// warpgroups, N of 64 and 128.
-fn configs() -> [RingHeldBComptime; 4] {
-    let base = RingHeldBComptime::default();
-    [
-        base,
-        RingHeldBComptime { WT: true, ..base },
-        RingHeldBComptime {
-            BM: 128,
-            NW: 8,
-            K: 128,
-            ..base
-        },
-        RingHeldBComptime {
-            BN: 128,
-            K: 128,
-            WT: true,
-            ..base
-        },
-    ]
-}
+use wgmma_kernels::{RingHeldBComptime, held_b, ring_held_b, ring_held_b_configs};
 
 fn scheduled(ct: RingHeldBComptime) -> Kernel {
     let spec = Spec::uniform(ct, ring_held_b.signature(), true);
@@ -49,7 +27,7 @@ fn scheduled(ct: RingHeldBComptime) -> Kernel {
 
 #[test]
 fn the_weight_is_a_once_load_of_the_ring() {
-    for ct in configs() {
+    for ct in ring_held_b_configs() {
         let k = scheduled(ct);
         let s = k.schedule.sched.as_ref().expect("a ring");
         let loads: Vec<_> = s
@@ -73,7 +51,7 @@ fn the_weight_is_a_once_load_of_the_ring() {
 #[test]
 fn scheduled_and_interpreted_match_reference() {
     let mut rng = Rng::from_env();
-    for ct in configs() {
+    for ct in ring_held_b_configs() {
         let kernel = scheduled(ct);
         // Row counts no multiple of the tile (the last tile's rows read as 0), and N past the
         // blocks' columns.
@@ -114,7 +92,7 @@ fn scheduled_and_interpreted_match_reference() {
 
 #[test]
 fn both_ptxas_assemble_without_spills() {
-    for ct in configs() {
+    for ct in ring_held_b_configs() {
         let spec = Spec::uniform(ct, ring_held_b.signature(), true);
         let built = ring_held_b.build(&spec).expect("builds");
         let m = kiln_ptx::compile(&built, Target::Sm90a).expect("compiles");

@@ -197,6 +197,28 @@ pub fn ring_held_b(
     c.tile([BM, BN], [0, nb * BN]).store(acc);
 }
 
+/// The [`ring_held_b`] configurations the CPU and GPU tests run: the weight read MN-major and
+/// K-major, K of 64 and 128 (boxed), one and two consumer warpgroups, N of 64 and 128.
+pub fn ring_held_b_configs() -> [RingHeldBComptime; 4] {
+    let base = RingHeldBComptime::default();
+    [
+        base,
+        RingHeldBComptime { WT: true, ..base },
+        RingHeldBComptime {
+            BM: 128,
+            NW: 8,
+            K: 128,
+            ..base
+        },
+        RingHeldBComptime {
+            BN: 128,
+            K: 128,
+            WT: true,
+            ..base
+        },
+    ]
+}
+
 /// [`ring_held_b`]'s result in f64: `sum_i a_i w` for `a: [rows, K]` in tiles of `bm` rows,
 /// `w: [K, N]` (or `[N, K]` when `transposed`), as `[bm, N]`.
 pub fn held_b(a: &HostTensor, w: &HostTensor, bm: usize, transposed: bool) -> Vec<f64> {
