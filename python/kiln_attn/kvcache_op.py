@@ -1,13 +1,8 @@
-"""`flash_attn_with_kvcache` as a torch.library custom op (imports torch).
-
-`torch.ops.kiln_attn._flash_attn_with_kvcache` runs `kiln_attn.decode.kvcache` (every check,
-then the launches) and returns `(out, softmax_lse)`; it declares that it writes `k_cache` and
-`v_cache` (the append), and its fake implementation gives the outputs' shapes, so
-`torch.compile(fullgraph=True)` traces a decode step that calls `flash_attn_with_kvcache`
-without a graph break. `cache_seqlens` reaches the op as a tensor or, for FlashAttention's
-int, as `cache_seqlens_int`. A head dim padded to a multiple of 8 changes neither: the
-appended rows are written back into the caller's caches, and the output is cut to headdim_v
-(contiguous, as the fake output).
+"""`flash_attn_with_kvcache` as the torch.library custom op
+`torch.ops.kiln_attn._flash_attn_with_kvcache` (imports torch): it runs
+`kiln_attn.decode.kvcache`, declares its writes into `k_cache` and `v_cache` (the append) and
+has a fake implementation, so `torch.compile(fullgraph=True)` traces a decode step without a
+graph break. FlashAttention's int `cache_seqlens` reaches it as `cache_seqlens_int`.
 """
 
 from typing import Optional, Tuple

@@ -1,16 +1,8 @@
-"""kiln_attn.flash_attn_func on a GPU against a PyTorch f32 reference.
-
-The shapes are FlashAttention's forward test matrix (batch and sequence-length pairs
-including odd ones and seqlen_q > seqlen_k, head dims, causal and not), ported as shapes;
-each case checks the relative norm error of the output against attention computed in f32
-from the same bf16 or fp16 inputs (< 1e-2 for bf16, < 2e-3 for fp16, as kiln's Rust tests),
-with the output poisoned (NaN) first so an element the kernel never writes fails the check;
-grouped-query and multi-query heads likewise. FlashAttention's feature axes (dtype, local
-windows drawn as its test draws them, softcap 0 and 50, head dim 96) run over a subset of the
-sequence-length pairs, and flash_attn_varlen_func over random packed batches (one launch, the
-offsets read on the device; offsets of any value must not fault). Skipped as a whole without
-torch or a CUDA device.
-"""
+"""kiln_attn on a GPU against PyTorch f32 references: FlashAttention's forward and backward test
+matrices (odd lengths, seqlen_q > seqlen_k, head dims, causal, GQA/MQA, windows, soft-cap,
+varlen), decoding, chunks and value head dims; outputs poisoned first; relative norm error
+below 1e-2 (bf16) or 2e-3 (fp16), gradients within FlashAttention's rule. Skipped without torch
+or a CUDA device."""
 
 import ctypes
 import itertools

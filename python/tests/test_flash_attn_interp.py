@@ -1,17 +1,8 @@
-"""flash_attn_func's forward and backward through PyTorch on kiln's CPU interpreter
-(`kiln_attn.interpreter()`): the same kernels, checks and comptime values a GPU launch takes,
-over small CPU tensors, against attention and its gradients computed in f64 by PyTorch's
-autograd.
-
-The rule is FlashAttention's: kiln's largest error against the f64 reference is within twice
-that of the same attention computed by PyTorch in the inputs' dtype, plus a small atol.
-Inputs are fresh random tensors of several distributions (a seed per run, printed on
-failure; KILN_SEED fixes it), shapes no multiple of any block, fully masked rows, GQA,
-windows, soft-caps, large magnitudes; buffers the kernels write are poisoned (NaN) first.
-Also: the custom ops' fake implementations and registration (torch.library.opcheck),
-torch.compile(fullgraph=True) of a model that calls flash_attn_func, the deterministic mode
-bitwise, the varlen form, and FlashAttention 2's and 3's window rules. Skipped without torch.
-"""
+"""flash_attn_func's forward and backward through PyTorch on kiln's CPU interpreter, against
+f64 autograd by FlashAttention's rule (kiln's error within twice a same-dtype PyTorch
+reference's): fresh inputs of several distributions (KILN_SEED fixes them), odd shapes, fully
+masked rows, GQA, windows, chunks, soft-caps; poisoned buffers; the custom ops' fakes and
+torch.compile; the deterministic mode bitwise; varlen; FA2's and FA3's window rules."""
 
 import math
 import os

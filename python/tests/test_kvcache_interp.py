@@ -1,14 +1,8 @@
-"""flash_attn_with_kvcache and flash_attn_combine through PyTorch on kiln's CPU interpreter
-(`kiln_attn.interpreter()`): the same argument handling, kernels, grids and comptime values a
-GPU call takes, over small CPU tensors, against a float64 reference of FlashAttention's
-semantics written out below (append, rotary, page lookup, bottom-right masks, soft-cap, GQA).
-
-Inputs are fresh random tensors (a seed per run, printed on failure; KILN_SEED fixes it) of
-several distributions; batches of 3 with different cache lengths (0 and 1 among them); every
-cache slot no sequence holds is NaN (the kernels must not read it); the outputs the call
-allocates are NaN before the kernels run. The cache after the call must equal the
-reference's appended cache. Skipped without torch.
-"""
+"""flash_attn_with_kvcache and flash_attn_combine through PyTorch on kiln's CPU interpreter,
+against a float64 reference of FlashAttention's semantics (append, rotary, page lookup,
+bottom-right masks, chunks, soft-cap, GQA): fresh inputs (KILN_SEED fixes them), ragged cache
+lengths, NaN in every slot no sequence holds and in the outputs before the call; the cache
+after the call equals the reference's. Skipped without torch."""
 
 import functools
 import math

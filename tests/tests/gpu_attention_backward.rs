@@ -1,12 +1,9 @@
-//! Attention's backward kernels on the GPU (sm_80, and sm_90a on a Hopper GPU) after kiln's own
-//! forward (`attention_lse`), as in training: dq, dk and dv against the f64 reference gradients
-//! by FlashAttention's rule (`check::assert_within_rule`), in both dQ modes (atomics; the
-//! deterministic second kernel, whose bits must repeat), over the features and shapes of
-//! `interp_attention_backward`; on sm_90a both the default tiles and the measured ones
-//! (`AttentionBwdParams::tuned`: dQ added by bulk reductions); and the varlen kernels over packed
-//! batches whose rows past each sequence are NaN where no block may read them; a value head
-//! dim apart from the key one (`dv`, MLA's 192 / 128), dense and varlen, and the varlen
-//! kernels of used lengths (`seqused_q`, `seqused_k`: gradients 0 past them).
+//! Attention's backward kernels on the GPU (sm_80, and sm_90a on Hopper) after kiln's own
+//! forward, as in training: dq, dk and dv against the f64 reference gradients by
+//! FlashAttention's rule, both dQ modes (the deterministic one's bits must repeat), the
+//! features and shapes of `interp_attention_backward`, sm_90a's default and tuned tiles, varlen
+//! batches (NaN where no block may read), a value head dim of its own (`dv`) and used lengths
+//! (`seqused_q`, `seqused_k`: gradients 0 past them).
 
 mod bwd_varlen;
 mod gpu_common;

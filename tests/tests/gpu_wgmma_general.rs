@@ -1,12 +1,9 @@
-//! The kernels of `wgmma_kernels/` on the GPU: sm_80 code on any GPU and, on Hopper, sm_90a
-//! code whose mmas run as wgmma without warp roles (transposed loaded operands in one and
-//! two warpgroups with boxed 256-byte rows, a chained mma with a register A and an MN-major
-//! B, an A gathered once before a loop of mmas and read from shared memory; a warp-specialised
-//! ring whose B is loaded once and held, `ring_held_b`), each against
-//! the f64 reference and the interpreter; shapes no multiple of the tiles,
-//! every input distribution, outputs poisoned. The kernels of `mma_kernels/` and attention's
-//! backward take the same lowering on sm_90a in `gpu_mma_general.rs` and
-//! `gpu_attention_backward.rs`. Skips itself without a GPU.
+//! The kernels of `wgmma_kernels/` on the GPU (sm_80 code anywhere, sm_90a on Hopper): wgmma
+//! without warp roles (transposed loaded operands, one and two warpgroups, a chained mma with a
+//! register A, an A gathered once before a loop) and a warp-specialised ring whose B is loaded
+//! once and held (`ring_held_b`), each against the f64 reference and the interpreter on shapes
+//! no multiple of the tiles, every input distribution, outputs poisoned. Skips itself without
+//! a GPU.
 
 mod gpu_common;
 mod wgmma_kernels;
