@@ -25,7 +25,7 @@ fn list_names_every_kernel_with_its_comptime_parameters() {
         );
     }
     assert!(
-        out.contains("d: usize = 128, causal: bool = false"),
+        out.contains("d: usize = 128, dv: usize = 0, causal: bool = false"),
         "{out}"
     );
 }
