@@ -1,7 +1,8 @@
 //! The kernels of `wgmma_kernels/` on the GPU (sm_80 code anywhere, sm_90a on Hopper): wgmma
 //! without warp roles (transposed loaded operands, one and two warpgroups, a chained mma with a
-//! register A, an A gathered once before a loop) and a warp-specialised ring whose B is loaded
-//! once and held (`ring_held_b`), each against the f64 reference and the interpreter on shapes
+//! register A, an A gathered once before a loop) and warp-specialised rings whose B is loaded
+//! once and held (`ring_held_b`) or whose one stage load feeds two operands (`ring_shared_b`),
+//! each against the f64 reference and the interpreter on shapes
 //! no multiple of the tiles, every input distribution, outputs poisoned. Skips itself without
 //! a GPU.
 
@@ -219,11 +220,43 @@ fn gpu_ring_held_b() {
     }
 }
 
+fn gpu_ring_shared_b() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for ct in ring_shared_b_configs() {
+            for (m, rows) in [(100, 150), (64, 64), (3, 200), (300, 1000)] {
+                for dist in Dist::ALL {
+                    let q = tensor(&mut rng, &[m, ct.D], DType::Bf16, dist);
+                    let k = tensor(&mut rng, &[rows, ct.D], DType::Bf16, dist);
+                    let grid = [m.div_ceil(ct.BM) as u32, 1, 1];
+                    let (dq, dk) = (dev.upload(&q).expect("up"), dev.upload(&k).expect("up"));
+                    let o = poisoned_output(&dev, DType::F32, &[m, ct.D]);
+                    ring_shared_b
+                        .launch(&dev, &ct, grid, &dq, &dk, &o)
+                        .expect("launch");
+                    let mut oi = poisoned(&[m, ct.D], DType::F32);
+                    ring_shared_b
+                        .interpret(&ct, grid, &q, &k, &mut oi)
+                        .expect("interpret");
+                    let case = Case {
+                        kernel: format!("ring_shared_b {ct:?} on {}", dev.target()),
+                        shape: format!("m={m} rows={rows}"),
+                        dist,
+                        seed: rng.seed(),
+                    };
+                    check(&case, &o, &shared_b(&q, &k), &oi, tolerance(DType::Bf16));
+                }
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         ("gpu_wgmma_transposed", Needs::Gpu, gpu_wgmma_transposed),
         ("gpu_wgmma_chain", Needs::Gpu, gpu_wgmma_chain),
         ("gpu_wgmma_held_a", Needs::Gpu, gpu_wgmma_held_a),
         ("gpu_ring_held_b", Needs::Gpu, gpu_ring_held_b),
+        ("gpu_ring_shared_b", Needs::Gpu, gpu_ring_shared_b),
     ])
 }

@@ -1,10 +1,8 @@
-//! A warp-specialised ring whose B operand is a tile loaded once before the loop and held in
-//! shared memory (`wgmma_kernels::ring_held_b`: a weight against streamed row tiles, read
-//! MN-major and K-major, one and two consumer warpgroups), checked on the CPU: the `pipeline`
-//! pass plans the weight as a once load beside the ring's stage loads, `protocol_check`
-//! proves the schedule, its CPU execution (`run_scheduled`) and the interpreter match the f64
-//! reference, and both ptxas releases assemble the PTX without spills. The GPU run:
-//! `gpu_wgmma_general.rs`.
+//! Warp-specialised rings with a B operand loaded once before the loop and held in shared
+//! memory (`wgmma_kernels::ring_held_b`) or one stage load read by two operands, K- and
+//! MN-major (`ring_shared_b`), checked on the CPU: the plan's loads, the protocol proved, the
+//! schedule's CPU execution (`run_scheduled`) and the interpreter against f64, both ptxas
+//! without spills. The GPU run: `gpu_wgmma_general.rs`.
 
 mod wgmma_kernels;
 
@@ -16,7 +14,10 @@ use kiln_ir::{DType, Kernel, Target};
 use kiln_ptx::ptxas::{self, Tool};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
-use wgmma_kernels::{RingHeldBComptime, held_b, ring_held_b, ring_held_b_configs};
+use wgmma_kernels::{
+    RingHeldBComptime, RingSharedBComptime, held_b, ring_held_b, ring_held_b_configs,
+    ring_shared_b, ring_shared_b_configs, shared_b,
+};
 
 fn scheduled(ct: RingHeldBComptime) -> Kernel {
     let spec = Spec::uniform(ct, ring_held_b.signature(), true);
@@ -102,5 +103,144 @@ fn both_ptxas_assemble_without_spills() {
                 .unwrap_or_else(|e| panic!("{ct:?} {tool:?}: {e}"));
             assert!(!report.spills(), "{ct:?} {tool:?} spills: {report}");
         }
+    }
+}
+
+fn scheduled_shared(ct: RingSharedBComptime) -> Kernel {
+    let spec = Spec::uniform(ct, ring_shared_b.signature(), true);
+    let mut k = ring_shared_b.build(&spec).expect("builds");
+    run_pipeline(&mut k, Target::Sm90a, &mut |_, _| {}).unwrap_or_else(|d| panic!("{ct:?}: {d}"));
+    k
+}
+
+#[test]
+fn one_stage_load_serves_both_readers_of_a_tile() {
+    for ct in ring_shared_b_configs() {
+        let k = scheduled_shared(ct);
+        let s = k.schedule.sched.as_ref().expect("a ring");
+        let loads: Vec<_> = s
+            .loads
+            .iter()
+            .map(|(h, l)| (s.once(h), l.tma.operand))
+            .collect();
+        // k per stage, one load (its first use, K-major B, names it); q once (A).
+        assert_eq!(
+            loads,
+            [(false, Operand::KMajorB), (true, Operand::KMajorA)],
+            "{ct:?}"
+        );
+        // Not rotated: the head and the tail read the same stage.
+        assert!(s.overlap.is_none(), "{ct:?}: rotated");
+    }
+}
+
+#[test]
+fn shared_loads_run_and_assemble() {
+    let mut rng = Rng::from_env();
+    for ct in ring_shared_b_configs() {
+        let kernel = scheduled_shared(ct);
+        for (m, rows) in [(100, 150), (64, 64), (3, 200)] {
+            for dist in [Dist::Normal, Dist::Uniform] {
+                let q = tensor(&mut rng, &[m, ct.D], DType::Bf16, dist);
+                let k = tensor(&mut rng, &[rows, ct.D], DType::Bf16, dist);
+                let want = shared_b(&q, &k);
+                let grid = [m.div_ceil(ct.BM) as u32, 1, 1];
+                let case = Case {
+                    kernel: format!("ring_shared_b {ct:?}"),
+                    shape: format!("m={m} rows={rows}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                let mut o = poisoned(&[m, ct.D], DType::F32);
+                let mut args = [
+                    HostArg::Tensor(&q),
+                    HostArg::Tensor(&k),
+                    HostArg::TensorMut(&mut o),
+                ];
+                run_scheduled(&kernel, grid, 2, &mut args)
+                    .unwrap_or_else(|e| panic!("{ct:?}: {e}"));
+                assert_close(&case, &o, &want, tolerance(DType::Bf16));
+                let mut oi = poisoned(&[m, ct.D], DType::F32);
+                let mut args = [
+                    HostArg::Tensor(&q),
+                    HostArg::Tensor(&k),
+                    HostArg::TensorMut(&mut oi),
+                ];
+                run_def(&ring_shared_b, &ct, grid, &mut args).expect("interprets");
+                assert_close(&case, &oi, &want, tolerance(DType::Bf16));
+            }
+        }
+        let spec = Spec::uniform(ct, ring_shared_b.signature(), true);
+        let m = kiln_ptx::compile(&ring_shared_b.build(&spec).expect("builds"), Target::Sm90a)
+            .expect("compiles");
+        assert!(m.ptx.contains("wgmma.mma_async"), "{ct:?}: wgmma");
+        for tool in [Tool::Ptxas, Tool::JitPtxas] {
+            let report = ptxas::check_with(tool, &m.ptx, Target::Sm90a)
+                .unwrap_or_else(|e| panic!("{ct:?} {tool:?}: {e}"));
+            assert!(!report.spills(), "{ct:?} {tool:?} spills: {report}");
+        }
+    }
+}
+
+/// Attention's deterministic dQ walk (`attention_bwd_dq`) on sm_90a: its K tile feeds the
+/// scores (K-major) and dQ (MN-major) from one stage, Q and dO are held once, so it takes a
+/// warp-specialised ring; the schedule's CPU execution equals the interpreter's dQ, causal
+/// and not, d = 64 and 128, lengths no multiple of the blocks.
+#[test]
+fn the_dq_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dq() {
+    use kiln_examples::attention_backward::{AttentionBwdParams, attention_bwd_dq};
+    let mut rng = Rng::from_env();
+    for (d, causal) in [(64, false), (128, true), (64, true)] {
+        let p = AttentionBwdParams {
+            d,
+            causal,
+            deterministic: true,
+            ..AttentionBwdParams::default()
+        };
+        let spec = Spec::uniform(p, attention_bwd_dq.signature(), true);
+        let mut kernel = attention_bwd_dq.build(&spec).expect("builds");
+        run_pipeline(&mut kernel, Target::Sm90a, &mut |_, _| {})
+            .unwrap_or_else(|e| panic!("d={d}: {e}"));
+        assert!(kernel.schedule.sched.is_some(), "d={d}: no ring");
+        let (b, h, sq, sk) = (1, 2, 150, 130);
+        let t = |rng: &mut Rng, s| tensor(rng, &[b, h, s, d], DType::Bf16, Dist::Normal);
+        let (q, k, v, dout) = (
+            t(&mut rng, sq),
+            t(&mut rng, sk),
+            t(&mut rng, sk),
+            t(&mut rng, sq),
+        );
+        // Row statistics in the range a forward gives (any values exercise the same data flow).
+        let stat = |rng: &mut Rng| tensor(rng, &[b, h, sq], DType::F32, Dist::Uniform);
+        let (lse, delta) = (stat(&mut rng), stat(&mut rng));
+        let grid = p.dq_grid([sq, h, b]);
+        let scale = 0.1f32;
+        let run = |scheduled: bool| {
+            let mut dq = poisoned(&[b, h, sq, d], DType::Bf16);
+            let mut args = [
+                HostArg::Tensor(&q),
+                HostArg::Tensor(&k),
+                HostArg::Tensor(&v),
+                HostArg::Tensor(&dout),
+                HostArg::Tensor(&lse),
+                HostArg::Tensor(&delta),
+                HostArg::TensorMut(&mut dq),
+                HostArg::F32(scale),
+            ];
+            if scheduled {
+                run_scheduled(&kernel, grid, 2, &mut args).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            } else {
+                run_def(&attention_bwd_dq, &p, grid, &mut args).expect("interprets");
+            }
+            dq
+        };
+        let (got, want) = (run(true), run(false));
+        let case = Case {
+            kernel: format!("scheduled attention_bwd_dq d={d} causal={causal}"),
+            shape: format!("b={b} h={h} sq={sq} sk={sk}"),
+            dist: Dist::Normal,
+            seed: rng.seed(),
+        };
+        assert_close(&case, &got, &want.to_f64_vec(), tolerance(DType::Bf16));
     }
 }

@@ -189,13 +189,16 @@ pub(super) fn advance_descriptor(e: &mut Emitter<'_>, desc: Reg, units: u32) -> 
     out
 }
 
-/// The ring or once load whose stage `v` is, with its stage base; only a K-major B is
-/// read through a transposed view.
+/// The ring or once load whose stage `v` is, with its stage base, as operand `b_side` (B, else
+/// A) of this wgmma reads it: A untransposed (K-major), B through a transposed view K-major,
+/// else MN-major. A tile several operands read is one load (its boxes are the same whatever
+/// reads them), so the orientation is this use's, not the load's.
 fn ring_operand(
     e: &Emitter<'_>,
     ring: &RingBody,
     v: kiln_ir::ValueId,
     id: OpId,
+    b_side: bool,
 ) -> Result<(Reg, TmaLoad), CodegenError> {
     let Val::Smem {
         base,
@@ -205,15 +208,18 @@ fn ring_operand(
     else {
         return Err(e.internal(id, "a wgmma operand that is not a ring stage"));
     };
-    let load = ring
+    let mut load = ring
         .loads
         .iter()
         .find(|l| l.load == buf.load)
         .cloned()
         .ok_or_else(|| e.internal(id, "a wgmma operand outside the ring"))?;
-    if transposed != (load.operand == Operand::KMajorB) {
-        return Err(e.internal(id, "a wgmma operand read in the wrong orientation"));
-    }
+    load.operand = match (b_side, transposed) {
+        (false, false) => Operand::KMajorA,
+        (true, true) => Operand::KMajorB,
+        (true, false) => Operand::MnMajorB,
+        (false, true) => return Err(e.internal(id, "a wgmma A operand read transposed")),
+    };
     Ok((base, load))
 }
 
@@ -230,19 +236,12 @@ fn write(
 ) -> Result<(), CodegenError> {
     let op = e.k.ops[id].clone();
     let (a, b, r) = (op.operands[0], op.operands[1], op.results[0]);
-    let (b_base, b_load) = ring_operand(e, ring, b, id)?;
+    let (b_base, b_load) = ring_operand(e, ring, b, id, true)?;
     let a_val = e.val(a, id)?;
     let a_smem = match a_val {
-        Val::Smem { .. } => Some(ring_operand(e, ring, a, id)?),
+        Val::Smem { .. } => Some(ring_operand(e, ring, a, id, false)?),
         _ => None,
     };
-    if b_load.operand == Operand::KMajorA
-        || a_smem
-            .as_ref()
-            .is_some_and(|(_, l)| l.operand != Operand::KMajorA)
-    {
-        return Err(e.internal(id, "wgmma operands in unexpected majorness"));
-    }
     let g = Geometry::new(a_smem.as_ref().map(|(_, l)| l), &b_load);
     if let Some((_, l)) = &a_smem
         && g.a.is_some_and(|av| av.bk(l) != g.bk)

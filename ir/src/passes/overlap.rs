@@ -35,6 +35,16 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     let Some(mut overlap) = plan(kernel, id) else {
         return Ok(());
     };
+    // The rotated ring releases a stage per part: a tile both the head and the tail read
+    // (one load serving two operands) would be refilled before the tail's read.
+    let uses = super::walk::uses(kernel);
+    let shared = s.loads.iter().any(|(_, l)| {
+        let r = readers(kernel, &uses, l.tma.load);
+        r.contains(&overlap.tail) && r.iter().any(|&u| u != overlap.tail)
+    });
+    if shared {
+        return Ok(());
+    }
     let warpgroups = warps / WARPGROUP;
     // Ping-pong needs a partner; two or three warpgroups (the most `pipeline` plans) take
     // turns through a barrier each.
@@ -42,7 +52,6 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         first_barrier: FIRST_TURN_BARRIER,
         warpgroups,
     });
-    let uses = super::walk::uses(kernel);
     let tail_only: Vec<bool> = s
         .loads
         .iter()
@@ -200,18 +209,27 @@ pub(crate) fn only_read_by(
     load: OpId,
     mma: OpId,
 ) -> bool {
+    let r = readers(kernel, uses, load);
+    !r.is_empty() && r.iter().all(|&u| u == mma)
+}
+
+/// The ops that read `load`'s tile, through transposes.
+fn readers(
+    kernel: &Kernel,
+    uses: &std::collections::BTreeMap<ValueId, Vec<OpId>>,
+    load: OpId,
+) -> Vec<OpId> {
     let mut values = vec![kernel.ops[load].results[0]];
-    let mut read = false;
+    let mut found = Vec::new();
     while let Some(v) = values.pop() {
         for &u in uses.get(&v).into_iter().flatten() {
             match kernel.ops[u].kind {
                 OpKind::Transpose => values.push(kernel.ops[u].results[0]),
-                _ if u == mma => read = true,
-                _ => return false,
+                _ => found.push(u),
             }
         }
     }
-    read
+    found
 }
 
 /// The consumers' rotated program of `s` (see `docs/pipeline.md`), with turn barriers around

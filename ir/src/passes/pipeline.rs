@@ -215,7 +215,14 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Sc
             once_loads.push(load);
         }
     }
-    // Every tile staged in the body is a ring load, read by exactly one operand.
+    // A tile read by several operands is one load: its boxes depend only on the tile as stored,
+    // and each wgmma's descriptor reads it in its own orientation. sm_100a's tcgen05
+    // descriptors come from the load's first use, so there every tile has one reader.
+    let repeated = dedupe(&mut ring_loads) | dedupe(&mut once_loads);
+    if repeated && target != Target::Sm90a {
+        return None;
+    }
+    // Every tile staged in the body is a ring load.
     let staged = body
         .ops
         .iter()
@@ -259,6 +266,14 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Sc
         target,
         overlaps(kernel, id),
     ))
+}
+
+/// Drops the later uses of a load already in `loads`; whether there were any.
+fn dedupe(loads: &mut Vec<(OpId, Operand, u32, u32)>) -> bool {
+    let mut seen = BTreeSet::new();
+    let before = loads.len();
+    loads.retain(|l| seen.insert(l.0));
+    loads.len() != before
 }
 
 /// The schedule of a ring of `stages` over `loads` (and `once` loads before the loop) with

@@ -240,3 +240,64 @@ pub fn held_b(a: &HostTensor, w: &HostTensor, bm: usize, transposed: bool) -> Ve
     }
     c
 }
+
+/// `o = sum_j bf16(q k_j^T) k_j` over the `BN`-row blocks `k_j` of `k: [rows, D]` (rows past
+/// the end read as 0), `q: [.., D]` loaded once: each block's tile is read by both mmas, as
+/// `k_j.t()` (K-major) and as `k_j` (MN-major), the way attention's dQ walk reads K. On sm_90a
+/// one stage load of the ring serves both operands. `NW` warps hold `BM = 16 NW` rows.
+#[kernel(num_warps = NW, grid = [BM, 1, 1])]
+pub fn ring_shared_b(
+    q: Tensor<bf16, 2>,
+    k: Tensor<bf16, 2>,
+    o: TensorMut<f32, 2>,
+    #[comptime(default = 64)] BM: usize,
+    #[comptime(default = 64)] BN: usize,
+    #[comptime(default = 64)] D: usize,
+    #[comptime(default = 4)] NW: usize,
+) {
+    let mb = block_id().x;
+    let qt = q.tile([BM, D], [mb * BM, 0]).load();
+    let mut acc = zeros::<f32>([BM, D]);
+    for j in pipelined(0..cdiv(k.dim(0), BN), stages = 2) {
+        let kt = k.tile([BN, D], [j * BN, 0]).load();
+        let s = mma(&qt, &kt.t());
+        acc = mma_acc(&s.cast::<bf16>(), &kt, &acc);
+    }
+    o.tile([BM, D], [mb * BM, 0]).store(acc);
+}
+
+/// The [`ring_shared_b`] configurations the CPU and GPU tests run: one and two consumer
+/// warpgroups, D of 64 and 128 (boxed rows), 64 and 128 keys a block.
+pub fn ring_shared_b_configs() -> [RingSharedBComptime; 3] {
+    let base = RingSharedBComptime::default();
+    [
+        base,
+        RingSharedBComptime {
+            BM: 128,
+            NW: 8,
+            D: 128,
+            ..base
+        },
+        RingSharedBComptime {
+            BN: 128,
+            D: 128,
+            ..base
+        },
+    ]
+}
+
+/// [`ring_shared_b`]'s result in f64 (the scores unrounded): `sum_j (q k_j^T) k_j`, `[m, D]`.
+pub fn shared_b(q: &HostTensor, k: &HostTensor) -> Vec<f64> {
+    let (m, d, rows) = (q.shape[0], q.shape[1], k.shape[0]);
+    let (qv, kv) = (q.to_f64_vec(), k.to_f64_vec());
+    let mut o = vec![0.0; m * d];
+    for i in 0..m {
+        for j in 0..rows {
+            let s: f64 = (0..d).map(|x| qv[i * d + x] * kv[j * d + x]).sum();
+            for x in 0..d {
+                o[i * d + x] += s * kv[j * d + x];
+            }
+        }
+    }
+    o
+}
