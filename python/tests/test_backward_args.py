@@ -38,7 +38,7 @@ def bwd(**over):
 @pytest.mark.parametrize(
     "over, message",
     [
-        ({"dout": bshd(2, 99, 4, 64)}, r"^dout: expected shape \[2, 100, 4, 64\] \(q's\), got \[2, 99, 4, 64\]$"),
+        ({"dout": bshd(2, 99, 4, 64)}, r"^dout: expected shape \[2, 100, 4, 64\] \(q's in v's head dim\), got \[2, 99, 4, 64\]$"),
         ({"dout": bshd(2, 100, 4, 64, dtype=F16)}, r"^dout: expected dtype torch.bfloat16 \(q's\), got torch.float16$"),
         ({"dout": bshd(2, 100, 4, 64, device="cuda:1")}, r"^dout: expected a tensor on cuda:0 \(q's device\), got a tensor on cuda:1$"),
         ({"dout": bshd(2, 100, 4, 64, device="cpu")}, r"^dout: expected a tensor on cuda:0"),
@@ -93,7 +93,7 @@ def varlen_bwd(total_q=300, total_k=500, h=4, hk=2, d=64, **over):
 @pytest.mark.parametrize(
     "over, message",
     [
-        ({"dout": FakeTensor((299, 4, 64))}, r"^dout: expected shape \[300, 4, 64\] \(q's\), got \[299, 4, 64\]$"),
+        ({"dout": FakeTensor((299, 4, 64))}, r"^dout: expected shape \[300, 4, 64\] \(q's in v's head dim\), got \[299, 4, 64\]$"),
         ({"dq": FakeTensor((300, 4, 64), dtype=F16)}, r"^dq: expected dtype torch.bfloat16 \(q's\)"),
         ({"dk": FakeTensor((500, 4, 64))}, r"^dk: expected shape \[500, 2, 64\] \(k's\)"),
         ({"softmax_lse": FakeTensor((4, 301), dtype=F32)}, r"^softmax_lse: expected shape \[4, 300\] \(\[nheads, total_q\], the forward's\)"),
