@@ -6,7 +6,7 @@
 
 mod wgmma_kernels;
 
-use kiln_ir::dsl::{KernelDecl, KernelDef, Spec};
+use kiln_ir::dsl::{KernelDef, Spec};
 use kiln_ir::interp::{HostArg, run_def, run_scheduled};
 use kiln_ir::passes::run_pipeline;
 use kiln_ir::sched::tma::Operand;
@@ -15,21 +15,46 @@ use kiln_ptx::ptxas::{self, Tool};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use wgmma_kernels::{
-    RingHeldBComptime, RingSharedBComptime, held_b, ring_held_b, ring_held_b_configs,
-    ring_shared_b, ring_shared_b_configs, shared_b,
+    held_b, ring_held_b, ring_held_b_configs, ring_shared_b, ring_shared_b_configs, shared_b,
 };
 
-fn scheduled(ct: RingHeldBComptime) -> Kernel {
-    let spec = Spec::uniform(ct, ring_held_b.signature(), true);
-    let mut k = ring_held_b.build(&spec).expect("builds");
+/// `def` with comptime values `ct`, built for aligned tensors.
+fn build<D: KernelDef>(def: &D, ct: D::Comptime) -> Kernel
+where
+    D::Comptime: std::fmt::Debug + Copy,
+{
+    let spec = Spec::uniform(ct, def.signature(), true);
+    def.build(&spec).unwrap_or_else(|e| panic!("{ct:?}: {e}"))
+}
+
+/// `def` after every pass for sm_90a.
+fn scheduled<D: KernelDef>(def: &D, ct: D::Comptime) -> Kernel
+where
+    D::Comptime: std::fmt::Debug + Copy,
+{
+    let mut k = build(def, ct);
     run_pipeline(&mut k, Target::Sm90a, &mut |_, _| {}).unwrap_or_else(|d| panic!("{ct:?}: {d}"));
     k
+}
+
+/// `def`'s sm_90a PTX runs its mmas on wgmma and both ptxas releases assemble it unspilled.
+fn assert_assembles<D: KernelDef>(def: &D, ct: D::Comptime)
+where
+    D::Comptime: std::fmt::Debug + Copy,
+{
+    let m = kiln_ptx::compile(&build(def, ct), Target::Sm90a).expect("compiles");
+    assert!(m.ptx.contains("wgmma.mma_async"), "{ct:?}: wgmma");
+    for tool in [Tool::Ptxas, Tool::JitPtxas] {
+        let report = ptxas::check_with(tool, &m.ptx, Target::Sm90a)
+            .unwrap_or_else(|e| panic!("{ct:?} {tool:?}: {e}"));
+        assert!(!report.spills(), "{ct:?} {tool:?} spills: {report}");
+    }
 }
 
 #[test]
 fn the_weight_is_a_once_load_of_the_ring() {
     for ct in ring_held_b_configs() {
-        let k = scheduled(ct);
+        let k = scheduled(&ring_held_b, ct);
         let s = k.schedule.sched.as_ref().expect("a ring");
         let loads: Vec<_> = s
             .loads
@@ -53,7 +78,7 @@ fn the_weight_is_a_once_load_of_the_ring() {
 fn scheduled_and_interpreted_match_reference() {
     let mut rng = Rng::from_env();
     for ct in ring_held_b_configs() {
-        let kernel = scheduled(ct);
+        let kernel = scheduled(&ring_held_b, ct);
         // Row counts no multiple of the tile (the last tile's rows read as 0), and N past the
         // blocks' columns.
         for (rows, n) in [(300, 130), (64, 64), (5, 200)] {
@@ -94,29 +119,14 @@ fn scheduled_and_interpreted_match_reference() {
 #[test]
 fn both_ptxas_assemble_without_spills() {
     for ct in ring_held_b_configs() {
-        let spec = Spec::uniform(ct, ring_held_b.signature(), true);
-        let built = ring_held_b.build(&spec).expect("builds");
-        let m = kiln_ptx::compile(&built, Target::Sm90a).expect("compiles");
-        assert!(m.ptx.contains("wgmma.mma_async"), "{ct:?}: wgmma");
-        for tool in [Tool::Ptxas, Tool::JitPtxas] {
-            let report = ptxas::check_with(tool, &m.ptx, Target::Sm90a)
-                .unwrap_or_else(|e| panic!("{ct:?} {tool:?}: {e}"));
-            assert!(!report.spills(), "{ct:?} {tool:?} spills: {report}");
-        }
+        assert_assembles(&ring_held_b, ct);
     }
-}
-
-fn scheduled_shared(ct: RingSharedBComptime) -> Kernel {
-    let spec = Spec::uniform(ct, ring_shared_b.signature(), true);
-    let mut k = ring_shared_b.build(&spec).expect("builds");
-    run_pipeline(&mut k, Target::Sm90a, &mut |_, _| {}).unwrap_or_else(|d| panic!("{ct:?}: {d}"));
-    k
 }
 
 #[test]
 fn one_stage_load_serves_both_readers_of_a_tile() {
     for ct in ring_shared_b_configs() {
-        let k = scheduled_shared(ct);
+        let k = scheduled(&ring_shared_b, ct);
         let s = k.schedule.sched.as_ref().expect("a ring");
         let loads: Vec<_> = s
             .loads
@@ -138,7 +148,7 @@ fn one_stage_load_serves_both_readers_of_a_tile() {
 fn shared_loads_run_and_assemble() {
     let mut rng = Rng::from_env();
     for ct in ring_shared_b_configs() {
-        let kernel = scheduled_shared(ct);
+        let kernel = scheduled(&ring_shared_b, ct);
         for (m, rows) in [(100, 150), (64, 64), (3, 200)] {
             for dist in [Dist::Normal, Dist::Uniform] {
                 let q = tensor(&mut rng, &[m, ct.D], DType::Bf16, dist);
@@ -170,15 +180,7 @@ fn shared_loads_run_and_assemble() {
                 assert_close(&case, &oi, &want, tolerance(DType::Bf16));
             }
         }
-        let spec = Spec::uniform(ct, ring_shared_b.signature(), true);
-        let m = kiln_ptx::compile(&ring_shared_b.build(&spec).expect("builds"), Target::Sm90a)
-            .expect("compiles");
-        assert!(m.ptx.contains("wgmma.mma_async"), "{ct:?}: wgmma");
-        for tool in [Tool::Ptxas, Tool::JitPtxas] {
-            let report = ptxas::check_with(tool, &m.ptx, Target::Sm90a)
-                .unwrap_or_else(|e| panic!("{ct:?} {tool:?}: {e}"));
-            assert!(!report.spills(), "{ct:?} {tool:?} spills: {report}");
-        }
+        assert_assembles(&ring_shared_b, ct);
     }
 }
 
@@ -197,10 +199,7 @@ fn the_dq_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dq() {
             deterministic: true,
             ..AttentionBwdParams::default()
         };
-        let spec = Spec::uniform(p, attention_bwd_dq.signature(), true);
-        let mut kernel = attention_bwd_dq.build(&spec).expect("builds");
-        run_pipeline(&mut kernel, Target::Sm90a, &mut |_, _| {})
-            .unwrap_or_else(|e| panic!("d={d}: {e}"));
+        let kernel = scheduled(&attention_bwd_dq, p);
         assert!(kernel.schedule.sched.is_some(), "d={d}: no ring");
         let (b, h, sq, sk) = (1, 2, 150, 130);
         let t = |rng: &mut Rng, s| tensor(rng, &[b, h, s, d], DType::Bf16, Dist::Normal);
