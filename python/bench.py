@@ -104,10 +104,12 @@ def fa4_forward():
     return flash_attn_func
 
 
-def sides_of(torch, kiln_attn, fa4, causal):
+def sides_of(torch, kiln_attn, fa4, causal, grads=False):
     """(name, layout, forward) for kiln and each peer, peers in the order they are checked
     against: forward(q, k, v) returns the output in the side's layout, (b, s, h, d) or
-    (b, h, s, d)."""
+    (b, h, s, d). With `grads`, last, kiln's deterministic backward ("kiln_deterministic":
+    dK/dV and dQ in two kernels, each a warp-specialised ring on sm_90a, against the default's
+    one kernel with dQ atomics), so both of kiln's backward paths are timed in one run."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
@@ -122,6 +124,9 @@ def sides_of(torch, kiln_attn, fa4, causal):
         sides.append(("fa4", "bshd", lambda q, k, v: fa4(q, k, v, causal=causal)[0]))
     sides += [("fa2", "bhsd", sdpa(SDPBackend.FLASH_ATTENTION)),
               ("cudnn", "bhsd", sdpa(SDPBackend.CUDNN_ATTENTION))]
+    if grads:
+        sides.append(("kiln_deterministic", "bshd",
+                      lambda q, k, v: kiln_attn.flash_attn_func(q, k, v, causal=causal, deterministic=True)))
     return sides
 
 
@@ -182,7 +187,7 @@ def sweep_rows(args, torch, kiln_attn, on_row=lambda rows: None):
         row = {"s": s, "d": d, "causal": causal, "b": b, "h": h,
                "flops": work * flops(b, h, s, d, causal), "input_sets": sets}
         reference = None  # (peer name, its result in (b, s, h, d) order)
-        for name, layout, forward in sides_of(torch, kiln_attn, fa4, causal):
+        for name, layout, forward in sides_of(torch, kiln_attn, fa4, causal, grads):
             try:
                 if args.backward:
                     once = backward_calls(torch, forward, inputs[layout], douts[layout])

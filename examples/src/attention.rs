@@ -9,13 +9,16 @@ pub const BLOCK_M: usize = 128;
 /// `log2(e)`: the softmax runs in base 2.
 pub(crate) const LOG2E: f32 = std::f32::consts::LOG2_E;
 
-/// Masks the `bm x bn` score tile `s` (rows `q0..`, keys `k0..`) to `-inf` where a key lies
-/// past `sk` or outside the row's [`Window`] `w`: query `i` sees key `j` iff
-/// `i + sk - sq - left <= j` and `j <= i + sk - sq + right` (bottom-right aligned, as
-/// FlashAttention-2), and with `chunk` also in the chunk of `i + sk - sq`.
+/// Masks the score tile `s` of query rows `q0..q0 + bm` and keys `k0..k0 + bn` (laid out as
+/// `axes` says) to `-inf` where a key lies past `sk` or outside the query's [`Window`] `w`:
+/// query `i` sees key `j` iff `i + sk - sq - left <= j` and `j <= i + sk - sq + right`
+/// (bottom-right aligned, as FlashAttention-2), and with `chunk` also in the chunk of
+/// `i + sk - sq`.
 #[kernel_fn]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn mask(
     s: Value,
+    axes: ScoreAxes,
     q0: Value,
     k0: Value,
     sq: Value,
@@ -23,22 +26,76 @@ pub(crate) fn mask(
     (bm, bn): (usize, usize),
     w: Window,
 ) -> Value {
-    let cols = iota([bm, bn], 1) + k0;
+    let cols = axes.keys(k0, (bm, bn));
     let keep = if w.chunk > 0 {
-        // Each row's bounds once ([bm]: a division per row, not per score), then broadcast.
+        // Each query's bounds once ([bm]: a division per query, not per score), then broadcast.
         let diag = iota([bm], 0) + q0 + (sk - sq);
         let first = w.first_key(diag, None);
-        cols < sk && cols >= first.col() && cols <= w.last_key(diag, None).col()
+        cols < sk && cols >= axes.per_query(first) && cols <= axes.per_query(w.last_key(diag, None))
     } else {
-        let keep = keep_left(cols < sk, cols, q0, sq, sk, (bm, bn), w);
+        let keep = keep_left(cols < sk, cols, axes, (q0, sq, sk), (bm, bn), w);
         if w.right >= 0 {
-            let rows = iota([bm, bn], 0) + q0;
+            let rows = axes.queries(q0, (bm, bn));
             keep && cols <= rows + w.ahead(sk - sq)
         } else {
             keep
         }
     };
     select(keep, s, f32::NEG_INFINITY)
+}
+
+/// How a score tile lays out its block pair: queries along its rows (the forward's `S = Q
+/// K^T`) or keys along its rows (`S^T = K Q^T`: the backward's keys-major dK/dV walk, whose
+/// products then take the key block as their M dimension).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ScoreAxes {
+    /// `[bm, bn]`: row `i` is query `q0 + i`.
+    QueryRows,
+    /// `[bn, bm]`: row `j` is key `k0 + j`.
+    KeyRows,
+}
+
+impl ScoreAxes {
+    /// The tile's shape for `bm` queries and `bn` keys.
+    pub(crate) fn shape(self, (bm, bn): (usize, usize)) -> [usize; 2] {
+        match self {
+            ScoreAxes::QueryRows => [bm, bn],
+            ScoreAxes::KeyRows => [bn, bm],
+        }
+    }
+
+    /// Whether the rows are keys.
+    pub(crate) fn keys_major(self) -> bool {
+        self == ScoreAxes::KeyRows
+    }
+
+    fn query_dim(self) -> usize {
+        match self {
+            ScoreAxes::QueryRows => 0,
+            ScoreAxes::KeyRows => 1,
+        }
+    }
+
+    /// Each score's query index, the first being `q0`.
+    #[track_caller]
+    pub(crate) fn queries(self, q0: Value, blocks: (usize, usize)) -> Value {
+        iota(self.shape(blocks), self.query_dim()) + q0
+    }
+
+    /// Each score's key index, the first being `k0`.
+    #[track_caller]
+    pub(crate) fn keys(self, k0: Value, blocks: (usize, usize)) -> Value {
+        iota(self.shape(blocks), 1 - self.query_dim()) + k0
+    }
+
+    /// A per-query vector (`[bm]`) broadcast across the keys.
+    #[track_caller]
+    pub(crate) fn per_query(self, v: Value) -> Value {
+        match self {
+            ScoreAxes::QueryRows => v.col(),
+            ScoreAxes::KeyRows => v.row(),
+        }
+    }
 }
 
 /// Folds one block of scaled scores `s` (and its values `vs`) into the running row maximum
@@ -381,7 +438,7 @@ fn forward(
         let s = soft_cap(mma(&qs, &ks.t()) * qk_scale, softcap);
         // Uniform across the block: only the blocks on a window's edges and sk's pay for it.
         let s = if walk.masks(j) {
-            mask(s, q0, k0, sq, sk, (bm, bn), w)
+            mask(s, ScoreAxes::QueryRows, q0, k0, sq, sk, (bm, bn), w)
         } else {
             s
         };
@@ -521,14 +578,13 @@ pub(crate) fn kv_head(h: Value, kv_group: usize) -> Value {
 fn keep_left(
     keep: Value,
     cols: Value,
-    q0: Value,
-    sq: Value,
-    sk: Value,
-    (bm, bn): (usize, usize),
+    axes: ScoreAxes,
+    (q0, sq, sk): (Value, Value, Value),
+    blocks: (usize, usize),
     w: Window,
 ) -> Value {
     if w.left >= 0 {
-        let rows = iota([bm, bn], 0) + q0;
+        let rows = axes.queries(q0, blocks);
         keep && cols >= rows + (sk - sq - w.left)
     } else {
         keep

@@ -10,7 +10,7 @@ use kiln::ir::dsl::{Index, Tensor};
 use kiln::prelude::*;
 
 use crate::attention::{
-    KeyWalk, LOG2E, Rows, Varlen, Window, kv_head, mask, score_factor, soft_cap,
+    KeyWalk, LOG2E, Rows, ScoreAxes, Varlen, Window, kv_head, mask, score_factor, soft_cap,
 };
 
 /// The comptime parameters of the backward kernels; the first seven mean what
@@ -646,12 +646,14 @@ impl BwdTensors {
 /// keys `k0..` with Q `qs`, dO `dos`, K `ks`, V `vs` in the same column chunks (`[bm, w]`,
 /// `[bn, w]`; one chunk of all `d` columns, or several: [`product_nt`]), `P = exp2(S log2(e)
 /// - lse log2(e))` masked as the forward, and `dS = P (dP - delta)`, `dP = dO V^T`, times the
-/// soft-cap's derivative `1 - tanh^2`. Returns `(P, dS)` as `[bm, bn]` f32 tiles.
+/// soft-cap's derivative `1 - tanh^2`. Returns `(P, dS)` as f32 tiles laid out as `axes` says
+/// (`[bm, bn]`, or keys-major `[bn, bm]`: `P^T` and `dS^T`, from `K Q^T` and `V dO^T`).
 /// `mask_it` (a block-uniform flag) applies the mask, and in a packed batch the bound of the
 /// sequence's rows (`rows_bound`): rows past it belong to the next sequence.
 #[kernel_fn]
 #[allow(clippy::too_many_arguments)]
 fn probs_and_grad(
+    axes: ScoreAxes,
     (qs, dos, ks, vs): (&[Value], &[Value], &[Value], &[Value]),
     (lse_t, delta_t): (Value, Value),
     (q0, k0, sq, sk): (Value, Value, Value, Value),
@@ -662,12 +664,18 @@ fn probs_and_grad(
     w: Window,
     softcap: f32,
 ) -> (Value, Value) {
+    let keys_major = axes.keys_major();
+    let scores = if keys_major {
+        product_nt(ks, qs)
+    } else {
+        product_nt(qs, ks)
+    };
     // Scores in base 2 (soft-capped: `softcap * log2(e) * tanh`), as the forward's.
-    let s = soft_cap(product_nt(qs, ks) * qk_scale, softcap);
+    let s = soft_cap(scores * qk_scale, softcap);
     let masked = if mask_it {
-        let s = mask(s, q0, k0, sq, sk, (bm, bn), w);
+        let s = mask(s, axes, q0, k0, sq, sk, (bm, bn), w);
         if rows_bound {
-            select(iota([bm, bn], 0) + q0 < sq, s, f32::NEG_INFINITY)
+            select(axes.queries(q0, (bm, bn)) < sq, s, f32::NEG_INFINITY)
         } else {
             s
         }
@@ -675,9 +683,13 @@ fn probs_and_grad(
         s
     };
     // A row that sees no key has lse = +inf: every term is exp2(-inf) = 0.
-    let probs = exp2(&(masked - (lse_t * LOG2E).col()));
-    let dp = product_nt(dos, vs);
-    let ds = probs * (dp - delta_t.col());
+    let probs = exp2(&(masked - axes.per_query(lse_t * LOG2E)));
+    let dp = if keys_major {
+        product_nt(vs, dos)
+    } else {
+        product_nt(dos, vs)
+    };
+    let ds = probs * (dp - axes.per_query(delta_t));
     (probs, cap_grad(ds, masked, softcap))
 }
 
@@ -830,6 +842,17 @@ fn dkdv(
     let n_m = key_walk_end(rows, k0, walk.count());
     let keys_partial = k0 + bn > sk;
     let qk_scale = scale * score_factor(p.softcap);
+    // Without dQ (`deterministic`: `attention_bwd_dq` computes it) a dense batch's scores are
+    // keys-major, `S^T = K Q^T`: the key block is every product's M, K and V its held A
+    // operands, P^T and dS^T register A operands of dV and dK, and Q's and dO's stage tiles B
+    // operands read both ways, the form a warp-specialised ring takes. dQ = dS K needs dS
+    // queries-major; a packed batch's masked loads take no ring (and keys-major, its row
+    // bounds spill 60 bytes at d = 256 on sm_80).
+    let axes = if p.deterministic && packed.is_none() {
+        ScoreAxes::KeyRows
+    } else {
+        ScoreAxes::QueryRows
+    };
     let mut acc_k = zeros::<f32>([bn, cols]);
     let mut acc_v = zeros::<f32>([bn, vcols]);
     for t in pipelined(0..n_m * group, stages = 2) {
@@ -840,6 +863,7 @@ fn dkdv(
         let mask_it = walk.masks(mb, keys_partial);
         let mask_it = with_rows_bound(mask_it, rows, q0 + bm > sq);
         let (probs, ds) = probs_and_grad(
+            axes,
             (&qs, &dos, &ks, &vs),
             (lse_t, delta_t),
             (q0, k0, sq, sk),
@@ -850,9 +874,12 @@ fn dkdv(
             w,
             p.softcap,
         );
-        acc_v = mma_acc(&probs.cast_to(dtype).t(), &dos[0], &acc_v);
-        let ds = ds.cast_to(dtype);
-        if !p.deterministic {
+        if axes.keys_major() {
+            acc_v = mma_acc(&probs.cast_to(dtype), &dos[0], &acc_v);
+            acc_k = mma_acc(&ds.cast_to(dtype), &qs[0], &acc_k);
+        } else {
+            acc_v = mma_acc(&probs.cast_to(dtype).t(), &dos[0], &acc_v);
+            let ds = ds.cast_to(dtype);
             add_dq_owned(
                 dq_accum,
                 mma(&ds, &ks[0]),
@@ -861,8 +888,8 @@ fn dkdv(
                 (chunks[0], (bm, cols)),
                 split.owns_k,
             );
+            acc_k = mma_acc(&ds.t(), &qs[0], &acc_k);
         }
-        acc_k = mma_acc(&ds.t(), &qs[0], &acc_k);
     }
     let c0 = chunks[0];
     let (_, k_end) = grad_ends(rows, packed, b);
@@ -1193,6 +1220,7 @@ fn dq_walk(
         let mask_it = walk.masks(j);
         let mask_it = with_rows_bound(mask_it, rows, q0 + bm > sq);
         let (_, ds) = probs_and_grad(
+            ScoreAxes::QueryRows,
             (&qs, &dos, &ks, &vs),
             (lse_t, delta_t),
             (q0, k0, sq, sk),

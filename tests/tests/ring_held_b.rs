@@ -10,7 +10,7 @@ use kiln_ir::dsl::{KernelDef, Spec};
 use kiln_ir::interp::{HostArg, run_def, run_scheduled};
 use kiln_ir::passes::run_pipeline;
 use kiln_ir::sched::tma::Operand;
-use kiln_ir::{DType, Kernel, Target};
+use kiln_ir::{DType, HostTensor, Kernel, Target};
 use kiln_ptx::ptxas::{self, Tool};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
@@ -184,6 +184,21 @@ fn shared_loads_run_and_assemble() {
     }
 }
 
+/// Attention backward's inputs for `b` batches of `h` query heads over `hk` key/value heads,
+/// head dim `d`: q, k, v, dout (bf16, normal) and the row statistics lse and delta in the
+/// range a forward gives (any values exercise the same data flow).
+fn backward_inputs(
+    rng: &mut Rng,
+    (b, h, hk): (usize, usize, usize),
+    (sq, sk, d): (usize, usize, usize),
+) -> [HostTensor; 6] {
+    let mut t = |heads, s| tensor(rng, &[b, heads, s, d], DType::Bf16, Dist::Normal);
+    let (q, k, v, dout) = (t(h, sq), t(hk, sk), t(hk, sk), t(h, sq));
+    let mut stat = || tensor(rng, &[b, h, sq], DType::F32, Dist::Uniform);
+    let (lse, delta) = (stat(), stat());
+    [q, k, v, dout, lse, delta]
+}
+
 /// Attention's deterministic dQ walk (`attention_bwd_dq`) on sm_90a: its K tile feeds the
 /// scores (K-major) and dQ (MN-major) from one stage, Q and dO are held once, so it takes a
 /// warp-specialised ring; the schedule's CPU execution equals the interpreter's dQ, causal
@@ -202,16 +217,7 @@ fn the_dq_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dq() {
         let kernel = scheduled(&attention_bwd_dq, p);
         assert!(kernel.schedule.sched.is_some(), "d={d}: no ring");
         let (b, h, sq, sk) = (1, 2, 150, 130);
-        let t = |rng: &mut Rng, s| tensor(rng, &[b, h, s, d], DType::Bf16, Dist::Normal);
-        let (q, k, v, dout) = (
-            t(&mut rng, sq),
-            t(&mut rng, sk),
-            t(&mut rng, sk),
-            t(&mut rng, sq),
-        );
-        // Row statistics in the range a forward gives (any values exercise the same data flow).
-        let stat = |rng: &mut Rng| tensor(rng, &[b, h, sq], DType::F32, Dist::Uniform);
-        let (lse, delta) = (stat(&mut rng), stat(&mut rng));
+        let [q, k, v, dout, lse, delta] = backward_inputs(&mut rng, (b, h, h), (sq, sk, d));
         let grid = p.dq_grid([sq, h, b]);
         let scale = 0.1f32;
         let run = |scheduled: bool| {
@@ -241,5 +247,82 @@ fn the_dq_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dq() {
             seed: rng.seed(),
         };
         assert_close(&case, &got, &want.to_f64_vec(), tolerance(DType::Bf16));
+    }
+}
+
+/// Attention's deterministic dK/dV walk (`attention_bwd_dkdv` with `deterministic`) on
+/// sm_90a: keys-major (`S^T = K Q^T`), K and V held once as A, Q's and dO's stage tiles each
+/// read K-major (the scores) and MN-major (dK, dV), P^T and dS^T register A operands, so it
+/// takes a warp-specialised ring; the schedule's CPU execution equals the interpreter's dK
+/// and dV: causal and not, a window with a soft-cap, grouped heads, column chunks (d = 256
+/// in four of 64), lengths no multiple of the blocks.
+#[test]
+fn the_dkdv_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dk_and_dv() {
+    use kiln_examples::attention_backward::{AttentionBwdParams, attention_bwd_dkdv};
+    let mut rng = Rng::from_env();
+    let base = AttentionBwdParams {
+        deterministic: true,
+        ..AttentionBwdParams::default()
+    };
+    let configs = [
+        AttentionBwdParams { d: 64, ..base },
+        AttentionBwdParams {
+            d: 128,
+            causal: true,
+            key_cols: 128,
+            ..base
+        },
+        AttentionBwdParams {
+            d: 64,
+            kv_group: 2,
+            window_left: 40,
+            window_right: 10,
+            softcap: 20.0,
+            ..base
+        },
+        AttentionBwdParams { d: 256, ..base },
+    ];
+    for p in configs {
+        let kernel = scheduled(&attention_bwd_dkdv, p);
+        assert!(kernel.schedule.sched.is_some(), "{p:?}: no ring");
+        let d = p.d;
+        let (b, hk, sq, sk) = (1, 1, 150, 130);
+        let h = hk * p.kv_group;
+        let [q, k, v, dout, lse, delta] = backward_inputs(&mut rng, (b, h, hk), (sq, sk, d));
+        let grid = p.key_grid([sk, hk, b]);
+        let scale = 0.1f32;
+        let run = |scheduled: bool| {
+            let mut dq_accum = poisoned(&[b, h, sq, d], DType::F32);
+            let mut dk = poisoned(&[b, hk, sk, d], DType::Bf16);
+            let mut dv = poisoned(&[b, hk, sk, d], DType::Bf16);
+            let mut args = [
+                HostArg::Tensor(&q),
+                HostArg::Tensor(&k),
+                HostArg::Tensor(&v),
+                HostArg::Tensor(&dout),
+                HostArg::Tensor(&lse),
+                HostArg::Tensor(&delta),
+                HostArg::TensorMut(&mut dq_accum),
+                HostArg::TensorMut(&mut dk),
+                HostArg::TensorMut(&mut dv),
+                HostArg::F32(scale),
+            ];
+            if scheduled {
+                run_scheduled(&kernel, grid, 2, &mut args).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+            } else {
+                run_def(&attention_bwd_dkdv, &p, grid, &mut args).expect("interprets");
+            }
+            (dk, dv)
+        };
+        let ((dk, dv), (dk_want, dv_want)) = (run(true), run(false));
+        for (name, got, want) in [("dk", dk, dk_want), ("dv", dv, dv_want)] {
+            let case = Case {
+                kernel: format!("scheduled attention_bwd_dkdv {name} {p:?}"),
+                shape: format!("b={b} h={h} sq={sq} sk={sk}"),
+                dist: Dist::Normal,
+                seed: rng.seed(),
+            };
+            assert_close(&case, &got, &want.to_f64_vec(), tolerance(DType::Bf16));
+        }
     }
 }

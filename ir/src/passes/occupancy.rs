@@ -8,7 +8,7 @@
 //! gemm tile).
 
 use crate::diag::Diagnostic;
-use crate::kernel::{Kernel, OpKind};
+use crate::kernel::{Kernel, OpId, OpKind, ValueDef};
 use crate::sched::{MmaPart, Op, RoleKind, Sched};
 use crate::target::Target;
 
@@ -156,7 +156,8 @@ impl AccumulatorRegs {
 }
 
 /// The mma accumulators' registers per consumer thread, from their register layouts (a
-/// rotated head's one and a half times: see [`run`]).
+/// rotated head's one and a half times: see [`run`]), a chain of mmas accumulating into one
+/// result counted once.
 fn accumulator_regs(kernel: &Kernel, s: &Sched) -> AccumulatorRegs {
     let mut acc = AccumulatorRegs {
         total: 0,
@@ -166,8 +167,15 @@ fn accumulator_regs(kernel: &Kernel, s: &Sched) -> AccumulatorRegs {
         .roles
         .iter()
         .any(|r| r.program.iteration.contains(&Op::Wgmma(MmaPart::Head)));
+    let is_mma = |op: OpId| matches!(kernel.ops[op].kind, OpKind::Mma);
     for op in walk::ops_in_block_regions(kernel, s.for_op) {
-        if !matches!(kernel.ops[op].kind, OpKind::Mma) {
+        // An mma accumulating onto another's result (a product summed over column chunks)
+        // adds into that accumulator's registers: a chain counts once.
+        let chained = kernel.ops[op]
+            .operands
+            .get(2)
+            .is_some_and(|&c| matches!(kernel.values[c].def, ValueDef::Op(d, _) if is_mma(d)));
+        if !is_mma(op) || chained {
             continue;
         }
         let result = kernel.ops[op].results[0];
