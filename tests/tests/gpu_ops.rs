@@ -104,6 +104,50 @@ fn gpu_philox_words_match_interpreter_and_reference() {
     }
 }
 
+/// Triton's uniform map of each Philox word (as in `interp_ops`).
+fn uniform_reference(x: u32) -> f32 {
+    let s = x as i32;
+    let s = if s < 0 { -(s as i64) - 1 } else { s as i64 };
+    s as i32 as f32 * 4.656_612_734_2e-10_f64 as f32
+}
+
+fn gpu_rand4x_draws_match_interpreter_and_reference() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::from_env();
+    let ct = Rand4xDrawsComptime { BLOCK: 512 };
+    for n in LENGTHS {
+        for dist in Dist::ALL {
+            let offs = tensor(&mut rng, &[n], DType::U32, dist);
+            let (lo, hi) = (rng.next_u64() as u32, rng.next_u64() as u32);
+            let u = output(&dev, DType::F32, &[4, n]);
+            let d_offs = dev.upload(&offs).expect("upload");
+            rand4x_draws
+                .launch(&dev, &ct, grid(n, 512), &d_offs, &u, lo, hi)
+                .expect("launch");
+            let mut ui = poisoned(&[4, n], DType::F32);
+            rand4x_draws
+                .interpret(&ct, grid(n, 512), &offs, &mut ui, lo, hi)
+                .expect("interpret");
+            let ctx = format!(
+                "n={n} {dist} key ({lo:#x}, {hi:#x}) KILN_SEED={}",
+                rng.seed()
+            );
+            same_bits("rand4x", &u, &ui, &ctx);
+            let got = bits(&u.download().expect("download"));
+            for (i, &o) in bits(&offs).iter().enumerate() {
+                let want = philox_reference([o, 0, 0, 0], [lo, hi]);
+                for (k, &wk) in want.iter().enumerate() {
+                    assert_eq!(
+                        got[k * n + i],
+                        uniform_reference(wk).to_bits(),
+                        "word {k} offset {o}: {ctx}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 fn gpu_rand_draws_match_interpreter() {
     let Some(dev) = device() else { return };
     let mut rng = Rng::from_env();
@@ -502,6 +546,11 @@ fn main() -> ExitCode {
             "gpu_integer_ops_and_casts_match_interpreter",
             Needs::Gpu,
             gpu_integer_ops_and_casts_match_interpreter,
+        ),
+        (
+            "gpu_rand4x_draws_match_interpreter_and_reference",
+            Needs::Gpu,
+            gpu_rand4x_draws_match_interpreter_and_reference,
         ),
         (
             "gpu_dropout_matches_interpreter",

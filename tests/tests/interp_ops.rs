@@ -161,6 +161,35 @@ fn randint_and_rand_match_the_reference_and_randn_is_normal() {
 }
 
 #[test]
+fn rand4x_maps_each_philox_word_as_rand_does() {
+    let mut rng = Rng::from_env();
+    let ct = Rand4xDrawsComptime { BLOCK: 512 };
+    for n in LENGTHS {
+        for dist in Dist::ALL {
+            let offs = tensor(&mut rng, &[n], DType::U32, dist);
+            let (lo, hi) = (rng.next_u64() as u32, rng.next_u64() as u32);
+            let mut u = poisoned(&[4, n], DType::F32);
+            rand4x_draws
+                .interpret(&ct, grid(n, 512), &offs, &mut u, lo, hi)
+                .unwrap();
+            for (i, &o) in u32s(&offs).iter().enumerate() {
+                let w = philox_reference([o, 0, 0, 0], [lo, hi]);
+                for (k, &word) in w.iter().enumerate() {
+                    let got = f32s(&u)[k * n + i];
+                    let ctx = format!(
+                        "word {k} of offset {o}, key ({lo:#x}, {hi:#x}) n={n} {dist} \
+                         (KILN_SEED={})",
+                        rng.seed()
+                    );
+                    assert_eq!(got.to_bits(), uniform_reference(word).to_bits(), "{ctx}");
+                    assert!((0.0..1.0).contains(&got), "out of [0, 1): {got} {ctx}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn randn_and_rand_have_the_right_distribution() {
     let mut rng = Rng::from_env();
     let n = 100_000;

@@ -35,6 +35,10 @@ fn kernels() -> Vec<(&'static str, Kernel)> {
         ("u32_ops", build(&u32_ops, U32OpsComptime { BLOCK: 256 })),
         ("i32_ops", build(&i32_ops, I32OpsComptime { BLOCK: 256 })),
         ("casts", build(&casts, CastsComptime { BLOCK: 256 })),
+        (
+            "rand4x_draws",
+            build(&rand4x_draws, Rand4xDrawsComptime { BLOCK: 512 }),
+        ),
         ("dropout", build(&dropout, DropoutComptime { BLOCK: 1024 })),
         (
             "takes",
