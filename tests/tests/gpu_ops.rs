@@ -330,27 +330,38 @@ fn gpu_integer_ops_and_casts_match_interpreter() {
     }
 }
 
+/// The dropout example in every dtype, at its smallest block (one 16-byte vector) and its
+/// default one: GPU vs interpreter bit for bit (`interp_ops` checks the interpreter against
+/// the Philox reference).
 fn gpu_dropout_matches_interpreter() {
     let Some(dev) = device() else { return };
     let mut rng = Rng::from_env();
-    for block in [256, 1024] {
-        let ct = DropoutComptime { BLOCK: block };
-        for n in LENGTHS {
-            for dist in Dist::ALL {
-                let x = tensor(&mut rng, &[n], DType::F32, dist);
-                let p = rng.uniform(0.0, 0.9) as f32;
-                let seed = rng.next_u64() as u32;
-                let y = output(&dev, DType::F32, &[n]);
-                let dx = dev.upload(&x).expect("upload");
-                dropout
-                    .launch(&dev, &ct, grid(n, block), &dx, &y, p, seed)
-                    .expect("launch");
-                let mut yi = poisoned(&[n], DType::F32);
-                dropout
-                    .interpret(&ct, grid(n, block), &x, &mut yi, p, seed)
-                    .expect("interpret");
-                let ctx = format!("n={n} block={block} p={p} {dist} KILN_SEED={}", rng.seed());
-                same_bits("dropout", &y, &yi, &ctx);
+    for dtype in [DType::F32, DType::Bf16, DType::F16] {
+        for block in [16 / dtype.size_bytes(), 1024] {
+            let ct = DropoutComptime {
+                BLOCK: block,
+                dtype,
+            };
+            for n in LENGTHS {
+                for dist in Dist::ALL {
+                    let x = tensor(&mut rng, &[n], dtype, dist);
+                    let p = rng.uniform(0.0, 0.9) as f32;
+                    let seed = rng.next_u64() as u32;
+                    let y = output(&dev, dtype, &[n]);
+                    let dx = dev.upload(&x).expect("upload");
+                    dropout
+                        .launch(&dev, &ct, grid(n, block), &dx, &y, p, seed)
+                        .expect("launch");
+                    let mut yi = poisoned(&[n], dtype);
+                    dropout
+                        .interpret(&ct, grid(n, block), &x, &mut yi, p, seed)
+                        .expect("interpret");
+                    let ctx = format!(
+                        "{dtype:?} n={n} block={block} p={p} {dist} KILN_SEED={}",
+                        rng.seed()
+                    );
+                    same_bits("dropout", &y, &yi, &ctx);
+                }
             }
         }
     }
@@ -481,7 +492,7 @@ fn gpu_sort_by_key_matches_interpreter() {
 }
 
 /// The sm_90a build of the same kernels (the writer is the generic one, under the sm_90a
-/// pipeline): dropout and the transcendentals, GPU vs interpreter bit for bit.
+/// pipeline): dropout (each dtype) and the transcendentals, GPU vs interpreter bit for bit.
 fn gpu_sm90a_dropout_and_transcendentals_match_interpreter() {
     let Some(dev) = device() else { return };
     if dev.compute_capability() != (9, 0) {
@@ -495,17 +506,21 @@ fn gpu_sm90a_dropout_and_transcendentals_match_interpreter() {
             let ctx = format!("sm_90a n={n} {dist} KILN_SEED={}", rng.seed());
             let x = tensor(&mut rng, &[n], DType::F32, dist);
             let dx = dev.upload(&x).expect("upload");
-            let (p, seed) = (rng.uniform(0.0, 0.9) as f32, rng.next_u64() as u32);
-            let ct = DropoutComptime { BLOCK: 1024 };
-            let y = output(&dev, DType::F32, &[n]);
-            dropout
-                .launch(&dev, &ct, grid(n, 1024), &dx, &y, p, seed)
-                .expect("launch");
-            let mut yi = poisoned(&[n], DType::F32);
-            dropout
-                .interpret(&ct, grid(n, 1024), &x, &mut yi, p, seed)
-                .expect("interpret");
-            same_bits("dropout", &y, &yi, &ctx);
+            for dtype in [DType::F32, DType::Bf16, DType::F16] {
+                let (p, seed) = (rng.uniform(0.0, 0.9) as f32, rng.next_u64() as u32);
+                let ct = DropoutComptime { BLOCK: 1024, dtype };
+                let xd = tensor(&mut rng, &[n], dtype, dist);
+                let dxd = dev.upload(&xd).expect("upload");
+                let y = output(&dev, dtype, &[n]);
+                dropout
+                    .launch(&dev, &ct, grid(n, 1024), &dxd, &y, p, seed)
+                    .expect("launch");
+                let mut yi = poisoned(&[n], dtype);
+                dropout
+                    .interpret(&ct, grid(n, 1024), &xd, &mut yi, p, seed)
+                    .expect("interpret");
+                same_bits("dropout", &y, &yi, &format!("{dtype:?} {ctx}"));
+            }
             let ct = TranscendentalsComptime { BLOCK: 256 };
             let y = output(&dev, DType::F32, &[MATH_ROWS, n]);
             transcendentals
