@@ -17,7 +17,7 @@ Kernels and peers (kiln through kiln_attn.ops, the way a PyTorch user calls it):
   cross_entropy_fwd_bwd the same loss and its logits gradient through autograd, both sides
   rotary                GPT-NeoX rotary embedding written in torch (x: [1, M, N/128, 128],
                         cos/sin [M, 64]; shapes whose N is no multiple of 128 are skipped)
-  dropout               F.dropout(x, 0.1) (f32 only: kiln's kernel takes f32)
+  dropout               F.dropout(x, 0.1)
 
 Shapes M x N: 4096x8192, 8192x8192, 16384x4096, 4096x4097 (a misaligned tail), and the large
 ones where the bandwidth target counts: 32768x8192, 65536x4096, 16384x16384 (--quick:
@@ -95,8 +95,6 @@ def nbytes(kernel, m, n, dtype):
 
 def applicable(kernel, m, n, dtype):
     """None, or why the point is not measured."""
-    if kernel == "dropout" and dtype != "f32":
-        return "kiln's dropout kernel takes f32"
     if kernel == "rotary" and n % ROT_D:
         return f"N is no multiple of the head dim {ROT_D}"
     return None

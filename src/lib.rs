@@ -54,7 +54,7 @@ pub mod prelude {
     pub use kiln_ir::dsl::{
         Comptime, Dim3, KernelDecl, KernelDef, Seed, Value, abs, at, bitcast, block_id, cdiv,
         cluster, col_max, col_sum, cos, erf, exp, exp2, full, grid_dim, iota, log, log2, max, min,
-        mma, mma_acc, mulhi, pipelined, rand, randint, randint4x, randn, recip, reduce_max,
+        mma, mma_acc, mulhi, pipelined, rand, rand4x, randint, randint4x, randn, recip, reduce_max,
         reduce_min, reduce_sum, reject, row_max, row_min, row_sum, rsqrt, select, sigmoid, sin,
         sqrt, tanh, umulhi, unroll, zeros,
     };

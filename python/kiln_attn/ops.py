@@ -98,6 +98,8 @@ def config_rotary(heads, head_dim, rotary_dim, dtype):
 
 
 def config_dropout(n, dtype):
+    """1024 elements per block for every dtype (the kernel takes any multiple of one 16-byte
+    vector; the mask does not depend on it)."""
     return {"BLOCK": 1024}
 
 
@@ -471,11 +473,12 @@ def rotary(x, cos, sin, offset=0, rotary_dim=None):
 
 
 def dropout(x, p=0.5, training=True, seed=None):
-    """`F.dropout(x, p, training)` for f32 `x`: each element kept with probability 1 - p and
-    scaled by 1 / (1 - p). The mask is Philox's `rand(seed, i) > p` for flat index i: the
-    same `seed` gives the same mask (the backward pass regenerates it); None draws a seed
-    from torch's CPU generator."""
-    _float("x", x, (torch.float32,))
+    """`F.dropout(x, p, training)` for f32, bf16 or f16 `x` (the result in x's dtype, computed
+    in f32): each element kept with probability 1 - p and scaled by 1 / (1 - p). Flat element
+    i is kept when word i % 4 of Philox4x32-10 of counter i // 4 under `seed`, as a uniform in
+    [0, 1), exceeds p (one Philox call per four elements): the same `seed` gives the same mask
+    (the backward pass regenerates it); None draws a seed from torch's CPU generator."""
+    _float("x", x)
     if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p < 1:
         raise ValueError(f"p: expected a probability in [0, 1), got {p!r}")
     if not training or p == 0:
@@ -572,13 +575,13 @@ class _CrossEntropy(torch.autograd.Function):
 class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p, seed):
-        ctx.p, ctx.seed = p, seed
+        ctx.p, ctx.seed, ctx.dtype = p, seed, x.dtype
         return _dropout_fwd(x, p, seed)
 
     @staticmethod
     def backward(ctx, dy):
-        # The same mask and scale: dx = dropout(dy) with the forward's seed.
-        return _dropout_fwd(dy.float().contiguous(), ctx.p, ctx.seed), None, None
+        # The same mask and scale: dx = dropout(dy) with the forward's seed, in x's dtype.
+        return _dropout_fwd(dy.to(ctx.dtype).contiguous(), ctx.p, ctx.seed), None, None
 
 
 __all__ = [

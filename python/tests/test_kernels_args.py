@@ -53,6 +53,20 @@ def test_a_dtype_parameter_comes_from_its_tensor(dtype, name):
     assert kiln_attn.kernel("softmax").comptime_values(x, x) == {"BM": 4, "BN": 512, "NW": 4, "dtype": name}
 
 
+@pytest.mark.parametrize("dtype,name", [(F32, "f32"), (BF16, "bf16"), (F16, "f16")])
+def test_dropout_takes_its_dtype_from_x(dtype, name):
+    d = kiln_attn.kernel("dropout")
+    assert d.comptime == [
+        {"name": "BLOCK", "kind": "usize", "default": 1024},
+        {"name": "dtype", "kind": "DType", "default": "f32"},
+    ]
+    x = FakeTensor((1001,), dtype=dtype)
+    assert d.comptime_values(x, x, 0.5, 7) == {"BLOCK": 1024, "dtype": name}
+    other = F32 if dtype != F32 else BF16
+    with pytest.raises(TypeError, match=rf"^y: expected a {dtype} tensor, got {other}$"):
+        d.launch(1, x, FakeTensor((1001,), dtype=other), 0.5, 7)
+
+
 def test_comptime_values_take_python_values_and_text():
     k = kiln_attn.kernel("layer_norm")
     x = FakeTensor((10, 20), dtype=BF16)

@@ -190,13 +190,17 @@ def test_rotary(b, s, h, d, r, dtype):
     assert rel(y, ref) < TOL[dtype] * 2
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", [1, 1000, 4097, 1 << 20])
-def test_dropout_statistics_and_determinism(n):
-    x = make((n,), torch.float32, "uniform", n) + 2  # never 0
+def test_dropout_statistics_and_determinism(n, dtype):
+    x = make((n,), dtype, "uniform", n) + 2  # never 0
     p = 0.3
     y = ops.dropout(x, p, seed=1234)
+    assert y.dtype == dtype
     kept = y != 0
-    assert torch.equal(y[kept], (x / (1 - p))[kept]) or rel(y[kept], (x / (1 - p))[kept]) < 1e-6
+    # A kept element is x * (1 / (1 - p)) in f32, rounded once to x's dtype.
+    scale = 1 / (1 - torch.tensor(p, dtype=torch.float32))
+    assert torch.equal(y[kept], (x.float() * scale).to(dtype)[kept])
     if n >= 1000:
         frac = kept.double().mean().item()
         assert abs(frac - (1 - p)) < 6 * math.sqrt(p * (1 - p) / n) + 1e-9
@@ -228,9 +232,10 @@ def test_autograd_matches_torch(dtype):
     xd = logits.detach().double().requires_grad_()
     (r,) = torch.autograd.grad(F.cross_entropy(xd, tgt), xd)
     assert rel(g, r) < t
-    xr = (make((m, n), torch.float32, "uniform", 5) + 2).requires_grad_()
+    xr = (make((m, n), dtype, "uniform", 5) + 2).requires_grad_()
     y = ops.dropout(xr, 0.25, seed=7)
     (gx,) = torch.autograd.grad(y, xr, torch.ones_like(y))
+    assert gx.dtype == dtype
     assert torch.equal(gx != 0, y != 0)
 
 

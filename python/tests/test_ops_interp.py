@@ -143,16 +143,48 @@ def test_rotary(interp, b, s, h, d, r):
     assert rel(y, torch.cat((x1 * c - x2 * sn, x2 * c + x1 * sn, xd[..., r:]), -1)) < 1e-5
 
 
-def test_dropout(interp):
-    n, p = 3001, 0.25
-    x = make((n,), torch.float32, 8) + 3  # never 0
-    y = ops.dropout(x, p, seed=42)
-    kept = y != 0
-    assert rel(y[kept], (x / (1 - p))[kept]) < 1e-6
-    assert abs(kept.double().mean().item() - (1 - p)) < 6 * math.sqrt(p * (1 - p) / n)
-    assert torch.equal(ops.dropout(x, p, seed=42), y)
-    assert not torch.equal(ops.dropout(x, p, seed=43), y)
-    assert torch.equal(ops.dropout(x, p, training=False), x)
+M32 = 0xFFFFFFFF
+
+
+def philox4x32_10(counter, key):
+    """Philox4x32-10 of counter (counter, 0, 0, 0) under the 64-bit key (Salmon et al.)."""
+    c = [counter, 0, 0, 0]
+    k0, k1 = key & M32, key >> 32
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [((p1 >> 32) ^ c[1] ^ k0) & M32, p1 & M32, ((p0 >> 32) ^ c[3] ^ k1) & M32, p0 & M32]
+        k0, k1 = (k0 + 0x9E3779B9) & M32, (k1 + 0xBB67AE85) & M32
+    return c
+
+
+def dropout_uniforms(seed, n):
+    """Flat element i's uniform: word i % 4 of Philox of counter i // 4, mapped as Triton's
+    `uint_to_uniform_float` (the word as i32, a negative v as -v - 1, times 4.6566127342e-10 in
+    f32)."""
+    words = [w for i in range((n + 3) // 4) for w in philox4x32_10(i, seed)][:n]
+    v = torch.tensor(words, dtype=torch.int64)
+    v = torch.where(v >= 2**31, v - 2**32, v)
+    v = torch.where(v < 0, -v - 1, v)
+    return v.to(torch.int32).to(torch.float32) * torch.tensor(4.6566127342e-10, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dropout(interp, dtype):
+    n = 3001  # no multiple of 4 or of the block
+    x = make((n,), dtype, 8) + 3  # never 0
+    for p, seed in ((0.1, 7), (0.5, 42), (0.9, 2**32 - 1)):
+        y = ops.dropout(x, p, seed=seed)
+        assert y.dtype == dtype and y.shape == x.shape
+        p32 = torch.tensor(p, dtype=torch.float32)
+        kept = dropout_uniforms(seed, n) > p32
+        scale = 1 / (1 - p32)
+        want = torch.where(kept, (x.float() * scale).to(dtype), torch.zeros((), dtype=dtype))
+        assert torch.equal(y, want)
+        assert abs(kept.double().mean().item() - (1 - p)) < 6 * math.sqrt(p * (1 - p) / n)
+    y = ops.dropout(x, 0.25, seed=42)
+    assert torch.equal(ops.dropout(x, 0.25, seed=42), y)
+    assert not torch.equal(ops.dropout(x, 0.25, seed=43), y)
+    assert torch.equal(ops.dropout(x, 0.25, training=False), x)
 
 
 def test_autograd_through_the_wrappers(interp):
@@ -177,10 +209,12 @@ def test_autograd_through_the_wrappers(interp):
     xd = x.double().requires_grad_()
     (r,) = torch.autograd.grad(F.cross_entropy(xd, t), xd)
     assert rel(g, r) < 1e-5
-    xr = (make((300,), torch.float32, 15) + 3).requires_grad_()
-    y = ops.dropout(xr, 0.5, seed=3)
-    (gx,) = torch.autograd.grad(y, xr, torch.ones_like(y))
-    assert torch.equal(gx != 0, y != 0)
+    for dtype in (torch.float32, torch.bfloat16):
+        xr = (make((300,), dtype, 15) + 3).requires_grad_()
+        y = ops.dropout(xr, 0.5, seed=3)
+        (gx,) = torch.autograd.grad(y, xr, torch.ones_like(y))
+        assert gx.dtype == dtype
+        assert torch.equal(gx != 0, y != 0)
 
 
 def test_empty_inputs(interp):
@@ -211,7 +245,7 @@ def test_a_cpu_tensor_is_refused_by_name():
     (lambda: ops.cross_entropy(torch.zeros(3, 4), torch.zeros(3, dtype=torch.int64), reduction="avg"), ValueError, r"^reduction: expected one of none, mean, sum, got 'avg'$"),
     (lambda: ops.cross_entropy(torch.zeros(3, 4, 5), torch.zeros(3, dtype=torch.int64)), ValueError, r"^logits: expected a 2-D tensor"),
     (lambda: ops.dropout(torch.zeros(4), p=1.0), ValueError, r"^p: expected a probability in \[0, 1\), got 1.0$"),
-    (lambda: ops.dropout(torch.zeros(4, dtype=torch.bfloat16)), TypeError, r"^x: expected a tensor of torch.float32, got torch.bfloat16$"),
+    (lambda: ops.dropout(torch.zeros(4, dtype=torch.float64)), TypeError, r"^x: expected a tensor of torch.float32, torch.bfloat16, torch.float16, got torch.float64$"),
     (lambda: ops.dropout(torch.zeros(4), seed=-3), ValueError, r"^seed: expected an int in \[0, 2\^32\)"),
     (lambda: ops.rotary(torch.zeros(1, 4, 2, 64), torch.zeros(3, 32), torch.zeros(3, 32)), ValueError, r"^offset: positions 0..4 must lie within cos's 3 rows$"),
     (lambda: ops.rotary(torch.zeros(1, 4, 2, 64), torch.zeros(4, 40), torch.zeros(4, 40)), ValueError, r"^cos: rotary_dim 80 must be even, at most head_dim 64"),

@@ -25,8 +25,8 @@ def test_the_plan_covers_every_kernel_shape_and_dtype():
     assert len(points) == len(rows.KERNELS) * len(rows.SHAPES) * 2
     assert {(p["m"], p["n"]) for p in points} >= {(32768, 8192), (65536, 4096), (16384, 16384), (4096, 4097)}
     skipped = {(p["kernel"], p["dtype"], p["n"]) for p in points if p["skip"]}
-    assert ("dropout", "bf16", 8192) in skipped and ("rotary", "f32", 4097) in skipped
-    assert not any(p["skip"] for p in points if p["kernel"] in ("softmax", "layer_norm", "copy"))
+    assert ("rotary", "f32", 4097) in skipped
+    assert not any(p["skip"] for p in points if p["kernel"] in ("softmax", "layer_norm", "copy", "dropout"))
     # Each point's rotating sets exceed twice the L2 together.
     for p in points:
         assert p["input_sets"] * p["bytes"] >= 2 * rows.L2_DEFAULT or p["input_sets"] == 16

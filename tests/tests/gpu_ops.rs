@@ -104,6 +104,50 @@ fn gpu_philox_words_match_interpreter_and_reference() {
     }
 }
 
+/// Triton's uniform map of each Philox word (as in `interp_ops`).
+fn uniform_reference(x: u32) -> f32 {
+    let s = x as i32;
+    let s = if s < 0 { -(s as i64) - 1 } else { s as i64 };
+    s as i32 as f32 * 4.656_612_734_2e-10_f64 as f32
+}
+
+fn gpu_rand4x_draws_match_interpreter_and_reference() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::from_env();
+    let ct = Rand4xDrawsComptime { BLOCK: 512 };
+    for n in LENGTHS {
+        for dist in Dist::ALL {
+            let offs = tensor(&mut rng, &[n], DType::U32, dist);
+            let (lo, hi) = (rng.next_u64() as u32, rng.next_u64() as u32);
+            let u = output(&dev, DType::F32, &[4, n]);
+            let d_offs = dev.upload(&offs).expect("upload");
+            rand4x_draws
+                .launch(&dev, &ct, grid(n, 512), &d_offs, &u, lo, hi)
+                .expect("launch");
+            let mut ui = poisoned(&[4, n], DType::F32);
+            rand4x_draws
+                .interpret(&ct, grid(n, 512), &offs, &mut ui, lo, hi)
+                .expect("interpret");
+            let ctx = format!(
+                "n={n} {dist} key ({lo:#x}, {hi:#x}) KILN_SEED={}",
+                rng.seed()
+            );
+            same_bits("rand4x", &u, &ui, &ctx);
+            let got = bits(&u.download().expect("download"));
+            for (i, &o) in bits(&offs).iter().enumerate() {
+                let want = philox_reference([o, 0, 0, 0], [lo, hi]);
+                for (k, &wk) in want.iter().enumerate() {
+                    assert_eq!(
+                        got[k * n + i],
+                        uniform_reference(wk).to_bits(),
+                        "word {k} offset {o}: {ctx}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 fn gpu_rand_draws_match_interpreter() {
     let Some(dev) = device() else { return };
     let mut rng = Rng::from_env();
@@ -286,27 +330,38 @@ fn gpu_integer_ops_and_casts_match_interpreter() {
     }
 }
 
+/// The dropout example in every dtype, at its smallest block (one 16-byte vector) and its
+/// default one: GPU vs interpreter bit for bit (`interp_ops` checks the interpreter against
+/// the Philox reference).
 fn gpu_dropout_matches_interpreter() {
     let Some(dev) = device() else { return };
     let mut rng = Rng::from_env();
-    for block in [256, 1024] {
-        let ct = DropoutComptime { BLOCK: block };
-        for n in LENGTHS {
-            for dist in Dist::ALL {
-                let x = tensor(&mut rng, &[n], DType::F32, dist);
-                let p = rng.uniform(0.0, 0.9) as f32;
-                let seed = rng.next_u64() as u32;
-                let y = output(&dev, DType::F32, &[n]);
-                let dx = dev.upload(&x).expect("upload");
-                dropout
-                    .launch(&dev, &ct, grid(n, block), &dx, &y, p, seed)
-                    .expect("launch");
-                let mut yi = poisoned(&[n], DType::F32);
-                dropout
-                    .interpret(&ct, grid(n, block), &x, &mut yi, p, seed)
-                    .expect("interpret");
-                let ctx = format!("n={n} block={block} p={p} {dist} KILN_SEED={}", rng.seed());
-                same_bits("dropout", &y, &yi, &ctx);
+    for dtype in [DType::F32, DType::Bf16, DType::F16] {
+        for block in [16 / dtype.size_bytes(), 1024] {
+            let ct = DropoutComptime {
+                BLOCK: block,
+                dtype,
+            };
+            for n in LENGTHS {
+                for dist in Dist::ALL {
+                    let x = tensor(&mut rng, &[n], dtype, dist);
+                    let p = rng.uniform(0.0, 0.9) as f32;
+                    let seed = rng.next_u64() as u32;
+                    let y = output(&dev, dtype, &[n]);
+                    let dx = dev.upload(&x).expect("upload");
+                    dropout
+                        .launch(&dev, &ct, grid(n, block), &dx, &y, p, seed)
+                        .expect("launch");
+                    let mut yi = poisoned(&[n], dtype);
+                    dropout
+                        .interpret(&ct, grid(n, block), &x, &mut yi, p, seed)
+                        .expect("interpret");
+                    let ctx = format!(
+                        "{dtype:?} n={n} block={block} p={p} {dist} KILN_SEED={}",
+                        rng.seed()
+                    );
+                    same_bits("dropout", &y, &yi, &ctx);
+                }
             }
         }
     }
@@ -437,7 +492,7 @@ fn gpu_sort_by_key_matches_interpreter() {
 }
 
 /// The sm_90a build of the same kernels (the writer is the generic one, under the sm_90a
-/// pipeline): dropout and the transcendentals, GPU vs interpreter bit for bit.
+/// pipeline): dropout (each dtype) and the transcendentals, GPU vs interpreter bit for bit.
 fn gpu_sm90a_dropout_and_transcendentals_match_interpreter() {
     let Some(dev) = device() else { return };
     if dev.compute_capability() != (9, 0) {
@@ -451,17 +506,21 @@ fn gpu_sm90a_dropout_and_transcendentals_match_interpreter() {
             let ctx = format!("sm_90a n={n} {dist} KILN_SEED={}", rng.seed());
             let x = tensor(&mut rng, &[n], DType::F32, dist);
             let dx = dev.upload(&x).expect("upload");
-            let (p, seed) = (rng.uniform(0.0, 0.9) as f32, rng.next_u64() as u32);
-            let ct = DropoutComptime { BLOCK: 1024 };
-            let y = output(&dev, DType::F32, &[n]);
-            dropout
-                .launch(&dev, &ct, grid(n, 1024), &dx, &y, p, seed)
-                .expect("launch");
-            let mut yi = poisoned(&[n], DType::F32);
-            dropout
-                .interpret(&ct, grid(n, 1024), &x, &mut yi, p, seed)
-                .expect("interpret");
-            same_bits("dropout", &y, &yi, &ctx);
+            for dtype in [DType::F32, DType::Bf16, DType::F16] {
+                let (p, seed) = (rng.uniform(0.0, 0.9) as f32, rng.next_u64() as u32);
+                let ct = DropoutComptime { BLOCK: 1024, dtype };
+                let xd = tensor(&mut rng, &[n], dtype, dist);
+                let dxd = dev.upload(&xd).expect("upload");
+                let y = output(&dev, dtype, &[n]);
+                dropout
+                    .launch(&dev, &ct, grid(n, 1024), &dxd, &y, p, seed)
+                    .expect("launch");
+                let mut yi = poisoned(&[n], dtype);
+                dropout
+                    .interpret(&ct, grid(n, 1024), &xd, &mut yi, p, seed)
+                    .expect("interpret");
+                same_bits("dropout", &y, &yi, &format!("{dtype:?} {ctx}"));
+            }
             let ct = TranscendentalsComptime { BLOCK: 256 };
             let y = output(&dev, DType::F32, &[MATH_ROWS, n]);
             transcendentals
@@ -502,6 +561,11 @@ fn main() -> ExitCode {
             "gpu_integer_ops_and_casts_match_interpreter",
             Needs::Gpu,
             gpu_integer_ops_and_casts_match_interpreter,
+        ),
+        (
+            "gpu_rand4x_draws_match_interpreter_and_reference",
+            Needs::Gpu,
+            gpu_rand4x_draws_match_interpreter_and_reference,
         ),
         (
             "gpu_dropout_matches_interpreter",

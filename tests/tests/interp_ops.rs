@@ -161,6 +161,35 @@ fn randint_and_rand_match_the_reference_and_randn_is_normal() {
 }
 
 #[test]
+fn rand4x_maps_each_philox_word_as_rand_does() {
+    let mut rng = Rng::from_env();
+    let ct = Rand4xDrawsComptime { BLOCK: 512 };
+    for n in LENGTHS {
+        for dist in Dist::ALL {
+            let offs = tensor(&mut rng, &[n], DType::U32, dist);
+            let (lo, hi) = (rng.next_u64() as u32, rng.next_u64() as u32);
+            let mut u = poisoned(&[4, n], DType::F32);
+            rand4x_draws
+                .interpret(&ct, grid(n, 512), &offs, &mut u, lo, hi)
+                .unwrap();
+            for (i, &o) in u32s(&offs).iter().enumerate() {
+                let w = philox_reference([o, 0, 0, 0], [lo, hi]);
+                for (k, &word) in w.iter().enumerate() {
+                    let got = f32s(&u)[k * n + i];
+                    let ctx = format!(
+                        "word {k} of offset {o}, key ({lo:#x}, {hi:#x}) n={n} {dist} \
+                         (KILN_SEED={})",
+                        rng.seed()
+                    );
+                    assert_eq!(got.to_bits(), uniform_reference(word).to_bits(), "{ctx}");
+                    assert!((0.0..1.0).contains(&got), "out of [0, 1): {got} {ctx}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn randn_and_rand_have_the_right_distribution() {
     let mut rng = Rng::from_env();
     let n = 100_000;
@@ -415,50 +444,116 @@ fn casts_and_bitcasts_follow_ptx_semantics() {
     }
 }
 
+/// Element `e` of a dropout draw: word `e % 4` of Philox of counter `e / 4`, as a uniform.
+fn dropout_uniform(seed: u32, e: usize) -> f32 {
+    uniform_reference(philox_reference([(e / 4) as u32, 0, 0, 0], [seed, 0])[e % 4])
+}
+
+/// Every element's bits, for a bit-for-bit comparison of any float dtype.
+fn float_bits(t: &HostTensor) -> Vec<u32> {
+    match &t.data {
+        TensorData::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+        TensorData::Bf16(v) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
+        TensorData::F16(v) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
+        _ => panic!("not a float tensor"),
+    }
+}
+
+/// The bits of f32 `x` rounded to `dtype` (to nearest even, as the kernel's cast).
+fn rounded_bits(x: f32, dtype: DType) -> u32 {
+    match dtype {
+        DType::F32 => x.to_bits(),
+        DType::Bf16 => u32::from(half::bf16::from_f32(x).to_bits()),
+        DType::F16 => u32::from(half::f16::from_f32(x).to_bits()),
+        other => panic!("dropout takes float tensors, not {other:?}"),
+    }
+}
+
+/// The example kernel against a reference of its mapping: element `e` is kept when word
+/// `e % 4` of Philox(seed, `e / 4`) as a uniform exceeds `p`, and a kept element is
+/// `x * (1 / (1 - p))` in f32 rounded to the dtype. Lengths no multiple of 4 or of the
+/// block, every dtype, two blocks (the mask must not depend on them), several `p`.
 #[test]
-fn dropout_keeps_what_rand_says_and_scales_it() {
+fn dropout_keeps_what_rand4x_says_and_scales_it() {
     use kiln_examples::dropout::{DropoutComptime, dropout};
     let mut rng = Rng::from_env();
-    for block in [256, 1024] {
-        for n in LENGTHS {
-            for dist in Dist::ALL {
-                let x = tensor(&mut rng, &[n], DType::F32, dist);
-                let p = rng.uniform(0.0, 0.9) as f32;
+    for dtype in [DType::F32, DType::Bf16, DType::F16] {
+        for n in [1, 6, 1003, 4097] {
+            for p in [0.0f32, 0.1, 0.5, 0.9] {
+                let dist = Dist::ALL[rng.range(0, Dist::ALL.len())];
+                let x = tensor(&mut rng, &[n], dtype, dist);
+                let xs = x.to_f64_vec();
                 let seed = rng.next_u64() as u32;
-                let mut y = poisoned(&[n], DType::F32);
-                dropout
-                    .interpret(
-                        &DropoutComptime { BLOCK: block },
-                        grid(n, block),
-                        &x,
-                        &mut y,
-                        p,
-                        seed,
-                    )
-                    .unwrap();
+                let ctx = format!(
+                    "{dtype:?} n={n} p={p} seed={seed} {dist} (KILN_SEED={})",
+                    rng.seed()
+                );
                 let scale = 1.0 / (1.0 - p);
-                let mut kept = 0;
-                for i in 0..n {
-                    let r = uniform_reference(philox_reference([i as u32, 0, 0, 0], [seed, 0])[0]);
-                    let want = if r > p { f32s(&x)[i] * scale } else { 0.0 };
-                    kept += usize::from(r > p);
-                    assert_eq!(
-                        f32s(&y)[i].to_bits(),
-                        want.to_bits(),
-                        "element {i}, p={p} seed={seed} n={n} ({dist}, KILN_SEED={})",
-                        rng.seed()
-                    );
+                let want: Vec<u32> = (0..n)
+                    .map(|e| {
+                        let kept = dropout_uniform(seed, e) > p;
+                        rounded_bits(if kept { xs[e] as f32 * scale } else { 0.0 }, dtype)
+                    })
+                    .collect();
+                let kept = (0..n).filter(|&e| dropout_uniform(seed, e) > p).count();
+                // The smallest block (one 16-byte vector) and the default one.
+                for block in [16 / dtype.size_bytes(), 1024] {
+                    let ct = DropoutComptime {
+                        BLOCK: block,
+                        dtype,
+                    };
+                    let mut y = poisoned(&[n], dtype);
+                    dropout
+                        .interpret(&ct, grid(n, block), &x, &mut y, p, seed)
+                        .unwrap();
+                    let got = float_bits(&y);
+                    if let Some(e) = (0..n).find(|&e| got[e] != want[e]) {
+                        panic!(
+                            "element {e}: {:#x}, want {:#x} (x = {}, block {block}, {ctx})",
+                            got[e], want[e], xs[e]
+                        );
+                    }
                 }
+                // At n = 4097 the kept fraction's standard error is at most 0.008.
                 if n >= 4097 {
                     let frac = kept as f64 / n as f64;
                     assert!(
-                        (frac - (1.0 - f64::from(p))).abs() < 0.05,
-                        "kept {frac} at p={p}"
+                        (frac - (1.0 - f64::from(p))).abs() < 0.04,
+                        "kept {frac}: {ctx}"
                     );
                 }
             }
         }
     }
+}
+
+/// A block that is no whole number of 16-byte vectors, or an integer dtype, is refused at
+/// the kernel's line.
+#[test]
+fn dropout_refuses_a_ragged_block_and_integer_dtypes() {
+    use kiln_examples::dropout::{DropoutComptime, dropout};
+    let refusal = |dtype: DType, block: usize| {
+        let x = HostTensor::full(&[8], dtype, 1.0);
+        let mut y = poisoned(&[8], dtype);
+        let ct = DropoutComptime {
+            BLOCK: block,
+            dtype,
+        };
+        let err = dropout
+            .interpret(&ct, [1, 1, 1], &x, &mut y, 0.5, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("examples/src/dropout.rs"), "{err}");
+        err
+    };
+    // Four bf16 elements are half a vector (four f32 are one: the test above runs them).
+    let err = refusal(DType::Bf16, 4);
+    assert!(
+        err.contains("BLOCK must be a multiple of one 16-byte vector"),
+        "{err}"
+    );
+    let err = refusal(DType::I32, 256);
+    assert!(err.contains("dtype must be f32, bf16 or f16"), "{err}");
 }
 
 #[test]

@@ -1,14 +1,14 @@
 //! The new ops through the PTX writer and ptxas for sm_80 and sm_90a: every kernel of
-//! `ops_kernels` and the dropout example assemble without spills or warnings, by the pinned
-//! ptxas and by the driver release's (`$KILN_PTXAS_JIT`), and the code stays
+//! `ops_kernels` and the dropout example (each dtype) assemble without spills or warnings, by
+//! the pinned ptxas and by the driver release's (`$KILN_PTXAS_JIT`), and the code stays
 //! compact: the dropout kernel's PTX grows with the elements each thread holds, not with the
-//! tile (Philox is a fixed sequence per element).
-
+//! tile (Philox is a fixed sequence per four elements), and it moves no element through
+//! shared memory.
 mod ops_kernels;
 
-use kiln::ir::Kernel;
 use kiln::ir::Target;
 use kiln::ir::dsl::{Comptime, KernelDef, Spec};
+use kiln::ir::{DType, Kernel};
 use kiln::ptx::ptxas::Tool;
 use kiln_examples::dropout::{DropoutComptime, dropout};
 use ops_kernels::*;
@@ -35,7 +35,31 @@ fn kernels() -> Vec<(&'static str, Kernel)> {
         ("u32_ops", build(&u32_ops, U32OpsComptime { BLOCK: 256 })),
         ("i32_ops", build(&i32_ops, I32OpsComptime { BLOCK: 256 })),
         ("casts", build(&casts, CastsComptime { BLOCK: 256 })),
-        ("dropout", build(&dropout, DropoutComptime { BLOCK: 1024 })),
+        (
+            "rand4x_draws",
+            build(&rand4x_draws, Rand4xDrawsComptime { BLOCK: 512 }),
+        ),
+        ("dropout", build(&dropout, DropoutComptime::default())),
+        (
+            "dropout bf16",
+            build(
+                &dropout,
+                DropoutComptime {
+                    dtype: DType::Bf16,
+                    ..DropoutComptime::default()
+                },
+            ),
+        ),
+        (
+            "dropout f16",
+            build(
+                &dropout,
+                DropoutComptime {
+                    dtype: DType::F16,
+                    ..DropoutComptime::default()
+                },
+            ),
+        ),
         (
             "takes",
             build(
@@ -94,25 +118,43 @@ fn instructions(ptx: &str) -> usize {
 
 #[test]
 fn dropout_ptx_grows_with_elements_per_thread_only() {
-    let lines = |block: usize| {
-        let k = build(&dropout, DropoutComptime { BLOCK: block });
-        let ptx = kiln::ptx::compile(&k, Target::Sm80).unwrap().ptx;
-        let threads = kiln::ptx::compile(&k, Target::Sm80)
-            .unwrap()
-            .threads_per_block as usize;
-        (instructions(&ptx), block / threads)
-    };
-    let (small, per_small) = lines(1024);
-    let (large, per_large) = lines(2048);
-    println!("dropout: {small} instructions at BLOCK=1024, {large} at BLOCK=2048");
-    // Philox4x32-10 is about 80 integer instructions per element: a 1024-element tile is a
-    // few hundred to a few thousand lines, not tens of thousands.
-    assert!(small < 4000, "dropout BLOCK=1024: {small} instructions");
-    let per_element = (large - small) as f64 / (per_large - per_small).max(1) as f64;
-    assert!(
-        per_element < 150.0,
-        "dropout: {small} instructions at {per_small} elements per thread, {large} at {per_large}"
-    );
+    for dtype in [DType::F32, DType::Bf16, DType::F16] {
+        let lines = |block: usize| {
+            let k = build(
+                &dropout,
+                DropoutComptime {
+                    BLOCK: block,
+                    dtype,
+                },
+            );
+            let m = kiln::ptx::compile(&k, Target::Sm80).unwrap();
+            let per_thread = block / m.threads_per_block as usize;
+            // The tile's rows of one vector are the load's: no element moves between threads.
+            assert_eq!(m.dynamic_smem_bytes, 0, "dropout {dtype:?} BLOCK={block}");
+            // Philox4x32-10 multiplies twice a round (`mul.hi`, ten rounds), a few of them on
+            // the key alone (scalars): one call per four elements a thread.
+            let mulhi = m.ptx.matches("mul.hi.u32").count();
+            assert!(
+                mulhi <= 20 * per_thread / 4,
+                "dropout {dtype:?} BLOCK={block}: {mulhi} mul.hi for {per_thread} elements a thread"
+            );
+            (instructions(&m.ptx), per_thread)
+        };
+        let (small, per_small) = lines(1024);
+        let (large, per_large) = lines(2048);
+        println!("dropout {dtype:?}: {small} instructions at BLOCK=1024, {large} at BLOCK=2048");
+        // A 1024-element tile is a few hundred to a few thousand lines, not tens of thousands.
+        assert!(
+            small < 2000,
+            "dropout {dtype:?} BLOCK=1024: {small} instructions"
+        );
+        let per_element = (large - small) as f64 / (per_large - per_small).max(1) as f64;
+        assert!(
+            per_element < 150.0,
+            "dropout {dtype:?}: {small} instructions at {per_small} elements per thread, \
+             {large} at {per_large}"
+        );
+    }
 }
 
 #[test]

@@ -46,7 +46,7 @@ pub use ops::{
 };
 pub use params::{params_for, scalar_param};
 pub use print::{PrintArg, at};
-pub use random::{Seed, rand, randint, randint4x, randn};
+pub use random::{Seed, rand, rand4x, randint, randint4x, randn};
 pub use registry::{FindError, Registered, registered};
 pub use tensor::{Tensor, TileView};
 pub use value::{AsValue, Element, IntoOperand, Operand, Value};

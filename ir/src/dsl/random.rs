@@ -1,10 +1,11 @@
 //! Counter-based random numbers: Philox4x32-10 (Salmon et al., "Parallel random numbers: as
 //! easy as 1, 2, 3", SC'11), with the conventions of Triton's `tl.randint4x`, `tl.randint`,
-//! `tl.rand` and `tl.randn`, so a kernel ported from Triton draws the same numbers. The key is
-//! a 64-bit [`Seed`], the counter `(offset, 0, 0, 0)` per element of the `offsets` tile (i32 or
-//! u32; an i32 offset is taken as its bits). Philox is written in the DSL's own ops (`umulhi`,
-//! `*`, `^`, `+`): about 80 integer instructions per element, with the key schedule computed
-//! once per block as scalars, and the words that start at zero folded away.
+//! `tl.rand`, `tl.rand4x` and `tl.randn`, so a kernel ported from Triton draws the same
+//! numbers. The key is a 64-bit [`Seed`], the counter `(offset, 0, 0, 0)` per element of the
+//! `offsets` tile (i32 or u32; an i32 offset is taken as its bits). Philox is written in the
+//! DSL's own ops (`umulhi`, `*`, `^`, `+`): about 80 integer instructions per offset, with the
+//! key schedule computed once per block as scalars, and the words that start at zero folded
+//! away.
 
 use crate::diag::Diagnostic;
 use crate::kernel::{BinaryOp, Loc, OpKind, UnaryOp};
@@ -253,6 +254,21 @@ pub fn rand(seed: impl Seed, offsets: impl AsValue) -> Value {
     match inputs("rand", &seed, offsets.as_value(), loc) {
         Some((key, c0)) => uniform(philox(key, c0, 1, loc)[0], loc),
         None => Value::POISON,
+    }
+}
+
+/// Four f32 tiles uniform in `[0, 1)` per offset (Triton's `tl.rand4x`): the four words of
+/// [`randint4x`], each mapped as [`rand`] maps its word. One Philox call gives four numbers, so
+/// a kernel that needs many draws takes a quarter of [`rand`]'s integer work per number.
+#[track_caller]
+pub fn rand4x(seed: impl Seed, offsets: impl AsValue) -> [Value; 4] {
+    let loc = Loc::caller();
+    match inputs("rand4x", &seed, offsets.as_value(), loc) {
+        Some((key, c0)) => {
+            let w = philox(key, c0, 4, loc);
+            [0, 1, 2, 3].map(|i| uniform(w[i], loc))
+        }
+        None => [Value::POISON; 4],
     }
 }
 

@@ -997,6 +997,24 @@ mod tests {
         );
         let p = plan(d, &[x.clone(), x, Arg::Int(1), Arg::Int(7)], &[]).expect("valid");
         assert_eq!(p.args[3], Checked::Scalar(ScalarArg::U32(7)));
+        // Dropout's dtype is x's: a bf16 x is a bf16 kernel, and y must match it.
+        let xb = t(&[10], "bf16");
+        let p = plan(
+            d,
+            &[xb.clone(), xb.clone(), Arg::Float(0.5), Arg::Int(7)],
+            &[],
+        )
+        .expect("valid");
+        assert_eq!(p.values[1], ComptimeValue::DType(DType::Bf16));
+        let e = plan(
+            d,
+            &[xb, t(&[10], "float32"), Arg::Float(0.5), Arg::Int(7)],
+            &[],
+        );
+        assert_eq!(
+            e.expect_err("mixed").message,
+            "y: expected a torch.bfloat16 tensor, got torch.float32"
+        );
     }
 
     #[test]

@@ -31,6 +31,24 @@ pub fn philox_words(
     }
 }
 
+/// The four uniforms of `rand4x` of u32 offsets under the key `(lo, hi)`, into rows 0..4 of
+/// `u`.
+#[kernel(grid = [BLOCK, 1, 1])]
+pub fn rand4x_draws(
+    offs: Tensor<u32, 1>,
+    u: TensorMut<f32, 2>,
+    lo: u32,
+    hi: u32,
+    #[comptime(default = 512)] BLOCK: usize,
+) {
+    let start = block_id().x * BLOCK;
+    let o = offs.tile([BLOCK], [start]).load();
+    let r = rand4x((lo, hi), o);
+    for k in unroll(0..4) {
+        u.tile([BLOCK], [k, start]).store(r[k]);
+    }
+}
+
 /// `randint`, `rand` and `randn` of u32 offsets under an i32 seed.
 #[kernel(grid = [BLOCK, 1, 1])]
 pub fn rand_draws(
