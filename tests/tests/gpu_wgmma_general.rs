@@ -1,7 +1,8 @@
 //! The kernels of `wgmma_kernels/` on the GPU (sm_80 code anywhere, sm_90a on Hopper): wgmma
 //! without warp roles (transposed loaded operands, one and two warpgroups, a chained mma with a
 //! register A, an A gathered once before a loop) and warp-specialised rings whose B is loaded
-//! once and held (`ring_held_b`) or whose one stage load feeds two operands (`ring_shared_b`),
+//! once and held (`ring_held_b`), whose one stage load feeds two operands (`ring_shared_b`) or
+//! whose consumers stage an A operand (`ring_staged_a`),
 //! each against the f64 reference and the interpreter on shapes
 //! no multiple of the tiles, every input distribution, outputs poisoned. Skips itself without
 //! a GPU.
@@ -251,6 +252,40 @@ fn gpu_ring_shared_b() {
     }
 }
 
+fn gpu_ring_staged_a() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for ct in ring_staged_a_configs() {
+            for (m, n) in [(150, ct.BN), (64, ct.BN - 14), (3, 5), (1000, ct.BN)] {
+                for dist in Dist::ALL {
+                    let q = tensor(&mut rng, &[m, ct.D], DType::Bf16, dist);
+                    let k = tensor(&mut rng, &[n, ct.D], DType::Bf16, dist);
+                    let (dq, dk) = (dev.upload(&q).expect("up"), dev.upload(&k).expect("up"));
+                    let oq = poisoned_output(&dev, DType::F32, &[m, ct.D]);
+                    let ok = poisoned_output(&dev, DType::F32, &[n, ct.D]);
+                    ring_staged_a
+                        .launch(&dev, &ct, [1, 1, 1], &dq, &dk, &oq, &ok)
+                        .expect("launch");
+                    let mut oqi = poisoned(&[m, ct.D], DType::F32);
+                    let mut oki = poisoned(&[n, ct.D], DType::F32);
+                    ring_staged_a
+                        .interpret(&ct, [1, 1, 1], &q, &k, &mut oqi, &mut oki)
+                        .expect("interpret");
+                    let case = Case {
+                        kernel: format!("ring_staged_a {ct:?} on {}", dev.target()),
+                        shape: format!("m={m} n={n}"),
+                        dist,
+                        seed: rng.seed(),
+                    };
+                    let (want_q, want_k) = staged_a(&q, &k);
+                    check(&case, &oq, &want_q, &oqi, tolerance(DType::Bf16));
+                    check(&case, &ok, &want_k, &oki, tolerance(DType::Bf16));
+                }
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         ("gpu_wgmma_transposed", Needs::Gpu, gpu_wgmma_transposed),
@@ -258,5 +293,6 @@ fn main() -> ExitCode {
         ("gpu_wgmma_held_a", Needs::Gpu, gpu_wgmma_held_a),
         ("gpu_ring_held_b", Needs::Gpu, gpu_ring_held_b),
         ("gpu_ring_shared_b", Needs::Gpu, gpu_ring_shared_b),
+        ("gpu_ring_staged_a", Needs::Gpu, gpu_ring_staged_a),
     ])
 }

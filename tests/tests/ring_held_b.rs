@@ -15,7 +15,8 @@ use kiln_ptx::ptxas::{self, Tool};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use wgmma_kernels::{
-    held_b, ring_held_b, ring_held_b_configs, ring_shared_b, ring_shared_b_configs, shared_b,
+    held_b, ring_held_b, ring_held_b_configs, ring_shared_b, ring_shared_b_configs, ring_staged_a,
+    ring_staged_a_configs, shared_b, staged_a,
 };
 
 /// `def` with comptime values `ct`, built for aligned tensors.
@@ -181,6 +182,84 @@ fn shared_loads_run_and_assemble() {
             }
         }
         assert_assembles(&ring_shared_b, ct);
+    }
+}
+
+/// A ring whose consumers stage an A operand (`t.t()` of a register tile) through shared
+/// memory: planned as a staged operand of the ring (not rotated), its schedule's CPU
+/// execution and the interpreter match f64, and both ptxas assemble it unspilled with the
+/// wgmma reading it MN-major (`imm-trans-a` 1) between the consumers' own barriers.
+#[test]
+fn staged_a_runs_and_assembles() {
+    let mut rng = Rng::from_env();
+    for ct in ring_staged_a_configs() {
+        let kernel = scheduled(&ring_staged_a, ct);
+        let s = kernel.schedule.sched.as_ref().expect("a ring");
+        assert!(s.overlap.is_none(), "{ct:?}: rotated");
+        assert_eq!(kernel.schedule.staged.len(), 1, "{ct:?}: one staged A");
+        for (m, n) in [(150, ct.BN), (64, ct.BN - 14), (5, 3)] {
+            for dist in [Dist::Normal, Dist::Uniform] {
+                let q = tensor(&mut rng, &[m, ct.D], DType::Bf16, dist);
+                let k = tensor(&mut rng, &[n, ct.D], DType::Bf16, dist);
+                let (want_q, want_k) = staged_a(&q, &k);
+                let case = Case {
+                    kernel: format!("ring_staged_a {ct:?}"),
+                    shape: format!("m={m} n={n}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                for run in ["scheduled", "interpreted"] {
+                    let mut oq = poisoned(&[m, ct.D], DType::F32);
+                    let mut ok = poisoned(&[n, ct.D], DType::F32);
+                    let mut args = [
+                        HostArg::Tensor(&q),
+                        HostArg::Tensor(&k),
+                        HostArg::TensorMut(&mut oq),
+                        HostArg::TensorMut(&mut ok),
+                    ];
+                    if run == "scheduled" {
+                        run_scheduled(&kernel, [1, 1, 1], 2, &mut args)
+                            .unwrap_or_else(|e| panic!("{ct:?}: {e}"));
+                    } else {
+                        run_def(&ring_staged_a, &ct, [1, 1, 1], &mut args).expect("interprets");
+                    }
+                    assert_close(&case, &oq, &want_q, tolerance(DType::Bf16));
+                    assert_close(&case, &ok, &want_k, tolerance(DType::Bf16));
+                }
+            }
+        }
+        assert_assembles(&ring_staged_a, ct);
+        let ptx = kiln_ptx::compile(&build(&ring_staged_a, ct), Target::Sm90a)
+            .expect("compiles")
+            .ptx;
+        let threads = 32 * ct.NW;
+        // Past the set-up's block-wide barrier, only the consumers' own, around the writes.
+        let after_setup = ptx.split_once("bar.sync 0;").map_or("", |(_, rest)| rest);
+        assert!(
+            after_setup
+                .matches(&format!("bar.sync 1, {threads};"))
+                .count()
+                == 2
+                && !after_setup.contains("bar.sync 0;")
+                && after_setup.contains("fence.proxy.async.shared::cta"),
+            "{ct:?}: the consumers' own barriers around the staging: {}",
+            ptx.lines()
+                .filter(|l| l.contains("bar.") || l.contains("fence"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        assert!(
+            // The SS form (A from a descriptor, not `{..}` registers), `imm-trans-a` its
+            // second-to-last field.
+            ptx.lines().any(|l| l.contains("wgmma.mma_async")
+                && !l.contains("}, {")
+                && l.trim_end_matches(';').rsplit(", ").nth(1) == Some("1")),
+            "{ct:?}: a wgmma reading A MN-major: {}",
+            ptx.lines()
+                .filter(|l| l.contains("wgmma.mma_async"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
     }
 }
 

@@ -30,6 +30,7 @@ mod params;
 mod print;
 mod scalar_atomic;
 mod stage;
+pub(crate) use stage::StageSync;
 mod sync;
 mod take;
 mod values;

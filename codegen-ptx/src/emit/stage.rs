@@ -22,6 +22,17 @@ enum Elements {
     Pairs(Vec<Reg>),
 }
 
+/// Which threads meet at the barriers around a staging write.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum StageSync {
+    /// Every thread of the block (`bar.sync 0`).
+    Block,
+    /// A ring's consumer warpgroups only: named barrier `id` of `threads` threads (the
+    /// producer never reaches a block-wide one). Their wgmmas read the buffer, so the writes
+    /// are always fenced into the async proxy.
+    Consumers { id: u32, threads: u32 },
+}
+
 impl Emitter<'_> {
     /// Writes `st`'s source into its buffer between two `bar.sync`s and returns the operand's
     /// form for the mma at `id`: the buffer, transposed when the operand is.
@@ -30,6 +41,20 @@ impl Emitter<'_> {
         id: OpId,
         st: &StagedOperand,
     ) -> Result<Val, CodegenError> {
+        self.stage_operand_among(id, st, StageSync::Block)
+    }
+
+    /// [`Emitter::stage_operand`], the threads that write meeting as `sync` says.
+    pub(crate) fn stage_operand_among(
+        &mut self,
+        id: OpId,
+        st: &StagedOperand,
+        sync: StageSync,
+    ) -> Result<Val, CodegenError> {
+        let barrier = match sync {
+            StageSync::Block => "bar.sync 0".to_string(),
+            StageSync::Consumers { id, threads } => format!("bar.sync {id}, {threads}"),
+        };
         let dtype = self.k.ty(st.source).dtype();
         let elements = match self.val(st.source, id)? {
             Val::Narrowed { src, to } => Elements::Wide(src, to),
@@ -58,7 +83,7 @@ impl Emitter<'_> {
             .map(|t| t.mul)
             .fold(8u32, |a, m| a.min(1 << m.trailing_zeros().min(3)));
         // Every thread is done reading the previous contents.
-        self.ins("bar.sync 0");
+        self.ins(barrier.clone());
         let mut rows: BTreeMap<u32, (Reg, Option<Reg>)> = BTreeMap::new();
         let mut cols: BTreeMap<u32, (Reg, Reg)> = BTreeMap::new();
         let mut i = 0;
@@ -150,8 +175,11 @@ impl Emitter<'_> {
         }
         // The writes are visible to every warp's ldmatrix (and, through the proxy fence, to
         // a wgmma's reads).
-        self.async_proxy_fence();
-        self.ins("bar.sync 0");
+        match sync {
+            StageSync::Block => self.async_proxy_fence(),
+            StageSync::Consumers { .. } => self.ins("fence.proxy.async.shared::cta"),
+        }
+        self.ins(barrier);
         Ok(Val::Smem {
             base,
             buf,

@@ -11,10 +11,12 @@ use kiln_ir::sched::tma::{Operand, TmaLoad};
 use kiln_ir::schedule::Layout;
 use kiln_ir::{Kernel, OpId};
 
-use crate::emit::{Emitter, Val};
+use super::plain::Walk;
+use crate::emit::{Emitter, StageSync, Val};
 use crate::error::CodegenError;
 use crate::sched::{self, RingMma};
 use crate::types::{Class, Reg, half_ty};
+use kiln_ir::sched::RoleKind;
 
 /// The ring loop's body as its wgmmas read it: the loads whose stages they read, and whether
 /// each is committed and waited for where it is issued.
@@ -237,16 +239,45 @@ fn write(
     let op = e.k.ops[id].clone();
     let (a, b, r) = (op.operands[0], op.operands[1], op.results[0]);
     let (b_base, b_load) = ring_operand(e, ring, b, id, true)?;
-    let a_val = e.val(a, id)?;
-    let a_smem = match a_val {
-        Val::Smem { .. } => Some(ring_operand(e, ring, a, id, false)?),
-        _ => None,
+    // An A the consumers stage (`t.t()` of a register tile: `pipeline::staged_operands`) is
+    // written into its buffer here, between barriers of the consumers alone.
+    let staged = e.k.schedule.staged(a).cloned();
+    let a_val = match &staged {
+        Some(st) => {
+            let sync = consumers_sync(e, id)?;
+            e.stage_operand_among(id, st, sync)?
+        }
+        None => e.val(a, id)?,
+    };
+    let (a_smem, a_staged) = match (&staged, &a_val) {
+        (
+            Some(st),
+            Val::Smem {
+                base, transposed, ..
+            },
+        ) => {
+            let walk = Walk::of(&st.buffer, !transposed)
+                .ok_or_else(|| e.internal(id, "a staged wgmma A in an unswizzled buffer"))?;
+            (
+                None,
+                Some((*base, walk, st.buffer.stage_bytes / st.buffer.row_bytes)),
+            )
+        }
+        (None, Val::Smem { .. }) => (Some(ring_operand(e, ring, a, id, false)?), None),
+        _ => (None, None),
     };
     let g = Geometry::new(a_smem.as_ref().map(|(_, l)| l), &b_load);
     if let Some((_, l)) = &a_smem
         && g.a.is_some_and(|av| av.bk(l) != g.bk)
     {
         return Err(e.internal(id, "wgmma A and B stages of different K"));
+    }
+    // Stored `[K, M]` (read transposed), the staged A's rows are its K.
+    if let Some((_, walk, rows)) = a_staged
+        && !walk.k_major
+        && rows != g.bk
+    {
+        return Err(e.internal(id, "a staged wgmma A and B stage of different K"));
     }
     let bn = g.bn;
     let Some(elem) = half_ty(e.k.ty(a).dtype()) else {
@@ -273,8 +304,8 @@ fn write(
     if acc.len() as u32 != bn / 2 {
         return Err(e.internal(id, "accumulator registers do not match m64nNk16"));
     }
-    let da = match (&a_smem, g.a) {
-        (Some((a_base, _)), Some(av)) => {
+    let da = match (&a_smem, g.a, a_staged) {
+        (Some((a_base, _)), Some(av), _) => {
             // Warp-uniform: the warpgroup's first row in the A stage.
             let wg = warpgroup.ok_or_else(|| e.internal(id, "a wgmma outside the consumers"))?;
             let a_addr = e.new_reg(Class::B32);
@@ -283,7 +314,20 @@ fn write(
                 av.start(1, 0)
             ));
             let (al, asb, asw) = av.fields;
-            Some((sched::descriptor(e, a_addr, template(al, asb, asw)), av))
+            let desc = sched::descriptor(e, a_addr, template(al, asb, asw));
+            Some((desc, ADesc::Ring(av)))
+        }
+        (_, _, Some((a_base, walk, _))) => {
+            // The warpgroup's 64 rows (K-major) or columns (MN-major) of A.
+            let wg = warpgroup.ok_or_else(|| e.internal(id, "a wgmma outside the consumers"))?;
+            let a_addr = e.new_reg(Class::B32);
+            e.ins(format!(
+                "mad.lo.u32 {a_addr}, {wg}, {}, {a_base}",
+                walk.start(64, 0)
+            ));
+            let (al, asb, asw) = walk.fields();
+            let desc = sched::descriptor(e, a_addr, template(al, asb, asw));
+            Some((desc, ADesc::Staged(walk)))
         }
         _ => {
             check_register_a(e, a, id)?;
@@ -310,10 +354,14 @@ fn write(
         let dbs = advance_descriptor(e, db, g.b_start(s) >> 4);
         match (da, a_frags.get(s as usize)) {
             (Some((da, av)), _) => {
-                let das = advance_descriptor(e, da, av.start(0, s) >> 4);
+                let (start, trans_a) = match av {
+                    ADesc::Ring(av) => (av.start(0, s), 0),
+                    ADesc::Staged(walk) => (walk.start(0, s), u32::from(!walk.k_major)),
+                };
+                let das = advance_descriptor(e, da, start >> 4);
                 e.ins(format!(
                     "wgmma.mma_async.sync.aligned.{shape} {{{regs}}}, {das}, {dbs}, {scale_d}, \
-                         1, 1, 0, {trans_b}"
+                         1, 1, {trans_a}, {trans_b}"
                 ));
             }
             (None, Some([a0, a1, a2, a3])) => e.ins(format!(
@@ -329,6 +377,29 @@ fn write(
     }
     e.vals.insert(r, Val::Tile(acc));
     Ok(())
+}
+
+/// How a shared A's descriptor walks its k16 steps.
+#[derive(Clone, Copy)]
+enum ADesc {
+    /// A ring or once load's stage, K-major.
+    Ring(KMajorA),
+    /// A buffer the consumers staged, K- or MN-major.
+    Staged(Walk),
+}
+
+/// The barrier the consumer warpgroups alone meet at around a staging write: the first
+/// named barrier id the schedule leaves free, with every consumer thread.
+fn consumers_sync(e: &Emitter<'_>, id: OpId) -> Result<StageSync, CodegenError> {
+    let s = e.k.schedule.sched.as_ref();
+    let consumers = s.and_then(|s| s.role(RoleKind::Consumer));
+    match (s, consumers) {
+        (Some(s), Some(c)) => Ok(StageSync::Consumers {
+            id: s.free_named_barrier(),
+            threads: 32 * c.warps,
+        }),
+        _ => Err(e.internal(id, "a staged wgmma operand outside a ring's consumers")),
+    }
 }
 
 /// A register A operand must be in the wgmma accumulator layout: 16 rows per warp.

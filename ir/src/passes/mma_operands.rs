@@ -32,7 +32,15 @@ use super::walk::{defining_op, ops_in_order, uses};
 /// is stored as it is and the mma reads it transposed.
 pub fn plan(kernel: &mut Kernel, ring: &BTreeSet<OpId>) -> Result<(), Diagnostic> {
     let uses = uses(kernel);
-    let mut staged: Vec<StagedOperand> = Vec::new();
+    // A ring's consumers stage their own operands (the `pipeline` pass planned and placed
+    // them); they stay.
+    let mut staged: Vec<StagedOperand> = kernel
+        .schedule
+        .staged
+        .iter()
+        .filter(|s| ring.contains(&s.buffer.load))
+        .cloned()
+        .collect();
     let mut offset = kernel.schedule.smem_bytes.next_multiple_of(128);
     let mut first_loc = None;
     for id in ops_in_order(kernel) {

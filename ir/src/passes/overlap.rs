@@ -42,7 +42,9 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         let r = readers(kernel, &uses, l.tma.load);
         r.contains(&overlap.tail) && r.iter().any(|&u| u != overlap.tail)
     });
-    if shared {
+    // Operands the consumers stage through shared memory are written between barriers of
+    // their own, which a rotated body would split across iterations.
+    if shared || !kernel.schedule.staged.is_empty() {
         return Ok(());
     }
     let warpgroups = warps / WARPGROUP;

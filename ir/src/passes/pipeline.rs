@@ -15,7 +15,7 @@ use crate::sched::tma::{Operand, SWIZZLE_ATOM, TmaLoad};
 use crate::sched::{
     BarrierId, Issue, Load, Mbarrier, MmaPart, Op, Phase, Region, Role, RoleKind, Sched,
 };
-use crate::schedule::Layout;
+use crate::schedule::{Layout, SmemBuffer, StagedOperand};
 use crate::target::Target;
 use crate::types::DType;
 
@@ -52,8 +52,78 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     {
         return Ok(());
     }
+    let staged = staged_operands(kernel, sched.for_op);
     kernel.schedule.sched = Some(sched.clone());
+    kernel.schedule.staged = staged;
     place(kernel)
+}
+
+/// The register A operands of ring loop `for_op`'s mmas that the consumers stage through
+/// shared memory ([`staged_a`]): one buffer each, row-major as the tile is held, swizzled,
+/// in column boxes where its rows are wider than the swizzle span (the canonical layout a
+/// wgmma descriptor reads); [`place`] puts them after the ring.
+fn staged_operands(kernel: &Kernel, for_op: OpId) -> Vec<StagedOperand> {
+    let mut staged: Vec<StagedOperand> = Vec::new();
+    for m in super::walk::mmas(kernel, &kernel.ops[for_op].regions[0]) {
+        let a = kernel.ops[m].operands[0];
+        let Some(source) = staged_a(kernel, a) else {
+            continue;
+        };
+        if staged.iter().any(|s| s.operand == a) {
+            continue;
+        }
+        let ty = kernel.ty(source);
+        let Some(shape) = ty.shape() else {
+            continue;
+        };
+        let row_bytes = (shape.cols() * ty.dtype().size_bytes()) as u32;
+        let mut buffer = SmemBuffer {
+            load: m,
+            offset: 0,
+            stage_bytes: row_bytes * shape.rows() as u32,
+            stages: 1,
+            row_bytes,
+            swizzled: true,
+            boxed: false,
+        };
+        buffer.boxed = buffer.span().is_some_and(|span| row_bytes > span);
+        staged.push(StagedOperand {
+            operand: a,
+            source,
+            transposed: true,
+            buffer,
+            at_source: false,
+        });
+    }
+    staged
+}
+
+/// The register tile `a` transposes, when `a` is an A operand the consumers can stage for
+/// wgmma: `t.t()` of a 16-bit register tile `t` whose rows are a multiple of 8 and whose row
+/// bytes a multiple of 128 (whole swizzle spans), read by mmas only. Attention backward's
+/// `dQ = dS K` from a keys-major `dS^T`: wgmma reads A from registers only in its
+/// accumulator layout, so the consumers write `t` into shared memory and the wgmma reads it
+/// MN-major.
+fn staged_a(kernel: &Kernel, a: ValueId) -> Option<ValueId> {
+    let ValueDef::Op(t, 0) = kernel.values[a].def else {
+        return None;
+    };
+    if kernel.ops[t].kind != OpKind::Transpose {
+        return None;
+    }
+    let source = kernel.ops[t].operands[0];
+    let layout = kernel.schedule.layouts.get(&source)?;
+    let ty = kernel.ty(source);
+    let shape = ty.shape()?;
+    let only_mma = super::walk::uses(kernel).get(&a).is_some_and(|us| {
+        us.iter()
+            .all(|&u| kernel.ops[u].kind == OpKind::Mma && kernel.ops[u].operands[0] == a)
+    });
+    let fits = shape.rank() == 2
+        && shape.rows().is_multiple_of(8)
+        && (shape.cols() * 2).is_multiple_of(128)
+        && matches!(ty.dtype(), DType::Bf16 | DType::F16);
+    (!layout.is_shared() && only_mma && fits).then_some(source)
 }
 
 /// The stage ring's barriers of `s`: those its loads complete on or are released on,
@@ -125,6 +195,12 @@ pub fn place(kernel: &mut Kernel) -> Result<(), Diagnostic> {
         offset = offset.next_multiple_of(SWIZZLE_ATOM);
         store.offset = offset;
         offset += store.bytes();
+    }
+    // The consumers' staged operands last, each on the swizzle atom.
+    for st in &mut schedule.staged {
+        offset = offset.next_multiple_of(SWIZZLE_ATOM);
+        st.buffer.offset = offset;
+        offset += st.buffer.stage_bytes;
     }
     sched.sort_barriers();
     let rings = "the TMA stage rings";
@@ -441,7 +517,8 @@ fn plan_mma(kernel: &Kernel, mma: OpId, warps: u32, target: Target) -> Option<Mm
     );
     let a_ok = (a.is_some()
         || target == Target::Sm100a
-        || kernel.schedule.layouts.get(&a_v) == Some(&Layout::Mma { warps: [warps, 1] }))
+        || kernel.schedule.layouts.get(&a_v) == Some(&Layout::Mma { warps: [warps, 1] })
+        || target == Target::Sm90a && staged_a(kernel, a_v).is_some())
         && !gathered;
     let dtype_ok = a_ok
         && matches!(kernel.ty(a_v).dtype(), DType::Bf16 | DType::F16)

@@ -12,14 +12,11 @@ use crate::kernel::{Kernel, OpId, OpKind, Param};
 use crate::sched::overlap::NAMED_BARRIERS;
 use crate::sched::store::BOX_COLUMNS;
 use crate::sched::tma::TmaBox;
-use crate::sched::{BarrierId, BarrierKind, Op, RoleKind, TmaStore};
+use crate::sched::{BarrierId, Op, RoleKind, TmaStore};
 use crate::schedule::{Distribution, Layout, Term};
 use crate::target::Target;
 use crate::tmem::epilogue;
 use crate::types::DType;
-
-/// Named barrier id of the ping-pong's first turn (`overlap`); the store takes the next free.
-const FIRST_FREE_BARRIER: u32 = 1;
 
 /// Lowers every qualifying epilogue store; does nothing on other targets.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
@@ -33,15 +30,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     };
     let id = s.for_op;
     // After the warpgroups' turn barriers.
-    let barrier = s
-        .barriers
-        .iter()
-        .filter_map(|(_, b)| match b.kind {
-            BarrierKind::Named { first, ids, .. } => Some(first + ids),
-            BarrierKind::Mbarrier(_) => None,
-        })
-        .max()
-        .unwrap_or(FIRST_FREE_BARRIER);
+    let barrier = s.free_named_barrier();
     let Some(at) = kernel.body.ops.iter().position(|&o| o == id) else {
         return Ok(());
     };

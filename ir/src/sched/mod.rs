@@ -132,6 +132,19 @@ impl Sched {
         })
     }
 
+    /// The first hardware named barrier id after every named barrier array of the arena
+    /// (1 when there is none: 0 is the block-wide barrier).
+    pub fn free_named_barrier(&self) -> u32 {
+        self.barriers
+            .iter()
+            .filter_map(|(_, b)| match b.kind {
+                BarrierKind::Named { first, ids, .. } => Some(first + ids),
+                BarrierKind::Mbarrier(_) => None,
+            })
+            .max()
+            .unwrap_or(1)
+    }
+
     /// The first role of `kind`.
     pub fn role(&self, kind: RoleKind) -> Option<&Role> {
         self.roles.iter().find(|r| r.kind == kind)

@@ -286,6 +286,68 @@ pub fn ring_shared_b_configs() -> [RingSharedBComptime; 3] {
     ]
 }
 
+/// A keys-major walk with a staged A (attention backward's dK and dQ without the softmax): a
+/// block holds `k`'s `BN` rows (A, loaded once) and walks `q` in blocks of `BM` rows (B, per
+/// stage): `s^T = k q^T` (`[BN, BM]`), then `oq = (s^T)^T k` for the query block (A the
+/// transpose of a register tile: the consumers stage it through shared memory, read
+/// MN-major) and `ok += s^T q` (A in registers, the RS form; `q`'s stage read K-major for
+/// the scores and MN-major here).
+#[kernel(num_warps = NW)]
+pub fn ring_staged_a(
+    q: Tensor<bf16, 2>,
+    k: Tensor<bf16, 2>,
+    oq: TensorMut<f32, 2>,
+    ok: TensorMut<f32, 2>,
+    #[comptime(default = 64)] BM: usize,
+    #[comptime(default = 64)] BN: usize,
+    #[comptime(default = 64)] D: usize,
+    #[comptime(default = 4)] NW: usize,
+) {
+    let kt = k.tile([BN, D], [0, 0]).load();
+    let mut acc = zeros::<f32>([BN, D]);
+    for j in pipelined(0..cdiv(q.dim(0), BM), stages = 2) {
+        let qt = q.tile([BM, D], [j * BM, 0]).load();
+        let st = mma(&kt, &qt.t()).cast::<bf16>();
+        oq.tile([BM, D], [j * BM, 0]).store(mma(&st.t(), &kt));
+        acc = mma_acc(&st, &qt, &acc);
+    }
+    ok.tile([BN, D], [0, 0]).store(acc);
+}
+
+/// The [`ring_staged_a`] configurations the CPU and GPU tests run: one and two consumer
+/// warpgroups, D of 64 and 128 (boxed rows).
+pub fn ring_staged_a_configs() -> [RingStagedAComptime; 3] {
+    let base = RingStagedAComptime::default();
+    [
+        base,
+        RingStagedAComptime { D: 128, ..base },
+        RingStagedAComptime {
+            BM: 128,
+            BN: 128,
+            NW: 8,
+            ..base
+        },
+    ]
+}
+
+/// [`ring_staged_a`]'s results in f64 (the scores unrounded): `oq[i] = sum_j (k_j . q_i) k_j`
+/// (`[m, D]`) and `ok[j] = sum_i (k_j . q_i) q_i` (`[n, D]`).
+pub fn staged_a(q: &HostTensor, k: &HostTensor) -> (Vec<f64>, Vec<f64>) {
+    let (m, d, n) = (q.shape[0], q.shape[1], k.shape[0]);
+    let (qv, kv) = (q.to_f64_vec(), k.to_f64_vec());
+    let (mut oq, mut ok) = (vec![0.0; m * d], vec![0.0; n * d]);
+    for i in 0..m {
+        for j in 0..n {
+            let s: f64 = (0..d).map(|x| qv[i * d + x] * kv[j * d + x]).sum();
+            for x in 0..d {
+                oq[i * d + x] += s * kv[j * d + x];
+                ok[j * d + x] += s * qv[i * d + x];
+            }
+        }
+    }
+    (oq, ok)
+}
+
 /// [`ring_shared_b`]'s result in f64 (the scores unrounded): `sum_j (q k_j^T) k_j`, `[m, D]`.
 pub fn shared_b(q: &HostTensor, k: &HostTensor) -> Vec<f64> {
     let (m, d, rows) = (q.shape[0], q.shape[1], k.shape[0]);
