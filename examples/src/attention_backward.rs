@@ -59,6 +59,12 @@ pub struct AttentionBwdParams {
     /// `block_m` and `block_n` at least `16 num_warps`).
     #[comptime(default = 4)]
     pub num_warps: usize,
+    /// Whether the dense `attention_bwd_dkdv` computes its scores keys-major, `S^T = K Q^T`
+    /// (the key block every product's M): on sm_90a a warp-specialised ring, whose consumers
+    /// stage `dS` through shared memory for dQ. The deterministic kernel, which leaves dQ to
+    /// [`attention_bwd_dq`], always does.
+    #[comptime(default = false)]
+    pub keys_major: bool,
     /// Columns of dK and dV one `attention_bwd_dkdv` block accumulates (a divisor of `d`, a
     /// multiple of 16; 0: [`key_columns`]'s choice). Blocks of the same keys split the rest.
     /// With a `dv` of its own, the columns of dK; dV is split into as many chunks.
@@ -84,6 +90,7 @@ impl AttentionBwdParams {
             block_n: 0,
             deterministic,
             num_warps: 4,
+            keys_major: false,
             key_cols: 0,
         }
     }
@@ -842,13 +849,13 @@ fn dkdv(
     let n_m = key_walk_end(rows, k0, walk.count());
     let keys_partial = k0 + bn > sk;
     let qk_scale = scale * score_factor(p.softcap);
-    // Without dQ (`deterministic`: `attention_bwd_dq` computes it) a dense batch's scores are
-    // keys-major, `S^T = K Q^T`: the key block is every product's M, K and V its held A
-    // operands, P^T and dS^T register A operands of dV and dK, and Q's and dO's stage tiles B
-    // operands read both ways, the form a warp-specialised ring takes. dQ = dS K needs dS
-    // queries-major; a packed batch's masked loads take no ring (and keys-major, its row
-    // bounds spill 60 bytes at d = 256 on sm_80).
-    let axes = if p.deterministic && packed.is_none() {
+    // Keys-major scores, `S^T = K Q^T` (always without dQ: `deterministic` leaves it to
+    // `attention_bwd_dq`): the key block is every product's M, K and V its held A operands,
+    // P^T and dS^T register A operands of dV and dK, Q's and dO's stage tiles B operands read
+    // both ways, and dQ = (dS^T)^T K reads a staged A: the form a warp-specialised ring takes.
+    // A packed batch's masked loads take no ring (and keys-major, its row bounds spill 60
+    // bytes at d = 256 on sm_80): queries-major.
+    let axes = if (p.deterministic || p.keys_major) && packed.is_none() {
         ScoreAxes::KeyRows
     } else {
         ScoreAxes::QueryRows
@@ -876,7 +883,18 @@ fn dkdv(
         );
         if axes.keys_major() {
             acc_v = mma_acc(&probs.cast_to(dtype), &dos[0], &acc_v);
-            acc_k = mma_acc(&ds.cast_to(dtype), &qs[0], &acc_k);
+            let ds = ds.cast_to(dtype);
+            if !p.deterministic {
+                add_dq_owned(
+                    dq_accum,
+                    mma(&ds.t(), &ks[0]),
+                    rows,
+                    (h, q0),
+                    (chunks[0], (bm, cols)),
+                    split.owns_k,
+                );
+            }
+            acc_k = mma_acc(&ds, &qs[0], &acc_k);
         } else {
             acc_v = mma_acc(&probs.cast_to(dtype).t(), &dos[0], &acc_v);
             let ds = ds.cast_to(dtype);

@@ -149,6 +149,26 @@ fn head_dim_128_assembles_without_spills() {
 }
 
 #[test]
+fn keys_major_dkdv_assembles_without_spills() {
+    // The dense dK/dV kernel keys-major with dQ by atomics (on sm_90a a warp-specialised ring
+    // staging dS for dQ), every feature variant at head dims 64 and 128, and 256 plain: no
+    // compile fails or spills, on either target.
+    let mut failures = Vec::new();
+    let ps = variants(64)
+        .into_iter()
+        .chain(variants(128))
+        .chain(variants(256).into_iter().take(1));
+    for p in ps {
+        let p = AttentionBwdParams {
+            keys_major: true,
+            ..p
+        };
+        failures.extend(assemble(&attention_bwd_dkdv, p).err());
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
 fn head_dim_96_assembles_without_spills() {
     // Every kernel, plain and with every feature (three blocks of 32 columns per key block),
     // without a single spill.

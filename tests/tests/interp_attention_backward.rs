@@ -36,6 +36,8 @@ struct Call {
     chunk: i32,
     softcap: f32,
     deterministic: bool,
+    /// The dK/dV kernel's scores keys-major with dQ by atomics (`keys_major`).
+    keys_major: bool,
     /// With sm_90a's measured tiles ([`AttentionBwdParams::tuned`]), not the defaults.
     tuned: bool,
 }
@@ -59,6 +61,7 @@ impl Call {
             chunk: 0,
             softcap: 0.0,
             deterministic: false,
+            keys_major: false,
             tuned: false,
         }
     }
@@ -78,6 +81,7 @@ impl Call {
             block_n: 0,
             deterministic: self.deterministic,
             num_warps: 4,
+            keys_major: self.keys_major,
             key_cols: 0,
         };
         if self.tuned {
@@ -268,6 +272,61 @@ fn dense_and_causal_match_reference() {
             causal: true,
             ..Call::new(90, 110)
         };
+        run(&mut rng, c, dist);
+    }
+}
+
+#[test]
+fn keys_major_scores_with_dq_atomics_match_reference() {
+    // The dK/dV kernel keys-major (`S^T = K Q^T`, dQ from the staged `dS`) with atomics:
+    // causal with sq > sk and sq < sk, grouped heads, a window with a soft-cap, head dims
+    // 128 (two column blocks) and 256 (four), lengths no multiple of the blocks.
+    let mut rng = Rng::from_env();
+    let base = |sq, sk| Call {
+        keys_major: true,
+        ..Call::new(sq, sk)
+    };
+    let mut grouped = Call {
+        causal: true,
+        ..base(80, 70)
+    };
+    grouped.dims.h = 4;
+    grouped.dims.h_kv = 1;
+    let mut wide = base(90, 110);
+    wide.dims.d = 128;
+    let mut widest = Call {
+        causal: true,
+        ..base(70, 65)
+    };
+    widest.dims.d = 256;
+    for (c, dist) in [
+        (base(100, 100), Dist::Normal),
+        (
+            Call {
+                causal: true,
+                ..base(150, 90)
+            },
+            Dist::Large,
+        ),
+        (
+            Call {
+                causal: true,
+                ..base(70, 130)
+            },
+            Dist::Normal,
+        ),
+        (grouped, Dist::Normal),
+        (
+            Call {
+                window: (40, 10),
+                softcap: 20.0,
+                ..base(120, 100)
+            },
+            Dist::Normal,
+        ),
+        (wide, Dist::Uniform),
+        (widest, Dist::Normal),
+    ] {
         run(&mut rng, c, dist);
     }
 }

@@ -334,7 +334,8 @@ fn the_dq_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dq() {
 /// read K-major (the scores) and MN-major (dK, dV), P^T and dS^T register A operands, so it
 /// takes a warp-specialised ring; the schedule's CPU execution equals the interpreter's dK
 /// and dV: causal and not, a window with a soft-cap, grouped heads, column chunks (d = 256
-/// in four of 64), lengths no multiple of the blocks.
+/// in four of 64), lengths no multiple of the blocks. With `keys_major` and atomics too:
+/// dQ's adds from the consumers' staged dS equal the interpreter's.
 #[test]
 fn the_dkdv_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dk_and_dv() {
     use kiln_examples::attention_backward::{AttentionBwdParams, attention_bwd_dkdv};
@@ -360,6 +361,21 @@ fn the_dkdv_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dk_and_
             ..base
         },
         AttentionBwdParams { d: 256, ..base },
+        // dQ by atomics from the staged dS.
+        AttentionBwdParams {
+            d: 64,
+            causal: true,
+            deterministic: false,
+            keys_major: true,
+            ..base
+        },
+        AttentionBwdParams {
+            d: 128,
+            kv_group: 2,
+            deterministic: false,
+            keys_major: true,
+            ..base
+        },
     ];
     for p in configs {
         let kernel = scheduled(&attention_bwd_dkdv, p);
@@ -371,7 +387,8 @@ fn the_dkdv_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dk_and_
         let grid = p.key_grid([sk, hk, b]);
         let scale = 0.1f32;
         let run = |scheduled: bool| {
-            let mut dq_accum = poisoned(&[b, h, sq, d], DType::F32);
+            // Zeroed for the atomics (what `attention_bwd_preprocess` does).
+            let mut dq_accum = HostTensor::full(&[b, h, sq, d], DType::F32, 0.0);
             let mut dk = poisoned(&[b, hk, sk, d], DType::Bf16);
             let mut dv = poisoned(&[b, hk, sk, d], DType::Bf16);
             let mut args = [
@@ -391,10 +408,14 @@ fn the_dkdv_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dk_and_
             } else {
                 run_def(&attention_bwd_dkdv, &p, grid, &mut args).expect("interprets");
             }
-            (dk, dv)
+            (dk, dv, dq_accum)
         };
-        let ((dk, dv), (dk_want, dv_want)) = (run(true), run(false));
-        for (name, got, want) in [("dk", dk, dk_want), ("dv", dv, dv_want)] {
+        let ((dk, dv, dq), (dk_want, dv_want, dq_want)) = (run(true), run(false));
+        for (name, got, want) in [
+            ("dk", dk, dk_want),
+            ("dv", dv, dv_want),
+            ("dq", dq, dq_want),
+        ] {
             let case = Case {
                 kernel: format!("scheduled attention_bwd_dkdv {name} {p:?}"),
                 shape: format!("b={b} h={h} sq={sq} sk={sk}"),

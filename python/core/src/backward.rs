@@ -384,6 +384,7 @@ impl BwdPlan {
             block_n: 0,
             deterministic: self.deterministic,
             num_warps: 4,
+            keys_major: false,
             key_cols: 0,
         };
         match self.target {
@@ -590,6 +591,7 @@ fn bwd_given(p: &AttentionBwdParams) -> Vec<(String, Given)> {
     });
     g.push(("dv".into(), Given::Int(p.dv as i64)));
     g.push(("deterministic".into(), Given::Bool(p.deterministic)));
+    g.push(("keys_major".into(), Given::Bool(p.keys_major)));
     // The tiles too: the launch grids the steps compute from them must be the built kernel's.
     for (name, value) in [
         ("block_m", p.block_m),
