@@ -127,7 +127,51 @@ def sides_of(torch, kiln_attn, fa4, causal, grads=False):
     if grads:
         sides.append(("kiln_deterministic", "bshd",
                       lambda q, k, v: kiln_attn.flash_attn_func(q, k, v, causal=causal, deterministic=True)))
+        sides.append(("kiln_keys_major", "bshd", keys_major_attention(torch, kiln_attn, causal)))
     return sides
+
+
+def key_columns(d):
+    """The columns of dK and dV one `attention_bwd_dkdv` block accumulates by default (the
+    Rust `key_columns`): all up to 64, else 64, or 32 of a `d` no multiple of 64."""
+    return d if d <= 64 else 64 if d % 64 == 0 else 32
+
+
+def keys_major_attention(torch, kiln_attn, causal, run="launch"):
+    """forward(q, k, v) for (b, s, h, d) tensors: kiln's flash_attn_func, differentiated by the
+    backward with the dK/dV kernel keys-major (`keys_major`: dQ by atomics from the staged
+    dS; on sm_90a a warp-specialised ring), its three kernels launched one by one (`run`:
+    "launch", or "interpret" on CPU tensors) with the library's default tiles. Times the
+    candidate beside the library's own backward before it becomes the default."""
+    names = ("attention_bwd_preprocess", "attention_bwd_dkdv", "attention_bwd_dq_convert")
+    pre, dkdv, convert = (getattr(kiln_attn._native.kernel(n), run) for n in names)
+
+    class KeysMajor(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out, lse, _ = kiln_attn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, dout):
+            q, k, v, out, lse = ctx.saved_tensors
+            (b, sq, h, d), (sk, hk) = q.shape, k.shape[1:3]
+            scale = d ** -0.5
+            ct = dict(d=d, causal=causal, kv_group=h // hk, dtype=q.dtype, keys_major=True)
+            heads = lambda t: t.transpose(1, 2)  # (b, h, s, d) views, read through strides
+            f32 = dict(dtype=torch.float32, device=q.device)
+            delta, dq_accum = torch.empty((b, h, sq), **f32), torch.empty((b, h, sq, d), **f32)
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            rows, dout = (sq + 63) // 64, dout.contiguous()
+            pre((rows, h, b), heads(out), heads(dout), delta, dq_accum, **ct)
+            key_grid = ((sk + 63) // 64 * (d // key_columns(d)), hk, b)
+            dkdv(key_grid, heads(q), heads(k), heads(v), heads(dout), lse, delta, dq_accum,
+                 heads(dk), heads(dv), scale, **ct)
+            convert((rows, h, b), dq_accum, heads(dq), scale, **ct)
+            return dq, dk, dv
+
+    return KeysMajor.apply
 
 
 def backward_calls(torch, forward, inputs, douts):
