@@ -56,7 +56,7 @@ pub mod prelude {
         cluster, col_max, col_sum, cos, erf, exp, exp2, full, grid_dim, iota, log, log2, max, min,
         mma, mma_acc, mulhi, pipelined, rand, rand4x, randint, randint4x, randn, recip, reduce_max,
         reduce_min, reduce_sum, reject, row_max, row_min, row_sum, rsqrt, select, sigmoid, sin,
-        sqrt, tanh, umulhi, unroll, zeros,
+        sqrt, tanh, umulhi, unroll, warp_specialize, zeros,
     };
     pub use kiln_ir::kprint;
     pub use kiln_ir::{AtomicOp, MemScope, MemSem};

@@ -860,6 +860,11 @@ fn dkdv(
     } else {
         ScoreAxes::QueryRows
     };
+    // Queries-major, sm_90a's ring would stage P^T and dS^T for dV and dK each iteration; it
+    // has not been timed on the H200, so this kernel keeps the lowering that was.
+    if !axes.keys_major() {
+        warp_specialize(false);
+    }
     let mut acc_k = zeros::<f32>([bn, cols]);
     let mut acc_v = zeros::<f32>([bn, vcols]);
     for t in pipelined(0..n_m * group, stages = 2) {

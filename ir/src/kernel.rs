@@ -20,6 +20,11 @@ pub struct KernelOptions {
     pub cluster: u32,
     /// Where the cluster was requested (the default location when it was not).
     pub cluster_loc: Loc,
+    /// Whether the sm_90a and sm_100a passes may give a pipelined loop warp roles and a TMA
+    /// ring ([`crate::dsl::warp_specialize`]); `false` keeps the plain lowering.
+    pub warp_specialize: bool,
+    /// Where warp specialisation was turned off (the default location when it was not).
+    pub warp_specialize_loc: Loc,
 }
 
 impl Default for KernelOptions {
@@ -28,6 +33,8 @@ impl Default for KernelOptions {
             num_warps: 4,
             cluster: 1,
             cluster_loc: Loc::default(),
+            warp_specialize: true,
+            warp_specialize_loc: Loc::default(),
         }
     }
 }

@@ -21,15 +21,21 @@ const LOC_COLUMN: usize = 64;
 pub fn print_kernel(kernel: &Kernel) -> String {
     let mut out = String::new();
     let params: Vec<String> = kernel.params.iter().map(param_str).collect();
-    // A cluster request is printed only when made, so every other kernel prints as before
-    // (and the disk cache, keyed by this text, tells the two apart).
+    // A cluster request, or warp specialisation turned off, is printed only when made, so
+    // every other kernel prints as before (and the disk cache, keyed by this text, tells the
+    // kernels apart).
     let cluster = match kernel.options.cluster {
         1 => String::new(),
         n => format!(" cluster={n}"),
     };
+    let plain = if kernel.options.warp_specialize {
+        ""
+    } else {
+        " warp_specialize=false"
+    };
     let _ = writeln!(
         out,
-        "kernel {}({}) num_warps={}{cluster} {{",
+        "kernel {}({}) num_warps={}{cluster}{plain} {{",
         kernel.name,
         params.join(", "),
         kernel.options.num_warps

@@ -15,8 +15,8 @@ use kiln_ptx::ptxas::{self, Tool};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use wgmma_kernels::{
-    held_b, ring_held_b, ring_held_b_configs, ring_shared_b, ring_shared_b_configs, ring_staged_a,
-    ring_staged_a_configs, shared_b, staged_a,
+    RingStagedAComptime, held_b, ring_held_b, ring_held_b_configs, ring_shared_b,
+    ring_shared_b_configs, ring_staged_a, ring_staged_a_configs, shared_b, staged_a,
 };
 
 /// `def` with comptime values `ct`, built for aligned tensors.
@@ -261,6 +261,52 @@ fn staged_a_runs_and_assembles() {
                 .join("\n")
         );
     }
+}
+
+/// `warp_specialize(false)` keeps a kernel the ring would take on the plain lowering (wgmma
+/// issued by every warpgroup, cp.async), says so in a note, and computes the same.
+#[test]
+fn warp_specialisation_turned_off_keeps_the_plain_lowering() {
+    let ct = RingStagedAComptime {
+        WS: false,
+        ..RingStagedAComptime::default()
+    };
+    let kernel = scheduled(&ring_staged_a, ct);
+    assert!(kernel.schedule.sched.is_none(), "a ring");
+    assert!(
+        kernel
+            .schedule
+            .notes
+            .iter()
+            .any(|n| n.text.contains("`warp_specialize(false)`")),
+        "{:?}",
+        kernel.schedule.notes
+    );
+    let ptx = kiln_ptx::compile(&build(&ring_staged_a, ct), Target::Sm90a)
+        .expect("compiles")
+        .ptx;
+    assert!(ptx.contains("wgmma.mma_async") && !ptx.contains("setmaxnreg"));
+    let mut rng = Rng::from_env();
+    let q = tensor(&mut rng, &[100, ct.D], DType::Bf16, Dist::Normal);
+    let k = tensor(&mut rng, &[50, ct.D], DType::Bf16, Dist::Normal);
+    let (want_q, want_k) = staged_a(&q, &k);
+    let mut oq = poisoned(&[100, ct.D], DType::F32);
+    let mut ok = poisoned(&[50, ct.D], DType::F32);
+    let mut args = [
+        HostArg::Tensor(&q),
+        HostArg::Tensor(&k),
+        HostArg::TensorMut(&mut oq),
+        HostArg::TensorMut(&mut ok),
+    ];
+    run_def(&ring_staged_a, &ct, [1, 1, 1], &mut args).expect("interprets");
+    let case = Case {
+        kernel: format!("ring_staged_a {ct:?}"),
+        shape: "m=100 n=50".into(),
+        dist: Dist::Normal,
+        seed: rng.seed(),
+    };
+    assert_close(&case, &oq, &want_q, tolerance(DType::Bf16));
+    assert_close(&case, &ok, &want_k, tolerance(DType::Bf16));
 }
 
 /// Attention backward's inputs for `b` batches of `h` query heads over `hk` key/value heads,

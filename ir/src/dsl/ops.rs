@@ -294,6 +294,23 @@ pub fn cluster(ctas: usize) {
     });
 }
 
+/// Turns the warp-specialised schedule off (`false`) or leaves it to the compiler (`true`,
+/// the default): on sm_90a and sm_100a a pipelined loop whose mmas a TMA ring can feed gets a
+/// producer warpgroup and consumer warpgroups; with `false` it keeps the lowering every warp
+/// runs in program order (cp.async, and wgmma without warp roles on sm_90a), as Triton's
+/// `warp_specialize` chooses per loop. For comparing the two schedules of one kernel, or
+/// keeping a measured one.
+#[track_caller]
+pub fn warp_specialize(on: bool) {
+    let loc = Loc::caller();
+    context::with(|b| {
+        let options = b.options_mut();
+        options.warp_specialize = on;
+        options.warp_specialize_loc = loc;
+        Ok(())
+    });
+}
+
 /// This block's index in the grid (i32 scalars).
 #[track_caller]
 pub fn block_id() -> Dim3 {

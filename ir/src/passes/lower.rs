@@ -140,6 +140,9 @@ fn note_plain_lowering(kernel: &mut Kernel, at: usize) {
 
 /// Why the `pipeline` pass gave the kernel of `mma` no ring, as far as its structure tells.
 fn why_no_ring(kernel: &Kernel, mma: OpId) -> String {
+    if !kernel.options.warp_specialize {
+        return "the kernel turned it off (`warp_specialize(false)`)".to_string();
+    }
     let top = kernel
         .body
         .ops

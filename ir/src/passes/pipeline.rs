@@ -24,7 +24,7 @@ use super::walk::{hoistable, sched_loc};
 
 /// Plans the schedule IR on sm_90a and sm_100a; does nothing on other targets.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
-    if !matches!(target, Target::Sm90a | Target::Sm100a) {
+    if !matches!(target, Target::Sm90a | Target::Sm100a) || !kernel.options.warp_specialize {
         return Ok(());
     }
     let warps = kernel.options.num_warps;

@@ -291,7 +291,7 @@ pub fn ring_shared_b_configs() -> [RingSharedBComptime; 3] {
 /// stage): `s^T = k q^T` (`[BN, BM]`), then `oq = (s^T)^T k` for the query block (A the
 /// transpose of a register tile: the consumers stage it through shared memory, read
 /// MN-major) and `ok += s^T q` (A in registers, the RS form; `q`'s stage read K-major for
-/// the scores and MN-major here).
+/// the scores and MN-major here). `WS = false` turns warp specialisation off.
 #[kernel(num_warps = NW)]
 pub fn ring_staged_a(
     q: Tensor<bf16, 2>,
@@ -302,7 +302,9 @@ pub fn ring_staged_a(
     #[comptime(default = 64)] BN: usize,
     #[comptime(default = 64)] D: usize,
     #[comptime(default = 4)] NW: usize,
+    #[comptime(default = true)] WS: bool,
 ) {
+    warp_specialize(WS);
     let kt = k.tile([BN, D], [0, 0]).load();
     let mut acc = zeros::<f32>([BN, D]);
     for j in pipelined(0..cdiv(q.dim(0), BM), stages = 2) {
