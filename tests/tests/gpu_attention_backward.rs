@@ -1,7 +1,8 @@
 //! Attention's backward kernels on the GPU (sm_80, and sm_90a on Hopper) after kiln's own
 //! forward, as in training: dq, dk and dv against the f64 reference gradients by
 //! FlashAttention's rule, both dQ modes (the deterministic one's bits must repeat), the
-//! features and shapes of `interp_attention_backward`, sm_90a's default and tuned tiles, varlen
+//! features and shapes of `interp_attention_backward`, sm_90a's default and tuned tiles, the
+//! dK/dV kernel keys-major with atomics (`keys_major`), varlen
 //! batches (NaN where no block may read), a value head dim of its own (`dv`) and used lengths
 //! (`seqused_q`, `seqused_k`: gradients 0 past them).
 
@@ -229,9 +230,18 @@ fn run_calls(dev: &Device, target: Target) {
             };
             let params = modes.iter().flat_map(|&deterministic| {
                 let p = AttentionBwdParams::of_forward(&fwd, deterministic);
-                tiles
+                let mut ps: Vec<AttentionBwdParams> = tiles
                     .iter()
-                    .map(move |&tuned| if tuned { p.tuned(target) } else { p })
+                    .map(|&tuned| if tuned { p.tuned(target) } else { p })
+                    .collect();
+                // dQ by atomics from the keys-major kernel's staged dS (on sm_90a its ring).
+                if !deterministic {
+                    ps.push(AttentionBwdParams {
+                        keys_major: true,
+                        ..p
+                    });
+                }
+                ps
             });
             for p in params {
                 let deterministic = p.deterministic;

@@ -99,7 +99,7 @@ fn staged_operands(kernel: &Kernel, for_op: OpId) -> Vec<StagedOperand> {
 }
 
 /// The register tile `a` transposes, when `a` is an A operand the consumers can stage for
-/// wgmma: `t.t()` of a 16-bit register tile `t` whose rows are a multiple of 8 and whose row
+/// wgmma: `t.t()` of a 16-bit register tile `t` computed in the kernel (not loaded) whose rows are a multiple of 8 and whose row
 /// bytes a multiple of 128 (whole swizzle spans), read by mmas only. Attention backward's
 /// `dQ = dS K` from a keys-major `dS^T`: wgmma reads A from registers only in its
 /// accumulator layout, so the consumers write `t` into shared memory and the wgmma reads it
@@ -112,6 +112,17 @@ fn staged_a(kernel: &Kernel, a: ValueId) -> Option<ValueId> {
         return None;
     }
     let source = kernel.ops[t].operands[0];
+    // A loaded tile is read from its own buffer, not restaged.
+    let loaded = match kernel.values[source].def {
+        ValueDef::Op(d, _) => matches!(
+            kernel.ops[d].kind,
+            OpKind::Load { .. } | OpKind::Gather { .. }
+        ),
+        ValueDef::BlockArg { .. } => false,
+    };
+    if loaded {
+        return None;
+    }
     let layout = kernel.schedule.layouts.get(&source)?;
     let ty = kernel.ty(source);
     let shape = ty.shape()?;
