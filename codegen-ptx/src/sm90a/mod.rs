@@ -6,6 +6,7 @@
 //! code, with wgmma in program order where it applies ([`plain`]). Persistent and clustered
 //! schedules: `docs/targets.md`, sm_90a.
 
+mod descriptor;
 pub(crate) mod plain;
 mod roles;
 mod rotated;

@@ -11,7 +11,7 @@ use kiln_ir::sched::tma::{Operand, TmaLoad};
 use kiln_ir::schedule::Layout;
 use kiln_ir::{Kernel, OpId};
 
-use super::plain::Walk;
+use super::descriptor::{Walk, advance_descriptor, template};
 use crate::emit::{Emitter, StageSync, Val};
 use crate::error::CodegenError;
 use crate::sched::{self, RingMma};
@@ -64,20 +64,6 @@ impl RingMma for Option<RingBody> {
             None => Ok(false),
         }
     }
-}
-
-/// The descriptor's swizzle field (bits 62-63) for a swizzle span in bytes.
-fn swizzle_bits(span: u32) -> u64 {
-    match span {
-        128 => 1,
-        64 => 2,
-        _ => 3,
-    }
-}
-
-/// The constant part of a descriptor: LBO, SBO and swizzle fields.
-pub(super) fn template(lbo: u32, sbo: u32, span: u32) -> u64 {
-    (swizzle_bits(span) << 62) | (u64::from(sbo >> 4) << 32) | (u64::from(lbo >> 4) << 16)
 }
 
 /// The wgmma view of one ring stage: descriptor constants and start offsets.
@@ -171,24 +157,6 @@ impl Geometry {
             s * 16 * self.b_fields.2
         }
     }
-}
-
-/// `desc` with `units` (16-byte units) added to its start address: a 32-bit add on the low
-/// word, which holds the 14-bit address field; shared addresses stay below 256 KiB, so the
-/// sum never carries into the next field.
-pub(super) fn advance_descriptor(e: &mut Emitter<'_>, desc: Reg, units: u32) -> Reg {
-    if units == 0 {
-        return desc;
-    }
-    let (lo, hi, out) = (
-        e.new_reg(Class::B32),
-        e.new_reg(Class::B32),
-        e.new_reg(Class::B64),
-    );
-    e.ins(format!("mov.b64 {{{lo}, {hi}}}, {desc}"));
-    e.ins(format!("add.u32 {lo}, {lo}, {units}"));
-    e.ins(format!("mov.b64 {out}, {{{lo}, {hi}}}"));
-    out
 }
 
 /// The ring or once load whose stage `v` is, with its stage base, as operand `b_side` (B, else
@@ -325,8 +293,7 @@ fn write(
                 "mad.lo.u32 {a_addr}, {wg}, {}, {a_base}",
                 walk.start(64, 0)
             ));
-            let (al, asb, asw) = walk.fields();
-            let desc = sched::descriptor(e, a_addr, template(al, asb, asw));
+            let desc = sched::descriptor(e, a_addr, walk.template());
             Some((desc, ADesc::Staged(walk)))
         }
         _ => {
