@@ -273,6 +273,8 @@ fn warp_specialisation_turned_off_keeps_the_plain_lowering() {
     };
     let kernel = scheduled(&ring_staged_a, ct);
     assert!(kernel.schedule.sched.is_none(), "a ring");
+    // The IR says so (and so keys the disk cache apart from the warp-specialised build).
+    assert!(kiln_ir::print::print_kernel(&kernel).contains(" warp_specialize=false {"));
     assert!(
         kernel
             .schedule
