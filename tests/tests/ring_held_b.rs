@@ -326,6 +326,11 @@ fn backward_inputs(
     [q, k, v, dout, lse, delta]
 }
 
+/// [`backward_inputs`] as the first six arguments of a backward kernel.
+fn input_args(inputs: &[HostTensor; 6]) -> Vec<HostArg<'_>> {
+    inputs.iter().map(HostArg::Tensor).collect()
+}
+
 /// Attention's deterministic dQ walk (`attention_bwd_dq`) on sm_90a: its K tile feeds the
 /// scores (K-major) and dQ (MN-major) from one stage, Q and dO are held once, so it takes a
 /// warp-specialised ring; the schedule's CPU execution equals the interpreter's dQ, causal
@@ -344,21 +349,13 @@ fn the_dq_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dq() {
         let kernel = scheduled(&attention_bwd_dq, p);
         assert!(kernel.schedule.sched.is_some(), "d={d}: no ring");
         let (b, h, sq, sk) = (1, 2, 150, 130);
-        let [q, k, v, dout, lse, delta] = backward_inputs(&mut rng, (b, h, h), (sq, sk, d));
+        let inputs = backward_inputs(&mut rng, (b, h, h), (sq, sk, d));
         let grid = p.dq_grid([sq, h, b]);
         let scale = 0.1f32;
         let run = |scheduled: bool| {
             let mut dq = poisoned(&[b, h, sq, d], DType::Bf16);
-            let mut args = [
-                HostArg::Tensor(&q),
-                HostArg::Tensor(&k),
-                HostArg::Tensor(&v),
-                HostArg::Tensor(&dout),
-                HostArg::Tensor(&lse),
-                HostArg::Tensor(&delta),
-                HostArg::TensorMut(&mut dq),
-                HostArg::F32(scale),
-            ];
+            let mut args = input_args(&inputs);
+            args.extend([HostArg::TensorMut(&mut dq), HostArg::F32(scale)]);
             if scheduled {
                 run_scheduled(&kernel, grid, 2, &mut args).unwrap_or_else(|e| panic!("d={d}: {e}"));
             } else {
@@ -431,7 +428,7 @@ fn the_dkdv_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dk_and_
         let d = p.d;
         let (b, hk, sq, sk) = (1, 1, 150, 130);
         let h = hk * p.kv_group;
-        let [q, k, v, dout, lse, delta] = backward_inputs(&mut rng, (b, h, hk), (sq, sk, d));
+        let inputs = backward_inputs(&mut rng, (b, h, hk), (sq, sk, d));
         let grid = p.key_grid([sk, hk, b]);
         let scale = 0.1f32;
         let run = |scheduled: bool| {
@@ -439,18 +436,13 @@ fn the_dkdv_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dk_and_
             let mut dq_accum = HostTensor::full(&[b, h, sq, d], DType::F32, 0.0);
             let mut dk = poisoned(&[b, hk, sk, d], DType::Bf16);
             let mut dv = poisoned(&[b, hk, sk, d], DType::Bf16);
-            let mut args = [
-                HostArg::Tensor(&q),
-                HostArg::Tensor(&k),
-                HostArg::Tensor(&v),
-                HostArg::Tensor(&dout),
-                HostArg::Tensor(&lse),
-                HostArg::Tensor(&delta),
+            let mut args = input_args(&inputs);
+            args.extend([
                 HostArg::TensorMut(&mut dq_accum),
                 HostArg::TensorMut(&mut dk),
                 HostArg::TensorMut(&mut dv),
                 HostArg::F32(scale),
-            ];
+            ]);
             if scheduled {
                 run_scheduled(&kernel, grid, 2, &mut args).unwrap_or_else(|e| panic!("{p:?}: {e}"));
             } else {
