@@ -52,9 +52,11 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     {
         return Ok(());
     }
-    let staged = staged_operands(kernel, sched.for_op);
+    // sm_100a's tcgen05 reads its A operands its own way (`crate::tmem`).
+    if target == Target::Sm90a {
+        kernel.schedule.staged = staged_operands(kernel, sched.for_op);
+    }
     kernel.schedule.sched = Some(sched.clone());
-    kernel.schedule.staged = staged;
     place(kernel)
 }
 
