@@ -4,10 +4,11 @@
 #   OUT=$OUT scripts/gpu-check.sh python   # the package's GPU tests (attention forward, backward,
 #                                          # ops), then the training comparison if time is left
 #   OUT=$OUT scripts/gpu-check.sh rows     # the row library beside PyTorch in one process
-#   OUT=$OUT scripts/gpu-check.sh decode [--quick]  # python/bench_decode.py: decode beside FA4's paged path
-#   OUT=$OUT scripts/gpu-check.sh attention [--backward|--fwd-bwd] # python/bench.py: kiln_attn beside
-#                                          # FlashAttention-4 (when its wheels are installed in
-#                                          # /tmp/fa4-site), FA2 and cuDNN
+#   OUT=$OUT scripts/gpu-check.sh decode [--quick ..]  # python/bench_decode.py: decode beside FA4's paged path
+#   OUT=$OUT scripts/gpu-check.sh attention [--backward|--fwd-bwd] [bench.py's other options,
+#                                          # --quick, --only S:D:CAUSAL,..]: python/bench.py: kiln_attn
+#                                          # beside FlashAttention-4 (when its wheels are installed
+#                                          # in /tmp/fa4-site), FA2 and cuDNN
 # summary.log says what ran and how it ended. Needs .gpu/tests/kiln-tests-NAME (release test
 # binaries, stripped), .gpu/commit and the wheel in .gpu-py/ (python/build-wheel.sh).
 cd "$(dirname "$0")/.."
@@ -70,15 +71,18 @@ case $part in
   attention)
     py_setup
     t0=$SECONDS
-    case "${2:-}" in --backward) name=attention-py-bwd ;; --fwd-bwd) name=attention-py-fwdbwd ;; *) name=attention-py ;; esac
-    timeout $(($(left) - 20)) python3 -P python/bench.py --out "$OUT/$name.json" ${2:-} > "$OUT/$name.log" 2>&1
+    name=attention-py
+    for a in "${@:2}"; do
+      case "$a" in --backward) name=attention-py-bwd ;; --fwd-bwd) name=attention-py-fwdbwd ;; esac
+    done
+    timeout $(($(left) - 20)) python3 -P python/bench.py --out "$OUT/$name.json" "${@:2}" > "$OUT/$name.log" 2>&1
     echo "$name rc=$? $((SECONDS - t0))s" | tee -a "$S"
     [ -f "$OUT/$name.json" ] && python3 bench/table.py "$OUT/$name.json" > "$OUT/$name.md" 2>&1
     ;;
   decode)
     py_setup
     t0=$SECONDS
-    timeout $(($(left) - 20)) python3 -P python/bench_decode.py --out "$OUT/decode-py.json" ${2:-} > "$OUT/decode-py.log" 2>&1
+    timeout $(($(left) - 20)) python3 -P python/bench_decode.py --out "$OUT/decode-py.json" "${@:2}" > "$OUT/decode-py.log" 2>&1
     echo "decode rc=$? $((SECONDS - t0))s" | tee -a "$S"
     ;;
   *) echo "gpu-check: unknown part $part (tests, python, rows, attention or decode)" >&2; exit 2 ;;
