@@ -596,32 +596,7 @@ pub fn attention_forward_f64(
     dims: AttentionDims,
     math: AttentionMath,
 ) -> Vec<f64> {
-    let AttentionDims {
-        b,
-        h,
-        h_kv,
-        sq,
-        sk,
-        d,
-    } = dims;
-    let group = h / h_kv;
-    let mut out = Vec::with_capacity(b * h * sq * d);
-    for bh in 0..b * h {
-        let kvh = bh / h * h_kv + bh % h / group;
-        let (qb, kb, vb) = (&q[bh * sq * d..], &k[kvh * sk * d..], &v[kvh * sk * d..]);
-        for i in 0..sq {
-            out.extend(attention_row_by(
-                |j, x| qb[j * d + x],
-                |j, x| kb[j * d + x],
-                |j, x| vb[j * d + x],
-                [sq, sk, d],
-                (math.scale, math.cap),
-                math.window,
-                i,
-            ));
-        }
-    }
-    out
+    attention_forward_f64_dv([q, k, v], dims, dims.d, math)
 }
 
 /// [`attention_forward_f64`] with `v` and the output `dv` wide (`[b, h_kv, sk, dv]`, `[b, h,

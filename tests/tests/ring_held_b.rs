@@ -52,16 +52,19 @@ where
     }
 }
 
+/// Each TMA load of `k`'s ring: whether it is a once load, and the operand it is planned as.
+fn planned_loads(k: &Kernel) -> Vec<(bool, Operand)> {
+    let s = k.schedule.sched.as_ref().expect("a ring");
+    s.loads
+        .iter()
+        .map(|(h, l)| (s.once(h), l.tma.operand))
+        .collect()
+}
+
 #[test]
 fn the_weight_is_a_once_load_of_the_ring() {
     for ct in ring_held_b_configs() {
-        let k = scheduled(&ring_held_b, ct);
-        let s = k.schedule.sched.as_ref().expect("a ring");
-        let loads: Vec<_> = s
-            .loads
-            .iter()
-            .map(|(h, l)| (s.once(h), l.tma.operand))
-            .collect();
+        let loads = planned_loads(&scheduled(&ring_held_b, ct));
         let b = if ct.WT {
             Operand::KMajorB
         } else {
@@ -128,12 +131,8 @@ fn both_ptxas_assemble_without_spills() {
 fn one_stage_load_serves_both_readers_of_a_tile() {
     for ct in ring_shared_b_configs() {
         let k = scheduled(&ring_shared_b, ct);
+        let loads = planned_loads(&k);
         let s = k.schedule.sched.as_ref().expect("a ring");
-        let loads: Vec<_> = s
-            .loads
-            .iter()
-            .map(|(h, l)| (s.once(h), l.tma.operand))
-            .collect();
         // k per stage, one load (its first use, K-major B, names it); q once (A).
         assert_eq!(
             loads,

@@ -101,8 +101,9 @@ fn staged_operands(kernel: &Kernel, for_op: OpId) -> Vec<StagedOperand> {
 }
 
 /// The register tile `a` transposes, when `a` is an A operand the consumers can stage for
-/// wgmma: `t.t()` of a 16-bit register tile `t` computed in the kernel (not loaded) whose rows are a multiple of 8 and whose row
-/// bytes a multiple of 128 (whole swizzle spans), read by mmas only. Attention backward's
+/// wgmma: `t.t()` of a 16-bit register tile `t` computed in the kernel (not loaded), whose
+/// rows are a multiple of 8 and whose row bytes a multiple of 128 (whole swizzle spans),
+/// read by mmas only. Attention backward's
 /// `dQ = dS K` from a keys-major `dS^T`: wgmma reads A from registers only in its
 /// accumulator layout, so the consumers write `t` into shared memory and the wgmma reads it
 /// MN-major.
