@@ -156,6 +156,19 @@ impl AttentionBwdParams {
         }
     }
 
+    /// Whether dQ by [`attention_bwd_dq`]'s walk is faster than dQ by atomics on `target`
+    /// (`packed`: a batch of packed sequences), so that a caller who did not ask for
+    /// reproducible bits gets them anyway. On sm_90a a dense batch's walk runs as two
+    /// warp-specialised rings (dK/dV keys-major, then dQ): on the H200 it ran 2.2-3.8x faster
+    /// than the atomics kernel at every point measured (s = 1k and 4k, d = 64, 128 and 256,
+    /// causal or not: 110-368 against 37-155 TFLOP/s, `scripts/gpu-check.sh attention
+    /// --backward --quick`). A packed batch's kernels take no ring (their loads are masked),
+    /// and other targets have none: there the walk recomputes every score a second time, so
+    /// atomics stay.
+    pub fn dq_walk_is_faster(target: kiln::ir::Target, packed: bool) -> bool {
+        target == kiln::ir::Target::Sm90a && !packed
+    }
+
     /// The head dim of `v`, `o`, `dout` and `dv`: `dv`, or `d` when it is 0.
     pub fn value_dim(&self) -> usize {
         if self.dv == 0 { self.d } else { self.dv }

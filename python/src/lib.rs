@@ -499,7 +499,8 @@ fn _varlen_fwd<'py>(
 /// dk of k's, dv of v's (all q's dtype), softmax_lse the forward's (batch, nheads, seqlen_q) torch.float32; options as the
 /// forward took them. Each is checked (a ValueError naming it) before any kernel runs.
 /// deterministic=True computes dq in a second pass (the same bits every run) instead of f32
-/// atomics. Returns softmax_d, rowsum(dout * out) per row, (batch, nheads, seqlen_q rounded
+/// atomics (on sm_90a a dense batch always takes the second pass: it is faster). Returns
+/// softmax_d, rowsum(dout * out) per row, (batch, nheads, seqlen_q rounded
 /// up to 128; FlashAttention 2's padding, zero past seqlen_q)
 /// torch.float32.
 #[pyfunction]

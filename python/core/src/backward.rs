@@ -55,7 +55,8 @@ pub struct Packed {
 pub struct BwdPlan {
     /// The forward's plan (over a packed batch: one batch of `total_q` rows).
     pub fwd: Plan,
-    /// dQ by the second pass instead of atomics.
+    /// Reproducible dQ asked for: the second pass instead of atomics (which the plan may take
+    /// anyway, [`BwdPlan::dq_by_walk`]).
     pub deterministic: bool,
     /// Where the tensors are.
     pub place: Place,
@@ -364,6 +365,15 @@ impl BwdPlan {
         [p.batch, p.nheads, p.seqlen_q, p.head_dim]
     }
 
+    /// Whether dQ comes from the walk ([`AttentionBwdParams::dq_walk_is_faster`]): asked for
+    /// (`deterministic`), or the faster way on the target.
+    pub fn dq_by_walk(&self) -> bool {
+        self.deterministic
+            || self
+                .target
+                .is_some_and(|t| AttentionBwdParams::dq_walk_is_faster(t, self.packed.is_some()))
+    }
+
     /// The backward kernels' comptime values: the forward's head dims (in their tiles'
     /// widths, `dv` 0 when they match), mask, cap, heads and dtype, and the tiles tuned for
     /// [`BwdPlan::target`].
@@ -382,7 +392,7 @@ impl BwdPlan {
             softcap: p.softcap,
             block_m: 0,
             block_n: 0,
-            deterministic: self.deterministic,
+            deterministic: self.dq_by_walk(),
             num_warps: 4,
             keys_major: false,
             key_cols: 0,
@@ -541,7 +551,7 @@ impl BwdPlan {
                 grid: kgrid,
             },
         ];
-        steps.push(if self.deterministic {
+        steps.push(if self.dq_by_walk() {
             Step {
                 kernel: walk_name(
                     "attention_bwd_dq",
@@ -834,6 +844,41 @@ mod tests {
     }
 
     #[test]
+    fn sm90a_dense_plans_take_the_dq_walk_unasked() {
+        // The walk is faster there (`dq_walk_is_faster`); the interpreter and sm_80 keep what
+        // was asked for.
+        let f32t = TorchDType::Other("torch.float32".into());
+        let c = call(2, 130, 200, 4, 2, 128);
+        let delta = TensorInfo::contiguous(&[2, 4, 256], f32t.clone(), CUDA, 0x7000);
+        let accum = TensorInfo::contiguous(&[2, 4, 130, 128], f32t, CUDA, 0x8000);
+        for (target, deterministic, walk) in [
+            (None, false, false),
+            (Some(Target::Sm80), false, false),
+            (Some(Target::Sm80), true, true),
+            (Some(Target::Sm90a), false, true),
+            (Some(Target::Sm90a), true, true),
+        ] {
+            let mut p = plan(&c, deterministic).expect("valid");
+            p.target = target;
+            assert_eq!(p.dq_by_walk(), walk, "{target:?} {deterministic}");
+            assert_eq!(p.params().deterministic, walk);
+            let steps = p.steps(&delta, &accum).expect("steps");
+            let last = steps.last().expect("three steps").kernel;
+            let want = if walk {
+                "attention_bwd_dq"
+            } else {
+                "attention_bwd_dq_convert"
+            };
+            assert_eq!(last, want, "{target:?} {deterministic}");
+            for s in &steps {
+                let reg = generic::find(s.kernel).expect("registered");
+                generic::plan_at(reg, &s.args, &p.given(), Place::Cuda)
+                    .unwrap_or_else(|e| panic!("{}: {e}", s.kernel));
+            }
+        }
+    }
+
+    #[test]
     fn sm90a_plans_take_the_tuned_tiles_in_grid_and_kernel_alike() {
         let f32t = TorchDType::Other("torch.float32".into());
         // d = 96 and 128: 64 keys a block (4 key blocks of 200), no column split.
@@ -1116,6 +1161,10 @@ mod tests {
                 Place::Cuda,
             )
             .expect("valid");
+            // A packed batch takes no ring on sm_90a either: dQ as asked.
+            let mut on_sm90a = p.clone();
+            on_sm90a.target = Some(Target::Sm90a);
+            assert_eq!(on_sm90a.dq_by_walk(), deterministic);
             let steps = p.steps(&delta, &accum).expect("steps");
             let names: Vec<_> = steps.iter().map(|s| s.kernel).collect();
             assert_eq!(
