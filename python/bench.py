@@ -104,12 +104,13 @@ def fa4_forward():
     return flash_attn_func
 
 
-def sides_of(torch, kiln_attn, fa4, causal, grads=False):
+def sides_of(torch, kiln_attn, fa4, causal, grads=False, candidates=()):
     """(name, layout, forward) for kiln and each peer, peers in the order they are checked
     against: forward(q, k, v) returns the output in the side's layout, (b, s, h, d) or
-    (b, h, s, d). With `grads`, last, kiln's deterministic backward ("kiln_deterministic":
-    dK/dV and dQ in two kernels, each a warp-specialised ring on sm_90a, against the default's
-    one kernel with dQ atomics), so both of kiln's backward paths are timed in one run."""
+    (b, h, s, d). With `grads`, last, kiln's other backward paths, launched kernel by kernel
+    (`launched_backward`): "kiln_atomics" (dQ by f32 atomics from the dK/dV kernel, the
+    default before the dQ walk), and each of `candidates`, (name, dK/dV tiles, dQ tiles) of
+    the walk, so that tiles are timed beside the library's before they become its own."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
@@ -125,9 +126,9 @@ def sides_of(torch, kiln_attn, fa4, causal, grads=False):
     sides += [("fa2", "bhsd", sdpa(SDPBackend.FLASH_ATTENTION)),
               ("cudnn", "bhsd", sdpa(SDPBackend.CUDNN_ATTENTION))]
     if grads:
-        sides.append(("kiln_deterministic", "bshd",
-                      lambda q, k, v: kiln_attn.flash_attn_func(q, k, v, causal=causal, deterministic=True)))
-        sides.append(("kiln_keys_major", "bshd", keys_major_attention(torch, kiln_attn, causal)))
+        sides.append(("kiln_atomics", "bshd", launched_backward(torch, kiln_attn, causal)))
+        for name, dkdv, dq in candidates:
+            sides.append((name, "bshd", launched_backward(torch, kiln_attn, causal, dkdv, dq)))
     return sides
 
 
@@ -137,16 +138,42 @@ def key_columns(d):
     return d if d <= 64 else 64 if d % 64 == 0 else 32
 
 
-def keys_major_attention(torch, kiln_attn, causal, run="launch"):
-    """forward(q, k, v) for (b, s, h, d) tensors: kiln's flash_attn_func, differentiated by the
-    backward with the dK/dV kernel keys-major (`keys_major`: dQ by atomics from the staged
-    dS; on sm_90a a warp-specialised ring), its three kernels launched one by one (`run`:
-    "launch", or "interpret" on CPU tensors) with the library's default tiles. Times the
-    candidate beside the library's own backward before it becomes the default."""
-    names = ("attention_bwd_preprocess", "attention_bwd_dkdv", "attention_bwd_dq_convert")
-    pre, dkdv, convert = (getattr(kiln_attn._native.kernel(n), run) for n in names)
+def dq_columns(d):
+    """The columns of dQ one `attention_bwd_dq` block accumulates (the Rust `dq_columns`): all
+    up to 128, else 128, 64 or 32, what divides `d`."""
+    return d if d <= 128 else next((c for c in (128, 64, 32) if d % c == 0), d)
 
-    class KeysMajor(torch.autograd.Function):
+
+def parse_candidate(text):
+    """`NAME=DKDV|DQ`, each side of `|` comma-separated `key=value` comptime values of that
+    kernel (`d` as a value: the head dim): a candidate of `launched_backward`'s walk."""
+    name, _, tiles = text.partition("=")
+    dkdv, _, dq = tiles.partition("|")
+    parse = lambda part: dict(kv.split("=") for kv in part.split(",") if kv)
+    return name, parse(dkdv), parse(dq)
+
+
+def launched_backward(torch, kiln_attn, causal, dkdv=None, dq=None, run="launch"):
+    """forward(q, k, v) for (b, s, h, d) tensors: kiln's flash_attn_func, differentiated by
+    kiln's backward kernels launched one by one (`run`: "launch", or "interpret" on CPU
+    tensors) with these comptime values. `dq` None: dQ by f32 atomics from the dK/dV kernel
+    (`dkdv`'s values; `keys_major` among them on a ring), then converted; else dQ by the walk
+    (`deterministic`), `dkdv` the dK/dV kernel's tiles and `dq` the dQ kernel's (`block_m`,
+    `block_n`, `num_warps`, `key_cols`; a value `d` is the head dim; unset: the defaults)."""
+    walk = dq is not None
+    names = ("attention_bwd_preprocess", "attention_bwd_dkdv",
+             "attention_bwd_dq" if walk else "attention_bwd_dq_convert")
+    pre, dkdv_kernel, last = (getattr(kiln_attn._native.kernel(n), run) for n in names)
+
+    def tiles(values, d):
+        out = {}
+        for key, value in (values or {}).items():
+            if isinstance(value, str) and value in ("true", "false"):
+                value = value == "true"
+            out[key] = d if value == "d" else value if isinstance(value, bool) else int(value)
+        return out
+
+    class Launched(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v):
             out, lse, _ = kiln_attn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
@@ -158,20 +185,26 @@ def keys_major_attention(torch, kiln_attn, causal, run="launch"):
             q, k, v, out, lse = ctx.saved_tensors
             (b, sq, h, d), (sk, hk) = q.shape, k.shape[1:3]
             scale = d ** -0.5
-            ct = dict(d=d, causal=causal, kv_group=h // hk, dtype=q.dtype, keys_major=True)
+            ct = dict(d=d, causal=causal, kv_group=h // hk, dtype=q.dtype, deterministic=walk)
+            kt, qt = {**ct, **tiles(dkdv, d)}, {**ct, **tiles(dq, d)}
             heads = lambda t: t.transpose(1, 2)  # (b, h, s, d) views, read through strides
             f32 = dict(dtype=torch.float32, device=q.device)
             delta, dq_accum = torch.empty((b, h, sq), **f32), torch.empty((b, h, sq, d), **f32)
-            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-            rows, dout = (sq + 63) // 64, dout.contiguous()
-            pre((rows, h, b), heads(out), heads(dout), delta, dq_accum, **ct)
-            key_grid = ((sk + 63) // 64 * (d // key_columns(d)), hk, b)
-            dkdv(key_grid, heads(q), heads(k), heads(v), heads(dout), lse, delta, dq_accum,
-                 heads(dk), heads(dv), scale, **ct)
-            convert((rows, h, b), dq_accum, heads(dq), scale, **ct)
-            return dq, dk, dv
+            dq_out, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            dout = dout.contiguous()
+            pre(((sq + 63) // 64, h, b), heads(out), heads(dout), delta, dq_accum, **ct)
+            keys, cols = kt.get("block_n") or 64, kt.get("key_cols") or key_columns(d)
+            dkdv_kernel(((sk + keys - 1) // keys * (d // cols), hk, b), heads(q), heads(k), heads(v),
+                        heads(dout), lse, delta, dq_accum, heads(dk), heads(dv), scale, **kt)
+            if walk:
+                rows = qt.get("block_m") or 64
+                last(((sq + rows - 1) // rows * (d // dq_columns(d)), h, b), heads(q), heads(k),
+                     heads(v), heads(dout), lse, delta, heads(dq_out), scale, **qt)
+            else:
+                last(((sq + 63) // 64, h, b), dq_accum, heads(dq_out), scale, **kt)
+            return dq_out, dk, dv
 
-    return KeysMajor.apply
+    return Launched.apply
 
 
 def backward_calls(torch, forward, inputs, douts):
@@ -231,7 +264,7 @@ def sweep_rows(args, torch, kiln_attn, on_row=lambda rows: None):
         row = {"s": s, "d": d, "causal": causal, "b": b, "h": h,
                "flops": work * flops(b, h, s, d, causal), "input_sets": sets}
         reference = None  # (peer name, its result in (b, s, h, d) order)
-        for name, layout, forward in sides_of(torch, kiln_attn, fa4, causal, grads):
+        for name, layout, forward in sides_of(torch, kiln_attn, fa4, causal, grads, args.candidates):
             try:
                 if args.backward:
                     once = backward_calls(torch, forward, inputs[layout], douts[layout])
@@ -264,6 +297,11 @@ def sweep_rows(args, torch, kiln_attn, on_row=lambda rows: None):
                 continue
             row[name] = {"ms_median": med, "ms_min": lo, "tflops": tflops, "input_sets": sets, "ms_all": times,
                          "ms_sustained": sustained, "tflops_sustained": tflops_sustained}
+            if name.startswith("kiln_"):
+                # kiln's other paths: the worst gradient's error against the library's.
+                row[name]["rel_error_vs_kiln"] = max(rel_error(a, r) for a, r in zip(result, mine))
+                del result
+                continue
             row[f"ratio_vs_{name}"] = row["kiln_tflops"] / tflops
             row[f"ratio_vs_{name}_sustained"] = row["kiln_tflops_sustained"] / tflops_sustained
             if reference is None:
@@ -375,6 +413,13 @@ def print_table(rows):
     widths = [max(len(row[c]) for row in table) for c in range(len(header))]
     for row in table:
         print("  ".join(cell.rjust(w) for cell, w in zip(row, widths)))
+    # kiln's other backward paths: TFLOP/s (held, sustained) and the error against kiln's.
+    for r in rows:
+        others = [(k, v) for k, v in r.items() if k.startswith("kiln_") and isinstance(v, dict)]
+        if others:
+            print(f"{r['s']:>6} {r['d']:>4} {str(r['causal']).lower():>6}  " + "  ".join(
+                f"{k} {v['tflops']:.1f}/{v['tflops_sustained']:.1f} err {v['rel_error_vs_kiln']:.1e}"
+                if "tflops" in v else f"{k} {v.get('error')}" for k, v in others))
 
 
 def main():
@@ -388,6 +433,9 @@ def main():
     p.add_argument("--overhead-only", action="store_true", help="only the call-overhead measurement")
     p.add_argument("--backward", action="store_true", help="time each library's backward instead")
     p.add_argument("--fwd-bwd", action="store_true", help="time each library's forward + backward instead")
+    p.add_argument("--bwd-candidate", dest="candidates", action="append", type=parse_candidate, default=[],
+                   metavar="NAME=DKDV|DQ", help="with --backward or --fwd-bwd, also time kiln's dQ walk "
+                   "with these tiles (e.g. kiln_n128=block_n=128,block_m=64,num_warps=8,key_cols=d|)")
     args = p.parse_args()
 
     import torch

@@ -234,6 +234,16 @@ fn run_calls(dev: &Device, target: Target) {
                     .iter()
                     .map(|&tuned| if tuned { p.tuned(target) } else { p })
                     .collect();
+                // sm_90a's dK/dV ring with two consumer warpgroups of 64 keys each.
+                if deterministic && target == Target::Sm90a && p.d <= 128 && p.value_dim() == p.d {
+                    ps.push(AttentionBwdParams {
+                        block_n: 128,
+                        block_m: 64,
+                        num_warps: 8,
+                        key_cols: p.d,
+                        ..p
+                    });
+                }
                 // dQ by atomics from the keys-major kernel's staged dS (on sm_90a its ring).
                 if !deterministic {
                     ps.push(AttentionBwdParams {

@@ -405,6 +405,24 @@ fn the_dkdv_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dk_and_
             ..base
         },
         AttentionBwdParams { d: 256, ..base },
+        // Two consumer warpgroups of 64 keys each, every column.
+        AttentionBwdParams {
+            d: 128,
+            causal: true,
+            block_n: 128,
+            block_m: 64,
+            num_warps: 8,
+            key_cols: 128,
+            ..base
+        },
+        AttentionBwdParams {
+            d: 64,
+            kv_group: 2,
+            block_n: 128,
+            block_m: 64,
+            num_warps: 8,
+            ..base
+        },
         // dQ by atomics from the staged dS.
         AttentionBwdParams {
             d: 64,
