@@ -2,7 +2,9 @@
 //! dtype) and computes in f64, so the only error left to measure is the kernel's.
 //! Results are flat row-major vectors in the output's natural shape.
 
-use kiln_ir::HostTensor;
+use kiln_ir::{DType, HostTensor};
+
+use crate::check::{sum_tolerance, tolerance};
 
 /// `a + b` elementwise (same shape).
 pub fn vector_add(a: &HostTensor, b: &HostTensor) -> Vec<f64> {
@@ -345,6 +347,52 @@ pub fn bias_act(ab: &[f64], bias: &HostTensor, act: Activation) -> Vec<f64> {
         .enumerate()
         .map(|(i, &x)| act.apply(x + bias[i % bias.len()]))
         .collect()
+}
+
+/// The tolerance of `act(a @ B + bias)` computed with an f32 accumulator (`B` is `b`, or `b^T`
+/// when `b_col_major`) against its f64 reference, for an output of `dtype`: `dtype`'s own, plus
+/// what the accumulator's rounding becomes through the activation. An f32 sum of `k + 1` terms
+/// errs by up to [`sum_tolerance`]`(k + 1)` of the sum of its terms' magnitudes, whatever its
+/// value: where the terms cancel (an output near 0 from products near 1, as all-equal inputs
+/// can give), that is a large error relative to the output which no f32 accumulation avoids.
+/// So that share is scaled by the activation's slope at each element and its terms'
+/// magnitudes, against the output's norm; elsewhere it is far below `dtype`'s tolerance.
+pub fn bias_act_tolerance(
+    (a, b, b_col_major): (&HostTensor, &HostTensor, bool),
+    bias: &HostTensor,
+    act: Activation,
+    dtype: DType,
+) -> f64 {
+    let abs = |t: &HostTensor| {
+        let v = t.to_f64_vec();
+        HostTensor::from_fn(&t.shape, DType::F32, |i| v[i].abs())
+    };
+    let product = |a: &HostTensor, b: &HostTensor| {
+        if b_col_major {
+            gemm_bt(a, b)
+        } else {
+            gemm(a, b)
+        }
+    };
+    let (magnitudes, ab) = (product(&abs(a), &abs(b)), product(a, b));
+    let bias = bias.to_f64_vec();
+    let n = bias.len();
+    let slope = |x: f64| {
+        let h = 1e-6 * x.abs().max(1.0);
+        ((act.apply(x + h) - act.apply(x - h)) / (2.0 * h)).abs()
+    };
+    let (mut carried, mut out) = (0.0, 0.0);
+    for (i, (&x, &m)) in ab.iter().zip(&magnitudes).enumerate() {
+        let x = x + bias[i % n];
+        carried += (slope(x) * (m + bias[i % n].abs())).powi(2);
+        out += act.apply(x).powi(2);
+    }
+    let k = a.shape[1];
+    if out == 0.0 {
+        // An all-zero reference is compared by absolute error: `dtype`'s tolerance alone.
+        return tolerance(dtype);
+    }
+    tolerance(dtype) + sum_tolerance(k + 1) * (carried / out).sqrt()
 }
 
 /// `alpha * ab + beta * c` for the `[m, n]` product `ab` and `c: [m, n]`.

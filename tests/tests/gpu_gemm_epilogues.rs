@@ -155,17 +155,18 @@ fn run_case(
     };
     let (da, db) = (upload(dev, &a, aligned_rows), upload(dev, &b, aligned_rows));
     let out = upload(dev, &poisoned(&[m, n], dtype), aligned_rows);
-    let (extra, want) = match epi {
-        Epilogue::Plain => (None, ab),
+    let (extra, want, tol) = match epi {
+        Epilogue::Plain => (None, ab, tolerance(dtype)),
         Epilogue::BiasAct(act) => {
             let bias = tensor(rng, &[n], dtype, dist);
             let want = reference::bias_act(&ab, &bias, act);
-            (Some(upload(dev, &bias, aligned_rows)), want)
+            let tol = reference::bias_act_tolerance((&a, &b, b_col_major), &bias, act, dtype);
+            (Some(upload(dev, &bias, aligned_rows)), want, tol)
         }
         Epilogue::AlphaBeta(alpha, beta) => {
             let c = tensor(rng, &[m, n], dtype, dist);
             let want = reference::alpha_beta(&ab, &c, f64::from(alpha), f64::from(beta));
-            (Some(upload(dev, &c, aligned_rows)), want)
+            (Some(upload(dev, &c, aligned_rows)), want, tolerance(dtype))
         }
     };
     let mut args = vec![KernelArg::Tensor(&da), KernelArg::Tensor(&db)];
@@ -190,7 +191,7 @@ fn run_case(
         seed: rng.seed(),
     };
     let got = out.download().expect("download");
-    assert_close(&case, &got, &as_stored(&want, dtype), tolerance(dtype));
+    assert_close(&case, &got, &as_stored(&want, dtype), tol);
 }
 
 /// Every kernel, dtype, tile, B layout, shape and distribution on `dev`, in clusters of
