@@ -16,8 +16,7 @@ _HALF = ("torch.float16", "torch.bfloat16")
 _I32 = "torch.int32"
 
 # The decode kernels' fixed comptime choices (`DecodeParams`'s defaults, which the grids
-# below depend on).
-_BLOCK_M = 64
+# below depend on); the attention kernels' packed query rows per block: `_block_m`.
 _BLOCK_ROWS = 16
 _ROTARY_HEADS = 4
 
@@ -27,6 +26,7 @@ _INTERPRETER_SMS = 132
 
 _KERNELS = {}
 _SMS = {}
+_CAPABILITY = {}
 
 
 def _k(name):
@@ -68,6 +68,24 @@ def num_splits_heuristic(batch, heads_k, row_blocks, keys, block_n, sms):
     from . import _native
 
     return _native._num_splits(batch, heads_k, row_blocks, keys, block_n, sms)
+
+
+def _block_m(rows, device):
+    """Packed query rows (`seqlen_q * kv_group`) per block of the attention kernels: 128 on
+    sm_90a (two warpgroups; the interpreter plans as one) where more than 64 rows would take
+    a second block, else 64. Every block reads all the keys and values its rows see, so one
+    block of 128 rows reads the cache once where two of 64 read it twice; sm_80's 128-row
+    tiles spill (ptxas: 760 bytes at d = 128)."""
+    if rows <= 64:
+        return 64
+    if _INTERPRET[0]:
+        return 128
+    cap = _CAPABILITY.get(device)
+    if cap is None:
+        import torch
+
+        cap = _CAPABILITY[device] = torch.cuda.get_device_capability(device)
+    return 128 if tuple(cap) == (9, 0) else 64
 
 
 def _sms(device):
@@ -414,7 +432,8 @@ def kvcache(
         q_rot = torch.empty_like(q)
         _launch("rotary_q", (sq, b, _cdiv(h, _ROTARY_HEADS)), q, rotary_cos, rotary_sin, cache_seqlens, q_rot, **ct)
         q = q_rot
-    row_blocks = _cdiv(sq * group, _BLOCK_M)
+    block_m = _block_m(sq * group, dev)
+    row_blocks = _cdiv(sq * group, block_m)
     if splits == 0:
         sms = _INTERPRETER_SMS if _INTERPRET[0] else _sms(dev)
         key_block = decode_key_block(max(d_tile, dv_tile), page_size)
@@ -422,12 +441,13 @@ def kvcache(
     scale = float(softmax_scale)
     cache = (q, k_view, v_view, page_table, cache_seqlens, cache_leftpad)
     grid = (splits * row_blocks, hk * value_blocks(d_tile, dv_tile), b)
+    rows_ct = {**ct, "block_m": block_m}
     if splits == 1:
-        _launch("attention_decode", grid, *cache, out, lse, scale, s_new, **ct)
+        _launch("attention_decode", grid, *cache, out, lse, scale, s_new, **rows_ct)
     else:
         o_partial = torch.empty((splits * b, sq, h, out.shape[-1]), dtype=torch.float32, device=dev)
         lse_partial = torch.empty((splits * b, sq, h), dtype=torch.float32, device=dev)
-        _launch("attention_decode_split", grid, *cache, o_partial, lse_partial, scale, s_new, **ct)
+        _launch("attention_decode_split", grid, *cache, o_partial, lse_partial, scale, s_new, **rows_ct)
         _launch("attention_decode_combine", (_cdiv(h, _BLOCK_ROWS), sq, b), o_partial, lse_partial, out, lse, **ct)
     return _result(out, lse, dv, return_softmax_lse)
 

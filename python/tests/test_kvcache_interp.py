@@ -274,9 +274,13 @@ CASES = {
     # Left padding, causal, four queries, fp16, MHA, split.
     "leftpad_causal_fp16": Case(lens=[3, 4, 30], leftpad=[0, 2, 5], sq=4, causal=True, dtype=torch.float16,
                                 group=1, splits=2),
-    # Forty query heads of one key/value head, three tokens: two packed row blocks, split.
-    "gqa40_two_row_blocks_split3": Case(lens=[7, 0, 50], heads_k=1, group=40, sq=3, s_new=3, page=16, splits=3,
-                                        rotary=(32, True), causal=True),
+    # Forty query heads of one key/value head, three tokens: 120 packed rows, one block of 128
+    # (sm_90a's choice past 64 rows, which the interpreter plans as), split.
+    "gqa40_one_row_block_split3": Case(lens=[7, 0, 50], heads_k=1, group=40, sq=3, s_new=3, page=16, splits=3,
+                                       rotary=(32, True), causal=True),
+    # Four tokens: 160 packed rows, two blocks of 128 (the second part-filled), kiln's splits.
+    "gqa40_two_row_blocks": Case(lens=[7, 0, 50], heads_k=1, group=40, sq=4, s_new=4, page=16, splits=0,
+                                 causal=True),
     # Head dim 256 (four value blocks), a left window only, kiln's choice of splits.
     "d256_left_window": Case(lens=[1, 33, 70], d=256, heads_k=1, group=3, sq=2, s_new=2, window=(20, -1),
                              splits=0),
