@@ -146,11 +146,12 @@ def dq_columns(d):
 
 def parse_candidate(text):
     """`NAME=DKDV|DQ`, each side of `|` comma-separated `key=value` comptime values of that
-    kernel (`d` as a value: the head dim): a candidate of `launched_backward`'s walk."""
+    kernel (`d` as a value: the head dim): a candidate of `launched_backward`'s walk; without
+    `|` (`NAME=DKDV`), dQ by atomics from that dK/dV kernel (`keys_major=true` among them)."""
     name, _, tiles = text.partition("=")
-    dkdv, _, dq = tiles.partition("|")
+    dkdv, walk, dq = tiles.partition("|")
     parse = lambda part: dict(kv.split("=") for kv in part.split(",") if kv)
-    return name, parse(dkdv), parse(dq)
+    return name, parse(dkdv), parse(dq) if walk else None
 
 
 def launched_backward(torch, kiln_attn, causal, dkdv=None, dq=None, run="launch"):
@@ -435,7 +436,8 @@ def main():
     p.add_argument("--fwd-bwd", action="store_true", help="time each library's forward + backward instead")
     p.add_argument("--bwd-candidate", dest="candidates", action="append", type=parse_candidate, default=[],
                    metavar="NAME=DKDV|DQ", help="with --backward or --fwd-bwd, also time kiln's dQ walk "
-                   "with these tiles (e.g. kiln_n128=block_n=128,block_m=64,num_warps=8,key_cols=d|)")
+                   "with these tiles (e.g. kiln_n128=block_n=128,block_m=64,num_warps=8,key_cols=d|), or "
+                   "without '|' dQ by atomics (kiln_keys_major=keys_major=true)")
     args = p.parse_args()
 
     import torch

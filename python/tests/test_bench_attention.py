@@ -59,6 +59,7 @@ def test_candidates_parse_as_the_help_spells_them():
     assert (name, dkdv, dq) == ("kiln_n128", {"block_n": "128", "num_warps": "8", "key_cols": "d"},
                                 {"block_m": "128"})
     assert bench.parse_candidate("kiln_walk=|") == ("kiln_walk", {}, {})
+    assert bench.parse_candidate("kiln_km=keys_major=true") == ("kiln_km", {"keys_major": "true"}, None)
 
 
 def test_key_columns_match_the_kernels_default():
