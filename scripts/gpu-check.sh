@@ -9,6 +9,8 @@
 #                                          # --quick, --only S:D:CAUSAL,..]: python/bench.py: kiln_attn
 #                                          # beside FlashAttention-4 (when its wheels are installed
 #                                          # in /tmp/fa4-site), FA2 and cuDNN
+#   OUT=$OUT scripts/gpu-check.sh bwd-tiles [--quick|--only ..]  # the backward with the tile
+#                                          # candidates of AttentionBwdParams::tuned beside it
 # summary.log says what ran and how it ended. Needs .gpu/tests/kiln-tests-NAME (release test
 # binaries, stripped), .gpu/commit and the wheel in .gpu-py/ (python/build-wheel.sh).
 cd "$(dirname "$0")/.."
@@ -79,12 +81,23 @@ case $part in
     echo "$name rc=$? $((SECONDS - t0))s" | tee -a "$S"
     [ -f "$OUT/$name.json" ] && python3 bench/table.py "$OUT/$name.json" > "$OUT/$name.md" 2>&1
     ;;
+  bwd-tiles)
+    # The dQ walk's tile candidates (python/bench.py --bwd-candidate): two consumer
+    # warpgroups of 64 keys in the dK/dV ring, the same tiles in the dQ ring too, dK/dV at 128
+    # columns (d = 256), a dQ ring of two warpgroups; and the keys-major kernel with atomics.
+    exec "$PWD/scripts/gpu-check.sh" attention --backward "${@:2}" \
+      --bwd-candidate 'kiln_n128=block_n=128,block_m=64,num_warps=8,key_cols=d|' \
+      --bwd-candidate 'kiln_n128both=block_n=128,block_m=64,num_warps=8,key_cols=d|block_n=128,block_m=64,num_warps=8,key_cols=d' \
+      --bwd-candidate 'kiln_kc128=key_cols=128|' \
+      --bwd-candidate 'kiln_dq128=|block_m=128,block_n=64,num_warps=8' \
+      --bwd-candidate 'kiln_keys_major=keys_major=true'
+    ;;
   decode)
     py_setup
     t0=$SECONDS
     timeout $(($(left) - 20)) python3 -P python/bench_decode.py --out "$OUT/decode-py.json" "${@:2}" > "$OUT/decode-py.log" 2>&1
     echo "decode rc=$? $((SECONDS - t0))s" | tee -a "$S"
     ;;
-  *) echo "gpu-check: unknown part $part (tests, python, rows, attention or decode)" >&2; exit 2 ;;
+  *) echo "gpu-check: unknown part $part (tests, python, rows, attention, bwd-tiles or decode)" >&2; exit 2 ;;
 esac
 echo "done at ${SECONDS}s" | tee -a "$S"
