@@ -3,7 +3,8 @@
 as the README's markdown table: python3 bench/table.py RESULT.json. With --against BASE.json,
 prints instead each point both files measured: kiln's ratio to its peer (cuDNN, cuBLAS) in
 each, and the change, so a schedule change is judged by ratios from same-run peers, not by
-absolute times."""
+absolute times. With --kiln SIDE, kiln's column is another kiln path of the same run
+(python/bench.py's `kiln_<name>` sides), its ratios against the same peers."""
 import argparse
 import json
 
@@ -97,6 +98,25 @@ def against(rows, commit, base_rows, base_commit):
               f"| {new / old - 1:+.1%} |")
 
 
+def with_kiln_side(rows, side):
+    """`rows` with kiln's figures and ratios taken from another kiln side of the same run
+    (python/bench.py's `kiln_<name>` entries: a path timed beside the default, such as the
+    dQ walk before it became the default), against the same peers."""
+    out = []
+    for r in rows:
+        k = r.get(side) or {}
+        if "tflops" not in k:
+            continue
+        r = dict(r, kiln_tflops=k["tflops"], kiln_tflops_sustained=k["tflops_sustained"])
+        for key, _ in PEERS:
+            p = r.get(key) or {}
+            if "tflops" in p:
+                r["ratio_vs_" + key] = k["tflops"] / p["tflops"]
+                r[f"ratio_vs_{key}_sustained"] = k["tflops_sustained"] / p["tflops_sustained"]
+        out.append(r)
+    return out
+
+
 def load(path):
     d = json.load(open(path))
     meta = d["meta"].get("kiln", d["meta"])
@@ -107,8 +127,11 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("result", help="a merged benchmark JSON")
     p.add_argument("--against", metavar="BASE", help="compare each point's ratio with BASE's")
+    p.add_argument("--kiln", metavar="SIDE", help="kiln's column from this side of the run (kiln_<name>)")
     args = p.parse_args()
     d, meta, commit = load(args.result)
+    if args.kiln:
+        d["rows"] = with_kiln_side(d["rows"], args.kiln)
     if args.against:
         base, _, base_commit = load(args.against)
         against(d["rows"], commit, base["rows"], base_commit)

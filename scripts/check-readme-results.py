@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks that every results table in README.md matches the committed JSON it cites.
 
-A table is cited by an HTML comment on the line before its caption:
+A table is cited by an HTML comment on the line before its caption (`kiln=SIDE` after the
+file: kiln's column is that side of the run, `bench/table.py --kiln SIDE`):
 
     <!-- results: bench/results/FILE.json -->
     Caption naming the run's commit (7 hex digits) and UTC date (YYYY-MM-DD).
@@ -22,7 +23,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MARKER = re.compile(r"<!--\s*results:\s*(\S+)\s*-->")
+MARKER = re.compile(r"<!--\s*results:\s*(\S+)(?:\s+kiln=(\S+))?\s*-->")
+sys.path.insert(0, str(ROOT / "bench"))
+from table import with_kiln_side  # noqa: E402  (bench/table.py: stdlib only)
 
 
 def cells(line):
@@ -107,6 +110,8 @@ def check(readme):
             errors.append(f"{where}: cites {rel}, which is not in the repository")
             continue
         data = json.loads(path.read_text())
+        if m.group(2):
+            data["rows"] = with_kiln_side(data["rows"], m.group(2))
         meta = data["meta"].get("kiln", data["meta"])
         commit, date = meta.get("commit", "")[:7], meta.get("date_utc", "")[:10]
         # The caption: the text between the marker and the table.
