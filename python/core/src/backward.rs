@@ -359,8 +359,13 @@ impl BwdPlan {
     }
 
     /// The shape of the f32 dQ accumulator, contiguous `[batch, nheads, seqlen_q, headdim]`
-    /// (BHSD; one batch of `total_q` rows over a packed batch).
+    /// (BHSD; one batch of `total_q` rows over a packed batch); when dQ comes from the walk
+    /// ([`BwdPlan::dq_by_walk`]), which never touches it, a 16-byte placeholder `[1, 1, 1, 4]`
+    /// (the kernels still take the argument): the whole would be twice dq's size in f32.
     pub fn accum_shape(&self) -> [usize; 4] {
+        if self.dq_by_walk() {
+            return [1, 1, 1, 4];
+        }
         let p = &self.fwd;
         [p.batch, p.nheads, p.seqlen_q, p.head_dim]
     }
@@ -826,9 +831,14 @@ mod tests {
             let bp = p.params();
             assert_eq!((bp.d, bp.dv), (192, 128));
             assert_eq!(p.dv.shape, [1, 2, 100, 128]);
-            assert_eq!(p.accum_shape(), [1, 2, 16, 192]);
+            let accum_shape = if deterministic {
+                [1, 1, 1, 4]
+            } else {
+                [1, 2, 16, 192]
+            };
+            assert_eq!(p.accum_shape(), accum_shape);
             let delta = TensorInfo::contiguous(&[1, 2, 128], f32t.clone(), CUDA, 0x7000);
-            let accum = TensorInfo::contiguous(&[1, 2, 16, 192], f32t.clone(), CUDA, 0x8000);
+            let accum = TensorInfo::contiguous(&accum_shape, f32t.clone(), CUDA, 0x8000);
             let steps = p.steps(&delta, &accum).expect("steps");
             assert_eq!(steps[1].grid, StepGrid::Fixed([2 * 3, 2, 1]));
             for s in &steps {
@@ -850,7 +860,6 @@ mod tests {
         let f32t = TorchDType::Other("torch.float32".into());
         let c = call(2, 130, 200, 4, 2, 128);
         let delta = TensorInfo::contiguous(&[2, 4, 256], f32t.clone(), CUDA, 0x7000);
-        let accum = TensorInfo::contiguous(&[2, 4, 130, 128], f32t, CUDA, 0x8000);
         for (target, deterministic, walk) in [
             (None, false, false),
             (Some(Target::Sm80), false, false),
@@ -862,6 +871,10 @@ mod tests {
             p.target = target;
             assert_eq!(p.dq_by_walk(), walk, "{target:?} {deterministic}");
             assert_eq!(p.params().deterministic, walk);
+            // The walk never touches the accumulator: a placeholder, not twice dq in f32.
+            let shape = if walk { [1, 1, 1, 4] } else { [2, 4, 130, 128] };
+            assert_eq!(p.accum_shape(), shape);
+            let accum = TensorInfo::contiguous(&shape, f32t.clone(), CUDA, 0x8000);
             let steps = p.steps(&delta, &accum).expect("steps");
             let last = steps.last().expect("three steps").kernel;
             let want = if walk {
@@ -889,7 +902,7 @@ mod tests {
             let tuned = p.params();
             assert_eq!(tuned.key_cols, d, "d = {d}: no column split");
             let delta = TensorInfo::contiguous(&[2, 4, 256], f32t.clone(), CUDA, 0x7000);
-            let accum = TensorInfo::contiguous(&[2, 4, 130, d], f32t.clone(), CUDA, 0x8000);
+            let accum = TensorInfo::contiguous(&p.accum_shape(), f32t.clone(), CUDA, 0x8000);
             let steps = p.steps(&delta, &accum).expect("steps");
             assert_eq!(
                 steps[1].grid,
@@ -938,10 +951,11 @@ mod tests {
         // Query blocks of 64 rows; key blocks of 64 keys, one column split at d = 64.
         assert_eq!(steps[0].grid, StepGrid::Fixed([3, 4, 2]));
         assert_eq!(steps[1].grid, StepGrid::Fixed([2, 2, 2]));
-        let det = plan(&c, true)
-            .expect("valid")
-            .steps(&delta, &accum)
-            .expect("steps");
+        let walk = plan(&c, true).expect("valid");
+        // The walk takes a placeholder for the accumulator it never touches.
+        assert_eq!(walk.accum_shape(), [1, 1, 1, 4]);
+        let placeholder = TensorInfo::contiguous(&[1, 1, 1, 4], f32t.clone(), CUDA, 0x8000);
+        let det = walk.steps(&delta, &placeholder).expect("steps");
         assert_eq!(det[2].kernel, "attention_bwd_dq");
         // One column block up to d = 128: the query grid.
         assert_eq!(det[2].grid, StepGrid::Fixed([3, 4, 2]));
@@ -1068,10 +1082,11 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(p.delta_shape(), vec![4, 300 + 128 * 2]);
-        assert_eq!(p.accum_shape(), [1, 4, 300, 96]);
+        // Deterministic: the walk, whose accumulator is a placeholder.
+        assert_eq!(p.accum_shape(), [1, 1, 1, 4]);
         assert_eq!(p.lse.shape, [1, 4, 300]);
         let delta = TensorInfo::contiguous(&[4, 300 + 128 * 2], f32t.clone(), CUDA, 0xa000);
-        let accum = TensorInfo::contiguous(&[1, 4, 300, 96], f32t, CUDA, 0xb000);
+        let accum = TensorInfo::contiguous(&[1, 1, 1, 4], f32t, CUDA, 0xb000);
         let steps = p.steps(&delta, &accum).expect("steps");
         let names: Vec<_> = steps.iter().map(|s| s.kernel).collect();
         assert_eq!(
@@ -1145,7 +1160,6 @@ mod tests {
             dv: &dv,
         };
         let delta = TensorInfo::contiguous(&[4, 300 + 128 * 2], f32t.clone(), CUDA, 0xa000);
-        let accum = TensorInfo::contiguous(&[1, 4, 300, 64], f32t.clone(), CUDA, 0xb000);
         for (deterministic, last) in [
             (false, "attention_bwd_dq_convert_varlen"),
             (true, "attention_bwd_dq_varlen_used"),
@@ -1165,6 +1179,7 @@ mod tests {
             let mut on_sm90a = p.clone();
             on_sm90a.target = Some(Target::Sm90a);
             assert_eq!(on_sm90a.dq_by_walk(), deterministic);
+            let accum = TensorInfo::contiguous(&p.accum_shape(), f32t.clone(), CUDA, 0xb000);
             let steps = p.steps(&delta, &accum).expect("steps");
             let names: Vec<_> = steps.iter().map(|s| s.kernel).collect();
             assert_eq!(
