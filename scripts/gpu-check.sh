@@ -11,8 +11,8 @@
 #                                          # in /tmp/fa4-site), FA2 and cuDNN
 #   OUT=$OUT scripts/gpu-check.sh bwd-tiles [--quick|--only ..]  # the backward with the tile
 #                                          # candidates of AttentionBwdParams::tuned beside it
-# summary.log says what ran and how it ended. Needs .gpu/tests/kiln-tests-NAME (release test
-# binaries, stripped), .gpu/commit and the wheel in .gpu-py/ (python/build-wheel.sh).
+# summary.log says what ran and how it ended. Needs .gpu/tests/kiln-tests-NAME or tests-NAME
+# (release test binaries, stripped), .gpu/commit and the wheel in .gpu-py/ (python/build-wheel.sh).
 cd "$(dirname "$0")/.."
 part=${1:-tests}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -25,7 +25,9 @@ run_test() {  # name, limit
   local lim=$2; [ "$(left)" -lt "$lim" ] && lim=$(left)
   if [ "$lim" -lt 15 ]; then echo "$1 skipped (time)" | tee -a "$S"; return; fi
   local t0=$SECONDS
-  timeout "$lim" ".gpu/tests/kiln-tests-$1" --test-threads=1 > "$OUT/$1.log" 2>&1
+  local bin=".gpu/tests/kiln-tests-$1"
+  [ -x "$bin" ] || bin=".gpu/tests/tests-$1"  # the bundler's other naming
+  timeout "$lim" "$bin" --test-threads=1 > "$OUT/$1.log" 2>&1
   local rc=$?
   echo "$1 rc=$rc $((SECONDS - t0))s $(grep -E '^test result|passed|failed' "$OUT/$1.log" | tail -1)" | tee -a "$S"
 }
