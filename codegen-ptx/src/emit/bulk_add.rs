@@ -1,11 +1,13 @@
 //! sm_90a: an f32 atomic add of a whole register tile applied with bulk reductions
 //! ([`kiln_ir::passes::bulk_add`] decides which): every thread writes its elements into the
 //! staging region (rows [`BulkAdds::pitch`] bytes apart), the writes are fenced for the async
-//! proxy, and after a barrier thread 0 issues one
-//! `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32` per row inside the tensor,
-//! the row's last `< 4` columns (a bulk size is a multiple of 16 bytes) as `red.global.add`,
-//! then commits the group. Before the region is written again (and before the kernel exits)
-//! thread 0 waits for the group to have read it.
+//! proxy, and after a barrier thread `t` issues one
+//! `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32` for each row `t`, `t +
+//! threads`, .. inside the tensor, the row's last `< 4` columns (a bulk size is a multiple of
+//! 16 bytes) as `red.global.add`, then commits its group. The rows are issued side by side:
+//! one thread issuing them all kept its warp, and with it the warpgroup's next mma, waiting
+//! through a tile's rows at every add. Before the region is written again (and before the
+//! kernel exits) every thread waits for its own group to have read it.
 
 use kiln_ir::schedule::{BulkAdds, Scratch};
 use kiln_ir::{OpId, OpKind};
@@ -70,9 +72,9 @@ impl Emitter<'_> {
 
         self.comment("f32 atomic add of a whole tile: staged, one bulk reduction a row");
         let tid = self.tid;
-        let first = self.setp("eq.u32", tid, 0);
-        // The previous bulk add has read the staging region.
-        self.ins(format!("@{first} cp.async.bulk.wait_group.read 0"));
+        let threads = 32 * self.k.options.num_warps;
+        // The previous bulk add has read the staging region (each thread its own rows).
+        self.ins("cp.async.bulk.wait_group.read 0");
         self.ins("bar.sync 0");
         let base = self.element_address(&d, &strides, 4, region);
         if d.column_pairs() {
@@ -93,7 +95,6 @@ impl Emitter<'_> {
         self.ins("fence.proxy.async.shared::cta");
         self.ins("bar.sync 0");
         let done = self.new_label();
-        self.ins(format!("@!{first} bra {done}"));
 
         // The tile's origin (possibly outside the tensor: only the rows and columns inside
         // are added) and whether the coordinates the tile does not cover are inside.
@@ -138,25 +139,26 @@ impl Emitter<'_> {
             .collect();
         let tail_bytes = self.new_reg(Class::B64);
         self.ins(format!("cvt.u64.u32 {tail_bytes}, {bytes}"));
-        // Global and shared addresses of row lo_r, column lo_c.
+        // This thread's first row, r = lo_r + tid, and its global and shared addresses at
+        // column lo_c; then every `threads`-th row.
+        let r = self.new_reg(Class::B32);
+        self.ins(format!("add.s32 {r}, {lo_r}, {tid}"));
+        let none_mine = self.setp("ge.s32", r, hi_r);
+        let committed = self.new_label();
+        self.ins(format!("@{none_mine} bra {committed}"));
         let one = one64(self);
         let gaddr = self.offset_by(g, lo_c, one);
         let row_off = self.new_reg(Class::B64);
-        let lo_r64 = self.new_reg(Class::B64);
-        self.ins(format!("cvt.s64.s32 {lo_r64}, {lo_r}"));
-        self.ins(format!("mul.lo.s64 {row_off}, {lo_r64}, {row_stride}"));
+        let r64 = self.new_reg(Class::B64);
+        self.ins(format!("cvt.s64.s32 {r64}, {r}"));
+        self.ins(format!("mul.lo.s64 {row_off}, {r64}, {row_stride}"));
         self.ins(format!("mad.lo.s64 {gaddr}, {row_off}, 4, {gaddr}"));
         let gstep = self.new_reg(Class::B64);
-        self.ins(format!("shl.b64 {gstep}, {row_stride}, 2"));
+        self.ins(format!("mul.lo.s64 {gstep}, {row_stride}, {}", 4 * threads));
         let saddr = self.new_reg(Class::B32);
-        self.ins(format!(
-            "mad.lo.u32 {saddr}, {lo_r}, {pitch}, {}",
-            self.smem
-        ));
+        self.ins(format!("mad.lo.u32 {saddr}, {r}, {pitch}, {}", self.smem));
         self.ins(format!("mad.lo.u32 {saddr}, {lo_c}, 4, {saddr}"));
         self.ins(format!("add.u32 {saddr}, {saddr}, {}", region.offset));
-        let r = self.new_reg(Class::B32);
-        self.mov(r, lo_r);
         let top = self.new_label();
         self.label(&top);
         self.ins(format!(
@@ -175,24 +177,23 @@ impl Emitter<'_> {
             ));
         }
         self.ins(format!("add.u64 {gaddr}, {gaddr}, {gstep}"));
-        self.ins(format!("add.u32 {saddr}, {saddr}, {pitch}"));
-        self.ins(format!("add.s32 {r}, {r}, 1"));
+        self.ins(format!("add.u32 {saddr}, {saddr}, {}", pitch * threads));
+        self.ins(format!("add.s32 {r}, {r}, {threads}"));
         let more = self.setp("lt.s32", r, hi_r);
         self.ins(format!("@{more} bra {top}"));
         self.ins("cp.async.bulk.commit_group");
+        self.label(&committed);
         self.label(&done);
         Ok(true)
     }
 
-    /// Before the kernel exits: thread 0 waits for its bulk reductions to complete (their
-    /// source is the block's shared memory).
+    /// Before the kernel exits: every thread waits for its bulk reductions to complete
+    /// (their source is the block's shared memory).
     pub(crate) fn write_bulk_drain(&mut self) {
         if self.k.schedule.bulk_adds.is_none() {
             return;
         }
-        let tid = self.tid;
-        let first = self.setp("eq.u32", tid, 0);
-        self.ins(format!("@{first} cp.async.bulk.wait_group 0"));
+        self.ins("cp.async.bulk.wait_group 0");
     }
 
     /// `base + c * stride * 4` (`.b64`; `c` a signed 32-bit coordinate, `stride` in
