@@ -1,6 +1,6 @@
 //! sm_90a: which f32 atomic adds of a whole register tile the PTX writer applies with bulk
 //! reductions instead of one `red.global.add.f32` per element. Such an add is staged in shared
-//! memory and one thread issues a `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32`
+//! memory and the threads issue a `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32`
 //! per tile row, so the L2 sees one request per row instead of one per element (attention
 //! backward's dQ accumulation was bound by them). Every decision, either way, is a note at the
 //! user's line.
