@@ -651,6 +651,10 @@ pub struct BulkAdds {
     pub offset: u32,
     /// Its size in bytes: the largest staged tile.
     pub bytes: u32,
+    /// In a warp-specialised kernel, the consumer warpgroups' threads (warps from 0), which
+    /// alone hold the tiles, meet at a named barrier around the staging and issue the rows;
+    /// `None`: every thread of the block, at `bar.sync 0`.
+    pub consumers: Option<u32>,
 }
 
 impl BulkAdds {

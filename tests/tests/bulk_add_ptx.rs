@@ -207,3 +207,36 @@ fn attention_backward_adds_dq_in_bulk_where_it_keeps_its_occupancy() {
         );
     }
 }
+
+#[test]
+fn the_keys_major_rings_consumers_add_dq_in_bulk_among_themselves() {
+    use kiln_examples::attention_backward::*;
+    // Warp-specialised: the consumer warpgroups (warps 0..4) stage and issue the dQ rows at
+    // their own named barrier; the producer warpgroup, which holds no tile, never meets it.
+    for d in [64, 128] {
+        let p = AttentionBwdParams {
+            d,
+            keys_major: true,
+            ..Default::default()
+        };
+        let p = ptx(&build(&attention_bwd_dkdv, p, true), Target::Sm90a);
+        assert!(p.contains("setmaxnreg"), "d {d}: no warp roles");
+        let named = p
+            .lines()
+            .skip_while(|l| !l.contains("f32 atomic add of a whole tile"))
+            .find(|l| l.contains("bar.sync"))
+            .unwrap_or_else(|| panic!("d {d}: no staging barrier"));
+        assert!(named.trim().ends_with(", 128;"), "d {d}: {named}");
+        in_order(
+            &p,
+            &[
+                "f32 atomic add of a whole tile",
+                "cp.async.bulk.wait_group.read 0",
+                "fence.proxy.async.shared::cta",
+                BULK,
+                "cp.async.bulk.commit_group",
+                "cp.async.bulk.wait_group 0",
+            ],
+        );
+    }
+}

@@ -1,7 +1,8 @@
 //! sm_90a: an f32 atomic add of a whole register tile applied with bulk reductions
-//! ([`kiln_ir::passes::bulk_add`] decides which): every thread writes its elements into the
-//! staging region (rows [`BulkAdds::pitch`] bytes apart), the writes are fenced for the async
-//! proxy, and after a barrier thread `t` issues one
+//! ([`kiln_ir::passes::bulk_add`] decides which): every thread holding the tile (the block's,
+//! or a warp-specialised kernel's consumer warpgroups, meeting at their named barrier) writes
+//! its elements into the staging region (rows [`BulkAdds::pitch`] bytes apart), the writes are
+//! fenced for the async proxy, and after a barrier thread `t` issues one
 //! `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32` for each row `t`, `t +
 //! threads`, .. inside the tensor, the row's last `< 4` columns (a bulk size is a multiple of
 //! 16 bytes) as `red.global.add`, then commits its group. The rows are issued side by side:
@@ -21,18 +22,31 @@ impl Emitter<'_> {
     /// Writes atomic `id` through bulk reductions when the schedule says so; `false` when it
     /// is an ordinary per-element atomic.
     pub(super) fn write_bulk_add(&mut self, id: OpId) -> Result<bool, CodegenError> {
-        let Some(region) = self
+        let Some((region, consumers)) = self
             .k
             .schedule
             .bulk_adds
             .as_ref()
             .filter(|b| b.ops.contains(&id))
-            .map(|b| Scratch {
-                offset: b.offset,
-                bytes: b.bytes,
+            .map(|b| {
+                let region = Scratch {
+                    offset: b.offset,
+                    bytes: b.bytes,
+                };
+                (region, b.consumers)
             })
         else {
             return Ok(false);
+        };
+        // The threads that hold the tile, stage it and issue its rows, and their barrier: the
+        // block's, or the consumer warpgroups' named one in a warp-specialised kernel (the
+        // first id the schedule leaves free, as the consumers' other staging writes use).
+        let (threads, sync) = match (consumers, self.k.schedule.sched.as_ref()) {
+            (None, _) => (32 * self.k.options.num_warps, "bar.sync 0".to_string()),
+            (Some(t), Some(s)) => (t, format!("bar.sync {}, {t}", s.free_named_barrier())),
+            (Some(_), None) => {
+                return Err(self.internal(id, "a consumers' bulk add without a schedule"));
+            }
         };
         let op = self.k.ops[id].clone();
         let OpKind::Atomic { tensor, .. } = op.kind else {
@@ -72,10 +86,9 @@ impl Emitter<'_> {
 
         self.comment("f32 atomic add of a whole tile: staged, one bulk reduction a row");
         let tid = self.tid;
-        let threads = 32 * self.k.options.num_warps;
         // The previous bulk add has read the staging region (each thread its own rows).
         self.ins("cp.async.bulk.wait_group.read 0");
-        self.ins("bar.sync 0");
+        self.ins(&sync);
         let base = self.element_address(&d, &strides, 4, region);
         if d.column_pairs() {
             for pair in d.regs.chunks(2) {
@@ -93,7 +106,7 @@ impl Emitter<'_> {
         }
         // The bulk copies read the region through the async proxy.
         self.ins("fence.proxy.async.shared::cta");
-        self.ins("bar.sync 0");
+        self.ins(&sync);
         let done = self.new_label();
 
         // The tile's origin (possibly outside the tensor: only the rows and columns inside

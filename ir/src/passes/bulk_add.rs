@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, OpId, OpKind};
+use crate::sched::RoleKind;
 use crate::schedule::{BulkAdds, Note};
 use crate::target::Target;
 use crate::{AtomicOp, DType, MemScope, MemSem};
@@ -22,10 +23,18 @@ const SMEM_RESERVED_PER_BLOCK: u32 = 1024;
 /// buffer. Runs in `lower`, after the scratch region is placed.
 pub fn plan(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     kernel.schedule.bulk_adds = None;
-    // Warp-specialised kernels have no block-wide barrier to order the staging buffer.
-    if target != Target::Sm90a || kernel.schedule.sched.is_some() {
+    if target != Target::Sm90a {
         return Ok(());
     }
+    // A warp-specialised kernel's adds are the consumers' (warps from 0): they alone stage
+    // and issue them, meeting at a named barrier; the block's threads count for occupancy.
+    let (threads, consumers) = match &kernel.schedule.sched {
+        None => (32 * kernel.options.num_warps, None),
+        Some(s) => match s.role(RoleKind::Consumer) {
+            Some(c) if c.first_warp == 0 => (s.threads(), Some(32 * c.warps)),
+            _ => return Ok(()),
+        },
+    };
     let used = uses(kernel);
     let mut ops = BTreeSet::new();
     let mut bytes = 0u32;
@@ -71,14 +80,18 @@ pub fn plan(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         // region: a kernel that would fall to one block a multiprocessor (nothing left to
         // run during its barriers and waits) keeps its per-element adds.
         let fit = |smem: u32| {
-            let threads = 32 * kernel.options.num_warps;
             target
                 .sm_limits()
                 .blocks_per_sm(threads, 1, smem + SMEM_RESERVED_PER_BLOCK)
         };
         let (before, after) = (fit(kernel.schedule.smem_bytes), fit(total));
         if total <= super::memory_plan::SMEM_LIMIT && after >= before.min(2) {
-            kernel.schedule.bulk_adds = Some(BulkAdds { ops, offset, bytes });
+            kernel.schedule.bulk_adds = Some(BulkAdds {
+                ops,
+                offset,
+                bytes,
+                consumers,
+            });
             kernel.schedule.smem_bytes = total;
         } else {
             let why = if total > super::memory_plan::SMEM_LIMIT {
