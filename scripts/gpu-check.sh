@@ -42,9 +42,10 @@ case $part in
   tests)
     # The code never run on a GPU first: wgmma without warp roles, masked mma operands, the
     # backward and decode kernels; then the rest.
-    for t in gpu_wgmma_general gpu_mma_general gpu_attention_backward gpu_attention_decode \
-      gpu_vector_memory gpu_ops gpu_memory_ops gpu_tiles_3d gpu_large_tiles gpu_examples \
-      gpu_library gpu_gemm_epilogues gpu_lowering gpu_sm90a; do
+    for t in gpu_wgmma_general gpu_bulk_add gpu_mma_general gpu_attention_backward \
+      gpu_attention_decode gpu_vector_memory gpu_ops gpu_memory_ops gpu_tiles_3d \
+      gpu_large_tiles gpu_examples gpu_gemm_epilogues gpu_lowering gpu_sm90a \
+      gpu_attention_features gpu_tma gpu_runtime gpu_print gpu_user_dump gpu_library; do
       run_test "$t" 150
     done
     ;;
