@@ -26,7 +26,7 @@ _INTERPRETER_SMS = 132
 
 _KERNELS = {}
 _SMS = {}
-_CAPABILITY = {}
+_TARGET = {}
 
 
 def _k(name):
@@ -80,12 +80,17 @@ def _block_m(rows, device):
         return 64
     if _INTERPRET[0]:
         return 128
-    cap = _CAPABILITY.get(device)
-    if cap is None:
-        import torch
+    target = _TARGET.get(device)
+    if target is None:
+        from . import _native
 
-        cap = _CAPABILITY[device] = torch.cuda.get_device_capability(device)
-    return 128 if tuple(cap) == (9, 0) else 64
+        index = device.index
+        if index is None:
+            import torch
+
+            index = torch.cuda.current_device()
+        target = _TARGET[device] = _native._target(index)
+    return 128 if target == "sm_90a" else 64
 
 
 def _sms(device):

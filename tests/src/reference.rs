@@ -350,7 +350,8 @@ pub fn bias_act(ab: &[f64], bias: &HostTensor, act: Activation) -> Vec<f64> {
 }
 
 /// The tolerance of `act(a @ B + bias)` computed with an f32 accumulator (`B` is `b`, or `b^T`
-/// when `b_col_major`) against its f64 reference, for an output of `dtype`: `dtype`'s own, plus
+/// when `b_col_major`; `ab` its f64 product) against its f64 reference, for an output of
+/// `dtype`: `dtype`'s own, plus
 /// what the accumulator's rounding becomes through the activation. An f32 sum of `k + 1` terms
 /// errs by up to [`sum_tolerance`]`(k + 1)` of the sum of its terms' magnitudes, whatever its
 /// value: where the terms cancel (an output near 0 from products near 1, as all-equal inputs
@@ -359,6 +360,7 @@ pub fn bias_act(ab: &[f64], bias: &HostTensor, act: Activation) -> Vec<f64> {
 /// magnitudes, against the output's norm; elsewhere it is far below `dtype`'s tolerance.
 pub fn bias_act_tolerance(
     (a, b, b_col_major): (&HostTensor, &HostTensor, bool),
+    ab: &[f64],
     bias: &HostTensor,
     act: Activation,
     dtype: DType,
@@ -367,14 +369,11 @@ pub fn bias_act_tolerance(
         let v = t.to_f64_vec();
         HostTensor::from_fn(&t.shape, DType::F32, |i| v[i].abs())
     };
-    let product = |a: &HostTensor, b: &HostTensor| {
-        if b_col_major {
-            gemm_bt(a, b)
-        } else {
-            gemm(a, b)
-        }
+    let magnitudes = if b_col_major {
+        gemm_bt(&abs(a), &abs(b))
+    } else {
+        gemm(&abs(a), &abs(b))
     };
-    let (magnitudes, ab) = (product(&abs(a), &abs(b)), product(a, b));
     let bias = bias.to_f64_vec();
     let n = bias.len();
     let slope = |x: f64| {

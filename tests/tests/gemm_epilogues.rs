@@ -151,8 +151,13 @@ fn bias_act_matches_reference() {
                             seed: rng.seed(),
                         };
                         let want = reference::bias_act(&ab, &bias, act);
-                        let tol =
-                            reference::bias_act_tolerance((&a, &b, b_col_major), &bias, act, dtype);
+                        let tol = reference::bias_act_tolerance(
+                            (&a, &b, b_col_major),
+                            &ab,
+                            &bias,
+                            act,
+                            dtype,
+                        );
                         assert_close(&case, &c, &as_stored(&want, dtype), tol);
                     }
                 }

@@ -160,7 +160,7 @@ fn run_case(
         Epilogue::BiasAct(act) => {
             let bias = tensor(rng, &[n], dtype, dist);
             let want = reference::bias_act(&ab, &bias, act);
-            let tol = reference::bias_act_tolerance((&a, &b, b_col_major), &bias, act, dtype);
+            let tol = reference::bias_act_tolerance((&a, &b, b_col_major), &ab, &bias, act, dtype);
             (Some(upload(dev, &bias, aligned_rows)), want, tol)
         }
         Epilogue::AlphaBeta(alpha, beta) => {

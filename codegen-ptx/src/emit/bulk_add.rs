@@ -157,8 +157,7 @@ impl Emitter<'_> {
         let r = self.new_reg(Class::B32);
         self.ins(format!("add.s32 {r}, {lo_r}, {tid}"));
         let none_mine = self.setp("ge.s32", r, hi_r);
-        let committed = self.new_label();
-        self.ins(format!("@{none_mine} bra {committed}"));
+        self.ins(format!("@{none_mine} bra {done}"));
         let one = one64(self);
         let gaddr = self.offset_by(g, lo_c, one);
         let row_off = self.new_reg(Class::B64);
@@ -195,7 +194,6 @@ impl Emitter<'_> {
         let more = self.setp("lt.s32", r, hi_r);
         self.ins(format!("@{more} bra {top}"));
         self.ins("cp.async.bulk.commit_group");
-        self.label(&committed);
         self.label(&done);
         Ok(true)
     }
