@@ -1,6 +1,13 @@
 //! Cross-entropy of logits against class indices, forward and backward: the loss of a
 //! language model's vocabulary projection, one row per token.
+//!
+//! Class indices come as `target: [M, W]` i32 words, the class in column 0: an int32 tensor
+//! viewed `[M, 1]`, or an int64 one viewed as its `[M, 2]` little-endian words (the low word
+//! is the class for every index an i32 holds: `-100` reads `-100`), so the caller's targets
+//! are read where they lie, with no conversion kernel. A row is ignored (loss 0, out of the
+//! mean, no gradient) when its class is negative or `ignore_index`.
 
+use kiln::ir::dsl::Tensor;
 use kiln::prelude::*;
 
 /// `log2(e)`: exponentials are computed with `exp2`.
@@ -9,8 +16,8 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2: f32 = std::f32::consts::LN_2;
 
 /// `loss[r] = logsumexp(x[r, :]) - x[r, target[r]]` and `lse[r] = logsumexp(x[r, :])` for
-/// logits `x: [M, V]` (bf16, f16 or f32, the comptime `dtype`) and class indices `target: [M]`;
-/// a negative target (PyTorch's `ignore_index = -100`) gives loss 0.
+/// logits `x: [M, V]` (bf16, f16 or f32, the comptime `dtype`) and class indices `target`
+/// (see the module); an ignored row gives loss 0.
 ///
 /// Each block owns `BM` rows and walks them in `BN`-wide column tiles with an online
 /// maximum, as softmax does; the target's logit is picked from the tile holding it.
@@ -20,9 +27,10 @@ const LN2: f32 = std::f32::consts::LN_2;
 #[kernel(num_warps = NW, grid = [BM, 1, 1])]
 pub fn cross_entropy(
     x: Tensor<dtype, 2>,
-    target: Tensor<i32, 1>,
+    target: Tensor<i32, 2>,
     loss: TensorMut<f32, 1>,
     lse: TensorMut<f32, 1>,
+    ignore_index: i32,
     #[comptime(default = 1)] BM: usize,
     #[comptime(default = 2048)] BN: usize,
     #[comptime(default = 2)] NW: usize,
@@ -30,7 +38,7 @@ pub fn cross_entropy(
 ) {
     let r0 = block_id().x * BM;
     let v = x.dim(1);
-    let t = target.tile([BM], [r0]).load();
+    let t = classes(target, r0, BM);
     let tc = t.col();
     let mut m = full::<f32>([BM], f32::NEG_INFINITY);
     let mut l = zeros::<f32>([BM]);
@@ -49,19 +57,75 @@ pub fn cross_entropy(
     }
     let lse_r = m + log2(&l) * LN2;
     loss.tile([BM], [r0])
-        .store(select(t >= 0, lse_r - picked, 0.0));
+        .store(select(counted(t, ignore_index), lse_r - picked, 0.0));
     lse.tile([BM], [r0]).store(lse_r);
 }
 
-/// `dx[r, c] = (softmax(x[r, :])[c] - [c == target[r]]) * dloss[r]` (0 for a negative
-/// target), with `lse` from [`cross_entropy`]. Grid: `(cdiv(M, BM), 1, 1)`.
+/// The classes of rows `r0..r0 + bm` (`[bm]`, column 0 of `target`; rows past `M` read 0).
+#[kernel_fn]
+fn classes(target: Tensor, r0: Value, bm: usize) -> Value {
+    target.tile([bm, 1], [r0, 0]).load().reshape([bm])
+}
+
+/// Whether each class of `t` counts: not negative, not `ignore_index`.
+#[kernel_fn]
+fn counted(t: Value, ignore_index: Value) -> Value {
+    t >= 0 && t != ignore_index
+}
+
+/// The batch's loss from [`cross_entropy`]'s per-row `loss: [M]`: `out[0]` their sum, or with
+/// `MEAN` their mean over the rows that count (NaN when none does, as PyTorch's), and
+/// `out[1]` how many rows count (the mean's divisor, which [`cross_entropy_backward`] reads).
+/// One block, `BM` rows a step, in a fixed order: the same bits every call.
+/// Grid: `(1, 1, 1)`.
+#[kernel(num_warps = NW, grid = [1, 1, 1])]
+pub fn cross_entropy_reduce(
+    loss: Tensor<f32, 1>,
+    target: Tensor<i32, 2>,
+    out: TensorMut<f32, 1>,
+    ignore_index: i32,
+    #[comptime(default = false)] MEAN: bool,
+    #[comptime(default = 1024)] BM: usize,
+    #[comptime(default = 4)] NW: usize,
+) {
+    let m = loss.dim(0);
+    let mut total = zeros::<f32>([BM]);
+    let mut count = zeros::<f32>([BM]);
+    for i in (0..m).step_by(BM) {
+        // Past `M`, loss reads 0 and the row is no row.
+        total = total + loss.tile([BM], [i]).load();
+        let row = iota([BM], 0) + i < m;
+        count = count
+            + select(
+                row && counted(classes(target, i, BM), ignore_index),
+                1.0,
+                0.0,
+            );
+    }
+    let total = row_sum(&total.row());
+    let count = row_sum(&count.row());
+    out.tile([1], [0])
+        .store(if MEAN { total / count } else { total });
+    out.tile([1], [1]).store(count);
+}
+
+/// `dx[r, c] = (softmax(x[r, :])[c] - [c == target[r]]) * g[r]` (0 for an ignored row), with
+/// `lse` from [`cross_entropy`] and `g` the loss's gradient as the reduction gave it:
+/// `dloss[r]` (`REDUCED` false: no reduction), the one `dloss[0]` (a sum), or that over the
+/// counted rows `stats[1]` from [`cross_entropy_reduce`] (`MEAN`); `stats` is read only then.
+/// Grid: `(cdiv(M, BM), 1, 1)`.
 #[kernel(num_warps = NW, grid = [BM, 1, 1])]
+#[allow(clippy::too_many_arguments)]
 pub fn cross_entropy_backward(
     x: Tensor<dtype, 2>,
-    target: Tensor<i32, 1>,
+    target: Tensor<i32, 2>,
     lse: Tensor<f32, 1>,
     dloss: Tensor<f32, 1>,
+    stats: Tensor<f32, 1>,
     dx: TensorMut<dtype, 2>,
+    ignore_index: i32,
+    #[comptime(default = false)] REDUCED: bool,
+    #[comptime(default = false)] MEAN: bool,
     #[comptime(default = 1)] BM: usize,
     #[comptime(default = 2048)] BN: usize,
     #[comptime(default = 4)] NW: usize,
@@ -69,9 +133,15 @@ pub fn cross_entropy_backward(
 ) {
     let r0 = block_id().x * BM;
     let v = x.dim(1);
-    let t = target.tile([BM], [r0]).load();
+    let t = classes(target, r0, BM);
     let tc = t.col();
-    let scale = select(t >= 0, dloss.tile([BM], [r0]).load(), 0.0).col();
+    let g = if REDUCED {
+        let g = full::<f32>([BM], dloss.scalar([0]));
+        if MEAN { g / stats.scalar([1]) } else { g }
+    } else {
+        dloss.tile([BM], [r0]).load()
+    };
+    let scale = select(counted(t, ignore_index), g, 0.0).col();
     let lc = lse.tile([BM], [r0]).load().col();
     for j in (0..v).step_by(BN) {
         let cols = iota([BM, BN], 1) + j;

@@ -92,6 +92,11 @@ def config_cross_entropy(m, v, dtype):
     return {"BM": 1, "BN": min(_pow2_at_least(max(v, 32)), 2048)}
 
 
+def config_cross_entropy_reduce(m, mean):
+    """The loss's reduction: one block of 4 warps, 1024 rows a step."""
+    return {"MEAN": mean, "BM": 1024, "NW": 4}
+
+
 def config_rotary(heads, head_dim, rotary_dim, dtype):
     """Up to 8 heads of one token per block."""
     return {"D": head_dim, "R": rotary_dim, "BH": min(8, _pow2_at_least(heads))}
@@ -348,6 +353,11 @@ REDUCTIONS = ("none", "mean", "sum")
 
 
 def _targets(target, m, ignore_index):
+    """The class indices as the kernels read them, `[m, words]` int32 words with the class in
+    column 0: an int32 tensor viewed `[m, 1]`, an int64 one as its `[m, 2]` little-endian words
+    (the low word holds every class an int32 holds): views, no conversion kernel. And
+    `ignore_index` as the kernels' int32 (one beyond int32 matches no such class: -1, which
+    the kernels ignore as every negative class)."""
     _tensor("target", target)
     if target.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"target: expected class indices of torch.int64 or torch.int32, got {target.dtype}")
@@ -355,12 +365,10 @@ def _targets(target, m, ignore_index):
         raise ValueError(f"target: expected shape ({m},) (one class per row of logits), got {tuple(target.shape)}")
     if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
         raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
-    t = target.to(torch.int32)
-    # The kernels skip a row whose target is negative: an ignore_index of 0 or more is mapped
-    # to -1.
-    if ignore_index >= 0:
-        t = torch.where(target == ignore_index, torch.full_like(t, -1), t)
-    return t.contiguous()
+    t = target.contiguous()
+    words = 2 if t.dtype == torch.int64 else 1
+    t = t.view(torch.int32).view(m, words) if words == 2 else t.view(m, 1)
+    return t, (ignore_index if -(2**31) <= ignore_index < 2**31 else -1)
 
 
 def _reduction(reduction):
@@ -369,7 +377,8 @@ def _reduction(reduction):
     return reduction
 
 
-def _cross_entropy_fwd(logits, t32):
+def _cross_entropy_fwd(logits, targets):
+    (t, ignore) = targets
     m, v = logits.shape
     x = logits if v <= 1 or logits.stride(1) == 1 else logits.contiguous()
     loss = torch.empty((m,), dtype=torch.float32, device=x.device)
@@ -377,16 +386,25 @@ def _cross_entropy_fwd(logits, t32):
     if m and v:
         ct = config_cross_entropy(m, v, x.dtype)
         k = _k("cross_entropy")
-        k.launch(_grid(k, m, ct), x, t32, loss, lse, **ct)
+        k.launch(_grid(k, m, ct), x, t, loss, lse, ignore, **ct)
     return loss, lse
 
 
-def _reduce(loss, t32, reduction):
+def _reduce(loss, targets, reduction):
+    """The loss `reduction` gives, and the `[reduced, counted rows]` statistics the
+    backward's mean reads (`None` for "none"): one kernel, a fixed order of sums."""
     if reduction == "none":
-        return loss
-    if reduction == "sum":
-        return loss.sum()
-    return loss.sum() / (t32 >= 0).sum()
+        return loss, None
+    (t, ignore) = targets
+    m = loss.shape[0]
+    if not m:
+        # As PyTorch's: the sum of nothing is 0, the mean NaN.
+        stats = torch.tensor([0.0 if reduction == "sum" else math.nan, 0.0], device=loss.device)
+        return stats[0], stats
+    stats = torch.empty((2,), dtype=torch.float32, device=loss.device)
+    ct = config_cross_entropy_reduce(m, reduction == "mean")
+    _k("cross_entropy_reduce").launch((1, 1, 1), loss, t, stats, ignore, **ct)
+    return stats[0], stats
 
 
 def cross_entropy(logits, target, ignore_index=-100, reduction="mean", return_lse=False):
@@ -400,12 +418,12 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean", return_ls
     if logits.dim() != 2:
         raise ValueError(f"logits: expected a 2-D tensor [M, V], got shape {tuple(logits.shape)}")
     reduction = _reduction(reduction)
-    t32 = _targets(target, logits.shape[0], ignore_index)
+    targets = _targets(target, logits.shape[0], ignore_index)
     if torch.is_grad_enabled() and logits.requires_grad:
-        loss, lse = _CrossEntropy.apply(logits, t32, reduction)
+        loss, lse = _CrossEntropy.apply(logits, targets, reduction)
     else:
-        loss, lse = _cross_entropy_fwd(logits, t32)
-        loss = _reduce(loss, t32, reduction)
+        loss, lse = _cross_entropy_fwd(logits, targets)
+        loss, _ = _reduce(loss, targets, reduction)
     return (loss, lse) if return_lse else loss
 
 
@@ -418,27 +436,31 @@ def cross_entropy_backward(dloss, logits, target, lse, ignore_index=-100, reduct
         raise ValueError(f"logits: expected a 2-D tensor [M, V], got shape {tuple(logits.shape)}")
     m, v = logits.shape
     reduction = _reduction(reduction)
-    t32 = _targets(target, m, ignore_index)
+    targets = _targets(target, m, ignore_index)
     lse = _stat("lse", lse, m, logits)
     _tensor("dloss", dloss)
-    return _cross_entropy_bwd(dloss, logits, t32, lse, reduction)
+    # The mean's divisor: the reduction's count of the rows that count (its sum, of lse here,
+    # goes unread).
+    stats = _reduce(lse, targets, "sum")[1] if reduction == "mean" else None
+    return _cross_entropy_bwd(dloss, logits, targets, lse, reduction, stats)
 
 
-def _cross_entropy_bwd(dloss, logits, t32, lse, reduction):
+def _cross_entropy_bwd(dloss, logits, targets, lse, reduction, stats):
+    (t, ignore) = targets
     m, v = logits.shape
     want = (m,) if reduction == "none" else ()
     if tuple(dloss.shape) != want:
         raise ValueError(f"dloss: expected shape {want} for reduction={reduction!r}, got {tuple(dloss.shape)}")
-    g = dloss.float()
-    if reduction == "mean":
-        g = g / (t32 >= 0).sum()
-    g = g.expand(m).contiguous() if reduction != "none" else g.contiguous()
+    g = dloss.reshape(-1)
+    g = g if g.dtype == torch.float32 and g.stride(0) == 1 else g.float().contiguous()
     x = logits if v <= 1 or logits.stride(1) == 1 else logits.contiguous()
     dx = torch.empty((m, v), dtype=logits.dtype, device=logits.device)
     if m and v:
         ct = config_cross_entropy(m, v, x.dtype)
         k = _k("cross_entropy_backward")
-        k.launch(_grid(k, m, ct), x, t32, lse, g, dx, **ct)
+        # "none" reads no statistics: any f32 vector stands in.
+        k.launch(_grid(k, m, ct), x, t, lse, g, g if stats is None else stats, dx, ignore,
+                 REDUCED=reduction != "none", MEAN=reduction == "mean", **ct)
     return dx
 
 
@@ -559,17 +581,20 @@ class _RmsNorm(torch.autograd.Function):
 
 class _CrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, t32, reduction):
-        loss, lse = _cross_entropy_fwd(logits, t32)
-        ctx.save_for_backward(logits, t32, lse)
+    def forward(ctx, logits, targets, reduction):
+        loss, lse = _cross_entropy_fwd(logits, targets)
+        loss, stats = _reduce(loss, targets, reduction)
+        (t, ctx.ignore) = targets
+        ctx.save_for_backward(logits, t, lse, stats)
         ctx.reduction = reduction
         ctx.mark_non_differentiable(lse)
-        return _reduce(loss, t32, reduction), lse
+        return loss, lse
 
     @staticmethod
     def backward(ctx, dloss, _dlse):
-        logits, t32, lse = ctx.saved_tensors
-        return _cross_entropy_bwd(dloss, logits, t32, lse, ctx.reduction), None, None
+        logits, t, lse, stats = ctx.saved_tensors
+        dx = _cross_entropy_bwd(dloss, logits, (t, ctx.ignore), lse, ctx.reduction, stats)
+        return dx, None, None
 
 
 class _Dropout(torch.autograd.Function):

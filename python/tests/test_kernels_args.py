@@ -10,8 +10,8 @@ from fakes import BF16, F16, F32, I32, FakeDType, FakeTensor
 from test_args import without_gpu
 
 LIBRARY = ["softmax", "softmax_backward", "layer_norm", "layer_norm_backward", "rms_norm",
-           "rms_norm_backward", "sum_partials", "cross_entropy", "cross_entropy_backward", "rotary",
-           "dropout"]
+           "rms_norm_backward", "sum_partials", "cross_entropy", "cross_entropy_reduce",
+           "cross_entropy_backward", "rotary", "dropout"]
 
 
 def test_every_library_kernel_is_registered():
@@ -167,7 +167,7 @@ def test_the_grid_is_checked(grid, exc, msg):
 def test_a_well_formed_launch_fails_only_at_the_device():
     with pytest.raises(RuntimeError, match="^kiln_attn: no CUDA driver"):
         kiln_attn.kernel("layer_norm").launch((3, 1, 1), *layer_norm_args(), BM=4)
-    t = FakeTensor((10,), dtype=I32)
+    t = FakeTensor((10, 2), dtype=I32)
     f = FakeTensor((10,), dtype=F32)
     with pytest.raises(RuntimeError, match="^kiln_attn: no CUDA driver"):
-        kiln_attn.kernel("cross_entropy").launch(10, FakeTensor((10, 50), dtype=F16), t, f, f)
+        kiln_attn.kernel("cross_entropy").launch(10, FakeTensor((10, 50), dtype=F16), t, f, f, -100)

@@ -132,6 +132,47 @@ def test_cross_entropy_non_negative_ignore_index(interp):
     assert rel(got, F.cross_entropy(x.double(), t, ignore_index=4)) < 1e-5
 
 
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("targets", ["int64", "int32", "strided int64"])
+def test_cross_entropy_autograd_reads_targets_where_they_lie(interp, reduction, targets):
+    # The kernels read int64 targets as their words and int32 ones as they are; every
+    # reduction's gradient through autograd (the mean's divisor from the forward's count).
+    m, v = 9, 70
+    x = make((m, v), torch.float32, 8, scale=4)
+    t = torch.randint(0, v, (2 * m,), generator=torch.Generator().manual_seed(4))
+    t[[1, 6]] = -100
+    t[3] = 7
+    t = {"int64": t[:m], "int32": t[:m].to(torch.int32), "strided int64": t[::2]}[targets]
+    logits = x.clone().requires_grad_()
+    loss = ops.cross_entropy(logits, t, ignore_index=7, reduction=reduction)
+    xd = x.double().requires_grad_()
+    # PyTorch's ignores only ignore_index (a negative class is out of its bounds): kiln's
+    # ignored rows as PyTorch's.
+    tr = torch.where(t >= 0, t.long(), 7)
+    want = F.cross_entropy(xd, tr, ignore_index=7, reduction=reduction)
+    assert rel(loss, want.detach()) < 1e-5
+    dloss = torch.rand(loss.shape, generator=torch.Generator().manual_seed(5)) + 0.5
+    (g,) = torch.autograd.grad(loss, logits, dloss)
+    (r,) = torch.autograd.grad(want, xd, dloss.double())
+    assert rel(g, r) < 1e-5
+
+
+def test_cross_entropy_ignore_index_beyond_int32_matches_no_class(interp):
+    x = make((4, 5), torch.float32, 2)
+    t = torch.tensor([0, 3, -100, 4])
+    got = ops.cross_entropy(x, t, ignore_index=2**40, reduction="sum")
+    assert rel(got, F.cross_entropy(x.double(), t, reduction="sum")) < 1e-5
+
+
+def test_cross_entropy_mean_over_ignored_rows_only_is_nan(interp):
+    x = make((3, 5), torch.float32, 2).requires_grad_()
+    t = torch.tensor([-100, 2, -100])
+    loss = ops.cross_entropy(x, t, ignore_index=2)
+    assert torch.isnan(loss) and torch.isnan(F.cross_entropy(x.detach(), torch.full((3,), 2), ignore_index=2))
+    (g,) = torch.autograd.grad(loss, x)
+    assert torch.equal(g, torch.zeros_like(g))
+
+
 @pytest.mark.parametrize("b,s,h,d,r", [(2, 3, 3, 128, 128), (1, 2, 5, 64, 32)])
 def test_rotary(interp, b, s, h, d, r):
     x = make((b, s, h, d), torch.float32, s * h)
@@ -221,6 +262,7 @@ def test_empty_inputs(interp):
     assert ops.softmax(torch.empty((0, 7))).shape == (0, 7)
     assert ops.layer_norm(torch.empty((0, 7)), (7,)).shape == (0, 7)
     assert ops.cross_entropy(torch.empty((0, 7)), torch.empty((0,), dtype=torch.int64), reduction="sum").item() == 0
+    assert torch.isnan(ops.cross_entropy(torch.empty((0, 7)), torch.empty((0,), dtype=torch.int64)))
 
 
 # The wrappers' argument errors (no interpreter: they come before any kernel).

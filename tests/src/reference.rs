@@ -402,9 +402,21 @@ pub fn alpha_beta(ab: &[f64], c: &HostTensor, alpha: f64, beta: f64) -> Vec<f64>
         .collect()
 }
 
-/// Per-row cross-entropy of logits `x: [m, v]` against `target: [m]` (a negative target
-/// gives loss 0): `(loss, lse)`.
-pub fn cross_entropy(x: &HostTensor, target: &HostTensor) -> (Vec<f64>, Vec<f64>) {
+/// The class of row `r` of cross-entropy targets `target: [m, w]` (column 0, the low word
+/// of an int64 index when `w = 2`), or `None` when the row is ignored: negative, or
+/// `ignore_index`.
+pub fn cross_entropy_class(target: &HostTensor, r: usize, ignore_index: i32) -> Option<usize> {
+    let t = target.data.get_f64(r * target.shape[1]);
+    (t >= 0.0 && t != f64::from(ignore_index)).then_some(t as usize)
+}
+
+/// Per-row cross-entropy of logits `x: [m, v]` against `target` ([`cross_entropy_class`];
+/// an ignored row gives loss 0): `(loss, lse)`.
+pub fn cross_entropy(
+    x: &HostTensor,
+    target: &HostTensor,
+    ignore_index: i32,
+) -> (Vec<f64>, Vec<f64>) {
     let v = x.shape[1];
     let xs = x.to_f64_vec();
     let mut loss = Vec::new();
@@ -412,26 +424,30 @@ pub fn cross_entropy(x: &HostTensor, target: &HostTensor) -> (Vec<f64>, Vec<f64>
     for (r, row) in xs.chunks(v).enumerate() {
         let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let l = m + row.iter().map(|&a| (a - m).exp()).sum::<f64>().ln();
-        let t = target.data.get_f64(r);
-        loss.push(if t >= 0.0 { l - row[t as usize] } else { 0.0 });
+        loss.push(cross_entropy_class(target, r, ignore_index).map_or(0.0, |t| l - row[t]));
         lse.push(l);
     }
     (loss, lse)
 }
 
-/// The gradient of the summed [`cross_entropy`] loss weighted by `dloss: [m]` with respect
-/// to the logits: `(softmax(x) - onehot(target)) * dloss`, rows of negative targets 0.
-pub fn cross_entropy_backward(x: &HostTensor, target: &HostTensor, dloss: &HostTensor) -> Vec<f64> {
+/// The gradient with respect to the logits of `sum_r g[r] loss[r]` ([`cross_entropy`]):
+/// `(softmax(x) - onehot(target)) * g`, ignored rows 0.
+pub fn cross_entropy_backward(
+    x: &HostTensor,
+    target: &HostTensor,
+    ignore_index: i32,
+    g: &[f64],
+) -> Vec<f64> {
     let v = x.shape[1];
     let p = softmax_rows(x);
     p.chunks(v)
         .enumerate()
         .flat_map(|(r, row)| {
-            let t = target.data.get_f64(r);
-            let d = if t >= 0.0 { dloss.data.get_f64(r) } else { 0.0 };
+            let t = cross_entropy_class(target, r, ignore_index);
+            let d = if t.is_some() { g[r] } else { 0.0 };
             row.iter()
                 .enumerate()
-                .map(move |(c, &pc)| (pc - f64::from(u8::from(t == c as f64))) * d)
+                .map(move |(c, &pc)| (pc - f64::from(u8::from(t == Some(c)))) * d)
         })
         .collect()
 }

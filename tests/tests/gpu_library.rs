@@ -10,7 +10,8 @@ use std::process::ExitCode;
 
 use gpu_common::{Needs, devices, poisoned_output as output, upload_padded};
 use kiln_examples::cross_entropy::{
-    CrossEntropyBackwardComptime, CrossEntropyComptime, cross_entropy, cross_entropy_backward,
+    CrossEntropyBackwardComptime, CrossEntropyComptime, CrossEntropyReduceComptime, cross_entropy,
+    cross_entropy_backward, cross_entropy_reduce,
 };
 use kiln_examples::moe::{
     MoeCountComptime, MoeExpertsComptime, MoeScatterComptime, moe_count, moe_experts, moe_scatter,
@@ -28,8 +29,8 @@ use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 use library::{
-    GPU_SHAPES, ROTARY_SHAPES, SHAPES, assert_one_column_rms_dx, assert_same_routes, moe_choices,
-    moe_grouped, moe_reference, moe_routes, norm_inputs, rotary_tables, targets,
+    GPU_SHAPES, ROTARY_SHAPES, SHAPES, assert_one_column_rms_dx, assert_same_routes, f32_tensor,
+    moe_choices, moe_grouped, moe_reference, moe_routes, norm_inputs, rotary_tables, targets,
 };
 
 fn shapes() -> impl Iterator<Item = ((usize, usize), bool)> {
@@ -48,6 +49,9 @@ fn case(kernel: String, dev: &Device, m: usize, n: usize, dist: Dist, rng: &Rng)
     }
 }
 
+/// The loss, its reduction (sum over int64 targets with a nonnegative `ignore_index`, mean
+/// over int32 ones with -100) and the gradient of that reduction, on the GPU against the f64
+/// references (and the interpreter on the small shapes).
 fn gpu_cross_entropy() {
     let mut rng = Rng::from_env();
     for dev in devices() {
@@ -59,49 +63,81 @@ fn gpu_cross_entropy() {
                     NW: nw,
                     dtype,
                 };
-                let cb = CrossEntropyBackwardComptime {
-                    BM: bm,
-                    BN: bn,
-                    NW: nw,
-                    dtype,
-                };
                 for ((m, v), small) in shapes() {
-                    for dist in Dist::ALL {
+                    for (i, dist) in Dist::ALL.into_iter().enumerate() {
+                        let (words, ignore, mean) = [(1, -100, true), (2, 1, false)][i % 2];
+                        let cr = CrossEntropyReduceComptime {
+                            MEAN: mean,
+                            BM: 1024,
+                            NW: 4,
+                        };
+                        let cb = CrossEntropyBackwardComptime {
+                            REDUCED: true,
+                            MEAN: mean,
+                            BM: bm,
+                            BN: bn,
+                            NW: nw,
+                            dtype,
+                        };
                         let x = tensor(&mut rng, &[m, v], dtype, dist);
-                        let t = targets(&mut rng, m, v);
-                        let dl = tensor(&mut rng, &[m], DType::F32, Dist::Normal);
+                        let t = targets(&mut rng, m, v, words);
+                        let dl = tensor(&mut rng, &[1], DType::F32, Dist::Normal);
                         let grid = cross_entropy.grid(&c, [m, 1, 1]);
                         let (dx_in, dt, ddl) = (
                             upload_padded(&dev, &x, 8),
                             dev.upload(&t).expect("upload"),
                             dev.upload(&dl).expect("upload"),
                         );
-                        let (loss, lse) = (
+                        let (loss, lse, stats) = (
                             output(&dev, DType::F32, &[m]),
                             output(&dev, DType::F32, &[m]),
+                            output(&dev, DType::F32, &[2]),
                         );
                         cross_entropy
-                            .launch(&dev, &c, grid, &dx_in, &dt, &loss, &lse)
+                            .launch(&dev, &c, grid, &dx_in, &dt, &loss, &lse, ignore)
+                            .expect("launch");
+                        cross_entropy_reduce
+                            .launch(&dev, &cr, [1, 1, 1], &loss, &dt, &stats, ignore)
                             .expect("launch");
                         let dx = output(&dev, dtype, &[m, v]);
                         cross_entropy_backward
-                            .launch(&dev, &cb, grid, &dx_in, &dt, &lse, &ddl, &dx)
+                            .launch(
+                                &dev, &cb, grid, &dx_in, &dt, &lse, &ddl, &stats, &dx, ignore,
+                            )
                             .expect("launch");
-                        let (rl, rlse) = reference::cross_entropy(&x, &t);
-                        let k = format!("cross_entropy {dtype} BM={bm} BN={bn} NW={nw}");
+                        let (rl, rlse) = reference::cross_entropy(&x, &t, ignore);
+                        let k = format!(
+                            "cross_entropy {dtype} BM={bm} BN={bn} NW={nw} words={words} mean={mean}"
+                        );
                         let cs = case(k, &dev, m, v, dist, &rng);
                         let got_loss = loss.download().expect("download");
                         assert_close(&cs, &got_loss, &rl, tolerance(DType::F32) * 10.0);
                         let got_lse = lse.download().expect("download");
                         assert_close(&cs, &got_lse, &rlse, tolerance(DType::F32));
-                        let rdx = reference::cross_entropy_backward(&x, &t, &dl);
+                        let count = (0..m)
+                            .filter(|&r| reference::cross_entropy_class(&t, r, ignore).is_some())
+                            .count() as f64;
+                        let total: f64 = rl.iter().sum();
+                        let got_stats = stats.download().expect("download").to_f64_vec();
+                        assert_eq!(got_stats[1], count, "{cs}: counted rows");
+                        let g = if mean {
+                            dl.data.get_f64(0) / count
+                        } else {
+                            dl.data.get_f64(0)
+                        };
+                        if count > 0.0 {
+                            let want = if mean { total / count } else { total };
+                            let got = f32_tensor(&[1], &got_stats[..1]);
+                            assert_close(&cs, &got, &[want], tolerance(DType::F32) * 10.0);
+                        }
+                        let rdx = reference::cross_entropy_backward(&x, &t, ignore, &vec![g; m]);
                         let got_dx = dx.download().expect("download");
                         assert_close(&cs, &got_dx, &rdx, tolerance(dtype));
                         if small {
                             let mut li = poisoned(&[m], DType::F32);
                             let mut lsei = poisoned(&[m], DType::F32);
                             cross_entropy
-                                .interpret(&c, grid, &x, &t, &mut li, &mut lsei)
+                                .interpret(&c, grid, &x, &t, &mut li, &mut lsei, ignore)
                                 .expect("interpret");
                             let vs = Case {
                                 kernel: format!("{} (GPU vs interpreter)", cs.kernel),

@@ -6,7 +6,8 @@
 mod library;
 
 use kiln_examples::cross_entropy::{
-    CrossEntropyBackwardComptime, CrossEntropyComptime, cross_entropy, cross_entropy_backward,
+    CrossEntropyBackwardComptime, CrossEntropyComptime, CrossEntropyReduceComptime, cross_entropy,
+    cross_entropy_backward, cross_entropy_reduce,
 };
 use kiln_examples::histogram::{HistogramComptime, histogram};
 use kiln_examples::moe::{
@@ -26,8 +27,8 @@ use kiln_tests::codegen::assembles_clean;
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 use library::{
-    ROTARY_SHAPES, SHAPES, assert_one_column_rms_dx, assert_same_routes, moe_choices, moe_grouped,
-    moe_reference, moe_routes, norm_inputs, rotary_tables, targets,
+    ROTARY_SHAPES, SHAPES, assert_one_column_rms_dx, assert_same_routes, f32_tensor, moe_choices,
+    moe_grouped, moe_reference, moe_routes, norm_inputs, rotary_tables, targets,
 };
 
 fn case(kernel: String, m: usize, n: usize, dist: Dist, rng: &Rng) -> Case {
@@ -39,6 +40,8 @@ fn case(kernel: String, m: usize, n: usize, dist: Dist, rng: &Rng) -> Case {
     }
 }
 
+/// Both target widths (int32, an int64's words), a nonnegative `ignore_index` (class 1) and
+/// PyTorch's -100, and every reduction of the backward.
 #[test]
 fn cross_entropy_forward_and_backward() {
     let mut rng = Rng::from_env();
@@ -50,41 +53,208 @@ fn cross_entropy_forward_and_backward() {
                 NW: nw,
                 dtype,
             };
-            let cb = CrossEntropyBackwardComptime {
-                BM: bm,
-                BN: bn,
-                NW: nw,
-                dtype,
-            };
             assembles_clean(&cross_entropy, c, "");
-            assembles_clean(&cross_entropy_backward, cb, "");
+            for reduced in [false, true] {
+                for mean in [false, true] {
+                    let cb = CrossEntropyBackwardComptime {
+                        REDUCED: reduced,
+                        MEAN: mean,
+                        BM: bm,
+                        BN: bn,
+                        NW: nw,
+                        dtype,
+                    };
+                    assembles_clean(&cross_entropy_backward, cb, "");
+                }
+            }
             for (m, v) in SHAPES {
-                for dist in Dist::ALL {
+                for (i, dist) in Dist::ALL.into_iter().enumerate() {
+                    let (words, ignore) = [(1, -100), (2, 1)][i % 2];
                     let x = tensor(&mut rng, &[m, v], dtype, dist);
-                    let t = targets(&mut rng, m, v);
-                    let dl = tensor(&mut rng, &[m], DType::F32, Dist::Normal);
-                    let grid = cross_entropy.grid(&c, [m, 1, 1]);
-                    let (mut loss, mut lse) =
-                        (poisoned(&[m], DType::F32), poisoned(&[m], DType::F32));
-                    cross_entropy
-                        .interpret(&c, grid, &x, &t, &mut loss, &mut lse)
-                        .expect("interpret");
-                    let (rl, rlse) = reference::cross_entropy(&x, &t);
-                    let k = format!("cross_entropy {dtype} BM={bm} BN={bn} NW={nw}");
+                    let t = targets(&mut rng, m, v, words);
+                    let k = format!("cross_entropy {dtype} BM={bm} BN={bn} NW={nw} words={words}");
                     let cs = case(k, m, v, dist, &rng);
+                    let (loss, lse) = cross_entropy_run(&c, &x, &t, ignore);
+                    let (rl, rlse) = reference::cross_entropy(&x, &t, ignore);
                     assert_close(&cs, &loss, &rl, tolerance(DType::F32) * 10.0);
                     assert_close(&cs, &lse, &rlse, tolerance(DType::F32));
-                    let mut dx = poisoned(&[m, v], dtype);
-                    cross_entropy_backward
-                        .interpret(&cb, grid, &x, &t, &lse, &dl, &mut dx)
-                        .expect("interpret");
-                    let k = format!("cross_entropy_backward {dtype} BM={bm} BN={bn} NW={nw}");
-                    let rdx = reference::cross_entropy_backward(&x, &t, &dl);
-                    assert_close(&case(k, m, v, dist, &rng), &dx, &rdx, tolerance(dtype));
+                    let stats = cross_entropy_stats(&cs, &loss, &t, ignore, i % 2 == 1);
+                    let counted = (0..m)
+                        .filter(|&r| reference::cross_entropy_class(&t, r, ignore).is_some())
+                        .count() as f64;
+                    let dl = tensor(&mut rng, &[m], DType::F32, Dist::Normal);
+                    for (reduced, mean) in [(false, false), (true, false), (true, true)] {
+                        let cb = CrossEntropyBackwardComptime {
+                            REDUCED: reduced,
+                            MEAN: mean,
+                            BM: bm,
+                            BN: bn,
+                            NW: nw,
+                            dtype,
+                        };
+                        let g: Vec<f64> = (0..m)
+                            .map(|r| match (reduced, mean) {
+                                (false, _) => dl.data.get_f64(r),
+                                (true, false) => dl.data.get_f64(0),
+                                (true, true) => dl.data.get_f64(0) / counted,
+                            })
+                            .collect();
+                        let mut dx = poisoned(&[m, v], dtype);
+                        let grid = cross_entropy_backward.grid(&cb, [m, 1, 1]);
+                        cross_entropy_backward
+                            .interpret(&cb, grid, &x, &t, &lse, &dl, &stats, &mut dx, ignore)
+                            .expect("interpret");
+                        let k = format!(
+                            "cross_entropy_backward {dtype} BM={bm} BN={bn} NW={nw} \
+                             words={words} reduced={reduced} mean={mean}"
+                        );
+                        let rdx = reference::cross_entropy_backward(&x, &t, ignore, &g);
+                        assert_close(&case(k, m, v, dist, &rng), &dx, &rdx, tolerance(dtype));
+                    }
                 }
             }
         }
     }
+}
+
+/// [`cross_entropy`] on the interpreter, its outputs poisoned first: `(loss, lse)`.
+fn cross_entropy_run(
+    c: &CrossEntropyComptime,
+    x: &HostTensor,
+    t: &HostTensor,
+    ignore: i32,
+) -> (HostTensor, HostTensor) {
+    let m = x.shape[0];
+    let (mut loss, mut lse) = (poisoned(&[m], DType::F32), poisoned(&[m], DType::F32));
+    cross_entropy
+        .interpret(
+            c,
+            cross_entropy.grid(c, [m, 1, 1]),
+            x,
+            t,
+            &mut loss,
+            &mut lse,
+            ignore,
+        )
+        .expect("interpret");
+    (loss, lse)
+}
+
+/// [`cross_entropy_reduce`] of `loss` (a sum, or the `mean`) against the f64 sum and count
+/// of the rows that count (a mean over none is NaN, as PyTorch's); its `[reduced, count]`
+/// output.
+fn cross_entropy_stats(
+    cs: &Case,
+    loss: &HostTensor,
+    t: &HostTensor,
+    ignore: i32,
+    mean: bool,
+) -> HostTensor {
+    let m = loss.shape[0];
+    let c = CrossEntropyReduceComptime {
+        MEAN: mean,
+        BM: 256,
+        NW: 4,
+    };
+    assembles_clean(&cross_entropy_reduce, c, "");
+    let mut out = poisoned(&[2], DType::F32);
+    cross_entropy_reduce
+        .interpret(&c, [1, 1, 1], loss, t, &mut out, ignore)
+        .expect("interpret");
+    let rows = (0..m).filter(|&r| reference::cross_entropy_class(t, r, ignore).is_some());
+    let count = rows.count() as f64;
+    let total: f64 = loss.to_f64_vec().iter().sum();
+    let cs = Case {
+        kernel: format!("cross_entropy_reduce mean={mean} of {}", cs.kernel),
+        ..cs.clone()
+    };
+    let got = out.to_f64_vec();
+    assert_eq!(got[1], count, "{cs}: counted rows");
+    if mean && count == 0.0 {
+        assert!(
+            got[0].is_nan(),
+            "{cs}: a mean over no row is NaN, got {}",
+            got[0]
+        );
+    } else {
+        let want = if mean { total / count } else { total };
+        assert_close(
+            &cs,
+            &f32_tensor(&[1], &got[..1]),
+            &[want],
+            tolerance(DType::F32),
+        );
+    }
+    out
+}
+
+/// The reduction over more rows than one step takes, not a multiple of it, int64 targets.
+#[test]
+fn cross_entropy_reduce_walks_many_rows() {
+    let mut rng = Rng::from_env();
+    let m = 1000;
+    let loss = tensor(&mut rng, &[m], DType::F32, Dist::Uniform);
+    let t = targets(&mut rng, m, 50, 2);
+    let cs = case("cross_entropy_reduce".into(), m, 50, Dist::Uniform, &rng);
+    for mean in [false, true] {
+        cross_entropy_stats(&cs, &loss, &t, -100, mean);
+    }
+}
+
+/// Every row ignored: the sum is 0, the mean NaN (PyTorch's), and no row has a gradient.
+#[test]
+fn cross_entropy_of_ignored_rows_only() {
+    let mut rng = Rng::from_env();
+    let (m, v) = (37, 300);
+    let x = tensor(&mut rng, &[m, v], DType::F32, Dist::Normal);
+    let t = HostTensor::from_fn(
+        &[m, 1],
+        DType::I32,
+        |r| if r % 2 == 0 { -100.0 } else { 5.0 },
+    );
+    let c = CrossEntropyComptime {
+        BM: 4,
+        BN: 256,
+        NW: 4,
+        dtype: DType::F32,
+    };
+    let (loss, lse) = cross_entropy_run(&c, &x, &t, 5);
+    assert!(loss.to_f64_vec().iter().all(|&l| l == 0.0));
+    let cs = case(
+        "cross_entropy ignored rows".into(),
+        m,
+        v,
+        Dist::Normal,
+        &rng,
+    );
+    let stats = cross_entropy_stats(&cs, &loss, &t, 5, true);
+    let dl = f32_tensor(&[1], &[1.0]);
+    let cb = CrossEntropyBackwardComptime {
+        REDUCED: true,
+        MEAN: true,
+        BM: 4,
+        BN: 256,
+        NW: 4,
+        dtype: DType::F32,
+    };
+    let mut dx = poisoned(&[m, v], DType::F32);
+    cross_entropy_backward
+        .interpret(
+            &cb,
+            cross_entropy_backward.grid(&cb, [m, 1, 1]),
+            &x,
+            &t,
+            &lse,
+            &dl,
+            &stats,
+            &mut dx,
+            5,
+        )
+        .expect("interpret");
+    assert!(
+        dx.to_f64_vec().iter().all(|&g| g == 0.0),
+        "no gradient for ignored rows"
+    );
 }
 
 #[test]

@@ -7,15 +7,23 @@
 use kiln_ir::{DType, HostTensor};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 
-/// Class indices for `m` rows of `v` classes: uniform, with every seventh row ignored
+/// Class indices for `m` rows of `v` classes as the cross-entropy kernels read them, `[m,
+/// words]` i32 words (2: an int64 tensor's): uniform, with every seventh row ignored
 /// (PyTorch's `ignore_index = -100`).
-pub fn targets(rng: &mut Rng, m: usize, v: usize) -> HostTensor {
-    HostTensor::from_fn(&[m], DType::I32, |r| {
-        if r % 7 == 3 {
-            -100.0
-        } else {
-            rng.uniform(0.0, v as f64).floor().min(v as f64 - 1.0)
-        }
+pub fn targets(rng: &mut Rng, m: usize, v: usize, words: usize) -> HostTensor {
+    let classes: Vec<f64> = (0..m)
+        .map(|r| {
+            if r % 7 == 3 {
+                -100.0
+            } else {
+                rng.uniform(0.0, v as f64).floor().min(v as f64 - 1.0)
+            }
+        })
+        .collect();
+    // An int64 index's high word: its sign.
+    HostTensor::from_fn(&[m, words], DType::I32, |i| match i % words {
+        0 => classes[i / words],
+        _ => -f64::from(u8::from(classes[i / words] < 0.0)),
     })
 }
 

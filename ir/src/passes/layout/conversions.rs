@@ -93,15 +93,17 @@ pub(super) fn insert(kernel: &mut Kernel, layouts: &mut BTreeMap<ValueId, Layout
                 };
                 let adds = rs.rank() > xs.rank();
                 let unit = (0..rs.rank()).find(|&d| rs.dims()[d] == 1);
-                let want = reshape_layout(&rl, !adds).or_else(|| {
-                    // The result's layout with its unit dimension reduced away.
-                    (adds && unit.is_some()).then(|| Layout::Slice {
-                        dim: unit.unwrap_or(0),
-                        keep_dim: false,
-                        parent: Box::new(rl.clone()),
-                        parent_shape: rs.clone(),
+                let want = reshape_layout(&rl, !adds)
+                    .or_else(|| {
+                        // The result's layout with its unit dimension reduced away.
+                        (adds && unit.is_some()).then(|| Layout::Slice {
+                            dim: unit.unwrap_or(0),
+                            keep_dim: false,
+                            parent: Box::new(rl.clone()),
+                            parent_shape: rs.clone(),
+                        })
                     })
-                });
+                    .or_else(|| (!adds).then(|| with_unit(&rl, &rs, &xs)).flatten());
                 if let Some(want) = want
                     && !same(layouts.get(&x), &want, &xs)
                 {
@@ -238,6 +240,30 @@ fn operands_to(
 /// The shape of tile `v`.
 fn shape(kernel: &Kernel, v: ValueId) -> Option<Shape> {
     kernel.ty(v).shape().cloned()
+}
+
+/// A blocked layout of `with` (`shape` with an extent of 1 added) holding every element
+/// where blocked `l` holds it over `shape`: `l` itself (`[1, n]`), or `l` with rows and
+/// columns swapped (`[n, 1]`: a 1-D layout's columns become the rows).
+fn with_unit(l: &Layout, shape: &Shape, with: &Shape) -> Option<Layout> {
+    let Layout::Blocked {
+        size_per_thread: spt,
+        threads_per_warp: tpw,
+        warps,
+    } = l
+    else {
+        return None;
+    };
+    let swapped = Layout::Blocked {
+        size_per_thread: [spt[1], spt[0]],
+        threads_per_warp: [tpw[1], tpw[0]],
+        warps: [warps[1], warps[0]],
+    };
+    let have = l.distribution(shape).ok()?;
+    [l.clone(), swapped].into_iter().find(|c| {
+        c.distribution(with)
+            .is_ok_and(|d| d.same_elements(with, &have, shape))
+    })
 }
 
 /// Whether a value in layout `have` holds its elements where `want` would, over `shape`.
