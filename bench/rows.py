@@ -3,7 +3,7 @@
 GPU, in GB/s of what each call must move.
 
   bench/rows.py [--out RESULT.json] [--quick] [--iters N] [--warmup N] [--only K1,K2]
-                [--dtypes f32,bf16] [--shapes MxN,..] [--dry-run]
+                [--dtypes f32,bf16] [--shapes MxN,..] [--set CONFIG.KEY=INT ..] [--dry-run]
 
 Kernels and peers (kiln through kiln_attn.ops, the way a PyTorch user calls it):
   copy                  torch's Tensor.copy_ alone: the attainable-bandwidth reference row
@@ -398,12 +398,41 @@ def wrapper_config(torch, ops, p):
         return None
 
 
+def parse_overrides(items):
+    """`--set CONFIG.KEY=VALUE` items as {config: {key: int}}: CONFIG names an ops.config_*
+    function (norm_backward, cross_entropy, ..)."""
+    out = {}
+    for item in items or []:
+        name, _, kv = item.partition(".")
+        key, _, value = kv.partition("=")
+        if not (name and key and value.lstrip("-").isdigit()):
+            raise SystemExit(f"--set: expected CONFIG.KEY=INT (norm_backward.OCC=2), got {item!r}")
+        out.setdefault(name, {})[key] = int(value)
+    return out
+
+
+def apply_overrides(ops, overrides):
+    """Makes each ops.config_<name> return its choice with `overrides[name]` on top (the ops
+    wrappers call them by name), so one run times comptime candidates beside the defaults."""
+    for name, values in overrides.items():
+        f = getattr(ops, "config_" + name, None)
+        if f is None:
+            raise SystemExit(f"--set: kiln_attn.ops has no config_{name}")
+
+        def with_values(*a, _f=f, _v=values):
+            return {**_f(*a), **_v}
+
+        setattr(ops, "config_" + name, with_values)
+
+
 def run(args):
     import torch
     import torch.nn.functional as F
 
     import kiln_attn
     from kiln_attn import ops
+
+    apply_overrides(ops, parse_overrides(args.set))
 
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
@@ -514,7 +543,11 @@ def main(argv=None):
     p.add_argument("--dtypes", default=",".join(DTYPES))
     p.add_argument("--shapes", help="comma-separated MxN, instead of the sweep")
     p.add_argument("--dry-run", action="store_true", help="print the plan (no torch, no GPU)")
+    p.add_argument("--set", action="append", metavar="CONFIG.KEY=INT",
+                   help="comptime value on top of ops.config_CONFIG's choice (repeatable), "
+                        "recorded in each row's config: e.g. norm_backward.OCC=2")
     args = p.parse_args(argv)
+    parse_overrides(args.set)
     if args.dry_run:
         points = plan(args)
         for pt in points:

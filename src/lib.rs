@@ -52,11 +52,11 @@ pub mod prelude {
     pub use kiln_ir::DType;
     pub use kiln_ir::dsl::AtomicOpts;
     pub use kiln_ir::dsl::{
-        Comptime, Dim3, KernelDecl, KernelDef, Seed, Value, abs, at, bitcast, block_id, cdiv,
-        cluster, col_max, col_sum, cos, erf, exp, exp2, full, grid_dim, iota, log, log2, max, min,
-        mma, mma_acc, mulhi, pipelined, rand, rand4x, randint, randint4x, randn, recip, reduce_max,
-        reduce_min, reduce_sum, reject, row_max, row_min, row_sum, rsqrt, select, sigmoid, sin,
-        sqrt, tanh, umulhi, unroll, warp_specialize, zeros,
+        Comptime, Dim3, KernelDecl, KernelDef, Seed, Value, abs, at, bitcast, block_id,
+        blocks_per_sm, cdiv, cluster, col_max, col_sum, cos, erf, exp, exp2, full, grid_dim, iota,
+        log, log2, max, min, mma, mma_acc, mulhi, pipelined, rand, rand4x, randint, randint4x,
+        randn, recip, reduce_max, reduce_min, reduce_sum, reject, row_max, row_min, row_sum, rsqrt,
+        select, sigmoid, sin, sqrt, tanh, umulhi, unroll, warp_specialize, zeros,
     };
     pub use kiln_ir::kprint;
     pub use kiln_ir::{AtomicOp, MemScope, MemSem};

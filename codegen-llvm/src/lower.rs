@@ -217,6 +217,9 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
         };
         annotate("kernel", 1)?;
         annotate("maxntidx", u64::from(threads))?;
+        if k.options.blocks_per_sm > 1 {
+            annotate("minctasm", u64::from(k.options.blocks_per_sm))?;
+        }
         let b = cx.create_builder();
         b.position_at_end(cx.append_basic_block(f, "entry"));
         let gptr = cx.i8_type().ptr_type(AddressSpace::from(GLOBAL));

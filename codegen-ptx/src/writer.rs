@@ -94,6 +94,8 @@ impl<'k> Writer<'k> {
             // With `.maxntid`, lets ptxas know the register count at entry, which
             // `setmaxnreg` needs (docs/ptx.md §5, C7508).
             let _ = writeln!(ptx, ".minnctapersm {}", s.ctas_per_sm);
+        } else if k.options.blocks_per_sm > 1 {
+            let _ = writeln!(ptx, ".minnctapersm {}", k.options.blocks_per_sm);
         }
         // A clustered schedule's CTAs run in clusters along x; the directive makes every
         // launch (`cuLaunchKernel` included) one of whole clusters.

@@ -25,6 +25,10 @@ pub struct KernelOptions {
     pub warp_specialize: bool,
     /// Where warp specialisation was turned off (the default location when it was not).
     pub warp_specialize_loc: Loc,
+    /// Blocks the kernel asks to fit on one multiprocessor ([`crate::dsl::blocks_per_sm`];
+    /// 1: no request): `.minnctapersm`, so ptxas keeps each thread's registers within the
+    /// register file's share.
+    pub blocks_per_sm: u32,
 }
 
 impl Default for KernelOptions {
@@ -35,6 +39,7 @@ impl Default for KernelOptions {
             cluster_loc: Loc::default(),
             warp_specialize: true,
             warp_specialize_loc: Loc::default(),
+            blocks_per_sm: 1,
         }
     }
 }

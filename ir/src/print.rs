@@ -21,9 +21,9 @@ const LOC_COLUMN: usize = 64;
 pub fn print_kernel(kernel: &Kernel) -> String {
     let mut out = String::new();
     let params: Vec<String> = kernel.params.iter().map(param_str).collect();
-    // A cluster request, or warp specialisation turned off, is printed only when made, so
-    // every other kernel prints as before (and the disk cache, keyed by this text, tells the
-    // kernels apart).
+    // A cluster request, warp specialisation turned off, or a blocks-per-multiprocessor
+    // request is printed only when made, so every other kernel prints as before (and the
+    // disk cache, keyed by this text, tells the kernels apart).
     let cluster = match kernel.options.cluster {
         1 => String::new(),
         n => format!(" cluster={n}"),
@@ -33,9 +33,13 @@ pub fn print_kernel(kernel: &Kernel) -> String {
     } else {
         " warp_specialize=false"
     };
+    let occupancy = match kernel.options.blocks_per_sm {
+        1 => String::new(),
+        n => format!(" blocks_per_sm={n}"),
+    };
     let _ = writeln!(
         out,
-        "kernel {}({}) num_warps={}{cluster}{plain} {{",
+        "kernel {}({}) num_warps={}{cluster}{plain}{occupancy} {{",
         kernel.name,
         params.join(", "),
         kernel.options.num_warps

@@ -20,6 +20,19 @@ def args(**kw):
     return a
 
 
+def test_set_puts_comptime_values_on_top_of_the_configs_choice():
+    ops = types.SimpleNamespace(config_norm_backward=lambda m, n, dt: {"BM": 1, "RB": 32})
+    over = rows.parse_overrides(["norm_backward.OCC=2", "norm_backward.RB=16"])
+    assert over == {"norm_backward": {"OCC": 2, "RB": 16}}
+    rows.apply_overrides(ops, over)
+    assert ops.config_norm_backward(4, 8, None) == {"BM": 1, "RB": 16, "OCC": 2}
+    for bad in (["OCC=2"], ["norm_backward.OCC"], ["norm_backward.OCC=x"]):
+        with pytest.raises(SystemExit):
+            rows.parse_overrides(bad)
+    with pytest.raises(SystemExit):
+        rows.apply_overrides(ops, {"nope": {"X": 1}})
+
+
 def test_the_plan_covers_every_kernel_shape_and_dtype():
     points = rows.plan(args())
     assert len(points) == len(rows.KERNELS) * len(rows.SHAPES) * 2

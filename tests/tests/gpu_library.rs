@@ -191,13 +191,17 @@ fn gpu_norm_backwards() {
     for dev in devices() {
         for dtype in [DType::Bf16, DType::F32] {
             // Rows longer than a tile (all of a block's rows per column tile), rows in one
-            // tile walked in groups, and a group taller than the block's rows.
-            for (bm, bn, rb, nw) in [(4, 1024, 16, 8), (8, 1024, 4, 8), (1, 8192, 4, 16)] {
+            // tile walked in groups, and a group taller than the block's rows; two blocks a
+            // multiprocessor asked for (`OCC`).
+            for (bm, bn, rb, nw, occ) in
+                [(4, 1024, 16, 8, 1), (8, 1024, 4, 8, 2), (1, 8192, 4, 16, 1)]
+            {
                 let c = LayerNormBackwardComptime {
                     BM: bm,
                     BN: bn,
                     RB: rb,
                     NW: nw,
+                    OCC: occ,
                     dtype,
                 };
                 let cr = RmsNormBackwardComptime {
@@ -205,6 +209,7 @@ fn gpu_norm_backwards() {
                     BN: bn,
                     RB: rb,
                     NW: nw,
+                    OCC: occ,
                     dtype,
                 };
                 let cs_sum = SumPartialsComptime {

@@ -315,6 +315,7 @@ fn backward_configs_assemble_clean() {
                 BN: b.bn,
                 RB: b.rb,
                 NW: b.nw,
+                OCC: 1,
                 dtype,
             };
             assembles_clean(&layer_norm_backward, c, "");
@@ -323,11 +324,31 @@ fn backward_configs_assemble_clean() {
                 BN: b.bn,
                 RB: b.rb,
                 NW: b.nw,
+                OCC: 1,
                 dtype,
             };
             assembles_clean(&rms_norm_backward, c, "");
         }
     }
+}
+
+/// Two blocks a multiprocessor asked of ptxas (`blocks_per_sm`): RMS norm's backward at 4096
+/// columns in bf16 fits them (64 registers of 512 threads) without spills, and its PTX says so.
+#[test]
+fn a_norm_backward_asks_for_two_blocks_a_multiprocessor() {
+    let c = RmsNormBackwardComptime {
+        BM: 1,
+        BN: 4096,
+        RB: 32,
+        NW: 16,
+        OCC: 2,
+        dtype: DType::Bf16,
+    };
+    assembles_clean(
+        &rms_norm_backward,
+        c,
+        ".maxntid 512, 1, 1\n.minnctapersm 2\n",
+    );
 }
 
 /// Adds up `part`'s rows with [`sum_partials`] into a `dtype` vector.
@@ -357,6 +378,7 @@ fn norm_backwards_match_reference() {
                 BN: bn,
                 RB: rb,
                 NW: nw,
+                OCC: 1,
                 dtype,
             };
             let cr = RmsNormBackwardComptime {
@@ -364,6 +386,7 @@ fn norm_backwards_match_reference() {
                 BN: bn,
                 RB: rb,
                 NW: nw,
+                OCC: 1,
                 dtype,
             };
             assembles_clean(&layer_norm_backward, c, "");

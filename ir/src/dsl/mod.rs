@@ -39,10 +39,10 @@ pub use def::{
 pub use defines::{DefineError, split_define};
 pub use index::{Entries, Index, IntoIndex};
 pub use ops::{
-    Dim3, abs, bitcast, block_id, cdiv, cluster, col_max, col_sum, cos, erf, exp, exp2, full,
-    grid_dim, iota, log, log2, max, min, mma, mma_acc, mulhi, recip, reduce_max, reduce_min,
-    reduce_sum, reject, row_max, row_min, row_sum, rsqrt, select, sigmoid, sin, sqrt, tanh, umulhi,
-    warp_specialize, zeros,
+    Dim3, abs, bitcast, block_id, blocks_per_sm, cdiv, cluster, col_max, col_sum, cos, erf, exp,
+    exp2, full, grid_dim, iota, log, log2, max, min, mma, mma_acc, mulhi, recip, reduce_max,
+    reduce_min, reduce_sum, reject, row_max, row_min, row_sum, rsqrt, select, sigmoid, sin, sqrt,
+    tanh, umulhi, warp_specialize, zeros,
 };
 pub use params::{params_for, scalar_param};
 pub use print::{PrintArg, at};

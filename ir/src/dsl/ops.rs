@@ -294,6 +294,27 @@ pub fn cluster(ctas: usize) {
     });
 }
 
+/// Asks that `blocks` blocks of the kernel fit on one multiprocessor at once (CUDA's
+/// `__launch_bounds__` minimum, PTX's `.minnctapersm`): ptxas then keeps each thread's
+/// registers within `65536 / (blocks x threads)`, spilling if it must (`kiln check` reports
+/// the registers, the spills and the blocks a multiprocessor holds). For a kernel whose
+/// occupancy its registers just miss. At most 32; a warp-specialised schedule sets its own.
+#[track_caller]
+pub fn blocks_per_sm(blocks: usize) {
+    let loc = Loc::caller();
+    if !(1..=32).contains(&blocks) {
+        value::fail(Diagnostic::new(
+            loc,
+            format!("`blocks_per_sm` takes 1 to 32 blocks, not {blocks}"),
+        ));
+        return;
+    }
+    context::with(|b| {
+        b.options_mut().blocks_per_sm = blocks as u32;
+        Ok(())
+    });
+}
+
 /// Turns the warp-specialised schedule off (`false`) or leaves it to the compiler (`true`,
 /// the default): on sm_90a and sm_100a a pipelined loop whose mmas a TMA ring can feed gets a
 /// producer warpgroup and consumer warpgroups; with `false` it keeps the lowering every warp
