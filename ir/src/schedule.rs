@@ -31,6 +31,17 @@ pub enum Layout {
         /// Warps along `[rows, cols]`.
         warps: [u32; 2],
     },
+    /// A wgmma accumulator whose `M x N` tile the consumer warpgroups split into
+    /// `col_blocks` column blocks as well as 64-row blocks (a tile of fewer rows than the
+    /// consumers' `16 x warps`: attention backward's dQ of 64 query rows under two
+    /// warpgroups): warpgroup `g` holds rows `64 (g / col_blocks) ..` and columns
+    /// `(g % col_blocks) N / col_blocks ..`, each its `64 x N / col_blocks` block in the
+    /// wgmma accumulator layout ([`Layout::Mma`]'s `#mma(4x1)`). With one column block it is
+    /// `Mma { warps: [warps, 1] }`, the form the layout pass gives it then.
+    WgmmaColumns {
+        /// Column blocks, each one warpgroup's per row block.
+        col_blocks: u32,
+    },
     /// A `128 x n` accumulator copied out of tensor memory by `tcgen05.ld.32x32b`
     /// ([`crate::tmem`]): `4 * warpgroups` warps, warp `w` holding rows `32 (w % 4) ..` (the
     /// TMEM lanes a warp may reach) of column block `w / 4` (`n / warpgroups` columns),
@@ -320,6 +331,31 @@ impl Layout {
                     regs,
                 })
             }
+            Layout::WgmmaColumns { col_blocks } => {
+                let (m, n) = (shape.rows() as u32, shape.cols() as u32);
+                let wn = (*col_blocks).max(1);
+                let nb = n / wn;
+                if shape.rank() != 2 || m % 64 != 0 || nb % 8 != 0 || nb * wn != n {
+                    return Err(misfit(format!(
+                        "each warpgroup needs 64 rows and a multiple of 8 of the {wn} column \
+                         blocks' columns"
+                    )));
+                }
+                // One column block: the warps' rows are one term, as `#mma(warps x 1)` has them.
+                let row_terms = if wn == 1 {
+                    vec![term(4, 8, 1), term(32, m / 16, 16)]
+                } else {
+                    vec![term(4, 8, 1), term(32, 4, 16), term(128 * wn, m / 64, 64)]
+                };
+                let col_terms = vec![term(1, 4, 2), term(128, wn, nb)];
+                let regs = (0..nb / 8)
+                    .flat_map(|ni| (0..4).map(move |v| vec![(v / 2) * 8, ni * 8 + v % 2]))
+                    .collect();
+                Ok(Distribution {
+                    terms: vec![clean(row_terms), clean(col_terms)],
+                    regs,
+                })
+            }
             Layout::TmemRows { warpgroups } => {
                 let (rows, cols) = (shape.rows() as u32, shape.cols() as u32);
                 let block = cols / (*warpgroups).max(1);
@@ -476,6 +512,7 @@ impl fmt::Display for Layout {
                 s[0], s[1], t[0], t[1], w[0], w[1]
             ),
             Layout::Mma { warps } => write!(f, "#mma({}x{})", warps[0], warps[1]),
+            Layout::WgmmaColumns { col_blocks } => write!(f, "#wgmma(cols={col_blocks})"),
             Layout::TmemRows { warpgroups } => write!(f, "#tmem(rows,wg={warpgroups})"),
             Layout::Slice {
                 dim,
@@ -718,6 +755,51 @@ mod tests {
         // Lane 5 of warp 0 holds row 1, columns 2 and 3 of the first fragment (PTX ISA
         // m16n8 accumulator layout: row = lane / 4, col = 2 * (lane % 4)).
         assert_eq!(d.coords(5)[..2], [vec![1, 2], vec![1, 3]]);
+    }
+
+    /// Each warpgroup's column block is the wgmma accumulator of its rows (register `4 ni +
+    /// 2 v1 + v0` of lane `l` of warp `w`: row `16 (w % 4) + l / 4 + 8 v1`, column `8 ni +
+    /// 2 (l % 4) + v0` of the block), every element held once; one column block is
+    /// `#mma(warps x 1)`.
+    #[test]
+    fn wgmma_column_blocks_are_each_warpgroups_accumulator() {
+        for (m, n, wn) in [(64, 128, 2), (64, 256, 4), (128, 64, 2), (64, 96, 2)] {
+            let shape = Shape(vec![m, n]);
+            let d = Layout::WgmmaColumns { col_blocks: wn }
+                .distribution(&shape)
+                .expect("fits");
+            let threads = 128 * wn * m as u32 / 64;
+            let nb = n as u32 / wn;
+            let mut seen = vec![0u32; m * n];
+            for tid in 0..threads {
+                let (w, l) = (tid / 32, tid % 32);
+                let g = w / 4;
+                let (r0, c0) = (64 * (g / wn), nb * (g % wn));
+                let coords = d.coords(tid);
+                assert_eq!(coords.len() as u32, nb / 2);
+                for (i, c) in coords.iter().enumerate() {
+                    let (ni, v1, v0) = (i as u32 / 4, (i as u32 / 2) % 2, i as u32 % 2);
+                    let want = vec![
+                        r0 + 16 * (w % 4) + l / 4 + 8 * v1,
+                        c0 + 8 * ni + 2 * (l % 4) + v0,
+                    ];
+                    assert_eq!(c, &want, "{m}x{n}/{wn}: thread {tid} register {i}");
+                    seen[(c[0] * n as u32 + c[1]) as usize] += 1;
+                }
+            }
+            assert!(seen.iter().all(|&k| k == 1), "{m}x{n}/{wn}");
+        }
+        for shape in [Shape(vec![64, 128]), Shape(vec![128, 64])] {
+            let warps = shape.rows() as u32 / 16;
+            assert_eq!(
+                Layout::WgmmaColumns { col_blocks: 1 }.distribution(&shape),
+                Layout::Mma { warps: [warps, 1] }.distribution(&shape)
+            );
+        }
+        for (m, n) in [(64, 72), (32, 128)] {
+            let misfit = Layout::WgmmaColumns { col_blocks: 2 }.distribution(&Shape(vec![m, n]));
+            assert!(misfit.is_err(), "{m}x{n}: {misfit:?}");
+        }
     }
 
     #[test]

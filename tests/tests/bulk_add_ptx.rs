@@ -240,3 +240,45 @@ fn the_keys_major_rings_consumers_add_dq_in_bulk_among_themselves() {
         );
     }
 }
+
+#[test]
+fn two_consumer_warpgroups_split_dq_columns_and_add_them_in_bulk() {
+    use kiln_examples::attention_backward::*;
+    // 128 keys over two consumer warpgroups (the products' M), 64 query rows of dQ: each
+    // warpgroup computes 64 of its 128 columns (m64n64, its B descriptor a box further on
+    // in the second), and the 256 consumer threads stage and add them in bulk (the
+    // epilogue's TMA stores left the staging room).
+    let p = AttentionBwdParams {
+        d: 128,
+        keys_major: true,
+        block_n: 128,
+        block_m: 64,
+        num_warps: 8,
+        key_cols: 128,
+        ..Default::default()
+    };
+    let p = ptx(&build(&attention_bwd_dkdv, p, true), Target::Sm90a);
+    let count = |s: &str| p.lines().filter(|l| l.contains(s)).count();
+    // S^T and dP^T (M = 128 keys, N = 64 queries) and dQ (N = 128 / 2), 8 k16 steps each;
+    // dV and dK (N = 128), 4 each.
+    assert_eq!(count("wgmma.mma_async.sync.aligned.m64n64k16"), 24, "{p}");
+    assert_eq!(count("wgmma.mma_async.sync.aligned.m64n128k16"), 8, "{p}");
+    assert!(
+        p.contains("rem.u32") && p.contains("div.u32"),
+        "no column block"
+    );
+    let named = p
+        .lines()
+        .skip_while(|l| !l.contains("f32 atomic add of a whole tile"))
+        .find(|l| l.contains("bar.sync"))
+        .expect("a staging barrier");
+    assert!(named.trim().ends_with(", 256;"), "{named}");
+    in_order(
+        &p,
+        &[
+            "f32 atomic add of a whole tile",
+            "fence.proxy.async.shared::cta",
+            BULK,
+        ],
+    );
+}

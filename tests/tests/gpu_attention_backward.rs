@@ -2,7 +2,8 @@
 //! forward, as in training: dq, dk and dv against the f64 reference gradients by
 //! FlashAttention's rule, both dQ modes (the deterministic one's bits must repeat), the
 //! features and shapes of `interp_attention_backward`, sm_90a's default and tuned tiles, the
-//! dK/dV kernel keys-major with atomics (`keys_major`), varlen
+//! dK/dV kernel keys-major with atomics (`keys_major`; on sm_90a also with two consumer
+//! warpgroups, dQ's columns split between them), varlen
 //! batches (NaN where no block may read), a value head dim of its own (`dv`) and used lengths
 //! (`seqused_q`, `seqused_k`: gradients 0 past them).
 
@@ -248,6 +249,18 @@ fn run_calls(dev: &Device, target: Target) {
                 if !deterministic {
                     ps.push(AttentionBwdParams {
                         keys_major: true,
+                        ..p
+                    });
+                }
+                // The same on sm_90a with two consumer warpgroups of 64 keys each: dQ's 64 query
+                // rows split into column blocks, one a warpgroup (`WgmmaColumns`).
+                if !deterministic && target == Target::Sm90a && p.d == 128 && p.value_dim() == p.d {
+                    ps.push(AttentionBwdParams {
+                        keys_major: true,
+                        block_n: 128,
+                        block_m: 64,
+                        num_warps: 8,
+                        key_cols: p.d,
                         ..p
                     });
                 }

@@ -148,6 +148,19 @@ impl Geometry {
         }
     }
 
+    /// Byte offset, from B's stage base, of the column block of `block` columns that starts
+    /// at column `block` (N rows of a K-major B; a whole number of boxes of an MN-major one,
+    /// else `None`); the next blocks lie at its multiples.
+    fn b_block_offset(&self, block: u32) -> Option<u32> {
+        if self.b_k_major {
+            Some(k_major_start(self.bn, self.b_chunk, block, 0))
+        } else {
+            block
+                .is_multiple_of(self.b_chunk)
+                .then(|| block / self.b_chunk * self.b_fields.0)
+        }
+    }
+
     /// Byte offset, from B's stage base, of k16 step `s`: K-major like A, or 16 MN-major rows
     /// of the swizzle span.
     fn b_start(&self, s: u32) -> u32 {
@@ -247,7 +260,18 @@ fn write(
     {
         return Err(e.internal(id, "a staged wgmma A and B stage of different K"));
     }
-    let bn = g.bn;
+    // Consumers split a tile of fewer rows than they have into column blocks
+    // (`Layout::WgmmaColumns`): warpgroup `wg` computes rows `64 (wg / blocks) ..`, columns
+    // `bn (wg % blocks) ..`, each block its own `m64n{bn}` wgmma over all of K.
+    let col_blocks = match e.k.schedule.layouts.get(&r) {
+        Some(Layout::WgmmaColumns { col_blocks }) => *col_blocks,
+        _ => 1,
+    };
+    let bn = g.bn / col_blocks;
+    let b_block_bytes = g
+        .b_block_offset(bn)
+        .filter(|_| bn * col_blocks == g.bn)
+        .ok_or_else(|| e.internal(id, "a wgmma column block that starts inside a B box"))?;
     let Some(elem) = half_ty(e.k.ty(a).dtype()) else {
         return Err(e.internal(id, "wgmma operands must be bf16 or f16"));
     };
@@ -272,10 +296,22 @@ fn write(
     if acc.len() as u32 != bn / 2 {
         return Err(e.internal(id, "accumulator registers do not match m64nNk16"));
     }
+    // Warp-uniform: the warpgroup's row block (its first rows of A) and column block (its
+    // first columns of B).
+    let (wg_rows, wg_cols) = match (warpgroup, col_blocks) {
+        (Some(wg), 1) => (Some(wg), None),
+        (Some(wg), blocks) => {
+            let (rows, cols) = (e.new_reg(Class::B32), e.new_reg(Class::B32));
+            e.ins(format!("div.u32 {rows}, {wg}, {blocks}"));
+            e.ins(format!("rem.u32 {cols}, {wg}, {blocks}"));
+            (Some(rows), Some(cols))
+        }
+        (None, _) => (None, None),
+    };
     let da = match (&a_smem, g.a, a_staged) {
         (Some((a_base, _)), Some(av), _) => {
             // Warp-uniform: the warpgroup's first row in the A stage.
-            let wg = warpgroup.ok_or_else(|| e.internal(id, "a wgmma outside the consumers"))?;
+            let wg = wg_rows.ok_or_else(|| e.internal(id, "a wgmma outside the consumers"))?;
             let a_addr = e.new_reg(Class::B32);
             e.ins(format!(
                 "mad.lo.u32 {a_addr}, {wg}, {}, {a_base}",
@@ -287,7 +323,7 @@ fn write(
         }
         (_, _, Some((a_base, walk, _))) => {
             // The warpgroup's 64 rows (K-major) or columns (MN-major) of A.
-            let wg = warpgroup.ok_or_else(|| e.internal(id, "a wgmma outside the consumers"))?;
+            let wg = wg_rows.ok_or_else(|| e.internal(id, "a wgmma outside the consumers"))?;
             let a_addr = e.new_reg(Class::B32);
             e.ins(format!(
                 "mad.lo.u32 {a_addr}, {wg}, {}, {a_base}",
@@ -296,13 +332,26 @@ fn write(
             let desc = sched::descriptor(e, a_addr, walk.template());
             Some((desc, ADesc::Staged(walk)))
         }
+        _ if col_blocks > 1 => {
+            return Err(e.internal(id, "a register A operand of a wgmma split in columns"));
+        }
         _ => {
             check_register_a(e, a, id)?;
             None
         }
     };
     let (bl, bsb, bsw) = g.b_fields;
-    let db = sched::descriptor(e, b_base, template(bl, bsb, bsw));
+    let b_addr = match wg_cols {
+        Some(cols) => {
+            let addr = e.new_reg(Class::B32);
+            e.ins(format!(
+                "mad.lo.u32 {addr}, {cols}, {b_block_bytes}, {b_base}"
+            ));
+            addr
+        }
+        None => b_base,
+    };
+    let db = sched::descriptor(e, b_addr, template(bl, bsb, bsw));
     // RS: the A fragments of every k16 step, packed before the fence.
     let a_frags = match da {
         Some(_) => Vec::new(),
@@ -494,6 +543,52 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A tile split into column blocks over the consumer warpgroups (`WgmmaColumns`): each
+    /// block's wgmma, its descriptor started `b_block_offset` bytes on per block, reads the
+    /// B elements of its own columns that TMA wrote, both B layouts; a block that starts
+    /// inside an MN-major box is refused.
+    #[test]
+    fn column_blocks_read_their_own_columns_of_b() {
+        for b_k_major in [false, true] {
+            for (bn, bk, blocks) in [(128, 64, 2), (256, 64, 2), (256, 128, 4), (128, 128, 2)] {
+                let (_, b) = loads(64, bn, bk, b_k_major);
+                let g = Geometry::new(None, &b);
+                let block = bn / blocks;
+                let step = g.b_block_offset(block).expect("whole boxes");
+                for c in 0..blocks {
+                    for s in 0..bk / 16 {
+                        let start = c * step + g.b_start(s);
+                        for k in 0..16 {
+                            for n in 0..block {
+                                let col = c * block + n;
+                                let (read, wrote) = if b_k_major {
+                                    (
+                                        wgmma_k_major(start, g.b_fields, n, k),
+                                        tma_offset(&b, col, 16 * s + k),
+                                    )
+                                } else {
+                                    (
+                                        wgmma_mn_major(start, g.b_fields, k, n),
+                                        tma_offset(&b, 16 * s + k, col),
+                                    )
+                                };
+                                assert_eq!(
+                                    swizzle(read, b.swizzle),
+                                    swizzle(wrote, b.swizzle),
+                                    "{bn}x{bk} / {blocks} K-major {b_k_major}: block {c} \
+                                     k-step {s} ({k},{n})"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // 96 columns are three 32-column boxes: a block of 48 starts inside one.
+        let (_, b) = loads(64, 96, 64, false);
+        assert_eq!(Geometry::new(None, &b).b_block_offset(48), None);
     }
 
     /// The descriptor constants of docs/ptx.md §4, as run on an H200.

@@ -35,25 +35,12 @@ pub fn plan(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             _ => return Ok(()),
         },
     };
-    let used = uses(kernel);
     let mut ops = BTreeSet::new();
     let mut bytes = 0u32;
     let mut notes = Vec::new();
-    for id in ops_in_order(kernel) {
+    for (id, tile) in candidates(kernel) {
         let op = &kernel.ops[id];
-        let OpKind::Atomic {
-            tensor,
-            op: AtomicOp::Add,
-            ..
-        } = op.kind
-        else {
-            continue;
-        };
-        if kernel.params[tensor].dtype() != DType::F32 {
-            continue;
-        }
-        let read = used.get(&op.results[0]).is_some_and(|u| !u.is_empty());
-        match staged_tile(kernel, id, read) {
+        match tile {
             Ok((rows, cols)) => {
                 ops.insert(id);
                 bytes = bytes.max(rows as u32 * BulkAdds::pitch(cols));
@@ -113,12 +100,50 @@ pub fn plan(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     Ok(())
 }
 
+/// The `[rows, cols]` tile an add stages, or why it cannot be staged.
+type Staged = Result<(usize, usize), &'static str>;
+
+/// Every f32 atomic add, in program order, with the tile it would stage or why it cannot be
+/// staged ([`staged_tile`]).
+fn candidates(kernel: &Kernel) -> Vec<(OpId, Staged)> {
+    let used = uses(kernel);
+    ops_in_order(kernel)
+        .into_iter()
+        .filter(|&id| match kernel.ops[id].kind {
+            OpKind::Atomic {
+                tensor,
+                op: AtomicOp::Add,
+                ..
+            } => kernel.params[tensor].dtype() == DType::F32,
+            _ => false,
+        })
+        .map(|id| {
+            let read = used
+                .get(&kernel.ops[id].results[0])
+                .is_some_and(|u| !u.is_empty());
+            (id, staged_tile(kernel, id, read))
+        })
+        .collect()
+}
+
+/// The bytes of the staging region [`plan`] would place for the kernel's f32 atomic adds
+/// (0: none can be staged): what a pass placing shared memory before it (the epilogue's TMA
+/// stores) leaves room for, since the adds run every iteration and the stores once a tile.
+pub fn staging_bytes(kernel: &Kernel) -> u32 {
+    candidates(kernel)
+        .into_iter()
+        .filter_map(|(_, tile)| tile.ok())
+        .map(|(rows, cols)| rows as u32 * BulkAdds::pitch(cols))
+        .max()
+        .unwrap_or(0)
+}
+
 /// The `[rows, cols]` a bulk-reduced add `id` stages, or why it cannot be (`read`: its old
 /// values are used). The copy needs 16-byte aligned global rows, so the tensor must be
 /// specialised as 16-byte aligned and the tile's first column a known multiple of 4; it
 /// returns no old values and orders nothing beyond the elements, so the add must be relaxed,
 /// unmasked, addressed by plain coordinates, with its result unused.
-fn staged_tile(kernel: &Kernel, id: OpId, read: bool) -> Result<(usize, usize), &'static str> {
+fn staged_tile(kernel: &Kernel, id: OpId, read: bool) -> Staged {
     let op = &kernel.ops[id];
     let OpKind::Atomic {
         tensor,

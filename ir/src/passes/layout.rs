@@ -24,6 +24,8 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     let order = ops_in_order(kernel);
     let uses = uses(kernel);
     let all_aligned = all_aligned16(kernel);
+    // Whether the warps are a ring's consumer warpgroups, the mma's rows their count.
+    let mut ring_warps = false;
     // The warp count a kernel declares is its sm_80 schedule (mma.sync warp grid). On sm_90a
     // with every tensor TMA-able, wgmma fixes it instead: 16 accumulator rows per warp, 64 per
     // warpgroup, so the mma's rows decide how many consumer warps there are.
@@ -54,6 +56,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         });
         if let Some(rows) = mma_rows.filter(|r| one_loop && r % 64 == 0 && r / 16 <= 12) {
             kernel.options.num_warps = (rows / 16) as u32;
+            ring_warps = true;
         }
     }
     // sm_100a: a 128-row tcgen05 accumulator lives in the 128 TMEM lanes; the epilogue reads
@@ -196,8 +199,15 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                     let tcgen05 = target == Target::Sm100a
                         && all_aligned
                         && shape.rows() as u32 == crate::tmem::ACC_ROWS;
+                    let col_blocks = if ring_warps {
+                        wgmma_col_blocks(kernel, &op, &shape, warps)
+                    } else {
+                        None
+                    };
                     let l = if tcgen05 {
                         crate::tmem::accumulator_layout(warps)
+                    } else if let Some(col_blocks) = col_blocks {
+                        Layout::WgmmaColumns { col_blocks }
                     } else {
                         Layout::Mma {
                             warps: warp_grid(&shape, warps, rows_per_warp || wgmma_rows),
@@ -637,6 +647,41 @@ fn reshape_layout(l: &Layout, to_keep: bool) -> Option<Layout> {
         }),
         _ => None,
     }
+}
+
+/// The column blocks over which a ring's consumer warpgroups (`warps` warps) split the
+/// accumulator of `mma` (of `shape`), when it has fewer rows than they do (64 query rows
+/// under two warpgroups): each warpgroup then computes its rows' block of `N / blocks`
+/// columns with its own wgmma, which needs A in shared memory (a staged load, or a
+/// register tile's transpose the consumers stage) and each block's first column at the
+/// start of one of B's TMA boxes (B stored `[K, N]`: `N / blocks` a multiple of the box's
+/// columns; stored `[N, K]`, read through `.t()`: any 8 rows). `None`: no split.
+fn wgmma_col_blocks(
+    kernel: &Kernel,
+    mma: &crate::kernel::Op,
+    shape: &Shape,
+    warps: u32,
+) -> Option<u32> {
+    let (m, n) = (shape.rows() as u32, shape.cols() as u32);
+    let rows = 16 * warps;
+    if m == 0 || !m.is_multiple_of(64) || m >= rows || !rows.is_multiple_of(m) {
+        return None;
+    }
+    let blocks = rows / m;
+    let block = n / blocks;
+    let defined_by = |v: ValueId| defining_op(kernel, v);
+    let (a_def, a_is_result) = defined_by(mma.operands[0]);
+    let a_shared = a_is_result
+        && (kernel.ops[a_def].kind == OpKind::Transpose
+            || super::staged_load::of(kernel, a_def).is_some());
+    let (b_def, b_is_result) = defined_by(mma.operands[1]);
+    let b_k_major = b_is_result && kernel.ops[b_def].kind == OpKind::Transpose;
+    let b_boxes_align = if b_k_major {
+        block.is_multiple_of(8)
+    } else {
+        block.is_multiple_of(crate::sched::tma::box_columns(n))
+    };
+    (a_shared && block * blocks == n && block.is_multiple_of(16) && b_boxes_align).then_some(blocks)
 }
 
 /// The warp grid of an mma accumulator of `shape`.

@@ -42,7 +42,10 @@ const NON_ACCUMULATOR_REGS: u32 = 32;
 /// in flight while the current one is read as a 16-bit operand) and a fixed allowance for
 /// addresses, row statistics and the loop's state; and ptxas places each wgmma's accumulator
 /// within the registers a thread has at entry, so the largest accumulator and the allowance
-/// must fit those too.
+/// must fit those too. Two CTAs are chosen by the sum of every accumulator (the margin a
+/// second CTA's tighter split needs); a kernel is refused only when the accumulators live
+/// at once ([`live_accumulator_regs`]: attention's backward holds its dK and dV across the
+/// loop, its scores, dP and dQ one after another) cannot fit one CTA's split.
 /// Every other kernel keeps one CTA per multiprocessor.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     if target != Target::Sm90a {
@@ -55,7 +58,14 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         return Ok(());
     };
     let acc = accumulator_regs(kernel, s);
-    check_consumers_fit(kernel, &roles, &acc)?;
+    // Refused only when the accumulators live at once cannot fit one CTA's split: a kernel
+    // of several short-lived products (attention's backward) needs far fewer registers than
+    // their sum, which the choice of two CTAs below keeps as its margin.
+    let live = AccumulatorRegs {
+        total: live_accumulator_regs(kernel, s).min(acc.total),
+        largest: acc.largest,
+    };
+    check_consumers_fit(kernel, &roles, &live)?;
     let fits_smem = 2 * (kernel.schedule.smem_bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM;
     let shared = Split {
         ctas_per_sm: 2,
@@ -193,4 +203,73 @@ fn accumulator_regs(kernel: &Kernel, s: &Sched) -> AccumulatorRegs {
         };
     }
     acc
+}
+
+/// The most registers a consumer thread holds at once in the ring loop for the mma
+/// accumulators and the tiles computed elementwise from them (the probabilities from the
+/// scores), each from where it is made to its last read in program order, the loop's carried
+/// accumulators throughout; 16-bit tiles count half.
+fn live_accumulator_regs(kernel: &Kernel, s: &Sched) -> u32 {
+    use std::collections::BTreeMap;
+
+    use crate::kernel::ValueId;
+    use crate::schedule::Layout;
+
+    let ops = walk::ops_in_block_regions(kernel, s.for_op);
+    // Half-registers of a tile value held in an accumulator layout.
+    let halves = |v: ValueId| -> Option<u32> {
+        let layout = kernel.schedule.layouts.get(&v)?;
+        if !matches!(layout, Layout::Mma { .. } | Layout::WgmmaColumns { .. }) {
+            return None;
+        }
+        let ty = kernel.ty(v);
+        let regs = layout.distribution(ty.shape()?).ok()?.regs.len() as u32;
+        Some(regs * (ty.dtype().size_bytes() as u32).div_ceil(2))
+    };
+    let end = ops.len();
+    let mut last: BTreeMap<ValueId, usize> = BTreeMap::new();
+    for (i, &op) in ops.iter().enumerate() {
+        for &v in &kernel.ops[op].operands {
+            last.insert(v, i);
+        }
+    }
+    // The loop's carried values: its body's arguments, live from the start, and what it
+    // yields, live to the end.
+    let body = &kernel.ops[s.for_op].regions[0];
+    let mut live: BTreeMap<ValueId, u32> = BTreeMap::new();
+    for &a in body.args.iter().skip(1) {
+        if let Some(h) = halves(a) {
+            live.insert(a, h);
+        }
+    }
+    if let Some(&y) = body.ops.last() {
+        for &v in &kernel.ops[y].operands {
+            last.insert(v, end);
+        }
+    }
+    let mut most = live.values().sum::<u32>();
+    for (i, &op) in ops.iter().enumerate() {
+        let o = &kernel.ops[op];
+        let derived = matches!(
+            o.kind,
+            OpKind::Mma
+                | OpKind::Unary(_)
+                | OpKind::Binary(_)
+                | OpKind::Select
+                | OpKind::Cast { .. }
+        ) && (o.kind == OpKind::Mma
+            || o.operands.iter().any(|v| live.contains_key(v)));
+        if derived {
+            for &r in &o.results {
+                if let Some(h) = halves(r) {
+                    live.insert(r, h);
+                }
+            }
+        }
+        // What this op reads last is given back as it writes (an mma accumulating in place,
+        // an elementwise op register by register).
+        live.retain(|v, _| last.get(v).is_some_and(|&l| l > i));
+        most = most.max(live.values().sum());
+    }
+    most.div_ceil(2)
 }

@@ -514,12 +514,20 @@ fn plan_mma(kernel: &Kernel, mma: OpId, warps: u32, target: Target) -> Option<Mm
     // of any of those spans: `kiln_ptx`'s wgmma geometry, `crate::tmem::Descriptor`). An
     // MN-major B box holds all K rows (at most 256).
     let k_ok = k.is_multiple_of(16) && (b.1 || k <= 256);
-    let shape_ok = m == acc_rows(target, warps) && k_ok && n.is_multiple_of(16) && n <= 256;
     let layout = kernel.schedule.layouts.get(&op.results[0]);
+    // Column blocks of the consumers' split of a tile of fewer rows (`layout`'s rule).
+    let col_blocks = match layout {
+        Some(Layout::WgmmaColumns { col_blocks }) if target == Target::Sm90a => *col_blocks,
+        _ => 1,
+    };
+    let shape_ok = m * col_blocks == acc_rows(target, warps)
+        && k_ok
+        && n.is_multiple_of(16)
+        && n / col_blocks <= 256;
     let layout_ok = if target == Target::Sm100a {
         layout == Some(&crate::tmem::accumulator_layout(warps))
     } else {
-        layout == Some(&Layout::Mma { warps: [warps, 1] })
+        col_blocks > 1 || layout == Some(&Layout::Mma { warps: [warps, 1] })
     };
     // A register A (wgmma RS) is read in the accumulator layout; any other is no ring's. A
     // gathered A (MoE routed rows) gave wrong sums on the H200 under compute-sanitizer's

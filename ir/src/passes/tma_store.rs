@@ -58,14 +58,22 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
 }
 
 /// Adds `store` to the schedule in the fewest rounds whose staging tile fits (a rotated
-/// ring's added stage given back first where that makes room, `whole`: one round), its groups'
-/// named barriers from id `barrier` on; leaves the store as it is where none fits.
+/// ring's added stage given back first where that makes room, `whole`: one round) beside the
+/// staging the loop's f32 atomic adds will take ([`super::bulk_add::staging_bytes`]: they
+/// run every iteration, the store once a tile), its groups' named barriers from id
+/// `barrier` on; leaves the store as it is where none fits.
 fn place_store(
     kernel: &mut Kernel,
     store: TmaStore,
     whole: bool,
     barrier: u32,
 ) -> Result<(), Diagnostic> {
+    let reserve = super::bulk_add::staging_bytes(kernel);
+    let leaves_room = |k: &Kernel| {
+        reserve == 0
+            || k.schedule.smem_bytes.next_multiple_of(128) + reserve
+                <= super::memory_plan::SMEM_LIMIT
+    };
     let saved = kernel.schedule.clone();
     let boxes = if whole { 1 } else { store.boxes.len() as u32 };
     let counts = std::iter::successors(Some(1u32), |r| Some(r * 2)).take_while(|&r| r <= boxes);
@@ -78,7 +86,7 @@ fn place_store(
             if let Some(s) = kernel.schedule.sched.as_mut() {
                 add_store(s, &store, rounds, barrier);
             }
-            if super::pipeline::place(kernel).is_ok() {
+            if super::pipeline::place(kernel).is_ok() && leaves_room(kernel) {
                 return Ok(());
             }
         }
