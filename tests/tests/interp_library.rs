@@ -53,19 +53,19 @@ fn cross_entropy_forward_and_backward() {
                 NW: nw,
                 dtype,
             };
+            // The backward for each reduction: none, a sum, a mean.
+            let backward = |(reduced, mean)| CrossEntropyBackwardComptime {
+                REDUCED: reduced,
+                MEAN: mean,
+                BM: bm,
+                BN: bn,
+                NW: nw,
+                dtype,
+            };
+            let reductions = [(false, false), (true, false), (true, true)];
             assembles_clean(&cross_entropy, c, "");
-            for reduced in [false, true] {
-                for mean in [false, true] {
-                    let cb = CrossEntropyBackwardComptime {
-                        REDUCED: reduced,
-                        MEAN: mean,
-                        BM: bm,
-                        BN: bn,
-                        NW: nw,
-                        dtype,
-                    };
-                    assembles_clean(&cross_entropy_backward, cb, "");
-                }
+            for r in reductions {
+                assembles_clean(&cross_entropy_backward, backward(r), "");
             }
             for (m, v) in SHAPES {
                 for (i, dist) in Dist::ALL.into_iter().enumerate() {
@@ -83,15 +83,8 @@ fn cross_entropy_forward_and_backward() {
                         .filter(|&r| reference::cross_entropy_class(&t, r, ignore).is_some())
                         .count() as f64;
                     let dl = tensor(&mut rng, &[m], DType::F32, Dist::Normal);
-                    for (reduced, mean) in [(false, false), (true, false), (true, true)] {
-                        let cb = CrossEntropyBackwardComptime {
-                            REDUCED: reduced,
-                            MEAN: mean,
-                            BM: bm,
-                            BN: bn,
-                            NW: nw,
-                            dtype,
-                        };
+                    for (reduced, mean) in reductions {
+                        let cb = backward((reduced, mean));
                         let g: Vec<f64> = (0..m)
                             .map(|r| match (reduced, mean) {
                                 (false, _) => dl.data.get_f64(r),

@@ -379,7 +379,8 @@ fn the_dq_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dq() {
 /// takes a warp-specialised ring; the schedule's CPU execution equals the interpreter's dK
 /// and dV: causal and not, a window with a soft-cap, grouped heads, column chunks (d = 256
 /// in four of 64), lengths no multiple of the blocks. With `keys_major` and atomics too:
-/// dQ's adds from the consumers' staged dS equal the interpreter's.
+/// dQ's adds from the consumers' staged dS equal the interpreter's (with two consumer
+/// warpgroups, dQ's columns split between them).
 #[test]
 fn the_dkdv_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dk_and_dv() {
     use kiln_examples::attention_backward::{AttentionBwdParams, attention_bwd_dkdv};
@@ -436,6 +437,18 @@ fn the_dkdv_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dk_and_
             kv_group: 2,
             deterministic: false,
             keys_major: true,
+            ..base
+        },
+        // Two consumer warpgroups of 64 keys: dQ's columns split between them, added in bulk.
+        AttentionBwdParams {
+            d: 128,
+            causal: true,
+            deterministic: false,
+            keys_major: true,
+            block_n: 128,
+            block_m: 64,
+            num_warps: 8,
+            key_cols: 128,
             ..base
         },
     ];

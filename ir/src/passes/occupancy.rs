@@ -44,7 +44,7 @@ const NON_ACCUMULATOR_REGS: u32 = 32;
 /// within the registers a thread has at entry, so the largest accumulator and the allowance
 /// must fit those too. Two CTAs are chosen by the sum of every accumulator (the margin a
 /// second CTA's tighter split needs); a kernel is refused only when the accumulators live
-/// at once ([`live_accumulator_regs`]: attention's backward holds its dK and dV across the
+/// at once (`live_accumulator_regs`: attention's backward holds its dK and dV across the
 /// loop, its scores, dP and dQ one after another) cannot fit one CTA's split.
 /// Every other kernel keeps one CTA per multiprocessor.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
