@@ -412,7 +412,9 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean", return_ls
     (f32, bf16 or f16) and `[M]` class indices (int64 or int32), the loss in f32. Rows whose
     target is ignore_index, or negative, count as ignored (loss 0, left out of the mean).
     Target values are not checked against V (that would synchronise with the GPU): a target
-    of V or more gives that row the loss of a class of logit 0. With `return_lse=True`,
+    of V or more gives that row the loss of a class of logit 0, and an int64 target beyond
+    int32 is read by its low word (the kernels read int64 targets in place as their words).
+    With `return_lse=True`,
     returns `(loss, lse)`, lse the f32 per-row log-sum-exp."""
     _float("logits", logits)
     if logits.dim() != 2:

@@ -66,8 +66,19 @@ impl Emitter<'_> {
     pub(crate) fn write_mma(&mut self, id: OpId) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
         let (a, b, r) = (op.operands[0], op.operands[1], op.results[0]);
-        let Some(Layout::Mma { warps }) = self.k.schedule.layouts.get(&r).cloned() else {
-            return Err(self.internal(id, "mma result without an accumulator layout"));
+        let warps = match self.k.schedule.layouts.get(&r) {
+            Some(Layout::Mma { warps }) => *warps,
+            // Column blocks for a ring's warpgroups, which this loop did not get.
+            Some(Layout::WgmmaColumns { .. }) => {
+                return Err(self
+                    .unsupported(
+                        id,
+                        "its tile has fewer rows than the block's warps take, which only a \
+                         warp-specialised ring's wgmma splits by columns, and its loop took none",
+                    )
+                    .note("a tile of 16 rows a warp (`num_warps` x 16) fits any loop"));
+            }
+            _ => return Err(self.internal(id, "mma result without an accumulator layout")),
         };
         let shape = self
             .k

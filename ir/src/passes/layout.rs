@@ -671,7 +671,12 @@ fn wgmma_col_blocks(
     let block = n / blocks;
     let defined_by = |v: ValueId| defining_op(kernel, v);
     let (a_def, a_is_result) = defined_by(mma.operands[0]);
-    let a_shared = a_is_result
+    let half = matches!(
+        kernel.ty(mma.operands[0]).dtype(),
+        crate::types::DType::Bf16 | crate::types::DType::F16
+    );
+    let a_shared = half
+        && a_is_result
         && (kernel.ops[a_def].kind == OpKind::Transpose
             || super::staged_load::of(kernel, a_def).is_some());
     let (b_def, b_is_result) = defined_by(mma.operands[1]);

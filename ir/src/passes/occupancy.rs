@@ -247,23 +247,25 @@ fn live_accumulator_regs(kernel: &Kernel, s: &Sched) -> u32 {
             last.insert(v, end);
         }
     }
+    // A branch's merged tiles (the masked scores) are made where its regions end.
+    let mut merged: BTreeMap<usize, Vec<ValueId>> = BTreeMap::new();
     let mut most = live.values().sum::<u32>();
     for (i, &op) in ops.iter().enumerate() {
         let o = &kernel.ops[op];
-        let derived = matches!(
-            o.kind,
-            OpKind::Mma
-                | OpKind::Unary(_)
-                | OpKind::Binary(_)
-                | OpKind::Select
-                | OpKind::Cast { .. }
-        ) && (o.kind == OpKind::Mma
-            || o.operands.iter().any(|v| live.contains_key(v)));
-        if derived {
-            for &r in &o.results {
-                if let Some(h) = halves(r) {
-                    live.insert(r, h);
-                }
+        if o.kind == OpKind::If {
+            let inner = walk::ops_in_block_regions(kernel, op).len();
+            merged.entry(i + inner).or_default().extend(&o.results);
+        }
+        // An mma's result, or an elementwise op's on a held tile.
+        let derived = o.kind == OpKind::Mma
+            || matches!(
+                o.kind,
+                OpKind::Unary(_) | OpKind::Binary(_) | OpKind::Select | OpKind::Cast { .. }
+            ) && o.operands.iter().any(|v| live.contains_key(v));
+        let made: &[ValueId] = if derived { &o.results } else { &[] };
+        for &r in made.iter().chain(merged.remove(&i).iter().flatten()) {
+            if let Some(h) = halves(r) {
+                live.insert(r, h);
             }
         }
         // What this op reads last is given back as it writes (an mma accumulating in place,
