@@ -363,3 +363,32 @@ fn insert_in(block: &mut Block, target: OpId, op: OpId, after: bool) -> bool {
         None => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::with_unit;
+    use crate::schedule::Layout;
+    use crate::types::Shape;
+
+    /// A vector's blocked layout seen with a unit dimension added: itself as a row
+    /// (`[1, n]`), its rows and columns swapped as a column (`[n, 1]`), each holding every
+    /// element where the vector's holds it; a mismatch of extents has none.
+    #[test]
+    fn a_vector_layout_takes_a_unit_dimension_either_side() {
+        let v = Layout::Blocked {
+            size_per_thread: [1, 4],
+            threads_per_warp: [1, 32],
+            warps: [1, 4],
+        };
+        let n = Shape(vec![1024]);
+        assert_eq!(with_unit(&v, &n, &Shape(vec![1, 1024])), Some(v.clone()));
+        let column = Layout::Blocked {
+            size_per_thread: [4, 1],
+            threads_per_warp: [32, 1],
+            warps: [4, 1],
+        };
+        assert_eq!(with_unit(&v, &n, &Shape(vec![1024, 1])), Some(column));
+        let mma = Layout::Mma { warps: [4, 1] };
+        assert_eq!(with_unit(&mma, &n, &Shape(vec![1024, 1])), None);
+    }
+}
