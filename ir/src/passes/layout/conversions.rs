@@ -372,7 +372,7 @@ mod tests {
 
     /// A vector's blocked layout seen with a unit dimension added: itself as a row
     /// (`[1, n]`), its rows and columns swapped as a column (`[n, 1]`), each holding every
-    /// element where the vector's holds it; a mismatch of extents has none.
+    /// element where the vector's holds it; a layout other than a blocked one has none.
     #[test]
     fn a_vector_layout_takes_a_unit_dimension_either_side() {
         let v = Layout::Blocked {
