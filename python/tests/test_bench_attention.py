@@ -31,6 +31,9 @@ PATHS = {
     "keys_major": ({"keys_major": "true"}, None),
     "walk": ({}, {}),
     "walk_two_consumers": ({"block_n": "128", "block_m": "64", "num_warps": "8", "key_cols": "d"}, {}),
+    # gpu-check's kiln_fused128: keys-major with dQ by atomics, two consumer warpgroups.
+    "fused_two_consumers": ({"keys_major": "true", "block_n": "128", "block_m": "64", "num_warps": "8",
+                             "key_cols": "d"}, None),
 }
 
 
