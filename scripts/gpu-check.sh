@@ -40,12 +40,13 @@ py_setup() {
 }
 case $part in
   tests)
-    # The code never run on a GPU first: wgmma without warp roles, masked mma operands, the
-    # backward and decode kernels; then the rest.
-    for t in gpu_wgmma_general gpu_bulk_add gpu_mma_general gpu_attention_backward \
+    # The code never run on a GPU first: the row library (cross-entropy), the backward's
+    # two-warpgroup forms and the bulk adds; then the rest.
+    run_test gpu_library 240
+    for t in gpu_attention_backward gpu_bulk_add gpu_wgmma_general gpu_mma_general \
       gpu_attention_decode gpu_vector_memory gpu_ops gpu_memory_ops gpu_tiles_3d \
       gpu_large_tiles gpu_examples gpu_gemm_epilogues gpu_lowering gpu_sm90a \
-      gpu_attention_features gpu_tma gpu_runtime gpu_print gpu_user_dump gpu_library; do
+      gpu_attention_features gpu_tma gpu_runtime gpu_print gpu_user_dump; do
       run_test "$t" 150
     done
     ;;
