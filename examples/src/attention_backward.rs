@@ -96,14 +96,18 @@ impl AttentionBwdParams {
     }
 
     /// These parameters with the dK/dV tiles measured best for `target` where `self` leaves
-    /// them to the defaults (0; `num_warps` 4): on sm_90a up to `d = 128`, one block
-    /// accumulates every column of its keys (no block recomputes `P` and `dS` for another's
-    /// columns); other targets keep the defaults (their column splits avoid spills). At
-    /// `d = 64`, 128 keys against 128-row query blocks with eight warps (half the dQ adds and
-    /// query reloads, but one block a multiprocessor) measured 0.67x the default tiles on the
-    /// H200 (103 against 153 TFLOP/s at s = 4096), so `d = 64` keeps the defaults.
-    /// `kiln check attention_bwd_dkdv --target sm_90a -D d=D
-    /// -D key_cols=C ...` (ptxas 13.5, bf16 and f16 alike):
+    /// them to the defaults (0; `num_warps` 4), for a dense batch or a `packed` one. On sm_90a
+    /// up to `d = 128` one block accumulates every column of its keys (no block recomputes `P`
+    /// and `dS` for another's columns); a dense batch whose dQ is the walk's
+    /// (`deterministic`, as every dense call on sm_90a: [`Self::dq_walk_is_faster`]) takes at
+    /// `d = 128` 128 keys a block in the ring's two consumer warpgroups, and at `d = 256`
+    /// without a group 128 of the 256 columns. Other targets keep the defaults (their column splits avoid
+    /// spills), and so does `d = 64`: 128 keys against 128-row query blocks with eight warps
+    /// (half the dQ adds and query reloads, but one block a multiprocessor) measured 0.67x the
+    /// default tiles on the H200 (103 against 153 TFLOP/s at s = 4096), two warpgroups of 64
+    /// keys 0.90-1.03x (H100).
+    /// `kiln check attention_bwd_dkdv --target sm_90a -D d=D -D key_cols=C ...` (ptxas 13.5,
+    /// bf16 and f16 alike):
     ///
     /// | d | blocks (m, n, warps) | key_cols | registers | shared, dQ adds | blocks/SM |
     /// |---|---|---|---|---|---|
@@ -113,19 +117,23 @@ impl AttentionBwdParams {
     /// | 96 | **64, 64, 4** | **96** | 203 | 113 KiB, bulk | 2 |
     /// | 96 | 128, 128, 8 | 96 | 255, spills 68 B | 208 KiB | 1 |
     /// | 128 | 64, 64, 4 (default) | 64 | 167 | 112 KiB, per element | 2 |
-    /// | 128 | **64, 64, 4** | **128** | 252 | 112 KiB, per element | 2 |
-    /// | 128 | 64, 64, 4 | 128 | 234 | 145 KiB with the staging (not taken: 1 block) | 1 |
+    /// | 128 | **64, 64, 4** (packed) | **128** | 252 | 112 KiB, per element | 2 |
+    /// | 128 | **64, 128, 8** (dense) | **128** | two consumer warpgroups | | 1 |
     /// | 128 | 128, 128, 8 | 64 or 128 | needs 256 KiB of shared memory | | |
-    /// | 256 | **64, 64, 4 (default)** | **64** | 160 | 225 KiB, bulk | 1 |
-    /// | 256 | 64, 64, 4 | 128 | 250 (varlen, causal: spills 40 B) | 208 KiB | 1 |
+    /// | 256 | 64, 64, 4 (default, packed) | 64 | 160 | 225 KiB, bulk | 1 |
+    /// | 256 | **64, 64, 4** (dense, no group) | **128** | 232 (packed causal: spills 40 B; grouped f16 unaligned: 16 B) | 225 KiB | 1 |
     /// | 256 | 64, 64, 4 | 256 | 255, spills 2252 B | 208 KiB | 1 |
     ///
+    /// `scripts/gpu-check.sh bwd-tiles --quick` on an H100 (s = 1k and 4k, causal or not,
+    /// TFLOP/s): at `d = 128` 64 keys a block 174-373, 128 keys in two warpgroups 209-414
+    /// (1.11-1.20x); at `d = 256` 64 columns 88-166, 128 columns 119-242 (1.36-1.52x).
     /// With a soft-cap or a window the unsplit tiles reach 255 registers and spill (d = 128
-    /// with every feature: 4 to 16 bytes; d = 64: up to 228), so those keep the defaults.
-    /// 128 keys need 128-row query blocks: every tile takes 16 rows a warp and sm_90a runs
-    /// `max rows / 16` warps. With sm_80's `mma.sync`, `d = 96` and `128` unsplit spill (28,
-    /// 60 bytes).
-    pub fn tuned(self, target: kiln::ir::Target) -> Self {
+    /// with every feature: 4 to 16 bytes; d = 64: up to 228), so those keep the defaults, as
+    /// does a packed batch beyond `d = 128`'s columns (its kernels take no ring, their loads
+    /// masked). 128 keys in one warpgroup's rows need 128-row query blocks (sm_90a runs
+    /// `max rows / 16` warps); the dQ walk keeps its own tiles ([`Self::query_tiles`]). With
+    /// sm_80's `mma.sync`, `d = 96` and `128` unsplit spill (28, 60 bytes).
+    pub fn tuned(self, target: kiln::ir::Target, packed: bool) -> Self {
         // A soft-cap (its gradient keeps the scores) or a window's masks take the registers
         // these tiles leave: 4 to 228 bytes of spills; such calls keep the defaults.
         let windowed = self.window_left >= 0 || self.window_right >= 0 || self.attention_chunk > 0;
@@ -134,8 +142,15 @@ impl AttentionBwdParams {
         if target != kiln::ir::Target::Sm90a || self.softcap != 0.0 || windowed || own_dv {
             return self;
         }
-        let (bm, bn, warps, cols) = match self.d {
-            96 | 128 => (64, 64, 4, self.d),
+        // The dense kernels' ring with dQ left to the walk: what the wider tiles were measured
+        // in.
+        let ring_walk = !packed && self.deterministic;
+        let (bm, bn, warps, cols) = match (self.d, ring_walk) {
+            (96, _) | (128, false) => (64, 64, 4, self.d),
+            (128, true) => (64, 128, 8, 128),
+            // A group's walk over its query heads takes the registers that 128 columns leave
+            // (f16, unaligned: 16 bytes of spills).
+            (256, true) if self.kv_group == 1 => (64, 64, 4, 128),
             _ => return self,
         };
         let blocks_default = self.block_m == 0 && self.block_n == 0 && self.num_warps == 4;
@@ -152,6 +167,20 @@ impl AttentionBwdParams {
             } else {
                 self.key_cols
             },
+            ..self
+        }
+    }
+
+    /// The tiles of the query-side kernels ([`attention_bwd_preprocess`], [`attention_bwd_dq`],
+    /// [`attention_bwd_dq_convert`]) beside `self`'s dK/dV tiles: the same query block (their
+    /// grids and `delta`'s rows share it) with the default key block and four warps. The dQ
+    /// walk is a ring of one consumer warpgroup; two warpgroups of 64 keys measured slower
+    /// for it (H100, d = 128, s = 1k and 4k: 0.91-0.96x of four warps) and a 64-row query
+    /// block has no rows for a second warpgroup outside the ring.
+    pub fn query_tiles(self) -> Self {
+        AttentionBwdParams {
+            block_n: 0,
+            num_warps: 4,
             ..self
         }
     }

@@ -269,10 +269,10 @@ fn _fwd<'py>(
     if interpret {
         let lse = plan_lse(true)?.expect("allocated when asked for");
         let lse_view = launch::Lse::of(&tensor_info("lse", &lse)?);
-        let (step, given) = backward::forward_steps(&plan, &out_view, &lse_view, None);
+        let step = backward::forward_steps(&plan, &out_view, &lse_view, None);
         // SAFETY: every tensor is a CPU tensor (checked) the caller holds, or one allocated
         // above; the interpreter reads and writes them with the GIL held.
-        unsafe { backward::run(&[step], &given, Place::Host, 0) }.map_err(generic_err)?;
+        unsafe { backward::run(&[step], Place::Host, 0) }.map_err(generic_err)?;
         return with_lse(out, plan.return_lse.then_some(lse));
     }
     // The device first: without a driver this is the error (not a failed torch import).
@@ -478,10 +478,10 @@ fn _varlen_fwd<'py>(
             max_seqlen_k: max_seqlen_k as usize,
             used: vp.used,
         };
-        let (step, given) = backward::forward_steps(&vp.plan, &vp.out, &lse_view, Some(packed));
+        let step = backward::forward_steps(&vp.plan, &vp.out, &lse_view, Some(packed));
         // SAFETY: every tensor is a checked CPU tensor the caller holds, or one allocated
         // above; the interpreter reads and writes them with the GIL held.
-        unsafe { backward::run(&[step], &given, Place::Host, 0) }.map_err(generic_err)?;
+        unsafe { backward::run(&[step], Place::Host, 0) }.map_err(generic_err)?;
         return with_lse(out, vp.lse_shape.and(lse));
     }
     let stream = current_stream(py, vp.plan.device)?;
@@ -706,7 +706,7 @@ fn run_backward<'py>(
     // or the host, as bp.place says) or a workspace allocated above on q's device; PyTorch's
     // caching allocator keeps their memory for work queued on its current stream, `stream`.
     // On the host the interpreter runs with the GIL held.
-    unsafe { backward::run(&steps, &bp.given(), bp.place, stream) }.map_err(generic_err)?;
+    unsafe { backward::run(&steps, bp.place, stream) }.map_err(generic_err)?;
     // The workspace stays allocated until the kernels that use it have run: PyTorch's caching
     // allocator only reuses its block for work queued after them on the same stream.
     drop(accum);

@@ -291,45 +291,57 @@ fn parameters_the_backward_does_not_compute_are_diagnostics() {
 }
 
 /// sm_90a's tiles ([`AttentionBwdParams::tuned`]: every dK/dV column in one block at d = 96
-/// and 128) for every kernel, plain, causal and grouped f16, both dQ modes,
-/// aligned or not, assemble without spills.
+/// and 128, with two consumer warpgroups of 128 keys for a dense walk at d = 128, 128
+/// columns for it at d = 256) for every kernel that takes them, the query-side kernels in
+/// their [`AttentionBwdParams::query_tiles`], plain, causal and grouped f16, both dQ modes,
+/// dense and packed, aligned or not, assemble without spills.
 #[test]
 fn sm90a_tiles_assemble_without_spills() {
     let mut failures = Vec::new();
     for d in [64, 96, 128, 256] {
-        // The variants it changes: no soft-cap, no window (those keep the defaults), and
-        // none at d = 64 (its defaults measured faster) or d = 256 (128 columns spill in the
-        // varlen causal kernel).
-        let changed = variants(d)
-            .into_iter()
-            .filter(|&p| p.tuned(Target::Sm90a) != p)
-            .collect::<Vec<_>>();
-        assert_eq!(
-            changed.len(),
-            if d == 64 || d == 256 { 0 } else { 3 },
-            "d {d}"
-        );
-        for p in changed {
+        // The variants it changes: no soft-cap, no window (those keep the defaults), none at
+        // d = 64 (its defaults measured faster), and at d = 256 only a dense walk's without a
+        // group (128 columns spill in the packed causal kernel and the grouped one).
+        let mut changed = Vec::new();
+        for p in variants(d) {
             for deterministic in [false, true] {
-                let p = AttentionBwdParams { deterministic, ..p }.tuned(Target::Sm90a);
-                assert_eq!(p.key_cols(), d, "{p:?}");
-                let on = |r: Result<u32, String>| r.err();
-                let sm90a = &[Target::Sm90a];
-                failures.extend(
-                    [
-                        on(assemble_on(&attention_bwd_preprocess, p, sm90a)),
-                        on(assemble_on(&attention_bwd_dkdv, p, sm90a)),
-                        on(assemble_on(&attention_bwd_dq, p, sm90a)),
-                        on(assemble_on(&attention_bwd_dq_convert, p, sm90a)),
-                        on(assemble_on(&attention_bwd_preprocess_varlen, p, sm90a)),
-                        on(assemble_on(&attention_bwd_dkdv_varlen, p, sm90a)),
-                        on(assemble_on(&attention_bwd_dq_varlen, p, sm90a)),
-                        on(assemble_on(&attention_bwd_dq_convert_varlen, p, sm90a)),
-                    ]
-                    .into_iter()
-                    .flatten(),
-                );
+                for packed in [false, true] {
+                    let p = AttentionBwdParams { deterministic, ..p };
+                    let tuned = p.tuned(Target::Sm90a, packed);
+                    if tuned != p {
+                        changed.push((tuned, packed));
+                    }
+                }
             }
+        }
+        let want = match d {
+            64 => 0,
+            256 => 2,
+            _ => 12,
+        };
+        assert_eq!(changed.len(), want, "d {d}");
+        for (p, packed) in changed {
+            let cols = if d == 256 { 128 } else { d };
+            assert_eq!(p.key_cols(), cols, "{p:?}");
+            let q = p.query_tiles();
+            let on = |r: Result<u32, String>| r.err();
+            let sm90a = &[Target::Sm90a];
+            let built = if packed {
+                [
+                    on(assemble_on(&attention_bwd_preprocess_varlen, q, sm90a)),
+                    on(assemble_on(&attention_bwd_dkdv_varlen, p, sm90a)),
+                    on(assemble_on(&attention_bwd_dq_varlen, q, sm90a)),
+                    on(assemble_on(&attention_bwd_dq_convert_varlen, q, sm90a)),
+                ]
+            } else {
+                [
+                    on(assemble_on(&attention_bwd_preprocess, q, sm90a)),
+                    on(assemble_on(&attention_bwd_dkdv, p, sm90a)),
+                    on(assemble_on(&attention_bwd_dq, q, sm90a)),
+                    on(assemble_on(&attention_bwd_dq_convert, q, sm90a)),
+                ]
+            };
+            failures.extend(built.into_iter().flatten());
         }
     }
     let (known, unknown): (Vec<&String>, Vec<&String>) = failures.iter().partition(|f| known(f));

@@ -181,7 +181,7 @@ fn attention_backward_adds_dq_in_bulk_where_it_keeps_its_occupancy() {
             d,
             ..Default::default()
         }
-        .tuned(Target::Sm90a);
+        .tuned(Target::Sm90a, false);
         let dense = ptx(&build(&attention_bwd_dkdv, p, true), Target::Sm90a);
         assert!(dense.contains(BULK), "d {d}");
         let varlen = ptx(&build(&attention_bwd_dkdv_varlen, p, true), Target::Sm90a);
@@ -192,7 +192,7 @@ fn attention_backward_adds_dq_in_bulk_where_it_keeps_its_occupancy() {
     // staging buffer would make one: per-element adds, and the note says why.
     for p in [
         AttentionBwdParams::default(),
-        AttentionBwdParams::default().tuned(Target::Sm90a),
+        AttentionBwdParams::default().tuned(Target::Sm90a, false),
     ] {
         let dense = ptx(&build(&attention_bwd_dkdv, p, true), Target::Sm90a);
         assert!(!dense.contains(BULK), "{p:?}");

@@ -127,9 +127,11 @@ fn backward(
     let dq = output(dev, c.dtype, &[b, h, sq, d]);
     let dk = output(dev, c.dtype, &[b, h_kv, sk, d]);
     let dv = output(dev, c.dtype, &[b, h_kv, sk, c.value_dim()]);
-    let qgrid = p.query_grid([sq, h, b]);
+    // The query-side kernels' tiles beside the dK/dV kernel's.
+    let qp = &p.query_tiles();
+    let qgrid = qp.query_grid([sq, h, b]);
     attention_bwd_preprocess
-        .launch(dev, p, qgrid, o, dout, &delta, &dq_accum)
+        .launch(dev, qp, qgrid, o, dout, &delta, &dq_accum)
         .expect("preprocess");
     let kgrid = p.key_grid([sk, h_kv, b]);
     attention_bwd_dkdv
@@ -141,8 +143,8 @@ fn backward(
         attention_bwd_dq
             .launch(
                 dev,
-                p,
-                p.dq_grid([sq, h, b]),
+                qp,
+                qp.dq_grid([sq, h, b]),
                 q,
                 k,
                 v,
@@ -155,7 +157,7 @@ fn backward(
             .expect("dq");
     } else {
         attention_bwd_dq_convert
-            .launch(dev, p, qgrid, &dq_accum, &dq, scale)
+            .launch(dev, qp, qgrid, &dq_accum, &dq, scale)
             .expect("dq convert");
     }
     dev.synchronize().expect("kernels ran");
@@ -233,7 +235,7 @@ fn run_calls(dev: &Device, target: Target) {
                 let p = AttentionBwdParams::of_forward(&fwd, deterministic);
                 let mut ps: Vec<AttentionBwdParams> = tiles
                     .iter()
-                    .map(|&tuned| if tuned { p.tuned(target) } else { p })
+                    .map(|&tuned| if tuned { p.tuned(target, false) } else { p })
                     .collect();
                 // sm_90a's dK/dV ring with two consumer warpgroups of 64 keys each.
                 if deterministic && target == Target::Sm90a && p.d <= 128 && p.value_dim() == p.d {

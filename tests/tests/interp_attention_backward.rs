@@ -85,7 +85,7 @@ impl Call {
             key_cols: 0,
         };
         if self.tuned {
-            p.tuned(kiln_ir::Target::Sm90a)
+            p.tuned(kiln_ir::Target::Sm90a, false)
         } else {
             p
         }
@@ -174,14 +174,16 @@ fn backward(c: &Call, x: &Inputs) -> Got {
         d,
     } = c.dims;
     let p = c.params();
+    // The query-side kernels' tiles beside the dK/dV kernel's.
+    let qp = p.query_tiles();
     let mut delta = poisoned(&[b, h, sq], DType::F32);
     let mut dq_accum = poisoned(&[b, h, sq, d], DType::F32);
     let mut dq = poisoned(&[b, h, sq, d], c.dtype);
     let mut dk = poisoned(&[b, h_kv, sk, d], c.dtype);
     let mut dv = poisoned(&[b, h_kv, sk, c.value_dim()], c.dtype);
-    let qgrid = p.query_grid([sq, h, b]);
+    let qgrid = qp.query_grid([sq, h, b]);
     attention_bwd_preprocess
-        .interpret(&p, qgrid, &x.o, &x.dout, &mut delta, &mut dq_accum)
+        .interpret(&qp, qgrid, &x.o, &x.dout, &mut delta, &mut dq_accum)
         .unwrap();
     attention_bwd_dkdv
         .interpret(
@@ -204,8 +206,8 @@ fn backward(c: &Call, x: &Inputs) -> Got {
         assert!(dq_accum.to_f64_vec().iter().all(|x| x.is_nan()));
         attention_bwd_dq
             .interpret(
-                &p,
-                p.dq_grid([sq, h, b]),
+                &qp,
+                qp.dq_grid([sq, h, b]),
                 &x.q,
                 &x.k,
                 &x.v,
@@ -218,7 +220,7 @@ fn backward(c: &Call, x: &Inputs) -> Got {
             .unwrap();
     } else {
         attention_bwd_dq_convert
-            .interpret(&p, qgrid, &dq_accum, &mut dq, x.scale)
+            .interpret(&qp, qgrid, &dq_accum, &mut dq, x.scale)
             .unwrap();
     }
     Got { dq, dk, dv }
@@ -375,9 +377,10 @@ fn f16_and_head_dims_96_128_256_match_reference() {
 
 #[test]
 fn sm90a_tiles_match_reference() {
-    // The sm_90a choices: d = 96 and 128 with every dK/dV column in one block (lengths past
-    // one and two blocks, causal walks with rows that see no key, a group); each case's
-    // tiles differ from the defaults.
+    // The sm_90a choices: d = 96 and 128 with every dK/dV column in one block (128 keys in
+    // two warpgroups under the walk), d = 256 in blocks of 128 columns under the walk
+    // (lengths past one and two blocks, causal walks with rows that see no key, a group);
+    // each case's tiles differ from the defaults.
     let mut rng = Rng::from_env();
     for (d, sq, sk, causal, window, h_kv, deterministic, dist) in [
         (96, 200, 150, true, (-1, -1), 2, false, Dist::Normal),
@@ -386,6 +389,7 @@ fn sm90a_tiles_match_reference() {
         (96, 90, 75, true, (-1, -1), 2, false, Dist::Normal),
         (128, 90, 140, false, (-1, -1), 1, true, Dist::Normal),
         (128, 70, 70, true, (-1, -1), 2, false, Dist::Large),
+        (256, 100, 140, true, (-1, -1), 2, true, Dist::Normal),
     ] {
         let mut c = Call {
             causal,

@@ -98,6 +98,8 @@ pub struct Step {
     pub args: Vec<Arg>,
     /// The grid: fixed, or the kernel's own grid function over `[x, y, z]` extents.
     pub grid: StepGrid,
+    /// The comptime values the kernel is built with, by name.
+    pub given: Vec<(String, Given)>,
 }
 
 /// How a [`Step`]'s grid is found.
@@ -403,7 +405,7 @@ impl BwdPlan {
             key_cols: 0,
         };
         match self.target {
-            Some(target) => params.tuned(target),
+            Some(target) => params.tuned(target, self.packed.is_some()),
             None => params,
         }
     }
@@ -517,15 +519,18 @@ impl BwdPlan {
                 name(dense, varlen)
             }
         };
+        // The dK/dV kernel's tiles, and the query-side kernels' beside them.
         let bp = self.params();
+        let qp = bp.query_tiles();
+        let (keys_given, query_given) = (bwd_given(&bp), bwd_given(&qp));
         let (rows_q, rows_k, batch) = match self.packed {
             Some(pk) => (pk.max_seqlen_q, pk.max_seqlen_k, pk.batch),
             None => (p.seqlen_q, p.seqlen_k, p.batch),
         };
-        let qgrid = StepGrid::Fixed(bp.query_grid([rows_q, p.nheads, batch]));
+        let qgrid = StepGrid::Fixed(qp.query_grid([rows_q, p.nheads, batch]));
         let kgrid = StepGrid::Fixed(bp.key_grid([rows_k, p.nheads_k, batch]));
         // The dQ pass splits a wide head's columns over blocks (d = 256: two of 128).
-        let dq_grid = StepGrid::Fixed(bp.dq_grid([rows_q, p.nheads, batch]));
+        let dq_grid = StepGrid::Fixed(qp.dq_grid([rows_q, p.nheads, batch]));
         let mut steps = vec![
             Step {
                 kernel: name(
@@ -534,6 +539,7 @@ impl BwdPlan {
                 ),
                 args: with_cu(vec![out, dout.clone(), delta.clone(), accum.clone()], false),
                 grid: qgrid,
+                given: query_given.clone(),
             },
             Step {
                 kernel: walk_name(
@@ -554,6 +560,7 @@ impl BwdPlan {
                     scale.clone(),
                 ]),
                 grid: kgrid,
+                given: keys_given,
             },
         ];
         steps.push(if self.dq_by_walk() {
@@ -565,6 +572,7 @@ impl BwdPlan {
                 ),
                 args: with_used(vec![q, k, v, dout, lse, delta, dq, scale]),
                 grid: dq_grid,
+                given: query_given,
             }
         } else {
             Step {
@@ -574,6 +582,7 @@ impl BwdPlan {
                 ),
                 args: with_cu(vec![accum, dq, scale], true),
                 grid: qgrid,
+                given: query_given,
             }
         });
         Ok(steps)
@@ -585,11 +594,6 @@ impl BwdPlan {
             Place::Cuda => TorchDevice::Cuda(self.fwd.device),
             Place::Host => TorchDevice::Other("cpu".into()),
         }
-    }
-
-    /// The comptime values every step takes, by name.
-    pub fn given(&self) -> Vec<(String, Given)> {
-        bwd_given(&self.params())
     }
 }
 
@@ -646,12 +650,7 @@ fn forward_given(s: &Semantic) -> Vec<(String, Given)> {
 /// The forward on the interpreter (`attention_lse`, or `attention_varlen_lse` with `packed`):
 /// the plan's q, k, v, `out` and the log-sum-exp `lse` (the kernel's `[batch, nheads,
 /// seqlen_q]` view), with the kernel's default blocks.
-pub fn forward_steps(
-    plan: &Plan,
-    out: &View,
-    lse: &Lse,
-    packed: Option<Packed>,
-) -> (Step, Vec<(String, Given)>) {
+pub fn forward_steps(plan: &Plan, out: &View, lse: &Lse, packed: Option<Packed>) -> Step {
     let dev = TorchDevice::Other("cpu".into());
     let dt = match plan.dtype {
         DType::F16 => TorchDType::F16,
@@ -708,15 +707,15 @@ pub fn forward_steps(
         softcap: plan.softcap,
     });
     given.push(("dv".into(), Given::Int(dv as i64)));
-    let step = Step {
+    Step {
         kernel,
         args,
         grid: StepGrid::Own(extents),
-    };
-    (step, given)
+        given,
+    }
 }
 
-/// Runs `steps` in order with the comptime values `given`, each checked against its kernel
+/// Runs `steps` in order, each with its comptime values checked against its kernel
 /// by the generic path: launched on `stream` (`Place::Cuda`) or run on the interpreter
 /// (`Place::Host`).
 ///
@@ -724,15 +723,10 @@ pub fn forward_steps(
 /// Every tensor of the steps must address live memory at `place` (device memory of the plan's
 /// device, or host memory) that stays allocated until the kernels have run; `stream` must be
 /// 0 or a live stream of that device's primary context.
-pub unsafe fn run(
-    steps: &[Step],
-    given: &[(String, Given)],
-    place: Place,
-    stream: u64,
-) -> Result<(), GenericError> {
+pub unsafe fn run(steps: &[Step], place: Place, stream: u64) -> Result<(), GenericError> {
     for s in steps {
         let reg = generic::find(s.kernel)?;
-        let planned = generic::plan_at(reg, &s.args, given, place)?;
+        let planned = generic::plan_at(reg, &s.args, &s.given, place)?;
         let grid = match s.grid {
             StepGrid::Fixed(g) => g,
             StepGrid::Own(e) => generic::kernel_grid(reg, &planned.values, &e)?,
@@ -843,7 +837,7 @@ mod tests {
             assert_eq!(steps[1].grid, StepGrid::Fixed([2 * 3, 2, 1]));
             for s in &steps {
                 let reg = generic::find(s.kernel).expect("registered");
-                generic::plan_at(reg, &s.args, &p.given(), Place::Cuda)
+                generic::plan_at(reg, &s.args, &s.given, Place::Cuda)
                     .unwrap_or_else(|e| panic!("{}: {e}", s.kernel));
             }
         }
@@ -885,7 +879,7 @@ mod tests {
             assert_eq!(last, want, "{target:?} {deterministic}");
             for s in &steps {
                 let reg = generic::find(s.kernel).expect("registered");
-                generic::plan_at(reg, &s.args, &p.given(), Place::Cuda)
+                generic::plan_at(reg, &s.args, &s.given, Place::Cuda)
                     .unwrap_or_else(|e| panic!("{}: {e}", s.kernel));
             }
         }
@@ -894,33 +888,47 @@ mod tests {
     #[test]
     fn sm90a_plans_take_the_tuned_tiles_in_grid_and_kernel_alike() {
         let f32t = TorchDType::Other("torch.float32".into());
-        // d = 96 and 128: 64 keys a block (4 key blocks of 200), no column split.
-        for (d, key_blocks) in [(96usize, 4), (128, 4)] {
-            let c = call(2, 130, 200, 4, 2, d as i64);
+        // 200 keys: d = 96, no column split, 4 key blocks of 64; d = 128, no split, 2 of 128
+        // keys (two consumer warpgroups); d = 256 (no group), two column splits of 128, 4 key
+        // blocks.
+        for (d, heads_kv, key_blocks, key_cols, warps) in [
+            (96usize, 2, 4, 96, 4),
+            (128, 2, 2, 128, 8),
+            (256, 4, 8, 128, 4),
+        ] {
+            let c = call(2, 130, 200, 4, heads_kv, d as i64);
             let mut p = plan(&c, false).expect("valid");
             p.target = Some(Target::Sm90a);
             let tuned = p.params();
-            assert_eq!(tuned.key_cols, d, "d = {d}: no column split");
+            assert_eq!(tuned.key_cols, key_cols, "d = {d}");
             let delta = TensorInfo::contiguous(&[2, 4, 256], f32t.clone(), CUDA, 0x7000);
             let accum = TensorInfo::contiguous(&p.accum_shape(), f32t.clone(), CUDA, 0x8000);
             let steps = p.steps(&delta, &accum).expect("steps");
             assert_eq!(
                 steps[1].grid,
-                StepGrid::Fixed([key_blocks, 2, 2]),
+                StepGrid::Fixed([key_blocks, heads_kv as u32, 2]),
                 "d = {d}"
             );
-            let given = p.given();
-            let int = |name: &str| {
-                given
+            let int = |s: &Step, name: &str| {
+                s.given
                     .iter()
                     .find(|(n, _)| n == name)
                     .map(|(_, g)| g.clone())
             };
-            assert_eq!(int("key_cols"), Some(Given::Int(d as i64)));
-            assert_eq!(int("block_n"), Some(Given::Int(tuned.block_n as i64)));
+            // The dK/dV kernel takes the tuned tiles; the query side four warps and its own
+            // key block, over the same query blocks.
+            let dkdv = &steps[1];
+            assert_eq!(int(dkdv, "key_cols"), Some(Given::Int(key_cols as i64)));
+            assert_eq!(int(dkdv, "block_n"), Some(Given::Int(tuned.block_n as i64)));
+            assert_eq!(int(dkdv, "num_warps"), Some(Given::Int(warps)));
+            for s in [&steps[0], &steps[2]] {
+                assert_eq!(int(s, "num_warps"), Some(Given::Int(4)), "{}", s.kernel);
+                assert_eq!(int(s, "block_n"), Some(Given::Int(0)), "{}", s.kernel);
+                assert_eq!(int(s, "block_m"), int(dkdv, "block_m"), "{}", s.kernel);
+            }
             for s in &steps {
                 let reg = generic::find(s.kernel).expect("registered");
-                generic::plan_at(reg, &s.args, &given, Place::Cuda)
+                generic::plan_at(reg, &s.args, &s.given, Place::Cuda)
                     .unwrap_or_else(|e| panic!("d = {d}: {}: {e}", s.kernel));
             }
         }
@@ -962,12 +970,7 @@ mod tests {
         // Every step's arguments pass the generic checks against its kernel.
         for s in steps.iter().chain(&det) {
             let reg = generic::find(s.kernel).expect("registered");
-            let given = if s.kernel == "attention_bwd_dq" {
-                plan(&c, true).unwrap().given()
-            } else {
-                p.given()
-            };
-            generic::plan_at(reg, &s.args, &given, Place::Cuda)
+            generic::plan_at(reg, &s.args, &s.given, Place::Cuda)
                 .unwrap_or_else(|e| panic!("{}: {e}", s.kernel));
         }
         // A bad workspace is refused.
@@ -1103,7 +1106,7 @@ mod tests {
         assert_eq!(steps[1].grid, StepGrid::Fixed([12, 2, 2]));
         for s in &steps {
             let reg = generic::find(s.kernel).expect("registered");
-            generic::plan_at(reg, &s.args, &p.given(), Place::Cuda)
+            generic::plan_at(reg, &s.args, &s.given, Place::Cuda)
                 .unwrap_or_else(|e| panic!("{}: {e}", s.kernel));
         }
         let bad = packed(299, 4, 0x3000);
@@ -1192,7 +1195,7 @@ mod tests {
             );
             for s in &steps {
                 let reg = generic::find(s.kernel).expect("registered");
-                generic::plan_at(reg, &s.args, &p.given(), Place::Cuda)
+                generic::plan_at(reg, &s.args, &s.given, Place::Cuda)
                     .unwrap_or_else(|e| panic!("{}: {e}", s.kernel));
             }
         }
