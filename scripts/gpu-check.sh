@@ -86,12 +86,13 @@ case $part in
     [ -f "$OUT/$name.json" ] && python3 bench/table.py "$OUT/$name.json" > "$OUT/$name.md" 2>&1
     ;;
   bwd-tiles)
-    # The dQ walk's tile candidates (python/bench.py --bwd-candidate): 64 keys and 64
-    # columns a dK/dV block (the tiles before d = 128 and 256 took their tuned ones), two
-    # consumer warpgroups of 64 keys in both rings, a dQ ring of two warpgroups; and the
-    # keys-major kernel with atomics, also with two consumer warpgroups of 64 keys (dQ's
-    # columns split between them: d = 128).
+    # The dQ walk's tile candidates (python/bench.py --bwd-candidate): 64 keys a dK/dV block
+    # with every column (d = 128's tiles before its two warpgroups) or 64 of them (d = 256's
+    # before its 128), two consumer warpgroups of 64 keys in both rings, a dQ ring of two
+    # warpgroups; and the keys-major kernel with atomics, also with two consumer warpgroups
+    # of 64 keys (dQ's columns split between them: d = 128).
     exec "$PWD/scripts/gpu-check.sh" attention --backward "${@:2}" \
+      --bwd-candidate 'kiln_n64=block_n=64,block_m=64,num_warps=4,key_cols=d|' \
       --bwd-candidate 'kiln_kc64=block_n=64,block_m=64,num_warps=4,key_cols=64|' \
       --bwd-candidate 'kiln_n128both=block_n=128,block_m=64,num_warps=8,key_cols=d|block_n=128,block_m=64,num_warps=8,key_cols=d' \
       --bwd-candidate 'kiln_dq128=|block_m=128,block_n=64,num_warps=8' \
