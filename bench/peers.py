@@ -48,6 +48,21 @@ def rel_error(out, ref):
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
+# HBM bandwidth by the spec sheets, bytes per second, for the GPU names torch reports.
+HBM_PEAKS = (
+    ("H200", 4.8e12),
+    ("H100 NVL", 3.9e12),
+    ("H100 PCIe", 2.0e12),
+    ("H100", 3.35e12),  # SXM5, 80 GB HBM3
+)
+
+
+def hbm_peak(gpu_name):
+    """The HBM bandwidth (bytes/s) of the GPU named `gpu_name`, or None for one not listed
+    (its runs then report no fraction of the peak)."""
+    return next((peak for key, peak in HBM_PEAKS if key in gpu_name), None)
+
+
 def sweep(quick):
     seqs = [1024, 4096] if quick else [1024, 2048, 4096, 8192, 16384]
     return [(s, d, causal) for d in (64, 128, 256) for causal in (False, True) for s in seqs]

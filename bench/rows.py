@@ -37,7 +37,9 @@ and the kept fraction). Two timings per point and side, CUDA events, medians:
   held       each call alone behind a GPU hold (torch.cuda._sleep) over the next input set:
              the kernel's own GPU time, without the launch latency.
 GB/s = bytes / time; ratio = kiln's GB/s over PyTorch's; frac_of_copy = kiln's sustained GB/s
-over the copy row's at the same shape and dtype; frac_of_peak over 4.8 TB/s (the H200's HBM3e).
+over the copy row's at the same shape and dtype; frac_of_peak over the GPU's HBM bandwidth
+(bench/peers.py's `hbm_peak`: 4.8 TB/s on the H200, 3.35 on the H100 SXM; none for a GPU it
+does not list).
 
 The JSON (commit, GPU, driver, torch, date, every figure, and per row the comptime values
 kiln_attn.ops picked for it) goes to --out (default
@@ -54,6 +56,9 @@ import statistics
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peers import hbm_peak  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 KERNELS = (
@@ -68,7 +73,6 @@ EPS = 1e-5
 DROP_P = 0.1
 ROT_D = 128
 HOLD_CYCLES = 1_000_000
-PEAK_GBS = 4800.0
 # rel_err bounds against float64: storage rounding of the output (bf16: 2^-8) plus f32 sums.
 BOUND = {"f32": 1e-4, "bf16": 1.6e-2}
 L2_DEFAULT = 60 << 20
@@ -435,6 +439,8 @@ def run(args):
     apply_overrides(ops, parse_overrides(args.set))
 
     dev = torch.device("cuda")
+    peak = hbm_peak(torch.cuda.get_device_name(dev))
+    peak_gbs = peak / 1e9 if peak else None
     props = torch.cuda.get_device_properties(dev)
     l2 = getattr(props, "L2_cache_size", L2_DEFAULT)
     points = plan(args, l2)
@@ -479,7 +485,8 @@ def run(args):
             c = copy_gbs.get((p["dtype"], p["m"], p["n"]))
             if c:
                 row["frac_of_copy"] = k["sustained_gbs"] / c
-            row["frac_of_peak"] = k["sustained_gbs"] / PEAK_GBS
+            if peak_gbs:
+                row["frac_of_peak"] = k["sustained_gbs"] / peak_gbs
             e = k.get("rel_err")
             row["correct"] = e is not None and e == e and e <= BOUND[p["dtype"]]
             failed |= not row["correct"]
@@ -497,7 +504,7 @@ def run(args):
         "kiln_attn": kiln_attn.__version__,
         "target": kiln_attn._target(dev.index or 0),
         "l2_bytes": l2,
-        "peak_gbs": PEAK_GBS,
+        "peak_gbs": peak_gbs,
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "iters": args.iters,
         "warmup": args.warmup,

@@ -30,9 +30,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "bench"))
-from peers import commit, rel_error  # noqa: E402
+from peers import commit, hbm_peak, rel_error  # noqa: E402
 
-HBM_BYTES_PER_S = 4.8e12
 TOLERANCE = 2e-2
 D = 128
 PAGE = 128
@@ -130,9 +129,11 @@ def main():
     out = args.out or os.path.join(HERE, "results", f"decode-py-{stamp:%Y%m%dT%H%MZ}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     meta = {"benchmark": "decode-python", "commit": commit(), "date_utc": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "hbm_bytes_per_s": HBM_BYTES_PER_S, "torch": torch.__version__}
+            "torch": torch.__version__}
+    hbm = None
     if dev.type == "cuda":
         meta["gpu"] = torch.cuda.get_device_name(dev)
+        meta["hbm_bytes_per_s"] = hbm = hbm_peak(meta["gpu"])
         meta["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                         capture_output=True, text=True).stdout.strip().split("\n")[0]
     rows, wrong = [], []
@@ -150,7 +151,8 @@ def main():
         row = dict(p)
         row["kiln_ms"] = ms = timed(torch, kiln_once, args.iters, args.warmup, flush, args.interpret)
         row["kiln_gbps"] = p["cache_bytes"] / (ms * 1e-3) / 1e9
-        row["kiln_hbm_fraction"] = p["cache_bytes"] / (ms * 1e-3) / HBM_BYTES_PER_S
+        if hbm:
+            row["kiln_hbm_fraction"] = p["cache_bytes"] / (ms * 1e-3) / hbm
         if fa4 is not None:
             try:
                 def fa4_once():
@@ -175,13 +177,13 @@ def main():
     if ctx is not None:
         ctx.__exit__(None, None, None)
     print(f"wrote {out}", file=sys.stderr)
-    draw(out, rows)
+    draw(out, rows, hbm)
     if wrong:
         print(f"{len(wrong)} points differ from FlashAttention-4 beyond {TOLERANCE}", file=sys.stderr)
         sys.exit(1)
 
 
-def draw(path, rows):
+def draw(path, rows, hbm):
     try:
         import matplotlib
 
@@ -201,7 +203,8 @@ def draw(path, rows):
             if any("fa4_gbps" in r for r in mine):
                 ax.plot(xs, [r.get("fa4_gbps", math.nan) for r in mine], "x--", color=line.get_color(),
                         label=f"FA4 b={b}")
-        ax.axhline(HBM_BYTES_PER_S / 1e9 * 0.8, color="gray", lw=0.8, ls=":")
+        if hbm:
+            ax.axhline(hbm / 1e9 * 0.8, color="gray", lw=0.8, ls=":")
         ax.set_xscale("log", base=2)
         ax.set_title(f"{hq}/{hk} heads, {'paged' if paged else 'dense'}, {sq} token(s)")
         ax.set_xlabel("cache length")
