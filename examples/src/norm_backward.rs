@@ -72,7 +72,7 @@ pub fn layer_norm_backward(
         dw_part.tile([1, BN], [blk, 0]).store(dw.row());
         db_part.tile([1, BN], [blk, 0]).store(db.row());
     } else {
-        let lc = loop_cols(BM, BN, RB);
+        let lc = loop_cols(BM, BN, RB, OCC);
         let mu = mean.tile([RB], [b0]).load().col();
         let rs = rstd.tile([RB], [b0]).load().col();
         let mut c1 = zeros::<f32>([RB]);
@@ -148,7 +148,7 @@ pub fn rms_norm_backward(
         }
         dw_part.tile([1, BN], [blk, 0]).store(dw.row());
     } else {
-        let lc = loop_cols(BM, BN, RB);
+        let lc = loop_cols(BM, BN, RB, OCC);
         let rs = rstd.tile([RB], [b0]).load().col();
         let mut c1 = zeros::<f32>([RB]);
         for j in (0..n).step_by(lc) {
@@ -182,9 +182,11 @@ pub fn group_rows(bm: usize, rb: usize) -> usize {
 
 /// Columns per tile of a row longer than `BN`, walked with all `RB` rows of the block at
 /// once: as many elements per tile as a one-tile group's (`group_rows x BN`, at least 32
-/// columns), so the block's column sums are written once per column tile.
-pub fn loop_cols(bm: usize, bn: usize, rb: usize) -> usize {
-    (group_rows(bm, rb) * bn / rb.max(1)).max(32)
+/// columns), so the block's column sums are written once per column tile; a block asked to
+/// share its multiprocessor with `occ - 1` others takes `1 / occ` of that, so that this walk
+/// fits the registers the one-tile walk does.
+pub fn loop_cols(bm: usize, bn: usize, rb: usize, occ: usize) -> usize {
+    (group_rows(bm, rb) * bn / rb.max(1) / occ.max(1)).max(32)
 }
 
 /// `out[c] = sum_i part[i, c]` (f32 partials; `out` of element type `dtype`): the second

@@ -77,9 +77,10 @@ def config_rms_norm(m, n, dtype):
 def config_norm_backward(m, n, dtype):
     """layer_norm_backward and rms_norm_backward: Rust's choice
     (`kiln_examples::rows::norm_backward_config`: a row up to 8192 columns read once, each block
-    walking RB rows and writing its weight-gradient partials once)."""
-    bm, bn, rb, nw = _native._norm_backward_config(m, n)
-    return {"BM": bm, "BN": bn, "RB": rb, "NW": nw}
+    walking RB rows and writing its weight-gradient partials once, two blocks a multiprocessor
+    asked for where a thread holds 8 elements of a tile)."""
+    bm, bn, rb, nw, occ = _native._norm_backward_config(m, n)
+    return {"BM": bm, "BN": bn, "RB": rb, "NW": nw, "OCC": occ}
 
 
 def config_sum_partials(p, n, dtype):

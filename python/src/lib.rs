@@ -756,12 +756,12 @@ fn _row_config(n: usize) -> (usize, usize, usize) {
     (c.bm, c.bn, c.nw)
 }
 
-/// `(BM, BN, RB, NW)` of the layer norm and RMS norm backwards for `m` rows of `n` elements:
-/// Rust's one choice (`kiln_examples::rows::norm_backward_config`).
+/// `(BM, BN, RB, NW, OCC)` of the layer norm and RMS norm backwards for `m` rows of `n`
+/// elements: Rust's one choice (`kiln_examples::rows::norm_backward_config`).
 #[pyfunction]
-fn _norm_backward_config(m: usize, n: usize) -> (usize, usize, usize, usize) {
+fn _norm_backward_config(m: usize, n: usize) -> (usize, usize, usize, usize, usize) {
     let c = kiln_attn_core::rows::norm_backward_config(m, n);
-    (c.bm, c.bn, c.rb, c.nw)
+    (c.bm, c.bn, c.rb, c.nw, c.occ)
 }
 
 /// The registered kernel `name` (or its path, `kiln_examples::softmax::softmax`), to inspect

@@ -308,7 +308,7 @@ fn backward_configs_assemble_clean() {
                 BN: b.bn,
                 RB: b.rb,
                 NW: b.nw,
-                OCC: 1,
+                OCC: b.occ,
                 dtype,
             };
             assembles_clean(&layer_norm_backward, c, "");
@@ -317,7 +317,7 @@ fn backward_configs_assemble_clean() {
                 BN: b.bn,
                 RB: b.rb,
                 NW: b.nw,
-                OCC: 1,
+                OCC: b.occ,
                 dtype,
             };
             assembles_clean(&rms_norm_backward, c, "");
@@ -363,15 +363,21 @@ fn summed(part: &HostTensor, dtype: DType) -> HostTensor {
 fn norm_backwards_match_reference() {
     let mut rng = Rng::from_env();
     for dtype in [DType::Bf16, DType::F32] {
-        // Rows longer than a tile (all of a block's rows per column tile), rows in one
-        // tile walked in groups, and a group taller than the block's rows.
-        for (bm, bn, rb, nw) in [(4, 1024, 16, 8), (8, 1024, 4, 8), (1, 8192, 4, 16)] {
+        // Rows longer than a tile (all of a block's rows per column tile; with two blocks
+        // a multiprocessor, half as many columns a tile), rows in one tile walked in groups,
+        // and a group taller than the block's rows.
+        for (bm, bn, rb, nw, occ) in [
+            (4, 1024, 16, 8, 1),
+            (4, 1024, 16, 8, 2),
+            (8, 1024, 4, 8, 1),
+            (1, 8192, 4, 16, 1),
+        ] {
             let c = LayerNormBackwardComptime {
                 BM: bm,
                 BN: bn,
                 RB: rb,
                 NW: nw,
-                OCC: 1,
+                OCC: occ,
                 dtype,
             };
             let cr = RmsNormBackwardComptime {
@@ -379,7 +385,7 @@ fn norm_backwards_match_reference() {
                 BN: bn,
                 RB: rb,
                 NW: nw,
-                OCC: 1,
+                OCC: occ,
                 dtype,
             };
             assembles_clean(&layer_norm_backward, c, "");
@@ -428,7 +434,9 @@ fn norm_backwards_match_reference() {
                             rms,
                         );
                         let name = if rms { "rms_norm" } else { "layer_norm" };
-                        let k = format!("{name}_backward {dtype} BM={bm} BN={bn} RB={rb} NW={nw}");
+                        let k = format!(
+                            "{name}_backward {dtype} BM={bm} BN={bn} RB={rb} NW={nw} OCC={occ}"
+                        );
                         let cs = case(k, m, n, dist, &rng);
                         if rms && n == 1 {
                             // One column: `dx` is eps-sized, all f32 cancellation; an
