@@ -255,8 +255,16 @@ fn run_calls(dev: &Device, target: Target) {
                     });
                 }
                 // The same on sm_90a with two consumer warpgroups of 64 keys each: dQ's 64 query
-                // rows split into column blocks, one a warpgroup (`WgmmaColumns`).
-                if !deterministic && target == Target::Sm90a && p.d == 128 && p.value_dim() == p.d {
+                // rows split into column blocks, one a warpgroup (`WgmmaColumns`), or without a
+                // ring 4 x 2 warps. A soft-cap's accumulators do not fit the consumers'
+                // registers: refused.
+                let fits = p.softcap == 0.0;
+                if !deterministic
+                    && target == Target::Sm90a
+                    && p.d == 128
+                    && p.value_dim() == p.d
+                    && fits
+                {
                     ps.push(AttentionBwdParams {
                         keys_major: true,
                         block_n: 128,

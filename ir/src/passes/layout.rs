@@ -689,11 +689,23 @@ fn wgmma_col_blocks(
     (a_shared && block * blocks == n && block.is_multiple_of(16) && b_boxes_align).then_some(blocks)
 }
 
-/// The warp grid of an mma accumulator of `shape`.
+/// The warp grid of an mma accumulator of `shape`: with `rows_per_warp`, whole rows a warp
+/// (`[warps, 1]`) where the tile has 16 rows for each warp, else as many warps along the
+/// rows as it fills and the rest along the columns (a 64-row tile over 8 warps: `[4, 2]`).
 fn warp_grid(shape: &Shape, warps: u32, rows_per_warp: bool) -> [u32; 2] {
     let (m, n) = (shape.rows() as u32, shape.cols() as u32);
     if rows_per_warp {
-        return [warps, 1];
+        let fits = |wm: u32| m.is_multiple_of(16 * wm) && n.is_multiple_of(8 * (warps / wm));
+        let mut wm = warps;
+        while wm > 1 && !fits(wm) {
+            wm /= 2;
+        }
+        // A tile no grid fits keeps whole rows a warp: the layout check reports it.
+        return if fits(wm) {
+            [wm, warps / wm]
+        } else {
+            [warps, 1]
+        };
     }
     let mut best = [warps, 1];
     let mut best_cost = u32::MAX;
@@ -806,7 +818,7 @@ fn blocked_with(
 
 #[cfg(test)]
 mod tests {
-    use super::{Layout, blocked};
+    use super::{Layout, blocked, warp_grid};
     use crate::types::{DType, Shape, Type};
 
     fn tile(dtype: DType, dims: &[usize]) -> Type {
@@ -857,5 +869,19 @@ mod tests {
             blocked(&tile(DType::F32, &[4, 32]), 4, [false; 2]),
             layout(1, [1, 32], [4, 1])
         );
+    }
+
+    #[test]
+    fn accumulators_keep_whole_rows_a_warp_where_the_rows_allow() {
+        let shape = |m, n| Shape(vec![m, n]);
+        // 16 rows for each warp: whole rows a warp.
+        assert_eq!(warp_grid(&shape(128, 64), 8, true), [8, 1]);
+        // 64 rows over 8 warps (dQ beside 128 keys): 16 rows a warp, two warps a row.
+        assert_eq!(warp_grid(&shape(64, 128), 8, true), [4, 2]);
+        assert_eq!(warp_grid(&shape(16, 64), 4, true), [1, 4]);
+        // No grid fits: whole rows, which the layout check then reports.
+        assert_eq!(warp_grid(&shape(16, 8), 4, true), [4, 1]);
+        // Without the need, the squarest blocks.
+        assert_eq!(warp_grid(&shape(128, 128), 4, false), [2, 2]);
     }
 }
