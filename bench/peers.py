@@ -30,7 +30,11 @@ WIDTH = 2048
 
 
 def commit():
-    """The checkout's commit (KILN_COMMIT where git cannot tell: the GPU host's copy)."""
+    """The commit of the code that runs: KILN_COMMIT where set (the GPU host's copy runs the
+    bundle's wheel, whose commit scripts/gpu-check.sh passes; that copy's git may be older),
+    else the checkout's."""
+    if os.environ.get("KILN_COMMIT"):
+        return os.environ["KILN_COMMIT"]
     try:
         here = os.path.dirname(os.path.abspath(__file__))
         return subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True,

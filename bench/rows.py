@@ -57,7 +57,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peers import hbm_peak  # noqa: E402
+from peers import commit, hbm_peak  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -134,14 +134,6 @@ def parse_shapes(text):
         return [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",")]
     except ValueError:
         raise SystemExit(f"--shapes: expected MxN,.. got {text!r}") from None
-
-
-def commit():
-    try:
-        return subprocess.run(["git", "-C", HERE, "rev-parse", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("KILN_COMMIT", "")
 
 
 def driver():

@@ -33,6 +33,8 @@ run_test() {  # name, limit
 }
 py_setup() {
   export PYTHONPATH=$PWD/.gpu-py/site
+  # The results name the bundle's commit, whose wheel runs (bench/peers.py's commit()).
+  export KILN_COMMIT=$(cat .gpu/commit 2>/dev/null)
   if [ -d /tmp/fa4-site ]; then
     PYTHONPATH=$PYTHONPATH:/tmp/fa4-site/nvidia_cutlass_dsl/dsl_packages:/tmp/fa4-site
   fi
