@@ -101,11 +101,11 @@ impl AttentionBwdParams {
     /// and `dS` for another's columns); a dense batch whose dQ is the walk's
     /// (`deterministic`, as every dense call on sm_90a: [`Self::dq_walk_is_faster`]) takes at
     /// `d = 128` 128 keys a block in the ring's two consumer warpgroups, and at `d = 256`
-    /// without a group 128 of the 256 columns. Other targets keep the defaults (their column splits avoid
-    /// spills), and so does `d = 64`: 128 keys against 128-row query blocks with eight warps
-    /// (half the dQ adds and query reloads, but one block a multiprocessor) measured 0.67x the
-    /// default tiles on the H200 (103 against 153 TFLOP/s at s = 4096), two warpgroups of 64
-    /// keys 0.90-1.03x (H100).
+    /// without a group 128 of the 256 columns. Other targets keep the defaults (their column
+    /// splits avoid spills), and so does `d = 64`: 128 keys against 128-row query blocks with
+    /// eight warps (half the dQ adds and query reloads, but one block a multiprocessor)
+    /// measured 0.67x the default tiles on the H200 (103 against 153 TFLOP/s at s = 4096), two
+    /// warpgroups of 64 keys 0.90-1.03x (H100).
     /// `kiln check attention_bwd_dkdv --target sm_90a -D d=D -D key_cols=C ...` (ptxas 13.5,
     /// bf16 and f16 alike):
     ///
@@ -118,7 +118,7 @@ impl AttentionBwdParams {
     /// | 96 | 128, 128, 8 | 96 | 255, spills 68 B | 208 KiB | 1 |
     /// | 128 | 64, 64, 4 (default) | 64 | 167 | 112 KiB, per element | 2 |
     /// | 128 | **64, 64, 4** (packed) | **128** | 252 | 112 KiB, per element | 2 |
-    /// | 128 | **64, 128, 8** (dense) | **128** | two consumer warpgroups | | 1 |
+    /// | 128 | **64, 128, 8** (dense) | **128** | 168 (two consumer warpgroups) | 193 KiB, none (the walk's dQ) | 1 |
     /// | 128 | 128, 128, 8 | 64 or 128 | needs 256 KiB of shared memory | | |
     /// | 256 | 64, 64, 4 (default, packed) | 64 | 160 | 225 KiB, bulk | 1 |
     /// | 256 | **64, 64, 4** (dense, no group) | **128** | 232 (packed causal: spills 40 B; grouped f16 unaligned: 16 B) | 225 KiB | 1 |
