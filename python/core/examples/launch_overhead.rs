@@ -1,6 +1,7 @@
 //! The Rust half of `flash_attn_func`'s call overhead on a GPU: host time per call of the core's
 //! checks and launch beside an empty launch through the same stream path, then each stage alone
-//! (what is timed and how: `docs/benchmarking.md`, "From Python"). Build here with `(cd python &&
+//! (what is timed and how: `docs/benchmarking.md`, "From Python"); then the same for the
+//! generic path `kiln_attn.ops` takes (a row kernel's plan and launch). Build here with `(cd python &&
 //! cargo build --release -p kiln-attn-core --example launch_overhead)` and run
 //! `python/target/release/examples/launch_overhead` on the GPU host (it needs no Rust there).
 
@@ -11,6 +12,7 @@ use kiln::ir::DType;
 use kiln::ir::dsl::KernelDecl;
 use kiln::runtime::{KernelArg, L2Promotion, OobFill, Swizzle};
 use kiln_attn_core::args::{self, Options, TensorInfo, TorchDType, TorchDevice};
+use kiln_attn_core::generic::{self, Arg, Given};
 use kiln_attn_core::launch::{self, LaunchFailure};
 use kiln_examples::attention::attention;
 
@@ -151,12 +153,78 @@ fn run() -> Result<(), LaunchFailure> {
         eprintln!("launch failed: {e}");
         return Ok(());
     }
+    generic_row_launch(&dev)?;
     println!(
         "rust host time per call at b=1 s=128 h=16 d=128: empty launch {empty:.1} us, \
          checks + launch {with_checks:.1} us; overhead {:.1} us (of which 4 tensor maps \
          {:.1} us)",
         with_checks - empty,
         4.0 * encode
+    );
+    Ok(())
+}
+
+/// The generic path's Rust stages for `layer_norm_backward` (eight tensors, the comptime
+/// values `kiln_attn.ops` passes) on bf16 64 x 1000 rows, few enough that the GPU keeps up
+/// with the host: `generic::plan` alone, then plan and `generic::launch` (tensor borrows,
+/// the loaded-kernel lookup, checks, launch) per call.
+fn generic_row_launch(dev: &kiln::runtime::Device) -> Result<(), LaunchFailure> {
+    let (m, n) = (64usize, 1000usize);
+    let c = kiln_examples::rows::norm_backward_config(m, n);
+    let blocks = m.div_ceil(c.rb);
+    let shapes: [(&[usize], DType); 8] = [
+        (&[m, n], DType::Bf16),
+        (&[n], DType::Bf16),
+        (&[m], DType::F32),
+        (&[m], DType::F32),
+        (&[m, n], DType::Bf16),
+        (&[m, n], DType::Bf16),
+        (&[blocks, n], DType::F32),
+        (&[blocks, n], DType::F32),
+    ];
+    let tensors = shapes
+        .iter()
+        .map(|(shape, dtype)| dev.alloc(*dtype, shape))
+        .collect::<Result<Vec<_>, _>>()?;
+    let args: Vec<Arg> = tensors
+        .iter()
+        .map(|t| {
+            Arg::Tensor(TensorInfo {
+                shape: t.shape().iter().map(|&n| n as i64).collect(),
+                strides: t.strides().iter().map(|&n| n as i64).collect(),
+                dtype: match t.dtype() {
+                    DType::Bf16 => TorchDType::Bf16,
+                    _ => TorchDType::Other("torch.float32".into()),
+                },
+                device: TorchDevice::Cuda(0),
+                ptr: t.device_ptr(),
+            })
+        })
+        .collect();
+    let given: Vec<(String, Given)> = [
+        ("BM", c.bm),
+        ("BN", c.bn),
+        ("RB", c.rb),
+        ("NW", c.nw),
+        ("OCC", c.occ),
+    ]
+    .iter()
+    .map(|&(k, v)| (k.to_string(), Given::Int(v as i64)))
+    .collect();
+    let reg = generic::find("layer_norm_backward").expect("registered");
+    let grid = [blocks as u32, 1, 1];
+    let plan_us = host_us(dev, || {
+        drop(generic::plan(reg, &args, &given).expect("plan"));
+    });
+    let launch_us = host_us(dev, || {
+        let planned = generic::plan(reg, &args, &given).expect("plan");
+        // SAFETY: the eight live allocations above, synchronised after every round; the
+        // null stream of the device's primary context.
+        unsafe { generic::launch(&planned, grid, 0) }.expect("launch");
+    });
+    println!(
+        "generic path, layer_norm_backward bf16 {m}x{n} (8 tensors): plan {plan_us:.2} us, \
+         plan + launch {launch_us:.1} us per call"
     );
     Ok(())
 }
