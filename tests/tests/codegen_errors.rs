@@ -387,3 +387,43 @@ fn an_accumulator_beyond_a_threads_registers_errs_at_the_mma() {
         assert_ne!(e.kind(), kiln::ir::DiagKind::Internal, "{shown}");
     }
 }
+
+/// A 1024-thread block whose 512 x 128 accumulator would be one 128-column wgmma a warpgroup:
+/// 64 accumulator registers a thread in one instruction, against the 64 a thread of such a
+/// block holds (ptxas refused it outright, "Insufficient registers"; found by the
+/// whole-pipeline fuzzer).
+#[kernel(num_warps = 32)]
+fn wide_block_mma(a: Tensor<bf16, 2>, b: Tensor<bf16, 2>, out: TensorMut<f32, 2>) {
+    let mut acc = zeros::<f32>([512, 128]);
+    for k in pipelined(0..cdiv(a.dim(1), 32), stages = 2) {
+        let x = a.tile([512, 32], [0, k * 32]).load();
+        let y = b.tile([32, 128], [k * 32, 0]).load();
+        acc = mma_acc(&x, &y, &acc); // MARK-wide-block
+    }
+    out.tile([512, 128], [0, 0]).store(acc);
+}
+
+/// On sm_90a such an mma stays on mma.sync (which spills what does not fit) with a note at
+/// its line saying why, and every target's PTX assembles.
+#[test]
+fn a_wgmma_wider_than_the_blocks_registers_stays_on_mma_sync() {
+    let k = build(&wide_block_mma);
+    compiles_or_errs_at(&k, line_of("MARK-wide-block"));
+    let mut lowered = k.clone();
+    kiln::ir::passes::run_pipeline(&mut lowered, Target::Sm90a, &mut |_, _| {}).expect("lowers");
+    let note = lowered
+        .schedule
+        .notes
+        .iter()
+        .find(|n| {
+            n.text
+                .contains("accumulator registers a thread in one wgmma")
+        })
+        .unwrap_or_else(|| panic!("no note in {:?}", lowered.schedule.notes));
+    assert_eq!(note.loc.line, line_of("MARK-wide-block"));
+    assert!(
+        note.text.contains("1024 threads leaves each thread 64"),
+        "{}",
+        note.text
+    );
+}

@@ -269,6 +269,21 @@ fn takes(kernel: &Kernel, id: OpId) -> Result<Option<ValueId>, String> {
     if !n.is_multiple_of(8) || !(8..=256).contains(&n) {
         return Err(format!("its {n} columns are not a multiple of 8 up to 256"));
     }
+    // One wgmma keeps its whole `N / 2` accumulator registers a thread live at once (ptxas
+    // cannot spill an instruction's operands), beside its descriptors and addresses; mma.sync
+    // spills what does not fit.
+    let cap = thread_register_cap(kernel);
+    if n / 2 + WGMMA_WORKING_REGISTERS > cap {
+        return Err(format!(
+            "its {n} columns take {} accumulator registers a thread in one wgmma, and a block              of {} threads{} leaves each thread {cap}",
+            n / 2,
+            32 * kernel.options.num_warps,
+            match kernel.options.blocks_per_sm {
+                0 | 1 => String::new(),
+                b => format!(" asked to fit {b} times a multiprocessor"),
+            }
+        ));
+    }
     if !k.is_multiple_of(16) {
         return Err(format!("its depth K = {k} is not a multiple of 16"));
     }
@@ -301,6 +316,18 @@ fn takes(kernel: &Kernel, id: OpId) -> Result<Option<ValueId>, String> {
         }
     }
     Ok(None)
+}
+
+/// Registers a wgmma needs a thread besides its accumulator: descriptors, addresses, the
+/// loop's counters (ptxas asked for 90 for a 128-column wgmma: 64 and 26).
+const WGMMA_WORKING_REGISTERS: u32 = 32;
+
+/// The registers a thread of this kernel's blocks may hold: the 64K of a multiprocessor's
+/// register file over the block's threads and the blocks it asks to fit, in the allocation's
+/// steps of 8, at most 255.
+fn thread_register_cap(kernel: &Kernel) -> u32 {
+    let threads = 32 * kernel.options.num_warps.max(1) * kernel.options.blocks_per_sm.max(1);
+    ((65536 / threads) & !7).min(255)
 }
 
 /// Whether a buffer's stage is something a swizzled wgmma descriptor addresses.
