@@ -149,6 +149,26 @@ fn gpu_mma_in_if() {
     }
 }
 
+fn gpu_mma_row_centered() {
+    let ct = MmaRowCenteredComptime::default();
+    gemm_like(
+        "mma_row_centered",
+        &[(70, 200, 50), (129, 65, 100), (1, 3, 17)],
+        |m, n| [m.div_ceil(ct.BM) as u32, n.div_ceil(ct.BN) as u32, 1],
+        |a, b| gemm_row_centered(a, b, ct.BN),
+        |dev, g, a, b, c| {
+            mma_row_centered
+                .launch(dev, &ct, g, a, b, c)
+                .expect("launch")
+        },
+        |g, a, b, c| {
+            mma_row_centered
+                .interpret(&ct, g, a, b, c)
+                .expect("interpret")
+        },
+    );
+}
+
 fn gpu_mma_two_loops() {
     let mut rng = Rng::from_env();
     let ct = MmaTwoLoopsComptime::default();
@@ -292,5 +312,6 @@ fn main() -> ExitCode {
             gpu_mma_masked_operands,
         ),
         ("gpu_mma_gathered_b", Needs::Gpu, gpu_mma_gathered_b),
+        ("gpu_mma_row_centered", Needs::Gpu, gpu_mma_row_centered),
     ])
 }

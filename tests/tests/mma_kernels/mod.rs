@@ -3,8 +3,9 @@
 //! (`gpu_mma_general.rs`): an mma outside any loop, two mma loops with transposed register
 //! operands (attention's backward shape), a register B computed in the kernel, a masked
 //! operand, operands loaded masked at a bound along K, a B masked in two dimensions and a
-//! gathered B, a persistent loop with a runtime stride, an mma in a runtime `if`; and the f64
-//! references they are checked against.
+//! gathered B, a persistent loop with a runtime stride, an mma in a runtime `if`, an
+//! accumulator of fewer rows than 16 a warp whose rows are summed; and the f64 references
+//! they are checked against.
 
 #![allow(dead_code)]
 
@@ -267,6 +268,46 @@ fn gemm_with(a: &HostTensor, b: &HostTensor, f: impl Fn(usize, usize, f64) -> f6
 }
 
 /// `a @ b`.
+/// `c = a @ b` less each row's mean over its block of `BN` columns (the columns past `n`
+/// count as 0): a row reduction of an accumulator with fewer rows than 16 a warp (`BM = 64`
+/// over `NW = 8` warps: two warps a row, so the sums cross warps).
+#[kernel(num_warps = NW, grid = [BM, BN, 1])]
+pub fn mma_row_centered(
+    a: Tensor<bf16, 2>,
+    b: Tensor<bf16, 2>,
+    c: TensorMut<f32, 2>,
+    #[comptime(default = 64)] BM: usize,
+    #[comptime(default = 128)] BN: usize,
+    #[comptime(default = 32)] BK: usize,
+    #[comptime(default = 8)] NW: usize,
+) {
+    let (mb, nb) = (block_id().x, block_id().y);
+    let k = a.dim(1);
+    let mut acc = zeros::<f32>([BM, BN]);
+    for kb in pipelined(0..cdiv(k, BK), stages = 2) {
+        let x = a.tile([BM, BK], [mb * BM, kb * BK]).load();
+        let y = b.tile([BK, BN], [kb * BK, nb * BN]).load();
+        acc = mma_acc(&x, &y, &acc);
+    }
+    let mean = row_sum(&acc) / BN as f32;
+    c.tile([BM, BN], [mb * BM, nb * BN]).store(acc - mean.col());
+}
+
+/// [`mma_row_centered`]'s reference: `a @ b`, each row less its mean over each block of `bn`
+/// columns (the columns past `b`'s count as 0).
+pub fn gemm_row_centered(a: &HostTensor, b: &HostTensor, bn: usize) -> Vec<f64> {
+    let g = gemm(a, b);
+    let n = b.shape[1];
+    let mut out = g.clone();
+    for (row, o) in g.chunks(n.max(1)).zip(out.chunks_mut(n.max(1))) {
+        for (block, ob) in row.chunks(bn).zip(o.chunks_mut(bn)) {
+            let mean = block.iter().sum::<f64>() / bn as f64;
+            ob.iter_mut().for_each(|x| *x -= mean);
+        }
+    }
+    out
+}
+
 pub fn gemm(a: &HostTensor, b: &HostTensor) -> Vec<f64> {
     gemm_with(a, b, |_, _, y| y)
 }
