@@ -272,7 +272,12 @@ fn takes(kernel: &Kernel, id: OpId) -> Result<Option<ValueId>, String> {
     // One wgmma keeps its whole `N / 2` accumulator registers a thread live at once (ptxas
     // cannot spill an instruction's operands), beside its descriptors and addresses; mma.sync
     // spills what does not fit.
-    let cap = thread_register_cap(kernel);
+    // What a thread gets at launch with the blocks the kernel asks to fit, at most 255.
+    let cap = super::warp_specialise::entry_regs(
+        32 * kernel.options.num_warps,
+        kernel.options.blocks_per_sm,
+    )
+    .min(super::accumulators::THREAD_REGISTERS as u32);
     if n / 2 + WGMMA_WORKING_REGISTERS > cap {
         return Err(format!(
             "its {n} columns take {} accumulator registers a thread in one wgmma, and a block              of {} threads{} leaves each thread {cap}",
@@ -321,14 +326,6 @@ fn takes(kernel: &Kernel, id: OpId) -> Result<Option<ValueId>, String> {
 /// Registers a wgmma needs a thread besides its accumulator: descriptors, addresses, the
 /// loop's counters (ptxas asked for 90 for a 128-column wgmma: 64 and 26).
 const WGMMA_WORKING_REGISTERS: u32 = 32;
-
-/// The registers a thread of this kernel's blocks may hold: the 64K of a multiprocessor's
-/// register file over the block's threads and the blocks it asks to fit, in the allocation's
-/// steps of 8, at most 255.
-fn thread_register_cap(kernel: &Kernel) -> u32 {
-    let threads = 32 * kernel.options.num_warps.max(1) * kernel.options.blocks_per_sm.max(1);
-    ((65536 / threads) & !7).min(255)
-}
 
 /// Whether a buffer's stage is something a swizzled wgmma descriptor addresses.
 fn check_buffer(kernel: &Kernel, buffer: Buffer, which: &str) -> Result<(), String> {
