@@ -23,6 +23,7 @@ mod checks;
 mod control;
 mod copy;
 mod exchange;
+mod in_flight;
 mod math;
 mod memory;
 mod mma;
@@ -30,6 +31,7 @@ mod params;
 mod print;
 mod scalar_atomic;
 mod stage;
+pub(crate) use in_flight::InFlight;
 pub(crate) use stage::StageSync;
 mod sync;
 mod take;
@@ -224,6 +226,8 @@ pub(crate) struct Emitter<'k> {
     /// type: a cast's pairs round again in one `cvt.rn.*x2.f32` (`Emitter::round_in_pairs`).
     /// Cleared per op: only that op's own registers are known unchanged.
     pub(crate) rounded: BTreeMap<Reg, (Reg, DType)>,
+    /// A ring body's wgmma groups committed and not yet waited for ([`in_flight`]).
+    in_flight: Vec<in_flight::InFlight>,
 }
 
 impl<'k> Emitter<'k> {
@@ -253,6 +257,7 @@ impl<'k> Emitter<'k> {
             target,
             widened: BTreeMap::new(),
             rounded: BTreeMap::new(),
+            in_flight: Vec::new(),
         }
     }
 
@@ -320,6 +325,7 @@ impl<'k> Emitter<'k> {
     /// [`Emitter::write_op`] on the columns set.
     fn write_op_on_columns(&mut self, id: OpId, lower: &mut dyn Lower) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
+        self.wgmma_before(id);
         self.op_comment(id);
         let result = op.results.first().copied();
         match &op.kind {

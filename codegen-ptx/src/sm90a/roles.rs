@@ -138,6 +138,7 @@ impl Sm90a<'_, '_> {
                     self.bind_stages(c.stage);
                     self.ops.mma = Some(RingBody::new(self.v.k, self.v.s, true));
                     self.e.write_block(body, &mut self.ops)?;
+                    self.e.wgmma_drain();
                     self.ops.mma = None;
                     let yields = self.e.yielded(body);
                     self.e.assign_all(&carried, &yields, id)?;

@@ -12,14 +12,14 @@ use kiln_ir::schedule::Layout;
 use kiln_ir::{Kernel, OpId};
 
 use super::descriptor::{Walk, advance_descriptor, template};
-use crate::emit::{Emitter, StageSync, Val};
+use crate::emit::{Emitter, InFlight, StageSync, Val};
 use crate::error::CodegenError;
 use crate::sched::{self, RingMma};
 use crate::types::{Class, Reg, half_ty};
 use kiln_ir::sched::RoleKind;
 
 /// The ring loop's body as its wgmmas read it: the loads whose stages they read, and whether
-/// each is committed and waited for where it is issued.
+/// each is committed where it is issued and waited for where needed.
 ///
 /// A is K-major: box `c` of the stage holds columns `chunk c ..` of every row (`chunk` = 64,
 /// 32 or 16, [`kiln_ir::sched::tma::box_columns`]), rows of `swizzle = 2 chunk` bytes; warpgroup
@@ -36,9 +36,9 @@ use kiln_ir::sched::RoleKind;
 pub(crate) struct RingBody {
     /// Every TMA load of the schedule (ring and once loads).
     loads: Vec<TmaLoad>,
-    /// Whether each wgmma is committed and waited for where it is issued: in an unrotated
-    /// body that reads its products (not the GEMM mainloop, [`overlaps`]). A rotated loop's
-    /// program commits and waits itself.
+    /// Whether each wgmma is committed where it is issued and waited for where the body
+    /// needs it: in an unrotated body that reads its products (not the GEMM mainloop,
+    /// [`overlaps`]). A rotated loop's program commits and waits itself.
     inline_wait: bool,
 }
 
@@ -209,8 +209,8 @@ fn ring_operand(
 /// Writes `d = a @ b (+ c)` as one wgmma per k16 step and warpgroup, accumulating in
 /// place (from zeros without `c`); A is a shared stage (SS) or the registers of an
 /// accumulator-layout tile (RS, docs/ptx.md §4 "The RS A fragment"). Outside the GEMM mainloop
-/// ([`overlaps`]) the wgmmas are committed and waited for here, before any other
-/// instruction reads their registers.
+/// ([`overlaps`]) the wgmmas are committed here and stay in flight until an op needs them
+/// ([`crate::emit::InFlight`]).
 fn write(
     e: &mut Emitter<'_>,
     ring: &RingBody,
@@ -225,6 +225,9 @@ fn write(
     let staged = e.k.schedule.staged(a).cloned();
     let a_val = match &staged {
         Some(st) => {
+            if ring.inline_wait {
+                e.wgmma_before_staging();
+            }
             let sync = consumers_sync(e, id)?;
             e.stage_operand_among(id, st, sync)?
         }
@@ -388,8 +391,14 @@ fn write(
         }
     }
     if ring.inline_wait {
+        // Waited for where something needs it (`Emitter::wgmma_before`).
         e.ins("wgmma.commit_group.sync.aligned");
-        e.ins("wgmma.wait_group.sync.aligned 0");
+        let mut values = vec![r];
+        values.extend(op.operands.get(2).copied());
+        e.wgmma_in_flight(InFlight {
+            values,
+            reads_staged: staged.is_some(),
+        });
     }
     e.vals.insert(r, Val::Tile(acc));
     Ok(())

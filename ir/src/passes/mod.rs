@@ -11,6 +11,7 @@ pub mod canonicalize;
 pub mod layout;
 pub mod lower;
 pub mod memory_plan;
+pub mod mma_issue;
 pub mod mma_operands;
 pub mod occupancy;
 pub mod overlap;
@@ -83,6 +84,12 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
         "sm_90a: rotate mma -> softmax -> mma loops; warpgroup ping-pong",
         overlap::run,
     ),
+    // sm_90a: needs to know whether overlap rotated the body (then it is scheduled).
+    (
+        "mma_issue",
+        "sm_90a: issue an unrotated ring body's mmas as early as their operands allow",
+        mma_issue::run,
+    ),
     // sm_90a: needs the final ring (overlap may deepen it) to add its per-tile barrier.
     (
         "persistent",
@@ -129,7 +136,7 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
 /// kernels.
 pub fn applies(name: &str, target: Target) -> bool {
     match name {
-        "warp_specialise" | "overlap" | "occupancy" => target == Target::Sm90a,
+        "warp_specialise" | "overlap" | "mma_issue" | "occupancy" => target == Target::Sm90a,
         "pipeline" | "persistent" | "tma_store" | "protocol_check" => {
             matches!(target, Target::Sm90a | Target::Sm100a)
         }

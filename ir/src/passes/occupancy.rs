@@ -27,7 +27,7 @@ const SHARED_PRODUCER_REGS: u32 = 24;
 /// loop counters and phases, row statistics. Calibrated on ptxas 13.5: attention at d = 64
 /// with 64-key blocks (accumulators 32 + 16 + 32 by the count below) assembles without spills
 /// at 112 registers and spills at 104 (so it keeps one CTA per multiprocessor).
-const NON_ACCUMULATOR_REGS: u32 = 32;
+pub(crate) const NON_ACCUMULATOR_REGS: u32 = 32;
 
 /// Builds kernels for two CTAs per multiprocessor where they fit.
 ///
@@ -209,7 +209,7 @@ fn accumulator_regs(kernel: &Kernel, s: &Sched) -> AccumulatorRegs {
 /// accumulators and the tiles computed elementwise from them (the probabilities from the
 /// scores), each from where it is made to its last read in program order, the loop's carried
 /// accumulators throughout; 16-bit tiles count half.
-fn live_accumulator_regs(kernel: &Kernel, s: &Sched) -> u32 {
+pub(crate) fn live_accumulator_regs(kernel: &Kernel, s: &Sched) -> u32 {
     use std::collections::BTreeMap;
 
     use crate::kernel::ValueId;

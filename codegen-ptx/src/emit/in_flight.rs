@@ -1,0 +1,116 @@
+//! sm_90a: wgmma groups still in flight while the rest of a ring's body is written. A body
+//! with several mmas (attention's backward: scores, dP, dV, dQ, dK) commits each one's group
+//! where it is issued and waits for it only where something needs it: an op reading its
+//! result (or its accumulator), an op that may write shared memory or synchronise in ways
+//! this module does not reason about, a staged operand written while an in-flight wgmma reads
+//! another staged operand, and the end of the body. In between, the tensor cores run beside
+//! the softmax arithmetic, the shared-memory staging and the other mmas' issue.
+//!
+//! Groups complete in commit order, so waiting for one group is `wgmma.wait_group n` with
+//! `n` the groups committed after it. The tracking is static: before an `if` whose branches
+//! would wait (a read of an in-flight result, an op not known harmless), the PTX waits
+//! ahead of the branch, so that both paths leave the same groups in flight.
+
+use kiln_ir::{OpId, OpKind, ValueId};
+
+use super::Emitter;
+
+/// One committed wgmma group: the values whose registers it writes or reads as its
+/// accumulator, and whether it reads a tile the consumers staged in shared memory.
+#[derive(Clone, Debug)]
+pub(crate) struct InFlight {
+    pub(crate) values: Vec<ValueId>,
+    pub(crate) reads_staged: bool,
+}
+
+impl Emitter<'_> {
+    /// After a wgmma group is committed: it is in flight until waited for.
+    pub(crate) fn wgmma_in_flight(&mut self, group: InFlight) {
+        self.in_flight.push(group);
+    }
+
+    /// Waits for every group in flight.
+    pub(crate) fn wgmma_drain(&mut self) {
+        if !self.in_flight.is_empty() {
+            self.ins("wgmma.wait_group.sync.aligned 0");
+            self.in_flight.clear();
+        }
+    }
+
+    /// Before a staged operand is written: waits for every group in flight if one of them
+    /// reads a staged operand (the buffer may be the same).
+    pub(crate) fn wgmma_before_staging(&mut self) {
+        if self.in_flight.iter().any(|g| g.reads_staged) {
+            self.wgmma_drain();
+        }
+    }
+
+    /// Before op `id` is written: waits for the groups it needs complete (module doc).
+    pub(crate) fn wgmma_before(&mut self, id: OpId) {
+        if self.in_flight.is_empty() {
+            return;
+        }
+        if !self.harmless_in_flight(id) {
+            self.wgmma_drain();
+            return;
+        }
+        let mut read = Vec::new();
+        self.operands_within(id, &mut read);
+        let newest = self
+            .in_flight
+            .iter()
+            .rposition(|g| g.values.iter().any(|v| read.contains(v)));
+        if let Some(i) = newest {
+            let after = self.in_flight.len() - 1 - i;
+            self.ins(format!("wgmma.wait_group.sync.aligned {after}"));
+            self.in_flight.drain(..=i);
+        }
+    }
+
+    /// The values op `id` and the ops of its regions read.
+    fn operands_within(&self, id: OpId, out: &mut Vec<ValueId>) {
+        let op = &self.k.ops[id];
+        out.extend(op.operands.iter().copied());
+        for region in &op.regions {
+            for &o in &region.ops {
+                self.operands_within(o, out);
+            }
+        }
+    }
+
+    /// Whether op `id` (with its regions) may be written while wgmma groups are in flight:
+    /// it only computes in registers, reads global memory, binds a ring stage, adds
+    /// atomically to global memory (bulk adds stage in their own region, which no mma
+    /// reads), or is another ring mma.
+    fn harmless_in_flight(&self, id: OpId) -> bool {
+        let op = &self.k.ops[id];
+        let pure = match &op.kind {
+            OpKind::Const(_)
+            | OpKind::ScalarParam(_)
+            | OpKind::BlockId(_)
+            | OpKind::GridDim(_)
+            | OpKind::TensorDim { .. }
+            | OpKind::Unary(_)
+            | OpKind::Binary(_)
+            | OpKind::Select
+            | OpKind::Cast { .. }
+            | OpKind::Bitcast { .. }
+            | OpKind::Splat { .. }
+            | OpKind::Iota { .. }
+            | OpKind::Mma
+            | OpKind::Atomic { .. }
+            | OpKind::Yield
+            | OpKind::If => true,
+            OpKind::Reshape { .. } => kiln_ir::passes::lower::reshape_is_free(self.k, op),
+            OpKind::Transpose => !kiln_ir::passes::lower::transpose_moves(self.k, op),
+            OpKind::Load { .. } => {
+                self.k.schedule.buffer(id).is_none() || self.pipelined_stage(id).is_some()
+            }
+            _ => false,
+        };
+        pure && op
+            .regions
+            .iter()
+            .all(|r| r.ops.iter().all(|&o| self.harmless_in_flight(o)))
+    }
+}

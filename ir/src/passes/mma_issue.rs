@@ -1,0 +1,118 @@
+//! The `mma_issue` pass (sm_90a): issues each `mma` of an unrotated ring body as early as its
+//! operands allow, so that its wgmma group runs while the body's register code does.
+//!
+//! The PTX writer commits each wgmma group of such a body where it is issued and waits for
+//! it only where an op reads its result (`codegen-ptx`'s `emit::in_flight`). An mma written
+//! after code it does not depend on (attention backward's `dP = dO V^T`, written after the
+//! softmax of the scores it does not read) would wait for that code; moved up to just after
+//! the previous mma (or its last operand), it runs beside it instead. Only the mmas move,
+//! with the view ops (transposes, free reshapes, constants) defining their operands: the
+//! mmas keep their order (wgmma groups run and complete in commit order), and every other op
+//! keeps its place. Moving an mma up past an op is safe because an mma has no effect but its
+//! result: what it reads in shared memory is a ring stage (filled before the body starts), a
+//! once tile, or an operand it stages itself, and the values it reads are defined before it.
+
+use crate::diag::Diagnostic;
+use crate::kernel::{Kernel, OpId, OpKind, ValueDef};
+use crate::sched::RoleKind;
+use crate::target::Target;
+
+use super::occupancy::{NON_ACCUMULATOR_REGS, live_accumulator_regs};
+use super::pipeline::overlaps;
+
+/// Reorders the ring body's top-level ops; does nothing on other targets, without a ring,
+/// for a rotated body (the `overlap` pass scheduled it) and for the GEMM mainloop (its one
+/// mma stays in flight across iterations already). An mma moves only where the
+/// accumulators then live at once still fit the consumers' registers (the `occupancy`
+/// pass's count, which refuses a kernel they do not fit): an earlier product is held longer.
+pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
+    if target != Target::Sm90a {
+        return Ok(());
+    }
+    let Some(s) = &kernel.schedule.sched else {
+        return Ok(());
+    };
+    let for_op = s.for_op;
+    let Some(regs) = s
+        .role(RoleKind::Consumer)
+        .filter(|c| !c.program.rotated)
+        .and_then(|c| c.regs)
+    else {
+        return Ok(());
+    };
+    if overlaps(kernel, for_op) {
+        return Ok(());
+    }
+    let fits = |k: &Kernel| {
+        k.schedule
+            .sched
+            .as_ref()
+            .is_some_and(|s| live_accumulator_regs(k, s) + NON_ACCUMULATOR_REGS <= regs)
+    };
+    if !fits(kernel) {
+        return Ok(());
+    }
+    let mmas = super::walk::mmas(kernel, &kernel.ops[for_op].regions[0]);
+    for (i, &mma) in mmas.iter().enumerate() {
+        let before = kernel.ops[for_op].regions[0].ops.clone();
+        let after = i.checked_sub(1).map(|p| mmas[p]);
+        kernel.ops[for_op].regions[0].ops = hoist(kernel, &before, mma, after);
+        if !fits(kernel) {
+            kernel.ops[for_op].regions[0].ops = before;
+        }
+    }
+    Ok(())
+}
+
+/// `ops` (a block, in program order) with `mma` moved up to just after `after` (the
+/// previous mma) or the last definition among its operands, whichever is later, together
+/// with the view ops it reads that sit below that point.
+fn hoist(kernel: &Kernel, ops: &[OpId], mma: OpId, after: Option<OpId>) -> Vec<OpId> {
+    let mut placed: Vec<OpId> = ops.iter().copied().filter(|&o| o != mma).collect();
+    let index = |placed: &[OpId], o: OpId| placed.iter().position(|&p| p == o);
+    // The view ops among the mma's operand definitions, transitively, and the earliest
+    // index the rest of its operands (and the previous mma) allow.
+    let mut at = after.and_then(|a| index(&placed, a)).map_or(0, |i| i + 1);
+    let mut views = Vec::new();
+    let mut pending = vec![mma];
+    while let Some(o) = pending.pop() {
+        for &v in &kernel.ops[o].operands {
+            let ValueDef::Op(def, _) = kernel.values[v].def else {
+                continue;
+            };
+            let Some(i) = index(&placed, def) else {
+                continue;
+            };
+            if !is_view(kernel, def) {
+                at = at.max(i + 1);
+            } else if !views.contains(&def) {
+                views.push(def);
+                pending.push(def);
+            }
+        }
+    }
+    // Views already above `at` stay; the others move to just before the mma, in their
+    // program order.
+    let mut moved: Vec<OpId> = views
+        .into_iter()
+        .filter(|&v| index(&placed, v).is_some_and(|i| i >= at))
+        .collect();
+    moved.sort_by_key(|&v| index(&placed, v));
+    placed.retain(|p| !moved.contains(p));
+    let at = at.min(placed.len());
+    placed.splice(at..at, moved.into_iter().chain([mma]));
+    placed
+}
+
+/// An op that only renames or reinterprets values (no instruction, or a constant), which
+/// may move with the mma reading it.
+fn is_view(kernel: &Kernel, op: OpId) -> bool {
+    let o = &kernel.ops[op];
+    o.regions.is_empty()
+        && match &o.kind {
+            OpKind::Const(_) => true,
+            OpKind::Transpose => !super::lower::transpose_moves(kernel, o),
+            OpKind::Reshape { .. } => super::lower::reshape_is_free(kernel, o),
+            _ => false,
+        }
+}
