@@ -2,15 +2,16 @@
 //! ([`kiln_ir::passes::bulk_add`] decides which): every thread holding the tile (the block's,
 //! or a warp-specialised kernel's consumer warpgroups, meeting at their named barrier) writes
 //! its elements into the staging region (rows [`BulkAdds::pitch`] bytes apart), the writes are
-//! fenced for the async proxy, and after a barrier the first lane of warp `w` issues one
-//! `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32` for each row `w`, `w +
-//! warps`, .. inside the tensor, the row's last `< 4` columns (a bulk size is a multiple of
-//! 16 bytes) as `red.global.add`, then commits its group. The rows are spread over the
-//! warps: one thread issuing them all kept its warp, and with it the warpgroup's next mma,
-//! waiting through a tile's rows at every add; and every lane of a warp issuing its own row
-//! costs the warp a loop over its lanes (the bulk copy takes warp-uniform addresses, so
-//! ptxas issues the lanes' copies one by one). Before the region is written again (and
-//! before the kernel exits) every thread waits for its own group to have read it.
+//! fenced for the async proxy, and after a barrier thread `t` issues one
+//! `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32` for each row `t`, `t +
+//! threads`, .. inside the tensor, the row's last `< 4` columns (a bulk size is a multiple of
+//! 16 bytes) as `red.global.add`, then commits its group. The rows are issued side by side:
+//! one thread issuing them all kept its warp, and with it the warpgroup's next mma, waiting
+//! through a tile's rows at every add, and the first lane of every warp issuing a share of
+//! them ran slower than this too (attention backward's keys-major dK/dV kernel at d = 128 on
+//! an H100: 1.85 against 1.65 ms, its loop 20% more instructions), though ptxas issues a
+//! warp's copies lane by lane (their addresses must be warp-uniform). Before the region is written again (and before the
+//! kernel exits) every thread waits for its own group to have read it.
 
 use kiln_ir::schedule::{BulkAdds, Scratch};
 use kiln_ir::{OpId, OpKind};
@@ -154,16 +155,10 @@ impl Emitter<'_> {
             .collect();
         let tail_bytes = self.new_reg(Class::B64);
         self.ins(format!("cvt.u64.u32 {tail_bytes}, {bytes}"));
-        // Lane 0 of warp w issues rows r = lo_r + w, then every `warps`-th row; at column
-        // lo_c their global and shared addresses.
-        let warps = threads / 32;
-        let lane = self.new_reg(Class::B32);
-        self.ins(format!("and.b32 {lane}, {tid}, 31"));
-        let not_first = self.setp("ne.u32", lane, 0);
-        self.ins(format!("@{not_first} bra {done}"));
+        // This thread's first row, r = lo_r + tid, and its global and shared addresses at
+        // column lo_c; then every `threads`-th row.
         let r = self.new_reg(Class::B32);
-        self.ins(format!("shr.u32 {r}, {tid}, 5"));
-        self.ins(format!("add.s32 {r}, {r}, {lo_r}"));
+        self.ins(format!("add.s32 {r}, {lo_r}, {tid}"));
         let none_mine = self.setp("ge.s32", r, hi_r);
         self.ins(format!("@{none_mine} bra {done}"));
         let one = one64(self);
@@ -174,7 +169,7 @@ impl Emitter<'_> {
         self.ins(format!("mul.lo.s64 {row_off}, {r64}, {row_stride}"));
         self.ins(format!("mad.lo.s64 {gaddr}, {row_off}, 4, {gaddr}"));
         let gstep = self.new_reg(Class::B64);
-        self.ins(format!("mul.lo.s64 {gstep}, {row_stride}, {}", 4 * warps));
+        self.ins(format!("mul.lo.s64 {gstep}, {row_stride}, {}", 4 * threads));
         let saddr = self.new_reg(Class::B32);
         self.ins(format!("mad.lo.u32 {saddr}, {r}, {pitch}, {}", self.smem));
         self.ins(format!("mad.lo.u32 {saddr}, {lo_c}, 4, {saddr}"));
@@ -197,8 +192,8 @@ impl Emitter<'_> {
             ));
         }
         self.ins(format!("add.u64 {gaddr}, {gaddr}, {gstep}"));
-        self.ins(format!("add.u32 {saddr}, {saddr}, {}", pitch * warps));
-        self.ins(format!("add.s32 {r}, {r}, {warps}"));
+        self.ins(format!("add.u32 {saddr}, {saddr}, {}", pitch * threads));
+        self.ins(format!("add.s32 {r}, {r}, {threads}"));
         let more = self.setp("lt.s32", r, hi_r);
         self.ins(format!("@{more} bra {top}"));
         self.ins("cp.async.bulk.commit_group");
