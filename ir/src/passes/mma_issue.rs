@@ -71,8 +71,18 @@ fn hoist(kernel: &Kernel, ops: &[OpId], mma: OpId, after: Option<OpId>) -> Vec<O
     let mut placed: Vec<OpId> = ops.iter().copied().filter(|&o| o != mma).collect();
     let index = |placed: &[OpId], o: OpId| placed.iter().position(|&p| p == o);
     // The view ops among the mma's operand definitions, transitively, and the earliest
-    // index the rest of its operands (and the previous mma) allow.
+    // index the rest of its operands (and the previous mma) allow. Nor does it move above a
+    // load from global memory into registers: issued first, the load's latency runs under
+    // the mma, and the registers it fills are not held across the mma's issue (moved above
+    // such loads, attention backward's scores spilled at d = 128 with a chunked window).
     let mut at = after.and_then(|a| index(&placed, a)).map_or(0, |i| i + 1);
+    let original = ops.iter().position(|&o| o == mma).unwrap_or(0);
+    if let Some(i) = ops[..original]
+        .iter()
+        .rposition(|&o| loads_registers(kernel, o))
+    {
+        at = at.max(i + 1);
+    }
     let mut views = Vec::new();
     let mut pending = vec![mma];
     while let Some(o) = pending.pop() {
@@ -102,6 +112,14 @@ fn hoist(kernel: &Kernel, ops: &[OpId], mma: OpId, after: Option<OpId>) -> Vec<O
     let at = at.min(placed.len());
     placed.splice(at..at, moved.into_iter().chain([mma]));
     placed
+}
+
+/// A load from global memory into registers (not a tile staged in shared memory).
+fn loads_registers(kernel: &Kernel, op: OpId) -> bool {
+    matches!(
+        kernel.ops[op].kind,
+        OpKind::Load { .. } | OpKind::LoadScalar { .. } | OpKind::Gather { .. }
+    ) && kernel.schedule.buffer(op).is_none()
 }
 
 /// An op that only renames or reinterprets values (no instruction, or a constant), which
