@@ -366,3 +366,58 @@ fn sm90a_tiles_assemble_without_spills() {
             .join("\n")
     );
 }
+
+#[test]
+fn keys_major_dk_runs_under_the_dq_bulk_add() {
+    // sm_90a, two consumer warpgroups of 64 keys at d = 128: each wgmma group stays in flight
+    // until an op reads it (`emit::in_flight`), and `mma_issue` moves dK's mma above dQ's
+    // bulk add, so that the add waits for dQ alone (`wait_group 1`: dK still runs) and the
+    // body waits for everything once, at its end. The scores' mma stays after the LSE loads
+    // it does not read, and dP after the scores' softmax (both products at once would not
+    // fit the consumers' registers by `occupancy`'s count).
+    let p = AttentionBwdParams {
+        d: 128,
+        keys_major: true,
+        block_n: 128,
+        block_m: 64,
+        num_warps: 8,
+        key_cols: 128,
+        ..AttentionBwdParams::default()
+    };
+    let spec = Spec::uniform(p, attention_bwd_dkdv.signature(), true);
+    let k = attention_bwd_dkdv.build(&spec).expect("builds");
+    let ptx = kiln_ptx::compile(&k, Target::Sm90a).expect("compiles").ptx;
+    // The body's ops by their source comments: the five mmas (scores, dP, dV, dQ, dK in
+    // program order), the LSE load, the softmax's exp2 and dQ's add.
+    let lines: Vec<&str> = ptx.lines().collect();
+    let find = |needle: &str| -> Vec<usize> {
+        (0..lines.len())
+            .filter(|&i| lines[i].trim_start().starts_with("//") && lines[i].contains(needle))
+            .collect()
+    };
+    let mmas = find("= mma ");
+    let [s, dp, dv, dq, dk] = mmas[..] else {
+        panic!("expected five mmas, found {}:\n{ptx}", mmas.len());
+    };
+    let (lse, exp2, add) = (
+        find("= load lse")[0],
+        find("= exp2 ")[0],
+        find("= atomic.add")[0],
+    );
+    let waits = |from: usize, to: usize| -> Vec<&str> {
+        lines[from..to]
+            .iter()
+            .filter(|l| l.contains("wgmma.wait_group"))
+            .map(|l| l.trim())
+            .collect()
+    };
+    assert!(lse < s, "the scores' mma stays after the LSE load");
+    assert!(exp2 < dp, "dP stays after the softmax");
+    assert!(waits(dv, dq).is_empty(), "dV runs under dS's staging");
+    assert!(dk < add, "dK's mma is issued before dQ's bulk add");
+    assert_eq!(
+        waits(dk, add),
+        ["wgmma.wait_group.sync.aligned 1;"],
+        "dQ's add waits for dQ alone: dK still runs"
+    );
+}

@@ -10,8 +10,9 @@
 //! through a tile's rows at every add, and the first lane of every warp issuing a share of
 //! them ran slower than this too (attention backward's keys-major dK/dV kernel at d = 128 on
 //! an H100: 1.85 against 1.65 ms, its loop 20% more instructions), though ptxas issues a
-//! warp's copies lane by lane (their addresses must be warp-uniform). Before the region is written again (and before the
-//! kernel exits) every thread waits for its own group to have read it.
+//! warp's copies lane by lane (their addresses must be warp-uniform). Before the region is
+//! written again (and before the kernel exits) every thread waits for its own group to have
+//! read it.
 
 use kiln_ir::schedule::{BulkAdds, Scratch};
 use kiln_ir::{OpId, OpKind};
