@@ -694,6 +694,36 @@ pub enum OpKind {
     Yield,
 }
 
+impl OpKind {
+    /// A scalar the kernel reads without computing: a constant, a scalar parameter, a block
+    /// id, a grid size or a tensor's extent.
+    pub fn is_scalar_source(&self) -> bool {
+        matches!(
+            self,
+            OpKind::Const(_)
+                | OpKind::ScalarParam(_)
+                | OpKind::BlockId(_)
+                | OpKind::GridDim(_)
+                | OpKind::TensorDim { .. }
+        )
+    }
+
+    /// Elementwise arithmetic on registers or scalars, element by element (unary, binary,
+    /// select, casts) or filling a tile (splat, iota): no memory, no other thread's values.
+    pub fn is_elementwise(&self) -> bool {
+        matches!(
+            self,
+            OpKind::Unary(_)
+                | OpKind::Binary(_)
+                | OpKind::Select
+                | OpKind::Cast { .. }
+                | OpKind::Bitcast { .. }
+                | OpKind::Splat { .. }
+                | OpKind::Iota { .. }
+        )
+    }
+}
+
 /// An operation: what it does, what it reads and defines, and where the user wrote it.
 #[derive(Clone, Debug)]
 pub struct Op {

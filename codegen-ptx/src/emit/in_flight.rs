@@ -85,22 +85,8 @@ impl Emitter<'_> {
     fn harmless_in_flight(&self, id: OpId) -> bool {
         let op = &self.k.ops[id];
         let pure = match &op.kind {
-            OpKind::Const(_)
-            | OpKind::ScalarParam(_)
-            | OpKind::BlockId(_)
-            | OpKind::GridDim(_)
-            | OpKind::TensorDim { .. }
-            | OpKind::Unary(_)
-            | OpKind::Binary(_)
-            | OpKind::Select
-            | OpKind::Cast { .. }
-            | OpKind::Bitcast { .. }
-            | OpKind::Splat { .. }
-            | OpKind::Iota { .. }
-            | OpKind::Mma
-            | OpKind::Atomic { .. }
-            | OpKind::Yield
-            | OpKind::If => true,
+            k if k.is_scalar_source() || k.is_elementwise() => true,
+            OpKind::Mma | OpKind::Atomic { .. } | OpKind::Yield | OpKind::If => true,
             OpKind::Reshape { .. } => kiln_ir::passes::lower::reshape_is_free(self.k, op),
             OpKind::Transpose => !kiln_ir::passes::lower::transpose_moves(self.k, op),
             OpKind::Load { .. } => {

@@ -578,17 +578,7 @@ fn pure_local(kernel: &Kernel, o: OpId) -> bool {
 
 /// Elementwise and shape ops on registers or scalars.
 fn elementwise(kind: &OpKind) -> bool {
-    matches!(
-        kind,
-        OpKind::Unary(_)
-            | OpKind::Binary(_)
-            | OpKind::Select
-            | OpKind::Cast { .. }
-            | OpKind::Bitcast { .. }
-            | OpKind::Splat { .. }
-            | OpKind::Iota { .. }
-            | OpKind::Reshape { .. }
-    )
+    kind.is_elementwise() || matches!(kind, OpKind::Reshape { .. })
 }
 
 /// Ops the code between may hold: register code, reductions and branches of it; no mma,

@@ -93,19 +93,8 @@ pub fn hoistable(kernel: &Kernel, v: ValueId, for_op: OpId, inside: &BTreeSet<Op
         return true;
     }
     let op = &kernel.ops[def];
-    let pure = matches!(
-        op.kind,
-        OpKind::Const(_)
-            | OpKind::ScalarParam(_)
-            | OpKind::BlockId(_)
-            | OpKind::GridDim(_)
-            | OpKind::TensorDim { .. }
-            | OpKind::Binary(_)
-            | OpKind::Unary(_)
-            | OpKind::Select
-            | OpKind::Cast { .. }
-            | OpKind::Bitcast { .. }
-    );
+    // Splat and iota make tiles, which the scalar test below leaves out.
+    let pure = op.kind.is_scalar_source() || op.kind.is_elementwise();
     pure && kernel.ty(v).shape().is_none()
         && op
             .operands
