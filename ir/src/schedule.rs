@@ -397,6 +397,15 @@ impl Layout {
                 } else {
                     terms.remove(*dim);
                 }
+                // The slice's rank is its parent's (less the dimension unless kept): a tile of
+                // another rank does not fit it.
+                if terms.len() != shape.rank() {
+                    return Err(misfit(format!(
+                        "a slice of rank {} holds no tile of rank {}",
+                        terms.len(),
+                        shape.rank()
+                    )));
+                }
                 Ok(Distribution { terms, regs })
             }
             Layout::Shared { .. } => Err(misfit("a shared-memory tile has no registers".into())),
