@@ -427,3 +427,33 @@ fn a_wgmma_wider_than_the_blocks_registers_stays_on_mma_sync() {
         note.text
     );
 }
+
+/// A `[1, 64]` row of indices that indexes a `take` along rows (where a rank-1 slice layout
+/// suits it) and is also selected under a `[64, 64]` mask and stored (found by the
+/// whole-pipeline fuzzer: the layout pass gave the rank-2 row the take's rank-1 slice
+/// layout, and the broadcast test read a dimension its distribution did not have).
+#[kernel(num_warps = 4)]
+fn row_index_take(y: Tensor<bf16, 2>, out: TensorMut<f32, 2>, rows: TensorMut<f32, 2>) {
+    let hit = iota([64, 64], 1) >= 75;
+    let t = y.tile([64, 64], [0, 0]).load();
+    let idx = iota([1, 64], 1) * 1 + 14;
+    let picked = t.take_or(0, idx, -1e30);
+    let idx = idx.reshape([1, 64]);
+    let both = select(hit, idx, idx);
+    rows.tile([1, 64], [0, 0]).store(idx.cast::<f32>());
+    out.tile([64, 64], [0, 0]).store(both.cast::<f32>());
+    rows.tile([1, 64], [1, 0]).store(picked.cast::<f32>());
+}
+
+#[test]
+fn a_row_index_in_a_slice_layout_compiles_or_fails_cleanly() {
+    let k = build(&row_index_take);
+    for t in Target::ALL {
+        if let Err(e) = kiln_ptx::compile(&k, t) {
+            let shown = e.to_string();
+            eprintln!("{}: {shown}", t.name());
+            assert_ne!(e.kind(), kiln::ir::DiagKind::Internal, "{shown}");
+            assert!(!shown.contains("rt<"), "prints IR: {shown}");
+        }
+    }
+}
