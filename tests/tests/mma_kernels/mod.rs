@@ -267,7 +267,6 @@ fn gemm_with(a: &HostTensor, b: &HostTensor, f: impl Fn(usize, usize, f64) -> f6
     c
 }
 
-/// `a @ b`.
 /// `c = a @ b` less each row's mean over its block of `BN` columns (the columns past `n`
 /// count as 0): a row reduction of an accumulator with fewer rows than 16 a warp (`BM = 64`
 /// over `NW = 8` warps: two warps a row, so the sums cross warps).
@@ -308,6 +307,7 @@ pub fn gemm_row_centered(a: &HostTensor, b: &HostTensor, bn: usize) -> Vec<f64> 
     out
 }
 
+/// `a @ b`.
 pub fn gemm(a: &HostTensor, b: &HostTensor) -> Vec<f64> {
     gemm_with(a, b, |_, _, y| y)
 }
