@@ -29,7 +29,7 @@ impl<'k> Writer<'k> {
     pub fn write(self) -> Result<PtxModule, CodegenError> {
         let (k, target) = (self.k, self.target);
         let s = k.schedule.sched.as_ref();
-        let maps = s.map(sched::tensor_maps).unwrap_or_default();
+        let maps = sched::tensor_maps(k);
         let tma: Vec<usize> = maps.iter().map(|m| m.param).collect();
         let persistent = s.is_some_and(|s| s.persistent());
         let slots = abi::slots_with_maps(&k.params, &tma, persistent)

@@ -693,7 +693,11 @@ pub struct Schedule {
 pub struct BulkAdds {
     /// The `Atomic` ops so lowered.
     pub ops: std::collections::BTreeSet<OpId>,
-    /// Offset of the staging region in dynamic shared memory (128-byte aligned).
+    /// Those of `ops` applied as TMA tensor reductions of swizzled boxes; the others are
+    /// staged in rows [`BulkAdds::pitch`] bytes apart and reduced a row at a time.
+    pub boxes: BTreeMap<OpId, AddBoxes>,
+    /// Offset of the staging region in dynamic shared memory (128-byte aligned; 1024 when
+    /// any add stages boxes, the 128-byte swizzle's period).
     pub offset: u32,
     /// Its size in bytes: the largest staged tile.
     pub bytes: u32,
@@ -709,6 +713,89 @@ impl BulkAdds {
     /// fragment's store start on different banks.
     pub fn pitch(cols: usize) -> u32 {
         (cols as u32 * 4).next_multiple_of(16) + 16
+    }
+}
+
+/// An f32 tile added through a tensor map: staged as [`AddBoxes::COLUMNS`]-column boxes of
+/// `rows` 128-byte rows (box `j` at `j * rows * 128`, each 16-byte chunk `q` of row `r` at
+/// chunk `q ^ (r % 8)`: the 128-byte swizzle), which one thread reduces into the tensor with
+/// one `cp.reduce.async.bulk.tensor .add` each. The copy engine clips every box at the
+/// tensor's bounds, so the add needs no row loop and no bounds arithmetic, and the swizzle
+/// keeps an accumulator fragment's staging stores free of bank conflicts.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AddBoxes {
+    /// The tensor parameter (whose tensor map the runtime builds).
+    pub param: usize,
+    /// Tensor dimensions outside the tile's two: box extent 1.
+    pub lead_dims: u32,
+    /// Rows of the tile and of every box.
+    pub rows: u32,
+    /// Boxes, left to right.
+    pub boxes: u32,
+}
+
+impl AddBoxes {
+    /// f32 columns of a box: one 128-byte swizzle span.
+    pub const COLUMNS: u32 = 32;
+
+    /// Bytes of one box.
+    pub fn box_bytes(&self) -> u32 {
+        self.rows * 128
+    }
+
+    /// Bytes of the staged tile.
+    pub fn bytes(&self) -> u32 {
+        self.box_bytes() * self.boxes
+    }
+
+    /// The tensor map's box extents, outermost first.
+    pub fn map_box(&self) -> Vec<u32> {
+        let mut dims = vec![1; self.lead_dims as usize];
+        dims.extend([self.rows, Self::COLUMNS]);
+        dims
+    }
+
+    /// Byte offset of element `(r, c)` of the staged tile.
+    pub fn offset_of(&self, r: u32, c: u32) -> u32 {
+        let (j, c) = (c / Self::COLUMNS, c % Self::COLUMNS);
+        j * self.box_bytes() + r * 128 + ((c / 4) ^ (r % 8)) * 16 + (c % 4) * 4
+    }
+
+    /// The part of the offsets of the tile's elements that depends on the thread at row `rb`
+    /// and column `cb` (its coordinates without the registers' offsets), in the form the
+    /// staging stores compute it: `(base, phase)`, where `base` moves the thread to its row,
+    /// its box and its column inside a chunk, and `phase` is its chunk XOR its row's swizzle
+    /// phase. Register `(ro, co)` then sits at `base + (phase ^ k) * 16 + imm` with
+    /// [`AddBoxes::register_part`]'s `(k, imm)`.
+    pub fn thread_part(&self, rb: u32, cb: u32) -> (u32, u32) {
+        let base = rb * 128 + cb / Self::COLUMNS * self.box_bytes() + (cb % 4) * 4;
+        (base, ((cb % Self::COLUMNS) / 4) ^ (rb % 8))
+    }
+
+    /// A register's part of its offset, for one at `(ro, co)` in the tile: its chunk within
+    /// the box `k` and the constant `imm`.
+    pub fn register_part(&self, ro: u32, co: u32) -> (u32, u32) {
+        let (j, c) = (co / Self::COLUMNS, co % Self::COLUMNS);
+        (c / 4, j * self.box_bytes() + ro * 128 + (c % 4) * 4)
+    }
+
+    /// Whether the split offsets of [`AddBoxes::thread_part`] and
+    /// [`AddBoxes::register_part`] are every element's [`AddBoxes::offset_of`], for each of
+    /// the `threads` threads holding a 2-D tile laid out as `d` (thread and register
+    /// coordinates never carry into each other's bits), and every register inside the tile.
+    pub fn separable(&self, d: &Distribution, threads: u32) -> bool {
+        let cols = self.boxes * Self::COLUMNS;
+        d.terms.len() == 2
+            && (0..threads).all(|tid| {
+                let (rb, cb) = (Term::sum(&d.terms[0], tid), Term::sum(&d.terms[1], tid));
+                let (base, phase) = self.thread_part(rb, cb);
+                d.regs.iter().zip(d.coords(tid)).all(|(offs, at)| {
+                    let (k, imm) = self.register_part(offs[0], offs[1]);
+                    at[0] < self.rows
+                        && at[1] < cols
+                        && base + (phase ^ k) * 16 + imm == self.offset_of(at[0], at[1])
+                })
+            })
     }
 }
 

@@ -1,10 +1,12 @@
-//! sm_90a applies an f32 atomic add of a whole tile through shared memory and one
-//! `cp.reduce.async.bulk ... .add.f32` per row (the `bulk_add` decision in `lower`), and
-//! keeps per-element `red.global.add` where that cannot hold: on the PTX text, in the
-//! order the hardware needs (wait for the previous group's reads, barrier, stores, proxy
-//! fence, barrier, bulk reductions, commit; the last group waited for before `ret`), with
-//! the decision as a note at the user's line, assembled by ptxas and the driver's ptxas
-//! with no spills. The interpreter's results are the GPU test's (`gpu_bulk_add`).
+//! sm_90a applies an f32 atomic add of a whole tile through shared memory: as 32-column
+//! swizzled boxes that one thread reduces through the tensor's map (`cp.reduce.async.bulk
+//! .tensor .add`) where the tile's layout allows (an mma accumulator's, a blocked tile's),
+//! else one `cp.reduce.async.bulk ... .add.f32` per row (the `bulk_add` decision in
+//! `lower`), and keeps per-element `red.global.add` where neither can hold: on the PTX text,
+//! in the order the hardware needs (wait for the previous group's reads, barrier, stores,
+//! proxy fence, barrier, bulk reductions, commit; the last group waited for before `ret`),
+//! with the decision as a note at the user's line, assembled by ptxas and the driver's
+//! ptxas with no spills. The interpreter's results are the GPU test's (`gpu_bulk_add`).
 
 mod bulk_add_kernels;
 
@@ -49,6 +51,24 @@ fn ptx(k: &Kernel, target: Target) -> String {
 }
 
 const BULK: &str = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32";
+/// A TMA reduction of one staged box into a rank-2 tensor, and into a rank-4 one.
+const BOXES_2D: &str = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group";
+const BOXES_4D: &str = "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group";
+
+/// The columns of the tile the note on the first bulk add names (`.. add of a [r, c] tile`).
+fn added_columns(p: &str) -> usize {
+    let note = p
+        .lines()
+        .find(|l| l.contains("f32 atomic add of a ["))
+        .unwrap_or_else(|| panic!("no bulk add note in\n{p}"));
+    let dims = note
+        .split("add of a [")
+        .nth(1)
+        .and_then(|t| t.split(']').next());
+    dims.and_then(|d| d.split(", ").nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no tile in {note}"))
+}
 
 /// Line numbers of the first line containing each of `steps`, in order, each after the last.
 fn in_order(p: &str, steps: &[&str]) -> Vec<usize> {
@@ -68,9 +88,12 @@ fn in_order(p: &str, steps: &[&str]) -> Vec<usize> {
 
 #[test]
 fn whole_tile_adds_are_bulk_reductions_on_sm90a() {
-    for k in [
-        build(&overlapping_adds, (), true),
-        build(&overlapping_row_adds, (), true),
+    // A [64, 64] tile goes as two 32-column boxes, which thread 0 reduces through the
+    // tensor's map; a 1-D row as one bulk reduction a row (its last 3 columns, past a
+    // multiple of 16 bytes, element by element).
+    for (k, copy, tail) in [
+        (build(&overlapping_adds, (), true), BOXES_2D, 0),
+        (build(&overlapping_row_adds, (), true), BULK, 3),
     ] {
         let p = ptx(&k, Target::Sm90a);
         let at = in_order(
@@ -81,7 +104,7 @@ fn whole_tile_adds_are_bulk_reductions_on_sm90a() {
                 "st.shared",
                 "fence.proxy.async.shared::cta",
                 "bar.sync 0",
-                BULK,
+                copy,
                 "cp.async.bulk.commit_group",
                 "cp.async.bulk.wait_group 0",
                 "ret;",
@@ -98,8 +121,8 @@ fn whole_tile_adds_are_bulk_reductions_on_sm90a() {
         );
         assert_eq!(
             p.matches("red.relaxed").count(),
-            3,
-            "{}: only the 3-column tail:\n{p}",
+            tail,
+            "{}: only the row's tail:\n{p}",
             k.name
         );
         assert!(
@@ -118,6 +141,70 @@ fn whole_tile_adds_are_bulk_reductions_on_sm90a() {
             );
         }
     }
+    // The boxes: the tensor's map is a parameter, one reduction a box, issued by thread 0
+    // only, from the region's 1024-byte aligned boxes.
+    let p = ptx(&build(&overlapping_adds, (), true), Target::Sm90a);
+    assert!(p.contains(".param .align 64 .b8 acc_tmap[128]"), "{p}");
+    assert_eq!(p.matches(BOXES_2D).count(), 2, "{p}");
+    assert!(!p.contains(BULK), "{p}");
+    let issue = in_order(&p, &["setp.eq.u32", BOXES_2D]);
+    let lines: Vec<&str> = p.lines().collect();
+    assert!(
+        lines[issue[0]].contains("bra"),
+        "only thread 0 issues: {}",
+        lines[issue[0]]
+    );
+    assert!(
+        p.contains("one TMA reduction a 32-column box"),
+        "{}",
+        p.lines()
+            .filter(|l| l.contains("note"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[test]
+fn an_mma_accumulator_is_added_as_boxes_after_the_ring() {
+    // Split-K: the ring's consumer warpgroup holds the [64, 64] accumulator (wgmma's layout)
+    // and adds it as two boxes at its own named barrier.
+    let p = ptx(&build(&split_k_matmul, (), true), Target::Sm90a);
+    assert!(p.contains("setmaxnreg"), "no warp roles:\n{p}");
+    assert!(p.contains(".param .align 64 .b8 c_tmap[128]"), "{p}");
+    assert_eq!(p.matches(BOXES_2D).count(), 2, "{p}");
+    let at = in_order(
+        &p,
+        &[
+            "wgmma.mma_async",
+            "f32 atomic add of a whole tile: staged in 2 swizzled boxes",
+            "cp.async.bulk.wait_group.read 0",
+            "bar.sync",
+            "st.shared.v2.f32",
+            "fence.proxy.async.shared::cta",
+            "bar.sync",
+            BOXES_2D,
+            "cp.async.bulk.commit_group",
+        ],
+    );
+    let lines: Vec<&str> = p.lines().collect();
+    assert!(
+        lines[at[3] - 1].trim().ends_with(", 128;"),
+        "{}",
+        lines[at[3] - 1]
+    );
+    // An accumulator fragment's 8 rows land in 8 different 16-byte chunks of their box:
+    // 16 pair stores for the thread's 32 elements, no scalar store.
+    let staging = &lines[at[4] - 1..at[5]];
+    assert_eq!(
+        staging
+            .iter()
+            .filter(|l| l.contains("st.shared.v2.f32"))
+            .count(),
+        16,
+        "{}",
+        staging.join("\n")
+    );
+    assert!(!staging.iter().any(|l| l.contains("st.shared.f32")));
 }
 
 /// A masked add, whose mask leaves the staged row's elements out one by one.
@@ -183,9 +270,17 @@ fn attention_backward_adds_dq_in_bulk_where_it_keeps_its_occupancy() {
         }
         .tuned(Target::Sm90a, false);
         let dense = ptx(&build(&attention_bwd_dkdv, p, true), Target::Sm90a);
-        assert!(dense.contains(BULK), "d {d}");
+        // dQ's accumulator (all d columns, or a chunk of them) as 32-column boxes.
+        assert_eq!(
+            dense.matches(BOXES_4D).count(),
+            added_columns(&dense) / 32,
+            "d {d}"
+        );
         let varlen = ptx(&build(&attention_bwd_dkdv_varlen, p, true), Target::Sm90a);
-        assert!(!varlen.contains(BULK), "varlen d {d}: its dQ add is masked");
+        assert!(
+            !varlen.contains("cp.reduce.async.bulk"),
+            "varlen d {d}: its dQ add is masked"
+        );
         assert!(varlen.contains("stays one red.global.add per element: it is masked"));
     }
     // d = 128, default tiles and sm_90a's, holds two blocks a multiprocessor, which the
@@ -195,7 +290,7 @@ fn attention_backward_adds_dq_in_bulk_where_it_keeps_its_occupancy() {
         AttentionBwdParams::default().tuned(Target::Sm90a, false),
     ] {
         let dense = ptx(&build(&attention_bwd_dkdv, p, true), Target::Sm90a);
-        assert!(!dense.contains(BULK), "{p:?}");
+        assert!(!dense.contains("cp.reduce.async.bulk"), "{p:?}");
         assert!(
             dense.contains("would leave 1 block(s) a multiprocessor instead of 2"),
             "{p:?}: {}",
@@ -233,11 +328,12 @@ fn the_keys_major_rings_consumers_add_dq_in_bulk_among_themselves() {
                 "f32 atomic add of a whole tile",
                 "cp.async.bulk.wait_group.read 0",
                 "fence.proxy.async.shared::cta",
-                BULK,
+                BOXES_4D,
                 "cp.async.bulk.commit_group",
                 "cp.async.bulk.wait_group 0",
             ],
         );
+        assert_eq!(p.matches(BOXES_4D).count(), added_columns(&p) / 32, "d {d}");
     }
 }
 
@@ -278,7 +374,9 @@ fn two_consumer_warpgroups_split_dq_columns_and_add_them_in_bulk() {
         &[
             "f32 atomic add of a whole tile",
             "fence.proxy.async.shared::cta",
-            BULK,
+            BOXES_4D,
         ],
     );
+    // Both warpgroups' columns staged, then thread 0 reduces the four boxes.
+    assert_eq!(p.matches(BOXES_4D).count(), 4, "{p}");
 }

@@ -1,10 +1,12 @@
 //! Whole-tile f32 atomic adds from many blocks into overlapping rows (`bulk_add_kernels`)
 //! on the GPU: sm_80 code (per-element reductions) and, on Hopper, sm_90a code (bulk
 //! reductions from shared memory where the tensor is 16-byte aligned, per-element where it
-//! is not), against an f64 reference and the interpreter. Tiles start before row 0 and end
-//! past the last row and column, columns are no multiple of 4 (the row tail), the
-//! accumulator is a padded view (row stride not its width) or contiguous; fresh random
-//! inputs of every distribution. Skips itself without a GPU.
+//! is not; TMA-reduced swizzled boxes where the tile's layout splits into a thread's part
+//! and a register's, as an mma accumulator's does), against an f64 reference and the
+//! interpreter. Tiles start before row 0 and end past the last row and column, columns are
+//! no multiple of 4 (the row tail), the accumulator is a padded view (row stride not its
+//! width) or contiguous; a split-K GEMM adds its partial products; fresh random inputs of
+//! every distribution. Skips itself without a GPU.
 
 mod bulk_add_kernels;
 mod gpu_common;
@@ -16,7 +18,7 @@ use gpu_common::{Needs, devices, upload_padded};
 use kiln_ir::DType;
 use kiln_ir::interp::{HostArg, run_def};
 use kiln_runtime::KernelArg;
-use kiln_tests::check::{Case, assert_close, tolerance};
+use kiln_tests::check::{Case, assert_close, sum_tolerance, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 
 fn cdiv(a: usize, b: usize) -> u32 {
@@ -131,6 +133,56 @@ fn gpu_overlapping_row_adds_sum() {
     }
 }
 
+/// Split-K GEMM (`split_k_matmul`): each block adds its partial product, an mma
+/// accumulator (on sm_90a a warp-specialised ring's, staged as TMA-reduced boxes), into an
+/// accumulator that starts random; M, N and K no multiple of any tile, the last split's
+/// blocks past K, several splits summing into every element.
+fn gpu_split_k_matmul_adds_partial_products() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        for (m, n, k, splits) in [(100, 70, 300, 3), (64, 128, 1000, 4), (130, 200, 96, 2)] {
+            for dist in Dist::ALL {
+                let a = tensor(&mut rng, &[m, k], DType::Bf16, dist);
+                let b = tensor(&mut rng, &[k, n], DType::Bf16, dist);
+                let init = tensor(&mut rng, &[m, n], DType::F32, Dist::Uniform);
+                let grid = [cdiv(m, SM), cdiv(n, SN), splits as u32];
+                let (da, db) = (
+                    dev.upload(&a).expect("upload"),
+                    dev.upload(&b).expect("upload"),
+                );
+                let dc = dev.upload(&init).expect("upload");
+                dev.launch(
+                    &split_k_matmul,
+                    &(),
+                    grid,
+                    &[
+                        KernelArg::Tensor(&da),
+                        KernelArg::Tensor(&db),
+                        KernelArg::Tensor(&dc),
+                    ],
+                )
+                .expect("launch");
+                let (av, bv, iv) = (a.to_f64_vec(), b.to_f64_vec(), init.to_f64_vec());
+                let want: Vec<f64> = (0..m * n)
+                    .map(|e| {
+                        let (i, j) = (e / n, e % n);
+                        iv[e] + (0..k).map(|x| av[i * k + x] * bv[x * n + j]).sum::<f64>()
+                    })
+                    .collect();
+                let case = Case {
+                    kernel: format!("{} split_k_matmul x{splits}", dev.target()),
+                    shape: format!("{m}x{n}x{k}"),
+                    dist,
+                    seed: rng.seed(),
+                };
+                // f32 sums of K products, then `splits` adds.
+                let tol = 4.0 * sum_tolerance(k + splits);
+                assert_close(&case, &dc.download().expect("download"), &want, tol);
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         (
@@ -142,6 +194,11 @@ fn main() -> ExitCode {
             "gpu_overlapping_row_adds_sum",
             Needs::Gpu,
             gpu_overlapping_row_adds_sum,
+        ),
+        (
+            "gpu_split_k_matmul_adds_partial_products",
+            Needs::Gpu,
+            gpu_split_k_matmul_adds_partial_products,
         ),
     ])
 }

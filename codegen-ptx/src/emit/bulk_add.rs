@@ -1,8 +1,14 @@
 //! sm_90a: an f32 atomic add of a whole register tile applied with bulk reductions
 //! ([`kiln_ir::passes::bulk_add`] decides which): every thread holding the tile (the block's,
 //! or a warp-specialised kernel's consumer warpgroups, meeting at their named barrier) writes
-//! its elements into the staging region (rows [`BulkAdds::pitch`] bytes apart), the writes are
-//! fenced for the async proxy, and after a barrier thread `t` issues one
+//! its elements into the staging region, the writes are fenced for the async proxy, and
+//! after a barrier the copies start.
+//!
+//! As boxes ([`AddBoxes`]): the region holds the tile as 128-byte swizzled boxes and thread 0
+//! issues one `cp.reduce.async.bulk.tensor .add` a box through the tensor's map, which clips
+//! them at the tensor's bounds; an accumulator fragment's rows land in different banks.
+//!
+//! As rows (rows [`BulkAdds::pitch`] bytes apart): thread `t` issues one
 //! `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32` for each row `t`, `t +
 //! threads`, .. inside the tensor, the row's last `< 4` columns (a bulk size is a multiple of
 //! 16 bytes) as `red.global.add`, then commits its group. The rows are issued side by side:
@@ -10,11 +16,12 @@
 //! through a tile's rows at every add, and the first lane of every warp issuing a share of
 //! them ran slower than this too (attention backward's keys-major dK/dV kernel at d = 128 on
 //! an H100: 1.85 against 1.65 ms, its loop 20% more instructions), though ptxas issues a
-//! warp's copies lane by lane (their addresses must be warp-uniform). Before the region is
-//! written again (and before the kernel exits) every thread waits for its own group to have
-//! read it.
+//! warp's copies lane by lane (their addresses must be warp-uniform).
+//!
+//! Before the region is written again (and before the kernel exits) every thread waits for
+//! its own group to have read it.
 
-use kiln_ir::schedule::{BulkAdds, Scratch};
+use kiln_ir::schedule::{AddBoxes, BulkAdds, Scratch};
 use kiln_ir::{OpId, OpKind};
 
 use super::exchange::linear;
@@ -26,7 +33,7 @@ impl Emitter<'_> {
     /// Writes atomic `id` through bulk reductions when the schedule says so; `false` when it
     /// is an ordinary per-element atomic.
     pub(super) fn write_bulk_add(&mut self, id: OpId) -> Result<bool, CodegenError> {
-        let Some((region, consumers)) = self
+        let Some((region, consumers, boxes)) = self
             .k
             .schedule
             .bulk_adds
@@ -37,7 +44,7 @@ impl Emitter<'_> {
                     offset: b.offset,
                     bytes: b.bytes,
                 };
-                (region, b.consumers)
+                (region, b.consumers, b.boxes.get(&id).cloned())
             })
         else {
             return Ok(false);
@@ -87,6 +94,15 @@ impl Emitter<'_> {
             vec![pitch / 4, 1]
         };
         let d = self.dist(value, id)?;
+        if let Some(b) = boxes {
+            let coords = parts
+                .addr
+                .iter()
+                .map(|&c| self.scalar(c, id))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.write_add_boxes(id, value, &b, region, &sync, &coords)?;
+            return Ok(true);
+        }
 
         self.comment("f32 atomic add of a whole tile: staged, one bulk reduction a row");
         let tid = self.tid;
@@ -200,6 +216,106 @@ impl Emitter<'_> {
         self.ins("cp.async.bulk.commit_group");
         self.label(&done);
         Ok(true)
+    }
+
+    /// The add of `value` (atomic `id`, at tensor coordinates `coords`) as the TMA
+    /// reductions of boxes `b`: the threads write their elements into the swizzled boxes
+    /// ([`AddBoxes::thread_part`], [`AddBoxes::register_part`]), fence them for the async
+    /// proxy and meet at `sync`; thread 0 reduces every box into the tensor, which clips
+    /// them at its bounds, and commits its group.
+    fn write_add_boxes(
+        &mut self,
+        id: OpId,
+        value: kiln_ir::ValueId,
+        b: &AddBoxes,
+        region: Scratch,
+        sync: &str,
+        coords: &[Reg],
+    ) -> Result<(), CodegenError> {
+        let d = self.dist(value, id)?;
+        self.comment(&format!(
+            "f32 atomic add of a whole tile: staged in {} swizzled boxes, one TMA reduction each",
+            b.boxes
+        ));
+        // The previous add's boxes have been read (only thread 0 has reductions in flight).
+        self.ins("cp.async.bulk.wait_group.read 0");
+        self.ins(sync);
+        // `AddBoxes::thread_part` of the thread's row and column.
+        let rb = self.thread_coord(&d.terms[0]);
+        let cb = self.thread_coord(&d.terms[1]);
+        let [base, x, phase, rp] = self.new_regs(Class::B32);
+        self.ins(format!("add.u32 {base}, {}, {}", self.smem, region.offset));
+        self.ins(format!("mad.lo.u32 {base}, {rb}, 128, {base}"));
+        self.ins(format!(
+            "shr.u32 {x}, {cb}, {}",
+            AddBoxes::COLUMNS.trailing_zeros()
+        ));
+        self.ins(format!("mad.lo.u32 {base}, {x}, {}, {base}", b.box_bytes()));
+        self.ins(format!("and.b32 {x}, {cb}, 3"));
+        self.ins(format!("mad.lo.u32 {base}, {x}, 4, {base}"));
+        self.ins(format!("shr.u32 {phase}, {cb}, 2"));
+        self.ins(format!("and.b32 {phase}, {phase}, 7"));
+        self.ins(format!("and.b32 {rp}, {rb}, 7"));
+        self.ins(format!("xor.b32 {phase}, {phase}, {rp}"));
+        // One address register per chunk a register lands in: `base + (phase ^ k) * 16`.
+        let mut chunks: std::collections::BTreeMap<u32, Reg> = Default::default();
+        let mut at = |e: &mut Self, k: u32| {
+            *chunks.entry(k).or_insert_with(|| {
+                let r = e.new_reg(Class::B32);
+                e.ins(format!("xor.b32 {r}, {phase}, {k}"));
+                e.ins(format!("mad.lo.u32 {r}, {r}, 16, {base}"));
+                r
+            })
+        };
+        let step = if d.column_pairs() { 2 } else { 1 };
+        for group in d.regs.chunks(step) {
+            let (k, imm) = b.register_part(group[0][0], group[0][1]);
+            let addr = at(self, k);
+            let elems = group
+                .iter()
+                .map(|offs| self.elem(value, offs, id).map(|r| r.to_string()))
+                .collect::<Result<Vec<_>, _>>()?;
+            match &elems[..] {
+                [x] => self.ins(format!("st.shared.f32 [{addr}+{imm}], {x}")),
+                _ => self.ins(format!(
+                    "st.shared.v2.f32 [{addr}+{imm}], {{{}}}",
+                    elems.join(", ")
+                )),
+            }
+        }
+        // The reductions read the boxes through the async proxy.
+        self.ins("fence.proxy.async.shared::cta");
+        self.ins(sync);
+        let map = self.tensor_map(b.param, id)?;
+        let done = self.new_label();
+        let leader = self.setp("eq.u32", self.tid, 0);
+        self.ins(format!("@!{leader} bra {done}"));
+        let rank = coords.len();
+        let (lead, tile) = coords.split_at(rank - 2);
+        for j in 0..b.boxes {
+            let [src, x] = self.new_regs(Class::B32);
+            self.ins(format!(
+                "add.u32 {src}, {}, {}",
+                self.smem,
+                region.offset + j * b.box_bytes()
+            ));
+            self.ins(format!(
+                "add.s32 {x}, {}, {}",
+                tile[1],
+                j * AddBoxes::COLUMNS
+            ));
+            // Innermost dimension first.
+            let mut at = vec![x.to_string(), tile[0].to_string()];
+            at.extend(lead.iter().rev().map(Reg::to_string));
+            self.ins(format!(
+                "cp.reduce.async.bulk.tensor.{rank}d.global.shared::cta.add.tile.bulk_group \
+                 [{map}, {{{}}}], [{src}]",
+                at.join(", ")
+            ));
+        }
+        self.ins("cp.async.bulk.commit_group");
+        self.label(&done);
+        Ok(())
     }
 
     /// Before the kernel exits: every thread waits for its bulk reductions to complete

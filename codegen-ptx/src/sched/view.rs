@@ -11,23 +11,35 @@ use crate::error::CodegenError;
 use crate::output::TensorMapSpec;
 use crate::types::Reg;
 
-/// The tensor maps the runtime builds for a kernel of schedule `s`, one per tensor parameter
-/// TMA loads or stores, in parameter order.
-pub(crate) fn tensor_maps(s: &Sched) -> Vec<TensorMapSpec> {
-    let mut maps: Vec<TensorMapSpec> = s
-        .loads
-        .iter()
+/// The tensor maps the runtime builds for kernel `k`, one per tensor parameter TMA loads,
+/// stores or reduces into (its schedule's loads and stores, its boxed bulk adds), in
+/// parameter order.
+pub(crate) fn tensor_maps(k: &Kernel) -> Vec<TensorMapSpec> {
+    let sched = k.schedule.sched.iter();
+    let loads = sched
+        .clone()
+        .flat_map(|s| s.loads.iter())
         .map(|(_, l)| TensorMapSpec {
             param: l.tma.param,
             box_dims: l.tma.map_box(),
             swizzle_bytes: l.tma.swizzle,
-        })
-        .chain(s.stores.iter().map(|st| TensorMapSpec {
-            param: st.param,
-            box_dims: st.map_box(),
-            swizzle_bytes: st.swizzle,
-        }))
-        .collect();
+        });
+    let stores = sched.flat_map(|s| s.stores.iter()).map(|st| TensorMapSpec {
+        param: st.param,
+        box_dims: st.map_box(),
+        swizzle_bytes: st.swizzle,
+    });
+    let adds = k
+        .schedule
+        .bulk_adds
+        .iter()
+        .flat_map(|b| b.boxes.values())
+        .map(|b| TensorMapSpec {
+            param: b.param,
+            box_dims: b.map_box(),
+            swizzle_bytes: 128,
+        });
+    let mut maps: Vec<TensorMapSpec> = loads.chain(stores).chain(adds).collect();
     maps.sort_by_key(|m| m.param);
     maps.dedup();
     maps

@@ -1,16 +1,18 @@
 //! sm_90a: which f32 atomic adds of a whole register tile the PTX writer applies with bulk
 //! reductions instead of one `red.global.add.f32` per element. Such an add is staged in shared
-//! memory and the threads issue a `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32`
-//! per tile row, so the L2 sees one request per row instead of one per element (attention
-//! backward's dQ accumulation was bound by them). Every decision, either way, is a note at the
-//! user's line.
+//! memory and reduced into the tensor by the copy engine, so the L2 sees one request per row
+//! or box instead of one per element (attention backward's dQ accumulation was bound by
+//! them): where the tile's layout allows, as 128-byte swizzled boxes that one thread reduces
+//! through the tensor's map ([`AddBoxes`]: a few instructions, the bounds clipped by the
+//! engine), else as rows, one `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32`
+//! each. Every decision, either way, is a note at the user's line.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::diag::Diagnostic;
-use crate::kernel::{Kernel, OpId, OpKind};
+use crate::kernel::{Kernel, OpId, OpKind, Param};
 use crate::sched::RoleKind;
-use crate::schedule::{BulkAdds, Note};
+use crate::schedule::{AddBoxes, BulkAdds, Note};
 use crate::target::Target;
 use crate::{AtomicOp, DType, MemScope, MemSem};
 
@@ -35,22 +37,49 @@ pub fn plan(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             _ => return Ok(()),
         },
     };
+    let holders = consumers.unwrap_or(threads);
     let mut ops = BTreeSet::new();
-    let mut bytes = 0u32;
+    let mut boxes = BTreeMap::new();
+    // Staging bytes of each add as rows, and as boxes where it can be.
+    let mut sizes: Vec<(OpId, u32, Option<u32>)> = Vec::new();
     let mut notes = Vec::new();
     for (id, tile) in candidates(kernel) {
         let op = &kernel.ops[id];
         match tile {
             Ok((rows, cols)) => {
                 ops.insert(id);
-                bytes = bytes.max(rows as u32 * BulkAdds::pitch(cols));
-                notes.push(Note {
-                    loc: op.loc,
-                    text: format!(
-                        "sm_90a: this f32 atomic add of a [{rows}, {cols}] tile goes through \
-                         shared memory, one bulk reduction a row (cp.reduce.async.bulk .add.f32)"
-                    ),
+                let row_bytes = rows as u32 * BulkAdds::pitch(cols);
+                let planned = tensor_boxes(kernel, id, (rows, cols), holders).and_then(|b| {
+                    let other = boxes
+                        .values()
+                        .any(|o: &AddBoxes| o.param == b.param && o.map_box() != b.map_box());
+                    if other {
+                        Err("another add maps its tensor with other boxes")
+                    } else {
+                        Ok(b)
+                    }
                 });
+                let text = match planned {
+                    Ok(b) => {
+                        sizes.push((id, row_bytes, Some(b.bytes())));
+                        boxes.insert(id, b);
+                        format!(
+                            "sm_90a: this f32 atomic add of a [{rows}, {cols}] tile goes through \
+                             shared memory, one TMA reduction a {}-column box \
+                             (cp.reduce.async.bulk.tensor .add)",
+                            AddBoxes::COLUMNS
+                        )
+                    }
+                    Err(why) => {
+                        sizes.push((id, row_bytes, None));
+                        format!(
+                            "sm_90a: this f32 atomic add of a [{rows}, {cols}] tile goes through \
+                             shared memory, one bulk reduction a row (cp.reduce.async.bulk \
+                             .add.f32; not as tensor boxes: {why})"
+                        )
+                    }
+                };
+                notes.push(Note { loc: op.loc, text });
             }
             Err(why) => notes.push(Note {
                 loc: op.loc,
@@ -61,8 +90,6 @@ pub fn plan(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         }
     }
     if !ops.is_empty() {
-        let offset = kernel.schedule.smem_bytes.next_multiple_of(128);
-        let total = offset + bytes;
         // Blocks an SM holds by threads and shared memory, before and after the staging
         // region: a kernel that would fall to one block a multiprocessor (nothing left to
         // run during its barriers and waits) keeps its per-element adds.
@@ -71,27 +98,69 @@ pub fn plan(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 .sm_limits()
                 .blocks_per_sm(threads, 1, smem + SMEM_RESERVED_PER_BLOCK)
         };
-        let (before, after) = (fit(kernel.schedule.smem_bytes), fit(total));
-        if total <= super::memory_plan::SMEM_LIMIT && after >= before.min(2) {
-            kernel.schedule.bulk_adds = Some(BulkAdds {
-                ops,
-                offset,
-                bytes,
-                consumers,
-            });
-            kernel.schedule.smem_bytes = total;
-        } else {
-            let why = if total > super::memory_plan::SMEM_LIMIT {
-                format!("does not fit beside the kernel's {offset} bytes of shared memory")
-            } else {
-                format!("would leave {after} block(s) a multiprocessor instead of {before}")
-            };
+        let before = fit(kernel.schedule.smem_bytes);
+        // The region with the boxes (on the swizzle's 1024-byte period), or all in rows.
+        let any_boxes = !boxes.is_empty();
+        let region = |with_boxes: bool| {
+            let align = if with_boxes && any_boxes { 1024 } else { 128 };
+            let offset = kernel.schedule.smem_bytes.next_multiple_of(align);
+            let bytes = sizes
+                .iter()
+                .map(|&(_, rows, b)| if with_boxes { b.unwrap_or(rows) } else { rows })
+                .max()
+                .unwrap_or(0);
+            (offset, bytes)
+        };
+        let fits = |(offset, bytes): (u32, u32)| {
+            let total = offset + bytes;
+            total <= super::memory_plan::SMEM_LIMIT && fit(total) >= before.min(2)
+        };
+        let chosen = if fits(region(true)) {
+            Some((region(true), boxes))
+        } else if fits(region(false)) {
             for n in &mut notes {
-                if !n.text.contains("stays") {
-                    n.text = format!(
-                        "sm_90a: this f32 atomic add stays one red.global.add per element: its \
-                         {bytes}-byte staging buffer {why}"
-                    );
+                n.text = n.text.replace(
+                    &format!(
+                        "one TMA reduction a {}-column box (cp.reduce.async.bulk.tensor .add)",
+                        AddBoxes::COLUMNS
+                    ),
+                    "one bulk reduction a row (cp.reduce.async.bulk .add.f32; not as tensor \
+                     boxes: their 1024-byte aligned region does not fit)",
+                );
+            }
+            Some((region(false), BTreeMap::new()))
+        } else {
+            None
+        };
+        match chosen {
+            Some(((offset, bytes), boxes)) => {
+                kernel.schedule.bulk_adds = Some(BulkAdds {
+                    ops,
+                    boxes,
+                    offset,
+                    bytes,
+                    consumers,
+                });
+                kernel.schedule.smem_bytes = offset + bytes;
+            }
+            None => {
+                let (offset, bytes) = region(false);
+                let total = offset + bytes;
+                let why = if total > super::memory_plan::SMEM_LIMIT {
+                    format!("does not fit beside the kernel's {offset} bytes of shared memory")
+                } else {
+                    format!(
+                        "would leave {} block(s) a multiprocessor instead of {before}",
+                        fit(total)
+                    )
+                };
+                for n in &mut notes {
+                    if !n.text.contains("stays") {
+                        n.text = format!(
+                            "sm_90a: this f32 atomic add stays one red.global.add per element: \
+                             its {bytes}-byte staging buffer {why}"
+                        );
+                    }
                 }
             }
         }
@@ -194,4 +263,57 @@ fn staged_tile(kernel: &Kernel, id: OpId, read: bool) -> Staged {
         return Err("its first column is not known to be a multiple of 4 (16-byte aligned)");
     }
     Ok((rows, cols))
+}
+
+/// The boxes a bulk add `id` of a `[rows, cols]` tile held by `holders` threads stages, when
+/// it can go as TMA tensor reductions ([`AddBoxes`]), or why not. Its tensor needs a map of
+/// its own (no TMA load or store of the kernel maps it otherwise), the tile two dimensions
+/// of at most 256 rows and whole 128-byte boxes, and its layout offsets that split into a
+/// thread's part and a register's ([`AddBoxes::separable`]: an mma accumulator's do).
+fn tensor_boxes(
+    kernel: &Kernel,
+    id: OpId,
+    (rows, cols): (usize, usize),
+    holders: u32,
+) -> Result<AddBoxes, &'static str> {
+    let op = &kernel.ops[id];
+    let OpKind::Atomic { tensor, .. } = op.kind else {
+        return Err("not an atomic");
+    };
+    let Some(Param::Tensor { rank, .. }) = kernel.params.get(tensor) else {
+        return Err("not a tensor");
+    };
+    let value = op
+        .access_operands()
+        .and_then(|p| p.value)
+        .ok_or("malformed")?;
+    if kernel.ty(value).shape().map(|s| s.rank()) != Some(2) {
+        return Err("its tile is not two-dimensional");
+    }
+    if rows > 256 {
+        return Err("a box has at most 256 rows");
+    }
+    if !(cols as u32).is_multiple_of(AddBoxes::COLUMNS) {
+        return Err("its rows are not whole 128-byte boxes");
+    }
+    let mapped = kernel.schedule.sched.as_ref().is_some_and(|s| {
+        s.loads.iter().any(|(_, l)| l.tma.param == tensor)
+            || s.stores.iter().any(|st| st.param == tensor)
+    });
+    if mapped {
+        return Err("its tensor has a TMA map for other boxes");
+    }
+    let b = AddBoxes {
+        param: tensor,
+        lead_dims: u32::try_from(rank - 2).map_err(|_| "malformed")?,
+        rows: rows as u32,
+        boxes: cols as u32 / AddBoxes::COLUMNS,
+    };
+    let d = kernel
+        .distribution(value)
+        .map_err(|_| "its layout is not known")?;
+    if !b.separable(&d, holders) {
+        return Err("its layout's rows and columns do not split into a thread's and a register's");
+    }
+    Ok(b)
 }

@@ -50,3 +50,28 @@ pub fn covers(i: usize, len: usize, step: usize, shift: usize, blocks: usize) ->
         })
         .count()
 }
+
+/// Rows, columns and K step of a [`split_k_matmul`] block's product.
+pub const SM: usize = 64;
+pub const SN: usize = 64;
+pub const SK: usize = 32;
+
+/// Split-K GEMM: block `(x, y, z)` multiplies rows `x SM..` of `a: [M, K]` by columns
+/// `y SN..` of `b: [K, N]` (bf16) over its share of the K blocks (the grid's `z` blocks
+/// take them in turn, a share each) and adds its f32 partial product, an mma accumulator,
+/// into `c: [M, N]`.
+///
+/// Grid: `(cdiv(M, SM), cdiv(N, SN), splits)`.
+#[kernel(num_warps = 4)]
+pub fn split_k_matmul(a: Tensor<bf16, 2>, b: Tensor<bf16, 2>, c: TensorMut<f32, 2>) {
+    let (mb, nb, z) = (block_id().x, block_id().y, block_id().z);
+    let per = (a.dim(1) + (SK * grid_dim().z - 1)) / (SK * grid_dim().z);
+    let mut acc = zeros::<f32>([SM, SN]);
+    for kb in pipelined(0..per, stages = 3) {
+        let k0 = (z * per + kb) * SK;
+        let x = a.tile([SM, SK], [mb * SM, k0]).load();
+        let y = b.tile([SK, SN], [k0, nb * SN]).load();
+        acc = mma_acc(&x, &y, &acc);
+    }
+    c.tile([SM, SN], [mb * SM, nb * SN]).atomic_add(acc);
+}
