@@ -254,6 +254,11 @@ impl Emitter<'_> {
         if self.write_staged_load(id)? {
             return Ok(());
         }
+        if let Some(base) = self.pipelined_stage(id) {
+            let regs = self.read_stage(id, r, base)?;
+            self.vals.insert(r, Val::Tile(regs));
+            return Ok(());
+        }
         let coords = self.coord_regs(id, op.operands.len())?;
         let dtype = self.k.ty(r).dtype();
         let d = self.dist(r, id)?;
@@ -276,6 +281,66 @@ impl Emitter<'_> {
         }
         self.vals.insert(r, Val::Tile(regs));
         Ok(())
+    }
+
+    /// The registers of load `id`'s tile `r` read from the ring stage at `base` that TMA
+    /// filled for this iteration (an [`Operand::Registers`] load: rows packed, unswizzled,
+    /// zeros past the tensor's edge): each element at `base + (row * cols + col) * size`,
+    /// two neighbours along a row at once where every thread holds pairs at even columns.
+    ///
+    /// [`Operand::Registers`]: kiln_ir::sched::tma::Operand::Registers
+    fn read_stage(&mut self, id: OpId, r: ValueId, base: Reg) -> Result<Vec<Reg>, CodegenError> {
+        let dtype = self.k.ty(r).dtype();
+        let dims: Vec<u32> = self
+            .k
+            .ty(r)
+            .shape()
+            .map(|s| s.dims().iter().map(|&x| x as u32).collect())
+            .ok_or_else(|| self.internal(id, "a ring load of a scalar"))?;
+        let d = self.dist(r, id)?;
+        let size = dtype.size_bytes() as u32;
+        // Row-major strides in elements.
+        let strides: Vec<u32> = (0..dims.len())
+            .map(|i| dims[i + 1..].iter().product())
+            .collect();
+        let addr = self.new_reg(Class::B32);
+        self.ins(format!("mov.u32 {addr}, {base}"));
+        for (terms, &stride) in d.terms.iter().zip(&strides) {
+            if !terms.is_empty() {
+                let c = self.thread_coord(terms);
+                self.ins(format!("mad.lo.u32 {addr}, {c}, {}, {addr}", stride * size));
+            }
+        }
+        let last = dims.len() - 1;
+        let paired = d.terms[last].iter().all(|t| t.mul.is_multiple_of(2))
+            && d.regs.len().is_multiple_of(2)
+            && d.regs.chunks(2).all(|p| {
+                p[0][..last] == p[1][..last]
+                    && p[0][last].is_multiple_of(2)
+                    && p[1][last] == p[0][last] + 1
+            });
+        let at = |offs: &[u32]| -> u32 {
+            offs.iter().zip(&strides).map(|(o, s)| o * s).sum::<u32>() * size
+        };
+        let ty = mem_ty(dtype);
+        let mut regs = Vec::with_capacity(d.regs.len());
+        if paired {
+            for p in d.regs.chunks(2) {
+                let [x, y] = [0, 1].map(|_| self.new_reg(Class::of(dtype)));
+                self.ins(format!(
+                    "ld.shared.v2.{ty} {{{x}, {y}}}, [{addr}+{}]",
+                    at(&p[0])
+                ));
+                regs.extend([x, y]);
+            }
+        } else {
+            for offs in &d.regs {
+                let x = self.new_reg(Class::of(dtype));
+                self.ins(format!("ld.shared.{ty} {x}, [{addr}+{}]", at(offs)));
+                regs.push(x);
+            }
+        }
+        Ok(regs)
     }
 
     /// Writes a `store` of a register tile, skipping elements outside the tensor. A 2-D tile

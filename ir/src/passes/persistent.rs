@@ -275,7 +275,9 @@ fn pair(s: &mut Sched, shared: LoadId) -> Result<Pair, String> {
                  whole TMA boxes"
             ));
         }
-        Operand::KMajorA => return Err("the shared tile is not an mma's B operand".into()),
+        Operand::KMajorA | Operand::Registers => {
+            return Err("the shared tile is not an mma's B operand".into());
+        }
     };
     let half = match load.operand {
         Operand::KMajorB => [rows / CTAS, 0],

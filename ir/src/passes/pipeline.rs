@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::diag::Diagnostic;
 use crate::kernel::{BinaryOp, Const, Kernel, OpId, OpKind, Param, ValueDef, ValueId};
-use crate::sched::tma::{Operand, SWIZZLE_ATOM, TmaLoad};
+use crate::sched::tma::{Operand, REGISTER_TILE_ALIGN, SWIZZLE_ATOM, TmaLoad};
 use crate::sched::{
     BarrierId, Issue, Load, Mbarrier, MmaPart, Op, Phase, Region, Role, RoleKind, Sched,
 };
@@ -39,7 +39,13 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     let [sched] = &planned[..] else {
         return Ok(());
     };
-    if sched.loads.len() != kernel.schedule.buffers.len() {
+    // Every shared tile is a ring load (the tiles read into registers have no buffer).
+    let staged = sched
+        .loads
+        .iter()
+        .filter(|(_, l)| l.tma.operand != Operand::Registers)
+        .count();
+    if staged != kernel.schedule.buffers.len() {
         return Ok(());
     }
     // An mma outside the ring runs as mma.sync, whose operands may go through shared memory
@@ -190,6 +196,15 @@ pub fn place(kernel: &mut Kernel) -> Result<(), Diagnostic> {
         offset += per_stage * b.stages;
         offset = offset.next_multiple_of(SWIZZLE_ATOM);
     }
+    // The tiles read into registers (no buffer of the memory plan) after the buffers.
+    for (_, l) in sched.loads.iter_mut() {
+        if l.tma.operand == Operand::Registers {
+            offset = offset.next_multiple_of(REGISTER_TILE_ALIGN);
+            offsets.insert(l.tma.load, offset);
+            offset += l.tma.stage_stride * stages;
+        }
+    }
+    offset = offset.next_multiple_of(8);
     for (_, l) in sched.loads.iter_mut() {
         if l.work_tile == 0 {
             l.tma.offset = offsets.get(&l.tma.load).copied().unwrap_or_default();
@@ -347,6 +362,10 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Sc
             Some(t)
         })
         .collect::<Option<Vec<_>>>()?;
+    let mut loads = loads;
+    if target == Target::Sm90a {
+        loads.extend(register_loads(kernel, id, &inside));
+    }
     Some(ring_sched(
         id,
         stages,
@@ -356,6 +375,78 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Sc
         target,
         overlaps(kernel, id),
     ))
+}
+
+/// Bytes of a stage the tiles read into registers may take: row statistics, not tiles.
+const REGISTER_LOAD_BYTES: u32 = 4096;
+
+/// The loads of ring loop `for_op`'s body (its own ops, not nested ones) read into registers
+/// that the ring fetches ahead with its mma operands ([`Operand::Registers`]), in order, up to
+/// [`REGISTER_LOAD_BYTES`] a stage: each a plain load of a 1-D or 2-D tile of a read-only,
+/// 16-byte aligned tensor of rank 2..=5, of 2- or 4-byte elements, at most 256 along either
+/// side, its rows whole 16-byte chunks, its column coordinate a provable multiple of 16 bytes
+/// and every coordinate computable for any iteration (as [`tma_source`]'s). A 1-D tile is one
+/// row: its tensor's next-to-last dimension takes a box of 1.
+fn register_loads(kernel: &Kernel, for_op: OpId, inside: &BTreeSet<OpId>) -> Vec<TmaLoad> {
+    let mut bytes = 0;
+    let mut out = Vec::new();
+    for &l in &kernel.ops[for_op].regions[0].ops {
+        if kernel.schedule.buffer(l).is_some() {
+            continue;
+        }
+        let Some(t) = register_load(kernel, l, for_op, inside) else {
+            continue;
+        };
+        if bytes + t.tile_bytes() <= REGISTER_LOAD_BYTES {
+            bytes += t.tile_bytes();
+            out.push(t);
+        }
+    }
+    out
+}
+
+/// Load `l` as a ring load read into registers, when it qualifies ([`register_loads`]).
+fn register_load(
+    kernel: &Kernel,
+    l: OpId,
+    for_op: OpId,
+    inside: &BTreeSet<OpId>,
+) -> Option<TmaLoad> {
+    let OpKind::Load { tensor, ref shape } = kernel.ops[l].kind else {
+        return None;
+    };
+    let Some(&Param::Tensor {
+        rank,
+        dtype,
+        aligned16: true,
+        mutable: false,
+        ..
+    }) = kernel.params.get(tensor)
+    else {
+        return None;
+    };
+    let elem = dtype.size_bytes() as u32;
+    let (rows, cols) = match *shape.dims() {
+        [c] => (1, c as u32),
+        [r, c] => (r as u32, c as u32),
+        _ => return None,
+    };
+    let coords = &kernel.ops[l].operands;
+    let ok = matches!(elem, 2 | 4)
+        && (2..=5).contains(&rank)
+        && coords.len() == rank
+        && (1..=256).contains(&rows)
+        && (1..=256).contains(&cols)
+        && (cols * elem).is_multiple_of(16)
+        && coords
+            .last()
+            .is_some_and(|&c| known_multiple(kernel, c).is_multiple_of(16 / elem))
+        && coords.iter().all(|&c| hoistable(kernel, c, for_op, inside));
+    ok.then(|| {
+        let mut t = TmaLoad::registers(l, tensor, rows, cols, elem);
+        t.lead_dims = rank as u32 - 2;
+        t
+    })
 }
 
 /// Drops the later uses of a load already in `loads`; whether there were any.

@@ -15,6 +15,10 @@ use super::region::MmaPart;
 /// Bytes of the 128-byte swizzle atom (8 rows of 128 B): the alignment of every stage.
 pub const SWIZZLE_ATOM: u32 = 1024;
 
+/// Alignment of an unswizzled [`Operand::Registers`] stage (TMA writes shared memory at
+/// 128-byte aligned addresses).
+pub const REGISTER_TILE_ALIGN: u32 = 128;
+
 /// One TMA box of a load: a sub-rectangle of the tile written at its own shared offset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TmaBox {
@@ -34,6 +38,10 @@ pub enum Operand {
     /// The B operand stored `[N, K]` (K contiguous; the body multiplies by the transposed
     /// view `y.t()` of the loaded tile): K-major like A, `imm-trans-b = 0`.
     KMajorB,
+    /// No mma's: a tile the consumers' threads read into registers from the stage, unswizzled
+    /// (row statistics beside the mmas, attention backward's log-sum-exp and `delta`),
+    /// fetched ahead with the mma operands instead of from global memory in the body.
+    Registers,
 }
 
 /// A tile loaded by TMA into a ring of stages.
@@ -50,8 +58,11 @@ pub struct TmaLoad {
     pub operand: Operand,
     /// Box extents, outermost first (`[rows, cols]`), as the runtime encodes the map.
     pub box_dims: [u32; 2],
-    /// Swizzle span in bytes (32, 64 or 128): the box row's bytes.
+    /// Swizzle span in bytes (32, 64 or 128): the box row's bytes; 0 for no swizzle (a
+    /// [`Operand::Registers`] tile, rows packed).
     pub swizzle: u32,
+    /// Bytes of one element (2; 4 for an f32 tile read into registers).
+    pub elem_bytes: u32,
     /// The boxes that make up the tile.
     pub boxes: Vec<TmaBox>,
     /// Byte offset of stage 0 in dynamic shared memory (1024-aligned).
@@ -88,6 +99,7 @@ impl TmaLoad {
             operand,
             box_dims: [rows, chunk],
             swizzle: chunk * 2,
+            elem_bytes: 2,
             boxes: (0..cols / chunk)
                 .map(|c| TmaBox {
                     origin: [0, c * chunk],
@@ -96,6 +108,27 @@ impl TmaLoad {
                 .collect(),
             offset: 0,
             stage_stride: (rows * cols * 2).next_multiple_of(SWIZZLE_ATOM),
+        }
+    }
+
+    /// A `rows x cols` tile of `elem_bytes` elements the consumers read into registers
+    /// ([`Operand::Registers`]): one unswizzled box, rows packed (`cols * elem_bytes` a
+    /// multiple of 16, at most 256 elements either way: the pipeline pass checks).
+    pub fn registers(load: OpId, param: usize, rows: u32, cols: u32, elem_bytes: u32) -> TmaLoad {
+        TmaLoad {
+            load,
+            param,
+            lead_dims: 0,
+            operand: Operand::Registers,
+            box_dims: [rows, cols],
+            swizzle: 0,
+            elem_bytes,
+            boxes: vec![TmaBox {
+                origin: [0, 0],
+                smem_offset: 0,
+            }],
+            offset: 0,
+            stage_stride: (rows * cols * elem_bytes).next_multiple_of(REGISTER_TILE_ALIGN),
         }
     }
 
@@ -122,7 +155,7 @@ impl TmaLoad {
 
     /// Bytes of one box.
     pub fn box_bytes(&self) -> u32 {
-        self.box_dims[0] * self.box_dims[1] * 2
+        self.box_dims[0] * self.box_dims[1] * self.elem_bytes
     }
 
     /// Transaction bytes of the whole tile (every box counts in full, even out of bounds).

@@ -62,6 +62,8 @@ impl Descriptor {
                 let steps = (0..rows / 16).map(|s| s * 16 * span).collect();
                 (rows * span, 8 * span, steps)
             }
+            // Read by threads, never through a descriptor.
+            Operand::Registers => (16, 16, Vec::new()),
         };
         let code: u64 = match l.swizzle {
             128 => 2,

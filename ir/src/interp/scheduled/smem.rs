@@ -1,6 +1,6 @@
-//! Shared memory of the scheduled execution: the block's dynamic shared memory as 2-byte cells,
-//! written and read in TMA boxes at their buffer's base plus their own offset ([`Boxes`]), with
-//! CUDA's swizzles. So what the execution checks is the plan itself: the boxes cover their tile
+//! Shared memory of the scheduled execution: the block's dynamic shared memory as 2-byte cells
+//! (an f32 takes two), written and read in TMA boxes at their buffer's base plus their own
+//! offset ([`Boxes`]), with CUDA's swizzles (none for a tile read into registers). So what the execution checks is the plan itself: the boxes cover their tile
 //! exactly, stay inside the block's shared memory, and nothing else is written over a buffer
 //! between its write and its last read. Cells start as NaN, so a tile read from cells no box
 //! wrote is NaN, not zero.
@@ -31,6 +31,7 @@ pub(super) struct Boxes<'a> {
     op: OpId,
     box_dims: [u32; 2],
     swizzle: u32,
+    elem_bytes: u32,
     boxes: &'a [TmaBox],
     /// Byte offset the boxes' shared offsets count from.
     base: u32,
@@ -43,6 +44,7 @@ impl<'a> Boxes<'a> {
             op: l.load,
             box_dims: l.box_dims,
             swizzle: l.swizzle,
+            elem_bytes: l.elem_bytes,
             boxes: &l.boxes,
             base: l.offset + stage * l.stage_stride,
         }
@@ -63,6 +65,7 @@ impl<'a> Boxes<'a> {
             op: st.store,
             box_dims: st.box_dims,
             swizzle: st.swizzle,
+            elem_bytes: 2,
             boxes: &st.boxes[range],
             base: st.offset,
         }
@@ -111,15 +114,18 @@ impl SharedMemory {
         Ok(())
     }
 
-    /// The `dims` tile of `dtype` the boxes hold, which they must cover exactly once.
+    /// The `dims` tile of `dtype` the boxes hold, which they must cover exactly once (a 1-D
+    /// tile is one row).
     pub(super) fn read_tile(
         &self,
         boxes: &Boxes,
         dtype: DType,
         dims: &[usize],
     ) -> Result<Value, PlanError> {
-        let &[tile_rows, tile_cols] = dims else {
-            return Err(format!("{} is not a 2-d tile", boxes.op));
+        let (tile_rows, tile_cols) = match *dims {
+            [c] => (1, c),
+            [r, c] => (r, c),
+            _ => return Err(format!("{} is not a 1-d or 2-d tile", boxes.op)),
         };
         let [rows, cols] = boxes.dims();
         let mut out = vec![f32::NAN; tile_rows * tile_cols];
@@ -183,19 +189,25 @@ impl SharedMemory {
         })
     }
 
-    /// Box `b`'s elements of `dtype` (bf16 or f16), row by row.
+    /// Box `b`'s elements of `dtype` (bf16, f16 or f32), row by row.
     fn box_values(&self, boxes: &Boxes, b: usize, dtype: DType) -> Result<Vec<f32>, PlanError> {
-        if !matches!(dtype, DType::Bf16 | DType::F16) {
+        if stored_bytes(dtype) != Some(boxes.elem_bytes) {
             return Err(format!(
-                "{} reads elements that are not 2-byte floats",
-                boxes.op
+                "{} reads {dtype} elements from boxes of {}-byte ones",
+                boxes.op, boxes.elem_bytes
             ));
         }
         let [rows, cols] = boxes.dims();
         let mut out = Vec::with_capacity(rows * cols);
         for r in 0..rows {
             for c in 0..cols {
-                out.push(decode(dtype, self.cells[self.cell(boxes, b, r, c)?]));
+                let cell = self.cell(boxes, b, r, c)?;
+                out.push(match dtype {
+                    DType::F32 => f32::from_bits(
+                        u32::from(self.cells[cell]) | (u32::from(self.cells[cell + 1]) << 16),
+                    ),
+                    _ => decode(dtype, self.cells[cell]),
+                });
             }
         }
         Ok(out)
@@ -209,12 +221,15 @@ impl SharedMemory {
         tile: &Value,
         origin: [usize; 2],
     ) -> Result<(), PlanError> {
-        let (Elems::F(values), DType::Bf16 | DType::F16) = (&tile.elems, tile.dtype) else {
-            return Err(format!(
-                "{} moves elements that are not 2-byte floats",
-                boxes.op
-            ));
+        let Elems::F(values) = &tile.elems else {
+            return Err(format!("{} moves elements that are not floats", boxes.op));
         };
+        if stored_bytes(tile.dtype) != Some(boxes.elem_bytes) {
+            return Err(format!(
+                "{} moves {} elements into boxes of {}-byte ones",
+                boxes.op, tile.dtype, boxes.elem_bytes
+            ));
+        }
         let (tile_rows, tile_cols) = tile.rows_cols();
         let [rows, cols] = boxes.dims();
         if origin[0] + rows > tile_rows || origin[1] + cols > tile_cols {
@@ -227,28 +242,36 @@ impl SharedMemory {
             for c in 0..cols {
                 let x = values[(origin[0] + r) * tile_cols + origin[1] + c];
                 let cell = self.cell(boxes, b, r, c)?;
-                self.cells[cell] = encode(tile.dtype, x);
+                if tile.dtype == DType::F32 {
+                    let bits = x.to_bits();
+                    self.cells[cell] = bits as u16;
+                    self.cells[cell + 1] = (bits >> 16) as u16;
+                } else {
+                    self.cells[cell] = encode(tile.dtype, x);
+                }
             }
         }
         Ok(())
     }
 
-    /// The cell of element `[r, c]` of box `b`, swizzled: the box's rows are `swizzle` bytes
-    /// apart and each 16-byte chunk of a row moves by the address's swizzle (CUDA's
-    /// 32/64/128-byte swizzles: bits 4.. of the address XOR bits 7..); reading inverts the map.
+    /// The (first) cell of element `[r, c]` of box `b`, swizzled: the box's rows are
+    /// `swizzle` bytes apart and each 16-byte chunk of a row moves by the address's swizzle
+    /// (CUDA's 32/64/128-byte swizzles: bits 4.. of the address XOR bits 7..); reading inverts
+    /// the map. Unswizzled (`swizzle` 0) rows are packed.
     fn cell(&self, boxes: &Boxes, b: usize, r: usize, c: usize) -> Result<usize, PlanError> {
-        let span = boxes.box_dims[1] * 2;
-        if span != boxes.swizzle {
+        let span = boxes.box_dims[1] * boxes.elem_bytes;
+        if boxes.swizzle != 0 && span != boxes.swizzle {
             return Err(format!(
                 "{}: a box row of {span} B under a {} B swizzle",
                 boxes.op, boxes.swizzle
             ));
         }
-        let addr = boxes.base + boxes.boxes[b].smem_offset + r as u32 * span + 2 * c as u32;
-        let mask = boxes.swizzle / 16 - 1;
+        let addr =
+            boxes.base + boxes.boxes[b].smem_offset + r as u32 * span + boxes.elem_bytes * c as u32;
+        let mask = (boxes.swizzle / 16).max(1) - 1;
         let addr = addr ^ (((addr >> 7) & mask) << 4);
         let cell = addr as usize / 2;
-        if cell >= self.cells.len() {
+        if cell + boxes.elem_bytes as usize / 2 > self.cells.len() {
             return Err(format!(
                 "{} reaches byte {addr}, past the block's {} B of shared memory",
                 boxes.op,
@@ -256,6 +279,15 @@ impl SharedMemory {
             ));
         }
         Ok(cell)
+    }
+}
+
+/// Bytes of one stored element of `dtype`, for the floats shared memory holds.
+fn stored_bytes(dtype: DType) -> Option<u32> {
+    match dtype {
+        DType::Bf16 | DType::F16 => Some(2),
+        DType::F32 => Some(4),
+        _ => None,
     }
 }
 

@@ -28,6 +28,7 @@ fn tile(index: u32, box_dims: [u32; 2], boxes: u32) -> TmaLoad {
         },
         box_dims,
         swizzle: 128,
+        elem_bytes: 2,
         boxes: (0..boxes)
             .map(|j| TmaBox {
                 origin: [0, 64 * j],
