@@ -77,11 +77,7 @@ impl<'k> Writer<'k> {
         let smem_bytes = k.schedule.smem_bytes;
         if smem_bytes > 0 {
             // TMA's 128-byte swizzle repeats every 1024 bytes; stages sit on that atom.
-            let align = if s.is_none() && k.schedule.wgmma.is_empty() {
-                128
-            } else {
-                1024
-            };
+            let align = k.schedule.smem_align();
             let _ = writeln!(ptx, ".extern .shared .align {align} .b8 kiln_smem[];\n");
         }
         let _ = writeln!(ptx, ".visible .entry {}(", k.name);

@@ -809,6 +809,16 @@ pub struct Scratch {
 }
 
 impl Schedule {
+    /// The alignment of the kernel's dynamic shared memory: the 128-byte swizzle's 1024-byte
+    /// period where TMA or wgmma read it (a ring's stages, wgmma operands), else 128.
+    pub fn smem_align(&self) -> u32 {
+        if self.sched.is_none() && self.wgmma.is_empty() {
+            128
+        } else {
+            1024
+        }
+    }
+
     /// The buffer holding the tile loaded by `load`.
     pub fn buffer(&self, load: OpId) -> Option<&SmemBuffer> {
         self.buffers.iter().find(|b| b.load == load)

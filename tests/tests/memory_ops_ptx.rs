@@ -141,10 +141,9 @@ fn atomic_adds_without_result_are_reductions() {
         for t in TARGETS {
             let p = ptx(&k, t, "atomic_add_tiles");
             let red = match (dtype, t) {
-                // Whole 32-column boxes from shared memory through the tensor's map
-                // (`bulk_add_ptx`).
+                // Whole rows in bulk from shared memory (`bulk_add_ptx`).
                 (DType::F32, Target::Sm90a) => {
-                    "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group"
+                    "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
                 }
                 (DType::F32, _) => "red.relaxed.gpu.global.add.f32",
                 // Adjacent 16-bit elements: one packed add per pair.

@@ -49,7 +49,16 @@ pub fn plan(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             Ok((rows, cols)) => {
                 ops.insert(id);
                 let row_bytes = rows as u32 * BulkAdds::pitch(cols);
-                let planned = tensor_boxes(kernel, id, (rows, cols), holders).and_then(|b| {
+                // Boxes only where the PTX writer puts shared memory on the 128-byte
+                // swizzle's 1024-byte period (a ring's or a wgmma's kernel): the boxes of a
+                // kernel with 128-byte aligned shared memory died on an H100 with an
+                // illegal instruction.
+                let planned = if kernel.schedule.smem_align() == 1024 {
+                    tensor_boxes(kernel, id, (rows, cols), holders)
+                } else {
+                    Err("the kernel's shared memory is not on the swizzle's 1024-byte period")
+                };
+                let planned = planned.and_then(|b| {
                     let other = boxes
                         .values()
                         .any(|o: &AddBoxes| o.param == b.param && o.map_box() != b.map_box());
