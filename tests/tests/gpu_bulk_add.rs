@@ -20,6 +20,7 @@ use kiln_ir::interp::{HostArg, run_def};
 use kiln_runtime::KernelArg;
 use kiln_tests::check::{Case, assert_close, sum_tolerance, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
+use kiln_tests::reference;
 
 fn cdiv(a: usize, b: usize) -> u32 {
     a.div_ceil(b) as u32
@@ -162,12 +163,12 @@ fn gpu_split_k_matmul_adds_partial_products() {
                     ],
                 )
                 .expect("launch");
-                let (av, bv, iv) = (a.to_f64_vec(), b.to_f64_vec(), init.to_f64_vec());
-                let want: Vec<f64> = (0..m * n)
-                    .map(|e| {
-                        let (i, j) = (e / n, e % n);
-                        iv[e] + (0..k).map(|x| av[i * k + x] * bv[x * n + j]).sum::<f64>()
-                    })
+                let ab = reference::gemm(&a, &b);
+                let want: Vec<f64> = init
+                    .to_f64_vec()
+                    .iter()
+                    .zip(ab)
+                    .map(|(c, x)| c + x)
                     .collect();
                 let case = Case {
                     kernel: format!("{} split_k_matmul x{splits}", dev.target()),
