@@ -136,8 +136,13 @@ def ring_rounded_grads(q, k, v, dout, causal, zigzag, world):
     group = q.shape[2] // k.shape[2]
     scale = q.shape[-1] ** -0.5
     delta = (dout * out).sum(-1).transpose(1, 2)
-    part = lambda x, r, dim=1: shard(x, r, world, zigzag) if dim == 1 else (
-        kiln_attn.ring.zigzag_shard(x, r, world, dim=dim) if zigzag else x.chunk(world, dim=dim)[r])
+
+    def part(x, r, dim=1):
+        """Rank r's shard of x along `dim` (the sequence's)."""
+        if zigzag:
+            return kiln_attn.ring.zigzag_shard(x, r, world, dim=dim)
+        return x.chunk(world, dim=dim)[r]
+
     dq = [torch.zeros_like(part(q, r), dtype=torch.float32) for r in range(world)]
     dk = [torch.zeros_like(part(k, r), dtype=torch.float32) for r in range(world)]
     dv = [torch.zeros_like(part(v, r), dtype=torch.float32) for r in range(world)]
@@ -145,7 +150,8 @@ def ring_rounded_grads(q, k, v, dout, causal, zigzag, world):
         for step in range(world):
             src = (r - step) % world
             s_q, s_k = part(q, r).shape[1], part(k, src).shape[1]
-            block = kiln_attn.ring._blocks(types.SimpleNamespace(rank=r, world=world), step, causal, zigzag, s_q, s_k)
+            ring = types.SimpleNamespace(rank=r, world=world)
+            block = kiln_attn.ring._blocks(ring, step, causal, zigzag, s_q, s_k)
             if block is None:
                 continue
             rows, keys, local_causal = block
@@ -156,17 +162,18 @@ def ring_rounded_grads(q, k, v, dout, causal, zigzag, world):
             sc = torch.einsum("bqhd,bkhd->bhqk", qb, kb) * scale
             if local_causal:
                 n = sc.shape[-1]
-                sc = sc.masked_fill(torch.ones(sc.shape[-2], n, dtype=torch.bool).triu(1), float("-inf"))
+                hidden = torch.ones(sc.shape[-2], n, dtype=torch.bool).triu(1)
+                sc = sc.masked_fill(hidden, float("-inf"))
             p = torch.exp(sc - lb.unsqueeze(-1))
             ds = p * (torch.einsum("bqhd,bkhd->bhqk", dob, vb) - db.unsqueeze(-1))
             dv_b = torch.einsum("bhqk,bqhd->bkhd", p, dob)
             dk_b = torch.einsum("bhqk,bqhd->bkhd", ds, qb) * scale
             dq_b = torch.einsum("bhqk,bkhd->bqhd", ds, kb) * scale
             # A key/value head's gradients sum over its query heads in the kernel.
-            fold = lambda g: g.unflatten(2, (-1, group)).sum(3)
+            dk_b, dv_b = (g.unflatten(2, (-1, group)).sum(3) for g in (dk_b, dv_b))
             dq[r][:, rows] += dq_b.to(torch.bfloat16).float()
-            dk[src][:, keys] += fold(dk_b).to(torch.bfloat16).float()
-            dv[src][:, keys] += fold(dv_b).to(torch.bfloat16).float()
+            dk[src][:, keys] += dk_b.to(torch.bfloat16).float()
+            dv[src][:, keys] += dv_b.to(torch.bfloat16).float()
     return [unshard([g.to(torch.bfloat16) for g in grads], zigzag) for grads in (dq, dk, dv)]
 
 
