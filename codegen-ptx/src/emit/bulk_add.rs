@@ -21,7 +21,7 @@
 //! Before the region is written again (and before the kernel exits) every thread waits for
 //! its own group to have read it.
 
-use kiln_ir::schedule::{AddBoxes, BulkAdds, Scratch};
+use kiln_ir::schedule::{AddBoxes, BulkAdds, Distribution, Scratch};
 use kiln_ir::{OpId, OpKind};
 
 use super::exchange::linear;
@@ -100,7 +100,7 @@ impl Emitter<'_> {
                 .iter()
                 .map(|&c| self.scalar(c, id))
                 .collect::<Result<Vec<_>, _>>()?;
-            self.write_add_boxes(id, value, &b, region, &sync, &coords)?;
+            self.write_add_boxes(id, (value, &d), &b, region, &sync, &coords)?;
             return Ok(true);
         }
 
@@ -218,21 +218,20 @@ impl Emitter<'_> {
         Ok(true)
     }
 
-    /// The add of `value` (atomic `id`, at tensor coordinates `coords`) as the TMA
-    /// reductions of boxes `b`: the threads write their elements into the swizzled boxes
-    /// ([`AddBoxes::thread_part`], [`AddBoxes::register_part`]), fence them for the async
-    /// proxy and meet at `sync`; thread 0 reduces every box into the tensor, which clips
-    /// them at its bounds, and commits its group.
+    /// The add of `value` (laid out as `d`; atomic `id`, at tensor coordinates `coords`) as
+    /// the TMA reductions of boxes `b`: the threads write their elements into the swizzled
+    /// boxes ([`AddBoxes::thread_part`], [`AddBoxes::register_part`]), fence them for the
+    /// async proxy and meet at `sync`; thread 0 reduces every box into the tensor, which
+    /// clips them at its bounds, and commits its group.
     fn write_add_boxes(
         &mut self,
         id: OpId,
-        value: kiln_ir::ValueId,
+        (value, d): (kiln_ir::ValueId, &Distribution),
         b: &AddBoxes,
         region: Scratch,
         sync: &str,
         coords: &[Reg],
     ) -> Result<(), CodegenError> {
-        let d = self.dist(value, id)?;
         self.comment(&format!(
             "f32 atomic add of a whole tile: staged in {} swizzled boxes, one TMA reduction each",
             b.boxes

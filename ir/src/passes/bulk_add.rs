@@ -7,7 +7,7 @@
 //! engine), else as rows, one `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32`
 //! each. Every decision, either way, is a note at the user's line.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, OpId, OpKind, Param};
@@ -38,67 +38,45 @@ pub fn plan(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         },
     };
     let holders = consumers.unwrap_or(threads);
-    let mut ops = BTreeSet::new();
-    let mut boxes = BTreeMap::new();
-    // Staging bytes of each add as rows, and as boxes where it can be.
-    let mut sizes: Vec<(OpId, u32, Option<u32>)> = Vec::new();
+    // Each staged add's tile and its boxes, or why it goes in rows; the notes by the adds'
+    // program order.
+    let mut staged: Vec<(OpId, (usize, usize), Result<AddBoxes, &'static str>)> = Vec::new();
     let mut notes = Vec::new();
-    for (id, tile) in candidates(kernel) {
-        let op = &kernel.ops[id];
-        match tile {
-            Ok((rows, cols)) => {
-                ops.insert(id);
-                let row_bytes = rows as u32 * BulkAdds::pitch(cols);
-                // Boxes only where the PTX writer puts shared memory on the 128-byte
-                // swizzle's 1024-byte period (a ring's or a wgmma's kernel): the boxes of a
-                // kernel with 128-byte aligned shared memory died on an H100 with an
-                // illegal instruction.
-                let planned = if kernel.schedule.smem_align() == 1024 {
-                    tensor_boxes(kernel, id, (rows, cols), holders)
-                } else {
-                    Err("the kernel's shared memory is not on the swizzle's 1024-byte period")
-                };
-                let planned = planned.and_then(|b| {
-                    let other = boxes
-                        .values()
-                        .any(|o: &AddBoxes| o.param == b.param && o.map_box() != b.map_box());
-                    if other {
-                        Err("another add maps its tensor with other boxes")
-                    } else {
-                        Ok(b)
-                    }
-                });
-                let text = match planned {
-                    Ok(b) => {
-                        sizes.push((id, row_bytes, Some(b.bytes())));
-                        boxes.insert(id, b);
-                        format!(
-                            "sm_90a: this f32 atomic add of a [{rows}, {cols}] tile goes through \
-                             shared memory, one TMA reduction a {}-column box \
-                             (cp.reduce.async.bulk.tensor .add)",
-                            AddBoxes::COLUMNS
-                        )
-                    }
-                    Err(why) => {
-                        sizes.push((id, row_bytes, None));
-                        format!(
-                            "sm_90a: this f32 atomic add of a [{rows}, {cols}] tile goes through \
-                             shared memory, one bulk reduction a row (cp.reduce.async.bulk \
-                             .add.f32; not as tensor boxes: {why})"
-                        )
-                    }
-                };
-                notes.push(Note { loc: op.loc, text });
-            }
-            Err(why) => notes.push(Note {
-                loc: op.loc,
-                text: format!(
+    let adds = candidates(kernel);
+    let order: Vec<OpId> = adds.iter().map(|&(id, _)| id).collect();
+    for (id, tile) in adds {
+        let (rows, cols) = match tile {
+            Ok(tile) => tile,
+            Err(why) => {
+                let text = format!(
                     "sm_90a: this f32 atomic add stays one red.global.add per element: {why}"
-                ),
-            }),
-        }
+                );
+                notes.push((id, text));
+                continue;
+            }
+        };
+        // Boxes only where the PTX writer puts shared memory on the 128-byte swizzle's
+        // 1024-byte period (a ring's or a wgmma's kernel): the boxes of a kernel with
+        // 128-byte aligned shared memory died on an H100 with an illegal instruction.
+        let planned = if kernel.schedule.smem_align() == 1024 {
+            tensor_boxes(kernel, id, (rows, cols), holders)
+        } else {
+            Err("the kernel's shared memory is not on the swizzle's 1024-byte period")
+        };
+        let planned = planned.and_then(|b| {
+            let other = staged.iter().any(|(_, _, o)| {
+                o.as_ref()
+                    .is_ok_and(|o| o.param == b.param && o.map_box() != b.map_box())
+            });
+            if other {
+                Err("another add maps its tensor with other boxes")
+            } else {
+                Ok(b)
+            }
+        });
+        staged.push((id, (rows, cols), planned));
     }
-    if !ops.is_empty() {
+    if !staged.is_empty() {
         // Blocks an SM holds by threads and shared memory, before and after the staging
         // region: a kernel that would fall to one block a multiprocessor (nothing left to
         // run during its barriers and waits) keeps its per-element adds.
@@ -108,14 +86,21 @@ pub fn plan(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 .blocks_per_sm(threads, 1, smem + SMEM_RESERVED_PER_BLOCK)
         };
         let before = fit(kernel.schedule.smem_bytes);
-        // The region with the boxes (on the swizzle's 1024-byte period), or all in rows.
-        let any_boxes = !boxes.is_empty();
+        // The staging region with the boxes (on the swizzle's 1024-byte period), or with
+        // every add in rows.
         let region = |with_boxes: bool| {
-            let align = if with_boxes && any_boxes { 1024 } else { 128 };
-            let offset = kernel.schedule.smem_bytes.next_multiple_of(align);
-            let bytes = sizes
+            let boxed = with_boxes && staged.iter().any(|(_, _, b)| b.is_ok());
+            let offset =
+                kernel
+                    .schedule
+                    .smem_bytes
+                    .next_multiple_of(if boxed { 1024 } else { 128 });
+            let bytes = staged
                 .iter()
-                .map(|&(_, rows, b)| if with_boxes { b.unwrap_or(rows) } else { rows })
+                .map(|(_, (rows, cols), b)| match b {
+                    Ok(b) if with_boxes => b.bytes(),
+                    _ => *rows as u32 * BulkAdds::pitch(*cols),
+                })
                 .max()
                 .unwrap_or(0);
             (offset, bytes)
@@ -124,56 +109,65 @@ pub fn plan(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             let total = offset + bytes;
             total <= super::memory_plan::SMEM_LIMIT && fit(total) >= before.min(2)
         };
-        let chosen = if fits(region(true)) {
-            Some((region(true), boxes))
-        } else if fits(region(false)) {
-            for n in &mut notes {
-                n.text = n.text.replace(
-                    &format!(
-                        "one TMA reduction a {}-column box (cp.reduce.async.bulk.tensor .add)",
-                        AddBoxes::COLUMNS
-                    ),
-                    "one bulk reduction a row (cp.reduce.async.bulk .add.f32; not as tensor \
-                     boxes: their 1024-byte aligned region does not fit)",
-                );
-            }
-            Some((region(false), BTreeMap::new()))
-        } else {
-            None
-        };
-        match chosen {
-            Some(((offset, bytes), boxes)) => {
-                kernel.schedule.bulk_adds = Some(BulkAdds {
-                    ops,
-                    boxes,
-                    offset,
-                    bytes,
-                    consumers,
-                });
-                kernel.schedule.smem_bytes = offset + bytes;
-            }
-            None => {
-                let (offset, bytes) = region(false);
-                let total = offset + bytes;
-                let why = if total > super::memory_plan::SMEM_LIMIT {
-                    format!("does not fit beside the kernel's {offset} bytes of shared memory")
-                } else {
-                    format!(
-                        "would leave {} block(s) a multiprocessor instead of {before}",
-                        fit(total)
-                    )
+        let with_boxes = fits(region(true));
+        let (offset, bytes) = region(with_boxes);
+        if with_boxes || fits((offset, bytes)) {
+            let mut boxes = BTreeMap::new();
+            for (id, (rows, cols), planned) in staged.iter().cloned() {
+                let planned = match planned {
+                    Ok(_) if !with_boxes => Err("their 1024-byte aligned region does not fit"),
+                    other => other,
                 };
-                for n in &mut notes {
-                    if !n.text.contains("stays") {
-                        n.text = format!(
-                            "sm_90a: this f32 atomic add stays one red.global.add per element: \
-                             its {bytes}-byte staging buffer {why}"
-                        );
+                let text = match planned {
+                    Ok(b) => {
+                        boxes.insert(id, b);
+                        format!(
+                            "sm_90a: this f32 atomic add of a [{rows}, {cols}] tile goes \
+                             through shared memory, one TMA reduction a {}-column box \
+                             (cp.reduce.async.bulk.tensor .add)",
+                            AddBoxes::COLUMNS
+                        )
                     }
-                }
+                    Err(why) => format!(
+                        "sm_90a: this f32 atomic add of a [{rows}, {cols}] tile goes through \
+                         shared memory, one bulk reduction a row (cp.reduce.async.bulk \
+                         .add.f32; not as tensor boxes: {why})"
+                    ),
+                };
+                notes.push((id, text));
+            }
+            kernel.schedule.bulk_adds = Some(BulkAdds {
+                ops: staged.iter().map(|(id, _, _)| *id).collect(),
+                boxes,
+                offset,
+                bytes,
+                consumers,
+            });
+            kernel.schedule.smem_bytes = offset + bytes;
+        } else {
+            let total = offset + bytes;
+            let why = if total > super::memory_plan::SMEM_LIMIT {
+                format!("does not fit beside the kernel's {offset} bytes of shared memory")
+            } else {
+                format!(
+                    "would leave {} block(s) a multiprocessor instead of {before}",
+                    fit(total)
+                )
+            };
+            for &(id, _, _) in &staged {
+                let text = format!(
+                    "sm_90a: this f32 atomic add stays one red.global.add per element: its \
+                     {bytes}-byte staging buffer {why}"
+                );
+                notes.push((id, text));
             }
         }
     }
+    notes.sort_by_key(|(id, _)| order.iter().position(|o| o == id));
+    let notes = notes.into_iter().map(|(id, text)| Note {
+        loc: kernel.ops[id].loc,
+        text,
+    });
     kernel.schedule.notes.extend(notes);
     Ok(())
 }

@@ -350,7 +350,7 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Sc
         t.lead_dims = rank - 2;
         Some(t)
     };
-    let loads = ring_loads
+    let mut loads = ring_loads
         .iter()
         .map(|&(l, operand, rows, cols)| tma(l, rows, cols, operand))
         .collect::<Option<Vec<_>>>()?;
@@ -362,7 +362,6 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Sc
             Some(t)
         })
         .collect::<Option<Vec<_>>>()?;
-    let mut loads = loads;
     if target == Target::Sm90a {
         loads.extend(register_loads(kernel, id, &inside));
     }
