@@ -40,7 +40,7 @@ pub fn plan(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     let holders = consumers.unwrap_or(threads);
     // Each staged add's tile and its boxes, or why it goes in rows; the notes by the adds'
     // program order.
-    let mut staged: Vec<(OpId, (usize, usize), Result<AddBoxes, &'static str>)> = Vec::new();
+    let mut staged: Vec<StagedAdd> = Vec::new();
     let mut notes = Vec::new();
     let adds = candidates(kernel);
     let order: Vec<OpId> = adds.iter().map(|&(id, _)| id).collect();
@@ -171,6 +171,9 @@ pub fn plan(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     kernel.schedule.notes.extend(notes);
     Ok(())
 }
+
+/// A staged add: its op, its `[rows, cols]` tile, and its boxes or why it goes in rows.
+type StagedAdd = (OpId, (usize, usize), Result<AddBoxes, &'static str>);
 
 /// The `[rows, cols]` tile an add stages, or why it cannot be staged.
 type Staged = Result<(usize, usize), &'static str>;
