@@ -132,17 +132,24 @@ impl Sm90a<'_, '_> {
             self.consumer_op(&c, o, lane0)?;
         }
         let counted = self.e.open_counted_loop(iv, hi, step);
+        // A body that commits its groups where it issues them and drains them at its end
+        // leaves the program's commit and wait nothing: an empty group costs ptxas a dummy
+        // wgmma.
+        let mut drained = false;
         for &o in &consumer.program.iteration {
             match o {
                 Op::Wgmma(MmaPart::Body) => {
                     self.bind_stages(c.stage);
-                    self.ops.mma = Some(RingBody::new(self.v.k, self.v.s, true));
+                    let ring = RingBody::new(self.v.k, self.v.s, true);
+                    drained = ring.commits_inline();
+                    self.ops.mma = Some(ring);
                     self.e.write_block(body, &mut self.ops)?;
                     self.e.wgmma_drain();
                     self.ops.mma = None;
                     let yields = self.e.yielded(body);
                     self.e.assign_all(&carried, &yields, id)?;
                 }
+                Op::WgmmaCommit | Op::WgmmaWait(_) if drained => {}
                 other => self.consumer_op(&c, other, lane0)?,
             }
         }

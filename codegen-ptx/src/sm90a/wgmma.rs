@@ -50,6 +50,12 @@ impl RingBody {
             inline_wait: unrotated && !overlaps(k, s.for_op),
         }
     }
+
+    /// Whether the body commits every wgmma group it issues (and, drained at its end,
+    /// leaves none for the program's own commit and wait).
+    pub(crate) fn commits_inline(&self) -> bool {
+        self.inline_wait
+    }
 }
 
 impl RingMma for Option<RingBody> {
