@@ -227,7 +227,7 @@ fn an_a_loaded_before_its_loop_is_staged_once_where_it_is_loaded() {
             .or_else(|| lines.iter().position(|l| l.starts_with("$L")))
             .expect("a loop");
         let stores: Vec<usize> = (0..lines.len())
-            .filter(|&i| lines[i].starts_with("st.shared"))
+            .filter(|&i| lines[i].starts_with("st.shared") || lines[i].starts_with("stmatrix"))
             .collect();
         assert!(
             !stores.is_empty(),

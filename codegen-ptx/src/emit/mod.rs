@@ -25,6 +25,7 @@ mod copy;
 mod exchange;
 mod in_flight;
 mod math;
+pub(crate) mod matrices;
 mod memory;
 mod mma;
 mod params;

@@ -1,13 +1,16 @@
 //! Register mma operands staged through shared memory (`kiln_ir::passes::mma_operands`):
 //! every thread writes its elements of the source tile into the operand's buffer, row-major
-//! in the buffer's swizzle, packing runs of adjacent columns into 32-, 64- or 128-bit stores;
-//! the mma then reads the buffer with `ldmatrix` as it reads a staged load.
+//! in the buffer's swizzle, as 8x8 matrices ([`super::matrices`]) where the buffer has 128-byte
+//! swizzled rows and the tile is laid out as an mma accumulator, else packing runs of
+//! adjacent columns into 32-, 64- or 128-bit stores; the mma then reads the buffer with
+//! `ldmatrix` (or a wgmma descriptor) as it reads a staged load.
 
 use std::collections::BTreeMap;
 
-use kiln_ir::schedule::StagedOperand;
-use kiln_ir::{DType, OpId};
+use kiln_ir::schedule::{SmemBuffer, StagedOperand};
+use kiln_ir::{DType, OpId, Target};
 
+use super::matrices::{MatrixPlan, MatrixWriter, SwizzledBoxes};
 use super::{Emitter, Val};
 use crate::error::CodegenError;
 use crate::types::{Class, Reg};
@@ -74,6 +77,32 @@ impl Emitter<'_> {
         let buf = st.buffer.clone();
         let base = self.new_reg(Class::B32);
         self.ins(format!("add.s32 {base}, {}, {}", self.smem, buf.offset));
+        let threads = 32 * self.k.options.num_warps;
+        // `stmatrix` is sm_90's.
+        let matrices = (self.target != Target::Sm80)
+            .then(|| swizzled_boxes(&buf, dtype))
+            .flatten()
+            .and_then(|layout| MatrixPlan::of(&d, threads, layout).map(|plan| (layout, plan)));
+        if let Some((layout, plan)) = matrices {
+            let origin = (self.smem, buf.offset);
+            let mut writer = MatrixWriter::new(self, &d, Some(plan), layout, origin);
+            // Every thread is done reading the previous contents.
+            self.ins(barrier.clone());
+            let per_store = writer.regs_per_store();
+            for (i, offs) in d.regs.chunks(per_store).enumerate() {
+                let place = writer.place(self, (offs[0][0], offs[0][1]));
+                let words = self.stage_words(&elements, i * per_store, per_store, dtype);
+                let words: Vec<Reg> = words
+                    .into_iter()
+                    .map(|w| match w {
+                        Word::Full(r) => Ok(r),
+                        Word::Half(_) => Err(self.internal(id, "a matrix row of one element")),
+                    })
+                    .collect::<Result<_, _>>()?;
+                writer.store(self, place, &words);
+            }
+            return Ok(self.staged_written(sync, barrier, base, buf, st.transposed));
+        }
         let row0 = self.thread_coord(&d.terms[0]);
         let col0 = self.thread_coord(&d.terms[1]);
         // Runs of registers along a row, at most one 16-byte chunk, starting at a column that
@@ -173,18 +202,29 @@ impl Emitter<'_> {
             }
             i += len;
         }
-        // The writes are visible to every warp's ldmatrix (and, through the proxy fence, to
-        // a wgmma's reads).
+        Ok(self.staged_written(sync, barrier, base, buf, st.transposed))
+    }
+
+    /// After a staging write: the writes made visible to every warp's ldmatrix (and, through
+    /// the proxy fence, to a wgmma's reads); the operand's form.
+    fn staged_written(
+        &mut self,
+        sync: StageSync,
+        barrier: String,
+        base: Reg,
+        buf: SmemBuffer,
+        transposed: bool,
+    ) -> Val {
         match sync {
             StageSync::Block => self.async_proxy_fence(),
             StageSync::Consumers { .. } => self.ins("fence.proxy.async.shared::cta"),
         }
         self.ins(barrier);
-        Ok(Val::Smem {
+        Val::Smem {
             base,
             buf,
-            transposed: st.transposed,
-        })
+            transposed,
+        }
     }
 
     /// The buffer of `st`, written where its source was loaded ([`StagedOperand::at_source`]),
@@ -242,10 +282,60 @@ impl Emitter<'_> {
     }
 }
 
+/// `buf` as [`SwizzledBoxes`] where it is laid out as they are: 16-bit elements in rows of
+/// 128 swizzled bytes (a boxed buffer's, or a whole row's of 64 columns).
+fn swizzled_boxes(buf: &SmemBuffer, dtype: DType) -> Option<SwizzledBoxes> {
+    let halves = matches!(dtype, DType::Bf16 | DType::F16);
+    (halves && buf.swizzle() == Some((0, 7)) && buf.pitch() == 128).then(|| SwizzledBoxes {
+        box_bytes: buf.box_bytes(),
+        boxes: buf.row_bytes / 128,
+    })
+}
+
 /// A register holding staged elements.
 enum Word {
     /// One element.
     Half(Reg),
     /// Two elements, the first in the low half.
     Full(Reg),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A staged buffer of `rows` rows of `row_bytes`, 128-byte swizzled, boxed or not.
+    fn buffer(rows: u32, row_bytes: u32, boxed: bool) -> SmemBuffer {
+        SmemBuffer {
+            load: OpId::from_index(0),
+            offset: 0,
+            stage_bytes: rows * row_bytes,
+            stages: 1,
+            row_bytes,
+            swizzled: true,
+            boxed,
+        }
+    }
+
+    #[test]
+    fn matrices_go_where_the_buffer_keeps_each_element() {
+        // Rows of 64 columns, or boxes of 64 columns side by side: every element's place as
+        // the matrix writer computes it is the buffer's.
+        for (rows, row_bytes, boxed) in [(64, 128, false), (128, 128, true), (64, 256, true)] {
+            let buf = buffer(rows, row_bytes, boxed);
+            let layout = swizzled_boxes(&buf, DType::Bf16).expect("a 128-byte swizzle");
+            for row in 0..rows {
+                for col in 0..row_bytes / 2 {
+                    assert_eq!(
+                        layout.offset(row, col),
+                        buf.boxed_offset(row, col / 8) + (col % 8) * 2,
+                        "{rows} x {row_bytes} B, row {row}, column {col}"
+                    );
+                }
+            }
+        }
+        // Rows of 256 bytes not boxed swizzle across the whole row: not this layout.
+        assert_eq!(swizzled_boxes(&buffer(64, 256, false), DType::Bf16), None);
+        assert_eq!(swizzled_boxes(&buffer(64, 128, false), DType::F32), None);
+    }
 }
