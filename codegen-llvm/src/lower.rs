@@ -701,10 +701,10 @@ impl<'a, 'ctx> Lower<'a, 'ctx> {
                 .const_int(u64::from(x != 0.0), false)
                 .as_basic_value_enum(),
             DType::Bf16 => i16t
-                .const_int(u64::from(half::bf16::from_f64(x).to_bits()), false)
+                .const_int(u64::from(kiln_ir::rounding::to_bf16(x).to_bits()), false)
                 .as_basic_value_enum(),
             DType::F16 => i16t
-                .const_int(u64::from(half::f16::from_f64(x).to_bits()), false)
+                .const_int(u64::from(kiln_ir::rounding::to_f16(x).to_bits()), false)
                 .as_basic_value_enum(),
         }
     }

@@ -3,6 +3,7 @@
 use half::{bf16, f16};
 use thiserror::Error;
 
+use crate::rounding;
 use crate::types::DType;
 
 /// Element storage of a host tensor.
@@ -70,8 +71,8 @@ impl TensorData {
     /// If `i >= self.len()`, as slice indexing does.
     pub fn set_f64(&mut self, i: usize, x: f64) {
         match self {
-            TensorData::Bf16(v) => v[i] = bf16::from_f64(x),
-            TensorData::F16(v) => v[i] = f16::from_f64(x),
+            TensorData::Bf16(v) => v[i] = rounding::to_bf16(x),
+            TensorData::F16(v) => v[i] = rounding::to_f16(x),
             TensorData::F32(v) => v[i] = x as f32,
             TensorData::I32(v) => v[i] = x as i32,
             TensorData::U32(v) => v[i] = x as u32,
@@ -118,8 +119,8 @@ impl HostTensor {
     pub fn full(shape: &[usize], dtype: DType, value: f64) -> HostTensor {
         let n = shape.iter().product();
         let data = match dtype {
-            DType::Bf16 => TensorData::Bf16(vec![bf16::from_f64(value); n]),
-            DType::F16 => TensorData::F16(vec![f16::from_f64(value); n]),
+            DType::Bf16 => TensorData::Bf16(vec![rounding::to_bf16(value); n]),
+            DType::F16 => TensorData::F16(vec![rounding::to_f16(value); n]),
             DType::F32 => TensorData::F32(vec![value as f32; n]),
             DType::I32 | DType::Bool => TensorData::I32(vec![value as i32; n]),
             DType::U32 => TensorData::U32(vec![value as u32; n]),

@@ -21,6 +21,7 @@ pub mod kernel;
 pub mod math;
 pub mod passes;
 pub mod print;
+pub mod rounding;
 pub mod sched;
 pub mod schedule;
 pub mod target;

@@ -73,7 +73,7 @@ fn run3(k: &Kernel, x: &HostTensor, y: &HostTensor, out: &mut HostTensor) {
 }
 
 fn rbf(x: f64) -> f64 {
-    bf16::from_f64(x).to_f64()
+    kiln::ir::rounding::to_bf16(x).to_f64()
 }
 
 #[test]

@@ -173,11 +173,11 @@ impl Emitter<'_> {
             }
             DType::Bool => self.ins(format!("setp.ne.u32 {r}, {}, 0", x as u32)),
             DType::Bf16 => {
-                let bits = half::bf16::from_f64(x).to_bits();
+                let bits = kiln_ir::rounding::to_bf16(x).to_bits();
                 self.ins(format!("mov.b16 {r}, 0x{bits:04X}"));
             }
             DType::F16 => {
-                let bits = half::f16::from_f64(x).to_bits();
+                let bits = kiln_ir::rounding::to_f16(x).to_bits();
                 self.ins(format!("mov.b16 {r}, 0x{bits:04X}"));
             }
         }

@@ -2,11 +2,10 @@
 
 use std::collections::BTreeMap;
 
-use half::{bf16, f16};
-
 use crate::device_print::{self, PrintValue};
 use crate::kernel::{Axis, Block, Const, Kernel, OpId, OpKind, ValueId};
 use crate::print::op_str;
+use crate::rounding;
 use crate::types::DType;
 
 use super::HostArg;
@@ -513,8 +512,8 @@ fn constant(c: Const, dtype: DType) -> Option<Value> {
         // Integers are stored wide; the IR type is i32, so they wrap as i32 arithmetic does.
         (Const::Int(v), DType::I32) => Value::i32(v as i32),
         (Const::Int(v), DType::U32) => Value::u32(v as u32),
-        (Const::Float(v), DType::Bf16) => Value::float(dtype, bf16::from_f64(v).to_f32()),
-        (Const::Float(v), DType::F16) => Value::float(dtype, f16::from_f64(v).to_f32()),
+        (Const::Float(v), DType::Bf16) => Value::float(dtype, rounding::to_bf16(v).to_f32()),
+        (Const::Float(v), DType::F16) => Value::float(dtype, rounding::to_f16(v).to_f32()),
         (Const::Float(v), DType::F32) => Value::float(dtype, v as f32),
         (Const::Bool(v), DType::Bool) => Value::bool(v),
         _ => return None,

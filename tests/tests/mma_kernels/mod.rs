@@ -315,7 +315,7 @@ pub fn gemm(a: &HostTensor, b: &HostTensor) -> Vec<f64> {
 /// `a @ exp(-|b|)`, `exp(-|b|)` rounded to bf16 as the kernel's B (a bf16 tile) holds it.
 pub fn gemm_exp_b(a: &HostTensor, b: &HostTensor) -> Vec<f64> {
     gemm_with(a, b, |_, _, y| {
-        f64::from(half::bf16::from_f64((-y.abs()).exp()).to_f32())
+        f64::from(kiln::ir::rounding::to_bf16((-y.abs()).exp()).to_f32())
     })
 }
 

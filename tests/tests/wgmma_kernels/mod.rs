@@ -153,7 +153,7 @@ pub fn chain(q: &HostTensor, k: &HostTensor, v: &HostTensor, scale: f64) -> Vec<
     for i in 0..sq {
         for j in 0..sk {
             let s = scale * (0..d).map(|c| qv[i * d + c] * kv[j * d + c]).sum::<f64>();
-            let s = f64::from(half::bf16::from_f64(s).to_f32());
+            let s = f64::from(kiln::ir::rounding::to_bf16(s).to_f32());
             for c in 0..d {
                 o[i * d + c] += s * vv[j * d + c];
             }
