@@ -773,12 +773,14 @@ unsafe fn write_host(ptr: u64, shape: &[usize], strides: &[usize], t: &HostTenso
         unsafe {
             match t.dtype() {
                 DType::F32 => std::ptr::write_unaligned(at as *mut f32, v as f32),
-                DType::Bf16 => {
-                    std::ptr::write_unaligned(at as *mut u16, kiln::ir::rounding::to_bf16(v).to_bits())
-                }
-                DType::F16 => {
-                    std::ptr::write_unaligned(at as *mut u16, kiln::ir::rounding::to_f16(v).to_bits())
-                }
+                DType::Bf16 => std::ptr::write_unaligned(
+                    at as *mut u16,
+                    kiln::ir::rounding::to_bf16(v).to_bits(),
+                ),
+                DType::F16 => std::ptr::write_unaligned(
+                    at as *mut u16,
+                    kiln::ir::rounding::to_f16(v).to_bits(),
+                ),
                 DType::I32 => std::ptr::write_unaligned(at as *mut i32, v as i32),
                 DType::U32 => std::ptr::write_unaligned(at as *mut u32, v as u32),
                 DType::Bool => std::ptr::write_unaligned(at as *mut u8, u8::from(v != 0.0)),
