@@ -685,6 +685,22 @@ pub struct Schedule {
     /// sm_90a: the whole-tile f32 atomic adds applied through shared memory with bulk
     /// reductions ([`crate::passes::bulk_add`]), and their staging region.
     pub bulk_adds: Option<BulkAdds>,
+    /// sm_90a: the consumers' staging barriers of a ring body that another barrier of the
+    /// body already implies ([`crate::passes::consumer_barriers`]).
+    pub implied_barriers: ImpliedBarriers,
+}
+
+/// The first barriers (write after read) of the consumers' staging writes in a ring body that
+/// the PTX writer leaves out, each implied by another op's second barrier.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImpliedBarriers {
+    /// Mmas that write their staged A without first meeting: every reader of the buffer's
+    /// previous contents has finished before another op's second barrier that precedes it.
+    pub staged: std::collections::BTreeSet<OpId>,
+    /// Bulk adds that write their tile without first meeting, each with the staged mma
+    /// before whose second barrier the issuing threads wait for the previous add's reads of
+    /// the region (`cp.async.bulk.wait_group.read`).
+    pub bulk: BTreeMap<OpId, OpId>,
 }
 
 /// The atomic adds lowered to `cp.reduce.async.bulk` and the shared region they stage their

@@ -107,8 +107,7 @@ impl Emitter<'_> {
         self.comment("f32 atomic add of a whole tile: staged, one bulk reduction a row");
         let tid = self.tid;
         // The previous bulk add has read the staging region (each thread its own rows).
-        self.ins("cp.async.bulk.wait_group.read 0");
-        self.ins(&sync);
+        self.before_add_staging(id, &sync);
         let base = self.element_address(&d, &strides, 4, region);
         if d.column_pairs() {
             for pair in d.regs.chunks(2) {
@@ -237,8 +236,7 @@ impl Emitter<'_> {
             b.boxes
         ));
         // The previous add's boxes have been read (only thread 0 has reductions in flight).
-        self.ins("cp.async.bulk.wait_group.read 0");
-        self.ins(sync);
+        self.before_add_staging(id, sync);
         // `AddBoxes::thread_part` of the thread's row and column.
         let rb = self.thread_coord(&d.terms[0]);
         let cb = self.thread_coord(&d.terms[1]);
@@ -315,6 +313,16 @@ impl Emitter<'_> {
         self.ins("cp.async.bulk.commit_group");
         self.label(&done);
         Ok(())
+    }
+
+    /// Before add `id` writes the staging region: the threads wait for their previous
+    /// reductions to have read it and meet, unless a staged mma's barrier before it does
+    /// both ([`kiln_ir::schedule::ImpliedBarriers::bulk`]).
+    fn before_add_staging(&mut self, id: OpId, sync: &str) {
+        if !self.k.schedule.implied_barriers.bulk.contains_key(&id) {
+            self.ins("cp.async.bulk.wait_group.read 0");
+            self.ins(sync);
+        }
     }
 
     /// Before the kernel exits: every thread waits for its bulk reductions to complete

@@ -86,8 +86,7 @@ impl Emitter<'_> {
         if let Some((layout, plan)) = matrices {
             let origin = (self.smem, buf.offset);
             let mut writer = MatrixWriter::new(self, &d, Some(plan), layout, origin);
-            // Every thread is done reading the previous contents.
-            self.ins(barrier.clone());
+            self.before_staging(id, &barrier);
             let per_store = writer.regs_per_store();
             for (i, offs) in d.regs.chunks(per_store).enumerate() {
                 let place = writer.place(self, (offs[0][0], offs[0][1]));
@@ -101,7 +100,7 @@ impl Emitter<'_> {
                     .collect::<Result<_, _>>()?;
                 writer.store(self, place, &words);
             }
-            return Ok(self.staged_written(sync, barrier, base, buf, st.transposed));
+            return Ok(self.staged_written(id, sync, barrier, base, buf, st.transposed));
         }
         let row0 = self.thread_coord(&d.terms[0]);
         let col0 = self.thread_coord(&d.terms[1]);
@@ -111,8 +110,7 @@ impl Emitter<'_> {
             .iter()
             .map(|t| t.mul)
             .fold(8u32, |a, m| a.min(1 << m.trailing_zeros().min(3)));
-        // Every thread is done reading the previous contents.
-        self.ins(barrier.clone());
+        self.before_staging(id, &barrier);
         let mut rows: BTreeMap<u32, (Reg, Option<Reg>)> = BTreeMap::new();
         let mut cols: BTreeMap<u32, (Reg, Reg)> = BTreeMap::new();
         let mut i = 0;
@@ -202,13 +200,24 @@ impl Emitter<'_> {
             }
             i += len;
         }
-        Ok(self.staged_written(sync, barrier, base, buf, st.transposed))
+        Ok(self.staged_written(id, sync, barrier, base, buf, st.transposed))
     }
 
-    /// After a staging write: the writes made visible to every warp's ldmatrix (and, through
-    /// the proxy fence, to a wgmma's reads); the operand's form.
+    /// Before mma `id`'s staging write: every thread is done reading the previous contents,
+    /// unless another barrier already says so ([`kiln_ir::schedule::ImpliedBarriers::staged`]).
+    fn before_staging(&mut self, id: OpId, barrier: &str) {
+        if !self.k.schedule.implied_barriers.staged.contains(&id) {
+            self.ins(barrier);
+        }
+    }
+
+    /// After mma `id`'s staging write: the writes made visible to every warp's ldmatrix
+    /// (and, through the proxy fence, to a wgmma's reads); the operand's form. Where a bulk
+    /// add leaves its first barrier to this one ([`kiln_ir::schedule::ImpliedBarriers::bulk`]), the threads
+    /// first wait for their bulk reductions to have read the adds' region.
     fn staged_written(
         &mut self,
+        id: OpId,
         sync: StageSync,
         barrier: String,
         base: Reg,
@@ -218,6 +227,9 @@ impl Emitter<'_> {
         match sync {
             StageSync::Block => self.async_proxy_fence(),
             StageSync::Consumers { .. } => self.ins("fence.proxy.async.shared::cta"),
+        }
+        if self.k.schedule.implied_barriers.bulk.values().any(|&h| h == id) {
+            self.ins("cp.async.bulk.wait_group.read 0");
         }
         self.ins(barrier);
         Val::Smem {
