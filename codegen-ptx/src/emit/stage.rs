@@ -228,7 +228,14 @@ impl Emitter<'_> {
             StageSync::Block => self.async_proxy_fence(),
             StageSync::Consumers { .. } => self.ins("fence.proxy.async.shared::cta"),
         }
-        if self.k.schedule.implied_barriers.bulk.values().any(|&h| h == id) {
+        if self
+            .k
+            .schedule
+            .implied_barriers
+            .bulk
+            .values()
+            .any(|&h| h == id)
+        {
             self.ins("cp.async.bulk.wait_group.read 0");
         }
         self.ins(barrier);

@@ -114,7 +114,11 @@ impl Body {
                 Some((o, buffer_range(&st.buffer)))
             })
             .collect();
-        let adds = ops.iter().copied().filter(|&o| is_bulk_add(kernel, o)).collect();
+        let adds = ops
+            .iter()
+            .copied()
+            .filter(|&o| is_bulk_add(kernel, o))
+            .collect();
         Body {
             all: ops_in_block(kernel, block),
             ops,
@@ -124,7 +128,10 @@ impl Body {
     }
 
     fn index(&self, op: OpId) -> usize {
-        self.ops.iter().position(|&o| o == op).unwrap_or(self.ops.len())
+        self.ops
+            .iter()
+            .position(|&o| o == op)
+            .unwrap_or(self.ops.len())
     }
 
     /// The points of the always-kept second barriers: every staged mma's and bulk add's.

@@ -143,7 +143,9 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
 /// kernels.
 pub fn applies(name: &str, target: Target) -> bool {
     match name {
-        "warp_specialise" | "overlap" | "mma_issue" | "occupancy" | "consumer_barriers" => target == Target::Sm90a,
+        "warp_specialise" | "overlap" | "mma_issue" | "occupancy" | "consumer_barriers" => {
+            target == Target::Sm90a
+        }
         "pipeline" | "persistent" | "tma_store" | "protocol_check" => {
             matches!(target, Target::Sm90a | Target::Sm100a)
         }
