@@ -19,12 +19,16 @@ use crate::target::Target;
 
 use super::occupancy::{NON_ACCUMULATOR_REGS, live_accumulator_regs};
 use super::pipeline::overlaps;
+use super::warp_specialise::{register_split, set_registers};
 
 /// Reorders the ring body's top-level ops; does nothing on other targets, without a ring,
 /// for a rotated body (the `overlap` pass scheduled it) and for the GEMM mainloop (its one
 /// mma stays in flight across iterations already). An mma moves only where the
 /// accumulators then live at once still fit the consumers' registers (the `occupancy`
 /// pass's count, which refuses a kernel they do not fit): an earlier product is held longer.
+/// A body in which an mma moved takes the deeper register split of a rotated body (24 / 240,
+/// [`register_split`]): with the scores and dP in flight together, attention backward's
+/// keys-major consumers spilled 16 bytes at 232 registers and none at 240.
 pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     if target != Target::Sm90a {
         return Ok(());
@@ -33,25 +37,29 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         return Ok(());
     };
     let for_op = s.for_op;
-    let Some(regs) = s
+    let Some(warps) = s
         .role(RoleKind::Consumer)
-        .filter(|c| !c.program.rotated)
-        .and_then(|c| c.regs)
+        .filter(|c| !c.program.rotated && c.regs.is_some())
+        .map(|c| c.warps)
     else {
         return Ok(());
     };
     if overlaps(kernel, for_op) {
         return Ok(());
     }
+    // A body whose products stay in flight across its register code holds more at once:
+    // like the `overlap` pass's rotated schedule, it takes the deeper register split.
+    let deeper = register_split(true, warps);
     let fits = |k: &Kernel| {
         k.schedule
             .sched
             .as_ref()
-            .is_some_and(|s| live_accumulator_regs(k, s) + NON_ACCUMULATOR_REGS <= regs)
+            .is_some_and(|s| live_accumulator_regs(k, s) + NON_ACCUMULATOR_REGS <= deeper.1)
     };
     if !fits(kernel) {
         return Ok(());
     }
+    let original = kernel.ops[for_op].regions[0].ops.clone();
     let mmas = super::walk::mmas(kernel, &kernel.ops[for_op].regions[0]);
     for (i, &mma) in mmas.iter().enumerate() {
         let before = kernel.ops[for_op].regions[0].ops.clone();
@@ -60,6 +68,11 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         if !fits(kernel) {
             kernel.ops[for_op].regions[0].ops = before;
         }
+    }
+    if kernel.ops[for_op].regions[0].ops != original
+        && let Some(s) = kernel.schedule.sched.as_mut()
+    {
+        set_registers(s, deeper);
     }
     Ok(())
 }

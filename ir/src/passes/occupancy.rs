@@ -208,7 +208,9 @@ fn accumulator_regs(kernel: &Kernel, s: &Sched) -> AccumulatorRegs {
 /// The most registers a consumer thread holds at once in the ring loop for the mma
 /// accumulators and the tiles computed elementwise from them (the probabilities from the
 /// scores), each from where it is made to its last read in program order, the loop's carried
-/// accumulators throughout; 16-bit tiles count half.
+/// accumulators throughout; 16-bit tiles count half. Inside a branch, a read in another
+/// branch of the same `if` does not keep a value live (no path runs both): the masked
+/// scores' `select` ends the unmasked scores' life in its branch.
 pub(crate) fn live_accumulator_regs(kernel: &Kernel, s: &Sched) -> u32 {
     use std::collections::BTreeMap;
 
@@ -227,10 +229,11 @@ pub(crate) fn live_accumulator_regs(kernel: &Kernel, s: &Sched) -> u32 {
         Some(regs * (ty.dtype().size_bytes() as u32).div_ceil(2))
     };
     let end = ops.len();
-    let mut last: BTreeMap<ValueId, usize> = BTreeMap::new();
+    let paths = branch_paths(kernel, s.for_op, &ops);
+    let mut reads: BTreeMap<ValueId, Vec<usize>> = BTreeMap::new();
     for (i, &op) in ops.iter().enumerate() {
         for &v in &kernel.ops[op].operands {
-            last.insert(v, i);
+            reads.entry(v).or_default().push(i);
         }
     }
     // The loop's carried values: its body's arguments, live from the start, and what it
@@ -244,9 +247,18 @@ pub(crate) fn live_accumulator_regs(kernel: &Kernel, s: &Sched) -> u32 {
     }
     if let Some(&y) = body.ops.last() {
         for &v in &kernel.ops[y].operands {
-            last.insert(v, end);
+            reads.entry(v).or_default().push(end);
         }
     }
+    // Whether position `j` may run after position `i`: not in another branch of an `if`
+    // that holds both (the body's end follows everything).
+    let follows = |i: usize, j: usize| {
+        j > i
+            && (j == end
+                || paths[i]
+                    .iter()
+                    .all(|(x, r)| paths[j].iter().all(|(y, q)| x != y || r == q)))
+    };
     // A branch's merged tiles (the masked scores) are made where its regions end.
     let mut merged: BTreeMap<usize, Vec<ValueId>> = BTreeMap::new();
     let mut most = live.values().sum::<u32>();
@@ -270,8 +282,42 @@ pub(crate) fn live_accumulator_regs(kernel: &Kernel, s: &Sched) -> u32 {
         }
         // What this op reads last is given back as it writes (an mma accumulating in place,
         // an elementwise op register by register).
-        live.retain(|v, _| last.get(v).is_some_and(|&l| l > i));
+        live.retain(|v, _| {
+            reads
+                .get(v)
+                .is_some_and(|at| at.iter().any(|&j| follows(i, j)))
+        });
         most = most.max(live.values().sum());
     }
     most.div_ceil(2)
+}
+
+/// For each of `ops` (the ops inside `for_op`'s regions, in program order), the branches it
+/// sits in: `(if, region)` pairs, outermost first.
+fn branch_paths(kernel: &Kernel, for_op: OpId, ops: &[OpId]) -> Vec<Vec<(OpId, usize)>> {
+    use std::collections::BTreeMap;
+
+    let mut at: BTreeMap<OpId, Vec<(OpId, usize)>> = BTreeMap::new();
+    fn visit(
+        kernel: &Kernel,
+        op: OpId,
+        path: &[(OpId, usize)],
+        at: &mut BTreeMap<OpId, Vec<(OpId, usize)>>,
+    ) {
+        let o = &kernel.ops[op];
+        for (r, region) in o.regions.iter().enumerate() {
+            let mut inner = path.to_vec();
+            if o.kind == OpKind::If {
+                inner.push((op, r));
+            }
+            for &x in &region.ops {
+                at.insert(x, inner.clone());
+                visit(kernel, x, &inner, at);
+            }
+        }
+    }
+    visit(kernel, for_op, &[], &mut at);
+    ops.iter()
+        .map(|o| at.get(o).cloned().unwrap_or_default())
+        .collect()
 }
