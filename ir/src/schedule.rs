@@ -686,7 +686,7 @@ pub struct Schedule {
     /// reductions ([`crate::passes::bulk_add`]), and their staging region.
     pub bulk_adds: Option<BulkAdds>,
     /// sm_90a: the consumers' staging barriers of a ring body that another barrier of the
-    /// body already implies ([`crate::passes::consumer_barriers`]).
+    /// body already implies ([`crate::passes::consumer_barriers`], planned in `lower`).
     pub implied_barriers: ImpliedBarriers,
 }
 

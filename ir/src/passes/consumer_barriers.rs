@@ -1,4 +1,4 @@
-//! The `consumer_barriers` pass (sm_90a): which of the named barriers the consumer warpgroups
+//! sm_90a: which of the named barriers the consumer warpgroups
 //! meet at around their shared-memory staging in a ring body another barrier of the same body
 //! already implies.
 //!
@@ -22,7 +22,6 @@
 
 use std::collections::BTreeMap;
 
-use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, OpId, OpKind, ValueId};
 use crate::sched::RoleKind;
 use crate::schedule::ImpliedBarriers;
@@ -33,13 +32,14 @@ use super::walk::ops_in_block;
 
 /// Records the implied barriers in [`crate::schedule::Schedule::implied_barriers`]; nothing
 /// outside an unrotated consumers' ring body on sm_90a whose wgmmas complete in the body.
-pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
+/// Runs in `lower`, after the bulk adds are planned.
+pub fn plan(kernel: &mut Kernel, target: Target) {
     kernel.schedule.implied_barriers = ImpliedBarriers::default();
     if target != Target::Sm90a {
-        return Ok(());
+        return;
     }
     let Some(s) = &kernel.schedule.sched else {
-        return Ok(());
+        return;
     };
     let for_op = s.for_op;
     let unrotated = s
@@ -47,7 +47,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         .is_some_and(|c| !c.program.rotated);
     // The GEMM mainloop's one mma stays in flight across iterations.
     if !unrotated || overlaps(kernel, for_op) {
-        return Ok(());
+        return;
     }
     let body = Body::of(kernel, for_op);
     // The staged buffers and the adds' region are placed apart (after every other buffer,
@@ -60,7 +60,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             .iter()
             .all(|st| !overlap(&buffer_range(&st.buffer), &region));
         if !apart {
-            return Ok(());
+            return;
         }
     }
     let mut implied = ImpliedBarriers::default();
@@ -73,7 +73,6 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
         implied.bulk.insert(add, host);
     }
     kernel.schedule.implied_barriers = implied;
-    Ok(())
 }
 
 /// A point of the body, in program order: before a top-level op's code (where the PTX writer

@@ -65,6 +65,7 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     }
     place_scratch(kernel, target)?;
     super::bulk_add::plan(kernel, target)?;
+    super::consumer_barriers::plan(kernel, target);
     let mut loops = std::collections::BTreeMap::new();
     for id in ops_in_order(kernel) {
         let OpKind::For { stages: Some(n) } = kernel.ops[id].kind else {

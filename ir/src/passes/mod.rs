@@ -123,12 +123,6 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
         "target lowering plans (sm_80: cp.async pipelining)",
         lower::run,
     ),
-    // sm_90a: needs the final ring body (mma_issue's order) and the bulk adds (`lower`).
-    (
-        "consumer_barriers",
-        "sm_90a: leave out the consumers' staging barriers another barrier of the body implies",
-        consumer_barriers::run,
-    ),
     // Last: proves the final schedule's barrier protocol.
     (
         "protocol_check",
@@ -143,9 +137,7 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
 /// kernels.
 pub fn applies(name: &str, target: Target) -> bool {
     match name {
-        "warp_specialise" | "overlap" | "mma_issue" | "occupancy" | "consumer_barriers" => {
-            target == Target::Sm90a
-        }
+        "warp_specialise" | "overlap" | "mma_issue" | "occupancy" => target == Target::Sm90a,
         "pipeline" | "persistent" | "tma_store" | "protocol_check" => {
             matches!(target, Target::Sm90a | Target::Sm100a)
         }
