@@ -133,15 +133,13 @@ impl View<'_> {
                 e.ins(format!("div.u32 {z}, {yz}, {ny}"));
             }
             TileScheduler::LongestFirst => {
-                e.comment("work tile: its block index (x slowest, from the last block down)");
-                let [planes, yz] = e.new_regs(Class::B32);
-                e.ins(format!("mul.lo.u32 {planes}, {ny}, {nz}"));
-                e.ins(format!("div.u32 {x}, {tile}, {planes}"));
-                e.ins(format!("sub.u32 {x}, {nx}, {x}"));
-                e.ins(format!("sub.u32 {x}, {x}, 1"));
-                e.ins(format!("rem.u32 {yz}, {tile}, {planes}"));
-                e.ins(format!("rem.u32 {y}, {yz}, {ny}"));
-                e.ins(format!("div.u32 {z}, {yz}, {ny}"));
+                e.comment(
+                    "work tile: the wave's run of tiles in plane order (x fastest), by \
+                     decreasing x (kiln_ir::sched::tiles::WaveRun)",
+                );
+                let plane = wave_run_tile(e, [wave, tile], [ctas, total, nx], x);
+                e.ins(format!("rem.u32 {y}, {plane}, {ny}"));
+                e.ins(format!("div.u32 {z}, {plane}, {ny}"));
             }
             TileScheduler::Grouped { rows } => {
                 e.comment(&format!(
@@ -190,4 +188,68 @@ impl View<'_> {
         e.ins(format!("bra.uni {}", tl.top));
         e.label(&tl.done);
     }
+}
+
+/// [`kiln_ir::sched::tiles::WaveRun::tile`] in PTX: of the wave starting at position `start`
+/// of `total` (`ctas` positions long, over a grid `nx` wide), the tile at position `at` (the
+/// wave's `at - start`-th by decreasing x): writes its x into `x`, returns its plane.
+fn wave_run_tile(
+    e: &mut Emitter<'_>,
+    [start, at]: [Reg; 2],
+    [ctas, total, nx]: [Reg; 3],
+    x: Reg,
+) -> Reg {
+    let [r, end, first, first_x, last, last_x, full] = e.new_regs(Class::B32);
+    e.ins(format!("sub.u32 {r}, {at}, {start}"));
+    e.ins(format!("add.u32 {end}, {start}, {ctas}"));
+    e.ins(format!("min.u32 {end}, {end}, {total}"));
+    e.ins(format!("div.u32 {first}, {start}, {nx}"));
+    e.ins(format!("rem.u32 {first_x}, {start}, {nx}"));
+    e.ins(format!("div.u32 {last}, {end}, {nx}"));
+    e.ins(format!("rem.u32 {last_x}, {end}, {nx}"));
+    e.ins(format!("sub.s32 {full}, {last}, {first}"));
+    e.ins(format!("sub.s32 {full}, {full}, 1"));
+    // The run's tiles with an x of x0 or more: (nx - x0) full + (nx - max(x0, first_x)) +
+    // max(last_x - x0, 0), in signed arithmetic (`full` is -1 inside one plane).
+    let at_or_above = |e: &mut Emitter<'_>, x0: Reg| {
+        let [n, m, q] = e.new_regs(Class::B32);
+        e.ins(format!("sub.s32 {n}, {nx}, {x0}"));
+        e.ins(format!("mul.lo.s32 {n}, {n}, {full}"));
+        e.ins(format!("max.u32 {m}, {x0}, {first_x}"));
+        e.ins(format!("sub.s32 {m}, {nx}, {m}"));
+        e.ins(format!("add.s32 {n}, {n}, {m}"));
+        e.ins(format!("sub.s32 {q}, {last_x}, {x0}"));
+        e.ins(format!("max.s32 {q}, {q}, 0"));
+        e.ins(format!("add.s32 {n}, {n}, {q}"));
+        n
+    };
+    // Bisection for the largest x whose tiles and those above it number more than r.
+    let [lo, hi, mid, span] = e.new_regs(Class::B32);
+    e.ins(format!("mov.u32 {lo}, 0"));
+    e.ins(format!("mov.u32 {hi}, {nx}"));
+    let (top, found) = (e.new_label(), e.new_label());
+    e.label(&top);
+    e.ins(format!("sub.u32 {span}, {hi}, {lo}"));
+    let done = e.setp("le.u32", span, 1);
+    e.ins(format!("@{done} bra {found}"));
+    e.ins(format!("add.u32 {mid}, {lo}, {hi}"));
+    e.ins(format!("shr.u32 {mid}, {mid}, 1"));
+    let n = at_or_above(e, mid);
+    let more = e.setp("gt.s32", n, r);
+    e.ins(format!("selp.u32 {lo}, {mid}, {lo}, {more}"));
+    e.ins(format!("selp.u32 {hi}, {hi}, {mid}, {more}"));
+    e.ins(format!("bra.uni {top}"));
+    e.label(&found);
+    e.ins(format!("mov.u32 {x}, {lo}"));
+    let above = e.new_reg(Class::B32);
+    e.ins(format!("add.u32 {above}, {lo}, 1"));
+    let n = at_or_above(e, above);
+    let plane = e.new_reg(Class::B32);
+    // Planes in order within one x: from `first` where the run holds this x of it.
+    let before = e.setp("lt.u32", lo, first_x);
+    e.ins(format!("selp.u32 {plane}, 1, 0, {before}"));
+    e.ins(format!("add.u32 {plane}, {plane}, {first}"));
+    e.ins(format!("sub.u32 {n}, {r}, {n}"));
+    e.ins(format!("add.u32 {plane}, {plane}, {n}"));
+    plane
 }

@@ -262,7 +262,7 @@ impl<'k> Plan<'k> {
                         (0..)
                             .map(|k| order.tile(c, ctas, k))
                             .take_while(|&t| t < total)
-                            .map(|t| block(order.block(t as u32, grid)))
+                            .map(|t| block(order.block(t as u32, grid, ctas)))
                             .collect()
                     })
                     .collect()
