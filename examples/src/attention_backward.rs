@@ -142,6 +142,10 @@ impl AttentionBwdParams {
         if target != kiln::ir::Target::Sm90a || self.softcap != 0.0 || windowed || own_dv {
             return self;
         }
+        // The keys-major ring that adds dQ itself (below).
+        if self.adds_dq_keys_major(target, packed) {
+            return self.with_blocks((64, 128, 8, 128), true);
+        }
         // The dense kernels' ring with dQ left to the walk: what the wider tiles were measured
         // in.
         let ring_walk = !packed && self.deterministic;
@@ -153,6 +157,16 @@ impl AttentionBwdParams {
             (256, true) if self.kv_group == 1 => (64, 64, 4, 128),
             _ => return self,
         };
+        self.with_blocks((bm, bn, warps, cols), self.keys_major)
+    }
+
+    /// `self` with blocks `(bm, bn, warps)` where the caller left the defaults, `cols`
+    /// columns where it left them to the kernel, and `keys_major`.
+    fn with_blocks(
+        self,
+        (bm, bn, warps, cols): (usize, usize, usize, usize),
+        keys_major: bool,
+    ) -> Self {
         let blocks_default = self.block_m == 0 && self.block_n == 0 && self.num_warps == 4;
         AttentionBwdParams {
             block_m: if blocks_default { bm } else { self.block_m },
@@ -167,8 +181,30 @@ impl AttentionBwdParams {
             } else {
                 self.key_cols
             },
+            keys_major,
             ..self
         }
+    }
+
+    /// Whether dK and dV come from the keys-major ring that also adds dQ (TMA reductions of
+    /// its dS K into `dq_accum`: one kernel computing S and dP once, where the walk's second
+    /// ring computes them again for dQ): on sm_90a, a dense batch at `d = 128` with one query
+    /// head a key head, no soft-cap, window or `dv` of its own, when dQ need not be
+    /// reproducible. 64 queries against 128 keys in two consumer warpgroups, on an H100 in one
+    /// process (`scripts/gpu-check.sh attention --backward`, b s = 16k, 2048 / d heads): s = 1k
+    /// 0.77 ms against the walk's 0.77, s = 4k 2.41 against 2.80, causal 2.30 against 1.59
+    /// before the longest-first walk kept a wave's tiles among a few heads (its dQ adds then
+    /// missed L2: 759 MB read from DRAM against 218 MB without the mask).
+    pub fn adds_dq_keys_major(&self, target: kiln::ir::Target, packed: bool) -> bool {
+        let windowed = self.window_left >= 0 || self.window_right >= 0 || self.attention_chunk > 0;
+        target == kiln::ir::Target::Sm90a
+            && !packed
+            && !self.deterministic
+            && self.d == 128
+            && self.value_dim() == self.d
+            && self.kv_group == 1
+            && self.softcap == 0.0
+            && !windowed
     }
 
     /// The tiles of the query-side kernels ([`attention_bwd_preprocess`], [`attention_bwd_dq`],
@@ -193,9 +229,14 @@ impl AttentionBwdParams {
     /// causal or not: 110-368 against 37-155 TFLOP/s, `scripts/gpu-check.sh attention
     /// --backward --quick`). A packed batch's kernels take no ring (their loads are masked),
     /// and other targets have none: there the walk recomputes every score a second time, so
-    /// atomics stay.
-    pub fn dq_walk_is_faster(target: kiln::ir::Target, packed: bool) -> bool {
-        target == kiln::ir::Target::Sm90a && !packed
+    /// atomics stay. The exception on sm_90a: where the keys-major ring adds dQ itself
+    /// ([`Self::adds_dq_keys_major`]: no score is computed twice), atomics are faster.
+    pub fn dq_walk_is_faster(&self, target: kiln::ir::Target, packed: bool) -> bool {
+        let adds = AttentionBwdParams {
+            deterministic: false,
+            ..*self
+        };
+        target == kiln::ir::Target::Sm90a && !packed && !adds.adds_dq_keys_major(target, packed)
     }
 
     /// The head dim of `v`, `o`, `dout` and `dv`: `dv`, or `d` when it is 0.

@@ -306,7 +306,12 @@ mod tests {
     #[test]
     fn a_waves_tiles_by_x_are_its_run_in_plane_order() {
         // Every wave of every order over odd grids: the run's tiles, each once.
-        for (grid, ctas) in [([5, 3, 2], 7), ([4, 1, 1], 9), ([7, 2, 3], 3), ([3, 5, 1], 4)] {
+        for (grid, ctas) in [
+            ([5, 3, 2], 7),
+            ([4, 1, 1], 9),
+            ([7, 2, 3], 3),
+            ([3, 5, 1], 4),
+        ] {
             let [nx, ny, nz] = grid;
             let total = nx * ny * nz;
             for start in (0..total).step_by(ctas as usize) {
@@ -319,7 +324,11 @@ mod tests {
                 let xs: Vec<u32> = got.iter().map(|t| t % nx).collect();
                 assert!(xs.windows(2).all(|w| w[0] >= w[1]), "{grid:?}: {xs:?}");
                 got.sort();
-                assert_eq!(got, (start..end).collect::<Vec<_>>(), "{grid:?} from {start}");
+                assert_eq!(
+                    got,
+                    (start..end).collect::<Vec<_>>(),
+                    "{grid:?} from {start}"
+                );
             }
         }
     }

@@ -378,16 +378,28 @@ impl BwdPlan {
         self.deterministic
             || self
                 .target
-                .is_some_and(|t| AttentionBwdParams::dq_walk_is_faster(t, self.packed.is_some()))
+                .is_some_and(|t| self.untuned().dq_walk_is_faster(t, self.packed.is_some()))
     }
 
     /// The backward kernels' comptime values: the forward's head dims (in their tiles'
     /// widths, `dv` 0 when they match), mask, cap, heads and dtype, and the tiles tuned for
     /// [`BwdPlan::target`].
     pub fn params(&self) -> AttentionBwdParams {
+        let params = AttentionBwdParams {
+            deterministic: self.dq_by_walk(),
+            ..self.untuned()
+        };
+        match self.target {
+            Some(target) => params.tuned(target, self.packed.is_some()),
+            None => params,
+        }
+    }
+
+    /// [`BwdPlan::params`] as asked for, before the target's tiles and its choice of dQ.
+    fn untuned(&self) -> AttentionBwdParams {
         let p = &self.fwd;
         let (d, dv) = p.tile_dims();
-        let params = AttentionBwdParams {
+        AttentionBwdParams {
             d,
             dv: if dv == d { 0 } else { dv },
             causal: p.causal,
@@ -399,14 +411,10 @@ impl BwdPlan {
             softcap: p.softcap,
             block_m: 0,
             block_n: 0,
-            deterministic: self.dq_by_walk(),
+            deterministic: self.deterministic,
             num_warps: 4,
             keys_major: false,
             key_cols: 0,
-        };
-        match self.target {
-            Some(target) => params.tuned(target, self.packed.is_some()),
-            None => params,
         }
     }
 
@@ -881,6 +889,30 @@ mod tests {
                 let reg = generic::find(s.kernel).expect("registered");
                 generic::plan_at(reg, &s.args, &s.given, Place::Cuda)
                     .unwrap_or_else(|e| panic!("{}: {e}", s.kernel));
+            }
+        }
+    }
+
+    #[test]
+    fn sm90a_dense_d128_adds_dq_from_the_keys_major_ring_unless_asked_for_the_walk() {
+        // One query head a key head at d = 128: dK and dV from the keys-major ring that also
+        // adds dQ (`adds_dq_keys_major`), then the conversion; reproducible bits asked for,
+        // or a group of query heads, keep the walk.
+        for (deterministic, hk, walk) in [(false, 4, false), (true, 4, true), (false, 2, true)] {
+            let mut p = plan(&call(2, 130, 200, 4, hk, 128), deterministic).expect("valid");
+            p.target = Some(Target::Sm90a);
+            assert_eq!(p.dq_by_walk(), walk, "{deterministic} {hk}");
+            let params = p.params();
+            assert_eq!(params.keys_major, !walk, "{deterministic} {hk}");
+            if !walk {
+                let tiles = (
+                    params.block_m,
+                    params.block_n,
+                    params.num_warps,
+                    params.key_cols,
+                );
+                assert_eq!(tiles, (64, 128, 8, 128));
+                assert_eq!(p.accum_shape(), [2, 4, 130, 128]);
             }
         }
     }
