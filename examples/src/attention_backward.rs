@@ -186,15 +186,11 @@ impl AttentionBwdParams {
         }
     }
 
-    /// Whether dK and dV come from the keys-major ring that also adds dQ (TMA reductions of
-    /// its dS K into `dq_accum`: one kernel computing S and dP once, where the walk's second
-    /// ring computes them again for dQ): on sm_90a, a dense batch at `d = 128` with one query
-    /// head a key head, no soft-cap, window or `dv` of its own, when dQ need not be
-    /// reproducible. 64 queries against 128 keys in two consumer warpgroups, on an H100 in one
-    /// process (`scripts/gpu-check.sh attention --backward`, b s = 16k, 2048 / d heads): s = 1k
-    /// 0.77 ms against the walk's 0.77, s = 4k 2.41 against 2.80, causal 2.30 against 1.59
-    /// before the longest-first walk kept a wave's tiles among a few heads (its dQ adds then
-    /// missed L2: 759 MB read from DRAM against 218 MB without the mask).
+    /// Whether dK and dV may come from the keys-major ring that also adds dQ (TMA reductions
+    /// of its dS K into `dq_accum`: one kernel computing S and dP once, where the walk's
+    /// second ring computes them again for dQ): on sm_90a, a dense batch at `d = 128` with one
+    /// query head a key head, no soft-cap, window or `dv` of its own, when dQ need not be
+    /// reproducible. 64 queries against 128 keys in two consumer warpgroups.
     pub fn adds_dq_keys_major(&self, target: kiln::ir::Target, packed: bool) -> bool {
         let windowed = self.window_left >= 0 || self.window_right >= 0 || self.attention_chunk > 0;
         target == kiln::ir::Target::Sm90a
@@ -231,12 +227,27 @@ impl AttentionBwdParams {
     /// and other targets have none: there the walk recomputes every score a second time, so
     /// atomics stay. The exception on sm_90a: where the keys-major ring adds dQ itself
     /// ([`Self::adds_dq_keys_major`]: no score is computed twice), atomics are faster.
-    pub fn dq_walk_is_faster(&self, target: kiln::ir::Target, packed: bool) -> bool {
+    ///
+    /// On an H100 in one process (`scripts/gpu-check.sh attention --backward --bwd-candidate
+    /// 'kiln_walk=block_n=128,block_m=64,num_warps=8,key_cols=d|'`, b s = 16k, 16 heads, ms),
+    /// the keys-major ring adding dQ against the walk: s = 1k 0.785 / 0.762, 2k 1.314 /
+    /// 1.367, 4k 2.396 / 2.741, 8k 4.80 / 5.50; causal 1k 0.605 / 0.508, 2k 0.874 / 0.817,
+    /// 4k 1.447 / 1.470, 8k 2.58 / 2.90. It wins once a key block walks 2048 query rows or
+    /// more (half of `seqlen_q` on average when causal): a short walk leaves its per-tile
+    /// start, dK/dV epilogue and the dQ adds' contention to few iterations.
+    pub fn dq_walk_is_faster(
+        &self,
+        target: kiln::ir::Target,
+        packed: bool,
+        seqlen_q: usize,
+    ) -> bool {
         let adds = AttentionBwdParams {
             deterministic: false,
             ..*self
         };
-        target == kiln::ir::Target::Sm90a && !packed && !adds.adds_dq_keys_major(target, packed)
+        let walked = if self.causal { seqlen_q / 2 } else { seqlen_q };
+        let keys_major_wins = adds.adds_dq_keys_major(target, packed) && walked >= 2048;
+        target == kiln::ir::Target::Sm90a && !packed && !keys_major_wins
     }
 
     /// The head dim of `v`, `o`, `dout` and `dv`: `dv`, or `d` when it is 0.

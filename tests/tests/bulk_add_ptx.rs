@@ -262,24 +262,26 @@ fn attention_backward_adds_dq_in_bulk_where_it_keeps_its_occupancy() {
         );
         assert!(varlen.contains("stays one red.global.add per element: it is masked"));
     }
-    // d = 128, default tiles and sm_90a's, holds two blocks a multiprocessor, which the
-    // staging buffer would make one: per-element adds, and the note says why.
-    for p in [
-        AttentionBwdParams::default(),
-        AttentionBwdParams::default().tuned(Target::Sm90a, false),
-    ] {
-        let dense = ptx(&build(&attention_bwd_dkdv, p, true), Target::Sm90a);
-        assert!(!dense.contains("cp.reduce.async.bulk"), "{p:?}");
-        assert!(
-            dense.contains("would leave 1 block(s) a multiprocessor instead of 2"),
-            "{p:?}: {}",
-            dense
-                .lines()
-                .filter(|l| l.contains("note"))
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-    }
+    // d = 128's default tiles hold two blocks a multiprocessor, which the staging buffer
+    // would make one: per-element adds, and the note says why.
+    let p = AttentionBwdParams::default();
+    let dense = ptx(&build(&attention_bwd_dkdv, p, true), Target::Sm90a);
+    assert!(!dense.contains("cp.reduce.async.bulk"), "{p:?}");
+    assert!(
+        dense.contains("would leave 1 block(s) a multiprocessor instead of 2"),
+        "{p:?}: {}",
+        dense
+            .lines()
+            .filter(|l| l.contains("note"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // sm_90a's d = 128 tiles where dQ need not be reproducible: the keys-major ring of two
+    // consumer warpgroups, one block a multiprocessor anyway, adds dQ in boxes.
+    let p = AttentionBwdParams::default().tuned(Target::Sm90a, false);
+    assert!(p.keys_major && p.num_warps == 8, "{p:?}");
+    let dense = ptx(&build(&attention_bwd_dkdv, p, true), Target::Sm90a);
+    assert_eq!(dense.matches(BOXES_4D).count(), 4, "{p:?}");
 }
 
 #[test]

@@ -376,9 +376,10 @@ impl BwdPlan {
     /// (`deterministic`), or the faster way on the target.
     pub fn dq_by_walk(&self) -> bool {
         self.deterministic
-            || self
-                .target
-                .is_some_and(|t| self.untuned().dq_walk_is_faster(t, self.packed.is_some()))
+            || self.target.is_some_and(|t| {
+                self.untuned()
+                    .dq_walk_is_faster(t, self.packed.is_some(), self.fwd.seqlen_q)
+            })
     }
 
     /// The backward kernels' comptime values: the forward's head dims (in their tiles'
@@ -895,15 +896,20 @@ mod tests {
 
     #[test]
     fn sm90a_dense_d128_adds_dq_from_the_keys_major_ring_unless_asked_for_the_walk() {
-        // One query head a key head at d = 128: dK and dV from the keys-major ring that also
-        // adds dQ (`adds_dq_keys_major`), then the conversion; reproducible bits asked for,
-        // or a group of query heads, keep the walk.
-        for (deterministic, hk, walk) in [(false, 4, false), (true, 4, true), (false, 2, true)] {
-            let mut p = plan(&call(2, 130, 200, 4, hk, 128), deterministic).expect("valid");
+        // One query head a key head at d = 128 and 4096 queries: dK and dV from the keys-major
+        // ring that also adds dQ (`adds_dq_keys_major`), then the conversion; reproducible
+        // bits asked for, a group of query heads or a short walk keep the walk.
+        for (deterministic, hk, sq, walk) in [
+            (false, 4, 4096, false),
+            (true, 4, 4096, true),
+            (false, 2, 4096, true),
+            (false, 4, 1024, true),
+        ] {
+            let mut p = plan(&call(2, sq, 200, 4, hk, 128), deterministic).expect("valid");
             p.target = Some(Target::Sm90a);
-            assert_eq!(p.dq_by_walk(), walk, "{deterministic} {hk}");
+            assert_eq!(p.dq_by_walk(), walk, "{deterministic} {hk} {sq}");
             let params = p.params();
-            assert_eq!(params.keys_major, !walk, "{deterministic} {hk}");
+            assert_eq!(params.keys_major, !walk, "{deterministic} {hk} {sq}");
             if !walk {
                 let tiles = (
                     params.block_m,
@@ -912,7 +918,7 @@ mod tests {
                     params.key_cols,
                 );
                 assert_eq!(tiles, (64, 128, 8, 128));
-                assert_eq!(p.accum_shape(), [2, 4, 130, 128]);
+                assert_eq!(p.accum_shape(), [2, 4, sq as usize, 128]);
             }
         }
     }
