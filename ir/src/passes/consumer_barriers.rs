@@ -1,9 +1,9 @@
-//! sm_90a: which of the named barriers the consumer warpgroups
-//! meet at around their shared-memory staging in a ring body another barrier of the same body
-//! already implies.
+//! sm_90a: which of the named barriers the consumer warpgroups meet at around their
+//! shared-memory staging in a ring body another barrier of the same body already implies.
 //!
 //! Two kinds of op stage a register tile there in a consumers' ring body: an mma whose A the
-//! consumers write into its buffer ([`StagedOperand`]) and a bulk add's tile ([`BulkAdds`]).
+//! consumers write into its buffer ([`StagedOperand`](crate::schedule::StagedOperand)) and a
+//! bulk add's tile ([`BulkAdds`](crate::schedule::BulkAdds)).
 //! Each is written between two barriers: the first orders the write after every thread's
 //! reads of the previous contents (write after read), the second orders the reads of the new
 //! contents after every thread's write and is always kept. The first is implied where the
@@ -28,7 +28,7 @@ use crate::schedule::ImpliedBarriers;
 use crate::target::Target;
 
 use super::pipeline::overlaps;
-use super::walk::ops_in_block;
+use super::walk::{ops_in_block, ops_in_order};
 
 /// Records the implied barriers in [`crate::schedule::Schedule::implied_barriers`]; nothing
 /// outside an unrotated consumers' ring body on sm_90a whose wgmmas complete in the body.
@@ -185,16 +185,16 @@ impl Body {
                 kernel.ops[o].kind == OpKind::Mma
                     && overlapping
                         .iter()
-                        .any(|st| kernel.ops[o].operands[0] == st.operand)
+                        .any(|st| kernel.ops[o].operands.contains(&st.operand))
             })
             .collect();
-        let outside = walk_all(kernel)
+        let outside = ops_in_order(kernel)
             .into_iter()
             .filter(|o| kernel.ops[*o].kind == OpKind::Mma && !self.all.contains(o))
             .any(|o| {
                 overlapping
                     .iter()
-                    .any(|st| kernel.ops[o].operands[0] == st.operand)
+                    .any(|st| kernel.ops[o].operands.contains(&st.operand))
             });
         if outside || readers.iter().any(|r| !self.staged.contains_key(r)) {
             return false;
@@ -245,11 +245,6 @@ impl Body {
         };
         Some((add, host))
     }
-}
-
-/// Every op of the kernel, in program order.
-fn walk_all(kernel: &Kernel) -> Vec<OpId> {
-    super::walk::ops_in_order(kernel)
 }
 
 /// Whether op `o` or an op of its regions reads `v`.
