@@ -373,17 +373,14 @@ fn keys_major_dk_runs_under_the_dq_bulk_add() {
     // until an op reads it (`emit::in_flight`), and `mma_issue` moves dK's mma above dQ's
     // bulk add, so that the add waits for dQ alone (`wait_group 1`: dK still runs) and the
     // body waits for everything once, at its end. The scores' mma stays after the LSE loads
-    // it does not read, and dP after the scores' softmax (both products at once would not
-    // fit the consumers' registers by `occupancy`'s count).
-    let p = AttentionBwdParams {
-        d: 128,
-        keys_major: true,
-        block_n: 128,
-        block_m: 64,
-        num_warps: 8,
-        key_cols: 128,
-        ..AttentionBwdParams::default()
-    };
+    // it does not read, and dP is issued right after the scores, both in flight under the
+    // softmax (which waits for the scores alone): at the deeper register split the body then
+    // takes, both products fit `occupancy`'s count. These are sm_90a's d = 128 tiles.
+    let p = AttentionBwdParams::default().tuned(Target::Sm90a, false);
+    assert!(
+        p.keys_major && p.block_n == 128 && p.num_warps == 8,
+        "{p:?}"
+    );
     let spec = Spec::uniform(p, attention_bwd_dkdv.signature(), true);
     let k = attention_bwd_dkdv.build(&spec).expect("builds");
     let ptx = kiln_ptx::compile(&k, Target::Sm90a).expect("compiles").ptx;
@@ -412,7 +409,16 @@ fn keys_major_dk_runs_under_the_dq_bulk_add() {
             .collect()
     };
     assert!(lse < s, "the scores' mma stays after the LSE load");
-    assert!(exp2 < dp, "dP stays after the softmax");
+    assert!(dp < exp2, "dP is issued before the softmax");
+    assert_eq!(
+        waits(dp, exp2),
+        ["wgmma.wait_group.sync.aligned 1;"],
+        "the softmax waits for the scores alone: dP still runs"
+    );
+    assert!(
+        ptx.contains("setmaxnreg.inc.sync.aligned.u32 240"),
+        "the deeper split"
+    );
     assert!(waits(dv, dq).is_empty(), "dV runs under dS's staging");
     assert!(dk < add, "dK's mma is issued before dQ's bulk add");
     assert_eq!(

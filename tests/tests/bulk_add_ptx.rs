@@ -351,15 +351,8 @@ fn the_keys_major_consumers_meet_twice_an_iteration() {
         keys_major: true,
         ..Default::default()
     };
-    let two = AttentionBwdParams {
-        d: 128,
-        keys_major: true,
-        block_n: 128,
-        block_m: 64,
-        num_warps: 8,
-        key_cols: 128,
-        ..Default::default()
-    };
+    // sm_90a's d = 128 tiles: two consumer warpgroups of 64 keys.
+    let two = AttentionBwdParams::default().tuned(Target::Sm90a, false);
     for p in [one, two] {
         let k = build(&attention_bwd_dkdv, p, true);
         let mut scheduled = k.clone();
