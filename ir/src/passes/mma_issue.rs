@@ -96,6 +96,15 @@ fn hoist(kernel: &Kernel, ops: &[OpId], mma: OpId, after: Option<OpId>) -> Vec<O
     {
         at = at.max(i + 1);
     }
+    // Nor above a branch that divides integer tiles (a chunked window's chunk bounds): its
+    // temporaries take registers the accumulator count does not see, and the mma's, held
+    // across them, spilled (the keys-major backward's dP with `attention_chunk`: 104 bytes).
+    if let Some(i) = ops[..original]
+        .iter()
+        .rposition(|&o| divides_tiles(kernel, o))
+    {
+        at = at.max(i + 1);
+    }
     let mut views = Vec::new();
     let mut pending = vec![mma];
     while let Some(o) = pending.pop() {
@@ -133,6 +142,19 @@ fn loads_registers(kernel: &Kernel, op: OpId) -> bool {
         kernel.ops[op].kind,
         OpKind::Load { .. } | OpKind::LoadScalar { .. } | OpKind::Gather { .. }
     ) && kernel.schedule.buffer(op).is_none()
+}
+
+/// An `if` whose branches divide or take the remainder of integer tiles.
+fn divides_tiles(kernel: &Kernel, op: OpId) -> bool {
+    use crate::entities::BinaryOp;
+    kernel.ops[op].kind == OpKind::If
+        && super::walk::ops_in_block_regions(kernel, op)
+            .into_iter()
+            .any(|o| {
+                let x = &kernel.ops[o];
+                matches!(x.kind, OpKind::Binary(BinaryOp::Div | BinaryOp::Rem))
+                    && x.results.iter().any(|&r| kernel.ty(r).shape().is_some())
+            })
 }
 
 /// An op that only renames or reinterprets values (no instruction, or a constant), which
