@@ -3,10 +3,12 @@
 //! `kiln ptx --sass`, the snapshot tests and CI (the driver JIT-compiles PTX, so neither is
 //! needed to compile or launch).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
 
 use kiln_ir::{Diagnostic, Target};
 
@@ -64,7 +66,7 @@ impl fmt::Display for PtxasReport {
 /// ptxas also makes the cubins the runtime's disk cache keeps when it is installed. The
 /// tools come from the pip packages `nvidia-cuda-nvcc` and `nvidia-cuda-nvdisasm` (version
 /// [`PTXAS_VERSION`]), installed by `scripts/ensure-cuda-tool ptxas|nvdisasm`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Tool {
     /// The assembler.
     Ptxas,
@@ -232,7 +234,25 @@ pub fn check(ptx: &str, target: Target) -> Result<PtxasReport, PtxasError> {
 
 /// [`check`] with the assembler `tool` ([`Tool::Ptxas`] or [`Tool::JitPtxas`]).
 pub fn check_with(tool: Tool, ptx: &str, target: Target) -> Result<PtxasReport, PtxasError> {
-    assemble(tool, ptx, target.name(), Path::new("/dev/null")).map(|log| parse_report(&log))
+    checked_log(tool, ptx, target.name()).map(|log| parse_report(&log))
+}
+
+/// The `-v` log of `ptx` assembled for `arch`, discarding the cubin. ptxas is deterministic,
+/// so a process that checks one PTX text twice (the tests' matrices of variants, many of
+/// which compile to the same kernel) runs it once: logs are kept for the process's life.
+fn checked_log(tool: Tool, ptx: &str, arch: &str) -> Result<String, PtxasError> {
+    type Key = (Tool, String, String);
+    static LOGS: OnceLock<Mutex<HashMap<Key, String>>> = OnceLock::new();
+    let logs = LOGS.get_or_init(Default::default);
+    let key = (tool, arch.to_string(), ptx.to_string());
+    if let Some(log) = logs.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(log.clone());
+    }
+    let log = assemble(tool, ptx, arch, Path::new("/dev/null"))?;
+    logs.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, log.clone());
+    Ok(log)
 }
 
 /// What ptxas made of one module: the cubin and its `-v` log.

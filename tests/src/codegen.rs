@@ -2,6 +2,8 @@
 //! with its tensors 16-byte aligned and not, into compact PTX that ptxas assembles without
 //! spills.
 
+use std::sync::Mutex;
+
 use kiln_ir::Target;
 use kiln_ir::dsl::{KernelDef, Spec};
 
@@ -53,4 +55,32 @@ pub fn assert_only_known(failures: Vec<String>, known: impl Fn(&str) -> bool, ex
         expect_known,
         "the known failures changed: {known:?}"
     );
+}
+
+/// One compile to check, run by [`run_all`].
+pub type Job<'a, R> = Box<dyn FnOnce() -> R + Send + 'a>;
+
+/// Runs `jobs` on as many threads as the machine has cores and returns their results in the
+/// jobs' order. A test's matrix of compiles is mostly ptxas, a process a compile, so one
+/// thread left the other cores idle for minutes.
+pub fn run_all<'a, R: Send>(jobs: Vec<Job<'a, R>>) -> Vec<R> {
+    let count = jobs.len();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let queue = Mutex::new(jobs.into_iter().enumerate());
+    let done = Mutex::new(Vec::with_capacity(count));
+    std::thread::scope(|scope| {
+        for _ in 0..threads.min(count) {
+            scope.spawn(|| {
+                loop {
+                    let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+                    let Some((i, job)) = next else { break };
+                    let r = job();
+                    done.lock().unwrap_or_else(|e| e.into_inner()).push((i, r));
+                }
+            });
+        }
+    });
+    let mut done = done.into_inner().unwrap_or_else(|e| e.into_inner());
+    done.sort_by_key(|&(i, _)| i);
+    done.into_iter().map(|(_, r)| r).collect()
 }

@@ -13,18 +13,10 @@ use kiln_examples::attention_backward::{
 use kiln_ir::DType;
 use kiln_ir::Target;
 use kiln_ir::dsl::{KernelDecl, KernelDef, Spec};
-use kiln_tests::codegen;
+use kiln_tests::codegen::{self, Job};
 
-/// Compiles `def` with `p` for both targets, aligned and not: `Err` naming the first compile
+/// Compiles `def` with `p` for `targets`, aligned and not: `Err` naming the first compile
 /// that fails or spills, else the most registers a compile used.
-fn assemble<D: KernelDef<Comptime = AttentionBwdParams>>(
-    def: &D,
-    p: AttentionBwdParams,
-) -> Result<u32, String> {
-    assemble_on(def, p, &[Target::Sm80, Target::Sm90a])
-}
-
-/// [`assemble`] for `targets`.
 fn assemble_on<D: KernelDef<Comptime = AttentionBwdParams>>(
     def: &D,
     p: AttentionBwdParams,
@@ -50,20 +42,41 @@ fn assemble_on<D: KernelDef<Comptime = AttentionBwdParams>>(
     Ok(most)
 }
 
-/// Every backward kernel (dense and varlen) of `p` assembles without spills; `Err` lists
-/// those that do not.
-fn all_kernels(p: AttentionBwdParams) -> Vec<String> {
-    let results = [
-        assemble(&attention_bwd_preprocess, p),
-        assemble(&attention_bwd_dkdv, p),
-        assemble(&attention_bwd_dq, p),
-        assemble(&attention_bwd_dq_convert, p),
-        assemble(&attention_bwd_preprocess_varlen, p),
-        assemble(&attention_bwd_dkdv_varlen, p),
-        assemble(&attention_bwd_dq_varlen, p),
-        assemble(&attention_bwd_dq_convert_varlen, p),
-    ];
-    results.into_iter().filter_map(Result::err).collect()
+/// The check of `def` with `p` ([`assemble`] on `targets`) as a job for
+/// [`codegen::run_all`].
+fn job<D>(def: &'static D, p: AttentionBwdParams, targets: &'static [Target]) -> Check
+where
+    D: KernelDef<Comptime = AttentionBwdParams> + Sync,
+{
+    Box::new(move || assemble_on(def, p, targets))
+}
+
+/// A compile check: the most registers it used, or why it failed.
+type Check = Job<'static, Result<u32, String>>;
+
+/// Both targets.
+const BOTH: &[Target] = &[Target::Sm80, Target::Sm90a];
+
+/// Every backward kernel (dense and varlen) of `p`, each a check on both targets.
+fn all_kernels(p: AttentionBwdParams) -> Vec<Check> {
+    vec![
+        job(&attention_bwd_preprocess, p, BOTH),
+        job(&attention_bwd_dkdv, p, BOTH),
+        job(&attention_bwd_dq, p, BOTH),
+        job(&attention_bwd_dq_convert, p, BOTH),
+        job(&attention_bwd_preprocess_varlen, p, BOTH),
+        job(&attention_bwd_dkdv_varlen, p, BOTH),
+        job(&attention_bwd_dq_varlen, p, BOTH),
+        job(&attention_bwd_dq_convert_varlen, p, BOTH),
+    ]
+}
+
+/// The checks of `checks` that fail or spill, run on every core.
+fn failed(checks: Vec<Check>) -> Vec<String> {
+    codegen::run_all(checks)
+        .into_iter()
+        .filter_map(Result::err)
+        .collect()
 }
 
 /// The features one at a time and together, at head dims 64 and 128.
@@ -111,13 +124,13 @@ fn variants(d: usize) -> Vec<AttentionBwdParams> {
 
 /// Every variant of head dim `d`, both dQ modes: the compiles that fail or spill.
 fn failures(d: usize) -> Vec<String> {
-    let mut failures = Vec::new();
+    let mut checks = Vec::new();
     for p in variants(d) {
         for deterministic in [false, true] {
-            failures.extend(all_kernels(AttentionBwdParams { deterministic, ..p }));
+            checks.extend(all_kernels(AttentionBwdParams { deterministic, ..p }));
         }
     }
-    failures
+    failed(checks)
 }
 
 /// The compile known to spill, an open bug: the varlen preprocess at d = 256 in f16 with dQ
@@ -153,7 +166,7 @@ fn keys_major_dkdv_assembles_without_spills() {
     // The dense dK/dV kernel keys-major with dQ by atomics (on sm_90a a warp-specialised ring
     // staging dS for dQ), every feature variant at head dims 64 and 128, and 256 plain: no
     // compile fails or spills, on either target.
-    let mut failures = Vec::new();
+    let mut checks = Vec::new();
     let ps = variants(64)
         .into_iter()
         .chain(variants(128))
@@ -163,7 +176,7 @@ fn keys_major_dkdv_assembles_without_spills() {
             keys_major: true,
             ..p
         };
-        failures.extend(assemble(&attention_bwd_dkdv, p).err());
+        checks.push(job(&attention_bwd_dkdv, p, BOTH));
     }
     // sm_90a with two consumer warpgroups of 64 keys at d = 128 and TMA-able tensors: dQ's
     // 64 query rows split in column blocks, one a warpgroup; every feature variant but the
@@ -183,17 +196,22 @@ fn keys_major_dkdv_assembles_without_spills() {
             if aligned && p.softcap != 0.0 {
                 continue;
             }
-            let what = format!("attention_bwd_dkdv {p:?} on sm_90a, aligned {aligned}");
-            let spec = Spec::uniform(p, attention_bwd_dkdv.signature(), aligned);
-            let k = attention_bwd_dkdv.build(&spec).expect("builds");
-            let m = kiln_ptx::compile(&k, Target::Sm90a).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let r = kiln_ptx::ptxas::check(&m.ptx, Target::Sm90a).expect("assembles");
-            println!("{what}: {r}");
-            if r.spills() {
-                failures.push(format!("{what} spills: {r}"));
-            }
+            checks.push(Box::new(move || {
+                let what = format!("attention_bwd_dkdv {p:?} on sm_90a, aligned {aligned}");
+                let spec = Spec::uniform(p, attention_bwd_dkdv.signature(), aligned);
+                let k = attention_bwd_dkdv.build(&spec).expect("builds");
+                let m =
+                    kiln_ptx::compile(&k, Target::Sm90a).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let r = kiln_ptx::ptxas::check(&m.ptx, Target::Sm90a).expect("assembles");
+                println!("{what}: {r}");
+                if r.spills() {
+                    return Err(format!("{what} spills: {r}"));
+                }
+                Ok(r.registers)
+            }));
         }
     }
+    let failures = failed(checks);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -201,12 +219,13 @@ fn keys_major_dkdv_assembles_without_spills() {
 fn head_dim_96_assembles_without_spills() {
     // Every kernel, plain and with every feature (three blocks of 32 columns per key block),
     // without a single spill.
-    let mut failures = Vec::new();
+    let mut checks = Vec::new();
     for p in variants(96).into_iter().step_by(5) {
         for deterministic in [false, true] {
-            failures.extend(all_kernels(AttentionBwdParams { deterministic, ..p }));
+            checks.extend(all_kernels(AttentionBwdParams { deterministic, ..p }));
         }
     }
+    let failures = failed(checks);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -216,13 +235,13 @@ fn head_dim_256_assembles_without_spills() {
     // shared memory (its four 64-column blocks stage Q, dO, K and V in 64-column chunks, the
     // block's own chunk first, no column twice), the deterministic dQ kernel in two blocks of
     // 128 columns.
-    let mut failures = Vec::new();
+    let mut checks = Vec::new();
     for p in variants(256).into_iter().step_by(5) {
         for deterministic in [false, true] {
-            failures.extend(all_kernels(AttentionBwdParams { deterministic, ..p }));
+            checks.extend(all_kernels(AttentionBwdParams { deterministic, ..p }));
         }
     }
-    codegen::assert_only_known(failures, known, true);
+    codegen::assert_only_known(failed(checks), known, true);
 }
 
 #[test]
@@ -231,7 +250,7 @@ fn value_head_dims_and_used_lengths_assemble_without_spills() {
     // columns; dv wider and narrower than d) plain and with every feature, both dQ modes,
     // every kernel and the varlen kernels with used lengths (`seqused_q`, `seqused_k`), at
     // these head dims and at d = dv = 128. One compile spills, known ([`known_value_dim`]).
-    let mut failures = Vec::new();
+    let mut checks = Vec::new();
     for (d, dv) in [(192, 128), (64, 128), (128, 64), (128, 0)] {
         for p in variants(d).into_iter().step_by(5) {
             for deterministic in [false, true] {
@@ -240,19 +259,13 @@ fn value_head_dims_and_used_lengths_assemble_without_spills() {
                     deterministic,
                     ..p
                 };
-                failures.extend(all_kernels(p));
-                failures.extend(
-                    [
-                        assemble(&attention_bwd_dkdv_varlen_used, p).err(),
-                        assemble(&attention_bwd_dq_varlen_used, p).err(),
-                    ]
-                    .into_iter()
-                    .flatten(),
-                );
+                checks.extend(all_kernels(p));
+                checks.push(job(&attention_bwd_dkdv_varlen_used, p, BOTH));
+                checks.push(job(&attention_bwd_dq_varlen_used, p, BOTH));
             }
         }
     }
-    codegen::assert_only_known(failures, known_value_dim, true);
+    codegen::assert_only_known(failed(checks), known_value_dim, true);
 }
 
 /// The `dv` compile known to spill, an open bug of the same kind as [`known`]'s: the varlen
@@ -305,7 +318,7 @@ fn parameters_the_backward_does_not_compute_are_diagnostics() {
 /// dense and packed, aligned or not, assemble without spills.
 #[test]
 fn sm90a_tiles_assemble_without_spills() {
-    let mut failures = Vec::new();
+    let mut checks = Vec::new();
     for d in [64, 96, 128, 256] {
         // The variants it changes: no soft-cap, no window (those keep the defaults), none at
         // d = 64 (its defaults measured faster), and at d = 256 only a dense walk's without a
@@ -332,26 +345,25 @@ fn sm90a_tiles_assemble_without_spills() {
             let cols = if d == 256 { 128 } else { d };
             assert_eq!(p.key_cols(), cols, "{p:?}");
             let q = p.query_tiles();
-            let on = |r: Result<u32, String>| r.err();
             let sm90a = &[Target::Sm90a];
-            let built = if packed {
-                [
-                    on(assemble_on(&attention_bwd_preprocess_varlen, q, sm90a)),
-                    on(assemble_on(&attention_bwd_dkdv_varlen, p, sm90a)),
-                    on(assemble_on(&attention_bwd_dq_varlen, q, sm90a)),
-                    on(assemble_on(&attention_bwd_dq_convert_varlen, q, sm90a)),
-                ]
+            if packed {
+                checks.extend([
+                    job(&attention_bwd_preprocess_varlen, q, sm90a),
+                    job(&attention_bwd_dkdv_varlen, p, sm90a),
+                    job(&attention_bwd_dq_varlen, q, sm90a),
+                    job(&attention_bwd_dq_convert_varlen, q, sm90a),
+                ]);
             } else {
-                [
-                    on(assemble_on(&attention_bwd_preprocess, q, sm90a)),
-                    on(assemble_on(&attention_bwd_dkdv, p, sm90a)),
-                    on(assemble_on(&attention_bwd_dq, q, sm90a)),
-                    on(assemble_on(&attention_bwd_dq_convert, q, sm90a)),
-                ]
-            };
-            failures.extend(built.into_iter().flatten());
+                checks.extend([
+                    job(&attention_bwd_preprocess, q, sm90a),
+                    job(&attention_bwd_dkdv, p, sm90a),
+                    job(&attention_bwd_dq, q, sm90a),
+                    job(&attention_bwd_dq_convert, q, sm90a),
+                ]);
+            }
         }
     }
+    let failures = failed(checks);
     let (known, unknown): (Vec<&String>, Vec<&String>) = failures.iter().partition(|f| known(f));
     for f in &known {
         println!("known: {f}");

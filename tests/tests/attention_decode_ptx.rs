@@ -14,6 +14,7 @@ use kiln_examples::attention_decode::{
 use kiln_ir::dsl::{KernelDef, Spec};
 use kiln_ir::{DType, Target};
 use kiln_ptx::ptxas::{self, Tool};
+use kiln_tests::codegen::{self, Job};
 
 /// Compiles `def` with `p` for both targets (tensors 16-byte aligned): `Err` naming the
 /// compile that fails or spills, else the most registers either used.
@@ -94,21 +95,12 @@ fn attention_variants(d: usize, dtype: DType) -> Vec<DecodeParams> {
 
 #[test]
 fn every_decode_kernel_assembles_without_spills() {
-    let mut failures = Vec::new();
+    let mut checks: Vec<Job<'static, Result<u32, String>>> = Vec::new();
     for d in [64, 96, 128, 256] {
         for dtype in [DType::Bf16, DType::F16] {
             for p in attention_variants(d, dtype) {
-                for r in [
-                    assemble(&attention_decode, p),
-                    assemble(&attention_decode_split, p),
-                ] {
-                    match r {
-                        Ok(regs) => {
-                            println!("d = {d} {dtype} page {}: {regs} registers", p.page_size)
-                        }
-                        Err(e) => failures.push(e),
-                    }
-                }
+                checks.push(Box::new(move || assemble(&attention_decode, p)));
+                checks.push(Box::new(move || assemble(&attention_decode_split, p)));
             }
             for (page_size, rotary_dim, rotary_interleaved) in
                 [(0, 0, true), (16, d / 2, false), (1, d, true)]
@@ -121,7 +113,7 @@ fn every_decode_kernel_assembles_without_spills() {
                     rotary_interleaved,
                     ..DecodeParams::default()
                 };
-                failures.extend(assemble(&kv_cache_append, p).err());
+                checks.push(Box::new(move || assemble(&kv_cache_append, p)));
             }
             for rotary_interleaved in [false, true] {
                 let p = DecodeParams {
@@ -132,15 +124,19 @@ fn every_decode_kernel_assembles_without_spills() {
                     causal: true,
                     ..DecodeParams::default()
                 };
-                failures.extend(assemble(&rotary_q, p).err());
+                checks.push(Box::new(move || assemble(&rotary_q, p)));
             }
             let p = DecodeParams {
                 d,
                 dtype,
                 ..DecodeParams::default()
             };
-            failures.extend(assemble(&attention_decode_combine, p).err());
+            checks.push(Box::new(move || assemble(&attention_decode_combine, p)));
         }
     }
+    let failures: Vec<String> = codegen::run_all(checks)
+        .into_iter()
+        .filter_map(Result::err)
+        .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
