@@ -454,10 +454,12 @@ fn preprocess(
     let rows = Rows::of(o, o, b, packed);
     let q0 = mb * bm;
     // In column chunks of at most 64: two whole f32 [bm, 256] tiles would spill. `o` and
-    // `dout` are `dv` wide, `dq_accum` `d`: one loop zeroes the latter when they match.
+    // `dout` are `dv` wide, `dq_accum` `d`: one loop zeroes the latter when they match. A
+    // runtime loop: unrolled, ptxas loads every chunk up front, and at four chunks its
+    // occupancy choice (96 registers) spilled.
     let w = dq_chunk(dv);
     let mut sum = zeros::<f32>([bm]);
-    for c in unroll(0..dv / w) {
+    for c in 0..dv / w {
         let at = [rows.batch, h, rows.query(q0), c * w];
         let os = o.tile([bm, w], at).load().cast::<f32>();
         let dos = dout.tile([bm, w], at).load().cast::<f32>();
