@@ -202,7 +202,8 @@ def launched_backward(torch, kiln_attn, causal, dkdv=None, dq=None, run="launch"
                 last(((sq + rows - 1) // rows * (d // dq_columns(d)), h, b), heads(q), heads(k),
                      heads(v), heads(dout), lse, delta, heads(dq_out), scale, **qt)
             else:
-                last(((sq + 63) // 64, h, b), dq_accum, heads(dq_out), scale, **kt)
+                rows = kt.get("block_m") or 64
+                last(((sq + rows - 1) // rows, h, b), dq_accum, heads(dq_out), scale, **kt)
             return dq_out, dk, dv
 
     return Launched.apply

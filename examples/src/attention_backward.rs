@@ -956,9 +956,11 @@ fn dkdv(
     } else {
         ScoreAxes::QueryRows
     };
-    // Queries-major, sm_90a's ring would stage P^T and dS^T for dV and dK each iteration; it
-    // has not been timed on the H200, so this kernel keeps the lowering that was.
-    if !axes.keys_major() {
+    // Queries-major, sm_90a's ring stages P^T and dS^T for dV and dK each iteration. With one
+    // consumer warpgroup that was not timed, so it keeps the lowering that was; with two
+    // (FlashAttention 3's d = 64 form: 128 queries against 128 keys, a warpgroup 64 query
+    // rows each, the query statistics a row's, dS the register A of dQ) it takes the ring.
+    if !axes.keys_major() && p.num_warps < 8 {
         warp_specialize(false);
     }
     let mut acc_k = zeros::<f32>([bn, cols]);

@@ -202,6 +202,28 @@ fn keys_major_dkdv_assembles_without_spills() {
 }
 
 #[test]
+fn queries_major_two_warpgroups_assemble_without_spills() {
+    // sm_90a, the dense dK/dV kernel queries-major with two consumer warpgroups of 64 query
+    // rows against 128 keys at d = 64 (FlashAttention 3's form): on a ring, P^T and dS^T
+    // staged for dV and dK, dQ from dS in registers added in bulk. Every feature variant but
+    // the soft-cap's (refused: its accumulators do not fit the consumers' registers), aligned
+    // (the ring) and not (the plain lowering).
+    let mut checks = Vec::new();
+    for p in variants(64) {
+        let p = AttentionBwdParams {
+            block_n: 128,
+            block_m: 128,
+            num_warps: 8,
+            ..p
+        };
+        if p.softcap == 0.0 {
+            checks.push(job(&attention_bwd_dkdv, p, &[Target::Sm90a]));
+        }
+    }
+    assert_none(failed(checks));
+}
+
+#[test]
 fn head_dim_96_assembles_without_spills() {
     // Every kernel, plain and with every feature (three blocks of 32 columns per key block),
     // without a single spill.

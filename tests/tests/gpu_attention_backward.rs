@@ -274,6 +274,21 @@ fn run_calls(dev: &Device, target: Target) {
                         ..p
                     });
                 }
+                // Queries-major with two consumer warpgroups of 64 query rows against 128 keys
+                // at d = 64: on sm_90a a ring staging P^T and dS^T, dQ added in bulk.
+                if !deterministic
+                    && target == Target::Sm90a
+                    && p.d == 64
+                    && p.value_dim() == p.d
+                    && fits
+                {
+                    ps.push(AttentionBwdParams {
+                        block_n: 128,
+                        block_m: 128,
+                        num_warps: 8,
+                        ..p
+                    });
+                }
                 ps
             });
             for p in params {

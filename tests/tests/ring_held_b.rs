@@ -457,6 +457,27 @@ fn the_dkdv_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dk_and_
             key_cols: 128,
             ..base
         },
+        // Queries-major with two consumer warpgroups of 64 query rows: P^T and dS^T staged
+        // for dV and dK, dS the register A of dQ, added in bulk.
+        AttentionBwdParams {
+            d: 64,
+            causal: true,
+            deterministic: false,
+            block_n: 128,
+            block_m: 128,
+            num_warps: 8,
+            ..base
+        },
+        AttentionBwdParams {
+            d: 64,
+            kv_group: 2,
+            window_left: 70,
+            deterministic: false,
+            block_n: 128,
+            block_m: 128,
+            num_warps: 8,
+            ..base
+        },
     ];
     for p in configs {
         let kernel = scheduled(&attention_bwd_dkdv, p);
