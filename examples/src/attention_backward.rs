@@ -99,20 +99,18 @@ impl AttentionBwdParams {
     /// them to the defaults (0; `num_warps` 4), for a dense batch or a `packed` one. On sm_90a
     /// up to `d = 128` one block accumulates every column of its keys (no block recomputes `P`
     /// and `dS` for another's columns); a dense batch whose dQ is the walk's
-    /// (`deterministic`, as every dense call on sm_90a: [`Self::dq_walk_is_faster`]) takes at
-    /// `d = 128` 128 keys a block in the ring's two consumer warpgroups, and at `d = 256`
-    /// without a group 128 of the 256 columns. Other targets keep the defaults (their column
-    /// splits avoid spills), and so does `d = 64`: 128 keys against 128-row query blocks with
-    /// eight warps (half the dQ adds and query reloads, but one block a multiprocessor)
-    /// measured 0.67x the default tiles on the H200 (103 against 153 TFLOP/s at s = 4096), two
-    /// warpgroups of 64 keys 0.90-1.03x (H100).
+    /// (`deterministic`: [`Self::dq_walk_is_faster`]) takes at `d = 128` 128 keys a block in
+    /// the ring's two consumer warpgroups, and at `d = 256` without a group 128 of the 256
+    /// columns; one whose ring adds dQ itself ([`Self::adds_dq_in_ring`]) that ring's tiles.
+    /// Other targets keep the defaults (their column splits avoid spills), and so does the walk
+    /// at `d = 64`: two warpgroups of 64 keys measured 0.90-1.03x its default tiles (H100).
     /// `kiln check attention_bwd_dkdv --target sm_90a -D d=D -D key_cols=C ...` (ptxas 13.5,
     /// bf16 and f16 alike):
     ///
     /// | d | blocks (m, n, warps) | key_cols | registers | shared, dQ adds | blocks/SM |
     /// |---|---|---|---|---|---|
     /// | 64 | 64, 64, 4 (default) | 64 | 160 | 81 KiB, bulk | 2 |
-    /// | 64 | 128, 128, 8 (slower) | 64 | 255 (driver's ptxas 245) | 194 KiB, bulk | 1 |
+    /// | 64 | **128, 128, 8** (queries-major ring adding dQ) | 64 | 168 (two consumer warpgroups) | 211 KiB, bulk | 1 |
     /// | 96 | 64, 64, 4 (default) | 32 | 128 | 97 KiB, bulk | 2 |
     /// | 96 | **64, 64, 4** | **96** | 203 | 113 KiB, bulk | 2 |
     /// | 96 | 128, 128, 8 | 96 | 255, spills 68 B | 208 KiB | 1 |
@@ -142,9 +140,12 @@ impl AttentionBwdParams {
         if target != kiln::ir::Target::Sm90a || self.softcap != 0.0 || windowed || own_dv {
             return self;
         }
-        // The keys-major ring that adds dQ itself (below).
-        if self.adds_dq_keys_major(target, packed) {
-            return self.with_blocks((64, 128, 8, 128), true);
+        // The ring of two consumer warpgroups that adds dQ itself (below).
+        if self.adds_dq_in_ring(target, packed) {
+            return match self.d {
+                64 => self.with_blocks((128, 128, 8, 64), false),
+                _ => self.with_blocks((64, 128, 8, 128), true),
+            };
         }
         // The dense kernels' ring with dQ left to the walk: what the wider tiles were measured
         // in.
@@ -186,17 +187,20 @@ impl AttentionBwdParams {
         }
     }
 
-    /// Whether dK and dV may come from the keys-major ring that also adds dQ (TMA reductions
-    /// of its dS K into `dq_accum`: one kernel computing S and dP once, where the walk's
-    /// second ring computes them again for dQ): on sm_90a, a dense batch at `d = 128` with one
-    /// query head a key head, no soft-cap, window or `dv` of its own, when dQ need not be
-    /// reproducible. 64 queries against 128 keys in two consumer warpgroups.
-    pub fn adds_dq_keys_major(&self, target: kiln::ir::Target, packed: bool) -> bool {
+    /// Whether dK and dV may come from a ring of two consumer warpgroups that also adds dQ
+    /// (TMA reductions of its dS K into `dq_accum`: one kernel computing S and dP once, where
+    /// the walk's second ring computes them again for dQ): on sm_90a, a dense batch at
+    /// `d = 64` or `128` with one query head a key head, no soft-cap, window or `dv` of its
+    /// own, when dQ need not be reproducible. At `d = 128` keys-major, 64 queries against
+    /// 128 keys (a warpgroup 64 keys, dQ's columns split between them); at `d = 64`
+    /// queries-major, 128 queries against 128 keys (a warpgroup 64 query rows: keys-major,
+    /// each thread would hold 64 query columns' LSE and delta).
+    pub fn adds_dq_in_ring(&self, target: kiln::ir::Target, packed: bool) -> bool {
         let windowed = self.window_left >= 0 || self.window_right >= 0 || self.attention_chunk > 0;
         target == kiln::ir::Target::Sm90a
             && !packed
             && !self.deterministic
-            && self.d == 128
+            && matches!(self.d, 64 | 128)
             && self.value_dim() == self.d
             && self.kv_group == 1
             && self.softcap == 0.0
@@ -225,14 +229,17 @@ impl AttentionBwdParams {
     /// causal or not: 110-368 against 37-155 TFLOP/s, `scripts/gpu-check.sh attention
     /// --backward --quick`). A packed batch's kernels take no ring (their loads are masked),
     /// and other targets have none: there the walk recomputes every score a second time, so
-    /// atomics stay. The exception on sm_90a: where the keys-major ring adds dQ itself
-    /// ([`Self::adds_dq_keys_major`]: no score is computed twice), atomics are faster.
+    /// atomics stay. The exception on sm_90a: where a ring of two consumer warpgroups adds dQ
+    /// itself ([`Self::adds_dq_in_ring`]: no score is computed twice), atomics are faster.
     ///
     /// On an H100 in one process (`scripts/gpu-check.sh attention --backward --bwd-candidate
     /// 'kiln_walk=block_n=128,block_m=64,num_warps=8,key_cols=d|'`, b s = 16k, 16 heads, ms),
-    /// the keys-major ring adding dQ against the walk: s = 1k 0.785 / 0.762, 2k 1.314 /
-    /// 1.367, 4k 2.396 / 2.741, 8k 4.80 / 5.50; causal 1k 0.605 / 0.508, 2k 0.874 / 0.817,
-    /// 4k 1.447 / 1.470, 8k 2.58 / 2.90. It wins once a key block walks 2048 query rows or
+    /// `d = 128`'s keys-major ring adding dQ against the walk: s = 1k 0.785 / 0.762, 2k
+    /// 1.314 / 1.367, 4k 2.396 / 2.741, 8k 4.80 / 5.50; causal 1k 0.605 / 0.508, 2k 0.874 /
+    /// 0.817, 4k 1.447 / 1.470, 8k 2.58 / 2.90. At `d = 64` the queries-major ring against the
+    /// walk (`--bwd-candidate 'kiln_qm64=block_n=128,block_m=128,num_warps=8,key_cols=d'`,
+    /// TFLOP/s): s = 1k 363 / 362, 2k 423 / 389, 4k 452 / 390, 8k 462 / 381; causal 1k 256 /
+    /// 277, 4k 404 / 371, 8k 438 / 377. Either wins once a key block walks 2048 query rows or
     /// more (half of `seqlen_q` on average when causal): a short walk leaves its per-tile
     /// start, dK/dV epilogue and the dQ adds' contention to few iterations.
     pub fn dq_walk_is_faster(
@@ -246,8 +253,8 @@ impl AttentionBwdParams {
             ..*self
         };
         let walked = if self.causal { seqlen_q / 2 } else { seqlen_q };
-        let keys_major_wins = adds.adds_dq_keys_major(target, packed) && walked >= 2048;
-        target == kiln::ir::Target::Sm90a && !packed && !keys_major_wins
+        let ring_wins = adds.adds_dq_in_ring(target, packed) && walked >= 2048;
+        target == kiln::ir::Target::Sm90a && !packed && !ring_wins
     }
 
     /// The head dim of `v`, `o`, `dout` and `dv`: `dv`, or `d` when it is 0.

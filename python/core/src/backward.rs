@@ -895,30 +895,39 @@ mod tests {
     }
 
     #[test]
-    fn sm90a_dense_d128_adds_dq_from_the_keys_major_ring_unless_asked_for_the_walk() {
-        // One query head a key head at d = 128 and 4096 queries: dK and dV from the keys-major
-        // ring that also adds dQ (`adds_dq_keys_major`), then the conversion; reproducible
-        // bits asked for, a group of query heads or a short walk keep the walk.
-        for (deterministic, hk, sq, walk) in [
-            (false, 4, 4096, false),
-            (true, 4, 4096, true),
-            (false, 2, 4096, true),
-            (false, 4, 1024, true),
-        ] {
-            let mut p = plan(&call(2, sq, 200, 4, hk, 128), deterministic).expect("valid");
-            p.target = Some(Target::Sm90a);
-            assert_eq!(p.dq_by_walk(), walk, "{deterministic} {hk} {sq}");
-            let params = p.params();
-            assert_eq!(params.keys_major, !walk, "{deterministic} {hk} {sq}");
-            if !walk {
-                let tiles = (
-                    params.block_m,
-                    params.block_n,
-                    params.num_warps,
-                    params.key_cols,
-                );
-                assert_eq!(tiles, (64, 128, 8, 128));
-                assert_eq!(p.accum_shape(), [2, 4, sq as usize, 128]);
+    fn sm90a_dense_d64_and_d128_add_dq_from_a_ring_unless_asked_for_the_walk() {
+        // One query head a key head at d = 64 or 128 and 4096 queries: dK and dV from the ring
+        // of two consumer warpgroups that also adds dQ (`adds_dq_in_ring`: keys-major at
+        // d = 128, queries-major at 64), then the conversion; reproducible bits asked for, a
+        // group of query heads or a short walk keep the walk.
+        for d in [64, 128] {
+            for (deterministic, hk, sq, walk) in [
+                (false, 4, 4096, false),
+                (true, 4, 4096, true),
+                (false, 2, 4096, true),
+                (false, 4, 1024, true),
+            ] {
+                let what = format!("d = {d} {deterministic} {hk} {sq}");
+                let mut p = plan(&call(2, sq, 200, 4, hk, d), deterministic).expect("valid");
+                p.target = Some(Target::Sm90a);
+                assert_eq!(p.dq_by_walk(), walk, "{what}");
+                let params = p.params();
+                assert_eq!(params.keys_major, !walk && d == 128, "{what}");
+                if !walk {
+                    let tiles = (
+                        params.block_m,
+                        params.block_n,
+                        params.num_warps,
+                        params.key_cols,
+                    );
+                    let want = if d == 64 {
+                        (128, 128, 8, 64)
+                    } else {
+                        (64, 128, 8, 128)
+                    };
+                    assert_eq!(tiles, want, "{what}");
+                    assert_eq!(p.accum_shape(), [2, 4, sq as usize, d as usize]);
+                }
             }
         }
     }
