@@ -34,6 +34,10 @@ PATHS = {
     # gpu-check's kiln_fused128: keys-major with dQ by atomics, two consumer warpgroups.
     "fused_two_consumers": ({"keys_major": "true", "block_n": "128", "block_m": "64", "num_warps": "8",
                              "key_cols": "d"}, None),
+    # gpu-check's kiln_qm64: queries-major with dQ by atomics, 128 x 128 tiles in two consumer
+    # warpgroups (its dQ conversion on the same 128-row query blocks).
+    "queries_major_two_consumers": ({"block_n": "128", "block_m": "128", "num_warps": "8", "key_cols": "d"},
+                                    None),
 }
 
 
