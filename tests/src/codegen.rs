@@ -60,6 +60,17 @@ pub fn assert_only_known(failures: Vec<String>, known: impl Fn(&str) -> bool, ex
 /// One compile to check, run by [`run_all`].
 pub type Job<'a, R> = Box<dyn FnOnce() -> R + Send + 'a>;
 
+/// A compile check: the most registers it used, or why it failed or spilled.
+pub type Check = Job<'static, Result<u32, String>>;
+
+/// The failures of `checks`, run on every core ([`run_all`]).
+pub fn failures(checks: Vec<Check>) -> Vec<String> {
+    run_all(checks)
+        .into_iter()
+        .filter_map(Result::err)
+        .collect()
+}
+
 /// Runs `jobs` on as many threads as the machine has cores and returns their results in the
 /// jobs' order. A test's matrix of compiles is mostly ptxas, a process a compile, so one
 /// thread left the other cores idle for minutes.

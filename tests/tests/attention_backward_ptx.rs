@@ -13,7 +13,7 @@ use kiln_examples::attention_backward::{
 use kiln_ir::DType;
 use kiln_ir::Target;
 use kiln_ir::dsl::{KernelDecl, KernelDef, Spec};
-use kiln_tests::codegen::{self, Job};
+use kiln_tests::codegen::{self, Check};
 
 /// Compiles `def` with `p` for `targets`, aligned and not: `Err` naming the first compile
 /// that fails or spills, else the most registers a compile used.
@@ -43,16 +43,13 @@ fn assemble_on<D: KernelDef<Comptime = AttentionBwdParams>>(
 }
 
 /// The check of `def` with `p` ([`assemble`] on `targets`) as a job for
-/// [`codegen::run_all`].
+/// [`kiln_tests::codegen::run_all`].
 fn job<D>(def: &'static D, p: AttentionBwdParams, targets: &'static [Target]) -> Check
 where
     D: KernelDef<Comptime = AttentionBwdParams> + Sync,
 {
     Box::new(move || assemble_on(def, p, targets))
 }
-
-/// A compile check: the most registers it used, or why it failed.
-type Check = Job<'static, Result<u32, String>>;
 
 /// Both targets.
 const BOTH: &[Target] = &[Target::Sm80, Target::Sm90a];
@@ -69,14 +66,6 @@ fn all_kernels(p: AttentionBwdParams) -> Vec<Check> {
         job(&attention_bwd_dq_varlen, p, BOTH),
         job(&attention_bwd_dq_convert_varlen, p, BOTH),
     ]
-}
-
-/// The checks of `checks` that fail or spill, run on every core.
-fn failed(checks: Vec<Check>) -> Vec<String> {
-    codegen::run_all(checks)
-        .into_iter()
-        .filter_map(Result::err)
-        .collect()
 }
 
 /// The features one at a time and together, at head dims 64 and 128.
@@ -130,7 +119,7 @@ fn failures(d: usize) -> Vec<String> {
             checks.extend(all_kernels(AttentionBwdParams { deterministic, ..p }));
         }
     }
-    failed(checks)
+    codegen::failures(checks)
 }
 
 /// Asserts that no compile of `failures` failed or spilled.
@@ -198,7 +187,7 @@ fn keys_major_dkdv_assembles_without_spills() {
             }));
         }
     }
-    assert_none(failed(checks));
+    assert_none(codegen::failures(checks));
 }
 
 #[test]
@@ -220,7 +209,7 @@ fn queries_major_two_warpgroups_assemble_without_spills() {
             checks.push(job(&attention_bwd_dkdv, p, &[Target::Sm90a]));
         }
     }
-    assert_none(failed(checks));
+    assert_none(codegen::failures(checks));
 }
 
 #[test]
@@ -233,7 +222,7 @@ fn head_dim_96_assembles_without_spills() {
             checks.extend(all_kernels(AttentionBwdParams { deterministic, ..p }));
         }
     }
-    assert_none(failed(checks));
+    assert_none(codegen::failures(checks));
 }
 
 #[test]
@@ -248,7 +237,7 @@ fn head_dim_256_assembles_without_spills() {
             checks.extend(all_kernels(AttentionBwdParams { deterministic, ..p }));
         }
     }
-    assert_none(failed(checks));
+    assert_none(codegen::failures(checks));
 }
 
 #[test]
@@ -272,7 +261,7 @@ fn value_head_dims_and_used_lengths_assemble_without_spills() {
             }
         }
     }
-    codegen::assert_only_known(failed(checks), known_value_dim, true);
+    codegen::assert_only_known(codegen::failures(checks), known_value_dim, true);
 }
 
 /// The compile known to spill, an open bug: the varlen dQ kernel at d = 128 beside dv = 64
@@ -370,7 +359,7 @@ fn sm90a_tiles_assemble_without_spills() {
             }
         }
     }
-    assert_none(failed(checks));
+    assert_none(codegen::failures(checks));
 }
 
 #[test]

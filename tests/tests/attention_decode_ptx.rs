@@ -14,7 +14,7 @@ use kiln_examples::attention_decode::{
 use kiln_ir::dsl::{KernelDef, Spec};
 use kiln_ir::{DType, Target};
 use kiln_ptx::ptxas::{self, Tool};
-use kiln_tests::codegen::{self, Job};
+use kiln_tests::codegen::{self, Check};
 
 /// Compiles `def` with `p` for both targets (tensors 16-byte aligned): `Err` naming the
 /// compile that fails or spills, else the most registers either used.
@@ -95,7 +95,7 @@ fn attention_variants(d: usize, dtype: DType) -> Vec<DecodeParams> {
 
 #[test]
 fn every_decode_kernel_assembles_without_spills() {
-    let mut checks: Vec<Job<'static, Result<u32, String>>> = Vec::new();
+    let mut checks: Vec<Check> = Vec::new();
     for d in [64, 96, 128, 256] {
         for dtype in [DType::Bf16, DType::F16] {
             for p in attention_variants(d, dtype) {
@@ -134,9 +134,6 @@ fn every_decode_kernel_assembles_without_spills() {
             checks.push(Box::new(move || assemble(&attention_decode_combine, p)));
         }
     }
-    let failures: Vec<String> = codegen::run_all(checks)
-        .into_iter()
-        .filter_map(Result::err)
-        .collect();
+    let failures = codegen::failures(checks);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

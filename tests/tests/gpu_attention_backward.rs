@@ -254,38 +254,28 @@ fn run_calls(dev: &Device, target: Target) {
                         ..p
                     });
                 }
-                // The same on sm_90a with two consumer warpgroups of 64 keys each: dQ's 64 query
-                // rows split into column blocks, one a warpgroup (`WgmmaColumns`), or without a
-                // ring 4 x 2 warps. A soft-cap's accumulators do not fit the consumers'
-                // registers: refused.
-                let fits = p.softcap == 0.0;
-                if !deterministic
+                // The rings of two consumer warpgroups that add dQ (sm_90a): at d = 128
+                // keys-major, 64 keys each, dQ's 64 query rows split into column blocks, one a
+                // warpgroup (`WgmmaColumns`); at d = 64 queries-major, 64 query rows each
+                // against 128 keys, P^T and dS^T staged, dQ added in bulk. A soft-cap's
+                // accumulators do not fit the consumers' registers: refused.
+                let two_warpgroups = match p.d {
+                    128 => Some((64, true)),
+                    64 => Some((128, false)),
+                    _ => None,
+                };
+                let fits = p.softcap == 0.0 && p.value_dim() == p.d;
+                if let Some((block_m, keys_major)) = two_warpgroups
+                    && !deterministic
                     && target == Target::Sm90a
-                    && p.d == 128
-                    && p.value_dim() == p.d
                     && fits
                 {
                     ps.push(AttentionBwdParams {
-                        keys_major: true,
+                        keys_major,
                         block_n: 128,
-                        block_m: 64,
+                        block_m,
                         num_warps: 8,
                         key_cols: p.d,
-                        ..p
-                    });
-                }
-                // Queries-major with two consumer warpgroups of 64 query rows against 128 keys
-                // at d = 64: on sm_90a a ring staging P^T and dS^T, dQ added in bulk.
-                if !deterministic
-                    && target == Target::Sm90a
-                    && p.d == 64
-                    && p.value_dim() == p.d
-                    && fits
-                {
-                    ps.push(AttentionBwdParams {
-                        block_n: 128,
-                        block_m: 128,
-                        num_warps: 8,
                         ..p
                     });
                 }
