@@ -150,6 +150,73 @@ fn a_bitcast_to_its_own_type_keeps_the_bits() {
     no_bug_on_any_target(&k);
 }
 
+/// A loop carrying a column maximum (a reduction's sliced layout) through a reshape to its
+/// own shape, then a reshape adding the unit dimension: the layout pass gave the first
+/// reshape's operand the layout of a tile with the unit dimension, which the PTX writer
+/// refused as an internal error (found by `random_kernels_compile_or_fail_cleanly`).
+#[test]
+fn a_reshape_to_its_own_shape_keeps_a_reductions_layout() {
+    for unit_first in [true, false] {
+        let (rows, cols) = (64, 32);
+        let k = one_tile_kernel(rows, cols, |b, t, loc| {
+            let reshape = |b: &mut kiln_ir::Builder, v, shape: Vec<usize>, loc| {
+                b.op1(
+                    OpKind::Reshape {
+                        shape: Shape(shape),
+                    },
+                    &[v],
+                    loc,
+                )
+                .unwrap()
+            };
+            let m = b
+                .op1(
+                    OpKind::Reduce {
+                        op: kiln_ir::ReduceOp::Max,
+                        dim: 0,
+                    },
+                    &[t],
+                    loc(),
+                )
+                .unwrap();
+            let lo = b.constant(Const::Int(0), DType::I32, loc()).unwrap();
+            let hi = b.constant(Const::Int(3), DType::I32, loc()).unwrap();
+            let step = b.constant(Const::Int(1), DType::I32, loc()).unwrap();
+            let scope = b.begin_for(lo, hi, step, &[m], None, loc()).unwrap();
+            let same = reshape(b, scope.carried[0], vec![cols], loc());
+            let m = b.end_for(&scope, &[same], loc()).unwrap()[0];
+            let shape = if unit_first {
+                vec![1, cols]
+            } else {
+                vec![cols, 1]
+            };
+            reshape(b, m, shape, loc())
+        });
+        no_bug_on_any_target(&k);
+        let mut rng = Rng::from_env();
+        for dist in [Dist::Uniform, Dist::Large] {
+            let x = tensor(&mut rng, &[rows, cols], DType::F32, dist);
+            let out_shape = if unit_first { [1, cols] } else { [cols, 1] };
+            let mut out = HostTensor::full(&out_shape, DType::F32, f64::NAN);
+            run(
+                &k,
+                [1, 1, 1],
+                &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut out)],
+            )
+            .unwrap_or_else(|e| panic!("seed {}: {e}", rng.seed()));
+            let xs = x.to_f64_vec();
+            let want: Vec<f64> = (0..cols)
+                .map(|c| {
+                    (0..rows)
+                        .map(|r| xs[r * cols + c])
+                        .fold(f64::NEG_INFINITY, f64::max)
+                })
+                .collect();
+            assert_eq!(out.to_f64_vec(), want, "seed {}", rng.seed());
+        }
+    }
+}
+
 /// Replays one kernel of a fuzz report: `KILN_FUZZ_BYTES="[118, 113, ...]" cargo test -p
 /// kiln-tests --test random_kernels replay -- --ignored --nocapture` prints its IR, and each
 /// target's outcome and the interpreter's with the time each took.

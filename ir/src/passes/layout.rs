@@ -313,13 +313,18 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 }
                 OpKind::Reshape { .. } => {
                     let (x, r) = (op.operands[0], op.results[0]);
+                    let (Some(xs), Some(rs)) =
+                        (kernel.ty(x).shape().cloned(), kernel.ty(r).shape().cloned())
+                    else {
+                        continue;
+                    };
                     if let (Some(l), false) = (layouts.get(&x).cloned(), layouts.contains_key(&r)) {
-                        if let Some(nl) = reshape_layout(&l, true) {
+                        if let Some(nl) = view_layout(&l, &xs, &rs) {
                             layouts.insert(r, nl);
                         }
                     } else if let (Some(l), false) =
                         (layouts.get(&r).cloned(), layouts.contains_key(&x))
-                        && let Some(nl) = reshape_layout(&l, false)
+                        && let Some(nl) = view_layout(&l, &rs, &xs)
                     {
                         layouts.insert(x, nl);
                     }
@@ -630,23 +635,37 @@ fn fold2(shape: &Shape) -> (u32, u32) {
     }
 }
 
-/// Layout after `reshape`: `to_keep` adds the unit dimension of a slice (`.col()`/`.row()`),
-/// otherwise removes it.
-fn reshape_layout(l: &Layout, to_keep: bool) -> Option<Layout> {
-    match l {
-        Layout::Slice {
-            dim,
-            keep_dim,
-            parent,
-            parent_shape,
-        } if *keep_dim != to_keep => Some(Layout::Slice {
-            dim: *dim,
-            keep_dim: to_keep,
-            parent: parent.clone(),
-            parent_shape: parent_shape.clone(),
-        }),
-        _ => None,
+/// Layout `l` of a tile of shape `from` seen as shape `to` by a view reshape: the same
+/// layout where the shapes agree; a slice gains its unit dimension (`.col()`/`.row()`) where
+/// `to` adds an extent of 1 at the sliced dimension, and loses it where `to` removes that
+/// extent. `None` for any other view: its neighbours give it a layout.
+pub(super) fn view_layout(l: &Layout, from: &Shape, to: &Shape) -> Option<Layout> {
+    if from == to {
+        return Some(l.clone());
     }
+    let Layout::Slice {
+        dim,
+        keep_dim,
+        parent,
+        parent_shape,
+    } = l
+    else {
+        return None;
+    };
+    let unit_at_dim = |s: &Shape| s.dims().get(*dim) == Some(&1);
+    let to_keep = if to.rank() == from.rank() + 1 && !*keep_dim && unit_at_dim(to) {
+        true
+    } else if from.rank() == to.rank() + 1 && *keep_dim && unit_at_dim(from) {
+        false
+    } else {
+        return None;
+    };
+    Some(Layout::Slice {
+        dim: *dim,
+        keep_dim: to_keep,
+        parent: parent.clone(),
+        parent_shape: parent_shape.clone(),
+    })
 }
 
 /// The column blocks over which a ring's consumer warpgroups (`warps` warps) split the

@@ -9,7 +9,7 @@ use crate::schedule::{Distribution, Layout};
 use crate::types::Shape;
 
 use super::super::walk::ops_in_order;
-use super::{broadcast_layout, is_view, reshape_layout};
+use super::{broadcast_layout, is_view, view_layout};
 
 /// Where a converted value is made: before the op reading it, or after the op making it.
 #[derive(Clone, Copy)]
@@ -93,7 +93,7 @@ pub(super) fn insert(kernel: &mut Kernel, layouts: &mut BTreeMap<ValueId, Layout
                 };
                 let adds = rs.rank() > xs.rank();
                 let unit = (0..rs.rank()).find(|&d| rs.dims()[d] == 1);
-                let want = reshape_layout(&rl, !adds)
+                let want = view_layout(&rl, &rs, &xs)
                     .or_else(|| {
                         // The result's layout with its unit dimension reduced away.
                         (adds && unit.is_some()).then(|| Layout::Slice {
