@@ -6,7 +6,8 @@
 
 SIDE: `kiln` (flash_attn_func's own backward), `fa4` (FlashAttention-4's), or a
 python/bench.py `--bwd-candidate` spec (`NAME=DKDV|DQ`) launched kernel by kernel. The
-tensors are FlashAttention's (b, s, h, d), bf16, b * s = 8192, h = 2048 / d. The backward
+tensors are FlashAttention's (b, s, h, d), bf16, b * s = 8192, h = 2048 / d
+unless --b and --h say otherwise (a sanitizer's smaller run). The backward
 runs once to compile and warm up, then once between cudaProfilerStart and Stop, so that
 the profile holds that one backward's kernels and nothing else.
 """
@@ -28,9 +29,11 @@ def main():
     p.add_argument("--d", type=int, default=128)
     p.add_argument("--s", type=int, default=4096)
     p.add_argument("--causal", action="store_true")
+    p.add_argument("--b", type=int, default=0, help="batch (default: 8192 // s, at least 1)")
+    p.add_argument("--h", type=int, default=0, help="heads (default: 2048 // d)")
     args = p.parse_args()
     d, s = args.d, args.s
-    b, h = max(1, 8192 // s), 2048 // d
+    b, h = args.b or max(1, 8192 // s), args.h or 2048 // d
     if args.side != "fa4":
         import kiln_attn
     if args.side == "kiln":
