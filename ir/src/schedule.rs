@@ -748,9 +748,17 @@ pub struct AddBoxes {
     pub rows: u32,
     /// Boxes, left to right.
     pub boxes: u32,
+    /// Whether a thread at an odd row stores, at each staging store, the register
+    /// [`AddBoxes::SWAP_COLUMNS`] columns over from the one the threads at even rows store
+    /// ([`AddBoxes::odd_rows_swap`]).
+    pub swap_odd_rows: bool,
 }
 
 impl AddBoxes {
+    /// The column offset between the registers threads at odd and even rows store together
+    /// when [`AddBoxes::swap_odd_rows`]: half a box, four chunks.
+    pub const SWAP_COLUMNS: u32 = 16;
+
     /// f32 columns of a box: one 128-byte swizzle span.
     pub const COLUMNS: u32 = 32;
 
@@ -795,6 +803,43 @@ impl AddBoxes {
         (c / 4, j * self.box_bytes() + ro * 128 + (c % 4) * 4)
     }
 
+    /// Whether the staging stores of a tile laid out as `d` (held by `threads` threads) take
+    /// fewer shared-memory wavefronts when the threads at odd rows store the register
+    /// [`AddBoxes::SWAP_COLUMNS`] columns over (in the same box) from the even rows' one. An
+    /// accumulator fragment's 8-byte stores are served a half-warp at a time: its rows `r`
+    /// and `r ^ 1` land on the same pair of chunks under the 128-byte swizzle (two
+    /// wavefronts where one would do); half a box over, they land on distinct chunks. Every
+    /// register's partner must be the thread's own register.
+    pub fn odd_rows_swap(&self, d: &Distribution, threads: u32) -> bool {
+        let partner = |offs: &[u32]| vec![offs[0], offs[1] ^ Self::SWAP_COLUMNS];
+        let step = if d.column_pairs() { 2 } else { 1 };
+        if d.terms.len() != 2 || !d.regs.iter().all(|o| d.regs.contains(&partner(o))) {
+            return false;
+        }
+        let wavefronts = |swap: bool| -> u32 {
+            let mut total = 0;
+            for warp in 0..threads.div_ceil(32) {
+                for group in d.regs.chunks(step) {
+                    let addrs: Vec<u32> = (warp * 32..(warp * 32 + 32).min(threads))
+                        .map(|tid| {
+                            let rb = Term::sum(&d.terms[0], tid);
+                            let cb = Term::sum(&d.terms[1], tid);
+                            let offs = if swap && rb % 2 == 1 {
+                                partner(&group[0])
+                            } else {
+                                group[0].clone()
+                            };
+                            self.offset_of(rb + offs[0], cb + offs[1])
+                        })
+                        .collect();
+                    total += store_wavefronts(&addrs, 4 * step as u32);
+                }
+            }
+            total
+        };
+        wavefronts(true) < wavefronts(false)
+    }
+
     /// Whether the split offsets of [`AddBoxes::thread_part`] and
     /// [`AddBoxes::register_part`] are every element's [`AddBoxes::offset_of`], for each of
     /// the `threads` threads holding a 2-D tile laid out as `d` (thread and register
@@ -813,6 +858,30 @@ impl AddBoxes {
                 })
             })
     }
+}
+
+/// Shared-memory wavefronts of one warp's store of `bytes` (4, 8 or 16) a thread at byte
+/// addresses `addrs` (one a lane): the lanes are served in groups of `128 / bytes` (a whole
+/// warp for 4 bytes, a half-warp for 8), each group taking as many wavefronts as the most
+/// distinct 4-byte words any of the 32 banks holds.
+fn store_wavefronts(addrs: &[u32], bytes: u32) -> u32 {
+    let lanes = (128 / bytes.clamp(4, 16)) as usize;
+    addrs
+        .chunks(lanes)
+        .map(|group| {
+            let mut words: Vec<u32> = group
+                .iter()
+                .flat_map(|&a| (0..bytes / 4).map(move |w| a / 4 + w))
+                .collect();
+            words.sort_unstable();
+            words.dedup();
+            let mut per_bank = [0u32; 32];
+            for w in words {
+                per_bank[(w % 32) as usize] += 1;
+            }
+            per_bank.into_iter().max().unwrap_or(0)
+        })
+        .sum()
 }
 
 /// A shared-memory region for exchanging register tiles between threads.
@@ -922,6 +991,66 @@ mod tests {
             let misfit = Layout::WgmmaColumns { col_blocks: 2 }.distribution(&Shape(vec![m, n]));
             assert!(misfit.is_err(), "{m}x{n}: {misfit:?}");
         }
+    }
+
+    /// An accumulator fragment's 8-byte staging stores: with every thread storing the same
+    /// register, a half-warp's rows `r` and `r ^ 1` share their chunks under the swizzle (2
+    /// wavefronts a half-warp); threads at odd rows storing the register half a box over
+    /// take 1, and the stores still put every element at its own offset, once.
+    #[test]
+    fn odd_rows_half_a_box_over_stage_an_accumulator_in_one_wavefront_a_half_warp() {
+        for (rows, cols, warps) in [(128, 64, 8), (64, 64, 4), (64, 128, 4)] {
+            let shape = Shape(vec![rows, cols]);
+            let d = Layout::Mma { warps: [warps, 1] }
+                .distribution(&shape)
+                .expect("fits");
+            let b = AddBoxes {
+                param: 0,
+                lead_dims: 2,
+                rows: rows as u32,
+                boxes: cols as u32 / AddBoxes::COLUMNS,
+                swap_odd_rows: false,
+            };
+            let threads = 32 * warps;
+            assert!(b.separable(&d, threads));
+            assert!(b.odd_rows_swap(&d, threads), "{rows}x{cols}");
+            let mut written = vec![0u32; rows * cols];
+            for warp in 0..warps {
+                for pair in d.regs.chunks(2) {
+                    let (mut plain, mut swapped) = (Vec::new(), Vec::new());
+                    for tid in warp * 32..warp * 32 + 32 {
+                        let rb = Term::sum(&d.terms[0], tid);
+                        let cb = Term::sum(&d.terms[1], tid);
+                        let (r, c) = (rb + pair[0][0], cb + pair[0][1]);
+                        plain.push(b.offset_of(r, c));
+                        let c = if rb % 2 == 1 {
+                            c ^ AddBoxes::SWAP_COLUMNS
+                        } else {
+                            c
+                        };
+                        swapped.push(b.offset_of(r, c));
+                        for w in [c, c + 1] {
+                            written[r as usize * cols + w as usize] += 1;
+                        }
+                    }
+                    assert_eq!(store_wavefronts(&plain, 8), 4, "{rows}x{cols}");
+                    assert_eq!(store_wavefronts(&swapped, 8), 2, "{rows}x{cols}");
+                }
+            }
+            assert!(written.iter().all(|&n| n == 1), "{rows}x{cols}");
+        }
+        // A 32-column tile has no register half a box over in its own box.
+        let d = Layout::Mma { warps: [4, 1] }
+            .distribution(&Shape(vec![64, 16]))
+            .expect("fits");
+        let b = AddBoxes {
+            param: 0,
+            lead_dims: 0,
+            rows: 64,
+            boxes: 1,
+            swap_odd_rows: false,
+        };
+        assert!(!b.odd_rows_swap(&d, 128));
     }
 
     #[test]

@@ -254,6 +254,15 @@ impl Emitter<'_> {
         self.ins(format!("and.b32 {phase}, {phase}, 7"));
         self.ins(format!("and.b32 {rp}, {rb}, 7"));
         self.ins(format!("xor.b32 {phase}, {phase}, {rp}"));
+        // Threads at odd rows store the register half a box over: its chunk is 4 further.
+        let odd = b.swap_odd_rows.then(|| {
+            let bit = self.new_reg(Class::B32);
+            self.ins(format!("and.b32 {bit}, {rb}, 1"));
+            let odd = self.setp("ne.u32", bit, 0);
+            self.ins(format!("shl.b32 {bit}, {bit}, 2"));
+            self.ins(format!("xor.b32 {phase}, {phase}, {bit}"));
+            odd
+        });
         // One address register per chunk a register lands in: `base + (phase ^ k) * 16`.
         let mut chunks: std::collections::BTreeMap<u32, Reg> = Default::default();
         let mut at = |e: &mut Self, k: u32| {
@@ -268,10 +277,18 @@ impl Emitter<'_> {
         for group in d.regs.chunks(step) {
             let (k, imm) = b.register_part(group[0][0], group[0][1]);
             let addr = at(self, k);
-            let elems = group
-                .iter()
-                .map(|offs| self.elem(value, offs, id).map(|r| r.to_string()))
-                .collect::<Result<Vec<_>, _>>()?;
+            let mut elems = Vec::with_capacity(group.len());
+            for offs in group {
+                let own = self.elem(value, offs, id)?;
+                let Some(odd) = &odd else {
+                    elems.push(own.to_string());
+                    continue;
+                };
+                let over = self.elem(value, &[offs[0], offs[1] ^ AddBoxes::SWAP_COLUMNS], id)?;
+                let x = self.new_reg(Class::F32);
+                self.ins(format!("selp.f32 {x}, {over}, {own}, {odd}"));
+                elems.push(x.to_string());
+            }
             match &elems[..] {
                 [x] => self.ins(format!("st.shared.f32 [{addr}+{imm}], {x}")),
                 _ => self.ins(format!(

@@ -309,11 +309,12 @@ fn tensor_boxes(
     if mapped {
         return Err("its tensor has a TMA map for other boxes");
     }
-    let b = AddBoxes {
+    let mut b = AddBoxes {
         param: tensor,
         lead_dims: u32::try_from(rank - 2).map_err(|_| "malformed")?,
         rows: rows as u32,
         boxes: cols as u32 / AddBoxes::COLUMNS,
+        swap_odd_rows: false,
     };
     let d = kernel
         .distribution(value)
@@ -321,5 +322,6 @@ fn tensor_boxes(
     if !b.separable(&d, holders) {
         return Err("its layout's rows and columns do not split into a thread's and a register's");
     }
+    b.swap_odd_rows = b.odd_rows_swap(&d, holders);
     Ok(b)
 }
