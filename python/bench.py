@@ -3,10 +3,11 @@
 standard sweep.
 
   python/bench.py [--out RESULT.json] [--quick] [--iters N] [--warmup N] [--only S:D:CAUSAL,..]
-                  [--rust KILN.json] [--overhead-only] [--backward | --fwd-bwd]
+                  [--rust KILN.json] [--overhead-only] [--backward | --fwd-bwd] [--group G]
 
 The sweep is bench/peers.py's (docs/benchmarking.md): bf16, b*s = 16384, h = 2048/d,
-s in {1k..16k}, d in {64, 128, 256}, causal and not. kiln gets FlashAttention's layout
+s in {1k..16k}, d in {64, 128, 256}, causal and not (`--group G`: k and v hold h / G heads,
+grouped-query attention). kiln gets FlashAttention's layout
 (b, s, h, d), as does FlashAttention-4 (`flash_attn.cute`, timed when it imports); SDPA
 (FLASH_ATTENTION = FlashAttention-2, and cuDNN) gets its own (b, h, s, d).
 Each point is timed two ways, rotating over input sets that together exceed twice the L2:
@@ -117,7 +118,9 @@ def sides_of(torch, kiln_attn, fa4, causal, grads=False, candidates=()):
     def sdpa(backend):
         def forward(q, k, v):
             with sdpa_kernel([backend]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                # Grouped heads: k and v hold fewer heads than q.
+                gqa = k.shape[1] != q.shape[1]
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
         return forward
 
     sides = [("kiln", "bshd", lambda q, k, v: kiln_attn.flash_attn_func(q, k, v, causal=causal))]
@@ -246,14 +249,15 @@ def sweep_rows(args, torch, kiln_attn, on_row=lambda rows: None):
     for n, (s, d, causal) in enumerate(configs, 1):
         print(f"\r\x1b[2K[{n}/{len(configs)}] s={s} d={d} causal={causal}", end="", file=sys.stderr, flush=True)
         b, h = TOKENS // s, WIDTH // d
+        hk = h // args.group
         set_bytes = 4 * b * h * s * d * 2 * (2 if grads else 1)
         sets = max(2, min(8, math.ceil(2 * l2 / set_bytes)))
         gen = torch.Generator(device=dev).manual_seed(s * 1000 + d * 10 + int(causal))
         # One (b, h, s, d) set per rotation for SDPA, and the same values as (b, s, h, d)
         # contiguous tensors for kiln and FlashAttention-4 (FlashAttention's layout).
         inputs = {"bhsd": [
-            tuple((torch.rand((b, h, s, d), generator=gen, device=dev) * 2 - 1).to(torch.bfloat16)
-                  for _ in range(3))
+            tuple((torch.rand((b, heads, s, d), generator=gen, device=dev) * 2 - 1).to(torch.bfloat16)
+                  for heads in (h, hk, hk))
             for _ in range(sets)
         ]}
         inputs["bshd"] = [tuple(t.transpose(1, 2).contiguous() for t in qkv) for qkv in inputs["bhsd"]]
@@ -263,7 +267,7 @@ def sweep_rows(args, torch, kiln_attn, on_row=lambda rows: None):
             douts["bshd"] = [(torch.rand(q.shape, generator=gen, device=dev) * 2 - 1).to(q.dtype)
                              for q, _, _ in inputs["bshd"]]
             douts["bhsd"] = [t.transpose(1, 2) for t in douts["bshd"]]
-        row = {"s": s, "d": d, "causal": causal, "b": b, "h": h,
+        row = {"s": s, "d": d, "causal": causal, "b": b, "h": h, "h_kv": hk,
                "flops": work * flops(b, h, s, d, causal), "input_sets": sets}
         reference = None  # (peer name, its result in (b, s, h, d) order)
         for name, layout, forward in sides_of(torch, kiln_attn, fa4, causal, grads, args.candidates):
@@ -431,6 +435,8 @@ def main():
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--only", help="run only these S:D:CAUSAL points, comma-separated")
+    p.add_argument("--group", type=int, default=1,
+                   help="query heads per key/value head (GQA; h = 2048 / d divided by it for k, v)")
     p.add_argument("--rust", help="a bench_attention (or merged) JSON to compare kiln's TFLOP/s with")
     p.add_argument("--overhead-only", action="store_true", help="only the call-overhead measurement")
     p.add_argument("--backward", action="store_true", help="time each library's backward instead")
@@ -440,6 +446,8 @@ def main():
                    "with these tiles (e.g. kiln_n128=block_n=128,block_m=64,num_warps=8,key_cols=d|), or "
                    "without '|' dQ by atomics (kiln_keys_major=keys_major=true)")
     args = p.parse_args()
+    if args.group < 1 or (WIDTH // 256) % args.group:
+        p.error(f"--group must divide every point's heads ({WIDTH // 256} at d = 256)")
 
     import torch
     import kiln_attn
@@ -462,6 +470,7 @@ def main():
         "python": sys.version.split()[0],
         "commit": commit(),
         "date_utc": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "kv_group": args.group,
     }
     result = {"meta": {"kiln": meta, "peers": meta}, "iters": {"kiln": args.iters, "peers": args.iters},
               "warmup": args.warmup, "rows": []}
