@@ -736,8 +736,10 @@ impl BulkAdds {
 /// `rows` 128-byte rows (box `j` at `j * rows * 128`, each 16-byte chunk `q` of row `r` at
 /// chunk `q ^ (r % 8)`: the 128-byte swizzle), which one thread reduces into the tensor with
 /// one `cp.reduce.async.bulk.tensor .add` each. The copy engine clips every box at the
-/// tensor's bounds, so the add needs no row loop and no bounds arithmetic, and the swizzle
-/// keeps an accumulator fragment's staging stores free of bank conflicts.
+/// tensor's bounds, so the add needs no row loop and no bounds arithmetic. The swizzle, with
+/// the threads at odd rows storing the register half a box over
+/// ([`AddBoxes::swap_odd_rows`]), keeps an accumulator fragment's staging stores free of
+/// bank conflicts.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct AddBoxes {
     /// The tensor parameter (whose tensor map the runtime builds).
