@@ -1,9 +1,10 @@
 //! sm_90a: wgmma groups still in flight while the rest of a ring's body is written. A body
 //! with several mmas (attention's backward: scores, dP, dV, dQ, dK) commits each one's group
 //! where it is issued and waits for it only where something needs it: an op reading its
-//! result (or its accumulator), an op that may write shared memory or synchronise in ways
-//! this module does not reason about, a staged operand written while an in-flight wgmma reads
-//! another staged operand, and the end of the body. In between, the tensor cores run beside
+//! result, its accumulator or its registers' A operand (PTX leaves any access to those
+//! undefined until the group completes), an op that may write shared memory or synchronise
+//! in ways this module does not reason about, a staged operand written over the bytes an
+//! in-flight wgmma reads as its staged operand, and the end of the body. In between, the tensor cores run beside
 //! the softmax arithmetic, the shared-memory staging and the other mmas' issue.
 //!
 //! Groups complete in commit order, so waiting for one group is `wgmma.wait_group n` with
@@ -15,12 +16,13 @@ use kiln_ir::{OpId, OpKind, ValueId};
 
 use super::Emitter;
 
-/// One committed wgmma group: the values whose registers it writes or reads as its
-/// accumulator, and whether it reads a tile the consumers staged in shared memory.
+/// One committed wgmma group: the values whose registers it writes, or reads as its
+/// accumulator or A operand, and the bytes of shared memory it reads as a tile the consumers
+/// staged (`start..end`), if it does.
 #[derive(Clone, Debug)]
 pub(crate) struct InFlight {
     pub(crate) values: Vec<ValueId>,
-    pub(crate) reads_staged: bool,
+    pub(crate) staged: Option<std::ops::Range<u32>>,
 }
 
 impl Emitter<'_> {
@@ -37,12 +39,16 @@ impl Emitter<'_> {
         }
     }
 
-    /// Before a staged operand is written: waits for every group in flight if one of them
-    /// reads a staged operand (the buffer may be the same).
-    pub(crate) fn wgmma_before_staging(&mut self) {
-        if self.in_flight.iter().any(|g| g.reads_staged) {
-            self.wgmma_drain();
-        }
+    /// Before a staged operand is written over bytes `at`: waits for the newest group in
+    /// flight that reads a staged operand overlapping them (and, as groups complete in
+    /// order, the ones before it); groups reading other bytes stay in flight.
+    pub(crate) fn wgmma_before_staging(&mut self, at: std::ops::Range<u32>) {
+        let newest = self.in_flight.iter().rposition(|g| {
+            g.staged
+                .as_ref()
+                .is_some_and(|r| r.start < at.end && at.start < r.end)
+        });
+        self.wgmma_wait_through(newest);
     }
 
     /// Before op `id` is written: waits for the groups it needs complete (module doc).
@@ -60,7 +66,12 @@ impl Emitter<'_> {
             .in_flight
             .iter()
             .rposition(|g| g.values.iter().any(|v| read.contains(v)));
-        if let Some(i) = newest {
+        self.wgmma_wait_through(newest);
+    }
+
+    /// Waits for in-flight group `i` (and the groups before it), if any.
+    fn wgmma_wait_through(&mut self, i: Option<usize>) {
+        if let Some(i) = i {
             let after = self.in_flight.len() - 1 - i;
             self.ins(format!("wgmma.wait_group.sync.aligned {after}"));
             self.in_flight.drain(..=i);

@@ -232,7 +232,8 @@ fn write(
     let a_val = match &staged {
         Some(st) => {
             if ring.inline_wait {
-                e.wgmma_before_staging();
+                let b = &st.buffer;
+                e.wgmma_before_staging(b.offset..b.offset + b.stages * b.stage_bytes);
             }
             let sync = consumers_sync(e, id)?;
             e.stage_operand_among(id, st, sync)?
@@ -401,9 +402,15 @@ fn write(
         e.ins("wgmma.commit_group.sync.aligned");
         let mut values = vec![r];
         values.extend(op.operands.get(2).copied());
+        if matches!(a_val, Val::Tile(_)) {
+            // RS: the A fragment's registers stay the wgmma's until it completes.
+            values.push(a);
+        }
         e.wgmma_in_flight(InFlight {
             values,
-            reads_staged: staged.is_some(),
+            staged: staged.as_ref().map(|st| {
+                st.buffer.offset..st.buffer.offset + st.buffer.stages * st.buffer.stage_bytes
+            }),
         });
     }
     e.vals.insert(r, Val::Tile(acc));
