@@ -589,6 +589,11 @@ impl SmemBuffer {
         self.swizzle().map(|(_, mask)| 16 * (mask + 1))
     }
 
+    /// The bytes of every stage: `offset..offset + stages * stage_bytes`.
+    pub fn bytes(&self) -> std::ops::Range<u32> {
+        self.offset..self.offset + self.stages * self.stage_bytes
+    }
+
     /// Bytes from one row to the next inside a box (the whole row when not boxed).
     pub fn pitch(&self) -> u32 {
         match (self.boxed, self.span()) {

@@ -4,8 +4,9 @@
 //! result, its accumulator or its registers' A operand (PTX leaves any access to those
 //! undefined until the group completes), an op that may write shared memory or synchronise
 //! in ways this module does not reason about, a staged operand written over the bytes an
-//! in-flight wgmma reads as its staged operand, and the end of the body. In between, the tensor cores run beside
-//! the softmax arithmetic, the shared-memory staging and the other mmas' issue.
+//! in-flight wgmma reads as its staged operand, and the end of the body. In between, the
+//! tensor cores run beside the softmax arithmetic, the shared-memory staging and the other
+//! mmas' issue.
 //!
 //! Groups complete in commit order, so waiting for one group is `wgmma.wait_group n` with
 //! `n` the groups committed after it. The tracking is static: before an `if` whose branches

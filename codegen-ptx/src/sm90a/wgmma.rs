@@ -232,8 +232,7 @@ fn write(
     let a_val = match &staged {
         Some(st) => {
             if ring.inline_wait {
-                let b = &st.buffer;
-                e.wgmma_before_staging(b.offset..b.offset + b.stages * b.stage_bytes);
+                e.wgmma_before_staging(st.buffer.bytes());
             }
             let sync = consumers_sync(e, id)?;
             e.stage_operand_among(id, st, sync)?
@@ -408,9 +407,7 @@ fn write(
         }
         e.wgmma_in_flight(InFlight {
             values,
-            staged: staged.as_ref().map(|st| {
-                st.buffer.offset..st.buffer.offset + st.buffer.stages * st.buffer.stage_bytes
-            }),
+            staged: staged.as_ref().map(|st| st.buffer.bytes()),
         });
     }
     e.vals.insert(r, Val::Tile(acc));
