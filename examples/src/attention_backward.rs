@@ -1008,9 +1008,6 @@ fn dkdv(
         } else {
             acc_v = mma_acc(&probs.cast_to(dtype).t(), &dos[0], &acc_v);
             let ds = ds.cast_to(dtype);
-            // dK before dQ: dS^T is staged while dV runs (dQ, reading dS from registers,
-            // would hold them until it completes), and the three mmas run back to back.
-            acc_k = mma_acc(&ds.t(), &qs[0], &acc_k);
             add_dq_owned(
                 dq_accum,
                 mma(&ds, &ks[0]),
@@ -1019,6 +1016,7 @@ fn dkdv(
                 (chunks[0], (bm, cols)),
                 split.owns_k,
             );
+            acc_k = mma_acc(&ds.t(), &qs[0], &acc_k);
         }
     }
     let c0 = chunks[0];
