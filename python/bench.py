@@ -250,7 +250,8 @@ def sweep_rows(args, torch, kiln_attn, on_row=lambda rows: None):
         print(f"\r\x1b[2K[{n}/{len(configs)}] s={s} d={d} causal={causal}", end="", file=sys.stderr, flush=True)
         b, h = TOKENS // s, WIDTH // d
         hk = h // args.group
-        set_bytes = 4 * b * h * s * d * 2 * (2 if grads else 1)
+        # q and the output at h heads, k and v at hk (2 bytes an element), twice with gradients.
+        set_bytes = (2 * h + 2 * hk) * b * s * d * 2 * (2 if grads else 1)
         sets = max(2, min(8, math.ceil(2 * l2 / set_bytes)))
         gen = torch.Generator(device=dev).manual_seed(s * 1000 + d * 10 + int(causal))
         # One (b, h, s, d) set per rotation for SDPA, and the same values as (b, s, h, d)

@@ -766,6 +766,13 @@ impl AddBoxes {
     /// when [`AddBoxes::swap_odd_rows`]: half a box, four chunks.
     pub const SWAP_COLUMNS: u32 = 16;
 
+    /// The register a thread at an odd row stores in place of the one at offsets `offs`
+    /// (row, column) when [`AddBoxes::swap_odd_rows`]: [`AddBoxes::SWAP_COLUMNS`] columns
+    /// over, in the same box, so its 16-byte chunk is `SWAP_COLUMNS / 4` further.
+    pub fn odd_row_register(offs: &[u32]) -> Vec<u32> {
+        vec![offs[0], offs[1] ^ Self::SWAP_COLUMNS]
+    }
+
     /// f32 columns of a box: one 128-byte swizzle span.
     pub const COLUMNS: u32 = 32;
 
@@ -818,7 +825,7 @@ impl AddBoxes {
     /// wavefronts where one would do); half a box over, they land on distinct chunks. Every
     /// register's partner must be the thread's own register.
     pub fn odd_rows_swap(&self, d: &Distribution, threads: u32) -> bool {
-        let partner = |offs: &[u32]| vec![offs[0], offs[1] ^ Self::SWAP_COLUMNS];
+        let partner = Self::odd_row_register;
         let step = if d.column_pairs() { 2 } else { 1 };
         if d.terms.len() != 2 || !d.regs.iter().all(|o| d.regs.contains(&partner(o))) {
             return false;

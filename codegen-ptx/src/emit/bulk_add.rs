@@ -254,12 +254,14 @@ impl Emitter<'_> {
         self.ins(format!("and.b32 {phase}, {phase}, 7"));
         self.ins(format!("and.b32 {rp}, {rb}, 7"));
         self.ins(format!("xor.b32 {phase}, {phase}, {rp}"));
-        // Threads at odd rows store the register half a box over: its chunk is 4 further.
+        // Threads at odd rows store the register half a box over (`AddBoxes::odd_row_register`).
         let odd = b.swap_odd_rows.then(|| {
             let bit = self.new_reg(Class::B32);
             self.ins(format!("and.b32 {bit}, {rb}, 1"));
             let odd = self.setp("ne.u32", bit, 0);
-            self.ins(format!("shl.b32 {bit}, {bit}, 2"));
+            // `SWAP_COLUMNS / 4` chunks further: a power of two.
+            let shift = (AddBoxes::SWAP_COLUMNS / 4).trailing_zeros();
+            self.ins(format!("shl.b32 {bit}, {bit}, {shift}"));
             self.ins(format!("xor.b32 {phase}, {phase}, {bit}"));
             odd
         });
@@ -284,7 +286,7 @@ impl Emitter<'_> {
                     elems.push(own.to_string());
                     continue;
                 };
-                let over = self.elem(value, &[offs[0], offs[1] ^ AddBoxes::SWAP_COLUMNS], id)?;
+                let over = self.elem(value, &AddBoxes::odd_row_register(offs), id)?;
                 let x = self.new_reg(Class::F32);
                 self.ins(format!("selp.f32 {x}, {over}, {own}, {odd}"));
                 elems.push(x.to_string());
