@@ -256,28 +256,28 @@ fn run_calls(dev: &Device, target: Target) {
                 }
                 // The rings of two consumer warpgroups that add dQ (sm_90a): at d = 128
                 // keys-major, 64 keys each, dQ's 64 query rows split into column blocks, one a
-                // warpgroup (`WgmmaColumns`); at d = 64 queries-major, 64 query rows each
-                // against 128 keys, P^T and dS^T staged, dQ added in bulk. A soft-cap's
-                // accumulators do not fit the consumers' registers: refused.
-                let two_warpgroups = match p.d {
-                    128 => Some((64, true)),
-                    64 => Some((128, false)),
-                    _ => None,
+                // warpgroup (`WgmmaColumns`); at d = 64 128 queries against 128 keys, both
+                // ways: queries-major (64 query rows a warpgroup, P^T and dS^T staged) and
+                // keys-major (64 keys a warpgroup, dS^T staged for dQ, each thread's 32 query
+                // columns' statistics read from the stage at use). A soft-cap's accumulators do
+                // not fit the consumers' registers: refused.
+                let two_warpgroups: &[(usize, bool)] = match p.d {
+                    128 => &[(64, true)],
+                    64 => &[(128, false), (128, true)],
+                    _ => &[],
                 };
                 let fits = p.softcap == 0.0 && p.value_dim() == p.d;
-                if let Some((block_m, keys_major)) = two_warpgroups
-                    && !deterministic
-                    && target == Target::Sm90a
-                    && fits
-                {
-                    ps.push(AttentionBwdParams {
-                        keys_major,
-                        block_n: 128,
-                        block_m,
-                        num_warps: 8,
-                        key_cols: p.d,
-                        ..p
-                    });
+                if !deterministic && target == Target::Sm90a && fits {
+                    for &(block_m, keys_major) in two_warpgroups {
+                        ps.push(AttentionBwdParams {
+                            keys_major,
+                            block_n: 128,
+                            block_m,
+                            num_warps: 8,
+                            key_cols: p.d,
+                            ..p
+                        });
+                    }
                 }
                 ps
             });

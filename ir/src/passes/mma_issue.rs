@@ -15,6 +15,7 @@
 use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, OpId, OpKind, ValueDef};
 use crate::sched::RoleKind;
+use crate::sched::tma::Operand;
 use crate::target::Target;
 
 use super::occupancy::{NON_ACCUMULATOR_REGS, live_accumulator_regs};
@@ -69,9 +70,10 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
             kernel.ops[for_op].regions[0].ops = before;
         }
     }
-    if kernel.ops[for_op].regions[0].ops != original
-        && let Some(s) = kernel.schedule.sched.as_mut()
-    {
+    let moved = kernel.ops[for_op].regions[0].ops != original;
+    let body = kernel.ops[for_op].regions[0].ops.clone();
+    kernel.ops[for_op].regions[0].ops = sink_staged_reads(kernel, &body);
+    if moved && let Some(s) = kernel.schedule.sched.as_mut() {
         set_registers(s, deeper);
     }
     Ok(())
@@ -134,6 +136,62 @@ fn hoist(kernel: &Kernel, ops: &[OpId], mma: OpId, after: Option<OpId>) -> Vec<O
     let at = at.min(placed.len());
     placed.splice(at..at, moved.into_iter().chain([mma]));
     placed
+}
+
+/// `ops` (a ring body, in program order) with each read of a ring stage into registers moved
+/// down to just before its first reader, together with the register code that reads only
+/// such values (a row statistic times a constant). Attention backward's keys-major form
+/// reads the log-sum-exp and delta of each thread's query columns (32 each at 128 queries):
+/// read where the body's first line reads them, they stayed live across both products'
+/// issue and spilled; read where they are used, they live beside the finished scores only.
+/// A stage is not overwritten before the consumers release it after the body, so a later
+/// read sees the same bytes.
+fn sink_staged_reads(kernel: &Kernel, ops: &[OpId]) -> Vec<OpId> {
+    let mut sinks: Vec<OpId> = Vec::new();
+    for &o in ops {
+        let op = &kernel.ops[o];
+        let reads_stage = kernel.schedule.sched.as_ref().is_some_and(|s| {
+            s.loads
+                .iter()
+                .any(|(_, l)| l.tma.load == o && l.tma.operand == Operand::Registers)
+        });
+        let derived = op.regions.is_empty()
+            && matches!(
+                op.kind,
+                OpKind::Binary(_) | OpKind::Unary(_) | OpKind::Const(_)
+            )
+            && op.operands.iter().any(|&v| defined_by(kernel, v, &sinks))
+            && op
+                .operands
+                .iter()
+                .all(|&v| defined_by(kernel, v, &sinks) || kernel.ty(v).shape().is_none());
+        if reads_stage || derived {
+            sinks.push(o);
+        }
+    }
+    let mut placed: Vec<OpId> = ops.to_vec();
+    // Last first, so that a chain's reader has its place before the values it reads move.
+    for &o in sinks.iter().rev() {
+        let from = placed.iter().position(|&p| p == o).expect("a body op");
+        let results = &kernel.ops[o].results;
+        let reads = |p: OpId| {
+            std::iter::once(p)
+                .chain(super::walk::ops_in_block_regions(kernel, p))
+                .any(|q| kernel.ops[q].operands.iter().any(|v| results.contains(v)))
+        };
+        let Some(first) = placed[from + 1..].iter().position(|&p| reads(p)) else {
+            continue;
+        };
+        let to = from + first;
+        placed.remove(from);
+        placed.insert(to, o);
+    }
+    placed
+}
+
+/// Whether `v` is a result of one of `ops`.
+fn defined_by(kernel: &Kernel, v: crate::kernel::ValueId, ops: &[OpId]) -> bool {
+    matches!(kernel.values[v].def, ValueDef::Op(d, _) if ops.contains(&d))
 }
 
 /// A load from global memory into registers (not a tile staged in shared memory).
