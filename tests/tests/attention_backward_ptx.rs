@@ -367,8 +367,9 @@ fn keys_major_dk_runs_under_the_dq_bulk_add() {
     // sm_90a, two consumer warpgroups of 64 keys at d = 128: each wgmma group stays in flight
     // until an op reads it (`emit::in_flight`), and `mma_issue` moves dK's mma above dQ's
     // bulk add, so that the add waits for dQ alone (`wait_group 1`: dK still runs) and the
-    // body waits for everything once, at its end. The scores' mma stays after the LSE loads
-    // it does not read, and dP is issued right after the scores, both in flight under the
+    // body waits for everything once, at its end. The LSE is read from its stage where the
+    // softmax uses it (after both mmas' issue: not held across them), and dP is issued right
+    // after the scores, both in flight under the
     // softmax (which waits for the scores alone): at the deeper register split the body then
     // takes, both products fit `occupancy`'s count. These are sm_90a's d = 128 tiles.
     let p = AttentionBwdParams::default().tuned(Target::Sm90a, false);
@@ -403,7 +404,10 @@ fn keys_major_dk_runs_under_the_dq_bulk_add() {
             .map(|l| l.trim())
             .collect()
     };
-    assert!(lse < s, "the scores' mma stays after the LSE load");
+    assert!(
+        dp < lse && lse < exp2,
+        "the LSE is read where the softmax uses it, after both mmas' issue"
+    );
     assert!(dp < exp2, "dP is issued before the softmax");
     assert_eq!(
         waits(dp, exp2),
