@@ -110,7 +110,8 @@ impl AttentionBwdParams {
     /// | d | blocks (m, n, warps) | key_cols | registers | shared, dQ adds | blocks/SM |
     /// |---|---|---|---|---|---|
     /// | 64 | 64, 64, 4 (default) | 64 | 160 | 81 KiB, bulk | 2 |
-    /// | 64 | **128, 128, 8** (queries-major ring adding dQ) | 64 | 168 (two consumer warpgroups) | 211 KiB, bulk | 1 |
+    /// | 64 | 128, 128, 8 (queries-major ring adding dQ) | 64 | 168 (two consumer warpgroups) | 211 KiB, bulk | 1 |
+    /// | 64 | **128, 128, 8** (keys-major ring adding dQ) | 64 | 168 (two consumer warpgroups) | 195 KiB, bulk | 1 |
     /// | 96 | 64, 64, 4 (default) | 32 | 128 | 97 KiB, bulk | 2 |
     /// | 96 | **64, 64, 4** | **96** | 203 | 113 KiB, bulk | 2 |
     /// | 96 | 128, 128, 8 | 96 | 255, spills 68 B | 208 KiB | 1 |
@@ -142,10 +143,8 @@ impl AttentionBwdParams {
         }
         // The ring of two consumer warpgroups that adds dQ itself (below).
         if self.adds_dq_in_ring(target, packed) {
-            return match self.d {
-                64 => self.with_blocks((128, 128, 8, 64), false),
-                _ => self.with_blocks((64, 128, 8, 128), true),
-            };
+            let bm = if self.d == 64 { 128 } else { 64 };
+            return self.with_blocks((bm, 128, 8, self.d), true);
         }
         // The dense kernels' ring with dQ left to the walk: what the wider tiles were measured
         // in.
@@ -190,11 +189,14 @@ impl AttentionBwdParams {
     /// Whether dK and dV may come from a ring of two consumer warpgroups that also adds dQ
     /// (TMA reductions of its dS K into `dq_accum`: one kernel computing S and dP once, where
     /// the walk's second ring computes them again for dQ): on sm_90a, a dense batch at
-    /// `d = 64` or `128` with one query head a key head, no soft-cap, window or `dv` of its
-    /// own, when dQ need not be reproducible. At `d = 128` keys-major, 64 queries against
-    /// 128 keys (a warpgroup 64 keys, dQ's columns split between them); at `d = 64`
-    /// queries-major, 128 queries against 128 keys (a warpgroup 64 query rows: keys-major,
-    /// each thread would hold 64 query columns' LSE and delta).
+    /// `d = 64` or `128` with no soft-cap, window or `dv` of its own, when dQ need not be
+    /// reproducible. Keys-major, a warpgroup 64 keys: at `d = 128` 64 queries against 128
+    /// keys (dQ's columns split between the warpgroups), at `d = 64` 128 queries against 128
+    /// keys (each thread's 32 query columns' LSE and delta read from the stage where they are
+    /// used). At `d = 64` the queries-major form (a warpgroup 64 query rows, P^T and dS^T
+    /// staged) ran 0.86-0.97x of it (H100, one process, s = 1k..8k, causal or not; grouped
+    /// heads 0.83-0.93x). A group of query heads walks all of its heads' query blocks in
+    /// one loop: its rings ran 1.12-1.30x the walk's (group 4, s = 2k..8k).
     pub fn adds_dq_in_ring(&self, target: kiln::ir::Target, packed: bool) -> bool {
         let windowed = self.window_left >= 0 || self.window_right >= 0 || self.attention_chunk > 0;
         target == kiln::ir::Target::Sm90a
@@ -202,7 +204,6 @@ impl AttentionBwdParams {
             && !self.deterministic
             && matches!(self.d, 64 | 128)
             && self.value_dim() == self.d
-            && self.kv_group == 1
             && self.softcap == 0.0
             && !windowed
     }
@@ -236,12 +237,18 @@ impl AttentionBwdParams {
     /// 'kiln_walk=block_n=128,block_m=64,num_warps=8,key_cols=d|'`, b s = 16k, 16 heads, ms),
     /// `d = 128`'s keys-major ring adding dQ against the walk: s = 1k 0.785 / 0.762, 2k
     /// 1.314 / 1.367, 4k 2.396 / 2.741, 8k 4.80 / 5.50; causal 1k 0.605 / 0.508, 2k 0.874 /
-    /// 0.817, 4k 1.447 / 1.470, 8k 2.58 / 2.90. At `d = 64` the queries-major ring against the
-    /// walk (`--bwd-candidate 'kiln_qm64=block_n=128,block_m=128,num_warps=8,key_cols=d'`,
-    /// TFLOP/s): s = 1k 363 / 362, 2k 423 / 389, 4k 452 / 390, 8k 462 / 381; causal 1k 256 /
-    /// 277, 4k 404 / 371, 8k 438 / 377. Either wins once a key block walks 2048 query rows or
-    /// more (half of `seqlen_q` on average when causal): a short walk leaves its per-tile
-    /// start, dK/dV epilogue and the dQ adds' contention to few iterations.
+    /// 0.817, 4k 1.447 / 1.470, 8k 2.58 / 2.90: it wins once a key block walks 2048 query rows
+    /// or more (half of `seqlen_q` on average when causal, times the group's query heads): a
+    /// short walk leaves its per-tile start, dK/dV epilogue and the dQ adds' contention to few
+    /// iterations. At `d = 64` the keys-major ring against the default of then
+    /// (`--bwd-candidate 'kiln_km64=keys_major=true,block_n=128,block_m=128,num_warps=8,
+    /// key_cols=d'`, b s = 16k, 32 heads, TFLOP/s): the walk at s = 1k 421 / 361, causal 1k
+    /// 288 / 280; the queries-major ring (itself ahead of the walk there) at 2k 495 / 434, 4k
+    /// 520 / 468, 8k 525 / 455, causal 4k 460 / 406, 8k 496 / 445: it wins from 512 walked
+    /// rows (causal s = 1k) on. With 4
+    /// query heads a key head (`--group 4`) the rings against the walk: d = 64 s = 2k 501 /
+    /// 392, 4k 487 / 383, causal 8k 498 / 383; d = 128 2k 540 / 482, 4k 582 / 479, causal 8k
+    /// 520 / 455.
     pub fn dq_walk_is_faster(
         &self,
         target: kiln::ir::Target,
@@ -252,8 +259,9 @@ impl AttentionBwdParams {
             deterministic: false,
             ..*self
         };
-        let walked = if self.causal { seqlen_q / 2 } else { seqlen_q };
-        let ring_wins = adds.adds_dq_in_ring(target, packed) && walked >= 2048;
+        let walked = self.kv_group * if self.causal { seqlen_q / 2 } else { seqlen_q };
+        let least = if self.d == 64 { 512 } else { 2048 };
+        let ring_wins = adds.adds_dq_in_ring(target, packed) && walked >= least;
         target == kiln::ir::Target::Sm90a && !packed && !ring_wins
     }
 

@@ -191,22 +191,28 @@ fn keys_major_dkdv_assembles_without_spills() {
 }
 
 #[test]
-fn queries_major_two_warpgroups_assemble_without_spills() {
-    // sm_90a, the dense dK/dV kernel queries-major with two consumer warpgroups of 64 query
-    // rows against 128 keys at d = 64 (FlashAttention 3's form): on a ring, P^T and dS^T
-    // staged for dV and dK, dQ from dS in registers added in bulk. Every feature variant but
-    // the soft-cap's (refused: its accumulators do not fit the consumers' registers), aligned
-    // (the ring) and not (the plain lowering).
+fn two_warpgroups_at_d64_assemble_without_spills() {
+    // sm_90a, the dense dK/dV kernel with two consumer warpgroups, 128 queries against 128
+    // keys at d = 64, both ways: keys-major (the default where the ring adds dQ: 64 keys a
+    // warpgroup, P^T and dS^T the register A of dV and dK, dS^T staged for dQ, each thread's
+    // 32 query columns' LSE and delta read from their stage where used) and queries-major
+    // (FlashAttention 3's form: 64 query rows a warpgroup, P^T and dS^T staged for dV and
+    // dK, dQ from dS in registers). On a ring, dQ added in bulk. Every feature variant but
+    // the soft-cap's (refused: its accumulators do not fit the consumers' registers),
+    // aligned (the ring) and not (the plain lowering).
     let mut checks = Vec::new();
-    for p in variants(64) {
-        let p = AttentionBwdParams {
-            block_n: 128,
-            block_m: 128,
-            num_warps: 8,
-            ..p
-        };
-        if p.softcap == 0.0 {
-            checks.push(job(&attention_bwd_dkdv, p, &[Target::Sm90a]));
+    for keys_major in [true, false] {
+        for p in variants(64) {
+            let p = AttentionBwdParams {
+                block_n: 128,
+                block_m: 128,
+                num_warps: 8,
+                keys_major,
+                ..p
+            };
+            if p.softcap == 0.0 {
+                checks.push(job(&attention_bwd_dkdv, p, &[Target::Sm90a]));
+            }
         }
     }
     assert_none(codegen::failures(checks));

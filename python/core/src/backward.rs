@@ -896,23 +896,26 @@ mod tests {
 
     #[test]
     fn sm90a_dense_d64_and_d128_add_dq_from_a_ring_unless_asked_for_the_walk() {
-        // One query head a key head at d = 64 or 128 and 4096 queries: dK and dV from the ring
-        // of two consumer warpgroups that also adds dQ (`adds_dq_in_ring`: keys-major at
-        // d = 128, queries-major at 64), then the conversion; reproducible bits asked for, a
-        // group of query heads or a short walk keep the walk.
+        // At d = 64 or 128: dK and dV from the keys-major ring of two consumer warpgroups that
+        // also adds dQ (`adds_dq_in_ring`), then the conversion, once a key block walks enough
+        // query rows (`dq_walk_is_faster`: 512 at d = 64, 2048 at 128, counting every query
+        // head of a group); reproducible bits asked for or a short walk keep the walk.
         for d in [64, 128] {
-            for (deterministic, hk, sq, walk) in [
-                (false, 4, 4096, false),
-                (true, 4, 4096, true),
-                (false, 2, 4096, true),
-                (false, 4, 1024, true),
+            for (deterministic, hk, sq, walk_at) in [
+                (false, 4, 4096, [false, false]),
+                (true, 4, 4096, [true, true]),
+                (false, 2, 4096, [false, false]),
+                (false, 4, 1024, [false, true]),
+                (false, 1, 256, [false, true]),
+                (false, 4, 256, [true, true]),
             ] {
+                let walk = walk_at[usize::from(d == 128)];
                 let what = format!("d = {d} {deterministic} {hk} {sq}");
                 let mut p = plan(&call(2, sq, 200, 4, hk, d), deterministic).expect("valid");
                 p.target = Some(Target::Sm90a);
                 assert_eq!(p.dq_by_walk(), walk, "{what}");
                 let params = p.params();
-                assert_eq!(params.keys_major, !walk && d == 128, "{what}");
+                assert_eq!(params.keys_major, !walk, "{what}");
                 if !walk {
                     let tiles = (
                         params.block_m,
