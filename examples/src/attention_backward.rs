@@ -194,8 +194,8 @@ impl AttentionBwdParams {
     /// keys (dQ's columns split between the warpgroups), at `d = 64` 128 queries against 128
     /// keys (each thread's 32 query columns' LSE and delta read from the stage where they are
     /// used). At `d = 64` the queries-major form (a warpgroup 64 query rows, P^T and dS^T
-    /// staged) ran 0.86-0.97x of it (H100, one process, s = 1k..8k, causal or not; grouped
-    /// heads 0.83-0.93x). A group of query heads walks all of its heads' query blocks in
+    /// staged) ran 0.87-0.90x of it (H100, one process, s = 2k..8k, causal or not; with 4
+    /// query heads a key head 0.84-0.93x). A group of query heads walks all of its heads' query blocks in
     /// one loop: its rings ran 1.12-1.30x the walk's (group 4, s = 2k..8k).
     pub fn adds_dq_in_ring(&self, target: kiln::ir::Target, packed: bool) -> bool {
         let windowed = self.window_left >= 0 || self.window_right >= 0 || self.attention_chunk > 0;
