@@ -96,7 +96,9 @@ impl AttentionBwdParams {
     }
 
     /// These parameters with the dK/dV tiles measured best for `target` where `self` leaves
-    /// them to the defaults (0; `num_warps` 4), for a dense batch or a `packed` one. On sm_90a
+    /// them to the defaults (0; `num_warps` 4), for a call whose kernels take sm_90a's rings
+    /// or, `no_ring`, one whose kernels cannot (a packed batch's masked loads, or tensors not
+    /// all 16-byte aligned: the rings' TMA needs them). On sm_90a
     /// up to `d = 128` one block accumulates every column of its keys (no block recomputes `P`
     /// and `dS` for another's columns); a dense batch whose dQ is the walk's
     /// (`deterministic`: [`Self::dq_walk_is_faster`]) takes at `d = 128` 128 keys a block in
@@ -132,7 +134,7 @@ impl AttentionBwdParams {
     /// masked). 128 keys in one warpgroup's rows need 128-row query blocks (sm_90a runs
     /// `max rows / 16` warps); the dQ walk keeps its own tiles ([`Self::query_tiles`]). With
     /// sm_80's `mma.sync`, `d = 96` and `128` unsplit spill (28, 60 bytes).
-    pub fn tuned(self, target: kiln::ir::Target, packed: bool) -> Self {
+    pub fn tuned(self, target: kiln::ir::Target, no_ring: bool) -> Self {
         // A soft-cap (its gradient keeps the scores) or a window's masks take the registers
         // these tiles leave: 4 to 228 bytes of spills; such calls keep the defaults.
         let windowed = self.window_left >= 0 || self.window_right >= 0 || self.attention_chunk > 0;
@@ -142,13 +144,13 @@ impl AttentionBwdParams {
             return self;
         }
         // The ring of two consumer warpgroups that adds dQ itself (below).
-        if self.adds_dq_in_ring(target, packed) {
+        if self.adds_dq_in_ring(target, no_ring) {
             let bm = if self.d == 64 { 128 } else { 64 };
             return self.with_blocks((bm, 128, 8, self.d), true);
         }
         // The dense kernels' ring with dQ left to the walk: what the wider tiles were measured
         // in.
-        let ring_walk = !packed && self.deterministic;
+        let ring_walk = !no_ring && self.deterministic;
         let (bm, bn, warps, cols) = match (self.d, ring_walk) {
             (96, _) | (128, false) => (64, 64, 4, self.d),
             (128, true) => (64, 128, 8, 128),
@@ -188,7 +190,7 @@ impl AttentionBwdParams {
 
     /// Whether dK and dV may come from a ring of two consumer warpgroups that also adds dQ
     /// (TMA reductions of its dS K into `dq_accum`: one kernel computing S and dP once, where
-    /// the walk's second ring computes them again for dQ): on sm_90a, a dense batch at
+    /// the walk's second ring computes them again for dQ): on sm_90a, a call whose kernels take rings (not `no_ring`) at
     /// `d = 64` or `128` with no soft-cap, window or `dv` of its own, when dQ need not be
     /// reproducible. Keys-major, a warpgroup 64 keys: at `d = 128` 64 queries against 128
     /// keys (dQ's columns split between the warpgroups), at `d = 64` 128 queries against 128
@@ -197,10 +199,10 @@ impl AttentionBwdParams {
     /// staged) ran 0.87-0.90x of it (H100, one process, s = 2k..8k, causal or not; with 4
     /// query heads a key head 0.84-0.93x). A group of query heads walks all of its heads' query blocks in
     /// one loop: its rings ran 1.12-1.30x the walk's (group 4, s = 2k..8k).
-    pub fn adds_dq_in_ring(&self, target: kiln::ir::Target, packed: bool) -> bool {
+    pub fn adds_dq_in_ring(&self, target: kiln::ir::Target, no_ring: bool) -> bool {
         let windowed = self.window_left >= 0 || self.window_right >= 0 || self.attention_chunk > 0;
         target == kiln::ir::Target::Sm90a
-            && !packed
+            && !no_ring
             && !self.deterministic
             && matches!(self.d, 64 | 128)
             && self.value_dim() == self.d
@@ -223,13 +225,13 @@ impl AttentionBwdParams {
     }
 
     /// Whether dQ by [`attention_bwd_dq`]'s walk is faster than dQ by atomics on `target`
-    /// (`packed`: a batch of packed sequences), so that a caller who did not ask for
+    /// (`no_ring`: kernels that take no ring, [`Self::tuned`]), so that a caller who did not ask for
     /// reproducible bits gets them anyway. On sm_90a a dense batch's walk runs as two
     /// warp-specialised rings (dK/dV keys-major, then dQ): on the H200 it ran 2.2-3.8x faster
     /// than the atomics kernel at every point measured (s = 1k and 4k, d = 64, 128 and 256,
     /// causal or not: 110-368 against 37-155 TFLOP/s, `scripts/gpu-check.sh attention
-    /// --backward --quick`). A packed batch's kernels take no ring (their loads are masked),
-    /// and other targets have none: there the walk recomputes every score a second time, so
+    /// --backward --quick`). Without a ring (a packed batch, unaligned tensors), and on other
+    /// targets: there the walk recomputes every score a second time, so
     /// atomics stay. The exception on sm_90a: where a ring of two consumer warpgroups adds dQ
     /// itself ([`Self::adds_dq_in_ring`]: no score is computed twice), atomics are faster.
     ///
@@ -252,7 +254,7 @@ impl AttentionBwdParams {
     pub fn dq_walk_is_faster(
         &self,
         target: kiln::ir::Target,
-        packed: bool,
+        no_ring: bool,
         seqlen_q: usize,
     ) -> bool {
         let adds = AttentionBwdParams {
@@ -261,8 +263,8 @@ impl AttentionBwdParams {
         };
         let walked = self.kv_group * if self.causal { seqlen_q / 2 } else { seqlen_q };
         let least = if self.d == 64 { 512 } else { 2048 };
-        let ring_wins = adds.adds_dq_in_ring(target, packed) && walked >= least;
-        target == kiln::ir::Target::Sm90a && !packed && !ring_wins
+        let ring_wins = adds.adds_dq_in_ring(target, no_ring) && walked >= least;
+        target == kiln::ir::Target::Sm90a && !no_ring && !ring_wins
     }
 
     /// The head dim of `v`, `o`, `dout` and `dv`: `dv`, or `d` when it is 0.

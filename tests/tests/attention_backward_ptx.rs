@@ -21,9 +21,10 @@ fn assemble_on<D: KernelDef<Comptime = AttentionBwdParams>>(
     def: &D,
     p: AttentionBwdParams,
     targets: &[Target],
+    alignments: &[bool],
 ) -> Result<u32, String> {
     let mut most = 0;
-    for aligned in [true, false] {
+    for &aligned in alignments {
         let spec = Spec::uniform(p, def.signature(), aligned);
         let k = def
             .build(&spec)
@@ -48,7 +49,20 @@ fn job<D>(def: &'static D, p: AttentionBwdParams, targets: &'static [Target]) ->
 where
     D: KernelDef<Comptime = AttentionBwdParams> + Sync,
 {
-    Box::new(move || assemble_on(def, p, targets))
+    job_as(def, p, targets, &[true, false])
+}
+
+/// [`job`] with the tensors 16-byte aligned or not as `alignments` lists.
+fn job_as<D>(
+    def: &'static D,
+    p: AttentionBwdParams,
+    targets: &'static [Target],
+    alignments: &'static [bool],
+) -> Check
+where
+    D: KernelDef<Comptime = AttentionBwdParams> + Sync,
+{
+    Box::new(move || assemble_on(def, p, targets, alignments))
 }
 
 /// Both targets.
@@ -198,8 +212,9 @@ fn two_warpgroups_at_d64_assemble_without_spills() {
     // 32 query columns' LSE and delta read from their stage where used) and queries-major
     // (FlashAttention 3's form: 64 query rows a warpgroup, P^T and dS^T staged for dV and
     // dK, dQ from dS in registers). On a ring, dQ added in bulk. Every feature variant but
-    // the soft-cap's (refused: its accumulators do not fit the consumers' registers),
-    // aligned (the ring) and not (the plain lowering).
+    // the soft-cap's (refused: its accumulators do not fit the consumers' registers), on
+    // the ring: a call whose tensors are not all aligned takes no ring and is not given these
+    // tiles (`AttentionBwdParams::tuned`'s `no_ring`).
     let mut checks = Vec::new();
     for keys_major in [true, false] {
         for p in variants(64) {
@@ -211,7 +226,7 @@ fn two_warpgroups_at_d64_assemble_without_spills() {
                 ..p
             };
             if p.softcap == 0.0 {
-                checks.push(job(&attention_bwd_dkdv, p, &[Target::Sm90a]));
+                checks.push(job_as(&attention_bwd_dkdv, p, &[Target::Sm90a], &[true]));
             }
         }
     }
@@ -317,50 +332,52 @@ fn parameters_the_backward_does_not_compute_are_diagnostics() {
 /// columns for it at d = 256, and the rings that add dQ at d = 64 and 128) for every kernel
 /// that takes them, the query-side kernels in
 /// their [`AttentionBwdParams::query_tiles`], plain, causal and grouped f16, both dQ modes,
-/// dense and packed, aligned or not, assemble without spills.
+/// assemble without spills: a call's tiles with rings (dense, aligned), and its tiles without
+/// (`no_ring`: packed, aligned or not, and dense unaligned).
 #[test]
 fn sm90a_tiles_assemble_without_spills() {
     let mut checks = Vec::new();
     for d in [64, 96, 128, 256] {
         // The variants it changes: no soft-cap, no window (those keep the defaults), at d = 64
-        // only the dense ring that adds dQ without a group (its walk's defaults measured
+        // only the ring that adds dQ (plain, causal, grouped; its walk's defaults measured
         // faster), and at d = 256 only a dense walk's without a group (128 columns spill in
         // the packed causal kernel and the grouped one).
         let mut changed = Vec::new();
         for p in variants(d) {
             for deterministic in [false, true] {
-                for packed in [false, true] {
+                for no_ring in [false, true] {
                     let p = AttentionBwdParams { deterministic, ..p };
-                    let tuned = p.tuned(Target::Sm90a, packed);
+                    let tuned = p.tuned(Target::Sm90a, no_ring);
                     if tuned != p {
-                        changed.push((tuned, packed));
+                        changed.push((tuned, no_ring));
                     }
                 }
             }
         }
         let want = match d {
-            64 | 256 => 2,
+            64 => 3,
+            256 => 2,
             _ => 12,
         };
         assert_eq!(changed.len(), want, "d {d}");
-        for (p, packed) in changed {
+        for (p, no_ring) in changed {
             let cols = if d == 256 { 128 } else { d };
             assert_eq!(p.key_cols(), cols, "{p:?}");
             let q = p.query_tiles();
             let sm90a = &[Target::Sm90a];
-            if packed {
+            let dense: &'static [bool] = if no_ring { &[false] } else { &[true] };
+            checks.extend([
+                job_as(&attention_bwd_preprocess, q, sm90a, dense),
+                job_as(&attention_bwd_dkdv, p, sm90a, dense),
+                job_as(&attention_bwd_dq, q, sm90a, dense),
+                job_as(&attention_bwd_dq_convert, q, sm90a, dense),
+            ]);
+            if no_ring {
                 checks.extend([
                     job(&attention_bwd_preprocess_varlen, q, sm90a),
                     job(&attention_bwd_dkdv_varlen, p, sm90a),
                     job(&attention_bwd_dq_varlen, q, sm90a),
                     job(&attention_bwd_dq_convert_varlen, q, sm90a),
-                ]);
-            } else {
-                checks.extend([
-                    job(&attention_bwd_preprocess, q, sm90a),
-                    job(&attention_bwd_dkdv, p, sm90a),
-                    job(&attention_bwd_dq, q, sm90a),
-                    job(&attention_bwd_dq_convert, q, sm90a),
                 ]);
             }
         }

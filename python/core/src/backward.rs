@@ -378,7 +378,7 @@ impl BwdPlan {
         self.deterministic
             || self.target.is_some_and(|t| {
                 self.untuned()
-                    .dq_walk_is_faster(t, self.packed.is_some(), self.fwd.seqlen_q)
+                    .dq_walk_is_faster(t, self.no_ring(), self.fwd.seqlen_q)
             })
     }
 
@@ -391,9 +391,29 @@ impl BwdPlan {
             ..self.untuned()
         };
         match self.target {
-            Some(target) => params.tuned(target, self.packed.is_some()),
+            Some(target) => params.tuned(target, self.no_ring()),
             None => params,
         }
+    }
+
+    /// Whether the kernels cannot take sm_90a's rings: a packed batch (its loads are masked),
+    /// or a tensor the dK/dV kernel reads or writes not 16-byte aligned (its base or an outer
+    /// stride: TMA needs them). Such a call keeps the tiles measured without a ring.
+    pub fn no_ring(&self) -> bool {
+        let bhsd = |v: &View| {
+            let elem = self.fwd.dtype.size_bytes() as u64;
+            v.ptr.is_multiple_of(16)
+                && v.strides[..3]
+                    .iter()
+                    .all(|&s| (s as u64 * elem).is_multiple_of(16))
+        };
+        let lse = self.lse.ptr.is_multiple_of(16)
+            && self.lse.strides[..2]
+                .iter()
+                .all(|&s| (s as u64 * 4).is_multiple_of(16));
+        let p = &self.fwd;
+        let views = [&p.q, &p.k, &p.v, &self.dout, &self.dk, &self.dv];
+        self.packed.is_some() || !(lse && views.into_iter().all(bhsd))
     }
 
     /// [`BwdPlan::params`] as asked for, before the target's tiles and its choice of dQ.
@@ -859,9 +879,10 @@ mod tests {
     #[test]
     fn sm90a_dense_plans_take_the_dq_walk_unasked() {
         // The walk is faster there (`dq_walk_is_faster`); the interpreter and sm_80 keep what
-        // was asked for.
+        // was asked for. 132 query rows: the log-sum-exp's rows 16-byte aligned, as the rings
+        // need (130 would take no ring).
         let f32t = TorchDType::Other("torch.float32".into());
-        let c = call(2, 130, 200, 4, 2, 128);
+        let c = call(2, 132, 200, 4, 2, 128);
         let delta = TensorInfo::contiguous(&[2, 4, 256], f32t.clone(), CUDA, 0x7000);
         for (target, deterministic, walk) in [
             (None, false, false),
@@ -875,7 +896,7 @@ mod tests {
             assert_eq!(p.dq_by_walk(), walk, "{target:?} {deterministic}");
             assert_eq!(p.params().deterministic, walk);
             // The walk never touches the accumulator: a placeholder, not twice dq in f32.
-            let shape = if walk { [1, 1, 1, 4] } else { [2, 4, 130, 128] };
+            let shape = if walk { [1, 1, 1, 4] } else { [2, 4, 132, 128] };
             assert_eq!(p.accum_shape(), shape);
             let accum = TensorInfo::contiguous(&shape, f32t.clone(), CUDA, 0x8000);
             let steps = p.steps(&delta, &accum).expect("steps");
@@ -936,6 +957,29 @@ mod tests {
     }
 
     #[test]
+    fn sm90a_calls_with_a_tensor_off_16_bytes_keep_the_tiles_without_a_ring() {
+        // The rings' TMA needs every tensor the dK/dV kernel reads or writes 16-byte aligned:
+        // a call with one off (a view 2 bytes into its storage, or a row of 36 values)
+        // keeps dQ by atomics and the tiles measured without a ring, as a packed batch does.
+        for d in [64, 128] {
+            let aligned = call(2, 4096, 4096, 4, 4, d);
+            let mut off = call(2, 4096, 4096, 4, 4, d);
+            off.k.ptr += 2;
+            let mut lse_off = call(2, 4096, 4096, 4, 4, d);
+            lse_off.lse.ptr += 4;
+            for (c, ring) in [(&aligned, true), (&off, false), (&lse_off, false)] {
+                let mut p = plan(c, false).expect("valid");
+                p.target = Some(Target::Sm90a);
+                assert_eq!(p.no_ring(), !ring, "d = {d}");
+                assert!(!p.dq_by_walk(), "d = {d}: dQ by atomics either way");
+                let params = p.params();
+                assert_eq!(params.keys_major, ring, "d = {d}");
+                assert_eq!(params.num_warps == 8, ring, "d = {d}");
+            }
+        }
+    }
+
+    #[test]
     fn sm90a_plans_take_the_tuned_tiles_in_grid_and_kernel_alike() {
         let f32t = TorchDType::Other("torch.float32".into());
         // 200 keys: d = 96, no column split, 4 key blocks of 64; d = 128, no split, 2 of 128
@@ -946,7 +990,7 @@ mod tests {
             (128, 2, 2, 128, 8),
             (256, 4, 8, 128, 4),
         ] {
-            let c = call(2, 130, 200, 4, heads_kv, d as i64);
+            let c = call(2, 132, 200, 4, heads_kv, d as i64);
             let mut p = plan(&c, false).expect("valid");
             p.target = Some(Target::Sm90a);
             let tuned = p.params();
