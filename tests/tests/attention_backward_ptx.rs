@@ -428,7 +428,7 @@ fn keys_major_dk_runs_under_the_dq_bulk_add() {
             .collect()
     };
     assert!(
-        dp < lse && lse < exp2,
+        s < dp && dp < lse && lse < exp2,
         "the LSE is read where the softmax uses it, after both mmas' issue"
     );
     assert!(dp < exp2, "dP is issued before the softmax");
