@@ -190,15 +190,16 @@ impl AttentionBwdParams {
 
     /// Whether dK and dV may come from a ring of two consumer warpgroups that also adds dQ
     /// (TMA reductions of its dS K into `dq_accum`: one kernel computing S and dP once, where
-    /// the walk's second ring computes them again for dQ): on sm_90a, a call whose kernels take rings (not `no_ring`) at
-    /// `d = 64` or `128` with no soft-cap, window or `dv` of its own, when dQ need not be
-    /// reproducible. Keys-major, a warpgroup 64 keys: at `d = 128` 64 queries against 128
-    /// keys (dQ's columns split between the warpgroups), at `d = 64` 128 queries against 128
-    /// keys (each thread's 32 query columns' LSE and delta read from the stage where they are
-    /// used). At `d = 64` the queries-major form (a warpgroup 64 query rows, P^T and dS^T
-    /// staged) ran 0.87-0.90x of it (H100, one process, s = 2k..8k, causal or not; with 4
-    /// query heads a key head 0.84-0.93x). A group of query heads walks all of its heads' query blocks in
-    /// one loop: its rings ran 1.12-1.30x the walk's (group 4, s = 2k..8k).
+    /// the walk's second ring computes them again for dQ): on sm_90a, a call whose kernels
+    /// take rings (not `no_ring`) at `d = 64` or `128` with no soft-cap, window or `dv` of its
+    /// own, when dQ need not be reproducible. Keys-major, a warpgroup 64 keys: at `d = 128`
+    /// 64 queries against 128 keys (dQ's columns split between the warpgroups), at `d = 64`
+    /// 128 queries against 128 keys (each thread's 32 query columns' LSE and delta read from
+    /// the stage where they are used). At `d = 64` the queries-major form (a warpgroup 64
+    /// query rows, P^T and dS^T staged) ran 0.87-0.90x of it (H100, one process, s = 2k..8k,
+    /// causal or not; with 4 query heads a key head 0.84-0.93x). A group of query heads walks
+    /// all of its heads' query blocks in one loop: its rings ran 1.12-1.30x the walk's
+    /// (group 4, s = 2k..8k).
     pub fn adds_dq_in_ring(&self, target: kiln::ir::Target, no_ring: bool) -> bool {
         let windowed = self.window_left >= 0 || self.window_right >= 0 || self.attention_chunk > 0;
         target == kiln::ir::Target::Sm90a
@@ -225,15 +226,15 @@ impl AttentionBwdParams {
     }
 
     /// Whether dQ by [`attention_bwd_dq`]'s walk is faster than dQ by atomics on `target`
-    /// (`no_ring`: kernels that take no ring, [`Self::tuned`]), so that a caller who did not ask for
-    /// reproducible bits gets them anyway. On sm_90a a dense batch's walk runs as two
+    /// (`no_ring`: kernels that take no ring, [`Self::tuned`]), so that a caller who did not
+    /// ask for reproducible bits gets them anyway. On sm_90a a dense batch's walk runs as two
     /// warp-specialised rings (dK/dV keys-major, then dQ): on the H200 it ran 2.2-3.8x faster
     /// than the atomics kernel at every point measured (s = 1k and 4k, d = 64, 128 and 256,
     /// causal or not: 110-368 against 37-155 TFLOP/s, `scripts/gpu-check.sh attention
     /// --backward --quick`). Without a ring (a packed batch, unaligned tensors), and on other
-    /// targets: there the walk recomputes every score a second time, so
-    /// atomics stay. The exception on sm_90a: where a ring of two consumer warpgroups adds dQ
-    /// itself ([`Self::adds_dq_in_ring`]: no score is computed twice), atomics are faster.
+    /// targets, the walk recomputes every score a second time, so atomics stay. The exception
+    /// on sm_90a: where a ring of two consumer warpgroups adds dQ itself
+    /// ([`Self::adds_dq_in_ring`]: no score is computed twice), atomics are faster.
     ///
     /// On an H100 in one process (`scripts/gpu-check.sh attention --backward --bwd-candidate
     /// 'kiln_walk=block_n=128,block_m=64,num_warps=8,key_cols=d|'`, b s = 16k, 16 heads, ms),
@@ -247,10 +248,9 @@ impl AttentionBwdParams {
     /// key_cols=d'`, b s = 16k, 32 heads, TFLOP/s): the walk at s = 1k 421 / 361, causal 1k
     /// 288 / 280; the queries-major ring (itself ahead of the walk there) at 2k 495 / 434, 4k
     /// 520 / 468, 8k 525 / 455, causal 4k 460 / 406, 8k 496 / 445: it wins from 512 walked
-    /// rows (causal s = 1k) on. With 4
-    /// query heads a key head (`--group 4`) the rings against the walk: d = 64 s = 2k 501 /
-    /// 392, 4k 487 / 383, causal 8k 498 / 383; d = 128 2k 540 / 482, 4k 582 / 479, causal 8k
-    /// 520 / 455.
+    /// rows (causal s = 1k) on. With 4 query heads a key head (`--group 4`) the rings against
+    /// the walk: d = 64 s = 2k 501 / 392, 4k 487 / 383, causal 8k 498 / 383; d = 128 2k 540 /
+    /// 482, 4k 582 / 479, causal 8k 520 / 455.
     pub fn dq_walk_is_faster(
         &self,
         target: kiln::ir::Target,

@@ -11,6 +11,10 @@
 //! keeps its place. Moving an mma up past an op is safe because an mma has no effect but its
 //! result: what it reads in shared memory is a ring stage (filled before the body starts), a
 //! once tile, or an operand it stages itself, and the values it reads are defined before it.
+//!
+//! The other way, a read of a ring stage into registers (a row statistic fetched with the
+//! mma operands) moves down to just before its first reader, so that it is not held across
+//! the mmas' issue (`sink_staged_reads`).
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, OpId, OpKind, ValueDef};
@@ -156,10 +160,7 @@ fn sink_staged_reads(kernel: &Kernel, ops: &[OpId]) -> Vec<OpId> {
                 .any(|(_, l)| l.tma.load == o && l.tma.operand == Operand::Registers)
         });
         let derived = op.regions.is_empty()
-            && matches!(
-                op.kind,
-                OpKind::Binary(_) | OpKind::Unary(_) | OpKind::Const(_)
-            )
+            && matches!(op.kind, OpKind::Binary(_) | OpKind::Unary(_))
             && op.operands.iter().any(|&v| defined_by(kernel, v, &sinks))
             && op
                 .operands
