@@ -400,20 +400,24 @@ impl BwdPlan {
     /// or a tensor the dK/dV kernel reads or writes not 16-byte aligned (its base or an outer
     /// stride: TMA needs them). Such a call keeps the tiles measured without a ring.
     pub fn no_ring(&self) -> bool {
-        let bhsd = |v: &View| {
-            let elem = self.fwd.dtype.size_bytes() as u64;
-            v.ptr.is_multiple_of(16)
-                && v.strides[..3]
-                    .iter()
-                    .all(|&s| (s as u64 * elem).is_multiple_of(16))
+        // The runtime's rule, the one the kernels specialise on.
+        let aligned = |dtype: DType, ptr: u64, shape: &[usize], strides: &[usize]| {
+            let layout = kiln::runtime::Layout {
+                dtype,
+                shape: shape.to_vec(),
+                strides: strides.to_vec(),
+                offset: 0,
+            };
+            layout.aligned16(ptr)
         };
-        let lse = self.lse.ptr.is_multiple_of(16)
-            && self.lse.strides[..2]
-                .iter()
-                .all(|&s| (s as u64 * 4).is_multiple_of(16));
         let p = &self.fwd;
         let views = [&p.q, &p.k, &p.v, &self.dout, &self.dk, &self.dv];
-        self.packed.is_some() || !(lse && views.into_iter().all(bhsd))
+        let lse = &self.lse;
+        self.packed.is_some()
+            || !aligned(DType::F32, lse.ptr, &lse.shape, &lse.strides)
+            || !views
+                .into_iter()
+                .all(|v| aligned(p.dtype, v.ptr, &v.shape, &v.strides))
     }
 
     /// [`BwdPlan::params`] as asked for, before the target's tiles and its choice of dQ.
@@ -959,7 +963,7 @@ mod tests {
     #[test]
     fn sm90a_calls_with_a_tensor_off_16_bytes_keep_the_tiles_without_a_ring() {
         // The rings' TMA needs every tensor the dK/dV kernel reads or writes 16-byte aligned:
-        // a call with one off (a view 2 bytes into its storage, or a row of 36 values)
+        // a call with one off (k a view 2 bytes into its storage, or lse 4 bytes into its)
         // keeps dQ by atomics and the tiles measured without a ring, as a packed batch does.
         for d in [64, 128] {
             let aligned = call(2, 4096, 4096, 4, 4, d);
