@@ -278,6 +278,121 @@ fn gpu_softmax_rows_loop() {
     }
 }
 
+fn gpu_row_permute() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        let c = BigRowPermuteComptime::default();
+        for (m, n, rows) in [(1, 1, 1), (9, 16383, 7), (40, 5000, 41)] {
+            for dist in [Dist::Normal, Dist::Large] {
+                let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+                // Each destination once, some past `y`; sources any row, some past `x`.
+                let mut dst: Vec<i32> = (0..rows as i32).collect();
+                for i in (1..dst.len()).rev() {
+                    dst.swap(i, rng.range(0, i + 1));
+                }
+                let src: Vec<i32> = (0..rows).map(|_| rng.range(0, m + 2) as i32).collect();
+                let index =
+                    |v: &[i32]| HostTensor::from_fn(&[rows], DType::I32, |i| f64::from(v[i]));
+                let (src_t, dst_t) = (index(&src), index(&dst));
+                let ny = rows.saturating_sub(2).max(1);
+                let grid = big_row_permute.grid(&c, [rows, 1, 1]);
+                let y = output(&dev, DType::F32, &[ny, n]);
+                let up = |t: &HostTensor| dev.upload(t).expect("upload");
+                let dx = upload_padded(&dev, &x, 3);
+                big_row_permute
+                    .launch(&dev, &c, grid, &dx, &up(&src_t), &up(&dst_t), &y)
+                    .expect("launch");
+                let mut yi = poisoned(&[ny, n], DType::F32);
+                let want = row_permute_ref(&x, &src, &dst, &yi);
+                big_row_permute
+                    .interpret(&c, grid, &x, &src_t, &dst_t, &mut yi)
+                    .expect("interpret");
+                // Rows nobody writes keep the poison: compared bit for bit, NaN as NaN.
+                let same = |a: &[f64], b: &[f64]| {
+                    a.iter()
+                        .zip(b)
+                        .all(|(p, q)| p == q || (p.is_nan() && q.is_nan()))
+                };
+                let got = y.download().expect("download").to_f64_vec();
+                let what = format!(
+                    "big_row_permute m={m} n={n} rows={rows} {dist:?} on {}",
+                    dev.target()
+                );
+                assert!(
+                    same(&got, &want),
+                    "{what}: against the reference, KILN_SEED={}",
+                    rng.seed()
+                );
+                assert!(
+                    same(&got, &yi.to_f64_vec()),
+                    "{what}: against the interpreter"
+                );
+            }
+        }
+    }
+}
+
+fn gpu_histogram() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        let c = BigHistogramComptime::default();
+        for n in [1, 70000, 200_000] {
+            for dist in [Dist::Uniform, Dist::Normal, Dist::Large] {
+                let x = tensor(&mut rng, &[n], DType::F32, dist);
+                let bins = 37;
+                let h = dev
+                    .upload(&HostTensor::full(&[bins], DType::I32, 0.0))
+                    .expect("upload");
+                let dx = dev.upload(&x).expect("upload");
+                big_histogram
+                    .launch(&dev, &c, big_histogram.grid(&c, [n, 1, 1]), &dx, &h)
+                    .expect("launch");
+                assert_eq!(
+                    h.download().expect("download").to_f64_vec(),
+                    histogram_ref(&x, bins),
+                    "big_histogram n={n} {dist:?} on {}, KILN_SEED={}",
+                    dev.target(),
+                    rng.seed()
+                );
+            }
+        }
+    }
+}
+
+fn gpu_carried_cos_log() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        let c = CarriedCosLogComptime::default();
+        let shapes = [(1, 1), (3, 20001), (5, 16384)];
+        let kernel = format!("carried_cos_log on {}", dev.target());
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes,
+            &[Dist::Uniform, Dist::Normal, Dist::Large],
+            m_n,
+            |rng, (m, n), case| {
+                let x = tensor(rng, &[m, n], DType::F32, case.dist);
+                let grid = carried_cos_log.grid(&c, [n, 1, 1]);
+                let y = output(&dev, DType::F32, &[1, n]);
+                let dx = upload_padded(&dev, &x, 2);
+                carried_cos_log
+                    .launch(&dev, &c, grid, &dx, &y)
+                    .expect("launch");
+                let mut yi = poisoned(&[1, n], DType::F32);
+                carried_cos_log
+                    .interpret(&c, grid, &x, &mut yi)
+                    .expect("interpret");
+                // The called `cos` and the inline `log` are the interpreter's sequences: the
+                // same bits.
+                let got = y.download().expect("download");
+                assert_eq!(got.to_f64_vec(), yi.to_f64_vec(), "{case}");
+                assert_close(case, &got, &cos_log_ref(&x), sum_tolerance(m));
+            },
+        );
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         ("gpu_large_tiles_softmax", Needs::Gpu, gpu_softmax),
@@ -294,6 +409,13 @@ fn main() -> ExitCode {
             "gpu_large_tiles_softmax_rows_loop",
             Needs::Gpu,
             gpu_softmax_rows_loop,
+        ),
+        ("gpu_large_tiles_row_permute", Needs::Gpu, gpu_row_permute),
+        ("gpu_large_tiles_histogram", Needs::Gpu, gpu_histogram),
+        (
+            "gpu_large_tiles_carried_cos_log",
+            Needs::Gpu,
+            gpu_carried_cos_log,
         ),
     ])
 }

@@ -544,3 +544,134 @@ fn extents_reach_a_million_and_a_tile_at_most_sixteen_million_elements() {
     );
     assert!(d.loc.file.ends_with("large_tiles_kernels/mod.rs"), "{d}");
 }
+
+/// Gathers and scatters through index tiles stream like loads and stores: the chunks of a
+/// row permutation share the row indices, a histogram's chunks take their own bins.
+#[test]
+fn gathers_scatters_and_atomics_through_index_tiles_stream() {
+    let mut rng = Rng::from_env();
+    let c = BigRowPermuteComptime::default();
+    let k = build(&big_row_permute, c);
+    let s = stripped(&k, Target::Sm80);
+    assert_eq!(loops(&s), 1, "{}", print_kernel(&s));
+    for (m, n, rows) in [(1, 1, 1), (9, 16383, 7), (6, 5000, 9)] {
+        for dist in Dist::ALL {
+            let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+            // Each destination once (a permutation of the rows, some past the tensor); the
+            // sources any row, some past the tensor too.
+            let mut dst: Vec<i32> = (0..rows as i32).collect();
+            for i in (1..dst.len()).rev() {
+                dst.swap(i, rng.range(0, i + 1));
+            }
+            let src: Vec<i32> = (0..rows).map(|_| rng.range(0, m + 2) as i32).collect();
+            let grid = big_row_permute.grid(&c, [rows, 1, 1]);
+            let index = |v: &[i32]| HostTensor::from_fn(&[rows], DType::I32, |i| f64::from(v[i]));
+            let (src_t, dst_t) = (index(&src), index(&dst));
+            let y0 = poisoned(&[rows.saturating_sub(2).max(1), n], DType::F32);
+            let want = row_permute_ref(&x, &src, &dst, &y0);
+            for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
+                let mut y = y0.clone();
+                run(
+                    kernel,
+                    grid,
+                    &mut [
+                        HostArg::Tensor(&x),
+                        HostArg::Tensor(&src_t),
+                        HostArg::Tensor(&dst_t),
+                        HostArg::TensorMut(&mut y),
+                    ],
+                )
+                .expect("interpret");
+                let got = y.to_f64_vec();
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()));
+                assert!(
+                    same,
+                    "{what}: m={m} n={n} rows={rows} {dist:?} KILN_SEED={}",
+                    rng.seed()
+                );
+            }
+        }
+    }
+    compact(&big_row_permute, c);
+
+    let c = BigHistogramComptime::default();
+    let k = build(&big_histogram, c);
+    let s = stripped(&k, Target::Sm80);
+    assert_eq!(loops(&s), 1, "{}", print_kernel(&s));
+    for n in [1, 70000, 131072] {
+        for dist in [Dist::Uniform, Dist::Normal, Dist::Large] {
+            let x = tensor(&mut rng, &[n], DType::F32, dist);
+            let bins = 37;
+            let want = histogram_ref(&x, bins);
+            for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
+                let mut h = HostTensor::full(&[bins], DType::I32, 0.0);
+                run(
+                    kernel,
+                    big_histogram.grid(&c, [n, 1, 1]),
+                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut h)],
+                )
+                .expect("interpret");
+                assert_eq!(
+                    h.to_f64_vec(),
+                    want,
+                    "{what}: n={n} {dist:?} KILN_SEED={}",
+                    rng.seed()
+                );
+            }
+        }
+    }
+    compact(&big_histogram, c);
+}
+
+/// A tile the pass keeps whole (carried around the user's loop) whose `cos` sequences would
+/// take thousands of lines inline: each element calls the function, written once, so the
+/// PTX stays compact; against f64 on the interpreter.
+#[test]
+fn long_math_on_a_whole_tile_calls_functions_written_once() {
+    let mut rng = Rng::from_env();
+    let c = CarriedCosLogComptime::default();
+    let k = build(&carried_cos_log, c);
+    assert_eq!(
+        loops(&stripped(&k, Target::Sm80)),
+        1,
+        "only the user's loop"
+    );
+    for target in [Target::Sm80, Target::Sm90a] {
+        let ptx = kiln_ptx::compile(&k, target)
+            .unwrap_or_else(|e| panic!("{target}: {e}"))
+            .ptx;
+        // `cos` (80 lines a call) is called; `log` (under 32) stays inline at 64 elements.
+        let f = "kiln_cos_f32";
+        assert_eq!(
+            ptx.matches(&format!(".func (.reg .f32 %ret) {f}(")).count(),
+            1,
+            "{target}: {f} defined once"
+        );
+        // One call an element a thread: 16384 columns over 256 threads.
+        assert_eq!(ptx.matches(&format!("), {f}, (")).count(), 64, "{target}");
+        assert!(!ptx.contains("kiln_log_f32"), "{target}: log inline");
+    }
+    compact(&carried_cos_log, c);
+    for (m, n) in [(1, 1), (3, 20001), (5, 16384)] {
+        for dist in [Dist::Uniform, Dist::Normal, Dist::Large] {
+            let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+            let mut y = poisoned(&[1, n], DType::F32);
+            run(
+                &k,
+                carried_cos_log.grid(&c, [n, 1, 1]),
+                &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
+            )
+            .expect("interpret");
+            let case = Case {
+                kernel: "carried_cos_log".into(),
+                shape: m_n((m, n)),
+                dist,
+                seed: rng.seed(),
+            };
+            assert_close(&case, &y, &cos_log_ref(&x), sum_tolerance(m));
+        }
+    }
+}

@@ -219,7 +219,8 @@ fn a_reshape_to_its_own_shape_keeps_a_reductions_layout() {
 
 /// Replays one kernel of a fuzz report: `KILN_FUZZ_BYTES="[118, 113, ...]" cargo test -p
 /// kiln-tests --test random_kernels replay -- --ignored --nocapture` prints its IR, and each
-/// target's outcome and the interpreter's with the time each took.
+/// target's outcome and the interpreter's with the time each took; `KILN_REPLAY_PTX=FILE`
+/// also writes its sm_80 PTX there.
 #[test]
 #[ignore = "a tool: replays the kernel of KILN_FUZZ_BYTES"]
 fn replay() {
@@ -242,9 +243,13 @@ fn replay() {
         last = std::time::Instant::now();
     });
     if ran.is_ok() {
-        let lines = kiln_ptx::writer::Writer::new(&p, Target::Sm80)
+        let ptx = kiln_ptx::writer::Writer::new(&p, Target::Sm80)
             .write()
-            .map_or(0, |m| m.ptx.lines().count());
+            .map_or_else(|_| String::new(), |m| m.ptx);
+        let lines = ptx.lines().count();
+        if let Some(file) = std::env::var_os("KILN_REPLAY_PTX") {
+            std::fs::write(&file, &ptx).expect("KILN_REPLAY_PTX names a writable file");
+        }
         println!(
             "  PTX writer: {:.2} s, {lines} lines",
             last.elapsed().as_secs_f64()

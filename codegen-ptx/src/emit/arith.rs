@@ -334,7 +334,7 @@ impl Emitter<'_> {
             | UnaryOp::Sigmoid
             | UnaryOp::Log2
             | UnaryOp::Log => {
-                let y = self.transcendental(u, xf);
+                let y = self.transcendental(id, u, xf);
                 return Ok(self.narrow(y, dtype));
             }
             UnaryOp::Not => return Err(self.unsupported(id, "`not` on a float")),

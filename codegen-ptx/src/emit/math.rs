@@ -1,13 +1,44 @@
-//! `sin`, `cos`, `tanh`, `erf` and `sigmoid`: per element, the fixed f64 sequence that
-//! [`kiln_ir::math`] specifies, step for step (the same constants, fused multiply-adds and
-//! roundings), so the GPU gives the interpreter's bits. No branches: where a function has
+//! `sin`, `cos`, `tanh`, `erf`, `sigmoid` and `log`: per element, the fixed f64 sequence
+//! that [`kiln_ir::math`] specifies, step for step (the same constants, fused multiply-adds
+//! and roundings), so the GPU gives the interpreter's bits. No branches: where a function has
 //! ranges (small or large arguments, NaN), every range is computed and `selp` picks.
+//!
+//! An op whose sequences would take more than [`INLINE_MATH_LINES`] lines of a thread's code
+//! (a large tile the `strip_mine` pass could not chunk) calls the function instead, written
+//! once as a `.func`: the code then grows by a call an element, not by the sequence.
 
-use kiln_ir::UnaryOp;
+use std::fmt::Write;
+
 use kiln_ir::math;
+use kiln_ir::{OpId, UnaryOp};
 
 use super::Emitter;
 use crate::types::{Class, Reg, f32_imm};
+
+/// Most PTX lines one op's inline math sequences may take in a thread's code. A chunk of a
+/// streamed tile (at most 16 elements a thread, `strip_mine`) and every bundled kernel stay
+/// inline, where ptxas interleaves the elements' sequences.
+const INLINE_MATH_LINES: usize = 2048;
+
+/// A math function written once as a `.func` of one f32 argument and result.
+pub(super) struct MathFunc {
+    op: UnaryOp,
+    /// The definition, at module scope.
+    text: String,
+    /// Lines of its body: what inlining it costs an element.
+    lines: usize,
+    /// Whether an op calls it (and the module must define it).
+    called: bool,
+}
+
+/// The definitions of the functions `funcs` that were called, in the order first asked for.
+pub(super) fn called_funcs(funcs: &[MathFunc]) -> String {
+    funcs
+        .iter()
+        .filter(|f| f.called)
+        .map(|f| f.text.as_str())
+        .collect()
+}
 
 /// The module-scope name of the bits of 2/pi.
 const TWO_OVER_PI: &str = "kiln_two_over_pi";
@@ -25,14 +56,71 @@ pub(super) fn two_over_pi_decl() -> String {
     )
 }
 
+/// The module-scope name of `u`'s function.
+fn func_name(u: UnaryOp) -> String {
+    format!("kiln_{}_f32", u.name())
+}
+
 /// The PTX spelling of an f64 immediate.
 fn f64_imm(x: f64) -> String {
     format!("0d{:016X}", x.to_bits())
 }
 
 impl Emitter<'_> {
-    /// `u(x)` for an f32 register `x`, as an f32 register.
-    pub(super) fn transcendental(&mut self, u: UnaryOp, x: Reg) -> Reg {
+    /// `u(x)` for an f32 register `x`, an element of op `id`'s result, as an f32 register:
+    /// inline, or a call where the op's inline sequences would be too long.
+    pub(super) fn transcendental(&mut self, id: OpId, u: UnaryOp, x: Reg) -> Reg {
+        let at = self.math_func(u);
+        let calls = match self.math_calls.get(&id) {
+            Some(&c) => c,
+            None => {
+                let result = self.k.ops[id].results[0];
+                let elements = self.dist(result, id).map_or(1, |d| d.regs.len());
+                let c = elements * self.math_funcs[at].lines > INLINE_MATH_LINES;
+                self.math_calls.insert(id, c);
+                c
+            }
+        };
+        if !calls {
+            return self.math_inline(u, x);
+        }
+        self.math_funcs[at].called = true;
+        let y = self.new_reg(Class::F32);
+        self.ins(format!("call ({y}), {}, ({x})", func_name(u)));
+        y
+    }
+
+    /// The index in `math_funcs` of `u`'s function, written on first use.
+    fn math_func(&mut self, u: UnaryOp) -> usize {
+        if let Some(i) = self.math_funcs.iter().position(|f| f.op == u) {
+            return i;
+        }
+        // The body in a register namespace and text of its own.
+        let outer_regs = std::mem::take(&mut self.regs);
+        let outer_out = std::mem::take(&mut self.out);
+        let x = self.new_reg(Class::F32);
+        let y = self.math_inline(u, x);
+        let regs = std::mem::replace(&mut self.regs, outer_regs);
+        let body = std::mem::replace(&mut self.out, outer_out);
+        let lines = body.lines().count();
+        let mut text = String::new();
+        let _ = writeln!(
+            text,
+            ".func (.reg .f32 %ret) {}(.reg .f32 %arg)\n{{\n{}\tmov.f32 {x}, %arg;\n{body}\tmov.f32 %ret, {y};\n\tret;\n}}",
+            func_name(u),
+            regs.declarations(),
+        );
+        self.math_funcs.push(MathFunc {
+            op: u,
+            text,
+            lines,
+            called: false,
+        });
+        self.math_funcs.len() - 1
+    }
+
+    /// `u(x)`'s sequence, written here.
+    fn math_inline(&mut self, u: UnaryOp, x: Reg) -> Reg {
         match u {
             UnaryOp::Sin => self.sin_quadrant(x, 0),
             UnaryOp::Cos => self.sin_quadrant(x, 1),

@@ -214,6 +214,10 @@ pub(crate) struct Emitter<'k> {
     globals: Vec<String>,
     /// Whether the body reads the bits of 2/pi (`sin`/`cos`'s reduction, `math`).
     two_over_pi: bool,
+    /// The math functions written as `.func`s so far (`math`).
+    math_funcs: Vec<math::MathFunc>,
+    /// Per op with math sequences, whether its elements call the function (`math`).
+    math_calls: BTreeMap<OpId, bool>,
     /// Bytes of the per-thread buffer that print arguments are packed into.
     print_buffer_bytes: u32,
     /// Labels handed out so far (`$Lk1`, `$Lk2`, ...).
@@ -253,6 +257,8 @@ impl<'k> Emitter<'k> {
             columns: None,
             globals: Vec::new(),
             two_over_pi: false,
+            math_funcs: Vec::new(),
+            math_calls: BTreeMap::new(),
             print_buffer_bytes: 0,
             labels: 0,
             target,
@@ -274,6 +280,10 @@ impl<'k> Emitter<'k> {
         }
         if self.two_over_pi {
             let _ = writeln!(module_scope, "{}\n", math::two_over_pi_decl());
+        }
+        let funcs = math::called_funcs(&self.math_funcs);
+        if !funcs.is_empty() {
+            let _ = writeln!(module_scope, "{funcs}");
         }
         let mut declarations = self.regs.declarations();
         if let Some(decl) = self.print_buffer_decl() {

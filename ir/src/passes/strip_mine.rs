@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::diag::Diagnostic;
 use crate::infer::result_types;
 use crate::kernel::{
-    BinaryOp, Block, Const, Kernel, Loc, Op, OpId, OpKind, ReduceOp, ValueData, ValueDef, ValueId,
+    Addr, BinaryOp, Block, Const, Kernel, Loc, Op, OpId, OpKind, ReduceOp, ValueData, ValueDef,
+    ValueId,
 };
 use crate::target::Target;
 use crate::types::{DType, Shape, Type};
@@ -397,17 +398,24 @@ fn members(
         OpKind::Gather { access, .. }
         | OpKind::Scatter { access, .. }
         | OpKind::Atomic { access, .. } => {
-            if access.indexed() {
-                return Err(other("a gather or scatter through an index tile"));
-            }
             let parts = o
                 .access_operands()
                 .ok_or_else(|| other("malformed access"))?;
+            // An index tile long along the chunked dimension is chunked with the rest (each
+            // chunk's elements read their own indices); one broadcast along it serves every
+            // chunk whole.
+            let indices = parts
+                .addr
+                .iter()
+                .zip(&access.dims)
+                .filter(|&(_, a)| *a == Addr::Index)
+                .map(|(&x, _)| x);
             let tiles: Vec<ValueId> = parts
                 .compare
                 .into_iter()
                 .chain(parts.value)
                 .chain(parts.mask)
+                .chain(indices)
                 .chain(o.results.iter().copied())
                 .collect();
             same_space(&tiles, d)
@@ -869,6 +877,15 @@ fn emit_loop(
         }
         let mut operands: Vec<ValueId> = o.operands.iter().map(m).collect();
         let dim_of = |v: ValueId| c.dims.get(&v).copied();
+        // Moves the scalar coordinate of the tensor dimension `tile`'s chunked dimension
+        // falls on to the chunk; one addressed through an index tile is left (the index
+        // tile is chunked, or broadcast along that dimension).
+        let access = match &o.kind {
+            OpKind::Gather { access, .. }
+            | OpKind::Scatter { access, .. }
+            | OpKind::Atomic { access, .. } => Some(access.clone()),
+            _ => None,
+        };
         let shift = |kernel: &mut Kernel,
                      body: &mut Vec<OpId>,
                      operands: &mut Vec<ValueId>,
@@ -880,6 +897,12 @@ fn emit_loop(
                 return Ok(());
             };
             let at = coords - rank + d;
+            if access
+                .as_ref()
+                .is_some_and(|a| a.dims.get(at) == Some(&Addr::Index))
+            {
+                return Ok(());
+            }
             operands[at] = add1(
                 kernel,
                 body,

@@ -266,3 +266,107 @@ pub fn total_by_rows(
     }
     out.tile([1], [0]).store(total);
 }
+
+/// `y[dst[r], :] = 2 x[src[r], :] + 1` over `[BM, BN]` tiles of whole rows (`N <= BN`):
+/// the rows gathered and scattered through index tiles, which the chunks share (a chunk
+/// of columns reads every row's index).
+#[kernel(grid = [BM, 1, 1])]
+pub fn big_row_permute(
+    x: Tensor<f32, 2>,
+    src: Tensor<i32, 1>,
+    dst: Tensor<i32, 1>,
+    y: TensorMut<f32, 2>,
+    #[comptime(default = 4)] BM: usize,
+    #[comptime(default = 16384)] BN: usize,
+) {
+    let r0 = block_id().x * BM;
+    let from = src.tile([BM], [r0]).load();
+    // Rows past the index tensors go nowhere (-1 is outside `y`), not to row 0.
+    let to = select(
+        iota([BM], 0) + r0 < dst.dim(0),
+        dst.tile([BM], [r0]).load(),
+        -1,
+    );
+    let t = x.rows(&from, BN, [0, 0]).load();
+    y.rows(&to, BN, [0, 0]).store(t * 2.0 + 1.0);
+}
+
+/// [`big_row_permute`]'s reference: `y` as given, with `y[dst[r]] = 2 x[src[r]] + 1` for
+/// every row `r` of `src` and `dst` whose indices fall inside the tensors.
+pub fn row_permute_ref(x: &HostTensor, src: &[i32], dst: &[i32], y: &HostTensor) -> Vec<f64> {
+    let (m, n) = (x.shape[0] as i64, x.shape[1]);
+    let my = y.shape[0] as i64;
+    let (xv, mut out) = (x.to_f64_vec(), y.to_f64_vec());
+    for (&s, &d) in src.iter().zip(dst) {
+        if !(0..my).contains(&i64::from(d)) {
+            continue;
+        }
+        for c in 0..n {
+            // A row outside `x` loads as 0.
+            let v = if (0..m).contains(&i64::from(s)) {
+                f64::from(xv[s as usize * n + c] as f32 * 2.0 + 1.0)
+            } else {
+                1.0
+            };
+            out[d as usize * n + c] = v;
+        }
+    }
+    out
+}
+
+/// A histogram of `BLOCK` values a block: `hist[bin(x)] += 1` by atomics through an index
+/// tile, the bin `floor(x * bins)` clamped into `[0, bins)`; the values past `n` are
+/// masked off.
+#[kernel(grid = [BLOCK, 1, 1])]
+pub fn big_histogram(
+    x: Tensor<f32, 1>,
+    hist: TensorMut<i32, 1>,
+    #[comptime(default = 65536)] BLOCK: usize,
+) {
+    let start = block_id().x * BLOCK;
+    let bins = hist.dim(0);
+    let inside = iota([BLOCK], 0) + start < x.dim(0);
+    let v = x.tile([BLOCK], [start]).load();
+    let b = (v * bins.cast::<f32>()).cast::<i32>();
+    let b = min(max(b, 0), bins - 1);
+    hist.elems([b]).atomic_add_masked(1, inside);
+}
+
+/// [`big_histogram`]'s reference counts.
+pub fn histogram_ref(x: &HostTensor, bins: usize) -> Vec<f64> {
+    let mut h = vec![0.0; bins];
+    for v in x.to_f64_vec() {
+        let b = ((v as f32) * bins as f32) as i64;
+        h[b.clamp(0, bins as i64 - 1) as usize] += 1.0;
+    }
+    h
+}
+
+/// `y[0, c] = log(2 + (sum_j cos(x[j, c]))^2)` over `[1, BN]` column blocks: the sums are
+/// carried around the user's loop, so the tile stays whole (64 elements a thread), and its
+/// cosines, written inline, would take thousands of lines: each element calls the function.
+#[kernel(grid = [BN, 1, 1], num_warps = 8)]
+pub fn carried_cos_log(
+    x: Tensor<f32, 2>,
+    y: TensorMut<f32, 2>,
+    #[comptime(default = 16384)] BN: usize,
+) {
+    let c0 = block_id().x * BN;
+    let mut acc = zeros::<f32>([1, BN]);
+    for j in 0..x.dim(0) {
+        acc = acc + cos(&x.tile([1, BN], [j, c0]).load());
+    }
+    y.tile([1, BN], [0, c0]).store(log(&(acc * acc + 2.0)));
+}
+
+/// [`carried_cos_log`]'s reference, in f64.
+pub fn cos_log_ref(x: &HostTensor) -> Vec<f64> {
+    let (m, n) = (x.shape[0], x.shape[1]);
+    let v = x.to_f64_vec();
+    (0..n)
+        .map(|c| {
+            let s: f64 = (0..m).map(|j| v[j * n + c].cos()).sum();
+            (2.0 + s * s).ln()
+        })
+        .collect()
+}
