@@ -383,8 +383,8 @@ fn gpu_carried_cos_log() {
                 carried_cos_log
                     .interpret(&c, grid, &x, &mut yi)
                     .expect("interpret");
-                // The called `cos` and the inline `log` are the interpreter's sequences: the
-                // same bits.
+                // The called `cos` and the inline `log` are the interpreter's sequences, and
+                // no multiply meets an add that ptxas could fuse: the same bits.
                 let got = y.download().expect("download");
                 assert_eq!(got.to_f64_vec(), yi.to_f64_vec(), "{case}");
                 assert_close(case, &got, &cos_log_ref(&x), sum_tolerance(m));
