@@ -624,6 +624,33 @@ fn gathers_scatters_and_atomics_through_index_tiles_stream() {
         }
     }
     compact(&big_histogram, c);
+
+    // A 2-D index tile into a 1-D histogram (the pass indexed past the coordinates).
+    let c = BigHistogram2dComptime::default();
+    let k = build(&big_histogram_2d, c);
+    let s = stripped(&k, Target::Sm80);
+    assert_eq!(loops(&s), 1, "{}", print_kernel(&s));
+    for (m, n) in [(1, 1), (5000, 17), (4096, 40)] {
+        let x = tensor(&mut rng, &[m, n], DType::F32, Dist::Uniform);
+        let bins = 19;
+        let want = histogram_ref(&x, bins);
+        for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
+            let mut h = HostTensor::full(&[bins], DType::I32, 0.0);
+            run(
+                kernel,
+                big_histogram_2d.grid(&c, [m, n, 1]),
+                &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut h)],
+            )
+            .expect("interpret");
+            assert_eq!(
+                h.to_f64_vec(),
+                want,
+                "{what}: m={m} n={n} KILN_SEED={}",
+                rng.seed()
+            );
+        }
+    }
+    compact(&big_histogram_2d, c);
 }
 
 /// A tile the pass keeps whole (carried around the user's loop) whose `cos` sequences would

@@ -878,8 +878,10 @@ fn emit_loop(
         let mut operands: Vec<ValueId> = o.operands.iter().map(m).collect();
         let dim_of = |v: ValueId| c.dims.get(&v).copied();
         // Moves the scalar coordinate of the tensor dimension `tile`'s chunked dimension
-        // falls on to the chunk; one addressed through an index tile is left (the index
-        // tile is chunked, or broadcast along that dimension).
+        // falls on to the chunk (the tile covers the tensor's last dimensions); one addressed
+        // through an index tile is left, as is a chunked dimension no tensor dimension covers
+        // (a tile of more dimensions than an `elems` access's tensor): the index tiles,
+        // chunked or broadcast along it, carry each element's coordinates.
         let access = match &o.kind {
             OpKind::Gather { access, .. }
             | OpKind::Scatter { access, .. }
@@ -896,7 +898,9 @@ fn emit_loop(
             else {
                 return Ok(());
             };
-            let at = coords - rank + d;
+            let Some(at) = (coords + d).checked_sub(rank) else {
+                return Ok(());
+            };
             if access
                 .as_ref()
                 .is_some_and(|a| a.dims.get(at) == Some(&Addr::Index))

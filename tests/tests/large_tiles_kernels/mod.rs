@@ -370,3 +370,22 @@ pub fn cos_log_ref(x: &HostTensor) -> Vec<f64> {
         })
         .collect()
 }
+
+/// [`big_histogram`] over `[BM, BN]` tiles of a matrix, chunked along its rows: the index
+/// tile has more dimensions than the histogram, so no tensor coordinate follows the rows.
+#[kernel(grid = [BM, BN, 1])]
+pub fn big_histogram_2d(
+    x: Tensor<f32, 2>,
+    hist: TensorMut<i32, 1>,
+    #[comptime(default = 4096)] BM: usize,
+    #[comptime(default = 16)] BN: usize,
+) {
+    let (r0, c0) = (block_id().x * BM, block_id().y * BN);
+    let bins = hist.dim(0);
+    let inside = iota([BM, BN], 0) + r0 < x.dim(0) && iota([BM, BN], 1) + c0 < x.dim(1);
+    let v = x.tile([BM, BN], [r0, c0]).load();
+    let b = (v * bins.cast::<f32>()).cast::<i32>();
+    let b = min(max(b, 0), bins - 1);
+    // A tile of ones (not the scalar 1): the added values are chunked with the indices.
+    hist.elems([b]).atomic_add_masked(b * 0 + 1, inside);
+}
