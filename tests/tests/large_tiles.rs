@@ -545,6 +545,30 @@ fn extents_reach_a_million_and_a_tile_at_most_sixteen_million_elements() {
     assert!(d.loc.file.ends_with("large_tiles_kernels/mod.rs"), "{d}");
 }
 
+/// Histogram kernel `k` streams in one loop and counts `x` into `bins` bins exactly, as
+/// written and after the pass.
+fn histogram_streams(k: &Kernel, grid: [u32; 3], x: &HostTensor, bins: usize, seed: u64) {
+    let s = stripped(k, Target::Sm80);
+    assert_eq!(loops(&s), 1, "{}", print_kernel(&s));
+    let want = histogram_ref(x, bins);
+    for (what, kernel) in [("as written", k), ("strip-mined", &s)] {
+        let mut h = HostTensor::full(&[bins], DType::I32, 0.0);
+        run(
+            kernel,
+            grid,
+            &mut [HostArg::Tensor(x), HostArg::TensorMut(&mut h)],
+        )
+        .expect("interpret");
+        let shape = &x.shape;
+        assert_eq!(
+            h.to_f64_vec(),
+            want,
+            "{what}: {} {shape:?} KILN_SEED={seed}",
+            k.name
+        );
+    }
+}
+
 /// Gathers and scatters through index tiles stream like loads and stores: the chunks of a
 /// row permutation share the row indices, a histogram's chunks take their own bins.
 #[test]
@@ -599,28 +623,11 @@ fn gathers_scatters_and_atomics_through_index_tiles_stream() {
 
     let c = BigHistogramComptime::default();
     let k = build(&big_histogram, c);
-    let s = stripped(&k, Target::Sm80);
-    assert_eq!(loops(&s), 1, "{}", print_kernel(&s));
     for n in [1, 70000, 131072] {
         for dist in [Dist::Uniform, Dist::Normal, Dist::Large] {
             let x = tensor(&mut rng, &[n], DType::F32, dist);
-            let bins = 37;
-            let want = histogram_ref(&x, bins);
-            for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
-                let mut h = HostTensor::full(&[bins], DType::I32, 0.0);
-                run(
-                    kernel,
-                    big_histogram.grid(&c, [n, 1, 1]),
-                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut h)],
-                )
-                .expect("interpret");
-                assert_eq!(
-                    h.to_f64_vec(),
-                    want,
-                    "{what}: n={n} {dist:?} KILN_SEED={}",
-                    rng.seed()
-                );
-            }
+            let grid = big_histogram.grid(&c, [n, 1, 1]);
+            histogram_streams(&k, grid, &x, 37, rng.seed());
         }
     }
     compact(&big_histogram, c);
@@ -628,27 +635,10 @@ fn gathers_scatters_and_atomics_through_index_tiles_stream() {
     // A 2-D index tile into a 1-D histogram (the pass indexed past the coordinates).
     let c = BigHistogram2dComptime::default();
     let k = build(&big_histogram_2d, c);
-    let s = stripped(&k, Target::Sm80);
-    assert_eq!(loops(&s), 1, "{}", print_kernel(&s));
     for (m, n) in [(1, 1), (5000, 17), (4096, 40)] {
         let x = tensor(&mut rng, &[m, n], DType::F32, Dist::Uniform);
-        let bins = 19;
-        let want = histogram_ref(&x, bins);
-        for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
-            let mut h = HostTensor::full(&[bins], DType::I32, 0.0);
-            run(
-                kernel,
-                big_histogram_2d.grid(&c, [m, n, 1]),
-                &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut h)],
-            )
-            .expect("interpret");
-            assert_eq!(
-                h.to_f64_vec(),
-                want,
-                "{what}: m={m} n={n} KILN_SEED={}",
-                rng.seed()
-            );
-        }
+        let grid = big_histogram_2d.grid(&c, [m, n, 1]);
+        histogram_streams(&k, grid, &x, 19, rng.seed());
     }
     compact(&big_histogram_2d, c);
 }
