@@ -1005,9 +1005,17 @@ fn dkdv(
             acc_v = mma_acc(&probs.cast_to(dtype), &dos[0], &acc_v);
             let ds = ds.cast_to(dtype);
             if !p.deterministic {
+                // dQ = dS K has the block's query rows as M: whole 64-row wgmma blocks, or
+                // else (FlashAttention-3's 80 queries at d = 128) its transpose, dQ^T = K^T
+                // dS^T, whose M is the key columns (K read transposed, dS^T staged as B).
+                let dq = if bm.is_multiple_of(64) {
+                    mma(&ds.t(), &ks[0])
+                } else {
+                    mma(&ks[0].t(), &ds).t()
+                };
                 add_dq_owned(
                     dq_accum,
-                    mma(&ds.t(), &ks[0]),
+                    dq,
                     rows,
                     (h, q0),
                     (chunks[0], (bm, cols)),

@@ -62,6 +62,12 @@ pub enum Layout {
         /// The parent tile's shape.
         parent_shape: Shape,
     },
+    /// The transpose of a 2-D register tile in `parent` (`x.t()` moving no element): element
+    /// `(r, c)` is the parent's `(c, r)`, in the same thread and register.
+    Transposed {
+        /// The layout of the tile before the transpose.
+        parent: Box<Layout>,
+    },
     /// Not in registers: a loaded tile staged in shared memory, read by `mma` with `ldmatrix`.
     Shared {
         /// Whether the view is transposed (`k.t()`): element `(r, c)` is stored at `(c, r)`.
@@ -408,7 +414,29 @@ impl Layout {
                 }
                 Ok(Distribution { terms, regs })
             }
+            Layout::Transposed { parent } => {
+                let [r, c] = shape.dims() else {
+                    return Err(misfit("a transposed layout holds a 2-D tile".into()));
+                };
+                let mut p = parent.distribution(&Shape(vec![*c, *r]))?;
+                p.terms.swap(0, 1);
+                for offs in &mut p.regs {
+                    offs.swap(0, 1);
+                }
+                Ok(p)
+            }
             Layout::Shared { .. } => Err(misfit("a shared-memory tile has no registers".into())),
+        }
+    }
+
+    /// The layout of this 2-D register tile's transpose when no element moves: the view of
+    /// it, or the layout a view transposes back to.
+    pub fn transposed(&self) -> Layout {
+        match self {
+            Layout::Transposed { parent } => (**parent).clone(),
+            other => Layout::Transposed {
+                parent: Box::new(other.clone()),
+            },
         }
     }
 
@@ -533,6 +561,7 @@ impl fmt::Display for Layout {
                 "#slice(dim={dim}{},{parent})",
                 if *keep_dim { ",keep" } else { "" }
             ),
+            Layout::Transposed { parent } => write!(f, "#t({parent})"),
             Layout::Shared { transposed } => {
                 f.write_str(if *transposed { "#smem.t" } else { "#smem" })
             }
@@ -635,6 +664,9 @@ pub struct StagedOperand {
     pub source: ValueId,
     /// Whether the operand is the transpose of the stored tile.
     pub transposed: bool,
+    /// The mma operand it is, 0 (A) or 1 (B): a ring's wgmma reads a register A in place
+    /// (RS) where the same tile is another's staged B. sm_80's buffers serve either.
+    pub slot: usize,
     /// Its buffer: one stage, `load` naming the first mma that reads it.
     pub buffer: SmemBuffer,
     /// Written once, right after the op defining `source`, and read from there by every
@@ -811,10 +843,14 @@ impl AddBoxes {
     }
 
     /// A register's part of its offset, for one at `(ro, co)` in the tile: its chunk within
-    /// the box `k` and the constant `imm`.
+    /// the box `k` (XOR its rows' swizzle phase, which a transposed accumulator's registers
+    /// a row apart change) and the constant `imm`.
     pub fn register_part(&self, ro: u32, co: u32) -> (u32, u32) {
         let (j, c) = (co / Self::COLUMNS, co % Self::COLUMNS);
-        (c / 4, j * self.box_bytes() + ro * 128 + (c % 4) * 4)
+        (
+            (c / 4) ^ (ro % 8),
+            j * self.box_bytes() + ro * 128 + (c % 4) * 4,
+        )
     }
 
     /// Whether the staging stores of a tile laid out as `d` (held by `threads` threads) take
@@ -929,6 +965,12 @@ impl Schedule {
         self.staged
             .iter()
             .find(|s| s.operand == operand && !s.at_source)
+    }
+
+    /// How a ring's consumers stage `operand` where an mma reads it as operand `slot` (0: A,
+    /// 1: B), if they do.
+    pub fn staged_as(&self, operand: ValueId, slot: usize) -> Option<&StagedOperand> {
+        self.staged(operand).filter(|s| s.slot == slot)
     }
 
     /// How `operand`, a register tile, is written once into shared memory where it is
@@ -1065,6 +1107,58 @@ mod tests {
             swap_odd_rows: false,
         };
         assert!(!b.odd_rows_swap(&d, 128));
+    }
+
+    /// A transposed accumulator (`dQ = (K^T dS^T)^T`, the `[80, 128]` of `[128, 80]` under
+    /// two warpgroups): thread and register `i` hold the parent's element `(c, r)` at `(r,
+    /// c)`, every element once; its registers a row apart split into a thread's and a
+    /// register's offset in the add's swizzled boxes, one wavefront a store.
+    #[test]
+    fn a_transposed_accumulator_is_its_parents_registers_at_swapped_offsets() {
+        let parent = Layout::Mma { warps: [8, 1] };
+        let (m, n) = (128u32, 80u32);
+        let p = parent
+            .distribution(&Shape(vec![m as usize, n as usize]))
+            .expect("fits");
+        let t = parent.transposed();
+        assert_eq!(t.transposed(), parent);
+        assert_eq!(t.to_string(), "#t(#mma(8x1))");
+        let d = t
+            .distribution(&Shape(vec![n as usize, m as usize]))
+            .expect("fits");
+        assert!(
+            t.distribution(&Shape(vec![m as usize, n as usize]))
+                .is_err()
+        );
+        let mut seen = vec![0u32; (m * n) as usize];
+        for tid in 0..256 {
+            for (pc, tc) in p.coords(tid).iter().zip(d.coords(tid)) {
+                assert_eq!(tc, vec![pc[1], pc[0]], "thread {tid}");
+                seen[(tc[0] * m + tc[1]) as usize] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&k| k == 1));
+        let b = AddBoxes {
+            param: 0,
+            lead_dims: 2,
+            rows: n,
+            boxes: m / AddBoxes::COLUMNS,
+            swap_odd_rows: false,
+        };
+        assert!(b.separable(&d, 256));
+        assert!(!b.odd_rows_swap(&d, 256));
+        for warp in 0..8 {
+            for offs in &d.regs {
+                let addrs: Vec<u32> = (warp * 32..warp * 32 + 32)
+                    .map(|tid| {
+                        let rb = Term::sum(&d.terms[0], tid);
+                        let cb = Term::sum(&d.terms[1], tid);
+                        b.offset_of(rb + offs[0], cb + offs[1])
+                    })
+                    .collect();
+                assert_eq!(store_wavefronts(&addrs, 4), 1, "warp {warp} {offs:?}");
+            }
+        }
     }
 
     #[test]

@@ -224,12 +224,12 @@ const MAX_EXTENT: usize = 1 << 20;
 /// Most elements of one tile (64 MiB of f32): what the interpreter allocates for it.
 const MAX_NUMEL: usize = 1 << 24;
 
-/// Tile extents are powers of two or multiples of 32, at most [`MAX_EXTENT`]. Either maps
-/// onto the hardware: a power of two splits evenly over lanes and warps; a multiple of 32
-/// (96, 192) is whole 16x8 mma fragments, whole k16 and n8 wgmma steps, whole 32-column TMA
-/// boxes of 16-bit elements (64 bytes, the 64-byte swizzle's row) and whole 16-byte
-/// ldmatrix chunks. What a target cannot map beyond that (rows per warp, a box count) the
-/// passes reject at the op.
+/// Tile extents are powers of two or multiples of 16, at most [`MAX_EXTENT`]. Either maps
+/// onto the hardware: a power of two splits evenly over lanes and warps; a multiple of 16
+/// (48, 80, 96, 192) is whole 16x8 mma fragments, whole k16 and n8 wgmma steps, whole
+/// 16-column TMA boxes of 16-bit elements (32 bytes, the 32-byte swizzle's row) and whole
+/// 16-byte ldmatrix chunks. What a target cannot map beyond that (rows per warp, a box
+/// count) the passes reject at the op.
 pub(crate) fn check_shape(s: &Shape) -> Result<(), String> {
     if s.rank() == 0 || s.rank() > MAX_RANK {
         return Err(format!(
@@ -238,9 +238,9 @@ pub(crate) fn check_shape(s: &Shape) -> Result<(), String> {
         ));
     }
     for &d in s.dims() {
-        if d == 0 || d > MAX_EXTENT || !(d.is_power_of_two() || d.is_multiple_of(32)) {
+        if d == 0 || d > MAX_EXTENT || !(d.is_power_of_two() || d.is_multiple_of(16)) {
             return Err(format!(
-                "tile extent {d} must be a power of two or a multiple of 32, between 1 and {MAX_EXTENT}"
+                "tile extent {d} must be a power of two or a multiple of 16, between 1 and {MAX_EXTENT}"
             ));
         }
     }

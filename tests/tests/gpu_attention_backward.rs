@@ -256,13 +256,15 @@ fn run_calls(dev: &Device, target: Target) {
                 }
                 // The rings of two consumer warpgroups that add dQ (sm_90a): at d = 128
                 // keys-major, 64 keys each, dQ's 64 query rows split into column blocks, one a
-                // warpgroup (`WgmmaColumns`); at d = 64 128 queries against 128 keys, both
+                // warpgroup (`WgmmaColumns`), or 80 query rows, dQ computed transposed (K^T
+                // read MN-major, dS^T staged as B) and added from its transposed
+                // accumulator; at d = 64 128 queries against 128 keys, both
                 // ways: queries-major (64 query rows a warpgroup, P^T and dS^T staged) and
                 // keys-major (64 keys a warpgroup, dS^T staged for dQ, each thread's 32 query
                 // columns' statistics read from the stage at use). A soft-cap's accumulators do
                 // not fit the consumers' registers: refused.
                 let two_warpgroups: &[(usize, bool)] = match p.d {
-                    128 => &[(64, true)],
+                    128 => &[(64, true), (80, true)],
                     64 => &[(128, false), (128, true)],
                     _ => &[],
                 };

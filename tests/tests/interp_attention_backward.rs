@@ -40,6 +40,9 @@ struct Call {
     keys_major: bool,
     /// With sm_90a's measured tiles ([`AttentionBwdParams::tuned`]), not the defaults.
     tuned: bool,
+    /// Query rows, keys and warps of a block (every key column in it), where not the
+    /// defaults'.
+    blocks: Option<(usize, usize, usize)>,
 }
 
 impl Call {
@@ -63,6 +66,7 @@ impl Call {
             deterministic: false,
             keys_major: false,
             tuned: false,
+            blocks: None,
         }
     }
 
@@ -84,10 +88,16 @@ impl Call {
             keys_major: self.keys_major,
             key_cols: 0,
         };
-        if self.tuned {
-            p.tuned(kiln_ir::Target::Sm90a, false)
-        } else {
-            p
+        match (self.tuned, self.blocks) {
+            (true, _) => p.tuned(kiln_ir::Target::Sm90a, false),
+            (false, Some((block_m, block_n, num_warps))) => AttentionBwdParams {
+                block_m,
+                block_n,
+                num_warps,
+                key_cols: p.d,
+                ..p
+            },
+            (false, None) => p,
         }
     }
 
@@ -328,6 +338,42 @@ fn keys_major_scores_with_dq_atomics_match_reference() {
         ),
         (wide, Dist::Uniform),
         (widest, Dist::Normal),
+    ] {
+        run(&mut rng, c, dist);
+    }
+}
+
+#[test]
+fn keys_major_80_query_rows_add_dq_from_its_transpose() {
+    // 80 query rows against 128 keys at d = 128, keys-major: dQ is computed transposed
+    // (`K^T dS^T`) and added from its transpose. Lengths no multiple of 80 or 128, causal
+    // both ways, a group, and the large distribution.
+    let mut rng = Rng::from_env();
+    let base = |sq, sk| {
+        let mut c = Call {
+            keys_major: true,
+            blocks: Some((80, 128, 8)),
+            ..Call::new(sq, sk)
+        };
+        c.dims.d = 128;
+        c
+    };
+    let mut grouped = Call {
+        causal: true,
+        ..base(170, 150)
+    };
+    grouped.dims.h = 4;
+    grouped.dims.h_kv = 2;
+    for (c, dist) in [
+        (base(170, 200), Dist::Normal),
+        (
+            Call {
+                causal: true,
+                ..base(250, 130)
+            },
+            Dist::Large,
+        ),
+        (grouped, Dist::Uniform),
     ] {
         run(&mut rng, c, dist);
     }

@@ -1,4 +1,4 @@
-//! Tile extents that are multiples of 32 but not powers of two (96, 160, 192): elementwise
+//! Tile extents that are multiples of 16 but not powers of two (48, 80, 96, 160, 192): elementwise
 //! ops, row and column reductions and mma on the interpreter against f64 references, tensors
 //! smaller than the tiles so the masked edges count; the same kernels compiled for sm_80 and
 //! assembled by ptxas; the gemm with 96-wide K and N tiles through the sm_90a schedule (its
@@ -98,6 +98,7 @@ fn elementwise_tiles_of_96_and_160_match_reference() {
         ((96, 32), (250, 70)),
         ((32, 160), (70, 300)),
         ((192, 32), (200, 70)),
+        ((80, 48), (170, 100)),
     ];
     for ((r, c), (rows, cols)) in tiles {
         let x = tensor(&mut rng, &[rows, cols], DType::F32, Dist::Normal);
@@ -123,6 +124,7 @@ fn elementwise_tiles_of_96_and_160_match_reference() {
     assembles_on_sm80(&elementwise, ElementwiseComptime::default());
     assembles_on_sm80(&elementwise, ElementwiseComptime { r: 32, c: 160 });
     assembles_on_sm80(&elementwise, ElementwiseComptime { r: 192, c: 32 });
+    assembles_on_sm80(&elementwise, ElementwiseComptime { r: 80, c: 48 });
 }
 
 #[test]
@@ -182,8 +184,13 @@ fn reductions_over_96_rows_and_192_columns_match_reference() {
 #[test]
 fn mma_with_96_wide_operands_matches_reference() {
     let mut rng = Rng::from_env();
-    // (m, n, k) tiles over an (rows, cols) output: M and K of 96, N of 160; M of 192, N of 96.
-    for ((m, n, k), (rows, cols)) in [((96, 160, 96), (150, 170)), ((192, 96, 64), (200, 90))] {
+    // (m, n, k) tiles over an (rows, cols) output: M and K of 96, N of 160; M of 192, N of 96;
+    // M of 80, N of 48, K of 80.
+    for ((m, n, k), (rows, cols)) in [
+        ((96, 160, 96), (150, 170)),
+        ((192, 96, 64), (200, 90)),
+        ((80, 48, 80), (170, 100)),
+    ] {
         let a = tensor(&mut rng, &[rows, k], DType::Bf16, Dist::Normal);
         let b = tensor(&mut rng, &[k, cols], DType::Bf16, Dist::Normal);
         let mut c = poisoned(&[rows, cols], DType::F32);
@@ -204,14 +211,10 @@ fn mma_with_96_wide_operands_matches_reference() {
         );
     }
     assembles_on_sm80(&matmul, MatmulComptime::default());
-    assembles_on_sm80(
-        &matmul,
-        MatmulComptime {
-            m: 192,
-            n: 96,
-            k: 64,
-        },
-    );
+    // 80 rows over 4 warps split only along N: 80 x 16 a warp.
+    for (m, n, k) in [(192, 96, 64), (80, 64, 80)] {
+        assembles_on_sm80(&matmul, MatmulComptime { m, n, k });
+    }
 }
 
 #[test]
@@ -283,13 +286,13 @@ fn sm90a_gemm_with_96_wide_k_and_n_tiles_matches_reference() {
 }
 
 #[test]
-fn extents_neither_a_power_of_two_nor_a_multiple_of_32_are_diagnostics() {
+fn extents_neither_a_power_of_two_nor_a_multiple_of_16_are_diagnostics() {
     let line = include_str!("interp_tile_extents.rs")
         .lines()
         .position(|l| l.contains("MARK-extent") && l.contains("let a"))
         .expect("marker") as u32
         + 1;
-    for bad in [48, 100, 4100, 3 << 20] {
+    for bad in [24, 40, 100, 4100, 3 << 20] {
         let c = ElementwiseComptime {
             r: bad,
             ..ElementwiseComptime::default()
@@ -301,7 +304,7 @@ fn extents_neither_a_power_of_two_nor_a_multiple_of_32_are_diagnostics() {
         assert_eq!(
             d.message,
             format!(
-                "tile extent {bad} must be a power of two or a multiple of 32, between 1 and 1048576"
+                "tile extent {bad} must be a power of two or a multiple of 16, between 1 and 1048576"
             ),
             "{d}"
         );

@@ -543,7 +543,7 @@ fn misuse_is_reported_at_the_users_line() {
         (&|| err(&too_many_elements), "a tile holds at most"),
         (
             &|| err(&too_wide),
-            "must be a power of two or a multiple of 32",
+            "must be a power of two or a multiple of 16",
         ),
     ];
     for (e, want) in cases {

@@ -23,7 +23,7 @@ use super::Emitter;
 #[derive(Clone, Debug)]
 pub(crate) struct InFlight {
     pub(crate) values: Vec<ValueId>,
-    pub(crate) staged: Option<std::ops::Range<u32>>,
+    pub(crate) staged: Vec<std::ops::Range<u32>>,
 }
 
 impl Emitter<'_> {
@@ -46,8 +46,8 @@ impl Emitter<'_> {
     pub(crate) fn wgmma_before_staging(&mut self, at: std::ops::Range<u32>) {
         let newest = self.in_flight.iter().rposition(|g| {
             g.staged
-                .as_ref()
-                .is_some_and(|r| r.start < at.end && at.start < r.end)
+                .iter()
+                .any(|r| r.start < at.end && at.start < r.end)
         });
         self.wgmma_wait_through(newest);
     }

@@ -420,7 +420,9 @@ impl<'k> Emitter<'k> {
                     _ if kiln_ir::passes::lower::transpose_moves(self.k, &op) => {
                         return self.write_convert(id, Some(&[1, 0]));
                     }
-                    _ => return Err(self.unsupported(id, "a transpose not feeding mma")),
+                    // A view (`Layout::Transposed`): the same registers in the same order,
+                    // each at its swapped offsets.
+                    _ => v = self.in_registers(op.operands[0], id)?,
                 }
                 self.vals.insert(r, v);
             }

@@ -54,10 +54,48 @@ impl Emitter<'_> {
         st: &StagedOperand,
         sync: StageSync,
     ) -> Result<Val, CodegenError> {
+        let mut vals = self.stage_operands_among(id, &[st], sync)?;
+        vals.pop()
+            .ok_or_else(|| self.internal(id, "a staging write of no operand"))
+    }
+
+    /// The staged operands `sts` of mma `id` (its A and B both, in a ring) written between
+    /// one pair of barriers of the threads `sync` names; their forms, in order.
+    pub(crate) fn stage_operands_among(
+        &mut self,
+        id: OpId,
+        sts: &[&StagedOperand],
+        sync: StageSync,
+    ) -> Result<Vec<Val>, CodegenError> {
         let barrier = match sync {
             StageSync::Block => "bar.sync 0".to_string(),
             StageSync::Consumers { id, threads } => format!("bar.sync {id}, {threads}"),
         };
+        let mut written = Vec::with_capacity(sts.len());
+        for (i, st) in sts.iter().enumerate() {
+            let first = (i == 0).then_some(barrier.as_str());
+            written.push(self.write_staged(id, st, first)?);
+        }
+        self.staged_written(id, sync, barrier);
+        Ok(sts
+            .iter()
+            .zip(written)
+            .map(|(st, (base, buf))| Val::Smem {
+                base,
+                buf,
+                transposed: st.transposed,
+            })
+            .collect())
+    }
+
+    /// Writes `st`'s source into its buffer, after the threads meet at `barrier` (`None`:
+    /// an earlier operand's write met there); its base address and buffer.
+    fn write_staged(
+        &mut self,
+        id: OpId,
+        st: &StagedOperand,
+        barrier: Option<&str>,
+    ) -> Result<(Reg, SmemBuffer), CodegenError> {
         let dtype = self.k.ty(st.source).dtype();
         let elements = match self.val(st.source, id)? {
             Val::Narrowed { src, to } => Elements::Wide(src, to),
@@ -86,7 +124,7 @@ impl Emitter<'_> {
         if let Some((layout, plan)) = matrices {
             let origin = (self.smem, buf.offset);
             let mut writer = MatrixWriter::new(self, &d, Some(plan), layout, origin);
-            self.before_staging(id, &barrier);
+            self.before_staging(id, barrier);
             let per_store = writer.regs_per_store();
             for (i, offs) in d.regs.chunks(per_store).enumerate() {
                 let place = writer.place(self, (offs[0][0], offs[0][1]));
@@ -100,7 +138,7 @@ impl Emitter<'_> {
                     .collect::<Result<_, _>>()?;
                 writer.store(self, place, &words);
             }
-            return Ok(self.staged_written(id, sync, barrier, base, buf, st.transposed));
+            return Ok((base, buf));
         }
         let row0 = self.thread_coord(&d.terms[0]);
         let col0 = self.thread_coord(&d.terms[1]);
@@ -110,7 +148,7 @@ impl Emitter<'_> {
             .iter()
             .map(|t| t.mul)
             .fold(8u32, |a, m| a.min(1 << m.trailing_zeros().min(3)));
-        self.before_staging(id, &barrier);
+        self.before_staging(id, barrier);
         let mut rows: BTreeMap<u32, (Reg, Option<Reg>)> = BTreeMap::new();
         let mut cols: BTreeMap<u32, (Reg, Reg)> = BTreeMap::new();
         let mut i = 0;
@@ -200,30 +238,25 @@ impl Emitter<'_> {
             }
             i += len;
         }
-        Ok(self.staged_written(id, sync, barrier, base, buf, st.transposed))
+        Ok((base, buf))
     }
 
     /// Before mma `id`'s staging write: every thread is done reading the previous contents,
-    /// unless another barrier already says so ([`kiln_ir::schedule::ImpliedBarriers::staged`]).
-    fn before_staging(&mut self, id: OpId, barrier: &str) {
-        if !self.k.schedule.implied_barriers.staged.contains(&id) {
+    /// unless another barrier already says so ([`kiln_ir::schedule::ImpliedBarriers::staged`])
+    /// or the threads met for an earlier operand of the same write (`None`).
+    fn before_staging(&mut self, id: OpId, barrier: Option<&str>) {
+        if let Some(barrier) = barrier
+            && !self.k.schedule.implied_barriers.staged.contains(&id)
+        {
             self.ins(barrier);
         }
     }
 
     /// After mma `id`'s staging write: the writes made visible to every warp's ldmatrix
-    /// (and, through the proxy fence, to a wgmma's reads); the operand's form. Where a bulk
-    /// add leaves its first barrier to this one ([`kiln_ir::schedule::ImpliedBarriers::bulk`]), the threads
-    /// first wait for their bulk reductions to have read the adds' region.
-    fn staged_written(
-        &mut self,
-        id: OpId,
-        sync: StageSync,
-        barrier: String,
-        base: Reg,
-        buf: SmemBuffer,
-        transposed: bool,
-    ) -> Val {
+    /// (and, through the proxy fence, to a wgmma's reads). Where a bulk add leaves its first
+    /// barrier to this one ([`kiln_ir::schedule::ImpliedBarriers::bulk`]), the threads first
+    /// wait for their bulk reductions to have read the adds' region.
+    fn staged_written(&mut self, id: OpId, sync: StageSync, barrier: String) {
         match sync {
             StageSync::Block => self.async_proxy_fence(),
             StageSync::Consumers { .. } => self.ins("fence.proxy.async.shared::cta"),
@@ -239,11 +272,6 @@ impl Emitter<'_> {
             self.ins("cp.async.bulk.wait_group.read 0");
         }
         self.ins(barrier);
-        Val::Smem {
-            base,
-            buf,
-            transposed,
-        }
     }
 
     /// The buffer of `st`, written where its source was loaded ([`StagedOperand::at_source`]),

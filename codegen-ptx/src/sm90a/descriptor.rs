@@ -3,6 +3,7 @@
 //! descriptor walks a swizzled buffer in either orientation ([`Walk`]), for the ring's
 //! wgmmas ([`super::wgmma`]) and those issued in program order ([`super::plain`]).
 
+use kiln_ir::sched::tma::TmaLoad;
 use kiln_ir::schedule::SmemBuffer;
 
 use crate::emit::Emitter;
@@ -64,6 +65,16 @@ impl Walk {
             span,
             box_bytes: buf.box_bytes(),
         })
+    }
+
+    /// The walk of ring or once load `l`'s stage read along K or not: TMA writes each box of
+    /// its columns with every row of the tile, rows of the swizzle span.
+    pub(super) fn of_load(l: &TmaLoad, k_major: bool) -> Walk {
+        Walk {
+            k_major,
+            span: l.swizzle,
+            box_bytes: l.tile_dims()[0] * l.swizzle,
+        }
     }
 
     /// The descriptor's constant fields for this walk ([`template`]).
@@ -140,7 +151,8 @@ mod tests {
 
     /// Every element each warpgroup's wgmma reads at every k16 step is the one the lowering
     /// stored there, for both orientations, every swizzle span and boxed rows (a 128-, 96-
-    /// and 256-column tile), 64 to 192 rows of M.
+    /// and 256-column tile), 64 to 192 rows of M; an extent no multiple of 64 (a B's N of
+    /// 80 in five 32-byte boxes) read whole by one descriptor.
     #[test]
     fn descriptors_read_what_the_buffer_holds() {
         for (rows, cols) in [
@@ -153,6 +165,7 @@ mod tests {
             (192, 64),
             (64, 256),
             (128, 48),
+            (128, 80),
         ] {
             let b = buffer(rows, cols);
             for k_major in [true, false] {
@@ -162,12 +175,12 @@ mod tests {
                 if !k_total.is_multiple_of(16) {
                     continue;
                 }
-                let groups = if mn_total.is_multiple_of(64) {
-                    mn_total / 64
+                // A warpgroup's 64 rows or columns of A; else all of a B's N.
+                let (groups, width) = if mn_total.is_multiple_of(64) {
+                    (mn_total / 64, 64)
                 } else {
-                    1
+                    (1, mn_total)
                 };
-                let width = mn_total.min(64);
                 for g in 0..groups {
                     for s in 0..k_total / 16 {
                         let start = w.start(64 * g, 0) + w.start(0, s);

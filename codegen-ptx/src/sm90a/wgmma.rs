@@ -7,11 +7,11 @@
 
 use kiln_ir::passes::pipeline::overlaps;
 use kiln_ir::sched::Sched;
-use kiln_ir::sched::tma::{Operand, TmaLoad};
-use kiln_ir::schedule::Layout;
+use kiln_ir::sched::tma::TmaLoad;
+use kiln_ir::schedule::{Layout, StagedOperand};
 use kiln_ir::{Kernel, OpId};
 
-use super::descriptor::{Walk, advance_descriptor, template};
+use super::descriptor::{Walk, advance_descriptor};
 use crate::emit::{Emitter, InFlight, StageSync, Val};
 use crate::error::CodegenError;
 use crate::sched::{self, RingMma};
@@ -72,148 +72,89 @@ impl RingMma for Option<RingBody> {
     }
 }
 
-/// The wgmma view of one ring stage: descriptor constants and start offsets.
+/// The wgmma view of one mma's shared operands: K and N of the product and how each
+/// descriptor walks its stage or buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Geometry {
-    /// K and N per stage.
+    /// K and N.
     bk: u32,
     bn: u32,
-    /// Whether B is stored `[N, K]` (K-major, `imm-trans-b = 0`).
-    b_k_major: bool,
-    /// B's box width in elements (K-major: the swizzle row).
-    b_chunk: u32,
-    /// B's `(LBO, SBO, swizzle span)`.
-    b_fields: (u32, u32, u32),
-    /// A in shared memory (`None`: A from registers, wgmma RS).
-    a: Option<KMajorA>,
-}
-
-/// A K-major A stage: `bm` rows in boxes of `chunk` K columns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct KMajorA {
-    bm: u32,
-    chunk: u32,
-    /// `(LBO, SBO, swizzle span)`.
-    fields: (u32, u32, u32),
-}
-
-/// K-major swizzled descriptor fields of a load with boxes `chunk` elements wide: LBO unused
-/// (1 = 16 B), SBO = 8 rows of the swizzle row.
-fn k_major_fields(l: &TmaLoad) -> (u32, u32, u32) {
-    (16, 8 * l.box_dims[1] * 2, l.swizzle)
-}
-
-/// Byte offset, from a K-major stage base (boxes of `chunk` K columns by `rows` rows), of row
-/// `row0` at k16 step `s`.
-fn k_major_start(rows: u32, chunk: u32, row0: u32, s: u32) -> u32 {
-    let (box_index, within) = ((16 * s) / chunk, (16 * s) % chunk);
-    box_index * rows * chunk * 2 + row0 * chunk * 2 + within * 2
-}
-
-impl KMajorA {
-    fn new(a: &TmaLoad) -> KMajorA {
-        KMajorA {
-            bm: a.tile_dims()[0],
-            chunk: a.box_dims[1],
-            fields: k_major_fields(a),
-        }
-    }
-
-    /// K per stage.
-    fn bk(&self, a: &TmaLoad) -> u32 {
-        a.tile_dims()[1]
-    }
-
-    /// Byte offset, from A's stage base, of warpgroup `wg`'s k16 step `s`.
-    fn start(&self, wg: u32, s: u32) -> u32 {
-        k_major_start(self.bm, self.chunk, 64 * wg, s)
-    }
+    /// B's walk.
+    b: Walk,
+    /// A's, when A is in shared memory (`None`: A from registers, wgmma RS).
+    a: Option<Walk>,
 }
 
 impl Geometry {
-    /// The view of B's stage `b`, and of A's `a` when A is in shared memory.
-    fn new(a: Option<&TmaLoad>, b: &TmaLoad) -> Geometry {
-        let b_k_major = b.operand == Operand::KMajorB;
-        // The tile's extent, not its boxes': a clustered ring issues boxes in slabs of rows.
-        let [rows, cols] = b.tile_dims();
-        let (bk, bn, b_fields) = if b_k_major {
-            (cols, rows, k_major_fields(b))
+    /// B walked as `b` over its tile `[rows, cols]` as stored (`[N, K]` when K-major, else
+    /// `[K, N]`), A as `a`.
+    fn new(a: Option<Walk>, b: Walk, [rows, cols]: [u32; 2]) -> Geometry {
+        let (bk, bn) = if b.k_major {
+            (cols, rows)
         } else {
-            // MN-major: all K rows per box of `span / 2` columns (one box, or its slabs);
-            // LBO = the boxes' distance, SBO = 8 K-rows.
-            let span = b.swizzle;
-            (rows, cols, (rows * span, 8 * span, span))
+            (rows, cols)
         };
-        Geometry {
-            bk,
-            bn,
-            b_k_major,
-            b_chunk: b.box_dims[1],
-            b_fields,
-            a: a.map(KMajorA::new),
-        }
+        Geometry { bk, bn, b, a }
     }
 
-    /// Byte offset, from B's stage base, of the column block of `block` columns that starts
-    /// at column `block` (N rows of a K-major B; a whole number of boxes of an MN-major one,
+    /// Byte offset, from B's base, of the column block of `block` columns that starts at
+    /// column `block` (N rows of a K-major B; a whole number of boxes of an MN-major one,
     /// else `None`); the next blocks lie at its multiples.
     fn b_block_offset(&self, block: u32) -> Option<u32> {
-        if self.b_k_major {
-            Some(k_major_start(self.bn, self.b_chunk, block, 0))
-        } else {
-            block
-                .is_multiple_of(self.b_chunk)
-                .then(|| block / self.b_chunk * self.b_fields.0)
-        }
-    }
-
-    /// Byte offset, from B's stage base, of k16 step `s`: K-major like A, or 16 MN-major rows
-    /// of the swizzle span.
-    fn b_start(&self, s: u32) -> u32 {
-        if self.b_k_major {
-            k_major_start(self.bn, self.b_chunk, 0, s)
-        } else {
-            s * 16 * self.b_fields.2
-        }
+        (self.b.k_major || (2 * block).is_multiple_of(self.b.span)).then(|| self.b.start(block, 0))
     }
 }
 
-/// The ring or once load whose stage `v` is, with its stage base, as operand `b_side` (B, else
-/// A) of this wgmma reads it: A untransposed (K-major), B through a transposed view K-major,
-/// else MN-major. A tile several operands read is one load (its boxes are the same whatever
-/// reads them), so the orientation is this use's, not the load's.
-fn ring_operand(
+/// How one wgmma reads a shared operand: its base, its walk, and its tile `[rows, cols]`
+/// as stored.
+type SharedOperand = (Reg, Walk, [u32; 2]);
+
+/// How the wgmma at `id` reads operand `v` (`b_side`: B, else A) held as `val`: from a ring
+/// or once load's stage, or from the buffer the consumers staged it in (`staged`); `None`
+/// for an A in registers. A stored untransposed is K-major, B MN-major; their transposed
+/// views the other. A tile several operands read is one load (its boxes are the same
+/// whatever reads them), so the orientation is this use's, not the load's.
+fn shared_operand(
     e: &Emitter<'_>,
     ring: &RingBody,
-    v: kiln_ir::ValueId,
+    (v, val): (kiln_ir::ValueId, &Val),
+    staged: Option<&StagedOperand>,
     id: OpId,
     b_side: bool,
-) -> Result<(Reg, TmaLoad), CodegenError> {
+) -> Result<Option<SharedOperand>, CodegenError> {
     let Val::Smem {
         base,
         buf,
         transposed,
-    } = e.val(v, id)?
+    } = val
     else {
-        return Err(e.internal(id, "a wgmma operand that is not a ring stage"));
+        return if b_side {
+            Err(e.internal(id, "a wgmma B operand that is not in shared memory"))
+        } else {
+            Ok(None)
+        };
     };
-    let mut load = ring
+    let k_major = transposed == &b_side;
+    if staged.is_some() {
+        let walk = Walk::of(buf, k_major)
+            .ok_or_else(|| e.internal(id, "a staged wgmma operand in an unswizzled buffer"))?;
+        let dims = [buf.stage_bytes / buf.row_bytes, buf.row_bytes / 2];
+        return Ok(Some((*base, walk, dims)));
+    }
+    let load = ring
         .loads
         .iter()
         .find(|l| l.load == buf.load)
-        .cloned()
-        .ok_or_else(|| e.internal(id, "a wgmma operand outside the ring"))?;
-    load.operand = match (b_side, transposed) {
-        (false, false) => Operand::KMajorA,
-        (true, true) => Operand::KMajorB,
-        (true, false) => Operand::MnMajorB,
-        (false, true) => return Err(e.internal(id, "a wgmma A operand read transposed")),
-    };
-    Ok((base, load))
+        .ok_or_else(|| e.internal(id, format!("{} is outside the ring", e.value_words(id, v))))?;
+    Ok(Some((
+        *base,
+        Walk::of_load(load, k_major),
+        load.tile_dims(),
+    )))
 }
 
 /// Writes `d = a @ b (+ c)` as one wgmma per k16 step and warpgroup, accumulating in
-/// place (from zeros without `c`); A is a shared stage (SS) or the registers of an
+/// place (from zeros without `c`); A is a shared stage or buffer (SS) or the registers of an
 /// accumulator-layout tile (RS, docs/ptx.md §4 "The RS A fragment"). Outside the GEMM mainloop
 /// ([`overlaps`]) the wgmmas are committed here and stay in flight until an op needs them
 /// ([`crate::emit::InFlight`]).
@@ -225,49 +166,42 @@ fn write(
 ) -> Result<(), CodegenError> {
     let op = e.k.ops[id].clone();
     let (a, b, r) = (op.operands[0], op.operands[1], op.results[0]);
-    let (b_base, b_load) = ring_operand(e, ring, b, id, true)?;
-    // An A the consumers stage (`t.t()` of a register tile: `pipeline::staged_operands`) is
-    // written into its buffer here, between barriers of the consumers alone.
-    let staged = e.k.schedule.staged(a).cloned();
-    let a_val = match &staged {
-        Some(st) => {
-            if ring.inline_wait {
+    // Register operands the consumers stage (`pipeline::staged_operands`: A `t.t()`, B `t`
+    // or `t.t()`) are written into their buffers here, between one pair of barriers of the
+    // consumers alone.
+    let staged_a = e.k.schedule.staged_as(a, 0).cloned();
+    let staged_b = e.k.schedule.staged_as(b, 1).cloned();
+    let staged: Vec<&StagedOperand> = staged_a.iter().chain(&staged_b).collect();
+    let mut written = if staged.is_empty() {
+        Vec::new()
+    } else {
+        if ring.inline_wait {
+            for st in &staged {
                 e.wgmma_before_staging(st.buffer.bytes());
             }
-            let sync = consumers_sync(e, id)?;
-            e.stage_operand_among(id, st, sync)?
         }
-        None => e.val(a, id)?,
-    };
-    let (a_smem, a_staged) = match (&staged, &a_val) {
-        (
-            Some(st),
-            Val::Smem {
-                base, transposed, ..
-            },
-        ) => {
-            let walk = Walk::of(&st.buffer, !transposed)
-                .ok_or_else(|| e.internal(id, "a staged wgmma A in an unswizzled buffer"))?;
-            (
-                None,
-                Some((*base, walk, st.buffer.stage_bytes / st.buffer.row_bytes)),
-            )
-        }
-        (None, Val::Smem { .. }) => (Some(ring_operand(e, ring, a, id, false)?), None),
-        _ => (None, None),
-    };
-    let g = Geometry::new(a_smem.as_ref().map(|(_, l)| l), &b_load);
-    if let Some((_, l)) = &a_smem
-        && g.a.is_some_and(|av| av.bk(l) != g.bk)
-    {
-        return Err(e.internal(id, "wgmma A and B stages of different K"));
+        let sync = consumers_sync(e, id)?;
+        e.stage_operands_among(id, &staged, sync)?
     }
-    // Stored `[K, M]` (read transposed), the staged A's rows are its K.
-    if let Some((_, walk, rows)) = a_staged
-        && !walk.k_major
-        && rows != g.bk
+    .into_iter();
+    let mut form = |e: &Emitter<'_>, v, is_staged: bool| match is_staged {
+        true => written
+            .next()
+            .ok_or_else(|| e.internal(id, "a staged wgmma operand not written")),
+        false => e.val(v, id),
+    };
+    let a_val = form(e, a, staged_a.is_some())?;
+    let b_val = form(e, b, staged_b.is_some())?;
+    let (b_base, b_walk, b_dims) =
+        shared_operand(e, ring, (b, &b_val), staged_b.as_ref(), id, true)?
+            .ok_or_else(|| e.internal(id, "a wgmma B operand that is not in shared memory"))?;
+    let a_smem = shared_operand(e, ring, (a, &a_val), staged_a.as_ref(), id, false)?;
+    let g = Geometry::new(a_smem.map(|(_, w, _)| w), b_walk, b_dims);
+    // A's K: the columns of a K-major A, the rows of an MN-major one.
+    if let Some((_, walk, [rows, cols])) = a_smem
+        && (if walk.k_major { cols } else { rows }) != g.bk
     {
-        return Err(e.internal(id, "a staged wgmma A and B stage of different K"));
+        return Err(e.internal(id, "wgmma A and B of different K"));
     }
     // Consumers split a tile of fewer rows than they have into column blocks
     // (`Layout::WgmmaColumns`): warpgroup `wg` computes rows `64 (wg / blocks) ..`, columns
@@ -317,21 +251,9 @@ fn write(
         }
         (None, _) => (None, None),
     };
-    let da = match (&a_smem, g.a, a_staged) {
-        (Some((a_base, _)), Some(av), _) => {
-            // Warp-uniform: the warpgroup's first row in the A stage.
-            let wg = wg_rows.ok_or_else(|| e.internal(id, "a wgmma outside the consumers"))?;
-            let a_addr = e.new_reg(Class::B32);
-            e.ins(format!(
-                "mad.lo.u32 {a_addr}, {wg}, {}, {a_base}",
-                av.start(1, 0)
-            ));
-            let (al, asb, asw) = av.fields;
-            let desc = sched::descriptor(e, a_addr, template(al, asb, asw));
-            Some((desc, ADesc::Ring(av)))
-        }
-        (_, _, Some((a_base, walk, _))) => {
-            // The warpgroup's 64 rows (K-major) or columns (MN-major) of A.
+    let da = match a_smem {
+        Some((a_base, walk, _)) => {
+            // Warp-uniform: the warpgroup's 64 rows (K-major) or columns (MN-major) of A.
             let wg = wg_rows.ok_or_else(|| e.internal(id, "a wgmma outside the consumers"))?;
             let a_addr = e.new_reg(Class::B32);
             e.ins(format!(
@@ -339,17 +261,16 @@ fn write(
                 walk.start(64, 0)
             ));
             let desc = sched::descriptor(e, a_addr, walk.template());
-            Some((desc, ADesc::Staged(walk)))
+            Some((desc, walk))
         }
-        _ if col_blocks > 1 => {
+        None if col_blocks > 1 => {
             return Err(e.internal(id, "a register A operand of a wgmma split in columns"));
         }
-        _ => {
+        None => {
             check_register_a(e, a, id)?;
             None
         }
     };
-    let (bl, bsb, bsw) = g.b_fields;
     let b_addr = match wg_cols {
         Some(cols) => {
             let addr = e.new_reg(Class::B32);
@@ -360,7 +281,7 @@ fn write(
         }
         None => b_base,
     };
-    let db = sched::descriptor(e, b_addr, template(bl, bsb, bsw));
+    let db = sched::descriptor(e, b_addr, g.b.template());
     // RS: the A fragments of every k16 step, packed before the fence.
     let a_frags = match da {
         Some(_) => Vec::new(),
@@ -371,19 +292,16 @@ fn write(
     e.ins("wgmma.fence.sync.aligned");
     let regs: Vec<String> = acc.iter().map(Reg::to_string).collect();
     let regs = regs.join(", ");
-    let trans_b = u32::from(!g.b_k_major);
+    let trans_b = u32::from(!g.b.k_major);
     let shape = format!("m64n{bn}k16.f32.{elem}.{elem}");
     for s in 0..g.bk / 16 {
         let scale_d = u32::from(!(zero_init && s == 0));
         // Only the start address moves (base offset stays 0, docs/ptx.md §4).
-        let dbs = advance_descriptor(e, db, g.b_start(s) >> 4);
+        let dbs = advance_descriptor(e, db, g.b.start(0, s) >> 4);
         match (da, a_frags.get(s as usize)) {
-            (Some((da, av)), _) => {
-                let (start, trans_a) = match av {
-                    ADesc::Ring(av) => (av.start(0, s), 0),
-                    ADesc::Staged(walk) => (walk.start(0, s), u32::from(!walk.k_major)),
-                };
-                let das = advance_descriptor(e, da, start >> 4);
+            (Some((da, walk)), _) => {
+                let trans_a = u32::from(!walk.k_major);
+                let das = advance_descriptor(e, da, walk.start(0, s) >> 4);
                 e.ins(format!(
                     "wgmma.mma_async.sync.aligned.{shape} {{{regs}}}, {das}, {dbs}, {scale_d}, \
                          1, 1, {trans_a}, {trans_b}"
@@ -407,20 +325,11 @@ fn write(
         }
         e.wgmma_in_flight(InFlight {
             values,
-            staged: staged.as_ref().map(|st| st.buffer.bytes()),
+            staged: staged.iter().map(|st| st.buffer.bytes()).collect(),
         });
     }
     e.vals.insert(r, Val::Tile(acc));
     Ok(())
-}
-
-/// How a shared A's descriptor walks its k16 steps.
-#[derive(Clone, Copy)]
-enum ADesc {
-    /// A ring or once load's stage, K-major.
-    Ring(KMajorA),
-    /// A buffer the consumers staged, K- or MN-major.
-    Staged(Walk),
 }
 
 /// The barrier the consumer warpgroups alone meet at around a staging write: the first
@@ -451,7 +360,8 @@ fn check_register_a(e: &Emitter<'_>, a: kiln_ir::ValueId, id: OpId) -> Result<()
 
 #[cfg(test)]
 mod tests {
-    use super::{Geometry, template};
+    use super::Geometry;
+    use crate::sm90a::descriptor::{Walk, template};
     use kiln_ir::OpId;
     use kiln_ir::sched::tma::{Operand, TmaLoad};
 
@@ -465,6 +375,12 @@ mod tests {
             TmaLoad::new(b, 1, Operand::MnMajorB, bk, bn)
         };
         (TmaLoad::new(a, 0, Operand::KMajorA, bm, bk), b)
+    }
+
+    /// The geometry of a wgmma reading `a` K-major and `b` as stored.
+    fn geometry(a: Option<&TmaLoad>, b: &TmaLoad) -> Geometry {
+        let walk = Walk::of_load(b, b.operand == Operand::KMajorB);
+        Geometry::new(a.map(|a| Walk::of_load(a, true)), walk, b.tile_dims())
     }
 
     /// Where TMA puts tile element `(r, c)` before swizzling: its box's offset plus the
@@ -524,17 +440,17 @@ mod tests {
                 (128, 48, 16),
             ] {
                 let (a, b) = loads(bm, bn, bk, b_k_major);
-                let g = Geometry::new(Some(&a), &b);
+                let g = geometry(Some(&a), &b);
                 let av = g.a.expect("A in shared memory");
-                assert_eq!((av.bm, av.bk(&a), g.bk, g.bn), (bm, bk, bk, bn));
+                assert_eq!((a.tile_dims(), g.bk, g.bn), ([bm, bk], bk, bn));
                 let shape = format!("{bm}x{bn}x{bk} B K-major {b_k_major}");
                 for s in 0..bk / 16 {
                     for wg in 0..bm / 64 {
-                        let start = av.start(wg, s);
+                        let start = av.start(64 * wg, s);
                         for m in 0..64 {
                             for k in 0..16 {
                                 let read =
-                                    swizzle(wgmma_k_major(start, av.fields, m, k), a.swizzle);
+                                    swizzle(wgmma_k_major(start, av.fields(), m, k), a.swizzle);
                                 let wrote =
                                     swizzle(tma_offset(&a, 64 * wg + m, 16 * s + k), a.swizzle);
                                 assert_eq!(read, wrote, "A {shape}: wg {wg} k-step {s} ({m},{k})");
@@ -545,18 +461,46 @@ mod tests {
                         for n in 0..bn {
                             let (read, wrote) = if b_k_major {
                                 (
-                                    wgmma_k_major(g.b_start(s), g.b_fields, n, k),
+                                    wgmma_k_major(g.b.start(0, s), g.b.fields(), n, k),
                                     tma_offset(&b, n, 16 * s + k),
                                 )
                             } else {
                                 (
-                                    wgmma_mn_major(g.b_start(s), g.b_fields, k, n),
+                                    wgmma_mn_major(g.b.start(0, s), g.b.fields(), k, n),
                                     tma_offset(&b, 16 * s + k, n),
                                 )
                             };
                             let (read, wrote) =
                                 (swizzle(read, b.swizzle), swizzle(wrote, b.swizzle));
                             assert_eq!(read, wrote, "B {shape}: k-step {s} ({k},{n})");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// An A read transposed from its load (`k.t()`, stored `[K, M]`: MN-major, as attention
+    /// backward's `dQ^T = K^T dS^T` reads K): every warpgroup's 64 columns of M at every k16
+    /// step are the elements TMA wrote, for 64- and 128-byte boxes.
+    #[test]
+    fn a_transposed_load_reads_mn_major_what_tma_wrote() {
+        for (bk, bm) in [(128, 128), (64, 128), (128, 64), (96, 192), (64, 96)] {
+            let a = TmaLoad::new(OpId::from_index(0), 0, Operand::MnMajorA, bk, bm);
+            let walk = Walk::of_load(&a, false);
+            let groups = if bm % 64 == 0 { bm / 64 } else { 1 };
+            for wg in 0..groups {
+                for s in 0..bk / 16 {
+                    let start = walk.start(64 * wg, 0) + walk.start(0, s);
+                    for m in 0..64.min(bm) {
+                        for k in 0..16 {
+                            let read = wgmma_mn_major(start, walk.fields(), k, m);
+                            let wrote = tma_offset(&a, 16 * s + k, 64 * wg + m);
+                            assert_eq!(
+                                swizzle(read, a.swizzle),
+                                swizzle(wrote, a.swizzle),
+                                "{bk}x{bm}: wg {wg} k-step {s} ({m},{k})"
+                            );
                         }
                     }
                 }
@@ -573,23 +517,23 @@ mod tests {
         for b_k_major in [false, true] {
             for (bn, bk, blocks) in [(128, 64, 2), (256, 64, 2), (256, 128, 4), (128, 128, 2)] {
                 let (_, b) = loads(64, bn, bk, b_k_major);
-                let g = Geometry::new(None, &b);
+                let g = geometry(None, &b);
                 let block = bn / blocks;
                 let step = g.b_block_offset(block).expect("whole boxes");
                 for c in 0..blocks {
                     for s in 0..bk / 16 {
-                        let start = c * step + g.b_start(s);
+                        let start = c * step + g.b.start(0, s);
                         for k in 0..16 {
                             for n in 0..block {
                                 let col = c * block + n;
                                 let (read, wrote) = if b_k_major {
                                     (
-                                        wgmma_k_major(start, g.b_fields, n, k),
+                                        wgmma_k_major(start, g.b.fields(), n, k),
                                         tma_offset(&b, col, 16 * s + k),
                                     )
                                 } else {
                                     (
-                                        wgmma_mn_major(start, g.b_fields, k, n),
+                                        wgmma_mn_major(start, g.b.fields(), k, n),
                                         tma_offset(&b, 16 * s + k, col),
                                     )
                                 };
@@ -607,7 +551,7 @@ mod tests {
         }
         // 96 columns are three 32-column boxes: a block of 48 starts inside one.
         let (_, b) = loads(64, 96, 64, false);
-        assert_eq!(Geometry::new(None, &b).b_block_offset(48), None);
+        assert_eq!(geometry(None, &b).b_block_offset(48), None);
     }
 
     /// The descriptor constants of docs/ptx.md §4, as run on an H200.

@@ -64,8 +64,11 @@ pub fn plan(kernel: &mut Kernel, target: Target) {
         }
     }
     let mut implied = ImpliedBarriers::default();
-    for (&m, buffer) in &body.staged {
-        if body.staged_write_implied(kernel, m, buffer) {
+    for (&m, buffers) in &body.staged {
+        if buffers
+            .iter()
+            .all(|b| body.staged_write_implied(kernel, m, b))
+        {
             implied.staged.insert(m);
         }
     }
@@ -95,8 +98,9 @@ struct Body {
     ops: Vec<OpId>,
     /// Every op of the body, its regions' included.
     all: Vec<OpId>,
-    /// Top-level mmas staging their A, with the byte range of its buffer.
-    staged: BTreeMap<OpId, std::ops::Range<u32>>,
+    /// Top-level mmas staging an operand, with the byte ranges of their buffers (A's and
+    /// B's, written between one pair of barriers).
+    staged: BTreeMap<OpId, Vec<std::ops::Range<u32>>>,
     /// Top-level bulk adds.
     adds: Vec<OpId>,
 }
@@ -109,8 +113,15 @@ impl Body {
             .iter()
             .filter(|&&o| kernel.ops[o].kind == OpKind::Mma)
             .filter_map(|&o| {
-                let st = kernel.schedule.staged(kernel.ops[o].operands[0])?;
-                Some((o, buffer_range(&st.buffer)))
+                let ranges: Vec<_> = (0..2)
+                    .filter_map(|slot| {
+                        kernel
+                            .schedule
+                            .staged_as(kernel.ops[o].operands[slot], slot)
+                    })
+                    .map(|st| buffer_range(&st.buffer))
+                    .collect();
+                (!ranges.is_empty()).then_some((o, ranges))
             })
             .collect();
         let adds = ops
@@ -181,21 +192,12 @@ impl Body {
             .all
             .iter()
             .copied()
-            .filter(|&o| {
-                kernel.ops[o].kind == OpKind::Mma
-                    && overlapping
-                        .iter()
-                        .any(|st| kernel.ops[o].operands.contains(&st.operand))
-            })
+            .filter(|&o| overlapping.iter().any(|st| reads_staged(kernel, o, st)))
             .collect();
         let outside = ops_in_order(kernel)
             .into_iter()
-            .filter(|o| kernel.ops[*o].kind == OpKind::Mma && !self.all.contains(o))
-            .any(|o| {
-                overlapping
-                    .iter()
-                    .any(|st| kernel.ops[o].operands.contains(&st.operand))
-            });
+            .filter(|o| !self.all.contains(o))
+            .any(|o| overlapping.iter().any(|st| reads_staged(kernel, o, st)));
         if outside || readers.iter().any(|r| !self.staged.contains_key(r)) {
             return false;
         }
@@ -245,6 +247,12 @@ impl Body {
         };
         Some((add, host))
     }
+}
+
+/// Whether op `o` is an mma reading staged operand `st` from its buffer (as the operand it
+/// was staged for: the same tile may be another operand of it, read from registers).
+fn reads_staged(kernel: &Kernel, o: OpId, st: &crate::schedule::StagedOperand) -> bool {
+    kernel.ops[o].kind == OpKind::Mma && kernel.ops[o].operands.get(st.slot) == Some(&st.operand)
 }
 
 /// Whether op `o` or an op of its regions reads `v`.

@@ -131,15 +131,16 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 })
             })
         };
-        let is_transposed_b = |u: &crate::kernel::OpId| {
-            kernel.ops[*u].kind == OpKind::Transpose && only_mma(kernel.ops[*u].results[0], &[1])
+        // A transposed view read only as mma operands (`k.t()` as B; as A, `dQ^T = K^T dS^T`).
+        let is_transposed_operand = |u: &crate::kernel::OpId| {
+            kernel.ops[*u].kind == OpKind::Transpose && only_mma(kernel.ops[*u].results[0], &[0, 1])
         };
         let all_uses = uses.get(&r).cloned().unwrap_or_default();
         let staged = !all_uses.is_empty()
             && all_uses.iter().all(|u| {
                 (kernel.ops[*u].kind == OpKind::Mma
                     && kernel.ops[*u].operands.iter().position(|&x| x == r) < Some(2))
-                    || is_transposed_b(u)
+                    || is_transposed_operand(u)
             });
         if staged {
             layouts.insert(r, Layout::Shared { transposed: false });
@@ -256,6 +257,15 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 OpKind::Gather { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => {
                     access_layouts(kernel, &op, &mut layouts);
                 }
+                // A register tile's transpose is a view: its elements stay where they are.
+                OpKind::Transpose => {
+                    let (x, r) = (op.operands[0], op.results[0]);
+                    if let (Some(l), false) = (layouts.get(&x), layouts.contains_key(&r))
+                        && !l.is_shared()
+                    {
+                        layouts.insert(r, l.transposed());
+                    }
+                }
                 OpKind::Reduce { dim, .. } => {
                     let x = op.operands[0];
                     if let (Some(l), false) = (
@@ -362,7 +372,6 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
                 | OpKind::Load { .. }
                 | OpKind::Splat { .. }
                 | OpKind::Iota { .. }
-                | OpKind::Transpose
                 | OpKind::Permute { .. }
                 | OpKind::Convert
                 | OpKind::Store { .. }

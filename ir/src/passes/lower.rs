@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use crate::diag::Diagnostic;
 use crate::kernel::{Kernel, OpId, OpKind};
-use crate::schedule::{LoopPlan, Scratch};
+use crate::schedule::{Layout, LoopPlan, Scratch};
 use crate::target::Target;
 use crate::types::Shape;
 
@@ -255,16 +255,17 @@ pub fn reshape_is_free(kernel: &Kernel, op: &crate::kernel::Op) -> bool {
 }
 
 /// Whether transpose `op` moves a register tile's elements between threads (the PTX writer
-/// exchanges them through the scratch region): neither its operand is in shared memory
-/// (the transposed view of a staged load) nor its result staged for `mma`.
+/// exchanges them through the scratch region): its operand is not in shared memory (the
+/// transposed view of a staged load), its result not staged for `mma`, and its result's
+/// layout not the view of its operand's ([`Layout::transposed`]).
 pub fn transpose_moves(kernel: &Kernel, op: &crate::kernel::Op) -> bool {
     let (x, r) = (op.operands[0], op.results[0]);
-    let shared = kernel
-        .schedule
-        .layouts
+    let layouts = &kernel.schedule.layouts;
+    let shared = layouts.get(&x).is_some_and(Layout::is_shared);
+    let view = layouts
         .get(&x)
-        .is_some_and(crate::schedule::Layout::is_shared);
-    !shared && kernel.schedule.staged(r).is_none()
+        .is_some_and(|l| layouts.get(&r) == Some(&l.transposed()));
+    !shared && !view && kernel.schedule.staged(r).is_none()
 }
 
 /// Places the shared scratch region that tiles changing layout (`convert`) and reductions

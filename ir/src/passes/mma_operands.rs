@@ -72,6 +72,7 @@ pub fn plan(kernel: &mut Kernel, ring: &BTreeSet<OpId>) -> Result<(), Diagnostic
                 operand,
                 source,
                 transposed,
+                slot,
                 buffer: SmemBuffer {
                     load: id,
                     offset,

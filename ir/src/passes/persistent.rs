@@ -275,7 +275,7 @@ fn pair(s: &mut Sched, shared: LoadId) -> Result<Pair, String> {
                  whole TMA boxes"
             ));
         }
-        Operand::KMajorA | Operand::Registers => {
+        Operand::KMajorA | Operand::MnMajorA | Operand::Registers => {
             return Err("the shared tile is not an mma's B operand".into());
         }
     };

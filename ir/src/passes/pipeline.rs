@@ -66,84 +66,87 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     place(kernel)
 }
 
-/// The register A operands of ring loop `for_op`'s mmas that the consumers stage through
-/// shared memory ([`staged_a`]): one buffer each, row-major as the tile is held, swizzled,
-/// in column boxes where its rows are wider than the swizzle span (the canonical layout a
-/// wgmma descriptor reads); [`place`] puts them after the ring.
+/// The register operands of ring loop `for_op`'s mmas that the consumers stage through
+/// shared memory ([`staged_register`]): one buffer each, row-major as the tile is held,
+/// swizzled, in column boxes where its rows are wider than the swizzle span (the canonical
+/// layout a wgmma descriptor reads); [`place`] puts them after the ring.
 fn staged_operands(kernel: &Kernel, for_op: OpId) -> Vec<StagedOperand> {
     let mut staged: Vec<StagedOperand> = Vec::new();
     for m in super::walk::mmas(kernel, &kernel.ops[for_op].regions[0]) {
-        let a = kernel.ops[m].operands[0];
-        let Some(source) = staged_a(kernel, a) else {
-            continue;
-        };
-        if staged.iter().any(|s| s.operand == a) {
-            continue;
+        for slot in 0..2 {
+            let operand = kernel.ops[m].operands[slot];
+            let Some((source, transposed)) = staged_register(kernel, operand, slot) else {
+                continue;
+            };
+            if staged.iter().any(|s| s.operand == operand) {
+                continue;
+            }
+            let ty = kernel.ty(source);
+            let Some(shape) = ty.shape() else {
+                continue;
+            };
+            let row_bytes = (shape.cols() * ty.dtype().size_bytes()) as u32;
+            let mut buffer = SmemBuffer {
+                load: m,
+                offset: 0,
+                stage_bytes: row_bytes * shape.rows() as u32,
+                stages: 1,
+                row_bytes,
+                swizzled: true,
+                boxed: false,
+            };
+            buffer.boxed = buffer.span().is_some_and(|span| row_bytes > span);
+            staged.push(StagedOperand {
+                operand,
+                source,
+                transposed,
+                slot,
+                buffer,
+                at_source: false,
+            });
         }
-        let ty = kernel.ty(source);
-        let Some(shape) = ty.shape() else {
-            continue;
-        };
-        let row_bytes = (shape.cols() * ty.dtype().size_bytes()) as u32;
-        let mut buffer = SmemBuffer {
-            load: m,
-            offset: 0,
-            stage_bytes: row_bytes * shape.rows() as u32,
-            stages: 1,
-            row_bytes,
-            swizzled: true,
-            boxed: false,
-        };
-        buffer.boxed = buffer.span().is_some_and(|span| row_bytes > span);
-        staged.push(StagedOperand {
-            operand: a,
-            source,
-            transposed: true,
-            buffer,
-            at_source: false,
-        });
     }
     staged
 }
 
-/// The register tile `a` transposes, when `a` is an A operand the consumers can stage for
-/// wgmma: `t.t()` of a 16-bit register tile `t` computed in the kernel (not loaded), whose
-/// rows are a multiple of 8 and whose row bytes a multiple of 128 (whole swizzle spans),
-/// read by mmas only. Attention backward's
-/// `dQ = dS K` from a keys-major `dS^T`: wgmma reads A from registers only in its
-/// accumulator layout, so the consumers write `t` into shared memory and the wgmma reads it
-/// MN-major.
-fn staged_a(kernel: &Kernel, a: ValueId) -> Option<ValueId> {
-    let ValueDef::Op(t, 0) = kernel.values[a].def else {
-        return None;
+/// The register tile the consumers write into shared memory for operand `slot` (0: A, 1:
+/// B) `v` of a ring mma, and whether `v` is its transpose, when they can stage it for
+/// wgmma: a 16-bit register tile computed in the kernel (not loaded), whose rows are a
+/// multiple of 8 and whose row bytes whole swizzle spans (32, 64 or 128 bytes). As A, `t.t()`
+/// (wgmma reads a register A only in its accumulator layout, RS; attention backward's `dQ =
+/// dS K` from a keys-major `dS^T`), read MN-major. As B, the tile itself (read MN-major:
+/// `dQ^T = K^T dS^T`, the form whose M is the head dimension) or `t.t()` (read K-major). A
+/// transpose must be read by mmas only, in that slot: its elements are never written to
+/// registers.
+fn staged_register(kernel: &Kernel, v: ValueId, slot: usize) -> Option<(ValueId, bool)> {
+    let (source, transposed) = match kernel.values[v].def {
+        ValueDef::Op(t, 0) if kernel.ops[t].kind == OpKind::Transpose => {
+            (kernel.ops[t].operands[0], true)
+        }
+        _ if slot == 1 => (v, false),
+        _ => return None,
     };
-    if kernel.ops[t].kind != OpKind::Transpose {
-        return None;
-    }
-    let source = kernel.ops[t].operands[0];
     // A loaded tile is read from its own buffer, not restaged.
-    let loaded = match kernel.values[source].def {
-        ValueDef::Op(d, _) => matches!(
+    let computed = match kernel.values[source].def {
+        ValueDef::Op(d, _) => !matches!(
             kernel.ops[d].kind,
             OpKind::Load { .. } | OpKind::Gather { .. }
         ),
         ValueDef::BlockArg { .. } => false,
     };
-    if loaded {
-        return None;
-    }
     let layout = kernel.schedule.layouts.get(&source)?;
     let ty = kernel.ty(source);
     let shape = ty.shape()?;
-    let only_mma = super::walk::uses(kernel).get(&a).is_some_and(|us| {
-        us.iter()
-            .all(|&u| kernel.ops[u].kind == OpKind::Mma && kernel.ops[u].operands[0] == a)
-    });
+    let only_mma = !transposed
+        || super::walk::uses(kernel).get(&v).is_some_and(|us| {
+            us.iter()
+                .all(|&u| kernel.ops[u].kind == OpKind::Mma && kernel.ops[u].operands[slot] == v)
+        });
     let fits = shape.rank() == 2
         && shape.rows().is_multiple_of(8)
-        && (shape.cols() * 2).is_multiple_of(128)
+        && (shape.cols() * 2).is_multiple_of(32)
         && matches!(ty.dtype(), DType::Bf16 | DType::F16);
-    (!layout.is_shared() && only_mma && fits).then_some(source)
+    (computed && !layout.is_shared() && only_mma && fits).then_some((source, transposed))
 }
 
 /// The stage ring's barriers of `s`: those its loads complete on or are released on,
@@ -245,11 +248,13 @@ pub fn place(kernel: &mut Kernel) -> Result<(), Diagnostic> {
 
 /// How one `mma` of a ring body reads its operands.
 struct MmaPlan {
-    /// A from shared memory (a staged load, in the body or a once load before the loop), or
-    /// `None` for a register A (wgmma RS).
-    a: Option<OpId>,
-    /// B's staged load, and whether it is read transposed (`[N, K]` stored: K-major).
-    b: (OpId, bool),
+    /// A from shared memory (a staged load, in the body or a once load before the loop, and
+    /// whether it is read transposed: `[K, M]` stored, MN-major), or `None` for a register A
+    /// (wgmma RS, or staged by the consumers).
+    a: Option<(OpId, bool)>,
+    /// B's staged load, and whether it is read transposed (`[N, K]` stored: K-major), or
+    /// `None` for a register B the consumers stage.
+    b: Option<(OpId, bool)>,
     /// `K` and `N` of the product.
     k: u32,
     n: u32,
@@ -301,23 +306,23 @@ fn plan_loop(kernel: &Kernel, id: OpId, warps: u32, target: Target) -> Option<Sc
     let mut ring_loads: Vec<(OpId, Operand, u32, u32)> = Vec::new();
     let mut once_loads: Vec<(OpId, Operand, u32, u32)> = Vec::new();
     for p in &plans {
-        if let Some(a) = p.a {
-            let load = (a, Operand::KMajorA, acc_rows(target, warps), p.k);
-            if inside.contains(&a) {
+        // As stored: A `[M, K]`, or `[K, M]` read transposed; B `[N, K]` when K-major, else
+        // `[K, N]`.
+        let m = acc_rows(target, warps);
+        let a = p.a.map(|a| match a {
+            (a, false) => (a, Operand::KMajorA, m, p.k),
+            (a, true) => (a, Operand::MnMajorA, p.k, m),
+        });
+        let b = p.b.map(|b| match b {
+            (b, true) => (b, Operand::KMajorB, p.n, p.k),
+            (b, false) => (b, Operand::MnMajorB, p.k, p.n),
+        });
+        for load in a.into_iter().chain(b) {
+            if inside.contains(&load.0) {
                 ring_loads.push(load);
             } else {
                 once_loads.push(load);
             }
-        }
-        // As stored: `[N, K]` when K-major, else `[K, N]`.
-        let load = match p.b {
-            (b, true) => (b, Operand::KMajorB, p.n, p.k),
-            (b, false) => (b, Operand::MnMajorB, p.k, p.n),
-        };
-        if inside.contains(&load.0) {
-            ring_loads.push(load);
-        } else {
-            once_loads.push(load);
         }
     }
     // A tile read by several operands is one load: its boxes depend only on the tile as stored,
@@ -578,19 +583,32 @@ fn plan_mma(kernel: &Kernel, mma: OpId, warps: u32, target: Target) -> Option<Mm
         ValueDef::Op(o, 0) if kernel.schedule.buffer(o).is_some() => Some(o),
         _ => None,
     };
-    let a = match kernel.values[a_v].def {
-        ValueDef::Op(o, 0) if matches!(kernel.ops[o].kind, OpKind::Load { .. }) => {
-            Some(staged(a_v)?)
+    // The transposed view of a staged tile.
+    let transposed_load = |v: ValueId| match kernel.values[v].def {
+        ValueDef::Op(t, 0) if kernel.ops[t].kind == OpKind::Transpose => {
+            staged(kernel.ops[t].operands[0])
         }
         _ => None,
     };
-    // B is a staged tile (`[K, N]`, MN-major) or the transposed view of one (`[N, K]`
-    // stored, K-major), of the body or loaded once before the loop.
-    let b = match kernel.values[b_v].def {
-        ValueDef::Op(t, 0) if kernel.ops[t].kind == OpKind::Transpose => {
-            (staged(kernel.ops[t].operands[0])?, true)
+    // A is a staged tile (K-major) or, on sm_90a, the transposed view of one (MN-major).
+    let a = match kernel.values[a_v].def {
+        ValueDef::Op(o, 0) if matches!(kernel.ops[o].kind, OpKind::Load { .. }) => {
+            Some((staged(a_v)?, false))
         }
-        _ => (staged(b_v)?, false),
+        _ if target == Target::Sm90a => transposed_load(a_v).map(|o| (o, true)),
+        _ => None,
+    };
+    // B is a staged tile (`[K, N]`, MN-major) or the transposed view of one (`[N, K]`
+    // stored, K-major), of the body or loaded once before the loop; on sm_90a also a
+    // register tile the consumers stage.
+    let b = match (transposed_load(b_v), staged(b_v)) {
+        (Some(t), _) => Some((t, true)),
+        (None, Some(b)) => Some((b, false)),
+        (None, None) if target == Target::Sm90a => {
+            staged_register(kernel, b_v, 1)?;
+            None
+        }
+        (None, None) => return None,
     };
     let a_shape = kernel.ty(a_v).shape()?;
     let b_shape = kernel.ty(b_v).shape()?;
@@ -603,7 +621,11 @@ fn plan_mma(kernel: &Kernel, mma: OpId, warps: u32, target: Target) -> Option<Mm
     // and an MN-major B's N need only be multiples of 16 (both targets' descriptors read boxes
     // of any of those spans: `kiln_ptx`'s wgmma geometry, `crate::tmem::Descriptor`). An
     // MN-major B box holds all K rows (at most 256).
-    let k_ok = k.is_multiple_of(16) && (b.1 || k <= 256);
+    let b_k_major = match b {
+        Some((_, t)) => t,
+        None => staged_register(kernel, b_v, 1).is_some_and(|(_, t)| t),
+    };
+    let k_ok = k.is_multiple_of(16) && (b_k_major || k <= 256);
     let layout = kernel.schedule.layouts.get(&op.results[0]);
     // Column blocks of the consumers' split of a tile of fewer rows (`layout`'s rule).
     let col_blocks = match layout {
@@ -630,7 +652,7 @@ fn plan_mma(kernel: &Kernel, mma: OpId, warps: u32, target: Target) -> Option<Mm
     let a_ok = (a.is_some()
         || target == Target::Sm100a
         || kernel.schedule.layouts.get(&a_v) == Some(&Layout::Mma { warps: [warps, 1] })
-        || target == Target::Sm90a && staged_a(kernel, a_v).is_some())
+        || target == Target::Sm90a && staged_register(kernel, a_v, 0).is_some())
         && !gathered;
     let dtype_ok = a_ok
         && matches!(kernel.ty(a_v).dtype(), DType::Bf16 | DType::F16)

@@ -223,6 +223,7 @@ fn stage_held(kernel: &mut Kernel, id: OpId, a: Option<ValueId>) -> Result<(), S
             operand: a,
             source: a,
             transposed: false,
+            slot: 0,
             buffer,
             at_source: true,
         });

@@ -33,6 +33,9 @@ pub struct TmaBox {
 pub enum Operand {
     /// The A operand, stored `[M, K]` (K contiguous): K-major.
     KMajorA,
+    /// The A operand stored `[K, M]` (M contiguous; the body multiplies the transposed view
+    /// `x.t()` of the loaded tile): MN-major, `imm-trans-a = 1` (sm_90a).
+    MnMajorA,
     /// The B operand stored `[K, N]` (N contiguous): MN-major, `imm-trans-b = 1`.
     MnMajorB,
     /// The B operand stored `[N, K]` (K contiguous; the body multiplies by the transposed

@@ -57,7 +57,7 @@ impl Descriptor {
                     .collect();
                 (16, 8 * chunk * 2, steps)
             }
-            Operand::MnMajorB => {
+            Operand::MnMajorA | Operand::MnMajorB => {
                 let span = l.swizzle;
                 let steps = (0..rows / 16).map(|s| s * 16 * span).collect();
                 (rows * span, 8 * span, steps)

@@ -179,7 +179,10 @@ pub fn holds_columns(layout: &Layout) -> bool {
         Layout::Slice { dim, parent, .. } => {
             *dim == 0 && matches!(**parent, Layout::TmemRows { .. } | Layout::Mma { .. })
         }
-        Layout::Blocked { .. } | Layout::Shared { .. } | Layout::WgmmaColumns { .. } => false,
+        Layout::Blocked { .. }
+        | Layout::Shared { .. }
+        | Layout::WgmmaColumns { .. }
+        | Layout::Transposed { .. } => false,
     }
 }
 
