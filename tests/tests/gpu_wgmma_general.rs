@@ -27,12 +27,14 @@ fn gpu_wgmma_transposed() {
             BN: 64,
             BK: 128,
             NW: 8,
+            ..Default::default()
         },
         WgmmaTransposedComptime {
             BM: 64,
             BN: 128,
             BK: 32,
             NW: 4,
+            ..Default::default()
         },
         // B's rows of 32 bytes: the 32-byte swizzle.
         WgmmaTransposedComptime {
@@ -40,10 +42,16 @@ fn gpu_wgmma_transposed() {
             BN: 64,
             BK: 16,
             NW: 4,
+            ..Default::default()
         },
     ];
+    // Each without warp roles and, on sm_90a, as a warp-specialised ring (A read MN-major
+    // from its TMA stage).
+    let configs = configs
+        .into_iter()
+        .flat_map(|ct| [false, true].map(|ws| WgmmaTransposedComptime { WS: ws, ..ct }));
     for dev in devices() {
-        for ct in configs {
+        for ct in configs.clone() {
             for (m, n, k) in [(70, 130, 150), (129, 65, 33), (3, 5, 7), (256, 192, 320)] {
                 for dist in Dist::ALL {
                     let a = tensor(&mut rng, &[k, m], DType::Bf16, dist);
@@ -60,9 +68,10 @@ fn gpu_wgmma_transposed() {
                         .expect("interpret");
                     let case = Case {
                         kernel: format!(
-                            "wgmma_transposed BM={} BK={} on {}",
+                            "wgmma_transposed BM={} BK={} WS={} on {}",
                             ct.BM,
                             ct.BK,
+                            ct.WS,
                             dev.target()
                         ),
                         shape: format!("m={m} n={n} k={k}"),

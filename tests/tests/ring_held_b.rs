@@ -1,6 +1,7 @@
 //! Warp-specialised rings with a B operand loaded once before the loop and held in shared
 //! memory (`wgmma_kernels::ring_held_b`) or one stage load read by two operands, K- and
-//! MN-major (`ring_shared_b`), checked on the CPU: the plan's loads, the protocol proved, the
+//! MN-major (`ring_shared_b`), or an A read transposed from its stage (MN-major,
+//! `wgmma_transposed`), checked on the CPU: the plan's loads, the protocol proved, the
 //! schedule's CPU execution (`run_scheduled`) and the interpreter against f64, both ptxas
 //! without spills. The GPU run: `gpu_wgmma_general.rs`.
 
@@ -15,8 +16,9 @@ use kiln_ptx::ptxas::{self, Tool};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use wgmma_kernels::{
-    RingStagedAComptime, held_b, ring_held_b, ring_held_b_configs, ring_shared_b,
-    ring_shared_b_configs, ring_staged_a, ring_staged_a_configs, shared_b, staged_a,
+    RingStagedAComptime, WgmmaTransposedComptime, gemm_tt, held_b, ring_held_b,
+    ring_held_b_configs, ring_shared_b, ring_shared_b_configs, ring_staged_a,
+    ring_staged_a_configs, shared_b, staged_a, wgmma_transposed,
 };
 
 /// `def` with comptime values `ct`, built for aligned tensors.
@@ -521,5 +523,70 @@ fn the_dkdv_walk_takes_a_ring_and_its_schedule_computes_the_interpreters_dk_and_
             };
             assert_close(&case, &got, &want.to_f64_vec(), tolerance(DType::Bf16));
         }
+    }
+}
+
+#[test]
+fn a_transposed_stage_is_read_mn_major() {
+    // `c = a^T b^T` with both stages read transposed: A MN-major (one or two warpgroups,
+    // each its 64 columns of the stage), B K-major; 128-, 64- and 32-byte swizzles.
+    let mut rng = Rng::from_env();
+    for (bm, bn, bk, nw) in [
+        (64, 64, 64, 4),
+        (128, 64, 128, 8),
+        (64, 128, 32, 4),
+        (64, 64, 16, 4),
+    ] {
+        let ct = WgmmaTransposedComptime {
+            BM: bm,
+            BN: bn,
+            BK: bk,
+            NW: nw,
+            WS: true,
+        };
+        let kernel = scheduled(&wgmma_transposed, ct);
+        assert_eq!(
+            planned_loads(&kernel),
+            [(false, Operand::MnMajorA), (false, Operand::KMajorB)],
+            "{ct:?}"
+        );
+        for (m, n, k) in [(70, 130, 150), (3, 5, 7)] {
+            let a = tensor(&mut rng, &[k, m], DType::Bf16, Dist::Normal);
+            let b = tensor(&mut rng, &[n, k], DType::Bf16, Dist::Normal);
+            let want = gemm_tt(&a, &b);
+            let grid = [m.div_ceil(bm) as u32, n.div_ceil(bn) as u32, 1];
+            let case = Case {
+                kernel: format!("wgmma_transposed {ct:?}"),
+                shape: format!("m={m} n={n} k={k}"),
+                dist: Dist::Normal,
+                seed: rng.seed(),
+            };
+            for run in ["scheduled", "interpreted"] {
+                let mut c = poisoned(&[m, n], DType::F32);
+                let mut args = [
+                    HostArg::Tensor(&a),
+                    HostArg::Tensor(&b),
+                    HostArg::TensorMut(&mut c),
+                ];
+                if run == "scheduled" {
+                    run_scheduled(&kernel, grid, 2, &mut args)
+                        .unwrap_or_else(|e| panic!("{ct:?}: {e}"));
+                } else {
+                    run_def(&wgmma_transposed, &ct, grid, &mut args).expect("interprets");
+                }
+                assert_close(&case, &c, &want, tolerance(DType::Bf16));
+            }
+        }
+        assert_assembles(&wgmma_transposed, ct);
+        let ptx = kiln_ptx::compile(&build(&wgmma_transposed, ct), Target::Sm90a)
+            .expect("compiles")
+            .ptx;
+        // `imm-trans-a` and `imm-trans-b`, the last two fields: A transposed, B not.
+        assert!(
+            ptx.lines()
+                .filter(|l| l.contains("wgmma.mma_async"))
+                .all(|l| l.trim_end().ends_with("1, 0;")),
+            "{ct:?}"
+        );
     }
 }

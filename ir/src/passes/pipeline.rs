@@ -693,11 +693,17 @@ fn tma_source(
 }
 
 /// Whether ring loop `for_op` keeps a wgmma group in flight into the next iteration: its body
-/// has a single `mma`, whose result only the loop's `yield` reads (the GEMM mainloop). In
-/// any other ring body the PTX writer waits for every wgmma right after issuing it.
+/// has a single `mma`, whose result only the loop's `yield` reads (the GEMM mainloop), and
+/// which stages no operand from registers (the next iteration would write its one buffer
+/// while the group still reads it). In any other ring body the PTX writer waits for every
+/// wgmma where something needs it.
 pub fn overlaps(kernel: &Kernel, for_op: OpId) -> bool {
     let mmas = super::walk::mmas(kernel, &kernel.ops[for_op].regions[0]);
-    matches!(mmas[..], [m] if !completes_in_body(kernel, for_op, m))
+    let stages = |m: OpId| {
+        let ops = &kernel.ops[m].operands;
+        staged_register(kernel, ops[0], 0).is_some() || staged_register(kernel, ops[1], 1).is_some()
+    };
+    matches!(mmas[..], [m] if !completes_in_body(kernel, for_op, m) && !stages(m))
 }
 
 /// Whether the result of `mma`, in loop `for_op`, is read by an op of the body other than

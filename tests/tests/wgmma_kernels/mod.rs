@@ -12,7 +12,9 @@ use kiln_ir::HostTensor;
 
 /// `c = a^T @ b^T` for `a: [K, M]`, `b: [N, K]`, a pipelined loop over K: A is the transpose
 /// of its loaded tile (read MN-major), B too (read K-major); `NW` warps hold `BM = 16 NW`
-/// rows, so 8 warps are two warpgroups, each reading its own 64 columns of `a`'s tile.
+/// rows, so 8 warps are two warpgroups, each reading its own 64 columns of `a`'s tile. On
+/// sm_90a a warp-specialised ring with `WS` (its stages TMA boxes), else wgmma without
+/// warp roles (cp.async buffers).
 #[kernel(num_warps = NW, grid = [BM, BN, 1])]
 pub fn wgmma_transposed(
     a: Tensor<bf16, 2>,
@@ -22,7 +24,9 @@ pub fn wgmma_transposed(
     #[comptime(default = 64)] BN: usize,
     #[comptime(default = 64)] BK: usize,
     #[comptime(default = 4)] NW: usize,
+    #[comptime(default = false)] WS: bool,
 ) {
+    warp_specialize(WS);
     let (mb, nb) = (block_id().x, block_id().y);
     let k = a.dim(0);
     let mut acc = zeros::<f32>([BM, BN]);
