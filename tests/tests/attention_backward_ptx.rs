@@ -449,3 +449,57 @@ fn keys_major_dk_runs_under_the_dq_bulk_add() {
         "dQ's add waits for dQ alone: dK still runs"
     );
 }
+
+#[test]
+fn eighty_query_rows_compute_dq_transposed_on_the_ring() {
+    // sm_90a, two consumer warpgroups of 64 keys at d = 128 against 80 query rows (no whole
+    // 64-row blocks of dQ): dQ^T = K^T dS^T, K's once-loaded tile read MN-major (`imm-trans-a`)
+    // and dS^T staged by the consumers as an MN-major B (rows of 160 bytes: five 32-byte
+    // swizzle boxes), dQ added in TMA boxes from its transposed accumulator (no exchange
+    // through shared memory); plain, causal and grouped, and f16, each through ptxas.
+    for (causal, kv_group, dtype) in [
+        (false, 1, DType::Bf16),
+        (true, 1, DType::Bf16),
+        (false, 4, DType::F16),
+    ] {
+        let p = AttentionBwdParams {
+            causal,
+            kv_group,
+            dtype,
+            keys_major: true,
+            block_n: 128,
+            block_m: 80,
+            num_warps: 8,
+            key_cols: 128,
+            ..AttentionBwdParams::default()
+        };
+        let spec = Spec::uniform(p, attention_bwd_dkdv.signature(), true);
+        let mut k = attention_bwd_dkdv.build(&spec).expect("builds");
+        let ptx = kiln_ptx::compile(&k, Target::Sm90a).expect("compiles").ptx;
+        kiln_ir::passes::run_pipeline(&mut k, Target::Sm90a, &mut |_, _| {}).expect("lowers");
+        assert!(k.schedule.sched.is_some(), "{p:?}: a ring");
+        let staged: Vec<_> = k
+            .schedule
+            .staged
+            .iter()
+            .map(|s| (s.slot, s.transposed, s.buffer.row_bytes, s.buffer.span()))
+            .collect();
+        assert_eq!(
+            staged,
+            [(1, false, 160, Some(32))],
+            "{p:?}: dS^T staged as B"
+        );
+        assert_eq!(k.schedule.scratch, None, "{p:?}: nothing exchanged");
+        let boxes = k.schedule.bulk_adds.as_ref().map(|b| b.boxes.len());
+        assert_eq!(boxes, Some(1), "{p:?}: dQ added in TMA boxes");
+        // dQ^T's wgmmas: m64n80, A and B both transposed (the last two fields).
+        let dq: Vec<&str> = ptx
+            .lines()
+            .filter(|l| l.contains("wgmma.mma_async") && l.contains("m64n80k16"))
+            .filter(|l| l.trim_end().ends_with("1, 1;"))
+            .collect();
+        assert_eq!(dq.len(), 8, "{p:?}: one wgmma per k16 step of 128 keys");
+        let r = kiln_ptx::ptxas::check(&ptx, Target::Sm90a).expect("assembles");
+        println!("{p:?}: {r}");
+    }
+}

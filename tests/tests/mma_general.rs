@@ -8,7 +8,7 @@
 mod mma_kernels;
 
 use kiln_ir::dsl::{KernelDecl, KernelDef, Spec};
-use kiln_ir::interp::{HostArg, run_def};
+use kiln_ir::interp::{HostArg, run_def, run_scheduled};
 use kiln_ir::{DType, HostTensor, Kernel, Target};
 use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
 use kiln_tests::inputs::{Dist, Rng, tensor};
@@ -84,6 +84,40 @@ fn mma_once_matches_reference() {
 fn mma_register_b_matches_reference() {
     let ct = MmaRegisterBComptime::default();
     check_gemm_like(&mma_register_b, &ct, tiles, gemm_exp_b, &SHAPES, &[]);
+    // On sm_90a a ring whose consumers stage B each iteration (its one buffer: no group
+    // stays in flight into the next iteration), executed on the CPU as scheduled.
+    let mut k = mma_register_b
+        .build(&Spec::uniform(ct, mma_register_b.signature(), true))
+        .expect("builds");
+    kiln_ir::passes::run_pipeline(&mut k, Target::Sm90a, &mut |_, _| {}).expect("lowers");
+    let s = k.schedule.sched.as_ref().expect("a ring");
+    assert!(!kiln_ir::passes::pipeline::overlaps(&k, s.for_op));
+    let staged: Vec<_> = k
+        .schedule
+        .staged
+        .iter()
+        .map(|s| (s.slot, s.transposed))
+        .collect();
+    assert_eq!(staged, [(1, false)]);
+    let mut rng = Rng::from_env();
+    for (m, n, kk) in [(70, 130, 150), (3, 5, 7)] {
+        let a = tensor(&mut rng, &[m, kk], DType::Bf16, Dist::Normal);
+        let b = tensor(&mut rng, &[kk, n], DType::Bf16, Dist::Normal);
+        let mut c = poisoned(&[m, n], DType::F32);
+        let mut args = [
+            HostArg::Tensor(&a),
+            HostArg::Tensor(&b),
+            HostArg::TensorMut(&mut c),
+        ];
+        run_scheduled(&k, tiles(m, n), 2, &mut args).expect("runs as scheduled");
+        let case = Case {
+            kernel: "mma_register_b as scheduled on sm_90a".into(),
+            shape: format!("m={m} n={n} k={kk}"),
+            dist: Dist::Normal,
+            seed: rng.seed(),
+        };
+        assert_close(&case, &c, &gemm_exp_b(&a, &b), tolerance(DType::Bf16));
+    }
 }
 
 /// An accumulator of 64 rows over 8 warps (two warps a row) whose rows are summed: the sums
