@@ -19,8 +19,8 @@ use crate::softmax::{from_f32, to_f32};
 /// across the walk, so the partials are written once per `RB` rows. A longer row takes two
 /// runtime loops over tiles of all `RB` rows by [`loop_cols`] columns.
 ///
-/// Grid: `(cdiv(M, RB), 1, 1)`. Comptime: `BM`, `BN`, `RB` (rows per block, default 16), `NW`
-/// (warps per block, default 8), powers of two; `OCC`, the blocks a multiprocessor is asked
+/// Grid: `(cdiv(M, RB), 1, 1)`. Comptime: `BM`, `RB` (rows per block, default 16) and `NW`
+/// (warps per block, default 8), powers of two; `BN` a multiple of 16; `OCC`, the blocks a multiprocessor is asked
 /// to hold ([`blocks_per_sm`]: 1, none): a block walks its rows one tile after another, so a
 /// second block overlaps its reductions with the other's loads, where the registers allow
 /// (bf16 at 4096 columns takes 72 registers a thread unasked: one block of 512 threads).

@@ -156,8 +156,9 @@ fn gpu_softmax_backward() {
     let mut rng = Rng::from_env();
     for dev in devices() {
         for dtype in [DType::F32, DType::Bf16] {
-            // A row in one tile (read once) and rows longer than a tile (two loops).
-            for (bm, bn, nw) in [(4, 1024, 4), (1, 4096, 4), (1, 8192, 8)] {
+            // A row in one tile (read once; at 4352 columns, no power of two, as
+            // `row_config` fits 4097) and rows longer than a tile (two loops).
+            for (bm, bn, nw) in [(4, 1024, 4), (1, 4096, 4), (1, 8192, 8), (1, 4352, 8)] {
                 let c = SoftmaxBackwardComptime {
                     BM: bm,
                     BN: bn,
@@ -192,10 +193,14 @@ fn gpu_norm_backwards() {
         for dtype in [DType::Bf16, DType::F32] {
             // Rows longer than a tile (all of a block's rows per column tile), rows in one
             // tile walked in groups, and a group taller than the block's rows; two blocks a
-            // multiprocessor asked for (`OCC`).
-            for (bm, bn, rb, nw, occ) in
-                [(4, 1024, 16, 8, 1), (8, 1024, 4, 8, 2), (1, 8192, 4, 16, 1)]
-            {
+            // multiprocessor asked for (`OCC`); 4608 columns, as `norm_backward_config` fits
+            // 4097.
+            for (bm, bn, rb, nw, occ) in [
+                (4, 1024, 16, 8, 1),
+                (8, 1024, 4, 8, 2),
+                (1, 8192, 4, 16, 1),
+                (1, 4608, 16, 16, 2),
+            ] {
                 let c = LayerNormBackwardComptime {
                     BM: bm,
                     BN: bn,

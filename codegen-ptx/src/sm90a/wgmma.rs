@@ -29,9 +29,13 @@ use kiln_ir::sched::RoleKind;
 /// multiple of 64; 96 takes three 64-B boxes), LBO = the box stride, SBO = 8 K-rows
 /// (`8 span`), each k16 step is 16 rows (`16 span` bytes), and `imm-trans-b = 1`. B
 /// stored `[N, K]` (the body's `y.t()`) is K-major exactly like A, all `BN` rows in one
-/// descriptor, and `imm-trans-b = 0`. A register A (attention's `P`, in the accumulator
+/// descriptor, and `imm-trans-b = 0`. A read as the transposed view of a staged or once
+/// load (`x.t()`, attention backward's `dS^T` as `dQ`'s A) is MN-major, walked like an
+/// MN-major B with `imm-trans-a = 1`. A register A (attention's `P`, in the accumulator
 /// layout) is packed into the RS form's four bf16-pair registers per k16 step, the same
-/// fragment `mma.sync` takes.
+/// fragment `mma.sync` takes. A register operand the consumers stage (`StagedOperand`: a
+/// B, or a transposed A or B) is read from its one swizzled buffer after the ring, MN- or
+/// K-major as it is viewed, by the same descriptor walk ([`Walk`]).
 #[derive(Clone, Debug)]
 pub(crate) struct RingBody {
     /// Every TMA load of the schedule (ring and once loads).

@@ -771,18 +771,31 @@ fn blocked(ty: &Type, warps: u32, reduce_dims: [bool; 2]) -> Layout {
     let shape = ty.shape().cloned().unwrap_or(Shape(Vec::new()));
     let (_, cols) = fold2(&shape);
     let widest = pow2_div(cols, (16 / ty.dtype().size_bytes().max(1)) as u32);
-    // The vector is chosen on the layouts without split reductions: warps spread over a
-    // reduced dimension only take what the chosen vector leaves them.
-    let mut vec = widest;
-    let mut best = (vec, blocked_with(&shape, vec, warps, reduce_dims, false));
-    while vec > 1 {
-        vec /= 2;
-        let l = blocked_with(&shape, vec, warps, reduce_dims, false);
-        if replicas(&l, warps) < replicas(&best.1, warps) {
-            best = (vec, l);
+    // The vector is chosen on the layouts without split reductions (warps spread over a
+    // reduced dimension only take what the chosen vector leaves them), unless even those
+    // leave some warps holding replicas: then on the split layouts. A row of 4608 columns
+    // over 16 warps takes 8-element vectors on 2 warps (576 vectors are 18 warps' worth, of
+    // which a power of two divides only 2) but single elements on all 16.
+    let narrowest = |split: bool| {
+        let mut vec = widest;
+        let mut best = (vec, blocked_with(&shape, vec, warps, reduce_dims, split));
+        while vec > 1 {
+            vec /= 2;
+            let l = blocked_with(&shape, vec, warps, reduce_dims, split);
+            if replicas(&l, warps) < replicas(&best.1, warps) {
+                best = (vec, l);
+            }
         }
-    }
-    let l = blocked_with(&shape, best.0, warps, reduce_dims, true);
+        best
+    };
+    let unsplit = narrowest(false).0;
+    let wide = blocked_with(&shape, unsplit, warps, reduce_dims, true);
+    let vec = if replicas(&wide, warps) > 1 {
+        narrowest(true).0
+    } else {
+        unsplit
+    };
+    let l = blocked_with(&shape, vec, warps, reduce_dims, true);
     // A tile of rank 3 or more whose folded rows the threads cannot split per dimension
     // (`[2, 96, D]`): the threads' rows stay inside the largest power of two dividing the
     // innermost leading extent, and repetitions cover the rest.
@@ -881,11 +894,28 @@ mod tests {
             blocked(&tile(DType::F32, &[1024]), 4, [false; 2]),
             layout(4, [1, 32], [1, 4])
         );
-        // 64 bf16 in one row: eight a lane would leave 24 lanes copying; two a lane use all
-        // 32 (the warps copy one another: too few columns are left to split).
+        // 64 bf16 in one row: eight a lane would leave 24 lanes copying, two a lane all four
+        // warps copying one another; one a lane spreads the row over two warps (the other
+        // two copy them).
         assert_eq!(
             blocked(&tile(DType::Bf16, &[1, 64]), 4, rows),
-            layout(2, [1, 32], [1, 1])
+            layout(1, [1, 32], [1, 2])
+        );
+        // Rows no power of two long: whole vectors would reach only the warps a power of two
+        // of them divides (4608 bf16 are 576 vectors of 8, 18 warps' worth: 2 of 16); single
+        // elements reach every warp.
+        assert_eq!(
+            blocked(&tile(DType::Bf16, &[1, 4608]), 16, rows),
+            layout(1, [1, 32], [1, 16])
+        );
+        assert_eq!(
+            blocked(&tile(DType::F32, &[1, 4352]), 8, rows),
+            layout(1, [1, 32], [1, 8])
+        );
+        // 6144 bf16 over 16 warps: 4-element vectors are the widest that reach them all.
+        assert_eq!(
+            blocked(&tile(DType::Bf16, &[1, 6144]), 16, rows),
+            layout(4, [1, 32], [1, 16])
         );
         // A long row: 16 bytes a lane, every warp on a quarter of it.
         assert_eq!(
