@@ -362,7 +362,7 @@ fn a_large_tile_carried_around_a_loop_is_an_error_at_its_line() {
         .position(|l| l.contains("MARK-carried") && l.contains("let mut acc"))
         .expect("marker") as u32
         + 1;
-    let k = build(&carried_row, CarriedRowComptime::default());
+    let k = build(&carried_rescaled_row, CarriedRescaledRowComptime::default());
     for target in [Target::Sm80, Target::Sm90a] {
         let d = kiln_ptx::compile(&k, target).expect_err("too large");
         let text = d.to_string();
@@ -373,13 +373,89 @@ fn a_large_tile_carried_around_a_loop_is_an_error_at_its_line() {
             "{text}"
         );
         assert!(
-            text.contains("kiln streams a large tile in chunks, but not this one"),
+            text.contains("kiln streams a large tile in chunks, but not this one")
+                && text.contains("a reduction along its long dimension inside the loop"),
             "{text}"
         );
     }
     // A smaller row fits a thread's registers and compiles as before.
-    let small = build(&carried_row, CarriedRowComptime { BN: 4096 });
+    let small = build(
+        &carried_rescaled_row,
+        CarriedRescaledRowComptime { BN: 4096 },
+    );
     kiln_ptx::compile(&small, Target::Sm80).expect("fits");
+}
+
+/// A tile carried around the user's loop streams with it: the user's loop runs once per
+/// chunk, inside the chunk loop, its loads (and stores) moved to the chunk; as written and
+/// after the pass against f64 on the interpreter (odd shapes, every distribution), compact
+/// PTX without spills.
+#[test]
+fn a_tile_carried_around_a_users_loop_streams_with_it() {
+    let mut rng = Rng::from_env();
+    let c = CarriedRowComptime::default();
+    let k = build(&carried_row, c);
+    let s = stripped(&k, Target::Sm80);
+    let ir = print_kernel(&s);
+    assert_eq!(loops(&s), 2, "{ir}");
+    assert!(!ir.contains("1x65536>"), "{ir}");
+    for (m, n) in [(1, 1), (3, 40000), (2, 65536)] {
+        for dist in Dist::ALL {
+            let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+            let v = x.to_f64_vec();
+            let want: Vec<f64> = (0..n)
+                .map(|col| (0..m).map(|r| v[r * n + col]).sum())
+                .collect();
+            for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
+                let mut y = poisoned(&[1, n], DType::F32);
+                run(
+                    kernel,
+                    [1, 1, 1],
+                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
+                )
+                .expect("interpret");
+                let case = Case {
+                    kernel: format!("carried_row {what}"),
+                    shape: m_n((m, n)),
+                    dist,
+                    seed: rng.seed(),
+                };
+                assert_close(&case, &y, &want, sum_tolerance(m));
+            }
+        }
+    }
+    compact(&carried_row, c);
+
+    let c = RunningBlocksComptime::default();
+    let k = build(&running_blocks, c);
+    let s = stripped(&k, Target::Sm80);
+    let ir = print_kernel(&s);
+    assert_eq!(loops(&s), 2, "{ir}");
+    assert!(!ir.contains("64x1024>"), "{ir}");
+    for (m, n) in [(1, 1), (100, 1500), (64, 1024)] {
+        for dist in [Dist::Uniform, Dist::Normal, Dist::Large] {
+            let x = tensor(&mut rng, &[m, n], DType::F32, dist);
+            let want = running_blocks_ref(&x, c.BM);
+            let grid = running_blocks.grid(&c, [n, 1, 1]);
+            for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
+                let mut y = poisoned(&[m, n], DType::F32);
+                run(
+                    kernel,
+                    grid,
+                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
+                )
+                .expect("interpret");
+                let case = Case {
+                    kernel: format!("running_blocks {what}"),
+                    shape: m_n((m, n)),
+                    dist,
+                    seed: rng.seed(),
+                };
+                assert_close(&case, &y, &want, sum_tolerance(m.div_ceil(c.BM)));
+            }
+        }
+    }
+    compact(&running_blocks, c);
 }
 
 #[test]

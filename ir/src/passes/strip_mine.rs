@@ -84,11 +84,70 @@ struct Failed {
 }
 
 /// A component to chunk: its values with their chunked dimension, its ops, extent and chunk.
+/// `ops` are ops of the block (a loop carrying one of its tiles among them); `inner` the ops
+/// of such loops' bodies that read or make its tiles.
 struct Component {
     dims: BTreeMap<ValueId, usize>,
     ops: BTreeSet<OpId>,
+    inner: BTreeSet<OpId>,
     extent: usize,
     chunk: usize,
+}
+
+/// Where a value of a component lives, seen from the block being chunked.
+enum Site {
+    /// Made by an op of the block.
+    Block(OpId),
+    /// Made by an op of the body of one of the block's loops.
+    Body(OpId),
+    /// Carried by the block's loop `.0` in its slot `.1` (its initial value, body argument,
+    /// yielded value and result).
+    Carried(OpId, usize),
+}
+
+/// Why a loop of the block cannot carry chunks of a tile, if it cannot: its body runs once per
+/// chunk, so it may not print or update memory atomically (each chunk would repeat it), nest
+/// a loop or branch, or be a pipelined mma loop. (Its stores must be of chunks:
+/// [`loop_writes_refusal`].)
+fn loop_refusal(kernel: &Kernel, f: OpId) -> Option<&'static str> {
+    let o = &kernel.ops[f];
+    if o.kind != (OpKind::For { stages: None }) {
+        return Some("a tile carried around a pipelined loop");
+    }
+    let body = o.regions.first()?;
+    for &b in &body.ops {
+        let bo = &kernel.ops[b];
+        if !bo.regions.is_empty() {
+            return Some("a tile carried around a loop that nests a loop or branch");
+        }
+        if matches!(
+            bo.kind,
+            OpKind::Atomic { .. } | OpKind::ScalarAtomic { .. } | OpKind::Print { .. }
+        ) {
+            return Some("a tile carried around a loop that updates memory atomically or prints");
+        }
+    }
+    None
+}
+
+/// Why loop `f`, carrying chunks with `inner` the ops of its body on them, cannot run once
+/// per chunk because of what it writes, if it cannot: a store of a whole tile would be
+/// repeated, and a tensor the body both writes and reads would be read in another order
+/// (all iterations of one chunk, then the next).
+fn loop_writes_refusal(kernel: &Kernel, f: OpId, inner: &BTreeSet<OpId>) -> Option<&'static str> {
+    let body = kernel.ops[f].regions.first()?;
+    let mut reads = BTreeSet::new();
+    let mut writes = BTreeSet::new();
+    for &b in &body.ops {
+        let e = Effects::of(kernel, b);
+        if !e.writes.is_empty() && !inner.contains(&b) {
+            return Some("a tile carried around a loop that stores a tile it does not chunk");
+        }
+        reads.extend(e.reads);
+        writes.extend(e.writes);
+    }
+    (!reads.is_disjoint(&writes))
+        .then_some("a tile carried around a loop that reads a tensor it writes")
 }
 
 fn process_block(
@@ -239,6 +298,53 @@ fn component(
             uses.entry(v).or_default().push(op);
         }
     }
+    // The ops of the block's loops' bodies, by loop, and their uses (a loop of the block may
+    // carry chunks of the component: its body then runs once per chunk).
+    let mut body_of: BTreeMap<OpId, OpId> = BTreeMap::new();
+    let mut body_uses: BTreeMap<ValueId, Vec<OpId>> = BTreeMap::new();
+    for &op in &block.ops {
+        if let (OpKind::For { .. }, Some(body)) =
+            (&kernel.ops[op].kind, kernel.ops[op].regions.first())
+        {
+            for &b in &body.ops {
+                body_of.insert(b, op);
+                for &x in &kernel.ops[b].operands {
+                    body_uses.entry(x).or_default().push(b);
+                }
+            }
+        }
+    }
+    let site = |v: ValueId| match kernel.values[v].def {
+        ValueDef::Op(op, _) if in_block.contains(&op) => Some(Site::Block(op)),
+        ValueDef::Op(op, _) => body_of.contains_key(&op).then_some(Site::Body(op)),
+        ValueDef::BlockArg {
+            op,
+            region: 0,
+            index,
+        } if index > 0
+            && in_block.contains(&op)
+            && matches!(kernel.ops[op].kind, OpKind::For { .. }) =>
+        {
+            Some(Site::Carried(op, index - 1))
+        }
+        ValueDef::BlockArg { .. } => None,
+    };
+    // The four values of loop `f`'s carried slot `i`.
+    let slot = |f: OpId, i: usize| -> Vec<ValueId> {
+        let o = &kernel.ops[f];
+        let body = &o.regions[0];
+        let yielded = body.ops.last().and_then(|&y| kernel.ops[y].operands.get(i));
+        [
+            o.operands.get(3 + i),
+            body.args.get(1 + i),
+            yielded,
+            o.results.get(i),
+        ]
+        .into_iter()
+        .flatten()
+        .copied()
+        .collect()
+    };
     let shape = kernel
         .ty(seed)
         .shape()
@@ -253,6 +359,7 @@ fn component(
     let extent = shape.dims().get(d0).copied().unwrap_or(1);
     let mut dims: BTreeMap<ValueId, usize> = BTreeMap::new();
     let mut ops: BTreeSet<OpId> = BTreeSet::new();
+    let mut inner: BTreeSet<OpId> = BTreeSet::new();
     let mut work = vec![(seed, d0)];
     let fail = |dims: &BTreeMap<ValueId, usize>, why: Keep| -> Found {
         let mut vs: BTreeSet<ValueId> = dims.keys().copied().collect();
@@ -275,21 +382,54 @@ fn component(
             return Err(fail(&dims, other("its tiles do not share the long extent")));
         }
         dims.insert(v, d);
-        let def = match kernel.values[v].def {
-            ValueDef::Op(op, _) if in_block.contains(&op) => op,
-            ValueDef::Op(..) => {
+        // The ops to follow `v` through: those of the block (`outer`), those of a loop body
+        // (`body`), and the loops carrying it (`slots`).
+        let mut outer: Vec<OpId> = Vec::new();
+        let mut body: Vec<OpId> = Vec::new();
+        let mut slots: Vec<(OpId, usize)> = Vec::new();
+        match site(v) {
+            Some(Site::Block(op)) if matches!(kernel.ops[op].kind, OpKind::For { .. }) => {
+                let i = kernel.ops[op].results.iter().position(|&r| r == v);
+                slots.extend(i.map(|i| (op, i)));
+            }
+            Some(Site::Block(op)) => outer.push(op),
+            Some(Site::Body(op)) => body.push(op),
+            Some(Site::Carried(f, i)) => slots.push((f, i)),
+            None if matches!(kernel.values[v].def, ValueDef::BlockArg { .. }) => {
+                return Err(fail(&dims, other("a tile carried around a loop")));
+            }
+            None => {
                 return Err(fail(
                     &dims,
                     other("a tile made outside the loop or branch reading it"),
                 ));
             }
-            ValueDef::BlockArg { .. } => {
-                return Err(fail(&dims, other("a tile carried around a loop")));
+        }
+        if matches!(site(v), Some(Site::Block(_))) {
+            for &op in uses.get(&v).into_iter().flatten() {
+                let o = &kernel.ops[op];
+                if o.regions.is_empty() {
+                    outer.push(op);
+                    continue;
+                }
+                if !matches!(o.kind, OpKind::For { .. }) {
+                    return Err(fail(
+                        &dims,
+                        other("a tile read inside a nested loop or branch"),
+                    ));
+                }
+                // A loop reading it: as its initial value, and inside its body.
+                for (i, &x) in o.operands.iter().enumerate().skip(3) {
+                    if x == v {
+                        slots.push((op, i - 3));
+                    }
+                }
+                body.extend(body_uses.get(&v).into_iter().flatten().copied());
             }
-        };
-        let mut visit: Vec<OpId> = vec![def];
-        visit.extend(uses.get(&v).into_iter().flatten().copied());
-        for op in visit {
+        } else {
+            body.extend(body_uses.get(&v).into_iter().flatten().copied());
+        }
+        for op in outer {
             if !kernel.ops[op].regions.is_empty() {
                 return Err(fail(
                     &dims,
@@ -304,6 +444,48 @@ fn component(
                 Err(why) => return Err(fail(&dims, why)),
             }
         }
+        for op in body {
+            let f = body_of[&op];
+            if let Some(why) = loop_refusal(kernel, f) {
+                return Err(fail(&dims, other(why)));
+            }
+            let o = &kernel.ops[op];
+            if o.kind == OpKind::Yield {
+                for (i, &x) in o.operands.iter().enumerate() {
+                    if x == v {
+                        slots.push((f, i));
+                    }
+                }
+                continue;
+            }
+            if matches!(o.kind, OpKind::Reduce { dim, .. } if dim == d && o.operands[0] == v) {
+                return Err(fail(
+                    &dims,
+                    other("a reduction along its long dimension inside the loop carrying it"),
+                ));
+            }
+            match members(kernel, op, v, d, extent) {
+                Ok(ms) => {
+                    inner.insert(op);
+                    work.extend(ms);
+                }
+                Err(why) => return Err(fail(&dims, why)),
+            }
+        }
+        for (f, i) in slots {
+            if let Some(why) = loop_refusal(kernel, f) {
+                return Err(fail(&dims, other(why)));
+            }
+            ops.insert(f);
+            work.extend(slot(f, i).into_iter().map(|x| (x, d)));
+        }
+    }
+    for &f in &ops {
+        if matches!(kernel.ops[f].kind, OpKind::For { .. })
+            && let Some(why) = loop_writes_refusal(kernel, f, &inner)
+        {
+            return Err(fail(&dims, other(why)));
+        }
     }
     let largest = dims
         .keys()
@@ -313,7 +495,11 @@ fn component(
     // Elements a thread holds of the largest chunk: CHUNK_PER_THREAD, halved while the loop
     // body's code (its ops, the long math sequences weighing more) would exceed
     // CODE_PER_LOOP instructions a thread.
-    let weight: usize = ops.iter().map(|&o| code_weight(&kernel.ops[o].kind)).sum();
+    let weight: usize = ops
+        .iter()
+        .chain(&inner)
+        .map(|&o| code_weight(&kernel.ops[o].kind))
+        .sum();
     let mut per = CHUNK_PER_THREAD;
     while per > 1 && per * weight > CODE_PER_LOOP {
         per /= 2;
@@ -328,6 +514,7 @@ fn component(
     Ok(Component {
         dims,
         ops,
+        inner,
         extent,
         chunk,
     })
@@ -517,11 +704,15 @@ fn same_scalar(kernel: &Kernel, u: ValueId, v: ValueId) -> bool {
 /// Whether `op` can be recomputed in a later loop: it writes nothing and reads only tensors
 /// no op of the kernel writes.
 fn rematerialisable(kernel: &Kernel, op: OpId, written: &BTreeSet<usize>) -> bool {
-    match kernel.ops[op].kind {
+    let here = match kernel.ops[op].kind {
         OpKind::Store { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. } => false,
         OpKind::Load { tensor, .. } | OpKind::Gather { tensor, .. } => !written.contains(&tensor),
         _ => true,
-    }
+    };
+    here && kernel.ops[op]
+        .regions
+        .iter()
+        .all(|r| r.ops.iter().all(|&o| rematerialisable(kernel, o, written)))
 }
 
 /// Rewrites `block` with component `c` in loops; the new block, or why it must stay whole.
@@ -543,7 +734,10 @@ fn rewrite(
     for &op in &block.ops {
         if c.ops.contains(&op) {
             let mut p = 1;
-            for &x in &kernel.ops[op].operands {
+            // A loop carrying chunks reads values of the block inside its body too.
+            let mut inputs = Vec::new();
+            captured(kernel, op, &mut inputs);
+            for &x in &inputs {
                 if c.dims.contains_key(&x) {
                     if let Some(q) = def_of(kernel, x).and_then(|d| phase.get(&d)) {
                         p = p.max(*q);
@@ -602,18 +796,16 @@ fn rewrite(
         let mut need: BTreeSet<OpId> = phase
             .iter()
             .filter(|&(&o, &p)| {
-                p == k
-                    && (is_exit(kernel, c, o)
-                        || matches!(
-                            kernel.ops[o].kind,
-                            OpKind::Store { .. } | OpKind::Scatter { .. } | OpKind::Atomic { .. }
-                        ))
+                // Exits and writes (a loop carrying chunks may store them in its body).
+                p == k && (is_exit(kernel, c, o) || !Effects::of(kernel, o).writes.is_empty())
             })
             .map(|(&o, _)| o)
             .collect();
         let mut work: Vec<OpId> = need.iter().copied().collect();
         while let Some(op) = work.pop() {
-            for &x in &kernel.ops[op].operands {
+            let mut inputs = Vec::new();
+            captured(kernel, op, &mut inputs);
+            for &x in &inputs {
                 if !c.dims.contains_key(&x) {
                     continue;
                 }
@@ -875,113 +1067,7 @@ fn emit_loop(
             )?);
             continue;
         }
-        let mut operands: Vec<ValueId> = o.operands.iter().map(m).collect();
-        let dim_of = |v: ValueId| c.dims.get(&v).copied();
-        // Moves the scalar coordinate of the tensor dimension `tile`'s chunked dimension
-        // falls on to the chunk (the tile covers the tensor's last dimensions); one addressed
-        // through an index tile is left, as is a chunked dimension no tensor dimension covers
-        // (a tile of more dimensions than an `elems` access's tensor): the index tiles,
-        // chunked or broadcast along it, carry each element's coordinates.
-        let access = match &o.kind {
-            OpKind::Gather { access, .. }
-            | OpKind::Scatter { access, .. }
-            | OpKind::Atomic { access, .. } => Some(access.clone()),
-            _ => None,
-        };
-        let shift = |kernel: &mut Kernel,
-                     body: &mut Vec<OpId>,
-                     operands: &mut Vec<ValueId>,
-                     coords: usize,
-                     tile: ValueId|
-         -> Result<(), Diagnostic> {
-            let (Some(d), Some(rank)) = (dim_of(tile), kernel.ty(tile).shape().map(Shape::rank))
-            else {
-                return Ok(());
-            };
-            let Some(at) = (coords + d).checked_sub(rank) else {
-                return Ok(());
-            };
-            if access
-                .as_ref()
-                .is_some_and(|a| a.dims.get(at) == Some(&Addr::Index))
-            {
-                return Ok(());
-            }
-            operands[at] = add1(
-                kernel,
-                body,
-                OpKind::Binary(BinaryOp::Add),
-                vec![operands[at], iv],
-                o.loc,
-            )?;
-            Ok(())
-        };
-        let kind = match &o.kind {
-            OpKind::Load { tensor, shape } => {
-                let n = operands.len();
-                shift(kernel, &mut body, &mut operands, n, o.results[0])?;
-                let d = dim_of(o.results[0]).unwrap_or(0);
-                OpKind::Load {
-                    tensor: *tensor,
-                    shape: chunked(shape, d, c.chunk),
-                }
-            }
-            OpKind::Gather {
-                tensor,
-                shape,
-                access,
-            } => {
-                let n = access.dims.len();
-                shift(kernel, &mut body, &mut operands, n, o.results[0])?;
-                let d = dim_of(o.results[0]).unwrap_or(0);
-                OpKind::Gather {
-                    tensor: *tensor,
-                    shape: chunked(shape, d, c.chunk),
-                    access: access.clone(),
-                }
-            }
-            OpKind::Store { .. } => {
-                if let Some(p) = o.store_operands() {
-                    let n = p.coords.len();
-                    shift(kernel, &mut body, &mut operands, n, p.value)?;
-                }
-                o.kind.clone()
-            }
-            OpKind::Scatter { access, .. } | OpKind::Atomic { access, .. } => {
-                if let Some(v) = o.access_operands().and_then(|p| p.value) {
-                    shift(kernel, &mut body, &mut operands, access.dims.len(), v)?;
-                }
-                o.kind.clone()
-            }
-            OpKind::Splat { shape } => OpKind::Splat {
-                shape: chunked(shape, dim_of(o.results[0]).unwrap_or(0), c.chunk),
-            },
-            OpKind::Iota { shape, dim } => OpKind::Iota {
-                shape: chunked(shape, dim_of(o.results[0]).unwrap_or(0), c.chunk),
-                dim: *dim,
-            },
-            OpKind::Reshape { shape } => OpKind::Reshape {
-                shape: chunked(shape, dim_of(o.results[0]).unwrap_or(0), c.chunk),
-            },
-            k => k.clone(),
-        };
-        let rs = add(kernel, &mut body, kind.clone(), operands, o.loc, None)?;
-        for (&old, &new) in o.results.iter().zip(&rs) {
-            map.insert(old, new);
-        }
-        // An iota along the chunked dimension counts from the chunk's first element.
-        if let OpKind::Iota { dim, .. } = kind
-            && dim_of(o.results[0]) == Some(dim)
-        {
-            let shifted = add1(
-                kernel,
-                &mut body,
-                OpKind::Binary(BinaryOp::Add),
-                vec![rs[0], iv],
-                o.loc,
-            )?;
-            map.insert(o.results[0], shifted);
-        }
+        chunk_op(kernel, c, op, iv, &mut body, &mut map)?;
     }
     add(kernel, &mut body, OpKind::Yield, next, loc, None)?;
     kernel.ops[for_op].regions.push(Block { args, ops: body });
@@ -1009,6 +1095,212 @@ fn emit_loop(
         };
         subst.insert(old, v);
     }
+    Ok(())
+}
+
+/// Emits op `op` of a chunk loop (induction variable `iv`) into `body`: a component op on its
+/// chunks (coordinates along the chunked dimension moved to the chunk, shapes cut to it), a
+/// loop carrying chunks with its body so chunked, any other op as it is; `map` takes each
+/// result to the emitted one.
+fn chunk_op(
+    kernel: &mut Kernel,
+    c: &Component,
+    op: OpId,
+    iv: ValueId,
+    body: &mut Vec<OpId>,
+    map: &mut BTreeMap<ValueId, ValueId>,
+) -> Result<(), Diagnostic> {
+    let o = kernel.ops[op].clone();
+    let m = |x: &ValueId| map.get(x).copied().unwrap_or(*x);
+    if !c.ops.contains(&op) && !c.inner.contains(&op) {
+        let operands: Vec<ValueId> = o.operands.iter().map(m).collect();
+        let ty = matches!(o.kind, OpKind::Const(_)).then(|| kernel.ty(o.results[0]).clone());
+        let rs = add(kernel, body, o.kind.clone(), operands, o.loc, ty.as_ref())?;
+        map.extend(o.results.iter().copied().zip(rs));
+        return Ok(());
+    }
+    if let OpKind::For { .. } = o.kind {
+        return chunk_loop(kernel, c, op, iv, body, map);
+    }
+    let mut operands: Vec<ValueId> = o.operands.iter().map(m).collect();
+    let dim_of = |v: ValueId| c.dims.get(&v).copied();
+    // Moves the scalar coordinate of the tensor dimension `tile`'s chunked dimension
+    // falls on to the chunk (the tile covers the tensor's last dimensions); one addressed
+    // through an index tile is left, as is a chunked dimension no tensor dimension covers
+    // (a tile of more dimensions than an `elems` access's tensor): the index tiles,
+    // chunked or broadcast along it, carry each element's coordinates.
+    let access = match &o.kind {
+        OpKind::Gather { access, .. }
+        | OpKind::Scatter { access, .. }
+        | OpKind::Atomic { access, .. } => Some(access.clone()),
+        _ => None,
+    };
+    let shift = |kernel: &mut Kernel,
+                 body: &mut Vec<OpId>,
+                 operands: &mut Vec<ValueId>,
+                 coords: usize,
+                 tile: ValueId|
+     -> Result<(), Diagnostic> {
+        let (Some(d), Some(rank)) = (dim_of(tile), kernel.ty(tile).shape().map(Shape::rank)) else {
+            return Ok(());
+        };
+        let Some(at) = (coords + d).checked_sub(rank) else {
+            return Ok(());
+        };
+        if access
+            .as_ref()
+            .is_some_and(|a| a.dims.get(at) == Some(&Addr::Index))
+        {
+            return Ok(());
+        }
+        operands[at] = add1(
+            kernel,
+            body,
+            OpKind::Binary(BinaryOp::Add),
+            vec![operands[at], iv],
+            o.loc,
+        )?;
+        Ok(())
+    };
+    let kind = match &o.kind {
+        OpKind::Load { tensor, shape } => {
+            let n = operands.len();
+            shift(kernel, body, &mut operands, n, o.results[0])?;
+            let d = dim_of(o.results[0]).unwrap_or(0);
+            OpKind::Load {
+                tensor: *tensor,
+                shape: chunked(shape, d, c.chunk),
+            }
+        }
+        OpKind::Gather {
+            tensor,
+            shape,
+            access,
+        } => {
+            let n = access.dims.len();
+            shift(kernel, body, &mut operands, n, o.results[0])?;
+            let d = dim_of(o.results[0]).unwrap_or(0);
+            OpKind::Gather {
+                tensor: *tensor,
+                shape: chunked(shape, d, c.chunk),
+                access: access.clone(),
+            }
+        }
+        OpKind::Store { .. } => {
+            if let Some(p) = o.store_operands() {
+                let n = p.coords.len();
+                shift(kernel, body, &mut operands, n, p.value)?;
+            }
+            o.kind.clone()
+        }
+        OpKind::Scatter { access, .. } | OpKind::Atomic { access, .. } => {
+            if let Some(v) = o.access_operands().and_then(|p| p.value) {
+                shift(kernel, body, &mut operands, access.dims.len(), v)?;
+            }
+            o.kind.clone()
+        }
+        OpKind::Splat { shape } => OpKind::Splat {
+            shape: chunked(shape, dim_of(o.results[0]).unwrap_or(0), c.chunk),
+        },
+        OpKind::Iota { shape, dim } => OpKind::Iota {
+            shape: chunked(shape, dim_of(o.results[0]).unwrap_or(0), c.chunk),
+            dim: *dim,
+        },
+        OpKind::Reshape { shape } => OpKind::Reshape {
+            shape: chunked(shape, dim_of(o.results[0]).unwrap_or(0), c.chunk),
+        },
+        k => k.clone(),
+    };
+    let rs = add(kernel, body, kind.clone(), operands, o.loc, None)?;
+    for (&old, &new) in o.results.iter().zip(&rs) {
+        map.insert(old, new);
+    }
+    // An iota along the chunked dimension counts from the chunk's first element.
+    if let OpKind::Iota { dim, .. } = kind
+        && dim_of(o.results[0]) == Some(dim)
+    {
+        let shifted = add1(
+            kernel,
+            body,
+            OpKind::Binary(BinaryOp::Add),
+            vec![rs[0], iv],
+            o.loc,
+        )?;
+        map.insert(o.results[0], shifted);
+    }
+    Ok(())
+}
+
+/// Emits loop `f`, which carries chunks of `c`, into a chunk loop's `body`: the same loop
+/// over chunk tiles, its body's ops emitted by [`chunk_op`] (its own loads moved to the chunk
+/// like the block's).
+fn chunk_loop(
+    kernel: &mut Kernel,
+    c: &Component,
+    f: OpId,
+    iv: ValueId,
+    body: &mut Vec<OpId>,
+    map: &mut BTreeMap<ValueId, ValueId>,
+) -> Result<(), Diagnostic> {
+    let o = kernel.ops[f].clone();
+    let operands: Vec<ValueId> = o
+        .operands
+        .iter()
+        .map(|x| map.get(x).copied().unwrap_or(*x))
+        .collect();
+    let new_f = kernel.ops.append(Op {
+        kind: o.kind.clone(),
+        operands,
+        results: Vec::new(),
+        regions: Vec::new(),
+        loc: o.loc,
+    });
+    let Some(old_body) = o.regions.first() else {
+        return Err(Diagnostic::internal(
+            o.loc,
+            "strip_mine: a loop without a body",
+        ));
+    };
+    let chunk_ty = |kernel: &Kernel, v: ValueId| match (c.dims.get(&v), kernel.ty(v)) {
+        (Some(&d), Type::Tile { dtype, shape }) => Type::Tile {
+            dtype: *dtype,
+            shape: chunked(shape, d, c.chunk),
+        },
+        (_, ty) => ty.clone(),
+    };
+    let mut args = Vec::with_capacity(old_body.args.len());
+    for (index, &a) in old_body.args.iter().enumerate() {
+        let ty = chunk_ty(kernel, a);
+        let n = kernel.values.append(ValueData {
+            ty,
+            def: ValueDef::BlockArg {
+                op: new_f,
+                region: 0,
+                index,
+            },
+        });
+        map.insert(a, n);
+        args.push(n);
+    }
+    let mut ops = Vec::with_capacity(old_body.ops.len());
+    for &b in &old_body.ops {
+        chunk_op(kernel, c, b, iv, &mut ops, map)?;
+    }
+    let tys: Vec<Type> = args[1..].iter().map(|&a| kernel.ty(a).clone()).collect();
+    kernel.ops[new_f].regions.push(Block { args, ops });
+    let results: Vec<ValueId> = tys
+        .into_iter()
+        .enumerate()
+        .map(|(i, ty)| {
+            kernel.values.append(ValueData {
+                ty,
+                def: ValueDef::Op(new_f, i),
+            })
+        })
+        .collect();
+    map.extend(o.results.iter().copied().zip(results.iter().copied()));
+    kernel.ops[new_f].results = results;
+    body.push(new_f);
     Ok(())
 }
 

@@ -197,17 +197,67 @@ pub fn double_center_ref(x: &HostTensor) -> Vec<f64> {
 }
 
 /// `y[0, :] = sum_j x[j, :]` with the whole `[1, BN]` row carried around a loop over the
-/// rows: a tile the pass does not stream (it crosses a loop) and no thread can hold at
-/// `BN = 65536`.
+/// rows: the pass runs the user's loop once per chunk of the row (the loop inside the chunk
+/// loop), as no thread can hold the row at `BN = 65536`.
 #[kernel(grid = [1, 1, 1])]
 pub fn carried_row(
     x: Tensor<f32, 2>,
     y: TensorMut<f32, 2>,
     #[comptime(default = 65536)] BN: usize,
 ) {
-    let mut acc = zeros::<f32>([1, BN]); // MARK-carried
+    let mut acc = zeros::<f32>([1, BN]);
     for j in 0..x.dim(0) {
         acc = acc + x.tile([1, BN], [j, 0]).load();
+    }
+    y.tile([1, BN], [0, 0]).store(acc);
+}
+
+/// Running sums of `[BM, BN]` blocks of rows: `y[i BM + r, c] = sum_{j <= i} x[j BM + r, c]`
+/// for `c < BN` (block `b` of the grid takes columns `b BN ..`), each written inside the loop
+/// that carries the sum. The carried block, the loads and the stores are chunked together.
+#[kernel(grid = [BN, 1, 1])]
+pub fn running_blocks(
+    x: Tensor<f32, 2>,
+    y: TensorMut<f32, 2>,
+    #[comptime(default = 64)] BM: usize,
+    #[comptime(default = 1024)] BN: usize,
+) {
+    let c0 = block_id().x * BN;
+    let mut acc = zeros::<f32>([BM, BN]);
+    let blocks = (x.dim(0) + BM as i32 - 1) / BM as i32;
+    for i in 0..blocks {
+        acc = acc + sin(&x.tile([BM, BN], [i * BM as i32, c0]).load());
+        y.tile([BM, BN], [i * BM as i32, c0]).store(acc);
+    }
+}
+
+/// [`running_blocks`]' reference, in f64.
+pub fn running_blocks_ref(x: &HostTensor, bm: usize) -> Vec<f64> {
+    let (m, n) = (x.shape[0], x.shape[1]);
+    let v = x.to_f64_vec();
+    let mut out = vec![0.0; m * n];
+    for r in 0..m {
+        for c in 0..n {
+            let prev = if r >= bm { out[(r - bm) * n + c] } else { 0.0 };
+            out[r * n + c] = prev + v[r * n + c].sin();
+        }
+    }
+    out
+}
+
+/// A `[1, BN]` row carried around a loop that rescales it by its own maximum each step: a
+/// reduction along the row inside the loop needs the whole row at once, so the pass keeps
+/// it whole, which no thread can hold at `BN = 65536`.
+#[kernel(grid = [1, 1, 1])]
+pub fn carried_rescaled_row(
+    x: Tensor<f32, 2>,
+    y: TensorMut<f32, 2>,
+    #[comptime(default = 65536)] BN: usize,
+) {
+    let mut acc = zeros::<f32>([1, BN]); // MARK-carried
+    for j in 0..x.dim(0) {
+        let s = acc + x.tile([1, BN], [j, 0]).load();
+        acc = s * recip(&(row_max(&abs(&s)) + 1.0)).col();
     }
     y.tile([1, BN], [0, 0]).store(acc);
 }
