@@ -429,44 +429,50 @@ fn component(
         } else {
             body.extend(body_uses.get(&v).into_iter().flatten().copied());
         }
-        for op in outer {
-            if !kernel.ops[op].regions.is_empty() {
-                return Err(fail(
-                    &dims,
-                    other("a tile read inside a nested loop or branch"),
-                ));
-            }
-            match members(kernel, op, v, d, extent) {
-                Ok(ms) => {
-                    ops.insert(op);
-                    work.extend(ms);
-                }
-                Err(why) => return Err(fail(&dims, why)),
-            }
-        }
-        for op in body {
-            let f = body_of[&op];
-            if let Some(why) = loop_refusal(kernel, f) {
-                return Err(fail(&dims, other(why)));
-            }
+        let visits = outer
+            .into_iter()
+            .map(|op| (op, None))
+            .chain(body.into_iter().map(|op| (op, Some(body_of[&op]))));
+        for (op, in_loop) in visits {
             let o = &kernel.ops[op];
-            if o.kind == OpKind::Yield {
-                for (i, &x) in o.operands.iter().enumerate() {
-                    if x == v {
-                        slots.push((f, i));
+            match in_loop {
+                None if !o.regions.is_empty() => {
+                    return Err(fail(
+                        &dims,
+                        other("a tile read inside a nested loop or branch"),
+                    ));
+                }
+                None => {}
+                Some(f) => {
+                    if let Some(why) = loop_refusal(kernel, f) {
+                        return Err(fail(&dims, other(why)));
+                    }
+                    if o.kind == OpKind::Yield {
+                        for (i, &x) in o.operands.iter().enumerate() {
+                            if x == v {
+                                slots.push((f, i));
+                            }
+                        }
+                        continue;
+                    }
+                    if matches!(o.kind, OpKind::Reduce { dim, .. } if dim == d && o.operands[0] == v)
+                    {
+                        return Err(fail(
+                            &dims,
+                            other(
+                                "a reduction along its long dimension inside the loop carrying it",
+                            ),
+                        ));
                     }
                 }
-                continue;
-            }
-            if matches!(o.kind, OpKind::Reduce { dim, .. } if dim == d && o.operands[0] == v) {
-                return Err(fail(
-                    &dims,
-                    other("a reduction along its long dimension inside the loop carrying it"),
-                ));
             }
             match members(kernel, op, v, d, extent) {
                 Ok(ms) => {
-                    inner.insert(op);
+                    if in_loop.is_some() {
+                        inner.insert(op);
+                    } else {
+                        ops.insert(op);
+                    }
                     work.extend(ms);
                 }
                 Err(why) => return Err(fail(&dims, why)),
