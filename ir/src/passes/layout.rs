@@ -773,9 +773,11 @@ fn blocked(ty: &Type, warps: u32, reduce_dims: [bool; 2]) -> Layout {
     let widest = pow2_div(cols, (16 / ty.dtype().size_bytes().max(1)) as u32);
     // The vector is chosen on the layouts without split reductions (warps spread over a
     // reduced dimension only take what the chosen vector leaves them), unless even those
-    // leave some warps holding replicas: then on the split layouts. A row of 4608 columns
-    // over 16 warps takes 8-element vectors on 2 warps (576 vectors are 18 warps' worth, of
-    // which a power of two divides only 2) but single elements on all 16.
+    // leave some warps holding replicas of a tile with an element for every thread: then on
+    // the split layouts. A row of 4608 columns over 16 warps takes 8-element vectors on 2
+    // warps (576 vectors are 18 warps' worth, of which a power of two divides only 2) but
+    // single elements on all 16; a tile too small for every thread keeps its vector (64
+    // bf16 over 4 warps: pairs on one warp, no reduction across warps).
     let narrowest = |split: bool| {
         let mut vec = widest;
         let mut best = (vec, blocked_with(&shape, vec, warps, reduce_dims, split));
@@ -790,7 +792,8 @@ fn blocked(ty: &Type, warps: u32, reduce_dims: [bool; 2]) -> Layout {
     };
     let unsplit = narrowest(false).0;
     let wide = blocked_with(&shape, unsplit, warps, reduce_dims, true);
-    let vec = if replicas(&wide, warps) > 1 {
+    let every_thread = shape.numel() >= (32 * warps) as usize;
+    let vec = if every_thread && replicas(&wide, warps) > 1 {
         narrowest(true).0
     } else {
         unsplit
@@ -894,12 +897,11 @@ mod tests {
             blocked(&tile(DType::F32, &[1024]), 4, [false; 2]),
             layout(4, [1, 32], [1, 4])
         );
-        // 64 bf16 in one row: eight a lane would leave 24 lanes copying, two a lane all four
-        // warps copying one another; one a lane spreads the row over two warps (the other
-        // two copy them).
+        // 64 bf16 in one row: eight a lane would leave 24 lanes copying; two a lane use all
+        // 32 (the warps copy one another: too few columns are left to split).
         assert_eq!(
             blocked(&tile(DType::Bf16, &[1, 64]), 4, rows),
-            layout(1, [1, 32], [1, 2])
+            layout(2, [1, 32], [1, 1])
         );
         // Rows no power of two long: whole vectors would reach only the warps a power of two
         // of them divides (4608 bf16 are 576 vectors of 8, 18 warps' worth: 2 of 16); single
