@@ -11,6 +11,12 @@ use crate::inputs::Dist;
 /// when the reference is all zeros. Any NaN in `out` (a poisoned element left unwritten)
 /// gives NaN, which fails every comparison.
 pub fn rel_error(out: &[f64], reference: &[f64]) -> f64 {
+    error_against(out, reference, reference)
+}
+
+/// `||out - reference|| / ||terms||` in the 2-norm (absolute when `terms` are all zeros);
+/// NaN for any NaN in `out` or a length mismatch.
+pub fn error_against(out: &[f64], reference: &[f64], terms: &[f64]) -> f64 {
     if out.len() != reference.len() || out.iter().any(|x| x.is_nan()) {
         return f64::NAN;
     }
@@ -20,7 +26,7 @@ pub fn rel_error(out: &[f64], reference: &[f64]) -> f64 {
         .map(|(o, r)| (o - r) * (o - r))
         .sum::<f64>()
         .sqrt();
-    let norm: f64 = reference.iter().map(|r| r * r).sum::<f64>().sqrt();
+    let norm: f64 = terms.iter().map(|t| t * t).sum::<f64>().sqrt();
     if norm == 0.0 { diff } else { diff / norm }
 }
 
@@ -87,6 +93,21 @@ impl fmt::Display for Case {
 /// Asserts that `out` matches `reference` within `tol` relative norm error; the panic
 /// message names the case, the error, and the first unwritten (NaN) element if any.
 pub fn assert_close(case: &Case, out: &HostTensor, reference: &[f64], tol: f64) {
+    assert_close_to_terms(case, out, reference, reference, tol);
+}
+
+/// [`assert_close`] for a result that cancels: the error `||out - reference||` against the
+/// norm of `terms`, the size of what makes each element (`terms[i] >= |reference[i]|`, e.g.
+/// the same computation on absolute values). Floating-point error is bounded by the terms
+/// a result is computed from, not by the result: a sum of signed values near 0 is as
+/// accurate as any other sum of terms that size.
+pub fn assert_close_to_terms(
+    case: &Case,
+    out: &HostTensor,
+    reference: &[f64],
+    terms: &[f64],
+    tol: f64,
+) {
     let got = out.to_f64_vec();
     assert_eq!(
         got.len(),
@@ -99,11 +120,19 @@ pub fn assert_close(case: &Case, out: &HostTensor, reference: &[f64], tol: f64) 
         let count = got.iter().filter(|x| x.is_nan()).count();
         panic!("{case}: {count} output element(s) are NaN, the first at flat index {i}");
     }
-    let err = rel_error(&got, reference);
+    let err = error_against(&got, reference, terms);
     assert!(
         err <= tol,
         "{case}: relative norm error {err:.3e} exceeds tolerance {tol:.0e}"
     );
+}
+
+/// The terms a log-sum-exp is measured against: `max(|lse|, 1)`. An absolute error in a
+/// log-sum-exp is the relative error of the normaliser it stands for (and of every
+/// probability recomputed from it), so one near 0 (the maximum cancelling the log of the
+/// sum) is held to that, not to its own small size.
+pub fn lse_terms(lse: &[f64]) -> Vec<f64> {
+    lse.iter().map(|l| l.abs().max(1.0)).collect()
 }
 
 /// `reference` as an output tensor of `dtype` holds it: each element below f32's normal range

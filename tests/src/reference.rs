@@ -468,6 +468,21 @@ pub fn softmax_backward(y: &HostTensor, dy: &HostTensor) -> Vec<f64> {
         .collect()
 }
 
+/// The terms [`softmax_backward`]'s elements are made of, `|y| (|dy| + sum |y dy|)`: what
+/// its error is measured against (`dy - sum y dy` cancels where `y` is near 1).
+pub fn softmax_backward_terms(y: &HostTensor, dy: &HostTensor) -> Vec<f64> {
+    let n = y.shape[1];
+    let abs = |t: &HostTensor| t.to_f64_vec().into_iter().map(f64::abs).collect::<Vec<_>>();
+    let (ys, ds) = (abs(y), abs(dy));
+    ys.chunks(n)
+        .zip(ds.chunks(n))
+        .flat_map(|(yr, dr)| {
+            let s: f64 = yr.iter().zip(dr).map(|(a, b)| a * b).sum();
+            yr.iter().zip(dr).map(move |(a, b)| a * (b + s))
+        })
+        .collect()
+}
+
 /// Row statistics of layer norm over `x: [m, n]`: `(mean, rstd)` with `rstd =
 /// 1 / sqrt(var + eps)` (biased variance), or RMS norm's `rstd = 1 / sqrt(mean(x^2) + eps)`
 /// when `rms`.

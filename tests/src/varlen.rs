@@ -7,7 +7,7 @@
 
 use kiln_ir::{DType, HostTensor, TensorData};
 
-use crate::check::{Case, poisoned, rel_error, tolerance};
+use crate::check::{Case, error_against, lse_terms, poisoned, tolerance};
 use crate::inputs::{Dist, Rng, tensor};
 use crate::reference;
 
@@ -157,7 +157,7 @@ impl Varlen {
     pub fn check(&self, case: &Case, p: &Packed, o: &HostTensor, lse: Option<&HostTensor>) {
         let (want_o, want_lse) = self.reference(p);
         let (got_o, got_lse) = (o.to_f64_vec(), lse.map(HostTensor::to_f64_vec));
-        compare(case, "output", &got_o, &want_o, tolerance(self.dtype));
+        compare(case, "output", &got_o, &want_o, None, tolerance(self.dtype));
         if let Some(got) = got_lse {
             for (i, (g, w)) in got.iter().zip(&want_lse).enumerate() {
                 assert_eq!(
@@ -172,11 +172,14 @@ impl Varlen {
                     .map(|(&x, w)| if *w == f64::INFINITY { 0.0 } else { x })
                     .collect()
             };
+            let want = finite(&want_lse);
+            let terms = lse_terms(&want);
             compare(
                 case,
                 "lse",
                 &finite(&got),
-                &finite(&want_lse),
+                &want,
+                Some(&terms),
                 tolerance(DType::F32),
             );
         }
@@ -220,21 +223,19 @@ impl Varlen {
 }
 
 /// `got` against `want`: NaN exactly where `want` is (rows no block may write), elsewhere
-/// within `tol` relative norm error.
-fn compare(case: &Case, what: &str, got: &[f64], want: &[f64], tol: f64) {
+/// within `tol` relative norm error, against the norm of `terms` where given (see
+/// [`crate::check::assert_close_to_terms`]).
+fn compare(case: &Case, what: &str, got: &[f64], want: &[f64], terms: Option<&[f64]>, tol: f64) {
     if let Some(i) = (0..want.len()).find(|&i| want[i].is_nan() != got[i].is_nan()) {
         panic!(
             "{case:?}: {what}[{i}] = {}, want {} (NaN: a padding row, never written)",
             got[i], want[i]
         );
     }
-    let (g, w): (Vec<f64>, Vec<f64>) = got
-        .iter()
-        .zip(want)
-        .filter(|(_, w)| !w.is_nan())
-        .map(|(g, w)| (*g, *w))
-        .unzip();
-    let err = rel_error(&g, &w);
+    let written: Vec<usize> = (0..want.len()).filter(|&i| !want[i].is_nan()).collect();
+    let pick = |x: &[f64]| -> Vec<f64> { written.iter().map(|&i| x[i]).collect() };
+    let (g, w) = (pick(got), pick(want));
+    let err = error_against(&g, &w, &terms.map_or_else(|| w.clone(), pick));
     assert!(
         err < tol,
         "{case:?}: {what} relative error {err:.3e} (tolerance {tol:.1e})"

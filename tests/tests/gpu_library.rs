@@ -25,7 +25,9 @@ use kiln_examples::softmax::{SoftmaxBackwardComptime, softmax_backward};
 use kiln_ir::dsl::KernelDef;
 use kiln_ir::{DType, HostTensor};
 use kiln_runtime::{Device, DeviceTensor};
-use kiln_tests::check::{Case, assert_close, poisoned, tolerance};
+use kiln_tests::check::{
+    Case, assert_close, assert_close_to_terms, lse_terms, poisoned, tolerance,
+};
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 use library::{
@@ -113,11 +115,13 @@ fn gpu_cross_entropy() {
                         let got_loss = loss.download().expect("download");
                         assert_close(&cs, &got_loss, &rl, tolerance(DType::F32) * 10.0);
                         let got_lse = lse.download().expect("download");
-                        assert_close(&cs, &got_lse, &rlse, tolerance(DType::F32));
+                        let terms = lse_terms(&rlse);
+                        assert_close_to_terms(&cs, &got_lse, &rlse, &terms, tolerance(DType::F32));
                         let count = (0..m)
                             .filter(|&r| reference::cross_entropy_class(&t, r, ignore).is_some())
                             .count() as f64;
                         let total: f64 = rl.iter().sum();
+                        let terms: f64 = rl.iter().map(|l| l.abs()).sum();
                         let got_stats = stats.download().expect("download").to_f64_vec();
                         assert_eq!(got_stats[1], count, "{cs}: counted rows");
                         let g = if mean {
@@ -126,9 +130,14 @@ fn gpu_cross_entropy() {
                             dl.data.get_f64(0)
                         };
                         if count > 0.0 {
-                            let want = if mean { total / count } else { total };
+                            let (want, terms) = if mean {
+                                (total / count, terms / count)
+                            } else {
+                                (total, terms)
+                            };
                             let got = f32_tensor(&[1], &got_stats[..1]);
-                            assert_close(&cs, &got, &[want], tolerance(DType::F32) * 10.0);
+                            let tol = tolerance(DType::F32) * 10.0;
+                            assert_close_to_terms(&cs, &got, &[want], &[terms], tol);
                         }
                         let rdx = reference::cross_entropy_backward(&x, &t, ignore, &vec![g; m]);
                         let got_dx = dx.download().expect("download");
@@ -178,8 +187,9 @@ fn gpu_softmax_backward() {
                         let k = format!("softmax_backward {dtype} BM={bm} BN={bn} NW={nw}");
                         let cs = case(k, &dev, m, n, dist, &rng);
                         let r = reference::softmax_backward(&y, &dy);
+                        let terms = reference::softmax_backward_terms(&y, &dy);
                         let got = dx.download().expect("download");
-                        assert_close(&cs, &got, &r, tolerance(dtype));
+                        assert_close_to_terms(&cs, &got, &r, &terms, tolerance(dtype));
                     }
                 }
             }
