@@ -20,11 +20,13 @@ const LN2: f32 = std::f32::consts::LN_2;
 /// (see the module); an ignored row gives loss 0.
 ///
 /// Each block owns `BM` rows and walks them in `BN`-wide column tiles with an online
-/// maximum, as softmax does; the target's logit is picked from the tile holding it.
-/// Grid: `(cdiv(M, BM), 1, 1)`. `NW` warps per block (default 2): each iteration's loads wait
-/// on the previous tile's row reductions, so a thread carries more of each tile (at 2048
-/// columns, 32 elements: 64 bytes in bf16, where 4 warps carried 32).
+/// maximum, as softmax does; the target's logit is read by itself, an element gather.
+/// Grid: `(cdiv(M, BM), 1, 1)`. `NW` warps per block (default 2): each tile's row maximum
+/// comes before its exponentials, so a thread carries more of each tile (at 2048 columns,
+/// 32 elements: 64 bytes in bf16, where 4 warps carried 32). The loop is `pipelined`
+/// `STAGES` deep: the compiler issues the loads `STAGES - 1` tiles ahead of the reductions.
 #[kernel(num_warps = NW, grid = [BM, 1, 1])]
+#[allow(clippy::too_many_arguments)]
 pub fn cross_entropy(
     x: Tensor<dtype, 2>,
     target: Tensor<i32, 2>,
@@ -34,25 +36,22 @@ pub fn cross_entropy(
     #[comptime(default = 1)] BM: usize,
     #[comptime(default = 2048)] BN: usize,
     #[comptime(default = 2)] NW: usize,
+    #[comptime(default = 1)] STAGES: usize,
     #[comptime(default = DType::Bf16)] dtype: DType,
 ) {
     let r0 = block_id().x * BM;
     let v = x.dim(1);
     let t = classes(target, r0, BM);
-    let tc = t.col();
     let mut m = full::<f32>([BM], f32::NEG_INFINITY);
     let mut l = zeros::<f32>([BM]);
-    let mut picked = zeros::<f32>([BM]);
-    for j in (0..v).step_by(BN) {
+    // A class outside the row reads 0 (its loss is that of a logit 0, as documented).
+    let picked = x.elems([iota([BM], 0) + r0, t]).load().cast::<f32>();
+    for j in pipelined((0..v).step_by(BN), stages = STAGES as u32) {
+        let raw = x.tile([BM, BN], [r0, j]).load();
         let cols = iota([BM, BN], 1) + j;
-        let xt = select(
-            cols < v,
-            x.tile([BM, BN], [r0, j]).load().cast::<f32>(),
-            f32::NEG_INFINITY,
-        );
+        let xt = select(cols < v, raw.cast::<f32>(), f32::NEG_INFINITY);
         let m_new = max(&m, &row_max(&xt));
         l = l * exp2(&((m - m_new) * LOG2E)) + row_sum(&exp2(&((xt - m_new.col()) * LOG2E)));
-        picked = picked + row_sum(&select(cols == tc, xt, 0.0));
         m = m_new;
     }
     let lse_r = m + log2(&l) * LN2;
@@ -113,7 +112,7 @@ pub fn cross_entropy_reduce(
 /// `lse` from [`cross_entropy`] and `g` the loss's gradient as the reduction gave it:
 /// `dloss[r]` (`REDUCED` false: no reduction), the one `dloss[0]` (a sum), or that over the
 /// counted rows `stats[1]` from [`cross_entropy_reduce`] (`MEAN`); `stats` is read only then.
-/// Grid: `(cdiv(M, BM), 1, 1)`.
+/// Grid: `(cdiv(M, BM), 1, 1)`. The loop is `pipelined` `STAGES` deep, as the forward's.
 #[kernel(num_warps = NW, grid = [BM, 1, 1])]
 #[allow(clippy::too_many_arguments)]
 pub fn cross_entropy_backward(
@@ -129,6 +128,7 @@ pub fn cross_entropy_backward(
     #[comptime(default = 1)] BM: usize,
     #[comptime(default = 2048)] BN: usize,
     #[comptime(default = 4)] NW: usize,
+    #[comptime(default = 1)] STAGES: usize,
     #[comptime(default = DType::Bf16)] dtype: DType,
 ) {
     let r0 = block_id().x * BM;
@@ -143,7 +143,7 @@ pub fn cross_entropy_backward(
     };
     let scale = select(counted(t, ignore_index), g, 0.0).col();
     let lc = lse.tile([BM], [r0]).load().col();
-    for j in (0..v).step_by(BN) {
+    for j in pipelined((0..v).step_by(BN), stages = STAGES as u32) {
         let cols = iota([BM, BN], 1) + j;
         let xt = x.tile([BM, BN], [r0, j]).load().cast::<f32>();
         let p = exp2(&((xt - lc) * LOG2E));

@@ -89,8 +89,9 @@ def config_sum_partials(p, n, dtype):
 
 
 def config_cross_entropy(m, v, dtype):
-    """One row per block (a vocabulary row is long), tiles of up to 2048 columns."""
-    return {"BM": 1, "BN": min(_pow2_at_least(max(v, 32)), 2048)}
+    """One row per block (a vocabulary row is long), tiles of up to 2048 columns; the loops
+    `pipelined` STAGES deep (the forward's and the backward's)."""
+    return {"BM": 1, "BN": min(_pow2_at_least(max(v, 32)), 2048), "STAGES": 1}
 
 
 def config_cross_entropy_reduce(m, mean):

@@ -58,11 +58,17 @@ fn gpu_cross_entropy() {
     let mut rng = Rng::from_env();
     for dev in devices() {
         for dtype in [DType::Bf16, DType::F32] {
-            for (bm, bn, nw) in [(1, 2048, 2), (4, 512, 4)] {
+            for (bm, bn, nw, stages) in [
+                (1, 2048, 2, 1),
+                (4, 512, 4, 1),
+                (1, 1024, 2, 2),
+                (2, 256, 2, 3),
+            ] {
                 let c = CrossEntropyComptime {
                     BM: bm,
                     BN: bn,
                     NW: nw,
+                    STAGES: stages,
                     dtype,
                 };
                 for ((m, v), small) in shapes() {
@@ -79,6 +85,7 @@ fn gpu_cross_entropy() {
                             BM: bm,
                             BN: bn,
                             NW: nw,
+                            STAGES: stages,
                             dtype,
                         };
                         let x = tensor(&mut rng, &[m, v], dtype, dist);
@@ -109,7 +116,7 @@ fn gpu_cross_entropy() {
                             .expect("launch");
                         let (rl, rlse) = reference::cross_entropy(&x, &t, ignore);
                         let k = format!(
-                            "cross_entropy {dtype} BM={bm} BN={bn} NW={nw} words={words} mean={mean}"
+                            "cross_entropy {dtype} BM={bm} BN={bn} NW={nw} STAGES={stages} words={words} mean={mean}"
                         );
                         let cs = case(k, &dev, m, v, dist, &rng);
                         let got_loss = loss.download().expect("download");

@@ -48,11 +48,17 @@ fn case(kernel: String, m: usize, n: usize, dist: Dist, rng: &Rng) -> Case {
 fn cross_entropy_forward_and_backward() {
     let mut rng = Rng::from_env();
     for dtype in [DType::Bf16, DType::F32] {
-        for (bm, bn, nw) in [(1, 2048, 2), (4, 512, 4)] {
+        for (bm, bn, nw, stages) in [
+            (1, 2048, 2, 1),
+            (4, 512, 4, 1),
+            (1, 1024, 2, 2),
+            (2, 256, 2, 3),
+        ] {
             let c = CrossEntropyComptime {
                 BM: bm,
                 BN: bn,
                 NW: nw,
+                STAGES: stages,
                 dtype,
             };
             // The backward for each reduction: none, a sum, a mean.
@@ -62,6 +68,7 @@ fn cross_entropy_forward_and_backward() {
                 BM: bm,
                 BN: bn,
                 NW: nw,
+                STAGES: stages,
                 dtype,
             };
             let reductions = [(false, false), (true, false), (true, true)];
@@ -74,7 +81,9 @@ fn cross_entropy_forward_and_backward() {
                     let (words, ignore) = [(1, -100), (2, 1)][i % 2];
                     let x = tensor(&mut rng, &[m, v], dtype, dist);
                     let t = targets(&mut rng, m, v, words);
-                    let k = format!("cross_entropy {dtype} BM={bm} BN={bn} NW={nw} words={words}");
+                    let k = format!(
+                        "cross_entropy {dtype} BM={bm} BN={bn} NW={nw} STAGES={stages} words={words}"
+                    );
                     let cs = case(k, m, v, dist, &rng);
                     let (loss, lse) = cross_entropy_run(&c, &x, &t, ignore);
                     let (rl, rlse) = reference::cross_entropy(&x, &t, ignore);
@@ -101,7 +110,7 @@ fn cross_entropy_forward_and_backward() {
                             .interpret(&cb, grid, &x, &t, &lse, &dl, &stats, &mut dx, ignore)
                             .expect("interpret");
                         let k = format!(
-                            "cross_entropy_backward {dtype} BM={bm} BN={bn} NW={nw} \
+                            "cross_entropy_backward {dtype} BM={bm} BN={bn} NW={nw} STAGES={stages} \
                              words={words} reduced={reduced} mean={mean}"
                         );
                         let rdx = reference::cross_entropy_backward(&x, &t, ignore, &g);
@@ -219,6 +228,7 @@ fn cross_entropy_of_ignored_rows_only() {
         BM: 4,
         BN: 256,
         NW: 4,
+        STAGES: 2,
         dtype: DType::F32,
     };
     let (loss, lse) = cross_entropy_run(&c, &x, &t, 5);
@@ -238,6 +248,7 @@ fn cross_entropy_of_ignored_rows_only() {
         BM: 4,
         BN: 256,
         NW: 4,
+        STAGES: 2,
         dtype: DType::F32,
     };
     let mut dx = poisoned(&[m, v], DType::F32);

@@ -4,9 +4,10 @@
 //! op (the steps: [`run`]).
 
 use crate::diag::Diagnostic;
-use crate::kernel::{BinaryOp, Block, Kernel, OpId, OpKind};
+use crate::kernel::{BinaryOp, Kernel, OpId, OpKind};
 use crate::target::Target;
 
+use super::edit;
 use super::walk::{defining_op, ops_in_order, uses};
 
 /// Applies the fold everywhere. First, loads and stores of tiles of rank 3 and more become
@@ -42,44 +43,7 @@ pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {
             }
         }
     }
-    loop {
-        if !dead.is_empty() {
-            let mut body = std::mem::take(&mut kernel.body);
-            unlink(kernel, &mut body, &dead);
-            kernel.body = body;
-        }
-        let uses = super::walk::uses(kernel);
-        dead = ops_in_order(kernel)
-            .into_iter()
-            .filter(|&op| {
-                let o = &kernel.ops[op];
-                let pure = !matches!(
-                    o.kind,
-                    OpKind::Store { .. }
-                        | OpKind::Scatter { .. }
-                        | OpKind::Atomic { .. }
-                        | OpKind::ScalarAtomic { .. }
-                        | OpKind::Print { .. }
-                        | OpKind::For { .. }
-                        | OpKind::If
-                        | OpKind::Yield
-                );
-                pure && o.results.iter().all(|r| !uses.contains_key(r))
-            })
-            .collect();
-        if dead.is_empty() {
-            return Ok(());
-        }
-    }
-}
-
-fn unlink(kernel: &mut Kernel, block: &mut Block, dead: &[OpId]) {
-    block.ops.retain(|op| !dead.contains(op));
-    for &op in &block.ops {
-        let mut regions = std::mem::take(&mut kernel.ops[op].regions);
-        for r in &mut regions {
-            unlink(kernel, r, dead);
-        }
-        kernel.ops[op].regions = regions;
-    }
+    edit::unlink(kernel, &dead);
+    edit::drop_dead(kernel);
+    Ok(())
 }

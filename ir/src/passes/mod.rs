@@ -9,6 +9,7 @@ pub mod accumulators;
 pub mod bulk_add;
 pub mod canonicalize;
 pub mod consumer_barriers;
+mod edit;
 pub mod layout;
 pub mod lower;
 pub mod memory_plan;
@@ -18,6 +19,7 @@ pub mod occupancy;
 pub mod overlap;
 pub mod persistent;
 pub mod pipeline;
+pub mod prefetch;
 pub mod protocol_check;
 pub mod staged_load;
 pub mod strip_mine;
@@ -53,6 +55,14 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
         "strip_mine",
         "stream tiles too large for registers through loops over chunks of them",
         strip_mine::run,
+    ),
+    // After strip_mine (which keeps a pipelined loop's tiles whole); before layout, which
+    // lays out the tiles it carries.
+    (
+        "prefetch",
+        "pipelined loops without mma: each iteration issues a later one's loads, carried in \
+         registers",
+        prefetch::run,
     ),
     // Needs the final op set; everything after it reads the layouts.
     (

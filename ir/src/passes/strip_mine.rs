@@ -10,14 +10,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::diag::Diagnostic;
-use crate::infer::result_types;
 use crate::kernel::{
-    Addr, BinaryOp, Block, Const, Kernel, Loc, Op, OpId, OpKind, ReduceOp, ValueData, ValueDef,
-    ValueId,
+    Addr, BinaryOp, Block, Const, Kernel, Loc, Op, OpId, OpKind, ReduceOp, ValueDef, ValueId,
 };
 use crate::target::Target;
 use crate::types::{DType, Shape, Type};
 
+use super::edit::{add, add1, append_args, append_results, constant, substitute};
 use super::walk::ops_in_order;
 
 /// A tile holding more elements than this per thread is chunked. Small enough that a
@@ -866,84 +865,6 @@ fn rewrite(
     Ok(Ok(out))
 }
 
-/// Replaces, in `op` and its regions, every operand found in `subst`.
-fn substitute(kernel: &mut Kernel, op: OpId, subst: &BTreeMap<ValueId, ValueId>) {
-    for x in kernel.ops[op].operands.iter_mut() {
-        if let Some(&n) = subst.get(x) {
-            *x = n;
-        }
-    }
-    let inner: Vec<OpId> = kernel.ops[op]
-        .regions
-        .iter()
-        .flat_map(|r| r.ops.iter().copied())
-        .collect();
-    for o in inner {
-        substitute(kernel, o, subst);
-    }
-}
-
-/// Adds an op typed from its operands to `out`; its results.
-fn add(
-    kernel: &mut Kernel,
-    out: &mut Vec<OpId>,
-    kind: OpKind,
-    operands: Vec<ValueId>,
-    loc: Loc,
-    const_ty: Option<&Type>,
-) -> Result<Vec<ValueId>, Diagnostic> {
-    let tys: Vec<Type> = operands.iter().map(|&v| kernel.ty(v).clone()).collect();
-    let results = result_types(&kind, &tys, &kernel.params, const_ty)
-        .map_err(|e| Diagnostic::internal(loc, format!("strip_mine: {e}")))?;
-    let op = kernel.ops.append(Op {
-        kind,
-        operands,
-        results: Vec::new(),
-        regions: Vec::new(),
-        loc,
-    });
-    let rs: Vec<ValueId> = results
-        .into_iter()
-        .enumerate()
-        .map(|(i, ty)| {
-            kernel.values.append(ValueData {
-                ty,
-                def: ValueDef::Op(op, i),
-            })
-        })
-        .collect();
-    kernel.ops[op].results = rs.clone();
-    out.push(op);
-    Ok(rs)
-}
-
-fn add1(
-    kernel: &mut Kernel,
-    out: &mut Vec<OpId>,
-    kind: OpKind,
-    operands: Vec<ValueId>,
-    loc: Loc,
-) -> Result<ValueId, Diagnostic> {
-    add(kernel, out, kind, operands, loc, None)?
-        .first()
-        .copied()
-        .ok_or_else(|| Diagnostic::internal(loc, "strip_mine: an op without a result"))
-}
-
-fn constant(
-    kernel: &mut Kernel,
-    out: &mut Vec<OpId>,
-    c: Const,
-    dtype: DType,
-    loc: Loc,
-) -> Result<ValueId, Diagnostic> {
-    let ty = Type::Scalar(dtype);
-    add(kernel, out, OpKind::Const(c), Vec::new(), loc, Some(&ty))?
-        .first()
-        .copied()
-        .ok_or_else(|| Diagnostic::internal(loc, "strip_mine: a constant without a value"))
-}
-
 /// `shape` with `dim` cut to `chunk`.
 fn chunked(shape: &Shape, dim: usize, chunk: usize) -> Shape {
     let mut s = shape.clone();
@@ -1017,25 +938,12 @@ fn emit_loop(
         kind: OpKind::For { stages: None },
         operands,
         results: Vec::new(),
-        regions: Vec::new(),
+        regions: vec![Block::default()],
         loc,
     });
     let mut arg_tys = vec![Type::Scalar(DType::I32)];
     arg_tys.extend(inits.iter().map(|&v| kernel.ty(v).clone()));
-    let args: Vec<ValueId> = arg_tys
-        .into_iter()
-        .enumerate()
-        .map(|(index, ty)| {
-            kernel.values.append(ValueData {
-                ty,
-                def: ValueDef::BlockArg {
-                    op: for_op,
-                    region: 0,
-                    index,
-                },
-            })
-        })
-        .collect();
+    let args = append_args(kernel, for_op, 0, arg_tys);
     let iv = args[0];
     let mut body: Vec<OpId> = Vec::new();
     let mut map: BTreeMap<ValueId, ValueId> = BTreeMap::new();
@@ -1076,19 +984,9 @@ fn emit_loop(
         chunk_op(kernel, c, op, iv, &mut body, &mut map)?;
     }
     add(kernel, &mut body, OpKind::Yield, next, loc, None)?;
-    kernel.ops[for_op].regions.push(Block { args, ops: body });
+    kernel.ops[for_op].regions[0].ops = body;
     let tys: Vec<Type> = inits.iter().map(|&v| kernel.ty(v).clone()).collect();
-    let results: Vec<ValueId> = tys
-        .into_iter()
-        .enumerate()
-        .map(|(i, ty)| {
-            kernel.values.append(ValueData {
-                ty,
-                def: ValueDef::Op(for_op, i),
-            })
-        })
-        .collect();
-    kernel.ops[for_op].results = results.clone();
+    let results = append_results(kernel, for_op, tys);
     out.push(for_op);
     for (e, &res) in exits.iter().zip(&results) {
         let old = kernel.ops[e.op].results[0];
@@ -1258,7 +1156,7 @@ fn chunk_loop(
         kind: o.kind.clone(),
         operands,
         results: Vec::new(),
-        regions: Vec::new(),
+        regions: vec![Block::default()],
         loc: o.loc,
     });
     let Some(old_body) = o.regions.first() else {
@@ -1274,38 +1172,17 @@ fn chunk_loop(
         },
         (_, ty) => ty.clone(),
     };
-    let mut args = Vec::with_capacity(old_body.args.len());
-    for (index, &a) in old_body.args.iter().enumerate() {
-        let ty = chunk_ty(kernel, a);
-        let n = kernel.values.append(ValueData {
-            ty,
-            def: ValueDef::BlockArg {
-                op: new_f,
-                region: 0,
-                index,
-            },
-        });
-        map.insert(a, n);
-        args.push(n);
-    }
+    let tys: Vec<Type> = old_body.args.iter().map(|&a| chunk_ty(kernel, a)).collect();
+    let args = append_args(kernel, new_f, 0, tys);
+    map.extend(old_body.args.iter().copied().zip(args.iter().copied()));
     let mut ops = Vec::with_capacity(old_body.ops.len());
     for &b in &old_body.ops {
         chunk_op(kernel, c, b, iv, &mut ops, map)?;
     }
+    kernel.ops[new_f].regions[0].ops = ops;
     let tys: Vec<Type> = args[1..].iter().map(|&a| kernel.ty(a).clone()).collect();
-    kernel.ops[new_f].regions.push(Block { args, ops });
-    let results: Vec<ValueId> = tys
-        .into_iter()
-        .enumerate()
-        .map(|(i, ty)| {
-            kernel.values.append(ValueData {
-                ty,
-                def: ValueDef::Op(new_f, i),
-            })
-        })
-        .collect();
-    map.extend(o.results.iter().copied().zip(results.iter().copied()));
-    kernel.ops[new_f].results = results;
+    let results = append_results(kernel, new_f, tys);
+    map.extend(o.results.iter().copied().zip(results));
     body.push(new_f);
     Ok(())
 }
