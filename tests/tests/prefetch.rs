@@ -21,12 +21,15 @@ use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 use library::targets;
 
-/// `y[r, j..j + BN] = 2 x[r, j + 1..]` and `s[r]` the sum of what was read, for `j` from `lo`
-/// to `hi` (a window of the columns, `BN` at a time): a loop that ends before its tensor
-/// does and stores another tensor.
+/// `y[r, j..j + BN] = 2 w x[r, j + 1..]` and `s[r]` the sum of what was read, for `j` from
+/// `lo` to `hi` (a window of the columns, `BN` at a time): a loop that ends before its tensor
+/// does and stores another tensor. `w: [BN]` is read again each iteration (the same tile:
+/// not read ahead).
 #[kernel(grid = [BM, 1, 1])]
+#[allow(clippy::too_many_arguments)]
 pub fn shifted_window(
     x: Tensor<f32, 2>,
+    w: Tensor<f32, 1>,
     y: TensorMut<f32, 2>,
     s: TensorMut<f32, 1>,
     lo: i32,
@@ -38,7 +41,7 @@ pub fn shifted_window(
     let r0 = block_id().x * BM;
     let mut acc = zeros::<f32>([BM]);
     for j in pipelined((lo..hi).step_by(BN), stages = STAGES as u32) {
-        let t = x.tile([BM, BN], [r0, j + 1]).load();
+        let t = x.tile([BM, BN], [r0, j + 1]).load() * w.tile([BN], [0]).load().row();
         y.tile([BM, BN], [r0, j]).store(t * 2.0);
         acc = acc + row_sum(&t);
     }
@@ -177,11 +180,11 @@ fn cross_entropy_loads_its_tiles_ahead_and_matches_the_reference() {
     }
 }
 
-/// Runs `shifted_window` as `kernel` on `x` over `lo..hi`: `(y, s)`, `y` poisoned first.
+/// Runs `shifted_window` as `kernel` on `x`, `w` over `lo..hi`: `(y, s)`, `y` poisoned first.
 fn window(
     kernel: &Kernel,
     c: &ShiftedWindowComptime,
-    x: &HostTensor,
+    (x, w): (&HostTensor, &HostTensor),
     lo: i32,
     hi: i32,
 ) -> (Vec<f64>, Vec<f64>) {
@@ -189,6 +192,7 @@ fn window(
     let (mut y, mut s) = (poisoned(&[m, n], DType::F32), poisoned(&[m], DType::F32));
     let mut args = [
         HostArg::Tensor(x),
+        HostArg::Tensor(w),
         HostArg::TensorMut(&mut y),
         HostArg::TensorMut(&mut s),
         HostArg::I32(lo),
@@ -209,14 +213,21 @@ fn a_window_of_columns_reads_the_same_bits_ahead() {
         };
         let k = build(&shifted_window, c);
         let p = prefetched(&k, Target::Sm80);
+        // `x` read ahead (before the loop and in it), `w` where it was.
         assert_eq!(guarded_loads(&p), stages, "{}", print_kernel(&p));
+        assert!(
+            print_kernel(&p).contains("load w[%"),
+            "{}",
+            print_kernel(&p)
+        );
         let (m, n) = (5, 300);
         // Empty, one iteration, fewer than the stages, ending inside the tensor, and
         // running past its end.
         for (lo, hi) in [(10, 10), (0, 20), (3, 70), (17, 200), (40, 300)] {
             let x = tensor(&mut rng, &[m, n], DType::F32, Dist::Normal);
-            let want = window(&k, &c, &x, lo, hi);
-            let got = window(&p, &c, &x, lo, hi);
+            let w = tensor(&mut rng, &[c.BN], DType::F32, Dist::Uniform);
+            let want = window(&k, &c, (&x, &w), lo, hi);
+            let got = window(&p, &c, (&x, &w), lo, hi);
             // Unwritten columns stay NaN in both: compare the bits.
             let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(

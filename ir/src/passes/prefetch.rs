@@ -7,7 +7,8 @@
 //!
 //! In: verified IR after `strip_mine`. Out: for each load at the top of such a loop whose
 //! coordinates are computed from the induction variable and values from outside the loop
-//! alone, `n - 1` loop-carried tiles: the first `n - 1` iterations' loaded before the loop,
+//! alone (and depend on the induction variable: a tile read again each iteration stays),
+//! `n - 1` loop-carried tiles: the first `n - 1` iterations' loaded before the loop,
 //! the load in the body replaced by the carried tile, and the body issuing the load of
 //! iteration `i + n - 1` first. A load past the loop's last iteration is skipped (a
 //! block-uniform branch yields zeros the loop never reads), so no element is read that the
@@ -101,15 +102,20 @@ fn plan(kernel: &Kernel, f: OpId) -> Option<Plan> {
         .copied()
         .filter(|&o| match kernel.ops[o].kind {
             OpKind::Load { tensor, .. } if !written.contains(&tensor) => {
-                let mut cone = BTreeSet::new();
-                let found = kernel.ops[o]
-                    .operands
-                    .iter()
-                    .all(|&v| coordinate(kernel, v, (f, iv), (&top, &inside), &mut cone));
-                if found {
-                    coords.extend(cone);
+                // A load that reads the same tile every iteration (no coordinate from the
+                // induction variable) gains nothing from being read ahead but the
+                // registers it would hold.
+                let mut cone = BTreeMap::new();
+                let mut moves = Some(false);
+                for &v in &kernel.ops[o].operands {
+                    moves = moves.and_then(|m| {
+                        coordinate(kernel, v, (f, iv), (&top, &inside), &mut cone).map(|d| m | d)
+                    });
                 }
-                found
+                if moves == Some(true) {
+                    coords.extend(cone.into_keys());
+                }
+                moves == Some(true)
             }
             _ => false,
         })
@@ -132,21 +138,25 @@ fn plan(kernel: &Kernel, f: OpId) -> Option<Plan> {
 
 /// Whether scalar `v` is computed from loop `f`'s induction variable `iv` and values from
 /// outside the loop alone, by ops at the top of its body (`top`; `inside` all of its ops)
-/// that read no memory; those ops join `cone`.
+/// that read no memory (those ops join `cone`): `Some(true)` when it depends on `iv`,
+/// `Some(false)` when on neither, `None` when on anything else.
 fn coordinate(
     kernel: &Kernel,
     v: ValueId,
     (f, iv): (OpId, ValueId),
     (top, inside): (&BTreeSet<OpId>, &BTreeSet<OpId>),
-    cone: &mut BTreeSet<OpId>,
-) -> bool {
+    cone: &mut BTreeMap<OpId, bool>,
+) -> Option<bool> {
     if v == iv {
-        return true;
+        return Some(true);
     }
     match kernel.values[v].def {
-        ValueDef::BlockArg { op, .. } => op != f && !inside.contains(&op),
-        ValueDef::Op(o, _) if !inside.contains(&o) => true,
+        ValueDef::BlockArg { op, .. } => (op != f && !inside.contains(&op)).then_some(false),
+        ValueDef::Op(o, _) if !inside.contains(&o) => Some(false),
         ValueDef::Op(o, _) => {
+            if let Some(&d) = cone.get(&o) {
+                return Some(d);
+            }
             let kind = &kernel.ops[o].kind;
             let computes = kind.is_elementwise()
                 || matches!(
@@ -157,15 +167,15 @@ fn coordinate(
                         | OpKind::GridDim(_)
                         | OpKind::TensorDim { .. }
                 );
-            top.contains(&o)
-                && computes
-                && (cone.contains(&o) || {
-                    cone.insert(o);
-                    kernel.ops[o]
-                        .operands
-                        .iter()
-                        .all(|&x| coordinate(kernel, x, (f, iv), (top, inside), cone))
-                })
+            if !top.contains(&o) || !computes {
+                return None;
+            }
+            let mut depends = false;
+            for &x in &kernel.ops[o].operands {
+                depends |= coordinate(kernel, x, (f, iv), (top, inside), cone)?;
+            }
+            cone.insert(o, depends);
+            Some(depends)
         }
     }
 }
