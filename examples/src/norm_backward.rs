@@ -24,6 +24,8 @@ use crate::softmax::{from_f32, to_f32};
 /// to hold ([`blocks_per_sm`]: 1, none): a block walks its rows one tile after another, so a
 /// second block overlaps its reductions with the other's loads, where the registers allow
 /// (bf16 at 4096 columns takes 72 registers a thread unasked: one block of 512 threads).
+/// Every loop is `pipelined` `STAGES` deep (default 1: none): the next tiles' loads are
+/// issued before this tile's reductions, at the registers of the tiles carried.
 #[kernel(num_warps = NW, grid = [RB, 1, 1])]
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_backward(
@@ -40,6 +42,7 @@ pub fn layer_norm_backward(
     #[comptime(default = 16)] RB: usize,
     #[comptime(default = 8)] NW: usize,
     #[comptime(default = 1)] OCC: usize,
+    #[comptime(default = 1)] STAGES: usize,
     #[comptime(default = DType::Bf16)] dtype: DType,
 ) {
     blocks_per_sm(OCC);
@@ -51,7 +54,7 @@ pub fn layer_norm_backward(
         let bm = group_rows(BM, RB);
         let mut dw = zeros::<f32>([BN]);
         let mut db = zeros::<f32>([BN]);
-        for g in (0..RB as i32).step_by(bm) {
+        for g in pipelined((0..RB as i32).step_by(bm), stages = STAGES as u32) {
             let r0 = b0 + g;
             let mu = mean.tile([bm], [r0]).load().col();
             let rs = rstd.tile([bm], [r0]).load().col();
@@ -77,7 +80,7 @@ pub fn layer_norm_backward(
         let rs = rstd.tile([RB], [b0]).load().col();
         let mut c1 = zeros::<f32>([RB]);
         let mut c2 = zeros::<f32>([RB]);
-        for j in (0..n).step_by(lc) {
+        for j in pipelined((0..n).step_by(lc), stages = STAGES as u32) {
             let xhat = (to_f32(x.tile([RB, lc], [b0, j]).load(), dtype) - mu) * rs;
             let wt = to_f32(w.tile([lc], [j]).load(), dtype).row();
             let g = to_f32(dy.tile([RB, lc], [b0, j]).load(), dtype) * wt;
@@ -88,7 +91,7 @@ pub fn layer_norm_backward(
         let c2 = (c2 / nf).col();
         // Backwards: the tiles the first loop read last are the likeliest to be in L2.
         let last = (n - 1) / lc as i32 * lc as i32;
-        for back in (0..n).step_by(lc) {
+        for back in pipelined((0..n).step_by(lc), stages = STAGES as u32) {
             let j = last - back;
             let xhat = (to_f32(x.tile([RB, lc], [b0, j]).load(), dtype) - mu) * rs;
             let wt = to_f32(w.tile([lc], [j]).load(), dtype).row();
@@ -122,6 +125,7 @@ pub fn rms_norm_backward(
     #[comptime(default = 16)] RB: usize,
     #[comptime(default = 8)] NW: usize,
     #[comptime(default = 1)] OCC: usize,
+    #[comptime(default = 1)] STAGES: usize,
     #[comptime(default = DType::Bf16)] dtype: DType,
 ) {
     blocks_per_sm(OCC);
@@ -132,7 +136,7 @@ pub fn rms_norm_backward(
     if n <= BN as i32 {
         let bm = group_rows(BM, RB);
         let mut dw = zeros::<f32>([BN]);
-        for g in (0..RB as i32).step_by(bm) {
+        for g in pipelined((0..RB as i32).step_by(bm), stages = STAGES as u32) {
             let r0 = b0 + g;
             let rs = rstd.tile([bm], [r0]).load().col();
             let xhat = to_f32(x.tile([bm, BN], [r0, 0]).load(), dtype) * rs;
@@ -151,7 +155,7 @@ pub fn rms_norm_backward(
         let lc = loop_cols(BM, BN, RB, OCC);
         let rs = rstd.tile([RB], [b0]).load().col();
         let mut c1 = zeros::<f32>([RB]);
-        for j in (0..n).step_by(lc) {
+        for j in pipelined((0..n).step_by(lc), stages = STAGES as u32) {
             let xhat = to_f32(x.tile([RB, lc], [b0, j]).load(), dtype) * rs;
             let wt = to_f32(w.tile([lc], [j]).load(), dtype).row();
             let g = to_f32(dy.tile([RB, lc], [b0, j]).load(), dtype) * wt;
@@ -159,7 +163,7 @@ pub fn rms_norm_backward(
         }
         let c1 = (c1 / nf).col();
         let last = (n - 1) / lc as i32 * lc as i32;
-        for back in (0..n).step_by(lc) {
+        for back in pipelined((0..n).step_by(lc), stages = STAGES as u32) {
             let j = last - back;
             let xhat = to_f32(x.tile([RB, lc], [b0, j]).load(), dtype) * rs;
             let wt = to_f32(w.tile([lc], [j]).load(), dtype).row();

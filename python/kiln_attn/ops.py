@@ -80,7 +80,7 @@ def config_norm_backward(m, n, dtype):
     walking RB rows and writing its weight-gradient partials once, two blocks a multiprocessor
     asked for where a thread holds 8 elements of a tile)."""
     bm, bn, rb, nw, occ = _native._norm_backward_config(m, n)
-    return {"BM": bm, "BN": bn, "RB": rb, "NW": nw, "OCC": occ}
+    return {"BM": bm, "BN": bn, "RB": rb, "NW": nw, "OCC": occ, "STAGES": 1}
 
 
 def config_sum_partials(p, n, dtype):

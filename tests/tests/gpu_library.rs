@@ -211,12 +211,13 @@ fn gpu_norm_backwards() {
             // Rows longer than a tile (all of a block's rows per column tile), rows in one
             // tile walked in groups, and a group taller than the block's rows; two blocks a
             // multiprocessor asked for (`OCC`); 4608 columns, as `norm_backward_config` fits
-            // 4097.
-            for (bm, bn, rb, nw, occ) in [
-                (4, 1024, 16, 8, 1),
-                (8, 1024, 4, 8, 2),
-                (1, 8192, 4, 16, 1),
-                (1, 4608, 16, 16, 2),
+            // 4097; loops pipelined 2 deep.
+            for (bm, bn, rb, nw, occ, stages) in [
+                (4, 1024, 16, 8, 1, 1),
+                (8, 1024, 4, 8, 2, 1),
+                (1, 8192, 4, 16, 1, 1),
+                (1, 4608, 16, 16, 2, 1),
+                (2, 1024, 8, 8, 1, 2),
             ] {
                 let c = LayerNormBackwardComptime {
                     BM: bm,
@@ -224,6 +225,7 @@ fn gpu_norm_backwards() {
                     RB: rb,
                     NW: nw,
                     OCC: occ,
+                    STAGES: stages,
                     dtype,
                 };
                 let cr = RmsNormBackwardComptime {
@@ -232,6 +234,7 @@ fn gpu_norm_backwards() {
                     RB: rb,
                     NW: nw,
                     OCC: occ,
+                    STAGES: stages,
                     dtype,
                 };
                 let cs_sum = SumPartialsComptime {
@@ -281,8 +284,9 @@ fn gpu_norm_backwards() {
                                 rms,
                             );
                             let name = if rms { "rms_norm" } else { "layer_norm" };
-                            let k =
-                                format!("{name}_backward {dtype} BM={bm} BN={bn} RB={rb} NW={nw}");
+                            let k = format!(
+                                "{name}_backward {dtype} BM={bm} BN={bn} RB={rb} NW={nw} OCC={occ} STAGES={stages}"
+                            );
                             let cs = case(k, &dev, m, n, dist, &rng);
                             let tol = tolerance(dtype) * 4.0;
                             let dxh = dx.download().expect("download");

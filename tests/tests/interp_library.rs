@@ -332,6 +332,7 @@ fn backward_configs_assemble_clean() {
                 RB: b.rb,
                 NW: b.nw,
                 OCC: b.occ,
+                STAGES: 1,
                 dtype,
             };
             assembles_clean(&layer_norm_backward, c, "");
@@ -341,6 +342,7 @@ fn backward_configs_assemble_clean() {
                 RB: b.rb,
                 NW: b.nw,
                 OCC: b.occ,
+                STAGES: 1,
                 dtype,
             };
             assembles_clean(&rms_norm_backward, c, "");
@@ -358,6 +360,7 @@ fn a_norm_backward_asks_for_two_blocks_a_multiprocessor() {
         RB: 32,
         NW: 16,
         OCC: 2,
+        STAGES: 1,
         dtype: DType::Bf16,
     };
     assembles_clean(
@@ -388,12 +391,13 @@ fn norm_backwards_match_reference() {
     for dtype in [DType::Bf16, DType::F32] {
         // Rows longer than a tile (all of a block's rows per column tile; with two blocks
         // a multiprocessor, half as many columns a tile), rows in one tile walked in groups,
-        // and a group taller than the block's rows.
-        for (bm, bn, rb, nw, occ) in [
-            (4, 1024, 16, 8, 1),
-            (4, 1024, 16, 8, 2),
-            (8, 1024, 4, 8, 1),
-            (1, 8192, 4, 16, 1),
+        // and a group taller than the block's rows; loops pipelined 2 deep.
+        for (bm, bn, rb, nw, occ, stages) in [
+            (4, 1024, 16, 8, 1, 1),
+            (4, 1024, 16, 8, 2, 1),
+            (8, 1024, 4, 8, 1, 1),
+            (1, 8192, 4, 16, 1, 1),
+            (2, 1024, 8, 8, 1, 2),
         ] {
             let c = LayerNormBackwardComptime {
                 BM: bm,
@@ -401,6 +405,7 @@ fn norm_backwards_match_reference() {
                 RB: rb,
                 NW: nw,
                 OCC: occ,
+                STAGES: stages,
                 dtype,
             };
             let cr = RmsNormBackwardComptime {
@@ -409,6 +414,7 @@ fn norm_backwards_match_reference() {
                 RB: rb,
                 NW: nw,
                 OCC: occ,
+                STAGES: stages,
                 dtype,
             };
             assembles_clean(&layer_norm_backward, c, "");
@@ -458,7 +464,7 @@ fn norm_backwards_match_reference() {
                         );
                         let name = if rms { "rms_norm" } else { "layer_norm" };
                         let k = format!(
-                            "{name}_backward {dtype} BM={bm} BN={bn} RB={rb} NW={nw} OCC={occ}"
+                            "{name}_backward {dtype} BM={bm} BN={bn} RB={rb} NW={nw} OCC={occ} STAGES={stages}"
                         );
                         let cs = case(k, m, n, dist, &rng);
                         if rms && n == 1 {

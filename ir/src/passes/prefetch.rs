@@ -10,22 +10,22 @@
 //! alone (and depend on the induction variable: a tile read again each iteration stays),
 //! `n - 1` loop-carried tiles: the first `n - 1` iterations' loaded before the loop,
 //! the load in the body replaced by the carried tile, and the body issuing the load of
-//! iteration `i + n - 1` first. A load past the loop's last iteration is skipped (a
-//! block-uniform branch yields zeros the loop never reads), so no element is read that the
-//! loop as written would not read. A loop that writes the tensor a load reads, or holds an
+//! iteration `i + n - 1` first. A load past the loop's last iteration reads that
+//! iteration's tile again (its coordinate clamped there: a cache hit, and no element the loop
+//! as written does not read; a loop of no iteration reads its first tile, unused). A branch
+//! around the load would do as well, but ptxas keeps more registers live across it, and
+//! spills. A loop that writes the tensor a load reads, or holds an
 //! atomic (whose ordering a moved load could break), keeps that load, or all of them, where
 //! it is; distinct tensor arguments are taken not to overlap, as everywhere in kiln.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::diag::Diagnostic;
-use crate::kernel::{BinaryOp, Block, Const, Kernel, Loc, Op, OpId, OpKind, ValueDef, ValueId};
+use crate::kernel::{BinaryOp, Block, Const, Kernel, Loc, OpId, OpKind, ValueDef, ValueId};
 use crate::target::Target;
 use crate::types::{DType, Type};
 
-use super::edit::{
-    add, add1, append_args, append_results, clone_op, constant, drop_dead, substitute,
-};
+use super::edit::{add1, append_args, append_results, clone_op, constant, drop_dead, substitute};
 use super::walk::ops_in_block_regions;
 
 /// Rewrites every loop the module describes; then drops the loads it replaced and their
@@ -193,6 +193,21 @@ fn prefetch(
         _ => return Err(Diagnostic::internal(loc, "prefetch: a loop without bounds")),
     };
     let iv = kernel.ops[f].regions[0].args[0];
+    // The last iteration's induction variable, `lo + (hi - 1 - lo) / step * step`, or `lo`
+    // for a loop of no iteration.
+    let one = constant(kernel, out, Const::Int(1), DType::I32, loc)?;
+    let mut last = hi;
+    let steps = [
+        (BinaryOp::Sub, one),
+        (BinaryOp::Sub, lo),
+        (BinaryOp::Div, step),
+        (BinaryOp::Mul, step),
+        (BinaryOp::Add, lo),
+        (BinaryOp::Max, lo),
+    ];
+    for (op, x) in steps {
+        last = add1(kernel, out, OpKind::Binary(op), vec![last, x], loc)?;
+    }
     // The first iterations' tiles, before the loop: `first[k][i]` is load `i` at `lo + k
     // step`.
     let mut first = Vec::with_capacity(plan.ahead);
@@ -202,12 +217,12 @@ fn prefetch(
         } else {
             offset(kernel, out, lo, step, k, loc)?
         };
-        first.push(guarded_loads(kernel, out, plan, (iv, at, hi), loc)?);
+        first.push(loads_at(kernel, out, plan, (iv, at, last), loc)?);
     }
     // In the body, first: the tiles of iteration `i + ahead`.
     let mut head = Vec::new();
     let at = offset(kernel, &mut head, iv, step, plan.ahead, loc)?;
-    let next = guarded_loads(kernel, &mut head, plan, (iv, at, hi), loc)?;
+    let next = loads_at(kernel, &mut head, plan, (iv, at, last), loc)?;
     // Carried: load `i`'s tile `s` iterations ahead is argument `i * ahead + s` of those
     // added.
     let tys: Vec<Type> = plan
@@ -274,22 +289,27 @@ fn offset(
     )
 }
 
-/// The plan's loads with the induction variable `iv` at `at`, appended to `out`: their
-/// coordinates recomputed there, the loads under `at < hi` (zeros otherwise, never read).
-fn guarded_loads(
+/// The plan's loads with the induction variable `iv` at `min(at, last)`, appended to `out`
+/// (their coordinates recomputed there).
+fn loads_at(
     kernel: &mut Kernel,
     out: &mut Vec<OpId>,
     plan: &Plan,
-    (iv, at, hi): (ValueId, ValueId, ValueId),
+    (iv, at, last): (ValueId, ValueId, ValueId),
     loc: Loc,
 ) -> Result<Vec<ValueId>, Diagnostic> {
+    let at = add1(
+        kernel,
+        out,
+        OpKind::Binary(BinaryOp::Min),
+        vec![at, last],
+        loc,
+    )?;
     let mut map = BTreeMap::from([(iv, at)]);
     for &o in &plan.coords {
         clone_op(kernel, out, o, &mut map);
     }
-    let cond = add1(kernel, out, OpKind::Binary(BinaryOp::Lt), vec![at, hi], loc)?;
-    let (mut then, mut otherwise) = (Vec::new(), Vec::new());
-    let (mut tiles, mut zeros, mut tys) = (Vec::new(), Vec::new(), Vec::new());
+    let mut tiles = Vec::with_capacity(plan.loads.len());
     for &l in &plan.loads {
         let o = kernel.ops[l].clone();
         let operands = o
@@ -297,47 +317,7 @@ fn guarded_loads(
             .iter()
             .map(|x| *map.get(x).unwrap_or(x))
             .collect();
-        tiles.push(add1(kernel, &mut then, o.kind.clone(), operands, o.loc)?);
-        let ty = kernel.ty(o.results[0]).clone();
-        let Type::Tile { dtype, shape } = ty.clone() else {
-            return Err(Diagnostic::internal(
-                o.loc,
-                "prefetch: a load without a tile",
-            ));
-        };
-        let zero = if dtype.is_float() {
-            Const::Float(0.0)
-        } else {
-            Const::Int(0)
-        };
-        let z = constant(kernel, &mut otherwise, zero, dtype, o.loc)?;
-        zeros.push(add1(
-            kernel,
-            &mut otherwise,
-            OpKind::Splat { shape },
-            vec![z],
-            o.loc,
-        )?);
-        tys.push(ty);
+        tiles.push(add1(kernel, out, o.kind, operands, o.loc)?);
     }
-    add(kernel, &mut then, OpKind::Yield, tiles, loc, None)?;
-    add(kernel, &mut otherwise, OpKind::Yield, zeros, loc, None)?;
-    let branch = kernel.ops.append(Op {
-        kind: OpKind::If,
-        operands: vec![cond],
-        results: Vec::new(),
-        regions: vec![
-            Block {
-                args: Vec::new(),
-                ops: then,
-            },
-            Block {
-                args: Vec::new(),
-                ops: otherwise,
-            },
-        ],
-        loc,
-    });
-    out.push(branch);
-    Ok(append_results(kernel, branch, tys))
+    Ok(tiles)
 }
