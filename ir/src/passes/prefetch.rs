@@ -8,15 +8,16 @@
 //! In: verified IR after `strip_mine`. Out: for each load at the top of such a loop whose
 //! coordinates are computed from the induction variable and values from outside the loop
 //! alone (and depend on the induction variable: a tile read again each iteration stays),
-//! `n - 1` loop-carried tiles: the first `n - 1` iterations' loaded before the loop,
-//! the load in the body replaced by the carried tile, and the body issuing the load of
-//! iteration `i + n - 1` first. A load past the loop's last iteration reads that
-//! iteration's tile again (its coordinate clamped there: a cache hit, and no element the loop
-//! as written does not read; a loop of no iteration reads its first tile, unused). A branch
-//! around the load would do as well, but ptxas keeps more registers live across it, and
-//! spills. A loop that writes the tensor a load reads, or holds an
-//! atomic (whose ordering a moved load could break), keeps that load, or all of them, where
-//! it is; distinct tensor arguments are taken not to overlap, as everywhere in kiln.
+//! `n - 1` loop-carried tiles: the first `n - 1` iterations' loaded before the loop, the load
+//! in the body replaced by the carried tile, and the body issuing the load of iteration
+//! `i + n - 1` first. A load past the loop's last iteration reads that iteration's tile again
+//! (its coordinate clamped there: a cache hit, and no element the loop as written does not
+//! read; a loop of no iteration reads its first tile, unused). A branch around the load would
+//! do as well, but ptxas keeps more registers live across it, and spills.
+//!
+//! A loop that writes the tensor a load reads keeps that load where it is; one that holds an
+//! atomic (whose ordering a moved load could break) keeps all of them. Distinct tensor
+//! arguments do not overlap (`docs/dsl.md`, as the read-only loads of a `Tensor` assume).
 
 use std::collections::{BTreeMap, BTreeSet};
 
