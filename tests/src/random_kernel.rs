@@ -1645,8 +1645,47 @@ pub fn exercise(kernel: &Kernel) {
 /// interpreter's error when that error is a kiln bug (the kernel failed to verify, an op
 /// the verifier should have rejected, a wrong schedule, an argument the harness passes
 /// wrongly, a message quoting the IR); a runtime error of the kernel (a division by zero)
-/// is an answer.
+/// is an answer. Where the `prefetch` pass rewrites the kernel, the kernel before it and
+/// after it must also give the same bits (the pass only moves loads).
 pub fn interpret(kernel: &Kernel) -> Result<(), String> {
+    if outputs(kernel)?.is_none() {
+        return Ok(());
+    }
+    let Some((before, after)) = around_prefetch(kernel) else {
+        return Ok(());
+    };
+    match (outputs(&before)?, outputs(&after)?) {
+        (Some(a), Some(b)) if a == b => Ok(()),
+        (a, b) => Err(format!(
+            "the prefetch pass changed the kernel's results on the interpreter \
+             (outputs equal: {}; a runtime error before: {}, after: {})",
+            a == b,
+            a.is_none(),
+            b.is_none()
+        )),
+    }
+}
+
+/// The kernel after the passes before `prefetch` (on sm_80) and after `prefetch`, where that
+/// pass changes it.
+fn around_prefetch(kernel: &Kernel) -> Option<(Kernel, Kernel)> {
+    let mut before = kernel.clone();
+    for (name, _, pass) in kiln_ir::passes::PASSES {
+        if *name == "prefetch" {
+            let mut after = before.clone();
+            pass(&mut after, Target::Sm80).ok()?;
+            let changed =
+                kiln_ir::print::print_kernel(&after) != kiln_ir::print::print_kernel(&before);
+            return changed.then_some((before, after));
+        }
+        pass(&mut before, Target::Sm80).ok()?;
+    }
+    None
+}
+
+/// The bits of every tensor `kernel` may write, run on the harness's inputs; `None` for a
+/// runtime error of the kernel (see [`interpret`]), `Err` for a kiln bug.
+fn outputs(kernel: &Kernel) -> Result<Option<Vec<Vec<u64>>>, String> {
     let x = HostTensor::from_fn(&[48, 40], DType::F32, |i| (i % 7) as f64 - 3.0);
     let y = HostTensor::from_fn(&[40, 48], DType::Bf16, |i| (i % 5) as f64 * 0.5);
     let mut out = HostTensor::from_fn(&[48, 48], DType::F32, |_| f64::NAN);
@@ -1672,13 +1711,16 @@ pub fn interpret(kernel: &Kernel) -> Result<(), String> {
         HostArg::U32(0x1234_5678),
     ];
     match run(kernel, [2, 1, 1], &mut args) {
-        Ok(()) => Ok(()),
+        Ok(()) => {
+            let bits = |t: &HostTensor| t.to_f64_vec().iter().map(|x| x.to_bits()).collect();
+            Ok(Some(vec![bits(&out), bits(&out1), bits(&cnt), bits(&out4)]))
+        }
         Err(e @ (InterpError::DivisionByZero { .. } | InterpError::NonPositiveStep { .. })) => {
             let shown = e.to_string();
             if quotes_ir(&shown) {
                 Err(shown)
             } else {
-                Ok(())
+                Ok(None)
             }
         }
         Err(e) => Err(e.to_string()),

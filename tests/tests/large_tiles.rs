@@ -458,6 +458,43 @@ fn a_tile_carried_around_a_users_loop_streams_with_it() {
     compact(&running_blocks, c);
 }
 
+/// A large tile read in the body of a loop that does not carry it: the loop runs once per
+/// chunk (it was left reading the tile the pass had chunked away: an internal error the
+/// fuzzer found).
+#[test]
+fn a_large_tile_read_inside_a_users_loop_streams_with_it() {
+    let mut rng = Rng::from_env();
+    let c = ScaledRowsComptime::default();
+    let k = build(&scaled_rows, c);
+    let s = stripped(&k, Target::Sm80);
+    let ir = print_kernel(&s);
+    assert_eq!(loops(&s), 2, "{ir}");
+    assert!(!ir.contains("1x65536>"), "{ir}");
+    for (x_rows, m, n) in [(1, 1, 1), (2, 3, 40000), (1, 5, 65536)] {
+        for dist in Dist::ALL {
+            let x = tensor(&mut rng, &[x_rows, n], DType::F32, dist);
+            let want = scaled_rows_ref(&x, m);
+            for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
+                let mut y = poisoned(&[m, n], DType::F32);
+                run(
+                    kernel,
+                    [1, 1, 1],
+                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
+                )
+                .expect("interpret");
+                let case = Case {
+                    kernel: format!("scaled_rows {what}"),
+                    shape: m_n((m, n)),
+                    dist,
+                    seed: rng.seed(),
+                };
+                assert_close(&case, &y, &want, tolerance(DType::F32));
+            }
+        }
+    }
+    compact(&scaled_rows, c);
+}
+
 #[test]
 fn kiln_ir_after_strip_mine_shows_the_chunk_loops() {
     let ir = |after: &str| {

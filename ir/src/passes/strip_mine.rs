@@ -446,6 +446,9 @@ fn component(
                     if let Some(why) = loop_refusal(kernel, f) {
                         return Err(fail(&dims, other(why)));
                     }
+                    // The loop runs once per chunk whether it carries chunks or only reads
+                    // them in its body.
+                    ops.insert(f);
                     if o.kind == OpKind::Yield {
                         for (i, &x) in o.operands.iter().enumerate() {
                             if x == v {

@@ -212,6 +212,27 @@ pub fn carried_row(
     y.tile([1, BN], [0, 0]).store(acc);
 }
 
+/// `y[r, :] = (r + 1) x[0, :]` for every row of `y`: the whole `[1, BN]` row of `x` loaded
+/// once and read inside a loop over the rows that does not carry it; the pass runs that
+/// loop once per chunk of the row, as it does a loop carrying chunks.
+#[kernel(grid = [1, 1, 1])]
+pub fn scaled_rows(
+    x: Tensor<f32, 2>,
+    y: TensorMut<f32, 2>,
+    #[comptime(default = 65536)] BN: usize,
+) {
+    let t = x.tile([1, BN], [0, 0]).load();
+    for r in 0..y.dim(0) {
+        y.tile([1, BN], [r, 0]).store(t * (r + 1).cast::<f32>());
+    }
+}
+
+pub fn scaled_rows_ref(x: &HostTensor, m: usize) -> Vec<f64> {
+    let n = x.shape[1];
+    let v = x.to_f64_vec();
+    (0..m * n).map(|e| v[e % n] * (e / n + 1) as f64).collect()
+}
+
 /// Running sums of `[BM, BN]` blocks of rows: `y[i BM + r, c] = sum_{j <= i} x[j BM + r, c]`
 /// for `c < BN` (block `b` of the grid takes columns `b BN ..`), each written inside the loop
 /// that carries the sum. The carried block, the loads and the stores are chunked together.
