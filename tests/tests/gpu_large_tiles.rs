@@ -393,6 +393,92 @@ fn gpu_carried_cos_log() {
     }
 }
 
+/// The user's loops that carry or read a streamed tile (`carried_row`, `running_blocks`,
+/// `scaled_rows`: the loop runs once per chunk) against the reference and the interpreter.
+fn gpu_users_loops() {
+    let mut rng = Rng::from_env();
+    for dev in devices() {
+        let c = CarriedRowComptime::default();
+        let kernel = format!("carried_row on {}", dev.target());
+        let shapes = [(1, 1), (3, 40000), (2, 65536)];
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes,
+            &Dist::ALL,
+            m_n,
+            |rng, (m, n), case| {
+                let x = tensor(rng, &[m, n], DType::F32, case.dist);
+                let y = output(&dev, DType::F32, &[1, n]);
+                let dx = upload_padded(&dev, &x, 3);
+                carried_row
+                    .launch(&dev, &c, [1, 1, 1], &dx, &y)
+                    .expect("launch");
+                let v = x.to_f64_vec();
+                let want: Vec<f64> = (0..n)
+                    .map(|col| (0..m).map(|r| v[r * n + col]).sum())
+                    .collect();
+                assert_close(
+                    case,
+                    &y.download().expect("download"),
+                    &want,
+                    sum_tolerance(m),
+                );
+            },
+        );
+
+        let c = RunningBlocksComptime::default();
+        let kernel = format!("running_blocks on {}", dev.target());
+        let shapes = [(1, 1), (100, 1500), (64, 1024)];
+        let dists = [Dist::Uniform, Dist::Normal, Dist::Large];
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes,
+            &dists,
+            m_n,
+            |rng, (m, n), case| {
+                let x = tensor(rng, &[m, n], DType::F32, case.dist);
+                let grid = running_blocks.grid(&c, [n, 1, 1]);
+                let y = output(&dev, DType::F32, &[m, n]);
+                let dx = upload_padded(&dev, &x, 5);
+                running_blocks
+                    .launch(&dev, &c, grid, &dx, &y)
+                    .expect("launch");
+                let want = running_blocks_ref(&x, c.BM);
+                let tol = sum_tolerance(m.div_ceil(c.BM));
+                assert_close(case, &y.download().expect("download"), &want, tol);
+            },
+        );
+
+        let c = ScaledRowsComptime::default();
+        let kernel = format!("scaled_rows on {}", dev.target());
+        let shapes = [(1, 1), (3, 40000), (5, 65536)];
+        sweep(
+            &mut rng,
+            &kernel,
+            shapes,
+            &Dist::ALL,
+            m_n,
+            |rng, (m, n), case| {
+                let x = tensor(rng, &[1, n], DType::F32, case.dist);
+                let y = output(&dev, DType::F32, &[m, n]);
+                let dx = upload_padded(&dev, &x, 2);
+                scaled_rows
+                    .launch(&dev, &c, [1, 1, 1], &dx, &y)
+                    .expect("launch");
+                let want = scaled_rows_ref(&x, m);
+                assert_close(
+                    case,
+                    &y.download().expect("download"),
+                    &want,
+                    tolerance(DType::F32),
+                );
+            },
+        );
+    }
+}
+
 fn main() -> ExitCode {
     gpu_common::run(&[
         ("gpu_large_tiles_softmax", Needs::Gpu, gpu_softmax),
@@ -417,5 +503,6 @@ fn main() -> ExitCode {
             Needs::Gpu,
             gpu_carried_cos_log,
         ),
+        ("gpu_large_tiles_users_loops", Needs::Gpu, gpu_users_loops),
     ])
 }
