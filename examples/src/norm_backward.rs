@@ -20,9 +20,10 @@ use crate::softmax::{from_f32, to_f32};
 /// runtime loops over tiles of all `RB` rows by [`loop_cols`] columns.
 ///
 /// Grid: `(cdiv(M, RB), 1, 1)`. Comptime: `BM`, `RB` (rows per block, default 16) and `NW`
-/// (warps per block, default 8), powers of two; `BN` a multiple of 16; `OCC`, the blocks a multiprocessor is asked
-/// to hold ([`blocks_per_sm`]: 1, none): a block walks its rows one tile after another, so a
-/// second block overlaps its reductions with the other's loads, where the registers allow
+/// (warps per block, default 8), powers of two; `BN` a multiple of 16; `OCC`, the blocks a
+/// multiprocessor is asked to hold ([`blocks_per_sm`]: 1, none): a block walks its rows one
+/// tile after another, so a second block overlaps its reductions with the other's loads,
+/// where the registers allow
 /// (bf16 at 4096 columns takes 72 registers a thread unasked: one block of 512 threads).
 /// Every loop is `pipelined` `STAGES` deep (default 1: none): the next tiles' loads are
 /// issued before this tile's reductions, at the registers of the tiles carried.

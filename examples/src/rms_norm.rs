@@ -15,8 +15,9 @@ use crate::softmax::{from_f32, to_f32};
 /// second scaling.
 ///
 /// Grid: `(cdiv(M, BM), 1, 1)`. Comptime: `BM` (rows per block, default 4), `BN` (columns
-/// per tile, default 1024), `NW` (warps per block, default 4); `BM` a power of two, `BN` a multiple of 16;
-/// `dtype` (default f32). [`crate::rows::row_config`] picks them for a row length.
+/// per tile, default 1024), `NW` (warps per block, default 4); `BM` a power of two, `BN` a
+/// multiple of 16; `dtype` (default f32). [`crate::rows::row_config`] picks them for a row
+/// length.
 #[kernel(num_warps = NW, grid = [BM, 1, 1])]
 pub fn rms_norm(
     x: Tensor<dtype, 2>,

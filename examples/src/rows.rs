@@ -97,13 +97,14 @@ const MAX_BLOCK_ROWS: usize = 32;
 /// The configuration of the norm backwards for `m` rows of `n` elements: a row up to
 /// [`NORM_BACKWARD_ONE_PASS_MAX`] is one tile (read once), 8 elements a thread of the next
 /// power of two (16 at 8192 columns, 16 warps at most), its columns fitted to the threads
-/// ([`fitted_columns`]: 4097 columns take 4608, 9 a thread); a longer row loops over [`LOOP_TILE`]-element tiles of all the
-/// block's rows. A block walks `rb` rows: as many as leave about two blocks per
-/// multiprocessor (the power of two at or above `m / 264`), at least 4 and at most 32.
-/// A one-tile row of up to 9 elements a thread asks for two blocks a multiprocessor: layer norm's
-/// bf16 backward at 4096 columns took 72 registers unasked (one block of 512 threads), 64
-/// asked without a spill, and ran 1.45x faster (H100, 16384 and 65536 rows; the others,
-/// at 58-64 registers unasked, ran the same); at 16 a thread (8192 columns) 64 registers spill.
+/// ([`fitted_columns`]: 4097 columns take 4608, 9 a thread); a longer row loops over
+/// [`LOOP_TILE`]-element tiles of all the block's rows. A block walks `rb` rows: as many as
+/// leave about two blocks per multiprocessor (the power of two at or above `m / 264`), at
+/// least 4 and at most 32. A one-tile row of up to 9 elements a thread asks for two blocks a
+/// multiprocessor: layer norm's bf16 backward at 4096 columns took 72 registers unasked (one
+/// block of 512 threads), 64 asked without a spill, and ran 1.45x faster (H100, 16384 and
+/// 65536 rows; the others, at 58-64 registers unasked, ran the same); at 16 a thread (8192
+/// columns) 64 registers spill.
 pub fn norm_backward_config(m: usize, n: usize) -> NormBackwardConfig {
     let (bm, bn, nw) = if n <= NORM_BACKWARD_ONE_PASS_MAX {
         let pow2 = n.max(32).next_power_of_two();

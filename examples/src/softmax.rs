@@ -17,8 +17,9 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// to `-inf` so they add nothing.
 ///
 /// Grid: `(cdiv(M, BM), 1, 1)`. Comptime: `BM` (rows per block, default 4), `BN` (columns
-/// per tile, default 512), `NW` (warps per block, default 4); `BM` a power of two, `BN` a multiple of 16;
-/// `dtype` (default f32). [`crate::rows::row_config`] picks them for a row length.
+/// per tile, default 512), `NW` (warps per block, default 4); `BM` a power of two, `BN` a
+/// multiple of 16; `dtype` (default f32). [`crate::rows::row_config`] picks them for a row
+/// length.
 #[kernel(num_warps = NW, grid = [BM, 1, 1])]
 pub fn softmax(
     x: Tensor<dtype, 2>,

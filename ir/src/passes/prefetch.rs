@@ -207,7 +207,7 @@ fn prefetch(
         (BinaryOp::Max, lo),
     ];
     for (op, x) in steps {
-        last = add1(kernel, out, OpKind::Binary(op), vec![last, x], loc)?;
+        last = binary(kernel, out, op, last, x, loc)?;
     }
     // The first iterations' tiles, before the loop: `first[k][i]` is load `i` at `lo + k
     // step`.
@@ -273,21 +273,21 @@ fn offset(
         step
     } else {
         let k = constant(kernel, out, Const::Int(k as i64), DType::I32, loc)?;
-        add1(
-            kernel,
-            out,
-            OpKind::Binary(BinaryOp::Mul),
-            vec![step, k],
-            loc,
-        )?
+        binary(kernel, out, BinaryOp::Mul, step, k, loc)?
     };
-    add1(
-        kernel,
-        out,
-        OpKind::Binary(BinaryOp::Add),
-        vec![base, by],
-        loc,
-    )
+    binary(kernel, out, BinaryOp::Add, base, by, loc)
+}
+
+/// `a op b` on i32 scalars, appended to `out`.
+fn binary(
+    kernel: &mut Kernel,
+    out: &mut Vec<OpId>,
+    op: BinaryOp,
+    a: ValueId,
+    b: ValueId,
+    loc: Loc,
+) -> Result<ValueId, Diagnostic> {
+    add1(kernel, out, OpKind::Binary(op), vec![a, b], loc)
 }
 
 /// The plan's loads with the induction variable `iv` at `min(at, last)`, appended to `out`
@@ -299,13 +299,7 @@ fn loads_at(
     (iv, at, last): (ValueId, ValueId, ValueId),
     loc: Loc,
 ) -> Result<Vec<ValueId>, Diagnostic> {
-    let at = add1(
-        kernel,
-        out,
-        OpKind::Binary(BinaryOp::Min),
-        vec![at, last],
-        loc,
-    )?;
+    let at = binary(kernel, out, BinaryOp::Min, at, last, loc)?;
     let mut map = BTreeMap::from([(iv, at)]);
     for &o in &plan.coords {
         clone_op(kernel, out, o, &mut map);

@@ -94,6 +94,7 @@ struct Component {
 }
 
 /// Where a value of a component lives, seen from the block being chunked.
+#[derive(Clone, Copy)]
 enum Site {
     /// Made by an op of the block.
     Block(OpId),
@@ -386,7 +387,8 @@ fn component(
         let mut outer: Vec<OpId> = Vec::new();
         let mut body: Vec<OpId> = Vec::new();
         let mut slots: Vec<(OpId, usize)> = Vec::new();
-        match site(v) {
+        let at = site(v);
+        match at {
             Some(Site::Block(op)) if matches!(kernel.ops[op].kind, OpKind::For { .. }) => {
                 let i = kernel.ops[op].results.iter().position(|&r| r == v);
                 slots.extend(i.map(|i| (op, i)));
@@ -404,7 +406,7 @@ fn component(
                 ));
             }
         }
-        if matches!(site(v), Some(Site::Block(_))) {
+        if matches!(at, Some(Site::Block(_))) {
             for &op in uses.get(&v).into_iter().flatten() {
                 let o = &kernel.ops[op];
                 if o.regions.is_empty() {
