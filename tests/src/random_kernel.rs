@@ -1670,17 +1670,11 @@ pub fn interpret(kernel: &Kernel) -> Result<(), String> {
 /// pass changes it.
 fn around_prefetch(kernel: &Kernel) -> Option<(Kernel, Kernel)> {
     let mut before = kernel.clone();
-    for (name, _, pass) in kiln_ir::passes::PASSES {
-        if *name == "prefetch" {
-            let mut after = before.clone();
-            pass(&mut after, Target::Sm80).ok()?;
-            let changed =
-                kiln_ir::print::print_kernel(&after) != kiln_ir::print::print_kernel(&before);
-            return changed.then_some((before, after));
-        }
-        pass(&mut before, Target::Sm80).ok()?;
-    }
-    None
+    kiln_ir::passes::run_through(&mut before, Target::Sm80, "strip_mine").ok()?;
+    let mut after = before.clone();
+    kiln_ir::passes::prefetch::run(&mut after, Target::Sm80).ok()?;
+    let changed = kiln_ir::print::print_kernel(&after) != kiln_ir::print::print_kernel(&before);
+    changed.then_some((before, after))
 }
 
 /// The bits of every tensor `kernel` may write, run on the harness's inputs; `None` for a

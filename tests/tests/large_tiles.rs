@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use kiln_ir::dsl::{KernelDef, Spec};
 use kiln_ir::interp::{HostArg, run};
+use kiln_ir::passes::run_through;
 use kiln_ir::print::print_kernel;
 use kiln_ir::{DType, HostTensor, Kernel, Target};
 use kiln_tests::check::{Case, assert_close, poisoned, sum_tolerance, tolerance};
@@ -23,13 +24,8 @@ use large_tiles_kernels::*;
 /// The kernel as `strip_mine` leaves it (the passes before it, then it).
 fn stripped(k: &Kernel, target: Target) -> Kernel {
     let mut k = k.clone();
-    for (name, _, pass) in kiln_ir::passes::PASSES {
-        pass(&mut k, target).unwrap_or_else(|d| panic!("{name}: {d}"));
-        if *name == "strip_mine" {
-            return k;
-        }
-    }
-    panic!("no strip_mine pass");
+    run_through(&mut k, target, "strip_mine").unwrap_or_else(|d| panic!("{d}"));
+    k
 }
 
 fn build<D: KernelDef>(def: &D, c: D::Comptime) -> Kernel {

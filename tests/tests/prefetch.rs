@@ -11,6 +11,7 @@ use kiln::prelude::*;
 use kiln_examples::cross_entropy::{CrossEntropyComptime, cross_entropy};
 use kiln_ir::dsl::{KernelDef, Spec};
 use kiln_ir::interp::{HostArg, run};
+use kiln_ir::passes::run_through;
 use kiln_ir::print::print_kernel;
 use kiln_ir::{DType, HostTensor, Kernel, Target};
 use kiln_tests::check::{
@@ -86,28 +87,16 @@ pub fn counted_positives(x: Tensor<f32, 2>, count: TensorMut<i32, 1>) {
     }
 }
 
-/// `k` after the passes up to and including `prefetch`.
-fn prefetched(k: &Kernel, target: Target) -> Kernel {
+/// `k` after the passes up to and including `last`.
+fn through(k: &Kernel, target: Target, last: &str) -> Kernel {
     let mut k = k.clone();
-    for (name, _, pass) in kiln_ir::passes::PASSES {
-        pass(&mut k, target).unwrap_or_else(|d| panic!("{name}: {d}"));
-        if *name == "prefetch" {
-            return k;
-        }
-    }
-    panic!("no prefetch pass");
+    run_through(&mut k, target, last).unwrap_or_else(|d| panic!("{last}: {d}"));
+    k
 }
 
-/// `k` after the passes before `prefetch`.
-fn before_prefetch(k: &Kernel, target: Target) -> Kernel {
-    let mut k = k.clone();
-    for (name, _, pass) in kiln_ir::passes::PASSES {
-        if *name == "prefetch" {
-            return k;
-        }
-        pass(&mut k, target).unwrap_or_else(|d| panic!("{name}: {d}"));
-    }
-    panic!("no prefetch pass");
+/// `k` after the passes up to and including `prefetch`.
+fn prefetched(k: &Kernel, target: Target) -> Kernel {
+    through(k, target, "prefetch")
 }
 
 fn build<D: KernelDef>(def: &D, c: D::Comptime) -> Kernel {
@@ -245,7 +234,7 @@ fn loads_that_cannot_move_stay() {
     ];
     for (name, k) in cases {
         for target in [Target::Sm80, Target::Sm90a] {
-            let before = print_kernel(&before_prefetch(&k, target));
+            let before = print_kernel(&through(&k, target, "strip_mine"));
             let after = print_kernel(&prefetched(&k, target));
             assert_eq!(before, after, "{name} on {target}");
         }

@@ -171,3 +171,20 @@ pub fn run_pipeline(
     }
     Ok(())
 }
+
+/// Runs the passes in order up to and including `last` (a name in [`PASSES`]): the kernel as
+/// `kiln ir --after last` shows it.
+pub fn run_through(kernel: &mut Kernel, target: Target, last: &str) -> Result<(), Diagnostic> {
+    for (name, _, pass) in PASSES {
+        if applies(name, target) {
+            pass(kernel, target)?;
+        }
+        if *name == last {
+            return Ok(());
+        }
+    }
+    Err(Diagnostic::internal(
+        crate::kernel::Loc::default(),
+        format!("no pass named `{last}`"),
+    ))
+}
