@@ -75,7 +75,9 @@ fn counted(t: Value, ignore_index: Value) -> Value {
 /// The batch's loss from [`cross_entropy`]'s per-row `loss: [M]`: `out[0]` their sum, or with
 /// `MEAN` their mean over the rows that count (NaN when none does, as PyTorch's), and
 /// `out[1]` how many rows count (the mean's divisor, which [`cross_entropy_backward`] reads).
-/// One block, `BM` rows a step, in a fixed order: the same bits every call.
+/// One block, `BM` rows a step, in a fixed order: the same bits every call. The loop is
+/// `pipelined` `STAGES` deep: one block walks every row, so each step's load latency is the
+/// kernel's time unless the next step's loads are already in flight.
 /// Grid: `(1, 1, 1)`.
 #[kernel(num_warps = NW, grid = [1, 1, 1])]
 pub fn cross_entropy_reduce(
@@ -86,11 +88,12 @@ pub fn cross_entropy_reduce(
     #[comptime(default = false)] MEAN: bool,
     #[comptime(default = 1024)] BM: usize,
     #[comptime(default = 4)] NW: usize,
+    #[comptime(default = 1)] STAGES: usize,
 ) {
     let m = loss.dim(0);
     let mut total = zeros::<f32>([BM]);
     let mut count = zeros::<f32>([BM]);
-    for i in (0..m).step_by(BM) {
+    for i in pipelined((0..m).step_by(BM), stages = STAGES as u32) {
         // Past `M`, loss reads 0 and the row is no row.
         total = total + loss.tile([BM], [i]).load();
         let row = iota([BM], 0) + i < m;

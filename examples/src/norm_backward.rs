@@ -195,19 +195,23 @@ pub fn loop_cols(bm: usize, bn: usize, rb: usize, occ: usize) -> usize {
 }
 
 /// `out[c] = sum_i part[i, c]` (f32 partials; `out` of element type `dtype`): the second
-/// stage of the weight gradients. Grid: `(cdiv(N, BN), 1, 1)`.
+/// stage of the weight gradients. A block walks every partial row of its `BN` columns, its
+/// loop `pipelined` `STAGES` deep: there are few partial rows and many columns, so narrow
+/// column tiles give the blocks, and the pipelining the bytes in flight, that keep a walk
+/// this short from being its loads' latency. Grid: `(cdiv(N, BN), 1, 1)`.
 #[kernel(grid = [BN, 1, 1])]
 pub fn sum_partials(
     part: Tensor<f32, 2>,
     out: TensorMut<dtype, 1>,
     #[comptime(default = 64)] BM: usize,
     #[comptime(default = 128)] BN: usize,
+    #[comptime(default = 1)] STAGES: usize,
     #[comptime(default = DType::Bf16)] dtype: DType,
 ) {
     let c0 = block_id().x * BN;
     let p = part.dim(0);
     let mut acc = zeros::<f32>([BN]);
-    for i in (0..p).step_by(BM) {
+    for i in pipelined((0..p).step_by(BM), stages = STAGES as u32) {
         // Rows past the last partial load as zeros.
         acc = acc + col_sum(&part.tile([BM, BN], [i, c0]).load());
     }

@@ -74,10 +74,14 @@ fn gpu_cross_entropy() {
                 for ((m, v), small) in shapes() {
                     for (i, dist) in Dist::ALL.into_iter().enumerate() {
                         let (words, ignore, mean) = [(1, -100, true), (2, 1, false)][i % 2];
+                        // The reduction as the wrapper runs it (one step) and in
+                        // pipelined steps of 256 rows.
+                        let (rbm, rnw, rstages) = [(1024, 4, 1), (256, 2, 2)][i / 2 % 2];
                         let cr = CrossEntropyReduceComptime {
                             MEAN: mean,
-                            BM: 1024,
-                            NW: 4,
+                            BM: rbm,
+                            NW: rnw,
+                            STAGES: rstages,
                         };
                         let cb = CrossEntropyBackwardComptime {
                             REDUCED: true,
@@ -212,13 +216,16 @@ fn gpu_norm_backwards() {
             // tile walked in groups, and a group taller than the block's rows; two blocks a
             // multiprocessor asked for (`OCC`); 4608 columns, as `norm_backward_config` fits
             // 4097; loops pipelined 2 deep.
-            for (bm, bn, rb, nw, occ, stages) in [
+            for (ci, (bm, bn, rb, nw, occ, stages)) in [
                 (4, 1024, 16, 8, 1, 1),
                 (8, 1024, 4, 8, 2, 1),
                 (1, 8192, 4, 16, 1, 1),
                 (1, 4608, 16, 16, 2, 1),
                 (2, 1024, 8, 8, 1, 2),
-            ] {
+            ]
+            .into_iter()
+            .enumerate()
+            {
                 let c = LayerNormBackwardComptime {
                     BM: bm,
                     BN: bn,
@@ -237,9 +244,13 @@ fn gpu_norm_backwards() {
                     STAGES: stages,
                     dtype,
                 };
+                // The partials summed as written, as the wrapper sums them (narrow columns,
+                // pipelined) and in short pipelined steps over the many partials of RB = 4.
+                let (sbm, sbn, sstages) = [(64, 128, 1), (128, 32, 2), (16, 32, 2)][ci % 3];
                 let cs_sum = SumPartialsComptime {
-                    BM: 64,
-                    BN: 128,
+                    BM: sbm,
+                    BN: sbn,
+                    STAGES: sstages,
                     dtype,
                 };
                 for ((m, n), _) in shapes() {

@@ -147,7 +147,8 @@ fn cross_entropy_run(
 
 /// [`cross_entropy_reduce`] of `loss` (a sum, or the `mean`) against the f64 sum and count
 /// of the rows that count (a mean over none is NaN, as PyTorch's); its `[reduced, count]`
-/// output.
+/// output. Pipelined 2 and 3 deep it must give the same bits: prefetching moves loads, never
+/// the order of the sums.
 fn cross_entropy_stats(
     cs: &Case,
     loss: &HostTensor,
@@ -156,16 +157,34 @@ fn cross_entropy_stats(
     mean: bool,
 ) -> HostTensor {
     let m = loss.shape[0];
-    let c = CrossEntropyReduceComptime {
-        MEAN: mean,
-        BM: 256,
-        NW: 4,
+    let run = |stages| {
+        let c = CrossEntropyReduceComptime {
+            MEAN: mean,
+            BM: 256,
+            NW: 4,
+            STAGES: stages,
+        };
+        assembles_clean(&cross_entropy_reduce, c, "");
+        let mut out = poisoned(&[2], DType::F32);
+        cross_entropy_reduce
+            .interpret(&c, [1, 1, 1], loss, t, &mut out, ignore)
+            .expect("interpret");
+        out
     };
-    assembles_clean(&cross_entropy_reduce, c, "");
-    let mut out = poisoned(&[2], DType::F32);
-    cross_entropy_reduce
-        .interpret(&c, [1, 1, 1], loss, t, &mut out, ignore)
-        .expect("interpret");
+    let out = run(1);
+    for stages in [2, 3] {
+        let bits = |o: &HostTensor| {
+            o.to_f64_vec()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            bits(&run(stages)),
+            bits(&out),
+            "{cs}: cross_entropy_reduce mean={mean} STAGES={stages} against STAGES=1"
+        );
+    }
     let rows = (0..m).filter(|&r| reference::cross_entropy_class(t, r, ignore).is_some());
     let count = rows.count() as f64;
     let total: f64 = loss.to_f64_vec().iter().sum();
@@ -370,18 +389,35 @@ fn a_norm_backward_asks_for_two_blocks_a_multiprocessor() {
     );
 }
 
-/// Adds up `part`'s rows with [`sum_partials`] into a `dtype` vector.
+/// Adds up `part`'s rows with [`sum_partials`] into a `dtype` vector, in steps of 16 rows by
+/// 32 columns as written and pipelined 2 deep: the same bits both ways.
 fn summed(part: &HostTensor, dtype: DType) -> HostTensor {
     let n = part.shape[1];
-    let c = SumPartialsComptime {
-        BM: 64,
-        BN: 128,
-        dtype,
+    let run = |stages| {
+        let c = SumPartialsComptime {
+            BM: 16,
+            BN: 32,
+            STAGES: stages,
+            dtype,
+        };
+        let mut out = poisoned(&[n], dtype);
+        sum_partials
+            .interpret(&c, sum_partials.grid(&c, [n, 1, 1]), part, &mut out)
+            .expect("interpret");
+        out
     };
-    let mut out = poisoned(&[n], dtype);
-    sum_partials
-        .interpret(&c, sum_partials.grid(&c, [n, 1, 1]), part, &mut out)
-        .expect("interpret");
+    let out = run(1);
+    let bits = |o: &HostTensor| {
+        o.to_f64_vec()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        bits(&run(2)),
+        bits(&out),
+        "sum_partials STAGES=2 against STAGES=1"
+    );
     out
 }
 
@@ -419,12 +455,15 @@ fn norm_backwards_match_reference() {
             };
             assembles_clean(&layer_norm_backward, c, "");
             assembles_clean(&rms_norm_backward, cr, "");
-            let cs = SumPartialsComptime {
-                BM: 64,
-                BN: 128,
-                dtype,
-            };
-            assembles_clean(&sum_partials, cs, "");
+            for (bm, bn, stages) in [(64, 128, 1), (128, 32, 2)] {
+                let cs = SumPartialsComptime {
+                    BM: bm,
+                    BN: bn,
+                    STAGES: stages,
+                    dtype,
+                };
+                assembles_clean(&sum_partials, cs, "");
+            }
             for (m, n) in SHAPES {
                 for dist in Dist::ALL {
                     let grid = layer_norm_backward.grid(&c, [m, 1, 1]);
