@@ -92,6 +92,38 @@ pub(crate) fn clone_op(
     out.push(new);
 }
 
+/// Appends to the arena a loop op of `kind` over `operands` whose body's arguments are typed
+/// `arg_tys` (the induction variable's first); the op and those arguments. [`close_loop`]
+/// gives it its body and results.
+pub(crate) fn open_loop(
+    kernel: &mut Kernel,
+    kind: OpKind,
+    operands: Vec<ValueId>,
+    arg_tys: Vec<Type>,
+    loc: Loc,
+) -> (OpId, Vec<ValueId>) {
+    let f = kernel.ops.append(Op {
+        kind,
+        operands,
+        results: Vec::new(),
+        regions: vec![Block::default()],
+        loc,
+    });
+    let args = append_args(kernel, f, 0, arg_tys);
+    (f, args)
+}
+
+/// Gives loop `f` from [`open_loop`] its `body` and a result per carried argument (every
+/// body argument after the induction variable), of its type; the results.
+pub(crate) fn close_loop(kernel: &mut Kernel, f: OpId, body: Vec<OpId>) -> Vec<ValueId> {
+    kernel.ops[f].regions[0].ops = body;
+    let tys = kernel.ops[f].regions[0].args[1..]
+        .iter()
+        .map(|&a| kernel.ty(a).clone())
+        .collect();
+    append_results(kernel, f, tys)
+}
+
 /// Adds results of types `tys` after `op`'s others; the new values.
 pub(crate) fn append_results(kernel: &mut Kernel, op: OpId, tys: Vec<Type>) -> Vec<ValueId> {
     let first = kernel.ops[op].results.len();

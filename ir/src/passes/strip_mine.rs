@@ -11,12 +11,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::diag::Diagnostic;
 use crate::kernel::{
-    Addr, BinaryOp, Block, Const, Kernel, Loc, Op, OpId, OpKind, ReduceOp, ValueDef, ValueId,
+    Addr, BinaryOp, Block, Const, Kernel, Loc, OpId, OpKind, ReduceOp, ValueDef, ValueId,
 };
 use crate::target::Target;
 use crate::types::{DType, Shape, Type};
 
-use super::edit::{add, add1, append_args, append_results, constant, substitute};
+use super::edit::{add, add1, close_loop, constant, open_loop, substitute};
 use super::walk::ops_in_order;
 
 /// A tile holding more elements than this per thread is chunked. Small enough that a
@@ -939,16 +939,9 @@ fn emit_loop(
     }
     let mut operands = vec![lo, hi, step];
     operands.extend(&inits);
-    let for_op = kernel.ops.append(Op {
-        kind: OpKind::For { stages: None },
-        operands,
-        results: Vec::new(),
-        regions: vec![Block::default()],
-        loc,
-    });
     let mut arg_tys = vec![Type::Scalar(DType::I32)];
     arg_tys.extend(inits.iter().map(|&v| kernel.ty(v).clone()));
-    let args = append_args(kernel, for_op, 0, arg_tys);
+    let (for_op, args) = open_loop(kernel, OpKind::For { stages: None }, operands, arg_tys, loc);
     let iv = args[0];
     let mut body: Vec<OpId> = Vec::new();
     let mut map: BTreeMap<ValueId, ValueId> = BTreeMap::new();
@@ -989,9 +982,7 @@ fn emit_loop(
         chunk_op(kernel, c, op, iv, &mut body, &mut map)?;
     }
     add(kernel, &mut body, OpKind::Yield, next, loc, None)?;
-    kernel.ops[for_op].regions[0].ops = body;
-    let tys: Vec<Type> = inits.iter().map(|&v| kernel.ty(v).clone()).collect();
-    let results = append_results(kernel, for_op, tys);
+    let results = close_loop(kernel, for_op, body);
     out.push(for_op);
     for (e, &res) in exits.iter().zip(&results) {
         let old = kernel.ops[e.op].results[0];
@@ -1157,13 +1148,6 @@ fn chunk_loop(
         .iter()
         .map(|x| map.get(x).copied().unwrap_or(*x))
         .collect();
-    let new_f = kernel.ops.append(Op {
-        kind: o.kind.clone(),
-        operands,
-        results: Vec::new(),
-        regions: vec![Block::default()],
-        loc: o.loc,
-    });
     let Some(old_body) = o.regions.first() else {
         return Err(Diagnostic::internal(
             o.loc,
@@ -1178,15 +1162,13 @@ fn chunk_loop(
         (_, ty) => ty.clone(),
     };
     let tys: Vec<Type> = old_body.args.iter().map(|&a| chunk_ty(kernel, a)).collect();
-    let args = append_args(kernel, new_f, 0, tys);
-    map.extend(old_body.args.iter().copied().zip(args.iter().copied()));
+    let (new_f, args) = open_loop(kernel, o.kind.clone(), operands, tys, o.loc);
+    map.extend(old_body.args.iter().copied().zip(args));
     let mut ops = Vec::with_capacity(old_body.ops.len());
     for &b in &old_body.ops {
         chunk_op(kernel, c, b, iv, &mut ops, map)?;
     }
-    kernel.ops[new_f].regions[0].ops = ops;
-    let tys: Vec<Type> = args[1..].iter().map(|&a| kernel.ty(a).clone()).collect();
-    let results = append_results(kernel, new_f, tys);
+    let results = close_loop(kernel, new_f, ops);
     map.extend(o.results.iter().copied().zip(results));
     body.push(new_f);
     Ok(())
