@@ -741,9 +741,27 @@ fn rewrite(
         ValueDef::Op(op, _) => Some(op),
         ValueDef::BlockArg { .. } => None,
     };
-    for &op in &block.ops {
-        if c.ops.contains(&op) {
-            let mut p = 1;
+    let effects: Vec<Effects> = block.ops.iter().map(|&o| Effects::of(kernel, o)).collect();
+    for (i, &op) in block.ops.iter().enumerate() {
+        // An op touching a tensor an earlier op touched goes after it, as a data dependence
+        // would put it: a store after the chunk loop storing to its tensor, a chunk store
+        // after a small op's store before it, and a chunk store in the loop after that of
+        // an earlier chunk store to other elements of its tensor (in one loop their chunks
+        // would interleave); a load and a store of the same elements share a loop.
+        let in_c = c.ops.contains(&op);
+        let ordered = block.ops[..i]
+            .iter()
+            .zip(&effects)
+            .filter(|&(_, fx)| fx.conflicts(&effects[i]))
+            .map(|(&e, _)| match (phase.get(&e), small_level.get(&e)) {
+                (Some(&k), _) => k + usize::from(in_c && !same_elements(kernel, e, op)),
+                (None, Some(&l)) => l + usize::from(in_c),
+                (None, None) => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        if in_c {
+            let mut p = ordered.max(1);
             // A loop carrying chunks reads values of the block inside its body too.
             let mut inputs = Vec::new();
             captured(kernel, op, &mut inputs);
@@ -769,7 +787,8 @@ fn rewrite(
                 .iter()
                 .map(|v| level.get(v).copied().unwrap_or(0))
                 .max()
-                .unwrap_or(0);
+                .unwrap_or(0)
+                .max(ordered);
             small_level.insert(op, l);
             for &r in &kernel.ops[op].results {
                 level.insert(r, l);
@@ -782,7 +801,6 @@ fn rewrite(
         Some(&k) => 2 * k - 1,
         None => 2 * small_level.get(&op).copied().unwrap_or(0),
     };
-    let effects: Vec<Effects> = block.ops.iter().map(|&o| Effects::of(kernel, o)).collect();
     for (i, &a) in block.ops.iter().enumerate() {
         for (j, &b) in block.ops.iter().enumerate().skip(i + 1) {
             if !effects[i].conflicts(&effects[j]) {

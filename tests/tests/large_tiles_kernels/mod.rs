@@ -233,6 +233,42 @@ pub fn scaled_rows_ref(x: &HostTensor, m: usize) -> Vec<f64> {
     (0..m * n).map(|e| v[e % n] * (e / n + 1) as f64).collect()
 }
 
+/// Stores of one whole row into two rows of `y` that are one row when `y` has one, each
+/// followed by a one-element store into it: `y[0, :] = x[0, :]`, `y[0, 0] = -1`, then
+/// `y[m - 1, :] = 2 x[0, :]`, `y[m - 1, 1] = 7`. Streamed, the two row stores go in two
+/// chunk loops (chunks of one loop would interleave them) and the one-element stores between
+/// and after them.
+#[kernel(grid = [1, 1, 1])]
+pub fn overlapping_rows(
+    x: Tensor<f32, 2>,
+    y: TensorMut<f32, 2>,
+    #[comptime(default = 65536)] BN: usize,
+) {
+    let t = x.tile([1, BN], [0, 0]).load();
+    y.tile([1, BN], [0, 0]).store(t);
+    y.tile([1, 1], [0, 0]).store(full::<f32>([1, 1], -1.0));
+    let last = y.dim(0) - 1;
+    y.tile([1, BN], [last, 0]).store(t * 2.0);
+    y.tile([1, 1], [last, 1]).store(full::<f32>([1, 1], 7.0));
+}
+
+/// [`overlapping_rows`]' result for `y` of `m` (1 or 2) rows, in f64.
+pub fn overlapping_rows_ref(x: &HostTensor, m: usize) -> Vec<f64> {
+    let n = x.shape[1];
+    let v = x.to_f64_vec();
+    let mut y = vec![0.0; m * n];
+    y[..n].copy_from_slice(&v);
+    y[0] = -1.0;
+    let last = (m - 1) * n;
+    for c in 0..n {
+        y[last + c] = 2.0 * v[c];
+    }
+    if n > 1 {
+        y[last + 1] = 7.0;
+    }
+    y
+}
+
 /// Running sums of `[BM, BN]` blocks of rows: `y[i BM + r, c] = sum_{j <= i} x[j BM + r, c]`
 /// for `c < BN` (block `b` of the grid takes columns `b BN ..`), each written inside the loop
 /// that carries the sum. The carried block, the loads and the stores are chunked together.
