@@ -382,6 +382,38 @@ fn a_large_tile_carried_around_a_loop_is_an_error_at_its_line() {
     kiln_ptx::compile(&small, Target::Sm80).expect("fits");
 }
 
+/// A whole row read only inside a branch of the user's loop keeps its whole tile: an error at
+/// its line saying why (the pass chunked the row and left the branch reading it, an internal
+/// error the fuzzer found).
+#[test]
+fn a_large_tile_read_inside_a_branch_of_a_users_loop_is_an_error_at_its_line() {
+    let line = include_str!("large_tiles_kernels/mod.rs")
+        .lines()
+        .position(|l| l.contains("MARK-branch"))
+        .expect("marker") as u32
+        + 1;
+    let k = build(
+        &row_stored_in_a_branch,
+        RowStoredInABranchComptime::default(),
+    );
+    for target in [Target::Sm80, Target::Sm90a] {
+        let text = kiln_ptx::compile(&k, target)
+            .expect_err("too large")
+            .to_string();
+        assert!(text.contains(&format!("mod.rs:{line}:")), "{text}");
+        assert!(
+            text.contains("a tile read inside a nested loop or branch")
+                && !text.contains("internal"),
+            "{text}"
+        );
+    }
+    let small = build(
+        &row_stored_in_a_branch,
+        RowStoredInABranchComptime { BN: 2048 },
+    );
+    kiln_ptx::compile(&small, Target::Sm80).expect("fits");
+}
+
 /// A tile carried around the user's loop streams with it: the user's loop runs once per
 /// chunk, inside the chunk loop, its loads (and stores) moved to the chunk; as written and
 /// after the pass against f64 on the interpreter (odd shapes, every distribution), compact

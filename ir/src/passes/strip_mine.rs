@@ -419,7 +419,21 @@ fn component(
                         other("a tile read inside a nested loop or branch"),
                     ));
                 }
-                // A loop reading it: as its initial value, and inside its body.
+                // A loop reading it: as its initial value, and inside its body (not inside
+                // a branch or loop of its body, which would run per chunk too).
+                let nested = o.regions.iter().flat_map(|r| &r.ops).any(|&b| {
+                    let mut vs = Vec::new();
+                    !kernel.ops[b].regions.is_empty() && {
+                        captured(kernel, b, &mut vs);
+                        vs.contains(&v)
+                    }
+                });
+                if nested {
+                    return Err(fail(
+                        &dims,
+                        other("a tile read inside a nested loop or branch"),
+                    ));
+                }
                 for (i, &x) in o.operands.iter().enumerate().skip(3) {
                     if x == v {
                         slots.push((op, i - 3));

@@ -233,6 +233,22 @@ pub fn scaled_rows_ref(x: &HostTensor, m: usize) -> Vec<f64> {
     (0..m * n).map(|e| v[e % n] * (e / n + 1) as f64).collect()
 }
 
+/// `y[0, :] = x[0, :]` from a whole row stored inside a branch of a loop over `y`'s rows:
+/// the loop cannot run once per chunk (its branch would too), so the row is not streamed.
+#[kernel(grid = [1, 1, 1])]
+pub fn row_stored_in_a_branch(
+    x: Tensor<f32, 2>,
+    y: TensorMut<f32, 2>,
+    #[comptime(default = 65536)] BN: usize,
+) {
+    let t = x.tile([1, BN], [0, 0]).load(); // MARK-branch
+    for r in 0..y.dim(0) {
+        if r == 0 {
+            y.tile([1, BN], [r, 0]).store(t);
+        }
+    }
+}
+
 /// Stores of one whole row into two rows of `y` that are one row when `y` has one, each
 /// followed by a one-element store into it: `y[0, :] = x[0, :]`, `y[0, 0] = -1`, then
 /// `y[m - 1, :] = 2 x[0, :]`, `y[m - 1, 1] = 7`. Streamed, the two row stores go in two
