@@ -67,6 +67,12 @@ pub fn poisoned(shape: &[usize], dtype: DType) -> HostTensor {
     t
 }
 
+/// Each element's bits, NaNs told apart by payload: for results that must be identical,
+/// not merely close.
+pub fn bits(t: &HostTensor) -> Vec<u64> {
+    t.to_f64_vec().iter().map(|x| x.to_bits()).collect()
+}
+
 /// What a numerical check ran: printed in every failure message.
 #[derive(Clone, Debug)]
 pub struct Case {

@@ -15,6 +15,8 @@ use kiln_ir::{
     Loc, OpKind, Param, ReduceOp, Shape, Target, UnaryOp, ValueId,
 };
 
+use crate::check::bits;
+
 /// Reads choices from the bytes; zeros once they run out.
 struct Bytes<'a> {
     data: &'a [u8],
@@ -1705,10 +1707,7 @@ fn outputs(kernel: &Kernel) -> Result<Option<Vec<Vec<u64>>>, String> {
         HostArg::U32(0x1234_5678),
     ];
     match run(kernel, [2, 1, 1], &mut args) {
-        Ok(()) => {
-            let bits = |t: &HostTensor| t.to_f64_vec().iter().map(|x| x.to_bits()).collect();
-            Ok(Some(vec![bits(&out), bits(&out1), bits(&cnt), bits(&out4)]))
-        }
+        Ok(()) => Ok(Some(vec![bits(&out), bits(&out1), bits(&cnt), bits(&out4)])),
         Err(e @ (InterpError::DivisionByZero { .. } | InterpError::NonPositiveStep { .. })) => {
             let shown = e.to_string();
             if quotes_ir(&shown) {

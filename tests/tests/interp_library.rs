@@ -23,7 +23,7 @@ use kiln_examples::softmax::{SoftmaxBackwardComptime, softmax_backward};
 use kiln_ir::dsl::KernelDef;
 use kiln_ir::{DType, HostTensor};
 use kiln_tests::check::{
-    Case, assert_close, assert_close_to_terms, lse_terms, poisoned, tolerance,
+    Case, assert_close, assert_close_to_terms, bits, lse_terms, poisoned, tolerance,
 };
 use kiln_tests::codegen::assembles_clean;
 use kiln_tests::inputs::{Dist, Rng, tensor};
@@ -173,12 +173,6 @@ fn cross_entropy_stats(
     };
     let out = run(1);
     for stages in [2, 3] {
-        let bits = |o: &HostTensor| {
-            o.to_f64_vec()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>()
-        };
         assert_eq!(
             bits(&run(stages)),
             bits(&out),
@@ -407,12 +401,6 @@ fn summed(part: &HostTensor, dtype: DType) -> HostTensor {
         out
     };
     let out = run(1);
-    let bits = |o: &HostTensor| {
-        o.to_f64_vec()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect::<Vec<_>>()
-    };
     assert_eq!(
         bits(&run(2)),
         bits(&out),
