@@ -84,11 +84,10 @@ def config_norm_backward(m, n, dtype):
 
 
 def config_sum_partials(p, n, dtype):
-    """The weight gradients' second stage: a block per 32 columns (one 128-byte line of each
-    partial row), up to 128 partial rows a step, the next step's loads in flight while one is
-    summed when it takes more than one."""
-    bm = min(128, max(16, _pow2_at_least(p)))
-    return {"BM": bm, "BN": 32, "STAGES": 2 if p > bm else 1}
+    """The weight gradients' second stage: 64 partial rows by 128 columns per step, not
+    pipelined (the GPU-measured choice; narrower column tiles pipelined 2 deep, `BN` 32 and
+    `STAGES` 2, give more blocks and bytes in flight, not yet measured)."""
+    return {"BM": 64, "BN": 128, "STAGES": 1}
 
 
 def config_cross_entropy(m, v, dtype):
@@ -98,11 +97,11 @@ def config_cross_entropy(m, v, dtype):
 
 
 def config_cross_entropy_reduce(m, mean):
-    """The loss's reduction: one block walks every row, so its time is the latency of its
-    steps: as few as it can (up to 8192 rows a step, 16 per thread), the next step's loads
-    in flight while one is summed when it takes more than one."""
-    bm = min(8192, max(256, _pow2_at_least(m)))
-    return {"MEAN": mean, "BM": bm, "NW": min(16, max(1, bm // 512)), "STAGES": 2 if m > bm else 1}
+    """The loss's reduction: one block of 4 warps, 1024 rows a step, not pipelined (the
+    GPU-measured choice). One block walks every row, so its time is the latency of its steps:
+    fewer, wider steps (up to 8192 rows over 16 warps) pipelined 2 deep are the candidate,
+    not yet measured."""
+    return {"MEAN": mean, "BM": 1024, "NW": 4, "STAGES": 1}
 
 
 def config_rotary(heads, head_dim, rotary_dim, dtype):

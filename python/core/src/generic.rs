@@ -1170,8 +1170,8 @@ mod tests {
             .collect()
     }
 
-    /// Every specialisation the wrappers pick for the benchmark's shapes compiles to PTX for
-    /// both targets, aligned and not.
+    /// Every specialisation the wrappers pick for the benchmark's shapes, and the candidates
+    /// a benchmark compares with them, compiles to PTX for both targets, aligned and not.
     #[test]
     fn the_wrappers_specialisations_compile_for_both_targets() {
         for (name, given) in [
@@ -1183,7 +1183,9 @@ mod tests {
             ("rms_norm_backward", vec![("BM", 4), ("BN", 1024)]),
             ("cross_entropy", vec![("BM", 1), ("BN", 2048)]),
             ("cross_entropy_backward", vec![("BM", 1), ("BN", 2048)]),
+            ("cross_entropy_reduce", vec![("BM", 1024), ("NW", 4)]),
             ("cross_entropy_reduce", vec![("BM", 8192), ("NW", 16), ("STAGES", 2)]),
+            ("sum_partials", vec![("BM", 64), ("BN", 128)]),
             ("sum_partials", vec![("BM", 128), ("BN", 32), ("STAGES", 2)]),
             ("rotary", vec![("D", 128), ("R", 128), ("BH", 8)]),
             ("dropout", vec![("BLOCK", 1024)]),
