@@ -1184,7 +1184,10 @@ mod tests {
             ("cross_entropy", vec![("BM", 1), ("BN", 2048)]),
             ("cross_entropy_backward", vec![("BM", 1), ("BN", 2048)]),
             ("cross_entropy_reduce", vec![("BM", 1024), ("NW", 4)]),
-            ("cross_entropy_reduce", vec![("BM", 8192), ("NW", 16), ("STAGES", 2)]),
+            (
+                "cross_entropy_reduce",
+                vec![("BM", 8192), ("NW", 16), ("STAGES", 2)],
+            ),
             ("sum_partials", vec![("BM", 64), ("BN", 128)]),
             ("sum_partials", vec![("BM", 128), ("BN", 32), ("STAGES", 2)]),
             ("rotary", vec![("D", 128), ("R", 128), ("BH", 8)]),
