@@ -93,6 +93,19 @@ where
     most
 }
 
+/// `y` (f32, of `shape`, poisoned first) after `kernel` runs on the interpreter over `x` on
+/// `grid`.
+fn run_xy(kernel: &Kernel, grid: [u32; 3], x: &HostTensor, shape: &[usize]) -> HostTensor {
+    let mut y = poisoned(shape, DType::F32);
+    run(
+        kernel,
+        grid,
+        &mut [HostArg::Tensor(x), HostArg::TensorMut(&mut y)],
+    )
+    .expect("interpret");
+    y
+}
+
 /// A shape `(m, n)` as the failure messages write it.
 fn m_n((m, n): (usize, usize)) -> String {
     format!("m={m} n={n}")
@@ -121,13 +134,7 @@ fn whole_row_softmax_streams_in_three_loops_and_matches_reference() {
                 let grid = whole_row_softmax.grid(&c, [m, 1, 1]);
                 let want = softmax_ref(&x);
                 for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
-                    let mut y = poisoned(&[m, n], DType::F32);
-                    run(
-                        kernel,
-                        grid,
-                        &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
-                    )
-                    .expect("interpret");
+                    let y = run_xy(kernel, grid, &x, &[m, n]);
                     let case = Case {
                         kernel: format!("{} {what}", case.kernel),
                         ..case.clone()
@@ -265,13 +272,7 @@ fn double_centering_reduces_both_dimensions_of_one_large_tile() {
             let x = tensor(rng, &[m, n], DType::F32, case.dist);
             let want = double_center_ref(&x);
             for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
-                let mut y = poisoned(&[m, n], DType::F32);
-                run(
-                    kernel,
-                    [1, 1, 1],
-                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
-                )
-                .expect("interpret");
+                let y = run_xy(kernel, [1, 1, 1], &x, &[m, n]);
                 let case = Case {
                     kernel: format!("{} {what}", case.kernel),
                     ..case.clone()
@@ -435,13 +436,7 @@ fn a_tile_carried_around_a_users_loop_streams_with_it() {
                 .map(|col| (0..m).map(|r| v[r * n + col]).sum())
                 .collect();
             for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
-                let mut y = poisoned(&[1, n], DType::F32);
-                run(
-                    kernel,
-                    [1, 1, 1],
-                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
-                )
-                .expect("interpret");
+                let y = run_xy(kernel, [1, 1, 1], &x, &[1, n]);
                 let case = Case {
                     kernel: format!("carried_row {what}"),
                     shape: m_n((m, n)),
@@ -466,13 +461,7 @@ fn a_tile_carried_around_a_users_loop_streams_with_it() {
             let want = running_blocks_ref(&x, c.BM);
             let grid = running_blocks.grid(&c, [n, 1, 1]);
             for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
-                let mut y = poisoned(&[m, n], DType::F32);
-                run(
-                    kernel,
-                    grid,
-                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
-                )
-                .expect("interpret");
+                let y = run_xy(kernel, grid, &x, &[m, n]);
                 let case = Case {
                     kernel: format!("running_blocks {what}"),
                     shape: m_n((m, n)),
@@ -503,13 +492,7 @@ fn a_large_tile_read_inside_a_users_loop_streams_with_it() {
             let x = tensor(&mut rng, &[x_rows, n], DType::F32, dist);
             let want = scaled_rows_ref(&x, m);
             for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
-                let mut y = poisoned(&[m, n], DType::F32);
-                run(
-                    kernel,
-                    [1, 1, 1],
-                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
-                )
-                .expect("interpret");
+                let y = run_xy(kernel, [1, 1, 1], &x, &[m, n]);
                 let case = Case {
                     kernel: format!("scaled_rows {what}"),
                     shape: m_n((m, n)),
@@ -542,13 +525,7 @@ fn stores_to_one_tensor_keep_their_order_when_streamed() {
             let x = tensor(&mut rng, &[1, n], DType::F32, dist);
             let want = overlapping_rows_ref(&x, m);
             for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
-                let mut y = poisoned(&[m, n], DType::F32);
-                run(
-                    kernel,
-                    [1, 1, 1],
-                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
-                )
-                .expect("interpret");
+                let y = run_xy(kernel, [1, 1, 1], &x, &[m, n]);
                 let case = Case {
                     kernel: format!("overlapping_rows {what}"),
                     shape: m_n((m, n)),
@@ -651,13 +628,7 @@ fn whole_row_tiles_inside_a_loop_of_the_users_stream_inside_it() {
             let x = tensor(rng, &[m, n], DType::F32, case.dist);
             let want = softmax_ref(&x);
             for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
-                let mut y = poisoned(&[m, n], DType::F32);
-                run(
-                    kernel,
-                    [1, 1, 1],
-                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
-                )
-                .expect("interpret");
+                let y = run_xy(kernel, [1, 1, 1], &x, &[m, n]);
                 let case = Case {
                     kernel: format!("{} {what}", case.kernel),
                     ..case.clone()
@@ -687,13 +658,7 @@ fn a_users_loop_carries_what_a_chunk_loop_reduces() {
             let x = tensor(rng, &[m, n], DType::F32, case.dist);
             let want = vec![x.to_f64_vec().iter().sum::<f64>()];
             for (what, kernel) in [("as written", &k), ("strip-mined", &s)] {
-                let mut y = poisoned(&[1], DType::F32);
-                run(
-                    kernel,
-                    [1, 1, 1],
-                    &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
-                )
-                .expect("interpret");
+                let y = run_xy(kernel, [1, 1, 1], &x, &[1]);
                 let case = Case {
                     kernel: format!("{} {what}", case.kernel),
                     ..case.clone()
@@ -855,13 +820,7 @@ fn long_math_on_a_whole_tile_calls_functions_written_once() {
     for (m, n) in [(1, 1), (3, 20001), (5, 16384)] {
         for dist in [Dist::Uniform, Dist::Normal, Dist::Large] {
             let x = tensor(&mut rng, &[m, n], DType::F32, dist);
-            let mut y = poisoned(&[1, n], DType::F32);
-            run(
-                &k,
-                carried_cos_log.grid(&c, [n, 1, 1]),
-                &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut y)],
-            )
-            .expect("interpret");
+            let y = run_xy(&k, carried_cos_log.grid(&c, [n, 1, 1]), &x, &[1, n]);
             let case = Case {
                 kernel: "carried_cos_log".into(),
                 shape: m_n((m, n)),
