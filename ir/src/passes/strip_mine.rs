@@ -423,10 +423,10 @@ fn component(
                 // a branch or loop of its body, which would run per chunk too).
                 let nested = o.regions.iter().flat_map(|r| &r.ops).any(|&b| {
                     let mut vs = Vec::new();
-                    !kernel.ops[b].regions.is_empty() && {
+                    if !kernel.ops[b].regions.is_empty() {
                         captured(kernel, b, &mut vs);
-                        vs.contains(&v)
                     }
+                    vs.contains(&v)
                 });
                 if nested {
                     return Err(fail(
