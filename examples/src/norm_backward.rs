@@ -196,9 +196,9 @@ pub fn loop_cols(bm: usize, bn: usize, rb: usize, occ: usize) -> usize {
 
 /// `out[c] = sum_i part[i, c]` (f32 partials; `out` of element type `dtype`): the second
 /// stage of the weight gradients. A block walks every partial row of its `BN` columns, its
-/// loop `pipelined` `STAGES` deep: there are few partial rows and many columns, so narrow
-/// column tiles give the blocks, and the pipelining the bytes in flight, that keep a walk
-/// this short from being its loads' latency. Grid: `(cdiv(N, BN), 1, 1)`.
+/// loop `pipelined` `STAGES` deep (default 1: none). There are few partial rows and many
+/// columns: narrower column tiles give more blocks, and pipelining more bytes in flight, to
+/// a walk whose time is otherwise its loads' latency. Grid: `(cdiv(N, BN), 1, 1)`.
 #[kernel(grid = [BN, 1, 1])]
 pub fn sum_partials(
     part: Tensor<f32, 2>,

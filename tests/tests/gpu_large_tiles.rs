@@ -414,10 +414,7 @@ fn gpu_users_loops() {
                 carried_row
                     .launch(&dev, &c, [1, 1, 1], &dx, &y)
                     .expect("launch");
-                let v = x.to_f64_vec();
-                let want: Vec<f64> = (0..n)
-                    .map(|col| (0..m).map(|r| v[r * n + col]).sum())
-                    .collect();
+                let want = carried_row_ref(&x);
                 assert_close(
                     case,
                     &y.download().expect("download"),

@@ -212,6 +212,15 @@ pub fn carried_row(
     y.tile([1, BN], [0, 0]).store(acc);
 }
 
+/// [`carried_row`]'s reference, in f64: the column sums of `x: [m, n]`.
+pub fn carried_row_ref(x: &HostTensor) -> Vec<f64> {
+    let (m, n) = (x.shape[0], x.shape[1]);
+    let v = x.to_f64_vec();
+    (0..n)
+        .map(|col| (0..m).map(|r| v[r * n + col]).sum())
+        .collect()
+}
+
 /// `y[r, :] = (r + 1) x[0, :]` for every row of `y`: the whole `[1, BN]` row of `x` loaded
 /// once and read inside a loop over the rows that does not carry it; the pass runs that
 /// loop once per chunk of the row, as it does a loop carrying chunks.
