@@ -4,8 +4,12 @@
 //! warps leaves one partial result per warp there and each thread combines them.
 //!
 //! Every exchange starts with `bar.sync` (readers of the previous exchange are done) and
-//! has one between its writes and its reads. The code is one instruction per register the
-//! thread holds: it grows with the per-thread tile, not with the tile.
+//! has one between its writes and its reads. The code is at most one instruction per register
+//! the thread holds: it grows with the per-thread tile, not with the tile. A thread's 32-bit
+//! elements that lie side by side there move as one 8- or 16-byte access (a lane's run of
+//! elements is one wavefront slot instead of one per element: a warp's four-element runs
+//! are conflict-free where single elements 16 bytes apart would meet in a quarter of the
+//! banks).
 
 use kiln_ir::schedule::{Distribution, Scratch, Term};
 use kiln_ir::{DType, OpId, ValueId};
@@ -57,18 +61,21 @@ impl Emitter<'_> {
         self.comment("layout conversion through shared memory");
         self.ins("bar.sync 0");
         let base = self.element_address(&src, &strides, esize, scratch);
+        let align = thread_align(&src, &strides, esize);
+        let mut elems = Vec::with_capacity(src.regs.len());
         for offs in &src.regs {
-            let e = self.elem(x, offs, id)?;
-            let at = linear(offs, &strides) * esize;
-            self.store_scratch(dtype, base, at, e);
+            elems.push((linear(offs, &strides) * esize, self.elem(x, offs, id)?));
         }
+        self.store_scratch_runs(dtype, base, align, &elems);
         self.ins("bar.sync 0");
         let base = self.element_address(&dst, &read_strides, esize, scratch);
-        let mut out = Vec::with_capacity(dst.regs.len());
-        for offs in &dst.regs {
-            let at = linear(offs, &read_strides) * esize;
-            out.push(self.load_scratch(dtype, base, at));
-        }
+        let align = thread_align(&dst, &read_strides, esize);
+        let ats: Vec<u32> = dst
+            .regs
+            .iter()
+            .map(|offs| linear(offs, &read_strides) * esize)
+            .collect();
+        let out = self.load_scratch_runs(dtype, base, align, &ats);
         self.vals.insert(r, Val::Tile(out));
         Ok(())
     }
@@ -95,8 +102,10 @@ impl Emitter<'_> {
         let scratch = self.scratch(id)?;
         let strides = row_major_strides(self.k, r, id, self)?;
         let esize = scratch_bytes(dtype);
-        // Partials of one result element lie side by side: element e of warp w at
-        // `(e * count + w) * esize`.
+        // One row of partials per warp, in the result's row-major order: element e of warp w
+        // at `(w * elems + e) * esize`, so a thread's neighbouring elements are neighbours
+        // there (vector accesses; lanes of a warp on distinct banks).
+        let elems = self.k.ty(r).shape().map_or(1, |s| s.numel() as u32);
         let count: u32 = warps.iter().map(|t| t.modulo).product();
         let mut radix = 1;
         let dense: Vec<Term> = warps
@@ -112,33 +121,38 @@ impl Emitter<'_> {
             })
             .collect();
         let warp = self.thread_coord(&dense);
+        let row = elems * esize;
 
         self.comment("reduction across warps through shared memory");
         self.ins("bar.sync 0");
-        let base = self.element_address(dst, &strides, esize * count, scratch);
+        let base = self.element_address(dst, &strides, esize, scratch);
+        let align = thread_align(dst, &strides, esize).min(row & row.wrapping_neg());
         let slot = self.new_reg(Class::B32);
-        self.ins(format!("mad.lo.u32 {slot}, {warp}, {esize}, {base}"));
+        self.ins(format!("mad.lo.u32 {slot}, {warp}, {row}, {base}"));
         // After the butterflies every lane of a group holds the same partial: the first
         // writes it.
         let lane = self.thread_coord(&lane_terms);
         let first = self.setp("eq.u32", lane, 0);
         let skip = self.new_label();
         self.ins(format!("@!{first} bra {skip}"));
-        for (offs, &p) in dst.regs.iter().zip(&partial) {
-            let at = linear(offs, &strides) * esize * count;
-            self.store_scratch(dtype, slot, at, p);
-        }
+        let ats: Vec<u32> = dst
+            .regs
+            .iter()
+            .map(|offs| linear(offs, &strides) * esize)
+            .collect();
+        let mine: Vec<(u32, Reg)> = ats.iter().copied().zip(partial).collect();
+        self.store_scratch_runs(dtype, slot, align, &mine);
         self.label(&skip);
         self.ins("bar.sync 0");
-        let mut out = Vec::with_capacity(partial.len());
-        for offs in &dst.regs {
-            let at = linear(offs, &strides) * esize * count;
-            let mut acc = self.load_scratch(dtype, base, at);
-            for w in 1..count {
-                let p = self.load_scratch(dtype, base, at + w * esize);
-                acc = combine(self, acc, p);
+        // Warp by warp, in order: each element combines its partials as a sequential loop
+        // over the warps would.
+        let mut out = self.load_scratch_runs(dtype, base, align, &ats);
+        for w in 1..count {
+            let shifted: Vec<u32> = ats.iter().map(|at| at + w * row).collect();
+            let next = self.load_scratch_runs(dtype, base, align, &shifted);
+            for (acc, p) in out.iter_mut().zip(next) {
+                *acc = combine(self, *acc, p);
             }
-            out.push(acc);
         }
         Ok(out)
     }
@@ -183,6 +197,49 @@ impl Emitter<'_> {
         }
     }
 
+    /// Stores each `(at, register)` of `elems` at `base + at`, neighbouring 32-bit elements
+    /// as one vector store where `base` (aligned to `align` bytes) and `at` allow.
+    fn store_scratch_runs(&mut self, dtype: DType, base: Reg, align: u32, elems: &[(u32, Reg)]) {
+        let ats: Vec<u32> = elems.iter().map(|&(at, _)| at).collect();
+        for run in vector_runs(dtype, align, &ats) {
+            let regs: Vec<String> = run.iter().map(|&i| elems[i].1.to_string()).collect();
+            let at = elems[run[0]].0;
+            match regs.len() {
+                1 => self.store_scratch(dtype, base, at, elems[run[0]].1),
+                n => self.ins(format!(
+                    "st.shared.v{n}.{} [{base}+{at}], {{{}}}",
+                    vector_type(dtype),
+                    regs.join(", ")
+                )),
+            }
+        }
+    }
+
+    /// The elements at `base + at` for each `at` of `ats`, in that order, loaded as
+    /// [`Emitter::store_scratch_runs`] stores them.
+    fn load_scratch_runs(&mut self, dtype: DType, base: Reg, align: u32, ats: &[u32]) -> Vec<Reg> {
+        let mut out: Vec<Option<Reg>> = vec![None; ats.len()];
+        for run in vector_runs(dtype, align, ats) {
+            if let [i] = run[..] {
+                out[i] = Some(self.load_scratch(dtype, base, ats[i]));
+                continue;
+            }
+            let regs: Vec<Reg> = run.iter().map(|_| self.new_reg(Class::of(dtype))).collect();
+            let names: Vec<String> = regs.iter().map(Reg::to_string).collect();
+            self.ins(format!(
+                "ld.shared.v{}.{} {{{}}}, [{base}+{}]",
+                regs.len(),
+                vector_type(dtype),
+                names.join(", "),
+                ats[run[0]]
+            ));
+            for (&i, r) in run.iter().zip(regs) {
+                out[i] = Some(r);
+            }
+        }
+        out.into_iter().flatten().collect()
+    }
+
     fn load_scratch(&mut self, dtype: DType, base: Reg, at: u32) -> Reg {
         let r = self.new_reg(Class::of(dtype));
         match dtype {
@@ -221,4 +278,60 @@ pub(super) fn row_major_strides(
 /// The row-major index of the element at `offs`.
 pub(super) fn linear(offs: &[u32], strides: &[u32]) -> u32 {
     offs.iter().zip(strides).map(|(o, s)| o * s).sum()
+}
+
+/// The largest power of two, up to 16, dividing every byte offset [`Emitter::element_address`]
+/// gives a thread of `d` (the scratch region's start is 128-byte aligned).
+fn thread_align(d: &Distribution, strides: &[u32], esize: u32) -> u32 {
+    d.terms
+        .iter()
+        .zip(strides)
+        .flat_map(|(terms, &stride)| {
+            terms
+                .iter()
+                .filter(|t| t.modulo > 1)
+                .map(move |t| t.mul * stride * esize)
+        })
+        .fold(16, |align, step| {
+            if step == 0 {
+                align
+            } else {
+                align.min(step & step.wrapping_neg())
+            }
+        })
+}
+
+/// The PTX type of a vector access to `dtype` elements.
+fn vector_type(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        _ => "b32",
+    }
+}
+
+/// The indices of `ats` grouped into accesses: runs of 4 or 2 neighbouring 32-bit elements
+/// whose first byte offset (and `align`, the base's) is a multiple of the run's bytes, in
+/// ascending order of offset; every other element alone. Indices whose offsets repeat
+/// (replicated registers) stay alone.
+fn vector_runs(dtype: DType, align: u32, ats: &[u32]) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..ats.len()).collect();
+    if !matches!(dtype, DType::F32 | DType::I32 | DType::U32) {
+        return order.into_iter().map(|i| vec![i]).collect();
+    }
+    order.sort_by_key(|&i| ats[i]);
+    let mut runs = Vec::with_capacity(order.len());
+    let mut k = 0;
+    while k < order.len() {
+        let fits = |n: usize| {
+            let bytes = 4 * n as u32;
+            align >= bytes
+                && ats[order[k]].is_multiple_of(bytes)
+                && k + n <= order.len()
+                && (1..n).all(|j| ats[order[k + j]] == ats[order[k]] + 4 * j as u32)
+        };
+        let n = [4, 2].into_iter().find(|&n| fits(n)).unwrap_or(1);
+        runs.push(order[k..k + n].to_vec());
+        k += n;
+    }
+    runs
 }
