@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from . import _native
-from .options import check_unsupported, interpreting
+from .options import check_unsupported, interpreting, statistics_outputs
 
 _F32 = torch.float32
 
@@ -280,11 +280,13 @@ class FlashAttnFunc(torch.autograd.Function):
         )
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (softmax_scale, causal, window, softcap, deterministic, fa3_window)
-        ctx.mark_non_differentiable(lse)
+        statistics_outputs(ctx, lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        if dout is None:
+            return (None,) * 9
         q, k, v, out, lse = ctx.saved_tensors
         scale, causal, window, softcap, deterministic, fa3_window = ctx.args
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -346,11 +348,13 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
         )
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_q, seqused_k)
         ctx.args = (max_q, max_k, softmax_scale, causal, window, softcap, deterministic, fa3_window)
-        ctx.mark_non_differentiable(lse)
+        statistics_outputs(ctx, lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        if dout is None:
+            return (None,) * 15
         q, k, v, out, lse, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
         max_q, max_k, scale, causal, window, softcap, deterministic, fa3_window = ctx.args
         # Zeroed: the kernels write the rows of the sequences only, and rows that no sequence

@@ -11,6 +11,7 @@ import math
 import torch
 
 from . import _native, kernel
+from .options import statistics_outputs
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -562,11 +563,13 @@ class _LayerNorm(torch.autograd.Function):
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.shape = shape
         ctx.has_bias = bias is not None
-        ctx.mark_non_differentiable(mean, rstd)
+        statistics_outputs(ctx, mean, rstd)
         return y, mean, rstd
 
     @staticmethod
     def backward(ctx, dy, _dmean, _drstd):
+        if dy is None:
+            return None, None, None, None, None
         x, weight, mean, rstd = ctx.saved_tensors
         dx, dw, db = layer_norm_backward(dy.to(x.dtype).contiguous(), x, ctx.shape, mean, rstd, weight)
         dw = dw.reshape(weight.shape) if weight is not None else None
@@ -581,11 +584,13 @@ class _RmsNorm(torch.autograd.Function):
         y, rstd = _rms_norm_fwd(x, shape, n, weight, eps)
         ctx.save_for_backward(x, weight, rstd)
         ctx.shape = shape
-        ctx.mark_non_differentiable(rstd)
+        statistics_outputs(ctx, rstd)
         return y, rstd
 
     @staticmethod
     def backward(ctx, dy, _drstd):
+        if dy is None:
+            return None, None, None, None
         x, weight, rstd = ctx.saved_tensors
         dx, dw = rms_norm_backward(dy.to(x.dtype).contiguous(), x, ctx.shape, rstd, weight)
         return dx, None, (dw.reshape(weight.shape) if weight is not None else None), None
@@ -599,11 +604,13 @@ class _CrossEntropy(torch.autograd.Function):
         (t, ctx.ignore) = targets
         ctx.save_for_backward(logits, t, lse, stats)
         ctx.reduction = reduction
-        ctx.mark_non_differentiable(lse)
+        statistics_outputs(ctx, lse)
         return loss, lse
 
     @staticmethod
     def backward(ctx, dloss, _dlse):
+        if dloss is None:
+            return None, None, None
         logits, t, lse, stats = ctx.saved_tensors
         dx = _cross_entropy_bwd(dloss, logits, (t, ctx.ignore), lse, ctx.reduction, stats)
         return dx, None, None

@@ -1,6 +1,7 @@
 """What every entry point of the package shares: the interpreter switch (`interpreter()`), the
 FlashAttention arguments kiln refuses by name (`check_unsupported`) and `window_size` as a pair
-(`window_pair`). Imports neither torch nor another module of the package.
+(`window_pair`), and how autograd Functions return statistics (`statistics_outputs`). Imports
+neither torch nor another module of the package.
 """
 
 import contextlib
@@ -70,3 +71,13 @@ def window_pair(window_size):
         except TypeError:
             raise TypeError(f"window_size: expected ints, got {type(x).__name__}") from None
     return out[0], out[1]
+
+
+def statistics_outputs(ctx, *outputs):
+    """Marks an autograd Function's statistics outputs (lse, mean, rstd) not differentiable and
+    leaves every output gradient nobody computed None: materialised, each backward would first
+    fill a zero tensor per statistic (a kernel and an allocation on the backward's host path,
+    most of a small call's). The backward then returns None gradients when its main output's
+    is None."""
+    ctx.mark_non_differentiable(*outputs)
+    ctx.set_materialize_grads(False)

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from . import autograd as _autograd  # noqa: F401  (registers the custom ops)
+from .options import statistics_outputs
 
 __all__ = ["ring_attention", "zigzag_shard", "zigzag_unshard"]
 
@@ -184,11 +185,13 @@ class RingAttnFunc(torch.autograd.Function):
         out, lse = _forward(q, k, v, scale, causal, zigzag, ring)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (scale, causal, zigzag, group, deterministic)
-        ctx.mark_non_differentiable(lse)
+        statistics_outputs(ctx, lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        if dout is None:
+            return (None,) * 8
         q, k, v, out, lse = ctx.saved_tensors
         scale, causal, zigzag, group, deterministic = ctx.args
         dq, dk, dv = _backward(
