@@ -280,8 +280,7 @@ class FlashAttnFunc(torch.autograd.Function):
         )
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (softmax_scale, causal, window, softcap, deterministic, fa3_window)
-        statistics_outputs(ctx, lse)
-        return out, lse
+        return statistics_outputs(ctx, out, (lse,), True)
 
     @staticmethod
     def backward(ctx, dout, _dlse):
@@ -348,8 +347,7 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
         )
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_q, seqused_k)
         ctx.args = (max_q, max_k, softmax_scale, causal, window, softcap, deterministic, fa3_window)
-        statistics_outputs(ctx, lse)
-        return out, lse
+        return statistics_outputs(ctx, out, (lse,), True)
 
     @staticmethod
     def backward(ctx, dout, _dlse):

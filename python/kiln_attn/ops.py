@@ -267,7 +267,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, return_sta
     shape, n = _normalized(x, normalized_shape)
     eps = _eps(eps, 1e-5)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
-        y, mean, rstd = _LayerNorm.apply(x, shape, weight, bias, eps)
+        return _LayerNorm.apply(x, shape, weight, bias, eps, return_stats)
     else:
         y, mean, rstd = _layer_norm_fwd(x, shape, n, weight, bias, eps)
     return (y, mean, rstd) if return_stats else y
@@ -293,7 +293,7 @@ def rms_norm(x, normalized_shape, weight=None, eps=None, return_rstd=False):
     shape, n = _normalized(x, normalized_shape)
     eps = _eps(eps, torch.finfo(x.dtype).eps)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight)):
-        y, rstd = _RmsNorm.apply(x, shape, weight, eps)
+        return _RmsNorm.apply(x, shape, weight, eps, return_rstd)
     else:
         y, rstd = _rms_norm_fwd(x, shape, n, weight, eps)
     return (y, rstd) if return_rstd else y
@@ -433,7 +433,7 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean", return_ls
     reduction = _reduction(reduction)
     targets = _targets(target, logits.shape[0], ignore_index)
     if torch.is_grad_enabled() and logits.requires_grad:
-        loss, lse = _CrossEntropy.apply(logits, targets, reduction)
+        return _CrossEntropy.apply(logits, targets, reduction, return_lse)
     else:
         loss, lse = _cross_entropy_fwd(logits, targets)
         loss, _ = _reduce(loss, targets, reduction)
@@ -557,63 +557,60 @@ class _Softmax(torch.autograd.Function):
 
 class _LayerNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, shape, weight, bias, eps):
+    def forward(ctx, x, shape, weight, bias, eps, return_stats):
         n = math.prod(shape)
         y, mean, rstd = _layer_norm_fwd(x, shape, n, weight, bias, eps)
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.shape = shape
         ctx.has_bias = bias is not None
-        statistics_outputs(ctx, mean, rstd)
-        return y, mean, rstd
+        return statistics_outputs(ctx, y, (mean, rstd), return_stats)
 
     @staticmethod
-    def backward(ctx, dy, _dmean, _drstd):
+    def backward(ctx, dy, *_dstats):
         if dy is None:
-            return None, None, None, None, None
+            return None, None, None, None, None, None
         x, weight, mean, rstd = ctx.saved_tensors
         dx, dw, db = layer_norm_backward(dy.to(x.dtype).contiguous(), x, ctx.shape, mean, rstd, weight)
         dw = dw.reshape(weight.shape) if weight is not None else None
         db = db.reshape(ctx.shape) if ctx.has_bias else None
-        return dx, None, dw, db, None
+        return dx, None, dw, db, None, None
 
 
 class _RmsNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, shape, weight, eps):
+    def forward(ctx, x, shape, weight, eps, return_rstd):
         n = math.prod(shape)
         y, rstd = _rms_norm_fwd(x, shape, n, weight, eps)
         ctx.save_for_backward(x, weight, rstd)
         ctx.shape = shape
-        statistics_outputs(ctx, rstd)
-        return y, rstd
+        return statistics_outputs(ctx, y, (rstd,), return_rstd)
 
     @staticmethod
-    def backward(ctx, dy, _drstd):
+    def backward(ctx, dy, *_drstd):
         if dy is None:
-            return None, None, None, None
+            return None, None, None, None, None
         x, weight, rstd = ctx.saved_tensors
         dx, dw = rms_norm_backward(dy.to(x.dtype).contiguous(), x, ctx.shape, rstd, weight)
-        return dx, None, (dw.reshape(weight.shape) if weight is not None else None), None
+        return dx, None, (dw.reshape(weight.shape) if weight is not None else None), None, None
 
 
 class _CrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, targets, reduction):
+    def forward(ctx, logits, targets, reduction, return_lse):
         loss, lse = _cross_entropy_fwd(logits, targets)
         loss, stats = _reduce(loss, targets, reduction)
         (t, ctx.ignore) = targets
         ctx.save_for_backward(logits, t, lse, stats)
         ctx.reduction = reduction
-        statistics_outputs(ctx, lse)
-        return loss, lse
+        return statistics_outputs(ctx, loss, (lse,), return_lse)
 
     @staticmethod
-    def backward(ctx, dloss, _dlse):
+    def backward(ctx, dloss, *_dlse):
         if dloss is None:
-            return None, None, None
+            return None, None, None, None
         logits, t, lse, stats = ctx.saved_tensors
         dx = _cross_entropy_bwd(dloss, logits, (t, ctx.ignore), lse, ctx.reduction, stats)
-        return dx, None, None
+        return dx, None, None, None
 
 
 class _Dropout(torch.autograd.Function):

@@ -185,8 +185,7 @@ class RingAttnFunc(torch.autograd.Function):
         out, lse = _forward(q, k, v, scale, causal, zigzag, ring)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (scale, causal, zigzag, group, deterministic)
-        statistics_outputs(ctx, lse)
-        return out, lse
+        return statistics_outputs(ctx, out, (lse,), True)
 
     @staticmethod
     def backward(ctx, dout, _dlse):

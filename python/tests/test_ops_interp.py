@@ -250,6 +250,25 @@ def test_autograd_through_the_wrappers(interp):
     xd = x.double().requires_grad_()
     (r,) = torch.autograd.grad(F.cross_entropy(xd, t), xd)
     assert rel(g, r) < 1e-5
+    # Statistics asked for under autograd: outputs that carry no gradient, the main output's
+    # the same as without them.
+    leaves = [t_.clone().requires_grad_() for t_ in (x, w, b)]
+    y, mean, rstd = ops.layer_norm(leaves[0], (n,), leaves[1], leaves[2], return_stats=True)
+    assert not mean.requires_grad and not rstd.requires_grad
+    got = torch.autograd.grad(y, leaves, dy)
+    plain = torch.autograd.grad(ops.layer_norm(leaves[0], (n,), leaves[1], leaves[2]), leaves, dy)
+    assert all(torch.equal(a, c) for a, c in zip(got, plain))
+    leaves = [t_.clone().requires_grad_() for t_ in (x, w)]
+    y, rstd = ops.rms_norm(leaves[0], (n,), leaves[1], 1e-5, return_rstd=True)
+    assert not rstd.requires_grad
+    got = torch.autograd.grad(y, leaves, dy)
+    plain = torch.autograd.grad(ops.rms_norm(leaves[0], (n,), leaves[1], 1e-5), leaves, dy)
+    assert all(torch.equal(a, c) for a, c in zip(got, plain))
+    loss, lse = ops.cross_entropy(logits, t, return_lse=True)
+    assert not lse.requires_grad
+    assert rel(lse, torch.logsumexp(x.double(), -1)) < 1e-6
+    (g2,) = torch.autograd.grad(loss, logits)
+    assert torch.equal(g2, g)
     for dtype in (torch.float32, torch.bfloat16):
         xr = (make((300,), dtype, 15) + 3).requires_grad_()
         y = ops.dropout(xr, 0.5, seed=3)
