@@ -26,7 +26,8 @@ use crate::softmax::{from_f32, to_f32};
 /// where the registers allow
 /// (bf16 at 4096 columns takes 72 registers a thread unasked: one block of 512 threads).
 /// Every loop is `pipelined` `STAGES` deep (default 1: none): the next tiles' loads are
-/// issued before this tile's reductions, at the registers of the tiles carried.
+/// issued before this tile's reductions, at the registers of the tiles carried. `LC`: the
+/// columns a tile of a longer row's walk takes (0, the default: [`loop_cols`]).
 #[kernel(num_warps = NW, grid = [RB, 1, 1])]
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_backward(
@@ -44,6 +45,7 @@ pub fn layer_norm_backward(
     #[comptime(default = 8)] NW: usize,
     #[comptime(default = 1)] OCC: usize,
     #[comptime(default = 1)] STAGES: usize,
+    #[comptime(default = 0)] LC: usize,
     #[comptime(default = DType::Bf16)] dtype: DType,
 ) {
     blocks_per_sm(OCC);
@@ -76,7 +78,11 @@ pub fn layer_norm_backward(
         dw_part.tile([1, BN], [blk, 0]).store(dw.row());
         db_part.tile([1, BN], [blk, 0]).store(db.row());
     } else {
-        let lc = loop_cols(BM, BN, RB, OCC);
+        let lc = if LC > 0 {
+            LC
+        } else {
+            loop_cols(BM, BN, RB, OCC)
+        };
         let mu = mean.tile([RB], [b0]).load().col();
         let rs = rstd.tile([RB], [b0]).load().col();
         let mut c1 = zeros::<f32>([RB]);
@@ -111,7 +117,7 @@ pub fn layer_norm_backward(
 /// RMS norm's backward for `y = x * rstd * w`: with `xhat = x * rstd` and `g = w * dy`,
 /// `dx = (g - mean_c(g * xhat) * xhat) * rstd`; block `i` (rows `RB i .. RB (i + 1)`) writes
 /// `dw_part[i, :] = sum_r dy * xhat`. Walks its rows as [`layer_norm_backward`] does.
-/// Grid: `(cdiv(M, RB), 1, 1)`.
+/// Grid: `(cdiv(M, RB), 1, 1)`. `LC` as [`layer_norm_backward`]'s.
 #[kernel(num_warps = NW, grid = [RB, 1, 1])]
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_backward(
@@ -127,6 +133,7 @@ pub fn rms_norm_backward(
     #[comptime(default = 8)] NW: usize,
     #[comptime(default = 1)] OCC: usize,
     #[comptime(default = 1)] STAGES: usize,
+    #[comptime(default = 0)] LC: usize,
     #[comptime(default = DType::Bf16)] dtype: DType,
 ) {
     blocks_per_sm(OCC);
@@ -153,7 +160,11 @@ pub fn rms_norm_backward(
         }
         dw_part.tile([1, BN], [blk, 0]).store(dw.row());
     } else {
-        let lc = loop_cols(BM, BN, RB, OCC);
+        let lc = if LC > 0 {
+            LC
+        } else {
+            loop_cols(BM, BN, RB, OCC)
+        };
         let rs = rstd.tile([RB], [b0]).load().col();
         let mut c1 = zeros::<f32>([RB]);
         for j in pipelined((0..n).step_by(lc), stages = STAGES as u32) {

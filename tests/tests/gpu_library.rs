@@ -215,13 +215,14 @@ fn gpu_norm_backwards() {
             // Rows longer than a tile (all of a block's rows per column tile), rows in one
             // tile walked in groups, and a group taller than the block's rows; two blocks a
             // multiprocessor asked for (`OCC`); 4608 columns, as `norm_backward_config` fits
-            // 4097; loops pipelined 2 deep.
-            for (ci, (bm, bn, rb, nw, occ, stages)) in [
-                (4, 1024, 16, 8, 1, 1),
-                (8, 1024, 4, 8, 2, 1),
-                (1, 8192, 4, 16, 1, 1),
-                (1, 4608, 16, 16, 2, 1),
-                (2, 1024, 8, 8, 1, 2),
+            // 4097; loops pipelined 2 deep; a long row's column tile asked for (`LC`).
+            for (ci, (bm, bn, rb, nw, occ, stages, lc)) in [
+                (4, 1024, 16, 8, 1, 1, 0),
+                (8, 1024, 4, 8, 2, 1, 0),
+                (1, 8192, 4, 16, 1, 1, 0),
+                (1, 4608, 16, 16, 2, 1, 0),
+                (2, 1024, 8, 8, 1, 2, 0),
+                (1, 4096, 8, 16, 1, 1, 1024),
             ]
             .into_iter()
             .enumerate()
@@ -233,6 +234,7 @@ fn gpu_norm_backwards() {
                     NW: nw,
                     OCC: occ,
                     STAGES: stages,
+                    LC: lc,
                     dtype,
                 };
                 let cr = RmsNormBackwardComptime {
@@ -242,6 +244,7 @@ fn gpu_norm_backwards() {
                     NW: nw,
                     OCC: occ,
                     STAGES: stages,
+                    LC: lc,
                     dtype,
                 };
                 // The partials summed as written, as the wrapper sums them (narrow columns,
@@ -296,7 +299,7 @@ fn gpu_norm_backwards() {
                             );
                             let name = if rms { "rms_norm" } else { "layer_norm" };
                             let k = format!(
-                                "{name}_backward {dtype} BM={bm} BN={bn} RB={rb} NW={nw} OCC={occ} STAGES={stages}"
+                                "{name}_backward {dtype} BM={bm} BN={bn} RB={rb} NW={nw} OCC={occ} STAGES={stages} LC={lc}"
                             );
                             let cs = case(k, &dev, m, n, dist, &rng);
                             let tol = tolerance(dtype) * 4.0;

@@ -346,6 +346,7 @@ fn backward_configs_assemble_clean() {
                 NW: b.nw,
                 OCC: b.occ,
                 STAGES: 1,
+                LC: 0,
                 dtype,
             };
             assembles_clean(&layer_norm_backward, c, "");
@@ -356,6 +357,7 @@ fn backward_configs_assemble_clean() {
                 NW: b.nw,
                 OCC: b.occ,
                 STAGES: 1,
+                LC: 0,
                 dtype,
             };
             assembles_clean(&rms_norm_backward, c, "");
@@ -374,6 +376,7 @@ fn a_norm_backward_asks_for_two_blocks_a_multiprocessor() {
         NW: 16,
         OCC: 2,
         STAGES: 1,
+        LC: 0,
         dtype: DType::Bf16,
     };
     assembles_clean(
@@ -414,14 +417,16 @@ fn norm_backwards_match_reference() {
     let mut rng = Rng::from_env();
     for dtype in [DType::Bf16, DType::F32] {
         // Rows longer than a tile (all of a block's rows per column tile; with two blocks
-        // a multiprocessor, half as many columns a tile), rows in one tile walked in groups,
-        // and a group taller than the block's rows; loops pipelined 2 deep.
-        for (bm, bn, rb, nw, occ, stages) in [
-            (4, 1024, 16, 8, 1, 1),
-            (4, 1024, 16, 8, 2, 1),
-            (8, 1024, 4, 8, 1, 1),
-            (1, 8192, 4, 16, 1, 1),
-            (2, 1024, 8, 8, 1, 2),
+        // a multiprocessor, half as many columns a tile; a column tile asked for, `LC`),
+        // rows in one tile walked in groups, and a group taller than the block's rows; loops
+        // pipelined 2 deep.
+        for (bm, bn, rb, nw, occ, stages, lc) in [
+            (4, 1024, 16, 8, 1, 1, 0),
+            (4, 1024, 16, 8, 2, 1, 0),
+            (4, 1024, 16, 8, 1, 1, 64),
+            (8, 1024, 4, 8, 1, 1, 0),
+            (1, 8192, 4, 16, 1, 1, 0),
+            (2, 1024, 8, 8, 1, 2, 0),
         ] {
             let c = LayerNormBackwardComptime {
                 BM: bm,
@@ -430,6 +435,7 @@ fn norm_backwards_match_reference() {
                 NW: nw,
                 OCC: occ,
                 STAGES: stages,
+                LC: lc,
                 dtype,
             };
             let cr = RmsNormBackwardComptime {
@@ -439,6 +445,7 @@ fn norm_backwards_match_reference() {
                 NW: nw,
                 OCC: occ,
                 STAGES: stages,
+                LC: lc,
                 dtype,
             };
             assembles_clean(&layer_norm_backward, c, "");
@@ -491,7 +498,7 @@ fn norm_backwards_match_reference() {
                         );
                         let name = if rms { "rms_norm" } else { "layer_norm" };
                         let k = format!(
-                            "{name}_backward {dtype} BM={bm} BN={bn} RB={rb} NW={nw} OCC={occ} STAGES={stages}"
+                            "{name}_backward {dtype} BM={bm} BN={bn} RB={rb} NW={nw} OCC={occ} STAGES={stages} LC={lc}"
                         );
                         let cs = case(k, m, n, dist, &rng);
                         if rms && n == 1 {
