@@ -268,8 +268,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, return_sta
     eps = _eps(eps, 1e-5)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
         return _LayerNorm.apply(x, shape, weight, bias, eps, return_stats)
-    else:
-        y, mean, rstd = _layer_norm_fwd(x, shape, n, weight, bias, eps)
+    y, mean, rstd = _layer_norm_fwd(x, shape, n, weight, bias, eps)
     return (y, mean, rstd) if return_stats else y
 
 
@@ -294,8 +293,7 @@ def rms_norm(x, normalized_shape, weight=None, eps=None, return_rstd=False):
     eps = _eps(eps, torch.finfo(x.dtype).eps)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight)):
         return _RmsNorm.apply(x, shape, weight, eps, return_rstd)
-    else:
-        y, rstd = _rms_norm_fwd(x, shape, n, weight, eps)
+    y, rstd = _rms_norm_fwd(x, shape, n, weight, eps)
     return (y, rstd) if return_rstd else y
 
 
@@ -434,9 +432,8 @@ def cross_entropy(logits, target, ignore_index=-100, reduction="mean", return_ls
     targets = _targets(target, logits.shape[0], ignore_index)
     if torch.is_grad_enabled() and logits.requires_grad:
         return _CrossEntropy.apply(logits, targets, reduction, return_lse)
-    else:
-        loss, lse = _cross_entropy_fwd(logits, targets)
-        loss, _ = _reduce(loss, targets, reduction)
+    loss, lse = _cross_entropy_fwd(logits, targets)
+    loss, _ = _reduce(loss, targets, reduction)
     return (loss, lse) if return_lse else loss
 
 

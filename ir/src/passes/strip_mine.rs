@@ -413,12 +413,6 @@ fn component(
                     outer.push(op);
                     continue;
                 }
-                if !matches!(o.kind, OpKind::For { .. }) {
-                    return Err(fail(
-                        &dims,
-                        other("a tile read inside a nested loop or branch"),
-                    ));
-                }
                 // A loop reading it: as its initial value, and inside its body (not inside
                 // a branch or loop of its body, which would run per chunk too).
                 let nested = o.regions.iter().flat_map(|r| &r.ops).any(|&b| {
@@ -428,7 +422,7 @@ fn component(
                     }
                     vs.contains(&v)
                 });
-                if nested {
+                if nested || !matches!(o.kind, OpKind::For { .. }) {
                     return Err(fail(
                         &dims,
                         other("a tile read inside a nested loop or branch"),
