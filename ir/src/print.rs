@@ -56,6 +56,13 @@ pub fn print_kernel(kernel: &Kernel) -> String {
             b.load
         );
     }
+    for b in &kernel.schedule.slabs {
+        let _ = writeln!(
+            out,
+            "  smem @{} : {} x {} B (each thread its own registers) for {}",
+            b.offset, b.stages, b.stage_bytes, b.load
+        );
+    }
     for st in &kernel.schedule.staged {
         let b = &st.buffer;
         let _ = writeln!(

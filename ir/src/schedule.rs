@@ -685,12 +685,32 @@ pub struct Note {
     pub text: String,
 }
 
+/// The shared-memory ring through which a pipelined loop without mma reads a register tile
+/// ahead ([`crate::passes::prefetch`]): each thread copies the elements of its own registers
+/// (`cp.async`) and reads them back, so no barrier orders the ring and no thread waits for
+/// another's copies. A thread's registers are cut into runs of `run_bytes`, the vector width
+/// its loads would take; run `k` of thread `t` in stage `s` sits at
+/// `offset + s * stage_bytes + (k * threads + t) * run_bytes`, so a warp's accesses are
+/// consecutive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ThreadSlab {
+    /// The `load` whose tile it holds.
+    pub load: OpId,
+    /// Byte offset in the block's dynamic shared memory (a multiple of 128).
+    pub offset: u32,
+    /// Bytes of one stage: the registers' elements of every thread.
+    pub stage_bytes: u32,
+    /// Number of stages (the loop's `stages`).
+    pub stages: u32,
+}
+
 /// How a pipelined `for` is software-pipelined.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoopPlan {
     /// Stages in flight (the loop's `stages`).
     pub stages: u32,
-    /// The loads in the body issued `stages - 1` iterations ahead with cp.async.
+    /// The loads in the body issued `stages - 1` iterations ahead with cp.async: into their
+    /// [`SmemBuffer`]s (loops with mma) or [`ThreadSlab`]s (loops without).
     pub prefetched: Vec<OpId>,
 }
 
@@ -705,6 +725,9 @@ pub struct Schedule {
     pub smem_bytes: u32,
     /// Plans of pipelined loops, keyed by their `for`.
     pub loops: BTreeMap<OpId, LoopPlan>,
+    /// The rings of register tiles pipelined loops without mma read ahead, after the
+    /// buffers.
+    pub slabs: Vec<ThreadSlab>,
     /// sm_90a, sm_100a: the schedule IR of the ring loop: roles, their programs, barriers
     /// and the transfers they order ([`crate::sched`]).
     pub sched: Option<crate::sched::Sched>,
@@ -957,6 +980,11 @@ impl Schedule {
     /// The buffer holding the tile loaded by `load`.
     pub fn buffer(&self, load: OpId) -> Option<&SmemBuffer> {
         self.buffers.iter().find(|b| b.load == load)
+    }
+
+    /// The ring through which `load`'s register tile is read ahead, if it is.
+    pub fn slab(&self, load: OpId) -> Option<&ThreadSlab> {
+        self.slabs.iter().find(|b| b.load == load)
     }
 
     /// How `operand`, an mma operand in registers, is staged in shared memory before each

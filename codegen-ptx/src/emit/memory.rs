@@ -255,7 +255,11 @@ impl Emitter<'_> {
             return Ok(());
         }
         if let Some(base) = self.pipelined_stage(id) {
-            let regs = self.read_stage(id, r, base)?;
+            let regs = if self.k.schedule.slab(id).is_some() {
+                self.read_thread_stage(id, r, base)?
+            } else {
+                self.read_stage(id, r, base)?
+            };
             self.vals.insert(r, Val::Tile(regs));
             return Ok(());
         }

@@ -31,6 +31,7 @@ mod mma;
 mod params;
 mod print;
 mod scalar_atomic;
+mod slab;
 mod stage;
 pub(crate) use in_flight::InFlight;
 pub(crate) use stage::StageSync;
@@ -43,7 +44,7 @@ use std::collections::BTreeMap;
 use std::fmt::{Display, Write as _};
 use std::ops::Range;
 
-use kiln_ir::schedule::SmemBuffer;
+use kiln_ir::schedule::{SmemBuffer, ThreadSlab};
 use kiln_ir::{Block, DType, Kernel, OpId, OpKind, Target, ValueId};
 
 use crate::error::CodegenError;
@@ -113,14 +114,40 @@ pub(crate) enum ParamRegs {
 pub(crate) struct Pipeline {
     /// The loop's induction variable.
     iv: ValueId,
-    /// The prefetched loads and their buffers.
-    loads: Vec<(OpId, SmemBuffer)>,
+    /// The prefetched loads and their rings.
+    loads: Vec<(OpId, Ring)>,
     /// Stages in the ring.
     stages: u32,
     /// Stage read by the current iteration.
     read: Reg,
     /// Stage written by the current iteration's prefetch.
     write: Reg,
+}
+
+/// Where a prefetched load's stages sit.
+#[derive(Clone, Debug)]
+pub(crate) enum Ring {
+    /// A tile staged in shared memory for mma, copied by the whole block.
+    Tile(SmemBuffer),
+    /// A register tile, each thread copying and reading back its own elements.
+    Thread(ThreadSlab),
+}
+
+impl Pipeline {
+    /// Whether a ring of the loop is shared by the block (its copies ordered by barriers).
+    fn shared(&self) -> bool {
+        self.loads.iter().any(|(_, r)| matches!(r, Ring::Tile(_)))
+    }
+}
+
+impl Ring {
+    /// Byte offset of stage 0, and bytes a stage.
+    fn extent(&self) -> (u32, u32) {
+        match self {
+            Ring::Tile(b) => (b.offset, b.stage_bytes),
+            Ring::Thread(b) => (b.offset, b.stage_bytes),
+        }
+    }
 }
 
 /// The module-scope declaration of CUDA's device printf (`print`).

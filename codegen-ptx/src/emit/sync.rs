@@ -4,10 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use kiln_ir::schedule::SmemBuffer;
 use kiln_ir::{DType, OpId, OpKind, ReduceOp, ValueDef, ValueId};
 
-use super::{Emitter, Lower, Pipeline, Val};
+use super::{Emitter, Lower, Pipeline, Ring, Val};
 use crate::error::CodegenError;
 use crate::types::{Class, Reg, half_ty};
 
@@ -153,13 +152,12 @@ impl Emitter<'_> {
         };
         let mut loads = Vec::new();
         for &l in &plan.prefetched {
-            let buf = self
-                .k
-                .schedule
-                .buffer(l)
-                .cloned()
-                .ok_or_else(|| self.internal(l, "prefetched load without a buffer"))?;
-            loads.push((l, buf));
+            let ring = match (self.k.schedule.buffer(l), self.k.schedule.slab(l)) {
+                (Some(b), _) => Ring::Tile(b.clone()),
+                (None, Some(b)) => Ring::Thread(b.clone()),
+                (None, None) => return Err(self.internal(l, "prefetched load without a ring")),
+            };
+            loads.push((l, ring));
         }
         let p = Pipeline {
             iv: self.k.ops[for_id].regions[0].args[0],
@@ -171,7 +169,9 @@ impl Emitter<'_> {
         self.ins(format!("mov.u32 {}, 0", p.read));
         self.ins(format!("mov.u32 {}, {}", p.write, p.stages - 1));
         // The loop may be re-entered (nested in another loop): its buffers may still be read.
-        self.ins("bar.sync 0");
+        if p.shared() {
+            self.ins("bar.sync 0");
+        }
         for s in 0..p.stages - 1 {
             let at = self.new_reg(Class::B32);
             self.ins(format!("mad.lo.s32 {at}, {step}, {s}, {iv}"));
@@ -193,8 +193,12 @@ impl Emitter<'_> {
     ) -> Result<(), CodegenError> {
         let Some(p) = p else { return Ok(()) };
         self.ins(format!("cp.async.wait_group {}", p.stages - 2));
-        self.async_proxy_fence();
-        self.ins("bar.sync 0");
+        // A thread reads its own copies of a register tile's ring: only a ring the block
+        // shares needs the others' copies done.
+        if p.shared() {
+            self.async_proxy_fence();
+            self.ins("bar.sync 0");
+        }
         let ahead = self.new_reg(Class::B32);
         self.ins(format!(
             "mad.lo.s32 {ahead}, {step}, {}, {iv}",
@@ -211,8 +215,8 @@ impl Emitter<'_> {
         } else {
             self.prefetch(p, ahead, p.write, lower)?;
         }
-        for (l, buf) in &p.loads {
-            let base = self.stage_base(buf, p.read);
+        for (l, ring) in &p.loads {
+            let base = self.stage_base(ring, p.read);
             self.stage_bases.insert(*l, base);
         }
         Ok(())
@@ -266,13 +270,11 @@ impl Emitter<'_> {
         }
     }
 
-    fn stage_base(&mut self, buf: &SmemBuffer, stage: Reg) -> Reg {
+    fn stage_base(&mut self, ring: &Ring, stage: Reg) -> Reg {
+        let (offset, stage_bytes) = ring.extent();
         let base = self.new_reg(Class::B32);
-        self.ins(format!("add.s32 {base}, {}, {}", self.smem, buf.offset));
-        self.ins(format!(
-            "mad.lo.u32 {base}, {stage}, {}, {base}",
-            buf.stage_bytes
-        ));
+        self.ins(format!("add.s32 {base}, {}, {offset}", self.smem));
+        self.ins(format!("mad.lo.u32 {base}, {stage}, {stage_bytes}, {base}"));
         base
     }
 
@@ -286,7 +288,7 @@ impl Emitter<'_> {
         lower: &mut dyn Lower,
     ) -> Result<(), CodegenError> {
         let gemm = self.single_mma(p.iv);
-        for (l, buf) in &p.loads {
+        for (l, ring) in &p.loads {
             let mut memo = BTreeMap::new();
             let staged = kiln_ir::passes::staged_load::of(self.k, *l)
                 .ok_or_else(|| self.internal(*l, "a prefetched tile of no load"))?;
@@ -295,8 +297,11 @@ impl Emitter<'_> {
                 .into_iter()
                 .map(|c| self.remat(c, p.iv, at, &mut memo, *l, lower))
                 .collect::<Result<Vec<_>, _>>()?;
-            let base = self.stage_base(buf, stage);
-            self.issue_copy(*l, &coords, base, buf, gemm)?;
+            let base = self.stage_base(ring, stage);
+            match ring {
+                Ring::Tile(buf) => self.issue_copy(*l, &coords, base, buf, gemm)?,
+                Ring::Thread(_) => self.issue_thread_copy(*l, &coords, base)?,
+            }
         }
         self.ins("cp.async.commit_group");
         Ok(())

@@ -18,29 +18,29 @@ use crate::types::{Class, Reg, mem_ty};
 const MAX_BYTES: u32 = 16;
 
 /// Where a thread's runs of a tile sit, and whether all of them can move unchecked.
-struct Plan {
+pub(super) struct Plan {
     /// Per run: its row offset, first column offset and first register index in the tile.
-    runs: Vec<(u32, u32, usize)>,
+    pub(super) runs: Vec<(u32, u32, usize)>,
     /// Per row offset: the row's address (`.b64`, at the thread's first column), whether the
     /// row is inside, and whether it is inside with an aligned address.
-    rows: BTreeMap<u32, (Reg, Reg, Reg)>,
+    pub(super) rows: BTreeMap<u32, (Reg, Reg, Reg)>,
     /// The thread's first column in the tensor, and the columns' extent.
-    col0: Reg,
-    cols: Reg,
+    pub(super) col0: Reg,
+    pub(super) cols: Reg,
     /// Element size in bytes.
-    esize: u32,
+    pub(super) esize: u32,
     /// Every run of every lane of the warp whole: inside the tensor and aligned. Such a warp
     /// (every tile but the edges) branches, uniformly, to unpredicated vector accesses with no
     /// per-element work; the per-run checks ([`EdgeRun`]) live on the edge path.
-    fast: Reg,
+    pub(super) fast: Reg,
 }
 
 /// The predicates of one run on a tile's edge.
-struct EdgeRun {
+pub(super) struct EdgeRun {
     /// The whole run inside and aligned: one vector access.
-    whole: Reg,
+    pub(super) whole: Reg,
     /// Per element, where the run is not whole: whether the element is inside.
-    parts: Vec<Reg>,
+    pub(super) parts: Vec<Reg>,
 }
 
 /// The number of elements `w` (a power of two, at most 16 bytes) each vector access moves for
@@ -89,7 +89,7 @@ impl Emitter<'_> {
     /// (`col_coord`: the IR value of the column coordinate, for its known alignment), and
     /// whether every one of them is whole.
     #[allow(clippy::too_many_arguments)]
-    fn plan(
+    pub(super) fn plan(
         &mut self,
         tensor: usize,
         coords: &[Reg],
@@ -182,32 +182,39 @@ impl Emitter<'_> {
         })
     }
 
-    /// The predicates of every run of `plan` on a tile's edge, in run order.
-    fn edge_runs(&mut self, plan: &Plan, w: u32) -> Vec<EdgeRun> {
+    /// The predicates of every run of `plan` on a tile's edge, in run order: one compare an
+    /// element (`setp` folds in the run's other conditions), the columns' offsets shared.
+    pub(super) fn edge_runs(&mut self, plan: &Plan, w: u32) -> Vec<EdgeRun> {
         let mut cols: BTreeMap<u32, Reg> = BTreeMap::new();
+        let mut col = |e: &mut Self, c: u32| {
+            *cols.entry(c).or_insert_with(|| {
+                let x = e.new_reg(Class::B32);
+                e.ins(format!("add.s32 {x}, {}, {c}", plan.col0));
+                x
+            })
+        };
         let mut out = Vec::with_capacity(plan.runs.len());
         for &(ro, co, _) in &plan.runs {
-            for c in co..co + w {
-                if let std::collections::btree_map::Entry::Vacant(e) = cols.entry(c) {
-                    let x = self.new_reg(Class::B32);
-                    self.ins(format!("add.s32 {x}, {}, {c}", plan.col0));
-                    e.insert(self.in_bounds(x, plan.cols, None));
-                }
-            }
             let (_, row_ok, vec_ok) = plan.rows[&ro];
+            // Unsigned compares: a negative column is outside.
+            let (first, last) = (col(self, co), col(self, co + w - 1));
             let whole = self.new_reg(Class::Pred);
-            self.ins(format!("and.pred {whole}, {vec_ok}, {}", cols[&co]));
             self.ins(format!(
-                "and.pred {whole}, {whole}, {}",
-                cols[&(co + w - 1)]
+                "setp.lt.and.u32 {whole}, {first}, {}, {vec_ok}",
+                plan.cols
+            ));
+            self.ins(format!(
+                "setp.lt.and.u32 {whole}, {last}, {}, {whole}",
+                plan.cols
             ));
             let split = self.new_reg(Class::Pred);
             self.ins(format!("not.pred {split}, {whole}"));
+            self.ins(format!("and.pred {split}, {split}, {row_ok}"));
             let parts = (co..co + w)
                 .map(|c| {
+                    let x = col(self, c);
                     let p = self.new_reg(Class::Pred);
-                    self.ins(format!("and.pred {p}, {row_ok}, {}", cols[&c]));
-                    self.ins(format!("and.pred {p}, {p}, {split}"));
+                    self.ins(format!("setp.lt.and.u32 {p}, {x}, {}, {split}", plan.cols));
                     p
                 })
                 .collect();
@@ -340,7 +347,7 @@ impl Emitter<'_> {
     /// A bf16 element is the high half of the f32 with its bits: from the words of a fast
     /// vector load, `fs` (f32 registers) keep each word's high half or shift its low half
     /// there, one instruction an element.
-    fn widen_words(&mut self, words: &[Reg], fs: &[Reg]) {
+    pub(super) fn widen_words(&mut self, words: &[Reg], fs: &[Reg]) {
         for (word, f) in words.iter().zip(fs.chunks(2)) {
             self.ins(format!("shl.b32 {}, {word}, 16", f[0]));
             self.ins(format!("and.b32 {}, {word}, -65536", f[1]));
@@ -348,7 +355,7 @@ impl Emitter<'_> {
     }
 
     /// `xs` (16-bit registers) from the b32 pairs `packed`.
-    fn unpack(&mut self, packed: &[Reg], xs: &[Reg]) {
+    pub(super) fn unpack(&mut self, packed: &[Reg], xs: &[Reg]) {
         for (p, pair) in packed.iter().zip(xs.chunks(2)) {
             self.ins(format!("mov.b32 {{{}, {}}}, {p}", pair[0], pair[1]));
         }

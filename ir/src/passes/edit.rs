@@ -65,33 +65,6 @@ pub(crate) fn constant(
         .ok_or_else(|| Diagnostic::internal(loc, "a pass built a constant without a value"))
 }
 
-/// Appends `op` to `out` again with its operands looked up in `map` (and its regions
-/// none): for pure ops without regions, whose results keep their types.
-pub(crate) fn clone_op(
-    kernel: &mut Kernel,
-    out: &mut Vec<OpId>,
-    op: OpId,
-    map: &mut BTreeMap<ValueId, ValueId>,
-) {
-    let o = kernel.ops[op].clone();
-    let operands = o
-        .operands
-        .iter()
-        .map(|x| *map.get(x).unwrap_or(x))
-        .collect();
-    let new = kernel.ops.append(Op {
-        kind: o.kind,
-        operands,
-        results: Vec::new(),
-        regions: Vec::new(),
-        loc: o.loc,
-    });
-    let tys = o.results.iter().map(|&r| kernel.ty(r).clone()).collect();
-    let rs = append_results(kernel, new, tys);
-    map.extend(o.results.iter().copied().zip(rs));
-    out.push(new);
-}
-
 /// Appends to the arena a loop op of `kind` over `operands` whose body's arguments are typed
 /// `arg_tys` (the induction variable's first); the op and those arguments. [`close_loop`]
 /// gives it its body and results.

@@ -66,7 +66,8 @@ pub fn run(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     place_scratch(kernel, target)?;
     super::bulk_add::plan(kernel, target)?;
     super::consumer_barriers::plan(kernel, target);
-    let mut loops = std::collections::BTreeMap::new();
+    // The loops without mma already hold their plans (`prefetch`).
+    let mut loops = std::mem::take(&mut kernel.schedule.loops);
     for id in ops_in_order(kernel) {
         let OpKind::For { stages: Some(n) } = kernel.ops[id].kind else {
             continue;

@@ -1,5 +1,7 @@
 //! The `memory_plan` pass: places one shared-memory buffer per tile staged in shared memory
-//! (layout `#smem`: a load or a bounded masked load, `staged_load`), with `stages` copies for a load directly inside a pipelined loop.
+//! (layout `#smem`: a load or a bounded masked load, `staged_load`), with `stages` copies for a
+//! load directly inside a pipelined loop, then the rings of the register tiles that loops
+//! without mma read ahead (`prefetch`).
 //!
 //! Buffers are laid out one after another at 128-byte alignment (no reuse yet: every staged
 //! tile of the example kernels is live across the main loop). Rows of a multiple of 32 bytes
@@ -7,13 +9,15 @@
 //! ldmatrix and cp.async are bank-conflict free. A total over the target's
 //! limit is a diagnostic at the first load, naming every buffer. Rewrites no op.
 
+use std::collections::BTreeMap;
+
 use crate::diag::Diagnostic;
-use crate::kernel::{Kernel, Loc, OpKind};
-use crate::schedule::SmemBuffer;
+use crate::kernel::{Kernel, Loc, OpId, OpKind};
+use crate::schedule::{SmemBuffer, ThreadSlab};
 use crate::target::Target;
 use crate::types::Shape;
 
-use super::walk::ops_in_order;
+use super::walk::{ops_in_block_regions, ops_in_order};
 
 /// Shared memory a block may use on every supported target (227 KiB).
 pub const SMEM_LIMIT: u32 = 227 * 1024;
@@ -76,10 +80,51 @@ pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {
         });
         offset += (stage_bytes * stages).next_multiple_of(128);
     }
+    // The rings of the register tiles loops without mma read ahead (`prefetch`). A loop's
+    // rings are dead once it ends, so they start after those of the loops around it alone:
+    // loops one after another (or in two branches) share their bytes.
+    let threads = 32 * kernel.options.num_warps;
+    let base = offset;
+    let mut slabs: Vec<ThreadSlab> = Vec::new();
+    let mut ends: BTreeMap<OpId, u32> = BTreeMap::new();
+    for id in &order {
+        let Some(plan) = kernel.schedule.loops.get(id) else {
+            continue;
+        };
+        let mut at = ends
+            .iter()
+            .filter(|&(&g, _)| ops_in_block_regions(kernel, g).contains(id))
+            .map(|(_, &end)| end)
+            .max()
+            .unwrap_or(base);
+        for &load in &plan.prefetched {
+            if buffers.iter().any(|b| b.load == load) {
+                continue;
+            }
+            let r = kernel.ops[load].results[0];
+            let regs = kernel
+                .distribution(r)
+                .map_err(|e| Diagnostic::internal(kernel.ops[load].loc, e.to_string()))?
+                .regs
+                .len() as u32;
+            let stage_bytes = regs * kernel.ty(r).dtype().size_bytes() as u32 * threads;
+            slabs.push(ThreadSlab {
+                load,
+                offset: at,
+                stage_bytes,
+                stages: plan.stages,
+            });
+            at += (stage_bytes * plan.stages).next_multiple_of(128);
+        }
+        ends.insert(*id, at);
+        offset = offset.max(at);
+    }
     if offset > SMEM_LIMIT {
         let first = buffers
             .first()
-            .map(|b| kernel.ops[b.load].loc)
+            .map(|b| b.load)
+            .or(slabs.first().map(|b| b.load))
+            .map(|l| kernel.ops[l].loc)
             .unwrap_or_default();
         let mut d = Diagnostic::new(
             first,
@@ -87,15 +132,18 @@ pub fn run(kernel: &mut Kernel, _target: Target) -> Result<(), Diagnostic> {
                 "the kernel needs {offset} bytes of shared memory; at most {SMEM_LIMIT} are available"
             ),
         );
-        for b in &buffers {
+        let stages = buffers.iter().map(|b| (b.stages, b.stage_bytes, b.load));
+        let rings = slabs.iter().map(|b| (b.stages, b.stage_bytes, b.load));
+        for (stages, bytes, load) in stages.chain(rings) {
             d = d.note(format!(
-                "{} stage(s) of {} bytes for the tile loaded at {}",
-                b.stages, b.stage_bytes, kernel.ops[b.load].loc
+                "{stages} stage(s) of {bytes} bytes for the tile loaded at {}",
+                kernel.ops[load].loc
             ));
         }
         return Err(d.note("use smaller tiles or fewer pipeline stages"));
     }
     kernel.schedule.buffers = buffers;
+    kernel.schedule.slabs = slabs;
     kernel.schedule.smem_bytes = offset;
     Ok(())
 }
