@@ -18,7 +18,8 @@ use super::walk::{all_aligned16, hoistable, ops_in_order};
 /// sm_80: for every `for` with `stages = Some(n)`, records in `kernel.schedule.loops` which
 /// loads of its body (those staged in shared memory, with coordinates computed from the
 /// induction variable and values defined before the loop) the writer issues `n - 1`
-/// iterations ahead as cp.async groups, and which register mma operands are read through
+/// iterations ahead as cp.async groups (a loop without mma holds the plan `prefetch` gave
+/// it), and which register mma operands are read through
 /// shared memory ([`super::mma_operands`]). sm_90a: the same, except for the loop the
 /// `pipeline` pass scheduled as a TMA ring; a kernel with an mma it did not take (an mma
 /// outside any loop, in a nested or unpipelined loop, in a second mma loop, with operands

@@ -56,12 +56,12 @@ pub const PASSES: &[(&str, &str, PassFn)] = &[
         "stream tiles too large for registers through loops over chunks of them",
         strip_mine::run,
     ),
-    // After strip_mine (which keeps a pipelined loop's tiles whole); before layout, which
-    // lays out the tiles it carries.
+    // After strip_mine (which keeps a pipelined loop's tiles whole); memory_plan places the
+    // rings of the loads it plans.
     (
         "prefetch",
-        "pipelined loops without mma: each iteration issues a later one's loads, carried in \
-         registers",
+        "pipelined loops without mma: each iteration issues a later one's loads into \
+         per-thread shared-memory rings",
         prefetch::run,
     ),
     // Needs the final op set; everything after it reads the layouts.
