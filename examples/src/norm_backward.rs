@@ -81,21 +81,23 @@ pub fn layer_norm_backward(
         let lc = if LC > 0 {
             LC
         } else {
-            loop_cols(BM, BN, RB, NW, OCC, STAGES, dtype)
+            loop_cols(BM, BN, RB, NW, OCC, dtype)
         };
         let mu = mean.tile([RB], [b0]).load().col();
         let rs = rstd.tile([RB], [b0]).load().col();
-        let mut c1 = zeros::<f32>([RB]);
-        let mut c2 = zeros::<f32>([RB]);
+        // Each thread sums its own elements across the walk; the rows meet once, after it
+        // (a reduction across warps each tile would hold every warp at its barriers).
+        let mut c1 = zeros::<f32>([RB, lc]);
+        let mut c2 = zeros::<f32>([RB, lc]);
         for j in pipelined((0..n).step_by(lc), stages = STAGES as u32) {
             let xhat = (to_f32(x.tile([RB, lc], [b0, j]).load(), dtype) - mu) * rs;
             let wt = to_f32(w.tile([lc], [j]).load(), dtype).row();
             let g = to_f32(dy.tile([RB, lc], [b0, j]).load(), dtype) * wt;
-            c1 = c1 + row_sum(&(g * xhat));
-            c2 = c2 + row_sum(&g);
+            c1 = c1 + g * xhat;
+            c2 = c2 + g;
         }
-        let c1 = (c1 / nf).col();
-        let c2 = (c2 / nf).col();
+        let c1 = (row_sum(&c1) / nf).col();
+        let c2 = (row_sum(&c2) / nf).col();
         // Backwards: the tiles the first loop read last are the likeliest to be in L2.
         let last = (n - 1) / lc as i32 * lc as i32;
         for back in pipelined((0..n).step_by(lc), stages = STAGES as u32) {
@@ -163,17 +165,18 @@ pub fn rms_norm_backward(
         let lc = if LC > 0 {
             LC
         } else {
-            loop_cols(BM, BN, RB, NW, OCC, STAGES, dtype)
+            loop_cols(BM, BN, RB, NW, OCC, dtype)
         };
         let rs = rstd.tile([RB], [b0]).load().col();
-        let mut c1 = zeros::<f32>([RB]);
+        // Summed per element across the walk, the rows meeting once (see the layer norm's).
+        let mut c1 = zeros::<f32>([RB, lc]);
         for j in pipelined((0..n).step_by(lc), stages = STAGES as u32) {
             let xhat = to_f32(x.tile([RB, lc], [b0, j]).load(), dtype) * rs;
             let wt = to_f32(w.tile([lc], [j]).load(), dtype).row();
             let g = to_f32(dy.tile([RB, lc], [b0, j]).load(), dtype) * wt;
-            c1 = c1 + row_sum(&(g * xhat));
+            c1 = c1 + g * xhat;
         }
-        let c1 = (c1 / nf).col();
+        let c1 = (row_sum(&c1) / nf).col();
         let last = (n - 1) / lc as i32 * lc as i32;
         for back in pipelined((0..n).step_by(lc), stages = STAGES as u32) {
             let j = last - back;
@@ -200,23 +203,14 @@ pub fn group_rows(bm: usize, rb: usize) -> usize {
 /// once: as many elements per tile as a one-tile group's (`group_rows x BN`, at least 32
 /// columns), so the block's column sums are written once per column tile; a block asked to
 /// share its multiprocessor with `occ - 1` others takes `1 / occ` of that, so that this walk
-/// fits the registers the one-tile walk does. Unpipelined 16-bit elements alone on their
-/// multiprocessor take up to twice as many, up to 16 a thread of the block's `nw` warps: a
-/// tile of fewer bytes spent the walk on its reductions' barriers (layer norm's bf16
-/// backward at 2048 x 128256 on the H100: 697 GB/s at 512 columns, 866 at 1024; 32 a
-/// thread, 1194 at 2048, took its masked form past 4000 lines of PTX).
-pub fn loop_cols(
-    bm: usize,
-    bn: usize,
-    rb: usize,
-    nw: usize,
-    occ: usize,
-    stages: usize,
-    dtype: DType,
-) -> usize {
+/// fits the registers the one-tile walk does. 16-bit elements alone on their multiprocessor
+/// take up to twice as many, up to 16 a thread of the block's `nw` warps: a tile of fewer
+/// bytes spent the walk on its barriers (layer norm's bf16 backward at 2048 x 128256 on the
+/// H100: 697 GB/s at 512 columns, 866 at 1024); 32 a thread spill.
+pub fn loop_cols(bm: usize, bn: usize, rb: usize, nw: usize, occ: usize, dtype: DType) -> usize {
     let elems = group_rows(bm, rb) * bn / occ.max(1);
     let per_thread = (elems / (32 * nw.max(1))).max(1);
-    let wide = if occ <= 1 && stages <= 1 && dtype.size_bytes() == 2 {
+    let wide = if occ <= 1 && dtype.size_bytes() == 2 {
         (16 / per_thread).clamp(1, 2)
     } else {
         1

@@ -182,39 +182,32 @@ impl Emitter<'_> {
         })
     }
 
-    /// The predicates of every run of `plan` on a tile's edge, in run order: one compare an
-    /// element (`setp` folds in the run's other conditions), the columns' offsets shared.
+    /// The predicates of every run of `plan` on a tile's edge, in run order.
     pub(super) fn edge_runs(&mut self, plan: &Plan, w: u32) -> Vec<EdgeRun> {
         let mut cols: BTreeMap<u32, Reg> = BTreeMap::new();
-        let mut col = |e: &mut Self, c: u32| {
-            *cols.entry(c).or_insert_with(|| {
-                let x = e.new_reg(Class::B32);
-                e.ins(format!("add.s32 {x}, {}, {c}", plan.col0));
-                x
-            })
-        };
         let mut out = Vec::with_capacity(plan.runs.len());
         for &(ro, co, _) in &plan.runs {
+            for c in co..co + w {
+                if let std::collections::btree_map::Entry::Vacant(e) = cols.entry(c) {
+                    let x = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {x}, {}, {c}", plan.col0));
+                    e.insert(self.in_bounds(x, plan.cols, None));
+                }
+            }
             let (_, row_ok, vec_ok) = plan.rows[&ro];
-            // Unsigned compares: a negative column is outside.
-            let (first, last) = (col(self, co), col(self, co + w - 1));
             let whole = self.new_reg(Class::Pred);
+            self.ins(format!("and.pred {whole}, {vec_ok}, {}", cols[&co]));
             self.ins(format!(
-                "setp.lt.and.u32 {whole}, {first}, {}, {vec_ok}",
-                plan.cols
-            ));
-            self.ins(format!(
-                "setp.lt.and.u32 {whole}, {last}, {}, {whole}",
-                plan.cols
+                "and.pred {whole}, {whole}, {}",
+                cols[&(co + w - 1)]
             ));
             let split = self.new_reg(Class::Pred);
             self.ins(format!("not.pred {split}, {whole}"));
-            self.ins(format!("and.pred {split}, {split}, {row_ok}"));
             let parts = (co..co + w)
                 .map(|c| {
-                    let x = col(self, c);
                     let p = self.new_reg(Class::Pred);
-                    self.ins(format!("setp.lt.and.u32 {p}, {x}, {}, {split}", plan.cols));
+                    self.ins(format!("and.pred {p}, {row_ok}, {}", cols[&c]));
+                    self.ins(format!("and.pred {p}, {p}, {split}"));
                     p
                 })
                 .collect();
