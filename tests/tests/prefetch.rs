@@ -99,8 +99,8 @@ fn a_window_of_columns_reads_only_what_moves_ahead() {
             print_kernel(&p)
         );
         // Its column coordinate is known only at run time: where a thread's 16 bytes are
-        // not aligned, its elements are read and stored to the ring one by one.
-        assembles_clean(&shifted_window, c, "st.shared");
+        // not aligned, its elements are copied one by one.
+        assembles_clean(&shifted_window, c, "cp.async.ca.shared.global");
     }
 }
 

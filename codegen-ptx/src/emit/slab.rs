@@ -2,9 +2,11 @@
 //! ([`kiln_ir::schedule::ThreadSlab`], the `prefetch` pass): each thread copies the elements
 //! of its own registers with `cp.async` in runs of the width its vector loads take, and later
 //! reads them back. A warp whose runs are all inside the tensor and aligned copies them
-//! without any per-element work; on an edge a run not whole is read at once, zeros outside
-//! the tensor, and stored to the ring. A run under 4 bytes (16-bit elements no vector holds)
-//! is always copied so, `cp.async` moving no fewer.
+//! without any per-element work; on an edge a run inside and aligned is one copy, and any
+//! other goes element by element: a 4-byte element is a copy of itself or of nothing (zeros),
+//! a 16-bit one (which no copy moves alone) is read at once, zero outside the tensor, and
+//! stored to the ring, in a loop over the run (its destination is memory, so the loop costs
+//! a few instructions whatever the run's length).
 
 use kiln_ir::{OpId, OpKind, ValueId};
 
@@ -70,51 +72,69 @@ impl Emitter<'_> {
             self.ins(format!("bra.uni {done}"));
             self.label(&edge);
         }
-        let edges = self.edge_runs(&plan, w);
-        for (k, (&(ro, co, _), e)) in plan.runs.iter().zip(&edges).enumerate() {
-            let addr = plan.rows[&ro].0;
+        let cols = plan.cols;
+        for (k, &(ro, co, _)) in plan.runs.iter().enumerate() {
+            let (addr, row_ok, vec_ok) = plan.rows[&ro];
             let (off, slot) = (co * esize, k as u32 * stride);
+            let skip = self.new_label();
             if let Some(cache) = copy {
+                // Unsigned compares: a negative column is outside.
+                let whole = self.new_reg(Class::Pred);
+                self.ins(format!("mov.pred {whole}, {vec_ok}"));
+                for c in [co, co + w - 1] {
+                    let x = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {x}, {}, {c}", plan.col0));
+                    self.ins(format!("setp.lt.and.u32 {whole}, {x}, {cols}, {whole}"));
+                }
                 self.ins(format!(
-                    "@{} cp.async.{cache}.shared.global [{mine}+{slot}], [{addr}+{off}], {run}",
-                    e.whole
+                    "@{whole} cp.async.{cache}.shared.global [{mine}+{slot}], [{addr}+{off}], {run}"
                 ));
+                self.ins(format!("@{whole} bra {skip}"));
             }
-            // The run's elements inside the tensor now, zeros elsewhere.
+            if esize >= 4 {
+                // A run not whole, element by element: each a copy of its 4 bytes, or of
+                // none (zeros) outside the tensor.
+                for j in 0..w {
+                    let c = self.new_reg(Class::B32);
+                    self.ins(format!("add.s32 {c}, {}, {}", plan.col0, co + j));
+                    let inside = self.new_reg(Class::Pred);
+                    self.ins(format!("setp.lt.and.u32 {inside}, {c}, {cols}, {row_ok}"));
+                    let n = self.new_reg(Class::B32);
+                    self.ins(format!("selp.b32 {n}, 4, 0, {inside}"));
+                    self.ins(format!(
+                        "cp.async.ca.shared.global [{mine}+{}], [{addr}+{}], 4, {n}",
+                        slot + j * 4,
+                        off + j * 4
+                    ));
+                }
+                self.label(&skip);
+                continue;
+            }
+            // 16-bit elements of a run not whole, in a loop: read now, zero outside.
+            let (e, top) = (self.new_reg(Class::B32), self.new_label());
+            self.ins(format!("mov.u32 {e}, 0"));
+            self.label(&top);
+            let c = self.new_reg(Class::B32);
+            self.ins(format!("add.s32 {c}, {}, {e}", plan.col0));
+            self.ins(format!("add.s32 {c}, {c}, {co}"));
+            let inside = self.new_reg(Class::Pred);
+            self.ins(format!("setp.lt.and.u32 {inside}, {c}, {cols}, {row_ok}"));
+            let byte = self.new_reg(Class::B32);
+            self.ins(format!("mul.lo.u32 {byte}, {e}, {esize}"));
+            let wide = self.new_reg(Class::B64);
+            self.ins(format!("cvt.u64.u32 {wide}, {byte}"));
+            self.ins(format!("add.s64 {wide}, {wide}, {addr}"));
             let zero = if ty == "f32" { "0f00000000" } else { "0" };
-            let xs: Vec<Reg> = (0..w)
-                .map(|_| {
-                    let x = self.new_reg(Class::of(dtype));
-                    self.ins(format!("mov.{ty} {x}, {zero}"));
-                    x
-                })
-                .collect();
-            if copy.is_none() {
-                self.ins(format!(
-                    "@{} ld.{space}.{ty} {}, [{addr}+{off}]",
-                    e.whole, xs[0]
-                ));
-            }
-            for (j, (x, p)) in xs.iter().zip(&e.parts).enumerate() {
-                self.ins(format!(
-                    "@{p} ld.{space}.{ty} {x}, [{addr}+{}]",
-                    off + j as u32 * esize
-                ));
-            }
-            let (words, word_ty) = if esize == 2 && w >= 2 {
-                (self.pack(&xs), "b32")
-            } else {
-                (xs, ty)
-            };
-            let guard = match copy {
-                Some(_) => format!("@!{} ", e.whole),
-                None => String::new(),
-            };
-            self.ins(format!(
-                "{guard}st.shared{} [{mine}+{slot}], {}",
-                vec_suffix(words.len(), word_ty),
-                reg_list(&words)
-            ));
+            let x = self.new_reg(Class::of(dtype));
+            self.ins(format!("mov.{ty} {x}, {zero}"));
+            self.ins(format!("@{inside} ld.{space}.{ty} {x}, [{wide}+{off}]"));
+            let at = self.new_reg(Class::B32);
+            self.ins(format!("add.s32 {at}, {mine}, {byte}"));
+            self.ins(format!("st.shared.{ty} [{at}+{slot}], {x}"));
+            self.ins(format!("add.s32 {e}, {e}, 1"));
+            let more = self.setp("lt.u32", e, w);
+            self.ins(format!("@{more} bra {top}"));
+            self.label(&skip);
         }
         self.label(&done);
         Ok(())
