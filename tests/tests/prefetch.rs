@@ -53,6 +53,13 @@ fn plans(k: &Kernel) -> Vec<(u32, Vec<(String, u32)>)> {
         .collect()
 }
 
+/// Asserts that `k`'s one loop plan reads the tiles of `x`, and only those, `stages` deep.
+fn reads_x_ahead(k: &Kernel, stages: usize) {
+    let s = stages as u32;
+    let want = vec![(s, vec![("x".to_string(), s)])];
+    assert_eq!(plans(k), want, "{}", print_kernel(k));
+}
+
 #[test]
 fn cross_entropy_reads_its_tiles_ahead_through_rings() {
     for stages in [2, 3] {
@@ -66,14 +73,7 @@ fn cross_entropy_reads_its_tiles_ahead_through_rings() {
             };
             let k = build(&cross_entropy, c);
             for target in [Target::Sm80, Target::Sm90a] {
-                let p = through(&k, target, "lower");
-                let s = stages as u32;
-                assert_eq!(
-                    plans(&p),
-                    vec![(s, vec![("x".to_string(), s)])],
-                    "{}",
-                    print_kernel(&p)
-                );
+                reads_x_ahead(&through(&k, target, "lower"), stages);
             }
             assembles_clean(&cross_entropy, c, RING_COPY);
         }
@@ -89,15 +89,8 @@ fn a_window_of_columns_reads_only_what_moves_ahead() {
             STAGES: stages,
         };
         let k = build(&shifted_window, c);
-        let p = through(&k, Target::Sm80, "lower");
         // `x` read ahead, `w` (the same tile each iteration) where it was.
-        let s = stages as u32;
-        assert_eq!(
-            plans(&p),
-            vec![(s, vec![("x".to_string(), s)])],
-            "{}",
-            print_kernel(&p)
-        );
+        reads_x_ahead(&through(&k, Target::Sm80, "lower"), stages);
         // Its column coordinate is known only at run time: where a thread's 16 bytes are
         // not aligned, its elements are copied one by one.
         assembles_clean(&shifted_window, c, "cp.async.ca.shared.global");
