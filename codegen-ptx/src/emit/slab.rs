@@ -124,9 +124,8 @@ impl Emitter<'_> {
             let wide = self.new_reg(Class::B64);
             self.ins(format!("cvt.u64.u32 {wide}, {byte}"));
             self.ins(format!("add.s64 {wide}, {wide}, {addr}"));
-            let zero = if ty == "f32" { "0f00000000" } else { "0" };
             let x = self.new_reg(Class::of(dtype));
-            self.ins(format!("mov.{ty} {x}, {zero}"));
+            self.ins(format!("mov.{ty} {x}, 0"));
             self.ins(format!("@{inside} ld.{space}.{ty} {x}, [{wide}+{off}]"));
             let at = self.new_reg(Class::B32);
             self.ins(format!("add.s32 {at}, {mine}, {byte}"));
