@@ -217,6 +217,101 @@ fn a_reshape_to_its_own_shape_keeps_a_reductions_layout() {
     }
 }
 
+/// A loop whose body stores a column maximum of a tile large enough to stream in chunks,
+/// while it carries another tile that is stored after it: strip mining moved the loop into
+/// the chunk loop, leaving the store after it reading a value defined inside (the verifier
+/// caught it as an internal error; found by `random_kernels_compile_or_fail_cleanly`).
+#[test]
+fn a_loop_streamed_in_chunks_keeps_what_else_it_carries() {
+    let (rows, cols, width) = (64, 256, 32);
+    let k = one_tile_kernel(rows, cols, |b, t, loc| {
+        let m = b
+            .op1(
+                OpKind::Reduce {
+                    op: kiln_ir::ReduceOp::Max,
+                    dim: 0,
+                },
+                &[t],
+                loc(),
+            )
+            .unwrap();
+        let ramp = b
+            .op1(
+                OpKind::Iota {
+                    shape: Shape(vec![1, width]),
+                    dim: 1,
+                },
+                &[],
+                loc(),
+            )
+            .unwrap();
+        let ramp = b
+            .op1(OpKind::Cast { to: DType::F32 }, &[ramp], loc())
+            .unwrap();
+        let lo = b.constant(Const::Int(0), DType::I32, loc()).unwrap();
+        let hi = b.constant(Const::Int(3), DType::I32, loc()).unwrap();
+        let step = b.constant(Const::Int(1), DType::I32, loc()).unwrap();
+        let scope = b.begin_for(lo, hi, step, &[ramp], None, loc()).unwrap();
+        let row = b
+            .op1(
+                OpKind::Reshape {
+                    shape: Shape(vec![1, cols]),
+                },
+                &[m],
+                loc(),
+            )
+            .unwrap();
+        let (one, zero) = (
+            b.constant(Const::Int(1), DType::I32, loc()).unwrap(),
+            b.constant(Const::Int(0), DType::I32, loc()).unwrap(),
+        );
+        b.op(
+            OpKind::Store {
+                tensor: 1,
+                bound: None,
+            },
+            &[one, zero, row],
+            loc(),
+        )
+        .unwrap();
+        let twice = b
+            .op1(
+                OpKind::Binary(kiln_ir::BinaryOp::Add),
+                &[scope.carried[0], scope.carried[0]],
+                loc(),
+            )
+            .unwrap();
+        b.end_for(&scope, &[twice], loc()).unwrap()[0]
+    });
+    no_bug_on_any_target(&k);
+    let mut rng = Rng::from_env();
+    for dist in [Dist::Uniform, Dist::Large] {
+        let x = tensor(&mut rng, &[rows, cols], DType::F32, dist);
+        let mut out = HostTensor::full(&[2, cols], DType::F32, f64::NAN);
+        run(
+            &k,
+            [1, 1, 1],
+            &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut out)],
+        )
+        .unwrap_or_else(|e| panic!("seed {}: {e}", rng.seed()));
+        let xs = x.to_f64_vec();
+        let got = out.to_f64_vec();
+        for c in 0..cols {
+            let max = (0..rows)
+                .map(|r| xs[r * cols + c])
+                .fold(f64::NEG_INFINITY, f64::max);
+            assert_eq!(got[cols + c], max, "seed {}: column {c}", rng.seed());
+            let first = if c < width { 8.0 * c as f64 } else { f64::NAN };
+            assert!(
+                got[c] == first || (c >= width && got[c].is_nan()),
+                "seed {}: out[0, {c}] = {}",
+                rng.seed(),
+                got[c]
+            );
+        }
+    }
+}
+
 /// Replays one kernel of a fuzz report: `KILN_FUZZ_BYTES="[118, 113, ...]" cargo test -p
 /// kiln-tests --test random_kernels replay -- --ignored --nocapture` prints its IR, and each
 /// target's outcome and the interpreter's with the time each took; `KILN_REPLAY_PTX=FILE`
@@ -265,6 +360,9 @@ fn replay() {
             start.elapsed().as_secs_f64(),
             outcome.category()
         );
+        if outcome.is_bug() {
+            println!("{outcome:?}");
+        }
     }
     let start = std::time::Instant::now();
     let answer = kiln_tests::random_kernel::interpret(&k);

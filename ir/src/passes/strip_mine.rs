@@ -499,10 +499,25 @@ fn component(
         }
     }
     for &f in &ops {
-        if matches!(kernel.ops[f].kind, OpKind::For { .. })
-            && let Some(why) = loop_writes_refusal(kernel, f, &inner)
-        {
+        if !matches!(kernel.ops[f].kind, OpKind::For { .. }) {
+            continue;
+        }
+        if let Some(why) = loop_writes_refusal(kernel, f, &inner) {
             return Err(fail(&dims, other(why)));
+        }
+        // The loop moves into the chunk loop: what else it carries would be its last
+        // chunk's, and out of reach after it.
+        let o = &kernel.ops[f];
+        if o.results
+            .iter()
+            .any(|r| !dims.contains_key(r) && uses.contains_key(r))
+        {
+            return Err(fail(
+                &dims,
+                other(
+                    "a tile read inside a loop whose other loop-carried values are read after it",
+                ),
+            ));
         }
     }
     let largest = dims
