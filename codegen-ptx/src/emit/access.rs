@@ -655,7 +655,7 @@ impl Emitter<'_> {
     }
 
     /// `p && q` (just `p` without `q`), in a fresh predicate.
-    fn and(&mut self, p: Reg, q: Option<Reg>) -> Reg {
+    pub(super) fn and(&mut self, p: Reg, q: Option<Reg>) -> Reg {
         let r = self.new_reg(Class::Pred);
         match q {
             Some(q) => self.ins(format!("and.pred {r}, {p}, {q}")),

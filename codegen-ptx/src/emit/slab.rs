@@ -72,20 +72,13 @@ impl Emitter<'_> {
             self.ins(format!("bra.uni {done}"));
             self.label(&edge);
         }
-        let cols = plan.cols;
+        let mut seen = std::collections::BTreeMap::new();
         for (k, &(ro, co, _)) in plan.runs.iter().enumerate() {
-            let (addr, row_ok, vec_ok) = plan.rows[&ro];
+            let (addr, row_ok, _) = plan.rows[&ro];
             let (off, slot) = (co * esize, k as u32 * stride);
             let skip = self.new_label();
             if let Some(cache) = copy {
-                // Unsigned compares: a negative column is outside.
-                let whole = self.new_reg(Class::Pred);
-                self.ins(format!("mov.pred {whole}, {vec_ok}"));
-                for c in [co, co + w - 1] {
-                    let x = self.new_reg(Class::B32);
-                    self.ins(format!("add.s32 {x}, {}, {c}", plan.col0));
-                    self.ins(format!("setp.lt.and.u32 {whole}, {x}, {cols}, {whole}"));
-                }
+                let whole = self.run_whole(&plan, (ro, co), w, &mut seen);
                 self.ins(format!(
                     "@{whole} cp.async.{cache}.shared.global [{mine}+{slot}], [{addr}+{off}], {run}"
                 ));
@@ -95,10 +88,8 @@ impl Emitter<'_> {
                 // A run not whole, element by element: each a copy of its 4 bytes, or of
                 // none (zeros) outside the tensor.
                 for j in 0..w {
-                    let c = self.new_reg(Class::B32);
-                    self.ins(format!("add.s32 {c}, {}, {}", plan.col0, co + j));
-                    let inside = self.new_reg(Class::Pred);
-                    self.ins(format!("setp.lt.and.u32 {inside}, {c}, {cols}, {row_ok}"));
+                    let col_ok = self.column_inside(&plan, co + j, &mut seen);
+                    let inside = self.and(row_ok, Some(col_ok));
                     let n = self.new_reg(Class::B32);
                     self.ins(format!("selp.b32 {n}, 4, 0, {inside}"));
                     self.ins(format!(
@@ -117,19 +108,15 @@ impl Emitter<'_> {
             let c = self.new_reg(Class::B32);
             self.ins(format!("add.s32 {c}, {}, {e}", plan.col0));
             self.ins(format!("add.s32 {c}, {c}, {co}"));
-            let inside = self.new_reg(Class::Pred);
-            self.ins(format!("setp.lt.and.u32 {inside}, {c}, {cols}, {row_ok}"));
-            let byte = self.new_reg(Class::B32);
-            self.ins(format!("mul.lo.u32 {byte}, {e}, {esize}"));
-            let wide = self.new_reg(Class::B64);
-            self.ins(format!("cvt.u64.u32 {wide}, {byte}"));
-            self.ins(format!("add.s64 {wide}, {wide}, {addr}"));
+            let inside = self.in_bounds(c, plan.cols, Some(row_ok));
+            let from = self.new_reg(Class::B64);
+            self.ins(format!("mad.wide.u32 {from}, {e}, {esize}, {addr}"));
             let x = self.new_reg(Class::of(dtype));
             self.ins(format!("mov.{ty} {x}, 0"));
-            self.ins(format!("@{inside} ld.{space}.{ty} {x}, [{wide}+{off}]"));
-            let at = self.new_reg(Class::B32);
-            self.ins(format!("add.s32 {at}, {mine}, {byte}"));
-            self.ins(format!("st.shared.{ty} [{at}+{slot}], {x}"));
+            self.ins(format!("@{inside} ld.{space}.{ty} {x}, [{from}+{off}]"));
+            let to = self.new_reg(Class::B32);
+            self.ins(format!("mad.lo.u32 {to}, {e}, {esize}, {mine}"));
+            self.ins(format!("st.shared.{ty} [{to}+{slot}], {x}"));
             self.ins(format!("add.s32 {e}, {e}, 1"));
             let more = self.setp("lt.u32", e, w);
             self.ins(format!("@{more} bra {top}"));

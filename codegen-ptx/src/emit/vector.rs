@@ -182,25 +182,52 @@ impl Emitter<'_> {
         })
     }
 
+    /// Whether column `c` of `plan`'s tile is inside the tensor (an unsigned compare: a
+    /// negative column is outside), made once per column in `seen`.
+    pub(super) fn column_inside(
+        &mut self,
+        plan: &Plan,
+        c: u32,
+        seen: &mut BTreeMap<u32, Reg>,
+    ) -> Reg {
+        if let Some(&p) = seen.get(&c) {
+            return p;
+        }
+        let x = self.new_reg(Class::B32);
+        self.ins(format!("add.s32 {x}, {}, {c}", plan.col0));
+        let p = self.in_bounds(x, plan.cols, None);
+        seen.insert(c, p);
+        p
+    }
+
+    /// Whether the `w`-element run at row `ro`, column `co` of `plan` is whole: inside the
+    /// tensor and aligned, so one vector access moves it.
+    pub(super) fn run_whole(
+        &mut self,
+        plan: &Plan,
+        (ro, co): (u32, u32),
+        w: u32,
+        seen: &mut BTreeMap<u32, Reg>,
+    ) -> Reg {
+        let first = self.column_inside(plan, co, seen);
+        let last = self.column_inside(plan, co + w - 1, seen);
+        let (_, _, vec_ok) = plan.rows[&ro];
+        let whole = self.new_reg(Class::Pred);
+        self.ins(format!("and.pred {whole}, {vec_ok}, {first}"));
+        self.ins(format!("and.pred {whole}, {whole}, {last}"));
+        whole
+    }
+
     /// The predicates of every run of `plan` on a tile's edge, in run order.
     pub(super) fn edge_runs(&mut self, plan: &Plan, w: u32) -> Vec<EdgeRun> {
         let mut cols: BTreeMap<u32, Reg> = BTreeMap::new();
         let mut out = Vec::with_capacity(plan.runs.len());
         for &(ro, co, _) in &plan.runs {
             for c in co..co + w {
-                if let std::collections::btree_map::Entry::Vacant(e) = cols.entry(c) {
-                    let x = self.new_reg(Class::B32);
-                    self.ins(format!("add.s32 {x}, {}, {c}", plan.col0));
-                    e.insert(self.in_bounds(x, plan.cols, None));
-                }
+                self.column_inside(plan, c, &mut cols);
             }
-            let (_, row_ok, vec_ok) = plan.rows[&ro];
-            let whole = self.new_reg(Class::Pred);
-            self.ins(format!("and.pred {whole}, {vec_ok}, {}", cols[&co]));
-            self.ins(format!(
-                "and.pred {whole}, {whole}, {}",
-                cols[&(co + w - 1)]
-            ));
+            let (_, row_ok, _) = plan.rows[&ro];
+            let whole = self.run_whole(plan, (ro, co), w, &mut cols);
             let split = self.new_reg(Class::Pred);
             self.ins(format!("not.pred {split}, {whole}"));
             let parts = (co..co + w)
