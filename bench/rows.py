@@ -3,7 +3,7 @@
 GPU, in GB/s of what each call must move.
 
   bench/rows.py [--out RESULT.json] [--quick] [--iters N] [--warmup N] [--only K1,K2]
-                [--dtypes f32,bf16] [--shapes MxN,..] [--set CONFIG.KEY=INT ..] [--dry-run]
+                [--dtypes f32,bf16] [--shapes MxN,..] [--set CONFIG.KEY=INT|true|false ..] [--dry-run]
 
 Kernels and peers (kiln through kiln_attn.ops, the way a PyTorch user calls it):
   copy                  torch's Tensor.copy_ alone: the attainable-bandwidth reference row
@@ -395,15 +395,18 @@ def wrapper_config(torch, ops, p):
 
 
 def parse_overrides(items):
-    """`--set CONFIG.KEY=VALUE` items as {config: {key: int}}: CONFIG names an ops.config_*
-    function (norm_backward, cross_entropy, ..)."""
+    """`--set CONFIG.KEY=VALUE` items as {config: {key: int or bool}}: CONFIG names an
+    ops.config_* function (norm_backward, cross_entropy, ..); VALUE an integer, true or false."""
     out = {}
+    flags = {"true": True, "false": False}
     for item in items or []:
         name, _, kv = item.partition(".")
         key, _, value = kv.partition("=")
-        if not (name and key and value.lstrip("-").isdigit()):
-            raise SystemExit(f"--set: expected CONFIG.KEY=INT (norm_backward.OCC=2), got {item!r}")
-        out.setdefault(name, {})[key] = int(value)
+        if not (name and key and (value.lstrip("-").isdigit() or value in flags)):
+            raise SystemExit(
+                f"--set: expected CONFIG.KEY=INT or CONFIG.KEY=true|false (norm_backward.OCC=2), "
+                f"got {item!r}")
+        out.setdefault(name, {})[key] = flags[value] if value in flags else int(value)
     return out
 
 
@@ -542,9 +545,9 @@ def main(argv=None):
     p.add_argument("--dtypes", default=",".join(DTYPES))
     p.add_argument("--shapes", help="comma-separated MxN, instead of the sweep")
     p.add_argument("--dry-run", action="store_true", help="print the plan (no torch, no GPU)")
-    p.add_argument("--set", action="append", metavar="CONFIG.KEY=INT",
-                   help="comptime value on top of ops.config_CONFIG's choice (repeatable), "
-                        "recorded in each row's config: e.g. norm_backward.OCC=2")
+    p.add_argument("--set", action="append", metavar="CONFIG.KEY=VALUE",
+                   help="comptime value (an integer, true or false) on top of ops.config_CONFIG's "
+                        "choice (repeatable), recorded in each row's config: e.g. norm_backward.OCC=2")
     args = p.parse_args(argv)
     parse_overrides(args.set)
     if args.dry_run:

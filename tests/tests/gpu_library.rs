@@ -58,17 +58,20 @@ fn gpu_cross_entropy() {
     let mut rng = Rng::from_env();
     for dev in devices() {
         for dtype in [DType::Bf16, DType::F32] {
-            for (bm, bn, nw, stages) in [
-                (1, 2048, 2, 1),
-                (4, 512, 4, 1),
-                (1, 1024, 2, 2),
-                (2, 256, 2, 3),
+            for (bm, bn, nw, stages, elementwise) in [
+                (1, 2048, 2, 1, false),
+                (4, 512, 4, 1, false),
+                (1, 1024, 2, 2, false),
+                (2, 256, 2, 3, false),
+                (1, 1024, 4, 2, true),
+                (2, 256, 2, 1, true),
             ] {
                 let c = CrossEntropyComptime {
                     BM: bm,
                     BN: bn,
                     NW: nw,
                     STAGES: stages,
+                    ELEMENTWISE: elementwise,
                     dtype,
                 };
                 for ((m, v), small) in shapes() {
@@ -120,7 +123,7 @@ fn gpu_cross_entropy() {
                             .expect("launch");
                         let (rl, rlse) = reference::cross_entropy(&x, &t, ignore);
                         let k = format!(
-                            "cross_entropy {dtype} BM={bm} BN={bn} NW={nw} STAGES={stages} words={words} mean={mean}"
+                            "cross_entropy {dtype} BM={bm} BN={bn} NW={nw} STAGES={stages} ELEMENTWISE={elementwise} words={words} mean={mean}"
                         );
                         let cs = case(k, &dev, m, v, dist, &rng);
                         let got_loss = loss.download().expect("download");
