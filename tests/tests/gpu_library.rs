@@ -31,8 +31,9 @@ use kiln_tests::check::{
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 use library::{
-    GPU_SHAPES, ROTARY_SHAPES, SHAPES, assert_one_column_rms_dx, assert_same_routes, f32_tensor,
-    moe_choices, moe_grouped, moe_reference, moe_routes, norm_inputs, rotary_tables, targets,
+    CROSS_ENTROPY_CONFIGS, GPU_SHAPES, ROTARY_SHAPES, SHAPES, assert_one_column_rms_dx,
+    assert_same_routes, f32_tensor, moe_choices, moe_grouped, moe_reference, moe_routes,
+    norm_inputs, rotary_tables, targets,
 };
 
 fn shapes() -> impl Iterator<Item = ((usize, usize), bool)> {
@@ -58,14 +59,7 @@ fn gpu_cross_entropy() {
     let mut rng = Rng::from_env();
     for dev in devices() {
         for dtype in [DType::Bf16, DType::F32] {
-            for (bm, bn, nw, stages, elementwise) in [
-                (1, 2048, 2, 1, false),
-                (4, 512, 4, 1, false),
-                (1, 1024, 2, 2, false),
-                (2, 256, 2, 3, false),
-                (1, 1024, 4, 2, true),
-                (2, 256, 2, 1, true),
-            ] {
+            for (bm, bn, nw, stages, elementwise) in CROSS_ENTROPY_CONFIGS {
                 let c = CrossEntropyComptime {
                     BM: bm,
                     BN: bn,

@@ -29,8 +29,9 @@ use kiln_tests::codegen::assembles_clean;
 use kiln_tests::inputs::{Dist, Rng, tensor};
 use kiln_tests::reference;
 use library::{
-    ROTARY_SHAPES, SHAPES, assert_one_column_rms_dx, assert_same_routes, f32_tensor, moe_choices,
-    moe_grouped, moe_reference, moe_routes, norm_inputs, rotary_tables, targets,
+    CROSS_ENTROPY_CONFIGS, ROTARY_SHAPES, SHAPES, assert_one_column_rms_dx, assert_same_routes,
+    f32_tensor, moe_choices, moe_grouped, moe_reference, moe_routes, norm_inputs, rotary_tables,
+    targets,
 };
 
 fn case(kernel: String, m: usize, n: usize, dist: Dist, rng: &Rng) -> Case {
@@ -48,14 +49,7 @@ fn case(kernel: String, m: usize, n: usize, dist: Dist, rng: &Rng) -> Case {
 fn cross_entropy_forward_and_backward() {
     let mut rng = Rng::from_env();
     for dtype in [DType::Bf16, DType::F32] {
-        for (bm, bn, nw, stages, elementwise) in [
-            (1, 2048, 2, 1, false),
-            (4, 512, 4, 1, false),
-            (1, 1024, 2, 2, false),
-            (2, 256, 2, 3, false),
-            (1, 1024, 4, 2, true),
-            (2, 256, 2, 1, true),
-        ] {
+        for (bm, bn, nw, stages, elementwise) in CROSS_ENTROPY_CONFIGS {
             let c = CrossEntropyComptime {
                 BM: bm,
                 BN: bn,

@@ -114,6 +114,27 @@ fn one_tile_kernel(
     b.finish().unwrap()
 }
 
+/// The maximum of each column of `t`.
+fn column_max(b: &mut kiln_ir::Builder, t: kiln_ir::ValueId, loc: Loc) -> kiln_ir::ValueId {
+    let op = OpKind::Reduce {
+        op: kiln_ir::ReduceOp::Max,
+        dim: 0,
+    };
+    b.op1(op, &[t], loc).unwrap()
+}
+
+/// Opens `for i in 0..3` carrying `init` (each op at its own line).
+fn three_steps(
+    b: &mut kiln_ir::Builder,
+    init: kiln_ir::ValueId,
+    loc: &mut dyn FnMut() -> Loc,
+) -> kiln_ir::builder::ForScope {
+    let lo = b.constant(Const::Int(0), DType::I32, loc()).unwrap();
+    let hi = b.constant(Const::Int(3), DType::I32, loc()).unwrap();
+    let step = b.constant(Const::Int(1), DType::I32, loc()).unwrap();
+    b.begin_for(lo, hi, step, &[init], None, loc()).unwrap()
+}
+
 /// Every target's outcome for `k`, none a kiln bug (ptxas run where installed).
 fn no_bug_on_any_target(k: &Kernel) {
     let ptxas = std::env::var_os("KILN_PTXAS").is_some();
@@ -169,20 +190,8 @@ fn a_reshape_to_its_own_shape_keeps_a_reductions_layout() {
                 )
                 .unwrap()
             };
-            let m = b
-                .op1(
-                    OpKind::Reduce {
-                        op: kiln_ir::ReduceOp::Max,
-                        dim: 0,
-                    },
-                    &[t],
-                    loc(),
-                )
-                .unwrap();
-            let lo = b.constant(Const::Int(0), DType::I32, loc()).unwrap();
-            let hi = b.constant(Const::Int(3), DType::I32, loc()).unwrap();
-            let step = b.constant(Const::Int(1), DType::I32, loc()).unwrap();
-            let scope = b.begin_for(lo, hi, step, &[m], None, loc()).unwrap();
+            let m = column_max(b, t, loc());
+            let scope = three_steps(b, m, loc);
             let same = reshape(b, scope.carried[0], vec![cols], loc());
             let m = b.end_for(&scope, &[same], loc()).unwrap()[0];
             let shape = if unit_first {
@@ -225,16 +234,7 @@ fn a_reshape_to_its_own_shape_keeps_a_reductions_layout() {
 fn a_loop_streamed_in_chunks_keeps_what_else_it_carries() {
     let (rows, cols, width) = (64, 256, 32);
     let k = one_tile_kernel(rows, cols, |b, t, loc| {
-        let m = b
-            .op1(
-                OpKind::Reduce {
-                    op: kiln_ir::ReduceOp::Max,
-                    dim: 0,
-                },
-                &[t],
-                loc(),
-            )
-            .unwrap();
+        let m = column_max(b, t, loc());
         let ramp = b
             .op1(
                 OpKind::Iota {
@@ -248,10 +248,7 @@ fn a_loop_streamed_in_chunks_keeps_what_else_it_carries() {
         let ramp = b
             .op1(OpKind::Cast { to: DType::F32 }, &[ramp], loc())
             .unwrap();
-        let lo = b.constant(Const::Int(0), DType::I32, loc()).unwrap();
-        let hi = b.constant(Const::Int(3), DType::I32, loc()).unwrap();
-        let step = b.constant(Const::Int(1), DType::I32, loc()).unwrap();
-        let scope = b.begin_for(lo, hi, step, &[ramp], None, loc()).unwrap();
+        let scope = three_steps(b, ramp, loc);
         let row = b
             .op1(
                 OpKind::Reshape {
