@@ -957,13 +957,36 @@ fn store_wavefronts(addrs: &[u32], bytes: u32) -> u32 {
         .sum()
 }
 
-/// A shared-memory region for exchanging register tiles between threads.
+/// A shared-memory region for exchanging register tiles between threads, in two slots: the
+/// first as large as the largest exchange, the second (`small` bytes, 0 for none) as large as
+/// the largest small one (a reduction's partials). Exchanges one after another in
+/// straight-line code alternate between them where they fit, so such an exchange needs no
+/// barrier before its writes: the barrier between the previous exchange's writes and reads
+/// already ordered every read of its slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Scratch {
     /// Offset in dynamic shared memory (128-byte aligned).
     pub offset: u32,
-    /// Its size in bytes.
+    /// The size of the first slot in bytes.
     pub bytes: u32,
+    /// The size of the second slot in bytes (0: there is none).
+    pub small: u32,
+}
+
+impl Scratch {
+    /// The offset of the second slot (128-byte aligned).
+    pub fn second(&self) -> u32 {
+        self.offset + self.bytes.next_multiple_of(128)
+    }
+
+    /// The bytes both slots take, from the first's start.
+    pub fn total_bytes(&self) -> u32 {
+        if self.small == 0 {
+            self.bytes
+        } else {
+            self.second() + self.small - self.offset
+        }
+    }
 }
 
 impl Schedule {

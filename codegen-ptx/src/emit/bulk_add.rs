@@ -43,6 +43,7 @@ impl Emitter<'_> {
                 let region = Scratch {
                     offset: b.offset,
                     bytes: b.bytes,
+                    small: 0,
                 };
                 (region, b.consumers, b.boxes.get(&id).cloned())
             })

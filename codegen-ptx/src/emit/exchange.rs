@@ -3,8 +3,10 @@
 //! element's row-major place and reads its result's elements back; a reduction spread over
 //! warps leaves one partial result per warp there and each thread combines them.
 //!
-//! Every exchange starts with `bar.sync` (readers of the previous exchange are done) and
-//! has one between its writes and its reads. The code is at most one instruction per register
+//! Every exchange has a `bar.sync` between its writes and its reads, and one before its
+//! writes (readers of the previous exchange are done) unless the exchange just before it in
+//! straight-line code used the region's other slot ([`Scratch`]): that exchange's own
+//! barrier came after every read of this slot. The code is at most one instruction per register
 //! the thread holds: it grows with the per-thread tile, not with the tile. A thread's 32-bit
 //! elements that lie side by side there move as one 8- or 16-byte access (a lane's run of
 //! elements is one wavefront slot instead of one per element: a warp's four-element runs
@@ -24,12 +26,38 @@ pub(super) fn scratch_bytes(dtype: DType) -> u32 {
 }
 
 impl Emitter<'_> {
-    /// The scratch region, which the `lower` pass sized for every exchange of the kernel.
-    fn scratch(&self, at: OpId) -> Result<Scratch, CodegenError> {
-        self.k
-            .schedule
-            .scratch
-            .ok_or_else(|| self.internal(at, "an exchange between threads without scratch memory"))
+    /// Begins an exchange of `need` bytes at op `at`: the slot of the scratch region (which
+    /// the `lower` pass sized for every exchange of the kernel) it writes and where it
+    /// starts, after a barrier where one is needed. The exchange calls
+    /// [`Emitter::end_exchange`] after its reads.
+    pub(super) fn begin_exchange(
+        &mut self,
+        at: OpId,
+        need: u32,
+    ) -> Result<(Scratch, u32), CodegenError> {
+        let s = self.k.schedule.scratch.ok_or_else(|| {
+            self.internal(at, "an exchange between threads without scratch memory")
+        })?;
+        let slot = match self.scratch_slot {
+            Some(0) if need <= s.small => 1,
+            Some(1) => 0,
+            _ => {
+                self.ins("bar.sync 0");
+                0
+            }
+        };
+        let offset = if slot == 0 { s.offset } else { s.second() };
+        let region = Scratch {
+            offset,
+            bytes: need,
+            small: 0,
+        };
+        Ok((region, slot))
+    }
+
+    /// Ends an exchange that wrote `slot`, with a barrier between its writes and its reads.
+    pub(super) fn end_exchange(&mut self, slot: u32) {
+        self.scratch_slot = Some(slot);
     }
 
     /// `convert`: the operand's elements, in its layout, become the result's, in another.
@@ -44,7 +72,6 @@ impl Emitter<'_> {
     ) -> Result<(), CodegenError> {
         let op = self.k.ops[id].clone();
         let (x, r) = (op.operands[0], op.results[0]);
-        let scratch = self.scratch(id)?;
         let dtype = self.k.ty(x).dtype();
         let strides = row_major_strides(self.k, x, id, self)?;
         let read_strides = match perm {
@@ -59,7 +86,8 @@ impl Emitter<'_> {
         let esize = scratch_bytes(dtype);
 
         self.comment("layout conversion through shared memory");
-        self.ins("bar.sync 0");
+        let elems = self.k.ty(r).shape().map_or(1, |s| s.numel() as u32);
+        let (scratch, slot) = self.begin_exchange(id, elems * esize)?;
         let base = self.element_address(&src, &strides, esize, scratch);
         let align = thread_align(&src, &strides, esize);
         let mut elems = Vec::with_capacity(src.regs.len());
@@ -76,6 +104,7 @@ impl Emitter<'_> {
             .map(|offs| linear(offs, &read_strides) * esize)
             .collect();
         let out = self.load_scratch_runs(dtype, base, align, &ats);
+        self.end_exchange(slot);
         self.vals.insert(r, Val::Tile(out));
         Ok(())
     }
@@ -99,7 +128,6 @@ impl Emitter<'_> {
         };
         let (warps, lane_terms): (Vec<Term>, Vec<Term>) =
             reduced.iter().partition(|t| t.div.is_multiple_of(32));
-        let scratch = self.scratch(id)?;
         let strides = row_major_strides(self.k, r, id, self)?;
         let esize = scratch_bytes(dtype);
         // One row of partials per warp, in the result's row-major order: element e of warp w
@@ -124,7 +152,7 @@ impl Emitter<'_> {
         let row = elems * esize;
 
         self.comment("reduction across warps through shared memory");
-        self.ins("bar.sync 0");
+        let (scratch, used) = self.begin_exchange(id, count * row)?;
         let base = self.element_address(dst, &strides, esize, scratch);
         let align = thread_align(dst, &strides, esize).min(row & row.wrapping_neg());
         let slot = self.new_reg(Class::B32);
@@ -154,6 +182,7 @@ impl Emitter<'_> {
                 *acc = combine(self, *acc, p);
             }
         }
+        self.end_exchange(used);
         Ok(out)
     }
 

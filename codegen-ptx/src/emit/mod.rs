@@ -249,6 +249,9 @@ pub(crate) struct Emitter<'k> {
     print_buffer_bytes: u32,
     /// Labels handed out so far (`$Lk1`, `$Lk2`, ...).
     labels: u32,
+    /// The scratch slot the last exchange used, while the code since it is straight-line (a
+    /// label, where control flow may join, forgets it): `exchange`.
+    pub(crate) scratch_slot: Option<u32>,
     /// The target being written, named by unsupported and internal errors.
     target: Target,
     /// bf16 elements a vector load also delivered as f32 (the load is the only writer of
@@ -288,6 +291,7 @@ impl<'k> Emitter<'k> {
             math_calls: BTreeMap::new(),
             print_buffer_bytes: 0,
             labels: 0,
+            scratch_slot: None,
             target,
             widened: BTreeMap::new(),
             rounded: BTreeMap::new(),
@@ -584,6 +588,7 @@ impl<'k> Emitter<'k> {
 
     /// Emits `label:`.
     pub(crate) fn label(&mut self, l: &str) {
+        self.scratch_slot = None;
         let _ = writeln!(self.out, "{l}:");
     }
 

@@ -71,6 +71,8 @@ impl Emitter<'_> {
             self.ins("bar.sync 0");
             let x = self.new_reg(Class::of(dtype));
             self.ins(format!("ld.shared.{ty} {x}, [{addr}]"));
+            // It wrote slot 0 after its own barrier, and read it after another.
+            self.end_exchange(0);
             self.vals.insert(r, Val::Scalar(x));
         } else {
             self.vals.insert(r, Val::Scalar(old));

@@ -20,11 +20,6 @@ impl Emitter<'_> {
             return Err(self.internal(id, "`take` takes a tile, indices and a fill value"));
         };
         let r = op.results[0];
-        let scratch = self
-            .k
-            .schedule
-            .scratch
-            .ok_or_else(|| self.internal(id, "a `take` without scratch memory"))?;
         let dtype = self.k.ty(x).dtype();
         let esize = scratch_bytes(dtype);
         let strides = row_major_strides(self.k, x, id, self)?;
@@ -38,7 +33,8 @@ impl Emitter<'_> {
         let other = self.scalar(other, id)?;
 
         self.comment("take: the tile through shared memory, read back at the indices");
-        self.ins("bar.sync 0");
+        let elems = self.k.ty(x).shape().map_or(1, |s| s.numel() as u32);
+        let (scratch, slot) = self.begin_exchange(id, elems * esize)?;
         let base = self.element_address(&src, &strides, esize, scratch);
         for offs in &src.regs {
             let e = self.elem(x, offs, id)?;
@@ -69,6 +65,7 @@ impl Emitter<'_> {
             self.ins(format!("@{inside} ld.shared.{ty} {v}, [{addr}+{at}]"));
             out.push(v);
         }
+        self.end_exchange(slot);
         self.vals.insert(r, Val::Tile(out));
         Ok(())
     }

@@ -270,12 +270,17 @@ pub fn transpose_moves(kernel: &Kernel, op: &crate::kernel::Op) -> bool {
     !shared && !view && kernel.schedule.staged(r).is_none()
 }
 
+/// The largest exchange the scratch region's second slot takes ([`Scratch::small`]): a
+/// reduction's partials or a few rows, which a barrier would otherwise separate from the
+/// exchange before; a tile changing layout takes the first.
+pub const SMALL_EXCHANGE_BYTES: u32 = 2048;
+
 /// Places the shared scratch region that tiles changing layout (`convert`) and reductions
 /// across warps exchange elements through: after every other buffer, as large as the
-/// largest exchange. Role-specialised kernels have no block-wide barrier to order it, so a
+/// largest exchange, with a second slot for the small ones ([`Scratch`]). Role-specialised kernels have no block-wide barrier to order it, so a
 /// conversion in one is reported at the user's op.
 fn place_scratch(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
-    let mut bytes = 0u32;
+    let (mut bytes, mut small) = (0u32, 0u32);
     let mut first = None;
     for id in ops_in_order(kernel) {
         let op = &kernel.ops[id];
@@ -319,6 +324,9 @@ fn place_scratch(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> 
         };
         first.get_or_insert(id);
         bytes = bytes.max(need);
+        if need <= SMALL_EXCHANGE_BYTES {
+            small = small.max(need);
+        }
     }
     let Some(first) = first else {
         kernel.schedule.scratch = None;
@@ -346,14 +354,19 @@ fn place_scratch(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> 
         .note("compute this value in the layout the loop produces it in, or compile for sm_80"));
     }
     let offset = kernel.schedule.smem_bytes.next_multiple_of(128);
-    let total = offset + bytes;
+    let scratch = Scratch {
+        offset,
+        bytes,
+        small,
+    };
+    let total = offset + scratch.total_bytes();
     super::memory_plan::check_smem(
         loc,
         total,
         "the kernel's shared buffers and the exchange of this tile between threads",
         "use smaller tiles",
     )?;
-    kernel.schedule.scratch = Some(Scratch { offset, bytes });
+    kernel.schedule.scratch = Some(scratch);
     kernel.schedule.smem_bytes = total;
     Ok(())
 }
