@@ -72,11 +72,20 @@ impl Emitter<'_> {
             self.ins(format!("bra.uni {done}"));
             self.label(&edge);
         }
+        // Column predicates are made once, each before the first branch that could skip it
+        // (later runs of other rows reuse them).
         let mut seen = std::collections::BTreeMap::new();
         for (k, &(ro, co, _)) in plan.runs.iter().enumerate() {
             let (addr, row_ok, _) = plan.rows[&ro];
             let (off, slot) = (co * esize, k as u32 * stride);
             let skip = self.new_label();
+            let cols_ok: Vec<Reg> = if esize >= 4 {
+                (co..co + w)
+                    .map(|c| self.column_inside(&plan, c, &mut seen))
+                    .collect()
+            } else {
+                Vec::new()
+            };
             if let Some(cache) = copy {
                 let whole = self.run_whole(&plan, (ro, co), w, &mut seen);
                 self.ins(format!(
@@ -87,8 +96,7 @@ impl Emitter<'_> {
             if esize >= 4 {
                 // A run not whole, element by element: each a copy of its 4 bytes, or of
                 // none (zeros) outside the tensor.
-                for j in 0..w {
-                    let col_ok = self.column_inside(&plan, co + j, &mut seen);
+                for (j, &col_ok) in (0..w).zip(&cols_ok) {
                     let inside = self.and(row_ok, Some(col_ok));
                     let n = self.new_reg(Class::B32);
                     self.ins(format!("selp.b32 {n}, 4, 0, {inside}"));
