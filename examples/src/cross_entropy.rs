@@ -25,9 +25,6 @@ const LN2: f32 = std::f32::consts::LN_2;
 /// comes before its exponentials, so a thread carries more of each tile (at 2048 columns,
 /// 32 elements: 64 bytes in bf16, where 4 warps carried 32). The loop is `pipelined`
 /// `STAGES` deep: the compiler issues the loads `STAGES - 1` tiles ahead of the reductions.
-/// `ELEMENTWISE`: each element position of the tile carries its own running maximum and sum
-/// across the walk, so the row's reductions (across warps) happen once, after it, at the
-/// registers of two more tiles.
 #[kernel(num_warps = NW, grid = [BM, 1, 1])]
 #[allow(clippy::too_many_arguments)]
 pub fn cross_entropy(
@@ -40,50 +37,23 @@ pub fn cross_entropy(
     #[comptime(default = 2048)] BN: usize,
     #[comptime(default = 2)] NW: usize,
     #[comptime(default = 1)] STAGES: usize,
-    #[comptime(default = false)] ELEMENTWISE: bool,
     #[comptime(default = DType::Bf16)] dtype: DType,
 ) {
     let r0 = block_id().x * BM;
     let v = x.dim(1);
     let t = classes(target, r0, BM);
+    let mut m = full::<f32>([BM], f32::NEG_INFINITY);
+    let mut l = zeros::<f32>([BM]);
     // A class outside the row reads 0 (its loss is that of a logit 0, as documented).
     let picked = x.elems([iota([BM], 0) + r0, t]).load().cast::<f32>();
-    let (m, l) = if ELEMENTWISE {
-        // Each element position keeps its own running maximum and sum (one exponential an
-        // element: of the smaller over the larger); the row meets once, after the walk.
-        let mut m = full::<f32>([BM, BN], f32::NEG_INFINITY);
-        let mut l = zeros::<f32>([BM, BN]);
-        for j in pipelined((0..v).step_by(BN), stages = STAGES as u32) {
-            let raw = x.tile([BM, BN], [r0, j]).load();
-            let cols = iota([BM, BN], 1) + j;
-            let xt = select(cols < v, raw.cast::<f32>(), f32::NEG_INFINITY);
-            let hi = max(&m, &xt);
-            // Nothing seen yet against a masked column: no term (not `-inf - -inf`).
-            let gap = select(
-                hi == f32::NEG_INFINITY,
-                f32::NEG_INFINITY,
-                min(&m, &xt) - hi,
-            );
-            let e = exp2(&(gap * LOG2E));
-            l = select(xt > m, l * e + 1.0, l + e);
-            m = hi;
-        }
-        let mr = row_max(&m);
-        let scale = select(m == f32::NEG_INFINITY, 0.0, exp2(&((m - mr.col()) * LOG2E)));
-        (mr, row_sum(&(l * scale)))
-    } else {
-        let mut m = full::<f32>([BM], f32::NEG_INFINITY);
-        let mut l = zeros::<f32>([BM]);
-        for j in pipelined((0..v).step_by(BN), stages = STAGES as u32) {
-            let raw = x.tile([BM, BN], [r0, j]).load();
-            let cols = iota([BM, BN], 1) + j;
-            let xt = select(cols < v, raw.cast::<f32>(), f32::NEG_INFINITY);
-            let m_new = max(&m, &row_max(&xt));
-            l = l * exp2(&((m - m_new) * LOG2E)) + row_sum(&exp2(&((xt - m_new.col()) * LOG2E)));
-            m = m_new;
-        }
-        (m, l)
-    };
+    for j in pipelined((0..v).step_by(BN), stages = STAGES as u32) {
+        let raw = x.tile([BM, BN], [r0, j]).load();
+        let cols = iota([BM, BN], 1) + j;
+        let xt = select(cols < v, raw.cast::<f32>(), f32::NEG_INFINITY);
+        let m_new = max(&m, &row_max(&xt));
+        l = l * exp2(&((m - m_new) * LOG2E)) + row_sum(&exp2(&((xt - m_new.col()) * LOG2E)));
+        m = m_new;
+    }
     let lse_r = m + log2(&l) * LN2;
     loss.tile([BM], [r0])
         .store(select(counted(t, ignore_index), lse_r - picked, 0.0));

@@ -26,8 +26,8 @@ def test_set_puts_comptime_values_on_top_of_the_configs_choice():
     assert over == {"norm_backward": {"OCC": 2, "RB": 16}}
     rows.apply_overrides(ops, over)
     assert ops.config_norm_backward(4, 8, None) == {"BM": 1, "RB": 16, "OCC": 2}
-    flags = rows.parse_overrides(["cross_entropy.ELEMENTWISE=true", "cross_entropy_reduce.MEAN=false"])
-    assert flags == {"cross_entropy": {"ELEMENTWISE": True}, "cross_entropy_reduce": {"MEAN": False}}
+    flags = rows.parse_overrides(["cross_entropy_reduce.MEAN=true", "cross_entropy_backward.REDUCED=false"])
+    assert flags == {"cross_entropy_reduce": {"MEAN": True}, "cross_entropy_backward": {"REDUCED": False}}
     for bad in (["OCC=2"], ["norm_backward.OCC"], ["norm_backward.OCC=x"], ["norm_backward.OCC=True"]):
         with pytest.raises(SystemExit):
             rows.parse_overrides(bad)

@@ -49,13 +49,12 @@ fn case(kernel: String, m: usize, n: usize, dist: Dist, rng: &Rng) -> Case {
 fn cross_entropy_forward_and_backward() {
     let mut rng = Rng::from_env();
     for dtype in [DType::Bf16, DType::F32] {
-        for (bm, bn, nw, stages, elementwise) in CROSS_ENTROPY_CONFIGS {
+        for (bm, bn, nw, stages) in CROSS_ENTROPY_CONFIGS {
             let c = CrossEntropyComptime {
                 BM: bm,
                 BN: bn,
                 NW: nw,
                 STAGES: stages,
-                ELEMENTWISE: elementwise,
                 dtype,
             };
             // The backward for each reduction: none, a sum, a mean.
@@ -79,7 +78,7 @@ fn cross_entropy_forward_and_backward() {
                     let x = tensor(&mut rng, &[m, v], dtype, dist);
                     let t = targets(&mut rng, m, v, words);
                     let k = format!(
-                        "cross_entropy {dtype} BM={bm} BN={bn} NW={nw} STAGES={stages} ELEMENTWISE={elementwise} words={words}"
+                        "cross_entropy {dtype} BM={bm} BN={bn} NW={nw} STAGES={stages} words={words}"
                     );
                     let cs = case(k, m, v, dist, &rng);
                     let (loss, lse) = cross_entropy_run(&c, &x, &t, ignore);
@@ -239,7 +238,6 @@ fn cross_entropy_of_ignored_rows_only() {
         BN: 256,
         NW: 4,
         STAGES: 2,
-        ELEMENTWISE: false,
         dtype: DType::F32,
     };
     let (loss, lse) = cross_entropy_run(&c, &x, &t, 5);

@@ -69,7 +69,6 @@ fn cross_entropy_reads_its_tiles_ahead_through_rings() {
                 BN: 256,
                 NW: 2,
                 STAGES: stages,
-                ELEMENTWISE: false,
                 dtype,
             };
             let k = build(&cross_entropy, c);
