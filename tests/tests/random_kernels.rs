@@ -114,6 +114,19 @@ fn one_tile_kernel(
     b.finish().unwrap()
 }
 
+/// `k` (a [`one_tile_kernel`]) on the interpreter over `x`: its output of `out_shape`,
+/// poisoned with NaN before the run.
+fn interpret(k: &Kernel, x: &HostTensor, out_shape: &[usize], rng: &Rng) -> HostTensor {
+    let mut out = HostTensor::full(out_shape, DType::F32, f64::NAN);
+    run(
+        k,
+        [1, 1, 1],
+        &mut [HostArg::Tensor(x), HostArg::TensorMut(&mut out)],
+    )
+    .unwrap_or_else(|e| panic!("seed {}: {e}", rng.seed()));
+    out
+}
+
 /// The maximum of each column of `t`.
 fn column_max(b: &mut kiln_ir::Builder, t: kiln_ir::ValueId, loc: Loc) -> kiln_ir::ValueId {
     let op = OpKind::Reduce {
@@ -206,13 +219,7 @@ fn a_reshape_to_its_own_shape_keeps_a_reductions_layout() {
         for dist in [Dist::Uniform, Dist::Large] {
             let x = tensor(&mut rng, &[rows, cols], DType::F32, dist);
             let out_shape = if unit_first { [1, cols] } else { [cols, 1] };
-            let mut out = HostTensor::full(&out_shape, DType::F32, f64::NAN);
-            run(
-                &k,
-                [1, 1, 1],
-                &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut out)],
-            )
-            .unwrap_or_else(|e| panic!("seed {}: {e}", rng.seed()));
+            let out = interpret(&k, &x, &out_shape, &rng);
             let xs = x.to_f64_vec();
             let want: Vec<f64> = (0..cols)
                 .map(|c| {
@@ -284,13 +291,7 @@ fn a_loop_streamed_in_chunks_keeps_what_else_it_carries() {
     let mut rng = Rng::from_env();
     for dist in [Dist::Uniform, Dist::Large] {
         let x = tensor(&mut rng, &[rows, cols], DType::F32, dist);
-        let mut out = HostTensor::full(&[2, cols], DType::F32, f64::NAN);
-        run(
-            &k,
-            [1, 1, 1],
-            &mut [HostArg::Tensor(&x), HostArg::TensorMut(&mut out)],
-        )
-        .unwrap_or_else(|e| panic!("seed {}: {e}", rng.seed()));
+        let out = interpret(&k, &x, &[2, cols], &rng);
         let xs = x.to_f64_vec();
         let got = out.to_f64_vec();
         for c in 0..cols {
