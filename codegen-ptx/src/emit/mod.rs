@@ -251,7 +251,7 @@ pub(crate) struct Emitter<'k> {
     labels: u32,
     /// The scratch slot the last exchange used, while the code since it is straight-line (a
     /// label, where control flow may join, forgets it): `exchange`.
-    pub(crate) scratch_slot: Option<u32>,
+    scratch_slot: Option<u32>,
     /// The target being written, named by unsupported and internal errors.
     target: Target,
     /// bf16 elements a vector load also delivered as f32 (the load is the only writer of

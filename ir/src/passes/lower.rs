@@ -277,8 +277,9 @@ pub const SMALL_EXCHANGE_BYTES: u32 = 2048;
 
 /// Places the shared scratch region that tiles changing layout (`convert`) and reductions
 /// across warps exchange elements through: after every other buffer, as large as the
-/// largest exchange, with a second slot for the small ones ([`Scratch`]). Role-specialised kernels have no block-wide barrier to order it, so a
-/// conversion in one is reported at the user's op.
+/// largest exchange, with a second slot for the small ones ([`Scratch`]). Role-specialised
+/// kernels have no block-wide barrier to order it, so a conversion in one is reported at the
+/// user's op.
 fn place_scratch(kernel: &mut Kernel, target: Target) -> Result<(), Diagnostic> {
     let (mut bytes, mut small) = (0u32, 0u32);
     let mut first = None;
